@@ -1,0 +1,12 @@
+/* commands.h - the `tandem` tool's subcommands; each lives in cmd_<name>.c.
+ * Each takes the arguments after the subcommand name (argv[0] is the subcommand) and returns
+ * the process exit status: 0 success, 1 failure of the operation, 2 bad usage. */
+#ifndef TANDEM_CLIENT_COMMANDS_H
+#define TANDEM_CLIENT_COMMANDS_H
+
+int tdm_cmd_inspect(int argc, char **argv);
+int tdm_cmd_tokenize(int argc, char **argv);
+int tdm_cmd_config(int argc, char **argv);
+int tdm_cmd_version(int argc, char **argv);
+
+#endif

@@ -1,0 +1,47 @@
+/* tandem.c - entry point of the `tandem` command-line tool: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+typedef struct subcommand {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} subcommand_t;
+
+static const subcommand_t subcommands[] = {
+    {"inspect", tdm_cmd_inspect, "show a GGUF model: architecture, hyperparameters, tensors"},
+    {"tokenize", tdm_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
+    {"config", tdm_cmd_config, "check a cluster config file and print the resolved config"},
+    {"version", tdm_cmd_version, "print the version and the build's features"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: tandem <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(out, "  %-10s %s\n", subcommands[i].name, subcommands[i].summary);
+    fprintf(out, "\n`tandem <command> --help` describes a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0)
+        return tdm_cmd_version(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (strcmp(argv[1], subcommands[i].name) == 0)
+            return subcommands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "tandem: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

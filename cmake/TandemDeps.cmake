@@ -1,0 +1,20 @@
+# Third-party libraries, found through pkg-config (Debian -dev packages; scripts/setup installs them).
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS C)
+
+# tdm_require_pkg(<prefix> <pkg-config name> <Debian package>): fail with the package to install.
+macro(tdm_require_pkg prefix module debpkg)
+  pkg_check_modules(${prefix} IMPORTED_TARGET ${module})
+  if(NOT ${prefix}_FOUND)
+    message(FATAL_ERROR "missing library '${module}': install the Debian package ${debpkg} "
+                        "(scripts/setup does this)")
+  endif()
+endmacro()
+
+tdm_require_pkg(YAML yaml-0.1 libyaml-dev)
+tdm_require_pkg(PCRE2 libpcre2-8 libpcre2-dev)
+tdm_require_pkg(XXHASH libxxhash libxxhash-dev)
+if(TANDEM_BUILD_TESTS)
+  tdm_require_pkg(CMOCKA cmocka libcmocka-dev)
+endif()

@@ -1,0 +1,99 @@
+/* base.h - status codes, error messages and small checked helpers used by every module.
+ *
+ * Status codes mirror gRPC's (and so the wire protocol's): an action function returns 0
+ * (TDM_OK) or the negated gRPC code, so `-rc` is the code on the wire. Objects and calls that
+ * can fail for reasons worth telling keep a detailed message in a tdm_error_t.
+ */
+#ifndef TANDEM_BASE_H
+#define TANDEM_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Status codes: 0 or minus the gRPC status code (grpc/status.h numbering). */
+typedef enum tdm_status {
+    TDM_OK = 0,
+    TDM_ECANCELLED = -1,        /* the caller cancelled */
+    TDM_EINVALID = -3,          /* INVALID_ARGUMENT: bad input (field, file, config) */
+    TDM_EDEADLINE = -4,         /* DEADLINE_EXCEEDED */
+    TDM_ENOTFOUND = -5,         /* NOT_FOUND: file, key, request id */
+    TDM_ERESOURCE = -8,         /* RESOURCE_EXHAUSTED: memory, KV blocks, queue */
+    TDM_EPRECONDITION = -9,     /* FAILED_PRECONDITION: wrong state, incompatible peer */
+    TDM_EINTERNAL = -13,        /* INTERNAL: a bug or an unexpected system failure */
+    TDM_EUNAVAILABLE = -14,     /* UNAVAILABLE: peer down, I/O error; may be retried */
+    TDM_EUNAUTHENTICATED = -16, /* UNAUTHENTICATED: missing or wrong API key / CURVE key */
+} tdm_status_t;
+
+/* Human-readable text of a status code ("invalid argument"); never NULL, cannot fail. */
+const char *tdm_strerror(int code);
+
+/* The wire name of a status code ("INVALID_ARGUMENT"); "UNKNOWN" for codes not listed. */
+const char *tdm_status_name(int code);
+
+/* Maximum length of a detailed error message, including the terminating NUL. */
+#define TDM_ERRMSG_MAX 512
+
+/* A status code with a detailed message. Embedded in long-lived objects (their _errmsg())
+ * or passed by callers that want the detail; every function taking one accepts NULL. */
+typedef struct tdm_error {
+    int code;                 /* TDM_OK or a negative tdm_status_t */
+    char msg[TDM_ERRMSG_MAX]; /* "" when code is TDM_OK */
+} tdm_error_t;
+
+/* Sets *err (when not NULL) to code and the printf-formatted message; returns code, so
+ * callers can write `return tdm_error_set(err, TDM_EINVALID, "...")`. Cannot fail
+ * (a long message is truncated). */
+int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Like tdm_error_set but prepends the printf-formatted context to the message already in
+ * *err ("loading x.gguf: " + old message); keeps the code. Returns err->code (or code when
+ * err is NULL). */
+int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Clears *err to TDM_OK with an empty message; accepts NULL. */
+void tdm_error_clear(tdm_error_t *err);
+
+/* Invariant check for programmer bugs only (never for input): prints the expression, file and
+ * line and aborts. Input from files, the network or the GPU returns an error instead. */
+#define TDM_ASSERT(cond)                                                                           \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            tdm_assert_fail(#cond, __FILE__, __LINE__);                                            \
+    } while (0)
+void tdm_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+
+/* Overflow-checked size arithmetic: return true and store the result when it fits in size_t
+ * (or uint64_t), false on overflow. */
+static inline bool tdm_mul_size(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool tdm_add_size(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+static inline bool tdm_mul_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool tdm_add_u64(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* Monotonic clock in seconds (CLOCK_MONOTONIC); cannot fail. */
+double tdm_time_now(void);
+
+/* Duplicates a string; returns NULL on out of memory or when s is NULL. Caller frees. */
+char *tdm_strdup(const char *s);
+
+/* Reads a whole file into a NUL-terminated heap buffer (the NUL is not counted in *len).
+ * Caller frees *data with free(). Errors: TDM_ENOTFOUND (no such file), TDM_EUNAVAILABLE
+ * (read error), TDM_ERESOURCE (out of memory or larger than max_bytes). */
+int tdm_read_file(const char *path, size_t max_bytes, char **data, size_t *len, tdm_error_t *err);
+
+#endif /* TANDEM_BASE_H */

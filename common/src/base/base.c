@@ -1,0 +1,158 @@
+/* base.c - status codes, error messages, checked helpers (see tandem/base.h). */
+#include "tandem/base.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *tdm_strerror(int code)
+{
+    switch (code) {
+    case TDM_OK: return "ok";
+    case TDM_ECANCELLED: return "cancelled";
+    case TDM_EINVALID: return "invalid argument";
+    case TDM_EDEADLINE: return "deadline exceeded";
+    case TDM_ENOTFOUND: return "not found";
+    case TDM_ERESOURCE: return "resource exhausted";
+    case TDM_EPRECONDITION: return "failed precondition";
+    case TDM_EINTERNAL: return "internal error";
+    case TDM_EUNAVAILABLE: return "unavailable";
+    case TDM_EUNAUTHENTICATED: return "unauthenticated";
+    default: return "unknown error";
+    }
+}
+
+const char *tdm_status_name(int code)
+{
+    switch (code) {
+    case TDM_OK: return "OK";
+    case TDM_ECANCELLED: return "CANCELLED";
+    case TDM_EINVALID: return "INVALID_ARGUMENT";
+    case TDM_EDEADLINE: return "DEADLINE_EXCEEDED";
+    case TDM_ENOTFOUND: return "NOT_FOUND";
+    case TDM_ERESOURCE: return "RESOURCE_EXHAUSTED";
+    case TDM_EPRECONDITION: return "FAILED_PRECONDITION";
+    case TDM_EINTERNAL: return "INTERNAL";
+    case TDM_EUNAVAILABLE: return "UNAVAILABLE";
+    case TDM_EUNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+    }
+}
+
+int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)
+{
+    if (!err)
+        return code;
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
+{
+    if (!err)
+        return code;
+    char prefix[TDM_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    char old[TDM_ERRMSG_MAX];
+    memcpy(old, err->msg, sizeof old);
+    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    if (err->code == TDM_OK)
+        err->code = code;
+    return err->code;
+}
+
+void tdm_error_clear(tdm_error_t *err)
+{
+    if (!err)
+        return;
+    err->code = TDM_OK;
+    err->msg[0] = '\0';
+}
+
+void tdm_assert_fail(const char *expr, const char *file, int line)
+{
+    fprintf(stderr, "tandem: assertion failed: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
+
+double tdm_time_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+char *tdm_strdup(const char *s)
+{
+    if (!s)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+int tdm_read_file(const char *path, size_t max_bytes, char **data, size_t *len, tdm_error_t *err)
+{
+    *data = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return tdm_error_set(err, errno == ENOENT ? TDM_ENOTFOUND : TDM_EUNAVAILABLE, "%s: %s",
+                             path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    if (!buf)
+        goto out_oom;
+    for (;;) {
+        if (n + 1 >= cap) {
+            if (cap > max_bytes) {
+                free(buf);
+                fclose(f);
+                return tdm_error_set(err, TDM_ERESOURCE, "%s: larger than the limit of %zu bytes",
+                                     path, max_bytes);
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb)
+                goto out_free_buf;
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    if (ferror(f)) {
+        free(buf);
+        fclose(f);
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "%s: read error", path);
+    }
+    if (n > max_bytes) {
+        free(buf);
+        fclose(f);
+        return tdm_error_set(err, TDM_ERESOURCE, "%s: larger than the limit of %zu bytes", path,
+                             max_bytes);
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    return TDM_OK;
+
+out_free_buf:
+    free(buf);
+out_oom:
+    fclose(f);
+    return tdm_error_set(err, TDM_ERESOURCE, "%s: out of memory", path);
+}
