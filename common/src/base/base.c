@@ -64,7 +64,17 @@ int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
     va_end(ap);
     char old[TDM_ERRMSG_MAX];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* build "prefix: old" by hand: the result is cut at TDM_ERRMSG_MAX by design */
+    size_t pl = strnlen(prefix, sizeof err->msg - 1);
+    memcpy(err->msg, prefix, pl);
+    size_t pos = pl;
+    if (pos + 2 < sizeof err->msg) {
+        err->msg[pos++] = ':';
+        err->msg[pos++] = ' ';
+    }
+    size_t ol = strnlen(old, sizeof err->msg - 1 - pos);
+    memcpy(err->msg + pos, old, ol);
+    err->msg[pos + ol] = '\0';
     if (err->code == TDM_OK)
         err->code = code;
     return err->code;

@@ -2,6 +2,7 @@
 #include "tandem/log.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/time.h>

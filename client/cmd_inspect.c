@@ -1,0 +1,178 @@
+/* cmd_inspect.c - `tandem inspect MODEL.gguf`: what a GGUF file holds and what serving it costs.
+ * Prints the file summary, the Llama hyperparameters (or why the file is not a servable
+ * model), the tokenizer summary, tensor types, the tensor table, total weight bytes and the
+ * KV-cache bytes per token at f16. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "tandem/gguf.h"
+#include "tandem/tokenizer.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tandem inspect [options] MODEL.gguf\n"
+            "\n"
+            "Shows a GGUF model: architecture, hyperparameters, tokenizer, tensor table with\n"
+            "types and sizes, total weight bytes and KV-cache bytes per token (f16).\n"
+            "\n"
+            "options:\n"
+            "  --metadata   also print every metadata key and value\n"
+            "  --brief      omit the per-tensor table\n"
+            "  -h, --help   this help\n");
+}
+
+static void print_bytes(const char *label, uint64_t bytes)
+{
+    printf("%-26s %" PRIu64 " bytes (%.2f MiB)\n", label, bytes,
+           (double)bytes / (1024.0 * 1024.0));
+}
+
+static void print_hparams(const tdm_gguf_t *g)
+{
+    tdm_llama_hparams_t hp;
+    tdm_error_t err = {0};
+    if (tdm_gguf_llama_hparams(g, &hp, &err) != TDM_OK) {
+        printf("model:                     not servable: %s\n", err.msg);
+        return;
+    }
+    printf("architecture:              %s\n", hp.arch);
+    printf("layers:                    %" PRIu32 "\n", hp.n_layers);
+    printf("embedding (d_model):       %" PRIu32 "\n", hp.n_embd);
+    printf("heads:                     %" PRIu32 "\n", hp.n_heads);
+    printf("kv heads:                  %" PRIu32 "%s\n", hp.n_kv_heads,
+           hp.n_kv_heads < hp.n_heads ? " (GQA)" : "");
+    printf("head_dim:                  %" PRIu32 "\n", hp.head_dim);
+    printf("ffn hidden:                %" PRIu32 "\n", hp.n_ff);
+    printf("vocab:                     %" PRIu32 "\n", hp.n_vocab);
+    printf("context (trained):         %" PRIu32 "\n", hp.n_ctx_train);
+    printf("rms_norm_eps:              %g\n", (double)hp.rms_norm_eps);
+    printf("rope:                      %s, theta %g, %" PRIu32 " dims\n",
+           hp.rope_type == TDM_ROPE_NEOX ? "neox" : "normal", (double)hp.rope_freq_base,
+           hp.rope_dim);
+    printf("output matrix:             %s\n",
+           hp.tied_embeddings ? "tied to token_embd.weight" : "output.weight");
+    printf("qkv bias:                  %s\n", hp.has_qkv_bias ? "yes" : "no");
+    /* KV bytes per token = 2 (K and V) * n_layers * n_kv_heads * head_dim * bytes per value */
+    uint64_t kv_tok = 2ull * hp.n_layers * hp.n_kv_heads * hp.head_dim * 2ull;
+    printf("kv cache per token (f16):  %" PRIu64 " bytes\n", kv_tok);
+    printf("kv cache per full context: %" PRIu64 " bytes (%.2f MiB at %" PRIu32 " tokens)\n",
+           kv_tok * hp.n_ctx_train, (double)(kv_tok * hp.n_ctx_train) / (1024.0 * 1024.0),
+           hp.n_ctx_train);
+}
+
+static void print_tokenizer(const tdm_gguf_t *g)
+{
+    tdm_error_t err = {0};
+    tdm_tokenizer_t *tok = tdm_tokenizer_new(g, &err);
+    if (!tok) {
+        printf("tokenizer:                 unusable: %s\n", err.msg);
+        return;
+    }
+    printf("tokenizer:                 %s, pre-tokenizer %s, %" PRIu32 " tokens\n",
+           tdm_tokenizer_kind(tok) == TDM_TOKENIZER_BPE ? "byte-level BPE (gpt2)"
+                                                         : "SentencePiece BPE (llama)",
+           tdm_tokenizer_pre(tok), tdm_tokenizer_n_vocab(tok));
+    tdm_token_t ids[3] = {tdm_tokenizer_bos(tok), tdm_tokenizer_eos(tok), tdm_tokenizer_eot(tok)};
+    const char *names[3] = {"bos", "eos", "eot"};
+    for (int i = 0; i < 3; i++) {
+        size_t len = 0;
+        const char *piece = ids[i] >= 0 ? tdm_tokenizer_piece(tok, ids[i], &len) : NULL;
+        if (piece)
+            printf("  %s:                     %" PRId32 " %.*s\n", names[i], ids[i], (int)len,
+                   piece);
+        else
+            printf("  %s:                     none\n", names[i]);
+    }
+    printf("  add bos:                 %s\n", tdm_tokenizer_add_bos(tok) ? "yes" : "no");
+    tdm_tokenizer_destroy(&tok);
+}
+
+int tdm_cmd_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {{"metadata", no_argument, NULL, 'm'},
+                                         {"brief", no_argument, NULL, 'b'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    bool show_metadata = false, brief = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': show_metadata = true; break;
+        case 'b': brief = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "tandem inspect: expected exactly one MODEL.gguf argument\n");
+        usage(stderr);
+        return 2;
+    }
+    const char *path = argv[optind];
+    tdm_error_t err = {0};
+    tdm_gguf_t *g = tdm_gguf_open(path, &err);
+    if (!g) {
+        fprintf(stderr, "tandem inspect: %s\n", err.msg);
+        return 1;
+    }
+
+    printf("file:                      %s\n", path);
+    printf("gguf version:              %" PRIu32 "\n", tdm_gguf_version(g));
+    print_bytes("file size:", tdm_gguf_file_size(g));
+    printf("metadata keys:             %" PRIu64 "\n", tdm_gguf_n_kv(g));
+    printf("tensors:                   %" PRIu64 "\n", tdm_gguf_n_tensors(g));
+    tdm_gguf_str_t name;
+    if (tdm_gguf_get_str(g, "general.name", &name, NULL) == TDM_OK)
+        printf("name:                      %.*s\n", (int)(name.len > 200 ? 200 : name.len),
+               name.data);
+    if (tdm_gguf_n_tensors(g) > 0)
+        print_hparams(g);
+    print_tokenizer(g);
+
+    if (tdm_gguf_n_tensors(g) > 0) {
+        /* tensor types: count and bytes per type */
+        uint64_t count[TDM_GGML_TYPE_COUNT] = {0}, bytes[TDM_GGML_TYPE_COUNT] = {0};
+        for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
+            const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
+            count[t->type]++;
+            bytes[t->type] += t->n_bytes;
+        }
+        printf("tensor types:\n");
+        for (int t = 0; t < TDM_GGML_TYPE_COUNT; t++)
+            if (count[t])
+                printf("  %-6s %5" PRIu64 " tensors %12" PRIu64 " bytes\n",
+                       tdm_ggml_type_get((uint32_t)t)->name, count[t], bytes[t]);
+        print_bytes("weights:", tdm_gguf_tensor_bytes(g));
+    }
+
+    if (show_metadata) {
+        printf("metadata:\n");
+        for (uint64_t i = 0; i < tdm_gguf_n_kv(g); i++) {
+            char buf[512];
+            const tdm_gguf_kv_t *kv = tdm_gguf_kv_at(g, i);
+            printf("  %-44s %-8s %s\n", kv->key, tdm_gguf_vtype_name(kv->type),
+                   tdm_gguf_kv_format(kv, buf, sizeof buf));
+        }
+    }
+    if (!brief && tdm_gguf_n_tensors(g) > 0) {
+        printf("%-34s %-6s %-24s %12s\n", "tensor", "type", "shape", "bytes");
+        for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
+            const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
+            char shape[96];
+            int n = snprintf(shape, sizeof shape, "[%" PRIu64, t->ne[0]);
+            for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
+                n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRIu64, t->ne[d]);
+            if (n > 0 && (size_t)n < sizeof shape)
+                snprintf(shape + n, sizeof shape - (size_t)n, "]");
+            printf("%-34s %-6s %-24s %12zu\n", t->name, tdm_ggml_type_get(t->type)->name, shape,
+                   t->n_bytes);
+        }
+    }
+    tdm_gguf_destroy(&g);
+    return 0;
+}

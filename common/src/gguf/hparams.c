@@ -1,0 +1,214 @@
+/* hparams.c - Llama-family hyperparameters from GGUF metadata, validated against the tensors.
+ *
+ * Keys follow llama.cpp's naming (`<arch>.block_count`, `<arch>.attention.head_count`, …);
+ * tensor names and shapes follow llama.cpp's converter (ne[0] is the input dimension of a
+ * projection: attn_q.weight has ne = [n_embd, n_heads * head_dim]).
+ */
+#include "tandem/gguf.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct arch_info {
+    const char *name;
+    tdm_rope_type_t rope_type;
+} arch_info_t;
+
+/* Architectures that share the Llama block (pre-norm, GQA attention with RoPE, SwiGLU FFN).
+ * Rope type per llama.cpp's llama_model_rope_type(). */
+static const arch_info_t supported_archs[] = {
+    {"llama", TDM_ROPE_NORMAL},
+    {"mistral", TDM_ROPE_NORMAL},
+    {"qwen2", TDM_ROPE_NEOX},
+};
+
+static int get_u32_key(const tdm_gguf_t *g, const char *arch, const char *suffix, bool required,
+                       uint32_t dflt, uint32_t *out, tdm_error_t *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = tdm_gguf_get_u32(g, key, out, err);
+    if (rc == TDM_ENOTFOUND && !required) {
+        *out = dflt;
+        tdm_error_clear(err);
+        return TDM_OK;
+    }
+    if (rc == TDM_OK && *out == 0)
+        return tdm_error_set(err, TDM_EINVALID, "metadata '%s' must be positive, got 0", key);
+    return rc;
+}
+
+static int get_f32_key(const tdm_gguf_t *g, const char *arch, const char *suffix, bool required,
+                       float dflt, float *out, tdm_error_t *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = tdm_gguf_get_f32(g, key, out, err);
+    if (rc == TDM_ENOTFOUND && !required) {
+        *out = dflt;
+        tdm_error_clear(err);
+        return TDM_OK;
+    }
+    if (rc == TDM_OK && !(*out > 0.0f))
+        return tdm_error_set(err, TDM_EINVALID, "metadata '%s' must be positive, got %g", key,
+                             (double)*out);
+    return rc;
+}
+
+/* Checks that tensor `name` exists (unless optional), has the given 1-D or 2-D shape
+ * (ne1 = 0 for 1-D) and a supported type. *found tells whether it exists. */
+static int check_tensor(const tdm_gguf_t *g, const char *name, uint64_t ne0, uint64_t ne1,
+                        bool optional, bool *found, tdm_error_t *err)
+{
+    const tdm_gguf_tensor_t *t = tdm_gguf_find_tensor(g, name);
+    if (found)
+        *found = t != NULL;
+    if (!t) {
+        if (optional)
+            return TDM_OK;
+        return tdm_error_set(err, TDM_ENOTFOUND, "tensor '%s' is missing", name);
+    }
+    uint32_t want_dims = ne1 ? 2 : 1;
+    bool ok = t->ne[0] == ne0 && (ne1 ? t->ne[1] == ne1 : t->ne[1] == 1) && t->ne[2] == 1 &&
+              t->ne[3] == 1;
+    if (!ok)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tensor '%s' has shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64
+                             ", %" PRIu64 "], expected %s[%" PRIu64 ", %" PRIu64 "]",
+                             name, t->ne[0], t->ne[1], t->ne[2], t->ne[3],
+                             want_dims == 1 ? "1-D " : "", ne0, ne1 ? ne1 : 1);
+    const tdm_ggml_type_info_t *ti = tdm_ggml_type_get(t->type);
+    if (!ti || !ti->supported)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tensor '%s' has type %s, which Tandem cannot compute with "
+                             "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
+                             name, ti ? ti->name : "?");
+    return TDM_OK;
+}
+
+int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    memset(hp, 0, sizeof *hp);
+    tdm_gguf_str_t arch_s;
+    int rc = tdm_gguf_get_str(g, "general.architecture", &arch_s, err);
+    if (rc != TDM_OK)
+        return rc;
+    const arch_info_t *arch = NULL;
+    for (size_t i = 0; i < sizeof supported_archs / sizeof supported_archs[0]; i++)
+        if (arch_s.len == strlen(supported_archs[i].name) &&
+            memcmp(arch_s.data, supported_archs[i].name, arch_s.len) == 0)
+            arch = &supported_archs[i];
+    if (!arch)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "general.architecture '%.*s' is not supported "
+                             "(supported: llama, mistral, qwen2)",
+                             (int)(arch_s.len > 64 ? 64 : arch_s.len), arch_s.data);
+    snprintf(hp->arch, sizeof hp->arch, "%s", arch->name);
+    hp->rope_type = arch->rope_type;
+    const char *a = hp->arch;
+
+    if ((rc = get_u32_key(g, a, "context_length", true, 0, &hp->n_ctx_train, err)) ||
+        (rc = get_u32_key(g, a, "embedding_length", true, 0, &hp->n_embd, err)) ||
+        (rc = get_u32_key(g, a, "block_count", true, 0, &hp->n_layers, err)) ||
+        (rc = get_u32_key(g, a, "attention.head_count", true, 0, &hp->n_heads, err)) ||
+        (rc = get_u32_key(g, a, "attention.head_count_kv", false, hp->n_heads, &hp->n_kv_heads,
+                          err)) ||
+        (rc = get_f32_key(g, a, "attention.layer_norm_rms_epsilon", true, 0, &hp->rms_norm_eps,
+                          err)) ||
+        (rc = get_f32_key(g, a, "rope.freq_base", false, 10000.0f, &hp->rope_freq_base, err)))
+        return rc;
+    if (hp->n_heads % hp->n_kv_heads != 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "%s.attention.head_count (%" PRIu32
+                             ") is not a multiple of head_count_kv (%" PRIu32 ")",
+                             a, hp->n_heads, hp->n_kv_heads);
+    uint32_t dflt_head_dim = hp->n_embd % hp->n_heads == 0 ? hp->n_embd / hp->n_heads : 0;
+    if ((rc = get_u32_key(g, a, "attention.key_length", false, dflt_head_dim, &hp->head_dim,
+                          err)))
+        return rc;
+    if (hp->head_dim == 0 || hp->head_dim % 2 != 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "head_dim (%s.attention.key_length, or embedding_length / "
+                             "head_count = %" PRIu32 " / %" PRIu32 ") must be a positive even "
+                             "integer",
+                             a, hp->n_embd, hp->n_heads);
+    uint32_t value_len;
+    if ((rc = get_u32_key(g, a, "attention.value_length", false, hp->head_dim, &value_len, err)))
+        return rc;
+    if (value_len != hp->head_dim)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "%s.attention.value_length (%" PRIu32
+                             ") differs from key_length (%" PRIu32 "): not supported",
+                             a, value_len, hp->head_dim);
+    if ((rc = get_u32_key(g, a, "rope.dimension_count", false, hp->head_dim, &hp->rope_dim, err)))
+        return rc;
+    if (hp->rope_dim > hp->head_dim || hp->rope_dim % 2 != 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "%s.rope.dimension_count (%" PRIu32
+                             ") must be even and at most head_dim (%" PRIu32 ")",
+                             a, hp->rope_dim, hp->head_dim);
+
+    /* vocabulary size and d_model from the embedding table */
+    const tdm_gguf_tensor_t *emb = tdm_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb)
+        return tdm_error_set(err, TDM_ENOTFOUND, "tensor 'token_embd.weight' is missing");
+    if (emb->ne[1] > UINT32_MAX)
+        return tdm_error_set(err, TDM_EINVALID, "token_embd.weight: vocabulary too large");
+    hp->n_vocab = (uint32_t)emb->ne[1];
+    if ((rc = check_tensor(g, "token_embd.weight", hp->n_embd, hp->n_vocab, false, NULL, err)))
+        return rc;
+    const tdm_gguf_kv_t *tokens = tdm_gguf_find_kv(g, "tokenizer.ggml.tokens");
+    if (tokens && tokens->type == TDM_GGUF_VTYPE_ARRAY && tokens->arr_n != hp->n_vocab)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tokenizer.ggml.tokens has %" PRIu64
+                             " entries but token_embd.weight has %" PRIu32 " rows",
+                             tokens->arr_n, hp->n_vocab);
+
+    /* FFN size: from metadata, else from the gate projection */
+    const tdm_gguf_tensor_t *gate = tdm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
+    uint32_t dflt_ff = gate && gate->ne[1] <= UINT32_MAX ? (uint32_t)gate->ne[1] : 0;
+    if ((rc = get_u32_key(g, a, "feed_forward_length", dflt_ff == 0, dflt_ff, &hp->n_ff, err)))
+        return rc;
+
+    uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+    uint64_t kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        char name[96];
+        bool found;
+#define TDM_CHECK_LAYER(suffix, ne0, ne1, optional)                                              \
+    do {                                                                                          \
+        snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", l, suffix);                            \
+        if ((rc = check_tensor(g, name, ne0, ne1, optional, &found, err)))                      \
+            return rc;                                                                            \
+    } while (0)
+        TDM_CHECK_LAYER("attn_norm.weight", hp->n_embd, 0, false);
+        TDM_CHECK_LAYER("attn_q.weight", hp->n_embd, q_dim, false);
+        TDM_CHECK_LAYER("attn_k.weight", hp->n_embd, kv_dim, false);
+        TDM_CHECK_LAYER("attn_v.weight", hp->n_embd, kv_dim, false);
+        TDM_CHECK_LAYER("attn_output.weight", q_dim, hp->n_embd, false);
+        TDM_CHECK_LAYER("ffn_norm.weight", hp->n_embd, 0, false);
+        TDM_CHECK_LAYER("ffn_gate.weight", hp->n_embd, hp->n_ff, false);
+        TDM_CHECK_LAYER("ffn_up.weight", hp->n_embd, hp->n_ff, false);
+        TDM_CHECK_LAYER("ffn_down.weight", hp->n_ff, hp->n_embd, false);
+        TDM_CHECK_LAYER("attn_q.bias", q_dim, 0, true);
+        if (l == 0)
+            hp->has_qkv_bias = found;
+        else if (found != hp->has_qkv_bias)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "tensor '%s' is %s but blk.0.attn_q.bias is %s", name,
+                                 found ? "present" : "missing", found ? "missing" : "present");
+        if (hp->has_qkv_bias) {
+            TDM_CHECK_LAYER("attn_k.bias", kv_dim, 0, false);
+            TDM_CHECK_LAYER("attn_v.bias", kv_dim, 0, false);
+        }
+#undef TDM_CHECK_LAYER
+    }
+    if ((rc = check_tensor(g, "output_norm.weight", hp->n_embd, 0, false, NULL, err)))
+        return rc;
+    bool has_output;
+    if ((rc = check_tensor(g, "output.weight", hp->n_embd, hp->n_vocab, true, &has_output, err)))
+        return rc;
+    hp->tied_embeddings = !has_output;
+    return TDM_OK;
+}
