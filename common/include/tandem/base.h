@@ -12,6 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Status codes: 0 or minus the gRPC status code (grpc/status.h numbering). */
 typedef enum tdm_status {
     TDM_OK = 0,
@@ -95,5 +99,9 @@ char *tdm_strdup(const char *s);
  * Caller frees *data with free(). Errors: TDM_ENOTFOUND (no such file), TDM_EUNAVAILABLE
  * (read error), TDM_ERESOURCE (out of memory or larger than max_bytes). */
 int tdm_read_file(const char *path, size_t max_bytes, char **data, size_t *len, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_BASE_H */

@@ -8,8 +8,10 @@
  *  - "llama": SentencePiece-style BPE: spaces become U+2581, a leading U+2581 is added
  *    (tokenizer.ggml.add_space_prefix, default true), pieces are merged by score
  *    (tokenizer.ggml.scores) and unknown bytes fall back to <0xXX> tokens.
- * Special (control / user-defined) tokens are matched in the text only when parse_special is
- * set; otherwise they are tokenized as plain text.
+ * Control (and unknown) tokens are matched in the text only when parse_special is set;
+ * otherwise they are tokenized as plain text. User-defined tokens (added tokens such as
+ * deepseek-coder's) are always matched, as the reference tokenizers do. Matching is
+ * leftmost-longest.
  * The tokenizer copies what it needs from the GGUF file: it does not keep the tdm_gguf_t.
  * It is immutable after creation, so one instance may be shared by threads.
  */
@@ -60,6 +62,7 @@ tdm_token_t tdm_tokenizer_eot(const tdm_tokenizer_t *tok); /* end of turn (<|im_
 bool tdm_tokenizer_add_bos(const tdm_tokenizer_t *tok);    /* tokenizer.ggml.add_bos_token */
 /* True for tokens that end generation: eos, eot and other end-of-generation controls. */
 bool tdm_tokenizer_is_eog(const tdm_tokenizer_t *tok, tdm_token_t id);
+/* The token's type; TDM_TOKEN_UNUSED for an id out of range. */
 tdm_token_attr_t tdm_tokenizer_attr(const tdm_tokenizer_t *tok, tdm_token_t id);
 
 /* The vocabulary string of a token as stored in the file (byte-level or U+2581 form);
@@ -70,8 +73,11 @@ const char *tdm_tokenizer_piece(const tdm_tokenizer_t *tok, tdm_token_t id, size
 tdm_token_t tdm_tokenizer_find(const tdm_tokenizer_t *tok, const char *piece, size_t len);
 
 /* Encodes len bytes of UTF-8 text (invalid UTF-8 is accepted: bytes that do not form a
- * character are tokenized as single bytes). add_bos prepends BOS when the vocab has one;
- * parse_special matches control and user-defined tokens' texts in the input.
+ * character are tokenized as single bytes; a byte the vocabulary cannot spell becomes the unk
+ * token, or is dropped when there is none). add_bos prepends BOS when the vocab has one;
+ * parse_special also matches control tokens' texts in the input (user-defined ones always).
+ * SPM adds the space prefix at the start of the text and after each special token
+ * (llama.cpp's behaviour). Cost: O(n log n) in the longest pre-token.
  * On success *ids is a heap array of *n_ids tokens that the caller frees with free()
  * (non-NULL even when empty). Errors: TDM_ERESOURCE (out of memory), TDM_EINTERNAL (PCRE2
  * failure; message has PCRE2's text). */
@@ -79,8 +85,9 @@ int tdm_tokenizer_encode(const tdm_tokenizer_t *tok, const char *text, size_t le
                          bool parse_special, tdm_token_t **ids, size_t *n_ids, tdm_error_t *err);
 
 /* The bytes a token stands for when decoded: byte-level pieces mapped back to bytes,
- * U+2581 to space, <0xXX> to that byte, control tokens to their text when render_special and
- * to nothing otherwise. Writes at most cap bytes to buf and returns the full length (which
+ * U+2581 to space, <0xXX> to that byte, user-defined tokens to their text, control (and
+ * unknown, unused) tokens to their text when render_special and to nothing otherwise.
+ * No NUL is written. Writes at most cap bytes to buf and returns the full length (which
  * may exceed cap, as snprintf does), or TDM_EINVALID for an id out of range. */
 int tdm_tokenizer_token_bytes(const tdm_tokenizer_t *tok, tdm_token_t id, bool render_special,
                               char *buf, size_t cap);
@@ -106,10 +113,13 @@ typedef struct tdm_detok {
 
 void tdm_detok_init(tdm_detok_t *d, const tdm_tokenizer_t *tok, bool render_special);
 
-/* Appends the text completed by id to out (cap bytes) and sets *out_len; out is
- * NUL-terminated. 64 bytes of cap always suffice for tokens shorter than 48 bytes; a larger
- * token needs its length + 16. Errors: TDM_EINVALID (id out of range), TDM_ERESOURCE
- * (cap too small; nothing is consumed). */
+/* Writes the text completed by id to out[0..] (cap bytes) and sets *out_len; out is
+ * NUL-terminated. Bytes that can never form a character are written as U+FFFD (one per
+ * maximal invalid subpart), so the output is always valid UTF-8; for ids whose decode is valid
+ * UTF-8 the concatenated output equals tdm_tokenizer_decode's. 64 bytes of cap always suffice
+ * for tokens shorter than 48 bytes of valid UTF-8; a larger token needs its length + 16 (and
+ * 3 bytes per invalid byte). Errors: TDM_EINVALID (id out of range), TDM_ERESOURCE (cap too
+ * small; nothing is consumed). */
 int tdm_detok_push(tdm_detok_t *d, tdm_token_t id, char *out, size_t cap, size_t *out_len);
 
 /* Emits held-back bytes (as U+FFFD replacement characters) and resets the state.

@@ -62,7 +62,7 @@ static int cur_bytes(cursor_t *c, size_t n, const char *what, const uint8_t **ou
 
 static int cur_u32(cursor_t *c, const char *what, uint32_t *v)
 {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     int rc = cur_bytes(c, 4, what, &b);
     if (rc == TDM_OK)
         memcpy(v, b, 4);
@@ -71,7 +71,7 @@ static int cur_u32(cursor_t *c, const char *what, uint32_t *v)
 
 static int cur_u64(cursor_t *c, const char *what, uint64_t *v)
 {
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     int rc = cur_bytes(c, 8, what, &b);
     if (rc == TDM_OK)
         memcpy(v, b, 8);
@@ -80,7 +80,7 @@ static int cur_u64(cursor_t *c, const char *what, uint64_t *v)
 
 static int cur_str(cursor_t *c, const char *what, tdm_gguf_str_t *s)
 {
-    uint64_t len;
+    uint64_t len = 0;
     int rc = cur_u64(c, what, &len);
     if (rc != TDM_OK)
         return rc;
@@ -89,7 +89,7 @@ static int cur_str(cursor_t *c, const char *what, tdm_gguf_str_t *s)
                              "%s at offset %zu: string length %" PRIu64
                              " exceeds the %zu bytes left in the file",
                              what, c->pos - 8, len, cur_left(c));
-    const uint8_t *b;
+    const uint8_t *b = NULL;
     cur_bytes(c, (size_t)len, what, &b);
     s->data = (const char *)b;
     s->len = len;
@@ -190,13 +190,13 @@ static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
 {
     char what[64];
     snprintf(what, sizeof what, "metadata key #%" PRIu64, index);
-    tdm_gguf_str_t key;
+    tdm_gguf_str_t key = {0};
     int rc = cur_str(c, what, &key);
     if (rc == TDM_OK)
         rc = str_copy(c, &key, 65535, what, &kv->key);
     if (rc != TDM_OK)
         return rc;
-    uint32_t type;
+    uint32_t type = 0;
     if ((rc = cur_u32(c, kv->key, &type)) != TDM_OK)
         return rc;
     if (type >= TDM_GGUF_VTYPE_COUNT)
@@ -207,7 +207,7 @@ static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
     if (kv->type == TDM_GGUF_VTYPE_STRING)
         return cur_str(c, kv->key, &kv->value.str);
     if (kv->type != TDM_GGUF_VTYPE_ARRAY) {
-        const uint8_t *b;
+        const uint8_t *b = NULL;
         if ((rc = cur_bytes(c, vtype_size(kv->type), kv->key, &b)) != TDM_OK)
             return rc;
         if (kv->type == TDM_GGUF_VTYPE_BOOL && b[0] > 1)
@@ -218,7 +218,7 @@ static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
         return TDM_OK;
     }
     /* array: u32 element type, u64 count, elements */
-    uint32_t etype;
+    uint32_t etype = 0;
     if ((rc = cur_u32(c, kv->key, &etype)) != TDM_OK ||
         (rc = cur_u64(c, kv->key, &kv->arr_n)) != TDM_OK)
         return rc;
@@ -237,7 +237,7 @@ static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
                                  " %s values does not fit in the %zu bytes left",
                                  kv->key, kv->arr_n, tdm_gguf_vtype_name(kv->arr_type),
                                  cur_left(c));
-        const uint8_t *b;
+        const uint8_t *b = NULL;
         cur_bytes(c, bytes, kv->key, &b);
         kv->arr_data = b;
         if (kv->arr_type == TDM_GGUF_VTYPE_BOOL)
@@ -270,7 +270,7 @@ static int parse_tensor_info(cursor_t *c, uint64_t index, tdm_gguf_tensor_t *t)
 {
     char what[64];
     snprintf(what, sizeof what, "tensor #%" PRIu64 " name", index);
-    tdm_gguf_str_t name;
+    tdm_gguf_str_t name = {0};
     int rc = cur_str(c, what, &name);
     if (rc == TDM_OK)
         rc = str_copy(c, &name, GGUF_MAX_NAME, what, &t->name);
@@ -294,7 +294,7 @@ static int parse_tensor_info(cursor_t *c, uint64_t index, tdm_gguf_tensor_t *t)
                                  t->name, d, t->ne[d]);
     }
     t->n_elements = n;
-    uint32_t type;
+    uint32_t type = 0;
     if ((rc = cur_u32(c, t->name, &type)) != TDM_OK)
         return rc;
     const tdm_ggml_type_info_t *ti = tdm_ggml_type_get(type);
@@ -366,7 +366,7 @@ static void gguf_free_contents(tdm_gguf_t *g)
 static int gguf_parse(tdm_gguf_t *g, tdm_error_t *err)
 {
     cursor_t c = {.p = g->base, .size = g->size, .pos = 0, .err = err};
-    const uint8_t *magic;
+    const uint8_t *magic = NULL;
     int rc = cur_bytes(&c, 4, "magic", &magic);
     if (rc != TDM_OK)
         return rc;
@@ -379,7 +379,7 @@ static int gguf_parse(tdm_gguf_t *g, tdm_error_t *err)
     if (g->version != 2 && g->version != 3)
         return tdm_error_set(err, TDM_EINVALID,
                              "unsupported GGUF version %" PRIu32 " (supported: 2, 3)", g->version);
-    uint64_t n_tensors, n_kv;
+    uint64_t n_tensors = 0, n_kv = 0;
     if ((rc = cur_u64(&c, "tensor_count", &n_tensors)) != TDM_OK ||
         (rc = cur_u64(&c, "metadata_kv_count", &n_kv)) != TDM_OK)
         return rc;

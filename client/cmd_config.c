@@ -1,0 +1,104 @@
+/* cmd_config.c - `tandem config check [FILE]` and `tandem config defaults`: validate a cluster
+ * config and print it resolved (every key, defaults filled in) as YAML. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "commands.h"
+#include "tandem/config.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tandem config check [FILE]\n"
+            "       tandem config defaults\n"
+            "\n"
+            "check     loads FILE (a cluster config, see docs/operations.md) and prints the\n"
+            "          resolved config as YAML: every key, defaults filled in. Errors go to\n"
+            "          stderr as FILE:LINE: key 'a.b': message, and the exit status is 1.\n"
+            "          Without FILE it checks the defaults.\n"
+            "defaults  prints the default config (one prefill and one decode node on the CPU).\n"
+            "\n"
+            "The model path defaults to $TANDEM_MODEL, else\n"
+            "${XDG_CACHE_HOME:-$HOME/.cache}/tandem/models/" TDM_DEFAULT_MODEL_FILE ".\n"
+            "\n"
+            "options:\n"
+            "  -h, --help   this help\n");
+}
+
+static bool is_help(const char *arg)
+{
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+/* Prints cfg to stdout and notes on stderr a model file that is not there yet. */
+static int print_config(const tdm_config_t *cfg)
+{
+    if (tdm_config_dump(cfg, stdout) != TDM_OK) {
+        fprintf(stderr, "tandem config: writing to stdout failed\n");
+        return 1;
+    }
+    struct stat st;
+    if (stat(cfg->model.path, &st) != 0) {
+        size_t n = strlen(cfg->model.path), m = strlen(TDM_DEFAULT_MODEL_FILE);
+        bool is_default = n >= m && strcmp(cfg->model.path + n - m, TDM_DEFAULT_MODEL_FILE) == 0;
+        fprintf(stderr, "tandem config: note: model file %s does not exist%s\n", cfg->model.path,
+                is_default ? " yet (scripts/setup installs it)" : "");
+    }
+    return 0;
+}
+
+int tdm_cmd_config(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (is_help(argv[1])) {
+        usage(stdout);
+        return 0;
+    }
+    const char *action = argv[1];
+    const char *file = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (is_help(argv[i])) {
+            usage(stdout);
+            return 0;
+        }
+        if (argv[i][0] == '-' && argv[i][1] != '\0') {
+            fprintf(stderr, "tandem config: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+        if (file || strcmp(action, "check") != 0) {
+            fprintf(stderr, "tandem config %s: unexpected argument '%s'\n", action, argv[i]);
+            return 2;
+        }
+        file = argv[i];
+    }
+
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    int rc;
+    if (strcmp(action, "defaults") == 0 || (strcmp(action, "check") == 0 && !file)) {
+        rc = tdm_config_defaults(&cfg);
+        if (rc != TDM_OK) {
+            fprintf(stderr, "tandem config: cannot build the defaults: %s%s\n", tdm_strerror(rc),
+                    rc == TDM_ENOTFOUND ? " (neither XDG_CACHE_HOME nor HOME is set)" : "");
+            return 1;
+        }
+    } else if (strcmp(action, "check") == 0) {
+        rc = tdm_config_load_file(file, &cfg, &err);
+        if (rc != TDM_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+    } else {
+        fprintf(stderr, "tandem config: unknown action '%s' (check or defaults)\n\n", action);
+        usage(stderr);
+        return 2;
+    }
+    int status = print_config(&cfg);
+    tdm_config_free(&cfg);
+    return status;
+}

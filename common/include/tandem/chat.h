@@ -1,0 +1,102 @@
+/* chat.h - chat templates: a list of chat messages -> the prompt text a model was trained on.
+ *
+ * Three families are built in and rendered in C, byte for byte as the models' own Jinja
+ * templates render them (Hugging Face transformers' apply_chat_template):
+ *  - ChatML (SmolLM2, Qwen, Hermes): "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message; when
+ *    the first message is not a system message and the template has a default system message
+ *    (SmolLM2: "You are a helpful AI assistant named SmolLM, trained by Hugging Face"), a system
+ *    message with that text comes first. Contents are not trimmed.
+ *  - Llama-3 (Meta-Llama-3-*-Instruct): "<|begin_of_text|>" once, then per message
+ *    "<|start_header_id|>ROLE<|end_header_id|>\n\n" + trim(CONTENT) + "<|eot_id|>". The 3.1+
+ *    templates' "Cutting Knowledge Date" system preamble and tool calls are not reproduced.
+ *  - Llama-2 (Llama-2-*-chat): "<s>[INST] <<SYS>>\nSYSTEM\n<</SYS>>\n\nUSER [/INST] ASSISTANT </s>"
+ *    and "<s>[INST] USER [/INST]" for each later user turn; user and assistant turns strictly
+ *    alternate (user first) and each turn is trimmed (the first one together with its <<SYS>>
+ *    block, so its leading whitespace stays), as Meta's template does.
+ * trim() removes leading and trailing whitespace as Python's str.strip() does (the characters
+ * str.isspace() accepts: ASCII whitespace, U+001C..U+001F, U+0085, U+00A0, U+3000 and the other
+ * Unicode spaces), since the templates call it.
+ *
+ * BOS: the Llama-3 and Llama-2 renderings contain the BOS token's text ("<|begin_of_text|>",
+ * "<s>") themselves, so the text must be tokenized with parse_special and WITHOUT adding BOS
+ * (add_bos = false), or the prompt starts with two BOS tokens; tdm_chat_template_writes_bos()
+ * says which templates do this. ChatML renderings contain no BOS; SmolLM2's tokenizer adds none
+ * either (tokenizer.ggml.add_bos_token = false). Hugging Face tokenizes chat prompts with
+ * add_special_tokens=False, which is the same rule.
+ *
+ * All functions are pure: no state, safe from any thread.
+ */
+#ifndef TANDEM_CHAT_H
+#define TANDEM_CHAT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "tandem/base.h"
+#include "tandem/gguf.h"
+
+typedef enum tdm_chat_template {
+    TDM_CHAT_TEMPLATE_CHATML = 0, /* "chatml": <|im_start|>role\n…<|im_end|> */
+    TDM_CHAT_TEMPLATE_LLAMA3 = 1, /* "llama3": <|start_header_id|>role<|end_header_id|> */
+    TDM_CHAT_TEMPLATE_LLAMA2 = 2, /* "llama2": [INST] <<SYS>> … [/INST] */
+} tdm_chat_template_t;
+
+/* One chat message. role is "system", "user" or "assistant"; both strings are NUL-terminated
+ * UTF-8 owned by the caller. */
+typedef struct tdm_chat_message {
+    const char *role;
+    const char *content;
+} tdm_chat_message_t;
+
+/* A default_system buffer size, in bytes with the NUL, that holds the default system message
+ * of every template we know of (SmolLM2's and Qwen2.5's have 68 bytes each). */
+#define TDM_CHAT_DEFAULT_SYSTEM_MAX 4096
+
+/* The name of a template as the config and the CLI spell it ("chatml", "llama3", "llama2");
+ * "?" for a value outside the enum. Cannot fail. */
+const char *tdm_chat_template_name(tdm_chat_template_t t);
+
+/* Parses a template name: "chatml", "llama3" or "llama2" (exact, lower case).
+ * Returns 0 with *out set, or TDM_EINVALID (name NULL or unknown; the message lists the
+ * accepted names). */
+int tdm_chat_template_from_name(const char *name, tdm_chat_template_t *out, tdm_error_t *err);
+
+/* Recognises the family of the Jinja template in the model's tokenizer.chat_template by its
+ * markers: "<|im_start|>" is ChatML, "<|start_header_id|>" is Llama-3, "[INST]" together with
+ * "<<SYS>>" is Llama-2 (Mistral's [INST] template without <<SYS>> renders differently and is
+ * not recognised). When default_system is not NULL (cap > 0 bytes), it receives the
+ * template's default system message (NUL-terminated; "" when the template has none): for
+ * ChatML the text of a string literal "<|im_start|>system\n…<|im_end|>" in the template, with
+ * Jinja's string escapes (\n, \t, \r, \\, \', \", \xHH, \uHHHH) decoded; Llama-3 and Llama-2
+ * templates give "".
+ * Returns 0 with *out set, or: TDM_EINVALID when the key is missing, not a string, or no
+ * family matches (the message names the settings that choose one: config
+ * `model.chat_template: chatml|llama3|llama2`, CLI `--chat-template`); TDM_ERESOURCE when the
+ * default system message does not fit in cap bytes (or on out of memory). On error *out and
+ * default_system are left unspecified. Borrows g; keeps nothing. */
+int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char *default_system,
+                             size_t cap, tdm_error_t *err);
+
+/* True when template t writes the BOS token's text into its rendering (Llama-3, Llama-2), so
+ * the caller must tokenize the result with add_bos = false. Cannot fail. */
+bool tdm_chat_template_writes_bos(tdm_chat_template_t t);
+
+/* Renders n messages (msgs may be NULL when n is 0) with template t. add_generation_prompt
+ * appends the header that opens the assistant's reply (ChatML "<|im_start|>assistant\n",
+ * Llama-3 "<|start_header_id|>assistant<|end_header_id|>\n\n"; Llama-2 has none: its prompt
+ * already ends with " [/INST]"). default_system (NULL or "" for none) is used as the system
+ * message when msgs[0] is not one; with n = 0 nothing but the generation prompt is written,
+ * as the Jinja templates do.
+ * Roles must be "system", "user" or "assistant", a system message only at index 0; Llama-2
+ * also requires the other messages to alternate user, assistant, user, … (its template raises
+ * an exception otherwise).
+ * On success *out is a NUL-terminated heap string of *out_len bytes (out_len may be NULL)
+ * that the caller frees with free(). Errors: TDM_EINVALID for an unknown t, a NULL
+ * msgs/role/content, an unknown role, a misplaced system message or broken alternation (the
+ * message names the message index and its role); TDM_ERESOURCE on out of memory. On error
+ * *out is NULL. */
+int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
+                   bool add_generation_prompt, const char *default_system, char **out,
+                   size_t *out_len, tdm_error_t *err);
+
+#endif /* TANDEM_CHAT_H */

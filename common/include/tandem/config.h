@@ -1,0 +1,200 @@
+/* config.h - the cluster configuration: one YAML file (libyaml) that describes the model, the
+ * router's endpoints, the KV cache settings, logging, CURVE keys and the list of nodes.
+ *
+ * Every key has a default, so a single-host cluster (one prefill and one decode node on the
+ * CPU, the default model from the cache) runs with no file at all. Loading is strict: unknown
+ * keys, duplicate keys, wrong types, out-of-range values, duplicate node ids and endpoints and
+ * missing required fields are errors whose message starts with "FILE:LINE: key 'a.b': ".
+ * A tdm_config_t is a plain value that owns its strings and arrays; nothing is global, so a
+ * process may hold several. docs/operations.md lists every key.
+ */
+#ifndef TANDEM_CONFIG_H
+#define TANDEM_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tandem/base.h"
+#include "tandem/chat.h"
+#include "tandem/kv.h"
+#include "tandem/log.h"
+
+/* File name of the default model inside the model cache folder. */
+#define TDM_DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* Largest config file accepted, in bytes. */
+#define TDM_CONFIG_MAX_FILE_BYTES (1u << 20)
+
+/* Most nodes one config may list. */
+#define TDM_CONFIG_MAX_NODES 1024
+
+/* Longest node id, in bytes (ids are [A-Za-z0-9._-]+; they name the node in logs). */
+#define TDM_NODE_ID_MAX 63
+
+typedef enum tdm_node_role {
+    TDM_NODE_ROLE_PREFILL = 0, /* runs prompts, ships KV pages to a decode node */
+    TDM_NODE_ROLE_DECODE = 1,  /* receives KV pages, runs the continuous-batching loop */
+} tdm_node_role_t;
+
+typedef enum tdm_prefill_policy {
+    TDM_PREFILL_POLICY_ROUND_ROBIN = 0,  /* each healthy prefill node in turn */
+    TDM_PREFILL_POLICY_LEAST_LOADED = 1, /* fewest queued prompt tokens */
+    TDM_PREFILL_POLICY_PREFIX_AWARE = 2, /* most cached prompt blocks, within a load bound */
+} tdm_prefill_policy_t;
+
+typedef enum tdm_node_device_kind {
+    TDM_NODE_DEVICE_CPU = 0,
+    TDM_NODE_DEVICE_CUDA = 1,
+} tdm_node_device_kind_t;
+
+/* Where a node computes: "cpu" or "cuda:N". */
+typedef struct tdm_node_device {
+    tdm_node_device_kind_t kind;
+    int index; /* CUDA device ordinal 0..63; 0 for the CPU */
+} tdm_node_device_t;
+
+/* model: which weights to serve and how to present them. */
+typedef struct tdm_model_config {
+    char *path;             /* GGUF file; default tdm_model_default_path(); a leading "~/" is
+                               expanded with $HOME; relative paths are taken from the cwd */
+    bool chat_template_set; /* false: use the template the model's
+                               tokenizer.chat_template names */
+    tdm_chat_template_t chat_template; /* the override when chat_template_set ("chatml",
+                                          "llama3" or "llama2" in the file) */
+    char *name; /* model name clients use (/v1/models); default: path's file name
+                   without the .gguf suffix */
+} tdm_model_config_t;
+
+/* router: the client-facing endpoints and the scheduler's knobs. */
+typedef struct tdm_router_config {
+    char *client_endpoint;               /* ZMQ ROUTER for clients; "tcp://127.0.0.1:7600" */
+    char *node_endpoint;                 /* ZMQ ROUTER the nodes connect to; ":7601" */
+    char *http_address;                  /* HTTP gateway bind address; "127.0.0.1" */
+    int http_port;                       /* 1..65535; 8000 */
+    tdm_prefill_policy_t prefill_policy; /* round_robin (default) */
+    int max_queue;                       /* requests waiting for a node before RESOURCE_EXHAUSTED;
+                                            1..1000000, default 1024 */
+    double request_timeout_s; /* deadline of a request that sets none, seconds; (0, 86400],
+                                 default 600 */
+    char **api_keys;          /* n_api_keys accepted keys; none (NULL, 0) = no authentication */
+    size_t n_api_keys;
+} tdm_router_config_t;
+
+/* kv: the paged KV cache, identical on every node. */
+typedef struct tdm_kv_config {
+    int block_size;       /* tokens per block: a power of two in 1..256; default 16 */
+    tdm_kv_dtype_t dtype; /* f16 (default) */
+    bool prefix_caching;  /* share blocks of identical prompt prefixes; default true */
+} tdm_kv_config_t;
+
+typedef struct tdm_log_config {
+    tdm_log_level_t level; /* info (default) */
+} tdm_log_config_t;
+
+/* security: ZeroMQ CURVE keys (Z85 text, 40 characters each) for the node and KV channels.
+ * Either all four are set (CURVE on) or none (plain TCP). The server pair belongs to the
+ * router and the decode nodes' KV sockets; the client pair is the cluster's node key, the
+ * only client key the servers accept. */
+typedef struct tdm_security_config {
+    char *curve_server_public_key; /* NULL when CURVE is off */
+    char *curve_server_secret_key;
+    char *curve_client_public_key;
+    char *curve_client_secret_key;
+} tdm_security_config_t;
+
+/* One entry of nodes:. */
+typedef struct tdm_node_config {
+    char *id;                      /* unique, 1..63 bytes of [A-Za-z0-9._-]; required */
+    tdm_node_role_t role;          /* required */
+    char *endpoint;                /* optional ZMQ endpoint the node binds for direct control
+                                      connections; NULL: reachable only through router.node_endpoint */
+    char *kv_endpoint;             /* decode nodes: ZMQ endpoint receiving KV pages; default
+                                      "tcp://127.0.0.1:(7610 + n)" for the n-th decode node (from 0);
+                                      always NULL for prefill nodes */
+    tdm_node_device_t device;      /* default cpu */
+    int threads;                   /* CPU compute threads, 0..1024; 0 = one per core (default) */
+    uint64_t memory_budget;        /* bytes for weights + KV on this node (>= 1 MiB); 0 when
+                                      gpu_memory_utilization is used. Default 2 GiB on cpu */
+    double gpu_memory_utilization; /* cuda only: fraction (0, 1] of the GPU's memory; 0 when
+                                      memory_budget is used. Default 0.9 on cuda */
+    int max_batch_tokens;          /* tokens in one forward pass, 1..1048576; default 2048 */
+    int max_running;               /* sequences in the running batch, 1..65536; default 64 */
+} tdm_node_config_t;
+
+/* The whole cluster. Owns every string and array in it; release with tdm_config_free. */
+typedef struct tdm_config {
+    tdm_model_config_t model;
+    tdm_router_config_t router;
+    tdm_kv_config_t kv;
+    tdm_log_config_t log;
+    tdm_security_config_t security;
+    tdm_node_config_t *nodes; /* n_nodes entries, in file order; at least one decode node */
+    size_t n_nodes;
+} tdm_config_t;
+
+/* Fills *cfg (whose previous contents are ignored, not freed) with the defaults: the values
+ * above, one node "prefill-0" (prefill, cpu) and one "decode-0" (decode, cpu, KV on
+ * tcp://127.0.0.1:7610), the default model path. Returns 0; TDM_ERESOURCE on out of memory,
+ * TDM_ENOTFOUND when the default model path cannot be formed (no $HOME); on error *cfg holds
+ * nothing to free. Caller releases a successful result with tdm_config_free. */
+int tdm_config_defaults(tdm_config_t *cfg);
+
+/* Loads the YAML file at path over the defaults into *cfg (previous contents ignored).
+ * Returns 0, or with *err set (message "PATH:LINE: key 'a.b': what is wrong"):
+ * TDM_ENOTFOUND (no such file), TDM_EUNAVAILABLE (read error), TDM_EINVALID (YAML syntax,
+ * unknown or duplicate key, wrong type, value out of range, duplicate node id or endpoint,
+ * missing required field), TDM_ERESOURCE (out of memory, file over
+ * TDM_CONFIG_MAX_FILE_BYTES). On error *cfg holds nothing to free; on success the caller
+ * releases it with tdm_config_free. An empty file gives the defaults. */
+int tdm_config_load_file(const char *path, tdm_config_t *cfg, tdm_error_t *err);
+
+/* Like tdm_config_load_file for len bytes of YAML text; name stands for the file in messages
+ * (NULL: "<string>"). */
+int tdm_config_load_string(const char *text, size_t len, const char *name, tdm_config_t *cfg,
+                           tdm_error_t *err);
+
+/* The node with the given id, or NULL. The pointer is into cfg->nodes (valid until
+ * tdm_config_free). Cannot fail. */
+const tdm_node_config_t *tdm_config_find_node(const tdm_config_t *cfg, const char *id);
+
+/* Writes the resolved configuration (every key, defaults included) as YAML that
+ * tdm_config_load_string reads back into an identical config. Returns 0, or TDM_EUNAVAILABLE
+ * when writing to out failed. */
+int tdm_config_dump(const tdm_config_t *cfg, FILE *out);
+
+/* Frees everything *cfg owns and zeroes it; accepts NULL and a zeroed config. */
+void tdm_config_free(tdm_config_t *cfg);
+
+/* Writes the default model path to buf (cap bytes): $TANDEM_MODEL when set and not empty,
+ * else "${XDG_CACHE_HOME:-$HOME/.cache}/tandem/models/" TDM_DEFAULT_MODEL_FILE. The file need
+ * not exist. Returns 0; TDM_ENOTFOUND when neither XDG_CACHE_HOME nor HOME is set,
+ * TDM_ERESOURCE when the path does not fit in cap bytes (buf then holds ""). */
+int tdm_model_default_path(char *buf, size_t cap);
+
+/* Parses a byte size: a decimal number (fraction allowed) with an optional unit, with or
+ * without a space between: B, kB/KB/K, MB/M, GB/G, TB/T (powers of 1000) or KiB/Ki, MiB/Mi,
+ * GiB/Gi, TiB/Ti (powers of 1024); units are case-insensitive ("2GiB", "512 MiB", "1.5GB",
+ * "4096"). A fraction of a byte is dropped. Returns 0 with *bytes set, or TDM_EINVALID for
+ * anything else (empty, negative, unknown unit, over 2^63 - 1 bytes). */
+int tdm_parse_bytes(const char *text, uint64_t *bytes);
+
+/* Formats bytes exactly, in the largest binary unit that divides it ("2GiB", "1536KiB",
+ * "1000"), so that tdm_parse_bytes gives the same number back. Writes at most cap bytes
+ * (NUL included; 24 always suffice) and returns the length snprintf would have. */
+int tdm_format_bytes(uint64_t bytes, char *buf, size_t cap);
+
+/* Names of the enum values as the config file spells them ("prefill", "least_loaded",
+ * "f16"); "?" for a value outside the enum. (KV dtypes: tdm_kv_dtype_name in kv.h; chat
+ * templates: tdm_chat_template_name.) */
+const char *tdm_node_role_name(tdm_node_role_t role);
+const char *tdm_prefill_policy_name(tdm_prefill_policy_t policy);
+
+/* Writes "cpu" or "cuda:N" to buf (cap bytes); returns the length snprintf would have. */
+int tdm_config_device_format(tdm_node_device_t device, char *buf, size_t cap);
+
+/* Parses "cpu", "cuda" (= cuda:0) or "cuda:N" (N in 0..63). Returns 0 or TDM_EINVALID. */
+int tdm_config_device_parse(const char *text, tdm_node_device_t *device);
+
+#endif /* TANDEM_CONFIG_H */

@@ -1,0 +1,186 @@
+/* kv.h - the paged KV cache: block layout and sizing, a pool of fixed-size blocks with
+ * reference counts, per-sequence block tables, and prefix caching by chained block hashes.
+ *
+ * Layout (DESIGN.md "Paged KV cache"): a pool is an array of blocks of block_size token slots;
+ * one block is one contiguous region laid out [layer][K|V][kv_head] records, each record
+ * holding [slot][head_dim] values (f32 or f16), or for q8 a float scale followed by
+ * [slot][head_dim] int8 values (one scale per block per layer per K|V per head). A block is
+ * therefore self-contained and ships between nodes as one unit.
+ *
+ * Sizing (one function for the pools and for `tandem kvcalc`):
+ *   KV bytes per token = 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
+ *   (+ for q8, 2 * n_layers * n_kv_heads * 4 bytes of scales per block).
+ *   Source: the standard KV-cache size formula, e.g. vLLM's cache engine
+ *   (CacheEngine.get_cache_block_size) and DESIGN.md.
+ *
+ * Prefix caching: every full block of a sequence gets hash = XXH3_64(parent hash, its
+ * block_size token ids) (the first block's parent is a seed). Blocks with the same hash hold
+ * the same KV (same model, same prefix), so a new sequence reuses the longest run of cached
+ * blocks at the start of its prompt. A block whose reference count drops to 0 keeps its hash
+ * and stays reusable until it is evicted, least recently freed first, when the free list is
+ * empty.
+ *
+ * A pool is used by one thread (the node's engine thread); it is not thread-safe.
+ */
+#ifndef TANDEM_KV_H
+#define TANDEM_KV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+
+typedef enum tdm_kv_dtype {
+    TDM_KV_F32 = 0,
+    TDM_KV_F16 = 1, /* default */
+    TDM_KV_Q8 = 2,  /* int8 with one f32 scale per block per layer per K|V per head */
+} tdm_kv_dtype_t;
+
+/* "f32", "f16", "q8"; "?" for a value outside the enum. Cannot fail. */
+const char *tdm_kv_dtype_name(tdm_kv_dtype_t dtype);
+/* Parses a dtype name; TDM_EINVALID naming the accepted values otherwise. */
+int tdm_kv_dtype_parse(const char *name, tdm_kv_dtype_t *out, tdm_error_t *err);
+
+typedef struct tdm_kv_layout {
+    uint32_t n_layers;    /* transformer blocks */
+    uint32_t n_kv_heads;  /* KV heads (GQA: fewer than query heads) */
+    uint32_t head_dim;    /* values per head */
+    uint32_t block_size;  /* token slots per block (default 16) */
+    tdm_kv_dtype_t dtype;
+} tdm_kv_layout_t;
+
+/* Checks a layout: every field positive, block_size a power of two <= 256, head_dim a
+ * multiple of 4, the block size in bytes fits in 32 bits. TDM_EINVALID naming the field. */
+int tdm_kv_layout_check(const tdm_kv_layout_t *l, tdm_error_t *err);
+
+/* Bytes of one value: 4, 2 or 1. */
+uint32_t tdm_kv_bytes_per_value(tdm_kv_dtype_t dtype);
+
+/* KV bytes per token without q8 scales: 2 * n_layers * n_kv_heads * head_dim * bytes/value.
+ * Llama-2-7B at f16 (32, 32, 128): 524,288. SmolLM2-135M at f16 (30, 3, 64): 23,040. */
+uint64_t tdm_kv_bytes_per_token(const tdm_kv_layout_t *l);
+
+/* Bytes of one record ([slot][head_dim] values, plus the 4-byte scale first for q8). */
+uint64_t tdm_kv_record_bytes(const tdm_kv_layout_t *l);
+
+/* Bytes of one block: 2 * n_layers * n_kv_heads * record bytes
+ * (= block_size * bytes per token, + q8 scales). */
+uint64_t tdm_kv_block_bytes(const tdm_kv_layout_t *l);
+
+/* Blocks needed for n_tokens: ceil(n_tokens / block_size). */
+uint64_t tdm_kv_blocks_for_tokens(const tdm_kv_layout_t *l, uint64_t n_tokens);
+
+/* Parent hash of a sequence's first block (h_-1 in the chain h_i = XXH3_64(h_i-1, block i)):
+ * the bytes "tdm-kv-1" read as a little-endian integer. Changing it (or the hashing) makes
+ * every node's prefix cache incompatible with older ones: change the "-1". */
+#define TDM_KV_HASH_SEED UINT64_C(0x312d766b2d6d6474)
+
+/* The chained hash of one full block: XXH3_64bits_withSeed over its block_size token ids as
+ * int32 little-endian (block_size * 4 bytes), seeded with the parent's hash (the previous
+ * block's, or TDM_KV_HASH_SEED for the first block). The router computes the same hashes for
+ * prefix-aware routing. Cannot fail. */
+uint64_t tdm_kv_block_hash(uint64_t parent, const int32_t *tokens, uint32_t block_size);
+
+/* Offset in bytes, inside a block, of the record of (layer, kv = 0 for K / 1 for V, head). */
+static inline uint64_t tdm_kv_record_offset(const tdm_kv_layout_t *l, uint64_t record_bytes,
+                                            uint32_t layer, uint32_t kv, uint32_t head)
+{
+    return (((uint64_t)layer * 2 + kv) * l->n_kv_heads + head) * record_bytes;
+}
+
+/* ---- the pool ---- */
+
+typedef struct tdm_kv_pool tdm_kv_pool_t;
+
+/* Pool counters. */
+typedef struct tdm_kv_stats {
+    uint32_t n_blocks;     /* total */
+    uint32_t n_used;       /* reference count > 0 */
+    uint32_t n_cached;     /* reference count 0 but holding a reusable hashed prefix */
+    uint32_t n_free;       /* neither (n_used + n_cached + n_free = n_blocks) */
+    uint64_t prefix_queries;  /* blocks looked up by tdm_kv_seq_match_prefix */
+    uint64_t prefix_hits;     /* of which found in the cache */
+    uint64_t evictions;       /* cached blocks reused for other data */
+} tdm_kv_stats_t;
+
+/* Allocates a pool of n_blocks blocks in host memory (64-byte aligned, zeroed) with an
+ * index for prefix hashes. Returns NULL with *err: TDM_EINVALID (bad layout, n_blocks 0),
+ * TDM_ERESOURCE (out of memory; message has the bytes asked). Caller frees with
+ * tdm_kv_pool_destroy. */
+tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks,
+                               tdm_error_t *err);
+void tdm_kv_pool_destroy(tdm_kv_pool_t **self_p);
+
+const tdm_kv_layout_t *tdm_kv_pool_layout(const tdm_kv_pool_t *pool);
+/* Start of the pool's memory: block b starts at base + b * block_bytes. */
+void *tdm_kv_pool_base(tdm_kv_pool_t *pool);
+uint64_t tdm_kv_pool_block_bytes(const tdm_kv_pool_t *pool);
+void tdm_kv_pool_stats(const tdm_kv_pool_t *pool, tdm_kv_stats_t *out);
+/* Blocks that an allocation could get now: free + cached (cached ones are evicted). */
+uint32_t tdm_kv_pool_available(const tdm_kv_pool_t *pool);
+
+/* "No block": what tdm_kv_pool_find returns when a hash is not in the index. */
+#define TDM_KV_NO_BLOCK UINT32_MAX
+
+/* Reference count of a block (0 for free and cached blocks). Block must be < n_blocks. */
+uint32_t tdm_kv_pool_refcount(const tdm_kv_pool_t *pool, uint32_t block);
+
+/* The block registered for a chained hash (used or cached), or TDM_KV_NO_BLOCK. Takes no
+ * reference. */
+uint32_t tdm_kv_pool_find(const tdm_kv_pool_t *pool, uint64_t hash);
+
+/* Walks every list and the index (O(n_blocks + index slots)) and checks them against the
+ * counters: used + cached + free = n_blocks, free blocks unhashed, cached ones hashed and in
+ * LRU order, every registered block found by its hash. For tests and debugging; returns 0 or
+ * TDM_EINTERNAL with a message saying what is inconsistent. */
+int tdm_kv_pool_check(const tdm_kv_pool_t *pool, tdm_error_t *err);
+
+/* Allocates n blocks (reference count 1, no hash), taking free blocks first and then
+ * evicting cached ones least recently used first. All or nothing: TDM_ERESOURCE when fewer
+ * than n are available (nothing is taken). */
+int tdm_kv_pool_alloc(tdm_kv_pool_t *pool, uint32_t n, uint32_t *blocks_out);
+
+/* Adds a reference to a used block. */
+void tdm_kv_pool_ref(tdm_kv_pool_t *pool, uint32_t block);
+
+/* Drops a reference; at 0 the block becomes cached (if it has a hash) or free. */
+void tdm_kv_pool_unref(tdm_kv_pool_t *pool, uint32_t block);
+
+/* ---- sequences: block tables ---- */
+
+/* A sequence's block table. Plain value; init with tdm_kv_seq_init, release with
+ * tdm_kv_seq_release (which returns its blocks and frees the table). */
+typedef struct tdm_kv_seq {
+    uint32_t *blocks;      /* [n_blocks] pool block ids, in token order */
+    uint32_t n_blocks;
+    uint32_t cap;          /* allocated entries of blocks */
+    uint32_t n_tokens;     /* tokens whose KV is in the blocks (computed or reused) */
+    uint32_t n_hashed;     /* leading full blocks whose hash is registered */
+    uint64_t last_hash;    /* hash of block n_hashed - 1 (the chain's parent) */
+} tdm_kv_seq_t;
+
+void tdm_kv_seq_init(tdm_kv_seq_t *seq);
+
+/* Makes the block table cover n_tokens tokens (allocating blocks as needed). All or
+ * nothing: TDM_ERESOURCE when the pool lacks blocks (the table is unchanged). */
+int tdm_kv_seq_reserve(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t n_tokens);
+
+/* For a new (empty) sequence: reuses the longest run of cached full blocks that match the
+ * start of tokens[0..n), never the whole prompt (at least one token is left to compute, so
+ * the forward pass produces logits). Returns the number of tokens covered (a multiple of
+ * block_size) and sets seq->n_tokens to it; 0 when prefix caching finds nothing. */
+uint32_t tdm_kv_seq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq,
+                                 const int32_t *tokens, uint32_t n);
+
+/* After the forward pass has written KV for tokens[0..n_tokens): records n_tokens and
+ * registers the hash of every newly full block so later sequences can reuse it. tokens are
+ * the sequence's tokens from position 0. */
+void tdm_kv_seq_commit(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const int32_t *tokens,
+                       uint32_t n_tokens);
+
+/* Drops the sequence's references to its blocks and frees its table; the sequence is empty
+ * afterwards (it may be reused). */
+void tdm_kv_seq_release(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq);
+
+#endif /* TANDEM_KV_H */

@@ -1,0 +1,109 @@
+/* model.h - a Llama-family model loaded from GGUF, and the engine that runs its forward pass
+ * over the paged KV cache for any mix of prefill chunks and decode tokens.
+ *
+ * The transformer (Llama 2/3, SmolLM2, Mistral, Qwen2-style with QKV biases):
+ *   x = token_embd[token]
+ *   per layer: h = x + W_o · attn(RoPE(W_q · rmsnorm(x)), RoPE(W_k · …), W_v · …)
+ *              x = h + W_down · (silu(W_gate · rmsnorm(h)) ⊙ (W_up · rmsnorm(h)))
+ *   logits = W_out · rmsnorm(x)       (W_out = token_embd when tied)
+ * Sources: Touvron et al. 2023 (Llama 2), Zhang & Sennrich 2019 (RMSNorm), Su et al. 2021
+ * (RoPE), Shazeer 2020 (SwiGLU), Ainslie et al. 2023 (GQA); tensor names and RoPE modes as in
+ * llama.cpp's GGUF conversion.
+ *
+ * Weights stay in the mmap'd file in their quantized types (no f32 copy of the model).
+ * All scratch memory is allocated when the engine is created; a forward pass allocates
+ * nothing. On the CPU backend a sequence's logits are bitwise identical whatever else is in
+ * the batch and however its prompt was chunked (each output is reduced in one fixed order).
+ */
+#ifndef TANDEM_MODEL_H
+#define TANDEM_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/gguf.h"
+#include "tandem/kv.h"
+
+typedef struct tdm_model tdm_model_t;
+
+/* Opens a GGUF model and checks it can be run (hyperparameters, every tensor present with
+ * its shape and a supported type). Returns NULL with *err: TDM_ENOTFOUND (no file or
+ * tensor), TDM_EINVALID (malformed or unsupported; the message names the key or tensor),
+ * TDM_ERESOURCE. The model is immutable and may be shared by engines on several threads.
+ * Caller frees with tdm_model_destroy (after every engine using it). */
+tdm_model_t *tdm_model_load(const char *path, tdm_error_t *err);
+void tdm_model_destroy(tdm_model_t **self_p);
+
+const tdm_llama_hparams_t *tdm_model_hparams(const tdm_model_t *m);
+/* The open GGUF file (for the tokenizer and metadata); owned by the model. */
+const tdm_gguf_t *tdm_model_gguf(const tdm_model_t *m);
+/* Bytes of all weight tensors as stored (quantized). */
+uint64_t tdm_model_weight_bytes(const tdm_model_t *m);
+/* A fingerprint of the weights and hyperparameters (XXH3 of the tensor table, the
+ * hyperparameters and the first and last bytes of each tensor), so nodes can check that
+ * they serve the same model. Cannot fail. */
+uint64_t tdm_model_fingerprint(const tdm_model_t *m);
+
+/* ---- engine ---- */
+
+typedef struct tdm_engine_params {
+    const char *backend;      /* "cpu" (default when NULL) */
+    int n_threads;            /* CPU threads; 0 = all available (OpenMP default) */
+    uint32_t max_batch_tokens;/* rows per forward pass (prefill chunk + decode tokens), >= 1 */
+    uint32_t max_logits;      /* rows per forward pass that may ask for logits, >= 1 */
+    uint32_t n_ctx;           /* longest sequence (tokens), <= the model's context length */
+} tdm_engine_params_t;
+
+/* Defaults: cpu, all threads, 512 batch tokens, 64 logit rows, n_ctx 4096 (or the model's
+ * trained context if smaller). */
+void tdm_engine_params_default(tdm_engine_params_t *p);
+
+typedef struct tdm_engine tdm_engine_t;
+
+/* Creates an engine for model m writing KV into pool (whose layout must match the model:
+ * n_layers, n_kv_heads, head_dim). Allocates every scratch buffer for max_batch_tokens rows
+ * and n_ctx positions. Returns NULL with *err: TDM_EINVALID (bad parameter or layout
+ * mismatch, named), TDM_ENOTFOUND (unknown backend), TDM_ERESOURCE (out of memory, with the
+ * bytes). The engine is used by one thread at a time; the model and pool must outlive it. */
+tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
+                             const tdm_engine_params_t *params, tdm_error_t *err);
+void tdm_engine_destroy(tdm_engine_t **self_p);
+
+/* Name of the engine's backend and of the CPU kernels it chose ("cpu/avx2", "cpu/scalar"). */
+const char *tdm_engine_backend_name(const tdm_engine_t *e);
+/* Size of the scratch memory the engine allocated, bytes. */
+uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e);
+
+/* A sequence's view for one forward pass: its block table in the engine's pool. */
+typedef struct tdm_batch_seq {
+    const uint32_t *blocks;  /* [n_blocks] pool block ids covering positions 0..max pos */
+    uint32_t n_blocks;
+} tdm_batch_seq_t;
+
+/* One forward pass: n_tokens rows, each a (sequence, position, token). Rows of one
+ * sequence must have consecutive increasing positions, and the KV of that sequence's
+ * positions before its first row must already be in its blocks (from earlier passes or the
+ * prefix cache). A row may ask for logits (want_logits[i]); the logits of the asking rows
+ * are written in row order. */
+typedef struct tdm_batch {
+    uint32_t n_tokens;
+    const int32_t *tokens;      /* [n_tokens] token ids */
+    const uint32_t *pos;        /* [n_tokens] position of the row in its sequence */
+    const uint32_t *seq;        /* [n_tokens] index into seqs */
+    const bool *want_logits;    /* [n_tokens]; NULL = logits for every row */
+    uint32_t n_seqs;
+    const tdm_batch_seq_t *seqs;/* [n_seqs] */
+} tdm_batch_t;
+
+/* Runs the batch: writes K and V of every row into its sequence's blocks and, for each row
+ * that asks, n_vocab logits (f32) into logits[k * n_vocab ...] for the k-th asking row.
+ * Errors (nothing is written to logits): TDM_EINVALID naming the row and field for a token
+ * out of the vocabulary, a position >= n_ctx, a position not covered by the sequence's
+ * blocks, a block id out of the pool, rows of a sequence out of order, more than
+ * max_batch_tokens rows or max_logits asking rows. Allocates nothing. */
+int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *batch, float *logits,
+                       tdm_error_t *err);
+
+#endif /* TANDEM_MODEL_H */

@@ -1,0 +1,150 @@
+/* sampling.h - per-request sampling parameters and the token sampler (penalties, greedy,
+ * top-k, temperature, top-p, min-p, counter-based random draw, logprobs).
+ *
+ * Pipeline, for one row of logits [n_vocab]:
+ *   penalties -> (temperature 0: argmax) -> top-k -> temperature -> softmax -> top-p -> min-p
+ *   -> draw.
+ * Penalties are llama.cpp's (llama_sampler_penalties: repetition first, then frequency and
+ * presence, over a window of the last penalty_last_n tokens of prompt + output); the
+ * truncation order is Hugging Face transformers' generate() (temperature, top-k, top-p, min-p;
+ * top-k does not depend on temperature, so it may run first).
+ *
+ * Counter-based randomness: the draw for output index i uses one uniform number that is a pure
+ * function of (seed, i) (tdm_sampling_uniform), so a seeded request gives the same tokens
+ * whether it ran in one process, was split between a prefill and a decode node, or was
+ * migrated mid-stream. The sampler itself is deterministic: for the same build, the same
+ * logits, history, parameters and index always give the same token, bit for bit (it uses its
+ * own exp() so results do not depend on the libm version). See docs/sampling.md.
+ */
+#ifndef TANDEM_SAMPLING_H
+#define TANDEM_SAMPLING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+
+#define TDM_SAMPLING_MAX_STOP 16     /* most stop token ids per request */
+#define TDM_SAMPLING_MAX_LOGPROBS 20 /* most top logprobs per token (OpenAI's limit) */
+#define TDM_SAMPLING_MAX_TEMPERATURE 5.0f
+#define TDM_SAMPLING_MAX_REPETITION_PENALTY 10.0f
+#define TDM_SAMPLING_MAX_PENALTY 2.0f /* |presence_penalty|, |frequency_penalty| */
+#define TDM_SAMPLING_DEFAULT_PENALTY_LAST_N 64
+#define TDM_SAMPLING_DEFAULT_MAX_TOKENS 16 /* vLLM's and the OpenAI completions API's default */
+
+/* A request's sampling parameters: a plain struct, copied freely (it travels with the request
+ * from router to prefill to decode node). Start from tdm_sampling_params_default() or a
+ * preset, then set fields; check with tdm_sampling_params_validate(). */
+typedef struct tdm_sampling_params {
+    float temperature;        /* [0, 5]; 0 = greedy (argmax, ties -> lowest token id) */
+    int32_t top_k;            /* [0, n_vocab]; keep the k most likely tokens; 0 = off */
+    float top_p;              /* (0, 1]; keep the smallest most-likely set with mass >= top_p;
+                                 1 = off */
+    float min_p;              /* [0, 1); drop tokens with p < min_p * p_max; 0 = off */
+    float repetition_penalty; /* (0, 10]; logit > 0 -> logit / r, else logit * r, for tokens
+                                 in the window (CTRL / llama.cpp); 1 = off */
+    float presence_penalty;   /* [-2, 2]; logit -= presence * (count > 0) (OpenAI); 0 = off */
+    float frequency_penalty;  /* [-2, 2]; logit -= frequency * count (OpenAI); 0 = off */
+    int32_t penalty_last_n;   /* >= -1; penalty window: the last n tokens of prompt + output;
+                                 -1 = all of them, 0 = penalties off; default 64 */
+    uint64_t seed;            /* random stream of the request; 0 is an ordinary seed (the
+                                 router draws one when the client gives none) */
+    int32_t max_tokens;       /* >= 1; output tokens at most (checked by the caller) */
+    int32_t stop_token_ids[TDM_SAMPLING_MAX_STOP]; /* [0, n_vocab); end generation */
+    uint32_t n_stop_token_ids;                     /* [0, 16] entries used */
+    bool ignore_eos; /* keep going after end-of-generation tokens (the caller checks
+                        tdm_tokenizer_is_eog unless this is set); stop_token_ids still stop */
+    int32_t n_logprobs; /* [0, 20] top logprobs reported per token */
+} tdm_sampling_params_t;
+
+/* Fills *p with the defaults: temperature 1, top_k 0, top_p 1, min_p 0, repetition_penalty 1,
+ * presence/frequency 0, penalty_last_n 64, seed 0, max_tokens 16, no stop ids, ignore_eos
+ * false, n_logprobs 0 (OpenAI's and vLLM's defaults). Cannot fail. */
+void tdm_sampling_params_default(tdm_sampling_params_t *p);
+
+/* Sets the fields of the named preset in *p and leaves every other field alone, so the
+ * caller starts from defaults (or a request), applies a preset, then overrides fields:
+ *   "precise"  temperature 0,    top_p 1.0
+ *   "chat"     temperature 0.7,  top_p 0.9
+ *   "creative" temperature 0.95, top_p 0.95
+ * Returns 0, or TDM_EINVALID for an unknown (or NULL) name, with a message that lists the
+ * presets; *p is untouched then. */
+int tdm_sampling_preset(const char *name, tdm_sampling_params_t *p, tdm_error_t *err);
+
+/* Checks every field against its range (see the struct). n_vocab bounds top_k, n_logprobs and
+ * the stop token ids; pass 0 when the vocabulary is not known yet (those bounds are then not
+ * checked). Returns 0, or TDM_EINVALID with a message naming the first bad field, its range
+ * and the value ("top_p must be in (0, 1], got 1.5"). NaN is out of every range. */
+int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_vocab,
+                                 tdm_error_t *err);
+
+/* True when token is one of p->stop_token_ids. EOS is the caller's business (tokenizer's
+ * is_eog, unless p->ignore_eos). Cannot fail. */
+bool tdm_sampling_is_stop(const tdm_sampling_params_t *p, int32_t token);
+
+/* The uniform number in [0, 1) used to draw output index `index` of a request with `seed`:
+ *   u = (mix(seed ^ mix(index)) >> 11) * 2^-53,
+ * where mix(x) is SplitMix64's output function applied to x + 0x9e3779b97f4a7c15
+ * (Steele, Lea, Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014).
+ * A pure function: no state, cannot fail. */
+double tdm_sampling_uniform(uint64_t seed, uint64_t index);
+
+/* One (token, logprob) pair; logprob is a natural log. */
+typedef struct tdm_token_logprob {
+    int32_t token;
+    float logprob;
+} tdm_token_logprob_t;
+
+/* What one call to tdm_sampler_sample produced. Logprobs are the log-softmax of the logits
+ * after penalties and before temperature and truncation (see tdm_sampler_sample). */
+typedef struct tdm_sample_result {
+    int32_t token;  /* the sampled token id, [0, n_vocab) */
+    float logprob;  /* its logprob */
+    uint32_t n_top; /* = the request's n_logprobs: entries of top[] in use */
+    tdm_token_logprob_t top[TDM_SAMPLING_MAX_LOGPROBS]; /* most likely first; ties by id */
+} tdm_sample_result_t;
+
+/* A sampler: scratch for one vocabulary, sized once. It samples for any request (parameters
+ * come with each call) but is not thread-safe: use one per thread. */
+typedef struct tdm_sampler tdm_sampler_t;
+
+/* Creates a sampler for a vocabulary of n_vocab tokens (1 .. INT32_MAX), allocating all its
+ * scratch now (about 24 bytes per token). Returns NULL with *err set: TDM_EINVALID for a bad
+ * n_vocab, TDM_ERESOURCE on out of memory. Caller frees with tdm_sampler_destroy. */
+tdm_sampler_t *tdm_sampler_new(uint32_t n_vocab, tdm_error_t *err);
+
+/* Frees the sampler; accepts NULL and a NULL *self_p; sets *self_p to NULL. */
+void tdm_sampler_destroy(tdm_sampler_t **self_p);
+
+/* The vocabulary size the sampler was made for. */
+uint32_t tdm_sampler_n_vocab(const tdm_sampler_t *s);
+
+/* The message of the last failed tdm_sampler_sample ("" when none); owned by the sampler,
+ * valid until its next call. */
+const char *tdm_sampler_errmsg(const tdm_sampler_t *s);
+
+/* Samples one token from logits [n_vocab] (float32, the model's raw output row; not
+ * modified) for output index output_index (0 for the first generated token) of a request
+ * with parameters p. history [n_history] is the request's tokens so far, prompt then output;
+ * only its last penalty_last_n entries are read (none when penalties are off).
+ *
+ * Steps: penalties; then temperature 0 -> the argmax (ties -> lowest id); otherwise top-k,
+ * temperature, softmax, top-p, min-p (relative to the most likely token), and a draw with
+ * u = tdm_sampling_uniform(p->seed, output_index) by inverse CDF over the kept tokens in
+ * increasing token id. Ranking for top-k and top-p is by logit, ties by lower token id, so
+ * the kept set is fully defined.
+ * out->logprob and out->top[] come from the log-softmax of the penalized logits before
+ * temperature and truncation (like vLLM's logprobs of the processed logits, without the
+ * temperature): they do not change with temperature/top-k/top-p, and greedy and sampled
+ * requests report the same numbers.
+ *
+ * Allocates nothing. Cost: a few passes over n_vocab plus the penalty window.
+ * Errors (message in tdm_sampler_errmsg; *out unspecified): TDM_EINVALID for parameters that
+ * fail tdm_sampling_params_validate(p, n_vocab), a history token in the window outside
+ * [0, n_vocab), a NaN or +inf logit, or logits that are all -inf. */
+int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,
+                       const int32_t *history, size_t n_history, uint64_t output_index,
+                       tdm_sample_result_t *out);
+
+#endif /* TANDEM_SAMPLING_H */

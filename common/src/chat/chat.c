@@ -1,0 +1,550 @@
+/* chat.c - the built-in chat templates (ChatML, Llama-3, Llama-2) and their detection from a
+ * model's tokenizer.chat_template.
+ *
+ * The renderings reproduce what Hugging Face's apply_chat_template makes of each family's
+ * reference Jinja template (SmolLM2-Instruct's ChatML template, Meta-Llama-3-8B-Instruct's,
+ * Llama-2-7b-chat-hf's); tests/golden/smollm2_tokenizer.json holds renderings made by Jinja
+ * that tests/unit/test_tokenizer_smollm2.c compares byte for byte. Whitespace trimming follows
+ * Python's str.strip(), which the templates' `| trim` and `.strip()` call.
+ */
+#include "tandem/chat.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A growable NUL-terminated byte string; ok turns false on the first failed allocation and
+ * every later append is a no-op, so callers check once at the end. */
+typedef struct strbuf {
+    char *data;
+    size_t len;
+    size_t cap;
+    bool ok;
+} strbuf_t;
+
+static void sb_append(strbuf_t *sb, const char *s, size_t n)
+{
+    if (!sb->ok)
+        return;
+    size_t need;
+    if (!tdm_add_size(sb->len, n, &need) || !tdm_add_size(need, 1, &need)) {
+        sb->ok = false;
+        return;
+    }
+    if (need > sb->cap) {
+        size_t cap = sb->cap ? sb->cap : 256;
+        while (cap < need) {
+            if (!tdm_mul_size(cap, 2, &cap)) {
+                sb->ok = false;
+                return;
+            }
+        }
+        char *p = realloc(sb->data, cap);
+        if (!p) {
+            sb->ok = false;
+            return;
+        }
+        sb->data = p;
+        sb->cap = cap;
+    }
+    memcpy(sb->data + sb->len, s, n);
+    sb->len += n;
+    sb->data[sb->len] = '\0';
+}
+
+static void sb_puts(strbuf_t *sb, const char *s)
+{
+    sb_append(sb, s, strlen(s));
+}
+
+/* Length of the UTF-8 character at s[0..n) when it is a well-formed 1..4 byte sequence, with
+ * its code point in *cp; 0 for an invalid or truncated sequence. */
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    if (n == 0)
+        return 0;
+    unsigned char c = s[0];
+    size_t len;
+    uint32_t v, min;
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    } else if ((c & 0xE0) == 0xC0) {
+        len = 2, v = c & 0x1Fu, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+        len = 3, v = c & 0x0Fu, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+        len = 4, v = c & 0x07u, min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (n < len)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        v = (v << 6) | (s[i] & 0x3Fu);
+    }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
+        return 0;
+    *cp = v;
+    return len;
+}
+
+/* Python's str.isspace(): the characters whose bidirectional type is WS, B or S or whose
+ * category is Zs (Objects/unicodetype_db.h, _PyUnicode_IsWhitespace). */
+static bool py_isspace(uint32_t cp)
+{
+    switch (cp) {
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x1C:
+    case 0x1D:
+    case 0x1E:
+    case 0x1F:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000: return true;
+    default: return cp >= 0x2000 && cp <= 0x200A;
+    }
+}
+
+/* Trims s[0..n) as Python's str.strip() with no argument does: sets *start and returns the
+ * length of what is left. Invalid UTF-8 bytes are never whitespace. */
+static size_t py_strip(const char *s, size_t n, size_t *start)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t b = 0, e = n;
+    uint32_t cp;
+    while (b < e) {
+        size_t len = utf8_decode(u + b, e - b, &cp);
+        if (len == 0 || !py_isspace(cp))
+            break;
+        b += len;
+    }
+    while (e > b) {
+        /* step back to the first byte of the last character (at most 4 bytes back) */
+        size_t k = e - 1;
+        while (k > b && e - k < 4 && (u[k] & 0xC0) == 0x80)
+            k--;
+        size_t len = utf8_decode(u + k, e - k, &cp);
+        if (len != e - k || !py_isspace(cp))
+            break;
+        e = k;
+    }
+    *start = b;
+    return e - b;
+}
+
+static void sb_append_stripped(strbuf_t *sb, const char *s, size_t n)
+{
+    size_t start;
+    size_t len = py_strip(s, n, &start);
+    sb_append(sb, s + start, len);
+}
+
+const char *tdm_chat_template_name(tdm_chat_template_t t)
+{
+    switch (t) {
+    case TDM_CHAT_TEMPLATE_CHATML: return "chatml";
+    case TDM_CHAT_TEMPLATE_LLAMA3: return "llama3";
+    case TDM_CHAT_TEMPLATE_LLAMA2: return "llama2";
+    }
+    return "?";
+}
+
+int tdm_chat_template_from_name(const char *name, tdm_chat_template_t *out, tdm_error_t *err)
+{
+    static const tdm_chat_template_t all[] = {TDM_CHAT_TEMPLATE_CHATML, TDM_CHAT_TEMPLATE_LLAMA3,
+                                              TDM_CHAT_TEMPLATE_LLAMA2};
+    if (!name)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "no chat template name given (expected chatml, llama3 or llama2)");
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(name, tdm_chat_template_name(all[i])) == 0) {
+            *out = all[i];
+            return TDM_OK;
+        }
+    }
+    return tdm_error_set(err, TDM_EINVALID,
+                         "unknown chat template '%.64s' (expected chatml, llama3 or llama2)", name);
+}
+
+bool tdm_chat_template_writes_bos(tdm_chat_template_t t)
+{
+    return t == TDM_CHAT_TEMPLATE_LLAMA3 || t == TDM_CHAT_TEMPLATE_LLAMA2;
+}
+
+/* ---- detection ---- */
+
+static const char *find_bytes(const char *hay, size_t n, const char *needle)
+{
+    size_t m = strlen(needle);
+    if (m == 0 || m > n)
+        return m == 0 ? hay : NULL;
+    for (size_t i = 0; i + m <= n; i++)
+        if (hay[i] == needle[0] && memcmp(hay + i, needle, m) == 0)
+            return hay + i;
+    return NULL;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Appends code point cp as UTF-8 (cp <= 0x10FFFF). */
+static void sb_append_utf8(strbuf_t *sb, uint32_t cp)
+{
+    char b[4];
+    size_t n;
+    if (cp < 0x80) {
+        b[0] = (char)cp, n = 1;
+    } else if (cp < 0x800) {
+        b[0] = (char)(0xC0 | (cp >> 6)), b[1] = (char)(0x80 | (cp & 0x3F)), n = 2;
+    } else if (cp < 0x10000) {
+        b[0] = (char)(0xE0 | (cp >> 12)), b[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        b[2] = (char)(0x80 | (cp & 0x3F)), n = 3;
+    } else {
+        b[0] = (char)(0xF0 | (cp >> 18)), b[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        b[2] = (char)(0x80 | ((cp >> 6) & 0x3F)), b[3] = (char)(0x80 | (cp & 0x3F)), n = 4;
+    }
+    sb_append(sb, b, n);
+}
+
+/* Decodes the Jinja string literal text s[0..n) (between its quotes) into sb, with the escapes
+ * Jinja's lexer accepts (Python's unicode-escape) and its newline normalisation (\r\n and \r
+ * become \n). An escape this code does not know is copied as is. */
+static void unescape_literal(strbuf_t *sb, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '\r') {
+            if (i + 1 < n && s[i + 1] == '\n')
+                i++;
+            sb_append(sb, "\n", 1);
+            continue;
+        }
+        if (c != '\\' || i + 1 >= n) {
+            sb_append(sb, &c, 1);
+            continue;
+        }
+        char e = s[++i];
+        const char *simple = NULL;
+        switch (e) {
+        case 'n': simple = "\n"; break;
+        case 't': simple = "\t"; break;
+        case 'r': simple = "\r"; break;
+        case '\\': simple = "\\"; break;
+        case '\'': simple = "'"; break;
+        case '"': simple = "\""; break;
+        default: break;
+        }
+        if (simple) {
+            sb_append(sb, simple, 1);
+            continue;
+        }
+        size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        uint32_t cp = 0;
+        bool good = digits > 0 && i + digits < n;
+        for (size_t k = 1; good && k <= digits; k++) {
+            int d = hex_digit(s[i + k]);
+            if (d < 0)
+                good = false;
+            else
+                cp = cp * 16 + (uint32_t)d;
+        }
+        if (good && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF)) {
+            sb_append_utf8(sb, cp);
+            i += digits;
+        } else {
+            sb_append(sb, s + i - 1, 2);
+        }
+    }
+}
+
+/* Finds ChatML's default system message: a string literal of the template whose text is
+ * "<|im_start|>system" NEWLINE TEXT "<|im_end|>" (NEWLINE a real newline or the escape \n).
+ * Literals that end before <|im_end|> (like '<|im_start|>system\n' + messages[0]['content'])
+ * are not defaults. Appends TEXT, decoded, to sb; appends nothing when there is none. */
+static void find_chatml_default(const char *tpl, size_t n, strbuf_t *sb)
+{
+    static const char marker[] = "<|im_start|>system";
+    const char *end = tpl + n;
+    const char *p = tpl;
+    while ((p = find_bytes(p, (size_t)(end - p), marker)) != NULL) {
+        const char *q = p + sizeof marker - 1;
+        p = q;
+        /* the quote that opens the literal: the nearest quote before the marker */
+        const char *open = q - (sizeof marker - 1);
+        while (open > tpl && open[-1] != '\'' && open[-1] != '"')
+            open--;
+        if (open == tpl)
+            continue;
+        char quote = open[-1];
+        if (q < end && *q == '\n')
+            q++;
+        else if (end - q >= 2 && q[0] == '\\' && q[1] == 'n')
+            q += 2;
+        else
+            continue;
+        const char *text = q;
+        while (q < end && *q != quote) {
+            if (*q == '<' && (size_t)(end - q) >= 10 && memcmp(q, "<|im_end|>", 10) == 0)
+                break;
+            q += (*q == '\\' && q + 1 < end) ? 2 : 1;
+        }
+        if (q >= end || *q == quote)
+            continue;
+        unescape_literal(sb, text, (size_t)(q - text));
+        return;
+    }
+}
+
+int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char *default_system,
+                             size_t cap, tdm_error_t *err)
+{
+    static const char hint[] = "set model.chat_template: chatml|llama3|llama2 in the config or "
+                               "pass --chat-template chatml|llama3|llama2";
+    tdm_gguf_str_t s;
+    tdm_error_t kv_err = {0};
+    int rc = tdm_gguf_get_str(g, "tokenizer.chat_template", &s, &kv_err);
+    if (rc == TDM_ENOTFOUND)
+        return tdm_error_set(err, TDM_EINVALID, "the model has no tokenizer.chat_template: %s",
+                             hint);
+    if (rc != TDM_OK)
+        return tdm_error_set(err, TDM_EINVALID, "%s: %s", kv_err.msg, hint);
+    if (s.len > SIZE_MAX / 2)
+        return tdm_error_set(err, TDM_EINVALID, "tokenizer.chat_template is too long: %s", hint);
+    const char *tpl = s.data;
+    size_t n = (size_t)s.len;
+
+    tdm_chat_template_t t;
+    if (find_bytes(tpl, n, "<|im_start|>"))
+        t = TDM_CHAT_TEMPLATE_CHATML;
+    else if (find_bytes(tpl, n, "<|start_header_id|>"))
+        t = TDM_CHAT_TEMPLATE_LLAMA3;
+    else if (find_bytes(tpl, n, "[INST]") && find_bytes(tpl, n, "<<SYS>>"))
+        t = TDM_CHAT_TEMPLATE_LLAMA2;
+    else
+        return tdm_error_set(err, TDM_EINVALID,
+                             "the model's tokenizer.chat_template (%zu bytes, starting \"%.*s\") "
+                             "is not one of the built-in chat templates (ChatML, Llama-3, "
+                             "Llama-2): %s",
+                             n, (int)(n < 40 ? n : 40), tpl, hint);
+
+    if (default_system && cap > 0) {
+        strbuf_t sb = {NULL, 0, 0, true};
+        if (t == TDM_CHAT_TEMPLATE_CHATML)
+            find_chatml_default(tpl, n, &sb);
+        if (!sb.ok) {
+            free(sb.data);
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory reading the chat template");
+        }
+        if (sb.len + 1 > cap) {
+            free(sb.data);
+            return tdm_error_set(err, TDM_ERESOURCE,
+                                 "the chat template's default system message (%zu bytes) does "
+                                 "not fit in %zu bytes",
+                                 sb.len, cap);
+        }
+        if (sb.len)
+            memcpy(default_system, sb.data, sb.len);
+        default_system[sb.len] = '\0';
+        free(sb.data);
+    }
+    *out = t;
+    return TDM_OK;
+}
+
+/* ---- rendering ---- */
+
+typedef enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT } role_t;
+
+/* Checks the messages and fills roles[n]. */
+static int check_messages(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
+                          role_t *roles, tdm_error_t *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *role = msgs[i].role;
+        if (!role)
+            return tdm_error_set(err, TDM_EINVALID, "message %zu has no role", i);
+        if (!msgs[i].content)
+            return tdm_error_set(err, TDM_EINVALID, "message %zu (role '%.32s') has no content", i,
+                                 role);
+        if (strcmp(role, "system") == 0)
+            roles[i] = ROLE_SYSTEM;
+        else if (strcmp(role, "user") == 0)
+            roles[i] = ROLE_USER;
+        else if (strcmp(role, "assistant") == 0)
+            roles[i] = ROLE_ASSISTANT;
+        else
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "message %zu has role '%.32s'; expected system, user or "
+                                 "assistant",
+                                 i, role);
+        if (roles[i] == ROLE_SYSTEM && i > 0)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "message %zu has role 'system'; a system message may only be "
+                                 "the first message",
+                                 i);
+    }
+    if (t == TDM_CHAT_TEMPLATE_LLAMA2) {
+        size_t first = n > 0 && roles[0] == ROLE_SYSTEM ? 1 : 0;
+        for (size_t i = first; i < n; i++) {
+            role_t want = (i - first) % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
+            if (roles[i] != want)
+                return tdm_error_set(err, TDM_EINVALID,
+                                     "message %zu has role '%s'; the llama2 chat template needs "
+                                     "user and assistant messages to alternate, starting with "
+                                     "user",
+                                     i, msgs[i].role);
+        }
+    }
+    return TDM_OK;
+}
+
+static void render_chatml(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n,
+                          bool add_generation_prompt, const char *default_system,
+                          const role_t *roles)
+{
+    if (n > 0 && roles[0] != ROLE_SYSTEM && default_system && default_system[0]) {
+        sb_puts(sb, "<|im_start|>system\n");
+        sb_puts(sb, default_system);
+        sb_puts(sb, "<|im_end|>\n");
+    }
+    for (size_t i = 0; i < n; i++) {
+        sb_puts(sb, "<|im_start|>");
+        sb_puts(sb, msgs[i].role);
+        sb_puts(sb, "\n");
+        sb_puts(sb, msgs[i].content);
+        sb_puts(sb, "<|im_end|>\n");
+    }
+    if (add_generation_prompt)
+        sb_puts(sb, "<|im_start|>assistant\n");
+}
+
+static void llama3_message(strbuf_t *sb, const char *role, const char *content)
+{
+    sb_puts(sb, "<|start_header_id|>");
+    sb_puts(sb, role);
+    sb_puts(sb, "<|end_header_id|>\n\n");
+    sb_append_stripped(sb, content, strlen(content));
+    sb_puts(sb, "<|eot_id|>");
+}
+
+static void render_llama3(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n,
+                          bool add_generation_prompt, const char *default_system,
+                          const role_t *roles)
+{
+    if (n > 0)
+        sb_puts(sb, "<|begin_of_text|>");
+    if (n > 0 && roles[0] != ROLE_SYSTEM && default_system && default_system[0])
+        llama3_message(sb, "system", default_system);
+    for (size_t i = 0; i < n; i++)
+        llama3_message(sb, msgs[i].role, msgs[i].content);
+    if (add_generation_prompt)
+        sb_puts(sb, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void render_llama2(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n,
+                          const char *default_system, const role_t *roles)
+{
+    const char *system = NULL;
+    size_t first = 0;
+    if (n > 0 && roles[0] == ROLE_SYSTEM) {
+        system = msgs[0].content;
+        first = 1;
+    } else if (default_system && default_system[0]) {
+        system = default_system;
+    }
+    for (size_t i = first; i < n; i++) {
+        if (roles[i] == ROLE_ASSISTANT) {
+            sb_puts(sb, " ");
+            sb_append_stripped(sb, msgs[i].content, strlen(msgs[i].content));
+            sb_puts(sb, " </s>");
+            continue;
+        }
+        sb_puts(sb, "<s>[INST] ");
+        if (i == first && system) {
+            /* the template strips "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content as one
+             * string: only the content's end (or, for empty content, the "\n\n") is trimmed */
+            strbuf_t turn = {NULL, 0, 0, true};
+            sb_puts(&turn, "<<SYS>>\n");
+            sb_puts(&turn, system);
+            sb_puts(&turn, "\n<</SYS>>\n\n");
+            sb_puts(&turn, msgs[i].content);
+            if (turn.ok)
+                sb_append_stripped(sb, turn.data, turn.len);
+            else
+                sb->ok = false;
+            free(turn.data);
+        } else {
+            sb_append_stripped(sb, msgs[i].content, strlen(msgs[i].content));
+        }
+        sb_puts(sb, " [/INST]");
+    }
+}
+
+int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
+                   bool add_generation_prompt, const char *default_system, char **out,
+                   size_t *out_len, tdm_error_t *err)
+{
+    *out = NULL;
+    if (out_len)
+        *out_len = 0;
+    if (t != TDM_CHAT_TEMPLATE_CHATML && t != TDM_CHAT_TEMPLATE_LLAMA3 &&
+        t != TDM_CHAT_TEMPLATE_LLAMA2)
+        return tdm_error_set(err, TDM_EINVALID, "unknown chat template %d", (int)t);
+    if (n > 0 && !msgs)
+        return tdm_error_set(err, TDM_EINVALID, "%zu messages but no message array", n);
+
+    role_t *roles = NULL;
+    strbuf_t sb = {NULL, 0, 0, true};
+    if (n > 0) {
+        roles = calloc(n, sizeof *roles);
+        if (!roles)
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory for %zu chat messages", n);
+    }
+    int rc = check_messages(t, msgs, n, roles, err);
+    if (rc != TDM_OK)
+        goto out_free_roles;
+
+    sb_append(&sb, "", 0); /* so that an empty rendering is still a heap string */
+    switch (t) {
+    case TDM_CHAT_TEMPLATE_CHATML:
+        render_chatml(&sb, msgs, n, add_generation_prompt, default_system, roles);
+        break;
+    case TDM_CHAT_TEMPLATE_LLAMA3:
+        render_llama3(&sb, msgs, n, add_generation_prompt, default_system, roles);
+        break;
+    case TDM_CHAT_TEMPLATE_LLAMA2: render_llama2(&sb, msgs, n, default_system, roles); break;
+    }
+    if (!sb.ok || !sb.data) {
+        free(sb.data);
+        rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering %zu chat messages", n);
+        goto out_free_roles;
+    }
+    *out = sb.data;
+    if (out_len)
+        *out_len = sb.len;
+
+out_free_roles:
+    free(roles);
+    return rc;
+}

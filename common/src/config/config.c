@@ -1,0 +1,1334 @@
+/* config.c - the cluster configuration: defaults, a strict YAML loader and a dumper.
+ *
+ * The file is read with libyaml's document API (yaml_parser_load), which keeps each node's
+ * start mark, so every error names the file, the line and the dotted key. The walk follows
+ * the fixed shape of the schema (top level -> section -> value, nodes -> entry -> value), never
+ * the document's own nesting, so aliases and deep nesting cannot make it loop or recurse.
+ * Loading starts from the defaults, applies the file, then fills what depends on other keys
+ * (the model name from the path, decode nodes' KV endpoints, memory budgets by device).
+ */
+#include "tandem/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <yaml.h>
+
+#define DEFAULT_CLIENT_ENDPOINT "tcp://127.0.0.1:7600"
+#define DEFAULT_NODE_ENDPOINT "tcp://127.0.0.1:7601"
+#define DEFAULT_HTTP_ADDRESS "127.0.0.1"
+#define DEFAULT_HTTP_PORT 8000
+#define DEFAULT_KV_HOST "tcp://127.0.0.1"
+#define DEFAULT_KV_PORT 7610
+#define DEFAULT_MAX_QUEUE 1024
+#define DEFAULT_REQUEST_TIMEOUT_S 600.0
+#define MAX_REQUEST_TIMEOUT_S 86400.0
+#define DEFAULT_BLOCK_SIZE 16
+#define MAX_BLOCK_SIZE 256
+#define DEFAULT_CPU_MEMORY_BUDGET (2ull << 30)
+#define MIN_MEMORY_BUDGET (1ull << 20)
+#define DEFAULT_GPU_MEMORY_UTILIZATION 0.9
+#define DEFAULT_MAX_BATCH_TOKENS 2048
+#define DEFAULT_MAX_RUNNING 64
+#define MAX_CUDA_DEVICES 64
+#define CURVE_KEY_LEN 40 /* a 32-byte key in Z85 text (zmq_z85_encode) */
+
+/* ---- enum names ---- */
+
+static const char *const role_names[] = {"prefill", "decode"};
+static const char *const policy_names[] = {"round_robin", "least_loaded", "prefix_aware"};
+static const char *const dtype_names[] = {"f32", "f16", "q8"};
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+const char *tdm_node_role_name(tdm_node_role_t role)
+{
+    return (unsigned)role < N_OF(role_names) ? role_names[role] : "?";
+}
+
+const char *tdm_prefill_policy_name(tdm_prefill_policy_t policy)
+{
+    return (unsigned)policy < N_OF(policy_names) ? policy_names[policy] : "?";
+}
+
+
+int tdm_config_device_format(tdm_node_device_t device, char *buf, size_t cap)
+{
+    if (device.kind == TDM_NODE_DEVICE_CUDA)
+        return snprintf(buf, cap, "cuda:%d", device.index);
+    return snprintf(buf, cap, "cpu");
+}
+
+int tdm_config_device_parse(const char *text, tdm_node_device_t *device)
+{
+    if (strcmp(text, "cpu") == 0) {
+        *device = (tdm_node_device_t){TDM_NODE_DEVICE_CPU, 0};
+        return TDM_OK;
+    }
+    if (strcmp(text, "cuda") == 0) {
+        *device = (tdm_node_device_t){TDM_NODE_DEVICE_CUDA, 0};
+        return TDM_OK;
+    }
+    if (strncmp(text, "cuda:", 5) != 0)
+        return TDM_EINVALID;
+    const char *p = text + 5;
+    int index = 0;
+    if (!isdigit((unsigned char)*p) || (p[0] == '0' && p[1] != '\0'))
+        return TDM_EINVALID;
+    for (; isdigit((unsigned char)*p); p++) {
+        index = index * 10 + (*p - '0');
+        if (index >= MAX_CUDA_DEVICES)
+            return TDM_EINVALID;
+    }
+    if (*p != '\0')
+        return TDM_EINVALID;
+    *device = (tdm_node_device_t){TDM_NODE_DEVICE_CUDA, index};
+    return TDM_OK;
+}
+
+/* ---- byte sizes ---- */
+
+typedef struct byte_unit {
+    const char *name; /* lower case */
+    uint64_t mult;
+} byte_unit_t;
+
+static const byte_unit_t byte_units[] = {
+    {"", 1},
+    {"b", 1},
+    {"k", 1000ull},
+    {"kb", 1000ull},
+    {"m", 1000000ull},
+    {"mb", 1000000ull},
+    {"g", 1000000000ull},
+    {"gb", 1000000000ull},
+    {"t", 1000000000000ull},
+    {"tb", 1000000000000ull},
+    {"ki", 1ull << 10},
+    {"kib", 1ull << 10},
+    {"mi", 1ull << 20},
+    {"mib", 1ull << 20},
+    {"gi", 1ull << 30},
+    {"gib", 1ull << 30},
+    {"ti", 1ull << 40},
+    {"tib", 1ull << 40},
+};
+
+int tdm_parse_bytes(const char *text, uint64_t *bytes)
+{
+    if (!text)
+        return TDM_EINVALID;
+    const char *p = text;
+    uint64_t whole = 0;
+    int n_whole = 0;
+    for (; isdigit((unsigned char)*p); p++, n_whole++)
+        if (!tdm_mul_u64(whole, 10, &whole) || !tdm_add_u64(whole, (uint64_t)(*p - '0'), &whole))
+            return TDM_EINVALID;
+    /* The fraction is kept exactly as frac / scale; digits past the 18th cannot change the
+     * result by a whole byte below 2^63 bytes, so they are read and dropped. */
+    uint64_t frac = 0, scale = 1;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p))
+            return TDM_EINVALID;
+        for (int n = 0; isdigit((unsigned char)*p); p++, n++) {
+            if (n < 18) {
+                frac = frac * 10 + (uint64_t)(*p - '0');
+                scale *= 10;
+            }
+        }
+    } else if (n_whole == 0) {
+        return TDM_EINVALID;
+    }
+    while (*p == ' ')
+        p++;
+    char unit[4] = {0};
+    size_t n_unit = strlen(p);
+    if (n_unit >= sizeof unit)
+        return TDM_EINVALID;
+    for (size_t i = 0; i < n_unit; i++)
+        unit[i] = (char)tolower((unsigned char)p[i]);
+    uint64_t mult = 0;
+    for (size_t i = 0; i < N_OF(byte_units); i++)
+        if (strcmp(unit, byte_units[i].name) == 0)
+            mult = byte_units[i].mult;
+    if (mult == 0)
+        return TDM_EINVALID;
+    uint64_t total;
+    if (!tdm_mul_u64(whole, mult, &total))
+        return TDM_EINVALID;
+    unsigned __int128 part = (unsigned __int128)frac * mult / scale;
+    if (!tdm_add_u64(total, (uint64_t)part, &total) || total > (uint64_t)INT64_MAX)
+        return TDM_EINVALID;
+    *bytes = total;
+    return TDM_OK;
+}
+
+int tdm_format_bytes(uint64_t bytes, char *buf, size_t cap)
+{
+    static const byte_unit_t units[] = {
+        {"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10}};
+    for (size_t i = 0; i < N_OF(units); i++)
+        if (bytes != 0 && bytes % units[i].mult == 0)
+            return snprintf(buf, cap, "%llu%s", (unsigned long long)(bytes / units[i].mult),
+                            units[i].name);
+    return snprintf(buf, cap, "%llu", (unsigned long long)bytes);
+}
+
+/* ---- the default model path ---- */
+
+int tdm_model_default_path(char *buf, size_t cap)
+{
+    if (cap > 0)
+        buf[0] = '\0';
+    const char *env = getenv("TANDEM_MODEL");
+    int n;
+    if (env && *env) {
+        n = snprintf(buf, cap, "%s", env);
+    } else {
+        const char *xdg = getenv("XDG_CACHE_HOME");
+        const char *home = getenv("HOME");
+        if (xdg && *xdg)
+            n = snprintf(buf, cap, "%s/tandem/models/%s", xdg, TDM_DEFAULT_MODEL_FILE);
+        else if (home && *home)
+            n = snprintf(buf, cap, "%s/.cache/tandem/models/%s", home, TDM_DEFAULT_MODEL_FILE);
+        else
+            return TDM_ENOTFOUND;
+    }
+    if (n < 0 || (size_t)n >= cap) {
+        if (cap > 0)
+            buf[0] = '\0';
+        return TDM_ERESOURCE;
+    }
+    return TDM_OK;
+}
+
+/* ---- defaults ---- */
+
+static void node_free(tdm_node_config_t *node)
+{
+    free(node->id);
+    free(node->endpoint);
+    free(node->kv_endpoint);
+    memset(node, 0, sizeof *node);
+}
+
+void tdm_config_free(tdm_config_t *cfg)
+{
+    if (!cfg)
+        return;
+    free(cfg->model.path);
+    free(cfg->model.name);
+    free(cfg->router.client_endpoint);
+    free(cfg->router.node_endpoint);
+    free(cfg->router.http_address);
+    for (size_t i = 0; i < cfg->router.n_api_keys; i++)
+        free(cfg->router.api_keys[i]);
+    free(cfg->router.api_keys);
+    free(cfg->security.curve_server_public_key);
+    free(cfg->security.curve_server_secret_key);
+    free(cfg->security.curve_client_public_key);
+    free(cfg->security.curve_client_secret_key);
+    for (size_t i = 0; i < cfg->n_nodes; i++)
+        node_free(&cfg->nodes[i]);
+    free(cfg->nodes);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+/* A node with every optional field at its default; the id is set by the caller. */
+static tdm_node_config_t node_defaults(void)
+{
+    return (tdm_node_config_t){
+        .role = TDM_NODE_ROLE_PREFILL,
+        .device = {TDM_NODE_DEVICE_CPU, 0},
+        .max_batch_tokens = DEFAULT_MAX_BATCH_TOKENS,
+        .max_running = DEFAULT_MAX_RUNNING,
+    };
+}
+
+/* Everything that does not depend on other keys; strings that must be set are allocated.
+ * Model path and name, nodes and KV endpoints are left to config_finish. */
+static int config_init(tdm_config_t *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->router.client_endpoint = tdm_strdup(DEFAULT_CLIENT_ENDPOINT);
+    cfg->router.node_endpoint = tdm_strdup(DEFAULT_NODE_ENDPOINT);
+    cfg->router.http_address = tdm_strdup(DEFAULT_HTTP_ADDRESS);
+    cfg->router.http_port = DEFAULT_HTTP_PORT;
+    cfg->router.prefill_policy = TDM_PREFILL_POLICY_ROUND_ROBIN;
+    cfg->router.max_queue = DEFAULT_MAX_QUEUE;
+    cfg->router.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
+    cfg->kv.block_size = DEFAULT_BLOCK_SIZE;
+    cfg->kv.dtype = TDM_KV_F16;
+    cfg->kv.prefix_caching = true;
+    cfg->log.level = TDM_LOG_INFO;
+    if (!cfg->router.client_endpoint || !cfg->router.node_endpoint || !cfg->router.http_address) {
+        tdm_config_free(cfg);
+        return TDM_ERESOURCE;
+    }
+    return TDM_OK;
+}
+
+/* "dir/SmolLM2.Q4_1.gguf" -> "SmolLM2.Q4_1"; NULL on out of memory. */
+static char *model_name_from_path(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
+        n -= 5;
+    if (n == 0) {
+        base = path;
+        n = strlen(path);
+    }
+    char *name = malloc(n + 1);
+    if (name) {
+        memcpy(name, base, n);
+        name[n] = '\0';
+    }
+    return name;
+}
+
+/* Fills what the file left out and what depends on other keys: the model path and name,
+ * the default nodes (when nodes_given is false), decode nodes' KV endpoints and each node's
+ * memory budget. Errors: TDM_ERESOURCE, TDM_ENOTFOUND (no default model path). */
+static int config_finish(tdm_config_t *cfg, bool nodes_given)
+{
+    if (!cfg->model.path) {
+        char path[4096];
+        int rc = tdm_model_default_path(path, sizeof path);
+        if (rc != TDM_OK)
+            return rc;
+        if (!(cfg->model.path = tdm_strdup(path)))
+            return TDM_ERESOURCE;
+    }
+    if (!cfg->model.name && !(cfg->model.name = model_name_from_path(cfg->model.path)))
+        return TDM_ERESOURCE;
+    if (!nodes_given) {
+        cfg->nodes = calloc(2, sizeof *cfg->nodes);
+        if (!cfg->nodes)
+            return TDM_ERESOURCE;
+        cfg->n_nodes = 2;
+        cfg->nodes[0] = node_defaults();
+        cfg->nodes[1] = node_defaults();
+        cfg->nodes[1].role = TDM_NODE_ROLE_DECODE;
+        cfg->nodes[0].id = tdm_strdup("prefill-0");
+        cfg->nodes[1].id = tdm_strdup("decode-0");
+        if (!cfg->nodes[0].id || !cfg->nodes[1].id)
+            return TDM_ERESOURCE;
+    }
+    int n_decode = 0;
+    for (size_t i = 0; i < cfg->n_nodes; i++) {
+        tdm_node_config_t *node = &cfg->nodes[i];
+        if (node->role == TDM_NODE_ROLE_DECODE) {
+            if (!node->kv_endpoint) {
+                char ep[64];
+                snprintf(ep, sizeof ep, "%s:%d", DEFAULT_KV_HOST, DEFAULT_KV_PORT + n_decode);
+                if (!(node->kv_endpoint = tdm_strdup(ep)))
+                    return TDM_ERESOURCE;
+            }
+            n_decode++;
+        }
+        if (node->memory_budget == 0 && node->gpu_memory_utilization == 0.0) {
+            if (node->device.kind == TDM_NODE_DEVICE_CUDA)
+                node->gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION;
+            else
+                node->memory_budget = DEFAULT_CPU_MEMORY_BUDGET;
+        }
+    }
+    return TDM_OK;
+}
+
+int tdm_config_defaults(tdm_config_t *cfg)
+{
+    int rc = config_init(cfg);
+    if (rc != TDM_OK)
+        return rc;
+    rc = config_finish(cfg, false);
+    if (rc != TDM_OK)
+        tdm_config_free(cfg);
+    return rc;
+}
+
+const tdm_node_config_t *tdm_config_find_node(const tdm_config_t *cfg, const char *id)
+{
+    if (!cfg || !id)
+        return NULL;
+    for (size_t i = 0; i < cfg->n_nodes; i++)
+        if (cfg->nodes[i].id && strcmp(cfg->nodes[i].id, id) == 0)
+            return &cfg->nodes[i];
+    return NULL;
+}
+
+/* ---- the loader ---- */
+
+/* Longest dotted key path built ("nodes[1023].gpu_memory_utilization" fits). */
+#define KEY_MAX 96
+
+typedef struct loader {
+    const char *name; /* file name for messages */
+    yaml_document_t *doc;
+    tdm_error_t *err;
+} loader_t;
+
+/* Where one ZMQ endpoint came from, for the duplicate check. */
+typedef struct endpoint_ref {
+    const char *value;
+    char key[KEY_MAX];
+    const yaml_node_t *at; /* NULL when the value is a default */
+} endpoint_ref_t;
+
+/* Per-node marks kept while loading, for checks that need the whole entry or all entries. */
+typedef struct node_marks {
+    const yaml_node_t *id, *role, *endpoint, *kv_endpoint;
+    const yaml_node_t *memory_budget, *gpu_memory_utilization;
+} node_marks_t;
+
+static size_t line_of(const yaml_node_t *n)
+{
+    return n->start_mark.line + 1;
+}
+
+/* Sets the error "NAME:LINE: key 'KEY': MESSAGE" ("NAME:LINE: MESSAGE" for key "") and
+ * returns TDM_EINVALID. */
+static int fail(loader_t *ld, const yaml_node_t *at, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(loader_t *ld, const yaml_node_t *at, const char *key, const char *fmt, ...)
+{
+    char msg[TDM_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!key[0]) /* a problem with the top level itself */
+        return tdm_error_set(ld->err, TDM_EINVALID, "%s:%zu: %s", ld->name, line_of(at), msg);
+    return tdm_error_set(ld->err, TDM_EINVALID, "%s:%zu: key '%s': %s", ld->name, line_of(at), key,
+                         msg);
+}
+
+static yaml_node_t *node_at(loader_t *ld, int index)
+{
+    return yaml_document_get_node(ld->doc, index);
+}
+
+static const char *scalar_text(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* A plain scalar that YAML reads as null: empty, "~", "null", "Null", "NULL". */
+static bool is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return false;
+    const char *s = scalar_text(n);
+    return n->data.scalar.length == 0 || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 ||
+           strcmp(s, "Null") == 0 || strcmp(s, "NULL") == 0;
+}
+
+/* Describes a value for "got ..." in messages; writes into buf. */
+static const char *describe(const yaml_node_t *n, char *buf, size_t cap)
+{
+    if (n->type == YAML_MAPPING_NODE)
+        return "a mapping";
+    if (n->type == YAML_SEQUENCE_NODE)
+        return "a list";
+    if (is_null(n))
+        return "nothing (null)";
+    const char *s = scalar_text(n);
+    int width = n->data.scalar.length > 60 ? 60 : (int)n->data.scalar.length;
+    const char *more = n->data.scalar.length > 60 ? "..." : "";
+    if (n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE)
+        snprintf(buf, cap, "'%.*s%s'", width, s, more);
+    else
+        snprintf(buf, cap, "the quoted string '%.*s%s'", width, s, more);
+    return buf;
+}
+
+/* out = "path.name" (or "name" at the top level), cut to KEY_MAX - 1 bytes: unknown keys in
+ * messages can be long, the known ones always fit. */
+static void key_join(char *out, const char *path, const char *name)
+{
+    int n = snprintf(out, KEY_MAX, "%s%s%s", path, path[0] ? "." : "", name);
+    if (n < 0)
+        out[0] = '\0';
+}
+
+/* Checks that map is a mapping whose keys are all plain names from known[] (NULL-ended), none
+ * repeated. null counts as an empty mapping. */
+static int check_mapping(loader_t *ld, const yaml_node_t *map, const char *path,
+                         const char *const *known)
+{
+    char got[96];
+    if (is_null(map))
+        return TDM_OK;
+    if (map->type != YAML_MAPPING_NODE)
+        return fail(ld, map, path, "must be a mapping, got %s", describe(map, got, sizeof got));
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        const yaml_node_t *k = node_at(ld, p->key);
+        if (k->type != YAML_SCALAR_NODE)
+            return fail(ld, k, path, "keys must be names, got %s", describe(k, got, sizeof got));
+        char key[KEY_MAX];
+        key_join(key, path, scalar_text(k));
+        bool ok = false;
+        for (size_t i = 0; known[i]; i++)
+            ok = ok || strcmp(known[i], scalar_text(k)) == 0;
+        if (!ok) {
+            char list[TDM_ERRMSG_MAX / 2] = "";
+            for (size_t i = 0; known[i]; i++) {
+                size_t len = strlen(list);
+                snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", known[i]);
+            }
+            return fail(ld, k, key, "unknown key (expected one of: %s)", list);
+        }
+        for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {
+            const yaml_node_t *prev = node_at(ld, q->key);
+            if (strcmp(scalar_text(prev), scalar_text(k)) == 0)
+                return fail(ld, k, key, "duplicate key (first at line %zu)", line_of(prev));
+        }
+    }
+    return TDM_OK;
+}
+
+/* Iteration over a checked mapping (nothing to iterate when it is null). */
+#define FOR_EACH_PAIR(ld, map, p)                                                                  \
+    for (yaml_node_pair_t *p = (map)->type == YAML_MAPPING_NODE ? (map)->data.mapping.pairs.start  \
+                                                                : NULL;                            \
+         p && p < (map)->data.mapping.pairs.top; p++)
+
+/* Reads a string value into *out (freeing the old one). optional: null or "" give NULL;
+ * otherwise they are an error. */
+static int get_string(loader_t *ld, const yaml_node_t *v, const char *key, bool optional,
+                      char **out)
+{
+    char got[96];
+    if (v->type != YAML_SCALAR_NODE)
+        return fail(ld, v, key, "must be a string, got %s", describe(v, got, sizeof got));
+    if (is_null(v) || v->data.scalar.length == 0) {
+        if (!optional)
+            return fail(ld, v, key, "must not be empty");
+        free(*out);
+        *out = NULL;
+        return TDM_OK;
+    }
+    if (strlen(scalar_text(v)) != v->data.scalar.length)
+        return fail(ld, v, key, "must not contain a NUL character");
+    char *s = tdm_strdup(scalar_text(v));
+    if (!s)
+        return tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
+    free(*out);
+    *out = s;
+    return TDM_OK;
+}
+
+/* A plain scalar, the only kind a number or a boolean may be; fails with "must be WHAT". */
+static int need_plain(loader_t *ld, const yaml_node_t *v, const char *key, const char *what)
+{
+    char got[96];
+    if (v->type != YAML_SCALAR_NODE || v->data.scalar.style != YAML_PLAIN_SCALAR_STYLE ||
+        is_null(v))
+        return fail(ld, v, key, "must be %s, got %s", what, describe(v, got, sizeof got));
+    return TDM_OK;
+}
+
+/* Reads a decimal integer (any value a long long holds). */
+static int get_ll(loader_t *ld, const yaml_node_t *v, const char *key, long long *out)
+{
+    char got[96];
+    int rc = need_plain(ld, v, key, "an integer");
+    if (rc != TDM_OK)
+        return rc;
+    const char *s = scalar_text(v);
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (end == s || *end != '\0' || isspace((unsigned char)*s) || errno == ERANGE)
+        return fail(ld, v, key, "must be an integer, got %s", describe(v, got, sizeof got));
+    *out = x;
+    return TDM_OK;
+}
+
+/* Reads a decimal integer in [min, max]. */
+static int get_int(loader_t *ld, const yaml_node_t *v, const char *key, int min, int max, int *out)
+{
+    long long x;
+    int rc = get_ll(ld, v, key, &x);
+    if (rc != TDM_OK)
+        return rc;
+    if (x < min || x > max)
+        return fail(ld, v, key, "must be between %d and %d, got %lld", min, max, x);
+    *out = (int)x;
+    return TDM_OK;
+}
+
+/* Reads a finite number. */
+static int get_double(loader_t *ld, const yaml_node_t *v, const char *key, double *out)
+{
+    char got[96];
+    int rc = need_plain(ld, v, key, "a number");
+    if (rc != TDM_OK)
+        return rc;
+    const char *s = scalar_text(v);
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (end == s || *end != '\0' || isspace((unsigned char)*s) || !isfinite(x) || errno == ERANGE)
+        return fail(ld, v, key, "must be a number, got %s", describe(v, got, sizeof got));
+    *out = x;
+    return TDM_OK;
+}
+
+static int get_bool(loader_t *ld, const yaml_node_t *v, const char *key, bool *out)
+{
+    char got[96];
+    static const char *const yes[] = {"true", "yes", "on"}, *const no[] = {"false", "no", "off"};
+    int rc = need_plain(ld, v, key, "true or false");
+    if (rc != TDM_OK)
+        return rc;
+    for (size_t i = 0; i < N_OF(yes); i++) {
+        if (strcasecmp(scalar_text(v), yes[i]) == 0) {
+            *out = true;
+            return TDM_OK;
+        }
+        if (strcasecmp(scalar_text(v), no[i]) == 0) {
+            *out = false;
+            return TDM_OK;
+        }
+    }
+    return fail(ld, v, key, "must be true or false, got %s", describe(v, got, sizeof got));
+}
+
+/* Reads one of names[0..n) and stores its index. */
+static int get_enum(loader_t *ld, const yaml_node_t *v, const char *key, const char *const *names,
+                    size_t n, int *out)
+{
+    char got[96], list[128] = "";
+    if (v->type == YAML_SCALAR_NODE) {
+        for (size_t i = 0; i < n; i++) {
+            if (strcmp(scalar_text(v), names[i]) == 0) {
+                *out = (int)i;
+                return TDM_OK;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", names[i]);
+    }
+    return fail(ld, v, key, "must be one of %s; got %s", list, describe(v, got, sizeof got));
+}
+
+/* A ZeroMQ endpoint: tcp://HOST:PORT (PORT 1..65535), ipc://PATH or inproc://NAME. */
+static bool endpoint_valid(const char *s)
+{
+    if (strncmp(s, "ipc://", 6) == 0)
+        return s[6] != '\0';
+    if (strncmp(s, "inproc://", 9) == 0)
+        return s[9] != '\0';
+    if (strncmp(s, "tcp://", 6) != 0)
+        return false;
+    const char *colon = strrchr(s + 6, ':');
+    if (!colon || colon == s + 6 || colon[1] == '\0')
+        return false;
+    long port = 0;
+    for (const char *p = colon + 1; *p; p++) {
+        if (!isdigit((unsigned char)*p) || (port = port * 10 + (*p - '0')) > 65535)
+            return false;
+    }
+    for (const char *p = s + 6; p < colon; p++)
+        if (isspace((unsigned char)*p) || *p == '/')
+            return false;
+    return port >= 1;
+}
+
+static int get_endpoint(loader_t *ld, const yaml_node_t *v, const char *key, bool optional,
+                        char **out)
+{
+    char *s = NULL;
+    int rc = get_string(ld, v, key, optional, &s);
+    if (rc != TDM_OK)
+        return rc;
+    if (s && !endpoint_valid(s)) {
+        char got[96];
+        free(s);
+        return fail(ld, v, key,
+                    "must be a ZeroMQ endpoint tcp://HOST:PORT, ipc://PATH or inproc://NAME, "
+                    "got %s",
+                    describe(v, got, sizeof got));
+    }
+    free(*out);
+    *out = s;
+    return TDM_OK;
+}
+
+/* Expands a leading "~/" with $HOME in place. */
+static int expand_home(loader_t *ld, char **path)
+{
+    const char *home = getenv("HOME");
+    if (!*path || strncmp(*path, "~/", 2) != 0 || !home || !*home)
+        return TDM_OK;
+    size_t n = strlen(home) + strlen(*path);
+    char *full = malloc(n);
+    if (!full)
+        return tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
+    snprintf(full, n, "%s%s", home, *path + 1);
+    free(*path);
+    *path = full;
+    return TDM_OK;
+}
+
+static int parse_model(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
+{
+    static const char *const known[] = {"path", "chat_template", "name", NULL};
+    int rc = check_mapping(ld, map, "model", known);
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        const char *name = scalar_text(node_at(ld, p->key));
+        const yaml_node_t *v = node_at(ld, p->value);
+        char key[KEY_MAX];
+        key_join(key, "model", name);
+        if (strcmp(name, "path") == 0) {
+            rc = get_string(ld, v, key, false, &cfg->model.path);
+            if (rc == TDM_OK)
+                rc = expand_home(ld, &cfg->model.path);
+        } else if (strcmp(name, "chat_template") == 0) {
+            const char *names[] = {tdm_chat_template_name(TDM_CHAT_TEMPLATE_CHATML),
+                                   tdm_chat_template_name(TDM_CHAT_TEMPLATE_LLAMA3),
+                                   tdm_chat_template_name(TDM_CHAT_TEMPLATE_LLAMA2)};
+            int which = 0;
+            cfg->model.chat_template_set = false;
+            if (!is_null(v) && !(v->type == YAML_SCALAR_NODE && v->data.scalar.length == 0)) {
+                rc = get_enum(ld, v, key, names, N_OF(names), &which);
+                cfg->model.chat_template = (tdm_chat_template_t)which;
+                cfg->model.chat_template_set = rc == TDM_OK;
+            }
+        } else {
+            rc = get_string(ld, v, key, false, &cfg->model.name);
+        }
+    }
+    return rc;
+}
+
+static int parse_api_keys(loader_t *ld, const yaml_node_t *v, tdm_router_config_t *router)
+{
+    char got[96];
+    if (is_null(v))
+        return TDM_OK;
+    if (v->type != YAML_SEQUENCE_NODE)
+        return fail(ld, v, "router.api_keys", "must be a list of strings, got %s",
+                    describe(v, got, sizeof got));
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n == 0)
+        return TDM_OK;
+    router->api_keys = calloc(n, sizeof *router->api_keys);
+    if (!router->api_keys)
+        return tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *item = node_at(ld, v->data.sequence.items.start[i]);
+        char key[KEY_MAX];
+        snprintf(key, sizeof key, "router.api_keys[%zu]", i);
+        int rc = get_string(ld, item, key, false, &router->api_keys[router->n_api_keys]);
+        if (rc != TDM_OK)
+            return rc;
+        router->n_api_keys++;
+        for (const char *c = router->api_keys[i]; *c; c++)
+            if (isspace((unsigned char)*c) || iscntrl((unsigned char)*c))
+                return fail(ld, item, key, "must not contain spaces or control characters");
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(router->api_keys[j], router->api_keys[i]) == 0)
+                return fail(ld, item, key, "duplicate API key (same as router.api_keys[%zu])", j);
+    }
+    return TDM_OK;
+}
+
+static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
+                        endpoint_ref_t *eps)
+{
+    static const char *const known[] = {"client_endpoint",   "node_endpoint",  "http_address",
+                                        "http_port",         "prefill_policy", "max_queue",
+                                        "request_timeout_s", "api_keys",       NULL};
+    tdm_router_config_t *r = &cfg->router;
+    int rc = check_mapping(ld, map, "router", known);
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        const char *name = scalar_text(node_at(ld, p->key));
+        const yaml_node_t *v = node_at(ld, p->value);
+        char key[KEY_MAX];
+        key_join(key, "router", name);
+        if (strcmp(name, "client_endpoint") == 0) {
+            rc = get_endpoint(ld, v, key, false, &r->client_endpoint);
+            eps[0].at = v;
+        } else if (strcmp(name, "node_endpoint") == 0) {
+            rc = get_endpoint(ld, v, key, false, &r->node_endpoint);
+            eps[1].at = v;
+        } else if (strcmp(name, "http_address") == 0) {
+            rc = get_string(ld, v, key, false, &r->http_address);
+        } else if (strcmp(name, "http_port") == 0) {
+            rc = get_int(ld, v, key, 1, 65535, &r->http_port);
+        } else if (strcmp(name, "prefill_policy") == 0) {
+            int x = 0;
+            rc = get_enum(ld, v, key, policy_names, N_OF(policy_names), &x);
+            r->prefill_policy = (tdm_prefill_policy_t)x;
+        } else if (strcmp(name, "max_queue") == 0) {
+            rc = get_int(ld, v, key, 1, 1000000, &r->max_queue);
+        } else if (strcmp(name, "request_timeout_s") == 0) {
+            rc = get_double(ld, v, key, &r->request_timeout_s);
+            if (rc == TDM_OK &&
+                !(r->request_timeout_s > 0 && r->request_timeout_s <= MAX_REQUEST_TIMEOUT_S))
+                rc = fail(ld, v, key, "must be more than 0 and at most %g seconds, got %s",
+                          MAX_REQUEST_TIMEOUT_S, scalar_text(v));
+        } else {
+            rc = parse_api_keys(ld, v, r);
+        }
+    }
+    return rc;
+}
+
+static int parse_kv(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
+{
+    static const char *const known[] = {"block_size", "dtype", "prefix_caching", NULL};
+    int rc = check_mapping(ld, map, "kv", known);
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        const char *name = scalar_text(node_at(ld, p->key));
+        const yaml_node_t *v = node_at(ld, p->value);
+        char key[KEY_MAX];
+        key_join(key, "kv", name);
+        if (strcmp(name, "block_size") == 0) {
+            long long x = 0;
+            rc = get_ll(ld, v, key, &x);
+            if (rc == TDM_OK && (x < 1 || x > MAX_BLOCK_SIZE || (x & (x - 1)) != 0))
+                rc = fail(ld, v, key, "must be a power of two between 1 and %d, got %lld",
+                          MAX_BLOCK_SIZE, x);
+            if (rc == TDM_OK)
+                cfg->kv.block_size = (int)x;
+        } else if (strcmp(name, "dtype") == 0) {
+            int x = 0;
+            rc = get_enum(ld, v, key, dtype_names, N_OF(dtype_names), &x);
+            cfg->kv.dtype = (tdm_kv_dtype_t)x;
+        } else {
+            rc = get_bool(ld, v, key, &cfg->kv.prefix_caching);
+        }
+    }
+    return rc;
+}
+
+static int parse_log(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
+{
+    static const char *const known[] = {"level", NULL};
+    int rc = check_mapping(ld, map, "log", known);
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        const yaml_node_t *v = node_at(ld, p->value);
+        char got[96];
+        int level = v->type == YAML_SCALAR_NODE ? tdm_log_level_parse(scalar_text(v)) : -1;
+        if (level < 0) {
+            rc = fail(ld, v, "log.level", "must be one of debug, info, warn, error, off; got %s",
+                      describe(v, got, sizeof got));
+            break;
+        }
+        cfg->log.level = (tdm_log_level_t)level;
+    }
+    return rc;
+}
+
+static bool z85_key_valid(const char *s)
+{
+    static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                              ".-:+=^!/*?&<>()[]{}@%$#";
+    return strlen(s) == CURVE_KEY_LEN && strspn(s, z85) == CURVE_KEY_LEN;
+}
+
+static int parse_security(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
+{
+    static const char *const known[] = {"curve_server_public_key", "curve_server_secret_key",
+                                        "curve_client_public_key", "curve_client_secret_key", NULL};
+    char **slots[] = {
+        &cfg->security.curve_server_public_key, &cfg->security.curve_server_secret_key,
+        &cfg->security.curve_client_public_key, &cfg->security.curve_client_secret_key};
+    int rc = check_mapping(ld, map, "security", known);
+    const yaml_node_t *first = NULL;
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        const char *name = scalar_text(node_at(ld, p->key));
+        const yaml_node_t *v = node_at(ld, p->value);
+        char key[KEY_MAX];
+        key_join(key, "security", name);
+        size_t which = 0;
+        while (strcmp(known[which], name) != 0)
+            which++;
+        rc = get_string(ld, v, key, true, slots[which]);
+        if (rc == TDM_OK && *slots[which]) {
+            if (!z85_key_valid(*slots[which]))
+                rc = fail(ld, v, key,
+                          "must be a %d-character Z85 CURVE key (as zmq_curve_keypair makes), "
+                          "got %zu characters",
+                          CURVE_KEY_LEN, strlen(*slots[which]));
+            first = first ? first : v;
+        }
+    }
+    if (rc != TDM_OK || !first)
+        return rc;
+    for (size_t i = 0; i < N_OF(slots); i++)
+        if (!*slots[i])
+            return fail(ld, first, "security", "CURVE needs all four keys, security.%s is missing",
+                        known[i]);
+    return TDM_OK;
+}
+
+static bool node_id_valid(const char *id)
+{
+    size_t n = strlen(id);
+    if (n == 0 || n > TDM_NODE_ID_MAX)
+        return false;
+    for (const char *c = id; *c; c++)
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_' && *c != '-')
+            return false;
+    return true;
+}
+
+static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_node_config_t *node,
+                      node_marks_t *m)
+{
+    static const char *const known[] = {"id",
+                                        "role",
+                                        "endpoint",
+                                        "kv_endpoint",
+                                        "device",
+                                        "threads",
+                                        "memory_budget",
+                                        "gpu_memory_utilization",
+                                        "max_batch_tokens",
+                                        "max_running",
+                                        NULL};
+    char path[KEY_MAX], key[KEY_MAX], got[96];
+    snprintf(path, sizeof path, "nodes[%zu]", index);
+    if (is_null(map) || map->type != YAML_MAPPING_NODE)
+        return fail(ld, map, path, "must be a mapping with at least id and role, got %s",
+                    describe(map, got, sizeof got));
+    int rc = check_mapping(ld, map, path, known);
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        const char *name = scalar_text(node_at(ld, p->key));
+        const yaml_node_t *v = node_at(ld, p->value);
+        key_join(key, path, name);
+        if (strcmp(name, "id") == 0) {
+            m->id = v;
+            rc = get_string(ld, v, key, false, &node->id);
+            if (rc == TDM_OK && !node_id_valid(node->id))
+                rc = fail(ld, v, key, "must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %s",
+                          TDM_NODE_ID_MAX, describe(v, got, sizeof got));
+        } else if (strcmp(name, "role") == 0) {
+            int x = 0;
+            m->role = v;
+            rc = get_enum(ld, v, key, role_names, N_OF(role_names), &x);
+            node->role = (tdm_node_role_t)x;
+        } else if (strcmp(name, "endpoint") == 0) {
+            m->endpoint = v;
+            rc = get_endpoint(ld, v, key, true, &node->endpoint);
+        } else if (strcmp(name, "kv_endpoint") == 0) {
+            m->kv_endpoint = v;
+            rc = get_endpoint(ld, v, key, true, &node->kv_endpoint);
+        } else if (strcmp(name, "device") == 0) {
+            if (v->type != YAML_SCALAR_NODE ||
+                tdm_config_device_parse(scalar_text(v), &node->device) != TDM_OK)
+                rc = fail(ld, v, key, "must be cpu or cuda:N (N from 0 to %d), got %s",
+                          MAX_CUDA_DEVICES - 1, describe(v, got, sizeof got));
+        } else if (strcmp(name, "threads") == 0) {
+            rc = get_int(ld, v, key, 0, 1024, &node->threads);
+        } else if (strcmp(name, "memory_budget") == 0) {
+            m->memory_budget = v;
+            if (v->type != YAML_SCALAR_NODE ||
+                tdm_parse_bytes(scalar_text(v), &node->memory_budget) != TDM_OK)
+                rc = fail(ld, v, key, "must be a byte size such as 512MiB, 2GiB or 1.5GB, got %s",
+                          describe(v, got, sizeof got));
+            else if (node->memory_budget < MIN_MEMORY_BUDGET)
+                rc = fail(ld, v, key, "must be at least 1MiB, got %s (%llu bytes)", scalar_text(v),
+                          (unsigned long long)node->memory_budget);
+        } else if (strcmp(name, "gpu_memory_utilization") == 0) {
+            m->gpu_memory_utilization = v;
+            rc = get_double(ld, v, key, &node->gpu_memory_utilization);
+            if (rc == TDM_OK &&
+                !(node->gpu_memory_utilization > 0 && node->gpu_memory_utilization <= 1))
+                rc = fail(ld, v, key, "must be more than 0 and at most 1, got %s", scalar_text(v));
+        } else if (strcmp(name, "max_batch_tokens") == 0) {
+            rc = get_int(ld, v, key, 1, 1048576, &node->max_batch_tokens);
+        } else {
+            rc = get_int(ld, v, key, 1, 65536, &node->max_running);
+        }
+    }
+    if (rc != TDM_OK)
+        return rc;
+    /* Checks that involve several keys of the entry. */
+    if (!m->id) {
+        key_join(key, path, "id");
+        return fail(ld, map, key, "is required");
+    }
+    if (!m->role) {
+        key_join(key, path, "role");
+        return fail(ld, map, key, "is required (prefill or decode)");
+    }
+    if (node->kv_endpoint && node->role != TDM_NODE_ROLE_DECODE) {
+        key_join(key, path, "kv_endpoint");
+        return fail(ld, m->kv_endpoint, key, "only decode nodes receive KV pages");
+    }
+    if (m->memory_budget && m->gpu_memory_utilization) {
+        const yaml_node_t *later = line_of(m->memory_budget) > line_of(m->gpu_memory_utilization)
+                                       ? m->memory_budget
+                                       : m->gpu_memory_utilization;
+        key_join(key, path, later == m->memory_budget ? "memory_budget" : "gpu_memory_utilization");
+        return fail(ld, later, key, "set memory_budget or gpu_memory_utilization, not both");
+    }
+    if (m->gpu_memory_utilization && node->device.kind != TDM_NODE_DEVICE_CUDA) {
+        key_join(key, path, "gpu_memory_utilization");
+        return fail(ld, m->gpu_memory_utilization, key,
+                    "only for cuda devices (this node's device is cpu); use memory_budget");
+    }
+    return TDM_OK;
+}
+
+static int parse_nodes(loader_t *ld, const yaml_node_t *seq, tdm_config_t *cfg,
+                       node_marks_t **marks)
+{
+    char got[96];
+    if (seq->type != YAML_SEQUENCE_NODE)
+        return fail(ld, seq, "nodes", "must be a list of nodes, got %s",
+                    describe(seq, got, sizeof got));
+    size_t n = (size_t)(seq->data.sequence.items.top - seq->data.sequence.items.start);
+    if (n == 0)
+        return fail(ld, seq, "nodes", "must list at least one decode node");
+    if (n > TDM_CONFIG_MAX_NODES)
+        return fail(ld, seq, "nodes", "lists %zu nodes; at most %d are supported", n,
+                    TDM_CONFIG_MAX_NODES);
+    cfg->nodes = calloc(n, sizeof *cfg->nodes);
+    *marks = calloc(n, sizeof **marks);
+    if (!cfg->nodes || !*marks)
+        return tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
+    bool have_decode = false;
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *item = node_at(ld, seq->data.sequence.items.start[i]);
+        cfg->nodes[i] = node_defaults();
+        cfg->n_nodes = i + 1;
+        int rc = parse_node(ld, item, i, &cfg->nodes[i], &(*marks)[i]);
+        if (rc != TDM_OK)
+            return rc;
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(cfg->nodes[j].id, cfg->nodes[i].id) == 0) {
+                char key[KEY_MAX];
+                snprintf(key, sizeof key, "nodes[%zu].id", i);
+                return fail(ld, (*marks)[i].id, key,
+                            "duplicate node id '%s' (first at line %zu, nodes[%zu])",
+                            cfg->nodes[i].id, line_of((*marks)[j].id), j);
+            }
+        }
+        have_decode = have_decode || cfg->nodes[i].role == TDM_NODE_ROLE_DECODE;
+    }
+    if (!have_decode)
+        return fail(ld, seq, "nodes", "must list at least one decode node (role: decode)");
+    return TDM_OK;
+}
+
+/* No two ZMQ endpoints (router's, nodes' control and KV) may be the same string. */
+static int check_endpoints(loader_t *ld, tdm_config_t *cfg, endpoint_ref_t *eps,
+                           const node_marks_t *marks)
+{
+    size_t n = 2;
+    eps[0].value = cfg->router.client_endpoint;
+    snprintf(eps[0].key, KEY_MAX, "router.client_endpoint");
+    eps[1].value = cfg->router.node_endpoint;
+    snprintf(eps[1].key, KEY_MAX, "router.node_endpoint");
+    for (size_t i = 0; i < cfg->n_nodes; i++) {
+        if (cfg->nodes[i].endpoint) {
+            eps[n] = (endpoint_ref_t){.value = cfg->nodes[i].endpoint,
+                                      .at = marks ? marks[i].endpoint : NULL};
+            snprintf(eps[n++].key, KEY_MAX, "nodes[%zu].endpoint", i);
+        }
+        if (cfg->nodes[i].kv_endpoint) {
+            eps[n] = (endpoint_ref_t){.value = cfg->nodes[i].kv_endpoint,
+                                      .at = marks ? marks[i].kv_endpoint : NULL};
+            snprintf(eps[n++].key, KEY_MAX, "nodes[%zu].kv_endpoint", i);
+        }
+    }
+    for (size_t i = 1; i < n; i++) {
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(eps[i].value, eps[j].value) != 0)
+                continue;
+            /* Report at a value written in the file: the later one when both are. */
+            const endpoint_ref_t *at = eps[i].at ? &eps[i] : &eps[j];
+            const endpoint_ref_t *other = at == &eps[i] ? &eps[j] : &eps[i];
+            if (!at->at)
+                continue; /* two defaults never collide */
+            return fail(ld, at->at, at->key, "endpoint %s is also used by %s%s", at->value,
+                        other->key, other->at ? "" : " (its default)");
+        }
+    }
+    return TDM_OK;
+}
+
+static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
+{
+    static const char *const known[] = {"model", "log", "router", "kv", "security", "nodes", NULL};
+    char got[96];
+    int rc;
+    if (!root || is_null(root))
+        return config_finish(cfg, false);
+    if (root->type != YAML_MAPPING_NODE)
+        return tdm_error_set(ld->err, TDM_EINVALID,
+                             "%s:%zu: the top level must be a mapping, got %s", ld->name,
+                             line_of(root), describe(root, got, sizeof got));
+    if ((rc = check_mapping(ld, root, "", known)) != TDM_OK)
+        return rc;
+    endpoint_ref_t router_eps[2] = {{0}};
+    node_marks_t *marks = NULL;
+    endpoint_ref_t *eps = NULL;
+    bool nodes_given = false;
+    FOR_EACH_PAIR(ld, root, p)
+    {
+        const char *name = scalar_text(node_at(ld, p->key));
+        const yaml_node_t *v = node_at(ld, p->value);
+        if (strcmp(name, "model") == 0) {
+            rc = parse_model(ld, v, cfg);
+        } else if (strcmp(name, "router") == 0) {
+            rc = parse_router(ld, v, cfg, router_eps);
+        } else if (strcmp(name, "kv") == 0) {
+            rc = parse_kv(ld, v, cfg);
+        } else if (strcmp(name, "log") == 0) {
+            rc = parse_log(ld, v, cfg);
+        } else if (strcmp(name, "security") == 0) {
+            rc = parse_security(ld, v, cfg);
+        } else {
+            nodes_given = true;
+            rc = parse_nodes(ld, v, cfg, &marks);
+        }
+        if (rc != TDM_OK)
+            goto out_free_marks;
+    }
+    rc = config_finish(cfg, nodes_given);
+    if (rc != TDM_OK) {
+        tdm_error_set(ld->err, rc, "%s: %s", ld->name,
+                      rc == TDM_ENOTFOUND ? "cannot form the default model path: neither "
+                                            "XDG_CACHE_HOME nor HOME is set; set model.path"
+                                          : "out of memory");
+        goto out_free_marks;
+    }
+    eps = calloc(2 + 2 * cfg->n_nodes, sizeof *eps);
+    if (!eps) {
+        rc = tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
+        goto out_free_marks;
+    }
+    eps[0].at = router_eps[0].at;
+    eps[1].at = router_eps[1].at;
+    rc = check_endpoints(ld, cfg, eps, marks);
+    free(eps);
+out_free_marks:
+    free(marks);
+    return rc;
+}
+
+/* The error of a failed yaml_parser_load: TDM_ERESOURCE, or TDM_EINVALID with "NAME:LINE:
+ * YAML syntax error: ...". The line comes from the problem's offset for reader errors (bad
+ * UTF-8, control characters) and is never past the text's last line. */
+static int syntax_error(loader_t *ld, const yaml_parser_t *parser, const char *text, size_t len)
+{
+    if (parser->error == YAML_MEMORY_ERROR)
+        return tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
+    size_t n_lines = 1, line = parser->problem_mark.line + 1;
+    for (size_t i = 0; i + 1 < len; i++)
+        n_lines += text[i] == '\n';
+    if (parser->error == YAML_READER_ERROR) {
+        line = 1;
+        for (size_t i = 0; i < parser->problem_offset && i < len; i++)
+            line += text[i] == '\n';
+    }
+    if (line > n_lines)
+        line = n_lines;
+    return tdm_error_set(ld->err, TDM_EINVALID, "%s:%zu: YAML syntax error: %s%s%s", ld->name, line,
+                         parser->problem ? parser->problem : "malformed",
+                         parser->context ? " " : "", parser->context ? parser->context : "");
+}
+
+int tdm_config_load_string(const char *text, size_t len, const char *name, tdm_config_t *cfg,
+                           tdm_error_t *err)
+{
+    loader_t ld = {.name = name ? name : "<string>", .err = err};
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    int rc = config_init(cfg);
+    if (rc != TDM_OK)
+        return tdm_error_set(err, rc, "%s: out of memory", ld.name);
+    if (!yaml_parser_initialize(&parser)) {
+        rc = tdm_error_set(err, TDM_ERESOURCE, "%s: out of memory", ld.name);
+        goto out_free_config;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = syntax_error(&ld, &parser, text, len);
+        goto out_delete_parser;
+    }
+    ld.doc = &doc;
+    const yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root) {
+        yaml_document_t next;
+        if (!yaml_parser_load(&parser, &next)) {
+            rc = syntax_error(&ld, &parser, text, len);
+            goto out_delete_doc;
+        }
+        const yaml_node_t *more = yaml_document_get_root_node(&next);
+        size_t more_line = more ? line_of(more) : 0;
+        yaml_document_delete(&next);
+        if (more) {
+            rc = tdm_error_set(err, TDM_EINVALID,
+                               "%s:%zu: a second YAML document; a config file holds one", ld.name,
+                               more_line);
+            goto out_delete_doc;
+        }
+    }
+    rc = parse_root(&ld, root, cfg);
+    if (rc == TDM_OK)
+        tdm_error_clear(err);
+out_delete_doc:
+    yaml_document_delete(&doc);
+out_delete_parser:
+    yaml_parser_delete(&parser);
+out_free_config:
+    if (rc != TDM_OK)
+        tdm_config_free(cfg);
+    return rc;
+}
+
+int tdm_config_load_file(const char *path, tdm_config_t *cfg, tdm_error_t *err)
+{
+    char *text;
+    size_t len;
+    memset(cfg, 0, sizeof *cfg);
+    int rc = tdm_read_file(path, TDM_CONFIG_MAX_FILE_BYTES, &text, &len, err);
+    if (rc != TDM_OK)
+        return rc;
+    rc = tdm_config_load_string(text, len, path, cfg, err);
+    free(text);
+    return rc;
+}
+
+/* ---- the dumper ---- */
+
+/* Writes s as a YAML double-quoted scalar, or null. */
+static void put_string(FILE *out, const char *s)
+{
+    if (!s) {
+        fputs("null", out);
+        return;
+    }
+    fputc('"', out);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(out, "\\%c", *c);
+        else if (*c < 0x20 || *c == 0x7f)
+            fprintf(out, "\\x%02x", *c);
+        else
+            fputc(*c, out);
+    }
+    fputc('"', out);
+}
+
+/* Writes the shortest decimal form of x that reads back as the same double. */
+static void put_double(FILE *out, double x)
+{
+    char buf[32];
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            break;
+    }
+    fputs(buf, out);
+}
+
+static void put_key_string(FILE *out, const char *indent, const char *key, const char *s)
+{
+    fprintf(out, "%s%s: ", indent, key);
+    put_string(out, s);
+    fputc('\n', out);
+}
+
+int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
+{
+    const tdm_router_config_t *r = &cfg->router;
+    const tdm_security_config_t *s = &cfg->security;
+    fprintf(out, "# Tandem cluster configuration, resolved (defaults included).\n");
+    fprintf(out, "model:\n");
+    put_key_string(out, "  ", "path", cfg->model.path);
+    fprintf(out, "  chat_template: %s\n",
+            cfg->model.chat_template_set ? tdm_chat_template_name(cfg->model.chat_template)
+                                         : "null");
+    put_key_string(out, "  ", "name", cfg->model.name);
+    fprintf(out, "router:\n");
+    put_key_string(out, "  ", "client_endpoint", r->client_endpoint);
+    put_key_string(out, "  ", "node_endpoint", r->node_endpoint);
+    put_key_string(out, "  ", "http_address", r->http_address);
+    fprintf(out, "  http_port: %d\n", r->http_port);
+    fprintf(out, "  prefill_policy: %s\n", tdm_prefill_policy_name(r->prefill_policy));
+    fprintf(out, "  max_queue: %d\n", r->max_queue);
+    fprintf(out, "  request_timeout_s: ");
+    put_double(out, r->request_timeout_s);
+    fprintf(out, "\n  api_keys:%s\n", r->n_api_keys ? "" : " []");
+    for (size_t i = 0; i < r->n_api_keys; i++) {
+        fprintf(out, "    - ");
+        put_string(out, r->api_keys[i]);
+        fputc('\n', out);
+    }
+    fprintf(out, "kv:\n");
+    fprintf(out, "  block_size: %d\n", cfg->kv.block_size);
+    fprintf(out, "  dtype: %s\n", tdm_kv_dtype_name(cfg->kv.dtype));
+    fprintf(out, "  prefix_caching: %s\n", cfg->kv.prefix_caching ? "true" : "false");
+    fprintf(out, "log:\n");
+    fprintf(out, "  level: %s\n", tdm_log_level_name(cfg->log.level));
+    fprintf(out, "security:\n");
+    put_key_string(out, "  ", "curve_server_public_key", s->curve_server_public_key);
+    put_key_string(out, "  ", "curve_server_secret_key", s->curve_server_secret_key);
+    put_key_string(out, "  ", "curve_client_public_key", s->curve_client_public_key);
+    put_key_string(out, "  ", "curve_client_secret_key", s->curve_client_secret_key);
+    fprintf(out, "nodes:\n");
+    for (size_t i = 0; i < cfg->n_nodes; i++) {
+        const tdm_node_config_t *node = &cfg->nodes[i];
+        char buf[32];
+        fprintf(out, "  - id: ");
+        put_string(out, node->id);
+        fprintf(out, "\n    role: %s\n", tdm_node_role_name(node->role));
+        put_key_string(out, "    ", "endpoint", node->endpoint);
+        if (node->role == TDM_NODE_ROLE_DECODE)
+            put_key_string(out, "    ", "kv_endpoint", node->kv_endpoint);
+        tdm_config_device_format(node->device, buf, sizeof buf);
+        fprintf(out, "    device: %s\n", buf);
+        fprintf(out, "    threads: %d\n", node->threads);
+        if (node->gpu_memory_utilization > 0) {
+            fprintf(out, "    gpu_memory_utilization: ");
+            put_double(out, node->gpu_memory_utilization);
+            fputc('\n', out);
+        } else {
+            tdm_format_bytes(node->memory_budget, buf, sizeof buf);
+            fprintf(out, "    memory_budget: %s\n", buf);
+        }
+        fprintf(out, "    max_batch_tokens: %d\n", node->max_batch_tokens);
+        fprintf(out, "    max_running: %d\n", node->max_running);
+    }
+    if (fflush(out) != 0 || ferror(out))
+        return TDM_EUNAVAILABLE;
+    return TDM_OK;
+}

@@ -1,0 +1,96 @@
+/* backend.h - the compute backend interface the model code drives (internal to libtandem).
+ *
+ * model.c runs the transformer as a sequence of ops on backend buffers; a backend (cpu.c,
+ * later a CUDA one) implements the ops. Buffers are the backend's (host memory for the CPU,
+ * device memory for a GPU): model code only passes the pointers back. Every buffer comes from
+ * ops->alloc while the engine is created, so a forward pass allocates nothing.
+ *
+ * Shapes: activations are row-major [n rows][dim] f32. A weight is a GGUF matrix with ne[0] =
+ * n_in (contiguous) and ne[1] = n_out; matmul computes y[t][o] = sum_i x[t][i] * W[o][i].
+ */
+#ifndef TANDEM_MODEL_BACKEND_H
+#define TANDEM_MODEL_BACKEND_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/gguf.h"
+#include "tandem/kv.h"
+#include "tandem/model.h"
+
+/* A weight tensor as the backends see it. */
+typedef struct tdm_weight {
+    const char *name;
+    tdm_ggml_type_t type;
+    uint64_t n_in;      /* ne[0]: input features (elements per row) */
+    uint64_t n_out;     /* ne[1]: output features (rows); 1 for vectors */
+    size_t row_bytes;   /* bytes per row in the quantized layout */
+    const void *data;   /* host copy (the mmap'd file) */
+    void *dev;          /* the backend's own copy (GPU), NULL when it uses data */
+} tdm_weight_t;
+
+typedef struct tdm_layer_weights {
+    tdm_weight_t attn_norm, wq, wk, wv, wo;
+    tdm_weight_t bq, bk, bv; /* present when hparams.has_qkv_bias */
+    tdm_weight_t ffn_norm, w_gate, w_up, w_down;
+} tdm_layer_weights_t;
+
+/* What attention and the KV store need to know about the rows of one forward pass. */
+typedef struct tdm_fwd_rows {
+    uint32_t n;                  /* rows */
+    const uint32_t *pos;         /* [n] positions */
+    const uint32_t *seq;         /* [n] sequence index */
+    const tdm_batch_seq_t *seqs; /* block tables */
+} tdm_fwd_rows_t;
+
+typedef struct tdm_backend_ops {
+    const char *name;
+    /* Creates the backend state for a model and pool; NULL with *err on failure. */
+    void *(*create)(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
+                    tdm_error_t *err);
+    void (*destroy)(void *be);
+    /* "cpu/avx2" etc. */
+    const char *(*kernel_name)(const void *be);
+    /* Scratch buffer of n floats (only while creating the engine); NULL on out of memory. */
+    float *(*alloc)(void *be, size_t n);
+    /* x[t] = embedding row tokens[t]. */
+    int (*embed)(void *be, const tdm_weight_t *emb, const int32_t *tokens, uint32_t n,
+                 float *x);
+    /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w  (Zhang & Sennrich 2019). */
+    int (*rmsnorm)(void *be, const float *x, const tdm_weight_t *w, uint32_t n, float eps,
+                   float *out);
+    /* For k in 0..n_w: out[k][t] = x[t] · W_k rows; all W_k share n_in. */
+    int (*matmul)(void *be, const float *x, uint32_t n, uint32_t n_w,
+                  const tdm_weight_t *const *w, float *const *out);
+    /* x[t] += b for each row (b a vector of x's width). */
+    int (*add_bias)(void *be, float *x, const tdm_weight_t *b, uint32_t n);
+    /* RoPE on q ([n][n_heads*head_dim]) and k ([n][n_kv_heads*head_dim]) at rows' pos. */
+    int (*rope)(void *be, float *q, float *k, const tdm_fwd_rows_t *rows);
+    /* Writes rows' k and v ([n][n_kv_heads*head_dim]) into the pool at layer. */
+    int (*kv_store)(void *be, uint32_t layer, const float *k, const float *v,
+                    const tdm_fwd_rows_t *rows);
+    /* out[t] = causal softmax attention of q[t] over its sequence's positions 0..pos[t]. */
+    int (*attention)(void *be, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
+                     float *out);
+    /* out[i] = silu(gate[i]) * up[i] for n*dim values (Shazeer 2020). */
+    int (*swiglu)(void *be, const float *gate, const float *up, size_t count, float *out);
+    /* x[i] += y[i]. */
+    int (*add)(void *be, float *x, const float *y, size_t count);
+    /* dst[k] = src[rows[k]] for k < n (row width dim). */
+    int (*gather_rows)(void *be, const float *src, const uint32_t *rows, uint32_t n,
+                       uint32_t dim, float *dst);
+    /* Copies count floats of backend memory to host memory. */
+    int (*read)(void *be, const float *src, size_t count, float *host_dst);
+} tdm_backend_ops_t;
+
+/* The CPU backend (cpu.c). */
+extern const tdm_backend_ops_t tdm_backend_cpu;
+
+/* Model internals the backends read (model.c). */
+const tdm_weight_t *tdm_model_token_embd(const tdm_model_t *m);
+const tdm_weight_t *tdm_model_output(const tdm_model_t *m);
+const tdm_weight_t *tdm_model_output_norm(const tdm_model_t *m);
+const tdm_layer_weights_t *tdm_model_layer(const tdm_model_t *m, uint32_t layer);
+
+#endif /* TANDEM_MODEL_BACKEND_H */

@@ -1,0 +1,817 @@
+/* cpu.c - the CPU backend: OpenMP threads, AVX2/FMA/F16C kernels chosen at run time with a
+ * portable scalar fallback, quantized weights used in place.
+ *
+ * Matmuls with Q4_0, Q4_1 and Q8_0 weights quantize each activation row to 8 bits in blocks
+ * of 32 (scale d = max|x| / 127, as ggml's Q8_0/Q8_1 activations) and take integer dot
+ * products per block; other weight types are dequantized a row at a time into per-thread
+ * scratch and dotted in f32. Each weight row is read once per tile of up to 64 tokens and
+ * kept in L1 while every token of the tile uses it: batched decode costs little more
+ * weight traffic than one token.
+ *
+ * Batch invariance: every output element (a row of W against one token's activations) is
+ * reduced by the same code in the same order whatever the batch holds, threads split work by
+ * output rows only, and attention reduces over positions 0..pos in order. So a sequence's
+ * logits do not depend on its neighbours in the batch or on how its prompt was chunked.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/backend.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TDM_X86 1
+#endif
+
+#define QK 32         /* activation block size */
+#define TOKEN_TILE 64 /* tokens per pass over a weight row tile */
+
+/* An activation block: 32 int8 values x ≈ d * q, and s = d * sum(q) (for the Q4_1 min term). */
+typedef struct q8a_block {
+    float d;
+    float s;
+    int8_t q[QK];
+} q8a_block_t;
+
+typedef float (*dot_q8a_fn)(const void *w, const q8a_block_t *a, size_t nb);
+
+typedef struct cpu_be {
+    const tdm_model_t *model;
+    const tdm_llama_hparams_t *hp;
+    tdm_kv_pool_t *pool;
+    tdm_kv_layout_t kl;
+    uint64_t block_bytes, rec_bytes;
+    int n_threads;
+    uint32_t max_rows, n_ctx;
+    bool avx2;
+    char name[32];
+    dot_q8a_fn dot_q4_0, dot_q4_1, dot_q8_0;
+    void **allocs; /* every buffer from cpu_alloc, freed at destroy */
+    size_t n_allocs, cap_allocs;
+    size_t max_in;          /* widest matmul input (elements) */
+    q8a_block_t *act;       /* [max_rows][max_in / 32] quantized activations */
+    float *wrow;            /* [n_threads][max_in] dequantized weight rows */
+    float *scores;          /* [n_threads][n_ctx] attention scores */
+    float *kvrow;           /* [n_threads][2 * head_dim] converted K/V rows */
+    float *rope_cs;         /* [max_rows][rope_dim] cos, sin pairs */
+} cpu_be_t;
+
+/* ---- scalar kernels (portable reference) ---- */
+
+static float dot_q4_1_scalar(const void *w, const q8a_block_t *a, size_t nb)
+{
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (size_t b = 0; b < nb; b++, p += 20) {
+        uint16_t hd, hm;
+        memcpy(&hd, p, 2);
+        memcpy(&hm, p + 2, 2);
+        const uint8_t *qs = p + 4;
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += (qs[j] & 15) * a[b].q[j] + (qs[j] >> 4) * a[b].q[j + 16];
+        acc += tdm_fp16_to_fp32(hd) * a[b].d * (float)sumi + tdm_fp16_to_fp32(hm) * a[b].s;
+    }
+    return acc;
+}
+
+static float dot_q4_0_scalar(const void *w, const q8a_block_t *a, size_t nb)
+{
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (size_t b = 0; b < nb; b++, p += 18) {
+        uint16_t hd;
+        memcpy(&hd, p, 2);
+        const uint8_t *qs = p + 2;
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += ((qs[j] & 15) - 8) * a[b].q[j] + ((qs[j] >> 4) - 8) * a[b].q[j + 16];
+        acc += tdm_fp16_to_fp32(hd) * a[b].d * (float)sumi;
+    }
+    return acc;
+}
+
+static float dot_q8_0_scalar(const void *w, const q8a_block_t *a, size_t nb)
+{
+    const uint8_t *p = w;
+    float acc = 0.0f;
+    for (size_t b = 0; b < nb; b++, p += 34) {
+        uint16_t hd;
+        memcpy(&hd, p, 2);
+        const int8_t *qs = (const int8_t *)(p + 2);
+        int sumi = 0;
+        for (int j = 0; j < 32; j++)
+            sumi += qs[j] * a[b].q[j];
+        acc += tdm_fp16_to_fp32(hd) * a[b].d * (float)sumi;
+    }
+    return acc;
+}
+
+static float dot_f32_scalar(const float *x, const float *y, size_t n)
+{
+    float acc = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        acc += x[i] * y[i];
+    return acc;
+}
+
+/* Quantizes n values (a multiple of 32) into n/32 activation blocks, rounding half to even. */
+static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
+{
+    for (size_t b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++)
+            amax = fmaxf(amax, fabsf(xb[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            int q = (int)nearbyintf(xb[j] * id);
+            out[b].q[j] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+/* ---- AVX2 / FMA / F16C kernels ---- */
+#ifdef TDM_X86
+#define TDM_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+TDM_AVX2 static inline float hsum_ps(__m256 v)
+{
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* 32 4-bit values of a Q4 block as bytes: low nibbles then high nibbles. */
+TDM_AVX2 static inline __m256i unpack_nibbles(const uint8_t *qs)
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(15));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* sum over 32 lanes of u[i] * s[i] (u unsigned 0..255, s signed) as 8 int32 lanes as floats */
+TDM_AVX2 static inline __m256 mul_sum_us8(__m256i u, __m256i s)
+{
+    __m256i p16 = _mm256_maddubs_epi16(u, s);
+    __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+    return _mm256_cvtepi32_ps(p32);
+}
+
+TDM_AVX2 static float dot_q4_1_avx2(const void *w, const q8a_block_t *a, size_t nb)
+{
+    const uint8_t *p = w;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (size_t b = 0; b < nb; b++, p += 20) {
+        uint16_t hd, hm;
+        memcpy(&hd, p, 2);
+        memcpy(&hm, p + 2, 2);
+        float d = _cvtsh_ss(hd), m = _cvtsh_ss(hm);
+        __m256i q4 = unpack_nibbles(p + 4);
+        __m256i q8 = _mm256_loadu_si256((const __m256i *)a[b].q);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d), mul_sum_us8(q4, q8), acc);
+        summs += m * a[b].s;
+    }
+    return hsum_ps(acc) + summs;
+}
+
+TDM_AVX2 static float dot_q4_0_avx2(const void *w, const q8a_block_t *a, size_t nb)
+{
+    const uint8_t *p = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; b++, p += 18) {
+        uint16_t hd;
+        memcpy(&hd, p, 2);
+        __m256i q4 = _mm256_sub_epi8(unpack_nibbles(p + 2), _mm256_set1_epi8(8));
+        __m256i q8 = _mm256_loadu_si256((const __m256i *)a[b].q);
+        /* signed x signed through |q4| and q8 carrying q4's sign */
+        __m256 s = mul_sum_us8(_mm256_sign_epi8(q4, q4), _mm256_sign_epi8(q8, q4));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(hd) * a[b].d), s, acc);
+    }
+    return hsum_ps(acc);
+}
+
+TDM_AVX2 static float dot_q8_0_avx2(const void *w, const q8a_block_t *a, size_t nb)
+{
+    const uint8_t *p = w;
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t b = 0; b < nb; b++, p += 34) {
+        uint16_t hd;
+        memcpy(&hd, p, 2);
+        __m256i qw = _mm256_loadu_si256((const __m256i *)(p + 2));
+        __m256i qa = _mm256_loadu_si256((const __m256i *)a[b].q);
+        __m256 s = mul_sum_us8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(hd) * a[b].d), s, acc);
+    }
+    return hsum_ps(acc);
+}
+
+TDM_AVX2 static float dot_f32_avx2(const float *x, const float *y, size_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+    float s = hsum_ps(acc);
+    for (; i < n; i++)
+        s += x[i] * y[i];
+    return s;
+}
+
+TDM_AVX2 static void quantize_act_avx2(const float *x, size_t n, q8a_block_t *out)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i qi[4];
+        for (int k = 0; k < 4; k++)
+            qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], vid),
+                                                       _MM_FROUND_TO_NEAREST_INT |
+                                                           _MM_FROUND_NO_EXC));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]),
+                                       _mm256_add_epi32(qi[2], qi[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_hadd_epi32(s4, s4);
+        s4 = _mm_hadd_epi32(s4, s4);
+        /* pack 32 int32 to int8 in order: packs interleave 128-bit lanes, permute fixes it */
+        __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]);
+        __m256i p23 = _mm256_packs_epi32(qi[2], qi[3]);
+        __m256i p = _mm256_packs_epi16(p01, p23);
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)out[b].q, p);
+        out[b].d = d;
+        out[b].s = d * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+
+/* dot of a query (f32) with a K row stored as f16 */
+TDM_AVX2 static float dot_f32_f16_avx2(const float *q, const uint16_t *k, size_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc);
+    float s = hsum_ps(acc);
+    for (; i < n; i++)
+        s += q[i] * _cvtsh_ss(k[i]);
+    return s;
+}
+
+/* out += p * v (v f16) */
+TDM_AVX2 static void axpy_f16_avx2(float *out, float p, const uint16_t *v, size_t n)
+{
+    __m256 vp = _mm256_set1_ps(p);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i,
+                         _mm256_fmadd_ps(vp,
+                                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
+                                         _mm256_loadu_ps(out + i)));
+    for (; i < n; i++)
+        out[i] += p * _cvtsh_ss(v[i]);
+}
+
+TDM_AVX2 static void axpy_f32_avx2(float *out, float p, const float *v, size_t n)
+{
+    __m256 vp = _mm256_set1_ps(p);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i),
+                                                  _mm256_loadu_ps(out + i)));
+    for (; i < n; i++)
+        out[i] += p * v[i];
+}
+
+TDM_AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = tdm_fp32_to_fp16(src[i]);
+}
+
+static bool cpu_has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+#else
+static bool cpu_has_avx2(void)
+{
+    return false;
+}
+#endif
+
+/* ---- dispatch helpers ---- */
+
+static float dot_f32(const cpu_be_t *be, const float *x, const float *y, size_t n)
+{
+#ifdef TDM_X86
+    if (be->avx2)
+        return dot_f32_avx2(x, y, n);
+#endif
+    return dot_f32_scalar(x, y, n);
+}
+
+static void quantize_act(const cpu_be_t *be, const float *x, size_t n, q8a_block_t *out)
+{
+#ifdef TDM_X86
+    if (be->avx2) {
+        quantize_act_avx2(x, n, out);
+        return;
+    }
+#endif
+    quantize_act_scalar(x, n, out);
+}
+
+/* The q8a dot kernel for a weight type, or NULL when the type takes the f32 path. */
+static dot_q8a_fn q8a_kernel(const cpu_be_t *be, tdm_ggml_type_t type, uint64_t n_in)
+{
+    if (n_in % QK != 0)
+        return NULL;
+    switch (type) {
+    case TDM_GGML_TYPE_Q4_0: return be->dot_q4_0;
+    case TDM_GGML_TYPE_Q4_1: return be->dot_q4_1;
+    case TDM_GGML_TYPE_Q8_0: return be->dot_q8_0;
+    default: return NULL;
+    }
+}
+
+/* ---- ops ---- */
+
+static float *cpu_alloc(void *vbe, size_t n)
+{
+    cpu_be_t *be = vbe;
+    if (be->n_allocs == be->cap_allocs) {
+        size_t cap = be->cap_allocs ? be->cap_allocs * 2 : 16;
+        void **a = realloc(be->allocs, cap * sizeof *a);
+        if (!a)
+            return NULL;
+        be->allocs = a;
+        be->cap_allocs = cap;
+    }
+    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    float *p = aligned_alloc(64, bytes ? bytes : 64);
+    if (!p)
+        return NULL;
+    memset(p, 0, bytes ? bytes : 64);
+    be->allocs[be->n_allocs++] = p;
+    return p;
+}
+
+static void cpu_destroy(void *vbe)
+{
+    cpu_be_t *be = vbe;
+    if (!be)
+        return;
+    for (size_t i = 0; i < be->n_allocs; i++)
+        free(be->allocs[i]);
+    free(be->allocs);
+    free(be);
+}
+
+static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
+                        tdm_error_t *err)
+{
+    cpu_be_t *be = calloc(1, sizeof *be);
+    if (!be) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    be->model = m;
+    be->hp = tdm_model_hparams(m);
+    be->pool = pool;
+    be->kl = *tdm_kv_pool_layout(pool);
+    be->block_bytes = tdm_kv_block_bytes(&be->kl);
+    be->rec_bytes = tdm_kv_record_bytes(&be->kl);
+    be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
+    be->max_rows = p->max_batch_tokens;
+    be->n_ctx = p->n_ctx;
+    be->avx2 = cpu_has_avx2() && getenv("TANDEM_CPU_SCALAR") == NULL;
+    be->dot_q4_0 = dot_q4_0_scalar;
+    be->dot_q4_1 = dot_q4_1_scalar;
+    be->dot_q8_0 = dot_q8_0_scalar;
+#ifdef TDM_X86
+    if (be->avx2) {
+        be->dot_q4_0 = dot_q4_0_avx2;
+        be->dot_q4_1 = dot_q4_1_avx2;
+        be->dot_q8_0 = dot_q8_0_avx2;
+    }
+#endif
+    snprintf(be->name, sizeof be->name, "cpu/%s", be->avx2 ? "avx2" : "scalar");
+    const tdm_llama_hparams_t *hp = be->hp;
+    size_t max_in = hp->n_embd;
+    if (hp->n_ff > max_in)
+        max_in = hp->n_ff;
+    if ((size_t)hp->n_heads * hp->head_dim > max_in)
+        max_in = (size_t)hp->n_heads * hp->head_dim;
+    be->max_in = max_in;
+    size_t nt = (size_t)be->n_threads;
+    size_t act_blocks = (size_t)be->max_rows * ((max_in + QK - 1) / QK);
+    be->act = (q8a_block_t *)cpu_alloc(be, act_blocks * sizeof(q8a_block_t) / sizeof(float));
+    be->wrow = cpu_alloc(be, nt * max_in);
+    be->scores = cpu_alloc(be, nt * be->n_ctx);
+    be->kvrow = cpu_alloc(be, nt * 2 * hp->head_dim);
+    be->rope_cs = cpu_alloc(be, (size_t)be->max_rows * hp->rope_dim);
+    if (!be->act || !be->wrow || !be->scores || !be->kvrow || !be->rope_cs) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating CPU backend scratch");
+        cpu_destroy(be);
+        return NULL;
+    }
+    return be;
+}
+
+static const char *cpu_kernel_name(const void *vbe)
+{
+    return ((const cpu_be_t *)vbe)->name;
+}
+
+static int cpu_embed(void *vbe, const tdm_weight_t *emb, const int32_t *tokens, uint32_t n,
+                     float *x)
+{
+    cpu_be_t *be = vbe;
+    size_t E = emb->n_in;
+    int rc = TDM_OK;
+#pragma omp parallel for schedule(static) num_threads(be->n_threads)
+    for (uint32_t t = 0; t < n; t++) {
+        const uint8_t *row = (const uint8_t *)emb->data + (size_t)tokens[t] * emb->row_bytes;
+        if (tdm_ggml_dequantize_row(emb->type, row, x + t * E, (int64_t)E) != TDM_OK) {
+#pragma omp atomic write
+            rc = TDM_EINVALID;
+        }
+    }
+    return rc;
+}
+
+static int cpu_rmsnorm(void *vbe, const float *x, const tdm_weight_t *w, uint32_t n, float eps,
+                       float *out)
+{
+    cpu_be_t *be = vbe;
+    size_t E = w->n_in;
+    if (w->type != TDM_GGML_TYPE_F32)
+        return TDM_EINVALID;
+    const float *g = w->data;
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n > 4)
+    for (uint32_t t = 0; t < n; t++) {
+        const float *xr = x + t * E;
+        float *o = out + t * E;
+        double sum = 0.0;
+        for (size_t i = 0; i < E; i++)
+            sum += (double)(xr[i] * xr[i]);
+        float mean = (float)(sum / (double)E);
+        float scale = 1.0f / sqrtf(mean + eps);
+        for (size_t i = 0; i < E; i++)
+            o[i] = (xr[i] * scale) * g[i];
+    }
+    return TDM_OK;
+}
+
+static int cpu_matmul(void *vbe, const float *x, uint32_t n, uint32_t n_w,
+                      const tdm_weight_t *const *w, float *const *out)
+{
+    cpu_be_t *be = vbe;
+    size_t K = w[0]->n_in;
+    bool need_q8 = false;
+    uint64_t total_rows = 0;
+    for (uint32_t k = 0; k < n_w; k++) {
+        if (w[k]->n_in != K || K > be->max_in)
+            return TDM_EINTERNAL;
+        need_q8 |= q8a_kernel(be, w[k]->type, K) != NULL;
+        total_rows += w[k]->n_out;
+    }
+    size_t nb = K / QK;
+    if (need_q8) {
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n > 1)
+        for (uint32_t t = 0; t < n; t++)
+            quantize_act(be, x + t * K, K, be->act + t * nb);
+    }
+    /* rows of all weights form one index space split among threads in chunks of 16 */
+    int64_t n_chunks = (int64_t)((total_rows + 15) / 16);
+    int rc = TDM_OK;
+#pragma omp parallel for schedule(static) num_threads(be->n_threads)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        float *wrow = be->wrow + (size_t)omp_get_thread_num() * be->max_in;
+        uint64_t r0 = (uint64_t)c * 16, r1 = r0 + 16 < total_rows ? r0 + 16 : total_rows;
+        for (uint32_t t0 = 0; t0 < n; t0 += TOKEN_TILE) {
+            uint32_t t1 = t0 + TOKEN_TILE < n ? t0 + TOKEN_TILE : n;
+            for (uint64_t gr = r0; gr < r1; gr++) {
+                uint32_t k = 0;
+                uint64_t r = gr;
+                while (r >= w[k]->n_out)
+                    r -= w[k]->n_out, k++;
+                const tdm_weight_t *W = w[k];
+                const uint8_t *wr = (const uint8_t *)W->data + r * W->row_bytes;
+                float *o = out[k];
+                dot_q8a_fn dot = q8a_kernel(be, W->type, K);
+                if (dot) {
+                    for (uint32_t t = t0; t < t1; t++)
+                        o[(size_t)t * W->n_out + r] = dot(wr, be->act + (size_t)t * nb, nb);
+                } else {
+                    if (tdm_ggml_dequantize_row(W->type, wr, wrow, (int64_t)K) != TDM_OK) {
+#pragma omp atomic write
+                        rc = TDM_EINVALID;
+                        continue;
+                    }
+                    for (uint32_t t = t0; t < t1; t++)
+                        o[(size_t)t * W->n_out + r] = dot_f32(be, wrow, x + (size_t)t * K, K);
+                }
+            }
+        }
+    }
+    return rc;
+}
+
+static int cpu_add_bias(void *vbe, float *x, const tdm_weight_t *b, uint32_t n)
+{
+    (void)vbe;
+    if (b->type != TDM_GGML_TYPE_F32)
+        return TDM_EINVALID;
+    const float *bias = b->data;
+    size_t D = b->n_in;
+    for (uint32_t t = 0; t < n; t++)
+        for (size_t i = 0; i < D; i++)
+            x[t * D + i] += bias[i];
+    return TDM_OK;
+}
+
+/* RoPE (Su et al. 2021) as llama.cpp computes it: theta_i = pos * base^(-2i/rope_dim), with
+ * the power taken iteratively in f32 (ggml_rope's theta_scale), pairs (2i, 2i+1) for the
+ * normal mode and (i, i + rope_dim/2) for neox. Dimensions past rope_dim are unchanged. */
+static int cpu_rope(void *vbe, float *q, float *k, const tdm_fwd_rows_t *rows)
+{
+    cpu_be_t *be = vbe;
+    const tdm_llama_hparams_t *hp = be->hp;
+    uint32_t half = hp->rope_dim / 2, D = hp->head_dim;
+    float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->rope_dim);
+    bool neox = hp->rope_type == TDM_ROPE_NEOX;
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (rows->n > 4)
+    for (uint32_t t = 0; t < rows->n; t++) {
+        float *cs = be->rope_cs + (size_t)t * hp->rope_dim;
+        float theta = (float)rows->pos[t];
+        for (uint32_t i = 0; i < half; i++) {
+            cs[2 * i] = cosf(theta);
+            cs[2 * i + 1] = sinf(theta);
+            theta *= theta_scale;
+        }
+        for (int which = 0; which < 2; which++) {
+            uint32_t nh = which == 0 ? hp->n_heads : hp->n_kv_heads;
+            float *base = which == 0 ? q + (size_t)t * hp->n_heads * D
+                                     : k + (size_t)t * hp->n_kv_heads * D;
+            for (uint32_t h = 0; h < nh; h++) {
+                float *x = base + (size_t)h * D;
+                for (uint32_t i = 0; i < half; i++) {
+                    uint32_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                    float x0 = x[i0], x1 = x[i1], c = cs[2 * i], s = cs[2 * i + 1];
+                    x[i0] = x0 * c - x1 * s;
+                    x[i1] = x0 * s + x1 * c;
+                }
+            }
+        }
+    }
+    return TDM_OK;
+}
+
+/* Address of the record (layer, kv, head) of the block holding position pos of a sequence. */
+static uint8_t *kv_record(const cpu_be_t *be, const tdm_batch_seq_t *sq, uint32_t pos,
+                          uint32_t layer, uint32_t kv, uint32_t head)
+{
+    uint8_t *base = tdm_kv_pool_base(be->pool);
+    uint32_t block = sq->blocks[pos / be->kl.block_size];
+    return base + (uint64_t)block * be->block_bytes +
+           tdm_kv_record_offset(&be->kl, be->rec_bytes, layer, kv, head);
+}
+
+/* Stores one K or V head vector into its slot. q8 keeps one scale per record (block, layer,
+ * K|V, head): the running max|x| / 127 of the slots written so far; when a new slot needs a
+ * larger scale the earlier slots are requantized to it. */
+static void kv_put(const cpu_be_t *be, uint8_t *rec, uint32_t slot, const float *src)
+{
+    uint32_t D = be->kl.head_dim;
+    switch (be->kl.dtype) {
+    case TDM_KV_F32: memcpy((float *)rec + (size_t)slot * D, src, D * sizeof(float)); break;
+    case TDM_KV_F16: {
+        uint16_t *dst = (uint16_t *)rec + (size_t)slot * D;
+#ifdef TDM_X86
+        if (be->avx2) {
+            store_f16_avx2(dst, src, D);
+            break;
+        }
+#endif
+        for (uint32_t i = 0; i < D; i++)
+            dst[i] = tdm_fp32_to_fp16(src[i]);
+        break;
+    }
+    case TDM_KV_Q8: {
+        float scale;
+        memcpy(&scale, rec, sizeof scale);
+        int8_t *qv = (int8_t *)(rec + sizeof(float));
+        float amax = 0.0f;
+        for (uint32_t i = 0; i < D; i++)
+            amax = fmaxf(amax, fabsf(src[i]));
+        float need = amax / 127.0f;
+        if (slot == 0)
+            scale = need;
+        else if (need > scale) {
+            for (size_t i = 0; i < (size_t)slot * D; i++)
+                qv[i] = (int8_t)nearbyintf((float)qv[i] * scale / need);
+            scale = need;
+        }
+        float id = scale != 0.0f ? 1.0f / scale : 0.0f;
+        for (uint32_t i = 0; i < D; i++) {
+            float v = nearbyintf(src[i] * id);
+            qv[(size_t)slot * D + i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        }
+        memcpy(rec, &scale, sizeof scale);
+        break;
+    }
+    }
+}
+
+static int cpu_kv_store(void *vbe, uint32_t layer, const float *k, const float *v,
+                        const tdm_fwd_rows_t *rows)
+{
+    cpu_be_t *be = vbe;
+    uint32_t H = be->kl.n_kv_heads, D = be->kl.head_dim;
+    /* rows in order: q8 requantization depends on slot order within a record */
+    for (uint32_t t = 0; t < rows->n; t++) {
+        const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
+        uint32_t slot = rows->pos[t] % be->kl.block_size;
+        for (uint32_t h = 0; h < H; h++) {
+            size_t off = ((size_t)t * H + h) * D;
+            kv_put(be, kv_record(be, sq, rows->pos[t], layer, 0, h), slot, k + off);
+            kv_put(be, kv_record(be, sq, rows->pos[t], layer, 1, h), slot, v + off);
+        }
+    }
+    return TDM_OK;
+}
+
+/* Converts slot `slot` of a K or V record to f32 in dst (f32 and q8 caches). */
+static void kv_get(const cpu_be_t *be, const uint8_t *rec, uint32_t slot, float *dst)
+{
+    uint32_t D = be->kl.head_dim;
+    if (be->kl.dtype == TDM_KV_F32) {
+        memcpy(dst, (const float *)rec + (size_t)slot * D, D * sizeof(float));
+    } else if (be->kl.dtype == TDM_KV_F16) {
+        const uint16_t *s = (const uint16_t *)rec + (size_t)slot * D;
+        for (uint32_t i = 0; i < D; i++)
+            dst[i] = tdm_fp16_to_fp32(s[i]);
+    } else {
+        float scale;
+        memcpy(&scale, rec, sizeof scale);
+        const int8_t *qv = (const int8_t *)(rec + sizeof(float)) + (size_t)slot * D;
+        for (uint32_t i = 0; i < D; i++)
+            dst[i] = (float)qv[i] * scale;
+    }
+}
+
+/* Causal scaled dot-product attention (Vaswani et al. 2017) with GQA: query head h reads KV
+ * head h / (n_heads / n_kv_heads). Scores over positions 0..pos in order, softmax with the
+ * max subtracted, then the weighted sum of V rows in order. */
+static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
+                         float *out)
+{
+    cpu_be_t *be = vbe;
+    const tdm_llama_hparams_t *hp = be->hp;
+    uint32_t H = hp->n_heads, D = hp->head_dim, group = hp->n_heads / hp->n_kv_heads;
+    uint32_t bs = be->kl.block_size;
+    float scale = 1.0f / sqrtf((float)D);
+    bool f16_fast = be->avx2 && be->kl.dtype == TDM_KV_F16;
+    int64_t n_items = (int64_t)rows->n * H;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(be->n_threads)
+    for (int64_t it = 0; it < n_items; it++) {
+        uint32_t t = (uint32_t)(it / H), h = (uint32_t)(it % H), g = h / group;
+        int tid = omp_get_thread_num();
+        float *sc = be->scores + (size_t)tid * be->n_ctx;
+        float *tmp = be->kvrow + (size_t)tid * 2 * D;
+        const float *qh = q + ((size_t)t * H + h) * D;
+        float *o = out + ((size_t)t * H + h) * D;
+        const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
+        uint32_t n_pos = rows->pos[t] + 1;
+        float mx = -INFINITY;
+        for (uint32_t j = 0; j < n_pos; j++) {
+            const uint8_t *rec = kv_record(be, sq, j, layer, 0, g);
+            float s;
+#ifdef TDM_X86
+            if (f16_fast)
+                s = dot_f32_f16_avx2(qh, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
+            else
+#endif
+            {
+                kv_get(be, rec, j % bs, tmp);
+                s = dot_f32(be, qh, tmp, D);
+            }
+            s *= scale;
+            sc[j] = s;
+            mx = fmaxf(mx, s);
+        }
+        float sum = 0.0f;
+        for (uint32_t j = 0; j < n_pos; j++) {
+            sc[j] = expf(sc[j] - mx);
+            sum += sc[j];
+        }
+        memset(o, 0, D * sizeof(float));
+        for (uint32_t j = 0; j < n_pos; j++) {
+            const uint8_t *rec = kv_record(be, sq, j, layer, 1, g);
+#ifdef TDM_X86
+            if (f16_fast) {
+                axpy_f16_avx2(o, sc[j], (const uint16_t *)rec + (size_t)(j % bs) * D, D);
+                continue;
+            }
+#endif
+            kv_get(be, rec, j % bs, tmp);
+#ifdef TDM_X86
+            if (be->avx2) {
+                axpy_f32_avx2(o, sc[j], tmp, D);
+                continue;
+            }
+#endif
+            for (uint32_t i = 0; i < D; i++)
+                o[i] += sc[j] * tmp[i];
+        }
+        float inv = 1.0f / sum;
+        for (uint32_t i = 0; i < D; i++)
+            o[i] *= inv;
+    }
+    return TDM_OK;
+}
+
+static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
+{
+    cpu_be_t *be = vbe;
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count > 65536)
+    for (size_t i = 0; i < count; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+    return TDM_OK;
+}
+
+static int cpu_add(void *vbe, float *x, const float *y, size_t count)
+{
+    (void)vbe;
+    for (size_t i = 0; i < count; i++)
+        x[i] += y[i];
+    return TDM_OK;
+}
+
+static int cpu_gather_rows(void *vbe, const float *src, const uint32_t *rows, uint32_t n,
+                           uint32_t dim, float *dst)
+{
+    (void)vbe;
+    for (uint32_t k = 0; k < n; k++)
+        memcpy(dst + (size_t)k * dim, src + (size_t)rows[k] * dim, dim * sizeof(float));
+    return TDM_OK;
+}
+
+static int cpu_read(void *vbe, const float *src, size_t count, float *host_dst)
+{
+    (void)vbe;
+    memcpy(host_dst, src, count * sizeof(float));
+    return TDM_OK;
+}
+
+const tdm_backend_ops_t tdm_backend_cpu = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .kernel_name = cpu_kernel_name,
+    .alloc = cpu_alloc,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .add_bias = cpu_add_bias,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .gather_rows = cpu_gather_rows,
+    .read = cpu_read,
+};

@@ -1,0 +1,492 @@
+/* model.c - loading a Llama-family GGUF model and running its forward pass through a backend.
+ *
+ * The layer loop lives here once; backends (cpu.c, a CUDA one later) implement the ops in
+ * backend.h. The order inside a layer is fixed: K and V of every row are written to the paged
+ * cache before any row attends, and attention reads only from the cache, so a row sees the
+ * same (possibly f16-rounded) keys whether they were computed in this pass or an earlier one.
+ * That is what makes chunked prefill bitwise equal to whole-prompt prefill.
+ */
+#include "tandem/model.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "model/backend.h"
+
+struct tdm_model {
+    tdm_gguf_t *gguf;
+    tdm_llama_hparams_t hp;
+    tdm_weight_t token_embd;
+    tdm_weight_t output;       /* = token_embd when tied */
+    tdm_weight_t output_norm;
+    tdm_layer_weights_t *layers; /* [n_layers] */
+    uint64_t weight_bytes;
+    uint64_t fingerprint;
+};
+
+struct tdm_engine {
+    const tdm_model_t *model;
+    tdm_kv_pool_t *pool;
+    tdm_engine_params_t params;
+    const tdm_backend_ops_t *ops;
+    void *be;
+    char name[64];
+    uint64_t scratch_bytes;
+    /* backend buffers, row-major; B = max_batch_tokens, L = max_logits */
+    float *x;        /* [B][n_embd] residual stream */
+    float *xn;       /* [B][n_embd] normalised input of a sub-layer */
+    float *q;        /* [B][n_heads * head_dim] */
+    float *k;        /* [B][n_kv_heads * head_dim] */
+    float *v;        /* [B][n_kv_heads * head_dim] */
+    float *attn;     /* [B][n_heads * head_dim] attention output */
+    float *proj;     /* [B][n_embd] output of W_o or W_down */
+    float *gate;     /* [B][n_ff] */
+    float *up;       /* [B][n_ff] */
+    float *sel;      /* [L][n_embd] final hidden states of the rows asking for logits */
+    float *seln;     /* [L][n_embd] the same, normalised */
+    float *logits;   /* [L][n_vocab] */
+    /* host scratch */
+    uint32_t *logit_rows; /* [L] */
+    uint32_t *last_pos;   /* [B] per sequence: last position seen + 1 (0 = none yet) */
+};
+
+/* ---- model ---- */
+
+static int bind_weight(const tdm_gguf_t *g, const char *name, tdm_weight_t *w, tdm_error_t *err)
+{
+    const tdm_gguf_tensor_t *t = tdm_gguf_find_tensor(g, name);
+    if (!t)
+        return tdm_error_set(err, TDM_ENOTFOUND, "tensor '%s' is missing", name);
+    w->name = t->name;
+    w->type = t->type;
+    w->n_in = t->ne[0];
+    w->n_out = t->ne[1];
+    w->row_bytes = tdm_ggml_row_size(t->type, t->ne[0]);
+    w->data = t->data;
+    w->dev = NULL;
+    if (!w->data || w->row_bytes == 0)
+        return tdm_error_set(err, TDM_EINVALID, "tensor '%s' has no data", name);
+    return TDM_OK;
+}
+
+static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32_t l,
+                      tdm_layer_weights_t *lw, tdm_error_t *err)
+{
+    static const struct {
+        const char *suffix;
+        size_t offset;
+        bool bias;
+    } names[] = {
+        {"attn_norm.weight", offsetof(tdm_layer_weights_t, attn_norm), false},
+        {"attn_q.weight", offsetof(tdm_layer_weights_t, wq), false},
+        {"attn_k.weight", offsetof(tdm_layer_weights_t, wk), false},
+        {"attn_v.weight", offsetof(tdm_layer_weights_t, wv), false},
+        {"attn_output.weight", offsetof(tdm_layer_weights_t, wo), false},
+        {"attn_q.bias", offsetof(tdm_layer_weights_t, bq), true},
+        {"attn_k.bias", offsetof(tdm_layer_weights_t, bk), true},
+        {"attn_v.bias", offsetof(tdm_layer_weights_t, bv), true},
+        {"ffn_norm.weight", offsetof(tdm_layer_weights_t, ffn_norm), false},
+        {"ffn_gate.weight", offsetof(tdm_layer_weights_t, w_gate), false},
+        {"ffn_up.weight", offsetof(tdm_layer_weights_t, w_up), false},
+        {"ffn_down.weight", offsetof(tdm_layer_weights_t, w_down), false},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (names[i].bias && !hp->has_qkv_bias)
+            continue;
+        char name[96];
+        snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", l, names[i].suffix);
+        int rc = bind_weight(g, name, (tdm_weight_t *)((char *)lw + names[i].offset), err);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    return TDM_OK;
+}
+
+/* XXH3 over the hyperparameters, the tensor table and a sample of each tensor's bytes. */
+static uint64_t model_fingerprint(const tdm_model_t *m)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (!st)
+        return 0;
+    XXH3_64bits_reset(st);
+    const tdm_llama_hparams_t *hp = &m->hp;
+    uint32_t dims[] = {hp->n_vocab, hp->n_embd, hp->n_layers, hp->n_heads,
+                       hp->n_kv_heads, hp->head_dim, hp->n_ff, hp->rope_dim};
+    XXH3_64bits_update(st, dims, sizeof dims);
+    XXH3_64bits_update(st, hp->arch, strlen(hp->arch));
+    for (uint64_t i = 0; i < tdm_gguf_n_tensors(m->gguf); i++) {
+        const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(m->gguf, i);
+        XXH3_64bits_update(st, t->name, strlen(t->name));
+        XXH3_64bits_update(st, t->ne, sizeof t->ne);
+        uint32_t type = (uint32_t)t->type;
+        XXH3_64bits_update(st, &type, sizeof type);
+        size_t sample = t->n_bytes < 4096 ? t->n_bytes : 4096;
+        XXH3_64bits_update(st, t->data, sample);
+        XXH3_64bits_update(st, (const char *)t->data + t->n_bytes - sample, sample);
+    }
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
+}
+
+tdm_model_t *tdm_model_load(const char *path, tdm_error_t *err)
+{
+    tdm_model_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    m->gguf = tdm_gguf_open(path, err);
+    if (!m->gguf)
+        goto out_free_model;
+    if (tdm_gguf_llama_hparams(m->gguf, &m->hp, err) != TDM_OK) {
+        tdm_error_prefix(err, TDM_EINVALID, "%s", path);
+        goto out_close_gguf;
+    }
+    m->layers = calloc(m->hp.n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        goto out_close_gguf;
+    }
+    const tdm_gguf_t *g = m->gguf;
+    if (bind_weight(g, "token_embd.weight", &m->token_embd, err) ||
+        bind_weight(g, "output_norm.weight", &m->output_norm, err) ||
+        (m->hp.tied_embeddings ? (m->output = m->token_embd, 0)
+                               : bind_weight(g, "output.weight", &m->output, err)))
+        goto out_free_layers;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++)
+        if (bind_layer(g, &m->hp, l, &m->layers[l], err) != TDM_OK)
+            goto out_free_layers;
+    m->weight_bytes = tdm_gguf_tensor_bytes(g);
+    m->fingerprint = model_fingerprint(m);
+    return m;
+
+out_free_layers:
+    free(m->layers);
+out_close_gguf:
+    tdm_gguf_destroy(&m->gguf);
+out_free_model:
+    free(m);
+    return NULL;
+}
+
+void tdm_model_destroy(tdm_model_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_model_t *m = *self_p;
+    free(m->layers);
+    tdm_gguf_destroy(&m->gguf);
+    free(m);
+    *self_p = NULL;
+}
+
+const tdm_llama_hparams_t *tdm_model_hparams(const tdm_model_t *m)
+{
+    return &m->hp;
+}
+
+const tdm_gguf_t *tdm_model_gguf(const tdm_model_t *m)
+{
+    return m->gguf;
+}
+
+uint64_t tdm_model_weight_bytes(const tdm_model_t *m)
+{
+    return m->weight_bytes;
+}
+
+uint64_t tdm_model_fingerprint(const tdm_model_t *m)
+{
+    return m->fingerprint;
+}
+
+const tdm_weight_t *tdm_model_token_embd(const tdm_model_t *m)
+{
+    return &m->token_embd;
+}
+
+const tdm_weight_t *tdm_model_output(const tdm_model_t *m)
+{
+    return &m->output;
+}
+
+const tdm_weight_t *tdm_model_output_norm(const tdm_model_t *m)
+{
+    return &m->output_norm;
+}
+
+const tdm_layer_weights_t *tdm_model_layer(const tdm_model_t *m, uint32_t layer)
+{
+    return &m->layers[layer];
+}
+
+/* ---- engine ---- */
+
+void tdm_engine_params_default(tdm_engine_params_t *p)
+{
+    p->backend = "cpu";
+    p->n_threads = 0;
+    p->max_batch_tokens = 512;
+    p->max_logits = 64;
+    p->n_ctx = 4096;
+}
+
+static float *engine_alloc(tdm_engine_t *e, size_t n, tdm_error_t *err)
+{
+    float *p = e->ops->alloc(e->be, n);
+    if (!p)
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating %zu bytes of scratch",
+                      n * sizeof(float));
+    e->scratch_bytes += n * sizeof(float);
+    return p;
+}
+
+tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
+                             const tdm_engine_params_t *params, tdm_error_t *err)
+{
+    tdm_engine_params_t p;
+    if (params)
+        p = *params;
+    else
+        tdm_engine_params_default(&p);
+    const tdm_llama_hparams_t *hp = &m->hp;
+    if (!p.backend)
+        p.backend = "cpu";
+    if (strcmp(p.backend, "cpu") != 0) {
+        tdm_error_set(err, TDM_ENOTFOUND, "engine backend '%s' is not available (available: cpu)",
+                      p.backend);
+        return NULL;
+    }
+    if (p.max_batch_tokens < 1 || p.max_batch_tokens > 65536) {
+        tdm_error_set(err, TDM_EINVALID, "max_batch_tokens must be in 1..65536, got %" PRIu32,
+                      p.max_batch_tokens);
+        return NULL;
+    }
+    if (p.max_logits < 1 || p.max_logits > p.max_batch_tokens) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "max_logits must be in 1..max_batch_tokens (%" PRIu32 "), got %" PRIu32,
+                      p.max_batch_tokens, p.max_logits);
+        return NULL;
+    }
+    if (p.n_ctx < 1 || p.n_ctx > hp->n_ctx_train) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "n_ctx must be in 1..%" PRIu32 " (the model's context length), got %" PRIu32,
+                      hp->n_ctx_train, p.n_ctx);
+        return NULL;
+    }
+    if (p.n_threads < 0 || p.n_threads > 1024) {
+        tdm_error_set(err, TDM_EINVALID, "n_threads must be in 0..1024 (0 = all), got %d",
+                      p.n_threads);
+        return NULL;
+    }
+    const tdm_kv_layout_t *kl = tdm_kv_pool_layout(pool);
+    if (kl->n_layers != hp->n_layers || kl->n_kv_heads != hp->n_kv_heads ||
+        kl->head_dim != hp->head_dim) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "KV pool layout (%" PRIu32 " layers, %" PRIu32 " KV heads, head_dim %" PRIu32
+                      ") does not match the model (%" PRIu32 ", %" PRIu32 ", %" PRIu32 ")",
+                      kl->n_layers, kl->n_kv_heads, kl->head_dim, hp->n_layers, hp->n_kv_heads,
+                      hp->head_dim);
+        return NULL;
+    }
+
+    tdm_engine_t *e = calloc(1, sizeof *e);
+    if (!e) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    e->model = m;
+    e->pool = pool;
+    e->params = p;
+    e->ops = &tdm_backend_cpu;
+    e->be = e->ops->create(m, &p, pool, err);
+    if (!e->be)
+        goto out_free_engine;
+    snprintf(e->name, sizeof e->name, "%s", e->ops->kernel_name(e->be));
+
+    size_t B = p.max_batch_tokens, L = p.max_logits;
+    size_t E = hp->n_embd, QD = (size_t)hp->n_heads * hp->head_dim,
+           KD = (size_t)hp->n_kv_heads * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+    if (!(e->x = engine_alloc(e, B * E, err)) || !(e->xn = engine_alloc(e, B * E, err)) ||
+        !(e->q = engine_alloc(e, B * QD, err)) || !(e->k = engine_alloc(e, B * KD, err)) ||
+        !(e->v = engine_alloc(e, B * KD, err)) || !(e->attn = engine_alloc(e, B * QD, err)) ||
+        !(e->proj = engine_alloc(e, B * E, err)) || !(e->gate = engine_alloc(e, B * F, err)) ||
+        !(e->up = engine_alloc(e, B * F, err)) || !(e->sel = engine_alloc(e, L * E, err)) ||
+        !(e->seln = engine_alloc(e, L * E, err)) || !(e->logits = engine_alloc(e, L * V, err)))
+        goto out_destroy_backend;
+    e->logit_rows = calloc(L, sizeof *e->logit_rows);
+    e->last_pos = calloc(B, sizeof *e->last_pos);
+    if (!e->logit_rows || !e->last_pos) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        goto out_free_host;
+    }
+    return e;
+
+out_free_host:
+    free(e->logit_rows);
+    free(e->last_pos);
+out_destroy_backend:
+    e->ops->destroy(e->be);
+out_free_engine:
+    free(e);
+    return NULL;
+}
+
+void tdm_engine_destroy(tdm_engine_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_engine_t *e = *self_p;
+    e->ops->destroy(e->be); /* frees every buffer it allocated */
+    free(e->logit_rows);
+    free(e->last_pos);
+    free(e);
+    *self_p = NULL;
+}
+
+const char *tdm_engine_backend_name(const tdm_engine_t *e)
+{
+    return e->name;
+}
+
+uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e)
+{
+    return e->scratch_bytes;
+}
+
+/* Checks every row of the batch before anything is computed; fills e->logit_rows. */
+static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits,
+                       tdm_error_t *err)
+{
+    const tdm_llama_hparams_t *hp = &e->model->hp;
+    const tdm_kv_layout_t *kl = tdm_kv_pool_layout(e->pool);
+    tdm_kv_stats_t st;
+    tdm_kv_pool_stats(e->pool, &st);
+    if (b->n_tokens == 0 || b->n_tokens > e->params.max_batch_tokens)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "batch has %" PRIu32 " rows, must be 1..max_batch_tokens (%" PRIu32
+                             ")",
+                             b->n_tokens, e->params.max_batch_tokens);
+    if (b->n_seqs == 0 || b->n_seqs > e->params.max_batch_tokens)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "batch has %" PRIu32 " sequences, must be 1..%" PRIu32, b->n_seqs,
+                             e->params.max_batch_tokens);
+    memset(e->last_pos, 0, b->n_seqs * sizeof *e->last_pos);
+    uint32_t nl = 0;
+    for (uint32_t i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || (uint32_t)b->tokens[i] >= hp->n_vocab)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "row %" PRIu32 ": token %" PRId32 " is outside the vocabulary "
+                                 "(0..%" PRIu32 ")",
+                                 i, b->tokens[i], hp->n_vocab - 1);
+        if (b->seq[i] >= b->n_seqs)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "row %" PRIu32 ": seq %" PRIu32 " >= n_seqs %" PRIu32, i,
+                                 b->seq[i], b->n_seqs);
+        uint32_t pos = b->pos[i], s = b->seq[i];
+        if (pos >= e->params.n_ctx)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "row %" PRIu32 ": position %" PRIu32
+                                 " is beyond the context (n_ctx %" PRIu32 ")",
+                                 i, pos, e->params.n_ctx);
+        if (e->last_pos[s] != 0 && pos != e->last_pos[s])
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
+                                 " does not follow its previous row (%" PRIu32 ")",
+                                 i, pos, s, e->last_pos[s] - 1);
+        e->last_pos[s] = pos + 1;
+        const tdm_batch_seq_t *sq = &b->seqs[s];
+        if (pos / kl->block_size >= sq->n_blocks)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
+                                 " is not covered by its %" PRIu32 " blocks of %" PRIu32
+                                 " tokens",
+                                 i, pos, s, sq->n_blocks, kl->block_size);
+        if (!b->want_logits || b->want_logits[i]) {
+            if (nl == e->params.max_logits)
+                return tdm_error_set(err, TDM_EINVALID,
+                                     "more than max_logits (%" PRIu32 ") rows ask for logits",
+                                     e->params.max_logits);
+            e->logit_rows[nl++] = i;
+        }
+    }
+    for (uint32_t s = 0; s < b->n_seqs; s++) {
+        if (e->last_pos[s] == 0)
+            continue;
+        uint32_t need = (e->last_pos[s] - 1) / kl->block_size + 1;
+        for (uint32_t j = 0; j < need; j++)
+            if (b->seqs[s].blocks[j] >= st.n_blocks)
+                return tdm_error_set(err, TDM_EINVALID,
+                                     "seq %" PRIu32 ": block %" PRIu32 " is outside the pool "
+                                     "(%" PRIu32 " blocks)",
+                                     s, b->seqs[s].blocks[j], st.n_blocks);
+    }
+    *n_logits = nl;
+    return TDM_OK;
+}
+
+int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm_error_t *err)
+{
+    uint32_t n_logits = 0;
+    int rc = batch_check(e, b, &n_logits, err);
+    if (rc != TDM_OK)
+        return rc;
+    const tdm_model_t *m = e->model;
+    const tdm_llama_hparams_t *hp = &m->hp;
+    const tdm_backend_ops_t *ops = e->ops;
+    void *be = e->be;
+    uint32_t n = b->n_tokens;
+    tdm_fwd_rows_t rows = {.n = n, .pos = b->pos, .seq = b->seq, .seqs = b->seqs};
+    size_t E = hp->n_embd, F = hp->n_ff;
+
+#define TDM_TRY(call)                                                                            \
+    do {                                                                                         \
+        if ((rc = (call)) != TDM_OK)                                                             \
+            return tdm_error_set(err, rc, "forward: %s failed", #call);                         \
+    } while (0)
+
+    TDM_TRY(ops->embed(be, &m->token_embd, b->tokens, n, e->x));
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const tdm_layer_weights_t *lw = &m->layers[l];
+        /* attention block */
+        TDM_TRY(ops->rmsnorm(be, e->x, &lw->attn_norm, n, hp->rms_norm_eps, e->xn));
+        const tdm_weight_t *qkv_w[3] = {&lw->wq, &lw->wk, &lw->wv};
+        float *qkv_out[3] = {e->q, e->k, e->v};
+        TDM_TRY(ops->matmul(be, e->xn, n, 3, qkv_w, qkv_out));
+        if (hp->has_qkv_bias) {
+            TDM_TRY(ops->add_bias(be, e->q, &lw->bq, n));
+            TDM_TRY(ops->add_bias(be, e->k, &lw->bk, n));
+            TDM_TRY(ops->add_bias(be, e->v, &lw->bv, n));
+        }
+        TDM_TRY(ops->rope(be, e->q, e->k, &rows));
+        TDM_TRY(ops->kv_store(be, l, e->k, e->v, &rows));
+        TDM_TRY(ops->attention(be, l, e->q, &rows, e->attn));
+        const tdm_weight_t *wo[1] = {&lw->wo};
+        float *proj[1] = {e->proj};
+        TDM_TRY(ops->matmul(be, e->attn, n, 1, wo, proj));
+        TDM_TRY(ops->add(be, e->x, e->proj, n * E));
+        /* feed-forward block */
+        TDM_TRY(ops->rmsnorm(be, e->x, &lw->ffn_norm, n, hp->rms_norm_eps, e->xn));
+        const tdm_weight_t *gu_w[2] = {&lw->w_gate, &lw->w_up};
+        float *gu_out[2] = {e->gate, e->up};
+        TDM_TRY(ops->matmul(be, e->xn, n, 2, gu_w, gu_out));
+        TDM_TRY(ops->swiglu(be, e->gate, e->up, n * F, e->gate));
+        const tdm_weight_t *wd[1] = {&lw->w_down};
+        TDM_TRY(ops->matmul(be, e->gate, n, 1, wd, proj));
+        TDM_TRY(ops->add(be, e->x, e->proj, n * E));
+    }
+    if (n_logits > 0) {
+        TDM_TRY(ops->gather_rows(be, e->x, e->logit_rows, n_logits, (uint32_t)E, e->sel));
+        TDM_TRY(ops->rmsnorm(be, e->sel, &m->output_norm, n_logits, hp->rms_norm_eps, e->seln));
+        const tdm_weight_t *wout[1] = {&m->output};
+        float *lo[1] = {e->logits};
+        TDM_TRY(ops->matmul(be, e->seln, n_logits, 1, wout, lo));
+        TDM_TRY(ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
+    }
+#undef TDM_TRY
+    return TDM_OK;
+}

@@ -1,0 +1,552 @@
+/* bpe.c - byte-level BPE (tokenizer.ggml.model = "gpt2"): the regex pre-tokenizers named by
+ * tokenizer.ggml.pre, GPT-2's bytes_to_unicode mapping, and merging by rank.
+ *
+ * Sources: the pre-tokenizer regexes are those of the Hugging Face tokenizer.json files as
+ * llama.cpp lists them (llama-vocab.cpp, llm_tokenizer_bpe); the merge loop is the usual
+ * linked list of symbols plus a priority queue of candidate pairs ordered by (rank, position),
+ * which is what Hugging Face tokenizers' BPE::merge_word does: O(n log n) per pre-token.
+ *
+ * Regexes run under PCRE2 with UTF + UCP (+ MATCH_INVALID_UTF, so invalid UTF-8 in the input
+ * is never matched and ends up in the unmatched spans, which are kept as pieces). `\s` is
+ * written [\s\x{85}] because PCRE2's UCP \s leaves out U+0085, which the Unicode White_Space
+ * property (and Oniguruma, used by the reference tokenizers) includes.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "tokenizer_internal.h"
+
+/* ---- pre-tokenizer regexes ---- */
+
+#define WS "\\s\\x{85}"
+#define RE_GPT2                                                                                    \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+|[" WS "]+(?![^" WS       \
+    "])|[" WS "]+"
+#define RE_LLAMA3_HEAD                                                                             \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+#define RE_LLAMA3_TAIL                                                                             \
+    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|[" WS "]*[\\r\\n]+|[" WS "]+(?![^" WS "])|[" WS "]+"
+
+typedef struct bpe_pre {
+    const char *names[4];                 /* tokenizer.ggml.pre values (NULL-terminated) */
+    const char *regex[TDM_TOK_MAX_REGEX]; /* applied in order (NULL-terminated) */
+    bool ignore_merges;
+} bpe_pre_t;
+
+static const bpe_pre_t bpe_pres[] = {
+    {{"gpt-2", NULL}, {RE_GPT2, NULL}, false},
+    {{"smollm", "starcoder", "refact", NULL}, {"\\p{N}", RE_GPT2, NULL}, false},
+    {{"llama3", "llama-bpe", NULL}, {RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL, NULL}, true},
+    {{"qwen2", NULL}, {RE_LLAMA3_HEAD "\\p{N}" RE_LLAMA3_TAIL, NULL}, false},
+    {{"deepseek-coder", NULL},
+     {"[\\r\\n]", "[" WS "]?\\p{L}+", "[" WS "]?\\p{P}+",
+      "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+", "\\p{N}", NULL},
+     false},
+    {{"falcon", NULL}, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]", NULL}, false},
+    {{"default", NULL},
+     {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]", NULL},
+     false},
+};
+#define SUPPORTED_PRES                                                                             \
+    "gpt-2, smollm, starcoder, refact, llama3, llama-bpe, qwen2, deepseek-coder, falcon, default"
+
+uint32_t tdm_tok_byte_to_cp(uint8_t b)
+{
+    /* bytes_to_unicode: '!'..'~', U+00A1..U+00AC and U+00AE..U+00FF stand for themselves;
+     * the other 68 bytes get 256, 257, ... in increasing byte order. */
+    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)
+        return b;
+    uint32_t n = 0;
+    for (uint32_t c = 0; c < b; c++) {
+        if (!((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || c >= 0xAE))
+            n++;
+    }
+    return 256 + n;
+}
+
+/* UTF-8 of a code point below 0x800 (all bytes_to_unicode outputs are); returns its length. */
+static size_t utf8_put_small(uint32_t cp, char *out)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2;
+}
+
+static uint64_t pair_key(tdm_token_t l, tdm_token_t r)
+{
+    return (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+}
+
+/* MurmurHash3's fmix64 finaliser: every key bit reaches every low bit used as the index. */
+static uint64_t pair_hash(uint64_t key)
+{
+    key ^= key >> 33;
+    key *= 0xFF51AFD7ED558CCDULL;
+    key ^= key >> 33;
+    key *= 0xC4CEB9FE1A85EC53ULL;
+    return key ^ (key >> 33);
+}
+
+/* Inserts a merge unless the pair is already there (the earlier, lower rank wins). */
+static void pairmap_put(tdm_tok_pairmap_t *m, uint64_t key, int32_t rank, int32_t result)
+{
+    for (uint64_t i = pair_hash(key) & m->mask;; i = (i + 1) & m->mask) {
+        if (m->slots[i].key == key)
+            return;
+        if (m->slots[i].key == UINT64_MAX) {
+            m->slots[i].key = key;
+            m->slots[i].rank = rank;
+            m->slots[i].result = result;
+            return;
+        }
+    }
+}
+
+static const tdm_tok_merge_t *pairmap_get(const tdm_tok_pairmap_t *m, uint64_t key)
+{
+    for (uint64_t i = pair_hash(key) & m->mask;; i = (i + 1) & m->mask) {
+        if (m->slots[i].key == key)
+            return &m->slots[i];
+        if (m->slots[i].key == UINT64_MAX)
+            return NULL;
+    }
+}
+
+static int compile_regexes(tdm_tokenizer_t *tok, const bpe_pre_t *pre, tdm_error_t *err)
+{
+    uint32_t opts = PCRE2_UTF | PCRE2_UCP;
+#ifdef PCRE2_MATCH_INVALID_UTF
+    opts |= PCRE2_MATCH_INVALID_UTF;
+#endif
+    for (size_t i = 0; i < TDM_TOK_MAX_REGEX && pre->regex[i]; i++) {
+        int ecode = 0;
+        PCRE2_SIZE eoff = 0;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)pre->regex[i], PCRE2_ZERO_TERMINATED, opts,
+                                       &ecode, &eoff, NULL);
+        if (!re) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(ecode, msg, sizeof msg);
+            return tdm_error_set(err, TDM_EINTERNAL,
+                                 "tokenizer: pre-tokenizer '%s' regex %zu: PCRE2 error at %zu: %s",
+                                 tok->pre, i, (size_t)eoff, (const char *)msg);
+        }
+        /* JIT is an optimisation only: without it pcre2_match interprets. */
+        (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+        tok->re[tok->n_re++] = re;
+    }
+    return TDM_OK;
+}
+
+int tdm_tok_bpe_init(tdm_tokenizer_t *tok, const tdm_gguf_t *g, tdm_error_t *err)
+{
+    const bpe_pre_t *pre = NULL;
+    for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0] && !pre; i++) {
+        for (size_t j = 0; bpe_pres[i].names[j]; j++) {
+            if (strcmp(bpe_pres[i].names[j], tok->pre) == 0)
+                pre = &bpe_pres[i];
+        }
+    }
+    if (!pre)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tokenizer: unsupported tokenizer.ggml.pre '%s' (supported: %s)",
+                             tok->pre, SUPPORTED_PRES);
+    tok->ignore_merges = pre->ignore_merges;
+
+    for (int b = 0; b < 256; b++) {
+        char s[2];
+        size_t n = utf8_put_small(tdm_tok_byte_to_cp((uint8_t)b), s);
+        tok->byte_id[b] = tdm_tok_lookup(tok, s, n);
+    }
+
+    const tdm_gguf_kv_t *kv = NULL;
+    int rc = tdm_gguf_get_arr(g, "tokenizer.ggml.merges", TDM_GGUF_VTYPE_STRING, &kv, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, rc == TDM_ENOTFOUND ? TDM_EINVALID : rc,
+                                "tokenizer: byte-level BPE needs tokenizer.ggml.merges: ");
+    if (kv->arr_n > INT32_MAX)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tokenizer: tokenizer.ggml.merges has %llu "
+                             "entries (at most %d)",
+                             (unsigned long long)kv->arr_n, INT32_MAX);
+    uint64_t cap = 16;
+    while (cap < 2 * kv->arr_n + 16)
+        cap <<= 1;
+    tok->merges.slots = malloc(cap * sizeof *tok->merges.slots);
+    if (!tok->merges.slots)
+        return tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory (merges)");
+    tok->merges.mask = cap - 1;
+    for (uint64_t i = 0; i < cap; i++)
+        tok->merges.slots[i].key = UINT64_MAX;
+
+    char *buf = NULL;
+    size_t buf_cap = 0;
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        const char *s = kv->arr_strs[i].data;
+        size_t n = (size_t)kv->arr_strs[i].len;
+        /* "left right": the separator is the first space after the first byte. */
+        const char *sp = n > 1 ? memchr(s + 1, ' ', n - 1) : NULL;
+        if (!sp) {
+            free(buf);
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "tokenizer: tokenizer.ggml.merges[%llu] '%.*s' is not "
+                                 "\"left right\"",
+                                 (unsigned long long)i, (int)(n > 64 ? 64 : n), s);
+        }
+        size_t nl = (size_t)(sp - s), nr = n - nl - 1;
+        if (n > buf_cap) {
+            char *nb = realloc(buf, n);
+            if (!nb) {
+                free(buf);
+                return tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory (merges)");
+            }
+            buf = nb;
+            buf_cap = n;
+        }
+        memcpy(buf, s, nl);
+        memcpy(buf + nl, sp + 1, nr);
+        tdm_token_t l = tdm_tok_lookup(tok, s, nl);
+        tdm_token_t r = tdm_tok_lookup(tok, sp + 1, nr);
+        tdm_token_t res = tdm_tok_lookup(tok, buf, nl + nr);
+        /* A rule whose parts or result are not tokens can never apply: skip it. */
+        if (l >= 0 && r >= 0 && res >= 0)
+            pairmap_put(&tok->merges, pair_key(l, r), (int32_t)i, res);
+    }
+    free(buf);
+    return compile_regexes(tok, pre, err);
+}
+
+void tdm_tok_bpe_free(tdm_tokenizer_t *tok)
+{
+    free(tok->merges.slots);
+    tok->merges.slots = NULL;
+    for (size_t i = 0; i < tok->n_re; i++)
+        pcre2_code_free(tok->re[i]);
+    tok->n_re = 0;
+}
+
+/* ---- encoding ---- */
+
+typedef struct span {
+    size_t off, len; /* bytes, relative to the fragment */
+} span_t;
+
+typedef struct spans {
+    span_t *v;
+    size_t n, cap;
+} spans_t;
+
+/* A candidate merge of symbols left and right (adjacent when pushed). */
+typedef struct bigram {
+    int32_t rank;
+    int32_t left, right;
+    tdm_token_t lid, rid, result;
+} bigram_t;
+
+/* Per-call scratch of the merge loop, grown to the longest pre-token. */
+typedef struct bpe_work {
+    tdm_token_t *id; /* [cap] token of each symbol; -2 once merged away */
+    int32_t *prev, *next;
+    bigram_t *heap; /* [3 * cap]: n - 1 initial pairs + at most 2 per merge */
+    size_t n_heap;
+    char *str; /* [2 * cap] the byte-level string of a pre-token (ignore_merges) */
+    size_t cap;
+} bpe_work_t;
+
+static int spans_push(spans_t *s, size_t off, size_t len)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        span_t *v = realloc(s->v, cap * sizeof *v);
+        if (!v)
+            return TDM_ERESOURCE;
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n].off = off;
+    s->v[s->n].len = len;
+    s->n++;
+    return TDM_OK;
+}
+
+/* Splits every span of in by re into out: matches and the unmatched text between them are
+ * all kept, in order. */
+static int split_regex(const pcre2_code *re, pcre2_match_data *md, const char *text,
+                       const spans_t *in, spans_t *out, tdm_error_t *err)
+{
+    out->n = 0;
+    for (size_t k = 0; k < in->n; k++) {
+        const span_t s = in->v[k];
+        const PCRE2_SPTR sub = (PCRE2_SPTR)(text + s.off);
+        size_t pos = 0;
+        while (pos < s.len) {
+            int rc = pcre2_match(re, sub, s.len, pos, 0, md, NULL);
+            if (rc == PCRE2_ERROR_NOMATCH)
+                break;
+            if (rc < 0) {
+                PCRE2_UCHAR msg[256];
+                pcre2_get_error_message(rc, msg, sizeof msg);
+                return tdm_error_set(err, TDM_EINTERNAL, "tokenizer: PCRE2 match failed: %s",
+                                     (const char *)msg);
+            }
+            const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+            size_t ms = ov[0], me = ov[1];
+            if (me <= ms) {
+                /* None of our regexes can match empty; stop rather than loop. */
+                break;
+            }
+            if ((ms > pos && spans_push(out, s.off + pos, ms - pos) != TDM_OK) ||
+                spans_push(out, s.off + ms, me - ms) != TDM_OK)
+                return tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory");
+            pos = me;
+        }
+        if (pos < s.len && spans_push(out, s.off + pos, s.len - pos) != TDM_OK)
+            return tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory");
+    }
+    return TDM_OK;
+}
+
+static bool bigram_less(const bigram_t *a, const bigram_t *b)
+{
+    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+}
+
+static void heap_push(bpe_work_t *w, bigram_t e)
+{
+    size_t i = w->n_heap++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!bigram_less(&e, &w->heap[p]))
+            break;
+        w->heap[i] = w->heap[p];
+        i = p;
+    }
+    w->heap[i] = e;
+}
+
+static bigram_t heap_pop(bpe_work_t *w)
+{
+    bigram_t top = w->heap[0];
+    bigram_t last = w->heap[--w->n_heap];
+    size_t n = w->n_heap, i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && bigram_less(&w->heap[c + 1], &w->heap[c]))
+            c++;
+        if (!bigram_less(&w->heap[c], &last))
+            break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (n > 0)
+        w->heap[i] = last;
+    return top;
+}
+
+static void try_add(const tdm_tokenizer_t *tok, bpe_work_t *w, int32_t l, int32_t r)
+{
+    if (l < 0 || r < 0 || w->id[l] < 0 || w->id[r] < 0)
+        return;
+    const tdm_tok_merge_t *m = pairmap_get(&tok->merges, pair_key(w->id[l], w->id[r]));
+    if (!m)
+        return;
+    heap_push(w, (bigram_t){m->rank, l, r, w->id[l], w->id[r], m->result});
+}
+
+static int work_reserve(bpe_work_t *w, size_t n)
+{
+    if (n <= w->cap)
+        return TDM_OK;
+    size_t cap = w->cap ? w->cap : 64;
+    while (cap < n)
+        cap *= 2;
+    free(w->id);
+    free(w->prev);
+    free(w->next);
+    free(w->heap);
+    free(w->str);
+    w->id = malloc(cap * sizeof *w->id);
+    w->prev = malloc(cap * sizeof *w->prev);
+    w->next = malloc(cap * sizeof *w->next);
+    w->heap = malloc(3 * cap * sizeof *w->heap);
+    w->str = malloc(2 * cap);
+    w->cap = cap;
+    if (!w->id || !w->prev || !w->next || !w->heap || !w->str) {
+        w->cap = 0;
+        return TDM_ERESOURCE;
+    }
+    return TDM_OK;
+}
+
+static void work_free(bpe_work_t *w)
+{
+    free(w->id);
+    free(w->prev);
+    free(w->next);
+    free(w->heap);
+    free(w->str);
+}
+
+/* A byte with no token of its own (an incomplete vocabulary) becomes unk when there is one. */
+static int push_byte(const tdm_tokenizer_t *tok, uint8_t b, tdm_tok_ids_t *out)
+{
+    tdm_token_t id = tok->byte_id[b] >= 0 ? tok->byte_id[b] : tok->unk;
+    return id >= 0 ? tdm_tok_ids_push(out, id) : TDM_OK;
+}
+
+/* Merges one pre-token (n >= 1 raw bytes) and appends its tokens. */
+static int bpe_piece(const tdm_tokenizer_t *tok, const uint8_t *s, size_t n, bpe_work_t *w,
+                     tdm_tok_ids_t *out)
+{
+    if (n == 1)
+        return push_byte(tok, s[0], out);
+    if (n > INT32_MAX)
+        return TDM_ERESOURCE;
+    if (work_reserve(w, n) != TDM_OK)
+        return TDM_ERESOURCE;
+    if (tok->ignore_merges) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            k += utf8_put_small(tdm_tok_byte_to_cp(s[i]), w->str + k);
+        tdm_token_t id = tdm_tok_lookup(tok, w->str, k);
+        if (id >= 0)
+            return tdm_tok_ids_push(out, id);
+    }
+    for (size_t i = 0; i < n; i++) {
+        w->id[i] = tok->byte_id[s[i]];
+        w->prev[i] = (int32_t)i - 1;
+        w->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    w->n_heap = 0;
+    for (size_t i = 0; i + 1 < n; i++)
+        try_add(tok, w, (int32_t)i, (int32_t)i + 1);
+    while (w->n_heap > 0) {
+        bigram_t b = heap_pop(w);
+        /* Stale when either side has changed since the pair was pushed: a symbol's id only
+         * ever grows into a longer token, so equal ids and adjacency mean the same pair. */
+        if (w->id[b.left] != b.lid || w->id[b.right] != b.rid || w->next[b.left] != b.right)
+            continue;
+        int32_t l = b.left, r = b.right;
+        w->id[l] = b.result;
+        w->id[r] = -2;
+        w->next[l] = w->next[r];
+        if (w->next[r] >= 0)
+            w->prev[w->next[r]] = l;
+        try_add(tok, w, w->prev[l], l);
+        try_add(tok, w, l, w->next[l]);
+    }
+    for (int32_t i = 0; i >= 0; i = w->next[i]) {
+        int rc = w->id[i] >= 0 ? tdm_tok_ids_push(out, w->id[i]) : push_byte(tok, s[i], out);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    return TDM_OK;
+}
+
+/* Per-call cache of encoded pieces: the ids of a piece already encoded in this call are
+ * copied from where they were first written in the output. */
+#define CACHE_MAX_PIECE 32 /* bytes (and tokens) of a cached piece */
+#define CACHE_MAX_SLOTS (1 << 16)
+
+typedef struct piece_slot {
+    uint32_t hash;      /* low bits of the piece's XXH3 hash */
+    uint32_t piece_off; /* piece bytes: text[piece_off .. piece_off + len) */
+    uint32_t len;
+    uint32_t ids_off; /* its ids: out->v[ids_off .. ids_off + n_ids); n_ids 0: empty slot */
+    uint32_t n_ids;
+} piece_slot_t;
+
+typedef struct piece_cache {
+    piece_slot_t *slots; /* [mask + 1] */
+    size_t mask;
+    size_t n_used;
+} piece_cache_t;
+
+/* The slot holding piece, or the empty slot where it would go (NULL when the table is full
+ * and it is absent). */
+static piece_slot_t *cache_find(piece_cache_t *c, const char *text, const uint8_t *piece, size_t n)
+{
+    uint64_t h = XXH3_64bits(piece, n);
+    size_t i = (size_t)(h >> 32) & c->mask;
+    for (size_t probes = 0; probes <= c->mask; probes++, i = (i + 1) & c->mask) {
+        piece_slot_t *s = &c->slots[i];
+        if (s->n_ids == 0) {
+            s->hash = (uint32_t)h;
+            return s;
+        }
+        if (s->hash == (uint32_t)h && s->len == n && memcmp(text + s->piece_off, piece, n) == 0)
+            return s;
+    }
+    return NULL;
+}
+
+int tdm_tok_bpe_encode(const tdm_tokenizer_t *tok, const char *text, size_t len, tdm_tok_ids_t *out,
+                       tdm_error_t *err)
+{
+    if (len == 0)
+        return TDM_OK;
+    int rc = TDM_OK;
+    spans_t a = {0}, b = {0};
+    bpe_work_t w = {0};
+    piece_cache_t cache = {0};
+    pcre2_match_data *md = pcre2_match_data_create(4, NULL);
+    if (!md || spans_push(&a, 0, len) != TDM_OK) {
+        rc = tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory");
+        goto out_free;
+    }
+    for (size_t i = 0; i < tok->n_re; i++) {
+        rc = split_regex(tok->re[i], md, text, &a, &b, err);
+        if (rc != TDM_OK)
+            goto out_free;
+        spans_t t = a;
+        a = b;
+        b = t;
+    }
+    /* Words repeat (" the", " of"): a per-call cache of short pieces skips most merge work,
+     * whose cost is dominated by cache misses in the merge table. */
+    cache.mask = 1;
+    while (cache.mask + 1 < 2 * a.n && cache.mask + 1 < CACHE_MAX_SLOTS)
+        cache.mask = 2 * cache.mask + 1;
+    cache.slots = calloc(cache.mask + 1, sizeof *cache.slots);
+    for (size_t i = 0; i < a.n; i++) {
+        const uint8_t *piece = (const uint8_t *)text + a.v[i].off;
+        size_t n = a.v[i].len;
+        piece_slot_t *slot = cache.slots && n > 1 && n <= CACHE_MAX_PIECE
+                                 ? cache_find(&cache, text, piece, n)
+                                 : NULL;
+        if (slot && slot->n_ids > 0) {
+            for (uint32_t k = 0; k < slot->n_ids && rc == TDM_OK; k++)
+                rc = tdm_tok_ids_push(out, out->v[slot->ids_off + k]);
+        } else {
+            size_t start = out->n;
+            rc = bpe_piece(tok, piece, n, &w, out);
+            if (slot && rc == TDM_OK && out->n > start && out->n - start <= CACHE_MAX_PIECE &&
+                out->n <= UINT32_MAX && a.v[i].off <= UINT32_MAX &&
+                cache.n_used < (cache.mask + 1) / 2) {
+                slot->piece_off = (uint32_t)a.v[i].off;
+                slot->len = (uint32_t)n;
+                slot->ids_off = (uint32_t)start;
+                slot->n_ids = (uint32_t)(out->n - start);
+                cache.n_used++;
+            }
+        }
+        if (rc != TDM_OK) {
+            rc = tdm_error_set(err, rc, "tokenizer: out of memory");
+            goto out_free;
+        }
+    }
+out_free:
+    free(cache.slots);
+    work_free(&w);
+    free(b.v);
+    free(a.v);
+    pcre2_match_data_free(md);
+    return rc;
+}

@@ -1,0 +1,809 @@
+/* test_config.c - the cluster config: defaults, a full file, every class of error with its
+ * exact "FILE:LINE: key 'a.b': message", dump -> load round trips, byte sizes, the example. */
+#include "tdm_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tandem/config.h"
+
+/* Loads text as "cluster.yaml" and expects success. */
+static void load_ok(const char *text, tdm_config_t *cfg)
+{
+    tdm_error_t err = {0};
+    int rc = tdm_config_load_string(text, strlen(text), "cluster.yaml", cfg, &err);
+    if (rc != TDM_OK)
+        fail_msg("unexpected error: %s", err.msg);
+}
+
+/* Loads text as "cluster.yaml" and expects TDM_EINVALID with exactly this message. */
+static void load_fails(const char *text, const char *msg)
+{
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    int rc = tdm_config_load_string(text, strlen(text), "cluster.yaml", &cfg, &err);
+    assert_int_equal(rc, TDM_EINVALID);
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_string_equal(err.msg, msg);
+    /* A failed load leaves nothing to free. */
+    assert_null(cfg.nodes);
+    assert_null(cfg.model.path);
+    assert_null(cfg.router.client_endpoint);
+}
+
+/* The dump of cfg as a heap string; caller frees. */
+static char *dump_string(const tdm_config_t *cfg)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_int_equal(tdm_config_dump(cfg, f), TDM_OK);
+    assert_int_equal(fclose(f), 0);
+    return buf;
+}
+
+static void assert_str_or_null_equal(const char *a, const char *b)
+{
+    if (!a || !b)
+        assert_ptr_equal(a, b);
+    else
+        assert_string_equal(a, b);
+}
+
+/* Field by field equality of two configs. */
+static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
+{
+    assert_string_equal(a->model.path, b->model.path);
+    assert_int_equal(a->model.chat_template_set, b->model.chat_template_set);
+    if (a->model.chat_template_set)
+        assert_int_equal(a->model.chat_template, b->model.chat_template);
+    assert_string_equal(a->model.name, b->model.name);
+    assert_string_equal(a->router.client_endpoint, b->router.client_endpoint);
+    assert_string_equal(a->router.node_endpoint, b->router.node_endpoint);
+    assert_string_equal(a->router.http_address, b->router.http_address);
+    assert_int_equal(a->router.http_port, b->router.http_port);
+    assert_int_equal(a->router.prefill_policy, b->router.prefill_policy);
+    assert_int_equal(a->router.max_queue, b->router.max_queue);
+    assert_true(a->router.request_timeout_s == b->router.request_timeout_s);
+    assert_int_equal(a->router.n_api_keys, b->router.n_api_keys);
+    for (size_t i = 0; i < a->router.n_api_keys; i++)
+        assert_string_equal(a->router.api_keys[i], b->router.api_keys[i]);
+    assert_int_equal(a->kv.block_size, b->kv.block_size);
+    assert_int_equal(a->kv.dtype, b->kv.dtype);
+    assert_int_equal(a->kv.prefix_caching, b->kv.prefix_caching);
+    assert_int_equal(a->log.level, b->log.level);
+    assert_str_or_null_equal(a->security.curve_server_public_key,
+                             b->security.curve_server_public_key);
+    assert_str_or_null_equal(a->security.curve_server_secret_key,
+                             b->security.curve_server_secret_key);
+    assert_str_or_null_equal(a->security.curve_client_public_key,
+                             b->security.curve_client_public_key);
+    assert_str_or_null_equal(a->security.curve_client_secret_key,
+                             b->security.curve_client_secret_key);
+    assert_int_equal(a->n_nodes, b->n_nodes);
+    for (size_t i = 0; i < a->n_nodes; i++) {
+        const tdm_node_config_t *x = &a->nodes[i], *y = &b->nodes[i];
+        assert_string_equal(x->id, y->id);
+        assert_int_equal(x->role, y->role);
+        assert_str_or_null_equal(x->endpoint, y->endpoint);
+        assert_str_or_null_equal(x->kv_endpoint, y->kv_endpoint);
+        assert_int_equal(x->device.kind, y->device.kind);
+        assert_int_equal(x->device.index, y->device.index);
+        assert_int_equal(x->threads, y->threads);
+        assert_int_equal(x->memory_budget, y->memory_budget);
+        assert_true(x->gpu_memory_utilization == y->gpu_memory_utilization);
+        assert_int_equal(x->max_batch_tokens, y->max_batch_tokens);
+        assert_int_equal(x->max_running, y->max_running);
+    }
+}
+
+/* dump(cfg) loads back into a config equal to cfg whose dump is the same text. */
+static void assert_round_trip(const tdm_config_t *cfg)
+{
+    char *text = dump_string(cfg);
+    tdm_config_t back;
+    load_ok(text, &back);
+    assert_config_equal(cfg, &back);
+    char *again = dump_string(&back);
+    assert_string_equal(text, again);
+    free(again);
+    free(text);
+    tdm_config_free(&back);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    setenv("XDG_CACHE_HOME", "/tmp/xdg-cache", 1);
+    unsetenv("TANDEM_MODEL");
+    tdm_config_t cfg;
+    assert_int_equal(tdm_config_defaults(&cfg), TDM_OK);
+    assert_string_equal(cfg.model.path,
+                        "/tmp/xdg-cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_string_equal(cfg.model.name, "SmolLM2-135M-Instruct.Q4_1");
+    assert_false(cfg.model.chat_template_set);
+    assert_string_equal(cfg.router.client_endpoint, "tcp://127.0.0.1:7600");
+    assert_string_equal(cfg.router.node_endpoint, "tcp://127.0.0.1:7601");
+    assert_string_equal(cfg.router.http_address, "127.0.0.1");
+    assert_int_equal(cfg.router.http_port, 8000);
+    assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_ROUND_ROBIN);
+    assert_int_equal(cfg.router.max_queue, 1024);
+    assert_true(cfg.router.request_timeout_s == 600.0);
+    assert_int_equal(cfg.router.n_api_keys, 0);
+    assert_int_equal(cfg.kv.block_size, 16);
+    assert_int_equal(cfg.kv.dtype, TDM_KV_F16);
+    assert_true(cfg.kv.prefix_caching);
+    assert_int_equal(cfg.log.level, TDM_LOG_INFO);
+    assert_null(cfg.security.curve_server_public_key);
+    assert_int_equal(cfg.n_nodes, 2);
+    const tdm_node_config_t *p = tdm_config_find_node(&cfg, "prefill-0");
+    const tdm_node_config_t *d = tdm_config_find_node(&cfg, "decode-0");
+    assert_ptr_equal(p, &cfg.nodes[0]);
+    assert_ptr_equal(d, &cfg.nodes[1]);
+    assert_null(tdm_config_find_node(&cfg, "decode-1"));
+    assert_null(tdm_config_find_node(&cfg, NULL));
+    assert_int_equal(p->role, TDM_NODE_ROLE_PREFILL);
+    assert_null(p->kv_endpoint);
+    assert_null(p->endpoint);
+    assert_int_equal(d->role, TDM_NODE_ROLE_DECODE);
+    assert_string_equal(d->kv_endpoint, "tcp://127.0.0.1:7610");
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(cfg.nodes[i].device.kind, TDM_NODE_DEVICE_CPU);
+        assert_int_equal(cfg.nodes[i].threads, 0);
+        assert_int_equal(cfg.nodes[i].memory_budget, 2ull << 30);
+        assert_true(cfg.nodes[i].gpu_memory_utilization == 0.0);
+        assert_int_equal(cfg.nodes[i].max_batch_tokens, 2048);
+        assert_int_equal(cfg.nodes[i].max_running, 64);
+    }
+
+    /* An empty file, a comment-only file and empty sections give the same defaults. */
+    const char *same[] = {"", "# nothing here\n", "model:\nrouter:\nkv: {}\nlog:\nsecurity:\n"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        tdm_config_t other;
+        load_ok(same[i], &other);
+        assert_config_equal(&cfg, &other);
+        tdm_config_free(&other);
+    }
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+    assert_null(cfg.nodes);
+    tdm_config_free(&cfg); /* a freed config may be freed again */
+    tdm_config_free(NULL);
+    unsetenv("XDG_CACHE_HOME");
+}
+
+static void test_model_default_path(void **state)
+{
+    (void)state;
+    char buf[512], home[1024];
+    snprintf(home, sizeof home, "%s", getenv("HOME") ? getenv("HOME") : "/root");
+    unsetenv("TANDEM_MODEL");
+    setenv("XDG_CACHE_HOME", "/x/cache", 1);
+    assert_int_equal(tdm_model_default_path(buf, sizeof buf), TDM_OK);
+    assert_string_equal(buf, "/x/cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "/home/u", 1);
+    assert_int_equal(tdm_model_default_path(buf, sizeof buf), TDM_OK);
+    assert_string_equal(buf, "/home/u/.cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_int_equal(tdm_model_default_path(buf, 10), TDM_ERESOURCE);
+    assert_string_equal(buf, "");
+    setenv("TANDEM_MODEL", "/models/other.gguf", 1);
+    assert_int_equal(tdm_model_default_path(buf, sizeof buf), TDM_OK);
+    assert_string_equal(buf, "/models/other.gguf");
+
+    /* The model name follows the path; "~/" expands with $HOME. */
+    tdm_config_t cfg;
+    assert_int_equal(tdm_config_defaults(&cfg), TDM_OK);
+    assert_string_equal(cfg.model.path, "/models/other.gguf");
+    assert_string_equal(cfg.model.name, "other");
+    tdm_config_free(&cfg);
+    load_ok("model:\n  path: ~/m/llama.gguf\n", &cfg);
+    assert_string_equal(cfg.model.path, "/home/u/m/llama.gguf");
+    assert_string_equal(cfg.model.name, "llama");
+    tdm_config_free(&cfg);
+    unsetenv("TANDEM_MODEL");
+
+    unsetenv("HOME");
+    assert_int_equal(tdm_model_default_path(buf, sizeof buf), TDM_ENOTFOUND);
+    assert_int_equal(tdm_config_defaults(&cfg), TDM_ENOTFOUND);
+    assert_null(cfg.nodes);
+    /* With model.path set the file does not need $HOME. */
+    load_ok("model: {path: /m.gguf}\n", &cfg);
+    assert_string_equal(cfg.model.name, "m");
+    tdm_config_free(&cfg);
+    setenv("HOME", home, 1);
+}
+
+static const char full_yaml[] =
+    "# a cluster of two prefill and two decode nodes\n"
+    "model:\n"
+    "  path: /models/llama.gguf\n"
+    "  chat_template: llama3\n"
+    "  name: llama-3-8b\n"
+    "router:\n"
+    "  client_endpoint: tcp://10.0.0.1:9600\n"
+    "  node_endpoint: \"tcp://10.0.0.1:9601\"\n"
+    "  http_address: 0.0.0.0\n"
+    "  http_port: 8080\n"
+    "  prefill_policy: prefix_aware\n"
+    "  max_queue: 50\n"
+    "  request_timeout_s: 2.5\n"
+    "  api_keys: [key-one, 'key-two']\n"
+    "kv:\n"
+    "  block_size: 32\n"
+    "  dtype: q8\n"
+    "  prefix_caching: false\n"
+    "log: {level: warning}\n"
+    "security:\n"
+    "  curve_server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
+    "  curve_server_secret_key: \"JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\"\n"
+    "  curve_client_public_key: \"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\"\n"
+    "  curve_client_secret_key: \"D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs\"\n"
+    "nodes:\n"
+    "  - id: p0\n"
+    "    role: prefill\n"
+    "    device: cuda:0\n"
+    "    max_batch_tokens: 8192\n"
+    "  - id: p1\n"
+    "    role: prefill\n"
+    "    endpoint: ipc:///tmp/p1.sock\n"
+    "    device: cpu\n"
+    "    threads: 8\n"
+    "    memory_budget: 1.5GB\n"
+    "  - id: d0\n"
+    "    role: decode\n"
+    "    device: cuda:1\n"
+    "    gpu_memory_utilization: 0.5\n"
+    "    max_running: 256\n"
+    "  - id: d1\n"
+    "    role: decode\n"
+    "    kv_endpoint: tcp://10.0.0.3:9700\n"
+    "    device: cuda\n"
+    "    memory_budget: 40GiB\n";
+
+static void test_full_file(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    load_ok(full_yaml, &cfg);
+    assert_string_equal(cfg.model.path, "/models/llama.gguf");
+    assert_true(cfg.model.chat_template_set);
+    assert_int_equal(cfg.model.chat_template, TDM_CHAT_TEMPLATE_LLAMA3);
+    assert_string_equal(cfg.model.name, "llama-3-8b");
+    assert_string_equal(cfg.router.client_endpoint, "tcp://10.0.0.1:9600");
+    assert_string_equal(cfg.router.node_endpoint, "tcp://10.0.0.1:9601");
+    assert_string_equal(cfg.router.http_address, "0.0.0.0");
+    assert_int_equal(cfg.router.http_port, 8080);
+    assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_PREFIX_AWARE);
+    assert_int_equal(cfg.router.max_queue, 50);
+    assert_true(cfg.router.request_timeout_s == 2.5);
+    assert_int_equal(cfg.router.n_api_keys, 2);
+    assert_string_equal(cfg.router.api_keys[0], "key-one");
+    assert_string_equal(cfg.router.api_keys[1], "key-two");
+    assert_int_equal(cfg.kv.block_size, 32);
+    assert_int_equal(cfg.kv.dtype, TDM_KV_Q8);
+    assert_false(cfg.kv.prefix_caching);
+    assert_int_equal(cfg.log.level, TDM_LOG_WARN);
+    assert_string_equal(cfg.security.curve_server_public_key,
+                        "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+    assert_string_equal(cfg.security.curve_client_secret_key,
+                        "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs");
+    assert_int_equal(cfg.n_nodes, 4);
+
+    const tdm_node_config_t *n = tdm_config_find_node(&cfg, "p0");
+    assert_non_null(n);
+    assert_int_equal(n->role, TDM_NODE_ROLE_PREFILL);
+    assert_int_equal(n->device.kind, TDM_NODE_DEVICE_CUDA);
+    assert_int_equal(n->device.index, 0);
+    assert_true(n->gpu_memory_utilization == 0.9); /* default on cuda */
+    assert_int_equal(n->memory_budget, 0);
+    assert_int_equal(n->max_batch_tokens, 8192);
+    assert_int_equal(n->max_running, 64);
+    assert_null(n->kv_endpoint);
+
+    n = tdm_config_find_node(&cfg, "p1");
+    assert_string_equal(n->endpoint, "ipc:///tmp/p1.sock");
+    assert_int_equal(n->device.kind, TDM_NODE_DEVICE_CPU);
+    assert_int_equal(n->threads, 8);
+    assert_int_equal(n->memory_budget, 1500000000ull);
+    assert_true(n->gpu_memory_utilization == 0.0);
+
+    n = tdm_config_find_node(&cfg, "d0");
+    assert_int_equal(n->role, TDM_NODE_ROLE_DECODE);
+    assert_string_equal(n->kv_endpoint, "tcp://127.0.0.1:7610"); /* first decode node */
+    assert_int_equal(n->device.index, 1);
+    assert_true(n->gpu_memory_utilization == 0.5);
+    assert_int_equal(n->max_running, 256);
+
+    n = tdm_config_find_node(&cfg, "d1");
+    assert_string_equal(n->kv_endpoint, "tcp://10.0.0.3:9700");
+    assert_int_equal(n->device.kind, TDM_NODE_DEVICE_CUDA);
+    assert_int_equal(n->device.index, 0);
+    assert_int_equal(n->memory_budget, 40ull << 30);
+    assert_true(n->gpu_memory_utilization == 0.0);
+
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+}
+
+static void test_default_kv_endpoints(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    load_ok("nodes:\n"
+            "  - {id: d0, role: decode}\n"
+            "  - {id: p0, role: prefill}\n"
+            "  - {id: d1, role: decode}\n"
+            "  - {id: d2, role: decode, kv_endpoint: 'tcp://127.0.0.1:7700'}\n"
+            "  - {id: d3, role: decode}\n",
+            &cfg);
+    assert_string_equal(cfg.nodes[0].kv_endpoint, "tcp://127.0.0.1:7610");
+    assert_null(cfg.nodes[1].kv_endpoint);
+    assert_string_equal(cfg.nodes[2].kv_endpoint, "tcp://127.0.0.1:7611");
+    assert_string_equal(cfg.nodes[3].kv_endpoint, "tcp://127.0.0.1:7700");
+    assert_string_equal(cfg.nodes[4].kv_endpoint, "tcp://127.0.0.1:7613");
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+
+    /* A decode-only cluster is valid (decode nodes can prefill locally). */
+    load_ok("nodes:\n  - id: solo\n    role: decode\n", &cfg);
+    assert_int_equal(cfg.n_nodes, 1);
+    tdm_config_free(&cfg);
+}
+
+/* The example from the issue: the message names file, line and key. */
+static void test_error_block_size(void **state)
+{
+    (void)state;
+    load_fails("# line 1\n"
+               "model:\n"
+               "  name: smol\n"
+               "router:\n"
+               "  http_port: 8000\n"
+               "\n"
+               "  max_queue: 10\n"
+               "log:\n"
+               "  level: debug\n"
+               "kv:\n"
+               "  dtype: f16\n"
+               "  block_size: 24\n",
+               "cluster.yaml:12: key 'kv.block_size': must be a power of two between 1 and 256, "
+               "got 24");
+    load_fails("kv:\n  block_size: 0\n",
+               "cluster.yaml:2: key 'kv.block_size': must be a power of two between 1 and 256, "
+               "got 0");
+    load_fails("kv:\n  block_size: 512\n",
+               "cluster.yaml:2: key 'kv.block_size': must be a power of two between 1 and 256, "
+               "got 512");
+    tdm_config_t cfg;
+    load_ok("kv:\n  block_size: 1\n", &cfg);
+    assert_int_equal(cfg.kv.block_size, 1);
+    tdm_config_free(&cfg);
+    load_ok("kv:\n  block_size: 256\n", &cfg);
+    assert_int_equal(cfg.kv.block_size, 256);
+    tdm_config_free(&cfg);
+}
+
+static void test_error_unknown_keys(void **state)
+{
+    (void)state;
+    load_fails("modle:\n  path: x\n",
+               "cluster.yaml:1: key 'modle': unknown key (expected one of: model, log, router, "
+               "kv, security, nodes)");
+    load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
+               "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
+               "client_endpoint, node_endpoint, http_address, http_port, prefill_policy, "
+               "max_queue, request_timeout_s, api_keys)");
+    load_fails("kv:\n  blocksize: 16\n",
+               "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
+               "dtype, prefix_caching)");
+    load_fails("nodes:\n  - id: d\n    role: decode\n    gpu: 0\n",
+               "cluster.yaml:4: key 'nodes[0].gpu': unknown key (expected one of: id, role, "
+               "endpoint, kv_endpoint, device, threads, memory_budget, gpu_memory_utilization, "
+               "max_batch_tokens, max_running)");
+    load_fails("log:\n  level: info\n  format: json\n",
+               "cluster.yaml:3: key 'log.format': unknown key (expected one of: level)");
+}
+
+static void test_error_wrong_types(void **state)
+{
+    (void)state;
+    load_fails("router:\n  http_port: eight-thousand\n",
+               "cluster.yaml:2: key 'router.http_port': must be an integer, got "
+               "'eight-thousand'");
+    load_fails("router:\n  http_port: \"8000\"\n",
+               "cluster.yaml:2: key 'router.http_port': must be an integer, got the quoted "
+               "string '8000'");
+    load_fails("router:\n  http_port: 80.5\n",
+               "cluster.yaml:2: key 'router.http_port': must be an integer, got '80.5'");
+    load_fails("router:\n  http_port:\n",
+               "cluster.yaml:2: key 'router.http_port': must be an integer, got nothing (null)");
+    load_fails("router:\n  - http_port: 1\n",
+               "cluster.yaml:2: key 'router': must be a mapping, got a list");
+    load_fails("nodes:\n  id: d0\n  role: decode\n",
+               "cluster.yaml:2: key 'nodes': must be a list of nodes, got a mapping");
+    load_fails("nodes:\n  - d0\n",
+               "cluster.yaml:2: key 'nodes[0]': must be a mapping with at least id and role, got "
+               "'d0'");
+    load_fails("model:\n  path: [a, b]\n",
+               "cluster.yaml:2: key 'model.path': must be a string, got a list");
+    load_fails("kv:\n  prefix_caching: maybe\n",
+               "cluster.yaml:2: key 'kv.prefix_caching': must be true or false, got 'maybe'");
+    load_fails("kv:\n  prefix_caching: 'true'\n",
+               "cluster.yaml:2: key 'kv.prefix_caching': must be true or false, got the quoted "
+               "string 'true'");
+    load_fails("router:\n  request_timeout_s: soon\n",
+               "cluster.yaml:2: key 'router.request_timeout_s': must be a number, got 'soon'");
+    load_fails("router:\n  api_keys: secret\n",
+               "cluster.yaml:2: key 'router.api_keys': must be a list of strings, got 'secret'");
+    load_fails("router:\n  api_keys:\n    - {k: v}\n",
+               "cluster.yaml:3: key 'router.api_keys[0]': must be a string, got a mapping");
+    load_fails("- a\n- b\n", "cluster.yaml:1: the top level must be a mapping, got a list");
+    load_fails("{[a]: 1}\n", "cluster.yaml:1: keys must be names, got a list");
+}
+
+static void test_error_enums(void **state)
+{
+    (void)state;
+    load_fails("router:\n  prefill_policy: random\n",
+               "cluster.yaml:2: key 'router.prefill_policy': must be one of round_robin, "
+               "least_loaded, prefix_aware; got 'random'");
+    load_fails("kv:\n  dtype: bf16\n",
+               "cluster.yaml:2: key 'kv.dtype': must be one of f32, f16, q8; got 'bf16'");
+    load_fails("log:\n  level: loud\n",
+               "cluster.yaml:2: key 'log.level': must be one of debug, info, warn, error, off; "
+               "got 'loud'");
+    load_fails("model:\n  chat_template: vicuna\n",
+               "cluster.yaml:2: key 'model.chat_template': must be one of chatml, llama3, "
+               "llama2; got 'vicuna'");
+    load_fails("nodes:\n  - id: a\n    role: both\n",
+               "cluster.yaml:3: key 'nodes[0].role': must be one of prefill, decode; got 'both'");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    device: gpu\n",
+               "cluster.yaml:4: key 'nodes[0].device': must be cpu or cuda:N (N from 0 to 63), "
+               "got 'gpu'");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    device: cuda:64\n",
+               "cluster.yaml:4: key 'nodes[0].device': must be cpu or cuda:N (N from 0 to 63), "
+               "got 'cuda:64'");
+}
+
+static void test_error_ranges(void **state)
+{
+    (void)state;
+    load_fails("router:\n  http_port: 70000\n",
+               "cluster.yaml:2: key 'router.http_port': must be between 1 and 65535, got 70000");
+    load_fails("router:\n  http_port: 99999999999999999999999\n",
+               "cluster.yaml:2: key 'router.http_port': must be an integer, got "
+               "'99999999999999999999999'");
+    load_fails("router:\n  max_queue: 0\n",
+               "cluster.yaml:2: key 'router.max_queue': must be between 1 and 1000000, got 0");
+    load_fails("router:\n  request_timeout_s: 0\n",
+               "cluster.yaml:2: key 'router.request_timeout_s': must be more than 0 and at most "
+               "86400 seconds, got 0");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    threads: -1\n",
+               "cluster.yaml:4: key 'nodes[0].threads': must be between 0 and 1024, got -1");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    max_batch_tokens: 0\n",
+               "cluster.yaml:4: key 'nodes[0].max_batch_tokens': must be between 1 and "
+               "1048576, got 0");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    max_running: 100000\n",
+               "cluster.yaml:4: key 'nodes[0].max_running': must be between 1 and 65536, got "
+               "100000");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    memory_budget: 512KiB\n",
+               "cluster.yaml:4: key 'nodes[0].memory_budget': must be at least 1MiB, got "
+               "512KiB (524288 bytes)");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    memory_budget: lots\n",
+               "cluster.yaml:4: key 'nodes[0].memory_budget': must be a byte size such as "
+               "512MiB, 2GiB or 1.5GB, got 'lots'");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    device: cuda:0\n"
+               "    gpu_memory_utilization: 1.5\n",
+               "cluster.yaml:5: key 'nodes[0].gpu_memory_utilization': must be more than 0 and "
+               "at most 1, got 1.5");
+    load_fails("nodes:\n  - id: 'a b'\n    role: decode\n",
+               "cluster.yaml:2: key 'nodes[0].id': must be 1 to 63 characters of A-Z a-z 0-9 . "
+               "_ -, got the quoted string 'a b'");
+    load_fails("router:\n  client_endpoint: localhost:7600\n",
+               "cluster.yaml:2: key 'router.client_endpoint': must be a ZeroMQ endpoint "
+               "tcp://HOST:PORT, ipc://PATH or inproc://NAME, got 'localhost:7600'");
+    load_fails("router:\n  node_endpoint: tcp://127.0.0.1:0\n",
+               "cluster.yaml:2: key 'router.node_endpoint': must be a ZeroMQ endpoint "
+               "tcp://HOST:PORT, ipc://PATH or inproc://NAME, got 'tcp://127.0.0.1:0'");
+    load_fails("security:\n  curve_server_public_key: short\n",
+               "cluster.yaml:2: key 'security.curve_server_public_key': must be a 40-character "
+               "Z85 CURVE key (as zmq_curve_keypair makes), got 5 characters");
+    load_fails("model:\n  name: ''\n", "cluster.yaml:2: key 'model.name': must not be empty");
+}
+
+static void test_error_duplicates(void **state)
+{
+    (void)state;
+    load_fails("kv:\n  block_size: 16\n  dtype: f16\n  block_size: 32\n",
+               "cluster.yaml:4: key 'kv.block_size': duplicate key (first at line 2)");
+    load_fails("kv: {}\nlog: {}\nkv: {}\n",
+               "cluster.yaml:3: key 'kv': duplicate key (first at line 1)");
+    load_fails("nodes:\n"
+               "  - id: n1\n"
+               "    role: prefill\n"
+               "  - id: n2\n"
+               "    role: decode\n"
+               "  - id: n1\n"
+               "    role: decode\n",
+               "cluster.yaml:6: key 'nodes[2].id': duplicate node id 'n1' (first at line 2, "
+               "nodes[0])");
+    load_fails("router:\n  api_keys: [a, b, a]\n",
+               "cluster.yaml:2: key 'router.api_keys[2]': duplicate API key (same as "
+               "router.api_keys[0])");
+    load_fails("router:\n  node_endpoint: tcp://127.0.0.1:7610\n"
+               "nodes:\n  - {id: d, role: decode}\n",
+               "cluster.yaml:2: key 'router.node_endpoint': endpoint tcp://127.0.0.1:7610 is "
+               "also used by nodes[0].kv_endpoint (its default)");
+    load_fails("nodes:\n"
+               "  - id: d0\n"
+               "    role: decode\n"
+               "    kv_endpoint: tcp://h:1\n"
+               "  - id: d1\n"
+               "    role: decode\n"
+               "    kv_endpoint: tcp://h:1\n",
+               "cluster.yaml:7: key 'nodes[1].kv_endpoint': endpoint tcp://h:1 is also used by "
+               "nodes[0].kv_endpoint");
+}
+
+static void test_error_missing_and_conflicts(void **state)
+{
+    (void)state;
+    load_fails("nodes:\n  - id: d0\n  - id: d1\n    role: decode\n",
+               "cluster.yaml:2: key 'nodes[0].role': is required (prefill or decode)");
+    load_fails("nodes:\n  - role: decode\n", "cluster.yaml:2: key 'nodes[0].id': is required");
+    load_fails("nodes: []\n", "cluster.yaml:1: key 'nodes': must list at least one decode node");
+    load_fails("nodes:\n  - id: p\n    role: prefill\n",
+               "cluster.yaml:2: key 'nodes': must list at least one decode node (role: decode)");
+    load_fails("nodes:\n  - id: p\n    kv_endpoint: tcp://h:1\n    role: prefill\n",
+               "cluster.yaml:3: key 'nodes[0].kv_endpoint': only decode nodes receive KV pages");
+    load_fails("nodes:\n  - id: d\n    role: decode\n    device: cuda:0\n"
+               "    memory_budget: 8GiB\n    gpu_memory_utilization: 0.8\n",
+               "cluster.yaml:6: key 'nodes[0].gpu_memory_utilization': set memory_budget or "
+               "gpu_memory_utilization, not both");
+    load_fails("nodes:\n  - id: d\n    role: decode\n    gpu_memory_utilization: 0.8\n",
+               "cluster.yaml:4: key 'nodes[0].gpu_memory_utilization': only for cuda devices "
+               "(this node's device is cpu); use memory_budget");
+    load_fails("security:\n"
+               "  curve_server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n",
+               "cluster.yaml:2: key 'security': CURVE needs all four keys, "
+               "security.curve_server_secret_key is missing");
+}
+
+static void test_error_syntax(void **state)
+{
+    (void)state;
+    load_fails("kv:\n  block_size: 16\n dtype: f16\n",
+               "cluster.yaml:3: YAML syntax error: did not find expected key while parsing a "
+               "block mapping");
+    load_fails("kv: {}\n---\nkv: {}\n",
+               "cluster.yaml:3: a second YAML document; a config file holds one");
+    load_fails("kv: *undefined\n", "cluster.yaml:1: YAML syntax error: found undefined alias");
+    /* Messages for text loaded without a name. */
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    const char *bad = "kv: [";
+    assert_int_equal(tdm_config_load_string(bad, strlen(bad), NULL, &cfg, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "<string>:1: YAML syntax error: did not find expected node "
+                                 "content while parsing a flow node");
+    load_fails("a: 1\nb: \"\x01\"\n",
+               "cluster.yaml:2: YAML syntax error: control characters are not allowed");
+    load_fails("a: 1\nb: 2\n\xff\n",
+               "cluster.yaml:3: YAML syntax error: invalid leading UTF-8 octet");
+}
+
+static void test_load_file(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_config_load_file("/nonexistent/cluster.yaml", &cfg, &err), TDM_ENOTFOUND);
+    assert_string_equal(err.msg, "/nonexistent/cluster.yaml: No such file or directory");
+    assert_null(cfg.nodes);
+
+    char path[] = "/tmp/tdm_config_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fputs("kv:\n  dtype: f64\n", f);
+    fclose(f);
+    assert_int_equal(tdm_config_load_file(path, &cfg, &err), TDM_EINVALID);
+    char want[256];
+    snprintf(want, sizeof want, "%s:2: key 'kv.dtype': must be one of f32, f16, q8; got 'f64'",
+             path);
+    assert_string_equal(err.msg, want);
+
+    f = fopen(path, "w");
+    fputs(full_yaml, f);
+    fclose(f);
+    assert_int_equal(tdm_config_load_file(path, &cfg, &err), TDM_OK);
+    assert_int_equal(err.code, TDM_OK);
+    assert_int_equal(cfg.n_nodes, 4);
+    tdm_config_free(&cfg);
+    unlink(path);
+}
+
+static void test_round_trip_special_strings(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    load_ok("model:\n"
+            "  path: \"/odd dir/a \\\"quoted\\\" \\\\ name:\\t#x.gguf\"\n"
+            "  name: 'yes'\n"
+            "router:\n"
+            "  http_address: '::1'\n"
+            "  request_timeout_s: 0.1\n"
+            "  api_keys: ['null', '123', 'k#1', \"é\"]\n"
+            "nodes:\n"
+            "  - {id: '007', role: decode, memory_budget: 1234567, device: cuda:3}\n",
+            &cfg);
+    assert_string_equal(cfg.model.path, "/odd dir/a \"quoted\" \\ name:\t#x.gguf");
+    assert_string_equal(cfg.model.name, "yes");
+    assert_string_equal(cfg.router.api_keys[0], "null");
+    assert_string_equal(cfg.nodes[0].id, "007");
+    assert_int_equal(cfg.nodes[0].memory_budget, 1234567);
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+}
+
+static void test_parse_bytes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text;
+        uint64_t bytes;
+    } good[] = {
+        {"0", 0},
+        {"4096", 4096},
+        {"1B", 1},
+        {"512MiB", 512ull << 20},
+        {"512 MiB", 512ull << 20},
+        {"2GiB", 2ull << 30},
+        {"2gib", 2ull << 30},
+        {"2Gi", 2ull << 30},
+        {"1.5GB", 1500000000ull},
+        {"1.5GiB", 3ull << 29},
+        {"2G", 2000000000ull},
+        {"10k", 10000},
+        {"10KB", 10000},
+        {"1KiB", 1024},
+        {"1.5KiB", 1536},
+        {"1.3KiB", 1331}, /* 1331.2: the fraction of a byte is dropped */
+        {".5MiB", 512ull << 10},
+        {"3TB", 3000000000000ull},
+        {"1TiB", 1ull << 40},
+        {"8388607TiB", 8388607ull << 40},
+        {"9223372036854775807", 9223372036854775807ull},
+        {"0.000000000000000000001TiB", 0},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        uint64_t b = 12345;
+        if (tdm_parse_bytes(good[i].text, &b) != TDM_OK)
+            fail_msg("'%s' was rejected", good[i].text);
+        if (b != good[i].bytes)
+            fail_msg("'%s' gave %llu, want %llu", good[i].text, (unsigned long long)b,
+                     (unsigned long long)good[i].bytes);
+    }
+    static const char *const bad[] = {
+        "",
+        "GiB",
+        "-1",
+        "1.",
+        "1.5.5GB",
+        "2 GiB ",
+        " 2GiB",
+        "2XB",
+        "2GiBs",
+        "1e9",
+        "0x10",
+        "2 gi b",
+        "8388608TiB",
+        "9223372036854775808",
+        "99999999999999999999999",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t b = 12345;
+        if (tdm_parse_bytes(bad[i], &b) != TDM_EINVALID)
+            fail_msg("'%s' was accepted", bad[i]);
+        assert_int_equal(b, 12345);
+    }
+    assert_int_equal(tdm_parse_bytes(NULL, NULL), TDM_EINVALID);
+
+    /* tdm_format_bytes is exact and parses back. */
+    static const uint64_t values[] = {0,
+                                      1,
+                                      1000,
+                                      1024,
+                                      1536,
+                                      512 << 20,
+                                      2ull << 30,
+                                      1500000000u,
+                                      1ull << 40,
+                                      3ull << 41,
+                                      (uint64_t)INT64_MAX};
+    static const char *const texts[] = {"0",
+                                        "1",
+                                        "1000",
+                                        "1KiB",
+                                        "1536",
+                                        "512MiB",
+                                        "2GiB",
+                                        "1500000000",
+                                        "1TiB",
+                                        "6TiB",
+                                        "9223372036854775807"};
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        char buf[24];
+        tdm_format_bytes(values[i], buf, sizeof buf);
+        assert_string_equal(buf, texts[i]);
+        uint64_t back;
+        assert_int_equal(tdm_parse_bytes(buf, &back), TDM_OK);
+        assert_int_equal(back, values[i]);
+    }
+}
+
+static void test_device_parse(void **state)
+{
+    (void)state;
+    tdm_node_device_t d;
+    char buf[16];
+    assert_int_equal(tdm_config_device_parse("cpu", &d), TDM_OK);
+    assert_int_equal(d.kind, TDM_NODE_DEVICE_CPU);
+    tdm_config_device_format(d, buf, sizeof buf);
+    assert_string_equal(buf, "cpu");
+    assert_int_equal(tdm_config_device_parse("cuda:7", &d), TDM_OK);
+    assert_int_equal(d.kind, TDM_NODE_DEVICE_CUDA);
+    assert_int_equal(d.index, 7);
+    tdm_config_device_format(d, buf, sizeof buf);
+    assert_string_equal(buf, "cuda:7");
+    static const char *const bad[] = {"",        "gpu",     "cuda:", "cuda:-1", "cuda:01",
+                                      "cuda:1x", "cuda:64", "CPU",   "cuda0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (tdm_config_device_parse(bad[i], &d) != TDM_EINVALID)
+            fail_msg("device '%s' was accepted", bad[i]);
+    assert_string_equal(tdm_node_role_name(TDM_NODE_ROLE_DECODE), "decode");
+    assert_string_equal(tdm_prefill_policy_name(TDM_PREFILL_POLICY_LEAST_LOADED), "least_loaded");
+}
+
+/* deploy/config/cluster.example.yaml, the documented example, loads and round-trips. */
+static void test_example_file(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    const char *path = TDM_SOURCE_DIR "/deploy/config/cluster.example.yaml";
+    if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
+        fail_msg("%s", err.msg);
+    assert_true(cfg.n_nodes >= 2);
+    assert_non_null(tdm_config_find_node(&cfg, "prefill-0"));
+    assert_non_null(tdm_config_find_node(&cfg, "decode-0"));
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_model_default_path),
+        cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_default_kv_endpoints),
+        cmocka_unit_test(test_error_block_size),
+        cmocka_unit_test(test_error_unknown_keys),
+        cmocka_unit_test(test_error_wrong_types),
+        cmocka_unit_test(test_error_enums),
+        cmocka_unit_test(test_error_ranges),
+        cmocka_unit_test(test_error_duplicates),
+        cmocka_unit_test(test_error_missing_and_conflicts),
+        cmocka_unit_test(test_error_syntax),
+        cmocka_unit_test(test_load_file),
+        cmocka_unit_test(test_round_trip_special_strings),
+        cmocka_unit_test(test_parse_bytes),
+        cmocka_unit_test(test_device_parse),
+        cmocka_unit_test(test_example_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
