@@ -13,22 +13,20 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: tandem inspect [options] MODEL.gguf\n"
-            "\n"
-            "Shows a GGUF model: architecture, hyperparameters, tokenizer, tensor table with\n"
-            "types and sizes, total weight bytes and KV-cache bytes per token (f16).\n"
-            "\n"
-            "options:\n"
-            "  --metadata   also print every metadata key and value\n"
-            "  --brief      omit the per-tensor table\n"
-            "  -h, --help   this help\n");
+    fprintf(out, "usage: tandem inspect [options] MODEL.gguf\n"
+                 "\n"
+                 "Shows a GGUF model: architecture, hyperparameters, tokenizer, tensor table with\n"
+                 "types and sizes, total weight bytes and KV-cache bytes per token (f16).\n"
+                 "\n"
+                 "options:\n"
+                 "  --metadata   also print every metadata key and value\n"
+                 "  --brief      omit the per-tensor table\n"
+                 "  -h, --help   this help\n");
 }
 
 static void print_bytes(const char *label, uint64_t bytes)
 {
-    printf("%-26s %" PRIu64 " bytes (%.2f MiB)\n", label, bytes,
-           (double)bytes / (1024.0 * 1024.0));
+    printf("%-26s %" PRIu64 " bytes (%.2f MiB)\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
 }
 
 static void print_hparams(const tdm_gguf_t *g)
@@ -74,7 +72,7 @@ static void print_tokenizer(const tdm_gguf_t *g)
     }
     printf("tokenizer:                 %s, pre-tokenizer %s, %" PRIu32 " tokens\n",
            tdm_tokenizer_kind(tok) == TDM_TOKENIZER_BPE ? "byte-level BPE (gpt2)"
-                                                         : "SentencePiece BPE (llama)",
+                                                        : "SentencePiece BPE (llama)",
            tdm_tokenizer_pre(tok), tdm_tokenizer_n_vocab(tok));
     tdm_token_t ids[3] = {tdm_tokenizer_bos(tok), tdm_tokenizer_eos(tok), tdm_tokenizer_eot(tok)};
     const char *names[3] = {"bos", "eos", "eot"};

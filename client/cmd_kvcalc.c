@@ -64,17 +64,17 @@ typedef struct kvcalc {
     bool have_memory;
     uint64_t memory_bytes;
 
-    uint64_t bytes_per_token;   /* without q8 scales */
-    uint64_t block_bytes;       /* with q8 scales */
-    uint64_t blocks_per_seq;    /* ceil(context / block_size) */
-    uint64_t bytes_per_seq;     /* blocks_per_seq * block_bytes */
-    uint64_t blocks_total;      /* users * blocks_per_seq */
-    uint64_t bytes_total;       /* users * bytes_per_seq */
-    uint64_t weights_plus_kv;   /* weights_bytes + bytes_total */
+    uint64_t bytes_per_token;     /* without q8 scales */
+    uint64_t block_bytes;         /* with q8 scales */
+    uint64_t blocks_per_seq;      /* ceil(context / block_size) */
+    uint64_t bytes_per_seq;       /* blocks_per_seq * block_bytes */
+    uint64_t blocks_total;        /* users * blocks_per_seq */
+    uint64_t bytes_total;         /* users * bytes_per_seq */
+    uint64_t weights_plus_kv;     /* weights_bytes + bytes_total */
     uint64_t mha_bytes_per_token; /* as if n_kv_heads were n_heads */
-    uint64_t pool_blocks;       /* (memory - weights) / block_bytes */
-    uint64_t max_seqs;          /* pool_blocks / blocks_per_seq */
-    bool fits;                  /* weights + KV for all users <= memory */
+    uint64_t pool_blocks;         /* (memory - weights) / block_bytes */
+    uint64_t max_seqs;            /* pool_blocks / blocks_per_seq */
+    bool fits;                    /* weights + KV for all users <= memory */
 } kvcalc_t;
 
 /* Prints "tandem kvcalc: <message>" and returns 2 (bad usage). */
@@ -110,8 +110,7 @@ static bool opt_uint(const char *name, const char *text, uint64_t lo, uint64_t h
 {
     if (parse_uint(text, lo, hi, out))
         return true;
-    bad_usage("--%s must be an integer in %" PRIu64 "..%" PRIu64 ", got '%s'", name, lo, hi,
-              text);
+    bad_usage("--%s must be an integer in %" PRIu64 "..%" PRIu64 ", got '%s'", name, lo, hi, text);
     return false;
 }
 
@@ -188,16 +187,15 @@ static int compute(kvcalc_t *k)
         !tdm_mul_u64(k->blocks_per_seq, k->users, &k->blocks_total) ||
         !tdm_mul_u64(k->bytes_per_seq, k->users, &k->bytes_total) ||
         !tdm_add_u64(k->bytes_total, k->weights_bytes, &k->weights_plus_kv))
-        return bad_usage("--users %" PRIu64 " x --context %" PRIu64
-                         " needs more than 2^64 bytes",
+        return bad_usage("--users %" PRIu64 " x --context %" PRIu64 " needs more than 2^64 bytes",
                          k->users, k->context);
     tdm_kv_layout_t mha = *l;
     mha.n_kv_heads = k->n_heads;
     k->mha_bytes_per_token = tdm_kv_bytes_per_token(&mha);
     if (k->have_memory) {
-        k->pool_blocks =
-            k->memory_bytes > k->weights_bytes ? (k->memory_bytes - k->weights_bytes) / k->block_bytes
-                                               : 0;
+        k->pool_blocks = k->memory_bytes > k->weights_bytes
+                             ? (k->memory_bytes - k->weights_bytes) / k->block_bytes
+                             : 0;
         k->max_seqs = k->pool_blocks / k->blocks_per_seq;
         k->fits = k->weights_plus_kv <= k->memory_bytes;
     }
@@ -241,10 +239,10 @@ static void print_table(const kvcalc_t *k)
     }
     printf("memory budget:            %s bytes (%s)\n", fmt_count(k->memory_bytes, a),
            fmt_human(k->memory_bytes, b));
-    printf("pool blocks for budget:   %s (%s bytes of budget after the weights)\n",
-           fmt_count(k->pool_blocks, a),
-           fmt_count(k->memory_bytes > k->weights_bytes ? k->memory_bytes - k->weights_bytes : 0,
-                     b));
+    printf(
+        "pool blocks for budget:   %s (%s bytes of budget after the weights)\n",
+        fmt_count(k->pool_blocks, a),
+        fmt_count(k->memory_bytes > k->weights_bytes ? k->memory_bytes - k->weights_bytes : 0, b));
     if (k->fits)
         printf("fits:                     yes (%s bytes to spare)\n",
                fmt_count(k->memory_bytes - k->weights_plus_kv, a));
@@ -291,8 +289,8 @@ static void print_json(const kvcalc_t *k)
            ",\n  \"blocks_per_sequence\": %" PRIu64 ",\n  \"kv_bytes_per_sequence\": %" PRIu64
            ",\n  \"kv_blocks_total\": %" PRIu64 ",\n  \"kv_bytes_total\": %" PRIu64
            ",\n  \"weights_plus_kv_bytes\": %" PRIu64 ",\n",
-           k->bytes_per_token, k->block_bytes, k->blocks_per_seq, k->bytes_per_seq,
-           k->blocks_total, k->bytes_total, k->weights_plus_kv);
+           k->bytes_per_token, k->block_bytes, k->blocks_per_seq, k->bytes_per_seq, k->blocks_total,
+           k->bytes_total, k->weights_plus_kv);
     printf("  \"mha_kv_bytes_per_token\": %" PRIu64 ",\n  \"gqa_factor\": %.1f,\n",
            k->mha_bytes_per_token, (double)k->n_heads / l->n_kv_heads);
     if (k->have_memory)
@@ -356,8 +354,7 @@ int tdm_cmd_kvcalc(int argc, char **argv)
             break;
         case OPT_BLOCK_SIZE:
             if (!parse_uint(optarg, 1, 256, &v) || (v & (v - 1)) != 0)
-                return bad_usage("--block-size must be a power of two in 1..256, got '%s'",
-                                 optarg);
+                return bad_usage("--block-size must be a power of two in 1..256, got '%s'", optarg);
             k.layout.block_size = (uint32_t)v;
             break;
         case OPT_USERS:

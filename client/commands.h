@@ -8,6 +8,7 @@ int tdm_cmd_inspect(int argc, char **argv);
 int tdm_cmd_tokenize(int argc, char **argv);
 int tdm_cmd_config(int argc, char **argv);
 int tdm_cmd_kvcalc(int argc, char **argv);
+int tdm_cmd_generate(int argc, char **argv);
 int tdm_cmd_version(int argc, char **argv);
 
 #endif

@@ -11,6 +11,7 @@ typedef struct subcommand {
 } subcommand_t;
 
 static const subcommand_t subcommands[] = {
+    {"generate", tdm_cmd_generate, "run a model in this process and stream its answer"},
     {"inspect", tdm_cmd_inspect, "show a GGUF model: architecture, hyperparameters, tensors"},
     {"tokenize", tdm_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
     {"config", tdm_cmd_config, "check a cluster config file and print the resolved config"},

@@ -694,8 +694,7 @@ static void check_refcounts(const tdm_kv_pool_t *pool, const stress_seq_t *ss, u
 
 static void stress_run(uint64_t seed, uint32_t n_blocks, uint32_t block_size, int n_ops)
 {
-    tdm_kv_pool_t *pool =
-        pool_new_ok((tdm_kv_layout_t){1, 1, 4, block_size, TDM_KV_F32}, n_blocks);
+    tdm_kv_pool_t *pool = pool_new_ok((tdm_kv_layout_t){1, 1, 4, block_size, TDM_KV_F32}, n_blocks);
     stress_seq_t ss[STRESS_SEQS];
     memset(ss, 0, sizeof ss);
     uint64_t rng = seed;

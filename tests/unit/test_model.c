@@ -180,9 +180,15 @@ static void invariance_on_tiny(tdm_ggml_type_t wtype, tdm_ggml_type_t etype, uin
                                bool tied, tdm_kv_dtype_t dtype)
 {
     fixture_t f;
-    tdm_tiny_llama_spec_t spec = {.n_embd = n_embd, .n_layers = 2, .n_heads = 4,
-                                  .n_kv_heads = 2, .n_vocab = 512, .weight_type = wtype,
-                                  .embd_type = etype, .tied_embeddings = tied, .seed = 7,
+    tdm_tiny_llama_spec_t spec = {.n_embd = n_embd,
+                                  .n_layers = 2,
+                                  .n_heads = 4,
+                                  .n_kv_heads = 2,
+                                  .n_vocab = 512,
+                                  .weight_type = wtype,
+                                  .embd_type = etype,
+                                  .tied_embeddings = tied,
+                                  .seed = 7,
                                   .weight_std = 0.05f};
     write_tiny(&f, &spec);
     fixture_open(&f, f.path, dtype, 256);
@@ -231,8 +237,12 @@ static void test_kv_q8_close_to_f32(void **state)
 {
     (void)state;
     fixture_t f32, q8;
-    tdm_tiny_llama_spec_t spec = {.n_embd = 64, .n_layers = 2, .n_vocab = 512, .seed = 11,
-                                  .weight_type = TDM_GGML_TYPE_Q8_0, .weight_std = 0.05f};
+    tdm_tiny_llama_spec_t spec = {.n_embd = 64,
+                                  .n_layers = 2,
+                                  .n_vocab = 512,
+                                  .seed = 11,
+                                  .weight_type = TDM_GGML_TYPE_Q8_0,
+                                  .weight_std = 0.05f};
     write_tiny(&f32, &spec);
     fixture_open(&f32, f32.path, TDM_KV_F32, 256);
     fixture_open(&q8, f32.path, TDM_KV_Q8, 256);
@@ -265,9 +275,12 @@ static void test_prefix_cache_reuse(void **state)
 {
     (void)state;
     fixture_t f;
-    tdm_tiny_llama_spec_t spec = {.n_embd = 64, .n_vocab = 512, .seed = 3,
+    tdm_tiny_llama_spec_t spec = {.n_embd = 64,
+                                  .n_vocab = 512,
+                                  .seed = 3,
                                   .weight_type = TDM_GGML_TYPE_Q4_1,
-                                  .embd_type = TDM_GGML_TYPE_Q8_0, .tied_embeddings = true};
+                                  .embd_type = TDM_GGML_TYPE_Q8_0,
+                                  .tied_embeddings = true};
     write_tiny(&f, &spec);
     fixture_open(&f, f.path, TDM_KV_F16, 256);
     int32_t first[80], second[90];

@@ -15,11 +15,11 @@ extern "C" {
 #endif
 
 typedef struct tdm_device_info {
-    int index;                 /* CUDA device ordinal */
-    char name[128];            /* "NVIDIA H200" */
-    int cc_major, cc_minor;    /* compute capability */
-    uint64_t total_mem_bytes;  /* device memory, bytes */
-    int n_sms;                 /* streaming multiprocessors */
+    int index;                /* CUDA device ordinal */
+    char name[128];           /* "NVIDIA H200" */
+    int cc_major, cc_minor;   /* compute capability */
+    uint64_t total_mem_bytes; /* device memory, bytes */
+    int n_sms;                /* streaming multiprocessors */
 } tdm_device_info_t;
 
 /* True when this build contains the CUDA backend (configured with TANDEM_CUDA=AUTO/ON and

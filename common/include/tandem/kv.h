@@ -43,10 +43,10 @@ const char *tdm_kv_dtype_name(tdm_kv_dtype_t dtype);
 int tdm_kv_dtype_parse(const char *name, tdm_kv_dtype_t *out, tdm_error_t *err);
 
 typedef struct tdm_kv_layout {
-    uint32_t n_layers;    /* transformer blocks */
-    uint32_t n_kv_heads;  /* KV heads (GQA: fewer than query heads) */
-    uint32_t head_dim;    /* values per head */
-    uint32_t block_size;  /* token slots per block (default 16) */
+    uint32_t n_layers;   /* transformer blocks */
+    uint32_t n_kv_heads; /* KV heads (GQA: fewer than query heads) */
+    uint32_t head_dim;   /* values per head */
+    uint32_t block_size; /* token slots per block (default 16) */
     tdm_kv_dtype_t dtype;
 } tdm_kv_layout_t;
 
@@ -95,21 +95,20 @@ typedef struct tdm_kv_pool tdm_kv_pool_t;
 
 /* Pool counters. */
 typedef struct tdm_kv_stats {
-    uint32_t n_blocks;     /* total */
-    uint32_t n_used;       /* reference count > 0 */
-    uint32_t n_cached;     /* reference count 0 but holding a reusable hashed prefix */
-    uint32_t n_free;       /* neither (n_used + n_cached + n_free = n_blocks) */
-    uint64_t prefix_queries;  /* blocks looked up by tdm_kv_seq_match_prefix */
-    uint64_t prefix_hits;     /* of which found in the cache */
-    uint64_t evictions;       /* cached blocks reused for other data */
+    uint32_t n_blocks;       /* total */
+    uint32_t n_used;         /* reference count > 0 */
+    uint32_t n_cached;       /* reference count 0 but holding a reusable hashed prefix */
+    uint32_t n_free;         /* neither (n_used + n_cached + n_free = n_blocks) */
+    uint64_t prefix_queries; /* blocks looked up by tdm_kv_seq_match_prefix */
+    uint64_t prefix_hits;    /* of which found in the cache */
+    uint64_t evictions;      /* cached blocks reused for other data */
 } tdm_kv_stats_t;
 
 /* Allocates a pool of n_blocks blocks in host memory (64-byte aligned, zeroed) with an
  * index for prefix hashes. Returns NULL with *err: TDM_EINVALID (bad layout, n_blocks 0),
  * TDM_ERESOURCE (out of memory; message has the bytes asked). Caller frees with
  * tdm_kv_pool_destroy. */
-tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks,
-                               tdm_error_t *err);
+tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks, tdm_error_t *err);
 void tdm_kv_pool_destroy(tdm_kv_pool_t **self_p);
 
 const tdm_kv_layout_t *tdm_kv_pool_layout(const tdm_kv_pool_t *pool);
@@ -152,12 +151,12 @@ void tdm_kv_pool_unref(tdm_kv_pool_t *pool, uint32_t block);
 /* A sequence's block table. Plain value; init with tdm_kv_seq_init, release with
  * tdm_kv_seq_release (which returns its blocks and frees the table). */
 typedef struct tdm_kv_seq {
-    uint32_t *blocks;      /* [n_blocks] pool block ids, in token order */
+    uint32_t *blocks; /* [n_blocks] pool block ids, in token order */
     uint32_t n_blocks;
-    uint32_t cap;          /* allocated entries of blocks */
-    uint32_t n_tokens;     /* tokens whose KV is in the blocks (computed or reused) */
-    uint32_t n_hashed;     /* leading full blocks whose hash is registered */
-    uint64_t last_hash;    /* hash of block n_hashed - 1 (the chain's parent) */
+    uint32_t cap;       /* allocated entries of blocks */
+    uint32_t n_tokens;  /* tokens whose KV is in the blocks (computed or reused) */
+    uint32_t n_hashed;  /* leading full blocks whose hash is registered */
+    uint64_t last_hash; /* hash of block n_hashed - 1 (the chain's parent) */
 } tdm_kv_seq_t;
 
 void tdm_kv_seq_init(tdm_kv_seq_t *seq);
@@ -170,8 +169,8 @@ int tdm_kv_seq_reserve(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t n_tokens
  * start of tokens[0..n), never the whole prompt (at least one token is left to compute, so
  * the forward pass produces logits). Returns the number of tokens covered (a multiple of
  * block_size) and sets seq->n_tokens to it; 0 when prefix caching finds nothing. */
-uint32_t tdm_kv_seq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq,
-                                 const int32_t *tokens, uint32_t n);
+uint32_t tdm_kv_seq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const int32_t *tokens,
+                                 uint32_t n);
 
 /* After the forward pass has written KV for tokens[0..n_tokens): records n_tokens and
  * registers the hash of every newly full block so later sequences can reuse it. tokens are

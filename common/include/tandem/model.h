@@ -49,11 +49,11 @@ uint64_t tdm_model_fingerprint(const tdm_model_t *m);
 /* ---- engine ---- */
 
 typedef struct tdm_engine_params {
-    const char *backend;      /* "cpu" (default when NULL) */
-    int n_threads;            /* CPU threads; 0 = all available (OpenMP default) */
-    uint32_t max_batch_tokens;/* rows per forward pass (prefill chunk + decode tokens), >= 1 */
-    uint32_t max_logits;      /* rows per forward pass that may ask for logits, >= 1 */
-    uint32_t n_ctx;           /* longest sequence (tokens), <= the model's context length */
+    const char *backend;       /* "cpu" (default when NULL) */
+    int n_threads;             /* CPU threads; 0 = all available (OpenMP default) */
+    uint32_t max_batch_tokens; /* rows per forward pass (prefill chunk + decode tokens), >= 1 */
+    uint32_t max_logits;       /* rows per forward pass that may ask for logits, >= 1 */
+    uint32_t n_ctx;            /* longest sequence (tokens), <= the model's context length */
 } tdm_engine_params_t;
 
 /* Defaults: cpu, all threads, 512 batch tokens, 64 logit rows, n_ctx 4096 (or the model's
@@ -78,7 +78,7 @@ uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e);
 
 /* A sequence's view for one forward pass: its block table in the engine's pool. */
 typedef struct tdm_batch_seq {
-    const uint32_t *blocks;  /* [n_blocks] pool block ids covering positions 0..max pos */
+    const uint32_t *blocks; /* [n_blocks] pool block ids covering positions 0..max pos */
     uint32_t n_blocks;
 } tdm_batch_seq_t;
 
@@ -89,12 +89,12 @@ typedef struct tdm_batch_seq {
  * are written in row order. */
 typedef struct tdm_batch {
     uint32_t n_tokens;
-    const int32_t *tokens;      /* [n_tokens] token ids */
-    const uint32_t *pos;        /* [n_tokens] position of the row in its sequence */
-    const uint32_t *seq;        /* [n_tokens] index into seqs */
-    const bool *want_logits;    /* [n_tokens]; NULL = logits for every row */
+    const int32_t *tokens;   /* [n_tokens] token ids */
+    const uint32_t *pos;     /* [n_tokens] position of the row in its sequence */
+    const uint32_t *seq;     /* [n_tokens] index into seqs */
+    const bool *want_logits; /* [n_tokens]; NULL = logits for every row */
     uint32_t n_seqs;
-    const tdm_batch_seq_t *seqs;/* [n_seqs] */
+    const tdm_batch_seq_t *seqs; /* [n_seqs] */
 } tdm_batch_t;
 
 /* Runs the batch: writes K and V of every row into its sequence's blocks and, for each row
@@ -103,7 +103,6 @@ typedef struct tdm_batch {
  * out of the vocabulary, a position >= n_ctx, a position not covered by the sequence's
  * blocks, a block id out of the pool, rows of a sequence out of order, more than
  * max_batch_tokens rows or max_logits asking rows. Allocates nothing. */
-int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *batch, float *logits,
-                       tdm_error_t *err);
+int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *batch, float *logits, tdm_error_t *err);
 
 #endif /* TANDEM_MODEL_H */

@@ -53,8 +53,8 @@ typedef struct tdm_sampling_params {
     int32_t max_tokens;       /* >= 1; output tokens at most (checked by the caller) */
     int32_t stop_token_ids[TDM_SAMPLING_MAX_STOP]; /* [0, n_vocab); end generation */
     uint32_t n_stop_token_ids;                     /* [0, 16] entries used */
-    bool ignore_eos; /* keep going after end-of-generation tokens (the caller checks
-                        tdm_tokenizer_is_eog unless this is set); stop_token_ids still stop */
+    bool ignore_eos;    /* keep going after end-of-generation tokens (the caller checks
+                           tdm_tokenizer_is_eog unless this is set); stop_token_ids still stop */
     int32_t n_logprobs; /* [0, 20] top logprobs reported per token */
 } tdm_sampling_params_t;
 
@@ -110,8 +110,8 @@ typedef struct tdm_sample_result {
 typedef struct tdm_sampler tdm_sampler_t;
 
 /* Creates a sampler for a vocabulary of n_vocab tokens (1 .. INT32_MAX), allocating all its
- * scratch now (about 24 bytes per token). Returns NULL with *err set: TDM_EINVALID for a bad
- * n_vocab, TDM_ERESOURCE on out of memory. Caller frees with tdm_sampler_destroy. */
+ * scratch now (about 24 bytes per token plus 96 KiB). Returns NULL with *err set: TDM_EINVALID for
+ * a bad n_vocab, TDM_ERESOURCE on out of memory. Caller frees with tdm_sampler_destroy. */
 tdm_sampler_t *tdm_sampler_new(uint32_t n_vocab, tdm_error_t *err);
 
 /* Frees the sampler; accepts NULL and a NULL *self_p; sets *self_p to NULL. */
@@ -135,9 +135,9 @@ const char *tdm_sampler_errmsg(const tdm_sampler_t *s);
  * increasing token id. Ranking for top-k and top-p is by logit, ties by lower token id, so
  * the kept set is fully defined.
  * out->logprob and out->top[] come from the log-softmax of the penalized logits before
- * temperature and truncation (like vLLM's logprobs of the processed logits, without the
- * temperature): they do not change with temperature/top-k/top-p, and greedy and sampled
- * requests report the same numbers.
+ * temperature and truncation (between vLLM's raw and processed logprobs: penalties count,
+ * temperature/top-k/top-p/min-p do not), so greedy and sampled requests report the same
+ * numbers and a truncated token still has a finite logprob.
  *
  * Allocates nothing. Cost: a few passes over n_vocab plus the penalty window.
  * Errors (message in tdm_sampler_errmsg; *out unspecified): TDM_EINVALID for parameters that

@@ -56,7 +56,6 @@ const char *tdm_prefill_policy_name(tdm_prefill_policy_t policy)
     return (unsigned)policy < N_OF(policy_names) ? policy_names[policy] : "?";
 }
 
-
 int tdm_config_device_format(tdm_node_device_t device, char *buf, size_t cap)
 {
     if (device.kind == TDM_NODE_DEVICE_CUDA)

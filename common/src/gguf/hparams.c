@@ -124,8 +124,7 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
                              ") is not a multiple of head_count_kv (%" PRIu32 ")",
                              a, hp->n_heads, hp->n_kv_heads);
     uint32_t dflt_head_dim = hp->n_embd % hp->n_heads == 0 ? hp->n_embd / hp->n_heads : 0;
-    if ((rc = get_u32_key(g, a, "attention.key_length", false, dflt_head_dim, &hp->head_dim,
-                          err)))
+    if ((rc = get_u32_key(g, a, "attention.key_length", false, dflt_head_dim, &hp->head_dim, err)))
         return rc;
     if (hp->head_dim == 0 || hp->head_dim % 2 != 0)
         return tdm_error_set(err, TDM_EINVALID,
@@ -176,11 +175,11 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         char name[96];
         bool found;
-#define TDM_CHECK_LAYER(suffix, ne0, ne1, optional)                                              \
-    do {                                                                                          \
-        snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", l, suffix);                            \
-        if ((rc = check_tensor(g, name, ne0, ne1, optional, &found, err)))                      \
-            return rc;                                                                            \
+#define TDM_CHECK_LAYER(suffix, ne0, ne1, optional)                                                \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", l, suffix);                              \
+        if ((rc = check_tensor(g, name, ne0, ne1, optional, &found, err)))                         \
+            return rc;                                                                             \
     } while (0)
         TDM_CHECK_LAYER("attn_norm.weight", hp->n_embd, 0, false);
         TDM_CHECK_LAYER("attn_q.weight", hp->n_embd, q_dim, false);
@@ -195,9 +194,9 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
         if (l == 0)
             hp->has_qkv_bias = found;
         else if (found != hp->has_qkv_bias)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "tensor '%s' is %s but blk.0.attn_q.bias is %s", name,
-                                 found ? "present" : "missing", found ? "missing" : "present");
+            return tdm_error_set(err, TDM_EINVALID, "tensor '%s' is %s but blk.0.attn_q.bias is %s",
+                                 name, found ? "present" : "missing",
+                                 found ? "missing" : "present");
         if (hp->has_qkv_bias) {
             TDM_CHECK_LAYER("attn_k.bias", kv_dim, 0, false);
             TDM_CHECK_LAYER("attn_v.bias", kv_dim, 0, false);

@@ -3,10 +3,10 @@
  *
  * Block layouts and dequantization formulas follow ggml (ggml/src/ggml-common.h and
  * ggml-quants.c, dequantize_row_*); the quantizers are plain round-to-nearest per block like
- * ggml's quantize_row_*_ref (the K-quant ones are simpler than ggml's iterative search but
- * produce the same layout). Blocks are read and written byte by byte (memcpy for the
- * multi-byte fields), so rows may sit at any alignment. Assumes a little-endian host, as the
- * rest of the GGUF code does.
+ * ggml's quantize_row_*_ref (the K-quant ones pick covering scales and then try their
+ * neighbours, a much smaller search than ggml's make_qkx2_quants, for the same layout). Blocks are
+ * read and written byte by byte (memcpy for the multi-byte fields), so rows may sit at any
+ * alignment. Assumes a little-endian host, as the rest of the GGUF code does.
  */
 #include "tandem/gguf.h"
 
@@ -84,28 +84,24 @@ size_t tdm_ggml_row_size(tdm_ggml_type_t type, uint64_t n)
 
 /* ---- half and bfloat16 ---- */
 
-/* Bit casts through a union (defined behaviour in C11, 6.5.2.3) rather than memcpy, which
- * keeps loops over them vectorisable. */
-typedef union f32_u32 {
-    float f;
-    uint32_t u;
-} f32_u32_t;
-
 static inline uint32_t f32_bits(float f)
 {
-    return (f32_u32_t){.f = f}.u;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
 }
 
 static inline float f32_from_bits(uint32_t u)
 {
-    return (f32_u32_t){.u = u}.f;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
-/* Exact: every half is a float. Branch-free (so loops over it vectorise), after
- * fp16_ieee_to_fp32_value in M. Dukhan's FP16 library: a normal half is its bits shifted into
- * float position with the exponent rebiased by a multiply by 2^-112 (exact; also turns the
- * all-ones exponent into inf/NaN); a subnormal half m 2^-24 is made exactly by subtracting
- * 0.5 from the float 0.5 + m 2^-24. */
+/* Exact: every half is a float. Branch-free, after fp16_ieee_to_fp32_value in M. Dukhan's FP16
+ * library: a normal half is its bits shifted into float position with the exponent rebiased by
+ * a multiply by 2^-112 (exact; also turns the all-ones exponent into inf/NaN); a subnormal half
+ * m 2^-24 is made exactly by subtracting 0.5 from the float 0.5 + m 2^-24. */
 float tdm_fp16_to_fp32(uint16_t h)
 {
     const uint32_t w = (uint32_t)h << 16;

@@ -30,7 +30,7 @@ struct tdm_gguf {
     uint32_t alignment;
     uint64_t data_offset;
     uint64_t n_kv;
-    tdm_gguf_kv_t *kvs;  /* [n_kv] */
+    tdm_gguf_kv_t *kvs; /* [n_kv] */
     uint64_t n_tensors;
     tdm_gguf_tensor_t *tensors; /* [n_tensors] */
     uint64_t tensor_bytes;
@@ -101,8 +101,9 @@ static int str_copy(cursor_t *c, const tdm_gguf_str_t *s, size_t max_len, const 
                     char **out)
 {
     if (s->len == 0 || s->len > max_len)
-        return tdm_error_set(c->err, TDM_EINVALID, "%s at offset %zu: length %" PRIu64
-                             " is outside 1..%zu", what, c->pos, s->len, max_len);
+        return tdm_error_set(c->err, TDM_EINVALID,
+                             "%s at offset %zu: length %" PRIu64 " is outside 1..%zu", what, c->pos,
+                             s->len, max_len);
     if (memchr(s->data, '\0', (size_t)s->len))
         return tdm_error_set(c->err, TDM_EINVALID, "%s at offset %zu contains a NUL byte", what,
                              c->pos);
@@ -136,9 +137,9 @@ static size_t vtype_size(tdm_gguf_vtype_t t)
 
 const char *tdm_gguf_vtype_name(tdm_gguf_vtype_t t)
 {
-    static const char *const names[] = {"uint8", "int8",   "uint16", "int16", "uint32",
-                                        "int32", "float32", "bool",  "string", "array",
-                                        "uint64", "int64",  "float64"};
+    static const char *const names[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
+                                        "int32",  "float32", "bool",   "string", "array",
+                                        "uint64", "int64",   "float64"};
     return (unsigned)t < TDM_GGUF_VTYPE_COUNT ? names[t] : "?";
 }
 
@@ -232,11 +233,10 @@ static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
         size_t esz = vtype_size(kv->arr_type), bytes;
         if (kv->arr_n > SIZE_MAX || !tdm_mul_size((size_t)kv->arr_n, esz, &bytes) ||
             bytes > cur_left(c))
-            return tdm_error_set(c->err, TDM_EINVALID,
-                                 "metadata '%s': array of %" PRIu64
-                                 " %s values does not fit in the %zu bytes left",
-                                 kv->key, kv->arr_n, tdm_gguf_vtype_name(kv->arr_type),
-                                 cur_left(c));
+            return tdm_error_set(
+                c->err, TDM_EINVALID,
+                "metadata '%s': array of %" PRIu64 " %s values does not fit in the %zu bytes left",
+                kv->key, kv->arr_n, tdm_gguf_vtype_name(kv->arr_type), cur_left(c));
         const uint8_t *b = NULL;
         cur_bytes(c, bytes, kv->key, &b);
         kv->arr_data = b;
@@ -260,8 +260,7 @@ static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
         return tdm_error_set(c->err, TDM_ERESOURCE, "out of memory indexing '%s'", kv->key);
     for (uint64_t i = 0; i < kv->arr_n; i++) {
         if ((rc = cur_str(c, kv->key, &kv->arr_strs[i])) != TDM_OK)
-            return tdm_error_prefix(c->err, rc, "element %" PRIu64 " of %" PRIu64, i,
-                                    kv->arr_n);
+            return tdm_error_prefix(c->err, rc, "element %" PRIu64 " of %" PRIu64, i, kv->arr_n);
     }
     return TDM_OK;
 }
@@ -279,15 +278,15 @@ static int parse_tensor_info(cursor_t *c, uint64_t index, tdm_gguf_tensor_t *t)
     if ((rc = cur_u32(c, t->name, &t->n_dims)) != TDM_OK)
         return rc;
     if (t->n_dims < 1 || t->n_dims > TDM_GGUF_MAX_DIMS)
-        return tdm_error_set(c->err, TDM_EINVALID, "tensor '%s': n_dims %" PRIu32
-                             " is outside 1..%d", t->name, t->n_dims, TDM_GGUF_MAX_DIMS);
+        return tdm_error_set(c->err, TDM_EINVALID,
+                             "tensor '%s': n_dims %" PRIu32 " is outside 1..%d", t->name, t->n_dims,
+                             TDM_GGUF_MAX_DIMS);
     uint64_t n = 1;
     for (uint32_t d = 0; d < TDM_GGUF_MAX_DIMS; d++) {
         t->ne[d] = 1;
         if (d < t->n_dims && (rc = cur_u64(c, t->name, &t->ne[d])) != TDM_OK)
             return rc;
-        if (t->ne[d] == 0 || t->ne[d] > INT64_MAX || !tdm_mul_u64(n, t->ne[d], &n) ||
-            n > INT64_MAX)
+        if (t->ne[d] == 0 || t->ne[d] > INT64_MAX || !tdm_mul_u64(n, t->ne[d], &n) || n > INT64_MAX)
             return tdm_error_set(c->err, TDM_EINVALID,
                                  "tensor '%s': dimension %" PRIu32 " = %" PRIu64
                                  " is zero or makes the element count overflow",
@@ -396,8 +395,8 @@ static int gguf_parse(tdm_gguf_t *g, tdm_error_t *err)
         if ((rc = parse_kv(&c, i, &g->kvs[i])) != TDM_OK)
             return rc;
     }
-    const char *dup = find_duplicate(g->kvs, (size_t)n_kv, sizeof *g->kvs,
-                                     offsetof(tdm_gguf_kv_t, key), &rc);
+    const char *dup =
+        find_duplicate(g->kvs, (size_t)n_kv, sizeof *g->kvs, offsetof(tdm_gguf_kv_t, key), &rc);
     if (rc != TDM_OK)
         return tdm_error_set(err, rc, "out of memory checking metadata keys");
     if (dup)
@@ -637,8 +636,8 @@ double tdm_gguf_arr_float(const tdm_gguf_kv_t *kv, uint64_t i)
 
 static bool vtype_is_unsigned(tdm_gguf_vtype_t t)
 {
-    return t == TDM_GGUF_VTYPE_UINT8 || t == TDM_GGUF_VTYPE_UINT16 ||
-           t == TDM_GGUF_VTYPE_UINT32 || t == TDM_GGUF_VTYPE_UINT64;
+    return t == TDM_GGUF_VTYPE_UINT8 || t == TDM_GGUF_VTYPE_UINT16 || t == TDM_GGUF_VTYPE_UINT32 ||
+           t == TDM_GGUF_VTYPE_UINT64;
 }
 
 static bool vtype_is_signed(tdm_gguf_vtype_t t)
@@ -672,8 +671,9 @@ int tdm_gguf_get_u64(const tdm_gguf_t *g, const char *key, uint64_t *out, tdm_er
     }
     if (vtype_is_signed(kv->type)) {
         if (kv->value.i64 < 0)
-            return tdm_error_set(err, TDM_EINVALID, "metadata '%s' is %" PRId64
-                                 ", expected a non-negative value", key, kv->value.i64);
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "metadata '%s' is %" PRId64 ", expected a non-negative value", key,
+                                 kv->value.i64);
         *out = (uint64_t)kv->value.i64;
         return TDM_OK;
     }
@@ -687,8 +687,8 @@ int tdm_gguf_get_u32(const tdm_gguf_t *g, const char *key, uint32_t *out, tdm_er
     if (rc != TDM_OK)
         return rc;
     if (v > UINT32_MAX)
-        return tdm_error_set(err, TDM_EINVALID, "metadata '%s' = %" PRIu64
-                             " does not fit in 32 bits", key, v);
+        return tdm_error_set(err, TDM_EINVALID,
+                             "metadata '%s' = %" PRIu64 " does not fit in 32 bits", key, v);
     *out = (uint32_t)v;
     return TDM_OK;
 }
@@ -738,8 +738,7 @@ int tdm_gguf_get_bool(const tdm_gguf_t *g, const char *key, bool *out, tdm_error
     return TDM_OK;
 }
 
-int tdm_gguf_get_str(const tdm_gguf_t *g, const char *key, tdm_gguf_str_t *out,
-                     tdm_error_t *err)
+int tdm_gguf_get_str(const tdm_gguf_t *g, const char *key, tdm_gguf_str_t *out, tdm_error_t *err)
 {
     const tdm_gguf_kv_t *kv = find_or_err(g, key, err);
     if (!kv)
@@ -759,9 +758,8 @@ int tdm_gguf_get_arr(const tdm_gguf_t *g, const char *key, tdm_gguf_vtype_t elem
     if (kv->type != TDM_GGUF_VTYPE_ARRAY)
         return type_err(kv, "array", err);
     if (elem_type != TDM_GGUF_VTYPE_COUNT && kv->arr_type != elem_type)
-        return tdm_error_set(err, TDM_EINVALID, "metadata '%s' is an array of %s, expected %s",
-                             key, tdm_gguf_vtype_name(kv->arr_type),
-                             tdm_gguf_vtype_name(elem_type));
+        return tdm_error_set(err, TDM_EINVALID, "metadata '%s' is an array of %s, expected %s", key,
+                             tdm_gguf_vtype_name(kv->arr_type), tdm_gguf_vtype_name(elem_type));
     *out = kv;
     return TDM_OK;
 }

@@ -45,9 +45,9 @@ struct tdm_kv_pool {
     uint32_t lru_head;  /* least recently freed cached block (evicted first) */
     uint32_t lru_tail;  /* most recently freed cached block */
 
-    uint32_t *index;      /* [index_cap] block ids or TDM_KV_NO_BLOCK */
-    uint64_t index_mask;  /* index_cap - 1 */
-    uint32_t n_indexed;   /* registered blocks */
+    uint32_t *index;     /* [index_cap] block ids or TDM_KV_NO_BLOCK */
+    uint64_t index_mask; /* index_cap - 1 */
+    uint32_t n_indexed;  /* registered blocks */
 
     tdm_kv_stats_t stats;
 };
@@ -58,8 +58,7 @@ static const char *const dtype_names[] = {"f32", "f16", "q8"};
 
 const char *tdm_kv_dtype_name(tdm_kv_dtype_t dtype)
 {
-    return (unsigned)dtype < sizeof dtype_names / sizeof dtype_names[0] ? dtype_names[dtype]
-                                                                         : "?";
+    return (unsigned)dtype < sizeof dtype_names / sizeof dtype_names[0] ? dtype_names[dtype] : "?";
 }
 
 int tdm_kv_dtype_parse(const char *name, tdm_kv_dtype_t *out, tdm_error_t *err)
@@ -102,8 +101,8 @@ uint64_t tdm_kv_bytes_per_token(const tdm_kv_layout_t *l)
 
 uint64_t tdm_kv_record_bytes(const tdm_kv_layout_t *l)
 {
-    uint64_t values = mul_sat(mul_sat(l->block_size, l->head_dim),
-                              tdm_kv_bytes_per_value(l->dtype));
+    uint64_t values =
+        mul_sat(mul_sat(l->block_size, l->head_dim), tdm_kv_bytes_per_value(l->dtype));
     if (l->dtype == TDM_KV_Q8 && values != UINT64_MAX)
         values += sizeof(float); /* the record's scale, stored first */
     return values;
@@ -163,8 +162,8 @@ uint64_t tdm_kv_block_hash(uint64_t parent, const int32_t *tokens, uint32_t bloc
     XXH3_64bits_reset_withSeed(&st, parent);
     for (uint32_t i = 0; i < block_size; i++) {
         uint32_t v = (uint32_t)tokens[i];
-        unsigned char le[4] = {(unsigned char)v, (unsigned char)(v >> 8),
-                               (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
+        unsigned char le[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                               (unsigned char)(v >> 24)};
         XXH3_64bits_update(&st, le, sizeof le);
     }
     return XXH3_64bits_digest(&st);
@@ -274,8 +273,7 @@ static void lru_remove(tdm_kv_pool_t *pool, uint32_t b)
 
 /* ---- the pool ---- */
 
-tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks,
-                               tdm_error_t *err)
+tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks, tdm_error_t *err)
 {
     if (tdm_kv_layout_check(layout, err) != TDM_OK)
         return NULL;
@@ -453,7 +451,8 @@ static void pool_ref_found(tdm_kv_pool_t *pool, uint32_t b)
 int tdm_kv_pool_check(const tdm_kv_pool_t *pool, tdm_error_t *err)
 {
     const tdm_kv_stats_t *s = &pool->stats;
-    if ((uint64_t)s->n_used + s->n_cached + s->n_free != s->n_blocks || s->n_blocks != pool->n_blocks)
+    if ((uint64_t)s->n_used + s->n_cached + s->n_free != s->n_blocks ||
+        s->n_blocks != pool->n_blocks)
         return tdm_error_set(err, TDM_EINTERNAL, "kv pool: used %u + cached %u + free %u != %u",
                              s->n_used, s->n_cached, s->n_free, s->n_blocks);
     uint32_t used = 0, cached = 0, free_n = 0, registered = 0;
@@ -488,8 +487,8 @@ int tdm_kv_pool_check(const tdm_kv_pool_t *pool, tdm_error_t *err)
         return tdm_error_set(err, TDM_EINTERNAL,
                              "kv pool: counted used %u cached %u free %u registered %u slots %llu;"
                              " stats say used %u cached %u free %u registered %u",
-                             used, cached, free_n, registered, (unsigned long long)slots,
-                             s->n_used, s->n_cached, s->n_free, pool->n_indexed);
+                             used, cached, free_n, registered, (unsigned long long)slots, s->n_used,
+                             s->n_cached, s->n_free, pool->n_indexed);
     return TDM_OK;
 }
 
@@ -536,8 +535,8 @@ int tdm_kv_seq_reserve(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t n_tokens
     return TDM_OK;
 }
 
-uint32_t tdm_kv_seq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq,
-                                 const int32_t *tokens, uint32_t n)
+uint32_t tdm_kv_seq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const int32_t *tokens,
+                                 uint32_t n)
 {
     TDM_ASSERT(seq->n_blocks == 0 && seq->n_tokens == 0); /* a new sequence */
     const uint32_t bs = pool->layout.block_size;

@@ -23,11 +23,11 @@
 typedef struct tdm_weight {
     const char *name;
     tdm_ggml_type_t type;
-    uint64_t n_in;      /* ne[0]: input features (elements per row) */
-    uint64_t n_out;     /* ne[1]: output features (rows); 1 for vectors */
-    size_t row_bytes;   /* bytes per row in the quantized layout */
-    const void *data;   /* host copy (the mmap'd file) */
-    void *dev;          /* the backend's own copy (GPU), NULL when it uses data */
+    uint64_t n_in;    /* ne[0]: input features (elements per row) */
+    uint64_t n_out;   /* ne[1]: output features (rows); 1 for vectors */
+    size_t row_bytes; /* bytes per row in the quantized layout */
+    const void *data; /* host copy (the mmap'd file) */
+    void *dev;        /* the backend's own copy (GPU), NULL when it uses data */
 } tdm_weight_t;
 
 typedef struct tdm_layer_weights {
@@ -55,14 +55,13 @@ typedef struct tdm_backend_ops {
     /* Scratch buffer of n floats (only while creating the engine); NULL on out of memory. */
     float *(*alloc)(void *be, size_t n);
     /* x[t] = embedding row tokens[t]. */
-    int (*embed)(void *be, const tdm_weight_t *emb, const int32_t *tokens, uint32_t n,
-                 float *x);
+    int (*embed)(void *be, const tdm_weight_t *emb, const int32_t *tokens, uint32_t n, float *x);
     /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w  (Zhang & Sennrich 2019). */
     int (*rmsnorm)(void *be, const float *x, const tdm_weight_t *w, uint32_t n, float eps,
                    float *out);
     /* For k in 0..n_w: out[k][t] = x[t] · W_k rows; all W_k share n_in. */
-    int (*matmul)(void *be, const float *x, uint32_t n, uint32_t n_w,
-                  const tdm_weight_t *const *w, float *const *out);
+    int (*matmul)(void *be, const float *x, uint32_t n, uint32_t n_w, const tdm_weight_t *const *w,
+                  float *const *out);
     /* x[t] += b for each row (b a vector of x's width). */
     int (*add_bias)(void *be, float *x, const tdm_weight_t *b, uint32_t n);
     /* RoPE on q ([n][n_heads*head_dim]) and k ([n][n_kv_heads*head_dim]) at rows' pos. */
@@ -78,8 +77,8 @@ typedef struct tdm_backend_ops {
     /* x[i] += y[i]. */
     int (*add)(void *be, float *x, const float *y, size_t count);
     /* dst[k] = src[rows[k]] for k < n (row width dim). */
-    int (*gather_rows)(void *be, const float *src, const uint32_t *rows, uint32_t n,
-                       uint32_t dim, float *dst);
+    int (*gather_rows)(void *be, const float *src, const uint32_t *rows, uint32_t n, uint32_t dim,
+                       float *dst);
     /* Copies count floats of backend memory to host memory. */
     int (*read)(void *be, const float *src, size_t count, float *host_dst);
 } tdm_backend_ops_t;

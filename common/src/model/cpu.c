@@ -36,7 +36,13 @@ typedef struct q8a_block {
     int8_t q[QK];
 } q8a_block_t;
 
-typedef float (*dot_q8a_fn)(const void *w, const q8a_block_t *a, size_t nb);
+/* y[t] = W_row · a[t] for the kernel's number of tokens (1..4); see TDM_GEN_DOTS. */
+typedef void (*dot_q8a_fn)(const void *w, const q8a_block_t *const *a, size_t nb, float *y);
+
+/* The kernels of one weight type, indexed by the number of tokens - 1. */
+typedef struct dot_q8a_set {
+    dot_q8a_fn k[4];
+} dot_q8a_set_t;
 
 typedef struct cpu_be {
     const tdm_model_t *model;
@@ -48,15 +54,15 @@ typedef struct cpu_be {
     uint32_t max_rows, n_ctx;
     bool avx2;
     char name[32];
-    dot_q8a_fn dot_q4_0, dot_q4_1, dot_q8_0;
+    dot_q8a_set_t dot_q4_0, dot_q4_1, dot_q8_0;
     void **allocs; /* every buffer from cpu_alloc, freed at destroy */
     size_t n_allocs, cap_allocs;
-    size_t max_in;          /* widest matmul input (elements) */
-    q8a_block_t *act;       /* [max_rows][max_in / 32] quantized activations */
-    float *wrow;            /* [n_threads][max_in] dequantized weight rows */
-    float *scores;          /* [n_threads][n_ctx] attention scores */
-    float *kvrow;           /* [n_threads][2 * head_dim] converted K/V rows */
-    float *rope_cs;         /* [max_rows][rope_dim] cos, sin pairs */
+    size_t max_in;    /* widest matmul input (elements) */
+    q8a_block_t *act; /* [max_rows][max_in / 32] quantized activations */
+    float *wrow;      /* [n_threads][max_in] dequantized weight rows */
+    float *scores;    /* [n_threads][n_ctx] attention scores */
+    float *kvrow;     /* [n_threads][2 * head_dim] converted K/V rows */
+    float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
 } cpu_be_t;
 
 /* ---- scalar kernels (portable reference) ---- */
@@ -118,6 +124,34 @@ static float dot_f32_scalar(const float *x, const float *y, size_t n)
     return acc;
 }
 
+/* Scalar kernels for any number of tokens: one token at a time (same arithmetic for each). */
+#define TDM_GEN_SCALAR_DOTS(name)                                                                  \
+    static void name##_multi(const void *w, const q8a_block_t *const *a, size_t nb, float *y,      \
+                             int nt)                                                               \
+    {                                                                                              \
+        for (int t = 0; t < nt; t++)                                                               \
+            y[t] = name(w, a[t], nb);                                                              \
+    }                                                                                              \
+    static void name##_1(const void *w, const q8a_block_t *const *a, size_t nb, float *y)          \
+    {                                                                                              \
+        name##_multi(w, a, nb, y, 1);                                                              \
+    }                                                                                              \
+    static void name##_2(const void *w, const q8a_block_t *const *a, size_t nb, float *y)          \
+    {                                                                                              \
+        name##_multi(w, a, nb, y, 2);                                                              \
+    }                                                                                              \
+    static void name##_3(const void *w, const q8a_block_t *const *a, size_t nb, float *y)          \
+    {                                                                                              \
+        name##_multi(w, a, nb, y, 3);                                                              \
+    }                                                                                              \
+    static void name##_4(const void *w, const q8a_block_t *const *a, size_t nb, float *y)          \
+    {                                                                                              \
+        name##_multi(w, a, nb, y, 4);                                                              \
+    }
+TDM_GEN_SCALAR_DOTS(dot_q4_0_scalar)
+TDM_GEN_SCALAR_DOTS(dot_q4_1_scalar)
+TDM_GEN_SCALAR_DOTS(dot_q8_0_scalar)
+
 /* Quantizes n values (a multiple of 32) into n/32 activation blocks, rounding half to even. */
 static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
 {
@@ -168,54 +202,115 @@ TDM_AVX2 static inline __m256 mul_sum_us8(__m256i u, __m256i s)
     return _mm256_cvtepi32_ps(p32);
 }
 
-TDM_AVX2 static float dot_q4_1_avx2(const void *w, const q8a_block_t *a, size_t nb)
+/* Multi-token kernels: one weight row against NT (1..4) tokens' activations. Each token's
+ * result is computed by exactly the same operations whatever NT is (blocks alternate between
+ * two accumulators, then one horizontal sum), so batching tokens changes no bit of any result;
+ * NT only decides how many tokens share the unpacked weight block and hide each other's FMA
+ * latency. */
+#define TDM_GEN_DOTS(name)                                                                         \
+    TDM_AVX2 static void name##_1(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+    {                                                                                              \
+        name##_n(w, a, nb, y, 1);                                                                  \
+    }                                                                                              \
+    TDM_AVX2 static void name##_2(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+    {                                                                                              \
+        name##_n(w, a, nb, y, 2);                                                                  \
+    }                                                                                              \
+    TDM_AVX2 static void name##_3(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+    {                                                                                              \
+        name##_n(w, a, nb, y, 3);                                                                  \
+    }                                                                                              \
+    TDM_AVX2 static void name##_4(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+    {                                                                                              \
+        name##_n(w, a, nb, y, 4);                                                                  \
+    }
+
+TDM_AVX2 static inline __attribute__((always_inline)) void
+dot_q4_1_avx2_n(const void *w, const q8a_block_t *const *a, size_t nb, float *y, const int nt)
 {
     const uint8_t *p = w;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
+    __m256 acc[4][2];
+    float summs[4] = {0};
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++, p += 20) {
         uint16_t hd, hm;
         memcpy(&hd, p, 2);
         memcpy(&hm, p + 2, 2);
         float d = _cvtsh_ss(hd), m = _cvtsh_ss(hm);
         __m256i q4 = unpack_nibbles(p + 4);
-        __m256i q8 = _mm256_loadu_si256((const __m256i *)a[b].q);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * a[b].d), mul_sum_us8(q4, q8), acc);
-        summs += m * a[b].s;
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const q8a_block_t *ab = &a[t][b];
+            __m256i q8 = _mm256_loadu_si256((const __m256i *)ab->q);
+            acc[t][b & 1] =
+                _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), mul_sum_us8(q4, q8), acc[t][b & 1]);
+            summs[t] += m * ab->s;
+        }
     }
-    return hsum_ps(acc) + summs;
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        y[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1])) + summs[t];
 }
+TDM_GEN_DOTS(dot_q4_1_avx2)
 
-TDM_AVX2 static float dot_q4_0_avx2(const void *w, const q8a_block_t *a, size_t nb)
+TDM_AVX2 static inline __attribute__((always_inline)) void
+dot_q4_0_avx2_n(const void *w, const q8a_block_t *const *a, size_t nb, float *y, const int nt)
 {
     const uint8_t *p = w;
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++, p += 18) {
         uint16_t hd;
         memcpy(&hd, p, 2);
+        float d = _cvtsh_ss(hd);
         __m256i q4 = _mm256_sub_epi8(unpack_nibbles(p + 2), _mm256_set1_epi8(8));
-        __m256i q8 = _mm256_loadu_si256((const __m256i *)a[b].q);
-        /* signed x signed through |q4| and q8 carrying q4's sign */
-        __m256 s = mul_sum_us8(_mm256_sign_epi8(q4, q4), _mm256_sign_epi8(q8, q4));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(hd) * a[b].d), s, acc);
+        __m256i q4abs = _mm256_sign_epi8(q4, q4);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const q8a_block_t *ab = &a[t][b];
+            __m256i q8 = _mm256_loadu_si256((const __m256i *)ab->q);
+            /* signed x signed through |q4| and q8 carrying q4's sign */
+            __m256 s = mul_sum_us8(q4abs, _mm256_sign_epi8(q8, q4));
+            acc[t][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), s, acc[t][b & 1]);
+        }
     }
-    return hsum_ps(acc);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        y[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
+TDM_GEN_DOTS(dot_q4_0_avx2)
 
-TDM_AVX2 static float dot_q8_0_avx2(const void *w, const q8a_block_t *a, size_t nb)
+TDM_AVX2 static inline __attribute__((always_inline)) void
+dot_q8_0_avx2_n(const void *w, const q8a_block_t *const *a, size_t nb, float *y, const int nt)
 {
     const uint8_t *p = w;
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4][2];
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++, p += 34) {
         uint16_t hd;
         memcpy(&hd, p, 2);
+        float d = _cvtsh_ss(hd);
         __m256i qw = _mm256_loadu_si256((const __m256i *)(p + 2));
-        __m256i qa = _mm256_loadu_si256((const __m256i *)a[b].q);
-        __m256 s = mul_sum_us8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(hd) * a[b].d), s, acc);
+        __m256i qwabs = _mm256_sign_epi8(qw, qw);
+#pragma GCC unroll 4
+        for (int t = 0; t < nt; t++) {
+            const q8a_block_t *ab = &a[t][b];
+            __m256i qa = _mm256_loadu_si256((const __m256i *)ab->q);
+            __m256 s = mul_sum_us8(qwabs, _mm256_sign_epi8(qa, qw));
+            acc[t][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), s, acc[t][b & 1]);
+        }
     }
-    return hsum_ps(acc);
+#pragma GCC unroll 4
+    for (int t = 0; t < nt; t++)
+        y[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
+TDM_GEN_DOTS(dot_q8_0_avx2)
 
 TDM_AVX2 static float dot_f32_avx2(const float *x, const float *y, size_t n)
 {
@@ -248,11 +343,10 @@ TDM_AVX2 static void quantize_act_avx2(const float *x, size_t n, q8a_block_t *ou
         __m256 vid = _mm256_set1_ps(id);
         __m256i qi[4];
         for (int k = 0; k < 4; k++)
-            qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], vid),
-                                                       _MM_FROUND_TO_NEAREST_INT |
-                                                           _MM_FROUND_NO_EXC));
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]),
-                                       _mm256_add_epi32(qi[2], qi[3]));
+            qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i sum =
+            _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
         __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         s4 = _mm_hadd_epi32(s4, s4);
         s4 = _mm_hadd_epi32(s4, s4);
@@ -287,10 +381,9 @@ TDM_AVX2 static void axpy_f16_avx2(float *out, float p, const uint16_t *v, size_
     __m256 vp = _mm256_set1_ps(p);
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i,
-                         _mm256_fmadd_ps(vp,
-                                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
-                                         _mm256_loadu_ps(out + i)));
+        _mm256_storeu_ps(
+            out + i, _mm256_fmadd_ps(vp, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
+                                     _mm256_loadu_ps(out + i)));
     for (; i < n; i++)
         out[i] += p * _cvtsh_ss(v[i]);
 }
@@ -300,8 +393,8 @@ TDM_AVX2 static void axpy_f32_avx2(float *out, float p, const float *v, size_t n
     __m256 vp = _mm256_set1_ps(p);
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i),
-                                                  _mm256_loadu_ps(out + i)));
+        _mm256_storeu_ps(out + i,
+                         _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
     for (; i < n; i++)
         out[i] += p * v[i];
 }
@@ -351,15 +444,15 @@ static void quantize_act(const cpu_be_t *be, const float *x, size_t n, q8a_block
     quantize_act_scalar(x, n, out);
 }
 
-/* The q8a dot kernel for a weight type, or NULL when the type takes the f32 path. */
-static dot_q8a_fn q8a_kernel(const cpu_be_t *be, tdm_ggml_type_t type, uint64_t n_in)
+/* The q8a dot kernels for a weight type, or NULL when the type takes the f32 path. */
+static const dot_q8a_set_t *q8a_kernel(const cpu_be_t *be, tdm_ggml_type_t type, uint64_t n_in)
 {
     if (n_in % QK != 0)
         return NULL;
     switch (type) {
-    case TDM_GGML_TYPE_Q4_0: return be->dot_q4_0;
-    case TDM_GGML_TYPE_Q4_1: return be->dot_q4_1;
-    case TDM_GGML_TYPE_Q8_0: return be->dot_q8_0;
+    case TDM_GGML_TYPE_Q4_0: return &be->dot_q4_0;
+    case TDM_GGML_TYPE_Q4_1: return &be->dot_q4_1;
+    case TDM_GGML_TYPE_Q8_0: return &be->dot_q8_0;
     default: return NULL;
     }
 }
@@ -415,16 +508,24 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->max_rows = p->max_batch_tokens;
     be->n_ctx = p->n_ctx;
     be->avx2 = cpu_has_avx2() && getenv("TANDEM_CPU_SCALAR") == NULL;
-    be->dot_q4_0 = dot_q4_0_scalar;
-    be->dot_q4_1 = dot_q4_1_scalar;
-    be->dot_q8_0 = dot_q8_0_scalar;
+#define TDM_SET_DOTS(field, name)                                                                  \
+    be->field = (dot_q8a_set_t)                                                                    \
+    {                                                                                              \
+        {                                                                                          \
+            name##_1, name##_2, name##_3, name##_4                                                 \
+        }                                                                                          \
+    }
+    TDM_SET_DOTS(dot_q4_0, dot_q4_0_scalar);
+    TDM_SET_DOTS(dot_q4_1, dot_q4_1_scalar);
+    TDM_SET_DOTS(dot_q8_0, dot_q8_0_scalar);
 #ifdef TDM_X86
     if (be->avx2) {
-        be->dot_q4_0 = dot_q4_0_avx2;
-        be->dot_q4_1 = dot_q4_1_avx2;
-        be->dot_q8_0 = dot_q8_0_avx2;
+        TDM_SET_DOTS(dot_q4_0, dot_q4_0_avx2);
+        TDM_SET_DOTS(dot_q4_1, dot_q4_1_avx2);
+        TDM_SET_DOTS(dot_q8_0, dot_q8_0_avx2);
     }
 #endif
+#undef TDM_SET_DOTS
     snprintf(be->name, sizeof be->name, "cpu/%s", be->avx2 ? "avx2" : "scalar");
     const tdm_llama_hparams_t *hp = be->hp;
     size_t max_in = hp->n_embd;
@@ -529,10 +630,18 @@ static int cpu_matmul(void *vbe, const float *x, uint32_t n, uint32_t n_w,
                 const tdm_weight_t *W = w[k];
                 const uint8_t *wr = (const uint8_t *)W->data + r * W->row_bytes;
                 float *o = out[k];
-                dot_q8a_fn dot = q8a_kernel(be, W->type, K);
-                if (dot) {
-                    for (uint32_t t = t0; t < t1; t++)
-                        o[(size_t)t * W->n_out + r] = dot(wr, be->act + (size_t)t * nb, nb);
+                const dot_q8a_set_t *dots = q8a_kernel(be, W->type, K);
+                if (dots) {
+                    for (uint32_t t = t0; t < t1; t += 4) {
+                        int nt = t1 - t < 4 ? (int)(t1 - t) : 4;
+                        const q8a_block_t *a[4];
+                        float y[4];
+                        for (int j = 0; j < nt; j++)
+                            a[j] = be->act + (size_t)(t + (uint32_t)j) * nb;
+                        dots->k[nt - 1](wr, a, nb, y);
+                        for (int j = 0; j < nt; j++)
+                            o[(size_t)(t + (uint32_t)j) * W->n_out + r] = y[j];
+                    }
                 } else {
                     if (tdm_ggml_dequantize_row(W->type, wr, wrow, (int64_t)K) != TDM_OK) {
 #pragma omp atomic write
@@ -582,8 +691,8 @@ static int cpu_rope(void *vbe, float *q, float *k, const tdm_fwd_rows_t *rows)
         }
         for (int which = 0; which < 2; which++) {
             uint32_t nh = which == 0 ? hp->n_heads : hp->n_kv_heads;
-            float *base = which == 0 ? q + (size_t)t * hp->n_heads * D
-                                     : k + (size_t)t * hp->n_kv_heads * D;
+            float *base =
+                which == 0 ? q + (size_t)t * hp->n_heads * D : k + (size_t)t * hp->n_kv_heads * D;
             for (uint32_t h = 0; h < nh; h++) {
                 float *x = base + (size_t)h * D;
                 for (uint32_t i = 0; i < half; i++) {

@@ -20,7 +20,7 @@ struct tdm_model {
     tdm_gguf_t *gguf;
     tdm_llama_hparams_t hp;
     tdm_weight_t token_embd;
-    tdm_weight_t output;       /* = token_embd when tied */
+    tdm_weight_t output; /* = token_embd when tied */
     tdm_weight_t output_norm;
     tdm_layer_weights_t *layers; /* [n_layers] */
     uint64_t weight_bytes;
@@ -36,18 +36,18 @@ struct tdm_engine {
     char name[64];
     uint64_t scratch_bytes;
     /* backend buffers, row-major; B = max_batch_tokens, L = max_logits */
-    float *x;        /* [B][n_embd] residual stream */
-    float *xn;       /* [B][n_embd] normalised input of a sub-layer */
-    float *q;        /* [B][n_heads * head_dim] */
-    float *k;        /* [B][n_kv_heads * head_dim] */
-    float *v;        /* [B][n_kv_heads * head_dim] */
-    float *attn;     /* [B][n_heads * head_dim] attention output */
-    float *proj;     /* [B][n_embd] output of W_o or W_down */
-    float *gate;     /* [B][n_ff] */
-    float *up;       /* [B][n_ff] */
-    float *sel;      /* [L][n_embd] final hidden states of the rows asking for logits */
-    float *seln;     /* [L][n_embd] the same, normalised */
-    float *logits;   /* [L][n_vocab] */
+    float *x;      /* [B][n_embd] residual stream */
+    float *xn;     /* [B][n_embd] normalised input of a sub-layer */
+    float *q;      /* [B][n_heads * head_dim] */
+    float *k;      /* [B][n_kv_heads * head_dim] */
+    float *v;      /* [B][n_kv_heads * head_dim] */
+    float *attn;   /* [B][n_heads * head_dim] attention output */
+    float *proj;   /* [B][n_embd] output of W_o or W_down */
+    float *gate;   /* [B][n_ff] */
+    float *up;     /* [B][n_ff] */
+    float *sel;    /* [L][n_embd] final hidden states of the rows asking for logits */
+    float *seln;   /* [L][n_embd] the same, normalised */
+    float *logits; /* [L][n_vocab] */
     /* host scratch */
     uint32_t *logit_rows; /* [L] */
     uint32_t *last_pos;   /* [B] per sequence: last position seen + 1 (0 = none yet) */
@@ -113,8 +113,8 @@ static uint64_t model_fingerprint(const tdm_model_t *m)
         return 0;
     XXH3_64bits_reset(st);
     const tdm_llama_hparams_t *hp = &m->hp;
-    uint32_t dims[] = {hp->n_vocab, hp->n_embd, hp->n_layers, hp->n_heads,
-                       hp->n_kv_heads, hp->head_dim, hp->n_ff, hp->rope_dim};
+    uint32_t dims[] = {hp->n_vocab,    hp->n_embd,   hp->n_layers, hp->n_heads,
+                       hp->n_kv_heads, hp->head_dim, hp->n_ff,     hp->rope_dim};
     XXH3_64bits_update(st, dims, sizeof dims);
     XXH3_64bits_update(st, hp->arch, strlen(hp->arch));
     for (uint64_t i = 0; i < tdm_gguf_n_tensors(m->gguf); i++) {
@@ -359,8 +359,7 @@ uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e)
 }
 
 /* Checks every row of the batch before anything is computed; fills e->logit_rows. */
-static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits,
-                       tdm_error_t *err)
+static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits, tdm_error_t *err)
 {
     const tdm_llama_hparams_t *hp = &e->model->hp;
     const tdm_kv_layout_t *kl = tdm_kv_pool_layout(e->pool);
@@ -403,8 +402,7 @@ static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits
         if (pos / kl->block_size >= sq->n_blocks)
             return tdm_error_set(err, TDM_EINVALID,
                                  "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
-                                 " is not covered by its %" PRIu32 " blocks of %" PRIu32
-                                 " tokens",
+                                 " is not covered by its %" PRIu32 " blocks of %" PRIu32 " tokens",
                                  i, pos, s, sq->n_blocks, kl->block_size);
         if (!b->want_logits || b->want_logits[i]) {
             if (nl == e->params.max_logits)
@@ -443,10 +441,10 @@ int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm
     tdm_fwd_rows_t rows = {.n = n, .pos = b->pos, .seq = b->seq, .seqs = b->seqs};
     size_t E = hp->n_embd, F = hp->n_ff;
 
-#define TDM_TRY(call)                                                                            \
-    do {                                                                                         \
-        if ((rc = (call)) != TDM_OK)                                                             \
-            return tdm_error_set(err, rc, "forward: %s failed", #call);                         \
+#define TDM_TRY(call)                                                                              \
+    do {                                                                                           \
+        if ((rc = (call)) != TDM_OK)                                                               \
+            return tdm_error_set(err, rc, "forward: %s failed", #call);                            \
     } while (0)
 
     TDM_TRY(ops->embed(be, &m->token_embd, b->tokens, n, e->x));

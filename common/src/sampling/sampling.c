@@ -34,8 +34,17 @@
 #define TDM_SIMD_REDUCE(op, var)
 #endif
 
-#define BLOCK 256      /* tokens per partial sum (the draw finds its block first) */
+/* The passes over the vocabulary are most of a call's time: on x86-64 they also get an AVX2
+ * build, picked at load time. Same operations in wider registers, so the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#define TDM_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TDM_CLONES
+#endif
+
+#define BLOCK 256       /* tokens per partial sum (the draw finds its block first) */
 #define RADIX_BINS 2048 /* buckets per radix level (11 bits) */
+#define RADIX_SUB 4     /* interleaved copies of the first level's histogram */
 
 /* A token in radix selection: its id and the order-preserving key of its logit. */
 typedef struct cand {
@@ -51,16 +60,16 @@ typedef struct boundary {
 
 struct tdm_sampler {
     uint32_t n_vocab;
-    float *logits;               /* [n_vocab] penalized logits, zeros as +0 */
-    float *w;                    /* [n_vocab] weights exp((logit - max) / T), 0 when dropped */
-    double *block_sum;           /* [ceil(n_vocab / BLOCK)] sums of w per block */
-    uint32_t *counts;            /* [n_vocab] occurrences in the penalty window; all 0 between
-                                    calls */
-    int32_t *uniq;               /* [n_vocab] distinct tokens of the penalty window */
-    cand_t *cand;                /* [n_vocab] radix selection candidates */
-    uint32_t bin_n[RADIX_BINS];  /* tokens per radix bucket */
-    double bin_w[RADIX_BINS];    /* weight per radix bucket (top-p) */
-    tdm_error_t err;             /* last failure of tdm_sampler_sample */
+    float *logits;     /* [n_vocab] penalized logits, zeros as +0 */
+    float *w;          /* [n_vocab] weights exp((logit - max) / T), 0 when dropped */
+    double *block_sum; /* [ceil(n_vocab / BLOCK)] sums of w per block */
+    uint32_t *counts;  /* [n_vocab] occurrences in the penalty window; all 0 between
+                          calls */
+    int32_t *uniq;     /* [n_vocab] distinct tokens of the penalty window */
+    cand_t *cand;      /* [n_vocab] radix selection candidates */
+    uint32_t bin_n[RADIX_SUB][RADIX_BINS]; /* tokens per radix bucket (sub-histograms) */
+    double bin_w[RADIX_SUB][RADIX_BINS];   /* weight per radix bucket (top-p) */
+    tdm_error_t err;                       /* last failure of tdm_sampler_sample */
 };
 
 /* ---- parameters ---- */
@@ -114,8 +123,7 @@ static bool in_closed(float x, float lo, float hi)
     return x >= lo && x <= hi;
 }
 
-int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_vocab,
-                                 tdm_error_t *err)
+int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_vocab, tdm_error_t *err)
 {
     const int e = TDM_EINVALID;
     if (!in_closed(p->temperature, 0.0f, TDM_SAMPLING_MAX_TEMPERATURE))
@@ -171,8 +179,8 @@ int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_voca
 
 bool tdm_sampling_is_stop(const tdm_sampling_params_t *p, int32_t token)
 {
-    uint32_t n = p->n_stop_token_ids < TDM_SAMPLING_MAX_STOP ? p->n_stop_token_ids
-                                                             : TDM_SAMPLING_MAX_STOP;
+    uint32_t n =
+        p->n_stop_token_ids < TDM_SAMPLING_MAX_STOP ? p->n_stop_token_ids : TDM_SAMPLING_MAX_STOP;
     for (uint32_t i = 0; i < n; i++)
         if (p->stop_token_ids[i] == token)
             return true;
@@ -220,6 +228,13 @@ static inline uint32_t logit_key(float x)
     return b ^ (neg | 0x80000000u);
 }
 
+/* The logit of a key (the inverse of logit_key). */
+static inline float key_logit(uint32_t key)
+{
+    uint32_t neg = 0u - (uint32_t)((key >> 31) == 0); /* all ones for negative logits */
+    return bits_float(key ^ (neg | 0x80000000u));
+}
+
 /* e^x for x <= 0, branch-free so loops vectorize: 0 for x < -87 (and -inf), else Cephes'
  * expf (range reduction by ln 2 in two parts, degree-6 polynomial), relative error < 1e-7.
  * e^0 is exactly 1. */
@@ -227,7 +242,7 @@ static inline float exp_neg(float x)
 {
     uint32_t xb = float_bits(x);
     uint32_t keep = 0u - (uint32_t)((xb & 0x7fffffffu) <= 0x42ae0000u); /* |x| <= 87 */
-    float v = bits_float((xb & keep) | (0xc2ae0000u & ~keep));           /* else -87 */
+    float v = bits_float((xb & keep) | (0xc2ae0000u & ~keep));          /* else -87 */
     /* n = round(v / ln 2) by the 1.5 * 2^23 trick: t's low mantissa bits hold n. */
     float t = v * 1.44269504088896341f + 12582912.0f;
     float n = t - 12582912.0f;
@@ -245,8 +260,8 @@ static inline float exp_neg(float x)
 }
 
 /* w[i] = exp_neg((l[i] - max) * inv_t) for i < n. */
-static void fill_weights(const float *restrict l, float *restrict w, size_t n, float max,
-                         float inv_t)
+TDM_CLONES static void fill_weights(const float *restrict l, float *restrict w, size_t n, float max,
+                                    float inv_t)
 {
     TDM_SIMD
     for (size_t i = 0; i < n; i++)
@@ -255,7 +270,7 @@ static void fill_weights(const float *restrict l, float *restrict w, size_t n, f
 
 /* Sums w[0..n) per block of BLOCK into bsum and returns the total: 8 lanes per block, lanes
  * and then blocks added in a fixed order (so the result does not depend on vectorization). */
-static double sum_blocks(const float *w, size_t n, double *bsum)
+TDM_CLONES static double sum_blocks(const float *w, size_t n, double *bsum)
 {
     double total = 0.0;
     for (size_t lo = 0, b = 0; lo < n; lo += BLOCK, b++) {
@@ -267,7 +282,8 @@ static double sum_blocks(const float *w, size_t n, double *bsum)
                 acc[j] += (double)w[i + j];
         for (size_t j = 0; i < hi; i++, j++)
             acc[j] += (double)w[i];
-        double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        double sum =
+            ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         bsum[b] = sum;
         total += sum;
     }
@@ -309,15 +325,15 @@ static int32_t walk_cdf(const float *w, size_t n, const double *bsum, double tar
 
 /* Scans buckets from the highest; returns the first at which *above plus its weight reaches
  * target, adding the weights passed over to *above. When rounding leaves none, the lowest
- * non-empty bucket. weight = bin_w (mass) or bin_n (count). */
+ * non-empty bucket. weight = bin_w (mass) or bin_n (count), both in sub-histogram 0. */
 static uint32_t radix_pick(const tdm_sampler_t *s, uint32_t n_bins, bool mass, double target,
                            double *above)
 {
     uint32_t lowest = n_bins;
     for (uint32_t b = n_bins; b-- > 0;) {
-        if (s->bin_n[b] == 0)
+        if (s->bin_n[0][b] == 0)
             continue;
-        double wb = mass ? s->bin_w[b] : (double)s->bin_n[b];
+        double wb = mass ? s->bin_w[0][b] : (double)s->bin_n[0][b];
         if (*above + wb >= target)
             return b;
         *above += wb;
@@ -327,19 +343,20 @@ static uint32_t radix_pick(const tdm_sampler_t *s, uint32_t n_bins, bool mass, d
     return lowest;
 }
 
-/* Histograms the candidates cand[0..n) on bits [shift, shift + n_bits) of their key, picks the
- * boundary bucket and keeps only its candidates (in order). Returns how many remain. */
+/* Histograms the candidates cand[0..n) on bits [shift, shift + log2(n_bins)) of their key,
+ * picks the boundary bucket and keeps only its candidates (in order). Returns how many
+ * remain. */
 static size_t radix_level(tdm_sampler_t *s, size_t n, uint32_t shift, uint32_t n_bins,
                           const float *wt, double target, double *above)
 {
     uint32_t mask = n_bins - 1;
-    memset(s->bin_n, 0, sizeof s->bin_n);
-    memset(s->bin_w, 0, sizeof s->bin_w);
+    memset(s->bin_n[0], 0, sizeof s->bin_n[0]);
+    memset(s->bin_w[0], 0, sizeof s->bin_w[0]);
     for (size_t j = 0; j < n; j++) {
         uint32_t b = (s->cand[j].key >> shift) & mask;
-        s->bin_n[b]++;
+        s->bin_n[0][b]++;
         if (wt)
-            s->bin_w[b] += (double)wt[s->cand[j].id];
+            s->bin_w[0][b] += (double)wt[s->cand[j].id];
     }
     uint32_t pick = radix_pick(s, n_bins, wt != NULL, target, above);
     size_t m = 0;
@@ -349,39 +366,92 @@ static size_t radix_level(tdm_sampler_t *s, size_t n, uint32_t shift, uint32_t n
     return m;
 }
 
+/* Level-1 histogram of the whole vocabulary on the key's top 11 bits. Logits crowd into a
+ * few buckets, so token i goes to sub-histogram i % RADIX_SUB (no wait on the previous
+ * token's store); the copies are then added, in a fixed order, into sub-histogram 0. */
+static void radix_hist_all(tdm_sampler_t *s, const float *wt)
+{
+    _Static_assert(RADIX_SUB == 4, "the loops below are unrolled by 4");
+    const float *l = s->logits;
+    size_t n = s->n_vocab, n4 = n - n % RADIX_SUB;
+    memset(s->bin_n, 0, sizeof s->bin_n);
+    if (wt) {
+        memset(s->bin_w, 0, sizeof s->bin_w);
+        for (size_t i = 0; i < n4; i += RADIX_SUB) {
+            uint32_t b0 = logit_key(l[i]) >> 21, b1 = logit_key(l[i + 1]) >> 21;
+            uint32_t b2 = logit_key(l[i + 2]) >> 21, b3 = logit_key(l[i + 3]) >> 21;
+            s->bin_n[0][b0]++;
+            s->bin_n[1][b1]++;
+            s->bin_n[2][b2]++;
+            s->bin_n[3][b3]++;
+            s->bin_w[0][b0] += (double)wt[i];
+            s->bin_w[1][b1] += (double)wt[i + 1];
+            s->bin_w[2][b2] += (double)wt[i + 2];
+            s->bin_w[3][b3] += (double)wt[i + 3];
+        }
+        for (size_t i = n4; i < n; i++) {
+            uint32_t b = logit_key(l[i]) >> 21;
+            s->bin_n[0][b]++;
+            s->bin_w[0][b] += (double)wt[i];
+        }
+    } else {
+        for (size_t i = 0; i < n4; i += RADIX_SUB) {
+            s->bin_n[0][logit_key(l[i]) >> 21]++;
+            s->bin_n[1][logit_key(l[i + 1]) >> 21]++;
+            s->bin_n[2][logit_key(l[i + 2]) >> 21]++;
+            s->bin_n[3][logit_key(l[i + 3]) >> 21]++;
+        }
+        for (size_t i = n4; i < n; i++)
+            s->bin_n[0][logit_key(l[i]) >> 21]++;
+    }
+    for (uint32_t b = 0; b < RADIX_BINS; b++) {
+        s->bin_n[0][b] += s->bin_n[1][b] + s->bin_n[2][b] + s->bin_n[3][b];
+        if (wt)
+            s->bin_w[0][b] = (s->bin_w[0][b] + s->bin_w[1][b]) + (s->bin_w[2][b] + s->bin_w[3][b]);
+    }
+}
+
+/* Puts the tokens whose key's top 11 bits are `bucket` in cand, in id order; returns how
+ * many. Usually few match, so blocks of 16 are first tested at once. */
+TDM_CLONES static size_t radix_gather(tdm_sampler_t *s, uint32_t bucket)
+{
+    const float *l = s->logits;
+    size_t n = s->n_vocab, m = 0;
+    for (size_t lo = 0; lo < n; lo += 16) {
+        size_t hi = n - lo < 16 ? n : lo + 16;
+        uint32_t any = 0;
+        TDM_SIMD_REDUCE(|, any)
+        for (size_t i = lo; i < hi; i++)
+            any |= (uint32_t)((logit_key(l[i]) >> 21) == bucket);
+        if (!any)
+            continue;
+        for (size_t i = lo; i < hi; i++) {
+            uint32_t key = logit_key(l[i]);
+            if ((key >> 21) == bucket)
+                s->cand[m++] = (cand_t){.id = (int32_t)i, .key = key};
+        }
+    }
+    return m;
+}
+
 /* Finds the last token of the shortest rank prefix (logit descending, id ascending) that
  * reaches the target: k tokens when wt is NULL (top-k; needs 0 < k < n_vocab), or a fraction
  * top_p of the total of wt (top-p; needs the top-ranked token's weight > 0). */
 static boundary_t radix_select(tdm_sampler_t *s, const float *wt, uint32_t k, float top_p)
 {
-    const float *l = s->logits;
-    size_t n = s->n_vocab;
-
     /* Level 1 over the whole vocabulary: the key's top 11 bits. */
-    memset(s->bin_n, 0, sizeof s->bin_n);
-    memset(s->bin_w, 0, sizeof s->bin_w);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t b = logit_key(l[i]) >> 21;
-        s->bin_n[b]++;
-        if (wt)
-            s->bin_w[b] += (double)wt[i];
-    }
+    radix_hist_all(s, wt);
     double target = (double)k;
     if (wt) {
         /* The total in the scan's order, so the scan reaches it exactly. */
         double total = 0.0;
         for (uint32_t b = RADIX_BINS; b-- > 0;)
-            total += s->bin_w[b];
+            total += s->bin_w[0][b];
         target = (double)top_p * total;
     }
     double above = 0.0;
     uint32_t pick = radix_pick(s, RADIX_BINS, wt != NULL, target, &above);
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t key = logit_key(l[i]);
-        if ((key >> 21) == pick)
-            s->cand[m++] = (cand_t){.id = (int32_t)i, .key = key};
-    }
+    size_t m = radix_gather(s, pick);
 
     /* Levels 2 and 3 over the boundary bucket: 11 then 10 more bits; then keys are equal. */
     m = radix_level(s, m, 10, RADIX_BINS, wt, target, &above);
@@ -397,7 +467,8 @@ static boundary_t radix_select(tdm_sampler_t *s, const float *wt, uint32_t k, fl
 }
 
 /* Zeroes the weights of tokens ranked after the boundary. */
-static void drop_after(float *restrict w, const float *restrict l, size_t n, boundary_t bd)
+TDM_CLONES static void drop_after(float *restrict w, const float *restrict l, size_t n,
+                                  boundary_t bd)
 {
     TDM_SIMD
     for (size_t i = 0; i < n; i++) {
@@ -425,8 +496,7 @@ static void drop_below(float *w, size_t n, float min_p)
 tdm_sampler_t *tdm_sampler_new(uint32_t n_vocab, tdm_error_t *err)
 {
     if (n_vocab == 0 || n_vocab > (uint32_t)INT32_MAX) {
-        tdm_error_set(err, TDM_EINVALID, "n_vocab must be in [1, %d], got %u", INT32_MAX,
-                      n_vocab);
+        tdm_error_set(err, TDM_EINVALID, "n_vocab must be in [1, %d], got %u", INT32_MAX, n_vocab);
         return NULL;
     }
     tdm_sampler_t *s = calloc(1, sizeof *s);
@@ -494,8 +564,7 @@ static int load_logits(tdm_sampler_t *s, const float *restrict logits)
         return TDM_OK;
     for (size_t i = 0; i < n; i++)
         if (isnan(logits[i]) || logits[i] == INFINITY)
-            return tdm_error_set(&s->err, TDM_EINVALID, "logits[%zu] is %g", i,
-                                 (double)logits[i]);
+            return tdm_error_set(&s->err, TDM_EINVALID, "logits[%zu] is %g", i, (double)logits[i]);
     return TDM_OK; /* not reached */
 }
 
@@ -503,8 +572,8 @@ static int load_logits(tdm_sampler_t *s, const float *restrict logits)
  * penalty_last_n of history) as llama.cpp's llama_sampler_penalties does: per distinct token
  * with count c, logit = logit > 0 ? logit / r : logit * r, then
  * logit -= c * frequency + presence. TDM_EINVALID for a window token outside the vocabulary. */
-static int apply_penalties(tdm_sampler_t *s, const tdm_sampling_params_t *p,
-                           const int32_t *history, size_t n_history)
+static int apply_penalties(tdm_sampler_t *s, const tdm_sampling_params_t *p, const int32_t *history,
+                           size_t n_history)
 {
     float rep = p->repetition_penalty, freq = p->frequency_penalty, pres = p->presence_penalty;
     if (p->penalty_last_n == 0 || (rep == 1.0f && freq == 0.0f && pres == 0.0f))
@@ -516,8 +585,8 @@ static int apply_penalties(tdm_sampler_t *s, const tdm_sampling_params_t *p,
     for (size_t j = first; j < n_history; j++)
         if (history[j] < 0 || (uint32_t)history[j] >= s->n_vocab)
             return tdm_error_set(&s->err, TDM_EINVALID,
-                                 "history[%zu] = %d is not a token id (n_vocab %u)", j,
-                                 history[j], s->n_vocab);
+                                 "history[%zu] = %d is not a token id (n_vocab %u)", j, history[j],
+                                 s->n_vocab);
     size_t n_uniq = 0;
     for (size_t j = first; j < n_history; j++)
         if (s->counts[history[j]]++ == 0)
@@ -599,15 +668,15 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
 
     const float *l = s->logits;
     size_t n = s->n_vocab;
-    float lmax = -INFINITY;
-    TDM_SIMD_REDUCE(max, lmax)
-    for (size_t i = 0; i < n; i++)
-        lmax = l[i] > lmax ? l[i] : lmax;
+    uint32_t kmax = 0; /* the maximum by key: integer lanes vectorize where floats do not */
+    TDM_SIMD_REDUCE(max, kmax)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = logit_key(l[i]);
+        kmax = k > kmax ? k : kmax;
+    }
+    float lmax = key_logit(kmax);
     if (lmax == -INFINITY)
         return tdm_error_set(&s->err, TDM_EINVALID, "all %zu logits are -inf", n);
-    size_t argmax = 0;
-    while (l[argmax] != lmax)
-        argmax++;
 
     /* Log-softmax of the penalized logits, for the reported logprobs. */
     fill_weights(l, s->w, n, lmax, 1.0f);
@@ -615,7 +684,15 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
     out->n_top = (uint32_t)p->n_logprobs;
     top_logprobs(l, n, out->n_top, log_z, out->top);
 
-    int32_t token = p->temperature == 0.0f ? (int32_t)argmax : draw(s, p, lmax, output_index);
+    int32_t token;
+    if (p->temperature == 0.0f) {
+        size_t argmax = 0; /* the first maximum: ties go to the lowest id */
+        while (l[argmax] != lmax)
+            argmax++;
+        token = (int32_t)argmax;
+    } else {
+        token = draw(s, p, lmax, output_index);
+    }
     out->token = token;
     out->logprob = (float)((double)l[token] - log_z);
     return TDM_OK;

@@ -9,12 +9,12 @@ extern "C" int tdm_device_cuda_count_impl(int *n, tdm_error_t *err);
 extern "C" int tdm_device_cuda_info_impl(int index, tdm_device_info_t *info, tdm_error_t *err);
 
 // Turns a failed CUDA call into TDM_EUNAVAILABLE naming the statement, file and line.
-#define TDM_CUDA_CHECK(stmt)                                                                      \
-    do {                                                                                          \
-        cudaError_t e_ = (stmt);                                                                  \
-        if (e_ != cudaSuccess)                                                                    \
-            return tdm_error_set(err, TDM_EUNAVAILABLE, "%s: %s (%s:%d)", #stmt,                 \
-                                 cudaGetErrorString(e_), __FILE__, __LINE__);                     \
+#define TDM_CUDA_CHECK(stmt)                                                                       \
+    do {                                                                                           \
+        cudaError_t e_ = (stmt);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            return tdm_error_set(err, TDM_EUNAVAILABLE, "%s: %s (%s:%d)", #stmt,                   \
+                                 cudaGetErrorString(e_), __FILE__, __LINE__);                      \
     } while (0)
 
 extern "C" int tdm_device_cuda_count_impl(int *n, tdm_error_t *err)
