@@ -207,15 +207,16 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    double bw = memcpy_bandwidth();
     double p128 = bench_prefill(&b, 128, 3), p512 = bench_prefill(&b, 512, 3);
     static const uint32_t batches[] = {1, 8, 32, 64};
     double step[4];
     for (int i = 0; i < 4; i++)
         step[i] = bench_decode(&b, batches[i], steps);
+    /* peak RSS of the engine work, read before the bandwidth test's 512 MiB of buffers */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     uint64_t rss = (uint64_t)ru.ru_maxrss * 1024;
+    double bw = memcpy_bandwidth();
     uint64_t wbytes = tdm_model_weight_bytes(b.model);
     uint64_t pool_bytes = (uint64_t)n_blocks * tdm_kv_block_bytes(&kl);
     double bound = (double)wbytes / bw;
@@ -254,7 +255,11 @@ int main(int argc, char **argv)
             tdm_engine_scratch_bytes(b.engine), rss, 128 / p128, 512 / p512);
     for (int i = 0; i < 4; i++)
         fprintf(out, "%s\"%u\": %.6f", i ? ", " : "", batches[i], step[i]);
-    fprintf(out, "},\n \"memcpy_bytes_per_s\": %.0f, \"batch1_bound_s\": %.6f}\n", bw, bound);
+    uint64_t file_bytes = tdm_gguf_file_size(tdm_model_gguf(b.model));
+    fprintf(out,
+            "},\n \"memcpy_bytes_per_s\": %.0f, \"batch1_bound_s\": %.6f, \"model_file_bytes\": "
+            "%" PRIu64 ", \"rss_limit_bytes\": %" PRIu64 "}\n",
+            bw, bound, file_bytes, file_bytes + pool_bytes + (64ull << 20));
     if (json_path)
         fclose(out);
     tdm_engine_destroy(&b.engine);
