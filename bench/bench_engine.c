@@ -259,7 +259,7 @@ int main(int argc, char **argv)
     fprintf(out,
             "},\n \"memcpy_bytes_per_s\": %.0f, \"batch1_bound_s\": %.6f, \"model_file_bytes\": "
             "%" PRIu64 ", \"rss_limit_bytes\": %" PRIu64 "}\n",
-            bw, bound, file_bytes, file_bytes + pool_bytes + (64ull << 20));
+            bw, bound, file_bytes, file_bytes + pool_bytes + ((uint64_t)64 << 20));
     if (json_path)
         fclose(out);
     tdm_engine_destroy(&b.engine);

@@ -52,7 +52,8 @@ typedef struct cpu_be {
     uint64_t block_bytes, rec_bytes;
     int n_threads;
     uint32_t max_rows, n_ctx;
-    bool avx2;
+    bool avx2; /* AVX2 + FMA + F16C kernels */
+    bool vnni; /* AVX-VNNI dot products on top of AVX2 */
     char name[32];
     dot_q8a_set_t dot_q4_0, dot_q4_1, dot_q8_0;
     void **allocs; /* every buffer from cpu_alloc, freed at destroy */
@@ -202,115 +203,51 @@ TDM_AVX2 static inline __m256 mul_sum_us8(__m256i u, __m256i s)
     return _mm256_cvtepi32_ps(p32);
 }
 
-/* Multi-token kernels: one weight row against NT (1..4) tokens' activations. Each token's
- * result is computed by exactly the same operations whatever NT is (blocks alternate between
- * two accumulators, then one horizontal sum), so batching tokens changes no bit of any result;
- * NT only decides how many tokens share the unpacked weight block and hide each other's FMA
- * latency. */
-#define TDM_GEN_DOTS(name)                                                                         \
-    TDM_AVX2 static void name##_1(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+/* The same with AVX-VNNI: one vpdpbusd instead of vpmaddubsw + vpmaddwd. */
+#define TDM_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+TDM_AVXVNNI static inline __m256 mul_sum_us8_vnni(__m256i u, __m256i s)
+{
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s));
+}
+
+/* Wrappers for NT = 1..4 around a kernel body name##_n, for one instruction set. */
+#define TDM_GEN_DOTS_FOR(name)                                                                     \
+    TDM_KTARGET static void TDM_KNAME(name##_1)(const void *w, const q8a_block_t *const *a,        \
+                                                size_t nb, float *y)                               \
     {                                                                                              \
-        name##_n(w, a, nb, y, 1);                                                                  \
+        TDM_KNAME(name##_n)(w, a, nb, y, 1);                                                       \
     }                                                                                              \
-    TDM_AVX2 static void name##_2(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+    TDM_KTARGET static void TDM_KNAME(name##_2)(const void *w, const q8a_block_t *const *a,        \
+                                                size_t nb, float *y)                               \
     {                                                                                              \
-        name##_n(w, a, nb, y, 2);                                                                  \
+        TDM_KNAME(name##_n)(w, a, nb, y, 2);                                                       \
     }                                                                                              \
-    TDM_AVX2 static void name##_3(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+    TDM_KTARGET static void TDM_KNAME(name##_3)(const void *w, const q8a_block_t *const *a,        \
+                                                size_t nb, float *y)                               \
     {                                                                                              \
-        name##_n(w, a, nb, y, 3);                                                                  \
+        TDM_KNAME(name##_n)(w, a, nb, y, 3);                                                       \
     }                                                                                              \
-    TDM_AVX2 static void name##_4(const void *w, const q8a_block_t *const *a, size_t nb, float *y) \
+    TDM_KTARGET static void TDM_KNAME(name##_4)(const void *w, const q8a_block_t *const *a,        \
+                                                size_t nb, float *y)                               \
     {                                                                                              \
-        name##_n(w, a, nb, y, 4);                                                                  \
+        TDM_KNAME(name##_n)(w, a, nb, y, 4);                                                       \
     }
 
-TDM_AVX2 static inline __attribute__((always_inline)) void
-dot_q4_1_avx2_n(const void *w, const q8a_block_t *const *a, size_t nb, float *y, const int nt)
-{
-    const uint8_t *p = w;
-    __m256 acc[4][2];
-    float summs[4] = {0};
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++, p += 20) {
-        uint16_t hd, hm;
-        memcpy(&hd, p, 2);
-        memcpy(&hm, p + 2, 2);
-        float d = _cvtsh_ss(hd), m = _cvtsh_ss(hm);
-        __m256i q4 = unpack_nibbles(p + 4);
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            const q8a_block_t *ab = &a[t][b];
-            __m256i q8 = _mm256_loadu_si256((const __m256i *)ab->q);
-            acc[t][b & 1] =
-                _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), mul_sum_us8(q4, q8), acc[t][b & 1]);
-            summs[t] += m * ab->s;
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        y[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1])) + summs[t];
-}
-TDM_GEN_DOTS(dot_q4_1_avx2)
+#define TDM_KTARGET TDM_AVX2
+#define TDM_KNAME(x) x##_avx2
+#define TDM_KMULSUM mul_sum_us8
+#include "model/cpu_dots.inc"
+#undef TDM_KTARGET
+#undef TDM_KNAME
+#undef TDM_KMULSUM
 
-TDM_AVX2 static inline __attribute__((always_inline)) void
-dot_q4_0_avx2_n(const void *w, const q8a_block_t *const *a, size_t nb, float *y, const int nt)
-{
-    const uint8_t *p = w;
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++, p += 18) {
-        uint16_t hd;
-        memcpy(&hd, p, 2);
-        float d = _cvtsh_ss(hd);
-        __m256i q4 = _mm256_sub_epi8(unpack_nibbles(p + 2), _mm256_set1_epi8(8));
-        __m256i q4abs = _mm256_sign_epi8(q4, q4);
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            const q8a_block_t *ab = &a[t][b];
-            __m256i q8 = _mm256_loadu_si256((const __m256i *)ab->q);
-            /* signed x signed through |q4| and q8 carrying q4's sign */
-            __m256 s = mul_sum_us8(q4abs, _mm256_sign_epi8(q8, q4));
-            acc[t][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), s, acc[t][b & 1]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        y[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
-}
-TDM_GEN_DOTS(dot_q4_0_avx2)
-
-TDM_AVX2 static inline __attribute__((always_inline)) void
-dot_q8_0_avx2_n(const void *w, const q8a_block_t *const *a, size_t nb, float *y, const int nt)
-{
-    const uint8_t *p = w;
-    __m256 acc[4][2];
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
-    for (size_t b = 0; b < nb; b++, p += 34) {
-        uint16_t hd;
-        memcpy(&hd, p, 2);
-        float d = _cvtsh_ss(hd);
-        __m256i qw = _mm256_loadu_si256((const __m256i *)(p + 2));
-        __m256i qwabs = _mm256_sign_epi8(qw, qw);
-#pragma GCC unroll 4
-        for (int t = 0; t < nt; t++) {
-            const q8a_block_t *ab = &a[t][b];
-            __m256i qa = _mm256_loadu_si256((const __m256i *)ab->q);
-            __m256 s = mul_sum_us8(qwabs, _mm256_sign_epi8(qa, qw));
-            acc[t][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * ab->d), s, acc[t][b & 1]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < nt; t++)
-        y[t] = hsum_ps(_mm256_add_ps(acc[t][0], acc[t][1]));
-}
-TDM_GEN_DOTS(dot_q8_0_avx2)
+#define TDM_KTARGET TDM_AVXVNNI
+#define TDM_KNAME(x) x##_vnni
+#define TDM_KMULSUM mul_sum_us8_vnni
+#include "model/cpu_dots.inc"
+#undef TDM_KTARGET
+#undef TDM_KNAME
+#undef TDM_KMULSUM
 
 TDM_AVX2 static float dot_f32_avx2(const float *x, const float *y, size_t n)
 {
@@ -415,8 +352,19 @@ static bool cpu_has_avx2(void)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("f16c");
 }
+
+static bool cpu_has_avxvnni(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avxvnni");
+}
 #else
 static bool cpu_has_avx2(void)
+{
+    return false;
+}
+
+static bool cpu_has_avxvnni(void)
 {
     return false;
 }
@@ -507,7 +455,11 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
     be->max_rows = p->max_batch_tokens;
     be->n_ctx = p->n_ctx;
-    be->avx2 = cpu_has_avx2() && getenv("TANDEM_CPU_SCALAR") == NULL;
+    /* TANDEM_CPU_KERNELS=scalar|avx2 caps the kernels (tests compare them; "auto" is best) */
+    const char *cap = getenv("TANDEM_CPU_KERNELS");
+    bool scalar_only = cap && strcmp(cap, "scalar") == 0;
+    be->avx2 = cpu_has_avx2() && !scalar_only;
+    be->vnni = be->avx2 && cpu_has_avxvnni() && !(cap && strcmp(cap, "avx2") == 0);
 #define TDM_SET_DOTS(field, name)                                                                  \
     be->field = (dot_q8a_set_t)                                                                    \
     {                                                                                              \
@@ -519,14 +471,29 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     TDM_SET_DOTS(dot_q4_1, dot_q4_1_scalar);
     TDM_SET_DOTS(dot_q8_0, dot_q8_0_scalar);
 #ifdef TDM_X86
-    if (be->avx2) {
-        TDM_SET_DOTS(dot_q4_0, dot_q4_0_avx2);
-        TDM_SET_DOTS(dot_q4_1, dot_q4_1_avx2);
-        TDM_SET_DOTS(dot_q8_0, dot_q8_0_avx2);
+#define TDM_SET_SIMD_DOTS(field, isa)                                                              \
+    be->field = (dot_q8a_set_t)                                                                    \
+    {                                                                                              \
+        {                                                                                          \
+            field##_1_##isa, field##_2_##isa, field##_3_##isa, field##_4_##isa                     \
+        }                                                                                          \
     }
+    if (be->avx2 && be->vnni) {
+        TDM_SET_SIMD_DOTS(dot_q4_0, vnni);
+        TDM_SET_SIMD_DOTS(dot_q4_1, vnni);
+        TDM_SET_SIMD_DOTS(dot_q8_0, vnni);
+    } else if (be->avx2) {
+        TDM_SET_SIMD_DOTS(dot_q4_0, avx2);
+        TDM_SET_SIMD_DOTS(dot_q4_1, avx2);
+        TDM_SET_SIMD_DOTS(dot_q8_0, avx2);
+    }
+#undef TDM_SET_SIMD_DOTS
 #endif
 #undef TDM_SET_DOTS
-    snprintf(be->name, sizeof be->name, "cpu/%s", be->avx2 ? "avx2" : "scalar");
+    snprintf(be->name, sizeof be->name, "cpu/%s",
+             be->vnni   ? "avx2+vnni"
+             : be->avx2 ? "avx2"
+                        : "scalar");
     const tdm_llama_hparams_t *hp = be->hp;
     size_t max_in = hp->n_embd;
     if (hp->n_ff > max_in)

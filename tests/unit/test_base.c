@@ -1,0 +1,142 @@
+/* test_base.c - status codes, error messages, file reading and logfmt logging. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tdm_test.h"
+#include "tandem/base.h"
+#include "tandem/log.h"
+
+static void test_status_names(void **state)
+{
+    (void)state;
+    /* the codes are minus gRPC's */
+    assert_int_equal(TDM_EINVALID, -3);
+    assert_int_equal(TDM_ERESOURCE, -8);
+    assert_int_equal(TDM_EUNAUTHENTICATED, -16);
+    assert_string_equal(tdm_status_name(TDM_EINVALID), "INVALID_ARGUMENT");
+    assert_string_equal(tdm_status_name(TDM_ERESOURCE), "RESOURCE_EXHAUSTED");
+    assert_string_equal(tdm_status_name(TDM_OK), "OK");
+    assert_string_equal(tdm_status_name(-99), "UNKNOWN");
+    assert_string_equal(tdm_strerror(TDM_EDEADLINE), "deadline exceeded");
+    assert_string_equal(tdm_strerror(12345), "unknown error");
+}
+
+static void test_error_set_and_prefix(void **state)
+{
+    (void)state;
+    tdm_error_t err;
+    tdm_error_clear(&err);
+    assert_int_equal(err.code, TDM_OK);
+    assert_int_equal(tdm_error_set(&err, TDM_EINVALID, "key '%s' must be %d", "x", 3),
+                     TDM_EINVALID);
+    assert_string_equal(err.msg, "key 'x' must be 3");
+    assert_int_equal(tdm_error_prefix(&err, TDM_EINTERNAL, "file %s", "a.yaml"), TDM_EINVALID);
+    assert_string_equal(err.msg, "file a.yaml: key 'x' must be 3");
+    /* NULL is accepted everywhere and the code still returned */
+    assert_int_equal(tdm_error_set(NULL, TDM_ENOTFOUND, "x"), TDM_ENOTFOUND);
+    tdm_error_clear(NULL);
+    /* a long message is cut, never overflows */
+    char big[2 * TDM_ERRMSG_MAX];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    tdm_error_set(&err, TDM_EINVALID, "%s", big);
+    assert_int_equal(strlen(err.msg), TDM_ERRMSG_MAX - 1);
+    tdm_error_prefix(&err, TDM_EINVALID, "%s", big);
+    assert_int_equal(strlen(err.msg), TDM_ERRMSG_MAX - 1);
+}
+
+static void test_read_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/tandem-test-base-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "hello\n", 6), 6);
+    close(fd);
+    char *data;
+    size_t len;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_read_file(path, 1024, &data, &len, &err), TDM_OK);
+    assert_int_equal(len, 6);
+    assert_string_equal(data, "hello\n");
+    free(data);
+    assert_int_equal(tdm_read_file(path, 3, &data, &len, &err), TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "larger than the limit of 3 bytes"));
+    unlink(path);
+    assert_int_equal(tdm_read_file(path, 1024, &data, &len, &err), TDM_ENOTFOUND);
+    assert_non_null(strstr(err.msg, path));
+}
+
+/* Captures what a logger writes. */
+static char *log_line(tdm_logger_t *lg, tdm_log_level_t level, const char *req, const char *kv,
+                      const char *msg)
+{
+    static char buf[8192];
+    buf[0] = '\0';
+    FILE *f = fmemopen(buf, sizeof buf, "w");
+    assert_non_null(f);
+    lg->out = f;
+    tdm_log_write(lg, level, req, kv, "%s", msg);
+    fclose(f);
+    lg->out = NULL;
+    return buf;
+}
+
+static void test_logfmt(void **state)
+{
+    (void)state;
+    tdm_logger_t lg;
+    tdm_log_init(&lg, "decode-0");
+    char *line = log_line(&lg, TDM_LOG_INFO, "req-7", "blocks=4", "ready");
+    /* ts=YYYY-MM-DDTHH:MM:SS.mmmZ level=info node=decode-0 req=req-7 msg=ready blocks=4 */
+    assert_true(strncmp(line, "ts=", 3) == 0);
+    assert_int_equal(line[3 + 4], '-');
+    assert_non_null(strstr(line, "Z level=info node=decode-0 req=req-7 msg=ready blocks=4\n"));
+    /* quoting and escaping of values with spaces, quotes, '=' and newlines */
+    line = log_line(&lg, TDM_LOG_WARN, NULL, NULL, "say \"hi\"\nnow a=b");
+    assert_non_null(strstr(line, "level=warn node=decode-0 msg=\"say \\\"hi\\\"\\nnow a=b\"\n"));
+    assert_null(strstr(line, "req="));
+    /* below the level: nothing */
+    line = log_line(&lg, TDM_LOG_DEBUG, NULL, NULL, "hidden");
+    assert_string_equal(line, "");
+    lg.level = TDM_LOG_DEBUG;
+    line = log_line(&lg, TDM_LOG_DEBUG, NULL, NULL, "shown");
+    assert_non_null(strstr(line, "level=debug"));
+    /* an unnamed node prints node=- */
+    tdm_log_init(&lg, NULL);
+    line = log_line(&lg, TDM_LOG_ERROR, NULL, NULL, "x");
+    assert_non_null(strstr(line, "level=error node=- msg=x"));
+}
+
+static void test_log_levels_and_kv(void **state)
+{
+    (void)state;
+    assert_int_equal(tdm_log_level_parse("debug"), TDM_LOG_DEBUG);
+    assert_int_equal(tdm_log_level_parse("WARNING"), TDM_LOG_WARN);
+    assert_int_equal(tdm_log_level_parse("off"), TDM_LOG_OFF);
+    assert_int_equal(tdm_log_level_parse("verbose"), -1);
+    assert_int_equal(tdm_log_level_parse(NULL), -1);
+    assert_string_equal(tdm_log_level_name(TDM_LOG_ERROR), "error");
+    char buf[32] = "";
+    assert_true(tdm_log_kv_append(buf, sizeof buf, "a", "1") > 0);
+    assert_true(tdm_log_kv_append(buf, sizeof buf, "b", "x y") > 0);
+    assert_string_equal(buf, "a=1 b=\"x y\"");
+    /* does not fit: unchanged */
+    assert_int_equal(tdm_log_kv_append(buf, sizeof buf, "long", "0123456789abcdef"), -1);
+    assert_string_equal(buf, "a=1 b=\"x y\"");
+    buf[0] = '\0';
+    assert_true(tdm_log_kv_append(buf, sizeof buf, "e", "") > 0);
+    assert_string_equal(buf, "e=\"\"");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_names),      cmocka_unit_test(test_error_set_and_prefix),
+        cmocka_unit_test(test_read_file),         cmocka_unit_test(test_logfmt),
+        cmocka_unit_test(test_log_levels_and_kv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
