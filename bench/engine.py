@@ -38,26 +38,41 @@ def random_tokens(n, seed, n_vocab):
     return [rng.randrange(1000, n_vocab - 1000) for _ in range(n)]
 
 
+def disable_extra_buffer_types():
+    """llama.cpp picks AMX / repacked weight buffers when the CPU reports AMX; in VMs that do not
+    enable AMX tile state those kernels die with SIGILL. The Llama constructor has no switch for
+    it, so wrap the default model parameters it starts from (as tests/golden does)."""
+    import llama_cpp.llama_cpp as llama_c
+
+    default_params = llama_c.llama_model_default_params
+
+    def model_params():
+        p = default_params()
+        p.use_extra_bufts = False
+        return p
+
+    llama_c.llama_model_default_params = model_params
+
+
 def bench_llama_cpp(model, threads, steps):
     from llama_cpp import Llama, __version__
 
+    disable_extra_buffer_types()
     llm = Llama(model_path=model, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads,
                 n_threads_batch=threads, verbose=False)
     n_vocab = llm.n_vocab()
-    out = {"version": __version__, "prefill_tokens_per_s": {}}
+    out = {"version": __version__, "buffer_types": "plain CPU (use_extra_bufts=False)",
+           "prefill_tokens_per_s": {}}
     for n in (128, 512):
         times = []
         toks = random_tokens(n, n, n_vocab)
         for _ in range(3):
             llm.reset()
-            llm._ctx.memory_clear(True) if hasattr(llm._ctx, "memory_clear") else None
             t0 = time.perf_counter()
             llm.eval(toks)
             times.append(time.perf_counter() - t0)
         out["prefill_tokens_per_s"][str(n)] = n / statistics.median(times)
     llm.reset()
-    if hasattr(llm._ctx, "memory_clear"):
-        llm._ctx.memory_clear(True)
     llm.eval(random_tokens(128, 100, n_vocab))
     times = []
     for s in range(steps):
