@@ -93,8 +93,10 @@ def main():
     ap.add_argument("--no-llama-cpp", action="store_true", help="skip the baseline")
     args = ap.parse_args()
 
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "passive")  # as the tandem tool sets it (client/tandem.c)
     proc = subprocess.run([args.bench_bin, "-m", args.model, "-t", str(args.threads),
-                           "--steps", str(args.steps)], capture_output=True, text=True)
+                           "--steps", str(args.steps)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"bench: {args.bench_bin} failed:\n{proc.stderr}")
     tandem = json.loads(proc.stdout)

@@ -94,7 +94,8 @@ static bool parse_float(const char *opt, const char *s, float *out)
     char *end;
     errno = 0;
     float v = strtof(s, &end);
-    if (errno || end == s || *end || !isfinite(v)) {
+    /* ERANGE with a tiny result is an underflow (1e-40 parses as a subnormal): accept it */
+    if ((errno && !(errno == ERANGE && fabsf(v) <= 1.0f)) || end == s || *end || !isfinite(v)) {
         fprintf(stderr, "tandem generate: %s must be a number, got '%s'\n", opt, s);
         return false;
     }
@@ -329,13 +330,15 @@ int tdm_cmd_generate(int argc, char **argv)
     }
     tdm_tokenizer_t *tok = tdm_tokenizer_new(tdm_model_gguf(model), &err);
     if (!tok) {
-        fprintf(stderr, "tandem generate: tokenizer: %s\n", err.msg);
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
         goto out_model;
     }
     char *text = NULL;
     size_t text_len = 0;
     if (build_prompt(&o, tdm_model_gguf(model), &text, &text_len, &err) != TDM_OK) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
+        if (err.code == TDM_EINVALID)
+            status = 2; /* a bad --chat-template, --chat or --system */
         goto out_tok;
     }
     int32_t *prompt = NULL;
@@ -357,7 +360,12 @@ int tdm_cmd_generate(int argc, char **argv)
         }
         n_ctx = hp->n_ctx_train;
     }
-    if (n_prompt == 0 || n_prompt >= n_ctx) {
+    if (n_prompt == 0) {
+        fprintf(stderr, "tandem generate: the prompt is empty (it must have at least 1 token)\n");
+        status = 2;
+        goto out_prompt;
+    }
+    if (n_prompt >= n_ctx) {
         fprintf(stderr,
                 "tandem generate: the prompt has %zu tokens; it must have 1..%" PRIu32
                 " (the context is %" PRIu32 " tokens, raise it with --ctx)\n",
@@ -424,7 +432,8 @@ int tdm_cmd_generate(int argc, char **argv)
 
     tdm_detok_t detok;
     tdm_detok_init(&detok, tok, false);
-    const char *finish = "length";
+    const char *finish =
+        max_new < (uint32_t)o.max_tokens ? "length (the context is full)" : "length";
     double t_first = 0;
     uint32_t n_gen = 0;
     for (uint32_t i = 0; i < max_new; i++) {

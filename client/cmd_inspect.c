@@ -79,10 +79,18 @@ static void print_tokenizer(const tdm_gguf_t *g)
     for (int i = 0; i < 3; i++) {
         size_t len = 0;
         const char *piece = ids[i] >= 0 ? tdm_tokenizer_piece(tok, ids[i], &len) : NULL;
-        if (piece)
-            printf("  %s:                     %" PRId32 " %.*s\n", names[i], ids[i], (int)len,
-                   piece);
-        else
+        if (piece) {
+            /* a vocabulary string from the file: printable ASCII as is, other bytes escaped */
+            printf("  %s:                     %" PRId32 " ", names[i], ids[i]);
+            for (size_t k = 0; k < len && k < 64; k++) {
+                unsigned char ch = (unsigned char)piece[k];
+                if (ch >= 0x20 && ch < 0x7f && ch != '\\')
+                    putchar(ch);
+                else
+                    printf("\\x%02x", ch);
+            }
+            putchar('\n');
+        } else
             printf("  %s:                     none\n", names[i]);
     }
     printf("  add bos:                 %s\n", tdm_tokenizer_add_bos(tok) ? "yes" : "no");
@@ -124,10 +132,11 @@ int tdm_cmd_inspect(int argc, char **argv)
     print_bytes("file size:", tdm_gguf_file_size(g));
     printf("metadata keys:             %" PRIu64 "\n", tdm_gguf_n_kv(g));
     printf("tensors:                   %" PRIu64 "\n", tdm_gguf_n_tensors(g));
-    tdm_gguf_str_t name;
-    if (tdm_gguf_get_str(g, "general.name", &name, NULL) == TDM_OK)
-        printf("name:                      %.*s\n", (int)(name.len > 200 ? 200 : name.len),
-               name.data);
+    const tdm_gguf_kv_t *name = tdm_gguf_find_kv(g, "general.name");
+    if (name) {
+        char buf[512];
+        printf("name:                      %s\n", tdm_gguf_kv_format(name, buf, sizeof buf));
+    }
     if (tdm_gguf_n_tensors(g) > 0)
         print_hparams(g);
     print_tokenizer(g);

@@ -8,7 +8,12 @@
 
 int tdm_cmd_version(int argc, char **argv)
 {
-    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+    if (argc > 1 && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0) {
+        fprintf(stderr, "tandem version: unexpected argument '%s' (usage: tandem version)\n",
+                argv[1]);
+        return 2;
+    }
+    if (argc > 1) {
         printf("usage: tandem version\n\nPrints Tandem's version, whether this build has the "
                "CUDA backend, and the GPUs the CUDA runtime sees.\n");
         return 0;

@@ -7,6 +7,7 @@
 #include "tandem/gguf.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -87,6 +88,17 @@ static int check_tensor(const tdm_gguf_t *g, const char *name, uint64_t ne0, uin
     return TDM_OK;
 }
 
+/* Norm weights and biases are used as f32 vectors by the engine. */
+static int require_f32(const tdm_gguf_t *g, const char *name, tdm_error_t *err)
+{
+    const tdm_gguf_tensor_t *t = tdm_gguf_find_tensor(g, name);
+    if (t && t->type != TDM_GGML_TYPE_F32)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tensor '%s' has type %s; norm weights and biases must be F32", name,
+                             tdm_ggml_type_get(t->type)->name);
+    return TDM_OK;
+}
+
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
 {
     memset(hp, 0, sizeof *hp);
@@ -118,6 +130,11 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
                           err)) ||
         (rc = get_f32_key(g, a, "rope.freq_base", false, 10000.0f, &hp->rope_freq_base, err)))
         return rc;
+    if (!isfinite(hp->rms_norm_eps) || !isfinite(hp->rope_freq_base))
+        return tdm_error_set(err, TDM_EINVALID,
+                             "%s.attention.layer_norm_rms_epsilon (%g) and %s.rope.freq_base (%g) "
+                             "must be finite",
+                             a, (double)hp->rms_norm_eps, a, (double)hp->rope_freq_base);
     if (hp->n_heads % hp->n_kv_heads != 0)
         return tdm_error_set(err, TDM_EINVALID,
                              "%s.attention.head_count (%" PRIu32
@@ -157,6 +174,14 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
     hp->n_vocab = (uint32_t)emb->ne[1];
     if ((rc = check_tensor(g, "token_embd.weight", hp->n_embd, hp->n_vocab, false, NULL, err)))
         return rc;
+    char vkey[96];
+    snprintf(vkey, sizeof vkey, "%s.vocab_size", a);
+    uint32_t meta_vocab;
+    if (tdm_gguf_get_u32(g, vkey, &meta_vocab, NULL) == TDM_OK && meta_vocab != hp->n_vocab)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "metadata '%s' is %" PRIu32 " but token_embd.weight has %" PRIu32
+                             " rows",
+                             vkey, meta_vocab, hp->n_vocab);
     const tdm_gguf_kv_t *tokens = tdm_gguf_find_kv(g, "tokenizer.ggml.tokens");
     if (tokens && tokens->type == TDM_GGUF_VTYPE_ARRAY && tokens->arr_n != hp->n_vocab)
         return tdm_error_set(err, TDM_EINVALID,
@@ -203,7 +228,8 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
         }
 #undef TDM_CHECK_LAYER
     }
-    if ((rc = check_tensor(g, "output_norm.weight", hp->n_embd, 0, false, NULL, err)))
+    if ((rc = check_tensor(g, "output_norm.weight", hp->n_embd, 0, false, NULL, err)) ||
+        (rc = require_f32(g, "output_norm.weight", err)))
         return rc;
     bool has_output;
     if ((rc = check_tensor(g, "output.weight", hp->n_embd, hp->n_vocab, true, &has_output, err)))

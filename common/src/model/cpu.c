@@ -156,6 +156,14 @@ TDM_GEN_SCALAR_DOTS(dot_q4_0_scalar)
 TDM_GEN_SCALAR_DOTS(dot_q4_1_scalar)
 TDM_GEN_SCALAR_DOTS(dot_q8_0_scalar)
 
+/* The scales of activation blocks are kept at f16 precision, as ggml's block_q8_0 / block_q8_1
+ * store them (d and s = d * sum(q) in f16): the engine then multiplies the same numbers as
+ * llama.cpp does, which keeps its logits closest to the reference's. */
+static inline float round_fp16(float x)
+{
+    return tdm_fp16_to_fp32(tdm_fp32_to_fp16(x));
+}
+
 /* Quantizes n values (a multiple of 32) into n/32 activation blocks, rounding half to even. */
 static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
 {
@@ -171,8 +179,8 @@ static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
             out[b].q[j] = (int8_t)q;
             sum += q;
         }
-        out[b].d = d;
-        out[b].s = d * (float)sum;
+        out[b].d = round_fp16(d);
+        out[b].s = round_fp16(d * (float)sum);
     }
 }
 
@@ -296,8 +304,8 @@ TDM_AVX2 static void quantize_act_avx2(const float *x, size_t n, q8a_block_t *ou
         __m256i p = _mm256_packs_epi16(p01, p23);
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)out[b].q, p);
-        out[b].d = d;
-        out[b].s = d * (float)_mm_cvtsi128_si32(s4);
+        out[b].d = round_fp16(d);
+        out[b].s = round_fp16(d * (float)_mm_cvtsi128_si32(s4));
     }
 }
 
@@ -1036,6 +1044,15 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
         float *o = out + ((size_t)t * H + h) * D;
         const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
         uint32_t n_pos = rows->pos[t] + 1;
+        /* With an f16 cache the query and the probabilities are rounded to f16 too, as
+         * llama.cpp's f16 mat-muls of KQ and KQV do, so the two engines round alike. */
+        bool f16 = be->kl.dtype == TDM_KV_F16;
+        float *qr = tmp + D;
+        if (f16) {
+            for (uint32_t i = 0; i < D; i++)
+                qr[i] = round_fp16(qh[i]);
+            qh = qr;
+        }
         float mx = -INFINITY;
         for (uint32_t j = 0; j < n_pos; j++) {
             const uint8_t *rec = kv_record(be, sq, j, layer, 0, g);
@@ -1053,33 +1070,33 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
             sc[j] = s;
             mx = fmaxf(mx, s);
         }
-        float sum = 0.0f;
+        /* softmax with the sum in double, then normalised probabilities (ggml_soft_max) */
+        double sum = 0.0;
         for (uint32_t j = 0; j < n_pos; j++) {
             sc[j] = expf(sc[j] - mx);
-            sum += sc[j];
+            sum += (double)sc[j];
         }
+        float inv = (float)(1.0 / sum);
         memset(o, 0, D * sizeof(float));
         for (uint32_t j = 0; j < n_pos; j++) {
             const uint8_t *rec = kv_record(be, sq, j, layer, 1, g);
+            float pj = f16 ? round_fp16(sc[j] * inv) : sc[j] * inv;
 #ifdef TDM_X86
             if (f16_fast) {
-                axpy_f16_avx2(o, sc[j], (const uint16_t *)rec + (size_t)(j % bs) * D, D);
+                axpy_f16_avx2(o, pj, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
                 continue;
             }
 #endif
             kv_get(be, rec, j % bs, tmp);
 #ifdef TDM_X86
             if (be->avx2) {
-                axpy_f32_avx2(o, sc[j], tmp, D);
+                axpy_f32_avx2(o, pj, tmp, D);
                 continue;
             }
 #endif
             for (uint32_t i = 0; i < D; i++)
-                o[i] += sc[j] * tmp[i];
+                o[i] += pj * tmp[i];
         }
-        float inv = 1.0f / sum;
-        for (uint32_t i = 0; i < D; i++)
-            o[i] *= inv;
     }
     return TDM_OK;
 }
