@@ -140,7 +140,8 @@ if [ -f "$model" ]; then
         "GQA:                      3 KV heads vs 9 heads → 3.0× less KV"
     expect_usage "model and shape" "not both" -m "$model" --layers 4
 else
-    echo "note: $model absent; skipping the model checks"
+    fail=$((fail + 1))
+    echo "FAIL: default model $model is missing: run scripts/setup"
 fi
 args=(-m "$tmp/none.gguf")
 kvcalc "${args[@]}"

@@ -137,8 +137,7 @@ if [[ -f "$model" ]]; then
     # the default model is used without -m
     expect_out "default model" "19556 905" "Hello world"
 else
-    echo "note: $model not found; the SmolLM2 --chat checks did not run" \
-        "(scripts/setup fetches it)" >&2
+    bad "default model $model is missing: run scripts/setup"
 fi
 
 # ---- errors: status 1 for failures, 2 for bad usage; the message names the problem ----
