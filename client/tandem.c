@@ -59,8 +59,13 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "--version") == 0)
         return tdm_cmd_version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        if (strcmp(argv[1], subcommands[i].name) == 0)
+        if (strcmp(argv[1], subcommands[i].name) == 0) {
+            /* getopt names the program by argv[0] in its messages: "tandem generate: …" */
+            char name[64];
+            snprintf(name, sizeof name, "tandem %s", subcommands[i].name);
+            argv[1] = name;
             return subcommands[i].run(argc - 1, argv + 1);
+        }
     fprintf(stderr, "tandem: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

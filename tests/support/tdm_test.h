@@ -4,9 +4,15 @@
 #define TANDEM_TEST_SUPPORT_H
 
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+/* Finds the default model (tdm_model_default_path: $TANDEM_MODEL or the cache) and checks the
+ * file exists. Returns true with the path in path[cap]; false with the reason (what to run or
+ * set) in problem[pcap]. Tests fail, never skip, on false: scripts/setup installs the model. */
+bool tdm_test_default_model(char *path, size_t cap, char *problem, size_t pcap);
 
 #endif

@@ -89,21 +89,12 @@ static int group_setup(void **state)
     if (!fx)
         return -1;
     *state = fx;
-    int rc = tdm_model_default_path(fx->model_path, sizeof fx->model_path);
-    if (rc != TDM_OK) {
-        snprintf(fx->problem, sizeof fx->problem,
-                 "cannot form the default model path (%s): set TANDEM_MODEL or HOME",
-                 tdm_strerror(rc));
+    if (!tdm_test_default_model(fx->model_path, sizeof fx->model_path, fx->problem,
+                                sizeof fx->problem))
         return 0;
-    }
     struct stat st;
-    if (stat(fx->model_path, &st) != 0) {
-        snprintf(fx->problem, sizeof fx->problem,
-                 "model file %s is missing: run scripts/setup to download it (or set "
-                 "TANDEM_MODEL to a copy of %s)",
-                 fx->model_path, TDM_DEFAULT_MODEL_FILE);
+    if (stat(fx->model_path, &st) != 0)
         return 0;
-    }
     json_error_t jerr;
     fx->golden = json_load_file(GOLDEN_PATH, 0, &jerr);
     if (!fx->golden) {

@@ -158,6 +158,8 @@ int tdm_parse_bytes(const char *text, uint64_t *bytes)
             mult = byte_units[i].mult;
     if (mult == 0)
         return TDM_EINVALID;
+    if (scale > 1 && mult == 1 && frac != 0)
+        return TDM_EINVALID; /* "1.5" bytes: a fraction needs a unit (1.5GiB) */
     uint64_t total;
     if (!tdm_mul_u64(whole, mult, &total))
         return TDM_EINVALID;

@@ -316,39 +316,7 @@ static bool bigram_less(const bigram_t *a, const bigram_t *b)
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static void heap_push(bpe_work_t *w, bigram_t e)
-{
-    size_t i = w->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bigram_less(&e, &w->heap[p]))
-            break;
-        w->heap[i] = w->heap[p];
-        i = p;
-    }
-    w->heap[i] = e;
-}
-
-static bigram_t heap_pop(bpe_work_t *w)
-{
-    bigram_t top = w->heap[0];
-    bigram_t last = w->heap[--w->n_heap];
-    size_t n = w->n_heap, i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && bigram_less(&w->heap[c + 1], &w->heap[c]))
-            c++;
-        if (!bigram_less(&w->heap[c], &last))
-            break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0)
-        w->heap[i] = last;
-    return top;
-}
+TDM_DEFINE_BIGRAM_HEAP(bpe_work_t, bigram_t, bigram_less)
 
 static void try_add(const tdm_tokenizer_t *tok, bpe_work_t *w, int32_t l, int32_t r)
 {

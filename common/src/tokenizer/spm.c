@@ -40,39 +40,7 @@ static bool bigram_before(const spm_bigram_t *a, const spm_bigram_t *b)
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static void heap_push(spm_work_t *w, spm_bigram_t e)
-{
-    size_t i = w->n_heap++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bigram_before(&e, &w->heap[p]))
-            break;
-        w->heap[i] = w->heap[p];
-        i = p;
-    }
-    w->heap[i] = e;
-}
-
-static spm_bigram_t heap_pop(spm_work_t *w)
-{
-    spm_bigram_t top = w->heap[0];
-    spm_bigram_t last = w->heap[--w->n_heap];
-    size_t n = w->n_heap, i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= n)
-            break;
-        if (c + 1 < n && bigram_before(&w->heap[c + 1], &w->heap[c]))
-            c++;
-        if (!bigram_before(&w->heap[c], &last))
-            break;
-        w->heap[i] = w->heap[c];
-        i = c;
-    }
-    if (n > 0)
-        w->heap[i] = last;
-    return top;
-}
+TDM_DEFINE_BIGRAM_HEAP(spm_work_t, spm_bigram_t, bigram_before)
 
 static bool mergeable(const tdm_tokenizer_t *tok, tdm_token_t id)
 {

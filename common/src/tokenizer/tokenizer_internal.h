@@ -122,4 +122,42 @@ int tdm_tok_bpe_encode(const tdm_tokenizer_t *tok, const char *text, size_t len,
 int tdm_tok_spm_encode(const tdm_tokenizer_t *tok, const char *text, size_t len, bool space_prefix,
                        tdm_tok_ids_t *out, tdm_error_t *err);
 
+/* TDM_DEFINE_BIGRAM_HEAP(work_t, elem_t, less): defines static heap_push(work_t *, elem_t) and
+ * heap_pop(work_t *) -> elem_t over a binary min-heap in w->heap[0..w->n_heap) ordered by
+ * less(const elem_t *, const elem_t *). Capacity is the caller's (the merge loops size the heap
+ * up front). Shared by the BPE and SentencePiece merge loops, whose bigram types differ. */
+#define TDM_DEFINE_BIGRAM_HEAP(work_t, elem_t, less)                                               \
+    static void heap_push(work_t *w, elem_t e)                                                     \
+    {                                                                                              \
+        size_t i = w->n_heap++;                                                                    \
+        while (i > 0) {                                                                            \
+            size_t p = (i - 1) / 2;                                                                \
+            if (!less(&e, &w->heap[p]))                                                            \
+                break;                                                                             \
+            w->heap[i] = w->heap[p];                                                               \
+            i = p;                                                                                 \
+        }                                                                                          \
+        w->heap[i] = e;                                                                            \
+    }                                                                                              \
+    static elem_t heap_pop(work_t *w)                                                              \
+    {                                                                                              \
+        elem_t top = w->heap[0];                                                                   \
+        elem_t last = w->heap[--w->n_heap];                                                        \
+        size_t n = w->n_heap, i = 0;                                                               \
+        for (;;) {                                                                                 \
+            size_t c = 2 * i + 1;                                                                  \
+            if (c >= n)                                                                            \
+                break;                                                                             \
+            if (c + 1 < n && less(&w->heap[c + 1], &w->heap[c]))                                   \
+                c++;                                                                               \
+            if (!less(&w->heap[c], &last))                                                         \
+                break;                                                                             \
+            w->heap[i] = w->heap[c];                                                               \
+            i = c;                                                                                 \
+        }                                                                                          \
+        if (n > 0)                                                                                 \
+            w->heap[i] = last;                                                                     \
+        return top;                                                                                \
+    }
+
 #endif /* TANDEM_TOKENIZER_INTERNAL_H */
