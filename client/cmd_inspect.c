@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "tandem/gguf.h"
+#include "tandem/kv.h"
 #include "tandem/tokenizer.h"
 
 static void usage(FILE *out)
@@ -54,8 +55,9 @@ static void print_hparams(const tdm_gguf_t *g)
     printf("output matrix:             %s\n",
            hp.tied_embeddings ? "tied to token_embd.weight" : "output.weight");
     printf("qkv bias:                  %s\n", hp.has_qkv_bias ? "yes" : "no");
-    /* KV bytes per token = 2 (K and V) * n_layers * n_kv_heads * head_dim * bytes per value */
-    uint64_t kv_tok = 2ull * hp.n_layers * hp.n_kv_heads * hp.head_dim * 2ull;
+    /* the sizing function the KV pools and `tandem kvcalc` use (tandem/kv.h) */
+    tdm_kv_layout_t kl = {hp.n_layers, hp.n_kv_heads, hp.head_dim, 16, TDM_KV_F16};
+    uint64_t kv_tok = tdm_kv_bytes_per_token(&kl);
     printf("kv cache per token (f16):  %" PRIu64 " bytes\n", kv_tok);
     printf("kv cache per full context: %" PRIu64 " bytes (%.2f MiB at %" PRIu32 " tokens)\n",
            kv_tok * hp.n_ctx_train, (double)(kv_tok * hp.n_ctx_train) / (1024.0 * 1024.0),
