@@ -221,7 +221,7 @@ static void print_table(const kvcalc_t *k)
     printf("KV per sequence:          %s bytes (%s tokens, %s blocks, %s)\n",
            fmt_count(k->bytes_per_seq, a), fmt_count(k->context, b),
            fmt_count(k->blocks_per_seq, c), fmt_human(k->bytes_per_seq, d));
-    char label[40];
+    char label[64];
     snprintf(label, sizeof label, "KV for %s user%s:", fmt_count(k->users, d),
              k->users == 1 ? "" : "s");
     printf("%-25s %s bytes (%s blocks, %s)\n", label, fmt_count(k->bytes_total, a),

@@ -131,12 +131,32 @@ static void test_log_levels_and_kv(void **state)
     assert_string_equal(buf, "e=\"\"");
 }
 
+static void test_utf8_decode(void **state)
+{
+    (void)state;
+    uint32_t cp = 0;
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"A", 1, &cp), 1);
+    assert_int_equal(cp, 0x41);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\xc3\xa9", 2, &cp), 2);
+    assert_int_equal(cp, 0xE9);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\xf0\x9f\x98\x80", 4, &cp), 4);
+    assert_int_equal(cp, 0x1F600);
+    /* truncated, overlong, surrogate, above U+10FFFF, stray continuation, empty */
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\xc3", 1, &cp), 0);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\xc0\x80", 2, &cp), 0);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\xe0\x80\x80", 3, &cp), 0);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\xed\xa0\x80", 3, &cp), 0);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\xf4\x90\x80\x80", 4, &cp), 0);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"\x80", 1, &cp), 0);
+    assert_int_equal(tdm_utf8_decode((const unsigned char *)"", 0, &cp), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_names),      cmocka_unit_test(test_error_set_and_prefix),
         cmocka_unit_test(test_read_file),         cmocka_unit_test(test_logfmt),
-        cmocka_unit_test(test_log_levels_and_kv),
+        cmocka_unit_test(test_log_levels_and_kv), cmocka_unit_test(test_utf8_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,6 +95,11 @@ double tdm_time_now(void);
 /* Duplicates a string; returns NULL on out of memory or when s is NULL. Caller frees. */
 char *tdm_strdup(const char *s);
 
+/* Decodes the UTF-8 character at s (n bytes left): returns its length (1..4) and sets *cp, or
+ * returns 0 (n == 0, or the bytes there are not one well-formed character: RFC 3629, no
+ * overlong forms, no surrogates, nothing above U+10FFFF). Cannot fail otherwise. */
+size_t tdm_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
+
 /* Reads a whole file into a NUL-terminated heap buffer (the NUL is not counted in *len).
  * Caller frees *data with free(). Errors: TDM_ENOTFOUND (no such file), TDM_EUNAVAILABLE
  * (read error), TDM_ERESOURCE (out of memory or larger than max_bytes). */

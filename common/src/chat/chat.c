@@ -57,40 +57,6 @@ static void sb_puts(strbuf_t *sb, const char *s)
     sb_append(sb, s, strlen(s));
 }
 
-/* Length of the UTF-8 character at s[0..n) when it is a well-formed 1..4 byte sequence, with
- * its code point in *cp; 0 for an invalid or truncated sequence. */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
-{
-    if (n == 0)
-        return 0;
-    unsigned char c = s[0];
-    size_t len;
-    uint32_t v, min;
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    } else if ((c & 0xE0) == 0xC0) {
-        len = 2, v = c & 0x1Fu, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-        len = 3, v = c & 0x0Fu, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-        len = 4, v = c & 0x07u, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        v = (v << 6) | (s[i] & 0x3Fu);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
-        return 0;
-    *cp = v;
-    return len;
-}
-
 /* Python's str.isspace(): the characters whose bidirectional type is WS, B or S or whose
  * category is Zs (Objects/unicodetype_db.h, _PyUnicode_IsWhitespace). */
 static bool py_isspace(uint32_t cp)
@@ -126,7 +92,7 @@ static size_t py_strip(const char *s, size_t n, size_t *start)
     size_t b = 0, e = n;
     uint32_t cp;
     while (b < e) {
-        size_t len = utf8_decode(u + b, e - b, &cp);
+        size_t len = tdm_utf8_decode(u + b, e - b, &cp);
         if (len == 0 || !py_isspace(cp))
             break;
         b += len;
@@ -136,7 +102,7 @@ static size_t py_strip(const char *s, size_t n, size_t *start)
         size_t k = e - 1;
         while (k > b && e - k < 4 && (u[k] & 0xC0) == 0x80)
             k--;
-        size_t len = utf8_decode(u + k, e - k, &cp);
+        size_t len = tdm_utf8_decode(u + k, e - k, &cp);
         if (len != e - k || !py_isspace(cp))
             break;
         e = k;

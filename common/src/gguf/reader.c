@@ -764,24 +764,6 @@ int tdm_gguf_get_arr(const tdm_gguf_t *g, const char *key, tdm_gguf_vtype_t elem
     return TDM_OK;
 }
 
-/* Length of the valid UTF-8 character at s (n bytes left), or 0 when the bytes there are not
- * one (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF). */
-static size_t utf8_char_len(const unsigned char *s, uint64_t n)
-{
-    if (s[0] < 0x80)
-        return 1;
-    size_t len = s[0] >= 0xF0 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC2 ? 2 : 0;
-    if (len == 0 || len > n || s[0] > 0xF4)
-        return 0;
-    for (size_t i = 1; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    if ((s[0] == 0xE0 && s[1] < 0xA0) || (s[0] == 0xED && s[1] > 0x9F) ||
-        (s[0] == 0xF0 && s[1] < 0x90) || (s[0] == 0xF4 && s[1] > 0x8F))
-        return 0;
-    return len;
-}
-
 /* Appends s (len bytes) to buf quoted, cut after max bytes; control bytes, quotes, backslashes
  * and bytes that are not valid UTF-8 are written as \xNN escapes, so a file's strings cannot
  * send terminal escape sequences or broken text to the screen. */
@@ -791,7 +773,8 @@ static size_t fmt_str(char *buf, size_t cap, size_t pos, const char *s, uint64_t
     pos += (size_t)snprintf(buf + pos, pos < cap ? cap - pos : 0, "\"");
     for (uint64_t i = 0; i < len && i < max && pos < cap;) {
         unsigned char ch = u[i];
-        size_t cl = utf8_char_len(u + i, len - i);
+        uint32_t cp;
+        size_t cl = tdm_utf8_decode(u + i, (size_t)(len - i), &cp);
         if (ch < 0x20 || ch == 0x7f || ch == '"' || ch == '\\' || cl == 0) {
             pos += (size_t)snprintf(buf + pos, cap - pos, "\\x%02x", ch);
             i++;

@@ -220,39 +220,6 @@ static int parse_byte_piece(const char *s, size_t n)
     return v;
 }
 
-/* Decodes one UTF-8 character at s (n > 0 bytes left): returns its length and sets *cp, or
- * returns 0 when the bytes there are not a valid character. */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
-{
-    unsigned char c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    uint32_t v, min;
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2, v = c & 0x1F, min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3, v = c & 0x0F, min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4, v = c & 0x07, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (len > n)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        v = v << 6 | (s[i] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
-        return 0;
-    *cp = v;
-    return len;
-}
-
 /* Fills tok->dec: what each token decodes to when specials are not rendered. Each decoded
  * form is at most as long as the token's text, so dec needs no more room than text. */
 static int build_decoded(tdm_tokenizer_t *tok)
@@ -296,7 +263,7 @@ static int build_decoded(tdm_tokenizer_t *tok)
             } else {
                 for (size_t i = 0; i < n;) {
                     uint32_t cp = 0;
-                    size_t cl = utf8_decode((const unsigned char *)s + i, n - i, &cp);
+                    size_t cl = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
                     if (cl > 0 && cp < 324 && cp_to_byte[cp] >= 0) {
                         tok->dec[k++] = (char)cp_to_byte[cp];
                         i += cl;
