@@ -19,3 +19,12 @@ tdm_require_pkg(JANSSON jansson libjansson-dev)
 if(TANDEM_BUILD_TESTS)
   tdm_require_pkg(CMOCKA cmocka libcmocka-dev)
 endif()
+tdm_require_pkg(ZMQ libzmq libzmq3-dev)
+tdm_require_pkg(PROTOBUFC libprotobuf-c libprotobuf-c-dev)
+tdm_require_pkg(MHD libmicrohttpd libmicrohttpd-dev)
+
+find_program(TANDEM_PROTOC_C protoc-c)
+if(NOT TANDEM_PROTOC_C)
+  message(FATAL_ERROR "missing program 'protoc-c': install the Debian package protobuf-c-compiler "
+                      "(scripts/setup does this)")
+endif()

@@ -1,0 +1,248 @@
+/* net.h - gRPC-like calls over ZeroMQ: framing, unary and server-streaming calls, deadlines,
+ * cancellation, CURVE security and limits, for the router, the nodes and the client library.
+ *
+ * Wire format (docs/protocol.md): every ZeroMQ multipart message is
+ *     [peer identity (ROUTER side only)] [FrameHeader] [body]? [data]*
+ * FrameHeader and body are protobuf (proto/tandem.proto, package tandem.v1); the header
+ * carries the protocol version, the frame kind (REQUEST, STREAM, END, CANCEL, NOTIFY), the
+ * method, the caller's call id, and on END a gRPC status code and message. `data` frames are
+ * raw bytes (KV blocks), announced by FrameHeader.n_data_frames.
+ *
+ * Sockets are ZMQ ROUTER (bound: router endpoints, decode KV endpoints) and DEALER
+ * (connected: clients, nodes, KV senders). A tdm_sock_t belongs to one thread, like the ZMQ
+ * socket inside it. Nothing here is global: each process (or test) makes a tdm_net_t that
+ * holds the ZMQ context.
+ *
+ * Robustness: tdm_sock_recv never crashes or blocks on what it receives. A frame that is too
+ * big, has too many parts, fails to decode, has another major version or an unknown kind
+ * gets an END reply with the status and a message when a reply is possible (the header
+ * decoded and names a REQUEST), and is otherwise dropped with a log line; either way it is
+ * counted in tdm_sock_stats and tdm_sock_recv goes on to the next message.
+ */
+#ifndef TANDEM_NET_H
+#define TANDEM_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "tandem/base.h"
+#include "tandem/log.h"
+#include "tandem/proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Protocol version carried in every FrameHeader. A peer with another major version is
+ * refused (FAILED_PRECONDITION, "protocol version 2.0 not supported; this node speaks 1.x"). */
+#define TDM_PROTOCOL_MAJOR 1u
+#define TDM_PROTOCOL_MINOR 0u
+
+/* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
+#define TDM_NET_MAX_HEADER_BYTES 4096u            /* FrameHeader frame */
+#define TDM_NET_MAX_BODY_BYTES (16u << 20)        /* body frame (a 1M-token prompt fits) */
+#define TDM_NET_MAX_DATA_BYTES (256u << 20)       /* one data frame (one KV block) */
+#define TDM_NET_MAX_DATA_FRAMES 65536u            /* data frames per message */
+#define TDM_NET_PEER_MAX 256u                     /* bytes of a ROUTER peer identity */
+#define TDM_NET_API_KEY_MAX 256u                  /* bytes of an API key */
+
+/* One per process (or per test): the ZMQ context. */
+typedef struct tdm_net tdm_net_t;
+
+/* Makes a ZMQ context with io_threads I/O threads (1..64; KV senders want 2+).
+ * Returns NULL with *err set (TDM_ERESOURCE, TDM_EINTERNAL) on failure. */
+tdm_net_t *tdm_net_new(int io_threads, tdm_error_t *err);
+
+/* Terminates the context; every socket made from it must be destroyed first. NULL-safe,
+ * nulls *self_p. */
+void tdm_net_destroy(tdm_net_t **self_p);
+
+/* The raw void* ZMQ context, for inproc sockets made outside this module. */
+void *tdm_net_zctx(tdm_net_t *net);
+
+/* ZeroMQ CURVE keys, Z85 text (40 characters each). A server (ROUTER) uses server_public +
+ * server_secret and accepts only clients whose public key equals client_public (checked
+ * through a ZAP handler owned by the tdm_net_t). A client (DEALER) uses client_public +
+ * client_secret and server_public. All NULL = plain TCP. */
+typedef struct tdm_curve_keys {
+    const char *server_public;
+    const char *server_secret;
+    const char *client_public;
+    const char *client_secret;
+} tdm_curve_keys_t;
+
+/* Options for tdm_sock_bind / tdm_sock_connect. Zero-initialise, then set what you need. */
+typedef struct tdm_sock_opts {
+    const tdm_curve_keys_t *curve; /* NULL or all-NULL keys: no CURVE */
+    const char *identity;          /* DEALER: routing id shown to the ROUTER peer (<= 255
+                                      bytes); NULL: ZMQ picks one */
+    int sndhwm;                    /* messages queued per peer before send fails; 0 = 10000 */
+    int heartbeat_ms;              /* ZMTP heartbeat interval (dead TCP peers are
+                                      disconnected after 3 intervals); 0 = 1000, <0 = off */
+    int reconnect_ms;              /* DEALER: first reconnect delay, doubling up to
+                                      reconnect_max_ms (backoff); 0 = 100 */
+    int reconnect_max_ms;          /* 0 = 5000 */
+    const tdm_logger_t *log;       /* where dropped frames are logged; NULL = stderr */
+} tdm_sock_opts_t;
+
+typedef struct tdm_sock tdm_sock_t;
+
+/* Counters of one socket (monotonic). */
+typedef struct tdm_sock_stats {
+    uint64_t frames_in;       /* messages received and handed to the caller */
+    uint64_t frames_out;      /* messages sent */
+    uint64_t rejected;        /* malformed / oversized / wrong version: answered with END */
+    uint64_t dropped;         /* malformed with no way to reply: dropped and logged */
+    uint64_t send_failures;   /* sends that failed (peer gone, queue full) */
+    uint64_t bytes_in, bytes_out;
+} tdm_sock_stats_t;
+
+/* Binds a ROUTER socket at endpoint ("tcp://127.0.0.1:7600", "inproc://x"). The socket
+ * reports unroutable peers on send (ZMQ_ROUTER_MANDATORY), so sending to a gone peer fails
+ * with TDM_EUNAVAILABLE instead of vanishing. Returns NULL with *err set:
+ * TDM_EINVALID (bad endpoint or keys), TDM_EUNAVAILABLE (address in use). */
+tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_opts_t *opts,
+                          tdm_error_t *err);
+
+/* Connects a DEALER socket to endpoint. ZMQ connects in the background and reconnects with
+ * backoff; messages sent before the connection is up are queued (up to sndhwm). Returns
+ * NULL with *err set (TDM_EINVALID for a bad endpoint or keys). */
+tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_sock_opts_t *opts,
+                             tdm_error_t *err);
+
+/* Closes the socket (linger 0: unsent messages are dropped and their zero-copy data released
+ * through the free callbacks). NULL-safe, nulls *self_p. */
+void tdm_sock_destroy(tdm_sock_t **self_p);
+
+/* The ZMQ socket, for zmq_poll (ZMQ_POLLIN). Do not send or receive on it directly. */
+void *tdm_sock_zsock(tdm_sock_t *s);
+
+/* The endpoint actually bound or connected (a "tcp://127.0.0.1:*" bind reports its port). */
+const char *tdm_sock_endpoint(const tdm_sock_t *s);
+
+void tdm_sock_stats(const tdm_sock_t *s, tdm_sock_stats_t *out);
+
+/* Last error message of the socket ("" if none). */
+const char *tdm_sock_errmsg(const tdm_sock_t *s);
+
+/* A received message. The body and data frames point into ZMQ message buffers owned by the
+ * frame until tdm_frame_clear. */
+typedef struct tdm_frame {
+    uint8_t peer[TDM_NET_PEER_MAX]; /* ROUTER: sender's routing id */
+    size_t peer_len;                /* 0 on a DEALER socket */
+    uint32_t version_major, version_minor;
+    int kind;                       /* TANDEM__V1__FRAME_KIND__* */
+    int method;                     /* TANDEM__V1__METHOD__* */
+    uint64_t call_id;
+    int status;                     /* END: tdm status (0 or negative, -gRPC code) */
+    char message[TDM_ERRMSG_MAX];   /* END: error text ("" on success) */
+    uint64_t deadline_unix_ms;      /* REQUEST: 0 = none */
+    char api_key[TDM_NET_API_KEY_MAX];
+    const uint8_t *body;            /* body frame, NULL when none */
+    size_t body_len;
+    uint32_t n_data;                /* data frames */
+    void *impl;                     /* zmq_msg_t storage; private */
+    size_t impl_cap;
+} tdm_frame_t;
+
+/* Initialises an empty frame (no allocation). Cannot fail. */
+void tdm_frame_init(tdm_frame_t *f);
+
+/* Releases what the frame holds and empties it; the frame may be reused. NULL-safe. */
+void tdm_frame_clear(tdm_frame_t *f);
+
+/* Data frame i (< f->n_data): its bytes and length; valid until tdm_frame_clear. */
+const uint8_t *tdm_frame_data(const tdm_frame_t *f, uint32_t i, size_t *len);
+
+/* Receives the next valid message into f (cleared first). timeout_ms: 0 = do not wait,
+ * < 0 = wait forever. Malformed input is answered or dropped and counted (see the file
+ * comment), and the call goes on waiting within the same timeout. Returns 0 with f filled,
+ * TDM_EDEADLINE when nothing arrived in time, TDM_ECANCELLED when the context is shutting
+ * down or the call was interrupted (EINTR: a signal), TDM_EINTERNAL on other ZMQ errors. */
+int tdm_sock_recv(tdm_sock_t *s, tdm_frame_t *f, int timeout_ms);
+
+/* Data to append as raw frames after the body. With free_fn set the bytes are sent without
+ * copying (zmq_msg_init_data) and free_fn(ptr, hint) runs, on a ZMQ I/O thread, once ZMQ no
+ * longer needs them: it must be thread-safe and must not call ZMQ. free_fn NULL: copied. */
+typedef struct tdm_net_data {
+    const void *ptr;
+    size_t len;
+    void (*free_fn)(void *ptr, void *hint);
+    void *hint;
+} tdm_net_data_t;
+
+/* What to send. Fields not used by the kind are ignored. */
+typedef struct tdm_send {
+    const uint8_t *peer;  /* ROUTER sockets: destination routing id; DEALER: NULL */
+    size_t peer_len;
+    int kind;             /* TANDEM__V1__FRAME_KIND__* */
+    int method;
+    uint64_t call_id;
+    int status;           /* END: tdm status (0 or negative) */
+    const char *message;  /* END: error text; NULL = "" */
+    uint64_t deadline_unix_ms;
+    const char *api_key;  /* NULL = none */
+    const ProtobufCMessage *body; /* NULL = no body frame */
+    const tdm_net_data_t *data;   /* n_data raw frames */
+    uint32_t n_data;
+} tdm_send_t;
+
+/* Sends one message without blocking. If sending fails part-way (peer gone, queue full),
+ * every zero-copy free_fn still runs exactly once. Returns 0; TDM_EUNAVAILABLE when the peer
+ * is unknown or gone (ROUTER) or the queue is full; TDM_EINVALID when a limit above is
+ * exceeded (nothing sent); TDM_ERESOURCE on out of memory. */
+int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m);
+
+/* Shorthands over tdm_sock_send. `to` is the frame being answered (its peer and call id). */
+int tdm_sock_reply(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body);
+int tdm_sock_reply_error(tdm_sock_t *s, const tdm_frame_t *to, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int tdm_sock_stream(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body);
+/* A one-way message to peer (ROUTER; NULL/0 on DEALER). */
+int tdm_sock_notify(tdm_sock_t *s, const uint8_t *peer, size_t peer_len, int method,
+                    const ProtobufCMessage *body);
+
+/* Decodes f's body as the message type desc (e.g. &tandem__v1__generate_request__descriptor).
+ * A missing body decodes as the empty message. Returns the message (caller frees with
+ * protobuf_c_message_free_unpacked(msg, NULL)) or NULL when the body does not decode. */
+ProtobufCMessage *tdm_frame_unpack(const tdm_frame_t *f, const ProtobufCMessageDescriptor *desc);
+
+/* True when f carries a deadline that has passed at unix time now_ms. */
+bool tdm_frame_expired(const tdm_frame_t *f, uint64_t now_ms);
+
+/* Milliseconds since the Unix epoch (CLOCK_REALTIME), for deadlines. */
+uint64_t tdm_net_now_ms(void);
+
+/* Name of a method ("GENERATE") / frame kind ("REQUEST"), "?" when unknown. */
+const char *tdm_net_method_name(int method);
+const char *tdm_net_kind_name(int kind);
+
+/* ---- blocking client calls (CLI, tests, client library) ---- */
+
+/* Unary call on a DEALER socket: sends REQUEST(method, req) with call id call_id and the
+ * deadline (timeout_ms from now; <= 0: none), then waits for the END of that call id,
+ * discarding frames of other calls. On success *resp_out is the decoded response of type
+ * resp_desc (caller frees with protobuf_c_message_free_unpacked). On timeout a CANCEL is
+ * sent and TDM_EDEADLINE returned. Errors: the status of the END (message in *err), or
+ * TDM_EINTERNAL when the response does not decode. api_key may be NULL. */
+int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
+                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                 int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err);
+
+/* ---- CURVE keys ---- */
+
+/* Makes a new CURVE key pair (Z85, 41 bytes each with the NUL). Returns 0, or
+ * TDM_EPRECONDITION when libzmq was built without CURVE. */
+int tdm_curve_keypair(char public_key[41], char secret_key[41]);
+
+/* Checks that text is a 40-character Z85 key; TDM_EINVALID naming `what` otherwise. */
+int tdm_curve_key_check(const char *text, const char *what, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_NET_H */

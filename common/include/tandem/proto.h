@@ -1,0 +1,64 @@
+/* proto.h - the generated protobuf-c messages of proto/tandem.proto (package tandem.v1) and
+ * conversions between them and Tandem's C structs (sampling parameters, KV layout, status
+ * codes).
+ *
+ * Ownership: a *_to_proto function fills a caller-owned message whose repeated fields point
+ * into caller-provided storage (nothing is allocated), so it is valid as long as the source
+ * and the storage are. A *_from_proto function copies into a plain C struct.
+ */
+#ifndef TANDEM_PROTO_H
+#define TANDEM_PROTO_H
+
+#include <stdint.h>
+
+#include "tandem.pb-c.h"
+
+#include "tandem/base.h"
+#include "tandem/kv.h"
+#include "tandem/sampling.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* SamplingParams.set_mask bits: field number - 1. */
+#define TDM_PROTO_SET_TEMPERATURE (1u << 0)
+#define TDM_PROTO_SET_TOP_K (1u << 1)
+#define TDM_PROTO_SET_TOP_P (1u << 2)
+#define TDM_PROTO_SET_MIN_P (1u << 3)
+#define TDM_PROTO_SET_REPETITION_PENALTY (1u << 4)
+#define TDM_PROTO_SET_PRESENCE_PENALTY (1u << 5)
+#define TDM_PROTO_SET_FREQUENCY_PENALTY (1u << 6)
+#define TDM_PROTO_SET_PENALTY_LAST_N (1u << 7)
+#define TDM_PROTO_SET_SEED (1u << 8)
+#define TDM_PROTO_SET_STOP_TOKEN_IDS (1u << 10)
+#define TDM_PROTO_SET_IGNORE_EOS (1u << 11)
+#define TDM_PROTO_SET_N_LOGPROBS (1u << 12)
+
+/* Fills *m (initialised here) from *p; every field set, set_mask all ones, has_seed true.
+ * m->stop_token_ids points into p->stop_token_ids. Cannot fail. */
+void tdm_proto_sampling_to(const tdm_sampling_params_t *p, Tandem__V1__SamplingParams *m);
+
+/* Copies m into *p. Fields whose set_mask bit is clear keep the value *p has on entry
+ * (so callers start from tdm_sampling_params_default); max_tokens is not part of the message
+ * and is left alone. Returns 0, or TDM_EINVALID naming the field when more than
+ * TDM_SAMPLING_MAX_STOP stop token ids are given. Range checks are
+ * tdm_sampling_params_validate's job. */
+int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_params_t *p,
+                            tdm_error_t *err);
+
+/* KV layout both ways. _from returns TDM_EINVALID for an unknown dtype (range checks:
+ * tdm_kv_layout_check). */
+void tdm_proto_layout_to(const tdm_kv_layout_t *l, Tandem__V1__KvLayout *m);
+int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm_error_t *err);
+
+/* Wire status (gRPC code, >= 0) <-> tdm status (0 or negative). Unknown wire codes map to
+ * TDM_EINTERNAL... except that the number is kept: -code. */
+static inline int tdm_proto_status_to_wire(int tdm_status) { return -tdm_status; }
+static inline int tdm_proto_status_from_wire(int code) { return code <= 0 ? 0 : -code; }
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_PROTO_H */

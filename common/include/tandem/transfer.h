@@ -1,0 +1,195 @@
+/* transfer.h - KV transport: ships a request's KV-cache blocks from a prefill node's pool to
+ * the blocks a decode node reserved for it, with a header (layout, model fingerprint,
+ * per-block XXH3-64 checksums), an acknowledgement, a timeout and cancellation.
+ *
+ * Backends (chosen per channel, see docs/protocol.md "KV transfer"):
+ *   tcp       ZeroMQ multipart over TCP from host memory; the sender's block frames point at
+ *             pool memory (zmq_msg_init_data, zero-copy), the receiver verifies the checksums
+ *             and copies each frame into its reserved block.
+ *   nccl      ncclSend/ncclRecv between device pools; one communicator per sender-receiver
+ *             pair, its unique id exchanged over the ZMQ channel (KvHello), created lazily and
+ *             destroyed when the peer is lost. CUDA builds only.
+ *   cuda_ipc  same host: the receiver opens the sender's pool through a cudaIpcMemHandle_t and
+ *             copies the blocks device-to-device. CUDA builds only.
+ *
+ * Sequence (tcp): sender -> REQUEST KV_TRANSFER [KvTransfer header][block 0]...[block n-1];
+ * receiver -> END OK (acknowledged: the blocks now hold the KV) or END with the rejection
+ * status and reason. The sender holds a reference on every block it sends from the moment
+ * tdm_kv_sender_send returns until the acknowledgement, rejection, timeout or cancel has been
+ * reported by tdm_kv_sender_poll AND ZeroMQ has released the zero-copy frames, so the caller
+ * may release its own references right after sending.
+ *
+ * Threads: a sender or receiver belongs to the thread that owns its KV pool (the engine
+ * thread); the zero-copy release callbacks run on ZMQ I/O threads and only touch atomics.
+ */
+#ifndef TANDEM_TRANSFER_H
+#define TANDEM_TRANSFER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/kv.h"
+#include "tandem/log.h"
+#include "tandem/net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TDM_KV_REQUEST_ID_MAX 128u /* bytes of a request id, NUL included */
+
+typedef enum tdm_kv_backend {
+    TDM_KV_BACKEND_TCP = 0,
+    TDM_KV_BACKEND_NCCL = 1,
+    TDM_KV_BACKEND_CUDA_IPC = 2,
+} tdm_kv_backend_t;
+
+/* "tcp", "nccl", "cuda_ipc"; "?" otherwise. */
+const char *tdm_kv_backend_name(tdm_kv_backend_t b);
+/* Parses a backend name; TDM_EINVALID listing the accepted names otherwise. */
+int tdm_kv_backend_parse(const char *name, tdm_kv_backend_t *out, tdm_error_t *err);
+/* Whether this build can use the backend (nccl and cuda_ipc need a CUDA build). */
+bool tdm_kv_backend_built(tdm_kv_backend_t b);
+
+/* Where a pool's blocks live. Host pools use tdm_kv_pool_base(); a CUDA pool (issue: CUDA
+ * backend) passes its device base pointer and device ordinal. */
+typedef struct tdm_kv_memory {
+    void *device_base; /* NULL: host memory at tdm_kv_pool_base(pool) */
+    int device;        /* CUDA ordinal when device_base is set */
+} tdm_kv_memory_t;
+
+/* ---- sender (prefill node) ---- */
+
+typedef struct tdm_kv_sender_opts {
+    const char *node_id;             /* sender's node id (logs, KvTransfer.sender_node_id) */
+    uint64_t model_fingerprint;      /* tdm_model_fingerprint of the served model */
+    tdm_kv_backend_t backend;        /* tcp unless both ends have device pools */
+    tdm_kv_memory_t memory;          /* zeroed: host pool */
+    const tdm_curve_keys_t *curve;   /* NULL: plain TCP */
+    int timeout_ms;                  /* acknowledgement timeout per transfer; 0 = 10000 */
+    const tdm_logger_t *log;
+} tdm_kv_sender_opts_t;
+
+typedef struct tdm_kv_sender tdm_kv_sender_t;
+
+/* Makes a sender over pool (which must outlive it). Channels to receivers are opened on first
+ * use, one DEALER per endpoint. Returns NULL with *err set (TDM_EINVALID for an unbuilt
+ * backend or bad options, TDM_ERESOURCE). */
+tdm_kv_sender_t *tdm_kv_sender_new(tdm_net_t *net, tdm_kv_pool_t *pool,
+                                   const tdm_kv_sender_opts_t *opts, tdm_error_t *err);
+
+/* Cancels every transfer in flight, waits (at most 1 s) for ZeroMQ to release the frames,
+ * drops the block references and closes the channels. NULL-safe, nulls *self_p. */
+void tdm_kv_sender_destroy(tdm_kv_sender_t **self_p);
+
+/* One transfer to start. */
+typedef struct tdm_kv_send_req {
+    const char *request_id;  /* < TDM_KV_REQUEST_ID_MAX bytes */
+    const char *endpoint;    /* the decode node's KV endpoint */
+    const uint32_t *blocks;  /* [n_blocks] pool block ids holding the KV, in token order */
+    uint32_t n_blocks;       /* ceil(n_tokens / block_size) */
+    uint32_t n_tokens;       /* tokens whose KV the blocks hold */
+    int32_t first_token;     /* the token sampled at output index 0 */
+    double prefill_s;        /* prefill compute time, reported to the decode node */
+} tdm_kv_send_req_t;
+
+/* Starts a transfer: references the blocks, computes their checksums, queues the message.
+ * Returns 0 with *transfer_id set; TDM_EINVALID (n_blocks does not match n_tokens, a block
+ * id out of range or not in use), TDM_EUNAVAILABLE (the channel cannot be opened or its queue
+ * is full); on error no reference is kept and nothing is reported by tdm_kv_sender_poll. */
+int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_t *transfer_id,
+                       tdm_error_t *err);
+
+/* Cancels the transfers of request_id (a CANCEL goes to the receiver, which drops the
+ * transfer if it has not acknowledged it). Each is then reported by tdm_kv_sender_poll with
+ * TDM_ECANCELLED. Returns the number of transfers cancelled (0 when none). */
+int tdm_kv_sender_cancel(tdm_kv_sender_t *s, const char *request_id);
+
+/* The outcome of one transfer. */
+typedef struct tdm_kv_send_done {
+    char request_id[TDM_KV_REQUEST_ID_MAX];
+    uint64_t transfer_id;
+    int status;                    /* 0 = acknowledged; else the receiver's rejection status,
+                                      TDM_EDEADLINE (no acknowledgement in time: receiver gone),
+                                      TDM_ECANCELLED */
+    char message[TDM_ERRMSG_MAX];  /* the reason, "" on success */
+    uint64_t bytes;                /* block bytes sent */
+    double seconds;                /* send until acknowledgement */
+} tdm_kv_send_done_t;
+
+/* Processes acknowledgements and timeouts, waiting up to timeout_ms (0 = no wait) for the
+ * first event, and writes up to cap finished transfers to out[]. A transfer is reported once,
+ * after its block references were dropped. Returns the number written (>= 0), or
+ * TDM_EINTERNAL. Call it regularly from the pool's thread. */
+int tdm_kv_sender_poll(tdm_kv_sender_t *s, int timeout_ms, tdm_kv_send_done_t *out, int cap);
+
+/* Transfers started and not yet reported. */
+uint32_t tdm_kv_sender_in_flight(const tdm_kv_sender_t *s);
+
+/* ---- receiver (decode node) ---- */
+
+typedef struct tdm_kv_receiver_opts {
+    const char *endpoint;            /* ROUTER bind address, e.g. "tcp://127.0.0.1:7610" */
+    const char *node_id;
+    uint64_t model_fingerprint;      /* a transfer with another fingerprint is rejected */
+    tdm_kv_memory_t memory;          /* zeroed: host pool */
+    const tdm_curve_keys_t *curve;
+    const tdm_logger_t *log;
+} tdm_kv_receiver_opts_t;
+
+typedef struct tdm_kv_receiver tdm_kv_receiver_t;
+
+/* Binds the receiver's endpoint. Returns NULL with *err set (TDM_EUNAVAILABLE: address in
+ * use, TDM_EINVALID). pool must outlive the receiver. */
+tdm_kv_receiver_t *tdm_kv_receiver_new(tdm_net_t *net, tdm_kv_pool_t *pool,
+                                       const tdm_kv_receiver_opts_t *opts, tdm_error_t *err);
+void tdm_kv_receiver_destroy(tdm_kv_receiver_t **self_p);
+
+/* The socket to poll for ZMQ_POLLIN. */
+void *tdm_kv_receiver_zsock(tdm_kv_receiver_t *r);
+/* The bound endpoint (with the real port for "tcp://…:*"). */
+const char *tdm_kv_receiver_endpoint(const tdm_kv_receiver_t *r);
+
+/* Asked by the receiver for the blocks reserved for request_id: sets *blocks (owned by the
+ * caller, valid until the callback returns... and the transfer is processed) and *n_blocks
+ * and returns 0, or returns a status to reject with (TDM_ENOTFOUND for an unknown or
+ * cancelled request, TDM_ERESOURCE when no blocks can be had) and fills msg (cap bytes). */
+typedef int (*tdm_kv_lookup_fn)(void *user, const char *request_id, uint32_t n_tokens,
+                                const uint32_t **blocks, uint32_t *n_blocks, char *msg,
+                                size_t cap);
+
+/* A processed transfer. */
+typedef struct tdm_kv_received {
+    char request_id[TDM_KV_REQUEST_ID_MAX];
+    uint64_t transfer_id;
+    int status;                    /* 0 = accepted: the reserved blocks hold the KV */
+    char message[TDM_ERRMSG_MAX];  /* why it was rejected */
+    uint32_t n_tokens;
+    int32_t first_token;
+    uint32_t n_blocks;
+    uint64_t bytes;
+    double prefill_s;
+    char sender_node_id[64];
+} tdm_kv_received_t;
+
+/* Receives and processes at most one transfer (waiting up to timeout_ms; 0 = no wait):
+ * checks the header (layout equal to the pool's, fingerprint, block count against
+ * ceil(n_tokens / block_size) and against the reserved blocks, block sizes), verifies every
+ * checksum, copies the blocks into the reserved ones, and acknowledges or rejects with a
+ * reason naming what was wrong. Returns 1 with *out filled when a transfer was processed
+ * (accepted or rejected: see out->status; on rejection the caller frees the request's
+ * blocks), 0 when none arrived (CANCEL frames are consumed: a later transfer for that
+ * request is rejected by the lookup), or TDM_EINTERNAL. Never crashes on what it receives. */
+int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn lookup,
+                         void *user, tdm_kv_received_t *out);
+
+/* Checksum of one block as carried in KvTransfer.checksums: XXH3_64bits over block_bytes. */
+uint64_t tdm_kv_block_checksum(const void *block, uint64_t block_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_TRANSFER_H */

@@ -1,0 +1,87 @@
+/* convert.c - conversions between proto/tandem.proto messages and Tandem's C structs. */
+#include <string.h>
+
+#include "tandem/proto.h"
+
+void tdm_proto_sampling_to(const tdm_sampling_params_t *p, Tandem__V1__SamplingParams *m)
+{
+    tandem__v1__sampling_params__init(m);
+    m->temperature = p->temperature;
+    m->top_k = p->top_k;
+    m->top_p = p->top_p;
+    m->min_p = p->min_p;
+    m->repetition_penalty = p->repetition_penalty;
+    m->presence_penalty = p->presence_penalty;
+    m->frequency_penalty = p->frequency_penalty;
+    m->penalty_last_n = p->penalty_last_n;
+    m->seed = p->seed;
+    m->has_seed = true;
+    m->n_stop_token_ids = p->n_stop_token_ids;
+    /* protobuf-c's repeated int32 is int32_t *; the source is const only by our contract. */
+    m->stop_token_ids = (int32_t *)(uintptr_t)p->stop_token_ids;
+    m->ignore_eos = p->ignore_eos;
+    m->n_logprobs = p->n_logprobs;
+    m->set_mask = 0xffffffffu;
+}
+
+int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_params_t *p,
+                            tdm_error_t *err)
+{
+    uint32_t set = m->set_mask;
+    if (m->n_stop_token_ids > TDM_SAMPLING_MAX_STOP)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "sampling.stop_token_ids: %zu ids given, at most %d allowed",
+                             m->n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
+    if (set & TDM_PROTO_SET_TEMPERATURE)
+        p->temperature = m->temperature;
+    if (set & TDM_PROTO_SET_TOP_K)
+        p->top_k = m->top_k;
+    if (set & TDM_PROTO_SET_TOP_P)
+        p->top_p = m->top_p;
+    if (set & TDM_PROTO_SET_MIN_P)
+        p->min_p = m->min_p;
+    if (set & TDM_PROTO_SET_REPETITION_PENALTY)
+        p->repetition_penalty = m->repetition_penalty;
+    if (set & TDM_PROTO_SET_PRESENCE_PENALTY)
+        p->presence_penalty = m->presence_penalty;
+    if (set & TDM_PROTO_SET_FREQUENCY_PENALTY)
+        p->frequency_penalty = m->frequency_penalty;
+    if (set & TDM_PROTO_SET_PENALTY_LAST_N)
+        p->penalty_last_n = m->penalty_last_n;
+    if ((set & TDM_PROTO_SET_SEED) || m->has_seed)
+        p->seed = m->seed;
+    if (set & TDM_PROTO_SET_STOP_TOKEN_IDS) {
+        p->n_stop_token_ids = (uint32_t)m->n_stop_token_ids;
+        if (m->n_stop_token_ids)
+            memcpy(p->stop_token_ids, m->stop_token_ids,
+                   m->n_stop_token_ids * sizeof(p->stop_token_ids[0]));
+    }
+    if (set & TDM_PROTO_SET_IGNORE_EOS)
+        p->ignore_eos = m->ignore_eos;
+    if (set & TDM_PROTO_SET_N_LOGPROBS)
+        p->n_logprobs = m->n_logprobs;
+    return 0;
+}
+
+void tdm_proto_layout_to(const tdm_kv_layout_t *l, Tandem__V1__KvLayout *m)
+{
+    tandem__v1__kv_layout__init(m);
+    m->n_layers = l->n_layers;
+    m->n_kv_heads = l->n_kv_heads;
+    m->head_dim = l->head_dim;
+    m->block_size = l->block_size;
+    m->dtype = (Tandem__V1__KvDtype)l->dtype;
+}
+
+int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm_error_t *err)
+{
+    if (m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_F32 &&
+        m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_F16 && m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_Q8)
+        return tdm_error_set(err, TDM_EINVALID, "layout.dtype: unknown value %d", (int)m->dtype);
+    l->n_layers = m->n_layers;
+    l->n_kv_heads = m->n_kv_heads;
+    l->head_dim = m->head_dim;
+    l->block_size = m->block_size;
+    l->dtype = (tdm_kv_dtype_t)m->dtype;
+    return 0;
+}
