@@ -104,7 +104,7 @@ typedef struct tdm_kv_stats {
     uint64_t evictions;      /* cached blocks reused for other data */
 } tdm_kv_stats_t;
 
-/* Allocates a pool of n_blocks blocks in host memory (64-byte aligned, zeroed) with an
+/* Allocates a pool of n_blocks blocks in host memory (page-aligned, zeroed, committed lazily) with an
  * index for prefix hashes. Returns NULL with *err: TDM_EINVALID (bad layout, n_blocks 0),
  * TDM_ERESOURCE (out of memory; message has the bytes asked). Caller frees with
  * tdm_kv_pool_destroy. */

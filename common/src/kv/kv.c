@@ -20,11 +20,13 @@
  * Assumes a little-endian host for the token bytes hashed (as the GGUF reader does), with a
  * portable path for big-endian hosts.
  */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include "tandem/kv.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <xxhash.h>
 
 /* TDM_KV_NO_BLOCK marks "no block" in the index and in the list links. */
@@ -33,7 +35,8 @@ struct tdm_kv_pool {
     tdm_kv_layout_t layout;
     uint64_t block_bytes; /* bytes of one block */
     uint32_t n_blocks;
-    uint8_t *base; /* [n_blocks][block_bytes], 64-byte aligned */
+    uint8_t *base;     /* [n_blocks][block_bytes], page-aligned anonymous mapping */
+    size_t base_bytes; /* length of the mapping */
 
     uint32_t *refcount; /* [n_blocks] */
     uint64_t *hash;     /* [n_blocks] chained hash; meaningful when registered[b] */
@@ -305,15 +308,19 @@ tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks,
     pool->block_bytes = block_bytes;
     pool->n_blocks = n_blocks;
     /* The big region first: a budget too large for the machine fails before the tables. */
-    pool->base = aligned_alloc(64, pool_bytes);
-    if (!pool->base) {
+    /* Anonymous mmap: page-aligned and zero, and pages are committed only when first
+     * written, so a large budget costs memory only for the blocks actually used. */
+    void *base = mmap(NULL, pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                      0);
+    if (base == MAP_FAILED) {
         tdm_error_set(err, TDM_ERESOURCE,
                       "kv pool: cannot allocate %zu bytes (%u blocks of %llu bytes)", pool_bytes,
                       (unsigned)n_blocks, (unsigned long long)block_bytes);
         tdm_kv_pool_destroy(&pool);
         return NULL;
     }
-    memset(pool->base, 0, pool_bytes);
+    pool->base = base;
+    pool->base_bytes = pool_bytes;
     pool->refcount = calloc(n_blocks, sizeof *pool->refcount);
     pool->hash = calloc(n_blocks, sizeof *pool->hash);
     pool->registered = calloc(n_blocks, sizeof *pool->registered);
@@ -347,7 +354,8 @@ void tdm_kv_pool_destroy(tdm_kv_pool_t **self_p)
     if (!self_p || !*self_p)
         return;
     tdm_kv_pool_t *pool = *self_p;
-    free(pool->base);
+    if (pool->base)
+        munmap(pool->base, pool->base_bytes);
     free(pool->index);
     free(pool->prev);
     free(pool->next);

@@ -1,0 +1,165 @@
+/* worker.h - the continuous-batching loop shared by prefill and decode nodes: admits
+ * sequences, packs prefill chunks and decode rows into one forward pass under a token budget,
+ * samples, detects the end of each sequence, and preempts the newest sequence when the KV
+ * pool runs out of blocks.
+ *
+ * One rule covers prefill, decode and recompute: a sequence holds tokens[0..n_tokens)
+ * (prompt, then output) of which the first n_computed have their KV in the pool. Each step
+ * gives it rows tokens[n_computed..] (at most the step's remaining budget); when a chunk
+ * reaches n_tokens the last row asks for logits and the next output token is sampled. A
+ * decoding sequence therefore takes one row per step, a new prompt is prefilled in chunks,
+ * and a preempted sequence (blocks freed, n_computed reset to 0) is recomputed the same way
+ * later: the engine is batch-invariant, so recomputed KV and logits are bitwise identical
+ * and the output does not change (as vLLM v1's scheduler, which also treats the two phases
+ * alike: https://docs.vllm.ai/en/latest/design/v1/ ).
+ *
+ * Order within a step: decode rows of running sequences first (oldest first), then prefill
+ * chunks of running sequences, then waiting sequences are admitted (FIFO) while the budget,
+ * max_running and the pool allow. A decode row that needs a new block when the pool is empty
+ * preempts the newest running sequence (LIFO, like vLLM's recompute preemption).
+ *
+ * Modes: PREFILL (prefill node) ends a sequence right after its first token and hands its
+ * block table to the caller to ship; DECODE (decode node) runs sequences to EOS, a stop
+ * token, max_tokens or the context limit.
+ *
+ * A worker belongs to one thread (the engine thread) together with its pool and engine.
+ * Memory: every table is allocated by tdm_worker_new; tdm_worker_add allocates the
+ * sequence's token array; tdm_worker_step allocates nothing.
+ */
+#ifndef TANDEM_WORKER_H
+#define TANDEM_WORKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/kv.h"
+#include "tandem/model.h"
+#include "tandem/sampling.h"
+#include "tandem/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TDM_WORKER_ID_MAX 128u /* bytes of a request id, NUL included */
+
+typedef enum tdm_worker_mode {
+    TDM_WORKER_MODE_PREFILL = 0, /* stop after the first token, hand the KV to the caller */
+    TDM_WORKER_MODE_DECODE = 1,  /* generate to the end */
+} tdm_worker_mode_t;
+
+typedef struct tdm_worker_opts {
+    tdm_worker_mode_t mode;
+    uint32_t max_batch_tokens; /* rows per forward pass; <= the engine's */
+    uint32_t max_running;      /* sequences in the running batch */
+    uint32_t max_waiting;      /* sequences queued behind them; add fails beyond */
+    uint32_t n_ctx;            /* longest sequence, tokens (the engine's n_ctx) */
+    bool prefix_caching;       /* reuse cached prompt blocks (tdm_kv_seq_match_prefix) */
+} tdm_worker_opts_t;
+
+typedef struct tdm_worker tdm_worker_t;
+
+/* Makes a worker over an engine, its pool and the model's tokenizer (for end-of-generation
+ * tokens); all must outlive it. Returns NULL with *err: TDM_EINVALID (an option out of range,
+ * max_batch_tokens above what the engine takes is not checked here: the forward pass names
+ * it), TDM_ERESOURCE. */
+tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool,
+                             const tdm_tokenizer_t *tok, uint32_t n_vocab,
+                             const tdm_worker_opts_t *opts, tdm_error_t *err);
+
+/* Releases every sequence's blocks and the worker. NULL-safe, nulls *self_p. */
+void tdm_worker_destroy(tdm_worker_t **self_p);
+
+/* A sequence to add. */
+typedef struct tdm_worker_req {
+    const char *request_id;             /* < TDM_WORKER_ID_MAX bytes, unique in the worker */
+    const int32_t *prompt;              /* [n_prompt] token ids, n_prompt >= 1 */
+    uint32_t n_prompt;
+    const tdm_sampling_params_t *sampling; /* validated by the caller; max_tokens >= 1 */
+    /* DECODE mode, KV received from a prefill node: the block table holding the prompt's KV
+     * (n_prompt tokens), taken over by the worker (*prefilled is emptied), and the token the
+     * prefill node sampled at output index 0. NULL: the worker prefills the prompt itself. */
+    tdm_kv_seq_t *prefilled;
+    int32_t first_token;
+} tdm_worker_req_t;
+
+/* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
+ * token, max_tokens 1) finishes at the next step without a forward pass. Returns 0;
+ * TDM_EINVALID (duplicate id, empty prompt, prompt + 1 > n_ctx, token out of the vocabulary,
+ * prefilled table not covering n_prompt tokens), TDM_ERESOURCE (max_waiting reached: the
+ * message says so; or out of memory). On error a prefilled table is left with the caller. */
+int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
+
+/* Removes a sequence wherever it is (waiting or running) and frees its blocks. Returns 0 or
+ * TDM_ENOTFOUND. No event is produced for it. */
+int tdm_worker_cancel(tdm_worker_t *w, const char *request_id);
+
+typedef enum tdm_worker_event_kind {
+    TDM_WORKER_EVENT_TOKEN = 0,     /* a token was sampled */
+    TDM_WORKER_EVENT_FINISHED = 1,  /* DECODE: the sequence ended; its blocks are freed */
+    TDM_WORKER_EVENT_PREFILLED = 2, /* PREFILL: the prompt's KV is ready; seq is the caller's */
+    TDM_WORKER_EVENT_FAILED = 3,    /* the sequence failed; its blocks are freed */
+} tdm_worker_event_kind_t;
+
+typedef enum tdm_worker_finish {
+    TDM_WORKER_FINISH_STOP = 1,   /* EOS / end-of-generation or a stop token */
+    TDM_WORKER_FINISH_LENGTH = 2, /* max_tokens or the context limit */
+} tdm_worker_finish_t;
+
+typedef struct tdm_worker_event {
+    tdm_worker_event_kind_t kind;
+    char request_id[TDM_WORKER_ID_MAX];
+    /* TOKEN */
+    uint32_t index;                 /* output index (0 = first generated token) */
+    tdm_sample_result_t sample;     /* token, logprob, top logprobs */
+    uint32_t cached_prompt_tokens;  /* index 0: prompt tokens reused from the prefix cache */
+    double prefill_s;               /* index 0: first scheduled until sampled, seconds */
+    /* FINISHED */
+    tdm_worker_finish_t finish;
+    uint32_t completion_tokens;     /* output tokens, index 0 included */
+    uint32_t preemptions;           /* times the sequence was preempted and recomputed */
+    /* PREFILLED: block table with the KV of n_tokens prompt tokens; the caller releases it
+     * with tdm_kv_seq_release when done (after handing the blocks to the KV sender). */
+    tdm_kv_seq_t seq;
+    uint32_t n_tokens;
+    int32_t first_token;
+    /* FAILED */
+    int status;
+    char message[256];
+} tdm_worker_event_t;
+
+/* Runs one forward pass over whatever is scheduled (nothing when idle) and returns the events
+ * it produced through *events (an array owned by the worker, valid until the next call) and
+ * *n_events. Returns 0 (also when idle), or the engine's error status when the forward pass
+ * failed: then every sequence of that batch gets a FAILED event and its blocks are freed, and
+ * the worker stays usable. */
+int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
+                    tdm_error_t *err);
+
+/* True when a step would do work. */
+bool tdm_worker_busy(const tdm_worker_t *w);
+
+/* Load figures for heartbeats and status. */
+typedef struct tdm_worker_stats {
+    uint32_t running;               /* sequences admitted to the batch */
+    uint32_t waiting;               /* queued, not yet admitted (or preempted) */
+    uint64_t queued_prefill_tokens; /* prompt tokens still to compute, all sequences */
+    uint32_t batch_size;            /* sequences in the last forward pass */
+    uint32_t batch_tokens;          /* rows in the last forward pass */
+    double last_step_s;             /* duration of the last forward pass */
+    uint64_t steps;                 /* forward passes run */
+    uint64_t preemptions;           /* total */
+} tdm_worker_stats_t;
+
+void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out);
+
+/* True when the worker holds request_id. */
+bool tdm_worker_has(const tdm_worker_t *w, const char *request_id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_WORKER_H */

@@ -1,0 +1,552 @@
+/* worker.c - continuous batching over the paged KV cache (see worker.h for the rules). */
+#include "tandem/worker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct wseq {
+    bool used;
+    bool running;
+    bool finish_pending; /* a prefilled sequence whose first token already ends it */
+    tdm_worker_finish_t pending_finish;
+    char id[TDM_WORKER_ID_MAX];
+    int32_t *tokens; /* [cap]: prompt then output */
+    uint32_t cap;
+    uint32_t n_tokens;
+    uint32_t n_prompt;
+    uint32_t n_computed; /* tokens whose KV is in kv's blocks */
+    uint32_t max_new;    /* output tokens at most: min(max_tokens, n_ctx - n_prompt) */
+    tdm_sampling_params_t sp;
+    tdm_kv_seq_t kv;
+    bool admitted_once;
+    uint32_t cached_prompt_tokens;
+    double t_first_sched;
+    uint32_t preemptions;
+} wseq_t;
+
+struct tdm_worker {
+    tdm_engine_t *engine;
+    tdm_kv_pool_t *pool;
+    const tdm_tokenizer_t *tok;
+    uint32_t n_vocab;
+    tdm_worker_opts_t o;
+    tdm_sampler_t *sampler;
+
+    wseq_t *seqs; /* [n_slots] */
+    uint32_t n_slots;
+    uint32_t *running; /* [max_running] slot ids, oldest admission first */
+    uint32_t n_running;
+    uint32_t *waiting; /* [n_slots] slot ids, FIFO (index 0 is next) */
+    uint32_t n_waiting;
+
+    /* one forward pass */
+    int32_t *b_tokens;   /* [max_batch_tokens] */
+    uint32_t *b_pos;     /* [max_batch_tokens] */
+    uint32_t *b_seq;     /* [max_batch_tokens] */
+    bool *b_want;        /* [max_batch_tokens] */
+    tdm_batch_seq_t *b_seqs; /* [max_running] */
+    uint32_t *b_slot;    /* [max_running] slot of batch sequence k */
+    uint32_t *b_chunk;   /* [max_running] rows of batch sequence k */
+    bool *b_logits;      /* [max_running] batch sequence k asks for logits */
+    float *logits;       /* [max_running][n_vocab] */
+
+    tdm_worker_event_t *events; /* [2 * n_slots] */
+    uint32_t n_events;
+    tdm_worker_stats_t stats;
+};
+
+static void seq_free(tdm_worker_t *w, wseq_t *s)
+{
+    tdm_kv_seq_release(w->pool, &s->kv);
+    free(s->tokens);
+    memset(s, 0, sizeof *s);
+}
+
+static int find_slot(const tdm_worker_t *w, const char *id)
+{
+    for (uint32_t i = 0; i < w->n_slots; i++)
+        if (w->seqs[i].used && strcmp(w->seqs[i].id, id) == 0)
+            return (int)i;
+    return -1;
+}
+
+tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool,
+                             const tdm_tokenizer_t *tok, uint32_t n_vocab,
+                             const tdm_worker_opts_t *opts, tdm_error_t *err)
+{
+    if (!engine || !pool || !tok || n_vocab == 0 || !opts) {
+        tdm_error_set(err, TDM_EINVALID, "worker: engine, pool, tokenizer and options required");
+        return NULL;
+    }
+    if (opts->max_batch_tokens == 0 || opts->max_running == 0 || opts->n_ctx < 2 ||
+        opts->max_running > 65536 || opts->max_waiting > 1000000) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "worker: max_batch_tokens (%u) and max_running (%u, <= 65536) must be >= 1, "
+                      "n_ctx (%u) >= 2, max_waiting (%u) <= 1000000",
+                      opts->max_batch_tokens, opts->max_running, opts->n_ctx, opts->max_waiting);
+        return NULL;
+    }
+    tdm_worker_t *w = calloc(1, sizeof *w);
+    if (!w)
+        goto out_oom;
+    w->engine = engine;
+    w->pool = pool;
+    w->tok = tok;
+    w->n_vocab = n_vocab;
+    w->o = *opts;
+    w->n_slots = opts->max_running + opts->max_waiting;
+    size_t bt = opts->max_batch_tokens, mr = opts->max_running;
+    w->seqs = calloc(w->n_slots, sizeof *w->seqs);
+    w->running = calloc(mr, sizeof *w->running);
+    w->waiting = calloc(w->n_slots, sizeof *w->waiting);
+    w->b_tokens = calloc(bt, sizeof *w->b_tokens);
+    w->b_pos = calloc(bt, sizeof *w->b_pos);
+    w->b_seq = calloc(bt, sizeof *w->b_seq);
+    w->b_want = calloc(bt, sizeof *w->b_want);
+    w->b_seqs = calloc(mr, sizeof *w->b_seqs);
+    w->b_slot = calloc(mr, sizeof *w->b_slot);
+    w->b_chunk = calloc(mr, sizeof *w->b_chunk);
+    w->b_logits = calloc(mr, sizeof *w->b_logits);
+    w->logits = malloc(mr * n_vocab * sizeof *w->logits);
+    w->events = calloc(2 * (size_t)w->n_slots, sizeof *w->events);
+    if (!w->seqs || !w->running || !w->waiting || !w->b_tokens || !w->b_pos || !w->b_seq ||
+        !w->b_want || !w->b_seqs || !w->b_slot || !w->b_chunk || !w->b_logits || !w->logits ||
+        !w->events)
+        goto out_free;
+    w->sampler = tdm_sampler_new(n_vocab, err);
+    if (!w->sampler) {
+        tdm_worker_destroy(&w);
+        return NULL;
+    }
+    return w;
+out_free:
+    tdm_worker_destroy(&w);
+out_oom:
+    tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory");
+    return NULL;
+}
+
+void tdm_worker_destroy(tdm_worker_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_worker_t *w = *self_p;
+    if (w->seqs)
+        for (uint32_t i = 0; i < w->n_slots; i++)
+            if (w->seqs[i].used)
+                seq_free(w, &w->seqs[i]);
+    tdm_sampler_destroy(&w->sampler);
+    free(w->seqs);
+    free(w->running);
+    free(w->waiting);
+    free(w->b_tokens);
+    free(w->b_pos);
+    free(w->b_seq);
+    free(w->b_want);
+    free(w->b_seqs);
+    free(w->b_slot);
+    free(w->b_chunk);
+    free(w->b_logits);
+    free(w->logits);
+    free(w->events);
+    free(w);
+    *self_p = NULL;
+}
+
+/* Whether token ends generation for the sequence's parameters. */
+static bool is_stop(const tdm_worker_t *w, const tdm_sampling_params_t *sp, int32_t token)
+{
+    return tdm_sampling_is_stop(sp, token) ||
+           (!sp->ignore_eos && tdm_tokenizer_is_eog(w->tok, token));
+}
+
+int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
+{
+    if (!req->request_id || strlen(req->request_id) >= TDM_WORKER_ID_MAX)
+        return tdm_error_set(err, TDM_EINVALID, "request_id: missing or longer than %u bytes",
+                             TDM_WORKER_ID_MAX - 1);
+    if (find_slot(w, req->request_id) >= 0)
+        return tdm_error_set(err, TDM_EINVALID, "request_id '%s' is already in the worker",
+                             req->request_id);
+    if (req->n_prompt == 0 || !req->prompt)
+        return tdm_error_set(err, TDM_EINVALID, "prompt: empty (at least 1 token is needed)");
+    if (req->n_prompt + 1 > w->o.n_ctx)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prompt: %u tokens; at most %u fit the context of %u tokens",
+                             req->n_prompt, w->o.n_ctx - 1, w->o.n_ctx);
+    for (uint32_t i = 0; i < req->n_prompt; i++)
+        if (req->prompt[i] < 0 || (uint32_t)req->prompt[i] >= w->n_vocab)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "prompt[%u]: token id %d is outside the vocabulary [0, %u)", i,
+                                 req->prompt[i], w->n_vocab);
+    if (req->sampling->max_tokens < 1)
+        return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %d",
+                             req->sampling->max_tokens);
+    if (req->prefilled) {
+        if (req->prefilled->n_tokens < req->n_prompt ||
+            tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), req->n_prompt) >
+                req->prefilled->n_blocks)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "prefilled KV covers %u tokens in %u blocks; the prompt has %u",
+                                 req->prefilled->n_tokens, req->prefilled->n_blocks,
+                                 req->n_prompt);
+        if (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "first_token %d is outside the vocabulary [0, %u)",
+                                 req->first_token, w->n_vocab);
+    }
+    if (w->n_waiting >= w->o.max_waiting + (w->o.max_running - w->n_running))
+        return tdm_error_set(err, TDM_ERESOURCE,
+                             "worker queue full (%u running, %u waiting)", w->n_running,
+                             w->n_waiting);
+    int slot = -1;
+    for (uint32_t i = 0; i < w->n_slots; i++)
+        if (!w->seqs[i].used) {
+            slot = (int)i;
+            break;
+        }
+    if (slot < 0)
+        return tdm_error_set(err, TDM_ERESOURCE, "worker full (%u sequences)", w->n_slots);
+    wseq_t *s = &w->seqs[slot];
+    uint32_t max_new = (uint32_t)req->sampling->max_tokens;
+    if (max_new > w->o.n_ctx - req->n_prompt)
+        max_new = w->o.n_ctx - req->n_prompt;
+    uint32_t cap = req->n_prompt + max_new;
+    int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
+    if (!tokens)
+        return tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory (%u tokens)", cap);
+    memset(s, 0, sizeof *s);
+    s->used = true;
+    snprintf(s->id, sizeof s->id, "%s", req->request_id);
+    s->tokens = tokens;
+    s->cap = cap;
+    memcpy(tokens, req->prompt, (size_t)req->n_prompt * sizeof *tokens);
+    s->n_tokens = s->n_prompt = req->n_prompt;
+    s->max_new = max_new;
+    s->sp = *req->sampling;
+    tdm_kv_seq_init(&s->kv);
+    if (req->prefilled) {
+        s->kv = *req->prefilled;
+        tdm_kv_seq_init(req->prefilled);
+        s->kv.n_tokens = req->n_prompt;
+        s->n_computed = req->n_prompt;
+        s->tokens[s->n_tokens++] = req->first_token;
+        s->admitted_once = true;
+        if (is_stop(w, &s->sp, req->first_token)) {
+            s->finish_pending = true;
+            s->pending_finish = TDM_WORKER_FINISH_STOP;
+        } else if (s->n_tokens - s->n_prompt >= s->max_new) {
+            s->finish_pending = true;
+            s->pending_finish = TDM_WORKER_FINISH_LENGTH;
+        }
+    }
+    w->waiting[w->n_waiting++] = (uint32_t)slot;
+    return 0;
+}
+
+/* Removes slot from the running list (keeping order) or the waiting queue. */
+static void unlink_slot(tdm_worker_t *w, uint32_t slot)
+{
+    for (uint32_t i = 0; i < w->n_running; i++)
+        if (w->running[i] == slot) {
+            memmove(&w->running[i], &w->running[i + 1],
+                    (w->n_running - i - 1) * sizeof *w->running);
+            w->n_running--;
+            return;
+        }
+    for (uint32_t i = 0; i < w->n_waiting; i++)
+        if (w->waiting[i] == slot) {
+            memmove(&w->waiting[i], &w->waiting[i + 1],
+                    (w->n_waiting - i - 1) * sizeof *w->waiting);
+            w->n_waiting--;
+            return;
+        }
+}
+
+int tdm_worker_cancel(tdm_worker_t *w, const char *request_id)
+{
+    int slot = find_slot(w, request_id);
+    if (slot < 0)
+        return TDM_ENOTFOUND;
+    unlink_slot(w, (uint32_t)slot);
+    seq_free(w, &w->seqs[slot]);
+    return 0;
+}
+
+bool tdm_worker_has(const tdm_worker_t *w, const char *request_id)
+{
+    return find_slot(w, request_id) >= 0;
+}
+
+bool tdm_worker_busy(const tdm_worker_t *w)
+{
+    return w->n_running > 0 || w->n_waiting > 0;
+}
+
+static tdm_worker_event_t *push_event(tdm_worker_t *w, tdm_worker_event_kind_t kind,
+                                      const wseq_t *s)
+{
+    TDM_ASSERT(w->n_events < 2 * w->n_slots);
+    tdm_worker_event_t *ev = &w->events[w->n_events++];
+    memset(ev, 0, offsetof(tdm_worker_event_t, sample));
+    ev->kind = kind;
+    snprintf(ev->request_id, sizeof ev->request_id, "%s", s->id);
+    ev->status = 0;
+    ev->message[0] = '\0';
+    tdm_kv_seq_init(&ev->seq);
+    return ev;
+}
+
+static void finish(tdm_worker_t *w, uint32_t slot, tdm_worker_finish_t why)
+{
+    wseq_t *s = &w->seqs[slot];
+    tdm_worker_event_t *ev = push_event(w, TDM_WORKER_EVENT_FINISHED, s);
+    ev->finish = why;
+    ev->completion_tokens = s->n_tokens - s->n_prompt;
+    ev->preemptions = s->preemptions;
+    unlink_slot(w, slot);
+    seq_free(w, s);
+}
+
+static void fail(tdm_worker_t *w, uint32_t slot, int status, const char *msg)
+{
+    wseq_t *s = &w->seqs[slot];
+    tdm_worker_event_t *ev = push_event(w, TDM_WORKER_EVENT_FAILED, s);
+    ev->status = status;
+    snprintf(ev->message, sizeof ev->message, "%s", msg);
+    unlink_slot(w, slot);
+    seq_free(w, s);
+}
+
+/* Frees the newest running sequence's blocks and puts it at the front of the queue: it is
+ * recomputed from scratch when readmitted. */
+static void preempt_newest(tdm_worker_t *w)
+{
+    TDM_ASSERT(w->n_running > 0);
+    uint32_t slot = w->running[--w->n_running];
+    wseq_t *s = &w->seqs[slot];
+    tdm_kv_seq_release(w->pool, &s->kv);
+    s->n_computed = 0;
+    s->running = false;
+    s->preemptions++;
+    w->stats.preemptions++;
+    memmove(&w->waiting[1], &w->waiting[0], w->n_waiting * sizeof *w->waiting);
+    w->waiting[0] = slot;
+    w->n_waiting++;
+}
+
+/* Adds a chunk of `chunk` rows of slot to the batch being built. */
+static void add_rows(tdm_worker_t *w, uint32_t *n_rows, uint32_t *n_bseq, uint32_t slot,
+                     uint32_t chunk)
+{
+    wseq_t *s = &w->seqs[slot];
+    uint32_t k = (*n_bseq)++;
+    bool logits = s->n_computed + chunk == s->n_tokens;
+    for (uint32_t i = 0; i < chunk; i++) {
+        uint32_t r = (*n_rows)++;
+        w->b_tokens[r] = s->tokens[s->n_computed + i];
+        w->b_pos[r] = s->n_computed + i;
+        w->b_seq[r] = k;
+        w->b_want[r] = logits && i + 1 == chunk;
+    }
+    w->b_slot[k] = slot;
+    w->b_chunk[k] = chunk;
+    w->b_logits[k] = logits;
+    if (!s->admitted_once || s->t_first_sched == 0)
+        s->t_first_sched = tdm_time_now();
+}
+
+static bool in_batch(const tdm_worker_t *w, uint32_t n_bseq, uint32_t slot)
+{
+    for (uint32_t k = 0; k < n_bseq; k++)
+        if (w->b_slot[k] == slot)
+            return true;
+    return false;
+}
+
+int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
+                    tdm_error_t *err)
+{
+    w->n_events = 0;
+    *events = w->events;
+    *n_events = 0;
+
+    /* Prefilled sequences that ended with their first token. */
+    for (uint32_t i = 0; i < w->n_waiting;) {
+        uint32_t slot = w->waiting[i];
+        if (w->seqs[slot].finish_pending)
+            finish(w, slot, w->seqs[slot].pending_finish);
+        else
+            i++;
+    }
+
+    uint32_t budget = w->o.max_batch_tokens, n_rows = 0, n_bseq = 0;
+    /* 1. decode rows, oldest first; an empty pool preempts the newest sequence */
+    for (uint32_t i = 0; i < w->n_running && budget > 0; i++) {
+        uint32_t slot = w->running[i];
+        wseq_t *s = &w->seqs[slot];
+        if (s->n_tokens - s->n_computed != 1)
+            continue;
+        bool preempted_self = false;
+        while (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + 1) != TDM_OK) {
+            if (w->running[w->n_running - 1] == slot) {
+                if (w->n_running == 1) {
+                    fail(w, slot, TDM_ERESOURCE,
+                         "KV pool exhausted: the sequence alone needs more blocks than the "
+                         "pool has");
+                } else {
+                    preempt_newest(w);
+                }
+                preempted_self = true;
+                break;
+            }
+            preempt_newest(w);
+        }
+        if (preempted_self) {
+            i--; /* the running list shrank at this index or after it */
+            continue;
+        }
+        add_rows(w, &n_rows, &n_bseq, slot, 1);
+        budget--;
+    }
+    /* 2. prefill chunks of running sequences */
+    for (uint32_t i = 0; i < w->n_running && budget > 0; i++) {
+        uint32_t slot = w->running[i];
+        wseq_t *s = &w->seqs[slot];
+        uint32_t remaining = s->n_tokens - s->n_computed;
+        if (remaining <= 1 || in_batch(w, n_bseq, slot))
+            continue;
+        uint32_t chunk = remaining < budget ? remaining : budget;
+        if (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + chunk) != TDM_OK)
+            continue; /* waits for blocks; decode rows free them as sequences finish */
+        add_rows(w, &n_rows, &n_bseq, slot, chunk);
+        budget -= chunk;
+    }
+    /* 3. admit waiting sequences, FIFO */
+    while (w->n_waiting > 0 && w->n_running < w->o.max_running && budget > 0) {
+        uint32_t slot = w->waiting[0];
+        wseq_t *s = &w->seqs[slot];
+        if (s->n_computed == 0 && s->kv.n_blocks == 0 && w->o.prefix_caching) {
+            uint32_t matched = tdm_kv_seq_match_prefix(w->pool, &s->kv, s->tokens, s->n_tokens);
+            s->n_computed = matched;
+            if (!s->admitted_once)
+                s->cached_prompt_tokens = matched < s->n_prompt ? matched : s->n_prompt;
+        }
+        uint32_t remaining = s->n_tokens - s->n_computed;
+        uint32_t chunk = remaining < budget ? remaining : budget;
+        if (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + chunk) != TDM_OK) {
+            if (w->n_running == 0 && n_bseq == 0) {
+                /* Nothing runs that could free blocks: this sequence can never fit. */
+                char msg[160];
+                snprintf(msg, sizeof msg,
+                         "KV pool exhausted: %u tokens need more blocks than the %u available",
+                         s->n_computed + chunk, tdm_kv_pool_available(w->pool) + s->kv.n_blocks);
+                fail(w, slot, TDM_ERESOURCE, msg);
+                continue;
+            }
+            tdm_kv_seq_release(w->pool, &s->kv);
+            s->n_computed = 0;
+            break;
+        }
+        memmove(&w->waiting[0], &w->waiting[1], (w->n_waiting - 1) * sizeof *w->waiting);
+        w->n_waiting--;
+        w->running[w->n_running++] = slot;
+        s->running = true;
+        if (!s->admitted_once) {
+            s->admitted_once = true;
+            s->t_first_sched = tdm_time_now();
+        }
+        add_rows(w, &n_rows, &n_bseq, slot, chunk);
+        budget -= chunk;
+    }
+    *n_events = w->n_events;
+    if (n_rows == 0)
+        return 0;
+
+    /* 4. forward */
+    for (uint32_t k = 0; k < n_bseq; k++) {
+        const wseq_t *s = &w->seqs[w->b_slot[k]];
+        w->b_seqs[k] = (tdm_batch_seq_t){s->kv.blocks, s->kv.n_blocks};
+    }
+    tdm_batch_t batch = {n_rows, w->b_tokens, w->b_pos, w->b_seq, w->b_want, n_bseq, w->b_seqs};
+    double t0 = tdm_time_now();
+    int rc = tdm_engine_forward(w->engine, &batch, w->logits, err);
+    double t1 = tdm_time_now();
+    w->stats.last_step_s = t1 - t0;
+    w->stats.batch_size = n_bseq;
+    w->stats.batch_tokens = n_rows;
+    w->stats.steps++;
+    if (rc != TDM_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "forward pass failed: %.220s", err ? err->msg : tdm_strerror(rc));
+        for (uint32_t k = 0; k < n_bseq; k++)
+            fail(w, w->b_slot[k], rc, msg);
+        *n_events = w->n_events;
+        return rc;
+    }
+
+    /* 5. results, in batch order */
+    uint32_t li = 0;
+    for (uint32_t k = 0; k < n_bseq; k++) {
+        uint32_t slot = w->b_slot[k];
+        wseq_t *s = &w->seqs[slot];
+        s->n_computed += w->b_chunk[k];
+        if (w->o.prefix_caching)
+            tdm_kv_seq_commit(w->pool, &s->kv, s->tokens, s->n_computed);
+        else
+            s->kv.n_tokens = s->n_computed;
+        if (!w->b_logits[k])
+            continue;
+        const float *row = w->logits + (size_t)li++ * w->n_vocab;
+        uint32_t index = s->n_tokens - s->n_prompt;
+        tdm_worker_event_t *ev = push_event(w, TDM_WORKER_EVENT_TOKEN, s);
+        if (tdm_sampler_sample(w->sampler, &s->sp, row, s->tokens, s->n_tokens, index,
+                               &ev->sample) != TDM_OK) {
+            w->n_events--; /* replace the token event by a failure */
+            char msg[256];
+            snprintf(msg, sizeof msg, "sampling: %.230s", tdm_sampler_errmsg(w->sampler));
+            fail(w, slot, TDM_EINVALID, msg);
+            continue;
+        }
+        ev->index = index;
+        if (index == 0) {
+            ev->cached_prompt_tokens = s->cached_prompt_tokens;
+            ev->prefill_s = t1 - s->t_first_sched;
+        }
+        int32_t token = ev->sample.token;
+        s->tokens[s->n_tokens++] = token;
+        if (w->o.mode == TDM_WORKER_MODE_PREFILL) {
+            tdm_worker_event_t *pe = push_event(w, TDM_WORKER_EVENT_PREFILLED, s);
+            pe->seq = s->kv;
+            tdm_kv_seq_init(&s->kv);
+            pe->n_tokens = s->n_prompt;
+            pe->first_token = token;
+            pe->cached_prompt_tokens = s->cached_prompt_tokens;
+            pe->prefill_s = t1 - s->t_first_sched;
+            unlink_slot(w, slot);
+            seq_free(w, s);
+            continue;
+        }
+        if (is_stop(w, &s->sp, token))
+            finish(w, slot, TDM_WORKER_FINISH_STOP);
+        else if (s->n_tokens - s->n_prompt >= s->max_new)
+            finish(w, slot, TDM_WORKER_FINISH_LENGTH);
+    }
+    *n_events = w->n_events;
+    return 0;
+}
+
+void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out)
+{
+    *out = w->stats;
+    out->running = w->n_running;
+    out->waiting = w->n_waiting;
+    uint64_t q = 0;
+    for (uint32_t i = 0; i < w->n_slots; i++) {
+        const wseq_t *s = &w->seqs[i];
+        if (s->used && s->n_tokens - s->n_computed > 1)
+            q += s->n_tokens - s->n_computed;
+    }
+    out->queued_prefill_tokens = q;
+}

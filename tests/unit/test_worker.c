@@ -1,0 +1,390 @@
+/* test_worker.c - continuous batching: outputs equal a sequence run alone whatever the mix,
+ * chunking and preemption; prefill-to-decode hand-off; cancel and errors free every block. */
+#include "engine_runner.h"
+#include "tdm_test.h"
+
+#include "tandem/worker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_REQ 6
+#define MAX_OUT 40
+
+typedef struct fixture {
+    tdm_test_engine_t f;
+    tdm_tokenizer_t *tok;
+} fixture_t;
+
+static int setup(void **state)
+{
+    fixture_t *fx = calloc(1, sizeof *fx);
+    tdm_tiny_llama_spec_t spec = {0};
+    spec.n_ctx = 512;
+    spec.seed = 7;
+    tdm_test_engine_write_tiny(&fx->f, &spec);
+    tdm_test_engine_open(&fx->f, fx->f.path, TDM_KV_F16, 512);
+    tdm_error_t err = {0};
+    fx->tok = tdm_tokenizer_new(tdm_model_gguf(fx->f.model), &err);
+    assert_non_null(fx->tok);
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *fx = *state;
+    tdm_tokenizer_destroy(&fx->tok);
+    tdm_test_engine_close(&fx->f);
+    remove(fx->f.path);
+    free(fx);
+    return 0;
+}
+
+/* A worker with its own pool and engine. */
+typedef struct rig {
+    tdm_kv_pool_t *pool;
+    tdm_engine_t *engine;
+    tdm_worker_t *w;
+} rig_t;
+
+static void rig_open(fixture_t *fx, rig_t *r, tdm_worker_mode_t mode, uint32_t n_blocks,
+                     uint32_t max_batch, uint32_t max_running)
+{
+    tdm_error_t err = {0};
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(fx->f.model);
+    tdm_kv_layout_t l = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F16};
+    r->pool = tdm_kv_pool_new(&l, n_blocks, &err);
+    assert_non_null(r->pool);
+    tdm_engine_params_t ep;
+    tdm_engine_params_default(&ep);
+    ep.n_ctx = 512;
+    ep.max_batch_tokens = max_batch;
+    ep.max_logits = max_running;
+    ep.n_threads = 1;
+    r->engine = tdm_engine_new(fx->f.model, r->pool, &ep, &err);
+    assert_non_null(r->engine);
+    tdm_worker_opts_t o = {mode, max_batch, max_running, 64, 512, true};
+    r->w = tdm_worker_new(r->engine, r->pool, fx->tok, fx->f.n_vocab, &o, &err);
+    if (!r->w)
+        fail_msg("%s", err.msg);
+}
+
+static void rig_close(rig_t *r)
+{
+    tdm_worker_destroy(&r->w);
+    tdm_kv_stats_t st;
+    tdm_kv_pool_stats(r->pool, &st);
+    assert_int_equal(st.n_used, 0);
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_kv_pool_check(r->pool, &err), 0);
+    tdm_engine_destroy(&r->engine);
+    tdm_kv_pool_destroy(&r->pool);
+}
+
+typedef struct out {
+    int32_t tokens[MAX_OUT];
+    uint32_t n;
+    bool finished;
+    tdm_worker_finish_t why;
+    uint32_t completion;
+    uint32_t preemptions;
+    int failed;
+} out_t;
+
+static int id_index(const char *id) { return atoi(id + 1); }
+
+/* Steps until idle, recording events into outs[] (ids "r<k>"). */
+static uint64_t drain(rig_t *r, out_t *outs)
+{
+    uint64_t steps = 0;
+    while (tdm_worker_busy(r->w)) {
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_step(r->w, &ev, &n, &err), 0);
+        steps++;
+        assert_true(steps < 100000);
+        for (uint32_t i = 0; i < n; i++) {
+            out_t *o = &outs[id_index(ev[i].request_id)];
+            switch (ev[i].kind) {
+            case TDM_WORKER_EVENT_TOKEN:
+                assert_int_equal(ev[i].index, o->n);
+                o->tokens[o->n++] = ev[i].sample.token;
+                break;
+            case TDM_WORKER_EVENT_FINISHED:
+                o->finished = true;
+                o->why = ev[i].finish;
+                o->completion = ev[i].completion_tokens;
+                o->preemptions = ev[i].preemptions;
+                break;
+            case TDM_WORKER_EVENT_FAILED: o->failed = ev[i].status; break;
+            default: fail_msg("unexpected event kind %d", ev[i].kind);
+            }
+        }
+    }
+    return steps;
+}
+
+static void make_prompt(int32_t *p, uint32_t n, uint32_t n_vocab, uint64_t seed)
+{
+    tdm_test_random_tokens(p, n, n_vocab, seed);
+}
+
+static const uint32_t prompt_len[N_REQ] = {5, 40, 17, 100, 1, 64};
+static const int32_t max_tokens[N_REQ] = {30, 12, 25, 8, 20, 33};
+
+static void add_all(fixture_t *fx, rig_t *r, int32_t prompts[N_REQ][128], bool greedy)
+{
+    for (int k = 0; k < N_REQ; k++) {
+        make_prompt(prompts[k], prompt_len[k], fx->f.n_vocab, 100 + (uint64_t)k);
+        tdm_sampling_params_t sp;
+        tdm_sampling_params_default(&sp);
+        sp.temperature = greedy ? 0.0f : 0.9f;
+        sp.seed = 1234 + (uint64_t)k;
+        sp.max_tokens = max_tokens[k];
+        sp.ignore_eos = true;
+        char id[16];
+        snprintf(id, sizeof id, "r%d", k);
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0};
+        tdm_error_t err = {0};
+        if (tdm_worker_add(r->w, &req, &err) != 0)
+            fail_msg("%s", err.msg);
+    }
+}
+
+/* Reference: each request alone, whole prompt in one pass. */
+static void reference(fixture_t *fx, out_t *ref, bool greedy)
+{
+    for (int k = 0; k < N_REQ; k++) {
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+        int32_t prompts[N_REQ][128];
+        make_prompt(prompts[k], prompt_len[k], fx->f.n_vocab, 100 + (uint64_t)k);
+        tdm_sampling_params_t sp;
+        tdm_sampling_params_default(&sp);
+        sp.temperature = greedy ? 0.0f : 0.9f;
+        sp.seed = 1234 + (uint64_t)k;
+        sp.max_tokens = max_tokens[k];
+        sp.ignore_eos = true;
+        char id[16];
+        snprintf(id, sizeof id, "r%d", k);
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+        drain(&r, ref);
+        assert_true(ref[k].finished);
+        assert_int_equal(ref[k].n, (uint32_t)max_tokens[k]);
+        assert_int_equal(ref[k].why, TDM_WORKER_FINISH_LENGTH);
+        rig_close(&r);
+    }
+}
+
+static void check_equal(const out_t *a, const out_t *b)
+{
+    for (int k = 0; k < N_REQ; k++) {
+        assert_true(b[k].finished);
+        assert_int_equal(a[k].n, b[k].n);
+        assert_memory_equal(a[k].tokens, b[k].tokens, a[k].n * sizeof(int32_t));
+        assert_int_equal(a[k].completion, b[k].completion);
+    }
+}
+
+/* Six requests batched together with 24-token chunks give each request's solo output. */
+static void test_batched_equals_alone(void **state)
+{
+    fixture_t *fx = *state;
+    for (int greedy = 1; greedy >= 0; greedy--) {
+        out_t ref[N_REQ] = {0}, got[N_REQ] = {0};
+        reference(fx, ref, greedy);
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 128, 24, 8);
+        int32_t prompts[N_REQ][128];
+        add_all(fx, &r, prompts, greedy);
+        uint64_t steps = drain(&r, got);
+        check_equal(ref, got);
+        tdm_worker_stats_t st;
+        tdm_worker_stats(r.w, &st);
+        assert_int_equal(st.running, 0);
+        assert_int_equal(st.waiting, 0);
+        assert_true(st.steps == steps || st.steps + 1 == steps || st.steps <= steps);
+        rig_close(&r);
+    }
+}
+
+/* A pool too small for all six at once: sequences get preempted and recomputed, and the
+ * tokens are still the same. */
+static void test_preemption_keeps_outputs(void **state)
+{
+    fixture_t *fx = *state;
+    out_t ref[N_REQ] = {0}, got[N_REQ] = {0};
+    reference(fx, ref, false);
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 9, 128, 8);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &r, prompts, false);
+    drain(&r, got);
+    check_equal(ref, got);
+    tdm_worker_stats_t st;
+    tdm_worker_stats(r.w, &st);
+    assert_true(st.preemptions > 0);
+    uint32_t total = 0;
+    for (int k = 0; k < N_REQ; k++)
+        total += got[k].preemptions;
+    assert_int_equal(total, st.preemptions);
+    rig_close(&r);
+}
+
+/* PREFILL worker -> blocks copied to another pool -> DECODE worker continues: same tokens as
+ * the single-worker run (the disaggregated path in one process). */
+static void test_prefill_then_decode(void **state)
+{
+    fixture_t *fx = *state;
+    out_t ref[N_REQ] = {0}, got[N_REQ] = {0};
+    reference(fx, ref, false);
+    rig_t p, d;
+    rig_open(fx, &p, TDM_WORKER_MODE_PREFILL, 64, 64, 4);
+    rig_open(fx, &d, TDM_WORKER_MODE_DECODE, 128, 64, 8);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &p, prompts, false);
+    uint64_t block_bytes = tdm_kv_pool_block_bytes(p.pool);
+    int prefilled = 0;
+    while (tdm_worker_busy(p.w)) {
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_step(p.w, &ev, &n, &err), 0);
+        for (uint32_t i = 0; i < n; i++) {
+            int k = id_index(ev[i].request_id);
+            if (ev[i].kind == TDM_WORKER_EVENT_TOKEN) {
+                assert_int_equal(ev[i].index, 0);
+                got[k].tokens[got[k].n++] = ev[i].sample.token;
+                continue;
+            }
+            assert_int_equal(ev[i].kind, TDM_WORKER_EVENT_PREFILLED);
+            assert_int_equal(ev[i].n_tokens, prompt_len[k]);
+            assert_int_equal(ev[i].first_token, got[k].tokens[0]);
+            /* "ship" the blocks into the decode pool */
+            tdm_kv_seq_t dst;
+            tdm_kv_seq_init(&dst);
+            assert_int_equal(tdm_kv_seq_reserve(d.pool, &dst, ev[i].n_tokens), 0);
+            for (uint32_t b = 0; b < ev[i].seq.n_blocks; b++)
+                memcpy((uint8_t *)tdm_kv_pool_base(d.pool) + dst.blocks[b] * block_bytes,
+                       (uint8_t *)tdm_kv_pool_base(p.pool) + ev[i].seq.blocks[b] * block_bytes,
+                       block_bytes);
+            dst.n_tokens = ev[i].n_tokens;
+            tdm_kv_seq_t src = ev[i].seq;
+            tdm_kv_seq_release(p.pool, &src);
+            tdm_sampling_params_t sp;
+            tdm_sampling_params_default(&sp);
+            sp.temperature = 0.9f;
+            sp.seed = 1234 + (uint64_t)k;
+            sp.max_tokens = max_tokens[k];
+            sp.ignore_eos = true;
+            tdm_worker_req_t req = {ev[i].request_id, prompts[k], prompt_len[k], &sp, &dst,
+                                    ev[i].first_token};
+            assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
+            assert_int_equal(dst.n_blocks, 0); /* taken over */
+            prefilled++;
+        }
+    }
+    assert_int_equal(prefilled, N_REQ);
+    drain(&d, got);
+    check_equal(ref, got);
+    rig_close(&p);
+    rig_close(&d);
+}
+
+/* max_tokens 1 on a prefilled sequence finishes without a forward pass; a first token that is
+ * a stop token finishes with STOP. */
+static void test_prefilled_finishes_at_once(void **state)
+{
+    fixture_t *fx = *state;
+    rig_t d;
+    rig_open(fx, &d, TDM_WORKER_MODE_DECODE, 32, 64, 4);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, fx->f.n_vocab, 9);
+    out_t outs[2] = {0};
+    for (int k = 0; k < 2; k++) {
+        tdm_kv_seq_t seq;
+        tdm_kv_seq_init(&seq);
+        assert_int_equal(tdm_kv_seq_reserve(d.pool, &seq, 20), 0);
+        seq.n_tokens = 20;
+        tdm_sampling_params_t sp;
+        tdm_sampling_params_default(&sp);
+        sp.max_tokens = k == 0 ? 1 : 10;
+        sp.stop_token_ids[0] = 42;
+        sp.n_stop_token_ids = 1;
+        char id[8];
+        snprintf(id, sizeof id, "r%d", k);
+        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
+    }
+    uint64_t steps = drain(&d, outs);
+    assert_int_equal(steps, 1);
+    tdm_worker_stats_t st;
+    tdm_worker_stats(d.w, &st);
+    assert_int_equal(st.steps, 0);
+    assert_true(outs[0].finished && outs[1].finished);
+    assert_int_equal(outs[0].why, TDM_WORKER_FINISH_LENGTH);
+    assert_int_equal(outs[1].why, TDM_WORKER_FINISH_STOP);
+    assert_int_equal(outs[0].completion, 1);
+    rig_close(&d);
+}
+
+/* Cancel in the middle frees the blocks; bad requests are refused with the field named. */
+static void test_cancel_and_errors(void **state)
+{
+    fixture_t *fx = *state;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 32, 4);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &r, prompts, true);
+    const tdm_worker_event_t *ev;
+    uint32_t n;
+    tdm_error_t err = {0};
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
+    assert_int_equal(tdm_worker_cancel(r.w, "r1"), 0);
+    assert_int_equal(tdm_worker_cancel(r.w, "r1"), TDM_ENOTFOUND);
+    assert_false(tdm_worker_has(r.w, "r1"));
+    assert_true(tdm_worker_has(r.w, "r0"));
+
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0};
+    assert_int_equal(tdm_worker_add(r.w, &dup, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "already"));
+    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0};
+    assert_int_equal(tdm_worker_add(r.w, &empty, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "prompt"));
+    static int32_t big[600];
+    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0};
+    assert_int_equal(tdm_worker_add(r.w, &toolong, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "context"));
+    int32_t bad = (int32_t)fx->f.n_vocab;
+    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0};
+    assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "vocabulary"));
+    for (int k = 0; k < N_REQ; k++) {
+        char id[8];
+        snprintf(id, sizeof id, "r%d", k);
+        tdm_worker_cancel(r.w, id);
+    }
+    assert_false(tdm_worker_busy(r.w));
+    rig_close(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batched_equals_alone),
+        cmocka_unit_test(test_preemption_keeps_outputs),
+        cmocka_unit_test(test_prefill_then_decode),
+        cmocka_unit_test(test_prefilled_finishes_at_once),
+        cmocka_unit_test(test_cancel_and_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
