@@ -1,0 +1,155 @@
+/* node.h - what prefill and decode nodes share: the runtime (model, tokenizer, KV pool sized
+ * from the node's memory budget, engine, continuous-batching worker) and the link to the
+ * router (an I/O thread that registers the node, sends heartbeats and relays messages).
+ *
+ * Threads (DESIGN.md "Processes and sockets"): the engine thread owns the runtime and talks
+ * to the router through tdm_node_link_sock(), a DEALER connected over inproc:// to the link's
+ * I/O thread; the I/O thread owns the TCP socket to the router, so heartbeats keep flowing
+ * while a long forward pass runs. The engine thread publishes its load figures with
+ * tdm_node_link_set_load (a mutex-protected copy).
+ */
+#ifndef TANDEM_NODE_H
+#define TANDEM_NODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/config.h"
+#include "tandem/kv.h"
+#include "tandem/log.h"
+#include "tandem/model.h"
+#include "tandem/net.h"
+#include "tandem/tokenizer.h"
+#include "tandem/worker.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Longest context a node serves by default: min(this, the model's trained context). */
+#define TDM_NODE_DEFAULT_N_CTX 4096u
+
+/* ---- runtime ---- */
+
+typedef struct tdm_node_runtime {
+    tdm_model_t *model;
+    tdm_tokenizer_t *tok;
+    tdm_kv_pool_t *pool;
+    tdm_engine_t *engine;
+    tdm_worker_t *worker;
+    tdm_kv_layout_t layout;
+    uint32_t n_ctx;       /* tokens per sequence at most */
+    uint32_t n_vocab;
+    uint64_t fingerprint; /* tdm_model_fingerprint */
+    uint64_t weight_bytes, scratch_bytes, kv_bytes; /* the budget's split */
+} tdm_node_runtime_t;
+
+/* Context length every node and the router use for model hparams hp. */
+uint32_t tdm_node_n_ctx(const tdm_llama_hparams_t *hp);
+
+/* Opens the runtime of node `node` of cluster cfg: loads cfg->model.path, sizes the KV pool
+ * as (memory_budget - weight bytes - engine scratch bytes) / block bytes (tdm_kv_block_bytes:
+ * the same sizing function as `tandem kvcalc`), creates the engine (node->threads,
+ * node->max_batch_tokens rows, node->max_running logit rows) and a worker in `mode`.
+ * Errors (*err, message with the numbers): TDM_ENOTFOUND (model file), TDM_EINVALID (model,
+ * config), TDM_ERESOURCE when the budget does not hold the weights plus one full-context
+ * sequence (n_ctx tokens of KV), or out of memory; TDM_EPRECONDITION for a cuda device in a
+ * build without CUDA. On error nothing is left to close. */
+int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
+                          const tdm_node_config_t *node, tdm_worker_mode_t mode,
+                          tdm_error_t *err);
+
+/* Frees everything the runtime holds; zeroes it. NULL-safe. */
+void tdm_node_runtime_close(tdm_node_runtime_t *rt);
+
+/* ---- link to the router ---- */
+
+/* Figures sent in each heartbeat. */
+typedef struct tdm_node_load {
+    uint32_t kv_blocks_free, kv_blocks_used, kv_blocks_cached;
+    uint32_t running, waiting;
+    uint64_t queued_prefill_tokens;
+    double step_s;       /* last forward pass, seconds */
+    uint32_t batch_size; /* sequences in the last forward pass */
+    uint64_t prefix_queries, prefix_hits;
+} tdm_node_load_t;
+
+typedef enum tdm_node_link_state {
+    TDM_NODE_LINK_CONNECTING = 0, /* registering (the router may not be up yet) */
+    TDM_NODE_LINK_REGISTERED = 1,
+    TDM_NODE_LINK_REJECTED = 2,   /* the router refused the node: see the message */
+} tdm_node_link_state_t;
+
+typedef struct tdm_node_link_opts {
+    const char *router_endpoint;   /* router.node_endpoint */
+    const tdm_curve_keys_t *curve; /* NULL: plain TCP */
+    const Tandem__V1__RegisterRequest *reg; /* packed and kept; node_id is the DEALER identity */
+    const tdm_logger_t *log;
+} tdm_node_link_opts_t;
+
+typedef struct tdm_node_link tdm_node_link_t;
+
+/* Starts the I/O thread, which connects to the router and registers (retrying every second
+ * until acknowledged; again whenever the router answers a heartbeat with NOT_FOUND).
+ * Returns NULL with *err set (TDM_EINVALID, TDM_ERESOURCE, TDM_EINTERNAL). */
+tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *opts,
+                                   tdm_error_t *err);
+
+/* Stops the I/O thread and closes both sockets (the engine-side one too: call from the
+ * engine thread after it stopped using it). NULL-safe, nulls *self_p. */
+void tdm_node_link_destroy(tdm_node_link_t **self_p);
+
+/* The engine thread's socket: frames from the router arrive here (tdm_sock_recv), and
+ * NOTIFY/END frames sent here go to the router. */
+tdm_sock_t *tdm_node_link_sock(tdm_node_link_t *l);
+
+/* Publishes the load for the next heartbeat. Thread-safe. */
+void tdm_node_link_set_load(tdm_node_link_t *l, const tdm_node_load_t *load);
+
+/* The registration state; with REJECTED, msg (cap bytes) gets the router's reason. */
+tdm_node_link_state_t tdm_node_link_state(tdm_node_link_t *l, char *msg, size_t cap);
+
+/* Fills a load from a worker and pool. */
+void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm_node_load_t *out);
+
+/* ---- helpers shared by the node daemons ---- */
+
+/* The node `node_id` of cfg, or (node_id NULL) its first node of `role`. NULL with *err:
+ * TDM_ENOTFOUND (no such node; the message lists the ids of that role), TDM_EINVALID (the
+ * node has another role). */
+const tdm_node_config_t *tdm_node_pick(const tdm_config_t *cfg, const char *node_id,
+                                       tdm_node_role_t role, tdm_error_t *err);
+
+/* The cluster's CURVE keys as a tdm_curve_keys_t in *keys, or NULL when CURVE is off. */
+const tdm_curve_keys_t *tdm_node_curve(const tdm_config_t *cfg, tdm_curve_keys_t *keys);
+
+/* Builds the node's RegisterRequest (id, role, version, model fingerprint, KV layout and
+ * blocks, kv_endpoint (decode nodes; NULL otherwise), transports, device, limits, n_ctx, a
+ * random instance id) and starts the link to cfg->router.node_endpoint. */
+tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
+                                     const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
+                                     const char *kv_endpoint, const tdm_logger_t *log,
+                                     tdm_error_t *err);
+
+/* Gives queued messages to the router a moment (at most 300 ms) to leave before shutdown. */
+void tdm_node_link_flush(tdm_node_link_t *l);
+
+/* Sampling parameters of a task: defaults, then the message's fields (set_mask), then
+ * max_tokens; validated against n_vocab. TDM_EINVALID naming the field otherwise. m may be
+ * NULL (defaults). */
+int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, uint32_t n_vocab,
+                      tdm_sampling_params_t *out, tdm_error_t *err);
+
+/* Sends a worker TOKEN event to the router as a TokenEvent (NOTIFY). */
+int tdm_node_send_token(tdm_sock_t *s, const tdm_worker_event_t *ev);
+
+/* Answers a NODE_STATUS request with the node's live figures. */
+int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_config_t *node,
+                          const tdm_node_runtime_t *rt, tdm_node_link_t *link);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_NODE_H */

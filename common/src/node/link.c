@@ -1,0 +1,391 @@
+/* link.c - a node's I/O thread: registers with the router, sends heartbeats, and relays frames
+ * between the router's TCP socket and the engine thread's inproc socket.
+ *
+ * Frames are relayed as raw ZeroMQ parts (no decode/encode): the engine side validates them
+ * with tdm_sock_recv like any other input. Only END frames answering the link's own calls
+ * (REGISTER, HEARTBEAT; call ids with TDM_LINK_CALL_BIT set) are consumed here.
+ */
+#include "tandem/node.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "tandem/proto.h"
+
+#define TDM_LINK_CALL_BIT (UINT64_C(1) << 63)
+#define ENGINE_IDENTITY "engine"
+#define REGISTER_RETRY_S 1.0
+
+struct tdm_node_link {
+    tdm_net_t *net;
+    const tdm_logger_t *log;
+    tdm_sock_t *up;     /* DEALER to the router (I/O thread) */
+    void *inproc;       /* raw ROUTER bound at inproc_ep (I/O thread) */
+    tdm_sock_t *engine; /* DEALER connected to inproc_ep (engine thread) */
+    char inproc_ep[64];
+    uint8_t *reg;       /* packed RegisterRequest */
+    size_t reg_len;
+    char node_id[TDM_NODE_ID_MAX + 1];
+
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stop;
+
+    pthread_mutex_t mu; /* guards load, state, reject_msg */
+    tdm_node_load_t load;
+    tdm_node_link_state_t state;
+    char reject_msg[TDM_ERRMSG_MAX];
+
+    /* I/O thread only */
+    uint64_t next_call;
+    uint64_t register_call; /* outstanding REGISTER call id, 0 when none */
+    double last_register;
+    double last_heartbeat, last_router_reply;
+    uint32_t hb_interval_ms, hb_timeout_ms;
+    bool router_lost_logged;
+};
+
+static void set_state(tdm_node_link_t *l, tdm_node_link_state_t st, const char *msg)
+{
+    pthread_mutex_lock(&l->mu);
+    l->state = st;
+    if (msg)
+        snprintf(l->reject_msg, sizeof l->reject_msg, "%s", msg);
+    pthread_mutex_unlock(&l->mu);
+}
+
+tdm_node_link_state_t tdm_node_link_state(tdm_node_link_t *l, char *msg, size_t cap)
+{
+    pthread_mutex_lock(&l->mu);
+    tdm_node_link_state_t st = l->state;
+    if (msg && cap)
+        snprintf(msg, cap, "%s", l->reject_msg);
+    pthread_mutex_unlock(&l->mu);
+    return st;
+}
+
+void tdm_node_link_set_load(tdm_node_link_t *l, const tdm_node_load_t *load)
+{
+    pthread_mutex_lock(&l->mu);
+    l->load = *load;
+    pthread_mutex_unlock(&l->mu);
+}
+
+tdm_sock_t *tdm_node_link_sock(tdm_node_link_t *l) { return l->engine; }
+
+/* Sends a REQUEST with a pre-packed body (the registration). */
+static int send_register(tdm_node_link_t *l)
+{
+    Tandem__V1__RegisterRequest *reg =
+        tandem__v1__register_request__unpack(NULL, l->reg_len, l->reg);
+    if (!reg)
+        return TDM_EINTERNAL;
+    l->register_call = TDM_LINK_CALL_BIT | ++l->next_call;
+    tdm_send_t m = {0};
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    m.method = TANDEM__V1__METHOD__METHOD_REGISTER;
+    m.call_id = l->register_call;
+    m.body = &reg->base;
+    int rc = tdm_sock_send(l->up, &m);
+    tandem__v1__register_request__free_unpacked(reg, NULL);
+    l->last_register = tdm_time_now();
+    return rc;
+}
+
+static void send_heartbeat(tdm_node_link_t *l)
+{
+    tdm_node_load_t ld;
+    pthread_mutex_lock(&l->mu);
+    ld = l->load;
+    pthread_mutex_unlock(&l->mu);
+    Tandem__V1__Heartbeat hb = TANDEM__V1__HEARTBEAT__INIT;
+    hb.node_id = l->node_id;
+    hb.kv_blocks_free = ld.kv_blocks_free;
+    hb.kv_blocks_used = ld.kv_blocks_used;
+    hb.kv_blocks_cached = ld.kv_blocks_cached;
+    hb.running = ld.running;
+    hb.waiting = ld.waiting;
+    hb.queued_prefill_tokens = ld.queued_prefill_tokens;
+    double step = ld.step_s;
+    hb.n_recent_step_s = 1;
+    hb.recent_step_s = &step;
+    hb.prefix_queries = ld.prefix_queries;
+    hb.prefix_hits = ld.prefix_hits;
+    hb.batch_size = ld.batch_size;
+    tdm_send_t m = {0};
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    m.method = TANDEM__V1__METHOD__METHOD_HEARTBEAT;
+    m.call_id = TDM_LINK_CALL_BIT | ++l->next_call;
+    m.body = &hb.base;
+    (void)tdm_sock_send(l->up, &m); /* a full queue just skips a beat */
+    l->last_heartbeat = tdm_time_now();
+}
+
+/* Handles the END of a REGISTER or HEARTBEAT call. */
+static void on_link_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h, const uint8_t *body,
+                        size_t body_len)
+{
+    l->last_router_reply = tdm_time_now();
+    if (l->router_lost_logged) {
+        TDM_LOG_INFOF(l->log, NULL, "router reachable again");
+        l->router_lost_logged = false;
+    }
+    if (h->method == TANDEM__V1__METHOD__METHOD_REGISTER) {
+        if (h->call_id != l->register_call)
+            return; /* an answer to an earlier retry */
+        l->register_call = 0;
+        if (h->status != 0) {
+            char msg[TDM_ERRMSG_MAX];
+            snprintf(msg, sizeof msg, "%s: %s", tdm_status_name(-(int)h->status),
+                     h->message ? h->message : "");
+            if (h->status == -TDM_EUNAVAILABLE) {
+                TDM_LOG_WARNF(l->log, NULL, "router cannot register us yet: %s; retrying", msg);
+                return;
+            }
+            TDM_LOG_ERRORF(l->log, NULL, "router refused the registration: %s", msg);
+            set_state(l, TDM_NODE_LINK_REJECTED, msg);
+            return;
+        }
+        Tandem__V1__RegisterAck *ack = tandem__v1__register_ack__unpack(NULL, body_len, body);
+        if (ack) {
+            if (ack->heartbeat_interval_ms >= 10 && ack->heartbeat_interval_ms <= 60000)
+                l->hb_interval_ms = ack->heartbeat_interval_ms;
+            if (ack->heartbeat_timeout_ms >= l->hb_interval_ms)
+                l->hb_timeout_ms = ack->heartbeat_timeout_ms;
+            tandem__v1__register_ack__free_unpacked(ack, NULL);
+        }
+        TDM_LOG_INFOF(l->log, NULL, "registered with the router heartbeat_ms=%u",
+                      l->hb_interval_ms);
+        set_state(l, TDM_NODE_LINK_REGISTERED, "");
+        send_heartbeat(l);
+        return;
+    }
+    /* HEARTBEAT */
+    if (h->status == -TDM_ENOTFOUND) {
+        tdm_node_link_state_t st = tdm_node_link_state(l, NULL, 0);
+        if (st == TDM_NODE_LINK_REGISTERED) {
+            TDM_LOG_WARNF(l->log, NULL, "router does not know this node (restarted?); "
+                                        "registering again");
+            set_state(l, TDM_NODE_LINK_CONNECTING, "");
+            if (l->register_call == 0)
+                send_register(l);
+        }
+    }
+}
+
+/* Receives one multipart message from src (raw parts) and relays it. From the router: consumed
+ * when it answers the link's own call, else forwarded to the engine with its identity first.
+ * From the engine: its identity dropped, the rest forwarded to the router. */
+static void relay(tdm_node_link_t *l, void *src, bool from_router)
+{
+    zmq_msg_t parts[8];
+    int n = 0;
+    bool overflow = false;
+    for (;;) {
+        zmq_msg_t tmp;
+        zmq_msg_t *m = n < 8 ? &parts[n] : &tmp;
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, src, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(m);
+            break;
+        }
+        int more = zmq_msg_more(m);
+        if (n < 8) {
+            n++;
+        } else {
+            /* Larger messages (KV data) never travel on this link; drop the extra parts. */
+            overflow = true;
+            zmq_msg_close(m);
+        }
+        if (!more)
+            break;
+    }
+    if (n == 0)
+        return;
+    if (overflow) {
+        TDM_LOG_WARNF(l->log, NULL, "dropped a message of more than 8 parts on the router link");
+        goto out_close;
+    }
+    if (from_router) {
+        Tandem__V1__FrameHeader *h = tandem__v1__frame_header__unpack(
+            NULL, zmq_msg_size(&parts[0]), (const uint8_t *)zmq_msg_data(&parts[0]));
+        if (h && h->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END &&
+            (h->call_id & TDM_LINK_CALL_BIT)) {
+            const uint8_t *body = n > 1 ? (const uint8_t *)zmq_msg_data(&parts[1]) : NULL;
+            on_link_end(l, h, body, n > 1 ? zmq_msg_size(&parts[1]) : 0);
+            tandem__v1__frame_header__free_unpacked(h, NULL);
+            goto out_close;
+        }
+        if (h)
+            tandem__v1__frame_header__free_unpacked(h, NULL);
+        l->last_router_reply = tdm_time_now();
+        if (zmq_send(l->inproc, ENGINE_IDENTITY, strlen(ENGINE_IDENTITY), ZMQ_SNDMORE) < 0)
+            goto out_close;
+        for (int i = 0; i < n; i++)
+            if (zmq_msg_send(&parts[i], l->inproc, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+                goto out_close;
+        /* zmq_msg_send took them: close the (now empty) messages below is harmless */
+    } else {
+        void *up = tdm_sock_zsock(l->up);
+        for (int i = 1; i < n; i++)
+            if (zmq_msg_send(&parts[i], up, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+                TDM_LOG_WARNF(l->log, NULL, "cannot send to the router: %s", zmq_strerror(errno));
+                break;
+            }
+    }
+out_close:
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&parts[i]);
+}
+
+static void *io_main(void *arg)
+{
+    tdm_node_link_t *l = arg;
+    l->hb_interval_ms = 250;
+    l->hb_timeout_ms = 2500;
+    l->last_router_reply = tdm_time_now();
+    send_register(l);
+    while (!atomic_load(&l->stop)) {
+        zmq_pollitem_t items[2] = {{tdm_sock_zsock(l->up), 0, ZMQ_POLLIN, 0},
+                                   {l->inproc, 0, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(items, 2, 20);
+        if (rc < 0 && zmq_errno() == ETERM)
+            break;
+        if (rc > 0) {
+            if (items[0].revents & ZMQ_POLLIN)
+                for (int i = 0; i < 64; i++) {
+                    int ev = 0;
+                    size_t sz = sizeof ev;
+                    relay(l, tdm_sock_zsock(l->up), true);
+                    if (zmq_getsockopt(tdm_sock_zsock(l->up), ZMQ_EVENTS, &ev, &sz) != 0 ||
+                        !(ev & ZMQ_POLLIN))
+                        break;
+                }
+            if (items[1].revents & ZMQ_POLLIN)
+                for (int i = 0; i < 64; i++) {
+                    int ev = 0;
+                    size_t sz = sizeof ev;
+                    relay(l, l->inproc, false);
+                    if (zmq_getsockopt(l->inproc, ZMQ_EVENTS, &ev, &sz) != 0 ||
+                        !(ev & ZMQ_POLLIN))
+                        break;
+                }
+        }
+        double now = tdm_time_now();
+        tdm_node_link_state_t st = tdm_node_link_state(l, NULL, 0);
+        if (st == TDM_NODE_LINK_CONNECTING && now - l->last_register >= REGISTER_RETRY_S)
+            send_register(l);
+        if (st == TDM_NODE_LINK_REGISTERED &&
+            (now - l->last_heartbeat) * 1000.0 >= (double)l->hb_interval_ms)
+            send_heartbeat(l);
+        if (st == TDM_NODE_LINK_REGISTERED && !l->router_lost_logged &&
+            (now - l->last_router_reply) * 1000.0 > (double)l->hb_timeout_ms) {
+            TDM_LOG_WARNF(l->log, NULL, "no answer from the router for %.1f s; still trying",
+                          now - l->last_router_reply);
+            l->router_lost_logged = true;
+        }
+    }
+    return NULL;
+}
+
+tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o,
+                                   tdm_error_t *err)
+{
+    if (!o || !o->router_endpoint || !o->reg || !o->reg->node_id || !o->reg->node_id[0] ||
+        strlen(o->reg->node_id) > TDM_NODE_ID_MAX) {
+        tdm_error_set(err, TDM_EINVALID, "node link: router endpoint and node id required");
+        return NULL;
+    }
+    tdm_node_link_t *l = calloc(1, sizeof *l);
+    if (!l) {
+        tdm_error_set(err, TDM_ERESOURCE, "node link: out of memory");
+        return NULL;
+    }
+    l->net = net;
+    l->log = o->log;
+    snprintf(l->node_id, sizeof l->node_id, "%s", o->reg->node_id);
+    pthread_mutex_init(&l->mu, NULL);
+    atomic_init(&l->stop, false);
+    l->reg_len = protobuf_c_message_get_packed_size(&o->reg->base);
+    l->reg = malloc(l->reg_len ? l->reg_len : 1);
+    if (!l->reg) {
+        tdm_error_set(err, TDM_ERESOURCE, "node link: out of memory");
+        goto out_free;
+    }
+    protobuf_c_message_pack(&o->reg->base, l->reg);
+
+    tdm_sock_opts_t so = {0};
+    so.curve = o->curve;
+    so.identity = l->node_id;
+    so.log = o->log;
+    l->up = tdm_sock_connect(net, o->router_endpoint, &so, err);
+    if (!l->up)
+        goto out_free;
+    snprintf(l->inproc_ep, sizeof l->inproc_ep, "inproc://tdm-link-%p", (void *)l);
+    l->inproc = zmq_socket(tdm_net_zctx(net), ZMQ_ROUTER);
+    int zero = 0;
+    if (!l->inproc || zmq_setsockopt(l->inproc, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_bind(l->inproc, l->inproc_ep) != 0) {
+        tdm_error_set(err, TDM_EINTERNAL, "node link: inproc socket: %s", zmq_strerror(errno));
+        goto out_free;
+    }
+    tdm_sock_opts_t eo = {0};
+    eo.identity = ENGINE_IDENTITY;
+    eo.heartbeat_ms = -1;
+    eo.log = o->log;
+    l->engine = tdm_sock_connect(net, l->inproc_ep, &eo, err);
+    if (!l->engine)
+        goto out_free;
+    if (pthread_create(&l->thread, NULL, io_main, l) != 0) {
+        tdm_error_set(err, TDM_EINTERNAL, "node link: cannot start the I/O thread");
+        goto out_free;
+    }
+    l->thread_started = true;
+    return l;
+out_free:
+    tdm_node_link_destroy(&l);
+    return NULL;
+}
+
+void tdm_node_link_destroy(tdm_node_link_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_node_link_t *l = *self_p;
+    if (l->thread_started) {
+        atomic_store(&l->stop, true);
+        pthread_join(l->thread, NULL);
+    }
+    tdm_sock_destroy(&l->engine);
+    if (l->inproc)
+        zmq_close(l->inproc);
+    tdm_sock_destroy(&l->up);
+    pthread_mutex_destroy(&l->mu);
+    free(l->reg);
+    free(l);
+    *self_p = NULL;
+}
+
+void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm_node_load_t *out)
+{
+    tdm_worker_stats_t ws;
+    tdm_worker_stats(w, &ws);
+    tdm_kv_stats_t ks;
+    tdm_kv_pool_stats(pool, &ks);
+    memset(out, 0, sizeof *out);
+    out->kv_blocks_free = ks.n_free;
+    out->kv_blocks_used = ks.n_used;
+    out->kv_blocks_cached = ks.n_cached;
+    out->running = ws.running;
+    out->waiting = ws.waiting;
+    out->queued_prefill_tokens = ws.queued_prefill_tokens;
+    out->step_s = ws.last_step_s;
+    out->batch_size = ws.batch_size;
+    out->prefix_queries = ks.prefix_queries;
+    out->prefix_hits = ks.prefix_hits;
+}

@@ -1,0 +1,124 @@
+/* runtime.c - a node's model, tokenizer, KV pool (sized from its memory budget), engine and
+ * worker, opened together and closed together. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tandem/node.h"
+
+uint32_t tdm_node_n_ctx(const tdm_llama_hparams_t *hp)
+{
+    return hp->n_ctx_train < TDM_NODE_DEFAULT_N_CTX ? hp->n_ctx_train : TDM_NODE_DEFAULT_N_CTX;
+}
+
+static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
+                          const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err)
+{
+    memset(rt, 0, sizeof *rt);
+    if (node->device.kind != TDM_NODE_DEVICE_CPU)
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "node '%s': device cuda:%d: the CUDA engine backend is not available "
+                             "in this build; use device: cpu",
+                             node->id, node->device.index);
+    int rc;
+    rt->model = tdm_model_load(cfg->model.path, err);
+    if (!rt->model)
+        return err ? err->code : TDM_EINVALID;
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(rt->model);
+    rt->tok = tdm_tokenizer_new(tdm_model_gguf(rt->model), err);
+    if (!rt->tok) {
+        rc = err ? err->code : TDM_EINVALID;
+        goto out_close;
+    }
+    rt->n_vocab = hp->n_vocab;
+    rt->n_ctx = tdm_node_n_ctx(hp);
+    rt->fingerprint = tdm_model_fingerprint(rt->model);
+    rt->weight_bytes = tdm_model_weight_bytes(rt->model);
+    rt->layout = (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim,
+                                   (uint32_t)cfg->kv.block_size, cfg->kv.dtype};
+    if ((rc = tdm_kv_layout_check(&rt->layout, err)) != TDM_OK)
+        goto out_close;
+
+    tdm_engine_params_t ep;
+    tdm_engine_params_default(&ep);
+    ep.n_threads = node->threads;
+    ep.n_ctx = rt->n_ctx;
+    ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
+    ep.max_logits = (uint32_t)node->max_running;
+    /* The engine's scratch size, measured with a one-block pool, so the KV pool gets exactly
+     * what the budget leaves. */
+    tdm_kv_pool_t *probe_pool = tdm_kv_pool_new(&rt->layout, 1, err);
+    if (!probe_pool) {
+        rc = err ? err->code : TDM_ERESOURCE;
+        goto out_close;
+    }
+    tdm_engine_t *probe = tdm_engine_new(rt->model, probe_pool, &ep, err);
+    if (!probe) {
+        tdm_kv_pool_destroy(&probe_pool);
+        rc = err ? err->code : TDM_EINVALID;
+        goto out_close;
+    }
+    rt->scratch_bytes = tdm_engine_scratch_bytes(probe);
+    tdm_engine_destroy(&probe);
+    tdm_kv_pool_destroy(&probe_pool);
+
+    uint64_t block_bytes = tdm_kv_block_bytes(&rt->layout);
+    uint64_t need_blocks = tdm_kv_blocks_for_tokens(&rt->layout, rt->n_ctx);
+    uint64_t fixed = rt->weight_bytes + rt->scratch_bytes;
+    uint64_t n_blocks = node->memory_budget > fixed ? (node->memory_budget - fixed) / block_bytes
+                                                    : 0;
+    if (n_blocks > UINT32_MAX - 1)
+        n_blocks = UINT32_MAX - 1;
+    if (n_blocks < need_blocks) {
+        rc = tdm_error_set(
+            err, TDM_ERESOURCE,
+            "node '%s': memory_budget %.1f MiB holds the weights (%.1f MiB) and engine scratch "
+            "(%.1f MiB) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
+            "full context (%u tokens) needs %" PRIu64 " blocks (%.1f MiB): raise memory_budget "
+            "to at least %.1f MiB",
+            node->id, mib(node->memory_budget), mib(rt->weight_bytes), mib(rt->scratch_bytes),
+            n_blocks, block_bytes, rt->n_ctx, need_blocks, mib(need_blocks * block_bytes),
+            mib(fixed + need_blocks * block_bytes) + 0.1);
+        goto out_close;
+    }
+    rt->kv_bytes = n_blocks * block_bytes;
+    rt->pool = tdm_kv_pool_new(&rt->layout, (uint32_t)n_blocks, err);
+    if (!rt->pool) {
+        rc = err ? err->code : TDM_ERESOURCE;
+        goto out_close;
+    }
+    rt->engine = tdm_engine_new(rt->model, rt->pool, &ep, err);
+    if (!rt->engine) {
+        rc = err ? err->code : TDM_EINVALID;
+        goto out_close;
+    }
+    tdm_worker_opts_t wo = {mode,
+                            (uint32_t)node->max_batch_tokens,
+                            (uint32_t)node->max_running,
+                            4096,
+                            rt->n_ctx,
+                            cfg->kv.prefix_caching};
+    rt->worker = tdm_worker_new(rt->engine, rt->pool, rt->tok, rt->n_vocab, &wo, err);
+    if (!rt->worker) {
+        rc = err ? err->code : TDM_ERESOURCE;
+        goto out_close;
+    }
+    return 0;
+out_close:
+    tdm_node_runtime_close(rt);
+    return rc;
+}
+
+void tdm_node_runtime_close(tdm_node_runtime_t *rt)
+{
+    if (!rt)
+        return;
+    tdm_worker_destroy(&rt->worker);
+    tdm_engine_destroy(&rt->engine);
+    tdm_kv_pool_destroy(&rt->pool);
+    tdm_tokenizer_destroy(&rt->tok);
+    tdm_model_destroy(&rt->model);
+    memset(rt, 0, sizeof *rt);
+}

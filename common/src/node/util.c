@@ -1,0 +1,158 @@
+/* util.c - small helpers the prefill and decode nodes share: picking the node from the
+ * config, CURVE keys, the registration message, task sampling parameters, token events. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "tandem/node.h"
+#include "tandem/proto.h"
+
+const tdm_node_config_t *tdm_node_pick(const tdm_config_t *cfg, const char *node_id,
+                                       tdm_node_role_t role, tdm_error_t *err)
+{
+    const tdm_node_config_t *n = NULL;
+    if (node_id) {
+        n = tdm_config_find_node(cfg, node_id);
+    } else {
+        for (size_t i = 0; i < cfg->n_nodes && !n; i++)
+            if (cfg->nodes[i].role == role)
+                n = &cfg->nodes[i];
+    }
+    if (!n) {
+        char ids[512] = "";
+        size_t len = 0;
+        for (size_t i = 0; i < cfg->n_nodes; i++)
+            if (cfg->nodes[i].role == role && len + strlen(cfg->nodes[i].id) + 3 < sizeof ids)
+                len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%s", len ? ", " : "",
+                                        cfg->nodes[i].id);
+        tdm_error_set(err, TDM_ENOTFOUND, "no %s node %s%s%s in the config (its %s nodes: %s)",
+                      tdm_node_role_name(role), node_id ? "'" : "", node_id ? node_id : "",
+                      node_id ? "'" : "", tdm_node_role_name(role), len ? ids : "none");
+        return NULL;
+    }
+    if (n->role != role) {
+        tdm_error_set(err, TDM_EINVALID, "node '%s' is a %s node in the config, not a %s node",
+                      n->id, tdm_node_role_name(n->role), tdm_node_role_name(role));
+        return NULL;
+    }
+    return n;
+}
+
+const tdm_curve_keys_t *tdm_node_curve(const tdm_config_t *cfg, tdm_curve_keys_t *keys)
+{
+    if (!cfg->security.curve_server_public_key)
+        return NULL;
+    keys->server_public = cfg->security.curve_server_public_key;
+    keys->server_secret = cfg->security.curve_server_secret_key;
+    keys->client_public = cfg->security.curve_client_public_key;
+    keys->client_secret = cfg->security.curve_client_secret_key;
+    return keys;
+}
+
+tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
+                                     const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
+                                     const char *kv_endpoint, const tdm_logger_t *log,
+                                     tdm_error_t *err)
+{
+    Tandem__V1__RegisterRequest reg = TANDEM__V1__REGISTER_REQUEST__INIT;
+    Tandem__V1__KvLayout layout;
+    tdm_proto_layout_to(&rt->layout, &layout);
+    char *transports[] = {(char *)"tcp"};
+    char device[32];
+    tdm_config_device_format(node->device, device, sizeof device);
+    tdm_kv_stats_t ks;
+    tdm_kv_pool_stats(rt->pool, &ks);
+    uint64_t instance = 0;
+    if (getrandom(&instance, sizeof instance, 0) != (ssize_t)sizeof instance)
+        instance = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)rt;
+    reg.node_id = node->id;
+    reg.role = node->role == TDM_NODE_ROLE_PREFILL ? TANDEM__V1__NODE_ROLE__NODE_ROLE_PREFILL
+                                                   : TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE;
+    reg.version = (char *)TANDEM_VERSION;
+    reg.model_fingerprint = rt->fingerprint;
+    reg.kv_layout = &layout;
+    reg.kv_blocks_total = ks.n_blocks;
+    reg.kv_endpoint = (char *)(uintptr_t)(kv_endpoint ? kv_endpoint : "");
+    reg.n_transports = 1;
+    reg.transports = transports;
+    reg.device = device;
+    reg.max_running = (uint32_t)node->max_running;
+    reg.max_batch_tokens = (uint32_t)node->max_batch_tokens;
+    reg.n_ctx = rt->n_ctx;
+    reg.instance_id = instance;
+    tdm_curve_keys_t keys;
+    tdm_node_link_opts_t lo = {cfg->router.node_endpoint, tdm_node_curve(cfg, &keys), &reg, log};
+    return tdm_node_link_new(net, &lo, err);
+}
+
+void tdm_node_link_flush(tdm_node_link_t *l)
+{
+    (void)l;
+    struct timespec ts = {0, 300 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, uint32_t n_vocab,
+                      tdm_sampling_params_t *out, tdm_error_t *err)
+{
+    tdm_sampling_params_default(out);
+    if (m && tdm_proto_sampling_from(m, out, err) != TDM_OK)
+        return TDM_EINVALID;
+    if (max_tokens < 1)
+        return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %d", max_tokens);
+    out->max_tokens = max_tokens;
+    return tdm_sampling_params_validate(out, n_vocab, err);
+}
+
+int tdm_node_send_token(tdm_sock_t *s, const tdm_worker_event_t *ev)
+{
+    Tandem__V1__TokenEvent te = TANDEM__V1__TOKEN_EVENT__INIT;
+    Tandem__V1__TopLogprob tops[TDM_SAMPLING_MAX_LOGPROBS];
+    Tandem__V1__TopLogprob *topp[TDM_SAMPLING_MAX_LOGPROBS];
+    te.request_id = (char *)(uintptr_t)ev->request_id;
+    te.index = ev->index;
+    te.token_id = ev->sample.token;
+    te.logprob = ev->sample.logprob;
+    uint32_t n_top = ev->sample.n_top <= TDM_SAMPLING_MAX_LOGPROBS ? ev->sample.n_top : 0;
+    for (uint32_t i = 0; i < n_top; i++) {
+        tandem__v1__top_logprob__init(&tops[i]);
+        tops[i].token_id = ev->sample.top[i].token;
+        tops[i].logprob = ev->sample.top[i].logprob;
+        topp[i] = &tops[i];
+    }
+    te.n_top = n_top;
+    te.top = n_top ? topp : NULL;
+    if (ev->index == 0) {
+        te.cached_prompt_tokens = ev->cached_prompt_tokens;
+        te.prefill_s = ev->prefill_s;
+    }
+    return tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, &te.base);
+}
+
+int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_config_t *node,
+                          const tdm_node_runtime_t *rt, tdm_node_link_t *link)
+{
+    (void)link;
+    tdm_node_load_t ld;
+    tdm_node_load_collect(rt->worker, rt->pool, &ld);
+    Tandem__V1__NodeStatus ns = TANDEM__V1__NODE_STATUS__INIT;
+    char device[32];
+    tdm_config_device_format(node->device, device, sizeof device);
+    ns.node_id = node->id;
+    ns.role = (char *)(uintptr_t)tdm_node_role_name(node->role);
+    ns.up = true;
+    ns.kv_blocks_total = ld.kv_blocks_free + ld.kv_blocks_used + ld.kv_blocks_cached;
+    ns.kv_blocks_used = ld.kv_blocks_used;
+    ns.kv_blocks_cached = ld.kv_blocks_cached;
+    ns.running = ld.running;
+    ns.waiting = ld.waiting;
+    ns.queued_prefill_tokens = ld.queued_prefill_tokens;
+    ns.prefix_queries = ld.prefix_queries;
+    ns.prefix_hits = ld.prefix_hits;
+    ns.step_time_s = ld.step_s;
+    ns.device = device;
+    ns.batch_size = ld.batch_size;
+    return tdm_sock_reply(s, f, &ns.base);
+}

@@ -1,0 +1,429 @@
+/* decode.c - the decode node: reserves KV blocks when the router announces a request,
+ * receives the prompt's KV pages from a prefill node into them, adds the sequence to the
+ * running batch and steps all running sequences together (continuous batching), emitting a
+ * TokenEvent per token and Finished at the end. Without a prefill node the router asks it to
+ * prefill locally. Runs on one thread (the engine thread); the router link has its own. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "tandem/daemon.h"
+#include "tandem/node.h"
+#include "tandem/proto.h"
+#include "tandem/transfer.h"
+
+/* A reservation waits this long for its KV pages before it is dropped. */
+#define RESERVATION_TTL_S 60.0
+
+typedef struct dres {
+    bool used;
+    bool local;          /* local prefill: the sequence is in the worker already */
+    bool in_worker;      /* KV arrived (or local): the worker owns the sequence */
+    char id[TDM_WORKER_ID_MAX];
+    tdm_kv_seq_t seq;    /* reserved blocks until the KV arrives */
+    int32_t *prompt;     /* [n_prompt] */
+    uint32_t n_prompt;
+    tdm_sampling_params_t sp;
+    uint64_t deadline_ms;
+    double t_reserved;
+    double kv_transfer_s;
+} dres_t;
+
+struct tdm_decode {
+    const tdm_config_t *cfg;
+    const tdm_node_config_t *node;
+    tdm_logger_t log;
+    tdm_net_t *net;
+    tdm_node_runtime_t rt;
+    tdm_kv_receiver_t *receiver;
+    tdm_node_link_t *link;
+    dres_t *res; /* [n_res]: every request this node holds */
+    uint32_t n_res;
+    double last_load, last_expiry_check;
+};
+
+static dres_t *res_find(tdm_decode_t *d, const char *id)
+{
+    for (uint32_t i = 0; i < d->n_res; i++)
+        if (d->res[i].used && strcmp(d->res[i].id, id) == 0)
+            return &d->res[i];
+    return NULL;
+}
+
+static void res_drop(tdm_decode_t *d, dres_t *r)
+{
+    if (r->in_worker)
+        tdm_worker_cancel(d->rt.worker, r->id);
+    tdm_kv_seq_release(d->rt.pool, &r->seq);
+    free(r->prompt);
+    memset(r, 0, sizeof *r);
+}
+
+void tdm_decode_destroy(tdm_decode_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_decode_t *d = *self_p;
+    tdm_node_link_destroy(&d->link);
+    tdm_kv_receiver_destroy(&d->receiver);
+    if (d->res)
+        for (uint32_t i = 0; i < d->n_res; i++)
+            if (d->res[i].used)
+                res_drop(d, &d->res[i]);
+    tdm_node_runtime_close(&d->rt);
+    free(d->res);
+    free(d);
+    *self_p = NULL;
+}
+
+tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
+                             const tdm_logger_t *log, tdm_error_t *err)
+{
+    const tdm_node_config_t *node = tdm_node_pick(cfg, node_id, TDM_NODE_ROLE_DECODE, err);
+    if (!node)
+        return NULL;
+    tdm_decode_t *d = calloc(1, sizeof *d);
+    if (!d) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    d->cfg = cfg;
+    d->node = node;
+    d->net = net;
+    if (log)
+        d->log = *log;
+    else
+        tdm_log_init(&d->log, node->id);
+    d->n_res = (uint32_t)node->max_running + 4096;
+    d->res = calloc(d->n_res, sizeof *d->res);
+    if (!d->res) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        goto out_destroy;
+    }
+    if (tdm_node_runtime_open(&d->rt, cfg, node, TDM_WORKER_MODE_DECODE, err) != TDM_OK)
+        goto out_destroy;
+    tdm_curve_keys_t curve;
+    tdm_kv_receiver_opts_t ro = {0};
+    ro.endpoint = node->kv_endpoint;
+    ro.node_id = node->id;
+    ro.model_fingerprint = d->rt.fingerprint;
+    ro.curve = tdm_node_curve(cfg, &curve);
+    ro.log = &d->log;
+    d->receiver = tdm_kv_receiver_new(net, d->rt.pool, &ro, err);
+    if (!d->receiver) {
+        tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE, "KV endpoint %s: ",
+                         node->kv_endpoint);
+        goto out_destroy;
+    }
+    d->link = tdm_node_link_start(net, cfg, node, &d->rt, tdm_kv_receiver_endpoint(d->receiver),
+                                  &d->log, err);
+    if (!d->link)
+        goto out_destroy;
+    tdm_kv_stats_t ks;
+    tdm_kv_pool_stats(d->rt.pool, &ks);
+    TDM_LOG_INFOF(&d->log, NULL,
+                  "decode node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u kv=%s router=%s",
+                  tdm_engine_backend_name(d->rt.engine), ks.n_blocks,
+                  (double)d->rt.kv_bytes / 1048576.0, d->rt.n_ctx,
+                  tdm_kv_receiver_endpoint(d->receiver), cfg->router.node_endpoint);
+    return d;
+out_destroy:
+    tdm_decode_destroy(&d);
+    return NULL;
+}
+
+static void report_failed(tdm_decode_t *d, const char *id, int status, bool retryable,
+                          const char *msg)
+{
+    Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
+    tf.request_id = (char *)(uintptr_t)id;
+    tf.status = tdm_proto_status_to_wire(status);
+    tf.message = (char *)(uintptr_t)msg;
+    tf.retryable = retryable;
+    tdm_sock_notify(tdm_node_link_sock(d->link), NULL, 0, TANDEM__V1__METHOD__METHOD_TASK_FAILED,
+                    &tf.base);
+    TDM_LOG_WARNF(&d->log, id, "request failed status=%s retryable=%d: %s",
+                  tdm_status_name(status), retryable, msg);
+}
+
+/* DECODE_RESERVE: allocate blocks for the prompt (or start a local prefill) and answer. */
+static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
+{
+    tdm_sock_t *s = tdm_node_link_sock(d->link);
+    Tandem__V1__DecodeReserve *m =
+        (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
+    if (!m) {
+        tdm_sock_reply_error(s, f, TDM_EINVALID, "DecodeReserve does not decode");
+        return;
+    }
+    tdm_error_t err = {0};
+    const char *id = m->request_id ? m->request_id : "";
+    dres_t *r = NULL;
+    if (!id[0] || strlen(id) >= TDM_WORKER_ID_MAX) {
+        tdm_sock_reply_error(s, f, TDM_EINVALID, "request_id: missing or longer than %u bytes",
+                             TDM_WORKER_ID_MAX - 1);
+        goto out_free;
+    }
+    if (res_find(d, id)) {
+        tdm_sock_reply_error(s, f, TDM_EINVALID, "request_id '%s' is already on this node", id);
+        goto out_free;
+    }
+    uint32_t n_prompt = (uint32_t)m->n_prompt_tokens;
+    if (m->n_prompt_tokens == 0 || m->n_prompt_tokens + 1 > d->rt.n_ctx) {
+        tdm_sock_reply_error(s, f, TDM_EINVALID,
+                             "prompt_tokens: %zu tokens; 1..%u fit the context of %u tokens",
+                             m->n_prompt_tokens, d->rt.n_ctx - 1, d->rt.n_ctx);
+        goto out_free;
+    }
+    for (uint32_t i = 0; i < n_prompt; i++)
+        if (m->prompt_tokens[i] < 0 || (uint32_t)m->prompt_tokens[i] >= d->rt.n_vocab) {
+            tdm_sock_reply_error(s, f, TDM_EINVALID,
+                                 "prompt_tokens[%u]: token id %d is outside the vocabulary "
+                                 "[0, %u)",
+                                 i, m->prompt_tokens[i], d->rt.n_vocab);
+            goto out_free;
+        }
+    tdm_sampling_params_t sp;
+    if (tdm_node_sampling(m->sampling, m->max_tokens, d->rt.n_vocab, &sp, &err) != TDM_OK) {
+        tdm_sock_reply_error(s, f, TDM_EINVALID, "%s", err.msg);
+        goto out_free;
+    }
+    for (uint32_t i = 0; i < d->n_res && !r; i++)
+        if (!d->res[i].used)
+            r = &d->res[i];
+    if (!r) {
+        tdm_sock_reply_error(s, f, TDM_ERESOURCE, "decode node holds %u requests already",
+                             d->n_res);
+        goto out_free;
+    }
+    memset(r, 0, sizeof *r);
+    tdm_kv_seq_init(&r->seq);
+    snprintf(r->id, sizeof r->id, "%s", id);
+    r->sp = sp;
+    r->n_prompt = n_prompt;
+    r->deadline_ms = m->deadline_unix_ms;
+    r->t_reserved = tdm_time_now();
+    if (m->local_prefill) {
+        tdm_worker_req_t req = {id, m->prompt_tokens, n_prompt, &sp, NULL, 0};
+        uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&d->rt.layout, n_prompt + 1);
+        if (need > tdm_kv_pool_available(d->rt.pool)) {
+            tdm_sock_reply_error(s, f, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
+                                 tdm_kv_pool_available(d->rt.pool));
+            goto out_free;
+        }
+        if (tdm_worker_add(d->rt.worker, &req, &err) != TDM_OK) {
+            tdm_sock_reply_error(s, f, err.code, "%s", err.msg);
+            goto out_free;
+        }
+        r->used = r->local = r->in_worker = true;
+    } else {
+        r->prompt = malloc((size_t)n_prompt * sizeof *r->prompt);
+        if (!r->prompt) {
+            tdm_sock_reply_error(s, f, TDM_ERESOURCE, "out of memory");
+            goto out_free;
+        }
+        memcpy(r->prompt, m->prompt_tokens, (size_t)n_prompt * sizeof *r->prompt);
+        if (tdm_kv_seq_reserve(d->rt.pool, &r->seq, n_prompt) != TDM_OK) {
+            uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&d->rt.layout, n_prompt);
+            tdm_sock_reply_error(s, f, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
+                                 tdm_kv_pool_available(d->rt.pool));
+            free(r->prompt);
+            memset(r, 0, sizeof *r);
+            goto out_free;
+        }
+        r->used = true;
+    }
+    Tandem__V1__ReserveAck ack = TANDEM__V1__RESERVE_ACK__INIT;
+    ack.request_id = r->id;
+    ack.n_blocks = r->seq.n_blocks;
+    tdm_sock_reply(s, f, &ack.base);
+    TDM_LOG_DEBUGF(&d->log, id, "reserved prompt_tokens=%u blocks=%u local=%d", n_prompt,
+                   r->seq.n_blocks, r->local);
+out_free:
+    tandem__v1__decode_reserve__free_unpacked(m, NULL);
+}
+
+static void on_cancel(tdm_decode_t *d, const tdm_frame_t *f)
+{
+    Tandem__V1__NodeCancel *m =
+        (Tandem__V1__NodeCancel *)tdm_frame_unpack(f, &tandem__v1__node_cancel__descriptor);
+    if (!m)
+        return;
+    dres_t *r = m->request_id ? res_find(d, m->request_id) : NULL;
+    if (r) {
+        TDM_LOG_DEBUGF(&d->log, r->id, "cancelled by the router");
+        res_drop(d, r);
+    }
+    tandem__v1__node_cancel__free_unpacked(m, NULL);
+}
+
+static void on_router_frame(tdm_decode_t *d, const tdm_frame_t *f)
+{
+    tdm_sock_t *s = tdm_node_link_sock(d->link);
+    switch (f->method) {
+    case TANDEM__V1__METHOD__METHOD_DECODE_RESERVE: on_reserve(d, f); break;
+    case TANDEM__V1__METHOD__METHOD_NODE_CANCEL: on_cancel(d, f); break;
+    case TANDEM__V1__METHOD__METHOD_NODE_STATUS:
+        tdm_node_reply_status(s, f, d->node, &d->rt, d->link);
+        break;
+    default:
+        if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
+            tdm_sock_reply_error(s, f, TDM_EINVALID, "unknown method %d on a decode node",
+                                 f->method);
+    }
+}
+
+/* The KV receiver asks which blocks were reserved for a request. */
+static int lookup(void *user, const char *request_id, uint32_t n_tokens, const uint32_t **blocks,
+                  uint32_t *n_blocks, char *msg, size_t cap)
+{
+    tdm_decode_t *d = user;
+    dres_t *r = res_find(d, request_id);
+    if (!r || r->in_worker) {
+        snprintf(msg, cap, "no reservation for request '%s' (cancelled or unknown)", request_id);
+        return TDM_ENOTFOUND;
+    }
+    if (n_tokens != r->n_prompt) {
+        snprintf(msg, cap, "transfer has %u tokens; the reservation is for %u prompt tokens",
+                 n_tokens, r->n_prompt);
+        return TDM_EINVALID;
+    }
+    *blocks = r->seq.blocks;
+    *n_blocks = r->seq.n_blocks;
+    return 0;
+}
+
+static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
+{
+    dres_t *r = res_find(d, in->request_id);
+    if (!r || r->in_worker)
+        return; /* unknown or cancelled: the receiver already rejected or dropped it */
+    if (in->status != 0) {
+        /* A bad transfer: the reservation goes; the router re-dispatches the request. */
+        char msg[TDM_ERRMSG_MAX + 32];
+        snprintf(msg, sizeof msg, "KV transfer rejected: %s", in->message);
+        report_failed(d, r->id, in->status, in->status != TDM_ECANCELLED, msg);
+        res_drop(d, r);
+        return;
+    }
+    r->kv_transfer_s = tdm_time_now() - r->t_reserved - in->prefill_s;
+    if (r->kv_transfer_s < 0)
+        r->kv_transfer_s = 0;
+    r->seq.n_tokens = r->n_prompt;
+    tdm_worker_req_t req = {r->id, r->prompt, r->n_prompt, &r->sp, &r->seq, in->first_token};
+    tdm_error_t err = {0};
+    if (tdm_worker_add(d->rt.worker, &req, &err) != TDM_OK) {
+        report_failed(d, r->id, err.code, err.code == TDM_ERESOURCE, err.msg);
+        res_drop(d, r);
+        return;
+    }
+    r->in_worker = true;
+    free(r->prompt);
+    r->prompt = NULL;
+    TDM_LOG_DEBUGF(&d->log, r->id, "KV received blocks=%u bytes=%" PRIu64 " from=%s",
+                   in->n_blocks, in->bytes, in->sender_node_id);
+}
+
+static void on_event(tdm_decode_t *d, const tdm_worker_event_t *ev)
+{
+    dres_t *r = res_find(d, ev->request_id);
+    tdm_sock_t *s = tdm_node_link_sock(d->link);
+    switch (ev->kind) {
+    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(s, ev); break;
+    case TDM_WORKER_EVENT_FINISHED: {
+        Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
+        fin.request_id = (char *)(uintptr_t)ev->request_id;
+        fin.reason = ev->finish == TDM_WORKER_FINISH_STOP
+                         ? TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP
+                         : TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+        fin.completion_tokens = ev->completion_tokens;
+        fin.kv_transfer_s = r ? r->kv_transfer_s : 0;
+        fin.preemptions = ev->preemptions;
+        tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_FINISHED, &fin.base);
+        if (r) {
+            r->in_worker = false; /* the worker freed it already */
+            res_drop(d, r);
+        }
+        break;
+    }
+    case TDM_WORKER_EVENT_FAILED:
+        report_failed(d, ev->request_id, ev->status, false, ev->message);
+        if (r) {
+            r->in_worker = false;
+            res_drop(d, r);
+        }
+        break;
+    default: break;
+    }
+}
+
+int tdm_decode_run(tdm_decode_t *d, volatile sig_atomic_t *stop, tdm_error_t *err)
+{
+    tdm_sock_t *s = tdm_node_link_sock(d->link);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    int rc = 0;
+    while (!*stop) {
+        char why[TDM_ERRMSG_MAX];
+        if (tdm_node_link_state(d->link, why, sizeof why) == TDM_NODE_LINK_REJECTED) {
+            rc = tdm_error_set(err, TDM_EPRECONDITION, "the router refused this node: %s", why);
+            break;
+        }
+        bool busy = tdm_worker_busy(d->rt.worker);
+        zmq_pollitem_t items[2] = {{tdm_sock_zsock(s), 0, ZMQ_POLLIN, 0},
+                                   {tdm_kv_receiver_zsock(d->receiver), 0, ZMQ_POLLIN, 0}};
+        if (zmq_poll(items, 2, busy ? 0 : 20) < 0 && zmq_errno() != EINTR)
+            break;
+        while (tdm_sock_recv(s, &f, 0) == 0) {
+            on_router_frame(d, &f);
+            tdm_frame_clear(&f);
+        }
+        tdm_kv_received_t in;
+        while (tdm_kv_receiver_recv(d->receiver, 0, lookup, d, &in) == 1)
+            on_received(d, &in);
+        if (tdm_worker_busy(d->rt.worker)) {
+            const tdm_worker_event_t *ev;
+            uint32_t n;
+            tdm_error_t serr = {0};
+            if (tdm_worker_step(d->rt.worker, &ev, &n, &serr) != TDM_OK)
+                TDM_LOG_ERRORF(&d->log, NULL, "forward pass failed: %s", serr.msg);
+            for (uint32_t i = 0; i < n; i++)
+                on_event(d, &ev[i]);
+        }
+        double now = tdm_time_now();
+        if (now - d->last_expiry_check > 0.05) {
+            d->last_expiry_check = now;
+            uint64_t now_ms = tdm_net_now_ms();
+            for (uint32_t i = 0; i < d->n_res; i++) {
+                dres_t *r = &d->res[i];
+                if (!r->used)
+                    continue;
+                if (r->deadline_ms && now_ms > r->deadline_ms) {
+                    report_failed(d, r->id, TDM_EDEADLINE, false, "deadline passed");
+                    res_drop(d, r);
+                } else if (!r->in_worker && now - r->t_reserved > RESERVATION_TTL_S) {
+                    report_failed(d, r->id, TDM_EDEADLINE, true,
+                                  "no KV pages arrived for the reservation within 60 s");
+                    res_drop(d, r);
+                }
+            }
+        }
+        if (now - d->last_load > 0.05) {
+            d->last_load = now;
+            tdm_node_load_t ld;
+            tdm_node_load_collect(d->rt.worker, d->rt.pool, &ld);
+            tdm_node_link_set_load(d->link, &ld);
+        }
+    }
+    tdm_frame_clear(&f);
+    for (uint32_t i = 0; i < d->n_res; i++)
+        if (d->res[i].used) {
+            report_failed(d, d->res[i].id, TDM_EUNAVAILABLE, false, "decode node shutting down");
+            res_drop(d, &d->res[i]);
+        }
+    tdm_node_link_flush(d->link);
+    TDM_LOG_INFOF(&d->log, NULL, "decode node stopped");
+    return rc;
+}

@@ -1,0 +1,25 @@
+/* main.c - tandem-prefill: runs one prefill node of a Tandem cluster (see tandem/daemon.h). */
+#include "tandem/daemon.h"
+
+static void *create(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
+                    const tdm_logger_t *log, tdm_error_t *err)
+{
+    return tdm_prefill_new(cfg, node_id, net, log, err);
+}
+
+static int run(void *node, volatile sig_atomic_t *stop, tdm_error_t *err)
+{
+    return tdm_prefill_run(node, stop, err);
+}
+
+static void destroy(void *node)
+{
+    tdm_prefill_t *n = node;
+    tdm_prefill_destroy(&n);
+}
+
+int main(int argc, char **argv)
+{
+    const tdm_daemon_ops_t ops = {TDM_NODE_ROLE_PREFILL, create, run, destroy};
+    return tdm_daemon_main(argc, argv, &ops);
+}
