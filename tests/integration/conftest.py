@@ -1,0 +1,187 @@
+"""Fixtures for the cluster integration tests: a Cluster runs tandem-router and the node
+daemons as separate processes on loopback, from a generated config, and stops them at the end.
+
+Environment: TDM_BUILD_DIR (the CMake build tree; ctest sets it), TDM_SOURCE_DIR, and the
+default model from scripts/setup (or $TANDEM_MODEL).
+"""
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from tandem_client import Client
+
+BUILD_DIR = os.environ.get(
+    "TDM_BUILD_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+)
+BINARIES = {
+    "router": os.path.join(BUILD_DIR, "router", "tandem-router"),
+    "prefill": os.path.join(BUILD_DIR, "prefill-node", "tandem-prefill"),
+    "decode": os.path.join(BUILD_DIR, "decode-node", "tandem-decode"),
+    "tandem": os.path.join(BUILD_DIR, "client", "tandem"),
+}
+
+
+def default_model():
+    if os.environ.get("TANDEM_MODEL"):
+        return os.environ["TANDEM_MODEL"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ["HOME"], ".cache")
+    return os.path.join(cache, "tandem", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+MODEL = default_model()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Cluster:
+    """1 router + n_prefill prefill nodes + n_decode decode nodes, each its own process."""
+
+    def __init__(self, tmp_dir, n_prefill=1, n_decode=1, policy="round_robin",
+                 memory_budget="768MiB", extra_router="", threads=1):
+        self.dir = tmp_dir
+        os.makedirs(tmp_dir, exist_ok=True)
+        self.client_ep = f"tcp://127.0.0.1:{free_port()}"
+        self.node_ep = f"tcp://127.0.0.1:{free_port()}"
+        self.procs = {}
+        self.logs = {}
+        self.prefill_ids = [f"prefill-{i}" for i in range(n_prefill)]
+        self.decode_ids = [f"decode-{i}" for i in range(n_decode)]
+        nodes = []
+        for nid in self.prefill_ids:
+            nodes.append(f"  - id: {nid}\n    role: prefill\n    threads: {threads}\n"
+                         f"    memory_budget: {memory_budget}\n")
+        for nid in self.decode_ids:
+            nodes.append(f"  - id: {nid}\n    role: decode\n    threads: {threads}\n"
+                         f"    memory_budget: {memory_budget}\n"
+                         f"    kv_endpoint: tcp://127.0.0.1:{free_port()}\n")
+        self.config = os.path.join(tmp_dir, "cluster.yaml")
+        with open(self.config, "w") as f:
+            f.write(f"model:\n  path: {MODEL}\n"
+                    f"router:\n  client_endpoint: {self.client_ep}\n"
+                    f"  node_endpoint: {self.node_ep}\n"
+                    f"  http_port: {free_port()}\n"
+                    f"  prefill_policy: {policy}\n{extra_router}"
+                    f"nodes:\n" + "".join(nodes))
+
+    def _spawn(self, name, argv):
+        log = open(os.path.join(self.dir, f"{name}.log"), "w")
+        env = dict(os.environ, OMP_WAIT_POLICY="passive")
+        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.logs[name] = log.name
+
+    def start(self, timeout_s=90):
+        self._spawn("router", [BINARIES["router"], "--config", self.config])
+        for nid in self.prefill_ids:
+            self._spawn(nid, [BINARIES["prefill"], "--config", self.config, "--node-id", nid])
+        for nid in self.decode_ids:
+            self._spawn(nid, [BINARIES["decode"], "--config", self.config, "--node-id", nid])
+        self.wait_up(self.prefill_ids + self.decode_ids, timeout_s)
+        return self
+
+    def start_node(self, nid, timeout_s=60):
+        binary = BINARIES["prefill" if nid.startswith("prefill") else "decode"]
+        self._spawn(nid, [binary, "--config", self.config, "--node-id", nid])
+        self.wait_up([nid], timeout_s)
+
+    def client(self, **kw):
+        return Client(self.client_ep, **kw)
+
+    def nodes(self):
+        c = self.client()
+        try:
+            return {n.node_id: n for n in c.status().nodes}
+        finally:
+            c.close()
+
+    def wait_up(self, ids, timeout_s):
+        end = time.time() + timeout_s
+        last = None
+        while time.time() < end:
+            for name, p in self.procs.items():
+                if p.poll() is not None and name in ids + ["router"]:
+                    raise RuntimeError(f"{name} exited with {p.returncode}:\n{self.tail(name)}")
+            try:
+                nodes = self.nodes()
+                last = {k: v.up for k, v in nodes.items()}
+                if all(i in nodes and nodes[i].up for i in ids):
+                    return
+            except TimeoutError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"cluster not up after {timeout_s} s: {last}\n" +
+                           "\n".join(self.tail(n) for n in self.procs))
+
+    def wait_idle(self, timeout_s=1.0):
+        """Waits until no node has KV blocks in use (the prefix cache does not count); returns
+        the node table, or fails with the last one seen."""
+        end = time.time() + timeout_s
+        while True:
+            nodes = self.nodes()
+            used = {k: v.kv_blocks_used for k, v in nodes.items() if v.up}
+            if all(u == 0 for u in used.values()):
+                return nodes
+            if time.time() > end:
+                raise AssertionError(f"KV blocks still in use after {timeout_s} s: {used}")
+            time.sleep(0.05)
+
+    def kill(self, name, sig=signal.SIGKILL):
+        p = self.procs[name]
+        p.send_signal(sig)
+        p.wait(timeout=20)
+
+    def tail(self, name, n=30):
+        try:
+            with open(self.logs[name]) as f:
+                lines = f.readlines()[-n:]
+        except OSError:
+            lines = []
+        return f"--- {name} ---\n" + "".join(lines)
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for name, p in self.procs.items():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return {name: p.returncode for name, p in self.procs.items()}
+
+
+def reference(prompt=None, chat=None, max_tokens=16, temperature=0.0, seed=None, extra=()):
+    """The in-process output of `tandem generate -m MODEL` for the same request (stdout)."""
+    argv = [BINARIES["tandem"], "generate", "-m", MODEL, "-n", str(max_tokens), "-t", "1",
+            "--temperature", str(temperature)]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
+    if prompt is not None:
+        argv += ["-p", prompt]
+    else:
+        argv += ["--chat", chat]
+    argv += list(extra)
+    out = subprocess.run(argv, capture_output=True, check=True,
+                         env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+    text = out.stdout.decode("utf-8")
+    assert text.endswith("\n")
+    return text[:-1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _check_environment():
+    for name, path in BINARIES.items():
+        if not os.path.exists(path):
+            pytest.fail(f"{name} binary missing: {path} (build first; TDM_BUILD_DIR={BUILD_DIR})")
+    if not os.path.exists(MODEL):
+        pytest.fail(f"default model missing: {MODEL} (run scripts/setup)")

@@ -1,0 +1,332 @@
+"""Cluster integration tests: router, prefill and decode nodes as separate processes on
+loopback, serving the default model (SmolLM2-135M-Instruct Q4_1).
+
+The engine is batch-invariant and sampling randomness is a pure function of (seed, index), so
+every output must equal `tandem generate -m MODEL`'s single-process output byte for byte.
+"""
+import random
+import threading
+import time
+
+import pytest
+
+from conftest import Cluster, reference
+from tandem_client import Result, pb, prompt_request
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a small village by the sea,",
+    "def fibonacci(n):",
+    "List three colors of the rainbow:",
+    "The quick brown fox",
+    "Water boils at a temperature of",
+    "In 1969, the first humans landed on",
+    "A haiku about autumn leaves:",
+]
+CHATS = [
+    "What is the capital of Italy? Answer in one sentence.",
+    "Name a fruit that is yellow.",
+    "Write one sentence about the ocean.",
+    "What is 2 + 2?",
+]
+
+
+def workload(n=32, seed=1):
+    """n requests of mixed prompt and output lengths; every fourth is sampled with a seed."""
+    rng = random.Random(seed)
+    reqs = []
+    for i in range(n):
+        kind = "chat" if i % 3 == 2 else "prompt"
+        text = rng.choice(CHATS if kind == "chat" else PROMPTS)
+        if kind == "prompt" and i % 5 == 0:
+            text = text + " " + " ".join(rng.choice(PROMPTS) for _ in range(6))  # longer prompt
+        max_tokens = rng.choice([1, 4, 8, 16, 24, 32, 40])
+        sampled = i % 4 == 3
+        reqs.append(dict(kind=kind, text=text, max_tokens=max_tokens,
+                         temperature=0.8 if sampled else 0.0, seed=1000 + i if sampled else None))
+    return reqs
+
+
+def to_request(r, stream=True):
+    sp = {"temperature": r["temperature"]}
+    if r["seed"] is not None:
+        sp["seed"] = r["seed"]
+    if r["kind"] == "chat":
+        return prompt_request(chat=[("user", r["text"])], max_tokens=r["max_tokens"],
+                              stream=stream, **sp)
+    return prompt_request(prompt=r["text"], max_tokens=r["max_tokens"], stream=stream, **sp)
+
+
+def ref_of(r):
+    kw = dict(max_tokens=r["max_tokens"], temperature=r["temperature"], seed=r["seed"])
+    if r["kind"] == "chat":
+        return reference(chat=r["text"], **kw)
+    return reference(prompt=r["text"], **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(str(tmp_path_factory.mktemp("cluster")), n_prefill=2, n_decode=2)
+    c.start()
+    yield c
+    codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+
+
+def test_concurrent_requests_match_single_process(cluster):
+    reqs = workload()
+    refs = [ref_of(r) for r in reqs]
+    cl = cluster.client()
+    results = {}
+    for i, r in enumerate(reqs):
+        results[cl.start(to_request(r, stream=i % 7 != 0))] = Result()
+    cl.collect(results, timeout_s=600)
+    cl.close()
+    for (call, res), r, ref in zip(results.items(), reqs, refs):
+        assert res.status == "OK", (r, res)
+        assert res.text == ref, (r, res.text, ref)
+        assert res.final is not None
+        assert res.final.usage.completion_tokens == len(res.token_ids)
+        assert res.final.usage.prompt_tokens > 0
+        assert res.final.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+        if res.final.finish_reason == pb.FINISH_REASON_LENGTH:
+            assert len(res.token_ids) == r["max_tokens"]
+        assert res.final.timings.ttft_s > 0
+    nodes = cluster.wait_idle(2.0)
+    # both prefill and both decode nodes took part
+    assert sum(1 for n in nodes.values() if n.role == "decode") == 2
+
+
+def test_seeded_sampling_is_reproducible(cluster):
+    req = dict(kind="prompt", text="Tell me a story about a dragon.", max_tokens=24,
+               temperature=1.0, seed=4242)
+    ref = ref_of(req)
+    cl = cluster.client()
+    a = cl.generate(to_request(req))
+    b = cl.generate(to_request(req))
+    other = dict(req, seed=4243)
+    c = cl.generate(to_request(other))
+    cl.close()
+    assert a.status == b.status == "OK"
+    assert a.token_ids == b.token_ids
+    assert a.text == ref
+    assert c.token_ids != a.token_ids
+
+
+def long_stream(max_tokens=400):
+    return prompt_request(prompt="Count from one to one thousand: one, two, three,",
+                          max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def test_cancel_mid_stream_frees_blocks(cluster):
+    cl = cluster.client()
+    call = cl.start(long_stream())
+    res = {call: Result()}
+    seen = threading.Event()
+
+    def on_chunk(cid, r, ch):
+        if len(r.token_ids) >= 5:
+            seen.set()
+            raise StopIteration
+
+    with pytest.raises(StopIteration):
+        cl.collect(res, timeout_s=60, on_chunk=on_chunk)
+    assert seen.is_set()
+    cl.cancel(call)
+    t0 = time.time()
+    cluster.wait_idle(1.0)
+    assert time.time() - t0 <= 1.0
+    # chunks already on their way may still arrive, but the call is never ENDed
+    end = time.time() + 0.5
+    while time.time() < end:
+        got = cl.recv(max(0.0, end - time.time()))
+        assert got is None or got[0].kind != pb.FRAME_KIND_END, got
+    cl.close()
+
+
+def test_client_disconnect_frees_blocks(cluster):
+    cl = cluster.client()
+    call = cl.start(long_stream())
+    while True:
+        got = cl.recv(30)
+        assert got is not None
+        if got[0].call_id == call and got[0].kind == pb.FRAME_KIND_STREAM:
+            break
+    cl.close()  # the connection goes away mid-stream
+    cluster.wait_idle(1.5)
+
+
+def test_deadline_expiry_frees_blocks(cluster):
+    cl = cluster.client()
+    deadline = int((time.time() + 1.5) * 1000)
+    t0 = time.time()
+    res = cl.generate(long_stream(2000), timeout_s=30, deadline_ms=deadline)
+    assert res.status == "DEADLINE_EXCEEDED", res
+    assert time.time() - t0 < 3.0
+    cluster.wait_idle(1.0)
+    cl.close()
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda r: setattr(r, "prompt", ""), "prompt"),
+    (lambda r: setattr(r, "prompt", "hello " * 5000), "context"),
+    (lambda r: setattr(r, "max_tokens", 0), "max_tokens"),
+    (lambda r: setattr(r, "max_tokens", 100000), "max_tokens"),
+    (lambda r: (setattr(r.sampling, "temperature", -1.0),
+                setattr(r.sampling, "set_mask", r.sampling.set_mask | 1)), "temperature"),
+    (lambda r: (setattr(r.sampling, "top_p", 1.5),
+                setattr(r.sampling, "set_mask", r.sampling.set_mask | 4)), "top_p"),
+    (lambda r: (setattr(r.sampling, "top_k", -1),
+                setattr(r.sampling, "set_mask", r.sampling.set_mask | 2)), "top_k"),
+])
+def test_bad_requests_are_invalid_argument(cluster, mutate, field):
+    cl = cluster.client()
+    req = prompt_request(prompt="Hello", max_tokens=8, temperature=0.0)
+    mutate(req)
+    res = cl.generate(req, timeout_s=20)
+    assert res.status == "INVALID_ARGUMENT", res
+    assert field in res.message, res.message
+    ok = cl.generate(prompt_request(prompt="Hello", max_tokens=4, temperature=0.0))
+    assert ok.status == "OK"
+    cl.close()
+
+
+def test_bad_chat_and_utf8_are_invalid_argument(cluster):
+    cl = cluster.client()
+    res = cl.generate(prompt_request(chat=[("wizard", "hi")], max_tokens=4))
+    assert res.status == "INVALID_ARGUMENT" and "role" in res.message, res
+    # invalid UTF-8 cannot be put in a proto3 string from Python: craft the bytes by hand
+    req = prompt_request(prompt="XXXX", max_tokens=4)
+    raw = req.SerializeToString().replace(b"XXXX", b"\xff\xfe\xfd\xfc")
+    h = pb.FrameHeader(version_major=1, kind=pb.FRAME_KIND_REQUEST, method=pb.METHOD_GENERATE,
+                       call_id=777)
+    cl.send_raw([h.SerializeToString(), raw])
+    got = cl.recv(10)
+    assert got is not None and got[0].call_id == 777
+    assert got[0].status in (3,), got[0]  # INVALID_ARGUMENT (or a decode error naming it)
+    cl.close()
+
+
+def test_garbage_frames_do_not_hurt(cluster):
+    cl = cluster.client()
+    for parts in ([b"\x00garbage"], [b"\xff" * 100, b"junk"], [b""], [b"x"] * 20):
+        cl.send_raw(parts)
+    h = pb.FrameHeader(version_major=2, kind=pb.FRAME_KIND_REQUEST, method=pb.METHOD_HEALTH,
+                       call_id=99)
+    cl.send_raw([h.SerializeToString()])
+    got = cl.recv(5)
+    while got is not None and got[0].call_id != 99:
+        got = cl.recv(5)
+    assert got is not None and got[0].status == 9, got  # FAILED_PRECONDITION: version
+    ok = cl.generate(prompt_request(prompt="Hello", max_tokens=4, temperature=0.0))
+    assert ok.status == "OK"
+    cl.close()
+
+
+def test_no_blocks_leaked_after_the_suite(cluster):
+    nodes = cluster.wait_idle(2.0)
+    for n in nodes.values():
+        assert n.up
+        assert n.kv_blocks_used == 0
+        assert n.running == 0 and n.waiting == 0
+
+
+def test_prefix_aware_routing_reuses_the_cache(tmp_path):
+    c = Cluster(str(tmp_path), n_prefill=2, n_decode=1, policy="prefix_aware")
+    c.start()
+    try:
+        system = ("You are a meticulous assistant for a large library. " * 12).strip()
+        cl = c.client()
+        a = cl.generate(prompt_request(chat=[("system", system), ("user", "Who wrote Hamlet?")],
+                                       max_tokens=4, temperature=0.0))
+        b = cl.generate(prompt_request(chat=[("system", system), ("user", "Who wrote Faust?")],
+                                       max_tokens=4, temperature=0.0))
+        cl.close()
+        assert a.status == b.status == "OK"
+        assert a.final.usage.cached_prompt_tokens == 0
+        assert b.final.usage.cached_prompt_tokens >= 128, b.final.usage
+        nodes = c.nodes()
+        hits = {k: v.prefix_hits for k, v in nodes.items() if v.role == "prefill"}
+        assert sorted(hits.values())[0] == 0 and max(hits.values()) > 0, hits
+        c.wait_idle(2.0)
+    finally:
+        c.stop()
+
+
+def test_kill_decode_node_fails_only_its_requests(tmp_path):
+    c = Cluster(str(tmp_path), n_prefill=1, n_decode=2)
+    c.start()
+    try:
+        cl = c.client()
+        calls = {cl.start(long_stream(300)): Result() for _ in range(4)}
+        # wait until all four stream
+        end = time.time() + 60
+        while time.time() < end:
+            got = cl.recv(1)
+            if got and got[0].call_id in calls and got[0].kind == pb.FRAME_KIND_STREAM:
+                calls[got[0].call_id].chunks.append(got)
+            if all(r.chunks for r in calls.values()):
+                break
+        nodes = c.nodes()
+        assert all(nodes[d].running > 0 for d in c.decode_ids), {k: v.running for k, v in nodes.items()}
+        t_kill = time.time()
+        c.kill("decode-0")
+        for r in calls.values():
+            r.chunks = []
+        cl.collect(calls, timeout_s=120)
+        failed = [r for r in calls.values() if r.status == "UNAVAILABLE"]
+        ok = [r for r in calls.values() if r.status == "OK"]
+        assert len(failed) >= 1 and len(ok) >= 1 and len(failed) + len(ok) == 4, calls
+        assert time.time() - t_kill < 120
+        # the survivors' requests were not disturbed; the dead node is reported down
+        nodes = c.nodes()
+        assert not nodes["decode-0"].up
+        c.wait_idle(2.0)
+        cl.close()
+    finally:
+        c.stop()
+
+
+def test_kill_decode_node_unavailable_within_heartbeat_timeout(tmp_path):
+    c = Cluster(str(tmp_path), n_prefill=1, n_decode=1)
+    c.start()
+    try:
+        cl = c.client()
+        call = cl.start(long_stream(2000))
+        while True:
+            got = cl.recv(30)
+            assert got is not None
+            if got[0].call_id == call and got[0].kind == pb.FRAME_KIND_STREAM:
+                break
+        t_kill = time.time()
+        c.kill("decode-0")
+        res = cl.collect({call: Result()}, timeout_s=30)[call]
+        elapsed = time.time() - t_kill
+        assert res.status == "UNAVAILABLE", res
+        assert "decode-0" in res.message
+        assert elapsed <= 2.5 + 1.0, elapsed  # heartbeat timeout + 1 s
+        cl.close()
+    finally:
+        c.stop()
+
+
+def test_kill_prefill_node_redispatches_its_requests(tmp_path):
+    c = Cluster(str(tmp_path), n_prefill=2, n_decode=1)
+    c.start()
+    try:
+        reqs = [dict(kind="prompt", text=p + " " + p, max_tokens=8, temperature=0.0, seed=None)
+                for p in PROMPTS]
+        refs = [ref_of(r) for r in reqs]
+        cl = c.client()
+        calls = {}
+        for r in reqs:
+            calls[cl.start(to_request(r))] = Result()
+        c.kill("prefill-0")
+        cl.collect(calls, timeout_s=120)
+        for (call, res), ref in zip(calls.items(), refs):
+            assert res.status == "OK", res
+            assert res.text == ref
+        c.wait_idle(2.0)
+        cl.close()
+    finally:
+        c.stop()
