@@ -1,10 +1,14 @@
-/* cmd_generate.c - `tandem generate -m MODEL …`: offline generation in one process.
+/* cmd_generate.c - `tandem generate`: one generation, in this process (-m MODEL) or through
+ * the router (no -m).
  *
- * Tokenizes the prompt (or renders a chat message through the model's template), prefills it
- * in chunks, then decodes one token per step, streaming the text to stdout as it is produced.
- * Usage figures (prompt tokens, TTFT, decode tokens/s, TPOT) go to stderr at the end, so
- * stdout carries only the generated text and scripts can compare it. This is the reference
- * the cluster's output must equal for the same model, prompt and sampling parameters.
+ * With -m: tokenizes the prompt (or renders a chat message through the model's template),
+ * prefills it in chunks, then decodes one token per step, streaming the text to stdout as it
+ * is produced. This is the reference the cluster's output must equal for the same model,
+ * prompt and sampling parameters.
+ * Without -m: sends the same request (same sampling defaults: greedy, seed 0, 256 tokens) to
+ * the router with libtandem-client and streams the text deltas to stdout as they arrive.
+ * Either way usage figures (prompt tokens, TTFT, TPOT, decode tokens/s, finish reason) go to
+ * stderr at the end, so stdout carries only the generated text and scripts can compare it.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -14,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "tandem/chat.h"
+#include "tandem/client.h"
 #include "tandem/kv.h"
 #include "tandem/model.h"
 #include "tandem/sampling.h"
@@ -23,37 +29,45 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: tandem generate -m MODEL (-p PROMPT | -f FILE | --chat MESSAGE) [options]\n"
-            "\n"
-            "Runs the model in this process and streams the generated text to stdout; prompt\n"
-            "tokens, TTFT and decode speed go to stderr at the end.\n"
-            "\n"
-            "input:\n"
-            "  -m, --model FILE          GGUF model (required)\n"
-            "  -p, --prompt TEXT         raw prompt (special tokens like <|im_start|> are parsed)\n"
-            "  -f, --file FILE           read the raw prompt from FILE ('-' for stdin)\n"
-            "      --chat MESSAGE        a user message rendered with the chat template\n"
-            "      --system TEXT         system message for --chat (default: the template's)\n"
-            "      --chat-template NAME  chatml, llama3 or llama2 (default: from the model)\n"
-            "sampling (default: greedy):\n"
-            "  -n, --max-tokens N        tokens to generate at most (default 256)\n"
-            "      --preset NAME         precise, chat or creative; options below override it\n"
-            "      --temperature T       0 = greedy, up to 5\n"
-            "      --top-k K             0 = off\n"
-            "      --top-p P             (0, 1], 1 = off\n"
-            "      --min-p P             [0, 1), 0 = off\n"
-            "      --repetition-penalty R   (0, 10], 1 = off\n"
-            "      --presence-penalty X  [-2, 2]\n"
-            "      --frequency-penalty X [-2, 2]\n"
-            "      --seed S              random seed (default 0)\n"
-            "      --ignore-eos          keep generating after end-of-generation tokens\n"
-            "engine:\n"
-            "  -t, --threads N           CPU threads (default: all)\n"
-            "  -c, --ctx N               context length (default: min(4096, model's))\n"
-            "      --batch N             prefill chunk, tokens per forward pass (default 512)\n"
-            "      --kv-dtype T          f16 (default), f32 or q8\n"
-            "  -h, --help                this help\n");
+    fprintf(
+        out,
+        "usage: tandem generate [-m MODEL] (-p PROMPT | -f FILE | --chat MESSAGE) [options]\n"
+        "\n"
+        "With -m, runs the model in this process; without it, sends the request to the\n"
+        "router. Streams the generated text to stdout; prompt tokens, TTFT, TPOT and decode\n"
+        "speed go to stderr at the end.\n"
+        "\n"
+        "input:\n"
+        "  -m, --model FILE          GGUF model: run in this process (default: the router)\n"
+        "  -p, --prompt TEXT         raw prompt (special tokens like <|im_start|> are parsed)\n"
+        "  -f, --file FILE           read the raw prompt from FILE ('-' for stdin)\n"
+        "      --chat MESSAGE        a user message rendered with the chat template\n"
+        "      --system TEXT         system message for --chat (default: the template's)\n"
+        "      --chat-template NAME  chatml, llama3 or llama2 (default: from the model; -m only)\n"
+        "sampling (default: greedy):\n"
+        "  -n, --max-tokens N        tokens to generate at most (default 256)\n"
+        "      --preset NAME         precise, chat or creative; options below override it\n"
+        "      --temperature T       0 = greedy, up to 5\n"
+        "      --top-k K             0 = off\n"
+        "      --top-p P             (0, 1], 1 = off\n"
+        "      --min-p P             [0, 1), 0 = off\n"
+        "      --repetition-penalty R   (0, 10], 1 = off\n"
+        "      --presence-penalty X  [-2, 2]\n"
+        "      --frequency-penalty X [-2, 2]\n"
+        "      --seed S              random seed (default 0)\n"
+        "      --ignore-eos          keep generating after end-of-generation tokens\n"
+        "router (without -m):\n"
+        "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
+        "                            " TDM_CLIENT_DEFAULT_ENDPOINT ")\n"
+        "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
+        "      --timeout SECONDS     deadline of the request (default 600)\n"
+        "      --stop STR            stop string (repeatable, at most 16)\n"
+        "engine (with -m):\n"
+        "  -t, --threads N           CPU threads (default: all)\n"
+        "  -c, --ctx N               context length (default: min(4096, model's))\n"
+        "      --batch N             prefill chunk, tokens per forward pass (default 512)\n"
+        "      --kv-dtype T          f16 (default), f32 or q8\n"
+        "  -h, --help                this help\n");
 }
 
 enum {
@@ -72,6 +86,10 @@ enum {
     OPT_IGNORE_EOS,
     OPT_BATCH,
     OPT_KV_DTYPE,
+    OPT_ROUTER,
+    OPT_API_KEY,
+    OPT_TIMEOUT,
+    OPT_STOP,
 };
 
 /* Parses a whole-string number into *out; prints an error naming the option otherwise. */
@@ -113,6 +131,13 @@ typedef struct gen_opts {
     uint64_t seed;
     bool has_temperature, has_top_p, has_min_p, has_rep, has_presence, has_frequency, has_top_k;
     bool ignore_eos;
+    /* router path */
+    const char *router, *api_key;
+    double timeout_s;
+    const char *stop[TDM_CLIENT_MAX_STOP];
+    size_t n_stop;
+    const char *local_only;  /* the first option given that needs -m, NULL if none */
+    const char *router_only; /* the first option given that needs the router */
 } gen_opts_t;
 
 /* Returns 0 to go on, or the exit status (0 for --help). */
@@ -140,6 +165,10 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         {"ctx", required_argument, NULL, 'c'},
         {"batch", required_argument, NULL, OPT_BATCH},
         {"kv-dtype", required_argument, NULL, OPT_KV_DTYPE},
+        {"router", required_argument, NULL, OPT_ROUTER},
+        {"api-key", required_argument, NULL, OPT_API_KEY},
+        {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"stop", required_argument, NULL, OPT_STOP},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -158,13 +187,55 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         case 'f': o->file = optarg; break;
         case OPT_CHAT: o->chat = optarg; break;
         case OPT_SYSTEM: o->system = optarg; break;
-        case OPT_TEMPLATE: o->chat_template = optarg; break;
+        case OPT_TEMPLATE:
+            o->chat_template = optarg;
+            o->local_only = o->local_only ? o->local_only : "--chat-template";
+            break;
         case OPT_PRESET: o->preset = optarg; break;
         case 'n': ok = parse_long("--max-tokens", optarg, 1, 1 << 20, &o->max_tokens); break;
-        case 't': ok = parse_long("--threads", optarg, 1, 1024, &o->threads); break;
-        case 'c': ok = parse_long("--ctx", optarg, 16, 1 << 20, &o->ctx); break;
-        case OPT_BATCH: ok = parse_long("--batch", optarg, 1, 65536, &o->batch); break;
-        case OPT_KV_DTYPE: o->kv_dtype = optarg; break;
+        case 't':
+            ok = parse_long("--threads", optarg, 1, 1024, &o->threads);
+            o->local_only = o->local_only ? o->local_only : "-t/--threads";
+            break;
+        case 'c':
+            ok = parse_long("--ctx", optarg, 16, 1 << 20, &o->ctx);
+            o->local_only = o->local_only ? o->local_only : "-c/--ctx";
+            break;
+        case OPT_BATCH:
+            ok = parse_long("--batch", optarg, 1, 65536, &o->batch);
+            o->local_only = o->local_only ? o->local_only : "--batch";
+            break;
+        case OPT_KV_DTYPE:
+            o->kv_dtype = optarg;
+            o->local_only = o->local_only ? o->local_only : "--kv-dtype";
+            break;
+        case OPT_ROUTER:
+            o->router = optarg;
+            o->router_only = o->router_only ? o->router_only : "--router";
+            break;
+        case OPT_API_KEY:
+            o->api_key = optarg;
+            o->router_only = o->router_only ? o->router_only : "--api-key";
+            break;
+        case OPT_TIMEOUT:
+            ok = tdm_cli_parse_double("tandem generate", "--timeout", optarg, 0.001, 86400,
+                                      &o->timeout_s);
+            o->router_only = o->router_only ? o->router_only : "--timeout";
+            break;
+        case OPT_STOP:
+            if (o->n_stop == TDM_CLIENT_MAX_STOP) {
+                fprintf(stderr, "tandem generate: --stop: at most %d stop strings\n",
+                        TDM_CLIENT_MAX_STOP);
+                ok = false;
+            } else if (!optarg[0] || strlen(optarg) > TDM_CLIENT_MAX_STOP_BYTES) {
+                fprintf(stderr, "tandem generate: --stop: a stop string has 1..%d bytes\n",
+                        TDM_CLIENT_MAX_STOP_BYTES);
+                ok = false;
+            } else {
+                o->stop[o->n_stop++] = optarg;
+            }
+            o->router_only = o->router_only ? o->router_only : "--stop";
+            break;
         case OPT_TEMPERATURE:
             ok = o->has_temperature = parse_float("--temperature", optarg, &o->temperature);
             break;
@@ -207,9 +278,19 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         fprintf(stderr, "tandem generate: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (!o->model) {
-        fprintf(stderr, "tandem generate: -m MODEL is required (the default model is installed "
-                        "by scripts/setup under ~/.cache/tandem/models/)\n");
+    if (!o->model && o->local_only) {
+        fprintf(stderr,
+                "tandem generate: %s only applies with -m MODEL (in-process generation); "
+                "without -m the request goes to the router, whose nodes have their own "
+                "settings\n",
+                o->local_only);
+        return 2;
+    }
+    if (o->model && o->router_only) {
+        fprintf(stderr,
+                "tandem generate: %s only applies without -m (generation through the "
+                "router)\n",
+                o->router_only);
         return 2;
     }
     int inputs = (o->prompt != NULL) + (o->file != NULL) + (o->chat != NULL);
@@ -277,6 +358,135 @@ static int build_prompt(const gen_opts_t *o, const tdm_gguf_t *g, char **text, s
                           err);
 }
 
+/* ---- through the router ---- */
+
+/* Writes each text delta to stdout as it arrives; returning nonzero after Ctrl-C cancels. */
+static int router_on_chunk(void *user, const tdm_client_chunk_t *ch)
+{
+    (void)user;
+    if (ch->text_len) {
+        fwrite(ch->text, 1, ch->text_len, stdout);
+        fflush(stdout);
+    }
+    return *tdm_cli_interrupt_flag() != 0;
+}
+
+/* Prints the usage figures of a finished request to stderr. */
+static void print_router_usage(const tdm_client_result_t *r)
+{
+    /* the router's timings; the client's own where the router sent none */
+    tdm_client_timings_t t0 = r->timings;
+    const tdm_client_timings_t *t = &t0;
+    if (t0.ttft_s <= 0 && t0.e2e_s <= 0) {
+        t0.ttft_s = r->client_timings.ttft_s;
+        t0.decode_s = r->client_timings.decode_s;
+        t0.e2e_s = r->client_timings.e2e_s;
+    }
+    uint32_t n = r->usage.completion_tokens ? r->usage.completion_tokens : (uint32_t)r->n_tokens;
+    double tpot = t->tpot_s > 0              ? t->tpot_s
+                  : n > 1 && t->decode_s > 0 ? t->decode_s / (double)(n - 1)
+                                             : 0.0;
+    fprintf(stderr,
+            "\nprompt tokens: %" PRIu32 " (cached %" PRIu32 "), generated tokens: %" PRIu32
+            ", finish: %s\n"
+            "TTFT: %.1f ms (queue %.1f ms, prefill %.1f ms, KV transfer %.1f ms)\n"
+            "decode: %.2f tokens/s (TPOT %.1f ms), end-to-end %.1f ms, request %s\n",
+            r->usage.prompt_tokens, r->usage.cached_prompt_tokens, n,
+            tdm_client_finish_name(r->finish_reason), t->ttft_s * 1e3, t->queue_s * 1e3,
+            t->prefill_s * 1e3, t->kv_transfer_s * 1e3, tpot > 0 ? 1.0 / tpot : 0.0, tpot * 1e3,
+            t->e2e_s * 1e3, r->request_id);
+}
+
+static int generate_router(const gen_opts_t *o)
+{
+    const char *cmd = "tandem generate";
+    tdm_cli_sampling_t cs = {0};
+    cs.preset = o->preset;
+    cs.temperature = o->temperature;
+    cs.top_p = o->top_p;
+    cs.min_p = o->min_p;
+    cs.rep = o->rep;
+    cs.presence = o->presence;
+    cs.frequency = o->frequency;
+    cs.top_k = o->top_k;
+    cs.seed = o->seed;
+    cs.has_temperature = o->has_temperature;
+    cs.has_top_p = o->has_top_p;
+    cs.has_min_p = o->has_min_p;
+    cs.has_rep = o->has_rep;
+    cs.has_presence = o->has_presence;
+    cs.has_frequency = o->has_frequency;
+    cs.has_top_k = o->has_top_k;
+    cs.ignore_eos = o->ignore_eos;
+    tdm_sampling_params_t sp;
+    if (!tdm_cli_sampling_build(cmd, &cs, o->max_tokens, &sp))
+        return 2;
+    tdm_error_t err = {0};
+    if (tdm_sampling_params_validate(&sp, 0, &err) != TDM_OK) {
+        fprintf(stderr, "%s: %s\n", cmd, err.msg);
+        return 2;
+    }
+
+    char *file_text = NULL;
+    if (o->file) {
+        size_t len;
+        int rc = strcmp(o->file, "-") == 0
+                     ? tdm_cli_read_stream(stdin, &file_text, &len)
+                     : tdm_read_file(o->file, (size_t)1 << 30, &file_text, &len, &err);
+        if (rc != TDM_OK) {
+            fprintf(stderr, "%s: %s: %s\n", cmd, o->file, err.msg[0] ? err.msg : tdm_strerror(rc));
+            return 1;
+        }
+    }
+    tdm_chat_message_t msgs[2];
+    size_t n_msgs = 0;
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    if (o->chat) {
+        if (o->system)
+            msgs[n_msgs++] = (tdm_chat_message_t){"system", o->system};
+        msgs[n_msgs++] = (tdm_chat_message_t){"user", o->chat};
+        req.messages = msgs;
+        req.n_messages = n_msgs;
+    } else {
+        req.prompt = o->prompt ? o->prompt : file_text;
+    }
+    req.sampling = sp;
+    req.sampling_set = TDM_CLIENT_SAMPLING_ALL; /* the same parameters as -m would use */
+    req.max_tokens = (int32_t)o->max_tokens;
+    req.stop = o->stop;
+    req.n_stop = o->n_stop;
+    req.stream = true;
+
+    int status;
+    tdm_cli_catch_interrupt(false);
+    const char *endpoint = tdm_cli_router_endpoint(o->router);
+    tdm_client_t *c =
+        tdm_cli_connect(cmd, endpoint, tdm_cli_api_key(o->api_key), o->timeout_s, &status);
+    if (!c)
+        goto out_text;
+    tdm_client_result_t res;
+    int rc = tdm_client_generate(c, &req, router_on_chunk, NULL, &res);
+    if (res.text_len > 0 || rc == TDM_OK)
+        fputc('\n', stdout);
+    fflush(stdout);
+    if (rc == TDM_OK) {
+        print_router_usage(&res);
+        status = 0;
+    } else if (rc == TDM_ECANCELLED && *tdm_cli_interrupt_flag()) {
+        fprintf(stderr, "%s: interrupted; the request was cancelled\n", cmd);
+        status = TDM_CLI_EXIT_INTERRUPTED;
+    } else {
+        fprintf(stderr, "%s: %s (%s)\n", cmd, res.message, tdm_status_name(rc));
+        status = tdm_cli_exit_status(rc);
+    }
+    tdm_client_result_clear(&res);
+    tdm_client_destroy(&c);
+out_text:
+    free(file_text);
+    return status;
+}
+
 int tdm_cmd_generate(int argc, char **argv)
 {
     gen_opts_t o = {0};
@@ -284,6 +494,8 @@ int tdm_cmd_generate(int argc, char **argv)
     int status = parse_args(argc, argv, &o, &done);
     if (status != 0 || done)
         return status;
+    if (!o.model)
+        return generate_router(&o);
 
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);

@@ -10,5 +10,9 @@ int tdm_cmd_config(int argc, char **argv);
 int tdm_cmd_kvcalc(int argc, char **argv);
 int tdm_cmd_generate(int argc, char **argv);
 int tdm_cmd_version(int argc, char **argv);
+int tdm_cmd_chat(int argc, char **argv);
+int tdm_cmd_status(int argc, char **argv);
+int tdm_cmd_bench(int argc, char **argv);
+int tdm_cmd_cluster(int argc, char **argv);
 
 #endif

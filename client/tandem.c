@@ -13,7 +13,11 @@ typedef struct subcommand {
 } subcommand_t;
 
 static const subcommand_t subcommands[] = {
-    {"generate", tdm_cmd_generate, "run a model in this process and stream its answer"},
+    {"generate", tdm_cmd_generate, "generate text through the router, or in this process (-m)"},
+    {"chat", tdm_cmd_chat, "chat with the served model through the router"},
+    {"status", tdm_cmd_status, "show the cluster: nodes, KV blocks, queues, heartbeats"},
+    {"bench", tdm_cmd_bench, "load-test the router: latency percentiles, throughput, goodput"},
+    {"cluster", tdm_cmd_cluster, "start (up) or stop (down) a router and its nodes on this host"},
     {"inspect", tdm_cmd_inspect, "show a GGUF model: architecture, hyperparameters, tensors"},
     {"tokenize", tdm_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
     {"config", tdm_cmd_config, "check a cluster config file and print the resolved config"},

@@ -19,11 +19,11 @@
 
 typedef struct dres {
     bool used;
-    bool local;          /* local prefill: the sequence is in the worker already */
-    bool in_worker;      /* KV arrived (or local): the worker owns the sequence */
+    bool local;     /* local prefill: the sequence is in the worker already */
+    bool in_worker; /* KV arrived (or local): the worker owns the sequence */
     char id[TDM_WORKER_ID_MAX];
-    tdm_kv_seq_t seq;    /* reserved blocks until the KV arrives */
-    int32_t *prompt;     /* [n_prompt] */
+    tdm_kv_seq_t seq; /* reserved blocks until the KV arrives */
+    int32_t *prompt;  /* [n_prompt] */
     uint32_t n_prompt;
     tdm_sampling_params_t sp;
     uint64_t deadline_ms;
@@ -113,8 +113,8 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
     ro.log = &d->log;
     d->receiver = tdm_kv_receiver_new(net, d->rt.pool, &ro, err);
     if (!d->receiver) {
-        tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE, "KV endpoint %s: ",
-                         node->kv_endpoint);
+        tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
+                         "KV endpoint %s: ", node->kv_endpoint);
         goto out_destroy;
     }
     d->link = tdm_node_link_start(net, cfg, node, &d->rt, tdm_kv_receiver_endpoint(d->receiver),
@@ -144,8 +144,8 @@ static void report_failed(tdm_decode_t *d, const char *id, int status, bool retr
     tf.retryable = retryable;
     tdm_sock_notify(tdm_node_link_sock(d->link), NULL, 0, TANDEM__V1__METHOD__METHOD_TASK_FAILED,
                     &tf.base);
-    TDM_LOG_WARNF(&d->log, id, "request failed status=%s retryable=%d: %s",
-                  tdm_status_name(status), retryable, msg);
+    TDM_LOG_WARNF(&d->log, id, "request failed status=%s retryable=%d: %s", tdm_status_name(status),
+                  retryable, msg);
 }
 
 /* DECODE_RESERVE: allocate blocks for the prompt (or start a local prefill) and answer. */
@@ -322,8 +322,8 @@ static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
     r->in_worker = true;
     free(r->prompt);
     r->prompt = NULL;
-    TDM_LOG_DEBUGF(&d->log, r->id, "KV received blocks=%u bytes=%" PRIu64 " from=%s",
-                   in->n_blocks, in->bytes, in->sender_node_id);
+    TDM_LOG_DEBUGF(&d->log, r->id, "KV received blocks=%u bytes=%" PRIu64 " from=%s", in->n_blocks,
+                   in->bytes, in->sender_node_id);
 }
 
 static void on_event(tdm_decode_t *d, const tdm_worker_event_t *ev)

@@ -176,8 +176,7 @@ static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
         goto out_free;
     }
     tdm_worker_req_t req = {id, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, &sp, NULL, 0};
-    if (m->n_prompt_tokens > UINT32_MAX ||
-        tdm_worker_add(p->rt.worker, &req, &err) != TDM_OK) {
+    if (m->n_prompt_tokens > UINT32_MAX || tdm_worker_add(p->rt.worker, &req, &err) != TDM_OK) {
         report_failed(p, id, err.code ? err.code : TDM_EINVALID, err.code == TDM_ERESOURCE,
                       err.msg[0] ? err.msg : "prompt too long");
         goto out_free;
@@ -227,9 +226,7 @@ static void on_event(tdm_prefill_t *p, const tdm_worker_event_t *ev)
 {
     ptask_t *t = task_find(p, ev->request_id);
     switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN:
-        tdm_node_send_token(tdm_node_link_sock(p->link), ev);
-        break;
+    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(tdm_node_link_sock(p->link), ev); break;
     case TDM_WORKER_EVENT_PREFILLED: {
         tdm_kv_seq_t seq = ev->seq;
         if (!t) { /* cancelled in the meantime */
@@ -324,8 +321,7 @@ int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *
             for (uint32_t i = 0; i < p->n_tasks; i++) {
                 ptask_t *t = &p->tasks[i];
                 if (t->used && t->deadline_ms && now_ms > t->deadline_ms) {
-                    report_failed(p, t->id, TDM_EDEADLINE, false,
-                                  "deadline passed during prefill");
+                    report_failed(p, t->id, TDM_EDEADLINE, false, "deadline passed during prefill");
                     drop_task(p, t);
                 }
             }
@@ -341,8 +337,7 @@ int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *
     /* Shutdown: fail what is in flight so the router re-dispatches it, free every block. */
     for (uint32_t i = 0; i < p->n_tasks; i++)
         if (p->tasks[i].used) {
-            report_failed(p, p->tasks[i].id, TDM_EUNAVAILABLE, true,
-                          "prefill node shutting down");
+            report_failed(p, p->tasks[i].id, TDM_EUNAVAILABLE, true, "prefill node shutting down");
             drop_task(p, &p->tasks[i]);
         }
     tdm_node_link_flush(p->link);

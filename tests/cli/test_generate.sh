@@ -67,7 +67,7 @@ expect_err() { # expect_err NAME PATTERN ARGS...
     gen "$@"
     check "$name" $([ $rc -eq 2 ] && grep -q -- "$pat" "$tmp/err"; echo $?)
 }
-expect_err "missing -m" "-m MODEL is required" -p hi
+expect_err "engine option without -m" "-t" -t 2 -p hi
 expect_err "no input" "exactly one of" -m "$model"
 expect_err "two inputs" "exactly one of" -m "$model" -p hi --chat hi
 expect_err "bad top-p" "top_p must be in (0, 1]" -m "$model" -p hi --top-p 1.5

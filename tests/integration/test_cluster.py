@@ -245,8 +245,12 @@ def test_prefix_aware_routing_reuses_the_cache(tmp_path):
         assert a.status == b.status == "OK"
         assert a.final.usage.cached_prompt_tokens == 0
         assert b.final.usage.cached_prompt_tokens >= 128, b.final.usage
-        nodes = c.nodes()
-        hits = {k: v.prefix_hits for k, v in nodes.items() if v.role == "prefill"}
+        end = time.time() + 2.0  # the figures travel with the next heartbeat (250 ms)
+        while True:
+            hits = {k: v.prefix_hits for k, v in c.nodes().items() if v.role == "prefill"}
+            if max(hits.values()) > 0 or time.time() > end:
+                break
+            time.sleep(0.05)
         assert sorted(hits.values())[0] == 0 and max(hits.values()) > 0, hits
         c.wait_idle(2.0)
     finally:
@@ -267,7 +271,12 @@ def test_kill_decode_node_fails_only_its_requests(tmp_path):
                 calls[got[0].call_id].chunks.append(got)
             if all(r.chunks for r in calls.values()):
                 break
-        nodes = c.nodes()
+        end = time.time() + 2.0  # the figures travel with the next heartbeat (250 ms)
+        while True:
+            nodes = c.nodes()
+            if all(nodes[d].running > 0 for d in c.decode_ids) or time.time() > end:
+                break
+            time.sleep(0.05)
         assert all(nodes[d].running > 0 for d in c.decode_ids), {k: v.running for k, v in nodes.items()}
         t_kill = time.time()
         c.kill("decode-0")

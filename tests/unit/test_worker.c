@@ -93,7 +93,10 @@ typedef struct out {
     int failed;
 } out_t;
 
-static int id_index(const char *id) { return atoi(id + 1); }
+static int id_index(const char *id)
+{
+    return atoi(id + 1);
+}
 
 /* Steps until idle, recording events into outs[] (ids "r<k>"). */
 static uint64_t drain(rig_t *r, out_t *outs)

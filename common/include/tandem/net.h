@@ -18,6 +18,11 @@
  * gets an END reply with the status and a message when a reply is possible (the header
  * decoded and names a REQUEST), and is otherwise dropped with a log line; either way it is
  * counted in tdm_sock_stats and tdm_sock_recv goes on to the next message.
+ *
+ * The layer does not judge methods: a REQUEST or NOTIFY with a method number this build does
+ * not know is handed to the caller like any other (a newer minor version may add methods),
+ * and a server answers an unknown method with END INVALID_ARGUMENT ("unknown method N").
+ * Nor does it judge deadlines: a server checks tdm_frame_expired itself.
  */
 #ifndef TANDEM_NET_H
 #define TANDEM_NET_H
@@ -42,12 +47,12 @@ extern "C" {
 #define TDM_PROTOCOL_MINOR 0u
 
 /* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
-#define TDM_NET_MAX_HEADER_BYTES 4096u            /* FrameHeader frame */
-#define TDM_NET_MAX_BODY_BYTES (16u << 20)        /* body frame (a 1M-token prompt fits) */
-#define TDM_NET_MAX_DATA_BYTES (256u << 20)       /* one data frame (one KV block) */
-#define TDM_NET_MAX_DATA_FRAMES 65536u            /* data frames per message */
-#define TDM_NET_PEER_MAX 256u                     /* bytes of a ROUTER peer identity */
-#define TDM_NET_API_KEY_MAX 256u                  /* bytes of an API key */
+#define TDM_NET_MAX_HEADER_BYTES 4096u      /* FrameHeader frame */
+#define TDM_NET_MAX_BODY_BYTES (16u << 20)  /* body frame (a 1M-token prompt fits) */
+#define TDM_NET_MAX_DATA_BYTES (256u << 20) /* one data frame (one KV block) */
+#define TDM_NET_MAX_DATA_FRAMES 65536u      /* data frames per message */
+#define TDM_NET_PEER_MAX 256u               /* bytes of a ROUTER peer identity */
+#define TDM_NET_API_KEY_MAX 256u            /* bytes of an API key */
 
 /* One per process (or per test): the ZMQ context. */
 typedef struct tdm_net tdm_net_t;
@@ -92,18 +97,22 @@ typedef struct tdm_sock tdm_sock_t;
 
 /* Counters of one socket (monotonic). */
 typedef struct tdm_sock_stats {
-    uint64_t frames_in;       /* messages received and handed to the caller */
-    uint64_t frames_out;      /* messages sent */
-    uint64_t rejected;        /* malformed / oversized / wrong version: answered with END */
-    uint64_t dropped;         /* malformed with no way to reply: dropped and logged */
-    uint64_t send_failures;   /* sends that failed (peer gone, queue full) */
+    uint64_t frames_in;     /* messages received and handed to the caller */
+    uint64_t frames_out;    /* messages sent */
+    uint64_t rejected;      /* malformed / oversized / wrong version: answered with END */
+    uint64_t dropped;       /* malformed with no way to reply: dropped and logged */
+    uint64_t send_failures; /* sends that failed (peer gone, queue full) */
     uint64_t bytes_in, bytes_out;
 } tdm_sock_stats_t;
 
 /* Binds a ROUTER socket at endpoint ("tcp://127.0.0.1:7600", "inproc://x"). The socket
  * reports unroutable peers on send (ZMQ_ROUTER_MANDATORY), so sending to a gone peer fails
- * with TDM_EUNAVAILABLE instead of vanishing. Returns NULL with *err set:
- * TDM_EINVALID (bad endpoint or keys), TDM_EUNAVAILABLE (address in use). */
+ * with TDM_EUNAVAILABLE instead of vanishing; a peer that reconnects with the routing id of a
+ * dead connection takes it over (ZMQ_ROUTER_HANDOVER). A part larger than
+ * TDM_NET_MAX_DATA_BYTES makes ZMQ drop the connection (ZMQ_MAXMSGSIZE), on both socket
+ * kinds. CURVE applies to tcp:// and ipc:// endpoints (inproc:// has no handshake). Returns
+ * NULL with *err set: TDM_EINVALID (bad endpoint or keys), TDM_EUNAVAILABLE (address in use),
+ * TDM_EPRECONDITION (libzmq without CURVE, or another ZAP handler in this context). */
 tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_opts_t *opts,
                           tdm_error_t *err);
 
@@ -134,17 +143,17 @@ typedef struct tdm_frame {
     uint8_t peer[TDM_NET_PEER_MAX]; /* ROUTER: sender's routing id */
     size_t peer_len;                /* 0 on a DEALER socket */
     uint32_t version_major, version_minor;
-    int kind;                       /* TANDEM__V1__FRAME_KIND__* */
-    int method;                     /* TANDEM__V1__METHOD__* */
+    int kind;   /* TANDEM__V1__FRAME_KIND__* */
+    int method; /* TANDEM__V1__METHOD__* */
     uint64_t call_id;
-    int status;                     /* END: tdm status (0 or negative, -gRPC code) */
-    char message[TDM_ERRMSG_MAX];   /* END: error text ("" on success) */
-    uint64_t deadline_unix_ms;      /* REQUEST: 0 = none */
+    int status;                   /* END: tdm status (0 or negative, -gRPC code) */
+    char message[TDM_ERRMSG_MAX]; /* END: error text ("" on success) */
+    uint64_t deadline_unix_ms;    /* REQUEST: 0 = none */
     char api_key[TDM_NET_API_KEY_MAX];
-    const uint8_t *body;            /* body frame, NULL when none */
+    const uint8_t *body; /* body frame, NULL when none */
     size_t body_len;
-    uint32_t n_data;                /* data frames */
-    void *impl;                     /* zmq_msg_t storage; private */
+    uint32_t n_data; /* data frames */
+    void *impl;      /* zmq_msg_t storage; private */
     size_t impl_cap;
 } tdm_frame_t;
 
@@ -166,7 +175,10 @@ int tdm_sock_recv(tdm_sock_t *s, tdm_frame_t *f, int timeout_ms);
 
 /* Data to append as raw frames after the body. With free_fn set the bytes are sent without
  * copying (zmq_msg_init_data) and free_fn(ptr, hint) runs, on a ZMQ I/O thread, once ZMQ no
- * longer needs them: it must be thread-safe and must not call ZMQ. free_fn NULL: copied. */
+ * longer needs them: it must be thread-safe and must not call ZMQ. free_fn NULL: copied.
+ * tdm_sock_send takes ownership of the data in every case: each free_fn runs exactly once
+ * whatever it returns; when the send fails (or a zero-length frame is sent) the callbacks
+ * of the frames ZMQ never took run before tdm_sock_send returns, on the calling thread. */
 typedef struct tdm_net_data {
     const void *ptr;
     size_t len;
@@ -176,24 +188,27 @@ typedef struct tdm_net_data {
 
 /* What to send. Fields not used by the kind are ignored. */
 typedef struct tdm_send {
-    const uint8_t *peer;  /* ROUTER sockets: destination routing id; DEALER: NULL */
+    const uint8_t *peer; /* ROUTER sockets: destination routing id; DEALER: NULL */
     size_t peer_len;
-    int kind;             /* TANDEM__V1__FRAME_KIND__* */
+    int kind; /* TANDEM__V1__FRAME_KIND__* */
     int method;
     uint64_t call_id;
-    int status;           /* END: tdm status (0 or negative) */
-    const char *message;  /* END: error text; NULL = "" */
+    int status;          /* END: tdm status (0 or negative) */
+    const char *message; /* END: error text; NULL = "" */
     uint64_t deadline_unix_ms;
-    const char *api_key;  /* NULL = none */
+    const char *api_key;          /* NULL = none */
     const ProtobufCMessage *body; /* NULL = no body frame */
     const tdm_net_data_t *data;   /* n_data raw frames */
     uint32_t n_data;
 } tdm_send_t;
 
 /* Sends one message without blocking. If sending fails part-way (peer gone, queue full),
- * every zero-copy free_fn still runs exactly once. Returns 0; TDM_EUNAVAILABLE when the peer
- * is unknown or gone (ROUTER) or the queue is full; TDM_EINVALID when a limit above is
- * exceeded (nothing sent); TDM_ERESOURCE on out of memory. */
+ * every zero-copy free_fn still runs exactly once (see tdm_net_data_t). An END message longer
+ * than TDM_ERRMSG_MAX - 1 bytes is cut (at a UTF-8 character boundary). Returns 0;
+ * TDM_EUNAVAILABLE when the peer is unknown or gone (ROUTER) or the queue is full;
+ * TDM_EINVALID when a limit above is exceeded, the kind is unknown, an END status is
+ * positive or a ROUTER send has no peer (nothing sent); TDM_ERESOURCE on out of memory.
+ * The reason is in tdm_sock_errmsg. */
 int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m);
 
 /* Shorthands over tdm_sock_send. `to` is the frame being answered (its peer and call id). */
@@ -227,7 +242,8 @@ const char *tdm_net_kind_name(int kind);
  * discarding frames of other calls. On success *resp_out is the decoded response of type
  * resp_desc (caller frees with protobuf_c_message_free_unpacked). On timeout a CANCEL is
  * sent and TDM_EDEADLINE returned. Errors: the status of the END (message in *err), or
- * TDM_EINTERNAL when the response does not decode. api_key may be NULL. */
+ * TDM_EINTERNAL when the response does not decode, or what tdm_sock_send / tdm_sock_recv
+ * return. api_key may be NULL; resp_desc or resp_out NULL: the response body is ignored. */
 int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
                  int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err);

@@ -39,9 +39,9 @@ typedef struct tdm_node_runtime {
     tdm_engine_t *engine;
     tdm_worker_t *worker;
     tdm_kv_layout_t layout;
-    uint32_t n_ctx;       /* tokens per sequence at most */
+    uint32_t n_ctx; /* tokens per sequence at most */
     uint32_t n_vocab;
-    uint64_t fingerprint; /* tdm_model_fingerprint */
+    uint64_t fingerprint;                           /* tdm_model_fingerprint */
     uint64_t weight_bytes, scratch_bytes, kv_bytes; /* the budget's split */
 } tdm_node_runtime_t;
 
@@ -57,8 +57,7 @@ uint32_t tdm_node_n_ctx(const tdm_llama_hparams_t *hp);
  * sequence (n_ctx tokens of KV), or out of memory; TDM_EPRECONDITION for a cuda device in a
  * build without CUDA. On error nothing is left to close. */
 int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
-                          const tdm_node_config_t *node, tdm_worker_mode_t mode,
-                          tdm_error_t *err);
+                          const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err);
 
 /* Frees everything the runtime holds; zeroes it. NULL-safe. */
 void tdm_node_runtime_close(tdm_node_runtime_t *rt);
@@ -78,14 +77,16 @@ typedef struct tdm_node_load {
 typedef enum tdm_node_link_state {
     TDM_NODE_LINK_CONNECTING = 0, /* registering (the router may not be up yet) */
     TDM_NODE_LINK_REGISTERED = 1,
-    TDM_NODE_LINK_REJECTED = 2,   /* the router refused the node: see the message */
+    TDM_NODE_LINK_REJECTED = 2, /* the router refused the node: see the message */
 } tdm_node_link_state_t;
 
 typedef struct tdm_node_link_opts {
-    const char *router_endpoint;   /* router.node_endpoint */
-    const tdm_curve_keys_t *curve; /* NULL: plain TCP */
+    const char *router_endpoint;            /* router.node_endpoint */
+    const tdm_curve_keys_t *curve;          /* NULL: plain TCP */
     const Tandem__V1__RegisterRequest *reg; /* packed and kept; node_id is the DEALER identity */
     const tdm_logger_t *log;
+    const tdm_node_load_t *initial_load; /* what the first heartbeats say until the engine
+                                            publishes (NULL: zeros, i.e. no free blocks) */
 } tdm_node_link_opts_t;
 
 typedef struct tdm_node_link tdm_node_link_t;

@@ -54,8 +54,14 @@ int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm
 
 /* Wire status (gRPC code, >= 0) <-> tdm status (0 or negative). Unknown wire codes map to
  * TDM_EINTERNAL... except that the number is kept: -code. */
-static inline int tdm_proto_status_to_wire(int tdm_status) { return -tdm_status; }
-static inline int tdm_proto_status_from_wire(int code) { return code <= 0 ? 0 : -code; }
+static inline int tdm_proto_status_to_wire(int tdm_status)
+{
+    return -tdm_status;
+}
+static inline int tdm_proto_status_from_wire(int code)
+{
+    return code <= 0 ? 0 : -code;
+}
 
 #ifdef __cplusplus
 }

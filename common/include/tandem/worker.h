@@ -65,17 +65,16 @@ typedef struct tdm_worker tdm_worker_t;
  * tokens); all must outlive it. Returns NULL with *err: TDM_EINVALID (an option out of range,
  * max_batch_tokens above what the engine takes is not checked here: the forward pass names
  * it), TDM_ERESOURCE. */
-tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool,
-                             const tdm_tokenizer_t *tok, uint32_t n_vocab,
-                             const tdm_worker_opts_t *opts, tdm_error_t *err);
+tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const tdm_tokenizer_t *tok,
+                             uint32_t n_vocab, const tdm_worker_opts_t *opts, tdm_error_t *err);
 
 /* Releases every sequence's blocks and the worker. NULL-safe, nulls *self_p. */
 void tdm_worker_destroy(tdm_worker_t **self_p);
 
 /* A sequence to add. */
 typedef struct tdm_worker_req {
-    const char *request_id;             /* < TDM_WORKER_ID_MAX bytes, unique in the worker */
-    const int32_t *prompt;              /* [n_prompt] token ids, n_prompt >= 1 */
+    const char *request_id; /* < TDM_WORKER_ID_MAX bytes, unique in the worker */
+    const int32_t *prompt;  /* [n_prompt] token ids, n_prompt >= 1 */
     uint32_t n_prompt;
     const tdm_sampling_params_t *sampling; /* validated by the caller; max_tokens >= 1 */
     /* DECODE mode, KV received from a prefill node: the block table holding the prompt's KV
@@ -112,14 +111,14 @@ typedef struct tdm_worker_event {
     tdm_worker_event_kind_t kind;
     char request_id[TDM_WORKER_ID_MAX];
     /* TOKEN */
-    uint32_t index;                 /* output index (0 = first generated token) */
-    tdm_sample_result_t sample;     /* token, logprob, top logprobs */
-    uint32_t cached_prompt_tokens;  /* index 0: prompt tokens reused from the prefix cache */
-    double prefill_s;               /* index 0: first scheduled until sampled, seconds */
+    uint32_t index;                /* output index (0 = first generated token) */
+    tdm_sample_result_t sample;    /* token, logprob, top logprobs */
+    uint32_t cached_prompt_tokens; /* index 0: prompt tokens reused from the prefix cache */
+    double prefill_s;              /* index 0: first scheduled until sampled, seconds */
     /* FINISHED */
     tdm_worker_finish_t finish;
-    uint32_t completion_tokens;     /* output tokens, index 0 included */
-    uint32_t preemptions;           /* times the sequence was preempted and recomputed */
+    uint32_t completion_tokens; /* output tokens, index 0 included */
+    uint32_t preemptions;       /* times the sequence was preempted and recomputed */
     /* PREFILLED: block table with the KV of n_tokens prompt tokens; the caller releases it
      * with tdm_kv_seq_release when done (after handing the blocks to the KV sender). */
     tdm_kv_seq_t seq;

@@ -66,7 +66,8 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
     }
     tdm_config_t cfg;
     tdm_error_t err = {0};
-    int rc = config_path ? tdm_config_load_file(config_path, &cfg, &err) : tdm_config_defaults(&cfg);
+    int rc =
+        config_path ? tdm_config_load_file(config_path, &cfg, &err) : tdm_config_defaults(&cfg);
     if (rc != TDM_OK) {
         fprintf(stderr, "%s: config: %s\n", prog, err.msg[0] ? err.msg : tdm_strerror(rc));
         return 2;

@@ -28,7 +28,7 @@ struct tdm_node_link {
     void *inproc;       /* raw ROUTER bound at inproc_ep (I/O thread) */
     tdm_sock_t *engine; /* DEALER connected to inproc_ep (engine thread) */
     char inproc_ep[64];
-    uint8_t *reg;       /* packed RegisterRequest */
+    uint8_t *reg; /* packed RegisterRequest */
     size_t reg_len;
     char node_id[TDM_NODE_ID_MAX + 1];
 
@@ -76,7 +76,10 @@ void tdm_node_link_set_load(tdm_node_link_t *l, const tdm_node_load_t *load)
     pthread_mutex_unlock(&l->mu);
 }
 
-tdm_sock_t *tdm_node_link_sock(tdm_node_link_t *l) { return l->engine; }
+tdm_sock_t *tdm_node_link_sock(tdm_node_link_t *l)
+{
+    return l->engine;
+}
 
 /* Sends a REQUEST with a pre-packed body (the registration). */
 static int send_register(tdm_node_link_t *l)
@@ -169,8 +172,9 @@ static void on_link_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h, co
     if (h->status == -TDM_ENOTFOUND) {
         tdm_node_link_state_t st = tdm_node_link_state(l, NULL, 0);
         if (st == TDM_NODE_LINK_REGISTERED) {
-            TDM_LOG_WARNF(l->log, NULL, "router does not know this node (restarted?); "
-                                        "registering again");
+            TDM_LOG_WARNF(l->log, NULL,
+                          "router does not know this node (restarted?); "
+                          "registering again");
             set_state(l, TDM_NODE_LINK_CONNECTING, "");
             if (l->register_call == 0)
                 send_register(l);
@@ -271,8 +275,7 @@ static void *io_main(void *arg)
                     int ev = 0;
                     size_t sz = sizeof ev;
                     relay(l, l->inproc, false);
-                    if (zmq_getsockopt(l->inproc, ZMQ_EVENTS, &ev, &sz) != 0 ||
-                        !(ev & ZMQ_POLLIN))
+                    if (zmq_getsockopt(l->inproc, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN))
                         break;
                 }
         }
@@ -293,8 +296,7 @@ static void *io_main(void *arg)
     return NULL;
 }
 
-tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o,
-                                   tdm_error_t *err)
+tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o, tdm_error_t *err)
 {
     if (!o || !o->router_endpoint || !o->reg || !o->reg->node_id || !o->reg->node_id[0] ||
         strlen(o->reg->node_id) > TDM_NODE_ID_MAX) {
@@ -311,6 +313,8 @@ tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o
     snprintf(l->node_id, sizeof l->node_id, "%s", o->reg->node_id);
     pthread_mutex_init(&l->mu, NULL);
     atomic_init(&l->stop, false);
+    if (o->initial_load)
+        l->load = *o->initial_load;
     l->reg_len = protobuf_c_message_get_packed_size(&o->reg->base);
     l->reg = malloc(l->reg_len ? l->reg_len : 1);
     if (!l->reg) {

@@ -11,7 +11,10 @@ uint32_t tdm_node_n_ctx(const tdm_llama_hparams_t *hp)
     return hp->n_ctx_train < TDM_NODE_DEFAULT_N_CTX ? hp->n_ctx_train : TDM_NODE_DEFAULT_N_CTX;
 }
 
-static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
+static double mib(uint64_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
 
 int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                           const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err)
@@ -67,8 +70,8 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     uint64_t block_bytes = tdm_kv_block_bytes(&rt->layout);
     uint64_t need_blocks = tdm_kv_blocks_for_tokens(&rt->layout, rt->n_ctx);
     uint64_t fixed = rt->weight_bytes + rt->scratch_bytes;
-    uint64_t n_blocks = node->memory_budget > fixed ? (node->memory_budget - fixed) / block_bytes
-                                                    : 0;
+    uint64_t n_blocks =
+        node->memory_budget > fixed ? (node->memory_budget - fixed) / block_bytes : 0;
     if (n_blocks > UINT32_MAX - 1)
         n_blocks = UINT32_MAX - 1;
     if (n_blocks < need_blocks) {

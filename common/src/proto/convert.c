@@ -76,7 +76,8 @@ void tdm_proto_layout_to(const tdm_kv_layout_t *l, Tandem__V1__KvLayout *m)
 int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm_error_t *err)
 {
     if (m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_F32 &&
-        m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_F16 && m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_Q8)
+        m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_F16 &&
+        m->dtype != TANDEM__V1__KV_DTYPE__KV_DTYPE_Q8)
         return tdm_error_set(err, TDM_EINVALID, "layout.dtype: unknown value %d", (int)m->dtype);
     l->n_layers = m->n_layers;
     l->n_kv_heads = m->n_kv_heads;

@@ -41,15 +41,15 @@ struct tdm_worker {
     uint32_t n_waiting;
 
     /* one forward pass */
-    int32_t *b_tokens;   /* [max_batch_tokens] */
-    uint32_t *b_pos;     /* [max_batch_tokens] */
-    uint32_t *b_seq;     /* [max_batch_tokens] */
-    bool *b_want;        /* [max_batch_tokens] */
+    int32_t *b_tokens;       /* [max_batch_tokens] */
+    uint32_t *b_pos;         /* [max_batch_tokens] */
+    uint32_t *b_seq;         /* [max_batch_tokens] */
+    bool *b_want;            /* [max_batch_tokens] */
     tdm_batch_seq_t *b_seqs; /* [max_running] */
-    uint32_t *b_slot;    /* [max_running] slot of batch sequence k */
-    uint32_t *b_chunk;   /* [max_running] rows of batch sequence k */
-    bool *b_logits;      /* [max_running] batch sequence k asks for logits */
-    float *logits;       /* [max_running][n_vocab] */
+    uint32_t *b_slot;        /* [max_running] slot of batch sequence k */
+    uint32_t *b_chunk;       /* [max_running] rows of batch sequence k */
+    bool *b_logits;          /* [max_running] batch sequence k asks for logits */
+    float *logits;           /* [max_running][n_vocab] */
 
     tdm_worker_event_t *events; /* [2 * n_slots] */
     uint32_t n_events;
@@ -71,9 +71,8 @@ static int find_slot(const tdm_worker_t *w, const char *id)
     return -1;
 }
 
-tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool,
-                             const tdm_tokenizer_t *tok, uint32_t n_vocab,
-                             const tdm_worker_opts_t *opts, tdm_error_t *err)
+tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const tdm_tokenizer_t *tok,
+                             uint32_t n_vocab, const tdm_worker_opts_t *opts, tdm_error_t *err)
 {
     if (!engine || !pool || !tok || n_vocab == 0 || !opts) {
         tdm_error_set(err, TDM_EINVALID, "worker: engine, pool, tokenizer and options required");
@@ -189,17 +188,15 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
                 req->prefilled->n_blocks)
             return tdm_error_set(err, TDM_EINVALID,
                                  "prefilled KV covers %u tokens in %u blocks; the prompt has %u",
-                                 req->prefilled->n_tokens, req->prefilled->n_blocks,
-                                 req->n_prompt);
+                                 req->prefilled->n_tokens, req->prefilled->n_blocks, req->n_prompt);
         if (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab)
             return tdm_error_set(err, TDM_EINVALID,
                                  "first_token %d is outside the vocabulary [0, %u)",
                                  req->first_token, w->n_vocab);
     }
     if (w->n_waiting >= w->o.max_waiting + (w->o.max_running - w->n_running))
-        return tdm_error_set(err, TDM_ERESOURCE,
-                             "worker queue full (%u running, %u waiting)", w->n_running,
-                             w->n_waiting);
+        return tdm_error_set(err, TDM_ERESOURCE, "worker queue full (%u running, %u waiting)",
+                             w->n_running, w->n_waiting);
     int slot = -1;
     for (uint32_t i = 0; i < w->n_slots; i++)
         if (!w->seqs[i].used) {

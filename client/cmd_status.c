@@ -1,0 +1,160 @@
+/* cmd_status.c - `tandem status`: the cluster as the router sees it, as a table or JSON. */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "cli_common.h"
+#include "commands.h"
+#include "tandem/client.h"
+
+#define CMD "tandem status"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tandem status [--json] [--router ENDPOINT] [--api-key KEY] [--timeout S]\n"
+            "\n"
+            "Prints the router's view of the cluster: per node its role, whether it is up, KV\n"
+            "blocks used/total, cached blocks, running and waiting sequences, queued prefill\n"
+            "tokens, mean step time and the age of its last heartbeat.\n"
+            "\n"
+            "      --json                print JSON instead of a table\n"
+            "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
+            "                            " TDM_CLIENT_DEFAULT_ENDPOINT ")\n"
+            "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
+            "      --timeout SECONDS     how long to wait for the answer (default 10)\n"
+            "  -h, --help                this help\n");
+}
+
+static double pct(uint64_t part, uint64_t whole)
+{
+    return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+static void print_table(const char *endpoint, const tdm_client_cluster_status_t *s)
+{
+    printf("router %s, version %s, model %s\n", endpoint, s->version[0] ? s->version : "?",
+           s->model[0] ? s->model : "?");
+    printf("requests: %" PRIu32 " running, %" PRIu32 " queued, %" PRIu64 " total\n\n",
+           s->requests_running, s->requests_queued, s->requests_total);
+    printf("%-16s %-8s %-4s %-8s %-22s %8s %8s %8s %15s %9s %10s\n", "NODE", "ROLE", "UP", "DEVICE",
+           "KV USED/TOTAL", "CACHED", "RUNNING", "WAITING", "QUEUED PREFILL", "STEP ms",
+           "HEARTBEAT");
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        const tdm_client_node_status_t *n = &s->nodes[i];
+        char kv[48];
+        snprintf(kv, sizeof kv, "%" PRIu32 "/%" PRIu32 " (%.1f%%)", n->kv_blocks_used,
+                 n->kv_blocks_total, pct(n->kv_blocks_used, n->kv_blocks_total));
+        char hb[24];
+        snprintf(hb, sizeof hb, "%.1f s", n->last_heartbeat_age_s);
+        printf("%-16s %-8s %-4s %-8s %-22s %8" PRIu32 " %8" PRIu32 " %8" PRIu32 " %15" PRIu64
+               " %9.1f %10s\n",
+               n->node_id, n->role, n->up ? "yes" : "no", n->device[0] ? n->device : "-", kv,
+               n->kv_blocks_cached, n->running, n->waiting, n->queued_prefill_tokens,
+               n->step_time_s * 1e3, hb);
+    }
+    if (s->n_nodes == 0)
+        printf("(no nodes registered)\n");
+}
+
+/* Builds the JSON document; NULL on out of memory. */
+static json_t *status_json(const char *endpoint, const tdm_client_cluster_status_t *s)
+{
+    json_t *nodes = json_array();
+    if (!nodes)
+        return NULL;
+    for (size_t i = 0; i < s->n_nodes; i++) {
+        const tdm_client_node_status_t *n = &s->nodes[i];
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:b, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, "
+            "s:f}",
+            "node_id", n->node_id, "role", n->role, "device", n->device, "up", n->up,
+            "kv_blocks_used", (json_int_t)n->kv_blocks_used, "kv_blocks_total",
+            (json_int_t)n->kv_blocks_total, "kv_used_pct",
+            pct(n->kv_blocks_used, n->kv_blocks_total), "kv_blocks_cached",
+            (json_int_t)n->kv_blocks_cached, "reserved_blocks", (json_int_t)n->reserved_blocks,
+            "running", (json_int_t)n->running, "waiting", (json_int_t)n->waiting, "batch_size",
+            (json_int_t)n->batch_size, "queued_prefill_tokens",
+            (json_int_t)n->queued_prefill_tokens, "prefix_queries", (json_int_t)n->prefix_queries,
+            "prefix_hits", (json_int_t)n->prefix_hits, "step_time_ms", n->step_time_s * 1e3,
+            "last_heartbeat_age_s", n->last_heartbeat_age_s);
+        if (!o || json_array_append_new(nodes, o) != 0) {
+            json_decref(nodes);
+            return NULL;
+        }
+    }
+    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:o}", "router", endpoint, "version",
+                     s->version, "model", s->model, "requests_running",
+                     (json_int_t)s->requests_running, "requests_queued",
+                     (json_int_t)s->requests_queued, "requests_total",
+                     (json_int_t)s->requests_total, "nodes", nodes);
+}
+
+int tdm_cmd_status(int argc, char **argv)
+{
+    enum { OPT_JSON = 256 };
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, OPT_JSON},
+        {"router", required_argument, NULL, TDM_CLI_OPT_ROUTER},
+        {"api-key", required_argument, NULL, TDM_CLI_OPT_API_KEY},
+        {"timeout", required_argument, NULL, TDM_CLI_OPT_TIMEOUT},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    bool json = false;
+    const char *router = NULL, *api_key = NULL;
+    double timeout_s = 10;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_JSON: json = true; break;
+        case TDM_CLI_OPT_ROUTER: router = optarg; break;
+        case TDM_CLI_OPT_API_KEY: api_key = optarg; break;
+        case TDM_CLI_OPT_TIMEOUT:
+            if (!tdm_cli_parse_double(CMD, "--timeout", optarg, 0.001, 86400, &timeout_s))
+                return 2;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, CMD ": unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    tdm_cli_catch_interrupt(false);
+    const char *endpoint = tdm_cli_router_endpoint(router);
+    int status;
+    tdm_client_t *client =
+        tdm_cli_connect(CMD, endpoint, tdm_cli_api_key(api_key), timeout_s, &status);
+    if (!client)
+        return status;
+    tdm_client_cluster_status_t s;
+    int rc = tdm_client_status(client, timeout_s, &s);
+    if (rc != TDM_OK) {
+        fprintf(stderr, CMD ": %s (%s)\n", tdm_client_errmsg(client), tdm_status_name(rc));
+        tdm_client_destroy(&client);
+        return tdm_cli_exit_status(rc);
+    }
+    status = 0;
+    if (json) {
+        json_t *doc = status_json(endpoint, &s);
+        if (!doc || json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
+            fprintf(stderr, CMD ": writing JSON failed\n");
+            status = 1;
+        } else {
+            putchar('\n');
+        }
+        json_decref(doc);
+    } else {
+        print_table(endpoint, &s);
+    }
+    tdm_client_cluster_status_clear(&s);
+    tdm_client_destroy(&client);
+    return status;
+}

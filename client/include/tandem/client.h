@@ -1,0 +1,362 @@
+/* client.h - libtandem-client: the C client of the router's client API (Generate, Health,
+ * Models, Status; proto/tandem.proto) over one ZeroMQ DEALER socket (common/net).
+ *
+ * A tdm_client_t holds one DEALER socket connected to the router's client endpoint and, like
+ * that socket, belongs to one thread. Every call gets a call id unique on the connection, so
+ * many calls can be in flight over the one socket and the responses find their call by id:
+ *   - tdm_client_generate_start starts a Generate call and returns at once; tdm_client_poll
+ *     receives what has arrived, hands each streamed chunk to the call's on_chunk callback,
+ *     expires deadlines and finishes calls through their on_done callback. One thread can
+ *     drive hundreds of concurrent requests this way (`tandem bench`).
+ *   - The blocking calls (tdm_client_generate, _health, _models, _status) run the same loop
+ *     until their own call ends, so async calls started earlier keep being served meanwhile.
+ *
+ * Deadlines: every call has one (the request's timeout, else the client's default). It travels
+ * in the REQUEST so that the router gives up too, and the client enforces it itself: when it
+ * passes, the client sends CANCEL and the call ends with TDM_EDEADLINE even if the router never
+ * answers (it is down, or the network is).
+ * Cancellation: an on_chunk callback returning nonzero, tdm_client_generate_cancel, or the
+ * client's cancel flag (set from a signal handler) sends CANCEL with the call's id; the router
+ * then frees the request and sends nothing more. Frames that arrive later for a call that has
+ * ended are dropped.
+ * Callbacks: on_done runs exactly once for every call that tdm_client_generate_start accepted
+ * (also when the client is destroyed with the call still running); no callback runs for a call
+ * whose start failed (libuv's rule). Callbacks may start and cancel other calls; they must not
+ * poll or make blocking calls (TDM_EPRECONDITION).
+ */
+#ifndef TANDEM_CLIENT_H
+#define TANDEM_CLIENT_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/chat.h"
+#include "tandem/log.h"
+#include "tandem/net.h"
+#include "tandem/sampling.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Default router client endpoint (config router.client_endpoint's default). */
+#define TDM_CLIENT_DEFAULT_ENDPOINT "tcp://127.0.0.1:7600"
+
+/* Default deadline of a call, seconds (the router's default request timeout). */
+#define TDM_CLIENT_DEFAULT_TIMEOUT_S 600.0
+
+/* Stop strings per request and bytes per stop string (the router's limits). */
+#define TDM_CLIENT_MAX_STOP 16
+#define TDM_CLIENT_MAX_STOP_BYTES 256
+
+/* Every sampling field (the TDM_PROTO_SET_* bits of proto.h) for
+ * tdm_client_request_t.sampling_set. */
+#define TDM_CLIENT_SAMPLING_ALL                                                                    \
+    (TDM_PROTO_SET_TEMPERATURE | TDM_PROTO_SET_TOP_K | TDM_PROTO_SET_TOP_P | TDM_PROTO_SET_MIN_P | \
+     TDM_PROTO_SET_REPETITION_PENALTY | TDM_PROTO_SET_PRESENCE_PENALTY |                           \
+     TDM_PROTO_SET_FREQUENCY_PENALTY | TDM_PROTO_SET_PENALTY_LAST_N | TDM_PROTO_SET_SEED |         \
+     TDM_PROTO_SET_STOP_TOKEN_IDS | TDM_PROTO_SET_IGNORE_EOS | TDM_PROTO_SET_N_LOGPROBS)
+
+typedef struct tdm_client tdm_client_t;
+
+/* Options of tdm_client_new. Zero-initialise, then set what you need. */
+typedef struct tdm_client_opts {
+    const char *api_key;           /* sent in every REQUEST (FrameHeader.api_key); NULL or "":
+                                      none. At most TDM_NET_API_KEY_MAX - 1 bytes. Copied. */
+    const tdm_curve_keys_t *curve; /* CURVE: client_public, client_secret and server_public
+                                      (Z85); NULL: plain TCP. Used during tdm_client_new only */
+    double timeout_s;              /* default deadline of a call, seconds; 0 =
+                                      TDM_CLIENT_DEFAULT_TIMEOUT_S, < 0 = no deadline */
+    const volatile sig_atomic_t *cancel_flag; /* NULL, or a flag a signal handler sets: once it
+                                      is nonzero, tdm_client_poll and the blocking calls cancel
+                                      every running call (CANCEL sent, status TDM_ECANCELLED).
+                                      Checked after every wait, which a signal interrupts. The
+                                      caller owns it; it must outlive the client */
+    tdm_net_t *net;          /* ZMQ context to use (not owned; must outlive the client);
+                                NULL: the client makes its own */
+    const tdm_logger_t *log; /* dropped and late frames are logged here at debug level;
+                                NULL: stderr at INFO (so they are not shown) */
+} tdm_client_opts_t;
+
+/* Connects a client to the router's client endpoint ("tcp://127.0.0.1:7600"). ZeroMQ connects
+ * in the background: this does not wait for the router, and a router that is down shows up
+ * as calls ending with TDM_EDEADLINE (a quick tdm_client_health tells). opts may be NULL
+ * (defaults). Returns NULL with *err set: TDM_EINVALID (bad endpoint, CURVE keys or API key),
+ * TDM_ERESOURCE (out of memory, no ZMQ context). Caller frees with tdm_client_destroy. */
+tdm_client_t *tdm_client_new(const char *endpoint, const tdm_client_opts_t *opts, tdm_error_t *err);
+
+/* Cancels every running call (CANCEL sent; each on_done runs with TDM_ECANCELLED), closes the
+ * socket and frees the client. Must not be called from a callback. NULL-safe, nulls *self_p. */
+void tdm_client_destroy(tdm_client_t **self_p);
+
+/* The message of the last failed call on this client ("" if none); owned by the client,
+ * valid until its next call. */
+const char *tdm_client_errmsg(const tdm_client_t *c);
+
+/* The endpoint the client is connected to. */
+const char *tdm_client_endpoint(const tdm_client_t *c);
+
+/* ---- Generate ---- */
+
+/* A Generate request. Start from tdm_client_request_init, then set the input and what you
+ * need. Every pointer is the caller's and is only read during tdm_client_generate(_start). */
+typedef struct tdm_client_request {
+    const char *request_id; /* NULL or "": the router makes one */
+    const char *model;      /* NULL or "": the served model; else must name it */
+    /* input: exactly one of prompt, messages and token_ids */
+    const char *prompt;                 /* raw UTF-8 text; special tokens are parsed */
+    const tdm_chat_message_t *messages; /* [n_messages] rendered with the model's template */
+    size_t n_messages;
+    const int32_t *token_ids; /* [n_token_ids] used as is */
+    size_t n_token_ids;
+    tdm_sampling_params_t sampling; /* only the fields named in sampling_set are sent;
+                                       sampling.max_tokens is never sent (see max_tokens) */
+    uint32_t sampling_set;          /* TDM_PROTO_SET_* bits (or TDM_CLIENT_SAMPLING_ALL); the
+                                       router uses Tandem's defaults (sampling.h) for the
+                                       others and draws a seed unless SEED is set */
+    int32_t max_tokens;             /* output tokens at most; 0 = the router's default (16) */
+    const char *const *stop;        /* [n_stop] stop strings, 1..256 bytes each, at most 16 */
+    size_t n_stop;
+    bool stream;           /* true (default): chunks as tokens arrive; false: one chunk at the
+                              end with everything */
+    bool include_stop_str; /* keep a matched stop string in the text */
+    bool echo_token_text;  /* fill tdm_client_chunk_t.token_texts */
+    double timeout_s;      /* deadline, seconds from the start of the call; 0 = the client's
+                              default, < 0 = none */
+} tdm_client_request_t;
+
+/* Fills *req with an empty request: no input, sampling from tdm_sampling_params_default with
+ * sampling_set 0 (all router defaults), max_tokens 0, stream true, timeout 0. Cannot fail. */
+void tdm_client_request_init(tdm_client_request_t *req);
+
+typedef enum tdm_client_finish {
+    TDM_CLIENT_FINISH_NONE = 0,      /* not given (the call failed before its end) */
+    TDM_CLIENT_FINISH_STOP = 1,      /* end-of-generation token, stop token or stop string */
+    TDM_CLIENT_FINISH_LENGTH = 2,    /* max_tokens, or the context is full */
+    TDM_CLIENT_FINISH_CANCELLED = 3, /* cancelled (by the client, a deadline or the router) */
+    TDM_CLIENT_FINISH_ERROR = 4,     /* the call ended with an error status */
+} tdm_client_finish_t;
+
+/* "stop", "length", "cancelled", "error", "none"; "?" outside the enum. Cannot fail. */
+const char *tdm_client_finish_name(tdm_client_finish_t f);
+
+/* One of the most likely tokens at an output position. */
+typedef struct tdm_client_top_logprob {
+    int32_t token_id;
+    float logprob;    /* natural log */
+    const char *text; /* the token's text ("" when the router sent none) */
+} tdm_client_top_logprob_t;
+
+/* The top logprobs of one output token, most likely first. */
+typedef struct tdm_client_token_top {
+    const tdm_client_top_logprob_t *entries; /* [n_entries] */
+    size_t n_entries;
+} tdm_client_token_top_t;
+
+/* Token counts of a finished request. */
+typedef struct tdm_client_usage {
+    uint32_t prompt_tokens;
+    uint32_t completion_tokens;
+    uint32_t cached_prompt_tokens; /* prompt tokens found in a prefix cache */
+} tdm_client_usage_t;
+
+/* Timings in seconds (proto Timings). The router's are measured by the router (prefill_s and
+ * kv_transfer_s by the nodes); the client's by this library, from sending the REQUEST: ttft_s
+ * to the first chunk with a token, decode_s from there to the last token's chunk, tpot_s =
+ * decode_s / (tokens - 1) (0 for one token), e2e_s to the end of the call; queue_s, prefill_s
+ * and kv_transfer_s are 0 there. */
+typedef struct tdm_client_timings {
+    double queue_s;       /* arrival until the prefill task was sent */
+    double ttft_s;        /* time to first token */
+    double tpot_s;        /* time per output token after the first */
+    double decode_s;      /* first token until the last */
+    double prefill_s;     /* prefill node compute time */
+    double kv_transfer_s; /* KV pages sent until acknowledged */
+    double e2e_s;         /* end to end */
+} tdm_client_timings_t;
+
+/* One streamed chunk: the tokens produced since the previous one. Everything it points to is
+ * owned by the client and valid only during the on_chunk callback. */
+typedef struct tdm_client_chunk {
+    uint64_t call_id;
+    const char *request_id;   /* the router's request id */
+    uint32_t index;           /* output index of token_ids[0] (0 = the first output token) */
+    const int32_t *token_ids; /* [n_tokens] */
+    size_t n_tokens;
+    const char *text;      /* text delta, whole UTF-8 characters only; NUL-terminated */
+    size_t text_len;       /* bytes of text */
+    const float *logprobs; /* [n_logprobs]: per token when requested (n_logprobs > 0 in
+                              the sampling params); n_logprobs 0 otherwise */
+    size_t n_logprobs;
+    const tdm_client_token_top_t *top_logprobs; /* [n_top_logprobs], per token */
+    size_t n_top_logprobs;
+    const char *const *token_texts; /* [n_token_texts] when echo_token_text was asked */
+    size_t n_token_texts;
+    bool last;                           /* the final chunk: the fields below are set */
+    tdm_client_finish_t finish_reason;   /* NONE unless last */
+    const char *stop_reason;             /* the stop string that matched, "" if none */
+    const tdm_client_usage_t *usage;     /* NULL unless last */
+    const tdm_client_timings_t *timings; /* router's; NULL unless last */
+} tdm_client_chunk_t;
+
+/* The outcome of a Generate call. Owns text, token_ids, request_id and stop_reason; release
+ * with tdm_client_result_clear. */
+typedef struct tdm_client_result {
+    uint64_t call_id;
+    int status;                   /* TDM_OK or a negative tdm_status_t */
+    char message[TDM_ERRMSG_MAX]; /* "" on success; else the router's or the client's reason */
+    char *request_id;             /* the router's id ("" when no chunk arrived); never NULL
+                                     after the call */
+    tdm_client_finish_t finish_reason;
+    char *stop_reason;                   /* the stop string that matched, "" if none; never NULL */
+    tdm_client_usage_t usage;            /* from the final chunk (zero when it never came) */
+    tdm_client_timings_t timings;        /* the router's, from the final chunk */
+    tdm_client_timings_t client_timings; /* measured here (see tdm_client_timings_t) */
+    char *text;                          /* all text deltas joined, NUL-terminated; never NULL */
+    size_t text_len;
+    int32_t *token_ids; /* [n_tokens] every output token received; NULL when none */
+    size_t n_tokens;
+    uint32_t n_chunks; /* chunks received */
+} tdm_client_result_t;
+
+/* Initialises an empty result (no allocation). Cannot fail. */
+void tdm_client_result_init(tdm_client_result_t *r);
+
+/* Frees what r owns and empties it; it may be reused. NULL-safe. */
+void tdm_client_result_clear(tdm_client_result_t *r);
+
+/* Called for each chunk, in arrival order (once, with everything, when stream is false).
+ * Returning nonzero cancels the call: CANCEL is sent and the call ends with TDM_ECANCELLED
+ * (finish reason CANCELLED), even on the last chunk. */
+typedef int (*tdm_client_chunk_fn)(void *user, const tdm_client_chunk_t *chunk);
+
+/* Called once when an async call ends, however it ends. result (text, tokens, usage, ...) is
+ * owned by the client and valid only during the callback; copy what you keep. */
+typedef void (*tdm_client_done_fn)(void *user, const tdm_client_result_t *result);
+
+/* Runs a Generate call to its end: sends the request, delivers chunks to on_chunk (may be
+ * NULL) as they arrive and fills *result (initialised here; the caller clears it with
+ * tdm_client_result_clear whatever the status). Returns result->status: 0, TDM_EINVALID (bad
+ * request: this library's checks, message naming the field, or the router's), TDM_EDEADLINE
+ * (the deadline passed; CANCEL sent), TDM_ECANCELLED (on_chunk returned nonzero or the cancel
+ * flag was set; CANCEL sent), TDM_EPRECONDITION (called from a callback), TDM_EINTERNAL (a
+ * malformed answer or a ZMQ failure), or any status the router ended the call with
+ * (TDM_EUNAUTHENTICATED, TDM_ERESOURCE, TDM_EUNAVAILABLE, ...). result keeps the text and
+ * tokens that arrived before an error. */
+int tdm_client_generate(tdm_client_t *c, const tdm_client_request_t *req,
+                        tdm_client_chunk_fn on_chunk, void *user, tdm_client_result_t *result);
+
+/* Starts a Generate call and returns without waiting; tdm_client_poll then drives it. on_chunk
+ * may be NULL; on_done must not be. The call id (unique on this client, > 0) is stored in
+ * *call_id when call_id is not NULL. Returns 0, or (no callback will run) TDM_EINVALID for a
+ * bad request (message in tdm_client_errmsg), TDM_EUNAVAILABLE when the socket's queue is full,
+ * TDM_ERESOURCE on out of memory. May be called from a callback. */
+int tdm_client_generate_start(tdm_client_t *c, const tdm_client_request_t *req,
+                              tdm_client_chunk_fn on_chunk, tdm_client_done_fn on_done, void *user,
+                              uint64_t *call_id);
+
+/* Waits up to timeout_ms (0: not at all; < 0: until something happens) for frames, then
+ * handles every frame already received, delivering chunks and ending calls (on_done), and
+ * ends the calls whose deadline has passed (CANCEL sent, TDM_EDEADLINE). The wait is cut
+ * short by the first frame, by the nearest deadline and by a signal. Returns the number of
+ * calls that ended (>= 0), or TDM_ECANCELLED when the cancel flag is set (every running call
+ * was cancelled), TDM_EPRECONDITION when called from a callback, TDM_EINTERNAL when the socket
+ * failed (every running call ended with that error). */
+int tdm_client_poll(tdm_client_t *c, int timeout_ms);
+
+/* Cancels a running call: sends CANCEL and ends it now with TDM_ECANCELLED (its on_done runs
+ * before this returns). Returns 0, TDM_ENOTFOUND when no such call is running (it has ended),
+ * TDM_EPRECONDITION when called from the call's own on_chunk (return nonzero instead). */
+int tdm_client_generate_cancel(tdm_client_t *c, uint64_t call_id);
+
+/* Number of calls started and not yet ended. Cannot fail. */
+size_t tdm_client_pending(const tdm_client_t *c);
+
+/* ---- Health, Models, Status (unary calls) ----
+ * Each blocks until the answer or timeout_s (seconds; 0 = the client's default; < 0 = none).
+ * Errors, message in tdm_client_errmsg: TDM_EDEADLINE (no answer in time: the router is down
+ * or unreachable), TDM_ECANCELLED (cancel flag), TDM_EPRECONDITION (called from a callback),
+ * TDM_EINTERNAL (malformed answer), or the router's status (TDM_EUNAUTHENTICATED, ...). */
+
+typedef struct tdm_client_health {
+    bool live;        /* the router answers */
+    bool ready;       /* at least one prefill-capable and one decode node are up */
+    char version[64]; /* the router's software version */
+} tdm_client_health_t;
+
+/* Asks the router whether it is live and ready. Fills *out on success. */
+int tdm_client_health(tdm_client_t *c, double timeout_s, tdm_client_health_t *out);
+
+typedef struct tdm_client_model {
+    char *name;
+    uint64_t fingerprint;
+    uint32_t n_ctx;
+    uint32_t n_vocab;
+    char *chat_template; /* the template's name ("chatml"), "" if not told */
+} tdm_client_model_t;
+
+/* The models a router serves. Owns its arrays and strings. */
+typedef struct tdm_client_models {
+    tdm_client_model_t *models; /* [n_models] */
+    size_t n_models;
+} tdm_client_models_t;
+
+/* Lists the served models into *out (previous contents ignored); on success the caller frees
+ * it with tdm_client_models_clear; on error *out holds nothing. TDM_ERESOURCE on out of
+ * memory. */
+int tdm_client_models(tdm_client_t *c, double timeout_s, tdm_client_models_t *out);
+
+/* Frees what *m owns and zeroes it. NULL-safe. */
+void tdm_client_models_clear(tdm_client_models_t *m);
+
+/* One node as the router sees it (proto NodeStatus). */
+typedef struct tdm_client_node_status {
+    char *node_id;
+    char *role;   /* "prefill" | "decode" */
+    char *device; /* "cpu" | "cuda:N" */
+    bool up;
+    uint32_t kv_blocks_total;
+    uint32_t kv_blocks_used;
+    uint32_t kv_blocks_cached; /* free blocks kept for the prefix cache */
+    uint32_t reserved_blocks;  /* the router's outstanding reservations */
+    uint32_t running;          /* sequences running */
+    uint32_t waiting;          /* sequences waiting */
+    uint32_t batch_size;       /* sequences in the last step */
+    uint64_t queued_prefill_tokens;
+    uint64_t prefix_queries; /* blocks looked up in the prefix cache */
+    uint64_t prefix_hits;
+    double step_time_s; /* mean of recent forward passes, seconds */
+    double last_heartbeat_age_s;
+} tdm_client_node_status_t;
+
+/* The cluster as the router sees it (proto ClusterStatus). Owns its arrays and strings. */
+typedef struct tdm_client_cluster_status {
+    char *version;
+    char *model;
+    tdm_client_node_status_t *nodes; /* [n_nodes] in the router's order */
+    size_t n_nodes;
+    uint32_t requests_running;
+    uint32_t requests_queued;
+    uint64_t requests_total;
+} tdm_client_cluster_status_t;
+
+/* Fetches the cluster status into *out (previous contents ignored); on success the caller
+ * frees it with tdm_client_cluster_status_clear; on error *out holds nothing. TDM_ERESOURCE
+ * on out of memory. */
+int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_status_t *out);
+
+/* Frees what *s owns and zeroes it. NULL-safe. */
+void tdm_client_cluster_status_clear(tdm_client_cluster_status_t *s);
+
+/* The node with this id in *s, or NULL. Cannot fail. */
+const tdm_client_node_status_t *tdm_client_status_find_node(const tdm_client_cluster_status_t *s,
+                                                            const char *node_id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_CLIENT_H */

@@ -1,0 +1,793 @@
+/* sock.c - Tandem sockets: ROUTER (bound) and DEALER (connected) with their options, sending a
+ * framed message (zero-copy data frames), receiving with validation (tdm_net_parse) and the
+ * END replies / drops it calls for, the reply shorthands and the blocking unary call.
+ *
+ * Assumptions: a socket is used by one thread at a time. Received parts are kept in a
+ * per-socket scratch array of zmq_msg_t (grown on demand, never beyond TDM_NET_MAX_PARTS);
+ * an accepted message's body and data parts move into the tdm_frame_t, so nothing is copied.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "net/net_internal.h"
+
+#define SOCK_ENDPOINT_MAX 256
+#define SCRATCH_KEEP 64 /* scratch parts kept between messages; more is freed after use */
+
+static const uint8_t sock_empty_bytes[1] = {0};
+
+struct tdm_sock {
+    tdm_net_t *net;
+    void *zs;
+    bool router;
+    int sndhwm;
+    char endpoint[SOCK_ENDPOINT_MAX];
+    char zap_domain[TDM_NET_ZAP_DOMAIN_MAX]; /* "" when not a CURVE server */
+    const tdm_logger_t *log;
+    tdm_sock_stats_t stats;
+    char errmsg[TDM_ERRMSG_MAX];
+    zmq_msg_t *scratch;    /* [scratch_cap] parts of the message being received */
+    tdm_net_part_t *views; /* [scratch_cap] their bytes, for tdm_net_parse */
+    size_t scratch_cap;
+};
+
+static void set_errmsg(tdm_sock_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_errmsg(tdm_sock_t *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->errmsg, sizeof s->errmsg, fmt, ap);
+    va_end(ap);
+}
+
+/* Printable form of a routing id: the text when it is printable ASCII, else hex. */
+static const char *peer_str(const uint8_t *peer, size_t len, char *buf, size_t cap)
+{
+    bool text = len > 0;
+    for (size_t i = 0; i < len; i++)
+        if (peer[i] < 0x21 || peer[i] > 0x7e || peer[i] == '"' || peer[i] == '=')
+            text = false;
+    size_t o = 0;
+    if (text) {
+        o = len < cap - 1 ? len : cap - 1;
+        memcpy(buf, peer, o);
+    } else {
+        for (size_t i = 0; i < len && o + 3 < cap; i++)
+            o += (size_t)snprintf(buf + o, cap - o, "%02x", peer[i]);
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+/* ---- options and sockets ---- */
+
+static bool curve_none(const tdm_curve_keys_t *k)
+{
+    return !k || (!k->server_public && !k->server_secret && !k->client_public && !k->client_secret);
+}
+
+/* Checks that public matches secret (both valid Z85 keys). */
+static int check_pair(const char *pub, const char *sec, const char *what, tdm_error_t *err)
+{
+    char derived[41];
+    if (zmq_curve_public(derived, sec) != 0)
+        return tdm_error_set(err, TDM_EPRECONDITION, "%s: libzmq was built without CURVE", what);
+    if (strcmp(derived, pub) != 0)
+        return tdm_error_set(err, TDM_EINVALID, "%s: the public key does not match the secret key",
+                             what);
+    return 0;
+}
+
+static int setopt_int(void *zs, int opt, int v, const char *name, tdm_error_t *err)
+{
+    if (zmq_setsockopt(zs, opt, &v, sizeof v) != 0)
+        return tdm_error_set(err, TDM_EINVALID, "%s=%d: %s", name, v, zmq_strerror(errno));
+    return 0;
+}
+
+/* Makes the ZMQ socket and applies the options common to both kinds. */
+static tdm_sock_t *sock_new(tdm_net_t *net, int type, const char *endpoint,
+                            const tdm_sock_opts_t *opts, tdm_error_t *err)
+{
+    static const tdm_sock_opts_t no_opts;
+    if (!opts)
+        opts = &no_opts;
+    if (!net || !endpoint || !*endpoint) {
+        tdm_error_set(err, TDM_EINVALID, "no endpoint given");
+        return NULL;
+    }
+    if (strlen(endpoint) >= SOCK_ENDPOINT_MAX) {
+        tdm_error_set(err, TDM_EINVALID, "endpoint longer than %d bytes", SOCK_ENDPOINT_MAX - 1);
+        return NULL;
+    }
+    tdm_sock_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    s->net = net;
+    s->router = type == ZMQ_ROUTER;
+    s->log = opts->log;
+    s->sndhwm = opts->sndhwm > 0 ? opts->sndhwm : 10000;
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    s->zs = zmq_socket(tdm_net_zctx(net), type);
+    if (!s->zs) {
+        tdm_error_set(err, TDM_ERESOURCE, "zmq_socket: %s", zmq_strerror(errno));
+        goto out_free;
+    }
+    int hb = opts->heartbeat_ms == 0 ? 1000 : opts->heartbeat_ms;
+    int64_t maxmsg = TDM_NET_MAX_DATA_BYTES; /* the largest part we accept */
+    if (setopt_int(s->zs, ZMQ_LINGER, 0, "linger", err) ||
+        setopt_int(s->zs, ZMQ_SNDHWM, s->sndhwm, "sndhwm", err) ||
+        setopt_int(s->zs, ZMQ_RCVHWM, s->sndhwm, "rcvhwm", err))
+        goto out_close;
+    if (zmq_setsockopt(s->zs, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
+        tdm_error_set(err, TDM_EINVALID, "maxmsgsize: %s", zmq_strerror(errno));
+        goto out_close;
+    }
+    if (hb > 0) {
+        if (hb > 600000) {
+            tdm_error_set(err, TDM_EINVALID, "heartbeat_ms must be at most 600000, got %d", hb);
+            goto out_close;
+        }
+        if (setopt_int(s->zs, ZMQ_HEARTBEAT_IVL, hb, "heartbeat_ms", err) ||
+            setopt_int(s->zs, ZMQ_HEARTBEAT_TIMEOUT, 3 * hb, "heartbeat timeout", err) ||
+            setopt_int(s->zs, ZMQ_HEARTBEAT_TTL, 3 * hb, "heartbeat ttl", err))
+            goto out_close;
+    }
+    return s;
+
+out_close:
+    zmq_close(s->zs);
+out_free:
+    free(s);
+    return NULL;
+}
+
+tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_opts_t *opts,
+                          tdm_error_t *err)
+{
+    const tdm_curve_keys_t *k = opts ? opts->curve : NULL;
+    uint8_t client_key[32];
+    if (!curve_none(k)) {
+        if (tdm_curve_key_check(k->server_secret, "curve.server_secret", err) ||
+            tdm_curve_key_check(k->client_public, "curve.client_public", err))
+            return NULL;
+        if (k->server_public &&
+            (tdm_curve_key_check(k->server_public, "curve.server_public", err) ||
+             check_pair(k->server_public, k->server_secret, "curve.server_public", err)))
+            return NULL;
+        if (!zmq_z85_decode(client_key, k->client_public)) {
+            tdm_error_set(err, TDM_EINVALID, "curve.client_public: not a Z85 key");
+            return NULL;
+        }
+    }
+    tdm_sock_t *s = sock_new(net, ZMQ_ROUTER, endpoint, opts, err);
+    if (!s)
+        return NULL;
+    /* unroutable sends fail (EHOSTUNREACH) instead of vanishing; a peer that reconnects with
+     * the same routing id (a restarted node) takes the id over from its dead connection */
+    if (setopt_int(s->zs, ZMQ_ROUTER_MANDATORY, 1, "router_mandatory", err) ||
+        setopt_int(s->zs, ZMQ_ROUTER_HANDOVER, 1, "router_handover", err))
+        goto out_destroy;
+    if (!curve_none(k)) {
+        if (tdm_net_zap_register(net, client_key, s->log, s->zap_domain, err) != 0)
+            goto out_destroy;
+        if (zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, s->zap_domain, strlen(s->zap_domain)) != 0 ||
+            setopt_int(s->zs, ZMQ_CURVE_SERVER, 1, "curve_server", err) ||
+            zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, k->server_secret, 40) != 0) {
+            tdm_error_set(err, TDM_EINVALID, "CURVE server options: %s", zmq_strerror(errno));
+            goto out_destroy;
+        }
+    }
+    if (zmq_bind(s->zs, endpoint) != 0) {
+        int e = errno;
+        tdm_error_set(err, e == EADDRINUSE ? TDM_EUNAVAILABLE : TDM_EINVALID, "bind %s: %s",
+                      endpoint, zmq_strerror(e));
+        goto out_destroy;
+    }
+    size_t len = sizeof s->endpoint;
+    if (zmq_getsockopt(s->zs, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    return s;
+
+out_destroy:
+    tdm_sock_destroy(&s);
+    return NULL;
+}
+
+tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_sock_opts_t *opts,
+                             tdm_error_t *err)
+{
+    const tdm_curve_keys_t *k = opts ? opts->curve : NULL;
+    if (!curve_none(k)) {
+        if (tdm_curve_key_check(k->server_public, "curve.server_public", err) ||
+            tdm_curve_key_check(k->client_public, "curve.client_public", err) ||
+            tdm_curve_key_check(k->client_secret, "curve.client_secret", err) ||
+            check_pair(k->client_public, k->client_secret, "curve.client_public", err))
+            return NULL;
+    }
+    const char *id = opts ? opts->identity : NULL;
+    if (id && (strlen(id) == 0 || strlen(id) > 255)) {
+        tdm_error_set(err, TDM_EINVALID, "identity must be 1..255 bytes, got %zu", strlen(id));
+        return NULL;
+    }
+    tdm_sock_t *s = sock_new(net, ZMQ_DEALER, endpoint, opts, err);
+    if (!s)
+        return NULL;
+    int ivl = opts && opts->reconnect_ms > 0 ? opts->reconnect_ms : 100;
+    int ivl_max = opts && opts->reconnect_max_ms > 0 ? opts->reconnect_max_ms : 5000;
+    if (ivl_max < ivl)
+        ivl_max = ivl;
+    if (setopt_int(s->zs, ZMQ_RECONNECT_IVL, ivl, "reconnect_ms", err) ||
+        setopt_int(s->zs, ZMQ_RECONNECT_IVL_MAX, ivl_max, "reconnect_max_ms", err))
+        goto out_destroy;
+    if (id && zmq_setsockopt(s->zs, ZMQ_ROUTING_ID, id, strlen(id)) != 0) {
+        tdm_error_set(err, TDM_EINVALID, "identity '%s': %s", id, zmq_strerror(errno));
+        goto out_destroy;
+    }
+    if (!curve_none(k) && (zmq_setsockopt(s->zs, ZMQ_CURVE_SERVERKEY, k->server_public, 40) != 0 ||
+                           zmq_setsockopt(s->zs, ZMQ_CURVE_PUBLICKEY, k->client_public, 40) != 0 ||
+                           zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, k->client_secret, 40) != 0)) {
+        tdm_error_set(err, TDM_EINVALID, "CURVE client options: %s", zmq_strerror(errno));
+        goto out_destroy;
+    }
+    if (zmq_connect(s->zs, endpoint) != 0) {
+        tdm_error_set(err, TDM_EINVALID, "connect %s: %s", endpoint, zmq_strerror(errno));
+        goto out_destroy;
+    }
+    return s;
+
+out_destroy:
+    tdm_sock_destroy(&s);
+    return NULL;
+}
+
+void tdm_sock_destroy(tdm_sock_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_sock_t *s = *self_p;
+    *self_p = NULL;
+    zmq_close(s->zs);
+    if (s->zap_domain[0])
+        tdm_net_zap_unregister(s->net, s->zap_domain);
+    free(s->scratch);
+    free(s->views);
+    free(s);
+}
+
+void *tdm_sock_zsock(tdm_sock_t *s)
+{
+    return s->zs;
+}
+
+const char *tdm_sock_endpoint(const tdm_sock_t *s)
+{
+    return s->endpoint;
+}
+
+void tdm_sock_stats(const tdm_sock_t *s, tdm_sock_stats_t *out)
+{
+    *out = s->stats;
+}
+
+const char *tdm_sock_errmsg(const tdm_sock_t *s)
+{
+    return s->errmsg;
+}
+
+/* ---- sending ---- */
+
+/* Maps a failed zmq send's errno to a status, with the message in s->errmsg. */
+static int send_error(tdm_sock_t *s, int e, const tdm_send_t *m)
+{
+    char peer[2 * TDM_NET_PEER_MAX + 1] = "-";
+    if (s->router)
+        peer_str(m->peer, m->peer_len, peer, sizeof peer);
+    s->stats.send_failures++;
+    switch (e) {
+    case EHOSTUNREACH: set_errmsg(s, "peer %s is unknown or gone", peer); return TDM_EUNAVAILABLE;
+    case EAGAIN:
+        set_errmsg(s, "send queue full (%d messages) for peer %s", s->sndhwm, peer);
+        return TDM_EUNAVAILABLE;
+    case ENOMEM: set_errmsg(s, "out of memory"); return TDM_ERESOURCE;
+    case ETERM: set_errmsg(s, "the ZMQ context is shutting down"); return TDM_EUNAVAILABLE;
+    default: set_errmsg(s, "send: %s", zmq_strerror(e)); return TDM_EUNAVAILABLE;
+    }
+}
+
+/* Runs the free callbacks of data[from ..) (data whose ownership never reached ZMQ). */
+static void release_data(const tdm_send_t *m, uint32_t from)
+{
+    for (uint32_t i = from; i < m->n_data; i++)
+        if (m->data[i].free_fn)
+            m->data[i].free_fn((void *)(uintptr_t)m->data[i].ptr, m->data[i].hint);
+}
+
+/* Sends one part; the message is closed whatever happens (after a successful send ZMQ has
+ * emptied it, so the close does nothing; after a failure it releases the data, running a
+ * zero-copy free callback). Returns 0 or the errno. */
+static int send_part(tdm_sock_t *s, zmq_msg_t *msg, bool more)
+{
+    int rc = zmq_msg_send(msg, s->zs, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0));
+    int e = rc < 0 ? errno : 0;
+    zmq_msg_close(msg);
+    return e;
+}
+
+static int send_bytes(tdm_sock_t *s, const void *p, size_t n, bool more)
+{
+    return zmq_send(s->zs, p, n, ZMQ_DONTWAIT | (more ? ZMQ_SNDMORE : 0)) < 0 ? errno : 0;
+}
+
+static int check_send(tdm_sock_t *s, const tdm_send_t *m)
+{
+    if (s->router && (!m->peer || m->peer_len == 0 || m->peer_len > TDM_NET_PEER_MAX)) {
+        set_errmsg(s, "a ROUTER send needs a peer routing id of 1..%u bytes", TDM_NET_PEER_MAX);
+        return TDM_EINVALID;
+    }
+    if (m->kind < TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST ||
+        m->kind > TANDEM__V1__FRAME_KIND__FRAME_KIND_NOTIFY) {
+        set_errmsg(s, "unknown frame kind %d", m->kind);
+        return TDM_EINVALID;
+    }
+    if (m->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && m->status > 0) {
+        set_errmsg(s, "END status must be 0 or negative, got %d", m->status);
+        return TDM_EINVALID;
+    }
+    if (m->api_key && strlen(m->api_key) >= TDM_NET_API_KEY_MAX) {
+        set_errmsg(s, "api_key of %zu bytes exceeds the limit of %u bytes", strlen(m->api_key),
+                   TDM_NET_API_KEY_MAX - 1);
+        return TDM_EINVALID;
+    }
+    if (m->n_data > TDM_NET_MAX_DATA_FRAMES || (m->n_data && !m->data)) {
+        set_errmsg(s, "%u data frames (at most %u)", m->n_data, TDM_NET_MAX_DATA_FRAMES);
+        return TDM_EINVALID;
+    }
+    for (uint32_t i = 0; i < m->n_data; i++)
+        if (m->data[i].len > TDM_NET_MAX_DATA_BYTES || (m->data[i].len && !m->data[i].ptr)) {
+            set_errmsg(s, "data frame %u of %zu bytes (at most %u, and not NULL)", i,
+                       m->data[i].len, TDM_NET_MAX_DATA_BYTES);
+            return TDM_EINVALID;
+        }
+    return 0;
+}
+
+int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m)
+{
+    uint32_t owned = 0; /* data frames handed to ZMQ (or released) so far */
+    size_t parts_sent = 0, bytes = 0;
+    bool have_body = false;
+    zmq_msg_t body;
+    int rc = check_send(s, m);
+    if (rc)
+        goto out_release;
+
+    char message[TDM_ERRMSG_MAX];
+    const char *msg_text = m->message ? m->message : "";
+    size_t mlen = tdm_net_text_fit(msg_text, sizeof message);
+    memcpy(message, msg_text, mlen);
+    message[mlen] = '\0';
+
+    Tandem__V1__FrameHeader h = TANDEM__V1__FRAME_HEADER__INIT;
+    h.version_major = TDM_PROTOCOL_MAJOR;
+    h.version_minor = TDM_PROTOCOL_MINOR;
+    h.kind = (Tandem__V1__FrameKind)m->kind;
+    h.method = (Tandem__V1__Method)m->method;
+    h.call_id = m->call_id;
+    if (m->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
+        h.status = tdm_proto_status_to_wire(m->status);
+        h.message = message;
+    }
+    h.deadline_unix_ms = m->deadline_unix_ms;
+    h.api_key = (char *)(uintptr_t)(m->api_key ? m->api_key : "");
+    h.n_data_frames = m->n_data;
+    uint8_t hbuf[TDM_NET_MAX_HEADER_BYTES];
+    size_t hlen = tandem__v1__frame_header__get_packed_size(&h);
+    if (hlen > sizeof hbuf) { /* cannot happen with the limits above; checked all the same */
+        set_errmsg(s, "FrameHeader of %zu bytes exceeds %zu", hlen, sizeof hbuf);
+        rc = TDM_EINVALID;
+        goto out_release;
+    }
+    tandem__v1__frame_header__pack(&h, hbuf);
+
+    if (m->body) {
+        size_t blen = protobuf_c_message_get_packed_size(m->body);
+        if (blen > TDM_NET_MAX_BODY_BYTES) {
+            set_errmsg(s, "body of %zu bytes exceeds the limit of %u bytes", blen,
+                       TDM_NET_MAX_BODY_BYTES);
+            rc = TDM_EINVALID;
+            goto out_release;
+        }
+        if (zmq_msg_init_size(&body, blen) != 0) {
+            set_errmsg(s, "out of memory for a body of %zu bytes", blen);
+            rc = TDM_ERESOURCE;
+            goto out_release;
+        }
+        protobuf_c_message_pack(m->body, zmq_msg_data(&body));
+        have_body = true;
+        bytes += blen;
+    }
+
+    int e = 0;
+    if (s->router && (e = send_bytes(s, m->peer, m->peer_len, true)) != 0)
+        goto out_failed;
+    parts_sent += s->router;
+    if ((e = send_bytes(s, hbuf, hlen, have_body || m->n_data > 0)) != 0)
+        goto out_failed;
+    parts_sent++;
+    bytes += hlen;
+    if (have_body) {
+        have_body = false; /* send_part closes it either way */
+        if ((e = send_part(s, &body, m->n_data > 0)) != 0)
+            goto out_failed;
+        parts_sent++;
+    }
+    for (uint32_t i = 0; i < m->n_data; i++) {
+        const tdm_net_data_t *d = &m->data[i];
+        void *p = (void *)(uintptr_t)d->ptr;
+        zmq_msg_t dm;
+        if (d->free_fn && d->len > 0) {
+            if (zmq_msg_init_data(&dm, p, d->len, d->free_fn, d->hint) != 0) {
+                e = ENOMEM; /* ZMQ did not take the data: release it below */
+                goto out_failed;
+            }
+        } else {
+            if (zmq_msg_init_size(&dm, d->len) != 0) {
+                e = ENOMEM;
+                goto out_failed;
+            }
+            if (d->len)
+                memcpy(zmq_msg_data(&dm), d->ptr, d->len);
+            if (d->free_fn) /* an empty zero-copy frame: nothing for ZMQ to hold */
+                d->free_fn(p, d->hint);
+        }
+        owned = i + 1;
+        if ((e = send_part(s, &dm, i + 1 < m->n_data)) != 0)
+            goto out_failed;
+        parts_sent++;
+        bytes += d->len;
+    }
+    s->stats.frames_out++;
+    s->stats.bytes_out += bytes;
+    return 0;
+
+out_failed:
+    rc = send_error(s, e, m);
+    if (parts_sent > 0) {
+        /* A DEALER that failed mid-message (its peer went away) drops the rest of that
+         * message; one last empty part ends it, so the next message is not swallowed. */
+        zmq_send(s->zs, "", 0, ZMQ_DONTWAIT);
+    }
+    if (have_body)
+        zmq_msg_close(&body);
+out_release:
+    release_data(m, owned);
+    return rc;
+}
+
+int tdm_sock_reply(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body)
+{
+    tdm_send_t m = {
+        .peer = to->peer,
+        .peer_len = to->peer_len,
+        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END,
+        .method = to->method,
+        .call_id = to->call_id,
+        .body = body,
+    };
+    return tdm_sock_send(s, &m);
+}
+
+int tdm_sock_reply_error(tdm_sock_t *s, const tdm_frame_t *to, int status, const char *fmt, ...)
+{
+    /* twice the limit, so tdm_sock_send sees where a character cut at the limit ends */
+    char text[2 * TDM_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    tdm_send_t m = {
+        .peer = to->peer,
+        .peer_len = to->peer_len,
+        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END,
+        .method = to->method,
+        .call_id = to->call_id,
+        .status = status,
+        .message = text,
+    };
+    return tdm_sock_send(s, &m);
+}
+
+int tdm_sock_stream(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body)
+{
+    tdm_send_t m = {
+        .peer = to->peer,
+        .peer_len = to->peer_len,
+        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM,
+        .method = to->method,
+        .call_id = to->call_id,
+        .body = body,
+    };
+    return tdm_sock_send(s, &m);
+}
+
+int tdm_sock_notify(tdm_sock_t *s, const uint8_t *peer, size_t peer_len, int method,
+                    const ProtobufCMessage *body)
+{
+    tdm_send_t m = {
+        .peer = peer,
+        .peer_len = peer_len,
+        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_NOTIFY,
+        .method = method,
+        .body = body,
+    };
+    return tdm_sock_send(s, &m);
+}
+
+/* ---- receiving ---- */
+
+/* Makes room for at least n parts in the scratch arrays (moving the open messages). */
+static bool scratch_reserve(tdm_sock_t *s, size_t n)
+{
+    if (n <= s->scratch_cap)
+        return true;
+    size_t cap = s->scratch_cap ? s->scratch_cap : 8;
+    while (cap < n)
+        cap *= 2;
+    if (cap > TDM_NET_MAX_PARTS)
+        cap = TDM_NET_MAX_PARTS;
+    zmq_msg_t *m = malloc(cap * sizeof *m);
+    tdm_net_part_t *v = malloc(cap * sizeof *v);
+    if (!m || !v) {
+        free(m);
+        free(v);
+        return false;
+    }
+    for (size_t i = 0; i < s->scratch_cap; i++) {
+        zmq_msg_init(&m[i]);
+        zmq_msg_move(&m[i], &s->scratch[i]);
+        zmq_msg_close(&s->scratch[i]);
+    }
+    free(s->scratch);
+    free(s->views);
+    s->scratch = m;
+    s->views = v;
+    s->scratch_cap = cap;
+    return true;
+}
+
+/* Closes the n kept parts and frees a scratch array grown by a big message. */
+static void scratch_release(tdm_sock_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        zmq_msg_close(&s->scratch[i]);
+    if (s->scratch_cap > SCRATCH_KEEP) {
+        free(s->scratch);
+        free(s->views);
+        s->scratch = NULL;
+        s->views = NULL;
+        s->scratch_cap = 0;
+    }
+}
+
+/* Receives every part of the next message without waiting: keeps the first ones in the
+ * scratch array (at most TDM_NET_MAX_PARTS; fewer when memory runs out) and drains the rest.
+ * Returns 0 with *n_kept / *n_total set, EAGAIN when no message is there, or another errno. */
+static int recv_parts(tdm_sock_t *s, size_t *n_kept, size_t *n_total)
+{
+    size_t kept = 0, total = 0;
+    bool more = true, keep = true;
+    while (more) {
+        zmq_msg_t drain, *msg = &drain;
+        if (keep && kept < TDM_NET_MAX_PARTS && scratch_reserve(s, kept + 1))
+            msg = &s->scratch[kept];
+        else
+            keep = false; /* from here on, count and drop */
+        zmq_msg_init(msg);
+        if (zmq_msg_recv(msg, s->zs, ZMQ_DONTWAIT) < 0) {
+            int e = errno;
+            zmq_msg_close(msg);
+            if (total > 0 && (e == EINTR || e == EAGAIN))
+                continue; /* the rest of a message is always there: try again */
+            for (size_t i = 0; i < kept; i++)
+                zmq_msg_close(&s->scratch[i]);
+            return e;
+        }
+        more = zmq_msg_more(msg);
+        s->stats.bytes_in += zmq_msg_size(msg);
+        total++;
+        if (msg == &drain)
+            zmq_msg_close(&drain);
+        else
+            kept++;
+    }
+    *n_kept = kept;
+    *n_total = total;
+    return 0;
+}
+
+/* Moves the accepted message's body and data parts into f. Returns false on out of memory. */
+static bool frame_take(tdm_sock_t *s, size_t n, const tdm_net_layout_t *lay, tdm_frame_t *f)
+{
+    size_t start = lay->header + 1, count = n - start;
+    if (count == 0)
+        return true;
+    tdm_net_frame_impl_t *impl = malloc(sizeof *impl + count * sizeof(zmq_msg_t));
+    if (!impl)
+        return false;
+    impl->n_msgs = count;
+    impl->first_data = lay->first_data - start;
+    for (size_t i = 0; i < count; i++) {
+        zmq_msg_init(&impl->msgs[i]);
+        zmq_msg_move(&impl->msgs[i], &s->scratch[start + i]);
+    }
+    if (lay->body != SIZE_MAX) {
+        /* small messages live inside the zmq_msg_t: take the pointer after the move */
+        const uint8_t *p = zmq_msg_data(&impl->msgs[0]);
+        f->body = p ? p : sock_empty_bytes;
+    }
+    f->impl = impl;
+    f->impl_cap = count;
+    return true;
+}
+
+/* Answers or drops a refused message and logs it. */
+static void refuse(tdm_sock_t *s, tdm_frame_t *f, tdm_net_verdict_t v, const tdm_error_t *why)
+{
+    char peer[2 * TDM_NET_PEER_MAX + 1] = "-", kv[768] = "";
+    if (f->peer_len)
+        peer_str(f->peer, f->peer_len, peer, sizeof peer);
+    char call[24];
+    snprintf(call, sizeof call, "%llu", (unsigned long long)f->call_id);
+    tdm_log_kv_append(kv, sizeof kv, "endpoint", s->endpoint);
+    tdm_log_kv_append(kv, sizeof kv, "peer", peer);
+    tdm_log_kv_append(kv, sizeof kv, "status", tdm_status_name(why->code));
+    if (v == TDM_NET_REJECT) {
+        tdm_log_kv_append(kv, sizeof kv, "method", tdm_net_method_name(f->method));
+        tdm_log_kv_append(kv, sizeof kv, "call_id", call);
+        s->stats.rejected++;
+        tdm_log_write(s->log, TDM_LOG_WARN, NULL, kv, "refused a request: %s", why->msg);
+        tdm_sock_reply_error(s, f, why->code, "%s", why->msg);
+    } else {
+        s->stats.dropped++;
+        tdm_log_write(s->log, TDM_LOG_WARN, NULL, kv, "dropped a message: %s", why->msg);
+    }
+    set_errmsg(s, "%s", why->msg);
+}
+
+/* Waits until the socket has input: 0, TDM_EDEADLINE when the monotonic time end passes
+ * (timeout_ms >= 0), TDM_ECANCELLED (EINTR, ETERM) or TDM_EINTERNAL. */
+static int wait_input(tdm_sock_t *s, int timeout_ms, double end)
+{
+    for (;;) {
+        long wait = -1;
+        if (timeout_ms >= 0) {
+            double left = end - tdm_time_now();
+            wait = left > 0 ? (long)(left * 1000.0 + 0.999) : 0;
+        }
+        zmq_pollitem_t item = {.socket = s->zs, .events = ZMQ_POLLIN};
+        int rc = zmq_poll(&item, 1, wait);
+        if (rc < 0) {
+            int e = errno;
+            set_errmsg(s, "poll: %s", zmq_strerror(e));
+            return e == EINTR || e == ETERM ? TDM_ECANCELLED : TDM_EINTERNAL;
+        }
+        if (rc > 0)
+            return 0;
+        if (timeout_ms == 0 || (timeout_ms > 0 && tdm_time_now() >= end))
+            return TDM_EDEADLINE;
+    }
+}
+
+int tdm_sock_recv(tdm_sock_t *s, tdm_frame_t *f, int timeout_ms)
+{
+    tdm_frame_clear(f);
+    double end = tdm_time_now() + (timeout_ms > 0 ? timeout_ms / 1000.0 : 0);
+    for (;;) {
+        /* a queued message is taken at once; zmq_poll only when there is none */
+        size_t n = 0, total = 0;
+        int e = recv_parts(s, &n, &total);
+        if (e == EAGAIN) {
+            int rc = wait_input(s, timeout_ms, end);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (e) {
+            set_errmsg(s, "receive: %s", zmq_strerror(e));
+            return e == EINTR || e == ETERM ? TDM_ECANCELLED : TDM_EINTERNAL;
+        }
+        for (size_t i = 0; i < n; i++) {
+            s->views[i].ptr = zmq_msg_data(&s->scratch[i]);
+            s->views[i].len = zmq_msg_size(&s->scratch[i]);
+        }
+        tdm_net_layout_t lay;
+        tdm_error_t why;
+        tdm_net_verdict_t v = tdm_net_parse(s->views, n, total, s->router, f, &lay, &why);
+        if (v == TDM_NET_ACCEPT && !frame_take(s, n, &lay, f)) {
+            tdm_error_set(&why, TDM_ERESOURCE, "out of memory for a message of %zu parts", n);
+            v = f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST ? TDM_NET_REJECT
+                                                                      : TDM_NET_DROP;
+        }
+        scratch_release(s, n);
+        if (v == TDM_NET_ACCEPT) {
+            s->stats.frames_in++;
+            return 0;
+        }
+        refuse(s, f, v, &why);
+        tdm_frame_clear(f);
+    }
+}
+
+/* ---- blocking unary call ---- */
+
+int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
+                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                 int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err)
+{
+    if (resp_out)
+        *resp_out = NULL;
+    tdm_error_clear(err);
+    const char *name = tdm_net_method_name(method);
+    tdm_send_t m = {
+        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST,
+        .method = method,
+        .call_id = call_id,
+        .deadline_unix_ms = timeout_ms > 0 ? tdm_net_now_ms() + (uint64_t)timeout_ms : 0,
+        .api_key = api_key,
+        .body = req,
+    };
+    int rc = tdm_sock_send(s, &m);
+    if (rc)
+        return tdm_error_set(err, rc, "%s call %llu: %s", name, (unsigned long long)call_id,
+                             s->errmsg);
+    double end = tdm_time_now() + timeout_ms / 1000.0;
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    for (;;) {
+        int wait = -1;
+        if (timeout_ms > 0) {
+            double left = end - tdm_time_now();
+            wait = left > 0 ? (int)(left * 1000.0 + 0.999) : 0;
+        }
+        rc = tdm_sock_recv(s, &f, wait);
+        if (rc == TDM_EDEADLINE) {
+            tdm_send_t c = {
+                .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL,
+                .method = method,
+                .call_id = call_id,
+            };
+            tdm_sock_send(s, &c);
+            rc = tdm_error_set(err, TDM_EDEADLINE, "%s call %llu: no answer within %d ms", name,
+                               (unsigned long long)call_id, timeout_ms);
+            goto out_clear;
+        }
+        if (rc) {
+            tdm_error_set(err, rc, "%s call %llu: %s", name, (unsigned long long)call_id,
+                          s->errmsg);
+            goto out_clear;
+        }
+        if (f.call_id == call_id && f.kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
+            break;
+        tdm_frame_clear(&f); /* another call's frame, or a STREAM frame of this one */
+    }
+    if (f.status != 0) {
+        rc = tdm_error_set(err, f.status, "%s", f.message[0] ? f.message : tdm_strerror(f.status));
+        goto out_clear;
+    }
+    if (resp_desc && resp_out) {
+        *resp_out = tdm_frame_unpack(&f, resp_desc);
+        if (!*resp_out)
+            rc = tdm_error_set(err, TDM_EINTERNAL,
+                               "%s call %llu: the response does not decode as %s", name,
+                               (unsigned long long)call_id, resp_desc->name);
+    }
+out_clear:
+    tdm_frame_clear(&f);
+    return rc;
+}

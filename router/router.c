@@ -1,0 +1,532 @@
+/* router.c - the router object: model and tokenizer, sockets, the event loop and timers,
+ * and the small client calls (HEALTH, MODELS, STATUS).
+ *
+ * The loop is single-threaded: zmq_poll over the client and node sockets, every waiting
+ * message handled in arrival order, then the timers (heartbeat timeouts, deadlines) at most
+ * every TIMER_PERIOD_S. GENERATE handling lives in request.c, the node protocol in nodes.c.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "router_internal.h"
+
+#define TIMER_PERIOD_S 0.01
+#define MAX_MESSAGES_PER_POLL 256
+#define PREFIX_TABLE_SIZE 65536u /* power of two */
+
+static const double hist_bounds[TDM_ROUTER_HIST_BUCKETS - 1] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+};
+
+const double *tdm_router_hist_bounds(void)
+{
+    return hist_bounds;
+}
+
+void rt_hist_observe(tdm_router_hist_t *h, double seconds)
+{
+    if (!(seconds >= 0))
+        seconds = 0;
+    size_t i = 0;
+    while (i < TDM_ROUTER_HIST_BUCKETS - 1 && seconds > hist_bounds[i])
+        i++;
+    h->buckets[i]++;
+    h->count++;
+    h->sum += seconds;
+}
+
+int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
+                const char *message, const ProtobufCMessage *body)
+{
+    tdm_send_t m = {0};
+    m.peer = peer;
+    m.peer_len = peer_len;
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
+    m.method = TANDEM__V1__METHOD__METHOD_GENERATE;
+    m.call_id = call_id;
+    m.status = status;
+    m.message = message;
+    m.body = body;
+    return tdm_sock_send(r->client, &m);
+}
+
+void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body)
+{
+    int rc =
+        tdm_sock_notify(r->nodesock, (const uint8_t *)n->cfg->id, strlen(n->cfg->id), method, body);
+    if (rc != TDM_OK)
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL, "notify %s to node %s failed: %s",
+                      tdm_net_method_name(method), n->cfg->id, tdm_strerror(rc));
+}
+
+/* ---- construction ---- */
+
+static int load_model(tdm_router_t *r, tdm_error_t *err)
+{
+    const tdm_config_t *cfg = r->cfg;
+    r->model = tdm_model_load(cfg->model.path, err);
+    if (!r->model)
+        return tdm_error_prefix(err, err ? err->code : TDM_EINVALID, "model %s: ", cfg->model.path);
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(r->model);
+    r->tok = tdm_tokenizer_new(tdm_model_gguf(r->model), err);
+    if (!r->tok)
+        return tdm_error_prefix(err, err ? err->code : TDM_EINVALID,
+                                "tokenizer of %s: ", cfg->model.path);
+    r->n_vocab = hp->n_vocab;
+    r->n_ctx = hp->n_ctx_train < TDM_ROUTER_MAX_CTX ? hp->n_ctx_train : TDM_ROUTER_MAX_CTX;
+    r->fingerprint = tdm_model_fingerprint(r->model);
+    r->block_size = (uint32_t)cfg->kv.block_size;
+    r->layout =
+        (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim, r->block_size, cfg->kv.dtype};
+    /* The template: the config's override, else the family the model names. The default
+     * system message comes from the model's template when it is of the same family. */
+    tdm_error_t terr = {0};
+    tdm_chat_template_t detected;
+    char sys[TDM_CHAT_DEFAULT_SYSTEM_MAX] = "";
+    bool have_detected = tdm_chat_template_detect(tdm_model_gguf(r->model), &detected, sys,
+                                                  sizeof sys, &terr) == TDM_OK;
+    if (cfg->model.chat_template_set) {
+        r->have_template = true;
+        r->tmpl = cfg->model.chat_template;
+        if (have_detected && detected == r->tmpl)
+            snprintf(r->default_system, sizeof r->default_system, "%s", sys);
+    } else if (have_detected) {
+        r->have_template = true;
+        r->tmpl = detected;
+        snprintf(r->default_system, sizeof r->default_system, "%s", sys);
+    } else {
+        snprintf(r->template_error, sizeof r->template_error, "%s", terr.msg);
+        tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL,
+                      "no chat template: chat requests will fail: %s", terr.msg);
+    }
+    if (r->n_ctx < 2)
+        return tdm_error_set(err, TDM_EINVALID, "model %s: context length %" PRIu32 " is too short",
+                             cfg->model.path, r->n_ctx);
+    return TDM_OK;
+}
+
+static int make_nodes(tdm_router_t *r, tdm_error_t *err)
+{
+    r->n_nodes = r->cfg->n_nodes;
+    r->nodes = calloc(r->n_nodes ? r->n_nodes : 1, sizeof *r->nodes);
+    r->prefix_keys = calloc(PREFIX_TABLE_SIZE, sizeof *r->prefix_keys);
+    r->prefix_nodes = calloc(PREFIX_TABLE_SIZE, sizeof *r->prefix_nodes);
+    r->hash_cap = 256;
+    r->hash = calloc(r->hash_cap, sizeof *r->hash);
+    if (!r->nodes || !r->prefix_keys || !r->prefix_nodes || !r->hash)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    r->prefix_mask = PREFIX_TABLE_SIZE - 1;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        r->nodes[i].cfg = &r->cfg->nodes[i];
+        r->nodes[i].index = i;
+    }
+    return TDM_OK;
+}
+
+static int bind_sockets(tdm_router_t *r, tdm_error_t *err)
+{
+    const tdm_config_t *cfg = r->cfg;
+    tdm_sock_opts_t copts = {0};
+    copts.log = &r->log;
+    r->client = tdm_sock_bind(r->net, cfg->router.client_endpoint, &copts, err);
+    if (!r->client)
+        return tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
+                                "client endpoint %s: ", cfg->router.client_endpoint);
+    tdm_curve_keys_t keys = {cfg->security.curve_server_public_key,
+                             cfg->security.curve_server_secret_key,
+                             cfg->security.curve_client_public_key, NULL};
+    tdm_sock_opts_t nopts = {0};
+    nopts.log = &r->log;
+    nopts.curve = cfg->security.curve_server_public_key ? &keys : NULL;
+    r->nodesock = tdm_sock_bind(r->net, cfg->router.node_endpoint, &nopts, err);
+    if (!r->nodesock)
+        return tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
+                                "node endpoint %s: ", cfg->router.node_endpoint);
+    snprintf(r->client_ep, sizeof r->client_ep, "%s", tdm_sock_endpoint(r->client));
+    snprintf(r->node_ep, sizeof r->node_ep, "%s", tdm_sock_endpoint(r->nodesock));
+    return TDM_OK;
+}
+
+tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_logger_t *log,
+                             tdm_error_t *err)
+{
+    tdm_router_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    r->cfg = cfg;
+    r->net = net;
+    if (log)
+        r->log = *log;
+    else
+        tdm_log_init(&r->log, "router");
+    r->hb_interval_ms = TDM_ROUTER_HEARTBEAT_INTERVAL_MS;
+    r->hb_timeout_ms = TDM_ROUTER_HEARTBEAT_TIMEOUT_MS;
+    r->next_call = 1;
+    if (load_model(r, err) != TDM_OK || make_nodes(r, err) != TDM_OK ||
+        bind_sockets(r, err) != TDM_OK) {
+        r->shut = true; /* nothing to shut down: no request exists yet */
+        tdm_router_destroy(&r);
+        return NULL;
+    }
+    char kv[1024] = "";
+    char num[32];
+    tdm_log_kv_append(kv, sizeof kv, "client", r->client_ep);
+    tdm_log_kv_append(kv, sizeof kv, "nodes", r->node_ep);
+    tdm_log_kv_append(kv, sizeof kv, "model", cfg->model.name ? cfg->model.name : "");
+    snprintf(num, sizeof num, "%" PRIu32, r->n_ctx);
+    tdm_log_kv_append(kv, sizeof kv, "n_ctx", num);
+    tdm_log_kv_append(kv, sizeof kv, "prefill_policy",
+                      tdm_prefill_policy_name(cfg->router.prefill_policy));
+    tdm_log_kv_append(kv, sizeof kv, "curve", cfg->security.curve_server_public_key ? "on" : "off");
+    tdm_log_kv_append(kv, sizeof kv, "api_keys", cfg->router.n_api_keys ? "on" : "off");
+    tdm_log_write(&r->log, TDM_LOG_INFO, NULL, kv, "router ready");
+    return r;
+}
+
+void tdm_router_destroy(tdm_router_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_router_t *r = *self_p;
+    tdm_router_shutdown(r);
+    tdm_sock_destroy(&r->client);
+    tdm_sock_destroy(&r->nodesock);
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        free(r->nodes[i].kv_endpoint);
+        free(r->nodes[i].pending);
+    }
+    free(r->nodes);
+    free(r->prefix_keys);
+    free(r->prefix_nodes);
+    free(r->hash);
+    tdm_tokenizer_destroy(&r->tok);
+    tdm_model_destroy(&r->model);
+    free(r);
+    *self_p = NULL;
+}
+
+void tdm_router_shutdown(tdm_router_t *r)
+{
+    if (!r || r->shut)
+        return;
+    r->shut = true;
+    size_t n = r->n_reqs;
+    rt_req_shutdown_all(r);
+    tdm_log_write(&r->log, TDM_LOG_INFO, NULL, NULL,
+                  "router shutting down (%zu requests ended with UNAVAILABLE)", n);
+}
+
+/* ---- client calls ---- */
+
+/* Constant-time comparison of an API key with a configured one. */
+static bool key_equal(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char diff = (unsigned char)(la != lb);
+    for (size_t i = 0; i < la; i++)
+        diff |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
+    return diff == 0 && lb > 0;
+}
+
+static bool api_key_ok(const tdm_router_t *r, const char *key)
+{
+    if (r->cfg->router.n_api_keys == 0)
+        return true;
+    bool ok = false;
+    for (size_t i = 0; i < r->cfg->router.n_api_keys; i++)
+        ok |= key_equal(key, r->cfg->router.api_keys[i]);
+    return ok;
+}
+
+static size_t count_up(const tdm_router_t *r, tdm_node_role_t role)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_nodes; i++)
+        n += r->nodes[i].up && r->nodes[i].cfg->role == role;
+    return n;
+}
+
+/* HEALTH: live always; ready when a decode node is up (a decode node prefills locally when
+ * no prefill node is up). The END message says what is up. */
+static void client_health(tdm_router_t *r, const tdm_frame_t *f)
+{
+    size_t nd = count_up(r, TDM_NODE_ROLE_DECODE), np = count_up(r, TDM_NODE_ROLE_PREFILL);
+    Tandem__V1__HealthResponse h = TANDEM__V1__HEALTH_RESPONSE__INIT;
+    h.live = true;
+    h.ready = nd > 0;
+    h.version = (char *)TANDEM_VERSION;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s: %zu decode and %zu prefill nodes up%s",
+             nd ? "ready" : "not ready", nd, np,
+             nd ? (np ? "" : " (decode nodes prefill locally)")
+                : " (at least one decode node must be up)");
+    tdm_send_t m = {0};
+    m.peer = f->peer;
+    m.peer_len = f->peer_len;
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
+    m.method = f->method;
+    m.call_id = f->call_id;
+    m.message = msg;
+    m.body = &h.base;
+    tdm_sock_send(r->client, &m);
+}
+
+static void client_models(tdm_router_t *r, const tdm_frame_t *f)
+{
+    Tandem__V1__ModelInfo info = TANDEM__V1__MODEL_INFO__INIT;
+    info.name = r->cfg->model.name ? r->cfg->model.name : (char *)"";
+    info.fingerprint = r->fingerprint;
+    info.n_ctx = r->n_ctx;
+    info.n_vocab = r->n_vocab;
+    info.chat_template = r->have_template ? (char *)tdm_chat_template_name(r->tmpl) : (char *)"";
+    Tandem__V1__ModelInfo *list[1] = {&info};
+    Tandem__V1__ModelsResponse resp = TANDEM__V1__MODELS_RESPONSE__INIT;
+    resp.n_models = 1;
+    resp.models = list;
+    tdm_sock_reply(r->client, f, &resp.base);
+}
+
+double rt_node_age(const rt_node_t *n, double now)
+{
+    return n->registered ? now - n->last_seen : -1.0;
+}
+
+static void client_status(tdm_router_t *r, const tdm_frame_t *f)
+{
+    size_t nn = r->n_nodes;
+    Tandem__V1__NodeStatus *st = calloc(nn ? nn : 1, sizeof *st);
+    Tandem__V1__NodeStatus **ptrs = calloc(nn ? nn : 1, sizeof *ptrs);
+    char(*dev)[32] = calloc(nn ? nn : 1, sizeof *dev);
+    if (!st || !ptrs || !dev) {
+        tdm_sock_reply_error(r->client, f, TDM_ERESOURCE, "out of memory");
+        goto out_free;
+    }
+    double now = tdm_time_now();
+    for (size_t i = 0; i < nn; i++) {
+        rt_node_t *n = &r->nodes[i];
+        Tandem__V1__NodeStatus *s = &st[i];
+        tandem__v1__node_status__init(s);
+        s->node_id = n->cfg->id;
+        s->role = (char *)tdm_node_role_name(n->cfg->role);
+        s->up = n->up;
+        s->kv_blocks_total = n->kv_blocks_total;
+        s->kv_blocks_used = n->kv_used;
+        s->kv_blocks_cached = n->kv_cached;
+        s->running = n->running;
+        s->waiting = n->waiting;
+        s->queued_prefill_tokens = n->queued_prefill_tokens;
+        s->last_heartbeat_age_s = rt_node_age(n, now);
+        s->prefix_queries = n->prefix_queries;
+        s->prefix_hits = n->prefix_hits;
+        s->step_time_s = n->step_time_s;
+        if (n->device[0])
+            snprintf(dev[i], sizeof dev[i], "%s", n->device);
+        else
+            tdm_config_device_format(n->cfg->device, dev[i], sizeof dev[i]);
+        s->device = dev[i];
+        s->batch_size = n->batch_size;
+        s->reserved_blocks = n->reserved_pending + n->reserved_acked;
+        ptrs[i] = s;
+    }
+    Tandem__V1__ClusterStatus cs = TANDEM__V1__CLUSTER_STATUS__INIT;
+    cs.version = (char *)TANDEM_VERSION;
+    cs.model = r->cfg->model.name ? r->cfg->model.name : (char *)"";
+    cs.n_nodes = nn;
+    cs.nodes = ptrs;
+    cs.requests_running = (uint32_t)(r->n_reqs - r->n_queued);
+    cs.requests_queued = (uint32_t)r->n_queued;
+    cs.requests_total = r->metrics.requests_total;
+    tdm_sock_reply(r->client, f, &cs.base);
+out_free:
+    free(dev);
+    free(ptrs);
+    free(st);
+}
+
+static void client_message(tdm_router_t *r, const tdm_frame_t *f)
+{
+    if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL) {
+        rt_client_cancel(r, f);
+        return;
+    }
+    if (f->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST) {
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
+                      "ignoring a %s frame from a client (call %" PRIu64 ")",
+                      tdm_net_kind_name(f->kind), f->call_id);
+        return;
+    }
+    if (!api_key_ok(r, f->api_key)) {
+        if (f->method == TANDEM__V1__METHOD__METHOD_GENERATE) {
+            r->metrics.requests_total++;
+            r->metrics.requests_by_status[16]++;
+        }
+        tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL, "%s refused: %s API key",
+                      tdm_net_method_name(f->method), f->api_key[0] ? "unknown" : "no");
+        tdm_sock_reply_error(r->client, f, TDM_EUNAUTHENTICATED,
+                             f->api_key[0] ? "the API key is not accepted"
+                                           : "an API key is required (FrameHeader.api_key)");
+        return;
+    }
+    switch (f->method) {
+    case TANDEM__V1__METHOD__METHOD_GENERATE: rt_generate(r, f); break;
+    case TANDEM__V1__METHOD__METHOD_HEALTH: client_health(r, f); break;
+    case TANDEM__V1__METHOD__METHOD_MODELS: client_models(r, f); break;
+    case TANDEM__V1__METHOD__METHOD_STATUS: client_status(r, f); break;
+    default:
+        tdm_sock_reply_error(r->client, f, TDM_ENOTFOUND,
+                             "method %s (%d) is not served on the client endpoint; use GENERATE, "
+                             "HEALTH, MODELS or STATUS",
+                             tdm_net_method_name(f->method), f->method);
+    }
+}
+
+/* ---- the loop ---- */
+
+/* Receives and handles up to MAX_MESSAGES_PER_POLL messages waiting on s. */
+static int drain(tdm_router_t *r, tdm_sock_t *s, bool is_client)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    int rc = TDM_OK;
+    for (int i = 0; i < MAX_MESSAGES_PER_POLL && !r->shut; i++) {
+        rc = tdm_sock_recv(s, &f, 0);
+        if (rc == TDM_EDEADLINE) {
+            rc = TDM_OK;
+            break;
+        }
+        if (rc != TDM_OK)
+            break;
+        if (is_client)
+            client_message(r, &f);
+        else
+            rt_node_message(r, &f);
+    }
+    tdm_frame_clear(&f);
+    return rc;
+}
+
+static void run_timers(tdm_router_t *r)
+{
+    double now = tdm_time_now();
+    if (now < r->next_timers)
+        return;
+    r->next_timers = now + TIMER_PERIOD_S;
+    rt_check_heartbeats(r, now);
+    rt_req_check_deadlines(r, tdm_net_now_ms());
+}
+
+int tdm_router_poll(tdm_router_t *r, int timeout_ms)
+{
+    if (r->shut)
+        return TDM_EPRECONDITION;
+    zmq_pollitem_t items[2] = {
+        {tdm_sock_zsock(r->client), 0, ZMQ_POLLIN, 0},
+        {tdm_sock_zsock(r->nodesock), 0, ZMQ_POLLIN, 0},
+    };
+    /* wake up for the timers even when nothing arrives */
+    long wait = timeout_ms;
+    long timer_ms = (long)(TIMER_PERIOD_S * 1000) * 5;
+    if (wait < 0 || wait > timer_ms)
+        wait = timer_ms;
+    int n = zmq_poll(items, 2, wait);
+    if (n < 0) {
+        if (errno == EINTR || errno == ETERM)
+            return TDM_ECANCELLED;
+        return tdm_error_set(&r->err, TDM_EINTERNAL, "zmq_poll: %s", zmq_strerror(errno));
+    }
+    int rc = TDM_OK;
+    /* nodes first: token events free blocks and finish requests */
+    if (items[1].revents & ZMQ_POLLIN)
+        rc = drain(r, r->nodesock, false);
+    if (rc == TDM_OK && (items[0].revents & ZMQ_POLLIN))
+        rc = drain(r, r->client, true);
+    if (r->shut)
+        return TDM_OK;
+    run_timers(r);
+    if (rc == TDM_ECANCELLED)
+        return rc;
+    if (rc != TDM_OK)
+        return tdm_error_set(&r->err, rc, "receive: %s", tdm_strerror(rc));
+    return TDM_OK;
+}
+
+int tdm_router_run(tdm_router_t *r, volatile sig_atomic_t *stop)
+{
+    int rc = TDM_OK;
+    while (!*stop) {
+        rc = tdm_router_poll(r, 100);
+        if (rc == TDM_ECANCELLED) {
+            rc = TDM_OK;
+            continue; /* a signal: the loop condition decides */
+        }
+        if (rc != TDM_OK)
+            break;
+    }
+    tdm_router_shutdown(r);
+    return rc;
+}
+
+/* ---- accessors ---- */
+
+const char *tdm_router_client_endpoint(const tdm_router_t *r)
+{
+    return r->client_ep;
+}
+const char *tdm_router_node_endpoint(const tdm_router_t *r)
+{
+    return r->node_ep;
+}
+
+void tdm_router_set_heartbeat(tdm_router_t *r, uint32_t interval_ms, uint32_t timeout_ms)
+{
+    if (interval_ms)
+        r->hb_interval_ms = interval_ms;
+    if (timeout_ms)
+        r->hb_timeout_ms = timeout_ms;
+}
+
+uint32_t tdm_router_n_ctx(const tdm_router_t *r)
+{
+    return r->n_ctx;
+}
+uint32_t tdm_router_n_vocab(const tdm_router_t *r)
+{
+    return r->n_vocab;
+}
+uint64_t tdm_router_fingerprint(const tdm_router_t *r)
+{
+    return r->fingerprint;
+}
+size_t tdm_router_n_running(const tdm_router_t *r)
+{
+    return r->n_reqs - r->n_queued;
+}
+size_t tdm_router_n_queued(const tdm_router_t *r)
+{
+    return r->n_queued;
+}
+
+bool tdm_router_node_up(const tdm_router_t *r, const char *id)
+{
+    for (size_t i = 0; i < r->n_nodes; i++)
+        if (strcmp(r->nodes[i].cfg->id, id) == 0)
+            return r->nodes[i].up;
+    return false;
+}
+
+const tdm_router_metrics_t *tdm_router_metrics(const tdm_router_t *r)
+{
+    return &r->metrics;
+}
+const char *tdm_router_errmsg(const tdm_router_t *r)
+{
+    return r->err.msg;
+}

@@ -1,0 +1,154 @@
+/* router.h - the router daemon's core: client API, node registry, scheduler, request table.
+ *
+ * One tdm_router_t owns two ZMQ ROUTER sockets: the client endpoint (METHOD_GENERATE / HEALTH
+ * / MODELS / STATUS from libtandem-client, `tandem`, tests) and the node endpoint (prefill and
+ * decode nodes register, heartbeat, receive DecodeReserve / PrefillTask / NodeCancel and send
+ * TokenEvent / Finished / TaskFailed; docs/architecture.md "Router" and the node protocol).
+ * It loads the model itself (mmap, no engine) for the tokenizer, the chat template, n_vocab,
+ * the fingerprint and the context length, so nodes see token ids only and the router owns
+ * text: tokenization, incremental detokenization and stop strings.
+ *
+ * Threading: everything runs on the thread that calls tdm_router_poll / tdm_router_run (the
+ * sockets are made by tdm_router_new and then belong to that thread). Nothing is global, so
+ * a test can run a router, fake nodes and a fake client in one process.
+ */
+#ifndef TANDEM_ROUTER_H
+#define TANDEM_ROUTER_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/config.h"
+#include "tandem/log.h"
+#include "tandem/net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The router's context length: min(TDM_ROUTER_MAX_CTX, the model's n_ctx_train), the nodes'
+ * default engine n_ctx. Nodes registering with a smaller n_ctx are refused. */
+#define TDM_ROUTER_MAX_CTX 4096u
+/* Longest request id, bytes (the nodes keep ids in 128-byte buffers with the NUL). */
+#define TDM_ROUTER_REQUEST_ID_MAX 127u
+/* Most stop strings per request and their longest length, bytes. */
+#define TDM_ROUTER_MAX_STOP 16u
+#define TDM_ROUTER_MAX_STOP_BYTES 256u
+/* Times a request is dispatched again after a retryable TaskFailed or a prefill node loss. */
+#define TDM_ROUTER_MAX_REDISPATCH 3
+/* Defaults the router sends in RegisterAck. */
+#define TDM_ROUTER_HEARTBEAT_INTERVAL_MS 250u
+#define TDM_ROUTER_HEARTBEAT_TIMEOUT_MS 2500u
+/* Leading full blocks of a prompt that make the prefix_aware routing key (see router.c). */
+#define TDM_ROUTER_PREFIX_KEY_BLOCKS 4u
+
+/* A latency histogram, Prometheus-style: buckets[i] counts observations <= bound i
+ * (tdm_router_hist_bounds; not cumulative here), the last bucket is +Inf. Seconds. */
+#define TDM_ROUTER_HIST_BUCKETS 16
+typedef struct tdm_router_hist {
+    uint64_t count;
+    double sum; /* seconds */
+    uint64_t buckets[TDM_ROUTER_HIST_BUCKETS];
+} tdm_router_hist_t;
+
+/* Upper bounds (seconds) of the first TDM_ROUTER_HIST_BUCKETS - 1 buckets, ascending; the
+ * last bucket is +Inf. Points to constant storage. Cannot fail. */
+const double *tdm_router_hist_bounds(void);
+
+/* Counters and latency figures for the metrics endpoint (issue 6). Monotonic. */
+typedef struct tdm_router_metrics {
+    uint64_t requests_total;         /* GENERATE requests received (valid or not) */
+    uint64_t requests_by_status[17]; /* finished requests by final gRPC code (0 = OK) */
+    uint64_t requests_by_finish[5];  /* OK requests by FinishReason (STOP, LENGTH, ...);
+                                        cancelled ones count under CANCELLED */
+    uint64_t prompt_tokens;          /* prompt tokens of accepted requests */
+    uint64_t generation_tokens;      /* output tokens delivered to clients */
+    uint64_t cached_prompt_tokens;   /* prompt tokens the prefill nodes found cached */
+    uint64_t redispatches;           /* requests dispatched again (TaskFailed, node loss) */
+    uint64_t reserve_rejects;        /* DecodeReserve refused with RESOURCE_EXHAUSTED */
+    uint64_t node_failures;          /* nodes marked down */
+    uint64_t duplicate_events;       /* token events dropped as already delivered */
+    uint64_t queue_full;             /* requests refused because the queue was full */
+    tdm_router_hist_t queue;         /* arrival -> prefill task sent */
+    tdm_router_hist_t ttft;          /* arrival -> first token out */
+    tdm_router_hist_t itl;           /* between consecutive tokens out */
+    tdm_router_hist_t tpot;          /* per request: decode_s / (completion - 1) */
+    tdm_router_hist_t e2e;           /* arrival -> final message */
+    tdm_router_hist_t prefill;       /* node-measured prefill compute */
+    tdm_router_hist_t kv_transfer;   /* node-measured KV transfer */
+} tdm_router_metrics_t;
+
+typedef struct tdm_router tdm_router_t;
+
+/* Creates a router: loads cfg->model.path (tdm_model_load: mmap, no engine), builds the
+ * tokenizer and picks the chat template (config override or the model's, with its default
+ * system message), binds the client endpoint and the node endpoint (CURVE server keys on the
+ * node endpoint when cfg->security has them), and logs
+ * "router ready client=ENDPOINT nodes=ENDPOINT" with the endpoints actually bound (a
+ * "tcp://HOST:*" endpoint reports its port). A model without a recognised chat template is
+ * accepted; chat requests then fail with FAILED_PRECONDITION.
+ * cfg, net and log are borrowed and must outlive the router (log may be NULL: stderr).
+ * Returns NULL with *err set: TDM_ENOTFOUND / TDM_EINVALID (model or tokenizer; the message
+ * names the file), TDM_EUNAVAILABLE (endpoint in use), TDM_EINVALID (bad endpoint or keys),
+ * TDM_ERESOURCE (out of memory). Caller frees with tdm_router_destroy. */
+tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_logger_t *log,
+                             tdm_error_t *err);
+
+/* Shuts down (tdm_router_shutdown) if that was not done, closes the sockets and frees
+ * everything. NULL-safe; nulls *self_p. */
+void tdm_router_destroy(tdm_router_t **self_p);
+
+/* One step of the event loop: waits up to timeout_ms (0: do not wait; < 0 or more than
+ * 50 ms: 50 ms, so the timers run) for messages on either socket, handles every message waiting (up
+ * to a few hundred per socket, so timers stay on time), then the timers: heartbeat timeouts (node
+ * down) and request deadlines. Returns 0; TDM_ECANCELLED when the wait was interrupted by a signal
+ * or the context is shutting down (the caller checks its stop flag); TDM_EINTERNAL on a ZMQ
+ * failure; TDM_EPRECONDITION after tdm_router_shutdown. */
+int tdm_router_poll(tdm_router_t *r, int timeout_ms);
+
+/* Runs tdm_router_poll until *stop becomes non-zero (set it from a signal handler), then
+ * tdm_router_shutdown. Returns 0, or TDM_EINTERNAL when polling failed (after shutting
+ * down). */
+int tdm_router_run(tdm_router_t *r, volatile sig_atomic_t *stop);
+
+/* Stops serving: every request in flight or queued ends with END UNAVAILABLE "router
+ * shutting down" to its client and NodeCancel to its nodes, and is freed. Later polls return
+ * TDM_EPRECONDITION. Idempotent; cannot fail. */
+void tdm_router_shutdown(tdm_router_t *r);
+
+/* The endpoints actually bound ("tcp://127.0.0.1:41234"); owned by the router. */
+const char *tdm_router_client_endpoint(const tdm_router_t *r);
+const char *tdm_router_node_endpoint(const tdm_router_t *r);
+
+/* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard
+ * from for timeout_ms is marked down. Defaults TDM_ROUTER_HEARTBEAT_INTERVAL_MS /
+ * TDM_ROUTER_HEARTBEAT_TIMEOUT_MS; tests shorten or lengthen them. Applies to registrations
+ * after the call and to the liveness check at once. 0 keeps the current value. */
+void tdm_router_set_heartbeat(tdm_router_t *r, uint32_t interval_ms, uint32_t timeout_ms);
+
+/* The served model's figures: context length (tokens), vocabulary size, fingerprint. */
+uint32_t tdm_router_n_ctx(const tdm_router_t *r);
+uint32_t tdm_router_n_vocab(const tdm_router_t *r);
+uint64_t tdm_router_fingerprint(const tdm_router_t *r);
+
+/* Requests dispatched to nodes (reserving or running) / waiting in the queue. */
+size_t tdm_router_n_running(const tdm_router_t *r);
+size_t tdm_router_n_queued(const tdm_router_t *r);
+
+/* True when the configured node `id` is registered and not marked down. */
+bool tdm_router_node_up(const tdm_router_t *r, const char *id);
+
+/* The router's counters; points into the router (valid until tdm_router_destroy). */
+const tdm_router_metrics_t *tdm_router_metrics(const tdm_router_t *r);
+
+/* Last error message of the router ("" if none). */
+const char *tdm_router_errmsg(const tdm_router_t *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_ROUTER_H */

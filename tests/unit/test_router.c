@@ -1,0 +1,1655 @@
+/* test_router.c - the router against fake prefill/decode nodes and a fake client, all in one
+ * thread: the test drives tdm_router_poll while it waits for messages on its own DEALER
+ * sockets (tcp://127.0.0.1 with ports the OS picks), so every interleaving is the test's.
+ * The model is a tiny random-weight GGUF (tests/support/tiny_model.h): the router needs only
+ * its tokenizer and metadata. Token ids the fake nodes "generate" are byte tokens, so the
+ * expected text is known. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "router.h"
+#include "tandem/config.h"
+#include "tandem/model.h"
+#include "tandem/net.h"
+#include "tandem/tokenizer.h"
+#include "tdm_test.h"
+#include "tiny_model.h"
+
+#define K_REQUEST TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST
+#define K_STREAM TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM
+#define K_END TANDEM__V1__FRAME_KIND__FRAME_KIND_END
+#define K_CANCEL TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL
+#define K_NOTIFY TANDEM__V1__FRAME_KIND__FRAME_KIND_NOTIFY
+#define M(x) TANDEM__V1__METHOD__METHOD_##x
+#define FIN(x) TANDEM__V1__FINISH_REASON__FINISH_REASON_##x
+
+#define WAIT_MS 3000
+#define N_CTX 256 /* the tiny model's context length */
+
+/* ---- the environment: tiny model, config, router, client ---- */
+
+typedef struct fake {
+    const char *id;
+    tdm_sock_t *s;
+    const tdm_curve_keys_t *curve; /* NULL: plain TCP */
+} fake_t;
+
+typedef struct env {
+    char dir[64];
+    char model_path[128];
+    tdm_config_t cfg;
+    tdm_net_t *net;
+    tdm_logger_t log;
+    tdm_router_t *r;
+    tdm_sock_t *client;
+    uint64_t next_call;
+    uint32_t hb_timeout_ms; /* what RegisterAck must say */
+    tdm_model_t *model;
+    tdm_tokenizer_t *tok;
+    fake_t p0, p1, d0, d1;
+} env_t;
+
+/* A router over the tiny model with four configured nodes; router_yaml goes under router:,
+ * extra_yaml at the top level. */
+static env_t *env_new_with(const char *router_yaml, const char *extra_yaml)
+{
+    env_t *e = calloc(1, sizeof *e);
+    assert_non_null(e);
+    snprintf(e->dir, sizeof e->dir, "/tmp/tdm_router_XXXXXX");
+    assert_non_null(mkdtemp(e->dir));
+    snprintf(e->model_path, sizeof e->model_path, "%s/tiny.gguf", e->dir);
+    tdm_error_t err = {0};
+    tdm_tiny_llama_spec_t spec = {.n_vocab = 512, .n_ctx = N_CTX, .seed = 7};
+    assert_int_equal(tdm_test_write_tiny_llama(e->model_path, &spec, &err), 0);
+    char yaml[4096];
+    snprintf(yaml, sizeof yaml,
+             "model:\n  path: %s\n  name: tiny\n"
+             "router:\n%s"
+             "%s"
+             "kv:\n  block_size: 16\n"
+             "nodes:\n"
+             "  - {id: prefill-0, role: prefill}\n"
+             "  - {id: prefill-1, role: prefill}\n"
+             "  - {id: decode-0, role: decode}\n"
+             "  - {id: decode-1, role: decode}\n",
+             e->model_path, router_yaml ? router_yaml : "  max_queue: 16\n",
+             extra_yaml ? extra_yaml : "");
+    int rc = tdm_config_load_string(yaml, strlen(yaml), "test.yaml", &e->cfg, &err);
+    if (rc != 0)
+        fail_msg("config: %s", err.msg);
+    /* the OS picks the ports */
+    free(e->cfg.router.client_endpoint);
+    free(e->cfg.router.node_endpoint);
+    e->cfg.router.client_endpoint = tdm_strdup("tcp://127.0.0.1:*");
+    e->cfg.router.node_endpoint = tdm_strdup("tcp://127.0.0.1:*");
+    tdm_log_init(&e->log, "router");
+    const char *lv = getenv("TDM_TEST_LOG");
+    e->log.level = lv ? (tdm_log_level_t)tdm_log_level_parse(lv) : TDM_LOG_OFF;
+    e->net = tdm_net_new(1, &err);
+    assert_non_null(e->net);
+    e->r = tdm_router_new(&e->cfg, e->net, &e->log, &err);
+    if (!e->r)
+        fail_msg("router: %s", err.msg);
+    e->hb_timeout_ms = 60000; /* fake nodes heartbeat only when a test says */
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    tdm_sock_opts_t o = {0};
+    o.log = &e->log;
+    e->client = tdm_sock_connect(e->net, tdm_router_client_endpoint(e->r), &o, &err);
+    assert_non_null(e->client);
+    e->model = tdm_model_load(e->model_path, &err);
+    assert_non_null(e->model);
+    e->tok = tdm_tokenizer_new(tdm_model_gguf(e->model), &err);
+    assert_non_null(e->tok);
+    e->next_call = 100;
+    e->p0.id = "prefill-0";
+    e->p1.id = "prefill-1";
+    e->d0.id = "decode-0";
+    e->d1.id = "decode-1";
+    return e;
+}
+
+static env_t *env_new(const char *router_yaml)
+{
+    return env_new_with(router_yaml, NULL);
+}
+
+static void env_free(env_t *e)
+{
+    fake_t *fakes[] = {&e->p0, &e->p1, &e->d0, &e->d1};
+    for (size_t i = 0; i < 4; i++)
+        tdm_sock_destroy(&fakes[i]->s);
+    tdm_sock_destroy(&e->client);
+    tdm_router_destroy(&e->r);
+    tdm_net_destroy(&e->net);
+    tdm_tokenizer_destroy(&e->tok);
+    tdm_model_destroy(&e->model);
+    tdm_config_free(&e->cfg);
+    unlink(e->model_path);
+    rmdir(e->dir);
+    free(e);
+}
+
+/* Runs the router for about ms milliseconds. */
+static void pump(env_t *e, int ms)
+{
+    double end = tdm_time_now() + ms / 1000.0;
+    while (tdm_time_now() < end)
+        tdm_router_poll(e->r, 2);
+}
+
+/* Runs the router until s has a message; false after ms milliseconds. */
+static bool recv_on(env_t *e, tdm_sock_t *s, tdm_frame_t *f, int ms)
+{
+    double end = tdm_time_now() + ms / 1000.0;
+    for (;;) {
+        if (tdm_sock_recv(s, f, 0) == TDM_OK)
+            return true;
+        if (tdm_time_now() > end)
+            return false;
+        tdm_router_poll(e->r, 2);
+    }
+}
+
+/* Asserts nothing arrives on s for ms milliseconds (the router runs meanwhile). */
+static void expect_none(env_t *e, tdm_sock_t *s, int ms)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (recv_on(e, s, &f, ms))
+        fail_msg("unexpected %s %s frame", tdm_net_kind_name(f.kind),
+                 tdm_net_method_name(f.method));
+    tdm_frame_clear(&f);
+}
+
+/* ---- fake nodes ---- */
+
+static void fake_connect(env_t *e, fake_t *n)
+{
+    tdm_error_t err = {0};
+    tdm_sock_opts_t o = {0};
+    o.identity = n->id;
+    o.log = &e->log;
+    o.curve = n->curve;
+    n->s = tdm_sock_connect(e->net, tdm_router_node_endpoint(e->r), &o, &err);
+    assert_non_null(n->s);
+}
+
+typedef struct reg {
+    Tandem__V1__RegisterRequest m;
+    Tandem__V1__KvLayout layout;
+} reg_t;
+
+static void reg_default(env_t *e, const fake_t *n, reg_t *g)
+{
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(e->model);
+    tandem__v1__register_request__init(&g->m);
+    tandem__v1__kv_layout__init(&g->layout);
+    g->layout.n_layers = hp->n_layers;
+    g->layout.n_kv_heads = hp->n_kv_heads;
+    g->layout.head_dim = hp->head_dim;
+    g->layout.block_size = 16;
+    g->layout.dtype = TANDEM__V1__KV_DTYPE__KV_DTYPE_F16;
+    g->m.node_id = (char *)n->id;
+    g->m.role = strncmp(n->id, "decode", 6) == 0 ? TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE
+                                                 : TANDEM__V1__NODE_ROLE__NODE_ROLE_PREFILL;
+    g->m.version = (char *)TANDEM_VERSION;
+    g->m.model_fingerprint = tdm_router_fingerprint(e->r);
+    g->m.kv_layout = &g->layout;
+    g->m.kv_blocks_total = 100;
+    g->m.kv_endpoint = g->m.role == TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE
+                           ? (char *)"tcp://127.0.0.1:9999"
+                           : (char *)"";
+    g->m.device = (char *)"cpu";
+    g->m.max_running = 8;
+    g->m.max_batch_tokens = 512;
+    g->m.n_ctx = 4096;
+    g->m.instance_id = 42;
+}
+
+/* Sends the registration; returns the END status and copies its message. */
+static int fake_register_with(env_t *e, fake_t *n, reg_t *g, char *msg, size_t cap)
+{
+    if (!n->s)
+        fake_connect(e, n);
+    uint64_t call = e->next_call++;
+    tdm_send_t s = {0};
+    s.kind = K_REQUEST;
+    s.method = M(REGISTER);
+    s.call_id = call;
+    s.body = &g->m.base;
+    assert_int_equal(tdm_sock_send(n->s, &s), 0);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, n->s, &f, WAIT_MS));
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.call_id, call);
+    int st = f.status;
+    if (msg)
+        snprintf(msg, cap, "%s", f.message);
+    if (st == 0) {
+        Tandem__V1__RegisterAck *ack =
+            (Tandem__V1__RegisterAck *)tdm_frame_unpack(&f, &tandem__v1__register_ack__descriptor);
+        assert_non_null(ack);
+        assert_int_equal(ack->heartbeat_interval_ms, 250);
+        assert_int_equal(ack->heartbeat_timeout_ms, e->hb_timeout_ms);
+        protobuf_c_message_free_unpacked(&ack->base, NULL);
+    }
+    tdm_frame_clear(&f);
+    return st;
+}
+
+static void fake_register(env_t *e, fake_t *n)
+{
+    reg_t g;
+    reg_default(e, n, &g);
+    char msg[512];
+    int st = fake_register_with(e, n, &g, msg, sizeof msg);
+    if (st != 0)
+        fail_msg("register %s: %s", n->id, msg);
+    assert_true(tdm_router_node_up(e->r, n->id));
+}
+
+/* A heartbeat as a NOTIFY (no reply, so the fake's socket carries only the router's own
+ * messages); the REQUEST form is tested on its own. */
+static void fake_heartbeat(env_t *e, fake_t *n, uint32_t free_blocks, uint64_t queued)
+{
+    Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    h.node_id = (char *)n->id;
+    h.kv_blocks_free = free_blocks;
+    h.kv_blocks_used = 100 - free_blocks;
+    h.queued_prefill_tokens = queued;
+    h.running = 1;
+    h.instance_id = 42;
+    double steps[2] = {0.01, 0.03};
+    h.n_recent_step_s = 2;
+    h.recent_step_s = steps;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
+}
+
+static void fake_token(fake_t *n, const char *req, uint32_t index, int32_t token)
+{
+    Tandem__V1__TokenEvent ev = TANDEM__V1__TOKEN_EVENT__INIT;
+    ev.request_id = (char *)req;
+    ev.index = index;
+    ev.token_id = token;
+    ev.logprob = -0.5f - (float)index;
+    Tandem__V1__TopLogprob t0 = TANDEM__V1__TOP_LOGPROB__INIT, t1 = TANDEM__V1__TOP_LOGPROB__INIT;
+    t0.token_id = token;
+    t0.logprob = ev.logprob;
+    t1.token_id = (int32_t)tdm_test_tiny_byte_token('z');
+    t1.logprob = -3.0f;
+    Tandem__V1__TopLogprob *top[2] = {&t0, &t1};
+    ev.n_top = 2;
+    ev.top = top;
+    if (index == 0) {
+        ev.cached_prompt_tokens = 3;
+        ev.prefill_s = 0.0125;
+    }
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(TOKEN_EVENT), &ev.base), 0);
+}
+
+static void fake_finished(fake_t *n, const char *req, int reason, uint32_t completion)
+{
+    Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
+    fin.request_id = (char *)req;
+    fin.reason = (Tandem__V1__FinishReason)reason;
+    fin.completion_tokens = completion;
+    fin.kv_transfer_s = 0.0025;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(FINISHED), &fin.base), 0);
+}
+
+static void fake_task_failed(fake_t *n, const char *req, int code, const char *msg, bool retryable)
+{
+    Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
+    tf.request_id = (char *)req;
+    tf.status = code;
+    tf.message = (char *)msg;
+    tf.retryable = retryable;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(TASK_FAILED), &tf.base), 0);
+}
+
+/* Waits for a DecodeReserve on n; *f keeps the frame for the reply. Caller frees the result
+ * and clears f. */
+static Tandem__V1__DecodeReserve *expect_reserve(env_t *e, fake_t *n, tdm_frame_t *f)
+{
+    if (!recv_on(e, n->s, f, WAIT_MS))
+        fail_msg("%s: no DecodeReserve", n->id);
+    assert_int_equal(f->kind, K_REQUEST);
+    assert_int_equal(f->method, M(DECODE_RESERVE));
+    Tandem__V1__DecodeReserve *m =
+        (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
+    assert_non_null(m);
+    return m;
+}
+
+static void reply_ack(fake_t *n, const tdm_frame_t *f, const char *req, uint32_t blocks)
+{
+    Tandem__V1__ReserveAck ack = TANDEM__V1__RESERVE_ACK__INIT;
+    ack.request_id = (char *)req;
+    ack.n_blocks = blocks;
+    assert_int_equal(tdm_sock_reply(n->s, f, &ack.base), 0);
+}
+
+/* Reserve on d acknowledged; returns the reserve (caller frees). */
+static Tandem__V1__DecodeReserve *reserve_and_ack(env_t *e, fake_t *d)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *m = expect_reserve(e, d, &f);
+    reply_ack(d, &f, m->request_id, 1);
+    tdm_frame_clear(&f);
+    return m;
+}
+
+static Tandem__V1__PrefillTask *expect_task(env_t *e, fake_t *p)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, p->s, &f, WAIT_MS))
+        fail_msg("%s: no PrefillTask", p->id);
+    assert_int_equal(f.kind, K_NOTIFY);
+    assert_int_equal(f.method, M(PREFILL_TASK));
+    Tandem__V1__PrefillTask *t =
+        (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
+    assert_non_null(t);
+    tdm_frame_clear(&f);
+    return t;
+}
+
+/* Which of a or b receives the next PrefillTask (the other gets nothing). */
+static fake_t *expect_task_on_one(env_t *e, fake_t *a, fake_t *b, const char *req)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    fake_t *got = NULL;
+    while (!got && tdm_time_now() < end) {
+        if (tdm_sock_recv(a->s, &f, 0) == TDM_OK)
+            got = a;
+        else if (tdm_sock_recv(b->s, &f, 0) == TDM_OK)
+            got = b;
+        else
+            tdm_router_poll(e->r, 2);
+    }
+    assert_non_null(got);
+    assert_int_equal(f.method, M(PREFILL_TASK));
+    Tandem__V1__PrefillTask *t =
+        (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
+    assert_non_null(t);
+    assert_string_equal(t->request_id, req);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_frame_clear(&f);
+    return got;
+}
+
+static void expect_cancel(env_t *e, fake_t *n, const char *req, int code)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, n->s, &f, WAIT_MS))
+        fail_msg("%s: no NodeCancel for %s", n->id, req);
+    assert_int_equal(f.kind, K_NOTIFY);
+    assert_int_equal(f.method, M(NODE_CANCEL));
+    Tandem__V1__NodeCancel *c =
+        (Tandem__V1__NodeCancel *)tdm_frame_unpack(&f, &tandem__v1__node_cancel__descriptor);
+    assert_non_null(c);
+    assert_string_equal(c->request_id, req);
+    assert_int_equal(c->status, code);
+    protobuf_c_message_free_unpacked(&c->base, NULL);
+    tdm_frame_clear(&f);
+}
+
+/* ---- the fake client ---- */
+
+static uint64_t send_req(env_t *e, int method, const ProtobufCMessage *body, const char *key,
+                         uint64_t deadline_ms)
+{
+    uint64_t call = e->next_call++;
+    tdm_send_t s = {0};
+    s.kind = K_REQUEST;
+    s.method = method;
+    s.call_id = call;
+    s.api_key = key;
+    s.deadline_unix_ms = deadline_ms;
+    s.body = body;
+    assert_int_equal(tdm_sock_send(e->client, &s), 0);
+    return call;
+}
+
+static uint64_t generate(env_t *e, Tandem__V1__GenerateRequest *g)
+{
+    return send_req(e, M(GENERATE), &g->base, NULL, 0);
+}
+
+static void prompt_req(Tandem__V1__GenerateRequest *g, const char *id, const char *prompt,
+                       int max_tokens, bool stream)
+{
+    tandem__v1__generate_request__init(g);
+    g->request_id = (char *)id;
+    g->input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
+    g->prompt = (char *)prompt;
+    g->max_tokens = max_tokens;
+    g->stream = stream;
+}
+
+/* Waits for END of call with status; checks its message contains `has`. */
+static void expect_end(env_t *e, uint64_t call, int status, const char *has)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, e->client, &f, WAIT_MS))
+        fail_msg("no END for call %" PRIu64 " (want %s '%s')", call, tdm_status_name(status), has);
+    if (f.kind != K_END || f.call_id != call || f.status != status ||
+        (has && !strstr(f.message, has)))
+        fail_msg("got %s call %" PRIu64 " status %s '%s'; want END call %" PRIu64
+                 " status %s containing '%s'",
+                 tdm_net_kind_name(f.kind), f.call_id, tdm_status_name(f.status), f.message, call,
+                 tdm_status_name(status), has ? has : "");
+    tdm_frame_clear(&f);
+}
+
+/* What a GENERATE call produced. */
+typedef struct result {
+    int status;
+    char message[512];
+    int n_chunks;       /* STREAM frames (stream) or 1 (END body) */
+    uint32_t first_n;   /* tokens in the first chunk */
+    uint32_t index[64]; /* each chunk's index */
+    int32_t ids[512];
+    size_t n_ids;
+    char text[4096];
+    char token_texts[4096]; /* echo_token_text joined with '|' */
+    float logprobs[512];
+    size_t n_logprobs;
+    size_t n_top_first; /* top logprobs of the first token */
+    char top_text_first[64];
+    int finish;
+    char stop_reason[300];
+    Tandem__V1__Usage usage;
+    Tandem__V1__Timings timings;
+} result_t;
+
+static void add_chunk(result_t *res, const Tandem__V1__GenerateChunk *c)
+{
+    if (res->n_chunks < 64)
+        res->index[res->n_chunks] = c->index;
+    if (res->n_chunks == 0)
+        res->first_n = (uint32_t)c->n_token_ids;
+    res->n_chunks++;
+    for (size_t i = 0; i < c->n_token_ids && res->n_ids < 512; i++)
+        res->ids[res->n_ids++] = c->token_ids[i];
+    strncat(res->text, c->text, sizeof res->text - strlen(res->text) - 1);
+    for (size_t i = 0; i < c->n_token_texts; i++) {
+        strncat(res->token_texts, c->token_texts[i],
+                sizeof res->token_texts - strlen(res->token_texts) - 1);
+        strncat(res->token_texts, "|", sizeof res->token_texts - strlen(res->token_texts) - 1);
+    }
+    for (size_t i = 0; i < c->n_logprobs && res->n_logprobs < 512; i++)
+        res->logprobs[res->n_logprobs++] = c->logprobs[i];
+    if (c->n_top_logprobs && res->n_top_first == 0) {
+        res->n_top_first = c->top_logprobs[0]->n_entries;
+        snprintf(res->top_text_first, sizeof res->top_text_first, "%s",
+                 c->top_logprobs[0]->entries[1]->text);
+    }
+    if (c->finish_reason) {
+        res->finish = c->finish_reason;
+        snprintf(res->stop_reason, sizeof res->stop_reason, "%s", c->stop_reason);
+        if (c->usage)
+            res->usage = *c->usage;
+        if (c->timings)
+            res->timings = *c->timings;
+    }
+}
+
+/* Collects STREAM chunks of call until its END (the router runs meanwhile). */
+static void collect(env_t *e, uint64_t call, result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    for (;;) {
+        if (!recv_on(e, e->client, &f, WAIT_MS))
+            fail_msg("call %" PRIu64 ": no END", call);
+        assert_int_equal(f.call_id, call);
+        if (f.kind == K_STREAM || (f.kind == K_END && f.body_len > 0)) {
+            Tandem__V1__GenerateChunk *c = (Tandem__V1__GenerateChunk *)tdm_frame_unpack(
+                &f, &tandem__v1__generate_chunk__descriptor);
+            assert_non_null(c);
+            add_chunk(res, c);
+            protobuf_c_message_free_unpacked(&c->base, NULL);
+        }
+        if (f.kind == K_END) {
+            res->status = f.status;
+            snprintf(res->message, sizeof res->message, "%s", f.message);
+            break;
+        }
+        assert_int_equal(f.kind, K_STREAM);
+    }
+    tdm_frame_clear(&f);
+}
+
+/* Receives exactly one STREAM chunk of call. */
+static void one_chunk(env_t *e, uint64_t call, result_t *res)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.kind, K_STREAM);
+    Tandem__V1__GenerateChunk *c =
+        (Tandem__V1__GenerateChunk *)tdm_frame_unpack(&f, &tandem__v1__generate_chunk__descriptor);
+    assert_non_null(c);
+    add_chunk(res, c);
+    protobuf_c_message_free_unpacked(&c->base, NULL);
+    tdm_frame_clear(&f);
+}
+
+static int32_t B(char c)
+{
+    return (int32_t)tdm_test_tiny_byte_token((uint8_t)c);
+}
+static int32_t eos(void)
+{
+    return 511;
+} /* <|im_end|> of the 512-token tiny vocabulary */
+
+/* ---- tests ---- */
+
+/* Index 1 arrives before index 0 and duplicates arrive: the client sees each token once, in
+ * order; Finished ends the stream with usage and timings. */
+static void test_stream_in_order(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-order", "hello world", 8, true);
+    Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    sp.n_logprobs = 2;
+    sp.set_mask = 1u << 12;
+    g.sampling = &sp;
+    g.echo_token_text = true;
+    uint64_t call = generate(e, &g);
+
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    assert_string_equal(rs->request_id, "r-order");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(tdm_tokenizer_encode(e->tok, "hello world", 11, false, true, &ids, &n, NULL),
+                     0);
+    assert_int_equal(rs->n_prompt_tokens, n);
+    assert_memory_equal(rs->prompt_tokens, ids, n * sizeof *ids);
+    free(ids);
+    assert_false(rs->local_prefill);
+    assert_int_equal(rs->max_tokens, 8);
+    assert_true(rs->sampling->has_seed); /* the router drew one */
+    assert_int_equal(rs->sampling->set_mask, 0xffffffffu);
+    assert_float_equal(rs->sampling->temperature, 1.0, 1e-6);
+    assert_int_equal(rs->sampling->n_logprobs, 2);
+    assert_true(rs->deadline_unix_ms > tdm_net_now_ms());
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_string_equal(t->request_id, "r-order");
+    assert_string_equal(t->decode_node_id, "decode-0");
+    assert_string_equal(t->decode_kv_endpoint, "tcp://127.0.0.1:9999");
+    assert_int_equal(t->sampling->seed, rs->sampling->seed);
+    assert_int_equal(t->n_prompt_tokens, rs->n_prompt_tokens);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+
+    fake_token(&e->d0, "r-order", 1, B('i'));
+    expect_none(e, e->client, 100); /* index 1 waits for index 0 */
+    fake_token(&e->p0, "r-order", 0, B('H'));
+    result_t res;
+    memset(&res, 0, sizeof res);
+    one_chunk(e, call, &res);
+    assert_int_equal(res.first_n, 2); /* one chunk with 0 and 1 */
+    assert_int_equal(res.index[0], 0);
+    assert_string_equal(res.text, "Hi");
+    fake_token(&e->d0, "r-order", 1, B('i')); /* duplicates */
+    fake_token(&e->p0, "r-order", 0, B('H'));
+    expect_none(e, e->client, 100); /* both dropped */
+    fake_token(&e->d0, "r-order", 2, B('!'));
+    fake_token(&e->d0, "r-order", 3, eos());
+    fake_finished(&e->d0, "r-order", FIN(STOP), 4);
+    result_t rest;
+    collect(e, call, &rest);
+    assert_int_equal(rest.status, 0);
+    assert_int_equal(rest.index[0], 2);
+    assert_string_equal(rest.text, "!"); /* EOS renders as nothing */
+    assert_int_equal(rest.n_ids, 2);
+    assert_int_equal(rest.ids[0], B('!'));
+    assert_int_equal(rest.ids[1], eos());
+    assert_int_equal(rest.finish, FIN(STOP));
+    assert_int_equal(rest.usage.prompt_tokens, n);
+    assert_int_equal(rest.usage.completion_tokens, 4);
+    assert_int_equal(rest.usage.cached_prompt_tokens, 3);
+    assert_float_equal(rest.timings.prefill_s, 0.0125, 1e-9);
+    assert_float_equal(rest.timings.kv_transfer_s, 0.0025, 1e-9);
+    assert_true(rest.timings.ttft_s > 0);
+    assert_true(rest.timings.e2e_s >= rest.timings.ttft_s);
+    assert_true(rest.timings.queue_s >= 0 && rest.timings.queue_s <= rest.timings.ttft_s);
+    assert_float_equal(rest.timings.tpot_s, rest.timings.decode_s / 3, 1e-9);
+    /* logprobs and token texts came with the tokens */
+    assert_int_equal(res.n_logprobs, 2);
+    assert_float_equal(res.logprobs[0], -0.5, 1e-6);
+    assert_float_equal(res.logprobs[1], -1.5, 1e-6);
+    assert_int_equal(res.n_top_first, 2);
+    assert_string_equal(res.top_text_first, "z");
+    assert_string_equal(res.token_texts, "H|i|");
+    assert_string_equal(rest.token_texts, "!|<|im_end|>|");
+    const tdm_router_metrics_t *mt = tdm_router_metrics(e->r);
+    assert_int_equal(mt->duplicate_events, 2);
+    assert_int_equal(mt->requests_by_status[0], 1);
+    assert_int_equal(mt->requests_by_finish[FIN(STOP)], 1);
+    assert_int_equal(mt->generation_tokens, 4);
+    assert_int_equal(mt->ttft.count, 1);
+    assert_int_equal(mt->itl.count, 3);
+    assert_int_equal(tdm_router_n_running(e->r), 0);
+    env_free(e);
+}
+
+/* stream=false: one END OK whose body holds everything. */
+static void test_no_stream(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-unary", "abc", 3, false);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-unary", 0, B('o'));
+    fake_token(&e->d0, "r-unary", 1, B('k'));
+    expect_none(e, e->client, 50); /* nothing until the end */
+    fake_token(&e->d0, "r-unary", 2, B('.'));
+    fake_finished(&e->d0, "r-unary", FIN(LENGTH), 3);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_int_equal(res.n_chunks, 1);
+    assert_string_equal(res.text, "ok.");
+    assert_int_equal(res.n_ids, 3);
+    assert_int_equal(res.finish, FIN(LENGTH));
+    assert_int_equal(res.usage.completion_tokens, 3);
+    assert_int_equal(res.n_logprobs, 0); /* not asked for */
+    env_free(e);
+}
+
+/* A stop string: text held back while it could be one, cut on the match, NodeCancel sent. */
+static void run_stop(bool include)
+{
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-stop", "say hello", 20, true);
+    char *stops[2] = {(char *)"lo w", (char *)"never"};
+    g.n_stop = 2;
+    g.stop = stops;
+    g.include_stop_str = include;
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    const char *out = "Hello world";
+    result_t res;
+    memset(&res, 0, sizeof res);
+    fake_token(&e->p0, "r-stop", 0, B(out[0]));
+    one_chunk(e, call, &res);
+    assert_string_equal(res.text, "H");
+    for (uint32_t i = 1; i < 4; i++) { /* "ell": the second 'l' may start "lo w" */
+        fake_token(&e->d0, "r-stop", i, B(out[i]));
+        one_chunk(e, call, &res);
+    }
+    assert_string_equal(res.text, "Hel");
+    fake_token(&e->d0, "r-stop", 4, B('o')); /* "lo" held */
+    one_chunk(e, call, &res);
+    assert_string_equal(res.text, "Hel");
+    fake_token(&e->d0, "r-stop", 5, B(' ')); /* "lo " held */
+    one_chunk(e, call, &res);
+    assert_string_equal(res.text, "Hel");
+    fake_token(&e->d0, "r-stop", 6, B('w')); /* match */
+    fake_token(&e->d0, "r-stop", 7, B('o')); /* ignored afterwards */
+    result_t fin;
+    collect(e, call, &fin);
+    assert_int_equal(fin.status, 0);
+    assert_int_equal(fin.finish, FIN(STOP));
+    assert_string_equal(fin.stop_reason, "lo w");
+    strcat(res.text, fin.text);
+    assert_string_equal(res.text, include ? "Hello w" : "Hel");
+    assert_int_equal(fin.usage.completion_tokens, 7);
+    expect_cancel(e, &e->d0, "r-stop", 1);
+    expect_cancel(e, &e->p0, "r-stop", 1);
+    expect_none(e, e->client, 50);
+    env_free(e);
+}
+
+static void test_stop_string(void **state)
+{
+    (void)state;
+    run_stop(false);
+    run_stop(true);
+}
+
+/* Client CANCEL: NodeCancel to both nodes, nothing more to the client. */
+static void test_cancel(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-cancel", "abc", 10, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_send_t c = {0};
+    c.kind = K_CANCEL;
+    c.method = M(GENERATE);
+    c.call_id = call;
+    assert_int_equal(tdm_sock_send(e->client, &c), 0);
+    expect_cancel(e, &e->p0, "r-cancel", 1);
+    expect_cancel(e, &e->d0, "r-cancel", 1);
+    fake_token(&e->p0, "r-cancel", 0, B('x')); /* late event: dropped */
+    expect_none(e, e->client, 100);
+    assert_int_equal(tdm_router_n_running(e->r), 0);
+    assert_int_equal(tdm_router_metrics(e->r)->requests_by_status[1], 1);
+    env_free(e);
+}
+
+/* The deadline passes while the request runs: DEADLINE_EXCEEDED and NodeCancel. */
+static void test_deadline(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-late", "abc", 10, true);
+    uint64_t call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 300);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    assert_true(rs->deadline_unix_ms > 0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    expect_end(e, call, TDM_EDEADLINE, "deadline exceeded");
+    expect_cancel(e, &e->p0, "r-late", 4);
+    expect_cancel(e, &e->d0, "r-late", 4);
+    /* and one queued when it expires (no decode node) */
+    env_free(e);
+    e = env_new(NULL);
+    prompt_req(&g, "r-late2", "abc", 10, true);
+    call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 200);
+    pump(e, 50);
+    assert_int_equal(tdm_router_n_queued(e->r), 1);
+    expect_end(e, call, TDM_EDEADLINE, "queued");
+    assert_int_equal(tdm_router_n_queued(e->r), 0);
+    env_free(e);
+}
+
+static void bad(env_t *e, Tandem__V1__GenerateRequest *g, int status, const char *has)
+{
+    uint64_t call = generate(e, g);
+    expect_end(e, call, status, has);
+}
+
+/* Every invalid field gets INVALID_ARGUMENT (or NOT_FOUND) naming it, and the router keeps
+ * serving. */
+static void test_validation(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    Tandem__V1__GenerateRequest g;
+    tandem__v1__generate_request__init(&g);
+    bad(e, &g, TDM_EINVALID, "input");
+    prompt_req(&g, NULL, "", 4, true);
+    g.request_id = (char *)"";
+    bad(e, &g, TDM_EINVALID, "prompt is empty");
+    char longp[2200] = "";
+    for (int i = 0; i < 300; i++)
+        strcat(longp, "q ");
+    prompt_req(&g, "", longp, 4, true);
+    bad(e, &g, TDM_EINVALID, "; the context is 256 tokens (prompt + max_tokens must fit)");
+    prompt_req(&g, "", "hello", -1, true);
+    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 0");
+    prompt_req(&g, "", "hello", 1000, true);
+    bad(e, &g, TDM_EINVALID, "max_tokens: prompt (");
+    prompt_req(&g, "", "\xff\xfe", 4, true);
+    bad(e, &g, TDM_EINVALID, "prompt is not valid UTF-8");
+
+    Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    prompt_req(&g, "", "hello", 4, true);
+    g.sampling = &sp;
+    sp.temperature = -1;
+    sp.set_mask = 1u << 0;
+    bad(e, &g, TDM_EINVALID, "temperature");
+    sp.top_p = 1.5f;
+    sp.set_mask = 1u << 2;
+    bad(e, &g, TDM_EINVALID, "top_p");
+    sp.top_k = -1;
+    sp.set_mask = 1u << 1;
+    bad(e, &g, TDM_EINVALID, "top_k");
+    sp.n_logprobs = 21;
+    sp.set_mask = 1u << 12;
+    bad(e, &g, TDM_EINVALID, "n_logprobs");
+    int32_t stop_ids[1] = {9999};
+    sp.n_stop_token_ids = 1;
+    sp.stop_token_ids = stop_ids;
+    sp.set_mask = 1u << 10;
+    bad(e, &g, TDM_EINVALID, "stop_token_ids");
+    g.sampling = NULL;
+
+    char *s17[17];
+    for (int i = 0; i < 17; i++)
+        s17[i] = (char *)"x";
+    g.n_stop = 17;
+    g.stop = s17;
+    bad(e, &g, TDM_EINVALID, "stop: 17 strings given, at most 16");
+    char *s_empty[1] = {(char *)""};
+    g.n_stop = 1;
+    g.stop = s_empty;
+    bad(e, &g, TDM_EINVALID, "stop[0] is empty");
+    char big[300];
+    memset(big, 'a', 299);
+    big[299] = '\0';
+    char *s_big[2] = {(char *)"ok", big};
+    g.n_stop = 2;
+    g.stop = s_big;
+    bad(e, &g, TDM_EINVALID, "stop[1] is 299 bytes long, at most 256");
+    char *s_utf[1] = {(char *)"a\xc3"};
+    g.n_stop = 1;
+    g.stop = s_utf;
+    bad(e, &g, TDM_EINVALID, "stop[0] is not valid UTF-8");
+    g.n_stop = 0;
+    g.stop = NULL;
+
+    g.model = (char *)"other-model";
+    bad(e, &g, TDM_ENOTFOUND, "model 'other-model' is not served here; this router serves 'tiny'");
+    g.model = (char *)"tiny";
+    g.request_id = (char *)"has space";
+    bad(e, &g, TDM_EINVALID, "request_id");
+    g.request_id = (char *)"";
+
+    /* chat */
+    Tandem__V1__ChatMessage m0 = TANDEM__V1__CHAT_MESSAGE__INIT,
+                            m1 = TANDEM__V1__CHAT_MESSAGE__INIT;
+    Tandem__V1__ChatMessage *msgs[2] = {&m0, &m1};
+    Tandem__V1__ChatList chat = TANDEM__V1__CHAT_LIST__INIT;
+    chat.messages = msgs;
+    tandem__v1__generate_request__init(&g);
+    g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    g.chat = &chat;
+    g.max_tokens = 4;
+    bad(e, &g, TDM_EINVALID, "chat.messages is empty");
+    chat.n_messages = 1;
+    m0.role = (char *)"robot";
+    m0.content = (char *)"hi";
+    bad(e, &g, TDM_EINVALID, "robot");
+    chat.n_messages = 2;
+    m0.role = (char *)"user";
+    m1.role = (char *)"system";
+    m1.content = (char *)"late";
+    bad(e, &g, TDM_EINVALID, "chat.messages: ");
+    chat.n_messages = 1;
+    m0.content = (char *)"bad \xe2\x82";
+    bad(e, &g, TDM_EINVALID, "chat.messages[0].content is not valid UTF-8");
+
+    /* token ids */
+    int32_t tk[3] = {1, 600, 2};
+    Tandem__V1__TokenList tl = TANDEM__V1__TOKEN_LIST__INIT;
+    tl.ids = tk;
+    tl.n_ids = 3;
+    tandem__v1__generate_request__init(&g);
+    g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
+    g.tokens = &tl;
+    bad(e, &g, TDM_EINVALID, "tokens.ids[1] = 600 is out of the vocabulary (0..511)");
+    tl.n_ids = 0;
+    bad(e, &g, TDM_EINVALID, "tokens.ids is empty");
+
+    /* a duplicate id of a request in flight (queued: no node is up) */
+    prompt_req(&g, "dup-1", "hello", 4, true);
+    uint64_t first = generate(e, &g);
+    pump(e, 30);
+    assert_int_equal(tdm_router_n_queued(e->r), 1);
+    bad(e, &g, TDM_EINVALID, "request_id 'dup-1' is already in flight");
+
+    /* still serving */
+    Tandem__V1__HealthRequest hr = TANDEM__V1__HEALTH_REQUEST__INIT;
+    uint64_t hc = send_req(e, M(HEALTH), &hr.base, NULL, 0);
+    expect_end(e, hc, 0, "not ready");
+    const tdm_router_metrics_t *mt = tdm_router_metrics(e->r);
+    assert_int_equal(mt->requests_by_status[3], 23);
+    assert_int_equal(mt->requests_by_status[5], 1);
+    tdm_router_shutdown(e->r);
+    expect_end(e, first, TDM_EUNAVAILABLE, "router shutting down");
+    env_free(e);
+}
+
+/* A full queue refuses with RESOURCE_EXHAUSTED; a decode node registering drains it, with
+ * local prefill since no prefill node is up. */
+static void test_queue_and_local_prefill(void **state)
+{
+    (void)state;
+    env_t *e = env_new("  max_queue: 2\n");
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "q-1", "one", 2, true);
+    uint64_t c1 = generate(e, &g);
+    prompt_req(&g, "q-2", "two", 2, true);
+    generate(e, &g);
+    pump(e, 30);
+    assert_int_equal(tdm_router_n_queued(e->r), 2);
+    prompt_req(&g, "q-3", "three", 2, true);
+    bad(e, &g, TDM_ERESOURCE, "queue full (2 requests waiting)");
+    assert_int_equal(tdm_router_metrics(e->r)->queue_full, 1);
+
+    fake_register(e, &e->d0);
+    tdm_frame_t f1, f2;
+    tdm_frame_init(&f1);
+    tdm_frame_init(&f2);
+    Tandem__V1__DecodeReserve *r1 = expect_reserve(e, &e->d0, &f1);
+    Tandem__V1__DecodeReserve *r2 = expect_reserve(e, &e->d0, &f2);
+    assert_string_equal(r1->request_id, "q-1"); /* FIFO */
+    assert_string_equal(r2->request_id, "q-2");
+    assert_true(r1->local_prefill);
+    assert_true(r2->local_prefill);
+    assert_int_equal(tdm_router_n_queued(e->r), 0);
+    reply_ack(&e->d0, &f1, "q-1", 1);
+    /* the decode node prefills itself and sends index 0 */
+    fake_token(&e->d0, "q-1", 0, B('A'));
+    fake_token(&e->d0, "q-1", 1, B('B'));
+    fake_finished(&e->d0, "q-1", FIN(LENGTH), 2);
+    result_t res;
+    collect(e, c1, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "AB");
+    assert_int_equal(res.usage.cached_prompt_tokens, 3);
+    protobuf_c_message_free_unpacked(&r1->base, NULL);
+    protobuf_c_message_free_unpacked(&r2->base, NULL);
+    tdm_frame_clear(&f1);
+    tdm_frame_clear(&f2);
+    env_free(e);
+}
+
+/* The decode node with the most room is asked first; when it refuses, the other one. */
+static void test_reserve_rejected(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    fake_heartbeat(e, &e->d0, 90, 0);
+    fake_heartbeat(e, &e->d1, 50, 0);
+    pump(e, 50);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-rej", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    assert_int_equal(tdm_sock_reply_error(e->d0.s, &f, TDM_ERESOURCE, "need 1 blocks, 0 free"), 0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    rs = reserve_and_ack(e, &e->d1);
+    assert_string_equal(rs->request_id, "r-rej");
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_string_equal(t->decode_node_id, "decode-1");
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    assert_int_equal(tdm_router_metrics(e->r)->reserve_rejects, 1);
+    /* a bad-request refusal fails the request with that status */
+    prompt_req(&g, "r-bad", "abc", 4, true);
+    uint64_t c2 = generate(e, &g);
+    tdm_frame_init(&f);
+    /* d0 has 0 free until its next heartbeat, so d1 is asked */
+    rs = expect_reserve(e, &e->d1, &f);
+    assert_int_equal(tdm_sock_reply_error(e->d1.s, &f, TDM_EINVALID, "sampling.top_k too big"), 0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    expect_end(e, c2, TDM_EINVALID, "sampling.top_k too big");
+    (void)call;
+    env_free(e);
+}
+
+/* round_robin alternates between the prefill nodes. */
+static void test_round_robin(void **state)
+{
+    (void)state;
+    env_t *e = env_new("  prefill_policy: round_robin\n");
+    fake_register(e, &e->p0);
+    fake_register(e, &e->p1);
+    fake_register(e, &e->d0);
+    fake_t *prev = NULL;
+    for (int i = 0; i < 4; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "rr-%d", i);
+        Tandem__V1__GenerateRequest g;
+        prompt_req(&g, id, "same prompt", 4, true);
+        generate(e, &g);
+        Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+        protobuf_c_message_free_unpacked(&rs->base, NULL);
+        fake_t *got = expect_task_on_one(e, &e->p0, &e->p1, id);
+        if (prev)
+            assert_ptr_not_equal(got, prev);
+        prev = got;
+    }
+    env_free(e);
+}
+
+/* The long system prompt number s (about 7 rules; well over TDM_ROUTER_PREFIX_KEY_BLOCKS). */
+static void make_system(int s, char *sys, size_t cap)
+{
+    sys[0] = '\0';
+    for (int k = 0; k < 7; k++) {
+        char part[64];
+        snprintf(part, sizeof part, "Rule %d of system %d: answer with care. ", k, s);
+        strncat(sys, part, cap - strlen(sys) - 1);
+    }
+}
+
+/* Sends a chat request (system + user) and returns which of p0/p1 got its prefill task. */
+static fake_t *chat_on(env_t *e, const char *id, const char *sys, const char *user)
+{
+    Tandem__V1__ChatMessage m0 = TANDEM__V1__CHAT_MESSAGE__INIT,
+                            m1 = TANDEM__V1__CHAT_MESSAGE__INIT;
+    m0.role = (char *)"system";
+    m0.content = (char *)sys;
+    m1.role = (char *)"user";
+    m1.content = (char *)user;
+    Tandem__V1__ChatMessage *msgs[2] = {&m0, &m1};
+    Tandem__V1__ChatList chat = TANDEM__V1__CHAT_LIST__INIT;
+    chat.n_messages = 2;
+    chat.messages = msgs;
+    Tandem__V1__GenerateRequest g = TANDEM__V1__GENERATE_REQUEST__INIT;
+    g.request_id = (char *)id;
+    g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    g.chat = &chat;
+    g.max_tokens = 4;
+    g.stream = true;
+    generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    assert_true(rs->n_prompt_tokens > 80); /* more than TDM_ROUTER_PREFIX_KEY_BLOCKS blocks */
+    assert_true(rs->n_prompt_tokens < N_CTX - 4);
+    /* the chat template was applied: the prompt starts with <|im_start|> (id 510) */
+    assert_int_equal(rs->prompt_tokens[0], 510);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    return expect_task_on_one(e, &e->p0, &e->p1, id);
+}
+
+/* prefix_aware: chats that share a long system prompt go to one prefill node; different
+ * system prompts spread over both; an overloaded node is passed over. */
+static void test_prefix_aware(void **state)
+{
+    (void)state;
+    env_t *e = env_new("  prefill_policy: prefix_aware\n");
+    fake_register(e, &e->p0);
+    fake_register(e, &e->p1);
+    fake_register(e, &e->d0);
+    int used[2] = {0, 0};
+    fake_t *home0 = NULL;
+    char sys[512];
+    for (int s = 0; s < 6; s++) {
+        make_system(s, sys, sizeof sys);
+        char id[32];
+        snprintf(id, sizeof id, "px-%d-a", s);
+        fake_t *first = chat_on(e, id, sys, "Tell me a story.");
+        snprintf(id, sizeof id, "px-%d-b", s);
+        assert_ptr_equal(chat_on(e, id, sys, "What is two plus two?"), first);
+        used[first == &e->p1]++;
+        if (s == 0)
+            home0 = first;
+        /* the nodes ran the prompts: their queues are empty again */
+        fake_heartbeat(e, &e->p0, 100, 0);
+        fake_heartbeat(e, &e->p1, 100, 0);
+        pump(e, 20);
+    }
+    assert_true(used[0] > 0 && used[1] > 0);
+    /* system prompt 0's node reports a long queue: the next such chat goes elsewhere */
+    fake_t *other = home0 == &e->p0 ? &e->p1 : &e->p0;
+    fake_heartbeat(e, home0, 100, 100000);
+    fake_heartbeat(e, other, 100, 0);
+    pump(e, 50);
+    make_system(0, sys, sizeof sys);
+    assert_ptr_equal(chat_on(e, "px-0-c", sys, "Another question?"), other);
+    env_free(e);
+}
+
+/* least_loaded: fewest queued prompt tokens (last heartbeat plus what the router sent since). */
+static void test_least_loaded(void **state)
+{
+    (void)state;
+    env_t *e = env_new("  prefill_policy: least_loaded\n");
+    fake_register(e, &e->p0);
+    fake_register(e, &e->p1);
+    fake_register(e, &e->d0);
+    fake_heartbeat(e, &e->p0, 100, 1000);
+    fake_heartbeat(e, &e->p1, 100, 0);
+    pump(e, 50);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "ll-1", "first", 4, true);
+    generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    assert_ptr_equal(expect_task_on_one(e, &e->p0, &e->p1, "ll-1"), &e->p1);
+    fake_heartbeat(e, &e->p1, 100, 5000);
+    pump(e, 50);
+    for (int i = 2; i <= 3; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "ll-%d", i);
+        prompt_req(&g, id, "next", 4, true);
+        generate(e, &g);
+        rs = reserve_and_ack(e, &e->d0);
+        protobuf_c_message_free_unpacked(&rs->base, NULL);
+        assert_ptr_equal(expect_task_on_one(e, &e->p0, &e->p1, id), &e->p0);
+    }
+    env_free(e);
+}
+
+/* Refused by the only decode node: the request waits in the queue until that node's next
+ * heartbeat reports room. */
+static void test_rejected_then_queued(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-wait", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    assert_int_equal(tdm_sock_reply_error(e->d0.s, &f, TDM_ERESOURCE, "need 1 blocks, 0 free"), 0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    expect_none(e, e->d0.s, 100);
+    assert_int_equal(tdm_router_n_queued(e->r), 1);
+    fake_heartbeat(e, &e->p0, 100, 0); /* another node's heartbeat changes nothing */
+    expect_none(e, e->d0.s, 50);
+    fake_heartbeat(e, &e->d0, 80, 0);
+    rs = reserve_and_ack(e, &e->d0);
+    assert_string_equal(rs->request_id, "r-wait");
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    assert_int_equal(tdm_router_n_queued(e->r), 0);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-wait", 0, B('k'));
+    fake_finished(&e->d0, "r-wait", FIN(STOP), 1);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "k");
+    assert_true(res.timings.queue_s >= 0.1);
+    env_free(e);
+}
+
+/* CURVE on the node endpoint: only nodes with the cluster's client key get through. */
+static void test_curve(void **state)
+{
+    (void)state;
+    char sp[41], ss[41], cp[41], cs[41];
+    assert_int_equal(tdm_curve_keypair(sp, ss), 0);
+    assert_int_equal(tdm_curve_keypair(cp, cs), 0);
+    char extra[512];
+    snprintf(extra, sizeof extra,
+             "security:\n  curve_server_public_key: '%s'\n  curve_server_secret_key: '%s'\n"
+             "  curve_client_public_key: '%s'\n  curve_client_secret_key: '%s'\n",
+             sp, ss, cp, cs);
+    env_t *e = env_new_with(NULL, extra);
+    /* without keys: no handshake, no answer, not registered */
+    fake_connect(e, &e->d1);
+    reg_t g;
+    reg_default(e, &e->d1, &g);
+    tdm_send_t s = {0};
+    s.kind = K_REQUEST;
+    s.method = M(REGISTER);
+    s.call_id = 1;
+    s.body = &g.m.base;
+    assert_int_equal(tdm_sock_send(e->d1.s, &s), 0);
+    expect_none(e, e->d1.s, 300);
+    assert_false(tdm_router_node_up(e->r, "decode-1"));
+    /* with a wrong client key: refused by the ZAP handler */
+    char wp[41], ws[41];
+    assert_int_equal(tdm_curve_keypair(wp, ws), 0);
+    tdm_curve_keys_t wrong = {sp, NULL, wp, ws};
+    e->p0.curve = &wrong;
+    fake_connect(e, &e->p0);
+    reg_default(e, &e->p0, &g);
+    s.body = &g.m.base;
+    assert_int_equal(tdm_sock_send(e->p0.s, &s), 0);
+    expect_none(e, e->p0.s, 300);
+    assert_false(tdm_router_node_up(e->r, "prefill-0"));
+    /* with the cluster key */
+    tdm_curve_keys_t good = {sp, NULL, cp, cs};
+    e->d0.curve = &good;
+    fake_register(e, &e->d0);
+    env_free(e);
+}
+
+/* A decode node that stops heartbeating is marked down; its running request fails with
+ * UNAVAILABLE and its prefill node is told to cancel. */
+static void test_decode_down(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-dd", "abc", 8, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-dd", 0, B('a'));
+    result_t res;
+    memset(&res, 0, sizeof res);
+    one_chunk(e, call, &res);
+    /* p0 keeps heartbeating, d0 falls silent */
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    double end = tdm_time_now() + 3.0;
+    bool got = false;
+    while (!got && tdm_time_now() < end) {
+        fake_heartbeat(e, &e->p0, 100, 0);
+        got = recv_on(e, e->client, &f, 50);
+    }
+    assert_true(got);
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.status, TDM_EUNAVAILABLE);
+    assert_non_null(strstr(f.message, "decode node 'decode-0' is down (no heartbeat for "));
+    assert_non_null(strstr(f.message, " ms)"));
+    tdm_frame_clear(&f);
+    expect_cancel(e, &e->p0, "r-dd", 14);
+    assert_false(tdm_router_node_up(e->r, "decode-0"));
+    assert_true(tdm_router_node_up(e->r, "prefill-0"));
+    /* a heartbeat from the node now gets NOT_FOUND (register again) */
+    Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    h.node_id = (char *)"decode-0";
+    tdm_send_t s = {0};
+    s.kind = K_REQUEST;
+    s.method = M(HEARTBEAT);
+    s.call_id = 7;
+    s.body = &h.base;
+    assert_int_equal(tdm_sock_send(e->d0.s, &s), 0);
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->d0.s, &f, WAIT_MS));
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.status, TDM_ENOTFOUND);
+    tdm_frame_clear(&f);
+    env_free(e);
+}
+
+/* A prefill node that stops heartbeating: its request is dispatched again (NodeCancel to the
+ * decode node first) and the client gets each output index once. */
+static void test_prefill_down(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->p1);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-pd", "abc", 8, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    uint64_t seed = rs->sampling->seed;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    fake_t *dead = expect_task_on_one(e, &e->p0, &e->p1, "r-pd");
+    fake_t *alive = dead == &e->p0 ? &e->p1 : &e->p0;
+    fake_token(dead, "r-pd", 0, B('x'));
+    result_t res;
+    memset(&res, 0, sizeof res);
+    one_chunk(e, call, &res);
+    assert_string_equal(res.text, "x");
+    /* the dead one falls silent; the others heartbeat until the decode node hears a cancel */
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    double end = tdm_time_now() + 3.0;
+    bool got = false;
+    while (!got && tdm_time_now() < end) {
+        fake_heartbeat(e, alive, 100, 0);
+        fake_heartbeat(e, &e->d0, 100, 0);
+        got = recv_on(e, e->d0.s, &f, 50);
+    }
+    assert_true(got);
+    assert_int_equal(f.method, M(NODE_CANCEL));
+    tdm_frame_clear(&f);
+    assert_false(tdm_router_node_up(e->r, dead->id));
+    rs = reserve_and_ack(e, &e->d0); /* dispatched again, same seed */
+    assert_string_equal(rs->request_id, "r-pd");
+    assert_int_equal(rs->sampling->seed, seed);
+    assert_false(rs->local_prefill);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, alive);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(alive, "r-pd", 0, B('x')); /* the same token again: not sent twice */
+    fake_token(&e->d0, "r-pd", 1, B('y'));
+    fake_finished(&e->d0, "r-pd", FIN(LENGTH), 2);
+    result_t rest;
+    collect(e, call, &rest);
+    assert_int_equal(rest.status, 0);
+    assert_string_equal(rest.text, "y");
+    assert_int_equal(rest.index[0], 1);
+    assert_int_equal(rest.usage.completion_tokens, 2);
+    assert_int_equal(tdm_router_metrics(e->r)->redispatches, 1);
+    env_free(e);
+}
+
+/* TaskFailed: retryable ones are dispatched again (at most 3 times), others fail. */
+static void test_task_failed(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-tf", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    for (int i = 0; i <= 3; i++) {
+        Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+        protobuf_c_message_free_unpacked(&rs->base, NULL);
+        Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+        protobuf_c_message_free_unpacked(&t->base, NULL);
+        fake_task_failed(&e->p0, "r-tf", 14, "KV transfer to decode-0 timed out", true);
+        expect_cancel(e, &e->p0, "r-tf", i < 3 ? 1 : 14);
+        expect_cancel(e, &e->d0, "r-tf", i < 3 ? 1 : 14);
+    }
+    expect_end(e, call, TDM_EUNAVAILABLE,
+               "prefill node 'prefill-0' failed: KV transfer to decode-0 timed out (gave up "
+               "after 3 re-dispatches)");
+    prompt_req(&g, "r-tf2", "abc", 4, true);
+    call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_task_failed(&e->d0, "r-tf2", 3, "bad sampling", false);
+    expect_end(e, call, TDM_EINVALID, "decode node 'decode-0' failed: bad sampling");
+    env_free(e);
+}
+
+/* Registration checks: unknown id, role, fingerprint, layout, n_ctx; restart detection. */
+static void test_register(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    reg_t g;
+    char msg[512];
+    reg_default(e, &e->d0, &g);
+    g.m.model_fingerprint ^= 1;
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_non_null(strstr(msg, "model fingerprint 0x"));
+    assert_non_null(strstr(msg, "differs from the router's 0x"));
+    assert_non_null(strstr(msg, e->model_path));
+    reg_default(e, &e->d0, &g);
+    g.layout.block_size = 32;
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_non_null(strstr(msg, "kv_layout.block_size is 32; the router expects 16"));
+    reg_default(e, &e->d0, &g);
+    g.layout.dtype = TANDEM__V1__KV_DTYPE__KV_DTYPE_F32;
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_non_null(strstr(msg, "kv_layout.dtype is f32"));
+    reg_default(e, &e->d0, &g);
+    g.m.n_ctx = 128;
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_non_null(strstr(msg, "n_ctx 128 is smaller than the router's context of 256"));
+    reg_default(e, &e->d0, &g);
+    g.m.role = TANDEM__V1__NODE_ROLE__NODE_ROLE_PREFILL;
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_non_null(strstr(msg, "is a decode node in the cluster config"));
+    fake_t stranger = {"stranger", NULL, NULL};
+    reg_default(e, &stranger, &g);
+    assert_int_equal(fake_register_with(e, &stranger, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_string_equal(msg, "node 'stranger' is not in the cluster config");
+    tdm_sock_destroy(&stranger.s);
+    assert_false(tdm_router_node_up(e->r, "decode-0"));
+
+    /* a heartbeat REQUEST is answered END OK once registered */
+    fake_register(e, &e->d0);
+    Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    h.node_id = (char *)"decode-0";
+    h.kv_blocks_free = 77;
+    h.instance_id = 42;
+    tdm_send_t s = {0};
+    s.kind = K_REQUEST;
+    s.method = M(HEARTBEAT);
+    s.call_id = 9;
+    s.body = &h.base;
+    assert_int_equal(tdm_sock_send(e->d0.s, &s), 0);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->d0.s, &f, WAIT_MS));
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.status, 0);
+    assert_int_equal(f.call_id, 9);
+    tdm_frame_clear(&f);
+
+    /* a restart (new instance id) fails what ran on the old instance first */
+    Tandem__V1__GenerateRequest gr;
+    prompt_req(&gr, "r-restart", "abc", 4, true);
+    uint64_t call = generate(e, &gr);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    fake_token(&e->d0, "r-restart", 0, B('a')); /* local prefill: no prefill node up */
+    result_t res;
+    memset(&res, 0, sizeof res);
+    one_chunk(e, call, &res);
+    reg_default(e, &e->d0, &g);
+    g.m.instance_id = 43;
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), 0);
+    expect_end(e, call, TDM_EUNAVAILABLE, "decode node 'decode-0' is down (restarted");
+    assert_true(tdm_router_node_up(e->r, "decode-0"));
+    env_free(e);
+}
+
+/* API keys: requests without a listed key get UNAUTHENTICATED. */
+static void test_api_keys(void **state)
+{
+    (void)state;
+    env_t *e = env_new("  api_keys: [key-one, key-two]\n");
+    Tandem__V1__HealthRequest hr = TANDEM__V1__HEALTH_REQUEST__INIT;
+    uint64_t c = send_req(e, M(HEALTH), &hr.base, NULL, 0);
+    expect_end(e, c, TDM_EUNAUTHENTICATED, "an API key is required");
+    c = send_req(e, M(HEALTH), &hr.base, "key-three", 0);
+    expect_end(e, c, TDM_EUNAUTHENTICATED, "not accepted");
+    c = send_req(e, M(HEALTH), &hr.base, "key-on", 0);
+    expect_end(e, c, TDM_EUNAUTHENTICATED, "not accepted");
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "k-1", "abc", 4, true);
+    c = send_req(e, M(GENERATE), &g.base, "key-one!", 0);
+    expect_end(e, c, TDM_EUNAUTHENTICATED, NULL);
+    c = send_req(e, M(HEALTH), &hr.base, "key-two", 0);
+    expect_end(e, c, 0, "ready");
+    c = send_req(e, M(GENERATE), &g.base, "key-one", 0);
+    pump(e, 30);
+    assert_int_equal(tdm_router_n_queued(e->r), 1); /* accepted, waiting for a node */
+    (void)c;
+    env_free(e);
+}
+
+/* STATUS lists every configured node; HEALTH and MODELS describe the cluster and model. */
+static void test_status_health_models(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    Tandem__V1__HealthRequest hr = TANDEM__V1__HEALTH_REQUEST__INIT;
+    uint64_t c = send_req(e, M(HEALTH), &hr.base, NULL, 0);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    Tandem__V1__HealthResponse *h = (Tandem__V1__HealthResponse *)tdm_frame_unpack(
+        &f, &tandem__v1__health_response__descriptor);
+    assert_non_null(h);
+    assert_true(h->live);
+    assert_false(h->ready);
+    protobuf_c_message_free_unpacked(&h->base, NULL);
+    fake_register(e, &e->d0);
+    c = send_req(e, M(HEALTH), &hr.base, NULL, 0);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    assert_int_equal(f.call_id, c);
+    assert_non_null(strstr(f.message, "decode nodes prefill locally"));
+    h = (Tandem__V1__HealthResponse *)tdm_frame_unpack(&f,
+                                                       &tandem__v1__health_response__descriptor);
+    assert_true(h->ready);
+    assert_string_equal(h->version, TANDEM_VERSION);
+    protobuf_c_message_free_unpacked(&h->base, NULL);
+
+    Tandem__V1__ModelsRequest mr = TANDEM__V1__MODELS_REQUEST__INIT;
+    send_req(e, M(MODELS), &mr.base, NULL, 0);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    Tandem__V1__ModelsResponse *mo = (Tandem__V1__ModelsResponse *)tdm_frame_unpack(
+        &f, &tandem__v1__models_response__descriptor);
+    assert_non_null(mo);
+    assert_int_equal(mo->n_models, 1);
+    assert_string_equal(mo->models[0]->name, "tiny");
+    assert_int_equal(mo->models[0]->n_ctx, 256);
+    assert_int_equal(mo->models[0]->n_vocab, 512);
+    assert_int_equal(mo->models[0]->fingerprint, tdm_router_fingerprint(e->r));
+    assert_string_equal(mo->models[0]->chat_template, "chatml");
+    protobuf_c_message_free_unpacked(&mo->base, NULL);
+
+    fake_heartbeat(e, &e->d0, 60, 0);
+    pump(e, 50);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "st-1", "abc", 4, true);
+    generate(e, &g);
+    tdm_frame_t rf;
+    tdm_frame_init(&rf);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &rf); /* not answered yet */
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__StatusRequest sr = TANDEM__V1__STATUS_REQUEST__INIT;
+    send_req(e, M(STATUS), &sr.base, NULL, 0);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    Tandem__V1__ClusterStatus *cs =
+        (Tandem__V1__ClusterStatus *)tdm_frame_unpack(&f, &tandem__v1__cluster_status__descriptor);
+    assert_non_null(cs);
+    assert_string_equal(cs->model, "tiny");
+    assert_int_equal(cs->n_nodes, 4);
+    assert_string_equal(cs->nodes[0]->node_id, "prefill-0");
+    assert_string_equal(cs->nodes[0]->role, "prefill");
+    assert_false(cs->nodes[0]->up);
+    assert_float_equal(cs->nodes[0]->last_heartbeat_age_s, -1.0, 1e-9);
+    const Tandem__V1__NodeStatus *d = cs->nodes[2];
+    assert_string_equal(d->node_id, "decode-0");
+    assert_true(d->up);
+    assert_int_equal(d->kv_blocks_total, 100);
+    assert_int_equal(d->kv_blocks_used, 40);
+    assert_int_equal(d->running, 1);
+    assert_int_equal(d->reserved_blocks, 1);
+    assert_float_equal(d->step_time_s, 0.02, 1e-9);
+    assert_string_equal(d->device, "cpu");
+    assert_true(d->last_heartbeat_age_s >= 0 && d->last_heartbeat_age_s < 5);
+    assert_false(cs->nodes[3]->up);
+    assert_int_equal(cs->requests_running, 1);
+    assert_int_equal(cs->requests_queued, 0);
+    assert_int_equal(cs->requests_total, 1);
+    protobuf_c_message_free_unpacked(&cs->base, NULL);
+    tdm_frame_clear(&rf);
+    tdm_frame_clear(&f);
+    env_free(e);
+}
+
+/* The client goes away: the next send to it fails and the nodes are told to cancel. */
+static void test_client_gone(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-gone", "abc", 8, true);
+    generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_sock_destroy(&e->client);
+    pump(e, 200); /* the router's socket notices the disconnect */
+    fake_token(&e->p0, "r-gone", 0, B('a'));
+    expect_cancel(e, &e->p0, "r-gone", 1);
+    expect_cancel(e, &e->d0, "r-gone", 1);
+    assert_int_equal(tdm_router_n_running(e->r), 0);
+    env_free(e);
+}
+
+/* Shutdown: requests in flight end with UNAVAILABLE and their nodes get NodeCancel. */
+static void test_shutdown(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-shut", "abc", 8, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_router_shutdown(e->r);
+    assert_int_equal(tdm_router_poll(e->r, 0), TDM_EPRECONDITION);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    double end = tdm_time_now() + 2.0;
+    while (tdm_sock_recv(e->client, &f, 10) != TDM_OK && tdm_time_now() < end)
+        ;
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.status, TDM_EUNAVAILABLE);
+    assert_string_equal(f.message, "router shutting down");
+    fake_t *nodes[2] = {&e->p0, &e->d0};
+    for (int i = 0; i < 2; i++) {
+        end = tdm_time_now() + 2.0;
+        int rc;
+        while ((rc = tdm_sock_recv(nodes[i]->s, &f, 10)) != TDM_OK && tdm_time_now() < end)
+            ;
+        assert_int_equal(rc, 0);
+        assert_int_equal(f.method, M(NODE_CANCEL));
+    }
+    tdm_frame_clear(&f);
+    env_free(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stream_in_order),
+        cmocka_unit_test(test_no_stream),
+        cmocka_unit_test(test_stop_string),
+        cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_queue_and_local_prefill),
+        cmocka_unit_test(test_reserve_rejected),
+        cmocka_unit_test(test_round_robin),
+        cmocka_unit_test(test_prefix_aware),
+        cmocka_unit_test(test_least_loaded),
+        cmocka_unit_test(test_rejected_then_queued),
+        cmocka_unit_test(test_curve),
+        cmocka_unit_test(test_decode_down),
+        cmocka_unit_test(test_prefill_down),
+        cmocka_unit_test(test_task_failed),
+        cmocka_unit_test(test_register),
+        cmocka_unit_test(test_api_keys),
+        cmocka_unit_test(test_status_health_models),
+        cmocka_unit_test(test_client_gone),
+        cmocka_unit_test(test_shutdown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
