@@ -308,8 +308,9 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
 
 /* Builds the prompt text: the raw prompt, the file, or the rendered chat. *text is heap. */
 static int build_prompt(const gen_opts_t *o, const tdm_gguf_t *g, char **text, size_t *len,
-                        tdm_error_t *err)
+                        bool *writes_bos, tdm_error_t *err)
 {
+    *writes_bos = false;
     if (o->prompt) {
         *text = tdm_strdup(o->prompt);
         *len = strlen(o->prompt);
@@ -354,6 +355,7 @@ static int build_prompt(const gen_opts_t *o, const tdm_gguf_t *g, char **text, s
     if (o->system)
         msgs[n++] = (tdm_chat_message_t){"system", o->system};
     msgs[n++] = (tdm_chat_message_t){"user", o->chat};
+    *writes_bos = tdm_chat_template_writes_bos(tmpl);
     return tdm_chat_apply(tmpl, msgs, n, true, default_system[0] ? default_system : NULL, text, len,
                           err);
 }
@@ -547,7 +549,8 @@ int tdm_cmd_generate(int argc, char **argv)
     }
     char *text = NULL;
     size_t text_len = 0;
-    if (build_prompt(&o, tdm_model_gguf(model), &text, &text_len, &err) != TDM_OK) {
+    bool writes_bos;
+    if (build_prompt(&o, tdm_model_gguf(model), &text, &text_len, &writes_bos, &err) != TDM_OK) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
         if (err.code == TDM_EINVALID)
             status = 2; /* a bad --chat-template, --chat or --system */
@@ -555,7 +558,8 @@ int tdm_cmd_generate(int argc, char **argv)
     }
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
-    bool add_bos = tdm_tokenizer_add_bos(tok);
+    /* A template that writes BOS's text itself (Llama-3, Llama-2) must not get a second one. */
+    bool add_bos = tdm_tokenizer_add_bos(tok) && !writes_bos;
     if (tdm_tokenizer_encode(tok, text, text_len, add_bos, true, &prompt, &n_prompt, &err) !=
         TDM_OK) {
         fprintf(stderr, "tandem generate: tokenize: %s\n", err.msg);
