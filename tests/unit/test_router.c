@@ -812,6 +812,7 @@ static void test_validation(void **state)
     env_t *e = env_new(NULL);
     Tandem__V1__GenerateRequest g;
     tandem__v1__generate_request__init(&g);
+    g.max_tokens = 4;
     bad(e, &g, TDM_EINVALID, "input");
     prompt_req(&g, NULL, "", 4, true);
     g.request_id = (char *)"";
@@ -822,7 +823,9 @@ static void test_validation(void **state)
     prompt_req(&g, "", longp, 4, true);
     bad(e, &g, TDM_EINVALID, "; the context is 256 tokens (prompt + max_tokens must fit)");
     prompt_req(&g, "", "hello", -1, true);
-    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 0");
+    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1");
+    prompt_req(&g, "", "hello", 0, true);
+    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1, got 0");
     prompt_req(&g, "", "hello", 1000, true);
     bad(e, &g, TDM_EINVALID, "max_tokens: prompt (");
     prompt_req(&g, "", "\xff\xfe", 4, true);
@@ -911,6 +914,7 @@ static void test_validation(void **state)
     tl.ids = tk;
     tl.n_ids = 3;
     tandem__v1__generate_request__init(&g);
+    g.max_tokens = 4;
     g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
     g.tokens = &tl;
     bad(e, &g, TDM_EINVALID, "tokens.ids[1] = 600 is out of the vocabulary (0..511)");
@@ -929,7 +933,7 @@ static void test_validation(void **state)
     uint64_t hc = send_req(e, M(HEALTH), &hr.base, NULL, 0);
     expect_end(e, hc, 0, "not ready");
     const tdm_router_metrics_t *mt = tdm_router_metrics(e->r);
-    assert_int_equal(mt->requests_by_status[3], 23);
+    assert_int_equal(mt->requests_by_status[3], 24);
     assert_int_equal(mt->requests_by_status[5], 1);
     tdm_router_shutdown(e->r);
     expect_end(e, first, TDM_EUNAVAILABLE, "router shutting down");
