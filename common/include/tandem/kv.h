@@ -104,8 +104,8 @@ typedef struct tdm_kv_stats {
     uint64_t evictions;      /* cached blocks reused for other data */
 } tdm_kv_stats_t;
 
-/* Allocates a pool of n_blocks blocks in host memory (page-aligned, zeroed, committed lazily) with an
- * index for prefix hashes. Returns NULL with *err: TDM_EINVALID (bad layout, n_blocks 0),
+/* Allocates a pool of n_blocks blocks in host memory (page-aligned, zeroed, committed lazily) with
+ * an index for prefix hashes. Returns NULL with *err: TDM_EINVALID (bad layout, n_blocks 0),
  * TDM_ERESOURCE (out of memory; message has the bytes asked). Caller frees with
  * tdm_kv_pool_destroy. */
 tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks, tdm_error_t *err);

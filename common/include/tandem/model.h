@@ -10,10 +10,12 @@
  * (RoPE), Shazeer 2020 (SwiGLU), Ainslie et al. 2023 (GQA); tensor names and RoPE modes as in
  * llama.cpp's GGUF conversion.
  *
- * Weights stay in the mmap'd file in their quantized types (no f32 copy of the model).
- * All scratch memory is allocated when the engine is created; a forward pass allocates
- * nothing. On the CPU backend a sequence's logits are bitwise identical whatever else is in
- * the batch and however its prompt was chunked (each output is reduced in one fixed order).
+ * On the CPU backend weights stay in the mmap'd file in their quantized types (no f32 copy of
+ * the model); the CUDA backend dequantizes them once, when the engine is created, to bf16 (or
+ * f16) copies in device memory. All scratch memory is allocated when the engine is created; a
+ * forward pass allocates nothing. On the CPU backend a sequence's logits are bitwise identical
+ * whatever else is in the batch and however its prompt was chunked (each output is reduced in one
+ * fixed order).
  */
 #ifndef TANDEM_MODEL_H
 #define TANDEM_MODEL_H
@@ -25,6 +27,10 @@
 #include "tandem/base.h"
 #include "tandem/gguf.h"
 #include "tandem/kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct tdm_model tdm_model_t;
 
@@ -49,15 +55,17 @@ uint64_t tdm_model_fingerprint(const tdm_model_t *m);
 /* ---- engine ---- */
 
 typedef struct tdm_engine_params {
-    const char *backend;       /* "cpu" (default when NULL) */
+    const char *backend;       /* "cpu" (default when NULL); "cuda" (device `device`) or
+                                  "cuda:N" (device N) in builds with CUDA */
+    int device;                /* CUDA device ordinal for backend "cuda"; default 0 */
     int n_threads;             /* CPU threads; 0 = all available (OpenMP default) */
     uint32_t max_batch_tokens; /* rows per forward pass (prefill chunk + decode tokens), >= 1 */
     uint32_t max_logits;       /* rows per forward pass that may ask for logits, >= 1 */
     uint32_t n_ctx;            /* longest sequence (tokens), <= the model's context length */
 } tdm_engine_params_t;
 
-/* Defaults: cpu, all threads, 512 batch tokens, 64 logit rows, n_ctx 4096 (or the model's
- * trained context if smaller). */
+/* Defaults: cpu, device 0, all threads, 512 batch tokens, 64 logit rows, n_ctx 4096 (or the
+ * model's trained context if smaller). */
 void tdm_engine_params_default(tdm_engine_params_t *p);
 
 typedef struct tdm_engine tdm_engine_t;
@@ -65,16 +73,30 @@ typedef struct tdm_engine tdm_engine_t;
 /* Creates an engine for model m writing KV into pool (whose layout must match the model:
  * n_layers, n_kv_heads, head_dim). Allocates every scratch buffer for max_batch_tokens rows
  * and n_ctx positions. Returns NULL with *err: TDM_EINVALID (bad parameter or layout
- * mismatch, named), TDM_ENOTFOUND (unknown backend), TDM_ERESOURCE (out of memory, with the
- * bytes). The engine is used by one thread at a time; the model and pool must outlive it. */
+ * mismatch, named), TDM_ENOTFOUND (unknown backend, or "cuda" in a build without CUDA: the
+ * message names the available backends), TDM_ERESOURCE (out of memory, host or device, with
+ * the bytes), TDM_EUNAVAILABLE (no usable CUDA device or driver, with the CUDA error).
+ *
+ * With backend "cuda" the engine uploads the weights (dequantized to bf16; f16 when the
+ * environment sets TANDEM_CUDA_GEMM=f16) and allocates a device copy of the KV pool of the
+ * same layout and size: KV then lives on the device (tdm_engine_kv_device_base) and the host
+ * pool keeps only the block bookkeeping. The engine is used by one thread at a time; the model
+ * and pool must outlive it. */
 tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
                              const tdm_engine_params_t *params, tdm_error_t *err);
 void tdm_engine_destroy(tdm_engine_t **self_p);
 
-/* Name of the engine's backend and of the CPU kernels it chose ("cpu/avx2", "cpu/scalar"). */
+/* Name of the engine's backend and of the kernels it chose ("cpu/avx2", "cpu/scalar",
+ * "cuda:0/bf16 NVIDIA H200"). */
 const char *tdm_engine_backend_name(const tdm_engine_t *e);
-/* Size of the scratch memory the engine allocated, bytes. */
+/* Size of the scratch memory the engine allocated, bytes (device memory for CUDA). */
 uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e);
+
+/* Start of the KV pool's device copy (CUDA device memory from cudaMalloc: block b starts at
+ * base + b * tdm_kv_pool_block_bytes(pool)), for the KV transport; NULL for the CPU backend,
+ * whose KV is in the host pool. Owned by the engine; valid until it is destroyed. Cannot
+ * fail. */
+void *tdm_engine_kv_device_base(const tdm_engine_t *e);
 
 /* A sequence's view for one forward pass: its block table in the engine's pool. */
 typedef struct tdm_batch_seq {
@@ -102,7 +124,13 @@ typedef struct tdm_batch {
  * Errors (nothing is written to logits): TDM_EINVALID naming the row and field for a token
  * out of the vocabulary, a position >= n_ctx, a position not covered by the sequence's
  * blocks, a block id out of the pool, rows of a sequence out of order, more than
- * max_batch_tokens rows or max_logits asking rows. Allocates nothing. */
+ * max_batch_tokens rows or max_logits asking rows. A backend failure (CUDA) returns its code
+ * with the failing statement, file and line in the message. Allocates nothing. When it returns
+ * TDM_OK, every KV write of the pass is complete (also in device memory). */
 int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *batch, float *logits, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_MODEL_H */

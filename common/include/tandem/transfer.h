@@ -63,13 +63,13 @@ typedef struct tdm_kv_memory {
 /* ---- sender (prefill node) ---- */
 
 typedef struct tdm_kv_sender_opts {
-    const char *node_id;             /* sender's node id (logs, KvTransfer.sender_node_id) */
-    uint64_t model_fingerprint;      /* tdm_model_fingerprint of the served model */
-    tdm_kv_backend_t backend;        /* tcp unless both ends have device pools */
-    tdm_kv_memory_t memory;          /* zeroed: host pool */
-    const tdm_curve_keys_t *curve;   /* NULL: plain TCP */
-    int timeout_ms;                  /* acknowledgement timeout per transfer; 0 = 10000 */
-    const tdm_logger_t *log;
+    const char *node_id;           /* sender's node id (logs, KvTransfer.sender_node_id) */
+    uint64_t model_fingerprint;    /* tdm_model_fingerprint of the served model */
+    tdm_kv_backend_t backend;      /* tcp unless both ends have device pools */
+    tdm_kv_memory_t memory;        /* zeroed: host pool */
+    const tdm_curve_keys_t *curve; /* NULL: plain TCP (the keys are copied) */
+    int timeout_ms;                /* acknowledgement timeout per transfer; 0 = 10000 */
+    const tdm_logger_t *log;       /* copied; NULL = stderr */
 } tdm_kv_sender_opts_t;
 
 typedef struct tdm_kv_sender tdm_kv_sender_t;
@@ -86,19 +86,21 @@ void tdm_kv_sender_destroy(tdm_kv_sender_t **self_p);
 
 /* One transfer to start. */
 typedef struct tdm_kv_send_req {
-    const char *request_id;  /* < TDM_KV_REQUEST_ID_MAX bytes */
-    const char *endpoint;    /* the decode node's KV endpoint */
-    const uint32_t *blocks;  /* [n_blocks] pool block ids holding the KV, in token order */
-    uint32_t n_blocks;       /* ceil(n_tokens / block_size) */
-    uint32_t n_tokens;       /* tokens whose KV the blocks hold */
-    int32_t first_token;     /* the token sampled at output index 0 */
-    double prefill_s;        /* prefill compute time, reported to the decode node */
+    const char *request_id; /* < TDM_KV_REQUEST_ID_MAX bytes */
+    const char *endpoint;   /* the decode node's KV endpoint */
+    const uint32_t *blocks; /* [n_blocks] pool block ids holding the KV, in token order */
+    uint32_t n_blocks;      /* ceil(n_tokens / block_size) */
+    uint32_t n_tokens;      /* tokens whose KV the blocks hold */
+    int32_t first_token;    /* the token sampled at output index 0 */
+    double prefill_s;       /* prefill compute time, reported to the decode node */
 } tdm_kv_send_req_t;
 
 /* Starts a transfer: references the blocks, computes their checksums, queues the message.
- * Returns 0 with *transfer_id set; TDM_EINVALID (n_blocks does not match n_tokens, a block
- * id out of range or not in use), TDM_EUNAVAILABLE (the channel cannot be opened or its queue
- * is full); on error no reference is kept and nothing is reported by tdm_kv_sender_poll. */
+ * Returns 0 with *transfer_id set; TDM_EINVALID (n_blocks does not match n_tokens, n_tokens
+ * 0, a block id out of range or not in use, a malformed endpoint), TDM_EUNAVAILABLE (the
+ * channel cannot be opened or its queue is full), TDM_ERESOURCE (out of memory); on error no
+ * reference is kept and nothing is reported by tdm_kv_sender_poll. nccl: the first transfer
+ * to an endpoint also sends KV_HELLO and starts creating the communicator (non-blocking). */
 int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_t *transfer_id,
                        tdm_error_t *err);
 
@@ -111,12 +113,14 @@ int tdm_kv_sender_cancel(tdm_kv_sender_t *s, const char *request_id);
 typedef struct tdm_kv_send_done {
     char request_id[TDM_KV_REQUEST_ID_MAX];
     uint64_t transfer_id;
-    int status;                    /* 0 = acknowledged; else the receiver's rejection status,
-                                      TDM_EDEADLINE (no acknowledgement in time: receiver gone),
-                                      TDM_ECANCELLED */
-    char message[TDM_ERRMSG_MAX];  /* the reason, "" on success */
-    uint64_t bytes;                /* block bytes sent */
-    double seconds;                /* send until acknowledgement */
+    int status;                   /* 0 = acknowledged; else the receiver's rejection status,
+                                     TDM_EDEADLINE (no acknowledgement in time: receiver gone),
+                                     TDM_ECANCELLED, TDM_EUNAVAILABLE (the channel was reset
+                                     under it: another transfer to the same endpoint timed
+                                     out, a receive failed, or NCCL set-up failed) */
+    char message[TDM_ERRMSG_MAX]; /* the reason, "" on success */
+    uint64_t bytes;               /* block bytes sent */
+    double seconds;               /* send until acknowledgement */
 } tdm_kv_send_done_t;
 
 /* Processes acknowledgements and timeouts, waiting up to timeout_ms (0 = no wait) for the
@@ -131,11 +135,13 @@ uint32_t tdm_kv_sender_in_flight(const tdm_kv_sender_t *s);
 /* ---- receiver (decode node) ---- */
 
 typedef struct tdm_kv_receiver_opts {
-    const char *endpoint;            /* ROUTER bind address, e.g. "tcp://127.0.0.1:7610" */
+    const char *endpoint; /* ROUTER bind address, e.g. "tcp://127.0.0.1:7610" */
     const char *node_id;
-    uint64_t model_fingerprint;      /* a transfer with another fingerprint is rejected */
-    tdm_kv_memory_t memory;          /* zeroed: host pool */
+    uint64_t model_fingerprint; /* a transfer with another fingerprint is rejected */
+    tdm_kv_memory_t memory;     /* zeroed: host pool */
     const tdm_curve_keys_t *curve;
+    int timeout_ms; /* nccl: how long recv waits for the blocks after saying
+                       go, and for a communicator to form; 0 = 10000 */
     const tdm_logger_t *log;
 } tdm_kv_receiver_opts_t;
 
@@ -157,15 +163,14 @@ const char *tdm_kv_receiver_endpoint(const tdm_kv_receiver_t *r);
  * and returns 0, or returns a status to reject with (TDM_ENOTFOUND for an unknown or
  * cancelled request, TDM_ERESOURCE when no blocks can be had) and fills msg (cap bytes). */
 typedef int (*tdm_kv_lookup_fn)(void *user, const char *request_id, uint32_t n_tokens,
-                                const uint32_t **blocks, uint32_t *n_blocks, char *msg,
-                                size_t cap);
+                                const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap);
 
 /* A processed transfer. */
 typedef struct tdm_kv_received {
     char request_id[TDM_KV_REQUEST_ID_MAX];
     uint64_t transfer_id;
-    int status;                    /* 0 = accepted: the reserved blocks hold the KV */
-    char message[TDM_ERRMSG_MAX];  /* why it was rejected */
+    int status;                   /* 0 = accepted: the reserved blocks hold the KV */
+    char message[TDM_ERRMSG_MAX]; /* why it was rejected */
     uint32_t n_tokens;
     int32_t first_token;
     uint32_t n_blocks;
@@ -181,9 +186,16 @@ typedef struct tdm_kv_received {
  * reason naming what was wrong. Returns 1 with *out filled when a transfer was processed
  * (accepted or rejected: see out->status; on rejection the caller frees the request's
  * blocks), 0 when none arrived (CANCEL frames are consumed: a later transfer for that
- * request is rejected by the lookup), or TDM_EINTERNAL. Never crashes on what it receives. */
-int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn lookup,
-                         void *user, tdm_kv_received_t *out);
+ * request is rejected by the lookup), or TDM_EINTERNAL. Never crashes on what it receives.
+ * A transfer whose CANCEL is already waiting right behind it is dropped unread: 1 with
+ * out->status TDM_ECANCELLED and no reply (the lookup is not called).
+ * Rejections leave the reserved blocks untouched, except with nccl, whose data lands in the
+ * blocks directly: a failure while receiving (timeout_ms passed, NCCL error) leaves them
+ * partly written. KV_HELLO requests (nccl set-up) are answered inside this call, which then
+ * blocks until the communicator forms (at most timeout_ms), as it does while an nccl
+ * transfer's blocks arrive. */
+int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn lookup, void *user,
+                         tdm_kv_received_t *out);
 
 /* Checksum of one block as carried in KvTransfer.checksums: XXH3_64bits over block_bytes. */
 uint64_t tdm_kv_block_checksum(const void *block, uint64_t block_bytes);

@@ -310,8 +310,7 @@ tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks,
     /* The big region first: a budget too large for the machine fails before the tables. */
     /* Anonymous mmap: page-aligned and zero, and pages are committed only when first
      * written, so a large budget costs memory only for the blocks actually used. */
-    void *base = mmap(NULL, pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                      0);
+    void *base = mmap(NULL, pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
         tdm_error_set(err, TDM_ERESOURCE,
                       "kv pool: cannot allocate %zu bytes (%u blocks of %llu bytes)", pool_bytes,

@@ -1,12 +1,18 @@
 /* backend.h - the compute backend interface the model code drives (internal to libtandem).
  *
  * model.c runs the transformer as a sequence of ops on backend buffers; a backend (cpu.c,
- * later a CUDA one) implements the ops. Buffers are the backend's (host memory for the CPU,
+ * cuda/) implements the ops. Buffers are the backend's (host memory for the CPU,
  * device memory for a GPU): model code only passes the pointers back. Every buffer comes from
  * ops->alloc while the engine is created, so a forward pass allocates nothing.
  *
  * Shapes: activations are row-major [n rows][dim] f32. A weight is a GGUF matrix with ne[0] =
  * n_in (contiguous) and ne[1] = n_out; matmul computes y[t][o] = sum_i x[t][i] * W[o][i].
+ *
+ * Host arrays that describe the rows (tokens, positions, block tables, the rows asking for
+ * logits) are passed to every op that needs them. A device backend copies them to the device
+ * once per forward pass in `begin` and then requires the ops of that pass to be called with
+ * the same host arrays. Ops may run asynchronously: `read` and `sync` wait for them, and the
+ * error of an asynchronous op may surface there.
  */
 #ifndef TANDEM_MODEL_BACKEND_H
 #define TANDEM_MODEL_BACKEND_H
@@ -46,6 +52,19 @@ typedef struct tdm_fwd_rows {
 
 typedef struct tdm_backend_ops {
     const char *name;
+    /* Optional (NULL for the CPU): called first in every forward pass with its rows, tokens
+     * ([rows->n]) and the rows asking for logits ([n_logits] indices into the rows); the
+     * arrays stay unchanged until the pass ends. */
+    int (*begin)(void *be, const tdm_fwd_rows_t *rows, const int32_t *tokens,
+                 const uint32_t *logit_rows, uint32_t n_logits);
+    /* Optional: waits until every op issued so far has finished. Called at the end of a pass
+     * that reads no logits, so that the pass's KV writes are complete when forward returns. */
+    int (*sync)(void *be);
+    /* Optional: the detailed message of the last failed op ("" when none); owned by be. */
+    const char *(*errmsg)(const void *be);
+    /* Optional: start of the backend's own copy of the KV pool (device memory, the same
+     * layout and size as the host pool); NULL when the backend uses the host pool. */
+    void *(*kv_device_base)(const void *be);
     /* Creates the backend state for a model and pool; NULL with *err on failure. */
     void *(*create)(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
                     tdm_error_t *err);

@@ -1,6 +1,6 @@
 /* model.c - loading a Llama-family GGUF model and running its forward pass through a backend.
  *
- * The layer loop lives here once; backends (cpu.c, a CUDA one later) implement the ops in
+ * The layer loop lives here once; backends (cpu.c, cuda/) implement the ops in
  * backend.h. The order inside a layer is fixed: K and V of every row are written to the paged
  * cache before any row attends, and attention reads only from the cache, so a row sees the
  * same (possibly f16-rounded) keys whether they were computed in this pass or an earlier one.
@@ -15,6 +15,9 @@
 #include <xxhash.h>
 
 #include "model/backend.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "model/cuda/cuda_backend.h"
+#endif
 
 struct tdm_model {
     tdm_gguf_t *gguf;
@@ -229,10 +232,53 @@ const tdm_layer_weights_t *tdm_model_layer(const tdm_model_t *m, uint32_t layer)
 void tdm_engine_params_default(tdm_engine_params_t *p)
 {
     p->backend = "cpu";
+    p->device = 0;
     p->n_threads = 0;
     p->max_batch_tokens = 512;
     p->max_logits = 64;
     p->n_ctx = 4096;
+}
+
+/* Finds the backend named by p->backend: "cpu", and in CUDA builds "cuda" (device p->device)
+ * or "cuda:N" (sets p->device to N). TDM_ENOTFOUND naming the available ones otherwise. */
+static int engine_pick_backend(tdm_engine_params_t *p, const tdm_backend_ops_t **ops,
+                               tdm_error_t *err)
+{
+    if (strcmp(p->backend, "cpu") == 0) {
+        *ops = &tdm_backend_cpu;
+        return TDM_OK;
+    }
+#ifdef TANDEM_HAVE_CUDA
+    if (strncmp(p->backend, "cuda", 4) == 0) {
+        const char *s = p->backend + 4;
+        if (*s == ':') {
+            char *end = NULL;
+            long dev = s[1] >= '0' && s[1] <= '9' ? strtol(s + 1, &end, 10) : -1;
+            if (dev < 0 || dev > 1023 || !end || *end != '\0')
+                return tdm_error_set(err, TDM_ENOTFOUND,
+                                     "engine backend '%s' is not available (available: cpu, "
+                                     "cuda, cuda:N with N a device ordinal)",
+                                     p->backend);
+            p->device = (int)dev;
+            s = end;
+        }
+        if (*s == '\0') {
+            if (p->device < 0 || p->device > 1023)
+                return tdm_error_set(err, TDM_EINVALID, "device must be in 0..1023, got %d",
+                                     p->device);
+            *ops = &tdm_backend_cuda;
+            return TDM_OK;
+        }
+    }
+    return tdm_error_set(err, TDM_ENOTFOUND,
+                         "engine backend '%s' is not available (available: cpu, cuda, cuda:N)",
+                         p->backend);
+#else
+    return tdm_error_set(err, TDM_ENOTFOUND,
+                         "engine backend '%s' is not available (available: cpu; this build has "
+                         "no CUDA: configure with -DTANDEM_CUDA=ON for cuda)",
+                         p->backend);
+#endif
 }
 
 static float *engine_alloc(tdm_engine_t *e, size_t n, tdm_error_t *err)
@@ -256,11 +302,9 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
     const tdm_llama_hparams_t *hp = &m->hp;
     if (!p.backend)
         p.backend = "cpu";
-    if (strcmp(p.backend, "cpu") != 0) {
-        tdm_error_set(err, TDM_ENOTFOUND, "engine backend '%s' is not available (available: cpu)",
-                      p.backend);
+    const tdm_backend_ops_t *ops = NULL;
+    if (engine_pick_backend(&p, &ops, err) != TDM_OK)
         return NULL;
-    }
     if (p.max_batch_tokens < 1 || p.max_batch_tokens > 65536) {
         tdm_error_set(err, TDM_EINVALID, "max_batch_tokens must be in 1..65536, got %" PRIu32,
                       p.max_batch_tokens);
@@ -302,7 +346,7 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
     e->model = m;
     e->pool = pool;
     e->params = p;
-    e->ops = &tdm_backend_cpu;
+    e->ops = ops;
     e->be = e->ops->create(m, &p, pool, err);
     if (!e->be)
         goto out_free_engine;
@@ -356,6 +400,11 @@ const char *tdm_engine_backend_name(const tdm_engine_t *e)
 uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e)
 {
     return e->scratch_bytes;
+}
+
+void *tdm_engine_kv_device_base(const tdm_engine_t *e)
+{
+    return e->ops->kv_device_base ? e->ops->kv_device_base(e->be) : NULL;
 }
 
 /* Checks every row of the batch before anything is computed; fills e->logit_rows. */
@@ -427,6 +476,16 @@ static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits
     return TDM_OK;
 }
 
+/* The error of a failed op: the call, and the backend's detailed message when it keeps one
+ * (CUDA: the failing statement, file and line). Returns rc. */
+static int engine_op_failed(const tdm_engine_t *e, int rc, const char *call, tdm_error_t *err)
+{
+    const char *detail = e->ops->errmsg ? e->ops->errmsg(e->be) : "";
+    if (detail[0])
+        return tdm_error_set(err, rc, "forward: %s failed: %s", call, detail);
+    return tdm_error_set(err, rc, "forward: %s failed", call);
+}
+
 int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm_error_t *err)
 {
     uint32_t n_logits = 0;
@@ -444,9 +503,11 @@ int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm
 #define TDM_TRY(call)                                                                              \
     do {                                                                                           \
         if ((rc = (call)) != TDM_OK)                                                               \
-            return tdm_error_set(err, rc, "forward: %s failed", #call);                            \
+            return engine_op_failed(e, rc, #call, err);                                            \
     } while (0)
 
+    if (ops->begin)
+        TDM_TRY(ops->begin(be, &rows, b->tokens, e->logit_rows, n_logits));
     TDM_TRY(ops->embed(be, &m->token_embd, b->tokens, n, e->x));
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const tdm_layer_weights_t *lw = &m->layers[l];
@@ -484,6 +545,8 @@ int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm
         float *lo[1] = {e->logits};
         TDM_TRY(ops->matmul(be, e->seln, n_logits, 1, wout, lo));
         TDM_TRY(ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
+    } else if (ops->sync) {
+        TDM_TRY(ops->sync(be));
     }
 #undef TDM_TRY
     return TDM_OK;

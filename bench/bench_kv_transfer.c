@@ -1,0 +1,433 @@
+/* bench_kv_transfer.c - KV transport throughput and latency over loopback TCP: transfers of
+ * 1, 32 and 256 blocks of the SmolLM2-135M f16 layout (368,640 B per block) from a sender pool
+ * to a receiver pool served by another thread, one transfer at a time (send -> checksums ->
+ * ZeroMQ -> verify -> copy into the reserved blocks -> acknowledgement), next to a raw
+ * baseline measured in the same run: the same bytes and the same request/acknowledgement
+ * pattern over a plain TCP socket between two threads (send() from the sender pool, recv()
+ * straight into the receiver pool's blocks, a one-byte ack). Prints a table to stderr and one
+ * JSON line to stdout (or --json FILE) with the ratio tandem/raw per size.
+ *
+ * By default the process tunes glibc malloc the way a decode node should (M_MMAP_THRESHOLD
+ * 32 MiB, M_TRIM_THRESHOLD 1 GiB, M_ARENA_MAX 1): ZeroMQ receives every block into a fresh
+ * malloc'd buffer on its I/O thread, and with glibc's defaults those pages go back to the
+ * kernel after each transfer (mmap'd chunks, trimmed or deleted per-thread heaps) and fault in
+ * again on the next (2-3x slower at 32 and 256 blocks). --no-malloc-tuning measures without.
+ *
+ * GB/s = block bytes moved / wall time of the sequential transfers (1 GB = 1e9 B); latency is
+ * per request, send until acknowledgement (tandem: until tdm_kv_sender_poll reports it, blocks
+ * released). Figures are medians-of-runs only in the sense that each size runs for --seconds;
+ * on a shared machine compare the ratio, not the absolute numbers.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tandem/base.h"
+#include "tandem/kv.h"
+#include "tandem/log.h"
+#include "tandem/net.h"
+#include "tandem/transfer.h"
+
+static const tdm_kv_layout_t smollm2 = {30, 3, 64, 16, TDM_KV_F16};
+#define POOL_BLOCKS 256u
+#define FINGERPRINT UINT64_C(0x00be4c40be4c40be)
+#define MAX_SAMPLES 100000
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Percentile p (0..100) of v[0..n), sorting v. */
+static double percentile(double *v, int n, double p)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)(p / 100.0 * (n - 1) + 0.5);
+    return v[i];
+}
+
+typedef struct result {
+    uint32_t blocks;
+    int n;       /* transfers timed */
+    double gbps; /* GB/s */
+    double p50_ms, p99_ms;
+} result_t;
+
+/* ---- tandem: receiver thread ---- */
+
+typedef struct rx {
+    tdm_kv_receiver_t *r;
+    tdm_kv_seq_t seq; /* POOL_BLOCKS reserved blocks every transfer lands in */
+    atomic_bool stop;
+    int failures;
+} rx_t;
+
+static int rx_lookup(void *user, const char *request_id, uint32_t n_tokens, const uint32_t **blocks,
+                     uint32_t *n_blocks, char *msg, size_t cap)
+{
+    (void)request_id;
+    (void)n_tokens;
+    (void)msg;
+    (void)cap;
+    rx_t *x = user;
+    *blocks = x->seq.blocks;
+    *n_blocks = x->seq.n_blocks;
+    return 0;
+}
+
+static void *rx_main(void *arg)
+{
+    rx_t *x = arg;
+    while (!atomic_load(&x->stop)) {
+        tdm_kv_received_t got;
+        int n = tdm_kv_receiver_recv(x->r, 100, rx_lookup, x, &got);
+        if (n < 0 || (n == 1 && got.status != 0)) {
+            fprintf(stderr, "bench: receiver: %d %s\n", n, n == 1 ? got.message : "");
+            x->failures++;
+        }
+    }
+    return NULL;
+}
+
+static int run_tandem(tdm_kv_sender_t *s, const char *ep, const uint32_t *blocks, uint32_t n,
+                      double seconds, uint64_t block_bytes, double *lat, result_t *res)
+{
+    tdm_kv_send_req_t req = {.request_id = "bench",
+                             .endpoint = ep,
+                             .blocks = blocks,
+                             .n_blocks = n,
+                             .n_tokens = n * smollm2.block_size};
+    int count = 0;
+    double t_start = 0;
+    for (int i = -3; count < MAX_SAMPLES; i++) { /* 3 warm-up transfers */
+        if (i == 0)
+            t_start = tdm_time_now();
+        double t0 = tdm_time_now();
+        uint64_t id;
+        tdm_error_t err = {0};
+        if (tdm_kv_sender_send(s, &req, &id, &err) != 0) {
+            fprintf(stderr, "bench: send: %s\n", err.msg);
+            return -1;
+        }
+        tdm_kv_send_done_t d;
+        int got;
+        while ((got = tdm_kv_sender_poll(s, 1000, &d, 1)) == 0)
+            ;
+        if (got < 0 || d.status != 0) {
+            fprintf(stderr, "bench: transfer failed: %s\n", got < 0 ? "poll" : d.message);
+            return -1;
+        }
+        if (i >= 0) {
+            lat[count++] = tdm_time_now() - t0;
+            if (count >= 5 && tdm_time_now() - t_start >= seconds)
+                break;
+        }
+    }
+    double wall = tdm_time_now() - t_start;
+    res->blocks = n;
+    res->n = count;
+    res->gbps = (double)count * n * (double)block_bytes / wall / 1e9;
+    res->p50_ms = percentile(lat, count, 50) * 1e3;
+    res->p99_ms = percentile(lat, count, 99) * 1e3;
+    return 0;
+}
+
+/* ---- raw TCP baseline ---- */
+
+typedef struct raw {
+    int listen_fd, fd;
+    uint8_t *dst; /* the receiver pool's memory */
+    int failures;
+} raw_t;
+
+static int send_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = send(fd, b, n, 0);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int recv_all(int fd, void *p, size_t n)
+{
+    uint8_t *b = p;
+    while (n > 0) {
+        ssize_t r = recv(fd, b, n, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Receiver thread: per request a 16-byte header (block count, block bytes), then the blocks
+ * straight into the pool, then a one-byte ack. Ends when the sender closes. */
+static void *raw_rx_main(void *arg)
+{
+    raw_t *x = arg;
+    x->fd = accept(x->listen_fd, NULL, NULL);
+    if (x->fd < 0) {
+        x->failures++;
+        return NULL;
+    }
+    for (;;) {
+        uint64_t hdr[2];
+        if (recv_all(x->fd, hdr, sizeof hdr) != 0)
+            break;
+        for (uint64_t i = 0; i < hdr[0]; i++)
+            if (recv_all(x->fd, x->dst + i * hdr[1], (size_t)hdr[1]) != 0) {
+                x->failures++;
+                return NULL;
+            }
+        char ack = 1;
+        if (send_all(x->fd, &ack, 1) != 0) {
+            x->failures++;
+            return NULL;
+        }
+    }
+    close(x->fd);
+    return NULL;
+}
+
+static int run_raw(int fd, const uint8_t *src, uint32_t n, double seconds, uint64_t block_bytes,
+                   double *lat, result_t *res)
+{
+    int count = 0;
+    double t_start = 0;
+    for (int i = -3; count < MAX_SAMPLES; i++) {
+        if (i == 0)
+            t_start = tdm_time_now();
+        double t0 = tdm_time_now();
+        uint64_t hdr[2] = {n, block_bytes};
+        if (send_all(fd, hdr, sizeof hdr) != 0)
+            return -1;
+        for (uint32_t b = 0; b < n; b++)
+            if (send_all(fd, src + (uint64_t)b * block_bytes, (size_t)block_bytes) != 0)
+                return -1;
+        char ack;
+        if (recv_all(fd, &ack, 1) != 0)
+            return -1;
+        if (i >= 0) {
+            lat[count++] = tdm_time_now() - t0;
+            if (count >= 5 && tdm_time_now() - t_start >= seconds)
+                break;
+        }
+    }
+    double wall = tdm_time_now() - t_start;
+    res->blocks = n;
+    res->n = count;
+    res->gbps = (double)count * n * (double)block_bytes / wall / 1e9;
+    res->p50_ms = percentile(lat, count, 50) * 1e3;
+    res->p99_ms = percentile(lat, count, 99) * 1e3;
+    return 0;
+}
+
+static int raw_connect(raw_t *x, pthread_t *th)
+{
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof a;
+    x->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (x->listen_fd < 0 || bind(x->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(x->listen_fd, 1) != 0 ||
+        getsockname(x->listen_fd, (struct sockaddr *)&a, &alen) != 0)
+        return -1;
+    if (pthread_create(th, NULL, raw_rx_main, x) != 0)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+int main(int argc, char **argv)
+{
+    double seconds = 1.0;
+    const char *json_path = NULL;
+    uint32_t only_blocks = 0; /* --blocks N: one size only (profiling) */
+    int malloc_tuning = 1;
+    static const struct option longopts[] = {{"seconds", required_argument, NULL, 's'},
+                                             {"json", required_argument, NULL, 'j'},
+                                             {"blocks", required_argument, NULL, 'b'},
+                                             {"no-malloc-tuning", no_argument, NULL, 'n'},
+                                             {NULL, 0, NULL, 0}};
+    int opt;
+    while ((opt = getopt_long(argc, argv, "s:j:b:n", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 's': seconds = atof(optarg); break;
+        case 'j': json_path = optarg; break;
+        case 'b': only_blocks = (uint32_t)atoi(optarg); break;
+        case 'n': malloc_tuning = 0; break;
+        default:
+            fprintf(stderr, "usage: tandem-bench-kv-transfer [--seconds S] [--json FILE] "
+                            "[--blocks N] [--no-malloc-tuning]\n");
+            return 2;
+        }
+    }
+    if (malloc_tuning) {
+        mallopt(M_MMAP_THRESHOLD, 32 << 20);
+        mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        mallopt(M_ARENA_MAX, 1); /* per-thread arenas unmap whole empty heaps, trim or not */
+    }
+    if (only_blocks > POOL_BLOCKS) {
+        fprintf(stderr, "bench: --blocks at most %u\n", POOL_BLOCKS);
+        return 2;
+    }
+    if (seconds <= 0)
+        seconds = 1.0;
+
+    tdm_error_t err = {0};
+    int rc = 1;
+    tdm_net_t *net = tdm_net_new(2, &err);
+    tdm_kv_pool_t *spool = net ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
+    tdm_kv_pool_t *rpool = spool ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
+    double *lat = malloc(MAX_SAMPLES * sizeof *lat);
+    if (!rpool || !lat) {
+        fprintf(stderr, "bench: %s\n", err.msg[0] ? err.msg : "out of memory");
+        return 1;
+    }
+    uint64_t bb = tdm_kv_pool_block_bytes(spool);
+    tdm_kv_seq_t sseq;
+    tdm_kv_seq_init(&sseq);
+    rx_t rx = {0};
+    tdm_kv_seq_init(&rx.seq);
+    if (tdm_kv_seq_reserve(spool, &sseq, POOL_BLOCKS * smollm2.block_size) != 0 ||
+        tdm_kv_seq_reserve(rpool, &rx.seq, POOL_BLOCKS * smollm2.block_size) != 0) {
+        fprintf(stderr, "bench: cannot reserve the pools\n");
+        return 1;
+    }
+    /* Random-ish contents, and every page of both pools touched before timing. */
+    uint64_t *w = tdm_kv_pool_base(spool);
+    for (uint64_t i = 0; i < POOL_BLOCKS * bb / 8; i++)
+        w[i] = (i + 1) * UINT64_C(0x9e3779b97f4a7c15);
+    memset(tdm_kv_pool_base(rpool), 0, POOL_BLOCKS * bb);
+
+    tdm_logger_t log;
+    tdm_log_init(&log, "bench");
+    log.level = TDM_LOG_WARN;
+    tdm_kv_receiver_opts_t ro = {.endpoint = "tcp://127.0.0.1:*",
+                                 .node_id = "bench-decode",
+                                 .model_fingerprint = FINGERPRINT,
+                                 .log = &log};
+    rx.r = tdm_kv_receiver_new(net, rpool, &ro, &err);
+    tdm_kv_sender_opts_t so = {.node_id = "bench-prefill",
+                               .model_fingerprint = FINGERPRINT,
+                               .backend = TDM_KV_BACKEND_TCP,
+                               .log = &log};
+    tdm_kv_sender_t *s = rx.r ? tdm_kv_sender_new(net, spool, &so, &err) : NULL;
+    if (!s) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 1;
+    }
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", tdm_kv_receiver_endpoint(rx.r));
+    pthread_t rx_th;
+    atomic_init(&rx.stop, false);
+    pthread_create(&rx_th, NULL, rx_main, &rx); /* the receiver's socket moves to that thread */
+
+    raw_t raw = {.dst = tdm_kv_pool_base(rpool)};
+    pthread_t raw_th;
+    int raw_fd = raw_connect(&raw, &raw_th);
+    if (raw_fd < 0) {
+        fprintf(stderr, "bench: raw TCP set-up failed: %s\n", strerror(errno));
+        return 1;
+    }
+
+    uint32_t sizes[] = {1, 32, 256};
+    int N_SIZES = (int)(sizeof sizes / sizeof sizes[0]);
+    if (only_blocks) {
+        sizes[0] = only_blocks;
+        N_SIZES = 1;
+    }
+    result_t tandem[3], rawr[3];
+    /* The sender's blocks: the first n of its reservation (contiguous ids in practice). */
+    for (int i = 0; i < N_SIZES; i++) {
+        /* raw first, then tandem, per size, so both see the same machine load */
+        if (run_raw(raw_fd, tdm_kv_pool_base(spool), sizes[i], seconds, bb, lat, &rawr[i]) != 0 ||
+            run_tandem(s, ep, sseq.blocks, sizes[i], seconds, bb, lat, &tandem[i]) != 0) {
+            fprintf(stderr, "bench: run of %u blocks failed\n", sizes[i]);
+            goto out;
+        }
+    }
+    fprintf(stderr,
+            "KV transfer, SmolLM2-135M f16 layout (%" PRIu64 " B/block), loopback TCP, "
+            "%.1f s per size, malloc %s\n",
+            bb, seconds, malloc_tuning ? "tuned" : "defaults");
+    fprintf(stderr, "%7s %12s | %9s %9s %9s | %9s %9s %9s | %6s\n", "blocks", "bytes", "tdm GB/s",
+            "p50 ms", "p99 ms", "raw GB/s", "p50 ms", "p99 ms", "ratio");
+    double min_ratio = 1e9;
+    for (int i = 0; i < N_SIZES; i++) {
+        double ratio = tandem[i].gbps / rawr[i].gbps;
+        if (ratio < min_ratio)
+            min_ratio = ratio;
+        fprintf(stderr, "%7u %12" PRIu64 " | %9.2f %9.3f %9.3f | %9.2f %9.3f %9.3f | %5.2fx\n",
+                sizes[i], (uint64_t)sizes[i] * bb, tandem[i].gbps, tandem[i].p50_ms,
+                tandem[i].p99_ms, rawr[i].gbps, rawr[i].p50_ms, rawr[i].p99_ms, ratio);
+    }
+    FILE *out = json_path ? fopen(json_path, "w") : stdout;
+    if (!out) {
+        fprintf(stderr, "bench: cannot write %s\n", json_path);
+        goto out;
+    }
+    fprintf(out,
+            "{\"bench\":\"kv_transfer\",\"transport\":\"tcp-loopback\",\"layout\":"
+            "\"smollm2-135m-f16\",\"block_bytes\":%" PRIu64 ",\"malloc_tuned\":%s,\"results\":[",
+            bb, malloc_tuning ? "true" : "false");
+    for (int i = 0; i < N_SIZES; i++)
+        fprintf(out,
+                "%s{\"blocks\":%u,\"bytes\":%" PRIu64 ",\"n\":%d,\"gbps\":%.4f,\"p50_ms\":%.4f,"
+                "\"p99_ms\":%.4f,\"raw_n\":%d,\"raw_gbps\":%.4f,\"raw_p50_ms\":%.4f,"
+                "\"raw_p99_ms\":%.4f,\"ratio\":%.4f}",
+                i ? "," : "", sizes[i], (uint64_t)sizes[i] * bb, tandem[i].n, tandem[i].gbps,
+                tandem[i].p50_ms, tandem[i].p99_ms, rawr[i].n, rawr[i].gbps, rawr[i].p50_ms,
+                rawr[i].p99_ms, tandem[i].gbps / rawr[i].gbps);
+    fprintf(out, "],\"min_ratio\":%.4f,\"target_ratio\":0.9}\n", min_ratio);
+    if (json_path)
+        fclose(out);
+    rc = rx.failures || raw.failures ? 1 : 0;
+
+out:
+    shutdown(raw_fd, SHUT_RDWR);
+    close(raw_fd);
+    pthread_join(raw_th, NULL);
+    close(raw.listen_fd);
+    atomic_store(&rx.stop, true);
+    pthread_join(rx_th, NULL);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&rx.r);
+    tdm_kv_seq_release(spool, &sseq);
+    tdm_kv_seq_release(rpool, &rx.seq);
+    tdm_kv_pool_destroy(&spool);
+    tdm_kv_pool_destroy(&rpool);
+    tdm_net_destroy(&net);
+    free(lat);
+    return rc;
+}

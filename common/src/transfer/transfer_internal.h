@@ -1,0 +1,183 @@
+/* transfer_internal.h - the state the KV transport's files share: transfer.c (sender,
+ * receiver, tcp backend) and device.c (nccl and cuda_ipc backends, CUDA builds only).
+ *
+ * A sender keeps one channel per receiver endpoint (a DEALER socket, plus an NCCL
+ * communicator for the nccl backend) and one record per transfer, in send order. A record
+ * lives from tdm_kv_sender_send until tdm_kv_sender_poll reports it, which it does only when
+ * the outcome is known (`finished`) and nothing may still read the blocks (`busy` false:
+ * every zero-copy frame released, no NCCL send running).
+ */
+#ifndef TANDEM_TRANSFER_INTERNAL_H
+#define TANDEM_TRANSFER_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tandem/transfer.h"
+
+/* Wakes tdm_kv_sender_poll when the last zero-copy frame of a transfer is released. Shared
+ * between the sender and the ZMQ I/O threads, so reference-counted: the sender holds one
+ * reference, and each transfer with frames in ZMQ's hands holds one, dropped by the release
+ * callback of its last frame after it wrote to the pipe. */
+typedef struct tdm_kv_notify {
+    atomic_uint refs;
+    int fds[2]; /* pipe: [0] polled by the sender, [1] written by release callbacks */
+} tdm_kv_notify_t;
+
+struct tdm_xfer_nccl;
+struct tdm_kv_xfer;
+
+/* One receiver endpoint. */
+typedef struct tdm_kv_channel {
+    struct tdm_kv_channel *next;
+    char *endpoint;
+    tdm_sock_t *sock;             /* NULL after a reset, until the next send reopens it */
+    uint32_t generation;          /* incremented by every reset */
+    struct tdm_xfer_nccl *comm;   /* nccl: communicator with the receiver (rank 0), or NULL */
+    bool comm_ready;              /* nccl: the communicator finished initialising */
+    uint64_t hello_call_id;       /* nccl: the KV_HELLO call of comm, 0 = answered */
+    struct tdm_kv_xfer *launched; /* nccl: the transfer whose ncclSend runs, or NULL */
+} tdm_kv_channel_t;
+
+/* One transfer on the sender. */
+typedef struct tdm_kv_xfer {
+    struct tdm_kv_xfer *next;
+    uint64_t id; /* transfer id = call id of the KV_TRANSFER request */
+    char request_id[TDM_KV_REQUEST_ID_MAX];
+    tdm_kv_channel_t *ch;
+    uint32_t generation; /* ch->generation when sent: that socket holds its frames */
+    uint32_t *blocks;    /* [n_blocks] referenced pool blocks */
+    uint32_t n_blocks;
+    uint64_t bytes;
+    atomic_uint pending;     /* zero-copy frames ZMQ has not released yet */
+    tdm_kv_notify_t *notify; /* referenced while pending > 0 */
+    double t_start;          /* tdm_time_now() at send */
+    double deadline;         /* t_start + timeout */
+    bool finished;           /* outcome known (status, message, seconds) */
+    bool silent;             /* failed inside tdm_kv_sender_send: never reported */
+    bool go;                 /* nccl: the receiver accepted the header and posted its receives */
+    int status;
+    char message[TDM_ERRMSG_MAX];
+    double seconds;
+} tdm_kv_xfer_t;
+
+struct tdm_kv_sender {
+    tdm_net_t *net;
+    tdm_kv_pool_t *pool;
+    tdm_kv_layout_t layout;
+    uint64_t block_bytes;
+    uint32_t pool_blocks;
+    char node_id[64];
+    uint64_t model_fingerprint;
+    tdm_kv_backend_t backend;
+    tdm_kv_memory_t memory;
+    tdm_curve_keys_t curve; /* owned copies of the key strings; all NULL = plain */
+    bool has_curve;
+    int timeout_ms;
+    tdm_logger_t log_store;
+    const tdm_logger_t *log; /* &log_store or NULL */
+
+    tdm_kv_channel_t *channels;
+    uint32_t n_channels;
+    tdm_kv_xfer_t *xfers; /* in send order */
+    tdm_kv_xfer_t *xfers_tail;
+    uint32_t n_reportable; /* records that tdm_kv_sender_poll will report */
+    uint64_t next_id;      /* call ids: transfers and KV_HELLO calls */
+    tdm_kv_notify_t *notify;
+    void *poll_items; /* zmq_pollitem_t[poll_cap] */
+    uint32_t poll_cap;
+    tdm_frame_t frame;
+
+    uint8_t ipc_handle[64]; /* cuda_ipc: handle of memory.device_base */
+};
+
+/* A per-sender NCCL communicator on the receiver side. */
+typedef struct tdm_kv_peer_comm {
+    struct tdm_kv_peer_comm *next;
+    uint8_t peer[TDM_NET_PEER_MAX]; /* the sender's routing id */
+    size_t peer_len;
+    char sender_node_id[64];
+    struct tdm_xfer_nccl *comm;
+} tdm_kv_peer_comm_t;
+
+/* A sender pool mapped through CUDA IPC on the receiver side. */
+typedef struct tdm_kv_peer_ipc {
+    struct tdm_kv_peer_ipc *next;
+    char sender_node_id[64];
+    uint8_t handle[64];
+    void *base;
+} tdm_kv_peer_ipc_t;
+
+struct tdm_kv_receiver {
+    tdm_net_t *net;
+    tdm_kv_pool_t *pool;
+    tdm_kv_layout_t layout;
+    uint64_t block_bytes;
+    uint32_t pool_blocks;
+    tdm_sock_t *sock;
+    char node_id[64];
+    uint64_t model_fingerprint;
+    tdm_kv_memory_t memory;
+    int timeout_ms;
+    tdm_logger_t log_store;
+    const tdm_logger_t *log;
+    tdm_frame_t frames[2]; /* frames[cur]: the message being handled; the other one holds */
+    int cur;               /* a message read ahead (has_next) while looking for a CANCEL */
+    bool has_next;
+    uint64_t *sums;      /* [pool_blocks] scratch: checksums computed while verifying */
+    const uint8_t **src; /* [pool_blocks] scratch: data frame pointers (tcp into a device pool) */
+    tdm_kv_peer_comm_t *comms;
+    tdm_kv_peer_ipc_t *ipcs;
+};
+
+/* Records x's outcome (once: later calls do nothing) and the seconds since it was sent. */
+void tdm_kv_xfer_finish(tdm_kv_xfer_t *x, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Drops ch's NCCL communicator (if any) and forgets the go of its transfers: the receiver's
+ * side of the communicator is gone too, so their blocks will not be asked for. */
+void tdm_kv_channel_drop_comm(tdm_kv_sender_t *s, tdm_kv_channel_t *ch);
+
+/* Sets *out (cap bytes) to what made a transfer fail and returns status. */
+int tdm_kv_reject_msg(char *out, size_t cap, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#ifdef TANDEM_HAVE_CUDA
+/* ---- device.c: the device backends (CUDA builds only) ---- */
+
+/* Sender set-up: cuda_ipc takes the handle of memory.device_base. */
+int tdm_kv_dev_sender_init(tdm_kv_sender_t *s, tdm_error_t *err);
+
+/* Before sending a transfer's header on ch (nccl): makes the communicator and sends KV_HELLO
+ * when the channel has none. Returns 0 or TDM_EUNAVAILABLE with *err set. */
+int tdm_kv_dev_sender_prepare(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, tdm_error_t *err);
+
+/* Drives NCCL on every channel: communicator creation, starting the sends of transfers the
+ * receiver said go to, completion. Failures finish the transfers concerned. */
+void tdm_kv_dev_sender_progress(tdm_kv_sender_t *s);
+
+/* An END answering a KV_HELLO call of ch. */
+void tdm_kv_dev_sender_hello_end(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, const tdm_frame_t *f);
+
+/* Drops ch's communicator (aborting a running transfer). */
+void tdm_kv_dev_channel_drop_comm(tdm_kv_channel_t *ch);
+
+/* Receiver: handles a KV_HELLO request (replies itself). */
+void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f);
+
+/* Receiver: moves an accepted device-backend transfer into the reserved blocks. cuda_ipc
+ * copies device to device from the sender's pool; nccl says go (STREAM) and receives.
+ * Returns 0 or the status to reject with, message in msg[cap]. */
+int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem__V1__KvTransfer *h,
+                       tdm_kv_backend_t backend, const uint32_t *blocks, char *msg, size_t cap);
+
+/* Receiver: tcp blocks into a device pool (host to device). */
+int tdm_kv_dev_copy_h2d(tdm_kv_receiver_t *r, const uint8_t *const *src, const uint32_t *blocks,
+                        uint32_t n, char *msg, size_t cap);
+
+/* Receiver: closes IPC mappings and communicators. */
+void tdm_kv_dev_receiver_free(tdm_kv_receiver_t *r);
+#endif
+
+#endif /* TANDEM_TRANSFER_INTERNAL_H */

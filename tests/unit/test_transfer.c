@@ -1,0 +1,1019 @@
+/* test_transfer.c - the KV transport's tcp backend between two pools in one process (a sender
+ * pool and a receiver pool with the SmolLM2-135M f16 layout, a receiver on
+ * tcp://127.0.0.1:*): the happy path at several block counts, every rejection (corrupted
+ * block, truncated transfer, wrong frame size, wrong fingerprint, wrong layout, receiver out
+ * of blocks, unknown request), a receiver gone mid-transfer, cancellation, and send-side
+ * validation. Every case ends with a status checked on both sides, both pools back to zero
+ * used blocks and tdm_kv_pool_check passing. */
+#include "tdm_test.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "tandem/kv.h"
+#include "tandem/net.h"
+#include "tandem/transfer.h"
+
+/* SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, 16-token blocks, f16: 368,640 B/block. */
+static const tdm_kv_layout_t smollm2 = {30, 3, 64, 16, TDM_KV_F16};
+#define FINGERPRINT UINT64_C(0x5eed5eed12345678)
+#define POOL_BLOCKS 80u
+#define WAIT_MS 5000
+
+typedef struct ctx {
+    tdm_net_t *net;
+    tdm_kv_pool_t *spool; /* sender's */
+    tdm_kv_pool_t *rpool; /* receiver's */
+    tdm_logger_t log;     /* quiet: warnings of expected rejections are not test output */
+    bool clean;           /* the test reached its end: every socket is closed */
+} ctx_t;
+
+/* What the receiver's lookup callback answers. */
+typedef struct reservation {
+    const char *request_id;
+    const uint32_t *blocks;
+    uint32_t n_blocks;
+    int status; /* != 0: answer this with msg */
+    const char *msg;
+    int calls;
+} reservation_t;
+
+static int lookup_cb(void *user, const char *request_id, uint32_t n_tokens, const uint32_t **blocks,
+                     uint32_t *n_blocks, char *msg, size_t cap)
+{
+    (void)n_tokens;
+    reservation_t *r = user;
+    r->calls++;
+    if (r->status != 0) {
+        snprintf(msg, cap, "%s", r->msg);
+        return r->status;
+    }
+    if (!r->request_id || strcmp(request_id, r->request_id) != 0) {
+        snprintf(msg, cap, "request %s unknown or cancelled", request_id);
+        return TDM_ENOTFOUND;
+    }
+    *blocks = r->blocks;
+    *n_blocks = r->n_blocks;
+    return 0;
+}
+
+static int setup(void **state)
+{
+    ctx_t *c = calloc(1, sizeof *c);
+    tdm_error_t err = {0};
+    c->net = tdm_net_new(2, &err);
+    if (!c->net)
+        fail_msg("tdm_net_new: %s", err.msg);
+    c->spool = tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err);
+    c->rpool = tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err);
+    assert_non_null(c->spool);
+    assert_non_null(c->rpool);
+    assert_int_equal(tdm_kv_pool_block_bytes(c->spool), 368640);
+    tdm_log_init(&c->log, "test");
+    c->log.level = TDM_LOG_OFF;
+    *state = c;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    ctx_t *c = *state;
+    /* A failed test leaves sockets open, and terminating the context would wait for them
+     * forever: leak the context then (the run fails anyway). */
+    if (c->clean)
+        tdm_net_destroy(&c->net);
+    tdm_kv_pool_destroy(&c->spool);
+    tdm_kv_pool_destroy(&c->rpool);
+    free(c);
+    return 0;
+}
+
+static void check_pool_empty(const tdm_kv_pool_t *pool)
+{
+    tdm_kv_stats_t s;
+    tdm_kv_pool_stats(pool, &s);
+    assert_int_equal(s.n_used, 0);
+    tdm_error_t err = {0};
+    if (tdm_kv_pool_check(pool, &err) != 0)
+        fail_msg("pool inconsistent: %s", err.msg);
+}
+
+static uint32_t n_used(const tdm_kv_pool_t *pool)
+{
+    tdm_kv_stats_t s;
+    tdm_kv_pool_stats(pool, &s);
+    return s.n_used;
+}
+
+/* Fills the sequence's blocks with bytes drawn from seed. */
+static void fill_seq(tdm_kv_pool_t *pool, const tdm_kv_seq_t *seq, uint64_t seed)
+{
+    uint8_t *base = tdm_kv_pool_base(pool);
+    uint64_t bb = tdm_kv_pool_block_bytes(pool);
+    for (uint32_t i = 0; i < seq->n_blocks; i++) {
+        uint64_t *p = (uint64_t *)(base + (uint64_t)seq->blocks[i] * bb);
+        for (uint64_t w = 0; w < bb / 8; w++) {
+            seed += UINT64_C(0x9e3779b97f4a7c15);
+            uint64_t z = seed;
+            z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+            p[w] = z ^ (z >> 31);
+        }
+    }
+}
+
+static uint8_t *block_ptr(tdm_kv_pool_t *pool, uint32_t b)
+{
+    return (uint8_t *)tdm_kv_pool_base(pool) + (uint64_t)b * tdm_kv_pool_block_bytes(pool);
+}
+
+/* XXH3 over a sequence's blocks, in order: a fingerprint of their contents. */
+static uint64_t seq_digest(tdm_kv_pool_t *pool, const tdm_kv_seq_t *seq)
+{
+    uint64_t h = 0;
+    for (uint32_t i = 0; i < seq->n_blocks; i++)
+        h = XXH3_64bits_withSeed(block_ptr(pool, seq->blocks[i]), tdm_kv_pool_block_bytes(pool), h);
+    return h;
+}
+
+static void reserve(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t n_tokens)
+{
+    tdm_kv_seq_init(seq);
+    assert_int_equal(tdm_kv_seq_reserve(pool, seq, n_tokens), 0);
+    seq->n_tokens = n_tokens;
+}
+
+static tdm_kv_receiver_t *receiver_new(ctx_t *c, uint64_t fingerprint)
+{
+    tdm_kv_receiver_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.endpoint = "tcp://127.0.0.1:*";
+    o.node_id = "decode-0";
+    o.model_fingerprint = fingerprint;
+    o.log = &c->log;
+    tdm_error_t err = {0};
+    tdm_kv_receiver_t *r = tdm_kv_receiver_new(c->net, c->rpool, &o, &err);
+    if (!r)
+        fail_msg("tdm_kv_receiver_new: %s", err.msg);
+    assert_non_null(strstr(tdm_kv_receiver_endpoint(r), "tcp://127.0.0.1:"));
+    assert_null(strstr(tdm_kv_receiver_endpoint(r), "*"));
+    assert_non_null(tdm_kv_receiver_zsock(r));
+    return r;
+}
+
+static tdm_kv_sender_t *sender_new(ctx_t *c, tdm_kv_pool_t *pool, uint64_t fingerprint,
+                                   int timeout_ms)
+{
+    tdm_kv_sender_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.node_id = "prefill-0";
+    o.model_fingerprint = fingerprint;
+    o.backend = TDM_KV_BACKEND_TCP;
+    o.timeout_ms = timeout_ms;
+    o.log = &c->log;
+    tdm_error_t err = {0};
+    tdm_kv_sender_t *s = tdm_kv_sender_new(c->net, pool, &o, &err);
+    if (!s)
+        fail_msg("tdm_kv_sender_new: %s", err.msg);
+    return s;
+}
+
+static uint64_t send_seq(tdm_kv_sender_t *s, const char *endpoint, const char *request_id,
+                         const tdm_kv_seq_t *seq)
+{
+    tdm_kv_send_req_t req = {
+        .request_id = request_id,
+        .endpoint = endpoint,
+        .blocks = seq->blocks,
+        .n_blocks = seq->n_blocks,
+        .n_tokens = seq->n_tokens,
+        .first_token = 4242,
+        .prefill_s = 0.125,
+    };
+    uint64_t id = 0;
+    tdm_error_t err = {0};
+    int rc = tdm_kv_sender_send(s, &req, &id, &err);
+    if (rc != 0)
+        fail_msg("tdm_kv_sender_send: %s", err.msg);
+    assert_true(id > 0);
+    return id;
+}
+
+/* Waits for the sender to report exactly one finished transfer. */
+static tdm_kv_send_done_t wait_done(tdm_kv_sender_t *s)
+{
+    tdm_kv_send_done_t d[4];
+    memset(d, 0, sizeof d);
+    double until = tdm_time_now() + WAIT_MS / 1e3;
+    int n = 0;
+    while (n == 0 && tdm_time_now() < until) {
+        n = tdm_kv_sender_poll(s, 100, d, 4);
+        assert_true(n >= 0);
+    }
+    if (n != 1)
+        fail_msg("sender reported %d transfers, expected 1", n);
+    return d[0];
+}
+
+static tdm_kv_received_t recv_one(tdm_kv_receiver_t *r, reservation_t *res)
+{
+    tdm_kv_received_t got;
+    int n = tdm_kv_receiver_recv(r, WAIT_MS, lookup_cb, res, &got);
+    if (n != 1)
+        fail_msg("tdm_kv_receiver_recv returned %d, expected 1", n);
+    return got;
+}
+
+/* ---- names, checksums ---- */
+
+static void test_backend_names(void **state)
+{
+    (void)state;
+    tdm_kv_backend_t b;
+    tdm_error_t err = {0};
+    assert_string_equal(tdm_kv_backend_name(TDM_KV_BACKEND_TCP), "tcp");
+    assert_string_equal(tdm_kv_backend_name(TDM_KV_BACKEND_NCCL), "nccl");
+    assert_string_equal(tdm_kv_backend_name(TDM_KV_BACKEND_CUDA_IPC), "cuda_ipc");
+    assert_string_equal(tdm_kv_backend_name((tdm_kv_backend_t)7), "?");
+    assert_int_equal(tdm_kv_backend_parse("cuda_ipc", &b, &err), 0);
+    assert_int_equal(b, TDM_KV_BACKEND_CUDA_IPC);
+    assert_int_equal(tdm_kv_backend_parse("rdma", &b, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "tcp, nccl or cuda_ipc"));
+    assert_true(tdm_kv_backend_built(TDM_KV_BACKEND_TCP));
+#ifdef TANDEM_HAVE_CUDA
+    assert_true(tdm_kv_backend_built(TDM_KV_BACKEND_NCCL));
+    assert_true(tdm_kv_backend_built(TDM_KV_BACKEND_CUDA_IPC));
+#else
+    assert_false(tdm_kv_backend_built(TDM_KV_BACKEND_NCCL));
+    assert_false(tdm_kv_backend_built(TDM_KV_BACKEND_CUDA_IPC));
+#endif
+    uint8_t block[256];
+    for (int i = 0; i < 256; i++)
+        block[i] = (uint8_t)i;
+    assert_int_equal(tdm_kv_block_checksum(block, sizeof block), XXH3_64bits(block, sizeof block));
+    assert_int_not_equal(tdm_kv_block_checksum(block, 255), tdm_kv_block_checksum(block, 256));
+}
+
+static void test_sender_options(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_sender_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.backend = TDM_KV_BACKEND_NCCL;
+    o.log = &c->log;
+    tdm_error_t err = {0};
+    assert_null(tdm_kv_sender_new(c->net, c->spool, &o, &err));
+    assert_int_equal(err.code, TDM_EINVALID);
+#ifndef TANDEM_HAVE_CUDA
+    assert_non_null(strstr(err.msg, "not built"));
+#endif
+    o.backend = TDM_KV_BACKEND_TCP;
+    o.timeout_ms = -1;
+    assert_null(tdm_kv_sender_new(c->net, c->spool, &o, &err));
+    assert_non_null(strstr(err.msg, "timeout_ms"));
+    tdm_kv_sender_destroy(NULL);
+    tdm_kv_receiver_destroy(NULL);
+    c->clean = true;
+}
+
+/* ---- happy path ---- */
+
+static void test_happy_path(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    const char *ep = tdm_kv_receiver_endpoint(r);
+    /* 1 token, one full block, a partial last block, several, and many blocks. */
+    const uint32_t tokens[] = {1, 16, 17, 40, 160, 1000};
+    for (size_t t = 0; t < sizeof tokens / sizeof tokens[0]; t++) {
+        tdm_kv_seq_t sseq, rseq;
+        reserve(c->spool, &sseq, tokens[t]);
+        reserve(c->rpool, &rseq, tokens[t]);
+        assert_int_equal(sseq.n_blocks, (tokens[t] + 15) / 16);
+        fill_seq(c->spool, &sseq, 1000 + t);
+        uint64_t want = seq_digest(c->spool, &sseq);
+        assert_int_not_equal(seq_digest(c->rpool, &rseq), want);
+
+        char rid[32];
+        snprintf(rid, sizeof rid, "req-happy-%zu", t);
+        uint64_t id = send_seq(s, ep, rid, &sseq);
+        assert_int_equal(tdm_kv_sender_in_flight(s), 1);
+        /* The caller may drop its references at once: the transfer holds its own. */
+        uint32_t nb = sseq.n_blocks;
+        tdm_kv_seq_release(c->spool, &sseq);
+        assert_int_equal(n_used(c->spool), nb);
+
+        reservation_t res = {.request_id = rid, .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
+        tdm_kv_received_t got = recv_one(r, &res);
+        assert_int_equal(got.status, 0);
+        assert_string_equal(got.message, "");
+        assert_string_equal(got.request_id, rid);
+        assert_int_equal(got.transfer_id, id);
+        assert_int_equal(got.n_tokens, tokens[t]);
+        assert_int_equal(got.first_token, 4242);
+        assert_int_equal(got.n_blocks, nb);
+        assert_int_equal(got.bytes, (uint64_t)nb * 368640);
+        assert_true(got.prefill_s == 0.125);
+        assert_string_equal(got.sender_node_id, "prefill-0");
+        assert_int_equal(res.calls, 1);
+        assert_int_equal(seq_digest(c->rpool, &rseq), want);
+
+        tdm_kv_send_done_t d = wait_done(s);
+        assert_int_equal(d.status, 0);
+        assert_string_equal(d.message, "");
+        assert_string_equal(d.request_id, rid);
+        assert_int_equal(d.transfer_id, id);
+        assert_int_equal(d.bytes, (uint64_t)nb * 368640);
+        assert_true(d.seconds > 0 && d.seconds < WAIT_MS / 1e3);
+        assert_int_equal(tdm_kv_sender_in_flight(s), 0);
+        check_pool_empty(c->spool);
+        tdm_kv_seq_release(c->rpool, &rseq);
+        check_pool_empty(c->rpool);
+    }
+    /* Nothing left: a poll reports nothing and returns after its timeout. */
+    tdm_kv_send_done_t d;
+    assert_int_equal(tdm_kv_sender_poll(s, 10, &d, 1), 0);
+    tdm_kv_sender_destroy(&s);
+    assert_null(s);
+    tdm_kv_receiver_destroy(&r);
+    assert_null(r);
+    c->clean = true;
+}
+
+/* Several transfers in flight to one receiver at once, acknowledged in order. */
+static void test_pipelined(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    enum { N = 4 };
+    tdm_kv_seq_t sseq[N], rseq[N];
+    uint64_t want[N], ids[N];
+    char rid[N][16];
+    for (int i = 0; i < N; i++) {
+        reserve(c->spool, &sseq[i], 33 + 16 * (uint32_t)i);
+        reserve(c->rpool, &rseq[i], 33 + 16 * (uint32_t)i);
+        fill_seq(c->spool, &sseq[i], 77 + (uint64_t)i);
+        want[i] = seq_digest(c->spool, &sseq[i]);
+        snprintf(rid[i], sizeof rid[i], "req-pipe-%d", i);
+        ids[i] = send_seq(s, tdm_kv_receiver_endpoint(r), rid[i], &sseq[i]);
+        tdm_kv_seq_release(c->spool, &sseq[i]);
+    }
+    assert_int_equal(tdm_kv_sender_in_flight(s), N);
+    for (int i = 0; i < N; i++) {
+        reservation_t res = {
+            .request_id = rid[i], .blocks = rseq[i].blocks, .n_blocks = rseq[i].n_blocks};
+        tdm_kv_received_t got = recv_one(r, &res);
+        assert_int_equal(got.status, 0);
+        assert_int_equal(got.transfer_id, ids[i]);
+        assert_int_equal(seq_digest(c->rpool, &rseq[i]), want[i]);
+    }
+    tdm_kv_send_done_t d[N];
+    int got = 0;
+    double until = tdm_time_now() + WAIT_MS / 1e3;
+    while (got < N && tdm_time_now() < until) {
+        int n = tdm_kv_sender_poll(s, 100, d + got, N - got);
+        assert_true(n >= 0);
+        got += n;
+    }
+    assert_int_equal(got, N);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(d[i].status, 0);
+        assert_int_equal(d[i].transfer_id, ids[i]);
+    }
+    /* Cancelling a request whose transfer was acknowledged does nothing. */
+    assert_int_equal(tdm_kv_sender_cancel(s, rid[0]), 0);
+    check_pool_empty(c->spool);
+    for (int i = 0; i < N; i++)
+        tdm_kv_seq_release(c->rpool, &rseq[i]);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
+/* ---- rejections through a real sender ---- */
+
+/* Sends 40 tokens (3 blocks) and expects a rejection on both sides, with the receiver's
+ * blocks untouched and both pools empty afterwards. */
+static void expect_rejected(ctx_t *c, tdm_kv_pool_t *spool, uint64_t s_fp, reservation_t *res,
+                            int want_status, const char *want_msg)
+{
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_kv_sender_t *s = sender_new(c, spool, s_fp, 0);
+    tdm_kv_seq_t sseq, rseq;
+    reserve(spool, &sseq, 40);
+    reserve(c->rpool, &rseq, 40);
+    fill_seq(spool, &sseq, 5);
+    fill_seq(c->rpool, &rseq, 6);
+    uint64_t before = seq_digest(c->rpool, &rseq);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-rej", &sseq);
+    tdm_kv_seq_release(spool, &sseq);
+    if (!res->status && res->request_id) {
+        res->blocks = rseq.blocks;
+        res->n_blocks = rseq.n_blocks;
+    }
+    tdm_kv_received_t got = recv_one(r, res);
+    assert_int_equal(got.status, want_status);
+    if (!strstr(got.message, want_msg))
+        fail_msg("receiver message \"%s\" does not contain \"%s\"", got.message, want_msg);
+    assert_string_equal(got.request_id, "req-rej");
+    assert_int_equal(seq_digest(c->rpool, &rseq), before);
+
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, want_status);
+    if (!strstr(d.message, want_msg))
+        fail_msg("sender message \"%s\" does not contain \"%s\"", d.message, want_msg);
+    assert_string_equal(d.message, got.message);
+    check_pool_empty(spool);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+}
+
+static void test_wrong_fingerprint(void **state)
+{
+    ctx_t *c = *state;
+    reservation_t res = {.request_id = "req-rej"};
+    expect_rejected(c, c->spool, FINGERPRINT ^ 1, &res, TDM_EPRECONDITION,
+                    "model fingerprint mismatch: transfer 0x5eed5eed12345679, this node serves "
+                    "0x5eed5eed12345678");
+    assert_int_equal(res.calls, 0); /* rejected before the blocks were asked for */
+    c->clean = true;
+}
+
+static void test_wrong_layout(void **state)
+{
+    ctx_t *c = *state;
+    tdm_error_t err = {0};
+    tdm_kv_layout_t l = smollm2;
+    l.n_kv_heads = 2;
+    tdm_kv_pool_t *other = tdm_kv_pool_new(&l, 8, &err);
+    assert_non_null(other);
+    reservation_t res = {.request_id = "req-rej"};
+    expect_rejected(c, other, FINGERPRINT, &res, TDM_EPRECONDITION,
+                    "KV layout mismatch: n_kv_heads is 2 in the transfer, 3 on this node");
+    tdm_kv_pool_destroy(&other);
+
+    l = smollm2;
+    l.dtype = TDM_KV_F32;
+    other = tdm_kv_pool_new(&l, 8, &err);
+    assert_non_null(other);
+    expect_rejected(c, other, FINGERPRINT, &res, TDM_EPRECONDITION,
+                    "dtype is f32 in the transfer, f16 on this node");
+    tdm_kv_pool_destroy(&other);
+    assert_int_equal(res.calls, 0);
+    c->clean = true;
+}
+
+static void test_out_of_blocks(void **state)
+{
+    ctx_t *c = *state;
+    reservation_t res = {.request_id = "req-rej",
+                         .status = TDM_ERESOURCE,
+                         .msg = "no free KV blocks for request req-rej (0 of 80 free)"};
+    expect_rejected(c, c->spool, FINGERPRINT, &res, TDM_ERESOURCE,
+                    "no free KV blocks for request req-rej (0 of 80 free)");
+    assert_int_equal(res.calls, 1);
+    c->clean = true;
+}
+
+static void test_unknown_request(void **state)
+{
+    ctx_t *c = *state;
+    reservation_t res = {.request_id = "some-other-request"};
+    expect_rejected(c, c->spool, FINGERPRINT, &res, TDM_ENOTFOUND,
+                    "request req-rej unknown or cancelled");
+    assert_int_equal(res.calls, 1);
+    c->clean = true;
+}
+
+/* Fewer blocks reserved than the transfer carries. */
+static void test_too_few_reserved(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_seq_t small;
+    reserve(c->rpool, &small, 20); /* 2 blocks for a 3-block transfer */
+    reservation_t res = {.request_id = "req-rej", .blocks = small.blocks, .n_blocks = 2};
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_seq_t sseq;
+    reserve(c->spool, &sseq, 40);
+    fill_seq(c->spool, &sseq, 9);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-rej", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    tdm_kv_received_t got = recv_one(r, &res);
+    assert_int_equal(got.status, TDM_EINVALID);
+    assert_non_null(strstr(got.message, "request req-rej has 2 blocks reserved; the transfer "
+                                        "carries 3"));
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, TDM_EINVALID);
+    check_pool_empty(c->spool);
+    tdm_kv_seq_release(c->rpool, &small);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
+/* ---- crafted messages: corruption, truncation ---- */
+
+typedef struct crafted {
+    uint32_t n_tokens;    /* header */
+    uint32_t n_blocks;    /* header */
+    uint32_t n_frames;    /* data frames actually sent */
+    int corrupt_block;    /* flip one byte of this frame after checksumming; -1 none */
+    int short_block;      /* this frame is 100 bytes short; -1 none */
+    uint32_t n_checksums; /* checksums in the header */
+} crafted_t;
+
+/* Sends a hand-made KV_TRANSFER over a raw DEALER and returns the receiver's verdict on both
+ * sides: what recv reported and the END the DEALER got. */
+static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const char *want_msg)
+{
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_kv_seq_t rseq;
+    reserve(c->rpool, &rseq, 48);
+    fill_seq(c->rpool, &rseq, 11);
+    uint64_t before = seq_digest(c->rpool, &rseq);
+
+    uint64_t bb = tdm_kv_pool_block_bytes(c->spool);
+    uint8_t *bufs = malloc(8 * bb);
+    assert_non_null(bufs);
+    for (uint64_t i = 0; i < 8 * bb; i++)
+        bufs[i] = (uint8_t)(i * 131 + 7);
+    uint64_t sums[8];
+    tdm_net_data_t data[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        sums[i] = tdm_kv_block_checksum(bufs + i * bb, bb);
+        data[i].ptr = bufs + i * bb;
+        data[i].len = (size_t)bb - ((int)i == cr->short_block ? 100 : 0);
+        data[i].free_fn = NULL; /* copied */
+        data[i].hint = NULL;
+    }
+    if (cr->corrupt_block >= 0)
+        bufs[(uint64_t)cr->corrupt_block * bb + 12345] ^= 0x40;
+
+    Tandem__V1__KvTransfer h = TANDEM__V1__KV_TRANSFER__INIT;
+    Tandem__V1__KvLayout lay;
+    tdm_proto_layout_to(&smollm2, &lay);
+    h.request_id = "req-crafted";
+    h.transfer_id = 99;
+    h.n_tokens = cr->n_tokens;
+    h.first_token = 1;
+    h.layout = &lay;
+    h.model_fingerprint = FINGERPRINT;
+    h.n_blocks = cr->n_blocks;
+    h.block_bytes = bb;
+    h.n_checksums = cr->n_checksums;
+    h.checksums = sums;
+    h.backend = "tcp";
+    h.sender_node_id = "crafter";
+
+    tdm_error_t err = {0};
+    tdm_sock_opts_t so;
+    memset(&so, 0, sizeof so);
+    so.log = &c->log;
+    tdm_sock_t *d = tdm_sock_connect(c->net, tdm_kv_receiver_endpoint(r), &so, &err);
+    assert_non_null(d);
+    tdm_send_t m;
+    memset(&m, 0, sizeof m);
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    m.method = TANDEM__V1__METHOD__METHOD_KV_TRANSFER;
+    m.call_id = 99;
+    m.body = &h.base;
+    m.data = data;
+    m.n_data = cr->n_frames;
+    assert_int_equal(tdm_sock_send(d, &m), 0);
+
+    reservation_t res = {
+        .request_id = "req-crafted", .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
+    tdm_kv_received_t got = recv_one(r, &res);
+    assert_int_equal(got.status, want_status);
+    if (!strstr(got.message, want_msg))
+        fail_msg("receiver message \"%s\" does not contain \"%s\"", got.message, want_msg);
+    assert_string_equal(got.request_id, "req-crafted");
+    assert_string_equal(got.sender_node_id, "crafter");
+    if (want_status != 0) {
+        /* A rejected transfer never reaches the blocks. */
+        assert_int_equal(seq_digest(c->rpool, &rseq), before);
+        assert_int_equal(res.calls, 0);
+    } else {
+        for (uint32_t i = 0; i < cr->n_blocks; i++)
+            assert_memory_equal(block_ptr(c->rpool, rseq.blocks[i]), bufs + i * bb, bb);
+    }
+
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_int_equal(tdm_sock_recv(d, &f, WAIT_MS), 0);
+    assert_int_equal(f.kind, TANDEM__V1__FRAME_KIND__FRAME_KIND_END);
+    assert_int_equal(f.call_id, 99);
+    assert_int_equal(f.status, want_status);
+    assert_string_equal(f.message, got.message);
+    tdm_frame_clear(&f);
+
+    tdm_sock_destroy(&d);
+    free(bufs);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->rpool);
+    tdm_kv_receiver_destroy(&r);
+}
+
+static void test_corrupted_block(void **state)
+{
+    ctx_t *c = *state;
+    crafted_t cr = {.n_tokens = 48,
+                    .n_blocks = 3,
+                    .n_frames = 3,
+                    .corrupt_block = 2,
+                    .short_block = -1,
+                    .n_checksums = 3};
+    char want[128];
+    /* the message names the block and both checksums */
+    snprintf(want, sizeof want, "block 2 checksum mismatch: got 0x");
+    send_crafted(c, &cr, TDM_EINVALID, want);
+    cr.corrupt_block = 0;
+    send_crafted(c, &cr, TDM_EINVALID, " expected 0x");
+    /* The same message uncorrupted is accepted: the crafting itself is right. */
+    cr.corrupt_block = -1;
+    send_crafted(c, &cr, 0, "");
+    c->clean = true;
+}
+
+static void test_truncated(void **state)
+{
+    ctx_t *c = *state;
+    crafted_t cr = {.n_tokens = 48,
+                    .n_blocks = 3,
+                    .n_frames = 2,
+                    .corrupt_block = -1,
+                    .short_block = -1,
+                    .n_checksums = 3};
+    send_crafted(c, &cr, TDM_EINVALID, "truncated transfer: 2 data frames for 3 blocks");
+    cr.n_frames = 0;
+    send_crafted(c, &cr, TDM_EINVALID, "truncated transfer: 0 data frames for 3 blocks");
+    cr.n_frames = 4;
+    send_crafted(c, &cr, TDM_EINVALID, "4 data frames for 3 blocks");
+    cr.n_frames = 3;
+    cr.short_block = 1;
+    send_crafted(c, &cr, TDM_EINVALID, "block 1 is 368540 bytes; expected 368640");
+    cr.short_block = -1;
+    cr.n_checksums = 2;
+    send_crafted(c, &cr, TDM_EINVALID, "2 checksums for 3 blocks");
+    /* n_blocks that does not match n_tokens */
+    cr = (crafted_t){.n_tokens = 49,
+                     .n_blocks = 3,
+                     .n_frames = 3,
+                     .corrupt_block = -1,
+                     .short_block = -1,
+                     .n_checksums = 3};
+    send_crafted(c, &cr, TDM_EINVALID, "n_blocks is 3 but 49 tokens need 4 blocks of 16");
+    c->clean = true;
+}
+
+/* A body that is not a KvTransfer, and a method the KV endpoint does not serve. */
+static void test_garbage(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_error_t err = {0};
+    tdm_sock_opts_t so;
+    memset(&so, 0, sizeof so);
+    so.log = &c->log;
+    tdm_sock_t *d = tdm_sock_connect(c->net, tdm_kv_receiver_endpoint(r), &so, &err);
+    assert_non_null(d);
+
+    Tandem__V1__HealthRequest hr = TANDEM__V1__HEALTH_REQUEST__INIT;
+    tdm_send_t m;
+    memset(&m, 0, sizeof m);
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    m.method = TANDEM__V1__METHOD__METHOD_HEALTH;
+    m.call_id = 5;
+    m.body = &hr.base;
+    assert_int_equal(tdm_sock_send(d, &m), 0);
+    /* A KV_TRANSFER whose body is a (non-empty) DecodeReserve: decodes to garbage fields or
+     * fails; either way it is rejected, never crashes. */
+    Tandem__V1__ReserveReject rr = TANDEM__V1__RESERVE_REJECT__INIT;
+    rr.request_id = "x";
+    rr.reason = "\xff\xff\xff";
+    m.method = TANDEM__V1__METHOD__METHOD_KV_TRANSFER;
+    m.call_id = 6;
+    m.body = &rr.base;
+    assert_int_equal(tdm_sock_send(d, &m), 0);
+
+    reservation_t res = {.request_id = "x"};
+    tdm_kv_received_t got = recv_one(r, &res);
+    assert_int_equal(got.status, TDM_EINVALID);
+    assert_int_equal(res.calls, 0);
+
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_int_equal(tdm_sock_recv(d, &f, WAIT_MS), 0);
+    assert_int_equal(f.call_id, 5);
+    assert_int_equal(f.status, TDM_EINVALID);
+    assert_non_null(strstr(f.message, "not served on a KV endpoint"));
+    assert_int_equal(tdm_sock_recv(d, &f, WAIT_MS), 0);
+    assert_int_equal(f.call_id, 6);
+    assert_int_equal(f.status, TDM_EINVALID);
+    tdm_frame_clear(&f);
+    /* Nothing else is waiting. */
+    assert_int_equal(tdm_kv_receiver_recv(r, 0, lookup_cb, &res, &got), 0);
+    tdm_sock_destroy(&d);
+    check_pool_empty(c->rpool);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
+/* ---- receiver gone, cancel ---- */
+
+/* The receiver disappears before it handles the transfer: the sender reports TDM_EDEADLINE
+ * after its timeout and gives the blocks back. */
+static void test_receiver_gone(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", tdm_kv_receiver_endpoint(r));
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 300);
+    tdm_kv_seq_t sseq;
+    reserve(c->spool, &sseq, 200); /* 13 blocks, 4.8 MB */
+    fill_seq(c->spool, &sseq, 3);
+    send_seq(s, ep, "req-gone", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    tdm_kv_receiver_destroy(&r);
+    assert_int_equal(n_used(c->spool), 13);
+
+    double t0 = tdm_time_now();
+    tdm_kv_send_done_t d = wait_done(s);
+    double waited = tdm_time_now() - t0;
+    assert_int_equal(d.status, TDM_EDEADLINE);
+    assert_non_null(strstr(d.message, "no acknowledgement from"));
+    assert_non_null(strstr(d.message, "within 300 ms"));
+    assert_true(waited > 0.2 && waited < 3.0);
+    assert_true(d.seconds >= 0.29);
+    check_pool_empty(c->spool);
+
+    /* Now nobody listens at that endpoint at all: the frames stay queued in ZMQ until the
+     * timeout closes the socket, which releases them. */
+    reserve(c->spool, &sseq, 64);
+    fill_seq(c->spool, &sseq, 4);
+    send_seq(s, ep, "req-nobody", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    d = wait_done(s);
+    assert_int_equal(d.status, TDM_EDEADLINE);
+    assert_string_equal(d.request_id, "req-nobody");
+    check_pool_empty(c->spool);
+    tdm_kv_sender_destroy(&s);
+    check_pool_empty(c->spool);
+    c->clean = true;
+}
+
+static void test_cancel(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_seq_t sseq, rseq;
+    reserve(c->spool, &sseq, 100);
+    reserve(c->rpool, &rseq, 100);
+    fill_seq(c->spool, &sseq, 21);
+    fill_seq(c->rpool, &rseq, 22);
+    uint64_t before = seq_digest(c->rpool, &rseq);
+    uint64_t id = send_seq(s, tdm_kv_receiver_endpoint(r), "req-cancel", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    assert_int_equal(tdm_kv_sender_cancel(s, "req-other"), 0);
+    assert_int_equal(tdm_kv_sender_cancel(s, "req-cancel"), 1);
+    assert_int_equal(tdm_kv_sender_cancel(s, "req-cancel"), 0); /* once */
+
+    /* Reported as soon as ZMQ released the frames (the receiver's ZMQ takes them even before
+     * the node reads them), with the blocks given back. */
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, TDM_ECANCELLED);
+    assert_int_equal(d.transfer_id, id);
+    assert_non_null(strstr(d.message, "cancelled"));
+    check_pool_empty(c->spool);
+    assert_int_equal(tdm_kv_sender_in_flight(s), 0);
+
+    /* The receiver sees the transfer with its CANCEL right behind: dropped unread. (The
+     * CANCEL left the sender right after the blocks; give the receiver's I/O thread a moment
+     * to have read it too.) */
+    nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000}, NULL);
+    reservation_t res = {
+        .request_id = "req-cancel", .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
+    tdm_kv_received_t got = recv_one(r, &res);
+    assert_int_equal(got.status, TDM_ECANCELLED);
+    assert_string_equal(got.request_id, "req-cancel");
+    assert_int_equal(res.calls, 0);
+    assert_int_equal(seq_digest(c->rpool, &rseq), before);
+    assert_int_equal(tdm_kv_receiver_recv(r, 50, lookup_cb, &res, &got), 0);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->rpool);
+
+    /* A late CANCEL (after the receiver handled the transfer) is consumed quietly, and the
+     * channel still works. */
+    reserve(c->spool, &sseq, 16);
+    reserve(c->rpool, &rseq, 16);
+    fill_seq(c->spool, &sseq, 23);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-after", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    res = (reservation_t){
+        .request_id = "req-after", .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
+    got = recv_one(r, &res);
+    assert_int_equal(got.status, 0);
+    d = wait_done(s);
+    assert_int_equal(d.status, 0);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->spool);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
+/* Destroying a sender with transfers in flight gives their blocks back. */
+static void test_destroy_in_flight(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_seq_t sseq;
+    reserve(c->spool, &sseq, 300);
+    fill_seq(c->spool, &sseq, 1);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-a", &sseq);
+    send_seq(s, "tcp://127.0.0.1:1", "req-b", &sseq); /* nobody there: frames stay queued */
+    tdm_kv_seq_release(c->spool, &sseq);
+    assert_int_equal(tdm_kv_sender_in_flight(s), 2);
+    tdm_kv_sender_destroy(&s);
+    check_pool_empty(c->spool);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
+/* ---- CURVE ---- */
+
+/* A receiver with CURVE keys accepts a sender holding the cluster's client key, and a sender
+ * with another key never gets through (its transfer times out). */
+static void test_curve(void **state)
+{
+    ctx_t *c = *state;
+    char spub[41], ssec[41], cpub[41], csec[41], xpub[41], xsec[41];
+    assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
+    assert_int_equal(tdm_curve_keypair(cpub, csec), 0);
+    assert_int_equal(tdm_curve_keypair(xpub, xsec), 0);
+    tdm_curve_keys_t server = {.server_public = spub, .server_secret = ssec, .client_public = cpub};
+    tdm_kv_receiver_opts_t ro;
+    memset(&ro, 0, sizeof ro);
+    ro.endpoint = "tcp://127.0.0.1:*";
+    ro.model_fingerprint = FINGERPRINT;
+    ro.curve = &server;
+    ro.log = &c->log;
+    tdm_error_t err = {0};
+    tdm_kv_receiver_t *r = tdm_kv_receiver_new(c->net, c->rpool, &ro, &err);
+    if (!r)
+        fail_msg("tdm_kv_receiver_new: %s", err.msg);
+
+    /* The sender copies its keys: the buffers may be gone before the channel opens. */
+    char kpub[41], ksec[41], kserver[41];
+    memcpy(kpub, cpub, sizeof kpub);
+    memcpy(ksec, csec, sizeof ksec);
+    memcpy(kserver, spub, sizeof kserver);
+    tdm_curve_keys_t client = {
+        .server_public = kserver, .client_public = kpub, .client_secret = ksec};
+    tdm_kv_sender_opts_t so;
+    memset(&so, 0, sizeof so);
+    so.node_id = "prefill-curve";
+    so.model_fingerprint = FINGERPRINT;
+    so.curve = &client;
+    so.timeout_ms = 400;
+    so.log = &c->log;
+    tdm_kv_sender_t *s = tdm_kv_sender_new(c->net, c->spool, &so, &err);
+    assert_non_null(s);
+    memset(kpub, 0, sizeof kpub);
+    memset(ksec, 0, sizeof ksec);
+    memset(kserver, 0, sizeof kserver);
+
+    tdm_kv_seq_t sseq, rseq;
+    reserve(c->spool, &sseq, 20);
+    reserve(c->rpool, &rseq, 20);
+    fill_seq(c->spool, &sseq, 31);
+    uint64_t want = seq_digest(c->spool, &sseq);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-curve", &sseq);
+    reservation_t res = {
+        .request_id = "req-curve", .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
+    tdm_kv_received_t got = recv_one(r, &res);
+    assert_int_equal(got.status, 0);
+    assert_int_equal(seq_digest(c->rpool, &rseq), want);
+    assert_int_equal(wait_done(s).status, 0);
+    tdm_kv_sender_destroy(&s);
+
+    /* A sender whose client key the receiver does not admit. */
+    tdm_curve_keys_t stranger = {
+        .server_public = spub, .client_public = xpub, .client_secret = xsec};
+    so.curve = &stranger;
+    s = tdm_kv_sender_new(c->net, c->spool, &so, &err);
+    assert_non_null(s);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-stranger", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    assert_int_equal(tdm_kv_receiver_recv(r, 300, lookup_cb, &res, &got), 0);
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, TDM_EDEADLINE);
+    assert_int_equal(res.calls, 1);
+    check_pool_empty(c->spool);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
+/* ---- send-side validation ---- */
+
+static void test_send_validation(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_seq_t sseq;
+    reserve(c->spool, &sseq, 40);
+    tdm_kv_send_req_t req = {.request_id = "req-v",
+                             .endpoint = "tcp://127.0.0.1:9",
+                             .blocks = sseq.blocks,
+                             .n_blocks = 3,
+                             .n_tokens = 40};
+    uint64_t id = 7;
+    tdm_error_t err = {0};
+
+    req.n_blocks = 2;
+    assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "n_blocks is 2 but 40 tokens need 3 blocks of 16"));
+    assert_int_equal(id, 0);
+    req.n_blocks = 3;
+    req.n_tokens = 0;
+    assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "n_tokens is 0"));
+    req.n_tokens = 40;
+    uint32_t bad[3] = {sseq.blocks[0], POOL_BLOCKS + 5, sseq.blocks[2]};
+    req.blocks = bad;
+    assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "out of range"));
+    /* a block that is not in use (free) */
+    uint32_t freeb = 0;
+    while (tdm_kv_pool_refcount(c->spool, freeb) > 0)
+        freeb++;
+    bad[1] = freeb;
+    assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "is not in use"));
+    req.blocks = sseq.blocks;
+    char longid[TDM_KV_REQUEST_ID_MAX + 1];
+    memset(longid, 'x', sizeof longid - 1);
+    longid[sizeof longid - 1] = '\0';
+    req.request_id = longid;
+    assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "request_id is 128 bytes"));
+    req.request_id = "";
+    assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
+    req.request_id = "req-v";
+    req.endpoint = "not-an-endpoint";
+    assert_true(tdm_kv_sender_send(s, &req, &id, &err) < 0);
+    assert_non_null(strstr(err.msg, "not-an-endpoint"));
+
+    /* Nothing was referenced and nothing is reported. */
+    assert_int_equal(tdm_kv_sender_in_flight(s), 0);
+    assert_int_equal(n_used(c->spool), 3);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(tdm_kv_pool_refcount(c->spool, sseq.blocks[i]), 1);
+    tdm_kv_send_done_t d;
+    assert_int_equal(tdm_kv_sender_poll(s, 0, &d, 1), 0);
+    tdm_kv_seq_release(c->spool, &sseq);
+    check_pool_empty(c->spool);
+    tdm_kv_sender_destroy(&s);
+    c->clean = true;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_backend_names),
+        cmocka_unit_test_setup_teardown(test_sender_options, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_happy_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_fingerprint, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wrong_layout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_out_of_blocks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_too_few_reserved, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupted_block, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_truncated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_garbage, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_receiver_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_destroy_in_flight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_curve, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_send_validation, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
