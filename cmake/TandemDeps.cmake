@@ -28,3 +28,20 @@ if(NOT TANDEM_PROTOC_C)
   message(FATAL_ERROR "missing program 'protoc-c': install the Debian package protobuf-c-compiler "
                       "(scripts/setup does this)")
 endif()
+
+# libsystemd (Debian libsystemd-dev), optional: with it the daemons tell systemd when they are
+# ready (sd_notify READY=1, STATUS=, STOPPING=1; the units in deploy/systemd are Type=notify).
+# Without it they build and run the same, and such units would time out at start: use
+# Type=exec units then (docs/operations.md "Deployment").
+option(TANDEM_SYSTEMD "Use libsystemd for sd_notify when it is found" ON)
+set(TANDEM_HAVE_SYSTEMD OFF)
+if(TANDEM_SYSTEMD)
+  pkg_check_modules(SYSTEMD IMPORTED_TARGET libsystemd)
+  if(SYSTEMD_FOUND)
+    set(TANDEM_HAVE_SYSTEMD ON)
+  else()
+    message(STATUS "libsystemd not found (Debian package libsystemd-dev; scripts/setup installs "
+                   "it): building without sd_notify support, the Type=notify units in "
+                   "deploy/systemd will not work with these binaries")
+  endif()
+endif()

@@ -14,8 +14,10 @@
 #include "tandem/proto.h"
 #include "tandem/transfer.h"
 
-/* A reservation waits this long for its KV pages before it is dropped. */
-#define RESERVATION_TTL_S 60.0
+/* A reservation without a deadline waits this long for its KV pages before it is dropped (a
+ * guard against lost messages; requests from the router always carry a deadline, and a long
+ * prompt on a busy prefill node may legitimately take minutes). */
+#define RESERVATION_TTL_S 600.0
 
 typedef struct dres {
     bool used;
@@ -29,6 +31,7 @@ typedef struct dres {
     uint64_t deadline_ms;
     double t_reserved;
     double kv_transfer_s;
+    uint64_t kv_transfer_bytes; /* block bytes received (tdm_kv_received_t.bytes) */
 } dres_t;
 
 struct tdm_decode {
@@ -78,6 +81,11 @@ void tdm_decode_destroy(tdm_decode_t **self_p)
     *self_p = NULL;
 }
 
+tdm_node_link_t *tdm_decode_link(tdm_decode_t *d)
+{
+    return d->link;
+}
+
 tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
                              const tdm_logger_t *log, tdm_error_t *err)
 {
@@ -117,8 +125,11 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
                          "KV endpoint %s: ", node->kv_endpoint);
         goto out_destroy;
     }
-    d->link = tdm_node_link_start(net, cfg, node, &d->rt, tdm_kv_receiver_endpoint(d->receiver),
-                                  &d->log, err);
+    /* Prefill nodes connect to what is registered: kv_advertise when the bound endpoint is
+     * not reachable as written (tcp://0.0.0.0:7610 in a container), else the bound one. */
+    const char *kv_ep =
+        node->kv_advertise ? node->kv_advertise : tdm_kv_receiver_endpoint(d->receiver);
+    d->link = tdm_node_link_start(net, cfg, node, &d->rt, kv_ep, &d->log, err);
     if (!d->link)
         goto out_destroy;
     tdm_kv_stats_t ks;
@@ -126,8 +137,8 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
     TDM_LOG_INFOF(&d->log, NULL,
                   "decode node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u kv=%s router=%s",
                   tdm_engine_backend_name(d->rt.engine), ks.n_blocks,
-                  (double)d->rt.kv_bytes / 1048576.0, d->rt.n_ctx,
-                  tdm_kv_receiver_endpoint(d->receiver), cfg->router.node_endpoint);
+                  (double)d->rt.kv_bytes / 1048576.0, d->rt.n_ctx, kv_ep,
+                  tdm_config_router_advertise(cfg));
     return d;
 out_destroy:
     tdm_decode_destroy(&d);
@@ -300,17 +311,26 @@ static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
     dres_t *r = res_find(d, in->request_id);
     if (!r || r->in_worker)
         return; /* unknown or cancelled: the receiver already rejected or dropped it */
+    if (in->status == TDM_ECANCELLED) {
+        /* The sender withdrew the transfer (the router cancelled the request, its deadline
+         * passed on the prefill node, or the prefill node is stopping): the prefill node
+         * reports why, if anything is to be reported. The reservation goes. */
+        TDM_LOG_DEBUGF(&d->log, r->id, "KV transfer withdrawn by the sender");
+        res_drop(d, r);
+        return;
+    }
     if (in->status != 0) {
         /* A bad transfer: the reservation goes; the router re-dispatches the request. */
         char msg[TDM_ERRMSG_MAX + 32];
         snprintf(msg, sizeof msg, "KV transfer rejected: %s", in->message);
-        report_failed(d, r->id, in->status, in->status != TDM_ECANCELLED, msg);
+        report_failed(d, r->id, in->status, true, msg);
         res_drop(d, r);
         return;
     }
     r->kv_transfer_s = tdm_time_now() - r->t_reserved - in->prefill_s;
     if (r->kv_transfer_s < 0)
         r->kv_transfer_s = 0;
+    r->kv_transfer_bytes = in->bytes;
     r->seq.n_tokens = r->n_prompt;
     tdm_worker_req_t req = {r->id, r->prompt, r->n_prompt, &r->sp, &r->seq, in->first_token};
     tdm_error_t err = {0};
@@ -340,6 +360,7 @@ static void on_event(tdm_decode_t *d, const tdm_worker_event_t *ev)
                          : TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
         fin.completion_tokens = ev->completion_tokens;
         fin.kv_transfer_s = r ? r->kv_transfer_s : 0;
+        fin.kv_transfer_bytes = r ? r->kv_transfer_bytes : 0;
         fin.preemptions = ev->preemptions;
         tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_FINISHED, &fin.base);
         if (r) {
@@ -403,9 +424,10 @@ int tdm_decode_run(tdm_decode_t *d, volatile sig_atomic_t *stop, tdm_error_t *er
                 if (r->deadline_ms && now_ms > r->deadline_ms) {
                     report_failed(d, r->id, TDM_EDEADLINE, false, "deadline passed");
                     res_drop(d, r);
-                } else if (!r->in_worker && now - r->t_reserved > RESERVATION_TTL_S) {
+                } else if (!r->in_worker && !r->deadline_ms &&
+                           now - r->t_reserved > RESERVATION_TTL_S) {
                     report_failed(d, r->id, TDM_EDEADLINE, true,
-                                  "no KV pages arrived for the reservation within 60 s");
+                                  "no KV pages arrived for the reservation within 600 s");
                     res_drop(d, r);
                 }
             }

@@ -18,8 +18,13 @@ static void destroy(void *node)
     tdm_decode_destroy(&n);
 }
 
+static tdm_node_link_t *link_of(void *node)
+{
+    return tdm_decode_link(node);
+}
+
 int main(int argc, char **argv)
 {
-    const tdm_daemon_ops_t ops = {TDM_NODE_ROLE_DECODE, create, run, destroy};
+    const tdm_daemon_ops_t ops = {TDM_NODE_ROLE_DECODE, create, run, destroy, link_of};
     return tdm_daemon_main(argc, argv, &ops);
 }

@@ -66,6 +66,11 @@ void tdm_prefill_destroy(tdm_prefill_t **self_p)
     *self_p = NULL;
 }
 
+tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p)
+{
+    return p->link;
+}
+
 tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
                                const tdm_logger_t *log, tdm_error_t *err)
 {
@@ -99,7 +104,10 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
     so.model_fingerprint = p->rt.fingerprint;
     so.backend = TDM_KV_BACKEND_TCP;
     so.curve = cp;
-    so.timeout_ms = 10000;
+    /* Generous: the decode node acknowledges between forward passes, which can be long on a
+     * busy CPU; a dead decode node is noticed by the router's heartbeats much sooner and its
+     * requests cancelled here. */
+    so.timeout_ms = 60000;
     so.log = &p->log;
     p->sender = tdm_kv_sender_new(net, p->rt.pool, &so, err);
     if (!p->sender)
@@ -109,10 +117,10 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
         goto out_destroy;
     tdm_kv_stats_t ks;
     tdm_kv_pool_stats(p->rt.pool, &ks);
-    TDM_LOG_INFOF(&p->log, NULL,
-                  "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s",
-                  tdm_engine_backend_name(p->rt.engine), ks.n_blocks,
-                  (double)p->rt.kv_bytes / 1048576.0, p->rt.n_ctx, cfg->router.node_endpoint);
+    TDM_LOG_INFOF(
+        &p->log, NULL, "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s",
+        tdm_engine_backend_name(p->rt.engine), ks.n_blocks, (double)p->rt.kv_bytes / 1048576.0,
+        p->rt.n_ctx, tdm_config_router_advertise(cfg));
     return p;
 out_destroy:
     tdm_prefill_destroy(&p);

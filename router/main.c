@@ -10,10 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "http.h"
 #include "router.h"
 #include "tandem/config.h"
 #include "tandem/log.h"
 #include "tandem/net.h"
+#include "tandem/notify.h"
 
 static void usage(FILE *out)
 {
@@ -98,6 +100,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "tandem-router: %s\n", err.msg);
         goto out_net;
     }
+    /* the HTTP gateway: a client of the router's own client endpoint (router/http.h) */
+    tdm_http_t *http = tdm_http_new(&cfg, tdm_router_client_endpoint(r), net, &log, &err);
+    if (!http) {
+        tdm_log_write(&log, TDM_LOG_ERROR, NULL, NULL, "http gateway failed to start: %s", err.msg);
+        fprintf(stderr, "tandem-router: %s\n", err.msg);
+        tdm_router_destroy(&r);
+        goto out_net;
+    }
     /* no SA_RESTART: the signal interrupts zmq_poll so the loop sees the flag at once */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -107,7 +117,14 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    /* Every listening socket is bound by now: tell systemd (Type=notify units) we serve. */
+    if (tdm_notifyf("READY=1\nSTATUS=serving clients at %s, nodes at %s, HTTP at %s:%d",
+                    cfg.router.client_endpoint, cfg.router.node_endpoint, cfg.router.http_address,
+                    cfg.router.http_port) != TDM_OK)
+        tdm_log_write(&log, TDM_LOG_WARN, NULL, NULL,
+                      "cannot notify the service manager ($NOTIFY_SOCKET)");
     rc = tdm_router_run(r, &stop_flag);
+    tdm_notify("STOPPING=1\nSTATUS=stopping");
     if (rc != TDM_OK) {
         tdm_log_write(&log, TDM_LOG_ERROR, NULL, NULL, "router loop failed: %s",
                       tdm_router_errmsg(r));
@@ -115,6 +132,7 @@ int main(int argc, char **argv)
         tdm_log_write(&log, TDM_LOG_INFO, NULL, NULL, "router stopped");
         status = 0;
     }
+    tdm_http_destroy(&http);
     tdm_router_destroy(&r);
 out_net:
     tdm_net_destroy(&net);

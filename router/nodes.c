@@ -305,6 +305,7 @@ bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const c
     q->n_buf = 0;
     q->finished = false;
     q->decode_started = false;
+    q->prefilled = false;
     q->state = RT_QUEUED;
     memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
     int rc = rt_dispatch(r, q);
@@ -419,6 +420,7 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
     n->up = false;
     snprintf(n->down_reason, sizeof n->down_reason, "%s", reason);
     r->metrics.node_failures++;
+    n->failures++;
     char kv[256] = "";
     tdm_log_kv_append(kv, sizeof kv, "node_id", n->cfg->id);
     tdm_log_kv_append(kv, sizeof kv, "role", role_name(n));
@@ -565,7 +567,7 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
         refuse(r, f, id, "kv_blocks_total is 0: a decode node needs KV blocks");
         goto out;
     }
-    const char *kv_ep = m->kv_endpoint[0] ? m->kv_endpoint : n->cfg->kv_endpoint;
+    const char *kv_ep = m->kv_endpoint[0] ? m->kv_endpoint : tdm_config_kv_advertise(n->cfg);
     if (role == TDM_NODE_ROLE_DECODE && !kv_ep) {
         refuse(r, f, id, "kv_endpoint is empty and the config names none for '%s'", id);
         goto out;
@@ -675,6 +677,8 @@ static void handle_token_event(tdm_router_t *r, rt_node_t *n, const tdm_frame_t 
     } else {
         if (n == q->decode && ev->index >= 1)
             q->decode_started = true;
+        if (n == q->prefill && ev->index == 0)
+            q->prefilled = true;
         rt_req_token_event(r, q, ev);
     }
     protobuf_c_message_free_unpacked(&ev->base, NULL);
@@ -711,6 +715,12 @@ static void handle_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t 
             status = TDM_EINTERNAL;
         char why[TDM_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s node '%s' failed: %s", role_name(n), n->cfg->id, tf->message);
+        /* A prefill node ships the KV after its first token; a decode node fails a request
+         * retryably before the KV is in its batch only when the transfer was rejected or
+         * never came. */
+        if (tf->retryable && !q->local_prefill && !q->decode_started &&
+            ((n == q->prefill && q->prefilled) || (n == q->decode && q->state == RT_RUNNING)))
+            r->metrics.kv_transfer_failures++;
         if (tf->retryable)
             rt_redispatch(r, q, true, status, why);
         else

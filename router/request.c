@@ -303,12 +303,15 @@ static void chunk_to_msg(const rt_req_t *q, Tandem__V1__GenerateChunk *m)
 
 /* ---- ending requests ---- */
 
-static void count_end(tdm_router_t *r, int status, int finish)
+void rt_count_end(tdm_router_t *r, int status, int finish)
 {
     int code = -status;
-    if (code >= 0 && code < 17)
+    bool known = finish >= 0 && finish < 5;
+    if (code >= 0 && code < 17) {
         r->metrics.requests_by_status[code]++;
-    if (finish >= 0 && finish < 5)
+        r->metrics.requests_by_status_finish[code][known ? finish : 0]++;
+    }
+    if (known)
         r->metrics.requests_by_finish[finish]++;
 }
 
@@ -366,7 +369,7 @@ void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, co
     if (cancel_nodes)
         rt_req_release_nodes(r, q, status);
     rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, NULL);
-    count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
+    rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
     rt_hist_observe(&r->metrics.e2e, tdm_time_now() - q->t_arrival);
     rt_req_free(r, q);
 }
@@ -375,7 +378,7 @@ void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why)
 {
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "request dropped: %s", why);
     rt_req_release_nodes(r, q, TDM_ECANCELLED);
-    count_end(r, TDM_ECANCELLED, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
+    rt_count_end(r, TDM_ECANCELLED, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
     rt_req_free(r, q);
 }
 
@@ -419,7 +422,7 @@ void rt_req_shutdown_all(tdm_router_t *r)
         rt_req_release_nodes(r, q, TDM_EUNAVAILABLE);
         rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_EUNAVAILABLE, "router shutting down",
                     NULL);
-        count_end(r, TDM_EUNAVAILABLE, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
+        rt_count_end(r, TDM_EUNAVAILABLE, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
         rt_req_free(r, q);
     }
 }
@@ -572,7 +575,7 @@ static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
              why, q->n_prompt, q->next_index, q->cached_prompt_tokens, t.ttft_s * 1e3,
              t.e2e_s * 1e3, rc == TDM_OK ? "" : " client=gone");
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request finished");
-    count_end(r, TDM_OK, reason);
+    rt_count_end(r, TDM_OK, reason);
     rt_hist_observe(&r->metrics.e2e, t.e2e_s);
     if (q->next_index > 1)
         rt_hist_observe(&r->metrics.tpot, t.tpot_s);
@@ -745,6 +748,7 @@ bool rt_req_finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *f
                            : TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
     q->completion_tokens = fin->completion_tokens;
     q->kv_transfer_s = fin->kv_transfer_s;
+    r->metrics.kv_transfer_bytes += fin->kv_transfer_bytes;
     if (q->next_index >= q->completion_tokens) {
         complete(r, q, q->finish_reason, SIZE_MAX);
         return true;
@@ -992,7 +996,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     double now = tdm_time_now();
     uint64_t now_ms = tdm_net_now_ms();
     if (tdm_frame_expired(f, now_ms)) {
-        count_end(r, TDM_EDEADLINE, -1);
+        rt_count_end(r, TDM_EDEADLINE, -1);
         tdm_sock_reply_error(r->client, f, TDM_EDEADLINE,
                              "the request's deadline had passed when it arrived");
         return;
@@ -1000,7 +1004,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     Tandem__V1__GenerateRequest *g = (Tandem__V1__GenerateRequest *)tdm_frame_unpack(
         f, &tandem__v1__generate_request__descriptor);
     if (!g) {
-        count_end(r, TDM_EINVALID, -1);
+        rt_count_end(r, TDM_EINVALID, -1);
         tdm_sock_reply_error(r->client, f, TDM_EINVALID,
                              "the body does not decode as a GenerateRequest");
         return;
@@ -1027,7 +1031,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
         snprintf(kv, sizeof kv, "status=%s", tdm_status_name(rc));
         tdm_log_write(&r->log, TDM_LOG_INFO, q && q->id[0] ? q->id : NULL, kv,
                       "request refused: %s", err.msg);
-        count_end(r, rc, -1);
+        rt_count_end(r, rc, -1);
         tdm_sock_reply_error(r->client, f, rc, "%s", err.msg);
         if (q) {
             free(q->prompt);
@@ -1040,7 +1044,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
         return;
     }
     if (!hash_insert(r, q)) {
-        count_end(r, TDM_ERESOURCE, -1);
+        rt_count_end(r, TDM_ERESOURCE, -1);
         tdm_sock_reply_error(r->client, f, TDM_ERESOURCE, "router out of memory");
         free(q->prompt);
         for (size_t i = 0; i < q->n_stop; i++)

@@ -287,6 +287,16 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
     info.n_ctx = r->n_ctx;
     info.n_vocab = r->n_vocab;
     info.chat_template = r->have_template ? (char *)tdm_chat_template_name(r->tmpl) : (char *)"";
+    /* the shape, for capacity planning with the nodes' sizing functions (tandem/kv.h) */
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(r->model);
+    info.n_layers = r->layout.n_layers;
+    info.n_kv_heads = r->layout.n_kv_heads;
+    info.head_dim = r->layout.head_dim;
+    info.n_heads = hp->n_heads;
+    info.n_embd = hp->n_embd;
+    info.weight_bytes = tdm_gguf_tensor_bytes(tdm_model_gguf(r->model));
+    info.kv_block_size = r->layout.block_size;
+    info.kv_dtype = (Tandem__V1__KvDtype)r->layout.dtype;
     Tandem__V1__ModelInfo *list[1] = {&info};
     Tandem__V1__ModelsResponse resp = TANDEM__V1__MODELS_RESPONSE__INIT;
     resp.n_models = 1;
@@ -366,7 +376,7 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
     if (!api_key_ok(r, f->api_key)) {
         if (f->method == TANDEM__V1__METHOD__METHOD_GENERATE) {
             r->metrics.requests_total++;
-            r->metrics.requests_by_status[16]++;
+            rt_count_end(r, TDM_EUNAUTHENTICATED, -1);
         }
         tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL, "%s refused: %s API key",
                       tdm_net_method_name(f->method), f->api_key[0] ? "unknown" : "no");
@@ -380,10 +390,11 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
     case TANDEM__V1__METHOD__METHOD_HEALTH: client_health(r, f); break;
     case TANDEM__V1__METHOD__METHOD_MODELS: client_models(r, f); break;
     case TANDEM__V1__METHOD__METHOD_STATUS: client_status(r, f); break;
+    case TANDEM__V1__METHOD__METHOD_METRICS: rt_client_metrics(r, f); break;
     default:
         tdm_sock_reply_error(r->client, f, TDM_ENOTFOUND,
                              "method %s (%d) is not served on the client endpoint; use GENERATE, "
-                             "HEALTH, MODELS or STATUS",
+                             "HEALTH, MODELS, STATUS or METRICS",
                              tdm_net_method_name(f->method), f->method);
     }
 }

@@ -58,7 +58,8 @@ typedef struct tdm_router_hist {
  * last bucket is +Inf. Points to constant storage. Cannot fail. */
 const double *tdm_router_hist_bounds(void);
 
-/* Counters and latency figures for the metrics endpoint (issue 6). Monotonic. */
+/* Counters and latency figures for the metrics endpoint (router/metrics.h renders them as
+ * Prometheus text). Monotonic. */
 typedef struct tdm_router_metrics {
     uint64_t requests_total;         /* GENERATE requests received (valid or not) */
     uint64_t requests_by_status[17]; /* finished requests by final gRPC code (0 = OK) */
@@ -79,6 +80,16 @@ typedef struct tdm_router_metrics {
     tdm_router_hist_t e2e;           /* arrival -> final message */
     tdm_router_hist_t prefill;       /* node-measured prefill compute */
     tdm_router_hist_t kv_transfer;   /* node-measured KV transfer */
+
+    /* The ended requests of requests_by_status again, by (final gRPC code, FinishReason);
+     * FinishReason 0 (UNSPECIFIED) counts requests refused before they started (validation,
+     * API key, deadline on arrival). */
+    uint64_t requests_by_status_finish[17][5];
+    /* KV bytes decode nodes received for finished requests (Finished.kv_transfer_bytes). */
+    uint64_t kv_transfer_bytes;
+    /* Retryable TaskFailed from a prefill node after its first token (its transfer had
+     * started) or from a decode node before the KV arrived (rejected or never came). */
+    uint64_t kv_transfer_failures;
 } tdm_router_metrics_t;
 
 typedef struct tdm_router tdm_router_t;

@@ -40,6 +40,7 @@ typedef struct rt_node {
     uint64_t instance_id;
     double last_seen;      /* monotonic seconds of the last message */
     char down_reason[160]; /* why it was last marked down ("" if never) */
+    uint64_t failures;     /* times marked down (metrics) */
     /* from RegisterRequest */
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
@@ -113,6 +114,7 @@ struct rt_req {
     uint32_t completion_tokens;
     double kv_transfer_s;
     bool decode_started; /* an index >= 1 or Finished came from the decode node */
+    bool prefilled;      /* this attempt's prefill node sent index 0 (its KV transfer began) */
     tdm_detok_t detok;
     char *hold; /* text produced but not sent: could start a stop string */
     size_t hold_len, hold_cap;
@@ -165,6 +167,9 @@ struct tdm_router {
 
 /* ---- router.c ---- */
 void rt_hist_observe(tdm_router_hist_t *h, double seconds);
+/* ---- metrics.c ---- */
+/* Answers a METRICS REQUEST with MetricsResponse{text} (router/metrics.h). */
+void rt_client_metrics(tdm_router_t *r, const tdm_frame_t *f);
 /* Sends END(status, message) for a client call; returns tdm_sock_send's code. */
 int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
                 const char *message, const ProtobufCMessage *body);
@@ -172,6 +177,9 @@ int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t 
 void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body);
 
 /* ---- request.c ---- */
+/* Counts an ended GENERATE request: final status (0 or a negative TDM_E code) and
+ * FinishReason (-1: refused before it started). */
+void rt_count_end(tdm_router_t *r, int status, int finish);
 /* Handles a GENERATE REQUEST frame (validation, tokenization, dispatch). */
 void rt_generate(tdm_router_t *r, const tdm_frame_t *f);
 /* Client CANCEL for (peer, call id). */

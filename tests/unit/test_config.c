@@ -63,6 +63,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
     assert_string_equal(a->model.name, b->model.name);
     assert_string_equal(a->router.client_endpoint, b->router.client_endpoint);
     assert_string_equal(a->router.node_endpoint, b->router.node_endpoint);
+    assert_str_or_null_equal(a->router.node_advertise, b->router.node_advertise);
     assert_string_equal(a->router.http_address, b->router.http_address);
     assert_int_equal(a->router.http_port, b->router.http_port);
     assert_int_equal(a->router.prefill_policy, b->router.prefill_policy);
@@ -90,6 +91,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
         assert_int_equal(x->role, y->role);
         assert_str_or_null_equal(x->endpoint, y->endpoint);
         assert_str_or_null_equal(x->kv_endpoint, y->kv_endpoint);
+        assert_str_or_null_equal(x->kv_advertise, y->kv_advertise);
         assert_int_equal(x->device.kind, y->device.kind);
         assert_int_equal(x->device.index, y->device.index);
         assert_int_equal(x->threads, y->threads);
@@ -354,6 +356,139 @@ static void test_default_kv_endpoints(void **state)
     tdm_config_free(&cfg);
 }
 
+/* Bind here, advertise there (containers: ZeroMQ binds no host names, so a node binds
+ * tcp://0.0.0.0:P and the others reach it by its service name). */
+static void test_advertise(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    /* Unset: the advertised endpoints are the bound ones. */
+    load_ok("nodes:\n  - {id: p0, role: prefill}\n  - {id: d0, role: decode}\n", &cfg);
+    assert_null(cfg.router.node_advertise);
+    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://127.0.0.1:7601");
+    assert_null(tdm_config_kv_advertise(&cfg.nodes[0]));
+    assert_null(cfg.nodes[1].kv_advertise);
+    assert_string_equal(tdm_config_kv_advertise(&cfg.nodes[1]), "tcp://127.0.0.1:7610");
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+
+    /* The compose file's shape: every decode node binds the same wildcard endpoint on its own
+     * host, which is no duplicate since each advertises its own name. */
+    load_ok("router:\n"
+            "  client_endpoint: tcp://0.0.0.0:7600\n"
+            "  node_endpoint: tcp://0.0.0.0:7601\n"
+            "  node_advertise: \"tcp://router:7601\"\n"
+            "nodes:\n"
+            "  - {id: prefill-0, role: prefill}\n"
+            "  - id: decode-0\n"
+            "    role: decode\n"
+            "    kv_endpoint: tcp://0.0.0.0:7610\n"
+            "    kv_advertise: tcp://decode-0:7610\n"
+            "  - id: decode-1\n"
+            "    role: decode\n"
+            "    kv_endpoint: tcp://0.0.0.0:7610\n"
+            "    kv_advertise: \"tcp://decode-1:7610\"\n",
+            &cfg);
+    assert_string_equal(cfg.router.node_endpoint, "tcp://0.0.0.0:7601");
+    assert_string_equal(cfg.router.node_advertise, "tcp://router:7601");
+    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://router:7601");
+    assert_string_equal(cfg.nodes[1].kv_endpoint, "tcp://0.0.0.0:7610");
+    assert_string_equal(cfg.nodes[1].kv_advertise, "tcp://decode-0:7610");
+    assert_string_equal(tdm_config_kv_advertise(&cfg.nodes[1]), "tcp://decode-0:7610");
+    assert_string_equal(tdm_config_kv_advertise(&cfg.nodes[2]), "tcp://decode-1:7610");
+    assert_round_trip(&cfg);
+    char *text = dump_string(&cfg);
+    assert_non_null(strstr(text, "  node_advertise: \"tcp://router:7601\"\n"));
+    assert_non_null(strstr(text, "    kv_advertise: \"tcp://decode-1:7610\"\n"));
+    free(text);
+    tdm_config_free(&cfg);
+
+    /* Advertising what is bound is allowed (and changes nothing). */
+    load_ok("router:\n  node_advertise: tcp://127.0.0.1:7601\n"
+            "nodes:\n  - {id: d, role: decode, kv_endpoint: 'tcp://10.0.0.2:7610',"
+            " kv_advertise: 'tcp://10.0.0.2:7610'}\n",
+            &cfg);
+    assert_string_equal(tdm_config_kv_advertise(&cfg.nodes[0]), "tcp://10.0.0.2:7610");
+    tdm_config_free(&cfg);
+
+    load_fails("router:\n  node_advertise: tcp://0.0.0.0:7601\n",
+               "cluster.yaml:2: key 'router.node_advertise': must name a host the other nodes "
+               "can reach, not the wildcard address '0.0.0.0' (a wildcard belongs in the "
+               "endpoint that is bound)");
+    load_fails("nodes:\n  - id: d\n    role: decode\n    kv_advertise: tcp://*:7610\n",
+               "cluster.yaml:4: key 'nodes[0].kv_advertise': must name a host the other nodes "
+               "can reach, not the wildcard address '*' (a wildcard belongs in the endpoint "
+               "that is bound)");
+    load_fails("nodes:\n  - id: d\n    role: decode\n    kv_advertise: decode-0:7610\n",
+               "cluster.yaml:4: key 'nodes[0].kv_advertise': must be a ZeroMQ endpoint "
+               "tcp://HOST:PORT, ipc://PATH or inproc://NAME, got 'decode-0:7610'");
+    load_fails("nodes:\n  - {id: d, role: decode}\n"
+               "  - {id: p, role: prefill, kv_advertise: 'tcp://p:1'}\n",
+               "cluster.yaml:3: key 'nodes[1].kv_advertise': only decode nodes receive KV pages");
+    /* Two nodes advertising the same endpoint collide; so does an advertised endpoint that
+     * is another node's bound one. */
+    load_fails("nodes:\n"
+               "  - {id: d0, role: decode, kv_endpoint: 'tcp://0.0.0.0:7610',"
+               " kv_advertise: 'tcp://kv:7610'}\n"
+               "  - {id: d1, role: decode, kv_endpoint: 'tcp://0.0.0.0:7610',"
+               " kv_advertise: 'tcp://kv:7610'}\n",
+               "cluster.yaml:3: key 'nodes[1].kv_advertise': endpoint tcp://kv:7610 is also "
+               "used by nodes[0].kv_advertise");
+    load_fails("router:\n  node_advertise: tcp://127.0.0.1:7610\n"
+               "nodes:\n  - {id: d, role: decode}\n",
+               "cluster.yaml:2: key 'router.node_advertise': endpoint tcp://127.0.0.1:7610 is "
+               "also used by nodes[0].kv_endpoint (its default)");
+    /* Without kv_advertise two equal binds are still an error (one host, one port). */
+    load_fails("nodes:\n"
+               "  - {id: d0, role: decode, kv_endpoint: 'tcp://0.0.0.0:7610'}\n"
+               "  - {id: d1, role: decode, kv_endpoint: 'tcp://0.0.0.0:7610'}\n",
+               "cluster.yaml:3: key 'nodes[1].kv_endpoint': endpoint tcp://0.0.0.0:7610 is "
+               "also used by nodes[0].kv_endpoint");
+}
+
+/* deploy/config/compose.yaml (docker compose) and the cluster configs of deploy/k8s (base,
+ * cuda) load, and bind wildcards while advertising service names. */
+static void test_deploy_configs(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    const char *path = TDM_SOURCE_DIR "/deploy/config/compose.yaml";
+    if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
+        fail_msg("%s", err.msg);
+    assert_string_equal(cfg.router.node_endpoint, "tcp://0.0.0.0:7601");
+    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://router:7601");
+    assert_string_equal(cfg.router.http_address, "0.0.0.0");
+    const tdm_node_config_t *d = tdm_config_find_node(&cfg, "decode-0");
+    assert_non_null(d);
+    assert_string_equal(d->kv_endpoint, "tcp://0.0.0.0:7610");
+    assert_string_equal(tdm_config_kv_advertise(d), "tcp://decode-0:7610");
+    assert_non_null(tdm_config_find_node(&cfg, "prefill-0"));
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+
+    path = TDM_SOURCE_DIR "/deploy/k8s/base/cluster.yaml";
+    if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
+        fail_msg("%s", err.msg);
+    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://tandem-router:7601");
+    d = tdm_config_find_node(&cfg, "tandem-decode-0");
+    assert_non_null(d);
+    assert_string_equal(tdm_config_kv_advertise(d), "tcp://tandem-decode-0.tandem-decode-kv:7610");
+    assert_non_null(tdm_config_find_node(&cfg, "tandem-prefill-0"));
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+
+    path = TDM_SOURCE_DIR "/deploy/k8s/cuda/cluster.yaml";
+    if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
+        fail_msg("%s", err.msg);
+    d = tdm_config_find_node(&cfg, "tandem-decode-0");
+    assert_non_null(d);
+    assert_int_equal(d->device.kind, TDM_NODE_DEVICE_CUDA);
+    assert_string_equal(tdm_config_kv_advertise(d), "tcp://tandem-decode-0.tandem-decode-kv:7610");
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+}
+
 /* The example from the issue: the message names file, line and key. */
 static void test_error_block_size(void **state)
 {
@@ -395,15 +530,15 @@ static void test_error_unknown_keys(void **state)
                "kv, security, nodes)");
     load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
-               "client_endpoint, node_endpoint, http_address, http_port, prefill_policy, "
-               "max_queue, request_timeout_s, api_keys)");
+               "client_endpoint, node_endpoint, node_advertise, http_address, http_port, "
+               "prefill_policy, max_queue, request_timeout_s, api_keys)");
     load_fails("kv:\n  blocksize: 16\n",
                "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
                "dtype, prefix_caching)");
     load_fails("nodes:\n  - id: d\n    role: decode\n    gpu: 0\n",
                "cluster.yaml:4: key 'nodes[0].gpu': unknown key (expected one of: id, role, "
-               "endpoint, kv_endpoint, device, threads, memory_budget, gpu_memory_utilization, "
-               "max_batch_tokens, max_running)");
+               "endpoint, kv_endpoint, kv_advertise, device, threads, memory_budget, "
+               "gpu_memory_utilization, max_batch_tokens, max_running)");
     load_fails("log:\n  level: info\n  format: json\n",
                "cluster.yaml:3: key 'log.format': unknown key (expected one of: level)");
 }
@@ -804,6 +939,8 @@ int main(void)
         cmocka_unit_test(test_parse_bytes),
         cmocka_unit_test(test_device_parse),
         cmocka_unit_test(test_example_file),
+        cmocka_unit_test(test_advertise),
+        cmocka_unit_test(test_deploy_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,8 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__models_request__descriptor,
     &tandem__v1__model_info__descriptor,
     &tandem__v1__models_response__descriptor,
+    &tandem__v1__metrics_request__descriptor,
+    &tandem__v1__metrics_response__descriptor,
     &tandem__v1__status_request__descriptor,
     &tandem__v1__node_status__descriptor,
     &tandem__v1__cluster_status__descriptor,

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "metrics.h"
 #include "router.h"
 #include "tandem/config.h"
 #include "tandem/model.h"
@@ -1630,6 +1631,338 @@ static void test_shutdown(void **state)
     env_free(e);
 }
 
+/* ---- metrics (router/metrics.h): Prometheus text through METHOD_METRICS ---- */
+
+/* The value of one sample line "SERIES VALUE" in text; fails when the series is missing. */
+static double sample_of(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    fail_msg("metrics: no sample %s", series);
+    return -1;
+}
+
+static bool has_series(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ')
+            return true;
+    return false;
+}
+
+/* The text of a METRICS call (checked against tdm_router_metrics_text, which must say the
+ * same while nothing happens in between). Caller frees. */
+static char *metrics_call(env_t *e)
+{
+    Tandem__V1__MetricsRequest mr = TANDEM__V1__METRICS_REQUEST__INIT;
+    uint64_t call = send_req(e, M(METRICS), &mr.base, NULL, 0);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, 0);
+    Tandem__V1__MetricsResponse *resp = (Tandem__V1__MetricsResponse *)tdm_frame_unpack(
+        &f, &tandem__v1__metrics_response__descriptor);
+    assert_non_null(resp);
+    char *text = tdm_strdup(resp->text);
+    assert_non_null(text);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    tdm_frame_clear(&f);
+    char *direct = NULL;
+    size_t len = 0;
+    assert_int_equal(tdm_router_metrics_text(e->r, &direct, &len), 0);
+    assert_int_equal(len, strlen(direct));
+    assert_string_equal(direct, text);
+    free(direct);
+    assert_true(strlen(text) > 0 && text[strlen(text) - 1] == '\n');
+    return text;
+}
+
+/* Every histogram's buckets are cumulative: non-decreasing, and +Inf equals _count. */
+static void check_histograms(const char *text)
+{
+    const char *names[] = {
+        "tandem_time_to_first_token_seconds",   "tandem_inter_token_latency_seconds",
+        "tandem_time_per_output_token_seconds", "tandem_e2e_request_latency_seconds",
+        "tandem_request_queue_time_seconds",    "tandem_request_prefill_time_seconds",
+        "tandem_kv_transfer_time_seconds"};
+    const double *bounds = tdm_router_hist_bounds();
+    for (size_t h = 0; h < sizeof names / sizeof names[0]; h++) {
+        char series[160];
+        double prev = 0;
+        for (size_t i = 0; i < 15; i++) {
+            snprintf(series, sizeof series, "%s_bucket{le=\"%g\"}", names[h], bounds[i]);
+            double v = sample_of(text, series);
+            if (v < prev)
+                fail_msg("%s: bucket le=%g (%g) below the previous one (%g)", names[h], bounds[i],
+                         v, prev);
+            prev = v;
+        }
+        snprintf(series, sizeof series, "%s_bucket{le=\"+Inf\"}", names[h]);
+        double inf = sample_of(text, series);
+        assert_true(inf >= prev);
+        snprintf(series, sizeof series, "%s_count", names[h]);
+        assert_float_equal(sample_of(text, series), inf, 0);
+        snprintf(series, sizeof series, "%s_sum", names[h]);
+        assert_true(sample_of(text, series) >= 0);
+    }
+}
+
+/* `promtool check metrics` must accept the text without a word (scripts/setup installs the
+ * Debian package prometheus; missing is a failure, not a skip). */
+static void promtool_check(env_t *e, const char *text)
+{
+    if (system("command -v promtool >/dev/null 2>&1") != 0)
+        fail_msg("promtool is not installed (Debian package prometheus; run scripts/setup)");
+    char path[160], cmd[400];
+    snprintf(path, sizeof path, "%s/metrics.txt", e->dir);
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(text, 1, strlen(text), fp), strlen(text));
+    assert_int_equal(fclose(fp), 0);
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
+    FILE *pp = popen(cmd, "r");
+    assert_non_null(pp);
+    char out[4096];
+    size_t n = fread(out, 1, sizeof out - 1, pp);
+    out[n] = '\0';
+    int st = pclose(pp);
+    unlink(path);
+    if (st != 0 || n != 0)
+        fail_msg("promtool check metrics (exit status %d): %s", st, out);
+}
+
+static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64_t hits)
+{
+    Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    h.node_id = (char *)n->id;
+    h.kv_blocks_free = 100 - used;
+    h.kv_blocks_used = used;
+    h.kv_blocks_cached = 5;
+    h.running = 2;
+    h.waiting = 1;
+    h.batch_size = 3;
+    h.queued_prefill_tokens = 77;
+    h.prefix_queries = queries;
+    h.prefix_hits = hits;
+    h.instance_id = 42;
+    double steps[2] = {0.25, 0.75};
+    h.n_recent_step_s = 2;
+    h.recent_step_s = steps;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
+}
+
+static void metrics_finished(fake_t *n, const char *req, uint32_t completion, uint64_t bytes)
+{
+    Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
+    fin.request_id = (char *)req;
+    fin.reason = FIN(STOP);
+    fin.completion_tokens = completion;
+    fin.kv_transfer_s = 0.0025;
+    fin.kv_transfer_bytes = bytes;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(FINISHED), &fin.base), 0);
+}
+
+/* Reserve on d0 acknowledged and the prefill task on p0; returns the prompt's token count. */
+static uint32_t metrics_dispatch(env_t *e)
+{
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    uint32_t n = (uint32_t)rs->n_prompt_tokens;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    return n;
+}
+
+/* Fake traffic (completed, refused, cancelled, re-dispatched after transfer failures, nodes
+ * lost) and the figures METHOD_METRICS reports for it; promtool accepts the text. */
+static void test_metrics(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    metrics_heartbeat(&e->d0, 40, 0, 0);
+    metrics_heartbeat(&e->p0, 0, 10, 4);
+    pump(e, 50);
+
+    /* a request served in full: 4 tokens, 123456 KV bytes */
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "m-ok", "hello world", 8, true);
+    uint64_t call = generate(e, &g);
+    uint32_t prompt_tokens = metrics_dispatch(e);
+    fake_token(&e->p0, "m-ok", 0, B('a'));
+    fake_token(&e->d0, "m-ok", 1, B('b'));
+    fake_token(&e->d0, "m-ok", 2, B('c'));
+    fake_token(&e->d0, "m-ok", 3, eos());
+    metrics_finished(&e->d0, "m-ok", 4, 123456);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+
+    /* refused: max_tokens 0 */
+    prompt_req(&g, "m-bad", "x", 0, true);
+    call = generate(e, &g);
+    expect_end(e, call, TDM_EINVALID, "max_tokens");
+
+    /* cancelled by the client while running; mid-flight the gauges show it running */
+    prompt_req(&g, "m-cancel", "abc", 8, true);
+    call = generate(e, &g);
+    prompt_tokens += metrics_dispatch(e);
+    char *mid = metrics_call(e);
+    assert_float_equal(sample_of(mid, "tandem_requests_running"), 1, 0);
+    assert_float_equal(sample_of(mid, "tandem_requests_queued"), 0, 0);
+    free(mid);
+    tdm_send_t c = {0};
+    c.kind = K_CANCEL;
+    c.method = M(GENERATE);
+    c.call_id = call;
+    assert_int_equal(tdm_sock_send(e->client, &c), 0);
+    expect_cancel(e, &e->p0, "m-cancel", 1);
+    expect_cancel(e, &e->d0, "m-cancel", 1);
+
+    /* three failed attempts, then served: a prefill failure before its first token (not a
+     * transfer failure), one after it (the transfer failed), a transfer the decode node
+     * rejected */
+    prompt_req(&g, "m-retry", "retry me", 8, true);
+    call = generate(e, &g);
+    uint32_t retry_tokens = metrics_dispatch(e);
+    prompt_tokens += retry_tokens;
+    fake_task_failed(&e->p0, "m-retry", 8, "prefill node task table full", true);
+    expect_cancel(e, &e->p0, "m-retry", 1);
+    expect_cancel(e, &e->d0, "m-retry", 1);
+    assert_int_equal(metrics_dispatch(e), retry_tokens);
+    fake_token(&e->p0, "m-retry", 0, B('x'));
+    fake_task_failed(&e->p0, "m-retry", 4, "KV transfer to decode-0 failed: no acknowledgement",
+                     true);
+    expect_cancel(e, &e->p0, "m-retry", 1);
+    expect_cancel(e, &e->d0, "m-retry", 1);
+    assert_int_equal(metrics_dispatch(e), retry_tokens);
+    fake_token(&e->p0, "m-retry", 0, B('x')); /* already delivered: a duplicate */
+    fake_task_failed(&e->d0, "m-retry", 3, "KV transfer rejected: block 0 checksum mismatch", true);
+    expect_cancel(e, &e->p0, "m-retry", 1);
+    expect_cancel(e, &e->d0, "m-retry", 1);
+    assert_int_equal(metrics_dispatch(e), retry_tokens);
+    fake_token(&e->p0, "m-retry", 0, B('x')); /* a duplicate again */
+    fake_token(&e->d0, "m-retry", 1, B('y'));
+    fake_token(&e->d0, "m-retry", 2, eos());
+    metrics_finished(&e->d0, "m-retry", 3, 1000);
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "xy");
+
+    char *t = metrics_call(e);
+    /* requests */
+    assert_float_equal(sample_of(t, "tandem_requests_received_total"), 4, 0);
+    assert_float_equal(sample_of(t, "tandem_requests_total{status=\"OK\",finish_reason=\"stop\"}"),
+                       2, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_requests_total{status=\"OK\",finish_reason=\"length\"}"), 0, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_requests_total{status=\"INVALID_ARGUMENT\",finish_reason=\"none\"}"),
+        1, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_requests_total{status=\"CANCELLED\",finish_reason=\"cancelled\"}"), 1,
+        0);
+    assert_false(
+        has_series(t, "tandem_requests_total{status=\"INTERNAL\",finish_reason=\"error\"}"));
+    assert_float_equal(sample_of(t, "tandem_requests_redispatched_total"), 3, 0);
+    assert_float_equal(sample_of(t, "tandem_duplicate_token_events_total"), 2, 0);
+    assert_float_equal(sample_of(t, "tandem_requests_queue_full_total"), 0, 0);
+    assert_float_equal(sample_of(t, "tandem_requests_running"), 0, 0);
+    assert_float_equal(sample_of(t, "tandem_requests_queued"), 0, 0);
+    /* tokens and KV transfers */
+    assert_float_equal(sample_of(t, "tandem_prompt_tokens_total"), prompt_tokens, 0);
+    assert_float_equal(sample_of(t, "tandem_generation_tokens_total"), 7, 0);
+    assert_float_equal(sample_of(t, "tandem_prompt_tokens_cached_total"), 6, 0);
+    assert_float_equal(sample_of(t, "tandem_kv_transfer_bytes_total"), 124456, 0);
+    assert_float_equal(sample_of(t, "tandem_kv_transfer_failures_total"), 2, 0);
+    /* histograms: counts, sums, bucket placement */
+    check_histograms(t);
+    assert_float_equal(sample_of(t, "tandem_time_to_first_token_seconds_count"), 2, 0);
+    assert_float_equal(sample_of(t, "tandem_inter_token_latency_seconds_count"), 5, 0);
+    assert_float_equal(sample_of(t, "tandem_time_per_output_token_seconds_count"), 2, 0);
+    assert_float_equal(sample_of(t, "tandem_e2e_request_latency_seconds_count"), 2, 0);
+    assert_float_equal(sample_of(t, "tandem_request_queue_time_seconds_count"), 3, 0);
+    assert_float_equal(sample_of(t, "tandem_request_prefill_time_seconds_count"), 2, 0);
+    assert_float_equal(sample_of(t, "tandem_request_prefill_time_seconds_sum"), 0.025, 1e-12);
+    /* prefill_s 0.0125 is above 0.01 and not above 0.025 */
+    assert_float_equal(sample_of(t, "tandem_request_prefill_time_seconds_bucket{le=\"0.01\"}"), 0,
+                       0);
+    assert_float_equal(sample_of(t, "tandem_request_prefill_time_seconds_bucket{le=\"0.025\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(t, "tandem_kv_transfer_time_seconds_count"), 2, 0);
+    assert_float_equal(sample_of(t, "tandem_kv_transfer_time_seconds_sum"), 0.005, 1e-12);
+    assert_float_equal(sample_of(t, "tandem_kv_transfer_time_seconds_bucket{le=\"0.001\"}"), 0, 0);
+    assert_float_equal(sample_of(t, "tandem_kv_transfer_time_seconds_bucket{le=\"0.0025\"}"), 2, 0);
+    /* nodes */
+    assert_float_equal(sample_of(t, "tandem_node_up{node=\"decode-0\",role=\"decode\"}"), 1, 0);
+    assert_float_equal(sample_of(t, "tandem_node_up{node=\"prefill-0\",role=\"prefill\"}"), 1, 0);
+    assert_float_equal(sample_of(t, "tandem_node_up{node=\"prefill-1\",role=\"prefill\"}"), 0, 0);
+    assert_float_equal(sample_of(t, "tandem_node_up{node=\"decode-1\",role=\"decode\"}"), 0, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_failures_total{node=\"decode-0\",role=\"decode\"}"), 0, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_prefix_cache_queries_total{node=\"prefill-0\",role=\"prefill\"}"), 10,
+        0);
+    assert_float_equal(
+        sample_of(t, "tandem_prefix_cache_hits_total{node=\"prefill-0\",role=\"prefill\"}"), 4, 0);
+    assert_false(
+        has_series(t, "tandem_prefix_cache_hits_total{node=\"prefill-1\",role=\"prefill\"}"));
+    assert_float_equal(
+        sample_of(t, "tandem_node_kv_blocks_used{node=\"decode-0\",role=\"decode\"}"), 40, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_kv_blocks_capacity{node=\"decode-0\",role=\"decode\"}"), 100, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_kv_blocks_cached{node=\"decode-0\",role=\"decode\"}"), 5, 0);
+    assert_float_equal(sample_of(t, "tandem_node_running{node=\"decode-0\",role=\"decode\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(t, "tandem_node_waiting{node=\"decode-0\",role=\"decode\"}"), 1,
+                       0);
+    assert_float_equal(sample_of(t, "tandem_node_batch_size{node=\"decode-0\",role=\"decode\"}"), 3,
+                       0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_queued_prefill_tokens{node=\"prefill-0\",role=\"prefill\"}"), 77,
+        0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_step_time_seconds{node=\"prefill-0\",role=\"prefill\"}"), 0.5, 0);
+    assert_false(has_series(t, "tandem_node_running{node=\"decode-1\",role=\"decode\"}"));
+    char info[200];
+    snprintf(info, sizeof info, "tandem_build_info{version=\"%s\",model=\"tiny\"}", TANDEM_VERSION);
+    assert_float_equal(sample_of(t, info), 1, 0);
+    /* every family announced once with HELP and TYPE */
+    assert_non_null(strstr(t, "# HELP tandem_time_to_first_token_seconds "));
+    assert_non_null(strstr(t, "# TYPE tandem_time_to_first_token_seconds histogram\n"));
+    assert_non_null(strstr(t, "# TYPE tandem_requests_total counter\n"));
+    assert_non_null(strstr(t, "# TYPE tandem_node_up gauge\n"));
+    promtool_check(e, t);
+    free(t);
+
+    /* the nodes go silent: down, counted, their load gauges gone, their counters kept */
+    tdm_router_set_heartbeat(e->r, 0, 100);
+    pump(e, 300);
+    t = metrics_call(e);
+    assert_float_equal(sample_of(t, "tandem_node_up{node=\"decode-0\",role=\"decode\"}"), 0, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_failures_total{node=\"decode-0\",role=\"decode\"}"), 1, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_failures_total{node=\"prefill-0\",role=\"prefill\"}"), 1, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_failures_total{node=\"prefill-1\",role=\"prefill\"}"), 0, 0);
+    assert_false(has_series(t, "tandem_node_kv_blocks_used{node=\"decode-0\",role=\"decode\"}"));
+    assert_float_equal(
+        sample_of(t, "tandem_prefix_cache_queries_total{node=\"prefill-0\",role=\"prefill\"}"), 10,
+        0);
+    assert_non_null(strstr(t, "# TYPE tandem_node_kv_blocks_used gauge\n"));
+    promtool_check(e, t);
+    free(t);
+    env_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1654,6 +1987,7 @@ int main(void)
         cmocka_unit_test(test_status_health_models),
         cmocka_unit_test(test_client_gone),
         cmocka_unit_test(test_shutdown),
+        cmocka_unit_test(test_metrics),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

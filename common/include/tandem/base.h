@@ -53,7 +53,8 @@ int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Like tdm_error_set but prepends the printf-formatted context to the message already in
- * *err ("loading x.gguf: " + old message); keeps the code. Returns err->code (or code when
+ * *err, separated by ": " unless the context ends with it ("loading x.gguf: " + old message);
+ * keeps the code. Returns err->code (or code when
  * err is NULL). */
 int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -69,10 +69,14 @@ typedef struct tdm_model_config {
 
 /* router: the client-facing endpoints and the scheduler's knobs. */
 typedef struct tdm_router_config {
-    char *client_endpoint;               /* ZMQ ROUTER for clients; "tcp://127.0.0.1:7600" */
-    char *node_endpoint;                 /* ZMQ ROUTER the nodes connect to; ":7601" */
-    char *http_address;                  /* HTTP gateway bind address; "127.0.0.1" */
-    int http_port;                       /* 1..65535; 8000 */
+    char *client_endpoint; /* ZMQ ROUTER for clients; "tcp://127.0.0.1:7600" */
+    char *node_endpoint;   /* ZMQ ROUTER the nodes connect to; ":7601" */
+    char *node_advertise;  /* what the nodes connect to when it is not node_endpoint (which the
+                              router binds): e.g. bind tcp://0.0.0.0:7601, advertise
+                              tcp://router:7601 (ZeroMQ binds no host names). NULL: node_endpoint;
+                              see tdm_config_router_advertise */
+    char *http_address;    /* HTTP gateway bind address; "127.0.0.1" */
+    int http_port;         /* 1..65535; 8000 */
     tdm_prefill_policy_t prefill_policy; /* round_robin (default) */
     int max_queue;                       /* requests waiting for a node before RESOURCE_EXHAUSTED;
                                             1..1000000, default 1024 */
@@ -113,6 +117,11 @@ typedef struct tdm_node_config {
     char *kv_endpoint;             /* decode nodes: ZMQ endpoint receiving KV pages; default
                                       "tcp://127.0.0.1:(7610 + n)" for the n-th decode node (from 0);
                                       always NULL for prefill nodes */
+    char *kv_advertise;            /* decode nodes: the KV endpoint the node registers with the
+                                      router, which prefill nodes connect to, when it is not
+                                      kv_endpoint (which the node binds): e.g. bind
+                                      tcp://0.0.0.0:7610, advertise tcp://decode-0:7610. NULL:
+                                      kv_endpoint; see tdm_config_kv_advertise */
     tdm_node_device_t device;      /* default cpu */
     int threads;                   /* CPU compute threads, 0..1024; 0 = one per core (default) */
     uint64_t memory_budget;        /* bytes for weights + KV on this node (>= 1 MiB); 0 when
@@ -158,6 +167,14 @@ int tdm_config_load_string(const char *text, size_t len, const char *name, tdm_c
 /* The node with the given id, or NULL. The pointer is into cfg->nodes (valid until
  * tdm_config_free). Cannot fail. */
 const tdm_node_config_t *tdm_config_find_node(const tdm_config_t *cfg, const char *id);
+
+/* The endpoint nodes connect to: router.node_advertise when set, else router.node_endpoint.
+ * Borrowed from cfg. Cannot fail. */
+const char *tdm_config_router_advertise(const tdm_config_t *cfg);
+
+/* The KV endpoint prefill nodes connect to for decode node `node`: its kv_advertise when set,
+ * else its kv_endpoint; NULL for a prefill node. Borrowed from node. Cannot fail. */
+const char *tdm_config_kv_advertise(const tdm_node_config_t *node);
 
 /* Writes the resolved configuration (every key, defaults included) as YAML that
  * tdm_config_load_string reads back into an identical config. Returns 0, or TDM_EUNAVAILABLE

@@ -16,6 +16,7 @@
 #include "tandem/config.h"
 #include "tandem/log.h"
 #include "tandem/net.h"
+#include "tandem/node.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +41,10 @@ int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *
 
 void tdm_prefill_destroy(tdm_prefill_t **self_p);
 
+/* The node's link to the router (owned by the node; valid until tdm_prefill_destroy), e.g. to
+ * watch its registration state (tdm_node_link_state) from another thread. Cannot fail. */
+tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p);
+
 /* ---- decode node ---- */
 
 typedef struct tdm_decode tdm_decode_t;
@@ -56,6 +61,10 @@ int tdm_decode_run(tdm_decode_t *d, volatile sig_atomic_t *stop, tdm_error_t *er
 
 void tdm_decode_destroy(tdm_decode_t **self_p);
 
+/* The node's link to the router (owned by the node; valid until tdm_decode_destroy). Cannot
+ * fail. */
+tdm_node_link_t *tdm_decode_link(tdm_decode_t *d);
+
 /* ---- the daemons' main ---- */
 
 /* How tdm_daemon_main creates, runs and destroys a node (the prefill or decode object). */
@@ -65,11 +74,16 @@ typedef struct tdm_daemon_ops {
                     const tdm_logger_t *log, tdm_error_t *err);
     int (*run)(void *node, volatile sig_atomic_t *stop, tdm_error_t *err);
     void (*destroy)(void *node);
+    /* Optional (NULL: the daemon never reports READY=1): the node's router link. With it and a
+     * service manager listening ($NOTIFY_SOCKET, tandem/notify.h), tdm_daemon_main reports
+     * READY=1 once the link is REGISTERED, STATUS= on each change and STOPPING=1 at the end. */
+    tdm_node_link_t *(*link)(void *node);
 } tdm_daemon_ops_t;
 
 /* Parses the command line of tandem-prefill / tandem-decode, loads the config (defaults when
  * no --config), picks the node (--node-id, or the config's first node of the role), installs
- * SIGTERM/SIGINT handlers and runs the node through ops. Returns the process exit status:
+ * SIGTERM/SIGINT handlers and runs the node through ops (with sd_notify readiness when ops->link
+ * is set, see tdm_daemon_ops_t). Returns the process exit status:
  * 0 after a signal, 1 on a runtime failure, 2 on a usage or config error. */
 int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops);
 

@@ -68,7 +68,9 @@ int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
     size_t pl = strnlen(prefix, sizeof err->msg - 1);
     memcpy(err->msg, prefix, pl);
     size_t pos = pl;
-    if (pos + 2 < sizeof err->msg) {
+    /* The separator ": ", unless the context already ends with one. */
+    bool has_sep = pl >= 2 && prefix[pl - 2] == ':' && prefix[pl - 1] == ' ';
+    if (!has_sep && pos + 2 < sizeof err->msg) {
         err->msg[pos++] = ':';
         err->msg[pos++] = ' ';
     }

@@ -216,6 +216,7 @@ static void node_free(tdm_node_config_t *node)
     free(node->id);
     free(node->endpoint);
     free(node->kv_endpoint);
+    free(node->kv_advertise);
     memset(node, 0, sizeof *node);
 }
 
@@ -227,6 +228,7 @@ void tdm_config_free(tdm_config_t *cfg)
     free(cfg->model.name);
     free(cfg->router.client_endpoint);
     free(cfg->router.node_endpoint);
+    free(cfg->router.node_advertise);
     free(cfg->router.http_address);
     for (size_t i = 0; i < cfg->router.n_api_keys; i++)
         free(cfg->router.api_keys[i]);
@@ -366,6 +368,18 @@ const tdm_node_config_t *tdm_config_find_node(const tdm_config_t *cfg, const cha
     return NULL;
 }
 
+const char *tdm_config_router_advertise(const tdm_config_t *cfg)
+{
+    return cfg->router.node_advertise ? cfg->router.node_advertise : cfg->router.node_endpoint;
+}
+
+const char *tdm_config_kv_advertise(const tdm_node_config_t *node)
+{
+    if (node->role != TDM_NODE_ROLE_DECODE)
+        return NULL;
+    return node->kv_advertise ? node->kv_advertise : node->kv_endpoint;
+}
+
 /* ---- the loader ---- */
 
 /* Longest dotted key path built ("nodes[1023].gpu_memory_utilization" fits). */
@@ -386,7 +400,7 @@ typedef struct endpoint_ref {
 
 /* Per-node marks kept while loading, for checks that need the whole entry or all entries. */
 typedef struct node_marks {
-    const yaml_node_t *id, *role, *endpoint, *kv_endpoint;
+    const yaml_node_t *id, *role, *endpoint, *kv_endpoint, *kv_advertise;
     const yaml_node_t *memory_budget, *gpu_memory_utilization;
 } node_marks_t;
 
@@ -668,6 +682,30 @@ static int get_endpoint(loader_t *ld, const yaml_node_t *v, const char *key, boo
     return TDM_OK;
 }
 
+/* An endpoint other hosts connect to (router.node_advertise, nodes[].kv_advertise): as
+ * get_endpoint, and a tcp:// one must name a host, not a wildcard that only a bind takes. */
+static int get_advertise(loader_t *ld, const yaml_node_t *v, const char *key, char **out)
+{
+    int rc = get_endpoint(ld, v, key, true, out);
+    if (rc != TDM_OK || !*out || strncmp(*out, "tcp://", 6) != 0)
+        return rc;
+    static const char *const wildcards[] = {"*", "0.0.0.0", "[::]", "::", "[*]"};
+    const char *host = *out + 6;
+    size_t n = (size_t)(strrchr(host, ':') - host);
+    for (size_t i = 0; i < N_OF(wildcards); i++) {
+        if (strlen(wildcards[i]) == n && strncmp(host, wildcards[i], n) == 0) {
+            rc = fail(ld, v, key,
+                      "must name a host the other nodes can reach, not the wildcard address "
+                      "'%s' (a wildcard belongs in the endpoint that is bound)",
+                      wildcards[i]);
+            free(*out);
+            *out = NULL;
+            return rc;
+        }
+    }
+    return TDM_OK;
+}
+
 /* Expands a leading "~/" with $HOME in place. */
 static int expand_home(loader_t *ld, char **path)
 {
@@ -753,9 +791,9 @@ static int parse_api_keys(loader_t *ld, const yaml_node_t *v, tdm_router_config_
 static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
                         endpoint_ref_t *eps)
 {
-    static const char *const known[] = {"client_endpoint",   "node_endpoint",  "http_address",
-                                        "http_port",         "prefill_policy", "max_queue",
-                                        "request_timeout_s", "api_keys",       NULL};
+    static const char *const known[] = {
+        "client_endpoint", "node_endpoint", "node_advertise",    "http_address", "http_port",
+        "prefill_policy",  "max_queue",     "request_timeout_s", "api_keys",     NULL};
     tdm_router_config_t *r = &cfg->router;
     int rc = check_mapping(ld, map, "router", known);
     FOR_EACH_PAIR(ld, map, p)
@@ -772,6 +810,9 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
         } else if (strcmp(name, "node_endpoint") == 0) {
             rc = get_endpoint(ld, v, key, false, &r->node_endpoint);
             eps[1].at = v;
+        } else if (strcmp(name, "node_advertise") == 0) {
+            rc = get_advertise(ld, v, key, &r->node_advertise);
+            eps[2].at = v;
         } else if (strcmp(name, "http_address") == 0) {
             rc = get_string(ld, v, key, false, &r->http_address);
         } else if (strcmp(name, "http_port") == 0) {
@@ -911,6 +952,7 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
                                         "role",
                                         "endpoint",
                                         "kv_endpoint",
+                                        "kv_advertise",
                                         "device",
                                         "threads",
                                         "memory_budget",
@@ -948,6 +990,9 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
         } else if (strcmp(name, "kv_endpoint") == 0) {
             m->kv_endpoint = v;
             rc = get_endpoint(ld, v, key, true, &node->kv_endpoint);
+        } else if (strcmp(name, "kv_advertise") == 0) {
+            m->kv_advertise = v;
+            rc = get_advertise(ld, v, key, &node->kv_advertise);
         } else if (strcmp(name, "device") == 0) {
             if (v->type != YAML_SCALAR_NODE ||
                 tdm_config_device_parse(scalar_text(v), &node->device) != TDM_OK)
@@ -990,6 +1035,10 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
     if (node->kv_endpoint && node->role != TDM_NODE_ROLE_DECODE) {
         key_join(key, path, "kv_endpoint");
         return fail(ld, m->kv_endpoint, key, "only decode nodes receive KV pages");
+    }
+    if (node->kv_advertise && node->role != TDM_NODE_ROLE_DECODE) {
+        key_join(key, path, "kv_advertise");
+        return fail(ld, m->kv_advertise, key, "only decode nodes receive KV pages");
     }
     if (m->memory_budget && m->gpu_memory_utilization) {
         const yaml_node_t *later = line_of(m->memory_budget) > line_of(m->gpu_memory_utilization)
@@ -1047,7 +1096,11 @@ static int parse_nodes(loader_t *ld, const yaml_node_t *seq, tdm_config_t *cfg,
     return TDM_OK;
 }
 
-/* No two ZMQ endpoints (router's, nodes' control and KV) may be the same string. */
+/* No two ZMQ endpoints (router's, nodes' control and KV) may be the same string. Where an
+ * endpoint has an advertised form (router.node_advertise, nodes[].kv_advertise), that form
+ * must be unique too; a decode node's kv_endpoint is then only a bind address (the same
+ * tcp://0.0.0.0:7610 on every host of a container deployment) and is left out. eps has room
+ * for 3 + 2 * n_nodes entries; eps[0..2].at are the router's marks. */
 static int check_endpoints(loader_t *ld, tdm_config_t *cfg, endpoint_ref_t *eps,
                            const node_marks_t *marks)
 {
@@ -1056,13 +1109,22 @@ static int check_endpoints(loader_t *ld, tdm_config_t *cfg, endpoint_ref_t *eps,
     snprintf(eps[0].key, KEY_MAX, "router.client_endpoint");
     eps[1].value = cfg->router.node_endpoint;
     snprintf(eps[1].key, KEY_MAX, "router.node_endpoint");
+    if (cfg->router.node_advertise &&
+        strcmp(cfg->router.node_advertise, cfg->router.node_endpoint) != 0) {
+        eps[n].value = cfg->router.node_advertise;
+        snprintf(eps[n++].key, KEY_MAX, "router.node_advertise");
+    }
     for (size_t i = 0; i < cfg->n_nodes; i++) {
         if (cfg->nodes[i].endpoint) {
             eps[n] = (endpoint_ref_t){.value = cfg->nodes[i].endpoint,
                                       .at = marks ? marks[i].endpoint : NULL};
             snprintf(eps[n++].key, KEY_MAX, "nodes[%zu].endpoint", i);
         }
-        if (cfg->nodes[i].kv_endpoint) {
+        if (cfg->nodes[i].kv_advertise) {
+            eps[n] = (endpoint_ref_t){.value = cfg->nodes[i].kv_advertise,
+                                      .at = marks ? marks[i].kv_advertise : NULL};
+            snprintf(eps[n++].key, KEY_MAX, "nodes[%zu].kv_advertise", i);
+        } else if (cfg->nodes[i].kv_endpoint) {
             eps[n] = (endpoint_ref_t){.value = cfg->nodes[i].kv_endpoint,
                                       .at = marks ? marks[i].kv_endpoint : NULL};
             snprintf(eps[n++].key, KEY_MAX, "nodes[%zu].kv_endpoint", i);
@@ -1097,7 +1159,7 @@ static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
                              line_of(root), describe(root, got, sizeof got));
     if ((rc = check_mapping(ld, root, "", known)) != TDM_OK)
         return rc;
-    endpoint_ref_t router_eps[2] = {{0}};
+    endpoint_ref_t router_eps[3] = {{0}};
     node_marks_t *marks = NULL;
     endpoint_ref_t *eps = NULL;
     bool nodes_given = false;
@@ -1130,13 +1192,14 @@ static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
                                           : "out of memory");
         goto out_free_marks;
     }
-    eps = calloc(2 + 2 * cfg->n_nodes, sizeof *eps);
+    eps = calloc(3 + 2 * cfg->n_nodes, sizeof *eps);
     if (!eps) {
         rc = tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
         goto out_free_marks;
     }
     eps[0].at = router_eps[0].at;
     eps[1].at = router_eps[1].at;
+    eps[2].at = router_eps[2].at;
     rc = check_endpoints(ld, cfg, eps, marks);
     free(eps);
 out_free_marks:
@@ -1282,6 +1345,7 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
     fprintf(out, "router:\n");
     put_key_string(out, "  ", "client_endpoint", r->client_endpoint);
     put_key_string(out, "  ", "node_endpoint", r->node_endpoint);
+    put_key_string(out, "  ", "node_advertise", r->node_advertise);
     put_key_string(out, "  ", "http_address", r->http_address);
     fprintf(out, "  http_port: %d\n", r->http_port);
     fprintf(out, "  prefill_policy: %s\n", tdm_prefill_policy_name(r->prefill_policy));
@@ -1313,8 +1377,10 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
         put_string(out, node->id);
         fprintf(out, "\n    role: %s\n", tdm_node_role_name(node->role));
         put_key_string(out, "    ", "endpoint", node->endpoint);
-        if (node->role == TDM_NODE_ROLE_DECODE)
+        if (node->role == TDM_NODE_ROLE_DECODE) {
             put_key_string(out, "    ", "kv_endpoint", node->kv_endpoint);
+            put_key_string(out, "    ", "kv_advertise", node->kv_advertise);
+        }
         tdm_config_device_format(node->device, buf, sizeof buf);
         fprintf(out, "    device: %s\n", buf);
         fprintf(out, "    threads: %d\n", node->threads);

@@ -1,14 +1,18 @@
 /* daemon.c - command line, config, signals and lifetime of tandem-prefill / tandem-decode. */
 #include <getopt.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tandem/daemon.h"
 #include "tandem/net.h"
 #include "tandem/node.h"
+#include "tandem/notify.h"
 
 static volatile sig_atomic_t g_stop; /* set by the signal handler only */
 
@@ -35,6 +39,64 @@ static void usage(FILE *out, const char *prog, tdm_node_role_t role)
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n",
             prog, tdm_node_role_name(role), tdm_node_role_name(role));
+}
+
+/* Readiness for the service manager (tandem/notify.h). The engine thread stays in ops->run
+ * until shutdown, so a small thread watches the node's link to the router instead: READY=1
+ * once the router acknowledged the registration, STATUS= whenever the link state changes. */
+typedef struct ready_watch {
+    tdm_node_link_t *link;
+    const char *router; /* endpoint the node connects to, for STATUS= */
+    const tdm_logger_t *log;
+    atomic_bool done; /* set by the main thread once ops->run returned */
+    pthread_t thread;
+} ready_watch_t;
+
+#define READY_WATCH_PERIOD_NS (50 * 1000 * 1000)
+
+static void watch_notify(const ready_watch_t *w, bool *warned, const char *state)
+{
+    if (tdm_notify(state) != TDM_OK && !*warned) {
+        *warned = true;
+        TDM_LOG_WARNF(w->log, NULL, "cannot notify the service manager ($NOTIFY_SOCKET)");
+    }
+}
+
+static void *ready_watch_main(void *arg)
+{
+    ready_watch_t *w = arg;
+    bool ready = false, warned = false;
+    int last = -1;
+    char msg[TDM_ERRMSG_MAX + 128];
+    for (;;) {
+        /* one more look after ops->run returned, so a refusal that ended it is reported */
+        bool last_round = atomic_load(&w->done);
+        char why[TDM_ERRMSG_MAX];
+        tdm_node_link_state_t st = tdm_node_link_state(w->link, why, sizeof why);
+        if ((int)st != last) {
+            last = (int)st;
+            switch (st) {
+            case TDM_NODE_LINK_REGISTERED:
+                snprintf(msg, sizeof msg, "%sSTATUS=serving, registered with the router at %s",
+                         ready ? "" : "READY=1\n", w->router);
+                ready = true;
+                break;
+            case TDM_NODE_LINK_REJECTED:
+                snprintf(msg, sizeof msg, "STATUS=refused by the router: %s", why);
+                break;
+            default:
+                snprintf(msg, sizeof msg, "STATUS=%s the router at %s",
+                         ready ? "lost; registering again with" : "registering with", w->router);
+                break;
+            }
+            watch_notify(w, &warned, msg);
+        }
+        if (last_round)
+            break;
+        struct timespec ts = {0, READY_WATCH_PERIOD_NS};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
 }
 
 int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
@@ -114,6 +176,7 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
         fprintf(stderr, "%s: %s\n", prog, err.msg);
         goto out_config;
     }
+    tdm_notifyf("STATUS=loading the model %s", cfg.model.path);
     void *obj = ops->create(&cfg, node->id, net, &log, &err);
     if (!obj) {
         TDM_LOG_ERRORF(&log, NULL, "cannot start: %s", err.msg);
@@ -121,7 +184,21 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
         status = err.code == TDM_EINVALID || err.code == TDM_ENOTFOUND ? 2 : 1;
         goto out_net;
     }
+    ready_watch_t watch = {.router = tdm_config_router_advertise(&cfg), .log = &log};
+    atomic_init(&watch.done, false);
+    bool watching = false;
+    if (ops->link && tdm_notify_enabled()) {
+        watch.link = ops->link(obj);
+        watching = pthread_create(&watch.thread, NULL, ready_watch_main, &watch) == 0;
+        if (!watching)
+            TDM_LOG_WARNF(&log, NULL, "cannot start the readiness thread: no sd_notify READY=1");
+    }
     rc = ops->run(obj, &g_stop, &err);
+    if (watching) {
+        atomic_store(&watch.done, true);
+        pthread_join(watch.thread, NULL);
+    }
+    tdm_notify("STOPPING=1\nSTATUS=stopping");
     if (rc != TDM_OK) {
         TDM_LOG_ERRORF(&log, NULL, "stopped: %s", err.msg);
         fprintf(stderr, "%s: %s\n", prog, err.msg);

@@ -85,8 +85,8 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     tdm_curve_keys_t keys;
     tdm_node_load_t load;
     tdm_node_load_collect(rt->worker, rt->pool, &load);
-    tdm_node_link_opts_t lo = {cfg->router.node_endpoint, tdm_node_curve(cfg, &keys), &reg, log,
-                               &load};
+    tdm_node_link_opts_t lo = {tdm_config_router_advertise(cfg), tdm_node_curve(cfg, &keys), &reg,
+                               log, &load};
     return tdm_node_link_new(net, &lo, err);
 }
 

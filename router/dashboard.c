@@ -1,0 +1,636 @@
+/* dashboard.c - the data behind the router's dashboard page: a sampler thread that asks the
+ * router for its ClusterStatus every second through the HTTP gateway's link (never touching
+ * the router's state), the last TDM_DASH_HISTORY seconds of figures, and the capacity
+ * calculator ("VRAM sandbox") served as JSON.
+ *
+ * Where the figures come from: the request rate, requests running/queued and KV use are the
+ * router's (requests_total deltas and node heartbeats, so every client counts, native ones
+ * included). TTFT, TPOT and output tokens/s are the interval's means from the router's /metrics
+ * text (the deltas of tandem_time_to_first_token_seconds_sum/_count,
+ * tandem_time_per_output_token_seconds_sum/_count and tandem_generation_tokens_total: every
+ * client), and, when the router serves no such metrics, from the requests this gateway proxied
+ * as the router measured them (the Timings of each final GenerateChunk).
+ * Capacity uses the nodes' own sizing functions (tandem/kv.h: tdm_kv_bytes_per_token,
+ * tdm_kv_block_bytes, tdm_kv_blocks_for_tokens), so it agrees with `tandem kvcalc` and with
+ * the pools the nodes build, to the byte (engine scratch memory aside).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "http_internal.h"
+#include "tandem/config.h"
+#include "tandem/kv.h"
+
+#define DASH_PERIOD_S 1.0
+#define DASH_STATUS_TIMEOUT_S 2.0
+#define DASH_MAX_DIM 65536u
+#define DASH_MAX_CONTEXT 16777216u
+#define DASH_MAX_USERS 1048576u
+
+#define DASH_RATE_WINDOW 5 /* samples the request rate and tokens/s are averaged over */
+
+typedef struct dash_sample {
+    double t;                /* unix seconds */
+    double total;            /* the router's requests_total then; NAN when unknown */
+    double tokens;           /* output tokens so far (router metrics or this gateway's) */
+    double rate;             /* requests/s over the last DASH_RATE_WINDOW s; NAN when unknown */
+    double running, queued;  /* NAN when the status call failed */
+    double kv_used_pct;      /* decode nodes: used / total blocks, percent; NAN when none */
+    double ttft_ms, tpot_ms; /* means over the HTTP requests finished in the interval; NAN */
+    double tokens_per_s;     /* output tokens/s over the last DASH_RATE_WINDOW s */
+} dash_sample_t;
+
+struct dash {
+    gw_t *gw;
+    char api_key[TDM_NET_API_KEY_MAX];
+    pthread_t thread;
+    bool started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* under mu: */
+    bool stop;
+    dash_sample_t ring[TDM_DASH_HISTORY];
+    size_t n, next;             /* samples held, slot of the next one */
+    json_t *status;             /* the last ClusterStatus as JSON (nodes, requests, ...), or NULL */
+    char error[TDM_ERRMSG_MAX]; /* why the last status call failed, "" when it worked */
+    double ttft_sum, tpot_sum;
+    uint32_t ttft_n, tpot_n;
+    uint64_t tokens; /* output tokens of the proxied requests, so far */
+    uint64_t http_total, http_ok, http_failed;
+    int streams;
+    /* the previous /metrics figures (sampler thread only) */
+    bool have_metrics;
+    double m_ttft_sum, m_ttft_n, m_tpot_sum, m_tpot_n;
+    const char *source; /* where ttft/tpot/tokens came from in the last sample */
+};
+
+/* The figures of the router's /metrics text the charts use. */
+enum { MET_TTFT_SUM, MET_TTFT_N, MET_TPOT_SUM, MET_TPOT_N, MET_TOKENS, MET_COUNT };
+static const char *const metric_names[MET_COUNT] = {
+    "tandem_time_to_first_token_seconds_sum",   "tandem_time_to_first_token_seconds_count",
+    "tandem_time_per_output_token_seconds_sum", "tandem_time_per_output_token_seconds_count",
+    "tandem_generation_tokens_total",
+};
+
+/* The value of an unlabelled sample `name VALUE` in Prometheus text; false when absent. */
+static bool metric_value(const char *text, const char *name, double *out)
+{
+    size_t n = strlen(name);
+    const char *p = text;
+    while (p && *p) {
+        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
+            char *end;
+            double v = strtod(p + n + 1, &end);
+            if (end == p + n + 1)
+                return false;
+            *out = v;
+            return true;
+        }
+        p = strchr(p, '\n');
+        if (p)
+            p++;
+    }
+    return false;
+}
+
+/* Fetches the router's metrics into v; false when it serves none (or not these). */
+static bool fetch_metrics(dash_t *d, double v[MET_COUNT])
+{
+    Tandem__V1__MetricsRequest req = TANDEM__V1__METRICS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
+                      &tandem__v1__metrics_response__descriptor, d->api_key[0] ? d->api_key : NULL,
+                      DASH_STATUS_TIMEOUT_S, &resp, NULL);
+    if (rc != TDM_OK)
+        return false;
+    const char *text = ((Tandem__V1__MetricsResponse *)resp)->text;
+    bool ok = true;
+    for (int i = 0; i < MET_COUNT && ok; i++)
+        ok = metric_value(text, metric_names[i], &v[i]);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return ok;
+}
+
+static double unix_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static json_t *num_or_null(double v)
+{
+    return isfinite(v) ? json_real(v) : json_null();
+}
+
+static double pct(uint64_t part, uint64_t whole)
+{
+    return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+/* The nodes of a ClusterStatus as JSON, and the decode nodes' KV use. */
+static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
+{
+    json_t *nodes = json_array();
+    uint64_t used = 0, total = 0;
+    for (size_t i = 0; nodes && i < cs->n_nodes; i++) {
+        const Tandem__V1__NodeStatus *n = cs->nodes[i];
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+            "node_id", n->node_id, "role", n->role, "device", n->device, "up", n->up,
+            "kv_blocks_total", (json_int_t)n->kv_blocks_total, "kv_blocks_used",
+            (json_int_t)n->kv_blocks_used, "kv_blocks_cached", (json_int_t)n->kv_blocks_cached,
+            "reserved_blocks", (json_int_t)n->reserved_blocks, "kv_used_pct",
+            pct(n->kv_blocks_used, n->kv_blocks_total), "running", (json_int_t)n->running,
+            "waiting", (json_int_t)n->waiting, "batch_size", (json_int_t)n->batch_size,
+            "queued_prefill_tokens", (json_int_t)n->queued_prefill_tokens, "prefix_queries",
+            (json_int_t)n->prefix_queries, "prefix_hits", (json_int_t)n->prefix_hits,
+            "step_time_ms", n->step_time_s * 1e3, "last_heartbeat_age_s", n->last_heartbeat_age_s);
+        if (o)
+            json_array_append_new(nodes, o);
+        if (n->up && strcmp(n->role, "decode") == 0) {
+            used += n->kv_blocks_used;
+            total += n->kv_blocks_total;
+        }
+    }
+    *kv_pct = total ? pct(used, total) : NAN;
+    return json_pack("{s:s, s:s, s:{s:i, s:i, s:I}, s:o}", "version", cs->version, "model",
+                     cs->model, "requests", "running", (int)cs->requests_running, "queued",
+                     (int)cs->requests_queued, "total", (json_int_t)cs->requests_total, "nodes",
+                     nodes ? nodes : json_array());
+}
+
+/* One sample: a STATUS call, then the interval's figures into the ring. */
+static void sample(dash_t *d)
+{
+    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    tdm_error_t err = {0};
+    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
+                      &tandem__v1__cluster_status__descriptor, d->api_key[0] ? d->api_key : NULL,
+                      DASH_STATUS_TIMEOUT_S, &resp, &err);
+    double now = unix_now();
+    dash_sample_t s = {now, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0};
+    json_t *st = NULL;
+    uint64_t total = 0;
+    if (rc == TDM_OK) {
+        const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
+        st = status_json(cs, &s.kv_used_pct);
+        s.running = cs->requests_running;
+        s.queued = cs->requests_queued;
+        total = cs->requests_total;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    double met[MET_COUNT];
+    bool have_met = fetch_metrics(d, met);
+    pthread_mutex_lock(&d->mu);
+    if (rc == TDM_OK)
+        s.total = (double)total;
+    if (have_met && d->have_metrics) {
+        double n = met[MET_TTFT_N] - d->m_ttft_n, tn = met[MET_TPOT_N] - d->m_tpot_n;
+        if (n > 0)
+            s.ttft_ms = (met[MET_TTFT_SUM] - d->m_ttft_sum) / n * 1e3;
+        if (tn > 0)
+            s.tpot_ms = (met[MET_TPOT_SUM] - d->m_tpot_sum) / tn * 1e3;
+        d->source = "router /metrics histograms, every client";
+    } else if (!have_met) {
+        if (d->ttft_n)
+            s.ttft_ms = d->ttft_sum / d->ttft_n * 1e3;
+        if (d->tpot_n)
+            s.tpot_ms = d->tpot_sum / d->tpot_n * 1e3;
+        d->source = "requests proxied by this HTTP gateway, router-measured";
+    }
+    s.tokens = have_met ? met[MET_TOKENS] : (double)d->tokens;
+    if (have_met) {
+        d->m_ttft_sum = met[MET_TTFT_SUM];
+        d->m_ttft_n = met[MET_TTFT_N];
+        d->m_tpot_sum = met[MET_TPOT_SUM];
+        d->m_tpot_n = met[MET_TPOT_N];
+    }
+    d->have_metrics = have_met;
+    d->ttft_sum = d->tpot_sum = 0;
+    d->ttft_n = d->tpot_n = 0;
+    /* rates over the last DASH_RATE_WINDOW samples: one-second counts are too jumpy */
+    size_t back = d->n < DASH_RATE_WINDOW ? d->n : DASH_RATE_WINDOW;
+    if (back > 0) {
+        const dash_sample_t *o = &d->ring[(d->next + TDM_DASH_HISTORY - back) % TDM_DASH_HISTORY];
+        double dt = now - o->t;
+        if (dt > 0 && s.total >= o->total)
+            s.rate = (s.total - o->total) / dt;
+        if (dt > 0 && s.tokens >= o->tokens)
+            s.tokens_per_s = (s.tokens - o->tokens) / dt;
+    }
+    d->ring[d->next] = s;
+    d->next = (d->next + 1) % TDM_DASH_HISTORY;
+    if (d->n < TDM_DASH_HISTORY)
+        d->n++;
+    if (st || rc != TDM_OK) {
+        json_decref(d->status);
+        d->status = st;
+    }
+    snprintf(d->error, sizeof d->error, "%s", rc == TDM_OK ? "" : err.msg);
+    pthread_mutex_unlock(&d->mu);
+}
+
+static void *dash_main(void *arg)
+{
+    dash_t *d = arg;
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        bool stop = d->stop;
+        pthread_mutex_unlock(&d->mu);
+        if (stop)
+            break;
+        sample(d);
+        next.tv_sec += (time_t)DASH_PERIOD_S;
+        pthread_mutex_lock(&d->mu);
+        while (!d->stop) {
+            int rc = pthread_cond_timedwait(&d->cv, &d->mu, &next);
+            if (rc == ETIMEDOUT)
+                break;
+        }
+        pthread_mutex_unlock(&d->mu);
+        /* after a long stall, do not try to catch up */
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > next.tv_sec + 2)
+            next = now;
+    }
+    return NULL;
+}
+
+dash_t *dash_new(gw_t *gw, const char *api_key, tdm_error_t *err)
+{
+    dash_t *d = calloc(1, sizeof *d);
+    if (!d) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    d->gw = gw;
+    if (api_key)
+        snprintf(d->api_key, sizeof d->api_key, "%s", api_key);
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = pthread_create(&d->thread, NULL, dash_main, d);
+    if (rc != 0) {
+        tdm_error_set(err, TDM_ERESOURCE, "dashboard: cannot start a thread: %s", strerror(rc));
+        dash_destroy(&d);
+        return NULL;
+    }
+    d->started = true;
+    return d;
+}
+
+void dash_destroy(dash_t **d_p)
+{
+    if (!d_p || !*d_p)
+        return;
+    dash_t *d = *d_p;
+    if (d->started) {
+        pthread_mutex_lock(&d->mu);
+        d->stop = true;
+        pthread_cond_signal(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        pthread_join(d->thread, NULL);
+    }
+    json_decref(d->status);
+    pthread_cond_destroy(&d->cv);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+    *d_p = NULL;
+}
+
+void dash_record(dash_t *d, int status, double ttft_s, double tpot_s, uint32_t completion_tokens)
+{
+    pthread_mutex_lock(&d->mu);
+    d->http_total++;
+    if (status == TDM_OK) {
+        d->http_ok++;
+        if (ttft_s > 0) {
+            d->ttft_sum += ttft_s;
+            d->ttft_n++;
+        }
+        if (tpot_s > 0) {
+            d->tpot_sum += tpot_s;
+            d->tpot_n++;
+        }
+        d->tokens += completion_tokens;
+    } else {
+        d->http_failed++;
+    }
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dash_streams(dash_t *d, int delta)
+{
+    pthread_mutex_lock(&d->mu);
+    d->streams += delta;
+    pthread_mutex_unlock(&d->mu);
+}
+
+static json_t *model_json(const http_model_t *m)
+{
+    if (!m)
+        return json_null();
+    char fp[24];
+    snprintf(fp, sizeof fp, "%016" PRIx64, m->fingerprint);
+    return json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:s}", "name",
+                     m->name, "chat_template", m->chat_template, "fingerprint", fp, "n_ctx",
+                     (int)m->n_ctx, "n_vocab", (int)m->n_vocab, "n_layers", (int)m->n_layers,
+                     "n_kv_heads", (int)m->n_kv_heads, "head_dim", (int)m->head_dim, "n_heads",
+                     (int)m->n_heads, "n_embd", (int)m->n_embd, "weight_bytes",
+                     (json_int_t)m->weight_bytes, "kv_block_size", (int)m->kv_block_size,
+                     "kv_dtype", tdm_kv_dtype_name((tdm_kv_dtype_t)m->kv_dtype));
+}
+
+json_t *dash_status_json(dash_t *d, const http_model_t *m)
+{
+    enum { H_T, H_RATE, H_TTFT, H_TPOT, H_TOKENS, H_RUNNING, H_QUEUED, H_KV, H_N };
+    json_t *hist[H_N];
+    for (size_t k = 0; k < H_N; k++)
+        hist[k] = json_array();
+    pthread_mutex_lock(&d->mu);
+    size_t first = (d->next + TDM_DASH_HISTORY - d->n) % TDM_DASH_HISTORY;
+    for (size_t i = 0; i < d->n; i++) {
+        const dash_sample_t *s = &d->ring[(first + i) % TDM_DASH_HISTORY];
+        const double v[H_N] = {s->t,       s->rate,   s->ttft_ms,    s->tpot_ms, s->tokens_per_s,
+                               s->running, s->queued, s->kv_used_pct};
+        for (size_t k = 0; k < H_N; k++)
+            if (hist[k])
+                json_array_append_new(hist[k], k == H_T ? json_real(floor(v[k] * 1e3) / 1e3)
+                                                        : num_or_null(v[k]));
+    }
+    json_t *st = d->status ? json_deep_copy(d->status) : NULL;
+    const char *source = d->source ? d->source : "not sampled yet";
+    json_t *r = json_pack("{s:f, s:b, s:s?, s:{s:I, s:I, s:I, s:i}}", "time", unix_now(), "ok",
+                          d->error[0] == '\0' && st != NULL, "error", d->error[0] ? d->error : NULL,
+                          "http", "requests_total", (json_int_t)d->http_total, "requests_ok",
+                          (json_int_t)d->http_ok, "requests_failed", (json_int_t)d->http_failed,
+                          "streams", d->streams);
+    pthread_mutex_unlock(&d->mu);
+    if (!r) {
+        for (size_t k = 0; k < H_N; k++)
+            json_decref(hist[k]);
+        json_decref(st);
+        return NULL;
+    }
+    if (st) {
+        json_object_update(r, st);
+        json_decref(st);
+    } else {
+        json_object_set_new(r, "nodes", json_array());
+    }
+    json_object_set_new(r, "model_info", model_json(m));
+    json_object_set_new(
+        r, "history",
+        json_pack("{s:f, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:s, s:s, s:s}}", "interval_s",
+                  DASH_PERIOD_S, "t", hist[H_T], "request_rate", hist[H_RATE], "ttft_ms",
+                  hist[H_TTFT], "tpot_ms", hist[H_TPOT], "tokens_per_s", hist[H_TOKENS], "running",
+                  hist[H_RUNNING], "queued", hist[H_QUEUED], "kv_used_pct", hist[H_KV], "sources",
+                  "request_rate", "router requests_total, every client",
+                  "ttft_ms tpot_ms tokens_per_s", source, "running queued kv_used_pct",
+                  "router ClusterStatus (node heartbeats)"));
+    return r;
+}
+
+/* ---- capacity ---- */
+
+typedef struct cap_args {
+    const char *(*get)(void *ctx, const char *name);
+    void *ctx;
+    const char *bad; /* the parameter at fault */
+    char msg[TDM_ERRMSG_MAX + 64];
+} cap_args_t;
+
+/* Parameter name as an unsigned integer in [lo, hi]; absent: *out unchanged, true. */
+static bool cap_uint(cap_args_t *a, const char *name, uint64_t lo, uint64_t hi, uint64_t *out,
+                     bool *given)
+{
+    const char *t = a->get(a->ctx, name);
+    if (given)
+        *given = t && *t;
+    if (!t || !*t)
+        return true;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(t, &end, 10);
+    if (*t < '0' || *t > '9' || errno || *end || v < lo || v > hi) {
+        a->bad = name;
+        snprintf(a->msg, sizeof a->msg,
+                 "%s must be an integer in %" PRIu64 "..%" PRIu64 ", got '%s'", name, lo, hi, t);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool cap_bytes(cap_args_t *a, const char *name, uint64_t *out, bool *given)
+{
+    const char *t = a->get(a->ctx, name);
+    *given = t && *t;
+    if (!*given)
+        return true;
+    if (tdm_parse_bytes(t, out) != TDM_OK) {
+        a->bad = name;
+        snprintf(a->msg, sizeof a->msg,
+                 "%s must be a byte size such as 80GiB, 512MiB, 1.5GB or 4096, got '%s'", name, t);
+        return false;
+    }
+    return true;
+}
+
+static json_t *cap_error(cap_args_t *a, unsigned *http_status)
+{
+    *http_status = 400;
+    return http_error_json(400, NULL, a->bad, a->msg);
+}
+
+json_t *dash_capacity_json(dash_t *d, const http_model_t *m,
+                           const char *(*get)(void *ctx, const char *name), void *ctx,
+                           unsigned *http_status)
+{
+    cap_args_t a = {get, ctx, NULL, ""};
+    *http_status = 200;
+    tdm_kv_layout_t l = {0, 0, 0, 16, TDM_KV_F16};
+    uint64_t n_heads = 0, weights = 0, context = 4096, users = 1, memory = 0, v;
+    bool have_memory = false, given = false;
+    const char *source = "shape";
+    const char *node_id = get(ctx, "node");
+    bool explicit_shape = get(ctx, "layers") || get(ctx, "kv_heads") || get(ctx, "head_dim");
+    if (m && m->n_layers) {
+        /* the cluster's block size and dtype are the defaults whatever the shape */
+        l.block_size = m->kv_block_size ? m->kv_block_size : 16;
+        l.dtype = (tdm_kv_dtype_t)m->kv_dtype;
+    }
+    if (!explicit_shape) {
+        if (!m || !m->n_layers) {
+            a.bad = "layers";
+            snprintf(a.msg, sizeof a.msg,
+                     "the served model's shape is not known (the router did not report it); "
+                     "give layers, kv_heads and head_dim");
+            return cap_error(&a, http_status);
+        }
+        source = node_id ? "node" : "model";
+        l.n_layers = m->n_layers;
+        l.n_kv_heads = m->n_kv_heads;
+        l.head_dim = m->head_dim;
+        n_heads = m->n_heads;
+        weights = m->weight_bytes;
+        context = m->n_ctx ? m->n_ctx : 4096;
+    } else {
+        uint64_t layers = 0, kv = 0, hd = 0;
+        if (!cap_uint(&a, "layers", 1, DASH_MAX_DIM, &layers, NULL) ||
+            !cap_uint(&a, "kv_heads", 1, DASH_MAX_DIM, &kv, NULL) ||
+            !cap_uint(&a, "head_dim", 4, DASH_MAX_DIM, &hd, NULL))
+            return cap_error(&a, http_status);
+        if (!layers || !kv || !hd) {
+            a.bad = !layers ? "layers" : !kv ? "kv_heads" : "head_dim";
+            snprintf(a.msg, sizeof a.msg, "give all of layers, kv_heads and head_dim");
+            return cap_error(&a, http_status);
+        }
+        if (hd % 4) {
+            a.bad = "head_dim";
+            snprintf(a.msg, sizeof a.msg, "head_dim must be a multiple of 4, got %" PRIu64, hd);
+            return cap_error(&a, http_status);
+        }
+        l.n_layers = (uint32_t)layers;
+        l.n_kv_heads = (uint32_t)kv;
+        l.head_dim = (uint32_t)hd;
+        n_heads = kv;
+        if (!cap_uint(&a, "heads", 1, DASH_MAX_DIM, &n_heads, NULL))
+            return cap_error(&a, http_status);
+        if (n_heads % kv) {
+            a.bad = "heads";
+            snprintf(a.msg, sizeof a.msg, "heads must be a multiple of kv_heads");
+            return cap_error(&a, http_status);
+        }
+    }
+    if (!n_heads)
+        n_heads = l.n_kv_heads;
+    const char *dt = get(ctx, "dtype");
+    if (dt && *dt && tdm_kv_dtype_parse(dt, &l.dtype, NULL) != TDM_OK) {
+        a.bad = "dtype";
+        snprintf(a.msg, sizeof a.msg, "dtype must be f32, f16 or q8, got '%s'", dt);
+        return cap_error(&a, http_status);
+    }
+    v = l.block_size;
+    if (!cap_uint(&a, "block_size", 1, 256, &v, NULL))
+        return cap_error(&a, http_status);
+    if (v & (v - 1)) {
+        a.bad = "block_size";
+        snprintf(a.msg, sizeof a.msg, "block_size must be a power of two in 1..256");
+        return cap_error(&a, http_status);
+    }
+    l.block_size = (uint32_t)v;
+    if (!cap_uint(&a, "context", 1, DASH_MAX_CONTEXT, &context, NULL) ||
+        !cap_uint(&a, "users", 1, DASH_MAX_USERS, &users, NULL) ||
+        !cap_bytes(&a, "weights", &weights, &given) ||
+        !cap_bytes(&a, "memory", &memory, &have_memory))
+        return cap_error(&a, http_status);
+    tdm_error_t lerr = {0};
+    if (tdm_kv_layout_check(&l, &lerr) != TDM_OK) {
+        a.bad = NULL;
+        snprintf(a.msg, sizeof a.msg, "%s", lerr.msg);
+        return cap_error(&a, http_status);
+    }
+
+    /* node=ID: its real pool (kv_blocks_total blocks of the cluster's layout) plus the
+     * weights is the memory, unless memory is given */
+    json_t *node_info = json_null();
+    if (node_id && !have_memory) {
+        bool found = false;
+        pthread_mutex_lock(&d->mu);
+        json_t *nodes = d->status ? json_object_get(d->status, "nodes") : NULL;
+        size_t i;
+        json_t *n;
+        json_array_foreach(nodes, i, n)
+        {
+            const char *id = json_string_value(json_object_get(n, "node_id"));
+            if (id && strcmp(id, node_id) == 0) {
+                json_decref(node_info);
+                node_info = json_deep_copy(n);
+                found = true;
+            }
+        }
+        pthread_mutex_unlock(&d->mu);
+        if (!found || !m || !m->n_layers) {
+            json_decref(node_info);
+            a.bad = "node";
+            snprintf(a.msg, sizeof a.msg, "node '%s' is not in the router's last status", node_id);
+            return cap_error(&a, http_status);
+        }
+        tdm_kv_layout_t cl = {m->n_layers, m->n_kv_heads, m->head_dim,
+                              m->kv_block_size ? m->kv_block_size : 16,
+                              (tdm_kv_dtype_t)m->kv_dtype};
+        uint64_t blocks =
+            (uint64_t)json_integer_value(json_object_get(node_info, "kv_blocks_total"));
+        uint64_t kv_bytes;
+        if (!tdm_mul_u64(blocks, tdm_kv_block_bytes(&cl), &kv_bytes) ||
+            !tdm_add_u64(kv_bytes, m->weight_bytes, &memory)) {
+            json_decref(node_info);
+            a.bad = "node";
+            snprintf(a.msg, sizeof a.msg, "node '%s' reports an impossible pool", node_id);
+            return cap_error(&a, http_status);
+        }
+        have_memory = true;
+    }
+
+    uint64_t bpt = tdm_kv_bytes_per_token(&l), block = tdm_kv_block_bytes(&l);
+    uint64_t per_seq_blocks = tdm_kv_blocks_for_tokens(&l, context);
+    uint64_t per_seq, blocks_total, bytes_total, weights_plus_kv;
+    if (!tdm_mul_u64(per_seq_blocks, block, &per_seq) ||
+        !tdm_mul_u64(per_seq_blocks, users, &blocks_total) ||
+        !tdm_mul_u64(per_seq, users, &bytes_total) ||
+        !tdm_add_u64(bytes_total, weights, &weights_plus_kv)) {
+        json_decref(node_info);
+        a.bad = "users";
+        snprintf(a.msg, sizeof a.msg, "users x context needs more than 2^64 bytes");
+        return cap_error(&a, http_status);
+    }
+    tdm_kv_layout_t mha = l;
+    mha.n_kv_heads = (uint32_t)n_heads;
+    json_t *r = json_pack(
+        "{s:s, s:s?, s:i, s:i, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+        "s:I, s:I, s:f}",
+        "source", source, "model", m && !explicit_shape ? m->name : NULL, "n_layers",
+        (int)l.n_layers, "n_kv_heads", (int)l.n_kv_heads, "n_heads", (int)n_heads, "head_dim",
+        (int)l.head_dim, "dtype", tdm_kv_dtype_name(l.dtype), "block_size", (int)l.block_size,
+        "context", (json_int_t)context, "users", (json_int_t)users, "weights_bytes",
+        (json_int_t)weights, "kv_bytes_per_token", (json_int_t)bpt, "block_bytes",
+        (json_int_t)block, "blocks_per_sequence", (json_int_t)per_seq_blocks,
+        "kv_bytes_per_sequence", (json_int_t)per_seq, "kv_blocks_total", (json_int_t)blocks_total,
+        "kv_bytes_total", (json_int_t)bytes_total, "weights_plus_kv_bytes",
+        (json_int_t)weights_plus_kv, "mha_kv_bytes_per_token",
+        (json_int_t)tdm_kv_bytes_per_token(&mha), "gqa_factor",
+        (double)n_heads / (double)l.n_kv_heads);
+    if (!r) {
+        json_decref(node_info);
+        return NULL;
+    }
+    json_object_set_new(r, "node", node_info);
+    if (have_memory) {
+        uint64_t pool = memory > weights ? (memory - weights) / block : 0;
+        json_object_set_new(r, "memory_bytes", json_integer((json_int_t)memory));
+        json_object_set_new(r, "pool_blocks", json_integer((json_int_t)pool));
+        json_object_set_new(r, "fits", json_boolean(weights_plus_kv <= memory));
+        json_object_set_new(r, "max_sequences", json_integer((json_int_t)(pool / per_seq_blocks)));
+    } else {
+        json_object_set_new(r, "memory_bytes", json_null());
+        json_object_set_new(r, "pool_blocks", json_null());
+        json_object_set_new(r, "fits", json_null());
+        json_object_set_new(r, "max_sequences", json_null());
+    }
+    return r;
+}

@@ -1,0 +1,882 @@
+/* http.c - the HTTP gateway's server: libmicrohttpd with one thread per connection, routing,
+ * API keys, OpenAI-shaped errors, and the handlers (generate, models, health, ready, metrics,
+ * dashboard).
+ *
+ * Each connection has its own thread, so a handler may block: a generate request waits for
+ * its first event from the router (the HTTP status depends on it: a refused request is a 4xx
+ * JSON error, not a 200 stream), and a streaming response's content reader waits for the
+ * next chunk. Both waits also watch the client's socket: a client that hangs up gets its
+ * request cancelled at once (CANCEL to the router, which frees its KV blocks), and the
+ * completion callback cancels whatever is still running when a connection ends any other way.
+ */
+#define _GNU_SOURCE /* strcasestr-free: strncasecmp, getaddrinfo flags */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "http_internal.h"
+
+#define HTTP_IDLE_TIMEOUT_S 120u /* keep-alive connections idle this long are closed */
+#define HTTP_CONNECTION_LIMIT 1000u
+#define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
+#define HTTP_UNARY_TIMEOUT_S 5.0
+#define HTTP_WAIT_SLICE_MS 1000
+/* Kernel send buffer of a streaming response (Linux doubles it). Autotuning would let a client
+ * that stops reading park up to net.ipv4.tcp_wmem's maximum (4 MiB) in the kernel per stream;
+ * with the cap the backlog waits in the call's queue, and a stream needs little: 64 KiB per
+ * round trip is 320 KB/s at 200 ms. */
+#define HTTP_STREAM_SNDBUF (64 << 10)
+
+struct tdm_http {
+    const tdm_config_t *cfg;
+    tdm_logger_t log;
+    gw_t *gw;
+    dash_t *dash;
+    struct MHD_Daemon *mhd;
+    uint16_t port;
+    char host[128];
+    const char *internal_key; /* the first configured API key, for the gateway's own calls */
+    long long started;        /* unix seconds ("created" of /v1/models) */
+    char mhd_error[256];      /* last message libmicrohttpd logged */
+    pthread_mutex_t mu;
+    bool have_model; /* under mu */
+    http_model_t model;
+};
+
+/* Per request (MHD's con_cls). */
+typedef struct http_req {
+    tdm_http_t *h;
+    http_buf_t body;
+    bool too_large;
+    uint64_t discarded;
+    int fd; /* the client's socket */
+    /* a generate request */
+    oai_req_t *q; /* owned by call */
+    gw_call_t *call;
+    oai_out_t out;
+    bool streaming;
+    bool recorded;
+    http_buf_t sse;
+    size_t sse_off;
+    bool sse_done;
+    bool cancelled; /* this side cancelled the call (client gone) */
+} http_req_t;
+
+/* ---- errors and responses ---- */
+
+unsigned http_status_of(int tdm_status)
+{
+    switch (tdm_status) {
+    case TDM_OK: return 200;
+    case TDM_EINVALID:
+    case TDM_EPRECONDITION: return 400;
+    case TDM_EUNAUTHENTICATED: return 401;
+    case TDM_ENOTFOUND: return 404;
+    case TDM_ERESOURCE: return 429;
+    case TDM_ECANCELLED: return 499;
+    case TDM_EUNAVAILABLE: return 503;
+    case TDM_EDEADLINE: return 408; /* DESIGN.md "Status codes" */
+    default: return 500;
+    }
+}
+
+static const char *error_type(unsigned status)
+{
+    switch (status) {
+    case 400:
+    case 413: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 405: return "invalid_request_error";
+    case 429: return "rate_limit_error";
+    case 499: return "cancelled";
+    case 408: return "timeout";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+static const char *status_code_name(unsigned status)
+{
+    switch (status) {
+    case 400: return "invalid_argument";
+    case 401: return "unauthenticated";
+    case 404: return "not_found";
+    case 405: return "method_not_allowed";
+    case 413: return "request_too_large";
+    case 429: return "resource_exhausted";
+    case 499: return "cancelled";
+    case 503: return "unavailable";
+    case 408: return "deadline_exceeded";
+    default: return "internal";
+    }
+}
+
+json_t *http_error_json(unsigned http_status, const char *code, const char *param,
+                        const char *message)
+{
+    json_t *e = json_object();
+    if (!e)
+        return NULL;
+    json_object_set_new(e, "message", json_string(message ? message : ""));
+    if (!json_object_get(e, "message")) /* not UTF-8: keep the shape */
+        json_object_set_new(e, "message", json_string("(message not valid UTF-8)"));
+    json_object_set_new(e, "type", json_string(error_type(http_status)));
+    json_object_set_new(e, "param", param && param[0] ? json_string(param) : json_null());
+    json_object_set_new(e, "code", json_string(code ? code : status_code_name(http_status)));
+    return json_pack("{s:o}", "error", e);
+}
+
+void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->name, sizeof m->name, "%s", mi->name ? mi->name : "");
+    snprintf(m->chat_template, sizeof m->chat_template, "%s",
+             mi->chat_template ? mi->chat_template : "");
+    m->fingerprint = mi->fingerprint;
+    m->n_ctx = mi->n_ctx;
+    m->n_vocab = mi->n_vocab;
+    m->n_layers = mi->n_layers;
+    m->n_kv_heads = mi->n_kv_heads;
+    m->head_dim = mi->head_dim;
+    m->n_heads = mi->n_heads;
+    m->n_embd = mi->n_embd;
+    m->weight_bytes = mi->weight_bytes;
+    m->kv_block_size = mi->kv_block_size;
+    m->kv_dtype = (int)mi->kv_dtype;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                             const void *body, size_t len)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (status == 405)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, POST");
+    enum MHD_Result ret = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* Replies with v as JSON (consumed). */
+static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, json_t *v)
+{
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                              "\"server_error\",\"param\":null,\"code\":\"internal\"}}\n";
+    if (!v)
+        return reply(c, 500, "application/json", oom, sizeof oom - 1);
+    http_buf_t b = {0};
+    int rc = http_buf_json(&b, v);
+    json_decref(v);
+    if (rc == TDM_OK)
+        rc = http_buf_append(&b, "\n", 1);
+    enum MHD_Result ret =
+        rc == TDM_OK ? reply(c, status, "application/json", b.data, b.len) : MHD_NO;
+    http_buf_free(&b);
+    return ret;
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *code,
+                                   const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *code,
+                                   const char *param, const char *fmt, ...)
+{
+    char msg[TDM_ERRMSG_MAX + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return reply_json(c, status, http_error_json(status, code, param, msg));
+}
+
+/* ---- helpers ---- */
+
+/* The API key of "Authorization: Bearer KEY", or NULL. */
+static const char *bearer_key(struct MHD_Connection *c)
+{
+    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
+        return NULL;
+    a += 7;
+    while (*a == ' ')
+        a++;
+    return *a ? a : NULL;
+}
+
+/* Checks the API key of a /v1 request. Returns true when the request may go on, with *key the
+ * key to forward (NULL: none); otherwise a 401 has been queued and *ret is its result. */
+static bool check_key(tdm_http_t *h, struct MHD_Connection *c, const char **key,
+                      enum MHD_Result *ret)
+{
+    *key = bearer_key(c);
+    if (*key && strlen(*key) >= TDM_NET_API_KEY_MAX) {
+        *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is too long");
+        return false;
+    }
+    if (h->cfg->router.n_api_keys > 0 && !*key) {
+        *ret = reply_error(c, 401, "invalid_api_key", NULL,
+                           "an API key is required: send the header 'Authorization: Bearer KEY'");
+        return false;
+    }
+    return true;
+}
+
+/* The served model (MODELS, cached after the first success). Returns 0 or the call's status. */
+static int get_model(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
+{
+    pthread_mutex_lock(&h->mu);
+    bool have = h->have_model;
+    if (have)
+        *m = h->model;
+    pthread_mutex_unlock(&h->mu);
+    if (have)
+        return TDM_OK;
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, h->internal_key,
+                      HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
+    if (mr->n_models == 0) {
+        protobuf_c_message_free_unpacked(resp, NULL);
+        return tdm_error_set(err, TDM_EINTERNAL, "the router lists no model");
+    }
+    http_model_from_proto(mr->models[0], m);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    pthread_mutex_lock(&h->mu);
+    h->model = *m;
+    h->have_model = true;
+    pthread_mutex_unlock(&h->mu);
+    return TDM_OK;
+}
+
+/* The request field a router message names, for OpenAI's error.param ("" when unsure). */
+static void param_of(const oai_req_t *q, const char *msg, char *param, size_t cap)
+{
+    static const struct {
+        const char *prefix, *param;
+    } map[] = {
+        {"max_tokens", "max_tokens"}, {"prompt", "prompt"}, {"tokens", "prompt"},
+        {"chat", "messages"},         {"stop", "stop"},     {"model '", "model"},
+        {"request_id", NULL},         {"input", NULL},
+    };
+    param[0] = '\0';
+    if (strncmp(msg, "sampling:", 9) == 0) {
+        size_t n = 0;
+        msg += 9;
+        while (*msg == ' ' || *msg == ':')
+            msg++;
+        while (n + 1 < cap && (isalnum((unsigned char)msg[n]) || msg[n] == '_')) {
+            param[n] = msg[n];
+            n++;
+        }
+        param[n] = '\0';
+        if (strcmp(param, "n_logprobs") == 0)
+            snprintf(param, cap, "%s", q->kind == OAI_CHAT ? "top_logprobs" : "logprobs");
+        else if (strcmp(param, "n_stop_token_ids") == 0)
+            snprintf(param, cap, "stop_token_ids");
+        return;
+    }
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        if (strncmp(msg, map[i].prefix, strlen(map[i].prefix)) == 0) {
+            const char *p = map[i].param;
+            if (p && strcmp(p, "max_tokens") == 0 && q->kind == OAI_CHAT &&
+                json_object_get(q->root, "max_completion_tokens"))
+                p = "max_completion_tokens";
+            snprintf(param, cap, "%s", p ? p : "");
+            return;
+        }
+    }
+}
+
+/* From the router's "max_tokens: prompt (N tokens) + max_tokens (M) exceeds the context of C
+ * tokens; at most R tokens can be generated for this prompt": R, or 0. */
+static int32_t room_of(const char *msg)
+{
+    const char *p = strstr(msg, "at most ");
+    if (strncmp(msg, "max_tokens: ", 12) != 0 || !p)
+        return 0;
+    long v = strtol(p + 8, NULL, 10);
+    return v > 0 && v <= INT32_MAX ? (int32_t)v : 0;
+}
+
+static int client_fd(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* ---- generate ---- */
+
+static void record(http_req_t *r, int status)
+{
+    if (r->recorded)
+        return;
+    r->recorded = true;
+    dash_record(r->h->dash, status, r->out.ttft_s, r->out.tpot_s, r->out.completion_tokens);
+}
+
+/* Turns one event of a running stream into SSE text in r->sse. */
+static void stream_event(http_req_t *r, gw_event_t *ev)
+{
+    int rc = TDM_OK;
+    if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM) {
+        Tandem__V1__GenerateChunk *ch = (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
+            &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body);
+        if (ch) {
+            rc = oai_sse_chunk(r->q, &r->out, ch, &r->sse);
+            protobuf_c_message_free_unpacked(&ch->base, NULL);
+            if (rc == TDM_OK)
+                return;
+        }
+        gw_call_cancel(r->call);
+        oai_sse_end(r->q, &r->out, TDM_EINTERNAL,
+                    ch ? "the HTTP gateway is out of memory"
+                       : "the router's GenerateChunk does not decode",
+                    &r->sse);
+        record(r, TDM_EINTERNAL);
+        r->sse_done = true;
+        return;
+    }
+    oai_sse_end(r->q, &r->out, ev->status, ev->message, &r->sse);
+    record(r, ev->status);
+    r->sse_done = true;
+    if (ev->status != TDM_OK)
+        tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL, "http stream ended with %s: %s",
+                      tdm_status_name(ev->status), ev->message);
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    http_req_t *r = cls;
+    while (r->sse_off == r->sse.len) {
+        if (r->sse_done)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        r->sse.len = 0;
+        r->sse_off = 0;
+        gw_event_t *ev = NULL;
+        int got = gw_call_next(r->call, r->fd, HTTP_WAIT_SLICE_MS, &ev);
+        if (got < 0) {
+            tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
+                          "http client disconnected mid-stream: request cancelled");
+            r->cancelled = true;
+            gw_call_cancel(r->call);
+            record(r, TDM_ECANCELLED);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (got == 0)
+            continue;
+        stream_event(r, ev);
+        gw_event_free(ev);
+    }
+    size_t n = r->sse.len - r->sse_off;
+    if (n > max)
+        n = max;
+    memcpy(buf, r->sse.data + r->sse_off, n);
+    r->sse_off += n;
+    return (ssize_t)n;
+}
+
+/* Waits for the call's first event. Returns 1 with *ev, or -1 when the client hung up (the
+ * call is cancelled). */
+static int first_event(http_req_t *r, gw_event_t **ev)
+{
+    for (;;) {
+        int got = gw_call_next(r->call, r->fd, HTTP_WAIT_SLICE_MS, ev);
+        if (got > 0)
+            return 1;
+        if (got < 0) {
+            tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
+                          "http client disconnected before the answer: request cancelled");
+            r->cancelled = true;
+            gw_call_cancel(r->call);
+            record(r, TDM_ECANCELLED);
+            return -1;
+        }
+    }
+}
+
+static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
+                                       oai_kind_t kind)
+{
+    enum MHD_Result ret;
+    const char *key;
+    if (!check_key(h, c, &key, &ret))
+        return ret;
+    http_model_t m;
+    tdm_error_t err = {0};
+    uint32_t n_ctx = 0;
+    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
+    if (get_model(h, &m, &err) == TDM_OK) {
+        n_ctx = m.n_ctx;
+        served = m.name;
+    }
+    /* a request may wait long (queue, generation): no idle timeout until it completes */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    int32_t max_tokens_override = 0;
+    char id[64] = "";
+    for (int attempt = 0;; attempt++) {
+        oai_req_t *q = malloc(sizeof *q);
+        char param[64];
+        if (!q)
+            return reply_error(c, 500, NULL, NULL, "out of memory");
+        int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, n_ctx, q,
+                           param, sizeof param, &err);
+        if (rc != TDM_OK) {
+            free(q);
+            return reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
+        }
+        if (max_tokens_override > 0) {
+            q->g.max_tokens = max_tokens_override;
+            snprintf(q->id, sizeof q->id, "%s", id); /* the refused attempt is not in flight */
+        }
+        snprintf(id, sizeof id, "%s", q->id);
+        r->q = q;
+        r->call = gw_call_start(h->gw, TANDEM__V1__METHOD__METHOD_GENERATE, &q->g.base,
+                                oai_req_destroy, q, key, h->cfg->router.request_timeout_s, &err);
+        if (!r->call) {
+            r->q = NULL;
+            return reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
+        }
+        gw_event_t *ev = NULL;
+        if (first_event(r, &ev) < 0)
+            return MHD_NO;
+        if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
+            int32_t room = room_of(ev->message);
+            if (q->max_tokens_auto && attempt == 0 && ev->status == TDM_EINVALID && room > 0) {
+                /* chat without max_tokens: as many as fit, as vLLM does */
+                max_tokens_override = room;
+                gw_event_free(ev);
+                gw_call_release(&r->call);
+                r->q = NULL;
+                continue;
+            }
+            param_of(q, ev->message, param, sizeof param);
+            record(r, ev->status);
+            const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
+                                   ? "model_not_found"
+                               : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
+                                                                    : NULL;
+            ret = reply_error(c, http_status_of(ev->status), code, param, "%s",
+                              ev->message[0] ? ev->message : tdm_strerror(ev->status));
+            gw_event_free(ev);
+            return ret;
+        }
+        if (!q->stream) {
+            Tandem__V1__GenerateChunk *ch =
+                ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END
+                    ? (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
+                          &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body)
+                    : NULL;
+            gw_event_free(ev);
+            if (!ch) {
+                gw_call_cancel(r->call);
+                record(r, TDM_EINTERNAL);
+                return reply_error(c, 500, NULL, NULL,
+                                   "the router's answer is not one GenerateChunk");
+            }
+            json_t *body = oai_response(q, &r->out, ch);
+            protobuf_c_message_free_unpacked(&ch->base, NULL);
+            record(r, TDM_OK);
+            return reply_json(c, 200, body);
+        }
+        /* a stream: the status is 200 from here on; errors become an SSE error event */
+        r->streaming = true;
+        int sndbuf = HTTP_STREAM_SNDBUF;
+        if (r->fd >= 0)
+            setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+        dash_streams(h->dash, 1);
+        stream_event(r, ev);
+        gw_event_free(ev);
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, r, NULL);
+        if (!resp) {
+            gw_call_cancel(r->call);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                "text/event-stream; charset=utf-8");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        MHD_add_response_header(resp, "X-Request-Id", q->id);
+        ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+}
+
+/* ---- other endpoints ---- */
+
+static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, const char *id)
+{
+    enum MHD_Result ret;
+    const char *key;
+    if (!check_key(h, c, &key, &ret))
+        return ret;
+    /* asked with the client's key, so the router judges it */
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    tdm_error_t err = {0};
+    int rc =
+        gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                 &tandem__v1__models_response__descriptor, key, HTTP_UNARY_TIMEOUT_S, &resp, &err);
+    if (rc != TDM_OK)
+        return reply_error(c, http_status_of(rc),
+                           rc == TDM_EUNAUTHENTICATED ? "invalid_api_key" : NULL, NULL, "%s",
+                           err.msg);
+    Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
+    json_t *data = json_array();
+    json_t *found = NULL;
+    for (size_t i = 0; data && i < mr->n_models; i++) {
+        const Tandem__V1__ModelInfo *mi = mr->models[i];
+        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", mi->name, "object",
+                              "model", "created", (json_int_t)h->started, "owned_by", "tandem",
+                              "root", mi->name, "parent", "max_model_len", (int)mi->n_ctx);
+        if (!o)
+            continue;
+        if (id && strcmp(id, mi->name) == 0)
+            found = json_incref(o);
+        json_array_append_new(data, o);
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    if (id) {
+        json_decref(data);
+        if (!found)
+            return reply_error(c, 404, "model_not_found", "model", "The model '%s' does not exist",
+                               id);
+        return reply_json(c, 200, found);
+    }
+    return reply_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
+{
+    /* HealthResponse.ready is the router's readiness rule: at least one decode node is up
+     * (decode nodes prefill locally, so prefill nodes are optional) */
+    Tandem__V1__HealthRequest req = TANDEM__V1__HEALTH_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    tdm_error_t err = {0};
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_HEALTH, &req.base,
+                      &tandem__v1__health_response__descriptor, h->internal_key, 2.0, &resp, &err);
+    if (rc != TDM_OK)
+        return reply_json(c, 503,
+                          json_pack("{s:s, s:s}", "status", "unavailable", "message", err.msg));
+    Tandem__V1__HealthResponse *hr = (Tandem__V1__HealthResponse *)resp;
+    bool ready = hr->ready;
+    json_t *v = json_pack("{s:s, s:b, s:s}", "status", ready ? "ready" : "not ready", "ready",
+                          ready, "version", hr->version);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    if (v && !ready)
+        json_object_set_new(v, "message",
+                            json_string("no decode node is up (decode nodes serve alone; "
+                                        "prefill nodes are optional)"));
+    return reply_json(c, ready ? 200 : 503, v);
+}
+
+static enum MHD_Result handle_metrics(tdm_http_t *h, struct MHD_Connection *c)
+{
+    Tandem__V1__MetricsRequest req = TANDEM__V1__METRICS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    tdm_error_t err = {0};
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
+                      &tandem__v1__metrics_response__descriptor, h->internal_key,
+                      HTTP_UNARY_TIMEOUT_S, &resp, &err);
+    if (rc != TDM_OK) {
+        char msg[TDM_ERRMSG_MAX + 32];
+        int n = snprintf(msg, sizeof msg, "metrics unavailable: %s\n", err.msg);
+        return reply(c, http_status_of(rc), "text/plain; charset=utf-8", msg,
+                     n > 0 && (size_t)n < sizeof msg ? (size_t)n : strlen(msg));
+    }
+    const char *text = ((Tandem__V1__MetricsResponse *)resp)->text;
+    enum MHD_Result ret =
+        reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return ret;
+}
+
+static const char *query_get(void *ctx, const char *name)
+{
+    return MHD_lookup_connection_value(ctx, MHD_GET_ARGUMENT_KIND, name);
+}
+
+/* ---- the access handler ---- */
+
+static enum MHD_Result route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
+                             const char *url, const char *method)
+{
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    bool post = strcmp(method, "POST") == 0;
+    if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0) {
+        if (!post)
+            return reply_error(c, 405, NULL, NULL, "%s %s: use POST", method, url);
+        if (r->too_large)
+            return reply_error(c, 413, "request_too_large", NULL,
+                               "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
+        return handle_generate(h, c, r,
+                               strcmp(url, "/v1/completions") == 0 ? OAI_COMPLETION : OAI_CHAT);
+    }
+    if (r->too_large)
+        return reply_error(c, 413, "request_too_large", NULL,
+                           "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
+    bool known = strcmp(url, "/") == 0 || strcmp(url, "/health") == 0 ||
+                 strcmp(url, "/ready") == 0 || strcmp(url, "/metrics") == 0 ||
+                 strcmp(url, "/api/status") == 0 || strcmp(url, "/api/capacity") == 0 ||
+                 strcmp(url, "/v1/models") == 0 || strncmp(url, "/v1/models/", 11) == 0;
+    if (!known)
+        return reply_error(c, 404, "not_found", NULL,
+                           "no such endpoint: %s %s (see docs/api.md, HTTP API)", method, url);
+    if (!get)
+        return reply_error(c, 405, NULL, NULL, "%s %s: use GET", method, url);
+    if (strcmp(url, "/") == 0)
+        return reply(c, 200, "text/html; charset=utf-8", tdm_dashboard_html,
+                     tdm_dashboard_html_len);
+    if (strcmp(url, "/health") == 0)
+        return reply(c, 200, "application/json", "{\"status\":\"ok\"}\n", 16);
+    if (strcmp(url, "/ready") == 0)
+        return handle_ready(h, c);
+    if (strcmp(url, "/metrics") == 0)
+        return handle_metrics(h, c);
+    if (strcmp(url, "/v1/models") == 0)
+        return handle_models(h, c, NULL);
+    if (strncmp(url, "/v1/models/", 11) == 0)
+        return handle_models(h, c, url + 11);
+    http_model_t m;
+    tdm_error_t err = {0};
+    bool have = get_model(h, &m, &err) == TDM_OK;
+    if (strcmp(url, "/api/status") == 0)
+        return reply_json(c, 200, dash_status_json(h->dash, have ? &m : NULL));
+    unsigned status = 200;
+    json_t *v = dash_capacity_json(h->dash, have ? &m : NULL, query_get, c, &status);
+    return reply_json(c, status, v);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    tdm_http_t *h = cls;
+    http_req_t *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r)
+            return MHD_NO;
+        r->h = h;
+        r->fd = client_fd(c);
+        *con_cls = r;
+        const char *cl =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > TDM_HTTP_MAX_BODY_BYTES) {
+            r->too_large = true;
+            /* a client waiting for "100 Continue" gets the 413 without sending the body */
+            const char *expect =
+                MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+            if (expect && strcasecmp(expect, "100-continue") == 0)
+                return reply_error(c, 413, "request_too_large", NULL,
+                                   "the request body is larger than %u bytes",
+                                   TDM_HTTP_MAX_BODY_BYTES);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (!r->too_large && r->body.len + n > TDM_HTTP_MAX_BODY_BYTES) {
+            r->too_large = true;
+            http_buf_free(&r->body);
+        }
+        if (r->too_large) {
+            /* read and drop it, so the client sees the 413 instead of a reset connection;
+             * past HTTP_DISCARD_MAX the answer goes out at once and the connection closes */
+            r->discarded += n;
+            if (r->discarded > HTTP_DISCARD_MAX)
+                return reply_error(c, 413, "request_too_large", NULL,
+                                   "the request body is larger than %u bytes",
+                                   TDM_HTTP_MAX_BODY_BYTES);
+            return MHD_YES;
+        }
+        if (http_buf_append(&r->body, upload_data, n) != TDM_OK)
+            return MHD_NO;
+        return MHD_YES;
+    }
+    return route(h, c, r, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    tdm_http_t *h = cls;
+    http_req_t *r = *con_cls;
+    if (!r)
+        return;
+    if (r->call) {
+        if (!r->cancelled && !gw_call_ended(r->call)) {
+            tdm_log_write(&h->log, TDM_LOG_INFO, r->q ? r->q->id : NULL, NULL,
+                          "http request ended before its answer (termination %d): cancelled",
+                          (int)toe);
+            gw_call_cancel(r->call);
+            record(r, TDM_ECANCELLED);
+        }
+        gw_call_release(&r->call);
+    }
+    if (r->streaming)
+        dash_streams(h->dash, -1);
+    http_buf_free(&r->body);
+    http_buf_free(&r->sse);
+    free(r);
+    *con_cls = NULL;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    tdm_http_t *h = cls;
+    char msg[256];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    pthread_mutex_lock(&h->mu);
+    snprintf(h->mhd_error, sizeof h->mhd_error, "%s", msg);
+    pthread_mutex_unlock(&h->mu);
+    tdm_log_write(&h->log, TDM_LOG_DEBUG, NULL, NULL, "libmicrohttpd: %s", msg);
+}
+
+/* ---- construction ---- */
+
+/* The router's endpoint as a client reaches it: a wildcard host becomes 127.0.0.1. */
+static void connectable(const char *ep, char *out, size_t cap)
+{
+    static const char *const wild[] = {"tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:", "tcp://[::0]:"};
+    for (size_t i = 0; i < sizeof wild / sizeof wild[0]; i++) {
+        size_t n = strlen(wild[i]);
+        if (strncmp(ep, wild[i], n) == 0) {
+            snprintf(out, cap, "tcp://127.0.0.1:%s", ep + n);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", ep);
+}
+
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err)
+{
+    tdm_http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    h->cfg = cfg;
+    if (log)
+        h->log = *log;
+    else
+        tdm_log_init(&h->log, "router");
+    pthread_mutex_init(&h->mu, NULL);
+    h->started = (long long)time(NULL);
+    h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
+    const char *addr = cfg->router.http_address ? cfg->router.http_address : "127.0.0.1";
+    snprintf(h->host, sizeof h->host, "%s", addr);
+    /* "[::1]" -> "::1" */
+    size_t hl = strlen(h->host);
+    if (hl >= 2 && h->host[0] == '[' && h->host[hl - 1] == ']') {
+        memmove(h->host, h->host + 1, hl - 2);
+        h->host[hl - 2] = '\0';
+    }
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", cfg->router.http_port);
+    int gai = getaddrinfo(h->host, port_text, &hints, &ai);
+    if (gai != 0 || !ai) {
+        tdm_error_set(err, TDM_EINVALID, "router.http_address '%s': %s", addr, gai_strerror(gai));
+        goto out_free;
+    }
+    struct sockaddr_storage sa;
+    memset(&sa, 0, sizeof sa);
+    memcpy(&sa, ai->ai_addr, ai->ai_addrlen <= sizeof sa ? ai->ai_addrlen : sizeof sa);
+    bool v6 = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+
+    /* the gateway's threads must not take SIGTERM/SIGINT from the main thread's zmq_poll */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    char ep[512];
+    connectable(router_endpoint, ep, sizeof ep);
+    h->gw = gw_new(net, ep, &h->log, err);
+    if (h->gw)
+        h->dash = dash_new(h->gw, h->internal_key, err);
+    if (h->dash) {
+        unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                         MHD_USE_POLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+        h->mhd = MHD_start_daemon(
+            flags, (uint16_t)cfg->router.http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+            (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+            HTTP_CONNECTION_LIMIT, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
+        if (!h->mhd)
+            tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", addr,
+                          cfg->router.http_port,
+                          h->mhd_error[0] ? h->mhd_error : "libmicrohttpd failed to start");
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!h->mhd)
+        goto out_free;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : (uint16_t)cfg->router.http_port;
+    char kv[256] = "", url[200];
+    snprintf(url, sizeof url, v6 ? "http://[%s]:%u" : "http://%s:%u", h->host, (unsigned)h->port);
+    tdm_log_kv_append(kv, sizeof kv, "url", url);
+    tdm_log_kv_append(kv, sizeof kv, "router", ep);
+    tdm_log_write(&h->log, TDM_LOG_INFO, NULL, kv, "http gateway ready");
+    return h;
+out_free:
+    tdm_http_destroy(&h);
+    return NULL;
+}
+
+void tdm_http_destroy(tdm_http_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_http_t *h = *self_p;
+    /* end the calls first, so every connection thread finishes, then join them */
+    if (h->gw)
+        gw_shutdown(h->gw);
+    if (h->mhd)
+        MHD_stop_daemon(h->mhd);
+    dash_destroy(&h->dash);
+    gw_destroy(&h->gw);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+    *self_p = NULL;
+}
+
+uint16_t tdm_http_port(const tdm_http_t *h)
+{
+    return h->port;
+}

@@ -1,0 +1,57 @@
+/* http.h - the router's HTTP gateway: the OpenAI-compatible API (/v1/completions,
+ * /v1/chat/completions with SSE streaming, /v1/models), /health, /ready, /metrics, the
+ * dashboard (/) and its JSON (/api/status, /api/capacity).
+ *
+ * The gateway is a client of the router's native API: one gateway thread owns a ZMQ DEALER
+ * connected to the router's client endpoint and multiplexes every HTTP request over it as
+ * calls with their own call ids; libmicrohttpd serves each connection on its own thread, and
+ * the two sides meet in per-call event queues. So the router's single-threaded loop is never
+ * touched from an HTTP thread, and a slow or stalled HTTP client blocks only its own stream.
+ * docs/api.md "HTTP API (OpenAI-compatible)" describes the endpoints.
+ */
+#ifndef TANDEM_ROUTER_HTTP_H
+#define TANDEM_ROUTER_HTTP_H
+
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/config.h"
+#include "tandem/log.h"
+#include "tandem/net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Largest request body accepted, bytes; a larger one is answered with 413. */
+#define TDM_HTTP_MAX_BODY_BYTES (4u << 20)
+
+typedef struct tdm_http tdm_http_t;
+
+/* Starts the gateway: connects its DEALER to router_endpoint (the router's client endpoint as
+ * bound, e.g. tdm_router_client_endpoint; a wildcard host such as "tcp://0.0.0.0:7600" or
+ * the star host of ZMQ is reached through 127.0.0.1) and serves HTTP on cfg->router.http_address :
+ * cfg->router.http_port (an IPv6 literal such as "::1" works too), then logs
+ * "http gateway ready url=http://HOST:PORT". API keys (cfg->router.api_keys) are required on
+ * /v1/... as "Authorization: Bearer KEY" and forwarded to the router; the gateway's own calls
+ * (dashboard, /ready, /metrics) use the first configured key.
+ * cfg, net and log are borrowed and must outlive the gateway (log NULL: stderr).
+ * Returns NULL with *err set: TDM_EINVALID (bad address or endpoint), TDM_EUNAVAILABLE (the
+ * port is in use or cannot be bound; the message names address and port), TDM_ERESOURCE (out
+ * of memory, no thread). Caller frees with tdm_http_destroy. */
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err);
+
+/* Stops the gateway: calls in flight end (their HTTP clients get 503, or an error event on a
+ * stream that has started; the router gets CANCEL for them), the HTTP threads are joined,
+ * the DEALER is closed. Call it before destroying net. NULL-safe, nulls *self_p. */
+void tdm_http_destroy(tdm_http_t **self_p);
+
+/* The TCP port the gateway listens on. */
+uint16_t tdm_http_port(const tdm_http_t *h);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_ROUTER_HTTP_H */

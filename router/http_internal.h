@@ -1,0 +1,233 @@
+/* http_internal.h - what the HTTP gateway's files share: the gateway thread's call API
+ * (http_gateway.c), the OpenAI translation (http_openai.c), the dashboard (dashboard.c) and
+ * small helpers (http.c). Not installed; see http.h for the public API.
+ */
+#ifndef TANDEM_ROUTER_HTTP_INTERNAL_H
+#define TANDEM_ROUTER_HTTP_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "http.h"
+#include "tandem/proto.h"
+
+/* ---- growable byte buffer ---- */
+
+typedef struct http_buf {
+    char *data; /* NUL-terminated when not NULL */
+    size_t len; /* bytes, without the NUL */
+    size_t cap;
+} http_buf_t;
+
+/* Appends n bytes / a printf-formatted string. Return 0, or TDM_ERESOURCE on out of memory
+ * (the buffer keeps what it had). */
+int http_buf_append(http_buf_t *b, const void *data, size_t n);
+int http_buf_printf(http_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends the compact JSON text of v (not consumed). TDM_ERESOURCE on out of memory. */
+int http_buf_json(http_buf_t *b, const json_t *v);
+/* Frees the buffer's memory and empties it. NULL-safe. */
+void http_buf_free(http_buf_t *b);
+
+/* ---- the gateway thread: native calls over one DEALER ---- */
+
+typedef struct gw gw_t;
+typedef struct gw_call gw_call_t;
+
+/* One frame the router sent for a call: a STREAM message or the END. */
+typedef struct gw_event {
+    struct gw_event *next;
+    int kind;      /* TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM or _END */
+    int status;    /* END: 0 or a negative tdm status */
+    char *message; /* END: the router's (or the gateway's) message; "" when none; owned */
+    uint8_t *body; /* the body frame's bytes, NULL when none; owned */
+    size_t body_len;
+} gw_event_t;
+
+/* Frees an event. NULL-safe. */
+void gw_event_free(gw_event_t *ev);
+
+/* Starts the gateway thread, its DEALER connected to endpoint (already mapped to a reachable
+ * host). net and log are borrowed. Returns NULL with *err set (TDM_EINVALID bad endpoint,
+ * TDM_ERESOURCE out of memory or no thread). Free with gw_destroy. */
+gw_t *gw_new(tdm_net_t *net, const char *endpoint, const tdm_logger_t *log, tdm_error_t *err);
+
+/* Ends every call with UNAVAILABLE "the HTTP gateway is shutting down" (CANCEL sent to the
+ * router), makes gw_call_start refuse new calls, stops and joins the thread. The object stays
+ * valid for the calls still referenced (gw_call_next returns their END, gw_call_release frees
+ * them). Idempotent. */
+void gw_shutdown(gw_t *gw);
+
+/* gw_shutdown, then frees everything. Every call must have been released. NULL-safe. */
+void gw_destroy(gw_t **gw_p);
+
+/* Starts a call: method (TANDEM__V1__METHOD__*), request message req, API key (NULL: none),
+ * timeout_s (> 0: the deadline sent to the router; the gateway ends the call itself with
+ * DEADLINE_EXCEEDED one second after it). The call takes ownership of req_owner and frees it
+ * with req_free(req_owner) when the call is freed (req points into it, or is static with both
+ * NULL). Returns a call holding one reference for the caller (gw_call_release), or NULL with
+ * *err set: TDM_EUNAVAILABLE (the gateway is shutting down), TDM_ERESOURCE; req_owner is then
+ * freed already. May be called from any thread. */
+gw_call_t *gw_call_start(gw_t *gw, int method, const ProtobufCMessage *req,
+                         void (*req_free)(void *), void *req_owner, const char *api_key,
+                         double timeout_s, tdm_error_t *err);
+
+/* Takes the call's next event, waiting up to timeout_ms (< 0: without limit) for one. While
+ * waiting it watches client_fd (>= 0: the HTTP client's socket) for a hang-up. Returns 1 with
+ * *ev set (caller frees with gw_event_free; after the END event nothing more comes), 0 when
+ * nothing arrived in time, -1 when the client hung up (the caller cancels the call). */
+int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev);
+
+/* Cancels the call if it has not ended: CANCEL goes to the router (which frees the request's
+ * KV blocks) and the call ends with CANCELLED. Any thread; idempotent. */
+void gw_call_cancel(gw_call_t *c);
+
+/* True when the call's END has been queued (it may not have been taken yet). */
+bool gw_call_ended(gw_call_t *c);
+
+/* Drops the caller's reference; the call is freed with the last one. NULL-safe, nulls *c_p. */
+void gw_call_release(gw_call_t **c_p);
+
+/* A unary call: starts it with a static (or caller-kept) req, waits for its END and decodes
+ * the body as resp_desc into *resp (caller frees with protobuf_c_message_free_unpacked).
+ * Returns 0, the call's status (message in *err), or TDM_EINTERNAL when the body does not
+ * decode. */
+int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
+             const ProtobufCMessageDescriptor *resp_desc, const char *api_key, double timeout_s,
+             ProtobufCMessage **resp, tdm_error_t *err);
+
+/* ---- the served model, as the router's MODELS call reports it ---- */
+
+typedef struct http_model {
+    char name[256];
+    char chat_template[32];
+    uint64_t fingerprint;
+    uint32_t n_ctx, n_vocab;
+    uint32_t n_layers, n_kv_heads, head_dim, n_heads, n_embd;
+    uint64_t weight_bytes;
+    uint32_t kv_block_size;
+    int kv_dtype; /* tdm_kv_dtype_t */
+} http_model_t;
+
+/* Fills *m from a ModelInfo. Cannot fail. */
+void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m);
+
+/* ---- errors in OpenAI's shape ---- */
+
+/* The HTTP status for a tdm status: INVALID_ARGUMENT and FAILED_PRECONDITION 400,
+ * UNAUTHENTICATED 401, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED 499, DEADLINE_EXCEEDED
+ * 504, UNAVAILABLE 503, anything else 500. */
+unsigned http_status_of(int tdm_status);
+
+/* {"error": {"message", "type", "param", "code"}}: type from the HTTP status
+ * ("invalid_request_error", "authentication_error", ...), code the given one or, when NULL,
+ * the status's name in lower case ("invalid_argument"). param may be NULL. Returns a new
+ * reference, NULL on out of memory. */
+json_t *http_error_json(unsigned http_status, const char *code, const char *param,
+                        const char *message);
+
+/* ---- OpenAI request translation (http_openai.c) ---- */
+
+typedef enum oai_kind {
+    OAI_COMPLETION = 0, /* POST /v1/completions */
+    OAI_CHAT = 1,       /* POST /v1/chat/completions */
+} oai_kind_t;
+
+/* An OpenAI request and the GenerateRequest made from it. Every string in the message points
+ * into root or into arrays owned here. */
+typedef struct oai_req {
+    oai_kind_t kind;
+    json_t *root;
+    Tandem__V1__GenerateRequest g;
+    Tandem__V1__SamplingParams sp;
+    Tandem__V1__ChatList chat;
+    Tandem__V1__ChatMessage *msgs;     /* [chat.n_messages] */
+    Tandem__V1__ChatMessage **msg_ptr; /* [chat.n_messages] */
+    char **joined;                     /* [chat.n_messages] content joined from parts, or NULL */
+    Tandem__V1__TokenList tokens;
+    int32_t *ids;
+    char **stop;
+    int32_t *stop_ids;
+    char id[64];     /* "cmpl-…" / "chatcmpl-…": the response id and the native request_id */
+    char model[256]; /* the model name echoed in responses */
+    long long created;
+    bool stream;
+    bool include_usage;   /* stream_options.include_usage */
+    bool max_tokens_auto; /* chat without max_tokens: the gateway picked the value */
+    bool logprobs;        /* return logprobs */
+    int top_logprobs;     /* how many alternatives per token */
+    const char *echo;     /* completions with echo: the prompt text to put first; else NULL */
+} oai_req_t;
+
+/* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
+ * field (its name in *param, "" when none), n must be 1, defaults (completions max_tokens 16;
+ * chat min(n_ctx - 1, 1024), lowered on retry, see http.c). served is the model name used when
+ * the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with *err set; q then
+ * holds nothing to free. On success free with oai_req_free. */
+int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, uint32_t n_ctx,
+              oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err);
+
+/* Frees what *q owns (q itself when heap-allocated is freed by oai_req_destroy). NULL-safe. */
+void oai_req_clear(oai_req_t *q);
+/* For gw_call_start's req_free: oai_req_clear and free a heap-allocated oai_req_t. */
+void oai_req_destroy(void *q);
+
+/* What the response writer keeps between chunks. Zero-initialise. */
+typedef struct oai_out {
+    bool started;  /* the first event (role chunk / echo) was written */
+    bool finished; /* the finish chunk was written */
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    int finish_reason;   /* FinishReason */
+    uint64_t text_chars; /* completions logprobs text_offset */
+    double ttft_s, tpot_s;
+} oai_out_t;
+
+/* Appends the SSE events ("data: {json}\n\n") for one streamed GenerateChunk to b. */
+int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch,
+                  http_buf_t *b);
+
+/* Appends the end of a stream: on success the usage chunk (stream_options.include_usage) and
+ * "data: [DONE]"; after an error an event {"error": {...}} and "data: [DONE]". */
+int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, http_buf_t *b);
+
+/* The non-streaming response body for the one GenerateChunk the router sent (stream=false).
+ * New reference, NULL on out of memory. Fills o's usage. */
+json_t *oai_response(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch);
+
+/* ---- dashboard (dashboard.c) ---- */
+
+typedef struct dash dash_t;
+
+/* Starts the dashboard's sampler thread: a STATUS call through gw every second, kept for the
+ * last TDM_DASH_HISTORY seconds. api_key (NULL: none) is copied. Returns NULL with *err set
+ * (TDM_ERESOURCE). Free with dash_destroy before gw. */
+#define TDM_DASH_HISTORY 300
+dash_t *dash_new(gw_t *gw, const char *api_key, tdm_error_t *err);
+void dash_destroy(dash_t **d_p);
+
+/* Records a finished HTTP generate request: its status and the router's timings (seconds;
+ * tpot 0 when it produced one token) and output tokens. Any thread. */
+void dash_record(dash_t *d, int status, double ttft_s, double tpot_s, uint32_t completion_tokens);
+
+/* Counts streams in flight (+1 when one starts, -1 when it ends). Any thread. */
+void dash_streams(dash_t *d, int delta);
+
+/* GET /api/status: the last ClusterStatus as JSON, the history and the model (m may be NULL).
+ * New reference, NULL on out of memory. */
+json_t *dash_status_json(dash_t *d, const http_model_t *m);
+
+/* GET /api/capacity: get(ctx, NAME) returns the query parameter NAME or NULL. Returns the
+ * JSON (new reference) with *http_status 200, or an OpenAI-shaped error with 400 naming the
+ * parameter; NULL on out of memory. m (the served model, may be NULL) is used for
+ * model=served; nodes for node=ID come from the last status. */
+json_t *dash_capacity_json(dash_t *d, const http_model_t *m,
+                           const char *(*get)(void *ctx, const char *name), void *ctx,
+                           unsigned *http_status);
+
+/* The embedded page (dashboard.html, generated into dashboard_html.c at build time). */
+extern const unsigned char tdm_dashboard_html[];
+extern const size_t tdm_dashboard_html_len;
+
+#endif /* TANDEM_ROUTER_HTTP_INTERNAL_H */

@@ -1,0 +1,891 @@
+/* http_openai.c - OpenAI's completions and chat completions APIs translated to the router's
+ * GenerateRequest, and GenerateChunks translated back to OpenAI's JSON and SSE chunks.
+ *
+ * Request fields follow OpenAI's API reference (and vLLM's extensions: top_k, min_p,
+ * repetition_penalty, stop_token_ids, ignore_eos, include_stop_str_in_output); unknown fields
+ * are ignored as vLLM does. Type errors name the field; range checks are the router's, whose
+ * messages name the field too. Responses have OpenAI's shapes ("text_completion",
+ * "chat.completion", "chat.completion.chunk", usage with prompt_tokens_details.cached_tokens).
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "http_internal.h"
+#include "tandem/sampling.h"
+
+#define OAI_CHAT_DEFAULT_MAX_TOKENS 1024
+#define OAI_COMPLETION_DEFAULT_MAX_TOKENS 16
+#define OAI_MAX_LOGPROBS 20
+
+/* ---- parsing helpers ---- */
+
+/* Sets *err to an INVALID_ARGUMENT naming field (copied into param). */
+static int bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
+                     const char *fmt, ...)
+{
+    if (param && param_cap)
+        snprintf(param, param_cap, "%s", field ? field : "");
+    char msg[TDM_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return tdm_error_set(err, TDM_EINVALID, "%s", msg);
+}
+
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
+}
+
+/* The field's value, or NULL when absent or null. */
+static json_t *field(json_t *root, const char *name)
+{
+    json_t *v = json_object_get(root, name);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+/* A number field into *out; false when absent or null. *rc is set on a type error. */
+typedef struct parse_ctx {
+    json_t *root;
+    tdm_error_t *err;
+    char *param;
+    size_t param_cap;
+    int rc;
+} parse_ctx_t;
+
+static bool get_number(parse_ctx_t *p, const char *name, double *out)
+{
+    json_t *v = field(p->root, name);
+    if (!v || p->rc)
+        return false;
+    if (!json_is_number(v)) {
+        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be a number, got %s", name,
+                          type_name(v));
+        return false;
+    }
+    *out = json_number_value(v);
+    return true;
+}
+
+/* An integer (or a number with an integral value, as pydantic accepts) in [lo, hi]. */
+static bool get_int(parse_ctx_t *p, const char *name, long long lo, long long hi, long long *out)
+{
+    json_t *v = field(p->root, name);
+    if (!v || p->rc)
+        return false;
+    long long x;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
+               fabs(json_real_value(v)) < 9e15) {
+        x = (long long)json_real_value(v);
+    } else {
+        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be an integer, got %s",
+                          name, type_name(v));
+        return false;
+    }
+    if (x < lo || x > hi) {
+        p->rc = bad_field(p->err, p->param, p->param_cap, name,
+                          "%s must be in %lld..%lld, got %lld", name, lo, hi, x);
+        return false;
+    }
+    *out = x;
+    return true;
+}
+
+static bool get_bool(parse_ctx_t *p, const char *name, bool *out)
+{
+    json_t *v = field(p->root, name);
+    if (!v || p->rc)
+        return false;
+    if (!json_is_boolean(v)) {
+        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be a boolean, got %s",
+                          name, type_name(v));
+        return false;
+    }
+    *out = json_is_true(v);
+    return true;
+}
+
+static const char *get_string(parse_ctx_t *p, const char *name)
+{
+    json_t *v = field(p->root, name);
+    if (!v || p->rc)
+        return NULL;
+    if (!json_is_string(v)) {
+        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be a string, got %s", name,
+                          type_name(v));
+        return NULL;
+    }
+    return json_string_value(v);
+}
+
+static void make_id(char *buf, size_t cap, const char *prefix)
+{
+    uint8_t r[12] = {0};
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        uint64_t t = (uint64_t)(tdm_time_now() * 1e9);
+        memcpy(r, &t, sizeof t);
+    }
+    int n = snprintf(buf, cap, "%s", prefix);
+    for (size_t i = 0; i < sizeof r && n > 0 && (size_t)n + 2 < cap; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "%02x", r[i]);
+}
+
+/* ---- inputs ---- */
+
+static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *v = field(p->root, "prompt");
+    if (!v)
+        return bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is required");
+    if (json_is_array(v) && json_array_size(v) == 1 &&
+        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
+        v = json_array_get(v, 0); /* [prompt] or [[ids]] */
+    if (json_is_string(v)) {
+        q->g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
+        q->g.prompt = (char *)json_string_value(v);
+        return TDM_OK;
+    }
+    if (!json_is_array(v))
+        return bad_field(p->err, p->param, p->param_cap, "prompt",
+                         "prompt must be a string, an array of one string or an array of token "
+                         "ids, got %s",
+                         type_name(v));
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is an empty array");
+    if (!json_is_integer(json_array_get(v, 0)))
+        return bad_field(p->err, p->param, p->param_cap, "prompt",
+                         "prompt: batched prompts (an array of %zu) are not supported; send one "
+                         "prompt per request",
+                         n);
+    q->ids = calloc(n, sizeof *q->ids);
+    if (!q->ids)
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return bad_field(p->err, p->param, p->param_cap, "prompt",
+                             "prompt[%zu] must be a token id (an integer >= 0)", i);
+        q->ids[i] = (int32_t)json_integer_value(e);
+    }
+    q->tokens.n_ids = n;
+    q->tokens.ids = q->ids;
+    q->g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
+    q->g.tokens = &q->tokens;
+    return TDM_OK;
+}
+
+/* messages[i].content: a string, null, or an array of {"type": "text", "text": ...} parts
+ * (joined with newlines, as vLLM does). */
+static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, const char **out)
+{
+    char name[64];
+    snprintf(name, sizeof name, "messages[%zu].content", i);
+    if (!c || json_is_null(c)) {
+        *out = "";
+        return TDM_OK;
+    }
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        return TDM_OK;
+    }
+    if (!json_is_array(c))
+        return bad_field(p->err, p->param, p->param_cap, name,
+                         "%s must be a string or an array of content parts, got %s", name,
+                         type_name(c));
+    http_buf_t b = {0};
+    size_t j;
+    json_t *part;
+    json_array_foreach(c, j, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        const char *text = json_string_value(json_object_get(part, "text"));
+        if (!json_is_object(part) || !type) {
+            http_buf_free(&b);
+            return bad_field(p->err, p->param, p->param_cap, name,
+                             "%s[%zu] must be an object with a \"type\"", name, j);
+        }
+        if (strcmp(type, "text") != 0) {
+            http_buf_free(&b);
+            return bad_field(p->err, p->param, p->param_cap, name,
+                             "%s[%zu]: content of type '%s' is not supported; only text", name, j,
+                             type);
+        }
+        if (!text) {
+            http_buf_free(&b);
+            return bad_field(p->err, p->param, p->param_cap, name, "%s[%zu].text must be a string",
+                             name, j);
+        }
+        if ((j > 0 && http_buf_append(&b, "\n", 1) != TDM_OK) ||
+            http_buf_append(&b, text, strlen(text)) != TDM_OK) {
+            http_buf_free(&b);
+            return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+        }
+    }
+    if (!b.data && http_buf_append(&b, "", 0) != TDM_OK)
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    q->joined[i] = b.data; /* owned by q */
+    *out = b.data;
+    return TDM_OK;
+}
+
+static int parse_messages(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *v = field(p->root, "messages");
+    if (!v)
+        return bad_field(p->err, p->param, p->param_cap, "messages", "messages is required");
+    if (!json_is_array(v))
+        return bad_field(p->err, p->param, p->param_cap, "messages",
+                         "messages must be an array, got %s", type_name(v));
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return bad_field(p->err, p->param, p->param_cap, "messages", "messages is empty");
+    q->msgs = calloc(n, sizeof *q->msgs);
+    q->msg_ptr = calloc(n, sizeof *q->msg_ptr);
+    q->joined = calloc(n, sizeof *q->joined);
+    if (!q->msgs || !q->msg_ptr || !q->joined)
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    q->chat.n_messages = n; /* so oai_req_clear frees what was joined so far */
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i);
+        char name[48];
+        snprintf(name, sizeof name, "messages[%zu]", i);
+        if (!json_is_object(m))
+            return bad_field(p->err, p->param, p->param_cap, name, "%s must be an object, got %s",
+                             name, type_name(m));
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) {
+            snprintf(name, sizeof name, "messages[%zu].role", i);
+            return bad_field(p->err, p->param, p->param_cap, name, "%s must be a string", name);
+        }
+        const char *r = json_string_value(role);
+        if (strcmp(r, "developer") == 0)
+            r = "system"; /* OpenAI's newer name for system instructions */
+        const char *content = "";
+        int rc = parse_content(p, q, i, json_object_get(m, "content"), &content);
+        if (rc != TDM_OK)
+            return rc;
+        tandem__v1__chat_message__init(&q->msgs[i]);
+        q->msgs[i].role = (char *)r;
+        q->msgs[i].content = (char *)content;
+        q->msg_ptr[i] = &q->msgs[i];
+    }
+    q->chat.messages = q->msg_ptr;
+    q->g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    q->g.chat = &q->chat;
+    return TDM_OK;
+}
+
+static int parse_stop(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *v = field(p->root, "stop");
+    if (!v)
+        return TDM_OK;
+    if (json_is_string(v)) {
+        q->stop = calloc(1, sizeof *q->stop);
+        if (!q->stop)
+            return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+        q->stop[0] = (char *)json_string_value(v);
+        q->g.n_stop = 1;
+    } else if (json_is_array(v)) {
+        size_t n = json_array_size(v);
+        q->stop = calloc(n ? n : 1, sizeof *q->stop);
+        if (!q->stop)
+            return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            json_t *e = json_array_get(v, i);
+            if (!json_is_string(e))
+                return bad_field(p->err, p->param, p->param_cap, "stop",
+                                 "stop[%zu] must be a string, got %s", i, type_name(e));
+            q->stop[i] = (char *)json_string_value(e);
+        }
+        q->g.n_stop = n;
+    } else {
+        return bad_field(p->err, p->param, p->param_cap, "stop",
+                         "stop must be a string or an array of strings, got %s", type_name(v));
+    }
+    q->g.stop = q->stop;
+    return TDM_OK;
+}
+
+static int parse_sampling(parse_ctx_t *p, oai_req_t *q)
+{
+    Tandem__V1__SamplingParams *sp = &q->sp;
+    double d;
+    long long i;
+    bool b;
+    if (get_number(p, "temperature", &d)) {
+        sp->temperature = (float)d;
+        sp->set_mask |= TDM_PROTO_SET_TEMPERATURE;
+    }
+    if (get_number(p, "top_p", &d)) {
+        sp->top_p = (float)d;
+        sp->set_mask |= TDM_PROTO_SET_TOP_P;
+    }
+    if (get_int(p, "top_k", -1, INT32_MAX, &i)) {
+        sp->top_k = i < 0 ? 0 : (int32_t)i; /* vLLM: -1 = off */
+        sp->set_mask |= TDM_PROTO_SET_TOP_K;
+    }
+    if (get_number(p, "min_p", &d)) {
+        sp->min_p = (float)d;
+        sp->set_mask |= TDM_PROTO_SET_MIN_P;
+    }
+    if (get_number(p, "presence_penalty", &d)) {
+        sp->presence_penalty = (float)d;
+        sp->set_mask |= TDM_PROTO_SET_PRESENCE_PENALTY;
+    }
+    if (get_number(p, "frequency_penalty", &d)) {
+        sp->frequency_penalty = (float)d;
+        sp->set_mask |= TDM_PROTO_SET_FREQUENCY_PENALTY;
+    }
+    if (get_number(p, "repetition_penalty", &d)) {
+        sp->repetition_penalty = (float)d;
+        sp->set_mask |= TDM_PROTO_SET_REPETITION_PENALTY;
+    }
+    if (get_int(p, "seed", INT64_MIN, INT64_MAX, &i)) {
+        sp->seed = (uint64_t)i;
+        sp->has_seed = true;
+        sp->set_mask |= TDM_PROTO_SET_SEED;
+    }
+    if (get_bool(p, "ignore_eos", &b)) {
+        sp->ignore_eos = b;
+        sp->set_mask |= TDM_PROTO_SET_IGNORE_EOS;
+    }
+    json_t *ids = field(p->root, "stop_token_ids");
+    if (ids && !p->rc) {
+        if (!json_is_array(ids))
+            return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
+                             "stop_token_ids must be an array of token ids, got %s",
+                             type_name(ids));
+        size_t n = json_array_size(ids);
+        q->stop_ids = calloc(n ? n : 1, sizeof *q->stop_ids);
+        if (!q->stop_ids)
+            return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+        for (size_t k = 0; k < n; k++) {
+            json_t *e = json_array_get(ids, k);
+            if (!json_is_integer(e) || json_integer_value(e) < INT32_MIN ||
+                json_integer_value(e) > INT32_MAX)
+                return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
+                                 "stop_token_ids[%zu] must be a token id", k);
+            q->stop_ids[k] = (int32_t)json_integer_value(e);
+        }
+        sp->stop_token_ids = q->stop_ids;
+        sp->n_stop_token_ids = n;
+        sp->set_mask |= TDM_PROTO_SET_STOP_TOKEN_IDS;
+    }
+    return p->rc;
+}
+
+static int parse_logprobs(parse_ctx_t *p, oai_req_t *q)
+{
+    long long k = 0;
+    if (q->kind == OAI_COMPLETION) {
+        if (get_int(p, "logprobs", 0, OAI_MAX_LOGPROBS, &k)) {
+            q->logprobs = true;
+            q->top_logprobs = (int)k;
+        }
+    } else {
+        bool on = false;
+        get_bool(p, "logprobs", &on);
+        bool have_top = get_int(p, "top_logprobs", 0, OAI_MAX_LOGPROBS, &k);
+        if (p->rc)
+            return p->rc;
+        if (have_top && !on && k > 0)
+            return bad_field(p->err, p->param, p->param_cap, "top_logprobs",
+                             "top_logprobs needs logprobs: true");
+        q->logprobs = on;
+        q->top_logprobs = on ? (int)k : 0;
+    }
+    if (p->rc)
+        return p->rc;
+    if (q->logprobs) {
+        /* the router reports the sampled token's logprob with n_logprobs >= 1 */
+        q->sp.n_logprobs = q->top_logprobs > 0 ? q->top_logprobs : 1;
+        q->sp.set_mask |= TDM_PROTO_SET_N_LOGPROBS;
+        q->g.echo_token_text = true;
+    }
+    return TDM_OK;
+}
+
+/* Fields Tandem does not implement: refused when they ask for something, so a client never
+ * gets a silently different answer. */
+static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *v = field(p->root, "n");
+    if (v && (!json_is_integer(v) || json_integer_value(v) != 1))
+        return bad_field(p->err, p->param, p->param_cap, "n",
+                         "n must be 1: Tandem returns one choice per request");
+    v = field(p->root, "best_of");
+    if (q->kind == OAI_COMPLETION && v && (!json_is_integer(v) || json_integer_value(v) != 1))
+        return bad_field(p->err, p->param, p->param_cap, "best_of", "best_of must be 1");
+    v = field(p->root, "logit_bias");
+    if (v && (!json_is_object(v) || json_object_size(v) > 0))
+        return bad_field(p->err, p->param, p->param_cap, "logit_bias",
+                         "logit_bias is not supported");
+    v = field(p->root, "suffix");
+    if (q->kind == OAI_COMPLETION && v && (!json_is_string(v) || json_string_length(v) > 0))
+        return bad_field(p->err, p->param, p->param_cap, "suffix", "suffix is not supported");
+    if (q->kind == OAI_CHAT) {
+        const char *const tool_fields[] = {"tools", "functions"};
+        for (size_t i = 0; i < 2; i++) {
+            v = field(p->root, tool_fields[i]);
+            if (v && (!json_is_array(v) || json_array_size(v) > 0))
+                return bad_field(p->err, p->param, p->param_cap, tool_fields[i],
+                                 "%s: tool calling is not supported", tool_fields[i]);
+        }
+        v = field(p->root, "response_format");
+        const char *type = v ? json_string_value(json_object_get(v, "type")) : NULL;
+        if (v && (!type || strcmp(type, "text") != 0))
+            return bad_field(p->err, p->param, p->param_cap, "response_format",
+                             "response_format: only {\"type\": \"text\"} is supported");
+    }
+    return TDM_OK;
+}
+
+int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, uint32_t n_ctx,
+              oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+{
+    memset(q, 0, sizeof *q);
+    if (param && param_cap)
+        param[0] = '\0';
+    q->kind = kind;
+    tandem__v1__generate_request__init(&q->g);
+    tandem__v1__sampling_params__init(&q->sp);
+    tandem__v1__chat_list__init(&q->chat);
+    tandem__v1__token_list__init(&q->tokens);
+    q->g.sampling = &q->sp;
+    if (len == 0)
+        return bad_field(err, param, param_cap, NULL,
+                         "the request body is empty; send a JSON object");
+    json_error_t jerr;
+    q->root = json_loadb(body, len, 0, &jerr);
+    if (!q->root)
+        return bad_field(err, param, param_cap, NULL,
+                         "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                         jerr.line, jerr.column);
+    int rc;
+    if (!json_is_object(q->root)) {
+        rc = bad_field(err, param, param_cap, NULL, "the body must be a JSON object, got %s",
+                       type_name(q->root));
+        goto out_clear;
+    }
+    parse_ctx_t p = {q->root, err, param, param_cap, 0};
+    const char *model = get_string(&p, "model");
+    if (p.rc) {
+        rc = p.rc;
+        goto out_clear;
+    }
+    snprintf(q->model, sizeof q->model, "%s", model ? model : (served ? served : ""));
+    q->g.model = model ? (char *)model : (char *)"";
+    make_id(q->id, sizeof q->id, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+    q->g.request_id = q->id;
+    q->created = (long long)time(NULL);
+
+    rc = refuse_unsupported(&p, q);
+    if (rc != TDM_OK)
+        goto out_clear;
+    get_bool(&p, "stream", &q->stream);
+    json_t *so = field(q->root, "stream_options");
+    if (!p.rc && so) {
+        if (!json_is_object(so)) {
+            rc = bad_field(err, param, param_cap, "stream_options",
+                           "stream_options must be an object, got %s", type_name(so));
+            goto out_clear;
+        }
+        if (!q->stream) {
+            rc = bad_field(err, param, param_cap, "stream_options",
+                           "stream_options is only allowed with stream: true");
+            goto out_clear;
+        }
+        json_t *iu = json_object_get(so, "include_usage");
+        if (iu && !json_is_null(iu) && !json_is_boolean(iu)) {
+            rc = bad_field(err, param, param_cap, "stream_options.include_usage",
+                           "stream_options.include_usage must be a boolean, got %s", type_name(iu));
+            goto out_clear;
+        }
+        q->include_usage = json_is_true(iu);
+    }
+    q->g.stream = q->stream;
+    bool include_stop = false;
+    if (get_bool(&p, "include_stop_str_in_output", &include_stop))
+        q->g.include_stop_str = include_stop;
+
+    long long mt = 0;
+    bool have_mt = false;
+    const char *mt_name = "max_tokens";
+    if (kind == OAI_CHAT && field(q->root, "max_completion_tokens"))
+        mt_name = "max_completion_tokens";
+    have_mt = get_int(&p, mt_name, INT32_MIN, INT32_MAX, &mt);
+    if (p.rc) {
+        rc = p.rc;
+        goto out_clear;
+    }
+    if (have_mt && mt < 1) {
+        rc = bad_field(err, param, param_cap, mt_name, "%s must be >= 1, got %lld", mt_name, mt);
+        goto out_clear;
+    }
+    if (have_mt) {
+        q->g.max_tokens = (int32_t)mt;
+    } else if (kind == OAI_CHAT) {
+        uint32_t room = n_ctx > 1 ? n_ctx - 1 : OAI_CHAT_DEFAULT_MAX_TOKENS;
+        q->g.max_tokens =
+            (int32_t)(room < OAI_CHAT_DEFAULT_MAX_TOKENS ? room : OAI_CHAT_DEFAULT_MAX_TOKENS);
+        q->max_tokens_auto = true;
+    } else {
+        q->g.max_tokens = OAI_COMPLETION_DEFAULT_MAX_TOKENS;
+    }
+
+    if ((rc = parse_sampling(&p, q)) != TDM_OK || (rc = parse_stop(&p, q)) != TDM_OK ||
+        (rc = parse_logprobs(&p, q)) != TDM_OK)
+        goto out_clear;
+    rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q);
+    if (rc != TDM_OK)
+        goto out_clear;
+    if (kind == OAI_COMPLETION) {
+        bool echo = false;
+        get_bool(&p, "echo", &echo);
+        if (p.rc) {
+            rc = p.rc;
+            goto out_clear;
+        }
+        if (echo && q->g.input_case != TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT) {
+            rc = bad_field(err, param, param_cap, "echo", "echo needs a text prompt");
+            goto out_clear;
+        }
+        if (echo && q->logprobs) {
+            rc = bad_field(err, param, param_cap, "echo",
+                           "echo with logprobs is not supported (no prompt logprobs)");
+            goto out_clear;
+        }
+        if (echo)
+            q->echo = q->g.prompt;
+    }
+    return TDM_OK;
+out_clear:
+    oai_req_clear(q);
+    return rc;
+}
+
+void oai_req_clear(oai_req_t *q)
+{
+    if (!q)
+        return;
+    if (q->joined)
+        for (size_t i = 0; i < q->chat.n_messages; i++)
+            free(q->joined[i]);
+    free(q->joined);
+    free(q->msgs);
+    free(q->msg_ptr);
+    free(q->ids);
+    free(q->stop);
+    free(q->stop_ids);
+    if (q->root)
+        json_decref(q->root);
+    memset(q, 0, sizeof *q);
+}
+
+void oai_req_destroy(void *q)
+{
+    oai_req_clear(q);
+    free(q);
+}
+
+/* ---- responses ---- */
+
+/* A JSON string of n bytes of s, invalid UTF-8 replaced by U+FFFD (a token can be part of a
+ * character). NULL on out of memory. */
+static json_t *str_utf8(const char *s, size_t n)
+{
+    if (!s)
+        return json_string("");
+    size_t i = 0;
+    uint32_t cp;
+    while (i < n) {
+        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (l == 0 || cp == 0)
+            break;
+        i += l;
+    }
+    if (i == n)
+        return json_stringn(s, n);
+    http_buf_t b = {0};
+    for (i = 0; i < n;) {
+        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (l == 0 || cp == 0) {
+            http_buf_append(&b, "\xef\xbf\xbd", 3);
+            i++;
+        } else {
+            http_buf_append(&b, s + i, l);
+            i += l;
+        }
+    }
+    json_t *v = b.data ? json_stringn(b.data, b.len) : NULL;
+    http_buf_free(&b);
+    return v;
+}
+
+static json_t *bytes_array(const char *s)
+{
+    json_t *a = json_array();
+    for (const unsigned char *c = (const unsigned char *)s; a && c && *c; c++)
+        json_array_append_new(a, json_integer(*c));
+    return a;
+}
+
+static uint64_t utf8_chars(const char *s)
+{
+    uint64_t n = 0;
+    for (const unsigned char *c = (const unsigned char *)s; c && *c; c++)
+        n += (*c & 0xC0) != 0x80;
+    return n;
+}
+
+static const char *token_text(const Tandem__V1__GenerateChunk *ch, size_t i)
+{
+    return i < ch->n_token_texts && ch->token_texts[i] ? ch->token_texts[i] : "";
+}
+
+/* logprobs of the tokens of ch in OpenAI's shape (completions or chat); NULL when not asked
+ * for (json null is then used). */
+static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+{
+    if (!q->logprobs)
+        return NULL;
+    size_t n = ch->n_token_ids;
+    if (q->kind == OAI_CHAT) {
+        json_t *content = json_array();
+        for (size_t i = 0; content && i < n; i++) {
+            const char *t = token_text(ch, i);
+            json_t *top = json_array();
+            const Tandem__V1__TopLogprobs *tl = i < ch->n_top_logprobs ? ch->top_logprobs[i] : NULL;
+            for (size_t k = 0; top && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
+                const Tandem__V1__TopLogprob *e = tl->entries[k];
+                json_array_append_new(
+                    top, json_pack("{s:o, s:f, s:o}", "token", str_utf8(e->text, strlen(e->text)),
+                                   "logprob", (double)e->logprob, "bytes", bytes_array(e->text)));
+            }
+            double lp = i < ch->n_logprobs ? ch->logprobs[i] : 0.0;
+            json_array_append_new(content,
+                                  json_pack("{s:o, s:f, s:o, s:o}", "token", str_utf8(t, strlen(t)),
+                                            "logprob", lp, "bytes", bytes_array(t), "top_logprobs",
+                                            top ? top : json_array()));
+        }
+        return json_pack("{s:o, s:n}", "content", content ? content : json_array(), "refusal");
+    }
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (size_t i = 0; i < n && tokens && lps && tops && offs; i++) {
+        const char *t = token_text(ch, i);
+        json_array_append_new(tokens, str_utf8(t, strlen(t)));
+        json_array_append_new(lps, json_real(i < ch->n_logprobs ? ch->logprobs[i] : 0.0));
+        json_array_append_new(offs, json_integer((json_int_t)o->text_chars));
+        o->text_chars += utf8_chars(t);
+        if (q->top_logprobs > 0) {
+            json_t *d = json_object();
+            const Tandem__V1__TopLogprobs *tl = i < ch->n_top_logprobs ? ch->top_logprobs[i] : NULL;
+            for (size_t k = 0; d && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
+                const Tandem__V1__TopLogprob *e = tl->entries[k];
+                json_t *key = str_utf8(e->text, strlen(e->text));
+                if (key && !json_object_get(d, json_string_value(key)))
+                    json_object_set_new(d, json_string_value(key), json_real(e->logprob));
+                json_decref(key);
+            }
+            json_array_append_new(tops, d);
+        }
+    }
+    if (q->top_logprobs == 0) {
+        json_decref(tops);
+        tops = json_null(); /* OpenAI: null when logprobs is 0 */
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens ? tokens : json_array(),
+                     "token_logprobs", lps ? lps : json_array(), "top_logprobs",
+                     tops ? tops : json_null(), "text_offset", offs ? offs : json_array());
+}
+
+static const char *finish_name(int reason)
+{
+    switch (reason) {
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "abort";
+    default: return "error";
+    }
+}
+
+static json_t *usage_json(const oai_out_t *o)
+{
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)o->prompt_tokens,
+                     "completion_tokens", (int)o->completion_tokens, "total_tokens",
+                     (int)(o->prompt_tokens + o->completion_tokens), "prompt_tokens_details",
+                     "cached_tokens", (int)o->cached_tokens);
+}
+
+static void take_final(oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+{
+    o->finish_reason = ch->finish_reason;
+    if (ch->usage) {
+        o->prompt_tokens = ch->usage->prompt_tokens;
+        o->completion_tokens = ch->usage->completion_tokens;
+        o->cached_tokens = ch->usage->cached_prompt_tokens;
+    }
+    if (ch->timings) {
+        o->ttft_s = ch->timings->ttft_s;
+        o->tpot_s = ch->timings->tpot_s;
+    }
+}
+
+/* The common part of a streamed chunk; the caller adds "choices". */
+static json_t *chunk_base(const oai_req_t *q)
+{
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s}", "id", q->id, "object",
+                          q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion",
+                          "created", (json_int_t)q->created, "model", q->model);
+    if (c && q->include_usage)
+        json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+/* Appends "data: {chunk with one choice}\n\n". delta_or_text: the chat delta (consumed) or
+ * the completion text; logprobs consumed (NULL = null); finish NULL = null. */
+static int emit_choice(const oai_req_t *q, http_buf_t *b, json_t *delta, const char *text,
+                       size_t text_len, json_t *logprobs, const char *finish)
+{
+    json_t *c = chunk_base(q);
+    json_t *choice = json_pack("{s:i}", "index", 0);
+    if (!c || !choice) {
+        json_decref(c);
+        json_decref(choice);
+        json_decref(delta);
+        json_decref(logprobs);
+        return TDM_ERESOURCE;
+    }
+    if (q->kind == OAI_CHAT)
+        json_object_set_new(choice, "delta", delta ? delta : json_object());
+    else
+        json_object_set_new(choice, "text", str_utf8(text ? text : "", text ? text_len : 0));
+    json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
+    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    int rc = http_buf_append(b, "data: ", 6);
+    if (rc == TDM_OK)
+        rc = http_buf_json(b, c);
+    if (rc == TDM_OK)
+        rc = http_buf_append(b, "\n\n", 2);
+    json_decref(c);
+    return rc;
+}
+
+int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch,
+                  http_buf_t *b)
+{
+    int rc = TDM_OK;
+    if (!o->started) {
+        o->started = true;
+        if (q->kind == OAI_CHAT)
+            rc = emit_choice(q, b, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                             NULL, 0, NULL, NULL);
+        else if (q->echo)
+            rc = emit_choice(q, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
+    }
+    bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_token_ids > 0);
+    if (rc == TDM_OK && has_content) {
+        json_t *lp = logprobs_json(q, o, ch);
+        if (q->kind == OAI_CHAT)
+            rc = emit_choice(q, b,
+                             json_pack("{s:o}", "content", str_utf8(ch->text, strlen(ch->text))),
+                             NULL, 0, lp, NULL);
+        else
+            rc = emit_choice(q, b, NULL, ch->text, strlen(ch->text), lp, NULL);
+    }
+    if (rc == TDM_OK && ch->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED &&
+        !o->finished) {
+        o->finished = true;
+        take_final(o, ch);
+        rc = emit_choice(q, b, NULL, "", 0, NULL, finish_name(ch->finish_reason));
+    }
+    return rc;
+}
+
+int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, http_buf_t *b)
+{
+    int rc = TDM_OK;
+    if (status == TDM_OK && q->include_usage) {
+        json_t *c = chunk_base(q);
+        if (!c)
+            return TDM_ERESOURCE;
+        json_object_set_new(c, "choices", json_array());
+        json_object_set_new(c, "usage", usage_json(o));
+        rc = http_buf_append(b, "data: ", 6);
+        if (rc == TDM_OK)
+            rc = http_buf_json(b, c);
+        if (rc == TDM_OK)
+            rc = http_buf_append(b, "\n\n", 2);
+        json_decref(c);
+    } else if (status != TDM_OK) {
+        json_t *e = http_error_json(http_status_of(status), NULL, NULL,
+                                    message && message[0] ? message : tdm_strerror(status));
+        if (!e)
+            return TDM_ERESOURCE;
+        rc = http_buf_append(b, "data: ", 6);
+        if (rc == TDM_OK)
+            rc = http_buf_json(b, e);
+        if (rc == TDM_OK)
+            rc = http_buf_append(b, "\n\n", 2);
+        json_decref(e);
+    }
+    if (rc == TDM_OK)
+        rc = http_buf_append(b, "data: [DONE]\n\n", 14);
+    return rc;
+}
+
+json_t *oai_response(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+{
+    take_final(o, ch);
+    json_t *choice = json_pack("{s:i}", "index", 0);
+    json_t *r = json_pack("{s:s, s:s, s:I, s:s}", "id", q->id, "object",
+                          q->kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
+                          (json_int_t)q->created, "model", q->model);
+    if (!choice || !r) {
+        json_decref(choice);
+        json_decref(r);
+        return NULL;
+    }
+    json_t *lp = logprobs_json(q, o, ch);
+    if (q->kind == OAI_CHAT) {
+        json_object_set_new(choice, "message",
+                            json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
+                                      str_utf8(ch->text, strlen(ch->text)), "refusal"));
+    } else {
+        http_buf_t t = {0};
+        if (q->echo)
+            http_buf_append(&t, q->echo, strlen(q->echo));
+        http_buf_append(&t, ch->text, strlen(ch->text));
+        json_object_set_new(choice, "text", str_utf8(t.data ? t.data : "", t.len));
+        http_buf_free(&t);
+    }
+    json_object_set_new(choice, "logprobs", lp ? lp : json_null());
+    json_object_set_new(choice, "finish_reason", json_string(finish_name(ch->finish_reason)));
+    json_object_set_new(r, "choices", json_pack("[o]", choice));
+    json_object_set_new(r, "usage", usage_json(o));
+    return r;
+}

@@ -1,0 +1,36 @@
+/* metrics.h - the router's metrics as Prometheus text exposition format 0.0.4: what
+ * METHOD_METRICS returns (MetricsResponse.text) and the HTTP gateway serves at GET /metrics.
+ *
+ * Every metric, its type, labels and meaning is listed in docs/operations.md ("Metrics").
+ * Counters come from tdm_router_metrics_t and from the nodes' heartbeats (prefix cache
+ * figures, cumulative per node process: they restart from 0 when a node restarts, which
+ * Prometheus's rate() treats as a counter reset). Histograms are in seconds with the buckets
+ * of tdm_router_hist_bounds, rendered cumulatively (_bucket{le=...}, _sum, _count).
+ */
+#ifndef TANDEM_ROUTER_METRICS_H
+#define TANDEM_ROUTER_METRICS_H
+
+#include <stddef.h>
+
+#include "router.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The Content-Type an HTTP server sends with the text. */
+#define TDM_ROUTER_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+/* Renders the router's counters, histograms and gauges (router and per configured node) as
+ * Prometheus text exposition format 0.0.4: a "# HELP" and a "# TYPE" line per family, one
+ * sample per line, label values escaped, '\n' line ends. Call it on the router's thread (it
+ * reads the router's state without locks). On success *text is a NUL-terminated heap string
+ * of *len bytes (len may be NULL). Returns 0, or TDM_ERESOURCE (out of memory; *text NULL).
+ * Caller frees *text with free(). */
+int tdm_router_metrics_text(const tdm_router_t *r, char **text, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_ROUTER_METRICS_H */
