@@ -429,6 +429,10 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
     n->n_pending = 0;
     n->reserved_pending = n->reserved_acked = 0;
     n->tokens_since_hb = 0;
+    /* A down node holds nothing: its last heartbeat's load figures no longer mean anything
+     * (its process is gone or stopping), so Status and /metrics must not show them. */
+    n->kv_free = n->kv_used = n->kv_cached = n->running = n->waiting = n->batch_size = 0;
+    n->queued_prefill_tokens = 0;
     for (rt_req_t *q = r->head, *nx; q; q = nx) {
         nx = q->next;
         if (q->decode == n) {

@@ -42,6 +42,9 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Prefill rows per sequence per step in the rigs below (0: no limit). */
+static uint32_t g_prefill_chunk;
+
 /* A worker with its own pool and engine. */
 typedef struct rig {
     tdm_kv_pool_t *pool;
@@ -65,7 +68,7 @@ static void rig_open(fixture_t *fx, rig_t *r, tdm_worker_mode_t mode, uint32_t n
     ep.n_threads = 1;
     r->engine = tdm_engine_new(fx->f.model, r->pool, &ep, &err);
     assert_non_null(r->engine);
-    tdm_worker_opts_t o = {mode, max_batch, max_running, 64, 512, true};
+    tdm_worker_opts_t o = {mode, max_batch, max_running, 64, 512, true, g_prefill_chunk};
     r->w = tdm_worker_new(r->engine, r->pool, fx->tok, fx->f.n_vocab, &o, &err);
     if (!r->w)
         fail_msg("%s", err.msg);
@@ -214,6 +217,29 @@ static void test_batched_equals_alone(void **state)
         assert_true(st.steps == steps || st.steps + 1 == steps || st.steps <= steps);
         rig_close(&r);
     }
+}
+
+/* Decode nodes cap each sequence's prefill rows per step (max_prefill_chunk) so a long local
+ * prefill does not stall the running batch: same tokens, and the running sequences keep
+ * getting one token per step while a long prompt is prefilled. */
+static void test_prefill_chunk_limit(void **state)
+{
+    fixture_t *fx = *state;
+    out_t ref[N_REQ] = {0}, got[N_REQ] = {0};
+    reference(fx, ref, true);
+    g_prefill_chunk = 7;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 128, 64, 8);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &r, prompts, true);
+    drain(&r, got);
+    g_prefill_chunk = 0;
+    check_equal(ref, got);
+    tdm_worker_stats_t st;
+    tdm_worker_stats(r.w, &st);
+    /* the 100-token prompt alone needs ceil(99 / 7) chunked steps once others run */
+    assert_true(st.steps >= 15);
+    rig_close(&r);
 }
 
 /* A pool too small for all six at once: sequences get preempted and recomputed, and the
@@ -385,6 +411,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_preemption_keeps_outputs),
+        cmocka_unit_test(test_prefill_chunk_limit),
         cmocka_unit_test(test_prefill_then_decode),
         cmocka_unit_test(test_prefilled_finishes_at_once),
         cmocka_unit_test(test_cancel_and_errors),

@@ -102,7 +102,11 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                             (uint32_t)node->max_running,
                             4096,
                             rt->n_ctx,
-                            cfg->kv.prefix_caching};
+                            cfg->kv.prefix_caching,
+                            /* a decode node prefilling locally (no prefill node up, or
+                             * recompute after preemption) takes small chunks, so its running
+                             * sequences keep getting tokens */
+                            mode == TDM_WORKER_MODE_DECODE ? 256u : 0u};
     rt->worker = tdm_worker_new(rt->engine, rt->pool, rt->tok, rt->n_vocab, &wo, err);
     if (!rt->worker) {
         rc = err ? err->code : TDM_ERESOURCE;

@@ -354,6 +354,15 @@ static void add_rows(tdm_worker_t *w, uint32_t *n_rows, uint32_t *n_bseq, uint32
         s->t_first_sched = tdm_time_now();
 }
 
+/* Rows a sequence with `remaining` rows to compute gets this step. */
+static uint32_t prefill_chunk(const tdm_worker_t *w, uint32_t remaining, uint32_t budget)
+{
+    uint32_t chunk = remaining < budget ? remaining : budget;
+    if (w->o.max_prefill_chunk && chunk > w->o.max_prefill_chunk && w->n_running > 0)
+        chunk = w->o.max_prefill_chunk;
+    return chunk;
+}
+
 static bool in_batch(const tdm_worker_t *w, uint32_t n_bseq, uint32_t slot)
 {
     for (uint32_t k = 0; k < n_bseq; k++)
@@ -414,7 +423,7 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
         uint32_t remaining = s->n_tokens - s->n_computed;
         if (remaining <= 1 || in_batch(w, n_bseq, slot))
             continue;
-        uint32_t chunk = remaining < budget ? remaining : budget;
+        uint32_t chunk = prefill_chunk(w, remaining, budget);
         if (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + chunk) != TDM_OK)
             continue; /* waits for blocks; decode rows free them as sequences finish */
         add_rows(w, &n_rows, &n_bseq, slot, chunk);
@@ -431,7 +440,7 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
                 s->cached_prompt_tokens = matched < s->n_prompt ? matched : s->n_prompt;
         }
         uint32_t remaining = s->n_tokens - s->n_computed;
-        uint32_t chunk = remaining < budget ? remaining : budget;
+        uint32_t chunk = prefill_chunk(w, remaining, budget);
         if (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + chunk) != TDM_OK) {
             if (w->n_running == 0 && n_bseq == 0) {
                 /* Nothing runs that could free blocks: this sequence can never fit. */
