@@ -52,11 +52,11 @@ typedef enum tdm_worker_mode {
 
 typedef struct tdm_worker_opts {
     tdm_worker_mode_t mode;
-    uint32_t max_batch_tokens; /* rows per forward pass; <= the engine's */
-    uint32_t max_running;      /* sequences in the running batch */
-    uint32_t max_waiting;      /* sequences queued behind them; add fails beyond */
-    uint32_t n_ctx;            /* longest sequence, tokens (the engine's n_ctx) */
-    bool prefix_caching;       /* reuse cached prompt blocks (tdm_kv_seq_match_prefix) */
+    uint32_t max_batch_tokens;  /* rows per forward pass; <= the engine's */
+    uint32_t max_running;       /* sequences in the running batch */
+    uint32_t max_waiting;       /* sequences queued behind them; add fails beyond */
+    uint32_t n_ctx;             /* longest sequence, tokens (the engine's n_ctx) */
+    bool prefix_caching;        /* reuse cached prompt blocks (tdm_kv_seq_match_prefix) */
     uint32_t max_prefill_chunk; /* most prompt rows one sequence gets per step; 0 = no limit
                                    beyond max_batch_tokens. Decode nodes set it low, so a
                                    local prefill does not stall the running batch (results
