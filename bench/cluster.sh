@@ -5,8 +5,12 @@
 # `tandem cluster up`, loaded by `tandem bench` at each rate (Poisson arrivals), and stopped.
 # Prints one table and writes bench/results/cluster-<date>.json.
 #
+# The machine's cores are split the same way in both: by default each of the two disaggregated
+# nodes gets half the cores (threads), the colocated node all of them.
+#
 # usage: bench/cluster.sh [BUILD_DIR] (default build/); env RATES="0.5 1 2", REQUESTS=24,
-#        PROMPT_LEN=96:160, OUTPUT_LEN=32, SLO_TTFT_MS=1000, SLO_TPOT_MS=100, THREADS=0.
+#        PROMPT_LEN=96:160, OUTPUT_LEN=32, SLO_TTFT_MS=1000, SLO_TPOT_MS=100,
+#        DISAGG_THREADS=nproc/2, COLOC_THREADS=nproc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,14 +22,16 @@ prompt_len=${PROMPT_LEN:-96:160}
 output_len=${OUTPUT_LEN:-32}
 slo_ttft=${SLO_TTFT_MS:-1000}
 slo_tpot=${SLO_TPOT_MS:-100}
-threads=${THREADS:-0}
+cores=$(nproc)
+disagg_threads=${DISAGG_THREADS:-$(((cores + 1) / 2))}
+coloc_threads=${COLOC_THREADS:-$cores}
 work=$(mktemp -d)
 trap 'for p in "$work"/*.pids; do [ -e "$p" ] && "$tandem" cluster down --pid-file "$p" >/dev/null 2>&1; done; rm -rf "$work"' EXIT
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-write_config() { # name with_prefill
-    local f=$work/$1.yaml
+write_config() { # name with_prefill threads
+    local f=$work/$1.yaml threads=$3
     {
         echo "router:"
         echo "  client_endpoint: tcp://127.0.0.1:$(port)"
@@ -45,7 +51,8 @@ printf '%-12s %6s %9s %9s %9s %9s %9s %9s %8s %8s\n' config rate ttft_p50 ttft_p
     tpot_p50 tpot_p90 e2e_p50 tok/s goodput
 for cfg in disagg colocated; do
     with_prefill=$([ $cfg = disagg ] && echo 1 || echo 0)
-    conf=$(write_config $cfg "$with_prefill")
+    threads=$([ $cfg = disagg ] && echo "$disagg_threads" || echo "$coloc_threads")
+    conf=$(write_config $cfg "$with_prefill" "$threads")
     router=$(sed -n 's/^  client_endpoint: //p' "$conf")
     "$tandem" cluster up --config "$conf" --detach --pid-file "$work/$cfg.pids" \
         --log-dir "$work/logs-$cfg" >/dev/null 2>&1
