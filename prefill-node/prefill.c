@@ -131,15 +131,7 @@ out_destroy:
 static void report_failed(tdm_prefill_t *p, const char *id, int status, bool retryable,
                           const char *msg)
 {
-    Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
-    tf.request_id = (char *)(uintptr_t)id;
-    tf.status = tdm_proto_status_to_wire(status);
-    tf.message = (char *)(uintptr_t)msg;
-    tf.retryable = retryable;
-    tdm_sock_notify(tdm_node_link_sock(p->link), NULL, 0, TANDEM__V1__METHOD__METHOD_TASK_FAILED,
-                    &tf.base);
-    TDM_LOG_WARNF(&p->log, id, "task failed status=%s retryable=%d: %s", tdm_status_name(status),
-                  retryable, msg);
+    tdm_node_report_failed(tdm_node_link_sock(p->link), &p->log, id, status, retryable, msg);
 }
 
 static void drop_task(tdm_prefill_t *p, ptask_t *t)

@@ -191,23 +191,30 @@ static bool chunk_grow(rt_chunk_t *c, bool logprobs, bool texts)
     return true;
 }
 
-static bool chunk_text(rt_chunk_t *c, const char *s, size_t n)
+/* Appends n bytes to a growable NUL-terminated string (*buf, *len bytes, *cap allocated),
+ * doubling from 64 bytes. Returns false on out of memory (the string is unchanged). */
+static bool str_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 {
-    if (c->text_len + n + 1 > c->text_cap) {
-        size_t cap = c->text_cap ? c->text_cap : 64;
-        while (cap < c->text_len + n + 1)
-            cap *= 2;
-        char *t = realloc(c->text, cap);
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 64;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *t = realloc(*buf, c);
         if (!t)
             return false;
-        c->text = t;
-        c->text_cap = cap;
+        *buf = t;
+        *cap = c;
     }
     if (n)
-        memcpy(c->text + c->text_len, s, n);
-    c->text_len += n;
-    c->text[c->text_len] = '\0';
+        memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = '\0';
     return true;
+}
+
+static bool chunk_text(rt_chunk_t *c, const char *s, size_t n)
+{
+    return str_append(&c->text, &c->text_len, &c->text_cap, s, n);
 }
 
 /* Copies n bytes as valid UTF-8 (each invalid subpart becomes U+FFFD) into a heap string. */
@@ -431,20 +438,7 @@ void rt_req_shutdown_all(tdm_router_t *r)
 
 static bool hold_append(rt_req_t *q, const char *s, size_t n)
 {
-    if (q->hold_len + n + 1 > q->hold_cap) {
-        size_t cap = q->hold_cap ? q->hold_cap : 64;
-        while (cap < q->hold_len + n + 1)
-            cap *= 2;
-        char *h = realloc(q->hold, cap);
-        if (!h)
-            return false;
-        q->hold = h;
-        q->hold_cap = cap;
-    }
-    memcpy(q->hold + q->hold_len, s, n);
-    q->hold_len += n;
-    q->hold[q->hold_len] = '\0';
-    return true;
+    return str_append(&q->hold, &q->hold_len, &q->hold_cap, s, n);
 }
 
 /* Position of needle (m bytes) in hay (n bytes), or -1. */

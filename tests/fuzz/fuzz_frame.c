@@ -13,46 +13,9 @@
 #include <string.h>
 
 #include "net/net_internal.h"
+#include "tandem/proto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static const ProtobufCMessageDescriptor *const fuzz_messages[] = {
-    &tandem__v1__frame_header__descriptor,
-    &tandem__v1__sampling_params__descriptor,
-    &tandem__v1__kv_layout__descriptor,
-    &tandem__v1__top_logprob__descriptor,
-    &tandem__v1__usage__descriptor,
-    &tandem__v1__timings__descriptor,
-    &tandem__v1__chat_message__descriptor,
-    &tandem__v1__generate_request__descriptor,
-    &tandem__v1__chat_list__descriptor,
-    &tandem__v1__token_list__descriptor,
-    &tandem__v1__generate_chunk__descriptor,
-    &tandem__v1__top_logprobs__descriptor,
-    &tandem__v1__health_request__descriptor,
-    &tandem__v1__health_response__descriptor,
-    &tandem__v1__models_request__descriptor,
-    &tandem__v1__model_info__descriptor,
-    &tandem__v1__models_response__descriptor,
-    &tandem__v1__status_request__descriptor,
-    &tandem__v1__node_status__descriptor,
-    &tandem__v1__cluster_status__descriptor,
-    &tandem__v1__register_request__descriptor,
-    &tandem__v1__register_ack__descriptor,
-    &tandem__v1__heartbeat__descriptor,
-    &tandem__v1__heartbeat_ack__descriptor,
-    &tandem__v1__decode_reserve__descriptor,
-    &tandem__v1__reserve_ack__descriptor,
-    &tandem__v1__reserve_reject__descriptor,
-    &tandem__v1__prefill_task__descriptor,
-    &tandem__v1__token_event__descriptor,
-    &tandem__v1__finished__descriptor,
-    &tandem__v1__task_failed__descriptor,
-    &tandem__v1__node_cancel__descriptor,
-    &tandem__v1__kv_transfer__descriptor,
-    &tandem__v1__kv_hello__descriptor,
-    &tandem__v1__kv_hello_ack__descriptor,
-};
 
 #define FUZZ_MAX_PARTS 64
 
@@ -111,8 +74,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(lay.first_data + f.n_data == n);
         if (f.body) {
             FUZZ_CHECK(lay.body == lay.header + 1 && f.body_len == parts[lay.body].len);
-            for (size_t i = 0; i < sizeof fuzz_messages / sizeof fuzz_messages[0]; i++) {
-                ProtobufCMessage *m = tdm_frame_unpack(&f, fuzz_messages[i]);
+            size_t n_messages;
+            const ProtobufCMessageDescriptor *const *messages = tdm_proto_messages(&n_messages);
+            for (size_t i = 0; i < n_messages; i++) {
+                ProtobufCMessage *m = tdm_frame_unpack(&f, messages[i]);
                 if (m)
                     protobuf_c_message_free_unpacked(m, NULL);
             }

@@ -10,46 +10,9 @@
 #include "tdm_test.h"
 #include "tandem/proto.h"
 
-static const ProtobufCMessageDescriptor *const messages[] = {
-    &tandem__v1__frame_header__descriptor,
-    &tandem__v1__sampling_params__descriptor,
-    &tandem__v1__kv_layout__descriptor,
-    &tandem__v1__top_logprob__descriptor,
-    &tandem__v1__usage__descriptor,
-    &tandem__v1__timings__descriptor,
-    &tandem__v1__chat_message__descriptor,
-    &tandem__v1__generate_request__descriptor,
-    &tandem__v1__chat_list__descriptor,
-    &tandem__v1__token_list__descriptor,
-    &tandem__v1__generate_chunk__descriptor,
-    &tandem__v1__top_logprobs__descriptor,
-    &tandem__v1__health_request__descriptor,
-    &tandem__v1__health_response__descriptor,
-    &tandem__v1__models_request__descriptor,
-    &tandem__v1__model_info__descriptor,
-    &tandem__v1__models_response__descriptor,
-    &tandem__v1__metrics_request__descriptor,
-    &tandem__v1__metrics_response__descriptor,
-    &tandem__v1__status_request__descriptor,
-    &tandem__v1__node_status__descriptor,
-    &tandem__v1__cluster_status__descriptor,
-    &tandem__v1__register_request__descriptor,
-    &tandem__v1__register_ack__descriptor,
-    &tandem__v1__heartbeat__descriptor,
-    &tandem__v1__heartbeat_ack__descriptor,
-    &tandem__v1__decode_reserve__descriptor,
-    &tandem__v1__reserve_ack__descriptor,
-    &tandem__v1__reserve_reject__descriptor,
-    &tandem__v1__prefill_task__descriptor,
-    &tandem__v1__token_event__descriptor,
-    &tandem__v1__finished__descriptor,
-    &tandem__v1__task_failed__descriptor,
-    &tandem__v1__node_cancel__descriptor,
-    &tandem__v1__kv_transfer__descriptor,
-    &tandem__v1__kv_hello__descriptor,
-    &tandem__v1__kv_hello_ack__descriptor,
-};
-#define N_MESSAGES (sizeof messages / sizeof messages[0])
+static const ProtobufCMessageDescriptor *const *messages;
+static size_t n_messages;
+#define N_MESSAGES n_messages
 
 /* ---- generic filling and comparison through the descriptors ---- */
 
@@ -569,6 +532,7 @@ static void test_status_codes(void **state)
 
 int main(void)
 {
+    messages = tdm_proto_messages(&n_messages);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_every_message),
         cmocka_unit_test(test_table_covers_proto),

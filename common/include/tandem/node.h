@@ -142,6 +142,11 @@ void tdm_node_link_flush(tdm_node_link_t *l);
 int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, uint32_t n_vocab,
                       tdm_sampling_params_t *out, tdm_error_t *err);
 
+/* Tells the router a request failed on this node (NOTIFY TaskFailed: status, message,
+ * whether the router may re-dispatch it) and logs it as a warning under the request id. */
+void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const char *request_id,
+                            int status, bool retryable, const char *msg);
+
 /* Sends a worker TOKEN event to the router as a TokenEvent (NOTIFY). */
 int tdm_node_send_token(tdm_sock_t *s, const tdm_worker_event_t *ev);
 

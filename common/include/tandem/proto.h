@@ -52,6 +52,10 @@ int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_pa
 void tdm_proto_layout_to(const tdm_kv_layout_t *l, Tandem__V1__KvLayout *m);
 int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm_error_t *err);
 
+/* Every message type of proto/tandem.proto (*n of them), for code that treats them all
+ * alike (round-trip tests, fuzzing). Static storage; cannot fail. */
+const ProtobufCMessageDescriptor *const *tdm_proto_messages(size_t *n);
+
 /* Wire status (gRPC code, >= 0) <-> tdm status (0 or negative). Unknown wire codes map to
  * TDM_EINTERNAL... except that the number is kept: -code. */
 static inline int tdm_proto_status_to_wire(int tdm_status)

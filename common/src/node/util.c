@@ -109,6 +109,19 @@ int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, u
     return tdm_sampling_params_validate(out, n_vocab, err);
 }
 
+void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const char *request_id,
+                            int status, bool retryable, const char *msg)
+{
+    Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
+    tf.request_id = (char *)(uintptr_t)request_id;
+    tf.status = tdm_proto_status_to_wire(status);
+    tf.message = (char *)(uintptr_t)msg;
+    tf.retryable = retryable;
+    tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TASK_FAILED, &tf.base);
+    TDM_LOG_WARNF(log, request_id, "request failed status=%s retryable=%d: %s",
+                  tdm_status_name(status), retryable, msg);
+}
+
 int tdm_node_send_token(tdm_sock_t *s, const tdm_worker_event_t *ev)
 {
     Tandem__V1__TokenEvent te = TANDEM__V1__TOKEN_EVENT__INIT;
