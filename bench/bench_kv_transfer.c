@@ -76,10 +76,11 @@ typedef struct rx {
     int failures;
 } rx_t;
 
-static int rx_lookup(void *user, const char *request_id, uint32_t n_tokens, const uint32_t **blocks,
-                     uint32_t *n_blocks, char *msg, size_t cap)
+static int rx_lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
+                     const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
 {
     (void)request_id;
+    (void)attempt_id;
     (void)n_tokens;
     (void)msg;
     (void)cap;
@@ -107,6 +108,7 @@ static int run_tandem(tdm_kv_sender_t *s, const char *ep, const uint32_t *blocks
                       double seconds, uint64_t block_bytes, double *lat, result_t *res)
 {
     tdm_kv_send_req_t req = {.request_id = "bench",
+                             .attempt_id = 1,
                              .endpoint = ep,
                              .blocks = blocks,
                              .n_blocks = n,

@@ -17,6 +17,9 @@ static void usage(FILE *out)
             "check     loads FILE (a cluster config, see docs/operations.md) and prints the\n"
             "          resolved config as YAML: every key, defaults filled in. Errors go to\n"
             "          stderr as FILE:LINE: key 'a.b': message, and the exit status is 1.\n"
+            "          A bind the daemons would refuse (a non-loopback node or KV endpoint\n"
+            "          without CURVE, a client endpoint or HTTP address without API keys,\n"
+            "          unless security.insecure) is an error too.\n"
             "          Without FILE it checks the defaults.\n"
             "defaults  prints the default config (one prefill and one decode node on the CPU).\n"
             "\n"
@@ -98,7 +101,12 @@ int tdm_cmd_config(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    int status = print_config(&cfg);
+    /* what the daemons would refuse at start is an error here too */
+    tdm_error_t problems[16];
+    size_t n_problems = tdm_config_bind_problems(&cfg, problems, 16);
+    for (size_t i = 0; i < n_problems; i++)
+        fprintf(stderr, "%s: %s\n", file ? file : "(defaults)", problems[i].msg);
+    int status = n_problems ? 1 : print_config(&cfg);
     tdm_config_free(&cfg);
     return status;
 }

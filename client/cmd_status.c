@@ -59,6 +59,19 @@ static void print_table(const char *endpoint, const tdm_client_cluster_status_t 
     }
     if (s->n_nodes == 0)
         printf("(no nodes registered)\n");
+    bool any = s->n_refused > 0;
+    for (size_t i = 0; i < s->n_nodes; i++)
+        any = any || s->nodes[i].refused_reason[0];
+    if (any)
+        printf("\nrefused registrations:\n");
+    for (size_t i = 0; i < s->n_nodes; i++)
+        if (s->nodes[i].refused_reason[0])
+            printf("  %-16s %.0f s ago: %s\n", s->nodes[i].node_id, s->nodes[i].refused_age_s,
+                   s->nodes[i].refused_reason);
+    for (size_t i = 0; i < s->n_refused; i++)
+        printf("  %-16s %.0f s ago (%" PRIu64 " time%s): %s\n", s->refused[i].node_id,
+               s->refused[i].age_s, s->refused[i].count, s->refused[i].count == 1 ? "" : "s",
+               s->refused[i].reason);
 }
 
 /* Builds the JSON document; NULL on out of memory. */
@@ -82,16 +95,38 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
             (json_int_t)n->queued_prefill_tokens, "prefix_queries", (json_int_t)n->prefix_queries,
             "prefix_hits", (json_int_t)n->prefix_hits, "step_time_ms", n->step_time_s * 1e3,
             "last_heartbeat_age_s", n->last_heartbeat_age_s);
+        char inst[17];
+        snprintf(inst, sizeof inst, "%016" PRIx64, n->instance_id);
+        if (o && (json_object_set_new(o, "instance_id", json_string(n->instance_id ? inst : "")) ||
+                  json_object_set_new(o, "refused_reason", json_string(n->refused_reason)) ||
+                  json_object_set_new(o, "refused_age_s", json_real(n->refused_age_s)))) {
+            json_decref(o);
+            o = NULL;
+        }
         if (!o || json_array_append_new(nodes, o) != 0) {
             json_decref(nodes);
             return NULL;
         }
     }
-    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:o}", "router", endpoint, "version",
+    json_t *refused = json_array();
+    for (size_t i = 0; refused && i < s->n_refused; i++) {
+        json_t *o = json_pack("{s:s, s:s, s:f, s:I}", "node_id", s->refused[i].node_id, "reason",
+                              s->refused[i].reason, "age_s", s->refused[i].age_s, "count",
+                              (json_int_t)s->refused[i].count);
+        if (!o || json_array_append_new(refused, o) != 0) {
+            json_decref(refused);
+            refused = NULL;
+        }
+    }
+    if (!refused) {
+        json_decref(nodes);
+        return NULL;
+    }
+    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o}", "router", endpoint, "version",
                      s->version, "model", s->model, "requests_running",
                      (json_int_t)s->requests_running, "requests_queued",
                      (json_int_t)s->requests_queued, "requests_total",
-                     (json_int_t)s->requests_total, "nodes", nodes);
+                     (json_int_t)s->requests_total, "nodes", nodes, "refused", refused);
 }
 
 int tdm_cmd_status(int argc, char **argv)

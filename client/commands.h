@@ -14,5 +14,6 @@ int tdm_cmd_chat(int argc, char **argv);
 int tdm_cmd_status(int argc, char **argv);
 int tdm_cmd_bench(int argc, char **argv);
 int tdm_cmd_cluster(int argc, char **argv);
+int tdm_cmd_keys(int argc, char **argv);
 
 #endif

@@ -21,6 +21,7 @@ static const subcommand_t subcommands[] = {
     {"inspect", tdm_cmd_inspect, "show a GGUF model: architecture, hyperparameters, tensors"},
     {"tokenize", tdm_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
     {"config", tdm_cmd_config, "check a cluster config file and print the resolved config"},
+    {"keys", tdm_cmd_keys, "generate the CURVE key pairs of the router and every node"},
     {"kvcalc", tdm_cmd_kvcalc, "size the KV cache: bytes per token, per sequence, per budget"},
     {"version", tdm_cmd_version, "print the version and the build's features"},
 };

@@ -21,11 +21,11 @@
 
 typedef struct dres {
     bool used;
-    bool local;     /* local prefill: the sequence is in the worker already */
-    bool in_worker; /* KV arrived (or local): the worker owns the sequence */
-    char id[TDM_WORKER_ID_MAX];
-    tdm_kv_seq_t seq; /* reserved blocks until the KV arrives */
-    int32_t *prompt;  /* [n_prompt] */
+    bool local;             /* local prefill: the sequence is in the worker already */
+    bool in_worker;         /* KV arrived (or local): the worker owns the sequence */
+    tdm_node_attempt_t att; /* att.key: the worker's id for it */
+    tdm_kv_seq_t seq;       /* reserved blocks until the KV arrives */
+    int32_t *prompt;        /* [n_prompt] */
     uint32_t n_prompt;
     tdm_sampling_params_t sp;
     uint64_t deadline_ms;
@@ -47,10 +47,19 @@ struct tdm_decode {
     double last_load, last_expiry_check;
 };
 
-static dres_t *res_find(tdm_decode_t *d, const char *id)
+/* The reservation of worker id (attempt key) key. */
+static dres_t *res_find(tdm_decode_t *d, const char *key)
 {
     for (uint32_t i = 0; i < d->n_res; i++)
-        if (d->res[i].used && strcmp(d->res[i].id, id) == 0)
+        if (d->res[i].used && strcmp(d->res[i].att.key, key) == 0)
+            return &d->res[i];
+    return NULL;
+}
+
+static dres_t *res_find_attempt(tdm_decode_t *d, uint64_t attempt_id)
+{
+    for (uint32_t i = 0; i < d->n_res; i++)
+        if (d->res[i].used && d->res[i].att.attempt_id == attempt_id)
             return &d->res[i];
     return NULL;
 }
@@ -58,7 +67,7 @@ static dres_t *res_find(tdm_decode_t *d, const char *id)
 static void res_drop(tdm_decode_t *d, dres_t *r)
 {
     if (r->in_worker)
-        tdm_worker_cancel(d->rt.worker, r->id);
+        tdm_worker_cancel(d->rt.worker, r->att.key);
     tdm_kv_seq_release(d->rt.pool, &r->seq);
     free(r->prompt);
     memset(r, 0, sizeof *r);
@@ -117,7 +126,7 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
     ro.endpoint = node->kv_endpoint;
     ro.node_id = node->id;
     ro.model_fingerprint = d->rt.fingerprint;
-    ro.curve = tdm_node_curve(cfg, &curve);
+    ro.curve = tdm_node_curve_kv(&d->rt.keys, &curve);
     ro.log = &d->log;
     d->receiver = tdm_kv_receiver_new(net, d->rt.pool, &ro, err);
     if (!d->receiver) {
@@ -135,20 +144,21 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
     tdm_kv_stats_t ks;
     tdm_kv_pool_stats(d->rt.pool, &ks);
     TDM_LOG_INFOF(&d->log, NULL,
-                  "decode node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u kv=%s router=%s",
+                  "decode node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u kv=%s router=%s "
+                  "curve=%s",
                   tdm_engine_backend_name(d->rt.engine), ks.n_blocks,
                   (double)d->rt.kv_bytes / 1048576.0, d->rt.n_ctx, kv_ep,
-                  tdm_config_router_advertise(cfg));
+                  tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off");
     return d;
 out_destroy:
     tdm_decode_destroy(&d);
     return NULL;
 }
 
-static void report_failed(tdm_decode_t *d, const char *id, int status, bool retryable,
+static void report_failed(tdm_decode_t *d, const tdm_node_attempt_t *a, int status, bool retryable,
                           const char *msg)
 {
-    tdm_node_report_failed(tdm_node_link_sock(d->link), &d->log, id, status, retryable, msg);
+    tdm_node_report_failed(tdm_node_link_sock(d->link), &d->log, a, status, retryable, msg);
 }
 
 /* DECODE_RESERVE: allocate blocks for the prompt (or start a local prefill) and answer. */
@@ -162,15 +172,16 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
         return;
     }
     tdm_error_t err = {0};
-    const char *id = m->request_id ? m->request_id : "";
     dres_t *r = NULL;
-    if (!id[0] || strlen(id) >= TDM_WORKER_ID_MAX) {
-        tdm_sock_reply_error(s, f, TDM_EINVALID, "request_id: missing or longer than %u bytes",
-                             TDM_WORKER_ID_MAX - 1);
+    tdm_node_attempt_t att;
+    if (tdm_node_attempt_init(&att, m->request_id, m->attempt_id, f->instance_id, &err) != 0) {
+        tdm_sock_reply_error(s, f, TDM_EINVALID, "%s", err.msg);
         goto out_free;
     }
-    if (res_find(d, id)) {
-        tdm_sock_reply_error(s, f, TDM_EINVALID, "request_id '%s' is already on this node", id);
+    const char *id = att.label;
+    if (res_find_attempt(d, att.attempt_id)) {
+        tdm_sock_reply_error(s, f, TDM_EINTERNAL,
+                             "attempt %s of request '%s' is already on this node", att.key, id);
         goto out_free;
     }
     uint32_t n_prompt = (uint32_t)m->n_prompt_tokens;
@@ -203,13 +214,13 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     }
     memset(r, 0, sizeof *r);
     tdm_kv_seq_init(&r->seq);
-    snprintf(r->id, sizeof r->id, "%s", id);
+    r->att = att;
     r->sp = sp;
     r->n_prompt = n_prompt;
     r->deadline_ms = m->deadline_unix_ms;
     r->t_reserved = tdm_time_now();
     if (m->local_prefill) {
-        tdm_worker_req_t req = {id, m->prompt_tokens, n_prompt, &sp, NULL, 0};
+        tdm_worker_req_t req = {att.key, m->prompt_tokens, n_prompt, &sp, NULL, 0};
         uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&d->rt.layout, n_prompt + 1);
         if (need > tdm_kv_pool_available(d->rt.pool)) {
             tdm_sock_reply_error(s, f, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
@@ -239,11 +250,12 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
         r->used = true;
     }
     Tandem__V1__ReserveAck ack = TANDEM__V1__RESERVE_ACK__INIT;
-    ack.request_id = r->id;
+    ack.request_id = r->att.label;
+    ack.attempt_id = r->att.attempt_id;
     ack.n_blocks = r->seq.n_blocks;
     tdm_sock_reply(s, f, &ack.base);
-    TDM_LOG_DEBUGF(&d->log, id, "reserved prompt_tokens=%u blocks=%u local=%d", n_prompt,
-                   r->seq.n_blocks, r->local);
+    TDM_LOG_DEBUGF(&d->log, id, "reserved attempt=%s prompt_tokens=%u blocks=%u local=%d", att.key,
+                   n_prompt, r->seq.n_blocks, r->local);
 out_free:
     tandem__v1__decode_reserve__free_unpacked(m, NULL);
 }
@@ -254,9 +266,11 @@ static void on_cancel(tdm_decode_t *d, const tdm_frame_t *f)
         (Tandem__V1__NodeCancel *)tdm_frame_unpack(f, &tandem__v1__node_cancel__descriptor);
     if (!m)
         return;
-    dres_t *r = m->request_id ? res_find(d, m->request_id) : NULL;
+    dres_t *r = m->attempt_id ? res_find_attempt(d, m->attempt_id) : NULL;
+    if (r && r->att.router_instance != f->instance_id)
+        r = NULL; /* only the router that dispatched it may cancel it */
     if (r) {
-        TDM_LOG_DEBUGF(&d->log, r->id, "cancelled by the router");
+        TDM_LOG_DEBUGF(&d->log, r->att.label, "cancelled by the router");
         res_drop(d, r);
     }
     tandem__v1__node_cancel__free_unpacked(m, NULL);
@@ -279,13 +293,16 @@ static void on_router_frame(tdm_decode_t *d, const tdm_frame_t *f)
 }
 
 /* The KV receiver asks which blocks were reserved for a request. */
-static int lookup(void *user, const char *request_id, uint32_t n_tokens, const uint32_t **blocks,
-                  uint32_t *n_blocks, char *msg, size_t cap)
+static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
+                  const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
 {
     tdm_decode_t *d = user;
-    dres_t *r = res_find(d, request_id);
+    dres_t *r = res_find_attempt(d, attempt_id);
     if (!r || r->in_worker) {
-        snprintf(msg, cap, "no reservation for request '%s' (cancelled or unknown)", request_id);
+        snprintf(msg, cap,
+                 "no reservation for attempt %016" PRIx64 " of request '%s' (cancelled, "
+                 "superseded or unknown)",
+                 attempt_id, request_id);
         return TDM_ENOTFOUND;
     }
     if (n_tokens != r->n_prompt) {
@@ -300,14 +317,14 @@ static int lookup(void *user, const char *request_id, uint32_t n_tokens, const u
 
 static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
 {
-    dres_t *r = res_find(d, in->request_id);
+    dres_t *r = res_find_attempt(d, in->attempt_id);
     if (!r || r->in_worker)
         return; /* unknown or cancelled: the receiver already rejected or dropped it */
     if (in->status == TDM_ECANCELLED) {
         /* The sender withdrew the transfer (the router cancelled the request, its deadline
          * passed on the prefill node, or the prefill node is stopping): the prefill node
          * reports why, if anything is to be reported. The reservation goes. */
-        TDM_LOG_DEBUGF(&d->log, r->id, "KV transfer withdrawn by the sender");
+        TDM_LOG_DEBUGF(&d->log, r->att.label, "KV transfer withdrawn by the sender");
         res_drop(d, r);
         return;
     }
@@ -315,7 +332,7 @@ static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
         /* A bad transfer: the reservation goes; the router re-dispatches the request. */
         char msg[TDM_ERRMSG_MAX + 32];
         snprintf(msg, sizeof msg, "KV transfer rejected: %s", in->message);
-        report_failed(d, r->id, in->status, true, msg);
+        report_failed(d, &r->att, in->status, true, msg);
         res_drop(d, r);
         return;
     }
@@ -324,49 +341,48 @@ static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
         r->kv_transfer_s = 0;
     r->kv_transfer_bytes = in->bytes;
     r->seq.n_tokens = r->n_prompt;
-    tdm_worker_req_t req = {r->id, r->prompt, r->n_prompt, &r->sp, &r->seq, in->first_token};
+    tdm_worker_req_t req = {r->att.key, r->prompt, r->n_prompt, &r->sp, &r->seq, in->first_token};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt.worker, &req, &err) != TDM_OK) {
-        report_failed(d, r->id, err.code, err.code == TDM_ERESOURCE, err.msg);
+        report_failed(d, &r->att, err.code, err.code == TDM_ERESOURCE, err.msg);
         res_drop(d, r);
         return;
     }
     r->in_worker = true;
     free(r->prompt);
     r->prompt = NULL;
-    TDM_LOG_DEBUGF(&d->log, r->id, "KV received blocks=%u bytes=%" PRIu64 " from=%s", in->n_blocks,
-                   in->bytes, in->sender_node_id);
+    TDM_LOG_DEBUGF(&d->log, r->att.label, "KV received blocks=%u bytes=%" PRIu64 " from=%s",
+                   in->n_blocks, in->bytes, in->sender_node_id);
 }
 
 static void on_event(tdm_decode_t *d, const tdm_worker_event_t *ev)
 {
     dres_t *r = res_find(d, ev->request_id);
     tdm_sock_t *s = tdm_node_link_sock(d->link);
+    if (!r)
+        return; /* dropped meanwhile: nobody waits for it */
     switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(s, ev); break;
+    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(s, &r->att, ev); break;
     case TDM_WORKER_EVENT_FINISHED: {
         Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
-        fin.request_id = (char *)(uintptr_t)ev->request_id;
+        fin.request_id = r->att.label;
+        fin.attempt_id = r->att.attempt_id;
         fin.reason = ev->finish == TDM_WORKER_FINISH_STOP
                          ? TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP
                          : TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
         fin.completion_tokens = ev->completion_tokens;
-        fin.kv_transfer_s = r ? r->kv_transfer_s : 0;
-        fin.kv_transfer_bytes = r ? r->kv_transfer_bytes : 0;
+        fin.kv_transfer_s = r->kv_transfer_s;
+        fin.kv_transfer_bytes = r->kv_transfer_bytes;
         fin.preemptions = ev->preemptions;
         tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_FINISHED, &fin.base);
-        if (r) {
-            r->in_worker = false; /* the worker freed it already */
-            res_drop(d, r);
-        }
+        r->in_worker = false; /* the worker freed it already */
+        res_drop(d, r);
         break;
     }
     case TDM_WORKER_EVENT_FAILED:
-        report_failed(d, ev->request_id, ev->status, false, ev->message);
-        if (r) {
-            r->in_worker = false;
-            res_drop(d, r);
-        }
+        report_failed(d, &r->att, ev->status, false, ev->message);
+        r->in_worker = false;
+        res_drop(d, r);
         break;
     default: break;
     }
@@ -409,16 +425,24 @@ int tdm_decode_run(tdm_decode_t *d, volatile sig_atomic_t *stop, tdm_error_t *er
         if (now - d->last_expiry_check > 0.05) {
             d->last_expiry_check = now;
             uint64_t now_ms = tdm_net_now_ms();
+            uint64_t router = tdm_node_link_router_instance(d->link);
             for (uint32_t i = 0; i < d->n_res; i++) {
                 dres_t *r = &d->res[i];
                 if (!r->used)
                     continue;
-                if (r->deadline_ms && now_ms > r->deadline_ms) {
-                    report_failed(d, r->id, TDM_EDEADLINE, false, "deadline passed");
+                if (router && r->att.router_instance != router) {
+                    /* the router that dispatched it restarted: nobody will read its tokens */
+                    TDM_LOG_INFOF(&d->log, r->att.label,
+                                  "dropped: dispatched by router instance %016" PRIx64
+                                  ", which is gone",
+                                  r->att.router_instance);
+                    res_drop(d, r);
+                } else if (r->deadline_ms && now_ms > r->deadline_ms) {
+                    report_failed(d, &r->att, TDM_EDEADLINE, false, "deadline passed");
                     res_drop(d, r);
                 } else if (!r->in_worker && !r->deadline_ms &&
                            now - r->t_reserved > RESERVATION_TTL_S) {
-                    report_failed(d, r->id, TDM_EDEADLINE, true,
+                    report_failed(d, &r->att, TDM_EDEADLINE, true,
                                   "no KV pages arrived for the reservation within 600 s");
                     res_drop(d, r);
                 }
@@ -434,7 +458,7 @@ int tdm_decode_run(tdm_decode_t *d, volatile sig_atomic_t *stop, tdm_error_t *er
     tdm_frame_clear(&f);
     for (uint32_t i = 0; i < d->n_res; i++)
         if (d->res[i].used) {
-            report_failed(d, d->res[i].id, TDM_EUNAVAILABLE, false, "decode node shutting down");
+            report_failed(d, &d->res[i].att, TDM_EUNAVAILABLE, false, "decode node shutting down");
             res_drop(d, &d->res[i]);
         }
     tdm_node_link_flush(d->link);

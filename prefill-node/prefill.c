@@ -16,8 +16,8 @@
 
 typedef struct ptask {
     bool used;
-    bool shipping; /* KV handed to the sender */
-    char id[TDM_WORKER_ID_MAX];
+    bool shipping;          /* KV handed to the sender */
+    tdm_node_attempt_t att; /* att.key: the worker's id for it */
     char decode_ep[256];
     char decode_id[TDM_NODE_ID_MAX + 1];
     uint64_t deadline_ms;
@@ -37,10 +37,19 @@ struct tdm_prefill {
     double last_load, last_deadline_check;
 };
 
-static ptask_t *task_find(tdm_prefill_t *p, const char *id)
+/* The task of worker id (attempt key) key. */
+static ptask_t *task_find(tdm_prefill_t *p, const char *key)
 {
     for (uint32_t i = 0; i < p->n_tasks; i++)
-        if (p->tasks[i].used && strcmp(p->tasks[i].id, id) == 0)
+        if (p->tasks[i].used && strcmp(p->tasks[i].att.key, key) == 0)
+            return &p->tasks[i];
+    return NULL;
+}
+
+static ptask_t *task_find_attempt(tdm_prefill_t *p, uint64_t attempt_id)
+{
+    for (uint32_t i = 0; i < p->n_tasks; i++)
+        if (p->tasks[i].used && p->tasks[i].att.attempt_id == attempt_id)
             return &p->tasks[i];
     return NULL;
 }
@@ -98,7 +107,7 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
     if (tdm_node_runtime_open(&p->rt, cfg, node, TDM_WORKER_MODE_PREFILL, err) != TDM_OK)
         goto out_destroy;
     tdm_curve_keys_t curve;
-    const tdm_curve_keys_t *cp = tdm_node_curve(cfg, &curve);
+    const tdm_curve_keys_t *cp = tdm_node_curve_kv(&p->rt.keys, &curve);
     tdm_kv_sender_opts_t so = {0};
     so.node_id = node->id;
     so.model_fingerprint = p->rt.fingerprint;
@@ -118,9 +127,10 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
     tdm_kv_stats_t ks;
     tdm_kv_pool_stats(p->rt.pool, &ks);
     TDM_LOG_INFOF(
-        &p->log, NULL, "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s",
+        &p->log, NULL,
+        "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s curve=%s",
         tdm_engine_backend_name(p->rt.engine), ks.n_blocks, (double)p->rt.kv_bytes / 1048576.0,
-        p->rt.n_ctx, tdm_config_router_advertise(cfg));
+        p->rt.n_ctx, tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off");
     return p;
 out_destroy:
     tdm_prefill_destroy(&p);
@@ -128,17 +138,17 @@ out_destroy:
 }
 
 /* Tells the router a task failed. */
-static void report_failed(tdm_prefill_t *p, const char *id, int status, bool retryable,
+static void report_failed(tdm_prefill_t *p, const tdm_node_attempt_t *a, int status, bool retryable,
                           const char *msg)
 {
-    tdm_node_report_failed(tdm_node_link_sock(p->link), &p->log, id, status, retryable, msg);
+    tdm_node_report_failed(tdm_node_link_sock(p->link), &p->log, a, status, retryable, msg);
 }
 
 static void drop_task(tdm_prefill_t *p, ptask_t *t)
 {
-    tdm_worker_cancel(p->rt.worker, t->id);
+    tdm_worker_cancel(p->rt.worker, t->att.key);
     if (t->shipping)
-        tdm_kv_sender_cancel(p->sender, t->id);
+        tdm_kv_sender_cancel(p->sender, t->att.attempt_id);
     memset(t, 0, sizeof *t);
 }
 
@@ -151,43 +161,45 @@ static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
         return;
     }
     tdm_error_t err = {0};
-    const char *id = m->request_id ? m->request_id : "";
-    if (!id[0] || strlen(id) >= TDM_WORKER_ID_MAX) {
-        TDM_LOG_WARNF(&p->log, NULL, "dropped a PrefillTask without a valid request_id");
+    tdm_node_attempt_t att;
+    if (tdm_node_attempt_init(&att, m->request_id, m->attempt_id, f->instance_id, &err) != 0) {
+        TDM_LOG_WARNF(&p->log, NULL, "dropped a PrefillTask: %s", err.msg);
         goto out_free;
     }
-    if (task_find(p, id)) {
-        report_failed(p, id, TDM_EINVALID, false, "request_id is already being prefilled here");
+    const char *id = att.label;
+    if (task_find_attempt(p, att.attempt_id)) {
+        /* the router never sends one attempt twice: a duplicate is dropped, the first runs */
+        TDM_LOG_WARNF(&p->log, id, "dropped a second PrefillTask for attempt %s", att.key);
         goto out_free;
     }
     if (!m->decode_kv_endpoint || !m->decode_kv_endpoint[0] ||
         strlen(m->decode_kv_endpoint) >= sizeof(((ptask_t *)0)->decode_ep)) {
-        report_failed(p, id, TDM_EINVALID, false, "decode_kv_endpoint: missing or too long");
+        report_failed(p, &att, TDM_EINVALID, false, "decode_kv_endpoint: missing or too long");
         goto out_free;
     }
     tdm_sampling_params_t sp;
     if (tdm_node_sampling(m->sampling, m->max_tokens, p->rt.n_vocab, &sp, &err) != TDM_OK) {
-        report_failed(p, id, err.code, false, err.msg);
+        report_failed(p, &att, err.code, false, err.msg);
         goto out_free;
     }
     ptask_t *t = task_alloc(p);
     if (!t) {
-        report_failed(p, id, TDM_ERESOURCE, true, "prefill node task table full");
+        report_failed(p, &att, TDM_ERESOURCE, true, "prefill node task table full");
         goto out_free;
     }
-    tdm_worker_req_t req = {id, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, &sp, NULL, 0};
+    tdm_worker_req_t req = {att.key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, &sp, NULL, 0};
     if (m->n_prompt_tokens > UINT32_MAX || tdm_worker_add(p->rt.worker, &req, &err) != TDM_OK) {
-        report_failed(p, id, err.code ? err.code : TDM_EINVALID, err.code == TDM_ERESOURCE,
+        report_failed(p, &att, err.code ? err.code : TDM_EINVALID, err.code == TDM_ERESOURCE,
                       err.msg[0] ? err.msg : "prompt too long");
         goto out_free;
     }
     t->used = true;
-    snprintf(t->id, sizeof t->id, "%s", id);
+    t->att = att;
     snprintf(t->decode_ep, sizeof t->decode_ep, "%s", m->decode_kv_endpoint);
     snprintf(t->decode_id, sizeof t->decode_id, "%s", m->decode_node_id ? m->decode_node_id : "");
     t->deadline_ms = m->deadline_unix_ms;
-    TDM_LOG_DEBUGF(&p->log, id, "prefill task prompt_tokens=%zu decode=%s", m->n_prompt_tokens,
-                   t->decode_id);
+    TDM_LOG_DEBUGF(&p->log, id, "prefill task attempt=%s prompt_tokens=%zu decode=%s", att.key,
+                   m->n_prompt_tokens, t->decode_id);
 out_free:
     tandem__v1__prefill_task__free_unpacked(m, NULL);
 }
@@ -198,9 +210,11 @@ static void on_cancel(tdm_prefill_t *p, const tdm_frame_t *f)
         (Tandem__V1__NodeCancel *)tdm_frame_unpack(f, &tandem__v1__node_cancel__descriptor);
     if (!m)
         return;
-    ptask_t *t = m->request_id ? task_find(p, m->request_id) : NULL;
+    ptask_t *t = m->attempt_id ? task_find_attempt(p, m->attempt_id) : NULL;
+    if (t && t->att.router_instance != f->instance_id)
+        t = NULL; /* only the router that dispatched it may cancel it */
     if (t) {
-        TDM_LOG_DEBUGF(&p->log, t->id, "cancelled by the router");
+        TDM_LOG_DEBUGF(&p->log, t->att.label, "cancelled by the router");
         drop_task(p, t);
     }
     tandem__v1__node_cancel__free_unpacked(m, NULL);
@@ -226,22 +240,35 @@ static void on_event(tdm_prefill_t *p, const tdm_worker_event_t *ev)
 {
     ptask_t *t = task_find(p, ev->request_id);
     switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(tdm_node_link_sock(p->link), ev); break;
+    case TDM_WORKER_EVENT_TOKEN:
+        if (t) /* else cancelled in the meantime: nobody waits for it */
+            tdm_node_send_token(tdm_node_link_sock(p->link), &t->att, ev);
+        break;
     case TDM_WORKER_EVENT_PREFILLED: {
         tdm_kv_seq_t seq = ev->seq;
         if (!t) { /* cancelled in the meantime */
             tdm_kv_seq_release(p->rt.pool, &seq);
             break;
         }
-        tdm_kv_send_req_t sr = {ev->request_id, t->decode_ep,    seq.blocks,   seq.n_blocks,
-                                ev->n_tokens,   ev->first_token, ev->prefill_s};
+        tdm_kv_send_req_t sr = {0};
+        sr.request_id = t->att.label;
+        sr.attempt_id = t->att.attempt_id;
+        sr.endpoint = t->decode_ep;
+        sr.blocks = seq.blocks;
+        sr.n_blocks = seq.n_blocks;
+        sr.n_tokens = ev->n_tokens;
+        sr.first_token = ev->first_token;
+        sr.prefill_s = ev->prefill_s;
+        /* CURVE: the channel authenticates the decode node the router named by its own key */
+        const tdm_node_config_t *dn = tdm_config_find_node(p->cfg, t->decode_id);
+        sr.server_key = dn ? dn->curve_public_key : NULL;
         uint64_t xid;
         tdm_error_t err = {0};
         int rc = tdm_kv_sender_send(p->sender, &sr, &xid, &err);
         /* The sender holds its own references; ours go now (into the prefix cache). */
         tdm_kv_seq_release(p->rt.pool, &seq);
         if (rc != TDM_OK) {
-            report_failed(p, t->id, rc, true, err.msg);
+            report_failed(p, &t->att, rc, true, err.msg);
             memset(t, 0, sizeof *t);
             break;
         }
@@ -250,9 +277,10 @@ static void on_event(tdm_prefill_t *p, const tdm_worker_event_t *ev)
         break;
     }
     case TDM_WORKER_EVENT_FAILED:
-        report_failed(p, ev->request_id, ev->status, false, ev->message);
-        if (t)
+        if (t) {
+            report_failed(p, &t->att, ev->status, false, ev->message);
             memset(t, 0, sizeof *t);
+        }
         break;
     default: break;
     }
@@ -260,17 +288,21 @@ static void on_event(tdm_prefill_t *p, const tdm_worker_event_t *ev)
 
 static void on_sent(tdm_prefill_t *p, const tdm_kv_send_done_t *d)
 {
-    ptask_t *t = task_find(p, d->request_id);
+    ptask_t *t = task_find_attempt(p, d->attempt_id);
     if (d->status == TDM_ECANCELLED) {
         if (t)
             memset(t, 0, sizeof *t);
         return;
     }
     if (d->status != 0) {
-        char msg[TDM_ERRMSG_MAX + 64];
-        snprintf(msg, sizeof msg, "KV transfer to %s failed: %s", t ? t->decode_id : "?",
-                 d->message);
-        report_failed(p, d->request_id, d->status, true, msg);
+        if (t) { /* else cancelled meanwhile: the router no longer waits for it */
+            char msg[TDM_ERRMSG_MAX + 64];
+            snprintf(msg, sizeof msg, "KV transfer to %s failed: %s", t->decode_id, d->message);
+            /* a key mismatch between nodes is the cluster's fault, not the client's: it must
+             * not reach the client as UNAUTHENTICATED (HTTP 401) */
+            int st = d->status == TDM_EUNAUTHENTICATED ? TDM_EUNAVAILABLE : d->status;
+            report_failed(p, &t->att, st, true, msg);
+        }
     } else {
         TDM_LOG_DEBUGF(&p->log, d->request_id, "KV shipped bytes=%" PRIu64 " seconds=%.4f",
                        d->bytes, d->seconds);
@@ -318,10 +350,18 @@ int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *
         if (now - p->last_deadline_check > 0.05) {
             p->last_deadline_check = now;
             uint64_t now_ms = tdm_net_now_ms();
+            uint64_t router = tdm_node_link_router_instance(p->link);
             for (uint32_t i = 0; i < p->n_tasks; i++) {
                 ptask_t *t = &p->tasks[i];
                 if (t->used && t->deadline_ms && now_ms > t->deadline_ms) {
-                    report_failed(p, t->id, TDM_EDEADLINE, false, "deadline passed during prefill");
+                    report_failed(p, &t->att, TDM_EDEADLINE, false,
+                                  "deadline passed during prefill");
+                    drop_task(p, t);
+                } else if (t->used && router && t->att.router_instance != router) {
+                    TDM_LOG_INFOF(&p->log, t->att.label,
+                                  "dropped: dispatched by router instance %016" PRIx64
+                                  ", which is gone",
+                                  t->att.router_instance);
                     drop_task(p, t);
                 }
             }
@@ -337,7 +377,8 @@ int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *
     /* Shutdown: fail what is in flight so the router re-dispatches it, free every block. */
     for (uint32_t i = 0; i < p->n_tasks; i++)
         if (p->tasks[i].used) {
-            report_failed(p, p->tasks[i].id, TDM_EUNAVAILABLE, true, "prefill node shutting down");
+            report_failed(p, &p->tasks[i].att, TDM_EUNAVAILABLE, true,
+                          "prefill node shutting down");
             drop_task(p, &p->tasks[i]);
         }
     tdm_node_link_flush(p->link);

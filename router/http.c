@@ -159,6 +159,9 @@ void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m)
     m->kv_dtype = (int)mi->kv_dtype;
 }
 
+/* Replies with body. A 401 challenges Bearer (RFC 6750, for API clients) and Basic, so that a
+ * browser opening the dashboard asks for a user name and password and then sends them (the
+ * API key as the password, see state_key_ok) on the page's own fetches too. */
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
                              const void *body, size_t len)
 {
@@ -170,6 +173,11 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (status == 405)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, POST");
+    if (status == 401) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"tandem\"");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                "Basic realm=\"tandem\", charset=\"UTF-8\"");
+    }
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -237,6 +245,71 @@ static bool check_key(tdm_http_t *h, struct MHD_Connection *c, const char **key,
         return false;
     }
     return true;
+}
+
+/* Whether the cluster-state endpoints (/, /api/status, /api/capacity, /metrics) need an API
+ * key: router.api_keys is set and router.public_metrics is not. */
+static bool state_needs_key(const tdm_http_t *h)
+{
+    return h->cfg->router.n_api_keys > 0 && !h->cfg->router.public_metrics;
+}
+
+/* The password of "Authorization: Basic ..." copied into buf (cap bytes), or NULL when there is
+ * none or it does not fit. */
+static const char *basic_password(struct MHD_Connection *c, char *buf, size_t cap)
+{
+    char *pass = NULL;
+    /* deprecated from 0.9.77 on for ..._password3, which older releases (Debian 12's 0.9.75)
+     * lack; the old call stays in the library */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    char *user = MHD_basic_auth_get_username_password(c, &pass);
+#pragma GCC diagnostic pop
+    const char *out = NULL;
+    if (pass && strlen(pass) < cap) {
+        snprintf(buf, cap, "%s", pass);
+        out = buf;
+    }
+    if (pass)
+        MHD_free(pass);
+    if (user)
+        MHD_free(user);
+    return out;
+}
+
+/* Whether a request may see the cluster's state: no key is needed (state_needs_key), or it
+ * carries one that passes tdm_config_api_key_ok, the check the router applies to /v1 calls,
+ * as "Authorization: Bearer KEY" or as the password of HTTP Basic (what a browser sends after
+ * asking; the user name is ignored). *missing (may be NULL) tells a request with no key. */
+static bool state_key_ok(const tdm_http_t *h, struct MHD_Connection *c, bool *missing)
+{
+    if (missing)
+        *missing = false;
+    if (!state_needs_key(h))
+        return true;
+    char buf[TDM_NET_API_KEY_MAX];
+    const char *key = bearer_key(c);
+    if (!key)
+        key = basic_password(c, buf, sizeof buf);
+    if (!key) {
+        if (missing)
+            *missing = true;
+        return false;
+    }
+    return strlen(key) < TDM_NET_API_KEY_MAX && tdm_config_api_key_ok(&h->cfg->router, key);
+}
+
+/* state_key_ok, or a 401 queued with *ret its result (false). */
+static bool check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret)
+{
+    bool missing;
+    if (state_key_ok(h, c, &missing))
+        return true;
+    *ret = missing ? reply_error(c, 401, "invalid_api_key", NULL,
+                                 "an API key is required: send the header 'Authorization: Bearer "
+                                 "KEY' (a browser: the key as the password)")
+                   : reply_error(c, 401, "invalid_api_key", NULL, "the API key is not accepted");
+    return false;
 }
 
 /* The served model (MODELS, cached after the first success). Returns 0 or the call's status. */
@@ -587,6 +660,17 @@ static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
     bool ready = hr->ready;
     json_t *v = json_pack("{s:s, s:b, s:s}", "status", ready ? "ready" : "not ready", "ready",
                           ready, "version", hr->version);
+    /* refused registrations with their reason: why an expected node is missing (node ids
+     * and model details, so only for a request that may see the cluster's state: /ready
+     * itself is open to probes) */
+    json_t *refused = v && state_key_ok(h, c, NULL) ? json_array() : NULL;
+    for (size_t i = 0; refused && i < hr->n_refused; i++)
+        json_array_append_new(
+            refused, json_pack("{s:s, s:s, s:f, s:I}", "node_id", hr->refused[i]->node_id, "reason",
+                               hr->refused[i]->reason, "age_s", hr->refused[i]->age_s, "count",
+                               (json_int_t)hr->refused[i]->count));
+    if (refused)
+        json_object_set_new(v, "refused", refused);
     protobuf_c_message_free_unpacked(resp, NULL);
     if (v && !ready)
         json_object_set_new(v, "message",
@@ -649,6 +733,11 @@ static enum MHD_Result route(tdm_http_t *h, struct MHD_Connection *c, http_req_t
                            "no such endpoint: %s %s (see docs/api.md, HTTP API)", method, url);
     if (!get)
         return reply_error(c, 405, NULL, NULL, "%s %s: use GET", method, url);
+    enum MHD_Result ret;
+    bool state = strcmp(url, "/") == 0 || strcmp(url, "/metrics") == 0 ||
+                 strcmp(url, "/api/status") == 0 || strcmp(url, "/api/capacity") == 0;
+    if (state && !check_state_key(h, c, &ret))
+        return ret;
     if (strcmp(url, "/") == 0)
         return reply(c, 200, "text/html; charset=utf-8", tdm_dashboard_html,
                      tdm_dashboard_html_len);

@@ -94,6 +94,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "tandem-router: %s\n", err.msg);
         goto out_config;
     }
+    /* the HTTP gateway binds no non-loopback address without API keys (security.insecure
+     * aside); the router checks its own endpoints the same way */
+    if (tdm_config_bind_check(&cfg, "router.http_address",
+                              cfg.router.http_address ? cfg.router.http_address : "127.0.0.1",
+                              TDM_BIND_GUARD_API_KEYS, &err) != TDM_OK) {
+        tdm_log_write(&log, TDM_LOG_ERROR, NULL, NULL, "router failed to start: %s", err.msg);
+        fprintf(stderr, "tandem-router: %s\n", err.msg);
+        goto out_net;
+    }
     tdm_router_t *r = tdm_router_new(&cfg, net, &log, &err);
     if (!r) {
         tdm_log_write(&log, TDM_LOG_ERROR, NULL, NULL, "router failed to start: %s", err.msg);

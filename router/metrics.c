@@ -297,6 +297,18 @@ static void render_requests(sb_t *b, const tdm_router_t *r)
             "KV transfers that failed: retryable failures a prefill node reported after its first "
             "token, or a decode node before the KV arrived.",
             m->kv_transfer_failures);
+    counter(b, "tandem_stale_attempt_messages_total",
+            "Node messages dropped because they belong to a dispatch attempt that is not the "
+            "request's current one (a reused request id, a superseded dispatch).",
+            m->stale_attempt_messages);
+    counter(b, "tandem_stale_instance_messages_total",
+            "Node messages dropped because they came from a connection or instance that is not "
+            "the registered instance of that node.",
+            m->stale_instance_messages);
+    counter(b, "tandem_node_registrations_refused_total",
+            "Node registrations the router refused (unknown id, a second instance of a live "
+            "node, another node's key, a configuration mismatch).",
+            m->registrations_refused);
     gauge(b, "tandem_requests_running",
           "Requests dispatched to nodes (reserving KV blocks or running).",
           (uint64_t)(r->n_reqs - r->n_queued));

@@ -41,6 +41,42 @@ rt_node_t *rt_node_find(tdm_router_t *r, const char *id, size_t len)
     return NULL;
 }
 
+rt_node_t *rt_node_by_peer(tdm_router_t *r, const uint8_t *peer, size_t len)
+{
+    if (len == 0)
+        return NULL;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        rt_node_t *n = &r->nodes[i];
+        if (n->registered && n->peer_len == len && memcmp(n->peer, peer, len) == 0)
+            return n;
+    }
+    return NULL;
+}
+
+uint64_t rt_next_attempt(tdm_router_t *r)
+{
+    uint64_t a = r->next_attempt++;
+    if (a == 0)
+        a = r->next_attempt++;
+    return a;
+}
+
+void rt_refused_decode_note(const tdm_router_t *r, char *buf, size_t cap)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < r->n_nodes && o + 1 < cap; i++) {
+        const rt_node_t *n = &r->nodes[i];
+        if (n->cfg->role != TDM_NODE_ROLE_DECODE || n->up || !n->refused_reason[0])
+            continue;
+        int w = snprintf(buf + o, cap - o, "%sdecode node '%s' was refused: %s", o ? "; " : "",
+                         n->cfg->id, n->refused_reason);
+        if (w < 0)
+            break;
+        o += (size_t)w < cap - o ? (size_t)w : cap - o - 1;
+    }
+}
+
 int64_t rt_node_avail(const rt_node_t *n)
 {
     return (int64_t)n->kv_free + n->kv_cached - n->reserved_pending - n->reserved_acked;
@@ -224,8 +260,10 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
         bool local = !any_prefill_up(r);
         Tandem__V1__SamplingParams sp;
         tdm_proto_sampling_to(&q->sp, &sp);
+        uint64_t attempt = rt_next_attempt(r);
         Tandem__V1__DecodeReserve m = TANDEM__V1__DECODE_RESERVE__INIT;
         m.request_id = q->id;
+        m.attempt_id = attempt;
         m.n_prompt_tokens = q->n_prompt;
         m.prompt_tokens = q->prompt;
         m.sampling = &sp;
@@ -242,8 +280,8 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
         }
         uint64_t call = r->next_call++;
         tdm_send_t s = {0};
-        s.peer = (const uint8_t *)best->cfg->id;
-        s.peer_len = strlen(best->cfg->id);
+        s.peer = best->peer;
+        s.peer_len = best->peer_len;
         s.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
         s.method = TANDEM__V1__METHOD__METHOD_DECODE_RESERVE;
         s.call_id = call;
@@ -259,6 +297,7 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
         }
         best->pending[best->n_pending++] = (rt_pending_t){call, need, q};
         best->reserved_pending += need;
+        q->attempt_id = attempt;
         q->decode = best;
         q->prefill = NULL;
         q->state = RT_RESERVING;
@@ -266,8 +305,8 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
         q->n_blocks = need;
         q->reserve_call = call;
         char kv[160];
-        snprintf(kv, sizeof kv, "decode=%s blocks=%" PRIu32 " local_prefill=%s", best->cfg->id,
-                 need, local ? "true" : "false");
+        snprintf(kv, sizeof kv, "decode=%s blocks=%" PRIu32 " local_prefill=%s attempt=%016" PRIx64,
+                 best->cfg->id, need, local ? "true" : "false", attempt);
         tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "reserve sent");
         return 0;
     }
@@ -336,6 +375,7 @@ static void reserve_acked(tdm_router_t *r, rt_req_t *q)
         tdm_proto_sampling_to(&q->sp, &sp);
         Tandem__V1__PrefillTask t = TANDEM__V1__PREFILL_TASK__INIT;
         t.request_id = q->id;
+        t.attempt_id = q->attempt_id;
         t.n_prompt_tokens = q->n_prompt;
         t.prompt_tokens = q->prompt;
         t.sampling = &sp;
@@ -375,12 +415,21 @@ static void reserve_reply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         uint32_t blocks = p.n_blocks;
         Tandem__V1__ReserveAck *ack =
             (Tandem__V1__ReserveAck *)tdm_frame_unpack(f, &tandem__v1__reserve_ack__descriptor);
+        bool stale = false;
         if (ack) {
             if (ack->n_blocks)
                 blocks = ack->n_blocks;
+            stale = q && ack->attempt_id != q->attempt_id;
             protobuf_c_message_free_unpacked(&ack->base, NULL);
         }
         n->reserved_acked += blocks;
+        if (stale) {
+            /* cannot happen with call ids unique per router; counted, never applied */
+            r->metrics.stale_attempt_messages++;
+            rt_redispatch(r, q, false, TDM_EUNAVAILABLE,
+                          "the reservation answer names another attempt");
+            return;
+        }
         if (q)
             reserve_acked(r, q);
         return;
@@ -469,20 +518,68 @@ void rt_check_heartbeats(tdm_router_t *r, double now)
     }
 }
 
-static void refuse(tdm_router_t *r, const tdm_frame_t *f, const char *id, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void refuse(tdm_router_t *r, const tdm_frame_t *f, const char *id, const char *fmt, ...)
+/* Keeps a refusal for Status and /ready: on the node when the id is configured (printable
+ * ids only), else in the router's short list of unknown ids. Returns true when it repeats the
+ * last refusal kept for that id (not worth another log line). */
+static bool remember_refusal(tdm_router_t *r, const char *id, const char *msg)
+{
+    double now = tdm_time_now();
+    r->metrics.registrations_refused++;
+    rt_node_t *n = rt_node_find(r, id, strlen(id));
+    if (n) {
+        bool same = strcmp(n->refused_reason, msg) == 0;
+        snprintf(n->refused_reason, sizeof n->refused_reason, "%s", msg);
+        n->refused_at = now;
+        n->refused_count++;
+        return same;
+    }
+    char shown[TDM_NODE_ID_MAX + 1];
+    size_t k = 0;
+    for (const char *c = id; *c && k < sizeof shown - 1; c++)
+        shown[k++] = (*c > 0x20 && *c < 0x7f) ? *c : '?';
+    shown[k] = '\0';
+    for (size_t i = 0; i < r->n_refused; i++)
+        if (strcmp(r->refused[i].node_id, shown) == 0) {
+            bool same = strcmp(r->refused[i].reason, msg) == 0;
+            uint64_t count = r->refused[i].count + 1;
+            memmove(&r->refused[1], &r->refused[0], i * sizeof r->refused[0]);
+            snprintf(r->refused[0].node_id, sizeof r->refused[0].node_id, "%s", shown);
+            snprintf(r->refused[0].reason, sizeof r->refused[0].reason, "%s", msg);
+            r->refused[0].at = now;
+            r->refused[0].count = count;
+            return same;
+        }
+    size_t keep = r->n_refused < 8 ? r->n_refused : 7;
+    memmove(&r->refused[1], &r->refused[0], keep * sizeof r->refused[0]);
+    snprintf(r->refused[0].node_id, sizeof r->refused[0].node_id, "%s", shown);
+    snprintf(r->refused[0].reason, sizeof r->refused[0].reason, "%s", msg);
+    r->refused[0].at = now;
+    r->refused[0].count = 1;
+    r->n_refused = keep + 1;
+    return false;
+}
+
+/* Refuses a registration with status (FAILED_PRECONDITION: the node stops; UNAVAILABLE: it
+ * retries, e.g. while another instance of its id is up). */
+static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id, int status,
+                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id, int status,
+                          const char *fmt, ...)
 {
     char msg[TDM_ERRMSG_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    bool again = remember_refusal(r, id, msg);
     char kv[128] = "";
     tdm_log_kv_append(kv, sizeof kv, "node_id", id);
-    tdm_log_write(&r->log, TDM_LOG_WARN, NULL, kv, "registration refused: %s", msg);
-    tdm_sock_reply_error(r->nodesock, f, TDM_EPRECONDITION, "%s", msg);
+    tdm_log_write(&r->log, again ? TDM_LOG_DEBUG : TDM_LOG_WARN, NULL, kv,
+                  "registration refused: %s", msg);
+    tdm_sock_reply_error(r->nodesock, f, status, "%s", msg);
 }
+
+#define refuse(r, f, id, ...) refuse_status(r, f, id, TDM_EPRECONDITION, __VA_ARGS__)
 
 static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
                         const Tandem__V1__KvLayout *l)
@@ -535,6 +632,12 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
         refuse(r, f, id, "node_id is empty");
         goto out;
     }
+    /* CURVE: the ZAP handler named the connection after the node whose key it holds */
+    if (tdm_config_curve_on(r->cfg) && strcmp(f->user_id, id) != 0) {
+        refuse_status(r, f, id, TDM_EUNAUTHENTICATED, "node key of '%s' cannot register as '%s'",
+                      f->user_id, id);
+        goto out;
+    }
     if (!n) {
         refuse(r, f, id, "node '%s' is not in the cluster config", id);
         goto out;
@@ -544,11 +647,22 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
                tdm_node_role_name(n->cfg->role), tdm_node_role_name(role));
         goto out;
     }
-    if (f->peer_len != strlen(id) || memcmp(f->peer, id, f->peer_len) != 0) {
+    if (m->instance_id == 0 || f->instance_id != m->instance_id) {
         refuse(r, f, id,
-               "node '%s' connected with another routing id; its DEALER identity must be its "
-               "node id",
-               id);
+               "instance_id is %s: this node speaks protocol %u.%u; the router needs 1.1 or "
+               "newer (a random instance id in the registration and every frame header)",
+               m->instance_id == 0 ? "0" : "not the frame header's", f->version_major,
+               f->version_minor);
+        goto out;
+    }
+    if (n->up && n->instance_id != m->instance_id) {
+        /* A live node's id is never taken over: a restarted node waits until the router has
+         * seen its old instance go (heartbeat timeout); an impostor waits forever. */
+        refuse_status(r, f, id, TDM_EUNAVAILABLE,
+                      "node '%s' is registered by a live instance (%016" PRIx64
+                      "); another instance is refused until that one is down (no heartbeat "
+                      "for %" PRIu32 " ms)",
+                      id, n->instance_id, r->hb_timeout_ms);
         goto out;
     }
     if (m->model_fingerprint != r->fingerprint) {
@@ -581,9 +695,12 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
         tdm_sock_reply_error(r->nodesock, f, TDM_ERESOURCE, "router out of memory");
         goto out;
     }
-    if (n->up && n->instance_id != m->instance_id)
-        node_failed(r, n, "restarted (registered again with a new instance id)");
-    bool again = n->up;
+    bool again = n->up; /* the same instance again (it missed our ack, or the router said
+                           NOT_FOUND): keep its load figures and reservations */
+    memcpy(n->peer, f->peer, f->peer_len);
+    n->peer_len = f->peer_len;
+    n->refused_reason[0] = '\0';
+    n->refused_count = 0;
     free(n->kv_endpoint);
     n->kv_endpoint = ep;
     n->registered = true;
@@ -606,6 +723,7 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
     Tandem__V1__RegisterAck ack = TANDEM__V1__REGISTER_ACK__INIT;
     ack.heartbeat_interval_ms = r->hb_interval_ms;
     ack.heartbeat_timeout_ms = r->hb_timeout_ms;
+    ack.router_instance_id = r->instance_id;
     tdm_sock_reply(r->nodesock, f, &ack.base);
     char kv[512] = "";
     char num[32];
@@ -635,10 +753,13 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
                                  "the body does not decode as a Heartbeat");
         return;
     }
-    if (!n || !n->up || (h->instance_id && h->instance_id != n->instance_id)) {
+    if (!n || !n->up || h->instance_id != n->instance_id || f->instance_id != n->instance_id ||
+        strcmp(h->node_id, n->cfg->id) != 0) {
+        if (n && n->up)
+            r->metrics.stale_instance_messages++;
         tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
                              "node '%.*s' is not registered with this router; register again",
-                             (int)f->peer_len, (const char *)f->peer);
+                             (int)strnlen(h->node_id, TDM_NODE_ID_MAX), h->node_id);
         protobuf_c_message_free_unpacked(&h->base, NULL);
         return;
     }
@@ -660,8 +781,11 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
     n->tokens_since_hb = 0;
     n->reserved_acked = 0;
     protobuf_c_message_free_unpacked(&h->base, NULL);
-    if (is_req)
-        tdm_sock_reply(r->nodesock, f, NULL);
+    if (is_req) {
+        Tandem__V1__HeartbeatAck ack = TANDEM__V1__HEARTBEAT_ACK__INIT;
+        ack.router_instance_id = r->instance_id;
+        tdm_sock_reply(r->nodesock, f, &ack.base);
+    }
     rt_drain_queue(r);
 }
 
@@ -673,8 +797,15 @@ static void handle_token_event(tdm_router_t *r, rt_node_t *n, const tdm_frame_t 
         (Tandem__V1__TokenEvent *)tdm_frame_unpack(f, &tandem__v1__token_event__descriptor);
     if (!ev)
         return;
-    rt_req_t *q = rt_req_find(r, ev->request_id);
-    if (!q || (n != q->prefill && n != q->decode) || q->state != RT_RUNNING) {
+    bool known;
+    rt_req_t *q = rt_req_find_attempt(r, ev->request_id, ev->attempt_id, &known);
+    if (!q && known) {
+        r->metrics.stale_attempt_messages++;
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, ev->request_id, NULL,
+                      "ignoring token %" PRIu32 " of attempt %016" PRIx64
+                      " from %s (not a current attempt)",
+                      ev->index, ev->attempt_id, n->cfg->id);
+    } else if (!q || (n != q->prefill && n != q->decode) || q->state != RT_RUNNING) {
         tdm_log_write(&r->log, TDM_LOG_DEBUG, ev->request_id, NULL,
                       "ignoring token %" PRIu32 " from %s (request not running there)", ev->index,
                       n->cfg->id);
@@ -694,8 +825,14 @@ static void handle_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         (Tandem__V1__Finished *)tdm_frame_unpack(f, &tandem__v1__finished__descriptor);
     if (!fin)
         return;
-    rt_req_t *q = rt_req_find(r, fin->request_id);
-    if (!q || n != q->decode || q->state != RT_RUNNING)
+    bool known;
+    rt_req_t *q = rt_req_find_attempt(r, fin->request_id, fin->attempt_id, &known);
+    if (!q && known) {
+        r->metrics.stale_attempt_messages++;
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL,
+                      "ignoring Finished of attempt %016" PRIx64 " from %s (not current)",
+                      fin->attempt_id, n->cfg->id);
+    } else if (!q || n != q->decode || q->state != RT_RUNNING)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL, "ignoring Finished from %s",
                       n->cfg->id);
     else
@@ -709,8 +846,14 @@ static void handle_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t 
         (Tandem__V1__TaskFailed *)tdm_frame_unpack(f, &tandem__v1__task_failed__descriptor);
     if (!tf)
         return;
-    rt_req_t *q = rt_req_find(r, tf->request_id);
-    if (!q || (n != q->prefill && n != q->decode)) {
+    bool known;
+    rt_req_t *q = rt_req_find_attempt(r, tf->request_id, tf->attempt_id, &known);
+    if (!q && known) {
+        r->metrics.stale_attempt_messages++;
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, tf->request_id, NULL,
+                      "ignoring TaskFailed of attempt %016" PRIx64 " from %s (not current)",
+                      tf->attempt_id, n->cfg->id);
+    } else if (!q || (n != q->prefill && n != q->decode)) {
         tdm_log_write(&r->log, TDM_LOG_DEBUG, tf->request_id, NULL, "ignoring TaskFailed from %s",
                       n->cfg->id);
     } else {
@@ -735,27 +878,33 @@ static void handle_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t 
 
 void rt_node_message(tdm_router_t *r, const tdm_frame_t *f)
 {
-    rt_node_t *n = rt_node_find(r, (const char *)f->peer, f->peer_len);
+    /* A node is its registered connection: the routing id bound at registration (unique per
+     * instance), never a name a message claims. */
+    rt_node_t *n = rt_node_by_peer(r, f->peer, f->peer_len);
     if (f->method == TANDEM__V1__METHOD__METHOD_REGISTER &&
         f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST) {
         handle_register(r, f);
         return;
+    }
+    if (n && n->up && f->instance_id != n->instance_id) {
+        r->metrics.stale_instance_messages++;
+        n = NULL;
     }
     if (f->method == TANDEM__V1__METHOD__METHOD_HEARTBEAT) {
         handle_heartbeat(r, n, f);
         return;
     }
     if (!n || !n->up) {
+        if (n || f->instance_id)
+            r->metrics.stale_instance_messages++;
         if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
             tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                                 "node '%.*s' is not registered with this router; register "
-                                 "again",
-                                 (int)f->peer_len, (const char *)f->peer);
+                                 "this connection is not a registered node of this router; "
+                                 "register again");
         else
             tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
-                          "ignoring %s %s from node '%.*s' that is not up",
-                          tdm_net_kind_name(f->kind), tdm_net_method_name(f->method),
-                          (int)f->peer_len, (const char *)f->peer);
+                          "ignoring %s %s from a connection that is not a registered node",
+                          tdm_net_kind_name(f->kind), tdm_net_method_name(f->method));
         return;
     }
     n->last_seen = tdm_time_now();

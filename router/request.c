@@ -37,6 +37,31 @@ rt_req_t *rt_req_find(tdm_router_t *r, const char *id)
     return NULL;
 }
 
+rt_req_t *rt_req_find_attempt(tdm_router_t *r, const char *id, uint64_t attempt, bool *id_known)
+{
+    *id_known = false;
+    for (rt_req_t *q = r->hash[id_hash(id) & (r->hash_cap - 1)]; q; q = q->hnext)
+        if (strcmp(q->id, id) == 0) {
+            *id_known = true;
+            if (q->attempt_id == attempt && attempt != 0)
+                return q;
+        }
+    return NULL;
+}
+
+/* The request in flight with this id from this client connection, or NULL. Two clients may
+ * use the same id at once (it is their label); one client may not, or it could not tell its
+ * own replies apart. */
+static rt_req_t *find_for_peer(tdm_router_t *r, const char *id, const uint8_t *peer,
+                               size_t peer_len)
+{
+    for (rt_req_t *q = r->hash[id_hash(id) & (r->hash_cap - 1)]; q; q = q->hnext)
+        if (strcmp(q->id, id) == 0 && q->peer_len == peer_len &&
+            memcmp(q->peer, peer, peer_len) == 0)
+            return q;
+    return NULL;
+}
+
 /* Inserts q into the id table (growing it); returns false on out of memory. */
 static bool hash_insert(tdm_router_t *r, rt_req_t *q)
 {
@@ -352,6 +377,7 @@ void rt_req_release_nodes(tdm_router_t *r, rt_req_t *q, int status)
 {
     Tandem__V1__NodeCancel c = TANDEM__V1__NODE_CANCEL__INIT;
     c.request_id = q->id;
+    c.attempt_id = q->attempt_id;
     c.status = tdm_proto_status_to_wire(status);
     if (q->prefill && q->prefill->up)
         rt_node_notify(r, q->prefill, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
@@ -415,10 +441,15 @@ void rt_req_check_deadlines(tdm_router_t *r, uint64_t now_ms)
 {
     for (rt_req_t *q = r->head, *nx; q; q = nx) {
         nx = q->next;
-        if (q->deadline_ms && now_ms >= q->deadline_ms)
+        if (q->deadline_ms && now_ms >= q->deadline_ms) {
+            char note[TDM_ERRMSG_MAX] = "";
+            if (q->state == RT_QUEUED)
+                rt_refused_decode_note(r, note, sizeof note);
             rt_req_fail(r, q, TDM_EDEADLINE, true,
-                        "deadline exceeded after %.3f s (%s, %" PRIu32 " tokens out)",
-                        tdm_time_now() - q->t_arrival, state_name(q->state), q->next_index);
+                        "deadline exceeded after %.3f s (%s, %" PRIu32 " tokens out)%s%s",
+                        tdm_time_now() - q->t_arrival, state_name(q->state), q->next_index,
+                        note[0] ? "; " : "", note);
+        }
     }
 }
 
@@ -776,6 +807,54 @@ static bool id_valid(const char *id)
     return true;
 }
 
+/* Length on the wire of the last top-level length-delimited field `field` of the protobuf
+ * message in b[n] (protobuf: the last occurrence wins), or 0 when absent or malformed. protobuf-c
+ * hands strings over NUL-terminated, so an embedded NUL would silently shorten them: comparing
+ * with this length catches it. Wire format: developers.google.com/protocol-buffers/docs/encoding.
+ */
+static size_t wire_field_len(const uint8_t *b, size_t n, uint32_t field)
+{
+    size_t i = 0, found = 0;
+    while (i < n) {
+        uint64_t v = 0;
+        for (int shift = 0; i < n && shift < 64; shift += 7) {
+            v |= (uint64_t)(b[i] & 0x7f) << shift;
+            if (!(b[i++] & 0x80))
+                goto have_key;
+        }
+        return found;
+    have_key:;
+        uint32_t type = (uint32_t)(v & 7);
+        uint64_t num = v >> 3;
+        uint64_t len = 0;
+        switch (type) {
+        case 0: /* varint */
+            while (i < n && (b[i] & 0x80))
+                i++;
+            i++;
+            continue;
+        case 1: i += 8; continue;
+        case 5: i += 4; continue;
+        case 2:
+            for (int shift = 0; i < n && shift < 64; shift += 7) {
+                len |= (uint64_t)(b[i] & 0x7f) << shift;
+                if (!(b[i++] & 0x80))
+                    goto have_len;
+            }
+            return found;
+        have_len:
+            if (len > n - i)
+                return found;
+            if (num == field)
+                found = (size_t)len;
+            i += (size_t)len;
+            continue;
+        default: return found;
+        }
+    }
+    return found;
+}
+
 static uint64_t random_u64(void)
 {
     uint64_t v = 0;
@@ -897,17 +976,31 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
 }
 
 /* Validates g and fills q. Returns 0 or the status with *err naming the field. */
-static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
-                         tdm_error_t *err)
+static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, size_t id_wire_len,
+                         rt_req_t *q, tdm_error_t *err)
 {
     const tdm_config_t *cfg = r->cfg;
+    size_t id_len = strlen(g->request_id);
+    if (id_wire_len != id_len)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "request_id: byte %zu is NUL; request ids are 1..%u printable ASCII "
+                             "characters without spaces",
+                             id_len, TDM_ROUTER_REQUEST_ID_MAX);
     if (g->request_id[0]) {
+        for (size_t i = 0; i < id_len && i <= TDM_ROUTER_REQUEST_ID_MAX; i++) {
+            unsigned char ch = (unsigned char)g->request_id[i];
+            if (ch <= 0x20 || ch >= 0x7f)
+                return tdm_error_set(err, TDM_EINVALID,
+                                     "request_id: byte %zu is 0x%02x; request ids are 1..%u "
+                                     "printable ASCII characters without spaces",
+                                     i, ch, TDM_ROUTER_REQUEST_ID_MAX);
+        }
         if (!id_valid(g->request_id))
             return tdm_error_set(err, TDM_EINVALID,
-                                 "request_id must be 1..%u printable ASCII characters without "
-                                 "spaces",
-                                 TDM_ROUTER_REQUEST_ID_MAX);
-        if (rt_req_find(r, g->request_id))
+                                 "request_id is %zu bytes; request ids are 1..%u printable ASCII "
+                                 "characters without spaces",
+                                 id_len, TDM_ROUTER_REQUEST_ID_MAX);
+        if (find_for_peer(r, g->request_id, q->peer, q->peer_len))
             return tdm_error_set(err, TDM_EINVALID,
                                  "request_id '%s' is already in flight; use a new id",
                                  g->request_id);
@@ -1015,7 +1108,8 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
                              ? f->deadline_unix_ms
                              : now_ms + (uint64_t)(r->cfg->router.request_timeout_s * 1000.0 + 0.5);
         tdm_detok_init(&q->detok, r->tok, false);
-        rc = build_request(r, g, q, &err);
+        size_t id_wire_len = wire_field_len(f->body, f->body ? f->body_len : 0, 1);
+        rc = build_request(r, g, id_wire_len, q, &err);
     }
     if (rc == TDM_OK && !(q->tried = calloc(r->n_nodes ? r->n_nodes : 1, sizeof *q->tried)))
         rc = tdm_error_set(&err, TDM_ERESOURCE, "out of memory");

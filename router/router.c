@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include <zmq.h>
 
@@ -58,8 +59,7 @@ int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t 
 
 void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body)
 {
-    int rc =
-        tdm_sock_notify(r->nodesock, (const uint8_t *)n->cfg->id, strlen(n->cfg->id), method, body);
+    int rc = tdm_sock_notify(r->nodesock, n->peer, n->peer_len, method, body);
     if (rc != TDM_OK)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL, "notify %s to node %s failed: %s",
                       tdm_net_method_name(method), n->cfg->id, tdm_strerror(rc));
@@ -129,7 +129,33 @@ static int make_nodes(tdm_router_t *r, tdm_error_t *err)
     return TDM_OK;
 }
 
-static int bind_sockets(tdm_router_t *r, tdm_error_t *err)
+/* Refuses what the router must not do (bind the client or node endpoint where anyone may
+ * reach it unprotected: tdm_config_bind_check) and reads the router's CURVE secret key into
+ * secret ("" when CURVE is off). Runs before the model loads, so a bad key file fails at once.
+ * Logs a warning when security.insecure is true. */
+static int check_security(tdm_router_t *r, char secret[41], tdm_error_t *err)
+{
+    const tdm_config_t *cfg = r->cfg;
+    secret[0] = '\0';
+    int rc = tdm_config_bind_check(cfg, "router.client_endpoint", cfg->router.client_endpoint,
+                                   TDM_BIND_GUARD_API_KEYS, err);
+    if (rc == TDM_OK)
+        rc = tdm_config_bind_check(cfg, "router.node_endpoint", cfg->router.node_endpoint,
+                                   TDM_BIND_GUARD_CURVE, err);
+    if (rc == TDM_OK && tdm_config_curve_on(cfg))
+        rc = tdm_curve_secret_read(cfg->router.curve_secret_key_file, cfg->router.curve_public_key,
+                                   "router.curve_secret_key_file", secret, err);
+    if (rc == TDM_OK && cfg->security.insecure)
+        TDM_LOG_WARNF(&r->log, NULL,
+                      "security.insecure is true: non-loopback binds without CURVE or API keys "
+                      "are allowed; anyone who can reach this cluster's endpoints may pose as a "
+                      "node or a client");
+    return rc;
+}
+
+/* Binds the client endpoint and the node endpoint, the latter over CURVE with the router's
+ * pair (secret) admitting every node's key under its node id when CURVE is on. */
+static int bind_sockets(tdm_router_t *r, const char *secret, tdm_error_t *err)
 {
     const tdm_config_t *cfg = r->cfg;
     tdm_sock_opts_t copts = {0};
@@ -138,13 +164,25 @@ static int bind_sockets(tdm_router_t *r, tdm_error_t *err)
     if (!r->client)
         return tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
                                 "client endpoint %s: ", cfg->router.client_endpoint);
-    tdm_curve_keys_t keys = {cfg->security.curve_server_public_key,
-                             cfg->security.curve_server_secret_key,
-                             cfg->security.curve_client_public_key, NULL};
+    tdm_curve_peer_t *peers = NULL;
+    tdm_curve_keys_t keys = {0};
+    if (tdm_config_curve_on(cfg)) {
+        if (!(peers = calloc(cfg->n_nodes, sizeof *peers)))
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        for (size_t i = 0; i < cfg->n_nodes; i++)
+            peers[i] = (tdm_curve_peer_t){cfg->nodes[i].curve_public_key, cfg->nodes[i].id};
+        keys = (tdm_curve_keys_t){.server_public = cfg->router.curve_public_key,
+                                  .server_secret = secret,
+                                  .clients = peers,
+                                  .n_clients = cfg->n_nodes};
+    }
     tdm_sock_opts_t nopts = {0};
     nopts.log = &r->log;
-    nopts.curve = cfg->security.curve_server_public_key ? &keys : NULL;
+    nopts.instance_id = r->instance_id; /* in every frame to nodes: they drop other routers' */
+    nopts.no_handover = true;           /* a registered node's connection is never taken over */
+    nopts.curve = peers ? &keys : NULL;
     r->nodesock = tdm_sock_bind(r->net, cfg->router.node_endpoint, &nopts, err);
+    free(peers);
     if (!r->nodesock)
         return tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
                                 "node endpoint %s: ", cfg->router.node_endpoint);
@@ -170,8 +208,23 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
     r->hb_interval_ms = TDM_ROUTER_HEARTBEAT_INTERVAL_MS;
     r->hb_timeout_ms = TDM_ROUTER_HEARTBEAT_TIMEOUT_MS;
     r->next_call = 1;
-    if (load_model(r, err) != TDM_OK || make_nodes(r, err) != TDM_OK ||
-        bind_sockets(r, err) != TDM_OK) {
+    /* Identities (docs/protocol.md): a random instance per start, so nodes tell this router
+     * from the one before it, and attempt ids that start at a random point, so no attempt id
+     * of an earlier router instance is ever reused. */
+    uint64_t rnd[2] = {0, 0};
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+        rnd[0] ^= (uint64_t)(tdm_time_now() * 1e9) * 0x9e3779b97f4a7c15ull;
+        rnd[1] ^= (uint64_t)(uintptr_t)r * 0xbf58476d1ce4e5b9ull;
+    }
+    r->instance_id = rnd[0] ? rnd[0] : 1;
+    r->next_attempt = rnd[1] ? rnd[1] : 1;
+    char secret[41];
+    int rc = check_security(r, secret, err);
+    if (rc == TDM_OK && (load_model(r, err) != TDM_OK || make_nodes(r, err) != TDM_OK ||
+                         bind_sockets(r, secret, err) != TDM_OK))
+        rc = TDM_EINVALID;
+    tdm_curve_wipe(secret, sizeof secret);
+    if (rc != TDM_OK) {
         r->shut = true; /* nothing to shut down: no request exists yet */
         tdm_router_destroy(&r);
         return NULL;
@@ -185,7 +238,7 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
     tdm_log_kv_append(kv, sizeof kv, "n_ctx", num);
     tdm_log_kv_append(kv, sizeof kv, "prefill_policy",
                       tdm_prefill_policy_name(cfg->router.prefill_policy));
-    tdm_log_kv_append(kv, sizeof kv, "curve", cfg->security.curve_server_public_key ? "on" : "off");
+    tdm_log_kv_append(kv, sizeof kv, "curve", tdm_config_curve_on(cfg) ? "on" : "off");
     tdm_log_kv_append(kv, sizeof kv, "api_keys", cfg->router.n_api_keys ? "on" : "off");
     tdm_log_write(&r->log, TDM_LOG_INFO, NULL, kv, "router ready");
     return r;
@@ -226,24 +279,52 @@ void tdm_router_shutdown(tdm_router_t *r)
 
 /* ---- client calls ---- */
 
-/* Constant-time comparison of an API key with a configured one. */
-static bool key_equal(const char *a, const char *b)
+/* Whether a client call may go on: its key is accepted; or it is HEALTH, open like the HTTP
+ * /health and /ready (liveness probes carry no key; it says nothing private without one); or
+ * a STATUS or METRICS call that router.public_metrics leaves open. */
+static bool api_key_ok(const tdm_router_t *r, const tdm_frame_t *f)
 {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char diff = (unsigned char)(la != lb);
-    for (size_t i = 0; i < la; i++)
-        diff |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
-    return diff == 0 && lb > 0;
+    if (f->method == TANDEM__V1__METHOD__METHOD_HEALTH)
+        return true;
+    if (r->cfg->router.public_metrics && (f->method == TANDEM__V1__METHOD__METHOD_STATUS ||
+                                          f->method == TANDEM__V1__METHOD__METHOD_METRICS))
+        return true;
+    return tdm_config_api_key_ok(&r->cfg->router, f->api_key);
 }
 
-static bool api_key_ok(const tdm_router_t *r, const char *key)
+#define REFUSED_MAX 16 /* refusals one HEALTH or STATUS answer lists */
+
+/* Fills ref/refp (REFUSED_MAX entries) with the refused registrations: those of configured
+ * ids first when with_nodes, then the unknown ids, most recent first. Returns the count;
+ * the strings point into r. */
+static size_t refused_list(const tdm_router_t *r, bool with_nodes,
+                           Tandem__V1__RefusedRegistration *ref,
+                           Tandem__V1__RefusedRegistration **refp)
 {
-    if (r->cfg->router.n_api_keys == 0)
-        return true;
-    bool ok = false;
-    for (size_t i = 0; i < r->cfg->router.n_api_keys; i++)
-        ok |= key_equal(key, r->cfg->router.api_keys[i]);
-    return ok;
+    size_t n_ref = 0;
+    double now = tdm_time_now();
+    for (size_t i = 0; with_nodes && i < r->n_nodes && n_ref < REFUSED_MAX; i++) {
+        const rt_node_t *n = &r->nodes[i];
+        if (!n->refused_reason[0])
+            continue;
+        tandem__v1__refused_registration__init(&ref[n_ref]);
+        ref[n_ref].node_id = n->cfg->id;
+        ref[n_ref].reason = (char *)n->refused_reason;
+        ref[n_ref].age_s = now - n->refused_at;
+        ref[n_ref].count = n->refused_count;
+        refp[n_ref] = &ref[n_ref];
+        n_ref++;
+    }
+    for (size_t i = 0; i < r->n_refused && n_ref < REFUSED_MAX; i++) {
+        tandem__v1__refused_registration__init(&ref[n_ref]);
+        ref[n_ref].node_id = (char *)r->refused[i].node_id;
+        ref[n_ref].reason = (char *)r->refused[i].reason;
+        ref[n_ref].age_s = now - r->refused[i].at;
+        ref[n_ref].count = r->refused[i].count;
+        refp[n_ref] = &ref[n_ref];
+        n_ref++;
+    }
+    return n_ref;
 }
 
 static size_t count_up(const tdm_router_t *r, tdm_node_role_t role)
@@ -268,6 +349,13 @@ static void client_health(tdm_router_t *r, const tdm_frame_t *f)
              nd ? "ready" : "not ready", nd, np,
              nd ? (np ? "" : " (decode nodes prefill locally)")
                 : " (at least one decode node must be up)");
+    /* refusals tell an operator why a node is missing; only to a caller allowed Status */
+    Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];
+    bool may_see =
+        r->cfg->router.public_metrics || tdm_config_api_key_ok(&r->cfg->router, f->api_key);
+    size_t n_ref = may_see ? refused_list(r, true, ref, refp) : 0;
+    h.n_refused = n_ref;
+    h.refused = n_ref ? refp : NULL;
     tdm_send_t m = {0};
     m.peer = f->peer;
     m.peer_len = f->peer_len;
@@ -344,8 +432,16 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
         s->device = dev[i];
         s->batch_size = n->batch_size;
         s->reserved_blocks = n->reserved_pending + n->reserved_acked;
+        /* also on a node that is up: another instance tried to take its id */
+        if (n->refused_reason[0]) {
+            s->refused_reason = n->refused_reason;
+            s->refused_age_s = now - n->refused_at;
+        }
+        s->instance_id = n->instance_id;
         ptrs[i] = s;
     }
+    Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];
+    size_t n_ref = refused_list(r, false, ref, refp); /* configured ids are in nodes[] */
     Tandem__V1__ClusterStatus cs = TANDEM__V1__CLUSTER_STATUS__INIT;
     cs.version = (char *)TANDEM_VERSION;
     cs.model = r->cfg->model.name ? r->cfg->model.name : (char *)"";
@@ -354,6 +450,9 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     cs.requests_running = (uint32_t)(r->n_reqs - r->n_queued);
     cs.requests_queued = (uint32_t)r->n_queued;
     cs.requests_total = r->metrics.requests_total;
+    cs.n_refused = n_ref;
+    cs.refused = n_ref ? refp : NULL;
+    cs.router_instance_id = r->instance_id;
     tdm_sock_reply(r->client, f, &cs.base);
 out_free:
     free(dev);
@@ -373,7 +472,7 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
                       tdm_net_kind_name(f->kind), f->call_id);
         return;
     }
-    if (!api_key_ok(r, f->api_key)) {
+    if (!api_key_ok(r, f)) {
         if (f->method == TANDEM__V1__METHOD__METHOD_GENERATE) {
             r->metrics.requests_total++;
             rt_count_end(r, TDM_EUNAUTHENTICATED, -1);
@@ -382,7 +481,8 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
                       tdm_net_method_name(f->method), f->api_key[0] ? "unknown" : "no");
         tdm_sock_reply_error(r->client, f, TDM_EUNAUTHENTICATED,
                              f->api_key[0] ? "the API key is not accepted"
-                                           : "an API key is required (FrameHeader.api_key)");
+                                           : "an API key is required (FrameHeader.api_key; the "
+                                             "tandem tool: --api-key or $TANDEM_API_KEY)");
         return;
     }
     switch (f->method) {
@@ -515,6 +615,11 @@ uint32_t tdm_router_n_vocab(const tdm_router_t *r)
 uint64_t tdm_router_fingerprint(const tdm_router_t *r)
 {
     return r->fingerprint;
+}
+
+uint64_t tdm_router_instance(const tdm_router_t *r)
+{
+    return r->instance_id;
 }
 size_t tdm_router_n_running(const tdm_router_t *r)
 {

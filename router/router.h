@@ -90,6 +90,15 @@ typedef struct tdm_router_metrics {
     /* Retryable TaskFailed from a prefill node after its first token (its transfer had
      * started) or from a decode node before the KV arrived (rejected or never came). */
     uint64_t kv_transfer_failures;
+    /* Node messages dropped because they belong to an attempt of a request that is not its
+     * current one (a reused request id, a superseded dispatch). */
+    uint64_t stale_attempt_messages;
+    /* Node messages dropped because they came from a connection or instance that is not the
+     * registered instance of that node (an impostor, a restarted node's old connection). */
+    uint64_t stale_instance_messages;
+    /* Registrations refused (unknown id, second instance of a live node, key of another
+     * node, config mismatch). */
+    uint64_t registrations_refused;
 } tdm_router_metrics_t;
 
 typedef struct tdm_router tdm_router_t;
@@ -144,6 +153,9 @@ void tdm_router_set_heartbeat(tdm_router_t *r, uint32_t interval_ms, uint32_t ti
 uint32_t tdm_router_n_ctx(const tdm_router_t *r);
 uint32_t tdm_router_n_vocab(const tdm_router_t *r);
 uint64_t tdm_router_fingerprint(const tdm_router_t *r);
+/* The router's instance id (random per start, never 0; FrameHeader.instance_id of every
+ * frame it sends to nodes). */
+uint64_t tdm_router_instance(const tdm_router_t *r);
 
 /* Requests dispatched to nodes (reserving or running) / waiting in the queue. */
 size_t tdm_router_n_running(const tdm_router_t *r);

@@ -33,14 +33,21 @@ typedef struct rt_pending {
 
 /* One configured node and the router's view of it. */
 typedef struct rt_node {
-    const tdm_node_config_t *cfg; /* into the router's config */
-    size_t index;                 /* position in r->nodes */
-    bool registered;              /* registered at least once */
-    bool up;                      /* registered and heard from within the timeout */
-    uint64_t instance_id;
-    double last_seen;      /* monotonic seconds of the last message */
-    char down_reason[160]; /* why it was last marked down ("" if never) */
-    uint64_t failures;     /* times marked down (metrics) */
+    const tdm_node_config_t *cfg;   /* into the router's config */
+    size_t index;                   /* position in r->nodes */
+    bool registered;                /* registered at least once */
+    bool up;                        /* registered and heard from within the timeout */
+    uint64_t instance_id;           /* the registered instance (FrameHeader.instance_id) */
+    uint8_t peer[TDM_NET_PEER_MAX]; /* routing id of the registered instance's connection:
+                                       only messages from it are this node's */
+    size_t peer_len;
+    char refused_reason[TDM_ERRMSG_MAX]; /* last registration refused with this id ("" none
+                                            since it was last accepted) */
+    double refused_at;                   /* monotonic s of that refusal */
+    uint64_t refused_count;              /* refusals since it was last accepted */
+    double last_seen;                    /* monotonic seconds of the last message */
+    char down_reason[160];               /* why it was last marked down ("" if never) */
+    uint64_t failures;                   /* times marked down (metrics) */
     /* from RegisterRequest */
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
@@ -103,7 +110,9 @@ struct rt_req {
     bool local_prefill;
     uint32_t n_blocks; /* prompt blocks the reservation asks for */
     uint64_t reserve_call;
-    bool *tried; /* [r->n_nodes] decode nodes that refused this round */
+    uint64_t attempt_id; /* the current dispatch attempt (0: none yet); node messages of any
+                            other attempt are ignored and counted */
+    bool *tried;         /* [r->n_nodes] decode nodes that refused this round */
     int redispatches;
     /* output */
     uint32_t next_index; /* tokens delivered to the output so far */
@@ -160,6 +169,16 @@ struct tdm_router {
     rt_req_t *qhead, *qtail;
     size_t n_queued;
     uint64_t next_call;
+    uint64_t instance_id;  /* this router's instance: random per start, never 0 */
+    uint64_t next_attempt; /* next dispatch attempt id (random start, never 0) */
+    /* registrations refused for node ids that are not in the config, most recent first */
+    struct {
+        char node_id[TDM_NODE_ID_MAX + 1];
+        char reason[TDM_ERRMSG_MAX];
+        double at;
+        uint64_t count;
+    } refused[8];
+    size_t n_refused;
     double next_timers;
     bool shut;
     tdm_router_metrics_t metrics;
@@ -185,6 +204,10 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f);
 /* Client CANCEL for (peer, call id). */
 void rt_client_cancel(tdm_router_t *r, const tdm_frame_t *f);
 rt_req_t *rt_req_find(tdm_router_t *r, const char *id);
+/* The request with this id whose current attempt is `attempt`, or NULL; *id_known tells
+ * whether any request in flight has the id (so NULL means a stale attempt, not an unknown
+ * request). Client ids may repeat across clients: node messages are matched by attempt. */
+rt_req_t *rt_req_find_attempt(tdm_router_t *r, const char *id, uint64_t attempt, bool *id_known);
 /* Ends a request with an error: END status to the client, NodeCancel to its nodes (when
  * cancel_nodes), metrics, freed. */
 void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, const char *fmt, ...)
@@ -210,6 +233,13 @@ void rt_queue_remove(tdm_router_t *r, rt_req_t *q);
 /* ---- nodes.c ---- */
 void rt_node_message(tdm_router_t *r, const tdm_frame_t *f);
 rt_node_t *rt_node_find(tdm_router_t *r, const char *id, size_t len);
+/* The node whose registered connection has routing id peer, or NULL. */
+rt_node_t *rt_node_by_peer(tdm_router_t *r, const uint8_t *peer, size_t len);
+/* A new dispatch attempt id (never 0, never repeated by this router instance). */
+uint64_t rt_next_attempt(tdm_router_t *r);
+/* Appends to buf (cap bytes) why decode nodes that were refused are not serving ("" when
+ * none was refused), for the error of a request that waited for one. */
+void rt_refused_decode_note(const tdm_router_t *r, char *buf, size_t cap);
 /* Places q (not queued) on a decode node: sends DecodeReserve to the up decode node with
  * the most room that q has not tried this round. Returns 0 when sent, 1 when no decode node
  * is up or has room (the caller queues q), or a negative status when q can never be served

@@ -1045,8 +1045,14 @@ void tdm_client_cluster_status_clear(tdm_client_cluster_status_t *s)
         free(s->nodes[i].node_id);
         free(s->nodes[i].role);
         free(s->nodes[i].device);
+        free(s->nodes[i].refused_reason);
     }
     free(s->nodes);
+    for (size_t i = 0; i < s->n_refused; i++) {
+        free(s->refused[i].node_id);
+        free(s->refused[i].reason);
+    }
+    free(s->refused);
     free(s->version);
     free(s->model);
     memset(s, 0, sizeof *s);
@@ -1081,8 +1087,11 @@ int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_stat
         d->node_id = tdm_strdup(str_or_empty(ns->node_id));
         d->role = tdm_strdup(str_or_empty(ns->role));
         d->device = tdm_strdup(str_or_empty(ns->device));
-        if (!d->node_id || !d->role || !d->device)
+        d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
+        if (!d->node_id || !d->role || !d->device || !d->refused_reason)
             goto out_oom;
+        d->refused_age_s = ns->refused_age_s;
+        d->instance_id = ns->instance_id;
         d->up = ns->up;
         d->kv_blocks_total = ns->kv_blocks_total;
         d->kv_blocks_used = ns->kv_blocks_used;
@@ -1096,6 +1105,22 @@ int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_stat
         d->prefix_hits = ns->prefix_hits;
         d->step_time_s = ns->step_time_s;
         d->last_heartbeat_age_s = ns->last_heartbeat_age_s;
+    }
+    out->router_instance_id = m->router_instance_id;
+    if (m->n_refused > 0) {
+        out->refused = calloc(m->n_refused, sizeof *out->refused);
+        if (!out->refused)
+            goto out_oom;
+    }
+    for (size_t i = 0; i < m->n_refused; i++) {
+        tdm_client_refused_t *d = &out->refused[i];
+        out->n_refused = i + 1;
+        d->node_id = tdm_strdup(str_or_empty(m->refused[i]->node_id));
+        d->reason = tdm_strdup(str_or_empty(m->refused[i]->reason));
+        if (!d->node_id || !d->reason)
+            goto out_oom;
+        d->age_s = m->refused[i]->age_s;
+        d->count = m->refused[i]->count;
     }
     protobuf_c_message_free_unpacked(resp, NULL);
     return TDM_OK;

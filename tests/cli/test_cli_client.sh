@@ -113,7 +113,7 @@ fi
 "$test_client" --serve 'tcp://127.0.0.1:*' >"$tmp/fake.out" 2>"$tmp/fake.err" &
 fake=$!
 pids_to_kill+=("$fake")
-for _ in $(seq 100); do [ -s "$tmp/fake.out" ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ -s "$tmp/fake.out" ] && break; sleep 0.05; done
 ep=$(head -n 1 "$tmp/fake.out")
 
 run generate --router "$ep" -p hello --api-key k1
@@ -135,7 +135,8 @@ expect "generate: deadline" 1 "DEADLINE_EXCEEDED" generate --router "$ep" -p sil
 # Ctrl-C cancels the request and exits 130
 "$tandem" generate --router "$ep" -p slow >"$tmp/out" 2>"$tmp/err" &
 gen=$!
-sleep 0.5
+# interrupt once the stream is under way (two chunks out), not after a guess at how long that takes
+for _ in $(seq 600); do grep -q "^s0 s1 " "$tmp/out" && break; sleep 0.05; done
 kill -INT "$gen"
 wait "$gen"
 rc=$?
@@ -262,7 +263,8 @@ check "cluster up: stubborn daemons killed" all_dead
 : >"$FAKE_LOG"
 "$tandem" cluster up --bin-dir "$bin" --config "$tmp/cluster.yaml" --timeout 60 >"$tmp/out" 2>"$tmp/err" &
 up=$!
-sleep 1
+# SIGTERM once all three daemons were started (each logs a line), while it waits for ready
+for _ in $(seq 600); do [ "$(wc -l <"$FAKE_LOG")" -ge 3 ] && break; sleep 0.05; done
 kill -TERM "$up"
 wait "$up"
 rc=$?
@@ -276,7 +278,7 @@ export FAKE_ROUTER_PORT=$port
 "$tandem" cluster up --bin-dir "$bin" --config "$tmp/cluster.yaml" --timeout 30 >"$tmp/out" 2>"$tmp/err" &
 up=$!
 pids_to_kill+=("$up")
-for _ in $(seq 200); do grep -q "cluster ready" "$tmp/out" && break; sleep 0.05; done
+for _ in $(seq 600); do grep -q "cluster ready" "$tmp/out" && break; sleep 0.05; done
 args=(cluster up, ready)
 check "cluster up: ready line" grep -qx "cluster ready: router tcp://127.0.0.1:$port, 1 prefill, 1 decode nodes" "$tmp/out"
 check "cluster up: status works through the cluster's router" quiet "$tandem" status --router "tcp://127.0.0.1:$port"
@@ -294,7 +296,7 @@ check "cluster up: the rest stopped" all_dead
 "$tandem" cluster up --bin-dir "$bin" --config "$tmp/cluster.yaml" --timeout 30 >"$tmp/out" 2>"$tmp/err" &
 up=$!
 pids_to_kill+=("$up")
-for _ in $(seq 200); do grep -q "cluster ready" "$tmp/out" && break; sleep 0.05; done
+for _ in $(seq 600); do grep -q "cluster ready" "$tmp/out" && break; sleep 0.05; done
 kill -INT "$up"
 wait "$up"
 rc=$?

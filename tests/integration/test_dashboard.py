@@ -42,6 +42,32 @@ def request(port, method, path, body=None, timeout=60):
         conn.close()
 
 
+CHART_SERIES = ("request_rate", "ttft_ms", "tpot_ms", "tokens_per_s", "running", "kv_used_pct")
+
+
+def api_status(port):
+    st, _, body = request(port, "GET", "/api/status")
+    assert st == 200, body
+    return json.loads(body)
+
+
+def wait_status(port, pred, what, timeout_s=120):
+    """Polls /api/status (sampled once a second) until pred(doc); returns that doc."""
+    end = time.time() + timeout_s
+    while True:
+        doc = api_status(port)
+        if pred(doc):
+            return doc
+        assert time.time() < end, f"timed out after {timeout_s} s waiting for {what}: {doc}"
+        time.sleep(0.2)
+
+
+def charts_have_points(doc, n=2):
+    """True when every chart's series has n or more points (non-null values) in the history."""
+    h = doc["history"]
+    return all(sum(v is not None for v in h[k]) >= n for k in CHART_SERIES)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     c = Cluster(str(tmp_path_factory.mktemp("dash")), n_prefill=1, n_decode=2)
@@ -95,12 +121,13 @@ def test_dashboard_renders_live_data(cluster, tmp_path):
     url = f"http://127.0.0.1:{cluster.port}/"
     update = os.environ.get("TANDEM_UPDATE_SCREENSHOT") == "1"
     with Traffic(cluster.port, model) as traffic:
-        # a few seconds of load first, so that the history has points (for the committed
-        # screenshot, two minutes, with a second wave of clients joining half way)
-        end = time.time() + 60
-        while time.time() < end and traffic.done < 6:
-            time.sleep(0.5)
-        time.sleep(2.5)
+        # load first, until the history has points on every chart (for the committed
+        # screenshot, two minutes more, with a second wave of clients joining half way)
+        end = time.time() + 300
+        while traffic.done < 6 and not traffic.errors:
+            assert time.time() < end, f"{traffic.done} requests done after 300 s"
+            time.sleep(0.2)
+        wait_status(cluster.port, charts_have_points, "two points on every chart")
         if update:
             time.sleep(60)
             with Traffic(cluster.port, model, threads=3) as wave:
@@ -148,9 +175,9 @@ def test_dashboard_renders_live_data(cluster, tmp_path):
 
 
 def test_status_and_capacity_json(cluster):
-    st, _, body = request(cluster.port, "GET", "/api/status")
-    s = json.loads(body)
-    assert st == 200 and s["ok"] is True
+    # the dashboard samples the router once a second: wait for two samples with the nodes
+    s = wait_status(cluster.port, lambda d: d["ok"] is True and len(d["history"]["t"]) >= 2 and
+                    len(d["nodes"]) == 3, "two samples of the three nodes")
     assert {n["node_id"] for n in s["nodes"]} == {"prefill-0", "decode-0", "decode-1"}
     mi = s["model_info"]
     assert (mi["n_layers"], mi["n_kv_heads"], mi["head_dim"], mi["n_heads"]) == (30, 3, 64, 9)

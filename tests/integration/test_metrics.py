@@ -7,6 +7,7 @@ deploy/ files, and every metric the Grafana dashboard uses must exist in the tex
 Figures are compared as differences before/after the test's own requests, so the tests do not
 depend on each other's order.
 """
+import datetime
 import json
 import math
 import os
@@ -162,7 +163,13 @@ def test_native_metrics_count_the_requests(cluster):
     res = cl.generate(prompt_request(prompt="x", max_tokens=0))
     cl.close()
     assert res.status == "INVALID_ARGUMENT", res
-    time.sleep(0.6)  # a heartbeat or two: node gauges and cache counters are current
+    # node gauges come with the heartbeats: wait for one sent after the requests ended (no
+    # blocks in use any more) rather than sleeping and hoping one came
+    used = 'tandem_node_kv_blocks_used{node="decode-0",role="decode"}'
+    end = time.time() + 30
+    while native(cluster).get(used) != 0:
+        assert time.time() < end, "decode-0 still reports KV blocks in use after 30 s"
+        time.sleep(0.1)
     text = native_text(cluster)
     after, types = parse(text)
 
@@ -215,7 +222,7 @@ def test_prefix_cache_counters_come_from_the_heartbeats(cluster):
     before = native(cluster)
     run_requests(cluster, [SHARED + "What is the capital of Spain?"], max_tokens=2)
     run_requests(cluster, [SHARED + "What is the capital of Peru?"], max_tokens=2)
-    end = time.time() + 5
+    end = time.time() + 30  # the figures come with the next heartbeat (250 ms; a busy machine: later)
     while True:
         after = native(cluster)
         st = cluster.nodes()["prefill-0"]
@@ -228,7 +235,21 @@ def test_prefix_cache_counters_come_from_the_heartbeats(cluster):
     assert delta(after, before, "tandem_prompt_tokens_cached_total") >= 2 * BLOCK_SIZE
 
 
-def test_dashboard_uses_only_exposed_metrics(cluster):
+def shipped_scrape_config(tmp_path, target):
+    """deploy/prometheus/prometheus.yml scraping target, its credentials_file (the compose
+    secret metrics-api-key) replaced by tmp_path/metrics-api-key; returns the file's path."""
+    text = open(SCRAPE_CONFIG).read()
+    cred = "credentials_file: /run/secrets/metrics-api-key"
+    assert cred in text and '"localhost:8000"' in text, "the shipped scrape config changed"
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(text.replace(cred, f"credentials_file: {tmp_path / 'metrics-api-key'}")
+                   .replace('"localhost:8000"', f'"{target}"')
+                   .replace("scrape_interval: 5s", "scrape_interval: 1s")
+                   .replace("scrape_timeout: 4s", "scrape_timeout: 1s"))
+    return cfg
+
+
+def test_dashboard_uses_only_exposed_metrics(cluster, tmp_path):
     _, types = parse(native_text(cluster))
     dash, exprs, names = dashboard_metrics()
     assert exprs, "the dashboard has no queries"
@@ -243,7 +264,9 @@ def test_dashboard_uses_only_exposed_metrics(cluster):
         if family not in types:
             missing.append(name)
     assert not missing, f"tandem.json uses metrics the router does not expose: {missing}"
-    out = subprocess.run([tool("promtool"), "check", "config", SCRAPE_CONFIG],
+    (tmp_path / "metrics-api-key").write_text("sk-metrics\n")
+    out = subprocess.run([tool("promtool"), "check", "config",
+                          str(shipped_scrape_config(tmp_path, "localhost:8000"))],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -251,12 +274,17 @@ def test_dashboard_uses_only_exposed_metrics(cluster):
 @pytest.fixture
 def prometheus(cluster, tmp_path):
     """A Prometheus server scraping the router's /metrics every second."""
-    port = free_port()
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         "scrape_configs:\n  - job_name: tandem-router\n    metrics_path: /metrics\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{http_port(cluster)}']\n")
+    yield from run_prometheus(cfg, tmp_path)
+
+
+def run_prometheus(cfg, tmp_path):
+    """Runs Prometheus with the config file cfg; yields its base URL once it is ready."""
+    port = free_port()
     log = open(tmp_path / "prometheus.log", "w")
     proc = subprocess.Popen(
         [tool("prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
@@ -301,7 +329,7 @@ def scalar(base, expr):
     return float(res[0]["value"][1]) if res else None
 
 
-def wait_value(base, expr, pred, timeout_s=30):
+def wait_value(base, expr, pred, timeout_s=60):
     end = time.time() + timeout_s
     while True:
         v = scalar(base, expr)
@@ -309,6 +337,67 @@ def wait_value(base, expr, pred, timeout_s=30):
             return v
         assert time.time() < end, f"{expr} = {v} after {timeout_s} s"
         time.sleep(0.25)
+
+
+def last_scrape(base, job):
+    """When Prometheus last began a scrape of job's target (Unix seconds), and its health."""
+    st, _, body = http_get(base + "/api/v1/targets?state=active")
+    assert st == 200
+    doc = json.loads(body)
+    assert doc["status"] == "success", doc
+    targets = [t for t in doc["data"]["activeTargets"] if t["labels"].get("job") == job]
+    assert len(targets) == 1, doc
+    # RFC 3339 with up to nanoseconds ("2024-05-01T12:00:00.123456789Z"): keep microseconds
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$",
+                 targets[0]["lastScrape"])
+    assert m, targets[0]["lastScrape"]
+    frac = (m.group(2) or ".0")[:7]
+    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
+    t = datetime.datetime.fromisoformat(m.group(1) + frac + tz).timestamp()
+    return t, targets[0]["health"]
+
+
+def wait_scrape(base, job, timeout_s=60):
+    """Waits until Prometheus has completed a successful scrape of job that began after this
+    call (so its sample is newer than anything read before)."""
+    since = time.time()
+    end = since + timeout_s
+    while True:
+        t, health = last_scrape(base, job)
+        if t > since and health == "up":
+            return
+        assert time.time() < end, f"no scrape of {job} began in {timeout_s} s ({t}, {health})"
+        time.sleep(0.1)
+
+
+def test_prometheus_scrapes_with_the_metrics_api_key(tmp_path):
+    """With router.api_keys set /metrics needs a key: the shipped scrape config sends one
+    from its credentials_file, and a scrape without it gets 401."""
+    class KeyedCluster(Cluster):
+        def client(self, **kw):
+            return super().client(api_key="sk-client", **kw)
+
+    c = KeyedCluster(str(tmp_path / "keys"), n_prefill=0, n_decode=1,
+                     extra_router="  api_keys: [sk-client, sk-metrics]\n")
+    c.start()
+    try:
+        port = http_port(c)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            http_get(f"http://127.0.0.1:{port}/metrics")
+        assert e.value.code == 401
+        (tmp_path / "metrics-api-key").write_text("sk-metrics\n")
+        cfg = shipped_scrape_config(tmp_path, f"127.0.0.1:{port}")
+        gen = run_prometheus(cfg, tmp_path)
+        base = next(gen)
+        try:
+            wait_value(base, 'up{job="tandem-router"}', lambda v: v == 1)
+            wait_value(base, 'tandem_node_up{job="tandem-router",node="decode-0"}',
+                       lambda v: v == 1)
+        finally:
+            gen.close()
+    finally:
+        codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
 
 
 def test_http_metrics_endpoint_serves_the_same_text(cluster):
@@ -326,7 +415,10 @@ def test_prometheus_scrapes_the_ttft_histogram(cluster, prometheus):
     wait_value(prometheus, f"up{{{job}}}", lambda v: v == 1)
     count = f"tandem_time_to_first_token_seconds_count{{{job}}}"
     c0 = wait_value(prometheus, count, lambda v: v >= 0)
-    time.sleep(1.5)  # one more scrape before the requests: rate() sees the increase
+    # one more scrape before the requests (the value c0 came from one that may have begun
+    # earlier): the 1-minute window holds two samples from before them, and rate() sees the
+    # increase. Wait for the scrape itself, not a time it should take.
+    wait_scrape(prometheus, "tandem-router")
     finals = run_requests(cluster, PROMPTS + PROMPTS[:3], max_tokens=6)
     n = len(finals)
     assert n == 8

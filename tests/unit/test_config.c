@@ -72,18 +72,14 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
     assert_int_equal(a->router.n_api_keys, b->router.n_api_keys);
     for (size_t i = 0; i < a->router.n_api_keys; i++)
         assert_string_equal(a->router.api_keys[i], b->router.api_keys[i]);
+    assert_int_equal(a->router.public_metrics, b->router.public_metrics);
     assert_int_equal(a->kv.block_size, b->kv.block_size);
     assert_int_equal(a->kv.dtype, b->kv.dtype);
     assert_int_equal(a->kv.prefix_caching, b->kv.prefix_caching);
     assert_int_equal(a->log.level, b->log.level);
-    assert_str_or_null_equal(a->security.curve_server_public_key,
-                             b->security.curve_server_public_key);
-    assert_str_or_null_equal(a->security.curve_server_secret_key,
-                             b->security.curve_server_secret_key);
-    assert_str_or_null_equal(a->security.curve_client_public_key,
-                             b->security.curve_client_public_key);
-    assert_str_or_null_equal(a->security.curve_client_secret_key,
-                             b->security.curve_client_secret_key);
+    assert_str_or_null_equal(a->router.curve_public_key, b->router.curve_public_key);
+    assert_str_or_null_equal(a->router.curve_secret_key_file, b->router.curve_secret_key_file);
+    assert_int_equal(a->security.insecure, b->security.insecure);
     assert_int_equal(a->n_nodes, b->n_nodes);
     for (size_t i = 0; i < a->n_nodes; i++) {
         const tdm_node_config_t *x = &a->nodes[i], *y = &b->nodes[i];
@@ -97,6 +93,8 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
         assert_int_equal(x->threads, y->threads);
         assert_int_equal(x->memory_budget, y->memory_budget);
         assert_true(x->gpu_memory_utilization == y->gpu_memory_utilization);
+        assert_str_or_null_equal(x->curve_public_key, y->curve_public_key);
+        assert_str_or_null_equal(x->curve_secret_key_file, y->curve_secret_key_file);
         assert_int_equal(x->max_batch_tokens, y->max_batch_tokens);
         assert_int_equal(x->max_running, y->max_running);
     }
@@ -135,11 +133,15 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.router.max_queue, 1024);
     assert_true(cfg.router.request_timeout_s == 600.0);
     assert_int_equal(cfg.router.n_api_keys, 0);
+    assert_false(cfg.router.public_metrics);
     assert_int_equal(cfg.kv.block_size, 16);
     assert_int_equal(cfg.kv.dtype, TDM_KV_F16);
     assert_true(cfg.kv.prefix_caching);
     assert_int_equal(cfg.log.level, TDM_LOG_INFO);
-    assert_null(cfg.security.curve_server_public_key);
+    assert_null(cfg.router.curve_public_key);
+    assert_null(cfg.router.curve_secret_key_file);
+    assert_false(cfg.security.insecure);
+    assert_false(tdm_config_curve_on(&cfg));
     assert_int_equal(cfg.n_nodes, 2);
     const tdm_node_config_t *p = tdm_config_find_node(&cfg, "prefill-0");
     const tdm_node_config_t *d = tdm_config_find_node(&cfg, "decode-0");
@@ -234,37 +236,45 @@ static const char full_yaml[] =
     "  max_queue: 50\n"
     "  request_timeout_s: 2.5\n"
     "  api_keys: [key-one, 'key-two']\n"
+    "  public_metrics: true\n"
+    "  curve_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
+    "  curve_secret_key_file: /etc/tandem/keys/router.key\n"
     "kv:\n"
     "  block_size: 32\n"
     "  dtype: q8\n"
     "  prefix_caching: false\n"
     "log: {level: warning}\n"
     "security:\n"
-    "  curve_server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
-    "  curve_server_secret_key: \"JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6\"\n"
-    "  curve_client_public_key: \"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\"\n"
-    "  curve_client_secret_key: \"D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs\"\n"
+    "  insecure: true\n"
     "nodes:\n"
     "  - id: p0\n"
     "    role: prefill\n"
     "    device: cuda:0\n"
     "    max_batch_tokens: 8192\n"
+    "    curve_public_key: \"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\"\n"
+    "    curve_secret_key_file: /etc/tandem/keys/p0.key\n"
     "  - id: p1\n"
     "    role: prefill\n"
     "    endpoint: ipc:///tmp/p1.sock\n"
     "    device: cpu\n"
     "    threads: 8\n"
     "    memory_budget: 1.5GB\n"
+    "    curve_public_key: \"D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs\"\n"
+    "    curve_secret_key_file: /etc/tandem/keys/p1.key\n"
     "  - id: d0\n"
     "    role: decode\n"
     "    device: cuda:1\n"
     "    gpu_memory_utilization: 0.5\n"
     "    max_running: 256\n"
+    "    curve_public_key: \"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hIE\"\n"
+    "    curve_secret_key_file: /etc/tandem/keys/d0.key\n"
     "  - id: d1\n"
     "    role: decode\n"
     "    kv_endpoint: tcp://10.0.0.3:9700\n"
     "    device: cuda\n"
-    "    memory_budget: 40GiB\n";
+    "    memory_budget: 40GiB\n"
+    "    curve_public_key: \"D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%ct\"\n"
+    "    curve_secret_key_file: ~/keys/d1.key\n";
 
 static void test_full_file(void **state)
 {
@@ -285,14 +295,21 @@ static void test_full_file(void **state)
     assert_int_equal(cfg.router.n_api_keys, 2);
     assert_string_equal(cfg.router.api_keys[0], "key-one");
     assert_string_equal(cfg.router.api_keys[1], "key-two");
+    assert_true(cfg.router.public_metrics);
     assert_int_equal(cfg.kv.block_size, 32);
     assert_int_equal(cfg.kv.dtype, TDM_KV_Q8);
     assert_false(cfg.kv.prefix_caching);
     assert_int_equal(cfg.log.level, TDM_LOG_WARN);
-    assert_string_equal(cfg.security.curve_server_public_key,
-                        "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
-    assert_string_equal(cfg.security.curve_client_secret_key,
-                        "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs");
+    assert_string_equal(cfg.router.curve_public_key, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+    assert_string_equal(cfg.router.curve_secret_key_file, "/etc/tandem/keys/router.key");
+    assert_true(tdm_config_curve_on(&cfg));
+    assert_true(cfg.security.insecure);
+    assert_string_equal(cfg.nodes[0].curve_public_key, "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID");
+    assert_string_equal(cfg.nodes[3].curve_public_key, "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%ct");
+    assert_string_equal(cfg.nodes[2].curve_secret_key_file, "/etc/tandem/keys/d0.key");
+    if (getenv("HOME") && getenv("HOME")[0]) /* "~/" is expanded like model.path */
+        assert_ptr_equal(strstr(cfg.nodes[3].curve_secret_key_file, getenv("HOME")),
+                         cfg.nodes[3].curve_secret_key_file);
     assert_int_equal(cfg.n_nodes, 4);
 
     const tdm_node_config_t *n = tdm_config_find_node(&cfg, "p0");
@@ -531,14 +548,16 @@ static void test_error_unknown_keys(void **state)
     load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
                "client_endpoint, node_endpoint, node_advertise, http_address, http_port, "
-               "prefill_policy, max_queue, request_timeout_s, api_keys)");
+               "prefill_policy, max_queue, request_timeout_s, api_keys, public_metrics, "
+               "curve_public_key, curve_secret_key_file)");
     load_fails("kv:\n  blocksize: 16\n",
                "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
                "dtype, prefix_caching)");
     load_fails("nodes:\n  - id: d\n    role: decode\n    gpu: 0\n",
                "cluster.yaml:4: key 'nodes[0].gpu': unknown key (expected one of: id, role, "
                "endpoint, kv_endpoint, kv_advertise, device, threads, memory_budget, "
-               "gpu_memory_utilization, max_batch_tokens, max_running)");
+               "gpu_memory_utilization, max_batch_tokens, max_running, curve_public_key, "
+               "curve_secret_key_file)");
     load_fails("log:\n  level: info\n  format: json\n",
                "cluster.yaml:3: key 'log.format': unknown key (expected one of: level)");
 }
@@ -572,6 +591,9 @@ static void test_error_wrong_types(void **state)
                "string 'true'");
     load_fails("router:\n  request_timeout_s: soon\n",
                "cluster.yaml:2: key 'router.request_timeout_s': must be a number, got 'soon'");
+    load_fails("router:\n  public_metrics: sometimes\n",
+               "cluster.yaml:2: key 'router.public_metrics': must be true or false, got "
+               "'sometimes'");
     load_fails("router:\n  api_keys: secret\n",
                "cluster.yaml:2: key 'router.api_keys': must be a list of strings, got 'secret'");
     load_fails("router:\n  api_keys:\n    - {k: v}\n",
@@ -644,9 +666,14 @@ static void test_error_ranges(void **state)
     load_fails("router:\n  node_endpoint: tcp://127.0.0.1:0\n",
                "cluster.yaml:2: key 'router.node_endpoint': must be a ZeroMQ endpoint "
                "tcp://HOST:PORT, ipc://PATH or inproc://NAME, got 'tcp://127.0.0.1:0'");
-    load_fails("security:\n  curve_server_public_key: short\n",
-               "cluster.yaml:2: key 'security.curve_server_public_key': must be a 40-character "
-               "Z85 CURVE key (as zmq_curve_keypair makes), got 5 characters");
+    load_fails("router:\n  curve_public_key: short\n",
+               "cluster.yaml:2: key 'router.curve_public_key': must be a 40-character Z85 CURVE "
+               "public key (tandem keys generate writes one), got 5 characters");
+    load_fails("nodes:\n  - {id: d, role: decode, curve_public_key: 'x'}\n",
+               "cluster.yaml:2: key 'nodes[0].curve_public_key': must be a 40-character Z85 "
+               "CURVE public key (tandem keys generate writes one), got 1 characters");
+    load_fails("security:\n  insecure: maybe\n",
+               "cluster.yaml:2: key 'security.insecure': must be true or false, got 'maybe'");
     load_fails("model:\n  name: ''\n", "cluster.yaml:2: key 'model.name': must not be empty");
 }
 
@@ -702,10 +729,167 @@ static void test_error_missing_and_conflicts(void **state)
     load_fails("nodes:\n  - id: d\n    role: decode\n    gpu_memory_utilization: 0.8\n",
                "cluster.yaml:4: key 'nodes[0].gpu_memory_utilization': only for cuda devices "
                "(this node's device is cpu); use memory_budget");
-    load_fails("security:\n"
-               "  curve_server_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n",
-               "cluster.yaml:2: key 'security': CURVE needs all four keys, "
-               "security.curve_server_secret_key is missing");
+}
+
+/* Per-node CURVE keys: all or nothing, one distinct pair per node, the old shared keys gone. */
+static void test_curve_keys(void **state)
+{
+    (void)state;
+#define KR "{wJ#^3Xv#6keLYvM/d<v1rQznNk9h{{Ugg00qrll"
+#define KA "BEp/}qnpNC2KRlix8GC[(0)H8DJDZEnZYm7w2JP2"
+#define KB "*RKM>1V5n{pfvXI+J^wXd(LB4TbqH+]KiHz/bDED"
+    static const char removed[] =
+        "was removed: give the router its own pair in router.curve_public_key / "
+        "router.curve_secret_key_file and each node its own in nodes[].curve_public_key / "
+        "nodes[].curve_secret_key_file (tandem keys generate writes them)";
+    const char *old[] = {"curve_server_public_key", "curve_server_secret_key",
+                         "curve_client_public_key", "curve_client_secret_key"};
+    for (size_t i = 0; i < 4; i++) {
+        char text[256], msg[512];
+        snprintf(text, sizeof text, "security:\n  %s: \"%s\"\n", old[i], KR);
+        snprintf(msg, sizeof msg, "cluster.yaml:2: key 'security.%s': %s", old[i], removed);
+        load_fails(text, msg);
+    }
+    const char *router = "router:\n  curve_public_key: '" KR "'\n"
+                         "  curve_secret_key_file: /k/router.key\n";
+    char text[1024];
+    /* CURVE on: every node needs its own key */
+    snprintf(text, sizeof text,
+             "%snodes:\n"
+             "  - {id: p, role: prefill, curve_public_key: '" KA "', curve_secret_key_file: /k/p}\n"
+             "  - {id: d, role: decode}\n",
+             router);
+    load_fails(text, "cluster.yaml:6: key 'nodes[1].curve_public_key': node 'd' has no CURVE "
+                     "public key, but CURVE is on (router.curve_public_key is set): every node "
+                     "needs its own pair (tandem keys generate writes them)");
+    snprintf(text, sizeof text,
+             "%snodes:\n"
+             "  - {id: p, role: prefill, curve_public_key: '" KA "', curve_secret_key_file: /k/p}\n"
+             "  - {id: d, role: decode, curve_public_key: '" KA "', curve_secret_key_file: /k/d}\n",
+             router);
+    load_fails(text, "cluster.yaml:6: key 'nodes[1].curve_public_key': duplicate CURVE public "
+                     "key: node 'd' has the same key as nodes[0] ('p'); every node needs its own "
+                     "pair");
+    snprintf(text, sizeof text,
+             "%snodes:\n"
+             "  - {id: d, role: decode, curve_public_key: '" KR "', curve_secret_key_file: /k/d}\n",
+             router);
+    load_fails(text, "cluster.yaml:5: key 'nodes[0].curve_public_key': node 'd' has the router's "
+                     "public key; every node needs its own pair");
+    snprintf(text, sizeof text, "%snodes:\n  - {id: d, role: decode, curve_public_key: '" KB "'}\n",
+             router);
+    load_fails(text, "cluster.yaml:5: key 'nodes[0].curve_secret_key_file': is required with "
+                     "nodes[0].curve_public_key: the file holding node 'd''s secret key");
+    /* the default nodes have no keys */
+    load_fails(router, "cluster.yaml:2: key 'nodes[0].curve_public_key': node 'prefill-0' has no "
+                       "CURVE public key, but CURVE is on (router.curve_public_key is set): every "
+                       "node needs its own pair (tandem keys generate writes them)");
+    load_fails("router:\n  curve_public_key: '" KR "'\n",
+               "cluster.yaml:2: key 'router.curve_secret_key_file': is required with "
+               "router.curve_public_key: the file holding the router's secret key");
+    /* CURVE off: no node keys */
+    load_fails("router:\n  curve_secret_key_file: /k/r\n",
+               "cluster.yaml:2: key 'router.curve_secret_key_file': is set but "
+               "router.curve_public_key is not; set both or neither");
+    load_fails("nodes:\n  - {id: d, role: decode, curve_public_key: '" KA "'}\n",
+               "cluster.yaml:2: key 'nodes[0].curve_public_key': CURVE is off because "
+               "router.curve_public_key is not set; give the router its pair too (tandem keys "
+               "generate writes all of them)");
+    /* a whole set loads, and dumps and reloads unchanged */
+    snprintf(text, sizeof text,
+             "%snodes:\n"
+             "  - {id: p, role: prefill, curve_public_key: '" KA "', curve_secret_key_file: /k/p}\n"
+             "  - {id: d, role: decode, curve_public_key: '" KB "', curve_secret_key_file: /k/d}\n",
+             router);
+    tdm_config_t cfg;
+    load_ok(text, &cfg);
+    assert_true(tdm_config_curve_on(&cfg));
+    assert_string_equal(cfg.router.curve_secret_key_file, "/k/router.key");
+    assert_string_equal(cfg.nodes[1].curve_public_key, KB);
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+#undef KR
+#undef KA
+#undef KB
+}
+
+/* What counts as loopback, and which binds are refused without CURVE or API keys. */
+static void test_bind_check(void **state)
+{
+    (void)state;
+    const char *loopback[] = {"tcp://127.0.0.1:7601",
+                              "tcp://127.1.2.3:1",
+                              "tcp://localhost:80",
+                              "tcp://[::1]:7600",
+                              "inproc://x",
+                              "ipc:///tmp/s",
+                              "127.0.0.1",
+                              "::1",
+                              "[::1]",
+                              "localhost",
+                              "tcp://127.0.0.1:*"};
+    const char *remote[] = {"tcp://0.0.0.0:7601",
+                            "tcp://*:7601",
+                            "tcp://10.0.0.1:7601",
+                            "tcp://[::]:7600",
+                            "tcp://eth0:7600",
+                            "tcp://router:7601",
+                            "0.0.0.0",
+                            "::",
+                            "192.168.1.2",
+                            "tcp://128.0.0.1:1",
+                            "tcp://localhost.evil.com:1",
+                            "tcp://127.0.0.1;10.0.0.1:5",
+                            "",
+                            "tcp://:5"};
+    for (size_t i = 0; i < sizeof loopback / sizeof *loopback; i++)
+        if (!tdm_config_address_is_loopback(loopback[i]))
+            fail_msg("%s should be loopback", loopback[i]);
+    for (size_t i = 0; i < sizeof remote / sizeof *remote; i++)
+        if (tdm_config_address_is_loopback(remote[i]))
+            fail_msg("%s should not be loopback", remote[i]);
+    assert_false(tdm_config_address_is_loopback(NULL));
+
+    tdm_config_t cfg;
+    load_ok("", &cfg);
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_config_bind_check(&cfg, "router.node_endpoint", "tcp://127.0.0.1:7601",
+                                           TDM_BIND_GUARD_CURVE, &err),
+                     0);
+    assert_int_equal(tdm_config_bind_check(&cfg, "nodes[1].kv_endpoint", "tcp://0.0.0.0:7610",
+                                           TDM_BIND_GUARD_CURVE, &err),
+                     TDM_EPRECONDITION);
+    assert_non_null(strstr(err.msg, "nodes[1].kv_endpoint tcp://0.0.0.0:7610 is not a loopback "
+                                    "address and CURVE is off"));
+    assert_non_null(strstr(err.msg, "tandem keys generate"));
+    assert_non_null(strstr(err.msg, "security.insecure: true"));
+    assert_int_equal(tdm_config_bind_check(&cfg, "router.http_address", "0.0.0.0",
+                                           TDM_BIND_GUARD_API_KEYS, &err),
+                     TDM_EPRECONDITION);
+    assert_non_null(strstr(err.msg, "router.http_address 0.0.0.0 is not a loopback address and "
+                                    "router.api_keys is empty"));
+    /* API keys guard the client side; CURVE does not */
+    char *key = tdm_strdup("k");
+    cfg.router.api_keys = &key;
+    cfg.router.n_api_keys = 1;
+    assert_int_equal(tdm_config_bind_check(&cfg, "router.client_endpoint", "tcp://0.0.0.0:7600",
+                                           TDM_BIND_GUARD_API_KEYS, &err),
+                     0);
+    assert_int_equal(tdm_config_bind_check(&cfg, "router.node_endpoint", "tcp://0.0.0.0:7601",
+                                           TDM_BIND_GUARD_CURVE, &err),
+                     TDM_EPRECONDITION);
+    cfg.router.api_keys = NULL;
+    cfg.router.n_api_keys = 0;
+    free(key);
+    /* security.insecure lets everything through */
+    cfg.security.insecure = true;
+    assert_int_equal(tdm_config_bind_check(&cfg, "router.node_endpoint", "tcp://0.0.0.0:7601",
+                                           TDM_BIND_GUARD_CURVE, &err),
+                     0);
+    assert_int_equal(tdm_config_bind_check(&cfg, "router.http_address", "0.0.0.0",
+                                           TDM_BIND_GUARD_API_KEYS, &err),
+                     0);
+    tdm_config_free(&cfg);
 }
 
 static void test_error_syntax(void **state)
@@ -941,6 +1125,8 @@ int main(void)
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_advertise),
         cmocka_unit_test(test_deploy_configs),
+        cmocka_unit_test(test_curve_keys),
+        cmocka_unit_test(test_bind_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

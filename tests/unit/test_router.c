@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "metrics.h"
@@ -27,7 +28,9 @@
 #define M(x) TANDEM__V1__METHOD__METHOD_##x
 #define FIN(x) TANDEM__V1__FINISH_REASON__FINISH_REASON_##x
 
-#define WAIT_MS 3000
+/* How long a test waits for something that must happen. Generous: CI runs on a busy 2-core
+ * machine, and the waits end as soon as it happens. */
+#define WAIT_MS 30000
 #define N_CTX 256 /* the tiny model's context length */
 
 /* ---- the environment: tiny model, config, router, client ---- */
@@ -36,7 +39,39 @@ typedef struct fake {
     const char *id;
     tdm_sock_t *s;
     const tdm_curve_keys_t *curve; /* NULL: plain TCP */
+    uint64_t instance;             /* 0: FAKE_INSTANCE */
 } fake_t;
+
+#define FAKE_INSTANCE 42u
+
+/* The attempt id the router gave each request id last (DecodeReserve, PrefillTask): fake
+ * nodes answer with it, as real ones do. */
+static struct {
+    char id[TDM_ROUTER_REQUEST_ID_MAX + 1];
+    uint64_t attempt;
+} attempts[64];
+static size_t n_attempts;
+
+static void attempt_note(const char *id, uint64_t attempt)
+{
+    assert_true(attempt != 0);
+    for (size_t i = 0; i < n_attempts; i++)
+        if (strcmp(attempts[i].id, id) == 0) {
+            attempts[i].attempt = attempt;
+            return;
+        }
+    assert_true(n_attempts < 64);
+    snprintf(attempts[n_attempts].id, sizeof attempts[0].id, "%s", id);
+    attempts[n_attempts++].attempt = attempt;
+}
+
+static uint64_t attempt_for(const char *id)
+{
+    for (size_t i = 0; i < n_attempts; i++)
+        if (strcmp(attempts[i].id, id) == 0)
+            return attempts[i].attempt;
+    return 0;
+}
 
 typedef struct env {
     char dir[64];
@@ -52,6 +87,9 @@ typedef struct env {
     tdm_tokenizer_t *tok;
     fake_t p0, p1, d0, d1;
 } env_t;
+
+/* The nodes: list of the next env_new_with when set (test_curve gives them keys). */
+static const char *env_nodes_yaml;
 
 /* A router over the tiny model with four configured nodes; router_yaml goes under router:,
  * extra_yaml at the top level. */
@@ -71,13 +109,14 @@ static env_t *env_new_with(const char *router_yaml, const char *extra_yaml)
              "router:\n%s"
              "%s"
              "kv:\n  block_size: 16\n"
-             "nodes:\n"
-             "  - {id: prefill-0, role: prefill}\n"
-             "  - {id: prefill-1, role: prefill}\n"
-             "  - {id: decode-0, role: decode}\n"
-             "  - {id: decode-1, role: decode}\n",
+             "nodes:\n%s",
              e->model_path, router_yaml ? router_yaml : "  max_queue: 16\n",
-             extra_yaml ? extra_yaml : "");
+             extra_yaml ? extra_yaml : "",
+             env_nodes_yaml ? env_nodes_yaml
+                            : "  - {id: prefill-0, role: prefill}\n"
+                              "  - {id: prefill-1, role: prefill}\n"
+                              "  - {id: decode-0, role: decode}\n"
+                              "  - {id: decode-1, role: decode}\n");
     int rc = tdm_config_load_string(yaml, strlen(yaml), "test.yaml", &e->cfg, &err);
     if (rc != 0)
         fail_msg("config: %s", err.msg);
@@ -165,15 +204,42 @@ static void expect_none(env_t *e, tdm_sock_t *s, int ms)
     tdm_frame_clear(&f);
 }
 
+/* Runs the router until it has n requests queued (they were received and wait for a node);
+ * fails after WAIT_MS. */
+static void pump_until_queued(env_t *e, size_t n)
+{
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    while (tdm_router_n_queued(e->r) != n) {
+        if (tdm_time_now() > end)
+            fail_msg("%zu requests queued, expected %zu", tdm_router_n_queued(e->r), n);
+        tdm_router_poll(e->r, 2);
+    }
+}
+
+/* Runs the router until node id is down (its heartbeats stopped); fails after WAIT_MS. */
+static void pump_until_down(env_t *e, const char *id)
+{
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    while (tdm_router_node_up(e->r, id)) {
+        if (tdm_time_now() > end)
+            fail_msg("node %s still up", id);
+        tdm_router_poll(e->r, 2);
+    }
+}
+
 /* ---- fake nodes ---- */
 
 static void fake_connect(env_t *e, fake_t *n)
 {
     tdm_error_t err = {0};
     tdm_sock_opts_t o = {0};
-    o.identity = n->id;
+    char identity[96];
+    /* an instance of its own has a routing id of its own, as real nodes do */
+    snprintf(identity, sizeof identity, "%s.%" PRIu64, n->id, n->instance ? n->instance : 0);
+    o.identity = identity;
     o.log = &e->log;
     o.curve = n->curve;
+    o.instance_id = n->instance ? n->instance : FAKE_INSTANCE;
     n->s = tdm_sock_connect(e->net, tdm_router_node_endpoint(e->r), &o, &err);
     assert_non_null(n->s);
 }
@@ -207,7 +273,7 @@ static void reg_default(env_t *e, const fake_t *n, reg_t *g)
     g->m.max_running = 8;
     g->m.max_batch_tokens = 512;
     g->m.n_ctx = 4096;
-    g->m.instance_id = 42;
+    g->m.instance_id = n->instance ? n->instance : FAKE_INSTANCE;
 }
 
 /* Sends the registration; returns the END status and copies its message. */
@@ -263,17 +329,39 @@ static void fake_heartbeat(env_t *e, fake_t *n, uint32_t free_blocks, uint64_t q
     h.kv_blocks_used = 100 - free_blocks;
     h.queued_prefill_tokens = queued;
     h.running = 1;
-    h.instance_id = 42;
+    h.instance_id = n->instance ? n->instance : FAKE_INSTANCE;
     double steps[2] = {0.01, 0.03};
     h.n_recent_step_s = 2;
     h.recent_step_s = steps;
     assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
 }
 
+/* Waits until the router has handled everything n sent so far: a request it answers (one the
+ * node endpoint does not serve), behind them on the same connection, is answered. Nothing
+ * else may arrive for n meanwhile. */
+static void fake_sync(env_t *e, fake_t *n)
+{
+    uint64_t call = e->next_call++;
+    tdm_send_t s = {0};
+    s.kind = K_REQUEST;
+    s.method = M(HEALTH);
+    s.call_id = call;
+    assert_int_equal(tdm_sock_send(n->s, &s), 0);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, n->s, &f, WAIT_MS))
+        fail_msg("%s: the router did not answer within %d ms", n->id, WAIT_MS);
+    if (f.kind != K_END || f.call_id != call)
+        fail_msg("%s: unexpected %s %s frame", n->id, tdm_net_kind_name(f.kind),
+                 tdm_net_method_name(f.method));
+    tdm_frame_clear(&f);
+}
+
 static void fake_token(fake_t *n, const char *req, uint32_t index, int32_t token)
 {
     Tandem__V1__TokenEvent ev = TANDEM__V1__TOKEN_EVENT__INIT;
     ev.request_id = (char *)req;
+    ev.attempt_id = attempt_for(req);
     ev.index = index;
     ev.token_id = token;
     ev.logprob = -0.5f - (float)index;
@@ -296,6 +384,7 @@ static void fake_finished(fake_t *n, const char *req, int reason, uint32_t compl
 {
     Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
     fin.request_id = (char *)req;
+    fin.attempt_id = attempt_for(req);
     fin.reason = (Tandem__V1__FinishReason)reason;
     fin.completion_tokens = completion;
     fin.kv_transfer_s = 0.0025;
@@ -306,6 +395,7 @@ static void fake_task_failed(fake_t *n, const char *req, int code, const char *m
 {
     Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
     tf.request_id = (char *)req;
+    tf.attempt_id = attempt_for(req);
     tf.status = code;
     tf.message = (char *)msg;
     tf.retryable = retryable;
@@ -323,6 +413,8 @@ static Tandem__V1__DecodeReserve *expect_reserve(env_t *e, fake_t *n, tdm_frame_
     Tandem__V1__DecodeReserve *m =
         (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
     assert_non_null(m);
+    assert_int_equal(f->instance_id, tdm_router_instance(e->r));
+    attempt_note(m->request_id, m->attempt_id);
     return m;
 }
 
@@ -330,6 +422,7 @@ static void reply_ack(fake_t *n, const tdm_frame_t *f, const char *req, uint32_t
 {
     Tandem__V1__ReserveAck ack = TANDEM__V1__RESERVE_ACK__INIT;
     ack.request_id = (char *)req;
+    ack.attempt_id = attempt_for(req);
     ack.n_blocks = blocks;
     assert_int_equal(tdm_sock_reply(n->s, f, &ack.base), 0);
 }
@@ -356,6 +449,7 @@ static Tandem__V1__PrefillTask *expect_task(env_t *e, fake_t *p)
     Tandem__V1__PrefillTask *t =
         (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
     assert_non_null(t);
+    attempt_note(t->request_id, t->attempt_id);
     tdm_frame_clear(&f);
     return t;
 }
@@ -381,6 +475,7 @@ static fake_t *expect_task_on_one(env_t *e, fake_t *a, fake_t *b, const char *re
         (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
     assert_non_null(t);
     assert_string_equal(t->request_id, req);
+    attempt_note(t->request_id, t->attempt_id);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     tdm_frame_clear(&f);
     return got;
@@ -791,9 +886,9 @@ static void test_deadline(void **state)
     env_free(e);
     e = env_new(NULL);
     prompt_req(&g, "r-late2", "abc", 10, true);
-    call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 200);
-    pump(e, 50);
-    assert_int_equal(tdm_router_n_queued(e->r), 1);
+    /* long enough for a busy machine to receive it before it expires */
+    call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 1000);
+    pump_until_queued(e, 1);
     expect_end(e, call, TDM_EDEADLINE, "queued");
     assert_int_equal(tdm_router_n_queued(e->r), 0);
     env_free(e);
@@ -925,8 +1020,7 @@ static void test_validation(void **state)
     /* a duplicate id of a request in flight (queued: no node is up) */
     prompt_req(&g, "dup-1", "hello", 4, true);
     uint64_t first = generate(e, &g);
-    pump(e, 30);
-    assert_int_equal(tdm_router_n_queued(e->r), 1);
+    pump_until_queued(e, 1);
     bad(e, &g, TDM_EINVALID, "request_id 'dup-1' is already in flight");
 
     /* still serving */
@@ -952,8 +1046,7 @@ static void test_queue_and_local_prefill(void **state)
     uint64_t c1 = generate(e, &g);
     prompt_req(&g, "q-2", "two", 2, true);
     generate(e, &g);
-    pump(e, 30);
-    assert_int_equal(tdm_router_n_queued(e->r), 2);
+    pump_until_queued(e, 2);
     prompt_req(&g, "q-3", "three", 2, true);
     bad(e, &g, TDM_ERESOURCE, "queue full (2 requests waiting)");
     assert_int_equal(tdm_router_metrics(e->r)->queue_full, 1);
@@ -996,7 +1089,8 @@ static void test_reserve_rejected(void **state)
     fake_register(e, &e->d1);
     fake_heartbeat(e, &e->d0, 90, 0);
     fake_heartbeat(e, &e->d1, 50, 0);
-    pump(e, 50);
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->d1);
     Tandem__V1__GenerateRequest g;
     prompt_req(&g, "r-rej", "abc", 4, true);
     uint64_t call = generate(e, &g);
@@ -1117,14 +1211,16 @@ static void test_prefix_aware(void **state)
         /* the nodes ran the prompts: their queues are empty again */
         fake_heartbeat(e, &e->p0, 100, 0);
         fake_heartbeat(e, &e->p1, 100, 0);
-        pump(e, 20);
+        fake_sync(e, &e->p0);
+        fake_sync(e, &e->p1);
     }
     assert_true(used[0] > 0 && used[1] > 0);
     /* system prompt 0's node reports a long queue: the next such chat goes elsewhere */
     fake_t *other = home0 == &e->p0 ? &e->p1 : &e->p0;
     fake_heartbeat(e, home0, 100, 100000);
     fake_heartbeat(e, other, 100, 0);
-    pump(e, 50);
+    fake_sync(e, home0);
+    fake_sync(e, other);
     make_system(0, sys, sizeof sys);
     assert_ptr_equal(chat_on(e, "px-0-c", sys, "Another question?"), other);
     env_free(e);
@@ -1140,7 +1236,8 @@ static void test_least_loaded(void **state)
     fake_register(e, &e->d0);
     fake_heartbeat(e, &e->p0, 100, 1000);
     fake_heartbeat(e, &e->p1, 100, 0);
-    pump(e, 50);
+    fake_sync(e, &e->p0);
+    fake_sync(e, &e->p1);
     Tandem__V1__GenerateRequest g;
     prompt_req(&g, "ll-1", "first", 4, true);
     generate(e, &g);
@@ -1148,7 +1245,7 @@ static void test_least_loaded(void **state)
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     assert_ptr_equal(expect_task_on_one(e, &e->p0, &e->p1, "ll-1"), &e->p1);
     fake_heartbeat(e, &e->p1, 100, 5000);
-    pump(e, 50);
+    fake_sync(e, &e->p1);
     for (int i = 2; i <= 3; i++) {
         char id[16];
         snprintf(id, sizeof id, "ll-%d", i);
@@ -1199,19 +1296,35 @@ static void test_rejected_then_queued(void **state)
     env_free(e);
 }
 
-/* CURVE on the node endpoint: only nodes with the cluster's client key get through. */
+/* CURVE on the node endpoint: every node has its own key, admitted under its own id only. */
 static void test_curve(void **state)
 {
     (void)state;
-    char sp[41], ss[41], cp[41], cs[41];
-    assert_int_equal(tdm_curve_keypair(sp, ss), 0);
-    assert_int_equal(tdm_curve_keypair(cp, cs), 0);
-    char extra[512];
-    snprintf(extra, sizeof extra,
-             "security:\n  curve_server_public_key: '%s'\n  curve_server_secret_key: '%s'\n"
-             "  curve_client_public_key: '%s'\n  curve_client_secret_key: '%s'\n",
-             sp, ss, cp, cs);
-    env_t *e = env_new_with(NULL, extra);
+    static const char *const ids[] = {"prefill-0", "prefill-1", "decode-0", "decode-1"};
+    char rp[41], rs[41], np[4][41], ns[4][41];
+    assert_int_equal(tdm_curve_keypair(rp, rs), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tdm_curve_keypair(np[i], ns[i]), 0);
+    char dir[] = "/tmp/tdm_router_keys_XXXXXX", key_file[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(key_file, sizeof key_file, "%s/router.key", dir);
+    FILE *kf = fopen(key_file, "w");
+    assert_non_null(kf);
+    fprintf(kf, "%s\n", rs);
+    fclose(kf);
+    assert_int_equal(chmod(key_file, 0600), 0);
+    char router_yaml[256], nodes[1024] = "";
+    snprintf(router_yaml, sizeof router_yaml,
+             "  max_queue: 16\n  curve_public_key: '%s'\n  curve_secret_key_file: %s\n", rp,
+             key_file);
+    for (int i = 0; i < 4; i++) /* the router never reads the nodes' secret key files */
+        snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes),
+                 "  - {id: %s, role: %s, curve_public_key: '%s', curve_secret_key_file: "
+                 "/nonexistent/%s.key}\n",
+                 ids[i], i < 2 ? "prefill" : "decode", np[i], ids[i]);
+    env_nodes_yaml = nodes;
+    env_t *e = env_new_with(router_yaml, NULL);
+    env_nodes_yaml = NULL;
     /* without keys: no handshake, no answer, not registered */
     fake_connect(e, &e->d1);
     reg_t g;
@@ -1224,10 +1337,11 @@ static void test_curve(void **state)
     assert_int_equal(tdm_sock_send(e->d1.s, &s), 0);
     expect_none(e, e->d1.s, 300);
     assert_false(tdm_router_node_up(e->r, "decode-1"));
-    /* with a wrong client key: refused by the ZAP handler */
+    tdm_sock_destroy(&e->d1.s);
+    /* with a key no node has: refused by the ZAP handler */
     char wp[41], ws[41];
     assert_int_equal(tdm_curve_keypair(wp, ws), 0);
-    tdm_curve_keys_t wrong = {sp, NULL, wp, ws};
+    tdm_curve_keys_t wrong = {.server_public = rp, .client_public = wp, .client_secret = ws};
     e->p0.curve = &wrong;
     fake_connect(e, &e->p0);
     reg_default(e, &e->p0, &g);
@@ -1235,11 +1349,25 @@ static void test_curve(void **state)
     assert_int_equal(tdm_sock_send(e->p0.s, &s), 0);
     expect_none(e, e->p0.s, 300);
     assert_false(tdm_router_node_up(e->r, "prefill-0"));
-    /* with the cluster key */
-    tdm_curve_keys_t good = {sp, NULL, cp, cs};
-    e->d0.curve = &good;
+    /* decode-0's key registering as decode-1: admitted by ZAP, refused by the router */
+    tdm_curve_keys_t d0_keys = {
+        .server_public = rp, .client_public = np[2], .client_secret = ns[2]};
+    e->d1.curve = &d0_keys;
+    reg_default(e, &e->d1, &g);
+    char msg[256];
+    assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), TDM_EUNAUTHENTICATED);
+    assert_string_equal(msg, "node key of 'decode-0' cannot register as 'decode-1'");
+    assert_false(tdm_router_node_up(e->r, "decode-1"));
+    /* each node with its own key */
+    e->d0.curve = &d0_keys;
     fake_register(e, &e->d0);
+    tdm_curve_keys_t p1_keys = {
+        .server_public = rp, .client_public = np[1], .client_secret = ns[1]};
+    e->p1.curve = &p1_keys;
+    fake_register(e, &e->p1);
     env_free(e);
+    unlink(key_file);
+    rmdir(dir);
 }
 
 /* A decode node that stops heartbeating is marked down; its running request fails with
@@ -1266,7 +1394,7 @@ static void test_decode_down(void **state)
     /* p0 keeps heartbeating, d0 falls silent */
     tdm_frame_t f;
     tdm_frame_init(&f);
-    double end = tdm_time_now() + 3.0;
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
     bool got = false;
     while (!got && tdm_time_now() < end) {
         fake_heartbeat(e, &e->p0, 100, 0);
@@ -1325,7 +1453,7 @@ static void test_prefill_down(void **state)
     /* the dead one falls silent; the others heartbeat until the decode node hears a cancel */
     tdm_frame_t f;
     tdm_frame_init(&f);
-    double end = tdm_time_now() + 3.0;
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
     bool got = false;
     while (!got && tdm_time_now() < end) {
         fake_heartbeat(e, alive, 100, 0);
@@ -1418,7 +1546,7 @@ static void test_register(void **state)
     g.m.role = TANDEM__V1__NODE_ROLE__NODE_ROLE_PREFILL;
     assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), TDM_EPRECONDITION);
     assert_non_null(strstr(msg, "is a decode node in the cluster config"));
-    fake_t stranger = {"stranger", NULL, NULL};
+    fake_t stranger = {"stranger", NULL, NULL, 0};
     reg_default(e, &stranger, &g);
     assert_int_equal(fake_register_with(e, &stranger, &g, msg, sizeof msg), TDM_EPRECONDITION);
     assert_string_equal(msg, "node 'stranger' is not in the cluster config");
@@ -1445,7 +1573,10 @@ static void test_register(void **state)
     assert_int_equal(f.call_id, 9);
     tdm_frame_clear(&f);
 
-    /* a restart (new instance id) fails what ran on the old instance first */
+    /* A second instance of a live node id (an impostor, or a restart the router has not
+     * seen the old instance of go yet) is refused, retryably, and takes nothing over: the
+     * running request stays with the registered instance, and the impostor's events for it
+     * are dropped and counted. */
     Tandem__V1__GenerateRequest gr;
     prompt_req(&gr, "r-restart", "abc", 4, true);
     uint64_t call = generate(e, &gr);
@@ -1455,11 +1586,65 @@ static void test_register(void **state)
     result_t res;
     memset(&res, 0, sizeof res);
     one_chunk(e, call, &res);
-    reg_default(e, &e->d0, &g);
-    g.m.instance_id = 43;
-    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), 0);
-    expect_end(e, call, TDM_EUNAVAILABLE, "decode node 'decode-0' is down (restarted");
+    fake_t impostor = {"decode-0", NULL, NULL, 43};
+    fake_connect(e, &impostor);
+    reg_default(e, &impostor, &g);
+    assert_int_equal(fake_register_with(e, &impostor, &g, msg, sizeof msg), TDM_EUNAVAILABLE);
+    assert_non_null(strstr(msg, "node 'decode-0' is registered by a live instance"));
+    uint64_t stale = tdm_router_metrics(e->r)->stale_instance_messages;
+    fake_token(&impostor, "r-restart", 1, B('X'));
+    fake_finished(&impostor, "r-restart", TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP, 2);
+    fake_token(&e->d0, "r-restart", 1, B('b'));
+    fake_finished(&e->d0, "r-restart", TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP, 2);
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_non_null(strstr(res.text, "b"));
+    assert_null(strstr(res.text, "X"));
+    assert_true(tdm_router_metrics(e->r)->stale_instance_messages >= stale + 2);
     assert_true(tdm_router_node_up(e->r, "decode-0"));
+    tdm_sock_destroy(&impostor.s);
+    env_free(e);
+}
+
+/* A request id reused right after its request was cancelled: the old attempt's events (a late
+ * token, Finished, TaskFailed) never reach the new request, which gets its own text. */
+static void test_request_id_reuse(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest gr;
+    prompt_req(&gr, "r-reuse", "abc", 4, true);
+    uint64_t call = generate(e, &gr);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    uint64_t old_attempt = rs->attempt_id;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_send_t c = {0};
+    c.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL;
+    c.call_id = call;
+    assert_int_equal(tdm_sock_send(e->client, &c), 0);
+    expect_cancel(e, &e->d0, "r-reuse", tdm_proto_status_to_wire(TDM_ECANCELLED));
+    /* the same id at once */
+    uint64_t call2 = generate(e, &gr);
+    rs = reserve_and_ack(e, &e->d0);
+    assert_true(rs->attempt_id != old_attempt);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    uint64_t new_attempt = attempt_for("r-reuse");
+    uint64_t stale = tdm_router_metrics(e->r)->stale_attempt_messages;
+    attempt_note("r-reuse", old_attempt); /* the old attempt's late events */
+    fake_token(&e->d0, "r-reuse", 0, B('X'));
+    fake_task_failed(&e->d0, "r-reuse", tdm_proto_status_to_wire(TDM_EINTERNAL), "old", true);
+    fake_finished(&e->d0, "r-reuse", TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP, 1);
+    attempt_note("r-reuse", new_attempt);
+    fake_token(&e->d0, "r-reuse", 0, B('n'));
+    fake_token(&e->d0, "r-reuse", 1, B('w'));
+    fake_finished(&e->d0, "r-reuse", TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP, 2);
+    result_t res;
+    memset(&res, 0, sizeof res);
+    collect(e, call2, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "nw");
+    assert_int_equal(tdm_router_metrics(e->r)->stale_attempt_messages, stale + 3);
     env_free(e);
 }
 
@@ -1468,12 +1653,16 @@ static void test_api_keys(void **state)
 {
     (void)state;
     env_t *e = env_new("  api_keys: [key-one, key-two]\n");
+    /* HEALTH is open, like /health (liveness probes carry no key) */
     Tandem__V1__HealthRequest hr = TANDEM__V1__HEALTH_REQUEST__INIT;
     uint64_t c = send_req(e, M(HEALTH), &hr.base, NULL, 0);
+    expect_end(e, c, 0, "ready");
+    Tandem__V1__StatusRequest sr = TANDEM__V1__STATUS_REQUEST__INIT;
+    c = send_req(e, M(STATUS), &sr.base, NULL, 0);
     expect_end(e, c, TDM_EUNAUTHENTICATED, "an API key is required");
-    c = send_req(e, M(HEALTH), &hr.base, "key-three", 0);
+    c = send_req(e, M(STATUS), &sr.base, "key-three", 0);
     expect_end(e, c, TDM_EUNAUTHENTICATED, "not accepted");
-    c = send_req(e, M(HEALTH), &hr.base, "key-on", 0);
+    c = send_req(e, M(STATUS), &sr.base, "key-on", 0);
     expect_end(e, c, TDM_EUNAUTHENTICATED, "not accepted");
     Tandem__V1__GenerateRequest g;
     prompt_req(&g, "k-1", "abc", 4, true);
@@ -1482,8 +1671,7 @@ static void test_api_keys(void **state)
     c = send_req(e, M(HEALTH), &hr.base, "key-two", 0);
     expect_end(e, c, 0, "ready");
     c = send_req(e, M(GENERATE), &g.base, "key-one", 0);
-    pump(e, 30);
-    assert_int_equal(tdm_router_n_queued(e->r), 1); /* accepted, waiting for a node */
+    pump_until_queued(e, 1); /* accepted, waiting for a node */
     (void)c;
     env_free(e);
 }
@@ -1530,7 +1718,7 @@ static void test_status_health_models(void **state)
     protobuf_c_message_free_unpacked(&mo->base, NULL);
 
     fake_heartbeat(e, &e->d0, 60, 0);
-    pump(e, 50);
+    fake_sync(e, &e->d0);
     Tandem__V1__GenerateRequest g;
     prompt_req(&g, "st-1", "abc", 4, true);
     generate(e, &g);
@@ -1611,7 +1799,7 @@ static void test_shutdown(void **state)
     assert_int_equal(tdm_router_poll(e->r, 0), TDM_EPRECONDITION);
     tdm_frame_t f;
     tdm_frame_init(&f);
-    double end = tdm_time_now() + 2.0;
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
     while (tdm_sock_recv(e->client, &f, 10) != TDM_OK && tdm_time_now() < end)
         ;
     assert_int_equal(f.call_id, call);
@@ -1620,7 +1808,7 @@ static void test_shutdown(void **state)
     assert_string_equal(f.message, "router shutting down");
     fake_t *nodes[2] = {&e->p0, &e->d0};
     for (int i = 0; i < 2; i++) {
-        end = tdm_time_now() + 2.0;
+        end = tdm_time_now() + WAIT_MS / 1000.0;
         int rc;
         while ((rc = tdm_sock_recv(nodes[i]->s, &f, 10)) != TDM_OK && tdm_time_now() < end)
             ;
@@ -1760,6 +1948,7 @@ static void metrics_finished(fake_t *n, const char *req, uint32_t completion, ui
 {
     Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
     fin.request_id = (char *)req;
+    fin.attempt_id = attempt_for(req);
     fin.reason = FIN(STOP);
     fin.completion_tokens = completion;
     fin.kv_transfer_s = 0.0025;
@@ -1788,7 +1977,8 @@ static void test_metrics(void **state)
     fake_register(e, &e->d0);
     metrics_heartbeat(&e->d0, 40, 0, 0);
     metrics_heartbeat(&e->p0, 0, 10, 4);
-    pump(e, 50);
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->p0);
 
     /* a request served in full: 4 tokens, 123456 KV bytes */
     Tandem__V1__GenerateRequest g;
@@ -1944,7 +2134,8 @@ static void test_metrics(void **state)
 
     /* the nodes go silent: down, counted, their load gauges gone, their counters kept */
     tdm_router_set_heartbeat(e->r, 0, 100);
-    pump(e, 300);
+    pump_until_down(e, "decode-0");
+    pump_until_down(e, "prefill-0");
     t = metrics_call(e);
     assert_float_equal(sample_of(t, "tandem_node_up{node=\"decode-0\",role=\"decode\"}"), 0, 0);
     assert_float_equal(
@@ -1983,6 +2174,7 @@ int main(void)
         cmocka_unit_test(test_prefill_down),
         cmocka_unit_test(test_task_failed),
         cmocka_unit_test(test_register),
+        cmocka_unit_test(test_request_id_reuse),
         cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_status_health_models),
         cmocka_unit_test(test_client_gone),

@@ -838,8 +838,10 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median time per call on a Qwen-sized (152,064) vocabulary; prints them. The bound is loose
- * (shared CI machines, sanitizer builds); the target is well under 1 ms on a quiet core. */
+/* Median time per call on a Qwen-sized (152,064) vocabulary; prints them. The target is well
+ * under 1 ms on a quiet core, but a test must not depend on timing (a busy 2-core CI machine,
+ * sanitizer builds): the bound only catches a pathological regression, such as a quadratic
+ * pass over the vocabulary (seconds per call), not a slow machine. */
 static void test_speed(void **state)
 {
     (void)state;
@@ -884,7 +886,7 @@ static void test_speed(void **state)
         qsort(t, 21, sizeof t[0], cmp_double);
         printf("sample, vocab %u, %-30s median %.3f ms (min %.3f)\n", n, cases[c].name, t[10],
                t[0]);
-        assert_true(t[10] < 50.0);
+        assert_true(t[10] < 1000.0);
     }
     free(logits);
     tdm_sampler_destroy(&s);

@@ -21,7 +21,9 @@
 static const tdm_kv_layout_t smollm2 = {30, 3, 64, 16, TDM_KV_F16};
 #define FINGERPRINT UINT64_C(0x5eed5eed12345678)
 #define POOL_BLOCKS 80u
-#define WAIT_MS 5000
+/* How long a test waits for an event that must come (a transfer, a report). Generous: CI
+ * runs on a busy 2-core machine, and waits end as soon as the event arrives. */
+#define WAIT_MS 30000
 
 typedef struct ctx {
     tdm_net_t *net;
@@ -41,8 +43,17 @@ typedef struct reservation {
     int calls;
 } reservation_t;
 
-static int lookup_cb(void *user, const char *request_id, uint32_t n_tokens, const uint32_t **blocks,
-                     uint32_t *n_blocks, char *msg, size_t cap)
+/* The attempt id the tests give a request id's transfers (any fixed mapping would do). */
+static uint64_t attempt_of(const char *request_id)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = request_id; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    return h | 1;
+}
+
+static int lookup_cb(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
+                     const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
 {
     (void)n_tokens;
     reservation_t *r = user;
@@ -51,7 +62,8 @@ static int lookup_cb(void *user, const char *request_id, uint32_t n_tokens, cons
         snprintf(msg, cap, "%s", r->msg);
         return r->status;
     }
-    if (!r->request_id || strcmp(request_id, r->request_id) != 0) {
+    if (!r->request_id || strcmp(request_id, r->request_id) != 0 ||
+        attempt_id != attempt_of(r->request_id)) {
         snprintf(msg, cap, "request %s unknown or cancelled", request_id);
         return TDM_ENOTFOUND;
     }
@@ -186,6 +198,7 @@ static uint64_t send_seq(tdm_kv_sender_t *s, const char *endpoint, const char *r
 {
     tdm_kv_send_req_t req = {
         .request_id = request_id,
+        .attempt_id = attempt_of(request_id),
         .endpoint = endpoint,
         .blocks = seq->blocks,
         .n_blocks = seq->n_blocks,
@@ -285,7 +298,7 @@ static void test_happy_path(void **state)
 {
     ctx_t *c = *state;
     tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
-    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
     const char *ep = tdm_kv_receiver_endpoint(r);
     /* 1 token, one full block, a partial last block, several, and many blocks. */
     const uint32_t tokens[] = {1, 16, 17, 40, 160, 1000};
@@ -349,7 +362,7 @@ static void test_pipelined(void **state)
 {
     ctx_t *c = *state;
     tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
-    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
     enum { N = 4 };
     tdm_kv_seq_t sseq[N], rseq[N];
     uint64_t want[N], ids[N];
@@ -386,7 +399,7 @@ static void test_pipelined(void **state)
         assert_int_equal(d[i].transfer_id, ids[i]);
     }
     /* Cancelling a request whose transfer was acknowledged does nothing. */
-    assert_int_equal(tdm_kv_sender_cancel(s, rid[0]), 0);
+    assert_int_equal(tdm_kv_sender_cancel(s, attempt_of(rid[0])), 0);
     check_pool_empty(c->spool);
     for (int i = 0; i < N; i++)
         tdm_kv_seq_release(c->rpool, &rseq[i]);
@@ -404,7 +417,7 @@ static void expect_rejected(ctx_t *c, tdm_kv_pool_t *spool, uint64_t s_fp, reser
                             int want_status, const char *want_msg)
 {
     tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
-    tdm_kv_sender_t *s = sender_new(c, spool, s_fp, 0);
+    tdm_kv_sender_t *s = sender_new(c, spool, s_fp, WAIT_MS);
     tdm_kv_seq_t sseq, rseq;
     reserve(spool, &sseq, 40);
     reserve(c->rpool, &rseq, 40);
@@ -501,7 +514,7 @@ static void test_too_few_reserved(void **state)
     reserve(c->rpool, &small, 20); /* 2 blocks for a 3-block transfer */
     reservation_t res = {.request_id = "req-rej", .blocks = small.blocks, .n_blocks = 2};
     tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
-    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
     tdm_kv_seq_t sseq;
     reserve(c->spool, &sseq, 40);
     fill_seq(c->spool, &sseq, 9);
@@ -530,6 +543,8 @@ typedef struct crafted {
     int corrupt_block;    /* flip one byte of this frame after checksumming; -1 none */
     int short_block;      /* this frame is 100 bytes short; -1 none */
     uint32_t n_checksums; /* checksums in the header */
+    int tamper;           /* after the header checksum: 1 first_token, 2 attempt_id, 3 a block
+                             checksum; 0 none */
 } crafted_t;
 
 /* Sends a hand-made KV_TRANSFER over a raw DEALER and returns the receiver's verdict on both
@@ -563,6 +578,7 @@ static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const c
     Tandem__V1__KvLayout lay;
     tdm_proto_layout_to(&smollm2, &lay);
     h.request_id = "req-crafted";
+    h.attempt_id = attempt_of("req-crafted");
     h.transfer_id = 99;
     h.n_tokens = cr->n_tokens;
     h.first_token = 1;
@@ -574,6 +590,13 @@ static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const c
     h.checksums = sums;
     h.backend = "tcp";
     h.sender_node_id = "crafter";
+    h.header_checksum = tdm_kv_header_checksum(&h);
+    if (cr->tamper == 1)
+        h.first_token = 2; /* rewritten in flight: the chain no longer matches */
+    else if (cr->tamper == 2)
+        h.attempt_id ^= 4; /* another attempt's header */
+    else if (cr->tamper == 3 && cr->n_checksums > 0)
+        sums[0] ^= 1; /* a block checksum swapped together with its block would pass alone */
 
     tdm_error_t err = {0};
     tdm_sock_opts_t so;
@@ -641,6 +664,28 @@ static void test_corrupted_block(void **state)
     send_crafted(c, &cr, TDM_EINVALID, " expected 0x");
     /* The same message uncorrupted is accepted: the crafting itself is right. */
     cr.corrupt_block = -1;
+    send_crafted(c, &cr, 0, "");
+    c->clean = true;
+}
+
+/* Every header field is covered: a rewritten first token, attempt id or block checksum is
+ * rejected before anything is written, naming the header checksum. */
+static void test_header_tampered(void **state)
+{
+    ctx_t *c = *state;
+    crafted_t cr = {.n_tokens = 48,
+                    .n_blocks = 3,
+                    .n_frames = 3,
+                    .corrupt_block = -1,
+                    .short_block = -1,
+                    .n_checksums = 3,
+                    .tamper = 1};
+    send_crafted(c, &cr, TDM_EINVALID, "header checksum mismatch");
+    cr.tamper = 2;
+    send_crafted(c, &cr, TDM_EINVALID, "header checksum mismatch");
+    cr.tamper = 3;
+    send_crafted(c, &cr, TDM_EINVALID, "header checksum mismatch");
+    cr.tamper = 0;
     send_crafted(c, &cr, 0, "");
     c->clean = true;
 }
@@ -732,7 +777,10 @@ static void test_garbage(void **state)
 /* ---- receiver gone, cancel ---- */
 
 /* The receiver disappears before it handles the transfer: the sender reports TDM_EDEADLINE
- * after its timeout and gives the blocks back. */
+ * after its timeout and gives the blocks back. A receiver that is gone never answers, so the
+ * timeout comes however slow the machine is; only its lower bound is checked (from the send,
+ * as the sender measures it: on a busy machine the test thread may lose the CPU for a while
+ * anywhere). */
 static void test_receiver_gone(void **state)
 {
     ctx_t *c = *state;
@@ -748,13 +796,10 @@ static void test_receiver_gone(void **state)
     tdm_kv_receiver_destroy(&r);
     assert_int_equal(n_used(c->spool), 13);
 
-    double t0 = tdm_time_now();
     tdm_kv_send_done_t d = wait_done(s);
-    double waited = tdm_time_now() - t0;
     assert_int_equal(d.status, TDM_EDEADLINE);
     assert_non_null(strstr(d.message, "no acknowledgement from"));
     assert_non_null(strstr(d.message, "within 300 ms"));
-    assert_true(waited > 0.2 && waited < 3.0);
     assert_true(d.seconds >= 0.29);
     check_pool_empty(c->spool);
 
@@ -777,7 +822,7 @@ static void test_cancel(void **state)
 {
     ctx_t *c = *state;
     tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
-    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
     tdm_kv_seq_t sseq, rseq;
     reserve(c->spool, &sseq, 100);
     reserve(c->rpool, &rseq, 100);
@@ -786,9 +831,9 @@ static void test_cancel(void **state)
     uint64_t before = seq_digest(c->rpool, &rseq);
     uint64_t id = send_seq(s, tdm_kv_receiver_endpoint(r), "req-cancel", &sseq);
     tdm_kv_seq_release(c->spool, &sseq);
-    assert_int_equal(tdm_kv_sender_cancel(s, "req-other"), 0);
-    assert_int_equal(tdm_kv_sender_cancel(s, "req-cancel"), 1);
-    assert_int_equal(tdm_kv_sender_cancel(s, "req-cancel"), 0); /* once */
+    assert_int_equal(tdm_kv_sender_cancel(s, attempt_of("req-other")), 0);
+    assert_int_equal(tdm_kv_sender_cancel(s, attempt_of("req-cancel")), 1);
+    assert_int_equal(tdm_kv_sender_cancel(s, attempt_of("req-cancel")), 0); /* once */
 
     /* Reported as soon as ZMQ released the frames (the receiver's ZMQ takes them even before
      * the node reads them), with the blocks given back. */
@@ -799,23 +844,27 @@ static void test_cancel(void **state)
     check_pool_empty(c->spool);
     assert_int_equal(tdm_kv_sender_in_flight(s), 0);
 
-    /* The receiver sees the transfer with its CANCEL right behind: dropped unread. (The
-     * CANCEL left the sender right after the blocks; give the receiver's I/O thread a moment
-     * to have read it too.) */
-    nanosleep(&(struct timespec){.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000}, NULL);
+    /* The receiver sees the transfer. Over TCP the CANCEL, which left the sender right after
+     * the blocks, may or may not have reached the receiver's queue by then (that is up to the
+     * I/O threads): dropped unread if it has, handled normally if not (the CANCEL is best
+     * effort). test_cancel_queued checks the first case without that race. */
     reservation_t res = {
         .request_id = "req-cancel", .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
     tdm_kv_received_t got = recv_one(r, &res);
-    assert_int_equal(got.status, TDM_ECANCELLED);
     assert_string_equal(got.request_id, "req-cancel");
-    assert_int_equal(res.calls, 0);
-    assert_int_equal(seq_digest(c->rpool, &rseq), before);
-    assert_int_equal(tdm_kv_receiver_recv(r, 50, lookup_cb, &res, &got), 0);
+    assert_int_equal(got.transfer_id, id);
+    if (got.status == TDM_ECANCELLED) {
+        assert_int_equal(res.calls, 0);
+        assert_int_equal(seq_digest(c->rpool, &rseq), before);
+    } else {
+        assert_int_equal(got.status, 0);
+        assert_int_equal(res.calls, 1);
+    }
     tdm_kv_seq_release(c->rpool, &rseq);
     check_pool_empty(c->rpool);
 
-    /* A late CANCEL (after the receiver handled the transfer) is consumed quietly, and the
-     * channel still works. */
+    /* A late CANCEL (when the receiver handled the transfer first) is consumed quietly, and
+     * the channel still works. */
     reserve(c->spool, &sseq, 16);
     reserve(c->rpool, &rseq, 16);
     fill_seq(c->spool, &sseq, 23);
@@ -835,12 +884,87 @@ static void test_cancel(void **state)
     c->clean = true;
 }
 
+/* A transfer whose CANCEL is already queued behind it is dropped unread, the lookup never
+ * asked. Over inproc:// a message is in the receiver's queue when the send returns (no I/O
+ * thread in between), so the transfer and its CANCEL are both there before the receiver
+ * looks: no race. The zero-copy frames are released when the receiver drops them, so the
+ * sender reports the cancel after the receiver has handled it. */
+static void test_cancel_queued(void **state)
+{
+    ctx_t *c = *state;
+    const char *ep = "inproc://test-transfer-cancel";
+    tdm_kv_receiver_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.endpoint = ep;
+    o.node_id = "decode-0";
+    o.model_fingerprint = FINGERPRINT;
+    o.log = &c->log;
+    tdm_error_t err = {0};
+    tdm_kv_receiver_t *r = tdm_kv_receiver_new(c->net, c->rpool, &o, &err);
+    if (!r)
+        fail_msg("tdm_kv_receiver_new: %s", err.msg);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
+    tdm_kv_seq_t sseq, rseq;
+    reserve(c->spool, &sseq, 100);
+    reserve(c->rpool, &rseq, 100);
+    fill_seq(c->spool, &sseq, 24);
+    fill_seq(c->rpool, &rseq, 25);
+    uint64_t before = seq_digest(c->rpool, &rseq);
+    uint64_t id = send_seq(s, ep, "req-cancel", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    assert_int_equal(tdm_kv_sender_cancel(s, attempt_of("req-cancel")), 1);
+
+    reservation_t res = {
+        .request_id = "req-cancel", .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
+    tdm_kv_received_t got = recv_one(r, &res);
+    assert_int_equal(got.status, TDM_ECANCELLED);
+    assert_string_equal(got.request_id, "req-cancel");
+    assert_int_equal(got.transfer_id, id);
+    assert_int_equal(res.calls, 0);
+    assert_int_equal(seq_digest(c->rpool, &rseq), before);
+    /* the CANCEL was consumed with the transfer: nothing else is waiting */
+    assert_int_equal(tdm_kv_receiver_recv(r, 0, lookup_cb, &res, &got), 0);
+
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, TDM_ECANCELLED);
+    assert_int_equal(d.transfer_id, id);
+    check_pool_empty(c->spool);
+
+    /* A late CANCEL: the receiver handled the transfer before the sender cancelled it (the
+     * sender has not read the acknowledgement yet). The receiver consumes the CANCEL quietly
+     * and the sender reports the cancel. */
+    reserve(c->spool, &sseq, 16);
+    fill_seq(c->spool, &sseq, 26);
+    uint64_t want = seq_digest(c->spool, &sseq);
+    id = send_seq(s, ep, "req-late", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    res = (reservation_t){.request_id = "req-late", .blocks = rseq.blocks, .n_blocks = 1};
+    got = recv_one(r, &res);
+    assert_int_equal(got.status, 0);
+    assert_int_equal(res.calls, 1);
+    assert_int_equal(XXH3_64bits_withSeed(block_ptr(c->rpool, rseq.blocks[0]),
+                                          tdm_kv_pool_block_bytes(c->rpool), 0),
+                     want);
+    assert_int_equal(tdm_kv_sender_cancel(s, attempt_of("req-late")), 1);
+    assert_int_equal(tdm_kv_receiver_recv(r, 0, lookup_cb, &res, &got), 0);
+    assert_int_equal(res.calls, 1);
+    d = wait_done(s);
+    assert_int_equal(d.status, TDM_ECANCELLED);
+    assert_int_equal(d.transfer_id, id);
+    check_pool_empty(c->spool);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
 /* Destroying a sender with transfers in flight gives their blocks back. */
 static void test_destroy_in_flight(void **state)
 {
     ctx_t *c = *state;
     tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
-    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
     tdm_kv_seq_t sseq;
     reserve(c->spool, &sseq, 300);
     fill_seq(c->spool, &sseq, 1);
@@ -865,7 +989,10 @@ static void test_curve(void **state)
     assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
     assert_int_equal(tdm_curve_keypair(cpub, csec), 0);
     assert_int_equal(tdm_curve_keypair(xpub, xsec), 0);
-    tdm_curve_keys_t server = {.server_public = spub, .server_secret = ssec, .client_public = cpub};
+    /* the receiver admits one prefill node's key, under its node id */
+    tdm_curve_peer_t admitted = {cpub, "prefill-curve"};
+    tdm_curve_keys_t server = {
+        .server_public = spub, .server_secret = ssec, .clients = &admitted, .n_clients = 1};
     tdm_kv_receiver_opts_t ro;
     memset(&ro, 0, sizeof ro);
     ro.endpoint = "tcp://127.0.0.1:*";
@@ -889,7 +1016,7 @@ static void test_curve(void **state)
     so.node_id = "prefill-curve";
     so.model_fingerprint = FINGERPRINT;
     so.curve = &client;
-    so.timeout_ms = 400;
+    so.timeout_ms = WAIT_MS; /* the handshake and the transfer take what a busy machine needs */
     so.log = &c->log;
     tdm_kv_sender_t *s = tdm_kv_sender_new(c->net, c->spool, &so, &err);
     assert_non_null(s);
@@ -911,22 +1038,53 @@ static void test_curve(void **state)
     assert_int_equal(wait_done(s).status, 0);
     tdm_kv_sender_destroy(&s);
 
-    /* A sender whose client key the receiver does not admit. */
-    tdm_curve_keys_t stranger = {
-        .server_public = spub, .client_public = xpub, .client_secret = xsec};
-    so.curve = &stranger;
+    /* The admitted key claiming another sender in the header: rejected, blocks untouched. */
+    tdm_curve_keys_t same_key = {
+        .server_public = spub, .client_public = cpub, .client_secret = csec};
+    so.node_id = "prefill-other";
+    so.curve = &same_key;
     s = tdm_kv_sender_new(c->net, c->spool, &so, &err);
     assert_non_null(s);
-    send_seq(s, tdm_kv_receiver_endpoint(r), "req-stranger", &sseq);
+    uint64_t before = seq_digest(c->rpool, &rseq);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-curve", &sseq);
+    got = recv_one(r, &res);
+    assert_int_equal(got.status, TDM_EUNAUTHENTICATED);
+    assert_non_null(strstr(got.message, "the key of node 'prefill-curve' sent a transfer "
+                                        "claiming sender 'prefill-other'"));
+    assert_int_equal(seq_digest(c->rpool, &rseq), before);
+    assert_int_equal(wait_done(s).status, TDM_EUNAUTHENTICATED);
+    tdm_kv_sender_destroy(&s);
+    so.node_id = "prefill-curve";
+
+    /* A sender whose client key the receiver does not admit, and one that expects another
+     * receiver key: the handshake fails, and the transfer fails with UNAUTHENTICATED saying
+     * why (not at its timeout, which is generous here), with nothing reaching the receiver. */
+    tdm_curve_keys_t stranger = {
+        .server_public = spub, .client_public = xpub, .client_secret = xsec};
+    tdm_curve_keys_t wrong_server = {
+        .server_public = xpub, .client_public = cpub, .client_secret = csec};
+    const tdm_curve_keys_t *bad[2] = {&stranger, &wrong_server};
+    const char *want_msg[2] = {"refused this daemon's CURVE key",
+                               "the peer's public key is not the one configured"};
+    for (int k = 0; k < 2; k++) {
+        so.curve = bad[k];
+        so.timeout_ms = 60000;
+        s = tdm_kv_sender_new(c->net, c->spool, &so, &err);
+        assert_non_null(s);
+        send_seq(s, tdm_kv_receiver_endpoint(r), "req-stranger", &sseq);
+        tdm_kv_send_done_t d = wait_done(s);
+        assert_int_equal(d.status, TDM_EUNAUTHENTICATED);
+        if (!strstr(d.message, "cannot authenticate the decode node's KV endpoint") ||
+            !strstr(d.message, want_msg[k]))
+            fail_msg("case %d: unexpected message \"%s\"", k, d.message);
+        tdm_kv_sender_destroy(&s);
+    }
     tdm_kv_seq_release(c->spool, &sseq);
-    assert_int_equal(tdm_kv_receiver_recv(r, 300, lookup_cb, &res, &got), 0);
-    tdm_kv_send_done_t d = wait_done(s);
-    assert_int_equal(d.status, TDM_EDEADLINE);
+    assert_int_equal(tdm_kv_receiver_recv(r, 0, lookup_cb, &res, &got), 0);
     assert_int_equal(res.calls, 1);
     check_pool_empty(c->spool);
     tdm_kv_seq_release(c->rpool, &rseq);
     check_pool_empty(c->rpool);
-    tdm_kv_sender_destroy(&s);
     tdm_kv_receiver_destroy(&r);
     c->clean = true;
 }
@@ -936,7 +1094,7 @@ static void test_curve(void **state)
 static void test_send_validation(void **state)
 {
     ctx_t *c = *state;
-    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, 0);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
     tdm_kv_seq_t sseq;
     reserve(c->spool, &sseq, 40);
     tdm_kv_send_req_t req = {.request_id = "req-v",
@@ -1007,10 +1165,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unknown_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_too_few_reserved, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupted_block, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_header_tampered, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_receiver_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_curve, setup, teardown),
         cmocka_unit_test_setup_teardown(test_send_validation, setup, teardown),

@@ -330,7 +330,19 @@ typedef struct tdm_client_node_status {
     uint64_t prefix_hits;
     double step_time_s; /* mean of recent forward passes, seconds */
     double last_heartbeat_age_s;
+    char *refused_reason; /* why the router last refused a registration with this id ("" when
+                             none since it was last accepted) */
+    double refused_age_s; /* seconds since that refusal */
+    uint64_t instance_id; /* the registered instance (0: never registered) */
 } tdm_client_node_status_t;
+
+/* A registration the router refused for a node id its config does not have. */
+typedef struct tdm_client_refused {
+    char *node_id; /* as sent, non-printable bytes shown as '?' */
+    char *reason;
+    double age_s;   /* seconds since the last one */
+    uint64_t count; /* refusals of this id */
+} tdm_client_refused_t;
 
 /* The cluster as the router sees it (proto ClusterStatus). Owns its arrays and strings. */
 typedef struct tdm_client_cluster_status {
@@ -341,6 +353,9 @@ typedef struct tdm_client_cluster_status {
     uint32_t requests_running;
     uint32_t requests_queued;
     uint64_t requests_total;
+    tdm_client_refused_t *refused; /* [n_refused] unknown node ids refused, most recent first */
+    size_t n_refused;
+    uint64_t router_instance_id;
 } tdm_client_cluster_status_t;
 
 /* Fetches the cluster status into *out (previous contents ignored); on success the caller

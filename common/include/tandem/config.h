@@ -84,6 +84,13 @@ typedef struct tdm_router_config {
                                  default 600 */
     char **api_keys;          /* n_api_keys accepted keys; none (NULL, 0) = no authentication */
     size_t n_api_keys;
+    bool public_metrics;    /* with api_keys set: true leaves /metrics, /api/status, the dashboard
+                               and the native STATUS and METRICS calls open; default false (they
+                               need a key too) */
+    char *curve_public_key; /* the router's CURVE public key (Z85, 40 characters); set =
+                               CURVE on for the node and KV channels; NULL: off */
+    char *curve_secret_key_file; /* file holding the router's secret key (read by the router
+                                    only, tdm_curve_secret_read); required with the key */
 } tdm_router_config_t;
 
 /* kv: the paged KV cache, identical on every node. */
@@ -97,15 +104,13 @@ typedef struct tdm_log_config {
     tdm_log_level_t level; /* info (default) */
 } tdm_log_config_t;
 
-/* security: ZeroMQ CURVE keys (Z85 text, 40 characters each) for the node and KV channels.
- * Either all four are set (CURVE on) or none (plain TCP). The server pair belongs to the
- * router and the decode nodes' KV sockets; the client pair is the cluster's node key, the
- * only client key the servers accept. */
+/* security: what the daemons may do without protection. CURVE itself is configured by keys:
+ * router.curve_public_key turns it on, and then every node has its own pair
+ * (nodes[].curve_public_key, nodes[].curve_secret_key_file). */
 typedef struct tdm_security_config {
-    char *curve_server_public_key; /* NULL when CURVE is off */
-    char *curve_server_secret_key;
-    char *curve_client_public_key;
-    char *curve_client_secret_key;
+    bool insecure; /* allow non-loopback binds without CURVE (node and KV endpoints) or without
+                      API keys (client endpoint, HTTP); every daemon logs a warning at start.
+                      Default false */
 } tdm_security_config_t;
 
 /* One entry of nodes:. */
@@ -130,6 +135,10 @@ typedef struct tdm_node_config {
                                       memory_budget is used. Default 0.9 on cuda */
     int max_batch_tokens;          /* tokens in one forward pass, 1..1048576; default 2048 */
     int max_running;               /* sequences in the running batch, 1..65536; default 64 */
+    char *curve_public_key;        /* this node's CURVE public key (Z85, 40 characters); required
+                                      and distinct per node when CURVE is on, NULL otherwise */
+    char *curve_secret_key_file;   /* file with this node's secret key, read only by this node's
+                                      daemon (tdm_curve_secret_read); required with the key */
 } tdm_node_config_t;
 
 /* The whole cluster. Owns every string and array in it; release with tdm_config_free. */
@@ -175,6 +184,39 @@ const char *tdm_config_router_advertise(const tdm_config_t *cfg);
 /* The KV endpoint prefill nodes connect to for decode node `node`: its kv_advertise when set,
  * else its kv_endpoint; NULL for a prefill node. Borrowed from node. Cannot fail. */
 const char *tdm_config_kv_advertise(const tdm_node_config_t *node);
+
+/* Whether key (NUL-terminated; NULL or "" for none) is one of router->api_keys, compared in
+ * constant time per configured key; true when no API keys are configured. The one check the
+ * router's client endpoint and the HTTP gateway both use. Cannot fail. */
+bool tdm_config_api_key_ok(const tdm_router_config_t *router, const char *key);
+
+/* True when CURVE secures the node and KV channels (router.curve_public_key is set; the
+ * loader then guarantees every node a distinct key pair). Cannot fail. */
+bool tdm_config_curve_on(const tdm_config_t *cfg);
+
+/* True when address can only be reached from this host: a ZeroMQ endpoint inproc://… or
+ * ipc://…, or tcp://HOST:PORT, or a bare HOST (router.http_address), where HOST is an IPv4
+ * address in 127.0.0.0/8, ::1 (with or without brackets) or "localhost". Anything else (a
+ * wildcard, an interface name, another address or host name) is false. Cannot fail. */
+bool tdm_config_address_is_loopback(const char *address);
+
+/* What protects a bound endpoint when its address is not loopback. */
+typedef enum tdm_bind_guard {
+    TDM_BIND_GUARD_CURVE = 0,    /* node and KV endpoints: needs tdm_config_curve_on */
+    TDM_BIND_GUARD_API_KEYS = 1, /* client endpoint and HTTP: needs router.api_keys */
+} tdm_bind_guard_t;
+
+/* Whether a daemon may bind address, which the config key `key` gave ("router.node_endpoint",
+ * "nodes[2].kv_endpoint"): yes when it is loopback (tdm_config_address_is_loopback), when its
+ * guard is configured, or when security.insecure is true. Returns 0, or TDM_EPRECONDITION with
+ * a message naming the key, the address and the ways to fix it. Cannot fail otherwise. */
+int tdm_config_bind_check(const tdm_config_t *cfg, const char *key, const char *address,
+                          tdm_bind_guard_t guard, tdm_error_t *err);
+
+/* The binds of cfg that their daemons would refuse (tdm_config_bind_check of the router's
+ * client endpoint, node endpoint and HTTP address, and of every decode node's kv_endpoint),
+ * one message each in errs[0..cap). Returns how many were written. Cannot fail. */
+size_t tdm_config_bind_problems(const tdm_config_t *cfg, tdm_error_t *errs, size_t cap);
 
 /* Writes the resolved configuration (every key, defaults included) as YAML that
  * tdm_config_load_string reads back into an identical config. Returns 0, or TDM_EUNAVAILABLE

@@ -44,7 +44,7 @@ extern "C" {
 /* Protocol version carried in every FrameHeader. A peer with another major version is
  * refused (FAILED_PRECONDITION, "protocol version 2.0 not supported; this node speaks 1.x"). */
 #define TDM_PROTOCOL_MAJOR 1u
-#define TDM_PROTOCOL_MINOR 0u
+#define TDM_PROTOCOL_MINOR 1u
 
 /* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
 #define TDM_NET_MAX_HEADER_BYTES 4096u      /* FrameHeader frame */
@@ -53,6 +53,7 @@ extern "C" {
 #define TDM_NET_MAX_DATA_FRAMES 65536u      /* data frames per message */
 #define TDM_NET_PEER_MAX 256u               /* bytes of a ROUTER peer identity */
 #define TDM_NET_API_KEY_MAX 256u            /* bytes of an API key */
+#define TDM_NET_USER_ID_MAX 64u             /* bytes of an authenticated name, NUL included */
 
 /* One per process (or per test): the ZMQ context. */
 typedef struct tdm_net tdm_net_t;
@@ -68,15 +69,30 @@ void tdm_net_destroy(tdm_net_t **self_p);
 /* The raw void* ZMQ context, for inproc sockets made outside this module. */
 void *tdm_net_zctx(tdm_net_t *net);
 
+/* A number this context never returned before (thread-safe), for inproc endpoint names that
+ * must not collide with one still being torn down (a freed object's address can be reused
+ * before libzmq has unbound its endpoint). Cannot fail. */
+uint64_t tdm_net_unique(tdm_net_t *net);
+
+/* One client key a CURVE server admits, and the name its connections are authenticated as:
+ * every message received from such a connection carries the name in tdm_frame_t.user_id. */
+typedef struct tdm_curve_peer {
+    const char *public_key; /* Z85, 40 characters */
+    const char *name;       /* 1..TDM_NET_USER_ID_MAX - 1 bytes (a node id) */
+} tdm_curve_peer_t;
+
 /* ZeroMQ CURVE keys, Z85 text (40 characters each). A server (ROUTER) uses server_public +
- * server_secret and accepts only clients whose public key equals client_public (checked
- * through a ZAP handler owned by the tdm_net_t). A client (DEALER) uses client_public +
- * client_secret and server_public. All NULL = plain TCP. */
+ * server_secret and admits only the client keys in clients[0 .. n_clients) (or, when
+ * n_clients is 0, only client_public, named "tandem"), checked through a ZAP handler owned by
+ * the tdm_net_t. A client (DEALER) uses client_public + client_secret and server_public. All
+ * NULL (and n_clients 0) = plain TCP. The strings are read during the bind or connect only. */
 typedef struct tdm_curve_keys {
     const char *server_public;
     const char *server_secret;
     const char *client_public;
     const char *client_secret;
+    const tdm_curve_peer_t *clients; /* server: [n_clients] admitted keys; distinct keys */
+    size_t n_clients;
 } tdm_curve_keys_t;
 
 /* Options for tdm_sock_bind / tdm_sock_connect. Zero-initialise, then set what you need. */
@@ -91,6 +107,14 @@ typedef struct tdm_sock_opts {
                                       reconnect_max_ms (backoff); 0 = 100 */
     int reconnect_max_ms;          /* 0 = 5000 */
     const tdm_logger_t *log;       /* where dropped frames are logged; NULL = stderr */
+    uint64_t instance_id;          /* stamped into every FrameHeader this socket sends (the
+                                      sending daemon's instance, docs/protocol.md
+                                      "Identities"); 0 = none */
+    bool watch_handshake;          /* DEALER: follow the outcome of each connection's
+                                      handshake (tdm_sock_handshake) */
+    bool no_handover;              /* ROUTER: a second connection with a routing id in use
+                                      does not take it over (node endpoint: a peer cannot
+                                      steal a registered node's connection) */
 } tdm_sock_opts_t;
 
 typedef struct tdm_sock tdm_sock_t;
@@ -126,6 +150,14 @@ tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_soc
  * through the free callbacks). NULL-safe, nulls *self_p. */
 void tdm_sock_destroy(tdm_sock_t **self_p);
 
+/* Whether the last handshake of a socket made with watch_handshake failed: TDM_OK when it
+ * succeeded or none finished yet (or the socket does not watch), TDM_EUNAUTHENTICATED with
+ * why (cap bytes) saying how (the peer refused our CURVE key; the peer's key is not the one
+ * configured). A failed handshake is never retried into success by ZeroMQ with the same
+ * keys, so callers fail what waits on the connection and say why. Reads the socket's monitor
+ * without blocking; call from the socket's thread. */
+int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap);
+
 /* The ZMQ socket, for zmq_poll (ZMQ_POLLIN). Do not send or receive on it directly. */
 void *tdm_sock_zsock(tdm_sock_t *s);
 
@@ -149,8 +181,12 @@ typedef struct tdm_frame {
     int status;                   /* END: tdm status (0 or negative, -gRPC code) */
     char message[TDM_ERRMSG_MAX]; /* END: error text ("" on success) */
     uint64_t deadline_unix_ms;    /* REQUEST: 0 = none */
+    uint64_t instance_id;         /* the sender's instance (FrameHeader.instance_id); 0 = none */
     char api_key[TDM_NET_API_KEY_MAX];
-    const uint8_t *body; /* body frame, NULL when none */
+    char user_id[TDM_NET_USER_ID_MAX]; /* CURVE: the name the server admitted the sender's key
+                                          as (tdm_curve_peer_t.name, ZAP User-Id); "" on a
+                                          connection without CURVE */
+    const uint8_t *body;               /* body frame, NULL when none */
     size_t body_len;
     uint32_t n_data; /* data frames */
     void *impl;      /* zmq_msg_t storage; private */
@@ -256,6 +292,21 @@ int tdm_curve_keypair(char public_key[41], char secret_key[41]);
 
 /* Checks that text is a 40-character Z85 key; TDM_EINVALID naming `what` otherwise. */
 int tdm_curve_key_check(const char *text, const char *what, tdm_error_t *err);
+
+/* Reads the secret key file at path into secret (40 Z85 characters and a NUL): the file must
+ * hold exactly the key (one trailing newline allowed), must not be readable by group or others
+ * (mode & 077 == 0), and the key must be the secret of public_key (zmq_curve_public). `what`
+ * names the config key that gave the path in messages ("router.curve_secret_key_file").
+ * Returns 0; TDM_ENOTFOUND (no such file), TDM_EPRECONDITION (mode & 077 set: the message
+ * names the path, the mode and the chmod that fixes it; or libzmq without CURVE),
+ * TDM_EUNAVAILABLE (the file cannot be read), TDM_EINVALID (not a regular file, not a Z85
+ * key, or not public_key's secret). On error secret holds "". */
+int tdm_curve_secret_read(const char *path, const char *public_key, const char *what,
+                          char secret[41], tdm_error_t *err);
+
+/* Overwrites n bytes at p with zeros, in stores the compiler keeps even when p is not read
+ * again: for copies of secret keys. Cannot fail. */
+void tdm_curve_wipe(void *p, size_t n);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,45 @@ extern "C" {
 /* Longest context a node serves by default: min(this, the model's trained context). */
 #define TDM_NODE_DEFAULT_N_CTX 4096u
 
+/* ---- CURVE keys ---- */
+
+/* A node daemon's CURVE material (DESIGN.md "Security and identity"): its own pair, the
+ * secret read from its curve_secret_key_file (and no other node's), and the keys it trusts. */
+typedef struct tdm_node_keys {
+    bool on;                 /* CURVE is on (tdm_config_curve_on); everything below is empty
+                                when it is off */
+    char public_key[41];     /* this node's key, nodes[].curve_public_key */
+    char secret_key[41];     /* from nodes[].curve_secret_key_file (tdm_curve_secret_read) */
+    char router_key[41];     /* router.curve_public_key: the server key of the router link */
+    tdm_node_role_t role;    /* the node's role: a decode node's KV side is a server */
+    tdm_curve_peer_t *peers; /* decode nodes: [n_peers] the prefill nodes admitted on the KV
+                                endpoint, named by node id (strings borrowed from the config);
+                                NULL for prefill nodes */
+    size_t n_peers;
+} tdm_node_keys_t;
+
+/* Loads node `node`'s keys into *k (previous contents ignored) when CURVE is on, and checks
+ * that a decode node may bind its kv_endpoint (tdm_config_bind_check, guard CURVE). The
+ * strings of cfg must outlive *k. Returns 0; with *err set: what tdm_curve_secret_read
+ * returns for the node's secret key file (the message names nodes[i].curve_secret_key_file
+ * and the path), TDM_EPRECONDITION (insecure bind), TDM_ERESOURCE. On error *k holds nothing
+ * to close; on success release it with tdm_node_keys_close. */
+int tdm_node_keys_open(tdm_node_keys_t *k, const tdm_config_t *cfg, const tdm_node_config_t *node,
+                       tdm_error_t *err);
+
+/* Wipes the secret and frees the peer list; zeroes *k. NULL-safe. */
+void tdm_node_keys_close(tdm_node_keys_t *k);
+
+/* The keys of the link to the router (client: the node's pair; server: the router's key) in
+ * *out, or NULL when CURVE is off. *out points into k. Cannot fail. */
+const tdm_curve_keys_t *tdm_node_curve_router(const tdm_node_keys_t *k, tdm_curve_keys_t *out);
+
+/* The keys of the node's KV side in *out, or NULL when CURVE is off: a decode node's receiver
+ * (server: its own pair; clients: every prefill node's key), a prefill node's sender (client:
+ * its own pair; the receiver's key comes with each transfer, tdm_kv_send_req_t.server_key).
+ * *out points into k. Cannot fail. */
+const tdm_curve_keys_t *tdm_node_curve_kv(const tdm_node_keys_t *k, tdm_curve_keys_t *out);
+
 /* ---- runtime ---- */
 
 typedef struct tdm_node_runtime {
@@ -43,12 +82,14 @@ typedef struct tdm_node_runtime {
     uint32_t n_vocab;
     uint64_t fingerprint;                           /* tdm_model_fingerprint */
     uint64_t weight_bytes, scratch_bytes, kv_bytes; /* the budget's split */
+    tdm_node_keys_t keys; /* the node's CURVE keys, loaded before the model */
 } tdm_node_runtime_t;
 
 /* Context length every node and the router use for model hparams hp. */
 uint32_t tdm_node_n_ctx(const tdm_llama_hparams_t *hp);
 
-/* Opens the runtime of node `node` of cluster cfg: loads cfg->model.path, sizes the KV pool
+/* Opens the runtime of node `node` of cluster cfg: loads its CURVE keys (tdm_node_keys_open,
+ * first, so that a bad key file fails at once), loads cfg->model.path, sizes the KV pool
  * as (memory_budget - weight bytes - engine scratch bytes) / block bytes (tdm_kv_block_bytes:
  * the same sizing function as `tandem kvcalc`), creates the engine (node->threads,
  * node->max_batch_tokens rows, node->max_running logit rows) and a worker in `mode`.
@@ -83,7 +124,8 @@ typedef enum tdm_node_link_state {
 typedef struct tdm_node_link_opts {
     const char *router_endpoint;            /* router.node_endpoint */
     const tdm_curve_keys_t *curve;          /* NULL: plain TCP */
-    const Tandem__V1__RegisterRequest *reg; /* packed and kept; node_id is the DEALER identity */
+    const Tandem__V1__RegisterRequest *reg; /* packed and kept; the DEALER identity is
+                                               "<node_id>.<instance_id as 16 hex digits>" */
     const tdm_logger_t *log;
     const tdm_node_load_t *initial_load; /* what the first heartbeats say until the engine
                                             publishes (NULL: zeros, i.e. no free blocks) */
@@ -111,6 +153,18 @@ void tdm_node_link_set_load(tdm_node_link_t *l, const tdm_node_load_t *load);
 /* The registration state; with REJECTED, msg (cap bytes) gets the router's reason. */
 tdm_node_link_state_t tdm_node_link_state(tdm_node_link_t *l, char *msg, size_t cap);
 
+/* The instance id of the router this node is registered with (RegisterAck), 0 before the
+ * first registration. When it changes the router restarted: work dispatched by an older
+ * instance is orphaned and the engine drops it. Thread-safe. */
+uint64_t tdm_node_link_router_instance(tdm_node_link_t *l);
+
+/* This node's instance id (random per start, never 0). */
+uint64_t tdm_node_link_instance(const tdm_node_link_t *l);
+
+/* Frames from the router the link dropped because they came from another router instance
+ * than the registered one. Thread-safe. */
+uint64_t tdm_node_link_stale_frames(tdm_node_link_t *l);
+
 /* Fills a load from a worker and pool. */
 void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm_node_load_t *out);
 
@@ -122,12 +176,10 @@ void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm
 const tdm_node_config_t *tdm_node_pick(const tdm_config_t *cfg, const char *node_id,
                                        tdm_node_role_t role, tdm_error_t *err);
 
-/* The cluster's CURVE keys as a tdm_curve_keys_t in *keys, or NULL when CURVE is off. */
-const tdm_curve_keys_t *tdm_node_curve(const tdm_config_t *cfg, tdm_curve_keys_t *keys);
-
 /* Builds the node's RegisterRequest (id, role, version, model fingerprint, KV layout and
  * blocks, kv_endpoint (decode nodes; NULL otherwise), transports, device, limits, n_ctx, a
- * random instance id) and starts the link to cfg->router.node_endpoint. */
+ * random instance id) and starts the link to cfg->router.node_endpoint, over CURVE with
+ * rt->keys when CURVE is on. Logs a warning when security.insecure is true. */
 tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                      const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
                                      const char *kv_endpoint, const tdm_logger_t *log,
@@ -142,13 +194,31 @@ void tdm_node_link_flush(tdm_node_link_t *l);
 int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, uint32_t n_vocab,
                       tdm_sampling_params_t *out, tdm_error_t *err);
 
-/* Tells the router a request failed on this node (NOTIFY TaskFailed: status, message,
- * whether the router may re-dispatch it) and logs it as a warning under the request id. */
-void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const char *request_id,
+/* One dispatch attempt held by a node (docs/protocol.md "Identities"). The router's attempt id
+ * is the key of all node state: the worker's sequence id (key), the KV reservation and the
+ * transfer; the client's request id is only a label carried back on messages and logs, so a
+ * request id reused by a client can never reach another attempt's state. */
+typedef struct tdm_node_attempt {
+    uint64_t attempt_id;           /* never 0 */
+    uint64_t router_instance;      /* FrameHeader.instance_id of the router that dispatched it */
+    char key[17];                  /* "%016" PRIx64 of attempt_id: the worker request id */
+    char label[TDM_WORKER_ID_MAX]; /* the client's request id */
+} tdm_node_attempt_t;
+
+/* Fills *a from a task message's request_id and attempt_id and the frame's router instance.
+ * TDM_EINVALID naming the field when request_id is empty, too long or not printable ASCII,
+ * or attempt_id is 0. */
+int tdm_node_attempt_init(tdm_node_attempt_t *a, const char *request_id, uint64_t attempt_id,
+                          uint64_t router_instance, tdm_error_t *err);
+
+/* Tells the router attempt a failed on this node (NOTIFY TaskFailed: request and attempt,
+ * status, message, whether the router may re-dispatch it) and logs it as a warning under the
+ * request id. */
+void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_node_attempt_t *a,
                             int status, bool retryable, const char *msg);
 
-/* Sends a worker TOKEN event to the router as a TokenEvent (NOTIFY). */
-int tdm_node_send_token(tdm_sock_t *s, const tdm_worker_event_t *ev);
+/* Sends a worker TOKEN event of attempt a to the router as a TokenEvent (NOTIFY). */
+int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev);
 
 /* Answers a NODE_STATUS request with the node's live figures. */
 int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_config_t *node,

@@ -67,7 +67,10 @@ typedef struct tdm_kv_sender_opts {
     uint64_t model_fingerprint;    /* tdm_model_fingerprint of the served model */
     tdm_kv_backend_t backend;      /* tcp unless both ends have device pools */
     tdm_kv_memory_t memory;        /* zeroed: host pool */
-    const tdm_curve_keys_t *curve; /* NULL: plain TCP (the keys are copied) */
+    const tdm_curve_keys_t *curve; /* NULL: plain TCP (the keys are copied). CURVE: the
+                                      sender's own pair (client_public, client_secret) and
+                                      optionally a default receiver key (server_public) for
+                                      sends that give no server_key */
     int timeout_ms;                /* acknowledgement timeout per transfer; 0 = 10000 */
     const tdm_logger_t *log;       /* copied; NULL = stderr */
 } tdm_kv_sender_opts_t;
@@ -86,13 +89,17 @@ void tdm_kv_sender_destroy(tdm_kv_sender_t **self_p);
 
 /* One transfer to start. */
 typedef struct tdm_kv_send_req {
-    const char *request_id; /* < TDM_KV_REQUEST_ID_MAX bytes */
+    const char *request_id; /* < TDM_KV_REQUEST_ID_MAX bytes: the client's id, a label */
+    uint64_t attempt_id;    /* the router's dispatch attempt (KvTransfer.attempt_id): the
+                               key under which the decode node reserved the blocks */
     const char *endpoint;   /* the decode node's KV endpoint */
     const uint32_t *blocks; /* [n_blocks] pool block ids holding the KV, in token order */
     uint32_t n_blocks;      /* ceil(n_tokens / block_size) */
     uint32_t n_tokens;      /* tokens whose KV the blocks hold */
     int32_t first_token;    /* the token sampled at output index 0 */
     double prefill_s;       /* prefill compute time, reported to the decode node */
+    const char *server_key; /* CURVE: the decode node's public key (Z85), which the channel to
+                               endpoint authenticates; NULL: the sender's curve.server_public */
 } tdm_kv_send_req_t;
 
 /* Starts a transfer: references the blocks, computes their checksums, queues the message.
@@ -104,14 +111,16 @@ typedef struct tdm_kv_send_req {
 int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_t *transfer_id,
                        tdm_error_t *err);
 
-/* Cancels the transfers of request_id (a CANCEL goes to the receiver, which drops the
- * transfer if it has not acknowledged it). Each is then reported by tdm_kv_sender_poll with
- * TDM_ECANCELLED. Returns the number of transfers cancelled (0 when none). */
-int tdm_kv_sender_cancel(tdm_kv_sender_t *s, const char *request_id);
+/* Cancels the transfers of dispatch attempt attempt_id (a CANCEL goes to the receiver, which
+ * drops the transfer if it has not acknowledged it). Each is then reported by
+ * tdm_kv_sender_poll with TDM_ECANCELLED. Returns the number of transfers cancelled (0 when
+ * none). */
+int tdm_kv_sender_cancel(tdm_kv_sender_t *s, uint64_t attempt_id);
 
 /* The outcome of one transfer. */
 typedef struct tdm_kv_send_done {
     char request_id[TDM_KV_REQUEST_ID_MAX];
+    uint64_t attempt_id;
     uint64_t transfer_id;
     int status;                   /* 0 = acknowledged; else the receiver's rejection status,
                                      TDM_EDEADLINE (no acknowledgement in time: receiver gone),
@@ -137,11 +146,13 @@ uint32_t tdm_kv_sender_in_flight(const tdm_kv_sender_t *s);
 typedef struct tdm_kv_receiver_opts {
     const char *endpoint; /* ROUTER bind address, e.g. "tcp://127.0.0.1:7610" */
     const char *node_id;
-    uint64_t model_fingerprint; /* a transfer with another fingerprint is rejected */
-    tdm_kv_memory_t memory;     /* zeroed: host pool */
-    const tdm_curve_keys_t *curve;
-    int timeout_ms; /* nccl: how long recv waits for the blocks after saying
-                       go, and for a communicator to form; 0 = 10000 */
+    uint64_t model_fingerprint;    /* a transfer with another fingerprint is rejected */
+    tdm_kv_memory_t memory;        /* zeroed: host pool */
+    const tdm_curve_keys_t *curve; /* NULL: plain TCP. CURVE: the decode node's own pair
+                                      (server_public, server_secret) and the senders it admits
+                                      (clients[]: each prefill node's key, named by its id) */
+    int timeout_ms;                /* nccl: how long recv waits for the blocks after saying
+                                      go, and for a communicator to form; 0 = 10000 */
     const tdm_logger_t *log;
 } tdm_kv_receiver_opts_t;
 
@@ -158,16 +169,20 @@ void *tdm_kv_receiver_zsock(tdm_kv_receiver_t *r);
 /* The bound endpoint (with the real port for "tcp://…:*"). */
 const char *tdm_kv_receiver_endpoint(const tdm_kv_receiver_t *r);
 
-/* Asked by the receiver for the blocks reserved for request_id: sets *blocks (owned by the
- * caller, valid until the callback returns... and the transfer is processed) and *n_blocks
- * and returns 0, or returns a status to reject with (TDM_ENOTFOUND for an unknown or
- * cancelled request, TDM_ERESOURCE when no blocks can be had) and fills msg (cap bytes). */
-typedef int (*tdm_kv_lookup_fn)(void *user, const char *request_id, uint32_t n_tokens,
-                                const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap);
+/* Asked by the receiver for the blocks reserved for dispatch attempt attempt_id (request_id
+ * is the client's id, for messages): sets *blocks (owned by the caller, valid until the
+ * callback returns... and the transfer is processed) and *n_blocks and returns 0, or returns
+ * a status to reject with (TDM_ENOTFOUND for an unknown or cancelled attempt, TDM_ERESOURCE
+ * when no blocks can be had) and fills msg (cap bytes). Called only for a transfer whose
+ * header checksum and block checksums verified. */
+typedef int (*tdm_kv_lookup_fn)(void *user, const char *request_id, uint64_t attempt_id,
+                                uint32_t n_tokens, const uint32_t **blocks, uint32_t *n_blocks,
+                                char *msg, size_t cap);
 
 /* A processed transfer. */
 typedef struct tdm_kv_received {
     char request_id[TDM_KV_REQUEST_ID_MAX];
+    uint64_t attempt_id;
     uint64_t transfer_id;
     int status;                   /* 0 = accepted: the reserved blocks hold the KV */
     char message[TDM_ERRMSG_MAX]; /* why it was rejected */
@@ -199,6 +214,15 @@ int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn 
 
 /* Checksum of one block as carried in KvTransfer.checksums: XXH3_64bits over block_bytes. */
 uint64_t tdm_kv_block_checksum(const void *block, uint64_t block_bytes);
+
+/* KvTransfer.header_checksum of header h (docs/protocol.md "KV transfer integrity"): XXH3-64
+ * of a canonical little-endian encoding of every field but header_checksum itself (request
+ * and attempt ids, transfer id, token count, first token, layout, model fingerprint, block
+ * count and bytes, checksum kind, backend, sender, prefill time, ipc handles), then chained
+ * (XXH3_64bits_withSeed, the previous value as seed) over the block checksums and over the
+ * block offsets in order. The block checksums cover the bytes, so one value covers the whole
+ * transfer. Cannot fail. */
+uint64_t tdm_kv_header_checksum(const Tandem__V1__KvTransfer *h);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include <arpa/inet.h>
 #include <yaml.h>
 
 #define DEFAULT_CLIENT_ENDPOINT "tcp://127.0.0.1:7600"
@@ -217,6 +218,8 @@ static void node_free(tdm_node_config_t *node)
     free(node->endpoint);
     free(node->kv_endpoint);
     free(node->kv_advertise);
+    free(node->curve_public_key);
+    free(node->curve_secret_key_file);
     memset(node, 0, sizeof *node);
 }
 
@@ -233,10 +236,8 @@ void tdm_config_free(tdm_config_t *cfg)
     for (size_t i = 0; i < cfg->router.n_api_keys; i++)
         free(cfg->router.api_keys[i]);
     free(cfg->router.api_keys);
-    free(cfg->security.curve_server_public_key);
-    free(cfg->security.curve_server_secret_key);
-    free(cfg->security.curve_client_public_key);
-    free(cfg->security.curve_client_secret_key);
+    free(cfg->router.curve_public_key);
+    free(cfg->router.curve_secret_key_file);
     for (size_t i = 0; i < cfg->n_nodes; i++)
         node_free(&cfg->nodes[i]);
     free(cfg->nodes);
@@ -368,6 +369,26 @@ const tdm_node_config_t *tdm_config_find_node(const tdm_config_t *cfg, const cha
     return NULL;
 }
 
+/* Constant-time comparison of a presented key with a configured one (length aside). */
+static bool api_key_equal(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char diff = (unsigned char)(la != lb);
+    for (size_t i = 0; i < la; i++)
+        diff |= (unsigned char)(a[i] ^ b[i % (lb ? lb : 1)]);
+    return diff == 0 && lb > 0;
+}
+
+bool tdm_config_api_key_ok(const tdm_router_config_t *router, const char *key)
+{
+    if (router->n_api_keys == 0)
+        return true;
+    bool ok = false;
+    for (size_t i = 0; key && i < router->n_api_keys; i++)
+        ok |= api_key_equal(key, router->api_keys[i]);
+    return ok;
+}
+
 const char *tdm_config_router_advertise(const tdm_config_t *cfg)
 {
     return cfg->router.node_advertise ? cfg->router.node_advertise : cfg->router.node_endpoint;
@@ -378,6 +399,97 @@ const char *tdm_config_kv_advertise(const tdm_node_config_t *node)
     if (node->role != TDM_NODE_ROLE_DECODE)
         return NULL;
     return node->kv_advertise ? node->kv_advertise : node->kv_endpoint;
+}
+
+bool tdm_config_curve_on(const tdm_config_t *cfg)
+{
+    return cfg && cfg->router.curve_public_key != NULL;
+}
+
+bool tdm_config_address_is_loopback(const char *address)
+{
+    if (!address)
+        return false;
+    if (strncmp(address, "inproc://", 9) == 0 || strncmp(address, "ipc://", 6) == 0)
+        return true;
+    char host[256];
+    const char *h = address;
+    size_t n = strlen(address);
+    if (strncmp(address, "tcp://", 6) == 0) {
+        h = address + 6;
+        const char *colon = strrchr(h, ':');
+        if (!colon)
+            return false;
+        n = (size_t)(colon - h);
+        if (memchr(h, ';', n)) /* "tcp://src;dst" names a source address: not a bind */
+            return false;
+    }
+    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
+        h++;
+        n -= 2;
+    }
+    if (n == 0 || n >= sizeof host)
+        return false;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    if (strcasecmp(host, "localhost") == 0)
+        return true;
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (inet_pton(AF_INET, host, &v4) == 1)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &v6) == 1)
+        return memcmp(&v6, &in6addr_loopback, sizeof v6) == 0;
+    return false;
+}
+
+int tdm_config_bind_check(const tdm_config_t *cfg, const char *key, const char *address,
+                          tdm_bind_guard_t guard, tdm_error_t *err)
+{
+    if (tdm_config_address_is_loopback(address) || cfg->security.insecure)
+        return TDM_OK;
+    if (guard == TDM_BIND_GUARD_CURVE && !tdm_config_curve_on(cfg))
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "%s %s is not a loopback address and CURVE is off, so anyone who "
+                             "can reach it could pose as a node: give the router and every node "
+                             "its key pair (router.curve_public_key / curve_secret_key_file, "
+                             "nodes[].curve_public_key / curve_secret_key_file; tandem keys "
+                             "generate writes them), bind a loopback address, or set "
+                             "security.insecure: true on a network you trust",
+                             key, address ? address : "(none)");
+    if (guard == TDM_BIND_GUARD_API_KEYS && cfg->router.n_api_keys == 0)
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "%s %s is not a loopback address and router.api_keys is empty, so "
+                             "anyone who can reach it could use the cluster: set "
+                             "router.api_keys, bind a loopback address, or set "
+                             "security.insecure: true on a network you trust",
+                             key, address ? address : "(none)");
+    return TDM_OK;
+}
+
+size_t tdm_config_bind_problems(const tdm_config_t *cfg, tdm_error_t *errs, size_t cap)
+{
+    size_t n = 0;
+    const tdm_router_config_t *r = &cfg->router;
+    if (n < cap && tdm_config_bind_check(cfg, "router.client_endpoint", r->client_endpoint,
+                                         TDM_BIND_GUARD_API_KEYS, &errs[n]) != TDM_OK)
+        n++;
+    if (n < cap && tdm_config_bind_check(cfg, "router.node_endpoint", r->node_endpoint,
+                                         TDM_BIND_GUARD_CURVE, &errs[n]) != TDM_OK)
+        n++;
+    if (n < cap && tdm_config_bind_check(cfg, "router.http_address",
+                                         r->http_address ? r->http_address : "127.0.0.1",
+                                         TDM_BIND_GUARD_API_KEYS, &errs[n]) != TDM_OK)
+        n++;
+    for (size_t i = 0; i < cfg->n_nodes && n < cap; i++) {
+        const tdm_node_config_t *node = &cfg->nodes[i];
+        char key[64];
+        snprintf(key, sizeof key, "nodes[%zu].kv_endpoint", i);
+        if (node->kv_endpoint && tdm_config_bind_check(cfg, key, node->kv_endpoint,
+                                                       TDM_BIND_GUARD_CURVE, &errs[n]) != TDM_OK)
+            n++;
+    }
+    return n;
 }
 
 /* ---- the loader ---- */
@@ -402,7 +514,13 @@ typedef struct endpoint_ref {
 typedef struct node_marks {
     const yaml_node_t *id, *role, *endpoint, *kv_endpoint, *kv_advertise;
     const yaml_node_t *memory_budget, *gpu_memory_utilization;
+    const yaml_node_t *curve_public_key, *curve_secret_key_file;
 } node_marks_t;
+
+/* Where the router's CURVE keys were written, for the checks across sections. */
+typedef struct curve_marks {
+    const yaml_node_t *public_key, *secret_key_file;
+} curve_marks_t;
 
 static size_t line_of(const yaml_node_t *n)
 {
@@ -722,6 +840,29 @@ static int expand_home(loader_t *ld, char **path)
     return TDM_OK;
 }
 
+static bool z85_key_valid(const char *s)
+{
+    static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                              ".-:+=^!/*?&<>()[]{}@%$#";
+    return strlen(s) == CURVE_KEY_LEN && strspn(s, z85) == CURVE_KEY_LEN;
+}
+
+/* Reads an optional CURVE public key: null/"" give NULL, else 40 Z85 characters. */
+static int get_curve_key(loader_t *ld, const yaml_node_t *v, const char *key, char **out)
+{
+    int rc = get_string(ld, v, key, true, out);
+    if (rc == TDM_OK && *out && !z85_key_valid(*out)) {
+        size_t n = strlen(*out);
+        free(*out);
+        *out = NULL;
+        rc = fail(ld, v, key,
+                  "must be a %d-character Z85 CURVE public key (tandem keys generate writes "
+                  "one), got %zu characters",
+                  CURVE_KEY_LEN, n);
+    }
+    return rc;
+}
+
 static int parse_model(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
 {
     static const char *const known[] = {"path", "chat_template", "name", NULL};
@@ -789,11 +930,21 @@ static int parse_api_keys(loader_t *ld, const yaml_node_t *v, tdm_router_config_
 }
 
 static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
-                        endpoint_ref_t *eps)
+                        endpoint_ref_t *eps, curve_marks_t *cm)
 {
-    static const char *const known[] = {
-        "client_endpoint", "node_endpoint", "node_advertise",    "http_address", "http_port",
-        "prefill_policy",  "max_queue",     "request_timeout_s", "api_keys",     NULL};
+    static const char *const known[] = {"client_endpoint",
+                                        "node_endpoint",
+                                        "node_advertise",
+                                        "http_address",
+                                        "http_port",
+                                        "prefill_policy",
+                                        "max_queue",
+                                        "request_timeout_s",
+                                        "api_keys",
+                                        "public_metrics",
+                                        "curve_public_key",
+                                        "curve_secret_key_file",
+                                        NULL};
     tdm_router_config_t *r = &cfg->router;
     int rc = check_mapping(ld, map, "router", known);
     FOR_EACH_PAIR(ld, map, p)
@@ -829,6 +980,16 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
                 !(r->request_timeout_s > 0 && r->request_timeout_s <= MAX_REQUEST_TIMEOUT_S))
                 rc = fail(ld, v, key, "must be more than 0 and at most %g seconds, got %s",
                           MAX_REQUEST_TIMEOUT_S, scalar_text(v));
+        } else if (strcmp(name, "public_metrics") == 0) {
+            rc = get_bool(ld, v, key, &r->public_metrics);
+        } else if (strcmp(name, "curve_public_key") == 0) {
+            cm->public_key = v;
+            rc = get_curve_key(ld, v, key, &r->curve_public_key);
+        } else if (strcmp(name, "curve_secret_key_file") == 0) {
+            cm->secret_key_file = v;
+            rc = get_string(ld, v, key, true, &r->curve_secret_key_file);
+            if (rc == TDM_OK)
+                rc = expand_home(ld, &r->curve_secret_key_file);
         } else {
             rc = parse_api_keys(ld, v, r);
         }
@@ -888,50 +1049,35 @@ static int parse_log(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
     return rc;
 }
 
-static bool z85_key_valid(const char *s)
-{
-    static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                              ".-:+=^!/*?&<>()[]{}@%$#";
-    return strlen(s) == CURVE_KEY_LEN && strspn(s, z85) == CURVE_KEY_LEN;
-}
-
 static int parse_security(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
 {
-    static const char *const known[] = {"curve_server_public_key", "curve_server_secret_key",
-                                        "curve_client_public_key", "curve_client_secret_key", NULL};
-    char **slots[] = {
-        &cfg->security.curve_server_public_key, &cfg->security.curve_server_secret_key,
-        &cfg->security.curve_client_public_key, &cfg->security.curve_client_secret_key};
+    static const char *const known[] = {"insecure", NULL};
+    /* The four shared keys of earlier versions: refused with what replaced them. */
+    static const char *const removed[] = {"curve_server_public_key", "curve_server_secret_key",
+                                          "curve_client_public_key", "curve_client_secret_key"};
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        const yaml_node_t *k = node_at(ld, p->key);
+        for (size_t i = 0; k->type == YAML_SCALAR_NODE && i < N_OF(removed); i++) {
+            if (strcmp(scalar_text(k), removed[i]) != 0)
+                continue;
+            char key[KEY_MAX];
+            key_join(key, "security", removed[i]);
+            return fail(ld, k, key,
+                        "was removed: give the router its own pair in router.curve_public_key / "
+                        "router.curve_secret_key_file and each node its own in "
+                        "nodes[].curve_public_key / nodes[].curve_secret_key_file (tandem keys "
+                        "generate writes them)");
+        }
+    }
     int rc = check_mapping(ld, map, "security", known);
-    const yaml_node_t *first = NULL;
     FOR_EACH_PAIR(ld, map, p)
     {
         if (rc != TDM_OK)
             break;
-        const char *name = scalar_text(node_at(ld, p->key));
-        const yaml_node_t *v = node_at(ld, p->value);
-        char key[KEY_MAX];
-        key_join(key, "security", name);
-        size_t which = 0;
-        while (strcmp(known[which], name) != 0)
-            which++;
-        rc = get_string(ld, v, key, true, slots[which]);
-        if (rc == TDM_OK && *slots[which]) {
-            if (!z85_key_valid(*slots[which]))
-                rc = fail(ld, v, key,
-                          "must be a %d-character Z85 CURVE key (as zmq_curve_keypair makes), "
-                          "got %zu characters",
-                          CURVE_KEY_LEN, strlen(*slots[which]));
-            first = first ? first : v;
-        }
+        rc = get_bool(ld, node_at(ld, p->value), "security.insecure", &cfg->security.insecure);
     }
-    if (rc != TDM_OK || !first)
-        return rc;
-    for (size_t i = 0; i < N_OF(slots); i++)
-        if (!*slots[i])
-            return fail(ld, first, "security", "CURVE needs all four keys, security.%s is missing",
-                        known[i]);
-    return TDM_OK;
+    return rc;
 }
 
 static bool node_id_valid(const char *id)
@@ -959,6 +1105,8 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
                                         "gpu_memory_utilization",
                                         "max_batch_tokens",
                                         "max_running",
+                                        "curve_public_key",
+                                        "curve_secret_key_file",
                                         NULL};
     char path[KEY_MAX], key[KEY_MAX], got[96];
     snprintf(path, sizeof path, "nodes[%zu]", index);
@@ -1017,6 +1165,14 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
                 rc = fail(ld, v, key, "must be more than 0 and at most 1, got %s", scalar_text(v));
         } else if (strcmp(name, "max_batch_tokens") == 0) {
             rc = get_int(ld, v, key, 1, 1048576, &node->max_batch_tokens);
+        } else if (strcmp(name, "curve_public_key") == 0) {
+            m->curve_public_key = v;
+            rc = get_curve_key(ld, v, key, &node->curve_public_key);
+        } else if (strcmp(name, "curve_secret_key_file") == 0) {
+            m->curve_secret_key_file = v;
+            rc = get_string(ld, v, key, true, &node->curve_secret_key_file);
+            if (rc == TDM_OK)
+                rc = expand_home(ld, &node->curve_secret_key_file);
         } else {
             rc = get_int(ld, v, key, 1, 65536, &node->max_running);
         }
@@ -1146,6 +1302,70 @@ static int check_endpoints(loader_t *ld, tdm_config_t *cfg, endpoint_ref_t *eps,
     return TDM_OK;
 }
 
+/* CURVE is all or nothing: with router.curve_public_key set, the router and every node have a
+ * public key and a secret key file, and no two public keys are the same (a shared key would
+ * let one node pose as another); without it, no node has keys. marks is NULL for the default
+ * nodes, whose errors are reported at router.curve_public_key. */
+static int check_curve(loader_t *ld, const tdm_config_t *cfg, const curve_marks_t *cm,
+                       const node_marks_t *marks)
+{
+    char key[KEY_MAX];
+    const tdm_router_config_t *r = &cfg->router;
+    if (!r->curve_public_key) {
+        if (r->curve_secret_key_file)
+            return fail(ld, cm->secret_key_file, "router.curve_secret_key_file",
+                        "is set but router.curve_public_key is not; set both or neither");
+        for (size_t i = 0; marks && i < cfg->n_nodes; i++) {
+            const tdm_node_config_t *n = &cfg->nodes[i];
+            if (!n->curve_public_key && !n->curve_secret_key_file)
+                continue;
+            bool pub = n->curve_public_key != NULL;
+            snprintf(key, sizeof key, "nodes[%zu].%s", i,
+                     pub ? "curve_public_key" : "curve_secret_key_file");
+            return fail(ld, pub ? marks[i].curve_public_key : marks[i].curve_secret_key_file, key,
+                        "CURVE is off because router.curve_public_key is not set; give the "
+                        "router its pair too (tandem keys generate writes all of them)");
+        }
+        return TDM_OK;
+    }
+    if (!r->curve_secret_key_file)
+        return fail(ld, cm->public_key, "router.curve_secret_key_file",
+                    "is required with router.curve_public_key: the file holding the router's "
+                    "secret key");
+    for (size_t i = 0; i < cfg->n_nodes; i++) {
+        const tdm_node_config_t *n = &cfg->nodes[i];
+        const yaml_node_t *at = marks ? marks[i].id : cm->public_key;
+        if (!n->curve_public_key) {
+            snprintf(key, sizeof key, "nodes[%zu].curve_public_key", i);
+            return fail(ld, at, key,
+                        "node '%s' has no CURVE public key, but CURVE is on "
+                        "(router.curve_public_key is set): every node needs its own pair "
+                        "(tandem keys generate writes them)",
+                        n->id);
+        }
+        at = marks ? marks[i].curve_public_key : at;
+        if (!n->curve_secret_key_file) {
+            snprintf(key, sizeof key, "nodes[%zu].curve_secret_key_file", i);
+            return fail(ld, at, key,
+                        "is required with nodes[%zu].curve_public_key: the file holding node "
+                        "'%s''s secret key",
+                        i, n->id);
+        }
+        snprintf(key, sizeof key, "nodes[%zu].curve_public_key", i);
+        if (strcmp(n->curve_public_key, r->curve_public_key) == 0)
+            return fail(ld, at, key,
+                        "node '%s' has the router's public key; every node needs its own pair",
+                        n->id);
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(cfg->nodes[j].curve_public_key, n->curve_public_key) == 0)
+                return fail(ld, at, key,
+                            "duplicate CURVE public key: node '%s' has the same key as "
+                            "nodes[%zu] ('%s'); every node needs its own pair",
+                            n->id, j, cfg->nodes[j].id);
+    }
+    return TDM_OK;
+}
+
 static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
 {
     static const char *const known[] = {"model", "log", "router", "kv", "security", "nodes", NULL};
@@ -1160,6 +1380,7 @@ static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
     if ((rc = check_mapping(ld, root, "", known)) != TDM_OK)
         return rc;
     endpoint_ref_t router_eps[3] = {{0}};
+    curve_marks_t cm = {0};
     node_marks_t *marks = NULL;
     endpoint_ref_t *eps = NULL;
     bool nodes_given = false;
@@ -1170,7 +1391,7 @@ static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
         if (strcmp(name, "model") == 0) {
             rc = parse_model(ld, v, cfg);
         } else if (strcmp(name, "router") == 0) {
-            rc = parse_router(ld, v, cfg, router_eps);
+            rc = parse_router(ld, v, cfg, router_eps, &cm);
         } else if (strcmp(name, "kv") == 0) {
             rc = parse_kv(ld, v, cfg);
         } else if (strcmp(name, "log") == 0) {
@@ -1202,6 +1423,8 @@ static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
     eps[2].at = router_eps[2].at;
     rc = check_endpoints(ld, cfg, eps, marks);
     free(eps);
+    if (rc == TDM_OK)
+        rc = check_curve(ld, cfg, &cm, marks);
 out_free_marks:
     free(marks);
     return rc;
@@ -1334,7 +1557,6 @@ static void put_key_string(FILE *out, const char *indent, const char *key, const
 int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
 {
     const tdm_router_config_t *r = &cfg->router;
-    const tdm_security_config_t *s = &cfg->security;
     fprintf(out, "# Tandem cluster configuration, resolved (defaults included).\n");
     fprintf(out, "model:\n");
     put_key_string(out, "  ", "path", cfg->model.path);
@@ -1358,6 +1580,9 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
         put_string(out, r->api_keys[i]);
         fputc('\n', out);
     }
+    put_key_string(out, "  ", "curve_public_key", r->curve_public_key);
+    put_key_string(out, "  ", "curve_secret_key_file", r->curve_secret_key_file);
+    fprintf(out, "  public_metrics: %s\n", r->public_metrics ? "true" : "false");
     fprintf(out, "kv:\n");
     fprintf(out, "  block_size: %d\n", cfg->kv.block_size);
     fprintf(out, "  dtype: %s\n", tdm_kv_dtype_name(cfg->kv.dtype));
@@ -1365,10 +1590,7 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
     fprintf(out, "log:\n");
     fprintf(out, "  level: %s\n", tdm_log_level_name(cfg->log.level));
     fprintf(out, "security:\n");
-    put_key_string(out, "  ", "curve_server_public_key", s->curve_server_public_key);
-    put_key_string(out, "  ", "curve_server_secret_key", s->curve_server_secret_key);
-    put_key_string(out, "  ", "curve_client_public_key", s->curve_client_public_key);
-    put_key_string(out, "  ", "curve_client_secret_key", s->curve_client_secret_key);
+    fprintf(out, "  insecure: %s\n", cfg->security.insecure ? "true" : "false");
     fprintf(out, "nodes:\n");
     for (size_t i = 0; i < cfg->n_nodes; i++) {
         const tdm_node_config_t *node = &cfg->nodes[i];
@@ -1394,6 +1616,8 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
         }
         fprintf(out, "    max_batch_tokens: %d\n", node->max_batch_tokens);
         fprintf(out, "    max_running: %d\n", node->max_running);
+        put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
+        put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
     }
     if (fflush(out) != 0 || ferror(out))
         return TDM_EUNAVAILABLE;

@@ -161,6 +161,7 @@ tdm_net_verdict_t tdm_net_parse(const tdm_net_part_t *parts, size_t n_parts, siz
     f->method = (int)hd->method;
     f->call_id = hd->call_id;
     f->deadline_unix_ms = hd->deadline_unix_ms;
+    f->instance_id = hd->instance_id;
     int32_t wire_status = hd->status;
     uint32_t n_data = hd->n_data_frames;
     size_t msg_len = text_fit(hd->message, sizeof f->message);

@@ -1,19 +1,24 @@
 /* net.c - the ZeroMQ context of a process (tdm_net_t), its ZAP handler that admits only the
- * configured CURVE client key on each CURVE server socket, and the CURVE key helpers.
+ * configured CURVE client keys on each CURVE server socket, and the CURVE key helpers.
  *
  * ZAP (ZeroMQ RFC 27): libzmq asks the handler bound at inproc://zeromq.zap.01 of the
  * socket's context about every handshake on a socket that has a ZAP domain. Each CURVE
- * ROUTER gets its own domain ("tdm.<n>") registered here with the one client public key it
- * accepts; the handler answers 200 when the handshake's mechanism is CURVE and its key is
- * that key, 400 otherwise (also for a domain no socket holds any more). The handler thread
- * starts with the first CURVE bind and ends in tdm_net_destroy (zmq_ctx_shutdown makes its
+ * ROUTER gets its own domain ("tdm.<n>") registered here with the client public keys it
+ * accepts, each with a name; the handler answers 200 with that name as the User-Id when the
+ * handshake's mechanism is CURVE and its key is one of them, 400 otherwise (also for a domain
+ * no socket holds any more). libzmq attaches the User-Id to every message of the connection
+ * (zmq_msg_gets "User-Id"), which is how tdm_sock_recv fills tdm_frame_t.user_id. The handler
+ * thread starts with the first CURVE bind and ends in tdm_net_destroy (zmq_ctx_shutdown makes its
  * blocking receive return ETERM).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "net/net_internal.h"
 
@@ -22,7 +27,8 @@
 
 typedef struct zap_entry {
     char domain[TDM_NET_ZAP_DOMAIN_MAX];
-    uint8_t client_key[32];
+    tdm_net_zap_key_t *keys; /* [n_keys] admitted clients (owned) */
+    size_t n_keys;
     const tdm_logger_t *log;
 } zap_entry_t;
 
@@ -35,6 +41,7 @@ struct tdm_net {
     zap_entry_t *zap; /* [n_zap] CURVE server sockets and the key each admits */
     size_t n_zap, cap_zap;
     uint64_t next_domain;
+    uint64_t next_unique; /* tdm_net_unique */
 };
 
 tdm_net_t *tdm_net_new(int io_threads, tdm_error_t *err)
@@ -86,6 +93,8 @@ void tdm_net_destroy(tdm_net_t **self_p)
     }
     while (zmq_ctx_term(net->zctx) != 0 && errno == EINTR)
         ;
+    for (size_t i = 0; i < net->n_zap; i++)
+        free(net->zap[i].keys);
     free(net->zap);
     pthread_mutex_destroy(&net->lock);
     free(net);
@@ -96,6 +105,14 @@ void *tdm_net_zctx(tdm_net_t *net)
     return net->zctx;
 }
 
+uint64_t tdm_net_unique(tdm_net_t *net)
+{
+    pthread_mutex_lock(&net->lock);
+    uint64_t v = net->next_unique++;
+    pthread_mutex_unlock(&net->lock);
+    return v;
+}
+
 /* ---- ZAP handler ---- */
 
 static bool part_is(zmq_msg_t *m, const char *s)
@@ -104,8 +121,9 @@ static bool part_is(zmq_msg_t *m, const char *s)
     return zmq_msg_size(m) == n && memcmp(zmq_msg_data(m), s, n) == 0;
 }
 
-/* Decides one request: true to admit. Logs a refusal through the socket's logger. */
-static bool zap_decide(tdm_net_t *net, zmq_msg_t *p, size_t n, const char **why)
+/* Decides one request: true to admit, with the admitted key's name in user (cap
+ * TDM_NET_USER_ID_MAX). Logs a refusal through the socket's logger. */
+static bool zap_decide(tdm_net_t *net, zmq_msg_t *p, size_t n, const char **why, char *user)
 {
     *why = "malformed ZAP request";
     if (n < ZAP_PARTS || !part_is(&p[0], "1.0"))
@@ -135,13 +153,24 @@ static bool zap_decide(tdm_net_t *net, zmq_msg_t *p, size_t n, const char **why)
         *why = "CURVE required";
         tdm_log_write(e->log, TDM_LOG_WARN, NULL, NULL,
                       "refused a peer without CURVE security from %s", addr);
-    } else if (zmq_msg_size(&p[6]) != 32 || memcmp(zmq_msg_data(&p[6]), e->client_key, 32) != 0) {
-        *why = "client key not allowed";
-        tdm_log_write(e->log, TDM_LOG_WARN, NULL, NULL,
-                      "refused a CURVE client with an unknown public key from %s", addr);
     } else {
-        ok = true;
-        *why = "OK";
+        const tdm_net_zap_key_t *k = NULL;
+        for (size_t i = 0; zmq_msg_size(&p[6]) == 32 && i < e->n_keys && !k; i++)
+            if (memcmp(zmq_msg_data(&p[6]), e->keys[i].key, 32) == 0)
+                k = &e->keys[i];
+        if (!k) {
+            char z85[41] = "?";
+            if (zmq_msg_size(&p[6]) == 32)
+                zmq_z85_encode(z85, zmq_msg_data(&p[6]), 32);
+            *why = "client key not allowed";
+            tdm_log_write(e->log, TDM_LOG_WARN, NULL, NULL,
+                          "refused a CURVE client with an unknown public key %s from %s", z85,
+                          addr);
+        } else {
+            ok = true;
+            *why = "OK";
+            memcpy(user, k->name, TDM_NET_USER_ID_MAX);
+        }
     }
     pthread_mutex_unlock(&net->lock);
     return ok;
@@ -174,7 +203,8 @@ static void *zap_main(void *arg)
         }
         if (!term) {
             const char *why;
-            bool ok = zap_decide(net, p, n, &why);
+            char user[TDM_NET_USER_ID_MAX] = "";
+            bool ok = zap_decide(net, p, n, &why, user);
             const char *code = ok ? "200" : "400";
             /* reply: version, request id, status code, status text, user id, metadata */
             zmq_send(sock, "1.0", 3, ZMQ_SNDMORE);
@@ -184,7 +214,7 @@ static void *zap_main(void *arg)
                 zmq_send(sock, "", 0, ZMQ_SNDMORE);
             zmq_send(sock, code, 3, ZMQ_SNDMORE);
             zmq_send(sock, why, strlen(why), ZMQ_SNDMORE);
-            zmq_send(sock, ok ? "tandem" : "", ok ? 6 : 0, ZMQ_SNDMORE);
+            zmq_send(sock, user, strlen(user), ZMQ_SNDMORE);
             zmq_send(sock, "", 0, 0);
         }
         for (size_t i = 0; i < n; i++)
@@ -222,10 +252,15 @@ static int zap_start(tdm_net_t *net, tdm_error_t *err)
     return 0;
 }
 
-int tdm_net_zap_register(tdm_net_t *net, const uint8_t client_key[32], const tdm_logger_t *log,
-                         char domain[TDM_NET_ZAP_DOMAIN_MAX], tdm_error_t *err)
+int tdm_net_zap_register(tdm_net_t *net, const tdm_net_zap_key_t *keys, size_t n_keys,
+                         const tdm_logger_t *log, char domain[TDM_NET_ZAP_DOMAIN_MAX],
+                         tdm_error_t *err)
 {
     int rc = 0;
+    tdm_net_zap_key_t *copy = malloc((n_keys ? n_keys : 1) * sizeof *copy);
+    if (!copy)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    memcpy(copy, keys, n_keys * sizeof *copy);
     pthread_mutex_lock(&net->lock);
     if (!net->zap_running && (rc = zap_start(net, err)) != 0)
         goto out_unlock;
@@ -241,11 +276,14 @@ int tdm_net_zap_register(tdm_net_t *net, const uint8_t client_key[32], const tdm
     }
     zap_entry_t *e = &net->zap[net->n_zap++];
     snprintf(e->domain, sizeof e->domain, "tdm.%llu", (unsigned long long)net->next_domain++);
-    memcpy(e->client_key, client_key, 32);
+    e->keys = copy;
+    e->n_keys = n_keys;
+    copy = NULL;
     e->log = log;
     memcpy(domain, e->domain, sizeof e->domain);
 out_unlock:
     pthread_mutex_unlock(&net->lock);
+    free(copy);
     return rc;
 }
 
@@ -254,6 +292,7 @@ void tdm_net_zap_unregister(tdm_net_t *net, const char *domain)
     pthread_mutex_lock(&net->lock);
     for (size_t i = 0; i < net->n_zap; i++)
         if (strcmp(net->zap[i].domain, domain) == 0) {
+            free(net->zap[i].keys);
             net->zap[i] = net->zap[--net->n_zap];
             break;
         }
@@ -297,4 +336,90 @@ int tdm_curve_key_check(const char *text, const char *what, tdm_error_t *err)
                                  g + 1, g + 5);
     }
     return 0;
+}
+
+void tdm_curve_wipe(void *p, size_t n)
+{
+    volatile unsigned char *b = p; /* volatile stores: the compiler cannot drop them */
+    for (size_t i = 0; i < n; i++)
+        b[i] = 0;
+}
+
+int tdm_curve_secret_read(const char *path, const char *public_key, const char *what,
+                          char secret[41], tdm_error_t *err)
+{
+    secret[0] = '\0';
+    if (!what)
+        what = "CURVE secret key file";
+    if (!path || !*path)
+        return tdm_error_set(err, TDM_EINVALID, "%s is not set", what);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return tdm_error_set(err, e == ENOENT ? TDM_ENOTFOUND : TDM_EUNAVAILABLE,
+                             "%s %s: cannot open: %s", what, path, strerror(e));
+    }
+    int rc = 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = tdm_error_set(err, TDM_EUNAVAILABLE, "%s %s: %s", what, path, strerror(errno));
+        goto out_close;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        rc = tdm_error_set(err, TDM_EINVALID, "%s %s: not a regular file", what, path);
+        goto out_close;
+    }
+    if (st.st_mode & 077) {
+        rc = tdm_error_set(err, TDM_EPRECONDITION,
+                           "%s %s: mode %04o lets group or others read the secret key; only "
+                           "its owner may (chmod 600 %s)",
+                           what, path, (unsigned)(st.st_mode & 07777), path);
+        goto out_close;
+    }
+    char buf[48];
+    ssize_t n;
+    do
+        n = read(fd, buf, sizeof buf);
+    while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        rc = tdm_error_set(err, TDM_EUNAVAILABLE, "%s %s: %s", what, path, strerror(errno));
+        goto out_close;
+    }
+    size_t len = (size_t)n;
+    if (len > 0 && buf[len - 1] == '\n')
+        len--;
+    if (len > 0 && buf[len - 1] == '\r')
+        len--;
+    if (len != 40 || memchr(buf, '\0', len)) {
+        rc = tdm_error_set(err, TDM_EINVALID,
+                           "%s %s: must hold one 40-character Z85 CURVE secret key (tandem "
+                           "keys generate writes one)%s",
+                           what, path, (size_t)n == sizeof buf ? ", the file is longer" : "");
+        goto out_close;
+    }
+    char key[41], derived[41];
+    memcpy(key, buf, 40);
+    key[40] = '\0';
+    char label[TDM_ERRMSG_MAX / 2];
+    snprintf(label, sizeof label, "%s %s", what, path);
+    if ((rc = tdm_curve_key_check(key, label, err)) != 0)
+        goto out_wipe;
+    if (zmq_curve_public(derived, key) != 0) {
+        rc = tdm_error_set(err, TDM_EPRECONDITION, "%s: libzmq was built without CURVE", what);
+        goto out_wipe;
+    }
+    if (!public_key || strcmp(derived, public_key) != 0) {
+        rc = tdm_error_set(err, TDM_EINVALID,
+                           "%s %s: this secret key belongs to the public key %s, not to the "
+                           "configured %s",
+                           what, path, derived, public_key ? public_key : "(none)");
+        goto out_wipe;
+    }
+    memcpy(secret, key, 41);
+out_wipe:
+    tdm_curve_wipe(key, sizeof key);
+    tdm_curve_wipe(buf, sizeof buf);
+out_close:
+    close(fd);
+    return rc;
 }

@@ -74,13 +74,21 @@ void tdm_net_frame_reset_fields(tdm_frame_t *f);
 
 #define TDM_NET_ZAP_DOMAIN_MAX 32 /* bytes of a ZAP domain with its NUL */
 
-/* Registers a CURVE server socket that admits only the client whose 32-byte public key is
- * client_key, starting the context's ZAP handler on first use; writes the ZAP domain the
- * socket must set (ZMQ_ZAP_DOMAIN) to domain. Refusals are logged through log (may be NULL;
- * must outlive the registration). Returns 0, TDM_EPRECONDITION (another ZAP handler holds
- * the context's ZAP endpoint), TDM_ERESOURCE. */
-int tdm_net_zap_register(tdm_net_t *net, const uint8_t client_key[32], const tdm_logger_t *log,
-                         char domain[TDM_NET_ZAP_DOMAIN_MAX], tdm_error_t *err);
+/* One admitted client key of a CURVE server socket and the User-Id its connections get. */
+typedef struct tdm_net_zap_key {
+    uint8_t key[32];                /* the client's public key, decoded */
+    char name[TDM_NET_USER_ID_MAX]; /* answered as the ZAP User-Id */
+} tdm_net_zap_key_t;
+
+/* Registers a CURVE server socket that admits only the clients whose 32-byte public keys are
+ * in keys[0 .. n_keys) (copied; none: nobody), starting the context's ZAP handler on first use;
+ * writes the ZAP domain the socket must set (ZMQ_ZAP_DOMAIN) to domain. A handshake with
+ * keys[i].key is answered 200 with User-Id keys[i].name. Refusals are logged through log (may
+ * be NULL; must outlive the registration). Returns 0, TDM_EPRECONDITION (another ZAP handler
+ * holds the context's ZAP endpoint), TDM_ERESOURCE. */
+int tdm_net_zap_register(tdm_net_t *net, const tdm_net_zap_key_t *keys, size_t n_keys,
+                         const tdm_logger_t *log, char domain[TDM_NET_ZAP_DOMAIN_MAX],
+                         tdm_error_t *err);
 
 /* Forgets a domain: later handshakes on it are refused. Cannot fail. */
 void tdm_net_zap_unregister(tdm_net_t *net, const char *domain);

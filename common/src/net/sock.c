@@ -27,11 +27,15 @@ struct tdm_sock {
     char endpoint[SOCK_ENDPOINT_MAX];
     char zap_domain[TDM_NET_ZAP_DOMAIN_MAX]; /* "" when not a CURVE server */
     const tdm_logger_t *log;
+    uint64_t instance_id; /* stamped into every header sent */
     tdm_sock_stats_t stats;
     char errmsg[TDM_ERRMSG_MAX];
     zmq_msg_t *scratch;    /* [scratch_cap] parts of the message being received */
     tdm_net_part_t *views; /* [scratch_cap] their bytes, for tdm_net_parse */
     size_t scratch_cap;
+    void *monitor;    /* watch_handshake: PAIR receiving the socket's handshake events */
+    bool hs_failed;   /* the last handshake event was a failure */
+    char hs_why[160]; /* what it said */
 };
 
 static void set_errmsg(tdm_sock_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -66,7 +70,57 @@ static const char *peer_str(const uint8_t *peer, size_t len, char *buf, size_t c
 
 static bool curve_none(const tdm_curve_keys_t *k)
 {
-    return !k || (!k->server_public && !k->server_secret && !k->client_public && !k->client_secret);
+    return !k || (!k->server_public && !k->server_secret && !k->client_public &&
+                  !k->client_secret && k->n_clients == 0);
+}
+
+/* The ZAP table of a CURVE server's admitted clients: k->clients, or client_public named
+ * "tandem" when there are none (neither: nobody is admitted). Returns a malloc'ed array of *n
+ * entries (caller frees) or NULL with *err set (TDM_EINVALID naming the bad key or name,
+ * TDM_ERESOURCE). */
+static tdm_net_zap_key_t *server_clients(const tdm_curve_keys_t *k, size_t *n, tdm_error_t *err)
+{
+    static const char *const legacy_name = "tandem";
+    tdm_curve_peer_t legacy = {k->client_public, legacy_name};
+    const tdm_curve_peer_t *list = k->n_clients ? k->clients : &legacy;
+    size_t count = k->n_clients ? k->n_clients : k->client_public ? 1 : 0;
+    if (k->n_clients && !k->clients) {
+        tdm_error_set(err, TDM_EINVALID, "curve.clients: NULL with n_clients %zu", k->n_clients);
+        return NULL;
+    }
+    tdm_net_zap_key_t *out = calloc(count ? count : 1, sizeof *out);
+    if (!out) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) {
+        char what[64];
+        if (k->n_clients)
+            snprintf(what, sizeof what, "curve.clients[%zu]", i);
+        else
+            snprintf(what, sizeof what, "curve.client_public");
+        const char *name = list[i].name;
+        if (tdm_curve_key_check(list[i].public_key, what, err))
+            goto out_free;
+        if (!name || !*name || strlen(name) >= TDM_NET_USER_ID_MAX) {
+            tdm_error_set(err, TDM_EINVALID, "%s: the name must be 1..%u bytes", what,
+                          TDM_NET_USER_ID_MAX - 1);
+            goto out_free;
+        }
+        zmq_z85_decode(out[i].key, list[i].public_key);
+        memcpy(out[i].name, name, strlen(name) + 1);
+        for (size_t j = 0; j < i; j++)
+            if (memcmp(out[j].key, out[i].key, 32) == 0) {
+                tdm_error_set(err, TDM_EINVALID, "%s: the same public key as curve.clients[%zu]",
+                              what, j);
+                goto out_free;
+            }
+    }
+    *n = count;
+    return out;
+out_free:
+    free(out);
+    return NULL;
 }
 
 /* Checks that public matches secret (both valid Z85 keys). */
@@ -111,6 +165,7 @@ static tdm_sock_t *sock_new(tdm_net_t *net, int type, const char *endpoint,
     s->net = net;
     s->router = type == ZMQ_ROUTER;
     s->log = opts->log;
+    s->instance_id = opts->instance_id;
     s->sndhwm = opts->sndhwm > 0 ? opts->sndhwm : 10000;
     snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
     s->zs = zmq_socket(tdm_net_zctx(net), type);
@@ -120,9 +175,12 @@ static tdm_sock_t *sock_new(tdm_net_t *net, int type, const char *endpoint,
     }
     int hb = opts->heartbeat_ms == 0 ? 1000 : opts->heartbeat_ms;
     int64_t maxmsg = TDM_NET_MAX_DATA_BYTES; /* the largest part we accept */
+    /* an IPv6 literal ("tcp://[::1]:7601") needs ZMQ_IPV6; IPv4 endpoints keep v4 only */
+    bool ipv6 = strncmp(endpoint, "tcp://[", 7) == 0;
     if (setopt_int(s->zs, ZMQ_LINGER, 0, "linger", err) ||
         setopt_int(s->zs, ZMQ_SNDHWM, s->sndhwm, "sndhwm", err) ||
-        setopt_int(s->zs, ZMQ_RCVHWM, s->sndhwm, "rcvhwm", err))
+        setopt_int(s->zs, ZMQ_RCVHWM, s->sndhwm, "rcvhwm", err) ||
+        (ipv6 && setopt_int(s->zs, ZMQ_IPV6, 1, "ipv6", err)))
         goto out_close;
     if (zmq_setsockopt(s->zs, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
         tdm_error_set(err, TDM_EINVALID, "maxmsgsize: %s", zmq_strerror(errno));
@@ -151,30 +209,34 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
                           tdm_error_t *err)
 {
     const tdm_curve_keys_t *k = opts ? opts->curve : NULL;
-    uint8_t client_key[32];
+    tdm_net_zap_key_t *clients = NULL;
+    size_t n_clients = 0;
     if (!curve_none(k)) {
-        if (tdm_curve_key_check(k->server_secret, "curve.server_secret", err) ||
-            tdm_curve_key_check(k->client_public, "curve.client_public", err))
+        if (tdm_curve_key_check(k->server_secret, "curve.server_secret", err))
             return NULL;
         if (k->server_public &&
             (tdm_curve_key_check(k->server_public, "curve.server_public", err) ||
              check_pair(k->server_public, k->server_secret, "curve.server_public", err)))
             return NULL;
-        if (!zmq_z85_decode(client_key, k->client_public)) {
-            tdm_error_set(err, TDM_EINVALID, "curve.client_public: not a Z85 key");
+        if (!(clients = server_clients(k, &n_clients, err)))
             return NULL;
-        }
     }
     tdm_sock_t *s = sock_new(net, ZMQ_ROUTER, endpoint, opts, err);
-    if (!s)
+    if (!s) {
+        free(clients);
         return NULL;
+    }
     /* unroutable sends fail (EHOSTUNREACH) instead of vanishing; a peer that reconnects with
      * the same routing id (a restarted node) takes the id over from its dead connection */
+    bool handover = !(opts && opts->no_handover);
     if (setopt_int(s->zs, ZMQ_ROUTER_MANDATORY, 1, "router_mandatory", err) ||
-        setopt_int(s->zs, ZMQ_ROUTER_HANDOVER, 1, "router_handover", err))
+        setopt_int(s->zs, ZMQ_ROUTER_HANDOVER, handover ? 1 : 0, "router_handover", err))
         goto out_destroy;
     if (!curve_none(k)) {
-        if (tdm_net_zap_register(net, client_key, s->log, s->zap_domain, err) != 0)
+        int zrc = tdm_net_zap_register(net, clients, n_clients, s->log, s->zap_domain, err);
+        free(clients);
+        clients = NULL;
+        if (zrc != 0)
             goto out_destroy;
         if (zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, s->zap_domain, strlen(s->zap_domain)) != 0 ||
             setopt_int(s->zs, ZMQ_CURVE_SERVER, 1, "curve_server", err) ||
@@ -183,7 +245,14 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
             goto out_destroy;
         }
     }
-    if (zmq_bind(s->zs, endpoint) != 0) {
+    /* libzmq binds an interface name or an address; "localhost" is neither to it */
+    char local[SOCK_ENDPOINT_MAX];
+    const char *bind_ep = endpoint;
+    if (strncmp(endpoint, "tcp://localhost:", 16) == 0) {
+        snprintf(local, sizeof local, "tcp://127.0.0.1:%s", endpoint + 16);
+        bind_ep = local;
+    }
+    if (zmq_bind(s->zs, bind_ep) != 0) {
         int e = errno;
         tdm_error_set(err, e == EADDRINUSE ? TDM_EUNAVAILABLE : TDM_EINVALID, "bind %s: %s",
                       endpoint, zmq_strerror(e));
@@ -195,6 +264,7 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
     return s;
 
 out_destroy:
+    free(clients);
     tdm_sock_destroy(&s);
     return NULL;
 }
@@ -235,6 +305,23 @@ tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_soc
         tdm_error_set(err, TDM_EINVALID, "CURVE client options: %s", zmq_strerror(errno));
         goto out_destroy;
     }
+    if (opts && opts->watch_handshake) {
+        /* libzmq reports every handshake's outcome to a monitor (zmq_socket_monitor(3)) */
+        char mep[64];
+        snprintf(mep, sizeof mep, "inproc://tdm-handshake-%llu",
+                 (unsigned long long)tdm_net_unique(net));
+        int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+        int zero = 0;
+        if (zmq_socket_monitor(s->zs, mep, events) != 0 ||
+            !(s->monitor = zmq_socket(tdm_net_zctx(net), ZMQ_PAIR)) ||
+            zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+            zmq_connect(s->monitor, mep) != 0) {
+            tdm_error_set(err, TDM_EINTERNAL, "handshake monitor of %s: %s", endpoint,
+                          zmq_strerror(errno));
+            goto out_destroy;
+        }
+    }
     if (zmq_connect(s->zs, endpoint) != 0) {
         tdm_error_set(err, TDM_EINVALID, "connect %s: %s", endpoint, zmq_strerror(errno));
         goto out_destroy;
@@ -252,12 +339,67 @@ void tdm_sock_destroy(tdm_sock_t **self_p)
         return;
     tdm_sock_t *s = *self_p;
     *self_p = NULL;
+    if (s->monitor) {
+        zmq_socket_monitor(s->zs, NULL, 0);
+        zmq_close(s->monitor);
+    }
     zmq_close(s->zs);
     if (s->zap_domain[0])
         tdm_net_zap_unregister(s->net, s->zap_domain);
     free(s->scratch);
     free(s->views);
     free(s);
+}
+
+int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap)
+{
+    if (!s || !s->monitor)
+        return TDM_OK;
+    for (;;) {
+        zmq_msg_t ev, ep;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, s->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            break;
+        }
+        /* an event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint */
+        uint16_t event = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+        }
+        bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) {
+            zmq_msg_init(&ep);
+            zmq_msg_recv(&ep, s->monitor, ZMQ_DONTWAIT);
+            zmq_msg_close(&ep);
+        }
+        switch (event) {
+        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: s->hs_failed = false; break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+            s->hs_failed = true;
+            snprintf(s->hs_why, sizeof s->hs_why,
+                     "the peer refused this daemon's CURVE key (ZAP status %u): it does not admit "
+                     "this public key",
+                     value);
+            break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            s->hs_failed = true;
+            snprintf(s->hs_why, sizeof s->hs_why,
+                     "the CURVE handshake failed: the peer's public key is not the one "
+                     "configured for it (or it does not speak CURVE)");
+            break;
+        default: break;
+        }
+    }
+    if (!s->hs_failed)
+        return TDM_OK;
+    if (why && cap)
+        snprintf(why, cap, "%s", s->hs_why);
+    return TDM_EUNAUTHENTICATED;
 }
 
 void *tdm_sock_zsock(tdm_sock_t *s)
@@ -386,6 +528,7 @@ int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m)
     h.deadline_unix_ms = m->deadline_unix_ms;
     h.api_key = (char *)(uintptr_t)(m->api_key ? m->api_key : "");
     h.n_data_frames = m->n_data;
+    h.instance_id = s->instance_id;
     uint8_t hbuf[TDM_NET_MAX_HEADER_BYTES];
     size_t hlen = tandem__v1__frame_header__get_packed_size(&h);
     if (hlen > sizeof hbuf) { /* cannot happen with the limits above; checked all the same */
@@ -636,6 +779,21 @@ static bool frame_take(tdm_sock_t *s, size_t n, const tdm_net_layout_t *lay, tdm
     return true;
 }
 
+/* Copies the ZAP User-Id of the message's connection into f->user_id ("" without one: no
+ * CURVE). The header part came from the peer, so it carries the connection's metadata. */
+static void frame_user_id(tdm_sock_t *s, const tdm_net_layout_t *lay, tdm_frame_t *f)
+{
+    f->user_id[0] = '\0';
+    if (!s->zap_domain[0])
+        return;
+    const char *uid = zmq_msg_gets(&s->scratch[lay->header], "User-Id");
+    if (uid) {
+        size_t n = tdm_net_text_fit(uid, sizeof f->user_id);
+        memcpy(f->user_id, uid, n);
+        f->user_id[n] = '\0';
+    }
+}
+
 /* Answers or drops a refused message and logs it. */
 static void refuse(tdm_sock_t *s, tdm_frame_t *f, tdm_net_verdict_t v, const tdm_error_t *why)
 {
@@ -709,6 +867,8 @@ int tdm_sock_recv(tdm_sock_t *s, tdm_frame_t *f, int timeout_ms)
         tdm_net_layout_t lay;
         tdm_error_t why;
         tdm_net_verdict_t v = tdm_net_parse(s->views, n, total, s->router, f, &lay, &why);
+        if (v == TDM_NET_ACCEPT)
+            frame_user_id(s, &lay, f);
         if (v == TDM_NET_ACCEPT && !frame_take(s, n, &lay, f)) {
             tdm_error_set(&why, TDM_ERESOURCE, "out of memory for a message of %zu parts", n);
             v = f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST ? TDM_NET_REJECT

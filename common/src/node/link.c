@@ -31,6 +31,10 @@ struct tdm_node_link {
     uint8_t *reg; /* packed RegisterRequest */
     size_t reg_len;
     char node_id[TDM_NODE_ID_MAX + 1];
+    char identity[TDM_NODE_ID_MAX + 18]; /* DEALER routing id: "<node id>.<instance hex>" */
+    uint64_t instance;                   /* this node's instance id */
+    _Atomic uint64_t router_instance;    /* the registered router's instance; 0 = none yet */
+    _Atomic uint64_t stale_frames;       /* frames of another router instance, dropped */
 
     pthread_t thread;
     bool thread_started;
@@ -48,6 +52,8 @@ struct tdm_node_link {
     double last_heartbeat, last_router_reply;
     uint32_t hb_interval_ms, hb_timeout_ms;
     bool router_lost_logged;
+    char router_ep[256];
+    double last_quiet_log; /* when "still no answer" / handshake failures were last logged */
 };
 
 static void set_state(tdm_node_link_t *l, tdm_node_link_state_t st, const char *msg)
@@ -79,6 +85,21 @@ void tdm_node_link_set_load(tdm_node_link_t *l, const tdm_node_load_t *load)
 tdm_sock_t *tdm_node_link_sock(tdm_node_link_t *l)
 {
     return l->engine;
+}
+
+uint64_t tdm_node_link_router_instance(tdm_node_link_t *l)
+{
+    return atomic_load(&l->router_instance);
+}
+
+uint64_t tdm_node_link_instance(const tdm_node_link_t *l)
+{
+    return l->instance;
+}
+
+uint64_t tdm_node_link_stale_frames(tdm_node_link_t *l)
+{
+    return atomic_load(&l->stale_frames);
 }
 
 /* Sends a REQUEST with a pre-packed body (the registration). */
@@ -120,6 +141,7 @@ static void send_heartbeat(tdm_node_link_t *l)
     hb.prefix_queries = ld.prefix_queries;
     hb.prefix_hits = ld.prefix_hits;
     hb.batch_size = ld.batch_size;
+    hb.instance_id = l->instance;
     tdm_send_t m = {0};
     m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
     m.method = TANDEM__V1__METHOD__METHOD_HEARTBEAT;
@@ -155,30 +177,44 @@ static void on_link_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h, co
             return;
         }
         Tandem__V1__RegisterAck *ack = tandem__v1__register_ack__unpack(NULL, body_len, body);
+        uint64_t router = h->instance_id;
         if (ack) {
             if (ack->heartbeat_interval_ms >= 10 && ack->heartbeat_interval_ms <= 60000)
                 l->hb_interval_ms = ack->heartbeat_interval_ms;
             if (ack->heartbeat_timeout_ms >= l->hb_interval_ms)
                 l->hb_timeout_ms = ack->heartbeat_timeout_ms;
+            if (ack->router_instance_id)
+                router = ack->router_instance_id;
             tandem__v1__register_ack__free_unpacked(ack, NULL);
         }
-        TDM_LOG_INFOF(l->log, NULL, "registered with the router heartbeat_ms=%u",
-                      l->hb_interval_ms);
+        uint64_t before = atomic_exchange(&l->router_instance, router);
+        if (before && before != router)
+            TDM_LOG_WARNF(l->log, NULL,
+                          "the router restarted (instance %016" PRIx64 " -> %016" PRIx64
+                          "); the old instance's requests are dropped",
+                          before, router);
+        TDM_LOG_INFOF(l->log, NULL,
+                      "registered with the router heartbeat_ms=%u instance=%016" PRIx64
+                      " router_instance=%016" PRIx64,
+                      l->hb_interval_ms, l->instance, router);
         set_state(l, TDM_NODE_LINK_REGISTERED, "");
         send_heartbeat(l);
         return;
     }
-    /* HEARTBEAT */
-    if (h->status == -TDM_ENOTFOUND) {
-        tdm_node_link_state_t st = tdm_node_link_state(l, NULL, 0);
-        if (st == TDM_NODE_LINK_REGISTERED) {
-            TDM_LOG_WARNF(l->log, NULL,
-                          "router does not know this node (restarted?); "
-                          "registering again");
-            set_state(l, TDM_NODE_LINK_CONNECTING, "");
-            if (l->register_call == 0)
-                send_register(l);
-        }
+    /* HEARTBEAT: NOT_FOUND (the router does not know this instance), or an answer from
+     * another router instance than the registered one (the router restarted): register
+     * again. */
+    uint64_t router = atomic_load(&l->router_instance);
+    const char *why = NULL;
+    if (h->status == -TDM_ENOTFOUND)
+        why = "router does not know this node (restarted?)";
+    else if (h->status == 0 && h->instance_id && router && h->instance_id != router)
+        why = "heartbeat answered by another router instance";
+    if (why && tdm_node_link_state(l, NULL, 0) == TDM_NODE_LINK_REGISTERED) {
+        TDM_LOG_WARNF(l->log, NULL, "%s; registering again", why);
+        set_state(l, TDM_NODE_LINK_CONNECTING, "");
+        if (l->register_call == 0)
+            send_register(l);
     }
 }
 
@@ -225,8 +261,21 @@ static void relay(tdm_node_link_t *l, void *src, bool from_router)
             tandem__v1__frame_header__free_unpacked(h, NULL);
             goto out_close;
         }
+        /* Work of a router instance that is not the registered one (a router that
+         * restarted, or a stray peer) never reaches the engine. */
+        uint64_t router = atomic_load(&l->router_instance);
+        bool stale = h && (router == 0 || h->instance_id != router);
         if (h)
             tandem__v1__frame_header__free_unpacked(h, NULL);
+        if (stale) {
+            uint64_t n_stale = atomic_fetch_add(&l->stale_frames, 1) + 1;
+            if ((n_stale & (n_stale - 1)) == 0) /* 1, 2, 4, 8, ...: no log flood */
+                TDM_LOG_WARNF(l->log, NULL,
+                              "dropped a frame from router instance other than the registered "
+                              "one (%" PRIu64 " so far)",
+                              n_stale);
+            goto out_close;
+        }
         l->last_router_reply = tdm_time_now();
         if (zmq_send(l->inproc, ENGINE_IDENTITY, strlen(ENGINE_IDENTITY), ZMQ_SNDMORE) < 0)
             goto out_close;
@@ -245,6 +294,31 @@ static void relay(tdm_node_link_t *l, void *src, bool from_router)
 out_close:
     for (int i = 0; i < n; i++)
         zmq_msg_close(&parts[i]);
+}
+
+/* Says why a node that is not registered hears nothing, at once for a CURVE handshake that
+ * failed and then every 30 s (a key mismatch never heals by itself), and every 30 s while the
+ * router does not answer at all. */
+static void log_quiet_router(tdm_node_link_t *l, tdm_node_link_state_t st, double now)
+{
+    char why[200];
+    bool failed = tdm_sock_handshake(l->up, why, sizeof why) != TDM_OK;
+    bool due = l->last_quiet_log == 0 || now - l->last_quiet_log >= 30.0;
+    if (failed && due) {
+        TDM_LOG_ERRORF(l->log, NULL,
+                       "cannot authenticate with the router at %s: %s; check "
+                       "router.curve_public_key and this node's curve_public_key / "
+                       "curve_secret_key_file (tandem keys generate)",
+                       l->router_ep, why);
+        l->last_quiet_log = now;
+    } else if (!failed && st == TDM_NODE_LINK_CONNECTING && now - l->last_router_reply >= 10.0 &&
+               (l->last_quiet_log == 0 || now - l->last_quiet_log >= 30.0)) {
+        TDM_LOG_WARNF(l->log, NULL,
+                      "no answer from the router at %s for %.0f s; still trying (is it running, "
+                      "and is router.node_endpoint (or node_advertise) right?)",
+                      l->router_ep, now - l->last_router_reply);
+        l->last_quiet_log = now;
+    }
 }
 
 static void *io_main(void *arg)
@@ -292,6 +366,7 @@ static void *io_main(void *arg)
                           now - l->last_router_reply);
             l->router_lost_logged = true;
         }
+        log_quiet_router(l, st, now);
     }
     return NULL;
 }
@@ -323,14 +398,24 @@ tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o
     }
     protobuf_c_message_pack(&o->reg->base, l->reg);
 
+    l->instance = o->reg->instance_id;
+    atomic_init(&l->router_instance, 0);
+    atomic_init(&l->stale_frames, 0);
+    /* A routing id of its own per instance: the router binds it at registration, so another
+     * process using this node id (a restart, or an impostor) never takes this connection. */
+    snprintf(l->identity, sizeof l->identity, "%s.%016" PRIx64, l->node_id, l->instance);
     tdm_sock_opts_t so = {0};
     so.curve = o->curve;
-    so.identity = l->node_id;
+    so.watch_handshake = o->curve != NULL; /* a key mismatch is logged, not silent */
+    so.identity = l->identity;
     so.log = o->log;
+    so.instance_id = l->instance;
+    snprintf(l->router_ep, sizeof l->router_ep, "%s", o->router_endpoint);
     l->up = tdm_sock_connect(net, o->router_endpoint, &so, err);
     if (!l->up)
         goto out_free;
-    snprintf(l->inproc_ep, sizeof l->inproc_ep, "inproc://tdm-link-%p", (void *)l);
+    snprintf(l->inproc_ep, sizeof l->inproc_ep, "inproc://tdm-link-%llu",
+             (unsigned long long)tdm_net_unique(net));
     l->inproc = zmq_socket(tdm_net_zctx(net), ZMQ_ROUTER);
     int zero = 0;
     if (!l->inproc || zmq_setsockopt(l->inproc, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
@@ -340,6 +425,7 @@ tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o
     }
     tdm_sock_opts_t eo = {0};
     eo.identity = ENGINE_IDENTITY;
+    eo.instance_id = l->instance; /* the engine's frames go to the router as they are */
     eo.heartbeat_ms = -1;
     eo.log = o->log;
     l->engine = tdm_sock_connect(net, l->inproc_ep, &eo, err);

@@ -25,10 +25,14 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                              "node '%s': device cuda:%d: the CUDA engine backend is not available "
                              "in this build; use device: cpu",
                              node->id, node->device.index);
-    int rc;
+    int rc = tdm_node_keys_open(&rt->keys, cfg, node, err);
+    if (rc != TDM_OK)
+        return rc;
     rt->model = tdm_model_load(cfg->model.path, err);
-    if (!rt->model)
-        return err ? err->code : TDM_EINVALID;
+    if (!rt->model) {
+        rc = err ? err->code : TDM_EINVALID;
+        goto out_close;
+    }
     const tdm_llama_hparams_t *hp = tdm_model_hparams(rt->model);
     rt->tok = tdm_tokenizer_new(tdm_model_gguf(rt->model), err);
     if (!rt->tok) {
@@ -123,5 +127,6 @@ void tdm_node_runtime_close(tdm_node_runtime_t *rt)
     tdm_kv_pool_destroy(&rt->pool);
     tdm_tokenizer_destroy(&rt->tok);
     tdm_model_destroy(&rt->model);
+    tdm_node_keys_close(&rt->keys);
     memset(rt, 0, sizeof *rt);
 }

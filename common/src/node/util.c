@@ -2,6 +2,7 @@
  * config, CURVE keys, the registration message, task sampling parameters, token events. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -40,15 +41,75 @@ const tdm_node_config_t *tdm_node_pick(const tdm_config_t *cfg, const char *node
     return n;
 }
 
-const tdm_curve_keys_t *tdm_node_curve(const tdm_config_t *cfg, tdm_curve_keys_t *keys)
+int tdm_node_keys_open(tdm_node_keys_t *k, const tdm_config_t *cfg, const tdm_node_config_t *node,
+                       tdm_error_t *err)
 {
-    if (!cfg->security.curve_server_public_key)
+    memset(k, 0, sizeof *k);
+    size_t index = (size_t)(node - cfg->nodes);
+    char key[96];
+    if (node->role == TDM_NODE_ROLE_DECODE) {
+        snprintf(key, sizeof key, "nodes[%zu].kv_endpoint", index);
+        int rc = tdm_config_bind_check(cfg, key, node->kv_endpoint, TDM_BIND_GUARD_CURVE, err);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    if (!tdm_config_curve_on(cfg))
+        return TDM_OK;
+    /* the loader guarantees both keys of every node once CURVE is on */
+    snprintf(key, sizeof key, "nodes[%zu].curve_secret_key_file", index);
+    int rc = tdm_curve_secret_read(node->curve_secret_key_file, node->curve_public_key, key,
+                                   k->secret_key, err);
+    if (rc != TDM_OK)
+        return rc;
+    snprintf(k->public_key, sizeof k->public_key, "%s", node->curve_public_key);
+    snprintf(k->router_key, sizeof k->router_key, "%s", cfg->router.curve_public_key);
+    if (node->role == TDM_NODE_ROLE_DECODE) {
+        k->peers = calloc(cfg->n_nodes, sizeof *k->peers);
+        if (!k->peers) {
+            tdm_node_keys_close(k);
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        }
+        for (size_t i = 0; i < cfg->n_nodes; i++)
+            if (cfg->nodes[i].role == TDM_NODE_ROLE_PREFILL)
+                k->peers[k->n_peers++] =
+                    (tdm_curve_peer_t){cfg->nodes[i].curve_public_key, cfg->nodes[i].id};
+    }
+    k->role = node->role;
+    k->on = true;
+    return TDM_OK;
+}
+
+void tdm_node_keys_close(tdm_node_keys_t *k)
+{
+    if (!k)
+        return;
+    free(k->peers);
+    tdm_curve_wipe(k->secret_key, sizeof k->secret_key);
+    memset(k, 0, sizeof *k);
+}
+
+const tdm_curve_keys_t *tdm_node_curve_router(const tdm_node_keys_t *k, tdm_curve_keys_t *out)
+{
+    if (!k->on)
         return NULL;
-    keys->server_public = cfg->security.curve_server_public_key;
-    keys->server_secret = cfg->security.curve_server_secret_key;
-    keys->client_public = cfg->security.curve_client_public_key;
-    keys->client_secret = cfg->security.curve_client_secret_key;
-    return keys;
+    *out = (tdm_curve_keys_t){.server_public = k->router_key,
+                              .client_public = k->public_key,
+                              .client_secret = k->secret_key};
+    return out;
+}
+
+const tdm_curve_keys_t *tdm_node_curve_kv(const tdm_node_keys_t *k, tdm_curve_keys_t *out)
+{
+    if (!k->on)
+        return NULL;
+    if (k->role == TDM_NODE_ROLE_DECODE) /* the KV receiver's server side */
+        *out = (tdm_curve_keys_t){.server_public = k->public_key,
+                                  .server_secret = k->secret_key,
+                                  .clients = k->peers,
+                                  .n_clients = k->n_peers};
+    else
+        *out = (tdm_curve_keys_t){.client_public = k->public_key, .client_secret = k->secret_key};
+    return out;
 }
 
 tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
@@ -67,6 +128,8 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     uint64_t instance = 0;
     if (getrandom(&instance, sizeof instance, 0) != (ssize_t)sizeof instance)
         instance = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)rt;
+    if (instance == 0) /* 0 means "none" on the wire */
+        instance = 1;
     reg.node_id = node->id;
     reg.role = node->role == TDM_NODE_ROLE_PREFILL ? TANDEM__V1__NODE_ROLE__NODE_ROLE_PREFILL
                                                    : TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE;
@@ -85,8 +148,13 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     tdm_curve_keys_t keys;
     tdm_node_load_t load;
     tdm_node_load_collect(rt->worker, rt->pool, &load);
-    tdm_node_link_opts_t lo = {tdm_config_router_advertise(cfg), tdm_node_curve(cfg, &keys), &reg,
-                               log, &load};
+    if (cfg->security.insecure)
+        TDM_LOG_WARNF(log, NULL,
+                      "security.insecure is true: non-loopback binds without CURVE or API keys "
+                      "are allowed; anyone who can reach this cluster's endpoints may pose as a "
+                      "node or a client");
+    tdm_node_link_opts_t lo = {tdm_config_router_advertise(cfg),
+                               tdm_node_curve_router(&rt->keys, &keys), &reg, log, &load};
     return tdm_node_link_new(net, &lo, err);
 }
 
@@ -109,25 +177,50 @@ int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, u
     return tdm_sampling_params_validate(out, n_vocab, err);
 }
 
-void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const char *request_id,
+int tdm_node_attempt_init(tdm_node_attempt_t *a, const char *request_id, uint64_t attempt_id,
+                          uint64_t router_instance, tdm_error_t *err)
+{
+    memset(a, 0, sizeof *a);
+    size_t len = request_id ? strlen(request_id) : 0;
+    if (len == 0 || len >= sizeof a->label)
+        return tdm_error_set(err, TDM_EINVALID, "request_id: missing or longer than %zu bytes",
+                             sizeof a->label - 1);
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)request_id[i] < 0x20 || (unsigned char)request_id[i] > 0x7e)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "request_id: byte %zu is 0x%02x; printable ASCII only", i,
+                                 (unsigned char)request_id[i]);
+    if (attempt_id == 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "attempt_id is 0 (the router must be protocol 1.1 or newer)");
+    memcpy(a->label, request_id, len + 1);
+    a->attempt_id = attempt_id;
+    a->router_instance = router_instance;
+    snprintf(a->key, sizeof a->key, "%016" PRIx64, attempt_id);
+    return TDM_OK;
+}
+
+void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_node_attempt_t *a,
                             int status, bool retryable, const char *msg)
 {
     Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
-    tf.request_id = (char *)(uintptr_t)request_id;
+    tf.request_id = (char *)(uintptr_t)a->label;
+    tf.attempt_id = a->attempt_id;
     tf.status = tdm_proto_status_to_wire(status);
     tf.message = (char *)(uintptr_t)msg;
     tf.retryable = retryable;
     tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TASK_FAILED, &tf.base);
-    TDM_LOG_WARNF(log, request_id, "request failed status=%s retryable=%d: %s",
+    TDM_LOG_WARNF(log, a->label, "request failed attempt=%s status=%s retryable=%d: %s", a->key,
                   tdm_status_name(status), retryable, msg);
 }
 
-int tdm_node_send_token(tdm_sock_t *s, const tdm_worker_event_t *ev)
+int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev)
 {
     Tandem__V1__TokenEvent te = TANDEM__V1__TOKEN_EVENT__INIT;
     Tandem__V1__TopLogprob tops[TDM_SAMPLING_MAX_LOGPROBS];
     Tandem__V1__TopLogprob *topp[TDM_SAMPLING_MAX_LOGPROBS];
-    te.request_id = (char *)(uintptr_t)ev->request_id;
+    te.request_id = (char *)(uintptr_t)a->label;
+    te.attempt_id = a->attempt_id;
     te.index = ev->index;
     te.token_id = ev->sample.token;
     te.logprob = ev->sample.logprob;

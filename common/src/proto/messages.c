@@ -25,6 +25,7 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__status_request__descriptor,
     &tandem__v1__node_status__descriptor,
     &tandem__v1__cluster_status__descriptor,
+    &tandem__v1__refused_registration__descriptor,
     &tandem__v1__register_request__descriptor,
     &tandem__v1__register_ack__descriptor,
     &tandem__v1__heartbeat__descriptor,

@@ -85,6 +85,99 @@ uint64_t tdm_kv_block_checksum(const void *block, uint64_t block_bytes)
     return TDM_XXH3_64(block, (size_t)block_bytes);
 }
 
+/* Canonical encoding for tdm_kv_header_checksum: fixed-width little-endian integers and
+ * length-prefixed strings, so the value does not depend on how protobuf encoded the header. */
+typedef struct canon {
+    uint8_t buf[1024];
+    size_t n;
+    uint64_t h; /* chained value of what did not fit in buf */
+    bool chained;
+} canon_t;
+
+static void canon_flush(canon_t *c)
+{
+    c->h = c->chained ? XXH3_64bits_withSeed(c->buf, c->n, c->h) : XXH3_64bits(c->buf, c->n);
+    c->chained = true;
+    c->n = 0;
+}
+
+static void canon_bytes(canon_t *c, const void *p, size_t len)
+{
+    const uint8_t *b = p;
+    while (len > 0) {
+        if (c->n == sizeof c->buf)
+            canon_flush(c);
+        size_t k = sizeof c->buf - c->n < len ? sizeof c->buf - c->n : len;
+        memcpy(c->buf + c->n, b, k);
+        c->n += k;
+        b += k;
+        len -= k;
+    }
+}
+
+static void canon_u64(canon_t *c, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    canon_bytes(c, b, sizeof b);
+}
+
+static void canon_str(canon_t *c, const char *s)
+{
+    size_t len = s ? strlen(s) : 0;
+    canon_u64(c, len);
+    canon_bytes(c, s, len);
+}
+
+uint64_t tdm_kv_header_checksum(const Tandem__V1__KvTransfer *h)
+{
+    canon_t c;
+    c.n = 0;
+    c.h = 0;
+    c.chained = false;
+    canon_bytes(&c, "tandem.kv.v1", 12);
+    canon_str(&c, h->request_id);
+    canon_u64(&c, h->attempt_id);
+    canon_u64(&c, h->transfer_id);
+    canon_u64(&c, h->n_tokens);
+    canon_u64(&c, (uint64_t)(uint32_t)h->first_token);
+    const Tandem__V1__KvLayout *l = h->layout;
+    canon_u64(&c, l ? 1 : 0);
+    if (l) {
+        canon_u64(&c, l->n_layers);
+        canon_u64(&c, l->n_kv_heads);
+        canon_u64(&c, l->head_dim);
+        canon_u64(&c, l->block_size);
+        canon_u64(&c, (uint64_t)(uint32_t)l->dtype);
+    }
+    canon_u64(&c, h->model_fingerprint);
+    canon_u64(&c, h->n_blocks);
+    canon_u64(&c, h->block_bytes);
+    canon_u64(&c, (uint64_t)(uint32_t)h->checksum_kind);
+    canon_str(&c, h->backend);
+    canon_str(&c, h->sender_node_id);
+    uint64_t prefill_bits;
+    memcpy(&prefill_bits, &h->prefill_s, sizeof prefill_bits);
+    canon_u64(&c, prefill_bits);
+    canon_u64(&c, h->n_ipc_handles);
+    for (size_t i = 0; i < h->n_ipc_handles; i++) {
+        canon_u64(&c, h->ipc_handles[i].len);
+        canon_bytes(&c, h->ipc_handles[i].data, h->ipc_handles[i].len);
+    }
+    canon_u64(&c, h->n_checksums);
+    canon_u64(&c, h->n_block_offsets);
+    canon_flush(&c);
+    /* the chain: each block checksum (which covers that block's bytes), then each offset */
+    for (size_t i = 0; i < h->n_checksums; i++)
+        canon_u64(&c, h->checksums[i]);
+    for (size_t i = 0; i < h->n_block_offsets; i++)
+        canon_u64(&c, h->block_offsets[i]);
+    if (c.n)
+        canon_flush(&c);
+    return c.h;
+}
+
 int tdm_kv_reject_msg(char *out, size_t cap, int status, const char *fmt, ...)
 {
     va_list ap;
@@ -202,7 +295,13 @@ static int channel_open(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, tdm_error_t *e
 {
     tdm_sock_opts_t o;
     memset(&o, 0, sizeof o);
-    o.curve = s->has_curve ? &s->curve : NULL;
+    /* CURVE: the sender's own pair, and the receiver's key given with the transfer (each
+     * decode node has its own pair), else the one the sender was made with */
+    tdm_curve_keys_t curve = s->curve;
+    if (ch->server_key[0])
+        curve.server_public = ch->server_key;
+    o.curve = s->has_curve ? &curve : NULL;
+    o.watch_handshake = s->has_curve; /* a key mismatch fails the transfers at once, named */
     o.log = s->log;
     ch->sock = tdm_sock_connect(s->net, ch->endpoint, &o, err);
     if (!ch->sock)
@@ -211,8 +310,11 @@ static int channel_open(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, tdm_error_t *e
     return 0;
 }
 
-/* The channel to endpoint, made (and its socket opened) when needed. NULL with *err set. */
-static tdm_kv_channel_t *channel_get(tdm_kv_sender_t *s, const char *endpoint, tdm_error_t *err)
+/* The channel to endpoint, made (and its socket opened) when needed, authenticating the
+ * receiver by server_key (CURVE; NULL: the sender's curve.server_public). A channel whose
+ * receiver key changed is reset and reopened with the new one. NULL with *err set. */
+static tdm_kv_channel_t *channel_get(tdm_kv_sender_t *s, const char *endpoint,
+                                     const char *server_key, tdm_error_t *err)
 {
     tdm_kv_channel_t *ch = s->channels;
     while (ch && strcmp(ch->endpoint, endpoint) != 0)
@@ -239,6 +341,20 @@ static tdm_kv_channel_t *channel_get(tdm_kv_sender_t *s, const char *endpoint, t
         ch->next = s->channels;
         s->channels = ch;
         s->n_channels++;
+    }
+    if (!server_key)
+        server_key = "";
+    if (strlen(server_key) >= sizeof ch->server_key) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "KV channel to %s: the receiver's CURVE key is %zu "
+                      "characters, not 40",
+                      endpoint, strlen(server_key));
+        return NULL;
+    }
+    if (strcmp(ch->server_key, server_key) != 0) {
+        if (ch->sock)
+            channel_reset(s, ch, "the receiver's CURVE key changed");
+        snprintf(ch->server_key, sizeof ch->server_key, "%s", server_key);
     }
     if (!ch->sock && channel_open(s, ch, err) != 0)
         return NULL;
@@ -479,7 +595,7 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
     int rc = check_send_req(s, req, err);
     if (rc != 0)
         return rc;
-    tdm_kv_channel_t *ch = channel_get(s, req->endpoint, err);
+    tdm_kv_channel_t *ch = channel_get(s, req->endpoint, req->server_key, err);
     if (!ch)
         return err ? err->code : TDM_EUNAVAILABLE;
 #ifdef TANDEM_HAVE_CUDA
@@ -509,6 +625,7 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
     atomic_init(&x->pending, 0);
     x->id = s->next_id++;
     copy_str(x->request_id, sizeof x->request_id, req->request_id);
+    x->attempt_id = req->attempt_id;
     x->ch = ch;
     x->generation = ch->generation;
     x->n_blocks = n;
@@ -543,6 +660,7 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
     Tandem__V1__KvLayout lay;
     tdm_proto_layout_to(&s->layout, &lay);
     h.request_id = x->request_id;
+    h.attempt_id = x->attempt_id;
     h.transfer_id = x->id;
     h.n_tokens = req->n_tokens;
     h.first_token = req->first_token;
@@ -564,6 +682,7 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
         h.n_block_offsets = n;
         h.block_offsets = words;
     }
+    h.header_checksum = tdm_kv_header_checksum(&h);
 
     tdm_send_t m;
     memset(&m, 0, sizeof m);
@@ -604,13 +723,13 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
     return 0;
 }
 
-int tdm_kv_sender_cancel(tdm_kv_sender_t *s, const char *request_id)
+int tdm_kv_sender_cancel(tdm_kv_sender_t *s, uint64_t attempt_id)
 {
-    if (!s || !request_id)
+    if (!s)
         return 0;
     int n = 0;
     for (tdm_kv_xfer_t *x = s->xfers; x; x = x->next) {
-        if (x->finished || x->silent || strcmp(x->request_id, request_id) != 0)
+        if (x->finished || x->silent || x->attempt_id != attempt_id)
             continue;
         xfer_send_cancel(s, x);
         tdm_kv_xfer_finish(x, TDM_ECANCELLED, "KV transfer %" PRIu64 " cancelled by the sender",
@@ -697,6 +816,27 @@ static void sender_read_all(tdm_kv_sender_t *s)
     }
 }
 
+/* CURVE: a channel whose handshake failed never delivers; its transfers fail now, with the
+ * reason, instead of at their timeout. */
+static void sender_check_handshakes(tdm_kv_sender_t *s)
+{
+    for (tdm_kv_channel_t *ch = s->channels; ch; ch = ch->next) {
+        char why[200];
+        if (!ch->sock || tdm_sock_handshake(ch->sock, why, sizeof why) == TDM_OK)
+            continue;
+        bool any = false;
+        for (tdm_kv_xfer_t *x = s->xfers; x; x = x->next)
+            if (x->ch == ch && !x->finished) {
+                tdm_kv_xfer_finish(x, TDM_EUNAUTHENTICATED,
+                                   "cannot authenticate the decode node's KV endpoint %s: %s",
+                                   ch->endpoint, why);
+                any = true;
+            }
+        if (any)
+            channel_reset(s, ch, why);
+    }
+}
+
 static void sender_check_deadlines(tdm_kv_sender_t *s, double now)
 {
     for (tdm_kv_xfer_t *x = s->xfers; x; x = x->next) {
@@ -740,6 +880,7 @@ static int sender_collect(tdm_kv_sender_t *s, tdm_kv_send_done_t *out, int cap)
             tdm_kv_send_done_t *d = &out[n++];
             memset(d, 0, sizeof *d);
             copy_str(d->request_id, sizeof d->request_id, x->request_id);
+            d->attempt_id = x->attempt_id;
             d->transfer_id = x->id;
             d->status = x->status;
             copy_str(d->message, sizeof d->message, x->message);
@@ -797,6 +938,8 @@ int tdm_kv_sender_poll(tdm_kv_sender_t *s, int timeout_ms, tdm_kv_send_done_t *o
             tdm_kv_dev_sender_progress(s);
 #endif
         double now = tdm_time_now();
+        if (s->has_curve)
+            sender_check_handshakes(s);
         sender_check_deadlines(s, now);
         int n = sender_collect(s, out, cap);
         now = tdm_time_now();
@@ -1081,7 +1224,7 @@ static int lookup_blocks(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfe
     uint32_t n = 0;
     *blocks = NULL;
     msg[0] = '\0';
-    int rc = lookup(user, h->request_id, h->n_tokens, blocks, &n, msg, cap);
+    int rc = lookup(user, h->request_id, h->attempt_id, h->n_tokens, blocks, &n, msg, cap);
     if (rc != 0) {
         if (rc > 0)
             rc = TDM_EINTERNAL;
@@ -1148,6 +1291,7 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
         goto out_reply;
     }
     copy_str(out->request_id, sizeof out->request_id, h->request_id);
+    out->attempt_id = h->attempt_id;
     copy_str(out->sender_node_id, sizeof out->sender_node_id, h->sender_node_id);
     out->transfer_id = h->transfer_id;
     out->n_tokens = h->n_tokens;
@@ -1162,6 +1306,17 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
         goto out_free;
     }
     st = check_header(r, f, h, &backend, msg, sizeof msg);
+    /* CURVE: the connection's key names the prefill node (ZAP User-Id); the header may not
+     * claim another sender */
+    if (st == 0 && f->user_id[0] && strcmp(f->user_id, h->sender_node_id) != 0)
+        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EUNAUTHENTICATED,
+                               "the key of node '%s' sent a transfer claiming sender '%.64s'",
+                               f->user_id, h->sender_node_id);
+    if (st == 0 && tdm_kv_header_checksum(h) != h->header_checksum)
+        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
+                               "header checksum mismatch: got 0x%016" PRIx64
+                               " computed 0x%016" PRIx64 " (a header field was altered in flight)",
+                               h->header_checksum, tdm_kv_header_checksum(h));
     if (st == 0 && backend == TDM_KV_BACKEND_TCP)
         st = verify_checksums(r, f, h, msg, sizeof msg);
     if (st == 0)

@@ -32,6 +32,8 @@ struct tdm_kv_xfer;
 typedef struct tdm_kv_channel {
     struct tdm_kv_channel *next;
     char *endpoint;
+    char server_key[41];          /* CURVE: the receiver's public key the socket was opened
+                                     with; "" = the sender's curve.server_public */
     tdm_sock_t *sock;             /* NULL after a reset, until the next send reopens it */
     uint32_t generation;          /* incremented by every reset */
     struct tdm_xfer_nccl *comm;   /* nccl: communicator with the receiver (rank 0), or NULL */
@@ -45,6 +47,7 @@ typedef struct tdm_kv_xfer {
     struct tdm_kv_xfer *next;
     uint64_t id; /* transfer id = call id of the KV_TRANSFER request */
     char request_id[TDM_KV_REQUEST_ID_MAX];
+    uint64_t attempt_id;
     tdm_kv_channel_t *ch;
     uint32_t generation; /* ch->generation when sent: that socket holds its frames */
     uint32_t *blocks;    /* [n_blocks] referenced pool blocks */
