@@ -21,6 +21,7 @@ from tandem_client import pb, prompt_request
 
 PROMPT_A = "The capital of France is"
 PROMPT_B = "Name three rivers:"
+LONG_A = " ".join(["The capital of France is Paris, and the capital of Italy is Rome."] * 20)
 
 
 def wait_for(pred, timeout_s, what):
@@ -216,7 +217,10 @@ def test_request_id_reused_right_after_cancel(tmp_path):
         try:
             for i in range(20):
                 rid = f"reuse-{i % 2}"  # two ids, each reused again and again
-                old = prompt_request(PROMPT_A, max_tokens=64, temperature=0.0)
+                # a long prompt: its KV transfer (about 20 blocks) is still in flight when the
+                # client cancels after the first token, the window where it used to land in
+                # the new request's reservation
+                old = prompt_request(LONG_A, max_tokens=64, temperature=0.0)
                 old.request_id = rid
                 call = client.start(old)
                 if i % 2:
