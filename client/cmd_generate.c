@@ -24,6 +24,7 @@
 #include "tandem/client.h"
 #include "tandem/kv.h"
 #include "tandem/model.h"
+#include "tandem/prompt.h"
 #include "tandem/sampling.h"
 #include "tandem/tokenizer.h"
 
@@ -306,58 +307,44 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
     return 0;
 }
 
-/* Builds the prompt text: the raw prompt, the file, or the rendered chat. *text is heap. */
-static int build_prompt(const gen_opts_t *o, const tdm_gguf_t *g, char **text, size_t *len,
-                        bool *writes_bos, tdm_error_t *err)
+/* Tokenizes the input of o (the raw prompt, the file, or the chat message) into *ids (heap,
+ * *n_ids tokens) with tdm_chat_template_pick and tdm_prompt_encode, as the router does. */
+static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
+                         int32_t **ids, size_t *n_ids, tdm_error_t *err)
 {
-    *writes_bos = false;
+    char *file_text = NULL;
+    tdm_prompt_input_t in = {0};
+    tdm_chat_pick_t pick;
+    tdm_chat_message_t user = {"user", o->chat};
+    int rc = TDM_OK;
     if (o->prompt) {
-        *text = tdm_strdup(o->prompt);
-        *len = strlen(o->prompt);
-        return *text ? TDM_OK : tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-    }
-    if (o->file) {
-        if (strcmp(o->file, "-") == 0) {
-            size_t cap = 4096, n = 0;
-            char *buf = malloc(cap);
-            size_t got;
-            while (buf && (got = fread(buf + n, 1, cap - n - 1, stdin)) > 0) {
-                n += got;
-                if (n + 1 == cap) {
-                    char *nb = realloc(buf, cap * 2);
-                    if (!nb) {
-                        free(buf);
-                        buf = NULL;
-                        break;
-                    }
-                    buf = nb;
-                    cap *= 2;
-                }
-            }
-            if (!buf)
-                return tdm_error_set(err, TDM_ERESOURCE, "out of memory reading stdin");
-            buf[n] = '\0';
-            *text = buf;
-            *len = n;
-            return TDM_OK;
+        in.text = o->prompt;
+        in.text_len = strlen(o->prompt);
+    } else if (o->file) {
+        if (strcmp(o->file, "-") != 0)
+            rc = tdm_read_file(o->file, (size_t)1 << 30, &file_text, &in.text_len, err);
+        else if ((rc = tdm_cli_read_stream(stdin, &file_text, &in.text_len)) != TDM_OK)
+            tdm_error_set(err, rc, "reading stdin: %s", tdm_strerror(rc));
+        if (rc != TDM_OK)
+            return rc;
+        in.text = file_text;
+    } else {
+        tdm_chat_template_t named;
+        if (o->chat_template) {
+            rc = tdm_chat_template_from_name(o->chat_template, &named, err);
+            if (rc != TDM_OK)
+                return rc;
         }
-        return tdm_read_file(o->file, (size_t)1 << 30, text, len, err);
+        rc = tdm_chat_template_pick(g, o->chat_template ? &named : NULL, &pick, err);
+        if (rc != TDM_OK)
+            return rc;
+        in.messages = &user;
+        in.n_messages = 1;
+        in.system = o->system;
     }
-    tdm_chat_template_t tmpl;
-    char default_system[TDM_CHAT_DEFAULT_SYSTEM_MAX] = "";
-    int rc = o->chat_template
-                 ? tdm_chat_template_from_name(o->chat_template, &tmpl, err)
-                 : tdm_chat_template_detect(g, &tmpl, default_system, sizeof default_system, err);
-    if (rc != TDM_OK)
-        return rc;
-    tdm_chat_message_t msgs[2];
-    size_t n = 0;
-    if (o->system)
-        msgs[n++] = (tdm_chat_message_t){"system", o->system};
-    msgs[n++] = (tdm_chat_message_t){"user", o->chat};
-    *writes_bos = tdm_chat_template_writes_bos(tmpl);
-    return tdm_chat_apply(tmpl, msgs, n, true, default_system[0] ? default_system : NULL, text, len,
-                          err);
+    rc = tdm_prompt_encode(tok, o->chat ? &pick : NULL, &in, ids, n_ids, NULL, err);
+    free(file_text);
+    return rc;
 }
 
 /* ---- through the router ---- */
@@ -547,23 +534,13 @@ int tdm_cmd_generate(int argc, char **argv)
         fprintf(stderr, "tandem generate: %s\n", err.msg);
         goto out_model;
     }
-    char *text = NULL;
-    size_t text_len = 0;
-    bool writes_bos;
-    if (build_prompt(&o, tdm_model_gguf(model), &text, &text_len, &writes_bos, &err) != TDM_OK) {
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    if (encode_prompt(&o, tdm_model_gguf(model), tok, &prompt, &n_prompt, &err) != TDM_OK) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
         if (err.code == TDM_EINVALID)
             status = 2; /* a bad --chat-template, --chat or --system */
         goto out_tok;
-    }
-    int32_t *prompt = NULL;
-    size_t n_prompt = 0;
-    /* A template that writes BOS's text itself (Llama-3, Llama-2) must not get a second one. */
-    bool add_bos = tdm_tokenizer_add_bos(tok) && !writes_bos;
-    if (tdm_tokenizer_encode(tok, text, text_len, add_bos, true, &prompt, &n_prompt, &err) !=
-        TDM_OK) {
-        fprintf(stderr, "tandem generate: tokenize: %s\n", err.msg);
-        goto out_text;
     }
     uint32_t n_ctx = o.ctx ? (uint32_t)o.ctx : 4096;
     if (n_ctx > hp->n_ctx_train) {
@@ -715,8 +692,6 @@ out_engine:
     tdm_kv_pool_destroy(&pool);
 out_prompt:
     free(prompt);
-out_text:
-    free(text);
 out_tok:
     tdm_tokenizer_destroy(&tok);
 out_model:

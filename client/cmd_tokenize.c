@@ -1,5 +1,6 @@
 /* cmd_tokenize.c - `tandem tokenize`: the token ids (and pieces) a model's tokenizer makes of a
- * text, a file or a chat message rendered through the model's chat template.
+ * text, a file or a chat message rendered through the model's chat template (the last with
+ * tdm_prompt_encode, as the router and `tandem generate -m` do).
  * Works on vocabulary-only GGUF files: only the tokenizer.* metadata is read.
  */
 #include <getopt.h>
@@ -11,6 +12,7 @@
 #include "tandem/chat.h"
 #include "tandem/config.h"
 #include "tandem/gguf.h"
+#include "tandem/prompt.h"
 #include "tandem/tokenizer.h"
 
 /* Largest input read from a file or stdin, in bytes. */
@@ -31,7 +33,8 @@ static void usage(FILE *out)
             TOKENIZE_SYNOPSIS
             "\n"
             "Prints the token ids the model's tokenizer makes of TEXT, space-separated on one\n"
-            "line. No BOS is added unless --bos is given.\n"
+            "line. No BOS is added to TEXT or FILE unless --bos is given; --chat gives the\n"
+            "ids the router and 'tandem generate -m' make of the same message.\n"
             "\n"
             "options:\n"
             "  -m, --model PATH        GGUF model or vocabulary-only GGUF (default: $TANDEM_MODEL\n"
@@ -46,7 +49,9 @@ static void usage(FILE *out)
             "                          prompt already starts with it)\n"
             "      --chat MESSAGE      render MESSAGE as a user turn through the chat template,\n"
             "                          with the assistant prompt after it, and tokenize the\n"
-            "                          result with special tokens matched\n"
+            "                          result as a prompt: special tokens matched, BOS added\n"
+            "                          when the model's tokenizer adds one and the template\n"
+            "                          does not write it\n"
             "      --system TEXT       with --chat: the system message (default: the template's\n"
             "                          own default, if any)\n"
             "      --chat-template NAME  with --chat: chatml, llama3 or llama2 (default: detected\n"
@@ -156,36 +161,25 @@ static void print_quoted(const char *s, size_t n)
     putchar('"');
 }
 
-/* Renders the --chat message with the named template (NULL: the one the model's
- * tokenizer.chat_template names). Returns 0 with a heap string in *text, or 1 (message
+/* Tokenizes the --chat message as the router and `tandem generate -m` do
+ * (tdm_chat_template_pick, tdm_prompt_encode) with the named template (NULL: the one the
+ * model's tokenizer.chat_template names). Returns 0 with a heap array in *ids, or 1 (message
  * printed). */
-static int render_chat(const tdm_gguf_t *g, const tdm_chat_template_t *named, const char *system,
-                       const char *message, char **text, size_t *len)
+static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
+                       const tdm_chat_template_t *named, const char *system, const char *message,
+                       tdm_token_t **ids, size_t *n_ids)
 {
     tdm_error_t err = {0};
-    tdm_chat_template_t t, detected;
-    char default_system[TDM_CHAT_DEFAULT_SYSTEM_MAX];
-    bool have_detected = tdm_chat_template_detect(g, &detected, default_system,
-                                                  sizeof default_system, &err) == TDM_OK;
-    if (named) {
-        t = *named;
-        /* the model's default system message only belongs to its own family */
-        if (!have_detected || detected != t)
-            default_system[0] = '\0';
-    } else if (have_detected) {
-        t = detected;
-    } else {
+    tdm_chat_pick_t pick;
+    if (tdm_chat_template_pick(g, named, &pick, &err) != TDM_OK) {
         fprintf(stderr, "tandem tokenize: %s\n", err.msg);
         return 1;
     }
-    tdm_chat_message_t msgs[2];
-    size_t n = 0;
-    if (system)
-        msgs[n++] = (tdm_chat_message_t){"system", system};
-    msgs[n++] = (tdm_chat_message_t){"user", message};
-    if (tdm_chat_apply(t, msgs, n, true, default_system, text, len, &err) != TDM_OK) {
-        fprintf(stderr, "tandem tokenize: chat template %s: %s\n", tdm_chat_template_name(t),
-                err.msg);
+    tdm_chat_message_t user = {"user", message};
+    tdm_prompt_input_t in = {.messages = &user, .n_messages = 1, .system = system};
+    if (tdm_prompt_encode(tok, &pick, &in, ids, n_ids, NULL, &err) != TDM_OK) {
+        fprintf(stderr, "tandem tokenize: chat template %s: %s\n",
+                tdm_chat_template_name(pick.tmpl), err.msg);
         return 1;
     }
     return 0;
@@ -292,32 +286,32 @@ int tdm_cmd_tokenize(int argc, char **argv)
         goto out_destroy_tokenizer;
     }
 
-    bool add_bos = bos;
     if (chat) {
-        if (render_chat(g, template_name ? &named : NULL, system, chat, &text, &len) != 0)
+        if (encode_chat(g, tok, template_name ? &named : NULL, system, chat, &ids, &n_ids) != 0)
             goto out_destroy_tokenizer;
-        special = true;
-        add_bos = false; /* added below, unless the template wrote it */
-    } else if (file && strcmp(file, "-") == 0) {
-        if (read_stdin(&text, &len) != 0)
-            goto out_destroy_tokenizer;
-    } else if (file) {
-        if (tdm_read_file(file, TOKENIZE_MAX_INPUT, &text, &len, &err) != TDM_OK) {
-            fprintf(stderr, "tandem tokenize: %s\n", err.msg);
-            goto out_destroy_tokenizer;
-        }
     } else {
-        text = tdm_strdup(argv[optind]);
-        if (!text) {
-            fprintf(stderr, "tandem tokenize: out of memory\n");
-            goto out_destroy_tokenizer;
+        if (file && strcmp(file, "-") == 0) {
+            if (read_stdin(&text, &len) != 0)
+                goto out_destroy_tokenizer;
+        } else if (file) {
+            if (tdm_read_file(file, TOKENIZE_MAX_INPUT, &text, &len, &err) != TDM_OK) {
+                fprintf(stderr, "tandem tokenize: %s\n", err.msg);
+                goto out_destroy_tokenizer;
+            }
+        } else {
+            text = tdm_strdup(argv[optind]);
+            if (!text) {
+                fprintf(stderr, "tandem tokenize: out of memory\n");
+                goto out_destroy_tokenizer;
+            }
+            len = strlen(text);
         }
-        len = strlen(text);
-    }
-
-    if (tdm_tokenizer_encode(tok, text, len, add_bos, special, &ids, &n_ids, &err) != TDM_OK) {
-        fprintf(stderr, "tandem tokenize: %s\n", err.msg);
-        goto out_free_text;
+        /* TEXT and FILE are the tokenizer's view of plain text, not a prompt: no BOS and no
+         * special tokens unless asked for (--bos, --special). */
+        if (tdm_tokenizer_encode(tok, text, len, bos, special, &ids, &n_ids, &err) != TDM_OK) {
+            fprintf(stderr, "tandem tokenize: %s\n", err.msg);
+            goto out_free_text;
+        }
     }
     tdm_token_t bos_id = tdm_tokenizer_bos(tok);
     bool prepend = chat && bos && (n_ids == 0 || ids[0] != bos_id);

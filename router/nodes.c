@@ -584,31 +584,24 @@ static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id,
 static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
                         const Tandem__V1__KvLayout *l)
 {
-    const tdm_kv_layout_t *e = &r->layout;
-    const char *field = NULL;
-    uint32_t got = 0, want = 0;
     if (!l) {
         refuse(r, f, id, "kv_layout is missing from the registration");
         return TDM_EPRECONDITION;
     }
-    if (l->n_layers != e->n_layers)
-        field = "n_layers", got = l->n_layers, want = e->n_layers;
-    else if (l->n_kv_heads != e->n_kv_heads)
-        field = "n_kv_heads", got = l->n_kv_heads, want = e->n_kv_heads;
-    else if (l->head_dim != e->head_dim)
-        field = "head_dim", got = l->head_dim, want = e->head_dim;
-    else if (l->block_size != e->block_size)
-        field = "block_size", got = l->block_size, want = e->block_size;
+    tdm_kv_layout_t theirs = {l->n_layers, l->n_kv_heads, l->head_dim, l->block_size,
+                              (tdm_kv_dtype_t)l->dtype};
+    uint32_t got = 0, want = 0;
+    const char *field = tdm_kv_layout_mismatch(&theirs, &r->layout, &got, &want);
+    if (field && strcmp(field, "dtype") == 0) {
+        refuse(r, f, id, "kv_layout.dtype is %s; the cluster config's kv.dtype is %s",
+               tdm_kv_dtype_name((tdm_kv_dtype_t)got), tdm_kv_dtype_name((tdm_kv_dtype_t)want));
+        return TDM_EPRECONDITION;
+    }
     if (field) {
         refuse(r, f, id,
                "kv_layout.%s is %" PRIu32 "; the router expects %" PRIu32
                " (model %s, config kv.block_size)",
                field, got, want, r->cfg->model.path);
-        return TDM_EPRECONDITION;
-    }
-    if ((int)l->dtype != (int)e->dtype) {
-        refuse(r, f, id, "kv_layout.dtype is %s; the cluster config's kv.dtype is %s",
-               tdm_kv_dtype_name((tdm_kv_dtype_t)l->dtype), tdm_kv_dtype_name(e->dtype));
         return TDM_EPRECONDITION;
     }
     return TDM_OK;

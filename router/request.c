@@ -3,12 +3,12 @@
  * stop strings, GenerateChunk streaming) and how a request ends (completed, failed,
  * cancelled, client gone, deadline, shutdown).
  *
- * Tokenization is exactly `tandem generate -m MODEL`'s (client/cmd_generate.c): raw prompts
- * with parse_special and the tokenizer's add_bos; chat messages rendered by the chat template
- * with the generation prompt, then encoded with add_bos only when the template does not write
- * BOS itself (tandem/chat.h). Stop strings: the text that could be the beginning of a stop
- * string is held back until it is known not to be one; on a match the text is cut before it
- * (or after it with include_stop_str) and the decode node is cancelled.
+ * Tokenization is tdm_prompt_encode (tandem/prompt.h) with the template tdm_chat_template_pick
+ * chose at start-up: the one implementation `tandem generate -m` and `tandem tokenize --chat`
+ * call too, so they make the same ids of the same input; token-id input is taken as it is.
+ * Stop strings: the text that could be the beginning of a stop string is held back until it
+ * is known not to be one; on a match the text is cut before it (or after it with
+ * include_stop_str) and the decode node is cancelled.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -883,8 +883,8 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
             return tdm_error_set(err, TDM_EINVALID, "prompt is not valid UTF-8 (byte offset %ld)",
                                  bad);
         tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "prompt: %s", g->prompt);
-        rc = tdm_tokenizer_encode(r->tok, g->prompt, len, tdm_tokenizer_add_bos(r->tok), true, &ids,
-                                  &n_ids, err);
+        tdm_prompt_input_t in = {.text = g->prompt, .text_len = len};
+        rc = tdm_prompt_encode(r->tok, NULL, &in, &ids, &n_ids, NULL, err);
         if (rc != TDM_OK)
             return tdm_error_prefix(err, rc, "prompt: ");
         break;
@@ -915,11 +915,9 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
             msgs[i] = (tdm_chat_message_t){cm->role, cm->content};
         }
         char *text = NULL;
-        size_t text_len = 0;
         if (rc == TDM_OK) {
-            rc = tdm_chat_apply(r->tmpl, msgs, n, true,
-                                r->default_system[0] ? r->default_system : NULL, &text, &text_len,
-                                err);
+            tdm_prompt_input_t in = {.messages = msgs, .n_messages = n};
+            rc = tdm_prompt_encode(r->tok, &r->chat, &in, &ids, &n_ids, &text, err);
             if (rc != TDM_OK)
                 tdm_error_prefix(err, rc, "chat.messages: ");
         }
@@ -927,11 +925,7 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
         if (rc != TDM_OK)
             return rc;
         tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "chat prompt: %s", text);
-        bool add_bos = tdm_tokenizer_add_bos(r->tok) && !tdm_chat_template_writes_bos(r->tmpl);
-        rc = tdm_tokenizer_encode(r->tok, text, text_len, add_bos, true, &ids, &n_ids, err);
         free(text);
-        if (rc != TDM_OK)
-            return tdm_error_prefix(err, rc, "chat: ");
         break;
     }
     case TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS: {

@@ -79,27 +79,18 @@ static int load_model(tdm_router_t *r, tdm_error_t *err)
         return tdm_error_prefix(err, err ? err->code : TDM_EINVALID,
                                 "tokenizer of %s: ", cfg->model.path);
     r->n_vocab = hp->n_vocab;
-    r->n_ctx = hp->n_ctx_train < TDM_ROUTER_MAX_CTX ? hp->n_ctx_train : TDM_ROUTER_MAX_CTX;
+    r->n_ctx = tdm_model_serve_n_ctx(hp); /* the nodes' too; a node with less is refused */
     r->fingerprint = tdm_model_fingerprint(r->model);
     r->block_size = (uint32_t)cfg->kv.block_size;
     r->layout =
         (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim, r->block_size, cfg->kv.dtype};
-    /* The template: the config's override, else the family the model names. The default
-     * system message comes from the model's template when it is of the same family. */
+    /* The template: the config's override, else the family the model names
+     * (tdm_chat_template_pick, the rule `tandem generate -m` and `tandem tokenize` share). */
     tdm_error_t terr = {0};
-    tdm_chat_template_t detected;
-    char sys[TDM_CHAT_DEFAULT_SYSTEM_MAX] = "";
-    bool have_detected = tdm_chat_template_detect(tdm_model_gguf(r->model), &detected, sys,
-                                                  sizeof sys, &terr) == TDM_OK;
-    if (cfg->model.chat_template_set) {
+    const tdm_chat_template_t *override =
+        cfg->model.chat_template_set ? &cfg->model.chat_template : NULL;
+    if (tdm_chat_template_pick(tdm_model_gguf(r->model), override, &r->chat, &terr) == TDM_OK) {
         r->have_template = true;
-        r->tmpl = cfg->model.chat_template;
-        if (have_detected && detected == r->tmpl)
-            snprintf(r->default_system, sizeof r->default_system, "%s", sys);
-    } else if (have_detected) {
-        r->have_template = true;
-        r->tmpl = detected;
-        snprintf(r->default_system, sizeof r->default_system, "%s", sys);
     } else {
         snprintf(r->template_error, sizeof r->template_error, "%s", terr.msg);
         tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL,
@@ -374,7 +365,8 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
     info.fingerprint = r->fingerprint;
     info.n_ctx = r->n_ctx;
     info.n_vocab = r->n_vocab;
-    info.chat_template = r->have_template ? (char *)tdm_chat_template_name(r->tmpl) : (char *)"";
+    info.chat_template =
+        r->have_template ? (char *)tdm_chat_template_name(r->chat.tmpl) : (char *)"";
     /* the shape, for capacity planning with the nodes' sizing functions (tandem/kv.h) */
     const tdm_llama_hparams_t *hp = tdm_model_hparams(r->model);
     info.n_layers = r->layout.n_layers;

@@ -29,9 +29,6 @@
 extern "C" {
 #endif
 
-/* The router's context length: min(TDM_ROUTER_MAX_CTX, the model's n_ctx_train), the nodes'
- * default engine n_ctx. Nodes registering with a smaller n_ctx are refused. */
-#define TDM_ROUTER_MAX_CTX 4096u
 /* Longest request id, bytes (the nodes keep ids in 128-byte buffers with the NUL). */
 #define TDM_ROUTER_REQUEST_ID_MAX 127u
 /* Most stop strings per request and their longest length, bytes. */

@@ -17,6 +17,7 @@
 #include "tandem/chat.h"
 #include "tandem/kv.h"
 #include "tandem/model.h"
+#include "tandem/prompt.h"
 #include "tandem/proto.h"
 #include "tandem/sampling.h"
 #include "tandem/tokenizer.h"
@@ -146,8 +147,7 @@ struct tdm_router {
     tdm_model_t *model;
     tdm_tokenizer_t *tok;
     bool have_template;
-    tdm_chat_template_t tmpl;
-    char default_system[TDM_CHAT_DEFAULT_SYSTEM_MAX];
+    tdm_chat_pick_t chat; /* the template chat requests use; set when have_template */
     char template_error[TDM_ERRMSG_MAX];
     uint32_t n_ctx, n_vocab, block_size;
     uint64_t fingerprint;

@@ -50,6 +50,32 @@ static tdm_kv_pool_t *pool_new_ok(tdm_kv_layout_t l, uint32_t n_blocks)
 
 /* ---- sizing ---- */
 
+/* The one layout check: the first differing field in a fixed order, with both values. */
+static void test_layout_mismatch(void **state)
+{
+    (void)state;
+    const tdm_kv_layout_t want = {30, 3, 64, 16, TDM_KV_F16};
+    tdm_kv_layout_t got = want;
+    uint32_t g = 7, w = 7;
+    assert_null(tdm_kv_layout_mismatch(&got, &want, &g, &w));
+    assert_int_equal(g, 7); /* untouched when equal */
+    got.dtype = TDM_KV_Q8;
+    assert_string_equal(tdm_kv_layout_mismatch(&got, &want, &g, &w), "dtype");
+    assert_int_equal(g, TDM_KV_Q8);
+    assert_int_equal(w, TDM_KV_F16);
+    got.block_size = 32;
+    assert_string_equal(tdm_kv_layout_mismatch(&got, &want, &g, &w), "block_size");
+    assert_int_equal(g, 32);
+    assert_int_equal(w, 16);
+    got.n_kv_heads = 2;
+    got.head_dim = 128;
+    assert_string_equal(tdm_kv_layout_mismatch(&got, &want, &g, &w), "n_kv_heads");
+    got.n_layers = 12;
+    assert_string_equal(tdm_kv_layout_mismatch(&got, &want, &g, &w), "n_layers");
+    assert_int_equal(g, 12);
+    assert_int_equal(w, 30);
+}
+
 static void test_sizing_llama2(void **state)
 {
     (void)state;
@@ -782,6 +808,7 @@ static void test_stress(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_mismatch),
         cmocka_unit_test(test_sizing_llama2),
         cmocka_unit_test(test_sizing_smollm2),
         cmocka_unit_test(test_sizing_dtypes),

@@ -16,6 +16,7 @@
 #include "tandem/config.h"
 #include "tandem/model.h"
 #include "tandem/net.h"
+#include "tandem/prompt.h"
 #include "tandem/tokenizer.h"
 #include "tdm_test.h"
 #include "tiny_model.h"
@@ -90,6 +91,10 @@ typedef struct env {
 
 /* The nodes: list of the next env_new_with when set (test_curve gives them keys). */
 static const char *env_nodes_yaml;
+/* When set, the next env_new_with serves this model file (the test writes and removes it)
+ * instead of writing the default tiny model, with env_model_yaml under model:. */
+static const char *env_model_file;
+static const char *env_model_yaml;
 
 /* A router over the tiny model with four configured nodes; router_yaml goes under router:,
  * extra_yaml at the top level. */
@@ -102,16 +107,19 @@ static env_t *env_new_with(const char *router_yaml, const char *extra_yaml)
     snprintf(e->model_path, sizeof e->model_path, "%s/tiny.gguf", e->dir);
     tdm_error_t err = {0};
     tdm_tiny_llama_spec_t spec = {.n_vocab = 512, .n_ctx = N_CTX, .seed = 7};
-    assert_int_equal(tdm_test_write_tiny_llama(e->model_path, &spec, &err), 0);
+    if (env_model_file)
+        snprintf(e->model_path, sizeof e->model_path, "%s", env_model_file);
+    else
+        assert_int_equal(tdm_test_write_tiny_llama(e->model_path, &spec, &err), 0);
     char yaml[4096];
     snprintf(yaml, sizeof yaml,
-             "model:\n  path: %s\n  name: tiny\n"
+             "model:\n  path: %s\n  name: tiny\n%s"
              "router:\n%s"
              "%s"
              "kv:\n  block_size: 16\n"
              "nodes:\n%s",
-             e->model_path, router_yaml ? router_yaml : "  max_queue: 16\n",
-             extra_yaml ? extra_yaml : "",
+             e->model_path, env_model_yaml ? env_model_yaml : "",
+             router_yaml ? router_yaml : "  max_queue: 16\n", extra_yaml ? extra_yaml : "",
              env_nodes_yaml ? env_nodes_yaml
                             : "  - {id: prefill-0, role: prefill}\n"
                               "  - {id: prefill-1, role: prefill}\n"
@@ -167,7 +175,8 @@ static void env_free(env_t *e)
     tdm_tokenizer_destroy(&e->tok);
     tdm_model_destroy(&e->model);
     tdm_config_free(&e->cfg);
-    unlink(e->model_path);
+    if (strncmp(e->model_path, e->dir, strlen(e->dir)) == 0)
+        unlink(e->model_path); /* the default model env_new_with wrote */
     rmdir(e->dir);
     free(e);
 }
@@ -2154,6 +2163,191 @@ static void test_metrics(void **state)
     env_free(e);
 }
 
+/* ---- one prompt rule: the router, `tandem generate -m` and `tandem tokenize --chat` ---- */
+
+#define PROMPT_SYSTEM "You are a tiny test model."
+#define PROMPT_USER "Hi there"
+
+/* The tiny model with a ChatML template that has a default system message (as SmolLM2's
+ * has) and add_bos_token = true, so both halves of the BOS rule show: ChatML gets BOS
+ * (<|im_start|>, id 510) added, Llama-3 and Llama-2 write their own. */
+static void write_prompt_model(const char *path)
+{
+    static const char tpl[] =
+        "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\\n" PROMPT_SYSTEM "<|im_end|>\\n' }}{% endif %}"
+        "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+        "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+        "{% endif %}";
+    tdm_tiny_llama_spec_t spec = {.n_vocab = 512, .n_ctx = N_CTX, .seed = 7};
+    tdm_gguf_writer_t *w = NULL;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_test_tiny_llama_build(&spec, &w, &err), 0);
+    assert_int_equal(tdm_gguf_writer_set_str(w, "tokenizer.chat_template", tpl), 0);
+    assert_int_equal(tdm_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", true), 0);
+    assert_int_equal(tdm_gguf_writer_write_file(w, path, &err), 0);
+    tdm_gguf_writer_destroy(&w);
+}
+
+/* Runs the shell command cmd; returns its stdout (heap, NUL-terminated) and checks it exits 0. */
+static char *run_capture(const char *cmd)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0, got;
+    char *out = malloc(cap);
+    assert_non_null(out);
+    while ((got = fread(out + n, 1, cap - n - 1, p)) > 0)
+        n += got;
+    out[n] = '\0';
+    int st = pclose(p);
+    if (st != 0)
+        fail_msg("'%s' failed (status %d): %s", cmd, st, out);
+    return out;
+}
+
+/* The shell arguments of a chat with optional system message and template name. */
+static void chat_args(char *buf, size_t cap, const char *system, const char *tmpl)
+{
+    snprintf(buf, cap, "--chat '" PROMPT_USER "'%s%s%s%s%s", system ? " --system '" : "",
+             system ? system : "", system ? "'" : "", tmpl ? " --chat-template " : "",
+             tmpl ? tmpl : "");
+}
+
+/* The prompt text the case must render, BOS included (decoded with special tokens). */
+static void expected_prompt(char *buf, size_t cap, const char *system, const char *tmpl)
+{
+    if (!tmpl || strcmp(tmpl, "chatml") == 0)
+        snprintf(buf, cap,
+                 "<|im_start|><|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n" PROMPT_USER
+                 "<|im_end|>\n<|im_start|>assistant\n",
+                 system ? system : PROMPT_SYSTEM);
+    else if (strcmp(tmpl, "llama3") == 0)
+        snprintf(buf, cap,
+                 "<|begin_of_text|>%s%s%s<|start_header_id|>user<|end_header_id|>\n\n" PROMPT_USER
+                 "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+                 system ? "<|start_header_id|>system<|end_header_id|>\n\n" : "",
+                 system ? system : "", system ? "<|eot_id|>" : "");
+    else
+        snprintf(buf, cap, "<s>[INST] %s%s%s" PROMPT_USER " [/INST]", system ? "<<SYS>>\n" : "",
+                 system ? system : "", system ? "\n<</SYS>>\n\n" : "");
+}
+
+/* For one template override (NULL: none) and system message (NULL: none), the router's
+ * DecodeReserve.prompt_tokens, tdm_prompt_encode's ids, `tandem tokenize --chat`'s ids and
+ * `tandem generate -m`'s prompt token count are the same, and the ids decode to the rendering
+ * the template must give. */
+static void prompt_case(const char *model, const char *tmpl, const char *system)
+{
+    char yaml[128] = "";
+    if (tmpl)
+        snprintf(yaml, sizeof yaml, "  chat_template: %s\n", tmpl);
+    env_model_file = model;
+    env_model_yaml = yaml;
+    env_t *e = env_new(NULL);
+    env_model_file = NULL;
+    env_model_yaml = NULL;
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+
+    /* the router */
+    Tandem__V1__ChatMessage m0 = TANDEM__V1__CHAT_MESSAGE__INIT,
+                            m1 = TANDEM__V1__CHAT_MESSAGE__INIT;
+    m0.role = (char *)"system";
+    m0.content = (char *)system;
+    m1.role = (char *)"user";
+    m1.content = (char *)PROMPT_USER;
+    Tandem__V1__ChatMessage *msgs[2] = {&m0, &m1};
+    Tandem__V1__ChatList chat = TANDEM__V1__CHAT_LIST__INIT;
+    chat.n_messages = system ? 2 : 1;
+    chat.messages = system ? msgs : msgs + 1;
+    Tandem__V1__GenerateRequest g = TANDEM__V1__GENERATE_REQUEST__INIT;
+    g.request_id = (char *)"r-prompt";
+    g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    g.chat = &chat;
+    g.max_tokens = 1;
+    generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    const int32_t *ids = rs->prompt_tokens;
+    size_t n = rs->n_prompt_tokens;
+    assert_true(n > 8);
+
+    /* real values: the rendering, and BOS added only where the template does not write it */
+    char want[1024], *text = NULL;
+    expected_prompt(want, sizeof want, system, tmpl);
+    size_t text_len = 0;
+    assert_int_equal(tdm_tokenizer_decode(e->tok, ids, n, true, &text, &text_len, NULL), 0);
+    assert_string_equal(text, want);
+    free(text);
+    bool chatml = !tmpl || strcmp(tmpl, "chatml") == 0;
+    assert_int_equal(ids[0] == 510 && ids[1] == 510, chatml);
+
+    /* tdm_prompt_encode with the same pick, system message given explicitly */
+    tdm_chat_template_t named;
+    tdm_error_t err = {0};
+    if (tmpl)
+        assert_int_equal(tdm_chat_template_from_name(tmpl, &named, &err), 0);
+    tdm_chat_pick_t pick;
+    assert_int_equal(
+        tdm_chat_template_pick(tdm_model_gguf(e->model), tmpl ? &named : NULL, &pick, &err), 0);
+    tdm_chat_message_t user = {"user", PROMPT_USER};
+    tdm_prompt_input_t in = {.messages = &user, .n_messages = 1, .system = system};
+    int32_t *mine = NULL;
+    size_t n_mine = 0;
+    assert_int_equal(tdm_prompt_encode(e->tok, &pick, &in, &mine, &n_mine, NULL, &err), 0);
+    assert_int_equal(n_mine, n);
+    assert_memory_equal(mine, ids, n * sizeof *ids);
+    free(mine);
+
+    /* the command-line tools */
+    char args[256], cmd[1024];
+    chat_args(args, sizeof args, system, tmpl);
+    snprintf(cmd, sizeof cmd, "'%s/client/tandem' tokenize -m '%s' %s", TDM_BINARY_DIR, model,
+             args);
+    char *out = run_capture(cmd);
+    char *p = out;
+    for (size_t i = 0; i < n; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v != ids[i])
+            fail_msg("tokenize --chat: id %zu differs from the router's %d: %s", i, (int)ids[i],
+                     out);
+        p = end;
+    }
+    assert_string_equal(p, "\n");
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s/client/tandem' generate -m '%s' %s -n 1 -t 1 2>&1 >/dev/null",
+             TDM_BINARY_DIR, model, args);
+    out = run_capture(cmd);
+    p = strstr(out, "prompt tokens: ");
+    if (!p)
+        fail_msg("generate -m printed no prompt token count: %s", out);
+    assert_int_equal(strtoul(p + strlen("prompt tokens: "), NULL, 10), n);
+    free(out);
+
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    env_free(e);
+}
+
+/* The three ways into a prompt agree under every template override, with and without a system
+ * message: an override of the model's own family (chatml here) keeps its default system
+ * message, as no override does; the others have none. */
+static void test_prompt_agrees(void **state)
+{
+    (void)state;
+    char dir[64] = "/tmp/tdm_prompt_XXXXXX", model[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(model, sizeof model, "%s/tiny-chat.gguf", dir);
+    write_prompt_model(model);
+    const char *tmpls[] = {NULL, "chatml", "llama3", "llama2"};
+    for (size_t t = 0; t < 4; t++) {
+        prompt_case(model, tmpls[t], NULL);
+        prompt_case(model, tmpls[t], "Be short.");
+    }
+    unlink(model);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2180,6 +2374,7 @@ int main(void)
         cmocka_unit_test(test_client_gone),
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_prompt_agrees),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -81,6 +81,29 @@ int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char
  * the caller must tokenize the result with add_bos = false. Cannot fail. */
 bool tdm_chat_template_writes_bos(tdm_chat_template_t t);
 
+/* The template a model's prompts are rendered with and the default system message that goes
+ * with it: what tdm_chat_template_pick chooses, what tdm_prompt_encode (tandem/prompt.h)
+ * renders with. A plain value (about 4 KiB); nothing to free. */
+typedef struct tdm_chat_pick {
+    tdm_chat_template_t tmpl;
+    char default_system[TDM_CHAT_DEFAULT_SYSTEM_MAX]; /* NUL-terminated; "" when none */
+} tdm_chat_pick_t;
+
+/* Picks the template for the prompts of the model g: *override when override is not NULL (the
+ * config's model.chat_template, the CLI's --chat-template), else the family
+ * tdm_chat_template_detect finds in g's tokenizer.chat_template. The model's default system
+ * message is kept only when the picked template is the detected family, so an override naming
+ * the model's own family keeps it and one naming another family drops it (the message was
+ * written for the model's own template). The router, `tandem generate -m` and `tandem
+ * tokenize --chat` all pick with this function, so they render the same prompt.
+ * Returns 0 with *out set, or, when override is NULL, the errors of tdm_chat_template_detect
+ * (TDM_EINVALID: no recognisable template, the message names the settings that choose one;
+ * TDM_ERESOURCE). With an override it cannot fail: a model whose own template is missing,
+ * unrecognised or has a default system message too long for the buffer just gives none.
+ * On error *out is unspecified. Borrows g and override; keeps nothing. */
+int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_chat_template_t *override,
+                           tdm_chat_pick_t *out, tdm_error_t *err);
+
 /* Renders n messages (msgs may be NULL when n is 0) with template t. add_generation_prompt
  * appends the header that opens the assistant's reply (ChatML "<|im_start|>assistant\n",
  * Llama-3 "<|start_header_id|>assistant<|end_header_id|>\n\n"; Llama-2 has none: its prompt

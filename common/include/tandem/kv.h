@@ -50,6 +50,14 @@ typedef struct tdm_kv_layout {
     tdm_kv_dtype_t dtype;
 } tdm_kv_layout_t;
 
+/* The first field in which layout `got` differs from `want`, in the order n_layers,
+ * n_kv_heads, head_dim, block_size, dtype ("n_layers", ..., "dtype"), with both values in
+ * *got_v / *want_v (dtype: its enum value, tdm_kv_dtype_name names it); NULL when they are
+ * equal. The one check the router (registration) and the KV receiver (every transfer) use,
+ * each wording its own message. Cannot fail. */
+const char *tdm_kv_layout_mismatch(const tdm_kv_layout_t *got, const tdm_kv_layout_t *want,
+                                   uint32_t *got_v, uint32_t *want_v);
+
 /* Checks a layout: every field positive, block_size a power of two <= 256, head_dim a
  * multiple of 4, the block size in bytes fits in 32 bits. TDM_EINVALID naming the field. */
 int tdm_kv_layout_check(const tdm_kv_layout_t *l, tdm_error_t *err);

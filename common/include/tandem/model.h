@@ -43,6 +43,15 @@ tdm_model_t *tdm_model_load(const char *path, tdm_error_t *err);
 void tdm_model_destroy(tdm_model_t **self_p);
 
 const tdm_llama_hparams_t *tdm_model_hparams(const tdm_model_t *m);
+
+/* Longest context Tandem serves (tokens): a cluster's context is min(this, the model's). */
+#define TDM_MODEL_MAX_SERVE_CTX 4096u
+
+/* The context length (tokens) the router and every node use for a model with hparams hp:
+ * min(TDM_MODEL_MAX_SERVE_CTX, hp->n_ctx_train). One function, so the router's validation
+ * and the nodes' engines agree; a node registering with less is refused. Cannot fail. */
+uint32_t tdm_model_serve_n_ctx(const tdm_llama_hparams_t *hp);
+
 /* The open GGUF file (for the tokenizer and metadata); owned by the model. */
 const tdm_gguf_t *tdm_model_gguf(const tdm_model_t *m);
 /* Bytes of all weight tensors as stored (quantized). */

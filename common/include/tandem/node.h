@@ -27,9 +27,6 @@
 extern "C" {
 #endif
 
-/* Longest context a node serves by default: min(this, the model's trained context). */
-#define TDM_NODE_DEFAULT_N_CTX 4096u
-
 /* ---- CURVE keys ---- */
 
 /* A node daemon's CURVE material (DESIGN.md "Security and identity"): its own pair, the
@@ -84,9 +81,6 @@ typedef struct tdm_node_runtime {
     uint64_t weight_bytes, scratch_bytes, kv_bytes; /* the budget's split */
     tdm_node_keys_t keys; /* the node's CURVE keys, loaded before the model */
 } tdm_node_runtime_t;
-
-/* Context length every node and the router use for model hparams hp. */
-uint32_t tdm_node_n_ctx(const tdm_llama_hparams_t *hp);
 
 /* Opens the runtime of node `node` of cluster cfg: loads its CURVE keys (tdm_node_keys_open,
  * first, so that a bad key file fails at once), loads cfg->model.path, sizes the KV pool

@@ -59,6 +59,28 @@ struct tdm_kv_pool {
 
 static const char *const dtype_names[] = {"f32", "f16", "q8"};
 
+const char *tdm_kv_layout_mismatch(const tdm_kv_layout_t *got, const tdm_kv_layout_t *want,
+                                   uint32_t *got_v, uint32_t *want_v)
+{
+    const struct {
+        const char *name;
+        uint32_t g, w;
+    } f[] = {
+        {"n_layers", got->n_layers, want->n_layers},
+        {"n_kv_heads", got->n_kv_heads, want->n_kv_heads},
+        {"head_dim", got->head_dim, want->head_dim},
+        {"block_size", got->block_size, want->block_size},
+        {"dtype", (uint32_t)got->dtype, (uint32_t)want->dtype},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].g != f[i].w) {
+            *got_v = f[i].g;
+            *want_v = f[i].w;
+            return f[i].name;
+        }
+    return NULL;
+}
+
 const char *tdm_kv_dtype_name(tdm_kv_dtype_t dtype)
 {
     return (unsigned)dtype < sizeof dtype_names / sizeof dtype_names[0] ? dtype_names[dtype] : "?";

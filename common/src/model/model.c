@@ -192,6 +192,11 @@ const tdm_llama_hparams_t *tdm_model_hparams(const tdm_model_t *m)
     return &m->hp;
 }
 
+uint32_t tdm_model_serve_n_ctx(const tdm_llama_hparams_t *hp)
+{
+    return hp->n_ctx_train < TDM_MODEL_MAX_SERVE_CTX ? hp->n_ctx_train : TDM_MODEL_MAX_SERVE_CTX;
+}
+
 const tdm_gguf_t *tdm_model_gguf(const tdm_model_t *m)
 {
     return m->gguf;

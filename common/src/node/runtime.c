@@ -6,11 +6,6 @@
 
 #include "tandem/node.h"
 
-uint32_t tdm_node_n_ctx(const tdm_llama_hparams_t *hp)
-{
-    return hp->n_ctx_train < TDM_NODE_DEFAULT_N_CTX ? hp->n_ctx_train : TDM_NODE_DEFAULT_N_CTX;
-}
-
 static double mib(uint64_t b)
 {
     return (double)b / (1024.0 * 1024.0);
@@ -40,7 +35,7 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
         goto out_close;
     }
     rt->n_vocab = hp->n_vocab;
-    rt->n_ctx = tdm_node_n_ctx(hp);
+    rt->n_ctx = tdm_model_serve_n_ctx(hp);
     rt->fingerprint = tdm_model_fingerprint(rt->model);
     rt->weight_bytes = tdm_model_weight_bytes(rt->model);
     rt->layout = (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim,

@@ -1103,24 +1103,17 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
     if (tdm_proto_layout_from(h->layout, &l, &e) != 0)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "%s", e.msg);
     const tdm_kv_layout_t *mine = &r->layout;
-    const char *field = NULL;
     uint32_t theirs = 0, ours = 0;
-    if (l.n_layers != mine->n_layers)
-        field = "n_layers", theirs = l.n_layers, ours = mine->n_layers;
-    else if (l.n_kv_heads != mine->n_kv_heads)
-        field = "n_kv_heads", theirs = l.n_kv_heads, ours = mine->n_kv_heads;
-    else if (l.head_dim != mine->head_dim)
-        field = "head_dim", theirs = l.head_dim, ours = mine->head_dim;
-    else if (l.block_size != mine->block_size)
-        field = "block_size", theirs = l.block_size, ours = mine->block_size;
+    const char *field = tdm_kv_layout_mismatch(&l, mine, &theirs, &ours);
+    if (field && strcmp(field, "dtype") == 0)
+        return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
+                                 "KV layout mismatch: dtype is %s in the transfer, %s on this node",
+                                 tdm_kv_dtype_name((tdm_kv_dtype_t)theirs),
+                                 tdm_kv_dtype_name((tdm_kv_dtype_t)ours));
     if (field)
         return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
                                  "KV layout mismatch: %s is %u in the transfer, %u on this node",
                                  field, theirs, ours);
-    if (l.dtype != mine->dtype)
-        return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
-                                 "KV layout mismatch: dtype is %s in the transfer, %s on this node",
-                                 tdm_kv_dtype_name(l.dtype), tdm_kv_dtype_name(mine->dtype));
     if (h->model_fingerprint != r->model_fingerprint)
         return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
                                  "model fingerprint mismatch: transfer 0x%016" PRIx64

@@ -1,0 +1,52 @@
+/* prompt.h - a request's input (raw text or chat messages) -> the prompt's token ids.
+ *
+ * The one implementation of the rule that turns what a user typed into the tokens a model
+ * sees. The router (router/request.c), `tandem generate -m` and `tandem tokenize --chat` all
+ * call tdm_prompt_encode with a template picked by tdm_chat_template_pick (tandem/chat.h), so
+ * the same input gives the same ids everywhere; tests/unit/test_router.c checks the three
+ * agree. The rule:
+ *  - raw text: tokenized with parse_special (control tokens' texts such as "<|im_start|>" are
+ *    matched) and BOS added when the tokenizer says so (tokenizer.ggml.add_bos_token);
+ *  - chat: rendered by tdm_chat_apply with the picked template, its default system message and
+ *    the generation prompt, then tokenized with parse_special and BOS added when the tokenizer
+ *    says so and the template does not write BOS's text itself (tdm_chat_template_writes_bos),
+ *    which is Hugging Face's add_special_tokens=False for chat prompts.
+ *
+ * Pure: no state, safe from any thread for a tokenizer that is.
+ */
+#ifndef TANDEM_PROMPT_H
+#define TANDEM_PROMPT_H
+
+#include <stddef.h>
+
+#include "tandem/base.h"
+#include "tandem/chat.h"
+#include "tandem/tokenizer.h"
+
+/* What to encode: raw text when text is not NULL, chat messages otherwise. All pointers are
+ * borrowed from the caller and must stay valid during the call. */
+typedef struct tdm_prompt_input {
+    const char *text; /* raw prompt of text_len bytes (UTF-8; need not be NUL-terminated) */
+    size_t text_len;
+    const tdm_chat_message_t *messages; /* chat: n_messages messages (NULL when 0) */
+    size_t n_messages;
+    const char *system; /* chat: NULL, or a system message put before messages (the CLI's
+                           --system); it replaces the template's default one */
+} tdm_prompt_input_t;
+
+/* Encodes in as the rule above says. pick is the template (tdm_chat_template_pick); it may be
+ * NULL for raw text. rendered, when not NULL, receives the rendered chat text (a
+ * NUL-terminated heap string the caller frees with free(); NULL for raw text and on error),
+ * for logs.
+ * On success *ids is a heap array of *n_ids token ids (0 <= id < the vocabulary size) that the
+ * caller frees with free(); it may be empty (an empty raw text without BOS) but is not NULL.
+ * Callers check the length against their context themselves.
+ * Errors: TDM_EINVALID for a chat without a template (pick NULL) or one tdm_chat_apply refuses
+ * (unknown role, misplaced system message, broken Llama-2 alternation: the message names the
+ * message's index, counting an explicit system message as index 0); TDM_ERESOURCE (out of
+ * memory); TDM_EINTERNAL (the tokenizer's PCRE2 failed). On error *ids is NULL and *n_ids 0. */
+int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
+                      const tdm_prompt_input_t *in, tdm_token_t **ids, size_t *n_ids,
+                      char **rendered, tdm_error_t *err);
+
+#endif /* TANDEM_PROMPT_H */

@@ -1,0 +1,65 @@
+/* prompt.c - the prompt rule (tandem/prompt.h): raw text or chat messages -> token ids. */
+#include "tandem/prompt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Renders the chat of in with pick into *text (heap, *len bytes). */
+static int render_chat(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in, char **text,
+                       size_t *len, tdm_error_t *err)
+{
+    if (!pick)
+        return tdm_error_set(err, TDM_EINVALID, "chat: no chat template");
+    const tdm_chat_message_t *msgs = in->messages;
+    size_t n = in->n_messages;
+    tdm_chat_message_t *all = NULL;
+    if (in->system) {
+        if (!tdm_add_size(n, 1, &n) || !(all = malloc(n * sizeof *all)))
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        all[0] = (tdm_chat_message_t){"system", in->system};
+        if (in->n_messages)
+            memcpy(all + 1, in->messages, in->n_messages * sizeof *all);
+        msgs = all;
+    }
+    const char *sys = pick->default_system[0] ? pick->default_system : NULL;
+    int rc = tdm_chat_apply(pick->tmpl, msgs, n, true, sys, text, len, err);
+    free(all);
+    return rc;
+}
+
+int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
+                      const tdm_prompt_input_t *in, tdm_token_t **ids, size_t *n_ids,
+                      char **rendered, tdm_error_t *err)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    if (rendered)
+        *rendered = NULL;
+    int rc;
+    if (in->text) {
+        rc = tdm_tokenizer_encode(tok, in->text, in->text_len, tdm_tokenizer_add_bos(tok), true,
+                                  ids, n_ids, err);
+        if (rc != TDM_OK) {
+            *ids = NULL;
+            *n_ids = 0;
+        }
+        return rc;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    rc = render_chat(pick, in, &text, &len, err);
+    if (rc != TDM_OK)
+        return rc;
+    /* a template that writes BOS's text itself (Llama-3, Llama-2) must not get a second one */
+    bool add_bos = tdm_tokenizer_add_bos(tok) && !tdm_chat_template_writes_bos(pick->tmpl);
+    rc = tdm_tokenizer_encode(tok, text, len, add_bos, true, ids, n_ids, err);
+    if (rc != TDM_OK) {
+        *ids = NULL;
+        *n_ids = 0;
+    }
+    if (rc == TDM_OK && rendered)
+        *rendered = text;
+    else
+        free(text);
+    return rc;
+}
