@@ -1,14 +1,15 @@
 /* cmd_generate.c - `tandem generate`: one generation, in this process (-m MODEL) or through
  * the router (no -m).
  *
- * With -m: tokenizes the prompt (or renders a chat message through the model's template),
- * prefills it in chunks, then decodes one token per step, streaming the text to stdout as it
- * is produced. This is the reference the cluster's output must equal for the same model,
- * prompt and sampling parameters.
- * Without -m: sends the same request (same sampling defaults: greedy, seed 0, 256 tokens) to
- * the router with libtandem-client and streams the text deltas to stdout as they arrive.
- * Either way usage figures (prompt tokens, TTFT, TPOT, decode tokens/s, finish reason) go to
- * stderr at the end, so stdout carries only the generated text and scripts can compare it.
+ * With -m: tokenizes the prompt (or renders a chat message through the model's template) and
+ * runs it through the continuous-batching worker the decode node uses (tandem/worker.h,
+ * DECODE mode with local prefill): the prompt is prefilled in chunks, then one token is
+ * decoded per step, and the text is streamed to stdout as it is produced. This is the reference the
+ * cluster's output must equal for the same model, prompt and sampling parameters. Without -m: sends
+ * the same request (same sampling defaults: greedy, seed 0, 256 tokens) to the router with
+ * libtandem-client and streams the text deltas to stdout as they arrive. Either way usage figures
+ * (prompt tokens, TTFT, TPOT, decode tokens/s, finish reason) go to stderr at the end, so stdout
+ * carries only the generated text and scripts can compare it.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -27,6 +28,7 @@
 #include "tandem/prompt.h"
 #include "tandem/sampling.h"
 #include "tandem/tokenizer.h"
+#include "tandem/worker.h"
 
 static void usage(FILE *out)
 {
@@ -386,27 +388,34 @@ static void print_router_usage(const tdm_client_result_t *r)
             t->e2e_s * 1e3, r->request_id);
 }
 
+/* The sampling options of o as the tandem tool's shared form (cli_common.h). */
+static void cli_sampling(const gen_opts_t *o, tdm_cli_sampling_t *cs)
+{
+    memset(cs, 0, sizeof *cs);
+    cs->preset = o->preset;
+    cs->temperature = o->temperature;
+    cs->top_p = o->top_p;
+    cs->min_p = o->min_p;
+    cs->rep = o->rep;
+    cs->presence = o->presence;
+    cs->frequency = o->frequency;
+    cs->top_k = o->top_k;
+    cs->seed = o->seed;
+    cs->has_temperature = o->has_temperature;
+    cs->has_top_p = o->has_top_p;
+    cs->has_min_p = o->has_min_p;
+    cs->has_rep = o->has_rep;
+    cs->has_presence = o->has_presence;
+    cs->has_frequency = o->has_frequency;
+    cs->has_top_k = o->has_top_k;
+    cs->ignore_eos = o->ignore_eos;
+}
+
 static int generate_router(const gen_opts_t *o)
 {
     const char *cmd = "tandem generate";
-    tdm_cli_sampling_t cs = {0};
-    cs.preset = o->preset;
-    cs.temperature = o->temperature;
-    cs.top_p = o->top_p;
-    cs.min_p = o->min_p;
-    cs.rep = o->rep;
-    cs.presence = o->presence;
-    cs.frequency = o->frequency;
-    cs.top_k = o->top_k;
-    cs.seed = o->seed;
-    cs.has_temperature = o->has_temperature;
-    cs.has_top_p = o->has_top_p;
-    cs.has_min_p = o->has_min_p;
-    cs.has_rep = o->has_rep;
-    cs.has_presence = o->has_presence;
-    cs.has_frequency = o->has_frequency;
-    cs.has_top_k = o->has_top_k;
-    cs.ignore_eos = o->ignore_eos;
+    tdm_cli_sampling_t cs;
+    cli_sampling(o, &cs);
     tdm_sampling_params_t sp;
     if (!tdm_cli_sampling_build(cmd, &cs, o->max_tokens, &sp))
         return 2;
@@ -476,6 +485,249 @@ out_text:
     return status;
 }
 
+/* ---- in this process ---- */
+
+/* What an in-process generation holds; local_close releases it in reverse order. */
+typedef struct local_gen {
+    tdm_model_t *model;
+    tdm_tokenizer_t *tok;
+    int32_t *prompt; /* [n_prompt] token ids, heap */
+    size_t n_prompt;
+    uint32_t n_ctx; /* context length, tokens */
+    tdm_kv_pool_t *pool;
+    tdm_engine_t *engine;
+    tdm_worker_t *worker; /* DECODE mode, one sequence */
+} local_gen_t;
+
+static void local_close(local_gen_t *g)
+{
+    tdm_worker_destroy(&g->worker);
+    tdm_engine_destroy(&g->engine);
+    tdm_kv_pool_destroy(&g->pool);
+    free(g->prompt);
+    g->prompt = NULL;
+    tdm_tokenizer_destroy(&g->tok);
+    tdm_model_destroy(&g->model);
+}
+
+/* Fills *sp from o: greedy by default, then the preset, then the options given. Returns 0 or
+ * the exit status 2 after printing why. The vocabulary check comes once the model is loaded. */
+static int local_sampling(const gen_opts_t *o, tdm_sampling_params_t *sp)
+{
+    tdm_cli_sampling_t cs;
+    cli_sampling(o, &cs);
+    return tdm_cli_sampling_build("tandem generate", &cs, o->max_tokens, sp) ? 0 : 2;
+}
+
+/* Sets g->n_ctx from --ctx (default min(4096, the model's)) and checks the prompt fits it.
+ * Returns 0 or the exit status 2 after printing why. */
+static int local_context(const gen_opts_t *o, local_gen_t *g)
+{
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(g->model);
+    g->n_ctx = o->ctx ? (uint32_t)o->ctx : 4096;
+    if (g->n_ctx > hp->n_ctx_train) {
+        if (o->ctx) {
+            fprintf(stderr,
+                    "tandem generate: --ctx %ld exceeds the model's context length %" PRIu32 "\n",
+                    o->ctx, hp->n_ctx_train);
+            return 2;
+        }
+        g->n_ctx = hp->n_ctx_train;
+    }
+    if (g->n_prompt == 0) {
+        fprintf(stderr, "tandem generate: the prompt is empty (it must have at least 1 token)\n");
+        return 2;
+    }
+    if (g->n_prompt >= g->n_ctx) {
+        fprintf(stderr,
+                "tandem generate: the prompt has %zu tokens; it must have 1..%" PRIu32
+                " (the context is %" PRIu32 " tokens, raise it with --ctx)\n",
+                g->n_prompt, g->n_ctx - 1, g->n_ctx);
+        return 2;
+    }
+    return 0;
+}
+
+/* Loads the model and tokenizer, validates *sp against the vocabulary and encodes the prompt.
+ * Returns 0 or the exit status (2 for bad input, 1 otherwise) after printing why; the caller
+ * releases g with local_close either way. */
+static int local_open_model(const gen_opts_t *o, const tdm_sampling_params_t *sp, local_gen_t *g)
+{
+    tdm_error_t err = {0};
+    g->model = tdm_model_load(o->model, &err);
+    if (!g->model) {
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
+        return 1;
+    }
+    if (tdm_sampling_params_validate(sp, tdm_model_hparams(g->model)->n_vocab, &err) != TDM_OK) {
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
+        return 2;
+    }
+    g->tok = tdm_tokenizer_new(tdm_model_gguf(g->model), &err);
+    if (!g->tok) {
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
+        return 1;
+    }
+    if (encode_prompt(o, tdm_model_gguf(g->model), g->tok, &g->prompt, &g->n_prompt, &err) !=
+        TDM_OK) {
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
+        return err.code == TDM_EINVALID ? 2 : 1; /* 2: a bad --chat-template, --chat, --system */
+    }
+    return local_context(o, g);
+}
+
+/* Makes a KV pool holding one sequence of the whole context, the engine over it, and a
+ * DECODE-mode worker for one sequence, as a decode node does with local prefill. Returns 0
+ * or 1 after printing why. */
+static int local_open_engine(const gen_opts_t *o, tdm_kv_dtype_t kv_dtype, local_gen_t *g)
+{
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(g->model);
+    tdm_error_t err = {0};
+    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, kv_dtype};
+    g->pool = tdm_kv_pool_new(&kl, (uint32_t)tdm_kv_blocks_for_tokens(&kl, g->n_ctx), &err);
+    if (!g->pool) {
+        fprintf(stderr, "tandem generate: KV pool: %s\n", err.msg);
+        return 1;
+    }
+    tdm_engine_params_t ep;
+    tdm_engine_params_default(&ep);
+    ep.n_threads = (int)o->threads;
+    ep.n_ctx = g->n_ctx;
+    ep.max_batch_tokens = (uint32_t)o->batch;
+    ep.max_logits = 1;
+    g->engine = tdm_engine_new(g->model, g->pool, &ep, &err);
+    if (!g->engine) {
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
+        return 1;
+    }
+    /* one sequence, nothing queued behind it; whole --batch chunks, no prefix cache */
+    tdm_worker_opts_t wo = {TDM_WORKER_MODE_DECODE, (uint32_t)o->batch, 1, 0, g->n_ctx, false, 0};
+    g->worker = tdm_worker_new(g->engine, g->pool, g->tok, hp->n_vocab, &wo, &err);
+    if (!g->worker) {
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* The state of the one sequence's stream while the worker runs it. */
+typedef struct local_stream {
+    tdm_detok_t detok;
+    double t_first;             /* when token 0 was sampled, tdm_time_now seconds */
+    uint32_t completion_tokens; /* the stop token included, as the worker counts */
+    tdm_worker_finish_t finish;
+    bool done;
+    bool failed;
+} local_stream_t;
+
+/* Writes the text token completes (none while a UTF-8 sequence is still open) to stdout. */
+static void local_write_token(local_stream_t *st, int32_t token)
+{
+    char piece[512];
+    size_t plen = 0;
+    if (tdm_detok_push(&st->detok, token, piece, sizeof piece, &plen) == TDM_OK && plen) {
+        fwrite(piece, 1, plen, stdout);
+        fflush(stdout);
+    }
+}
+
+/* Handles one step's events: writes each token's text to stdout and records the end. The
+ * token that ended the sequence (EOS or a stop token: the FINISHED event right after it in
+ * the same step says STOP) is counted but not written. */
+static void local_on_events(local_stream_t *st, const tdm_worker_event_t *ev, uint32_t n)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        if (ev[k].kind == TDM_WORKER_EVENT_TOKEN) {
+            if (ev[k].index == 0)
+                st->t_first = tdm_time_now();
+            bool stop = k + 1 < n && ev[k + 1].kind == TDM_WORKER_EVENT_FINISHED &&
+                        ev[k + 1].finish == TDM_WORKER_FINISH_STOP;
+            if (!stop)
+                local_write_token(st, ev[k].sample.token);
+        } else if (ev[k].kind == TDM_WORKER_EVENT_FINISHED) {
+            st->completion_tokens = ev[k].completion_tokens;
+            st->finish = ev[k].finish;
+            st->done = true;
+        } else if (ev[k].kind == TDM_WORKER_EVENT_FAILED) {
+            fprintf(stderr, "tandem generate: %s\n", ev[k].message);
+            st->done = st->failed = true;
+        }
+    }
+}
+
+/* Runs the prompt through the worker (chunked prefill, then one decode row per step) to its
+ * end, streaming the text to stdout, then prints the usage figures to stderr. Returns the
+ * exit status: 0, 2 (the worker refused the sequence) or 1 (a failed step). */
+static int local_run(const local_gen_t *g, const tdm_sampling_params_t *sp)
+{
+    tdm_error_t err = {0};
+    tdm_worker_req_t req = {"generate", g->prompt, (uint32_t)g->n_prompt, sp, NULL, 0};
+    double t_start = tdm_time_now();
+    if (tdm_worker_add(g->worker, &req, &err) != TDM_OK) {
+        fprintf(stderr, "tandem generate: %s\n", err.msg);
+        return 2;
+    }
+    local_stream_t st = {0};
+    tdm_detok_init(&st.detok, g->tok, false);
+    while (!st.done) {
+        const tdm_worker_event_t *ev;
+        uint32_t n = 0;
+        int rc = tdm_worker_step(g->worker, &ev, &n, &err);
+        local_on_events(&st, ev, n);
+        if (rc != TDM_OK && !st.done) {
+            fprintf(stderr, "tandem generate: %s\n", err.msg);
+            return 1;
+        }
+    }
+    if (st.failed)
+        return 1;
+    char tail[64];
+    size_t tlen = 0;
+    if (tdm_detok_flush(&st.detok, tail, sizeof tail, &tlen) == TDM_OK && tlen)
+        fwrite(tail, 1, tlen, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    double t_end = tdm_time_now();
+    double ttft = st.t_first - t_start, decode_s = t_end - st.t_first;
+    uint32_t n_gen = st.completion_tokens;
+    /* LENGTH before max_tokens: the context limit cut it */
+    const char *finish = st.finish == TDM_WORKER_FINISH_STOP ? "stop"
+                         : n_gen < (uint32_t)sp->max_tokens  ? "length (the context is full)"
+                                                             : "length";
+    fprintf(stderr,
+            "\nprompt tokens: %zu, generated tokens: %" PRIu32 ", finish: %s\n"
+            "TTFT: %.1f ms (prefill %.1f tokens/s)\n"
+            "decode: %.2f tokens/s (TPOT %.1f ms), backend %s\n",
+            g->n_prompt, n_gen, finish, ttft * 1e3, (double)g->n_prompt / ttft,
+            n_gen > 1 ? (double)(n_gen - 1) / decode_s : 0.0,
+            n_gen > 1 ? decode_s * 1e3 / (double)(n_gen - 1) : 0.0,
+            tdm_engine_backend_name(g->engine));
+    return 0;
+}
+
+/* `generate -m`: the same worker the nodes run, over one sequence. Returns the exit status. */
+static int generate_local(const gen_opts_t *o)
+{
+    tdm_sampling_params_t sp;
+    int status = local_sampling(o, &sp);
+    if (status != 0)
+        return status;
+    tdm_error_t err = {0};
+    tdm_kv_dtype_t kv_dtype;
+    if (tdm_kv_dtype_parse(o->kv_dtype, &kv_dtype, &err) != TDM_OK) {
+        fprintf(stderr, "tandem generate: --kv-dtype: %s\n", err.msg);
+        return 2;
+    }
+    local_gen_t g = {0};
+    status = local_open_model(o, &sp, &g);
+    if (status == 0)
+        status = local_open_engine(o, kv_dtype, &g);
+    if (status == 0)
+        status = local_run(&g, &sp);
+    local_close(&g);
+    return status;
+}
+
 int tdm_cmd_generate(int argc, char **argv)
 {
     gen_opts_t o = {0};
@@ -483,218 +735,5 @@ int tdm_cmd_generate(int argc, char **argv)
     int status = parse_args(argc, argv, &o, &done);
     if (status != 0 || done)
         return status;
-    if (!o.model)
-        return generate_router(&o);
-
-    tdm_sampling_params_t sp;
-    tdm_sampling_params_default(&sp);
-    sp.temperature = 0.0f; /* greedy unless asked otherwise */
-    tdm_error_t err = {0};
-    if (o.preset && tdm_sampling_preset(o.preset, &sp, &err) != TDM_OK) {
-        fprintf(stderr, "tandem generate: --preset: %s\n", err.msg);
-        return 2;
-    }
-    if (o.has_temperature)
-        sp.temperature = o.temperature;
-    if (o.has_top_k)
-        sp.top_k = (int32_t)o.top_k;
-    if (o.has_top_p)
-        sp.top_p = o.top_p;
-    if (o.has_min_p)
-        sp.min_p = o.min_p;
-    if (o.has_rep)
-        sp.repetition_penalty = o.rep;
-    if (o.has_presence)
-        sp.presence_penalty = o.presence;
-    if (o.has_frequency)
-        sp.frequency_penalty = o.frequency;
-    sp.seed = o.seed;
-    sp.ignore_eos = o.ignore_eos;
-    sp.max_tokens = (int32_t)o.max_tokens;
-    tdm_kv_dtype_t kv_dtype;
-    if (tdm_kv_dtype_parse(o.kv_dtype, &kv_dtype, &err) != TDM_OK) {
-        fprintf(stderr, "tandem generate: --kv-dtype: %s\n", err.msg);
-        return 2;
-    }
-
-    status = 1;
-    tdm_model_t *model = tdm_model_load(o.model, &err);
-    if (!model) {
-        fprintf(stderr, "tandem generate: %s\n", err.msg);
-        return 1;
-    }
-    const tdm_llama_hparams_t *hp = tdm_model_hparams(model);
-    if (tdm_sampling_params_validate(&sp, hp->n_vocab, &err) != TDM_OK) {
-        fprintf(stderr, "tandem generate: %s\n", err.msg);
-        status = 2;
-        goto out_model;
-    }
-    tdm_tokenizer_t *tok = tdm_tokenizer_new(tdm_model_gguf(model), &err);
-    if (!tok) {
-        fprintf(stderr, "tandem generate: %s\n", err.msg);
-        goto out_model;
-    }
-    int32_t *prompt = NULL;
-    size_t n_prompt = 0;
-    if (encode_prompt(&o, tdm_model_gguf(model), tok, &prompt, &n_prompt, &err) != TDM_OK) {
-        fprintf(stderr, "tandem generate: %s\n", err.msg);
-        if (err.code == TDM_EINVALID)
-            status = 2; /* a bad --chat-template, --chat or --system */
-        goto out_tok;
-    }
-    uint32_t n_ctx = o.ctx ? (uint32_t)o.ctx : 4096;
-    if (n_ctx > hp->n_ctx_train) {
-        if (o.ctx) {
-            fprintf(stderr,
-                    "tandem generate: --ctx %ld exceeds the model's context length %" PRIu32 "\n",
-                    o.ctx, hp->n_ctx_train);
-            status = 2;
-            goto out_prompt;
-        }
-        n_ctx = hp->n_ctx_train;
-    }
-    if (n_prompt == 0) {
-        fprintf(stderr, "tandem generate: the prompt is empty (it must have at least 1 token)\n");
-        status = 2;
-        goto out_prompt;
-    }
-    if (n_prompt >= n_ctx) {
-        fprintf(stderr,
-                "tandem generate: the prompt has %zu tokens; it must have 1..%" PRIu32
-                " (the context is %" PRIu32 " tokens, raise it with --ctx)\n",
-                n_prompt, n_ctx - 1, n_ctx);
-        status = 2;
-        goto out_prompt;
-    }
-
-    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, kv_dtype};
-    uint64_t n_blocks = tdm_kv_blocks_for_tokens(&kl, n_ctx);
-    tdm_kv_pool_t *pool = tdm_kv_pool_new(&kl, (uint32_t)n_blocks, &err);
-    if (!pool) {
-        fprintf(stderr, "tandem generate: KV pool: %s\n", err.msg);
-        goto out_prompt;
-    }
-    tdm_engine_params_t ep;
-    tdm_engine_params_default(&ep);
-    ep.n_threads = (int)o.threads;
-    ep.n_ctx = n_ctx;
-    ep.max_batch_tokens = (uint32_t)o.batch;
-    ep.max_logits = 1;
-    tdm_engine_t *engine = tdm_engine_new(model, pool, &ep, &err);
-    tdm_sampler_t *sampler = tdm_sampler_new(hp->n_vocab, &err);
-    float *logits = malloc((size_t)hp->n_vocab * sizeof(float));
-    size_t max_total = n_ctx;
-    int32_t *history = malloc(max_total * sizeof(int32_t));
-    uint32_t *pos = malloc((size_t)o.batch * sizeof(uint32_t));
-    uint32_t *seq_idx = calloc((size_t)o.batch, sizeof(uint32_t));
-    bool *want = calloc((size_t)o.batch, sizeof(bool));
-    if (!engine || !sampler || !logits || !history || !pos || !seq_idx || !want) {
-        fprintf(stderr, "tandem generate: %s\n", err.msg[0] ? err.msg : "out of memory");
-        goto out_engine;
-    }
-
-    tdm_kv_seq_t kv;
-    tdm_kv_seq_init(&kv);
-    uint32_t max_new = (uint32_t)o.max_tokens;
-    if (n_prompt + max_new > n_ctx)
-        max_new = n_ctx - (uint32_t)n_prompt;
-    if (tdm_kv_seq_reserve(pool, &kv, (uint32_t)n_prompt + max_new) != TDM_OK) {
-        fprintf(stderr, "tandem generate: KV pool too small\n");
-        goto out_engine;
-    }
-    memcpy(history, prompt, n_prompt * sizeof(int32_t));
-    size_t n_hist = n_prompt;
-
-    /* prefill in chunks; logits only for the prompt's last token */
-    double t_start = tdm_time_now();
-    for (size_t done_tok = 0; done_tok < n_prompt;) {
-        uint32_t n = (uint32_t)((n_prompt - done_tok) < (size_t)o.batch ? n_prompt - done_tok
-                                                                        : (size_t)o.batch);
-        for (uint32_t i = 0; i < n; i++) {
-            pos[i] = (uint32_t)(done_tok + i);
-            want[i] = done_tok + i == n_prompt - 1;
-        }
-        tdm_batch_seq_t bs = {kv.blocks, kv.n_blocks};
-        tdm_batch_t b = {n, prompt + done_tok, pos, seq_idx, want, 1, &bs};
-        if (tdm_engine_forward(engine, &b, logits, &err) != TDM_OK) {
-            fprintf(stderr, "tandem generate: prefill: %s\n", err.msg);
-            goto out_seq;
-        }
-        done_tok += n;
-    }
-
-    tdm_detok_t detok;
-    tdm_detok_init(&detok, tok, false);
-    const char *finish =
-        max_new < (uint32_t)o.max_tokens ? "length (the context is full)" : "length";
-    double t_first = 0;
-    uint32_t n_gen = 0;
-    for (uint32_t i = 0; i < max_new; i++) {
-        tdm_sample_result_t r;
-        if (tdm_sampler_sample(sampler, &sp, logits, history, n_hist, i, &r) != TDM_OK) {
-            fprintf(stderr, "tandem generate: sampling: %s\n", tdm_sampler_errmsg(sampler));
-            goto out_seq;
-        }
-        if (i == 0)
-            t_first = tdm_time_now();
-        n_gen++;
-        history[n_hist++] = r.token;
-        if (tdm_sampling_is_stop(&sp, r.token) ||
-            (!sp.ignore_eos && tdm_tokenizer_is_eog(tok, r.token))) {
-            finish = "stop";
-            break;
-        }
-        char piece[512];
-        size_t plen = 0;
-        if (tdm_detok_push(&detok, r.token, piece, sizeof piece, &plen) == TDM_OK && plen) {
-            fwrite(piece, 1, plen, stdout);
-            fflush(stdout);
-        }
-        if (i + 1 == max_new)
-            break;
-        uint32_t p = (uint32_t)n_hist - 1;
-        bool w = true;
-        tdm_batch_seq_t bs = {kv.blocks, kv.n_blocks};
-        tdm_batch_t b = {1, &r.token, &p, seq_idx, &w, 1, &bs};
-        if (tdm_engine_forward(engine, &b, logits, &err) != TDM_OK) {
-            fprintf(stderr, "tandem generate: decode: %s\n", err.msg);
-            goto out_seq;
-        }
-    }
-    char tail[64];
-    size_t tlen = 0;
-    if (tdm_detok_flush(&detok, tail, sizeof tail, &tlen) == TDM_OK && tlen)
-        fwrite(tail, 1, tlen, stdout);
-    fputc('\n', stdout);
-    fflush(stdout);
-    double t_end = tdm_time_now();
-    double ttft = t_first - t_start, decode_s = t_end - t_first;
-    fprintf(stderr,
-            "\nprompt tokens: %zu, generated tokens: %" PRIu32 ", finish: %s\n"
-            "TTFT: %.1f ms (prefill %.1f tokens/s)\n"
-            "decode: %.2f tokens/s (TPOT %.1f ms), backend %s\n",
-            n_prompt, n_gen, finish, ttft * 1e3, (double)n_prompt / ttft,
-            n_gen > 1 ? (double)(n_gen - 1) / decode_s : 0.0,
-            n_gen > 1 ? decode_s * 1e3 / (double)(n_gen - 1) : 0.0,
-            tdm_engine_backend_name(engine));
-    status = 0;
-
-out_seq:
-    tdm_kv_seq_release(pool, &kv);
-out_engine:
-    free(want);
-    free(seq_idx);
-    free(pos);
-    free(history);
-    free(logits);
-    tdm_sampler_destroy(&sampler);
-    tdm_engine_destroy(&engine);
-    tdm_kv_pool_destroy(&pool);
-out_prompt:
-    free(prompt);
-out_tok:
-    tdm_tokenizer_destroy(&tok);
-out_model:
-    tdm_model_destroy(&model);
-    return status;
+    return o.model ? generate_local(&o) : generate_router(&o);
 }

@@ -1,9 +1,10 @@
 /* cmd_kvcalc.c - `tandem kvcalc`: how much memory the KV cache needs for a model, a context
  * length and a number of users, and how many blocks a memory budget buys.
  *
- * Uses the same sizing functions as the nodes' pools (tandem/kv.h), so the plan and the running
- * system agree to the byte: a sequence of C tokens takes ceil(C / block_size) blocks of
- * tdm_kv_block_bytes() each. docs/capacity.md explains the formula with worked examples. */
+ * Every figure comes from tdm_kv_plan (tandem/kv.h), built on the nodes' own sizing functions and
+ * shared with the dashboard's /api/capacity, so the plan and the running system agree to the
+ * byte: a sequence of C tokens takes ceil(C / block_size) blocks of tdm_kv_block_bytes() each.
+ * docs/capacity.md explains the formula with worked examples. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -52,29 +53,12 @@ static void usage(FILE *out)
             MAX_DIM, MAX_DIM, MAX_DIM, MAX_CONTEXT, MAX_USERS);
 }
 
-/* Everything the report shows. */
+/* Everything the report shows: the question (tdm_kv_plan's input) and its plan. */
 typedef struct kvcalc {
-    const char *model;      /* path, or NULL for an explicit shape */
-    char arch[32];          /* the model's architecture, "" for explicit */
-    tdm_kv_layout_t layout; /* n_layers, n_kv_heads, head_dim, block_size, dtype */
-    uint32_t n_heads;       /* query heads (= n_kv_heads when unknown) */
-    uint64_t weights_bytes;
-    uint64_t context; /* tokens per sequence */
-    uint64_t users;
-    bool have_memory;
-    uint64_t memory_bytes;
-
-    uint64_t bytes_per_token;     /* without q8 scales */
-    uint64_t block_bytes;         /* with q8 scales */
-    uint64_t blocks_per_seq;      /* ceil(context / block_size) */
-    uint64_t bytes_per_seq;       /* blocks_per_seq * block_bytes */
-    uint64_t blocks_total;        /* users * blocks_per_seq */
-    uint64_t bytes_total;         /* users * bytes_per_seq */
-    uint64_t weights_plus_kv;     /* weights_bytes + bytes_total */
-    uint64_t mha_bytes_per_token; /* as if n_kv_heads were n_heads */
-    uint64_t pool_blocks;         /* (memory - weights) / block_bytes */
-    uint64_t max_seqs;            /* pool_blocks / blocks_per_seq */
-    bool fits;                    /* weights + KV for all users <= memory */
+    const char *model;   /* path, or NULL for an explicit shape */
+    char arch[32];       /* the model's architecture, "" for explicit */
+    tdm_kv_plan_in_t in; /* layout, n_heads, n_ctx, n_users, weight_bytes, memory */
+    tdm_kv_plan_t plan;  /* every derived figure */
 } kvcalc_t;
 
 /* Prints "tandem kvcalc: <message>" and returns 2 (bad usage). */
@@ -164,40 +148,61 @@ static int load_model(kvcalc_t *k, uint64_t *n_ctx)
         return 1;
     }
     snprintf(k->arch, sizeof k->arch, "%s", hp.arch);
-    k->layout.n_layers = hp.n_layers;
-    k->layout.n_kv_heads = hp.n_kv_heads;
-    k->layout.head_dim = hp.head_dim;
-    k->n_heads = hp.n_heads;
-    k->weights_bytes = tdm_gguf_tensor_bytes(g);
+    k->in.layout.n_layers = hp.n_layers;
+    k->in.layout.n_kv_heads = hp.n_kv_heads;
+    k->in.layout.head_dim = hp.head_dim;
+    k->in.n_heads = hp.n_heads;
+    k->in.weight_bytes = tdm_gguf_tensor_bytes(g);
     *n_ctx = hp.n_ctx_train;
     tdm_gguf_destroy(&g);
     return 0;
 }
 
-/* Fills in the derived numbers. Returns 0, or 2 after printing which product overflows. */
+/* The explicit shape (--layers, --kv-heads, --head-dim, --heads; NULL when not given) into
+ * k->in. Returns 0, or 2 after printing which option is wrong. */
+static int parse_shape(kvcalc_t *k, const char *layers, const char *kv_heads, const char *head_dim,
+                       const char *heads)
+{
+    uint64_t v;
+    if (!layers || !kv_heads || !head_dim)
+        return bad_usage("give -m MODEL, or all of --layers, --kv-heads and --head-dim");
+    if (!opt_uint("layers", layers, 1, MAX_DIM, &v))
+        return 2;
+    k->in.layout.n_layers = (uint32_t)v;
+    if (!opt_uint("kv-heads", kv_heads, 1, MAX_DIM, &v))
+        return 2;
+    k->in.layout.n_kv_heads = (uint32_t)v;
+    if (!parse_uint(head_dim, 4, MAX_DIM, &v) || v % 4 != 0)
+        return bad_usage("--head-dim must be a multiple of 4 in 4..%d, got '%s'", MAX_DIM,
+                         head_dim);
+    k->in.layout.head_dim = (uint32_t)v;
+    k->in.n_heads = k->in.layout.n_kv_heads;
+    if (heads) {
+        if (!opt_uint("heads", heads, 1, MAX_DIM, &v))
+            return 2;
+        if (v % k->in.layout.n_kv_heads != 0)
+            return bad_usage("--heads must be a multiple of --kv-heads (%" PRIu32 "), got %" PRIu64,
+                             k->in.layout.n_kv_heads, v);
+        k->in.n_heads = (uint32_t)v;
+    }
+    return 0;
+}
+
+/* Fills in k->plan (tdm_kv_plan). Returns 0, or 2 after printing what is wrong: a block over
+ * 4 GiB, or a product over 2^64. */
 static int compute(kvcalc_t *k)
 {
-    const tdm_kv_layout_t *l = &k->layout;
-    k->bytes_per_token = tdm_kv_bytes_per_token(l);
-    k->block_bytes = tdm_kv_block_bytes(l);
-    k->blocks_per_seq = tdm_kv_blocks_for_tokens(l, k->context);
-    /* block_bytes < 2^32 (checked layout), blocks_per_seq <= 2^24, users <= 2^20: the
-     * products below can still pass 2^64, so they are checked. */
-    if (!tdm_mul_u64(k->blocks_per_seq, k->block_bytes, &k->bytes_per_seq) ||
-        !tdm_mul_u64(k->blocks_per_seq, k->users, &k->blocks_total) ||
-        !tdm_mul_u64(k->bytes_per_seq, k->users, &k->bytes_total) ||
-        !tdm_add_u64(k->bytes_total, k->weights_bytes, &k->weights_plus_kv))
+    tdm_error_t err = {0};
+    int rc = tdm_kv_plan(&k->in, &k->plan, &err);
+    if (rc == TDM_ERESOURCE)
         return bad_usage("--users %" PRIu64 " x --context %" PRIu64 " needs more than 2^64 bytes",
-                         k->users, k->context);
-    tdm_kv_layout_t mha = *l;
-    mha.n_kv_heads = k->n_heads;
-    k->mha_bytes_per_token = tdm_kv_bytes_per_token(&mha);
-    if (k->have_memory) {
-        k->pool_blocks = k->memory_bytes > k->weights_bytes
-                             ? (k->memory_bytes - k->weights_bytes) / k->block_bytes
-                             : 0;
-        k->max_seqs = k->pool_blocks / k->blocks_per_seq;
-        k->fits = k->weights_plus_kv <= k->memory_bytes;
+                         k->in.n_users, k->in.n_ctx);
+    if (rc != TDM_OK) {
+        /* every option is in range by now; what is left to fail is a block over 4 GiB */
+        char n[32];
+        return bad_usage("one KV block would take %s bytes, more than a block may (4 GiB); "
+                         "use a smaller --block-size",
+                         fmt_count(tdm_kv_block_bytes(&k->in.layout), n));
     }
     return 0;
 }
@@ -205,53 +210,51 @@ static int compute(kvcalc_t *k)
 static void print_table(const kvcalc_t *k)
 {
     char a[32], b[32], c[32], d[32];
-    const tdm_kv_layout_t *l = &k->layout;
+    const tdm_kv_layout_t *l = &k->in.layout;
     if (k->model)
         printf("model:                    %s (%s)\n", k->model, k->arch);
     printf("layout:                   %" PRIu32 " layers, %" PRIu32 " KV heads, head_dim %" PRIu32
            ", %s, block_size %" PRIu32 "\n",
            l->n_layers, l->n_kv_heads, l->head_dim, tdm_kv_dtype_name(l->dtype), l->block_size);
-    printf("weights:                  %s bytes (%s)\n", fmt_count(k->weights_bytes, a),
-           fmt_human(k->weights_bytes, b));
-    printf("KV per token:             %s bytes (%s)%s\n", fmt_count(k->bytes_per_token, a),
-           fmt_human(k->bytes_per_token, b), l->dtype == TDM_KV_Q8 ? ", plus q8 scales" : "");
+    printf("weights:                  %s bytes (%s)\n", fmt_count(k->in.weight_bytes, a),
+           fmt_human(k->in.weight_bytes, b));
+    printf("KV per token:             %s bytes (%s)%s\n", fmt_count(k->plan.bytes_per_token, a),
+           fmt_human(k->plan.bytes_per_token, b), l->dtype == TDM_KV_Q8 ? ", plus q8 scales" : "");
     printf("KV per block:             %s bytes (%" PRIu32 " tokens%s)\n",
-           fmt_count(k->block_bytes, a), l->block_size,
+           fmt_count(k->plan.block_bytes, a), l->block_size,
            l->dtype == TDM_KV_Q8 ? ", scales included" : "");
     printf("KV per sequence:          %s bytes (%s tokens, %s blocks, %s)\n",
-           fmt_count(k->bytes_per_seq, a), fmt_count(k->context, b),
-           fmt_count(k->blocks_per_seq, c), fmt_human(k->bytes_per_seq, d));
+           fmt_count(k->plan.bytes_per_seq, a), fmt_count(k->in.n_ctx, b),
+           fmt_count(k->plan.blocks_per_seq, c), fmt_human(k->plan.bytes_per_seq, d));
     char label[64];
-    snprintf(label, sizeof label, "KV for %s user%s:", fmt_count(k->users, d),
-             k->users == 1 ? "" : "s");
-    printf("%-25s %s bytes (%s blocks, %s)\n", label, fmt_count(k->bytes_total, a),
-           fmt_count(k->blocks_total, b), fmt_human(k->bytes_total, c));
-    printf("weights + KV:             %s bytes (%s)\n", fmt_count(k->weights_plus_kv, a),
-           fmt_human(k->weights_plus_kv, b));
-    if (k->n_heads > l->n_kv_heads)
+    snprintf(label, sizeof label, "KV for %s user%s:", fmt_count(k->in.n_users, d),
+             k->in.n_users == 1 ? "" : "s");
+    printf("%-25s %s bytes (%s blocks, %s)\n", label, fmt_count(k->plan.bytes_total, a),
+           fmt_count(k->plan.blocks_total, b), fmt_human(k->plan.bytes_total, c));
+    printf("weights + KV:             %s bytes (%s)\n", fmt_count(k->plan.need_bytes, a),
+           fmt_human(k->plan.need_bytes, b));
+    if (k->in.n_heads > l->n_kv_heads)
         printf("GQA:                      %" PRIu32 " KV heads vs %" PRIu32
                " heads → %.1f× less KV (full MHA: %s bytes per token)\n",
-               l->n_kv_heads, k->n_heads, (double)k->n_heads / l->n_kv_heads,
-               fmt_count(k->mha_bytes_per_token, a));
-    if (!k->have_memory) {
+               l->n_kv_heads, k->in.n_heads, k->plan.gqa_factor,
+               fmt_count(k->plan.mha_bytes_per_token, a));
+    if (!k->in.have_memory) {
         printf("memory:                   not given (--memory SIZE sizes a pool)\n");
         return;
     }
-    printf("memory budget:            %s bytes (%s)\n", fmt_count(k->memory_bytes, a),
-           fmt_human(k->memory_bytes, b));
-    printf(
-        "pool blocks for budget:   %s (%s bytes of budget after the weights)\n",
-        fmt_count(k->pool_blocks, a),
-        fmt_count(k->memory_bytes > k->weights_bytes ? k->memory_bytes - k->weights_bytes : 0, b));
-    if (k->fits)
+    printf("memory budget:            %s bytes (%s)\n", fmt_count(k->in.memory_bytes, a),
+           fmt_human(k->in.memory_bytes, b));
+    printf("pool blocks for budget:   %s (%s bytes of budget after the weights)\n",
+           fmt_count(k->plan.pool_blocks, a), fmt_count(k->plan.pool_budget_bytes, b));
+    if (k->plan.fits)
         printf("fits:                     yes (%s bytes to spare)\n",
-               fmt_count(k->memory_bytes - k->weights_plus_kv, a));
+               fmt_count(k->plan.spare_bytes, a));
     else
         printf("fits:                     no (needs %s bytes more)\n",
-               fmt_count(k->weights_plus_kv - k->memory_bytes, a));
-    printf("max concurrent sequences: %s at %s tokens%s\n", fmt_count(k->max_seqs, a),
-           fmt_count(k->context, b),
-           k->max_seqs == 0 ? " (a node refuses to start with this budget)" : "");
+               fmt_count(k->plan.short_bytes, a));
+    printf("max concurrent sequences: %s at %s tokens%s\n", fmt_count(k->plan.max_seqs, a),
+           fmt_count(k->in.n_ctx, b),
+           k->plan.max_seqs == 0 ? " (a node refuses to start with this budget)" : "");
 }
 
 /* Writes s as a JSON string literal. */
@@ -271,7 +274,7 @@ static void print_json_string(const char *s)
 
 static void print_json(const kvcalc_t *k)
 {
-    const tdm_kv_layout_t *l = &k->layout;
+    const tdm_kv_layout_t *l = &k->in.layout;
     printf("{\n  \"model\": ");
     if (k->model)
         print_json_string(k->model);
@@ -280,23 +283,24 @@ static void print_json(const kvcalc_t *k)
     printf(",\n  \"n_layers\": %" PRIu32 ",\n  \"n_kv_heads\": %" PRIu32
            ",\n  \"n_heads\": %" PRIu32 ",\n  \"head_dim\": %" PRIu32
            ",\n  \"dtype\": \"%s\",\n  \"block_size\": %" PRIu32 ",\n",
-           l->n_layers, l->n_kv_heads, k->n_heads, l->head_dim, tdm_kv_dtype_name(l->dtype),
+           l->n_layers, l->n_kv_heads, k->in.n_heads, l->head_dim, tdm_kv_dtype_name(l->dtype),
            l->block_size);
     printf("  \"context\": %" PRIu64 ",\n  \"users\": %" PRIu64 ",\n  \"weights_bytes\": %" PRIu64
            ",\n",
-           k->context, k->users, k->weights_bytes);
+           k->in.n_ctx, k->in.n_users, k->in.weight_bytes);
     printf("  \"kv_bytes_per_token\": %" PRIu64 ",\n  \"block_bytes\": %" PRIu64
            ",\n  \"blocks_per_sequence\": %" PRIu64 ",\n  \"kv_bytes_per_sequence\": %" PRIu64
            ",\n  \"kv_blocks_total\": %" PRIu64 ",\n  \"kv_bytes_total\": %" PRIu64
            ",\n  \"weights_plus_kv_bytes\": %" PRIu64 ",\n",
-           k->bytes_per_token, k->block_bytes, k->blocks_per_seq, k->bytes_per_seq, k->blocks_total,
-           k->bytes_total, k->weights_plus_kv);
+           k->plan.bytes_per_token, k->plan.block_bytes, k->plan.blocks_per_seq,
+           k->plan.bytes_per_seq, k->plan.blocks_total, k->plan.bytes_total, k->plan.need_bytes);
     printf("  \"mha_kv_bytes_per_token\": %" PRIu64 ",\n  \"gqa_factor\": %.1f,\n",
-           k->mha_bytes_per_token, (double)k->n_heads / l->n_kv_heads);
-    if (k->have_memory)
+           k->plan.mha_bytes_per_token, k->plan.gqa_factor);
+    if (k->in.have_memory)
         printf("  \"memory_bytes\": %" PRIu64 ",\n  \"pool_blocks\": %" PRIu64
                ",\n  \"fits\": %s,\n  \"max_sequences\": %" PRIu64 "\n}\n",
-               k->memory_bytes, k->pool_blocks, k->fits ? "true" : "false", k->max_seqs);
+               k->in.memory_bytes, k->plan.pool_blocks, k->plan.fits ? "true" : "false",
+               k->plan.max_seqs);
     else
         printf("  \"memory_bytes\": null,\n  \"pool_blocks\": null,\n  \"fits\": null,\n"
                "  \"max_sequences\": null\n}\n");
@@ -331,7 +335,7 @@ int tdm_cmd_kvcalc(int argc, char **argv)
                                          {"json", no_argument, NULL, OPT_JSON},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    kvcalc_t k = {.layout = {.block_size = 16, .dtype = TDM_KV_F16}, .users = 1};
+    kvcalc_t k = {.in = {.layout = {.block_size = 16, .dtype = TDM_KV_F16}, .n_users = 1}};
     const char *layers = NULL, *kv_heads = NULL, *head_dim = NULL, *heads = NULL;
     const char *weights = NULL, *context = NULL;
     bool json = false;
@@ -349,24 +353,24 @@ int tdm_cmd_kvcalc(int argc, char **argv)
         case OPT_CONTEXT: context = optarg; break;
         case OPT_JSON: json = true; break;
         case OPT_DTYPE:
-            if (tdm_kv_dtype_parse(optarg, &k.layout.dtype, NULL) != TDM_OK)
+            if (tdm_kv_dtype_parse(optarg, &k.in.layout.dtype, NULL) != TDM_OK)
                 return bad_usage("--dtype must be f32, f16 or q8, got '%s'", optarg);
             break;
         case OPT_BLOCK_SIZE:
             if (!parse_uint(optarg, 1, 256, &v) || (v & (v - 1)) != 0)
                 return bad_usage("--block-size must be a power of two in 1..256, got '%s'", optarg);
-            k.layout.block_size = (uint32_t)v;
+            k.in.layout.block_size = (uint32_t)v;
             break;
         case OPT_USERS:
-            if (!opt_uint("users", optarg, 1, MAX_USERS, &k.users))
+            if (!opt_uint("users", optarg, 1, MAX_USERS, &k.in.n_users))
                 return 2;
             break;
         case OPT_MEMORY:
-            if (tdm_parse_bytes(optarg, &k.memory_bytes) != TDM_OK || k.memory_bytes == 0)
+            if (tdm_parse_bytes(optarg, &k.in.memory_bytes) != TDM_OK || k.in.memory_bytes == 0)
                 return bad_usage("--memory must be a positive byte size such as 80GiB, 512MiB, "
                                  "1.5GB or 4096, got '%s'",
                                  optarg);
-            k.have_memory = true;
+            k.in.have_memory = true;
             break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -376,53 +380,22 @@ int tdm_cmd_kvcalc(int argc, char **argv)
         return bad_usage("unexpected argument '%s'", argv[optind]);
 
     uint64_t model_ctx = 0;
-    if (k.model) {
-        if (layers || kv_heads || head_dim || heads)
-            return bad_usage("give either -m MODEL or --layers/--kv-heads/--head-dim/--heads, "
-                             "not both");
-        int rc = load_model(&k, &model_ctx);
-        if (rc != 0)
-            return rc;
-    } else {
-        if (!layers || !kv_heads || !head_dim)
-            return bad_usage("give -m MODEL, or all of --layers, --kv-heads and --head-dim");
-        if (!opt_uint("layers", layers, 1, MAX_DIM, &v))
-            return 2;
-        k.layout.n_layers = (uint32_t)v;
-        if (!opt_uint("kv-heads", kv_heads, 1, MAX_DIM, &v))
-            return 2;
-        k.layout.n_kv_heads = (uint32_t)v;
-        if (!parse_uint(head_dim, 4, MAX_DIM, &v) || v % 4 != 0)
-            return bad_usage("--head-dim must be a multiple of 4 in 4..%d, got '%s'", MAX_DIM,
-                             head_dim);
-        k.layout.head_dim = (uint32_t)v;
-        k.n_heads = k.layout.n_kv_heads;
-        if (heads) {
-            if (!opt_uint("heads", heads, 1, MAX_DIM, &v))
-                return 2;
-            if (v % k.layout.n_kv_heads != 0)
-                return bad_usage("--heads must be a multiple of --kv-heads (%" PRIu32
-                                 "), got %" PRIu64,
-                                 k.layout.n_kv_heads, v);
-            k.n_heads = (uint32_t)v;
-        }
-    }
-    if (weights && (tdm_parse_bytes(weights, &k.weights_bytes) != TDM_OK))
+    if (k.model && (layers || kv_heads || head_dim || heads))
+        return bad_usage("give either -m MODEL or --layers/--kv-heads/--head-dim/--heads, "
+                         "not both");
+    int rc =
+        k.model ? load_model(&k, &model_ctx) : parse_shape(&k, layers, kv_heads, head_dim, heads);
+    if (rc != 0)
+        return rc;
+    if (weights && (tdm_parse_bytes(weights, &k.in.weight_bytes) != TDM_OK))
         return bad_usage("--weights-bytes must be a byte size such as 13GiB, 270MB or 4096, "
                          "got '%s'",
                          weights);
-    k.context = model_ctx ? model_ctx : 4096;
-    if (context && !opt_uint("context", context, 1, MAX_CONTEXT, &k.context))
+    k.in.n_ctx = model_ctx ? model_ctx : 4096;
+    if (context && !opt_uint("context", context, 1, MAX_CONTEXT, &k.in.n_ctx))
         return 2;
 
-    /* Every field is in range by now; what is left to fail is a block over 4 GiB. */
-    if (tdm_kv_layout_check(&k.layout, NULL) != TDM_OK) {
-        char n[32];
-        return bad_usage("one KV block would take %s bytes, more than a block may (4 GiB); "
-                         "use a smaller --block-size",
-                         fmt_count(tdm_kv_block_bytes(&k.layout), n));
-    }
-    int rc = compute(&k);
+    rc = compute(&k);
     if (rc != 0)
         return rc;
     if (json)

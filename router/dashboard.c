@@ -10,9 +10,9 @@
  * tandem_time_per_output_token_seconds_sum/_count and tandem_generation_tokens_total: every
  * client), and, when the router serves no such metrics, from the requests this gateway proxied
  * as the router measured them (the Timings of each final GenerateChunk).
- * Capacity uses the nodes' own sizing functions (tandem/kv.h: tdm_kv_bytes_per_token,
- * tdm_kv_block_bytes, tdm_kv_blocks_for_tokens), so it agrees with `tandem kvcalc` and with
- * the pools the nodes build, to the byte (engine scratch memory aside).
+ * Capacity is tdm_kv_plan (tandem/kv.h), the same function as `tandem kvcalc`, built on the
+ * nodes' own sizing functions, so it agrees with kvcalc and with the pools the nodes build, to
+ * the byte (engine scratch memory aside).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -457,180 +457,191 @@ static json_t *cap_error(cap_args_t *a, unsigned *http_status)
     return http_error_json(400, NULL, a->bad, a->msg);
 }
 
+/* The KV shape, n_heads, weights and context into in: the served model's (m), or the explicit
+ * layers/kv_heads/head_dim/heads of the query. The cluster's block size and dtype are the
+ * defaults whatever the shape. false with a->bad and a->msg set. */
+static bool cap_shape(cap_args_t *a, const http_model_t *m, bool explicit_shape,
+                      tdm_kv_plan_in_t *in)
+{
+    tdm_kv_layout_t *l = &in->layout;
+    if (m && m->n_layers) {
+        l->block_size = m->kv_block_size ? m->kv_block_size : 16;
+        l->dtype = (tdm_kv_dtype_t)m->kv_dtype;
+    }
+    if (!explicit_shape) {
+        if (!m || !m->n_layers) {
+            a->bad = "layers";
+            snprintf(a->msg, sizeof a->msg,
+                     "the served model's shape is not known (the router did not report it); "
+                     "give layers, kv_heads and head_dim");
+            return false;
+        }
+        l->n_layers = m->n_layers;
+        l->n_kv_heads = m->n_kv_heads;
+        l->head_dim = m->head_dim;
+        in->n_heads = m->n_heads ? m->n_heads : m->n_kv_heads;
+        in->weight_bytes = m->weight_bytes;
+        in->n_ctx = m->n_ctx ? m->n_ctx : 4096;
+        return true;
+    }
+    uint64_t layers = 0, kv = 0, hd = 0, heads;
+    if (!cap_uint(a, "layers", 1, DASH_MAX_DIM, &layers, NULL) ||
+        !cap_uint(a, "kv_heads", 1, DASH_MAX_DIM, &kv, NULL) ||
+        !cap_uint(a, "head_dim", 4, DASH_MAX_DIM, &hd, NULL))
+        return false;
+    if (!layers || !kv || !hd) {
+        a->bad = !layers ? "layers" : !kv ? "kv_heads" : "head_dim";
+        snprintf(a->msg, sizeof a->msg, "give all of layers, kv_heads and head_dim");
+        return false;
+    }
+    if (hd % 4) {
+        a->bad = "head_dim";
+        snprintf(a->msg, sizeof a->msg, "head_dim must be a multiple of 4, got %" PRIu64, hd);
+        return false;
+    }
+    l->n_layers = (uint32_t)layers;
+    l->n_kv_heads = (uint32_t)kv;
+    l->head_dim = (uint32_t)hd;
+    heads = kv;
+    if (!cap_uint(a, "heads", 1, DASH_MAX_DIM, &heads, NULL))
+        return false;
+    if (heads % kv) {
+        a->bad = "heads";
+        snprintf(a->msg, sizeof a->msg, "heads must be a multiple of kv_heads");
+        return false;
+    }
+    in->n_heads = (uint32_t)heads;
+    return true;
+}
+
+/* dtype, block_size, context, users, weights and memory from the query into in (absent ones
+ * keep in's defaults). false with a->bad and a->msg set. */
+static bool cap_options(cap_args_t *a, tdm_kv_plan_in_t *in)
+{
+    bool given;
+    const char *dt = a->get(a->ctx, "dtype");
+    if (dt && *dt && tdm_kv_dtype_parse(dt, &in->layout.dtype, NULL) != TDM_OK) {
+        a->bad = "dtype";
+        snprintf(a->msg, sizeof a->msg, "dtype must be f32, f16 or q8, got '%s'", dt);
+        return false;
+    }
+    uint64_t v = in->layout.block_size;
+    if (!cap_uint(a, "block_size", 1, 256, &v, NULL))
+        return false;
+    if (v & (v - 1)) {
+        a->bad = "block_size";
+        snprintf(a->msg, sizeof a->msg, "block_size must be a power of two in 1..256");
+        return false;
+    }
+    in->layout.block_size = (uint32_t)v;
+    return cap_uint(a, "context", 1, DASH_MAX_CONTEXT, &in->n_ctx, NULL) &&
+           cap_uint(a, "users", 1, DASH_MAX_USERS, &in->n_users, NULL) &&
+           cap_bytes(a, "weights", &in->weight_bytes, &given) &&
+           cap_bytes(a, "memory", &in->memory_bytes, &in->have_memory);
+}
+
+/* node=ID without memory: the node's real pool (kv_blocks_total blocks of the cluster's
+ * layout) plus the weights is the memory (tdm_kv_plan_budget). Returns a copy of the node's
+ * entry in the last status (caller decrefs), or NULL with a->bad and a->msg set. */
+static json_t *cap_node(cap_args_t *a, dash_t *d, const http_model_t *m, const char *node_id,
+                        tdm_kv_plan_in_t *in)
+{
+    json_t *node_info = NULL;
+    pthread_mutex_lock(&d->mu);
+    json_t *nodes = d->status ? json_object_get(d->status, "nodes") : NULL;
+    size_t i;
+    json_t *n;
+    json_array_foreach(nodes, i, n)
+    {
+        const char *id = json_string_value(json_object_get(n, "node_id"));
+        if (id && strcmp(id, node_id) == 0) {
+            json_decref(node_info);
+            node_info = json_deep_copy(n);
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    a->bad = "node";
+    if (!node_info || !m || !m->n_layers) {
+        json_decref(node_info);
+        snprintf(a->msg, sizeof a->msg, "node '%s' is not in the router's last status", node_id);
+        return NULL;
+    }
+    tdm_kv_layout_t cl = {m->n_layers, m->n_kv_heads, m->head_dim,
+                          m->kv_block_size ? m->kv_block_size : 16, (tdm_kv_dtype_t)m->kv_dtype};
+    uint64_t blocks = (uint64_t)json_integer_value(json_object_get(node_info, "kv_blocks_total"));
+    if (tdm_kv_plan_budget(&cl, blocks, m->weight_bytes, &in->memory_bytes, NULL) != TDM_OK) {
+        json_decref(node_info);
+        snprintf(a->msg, sizeof a->msg, "node '%s' reports an impossible pool", node_id);
+        return NULL;
+    }
+    a->bad = NULL;
+    in->have_memory = true;
+    return node_info;
+}
+
+/* The /api/capacity body of a plan; takes ownership of node_info. NULL on out of memory. */
+static json_t *cap_result(const char *source, const char *model, const tdm_kv_plan_in_t *in,
+                          const tdm_kv_plan_t *p, json_t *node_info)
+{
+    const tdm_kv_layout_t *l = &in->layout;
+    json_t *r = json_pack(
+        "{s:s, s:s?, s:i, s:i, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+        "s:I, s:I, s:f}",
+        "source", source, "model", model, "n_layers", (int)l->n_layers, "n_kv_heads",
+        (int)l->n_kv_heads, "n_heads", (int)in->n_heads, "head_dim", (int)l->head_dim, "dtype",
+        tdm_kv_dtype_name(l->dtype), "block_size", (int)l->block_size, "context",
+        (json_int_t)in->n_ctx, "users", (json_int_t)in->n_users, "weights_bytes",
+        (json_int_t)in->weight_bytes, "kv_bytes_per_token", (json_int_t)p->bytes_per_token,
+        "block_bytes", (json_int_t)p->block_bytes, "blocks_per_sequence",
+        (json_int_t)p->blocks_per_seq, "kv_bytes_per_sequence", (json_int_t)p->bytes_per_seq,
+        "kv_blocks_total", (json_int_t)p->blocks_total, "kv_bytes_total",
+        (json_int_t)p->bytes_total, "weights_plus_kv_bytes", (json_int_t)p->need_bytes,
+        "mha_kv_bytes_per_token", (json_int_t)p->mha_bytes_per_token, "gqa_factor", p->gqa_factor);
+    if (!r) {
+        json_decref(node_info);
+        return NULL;
+    }
+    json_object_set_new(r, "node", node_info ? node_info : json_null());
+    bool h = in->have_memory;
+    json_object_set_new(r, "memory_bytes",
+                        h ? json_integer((json_int_t)in->memory_bytes) : json_null());
+    json_object_set_new(r, "pool_blocks",
+                        h ? json_integer((json_int_t)p->pool_blocks) : json_null());
+    json_object_set_new(r, "fits", h ? json_boolean(p->fits) : json_null());
+    json_object_set_new(r, "max_sequences",
+                        h ? json_integer((json_int_t)p->max_seqs) : json_null());
+    return r;
+}
+
 json_t *dash_capacity_json(dash_t *d, const http_model_t *m,
                            const char *(*get)(void *ctx, const char *name), void *ctx,
                            unsigned *http_status)
 {
     cap_args_t a = {get, ctx, NULL, ""};
     *http_status = 200;
-    tdm_kv_layout_t l = {0, 0, 0, 16, TDM_KV_F16};
-    uint64_t n_heads = 0, weights = 0, context = 4096, users = 1, memory = 0, v;
-    bool have_memory = false, given = false;
-    const char *source = "shape";
+    tdm_kv_plan_in_t in = {.layout = {0, 0, 0, 16, TDM_KV_F16}, .n_ctx = 4096, .n_users = 1};
     const char *node_id = get(ctx, "node");
     bool explicit_shape = get(ctx, "layers") || get(ctx, "kv_heads") || get(ctx, "head_dim");
-    if (m && m->n_layers) {
-        /* the cluster's block size and dtype are the defaults whatever the shape */
-        l.block_size = m->kv_block_size ? m->kv_block_size : 16;
-        l.dtype = (tdm_kv_dtype_t)m->kv_dtype;
-    }
-    if (!explicit_shape) {
-        if (!m || !m->n_layers) {
-            a.bad = "layers";
-            snprintf(a.msg, sizeof a.msg,
-                     "the served model's shape is not known (the router did not report it); "
-                     "give layers, kv_heads and head_dim");
-            return cap_error(&a, http_status);
-        }
-        source = node_id ? "node" : "model";
-        l.n_layers = m->n_layers;
-        l.n_kv_heads = m->n_kv_heads;
-        l.head_dim = m->head_dim;
-        n_heads = m->n_heads;
-        weights = m->weight_bytes;
-        context = m->n_ctx ? m->n_ctx : 4096;
-    } else {
-        uint64_t layers = 0, kv = 0, hd = 0;
-        if (!cap_uint(&a, "layers", 1, DASH_MAX_DIM, &layers, NULL) ||
-            !cap_uint(&a, "kv_heads", 1, DASH_MAX_DIM, &kv, NULL) ||
-            !cap_uint(&a, "head_dim", 4, DASH_MAX_DIM, &hd, NULL))
-            return cap_error(&a, http_status);
-        if (!layers || !kv || !hd) {
-            a.bad = !layers ? "layers" : !kv ? "kv_heads" : "head_dim";
-            snprintf(a.msg, sizeof a.msg, "give all of layers, kv_heads and head_dim");
-            return cap_error(&a, http_status);
-        }
-        if (hd % 4) {
-            a.bad = "head_dim";
-            snprintf(a.msg, sizeof a.msg, "head_dim must be a multiple of 4, got %" PRIu64, hd);
-            return cap_error(&a, http_status);
-        }
-        l.n_layers = (uint32_t)layers;
-        l.n_kv_heads = (uint32_t)kv;
-        l.head_dim = (uint32_t)hd;
-        n_heads = kv;
-        if (!cap_uint(&a, "heads", 1, DASH_MAX_DIM, &n_heads, NULL))
-            return cap_error(&a, http_status);
-        if (n_heads % kv) {
-            a.bad = "heads";
-            snprintf(a.msg, sizeof a.msg, "heads must be a multiple of kv_heads");
-            return cap_error(&a, http_status);
-        }
-    }
-    if (!n_heads)
-        n_heads = l.n_kv_heads;
-    const char *dt = get(ctx, "dtype");
-    if (dt && *dt && tdm_kv_dtype_parse(dt, &l.dtype, NULL) != TDM_OK) {
-        a.bad = "dtype";
-        snprintf(a.msg, sizeof a.msg, "dtype must be f32, f16 or q8, got '%s'", dt);
+    const char *source = explicit_shape ? "shape" : node_id ? "node" : "model";
+    if (!cap_shape(&a, m, explicit_shape, &in) || !cap_options(&a, &in))
         return cap_error(&a, http_status);
-    }
-    v = l.block_size;
-    if (!cap_uint(&a, "block_size", 1, 256, &v, NULL))
-        return cap_error(&a, http_status);
-    if (v & (v - 1)) {
-        a.bad = "block_size";
-        snprintf(a.msg, sizeof a.msg, "block_size must be a power of two in 1..256");
-        return cap_error(&a, http_status);
-    }
-    l.block_size = (uint32_t)v;
-    if (!cap_uint(&a, "context", 1, DASH_MAX_CONTEXT, &context, NULL) ||
-        !cap_uint(&a, "users", 1, DASH_MAX_USERS, &users, NULL) ||
-        !cap_bytes(&a, "weights", &weights, &given) ||
-        !cap_bytes(&a, "memory", &memory, &have_memory))
-        return cap_error(&a, http_status);
-    tdm_error_t lerr = {0};
-    if (tdm_kv_layout_check(&l, &lerr) != TDM_OK) {
+    tdm_error_t err = {0};
+    if (tdm_kv_layout_check(&in.layout, &err) != TDM_OK) {
         a.bad = NULL;
-        snprintf(a.msg, sizeof a.msg, "%s", lerr.msg);
+        snprintf(a.msg, sizeof a.msg, "%s", err.msg);
         return cap_error(&a, http_status);
     }
-
-    /* node=ID: its real pool (kv_blocks_total blocks of the cluster's layout) plus the
-     * weights is the memory, unless memory is given */
-    json_t *node_info = json_null();
-    if (node_id && !have_memory) {
-        bool found = false;
-        pthread_mutex_lock(&d->mu);
-        json_t *nodes = d->status ? json_object_get(d->status, "nodes") : NULL;
-        size_t i;
-        json_t *n;
-        json_array_foreach(nodes, i, n)
-        {
-            const char *id = json_string_value(json_object_get(n, "node_id"));
-            if (id && strcmp(id, node_id) == 0) {
-                json_decref(node_info);
-                node_info = json_deep_copy(n);
-                found = true;
-            }
-        }
-        pthread_mutex_unlock(&d->mu);
-        if (!found || !m || !m->n_layers) {
-            json_decref(node_info);
-            a.bad = "node";
-            snprintf(a.msg, sizeof a.msg, "node '%s' is not in the router's last status", node_id);
-            return cap_error(&a, http_status);
-        }
-        tdm_kv_layout_t cl = {m->n_layers, m->n_kv_heads, m->head_dim,
-                              m->kv_block_size ? m->kv_block_size : 16,
-                              (tdm_kv_dtype_t)m->kv_dtype};
-        uint64_t blocks =
-            (uint64_t)json_integer_value(json_object_get(node_info, "kv_blocks_total"));
-        uint64_t kv_bytes;
-        if (!tdm_mul_u64(blocks, tdm_kv_block_bytes(&cl), &kv_bytes) ||
-            !tdm_add_u64(kv_bytes, m->weight_bytes, &memory)) {
-            json_decref(node_info);
-            a.bad = "node";
-            snprintf(a.msg, sizeof a.msg, "node '%s' reports an impossible pool", node_id);
-            return cap_error(&a, http_status);
-        }
-        have_memory = true;
-    }
-
-    uint64_t bpt = tdm_kv_bytes_per_token(&l), block = tdm_kv_block_bytes(&l);
-    uint64_t per_seq_blocks = tdm_kv_blocks_for_tokens(&l, context);
-    uint64_t per_seq, blocks_total, bytes_total, weights_plus_kv;
-    if (!tdm_mul_u64(per_seq_blocks, block, &per_seq) ||
-        !tdm_mul_u64(per_seq_blocks, users, &blocks_total) ||
-        !tdm_mul_u64(per_seq, users, &bytes_total) ||
-        !tdm_add_u64(bytes_total, weights, &weights_plus_kv)) {
+    json_t *node_info = NULL;
+    if (node_id && !in.have_memory && !(node_info = cap_node(&a, d, m, node_id, &in)))
+        return cap_error(&a, http_status);
+    tdm_kv_plan_t plan;
+    int rc = tdm_kv_plan(&in, &plan, &err);
+    if (rc != TDM_OK) {
         json_decref(node_info);
-        a.bad = "users";
-        snprintf(a.msg, sizeof a.msg, "users x context needs more than 2^64 bytes");
+        a.bad = rc == TDM_ERESOURCE ? "users" : NULL;
+        snprintf(a.msg, sizeof a.msg, "%s",
+                 rc == TDM_ERESOURCE ? "users x context needs more than 2^64 bytes" : err.msg);
         return cap_error(&a, http_status);
     }
-    tdm_kv_layout_t mha = l;
-    mha.n_kv_heads = (uint32_t)n_heads;
-    json_t *r = json_pack(
-        "{s:s, s:s?, s:i, s:i, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
-        "s:I, s:I, s:f}",
-        "source", source, "model", m && !explicit_shape ? m->name : NULL, "n_layers",
-        (int)l.n_layers, "n_kv_heads", (int)l.n_kv_heads, "n_heads", (int)n_heads, "head_dim",
-        (int)l.head_dim, "dtype", tdm_kv_dtype_name(l.dtype), "block_size", (int)l.block_size,
-        "context", (json_int_t)context, "users", (json_int_t)users, "weights_bytes",
-        (json_int_t)weights, "kv_bytes_per_token", (json_int_t)bpt, "block_bytes",
-        (json_int_t)block, "blocks_per_sequence", (json_int_t)per_seq_blocks,
-        "kv_bytes_per_sequence", (json_int_t)per_seq, "kv_blocks_total", (json_int_t)blocks_total,
-        "kv_bytes_total", (json_int_t)bytes_total, "weights_plus_kv_bytes",
-        (json_int_t)weights_plus_kv, "mha_kv_bytes_per_token",
-        (json_int_t)tdm_kv_bytes_per_token(&mha), "gqa_factor",
-        (double)n_heads / (double)l.n_kv_heads);
-    if (!r) {
-        json_decref(node_info);
-        return NULL;
-    }
-    json_object_set_new(r, "node", node_info);
-    if (have_memory) {
-        uint64_t pool = memory > weights ? (memory - weights) / block : 0;
-        json_object_set_new(r, "memory_bytes", json_integer((json_int_t)memory));
-        json_object_set_new(r, "pool_blocks", json_integer((json_int_t)pool));
-        json_object_set_new(r, "fits", json_boolean(weights_plus_kv <= memory));
-        json_object_set_new(r, "max_sequences", json_integer((json_int_t)(pool / per_seq_blocks)));
-    } else {
-        json_object_set_new(r, "memory_bytes", json_null());
-        json_object_set_new(r, "pool_blocks", json_null());
-        json_object_set_new(r, "fits", json_null());
-        json_object_set_new(r, "max_sequences", json_null());
-    }
-    return r;
+    return cap_result(source, m && !explicit_shape ? m->name : NULL, &in, &plan, node_info);
 }

@@ -70,20 +70,18 @@ void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMe
 static int load_model(tdm_router_t *r, tdm_error_t *err)
 {
     const tdm_config_t *cfg = r->cfg;
-    r->model = tdm_model_load(cfg->model.path, err);
-    if (!r->model)
-        return tdm_error_prefix(err, err ? err->code : TDM_EINVALID, "model %s: ", cfg->model.path);
-    const tdm_llama_hparams_t *hp = tdm_model_hparams(r->model);
-    r->tok = tdm_tokenizer_new(tdm_model_gguf(r->model), err);
-    if (!r->tok)
-        return tdm_error_prefix(err, err ? err->code : TDM_EINVALID,
-                                "tokenizer of %s: ", cfg->model.path);
-    r->n_vocab = hp->n_vocab;
-    r->n_ctx = tdm_model_serve_n_ctx(hp); /* the nodes' too; a node with less is refused */
-    r->fingerprint = tdm_model_fingerprint(r->model);
-    r->block_size = (uint32_t)cfg->kv.block_size;
-    r->layout =
-        (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim, r->block_size, cfg->kv.dtype};
+    /* the same loader as the nodes': context, vocabulary, fingerprint and layout agree */
+    tdm_served_model_t sm;
+    int rc = tdm_served_model_open(&sm, cfg, err);
+    if (rc != TDM_OK)
+        return rc;
+    r->model = sm.model; /* the router owns them from here (tdm_router_destroy) */
+    r->tok = sm.tok;
+    r->n_vocab = sm.n_vocab;
+    r->n_ctx = sm.n_ctx;
+    r->fingerprint = sm.fingerprint;
+    r->layout = sm.layout;
+    r->block_size = sm.layout.block_size;
     /* The template: the config's override, else the family the model names
      * (tdm_chat_template_pick, the rule `tandem generate -m` and `tandem tokenize` share). */
     tdm_error_t terr = {0};
@@ -96,9 +94,6 @@ static int load_model(tdm_router_t *r, tdm_error_t *err)
         tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL,
                       "no chat template: chat requests will fail: %s", terr.msg);
     }
-    if (r->n_ctx < 2)
-        return tdm_error_set(err, TDM_EINVALID, "model %s: context length %" PRIu32 " is too short",
-                             cfg->model.path, r->n_ctx);
     return TDM_OK;
 }
 

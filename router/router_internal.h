@@ -20,6 +20,7 @@
 #include "tandem/prompt.h"
 #include "tandem/proto.h"
 #include "tandem/sampling.h"
+#include "tandem/serve.h"
 #include "tandem/tokenizer.h"
 
 typedef struct rt_req rt_req_t;

@@ -137,6 +137,162 @@ static void test_sizing_dtypes(void **state)
                      tdm_kv_block_bytes(&llama2_7b));
 }
 
+/* tdm_kv_plan, SmolLM2-135M: 8 users of 8192 tokens with 9 query heads, 100 MB of weights,
+ * 1 GiB of memory. 23,040 B/token (DESIGN.md); 16 tokens per block. */
+static void test_plan_smollm2(void **state)
+{
+    (void)state;
+    tdm_kv_plan_in_t in = {.layout = smollm2,
+                           .n_heads = 9,
+                           .n_ctx = 8192,
+                           .n_users = 8,
+                           .weight_bytes = 100000000,
+                           .have_memory = true,
+                           .memory_bytes = 1073741824};
+    tdm_kv_plan_t p;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_OK);
+    assert_int_equal(p.bytes_per_token, 23040);
+    assert_int_equal(p.block_bytes, 368640);        /* 16 * 23,040 */
+    assert_int_equal(p.blocks_per_seq, 512);        /* 8192 / 16 */
+    assert_int_equal(p.bytes_per_seq, 188743680);   /* 512 * 368,640 */
+    assert_int_equal(p.blocks_total, 4096);         /* 8 * 512 */
+    assert_int_equal(p.bytes_total, 1509949440);    /* 8 * 188,743,680 */
+    assert_int_equal(p.need_bytes, 1609949440);     /* + 100,000,000 of weights */
+    assert_int_equal(p.mha_bytes_per_token, 69120); /* 9 heads: 3 * 23,040 */
+    assert_true(p.gqa_factor == 3.0);
+    assert_int_equal(p.pool_budget_bytes, 973741824); /* 2^30 - 10^8 */
+    assert_int_equal(p.pool_blocks, 2641);            /* floor(973,741,824 / 368,640) */
+    assert_int_equal(p.pool_tokens, 2641 * 16);
+    assert_int_equal(p.max_seqs, 5); /* floor(2641 / 512) */
+    assert_false(p.fits);
+    assert_int_equal(p.spare_bytes, 0);
+    assert_int_equal(p.short_bytes, 536207616); /* 1,609,949,440 - 2^30 */
+
+    /* no memory: the pool figures are 0; n_heads 0 means no GQA */
+    in.have_memory = false;
+    in.n_heads = 0;
+    in.n_ctx = 4096;
+    in.n_users = 1;
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_OK);
+    assert_int_equal(p.bytes_per_seq, 94371840); /* 256 blocks of 368,640 */
+    assert_int_equal(p.mha_bytes_per_token, 23040);
+    assert_true(p.gqa_factor == 1.0);
+    assert_int_equal(p.pool_blocks, 0);
+    assert_int_equal(p.max_seqs, 0);
+    assert_false(p.fits);
+}
+
+/* tdm_kv_plan, Llama-2-7B at f16: 32 users of 4096 tokens in 80 GiB with 13,476,839,424 bytes
+ * of weights; then with 1 GiB of engine scratch, sized as the node sizes its pool. */
+static void test_plan_llama2(void **state)
+{
+    (void)state;
+    const uint64_t gib = 1073741824;
+    tdm_kv_plan_in_t in = {.layout = llama2_7b,
+                           .n_ctx = 4096,
+                           .n_users = 32,
+                           .weight_bytes = 13476839424ull,
+                           .have_memory = true,
+                           .memory_bytes = 80 * gib};
+    tdm_kv_plan_t p;
+    assert_int_equal(tdm_kv_plan(&in, &p, NULL), TDM_OK);
+    assert_int_equal(p.bytes_per_token, 524288);
+    assert_int_equal(p.block_bytes, 8388608);
+    assert_int_equal(p.blocks_per_seq, 256);
+    assert_int_equal(p.bytes_per_seq, 2 * gib);
+    assert_int_equal(p.blocks_total, 8192);
+    assert_int_equal(p.bytes_total, 64 * gib);
+    assert_int_equal(p.need_bytes, 64 * gib + 13476839424ull);
+    assert_true(p.gqa_factor == 1.0);
+    assert_int_equal(p.pool_blocks, 8633); /* floor((80 GiB - weights) / 8 MiB) */
+    assert_int_equal(p.max_seqs, 33);
+    assert_true(p.fits);
+    assert_int_equal(p.spare_bytes, 16 * gib - 13476839424ull);
+    assert_int_equal(p.short_bytes, 0);
+
+    in.scratch_bytes = gib;
+    assert_int_equal(tdm_kv_plan(&in, &p, NULL), TDM_OK);
+    assert_int_equal(p.need_bytes, 65 * gib + 13476839424ull);
+    assert_int_equal(p.pool_budget_bytes, 79 * gib - 13476839424ull);
+    assert_int_equal(p.pool_blocks, 8505);
+
+    /* the budget for a pool of pool_blocks blocks plans back to that pool, to the byte */
+    uint64_t budget = 0;
+    assert_int_equal(
+        tdm_kv_plan_budget(&llama2_7b, p.pool_blocks, in.weight_bytes + gib, &budget, NULL),
+        TDM_OK);
+    assert_int_equal(budget, 8505 * 8388608ull + 13476839424ull + gib);
+    in.memory_bytes = budget;
+    assert_int_equal(tdm_kv_plan(&in, &p, NULL), TDM_OK);
+    assert_int_equal(p.pool_blocks, 8505);
+    in.memory_bytes = budget - 1;
+    assert_int_equal(tdm_kv_plan(&in, &p, NULL), TDM_OK);
+    assert_int_equal(p.pool_blocks, 8504);
+
+    /* weights larger than the memory: no pool at all */
+    in.memory_bytes = gib;
+    assert_int_equal(tdm_kv_plan(&in, &p, NULL), TDM_OK);
+    assert_int_equal(p.pool_budget_bytes, 0);
+    assert_int_equal(p.pool_blocks, 0);
+    assert_int_equal(p.max_seqs, 0);
+    assert_false(p.fits);
+}
+
+/* tdm_kv_plan's q8 blocks carry their scales; bad input is TDM_EINVALID, a product past 2^64
+ * TDM_ERESOURCE, both with *out zeroed. */
+static void test_plan_errors(void **state)
+{
+    (void)state;
+    tdm_kv_plan_in_t in = {.layout = llama2_7b, .n_ctx = 1000, .n_users = 1};
+    in.layout.dtype = TDM_KV_Q8;
+    tdm_kv_plan_t p;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_OK);
+    assert_int_equal(p.bytes_per_token, 262144);
+    assert_int_equal(p.block_bytes, 4202496); /* 16 * 262,144 + 2 * 32 * 32 * 4 */
+    assert_int_equal(p.blocks_per_seq, 63);   /* ceil(1000 / 16) */
+    assert_int_equal(p.bytes_per_seq, 63 * 4202496ull);
+
+    in.layout.block_size = 3;
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "block_size"));
+    assert_int_equal(p.block_bytes, 0);
+    in.layout.block_size = 16;
+    in.n_ctx = 0;
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "n_ctx"));
+    in.n_ctx = 1000;
+    in.n_users = 0;
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "n_users"));
+    in.n_users = 1;
+    in.n_heads = 48;
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "n_heads"));
+
+    /* 2^20 users of 2^24 tokens at f32, 2^24-byte blocks of 16 tokens: 2^64 bytes */
+    in.layout.dtype = TDM_KV_F32;
+    in.n_heads = 0;
+    in.n_ctx = 16777216;
+    in.n_users = 1048576;
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "2^64"));
+    assert_int_equal(p.bytes_per_token, 0);
+    /* weights + KV past 2^64 */
+    in.n_ctx = 16;
+    in.n_users = 1;
+    in.weight_bytes = UINT64_MAX;
+    assert_int_equal(tdm_kv_plan(&in, &p, &err), TDM_ERESOURCE);
+
+    uint64_t budget = 7;
+    assert_int_equal(tdm_kv_plan_budget(&llama2_7b, UINT64_MAX / 4, 0, &budget, &err),
+                     TDM_ERESOURCE);
+    assert_int_equal(budget, 7);
+    assert_int_equal(tdm_kv_plan_budget(&llama2_7b, 0, 5, &budget, &err), TDM_OK);
+    assert_int_equal(budget, 5);
+}
+
 static void test_dtype_names(void **state)
 {
     (void)state;
@@ -812,6 +968,9 @@ int main(void)
         cmocka_unit_test(test_sizing_llama2),
         cmocka_unit_test(test_sizing_smollm2),
         cmocka_unit_test(test_sizing_dtypes),
+        cmocka_unit_test(test_plan_smollm2),
+        cmocka_unit_test(test_plan_llama2),
+        cmocka_unit_test(test_plan_errors),
         cmocka_unit_test(test_dtype_names),
         cmocka_unit_test(test_layout_check),
         cmocka_unit_test(test_pool_new),

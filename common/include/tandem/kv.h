@@ -7,7 +7,7 @@
  * [slot][head_dim] int8 values (one scale per block per layer per K|V per head). A block is
  * therefore self-contained and ships between nodes as one unit.
  *
- * Sizing (one function for the pools and for `tandem kvcalc`):
+ * Sizing (one function for the pools, `tandem kvcalc` and the dashboard, via tdm_kv_plan):
  *   KV bytes per token = 2 * n_layers * n_kv_heads * head_dim * bytes_per_value
  *   (+ for q8, 2 * n_layers * n_kv_heads * 4 bytes of scales per block).
  *   Source: the standard KV-cache size formula, e.g. vLLM's cache engine
@@ -78,6 +78,68 @@ uint64_t tdm_kv_block_bytes(const tdm_kv_layout_t *l);
 
 /* Blocks needed for n_tokens: ceil(n_tokens / block_size). */
 uint64_t tdm_kv_blocks_for_tokens(const tdm_kv_layout_t *l, uint64_t n_tokens);
+
+/* ---- capacity planning ---- */
+
+/* What a capacity plan is asked: a model's KV shape, a context, a number of users and
+ * optionally a memory budget. */
+typedef struct tdm_kv_plan_in {
+    tdm_kv_layout_t layout; /* n_layers, n_kv_heads, head_dim, block_size, dtype */
+    uint32_t n_heads;       /* query heads, for the GQA comparison: a multiple of n_kv_heads;
+                               0 means n_kv_heads (no GQA) */
+    uint64_t n_ctx;         /* tokens per sequence, >= 1 */
+    uint64_t n_users;       /* concurrent full-context sequences, >= 1 */
+    uint64_t weight_bytes;  /* model weights, bytes */
+    uint64_t scratch_bytes; /* engine scratch, bytes (tdm_engine_scratch_bytes); 0 if unknown */
+    bool have_memory;       /* memory_bytes is given: size a pool */
+    uint64_t memory_bytes;  /* budget for weights + scratch + KV, bytes */
+} tdm_kv_plan_in_t;
+
+/* Every figure of a capacity plan. Bytes unless said otherwise. */
+typedef struct tdm_kv_plan {
+    uint64_t bytes_per_token;     /* tdm_kv_bytes_per_token (q8 scales not included) */
+    uint64_t block_bytes;         /* tdm_kv_block_bytes (q8 scales included) */
+    uint64_t blocks_per_seq;      /* ceil(n_ctx / block_size), blocks */
+    uint64_t bytes_per_seq;       /* blocks_per_seq * block_bytes */
+    uint64_t blocks_total;        /* n_users * blocks_per_seq, blocks */
+    uint64_t bytes_total;         /* n_users * bytes_per_seq: KV for every user */
+    uint64_t need_bytes;          /* weight_bytes + scratch_bytes + bytes_total */
+    uint64_t mha_bytes_per_token; /* bytes_per_token as if n_kv_heads were n_heads */
+    double gqa_factor;            /* n_heads / n_kv_heads (1.0 without GQA) */
+    /* with have_memory only; 0 and false otherwise: */
+    uint64_t pool_budget_bytes; /* memory - weights - scratch, 0 when they do not fit */
+    uint64_t pool_blocks;       /* pool_budget_bytes / block_bytes, blocks */
+    uint64_t pool_tokens;       /* pool_blocks * block_size, tokens */
+    uint64_t max_seqs;          /* pool_blocks / blocks_per_seq: full-context sequences at once */
+    bool fits;                  /* need_bytes <= memory_bytes */
+    uint64_t spare_bytes;       /* memory_bytes - need_bytes when it fits, else 0 */
+    uint64_t short_bytes;       /* need_bytes - memory_bytes when it does not, else 0 */
+} tdm_kv_plan_t;
+
+/* Plans KV capacity with the nodes' own sizing functions, so that the plan and the running
+ * system agree to the byte; `tandem kvcalc` and the dashboard's /api/capacity both print
+ * its figures. Block-granular: a sequence of C tokens takes ceil(C / block_size) blocks of
+ * tdm_kv_block_bytes() each, whatever it holds.
+ *   KV bytes per sequence = ceil(n_ctx / block_size) * block_bytes
+ *   pool blocks           = floor((memory - weights - scratch) / block_bytes)
+ *   max sequences         = floor(pool blocks / blocks per sequence)
+ * Source: the standard KV-cache size formula (vLLM's CacheEngine.get_cache_block_size) and
+ * the node's pool sizing (tandem/node.h, tdm_node_runtime_open; DESIGN.md "Paged KV cache";
+ * docs/capacity.md). Worked numbers: SmolLM2-135M at f16 (30 layers, 3 KV heads, head_dim 64)
+ * is 23,040 B/token, 368,640 B per 16-token block and 94,371,840 B for a 4096-token sequence;
+ * Llama-2-7B at f16 (32, 32, 128) is 524,288 B/token and 2 GiB for 4096 tokens.
+ * pool_blocks is not capped at the pool's 2^32 - 1 blocks a node can address.
+ * Errors (*out zeroed, message in *err): TDM_EINVALID for a bad layout (tdm_kv_layout_check's
+ * message), n_ctx or n_users 0, or n_heads not a multiple of n_kv_heads; TDM_ERESOURCE when
+ * n_users x n_ctx needs more than 2^64 bytes. Keeps no pointer to in. */
+int tdm_kv_plan(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out, tdm_error_t *err);
+
+/* The memory budget a node must have had for a pool of n_blocks blocks of layout l after
+ * fixed_bytes (weights + engine scratch): fixed_bytes + n_blocks * tdm_kv_block_bytes(l),
+ * bytes, into *out. The inverse of tdm_kv_plan's pool_blocks (tdm_kv_plan with that budget
+ * gives back n_blocks). TDM_ERESOURCE when it exceeds 2^64 - 1 bytes (*out unchanged). */
+int tdm_kv_plan_budget(const tdm_kv_layout_t *l, uint64_t n_blocks, uint64_t fixed_bytes,
+                       uint64_t *out, tdm_error_t *err);
 
 /* Parent hash of a sequence's first block (h_-1 in the chain h_i = XXH3_64(h_i-1, block i)):
  * the bytes "tdm-kv-1" read as a little-endian integer. Changing it (or the hashing) makes

@@ -20,6 +20,7 @@
 #include "tandem/log.h"
 #include "tandem/model.h"
 #include "tandem/net.h"
+#include "tandem/serve.h"
 #include "tandem/tokenizer.h"
 #include "tandem/worker.h"
 

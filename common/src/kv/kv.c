@@ -174,6 +174,78 @@ int tdm_kv_layout_check(const tdm_kv_layout_t *l, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* The KV side of a plan: per token, block, sequence and for every user. Returns false when
+ * n_users x n_ctx passes 2^64 bytes. */
+static bool plan_kv(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out)
+{
+    const tdm_kv_layout_t *l = &in->layout;
+    out->bytes_per_token = tdm_kv_bytes_per_token(l);
+    out->block_bytes = tdm_kv_block_bytes(l);
+    out->blocks_per_seq = tdm_kv_blocks_for_tokens(l, in->n_ctx);
+    tdm_kv_layout_t mha = *l;
+    mha.n_kv_heads = in->n_heads ? in->n_heads : l->n_kv_heads;
+    out->mha_bytes_per_token = tdm_kv_bytes_per_token(&mha);
+    out->gqa_factor = (double)mha.n_kv_heads / (double)l->n_kv_heads;
+    uint64_t fixed;
+    return tdm_mul_u64(out->blocks_per_seq, out->block_bytes, &out->bytes_per_seq) &&
+           tdm_mul_u64(out->blocks_per_seq, in->n_users, &out->blocks_total) &&
+           tdm_mul_u64(out->bytes_per_seq, in->n_users, &out->bytes_total) &&
+           tdm_add_u64(in->weight_bytes, in->scratch_bytes, &fixed) &&
+           tdm_add_u64(out->bytes_total, fixed, &out->need_bytes);
+}
+
+/* The memory side of a plan: the pool the budget buys (as a node sizes it) and the fit. */
+static void plan_memory(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out)
+{
+    uint64_t m = in->memory_bytes;
+    uint64_t fixed = in->weight_bytes + in->scratch_bytes; /* <= need_bytes: no overflow */
+    out->pool_budget_bytes = m > fixed ? m - fixed : 0;
+    out->pool_blocks = out->pool_budget_bytes / out->block_bytes;
+    out->pool_tokens = out->pool_blocks * in->layout.block_size; /* block_bytes >= 8 * it */
+    out->max_seqs = out->pool_blocks / out->blocks_per_seq;
+    out->fits = out->need_bytes <= m;
+    out->spare_bytes = out->fits ? m - out->need_bytes : 0;
+    out->short_bytes = out->fits ? 0 : out->need_bytes - m;
+}
+
+int tdm_kv_plan(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out, tdm_error_t *err)
+{
+    memset(out, 0, sizeof *out);
+    const tdm_kv_layout_t *l = &in->layout;
+    int rc = tdm_kv_layout_check(l, err);
+    if (rc != TDM_OK)
+        return rc;
+    if (in->n_ctx == 0 || in->n_users == 0)
+        return tdm_error_set(err, TDM_EINVALID, "kv plan: %s must be positive, got 0",
+                             in->n_ctx == 0 ? "n_ctx" : "n_users");
+    if (in->n_heads % l->n_kv_heads != 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "kv plan: n_heads must be a multiple of n_kv_heads (%u), got %u",
+                             (unsigned)l->n_kv_heads, (unsigned)in->n_heads);
+    if (!plan_kv(in, out)) {
+        memset(out, 0, sizeof *out);
+        return tdm_error_set(err, TDM_ERESOURCE,
+                             "kv plan: %llu users x %llu tokens need more than 2^64 bytes",
+                             (unsigned long long)in->n_users, (unsigned long long)in->n_ctx);
+    }
+    if (in->have_memory)
+        plan_memory(in, out);
+    return TDM_OK;
+}
+
+int tdm_kv_plan_budget(const tdm_kv_layout_t *l, uint64_t n_blocks, uint64_t fixed_bytes,
+                       uint64_t *out, tdm_error_t *err)
+{
+    uint64_t kv, total;
+    if (!tdm_mul_u64(n_blocks, tdm_kv_block_bytes(l), &kv) || !tdm_add_u64(kv, fixed_bytes, &total))
+        return tdm_error_set(
+            err, TDM_ERESOURCE, "kv plan: %llu blocks of %llu bytes and %llu bytes more pass 2^64",
+            (unsigned long long)n_blocks, (unsigned long long)tdm_kv_block_bytes(l),
+            (unsigned long long)fixed_bytes);
+    *out = total;
+    return TDM_OK;
+}
+
 /* ---- block hashes ---- */
 
 uint64_t tdm_kv_block_hash(uint64_t parent, const int32_t *tokens, uint32_t block_size)

@@ -23,25 +23,17 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     int rc = tdm_node_keys_open(&rt->keys, cfg, node, err);
     if (rc != TDM_OK)
         return rc;
-    rt->model = tdm_model_load(cfg->model.path, err);
-    if (!rt->model) {
-        rc = err ? err->code : TDM_EINVALID;
+    /* the same loader as the router's: context, vocabulary, fingerprint and layout agree */
+    tdm_served_model_t sm;
+    if ((rc = tdm_served_model_open(&sm, cfg, err)) != TDM_OK)
         goto out_close;
-    }
-    const tdm_llama_hparams_t *hp = tdm_model_hparams(rt->model);
-    rt->tok = tdm_tokenizer_new(tdm_model_gguf(rt->model), err);
-    if (!rt->tok) {
-        rc = err ? err->code : TDM_EINVALID;
-        goto out_close;
-    }
-    rt->n_vocab = hp->n_vocab;
-    rt->n_ctx = tdm_model_serve_n_ctx(hp);
-    rt->fingerprint = tdm_model_fingerprint(rt->model);
+    rt->model = sm.model; /* the runtime owns them from here (tdm_node_runtime_close) */
+    rt->tok = sm.tok;
+    rt->n_vocab = sm.n_vocab;
+    rt->n_ctx = sm.n_ctx;
+    rt->fingerprint = sm.fingerprint;
+    rt->layout = sm.layout;
     rt->weight_bytes = tdm_model_weight_bytes(rt->model);
-    rt->layout = (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim,
-                                   (uint32_t)cfg->kv.block_size, cfg->kv.dtype};
-    if ((rc = tdm_kv_layout_check(&rt->layout, err)) != TDM_OK)
-        goto out_close;
 
     tdm_engine_params_t ep;
     tdm_engine_params_default(&ep);
@@ -66,11 +58,17 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     tdm_engine_destroy(&probe);
     tdm_kv_pool_destroy(&probe_pool);
 
-    uint64_t block_bytes = tdm_kv_block_bytes(&rt->layout);
-    uint64_t need_blocks = tdm_kv_blocks_for_tokens(&rt->layout, rt->n_ctx);
+    /* the pool: the capacity planner's arithmetic (tdm_kv_plan, as tandem kvcalc and the
+     * dashboard print it), for one full-context sequence at least */
+    tdm_kv_plan_in_t pin = {rt->layout,        0,    rt->n_ctx,          1, rt->weight_bytes,
+                            rt->scratch_bytes, true, node->memory_budget};
+    tdm_kv_plan_t plan;
+    if ((rc = tdm_kv_plan(&pin, &plan, err)) != TDM_OK)
+        goto out_close;
+    uint64_t block_bytes = plan.block_bytes;
+    uint64_t need_blocks = plan.blocks_per_seq;
     uint64_t fixed = rt->weight_bytes + rt->scratch_bytes;
-    uint64_t n_blocks =
-        node->memory_budget > fixed ? (node->memory_budget - fixed) / block_bytes : 0;
+    uint64_t n_blocks = plan.pool_blocks;
     if (n_blocks > UINT32_MAX - 1)
         n_blocks = UINT32_MAX - 1;
     if (n_blocks < need_blocks) {

@@ -1,0 +1,49 @@
+/* serve.c - the served model: model, tokenizer and the values the router and the nodes
+ * compare at registration, derived in one place (serve.h). */
+#include "tandem/serve.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+int tdm_served_model_open(tdm_served_model_t *sm, const tdm_config_t *cfg, tdm_error_t *err)
+{
+    memset(sm, 0, sizeof *sm);
+    const char *path = cfg->model.path;
+    int rc;
+    sm->model = tdm_model_load(path, err);
+    if (!sm->model)
+        return tdm_error_prefix(err, err ? err->code : TDM_EINVALID, "model %s: ", path);
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(sm->model);
+    sm->tok = tdm_tokenizer_new(tdm_model_gguf(sm->model), err);
+    if (!sm->tok) {
+        rc = tdm_error_prefix(err, err ? err->code : TDM_EINVALID, "tokenizer of %s: ", path);
+        goto out_close;
+    }
+    sm->n_vocab = hp->n_vocab;
+    sm->n_ctx = tdm_model_serve_n_ctx(hp);
+    sm->fingerprint = tdm_model_fingerprint(sm->model);
+    sm->layout = (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim,
+                                   (uint32_t)cfg->kv.block_size, cfg->kv.dtype};
+    if ((rc = tdm_kv_layout_check(&sm->layout, err)) != TDM_OK) {
+        tdm_error_prefix(err, rc, "model %s: ", path);
+        goto out_close;
+    }
+    if (sm->n_ctx < 2) {
+        rc = tdm_error_set(err, TDM_EINVALID, "model %s: context length %" PRIu32 " is too short",
+                           path, sm->n_ctx);
+        goto out_close;
+    }
+    return TDM_OK;
+out_close:
+    tdm_served_model_close(sm);
+    return rc;
+}
+
+void tdm_served_model_close(tdm_served_model_t *sm)
+{
+    if (!sm)
+        return;
+    tdm_tokenizer_destroy(&sm->tok);
+    tdm_model_destroy(&sm->model);
+    memset(sm, 0, sizeof *sm);
+}
