@@ -96,7 +96,7 @@ typedef struct tdm_kv_plan_in {
 } tdm_kv_plan_in_t;
 
 /* Every figure of a capacity plan. Bytes unless said otherwise. */
-typedef struct tdm_kv_plan {
+typedef struct tdm_kv_plan_result {
     uint64_t bytes_per_token;     /* tdm_kv_bytes_per_token (q8 scales not included) */
     uint64_t block_bytes;         /* tdm_kv_block_bytes (q8 scales included) */
     uint64_t blocks_per_seq;      /* ceil(n_ctx / block_size), blocks */
