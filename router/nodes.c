@@ -784,25 +784,42 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
 
 /* ---- events for requests ---- */
 
+/* The request a node message names by (request id, attempt) when that attempt is current and
+ * n is its prefill node (from_prefill) or decode node (from_decode) that may send it; else
+ * NULL after a debug line, and a message of an attempt that is not current counted as stale. */
+static rt_req_t *event_request(tdm_router_t *r, const rt_node_t *n, const char *id,
+                               uint64_t attempt, bool from_prefill, bool from_decode,
+                               const char *what)
+{
+    bool known;
+    rt_req_t *q = rt_req_find_attempt(r, id, attempt, &known);
+    if (!q && known) {
+        r->metrics.stale_attempt_messages++;
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL,
+                      "ignoring %s of attempt %016" PRIx64 " from %s (not a current attempt)", what,
+                      attempt, n->cfg->id);
+        return NULL;
+    }
+    if (!q || !((from_prefill && n == q->prefill) || (from_decode && n == q->decode))) {
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL,
+                      "ignoring %s from %s (request not running there)", what, n->cfg->id);
+        return NULL;
+    }
+    return q;
+}
+
 static void handle_token_event(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 {
     Tandem__V1__TokenEvent *ev =
         (Tandem__V1__TokenEvent *)tdm_frame_unpack(f, &tandem__v1__token_event__descriptor);
     if (!ev)
         return;
-    bool known;
-    rt_req_t *q = rt_req_find_attempt(r, ev->request_id, ev->attempt_id, &known);
-    if (!q && known) {
-        r->metrics.stale_attempt_messages++;
+    rt_req_t *q = event_request(r, n, ev->request_id, ev->attempt_id, true, true, "token");
+    if (q && q->state != RT_RUNNING) {
         tdm_log_write(&r->log, TDM_LOG_DEBUG, ev->request_id, NULL,
-                      "ignoring token %" PRIu32 " of attempt %016" PRIx64
-                      " from %s (not a current attempt)",
-                      ev->index, ev->attempt_id, n->cfg->id);
-    } else if (!q || (n != q->prefill && n != q->decode) || q->state != RT_RUNNING) {
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, ev->request_id, NULL,
-                      "ignoring token %" PRIu32 " from %s (request not running there)", ev->index,
+                      "ignoring token %" PRIu32 " from %s (request not running yet)", ev->index,
                       n->cfg->id);
-    } else {
+    } else if (q) {
         if (n == q->decode && ev->index >= 1)
             q->decode_started = true;
         if (n == q->prefill && ev->index == 0)
@@ -818,17 +835,11 @@ static void handle_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         (Tandem__V1__Finished *)tdm_frame_unpack(f, &tandem__v1__finished__descriptor);
     if (!fin)
         return;
-    bool known;
-    rt_req_t *q = rt_req_find_attempt(r, fin->request_id, fin->attempt_id, &known);
-    if (!q && known) {
-        r->metrics.stale_attempt_messages++;
+    rt_req_t *q = event_request(r, n, fin->request_id, fin->attempt_id, false, true, "Finished");
+    if (q && q->state != RT_RUNNING)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL,
-                      "ignoring Finished of attempt %016" PRIx64 " from %s (not current)",
-                      fin->attempt_id, n->cfg->id);
-    } else if (!q || n != q->decode || q->state != RT_RUNNING)
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL, "ignoring Finished from %s",
-                      n->cfg->id);
-    else
+                      "ignoring Finished from %s (request not running yet)", n->cfg->id);
+    else if (q)
         rt_req_finished(r, q, fin);
     protobuf_c_message_free_unpacked(&fin->base, NULL);
 }
@@ -839,17 +850,8 @@ static void handle_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t 
         (Tandem__V1__TaskFailed *)tdm_frame_unpack(f, &tandem__v1__task_failed__descriptor);
     if (!tf)
         return;
-    bool known;
-    rt_req_t *q = rt_req_find_attempt(r, tf->request_id, tf->attempt_id, &known);
-    if (!q && known) {
-        r->metrics.stale_attempt_messages++;
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, tf->request_id, NULL,
-                      "ignoring TaskFailed of attempt %016" PRIx64 " from %s (not current)",
-                      tf->attempt_id, n->cfg->id);
-    } else if (!q || (n != q->prefill && n != q->decode)) {
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, tf->request_id, NULL, "ignoring TaskFailed from %s",
-                      n->cfg->id);
-    } else {
+    rt_req_t *q = event_request(r, n, tf->request_id, tf->attempt_id, true, true, "TaskFailed");
+    if (q) {
         int status = tdm_proto_status_from_wire(tf->status);
         if (status == TDM_OK)
             status = TDM_EINTERNAL;

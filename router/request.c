@@ -796,15 +796,26 @@ static long utf8_invalid_at(const char *s, size_t n)
     return -1;
 }
 
-static bool id_valid(const char *id)
+/* Checks a client's request id (id_wire_len: its length on the wire, which a NUL inside
+ * makes longer than strlen): 1..TDM_ROUTER_REQUEST_ID_MAX printable ASCII characters without
+ * spaces. TDM_EINVALID naming the first bad byte, or the length, otherwise. */
+static int id_check(const char *id, size_t id_wire_len, tdm_error_t *err)
 {
     size_t n = strlen(id);
-    if (n == 0 || n > TDM_ROUTER_REQUEST_ID_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if ((unsigned char)id[i] <= 0x20 || (unsigned char)id[i] >= 0x7f)
-            return false;
-    return true;
+    for (size_t i = 0; i < id_wire_len && i <= TDM_ROUTER_REQUEST_ID_MAX; i++) {
+        unsigned char ch = i < n ? (unsigned char)id[i] : 0; /* past strlen: the NUL */
+        if (ch <= 0x20 || ch >= 0x7f)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "request_id: byte %zu is 0x%02x; request ids are 1..%u printable "
+                                 "ASCII characters without spaces",
+                                 i, ch, TDM_ROUTER_REQUEST_ID_MAX);
+    }
+    if (n > TDM_ROUTER_REQUEST_ID_MAX)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "request_id is %zu bytes; request ids are 1..%u printable ASCII "
+                             "characters without spaces",
+                             n, TDM_ROUTER_REQUEST_ID_MAX);
+    return TDM_OK;
 }
 
 /* Length on the wire of the last top-level length-delimited field `field` of the protobuf
@@ -974,26 +985,10 @@ static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, 
                          rt_req_t *q, tdm_error_t *err)
 {
     const tdm_config_t *cfg = r->cfg;
-    size_t id_len = strlen(g->request_id);
-    if (id_wire_len != id_len)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "request_id: byte %zu is NUL; request ids are 1..%u printable ASCII "
-                             "characters without spaces",
-                             id_len, TDM_ROUTER_REQUEST_ID_MAX);
-    if (g->request_id[0]) {
-        for (size_t i = 0; i < id_len && i <= TDM_ROUTER_REQUEST_ID_MAX; i++) {
-            unsigned char ch = (unsigned char)g->request_id[i];
-            if (ch <= 0x20 || ch >= 0x7f)
-                return tdm_error_set(err, TDM_EINVALID,
-                                     "request_id: byte %zu is 0x%02x; request ids are 1..%u "
-                                     "printable ASCII characters without spaces",
-                                     i, ch, TDM_ROUTER_REQUEST_ID_MAX);
-        }
-        if (!id_valid(g->request_id))
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "request_id is %zu bytes; request ids are 1..%u printable ASCII "
-                                 "characters without spaces",
-                                 id_len, TDM_ROUTER_REQUEST_ID_MAX);
+    if (id_wire_len > 0) { /* set (an empty id means: the router makes one) */
+        int rc = id_check(g->request_id, id_wire_len, err);
+        if (rc != TDM_OK)
+            return rc;
         if (find_for_peer(r, g->request_id, q->peer, q->peer_len))
             return tdm_error_set(err, TDM_EINVALID,
                                  "request_id '%s' is already in flight; use a new id",

@@ -132,10 +132,7 @@ static int check_security(tdm_router_t *r, char secret[41], tdm_error_t *err)
         rc = tdm_curve_secret_read(cfg->router.curve_secret_key_file, cfg->router.curve_public_key,
                                    "router.curve_secret_key_file", secret, err);
     if (rc == TDM_OK && cfg->security.insecure)
-        TDM_LOG_WARNF(&r->log, NULL,
-                      "security.insecure is true: non-loopback binds without CURVE or API keys "
-                      "are allowed; anyone who can reach this cluster's endpoints may pose as a "
-                      "node or a client");
+        TDM_LOG_WARNF(&r->log, NULL, "%s", TDM_CONFIG_INSECURE_WARNING);
     return rc;
 }
 

@@ -200,6 +200,11 @@ bool tdm_config_curve_on(const tdm_config_t *cfg);
  * wildcard, an interface name, another address or host name) is false. Cannot fail. */
 bool tdm_config_address_is_loopback(const char *address);
 
+/* What every daemon logs at start (a warning) while security.insecure is true. */
+#define TDM_CONFIG_INSECURE_WARNING                                                                \
+    "security.insecure is true: non-loopback binds without CURVE or API keys are allowed; "        \
+    "anyone who can reach this cluster's endpoints may pose as a node or a client"
+
 /* What protects a bound endpoint when its address is not loopback. */
 typedef enum tdm_bind_guard {
     TDM_BIND_GUARD_CURVE = 0,    /* node and KV endpoints: needs tdm_config_curve_on */

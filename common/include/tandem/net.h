@@ -132,7 +132,8 @@ typedef struct tdm_sock_stats {
 /* Binds a ROUTER socket at endpoint ("tcp://127.0.0.1:7600", "inproc://x"). The socket
  * reports unroutable peers on send (ZMQ_ROUTER_MANDATORY), so sending to a gone peer fails
  * with TDM_EUNAVAILABLE instead of vanishing; a peer that reconnects with the routing id of a
- * dead connection takes it over (ZMQ_ROUTER_HANDOVER). A part larger than
+ * dead connection takes it over (ZMQ_ROUTER_HANDOVER), unless opts->no_handover. "localhost"
+ * binds 127.0.0.1; an IPv6 literal ("tcp://[::1]:7601") works. A part larger than
  * TDM_NET_MAX_DATA_BYTES makes ZMQ drop the connection (ZMQ_MAXMSGSIZE), on both socket
  * kinds. CURVE applies to tcp:// and ipc:// endpoints (inproc:// has no handshake). Returns
  * NULL with *err set: TDM_EINVALID (bad endpoint or keys), TDM_EUNAVAILABLE (address in use),

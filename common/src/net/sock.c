@@ -227,7 +227,8 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
         return NULL;
     }
     /* unroutable sends fail (EHOSTUNREACH) instead of vanishing; a peer that reconnects with
-     * the same routing id (a restarted node) takes the id over from its dead connection */
+     * the same routing id takes the id over from its dead connection, unless no_handover (the
+     * node endpoint: each node instance has a routing id of its own, and none may be taken) */
     bool handover = !(opts && opts->no_handover);
     if (setopt_int(s->zs, ZMQ_ROUTER_MANDATORY, 1, "router_mandatory", err) ||
         setopt_int(s->zs, ZMQ_ROUTER_HANDOVER, handover ? 1 : 0, "router_handover", err))

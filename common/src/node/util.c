@@ -149,10 +149,7 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     tdm_node_load_t load;
     tdm_node_load_collect(rt->worker, rt->pool, &load);
     if (cfg->security.insecure)
-        TDM_LOG_WARNF(log, NULL,
-                      "security.insecure is true: non-loopback binds without CURVE or API keys "
-                      "are allowed; anyone who can reach this cluster's endpoints may pose as a "
-                      "node or a client");
+        TDM_LOG_WARNF(log, NULL, "%s", TDM_CONFIG_INSECURE_WARNING);
     tdm_node_link_opts_t lo = {tdm_config_router_advertise(cfg),
                                tdm_node_curve_router(&rt->keys, &keys), &reg, log, &load};
     return tdm_node_link_new(net, &lo, err);
