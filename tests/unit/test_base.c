@@ -151,12 +151,61 @@ static void test_utf8_decode(void **state)
     assert_int_equal(tdm_utf8_decode((const unsigned char *)"", 0, &cp), 0);
 }
 
+static void test_buf(void **state)
+{
+    (void)state;
+    tdm_buf_t b = TDM_BUF_INIT;
+    assert_int_equal(tdm_buf_append(&b, "ab", 2), 0);
+    assert_int_equal(tdm_buf_puts(&b, "cd"), 0);
+    assert_int_equal(tdm_buf_printf(&b, "-%d-", 42), 0);
+    assert_string_equal(b.data, "abcd-42-");
+    assert_int_equal(b.len, 8);
+    /* a printf longer than the on-stack attempt, and growth past several doublings */
+    char big[1000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    assert_int_equal(tdm_buf_printf(&b, "%s|%s", big, big), 0);
+    assert_int_equal(b.len, 8 + 2 * 999 + 1);
+    assert_int_equal(b.data[b.len], '\0');
+    assert_int_equal(b.data[8 + 999], '|');
+    /* embedded NUL bytes count */
+    assert_int_equal(tdm_buf_append(&b, "\0z", 2), 0);
+    assert_int_equal(b.len, 8 + 2 * 999 + 3);
+    tdm_buf_clear(&b);
+    assert_int_equal(b.len, 0);
+    assert_string_equal(b.data, "");
+    assert_int_equal(tdm_buf_puts(&b, "q"), 0);
+    char *s = tdm_buf_take(&b);
+    assert_string_equal(s, "q");
+    free(s);
+    assert_null(b.data);
+    /* take of an empty buffer gives "" */
+    s = tdm_buf_take(&b);
+    assert_non_null(s);
+    assert_string_equal(s, "");
+    free(s);
+    /* overflow is out of memory, sticky until clear, content unchanged */
+    assert_int_equal(tdm_buf_puts(&b, "keep"), 0);
+    assert_int_equal(tdm_buf_reserve(&b, SIZE_MAX), TDM_ERESOURCE);
+    assert_true(b.oom);
+    assert_int_equal(tdm_buf_puts(&b, "more"), TDM_ERESOURCE);
+    assert_string_equal(b.data, "keep");
+    assert_null(tdm_buf_take(&b));
+    assert_null(b.data);
+    tdm_buf_free(&b);
+    tdm_buf_free(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names),      cmocka_unit_test(test_error_set_and_prefix),
-        cmocka_unit_test(test_read_file),         cmocka_unit_test(test_logfmt),
-        cmocka_unit_test(test_log_levels_and_kv), cmocka_unit_test(test_utf8_decode),
+        cmocka_unit_test(test_status_names),
+        cmocka_unit_test(test_error_set_and_prefix),
+        cmocka_unit_test(test_read_file),
+        cmocka_unit_test(test_logfmt),
+        cmocka_unit_test(test_log_levels_and_kv),
+        cmocka_unit_test(test_utf8_decode),
+        cmocka_unit_test(test_buf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

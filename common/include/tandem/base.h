@@ -106,6 +106,43 @@ size_t tdm_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
  * (read error), TDM_ERESOURCE (out of memory or larger than max_bytes). */
 int tdm_read_file(const char *path, size_t max_bytes, char **data, size_t *len, tdm_error_t *err);
 
+/* A growable byte string (Redis's sds, SQLite's StrAccum): data is NUL-terminated after the
+ * first successful append (the NUL is not counted in len). An append that runs out of memory
+ * sets oom, leaves the content as it was and makes every later append a no-op, so a caller can
+ * append many pieces and check once. Start from TDM_BUF_INIT (all zero); not thread-safe. */
+typedef struct tdm_buf {
+    char *data; /* NULL until the first append; caller frees with tdm_buf_free or takes it */
+    size_t len; /* bytes used, without the NUL */
+    size_t cap; /* bytes allocated */
+    bool oom;   /* an append failed for lack of memory */
+} tdm_buf_t;
+#define TDM_BUF_INIT                                                                               \
+    {                                                                                              \
+        NULL, 0, 0, false                                                                          \
+    }
+
+/* Makes room for `more` bytes plus the NUL (capacity doubles from 64 bytes). Returns 0, or
+ * TDM_ERESOURCE (out of memory or size overflow; sets oom). */
+int tdm_buf_reserve(tdm_buf_t *b, size_t more);
+
+/* Appends n bytes (which may contain NULs) / a C string / printf output. Return 0, or
+ * TDM_ERESOURCE when out of memory now or earlier (the content is then unchanged). */
+int tdm_buf_append(tdm_buf_t *b, const void *p, size_t n);
+int tdm_buf_puts(tdm_buf_t *b, const char *s);
+int tdm_buf_printf(tdm_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int tdm_buf_vprintf(tdm_buf_t *b, const char *fmt, va_list ap);
+
+/* Empties the string but keeps its memory (len 0, data "" when allocated, oom cleared). */
+void tdm_buf_clear(tdm_buf_t *b);
+
+/* Hands the string to the caller (who frees it with free()) and resets *b to TDM_BUF_INIT.
+ * Returns NULL when an append ran out of memory (the memory is then freed) and "" (allocated)
+ * for a string nothing was appended to; NULL also when that allocation fails. */
+char *tdm_buf_take(tdm_buf_t *b);
+
+/* Frees the memory and resets *b to TDM_BUF_INIT; accepts NULL. */
+void tdm_buf_free(tdm_buf_t *b);
+
 #ifdef __cplusplus
 }
 #endif

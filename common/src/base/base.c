@@ -201,3 +201,104 @@ size_t tdm_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
     *cp = v;
     return len;
 }
+
+int tdm_buf_reserve(tdm_buf_t *b, size_t more)
+{
+    if (b->oom)
+        return TDM_ERESOURCE;
+    size_t need;
+    if (!tdm_add_size(b->len, more, &need) || !tdm_add_size(need, 1, &need))
+        goto out_oom;
+    if (need <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) {
+        if (!tdm_mul_size(cap, 2, &cap))
+            goto out_oom;
+    }
+    char *d = realloc(b->data, cap);
+    if (!d)
+        goto out_oom;
+    if (!b->data)
+        d[0] = '\0';
+    b->data = d;
+    b->cap = cap;
+    return 0;
+out_oom:
+    b->oom = true;
+    return TDM_ERESOURCE;
+}
+
+int tdm_buf_append(tdm_buf_t *b, const void *p, size_t n)
+{
+    int rc = tdm_buf_reserve(b, n);
+    if (rc)
+        return rc;
+    if (n)
+        memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+int tdm_buf_puts(tdm_buf_t *b, const char *s)
+{
+    return tdm_buf_append(b, s, strlen(s));
+}
+
+int tdm_buf_vprintf(tdm_buf_t *b, const char *fmt, va_list ap)
+{
+    if (b->oom)
+        return TDM_ERESOURCE;
+    va_list ap2;
+    va_copy(ap2, ap);
+    char small[256];
+    int n = vsnprintf(small, sizeof small, fmt, ap2);
+    va_end(ap2);
+    if (n < 0)
+        return tdm_buf_append(b, "", 0); /* an encoding error: append nothing */
+    if ((size_t)n < sizeof small)
+        return tdm_buf_append(b, small, (size_t)n);
+    int rc = tdm_buf_reserve(b, (size_t)n);
+    if (rc)
+        return rc;
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+int tdm_buf_printf(tdm_buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = tdm_buf_vprintf(b, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+void tdm_buf_clear(tdm_buf_t *b)
+{
+    b->len = 0;
+    b->oom = false;
+    if (b->data)
+        b->data[0] = '\0';
+}
+
+char *tdm_buf_take(tdm_buf_t *b)
+{
+    if (!b->oom && !b->data)
+        tdm_buf_reserve(b, 0);
+    char *d = b->oom ? NULL : b->data;
+    if (b->oom)
+        free(b->data);
+    *b = (tdm_buf_t)TDM_BUF_INIT;
+    return d;
+}
+
+void tdm_buf_free(tdm_buf_t *b)
+{
+    if (!b)
+        return;
+    free(b->data);
+    *b = (tdm_buf_t)TDM_BUF_INIT;
+}
