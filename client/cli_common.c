@@ -1,5 +1,6 @@
 /* cli_common.c - helpers shared by the router-facing subcommands (cli_common.h). */
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -67,37 +68,108 @@ bool tdm_cli_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t
     return true;
 }
 
-int tdm_cli_sampling_option(const char *cmd, int c, const char *arg, tdm_cli_sampling_t *s)
+/* The most options a table may have (with -h/--help). */
+#define CLI_MAX_OPTS 48
+
+/* The getopt_long code of opts[i]: its letter, or 256 + i for a long-only option. */
+static int opt_code(const tdm_cli_opt_t *opt, size_t i)
 {
-    bool ok = true;
-    switch (c) {
-    case TDM_CLI_OPT_PRESET: s->preset = arg; break;
-    case TDM_CLI_OPT_TEMPERATURE:
-        ok = s->has_temperature = tdm_cli_parse_float(cmd, "--temperature", arg, &s->temperature);
-        break;
-    case TDM_CLI_OPT_TOP_P:
-        ok = s->has_top_p = tdm_cli_parse_float(cmd, "--top-p", arg, &s->top_p);
-        break;
-    case TDM_CLI_OPT_MIN_P:
-        ok = s->has_min_p = tdm_cli_parse_float(cmd, "--min-p", arg, &s->min_p);
-        break;
-    case TDM_CLI_OPT_REP:
-        ok = s->has_rep = tdm_cli_parse_float(cmd, "--repetition-penalty", arg, &s->rep);
-        break;
-    case TDM_CLI_OPT_PRESENCE:
-        ok = s->has_presence = tdm_cli_parse_float(cmd, "--presence-penalty", arg, &s->presence);
-        break;
-    case TDM_CLI_OPT_FREQUENCY:
-        ok = s->has_frequency = tdm_cli_parse_float(cmd, "--frequency-penalty", arg, &s->frequency);
-        break;
-    case TDM_CLI_OPT_TOP_K:
-        ok = s->has_top_k = tdm_cli_parse_long(cmd, "--top-k", arg, 0, INT32_MAX, &s->top_k);
-        break;
-    case TDM_CLI_OPT_SEED: ok = tdm_cli_parse_u64(cmd, "--seed", arg, &s->seed); break;
-    case TDM_CLI_OPT_IGNORE_EOS: s->ignore_eos = true; break;
-    default: return 0;
+    return opt->short_name ? (unsigned char)opt->short_name : 256 + (int)i;
+}
+
+/* Fills getopt_long's table and option string from spec's table; returns the entry count. */
+static size_t build_getopt(const tdm_cli_spec_t *spec, struct option *lo, char *shorts)
+{
+    size_t n = 0, k = 0;
+    if (spec->usage_hint)
+        shorts[k++] = ':'; /* report a missing value as ':', not '?' */
+    for (; spec->opts[n].name; n++) {
+        const tdm_cli_opt_t *opt = &spec->opts[n];
+        TDM_ASSERT(n + 2 < CLI_MAX_OPTS);
+        bool has_arg = opt->arg != TDM_CLI_ARG_TRUE && opt->arg != TDM_CLI_ARG_FALSE;
+        lo[n] = (struct option){opt->name, has_arg ? required_argument : no_argument, NULL,
+                                opt_code(opt, n)};
+        if (opt->short_name) {
+            shorts[k++] = opt->short_name;
+            if (has_arg)
+                shorts[k++] = ':';
+        }
     }
-    return ok ? 1 : -1;
+    lo[n] = (struct option){"help", no_argument, NULL, 'h'};
+    lo[n + 1] = (struct option){NULL, 0, NULL, 0};
+    shorts[k++] = 'h';
+    shorts[k] = '\0';
+    return n;
+}
+
+/* Stores value as opt says. Returns false after printing why it is bad. */
+static bool opt_store(const char *cmd, const tdm_cli_opt_t *opt, const char *value)
+{
+    char label[64];
+    snprintf(label, sizeof label, "--%s", opt->name);
+    switch (opt->arg) {
+    case TDM_CLI_ARG_TRUE: *(bool *)opt->target = true; return true;
+    case TDM_CLI_ARG_FALSE: *(bool *)opt->target = false; return true;
+    case TDM_CLI_ARG_STR: *(const char **)opt->target = value; return true;
+    case TDM_CLI_ARG_LONG:
+        return tdm_cli_parse_long(cmd, label, value, (long)opt->lo, (long)opt->hi, opt->target);
+    case TDM_CLI_ARG_DOUBLE:
+        return tdm_cli_parse_double(cmd, label, value, opt->lo, opt->hi, opt->target);
+    case TDM_CLI_ARG_FLOAT: return tdm_cli_parse_float(cmd, label, value, opt->target);
+    case TDM_CLI_ARG_U64: return tdm_cli_parse_u64(cmd, label, value, opt->target);
+    case TDM_CLI_ARG_FN: return opt->fn(cmd, value, opt->target);
+    }
+    return false;
+}
+
+/* Reports what getopt_long found wrong (c is '?' or ':'): getopt's own message and the usage,
+ * or, with a usage hint, the command's message and the hint. */
+static void report_bad_option(const tdm_cli_spec_t *spec, int c, char **argv)
+{
+    if (!spec->usage_hint) {
+        spec->usage(stderr); /* getopt printed why */
+        return;
+    }
+    if (c == ':')
+        fprintf(stderr, "%s: option '%s' needs a value\n", spec->cmd, argv[optind - 1]);
+    else if (optopt)
+        fprintf(stderr, "%s: unknown option '-%c'\n", spec->cmd, optopt);
+    else
+        fprintf(stderr, "%s: unknown option '%s'\n", spec->cmd, argv[optind - 1]);
+    spec->usage_hint();
+}
+
+int tdm_cli_parse(const tdm_cli_spec_t *spec, int argc, char **argv, bool *done)
+{
+    struct option lo[CLI_MAX_OPTS];
+    char shorts[3 * CLI_MAX_OPTS + 2];
+    size_t n = build_getopt(spec, lo, shorts);
+    *done = true;
+    optind = 1;
+    opterr = spec->usage_hint ? 0 : 1;
+    int c;
+    while ((c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
+        if (c == 'h') {
+            spec->usage(stdout);
+            return 0;
+        }
+        size_t i = 0;
+        while (i < n && opt_code(&spec->opts[i], i) != c)
+            i++;
+        if (i == n) {
+            report_bad_option(spec, c, argv);
+            return 2;
+        }
+        const tdm_cli_opt_t *opt = &spec->opts[i];
+        if (!opt_store(spec->cmd, opt, optarg))
+            return 2;
+        if (opt->given)
+            *opt->given = true;
+        if (opt->mark && !*opt->mark)
+            *opt->mark = opt->label;
+    }
+    *done = false;
+    return 0;
 }
 
 bool tdm_cli_sampling_build(const char *cmd, const tdm_cli_sampling_t *s, long max_tokens,
@@ -222,33 +294,29 @@ int tdm_cli_exit_status(int rc)
     return rc == TDM_EINVALID ? 2 : 1;
 }
 
-int tdm_cli_read_stream(FILE *in, char **text, size_t *len)
+int tdm_cli_read_stream(FILE *in, size_t max_bytes, char **text, size_t *len)
 {
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        return TDM_ERESOURCE;
+    tdm_buf_t b = TDM_BUF_INIT;
     for (;;) {
-        if (n + 1 == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return TDM_ERESOURCE;
-            }
-            buf = nb;
-            cap *= 2;
+        if (tdm_buf_reserve(&b, 4096) != TDM_OK) {
+            tdm_buf_free(&b);
+            return TDM_ERESOURCE;
         }
-        size_t got = fread(buf + n, 1, cap - n - 1, in);
-        n += got;
+        size_t got = fread(b.data + b.len, 1, b.cap - b.len - 1, in);
+        b.len += got;
+        if (max_bytes && b.len > max_bytes) {
+            tdm_buf_free(&b);
+            return TDM_EINVALID;
+        }
         if (got == 0)
             break;
     }
     if (ferror(in)) {
-        free(buf);
+        tdm_buf_free(&b);
         return TDM_EUNAVAILABLE;
     }
-    buf[n] = '\0';
-    *text = buf;
-    *len = n;
+    b.data[b.len] = '\0';
+    *len = b.len;
+    *text = tdm_buf_take(&b);
     return TDM_OK;
 }

@@ -5,8 +5,10 @@
 #ifndef TANDEM_CLIENT_CLI_COMMON_H
 #define TANDEM_CLIENT_CLI_COMMON_H
 
+#include <getopt.h> /* optind: the first operand after tdm_cli_parse */
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -35,42 +37,106 @@ typedef struct tdm_cli_sampling {
     bool ignore_eos;
 } tdm_cli_sampling_t;
 
-/* getopt_long codes of the shared options (above every subcommand's own codes). */
-enum {
-    TDM_CLI_OPT_PRESET = 1000,
-    TDM_CLI_OPT_TEMPERATURE,
-    TDM_CLI_OPT_TOP_K,
-    TDM_CLI_OPT_TOP_P,
-    TDM_CLI_OPT_MIN_P,
-    TDM_CLI_OPT_REP,
-    TDM_CLI_OPT_PRESENCE,
-    TDM_CLI_OPT_FREQUENCY,
-    TDM_CLI_OPT_SEED,
-    TDM_CLI_OPT_IGNORE_EOS,
-    TDM_CLI_OPT_ROUTER,
-    TDM_CLI_OPT_API_KEY,
-    TDM_CLI_OPT_TIMEOUT,
-    TDM_CLI_OPT_STOP,
-};
+/* A table-driven option parser over getopt_long: one table per command lists every option,
+ * what it takes and where its value goes, so a command's parse is its table plus the checks
+ * that relate options to each other. Values are checked with the tdm_cli_parse_* functions
+ * above (their messages name the option as "--NAME"). */
+typedef enum tdm_cli_arg {
+    TDM_CLI_ARG_TRUE,   /* no value: *(bool *)target = true */
+    TDM_CLI_ARG_FALSE,  /* no value: *(bool *)target = false */
+    TDM_CLI_ARG_STR,    /* *(const char **)target = the value (argv-owned) */
+    TDM_CLI_ARG_LONG,   /* *(long *)target: an integer in [lo, hi] */
+    TDM_CLI_ARG_DOUBLE, /* *(double *)target: a number in [lo, hi] */
+    TDM_CLI_ARG_FLOAT,  /* *(float *)target: a finite number */
+    TDM_CLI_ARG_U64,    /* *(uint64_t *)target: an unsigned integer */
+    TDM_CLI_ARG_FN,     /* fn(cmd, value, target) checks and stores the value */
+} tdm_cli_arg_t;
 
-/* The struct option entries of the sampling options, for a getopt_long table. */
-#define TDM_CLI_SAMPLING_LONG_OPTIONS                                                              \
-    {"preset", required_argument, NULL, TDM_CLI_OPT_PRESET},                                       \
-        {"temperature", required_argument, NULL, TDM_CLI_OPT_TEMPERATURE},                         \
-        {"top-k", required_argument, NULL, TDM_CLI_OPT_TOP_K},                                     \
-        {"top-p", required_argument, NULL, TDM_CLI_OPT_TOP_P},                                     \
-        {"min-p", required_argument, NULL, TDM_CLI_OPT_MIN_P},                                     \
-        {"repetition-penalty", required_argument, NULL, TDM_CLI_OPT_REP},                          \
-        {"presence-penalty", required_argument, NULL, TDM_CLI_OPT_PRESENCE},                       \
-        {"frequency-penalty", required_argument, NULL, TDM_CLI_OPT_FREQUENCY},                     \
-        {"seed", required_argument, NULL, TDM_CLI_OPT_SEED},                                       \
+typedef struct tdm_cli_opt {
+    const char *name; /* the long name without "--"; NULL ends a table */
+    char short_name;  /* the one-letter form (-n), or 0 for none */
+    tdm_cli_arg_t arg;
+    void *target;      /* where the value goes (the type the arg kind names) */
+    double lo, hi;     /* the range of LONG and DOUBLE values */
+    bool *given;       /* set to true once the option was given with a good value; may be NULL */
+    const char **mark; /* when set: *mark = label the first time, if *mark is still NULL */
+    const char *label; /* the option's name in the message about *mark ("-t/--threads") */
+    /* FN: stores value into target, or prints why it is bad (prefixed by cmd) and returns
+     * false */
+    bool (*fn)(const char *cmd, const char *value, void *target);
+} tdm_cli_opt_t;
+
+/* Table entries by kind: long name, letter (0: none), target, then the range where the kind
+ * has one; optional designators (.given, .mark, .label) may follow. */
+#define TDM_CLI_OPT_TRUE(n, s, t, ...)                                                             \
     {                                                                                              \
-        "ignore-eos", no_argument, NULL, TDM_CLI_OPT_IGNORE_EOS                                    \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_TRUE, .target = (t), __VA_ARGS__        \
+    }
+#define TDM_CLI_OPT_FALSE(n, s, t, ...)                                                            \
+    {                                                                                              \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_FALSE, .target = (t), __VA_ARGS__       \
+    }
+#define TDM_CLI_OPT_STR(n, s, t, ...)                                                              \
+    {                                                                                              \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_STR, .target = (t), __VA_ARGS__         \
+    }
+#define TDM_CLI_OPT_LONG(n, s, t, l, h, ...)                                                       \
+    {                                                                                              \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_LONG, .target = (t), .lo = (l),         \
+        .hi = (h), __VA_ARGS__                                                                     \
+    }
+#define TDM_CLI_OPT_DOUBLE(n, s, t, l, h, ...)                                                     \
+    {                                                                                              \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_DOUBLE, .target = (t), .lo = (l),       \
+        .hi = (h), __VA_ARGS__                                                                     \
+    }
+#define TDM_CLI_OPT_FLOAT(n, s, t, ...)                                                            \
+    {                                                                                              \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_FLOAT, .target = (t), __VA_ARGS__       \
+    }
+#define TDM_CLI_OPT_U64(n, s, t, ...)                                                              \
+    {                                                                                              \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_U64, .target = (t), __VA_ARGS__         \
+    }
+#define TDM_CLI_OPT_FN(n, s, f, t, ...)                                                            \
+    {                                                                                              \
+        .name = (n), .short_name = (s), .arg = TDM_CLI_ARG_FN, .fn = (f), .target = (t),           \
+        __VA_ARGS__                                                                                \
+    }
+#define TDM_CLI_OPT_END                                                                            \
+    {                                                                                              \
+        .name = NULL                                                                               \
     }
 
-/* Handles getopt code c when it is a sampling option: returns 1 (handled), 0 (not a sampling
- * option) or -1 (bad value; the message is printed). */
-int tdm_cli_sampling_option(const char *cmd, int c, const char *arg, tdm_cli_sampling_t *s);
+/* The entries of the sampling options, into a tdm_cli_sampling_t *s. */
+#define TDM_CLI_SAMPLING_OPTS(s)                                                                   \
+    TDM_CLI_OPT_STR("preset", 0, &(s)->preset),                                                    \
+        TDM_CLI_OPT_FLOAT("temperature", 0, &(s)->temperature, .given = &(s)->has_temperature),    \
+        TDM_CLI_OPT_LONG("top-k", 0, &(s)->top_k, 0, INT32_MAX, .given = &(s)->has_top_k),         \
+        TDM_CLI_OPT_FLOAT("top-p", 0, &(s)->top_p, .given = &(s)->has_top_p),                      \
+        TDM_CLI_OPT_FLOAT("min-p", 0, &(s)->min_p, .given = &(s)->has_min_p),                      \
+        TDM_CLI_OPT_FLOAT("repetition-penalty", 0, &(s)->rep, .given = &(s)->has_rep),             \
+        TDM_CLI_OPT_FLOAT("presence-penalty", 0, &(s)->presence, .given = &(s)->has_presence),     \
+        TDM_CLI_OPT_FLOAT("frequency-penalty", 0, &(s)->frequency, .given = &(s)->has_frequency),  \
+        TDM_CLI_OPT_U64("seed", 0, &(s)->seed),                                                    \
+        TDM_CLI_OPT_TRUE("ignore-eos", 0, &(s)->ignore_eos)
+
+/* How a command parses its arguments. */
+typedef struct tdm_cli_spec {
+    const char *cmd;          /* "tandem generate": the prefix of every message */
+    void (*usage)(FILE *out); /* -h/--help prints it to stdout; a usage error to stderr */
+    /* When set, a usage error getopt finds (unknown option, missing value) is reported as
+     * "CMD: unknown option 'X'" / "CMD: option 'X' needs a value" followed by usage_hint()
+     * instead of getopt's message and usage(stderr). */
+    void (*usage_hint)(void);
+    const tdm_cli_opt_t *opts; /* the table; -h/--help is added to it */
+} tdm_cli_spec_t;
+
+/* Parses argv[1..argc) against spec (getopt_long, GNU order: options and operands may mix;
+ * "--" ends the options). Returns the exit status; *done says whether the command stops here:
+ * 0 with *done after -h/--help, 2 with *done after a bad option or value (message printed), 0
+ * without *done to go on, with the operands at argv[optind..argc). */
+int tdm_cli_parse(const tdm_cli_spec_t *spec, int argc, char **argv, bool *done);
 
 /* Builds the parameters: defaults, greedy (temperature 0), the preset, then the options, the
  * seed (0 unless given), ignore_eos and max_tokens. Returns false (message printed) for an
@@ -108,8 +174,9 @@ tdm_client_t *tdm_cli_connect(const char *cmd, const char *endpoint, const char 
  * 1 otherwise. */
 int tdm_cli_exit_status(int rc);
 
-/* Reads all of `in` into a NUL-terminated heap buffer (caller frees). Returns 0, or
- * TDM_ERESOURCE on out of memory, TDM_EUNAVAILABLE on a read error. */
-int tdm_cli_read_stream(FILE *in, char **text, size_t *len);
+/* Reads all of `in` into a NUL-terminated heap buffer (caller frees; *len excludes the NUL).
+ * Returns 0, or TDM_EINVALID when it holds more than max_bytes (0: no limit), TDM_ERESOURCE on
+ * out of memory, TDM_EUNAVAILABLE on a read error. */
+int tdm_cli_read_stream(FILE *in, size_t max_bytes, char **text, size_t *len);
 
 #endif

@@ -17,7 +17,6 @@
  * in the models Tandem serves, and the report gives the prompt tokens the router counted.
  * --ignore-eos is on by default so the output lengths are the ones asked for.
  */
-#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -127,9 +126,8 @@ typedef struct bench_run {
     char **prompts; /* --prompt-file lines */
     size_t n_prompts;
     char *file_text;
-    uint64_t rng; /* counter of tdm_sampling_uniform draws */
-    char *prompt_buf;
-    size_t prompt_cap;
+    uint64_t rng;         /* counter of tdm_sampling_uniform draws */
+    tdm_buf_t prompt_buf; /* the current random-word prompt */
     double t_first_sent, t_last_done;
 } bench_run_t;
 
@@ -221,26 +219,17 @@ static const char *next_prompt(bench_run_t *b)
         return b->prompts[i < b->n_prompts ? i : b->n_prompts - 1];
     }
     long n = bench_draw(b, b->o->prompt_len);
-    size_t need = (size_t)n * 8 + 1; /* the longest word has 6 letters, plus a space */
-    if (need > b->prompt_cap) {
-        char *p = realloc(b->prompt_buf, need);
-        if (!p)
-            return NULL;
-        b->prompt_buf = p;
-        b->prompt_cap = need;
-    }
-    size_t len = 0;
+    tdm_buf_clear(&b->prompt_buf);
     for (long i = 0; i < n; i++) {
         size_t w = (size_t)(bench_uniform(b) * (double)BENCH_N_WORDS);
         const char *word = bench_words[w < BENCH_N_WORDS ? w : BENCH_N_WORDS - 1];
         if (i > 0)
-            b->prompt_buf[len++] = ' ';
-        size_t wl = strlen(word);
-        memcpy(b->prompt_buf + len, word, wl);
-        len += wl;
+            tdm_buf_append(&b->prompt_buf, " ", 1);
+        tdm_buf_puts(&b->prompt_buf, word);
     }
-    b->prompt_buf[len] = '\0';
-    return b->prompt_buf;
+    if (tdm_buf_puts(&b->prompt_buf, "") != TDM_OK) /* also makes an empty prompt "" */
+        return NULL;
+    return b->prompt_buf.data;
 }
 
 static void bench_done(void *user, const tdm_client_result_t *r)
@@ -511,95 +500,50 @@ static int write_json(const bench_opts_t *o, const bench_report_t *r, bool inter
     return 0;
 }
 
+/* --prompt-len / --output-len: "L" or "A:B" into the bench_range_t at target. */
+static bool opt_prompt_len(const char *cmd, const char *value, void *target)
+{
+    (void)cmd;
+    return parse_range("--prompt-len", value, target);
+}
+
+static bool opt_output_len(const char *cmd, const char *value, void *target)
+{
+    (void)cmd;
+    return parse_range("--output-len", value, target);
+}
+
+/* Returns 0 to go on, or the exit status (0 for --help, with *done set). */
 static int parse_args(int argc, char **argv, bench_opts_t *o, bool *done)
 {
-    enum {
-        OPT_RATE = 256,
-        OPT_CONCURRENCY,
-        OPT_REQUESTS,
-        OPT_DURATION,
-        OPT_PROMPT_LEN,
-        OPT_OUTPUT_LEN,
-        OPT_PROMPT_FILE,
-        OPT_NO_IGNORE_EOS,
-        OPT_SLO_TTFT,
-        OPT_SLO_TPOT,
-        OPT_JSON,
+    bool has_prompt_len = false;
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_DOUBLE("rate", 0, &o->rate, 1e-6, 1e6),
+        TDM_CLI_OPT_LONG("concurrency", 0, &o->concurrency, 1, 100000),
+        TDM_CLI_OPT_LONG("requests", 0, &o->requests, 1, 100000000),
+        TDM_CLI_OPT_DOUBLE("duration", 0, &o->duration, 0.001, 1e7),
+        TDM_CLI_OPT_FN("prompt-len", 0, opt_prompt_len, &o->prompt_len, .given = &has_prompt_len),
+        TDM_CLI_OPT_FN("output-len", 0, opt_output_len, &o->output_len),
+        TDM_CLI_OPT_STR("prompt-file", 0, &o->prompt_file),
+        TDM_CLI_OPT_TRUE("ignore-eos", 0, &o->ignore_eos),
+        TDM_CLI_OPT_FALSE("no-ignore-eos", 0, &o->ignore_eos),
+        TDM_CLI_OPT_FLOAT("temperature", 0, &o->temperature),
+        TDM_CLI_OPT_U64("seed", 0, &o->seed),
+        TDM_CLI_OPT_DOUBLE("slo-ttft-ms", 0, &o->slo_ttft_ms, 1e-3, 1e9),
+        TDM_CLI_OPT_DOUBLE("slo-tpot-ms", 0, &o->slo_tpot_ms, 1e-3, 1e9),
+        TDM_CLI_OPT_STR("json", 0, &o->json_path),
+        TDM_CLI_OPT_STR("router", 0, &o->router),
+        TDM_CLI_OPT_STR("api-key", 0, &o->api_key),
+        TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400),
+        TDM_CLI_OPT_END,
     };
-    static const struct option opts[] = {
-        {"rate", required_argument, NULL, OPT_RATE},
-        {"concurrency", required_argument, NULL, OPT_CONCURRENCY},
-        {"requests", required_argument, NULL, OPT_REQUESTS},
-        {"duration", required_argument, NULL, OPT_DURATION},
-        {"prompt-len", required_argument, NULL, OPT_PROMPT_LEN},
-        {"output-len", required_argument, NULL, OPT_OUTPUT_LEN},
-        {"prompt-file", required_argument, NULL, OPT_PROMPT_FILE},
-        {"ignore-eos", no_argument, NULL, TDM_CLI_OPT_IGNORE_EOS},
-        {"no-ignore-eos", no_argument, NULL, OPT_NO_IGNORE_EOS},
-        {"temperature", required_argument, NULL, TDM_CLI_OPT_TEMPERATURE},
-        {"seed", required_argument, NULL, TDM_CLI_OPT_SEED},
-        {"slo-ttft-ms", required_argument, NULL, OPT_SLO_TTFT},
-        {"slo-tpot-ms", required_argument, NULL, OPT_SLO_TPOT},
-        {"json", required_argument, NULL, OPT_JSON},
-        {"router", required_argument, NULL, TDM_CLI_OPT_ROUTER},
-        {"api-key", required_argument, NULL, TDM_CLI_OPT_API_KEY},
-        {"timeout", required_argument, NULL, TDM_CLI_OPT_TIMEOUT},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    *done = false;
+    const tdm_cli_spec_t spec = {CMD, usage, NULL, opts};
     o->prompt_len = (bench_range_t){128, 128};
     o->output_len = (bench_range_t){128, 128};
     o->ignore_eos = true;
-    bool has_prompt_len = false;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        bool ok = true;
-        switch (c) {
-        case OPT_RATE: ok = tdm_cli_parse_double(CMD, "--rate", optarg, 1e-6, 1e6, &o->rate); break;
-        case OPT_CONCURRENCY:
-            ok = tdm_cli_parse_long(CMD, "--concurrency", optarg, 1, 100000, &o->concurrency);
-            break;
-        case OPT_REQUESTS:
-            ok = tdm_cli_parse_long(CMD, "--requests", optarg, 1, 100000000, &o->requests);
-            break;
-        case OPT_DURATION:
-            ok = tdm_cli_parse_double(CMD, "--duration", optarg, 0.001, 1e7, &o->duration);
-            break;
-        case OPT_PROMPT_LEN:
-            ok = parse_range("--prompt-len", optarg, &o->prompt_len);
-            has_prompt_len = true;
-            break;
-        case OPT_OUTPUT_LEN: ok = parse_range("--output-len", optarg, &o->output_len); break;
-        case OPT_PROMPT_FILE: o->prompt_file = optarg; break;
-        case TDM_CLI_OPT_IGNORE_EOS: o->ignore_eos = true; break;
-        case OPT_NO_IGNORE_EOS: o->ignore_eos = false; break;
-        case TDM_CLI_OPT_TEMPERATURE:
-            ok = tdm_cli_parse_float(CMD, "--temperature", optarg, &o->temperature);
-            break;
-        case TDM_CLI_OPT_SEED: ok = tdm_cli_parse_u64(CMD, "--seed", optarg, &o->seed); break;
-        case OPT_SLO_TTFT:
-            ok = tdm_cli_parse_double(CMD, "--slo-ttft-ms", optarg, 1e-3, 1e9, &o->slo_ttft_ms);
-            break;
-        case OPT_SLO_TPOT:
-            ok = tdm_cli_parse_double(CMD, "--slo-tpot-ms", optarg, 1e-3, 1e9, &o->slo_tpot_ms);
-            break;
-        case OPT_JSON: o->json_path = optarg; break;
-        case TDM_CLI_OPT_ROUTER: o->router = optarg; break;
-        case TDM_CLI_OPT_API_KEY: o->api_key = optarg; break;
-        case TDM_CLI_OPT_TIMEOUT:
-            ok = tdm_cli_parse_double(CMD, "--timeout", optarg, 0.001, 86400, &o->timeout_s);
-            break;
-        case 'h':
-            usage(stdout);
-            *done = true;
-            return 0;
-        default: usage(stderr); return 2;
-        }
-        if (!ok)
-            return 2;
-    }
+    int status = tdm_cli_parse(&spec, argc, argv, done);
+    if (*done)
+        return status;
     if (optind != argc) {
         fprintf(stderr, CMD ": unexpected argument '%s'\n", argv[optind]);
         return 2;
@@ -620,6 +564,99 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, bool *done)
     return 0;
 }
 
+/* Where the load loop stands. */
+typedef struct bench_clock {
+    double t0, next_arrival, next_progress; /* tdm_time_now seconds */
+    uint64_t issued;
+    bool issuing;
+} bench_clock_t;
+
+/* True when one more request may be in flight now (the --concurrency cap). */
+static bool bench_has_room(const bench_run_t *b)
+{
+    return b->o->concurrency == 0 || tdm_client_pending(b->client) < (size_t)b->o->concurrency;
+}
+
+/* Starts every request that is due at `now` (open loop: the arrivals passed; closed loop: as
+ * many as the cap allows) and stops issuing once --requests or --duration is reached. Returns
+ * 0, or 1 on out of memory (message printed). */
+static int bench_issue(bench_run_t *b, bench_clock_t *k, double now)
+{
+    const bench_opts_t *o = b->o;
+    if (k->issuing && ((o->requests && k->issued >= (uint64_t)o->requests) ||
+                       (o->duration > 0 && now - k->t0 >= o->duration)))
+        k->issuing = false;
+    while (k->issuing && bench_has_room(b) && (o->rate == 0 || now >= k->next_arrival)) {
+        if (bench_start(b, k->issued) != 0) {
+            fprintf(stderr, CMD ": out of memory\n");
+            return 1;
+        }
+        k->issued++;
+        if (o->rate > 0) /* exponential gap: -ln(1 - u) / rate */
+            k->next_arrival += -log1p(-bench_uniform(b)) / o->rate;
+        if (o->requests && k->issued >= (uint64_t)o->requests)
+            k->issuing = false;
+    }
+    return 0;
+}
+
+/* Drives the load until every request has ended or *interrupted (Ctrl-C, SIGTERM). Returns
+ * TDM_OK, TDM_ERESOURCE (out of memory while issuing: nothing to report) or TDM_EUNAVAILABLE
+ * (polling failed: what finished can still be reported); messages printed. */
+static int bench_loop(bench_run_t *b, bool *interrupted)
+{
+    const bench_opts_t *o = b->o;
+    bool progress = isatty(STDERR_FILENO);
+    bench_clock_t k = {.t0 = tdm_time_now(), .issuing = true};
+    k.next_arrival = k.t0;
+    k.next_progress = k.t0 + 2;
+    for (;;) {
+        double now = tdm_time_now();
+        if (bench_issue(b, &k, now) != 0)
+            return TDM_ERESOURCE;
+        if (!k.issuing && tdm_client_pending(b->client) == 0)
+            return TDM_OK;
+        int wait_ms = 100;
+        if (k.issuing && o->rate > 0 && bench_has_room(b)) {
+            double ms = ceil((k.next_arrival - now) * 1000.0);
+            wait_ms = ms < 0 ? 0 : ms > 100 ? 100 : (int)ms;
+        }
+        int rc = tdm_client_poll(b->client, wait_ms);
+        if (rc == TDM_ECANCELLED) {
+            *interrupted = true;
+            return TDM_OK;
+        }
+        if (rc < 0) {
+            fprintf(stderr, CMD ": %s\n", tdm_client_errmsg(b->client));
+            return TDM_EUNAVAILABLE;
+        }
+        if (progress && tdm_time_now() >= k.next_progress) {
+            fprintf(stderr, "bench: %zu/%" PRIu64 " done, %zu in flight, %.0f s\n", b->n_done,
+                    k.issued, tdm_client_pending(b->client), tdm_time_now() - k.t0);
+            k.next_progress += 2;
+        }
+    }
+}
+
+/* Prints the report (and writes the JSON) of what finished; status is 1 when the load loop
+ * failed. Returns the exit status. */
+static int bench_report(bench_run_t *b, bool interrupted, int status)
+{
+    bench_report_t rep;
+    if (bench_summarize(b, &rep) != 0) {
+        fprintf(stderr, CMD ": out of memory\n");
+        return 1;
+    }
+    print_report(b->o, &rep, interrupted);
+    if (b->o->json_path && write_json(b->o, &rep, interrupted) != 0)
+        status = 1;
+    if (interrupted)
+        return TDM_CLI_EXIT_INTERRUPTED;
+    if (status == 0 && rep.n_ok == 0)
+        return 1; /* nothing succeeded: the errors above say why */
+    return status;
+}
+
 int tdm_cmd_bench(int argc, char **argv)
 {
     bench_opts_t o = {0};
@@ -636,76 +673,14 @@ int tdm_cmd_bench(int argc, char **argv)
                                o.timeout_s, &status);
     if (!b.client)
         goto out_prompts;
-
-    bool progress = isatty(STDERR_FILENO);
-    double t0 = tdm_time_now(), next_arrival = t0, next_progress = t0 + 2;
-    uint64_t issued = 0;
-    bool issuing = true, interrupted = false;
-    status = 0;
-    for (;;) {
-        double now = tdm_time_now();
-        if (issuing && ((o.requests && issued >= (uint64_t)o.requests) ||
-                        (o.duration > 0 && now - t0 >= o.duration)))
-            issuing = false;
-        while (issuing &&
-               (o.concurrency == 0 || tdm_client_pending(b.client) < (size_t)o.concurrency) &&
-               (o.rate == 0 || now >= next_arrival)) {
-            if (bench_start(&b, issued) != 0) {
-                fprintf(stderr, CMD ": out of memory\n");
-                status = 1;
-                goto out_client;
-            }
-            issued++;
-            if (o.rate > 0) /* exponential gap: -ln(1 - u) / rate */
-                next_arrival += -log1p(-bench_uniform(&b)) / o.rate;
-            if (o.requests && issued >= (uint64_t)o.requests)
-                issuing = false;
-        }
-        if (!issuing && tdm_client_pending(b.client) == 0)
-            break;
-        int wait_ms = 100;
-        if (issuing && o.rate > 0 &&
-            (o.concurrency == 0 || tdm_client_pending(b.client) < (size_t)o.concurrency)) {
-            double ms = ceil((next_arrival - now) * 1000.0);
-            wait_ms = ms < 0 ? 0 : ms > 100 ? 100 : (int)ms;
-        }
-        int rc = tdm_client_poll(b.client, wait_ms);
-        if (rc == TDM_ECANCELLED) {
-            interrupted = true;
-            break;
-        }
-        if (rc < 0) {
-            fprintf(stderr, CMD ": %s\n", tdm_client_errmsg(b.client));
-            status = 1;
-            break;
-        }
-        if (progress && tdm_time_now() >= next_progress) {
-            fprintf(stderr, "bench: %zu/%" PRIu64 " done, %zu in flight, %.0f s\n", b.n_done,
-                    issued, tdm_client_pending(b.client), tdm_time_now() - t0);
-            next_progress += 2;
-        }
-    }
-
-    bench_report_t rep;
-    if (bench_summarize(&b, &rep) != 0) {
-        fprintf(stderr, CMD ": out of memory\n");
-        status = 1;
-        goto out_client;
-    }
-    print_report(&o, &rep, interrupted);
-    if (o.json_path && write_json(&o, &rep, interrupted) != 0)
-        status = 1;
-    if (interrupted)
-        status = TDM_CLI_EXIT_INTERRUPTED;
-    else if (status == 0 && rep.n_ok == 0)
-        status = 1; /* nothing succeeded: the errors above say why */
-
-out_client:
+    bool interrupted = false;
+    int rc = bench_loop(&b, &interrupted);
+    status = rc == TDM_ERESOURCE ? 1 : bench_report(&b, interrupted, rc == TDM_OK ? 0 : 1);
     tdm_client_destroy(&b.client);
     for (size_t i = 0; i < b.n_recs; i++)
         free(b.recs[i]);
     free(b.recs);
-    free(b.prompt_buf);
+    tdm_buf_free(&b.prompt_buf);
 out_prompts:
     free(b.prompts);
     free(b.file_text);

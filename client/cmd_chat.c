@@ -8,7 +8,6 @@
  * is one turn and Ctrl-C ends the chat (exit 130).
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,168 +97,200 @@ static int chat_on_chunk(void *user, const tdm_client_chunk_t *ch)
     return *tdm_cli_interrupt_flag() != 0;
 }
 
-int tdm_cmd_chat(int argc, char **argv)
-{
-    enum { OPT_SYSTEM = 256, OPT_STATS };
-    static const struct option opts[] = {
-        {"system", required_argument, NULL, OPT_SYSTEM},
-        {"max-tokens", required_argument, NULL, 'n'},
-        TDM_CLI_SAMPLING_LONG_OPTIONS,
-        {"stop", required_argument, NULL, TDM_CLI_OPT_STOP},
-        {"stats", no_argument, NULL, OPT_STATS},
-        {"router", required_argument, NULL, TDM_CLI_OPT_ROUTER},
-        {"api-key", required_argument, NULL, TDM_CLI_OPT_API_KEY},
-        {"timeout", required_argument, NULL, TDM_CLI_OPT_TIMEOUT},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *system = NULL, *router = NULL, *api_key = NULL;
+/* The command line of `tandem chat`. */
+typedef struct chat_opts {
+    const char *system, *router, *api_key;
     const char *stop[TDM_CLIENT_MAX_STOP];
-    size_t n_stop = 0;
-    long max_tokens = 256;
-    double timeout_s = 0;
-    bool stats = false;
-    tdm_cli_sampling_t cs = {0};
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
-        int r = tdm_cli_sampling_option(CMD, c, optarg, &cs);
-        if (r < 0)
-            return 2;
-        if (r > 0)
-            continue;
-        switch (c) {
-        case OPT_SYSTEM: system = optarg; break;
-        case 'n':
-            if (!tdm_cli_parse_long(CMD, "--max-tokens", optarg, 1, 1 << 20, &max_tokens))
-                return 2;
-            break;
-        case TDM_CLI_OPT_STOP:
-            if (n_stop == TDM_CLIENT_MAX_STOP || !optarg[0] ||
-                strlen(optarg) > TDM_CLIENT_MAX_STOP_BYTES) {
-                fprintf(stderr, CMD ": --stop: at most %d stop strings of 1..%d bytes\n",
-                        TDM_CLIENT_MAX_STOP, TDM_CLIENT_MAX_STOP_BYTES);
-                return 2;
-            }
-            stop[n_stop++] = optarg;
-            break;
-        case OPT_STATS: stats = true; break;
-        case TDM_CLI_OPT_ROUTER: router = optarg; break;
-        case TDM_CLI_OPT_API_KEY: api_key = optarg; break;
-        case TDM_CLI_OPT_TIMEOUT:
-            if (!tdm_cli_parse_double(CMD, "--timeout", optarg, 0.001, 86400, &timeout_s))
-                return 2;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
+    size_t n_stop;
+    long max_tokens;
+    double timeout_s;
+    bool stats;
+    tdm_cli_sampling_t sampling;
+} chat_opts_t;
+
+/* --stop: one more stop string into the chat_opts_t at target. */
+static bool opt_stop(const char *cmd, const char *value, void *target)
+{
+    chat_opts_t *o = target;
+    if (o->n_stop == TDM_CLIENT_MAX_STOP || !value[0] ||
+        strlen(value) > TDM_CLIENT_MAX_STOP_BYTES) {
+        fprintf(stderr, "%s: --stop: at most %d stop strings of 1..%d bytes\n", cmd,
+                TDM_CLIENT_MAX_STOP, TDM_CLIENT_MAX_STOP_BYTES);
+        return false;
     }
+    o->stop[o->n_stop++] = value;
+    return true;
+}
+
+/* Parses the options and builds the sampling parameters *sp. Returns 0 to go on, or the exit
+ * status with *done set (0 after --help, 2 for bad usage, message printed). */
+static int parse_args(int argc, char **argv, chat_opts_t *o, tdm_sampling_params_t *sp, bool *done)
+{
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_STR("system", 0, &o->system),
+        TDM_CLI_OPT_LONG("max-tokens", 'n', &o->max_tokens, 1, 1 << 20),
+        TDM_CLI_SAMPLING_OPTS(&o->sampling),
+        TDM_CLI_OPT_FN("stop", 0, opt_stop, o),
+        TDM_CLI_OPT_TRUE("stats", 0, &o->stats),
+        TDM_CLI_OPT_STR("router", 0, &o->router),
+        TDM_CLI_OPT_STR("api-key", 0, &o->api_key),
+        TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {CMD, usage, NULL, opts};
+    o->max_tokens = 256;
+    int status = tdm_cli_parse(&spec, argc, argv, done);
+    if (*done)
+        return status;
+    *done = true;
     if (optind != argc) {
         fprintf(stderr, CMD ": unexpected argument '%s' (messages are read from stdin)\n",
                 argv[optind]);
         return 2;
     }
-    tdm_sampling_params_t sp;
-    if (!tdm_cli_sampling_build(CMD, &cs, max_tokens, &sp))
+    if (!tdm_cli_sampling_build(CMD, &o->sampling, o->max_tokens, sp))
         return 2;
     tdm_error_t err = {0};
-    if (tdm_sampling_params_validate(&sp, 0, &err) != TDM_OK) {
+    if (tdm_sampling_params_validate(sp, 0, &err) != TDM_OK) {
         fprintf(stderr, CMD ": %s\n", err.msg);
         return 2;
     }
+    *done = false;
+    return 0;
+}
 
-    bool interactive = isatty(STDIN_FILENO);
-    tdm_cli_catch_interrupt(false);
-    int status;
-    tdm_client_t *client = tdm_cli_connect(CMD, tdm_cli_router_endpoint(router),
-                                           tdm_cli_api_key(api_key), timeout_s, &status);
-    if (!client)
-        return status;
-    status = 0;
-    transcript_t tr = {0};
-    if (system && !transcript_push(&tr, "system", system, strlen(system))) {
-        fprintf(stderr, CMD ": out of memory\n");
-        status = 1;
-        goto out_client;
-    }
-    char *line = NULL;
-    size_t line_cap = 0;
+/* A running chat: the options, the connection and the conversation so far. */
+typedef struct chat {
+    const chat_opts_t *o;
+    const tdm_sampling_params_t *sp;
+    tdm_client_t *client;
+    transcript_t tr;
+    bool interactive; /* stdin is a terminal */
+} chat_t;
+
+/* Reads the next non-empty line into *line (newline stripped). Returns its length, or -1 at
+ * the end of the chat: EOF (*status unchanged), Ctrl-C (*status 130) or a read error (1). */
+static ssize_t read_turn(const chat_t *ch, char **line, size_t *cap, int *status)
+{
     for (;;) {
-        if (interactive) {
+        if (ch->interactive) {
             fputs("> ", stderr);
             fflush(stderr);
         }
         errno = 0;
-        ssize_t len = getline(&line, &line_cap, stdin);
+        ssize_t len = getline(line, cap, stdin);
         if (len < 0) {
             if (*tdm_cli_interrupt_flag()) {
-                if (interactive)
+                if (ch->interactive)
                     fputc('\n', stderr);
-                status = TDM_CLI_EXIT_INTERRUPTED;
+                *status = TDM_CLI_EXIT_INTERRUPTED;
             } else if (ferror(stdin) && errno != 0) {
                 fprintf(stderr, CMD ": reading stdin: %s\n", strerror(errno));
-                status = 1;
+                *status = 1;
             }
-            break; /* EOF ends the chat */
+            return -1; /* EOF ends the chat */
         }
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = '\0';
-        if (len == 0)
-            continue;
-        if (!transcript_push(&tr, "user", line, (size_t)len)) {
+        while (len > 0 && ((*line)[len - 1] == '\n' || (*line)[len - 1] == '\r'))
+            (*line)[--len] = '\0';
+        if (len > 0)
+            return len;
+    }
+}
+
+/* Sends the conversation (the new user message last) and streams the answer. Returns true to
+ * go on with the next turn; a failed turn sets *status (and ends a chat that is not
+ * interactive). */
+static bool chat_turn(chat_t *ch, int *status)
+{
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    req.messages = ch->tr.msgs;
+    req.n_messages = ch->tr.n;
+    req.sampling = *ch->sp;
+    req.sampling_set = TDM_CLIENT_SAMPLING_ALL;
+    req.max_tokens = (int32_t)ch->o->max_tokens;
+    req.stop = ch->o->stop;
+    req.n_stop = ch->o->n_stop;
+    tdm_client_result_t res;
+    int rc = tdm_client_generate(ch->client, &req, chat_on_chunk, NULL, &res);
+    if (res.text_len > 0 || rc == TDM_OK)
+        fputc('\n', stdout);
+    fflush(stdout);
+    if (rc == TDM_OK) {
+        if (ch->o->stats)
+            fprintf(stderr,
+                    "[prompt tokens %" PRIu32 " (cached %" PRIu32 "), generated %" PRIu32
+                    ", finish %s, TTFT %.1f ms, TPOT %.1f ms]\n",
+                    res.usage.prompt_tokens, res.usage.cached_prompt_tokens,
+                    res.usage.completion_tokens, tdm_client_finish_name(res.finish_reason),
+                    res.timings.ttft_s * 1e3, res.timings.tpot_s * 1e3);
+        bool ok = transcript_push(&ch->tr, "assistant", res.text, res.text_len);
+        tdm_client_result_clear(&res);
+        if (!ok) {
+            fprintf(stderr, CMD ": out of memory\n");
+            *status = 1;
+            return false;
+        }
+        return true;
+    }
+    transcript_pop(&ch->tr); /* the turn failed: forget the question */
+    bool interrupted = rc == TDM_ECANCELLED && *tdm_cli_interrupt_flag();
+    if (interrupted)
+        fprintf(stderr, "[cancelled]\n");
+    else
+        fprintf(stderr, CMD ": %s (%s)\n", res.message, tdm_status_name(rc));
+    tdm_client_result_clear(&res);
+    if (interrupted && ch->interactive) {
+        tdm_cli_interrupt_reset();
+        return true;
+    }
+    *status = interrupted ? TDM_CLI_EXIT_INTERRUPTED : tdm_cli_exit_status(rc);
+    return !interrupted && ch->interactive;
+}
+
+/* One turn per line of stdin until EOF, Ctrl-C or a failure. Returns the exit status. */
+static int chat_loop(chat_t *ch)
+{
+    char *line = NULL;
+    size_t line_cap = 0;
+    int status = 0;
+    for (;;) {
+        ssize_t len = read_turn(ch, &line, &line_cap, &status);
+        if (len < 0)
+            break;
+        if (!transcript_push(&ch->tr, "user", line, (size_t)len)) {
             fprintf(stderr, CMD ": out of memory\n");
             status = 1;
             break;
         }
-        tdm_client_request_t req;
-        tdm_client_request_init(&req);
-        req.messages = tr.msgs;
-        req.n_messages = tr.n;
-        req.sampling = sp;
-        req.sampling_set = TDM_CLIENT_SAMPLING_ALL;
-        req.max_tokens = (int32_t)max_tokens;
-        req.stop = stop;
-        req.n_stop = n_stop;
-        tdm_client_result_t res;
-        int rc = tdm_client_generate(client, &req, chat_on_chunk, NULL, &res);
-        if (res.text_len > 0 || rc == TDM_OK)
-            fputc('\n', stdout);
-        fflush(stdout);
-        if (rc == TDM_OK) {
-            if (stats)
-                fprintf(stderr,
-                        "[prompt tokens %" PRIu32 " (cached %" PRIu32 "), generated %" PRIu32
-                        ", finish %s, TTFT %.1f ms, TPOT %.1f ms]\n",
-                        res.usage.prompt_tokens, res.usage.cached_prompt_tokens,
-                        res.usage.completion_tokens, tdm_client_finish_name(res.finish_reason),
-                        res.timings.ttft_s * 1e3, res.timings.tpot_s * 1e3);
-            bool ok = transcript_push(&tr, "assistant", res.text, res.text_len);
-            tdm_client_result_clear(&res);
-            if (!ok) {
-                fprintf(stderr, CMD ": out of memory\n");
-                status = 1;
-                break;
-            }
-            continue;
-        }
-        transcript_pop(&tr); /* the turn failed: forget the question */
-        bool interrupted = rc == TDM_ECANCELLED && *tdm_cli_interrupt_flag();
-        if (interrupted)
-            fprintf(stderr, "[cancelled]\n");
-        else
-            fprintf(stderr, CMD ": %s (%s)\n", res.message, tdm_status_name(rc));
-        tdm_client_result_clear(&res);
-        if (interrupted && interactive) {
-            tdm_cli_interrupt_reset();
-            continue;
-        }
-        status = interrupted ? TDM_CLI_EXIT_INTERRUPTED : tdm_cli_exit_status(rc);
-        if (interrupted || !interactive)
+        if (!chat_turn(ch, &status))
             break;
     }
     free(line);
-    transcript_free(&tr);
-out_client:
-    tdm_client_destroy(&client);
+    return status;
+}
+
+int tdm_cmd_chat(int argc, char **argv)
+{
+    chat_opts_t o = {0};
+    tdm_sampling_params_t sp;
+    bool done;
+    int status = parse_args(argc, argv, &o, &sp, &done);
+    if (done)
+        return status;
+    chat_t ch = {.o = &o, .sp = &sp, .interactive = isatty(STDIN_FILENO)};
+    tdm_cli_catch_interrupt(false);
+    ch.client = tdm_cli_connect(CMD, tdm_cli_router_endpoint(o.router), tdm_cli_api_key(o.api_key),
+                                o.timeout_s, &status);
+    if (!ch.client)
+        return status;
+    if (o.system && !transcript_push(&ch.tr, "system", o.system, strlen(o.system))) {
+        fprintf(stderr, CMD ": out of memory\n");
+        status = 1;
+    } else {
+        status = chat_loop(&ch);
+    }
+    transcript_free(&ch.tr);
+    tdm_client_destroy(&ch.client);
     return status;
 }

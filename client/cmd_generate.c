@@ -11,7 +11,6 @@
  * (prompt tokens, TTFT, TPOT, decode tokens/s, finish reason) go to stderr at the end, so stdout
  * carries only the generated text and scripts can compare it.
  */
-#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
@@ -73,67 +72,11 @@ static void usage(FILE *out)
         "  -h, --help                this help\n");
 }
 
-enum {
-    OPT_CHAT = 256,
-    OPT_SYSTEM,
-    OPT_TEMPLATE,
-    OPT_PRESET,
-    OPT_TEMPERATURE,
-    OPT_TOP_K,
-    OPT_TOP_P,
-    OPT_MIN_P,
-    OPT_REP,
-    OPT_PRESENCE,
-    OPT_FREQUENCY,
-    OPT_SEED,
-    OPT_IGNORE_EOS,
-    OPT_BATCH,
-    OPT_KV_DTYPE,
-    OPT_ROUTER,
-    OPT_API_KEY,
-    OPT_TIMEOUT,
-    OPT_STOP,
-};
-
-/* Parses a whole-string number into *out; prints an error naming the option otherwise. */
-static bool parse_long(const char *opt, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "tandem generate: %s must be an integer in %ld..%ld, got '%s'\n", opt, lo,
-                hi, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_float(const char *opt, const char *s, float *out)
-{
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    /* ERANGE with a tiny result is an underflow (1e-40 parses as a subnormal): accept it */
-    if ((errno && !(errno == ERANGE && fabsf(v) <= 1.0f)) || end == s || *end || !isfinite(v)) {
-        fprintf(stderr, "tandem generate: %s must be a number, got '%s'\n", opt, s);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
 typedef struct gen_opts {
-    const char *model, *prompt, *file, *chat, *system, *chat_template, *preset;
+    const char *model, *prompt, *file, *chat, *system, *chat_template;
     long max_tokens, threads, ctx, batch;
     const char *kv_dtype;
-    /* sampling overrides, applied after the preset; has_* tells which were given */
-    float temperature, top_p, min_p, rep, presence, frequency;
-    long top_k;
-    uint64_t seed;
-    bool has_temperature, has_top_p, has_min_p, has_rep, has_presence, has_frequency, has_top_k;
-    bool ignore_eos;
+    tdm_cli_sampling_t sampling; /* the preset and the overrides applied after it */
     /* router path */
     const char *router, *api_key;
     double timeout_s;
@@ -143,144 +86,28 @@ typedef struct gen_opts {
     const char *router_only; /* the first option given that needs the router */
 } gen_opts_t;
 
-/* Returns 0 to go on, or the exit status (0 for --help). */
-static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
+/* --stop: one more stop string into the gen_opts_t at target. */
+static bool opt_stop(const char *cmd, const char *value, void *target)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"prompt", required_argument, NULL, 'p'},
-        {"file", required_argument, NULL, 'f'},
-        {"chat", required_argument, NULL, OPT_CHAT},
-        {"system", required_argument, NULL, OPT_SYSTEM},
-        {"chat-template", required_argument, NULL, OPT_TEMPLATE},
-        {"max-tokens", required_argument, NULL, 'n'},
-        {"preset", required_argument, NULL, OPT_PRESET},
-        {"temperature", required_argument, NULL, OPT_TEMPERATURE},
-        {"top-k", required_argument, NULL, OPT_TOP_K},
-        {"top-p", required_argument, NULL, OPT_TOP_P},
-        {"min-p", required_argument, NULL, OPT_MIN_P},
-        {"repetition-penalty", required_argument, NULL, OPT_REP},
-        {"presence-penalty", required_argument, NULL, OPT_PRESENCE},
-        {"frequency-penalty", required_argument, NULL, OPT_FREQUENCY},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
-        {"threads", required_argument, NULL, 't'},
-        {"ctx", required_argument, NULL, 'c'},
-        {"batch", required_argument, NULL, OPT_BATCH},
-        {"kv-dtype", required_argument, NULL, OPT_KV_DTYPE},
-        {"router", required_argument, NULL, OPT_ROUTER},
-        {"api-key", required_argument, NULL, OPT_API_KEY},
-        {"timeout", required_argument, NULL, OPT_TIMEOUT},
-        {"stop", required_argument, NULL, OPT_STOP},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    *done = false;
-    o->max_tokens = 256;
-    o->batch = 512;
-    o->kv_dtype = "f16";
-    optind = 1;
-    int c;
-    long v;
-    while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:h", opts, NULL)) != -1) {
-        bool ok = true;
-        switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case 'f': o->file = optarg; break;
-        case OPT_CHAT: o->chat = optarg; break;
-        case OPT_SYSTEM: o->system = optarg; break;
-        case OPT_TEMPLATE:
-            o->chat_template = optarg;
-            o->local_only = o->local_only ? o->local_only : "--chat-template";
-            break;
-        case OPT_PRESET: o->preset = optarg; break;
-        case 'n': ok = parse_long("--max-tokens", optarg, 1, 1 << 20, &o->max_tokens); break;
-        case 't':
-            ok = parse_long("--threads", optarg, 1, 1024, &o->threads);
-            o->local_only = o->local_only ? o->local_only : "-t/--threads";
-            break;
-        case 'c':
-            ok = parse_long("--ctx", optarg, 16, 1 << 20, &o->ctx);
-            o->local_only = o->local_only ? o->local_only : "-c/--ctx";
-            break;
-        case OPT_BATCH:
-            ok = parse_long("--batch", optarg, 1, 65536, &o->batch);
-            o->local_only = o->local_only ? o->local_only : "--batch";
-            break;
-        case OPT_KV_DTYPE:
-            o->kv_dtype = optarg;
-            o->local_only = o->local_only ? o->local_only : "--kv-dtype";
-            break;
-        case OPT_ROUTER:
-            o->router = optarg;
-            o->router_only = o->router_only ? o->router_only : "--router";
-            break;
-        case OPT_API_KEY:
-            o->api_key = optarg;
-            o->router_only = o->router_only ? o->router_only : "--api-key";
-            break;
-        case OPT_TIMEOUT:
-            ok = tdm_cli_parse_double("tandem generate", "--timeout", optarg, 0.001, 86400,
-                                      &o->timeout_s);
-            o->router_only = o->router_only ? o->router_only : "--timeout";
-            break;
-        case OPT_STOP:
-            if (o->n_stop == TDM_CLIENT_MAX_STOP) {
-                fprintf(stderr, "tandem generate: --stop: at most %d stop strings\n",
-                        TDM_CLIENT_MAX_STOP);
-                ok = false;
-            } else if (!optarg[0] || strlen(optarg) > TDM_CLIENT_MAX_STOP_BYTES) {
-                fprintf(stderr, "tandem generate: --stop: a stop string has 1..%d bytes\n",
-                        TDM_CLIENT_MAX_STOP_BYTES);
-                ok = false;
-            } else {
-                o->stop[o->n_stop++] = optarg;
-            }
-            o->router_only = o->router_only ? o->router_only : "--stop";
-            break;
-        case OPT_TEMPERATURE:
-            ok = o->has_temperature = parse_float("--temperature", optarg, &o->temperature);
-            break;
-        case OPT_TOP_P: ok = o->has_top_p = parse_float("--top-p", optarg, &o->top_p); break;
-        case OPT_MIN_P: ok = o->has_min_p = parse_float("--min-p", optarg, &o->min_p); break;
-        case OPT_REP: ok = o->has_rep = parse_float("--repetition-penalty", optarg, &o->rep); break;
-        case OPT_PRESENCE:
-            ok = o->has_presence = parse_float("--presence-penalty", optarg, &o->presence);
-            break;
-        case OPT_FREQUENCY:
-            ok = o->has_frequency = parse_float("--frequency-penalty", optarg, &o->frequency);
-            break;
-        case OPT_TOP_K:
-            ok = o->has_top_k = parse_long("--top-k", optarg, 0, INT32_MAX, &o->top_k);
-            break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr, "tandem generate: --seed must be an unsigned integer, got '%s'\n",
-                        optarg);
-                ok = false;
-            }
-            o->seed = s;
-            break;
-        }
-        case OPT_IGNORE_EOS: o->ignore_eos = true; break;
-        case 'h':
-            usage(stdout);
-            *done = true;
-            return 0;
-        default: usage(stderr); return 2;
-        }
-        if (!ok)
-            return 2;
+    gen_opts_t *o = target;
+    if (o->n_stop == TDM_CLIENT_MAX_STOP) {
+        fprintf(stderr, "%s: --stop: at most %d stop strings\n", cmd, TDM_CLIENT_MAX_STOP);
+        return false;
     }
-    (void)v;
-    if (optind != argc) {
-        fprintf(stderr, "tandem generate: unexpected argument '%s'\n", argv[optind]);
-        return 2;
+    if (!value[0] || strlen(value) > TDM_CLIENT_MAX_STOP_BYTES) {
+        fprintf(stderr, "%s: --stop: a stop string has 1..%d bytes\n", cmd,
+                TDM_CLIENT_MAX_STOP_BYTES);
+        return false;
     }
+    o->stop[o->n_stop++] = value;
+    return true;
+}
+
+/* The checks between options once all are read: -m against the router-only options and the
+ * engine options against the router, exactly one input, --system/--chat-template with --chat.
+ * Returns 0 or 2 after printing why. */
+static int check_args(const gen_opts_t *o)
+{
     if (!o->model && o->local_only) {
         fprintf(stderr,
                 "tandem generate: %s only applies with -m MODEL (in-process generation); "
@@ -309,6 +136,46 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
     return 0;
 }
 
+/* Returns 0 to go on, or the exit status (0 for --help, with *done set). */
+static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
+{
+    const char **local = &o->local_only, **routed = &o->router_only;
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_STR("model", 'm', &o->model),
+        TDM_CLI_OPT_STR("prompt", 'p', &o->prompt),
+        TDM_CLI_OPT_STR("file", 'f', &o->file),
+        TDM_CLI_OPT_STR("chat", 0, &o->chat),
+        TDM_CLI_OPT_STR("system", 0, &o->system),
+        TDM_CLI_OPT_STR("chat-template", 0, &o->chat_template, .mark = local,
+                        .label = "--chat-template"),
+        TDM_CLI_OPT_LONG("max-tokens", 'n', &o->max_tokens, 1, 1 << 20),
+        TDM_CLI_SAMPLING_OPTS(&o->sampling),
+        TDM_CLI_OPT_LONG("threads", 't', &o->threads, 1, 1024, .mark = local,
+                         .label = "-t/--threads"),
+        TDM_CLI_OPT_LONG("ctx", 'c', &o->ctx, 16, 1 << 20, .mark = local, .label = "-c/--ctx"),
+        TDM_CLI_OPT_LONG("batch", 0, &o->batch, 1, 65536, .mark = local, .label = "--batch"),
+        TDM_CLI_OPT_STR("kv-dtype", 0, &o->kv_dtype, .mark = local, .label = "--kv-dtype"),
+        TDM_CLI_OPT_STR("router", 0, &o->router, .mark = routed, .label = "--router"),
+        TDM_CLI_OPT_STR("api-key", 0, &o->api_key, .mark = routed, .label = "--api-key"),
+        TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400, .mark = routed,
+                           .label = "--timeout"),
+        TDM_CLI_OPT_FN("stop", 0, opt_stop, o, .mark = routed, .label = "--stop"),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {"tandem generate", usage, NULL, opts};
+    o->max_tokens = 256;
+    o->batch = 512;
+    o->kv_dtype = "f16";
+    int status = tdm_cli_parse(&spec, argc, argv, done);
+    if (*done)
+        return status;
+    if (optind != argc) {
+        fprintf(stderr, "tandem generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    return check_args(o);
+}
+
 /* Tokenizes the input of o (the raw prompt, the file, or the chat message) into *ids (heap,
  * *n_ids tokens) with tdm_chat_template_pick and tdm_prompt_encode, as the router does. */
 static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
@@ -325,7 +192,7 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
     } else if (o->file) {
         if (strcmp(o->file, "-") != 0)
             rc = tdm_read_file(o->file, (size_t)1 << 30, &file_text, &in.text_len, err);
-        else if ((rc = tdm_cli_read_stream(stdin, &file_text, &in.text_len)) != TDM_OK)
+        else if ((rc = tdm_cli_read_stream(stdin, 0, &file_text, &in.text_len)) != TDM_OK)
             tdm_error_set(err, rc, "reading stdin: %s", tdm_strerror(rc));
         if (rc != TDM_OK)
             return rc;
@@ -388,54 +255,68 @@ static void print_router_usage(const tdm_client_result_t *r)
             t->e2e_s * 1e3, r->request_id);
 }
 
-/* The sampling options of o as the tandem tool's shared form (cli_common.h). */
-static void cli_sampling(const gen_opts_t *o, tdm_cli_sampling_t *cs)
+/* Reads -f FILE ('-': stdin) into *text (heap; caller frees). Returns 0 or 1 after printing
+ * why. */
+static int read_prompt_file(const char *cmd, const char *file, char **text)
 {
-    memset(cs, 0, sizeof *cs);
-    cs->preset = o->preset;
-    cs->temperature = o->temperature;
-    cs->top_p = o->top_p;
-    cs->min_p = o->min_p;
-    cs->rep = o->rep;
-    cs->presence = o->presence;
-    cs->frequency = o->frequency;
-    cs->top_k = o->top_k;
-    cs->seed = o->seed;
-    cs->has_temperature = o->has_temperature;
-    cs->has_top_p = o->has_top_p;
-    cs->has_min_p = o->has_min_p;
-    cs->has_rep = o->has_rep;
-    cs->has_presence = o->has_presence;
-    cs->has_frequency = o->has_frequency;
-    cs->has_top_k = o->has_top_k;
-    cs->ignore_eos = o->ignore_eos;
+    tdm_error_t err = {0};
+    size_t len;
+    int rc = strcmp(file, "-") == 0 ? tdm_cli_read_stream(stdin, 0, text, &len)
+                                    : tdm_read_file(file, (size_t)1 << 30, text, &len, &err);
+    if (rc != TDM_OK) {
+        fprintf(stderr, "%s: %s: %s\n", cmd, file, err.msg[0] ? err.msg : tdm_strerror(rc));
+        return 1;
+    }
+    return 0;
 }
 
+/* Streams req through the router and prints the usage figures (or why it failed). Returns
+ * the exit status. */
+static int router_run(const gen_opts_t *o, const tdm_client_request_t *req)
+{
+    const char *cmd = "tandem generate";
+    int status;
+    tdm_cli_catch_interrupt(false);
+    const char *endpoint = tdm_cli_router_endpoint(o->router);
+    tdm_client_t *c =
+        tdm_cli_connect(cmd, endpoint, tdm_cli_api_key(o->api_key), o->timeout_s, &status);
+    if (!c)
+        return status;
+    tdm_client_result_t res;
+    int rc = tdm_client_generate(c, req, router_on_chunk, NULL, &res);
+    if (res.text_len > 0 || rc == TDM_OK)
+        fputc('\n', stdout);
+    fflush(stdout);
+    if (rc == TDM_OK) {
+        print_router_usage(&res);
+        status = 0;
+    } else if (rc == TDM_ECANCELLED && *tdm_cli_interrupt_flag()) {
+        fprintf(stderr, "%s: interrupted; the request was cancelled\n", cmd);
+        status = TDM_CLI_EXIT_INTERRUPTED;
+    } else {
+        fprintf(stderr, "%s: %s (%s)\n", cmd, res.message, tdm_status_name(rc));
+        status = tdm_cli_exit_status(rc);
+    }
+    tdm_client_result_clear(&res);
+    tdm_client_destroy(&c);
+    return status;
+}
+
+/* `generate` without -m: the same request through the router. Returns the exit status. */
 static int generate_router(const gen_opts_t *o)
 {
     const char *cmd = "tandem generate";
-    tdm_cli_sampling_t cs;
-    cli_sampling(o, &cs);
     tdm_sampling_params_t sp;
-    if (!tdm_cli_sampling_build(cmd, &cs, o->max_tokens, &sp))
+    if (!tdm_cli_sampling_build(cmd, &o->sampling, o->max_tokens, &sp))
         return 2;
     tdm_error_t err = {0};
     if (tdm_sampling_params_validate(&sp, 0, &err) != TDM_OK) {
         fprintf(stderr, "%s: %s\n", cmd, err.msg);
         return 2;
     }
-
     char *file_text = NULL;
-    if (o->file) {
-        size_t len;
-        int rc = strcmp(o->file, "-") == 0
-                     ? tdm_cli_read_stream(stdin, &file_text, &len)
-                     : tdm_read_file(o->file, (size_t)1 << 30, &file_text, &len, &err);
-        if (rc != TDM_OK) {
-            fprintf(stderr, "%s: %s: %s\n", cmd, o->file, err.msg[0] ? err.msg : tdm_strerror(rc));
-            return 1;
-        }
-    }
+    if (o->file && read_prompt_file(cmd, o->file, &file_text) != 0)
+        return 1;
     tdm_chat_message_t msgs[2];
     size_t n_msgs = 0;
     tdm_client_request_t req;
@@ -455,32 +336,7 @@ static int generate_router(const gen_opts_t *o)
     req.stop = o->stop;
     req.n_stop = o->n_stop;
     req.stream = true;
-
-    int status;
-    tdm_cli_catch_interrupt(false);
-    const char *endpoint = tdm_cli_router_endpoint(o->router);
-    tdm_client_t *c =
-        tdm_cli_connect(cmd, endpoint, tdm_cli_api_key(o->api_key), o->timeout_s, &status);
-    if (!c)
-        goto out_text;
-    tdm_client_result_t res;
-    int rc = tdm_client_generate(c, &req, router_on_chunk, NULL, &res);
-    if (res.text_len > 0 || rc == TDM_OK)
-        fputc('\n', stdout);
-    fflush(stdout);
-    if (rc == TDM_OK) {
-        print_router_usage(&res);
-        status = 0;
-    } else if (rc == TDM_ECANCELLED && *tdm_cli_interrupt_flag()) {
-        fprintf(stderr, "%s: interrupted; the request was cancelled\n", cmd);
-        status = TDM_CLI_EXIT_INTERRUPTED;
-    } else {
-        fprintf(stderr, "%s: %s (%s)\n", cmd, res.message, tdm_status_name(rc));
-        status = tdm_cli_exit_status(rc);
-    }
-    tdm_client_result_clear(&res);
-    tdm_client_destroy(&c);
-out_text:
+    int status = router_run(o, &req);
     free(file_text);
     return status;
 }
@@ -514,9 +370,7 @@ static void local_close(local_gen_t *g)
  * the exit status 2 after printing why. The vocabulary check comes once the model is loaded. */
 static int local_sampling(const gen_opts_t *o, tdm_sampling_params_t *sp)
 {
-    tdm_cli_sampling_t cs;
-    cli_sampling(o, &cs);
-    return tdm_cli_sampling_build("tandem generate", &cs, o->max_tokens, sp) ? 0 : 2;
+    return tdm_cli_sampling_build("tandem generate", &o->sampling, o->max_tokens, sp) ? 0 : 2;
 }
 
 /* Sets g->n_ctx from --ctx (default min(4096, the model's)) and checks the prompt fits it.

@@ -2,11 +2,11 @@
  * Prints the file summary, the Llama hyperparameters (or why the file is not a servable
  * model), the tokenizer summary, tensor types, the tensor table, total weight bytes and the
  * KV-cache bytes per token at f16. */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "tandem/gguf.h"
 #include "tandem/kv.h"
@@ -99,23 +99,79 @@ static void print_tokenizer(const tdm_gguf_t *g)
     tdm_tokenizer_destroy(&tok);
 }
 
+/* The tensor types: count and bytes per type, then the weights' total. */
+static void print_tensor_types(const tdm_gguf_t *g)
+{
+    uint64_t count[TDM_GGML_TYPE_COUNT] = {0}, bytes[TDM_GGML_TYPE_COUNT] = {0};
+    for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
+        const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
+        count[t->type]++;
+        bytes[t->type] += t->n_bytes;
+    }
+    printf("tensor types:\n");
+    for (int t = 0; t < TDM_GGML_TYPE_COUNT; t++)
+        if (count[t])
+            printf("  %-6s %5" PRIu64 " tensors %12" PRIu64 " bytes\n",
+                   tdm_ggml_type_get((uint32_t)t)->name, count[t], bytes[t]);
+    print_bytes("weights:", tdm_gguf_tensor_bytes(g));
+}
+
+/* Every metadata key with its type and value (--metadata). */
+static void print_metadata(const tdm_gguf_t *g)
+{
+    printf("metadata:\n");
+    for (uint64_t i = 0; i < tdm_gguf_n_kv(g); i++) {
+        char buf[512];
+        const tdm_gguf_kv_t *kv = tdm_gguf_kv_at(g, i);
+        printf("  %-44s %-8s %s\n", kv->key, tdm_gguf_vtype_name(kv->type),
+               tdm_gguf_kv_format(kv, buf, sizeof buf));
+    }
+}
+
+/* One line per tensor: name, type, shape and bytes. */
+static void print_tensors(const tdm_gguf_t *g)
+{
+    printf("%-34s %-6s %-24s %12s\n", "tensor", "type", "shape", "bytes");
+    for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
+        const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
+        char shape[96];
+        int n = snprintf(shape, sizeof shape, "[%" PRIu64, t->ne[0]);
+        for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
+            n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRIu64, t->ne[d]);
+        if (n > 0 && (size_t)n < sizeof shape)
+            snprintf(shape + n, sizeof shape - (size_t)n, "]");
+        printf("%-34s %-6s %-24s %12zu\n", t->name, tdm_ggml_type_get(t->type)->name, shape,
+               t->n_bytes);
+    }
+}
+
+/* The file's summary: version, size, counts and the model's name. */
+static void print_summary(const char *path, const tdm_gguf_t *g)
+{
+    printf("file:                      %s\n", path);
+    printf("gguf version:              %" PRIu32 "\n", tdm_gguf_version(g));
+    print_bytes("file size:", tdm_gguf_file_size(g));
+    printf("metadata keys:             %" PRIu64 "\n", tdm_gguf_n_kv(g));
+    printf("tensors:                   %" PRIu64 "\n", tdm_gguf_n_tensors(g));
+    const tdm_gguf_kv_t *name = tdm_gguf_find_kv(g, "general.name");
+    if (name) {
+        char buf[512];
+        printf("name:                      %s\n", tdm_gguf_kv_format(name, buf, sizeof buf));
+    }
+}
+
 int tdm_cmd_inspect(int argc, char **argv)
 {
-    static const struct option opts[] = {{"metadata", no_argument, NULL, 'm'},
-                                         {"brief", no_argument, NULL, 'b'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    bool show_metadata = false, brief = false;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': show_metadata = true; break;
-        case 'b': brief = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
+    bool show_metadata = false, brief = false, done;
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_TRUE("metadata", 0, &show_metadata),
+        TDM_CLI_OPT_TRUE("brief", 0, &brief),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {"tandem inspect", usage, NULL, opts};
+    int status = tdm_cli_parse(&spec, argc, argv, &done);
+    if (done)
+        return status;
     if (optind != argc - 1) {
         fprintf(stderr, "tandem inspect: expected exactly one MODEL.gguf argument\n");
         usage(stderr);
@@ -128,60 +184,17 @@ int tdm_cmd_inspect(int argc, char **argv)
         fprintf(stderr, "tandem inspect: %s\n", err.msg);
         return 1;
     }
-
-    printf("file:                      %s\n", path);
-    printf("gguf version:              %" PRIu32 "\n", tdm_gguf_version(g));
-    print_bytes("file size:", tdm_gguf_file_size(g));
-    printf("metadata keys:             %" PRIu64 "\n", tdm_gguf_n_kv(g));
-    printf("tensors:                   %" PRIu64 "\n", tdm_gguf_n_tensors(g));
-    const tdm_gguf_kv_t *name = tdm_gguf_find_kv(g, "general.name");
-    if (name) {
-        char buf[512];
-        printf("name:                      %s\n", tdm_gguf_kv_format(name, buf, sizeof buf));
-    }
-    if (tdm_gguf_n_tensors(g) > 0)
+    bool has_tensors = tdm_gguf_n_tensors(g) > 0;
+    print_summary(path, g);
+    if (has_tensors)
         print_hparams(g);
     print_tokenizer(g);
-
-    if (tdm_gguf_n_tensors(g) > 0) {
-        /* tensor types: count and bytes per type */
-        uint64_t count[TDM_GGML_TYPE_COUNT] = {0}, bytes[TDM_GGML_TYPE_COUNT] = {0};
-        for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
-            const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
-            count[t->type]++;
-            bytes[t->type] += t->n_bytes;
-        }
-        printf("tensor types:\n");
-        for (int t = 0; t < TDM_GGML_TYPE_COUNT; t++)
-            if (count[t])
-                printf("  %-6s %5" PRIu64 " tensors %12" PRIu64 " bytes\n",
-                       tdm_ggml_type_get((uint32_t)t)->name, count[t], bytes[t]);
-        print_bytes("weights:", tdm_gguf_tensor_bytes(g));
-    }
-
-    if (show_metadata) {
-        printf("metadata:\n");
-        for (uint64_t i = 0; i < tdm_gguf_n_kv(g); i++) {
-            char buf[512];
-            const tdm_gguf_kv_t *kv = tdm_gguf_kv_at(g, i);
-            printf("  %-44s %-8s %s\n", kv->key, tdm_gguf_vtype_name(kv->type),
-                   tdm_gguf_kv_format(kv, buf, sizeof buf));
-        }
-    }
-    if (!brief && tdm_gguf_n_tensors(g) > 0) {
-        printf("%-34s %-6s %-24s %12s\n", "tensor", "type", "shape", "bytes");
-        for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
-            const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
-            char shape[96];
-            int n = snprintf(shape, sizeof shape, "[%" PRIu64, t->ne[0]);
-            for (uint32_t d = 1; d < t->n_dims && n > 0 && (size_t)n < sizeof shape; d++)
-                n += snprintf(shape + n, sizeof shape - (size_t)n, ", %" PRIu64, t->ne[d]);
-            if (n > 0 && (size_t)n < sizeof shape)
-                snprintf(shape + n, sizeof shape - (size_t)n, "]");
-            printf("%-34s %-6s %-24s %12zu\n", t->name, tdm_ggml_type_get(t->type)->name, shape,
-                   t->n_bytes);
-        }
-    }
+    if (has_tensors)
+        print_tensor_types(g);
+    if (show_metadata)
+        print_metadata(g);
+    if (!brief && has_tensors)
+        print_tensors(g);
     tdm_gguf_destroy(&g);
     return 0;
 }

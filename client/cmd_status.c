@@ -1,5 +1,4 @@
 /* cmd_status.c - `tandem status`: the cluster as the router sees it, as a table or JSON. */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,42 +128,47 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
                      (json_int_t)s->requests_total, "nodes", nodes, "refused", refused);
 }
 
+/* Prints s as JSON (--json) or as the table. Returns 0, or 1 when writing the JSON failed. */
+static int print_status(const char *endpoint, const tdm_client_cluster_status_t *s, bool json)
+{
+    if (!json) {
+        print_table(endpoint, s);
+        return 0;
+    }
+    int status = 0;
+    json_t *doc = status_json(endpoint, s);
+    if (!doc || json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
+        fprintf(stderr, CMD ": writing JSON failed\n");
+        status = 1;
+    } else {
+        putchar('\n');
+    }
+    json_decref(doc);
+    return status;
+}
+
 int tdm_cmd_status(int argc, char **argv)
 {
-    enum { OPT_JSON = 256 };
-    static const struct option opts[] = {
-        {"json", no_argument, NULL, OPT_JSON},
-        {"router", required_argument, NULL, TDM_CLI_OPT_ROUTER},
-        {"api-key", required_argument, NULL, TDM_CLI_OPT_API_KEY},
-        {"timeout", required_argument, NULL, TDM_CLI_OPT_TIMEOUT},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    bool json = false;
+    bool json = false, done;
     const char *router = NULL, *api_key = NULL;
     double timeout_s = 10;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_JSON: json = true; break;
-        case TDM_CLI_OPT_ROUTER: router = optarg; break;
-        case TDM_CLI_OPT_API_KEY: api_key = optarg; break;
-        case TDM_CLI_OPT_TIMEOUT:
-            if (!tdm_cli_parse_double(CMD, "--timeout", optarg, 0.001, 86400, &timeout_s))
-                return 2;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_TRUE("json", 0, &json),
+        TDM_CLI_OPT_STR("router", 0, &router),
+        TDM_CLI_OPT_STR("api-key", 0, &api_key),
+        TDM_CLI_OPT_DOUBLE("timeout", 0, &timeout_s, 0.001, 86400),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {CMD, usage, NULL, opts};
+    int status = tdm_cli_parse(&spec, argc, argv, &done);
+    if (done)
+        return status;
     if (optind != argc) {
         fprintf(stderr, CMD ": unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
     tdm_cli_catch_interrupt(false);
     const char *endpoint = tdm_cli_router_endpoint(router);
-    int status;
     tdm_client_t *client =
         tdm_cli_connect(CMD, endpoint, tdm_cli_api_key(api_key), timeout_s, &status);
     if (!client)
@@ -176,19 +180,7 @@ int tdm_cmd_status(int argc, char **argv)
         tdm_client_destroy(&client);
         return tdm_cli_exit_status(rc);
     }
-    status = 0;
-    if (json) {
-        json_t *doc = status_json(endpoint, &s);
-        if (!doc || json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
-            fprintf(stderr, CMD ": writing JSON failed\n");
-            status = 1;
-        } else {
-            putchar('\n');
-        }
-        json_decref(doc);
-    } else {
-        print_table(endpoint, &s);
-    }
+    status = print_status(endpoint, &s, json);
     tdm_client_cluster_status_clear(&s);
     tdm_client_destroy(&client);
     return status;

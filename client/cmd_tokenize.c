@@ -3,11 +3,11 @@
  * tdm_prompt_encode, as the router and `tandem generate -m` do).
  * Works on vocabulary-only GGUF files: only the tokenizer.* metadata is read.
  */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "tandem/chat.h"
 #include "tandem/config.h"
@@ -65,71 +65,15 @@ static void usage(FILE *out)
 /* Reads all of stdin into a NUL-terminated heap buffer; 0 or -1 (message printed). */
 static int read_stdin(char **data, size_t *len)
 {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        goto out_nomem;
-    for (;;) {
-        if (cap - n < 2) {
-            if (cap >= TOKENIZE_MAX_INPUT) {
-                fprintf(stderr, "tandem tokenize: stdin: more than %u bytes of input\n",
-                        TOKENIZE_MAX_INPUT);
-                free(buf);
-                return -1;
-            }
-            char *p = realloc(buf, cap * 2);
-            if (!p)
-                goto out_nomem;
-            buf = p;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, stdin);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    if (ferror(stdin)) {
+    int rc = tdm_cli_read_stream(stdin, TOKENIZE_MAX_INPUT, data, len);
+    if (rc == TDM_EINVALID)
+        fprintf(stderr, "tandem tokenize: stdin: more than %u bytes of input\n",
+                TOKENIZE_MAX_INPUT);
+    else if (rc == TDM_ERESOURCE)
+        fprintf(stderr, "tandem tokenize: out of memory reading stdin\n");
+    else if (rc != TDM_OK)
         fprintf(stderr, "tandem tokenize: reading stdin failed\n");
-        free(buf);
-        return -1;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    return 0;
-
-out_nomem:
-    free(buf);
-    fprintf(stderr, "tandem tokenize: out of memory reading stdin\n");
-    return -1;
-}
-
-/* Length of the well-formed UTF-8 character at s[0..n), 0 when it is not one. */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-    size_t len;
-    unsigned cp;
-    if (s[0] < 0x80)
-        return 1;
-    if ((s[0] & 0xE0) == 0xC0)
-        len = 2, cp = s[0] & 0x1Fu;
-    else if ((s[0] & 0xF0) == 0xE0)
-        len = 3, cp = s[0] & 0x0Fu;
-    else if ((s[0] & 0xF8) == 0xF0)
-        len = 4, cp = s[0] & 0x07u;
-    else
-        return 0;
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3Fu);
-    }
-    static const unsigned min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return len;
+    return rc == TDM_OK ? 0 : -1;
 }
 
 /* Prints bytes in double quotes: \n \t \r \" \\ escaped, other control bytes and bytes that
@@ -140,7 +84,8 @@ static void print_quoted(const char *s, size_t n)
     putchar('"');
     for (size_t i = 0; i < n;) {
         unsigned char c = u[i];
-        size_t len = utf8_len(u + i, n - i);
+        uint32_t cp;
+        size_t len = tdm_utf8_decode(u + i, n - i, &cp);
         if (c == '\n')
             fputs("\\n", stdout);
         else if (c == '\t')
@@ -185,73 +130,66 @@ static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
     return 0;
 }
 
-int tdm_cmd_tokenize(int argc, char **argv)
+/* The command line of `tandem tokenize`. */
+typedef struct tok_opts {
+    const char *model, *file, *chat, *system, *template_name;
+    const char *text; /* the TEXT operand, or NULL */
+    bool special, pieces, bos;
+    tdm_chat_template_t named; /* --chat-template, parsed */
+} tok_opts_t;
+
+/* Parses the command line into *o. Returns 0 to go on, or the exit status with *done set (0
+ * after --help, 2 for bad usage, message and hint printed). */
+static int parse_args(int argc, char **argv, tok_opts_t *o, bool *done)
 {
-    enum { OPT_SPECIAL = 256, OPT_PIECES, OPT_BOS, OPT_CHAT, OPT_SYSTEM, OPT_TEMPLATE };
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"file", required_argument, NULL, 'f'},
-                                         {"special", no_argument, NULL, OPT_SPECIAL},
-                                         {"pieces", no_argument, NULL, OPT_PIECES},
-                                         {"bos", no_argument, NULL, OPT_BOS},
-                                         {"chat", required_argument, NULL, OPT_CHAT},
-                                         {"system", required_argument, NULL, OPT_SYSTEM},
-                                         {"chat-template", required_argument, NULL, OPT_TEMPLATE},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *model = NULL, *file = NULL, *chat = NULL, *system = NULL, *template_name = NULL;
-    bool special = false, pieces = false, bos = false;
-    int c;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":m:f:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 'f': file = optarg; break;
-        case OPT_SPECIAL: special = true; break;
-        case OPT_PIECES: pieces = true; break;
-        case OPT_BOS: bos = true; break;
-        case OPT_CHAT: chat = optarg; break;
-        case OPT_SYSTEM: system = optarg; break;
-        case OPT_TEMPLATE: template_name = optarg; break;
-        case 'h': usage(stdout); return 0;
-        case ':':
-            fprintf(stderr, "tandem tokenize: option '%s' needs a value\n", argv[optind - 1]);
-            usage_hint();
-            return 2;
-        default:
-            if (optopt)
-                fprintf(stderr, "tandem tokenize: unknown option '-%c'\n", optopt);
-            else
-                fprintf(stderr, "tandem tokenize: unknown option '%s'\n", argv[optind - 1]);
-            usage_hint();
-            return 2;
-        }
-    }
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_STR("model", 'm', &o->model),
+        TDM_CLI_OPT_STR("file", 'f', &o->file),
+        TDM_CLI_OPT_TRUE("special", 0, &o->special),
+        TDM_CLI_OPT_TRUE("pieces", 0, &o->pieces),
+        TDM_CLI_OPT_TRUE("bos", 0, &o->bos),
+        TDM_CLI_OPT_STR("chat", 0, &o->chat),
+        TDM_CLI_OPT_STR("system", 0, &o->system),
+        TDM_CLI_OPT_STR("chat-template", 0, &o->template_name),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {"tandem tokenize", usage, usage_hint, opts};
+    int status = tdm_cli_parse(&spec, argc, argv, done);
+    if (*done)
+        return status;
+    *done = true;
     int n_text = argc - optind;
     const char *usage_error = NULL;
     if (n_text > 1)
         usage_error = "give the text as one argument (quote it)";
-    else if ((n_text == 1) + (file != NULL) + (chat != NULL) > 1)
+    else if ((n_text == 1) + (o->file != NULL) + (o->chat != NULL) > 1)
         usage_error = "give only one of TEXT, -f FILE and --chat MESSAGE";
-    else if (n_text == 0 && !file && !chat)
+    else if (n_text == 0 && !o->file && !o->chat)
         usage_error = "nothing to tokenize: give TEXT, -f FILE or --chat MESSAGE";
-    else if (!chat && (system || template_name))
+    else if (!o->chat && (o->system || o->template_name))
         usage_error = "--system and --chat-template only go with --chat";
     if (usage_error) {
         fprintf(stderr, "tandem tokenize: %s\n", usage_error);
         usage_hint();
         return 2;
     }
-    tdm_chat_template_t named;
-    if (template_name) {
-        tdm_error_t name_err = {0};
-        if (tdm_chat_template_from_name(template_name, &named, &name_err) != TDM_OK) {
-            fprintf(stderr, "tandem tokenize: --chat-template: %s\n", name_err.msg);
-            return 2;
-        }
+    o->text = n_text == 1 ? argv[optind] : NULL;
+    tdm_error_t err = {0};
+    if (o->template_name &&
+        tdm_chat_template_from_name(o->template_name, &o->named, &err) != TDM_OK) {
+        fprintf(stderr, "tandem tokenize: --chat-template: %s\n", err.msg);
+        return 2;
     }
+    *done = false;
+    return 0;
+}
 
+/* Opens the model (-m, else the default) and its tokenizer. Returns 0, or 1 after printing
+ * why; the caller destroys *g and *tok either way. */
+static int open_tokenizer(const tok_opts_t *o, tdm_gguf_t **g, tdm_tokenizer_t **tok)
+{
     char default_model[1024];
+    const char *model = o->model;
     if (!model) {
         if (tdm_model_default_path(default_model, sizeof default_model) != TDM_OK) {
             fprintf(stderr, "tandem tokenize: no default model path (set HOME or TANDEM_MODEL, "
@@ -260,107 +198,147 @@ int tdm_cmd_tokenize(int argc, char **argv)
         }
         model = default_model;
     }
-
-    int status = 1;
     tdm_error_t err = {0};
-    char *text = NULL;
-    size_t len = 0;
-    tdm_token_t *ids = NULL;
-    size_t n_ids = 0;
-    tdm_tokenizer_t *tok = NULL;
-    tdm_gguf_t *g = tdm_gguf_open(model, &err);
-    if (!g) {
+    *g = tdm_gguf_open(model, &err);
+    if (!*g) {
         fprintf(stderr, "tandem tokenize: %s\n", err.msg);
         if (err.code == TDM_ENOTFOUND && model == default_model)
             fprintf(stderr, "tandem tokenize: run scripts/setup to download the default model, "
                             "or pass -m MODEL\n");
         return 1;
     }
-    tok = tdm_tokenizer_new(g, &err);
-    if (!tok) {
+    *tok = tdm_tokenizer_new(*g, &err);
+    if (!*tok) {
         fprintf(stderr, "tandem tokenize: %s: %s\n", model, err.msg);
-        goto out_close_model;
+        return 1;
     }
-    if (bos && tdm_tokenizer_bos(tok) < 0) {
+    if (o->bos && tdm_tokenizer_bos(*tok) < 0) {
         fprintf(stderr, "tandem tokenize: --bos: %s has no BOS token\n", model);
-        goto out_destroy_tokenizer;
+        return 1;
     }
+    return 0;
+}
 
-    if (chat) {
-        if (encode_chat(g, tok, template_name ? &named : NULL, system, chat, &ids, &n_ids) != 0)
-            goto out_destroy_tokenizer;
-    } else {
-        if (file && strcmp(file, "-") == 0) {
-            if (read_stdin(&text, &len) != 0)
-                goto out_destroy_tokenizer;
-        } else if (file) {
-            if (tdm_read_file(file, TOKENIZE_MAX_INPUT, &text, &len, &err) != TDM_OK) {
-                fprintf(stderr, "tandem tokenize: %s\n", err.msg);
-                goto out_destroy_tokenizer;
-            }
-        } else {
-            text = tdm_strdup(argv[optind]);
-            if (!text) {
-                fprintf(stderr, "tandem tokenize: out of memory\n");
-                goto out_destroy_tokenizer;
-            }
-            len = strlen(text);
-        }
-        /* TEXT and FILE are the tokenizer's view of plain text, not a prompt: no BOS and no
-         * special tokens unless asked for (--bos, --special). */
-        if (tdm_tokenizer_encode(tok, text, len, bos, special, &ids, &n_ids, &err) != TDM_OK) {
+/* Tokenizes TEXT or FILE as plain text, not a prompt: no BOS and no special tokens unless
+ * asked for (--bos, --special). Returns 0 with a heap array in *ids, or 1 (message printed). */
+static int encode_text(const tok_opts_t *o, const tdm_tokenizer_t *tok, tdm_token_t **ids,
+                       size_t *n_ids)
+{
+    tdm_error_t err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    if (o->file && strcmp(o->file, "-") == 0) {
+        if (read_stdin(&text, &len) != 0)
+            return 1;
+    } else if (o->file) {
+        if (tdm_read_file(o->file, TOKENIZE_MAX_INPUT, &text, &len, &err) != TDM_OK) {
             fprintf(stderr, "tandem tokenize: %s\n", err.msg);
-            goto out_free_text;
+            return 1;
         }
-    }
-    tdm_token_t bos_id = tdm_tokenizer_bos(tok);
-    bool prepend = chat && bos && (n_ids == 0 || ids[0] != bos_id);
-
-    if (pieces) {
-        char small[256];
-        size_t n_print = n_ids + (prepend ? 1 : 0);
-        for (size_t i = 0; i < n_print; i++) {
-            tdm_token_t id = prepend ? (i == 0 ? bos_id : ids[i - 1]) : ids[i];
-            int blen = tdm_tokenizer_token_bytes(tok, id, true, small, sizeof small);
-            char *piece = small;
-            if (blen < 0) {
-                fprintf(stderr, "tandem tokenize: token %d: %s\n", (int)id, tdm_strerror(blen));
-                goto out_free_ids;
-            }
-            if ((size_t)blen >= sizeof small) {
-                piece = malloc((size_t)blen + 1);
-                if (!piece) {
-                    fprintf(stderr, "tandem tokenize: out of memory\n");
-                    goto out_free_ids;
-                }
-                tdm_tokenizer_token_bytes(tok, id, true, piece, (size_t)blen + 1);
-            }
-            printf("%d\t", (int)id);
-            print_quoted(piece, (size_t)blen);
-            putchar('\n');
-            if (piece != small)
-                free(piece);
-        }
+    } else if (!(text = tdm_strdup(o->text))) {
+        fprintf(stderr, "tandem tokenize: out of memory\n");
+        return 1;
     } else {
-        if (prepend)
-            printf("%d%s", (int)bos_id, n_ids ? " " : "");
+        len = strlen(text);
+    }
+    int rc = tdm_tokenizer_encode(tok, text, len, o->bos, o->special, ids, n_ids, &err);
+    if (rc != TDM_OK)
+        fprintf(stderr, "tandem tokenize: %s\n", err.msg);
+    free(text);
+    return rc == TDM_OK ? 0 : 1;
+}
+
+/* --pieces: one "ID<TAB>"bytes"" line per token. Returns 0, or 1 after printing why. */
+static int print_pieces(const tdm_tokenizer_t *tok, const tdm_token_t *ids, size_t n_ids)
+{
+    char small[256];
+    for (size_t i = 0; i < n_ids; i++) {
+        tdm_token_t id = ids[i];
+        int blen = tdm_tokenizer_token_bytes(tok, id, true, small, sizeof small);
+        char *piece = small;
+        if (blen < 0) {
+            fprintf(stderr, "tandem tokenize: token %d: %s\n", (int)id, tdm_strerror(blen));
+            return 1;
+        }
+        if ((size_t)blen >= sizeof small) {
+            piece = malloc((size_t)blen + 1);
+            if (!piece) {
+                fprintf(stderr, "tandem tokenize: out of memory\n");
+                return 1;
+            }
+            tdm_tokenizer_token_bytes(tok, id, true, piece, (size_t)blen + 1);
+        }
+        printf("%d\t", (int)id);
+        print_quoted(piece, (size_t)blen);
+        putchar('\n');
+        if (piece != small)
+            free(piece);
+    }
+    return 0;
+}
+
+/* Prints the ids (space-separated on one line, or --pieces), then flushes stdout. Returns 0,
+ * or 1 after printing why. */
+static int print_ids(const tok_opts_t *o, const tdm_tokenizer_t *tok, const tdm_token_t *ids,
+                     size_t n_ids)
+{
+    if (o->pieces) {
+        if (print_pieces(tok, ids, n_ids) != 0)
+            return 1;
+    } else {
         for (size_t i = 0; i < n_ids; i++)
             printf("%s%d", i ? " " : "", (int)ids[i]);
         putchar('\n');
     }
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "tandem tokenize: writing the output failed\n");
-        goto out_free_ids;
+        return 1;
     }
-    status = 0;
+    return 0;
+}
 
-out_free_ids:
+/* With --chat --bos: BOS in front of ids unless the rendered prompt starts with it already.
+ * Returns 0, or 1 on out of memory (message printed). */
+static int chat_prepend_bos(const tdm_tokenizer_t *tok, tdm_token_t **ids, size_t *n_ids)
+{
+    tdm_token_t bos_id = tdm_tokenizer_bos(tok);
+    if (*n_ids > 0 && (*ids)[0] == bos_id)
+        return 0;
+    tdm_token_t *v = realloc(*ids, (*n_ids + 1) * sizeof *v);
+    if (!v) {
+        fprintf(stderr, "tandem tokenize: out of memory\n");
+        return 1;
+    }
+    memmove(v + 1, v, *n_ids * sizeof *v);
+    v[0] = bos_id;
+    *ids = v;
+    (*n_ids)++;
+    return 0;
+}
+
+int tdm_cmd_tokenize(int argc, char **argv)
+{
+    tok_opts_t o = {0};
+    bool done;
+    int status = parse_args(argc, argv, &o, &done);
+    if (done)
+        return status;
+    tdm_gguf_t *g = NULL;
+    tdm_tokenizer_t *tok = NULL;
+    tdm_token_t *ids = NULL;
+    size_t n_ids = 0;
+    status = open_tokenizer(&o, &g, &tok);
+    if (status == 0 && o.chat)
+        status =
+            encode_chat(g, tok, o.template_name ? &o.named : NULL, o.system, o.chat, &ids, &n_ids);
+    else if (status == 0)
+        status = encode_text(&o, tok, &ids, &n_ids);
+    if (status == 0 && o.chat && o.bos)
+        status = chat_prepend_bos(tok, &ids, &n_ids);
+    if (status == 0)
+        status = print_ids(&o, tok, ids, n_ids);
     free(ids);
-out_free_text:
-    free(text);
-out_destroy_tokenizer:
     tdm_tokenizer_destroy(&tok);
-out_close_model:
     tdm_gguf_destroy(&g);
     return status;
 }
