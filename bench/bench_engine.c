@@ -176,7 +176,32 @@ static uint64_t cuda_weight_bytes(const tdm_model_t *m)
     return total;
 }
 
-int main(int argc, char **argv)
+/* The run's settings: the command line and what the backend implies. */
+typedef struct bench_cfg {
+    char model_path[1024];
+    const char *json_path, *backend;
+    int threads, steps;
+    bool cuda;
+    uint32_t n_small, n_large; /* the two prefill lengths, tokens */
+    const uint32_t *batches;   /* [n_batches] decode batch sizes */
+    int n_batches;
+    uint32_t max_batch;
+    uint32_t n_ctx; /* the engine's context, tokens */
+} bench_cfg_t;
+
+/* What was measured. */
+typedef struct bench_result {
+    double p_small, p_large; /* median prefill seconds at n_small / n_large tokens */
+    double step[4];          /* [n_batches] median decode step seconds */
+    uint64_t rss;            /* peak RSS before the bandwidth test, bytes */
+    uint64_t wbytes;         /* weight bytes the memory bound reads */
+    uint64_t pool_bytes;     /* the KV pool, bytes */
+    double bw, bound;        /* bytes/s; seconds */
+    const char *bw_name;
+} bench_result_t;
+
+/* Parses the command line into *c. Returns 0 to go on, or the exit status with *done set. */
+static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
 {
     static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
                                          {"threads", required_argument, NULL, 't'},
@@ -185,16 +210,17 @@ int main(int argc, char **argv)
                                          {"backend", required_argument, NULL, 'b'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    char model_path[1024] = "";
-    const char *json_path = NULL, *backend = "cpu";
-    int threads = 0, steps = 16, c;
-    while ((c = getopt_long(argc, argv, "m:t:j:s:b:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': snprintf(model_path, sizeof model_path, "%s", optarg); break;
-        case 't': threads = atoi(optarg); break;
-        case 'j': json_path = optarg; break;
-        case 's': steps = atoi(optarg); break;
-        case 'b': backend = optarg; break;
+    c->backend = "cpu";
+    c->steps = 16;
+    *done = true;
+    int ch;
+    while ((ch = getopt_long(argc, argv, "m:t:j:s:b:h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'm': snprintf(c->model_path, sizeof c->model_path, "%s", optarg); break;
+        case 't': c->threads = atoi(optarg); break;
+        case 'j': c->json_path = optarg; break;
+        case 's': c->steps = atoi(optarg); break;
+        case 'b': c->backend = optarg; break;
         case 'h':
             printf("usage: tandem-bench-engine [-m MODEL] [-t THREADS] [--steps N] [--json FILE]\n"
                    "                           [--backend cpu|cuda|cuda:N]\n");
@@ -202,15 +228,15 @@ int main(int argc, char **argv)
         default: return 2;
         }
     }
-    if (!model_path[0])
-        tdm_model_default_path(model_path, sizeof model_path);
-    if (threads < 0 || steps < 1) {
+    if (!c->model_path[0])
+        tdm_model_default_path(c->model_path, sizeof c->model_path);
+    if (c->threads < 0 || c->steps < 1) {
         fprintf(stderr, "bench: --threads must be >= 0 and --steps >= 1\n");
         return 2;
     }
-    const bool cuda = strncmp(backend, "cuda", 4) == 0;
+    c->cuda = strncmp(c->backend, "cuda", 4) == 0;
 #ifndef TANDEM_HAVE_CUDA
-    if (cuda) {
+    if (c->cuda) {
         fprintf(stderr,
                 "bench: this build has no CUDA backend (configure with -DTANDEM_CUDA=ON)\n");
         return 2;
@@ -218,102 +244,142 @@ int main(int argc, char **argv)
 #endif
     /* what is measured: the CPU figures as before; on the GPU, longer prompts and larger
      * batches */
-    const uint32_t n_small = cuda ? 512 : 128, n_large = cuda ? 4096 : 512;
     static const uint32_t cpu_batches[] = {1, 8, 32, 64}, gpu_batches[] = {1, 32, 128};
-    const uint32_t *batches = cuda ? gpu_batches : cpu_batches;
-    const int n_batches = cuda ? 3 : 4;
-    const uint32_t max_batch = cuda ? 128 : 64;
+    c->n_small = c->cuda ? 512 : 128;
+    c->n_large = c->cuda ? 4096 : 512;
+    c->batches = c->cuda ? gpu_batches : cpu_batches;
+    c->n_batches = c->cuda ? 3 : 4;
+    c->max_batch = c->cuda ? 128 : 64;
+    c->n_ctx = c->cuda ? 4096 : 1024;
+    *done = false;
+    return 0;
+}
 
+/* Loads the model and makes a KV pool for the longest prefill plus max_batch decoding
+ * sequences, the engine and the logits buffer. Returns 0, or 1 after printing why; the caller
+ * releases b with bench_close either way. */
+static int bench_open(bench_t *b, const bench_cfg_t *c, uint64_t *pool_bytes)
+{
     tdm_error_t err = {0};
-    bench_t b = {0};
-    b.model = tdm_model_load(model_path, &err);
-    if (!b.model) {
+    b->model = tdm_model_load(c->model_path, &err);
+    if (!b->model) {
         fprintf(stderr, "bench: %s\n", err.msg);
         return 1;
     }
-    const tdm_llama_hparams_t *hp = tdm_model_hparams(b.model);
-    b.n_vocab = hp->n_vocab;
-    uint32_t n_ctx = cuda ? 4096 : 1024;
-    if (cuda && hp->n_ctx_train < n_ctx) {
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(b->model);
+    b->n_vocab = hp->n_vocab;
+    if (c->cuda && hp->n_ctx_train < c->n_ctx) {
         fprintf(stderr, "bench: the model's context (%u) is shorter than the 4096-token prefill\n",
                 hp->n_ctx_train);
         return 1;
     }
     tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F16};
-    uint32_t decode_ctx = DECODE_CTX + (cuda ? (uint32_t)steps : 64) + 16;
-    uint32_t n_blocks = (uint32_t)tdm_kv_blocks_for_tokens(&kl, n_large) +
-                        max_batch * (uint32_t)tdm_kv_blocks_for_tokens(&kl, decode_ctx);
-    b.pool = tdm_kv_pool_new(&kl, n_blocks, &err);
+    uint32_t decode_ctx = DECODE_CTX + (c->cuda ? (uint32_t)c->steps : 64) + 16;
+    uint32_t n_blocks = (uint32_t)tdm_kv_blocks_for_tokens(&kl, c->n_large) +
+                        c->max_batch * (uint32_t)tdm_kv_blocks_for_tokens(&kl, decode_ctx);
+    *pool_bytes = (uint64_t)n_blocks * tdm_kv_block_bytes(&kl);
+    b->pool = tdm_kv_pool_new(&kl, n_blocks, &err);
     tdm_engine_params_t ep;
     tdm_engine_params_default(&ep);
-    ep.backend = backend;
-    ep.n_threads = threads;
-    ep.max_batch_tokens = n_large;
-    ep.max_logits = max_batch;
-    ep.n_ctx = n_ctx;
-    b.engine = b.pool ? tdm_engine_new(b.model, b.pool, &ep, &err) : NULL;
-    b.logits = malloc((size_t)max_batch * b.n_vocab * sizeof(float));
-    if (!b.engine || !b.logits) {
+    ep.backend = c->backend;
+    ep.n_threads = c->threads;
+    ep.max_batch_tokens = c->n_large;
+    ep.max_logits = c->max_batch;
+    ep.n_ctx = c->n_ctx;
+    b->engine = b->pool ? tdm_engine_new(b->model, b->pool, &ep, &err) : NULL;
+    b->logits = malloc((size_t)c->max_batch * b->n_vocab * sizeof(float));
+    if (!b->engine || !b->logits) {
         fprintf(stderr, "bench: %s\n", err.msg);
         return 1;
     }
+    return 0;
+}
 
-    int warm = cuda ? 1 : 0; /* the GPU's first passes load kernels and pick GEMM algorithms */
-    double p_small = bench_prefill(&b, n_small, 3, warm);
-    double p_large = bench_prefill(&b, n_large, 3, warm);
-    double step[4];
-    for (int i = 0; i < n_batches; i++)
-        step[i] = bench_decode(&b, batches[i], steps);
+static void bench_close(bench_t *b)
+{
+    tdm_engine_destroy(&b->engine);
+    tdm_kv_pool_destroy(&b->pool);
+    tdm_model_destroy(&b->model);
+    free(b->logits);
+    b->logits = NULL;
+}
+
+/* The copy bandwidth (host memcpy, or device-to-device on CUDA) and the weight bytes a
+ * batch-1 step reads. Returns 0, or 1 after printing why. */
+static int measure_bandwidth(const bench_t *b, const bench_cfg_t *c, bench_result_t *r)
+{
+    r->wbytes = tdm_model_weight_bytes(b->model);
+    r->bw_name = "memcpy bandwidth";
+    if (!c->cuda) {
+        r->bw = memcpy_bandwidth();
+        return 0;
+    }
+#ifdef TANDEM_HAVE_CUDA
+    char msg[256];
+    int device = strncmp(c->backend, "cuda:", 5) == 0 ? atoi(c->backend + 5) : 0;
+    if (tdm_bench_hbm_d2d(device, &r->bw, msg, sizeof msg) != 0) {
+        fprintf(stderr, "bench: %s\n", msg);
+        return 1;
+    }
+#endif
+    r->wbytes = cuda_weight_bytes(b->model);
+    r->bw_name = "HBM copy bandwidth";
+    return 0;
+}
+
+/* Runs every measurement into *r. Returns 0, or 1 after printing why. */
+static int bench_measure(bench_t *b, const bench_cfg_t *c, bench_result_t *r)
+{
+    int warm = c->cuda ? 1 : 0; /* the GPU's first passes load kernels and pick GEMM algorithms */
+    r->p_small = bench_prefill(b, c->n_small, 3, warm);
+    r->p_large = bench_prefill(b, c->n_large, 3, warm);
+    for (int i = 0; i < c->n_batches; i++)
+        r->step[i] = bench_decode(b, c->batches[i], c->steps);
     /* peak RSS of the engine work, read before the bandwidth test's 512 MiB of buffers */
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    uint64_t rss = (uint64_t)ru.ru_maxrss * 1024;
-    double bw = 0.0;
-    uint64_t wbytes = tdm_model_weight_bytes(b.model);
-    const char *bw_name = "memcpy bandwidth";
-    if (cuda) {
-#ifdef TANDEM_HAVE_CUDA
-        char msg[256];
-        int device = strncmp(backend, "cuda:", 5) == 0 ? atoi(backend + 5) : 0;
-        if (tdm_bench_hbm_d2d(device, &bw, msg, sizeof msg) != 0) {
-            fprintf(stderr, "bench: %s\n", msg);
-            return 1;
-        }
-#endif
-        wbytes = cuda_weight_bytes(b.model);
-        bw_name = "HBM copy bandwidth";
-    } else {
-        bw = memcpy_bandwidth();
-    }
-    uint64_t pool_bytes = (uint64_t)n_blocks * tdm_kv_block_bytes(&kl);
-    double bound = (double)wbytes / bw;
+    r->rss = (uint64_t)ru.ru_maxrss * 1024;
+    if (measure_bandwidth(b, c, r) != 0)
+        return 1;
+    r->bound = (double)r->wbytes / r->bw;
+    return 0;
+}
 
-    fprintf(stderr, "model %s, backend %s, threads %d\n", model_path,
-            tdm_engine_backend_name(b.engine), threads);
+/* The table, to stderr. */
+static void print_table(const bench_t *b, const bench_cfg_t *c, const bench_result_t *r)
+{
+    fprintf(stderr, "model %s, backend %s, threads %d\n", c->model_path,
+            tdm_engine_backend_name(b->engine), c->threads);
     fprintf(stderr, "%-28s %12s\n", "measure", "value");
     char label[64];
-    snprintf(label, sizeof label, "prefill %u tokens/s", n_small);
-    fprintf(stderr, "%-28s %12.1f\n", label, n_small / p_small);
-    snprintf(label, sizeof label, "prefill %u tokens/s", n_large);
-    fprintf(stderr, "%-28s %12.1f\n", label, n_large / p_large);
-    for (int i = 0; i < n_batches; i++) {
-        snprintf(label, sizeof label, "decode batch %u tokens/s", batches[i]);
+    snprintf(label, sizeof label, "prefill %u tokens/s", c->n_small);
+    fprintf(stderr, "%-28s %12.1f\n", label, c->n_small / r->p_small);
+    snprintf(label, sizeof label, "prefill %u tokens/s", c->n_large);
+    fprintf(stderr, "%-28s %12.1f\n", label, c->n_large / r->p_large);
+    for (int i = 0; i < c->n_batches; i++) {
+        snprintf(label, sizeof label, "decode batch %u tokens/s", c->batches[i]);
         fprintf(stderr, "%-28s %12.1f  (%.1f per sequence, %.2f ms/step)\n", label,
-                batches[i] / step[i], 1.0 / step[i], step[i] * 1e3);
+                c->batches[i] / r->step[i], 1.0 / r->step[i], r->step[i] * 1e3);
     }
     fprintf(stderr, "%-28s %12.2f\n", "batch 32 / batch 1",
-            (32 / step[cuda ? 1 : 2]) / (1 / step[0]));
-    fprintf(stderr, "%-28s %12.2f GB/s\n", bw_name, bw / 1e9);
-    fprintf(stderr, "%-28s %12.3f ms (weights %.1f MB%s)\n", "batch-1 memory bound", bound * 1e3,
-            (double)wbytes / 1e6, cuda ? " on the device" : "");
-    fprintf(stderr, "%-28s %12.2f\n", "batch-1 time / bound", step[0] / bound);
+            (32 / r->step[c->cuda ? 1 : 2]) / (1 / r->step[0]));
+    fprintf(stderr, "%-28s %12.2f GB/s\n", r->bw_name, r->bw / 1e9);
+    fprintf(stderr, "%-28s %12.3f ms (weights %.1f MB%s)\n", "batch-1 memory bound", r->bound * 1e3,
+            (double)r->wbytes / 1e6, c->cuda ? " on the device" : "");
+    fprintf(stderr, "%-28s %12.2f\n", "batch-1 time / bound", r->step[0] / r->bound);
     fprintf(stderr, "%-28s %12.1f MiB (model %.1f + KV pool %.1f + scratch %.1f MiB)\n", "peak RSS",
-            (double)rss / 1048576.0, (double)tdm_model_weight_bytes(b.model) / 1048576.0,
-            (double)pool_bytes / 1048576.0, (double)tdm_engine_scratch_bytes(b.engine) / 1048576.0);
+            (double)r->rss / 1048576.0, (double)tdm_model_weight_bytes(b->model) / 1048576.0,
+            (double)r->pool_bytes / 1048576.0,
+            (double)tdm_engine_scratch_bytes(b->engine) / 1048576.0);
+}
 
-    FILE *out = json_path ? fopen(json_path, "w") : stdout;
+/* The JSON document, to stdout or --json FILE. Returns 0, or 1 when the file cannot be
+ * written. */
+static int write_json(const bench_t *b, const bench_cfg_t *c, const bench_result_t *r)
+{
+    FILE *out = c->json_path ? fopen(c->json_path, "w") : stdout;
     if (!out) {
-        fprintf(stderr, "bench: cannot write %s\n", json_path);
+        fprintf(stderr, "bench: cannot write %s\n", c->json_path);
         return 1;
     }
     fprintf(out,
@@ -321,28 +387,44 @@ int main(int argc, char **argv)
             ", \"kv_pool_bytes\": %" PRIu64 ", \"scratch_bytes\": %" PRIu64
             ", \"peak_rss_bytes\": %" PRIu64 ",\n \"prefill_tokens_per_s\": {\"%u\": %.2f, "
             "\"%u\": %.2f},\n \"decode_step_s\": {",
-            tdm_engine_backend_name(b.engine), threads, tdm_model_weight_bytes(b.model), pool_bytes,
-            tdm_engine_scratch_bytes(b.engine), rss, n_small, n_small / p_small, n_large,
-            n_large / p_large);
-    for (int i = 0; i < n_batches; i++)
-        fprintf(out, "%s\"%u\": %.6f", i ? ", " : "", batches[i], step[i]);
-    uint64_t file_bytes = tdm_gguf_file_size(tdm_model_gguf(b.model));
-    if (cuda)
+            tdm_engine_backend_name(b->engine), c->threads, tdm_model_weight_bytes(b->model),
+            r->pool_bytes, tdm_engine_scratch_bytes(b->engine), r->rss, c->n_small,
+            c->n_small / r->p_small, c->n_large, c->n_large / r->p_large);
+    for (int i = 0; i < c->n_batches; i++)
+        fprintf(out, "%s\"%u\": %.6f", i ? ", " : "", c->batches[i], r->step[i]);
+    uint64_t file_bytes = tdm_gguf_file_size(tdm_model_gguf(b->model));
+    if (c->cuda)
         fprintf(out,
                 "},\n \"hbm_d2d_bytes_per_s\": %.0f, \"device_weight_bytes\": %" PRIu64
                 ", \"batch1_bound_s\": %.6f, \"model_file_bytes\": %" PRIu64 "}\n",
-                bw, wbytes, bound, file_bytes);
+                r->bw, r->wbytes, r->bound, file_bytes);
     else
         fprintf(
             out,
             "},\n \"memcpy_bytes_per_s\": %.0f, \"batch1_bound_s\": %.6f, \"model_file_bytes\": "
             "%" PRIu64 ", \"rss_limit_bytes\": %" PRIu64 "}\n",
-            bw, bound, file_bytes, file_bytes + pool_bytes + ((uint64_t)64 << 20));
-    if (json_path)
+            r->bw, r->bound, file_bytes, file_bytes + r->pool_bytes + ((uint64_t)64 << 20));
+    if (c->json_path)
         fclose(out);
-    tdm_engine_destroy(&b.engine);
-    tdm_kv_pool_destroy(&b.pool);
-    tdm_model_destroy(&b.model);
-    free(b.logits);
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bench_cfg_t c = {0};
+    bool done;
+    int status = parse_args(argc, argv, &c, &done);
+    if (done)
+        return status;
+    bench_t b = {0};
+    bench_result_t r = {0};
+    status = bench_open(&b, &c, &r.pool_bytes);
+    if (status == 0)
+        status = bench_measure(&b, &c, &r);
+    if (status == 0) {
+        print_table(&b, &c, &r);
+        status = write_json(&b, &c, &r);
+    }
+    bench_close(&b);
+    return status;
 }

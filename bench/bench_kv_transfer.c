@@ -270,166 +270,243 @@ static int raw_connect(raw_t *x, pthread_t *th)
     return fd;
 }
 
-int main(int argc, char **argv)
+/* The command line. */
+typedef struct kvb_opts {
+    double seconds; /* per size */
+    const char *json_path;
+    uint32_t only_blocks; /* --blocks N: one size only (profiling); 0 = 1, 32 and 256 */
+    bool malloc_tuning;
+} kvb_opts_t;
+
+/* Everything a run holds; kvb_close releases what was set up, in reverse order. */
+typedef struct kvb {
+    tdm_net_t *net;
+    tdm_kv_pool_t *spool, *rpool; /* sender's and receiver's pools, POOL_BLOCKS each */
+    tdm_kv_seq_t sseq;            /* the sender's POOL_BLOCKS reserved blocks */
+    uint64_t bb;                  /* bytes per block */
+    double *lat;                  /* [MAX_SAMPLES] latency scratch, seconds */
+    tdm_logger_t log;
+    rx_t rx;
+    tdm_kv_sender_t *s;
+    char ep[256]; /* the receiver's endpoint */
+    pthread_t rx_th, raw_th;
+    bool rx_running, raw_running;
+    raw_t raw;
+    int raw_fd;
+} kvb_t;
+
+/* Parses the command line into *o. Returns 0 to go on, or 2 after printing the usage. */
+static int parse_args(int argc, char **argv, kvb_opts_t *o)
 {
-    double seconds = 1.0;
-    const char *json_path = NULL;
-    uint32_t only_blocks = 0; /* --blocks N: one size only (profiling) */
-    int malloc_tuning = 1;
     static const struct option longopts[] = {{"seconds", required_argument, NULL, 's'},
                                              {"json", required_argument, NULL, 'j'},
                                              {"blocks", required_argument, NULL, 'b'},
                                              {"no-malloc-tuning", no_argument, NULL, 'n'},
                                              {NULL, 0, NULL, 0}};
+    *o = (kvb_opts_t){.seconds = 1.0, .malloc_tuning = true};
     int opt;
     while ((opt = getopt_long(argc, argv, "s:j:b:n", longopts, NULL)) != -1) {
         switch (opt) {
-        case 's': seconds = atof(optarg); break;
-        case 'j': json_path = optarg; break;
-        case 'b': only_blocks = (uint32_t)atoi(optarg); break;
-        case 'n': malloc_tuning = 0; break;
+        case 's': o->seconds = atof(optarg); break;
+        case 'j': o->json_path = optarg; break;
+        case 'b': o->only_blocks = (uint32_t)atoi(optarg); break;
+        case 'n': o->malloc_tuning = false; break;
         default:
             fprintf(stderr, "usage: tandem-bench-kv-transfer [--seconds S] [--json FILE] "
                             "[--blocks N] [--no-malloc-tuning]\n");
             return 2;
         }
     }
-    if (malloc_tuning) {
+    if (o->malloc_tuning) {
         mallopt(M_MMAP_THRESHOLD, 32 << 20);
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
         mallopt(M_ARENA_MAX, 1); /* per-thread arenas unmap whole empty heaps, trim or not */
     }
-    if (only_blocks > POOL_BLOCKS) {
+    if (o->only_blocks > POOL_BLOCKS) {
         fprintf(stderr, "bench: --blocks at most %u\n", POOL_BLOCKS);
         return 2;
     }
-    if (seconds <= 0)
-        seconds = 1.0;
+    if (o->seconds <= 0)
+        o->seconds = 1.0;
+    return 0;
+}
 
+/* Makes both pools, reserves all their blocks and touches every page (random-ish contents on
+ * the sender's side). Returns 0, or 1 after printing why. */
+static int kvb_open_pools(kvb_t *k)
+{
     tdm_error_t err = {0};
-    int rc = 1;
-    tdm_net_t *net = tdm_net_new(2, &err);
-    tdm_kv_pool_t *spool = net ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
-    tdm_kv_pool_t *rpool = spool ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
-    double *lat = malloc(MAX_SAMPLES * sizeof *lat);
-    if (!rpool || !lat) {
+    k->net = tdm_net_new(2, &err);
+    k->spool = k->net ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
+    k->rpool = k->spool ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
+    k->lat = malloc(MAX_SAMPLES * sizeof *k->lat);
+    if (!k->rpool || !k->lat) {
         fprintf(stderr, "bench: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
     }
-    uint64_t bb = tdm_kv_pool_block_bytes(spool);
-    tdm_kv_seq_t sseq;
-    tdm_kv_seq_init(&sseq);
-    rx_t rx = {0};
-    tdm_kv_seq_init(&rx.seq);
-    if (tdm_kv_seq_reserve(spool, &sseq, POOL_BLOCKS * smollm2.block_size) != 0 ||
-        tdm_kv_seq_reserve(rpool, &rx.seq, POOL_BLOCKS * smollm2.block_size) != 0) {
+    k->bb = tdm_kv_pool_block_bytes(k->spool);
+    if (tdm_kv_seq_reserve(k->spool, &k->sseq, POOL_BLOCKS * smollm2.block_size) != 0 ||
+        tdm_kv_seq_reserve(k->rpool, &k->rx.seq, POOL_BLOCKS * smollm2.block_size) != 0) {
         fprintf(stderr, "bench: cannot reserve the pools\n");
         return 1;
     }
-    /* Random-ish contents, and every page of both pools touched before timing. */
-    uint64_t *w = tdm_kv_pool_base(spool);
-    for (uint64_t i = 0; i < POOL_BLOCKS * bb / 8; i++)
+    uint64_t *w = tdm_kv_pool_base(k->spool);
+    for (uint64_t i = 0; i < POOL_BLOCKS * k->bb / 8; i++)
         w[i] = (i + 1) * UINT64_C(0x9e3779b97f4a7c15);
-    memset(tdm_kv_pool_base(rpool), 0, POOL_BLOCKS * bb);
+    memset(tdm_kv_pool_base(k->rpool), 0, POOL_BLOCKS * k->bb);
+    return 0;
+}
 
-    tdm_logger_t log;
-    tdm_log_init(&log, "bench");
-    log.level = TDM_LOG_WARN;
+/* Starts the receiver on its own thread and the sender, then the raw TCP pair. Returns 0, or
+ * 1 after printing why. */
+static int kvb_open_links(kvb_t *k)
+{
+    tdm_error_t err = {0};
+    tdm_log_init(&k->log, "bench");
+    k->log.level = TDM_LOG_WARN;
     tdm_kv_receiver_opts_t ro = {.endpoint = "tcp://127.0.0.1:*",
                                  .node_id = "bench-decode",
                                  .model_fingerprint = FINGERPRINT,
-                                 .log = &log};
-    rx.r = tdm_kv_receiver_new(net, rpool, &ro, &err);
+                                 .log = &k->log};
+    k->rx.r = tdm_kv_receiver_new(k->net, k->rpool, &ro, &err);
     tdm_kv_sender_opts_t so = {.node_id = "bench-prefill",
                                .model_fingerprint = FINGERPRINT,
                                .backend = TDM_KV_BACKEND_TCP,
-                               .log = &log};
-    tdm_kv_sender_t *s = rx.r ? tdm_kv_sender_new(net, spool, &so, &err) : NULL;
-    if (!s) {
+                               .log = &k->log};
+    k->s = k->rx.r ? tdm_kv_sender_new(k->net, k->spool, &so, &err) : NULL;
+    if (!k->s) {
         fprintf(stderr, "bench: %s\n", err.msg);
         return 1;
     }
-    char ep[256];
-    snprintf(ep, sizeof ep, "%s", tdm_kv_receiver_endpoint(rx.r));
-    pthread_t rx_th;
-    atomic_init(&rx.stop, false);
-    pthread_create(&rx_th, NULL, rx_main, &rx); /* the receiver's socket moves to that thread */
-
-    raw_t raw = {.dst = tdm_kv_pool_base(rpool)};
-    pthread_t raw_th;
-    int raw_fd = raw_connect(&raw, &raw_th);
-    if (raw_fd < 0) {
+    snprintf(k->ep, sizeof k->ep, "%s", tdm_kv_receiver_endpoint(k->rx.r));
+    atomic_init(&k->rx.stop, false);
+    /* the receiver's socket moves to that thread */
+    k->rx_running = pthread_create(&k->rx_th, NULL, rx_main, &k->rx) == 0;
+    k->raw.dst = tdm_kv_pool_base(k->rpool);
+    k->raw_fd = raw_connect(&k->raw, &k->raw_th);
+    k->raw_running = k->raw_fd >= 0;
+    if (k->raw_fd < 0) {
         fprintf(stderr, "bench: raw TCP set-up failed: %s\n", strerror(errno));
         return 1;
     }
+    return 0;
+}
 
-    uint32_t sizes[] = {1, 32, 256};
-    int N_SIZES = (int)(sizeof sizes / sizeof sizes[0]);
-    if (only_blocks) {
-        sizes[0] = only_blocks;
-        N_SIZES = 1;
+static void kvb_close(kvb_t *k)
+{
+    if (k->raw_running) {
+        shutdown(k->raw_fd, SHUT_RDWR);
+        close(k->raw_fd);
+        pthread_join(k->raw_th, NULL);
+        close(k->raw.listen_fd);
     }
-    result_t tandem[3], rawr[3];
-    /* The sender's blocks: the first n of its reservation (contiguous ids in practice). */
-    for (int i = 0; i < N_SIZES; i++) {
-        /* raw first, then tandem, per size, so both see the same machine load */
-        if (run_raw(raw_fd, tdm_kv_pool_base(spool), sizes[i], seconds, bb, lat, &rawr[i]) != 0 ||
-            run_tandem(s, ep, sseq.blocks, sizes[i], seconds, bb, lat, &tandem[i]) != 0) {
-            fprintf(stderr, "bench: run of %u blocks failed\n", sizes[i]);
-            goto out;
-        }
+    if (k->rx_running) {
+        atomic_store(&k->rx.stop, true);
+        pthread_join(k->rx_th, NULL);
     }
+    tdm_kv_sender_destroy(&k->s);
+    tdm_kv_receiver_destroy(&k->rx.r);
+    if (k->spool)
+        tdm_kv_seq_release(k->spool, &k->sseq);
+    if (k->rpool)
+        tdm_kv_seq_release(k->rpool, &k->rx.seq);
+    tdm_kv_pool_destroy(&k->spool);
+    tdm_kv_pool_destroy(&k->rpool);
+    tdm_net_destroy(&k->net);
+    free(k->lat);
+}
+
+/* The table, to stderr; returns the smallest tandem/raw ratio. */
+static double print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
+                          const result_t *tandem, const result_t *rawr)
+{
     fprintf(stderr,
             "KV transfer, SmolLM2-135M f16 layout (%" PRIu64 " B/block), loopback TCP, "
             "%.1f s per size, malloc %s\n",
-            bb, seconds, malloc_tuning ? "tuned" : "defaults");
+            k->bb, o->seconds, o->malloc_tuning ? "tuned" : "defaults");
     fprintf(stderr, "%7s %12s | %9s %9s %9s | %9s %9s %9s | %6s\n", "blocks", "bytes", "tdm GB/s",
             "p50 ms", "p99 ms", "raw GB/s", "p50 ms", "p99 ms", "ratio");
     double min_ratio = 1e9;
-    for (int i = 0; i < N_SIZES; i++) {
+    for (int i = 0; i < n_sizes; i++) {
         double ratio = tandem[i].gbps / rawr[i].gbps;
         if (ratio < min_ratio)
             min_ratio = ratio;
         fprintf(stderr, "%7u %12" PRIu64 " | %9.2f %9.3f %9.3f | %9.2f %9.3f %9.3f | %5.2fx\n",
-                sizes[i], (uint64_t)sizes[i] * bb, tandem[i].gbps, tandem[i].p50_ms,
+                sizes[i], (uint64_t)sizes[i] * k->bb, tandem[i].gbps, tandem[i].p50_ms,
                 tandem[i].p99_ms, rawr[i].gbps, rawr[i].p50_ms, rawr[i].p99_ms, ratio);
     }
-    FILE *out = json_path ? fopen(json_path, "w") : stdout;
+    return min_ratio;
+}
+
+/* One JSON line, to stdout or --json FILE. Returns 0, or 1 when the file cannot be written. */
+static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
+                      const result_t *tandem, const result_t *rawr, double min_ratio)
+{
+    FILE *out = o->json_path ? fopen(o->json_path, "w") : stdout;
     if (!out) {
-        fprintf(stderr, "bench: cannot write %s\n", json_path);
-        goto out;
+        fprintf(stderr, "bench: cannot write %s\n", o->json_path);
+        return 1;
     }
     fprintf(out,
             "{\"bench\":\"kv_transfer\",\"transport\":\"tcp-loopback\",\"layout\":"
             "\"smollm2-135m-f16\",\"block_bytes\":%" PRIu64 ",\"malloc_tuned\":%s,\"results\":[",
-            bb, malloc_tuning ? "true" : "false");
-    for (int i = 0; i < N_SIZES; i++)
+            k->bb, o->malloc_tuning ? "true" : "false");
+    for (int i = 0; i < n_sizes; i++)
         fprintf(out,
                 "%s{\"blocks\":%u,\"bytes\":%" PRIu64 ",\"n\":%d,\"gbps\":%.4f,\"p50_ms\":%.4f,"
                 "\"p99_ms\":%.4f,\"raw_n\":%d,\"raw_gbps\":%.4f,\"raw_p50_ms\":%.4f,"
                 "\"raw_p99_ms\":%.4f,\"ratio\":%.4f}",
-                i ? "," : "", sizes[i], (uint64_t)sizes[i] * bb, tandem[i].n, tandem[i].gbps,
+                i ? "," : "", sizes[i], (uint64_t)sizes[i] * k->bb, tandem[i].n, tandem[i].gbps,
                 tandem[i].p50_ms, tandem[i].p99_ms, rawr[i].n, rawr[i].gbps, rawr[i].p50_ms,
                 rawr[i].p99_ms, tandem[i].gbps / rawr[i].gbps);
     fprintf(out, "],\"min_ratio\":%.4f,\"target_ratio\":0.9}\n", min_ratio);
-    if (json_path)
+    if (o->json_path)
         fclose(out);
-    rc = rx.failures || raw.failures ? 1 : 0;
+    return 0;
+}
 
-out:
-    shutdown(raw_fd, SHUT_RDWR);
-    close(raw_fd);
-    pthread_join(raw_th, NULL);
-    close(raw.listen_fd);
-    atomic_store(&rx.stop, true);
-    pthread_join(rx_th, NULL);
-    tdm_kv_sender_destroy(&s);
-    tdm_kv_receiver_destroy(&rx.r);
-    tdm_kv_seq_release(spool, &sseq);
-    tdm_kv_seq_release(rpool, &rx.seq);
-    tdm_kv_pool_destroy(&spool);
-    tdm_kv_pool_destroy(&rpool);
-    tdm_net_destroy(&net);
-    free(lat);
+/* Measures every size, raw first and then tandem so both see the same machine load, and
+ * reports them. Returns the exit status. */
+static int kvb_run(kvb_t *k, const kvb_opts_t *o)
+{
+    uint32_t sizes[] = {1, 32, 256};
+    int n_sizes = (int)(sizeof sizes / sizeof sizes[0]);
+    if (o->only_blocks) {
+        sizes[0] = o->only_blocks;
+        n_sizes = 1;
+    }
+    result_t tandem[3], rawr[3];
+    /* The sender's blocks: the first n of its reservation (contiguous ids in practice). */
+    for (int i = 0; i < n_sizes; i++) {
+        if (run_raw(k->raw_fd, tdm_kv_pool_base(k->spool), sizes[i], o->seconds, k->bb, k->lat,
+                    &rawr[i]) != 0 ||
+            run_tandem(k->s, k->ep, k->sseq.blocks, sizes[i], o->seconds, k->bb, k->lat,
+                       &tandem[i]) != 0) {
+            fprintf(stderr, "bench: run of %u blocks failed\n", sizes[i]);
+            return 1;
+        }
+    }
+    double min_ratio = print_table(k, o, sizes, n_sizes, tandem, rawr);
+    if (write_json(k, o, sizes, n_sizes, tandem, rawr, min_ratio) != 0)
+        return 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    kvb_opts_t o;
+    if (parse_args(argc, argv, &o) != 0)
+        return 2;
+    kvb_t k = {.raw_fd = -1};
+    tdm_kv_seq_init(&k.sseq);
+    tdm_kv_seq_init(&k.rx.seq);
+    int rc = kvb_open_pools(&k);
+    if (rc == 0)
+        rc = kvb_open_links(&k);
+    if (rc == 0)
+        rc = kvb_run(&k, &o);
+    kvb_close(&k);
+    if (rc == 0 && (k.rx.failures || k.raw.failures))
+        rc = 1;
     return rc;
 }

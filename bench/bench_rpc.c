@@ -187,50 +187,51 @@ static void *tdm_server_main(void *arg)
     return NULL;
 }
 
-static void bench_tdm(tdm_net_t *net, const bench_opts_t *o, double *lat, size_t lat_cap,
-                      result_t *res)
+/* Sorts lat[0..n) and stores the rate over `wall` seconds and the p50/p99 latencies. */
+static void unary_figures(double *lat, size_t n, double wall, result_t *res)
 {
-    tdm_error_t err = {0};
-    tdm_server_t sv = {.events = o->events};
-    sv.sock = tdm_sock_bind(net, "tcp://127.0.0.1:*", NULL, &err);
-    if (!sv.sock)
-        die("bind", err.msg);
-    tdm_sock_t *c = tdm_sock_connect(net, tdm_sock_endpoint(sv.sock), NULL, &err);
-    if (!c)
-        die("connect", err.msg);
-    pthread_t th;
-    pthread_create(&th, NULL, tdm_server_main, &sv);
+    res->unary_per_s = (double)n / wall;
+    qsort(lat, n, sizeof *lat, cmp_double);
+    res->unary_p50_us = lat[n / 2] * 1e6;
+    res->unary_p99_us = lat[n * 99 / 100] * 1e6;
+}
 
+/* One tdm_rpc_call Health round trip; dies on failure. */
+static void tdm_health_call(tdm_sock_t *c, uint64_t call)
+{
     Tandem__V1__HealthRequest req = TANDEM__V1__HEALTH_REQUEST__INIT;
-    uint64_t call = 1;
+    ProtobufCMessage *resp;
+    tdm_error_t err = {0};
+    if (tdm_rpc_call(c, M_HEALTH, call, NULL, &req.base, &tandem__v1__health_response__descriptor,
+                     5000, &resp, &err))
+        die("unary call", err.msg);
+    protobuf_c_message_free_unpacked(resp, NULL);
+}
+
+/* Unary round trips for o->seconds after 1000 warm-up calls; *call is the next call id. */
+static void tdm_unary(tdm_sock_t *c, const bench_opts_t *o, double *lat, size_t lat_cap,
+                      uint64_t *call, result_t *res)
+{
     size_t n = 0;
-    for (int warm = 0; warm < 1000; warm++) {
-        ProtobufCMessage *resp;
-        if (tdm_rpc_call(c, M_HEALTH, call++, NULL, &req.base,
-                         &tandem__v1__health_response__descriptor, 5000, &resp, &err))
-            die("unary call", err.msg);
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
+    for (int warm = 0; warm < 1000; warm++)
+        tdm_health_call(c, (*call)++);
     double t0 = tdm_time_now(), t = t0;
     while (t - t0 < o->seconds && n < lat_cap) {
-        ProtobufCMessage *resp;
-        if (tdm_rpc_call(c, M_HEALTH, call++, NULL, &req.base,
-                         &tandem__v1__health_response__descriptor, 5000, &resp, &err))
-            die("unary call", err.msg);
-        protobuf_c_message_free_unpacked(resp, NULL);
+        tdm_health_call(c, (*call)++);
         double t1 = tdm_time_now();
         lat[n++] = t1 - t;
         t = t1;
     }
-    res->unary_per_s = (double)n / (t - t0);
-    qsort(lat, n, sizeof *lat, cmp_double);
-    res->unary_p50_us = lat[n / 2] * 1e6;
-    res->unary_p99_us = lat[n * 99 / 100] * 1e6;
+    unary_figures(lat, n, t - t0, res);
+}
 
+/* One Generate call whose o->events chunks are each decoded and checked. */
+static void tdm_stream(tdm_sock_t *c, const bench_opts_t *o, uint64_t call, result_t *res)
+{
     Tandem__V1__GenerateRequest g;
     fill_generate(&g);
     tdm_send_t m = {.kind = K_REQUEST, .method = M_GENERATE, .call_id = call, .body = &g.base};
-    t0 = tdm_time_now();
+    double t0 = tdm_time_now();
     if (tdm_sock_send(c, &m))
         die("stream request", tdm_sock_errmsg(c));
     tdm_frame_t f;
@@ -252,7 +253,24 @@ static void bench_tdm(tdm_net_t *net, const bench_opts_t *o, double *lat, size_t
     tdm_frame_clear(&f);
     if (got != o->events)
         die("stream", "events lost");
+}
 
+static void bench_tdm(tdm_net_t *net, const bench_opts_t *o, double *lat, size_t lat_cap,
+                      result_t *res)
+{
+    tdm_error_t err = {0};
+    tdm_server_t sv = {.events = o->events};
+    sv.sock = tdm_sock_bind(net, "tcp://127.0.0.1:*", NULL, &err);
+    if (!sv.sock)
+        die("bind", err.msg);
+    tdm_sock_t *c = tdm_sock_connect(net, tdm_sock_endpoint(sv.sock), NULL, &err);
+    if (!c)
+        die("connect", err.msg);
+    pthread_t th;
+    pthread_create(&th, NULL, tdm_server_main, &sv);
+    uint64_t call = 1;
+    tdm_unary(c, o, lat, lat_cap, &call, res);
+    tdm_stream(c, o, call, res);
     atomic_store(&sv.stop, true);
     pthread_join(th, NULL);
     tdm_sock_destroy(&c);
@@ -350,24 +368,10 @@ static void *raw_socket(tdm_net_t *net, int type)
     return s;
 }
 
-static void bench_raw(tdm_net_t *net, const bench_opts_t *o, const wire_t *w, double *lat,
-                      size_t lat_cap, result_t *res)
+/* Unary exchanges of the pre-packed Health frames for o->seconds after 1000 warm-up ones. */
+static void raw_unary(void *c, const bench_opts_t *o, const wire_t *w, double *lat, size_t lat_cap,
+                      result_t *res)
 {
-    raw_server_t sv = {.w = w, .events = o->events};
-    sv.sock = raw_socket(net, ZMQ_ROUTER);
-    int mandatory = 1; /* report a full queue (EAGAIN) instead of dropping, as tdm does */
-    zmq_setsockopt(sv.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
-    if (zmq_bind(sv.sock, "tcp://127.0.0.1:*") != 0)
-        die("raw bind", zmq_strerror(zmq_errno()));
-    char ep[256];
-    size_t eplen = sizeof ep;
-    zmq_getsockopt(sv.sock, ZMQ_LAST_ENDPOINT, ep, &eplen);
-    void *c = raw_socket(net, ZMQ_DEALER);
-    if (zmq_connect(c, ep) != 0)
-        die("raw connect", zmq_strerror(zmq_errno()));
-    pthread_t th;
-    pthread_create(&th, NULL, raw_server_main, &sv);
-
     zmq_msg_t p[4];
     size_t n = 0;
     double t0 = 0, t = 0;
@@ -389,12 +393,14 @@ static void bench_raw(tdm_net_t *net, const bench_opts_t *o, const wire_t *w, do
                 break;
         }
     }
-    res->unary_per_s = (double)n / (t - t0);
-    qsort(lat, n, sizeof *lat, cmp_double);
-    res->unary_p50_us = lat[n / 2] * 1e6;
-    res->unary_p99_us = lat[n * 99 / 100] * 1e6;
+    unary_figures(lat, n, t - t0, res);
+}
 
-    t0 = tdm_time_now();
+/* One streaming request answered by o->events pre-packed event frames and an END frame. */
+static void raw_stream(void *c, const bench_opts_t *o, const wire_t *w, result_t *res)
+{
+    zmq_msg_t p[4];
+    double t0 = tdm_time_now();
     raw_send(c, w->stream_req_hdr, w->stream_req_hdr_len, ZMQ_SNDMORE);
     raw_send(c, w->stream_req_body, w->stream_req_body_len, 0);
     long got = 0;
@@ -412,6 +418,27 @@ static void bench_raw(tdm_net_t *net, const bench_opts_t *o, const wire_t *w, do
     res->stream_per_s = (double)got / (tdm_time_now() - t0);
     if (got != o->events)
         die("raw stream", "events lost");
+}
+
+static void bench_raw(tdm_net_t *net, const bench_opts_t *o, const wire_t *w, double *lat,
+                      size_t lat_cap, result_t *res)
+{
+    raw_server_t sv = {.w = w, .events = o->events};
+    sv.sock = raw_socket(net, ZMQ_ROUTER);
+    int mandatory = 1; /* report a full queue (EAGAIN) instead of dropping, as tdm does */
+    zmq_setsockopt(sv.sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    if (zmq_bind(sv.sock, "tcp://127.0.0.1:*") != 0)
+        die("raw bind", zmq_strerror(zmq_errno()));
+    char ep[256];
+    size_t eplen = sizeof ep;
+    zmq_getsockopt(sv.sock, ZMQ_LAST_ENDPOINT, ep, &eplen);
+    void *c = raw_socket(net, ZMQ_DEALER);
+    if (zmq_connect(c, ep) != 0)
+        die("raw connect", zmq_strerror(zmq_errno()));
+    pthread_t th;
+    pthread_create(&th, NULL, raw_server_main, &sv);
+    raw_unary(c, o, w, lat, lat_cap, res);
+    raw_stream(c, o, w, res);
     atomic_store(&sv.stop, true);
     pthread_join(th, NULL);
     zmq_close(c);
@@ -439,30 +466,86 @@ static void usage(FILE *f)
                "  --json FILE  write the JSON result there instead of stdout\n");
 }
 
-int main(int argc, char **argv)
+/* Parses the command line into *o. Returns 0 to go on, or the exit status with *done set. */
+static int parse_args(int argc, char **argv, bench_opts_t *o, bool *done)
 {
-    bench_opts_t o = {.seconds = 1.0, .events = 200000, .rounds = 3};
     static const struct option longopts[] = {
         {"seconds", required_argument, NULL, 's'}, {"events", required_argument, NULL, 'e'},
         {"rounds", required_argument, NULL, 'r'},  {"json", required_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
+    *done = true;
     int ch;
     while ((ch = getopt_long(argc, argv, "s:e:r:j:h", longopts, NULL)) != -1) {
         switch (ch) {
-        case 's': o.seconds = atof(optarg); break;
-        case 'e': o.events = atol(optarg); break;
-        case 'r': o.rounds = atoi(optarg); break;
-        case 'j': o.json = optarg; break;
+        case 's': o->seconds = atof(optarg); break;
+        case 'e': o->events = atol(optarg); break;
+        case 'r': o->rounds = atoi(optarg); break;
+        case 'j': o->json = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (o.seconds <= 0 || o.seconds > 600 || o.events < 1 || o.events > 100000000 || o.rounds < 1 ||
-        o.rounds > 100) {
+    if (o->seconds <= 0 || o->seconds > 600 || o->events < 1 || o->events > 100000000 ||
+        o->rounds < 1 || o->rounds > 100) {
         usage(stderr);
         return 2;
     }
+    *done = false;
+    return 0;
+}
+
+/* The table, to stderr. */
+static void print_table(const bench_opts_t *o, const wire_t *w, const result_t *tdm,
+                        const result_t *raw)
+{
+    fprintf(stderr,
+            "messaging over tcp://127.0.0.1 (1 client, server thread, 1 I/O thread; best of %d "
+            "rounds)\n",
+            o->rounds);
+    fprintf(stderr, "%-26s %14s %14s %8s\n", "", "tandem net", "raw zmq", "ratio");
+    fprintf(stderr, "%-26s %14.0f %14.0f %8.2f\n", "unary round trips/s", tdm->unary_per_s,
+            raw->unary_per_s, tdm->unary_per_s / raw->unary_per_s);
+    fprintf(stderr, "%-26s %14.1f %14.1f %8.2f\n", "unary p50 latency (us)", tdm->unary_p50_us,
+            raw->unary_p50_us, tdm->unary_p50_us / raw->unary_p50_us);
+    fprintf(stderr, "%-26s %14.1f %14.1f %8.2f\n", "unary p99 latency (us)", tdm->unary_p99_us,
+            raw->unary_p99_us, tdm->unary_p99_us / raw->unary_p99_us);
+    fprintf(stderr, "%-26s %14.0f %14.0f %8.2f\n", "streamed events/s", tdm->stream_per_s,
+            raw->stream_per_s, tdm->stream_per_s / raw->stream_per_s);
+    fprintf(stderr, "frame sizes: unary request %zu+0 B, response %zu+%zu B, event %zu+%zu B\n",
+            w->unary_req_hdr_len, w->unary_resp_hdr_len, w->unary_resp_body_len, w->event_hdr_len,
+            w->event_body_len);
+}
+
+/* One JSON line, to stdout or --json FILE; dies when the file cannot be written. */
+static void write_json(const bench_opts_t *o, const result_t *tdm, const result_t *raw)
+{
+    FILE *out = o->json ? fopen(o->json, "w") : stdout;
+    if (!out)
+        die("cannot write", o->json);
+    fprintf(out,
+            "{\"bench\":\"rpc\",\"transport\":\"tcp-loopback\",\"seconds\":%.1f,\"events\":%ld,"
+            "\"rounds\":%d,"
+            "\"tandem\":{\"unary_per_s\":%.0f,\"unary_p50_us\":%.1f,\"unary_p99_us\":%.1f,"
+            "\"stream_events_per_s\":%.0f},"
+            "\"raw_zmq\":{\"unary_per_s\":%.0f,\"unary_p50_us\":%.1f,\"unary_p99_us\":%.1f,"
+            "\"stream_events_per_s\":%.0f},"
+            "\"ratio\":{\"unary\":%.3f,\"stream\":%.3f}}\n",
+            o->seconds, o->events, o->rounds, tdm->unary_per_s, tdm->unary_p50_us,
+            tdm->unary_p99_us, tdm->stream_per_s, raw->unary_per_s, raw->unary_p50_us,
+            raw->unary_p99_us, raw->stream_per_s, tdm->unary_per_s / raw->unary_per_s,
+            tdm->stream_per_s / raw->stream_per_s);
+    if (o->json)
+        fclose(out);
+}
+
+int main(int argc, char **argv)
+{
+    bench_opts_t o = {.seconds = 1.0, .events = 200000, .rounds = 3};
+    bool done;
+    int status = parse_args(argc, argv, &o, &done);
+    if (done)
+        return status;
     tdm_error_t err = {0};
     tdm_net_t *net = tdm_net_new(1, &err);
     if (!net)
@@ -483,39 +566,7 @@ int main(int argc, char **argv)
     }
     free(lat);
     tdm_net_destroy(&net);
-
-    fprintf(stderr,
-            "messaging over tcp://127.0.0.1 (1 client, server thread, 1 I/O thread; best of %d "
-            "rounds)\n",
-            o.rounds);
-    fprintf(stderr, "%-26s %14s %14s %8s\n", "", "tandem net", "raw zmq", "ratio");
-    fprintf(stderr, "%-26s %14.0f %14.0f %8.2f\n", "unary round trips/s", tdm.unary_per_s,
-            raw.unary_per_s, tdm.unary_per_s / raw.unary_per_s);
-    fprintf(stderr, "%-26s %14.1f %14.1f %8.2f\n", "unary p50 latency (us)", tdm.unary_p50_us,
-            raw.unary_p50_us, tdm.unary_p50_us / raw.unary_p50_us);
-    fprintf(stderr, "%-26s %14.1f %14.1f %8.2f\n", "unary p99 latency (us)", tdm.unary_p99_us,
-            raw.unary_p99_us, tdm.unary_p99_us / raw.unary_p99_us);
-    fprintf(stderr, "%-26s %14.0f %14.0f %8.2f\n", "streamed events/s", tdm.stream_per_s,
-            raw.stream_per_s, tdm.stream_per_s / raw.stream_per_s);
-    fprintf(stderr, "frame sizes: unary request %zu+0 B, response %zu+%zu B, event %zu+%zu B\n",
-            w.unary_req_hdr_len, w.unary_resp_hdr_len, w.unary_resp_body_len, w.event_hdr_len,
-            w.event_body_len);
-
-    FILE *out = o.json ? fopen(o.json, "w") : stdout;
-    if (!out)
-        die("cannot write", o.json);
-    fprintf(out,
-            "{\"bench\":\"rpc\",\"transport\":\"tcp-loopback\",\"seconds\":%.1f,\"events\":%ld,"
-            "\"rounds\":%d,"
-            "\"tandem\":{\"unary_per_s\":%.0f,\"unary_p50_us\":%.1f,\"unary_p99_us\":%.1f,"
-            "\"stream_events_per_s\":%.0f},"
-            "\"raw_zmq\":{\"unary_per_s\":%.0f,\"unary_p50_us\":%.1f,\"unary_p99_us\":%.1f,"
-            "\"stream_events_per_s\":%.0f},"
-            "\"ratio\":{\"unary\":%.3f,\"stream\":%.3f}}\n",
-            o.seconds, o.events, o.rounds, tdm.unary_per_s, tdm.unary_p50_us, tdm.unary_p99_us,
-            tdm.stream_per_s, raw.unary_per_s, raw.unary_p50_us, raw.unary_p99_us, raw.stream_per_s,
-            tdm.unary_per_s / raw.unary_per_s, tdm.stream_per_s / raw.stream_per_s);
-    if (o.json)
-        fclose(out);
+    print_table(&o, &w, &tdm, &raw);
+    write_json(&o, &tdm, &raw);
     return 0;
 }

@@ -1,4 +1,5 @@
 /* cli_common.c - helpers shared by the router-facing subcommands (cli_common.h). */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -132,7 +133,7 @@ static void report_bad_option(const tdm_cli_spec_t *spec, int c, char **argv)
     }
     if (c == ':')
         fprintf(stderr, "%s: option '%s' needs a value\n", spec->cmd, argv[optind - 1]);
-    else if (optopt)
+    else if (optopt > 0 && optopt < 128 && isprint(optopt)) /* a letter, not a long option's code */
         fprintf(stderr, "%s: unknown option '-%c'\n", spec->cmd, optopt);
     else
         fprintf(stderr, "%s: unknown option '%s'\n", spec->cmd, argv[optind - 1]);

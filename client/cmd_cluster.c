@@ -14,7 +14,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
@@ -164,6 +163,58 @@ static int open_log(const char *log_dir, const char *label)
     return fd;
 }
 
+/* In the child after fork: detaches from `up` (--detach) or arranges to die with it, points
+ * stdin at /dev/null and stdout/stderr at the log, restores the default signal handlers and
+ * execs d; an exec failure's errno goes to pipe_w. Async-signal-safe calls only. */
+__attribute__((noreturn)) static void exec_child(const daemon_proc_t *d, int log_fd, int pipe_w,
+                                                 bool detach, pid_t parent)
+{
+    if (detach) {
+        setsid(); /* no terminal signals; survives this process */
+    } else {
+        setpgid(0, 0); /* Ctrl-C reaches `up` only, which stops the daemons in order */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(127); /* `up` died before prctl */
+    }
+    int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) {
+        dup2(devnull, STDIN_FILENO);
+        close(devnull);
+    }
+    int out = log_fd >= 0 ? log_fd : STDERR_FILENO;
+    dup2(out, STDOUT_FILENO); /* daemons' stdout is log too: keep `up`'s stdout clean */
+    dup2(out, STDERR_FILENO);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    execv(d->path, d->argv);
+    int e = errno;
+    ssize_t w = write(pipe_w, &e, sizeof e);
+    (void)w;
+    _exit(127);
+}
+
+/* In the parent: waits for the close-on-exec pipe to close (exec succeeded) or to carry the
+ * child's errno (exec failed; the child is reaped). Returns 0, or 1 after printing why. */
+static int await_exec(const daemon_proc_t *d, pid_t pid, int pipe_r)
+{
+    int child_errno = 0;
+    ssize_t got;
+    do
+        got = read(pipe_r, &child_errno, sizeof child_errno);
+    while (got < 0 && errno == EINTR);
+    close(pipe_r);
+    if (got == (ssize_t)sizeof child_errno) {
+        waitpid(pid, NULL, 0);
+        fprintf(stderr, CMD_UP ": cannot run %s: %s\n", d->path, strerror(child_errno));
+        return 1;
+    }
+    return 0;
+}
+
 /* Starts d: fork, then in the child redirect stdio and exec. Returns 0, or 1 after printing
  * why (exec failures come back through a close-on-exec pipe). */
 static int spawn(daemon_proc_t *d, const char *log_dir, bool detach)
@@ -171,13 +222,12 @@ static int spawn(daemon_proc_t *d, const char *log_dir, bool detach)
     int log_fd = -1;
     if (log_dir && (log_fd = open_log(log_dir, d->label)) < 0)
         return 1;
+    int status = 1;
     int pipefd[2];
     if (pipe(pipefd) != 0 || fcntl(pipefd[0], F_SETFD, FD_CLOEXEC) != 0 ||
         fcntl(pipefd[1], F_SETFD, FD_CLOEXEC) != 0) {
         fprintf(stderr, CMD_UP ": pipe: %s\n", strerror(errno));
-        if (log_fd >= 0)
-            close(log_fd);
-        return 1;
+        goto out_close_log;
     }
     pid_t parent = getpid();
     fflush(NULL);
@@ -186,55 +236,18 @@ static int spawn(daemon_proc_t *d, const char *log_dir, bool detach)
         fprintf(stderr, CMD_UP ": fork: %s\n", strerror(errno));
         close(pipefd[0]);
         close(pipefd[1]);
-        if (log_fd >= 0)
-            close(log_fd);
-        return 1;
+        goto out_close_log;
     }
-    if (pid == 0) {
-        /* child: async-signal-safe calls only until exec */
-        if (detach) {
-            setsid(); /* no terminal signals; survives this process */
-        } else {
-            setpgid(0, 0); /* Ctrl-C reaches `up` only, which stops the daemons in order */
-            prctl(PR_SET_PDEATHSIG, SIGTERM);
-            if (getppid() != parent)
-                _exit(127); /* `up` died before prctl */
-        }
-        int devnull = open("/dev/null", O_RDONLY);
-        if (devnull >= 0) {
-            dup2(devnull, STDIN_FILENO);
-            close(devnull);
-        }
-        int out = log_fd >= 0 ? log_fd : STDERR_FILENO;
-        dup2(out, STDOUT_FILENO); /* daemons' stdout is log too: keep `up`'s stdout clean */
-        dup2(out, STDERR_FILENO);
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = SIG_DFL;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        execv(d->path, d->argv);
-        int e = errno;
-        ssize_t w = write(pipefd[1], &e, sizeof e);
-        (void)w;
-        _exit(127);
-    }
+    if (pid == 0)
+        exec_child(d, log_fd, pipefd[1], detach, parent);
     close(pipefd[1]);
+    status = await_exec(d, pid, pipefd[0]);
+    if (status == 0)
+        d->pid = pid;
+out_close_log:
     if (log_fd >= 0)
         close(log_fd);
-    int child_errno = 0;
-    ssize_t got;
-    do
-        got = read(pipefd[0], &child_errno, sizeof child_errno);
-    while (got < 0 && errno == EINTR);
-    close(pipefd[0]);
-    if (got == (ssize_t)sizeof child_errno) {
-        waitpid(pid, NULL, 0);
-        fprintf(stderr, CMD_UP ": cannot run %s: %s\n", d->path, strerror(child_errno));
-        return 1;
-    }
-    d->pid = pid;
-    return 0;
+    return status;
 }
 
 /* Reaps children that exited; returns the first daemon that did (NULL if none). */
@@ -470,6 +483,50 @@ typedef struct up_opts {
     double timeout_s, stop_timeout_s;
 } up_opts_t;
 
+/* When a daemon has exited (`when`: "before the cluster was ready", "unexpectedly"), says so
+ * and returns true. */
+static bool daemon_gone(cluster_t *cl, const char *when)
+{
+    daemon_proc_t *gone = reap(cl);
+    if (!gone)
+        return false;
+    char why[96];
+    describe_wstatus(gone->wstatus, why, sizeof why);
+    fprintf(stderr, "tandem cluster: %s (%s, pid %d) %s %s; stopping the others\n", gone->binary,
+            gone->label, (int)-gone->pid, why, when);
+    return true;
+}
+
+/* One look at the router's Status (waiting at most `left` seconds, within [0.05, 1]): returns
+ * 1 when every configured node is up, 0 to keep waiting (desc says what is missing), -1 to
+ * give up (*status set; message printed unless interrupted). */
+static int check_ready(tdm_client_t *client, const tdm_config_t *cfg, const char *endpoint,
+                       double left, char *desc, size_t cap, int *status)
+{
+    tdm_client_cluster_status_t st;
+    int rc = tdm_client_status(client, left < 1.0 ? (left > 0.05 ? left : 0.05) : 1.0, &st);
+    if (rc == TDM_OK) {
+        size_t up = describe_nodes(cfg, &st, desc, cap);
+        tdm_client_cluster_status_clear(&st);
+        if (up < cfg->n_nodes)
+            return 0;
+        *status = 0;
+        return 1;
+    }
+    if (rc == TDM_EDEADLINE) {
+        snprintf(desc, cap, "waiting for the router at %s", endpoint);
+        return 0;
+    }
+    if (rc == TDM_ECANCELLED) {
+        *status = 128 + tdm_cli_interrupt_signal();
+        return -1;
+    }
+    fprintf(stderr, CMD_UP ": router status: %s (%s)%s\n", tdm_client_errmsg(client),
+            tdm_status_name(rc), rc == TDM_EUNAUTHENTICATED ? "; give the key with --api-key" : "");
+    *status = 1;
+    return -1;
+}
+
 /* Waits until the router reports every configured node up. Returns 0 when ready, 1 on
  * failure or timeout (message printed), 128 + the signal when interrupted (130: SIGINT,
  * 143: SIGTERM). */
@@ -487,52 +544,24 @@ static int wait_ready(cluster_t *cl, const tdm_config_t *cfg, const char *endpoi
     }
     int status = 1;
     double start = tdm_time_now(), next_note = start + 10;
-    char last[1024] = "", now_desc[1024];
-    for (;;) {
-        daemon_proc_t *gone = reap(cl);
-        if (gone) {
-            char why[96];
-            describe_wstatus(gone->wstatus, why, sizeof why);
-            fprintf(stderr,
-                    "tandem cluster: %s (%s, pid %d) %s before the cluster was ready; "
-                    "stopping the others\n",
-                    gone->binary, gone->label, (int)-gone->pid, why);
-            break;
-        }
+    char last[1024] = "", desc[1024];
+    while (!daemon_gone(cl, "before the cluster was ready")) {
         if (*tdm_cli_interrupt_flag()) {
             status = 128 + tdm_cli_interrupt_signal();
             break;
         }
         double left = start + timeout_s - tdm_time_now();
-        tdm_client_cluster_status_t st;
-        int rc = tdm_client_status(client, left < 1.0 ? (left > 0.05 ? left : 0.05) : 1.0, &st);
-        if (rc == TDM_OK) {
-            size_t up = describe_nodes(cfg, &st, now_desc, sizeof now_desc);
-            tdm_client_cluster_status_clear(&st);
-            if (up == cfg->n_nodes) {
-                status = 0;
-                break;
-            }
-        } else if (rc == TDM_EDEADLINE) {
-            snprintf(now_desc, sizeof now_desc, "waiting for the router at %s", endpoint);
-        } else if (rc == TDM_ECANCELLED) {
-            status = 128 + tdm_cli_interrupt_signal();
+        if (check_ready(client, cfg, endpoint, left, desc, sizeof desc, &status) != 0)
             break;
-        } else {
-            fprintf(stderr, CMD_UP ": router status: %s (%s)%s\n", tdm_client_errmsg(client),
-                    tdm_status_name(rc),
-                    rc == TDM_EUNAUTHENTICATED ? "; give the key with --api-key" : "");
-            break;
-        }
         double t = tdm_time_now();
-        if (strcmp(now_desc, last) != 0 || t >= next_note) {
-            fprintf(stderr, "tandem cluster: %s (%.0f s)\n", now_desc, t - start);
-            snprintf(last, sizeof last, "%s", now_desc);
+        if (strcmp(desc, last) != 0 || t >= next_note) {
+            fprintf(stderr, "tandem cluster: %s (%.0f s)\n", desc, t - start);
+            snprintf(last, sizeof last, "%s", desc);
             next_note = t + 10;
         }
         if (t - start >= timeout_s) {
             fprintf(stderr, CMD_UP ": the cluster was not ready within %g s: %s\n", timeout_s,
-                    now_desc);
+                    desc);
             break;
         }
         sleep_ms(250);
@@ -589,213 +618,180 @@ static int plan(cluster_t *cl, const tdm_config_t *cfg, const up_opts_t *o)
     return 0;
 }
 
-static int cluster_up(int argc, char **argv)
+/* Parses `up`'s options into *o (--pid-file needs --detach). Returns 0 to go on, or the exit
+ * status with *done set (0 after --help, 2 for bad usage, message printed). */
+static int parse_up(int argc, char **argv, up_opts_t *o, bool *done)
 {
-    enum {
-        OPT_CONFIG = 256,
-        OPT_BIN_DIR,
-        OPT_LOG_DIR,
-        OPT_DETACH,
-        OPT_PID_FILE,
-        OPT_TIMEOUT,
-        OPT_STOP_TIMEOUT,
-        OPT_API_KEY,
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_STR("config", 0, &o->config_path),
+        TDM_CLI_OPT_STR("bin-dir", 0, &o->bin_dir),
+        TDM_CLI_OPT_STR("log-dir", 0, &o->log_dir),
+        TDM_CLI_OPT_TRUE("detach", 0, &o->detach),
+        TDM_CLI_OPT_STR("pid-file", 0, &o->pid_file),
+        TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.1, 86400),
+        TDM_CLI_OPT_DOUBLE("stop-timeout", 0, &o->stop_timeout_s, 0, 3600),
+        TDM_CLI_OPT_STR("api-key", 0, &o->api_key),
+        TDM_CLI_OPT_END,
     };
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, OPT_CONFIG},
-        {"bin-dir", required_argument, NULL, OPT_BIN_DIR},
-        {"log-dir", required_argument, NULL, OPT_LOG_DIR},
-        {"detach", no_argument, NULL, OPT_DETACH},
-        {"pid-file", required_argument, NULL, OPT_PID_FILE},
-        {"timeout", required_argument, NULL, OPT_TIMEOUT},
-        {"stop-timeout", required_argument, NULL, OPT_STOP_TIMEOUT},
-        {"api-key", required_argument, NULL, OPT_API_KEY},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    up_opts_t o = {0};
-    o.timeout_s = CLUSTER_DEFAULT_READY_TIMEOUT_S;
-    o.stop_timeout_s = CLUSTER_DEFAULT_STOP_TIMEOUT_S;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_CONFIG: o.config_path = optarg; break;
-        case OPT_BIN_DIR: o.bin_dir = optarg; break;
-        case OPT_LOG_DIR: o.log_dir = optarg; break;
-        case OPT_DETACH: o.detach = true; break;
-        case OPT_PID_FILE: o.pid_file = optarg; break;
-        case OPT_API_KEY: o.api_key = optarg; break;
-        case OPT_TIMEOUT:
-            if (!tdm_cli_parse_double(CMD_UP, "--timeout", optarg, 0.1, 86400, &o.timeout_s))
-                return 2;
-            break;
-        case OPT_STOP_TIMEOUT:
-            if (!tdm_cli_parse_double(CMD_UP, "--stop-timeout", optarg, 0, 3600, &o.stop_timeout_s))
-                return 2;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
+    const tdm_cli_spec_t spec = {CMD_UP, usage, NULL, opts};
+    o->timeout_s = CLUSTER_DEFAULT_READY_TIMEOUT_S;
+    o->stop_timeout_s = CLUSTER_DEFAULT_STOP_TIMEOUT_S;
+    int status = tdm_cli_parse(&spec, argc, argv, done);
+    if (*done)
+        return status;
+    *done = true;
     if (optind != argc) {
         fprintf(stderr, CMD_UP ": unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (o.pid_file && !o.detach) {
+    if (o->pid_file && !o->detach) {
         fprintf(stderr, CMD_UP ": --pid-file needs --detach\n");
         return 2;
     }
-    char pid_file[PATH_MAX];
-    if (o.pid_file)
-        snprintf(pid_file, sizeof pid_file, "%s", o.pid_file);
-    else
-        default_pid_file(pid_file, sizeof pid_file);
+    *done = false;
+    return 0;
+}
+
+/* Checks the host before starting anything: no detached cluster still running from pid_file,
+ * --bin-dir is a folder, --log-dir exists or is made. Returns 0, or the exit status after
+ * printing why. */
+static int check_host(const up_opts_t *o, const char *pid_file)
+{
     if (pid_file_live(pid_file)) {
         fprintf(stderr,
                 CMD_UP ": a detached cluster is running (pids in %s); stop it with "
                        "`tandem cluster down%s%s` first\n",
-                pid_file, o.pid_file ? " --pid-file " : "", o.pid_file ? o.pid_file : "");
+                pid_file, o->pid_file ? " --pid-file " : "", o->pid_file ? o->pid_file : "");
         return 1;
     }
     struct stat st;
-    if (o.bin_dir && (stat(o.bin_dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
-        fprintf(stderr, CMD_UP ": --bin-dir %s is not a directory\n", o.bin_dir);
+    if (o->bin_dir && (stat(o->bin_dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        fprintf(stderr, CMD_UP ": --bin-dir %s is not a directory\n", o->bin_dir);
         return 2;
     }
-    if (o.log_dir && mkdir(o.log_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, CMD_UP ": --log-dir: cannot create %s: %s\n", o.log_dir, strerror(errno));
+    if (o->log_dir && mkdir(o->log_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, CMD_UP ": --log-dir: cannot create %s: %s\n", o->log_dir, strerror(errno));
         return 1;
     }
+    return 0;
+}
 
-    tdm_config_t cfg;
+/* Loads --config (or the defaults) into *cfg. Returns 0, or the exit status after printing
+ * why (2 for a bad config file). */
+static int load_config(const up_opts_t *o, tdm_config_t *cfg)
+{
     tdm_error_t err = {0};
     int rc =
-        o.config_path ? tdm_config_load_file(o.config_path, &cfg, &err) : tdm_config_defaults(&cfg);
-    if (rc != TDM_OK) {
-        fprintf(stderr, CMD_UP ": %s\n",
-                err.msg[0] ? err.msg : "cannot form the default config (is $HOME set?)");
-        return o.config_path ? 2 : 1;
-    }
-    const char *api_key = o.api_key               ? o.api_key
-                          : cfg.router.n_api_keys ? cfg.router.api_keys[0]
-                                                  : tdm_cli_api_key(NULL);
-    char endpoint[512];
-    client_endpoint_for(cfg.router.client_endpoint, endpoint, sizeof endpoint);
+        o->config_path ? tdm_config_load_file(o->config_path, cfg, &err) : tdm_config_defaults(cfg);
+    if (rc == TDM_OK)
+        return 0;
+    fprintf(stderr, CMD_UP ": %s\n",
+            err.msg[0] ? err.msg : "cannot form the default config (is $HOME set?)");
+    return o->config_path ? 2 : 1;
+}
 
-    int status = 1;
-    cluster_t cl = {0};
-    if (plan(&cl, &cfg, &o) != 0)
-        goto out_config;
-    tdm_cli_catch_interrupt(true);
-    for (size_t i = 0; i < cl.n; i++) {
-        if (*tdm_cli_interrupt_flag()) {
-            status = 128 + tdm_cli_interrupt_signal();
-            goto out_stop;
-        }
-        if (spawn(&cl.d[i], o.log_dir, o.detach) != 0)
-            goto out_stop;
-        fprintf(stderr, "tandem cluster: started %s (%s, pid %d)\n", cl.d[i].binary, cl.d[i].label,
-                (int)cl.d[i].pid);
+/* Starts the daemons in order, the router first. Returns 0, or the exit status (1, or 128 +
+ * the signal when interrupted) after printing why; the caller stops those that started. */
+static int start_all(cluster_t *cl, const up_opts_t *o)
+{
+    for (size_t i = 0; i < cl->n; i++) {
+        if (*tdm_cli_interrupt_flag())
+            return 128 + tdm_cli_interrupt_signal();
+        if (spawn(&cl->d[i], o->log_dir, o->detach) != 0)
+            return 1;
+        fprintf(stderr, "tandem cluster: started %s (%s, pid %d)\n", cl->d[i].binary,
+                cl->d[i].label, (int)cl->d[i].pid);
     }
-    status = wait_ready(&cl, &cfg, endpoint, api_key, o.timeout_s);
+    return 0;
+}
+
+/* Supervises the running cluster until a signal (returns 0) or a daemon exits (returns 1). */
+static int supervise(cluster_t *cl)
+{
+    for (;;) {
+        if (daemon_gone(cl, "unexpectedly"))
+            return 1;
+        if (*tdm_cli_interrupt_flag()) {
+            fprintf(stderr, "tandem cluster: %s: stopping the cluster\n",
+                    strsignal(tdm_cli_interrupt_signal()));
+            return 0;
+        }
+        sleep_ms(200);
+    }
+}
+
+/* Starts the cluster of cfg, waits until it is ready, then detaches (writing the pid file) or
+ * supervises it and stops it. Returns the exit status. */
+static int run_cluster(const up_opts_t *o, const tdm_config_t *cfg, const char *pid_file)
+{
+    const char *api_key = o->api_key               ? o->api_key
+                          : cfg->router.n_api_keys ? cfg->router.api_keys[0]
+                                                   : tdm_cli_api_key(NULL);
+    char endpoint[512];
+    client_endpoint_for(cfg->router.client_endpoint, endpoint, sizeof endpoint);
+    cluster_t cl = {0};
+    int status = plan(&cl, cfg, o);
+    if (status != 0)
+        goto out_free;
+    tdm_cli_catch_interrupt(true);
+    status = start_all(&cl, o);
+    if (status == 0)
+        status = wait_ready(&cl, cfg, endpoint, api_key, o->timeout_s);
     if (status != 0)
         goto out_stop;
     printf("cluster ready: router %s, %zu prefill, %zu decode nodes\n", endpoint, cl.n_prefill,
            cl.n_decode);
     fflush(stdout);
-    if (o.detach) {
-        status = write_pid_file(pid_file, &cl);
-        if (status != 0)
-            goto out_stop;
-        fprintf(stderr,
-                "tandem cluster: detached; pids in %s (`tandem cluster down%s%s` stops "
-                "them)\n",
-                pid_file, o.pid_file ? " --pid-file " : "", o.pid_file ? o.pid_file : "");
-        goto out_config;
+    if (!o->detach) {
+        status = supervise(&cl);
+        goto out_stop;
     }
-
-    /* supervise until a signal or a daemon exits */
-    for (;;) {
-        daemon_proc_t *gone = reap(&cl);
-        if (gone) {
-            char why[96];
-            describe_wstatus(gone->wstatus, why, sizeof why);
-            fprintf(stderr,
-                    "tandem cluster: %s (%s, pid %d) %s unexpectedly; stopping the others\n",
-                    gone->binary, gone->label, (int)-gone->pid, why);
-            status = 1;
-            break;
-        }
-        if (*tdm_cli_interrupt_flag()) {
-            fprintf(stderr, "tandem cluster: %s: stopping the cluster\n",
-                    strsignal(tdm_cli_interrupt_signal()));
-            status = 0;
-            break;
-        }
-        sleep_ms(200);
-    }
-
+    status = write_pid_file(pid_file, &cl);
+    if (status != 0)
+        goto out_stop;
+    fprintf(stderr,
+            "tandem cluster: detached; pids in %s (`tandem cluster down%s%s` stops "
+            "them)\n",
+            pid_file, o->pid_file ? " --pid-file " : "", o->pid_file ? o->pid_file : "");
+    goto out_free;
 out_stop:
-    stop_all(&cl, o.stop_timeout_s);
-    if (status != 0 || !o.detach)
+    stop_all(&cl, o->stop_timeout_s);
+    if (status != 0 || !o->detach)
         fprintf(stderr, "tandem cluster: stopped\n");
-out_config:
+out_free:
     free(cl.d);
+    return status;
+}
+
+static int cluster_up(int argc, char **argv)
+{
+    up_opts_t o = {0};
+    bool done;
+    int status = parse_up(argc, argv, &o, &done);
+    if (done)
+        return status;
+    char pid_file[PATH_MAX];
+    if (o.pid_file)
+        snprintf(pid_file, sizeof pid_file, "%s", o.pid_file);
+    else
+        default_pid_file(pid_file, sizeof pid_file);
+    status = check_host(&o, pid_file);
+    if (status != 0)
+        return status;
+    tdm_config_t cfg;
+    status = load_config(&o, &cfg);
+    if (status != 0)
+        return status;
+    status = run_cluster(&o, &cfg, pid_file);
     tdm_config_free(&cfg);
     return status;
 }
 
-static int cluster_down(int argc, char **argv)
+/* Sends SIGTERM to every daemon of the pid file that still runs, marking them in live[].
+ * Returns how many were signalled. */
+static size_t signal_daemons(const pid_entry_t *v, size_t n, bool *live)
 {
-    enum { OPT_PID_FILE = 256, OPT_STOP_TIMEOUT };
-    static const struct option opts[] = {
-        {"pid-file", required_argument, NULL, OPT_PID_FILE},
-        {"stop-timeout", required_argument, NULL, OPT_STOP_TIMEOUT},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *pid_file_opt = NULL;
-    double stop_timeout_s = CLUSTER_DEFAULT_STOP_TIMEOUT_S;
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_PID_FILE: pid_file_opt = optarg; break;
-        case OPT_STOP_TIMEOUT:
-            if (!tdm_cli_parse_double(CMD_DOWN, "--stop-timeout", optarg, 0, 3600, &stop_timeout_s))
-                return 2;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind != argc) {
-        fprintf(stderr, CMD_DOWN ": unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    char pid_file[PATH_MAX];
-    if (pid_file_opt)
-        snprintf(pid_file, sizeof pid_file, "%s", pid_file_opt);
-    else
-        default_pid_file(pid_file, sizeof pid_file);
-    pid_entry_t *v;
-    size_t n;
-    int rc = read_pid_file(CMD_DOWN, pid_file, &v, &n);
-    if (rc == 1) {
-        fprintf(stderr, CMD_DOWN ": no pid file %s (was the cluster started with --detach%s?)\n",
-                pid_file, pid_file_opt ? "" : " and the default --pid-file");
-        return 1;
-    }
-    if (rc != 0)
-        return 1;
     size_t n_signalled = 0;
-    bool *live = calloc(n ? n : 1, sizeof *live);
-    if (!live) {
-        free(v);
-        fprintf(stderr, CMD_DOWN ": out of memory\n");
-        return 1;
-    }
     for (size_t i = 0; i < n; i++) {
         if (!pid_is_daemon(v[i].pid, v[i].binary)) {
             fprintf(stderr, "tandem cluster: %s (%s, pid %d) is not running\n", v[i].binary,
@@ -810,6 +806,13 @@ static int cluster_down(int argc, char **argv)
                     (int)v[i].pid, strerror(errno));
         }
     }
+    return n_signalled;
+}
+
+/* Waits up to stop_timeout_s for the signalled daemons to end, then SIGKILLs the rest.
+ * Returns how many were killed. */
+static size_t await_daemons(const pid_entry_t *v, size_t n, bool *live, double stop_timeout_s)
+{
     double end = tdm_time_now() + stop_timeout_s;
     size_t killed = 0;
     for (;;) {
@@ -820,20 +823,42 @@ static int cluster_down(int argc, char **argv)
                 running += live[i];
             }
         if (running == 0)
+            return killed;
+        if (tdm_time_now() >= end)
             break;
-        if (tdm_time_now() >= end) {
-            for (size_t i = 0; i < n; i++)
-                if (live[i]) {
-                    fprintf(stderr,
-                            "tandem cluster: %s (%s, pid %d) did not stop within %g s: SIGKILL\n",
-                            v[i].binary, v[i].label, (int)v[i].pid, stop_timeout_s);
-                    kill(v[i].pid, SIGKILL);
-                    killed++;
-                }
-            break;
-        }
         sleep_ms(50);
     }
+    for (size_t i = 0; i < n; i++)
+        if (live[i]) {
+            fprintf(stderr, "tandem cluster: %s (%s, pid %d) did not stop within %g s: SIGKILL\n",
+                    v[i].binary, v[i].label, (int)v[i].pid, stop_timeout_s);
+            kill(v[i].pid, SIGKILL);
+            killed++;
+        }
+    return killed;
+}
+
+/* Stops the daemons of the pid file and removes it. Returns the exit status. */
+static int stop_detached(const char *pid_file, bool default_file, double stop_timeout_s)
+{
+    pid_entry_t *v;
+    size_t n;
+    int rc = read_pid_file(CMD_DOWN, pid_file, &v, &n);
+    if (rc == 1) {
+        fprintf(stderr, CMD_DOWN ": no pid file %s (was the cluster started with --detach%s?)\n",
+                pid_file, default_file ? " and the default --pid-file" : "");
+        return 1;
+    }
+    if (rc != 0)
+        return 1;
+    bool *live = calloc(n ? n : 1, sizeof *live);
+    if (!live) {
+        free(v);
+        fprintf(stderr, CMD_DOWN ": out of memory\n");
+        return 1;
+    }
+    size_t n_signalled = signal_daemons(v, n, live);
+    size_t killed = await_daemons(v, n, live, stop_timeout_s);
     int status = 0;
     if (unlink(pid_file) != 0) {
         fprintf(stderr, CMD_DOWN ": cannot remove %s: %s\n", pid_file, strerror(errno));
@@ -843,6 +868,32 @@ static int cluster_down(int argc, char **argv)
     free(live);
     free(v);
     return status;
+}
+
+static int cluster_down(int argc, char **argv)
+{
+    const char *pid_file_opt = NULL;
+    double stop_timeout_s = CLUSTER_DEFAULT_STOP_TIMEOUT_S;
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_STR("pid-file", 0, &pid_file_opt),
+        TDM_CLI_OPT_DOUBLE("stop-timeout", 0, &stop_timeout_s, 0, 3600),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {CMD_DOWN, usage, NULL, opts};
+    bool done;
+    int status = tdm_cli_parse(&spec, argc, argv, &done);
+    if (done)
+        return status;
+    if (optind != argc) {
+        fprintf(stderr, CMD_DOWN ": unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    char pid_file[PATH_MAX];
+    if (pid_file_opt)
+        snprintf(pid_file, sizeof pid_file, "%s", pid_file_opt);
+    else
+        default_pid_file(pid_file, sizeof pid_file);
+    return stop_detached(pid_file, !pid_file_opt, stop_timeout_s);
 }
 
 int tdm_cmd_cluster(int argc, char **argv)

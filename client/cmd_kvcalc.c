@@ -6,13 +6,13 @@
  * byte: a sequence of C tokens takes ceil(C / block_size) blocks of tdm_kv_block_bytes() each.
  * docs/capacity.md explains the formula with worked examples. */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_common.h"
 #include "commands.h"
 #include "tandem/config.h"
 #include "tandem/gguf.h"
@@ -306,99 +306,120 @@ static void print_json(const kvcalc_t *k)
                "  \"max_sequences\": null\n}\n");
 }
 
-int tdm_cmd_kvcalc(int argc, char **argv)
-{
-    enum {
-        OPT_LAYERS = 256,
-        OPT_KV_HEADS,
-        OPT_HEAD_DIM,
-        OPT_HEADS,
-        OPT_WEIGHTS,
-        OPT_DTYPE,
-        OPT_BLOCK_SIZE,
-        OPT_CONTEXT,
-        OPT_USERS,
-        OPT_MEMORY,
-        OPT_JSON,
-    };
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"layers", required_argument, NULL, OPT_LAYERS},
-                                         {"kv-heads", required_argument, NULL, OPT_KV_HEADS},
-                                         {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-                                         {"heads", required_argument, NULL, OPT_HEADS},
-                                         {"weights-bytes", required_argument, NULL, OPT_WEIGHTS},
-                                         {"dtype", required_argument, NULL, OPT_DTYPE},
-                                         {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
-                                         {"context", required_argument, NULL, OPT_CONTEXT},
-                                         {"users", required_argument, NULL, OPT_USERS},
-                                         {"memory", required_argument, NULL, OPT_MEMORY},
-                                         {"json", no_argument, NULL, OPT_JSON},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    kvcalc_t k = {.in = {.layout = {.block_size = 16, .dtype = TDM_KV_F16}, .n_users = 1}};
-    const char *layers = NULL, *kv_heads = NULL, *head_dim = NULL, *heads = NULL;
-    const char *weights = NULL, *context = NULL;
-    bool json = false;
-    uint64_t v;
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'm': k.model = optarg; break;
-        case OPT_LAYERS: layers = optarg; break;
-        case OPT_KV_HEADS: kv_heads = optarg; break;
-        case OPT_HEAD_DIM: head_dim = optarg; break;
-        case OPT_HEADS: heads = optarg; break;
-        case OPT_WEIGHTS: weights = optarg; break;
-        case OPT_CONTEXT: context = optarg; break;
-        case OPT_JSON: json = true; break;
-        case OPT_DTYPE:
-            if (tdm_kv_dtype_parse(optarg, &k.in.layout.dtype, NULL) != TDM_OK)
-                return bad_usage("--dtype must be f32, f16 or q8, got '%s'", optarg);
-            break;
-        case OPT_BLOCK_SIZE:
-            if (!parse_uint(optarg, 1, 256, &v) || (v & (v - 1)) != 0)
-                return bad_usage("--block-size must be a power of two in 1..256, got '%s'", optarg);
-            k.in.layout.block_size = (uint32_t)v;
-            break;
-        case OPT_USERS:
-            if (!opt_uint("users", optarg, 1, MAX_USERS, &k.in.n_users))
-                return 2;
-            break;
-        case OPT_MEMORY:
-            if (tdm_parse_bytes(optarg, &k.in.memory_bytes) != TDM_OK || k.in.memory_bytes == 0)
-                return bad_usage("--memory must be a positive byte size such as 80GiB, 512MiB, "
-                                 "1.5GB or 4096, got '%s'",
-                                 optarg);
-            k.in.have_memory = true;
-            break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind < argc)
-        return bad_usage("unexpected argument '%s'", argv[optind]);
+/* The options whose values are checked once all are read (the shape against -m). */
+typedef struct kvcalc_args {
+    const char *layers, *kv_heads, *head_dim, *heads, *weights, *context;
+    bool json;
+} kvcalc_args_t;
 
+/* --dtype into the tdm_kv_dtype_t at target. */
+static bool opt_dtype(const char *cmd, const char *value, void *target)
+{
+    (void)cmd;
+    if (tdm_kv_dtype_parse(value, target, NULL) == TDM_OK)
+        return true;
+    bad_usage("--dtype must be f32, f16 or q8, got '%s'", value);
+    return false;
+}
+
+/* --block-size into the uint32_t at target: a power of two in 1..256. */
+static bool opt_block_size(const char *cmd, const char *value, void *target)
+{
+    (void)cmd;
+    uint64_t v;
+    if (!parse_uint(value, 1, 256, &v) || (v & (v - 1)) != 0) {
+        bad_usage("--block-size must be a power of two in 1..256, got '%s'", value);
+        return false;
+    }
+    *(uint32_t *)target = (uint32_t)v;
+    return true;
+}
+
+/* --users into the uint64_t at target. */
+static bool opt_users(const char *cmd, const char *value, void *target)
+{
+    (void)cmd;
+    return opt_uint("users", value, 1, MAX_USERS, target);
+}
+
+/* --memory into the tdm_kv_plan_in_t at target (memory_bytes, have_memory). */
+static bool opt_memory(const char *cmd, const char *value, void *target)
+{
+    (void)cmd;
+    tdm_kv_plan_in_t *in = target;
+    if (tdm_parse_bytes(value, &in->memory_bytes) != TDM_OK || in->memory_bytes == 0) {
+        bad_usage("--memory must be a positive byte size such as 80GiB, 512MiB, 1.5GB or 4096, "
+                  "got '%s'",
+                  value);
+        return false;
+    }
+    in->have_memory = true;
+    return true;
+}
+
+/* Parses the options into *k and *a. Returns 0 to go on, or the exit status with *done set. */
+static int parse_args(int argc, char **argv, kvcalc_t *k, kvcalc_args_t *a, bool *done)
+{
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_STR("model", 'm', &k->model),
+        TDM_CLI_OPT_STR("layers", 0, &a->layers),
+        TDM_CLI_OPT_STR("kv-heads", 0, &a->kv_heads),
+        TDM_CLI_OPT_STR("head-dim", 0, &a->head_dim),
+        TDM_CLI_OPT_STR("heads", 0, &a->heads),
+        TDM_CLI_OPT_STR("weights-bytes", 0, &a->weights),
+        TDM_CLI_OPT_FN("dtype", 0, opt_dtype, &k->in.layout.dtype),
+        TDM_CLI_OPT_FN("block-size", 0, opt_block_size, &k->in.layout.block_size),
+        TDM_CLI_OPT_STR("context", 0, &a->context),
+        TDM_CLI_OPT_FN("users", 0, opt_users, &k->in.n_users),
+        TDM_CLI_OPT_FN("memory", 0, opt_memory, &k->in),
+        TDM_CLI_OPT_TRUE("json", 0, &a->json),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {"tandem kvcalc", usage, NULL, opts};
+    int status = tdm_cli_parse(&spec, argc, argv, done);
+    if (!*done && optind < argc) {
+        *done = true;
+        return bad_usage("unexpected argument '%s'", argv[optind]);
+    }
+    return status;
+}
+
+/* The question from the options: the shape (from -m or given), the weights, the context.
+ * Returns 0, or the exit status after printing why. */
+static int resolve(kvcalc_t *k, const kvcalc_args_t *a)
+{
     uint64_t model_ctx = 0;
-    if (k.model && (layers || kv_heads || head_dim || heads))
+    if (k->model && (a->layers || a->kv_heads || a->head_dim || a->heads))
         return bad_usage("give either -m MODEL or --layers/--kv-heads/--head-dim/--heads, "
                          "not both");
-    int rc =
-        k.model ? load_model(&k, &model_ctx) : parse_shape(&k, layers, kv_heads, head_dim, heads);
+    int rc = k->model ? load_model(k, &model_ctx)
+                      : parse_shape(k, a->layers, a->kv_heads, a->head_dim, a->heads);
     if (rc != 0)
         return rc;
-    if (weights && (tdm_parse_bytes(weights, &k.in.weight_bytes) != TDM_OK))
+    if (a->weights && (tdm_parse_bytes(a->weights, &k->in.weight_bytes) != TDM_OK))
         return bad_usage("--weights-bytes must be a byte size such as 13GiB, 270MB or 4096, "
                          "got '%s'",
-                         weights);
-    k.in.n_ctx = model_ctx ? model_ctx : 4096;
-    if (context && !opt_uint("context", context, 1, MAX_CONTEXT, &k.in.n_ctx))
+                         a->weights);
+    k->in.n_ctx = model_ctx ? model_ctx : 4096;
+    if (a->context && !opt_uint("context", a->context, 1, MAX_CONTEXT, &k->in.n_ctx))
         return 2;
+    return 0;
+}
 
-    rc = compute(&k);
+int tdm_cmd_kvcalc(int argc, char **argv)
+{
+    kvcalc_t k = {.in = {.layout = {.block_size = 16, .dtype = TDM_KV_F16}, .n_users = 1}};
+    kvcalc_args_t a = {0};
+    bool done;
+    int rc = parse_args(argc, argv, &k, &a, &done);
+    if (done)
+        return rc;
+    rc = resolve(&k, &a);
+    if (rc == 0)
+        rc = compute(&k);
     if (rc != 0)
         return rc;
-    if (json)
+    if (a.json)
         print_json(&k);
     else
         print_table(&k);
