@@ -454,25 +454,28 @@ static void client_endpoint_for(const char *bound, char *buf, size_t cap)
         snprintf(buf, cap, "%s", bound);
 }
 
-/* Writes "prefill-0 up, decode-0 down" for the configured nodes into buf; returns how many
- * are up. */
-static size_t describe_nodes(const tdm_config_t *cfg, const tdm_client_cluster_status_t *st,
-                             char *buf, size_t cap)
+/* The text of b ("" before the first append or after running out of memory at once). */
+static const char *buf_text(const tdm_buf_t *b)
 {
-    size_t up = 0, len = 0;
-    buf[0] = '\0';
+    return b->data ? b->data : "";
+}
+
+/* Writes "prefill-0 up, decode-0 down" for the configured nodes into out (emptied first);
+ * returns how many are up. */
+static size_t describe_nodes(const tdm_config_t *cfg, const tdm_client_cluster_status_t *st,
+                             tdm_buf_t *out)
+{
+    size_t up = 0;
+    tdm_buf_clear(out);
     for (size_t i = 0; i < cfg->n_nodes; i++) {
         const tdm_client_node_status_t *ns =
             st ? tdm_client_status_find_node(st, cfg->nodes[i].id) : NULL;
         bool is_up = ns && ns->up;
         up += is_up;
-        int w = snprintf(buf + len, len < cap ? cap - len : 0, "%s%s %s", i ? ", " : "",
-                         cfg->nodes[i].id,
-                         is_up ? "up"
-                         : ns  ? "down"
-                               : "not registered");
-        if (w > 0)
-            len += (size_t)w;
+        tdm_buf_printf(out, "%s%s %s", i ? ", " : "", cfg->nodes[i].id,
+                       is_up ? "up"
+                       : ns  ? "down"
+                             : "not registered");
     }
     return up;
 }
@@ -501,12 +504,12 @@ static bool daemon_gone(cluster_t *cl, const char *when)
  * 1 when every configured node is up, 0 to keep waiting (desc says what is missing), -1 to
  * give up (*status set; message printed unless interrupted). */
 static int check_ready(tdm_client_t *client, const tdm_config_t *cfg, const char *endpoint,
-                       double left, char *desc, size_t cap, int *status)
+                       double left, tdm_buf_t *desc, int *status)
 {
     tdm_client_cluster_status_t st;
     int rc = tdm_client_status(client, left < 1.0 ? (left > 0.05 ? left : 0.05) : 1.0, &st);
     if (rc == TDM_OK) {
-        size_t up = describe_nodes(cfg, &st, desc, cap);
+        size_t up = describe_nodes(cfg, &st, desc);
         tdm_client_cluster_status_clear(&st);
         if (up < cfg->n_nodes)
             return 0;
@@ -514,7 +517,8 @@ static int check_ready(tdm_client_t *client, const tdm_config_t *cfg, const char
         return 1;
     }
     if (rc == TDM_EDEADLINE) {
-        snprintf(desc, cap, "waiting for the router at %s", endpoint);
+        tdm_buf_clear(desc);
+        tdm_buf_printf(desc, "waiting for the router at %s", endpoint);
         return 0;
     }
     if (rc == TDM_ECANCELLED) {
@@ -544,28 +548,31 @@ static int wait_ready(cluster_t *cl, const tdm_config_t *cfg, const char *endpoi
     }
     int status = 1;
     double start = tdm_time_now(), next_note = start + 10;
-    char last[1024] = "", desc[1024];
+    tdm_buf_t last = TDM_BUF_INIT, desc = TDM_BUF_INIT; /* what was said, what is now */
     while (!daemon_gone(cl, "before the cluster was ready")) {
         if (*tdm_cli_interrupt_flag()) {
             status = 128 + tdm_cli_interrupt_signal();
             break;
         }
         double left = start + timeout_s - tdm_time_now();
-        if (check_ready(client, cfg, endpoint, left, desc, sizeof desc, &status) != 0)
+        if (check_ready(client, cfg, endpoint, left, &desc, &status) != 0)
             break;
         double t = tdm_time_now();
-        if (strcmp(desc, last) != 0 || t >= next_note) {
-            fprintf(stderr, "tandem cluster: %s (%.0f s)\n", desc, t - start);
-            snprintf(last, sizeof last, "%s", desc);
+        if (strcmp(buf_text(&desc), buf_text(&last)) != 0 || t >= next_note) {
+            fprintf(stderr, "tandem cluster: %s (%.0f s)\n", buf_text(&desc), t - start);
+            tdm_buf_clear(&last);
+            tdm_buf_puts(&last, buf_text(&desc));
             next_note = t + 10;
         }
         if (t - start >= timeout_s) {
             fprintf(stderr, CMD_UP ": the cluster was not ready within %g s: %s\n", timeout_s,
-                    desc);
+                    buf_text(&desc));
             break;
         }
         sleep_ms(250);
     }
+    tdm_buf_free(&last);
+    tdm_buf_free(&desc);
     tdm_client_destroy(&client);
     return status;
 }
