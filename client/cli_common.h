@@ -1,6 +1,7 @@
-/* cli_common.h - what the router-facing subcommands (generate without -m, chat, status, bench,
- * cluster) share: number parsing with messages that name the option, sampling options, the
- * router endpoint and API key from options or the environment, connecting with a quick
+/* cli_common.h - what the subcommands share: the table-driven option parser (tdm_cli_parse)
+ * and number parsing with messages that name the option, reading stdin, and, for the
+ * router-facing ones (generate without -m, chat, status, bench, cluster), sampling options,
+ * the router endpoint and API key from options or the environment, connecting with a quick
  * health probe, SIGINT handling, and exit statuses. */
 #ifndef TANDEM_CLIENT_CLI_COMMON_H
 #define TANDEM_CLIENT_CLI_COMMON_H

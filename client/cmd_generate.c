@@ -11,9 +11,7 @@
  * (prompt tokens, TTFT, TPOT, decode tokens/s, finish reason) go to stderr at the end, so stdout
  * carries only the generated text and scripts can compare it.
  */
-#include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
