@@ -122,6 +122,12 @@ typedef struct tdm_cli_opt {
         TDM_CLI_OPT_U64("seed", 0, &(s)->seed),                                                    \
         TDM_CLI_OPT_TRUE("ignore-eos", 0, &(s)->ignore_eos)
 
+/* The entries of the router connection: --router, --api-key and --timeout (seconds, of each
+ * call) into a const char *, a const char * and a double. */
+#define TDM_CLI_ROUTER_OPTS(router, api_key, timeout_s)                                            \
+    TDM_CLI_OPT_STR("router", 0, (router)), TDM_CLI_OPT_STR("api-key", 0, (api_key)),              \
+        TDM_CLI_OPT_DOUBLE("timeout", 0, (timeout_s), 0.001, 86400)
+
 /* How a command parses its arguments. */
 typedef struct tdm_cli_spec {
     const char *cmd;          /* "tandem generate": the prefix of every message */

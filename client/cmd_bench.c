@@ -532,9 +532,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o, bool *done)
         TDM_CLI_OPT_DOUBLE("slo-ttft-ms", 0, &o->slo_ttft_ms, 1e-3, 1e9),
         TDM_CLI_OPT_DOUBLE("slo-tpot-ms", 0, &o->slo_tpot_ms, 1e-3, 1e9),
         TDM_CLI_OPT_STR("json", 0, &o->json_path),
-        TDM_CLI_OPT_STR("router", 0, &o->router),
-        TDM_CLI_OPT_STR("api-key", 0, &o->api_key),
-        TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400),
+        TDM_CLI_ROUTER_OPTS(&o->router, &o->api_key, &o->timeout_s),
         TDM_CLI_OPT_END,
     };
     const tdm_cli_spec_t spec = {CMD, usage, NULL, opts};

@@ -132,9 +132,7 @@ static int parse_args(int argc, char **argv, chat_opts_t *o, tdm_sampling_params
         TDM_CLI_SAMPLING_OPTS(&o->sampling),
         TDM_CLI_OPT_FN("stop", 0, opt_stop, o),
         TDM_CLI_OPT_TRUE("stats", 0, &o->stats),
-        TDM_CLI_OPT_STR("router", 0, &o->router),
-        TDM_CLI_OPT_STR("api-key", 0, &o->api_key),
-        TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400),
+        TDM_CLI_ROUTER_OPTS(&o->router, &o->api_key, &o->timeout_s),
         TDM_CLI_OPT_END,
     };
     const tdm_cli_spec_t spec = {CMD, usage, NULL, opts};

@@ -154,9 +154,7 @@ int tdm_cmd_status(int argc, char **argv)
     double timeout_s = 10;
     const tdm_cli_opt_t opts[] = {
         TDM_CLI_OPT_TRUE("json", 0, &json),
-        TDM_CLI_OPT_STR("router", 0, &router),
-        TDM_CLI_OPT_STR("api-key", 0, &api_key),
-        TDM_CLI_OPT_DOUBLE("timeout", 0, &timeout_s, 0.001, 86400),
+        TDM_CLI_ROUTER_OPTS(&router, &api_key, &timeout_s),
         TDM_CLI_OPT_END,
     };
     const tdm_cli_spec_t spec = {CMD, usage, NULL, opts};
