@@ -2426,6 +2426,17 @@ static void test_index_shared_keys(void **state)
     assert_null(rt_index_next(e));
     assert_ptr_equal(rt_index_first(&ix, h + 16), &c.entry);
     assert_null(rt_index_first(&ix, h + 32));
+    /* growing the buckets keeps the newest-first order of a key's entries */
+    enum { MORE = 100 };
+    keyed_t more[MORE];
+    for (int i = 0; i < MORE; i++)
+        rt_index_insert(&ix, &more[i].entry, 1000 + (uint64_t)i);
+    assert_true(ix.mask + 1 >= MORE + 3);
+    assert_ptr_equal(rt_index_first(&ix, h), &b.entry);
+    assert_ptr_equal(rt_index_next(&b.entry), &a.entry);
+    assert_ptr_equal(rt_index_first(&ix, h + 16), &c.entry);
+    for (int i = 0; i < MORE; i++)
+        rt_index_remove(&ix, &more[i].entry);
     rt_index_remove(&ix, &b.entry);
     assert_ptr_equal(rt_index_first(&ix, h), &a.entry);
     rt_index_remove(&ix, &a.entry);
