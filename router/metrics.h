@@ -29,6 +29,10 @@ extern "C" {
  * Caller frees *text with free(). */
 int tdm_router_metrics_text(const tdm_router_t *r, char **text, size_t *len);
 
+/* Answers a METRICS REQUEST frame f on the router's client endpoint with
+ * MetricsResponse{text}, or END RESOURCE_EXHAUSTED. Call it on the router's thread. */
+void rt_client_metrics(tdm_router_t *r, const tdm_frame_t *f);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,23 +1,10 @@
-/* nodes.c - the router's side of the node protocol: registration, heartbeats and liveness,
- * node failure, scheduling (decode node by free KV blocks, prefill node by policy), the
- * dispatch of a request (DecodeReserve, then PrefillTask) and the events nodes send back.
+/* nodes.c - the router's side of the node protocol (nodes.h): registration, heartbeats and
+ * liveness, node failure, and the routing of node messages to the scheduler (reservation
+ * answers, TaskFailed) and the stream (TokenEvent, Finished).
  *
- * KV accounting: a decode node's room is its last heartbeat's free + cached blocks minus the
- * blocks of reservations the router sent that the node's figures do not show yet (awaiting a
- * reply, or acknowledged since the last heartbeat: a heartbeat that arrives after the ack was
- * sent after it on the same connection, so it counts the blocks).
- *
- * prefix_aware: prompts are cut into full blocks and chained with tdm_kv_block_hash, as the
- * nodes' prefix caches do. The key is the hash of the last of a prompt's first
- * TDM_ROUTER_PREFIX_KEY_BLOCKS full blocks (fewer when it has fewer). The router remembers, in
- * a direct-mapped table, which prefill node it last sent each block hash to; a request goes
- * to the node holding its deepest known block when that block is at least as deep as the key
- * (a shared first block, such as a chat template's header, does not pull all traffic to one
- * node). Otherwise the node is chosen by rendezvous
- * (highest random weight) hashing of (key, node id) among the prefill nodes up, so requests
- * that share a long system prompt land on the same node without any history. Either choice
- * falls back to least_loaded when that node's queue exceeds twice the average of the other
- * prefill nodes plus one max_batch_tokens.
+ * A node is its registered connection: the routing id bound at registration (unique per
+ * instance), never a name a message claims. A live node's id is never taken over by another
+ * instance; a restarted node waits until the router has seen its old instance go.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -25,9 +12,32 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "router_internal.h"
+#include "nodes.h"
+#include "scheduler.h"
+#include "stream.h"
 
-#define PREFIX_MAX_BLOCKS 1024u
+int rt_nodes_init(tdm_router_t *r)
+{
+    r->n_nodes = r->cfg->n_nodes;
+    r->nodes = calloc(r->n_nodes ? r->n_nodes : 1, sizeof *r->nodes);
+    if (!r->nodes)
+        return TDM_ERESOURCE;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        r->nodes[i].cfg = &r->cfg->nodes[i];
+        r->nodes[i].index = i;
+    }
+    return TDM_OK;
+}
+
+void rt_nodes_fini(tdm_router_t *r)
+{
+    for (size_t i = 0; r->nodes && i < r->n_nodes; i++) {
+        free(r->nodes[i].kv_endpoint);
+        free(r->nodes[i].pending);
+    }
+    free(r->nodes);
+    r->nodes = NULL;
+}
 
 /* ---- lookup and small helpers ---- */
 
@@ -53,14 +63,6 @@ rt_node_t *rt_node_by_peer(tdm_router_t *r, const uint8_t *peer, size_t len)
     return NULL;
 }
 
-uint64_t rt_next_attempt(tdm_router_t *r)
-{
-    uint64_t a = r->next_attempt++;
-    if (a == 0)
-        a = r->next_attempt++;
-    return a;
-}
-
 void rt_refused_decode_note(const tdm_router_t *r, char *buf, size_t cap)
 {
     size_t o = 0;
@@ -77,392 +79,20 @@ void rt_refused_decode_note(const tdm_router_t *r, char *buf, size_t cap)
     }
 }
 
-int64_t rt_node_avail(const rt_node_t *n)
+double rt_node_age(const rt_node_t *n, double now)
 {
-    return (int64_t)n->kv_free + n->kv_cached - n->reserved_pending - n->reserved_acked;
+    return n->registered ? now - n->last_seen : -1.0;
 }
 
-static uint64_t prefill_load(const rt_node_t *n)
+void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body)
 {
-    return n->queued_prefill_tokens + n->tokens_since_hb;
+    int rc = tdm_sock_notify(r->nodesock, n->peer, n->peer_len, method, body);
+    if (rc != TDM_OK)
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL, "notify %s to node %s failed: %s",
+                      tdm_net_method_name(method), n->cfg->id, tdm_strerror(rc));
 }
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull; /* SplitMix64's finaliser */
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-static uint64_t str_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return mix64(h);
-}
-
-static const char *role_name(const rt_node_t *n)
-{
-    return tdm_node_role_name(n->cfg->role);
-}
-
-/* ---- scheduling ---- */
-
-static rt_node_t *pick_round_robin(tdm_router_t *r)
-{
-    for (size_t k = 0; k < r->n_nodes; k++) {
-        size_t i = (r->rr_next + k) % r->n_nodes;
-        rt_node_t *n = &r->nodes[i];
-        if (n->up && n->cfg->role == TDM_NODE_ROLE_PREFILL) {
-            r->rr_next = i + 1;
-            return n;
-        }
-    }
-    return NULL;
-}
-
-static rt_node_t *pick_least_loaded(tdm_router_t *r)
-{
-    rt_node_t *best = NULL;
-    size_t best_k = 0;
-    /* ties go to the first node after the round robin cursor, so equal nodes share work */
-    for (size_t k = 0; k < r->n_nodes; k++) {
-        rt_node_t *n = &r->nodes[(r->rr_next + k) % r->n_nodes];
-        if (!n->up || n->cfg->role != TDM_NODE_ROLE_PREFILL)
-            continue;
-        if (!best || prefill_load(n) < prefill_load(best)) {
-            best = n;
-            best_k = k;
-        }
-    }
-    if (best)
-        r->rr_next = (r->rr_next + best_k + 1) % r->n_nodes;
-    return best;
-}
-
-/* True when n's queue is over the load bound of prefix_aware routing: more than twice the
- * average of the other prefill nodes up, plus one max_batch_tokens (a node alone is never
- * over it: there is nowhere else to go). */
-static bool overloaded(const tdm_router_t *r, const rt_node_t *n)
-{
-    uint64_t sum = 0, cnt = 0;
-    for (size_t i = 0; i < r->n_nodes; i++) {
-        const rt_node_t *m = &r->nodes[i];
-        if (m != n && m->up && m->cfg->role == TDM_NODE_ROLE_PREFILL) {
-            sum += prefill_load(m);
-            cnt++;
-        }
-    }
-    uint64_t mbt = n->max_batch_tokens ? n->max_batch_tokens : (uint64_t)n->cfg->max_batch_tokens;
-    return cnt > 0 && prefill_load(n) * cnt > 2 * sum + mbt * cnt;
-}
-
-static rt_node_t *pick_prefix_aware(tdm_router_t *r, const rt_req_t *q)
-{
-    uint32_t bs = r->block_size;
-    uint32_t nb = q->n_prompt / bs;
-    if (nb > PREFIX_MAX_BLOCKS)
-        nb = PREFIX_MAX_BLOCKS;
-    if (nb == 0)
-        return pick_least_loaded(r);
-    uint64_t hashes[PREFIX_MAX_BLOCKS];
-    uint64_t parent = TDM_KV_HASH_SEED;
-    for (uint32_t i = 0; i < nb; i++)
-        parent = hashes[i] = tdm_kv_block_hash(parent, q->prompt + (size_t)i * bs, bs);
-    /* a shared first block or two (a chat template's header) says little: history counts
-     * only when it matches at least the key's blocks */
-    uint32_t key_blocks = nb < TDM_ROUTER_PREFIX_KEY_BLOCKS ? nb : TDM_ROUTER_PREFIX_KEY_BLOCKS;
-    rt_node_t *pick = NULL;
-    for (uint32_t i = nb; i-- > key_blocks - 1 && !pick;) {
-        size_t slot = (size_t)hashes[i] & r->prefix_mask;
-        if (r->prefix_keys[slot] == hashes[i] && r->prefix_nodes[slot]) {
-            rt_node_t *n = &r->nodes[r->prefix_nodes[slot] - 1];
-            if (n->up && n->cfg->role == TDM_NODE_ROLE_PREFILL)
-                pick = n;
-        }
-    }
-    if (!pick) {
-        uint64_t key = hashes[key_blocks - 1];
-        uint64_t best_w = 0;
-        for (size_t i = 0; i < r->n_nodes; i++) {
-            rt_node_t *n = &r->nodes[i];
-            if (!n->up || n->cfg->role != TDM_NODE_ROLE_PREFILL)
-                continue;
-            uint64_t w = mix64(key ^ str_hash(n->cfg->id));
-            if (!pick || w > best_w) {
-                pick = n;
-                best_w = w;
-            }
-        }
-    }
-    if (pick && overloaded(r, pick)) {
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL,
-                      "prefix_aware: node %s is over the load bound; least_loaded instead",
-                      pick->cfg->id);
-        pick = pick_least_loaded(r);
-    }
-    if (pick)
-        for (uint32_t i = 0; i < nb; i++) {
-            size_t slot = (size_t)hashes[i] & r->prefix_mask;
-            r->prefix_keys[slot] = hashes[i];
-            r->prefix_nodes[slot] = (uint32_t)pick->index + 1;
-        }
-    return pick;
-}
-
-static rt_node_t *pick_prefill(tdm_router_t *r, const rt_req_t *q)
-{
-    switch (r->cfg->router.prefill_policy) {
-    case TDM_PREFILL_POLICY_LEAST_LOADED: return pick_least_loaded(r);
-    case TDM_PREFILL_POLICY_PREFIX_AWARE: return pick_prefix_aware(r, q);
-    case TDM_PREFILL_POLICY_ROUND_ROBIN:
-    default: return pick_round_robin(r);
-    }
-}
-
-static bool any_prefill_up(const tdm_router_t *r)
-{
-    for (size_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i].up && r->nodes[i].cfg->role == TDM_NODE_ROLE_PREFILL)
-            return true;
-    return false;
-}
-
-int rt_dispatch(tdm_router_t *r, rt_req_t *q)
-{
-    uint32_t need = (q->n_prompt + 1 + r->block_size - 1) / r->block_size;
-    for (;;) {
-        rt_node_t *best = NULL;
-        bool any_up = false;
-        uint32_t max_total = 0;
-        for (size_t i = 0; i < r->n_nodes; i++) {
-            rt_node_t *n = &r->nodes[i];
-            if (!n->up || n->cfg->role != TDM_NODE_ROLE_DECODE)
-                continue;
-            any_up = true;
-            if (n->kv_blocks_total > max_total)
-                max_total = n->kv_blocks_total;
-            if (q->tried[i] || rt_node_avail(n) < (int64_t)need)
-                continue;
-            if (!best || rt_node_avail(n) > rt_node_avail(best))
-                best = n;
-        }
-        if (!best) {
-            if (any_up && need > max_total)
-                return tdm_error_set(&r->err, TDM_ERESOURCE,
-                                     "the prompt needs %" PRIu32
-                                     " KV blocks; the largest decode node up has %" PRIu32,
-                                     need, max_total);
-            return 1;
-        }
-        bool local = !any_prefill_up(r);
-        Tandem__V1__SamplingParams sp;
-        tdm_proto_sampling_to(&q->sp, &sp);
-        uint64_t attempt = rt_next_attempt(r);
-        Tandem__V1__DecodeReserve m = TANDEM__V1__DECODE_RESERVE__INIT;
-        m.request_id = q->id;
-        m.attempt_id = attempt;
-        m.n_prompt_tokens = q->n_prompt;
-        m.prompt_tokens = q->prompt;
-        m.sampling = &sp;
-        m.max_tokens = q->sp.max_tokens;
-        m.local_prefill = local;
-        m.deadline_unix_ms = q->deadline_ms;
-        if (best->n_pending == best->cap_pending) {
-            size_t cap = best->cap_pending ? best->cap_pending * 2 : 16;
-            rt_pending_t *p = realloc(best->pending, cap * sizeof *p);
-            if (!p)
-                return tdm_error_set(&r->err, TDM_ERESOURCE, "router out of memory");
-            best->pending = p;
-            best->cap_pending = cap;
-        }
-        uint64_t call = r->next_call++;
-        tdm_send_t s = {0};
-        s.peer = best->peer;
-        s.peer_len = best->peer_len;
-        s.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
-        s.method = TANDEM__V1__METHOD__METHOD_DECODE_RESERVE;
-        s.call_id = call;
-        s.deadline_unix_ms = q->deadline_ms;
-        s.body = &m.base;
-        int rc = tdm_sock_send(r->nodesock, &s);
-        if (rc != TDM_OK) {
-            tdm_log_write(&r->log, TDM_LOG_WARN, q->id, NULL,
-                          "DecodeReserve to %s could not be sent (%s); trying another node",
-                          best->cfg->id, tdm_strerror(rc));
-            q->tried[best->index] = true;
-            continue;
-        }
-        best->pending[best->n_pending++] = (rt_pending_t){call, need, q};
-        best->reserved_pending += need;
-        q->attempt_id = attempt;
-        q->decode = best;
-        q->prefill = NULL;
-        q->state = RT_RESERVING;
-        q->local_prefill = local;
-        q->n_blocks = need;
-        q->reserve_call = call;
-        char kv[160];
-        snprintf(kv, sizeof kv, "decode=%s blocks=%" PRIu32 " local_prefill=%s attempt=%016" PRIx64,
-                 best->cfg->id, need, local ? "true" : "false", attempt);
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "reserve sent");
-        return 0;
-    }
-}
-
-void rt_drain_queue(tdm_router_t *r)
-{
-    while (r->qhead) {
-        rt_req_t *q = r->qhead;
-        rt_queue_remove(r, q);
-        memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
-        int rc = rt_dispatch(r, q);
-        if (rc == 1) {
-            rt_queue_push(r, q, true);
-            return;
-        }
-        if (rc < 0)
-            rt_req_fail(r, q, rc, false, "%s", r->err.msg);
-    }
-}
-
-bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const char *why)
-{
-    if (count) {
-        if (q->redispatches >= TDM_ROUTER_MAX_REDISPATCH) {
-            rt_req_fail(r, q, status, true, "%s (gave up after %d re-dispatches)", why,
-                        TDM_ROUTER_MAX_REDISPATCH);
-            return true;
-        }
-        q->redispatches++;
-    }
-    r->metrics.redispatches++;
-    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "re-dispatching: %s", why);
-    rt_req_release_nodes(r, q, TDM_ECANCELLED);
-    q->n_buf = 0;
-    q->finished = false;
-    q->decode_started = false;
-    q->prefilled = false;
-    q->state = RT_QUEUED;
-    memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
-    int rc = rt_dispatch(r, q);
-    if (rc == 1) {
-        rt_queue_push(r, q, true); /* it was admitted before: no queue limit */
-        return false;
-    }
-    if (rc < 0) {
-        rt_req_fail(r, q, rc, false, "%s", r->err.msg);
-        return true;
-    }
-    return false;
-}
-
-/* The reservation was acknowledged: start the prefill (or the decode node does it). */
-static void reserve_acked(tdm_router_t *r, rt_req_t *q)
-{
-    double now = tdm_time_now();
-    q->state = RT_RUNNING;
-    if (!q->local_prefill) {
-        rt_node_t *p = pick_prefill(r, q);
-        if (!p) {
-            rt_redispatch(r, q, false, TDM_EUNAVAILABLE,
-                          "no prefill node up any more; the decode node prefills locally");
-            return;
-        }
-        Tandem__V1__SamplingParams sp;
-        tdm_proto_sampling_to(&q->sp, &sp);
-        Tandem__V1__PrefillTask t = TANDEM__V1__PREFILL_TASK__INIT;
-        t.request_id = q->id;
-        t.attempt_id = q->attempt_id;
-        t.n_prompt_tokens = q->n_prompt;
-        t.prompt_tokens = q->prompt;
-        t.sampling = &sp;
-        t.max_tokens = q->sp.max_tokens;
-        t.decode_node_id = (char *)q->decode->cfg->id;
-        t.decode_kv_endpoint = q->decode->kv_endpoint ? q->decode->kv_endpoint : (char *)"";
-        t.deadline_unix_ms = q->deadline_ms;
-        rt_node_notify(r, p, TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base);
-        q->prefill = p;
-        p->tokens_since_hb += q->n_prompt;
-    }
-    if (q->t_dispatch == 0)
-        rt_hist_observe(&r->metrics.queue, now - q->t_arrival);
-    q->t_dispatch = now;
-    char kv[200];
-    snprintf(kv, sizeof kv, "decode=%s prefill=%s", q->decode->cfg->id,
-             q->prefill ? q->prefill->cfg->id : "local");
-    tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "dispatched");
-}
-
-/* END for a DecodeReserve. */
-static void reserve_reply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
-{
-    size_t i = 0;
-    while (i < n->n_pending && n->pending[i].call_id != f->call_id)
-        i++;
-    if (i == n->n_pending) {
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
-                      "reserve reply for unknown call %" PRIu64 " from %s", f->call_id, n->cfg->id);
-        return;
-    }
-    rt_pending_t p = n->pending[i];
-    n->pending[i] = n->pending[--n->n_pending];
-    n->reserved_pending -= p.n_blocks < n->reserved_pending ? p.n_blocks : n->reserved_pending;
-    rt_req_t *q = p.req;
-    if (f->status == TDM_OK) {
-        uint32_t blocks = p.n_blocks;
-        Tandem__V1__ReserveAck *ack =
-            (Tandem__V1__ReserveAck *)tdm_frame_unpack(f, &tandem__v1__reserve_ack__descriptor);
-        bool stale = false;
-        if (ack) {
-            if (ack->n_blocks)
-                blocks = ack->n_blocks;
-            stale = q && ack->attempt_id != q->attempt_id;
-            protobuf_c_message_free_unpacked(&ack->base, NULL);
-        }
-        n->reserved_acked += blocks;
-        if (stale) {
-            /* cannot happen with call ids unique per router; counted, never applied */
-            r->metrics.stale_attempt_messages++;
-            rt_redispatch(r, q, false, TDM_EUNAVAILABLE,
-                          "the reservation answer names another attempt");
-            return;
-        }
-        if (q)
-            reserve_acked(r, q);
-        return;
-    }
-    if (!q)
-        return;
-    q->decode = NULL;
-    q->state = RT_QUEUED;
-    if (f->status == TDM_ERESOURCE || f->status == TDM_EUNAVAILABLE) {
-        if (f->status == TDM_ERESOURCE) {
-            r->metrics.reserve_rejects++;
-            n->kv_free = n->kv_cached = 0; /* until its next heartbeat says otherwise */
-        }
-        tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
-                      "decode node %s refused the reservation (%s: %s); trying another", n->cfg->id,
-                      tdm_status_name(f->status), f->message);
-        q->tried[n->index] = true;
-        int rc = rt_dispatch(r, q);
-        if (rc == 1) {
-            memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
-            rt_queue_push(r, q, true);
-            tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
-                          "queued: no decode node has room (%zu waiting)", r->n_queued);
-        } else if (rc < 0) {
-            rt_req_fail(r, q, rc, false, "%s", r->err.msg);
-        }
-        return;
-    }
-    rt_req_fail(r, q, f->status ? f->status : TDM_EINTERNAL, true,
-                "decode node '%s' refused the request: %s", n->cfg->id, f->message);
-}
-
-/* ---- registration, heartbeats, failures ---- */
+/* ---- failures ---- */
 
 static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
 {
@@ -472,37 +102,14 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
     n->failures++;
     char kv[256] = "";
     tdm_log_kv_append(kv, sizeof kv, "node_id", n->cfg->id);
-    tdm_log_kv_append(kv, sizeof kv, "role", role_name(n));
+    tdm_log_kv_append(kv, sizeof kv, "role", tdm_node_role_name(n->cfg->role));
     tdm_log_kv_append(kv, sizeof kv, "reason", reason);
     tdm_log_write(&r->log, TDM_LOG_WARN, NULL, kv, "node down");
-    n->n_pending = 0;
-    n->reserved_pending = n->reserved_acked = 0;
-    n->tokens_since_hb = 0;
     /* A down node holds nothing: its last heartbeat's load figures no longer mean anything
      * (its process is gone or stopping), so Status and /metrics must not show them. */
     n->kv_free = n->kv_used = n->kv_cached = n->running = n->waiting = n->batch_size = 0;
     n->queued_prefill_tokens = 0;
-    for (rt_req_t *q = r->head, *nx; q; q = nx) {
-        nx = q->next;
-        if (q->decode == n) {
-            if (q->state == RT_RESERVING) {
-                char why[256];
-                snprintf(why, sizeof why, "decode node '%s' is down (%s) while reserving",
-                         n->cfg->id, reason);
-                rt_redispatch(r, q, false, TDM_EUNAVAILABLE, why);
-            } else {
-                rt_req_fail(r, q, TDM_EUNAVAILABLE, true, "decode node '%s' is down (%s)",
-                            n->cfg->id, reason);
-            }
-        } else if (q->prefill == n && !q->decode_started) {
-            /* its decode node never got the KV (no token from it yet): start over */
-            char why[256];
-            snprintf(why, sizeof why, "prefill node '%s' is down (%s)", n->cfg->id, reason);
-            rt_redispatch(r, q, true, TDM_EUNAVAILABLE, why);
-        } else if (q->prefill == n) {
-            q->prefill = NULL; /* the KV already reached the decode node */
-        }
-    }
+    rt_sched_node_down(r, n, reason);
 }
 
 void rt_check_heartbeats(tdm_router_t *r, double now)
@@ -517,6 +124,8 @@ void rt_check_heartbeats(tdm_router_t *r, double now)
         }
     }
 }
+
+/* ---- registration ---- */
 
 /* Keeps a refusal for Status and /ready: on the node when the id is configured (printable
  * ids only), else in the router's short list of unknown ids. Returns true when it repeats the
@@ -607,38 +216,32 @@ static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
     return TDM_OK;
 }
 
-static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
+/* Who may register as n: a non-empty id of the config with its own key (CURVE), the role
+ * the config gives it, a protocol with instance ids, and no other live instance of the id.
+ * Returns false after refusing the registration. */
+static bool register_identity_ok(tdm_router_t *r, const tdm_frame_t *f,
+                                 const Tandem__V1__RegisterRequest *m, const rt_node_t *n,
+                                 tdm_node_role_t role)
 {
-    Tandem__V1__RegisterRequest *m = (Tandem__V1__RegisterRequest *)tdm_frame_unpack(
-        f, &tandem__v1__register_request__descriptor);
-    if (!m) {
-        tdm_sock_reply_error(r->nodesock, f, TDM_EINVALID,
-                             "the body does not decode as a RegisterRequest");
-        return;
-    }
     const char *id = m->node_id;
-    rt_node_t *n = rt_node_find(r, id, strlen(id));
-    tdm_node_role_t role = m->role == TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE
-                               ? TDM_NODE_ROLE_DECODE
-                               : TDM_NODE_ROLE_PREFILL;
     if (!id[0]) {
         refuse(r, f, id, "node_id is empty");
-        goto out;
+        return false;
     }
     /* CURVE: the ZAP handler named the connection after the node whose key it holds */
     if (tdm_config_curve_on(r->cfg) && strcmp(f->user_id, id) != 0) {
         refuse_status(r, f, id, TDM_EUNAUTHENTICATED, "node key of '%s' cannot register as '%s'",
                       f->user_id, id);
-        goto out;
+        return false;
     }
     if (!n) {
         refuse(r, f, id, "node '%s' is not in the cluster config", id);
-        goto out;
+        return false;
     }
     if (n->cfg->role != role) {
         refuse(r, f, id, "node '%s' is a %s node in the cluster config, not a %s node", id,
                tdm_node_role_name(n->cfg->role), tdm_node_role_name(role));
-        goto out;
+        return false;
     }
     if (m->instance_id == 0 || f->instance_id != m->instance_id) {
         refuse(r, f, id,
@@ -646,7 +249,7 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
                "newer (a random instance id in the registration and every frame header)",
                m->instance_id == 0 ? "0" : "not the frame header's", f->version_major,
                f->version_minor);
-        goto out;
+        return false;
     }
     if (n->up && n->instance_id != m->instance_id) {
         /* A live node's id is never taken over: a restarted node waits until the router has
@@ -656,40 +259,55 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
                       "); another instance is refused until that one is down (no heartbeat "
                       "for %" PRIu32 " ms)",
                       id, n->instance_id, r->hb_timeout_ms);
-        goto out;
+        return false;
     }
+    return true;
+}
+
+/* Whether the node serves what the router does: the same model, KV layout, a context at
+ * least the router's, and (decode) KV blocks and an endpoint for them. *kv_ep: that endpoint
+ * (the registration's or the config's; NULL for a prefill node without one). Returns false
+ * after refusing the registration. */
+static bool register_fit_ok(tdm_router_t *r, const tdm_frame_t *f,
+                            const Tandem__V1__RegisterRequest *m, const rt_node_t *n,
+                            tdm_node_role_t role, const char **kv_ep)
+{
+    const char *id = m->node_id;
     if (m->model_fingerprint != r->fingerprint) {
         refuse(r, f, id,
                "model fingerprint 0x%016" PRIx64 " differs from the router's 0x%016" PRIx64
                " (model path %s)",
                m->model_fingerprint, r->fingerprint, r->cfg->model.path);
-        goto out;
+        return false;
     }
     if (check_layout(r, f, id, m->kv_layout) != TDM_OK)
-        goto out;
+        return false;
     if (m->n_ctx < r->n_ctx) {
         refuse(r, f, id,
                "n_ctx %" PRIu32 " is smaller than the router's context of %" PRIu32
                " tokens; run the node with n_ctx >= %" PRIu32,
                m->n_ctx, r->n_ctx, r->n_ctx);
-        goto out;
+        return false;
     }
     if (role == TDM_NODE_ROLE_DECODE && m->kv_blocks_total == 0) {
         refuse(r, f, id, "kv_blocks_total is 0: a decode node needs KV blocks");
-        goto out;
+        return false;
     }
-    const char *kv_ep = m->kv_endpoint[0] ? m->kv_endpoint : tdm_config_kv_advertise(n->cfg);
-    if (role == TDM_NODE_ROLE_DECODE && !kv_ep) {
+    *kv_ep = m->kv_endpoint[0] ? m->kv_endpoint : tdm_config_kv_advertise(n->cfg);
+    if (role == TDM_NODE_ROLE_DECODE && !*kv_ep) {
         refuse(r, f, id, "kv_endpoint is empty and the config names none for '%s'", id);
-        goto out;
+        return false;
     }
-    char *ep = kv_ep ? tdm_strdup(kv_ep) : NULL;
-    if (kv_ep && !ep) {
-        tdm_sock_reply_error(r->nodesock, f, TDM_ERESOURCE, "router out of memory");
-        goto out;
-    }
-    bool again = n->up; /* the same instance again (it missed our ack, or the router said
-                           NOT_FOUND): keep its load figures and reservations */
+    return true;
+}
+
+/* Makes n the registered instance m describes on f's connection (ep: its KV endpoint, taken
+ * over). The same instance again (it missed our ack, or the router said NOT_FOUND) keeps its
+ * load figures and reservations. Returns whether it was up already. */
+static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
+                           const Tandem__V1__RegisterRequest *m, char *ep)
+{
+    bool again = n->up;
     memcpy(n->peer, f->peer, f->peer_len);
     n->peer_len = f->peer_len;
     n->refused_reason[0] = '\0';
@@ -713,6 +331,14 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
         n->reserved_pending = n->reserved_acked = 0;
         n->n_pending = 0;
     }
+    return again;
+}
+
+/* Sends RegisterAck and logs the node. */
+static void register_ack(tdm_router_t *r, const tdm_frame_t *f,
+                         const Tandem__V1__RegisterRequest *m, tdm_node_role_t role, const char *ep,
+                         bool again)
+{
     Tandem__V1__RegisterAck ack = TANDEM__V1__REGISTER_ACK__INIT;
     ack.heartbeat_interval_ms = r->hb_interval_ms;
     ack.heartbeat_timeout_ms = r->hb_timeout_ms;
@@ -720,7 +346,7 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
     tdm_sock_reply(r->nodesock, f, &ack.base);
     char kv[512] = "";
     char num[32];
-    tdm_log_kv_append(kv, sizeof kv, "node_id", id);
+    tdm_log_kv_append(kv, sizeof kv, "node_id", m->node_id);
     tdm_log_kv_append(kv, sizeof kv, "role", tdm_node_role_name(role));
     tdm_log_kv_append(kv, sizeof kv, "device", m->device);
     snprintf(num, sizeof num, "%" PRIu32, m->kv_blocks_total);
@@ -728,12 +354,43 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
     if (ep)
         tdm_log_kv_append(kv, sizeof kv, "kv_endpoint", ep);
     tdm_log_write(&r->log, TDM_LOG_INFO, NULL, kv, again ? "node registered again" : "node up");
-    protobuf_c_message_free_unpacked(&m->base, NULL);
+}
+
+/* A registration m on f's connection: refused, or the node is up and the queue drains. */
+static void register_node(tdm_router_t *r, const tdm_frame_t *f,
+                          const Tandem__V1__RegisterRequest *m)
+{
+    rt_node_t *n = rt_node_find(r, m->node_id, strlen(m->node_id));
+    tdm_node_role_t role = m->role == TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE
+                               ? TDM_NODE_ROLE_DECODE
+                               : TDM_NODE_ROLE_PREFILL;
+    const char *kv_ep = NULL;
+    if (!register_identity_ok(r, f, m, n, role) || !register_fit_ok(r, f, m, n, role, &kv_ep))
+        return;
+    char *ep = kv_ep ? tdm_strdup(kv_ep) : NULL;
+    if (kv_ep && !ep) {
+        tdm_sock_reply_error(r->nodesock, f, TDM_ERESOURCE, "router out of memory");
+        return;
+    }
+    bool again = register_apply(r, n, f, m, ep);
+    register_ack(r, f, m, role, ep, again);
     rt_drain_queue(r);
-    return;
-out:
+}
+
+static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
+{
+    Tandem__V1__RegisterRequest *m = (Tandem__V1__RegisterRequest *)tdm_frame_unpack(
+        f, &tandem__v1__register_request__descriptor);
+    if (!m) {
+        tdm_sock_reply_error(r->nodesock, f, TDM_EINVALID,
+                             "the body does not decode as a RegisterRequest");
+        return;
+    }
+    register_node(r, f, m);
     protobuf_c_message_free_unpacked(&m->base, NULL);
 }
+
+/* ---- heartbeats ---- */
 
 static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 {
@@ -782,93 +439,27 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
     rt_drain_queue(r);
 }
 
-/* ---- events for requests ---- */
+/* ---- routing ---- */
 
-/* The request a node message names by (request id, attempt) when that attempt is current and
- * n is its prefill node (from_prefill) or decode node (from_decode) that may send it; else
- * NULL after a debug line, and a message of an attempt that is not current counted as stale. */
-static rt_req_t *event_request(tdm_router_t *r, const rt_node_t *n, const char *id,
-                               uint64_t attempt, bool from_prefill, bool from_decode,
-                               const char *what)
+/* Handles a frame from n, the registered and current instance of a node. */
+static void node_frame(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 {
-    bool known;
-    rt_req_t *q = rt_req_find_attempt(r, id, attempt, &known);
-    if (!q && known) {
-        r->metrics.stale_attempt_messages++;
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL,
-                      "ignoring %s of attempt %016" PRIx64 " from %s (not a current attempt)", what,
-                      attempt, n->cfg->id);
-        return NULL;
-    }
-    if (!q || !((from_prefill && n == q->prefill) || (from_decode && n == q->decode))) {
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL,
-                      "ignoring %s from %s (request not running there)", what, n->cfg->id);
-        return NULL;
-    }
-    return q;
-}
-
-static void handle_token_event(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
-{
-    Tandem__V1__TokenEvent *ev =
-        (Tandem__V1__TokenEvent *)tdm_frame_unpack(f, &tandem__v1__token_event__descriptor);
-    if (!ev)
+    n->last_seen = tdm_time_now();
+    if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
+        if (f->method == TANDEM__V1__METHOD__METHOD_DECODE_RESERVE)
+            rt_sched_reserve_end(r, n, f);
         return;
-    rt_req_t *q = event_request(r, n, ev->request_id, ev->attempt_id, true, true, "token");
-    if (q && q->state != RT_RUNNING) {
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, ev->request_id, NULL,
-                      "ignoring token %" PRIu32 " from %s (request not running yet)", ev->index,
-                      n->cfg->id);
-    } else if (q) {
-        if (n == q->decode && ev->index >= 1)
-            q->decode_started = true;
-        if (n == q->prefill && ev->index == 0)
-            q->prefilled = true;
-        rt_req_token_event(r, q, ev);
     }
-    protobuf_c_message_free_unpacked(&ev->base, NULL);
-}
-
-static void handle_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
-{
-    Tandem__V1__Finished *fin =
-        (Tandem__V1__Finished *)tdm_frame_unpack(f, &tandem__v1__finished__descriptor);
-    if (!fin)
-        return;
-    rt_req_t *q = event_request(r, n, fin->request_id, fin->attempt_id, false, true, "Finished");
-    if (q && q->state != RT_RUNNING)
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL,
-                      "ignoring Finished from %s (request not running yet)", n->cfg->id);
-    else if (q)
-        rt_req_finished(r, q, fin);
-    protobuf_c_message_free_unpacked(&fin->base, NULL);
-}
-
-static void handle_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
-{
-    Tandem__V1__TaskFailed *tf =
-        (Tandem__V1__TaskFailed *)tdm_frame_unpack(f, &tandem__v1__task_failed__descriptor);
-    if (!tf)
-        return;
-    rt_req_t *q = event_request(r, n, tf->request_id, tf->attempt_id, true, true, "TaskFailed");
-    if (q) {
-        int status = tdm_proto_status_from_wire(tf->status);
-        if (status == TDM_OK)
-            status = TDM_EINTERNAL;
-        char why[TDM_ERRMSG_MAX];
-        snprintf(why, sizeof why, "%s node '%s' failed: %s", role_name(n), n->cfg->id, tf->message);
-        /* A prefill node ships the KV after its first token; a decode node fails a request
-         * retryably before the KV is in its batch only when the transfer was rejected or
-         * never came. */
-        if (tf->retryable && !q->local_prefill && !q->decode_started &&
-            ((n == q->prefill && q->prefilled) || (n == q->decode && q->state == RT_RUNNING)))
-            r->metrics.kv_transfer_failures++;
-        if (tf->retryable)
-            rt_redispatch(r, q, true, status, why);
-        else
-            rt_req_fail(r, q, status, true, "%s", why);
+    switch (f->method) {
+    case TANDEM__V1__METHOD__METHOD_TOKEN_EVENT: rt_stream_on_token(r, n, f); break;
+    case TANDEM__V1__METHOD__METHOD_FINISHED: rt_stream_on_finished(r, n, f); break;
+    case TANDEM__V1__METHOD__METHOD_TASK_FAILED: rt_sched_task_failed(r, n, f); break;
+    default:
+        if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
+            tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
+                                 "method %s is not served on the node endpoint",
+                                 tdm_net_method_name(f->method));
     }
-    protobuf_c_message_free_unpacked(&tf->base, NULL);
 }
 
 void rt_node_message(tdm_router_t *r, const tdm_frame_t *f)
@@ -902,20 +493,5 @@ void rt_node_message(tdm_router_t *r, const tdm_frame_t *f)
                           tdm_net_kind_name(f->kind), tdm_net_method_name(f->method));
         return;
     }
-    n->last_seen = tdm_time_now();
-    if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
-        if (f->method == TANDEM__V1__METHOD__METHOD_DECODE_RESERVE)
-            reserve_reply(r, n, f);
-        return;
-    }
-    switch (f->method) {
-    case TANDEM__V1__METHOD__METHOD_TOKEN_EVENT: handle_token_event(r, n, f); break;
-    case TANDEM__V1__METHOD__METHOD_FINISHED: handle_finished(r, n, f); break;
-    case TANDEM__V1__METHOD__METHOD_TASK_FAILED: handle_task_failed(r, n, f); break;
-    default:
-        if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
-            tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                                 "method %s is not served on the node endpoint",
-                                 tdm_net_method_name(f->method));
-    }
+    node_frame(r, n, f);
 }

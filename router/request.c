@@ -1,14 +1,12 @@
 /* request.c - GENERATE requests in the router: validation and tokenization, the request
- * table and queue, the ordered token output (reorder buffer, incremental detokenization,
- * stop strings, GenerateChunk streaming) and how a request ends (completed, failed,
- * cancelled, client gone, deadline, shutdown).
+ * table (every request, by id, by client call, by deadline) and how a request ends other
+ * than completing (failed, dropped, cancelled, client gone, deadline, shutdown). The output
+ * (reorder buffer, detokenization, stop strings, chunks, completion) is stream.c's; where a
+ * request runs is scheduler.c's.
  *
  * Tokenization is tdm_prompt_encode (tandem/prompt.h) with the template tdm_chat_template_pick
  * chose at start-up: the one implementation `tandem generate -m` and `tandem tokenize --chat`
  * call too, so they make the same ids of the same input; token-id input is taken as it is.
- * Stop strings: the text that could be the beginning of a stop string is held back until it
- * is known not to be one; on a match the text is cut before it (or after it with
- * include_stop_str) and the decode node is cancelled.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -17,35 +15,67 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "router_internal.h"
+#include "nodes.h"
+#include "request.h"
+#include "scheduler.h"
+#include "stats.h"
+#include "stream.h"
+#include "tandem/prompt.h"
 
-/* ---- request table and queue ---- */
+/* ---- the request table ---- */
 
-static size_t id_hash(const char *id)
+int rt_req_table_init(tdm_router_t *r)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
-        h = (h ^ *p) * 1099511628211ull;
-    return (size_t)(h ^ (h >> 32));
+    tdm_list_init(&r->requests);
+    rt_heap_init(&r->deadlines);
+    r->n_reqs = 0;
+    if (rt_index_init(&r->by_id, 256) != TDM_OK || rt_index_init(&r->by_call, 256) != TDM_OK)
+        return TDM_ERESOURCE;
+    return TDM_OK;
+}
+
+void rt_req_table_fini(tdm_router_t *r)
+{
+    rt_index_fini(&r->by_id);
+    rt_index_fini(&r->by_call);
+    rt_heap_fini(&r->deadlines);
+}
+
+static uint64_t id_key(const char *id)
+{
+    return rt_index_hash(id, strlen(id), 0);
+}
+
+/* The key of a client call: its connection's routing id and its call id. */
+static uint64_t call_key(const uint8_t *peer, size_t peer_len, uint64_t call_id)
+{
+    return rt_index_hash(peer, peer_len, call_id);
+}
+
+static rt_req_t *by_id_entry(const rt_index_entry_t *e)
+{
+    return TDM_CONTAINER_OF(e, rt_req_t, by_id);
 }
 
 rt_req_t *rt_req_find(tdm_router_t *r, const char *id)
 {
-    for (rt_req_t *q = r->hash[id_hash(id) & (r->hash_cap - 1)]; q; q = q->hnext)
-        if (strcmp(q->id, id) == 0)
-            return q;
+    for (rt_index_entry_t *e = rt_index_first(&r->by_id, id_key(id)); e; e = rt_index_next(e))
+        if (strcmp(by_id_entry(e)->id, id) == 0)
+            return by_id_entry(e);
     return NULL;
 }
 
 rt_req_t *rt_req_find_attempt(tdm_router_t *r, const char *id, uint64_t attempt, bool *id_known)
 {
     *id_known = false;
-    for (rt_req_t *q = r->hash[id_hash(id) & (r->hash_cap - 1)]; q; q = q->hnext)
+    for (rt_index_entry_t *e = rt_index_first(&r->by_id, id_key(id)); e; e = rt_index_next(e)) {
+        rt_req_t *q = by_id_entry(e);
         if (strcmp(q->id, id) == 0) {
             *id_known = true;
             if (q->attempt_id == attempt && attempt != 0)
                 return q;
         }
+    }
     return NULL;
 }
 
@@ -55,303 +85,87 @@ rt_req_t *rt_req_find_attempt(tdm_router_t *r, const char *id, uint64_t attempt,
 static rt_req_t *find_for_peer(tdm_router_t *r, const char *id, const uint8_t *peer,
                                size_t peer_len)
 {
-    for (rt_req_t *q = r->hash[id_hash(id) & (r->hash_cap - 1)]; q; q = q->hnext)
+    for (rt_index_entry_t *e = rt_index_first(&r->by_id, id_key(id)); e; e = rt_index_next(e)) {
+        rt_req_t *q = by_id_entry(e);
         if (strcmp(q->id, id) == 0 && q->peer_len == peer_len &&
             memcmp(q->peer, peer, peer_len) == 0)
             return q;
+    }
     return NULL;
 }
 
-/* Inserts q into the id table (growing it); returns false on out of memory. */
+/* The request of this client call, or NULL. */
+static rt_req_t *find_call(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id)
+{
+    rt_index_entry_t *e = rt_index_first(&r->by_call, call_key(peer, peer_len, call_id));
+    for (; e; e = rt_index_next(e)) {
+        rt_req_t *q = TDM_CONTAINER_OF(e, rt_req_t, by_call);
+        if (q->call_id == call_id && q->peer_len == peer_len &&
+            memcmp(q->peer, peer, peer_len) == 0)
+            return q;
+    }
+    return NULL;
+}
+
+/* Enters q (validated, its id, peer, call and deadline set) into the table: every link of q
+ * starts here. Returns false on out of memory (q is then in nothing). */
 static bool hash_insert(tdm_router_t *r, rt_req_t *q)
 {
-    if (r->n_reqs + 1 > r->hash_cap) {
-        size_t cap = r->hash_cap * 2;
-        rt_req_t **h = calloc(cap, sizeof *h);
-        if (!h)
-            return false;
-        for (size_t i = 0; i < r->hash_cap; i++)
-            for (rt_req_t *p = r->hash[i], *nx; p; p = nx) {
-                nx = p->hnext;
-                size_t s = id_hash(p->id) & (cap - 1);
-                p->hnext = h[s];
-                h[s] = p;
-            }
-        free(r->hash);
-        r->hash = h;
-        r->hash_cap = cap;
-    }
-    size_t s = id_hash(q->id) & (r->hash_cap - 1);
-    q->hnext = r->hash[s];
-    r->hash[s] = q;
-    q->next = r->head;
-    if (r->head)
-        r->head->prev = q;
-    r->head = q;
+    tdm_list_init(&q->queue_link);
+    rt_heap_entry_init(&q->by_deadline);
+    if (q->deadline_ms && rt_heap_push(&r->deadlines, &q->by_deadline, q->deadline_ms) != TDM_OK)
+        return false;
+    tdm_list_push_front(&r->requests, &q->all_link);
+    rt_index_insert(&r->by_id, &q->by_id, id_key(q->id));
+    rt_index_insert(&r->by_call, &q->by_call, call_key(q->peer, q->peer_len, q->call_id));
     r->n_reqs++;
     return true;
 }
 
 static void hash_remove(tdm_router_t *r, rt_req_t *q)
 {
-    for (rt_req_t **pp = &r->hash[id_hash(q->id) & (r->hash_cap - 1)]; *pp; pp = &(*pp)->hnext)
-        if (*pp == q) {
-            *pp = q->hnext;
-            break;
-        }
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        r->head = q->next;
-    if (q->next)
-        q->next->prev = q->prev;
+    rt_heap_remove(&r->deadlines, &q->by_deadline);
+    tdm_list_remove(&q->all_link);
+    rt_index_remove(&r->by_id, &q->by_id);
+    rt_index_remove(&r->by_call, &q->by_call);
     r->n_reqs--;
 }
 
-void rt_queue_push(tdm_router_t *r, rt_req_t *q, bool front)
+rt_req_t *rt_req_for_event(tdm_router_t *r, const rt_node_t *n, const char *id, uint64_t attempt,
+                           bool from_prefill, bool from_decode, const char *what)
 {
-    q->state = RT_QUEUED;
-    q->queued = true;
-    if (front) {
-        q->qprev = NULL;
-        q->qnext = r->qhead;
-        if (r->qhead)
-            r->qhead->qprev = q;
-        else
-            r->qtail = q;
-        r->qhead = q;
-    } else {
-        q->qnext = NULL;
-        q->qprev = r->qtail;
-        if (r->qtail)
-            r->qtail->qnext = q;
-        else
-            r->qhead = q;
-        r->qtail = q;
-    }
-    r->n_queued++;
-}
-
-void rt_queue_remove(tdm_router_t *r, rt_req_t *q)
-{
-    if (!q->queued)
-        return;
-    if (q->qprev)
-        q->qprev->qnext = q->qnext;
-    else
-        r->qhead = q->qnext;
-    if (q->qnext)
-        q->qnext->qprev = q->qprev;
-    else
-        r->qtail = q->qprev;
-    q->qprev = q->qnext = NULL;
-    q->queued = false;
-    r->n_queued--;
-}
-
-/* ---- chunks ---- */
-
-static void top_free(Tandem__V1__TopLogprobs *t)
-{
-    if (!t)
-        return;
-    for (size_t i = 0; i < t->n_entries; i++)
-        free(t->entries[i]->text);
-    free(t);
-}
-
-static void chunk_reset(rt_chunk_t *c, uint32_t index)
-{
-    for (size_t i = 0; i < c->n; i++) {
-        if (c->tops)
-            top_free(c->tops[i]);
-        if (c->texts)
-            free(c->texts[i]);
-    }
-    c->n = 0;
-    c->text_len = 0;
-    if (c->text)
-        c->text[0] = '\0';
-    c->index = index;
-}
-
-static void chunk_free(rt_chunk_t *c)
-{
-    chunk_reset(c, 0);
-    free(c->ids);
-    free(c->logprobs);
-    free(c->tops);
-    free(c->texts);
-    free(c->text);
-    memset(c, 0, sizeof *c);
-}
-
-/* Room for one more token (and its optional per-token fields). */
-static bool chunk_grow(rt_chunk_t *c, bool logprobs, bool texts)
-{
-    if (c->n < c->cap)
-        return true;
-    size_t cap = c->cap ? c->cap * 2 : 16;
-    int32_t *ids = realloc(c->ids, cap * sizeof *ids);
-    if (!ids)
-        return false;
-    c->ids = ids;
-    if (logprobs) {
-        float *lp = realloc(c->logprobs, cap * sizeof *lp);
-        if (!lp)
-            return false;
-        c->logprobs = lp;
-        Tandem__V1__TopLogprobs **t = realloc(c->tops, cap * sizeof *t);
-        if (!t)
-            return false;
-        c->tops = t;
-    }
-    if (texts) {
-        char **tx = realloc(c->texts, cap * sizeof *tx);
-        if (!tx)
-            return false;
-        c->texts = tx;
-    }
-    c->cap = cap;
-    return true;
-}
-
-/* Appends n bytes to a growable NUL-terminated string (*buf, *len bytes, *cap allocated),
- * doubling from 64 bytes. Returns false on out of memory (the string is unchanged). */
-static bool str_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 64;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *t = realloc(*buf, c);
-        if (!t)
-            return false;
-        *buf = t;
-        *cap = c;
-    }
-    if (n)
-        memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = '\0';
-    return true;
-}
-
-static bool chunk_text(rt_chunk_t *c, const char *s, size_t n)
-{
-    return str_append(&c->text, &c->text_len, &c->text_cap, s, n);
-}
-
-/* Copies n bytes as valid UTF-8 (each invalid subpart becomes U+FFFD) into a heap string. */
-static char *utf8_sanitize(const char *s, size_t n)
-{
-    char *out = malloc(n * 3 + 1);
-    if (!out)
+    bool known;
+    rt_req_t *q = rt_req_find_attempt(r, id, attempt, &known);
+    if (!q && known) {
+        r->metrics.stale_attempt_messages++;
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL,
+                      "ignoring %s of attempt %016" PRIx64 " from %s (not a current attempt)", what,
+                      attempt, n->cfg->id);
         return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t len = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
-        if (len) {
-            memcpy(out + o, s + i, len);
-            o += len;
-            i += len;
-        } else {
-            memcpy(out + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
-        }
     }
-    out[o] = '\0';
-    return out;
-}
-
-/* The text of one token (special tokens spelled out) as valid UTF-8; heap, NULL on OOM. */
-static char *token_text(const tdm_router_t *r, int32_t id)
-{
-    char small[128];
-    int len = tdm_tokenizer_token_bytes(r->tok, id, true, small, sizeof small);
-    if (len < 0)
-        return tdm_strdup("");
-    if ((size_t)len <= sizeof small)
-        return utf8_sanitize(small, (size_t)len);
-    char *big = malloc((size_t)len);
-    if (!big)
+    if (!q || !((from_prefill && n == q->prefill) || (from_decode && n == q->decode))) {
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL,
+                      "ignoring %s from %s (request not running there)", what, n->cfg->id);
         return NULL;
-    tdm_tokenizer_token_bytes(r->tok, id, true, big, (size_t)len);
-    char *out = utf8_sanitize(big, (size_t)len);
-    free(big);
-    return out;
-}
-
-static Tandem__V1__TopLogprobs *top_make(const tdm_router_t *r, const rt_event_t *ev)
-{
-    typedef struct holder {
-        Tandem__V1__TopLogprobs m; /* first: the holder is freed through &m */
-        Tandem__V1__TopLogprob *ptrs[TDM_SAMPLING_MAX_LOGPROBS];
-        Tandem__V1__TopLogprob e[TDM_SAMPLING_MAX_LOGPROBS];
-    } holder_t;
-    holder_t *h = calloc(1, sizeof *h);
-    if (!h)
-        return NULL;
-    tandem__v1__top_logprobs__init(&h->m);
-    h->m.entries = h->ptrs;
-    for (uint32_t i = 0; i < ev->n_top; i++) {
-        tandem__v1__top_logprob__init(&h->e[i]);
-        h->e[i].token_id = ev->top[i].token;
-        h->e[i].logprob = ev->top[i].logprob;
-        h->e[i].text = token_text(r, ev->top[i].token);
-        h->ptrs[i] = &h->e[i];
-        h->m.n_entries = i + 1;
-        if (!h->e[i].text) {
-            top_free(&h->m);
-            return NULL;
-        }
     }
-    return &h->m;
-}
-
-/* Fills m from q's chunk (pointers into it). */
-static void chunk_to_msg(const rt_req_t *q, Tandem__V1__GenerateChunk *m)
-{
-    const rt_chunk_t *c = &q->chunk;
-    tandem__v1__generate_chunk__init(m);
-    m->request_id = (char *)q->id;
-    m->index = c->index;
-    m->n_token_ids = c->n;
-    m->token_ids = c->ids;
-    m->text = c->text ? c->text : (char *)"";
-    if (q->sp.n_logprobs > 0) {
-        m->n_logprobs = c->n;
-        m->logprobs = c->logprobs;
-        m->n_top_logprobs = c->n;
-        m->top_logprobs = c->tops;
-    }
-    if (q->echo) {
-        m->n_token_texts = c->n;
-        m->token_texts = c->texts;
-    }
+    return q;
 }
 
 /* ---- ending requests ---- */
 
-void rt_count_end(tdm_router_t *r, int status, int finish)
+int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
+                const char *message, const ProtobufCMessage *body)
 {
-    int code = -status;
-    bool known = finish >= 0 && finish < 5;
-    if (code >= 0 && code < 17) {
-        r->metrics.requests_by_status[code]++;
-        r->metrics.requests_by_status_finish[code][known ? finish : 0]++;
-    }
-    if (known)
-        r->metrics.requests_by_finish[finish]++;
-}
-
-void rt_node_detach(rt_node_t *n, rt_req_t *q)
-{
-    for (size_t i = 0; i < n->n_pending; i++)
-        if (n->pending[i].req == q)
-            n->pending[i].req = NULL;
+    tdm_send_t m = {0};
+    m.peer = peer;
+    m.peer_len = peer_len;
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
+    m.method = TANDEM__V1__METHOD__METHOD_GENERATE;
+    m.call_id = call_id;
+    m.status = status;
+    m.message = message;
+    m.body = body;
+    return tdm_sock_send(r->client, &m);
 }
 
 void rt_req_free(tdm_router_t *r, rt_req_t *q)
@@ -367,26 +181,8 @@ void rt_req_free(tdm_router_t *r, rt_req_t *q)
         free(q->stop[i]);
     free(q->stop);
     free(q->tried);
-    free(q->buf);
-    free(q->hold);
-    chunk_free(&q->chunk);
+    rt_stream_free(q);
     free(q);
-}
-
-void rt_req_release_nodes(tdm_router_t *r, rt_req_t *q, int status)
-{
-    Tandem__V1__NodeCancel c = TANDEM__V1__NODE_CANCEL__INIT;
-    c.request_id = q->id;
-    c.attempt_id = q->attempt_id;
-    c.status = tdm_proto_status_to_wire(status);
-    if (q->prefill && q->prefill->up)
-        rt_node_notify(r, q->prefill, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
-    if (q->decode) {
-        if (q->decode->up)
-            rt_node_notify(r, q->decode, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
-        rt_node_detach(q->decode, q);
-    }
-    q->prefill = q->decode = NULL;
 }
 
 void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, const char *fmt, ...)
@@ -400,7 +196,7 @@ void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, co
     snprintf(kv, sizeof kv, "status=%s", tdm_status_name(status));
     tdm_log_write(&r->log, TDM_LOG_WARN, q->id, kv, "request failed: %s", msg);
     if (cancel_nodes)
-        rt_req_release_nodes(r, q, status);
+        rt_release_nodes(r, q, status);
     rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, NULL);
     rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
     rt_hist_observe(&r->metrics.e2e, tdm_time_now() - q->t_arrival);
@@ -410,19 +206,18 @@ void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, co
 void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why)
 {
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "request dropped: %s", why);
-    rt_req_release_nodes(r, q, TDM_ECANCELLED);
+    rt_release_nodes(r, q, TDM_ECANCELLED);
     rt_count_end(r, TDM_ECANCELLED, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
     rt_req_free(r, q);
 }
 
 void rt_client_cancel(tdm_router_t *r, const tdm_frame_t *f)
 {
-    for (rt_req_t *q = r->head; q; q = q->next)
-        if (q->call_id == f->call_id && q->peer_len == f->peer_len &&
-            memcmp(q->peer, f->peer, f->peer_len) == 0) {
-            rt_req_drop(r, q, "cancelled by the client");
-            return;
-        }
+    rt_req_t *q = find_call(r, f->peer, f->peer_len, f->call_id);
+    if (q) {
+        rt_req_drop(r, q, "cancelled by the client");
+        return;
+    }
     tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
                   "CANCEL for call %" PRIu64 " that is not in flight", f->call_id);
 }
@@ -439,346 +234,30 @@ static const char *state_name(rt_state_t s)
 
 void rt_req_check_deadlines(tdm_router_t *r, uint64_t now_ms)
 {
-    for (rt_req_t *q = r->head, *nx; q; q = nx) {
-        nx = q->next;
-        if (q->deadline_ms && now_ms >= q->deadline_ms) {
-            char note[TDM_ERRMSG_MAX] = "";
-            if (q->state == RT_QUEUED)
-                rt_refused_decode_note(r, note, sizeof note);
-            rt_req_fail(r, q, TDM_EDEADLINE, true,
-                        "deadline exceeded after %.3f s (%s, %" PRIu32 " tokens out)%s%s",
-                        tdm_time_now() - q->t_arrival, state_name(q->state), q->next_index,
-                        note[0] ? "; " : "", note);
-        }
+    rt_heap_entry_t *e;
+    while ((e = rt_heap_top(&r->deadlines)) && now_ms >= e->key) {
+        rt_req_t *q = TDM_CONTAINER_OF(e, rt_req_t, by_deadline);
+        char note[TDM_ERRMSG_MAX] = "";
+        if (q->state == RT_QUEUED)
+            rt_refused_decode_note(r, note, sizeof note);
+        rt_req_fail(r, q, TDM_EDEADLINE, true,
+                    "deadline exceeded after %.3f s (%s, %" PRIu32 " tokens out)%s%s",
+                    tdm_time_now() - q->t_arrival, state_name(q->state), q->next_index,
+                    note[0] ? "; " : "", note);
     }
 }
 
 void rt_req_shutdown_all(tdm_router_t *r)
 {
-    while (r->head) {
-        rt_req_t *q = r->head;
-        rt_req_release_nodes(r, q, TDM_EUNAVAILABLE);
+    tdm_list_t *l;
+    while ((l = tdm_list_first(&r->requests))) {
+        rt_req_t *q = TDM_LIST_ENTRY(l, rt_req_t, all_link);
+        rt_release_nodes(r, q, TDM_EUNAVAILABLE);
         rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_EUNAVAILABLE, "router shutting down",
                     NULL);
         rt_count_end(r, TDM_EUNAVAILABLE, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
         rt_req_free(r, q);
     }
-}
-
-/* ---- output ---- */
-
-static bool hold_append(rt_req_t *q, const char *s, size_t n)
-{
-    return str_append(&q->hold, &q->hold_len, &q->hold_cap, s, n);
-}
-
-/* Position of needle (m bytes) in hay (n bytes), or -1. */
-static long find_bytes(const char *hay, size_t n, const char *needle, size_t m)
-{
-    if (m == 0 || m > n)
-        return -1;
-    for (size_t i = 0; i + m <= n; i++)
-        if (hay[i] == needle[0] && memcmp(hay + i, needle, m) == 0)
-            return (long)i;
-    return -1;
-}
-
-/* Moves the held text that cannot be (the start of) a stop string to the chunk. Returns 1
- * and sets *which when a stop string matched (text cut there; the rest is dropped), 0
- * otherwise, -1 on out of memory. final: nothing more will come, so nothing is held. */
-static int stop_scan(rt_req_t *q, bool final, size_t *which)
-{
-    long best = -1;
-    size_t best_i = 0;
-    for (size_t i = 0; i < q->n_stop; i++) {
-        long p = find_bytes(q->hold, q->hold_len, q->stop[i], strlen(q->stop[i]));
-        if (p >= 0 && (best < 0 || p < best)) {
-            best = p;
-            best_i = i;
-        }
-    }
-    if (best >= 0) {
-        size_t keep = (size_t)best + (q->include_stop_str ? strlen(q->stop[best_i]) : 0);
-        if (!chunk_text(&q->chunk, q->hold, keep))
-            return -1;
-        q->hold_len = 0;
-        *which = best_i;
-        return 1;
-    }
-    /* longest suffix of hold that is a proper prefix of some stop string */
-    size_t keep = 0;
-    if (!final)
-        for (size_t i = 0; i < q->n_stop; i++) {
-            size_t sl = strlen(q->stop[i]);
-            size_t k = sl - 1 < q->hold_len ? sl - 1 : q->hold_len;
-            for (; k > keep; k--)
-                if (memcmp(q->hold + q->hold_len - k, q->stop[i], k) == 0) {
-                    keep = k;
-                    break;
-                }
-        }
-    size_t emit = q->hold_len - keep;
-    if (!chunk_text(&q->chunk, q->hold, emit))
-        return -1;
-    memmove(q->hold, q->hold + emit, keep);
-    q->hold_len = keep;
-    return 0;
-}
-
-/* Sends the accumulated chunk as one STREAM message and starts the next. Returns 0, or
- * TDM_EUNAVAILABLE when the client is gone. */
-static int send_chunk(tdm_router_t *r, rt_req_t *q)
-{
-    Tandem__V1__GenerateChunk m;
-    chunk_to_msg(q, &m);
-    tdm_send_t s = {0};
-    s.peer = q->peer;
-    s.peer_len = q->peer_len;
-    s.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM;
-    s.method = TANDEM__V1__METHOD__METHOD_GENERATE;
-    s.call_id = q->call_id;
-    s.body = &m.base;
-    int rc = tdm_sock_send(r->client, &s);
-    chunk_reset(&q->chunk, q->next_index);
-    return rc == TDM_EUNAVAILABLE ? rc : TDM_OK;
-}
-
-/* Completes q successfully: the rest of the text, the final fields, END OK; frees q.
- * stop: index of the stop string that matched, or SIZE_MAX. */
-static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
-{
-    if (stop == SIZE_MAX) {
-        char tail[32];
-        size_t tlen = 0;
-        if (tdm_detok_flush(&q->detok, tail, sizeof tail, &tlen) == TDM_OK && tlen)
-            hold_append(q, tail, tlen);
-        if (stop_scan(q, true, &stop) == 1)
-            reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
-        else
-            stop = SIZE_MAX;
-    }
-    double now = tdm_time_now();
-    Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
-    usage.prompt_tokens = q->n_prompt;
-    usage.completion_tokens = q->next_index;
-    usage.cached_prompt_tokens = q->cached_prompt_tokens;
-    Tandem__V1__Timings t = TANDEM__V1__TIMINGS__INIT;
-    t.queue_s = q->t_dispatch > 0 ? q->t_dispatch - q->t_arrival : 0;
-    t.ttft_s = q->t_first > 0 ? q->t_first - q->t_arrival : 0;
-    t.decode_s = q->t_first > 0 ? q->t_last - q->t_first : 0;
-    t.prefill_s = q->prefill_s;
-    t.kv_transfer_s = q->kv_transfer_s;
-    t.e2e_s = now - q->t_arrival;
-    t.tpot_s = q->next_index > 1 ? t.decode_s / (double)(q->next_index - 1) : 0;
-    Tandem__V1__GenerateChunk m;
-    chunk_to_msg(q, &m);
-    m.finish_reason = (Tandem__V1__FinishReason)reason;
-    m.usage = &usage;
-    m.timings = &t;
-    if (stop != SIZE_MAX)
-        m.stop_reason = q->stop[stop];
-    int rc;
-    if (q->stream) {
-        tdm_send_t s = {0};
-        s.peer = q->peer;
-        s.peer_len = q->peer_len;
-        s.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM;
-        s.method = TANDEM__V1__METHOD__METHOD_GENERATE;
-        s.call_id = q->call_id;
-        s.body = &m.base;
-        rc = tdm_sock_send(r->client, &s);
-        if (rc == TDM_OK)
-            rc = rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_OK, NULL, NULL);
-    } else {
-        rc = rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_OK, NULL, &m.base);
-    }
-    const char *why = reason == TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP ? "stop" : "length";
-    char kv[256];
-    snprintf(kv, sizeof kv,
-             "finish=%s prompt_tokens=%" PRIu32 " completion_tokens=%" PRIu32
-             " cached_tokens=%" PRIu32 " ttft_ms=%.1f e2e_ms=%.1f%s",
-             why, q->n_prompt, q->next_index, q->cached_prompt_tokens, t.ttft_s * 1e3,
-             t.e2e_s * 1e3, rc == TDM_OK ? "" : " client=gone");
-    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request finished");
-    rt_count_end(r, TDM_OK, reason);
-    rt_hist_observe(&r->metrics.e2e, t.e2e_s);
-    if (q->next_index > 1)
-        rt_hist_observe(&r->metrics.tpot, t.tpot_s);
-    if (q->kv_transfer_s > 0)
-        rt_hist_observe(&r->metrics.kv_transfer, q->kv_transfer_s);
-    rt_req_free(r, q);
-}
-
-/* Appends one token in order: chunk fields, text, stop strings. Returns 0, 1 when a stop
- * string matched (*which set), -1 on out of memory, -2 for a token outside the vocabulary. */
-static int deliver(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev, size_t *which)
-{
-    if (ev->token < 0 || (uint32_t)ev->token >= r->n_vocab)
-        return -2;
-    double now = tdm_time_now();
-    if (ev->index == 0) {
-        q->cached_prompt_tokens = ev->cached_prompt_tokens;
-        q->prefill_s = ev->prefill_s;
-        r->metrics.cached_prompt_tokens += ev->cached_prompt_tokens;
-        if (ev->prefill_s > 0)
-            rt_hist_observe(&r->metrics.prefill, ev->prefill_s);
-    }
-    if (q->t_first == 0) {
-        q->t_first = now;
-        rt_hist_observe(&r->metrics.ttft, now - q->t_arrival);
-    } else {
-        rt_hist_observe(&r->metrics.itl, now - q->t_last);
-    }
-    q->t_last = now;
-    bool lp = q->sp.n_logprobs > 0;
-    rt_chunk_t *c = &q->chunk;
-    if (!chunk_grow(c, lp, q->echo))
-        return -1;
-    c->ids[c->n] = ev->token;
-    if (lp) {
-        c->logprobs[c->n] = ev->logprob;
-        if (!(c->tops[c->n] = top_make(r, ev)))
-            return -1;
-    }
-    if (q->echo) {
-        if (!(c->texts[c->n] = token_text(r, ev->token))) {
-            if (lp)
-                top_free(c->tops[c->n]);
-            return -1;
-        }
-    }
-    c->n++;
-    q->next_index++;
-    r->metrics.generation_tokens++;
-    char piece[256];
-    size_t plen = 0;
-    int rc = tdm_detok_push(&q->detok, ev->token, piece, sizeof piece, &plen);
-    if (rc == TDM_ERESOURCE) {
-        int need = tdm_tokenizer_token_bytes(r->tok, ev->token, false, NULL, 0);
-        size_t cap = (size_t)(need > 0 ? need : 0) * 3 + 64;
-        char *big = malloc(cap);
-        if (!big)
-            return -1;
-        rc = tdm_detok_push(&q->detok, ev->token, big, cap, &plen);
-        bool ok = rc != TDM_OK || hold_append(q, big, plen);
-        free(big);
-        if (!ok)
-            return -1;
-    } else if (rc == TDM_OK && !hold_append(q, piece, plen)) {
-        return -1;
-    }
-    return stop_scan(q, false, which);
-}
-
-static void event_from_proto(const Tandem__V1__TokenEvent *p, rt_event_t *e)
-{
-    memset(e, 0, sizeof *e);
-    e->index = p->index;
-    e->token = p->token_id;
-    e->logprob = p->logprob;
-    e->n_top =
-        (uint32_t)(p->n_top < TDM_SAMPLING_MAX_LOGPROBS ? p->n_top : TDM_SAMPLING_MAX_LOGPROBS);
-    for (uint32_t i = 0; i < e->n_top; i++) {
-        e->top[i].token = p->top[i]->token_id;
-        e->top[i].logprob = p->top[i]->logprob;
-    }
-    e->cached_prompt_tokens = p->cached_prompt_tokens;
-    e->prefill_s = p->prefill_s;
-}
-
-/* Delivers what is in order. Returns true when q was freed. */
-static bool flush_in_order(tdm_router_t *r, rt_req_t *q, const rt_event_t *first)
-{
-    size_t which = SIZE_MAX;
-    int rc = deliver(r, q, first, &which);
-    while (rc == 0) {
-        size_t i = 0;
-        while (i < q->n_buf && q->buf[i].index != q->next_index)
-            i++;
-        if (i == q->n_buf)
-            break;
-        rt_event_t ev = q->buf[i];
-        q->buf[i] = q->buf[--q->n_buf];
-        rc = deliver(r, q, &ev, &which);
-    }
-    if (rc == -1) {
-        rt_req_fail(r, q, TDM_ERESOURCE, true, "router out of memory");
-        return true;
-    }
-    if (rc == -2) {
-        rt_req_fail(r, q, TDM_EINTERNAL, true,
-                    "a node sent token %" PRIu32 " outside the vocabulary (0..%" PRIu32 ")",
-                    q->next_index, r->n_vocab - 1);
-        return true;
-    }
-    if (rc == 1) {
-        /* a stop string: the decode node (and a prefill node still busy) stop at once */
-        rt_req_release_nodes(r, q, TDM_ECANCELLED);
-        complete(r, q, TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP, which);
-        return true;
-    }
-    if (q->finished && q->next_index >= q->completion_tokens) {
-        complete(r, q, q->finish_reason, SIZE_MAX);
-        return true;
-    }
-    if (q->stream && q->chunk.n > 0 && send_chunk(r, q) != TDM_OK) {
-        rt_req_drop(r, q, "the client is gone");
-        return true;
-    }
-    return false;
-}
-
-bool rt_req_token_event(tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEvent *p)
-{
-    if (p->index >= (uint32_t)q->sp.max_tokens) {
-        tdm_log_write(&r->log, TDM_LOG_WARN, q->id, NULL,
-                      "ignoring token event index %" PRIu32 " >= max_tokens %" PRId32, p->index,
-                      q->sp.max_tokens);
-        return false;
-    }
-    if (p->index < q->next_index) {
-        r->metrics.duplicate_events++;
-        return false;
-    }
-    rt_event_t ev;
-    event_from_proto(p, &ev);
-    if (p->index > q->next_index) {
-        for (size_t i = 0; i < q->n_buf; i++)
-            if (q->buf[i].index == p->index) {
-                r->metrics.duplicate_events++;
-                return false;
-            }
-        if (q->n_buf == q->cap_buf) {
-            size_t cap = q->cap_buf ? q->cap_buf * 2 : 4;
-            rt_event_t *b = realloc(q->buf, cap * sizeof *b);
-            if (!b) {
-                rt_req_fail(r, q, TDM_ERESOURCE, true, "router out of memory");
-                return true;
-            }
-            q->buf = b;
-            q->cap_buf = cap;
-        }
-        q->buf[q->n_buf++] = ev;
-        return false;
-    }
-    return flush_in_order(r, q, &ev);
-}
-
-bool rt_req_finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *fin)
-{
-    q->finished = true;
-    q->decode_started = true;
-    q->finish_reason = fin->reason == TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH
-                           ? TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH
-                           : TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
-    q->completion_tokens = fin->completion_tokens;
-    q->kv_transfer_s = fin->kv_transfer_s;
-    r->metrics.kv_transfer_bytes += fin->kv_transfer_bytes;
-    if (q->next_index >= q->completion_tokens) {
-        complete(r, q, q->finish_reason, SIZE_MAX);
-        return true;
-    }
-    return false;
 }
 
 /* ---- GENERATE ---- */
@@ -1139,7 +618,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
              q->n_prompt, q->sp.max_tokens, q->stream ? "true" : "false", q->n_stop);
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request accepted");
     /* FIFO: behind requests already waiting */
-    rc = r->qhead ? 1 : rt_dispatch(r, q);
+    rc = rt_queue_first(r) ? 1 : rt_dispatch(r, q);
     if (rc == 1) {
         if (r->n_queued >= (size_t)r->cfg->router.max_queue) {
             r->metrics.queue_full++;

@@ -1,13 +1,14 @@
-/* router.c - the router object: model and tokenizer, sockets, the event loop and timers,
- * and the small client calls (HEALTH, MODELS, STATUS).
+/* router.c - the router object (router.h): model and tokenizer, sockets, the event loop and
+ * timers, and the small client calls (HEALTH, MODELS, STATUS).
  *
  * The loop is single-threaded: zmq_poll over the client and node sockets, every waiting
  * message handled in arrival order, then the timers (heartbeat timeouts, deadlines) at most
- * every TIMER_PERIOD_S. GENERATE handling lives in request.c, the node protocol in nodes.c.
+ * every TIMER_PERIOD_S. GENERATE intake and the request table live in request.c, where
+ * requests run in scheduler.c, their output in stream.c, the node protocol in nodes.c
+ * (router_internal.h has the map).
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,55 +16,16 @@
 
 #include <zmq.h>
 
+#include "metrics.h"
+#include "nodes.h"
+#include "request.h"
 #include "router_internal.h"
+#include "scheduler.h"
+#include "stats.h"
+#include "tandem/serve.h"
 
 #define TIMER_PERIOD_S 0.01
 #define MAX_MESSAGES_PER_POLL 256
-#define PREFIX_TABLE_SIZE 65536u /* power of two */
-
-static const double hist_bounds[TDM_ROUTER_HIST_BUCKETS - 1] = {
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-};
-
-const double *tdm_router_hist_bounds(void)
-{
-    return hist_bounds;
-}
-
-void rt_hist_observe(tdm_router_hist_t *h, double seconds)
-{
-    if (!(seconds >= 0))
-        seconds = 0;
-    size_t i = 0;
-    while (i < TDM_ROUTER_HIST_BUCKETS - 1 && seconds > hist_bounds[i])
-        i++;
-    h->buckets[i]++;
-    h->count++;
-    h->sum += seconds;
-}
-
-int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
-                const char *message, const ProtobufCMessage *body)
-{
-    tdm_send_t m = {0};
-    m.peer = peer;
-    m.peer_len = peer_len;
-    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
-    m.method = TANDEM__V1__METHOD__METHOD_GENERATE;
-    m.call_id = call_id;
-    m.status = status;
-    m.message = message;
-    m.body = body;
-    return tdm_sock_send(r->client, &m);
-}
-
-void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body)
-{
-    int rc = tdm_sock_notify(r->nodesock, n->peer, n->peer_len, method, body);
-    if (rc != TDM_OK)
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL, "notify %s to node %s failed: %s",
-                      tdm_net_method_name(method), n->cfg->id, tdm_strerror(rc));
-}
 
 /* ---- construction ---- */
 
@@ -97,21 +59,11 @@ static int load_model(tdm_router_t *r, tdm_error_t *err)
     return TDM_OK;
 }
 
-static int make_nodes(tdm_router_t *r, tdm_error_t *err)
+/* The router's tables: nodes, scheduler, requests. */
+static int make_tables(tdm_router_t *r, tdm_error_t *err)
 {
-    r->n_nodes = r->cfg->n_nodes;
-    r->nodes = calloc(r->n_nodes ? r->n_nodes : 1, sizeof *r->nodes);
-    r->prefix_keys = calloc(PREFIX_TABLE_SIZE, sizeof *r->prefix_keys);
-    r->prefix_nodes = calloc(PREFIX_TABLE_SIZE, sizeof *r->prefix_nodes);
-    r->hash_cap = 256;
-    r->hash = calloc(r->hash_cap, sizeof *r->hash);
-    if (!r->nodes || !r->prefix_keys || !r->prefix_nodes || !r->hash)
+    if (rt_nodes_init(r) != TDM_OK || rt_sched_init(r) != TDM_OK || rt_req_table_init(r) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-    r->prefix_mask = PREFIX_TABLE_SIZE - 1;
-    for (size_t i = 0; i < r->n_nodes; i++) {
-        r->nodes[i].cfg = &r->cfg->nodes[i];
-        r->nodes[i].index = i;
-    }
     return TDM_OK;
 }
 
@@ -190,7 +142,6 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
         tdm_log_init(&r->log, "router");
     r->hb_interval_ms = TDM_ROUTER_HEARTBEAT_INTERVAL_MS;
     r->hb_timeout_ms = TDM_ROUTER_HEARTBEAT_TIMEOUT_MS;
-    r->next_call = 1;
     /* Identities (docs/protocol.md): a random instance per start, so nodes tell this router
      * from the one before it, and attempt ids that start at a random point, so no attempt id
      * of an earlier router instance is ever reused. */
@@ -203,7 +154,7 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
     r->next_attempt = rnd[1] ? rnd[1] : 1;
     char secret[41];
     int rc = check_security(r, secret, err);
-    if (rc == TDM_OK && (load_model(r, err) != TDM_OK || make_nodes(r, err) != TDM_OK ||
+    if (rc == TDM_OK && (load_model(r, err) != TDM_OK || make_tables(r, err) != TDM_OK ||
                          bind_sockets(r, secret, err) != TDM_OK))
         rc = TDM_EINVALID;
     tdm_curve_wipe(secret, sizeof secret);
@@ -235,14 +186,9 @@ void tdm_router_destroy(tdm_router_t **self_p)
     tdm_router_shutdown(r);
     tdm_sock_destroy(&r->client);
     tdm_sock_destroy(&r->nodesock);
-    for (size_t i = 0; i < r->n_nodes; i++) {
-        free(r->nodes[i].kv_endpoint);
-        free(r->nodes[i].pending);
-    }
-    free(r->nodes);
-    free(r->prefix_keys);
-    free(r->prefix_nodes);
-    free(r->hash);
+    rt_req_table_fini(r);
+    rt_sched_fini(r);
+    rt_nodes_fini(r);
     tdm_tokenizer_destroy(&r->tok);
     tdm_model_destroy(&r->model);
     free(r);
@@ -376,9 +322,37 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
     tdm_sock_reply(r->client, f, &resp.base);
 }
 
-double rt_node_age(const rt_node_t *n, double now)
+/* Fills s with n's figures; dev (32 bytes) holds the device name s points to. */
+static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeStatus *s,
+                             char dev[32])
 {
-    return n->registered ? now - n->last_seen : -1.0;
+    tandem__v1__node_status__init(s);
+    s->node_id = n->cfg->id;
+    s->role = (char *)tdm_node_role_name(n->cfg->role);
+    s->up = n->up;
+    s->kv_blocks_total = n->kv_blocks_total;
+    s->kv_blocks_used = n->kv_used;
+    s->kv_blocks_cached = n->kv_cached;
+    s->running = n->running;
+    s->waiting = n->waiting;
+    s->queued_prefill_tokens = n->queued_prefill_tokens;
+    s->last_heartbeat_age_s = rt_node_age(n, now);
+    s->prefix_queries = n->prefix_queries;
+    s->prefix_hits = n->prefix_hits;
+    s->step_time_s = n->step_time_s;
+    if (n->device[0])
+        snprintf(dev, 32, "%s", n->device);
+    else
+        tdm_config_device_format(n->cfg->device, dev, 32);
+    s->device = dev;
+    s->batch_size = n->batch_size;
+    s->reserved_blocks = n->reserved_pending + n->reserved_acked;
+    /* also on a node that is up: another instance tried to take its id */
+    if (n->refused_reason[0]) {
+        s->refused_reason = (char *)n->refused_reason;
+        s->refused_age_s = now - n->refused_at;
+    }
+    s->instance_id = n->instance_id;
 }
 
 static void client_status(tdm_router_t *r, const tdm_frame_t *f)
@@ -393,36 +367,8 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     }
     double now = tdm_time_now();
     for (size_t i = 0; i < nn; i++) {
-        rt_node_t *n = &r->nodes[i];
-        Tandem__V1__NodeStatus *s = &st[i];
-        tandem__v1__node_status__init(s);
-        s->node_id = n->cfg->id;
-        s->role = (char *)tdm_node_role_name(n->cfg->role);
-        s->up = n->up;
-        s->kv_blocks_total = n->kv_blocks_total;
-        s->kv_blocks_used = n->kv_used;
-        s->kv_blocks_cached = n->kv_cached;
-        s->running = n->running;
-        s->waiting = n->waiting;
-        s->queued_prefill_tokens = n->queued_prefill_tokens;
-        s->last_heartbeat_age_s = rt_node_age(n, now);
-        s->prefix_queries = n->prefix_queries;
-        s->prefix_hits = n->prefix_hits;
-        s->step_time_s = n->step_time_s;
-        if (n->device[0])
-            snprintf(dev[i], sizeof dev[i], "%s", n->device);
-        else
-            tdm_config_device_format(n->cfg->device, dev[i], sizeof dev[i]);
-        s->device = dev[i];
-        s->batch_size = n->batch_size;
-        s->reserved_blocks = n->reserved_pending + n->reserved_acked;
-        /* also on a node that is up: another instance tried to take its id */
-        if (n->refused_reason[0]) {
-            s->refused_reason = n->refused_reason;
-            s->refused_age_s = now - n->refused_at;
-        }
-        s->instance_id = n->instance_id;
-        ptrs[i] = s;
+        node_status_fill(&r->nodes[i], now, &st[i], dev[i]);
+        ptrs[i] = &st[i];
     }
     Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];
     size_t n_ref = refused_list(r, false, ref, refp); /* configured ids are in nodes[] */

@@ -1,10 +1,22 @@
-/* router_internal.h - the router's private state, shared by router.c (loop, client API,
- * status), request.c (validation, output, completion) and nodes.c (registry, scheduling).
+/* router_internal.h - the router's shared state: the struct definitions only, every field
+ * group marked with the one file that writes it (others read). Functions are declared in
+ * the header of the file that defines them:
  *
- * Request lifecycle (states): QUEUED (waiting for a decode node with room) -> RESERVING
- * (DecodeReserve sent, reply pending) -> RUNNING (reservation acknowledged, PrefillTask sent
- * or local prefill) -> freed (completed, failed, cancelled). Re-dispatch puts a request back
- * through dispatch with its delivered output kept.
+ *   router.c    the object, sockets, event loop, timers, HEALTH / MODELS / STATUS (router.h)
+ *   request.c   the request table (index by id and by client call, deadline heap), GENERATE
+ *               intake, and how a request ends: failed, dropped, cancelled, deadline, shutdown
+ *   scheduler.c request state: the queue, dispatch (DecodeReserve), the reservation's answer,
+ *               re-dispatch, the prefill policies; nothing else writes rt_req_t.state
+ *   stream.c    a request's output: reorder buffer, detokenizer, stop strings, chunks, the
+ *               final answer
+ *   nodes.c     node registration, heartbeats, liveness and failure; routes node messages
+ *   stats.c     histograms and the end-of-request counters
+ *   metrics.c   renders tdm_router_metrics_t and the node figures (read only)
+ *
+ * Request lifecycle (states, all written by scheduler.c): QUEUED (waiting for a decode node
+ * with room) -> RESERVING (DecodeReserve sent, reply pending) -> RUNNING (reservation
+ * acknowledged, PrefillTask sent or local prefill) -> freed (completed, failed, cancelled).
+ * Re-dispatch puts a request back through dispatch with its delivered output kept.
  */
 #ifndef TANDEM_ROUTER_INTERNAL_H
 #define TANDEM_ROUTER_INTERNAL_H
@@ -13,20 +25,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "heap.h"
+#include "index.h"
 #include "router.h"
+#include "tandem/base.h"
 #include "tandem/chat.h"
+#include "tandem/config.h"
 #include "tandem/kv.h"
+#include "tandem/list.h"
 #include "tandem/model.h"
-#include "tandem/prompt.h"
+#include "tandem/net.h"
 #include "tandem/proto.h"
 #include "tandem/sampling.h"
-#include "tandem/serve.h"
 #include "tandem/tokenizer.h"
 
 typedef struct rt_req rt_req_t;
 
-/* A DecodeReserve awaiting its END. req is NULL once the request went away (its NodeCancel
- * was sent then); the entry stays until the reply so the reserved blocks are accounted. */
+/* A DecodeReserve awaiting its END (scheduler.c). req is NULL once the request went away (its
+ * NodeCancel was sent then); the entry stays until the reply so the reserved blocks are
+ * accounted. */
 typedef struct rt_pending {
     uint64_t call_id;
     uint32_t n_blocks;
@@ -35,8 +52,10 @@ typedef struct rt_pending {
 
 /* One configured node and the router's view of it. */
 typedef struct rt_node {
-    const tdm_node_config_t *cfg;   /* into the router's config */
-    size_t index;                   /* position in r->nodes */
+    /* fixed at start (nodes.c) */
+    const tdm_node_config_t *cfg; /* into the router's config */
+    size_t index;                 /* position in r->nodes */
+    /* registration and liveness (nodes.c) */
     bool registered;                /* registered at least once */
     bool up;                        /* registered and heard from within the timeout */
     uint64_t instance_id;           /* the registered instance (FrameHeader.instance_id) */
@@ -50,15 +69,17 @@ typedef struct rt_node {
     double last_seen;                    /* monotonic seconds of the last message */
     char down_reason[160];               /* why it was last marked down ("" if never) */
     uint64_t failures;                   /* times marked down (metrics) */
-    /* from RegisterRequest */
+    /* from RegisterRequest (nodes.c) */
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
     char device[32];
-    /* last heartbeat (kv_blocks_free = kv_blocks_total right after registering) */
+    /* last heartbeat (nodes.c; kv_blocks_free = kv_blocks_total right after registering;
+     * scheduler.c zeroes kv_free and kv_cached when a reservation is refused for room) */
     uint32_t kv_free, kv_used, kv_cached, running, waiting, batch_size;
     uint64_t queued_prefill_tokens, prefix_queries, prefix_hits;
     double step_time_s;
-    /* router's own bookkeeping since the last heartbeat */
+    /* the router's own load bookkeeping since the last heartbeat (scheduler.c; nodes.c resets
+     * it on a heartbeat, a new registration and a failure) */
     uint64_t tokens_since_hb;  /* prefill: prompt tokens sent */
     uint32_t reserved_pending; /* decode: blocks of reservations awaiting a reply */
     uint32_t reserved_acked;   /* decode: blocks acknowledged since the last heartbeat */
@@ -72,7 +93,7 @@ typedef enum rt_state {
     RT_RUNNING = 2,
 } rt_state_t;
 
-/* A token event waiting for earlier indices (reorder buffer). */
+/* A token event waiting for earlier indices (reorder buffer, stream.c). */
 typedef struct rt_event {
     uint32_t index;
     int32_t token;
@@ -83,7 +104,8 @@ typedef struct rt_event {
     double prefill_s;
 } rt_event_t;
 
-/* Output accumulated for the next GenerateChunk (stream) or the whole answer (no stream). */
+/* Output accumulated for the next GenerateChunk (stream) or the whole answer (no stream);
+ * stream.c. */
 typedef struct rt_chunk {
     uint32_t index;                 /* output index of ids[0] */
     int32_t *ids;                   /* [n] */
@@ -91,11 +113,11 @@ typedef struct rt_chunk {
     Tandem__V1__TopLogprobs **tops; /* [n] when logprobs are asked for; each heap */
     char **texts;                   /* [n] when echo_token_text; each heap */
     size_t n, cap;
-    char *text; /* text delta, NUL-terminated */
-    size_t text_len, text_cap;
+    tdm_buf_t text; /* text delta */
 } rt_chunk_t;
 
 struct rt_req {
+    /* what the client asked (request.c, set at intake and not changed after) */
     char id[TDM_ROUTER_REQUEST_ID_MAX + 1];
     uint8_t peer[TDM_NET_PEER_MAX]; /* the client's routing id */
     size_t peer_len;
@@ -107,6 +129,8 @@ struct rt_req {
     char **stop;              /* [n_stop] heap strings */
     size_t n_stop;
     uint64_t deadline_ms; /* unix ms */
+    double t_arrival;     /* monotonic s */
+    /* scheduling (scheduler.c) */
     rt_state_t state;
     rt_node_t *decode, *prefill; /* current assignment; prefill NULL: none or local */
     bool local_prefill;
@@ -114,9 +138,16 @@ struct rt_req {
     uint64_t reserve_call;
     uint64_t attempt_id; /* the current dispatch attempt (0: none yet); node messages of any
                             other attempt are ignored and counted */
-    bool *tried;         /* [r->n_nodes] decode nodes that refused this round */
+    bool *tried;         /* [r->n_nodes] decode nodes that refused this round (allocated at
+                            intake) */
     int redispatches;
-    /* output */
+    double t_dispatch;     /* monotonic s of the last PrefillTask / local start; 0 = not yet */
+    tdm_list_t queue_link; /* on r->queue while QUEUED and waiting */
+    /* progress of the current attempt (stream.c from node events; scheduler.c resets it for
+     * each attempt) */
+    bool decode_started; /* an index >= 1 or Finished came from the decode node */
+    bool prefilled;      /* this attempt's prefill node sent index 0 (its KV transfer began) */
+    /* output (stream.c) */
     uint32_t next_index; /* tokens delivered to the output so far */
     rt_event_t *buf;     /* out-of-order events */
     size_t n_buf, cap_buf;
@@ -124,27 +155,31 @@ struct rt_req {
     int finish_reason;
     uint32_t completion_tokens;
     double kv_transfer_s;
-    bool decode_started; /* an index >= 1 or Finished came from the decode node */
-    bool prefilled;      /* this attempt's prefill node sent index 0 (its KV transfer began) */
     tdm_detok_t detok;
-    char *hold; /* text produced but not sent: could start a stop string */
-    size_t hold_len, hold_cap;
+    tdm_buf_t hold; /* text produced but not sent: could start a stop string */
     rt_chunk_t chunk;
     uint32_t cached_prompt_tokens;
     double prefill_s;
-    double t_arrival, t_dispatch, t_first, t_last; /* monotonic s; 0 = not yet */
-    /* links */
-    rt_req_t *prev, *next;   /* all requests */
-    rt_req_t *qprev, *qnext; /* the queue */
-    rt_req_t *hnext;         /* hash chain */
-    bool queued;
+    double t_first, t_last; /* monotonic s; 0 = not yet */
+    /* the request table (request.c) */
+    tdm_list_t all_link;         /* on r->requests, newest first */
+    rt_index_entry_t by_id;      /* in r->by_id under the id */
+    rt_index_entry_t by_call;    /* in r->by_call under (peer, call id) */
+    rt_heap_entry_t by_deadline; /* on r->deadlines while deadline_ms is set */
 };
 
 struct tdm_router {
+    /* the object and its loop (router.c) */
     const tdm_config_t *cfg;
     tdm_net_t *net;
     tdm_logger_t log;
-    tdm_error_t err;
+    tdm_error_t err; /* also the message of a failed dispatch (scheduler.c) */
+    tdm_sock_t *client, *nodesock;
+    char client_ep[256], node_ep[256];
+    uint64_t instance_id; /* this router's instance: random per start, never 0 */
+    double next_timers;
+    bool shut;
+    /* the served model (router.c at start; read only after) */
     tdm_model_t *model;
     tdm_tokenizer_t *tok;
     bool have_template;
@@ -153,25 +188,10 @@ struct tdm_router {
     uint32_t n_ctx, n_vocab, block_size;
     uint64_t fingerprint;
     tdm_kv_layout_t layout;
-    tdm_sock_t *client, *nodesock;
-    char client_ep[256], node_ep[256];
+    /* the nodes (nodes.c; router.c's tdm_router_set_heartbeat sets the figures) */
     uint32_t hb_interval_ms, hb_timeout_ms;
     rt_node_t *nodes;
     size_t n_nodes;
-    size_t rr_next; /* round robin cursor */
-    /* prefix_aware: direct-mapped table block hash -> node index + 1 (0 = empty) */
-    uint64_t *prefix_keys;
-    uint32_t *prefix_nodes;
-    size_t prefix_mask;
-    /* requests */
-    rt_req_t *head;  /* all requests, newest first */
-    rt_req_t **hash; /* by id */
-    size_t hash_cap, n_reqs;
-    rt_req_t *qhead, *qtail;
-    size_t n_queued;
-    uint64_t next_call;
-    uint64_t instance_id;  /* this router's instance: random per start, never 0 */
-    uint64_t next_attempt; /* next dispatch attempt id (random start, never 0) */
     /* registrations refused for node ids that are not in the config, most recent first */
     struct {
         char node_id[TDM_NODE_ID_MAX + 1];
@@ -180,85 +200,24 @@ struct tdm_router {
         uint64_t count;
     } refused[8];
     size_t n_refused;
-    double next_timers;
-    bool shut;
+    /* the scheduler (scheduler.c) */
+    tdm_list_t queue; /* requests waiting for a decode node, FIFO (rt_req_t.queue_link) */
+    size_t n_queued;
+    size_t rr_next; /* round robin cursor */
+    /* prefix_aware: direct-mapped table block hash -> node index + 1 (0 = empty) */
+    uint64_t *prefix_keys;
+    uint32_t *prefix_nodes;
+    size_t prefix_mask;
+    uint64_t next_call;    /* call id of the next DecodeReserve */
+    uint64_t next_attempt; /* next dispatch attempt id (random start, never 0) */
+    /* the request table (request.c) */
+    tdm_list_t requests; /* every request, newest first (rt_req_t.all_link) */
+    rt_index_t by_id;    /* by request id */
+    rt_index_t by_call;  /* by (client routing id, call id) */
+    rt_heap_t deadlines; /* by deadline_ms, earliest first */
+    size_t n_reqs;
+    /* counters: each written by the file that sees the event */
     tdm_router_metrics_t metrics;
 };
-
-/* ---- router.c ---- */
-void rt_hist_observe(tdm_router_hist_t *h, double seconds);
-/* ---- metrics.c ---- */
-/* Answers a METRICS REQUEST with MetricsResponse{text} (router/metrics.h). */
-void rt_client_metrics(tdm_router_t *r, const tdm_frame_t *f);
-/* Sends END(status, message) for a client call; returns tdm_sock_send's code. */
-int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
-                const char *message, const ProtobufCMessage *body);
-/* NOTIFY to a node by its id (its routing id). Failures are logged at debug and ignored. */
-void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body);
-
-/* ---- request.c ---- */
-/* Counts an ended GENERATE request: final status (0 or a negative TDM_E code) and
- * FinishReason (-1: refused before it started). */
-void rt_count_end(tdm_router_t *r, int status, int finish);
-/* Handles a GENERATE REQUEST frame (validation, tokenization, dispatch). */
-void rt_generate(tdm_router_t *r, const tdm_frame_t *f);
-/* Client CANCEL for (peer, call id). */
-void rt_client_cancel(tdm_router_t *r, const tdm_frame_t *f);
-rt_req_t *rt_req_find(tdm_router_t *r, const char *id);
-/* The request with this id whose current attempt is `attempt`, or NULL; *id_known tells
- * whether any request in flight has the id (so NULL means a stale attempt, not an unknown
- * request). Client ids may repeat across clients: node messages are matched by attempt. */
-rt_req_t *rt_req_find_attempt(tdm_router_t *r, const char *id, uint64_t attempt, bool *id_known);
-/* Ends a request with an error: END status to the client, NodeCancel to its nodes (when
- * cancel_nodes), metrics, freed. */
-void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-/* Drops a request without telling the client (cancel / client gone): NodeCancel, freed. */
-void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why);
-/* Sends NodeCancel(status) to the request's prefill and decode nodes and detaches a pending
- * reservation. Leaves the assignment cleared. */
-void rt_req_release_nodes(tdm_router_t *r, rt_req_t *q, int status);
-/* A token event for q (from its prefill or decode node). Returns true when q was freed. */
-bool rt_req_token_event(tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEvent *ev);
-/* Finished for q. Returns true when q was freed. */
-bool rt_req_finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *fin);
-/* Deadline scan. */
-void rt_req_check_deadlines(tdm_router_t *r, uint64_t now_ms);
-/* Frees every request with END UNAVAILABLE "router shutting down". */
-void rt_req_shutdown_all(tdm_router_t *r);
-/* Frees the request and unlinks it everywhere (no messages). */
-void rt_req_free(tdm_router_t *r, rt_req_t *q);
-void rt_queue_push(tdm_router_t *r, rt_req_t *q, bool front);
-void rt_queue_remove(tdm_router_t *r, rt_req_t *q);
-
-/* ---- nodes.c ---- */
-void rt_node_message(tdm_router_t *r, const tdm_frame_t *f);
-rt_node_t *rt_node_find(tdm_router_t *r, const char *id, size_t len);
-/* The node whose registered connection has routing id peer, or NULL. */
-rt_node_t *rt_node_by_peer(tdm_router_t *r, const uint8_t *peer, size_t len);
-/* A new dispatch attempt id (never 0, never repeated by this router instance). */
-uint64_t rt_next_attempt(tdm_router_t *r);
-/* Appends to buf (cap bytes) why decode nodes that were refused are not serving ("" when
- * none was refused), for the error of a request that waited for one. */
-void rt_refused_decode_note(const tdm_router_t *r, char *buf, size_t cap);
-/* Places q (not queued) on a decode node: sends DecodeReserve to the up decode node with
- * the most room that q has not tried this round. Returns 0 when sent, 1 when no decode node
- * is up or has room (the caller queues q), or a negative status when q can never be served
- * (the caller fails it with r->err's message). */
-int rt_dispatch(tdm_router_t *r, rt_req_t *q);
-/* Dispatches queued requests (FIFO) while decode nodes have room. */
-void rt_drain_queue(tdm_router_t *r);
-/* Puts q back through dispatch after a failure of its current attempt (NodeCancel to its
- * nodes first; delivered output is kept). count: whether it counts against
- * TDM_ROUTER_MAX_REDISPATCH; past the limit q fails with status and why. Returns true when
- * q was freed. */
-bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const char *why);
-void rt_check_heartbeats(tdm_router_t *r, double now);
-/* Heartbeat-age of a node in seconds (-1 when never heard from). */
-double rt_node_age(const rt_node_t *n, double now);
-/* Decode blocks the router believes free on n (heartbeat free + cached - reservations). */
-int64_t rt_node_avail(const rt_node_t *n);
-/* Forgets pending entry pointers to q (q is going away). */
-void rt_node_detach(rt_node_t *n, rt_req_t *q);
 
 #endif /* TANDEM_ROUTER_INTERNAL_H */

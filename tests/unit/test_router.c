@@ -11,8 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
+#include "heap.h"
+#include "index.h"
 #include "metrics.h"
 #include "router.h"
+#include "tandem/list.h"
 #include "tandem/config.h"
 #include "tandem/model.h"
 #include "tandem/net.h"
@@ -2348,6 +2353,175 @@ static void test_prompt_agrees(void **state)
     rmdir(dir);
 }
 
+/* ---- the router's data structures: the index by key and the deadline heap ---- */
+
+typedef struct keyed {
+    char key[16];
+    rt_index_entry_t entry;
+    rt_heap_entry_t heap;
+} keyed_t;
+
+static keyed_t *keyed_of(const rt_index_entry_t *e)
+{
+    return TDM_CONTAINER_OF(e, keyed_t, entry);
+}
+
+/* The entry of ix under key, comparing keys as a caller does, or NULL. */
+static keyed_t *index_find(const rt_index_t *ix, const char *key)
+{
+    uint64_t h = rt_index_hash(key, strlen(key), 0);
+    for (rt_index_entry_t *e = rt_index_first(ix, h); e; e = rt_index_next(e))
+        if (strcmp(keyed_of(e)->key, key) == 0)
+            return keyed_of(e);
+    return NULL;
+}
+
+static void test_index(void **state)
+{
+    (void)state;
+    /* the hash is XXH3_64bits, seeded */
+    assert_true(rt_index_hash("req-1", 5, 0) == XXH3_64bits("req-1", 5));
+    assert_true(rt_index_hash("req-1", 5, 42) == XXH3_64bits_withSeed("req-1", 5, 42));
+    rt_index_t ix;
+    assert_int_equal(rt_index_init(&ix, 1), TDM_OK);
+    assert_int_equal(ix.mask, 15); /* at least 16 buckets */
+    enum { N = 1000 };
+    keyed_t *k = calloc(N, sizeof *k);
+    assert_non_null(k);
+    for (int i = 0; i < N; i++) {
+        snprintf(k[i].key, sizeof k[i].key, "req-%d", i);
+        rt_index_insert(&ix, &k[i].entry, rt_index_hash(k[i].key, strlen(k[i].key), 0));
+    }
+    assert_int_equal(ix.n, N);
+    assert_true(ix.mask + 1 >= N); /* it grew: one entry per bucket or fewer */
+    for (int i = 0; i < N; i++)
+        assert_ptr_equal(index_find(&ix, k[i].key), &k[i]);
+    assert_null(index_find(&ix, "req-1000"));
+    /* every other one removed: the rest are still found */
+    for (int i = 0; i < N; i += 2)
+        rt_index_remove(&ix, &k[i].entry);
+    assert_int_equal(ix.n, N / 2);
+    for (int i = 0; i < N; i++)
+        assert_ptr_equal(index_find(&ix, k[i].key), i % 2 ? &k[i] : NULL);
+    rt_index_fini(&ix);
+    free(k);
+}
+
+/* Entries that share a key (or a hash) are all found, newest first; entries of another hash in
+ * the same bucket are skipped. */
+static void test_index_shared_keys(void **state)
+{
+    (void)state;
+    rt_index_t ix;
+    assert_int_equal(rt_index_init(&ix, 16), TDM_OK);
+    keyed_t a = {.key = "x"}, b = {.key = "x"}, c = {.key = "y"};
+    uint64_t h = 5;
+    rt_index_insert(&ix, &a.entry, h);
+    rt_index_insert(&ix, &c.entry, h + 16); /* same bucket of 16, another hash */
+    rt_index_insert(&ix, &b.entry, h);
+    rt_index_entry_t *e = rt_index_first(&ix, h);
+    assert_ptr_equal(e, &b.entry);
+    e = rt_index_next(e);
+    assert_ptr_equal(e, &a.entry);
+    assert_null(rt_index_next(e));
+    assert_ptr_equal(rt_index_first(&ix, h + 16), &c.entry);
+    assert_null(rt_index_first(&ix, h + 32));
+    /* growing the buckets keeps the newest-first order of a key's entries */
+    enum { MORE = 100 };
+    keyed_t more[MORE];
+    for (int i = 0; i < MORE; i++)
+        rt_index_insert(&ix, &more[i].entry, 1000 + (uint64_t)i);
+    assert_true(ix.mask + 1 >= MORE + 3);
+    assert_ptr_equal(rt_index_first(&ix, h), &b.entry);
+    assert_ptr_equal(rt_index_next(&b.entry), &a.entry);
+    assert_ptr_equal(rt_index_first(&ix, h + 16), &c.entry);
+    for (int i = 0; i < MORE; i++)
+        rt_index_remove(&ix, &more[i].entry);
+    rt_index_remove(&ix, &b.entry);
+    assert_ptr_equal(rt_index_first(&ix, h), &a.entry);
+    rt_index_remove(&ix, &a.entry);
+    assert_null(rt_index_first(&ix, h));
+    assert_int_equal(ix.n, 1);
+    rt_index_fini(&ix);
+}
+
+/* Checks the heap property of every parent and child, and the entries' positions. */
+static void heap_check(const rt_heap_t *h)
+{
+    for (size_t i = 0; i < h->n; i++) {
+        assert_int_equal(h->v[i]->pos, i);
+        if (i > 0)
+            assert_true(h->v[(i - 1) / 2]->key <= h->v[i]->key);
+    }
+}
+
+static void test_heap(void **state)
+{
+    (void)state;
+    rt_heap_t h;
+    rt_heap_init(&h);
+    assert_null(rt_heap_top(&h));
+    enum { N = 500 };
+    keyed_t *k = calloc(N, sizeof *k);
+    assert_non_null(k);
+    uint64_t x = 12345;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull; /* an LCG: a fixed shuffle */
+        rt_heap_entry_init(&k[i].heap);
+        assert_false(rt_heap_contains(&k[i].heap));
+        assert_int_equal(rt_heap_push(&h, &k[i].heap, (x >> 33) % 1000), TDM_OK);
+        assert_true(rt_heap_contains(&k[i].heap));
+    }
+    heap_check(&h);
+    /* a third removed from anywhere in the heap, twice each (the second does nothing) */
+    for (int i = 0; i < N; i += 3) {
+        rt_heap_remove(&h, &k[i].heap);
+        rt_heap_remove(&h, &k[i].heap);
+        assert_false(rt_heap_contains(&k[i].heap));
+        heap_check(&h);
+    }
+    size_t left = h.n;
+    assert_int_equal(left, N - (N + 2) / 3);
+    /* the rest come out in order of their keys */
+    uint64_t last = 0;
+    size_t popped = 0;
+    rt_heap_entry_t *e;
+    while ((e = rt_heap_top(&h))) {
+        assert_true(e->key >= last);
+        last = e->key;
+        rt_heap_remove(&h, e);
+        popped++;
+    }
+    assert_int_equal(popped, left);
+    assert_int_equal(h.n, 0);
+    rt_heap_fini(&h);
+    free(k);
+}
+
+/* Equal keys: all come out, and the one with the smaller key always first. */
+static void test_heap_equal_keys(void **state)
+{
+    (void)state;
+    rt_heap_t h;
+    rt_heap_init(&h);
+    keyed_t k[5];
+    const uint64_t keys[5] = {7, 7, 3, 7, 3};
+    for (int i = 0; i < 5; i++) {
+        rt_heap_entry_init(&k[i].heap);
+        assert_int_equal(rt_heap_push(&h, &k[i].heap, keys[i]), TDM_OK);
+    }
+    const uint64_t want[5] = {3, 3, 7, 7, 7};
+    for (int i = 0; i < 5; i++) {
+        rt_heap_entry_t *e = rt_heap_top(&h);
+        assert_non_null(e);
+        assert_int_equal(e->key, want[i]);
+        rt_heap_remove(&h, e);
+        heap_check(&h);
+    }
+    assert_null(rt_heap_top(&h));
+    rt_heap_fini(&h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2375,6 +2549,10 @@ int main(void)
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_metrics),
         cmocka_unit_test(test_prompt_agrees),
+        cmocka_unit_test(test_index),
+        cmocka_unit_test(test_index_shared_keys),
+        cmocka_unit_test(test_heap),
+        cmocka_unit_test(test_heap_equal_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,619 @@
+/* scheduler.c - where requests run (scheduler.h): the queue, decode node by free KV blocks,
+ * prefill node by policy, the dispatch of a request (DecodeReserve, then PrefillTask), the
+ * reservation's answer and re-dispatch. Nothing else writes a request's state.
+ *
+ * KV accounting: a decode node's room is its last heartbeat's free + cached blocks minus the
+ * blocks of reservations the router sent that the node's figures do not show yet (awaiting a
+ * reply, or acknowledged since the last heartbeat: a heartbeat that arrives after the ack was
+ * sent after it on the same connection, so it counts the blocks).
+ *
+ * prefix_aware: prompts are cut into full blocks and chained with tdm_kv_block_hash, as the
+ * nodes' prefix caches do. The key is the hash of the last of a prompt's first
+ * TDM_ROUTER_PREFIX_KEY_BLOCKS full blocks (fewer when it has fewer). The router remembers, in
+ * a direct-mapped table, which prefill node it last sent each block hash to; a request goes
+ * to the node holding its deepest known block when that block is at least as deep as the key
+ * (a shared first block, such as a chat template's header, does not pull all traffic to one
+ * node). Otherwise the node is chosen by rendezvous (highest random weight) hashing of
+ * (key, node id) with XXH3 among the prefill nodes up, so requests that share a long system
+ * prompt land on the same node without any history. Either choice falls back to least_loaded
+ * when that node's queue exceeds twice the average of the other prefill nodes plus one
+ * max_batch_tokens.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "nodes.h"
+#include "request.h"
+#include "scheduler.h"
+#include "stats.h"
+
+#define PREFIX_MAX_BLOCKS 1024u
+#define PREFIX_TABLE_SIZE 65536u /* power of two */
+
+int rt_sched_init(tdm_router_t *r)
+{
+    tdm_list_init(&r->queue);
+    r->n_queued = 0;
+    r->next_call = 1;
+    r->prefix_keys = calloc(PREFIX_TABLE_SIZE, sizeof *r->prefix_keys);
+    r->prefix_nodes = calloc(PREFIX_TABLE_SIZE, sizeof *r->prefix_nodes);
+    if (!r->prefix_keys || !r->prefix_nodes)
+        return TDM_ERESOURCE;
+    r->prefix_mask = PREFIX_TABLE_SIZE - 1;
+    return TDM_OK;
+}
+
+void rt_sched_fini(tdm_router_t *r)
+{
+    free(r->prefix_keys);
+    free(r->prefix_nodes);
+    r->prefix_keys = NULL;
+    r->prefix_nodes = NULL;
+}
+
+/* ---- the queue ---- */
+
+void rt_queue_push(tdm_router_t *r, rt_req_t *q, bool front)
+{
+    q->state = RT_QUEUED;
+    if (front)
+        tdm_list_push_front(&r->queue, &q->queue_link);
+    else
+        tdm_list_push_back(&r->queue, &q->queue_link);
+    r->n_queued++;
+}
+
+void rt_queue_remove(tdm_router_t *r, rt_req_t *q)
+{
+    if (!tdm_list_is_linked(&q->queue_link))
+        return;
+    tdm_list_remove(&q->queue_link);
+    r->n_queued--;
+}
+
+rt_req_t *rt_queue_first(const tdm_router_t *r)
+{
+    tdm_list_t *l = tdm_list_first(&r->queue);
+    return l ? TDM_LIST_ENTRY(l, rt_req_t, queue_link) : NULL;
+}
+
+/* ---- small helpers ---- */
+
+/* A new dispatch attempt id (never 0, never repeated by this router instance). */
+static uint64_t next_attempt(tdm_router_t *r)
+{
+    uint64_t a = r->next_attempt++;
+    if (a == 0)
+        a = r->next_attempt++;
+    return a;
+}
+
+/* Decode blocks the router believes free on n (heartbeat free + cached - reservations). */
+static int64_t decode_room(const rt_node_t *n)
+{
+    return (int64_t)n->kv_free + n->kv_cached - n->reserved_pending - n->reserved_acked;
+}
+
+static uint64_t prefill_load(const rt_node_t *n)
+{
+    return n->queued_prefill_tokens + n->tokens_since_hb;
+}
+
+static bool is_prefill_up(const rt_node_t *n)
+{
+    return n->up && n->cfg->role == TDM_NODE_ROLE_PREFILL;
+}
+
+static bool any_prefill_up(const tdm_router_t *r)
+{
+    for (size_t i = 0; i < r->n_nodes; i++)
+        if (is_prefill_up(&r->nodes[i]))
+            return true;
+    return false;
+}
+
+void rt_node_detach(rt_node_t *n, rt_req_t *q)
+{
+    for (size_t i = 0; i < n->n_pending; i++)
+        if (n->pending[i].req == q)
+            n->pending[i].req = NULL;
+}
+
+void rt_release_nodes(tdm_router_t *r, rt_req_t *q, int status)
+{
+    Tandem__V1__NodeCancel c = TANDEM__V1__NODE_CANCEL__INIT;
+    c.request_id = q->id;
+    c.attempt_id = q->attempt_id;
+    c.status = tdm_proto_status_to_wire(status);
+    if (q->prefill && q->prefill->up)
+        rt_node_notify(r, q->prefill, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
+    if (q->decode) {
+        if (q->decode->up)
+            rt_node_notify(r, q->decode, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
+        rt_node_detach(q->decode, q);
+    }
+    q->prefill = q->decode = NULL;
+}
+
+/* ---- prefill policies ---- */
+
+static rt_node_t *pick_round_robin(tdm_router_t *r)
+{
+    for (size_t k = 0; k < r->n_nodes; k++) {
+        size_t i = (r->rr_next + k) % r->n_nodes;
+        rt_node_t *n = &r->nodes[i];
+        if (is_prefill_up(n)) {
+            r->rr_next = i + 1;
+            return n;
+        }
+    }
+    return NULL;
+}
+
+static rt_node_t *pick_least_loaded(tdm_router_t *r)
+{
+    rt_node_t *best = NULL;
+    size_t best_k = 0;
+    /* ties go to the first node after the round robin cursor, so equal nodes share work */
+    for (size_t k = 0; k < r->n_nodes; k++) {
+        rt_node_t *n = &r->nodes[(r->rr_next + k) % r->n_nodes];
+        if (!is_prefill_up(n))
+            continue;
+        if (!best || prefill_load(n) < prefill_load(best)) {
+            best = n;
+            best_k = k;
+        }
+    }
+    if (best)
+        r->rr_next = (r->rr_next + best_k + 1) % r->n_nodes;
+    return best;
+}
+
+/* True when n's queue is over the load bound of prefix_aware routing: more than twice the
+ * average of the other prefill nodes up, plus one max_batch_tokens (a node alone is never
+ * over it: there is nowhere else to go). */
+static bool overloaded(const tdm_router_t *r, const rt_node_t *n)
+{
+    uint64_t sum = 0, cnt = 0;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        const rt_node_t *m = &r->nodes[i];
+        if (m != n && is_prefill_up(m)) {
+            sum += prefill_load(m);
+            cnt++;
+        }
+    }
+    uint64_t mbt = n->max_batch_tokens ? n->max_batch_tokens : (uint64_t)n->cfg->max_batch_tokens;
+    return cnt > 0 && prefill_load(n) * cnt > 2 * sum + mbt * cnt;
+}
+
+/* The prefill node up that last got the deepest of hashes[key_blocks - 1 .. nb - 1], or NULL. */
+static rt_node_t *prefix_known(tdm_router_t *r, const uint64_t *hashes, uint32_t nb,
+                               uint32_t key_blocks)
+{
+    for (uint32_t i = nb; i-- > key_blocks - 1;) {
+        size_t slot = (size_t)hashes[i] & r->prefix_mask;
+        if (r->prefix_keys[slot] == hashes[i] && r->prefix_nodes[slot]) {
+            rt_node_t *n = &r->nodes[r->prefix_nodes[slot] - 1];
+            if (is_prefill_up(n))
+                return n;
+        }
+    }
+    return NULL;
+}
+
+/* Rendezvous hashing: the prefill node up with the highest XXH3(node id, seed key), or NULL. */
+static rt_node_t *prefix_rendezvous(tdm_router_t *r, uint64_t key)
+{
+    rt_node_t *pick = NULL;
+    uint64_t best_w = 0;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        rt_node_t *n = &r->nodes[i];
+        if (!is_prefill_up(n))
+            continue;
+        uint64_t w = XXH3_64bits_withSeed(n->cfg->id, strlen(n->cfg->id), key);
+        if (!pick || w > best_w) {
+            pick = n;
+            best_w = w;
+        }
+    }
+    return pick;
+}
+
+static rt_node_t *pick_prefix_aware(tdm_router_t *r, const rt_req_t *q)
+{
+    uint32_t bs = r->block_size;
+    uint32_t nb = q->n_prompt / bs;
+    if (nb > PREFIX_MAX_BLOCKS)
+        nb = PREFIX_MAX_BLOCKS;
+    if (nb == 0)
+        return pick_least_loaded(r);
+    uint64_t hashes[PREFIX_MAX_BLOCKS];
+    uint64_t parent = TDM_KV_HASH_SEED;
+    for (uint32_t i = 0; i < nb; i++)
+        parent = hashes[i] = tdm_kv_block_hash(parent, q->prompt + (size_t)i * bs, bs);
+    /* a shared first block or two (a chat template's header) says little: history counts
+     * only when it matches at least the key's blocks */
+    uint32_t key_blocks = nb < TDM_ROUTER_PREFIX_KEY_BLOCKS ? nb : TDM_ROUTER_PREFIX_KEY_BLOCKS;
+    rt_node_t *pick = prefix_known(r, hashes, nb, key_blocks);
+    if (!pick)
+        pick = prefix_rendezvous(r, hashes[key_blocks - 1]);
+    if (pick && overloaded(r, pick)) {
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL,
+                      "prefix_aware: node %s is over the load bound; least_loaded instead",
+                      pick->cfg->id);
+        pick = pick_least_loaded(r);
+    }
+    if (pick)
+        for (uint32_t i = 0; i < nb; i++) {
+            size_t slot = (size_t)hashes[i] & r->prefix_mask;
+            r->prefix_keys[slot] = hashes[i];
+            r->prefix_nodes[slot] = (uint32_t)pick->index + 1;
+        }
+    return pick;
+}
+
+static rt_node_t *pick_prefill(tdm_router_t *r, const rt_req_t *q)
+{
+    switch (r->cfg->router.prefill_policy) {
+    case TDM_PREFILL_POLICY_LEAST_LOADED: return pick_least_loaded(r);
+    case TDM_PREFILL_POLICY_PREFIX_AWARE: return pick_prefix_aware(r, q);
+    case TDM_PREFILL_POLICY_ROUND_ROBIN:
+    default: return pick_round_robin(r);
+    }
+}
+
+/* ---- dispatch ---- */
+
+/* The up decode node with room for need blocks and the most of it that q has not tried this
+ * round, or NULL. *any_up: some decode node is up; *max_total: the largest one's blocks. */
+static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t need, bool *any_up,
+                              uint32_t *max_total)
+{
+    rt_node_t *best = NULL;
+    *any_up = false;
+    *max_total = 0;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        rt_node_t *n = &r->nodes[i];
+        if (!n->up || n->cfg->role != TDM_NODE_ROLE_DECODE)
+            continue;
+        *any_up = true;
+        if (n->kv_blocks_total > *max_total)
+            *max_total = n->kv_blocks_total;
+        if (q->tried[i] || decode_room(n) < (int64_t)need)
+            continue;
+        if (!best || decode_room(n) > decode_room(best))
+            best = n;
+    }
+    return best;
+}
+
+/* Room for one more pending reservation on n. Returns false on out of memory. */
+static bool pending_room(rt_node_t *n)
+{
+    if (n->n_pending < n->cap_pending)
+        return true;
+    size_t cap = n->cap_pending ? n->cap_pending * 2 : 16;
+    rt_pending_t *p = realloc(n->pending, cap * sizeof *p);
+    if (!p)
+        return false;
+    n->pending = p;
+    n->cap_pending = cap;
+    return true;
+}
+
+/* Sends DecodeReserve for q (need blocks) to n under a new attempt. Returns 0 when sent (q is
+ * RESERVING on n), 1 when it could not be sent (try another node), TDM_ERESOURCE with r->err
+ * set on out of memory. */
+static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
+{
+    bool local = !any_prefill_up(r);
+    Tandem__V1__SamplingParams sp;
+    tdm_proto_sampling_to(&q->sp, &sp);
+    uint64_t attempt = next_attempt(r);
+    Tandem__V1__DecodeReserve m = TANDEM__V1__DECODE_RESERVE__INIT;
+    m.request_id = q->id;
+    m.attempt_id = attempt;
+    m.n_prompt_tokens = q->n_prompt;
+    m.prompt_tokens = q->prompt;
+    m.sampling = &sp;
+    m.max_tokens = q->sp.max_tokens;
+    m.local_prefill = local;
+    m.deadline_unix_ms = q->deadline_ms;
+    if (!pending_room(n))
+        return tdm_error_set(&r->err, TDM_ERESOURCE, "router out of memory");
+    uint64_t call = r->next_call++;
+    tdm_send_t s = {0};
+    s.peer = n->peer;
+    s.peer_len = n->peer_len;
+    s.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    s.method = TANDEM__V1__METHOD__METHOD_DECODE_RESERVE;
+    s.call_id = call;
+    s.deadline_unix_ms = q->deadline_ms;
+    s.body = &m.base;
+    int rc = tdm_sock_send(r->nodesock, &s);
+    if (rc != TDM_OK) {
+        tdm_log_write(&r->log, TDM_LOG_WARN, q->id, NULL,
+                      "DecodeReserve to %s could not be sent (%s); trying another node", n->cfg->id,
+                      tdm_strerror(rc));
+        return 1;
+    }
+    n->pending[n->n_pending++] = (rt_pending_t){call, need, q};
+    n->reserved_pending += need;
+    q->attempt_id = attempt;
+    q->decode = n;
+    q->prefill = NULL;
+    q->state = RT_RESERVING;
+    q->local_prefill = local;
+    q->n_blocks = need;
+    q->reserve_call = call;
+    char kv[160];
+    snprintf(kv, sizeof kv, "decode=%s blocks=%" PRIu32 " local_prefill=%s attempt=%016" PRIx64,
+             n->cfg->id, need, local ? "true" : "false", attempt);
+    tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "reserve sent");
+    return 0;
+}
+
+int rt_dispatch(tdm_router_t *r, rt_req_t *q)
+{
+    /* the prompt and the first output token */
+    uint32_t need = (q->n_prompt + 1 + r->block_size - 1) / r->block_size;
+    for (;;) {
+        bool any_up;
+        uint32_t max_total;
+        rt_node_t *best = pick_decode(r, q, need, &any_up, &max_total);
+        if (!best) {
+            if (any_up && need > max_total)
+                return tdm_error_set(&r->err, TDM_ERESOURCE,
+                                     "the prompt needs %" PRIu32
+                                     " KV blocks; the largest decode node up has %" PRIu32,
+                                     need, max_total);
+            return 1;
+        }
+        int rc = reserve_on(r, q, best, need);
+        if (rc != 1)
+            return rc;
+        q->tried[best->index] = true;
+    }
+}
+
+void rt_drain_queue(tdm_router_t *r)
+{
+    rt_req_t *q;
+    while ((q = rt_queue_first(r))) {
+        rt_queue_remove(r, q);
+        memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
+        int rc = rt_dispatch(r, q);
+        if (rc == 1) {
+            rt_queue_push(r, q, true);
+            return;
+        }
+        if (rc < 0)
+            rt_req_fail(r, q, rc, false, "%s", r->err.msg);
+    }
+}
+
+bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const char *why)
+{
+    if (count) {
+        if (q->redispatches >= TDM_ROUTER_MAX_REDISPATCH) {
+            rt_req_fail(r, q, status, true, "%s (gave up after %d re-dispatches)", why,
+                        TDM_ROUTER_MAX_REDISPATCH);
+            return true;
+        }
+        q->redispatches++;
+    }
+    r->metrics.redispatches++;
+    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "re-dispatching: %s", why);
+    rt_release_nodes(r, q, TDM_ECANCELLED);
+    q->n_buf = 0;
+    q->finished = false;
+    q->decode_started = false;
+    q->prefilled = false;
+    q->state = RT_QUEUED;
+    memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
+    int rc = rt_dispatch(r, q);
+    if (rc == 1) {
+        rt_queue_push(r, q, true); /* it was admitted before: no queue limit */
+        return false;
+    }
+    if (rc < 0) {
+        rt_req_fail(r, q, rc, false, "%s", r->err.msg);
+        return true;
+    }
+    return false;
+}
+
+/* ---- the reservation's answer ---- */
+
+/* Sends q's PrefillTask to p. */
+static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
+{
+    Tandem__V1__SamplingParams sp;
+    tdm_proto_sampling_to(&q->sp, &sp);
+    Tandem__V1__PrefillTask t = TANDEM__V1__PREFILL_TASK__INIT;
+    t.request_id = q->id;
+    t.attempt_id = q->attempt_id;
+    t.n_prompt_tokens = q->n_prompt;
+    t.prompt_tokens = q->prompt;
+    t.sampling = &sp;
+    t.max_tokens = q->sp.max_tokens;
+    t.decode_node_id = (char *)q->decode->cfg->id;
+    t.decode_kv_endpoint = q->decode->kv_endpoint ? q->decode->kv_endpoint : (char *)"";
+    t.deadline_unix_ms = q->deadline_ms;
+    rt_node_notify(r, p, TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base);
+    q->prefill = p;
+    p->tokens_since_hb += q->n_prompt;
+}
+
+/* The reservation was acknowledged: start the prefill (or the decode node does it). */
+static void reserve_acked(tdm_router_t *r, rt_req_t *q)
+{
+    double now = tdm_time_now();
+    q->state = RT_RUNNING;
+    if (!q->local_prefill) {
+        rt_node_t *p = pick_prefill(r, q);
+        if (!p) {
+            rt_redispatch(r, q, false, TDM_EUNAVAILABLE,
+                          "no prefill node up any more; the decode node prefills locally");
+            return;
+        }
+        send_prefill_task(r, q, p);
+    }
+    if (q->t_dispatch == 0)
+        rt_hist_observe(&r->metrics.queue, now - q->t_arrival);
+    q->t_dispatch = now;
+    char kv[200];
+    snprintf(kv, sizeof kv, "decode=%s prefill=%s", q->decode->cfg->id,
+             q->prefill ? q->prefill->cfg->id : "local");
+    tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "dispatched");
+}
+
+/* Takes the pending reservation of call_id off n into *p (its blocks no longer pending).
+ * Returns false when n has none with that call id. */
+static bool take_pending(rt_node_t *n, uint64_t call_id, rt_pending_t *p)
+{
+    size_t i = 0;
+    while (i < n->n_pending && n->pending[i].call_id != call_id)
+        i++;
+    if (i == n->n_pending)
+        return false;
+    *p = n->pending[i];
+    n->pending[i] = n->pending[--n->n_pending];
+    n->reserved_pending -= p->n_blocks < n->reserved_pending ? p->n_blocks : n->reserved_pending;
+    return true;
+}
+
+/* DecodeReserve answered OK for p (its request may be gone: p->req NULL). */
+static void reserve_ok(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f, const rt_pending_t *p)
+{
+    rt_req_t *q = p->req;
+    uint32_t blocks = p->n_blocks;
+    Tandem__V1__ReserveAck *ack =
+        (Tandem__V1__ReserveAck *)tdm_frame_unpack(f, &tandem__v1__reserve_ack__descriptor);
+    bool stale = false;
+    if (ack) {
+        if (ack->n_blocks)
+            blocks = ack->n_blocks;
+        stale = q && ack->attempt_id != q->attempt_id;
+        protobuf_c_message_free_unpacked(&ack->base, NULL);
+    }
+    n->reserved_acked += blocks;
+    if (stale) {
+        /* cannot happen with call ids unique per router; counted, never applied */
+        r->metrics.stale_attempt_messages++;
+        rt_redispatch(r, q, false, TDM_EUNAVAILABLE,
+                      "the reservation answer names another attempt");
+        return;
+    }
+    if (q)
+        reserve_acked(r, q);
+}
+
+/* n refused q's reservation for room (RESOURCE_EXHAUSTED) or for now (UNAVAILABLE): another
+ * decode node, else the queue's front. */
+static void reserve_refused(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f, rt_req_t *q)
+{
+    if (f->status == TDM_ERESOURCE) {
+        r->metrics.reserve_rejects++;
+        n->kv_free = n->kv_cached = 0; /* until its next heartbeat says otherwise */
+    }
+    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
+                  "decode node %s refused the reservation (%s: %s); trying another", n->cfg->id,
+                  tdm_status_name(f->status), f->message);
+    q->tried[n->index] = true;
+    int rc = rt_dispatch(r, q);
+    if (rc == 1) {
+        memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
+        rt_queue_push(r, q, true);
+        tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
+                      "queued: no decode node has room (%zu waiting)", r->n_queued);
+    } else if (rc < 0) {
+        rt_req_fail(r, q, rc, false, "%s", r->err.msg);
+    }
+}
+
+void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
+{
+    rt_pending_t p;
+    if (!take_pending(n, f->call_id, &p)) {
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
+                      "reserve reply for unknown call %" PRIu64 " from %s", f->call_id, n->cfg->id);
+        return;
+    }
+    if (f->status == TDM_OK) {
+        reserve_ok(r, n, f, &p);
+        return;
+    }
+    rt_req_t *q = p.req;
+    if (!q)
+        return;
+    q->decode = NULL;
+    q->state = RT_QUEUED;
+    if (f->status == TDM_ERESOURCE || f->status == TDM_EUNAVAILABLE)
+        reserve_refused(r, n, f, q);
+    else
+        rt_req_fail(r, q, f->status ? f->status : TDM_EINTERNAL, true,
+                    "decode node '%s' refused the request: %s", n->cfg->id, f->message);
+}
+
+/* ---- failures ---- */
+
+void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
+{
+    Tandem__V1__TaskFailed *tf =
+        (Tandem__V1__TaskFailed *)tdm_frame_unpack(f, &tandem__v1__task_failed__descriptor);
+    if (!tf)
+        return;
+    rt_req_t *q = rt_req_for_event(r, n, tf->request_id, tf->attempt_id, true, true, "TaskFailed");
+    if (q) {
+        int status = tdm_proto_status_from_wire(tf->status);
+        if (status == TDM_OK)
+            status = TDM_EINTERNAL;
+        char why[TDM_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s node '%s' failed: %s", tdm_node_role_name(n->cfg->role),
+                 n->cfg->id, tf->message);
+        /* A prefill node ships the KV after its first token; a decode node fails a request
+         * retryably before the KV is in its batch only when the transfer was rejected or
+         * never came. */
+        if (tf->retryable && !q->local_prefill && !q->decode_started &&
+            ((n == q->prefill && q->prefilled) || (n == q->decode && q->state == RT_RUNNING)))
+            r->metrics.kv_transfer_failures++;
+        if (tf->retryable)
+            rt_redispatch(r, q, true, status, why);
+        else
+            rt_req_fail(r, q, status, true, "%s", why);
+    }
+    protobuf_c_message_free_unpacked(&tf->base, NULL);
+}
+
+void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
+{
+    char why[256];
+    n->n_pending = 0; /* the answers will not come */
+    n->reserved_pending = n->reserved_acked = 0;
+    n->tokens_since_hb = 0;
+    tdm_list_t *pos, *tmp;
+    /* a re-dispatch or a failure frees nothing but its own request */
+    TDM_LIST_FOR_EACH_SAFE(pos, tmp, &r->requests)
+    {
+        rt_req_t *q = TDM_LIST_ENTRY(pos, rt_req_t, all_link);
+        if (q->decode == n && q->state == RT_RESERVING) {
+            snprintf(why, sizeof why, "decode node '%s' is down (%s) while reserving", n->cfg->id,
+                     reason);
+            rt_redispatch(r, q, false, TDM_EUNAVAILABLE, why);
+        } else if (q->decode == n) {
+            rt_req_fail(r, q, TDM_EUNAVAILABLE, true, "decode node '%s' is down (%s)", n->cfg->id,
+                        reason);
+        } else if (q->prefill == n && !q->decode_started) {
+            /* its decode node never got the KV (no token from it yet): start over */
+            snprintf(why, sizeof why, "prefill node '%s' is down (%s)", n->cfg->id, reason);
+            rt_redispatch(r, q, true, TDM_EUNAVAILABLE, why);
+        } else if (q->prefill == n) {
+            q->prefill = NULL; /* the KV already reached the decode node */
+        }
+    }
+}

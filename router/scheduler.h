@@ -1,0 +1,57 @@
+/* scheduler.h - where the router's requests run: the queue, dispatch to a decode node
+ * (DecodeReserve), the reservation's answer, the PrefillTask to a prefill node chosen by
+ * policy (round_robin, least_loaded, prefix_aware), re-dispatch after a failure. The only
+ * writer of rt_req_t.state and of a request's node assignment (router_internal.h).
+ */
+#ifndef TANDEM_ROUTER_SCHEDULER_H
+#define TANDEM_ROUTER_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "router_internal.h"
+
+/* Sets up the queue and the prefix_aware table. Returns 0 or TDM_ERESOURCE (out of memory;
+ * rt_sched_fini still frees what was made). */
+int rt_sched_init(tdm_router_t *r);
+/* Frees the prefix_aware table (the queue holds no memory). Cannot fail. */
+void rt_sched_fini(tdm_router_t *r);
+
+/* Puts q (not queued) on the queue, last (a new request) or first (one that was admitted
+ * before and goes back), and marks it QUEUED. Cannot fail: the caller checks the queue limit. */
+void rt_queue_push(tdm_router_t *r, rt_req_t *q, bool front);
+/* Takes q off the queue; does nothing when it is not queued. */
+void rt_queue_remove(tdm_router_t *r, rt_req_t *q);
+/* The request first in the queue, or NULL when none waits. */
+rt_req_t *rt_queue_first(const tdm_router_t *r);
+
+/* Places q (not queued) on a decode node: sends DecodeReserve to the up decode node with
+ * the most room that q has not tried this round. Returns 0 when sent, 1 when no decode node
+ * is up or has room (the caller queues q), or a negative status when q can never be served
+ * (the caller fails it with r->err's message). */
+int rt_dispatch(tdm_router_t *r, rt_req_t *q);
+/* Dispatches queued requests (FIFO) while decode nodes have room. */
+void rt_drain_queue(tdm_router_t *r);
+/* Puts q back through dispatch after a failure of its current attempt (NodeCancel to its
+ * nodes first; delivered output is kept). count: whether it counts against
+ * TDM_ROUTER_MAX_REDISPATCH; past the limit q fails with status and why. Returns true when
+ * q was freed. */
+bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const char *why);
+
+/* Sends NodeCancel(status) to the request's prefill and decode nodes and detaches a pending
+ * reservation. Leaves the assignment cleared. */
+void rt_release_nodes(tdm_router_t *r, rt_req_t *q, int status);
+/* Forgets n's pending reservation pointers to q (q is going away). */
+void rt_node_detach(rt_node_t *n, rt_req_t *q);
+
+/* The END of a DecodeReserve from node n (its registered connection): on OK the request runs
+ * (PrefillTask or local prefill); refused for room, another decode node is tried or the
+ * request queues; otherwise the request fails. */
+void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
+/* A TaskFailed from node n: re-dispatch when retryable, else the request fails. */
+void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
+/* n was marked down (reason: why): its requests are re-dispatched (reserving on it, or
+ * prefilling there before their decode node started) or fail (decoding on it). */
+void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason);
+
+#endif /* TANDEM_ROUTER_SCHEDULER_H */

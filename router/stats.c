@@ -1,0 +1,38 @@
+/* stats.c - the router's latency histograms and end-of-request counters (stats.h). */
+#include <stddef.h>
+
+#include "router_internal.h"
+#include "stats.h"
+
+static const double hist_bounds[TDM_ROUTER_HIST_BUCKETS - 1] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+};
+
+const double *tdm_router_hist_bounds(void)
+{
+    return hist_bounds;
+}
+
+void rt_hist_observe(tdm_router_hist_t *h, double seconds)
+{
+    if (!(seconds >= 0))
+        seconds = 0;
+    size_t i = 0;
+    while (i < TDM_ROUTER_HIST_BUCKETS - 1 && seconds > hist_bounds[i])
+        i++;
+    h->buckets[i]++;
+    h->count++;
+    h->sum += seconds;
+}
+
+void rt_count_end(tdm_router_t *r, int status, int finish)
+{
+    int code = -status;
+    bool known = finish >= 0 && finish < 5;
+    if (code >= 0 && code < 17) {
+        r->metrics.requests_by_status[code]++;
+        r->metrics.requests_by_status_finish[code][known ? finish : 0]++;
+    }
+    if (known)
+        r->metrics.requests_by_finish[finish]++;
+}

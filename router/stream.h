@@ -1,0 +1,22 @@
+/* stream.h - a request's output in the router: token events put back in order (reorder
+ * buffer), incremental detokenization, stop strings, GenerateChunk streaming and the final
+ * answer (usage, timings, END OK).
+ */
+#ifndef TANDEM_ROUTER_STREAM_H
+#define TANDEM_ROUTER_STREAM_H
+
+#include "router_internal.h"
+
+/* A TokenEvent frame from node n (its registered connection, up): delivered in order to the
+ * client when it belongs to the current attempt of a running request; the request may end
+ * (stop string, last token, client gone, out of memory) and be freed. */
+void rt_stream_on_token(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
+
+/* A Finished frame from decode node n: the request completes once every token up to
+ * Finished.completion_tokens is delivered (at once when they all are). */
+void rt_stream_on_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
+
+/* Frees q's output state (reorder buffer, held text, chunk); q itself stays. Cannot fail. */
+void rt_stream_free(rt_req_t *q);
+
+#endif /* TANDEM_ROUTER_STREAM_H */
