@@ -220,7 +220,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     r->deadline_ms = m->deadline_unix_ms;
     r->t_reserved = tdm_time_now();
     if (m->local_prefill) {
-        tdm_worker_req_t req = {att.key, m->prompt_tokens, n_prompt, &sp, NULL, 0};
+        tdm_worker_req_t req = {att.key, m->prompt_tokens, n_prompt, &sp, NULL, 0, NULL};
         uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&d->rt.layout, n_prompt + 1);
         if (need > tdm_kv_pool_available(d->rt.pool)) {
             tdm_sock_reply_error(s, f, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
@@ -341,7 +341,7 @@ static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
         r->kv_transfer_s = 0;
     r->kv_transfer_bytes = in->bytes;
     r->seq.n_tokens = r->n_prompt;
-    tdm_worker_req_t req = {r->att.key, r->prompt, r->n_prompt, &r->sp, &r->seq, in->first_token};
+    tdm_worker_req_t req = {r->att.key, r->prompt, r->n_prompt, &r->sp, &r->seq, in->first_token, NULL};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt.worker, &req, &err) != TDM_OK) {
         report_failed(d, &r->att, err.code, err.code == TDM_ERESOURCE, err.msg);

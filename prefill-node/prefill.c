@@ -187,7 +187,7 @@ static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
         report_failed(p, &att, TDM_ERESOURCE, true, "prefill node task table full");
         goto out_free;
     }
-    tdm_worker_req_t req = {att.key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, &sp, NULL, 0};
+    tdm_worker_req_t req = {att.key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, &sp, NULL, 0, NULL};
     if (m->n_prompt_tokens > UINT32_MAX || tdm_worker_add(p->rt.worker, &req, &err) != TDM_OK) {
         report_failed(p, &att, err.code ? err.code : TDM_EINVALID, err.code == TDM_ERESOURCE,
                       err.msg[0] ? err.msg : "prompt too long");
