@@ -298,6 +298,7 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
         best->pending[best->n_pending++] = (rt_pending_t){call, need, q};
         best->reserved_pending += need;
         q->attempt_id = attempt;
+        q->kv_transfer_s = 0; /* measured again for this attempt */
         q->decode = best;
         q->prefill = NULL;
         q->state = RT_RESERVING;
@@ -835,8 +836,10 @@ static void handle_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         (Tandem__V1__Finished *)tdm_frame_unpack(f, &tandem__v1__finished__descriptor);
     if (!fin)
         return;
-    rt_req_t *q = event_request(r, n, fin->request_id, fin->attempt_id, false, true, "Finished");
-    if (q && q->state != RT_RUNNING)
+    rt_req_t *q = event_request(r, n, fin->request_id, fin->attempt_id, true, true, "Finished");
+    if (q && n == q->prefill) /* its KV acknowledged: the sender-measured transfer time */
+        q->kv_transfer_s = fin->kv_transfer_s;
+    else if (q && q->state != RT_RUNNING)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL,
                       "ignoring Finished from %s (request not running yet)", n->cfg->id);
     else if (q)

@@ -772,7 +772,8 @@ bool rt_req_finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *f
                            ? TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH
                            : TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
     q->completion_tokens = fin->completion_tokens;
-    q->kv_transfer_s = fin->kv_transfer_s;
+    if (q->kv_transfer_s == 0) /* the decode node's estimate, until the prefill node measured */
+        q->kv_transfer_s = fin->kv_transfer_s;
     r->metrics.kv_transfer_bytes += fin->kv_transfer_bytes;
     if (q->next_index >= q->completion_tokens) {
         complete(r, q, q->finish_reason, SIZE_MAX);
