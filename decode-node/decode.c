@@ -134,7 +134,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     dres_t *r = (dres_t *)tdm_node_req_new(d->node, &att);
     if (!r) {
         tdm_sock_reply_error(s, f, TDM_ERESOURCE, "decode node holds %u requests already",
-                             (uint32_t)tdm_node_config(d->node)->max_running + 4096);
+                             (uint32_t)tdm_node_cfg(d->node)->max_running + 4096);
         goto out_free;
     }
     r->sp = sp;
@@ -316,13 +316,13 @@ void tdm_decode_destroy(tdm_decode_t **self_p)
 
 tdm_node_link_t *tdm_decode_link(tdm_decode_t *d)
 {
-    return tdm_node_link(d->node);
+    return tdm_node_router(d->node);
 }
 
 /* The KV receiver, bound at the node's kv_endpoint. */
 static tdm_kv_receiver_t *open_receiver(tdm_decode_t *d, tdm_net_t *net, tdm_error_t *err)
 {
-    const tdm_node_config_t *node = tdm_node_config(d->node);
+    const tdm_node_config_t *node = tdm_node_cfg(d->node);
     tdm_curve_keys_t curve;
     tdm_kv_receiver_opts_t ro = {0};
     ro.endpoint = node->kv_endpoint;
@@ -348,14 +348,14 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
     d->node = tdm_node_new(cfg, node_id, &decode_ops, d, net, log, err);
     if (!d->node)
         goto out_destroy;
-    d->rt = tdm_node_runtime(d->node);
+    d->rt = tdm_node_rt(d->node);
     d->log = tdm_node_log(d->node);
     d->receiver = open_receiver(d, net, err);
     if (!d->receiver)
         goto out_destroy;
     /* Prefill nodes connect to what is registered: kv_advertise when the bound endpoint is
      * not reachable as written (tcp://0.0.0.0:7610 in a container), else the bound one. */
-    const tdm_node_config_t *node = tdm_node_config(d->node);
+    const tdm_node_config_t *node = tdm_node_cfg(d->node);
     const char *kv_ep =
         node->kv_advertise ? node->kv_advertise : tdm_kv_receiver_endpoint(d->receiver);
     if (tdm_node_connect(d->node, kv_ep, err) != TDM_OK)

@@ -237,7 +237,7 @@ void tdm_prefill_destroy(tdm_prefill_t **self_p)
 
 tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p)
 {
-    return tdm_node_link(p->node);
+    return tdm_node_router(p->node);
 }
 
 /* The KV sender, a client of each decode node's receiver. */
@@ -245,7 +245,7 @@ static tdm_kv_sender_t *open_sender(tdm_prefill_t *p, tdm_net_t *net, tdm_error_
 {
     tdm_curve_keys_t curve;
     tdm_kv_sender_opts_t so = {0};
-    so.node_id = tdm_node_config(p->node)->id;
+    so.node_id = tdm_node_cfg(p->node)->id;
     so.model_fingerprint = p->rt->fingerprint;
     so.backend = TDM_KV_BACKEND_TCP;
     so.curve = tdm_node_curve_kv(&p->rt->keys, &curve);
@@ -269,7 +269,7 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
     p->node = tdm_node_new(cfg, node_id, &prefill_ops, p, net, log, err);
     if (!p->node)
         goto out_destroy;
-    p->rt = tdm_node_runtime(p->node);
+    p->rt = tdm_node_rt(p->node);
     p->log = tdm_node_log(p->node);
     p->sender = open_sender(p, net, err);
     if (!p->sender || tdm_node_connect(p->node, NULL, err) != TDM_OK)

@@ -286,12 +286,13 @@ void tdm_node_destroy(tdm_node_t **self_p);
  * 300 ms). Returns 0 after a requested stop. */
 int tdm_node_serve(tdm_node_t *n, volatile sig_atomic_t *stop, tdm_error_t *err);
 
-/* The node's parts, owned by it (valid until tdm_node_destroy). Cannot fail. */
-tdm_node_runtime_t *tdm_node_runtime(tdm_node_t *n);
-const tdm_node_config_t *tdm_node_config(const tdm_node_t *n);
+/* The node's parts, owned by it (valid until tdm_node_destroy): runtime, config entry, logger,
+ * router link, the link's engine socket. Cannot fail. */
+tdm_node_runtime_t *tdm_node_rt(tdm_node_t *n);
+const tdm_node_config_t *tdm_node_cfg(const tdm_node_t *n);
 const tdm_logger_t *tdm_node_log(const tdm_node_t *n);
-tdm_node_link_t *tdm_node_link(tdm_node_t *n); /* NULL before tdm_node_connect */
-tdm_sock_t *tdm_node_sock(tdm_node_t *n);      /* tdm_node_link_sock of the link */
+tdm_node_link_t *tdm_node_router(tdm_node_t *n); /* NULL before tdm_node_connect */
+tdm_sock_t *tdm_node_sock(tdm_node_t *n);        /* tdm_node_link_sock of the link */
 
 /* A new zeroed entry (ops->req_size bytes) for attempt a, or NULL when the table is full. The
  * caller has checked that the attempt is not held yet (tdm_node_req_find). */

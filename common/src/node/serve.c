@@ -190,12 +190,12 @@ void tdm_node_destroy(tdm_node_t **self_p)
     *self_p = NULL;
 }
 
-tdm_node_runtime_t *tdm_node_runtime(tdm_node_t *n)
+tdm_node_runtime_t *tdm_node_rt(tdm_node_t *n)
 {
     return &n->rt;
 }
 
-const tdm_node_config_t *tdm_node_config(const tdm_node_t *n)
+const tdm_node_config_t *tdm_node_cfg(const tdm_node_t *n)
 {
     return n->node;
 }
@@ -205,7 +205,7 @@ const tdm_logger_t *tdm_node_log(const tdm_node_t *n)
     return &n->log;
 }
 
-tdm_node_link_t *tdm_node_link(tdm_node_t *n)
+tdm_node_link_t *tdm_node_router(tdm_node_t *n)
 {
     return n->link;
 }
