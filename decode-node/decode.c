@@ -134,7 +134,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     dres_t *r = (dres_t *)tdm_node_req_new(d->node, &att);
     if (!r) {
         tdm_sock_reply_error(s, f, TDM_ERESOURCE, "decode node holds %u requests already",
-                             (uint32_t)tdm_node_cfg(d->node)->max_running + 4096);
+                             (uint32_t)tdm_node_cfg(d->node)->max_running + TDM_NODE_MAX_WAITING);
         goto out_free;
     }
     r->sp = sp;

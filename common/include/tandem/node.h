@@ -70,6 +70,10 @@ const tdm_curve_keys_t *tdm_node_curve_kv(const tdm_node_keys_t *k, tdm_curve_ke
 
 /* ---- runtime ---- */
 
+/* Requests a node queues beyond its running batch (node.max_running): its worker's
+ * max_waiting, and its request table holds max_running + this many. */
+#define TDM_NODE_MAX_WAITING 4096u
+
 typedef struct tdm_node_runtime {
     tdm_model_t *model;
     tdm_tokenizer_t *tok;
@@ -257,10 +261,10 @@ typedef struct tdm_node_ops {
 } tdm_node_ops_t;
 
 /* Opens the node `node_id` of cfg (or cfg's first node of ops->role) for a handler: its
- * runtime (tdm_node_runtime_open in ops->mode) and its request table (max_running + 4096
- * entries of ops->req_size bytes). cfg, ops and h must outlive the node. The link to the router
- * starts with tdm_node_connect. Returns NULL with *err set: tdm_node_pick's errors,
- * tdm_node_runtime_open's, TDM_ERESOURCE (out of memory). */
+ * runtime (tdm_node_runtime_open in ops->mode) and its request table (max_running +
+ * TDM_NODE_MAX_WAITING entries of ops->req_size bytes). cfg, ops and h must outlive the node. The
+ * link to the router starts with tdm_node_connect. Returns NULL with *err set: tdm_node_pick's
+ * errors, tdm_node_runtime_open's, TDM_ERESOURCE (out of memory). */
 tdm_node_t *tdm_node_new(const tdm_config_t *cfg, const char *node_id, const tdm_node_ops_t *ops,
                          void *h, tdm_net_t *net, const tdm_logger_t *log, tdm_error_t *err);
 

@@ -74,7 +74,7 @@ static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     if (!rt->engine)
         return err ? err->code : TDM_EINVALID;
     tdm_worker_opts_t wo = {mode, (uint32_t)node->max_batch_tokens, (uint32_t)node->max_running,
-                            4096, rt->n_ctx, cfg->kv.prefix_caching,
+                            TDM_NODE_MAX_WAITING, rt->n_ctx, cfg->kv.prefix_caching,
                             /* a decode node prefilling locally (no prefill node up, or
                              * recompute after preemption) takes small chunks, so its running
                              * sequences keep getting tokens */

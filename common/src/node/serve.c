@@ -23,7 +23,6 @@
 #define NO_ENTRY UINT32_MAX
 #define TIMER_PERIOD_S 0.05   /* expiry checks and load publishing */
 #define SHUTDOWN_FLUSH_MS 300 /* how long the last messages get to reach the router */
-#define EXTRA_ENTRIES 4096u   /* requests queued beyond max_running */
 
 struct tdm_node {
     const tdm_config_t *cfg;
@@ -153,7 +152,7 @@ tdm_node_t *tdm_node_new(const tdm_config_t *cfg, const char *node_id, const tdm
         n->log = *log;
     else
         tdm_log_init(&n->log, node->id);
-    if (table_open(n, (uint32_t)node->max_running + EXTRA_ENTRIES, err) != TDM_OK ||
+    if (table_open(n, (uint32_t)node->max_running + TDM_NODE_MAX_WAITING, err) != TDM_OK ||
         tdm_node_runtime_open(&n->rt, cfg, node, ops->mode, err) != TDM_OK) {
         tdm_node_destroy(&n);
         return NULL;
