@@ -1,4 +1,6 @@
-/* main.c - tandem-decode: runs one decode node of a Tandem cluster (see tandem/daemon.h). */
+/* main.c - tandem-decode: runs one decode node of a Tandem cluster (see decode.h and
+ * tandem/daemon.h). */
+#include "decode.h"
 #include "tandem/daemon.h"
 
 static void *create(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,

@@ -1,4 +1,6 @@
-/* main.c - tandem-prefill: runs one prefill node of a Tandem cluster (see tandem/daemon.h). */
+/* main.c - tandem-prefill: runs one prefill node of a Tandem cluster (see prefill.h and
+ * tandem/daemon.h). */
+#include "prefill.h"
 #include "tandem/daemon.h"
 
 static void *create(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,

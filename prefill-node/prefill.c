@@ -1,155 +1,81 @@
 /* prefill.c - the prefill node: takes PrefillTasks from the router, packs prompts into
  * forward passes (chunked under max_batch_tokens), reports each first token at once, ships
- * the KV pages to the decode node the task names, and reports failures so the router can
- * re-dispatch. Runs on one thread (the engine thread); the router link has its own. */
+ * the KV pages to the decode node the task names, reports the sender's measured transfer time
+ * when the decode node acknowledged them, and reports failures so the router can re-dispatch.
+ * A handler of the node serve loop (common/src/node/serve.c), which runs it on one thread
+ * (the engine thread); the router link has its own. */
+#include "prefill.h"
+
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <zmq.h>
 
-#include "tandem/daemon.h"
-#include "tandem/node.h"
 #include "tandem/proto.h"
 #include "tandem/transfer.h"
 
+/* One task: the serve loop's entry, then what the prefill node adds. */
 typedef struct ptask {
-    bool used;
-    bool shipping;          /* KV handed to the sender */
-    tdm_node_attempt_t att; /* att.key: the worker's id for it */
-    char decode_ep[256];
+    tdm_node_req_t base; /* base.att.key: the worker's id for it */
+    bool in_worker;      /* the worker holds its sequence (until PREFILLED or FAILED) */
+    bool shipping;       /* KV handed to the sender */
+    char decode_ep[256]; /* the decode node's KV endpoint */
     char decode_id[TDM_NODE_ID_MAX + 1];
-    uint64_t deadline_ms;
-    double prefill_s;
 } ptask_t;
 
 struct tdm_prefill {
     const tdm_config_t *cfg;
-    const tdm_node_config_t *node;
-    tdm_logger_t log;
-    tdm_net_t *net;
-    tdm_node_runtime_t rt;
+    tdm_node_t *node;
+    tdm_node_runtime_t *rt; /* the node's */
+    const tdm_logger_t *log;
     tdm_kv_sender_t *sender;
-    tdm_node_link_t *link;
-    ptask_t *tasks; /* [n_tasks] */
-    uint32_t n_tasks;
-    double last_load, last_deadline_check;
 };
 
-/* The task of worker id (attempt key) key. */
-static ptask_t *task_find(tdm_prefill_t *p, const char *key)
+/* ---- hooks ---- */
+
+static void drop(void *h, tdm_node_req_t *r)
 {
-    for (uint32_t i = 0; i < p->n_tasks; i++)
-        if (p->tasks[i].used && strcmp(p->tasks[i].att.key, key) == 0)
-            return &p->tasks[i];
-    return NULL;
+    tdm_prefill_t *p = h;
+    ptask_t *t = (ptask_t *)r;
+    if (t->in_worker)
+        tdm_worker_cancel(p->rt->worker, r->att.key);
+    if (t->shipping && p->sender)
+        tdm_kv_sender_cancel(p->sender, r->att.attempt_id);
 }
 
-static ptask_t *task_find_attempt(tdm_prefill_t *p, uint64_t attempt_id)
+/* The PrefillTask's fields a node checks before taking it: TDM_EINVALID with the message. */
+static int check_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m, tdm_sampling_params_t *sp,
+                      tdm_error_t *err)
 {
-    for (uint32_t i = 0; i < p->n_tasks; i++)
-        if (p->tasks[i].used && p->tasks[i].att.attempt_id == attempt_id)
-            return &p->tasks[i];
-    return NULL;
+    if (!m->decode_kv_endpoint || !m->decode_kv_endpoint[0] ||
+        strlen(m->decode_kv_endpoint) >= sizeof(((ptask_t *)0)->decode_ep))
+        return tdm_error_set(err, TDM_EINVALID, "decode_kv_endpoint: missing or too long");
+    return tdm_node_sampling(m->sampling, m->max_tokens, p->rt->n_vocab, sp, err);
 }
 
-static ptask_t *task_alloc(tdm_prefill_t *p)
+/* Takes a checked task: an entry, and its prompt into the worker. */
+static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
+                       const tdm_node_attempt_t *att, const tdm_sampling_params_t *sp)
 {
-    for (uint32_t i = 0; i < p->n_tasks; i++)
-        if (!p->tasks[i].used)
-            return &p->tasks[i];
-    return NULL;
-}
-
-void tdm_prefill_destroy(tdm_prefill_t **self_p)
-{
-    if (!self_p || !*self_p)
+    ptask_t *t = (ptask_t *)tdm_node_req_new(p->node, att);
+    if (!t) {
+        tdm_node_fail(p->node, att, TDM_ERESOURCE, true, "prefill node task table full");
         return;
-    tdm_prefill_t *p = *self_p;
-    tdm_node_link_destroy(&p->link);
-    tdm_kv_sender_destroy(&p->sender);
-    tdm_node_runtime_close(&p->rt);
-    free(p->tasks);
-    free(p);
-    *self_p = NULL;
-}
-
-tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p)
-{
-    return p->link;
-}
-
-tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
-                               const tdm_logger_t *log, tdm_error_t *err)
-{
-    const tdm_node_config_t *node = tdm_node_pick(cfg, node_id, TDM_NODE_ROLE_PREFILL, err);
-    if (!node)
-        return NULL;
-    tdm_prefill_t *p = calloc(1, sizeof *p);
-    if (!p) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        return NULL;
     }
-    p->cfg = cfg;
-    p->node = node;
-    p->net = net;
-    if (log)
-        p->log = *log;
-    else
-        tdm_log_init(&p->log, node->id);
-    p->n_tasks = (uint32_t)node->max_running + 4096;
-    p->tasks = calloc(p->n_tasks, sizeof *p->tasks);
-    if (!p->tasks) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        goto out_destroy;
+    tdm_worker_req_t req = {att->key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, sp, NULL, 0,
+                            t};
+    tdm_error_t err = {0};
+    if (m->n_prompt_tokens > UINT32_MAX || tdm_worker_add(p->rt->worker, &req, &err) != TDM_OK) {
+        tdm_node_req_fail(p->node, &t->base, err.code ? err.code : TDM_EINVALID,
+                          err.code == TDM_ERESOURCE, err.msg[0] ? err.msg : "prompt too long");
+        return;
     }
-    if (tdm_node_runtime_open(&p->rt, cfg, node, TDM_WORKER_MODE_PREFILL, err) != TDM_OK)
-        goto out_destroy;
-    tdm_curve_keys_t curve;
-    const tdm_curve_keys_t *cp = tdm_node_curve_kv(&p->rt.keys, &curve);
-    tdm_kv_sender_opts_t so = {0};
-    so.node_id = node->id;
-    so.model_fingerprint = p->rt.fingerprint;
-    so.backend = TDM_KV_BACKEND_TCP;
-    so.curve = cp;
-    /* Generous: the decode node acknowledges between forward passes, which can be long on a
-     * busy CPU; a dead decode node is noticed by the router's heartbeats much sooner and its
-     * requests cancelled here. */
-    so.timeout_ms = 60000;
-    so.log = &p->log;
-    p->sender = tdm_kv_sender_new(net, p->rt.pool, &so, err);
-    if (!p->sender)
-        goto out_destroy;
-    p->link = tdm_node_link_start(net, cfg, node, &p->rt, NULL, &p->log, err);
-    if (!p->link)
-        goto out_destroy;
-    tdm_kv_stats_t ks;
-    tdm_kv_pool_stats(p->rt.pool, &ks);
-    TDM_LOG_INFOF(
-        &p->log, NULL,
-        "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s curve=%s",
-        tdm_engine_backend_name(p->rt.engine), ks.n_blocks, (double)p->rt.kv_bytes / 1048576.0,
-        p->rt.n_ctx, tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off");
-    return p;
-out_destroy:
-    tdm_prefill_destroy(&p);
-    return NULL;
-}
-
-/* Tells the router a task failed. */
-static void report_failed(tdm_prefill_t *p, const tdm_node_attempt_t *a, int status, bool retryable,
-                          const char *msg)
-{
-    tdm_node_report_failed(tdm_node_link_sock(p->link), &p->log, a, status, retryable, msg);
-}
-
-static void drop_task(tdm_prefill_t *p, ptask_t *t)
-{
-    tdm_worker_cancel(p->rt.worker, t->att.key);
-    if (t->shipping)
-        tdm_kv_sender_cancel(p->sender, t->att.attempt_id);
-    memset(t, 0, sizeof *t);
+    t->in_worker = true;
+    snprintf(t->decode_ep, sizeof t->decode_ep, "%s", m->decode_kv_endpoint);
+    snprintf(t->decode_id, sizeof t->decode_id, "%s", m->decode_node_id ? m->decode_node_id : "");
+    t->base.deadline_ms = m->deadline_unix_ms;
+    TDM_LOG_DEBUGF(p->log, att->label, "prefill task attempt=%s prompt_tokens=%zu decode=%s",
+                   att->key, m->n_prompt_tokens, t->decode_id);
 }
 
 static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
@@ -157,231 +83,211 @@ static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
     Tandem__V1__PrefillTask *m =
         (Tandem__V1__PrefillTask *)tdm_frame_unpack(f, &tandem__v1__prefill_task__descriptor);
     if (!m) {
-        TDM_LOG_WARNF(&p->log, NULL, "dropped a PrefillTask that does not decode");
+        TDM_LOG_WARNF(p->log, NULL, "dropped a PrefillTask that does not decode");
         return;
     }
     tdm_error_t err = {0};
     tdm_node_attempt_t att;
-    if (tdm_node_attempt_init(&att, m->request_id, m->attempt_id, f->instance_id, &err) != 0) {
-        TDM_LOG_WARNF(&p->log, NULL, "dropped a PrefillTask: %s", err.msg);
-        goto out_free;
-    }
-    const char *id = att.label;
-    if (task_find_attempt(p, att.attempt_id)) {
-        /* the router never sends one attempt twice: a duplicate is dropped, the first runs */
-        TDM_LOG_WARNF(&p->log, id, "dropped a second PrefillTask for attempt %s", att.key);
-        goto out_free;
-    }
-    if (!m->decode_kv_endpoint || !m->decode_kv_endpoint[0] ||
-        strlen(m->decode_kv_endpoint) >= sizeof(((ptask_t *)0)->decode_ep)) {
-        report_failed(p, &att, TDM_EINVALID, false, "decode_kv_endpoint: missing or too long");
-        goto out_free;
-    }
     tdm_sampling_params_t sp;
-    if (tdm_node_sampling(m->sampling, m->max_tokens, p->rt.n_vocab, &sp, &err) != TDM_OK) {
-        report_failed(p, &att, err.code, false, err.msg);
-        goto out_free;
-    }
-    ptask_t *t = task_alloc(p);
-    if (!t) {
-        report_failed(p, &att, TDM_ERESOURCE, true, "prefill node task table full");
-        goto out_free;
-    }
-    tdm_worker_req_t req = {att.key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, &sp, NULL, 0};
-    if (m->n_prompt_tokens > UINT32_MAX || tdm_worker_add(p->rt.worker, &req, &err) != TDM_OK) {
-        report_failed(p, &att, err.code ? err.code : TDM_EINVALID, err.code == TDM_ERESOURCE,
-                      err.msg[0] ? err.msg : "prompt too long");
-        goto out_free;
-    }
-    t->used = true;
-    t->att = att;
-    snprintf(t->decode_ep, sizeof t->decode_ep, "%s", m->decode_kv_endpoint);
-    snprintf(t->decode_id, sizeof t->decode_id, "%s", m->decode_node_id ? m->decode_node_id : "");
-    t->deadline_ms = m->deadline_unix_ms;
-    TDM_LOG_DEBUGF(&p->log, id, "prefill task attempt=%s prompt_tokens=%zu decode=%s", att.key,
-                   m->n_prompt_tokens, t->decode_id);
-out_free:
+    if (tdm_node_attempt_init(&att, m->request_id, m->attempt_id, f->instance_id, &err) != 0)
+        TDM_LOG_WARNF(p->log, NULL, "dropped a PrefillTask: %s", err.msg);
+    else if (tdm_node_req_find(p->node, att.attempt_id))
+        /* the router never sends one attempt twice: a duplicate is dropped, the first runs */
+        TDM_LOG_WARNF(p->log, att.label, "dropped a second PrefillTask for attempt %s", att.key);
+    else if (check_task(p, m, &sp, &err) != TDM_OK)
+        tdm_node_fail(p->node, &att, err.code, false, err.msg);
+    else
+        start_task(p, m, &att, &sp);
     tandem__v1__prefill_task__free_unpacked(m, NULL);
 }
 
-static void on_cancel(tdm_prefill_t *p, const tdm_frame_t *f)
+static bool on_frame(void *h, const tdm_frame_t *f)
 {
-    Tandem__V1__NodeCancel *m =
-        (Tandem__V1__NodeCancel *)tdm_frame_unpack(f, &tandem__v1__node_cancel__descriptor);
-    if (!m)
-        return;
-    ptask_t *t = m->attempt_id ? task_find_attempt(p, m->attempt_id) : NULL;
-    if (t && t->att.router_instance != f->instance_id)
-        t = NULL; /* only the router that dispatched it may cancel it */
-    if (t) {
-        TDM_LOG_DEBUGF(&p->log, t->att.label, "cancelled by the router");
-        drop_task(p, t);
-    }
-    tandem__v1__node_cancel__free_unpacked(m, NULL);
+    if (f->method != TANDEM__V1__METHOD__METHOD_PREFILL_TASK)
+        return false;
+    on_prefill_task(h, f);
+    return true;
 }
 
-static void on_router_frame(tdm_prefill_t *p, const tdm_frame_t *f)
+/* PREFILLED: the prompt's KV goes to the decode node the task names. */
+static void ship(tdm_prefill_t *p, ptask_t *t, const tdm_worker_event_t *ev)
 {
-    tdm_sock_t *s = tdm_node_link_sock(p->link);
-    switch (f->method) {
-    case TANDEM__V1__METHOD__METHOD_PREFILL_TASK: on_prefill_task(p, f); break;
-    case TANDEM__V1__METHOD__METHOD_NODE_CANCEL: on_cancel(p, f); break;
-    case TANDEM__V1__METHOD__METHOD_NODE_STATUS:
-        tdm_node_reply_status(s, f, p->node, &p->rt, p->link);
-        break;
-    default:
-        if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
-            tdm_sock_reply_error(s, f, TDM_EINVALID, "unknown method %d on a prefill node",
-                                 f->method);
-    }
-}
-
-static void on_event(tdm_prefill_t *p, const tdm_worker_event_t *ev)
-{
-    ptask_t *t = task_find(p, ev->request_id);
-    switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN:
-        if (t) /* else cancelled in the meantime: nobody waits for it */
-            tdm_node_send_token(tdm_node_link_sock(p->link), &t->att, ev);
-        break;
-    case TDM_WORKER_EVENT_PREFILLED: {
-        tdm_kv_seq_t seq = ev->seq;
-        if (!t) { /* cancelled in the meantime */
-            tdm_kv_seq_release(p->rt.pool, &seq);
-            break;
-        }
-        tdm_kv_send_req_t sr = {0};
-        sr.request_id = t->att.label;
-        sr.attempt_id = t->att.attempt_id;
-        sr.endpoint = t->decode_ep;
-        sr.blocks = seq.blocks;
-        sr.n_blocks = seq.n_blocks;
-        sr.n_tokens = ev->n_tokens;
-        sr.first_token = ev->first_token;
-        sr.prefill_s = ev->prefill_s;
-        /* CURVE: the channel authenticates the decode node the router named by its own key */
-        const tdm_node_config_t *dn = tdm_config_find_node(p->cfg, t->decode_id);
-        sr.server_key = dn ? dn->curve_public_key : NULL;
-        uint64_t xid;
-        tdm_error_t err = {0};
-        int rc = tdm_kv_sender_send(p->sender, &sr, &xid, &err);
-        /* The sender holds its own references; ours go now (into the prefix cache). */
-        tdm_kv_seq_release(p->rt.pool, &seq);
-        if (rc != TDM_OK) {
-            report_failed(p, &t->att, rc, true, err.msg);
-            memset(t, 0, sizeof *t);
-            break;
-        }
+    tdm_kv_seq_t seq = ev->seq;
+    t->in_worker = false; /* the worker handed the sequence over */
+    tdm_kv_send_req_t sr = {0};
+    sr.request_id = t->base.att.label;
+    sr.attempt_id = t->base.att.attempt_id;
+    sr.endpoint = t->decode_ep;
+    sr.blocks = seq.blocks;
+    sr.n_blocks = seq.n_blocks;
+    sr.n_tokens = ev->n_tokens;
+    sr.first_token = ev->first_token;
+    sr.prefill_s = ev->prefill_s;
+    /* CURVE: the channel authenticates the decode node the router named by its own key */
+    const tdm_node_config_t *dn = tdm_config_find_node(p->cfg, t->decode_id);
+    sr.server_key = dn ? dn->curve_public_key : NULL;
+    uint64_t xid;
+    tdm_error_t err = {0};
+    int rc = tdm_kv_sender_send(p->sender, &sr, &xid, &err);
+    /* The sender holds its own references; ours go now (into the prefix cache). */
+    tdm_kv_seq_release(p->rt->pool, &seq);
+    if (rc != TDM_OK)
+        tdm_node_req_fail(p->node, &t->base, rc, true, err.msg);
+    else
         t->shipping = true;
-        t->prefill_s = ev->prefill_s;
-        break;
-    }
+}
+
+static void on_event(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev)
+{
+    tdm_prefill_t *p = h;
+    switch (ev->kind) {
+    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(tdm_node_sock(p->node), &r->att, ev); break;
+    case TDM_WORKER_EVENT_PREFILLED: ship(p, (ptask_t *)r, ev); break;
     case TDM_WORKER_EVENT_FAILED:
-        if (t) {
-            report_failed(p, &t->att, ev->status, false, ev->message);
-            memset(t, 0, sizeof *t);
-        }
+        ((ptask_t *)r)->in_worker = false; /* the worker freed it already */
+        tdm_node_req_fail(p->node, r, ev->status, false, ev->message);
         break;
     default: break;
     }
 }
 
+/* The decode node acknowledged the KV: the prefill node's part is done. The router gets the
+ * sender's measured time (send until acknowledgement) for its KV-transfer histogram, in a
+ * Finished of this attempt from this node (docs/protocol.md). */
+static void report_shipped(tdm_prefill_t *p, const ptask_t *t, const tdm_kv_send_done_t *d)
+{
+    TDM_LOG_DEBUGF(p->log, d->request_id, "KV shipped bytes=%" PRIu64 " seconds=%.4f", d->bytes,
+                   d->seconds);
+    Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
+    fin.request_id = (char *)(uintptr_t)t->base.att.label;
+    fin.attempt_id = t->base.att.attempt_id;
+    fin.kv_transfer_s = d->seconds;
+    fin.kv_transfer_bytes = d->bytes;
+    tdm_sock_notify(tdm_node_sock(p->node), NULL, 0, TANDEM__V1__METHOD__METHOD_FINISHED,
+                    &fin.base);
+}
+
 static void on_sent(tdm_prefill_t *p, const tdm_kv_send_done_t *d)
 {
-    ptask_t *t = task_find_attempt(p, d->attempt_id);
-    if (d->status == TDM_ECANCELLED) {
-        if (t)
-            memset(t, 0, sizeof *t);
+    ptask_t *t = (ptask_t *)tdm_node_req_find(p->node, d->attempt_id);
+    if (!t) /* cancelled meanwhile: the router no longer waits for it */
         return;
-    }
-    if (d->status != 0) {
-        if (t) { /* else cancelled meanwhile: the router no longer waits for it */
-            char msg[TDM_ERRMSG_MAX + 64];
-            snprintf(msg, sizeof msg, "KV transfer to %s failed: %s", t->decode_id, d->message);
-            /* a key mismatch between nodes is the cluster's fault, not the client's: it must
-             * not reach the client as UNAUTHENTICATED (HTTP 401) */
-            int st = d->status == TDM_EUNAUTHENTICATED ? TDM_EUNAVAILABLE : d->status;
-            report_failed(p, &t->att, st, true, msg);
-        }
+    t->shipping = false; /* the sender is done with it */
+    if (d->status == TDM_ECANCELLED) {
+        tdm_node_req_drop(p->node, &t->base);
+    } else if (d->status != 0) {
+        char msg[TDM_ERRMSG_MAX + 64];
+        snprintf(msg, sizeof msg, "KV transfer to %s failed: %s", t->decode_id, d->message);
+        /* a key mismatch between nodes is the cluster's fault, not the client's: it must not
+         * reach the client as UNAUTHENTICATED (HTTP 401) */
+        int st = d->status == TDM_EUNAUTHENTICATED ? TDM_EUNAVAILABLE : d->status;
+        tdm_node_req_fail(p->node, &t->base, st, true, msg);
     } else {
-        TDM_LOG_DEBUGF(&p->log, d->request_id, "KV shipped bytes=%" PRIu64 " seconds=%.4f",
-                       d->bytes, d->seconds);
+        report_shipped(p, t, d);
+        tdm_node_req_drop(p->node, &t->base);
     }
-    if (t)
-        memset(t, 0, sizeof *t);
+}
+
+static void tick(void *h)
+{
+    tdm_prefill_t *p = h;
+    tdm_kv_send_done_t done[16];
+    int nd;
+    while ((nd = tdm_kv_sender_poll(p->sender, 0, done, 16)) > 0)
+        for (int i = 0; i < nd; i++)
+            on_sent(p, &done[i]);
+}
+
+static int wait_ms(void *h, void **zsock)
+{
+    tdm_prefill_t *p = h;
+    *zsock = NULL;
+    return tdm_kv_sender_in_flight(p->sender) ? 2 : 20; /* acknowledgements come by polling */
+}
+
+static const tdm_node_ops_t prefill_ops = {
+    .role = TDM_NODE_ROLE_PREFILL,
+    .mode = TDM_WORKER_MODE_PREFILL,
+    .req_size = sizeof(ptask_t),
+    .shutdown_retryable = true,
+    .deadline_msg = "deadline passed during prefill",
+    .wait_msg = "",
+    .frame = on_frame,
+    .event = on_event,
+    .tick = tick,
+    .wait = wait_ms,
+    .drop = drop,
+};
+
+/* ---- the object ---- */
+
+void tdm_prefill_destroy(tdm_prefill_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_prefill_t *p = *self_p;
+    /* the tasks' transfers are cancelled with the sender alive, and the sender drops its
+     * block references before the node's pool goes */
+    tdm_node_drop_all(p->node);
+    tdm_kv_sender_destroy(&p->sender);
+    tdm_node_destroy(&p->node);
+    free(p);
+    *self_p = NULL;
+}
+
+tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p)
+{
+    return tdm_node_router(p->node);
+}
+
+/* The KV sender, a client of each decode node's receiver. */
+static tdm_kv_sender_t *open_sender(tdm_prefill_t *p, tdm_net_t *net, tdm_error_t *err)
+{
+    tdm_curve_keys_t curve;
+    tdm_kv_sender_opts_t so = {0};
+    so.node_id = tdm_node_cfg(p->node)->id;
+    so.model_fingerprint = p->rt->fingerprint;
+    so.backend = TDM_KV_BACKEND_TCP;
+    so.curve = tdm_node_curve_kv(&p->rt->keys, &curve);
+    /* Generous: the decode node acknowledges between forward passes, which can be long on a
+     * busy CPU; a dead decode node is noticed by the router's heartbeats much sooner and its
+     * requests cancelled here. */
+    so.timeout_ms = 60000;
+    so.log = p->log;
+    return tdm_kv_sender_new(net, p->rt->pool, &so, err);
+}
+
+tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
+                               const tdm_logger_t *log, tdm_error_t *err)
+{
+    tdm_prefill_t *p = calloc(1, sizeof *p);
+    if (!p) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    p->cfg = cfg;
+    p->node = tdm_node_new(cfg, node_id, &prefill_ops, p, net, log, err);
+    if (!p->node)
+        goto out_destroy;
+    p->rt = tdm_node_rt(p->node);
+    p->log = tdm_node_log(p->node);
+    p->sender = open_sender(p, net, err);
+    if (!p->sender || tdm_node_connect(p->node, NULL, err) != TDM_OK)
+        goto out_destroy;
+    tdm_kv_stats_t ks;
+    tdm_kv_pool_stats(p->rt->pool, &ks);
+    TDM_LOG_INFOF(
+        p->log, NULL,
+        "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s curve=%s",
+        tdm_engine_backend_name(p->rt->engine), ks.n_blocks, (double)p->rt->kv_bytes / 1048576.0,
+        p->rt->n_ctx, tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off");
+    return p;
+out_destroy:
+    tdm_prefill_destroy(&p);
+    return NULL;
 }
 
 int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *err)
 {
-    tdm_sock_t *s = tdm_node_link_sock(p->link);
-    tdm_frame_t f;
-    tdm_frame_init(&f);
-    int rc = 0;
-    while (!*stop) {
-        char why[TDM_ERRMSG_MAX];
-        if (tdm_node_link_state(p->link, why, sizeof why) == TDM_NODE_LINK_REJECTED) {
-            rc = tdm_error_set(err, TDM_EPRECONDITION, "the router refused this node: %s", why);
-            break;
-        }
-        bool busy = tdm_worker_busy(p->rt.worker);
-        int timeout = busy ? 0 : (tdm_kv_sender_in_flight(p->sender) ? 2 : 20);
-        zmq_pollitem_t it = {tdm_sock_zsock(s), 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, timeout) < 0 && zmq_errno() != EINTR)
-            break;
-        while (tdm_sock_recv(s, &f, 0) == 0) {
-            on_router_frame(p, &f);
-            tdm_frame_clear(&f);
-        }
-        if (busy) {
-            const tdm_worker_event_t *ev;
-            uint32_t n;
-            tdm_error_t serr = {0};
-            if (tdm_worker_step(p->rt.worker, &ev, &n, &serr) != TDM_OK)
-                TDM_LOG_ERRORF(&p->log, NULL, "forward pass failed: %s", serr.msg);
-            for (uint32_t i = 0; i < n; i++)
-                on_event(p, &ev[i]);
-        }
-        tdm_kv_send_done_t done[16];
-        int nd;
-        while ((nd = tdm_kv_sender_poll(p->sender, 0, done, 16)) > 0)
-            for (int i = 0; i < nd; i++)
-                on_sent(p, &done[i]);
-        double now = tdm_time_now();
-        if (now - p->last_deadline_check > 0.05) {
-            p->last_deadline_check = now;
-            uint64_t now_ms = tdm_net_now_ms();
-            uint64_t router = tdm_node_link_router_instance(p->link);
-            for (uint32_t i = 0; i < p->n_tasks; i++) {
-                ptask_t *t = &p->tasks[i];
-                if (t->used && t->deadline_ms && now_ms > t->deadline_ms) {
-                    report_failed(p, &t->att, TDM_EDEADLINE, false,
-                                  "deadline passed during prefill");
-                    drop_task(p, t);
-                } else if (t->used && router && t->att.router_instance != router) {
-                    TDM_LOG_INFOF(&p->log, t->att.label,
-                                  "dropped: dispatched by router instance %016" PRIx64
-                                  ", which is gone",
-                                  t->att.router_instance);
-                    drop_task(p, t);
-                }
-            }
-        }
-        if (now - p->last_load > 0.05) {
-            p->last_load = now;
-            tdm_node_load_t ld;
-            tdm_node_load_collect(p->rt.worker, p->rt.pool, &ld);
-            tdm_node_link_set_load(p->link, &ld);
-        }
-    }
-    tdm_frame_clear(&f);
-    /* Shutdown: fail what is in flight so the router re-dispatches it, free every block. */
-    for (uint32_t i = 0; i < p->n_tasks; i++)
-        if (p->tasks[i].used) {
-            report_failed(p, &p->tasks[i].att, TDM_EUNAVAILABLE, true,
-                          "prefill node shutting down");
-            drop_task(p, &p->tasks[i]);
-        }
-    tdm_node_link_flush(p->link);
-    TDM_LOG_INFOF(&p->log, NULL, "prefill node stopped");
-    return rc;
+    return tdm_node_serve(p->node, stop, err);
 }

@@ -344,6 +344,7 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     n->pending[n->n_pending++] = (rt_pending_t){call, need, q};
     n->reserved_pending += need;
     q->attempt_id = attempt;
+    q->kv_transfer_s = 0; /* measured again for this attempt */
     q->decode = n;
     q->prefill = NULL;
     q->state = RT_RESERVING;

@@ -586,7 +586,8 @@ static bool finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *f
                            ? TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH
                            : TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
     q->completion_tokens = fin->completion_tokens;
-    q->kv_transfer_s = fin->kv_transfer_s;
+    if (q->kv_transfer_s == 0) /* the decode node's estimate, until the prefill node measured */
+        q->kv_transfer_s = fin->kv_transfer_s;
     r->metrics.kv_transfer_bytes += fin->kv_transfer_bytes;
     if (q->next_index >= q->completion_tokens) {
         complete(r, q, q->finish_reason, SIZE_MAX);
@@ -601,8 +602,10 @@ void rt_stream_on_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         (Tandem__V1__Finished *)tdm_frame_unpack(f, &tandem__v1__finished__descriptor);
     if (!fin)
         return;
-    rt_req_t *q = rt_req_for_event(r, n, fin->request_id, fin->attempt_id, false, true, "Finished");
-    if (q && q->state != RT_RUNNING)
+    rt_req_t *q = rt_req_for_event(r, n, fin->request_id, fin->attempt_id, true, true, "Finished");
+    if (q && n == q->prefill) /* its KV acknowledged: the sender-measured transfer time */
+        q->kv_transfer_s = fin->kv_transfer_s;
+    else if (q && q->state != RT_RUNNING)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL,
                       "ignoring Finished from %s (request not running yet)", n->cfg->id);
     else if (q)

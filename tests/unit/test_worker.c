@@ -5,9 +5,61 @@
 
 #include "tandem/worker.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Allocation accounting: tests/CMakeLists.txt links this test with -Wl,--wrap for the
+ * allocator, so every allocation of the code linked into it (libtandem included) comes through
+ * the functions below. While g_alloc_watch is set each one is counted, and with g_alloc_fail it
+ * fails. The linker's names (__wrap_x, __real_x) break the house rule on "__" unavoidably. */
+static atomic_int g_alloc_watch, g_alloc_fail, g_allocs;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t k, size_t n);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t k, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+
+static bool alloc_seen(void)
+{
+    if (!atomic_load(&g_alloc_watch))
+        return false;
+    atomic_fetch_add(&g_allocs, 1);
+    return atomic_load(&g_alloc_fail) != 0;
+}
+
+void *__wrap_malloc(size_t n)
+{
+    return alloc_seen() ? NULL : __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t k, size_t n)
+{
+    return alloc_seen() ? NULL : __real_calloc(k, n);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    return alloc_seen() ? NULL : __real_realloc(p, n);
+}
+
+/* Starts counting allocations (failing each one when fail is set). */
+static void alloc_watch(bool fail)
+{
+    atomic_store(&g_allocs, 0);
+    atomic_store(&g_alloc_fail, fail);
+    atomic_store(&g_alloc_watch, 1);
+}
+
+/* Stops counting; returns the allocations seen since alloc_watch. */
+static int alloc_unwatch(void)
+{
+    atomic_store(&g_alloc_watch, 0);
+    atomic_store(&g_alloc_fail, 0);
+    return atomic_load(&g_allocs);
+}
 
 #define N_REQ 6
 #define MAX_OUT 40
@@ -153,7 +205,7 @@ static void add_all(fixture_t *fx, rig_t *r, int32_t prompts[N_REQ][128], bool g
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
         tdm_error_t err = {0};
         if (tdm_worker_add(r->w, &req, &err) != 0)
             fail_msg("%s", err.msg);
@@ -176,7 +228,7 @@ static void reference(fixture_t *fx, out_t *ref, bool greedy)
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, ref);
@@ -311,8 +363,8 @@ static void test_prefill_then_decode(void **state)
             sp.seed = 1234 + (uint64_t)k;
             sp.max_tokens = max_tokens[k];
             sp.ignore_eos = true;
-            tdm_worker_req_t req = {ev[i].request_id, prompts[k], prompt_len[k], &sp, &dst,
-                                    ev[i].first_token};
+            tdm_worker_req_t req = {ev[i].request_id,  prompts[k], prompt_len[k], &sp, &dst,
+                                    ev[i].first_token, NULL};
             assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
             assert_int_equal(dst.n_blocks, 0); /* taken over */
             prefilled++;
@@ -347,7 +399,7 @@ static void test_prefilled_finishes_at_once(void **state)
         sp.n_stop_token_ids = 1;
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42};
+        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
     }
@@ -383,18 +435,18 @@ static void test_cancel_and_errors(void **state)
 
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
-    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0};
+    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL};
     assert_int_equal(tdm_worker_add(r.w, &dup, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "already"));
-    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0};
+    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL};
     assert_int_equal(tdm_worker_add(r.w, &empty, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "prompt"));
     static int32_t big[600];
-    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0};
+    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL};
     assert_int_equal(tdm_worker_add(r.w, &toolong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context"));
     int32_t bad = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0};
+    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL};
     assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "vocabulary"));
     for (int k = 0; k < N_REQ; k++) {
@@ -403,6 +455,154 @@ static void test_cancel_and_errors(void **state)
         tdm_worker_cancel(r.w, id);
     }
     assert_false(tdm_worker_busy(r.w));
+    rig_close(&r);
+}
+
+/* Steps allocate nothing, also while the pool is short and sequences are preempted and
+ * recomputed: counted, and then with every allocation failing the outputs are still those of
+ * each request alone (out of memory would fail a sequence; preemption must not). */
+static void test_step_allocates_nothing(void **state)
+{
+    fixture_t *fx = *state;
+    out_t ref[N_REQ] = {0};
+    reference(fx, ref, false);
+    for (int fail = 0; fail <= 1; fail++) {
+        out_t got[N_REQ] = {0};
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 9, 128, 8);
+        int32_t prompts[N_REQ][128];
+        add_all(fx, &r, prompts, false);
+        alloc_watch(fail);
+        drain(&r, got);
+        int allocs = alloc_unwatch();
+        assert_int_equal(allocs, 0);
+        check_equal(ref, got);
+        for (int k = 0; k < N_REQ; k++)
+            assert_int_equal(got[k].failed, 0);
+        tdm_worker_stats_t st;
+        tdm_worker_stats(r.w, &st);
+        assert_true(st.preemptions > 0);
+        rig_close(&r);
+    }
+}
+
+/* PREFILL mode too: admission, chunked prefill and the hand-over of the block table. */
+static void test_prefill_step_allocates_nothing(void **state)
+{
+    fixture_t *fx = *state;
+    rig_t p;
+    rig_open(fx, &p, TDM_WORKER_MODE_PREFILL, 64, 32, 4);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &p, prompts, false);
+    int handed = 0;
+    while (tdm_worker_busy(p.w)) {
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        alloc_watch(false);
+        int rc = tdm_worker_step(p.w, &ev, &n, &err);
+        assert_int_equal(alloc_unwatch(), 0);
+        assert_int_equal(rc, 0);
+        for (uint32_t i = 0; i < n; i++)
+            if (ev[i].kind == TDM_WORKER_EVENT_PREFILLED) {
+                /* the table was sized at admission for prompt + max_new tokens */
+                assert_true(ev[i].seq.cap >= ev[i].seq.n_blocks);
+                tdm_kv_seq_t seq = ev[i].seq;
+                tdm_kv_seq_release(p.pool, &seq);
+                handed++;
+            }
+    }
+    assert_int_equal(handed, N_REQ);
+    rig_close(&p);
+}
+
+/* Out of memory is an error of tdm_worker_add, named as memory, with nothing left behind;
+ * an empty pool is not: the sequence is admitted and, when the pool can never hold it, fails
+ * at a step with "KV pool exhausted". */
+static void test_oom_is_not_pool_exhaustion(void **state)
+{
+    fixture_t *fx = *state;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 2, 128, 4);
+    int32_t prompt[100];
+    make_prompt(prompt, 100, fx->f.n_vocab, 5);
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.max_tokens = 4;
+    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL};
+    tdm_error_t err = {0};
+    alloc_watch(true);
+    int rc = tdm_worker_add(r.w, &req, &err);
+    assert_true(alloc_unwatch() > 0);
+    assert_int_equal(rc, TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "out of memory"));
+    assert_false(tdm_worker_has(r.w, "a"));
+    assert_false(tdm_worker_busy(r.w));
+
+    /* a prefilled table that cannot be sized stays with the caller, blocks and all */
+    tdm_kv_seq_t seq;
+    tdm_kv_seq_init(&seq);
+    assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 20), 0);
+    seq.n_tokens = 20;
+    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL};
+    sp.max_tokens = 400; /* a table of 420 tokens: more than the 8 entries it has */
+    alloc_watch(true);
+    rc = tdm_worker_add(r.w, &pre, &err);
+    alloc_unwatch();
+    assert_int_equal(rc, TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "out of memory"));
+    assert_int_equal(seq.n_blocks, 2);
+    tdm_kv_seq_release(r.pool, &seq);
+
+    /* the pool (2 blocks, 32 tokens) can never hold 100 tokens: admitted, then failed */
+    sp.max_tokens = 4;
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    const tdm_worker_event_t *ev;
+    uint32_t n;
+    assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ev[0].kind, TDM_WORKER_EVENT_FAILED);
+    assert_int_equal(ev[0].status, TDM_ERESOURCE);
+    assert_non_null(strstr(ev[0].message, "KV pool exhausted"));
+    assert_false(tdm_worker_busy(r.w));
+    rig_close(&r);
+}
+
+/* Every event carries the sequence's tdm_worker_req_t.user. */
+static void test_events_carry_user(void **state)
+{
+    fixture_t *fx = *state;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 64, 4);
+    int32_t prompt[3][10];
+    int tags[3];
+    for (int k = 0; k < 3; k++) {
+        make_prompt(prompt[k], 10, fx->f.n_vocab, 50 + (uint64_t)k);
+        tdm_sampling_params_t sp;
+        tdm_sampling_params_default(&sp);
+        sp.max_tokens = 3 + k;
+        sp.ignore_eos = true;
+        char id[8];
+        snprintf(id, sizeof id, "r%d", k);
+        tags[k] = k;
+        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k]};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    }
+    int seen[3] = {0};
+    while (tdm_worker_busy(r.w)) {
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
+        for (uint32_t i = 0; i < n; i++) {
+            int k = id_index(ev[i].request_id);
+            assert_ptr_equal(ev[i].user, &tags[k]);
+            seen[k]++;
+        }
+    }
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(seen[k], 3 + k + 1); /* tokens + FINISHED */
     rig_close(&r);
 }
 
@@ -415,6 +615,10 @@ int main(void)
         cmocka_unit_test(test_prefill_then_decode),
         cmocka_unit_test(test_prefilled_finishes_at_once),
         cmocka_unit_test(test_cancel_and_errors),
+        cmocka_unit_test(test_step_allocates_nothing),
+        cmocka_unit_test(test_prefill_step_allocates_nothing),
+        cmocka_unit_test(test_oom_is_not_pool_exhaustion),
+        cmocka_unit_test(test_events_carry_user),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,11 +1,7 @@
-/* daemon.h - the command line, signals and run loop shared by tandem-prefill and
- * tandem-decode (`--config FILE --node-id ID`, `--help`, `--version`, clean shutdown on
- * SIGTERM/SIGINT), and the two node objects they run.
- *
- * A node object owns its runtime, router link and KV transport; nothing is global, so tests
- * can run several nodes in one process (each on its own thread). The prefill node is built
- * from prefill-node/ (library tandem_prefill), the decode node from decode-node/
- * (tandem_decode); tdm_daemon_main is in libtandem.
+/* daemon.h - the command line, signals and lifetime shared by tandem-prefill and
+ * tandem-decode (`--config FILE --node-id ID`, `--help`, `--version`, sd_notify readiness,
+ * clean shutdown on SIGTERM/SIGINT). The node objects they run are declared beside their code:
+ * prefill-node/prefill.h (library tandem_prefill) and decode-node/decode.h (tandem_decode).
  */
 #ifndef TANDEM_DAEMON_H
 #define TANDEM_DAEMON_H
@@ -21,49 +17,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ---- prefill node ---- */
-
-typedef struct tdm_prefill tdm_prefill_t;
-
-/* Opens the prefill node `node_id` of cfg (which must outlive it): runtime (model, KV pool
- * from the node's memory budget, engine, worker in PREFILL mode), KV sender, and the link to
- * the router (registration starts at once). Returns NULL with *err set (see
- * tdm_node_runtime_open; TDM_ENOTFOUND / TDM_EINVALID for an unknown id or a node of another
- * role). */
-tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
-                               const tdm_logger_t *log, tdm_error_t *err);
-
-/* Serves until *stop becomes nonzero (or the router refuses the node: TDM_EPRECONDITION with
- * the reason in *err). On stop, tasks in flight are reported to the router as failed
- * (UNAVAILABLE, retryable) and every block is freed. Returns 0 after a requested stop. */
-int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *err);
-
-void tdm_prefill_destroy(tdm_prefill_t **self_p);
-
-/* The node's link to the router (owned by the node; valid until tdm_prefill_destroy), e.g. to
- * watch its registration state (tdm_node_link_state) from another thread. Cannot fail. */
-tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p);
-
-/* ---- decode node ---- */
-
-typedef struct tdm_decode tdm_decode_t;
-
-/* Opens the decode node `node_id` of cfg: runtime (worker in DECODE mode), the KV receiver
- * bound at the node's kv_endpoint, the router link. Errors as tdm_prefill_new, plus
- * TDM_EUNAVAILABLE when the KV endpoint cannot be bound. */
-tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
-                             const tdm_logger_t *log, tdm_error_t *err);
-
-/* Serves until *stop; on stop, running sequences and reservations are failed (UNAVAILABLE)
- * and freed. */
-int tdm_decode_run(tdm_decode_t *d, volatile sig_atomic_t *stop, tdm_error_t *err);
-
-void tdm_decode_destroy(tdm_decode_t **self_p);
-
-/* The node's link to the router (owned by the node; valid until tdm_decode_destroy). Cannot
- * fail. */
-tdm_node_link_t *tdm_decode_link(tdm_decode_t *d);
 
 /* ---- the daemons' main ---- */
 

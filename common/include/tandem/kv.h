@@ -231,8 +231,15 @@ typedef struct tdm_kv_seq {
 
 void tdm_kv_seq_init(tdm_kv_seq_t *seq);
 
-/* Makes the block table cover n_tokens tokens (allocating blocks as needed). All or
- * nothing: TDM_ERESOURCE when the pool lacks blocks (the table is unchanged). */
+/* Sizes the table for max_tokens tokens up front, so that reserve and match_prefix up to
+ * max_tokens never allocate (the worker calls it at admission: a step allocates nothing). Takes
+ * no blocks. Returns 0, or TDM_ERESOURCE when the table cannot be allocated (out of memory; the
+ * table is unchanged). */
+int tdm_kv_seq_prepare(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t max_tokens);
+
+/* Makes the block table cover n_tokens tokens (allocating blocks as needed; the table itself
+ * only when it was not prepared for n_tokens). All or nothing: TDM_ERESOURCE when the pool
+ * lacks blocks, or when a table that was not prepared cannot grow (the table is unchanged). */
 int tdm_kv_seq_reserve(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t n_tokens);
 
 /* For a new (empty) sequence: reuses the longest run of cached full blocks that match the
@@ -247,6 +254,10 @@ uint32_t tdm_kv_seq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const i
  * the sequence's tokens from position 0. */
 void tdm_kv_seq_commit(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const int32_t *tokens,
                        uint32_t n_tokens);
+
+/* Drops the sequence's references to its blocks but keeps its table (and its capacity): the
+ * sequence is empty afterwards and takes blocks again without allocating (preemption). */
+void tdm_kv_seq_clear(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq);
 
 /* Drops the sequence's references to its blocks and frees its table; the sequence is empty
  * afterwards (it may be reused). */

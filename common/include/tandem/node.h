@@ -11,6 +11,7 @@
 #ifndef TANDEM_NODE_H
 #define TANDEM_NODE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -68,6 +69,10 @@ const tdm_curve_keys_t *tdm_node_curve_router(const tdm_node_keys_t *k, tdm_curv
 const tdm_curve_keys_t *tdm_node_curve_kv(const tdm_node_keys_t *k, tdm_curve_keys_t *out);
 
 /* ---- runtime ---- */
+
+/* Requests a node queues beyond its running batch (node.max_running): its worker's
+ * max_waiting, and its request table holds max_running + this many. */
+#define TDM_NODE_MAX_WAITING 4096u
 
 typedef struct tdm_node_runtime {
     tdm_model_t *model;
@@ -180,8 +185,14 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                      const char *kv_endpoint, const tdm_logger_t *log,
                                      tdm_error_t *err);
 
-/* Gives queued messages to the router a moment (at most 300 ms) to leave before shutdown. */
-void tdm_node_link_flush(tdm_node_link_t *l);
+/* Waits until everything the engine thread sent on tdm_node_link_sock before this call has
+ * reached the router, or timeout_ms passed. The I/O thread relays what is queued, then sends
+ * a heartbeat and waits for its answer: the router answers in order, so the answer proves the
+ * rest arrived. Call from the engine thread (it writes to the engine socket). Returns 0 once
+ * drained; TDM_EDEADLINE when timeout_ms passed first (router down or slow), TDM_EUNAVAILABLE
+ * when the request cannot be queued. Used before shutdown, since the link's sockets drop what
+ * is unsent when they close. */
+int tdm_node_link_flush(tdm_node_link_t *l, int timeout_ms);
 
 /* Sampling parameters of a task: defaults, then the message's fields (set_mask), then
  * max_tokens; validated against n_vocab. TDM_EINVALID naming the field otherwise. m may be
@@ -205,6 +216,106 @@ typedef struct tdm_node_attempt {
  * or attempt_id is 0. */
 int tdm_node_attempt_init(tdm_node_attempt_t *a, const char *request_id, uint64_t attempt_id,
                           uint64_t router_instance, tdm_error_t *err);
+
+/* ---- the serve loop ---- */
+
+/* One attempt a node holds: the first member of each handler's request struct (the table's
+ * entries are ops->req_size bytes). The router's attempt id is its key (O(1) lookup by a hash
+ * of it); its worker sequence (att.key) carries the entry as tdm_worker_req_t.user, so worker
+ * events reach it without a lookup. */
+typedef struct tdm_node_req {
+    tdm_node_attempt_t att;
+    uint64_t deadline_ms; /* the task's deadline (unix ms); 0: none */
+    double wait_until;    /* tdm_time_now seconds when the handler's own wait for this request
+                             (decode: the KV pages) ends it, retryable; 0: none */
+    bool used;            /* private to serve.c */
+    uint32_t next;        /* private to serve.c: the key's hash chain */
+} tdm_node_req_t;
+
+typedef struct tdm_node tdm_node_t;
+
+/* What makes a node a prefill or a decode node: its handler (h, given to tdm_node_new) and
+ * these hooks, all called on the engine thread from tdm_node_serve. */
+typedef struct tdm_node_ops {
+    tdm_node_role_t role;
+    tdm_worker_mode_t mode;
+    size_t req_size;          /* bytes of the handler's request struct, tdm_node_req_t first */
+    bool shutdown_retryable;  /* TaskFailed.retryable for what is in flight at shutdown */
+    const char *deadline_msg; /* TaskFailed message when a request's deadline passes */
+    const char *wait_msg;     /* TaskFailed message when its wait_until passes */
+    /* A frame from the router other than NODE_CANCEL and NODE_STATUS (which the loop serves).
+     * Returns false when the node does not serve the method: the loop answers a REQUEST with
+     * INVALID_ARGUMENT. */
+    bool (*frame)(void *h, const tdm_frame_t *f);
+    /* A worker event of request r (the sequence's tdm_worker_req_t.user). */
+    void (*event)(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev);
+    /* Once per loop turn, before the forward pass: the handler's own I/O (KV sender or
+     * receiver). */
+    void (*tick)(void *h);
+    /* What the loop waits on besides the router link while the worker is idle: *zsock another
+     * ZeroMQ socket or NULL; returns the wait in milliseconds. */
+    int (*wait)(void *h, void **zsock);
+    /* r leaves the node: release what the handler holds for it (worker sequence, transfer,
+     * blocks, buffers). The loop frees the entry afterwards. */
+    void (*drop)(void *h, tdm_node_req_t *r);
+} tdm_node_ops_t;
+
+/* Opens the node `node_id` of cfg (or cfg's first node of ops->role) for a handler: its
+ * runtime (tdm_node_runtime_open in ops->mode) and its request table (max_running +
+ * TDM_NODE_MAX_WAITING entries of ops->req_size bytes). cfg, ops and h must outlive the node. The
+ * link to the router starts with tdm_node_connect. Returns NULL with *err set: tdm_node_pick's
+ * errors, tdm_node_runtime_open's, TDM_ERESOURCE (out of memory). */
+tdm_node_t *tdm_node_new(const tdm_config_t *cfg, const char *node_id, const tdm_node_ops_t *ops,
+                         void *h, tdm_net_t *net, const tdm_logger_t *log, tdm_error_t *err);
+
+/* Starts the link to the router (tdm_node_link_start; kv_endpoint: what a decode node
+ * registers, NULL for a prefill node). Errors as tdm_node_link_new. */
+int tdm_node_connect(tdm_node_t *n, const char *kv_endpoint, tdm_error_t *err);
+
+/* Drops every request still held (ops->drop for each; no report). NULL-safe. */
+void tdm_node_drop_all(tdm_node_t *n);
+
+/* Drops every request still held (tdm_node_drop_all), stops the link, closes the runtime.
+ * NULL-safe, nulls *self_p. A handler calls tdm_node_drop_all first when what ops->drop uses
+ * (its KV sender) must go before the runtime's pool. */
+void tdm_node_destroy(tdm_node_t **self_p);
+
+/* Serves until *stop becomes nonzero: polls the router link (and ops->wait's socket), serves
+ * NODE_CANCEL and NODE_STATUS, hands other frames to ops->frame, runs ops->tick and the
+ * worker's steps (events to ops->event), and every 50 ms publishes the load and ends requests
+ * whose router instance is gone (dropped), whose deadline passed (DEADLINE_EXCEEDED) or whose
+ * wait_until passed (DEADLINE_EXCEEDED, retryable). On stop (or when the router refuses the
+ * node: TDM_EPRECONDITION with its reason in *err) every request is reported failed
+ * (UNAVAILABLE, ops->shutdown_retryable) and dropped, and the link is flushed (at most
+ * 300 ms). Returns 0 after a requested stop. */
+int tdm_node_serve(tdm_node_t *n, volatile sig_atomic_t *stop, tdm_error_t *err);
+
+/* The node's parts, owned by it (valid until tdm_node_destroy): runtime, config entry, logger,
+ * router link, the link's engine socket. Cannot fail. */
+tdm_node_runtime_t *tdm_node_rt(tdm_node_t *n);
+const tdm_node_config_t *tdm_node_cfg(const tdm_node_t *n);
+const tdm_logger_t *tdm_node_log(const tdm_node_t *n);
+tdm_node_link_t *tdm_node_router(tdm_node_t *n); /* NULL before tdm_node_connect */
+tdm_sock_t *tdm_node_sock(tdm_node_t *n);        /* tdm_node_link_sock of the link */
+
+/* A new zeroed entry (ops->req_size bytes) for attempt a, or NULL when the table is full. The
+ * caller has checked that the attempt is not held yet (tdm_node_req_find). */
+tdm_node_req_t *tdm_node_req_new(tdm_node_t *n, const tdm_node_attempt_t *a);
+
+/* The entry of attempt_id, or NULL. O(1). */
+tdm_node_req_t *tdm_node_req_find(tdm_node_t *n, uint64_t attempt_id);
+
+/* Ends r without a report: ops->drop, then the entry is freed (r is invalid afterwards). */
+void tdm_node_req_drop(tdm_node_t *n, tdm_node_req_t *r);
+
+/* Reports r failed (tdm_node_report_failed) and drops it. */
+void tdm_node_req_fail(tdm_node_t *n, tdm_node_req_t *r, int status, bool retryable,
+                       const char *msg);
+
+/* Reports attempt a failed on this node's link (an attempt with no entry, e.g. a task refused
+ * before it got one). */
+void tdm_node_fail(tdm_node_t *n, const tdm_node_attempt_t *a, int status, bool retryable,
+                   const char *msg);
 
 /* Tells the router attempt a failed on this node (NOTIFY TaskFailed: request and attempt,
  * status, message, whether the router may re-dispatch it) and logs it as a warning under the

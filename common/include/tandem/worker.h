@@ -16,7 +16,9 @@
  * Order within a step: decode rows of running sequences first (oldest first), then prefill
  * chunks of running sequences, then waiting sequences are admitted (FIFO) while the budget,
  * max_running and the pool allow. A decode row that needs a new block when the pool is empty
- * preempts the newest running sequence (LIFO, like vLLM's recompute preemption).
+ * preempts the newest running sequence (LIFO, like vLLM's recompute preemption). Only an empty
+ * pool preempts: running out of memory is an error (TDM_ERESOURCE naming memory) of
+ * tdm_worker_add, the one place a sequence's memory is allocated.
  *
  * Modes: PREFILL (prefill node) ends a sequence right after its first token and hands its
  * block table to the caller to ship; DECODE (decode node) runs sequences to EOS, a stop
@@ -24,7 +26,11 @@
  *
  * A worker belongs to one thread (the engine thread) together with its pool and engine.
  * Memory: every table is allocated by tdm_worker_new; tdm_worker_add allocates the
- * sequence's token array; tdm_worker_step allocates nothing.
+ * sequence's token array and its KV block table, both sized for the longest the sequence can
+ * get (prompt + min(max_tokens, n_ctx - prompt) tokens); tdm_worker_step allocates nothing
+ * (preemption clears a block table and keeps it, tdm_kv_seq_clear). Sequences are found by id
+ * through a hash index; each carries the caller's pointer (tdm_worker_req_t.user) into its
+ * events, so a caller needs no table of its own to find its state for an event.
  */
 #ifndef TANDEM_WORKER_H
 #define TANDEM_WORKER_H
@@ -86,17 +92,21 @@ typedef struct tdm_worker_req {
      * prefill node sampled at output index 0. NULL: the worker prefills the prompt itself. */
     tdm_kv_seq_t *prefilled;
     int32_t first_token;
+    void *user; /* the caller's state for this sequence, returned in each of its events
+                   (tdm_worker_event_t.user); not touched by the worker */
 } tdm_worker_req_t;
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
  * token, max_tokens 1) finishes at the next step without a forward pass. Returns 0;
  * TDM_EINVALID (duplicate id, empty prompt, prompt + 1 > n_ctx, token out of the vocabulary,
  * prefilled table not covering n_prompt tokens), TDM_ERESOURCE (max_waiting reached: the
- * message says so; or out of memory). On error a prefilled table is left with the caller. */
+ * message says so; or out of memory for the sequence's token array or block table: the message
+ * says "out of memory"). On error a prefilled table is left with the caller (its table may have
+ * been grown, its blocks and contents are unchanged). */
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
 
 /* Removes a sequence wherever it is (waiting or running) and frees its blocks. Returns 0 or
- * TDM_ENOTFOUND. No event is produced for it. */
+ * TDM_ENOTFOUND. No event is produced for it. O(1) lookup (hash of the id). */
 int tdm_worker_cancel(tdm_worker_t *w, const char *request_id);
 
 typedef enum tdm_worker_event_kind {
@@ -114,6 +124,7 @@ typedef enum tdm_worker_finish {
 typedef struct tdm_worker_event {
     tdm_worker_event_kind_t kind;
     char request_id[TDM_WORKER_ID_MAX];
+    void *user; /* the sequence's tdm_worker_req_t.user */
     /* TOKEN */
     uint32_t index;                /* output index (0 = first generated token) */
     tdm_sample_result_t sample;    /* token, logprob, top logprobs */
@@ -137,7 +148,9 @@ typedef struct tdm_worker_event {
  * it produced through *events (an array owned by the worker, valid until the next call) and
  * *n_events. Returns 0 (also when idle), or the engine's error status when the forward pass
  * failed: then every sequence of that batch gets a FAILED event and its blocks are freed, and
- * the worker stays usable. */
+ * the worker stays usable. Allocates nothing (tests/unit/test_worker.c counts): a sequence
+ * that cannot get blocks waits or is preempted, a FAILED event (TDM_ERESOURCE, "KV pool
+ * exhausted") only when the pool could never hold it. */
 int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
                     tdm_error_t *err);
 

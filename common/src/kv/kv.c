@@ -619,6 +619,12 @@ static bool seq_grow(tdm_kv_seq_t *seq, uint32_t n)
     return true;
 }
 
+int tdm_kv_seq_prepare(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t max_tokens)
+{
+    uint64_t need = tdm_kv_blocks_for_tokens(&pool->layout, max_tokens);
+    return need <= UINT32_MAX && seq_grow(seq, (uint32_t)need) ? TDM_OK : TDM_ERESOURCE;
+}
+
 int tdm_kv_seq_reserve(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, uint32_t n_tokens)
 {
     uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&pool->layout, n_tokens);
@@ -691,15 +697,25 @@ void tdm_kv_seq_commit(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const int32_t *to
     seq->n_tokens = n_tokens;
 }
 
-void tdm_kv_seq_release(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq)
+void tdm_kv_seq_clear(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq)
 {
-    /* Last block first: cached blocks are evicted least recently freed first, so releasing in
-     * reverse order queues the tail of the prefix chain for eviction before its head. A
-     * chain is only found from its first block (matching stops at the first miss), so
-     * evicting the head first would orphan every later block of the chain: still cached,
-     * taking space, but unreachable. */
+    /* Last block first: see tdm_kv_seq_release. */
     for (uint32_t i = seq->n_blocks; i-- > 0;)
         tdm_kv_pool_unref(pool, seq->blocks[i]);
+    uint32_t *blocks = seq->blocks, cap = seq->cap;
+    tdm_kv_seq_init(seq);
+    seq->blocks = blocks;
+    seq->cap = cap;
+}
+
+void tdm_kv_seq_release(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq)
+{
+    /* Last block first (tdm_kv_seq_clear): cached blocks are evicted least recently freed
+     * first, so releasing in reverse order queues the tail of the prefix chain for eviction
+     * before its head. A chain is only found from its first block (matching stops at the first
+     * miss), so evicting the head first would orphan every later block of the chain: still
+     * cached, taking space, but unreachable. */
+    tdm_kv_seq_clear(pool, seq);
     free(seq->blocks);
     tdm_kv_seq_init(seq);
 }

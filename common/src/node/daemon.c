@@ -99,10 +99,16 @@ static void *ready_watch_main(void *arg)
     return NULL;
 }
 
-int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
+/* The command line. */
+typedef struct daemon_args {
+    const char *prog;
+    const char *config_path, *node_id, *level; /* NULL when not given */
+} daemon_args_t;
+
+/* Parses argv into *a. Returns -1 to go on, else the exit status (0 after --help /
+ * --version, 2 on a usage error). */
+static int parse_args(int argc, char **argv, tdm_node_role_t role, daemon_args_t *a)
 {
-    const char *prog = ops->role == TDM_NODE_ROLE_PREFILL ? "tandem-prefill" : "tandem-decode";
-    const char *config_path = NULL, *node_id = NULL, *level = NULL;
     static const struct option longopts[] = {
         {"config", required_argument, NULL, 'c'},    {"node-id", required_argument, NULL, 'n'},
         {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
@@ -112,49 +118,60 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
     opterr = 0;
     while ((c = getopt_long(argc, argv, "c:n:l:hV", longopts, NULL)) != -1) {
         switch (c) {
-        case 'c': config_path = optarg; break;
-        case 'n': node_id = optarg; break;
-        case 'l': level = optarg; break;
-        case 'h': usage(stdout, prog, ops->role); return 0;
-        case 'V': printf("%s %s\n", prog, TANDEM_VERSION); return 0;
+        case 'c': a->config_path = optarg; break;
+        case 'n': a->node_id = optarg; break;
+        case 'l': a->level = optarg; break;
+        case 'h': usage(stdout, a->prog, role); return 0;
+        case 'V': printf("%s %s\n", a->prog, TANDEM_VERSION); return 0;
         default:
-            fprintf(stderr, "%s: unknown option or missing argument '%s' (see --help)\n", prog,
+            fprintf(stderr, "%s: unknown option or missing argument '%s' (see --help)\n", a->prog,
                     argv[optind - 1]);
             return 2;
         }
     }
     if (optind != argc) {
-        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", prog, argv[optind]);
+        fprintf(stderr, "%s: unexpected argument '%s' (see --help)\n", a->prog, argv[optind]);
         return 2;
     }
-    tdm_config_t cfg;
+    return -1;
+}
+
+/* Loads the config (defaults without --config), picks the node and sets up its logger.
+ * Returns 0, or 2 (usage or config error, reported; nothing to free). */
+static int load_node(const daemon_args_t *a, tdm_node_role_t role, tdm_config_t *cfg,
+                     const tdm_node_config_t **node, tdm_logger_t *log)
+{
     tdm_error_t err = {0};
     int rc =
-        config_path ? tdm_config_load_file(config_path, &cfg, &err) : tdm_config_defaults(&cfg);
+        a->config_path ? tdm_config_load_file(a->config_path, cfg, &err) : tdm_config_defaults(cfg);
     if (rc != TDM_OK) {
-        fprintf(stderr, "%s: config: %s\n", prog, err.msg[0] ? err.msg : tdm_strerror(rc));
+        fprintf(stderr, "%s: config: %s\n", a->prog, err.msg[0] ? err.msg : tdm_strerror(rc));
         return 2;
     }
-    const tdm_node_config_t *node = tdm_node_pick(&cfg, node_id, ops->role, &err);
-    if (!node) {
-        fprintf(stderr, "%s: %s\n", prog, err.msg);
-        tdm_config_free(&cfg);
+    *node = tdm_node_pick(cfg, a->node_id, role, &err);
+    if (!*node) {
+        fprintf(stderr, "%s: %s\n", a->prog, err.msg);
+        tdm_config_free(cfg);
         return 2;
     }
-    tdm_logger_t log;
-    tdm_log_init(&log, node->id);
-    log.level = cfg.log.level;
-    if (level) {
-        int lv = tdm_log_level_parse(level);
+    tdm_log_init(log, (*node)->id);
+    log->level = cfg->log.level;
+    if (a->level) {
+        int lv = tdm_log_level_parse(a->level);
         if (lv < 0) {
             fprintf(stderr, "%s: --log-level: unknown level '%s' (debug, info, warn, error)\n",
-                    prog, level);
-            tdm_config_free(&cfg);
+                    a->prog, a->level);
+            tdm_config_free(cfg);
             return 2;
         }
-        log.level = (tdm_log_level_t)lv;
+        log->level = (tdm_log_level_t)lv;
     }
+    return 0;
+}
 
+/* Process-wide settings of a node daemon: the allocator, SIGTERM/SIGINT, SIGPIPE. */
+static void setup_process(void)
+{
     /* ZeroMQ receives each KV block into a fresh malloc buffer of block_bytes; with glibc's
      * defaults those pages go back to the kernel after every transfer and are faulted in again
      * for the next (measured: 2-3x slower transfers, bench/bench_kv_transfer.c). Keep them. */
@@ -169,39 +186,62 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
 
-    int status = 1;
-    tdm_net_t *net = tdm_net_new(2, &err);
-    if (!net) {
-        fprintf(stderr, "%s: %s\n", prog, err.msg);
-        goto out_config;
-    }
-    tdm_notifyf("STATUS=loading the model %s", cfg.model.path);
-    void *obj = ops->create(&cfg, node->id, net, &log, &err);
-    if (!obj) {
-        TDM_LOG_ERRORF(&log, NULL, "cannot start: %s", err.msg);
-        fprintf(stderr, "%s: %s\n", prog, err.msg);
-        status = err.code == TDM_EINVALID || err.code == TDM_ENOTFOUND ? 2 : 1;
-        goto out_net;
-    }
-    ready_watch_t watch = {.router = tdm_config_router_advertise(&cfg), .log = &log};
+/* Runs node obj until a signal, with the readiness watch when a service manager listens.
+ * Returns ops->run's status (*err set on failure). */
+static int run_watched(const tdm_daemon_ops_t *ops, void *obj, const tdm_config_t *cfg,
+                       const tdm_logger_t *log, tdm_error_t *err)
+{
+    ready_watch_t watch = {.router = tdm_config_router_advertise(cfg), .log = log};
     atomic_init(&watch.done, false);
     bool watching = false;
     if (ops->link && tdm_notify_enabled()) {
         watch.link = ops->link(obj);
         watching = pthread_create(&watch.thread, NULL, ready_watch_main, &watch) == 0;
         if (!watching)
-            TDM_LOG_WARNF(&log, NULL, "cannot start the readiness thread: no sd_notify READY=1");
+            TDM_LOG_WARNF(log, NULL, "cannot start the readiness thread: no sd_notify READY=1");
     }
-    rc = ops->run(obj, &g_stop, &err);
+    int rc = ops->run(obj, &g_stop, err);
     if (watching) {
         atomic_store(&watch.done, true);
         pthread_join(watch.thread, NULL);
     }
     tdm_notify("STOPPING=1\nSTATUS=stopping");
-    if (rc != TDM_OK) {
+    return rc;
+}
+
+int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
+{
+    daemon_args_t a = {0};
+    a.prog = ops->role == TDM_NODE_ROLE_PREFILL ? "tandem-prefill" : "tandem-decode";
+    int status = parse_args(argc, argv, ops->role, &a);
+    if (status >= 0)
+        return status;
+    tdm_config_t cfg;
+    const tdm_node_config_t *node;
+    tdm_logger_t log;
+    if ((status = load_node(&a, ops->role, &cfg, &node, &log)) != 0)
+        return status;
+    setup_process();
+    status = 1;
+    tdm_error_t err = {0};
+    tdm_net_t *net = tdm_net_new(2, &err);
+    if (!net) {
+        fprintf(stderr, "%s: %s\n", a.prog, err.msg);
+        goto out_config;
+    }
+    tdm_notifyf("STATUS=loading the model %s", cfg.model.path);
+    void *obj = ops->create(&cfg, node->id, net, &log, &err);
+    if (!obj) {
+        TDM_LOG_ERRORF(&log, NULL, "cannot start: %s", err.msg);
+        fprintf(stderr, "%s: %s\n", a.prog, err.msg);
+        status = err.code == TDM_EINVALID || err.code == TDM_ENOTFOUND ? 2 : 1;
+        goto out_net;
+    }
+    if (run_watched(ops, obj, &cfg, &log, &err) != TDM_OK) {
         TDM_LOG_ERRORF(&log, NULL, "stopped: %s", err.msg);
-        fprintf(stderr, "%s: %s\n", prog, err.msg);
+        fprintf(stderr, "%s: %s\n", a.prog, err.msg);
     } else {
         status = 0;
     }

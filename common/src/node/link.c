@@ -7,12 +7,14 @@
  */
 #include "tandem/node.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <zmq.h>
 
 #include "tandem/proto.h"
@@ -20,6 +22,12 @@
 #define TDM_LINK_CALL_BIT (UINT64_C(1) << 63)
 #define ENGINE_IDENTITY "engine"
 #define REGISTER_RETRY_S 1.0
+#define MAX_PARTS 8 /* of one message on the link; KV data never travels here */
+/* tdm_node_link_flush's request to the I/O thread: this magic, then the flush's sequence number
+ * (uint64_t, host order), as one raw part from the engine socket. A FrameHeader never starts
+ * like this (0x54 is no valid protobuf tag of it). */
+#define FLUSH_MAGIC "TDMFLUSH"
+#define FLUSH_MAGIC_LEN 8
 
 struct tdm_node_link {
     tdm_net_t *net;
@@ -40,10 +48,13 @@ struct tdm_node_link {
     bool thread_started;
     atomic_bool stop;
 
-    pthread_mutex_t mu; /* guards load, state, reject_msg */
+    pthread_mutex_t mu; /* guards load, state, reject_msg, flush_done */
     tdm_node_load_t load;
     tdm_node_link_state_t state;
     char reject_msg[TDM_ERRMSG_MAX];
+    pthread_cond_t flushed; /* flush_done advanced (CLOCK_MONOTONIC) */
+    uint64_t flush_done;    /* the last flush whose heartbeat the router answered */
+    uint64_t flush_asked;   /* engine thread only: the last flush requested */
 
     /* I/O thread only */
     uint64_t next_call;
@@ -52,6 +63,8 @@ struct tdm_node_link {
     double last_heartbeat, last_router_reply;
     uint32_t hb_interval_ms, hb_timeout_ms;
     bool router_lost_logged;
+    uint64_t flush_call; /* call id of the heartbeat that proves a flush, 0 when none */
+    uint64_t flush_seq;  /* the flush it proves */
     char router_ep[256];
     double last_quiet_log; /* when "still no answer" / handshake failures were last logged */
 };
@@ -121,7 +134,8 @@ static int send_register(tdm_node_link_t *l)
     return rc;
 }
 
-static void send_heartbeat(tdm_node_link_t *l)
+/* Sends a heartbeat with the published load under call id call. */
+static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
 {
     tdm_node_load_t ld;
     pthread_mutex_lock(&l->mu);
@@ -145,65 +159,67 @@ static void send_heartbeat(tdm_node_link_t *l)
     tdm_send_t m = {0};
     m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
     m.method = TANDEM__V1__METHOD__METHOD_HEARTBEAT;
-    m.call_id = TDM_LINK_CALL_BIT | ++l->next_call;
+    m.call_id = call;
     m.body = &hb.base;
     (void)tdm_sock_send(l->up, &m); /* a full queue just skips a beat */
     l->last_heartbeat = tdm_time_now();
 }
 
-/* Handles the END of a REGISTER or HEARTBEAT call. */
-static void on_link_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h, const uint8_t *body,
-                        size_t body_len)
+static void send_heartbeat(tdm_node_link_t *l)
 {
-    l->last_router_reply = tdm_time_now();
-    if (l->router_lost_logged) {
-        TDM_LOG_INFOF(l->log, NULL, "router reachable again");
-        l->router_lost_logged = false;
-    }
-    if (h->method == TANDEM__V1__METHOD__METHOD_REGISTER) {
-        if (h->call_id != l->register_call)
-            return; /* an answer to an earlier retry */
-        l->register_call = 0;
-        if (h->status != 0) {
-            char msg[TDM_ERRMSG_MAX];
-            snprintf(msg, sizeof msg, "%s: %s", tdm_status_name(-(int)h->status),
-                     h->message ? h->message : "");
-            if (h->status == -TDM_EUNAVAILABLE) {
-                TDM_LOG_WARNF(l->log, NULL, "router cannot register us yet: %s; retrying", msg);
-                return;
-            }
-            TDM_LOG_ERRORF(l->log, NULL, "router refused the registration: %s", msg);
-            set_state(l, TDM_NODE_LINK_REJECTED, msg);
+    send_heartbeat_call(l, TDM_LINK_CALL_BIT | ++l->next_call);
+}
+
+/* The END of a REGISTER call: registered (heartbeat figures and router instance from the
+ * RegisterAck), refused (REJECTED, for good), or UNAVAILABLE (retried). */
+static void on_register_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h,
+                            const uint8_t *body, size_t body_len)
+{
+    if (h->call_id != l->register_call)
+        return; /* an answer to an earlier retry */
+    l->register_call = 0;
+    if (h->status != 0) {
+        char msg[TDM_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s: %s", tdm_status_name(-(int)h->status),
+                 h->message ? h->message : "");
+        if (h->status == -TDM_EUNAVAILABLE) {
+            TDM_LOG_WARNF(l->log, NULL, "router cannot register us yet: %s; retrying", msg);
             return;
         }
-        Tandem__V1__RegisterAck *ack = tandem__v1__register_ack__unpack(NULL, body_len, body);
-        uint64_t router = h->instance_id;
-        if (ack) {
-            if (ack->heartbeat_interval_ms >= 10 && ack->heartbeat_interval_ms <= 60000)
-                l->hb_interval_ms = ack->heartbeat_interval_ms;
-            if (ack->heartbeat_timeout_ms >= l->hb_interval_ms)
-                l->hb_timeout_ms = ack->heartbeat_timeout_ms;
-            if (ack->router_instance_id)
-                router = ack->router_instance_id;
-            tandem__v1__register_ack__free_unpacked(ack, NULL);
-        }
-        uint64_t before = atomic_exchange(&l->router_instance, router);
-        if (before && before != router)
-            TDM_LOG_WARNF(l->log, NULL,
-                          "the router restarted (instance %016" PRIx64 " -> %016" PRIx64
-                          "); the old instance's requests are dropped",
-                          before, router);
-        TDM_LOG_INFOF(l->log, NULL,
-                      "registered with the router heartbeat_ms=%u instance=%016" PRIx64
-                      " router_instance=%016" PRIx64,
-                      l->hb_interval_ms, l->instance, router);
-        set_state(l, TDM_NODE_LINK_REGISTERED, "");
-        send_heartbeat(l);
+        TDM_LOG_ERRORF(l->log, NULL, "router refused the registration: %s", msg);
+        set_state(l, TDM_NODE_LINK_REJECTED, msg);
         return;
     }
-    /* HEARTBEAT: NOT_FOUND (the router does not know this instance), or an answer from
-     * another router instance than the registered one (the router restarted): register
-     * again. */
+    Tandem__V1__RegisterAck *ack = tandem__v1__register_ack__unpack(NULL, body_len, body);
+    uint64_t router = h->instance_id;
+    if (ack) {
+        if (ack->heartbeat_interval_ms >= 10 && ack->heartbeat_interval_ms <= 60000)
+            l->hb_interval_ms = ack->heartbeat_interval_ms;
+        if (ack->heartbeat_timeout_ms >= l->hb_interval_ms)
+            l->hb_timeout_ms = ack->heartbeat_timeout_ms;
+        if (ack->router_instance_id)
+            router = ack->router_instance_id;
+        tandem__v1__register_ack__free_unpacked(ack, NULL);
+    }
+    uint64_t before = atomic_exchange(&l->router_instance, router);
+    if (before && before != router)
+        TDM_LOG_WARNF(l->log, NULL,
+                      "the router restarted (instance %016" PRIx64 " -> %016" PRIx64
+                      "); the old instance's requests are dropped",
+                      before, router);
+    TDM_LOG_INFOF(l->log, NULL,
+                  "registered with the router heartbeat_ms=%u instance=%016" PRIx64
+                  " router_instance=%016" PRIx64,
+                  l->hb_interval_ms, l->instance, router);
+    set_state(l, TDM_NODE_LINK_REGISTERED, "");
+    send_heartbeat(l);
+}
+
+/* The END of a HEARTBEAT: NOT_FOUND (the router does not know this instance), or an answer
+ * from another router instance than the registered one (the router restarted): register
+ * again. */
+static void on_heartbeat_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h)
+{
     uint64_t router = atomic_load(&l->router_instance);
     const char *why = NULL;
     if (h->status == -TDM_ENOTFOUND)
@@ -218,80 +234,141 @@ static void on_link_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h, co
     }
 }
 
-/* Receives one multipart message from src (raw parts) and relays it. From the router: consumed
- * when it answers the link's own call, else forwarded to the engine with its identity first.
- * From the engine: its identity dropped, the rest forwarded to the router. */
-static void relay(tdm_node_link_t *l, void *src, bool from_router)
+/* Handles the END of one of the link's calls (REGISTER, HEARTBEAT, a flush's heartbeat). */
+static void on_link_end(tdm_node_link_t *l, const Tandem__V1__FrameHeader *h, const uint8_t *body,
+                        size_t body_len)
 {
-    zmq_msg_t parts[8];
+    l->last_router_reply = tdm_time_now();
+    if (l->router_lost_logged) {
+        TDM_LOG_INFOF(l->log, NULL, "router reachable again");
+        l->router_lost_logged = false;
+    }
+    if (l->flush_call && h->call_id == l->flush_call) {
+        /* whatever its status: the router answered, so everything sent before it arrived */
+        l->flush_call = 0;
+        pthread_mutex_lock(&l->mu);
+        l->flush_done = l->flush_seq;
+        pthread_cond_broadcast(&l->flushed);
+        pthread_mutex_unlock(&l->mu);
+    } else if (h->method == TANDEM__V1__METHOD__METHOD_REGISTER) {
+        on_register_end(l, h, body, body_len);
+    } else {
+        on_heartbeat_end(l, h);
+    }
+}
+
+/* Receives one multipart message from src into parts[] (raw). Returns the number of parts,
+ * 0 when there was none, -1 (everything closed) when it had more than MAX_PARTS. */
+static int recv_parts(tdm_node_link_t *l, void *src, zmq_msg_t *parts)
+{
     int n = 0;
     bool overflow = false;
     for (;;) {
         zmq_msg_t tmp;
-        zmq_msg_t *m = n < 8 ? &parts[n] : &tmp;
+        zmq_msg_t *m = n < MAX_PARTS ? &parts[n] : &tmp;
         zmq_msg_init(m);
         if (zmq_msg_recv(m, src, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(m);
             break;
         }
         int more = zmq_msg_more(m);
-        if (n < 8) {
+        if (n < MAX_PARTS) {
             n++;
         } else {
-            /* Larger messages (KV data) never travel on this link; drop the extra parts. */
-            overflow = true;
+            overflow = true; /* drop the extra parts */
             zmq_msg_close(m);
         }
         if (!more)
             break;
     }
-    if (n == 0)
+    if (!overflow)
+        return n;
+    TDM_LOG_WARNF(l->log, NULL, "dropped a message of more than %d parts on the router link",
+                  MAX_PARTS);
+    for (int i = 0; i < n; i++)
+        zmq_msg_close(&parts[i]);
+    return -1;
+}
+
+/* A message from the router: consumed when it answers the link's own call, dropped when it
+ * comes from another router instance than the registered one, else forwarded to the engine
+ * with the engine's identity first. */
+static void from_router(tdm_node_link_t *l, zmq_msg_t *parts, int n)
+{
+    Tandem__V1__FrameHeader *h = tandem__v1__frame_header__unpack(
+        NULL, zmq_msg_size(&parts[0]), (const uint8_t *)zmq_msg_data(&parts[0]));
+    if (h && h->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END &&
+        (h->call_id & TDM_LINK_CALL_BIT)) {
+        const uint8_t *body = n > 1 ? (const uint8_t *)zmq_msg_data(&parts[1]) : NULL;
+        on_link_end(l, h, body, n > 1 ? zmq_msg_size(&parts[1]) : 0);
+        tandem__v1__frame_header__free_unpacked(h, NULL);
         return;
-    if (overflow) {
-        TDM_LOG_WARNF(l->log, NULL, "dropped a message of more than 8 parts on the router link");
-        goto out_close;
     }
-    if (from_router) {
-        Tandem__V1__FrameHeader *h = tandem__v1__frame_header__unpack(
-            NULL, zmq_msg_size(&parts[0]), (const uint8_t *)zmq_msg_data(&parts[0]));
-        if (h && h->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END &&
-            (h->call_id & TDM_LINK_CALL_BIT)) {
-            const uint8_t *body = n > 1 ? (const uint8_t *)zmq_msg_data(&parts[1]) : NULL;
-            on_link_end(l, h, body, n > 1 ? zmq_msg_size(&parts[1]) : 0);
-            tandem__v1__frame_header__free_unpacked(h, NULL);
-            goto out_close;
-        }
-        /* Work of a router instance that is not the registered one (a router that
-         * restarted, or a stray peer) never reaches the engine. */
-        uint64_t router = atomic_load(&l->router_instance);
-        bool stale = h && (router == 0 || h->instance_id != router);
-        if (h)
-            tandem__v1__frame_header__free_unpacked(h, NULL);
-        if (stale) {
-            uint64_t n_stale = atomic_fetch_add(&l->stale_frames, 1) + 1;
-            if ((n_stale & (n_stale - 1)) == 0) /* 1, 2, 4, 8, ...: no log flood */
-                TDM_LOG_WARNF(l->log, NULL,
-                              "dropped a frame from router instance other than the registered "
-                              "one (%" PRIu64 " so far)",
-                              n_stale);
-            goto out_close;
-        }
-        l->last_router_reply = tdm_time_now();
-        if (zmq_send(l->inproc, ENGINE_IDENTITY, strlen(ENGINE_IDENTITY), ZMQ_SNDMORE) < 0)
-            goto out_close;
-        for (int i = 0; i < n; i++)
-            if (zmq_msg_send(&parts[i], l->inproc, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
-                goto out_close;
-        /* zmq_msg_send took them: close the (now empty) messages below is harmless */
-    } else {
-        void *up = tdm_sock_zsock(l->up);
-        for (int i = 1; i < n; i++)
-            if (zmq_msg_send(&parts[i], up, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
-                TDM_LOG_WARNF(l->log, NULL, "cannot send to the router: %s", zmq_strerror(errno));
-                break;
-            }
+    /* Work of a router instance that is not the registered one (a router that restarted, or
+     * a stray peer) never reaches the engine. */
+    uint64_t router = atomic_load(&l->router_instance);
+    bool stale = h && (router == 0 || h->instance_id != router);
+    if (h)
+        tandem__v1__frame_header__free_unpacked(h, NULL);
+    if (stale) {
+        uint64_t n_stale = atomic_fetch_add(&l->stale_frames, 1) + 1;
+        if ((n_stale & (n_stale - 1)) == 0) /* 1, 2, 4, 8, ...: no log flood */
+            TDM_LOG_WARNF(l->log, NULL,
+                          "dropped a frame from router instance other than the registered "
+                          "one (%" PRIu64 " so far)",
+                          n_stale);
+        return;
     }
-out_close:
+    l->last_router_reply = tdm_time_now();
+    if (zmq_send(l->inproc, ENGINE_IDENTITY, strlen(ENGINE_IDENTITY), ZMQ_SNDMORE) < 0)
+        return;
+    for (int i = 0; i < n; i++) /* zmq_msg_send takes each part; closing them after is harmless */
+        if (zmq_msg_send(&parts[i], l->inproc, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+            return;
+}
+
+/* True for a flush request from the engine (tdm_node_link_flush); *seq gets its number. */
+static bool is_flush(const zmq_msg_t *parts, int n, uint64_t *seq)
+{
+    if (n != 2 || zmq_msg_size((zmq_msg_t *)&parts[1]) != FLUSH_MAGIC_LEN + sizeof *seq)
+        return false;
+    const unsigned char *d = zmq_msg_data((zmq_msg_t *)&parts[1]);
+    if (memcmp(d, FLUSH_MAGIC, FLUSH_MAGIC_LEN) != 0)
+        return false;
+    memcpy(seq, d + FLUSH_MAGIC_LEN, sizeof *seq);
+    return true;
+}
+
+/* A message from the engine: its identity dropped, the rest forwarded to the router; a flush
+ * request becomes a heartbeat whose answer proves that what was relayed before it arrived. */
+static void from_engine(tdm_node_link_t *l, zmq_msg_t *parts, int n)
+{
+    uint64_t seq;
+    if (is_flush(parts, n, &seq)) {
+        l->flush_seq = seq;
+        l->flush_call = TDM_LINK_CALL_BIT | ++l->next_call;
+        send_heartbeat_call(l, l->flush_call);
+        return;
+    }
+    void *up = tdm_sock_zsock(l->up);
+    for (int i = 1; i < n; i++)
+        if (zmq_msg_send(&parts[i], up, (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
+            TDM_LOG_WARNF(l->log, NULL, "cannot send to the router: %s", zmq_strerror(errno));
+            break;
+        }
+}
+
+/* Receives one multipart message from src (raw parts) and relays it. */
+static void relay(tdm_node_link_t *l, void *src, bool router_side)
+{
+    zmq_msg_t parts[MAX_PARTS];
+    int n = recv_parts(l, src, parts);
+    if (n <= 0)
+        return;
+    if (router_side)
+        from_router(l, parts, n);
+    else
+        from_engine(l, parts, n);
     for (int i = 0; i < n; i++)
         zmq_msg_close(&parts[i]);
 }
@@ -371,6 +448,51 @@ static void *io_main(void *arg)
     return NULL;
 }
 
+/* The link's sockets: the DEALER to the router (its routing id of its own per instance: the
+ * router binds it at registration, so another process using this node id, a restart or an
+ * impostor, never takes this connection), the inproc ROUTER and the engine's DEALER. */
+static int open_sockets(tdm_node_link_t *l, tdm_net_t *net, const tdm_node_link_opts_t *o,
+                        tdm_error_t *err)
+{
+    snprintf(l->identity, sizeof l->identity, "%s.%016" PRIx64, l->node_id, l->instance);
+    tdm_sock_opts_t so = {0};
+    so.curve = o->curve;
+    so.watch_handshake = o->curve != NULL; /* a key mismatch is logged, not silent */
+    so.identity = l->identity;
+    so.log = o->log;
+    so.instance_id = l->instance;
+    snprintf(l->router_ep, sizeof l->router_ep, "%s", o->router_endpoint);
+    l->up = tdm_sock_connect(net, o->router_endpoint, &so, err);
+    if (!l->up)
+        return err && err->code ? err->code : TDM_EUNAVAILABLE;
+    snprintf(l->inproc_ep, sizeof l->inproc_ep, "inproc://tdm-link-%llu",
+             (unsigned long long)tdm_net_unique(net));
+    l->inproc = zmq_socket(tdm_net_zctx(net), ZMQ_ROUTER);
+    int zero = 0;
+    if (!l->inproc || zmq_setsockopt(l->inproc, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_bind(l->inproc, l->inproc_ep) != 0)
+        return tdm_error_set(err, TDM_EINTERNAL, "node link: inproc socket: %s",
+                             zmq_strerror(errno));
+    tdm_sock_opts_t eo = {0};
+    eo.identity = ENGINE_IDENTITY;
+    eo.instance_id = l->instance; /* the engine's frames go to the router as they are */
+    eo.heartbeat_ms = -1;
+    eo.log = o->log;
+    l->engine = tdm_sock_connect(net, l->inproc_ep, &eo, err);
+    return l->engine ? TDM_OK : (err && err->code ? err->code : TDM_EINTERNAL);
+}
+
+/* The mutex and the flush condition (on the monotonic clock, as tdm_node_link_flush waits). */
+static void init_sync(tdm_node_link_t *l)
+{
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&l->flushed, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o, tdm_error_t *err)
 {
     if (!o || !o->router_endpoint || !o->reg || !o->reg->node_id || !o->reg->node_id[0] ||
@@ -386,7 +508,7 @@ tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o
     l->net = net;
     l->log = o->log;
     snprintf(l->node_id, sizeof l->node_id, "%s", o->reg->node_id);
-    pthread_mutex_init(&l->mu, NULL);
+    init_sync(l);
     atomic_init(&l->stop, false);
     if (o->initial_load)
         l->load = *o->initial_load;
@@ -397,39 +519,10 @@ tdm_node_link_t *tdm_node_link_new(tdm_net_t *net, const tdm_node_link_opts_t *o
         goto out_free;
     }
     protobuf_c_message_pack(&o->reg->base, l->reg);
-
     l->instance = o->reg->instance_id;
     atomic_init(&l->router_instance, 0);
     atomic_init(&l->stale_frames, 0);
-    /* A routing id of its own per instance: the router binds it at registration, so another
-     * process using this node id (a restart, or an impostor) never takes this connection. */
-    snprintf(l->identity, sizeof l->identity, "%s.%016" PRIx64, l->node_id, l->instance);
-    tdm_sock_opts_t so = {0};
-    so.curve = o->curve;
-    so.watch_handshake = o->curve != NULL; /* a key mismatch is logged, not silent */
-    so.identity = l->identity;
-    so.log = o->log;
-    so.instance_id = l->instance;
-    snprintf(l->router_ep, sizeof l->router_ep, "%s", o->router_endpoint);
-    l->up = tdm_sock_connect(net, o->router_endpoint, &so, err);
-    if (!l->up)
-        goto out_free;
-    snprintf(l->inproc_ep, sizeof l->inproc_ep, "inproc://tdm-link-%llu",
-             (unsigned long long)tdm_net_unique(net));
-    l->inproc = zmq_socket(tdm_net_zctx(net), ZMQ_ROUTER);
-    int zero = 0;
-    if (!l->inproc || zmq_setsockopt(l->inproc, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_bind(l->inproc, l->inproc_ep) != 0) {
-        tdm_error_set(err, TDM_EINTERNAL, "node link: inproc socket: %s", zmq_strerror(errno));
-        goto out_free;
-    }
-    tdm_sock_opts_t eo = {0};
-    eo.identity = ENGINE_IDENTITY;
-    eo.instance_id = l->instance; /* the engine's frames go to the router as they are */
-    eo.heartbeat_ms = -1;
-    eo.log = o->log;
-    l->engine = tdm_sock_connect(net, l->inproc_ep, &eo, err);
-    if (!l->engine)
+    if (open_sockets(l, net, o, err) != TDM_OK)
         goto out_free;
     if (pthread_create(&l->thread, NULL, io_main, l) != 0) {
         tdm_error_set(err, TDM_EINTERNAL, "node link: cannot start the I/O thread");
@@ -455,10 +548,33 @@ void tdm_node_link_destroy(tdm_node_link_t **self_p)
     if (l->inproc)
         zmq_close(l->inproc);
     tdm_sock_destroy(&l->up);
+    pthread_cond_destroy(&l->flushed);
     pthread_mutex_destroy(&l->mu);
     free(l->reg);
     free(l);
     *self_p = NULL;
+}
+
+int tdm_node_link_flush(tdm_node_link_t *l, int timeout_ms)
+{
+    uint64_t seq = ++l->flush_asked;
+    unsigned char req[FLUSH_MAGIC_LEN + sizeof seq];
+    memcpy(req, FLUSH_MAGIC, FLUSH_MAGIC_LEN);
+    memcpy(req + FLUSH_MAGIC_LEN, &seq, sizeof seq);
+    if (zmq_send(tdm_sock_zsock(l->engine), req, sizeof req, ZMQ_DONTWAIT) < 0)
+        return TDM_EUNAVAILABLE;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    int64_t ns = (int64_t)until.tv_nsec + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000;
+    until.tv_sec += (time_t)(ns / 1000000000);
+    until.tv_nsec = (long)(ns % 1000000000);
+    pthread_mutex_lock(&l->mu);
+    while (l->flush_done < seq)
+        if (pthread_cond_timedwait(&l->flushed, &l->mu, &until) == ETIMEDOUT)
+            break;
+    bool done = l->flush_done >= seq;
+    pthread_mutex_unlock(&l->mu);
+    return done ? TDM_OK : TDM_EDEADLINE;
 }
 
 void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm_node_load_t *out)

@@ -11,6 +11,80 @@ static double mib(uint64_t b)
     return (double)b / (1024.0 * 1024.0);
 }
 
+/* The engine's scratch size for ep, measured with a one-block pool, so that the KV pool gets
+ * exactly what the budget leaves. */
+static int measure_scratch(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep, tdm_error_t *err)
+{
+    tdm_kv_pool_t *probe_pool = tdm_kv_pool_new(&rt->layout, 1, err);
+    if (!probe_pool)
+        return err ? err->code : TDM_ERESOURCE;
+    tdm_engine_t *probe = tdm_engine_new(rt->model, probe_pool, ep, err);
+    if (!probe) {
+        tdm_kv_pool_destroy(&probe_pool);
+        return err ? err->code : TDM_EINVALID;
+    }
+    rt->scratch_bytes = tdm_engine_scratch_bytes(probe);
+    tdm_engine_destroy(&probe);
+    tdm_kv_pool_destroy(&probe_pool);
+    return TDM_OK;
+}
+
+/* The pool's blocks: the capacity planner's arithmetic (tdm_kv_plan, as tandem kvcalc and the
+ * dashboard print it), for one full-context sequence at least. TDM_ERESOURCE with the
+ * numbers when the budget does not hold that. */
+static int size_pool(const tdm_node_runtime_t *rt, const tdm_node_config_t *node,
+                     uint32_t *n_blocks_out, uint64_t *block_bytes_out, tdm_error_t *err)
+{
+    tdm_kv_plan_in_t pin = {rt->layout,        0,    rt->n_ctx,          1, rt->weight_bytes,
+                            rt->scratch_bytes, true, node->memory_budget};
+    tdm_kv_plan_t plan;
+    int rc = tdm_kv_plan(&pin, &plan, err);
+    if (rc != TDM_OK)
+        return rc;
+    uint64_t block_bytes = plan.block_bytes;
+    uint64_t need_blocks = plan.blocks_per_seq;
+    uint64_t fixed = rt->weight_bytes + rt->scratch_bytes;
+    uint64_t n_blocks = plan.pool_blocks;
+    if (n_blocks > UINT32_MAX - 1)
+        n_blocks = UINT32_MAX - 1;
+    if (n_blocks < need_blocks)
+        return tdm_error_set(
+            err, TDM_ERESOURCE,
+            "node '%s': memory_budget %.1f MiB holds the weights (%.1f MiB) and engine scratch "
+            "(%.1f MiB) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
+            "full context (%u tokens) needs %" PRIu64 " blocks (%.1f MiB): raise memory_budget "
+            "to at least %.1f MiB",
+            node->id, mib(node->memory_budget), mib(rt->weight_bytes), mib(rt->scratch_bytes),
+            n_blocks, block_bytes, rt->n_ctx, need_blocks, mib(need_blocks * block_bytes),
+            mib(fixed + need_blocks * block_bytes) + 0.1);
+    *n_blocks_out = (uint32_t)n_blocks;
+    *block_bytes_out = block_bytes;
+    return TDM_OK;
+}
+
+/* The pool, the engine over it and the worker, once the pool is sized. */
+static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
+                       const tdm_node_config_t *node, const tdm_engine_params_t *ep,
+                       tdm_worker_mode_t mode, uint32_t n_blocks, tdm_error_t *err)
+{
+    rt->pool = tdm_kv_pool_new(&rt->layout, n_blocks, err);
+    if (!rt->pool)
+        return err ? err->code : TDM_ERESOURCE;
+    rt->engine = tdm_engine_new(rt->model, rt->pool, ep, err);
+    if (!rt->engine)
+        return err ? err->code : TDM_EINVALID;
+    tdm_worker_opts_t wo = {mode, (uint32_t)node->max_batch_tokens, (uint32_t)node->max_running,
+                            TDM_NODE_MAX_WAITING, rt->n_ctx, cfg->kv.prefix_caching,
+                            /* a decode node prefilling locally (no prefill node up, or
+                             * recompute after preemption) takes small chunks, so its running
+                             * sequences keep getting tokens */
+                            mode == TDM_WORKER_MODE_DECODE ? 256u : 0u};
+    rt->worker = tdm_worker_new(rt->engine, rt->pool, rt->tok, rt->n_vocab, &wo, err);
+    if (!rt->worker)
+        return err ? err->code : TDM_ERESOURCE;
+    return TDM_OK;
+}
+
 int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                           const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err)
 {
@@ -41,70 +115,14 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     ep.n_ctx = rt->n_ctx;
     ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
     ep.max_logits = (uint32_t)node->max_running;
-    /* The engine's scratch size, measured with a one-block pool, so the KV pool gets exactly
-     * what the budget leaves. */
-    tdm_kv_pool_t *probe_pool = tdm_kv_pool_new(&rt->layout, 1, err);
-    if (!probe_pool) {
-        rc = err ? err->code : TDM_ERESOURCE;
+    uint32_t n_blocks = 0;
+    uint64_t block_bytes = 0;
+    if ((rc = measure_scratch(rt, &ep, err)) != TDM_OK ||
+        (rc = size_pool(rt, node, &n_blocks, &block_bytes, err)) != TDM_OK)
         goto out_close;
-    }
-    tdm_engine_t *probe = tdm_engine_new(rt->model, probe_pool, &ep, err);
-    if (!probe) {
-        tdm_kv_pool_destroy(&probe_pool);
-        rc = err ? err->code : TDM_EINVALID;
+    rt->kv_bytes = (uint64_t)n_blocks * block_bytes;
+    if ((rc = open_engine(rt, cfg, node, &ep, mode, n_blocks, err)) != TDM_OK)
         goto out_close;
-    }
-    rt->scratch_bytes = tdm_engine_scratch_bytes(probe);
-    tdm_engine_destroy(&probe);
-    tdm_kv_pool_destroy(&probe_pool);
-
-    /* the pool: the capacity planner's arithmetic (tdm_kv_plan, as tandem kvcalc and the
-     * dashboard print it), for one full-context sequence at least */
-    tdm_kv_plan_in_t pin = {rt->layout,        0,    rt->n_ctx,          1, rt->weight_bytes,
-                            rt->scratch_bytes, true, node->memory_budget};
-    tdm_kv_plan_t plan;
-    if ((rc = tdm_kv_plan(&pin, &plan, err)) != TDM_OK)
-        goto out_close;
-    uint64_t block_bytes = plan.block_bytes;
-    uint64_t need_blocks = plan.blocks_per_seq;
-    uint64_t fixed = rt->weight_bytes + rt->scratch_bytes;
-    uint64_t n_blocks = plan.pool_blocks;
-    if (n_blocks > UINT32_MAX - 1)
-        n_blocks = UINT32_MAX - 1;
-    if (n_blocks < need_blocks) {
-        rc = tdm_error_set(
-            err, TDM_ERESOURCE,
-            "node '%s': memory_budget %.1f MiB holds the weights (%.1f MiB) and engine scratch "
-            "(%.1f MiB) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
-            "full context (%u tokens) needs %" PRIu64 " blocks (%.1f MiB): raise memory_budget "
-            "to at least %.1f MiB",
-            node->id, mib(node->memory_budget), mib(rt->weight_bytes), mib(rt->scratch_bytes),
-            n_blocks, block_bytes, rt->n_ctx, need_blocks, mib(need_blocks * block_bytes),
-            mib(fixed + need_blocks * block_bytes) + 0.1);
-        goto out_close;
-    }
-    rt->kv_bytes = n_blocks * block_bytes;
-    rt->pool = tdm_kv_pool_new(&rt->layout, (uint32_t)n_blocks, err);
-    if (!rt->pool) {
-        rc = err ? err->code : TDM_ERESOURCE;
-        goto out_close;
-    }
-    rt->engine = tdm_engine_new(rt->model, rt->pool, &ep, err);
-    if (!rt->engine) {
-        rc = err ? err->code : TDM_EINVALID;
-        goto out_close;
-    }
-    tdm_worker_opts_t wo = {mode, (uint32_t)node->max_batch_tokens, (uint32_t)node->max_running,
-                            4096, rt->n_ctx, cfg->kv.prefix_caching,
-                            /* a decode node prefilling locally (no prefill node up, or
-                             * recompute after preemption) takes small chunks, so its running
-                             * sequences keep getting tokens */
-                            mode == TDM_WORKER_MODE_DECODE ? 256u : 0u};
-    rt->worker = tdm_worker_new(rt->engine, rt->pool, rt->tok, rt->n_vocab, &wo, err);
-    if (!rt->worker) {
-        rc = err ? err->code : TDM_ERESOURCE;
-        goto out_close;
-    }
     return 0;
 out_close:
     tdm_node_runtime_close(rt);

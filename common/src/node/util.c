@@ -155,13 +155,6 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     return tdm_node_link_new(net, &lo, err);
 }
 
-void tdm_node_link_flush(tdm_node_link_t *l)
-{
-    (void)l;
-    struct timespec ts = {0, 300 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-}
-
 int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, uint32_t n_vocab,
                       tdm_sampling_params_t *out, tdm_error_t *err)
 {

@@ -1,9 +1,19 @@
-/* worker.c - continuous batching over the paged KV cache (see worker.h for the rules). */
+/* worker.c - continuous batching over the paged KV cache (see worker.h for the rules).
+ *
+ * Memory: tdm_worker_new allocates every table of the worker; tdm_worker_add allocates one
+ * sequence's token array and block table, both sized for the sequence's longest possible
+ * length (prompt + max_new tokens), so a step never allocates: preemption clears a block
+ * table (tdm_kv_seq_clear) and keeps it for the recompute. Sequences are found by id through
+ * a hash index (XXH3 of the id, chained through the slots), never by a scan.
+ */
 #include "tandem/worker.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
+
+#define NO_SLOT UINT32_MAX
 
 typedef struct wseq {
     bool used;
@@ -11,14 +21,16 @@ typedef struct wseq {
     bool finish_pending; /* a prefilled sequence whose first token already ends it */
     tdm_worker_finish_t pending_finish;
     char id[TDM_WORKER_ID_MAX];
+    void *user;      /* tdm_worker_req_t.user, copied into each event */
+    uint32_t next;   /* next slot in this id's hash bucket, NO_SLOT at the end */
     int32_t *tokens; /* [cap]: prompt then output */
-    uint32_t cap;
+    uint32_t cap;    /* n_prompt + max_new: allocated at admission, never grown */
     uint32_t n_tokens;
     uint32_t n_prompt;
     uint32_t n_computed; /* tokens whose KV is in kv's blocks */
     uint32_t max_new;    /* output tokens at most: min(max_tokens, n_ctx - n_prompt) */
     tdm_sampling_params_t sp;
-    tdm_kv_seq_t kv;
+    tdm_kv_seq_t kv; /* table prepared for cap tokens at admission (tdm_kv_seq_prepare) */
     bool admitted_once;
     uint32_t cached_prompt_tokens;
     double t_first_sched;
@@ -35,68 +47,97 @@ struct tdm_worker {
 
     wseq_t *seqs; /* [n_slots] */
     uint32_t n_slots;
+    uint32_t *buckets;    /* [n_buckets] first slot of each id hash bucket, NO_SLOT when empty */
+    uint32_t n_buckets;   /* a power of two >= 2 * n_slots */
+    uint32_t *free_slots; /* [n_slots] stack of unused slot ids */
+    uint32_t n_free;
     uint32_t *running; /* [max_running] slot ids, oldest admission first */
     uint32_t n_running;
     uint32_t *waiting; /* [n_slots] slot ids, FIFO (index 0 is next) */
     uint32_t n_waiting;
 
     /* one forward pass */
-    int32_t *b_tokens;       /* [max_batch_tokens] */
-    uint32_t *b_pos;         /* [max_batch_tokens] */
-    uint32_t *b_seq;         /* [max_batch_tokens] */
-    bool *b_want;            /* [max_batch_tokens] */
-    tdm_batch_seq_t *b_seqs; /* [max_running] */
-    uint32_t *b_slot;        /* [max_running] slot of batch sequence k */
-    uint32_t *b_chunk;       /* [max_running] rows of batch sequence k */
-    bool *b_logits;          /* [max_running] batch sequence k asks for logits */
-    float *logits;           /* [max_running][n_vocab] */
+    int32_t *b_tokens;               /* [max_batch_tokens] */
+    uint32_t *b_pos;                 /* [max_batch_tokens] */
+    uint32_t *b_seq;                 /* [max_batch_tokens] */
+    bool *b_want;                    /* [max_batch_tokens] */
+    tdm_batch_seq_t *b_seqs;         /* [max_running] */
+    uint32_t *b_slot;                /* [max_running] slot of batch sequence k */
+    uint32_t *b_chunk;               /* [max_running] rows of batch sequence k */
+    bool *b_logits;                  /* [max_running] batch sequence k asks for logits */
+    float *logits;                   /* [max_running][n_vocab] */
+    uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
 
     tdm_worker_event_t *events; /* [2 * n_slots] */
     uint32_t n_events;
     tdm_worker_stats_t stats;
 };
 
-static void seq_free(tdm_worker_t *w, wseq_t *s)
+/* ---- the id index ---- */
+
+static uint32_t *bucket_of(const tdm_worker_t *w, const char *id)
 {
-    tdm_kv_seq_release(w->pool, &s->kv);
-    free(s->tokens);
-    memset(s, 0, sizeof *s);
+    uint64_t h = XXH3_64bits(id, strlen(id));
+    return &w->buckets[h & (w->n_buckets - 1)];
 }
 
 static int find_slot(const tdm_worker_t *w, const char *id)
 {
-    for (uint32_t i = 0; i < w->n_slots; i++)
-        if (w->seqs[i].used && strcmp(w->seqs[i].id, id) == 0)
+    for (uint32_t i = *bucket_of(w, id); i != NO_SLOT; i = w->seqs[i].next)
+        if (strcmp(w->seqs[i].id, id) == 0)
             return (int)i;
     return -1;
 }
 
-tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const tdm_tokenizer_t *tok,
-                             uint32_t n_vocab, const tdm_worker_opts_t *opts, tdm_error_t *err)
+static void index_remove(tdm_worker_t *w, uint32_t slot)
 {
-    if (!engine || !pool || !tok || n_vocab == 0 || !opts) {
-        tdm_error_set(err, TDM_EINVALID, "worker: engine, pool, tokenizer and options required");
-        return NULL;
-    }
+    uint32_t *p = bucket_of(w, w->seqs[slot].id);
+    while (*p != slot)
+        p = &w->seqs[*p].next;
+    *p = w->seqs[slot].next;
+}
+
+/* Frees a sequence's memory and returns its slot (it must be unlinked from running/waiting). */
+static void seq_free(tdm_worker_t *w, uint32_t slot)
+{
+    wseq_t *s = &w->seqs[slot];
+    index_remove(w, slot);
+    tdm_kv_seq_release(w->pool, &s->kv);
+    free(s->tokens);
+    memset(s, 0, sizeof *s);
+    w->free_slots[w->n_free++] = slot;
+}
+
+/* ---- life cycle ---- */
+
+static int check_opts(const tdm_engine_t *engine, const tdm_kv_pool_t *pool,
+                      const tdm_tokenizer_t *tok, uint32_t n_vocab, const tdm_worker_opts_t *opts,
+                      tdm_error_t *err)
+{
+    if (!engine || !pool || !tok || n_vocab == 0 || !opts)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "worker: engine, pool, tokenizer and options required");
     if (opts->max_batch_tokens == 0 || opts->max_running == 0 || opts->n_ctx < 2 ||
-        opts->max_running > 65536 || opts->max_waiting > 1000000) {
-        tdm_error_set(err, TDM_EINVALID,
-                      "worker: max_batch_tokens (%u) and max_running (%u, <= 65536) must be >= 1, "
-                      "n_ctx (%u) >= 2, max_waiting (%u) <= 1000000",
-                      opts->max_batch_tokens, opts->max_running, opts->n_ctx, opts->max_waiting);
-        return NULL;
-    }
-    tdm_worker_t *w = calloc(1, sizeof *w);
-    if (!w)
-        goto out_oom;
-    w->engine = engine;
-    w->pool = pool;
-    w->tok = tok;
-    w->n_vocab = n_vocab;
-    w->o = *opts;
-    w->n_slots = opts->max_running + opts->max_waiting;
-    size_t bt = opts->max_batch_tokens, mr = opts->max_running;
+        opts->max_running > 65536 || opts->max_waiting > 1000000)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "worker: max_batch_tokens (%u) and max_running (%u, <= 65536) must "
+                             "be >= 1, n_ctx (%u) >= 2, max_waiting (%u) <= 1000000",
+                             opts->max_batch_tokens, opts->max_running, opts->n_ctx,
+                             opts->max_waiting);
+    return TDM_OK;
+}
+
+/* Allocates every table of w (sizes from w->o); false on out of memory. */
+static bool alloc_tables(tdm_worker_t *w)
+{
+    size_t bt = w->o.max_batch_tokens, mr = w->o.max_running;
+    w->n_slots = w->o.max_running + w->o.max_waiting;
+    w->n_buckets = 1;
+    while (w->n_buckets < 2 * w->n_slots)
+        w->n_buckets *= 2;
     w->seqs = calloc(w->n_slots, sizeof *w->seqs);
+    w->buckets = malloc(w->n_buckets * sizeof *w->buckets);
+    w->free_slots = malloc(w->n_slots * sizeof *w->free_slots);
     w->running = calloc(mr, sizeof *w->running);
     w->waiting = calloc(w->n_slots, sizeof *w->waiting);
     w->b_tokens = calloc(bt, sizeof *w->b_tokens);
@@ -107,11 +148,34 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
     w->b_slot = calloc(mr, sizeof *w->b_slot);
     w->b_chunk = calloc(mr, sizeof *w->b_chunk);
     w->b_logits = calloc(mr, sizeof *w->b_logits);
-    w->logits = malloc(mr * n_vocab * sizeof *w->logits);
+    w->logits = malloc(mr * w->n_vocab * sizeof *w->logits);
     w->events = calloc(2 * (size_t)w->n_slots, sizeof *w->events);
-    if (!w->seqs || !w->running || !w->waiting || !w->b_tokens || !w->b_pos || !w->b_seq ||
-        !w->b_want || !w->b_seqs || !w->b_slot || !w->b_chunk || !w->b_logits || !w->logits ||
-        !w->events)
+    if (!w->seqs || !w->buckets || !w->free_slots || !w->running || !w->waiting || !w->b_tokens ||
+        !w->b_pos || !w->b_seq || !w->b_want || !w->b_seqs || !w->b_slot || !w->b_chunk ||
+        !w->b_logits || !w->logits || !w->events)
+        return false;
+    for (uint32_t i = 0; i < w->n_buckets; i++)
+        w->buckets[i] = NO_SLOT;
+    for (uint32_t i = 0; i < w->n_slots; i++)
+        w->free_slots[i] = w->n_slots - 1 - i; /* slot 0 is taken first */
+    w->n_free = w->n_slots;
+    return true;
+}
+
+tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const tdm_tokenizer_t *tok,
+                             uint32_t n_vocab, const tdm_worker_opts_t *opts, tdm_error_t *err)
+{
+    if (check_opts(engine, pool, tok, n_vocab, opts, err) != TDM_OK)
+        return NULL;
+    tdm_worker_t *w = calloc(1, sizeof *w);
+    if (!w)
+        goto out_oom;
+    w->engine = engine;
+    w->pool = pool;
+    w->tok = tok;
+    w->n_vocab = n_vocab;
+    w->o = *opts;
+    if (!alloc_tables(w))
         goto out_free;
     w->sampler = tdm_sampler_new(n_vocab, err);
     if (!w->sampler) {
@@ -131,12 +195,14 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     if (!self_p || !*self_p)
         return;
     tdm_worker_t *w = *self_p;
-    if (w->seqs)
+    if (w->seqs && w->buckets && w->free_slots)
         for (uint32_t i = 0; i < w->n_slots; i++)
             if (w->seqs[i].used)
-                seq_free(w, &w->seqs[i]);
+                seq_free(w, i);
     tdm_sampler_destroy(&w->sampler);
     free(w->seqs);
+    free(w->buckets);
+    free(w->free_slots);
     free(w->running);
     free(w->waiting);
     free(w->b_tokens);
@@ -160,7 +226,10 @@ static bool is_stop(const tdm_worker_t *w, const tdm_sampling_params_t *sp, int3
            (!sp->ignore_eos && tdm_tokenizer_is_eog(w->tok, token));
 }
 
-int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
+/* ---- admission ---- */
+
+/* The checks of tdm_worker_add that need no allocation; TDM_EINVALID naming the field. */
+static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
     if (!req->request_id || strlen(req->request_id) >= TDM_WORKER_ID_MAX)
         return tdm_error_set(err, TDM_EINVALID, "request_id: missing or longer than %u bytes",
@@ -182,63 +251,80 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     if (req->sampling->max_tokens < 1)
         return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %d",
                              req->sampling->max_tokens);
-    if (req->prefilled) {
-        if (req->prefilled->n_tokens < req->n_prompt ||
-            tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), req->n_prompt) >
-                req->prefilled->n_blocks)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "prefilled KV covers %u tokens in %u blocks; the prompt has %u",
-                                 req->prefilled->n_tokens, req->prefilled->n_blocks, req->n_prompt);
-        if (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "first_token %d is outside the vocabulary [0, %u)",
-                                 req->first_token, w->n_vocab);
+    const tdm_kv_seq_t *pre = req->prefilled;
+    if (pre &&
+        (pre->n_tokens < req->n_prompt ||
+         tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), req->n_prompt) > pre->n_blocks))
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prefilled KV covers %u tokens in %u blocks; the prompt has %u",
+                             pre->n_tokens, pre->n_blocks, req->n_prompt);
+    if (pre && (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab))
+        return tdm_error_set(err, TDM_EINVALID, "first_token %d is outside the vocabulary [0, %u)",
+                             req->first_token, w->n_vocab);
+    return TDM_OK;
+}
+
+/* Takes over a prefilled table (its KV and the first token) into s. */
+static void take_prefilled(tdm_worker_t *w, wseq_t *s, const tdm_worker_req_t *req)
+{
+    s->kv = *req->prefilled;
+    tdm_kv_seq_init(req->prefilled);
+    s->kv.n_tokens = req->n_prompt;
+    s->n_computed = req->n_prompt;
+    s->tokens[s->n_tokens++] = req->first_token;
+    s->admitted_once = true;
+    if (is_stop(w, &s->sp, req->first_token)) {
+        s->finish_pending = true;
+        s->pending_finish = TDM_WORKER_FINISH_STOP;
+    } else if (s->n_tokens - s->n_prompt >= s->max_new) {
+        s->finish_pending = true;
+        s->pending_finish = TDM_WORKER_FINISH_LENGTH;
     }
+}
+
+int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
+{
+    int rc = check_req(w, req, err);
+    if (rc != TDM_OK)
+        return rc;
     if (w->n_waiting >= w->o.max_waiting + (w->o.max_running - w->n_running))
         return tdm_error_set(err, TDM_ERESOURCE, "worker queue full (%u running, %u waiting)",
                              w->n_running, w->n_waiting);
-    int slot = -1;
-    for (uint32_t i = 0; i < w->n_slots; i++)
-        if (!w->seqs[i].used) {
-            slot = (int)i;
-            break;
-        }
-    if (slot < 0)
+    if (w->n_free == 0)
         return tdm_error_set(err, TDM_ERESOURCE, "worker full (%u sequences)", w->n_slots);
-    wseq_t *s = &w->seqs[slot];
     uint32_t max_new = (uint32_t)req->sampling->max_tokens;
     if (max_new > w->o.n_ctx - req->n_prompt)
         max_new = w->o.n_ctx - req->n_prompt;
     uint32_t cap = req->n_prompt + max_new;
+    /* Everything the sequence will ever hold, now: the step path never allocates. */
+    tdm_kv_seq_t kv;
+    tdm_kv_seq_init(&kv);
     int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
-    if (!tokens)
-        return tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory (%u tokens)", cap);
+    tdm_kv_seq_t *table = req->prefilled ? req->prefilled : &kv;
+    if (!tokens || tdm_kv_seq_prepare(w->pool, table, cap) != TDM_OK) {
+        free(tokens);
+        return tdm_error_set(err, TDM_ERESOURCE,
+                             "worker: out of memory for a sequence of %u tokens", cap);
+    }
+    uint32_t slot = w->free_slots[--w->n_free];
+    wseq_t *s = &w->seqs[slot];
     memset(s, 0, sizeof *s);
     s->used = true;
     snprintf(s->id, sizeof s->id, "%s", req->request_id);
+    uint32_t *bucket = bucket_of(w, s->id);
+    s->next = *bucket;
+    *bucket = slot;
+    s->user = req->user;
     s->tokens = tokens;
     s->cap = cap;
     memcpy(tokens, req->prompt, (size_t)req->n_prompt * sizeof *tokens);
     s->n_tokens = s->n_prompt = req->n_prompt;
     s->max_new = max_new;
     s->sp = *req->sampling;
-    tdm_kv_seq_init(&s->kv);
-    if (req->prefilled) {
-        s->kv = *req->prefilled;
-        tdm_kv_seq_init(req->prefilled);
-        s->kv.n_tokens = req->n_prompt;
-        s->n_computed = req->n_prompt;
-        s->tokens[s->n_tokens++] = req->first_token;
-        s->admitted_once = true;
-        if (is_stop(w, &s->sp, req->first_token)) {
-            s->finish_pending = true;
-            s->pending_finish = TDM_WORKER_FINISH_STOP;
-        } else if (s->n_tokens - s->n_prompt >= s->max_new) {
-            s->finish_pending = true;
-            s->pending_finish = TDM_WORKER_FINISH_LENGTH;
-        }
-    }
-    w->waiting[w->n_waiting++] = (uint32_t)slot;
+    s->kv = kv;
+    if (req->prefilled)
+        take_prefilled(w, s, req);
+    w->waiting[w->n_waiting++] = slot;
     return 0;
 }
 
@@ -267,7 +353,7 @@ int tdm_worker_cancel(tdm_worker_t *w, const char *request_id)
     if (slot < 0)
         return TDM_ENOTFOUND;
     unlink_slot(w, (uint32_t)slot);
-    seq_free(w, &w->seqs[slot]);
+    seq_free(w, (uint32_t)slot);
     return 0;
 }
 
@@ -281,6 +367,8 @@ bool tdm_worker_busy(const tdm_worker_t *w)
     return w->n_running > 0 || w->n_waiting > 0;
 }
 
+/* ---- events ---- */
+
 static tdm_worker_event_t *push_event(tdm_worker_t *w, tdm_worker_event_kind_t kind,
                                       const wseq_t *s)
 {
@@ -289,6 +377,7 @@ static tdm_worker_event_t *push_event(tdm_worker_t *w, tdm_worker_event_kind_t k
     memset(ev, 0, offsetof(tdm_worker_event_t, sample));
     ev->kind = kind;
     snprintf(ev->request_id, sizeof ev->request_id, "%s", s->id);
+    ev->user = s->user;
     ev->status = 0;
     ev->message[0] = '\0';
     tdm_kv_seq_init(&ev->seq);
@@ -303,7 +392,7 @@ static void finish(tdm_worker_t *w, uint32_t slot, tdm_worker_finish_t why)
     ev->completion_tokens = s->n_tokens - s->n_prompt;
     ev->preemptions = s->preemptions;
     unlink_slot(w, slot);
-    seq_free(w, s);
+    seq_free(w, slot);
 }
 
 static void fail(tdm_worker_t *w, uint32_t slot, int status, const char *msg)
@@ -313,17 +402,19 @@ static void fail(tdm_worker_t *w, uint32_t slot, int status, const char *msg)
     ev->status = status;
     snprintf(ev->message, sizeof ev->message, "%s", msg);
     unlink_slot(w, slot);
-    seq_free(w, s);
+    seq_free(w, slot);
 }
 
-/* Frees the newest running sequence's blocks and puts it at the front of the queue: it is
- * recomputed from scratch when readmitted. */
+/* ---- scheduling one step ---- */
+
+/* Clears the newest running sequence's blocks (its table stays) and puts it at the front of
+ * the queue: it is recomputed from scratch when readmitted. */
 static void preempt_newest(tdm_worker_t *w)
 {
     TDM_ASSERT(w->n_running > 0);
     uint32_t slot = w->running[--w->n_running];
     wseq_t *s = &w->seqs[slot];
-    tdm_kv_seq_release(w->pool, &s->kv);
+    tdm_kv_seq_clear(w->pool, &s->kv);
     s->n_computed = 0;
     s->running = false;
     s->preemptions++;
@@ -333,15 +424,23 @@ static void preempt_newest(tdm_worker_t *w)
     w->n_waiting++;
 }
 
+/* Takes blocks for tokens[0..n_tokens) of s. The table was prepared at admission for every
+ * token the sequence can hold, so a failure here means the pool is short of blocks, never
+ * that memory ran out. */
+static bool reserve(tdm_worker_t *w, wseq_t *s, uint32_t n_tokens)
+{
+    TDM_ASSERT(n_tokens <= s->cap);
+    return tdm_kv_seq_reserve(w->pool, &s->kv, n_tokens) == TDM_OK;
+}
+
 /* Adds a chunk of `chunk` rows of slot to the batch being built. */
-static void add_rows(tdm_worker_t *w, uint32_t *n_rows, uint32_t *n_bseq, uint32_t slot,
-                     uint32_t chunk)
+static void add_rows(tdm_worker_t *w, uint32_t slot, uint32_t chunk)
 {
     wseq_t *s = &w->seqs[slot];
-    uint32_t k = (*n_bseq)++;
+    uint32_t k = w->n_bseq++;
     bool logits = s->n_computed + chunk == s->n_tokens;
     for (uint32_t i = 0; i < chunk; i++) {
-        uint32_t r = (*n_rows)++;
+        uint32_t r = w->n_rows++;
         w->b_tokens[r] = s->tokens[s->n_computed + i];
         w->b_pos[r] = s->n_computed + i;
         w->b_seq[r] = k;
@@ -350,35 +449,31 @@ static void add_rows(tdm_worker_t *w, uint32_t *n_rows, uint32_t *n_bseq, uint32
     w->b_slot[k] = slot;
     w->b_chunk[k] = chunk;
     w->b_logits[k] = logits;
+    w->budget -= chunk;
     if (!s->admitted_once || s->t_first_sched == 0)
         s->t_first_sched = tdm_time_now();
 }
 
 /* Rows a sequence with `remaining` rows to compute gets this step. */
-static uint32_t prefill_chunk(const tdm_worker_t *w, uint32_t remaining, uint32_t budget)
+static uint32_t prefill_chunk(const tdm_worker_t *w, uint32_t remaining)
 {
-    uint32_t chunk = remaining < budget ? remaining : budget;
+    uint32_t chunk = remaining < w->budget ? remaining : w->budget;
     if (w->o.max_prefill_chunk && chunk > w->o.max_prefill_chunk && w->n_running > 0)
         chunk = w->o.max_prefill_chunk;
     return chunk;
 }
 
-static bool in_batch(const tdm_worker_t *w, uint32_t n_bseq, uint32_t slot)
+static bool in_batch(const tdm_worker_t *w, uint32_t slot)
 {
-    for (uint32_t k = 0; k < n_bseq; k++)
+    for (uint32_t k = 0; k < w->n_bseq; k++)
         if (w->b_slot[k] == slot)
             return true;
     return false;
 }
 
-int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
-                    tdm_error_t *err)
+/* 0. Prefilled sequences that ended with their first token finish without a forward pass. */
+static void finish_pending(tdm_worker_t *w)
 {
-    w->n_events = 0;
-    *events = w->events;
-    *n_events = 0;
-
-    /* Prefilled sequences that ended with their first token. */
     for (uint32_t i = 0; i < w->n_waiting;) {
         uint32_t slot = w->waiting[i];
         if (w->seqs[slot].finish_pending)
@@ -386,72 +481,93 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
         else
             i++;
     }
+}
 
-    uint32_t budget = w->o.max_batch_tokens, n_rows = 0, n_bseq = 0;
-    /* 1. decode rows, oldest first; an empty pool preempts the newest sequence */
-    for (uint32_t i = 0; i < w->n_running && budget > 0; i++) {
+/* Makes room for one more token of running sequence slot, preempting the newest sequences
+ * while the pool is empty. false when slot itself was preempted (or failed: alone, it needs
+ * more blocks than the pool has). */
+static bool decode_reserve(tdm_worker_t *w, uint32_t slot)
+{
+    wseq_t *s = &w->seqs[slot];
+    while (!reserve(w, s, s->n_computed + 1)) {
+        if (w->running[w->n_running - 1] == slot) {
+            if (w->n_running == 1)
+                fail(w, slot, TDM_ERESOURCE,
+                     "KV pool exhausted: the sequence alone needs more blocks than the pool has");
+            else
+                preempt_newest(w);
+            return false;
+        }
+        preempt_newest(w);
+    }
+    return true;
+}
+
+/* 1. Decode rows, oldest first; an empty pool preempts the newest sequence. */
+static void schedule_decode(tdm_worker_t *w)
+{
+    for (uint32_t i = 0; i < w->n_running && w->budget > 0; i++) {
         uint32_t slot = w->running[i];
         wseq_t *s = &w->seqs[slot];
         if (s->n_tokens - s->n_computed != 1)
             continue;
-        bool preempted_self = false;
-        while (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + 1) != TDM_OK) {
-            if (w->running[w->n_running - 1] == slot) {
-                if (w->n_running == 1) {
-                    fail(w, slot, TDM_ERESOURCE,
-                         "KV pool exhausted: the sequence alone needs more blocks than the "
-                         "pool has");
-                } else {
-                    preempt_newest(w);
-                }
-                preempted_self = true;
-                break;
-            }
-            preempt_newest(w);
-        }
-        if (preempted_self) {
+        if (!decode_reserve(w, slot)) {
             i--; /* the running list shrank at this index or after it */
             continue;
         }
-        add_rows(w, &n_rows, &n_bseq, slot, 1);
-        budget--;
+        add_rows(w, slot, 1);
     }
-    /* 2. prefill chunks of running sequences */
-    for (uint32_t i = 0; i < w->n_running && budget > 0; i++) {
+}
+
+/* 2. Prefill chunks of running sequences. */
+static void schedule_prefill(tdm_worker_t *w)
+{
+    for (uint32_t i = 0; i < w->n_running && w->budget > 0; i++) {
         uint32_t slot = w->running[i];
         wseq_t *s = &w->seqs[slot];
         uint32_t remaining = s->n_tokens - s->n_computed;
-        if (remaining <= 1 || in_batch(w, n_bseq, slot))
+        if (remaining <= 1 || in_batch(w, slot))
             continue;
-        uint32_t chunk = prefill_chunk(w, remaining, budget);
-        if (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + chunk) != TDM_OK)
+        uint32_t chunk = prefill_chunk(w, remaining);
+        if (!reserve(w, s, s->n_computed + chunk))
             continue; /* waits for blocks; decode rows free them as sequences finish */
-        add_rows(w, &n_rows, &n_bseq, slot, chunk);
-        budget -= chunk;
+        add_rows(w, slot, chunk);
     }
-    /* 3. admit waiting sequences, FIFO */
-    while (w->n_waiting > 0 && w->n_running < w->o.max_running && budget > 0) {
+}
+
+/* The rows the next waiting sequence gets, with its blocks reserved (prefix cache first);
+ * 0 when the pool cannot hold them (its blocks are cleared again). */
+static uint32_t admit_reserve(tdm_worker_t *w, wseq_t *s)
+{
+    if (s->n_computed == 0 && s->kv.n_blocks == 0 && w->o.prefix_caching) {
+        uint32_t matched = tdm_kv_seq_match_prefix(w->pool, &s->kv, s->tokens, s->n_tokens);
+        s->n_computed = matched;
+        if (!s->admitted_once)
+            s->cached_prompt_tokens = matched < s->n_prompt ? matched : s->n_prompt;
+    }
+    uint32_t chunk = prefill_chunk(w, s->n_tokens - s->n_computed);
+    return reserve(w, s, s->n_computed + chunk) ? chunk : 0;
+}
+
+/* 3. Admits waiting sequences, FIFO, while the budget, max_running and the pool allow. */
+static void schedule_admit(tdm_worker_t *w)
+{
+    while (w->n_waiting > 0 && w->n_running < w->o.max_running && w->budget > 0) {
         uint32_t slot = w->waiting[0];
         wseq_t *s = &w->seqs[slot];
-        if (s->n_computed == 0 && s->kv.n_blocks == 0 && w->o.prefix_caching) {
-            uint32_t matched = tdm_kv_seq_match_prefix(w->pool, &s->kv, s->tokens, s->n_tokens);
-            s->n_computed = matched;
-            if (!s->admitted_once)
-                s->cached_prompt_tokens = matched < s->n_prompt ? matched : s->n_prompt;
-        }
-        uint32_t remaining = s->n_tokens - s->n_computed;
-        uint32_t chunk = prefill_chunk(w, remaining, budget);
-        if (tdm_kv_seq_reserve(w->pool, &s->kv, s->n_computed + chunk) != TDM_OK) {
-            if (w->n_running == 0 && n_bseq == 0) {
+        uint32_t chunk = admit_reserve(w, s);
+        if (chunk == 0) {
+            if (w->n_running == 0 && w->n_bseq == 0) {
                 /* Nothing runs that could free blocks: this sequence can never fit. */
                 char msg[160];
                 snprintf(msg, sizeof msg,
                          "KV pool exhausted: %u tokens need more blocks than the %u available",
-                         s->n_computed + chunk, tdm_kv_pool_available(w->pool) + s->kv.n_blocks);
+                         s->n_computed + prefill_chunk(w, s->n_tokens - s->n_computed),
+                         tdm_kv_pool_available(w->pool) + s->kv.n_blocks);
                 fail(w, slot, TDM_ERESOURCE, msg);
                 continue;
             }
-            tdm_kv_seq_release(w->pool, &s->kv);
+            tdm_kv_seq_clear(w->pool, &s->kv);
             s->n_computed = 0;
             break;
         }
@@ -463,38 +579,85 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
             s->admitted_once = true;
             s->t_first_sched = tdm_time_now();
         }
-        add_rows(w, &n_rows, &n_bseq, slot, chunk);
-        budget -= chunk;
+        add_rows(w, slot, chunk);
     }
-    *n_events = w->n_events;
-    if (n_rows == 0)
-        return 0;
+}
 
-    /* 4. forward */
-    for (uint32_t k = 0; k < n_bseq; k++) {
+/* 4. The forward pass over the batch built; on failure every sequence of it fails. */
+static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
+{
+    for (uint32_t k = 0; k < w->n_bseq; k++) {
         const wseq_t *s = &w->seqs[w->b_slot[k]];
         w->b_seqs[k] = (tdm_batch_seq_t){s->kv.blocks, s->kv.n_blocks};
     }
-    tdm_batch_t batch = {n_rows, w->b_tokens, w->b_pos, w->b_seq, w->b_want, n_bseq, w->b_seqs};
+    tdm_batch_t batch = {w->n_rows, w->b_tokens, w->b_pos, w->b_seq,
+                         w->b_want, w->n_bseq,   w->b_seqs};
     double t0 = tdm_time_now();
     int rc = tdm_engine_forward(w->engine, &batch, w->logits, err);
-    double t1 = tdm_time_now();
-    w->stats.last_step_s = t1 - t0;
-    w->stats.batch_size = n_bseq;
-    w->stats.batch_tokens = n_rows;
+    *t_end = tdm_time_now();
+    w->stats.last_step_s = *t_end - t0;
+    w->stats.batch_size = w->n_bseq;
+    w->stats.batch_tokens = w->n_rows;
     w->stats.steps++;
     if (rc != TDM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "forward pass failed: %.220s", err ? err->msg : tdm_strerror(rc));
-        for (uint32_t k = 0; k < n_bseq; k++)
+        for (uint32_t k = 0; k < w->n_bseq; k++)
             fail(w, w->b_slot[k], rc, msg);
-        *n_events = w->n_events;
-        return rc;
     }
+    return rc;
+}
 
-    /* 5. results, in batch order */
+/* PREFILL mode: hands the prompt's KV of slot to the caller and ends the sequence. */
+static void hand_over(tdm_worker_t *w, uint32_t slot, int32_t token, double t_end)
+{
+    wseq_t *s = &w->seqs[slot];
+    tdm_worker_event_t *pe = push_event(w, TDM_WORKER_EVENT_PREFILLED, s);
+    pe->seq = s->kv;
+    tdm_kv_seq_init(&s->kv);
+    pe->n_tokens = s->n_prompt;
+    pe->first_token = token;
+    pe->cached_prompt_tokens = s->cached_prompt_tokens;
+    pe->prefill_s = t_end - s->t_first_sched;
+    unlink_slot(w, slot);
+    seq_free(w, slot);
+}
+
+/* 5. Samples the next token of slot from its logits row and ends the sequence when that
+ * token ends it. */
+static void sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double t_end)
+{
+    wseq_t *s = &w->seqs[slot];
+    uint32_t index = s->n_tokens - s->n_prompt;
+    tdm_worker_event_t *ev = push_event(w, TDM_WORKER_EVENT_TOKEN, s);
+    if (tdm_sampler_sample(w->sampler, &s->sp, row, s->tokens, s->n_tokens, index, &ev->sample) !=
+        TDM_OK) {
+        w->n_events--; /* replace the token event by a failure */
+        char msg[256];
+        snprintf(msg, sizeof msg, "sampling: %.230s", tdm_sampler_errmsg(w->sampler));
+        fail(w, slot, TDM_EINVALID, msg);
+        return;
+    }
+    ev->index = index;
+    if (index == 0) {
+        ev->cached_prompt_tokens = s->cached_prompt_tokens;
+        ev->prefill_s = t_end - s->t_first_sched;
+    }
+    int32_t token = ev->sample.token;
+    s->tokens[s->n_tokens++] = token;
+    if (w->o.mode == TDM_WORKER_MODE_PREFILL)
+        hand_over(w, slot, token, t_end);
+    else if (is_stop(w, &s->sp, token))
+        finish(w, slot, TDM_WORKER_FINISH_STOP);
+    else if (s->n_tokens - s->n_prompt >= s->max_new)
+        finish(w, slot, TDM_WORKER_FINISH_LENGTH);
+}
+
+/* 5. Results, in batch order: KV committed, then a token for each sequence that asked. */
+static void collect(tdm_worker_t *w, double t_end)
+{
     uint32_t li = 0;
-    for (uint32_t k = 0; k < n_bseq; k++) {
+    for (uint32_t k = 0; k < w->n_bseq; k++) {
         uint32_t slot = w->b_slot[k];
         wseq_t *s = &w->seqs[slot];
         s->n_computed += w->b_chunk[k];
@@ -502,45 +665,31 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
             tdm_kv_seq_commit(w->pool, &s->kv, s->tokens, s->n_computed);
         else
             s->kv.n_tokens = s->n_computed;
-        if (!w->b_logits[k])
-            continue;
-        const float *row = w->logits + (size_t)li++ * w->n_vocab;
-        uint32_t index = s->n_tokens - s->n_prompt;
-        tdm_worker_event_t *ev = push_event(w, TDM_WORKER_EVENT_TOKEN, s);
-        if (tdm_sampler_sample(w->sampler, &s->sp, row, s->tokens, s->n_tokens, index,
-                               &ev->sample) != TDM_OK) {
-            w->n_events--; /* replace the token event by a failure */
-            char msg[256];
-            snprintf(msg, sizeof msg, "sampling: %.230s", tdm_sampler_errmsg(w->sampler));
-            fail(w, slot, TDM_EINVALID, msg);
-            continue;
-        }
-        ev->index = index;
-        if (index == 0) {
-            ev->cached_prompt_tokens = s->cached_prompt_tokens;
-            ev->prefill_s = t1 - s->t_first_sched;
-        }
-        int32_t token = ev->sample.token;
-        s->tokens[s->n_tokens++] = token;
-        if (w->o.mode == TDM_WORKER_MODE_PREFILL) {
-            tdm_worker_event_t *pe = push_event(w, TDM_WORKER_EVENT_PREFILLED, s);
-            pe->seq = s->kv;
-            tdm_kv_seq_init(&s->kv);
-            pe->n_tokens = s->n_prompt;
-            pe->first_token = token;
-            pe->cached_prompt_tokens = s->cached_prompt_tokens;
-            pe->prefill_s = t1 - s->t_first_sched;
-            unlink_slot(w, slot);
-            seq_free(w, s);
-            continue;
-        }
-        if (is_stop(w, &s->sp, token))
-            finish(w, slot, TDM_WORKER_FINISH_STOP);
-        else if (s->n_tokens - s->n_prompt >= s->max_new)
-            finish(w, slot, TDM_WORKER_FINISH_LENGTH);
+        if (w->b_logits[k])
+            sample_next(w, slot, w->logits + (size_t)li++ * w->n_vocab, t_end);
+    }
+}
+
+int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
+                    tdm_error_t *err)
+{
+    w->n_events = 0;
+    *events = w->events;
+    finish_pending(w);
+    w->budget = w->o.max_batch_tokens;
+    w->n_rows = w->n_bseq = 0;
+    schedule_decode(w);
+    schedule_prefill(w);
+    schedule_admit(w);
+    int rc = TDM_OK;
+    if (w->n_rows > 0) {
+        double t_end;
+        rc = forward(w, &t_end, err);
+        if (rc == TDM_OK)
+            collect(w, t_end);
     }
     *n_events = w->n_events;
-    return 0;
+    return rc;
 }
 
 void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out)

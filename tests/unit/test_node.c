@@ -1,0 +1,403 @@
+/* test_node.c - the node side against a fake router: tdm_node_link_flush returns once what
+ * the engine sent has reached the router (not after a fixed sleep) and reports a router that
+ * does not answer within its bound; a prefill node in-process (the serve loop with the prefill
+ * handler) streams a task's first token, honours NODE_CANCEL by attempt, fails a task whose
+ * deadline passed, and at shutdown reports what is in flight before it returns. */
+#include "prefill.h"
+#include "tdm_test.h"
+#include "tiny_model.h"
+
+#include "tandem/node.h"
+#include "tandem/proto.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#define ROUTER_INSTANCE UINT64_C(0x1234)
+#define N_NOTIFY 200
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* A router that registers any node, answers heartbeats (unless muted) and counts TOKEN_EVENT
+ * notifications. */
+#define MAX_LOG 64
+
+/* What the fake router heard from a node, in order (guarded by mu). */
+typedef struct heard {
+    int method;          /* TOKEN_EVENT or TASK_FAILED */
+    uint64_t attempt_id; /* of the message */
+    int status;          /* TASK_FAILED: the wire (gRPC) code */
+    bool retryable;
+    char message[128];
+} heard_t;
+
+typedef struct fake_router {
+    tdm_sock_t *sock;
+    pthread_t thread;
+    atomic_bool stop, mute;
+    atomic_int tokens;
+    atomic_int heartbeats;
+    pthread_mutex_t mu;
+    heard_t log[MAX_LOG];
+    int n_log;
+    uint8_t peer[TDM_NET_PEER_MAX]; /* the node's routing id (from its REGISTER) */
+    size_t peer_len;
+} fake_router_t;
+
+static void hear(fake_router_t *fr, const tdm_frame_t *f)
+{
+    heard_t h = {f->method, 0, 0, false, ""};
+    if (f->method == TANDEM__V1__METHOD__METHOD_TOKEN_EVENT) {
+        Tandem__V1__TokenEvent *te =
+            (Tandem__V1__TokenEvent *)tdm_frame_unpack(f, &tandem__v1__token_event__descriptor);
+        assert_non_null(te);
+        h.attempt_id = te->attempt_id;
+        tandem__v1__token_event__free_unpacked(te, NULL);
+    } else {
+        Tandem__V1__TaskFailed *tf =
+            (Tandem__V1__TaskFailed *)tdm_frame_unpack(f, &tandem__v1__task_failed__descriptor);
+        assert_non_null(tf);
+        h.attempt_id = tf->attempt_id;
+        h.status = tf->status;
+        h.retryable = tf->retryable;
+        snprintf(h.message, sizeof h.message, "%s", tf->message ? tf->message : "");
+        tandem__v1__task_failed__free_unpacked(tf, NULL);
+    }
+    pthread_mutex_lock(&fr->mu);
+    if (fr->n_log < MAX_LOG)
+        fr->log[fr->n_log++] = h;
+    pthread_mutex_unlock(&fr->mu);
+}
+
+/* Messages of `method` heard for attempt so far. */
+static int count_heard(fake_router_t *fr, int method, uint64_t attempt)
+{
+    int n = 0;
+    pthread_mutex_lock(&fr->mu);
+    for (int k = 0; k < fr->n_log; k++)
+        n += fr->log[k].method == method && fr->log[k].attempt_id == attempt;
+    pthread_mutex_unlock(&fr->mu);
+    return n;
+}
+
+/* The first message of `method` heard for attempt (copied into *out), waiting up to 60 s when
+ * wait is set. */
+static bool heard_of(fake_router_t *fr, int method, uint64_t attempt, bool wait, heard_t *out)
+{
+    for (int i = 0; i < (wait ? 60000 : 1); i++) {
+        pthread_mutex_lock(&fr->mu);
+        for (int k = 0; k < fr->n_log; k++)
+            if (fr->log[k].method == method && fr->log[k].attempt_id == attempt) {
+                if (out)
+                    *out = fr->log[k];
+                pthread_mutex_unlock(&fr->mu);
+                return true;
+            }
+        pthread_mutex_unlock(&fr->mu);
+        if (wait) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return false;
+}
+
+static void answer(fake_router_t *fr, const tdm_frame_t *f)
+{
+    if (f->method == TANDEM__V1__METHOD__METHOD_REGISTER) {
+        pthread_mutex_lock(&fr->mu);
+        memcpy(fr->peer, f->peer, f->peer_len);
+        fr->peer_len = f->peer_len;
+        pthread_mutex_unlock(&fr->mu);
+        Tandem__V1__RegisterAck ack = TANDEM__V1__REGISTER_ACK__INIT;
+        ack.heartbeat_interval_ms = 60000; /* no periodic beats: only the flush's */
+        ack.heartbeat_timeout_ms = 600000;
+        ack.router_instance_id = ROUTER_INSTANCE;
+        tdm_sock_reply(fr->sock, f, &ack.base);
+    } else if (f->method == TANDEM__V1__METHOD__METHOD_HEARTBEAT) {
+        atomic_fetch_add(&fr->heartbeats, 1);
+        if (!atomic_load(&fr->mute))
+            tdm_sock_reply(fr->sock, f, NULL);
+    } else if (f->method == TANDEM__V1__METHOD__METHOD_TOKEN_EVENT) {
+        atomic_fetch_add(&fr->tokens, 1);
+        hear(fr, f);
+    } else if (f->method == TANDEM__V1__METHOD__METHOD_TASK_FAILED) {
+        hear(fr, f);
+    }
+}
+
+static void *router_main(void *arg)
+{
+    fake_router_t *fr = arg;
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    while (!atomic_load(&fr->stop))
+        if (tdm_sock_recv(fr->sock, &f, 20) == 0) {
+            answer(fr, &f);
+            tdm_frame_clear(&f);
+        }
+    tdm_frame_clear(&f);
+    return NULL;
+}
+
+typedef struct rig {
+    tdm_net_t *net;
+    fake_router_t fr;
+    tdm_node_link_t *link;
+} rig_t;
+
+/* Starts the fake router on a port of its own. */
+static void router_open(rig_t *r)
+{
+    tdm_error_t err = {0};
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->fr.mu, NULL);
+    r->net = tdm_net_new(1, &err);
+    assert_non_null(r->net);
+    tdm_sock_opts_t so = {0};
+    so.instance_id = ROUTER_INSTANCE;
+    r->fr.sock = tdm_sock_bind(r->net, "tcp://127.0.0.1:*", &so, &err);
+    assert_non_null(r->fr.sock);
+    assert_int_equal(pthread_create(&r->fr.thread, NULL, router_main, &r->fr), 0);
+}
+
+static void wait_registered(tdm_node_link_t *l)
+{
+    for (int i = 0; i < 30000 && tdm_node_link_state(l, NULL, 0) != TDM_NODE_LINK_REGISTERED; i++)
+        sleep_ms(1);
+    assert_int_equal(tdm_node_link_state(l, NULL, 0), TDM_NODE_LINK_REGISTERED);
+}
+
+static void router_close(rig_t *r)
+{
+    atomic_store(&r->fr.stop, true);
+    pthread_join(r->fr.thread, NULL);
+    tdm_sock_destroy(&r->fr.sock);
+    tdm_net_destroy(&r->net);
+    pthread_mutex_destroy(&r->fr.mu);
+}
+
+static void rig_open(rig_t *r)
+{
+    tdm_error_t err = {0};
+    router_open(r);
+    Tandem__V1__RegisterRequest reg = TANDEM__V1__REGISTER_REQUEST__INIT;
+    reg.node_id = (char *)"p0";
+    reg.instance_id = 77;
+    tdm_node_link_opts_t lo = {tdm_sock_endpoint(r->fr.sock), NULL, &reg, NULL, NULL};
+    r->link = tdm_node_link_new(r->net, &lo, &err);
+    if (!r->link)
+        fail_msg("%s", err.msg);
+    wait_registered(r->link); /* the engine's frames of this router instance now flow */
+}
+
+static void rig_close(rig_t *r)
+{
+    tdm_node_link_destroy(&r->link);
+    router_close(r);
+}
+
+static void send_tokens(rig_t *r, int n)
+{
+    for (int i = 0; i < n; i++) {
+        Tandem__V1__TokenEvent te = TANDEM__V1__TOKEN_EVENT__INIT;
+        te.request_id = (char *)"req";
+        te.attempt_id = 1;
+        te.index = (uint32_t)i;
+        assert_int_equal(tdm_sock_notify(tdm_node_link_sock(r->link), NULL, 0,
+                                         TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, &te.base),
+                         0);
+    }
+}
+
+/* flush returns 0 once the router has everything sent before it: all N_NOTIFY tokens are
+ * counted at the moment it returns, and it returned before its 60 s bound. */
+static void test_flush_waits_for_the_router(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_open(&r);
+    send_tokens(&r, N_NOTIFY);
+    assert_int_equal(tdm_node_link_flush(r.link, 60000), 0);
+    assert_int_equal(atomic_load(&r.fr.tokens), N_NOTIFY);
+    /* again: each flush waits for its own answer */
+    send_tokens(&r, 10);
+    assert_int_equal(tdm_node_link_flush(r.link, 60000), 0);
+    assert_int_equal(atomic_load(&r.fr.tokens), N_NOTIFY + 10);
+    rig_close(&r);
+}
+
+/* A router that does not answer: flush gives up after its bound with TDM_EDEADLINE. */
+static void test_flush_bounded(void **state)
+{
+    (void)state;
+    rig_t r;
+    rig_open(&r);
+    atomic_store(&r.fr.mute, true);
+    int beats = atomic_load(&r.fr.heartbeats);
+    send_tokens(&r, 5);
+    double t0 = tdm_time_now();
+    assert_int_equal(tdm_node_link_flush(r.link, 200), TDM_EDEADLINE);
+    assert_true(tdm_time_now() - t0 >= 0.19);
+    /* the flush's heartbeat did reach the router; it was only not answered */
+    for (int i = 0; i < 30000 && atomic_load(&r.fr.heartbeats) == beats; i++)
+        sleep_ms(1);
+    assert_true(atomic_load(&r.fr.heartbeats) > beats);
+    assert_int_equal(atomic_load(&r.fr.tokens), 5);
+    rig_close(&r);
+}
+
+/* ---- a prefill node in-process ---- */
+
+typedef struct prefill_rig {
+    rig_t r;
+    char model[64];
+    tdm_config_t cfg;
+    void *sink; /* a "decode node" KV endpoint that takes transfers, never acks */
+    char sink_ep[128];
+    tdm_prefill_t *p;
+    pthread_t thread;
+    volatile sig_atomic_t stop;
+    int rc;
+} prefill_rig_t;
+
+static void *prefill_main(void *arg)
+{
+    prefill_rig_t *pr = arg;
+    tdm_error_t err = {0};
+    pr->rc = tdm_prefill_run(pr->p, &pr->stop, &err);
+    return NULL;
+}
+
+static void prefill_open(prefill_rig_t *pr)
+{
+    memset(pr, 0, sizeof *pr);
+    router_open(&pr->r);
+    snprintf(pr->model, sizeof pr->model, "/tmp/tdm_test_node_%d.gguf", (int)getpid());
+    tdm_tiny_llama_spec_t spec = {0};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_test_write_tiny_llama(pr->model, &spec, &err), 0);
+    pr->sink = zmq_socket(tdm_net_zctx(pr->r.net), ZMQ_ROUTER);
+    assert_int_equal(zmq_bind(pr->sink, "tcp://127.0.0.1:*"), 0);
+    size_t len = sizeof pr->sink_ep;
+    assert_int_equal(zmq_getsockopt(pr->sink, ZMQ_LAST_ENDPOINT, pr->sink_ep, &len), 0);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "model: {path: '%s'}\n"
+             "router: {node_endpoint: '%s'}\n"
+             "nodes:\n"
+             "  - {id: p0, role: prefill, threads: 1, max_running: 4, memory_budget: 64MiB}\n"
+             "  - {id: d0, role: decode, kv_endpoint: '%s'}\n",
+             pr->model, tdm_sock_endpoint(pr->r.fr.sock), pr->sink_ep);
+    if (tdm_config_load_string(yaml, strlen(yaml), "node.yaml", &pr->cfg, &err) != 0)
+        fail_msg("%s", err.msg);
+    pr->p = tdm_prefill_new(&pr->cfg, "p0", pr->r.net, NULL, &err);
+    if (!pr->p)
+        fail_msg("%s", err.msg);
+    wait_registered(tdm_prefill_link(pr->p));
+    assert_int_equal(pthread_create(&pr->thread, NULL, prefill_main, pr), 0);
+}
+
+static void prefill_stop(prefill_rig_t *pr)
+{
+    pr->stop = 1;
+    pthread_join(pr->thread, NULL);
+    assert_int_equal(pr->rc, 0);
+}
+
+static void prefill_close(prefill_rig_t *pr)
+{
+    tdm_prefill_destroy(&pr->p);
+    zmq_close(pr->sink);
+    router_close(&pr->r);
+    tdm_config_free(&pr->cfg);
+    remove(pr->model);
+}
+
+/* The router's side: a PrefillTask (deadline in unix ms, 0: an hour) or a NodeCancel. */
+static void send_task(prefill_rig_t *pr, uint64_t attempt, uint64_t deadline_ms)
+{
+    static int32_t prompt[24];
+    for (int i = 0; i < 24; i++)
+        prompt[i] = 3 + i;
+    Tandem__V1__PrefillTask t = TANDEM__V1__PREFILL_TASK__INIT;
+    t.request_id = (char *)"req";
+    t.attempt_id = attempt;
+    t.prompt_tokens = prompt;
+    t.n_prompt_tokens = 24;
+    t.max_tokens = 4;
+    t.decode_node_id = (char *)"d0";
+    t.decode_kv_endpoint = pr->sink_ep;
+    t.deadline_unix_ms = deadline_ms ? deadline_ms : tdm_net_now_ms() + 3600 * 1000;
+    fake_router_t *fr = &pr->r.fr;
+    assert_int_equal(tdm_sock_notify(fr->sock, fr->peer, fr->peer_len,
+                                     TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base),
+                     0);
+}
+
+static void send_cancel(prefill_rig_t *pr, uint64_t attempt)
+{
+    Tandem__V1__NodeCancel c = TANDEM__V1__NODE_CANCEL__INIT;
+    c.request_id = (char *)"req";
+    c.attempt_id = attempt;
+    fake_router_t *fr = &pr->r.fr;
+    assert_int_equal(tdm_sock_notify(fr->sock, fr->peer, fr->peer_len,
+                                     TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base),
+                     0);
+}
+
+/* The serve loop with the prefill handler: tasks found by attempt, worker events reach their
+ * task, cancel, deadline and shutdown. */
+static void test_prefill_node_serves(void **state)
+{
+    (void)state;
+    prefill_rig_t pr;
+    prefill_open(&pr);
+    /* a task's first token comes back under its attempt */
+    send_task(&pr, 11, 0);
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, 11, true, NULL));
+    /* the task now waits for the KV acknowledgement; a duplicate of it is dropped, a cancel
+     * ends it (so shutdown has nothing to report for it), another task runs */
+    send_task(&pr, 11, 0);
+    send_cancel(&pr, 11);
+    send_task(&pr, 13, 0);
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, 13, true, NULL));
+    assert_int_equal(count_heard(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, 11), 1);
+    /* a deadline that passes: DEADLINE_EXCEEDED, not retryable */
+    heard_t h;
+    send_task(&pr, 12, tdm_net_now_ms() - 1);
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TASK_FAILED, 12, true, &h));
+    assert_int_equal(h.status, 4);
+    assert_false(h.retryable);
+    assert_string_equal(h.message, "deadline passed during prefill");
+    /* shutdown: what is in flight (attempt 13, still unacknowledged) is reported, and the
+     * report has reached the router when the loop returns (the link was flushed) */
+    prefill_stop(&pr);
+    assert_false(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TASK_FAILED, 11, false, NULL));
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TASK_FAILED, 13, false, &h));
+    assert_int_equal(h.status, 14);
+    assert_true(h.retryable);
+    assert_string_equal(h.message, "prefill node shutting down");
+    prefill_close(&pr);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_flush_waits_for_the_router),
+        cmocka_unit_test(test_flush_bounded),
+        cmocka_unit_test(test_prefill_node_serves),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
