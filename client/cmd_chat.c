@@ -114,7 +114,7 @@ int tdm_cmd_chat(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *system = NULL, *router = NULL, *api_key = NULL;
-    const char *stop[TDM_CLIENT_MAX_STOP];
+    const char *stop[TDM_MAX_STOP_STRINGS];
     size_t n_stop = 0;
     long max_tokens = 256;
     double timeout_s = 0;
@@ -135,10 +135,10 @@ int tdm_cmd_chat(int argc, char **argv)
                 return 2;
             break;
         case TDM_CLI_OPT_STOP:
-            if (n_stop == TDM_CLIENT_MAX_STOP || !optarg[0] ||
-                strlen(optarg) > TDM_CLIENT_MAX_STOP_BYTES) {
+            if (n_stop == TDM_MAX_STOP_STRINGS || !optarg[0] ||
+                strlen(optarg) > TDM_MAX_STOP_STRING_BYTES) {
                 fprintf(stderr, CMD ": --stop: at most %d stop strings of 1..%d bytes\n",
-                        TDM_CLIENT_MAX_STOP, TDM_CLIENT_MAX_STOP_BYTES);
+                        TDM_MAX_STOP_STRINGS, TDM_MAX_STOP_STRING_BYTES);
                 return 2;
             }
             stop[n_stop++] = optarg;

@@ -137,7 +137,7 @@ typedef struct gen_opts {
     /* router path */
     const char *router, *api_key;
     double timeout_s;
-    const char *stop[TDM_CLIENT_MAX_STOP];
+    const char *stop[TDM_MAX_STOP_STRINGS];
     size_t n_stop;
     const char *local_only;  /* the first option given that needs -m, NULL if none */
     const char *router_only; /* the first option given that needs the router */
@@ -226,13 +226,13 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
             o->router_only = o->router_only ? o->router_only : "--timeout";
             break;
         case OPT_STOP:
-            if (o->n_stop == TDM_CLIENT_MAX_STOP) {
+            if (o->n_stop == TDM_MAX_STOP_STRINGS) {
                 fprintf(stderr, "tandem generate: --stop: at most %d stop strings\n",
-                        TDM_CLIENT_MAX_STOP);
+                        TDM_MAX_STOP_STRINGS);
                 ok = false;
-            } else if (!optarg[0] || strlen(optarg) > TDM_CLIENT_MAX_STOP_BYTES) {
+            } else if (!optarg[0] || strlen(optarg) > TDM_MAX_STOP_STRING_BYTES) {
                 fprintf(stderr, "tandem generate: --stop: a stop string has 1..%d bytes\n",
-                        TDM_CLIENT_MAX_STOP_BYTES);
+                        TDM_MAX_STOP_STRING_BYTES);
                 ok = false;
             } else {
                 o->stop[o->n_stop++] = optarg;

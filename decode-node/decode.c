@@ -113,7 +113,7 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
         d->log = *log;
     else
         tdm_log_init(&d->log, node->id);
-    d->n_res = (uint32_t)node->max_running + 4096;
+    d->n_res = (uint32_t)node->max_running + TDM_NODE_MAX_WAITING;
     d->res = calloc(d->n_res, sizeof *d->res);
     if (!d->res) {
         tdm_error_set(err, TDM_ERESOURCE, "out of memory");

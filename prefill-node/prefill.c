@@ -98,7 +98,7 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
         p->log = *log;
     else
         tdm_log_init(&p->log, node->id);
-    p->n_tasks = (uint32_t)node->max_running + 4096;
+    p->n_tasks = (uint32_t)node->max_running + TDM_NODE_MAX_WAITING;
     p->tasks = calloc(p->n_tasks, sizeof *p->tasks);
     if (!p->tasks) {
         tdm_error_set(err, TDM_ERESOURCE, "out of memory");

@@ -188,8 +188,8 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
         r->log = *log;
     else
         tdm_log_init(&r->log, "router");
-    r->hb_interval_ms = TDM_ROUTER_HEARTBEAT_INTERVAL_MS;
-    r->hb_timeout_ms = TDM_ROUTER_HEARTBEAT_TIMEOUT_MS;
+    r->hb_interval_ms = TDM_HEARTBEAT_INTERVAL_MS;
+    r->hb_timeout_ms = TDM_HEARTBEAT_TIMEOUT_MS;
     r->next_call = 1;
     /* Identities (docs/protocol.md): a random instance per start, so nodes tell this router
      * from the one before it, and attempt ids that start at a random point, so no attempt id

@@ -48,7 +48,7 @@ typedef struct fake {
 /* The attempt id the router gave each request id last (DecodeReserve, PrefillTask): fake
  * nodes answer with it, as real ones do. */
 static struct {
-    char id[TDM_ROUTER_REQUEST_ID_MAX + 1];
+    char id[TDM_REQUEST_ID_MAX + 1];
     uint64_t attempt;
 } attempts[64];
 static size_t n_attempts;

@@ -1126,7 +1126,7 @@ static void test_send_validation(void **state)
     assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "is not in use"));
     req.blocks = sseq.blocks;
-    char longid[TDM_KV_REQUEST_ID_MAX + 1];
+    char longid[TDM_REQUEST_ID_MAX + 2];
     memset(longid, 'x', sizeof longid - 1);
     longid[sizeof longid - 1] = '\0';
     req.request_id = longid;

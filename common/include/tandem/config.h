@@ -21,6 +21,10 @@
 #include "tandem/kv.h"
 #include "tandem/log.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* File name of the default model inside the model cache folder. */
 #define TDM_DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -260,5 +264,9 @@ int tdm_config_device_format(tdm_node_device_t device, char *buf, size_t cap);
 
 /* Parses "cpu", "cuda" (= cuda:0) or "cuda:N" (N in 0..63). Returns 0 or TDM_EINVALID. */
 int tdm_config_device_parse(const char *text, tdm_node_device_t *device);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_CONFIG_H */

@@ -194,10 +194,10 @@ int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, u
  * transfer; the client's request id is only a label carried back on messages and logs, so a
  * request id reused by a client can never reach another attempt's state. */
 typedef struct tdm_node_attempt {
-    uint64_t attempt_id;           /* never 0 */
-    uint64_t router_instance;      /* FrameHeader.instance_id of the router that dispatched it */
-    char key[17];                  /* "%016" PRIx64 of attempt_id: the worker request id */
-    char label[TDM_WORKER_ID_MAX]; /* the client's request id */
+    uint64_t attempt_id;      /* never 0 */
+    uint64_t router_instance; /* FrameHeader.instance_id of the router that dispatched it */
+    char key[17];             /* "%016" PRIx64 of attempt_id: the worker request id */
+    char label[TDM_REQUEST_ID_MAX + 1]; /* the client's request id */
 } tdm_node_attempt_t;
 
 /* Fills *a from a task message's request_id and attempt_id and the frame's router instance.

@@ -24,21 +24,32 @@ const char *tdm_strerror(int code)
     }
 }
 
+/* gRPC status names by code (grpc/status.h); a status code is minus its index. */
+static const char *const status_names[] = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
 const char *tdm_status_name(int code)
 {
-    switch (code) {
-    case TDM_OK: return "OK";
-    case TDM_ECANCELLED: return "CANCELLED";
-    case TDM_EINVALID: return "INVALID_ARGUMENT";
-    case TDM_EDEADLINE: return "DEADLINE_EXCEEDED";
-    case TDM_ENOTFOUND: return "NOT_FOUND";
-    case TDM_ERESOURCE: return "RESOURCE_EXHAUSTED";
-    case TDM_EPRECONDITION: return "FAILED_PRECONDITION";
-    case TDM_EINTERNAL: return "INTERNAL";
-    case TDM_EUNAVAILABLE: return "UNAVAILABLE";
-    case TDM_EUNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-    }
+    if (code > 0 || -(long)code >= (long)(sizeof status_names / sizeof status_names[0]))
+        return "UNKNOWN";
+    return status_names[-code];
 }
 
 int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)

@@ -95,7 +95,7 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
         goto out_close;
     }
     tdm_worker_opts_t wo = {mode, (uint32_t)node->max_batch_tokens, (uint32_t)node->max_running,
-                            4096, rt->n_ctx, cfg->kv.prefix_caching,
+                            TDM_NODE_MAX_WAITING, rt->n_ctx, cfg->kv.prefix_caching,
                             /* a decode node prefilling locally (no prefill node up, or
                              * recompute after preemption) takes small chunks, so its running
                              * sequences keep getting tokens */

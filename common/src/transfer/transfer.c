@@ -549,10 +549,10 @@ static int check_send_req(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, tdm_
     if (!req->request_id || !req->request_id[0])
         return tdm_error_set(err, TDM_EINVALID, "KV transfer: request_id is empty");
     size_t id_len = strlen(req->request_id);
-    if (id_len >= TDM_KV_REQUEST_ID_MAX)
+    if (id_len > TDM_REQUEST_ID_MAX)
         return tdm_error_set(err, TDM_EINVALID,
                              "KV transfer: request_id is %zu bytes; at most %u allowed", id_len,
-                             TDM_KV_REQUEST_ID_MAX - 1);
+                             TDM_REQUEST_ID_MAX);
     if (!req->endpoint || !req->endpoint[0])
         return tdm_error_set(err, TDM_EINVALID, "KV transfer %s: endpoint is empty",
                              req->request_id);
@@ -1082,9 +1082,9 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
 {
     if (!h->request_id[0])
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "request_id is empty");
-    if (strlen(h->request_id) >= TDM_KV_REQUEST_ID_MAX)
+    if (strlen(h->request_id) > TDM_REQUEST_ID_MAX)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "request_id is %zu bytes; at most %u",
-                                 strlen(h->request_id), TDM_KV_REQUEST_ID_MAX - 1);
+                                 strlen(h->request_id), TDM_REQUEST_ID_MAX);
     if (tdm_kv_backend_parse(h->backend, backend, NULL) != 0)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
                                  "backend \"%.64s\" unknown (tcp, nccl, cuda_ipc)", h->backend);

@@ -46,7 +46,7 @@ typedef struct tdm_kv_channel {
 typedef struct tdm_kv_xfer {
     struct tdm_kv_xfer *next;
     uint64_t id; /* transfer id = call id of the KV_TRANSFER request */
-    char request_id[TDM_KV_REQUEST_ID_MAX];
+    char request_id[TDM_REQUEST_ID_MAX + 1];
     uint64_t attempt_id;
     tdm_kv_channel_t *ch;
     uint32_t generation; /* ch->generation when sent: that socket holds its frames */

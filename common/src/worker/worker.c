@@ -10,7 +10,7 @@ typedef struct wseq {
     bool running;
     bool finish_pending; /* a prefilled sequence whose first token already ends it */
     tdm_worker_finish_t pending_finish;
-    char id[TDM_WORKER_ID_MAX];
+    char id[TDM_REQUEST_ID_MAX + 1];
     int32_t *tokens; /* [cap]: prompt then output */
     uint32_t cap;
     uint32_t n_tokens;
@@ -162,9 +162,9 @@ static bool is_stop(const tdm_worker_t *w, const tdm_sampling_params_t *sp, int3
 
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
-    if (!req->request_id || strlen(req->request_id) >= TDM_WORKER_ID_MAX)
+    if (!req->request_id || strlen(req->request_id) > TDM_REQUEST_ID_MAX)
         return tdm_error_set(err, TDM_EINVALID, "request_id: missing or longer than %u bytes",
-                             TDM_WORKER_ID_MAX - 1);
+                             TDM_REQUEST_ID_MAX);
     if (find_slot(w, req->request_id) >= 0)
         return tdm_error_set(err, TDM_EINVALID, "request_id '%s' is already in the worker",
                              req->request_id);
