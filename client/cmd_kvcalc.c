@@ -366,7 +366,8 @@ int tdm_cmd_kvcalc(int argc, char **argv)
                 return 2;
             break;
         case OPT_MEMORY:
-            if (tdm_parse_bytes(optarg, &k.in.memory_bytes) != TDM_OK || k.in.memory_bytes == 0)
+            if (tdm_config_parse_bytes(optarg, &k.in.memory_bytes) != TDM_OK ||
+                k.in.memory_bytes == 0)
                 return bad_usage("--memory must be a positive byte size such as 80GiB, 512MiB, "
                                  "1.5GB or 4096, got '%s'",
                                  optarg);
@@ -387,7 +388,7 @@ int tdm_cmd_kvcalc(int argc, char **argv)
         k.model ? load_model(&k, &model_ctx) : parse_shape(&k, layers, kv_heads, head_dim, heads);
     if (rc != 0)
         return rc;
-    if (weights && (tdm_parse_bytes(weights, &k.in.weight_bytes) != TDM_OK))
+    if (weights && (tdm_config_parse_bytes(weights, &k.in.weight_bytes) != TDM_OK))
         return bad_usage("--weights-bytes must be a byte size such as 13GiB, 270MB or 4096, "
                          "got '%s'",
                          weights);

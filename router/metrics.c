@@ -142,7 +142,7 @@ static void node_labels(sb_t *b, const rt_node_t *n)
 {
     sb_printf(b, "{node=\"");
     sb_label_value(b, n->cfg->id);
-    sb_printf(b, "\",role=\"%s\"}", tdm_node_role_name(n->cfg->role));
+    sb_printf(b, "\",role=\"%s\"}", tdm_config_node_role_name(n->cfg->role));
 }
 
 typedef enum node_set {

@@ -105,7 +105,7 @@ static uint64_t str_hash(const char *s)
 
 static const char *role_name(const rt_node_t *n)
 {
-    return tdm_node_role_name(n->cfg->role);
+    return tdm_config_node_role_name(n->cfg->role);
 }
 
 /* ---- scheduling ---- */
@@ -637,7 +637,7 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
     }
     if (n->cfg->role != role) {
         refuse(r, f, id, "node '%s' is a %s node in the cluster config, not a %s node", id,
-               tdm_node_role_name(n->cfg->role), tdm_node_role_name(role));
+               tdm_config_node_role_name(n->cfg->role), tdm_config_node_role_name(role));
         goto out;
     }
     if (m->instance_id == 0 || f->instance_id != m->instance_id) {
@@ -721,7 +721,7 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
     char kv[512] = "";
     char num[32];
     tdm_log_kv_append(kv, sizeof kv, "node_id", id);
-    tdm_log_kv_append(kv, sizeof kv, "role", tdm_node_role_name(role));
+    tdm_log_kv_append(kv, sizeof kv, "role", tdm_config_node_role_name(role));
     tdm_log_kv_append(kv, sizeof kv, "device", m->device);
     snprintf(num, sizeof num, "%" PRIu32, m->kv_blocks_total);
     tdm_log_kv_append(kv, sizeof kv, "kv_blocks", num);

@@ -259,27 +259,27 @@ static void test_curve_keys(void **state)
 {
     (void)state;
     char pub[41], sec[41];
-    assert_int_equal(tdm_curve_keypair(pub, sec), 0);
+    assert_int_equal(tdm_net_curve_keypair(pub, sec), 0);
     assert_int_equal(strlen(pub), 40);
     assert_int_equal(strlen(sec), 40);
     assert_string_not_equal(pub, sec);
     tdm_error_t err = {0};
-    assert_int_equal(tdm_curve_key_check(pub, "curve.x", &err), 0);
-    assert_int_equal(tdm_curve_key_check(sec, "curve.x", &err), 0);
-    assert_int_equal(tdm_curve_key_check("abc", "curve.server_public", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(pub, "curve.x", &err), 0);
+    assert_int_equal(tdm_net_curve_key_check(sec, "curve.x", &err), 0);
+    assert_int_equal(tdm_net_curve_key_check("abc", "curve.server_public", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "curve.server_public"));
     assert_non_null(strstr(err.msg, "got 3 characters"));
-    assert_int_equal(tdm_curve_key_check(NULL, "curve.client_secret", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(NULL, "curve.client_secret", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "curve.client_secret: missing"));
     char bad[41];
     memcpy(bad, pub, 41);
     bad[7] = '~';
-    assert_int_equal(tdm_curve_key_check(bad, "k", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(bad, "k", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "character 8 ('~')"));
     /* "#####" is 85^5 - 1, more than 32 bits: not a Z85 encoding */
     memcpy(bad, "#####", 5);
     memcpy(bad + 5, pub + 5, 36);
-    assert_int_equal(tdm_curve_key_check(bad, "k", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(bad, "k", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "characters 1..5"));
 }
 
@@ -1341,10 +1341,10 @@ static void test_curve_identity(void **state)
 {
     (void)state;
     char spub[41], ssec[41], apub[41], asec[41], bpub[41], bsec[41], xpub[41], xsec[41];
-    assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
-    assert_int_equal(tdm_curve_keypair(apub, asec), 0);
-    assert_int_equal(tdm_curve_keypair(bpub, bsec), 0);
-    assert_int_equal(tdm_curve_keypair(xpub, xsec), 0);
+    assert_int_equal(tdm_net_curve_keypair(spub, ssec), 0);
+    assert_int_equal(tdm_net_curve_keypair(apub, asec), 0);
+    assert_int_equal(tdm_net_curve_keypair(bpub, bsec), 0);
+    assert_int_equal(tdm_net_curve_keypair(xpub, xsec), 0);
     tdm_error_t err = {0};
     tdm_net_t *net = tdm_net_new(1, &err);
     tdm_logger_t lg;
@@ -1419,8 +1419,8 @@ static void test_curve_secret_read(void **state)
 {
     (void)state;
     char pub[41], sec[41], opub[41], osec[41], got[41];
-    assert_int_equal(tdm_curve_keypair(pub, sec), 0);
-    assert_int_equal(tdm_curve_keypair(opub, osec), 0);
+    assert_int_equal(tdm_net_curve_keypair(pub, sec), 0);
+    assert_int_equal(tdm_net_curve_keypair(opub, osec), 0);
     char dir[] = "/tmp/tdm_net_keys_XXXXXX", path[64];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/n.key", dir);
@@ -1445,7 +1445,7 @@ static void test_curve_secret_read(void **state)
         fprintf(fp, "%s%s", sec, cases[i].text);
         fclose(fp);
         assert_int_equal(chmod(path, (mode_t)cases[i].mode), 0);
-        int rc = tdm_curve_secret_read(path, pub, what, got, &err);
+        int rc = tdm_net_curve_secret_read(path, pub, what, got, &err);
         if (rc != cases[i].rc)
             fail_msg("case %zu: rc %d, want %d (%s)", i, rc, cases[i].rc, err.msg);
         if (rc == 0) {
@@ -1464,11 +1464,11 @@ static void test_curve_secret_read(void **state)
     fprintf(fp, "%s\n", osec);
     fclose(fp);
     chmod(path, 0600);
-    assert_int_equal(tdm_curve_secret_read(path, pub, what, got, &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_secret_read(path, pub, what, got, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "belongs to the public key"));
     assert_non_null(strstr(err.msg, opub));
     unlink(path);
-    assert_int_equal(tdm_curve_secret_read(path, pub, what, got, &err), TDM_ENOTFOUND);
+    assert_int_equal(tdm_net_curve_secret_read(path, pub, what, got, &err), TDM_ENOTFOUND);
     assert_non_null(strstr(err.msg, path));
     rmdir(dir);
 }
@@ -1477,9 +1477,9 @@ static void test_curve(void **state)
 {
     (void)state;
     char spub[41], ssec[41], cpub[41], csec[41], opub[41], osec[41];
-    assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
-    assert_int_equal(tdm_curve_keypair(cpub, csec), 0);
-    assert_int_equal(tdm_curve_keypair(opub, osec), 0);
+    assert_int_equal(tdm_net_curve_keypair(spub, ssec), 0);
+    assert_int_equal(tdm_net_curve_keypair(cpub, csec), 0);
+    assert_int_equal(tdm_net_curve_keypair(opub, osec), 0);
     tdm_error_t err = {0};
     tdm_net_t *net = tdm_net_new(1, &err);
     tdm_logger_t lg;

@@ -986,9 +986,9 @@ static void test_curve(void **state)
 {
     ctx_t *c = *state;
     char spub[41], ssec[41], cpub[41], csec[41], xpub[41], xsec[41];
-    assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
-    assert_int_equal(tdm_curve_keypair(cpub, csec), 0);
-    assert_int_equal(tdm_curve_keypair(xpub, xsec), 0);
+    assert_int_equal(tdm_net_curve_keypair(spub, ssec), 0);
+    assert_int_equal(tdm_net_curve_keypair(cpub, csec), 0);
+    assert_int_equal(tdm_net_curve_keypair(xpub, xsec), 0);
     /* the receiver admits one prefill node's key, under its node id */
     tdm_curve_peer_t admitted = {cpub, "prefill-curve"};
     tdm_curve_keys_t server = {

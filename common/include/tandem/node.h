@@ -36,7 +36,7 @@ typedef struct tdm_node_keys {
     bool on;                 /* CURVE is on (tdm_config_curve_on); everything below is empty
                                 when it is off */
     char public_key[41];     /* this node's key, nodes[].curve_public_key */
-    char secret_key[41];     /* from nodes[].curve_secret_key_file (tdm_curve_secret_read) */
+    char secret_key[41];     /* from nodes[].curve_secret_key_file (tdm_net_curve_secret_read) */
     char router_key[41];     /* router.curve_public_key: the server key of the router link */
     tdm_node_role_t role;    /* the node's role: a decode node's KV side is a server */
     tdm_curve_peer_t *peers; /* decode nodes: [n_peers] the prefill nodes admitted on the KV
@@ -47,7 +47,7 @@ typedef struct tdm_node_keys {
 
 /* Loads node `node`'s keys into *k (previous contents ignored) when CURVE is on, and checks
  * that a decode node may bind its kv_endpoint (tdm_config_bind_check, guard CURVE). The
- * strings of cfg must outlive *k. Returns 0; with *err set: what tdm_curve_secret_read
+ * strings of cfg must outlive *k. Returns 0; with *err set: what tdm_net_curve_secret_read
  * returns for the node's secret key file (the message names nodes[i].curve_secret_key_file
  * and the path), TDM_EPRECONDITION (insecure bind), TDM_ERESOURCE. On error *k holds nothing
  * to close; on success release it with tdm_node_keys_close. */

@@ -47,12 +47,12 @@ static const char *const policy_names[] = {"round_robin", "least_loaded", "prefi
 static const char *const dtype_names[] = {"f32", "f16", "q8"};
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
-const char *tdm_node_role_name(tdm_node_role_t role)
+const char *tdm_config_node_role_name(tdm_node_role_t role)
 {
     return (unsigned)role < N_OF(role_names) ? role_names[role] : "?";
 }
 
-const char *tdm_prefill_policy_name(tdm_prefill_policy_t policy)
+const char *tdm_config_prefill_policy_name(tdm_prefill_policy_t policy)
 {
     return (unsigned)policy < N_OF(policy_names) ? policy_names[policy] : "?";
 }
@@ -119,7 +119,7 @@ static const byte_unit_t byte_units[] = {
     {"tib", 1ull << 40},
 };
 
-int tdm_parse_bytes(const char *text, uint64_t *bytes)
+int tdm_config_parse_bytes(const char *text, uint64_t *bytes)
 {
     if (!text)
         return TDM_EINVALID;
@@ -171,7 +171,7 @@ int tdm_parse_bytes(const char *text, uint64_t *bytes)
     return TDM_OK;
 }
 
-int tdm_format_bytes(uint64_t bytes, char *buf, size_t cap)
+int tdm_config_format_bytes(uint64_t bytes, char *buf, size_t cap)
 {
     static const byte_unit_t units[] = {
         {"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10}};
@@ -1151,7 +1151,7 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
         } else if (strcmp(name, "memory_budget") == 0) {
             m->memory_budget = v;
             if (v->type != YAML_SCALAR_NODE ||
-                tdm_parse_bytes(scalar_text(v), &node->memory_budget) != TDM_OK)
+                tdm_config_parse_bytes(scalar_text(v), &node->memory_budget) != TDM_OK)
                 rc = fail(ld, v, key, "must be a byte size such as 512MiB, 2GiB or 1.5GB, got %s",
                           describe(v, got, sizeof got));
             else if (node->memory_budget < MIN_MEMORY_BUDGET)
@@ -1570,7 +1570,7 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
     put_key_string(out, "  ", "node_advertise", r->node_advertise);
     put_key_string(out, "  ", "http_address", r->http_address);
     fprintf(out, "  http_port: %d\n", r->http_port);
-    fprintf(out, "  prefill_policy: %s\n", tdm_prefill_policy_name(r->prefill_policy));
+    fprintf(out, "  prefill_policy: %s\n", tdm_config_prefill_policy_name(r->prefill_policy));
     fprintf(out, "  max_queue: %d\n", r->max_queue);
     fprintf(out, "  request_timeout_s: ");
     put_double(out, r->request_timeout_s);
@@ -1597,7 +1597,7 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
         char buf[32];
         fprintf(out, "  - id: ");
         put_string(out, node->id);
-        fprintf(out, "\n    role: %s\n", tdm_node_role_name(node->role));
+        fprintf(out, "\n    role: %s\n", tdm_config_node_role_name(node->role));
         put_key_string(out, "    ", "endpoint", node->endpoint);
         if (node->role == TDM_NODE_ROLE_DECODE) {
             put_key_string(out, "    ", "kv_endpoint", node->kv_endpoint);
@@ -1611,7 +1611,7 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
             put_double(out, node->gpu_memory_utilization);
             fputc('\n', out);
         } else {
-            tdm_format_bytes(node->memory_budget, buf, sizeof buf);
+            tdm_config_format_bytes(node->memory_budget, buf, sizeof buf);
             fprintf(out, "    memory_budget: %s\n", buf);
         }
         fprintf(out, "    max_batch_tokens: %d\n", node->max_batch_tokens);

@@ -100,7 +100,7 @@ static tdm_net_zap_key_t *server_clients(const tdm_curve_keys_t *k, size_t *n, t
         else
             snprintf(what, sizeof what, "curve.client_public");
         const char *name = list[i].name;
-        if (tdm_curve_key_check(list[i].public_key, what, err))
+        if (tdm_net_curve_key_check(list[i].public_key, what, err))
             goto out_free;
         if (!name || !*name || strlen(name) >= TDM_NET_USER_ID_MAX) {
             tdm_error_set(err, TDM_EINVALID, "%s: the name must be 1..%u bytes", what,
@@ -212,10 +212,10 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
     tdm_net_zap_key_t *clients = NULL;
     size_t n_clients = 0;
     if (!curve_none(k)) {
-        if (tdm_curve_key_check(k->server_secret, "curve.server_secret", err))
+        if (tdm_net_curve_key_check(k->server_secret, "curve.server_secret", err))
             return NULL;
         if (k->server_public &&
-            (tdm_curve_key_check(k->server_public, "curve.server_public", err) ||
+            (tdm_net_curve_key_check(k->server_public, "curve.server_public", err) ||
              check_pair(k->server_public, k->server_secret, "curve.server_public", err)))
             return NULL;
         if (!(clients = server_clients(k, &n_clients, err)))
@@ -275,9 +275,9 @@ tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_soc
 {
     const tdm_curve_keys_t *k = opts ? opts->curve : NULL;
     if (!curve_none(k)) {
-        if (tdm_curve_key_check(k->server_public, "curve.server_public", err) ||
-            tdm_curve_key_check(k->client_public, "curve.client_public", err) ||
-            tdm_curve_key_check(k->client_secret, "curve.client_secret", err) ||
+        if (tdm_net_curve_key_check(k->server_public, "curve.server_public", err) ||
+            tdm_net_curve_key_check(k->client_public, "curve.client_public", err) ||
+            tdm_net_curve_key_check(k->client_secret, "curve.client_secret", err) ||
             check_pair(k->client_public, k->client_secret, "curve.client_public", err))
             return NULL;
     }
