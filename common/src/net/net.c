@@ -345,14 +345,10 @@ void tdm_net_curve_wipe(void *p, size_t n)
         b[i] = 0;
 }
 
-int tdm_net_curve_secret_read(const char *path, const char *public_key, const char *what,
-                              char secret[41], tdm_error_t *err)
+/* Opens a secret key file for reading: a regular file only its owner may read. Returns 0
+ * with *fd_out set (the caller closes it), or an error. */
+static int secret_file_open(const char *path, const char *what, int *fd_out, tdm_error_t *err)
 {
-    secret[0] = '\0';
-    if (!what)
-        what = "CURVE secret key file";
-    if (!path || !*path)
-        return tdm_error_set(err, TDM_EINVALID, "%s is not set", what);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -361,21 +357,35 @@ int tdm_net_curve_secret_read(const char *path, const char *public_key, const ch
     }
     int rc = 0;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, &st) != 0)
         rc = tdm_error_set(err, TDM_EUNAVAILABLE, "%s %s: %s", what, path, strerror(errno));
-        goto out_close;
-    }
-    if (!S_ISREG(st.st_mode)) {
+    else if (!S_ISREG(st.st_mode))
         rc = tdm_error_set(err, TDM_EINVALID, "%s %s: not a regular file", what, path);
-        goto out_close;
-    }
-    if (st.st_mode & 077) {
+    else if (st.st_mode & 077)
         rc = tdm_error_set(err, TDM_EPRECONDITION,
                            "%s %s: mode %04o lets group or others read the secret key; only "
                            "its owner may (chmod 600 %s)",
                            what, path, (unsigned)(st.st_mode & 07777), path);
-        goto out_close;
+    if (rc != 0) {
+        close(fd);
+        return rc;
     }
+    *fd_out = fd;
+    return 0;
+}
+
+int tdm_net_curve_secret_read(const char *path, const char *public_key, const char *what,
+                              char secret[41], tdm_error_t *err)
+{
+    secret[0] = '\0';
+    if (!what)
+        what = "CURVE secret key file";
+    if (!path || !*path)
+        return tdm_error_set(err, TDM_EINVALID, "%s is not set", what);
+    int fd = -1;
+    int rc = secret_file_open(path, what, &fd, err);
+    if (rc != 0)
+        return rc;
     char buf[48];
     ssize_t n;
     do
