@@ -177,57 +177,51 @@ static void drop_peer_comms(tdm_kv_receiver_t *r, const uint8_t *peer, size_t pe
     }
 }
 
-void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f)
+/* The KvHello's fields: an nccl hello, to a node with a device pool, with a whole NCCL
+ * unique id. Returns 0 or the status with msg filled. */
+static int hello_check(const tdm_kv_receiver_t *r, const Tandem__V1__KvHello *h, char *msg,
+                       size_t cap)
 {
-    Tandem__V1__KvHello *h =
-        (Tandem__V1__KvHello *)tdm_frame_unpack(f, &tandem__v1__kv_hello__descriptor);
-    int st = 0;
-    char msg[TDM_ERRMSG_MAX] = "";
-    tdm_xfer_nccl_t *comm = NULL;
+    if (!h)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "KvHello does not decode");
+    if (strcmp(h->backend, "nccl") != 0)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
+                                 "KvHello backend \"%.32s\": only nccl needs a hello", h->backend);
+    if (!r->memory.device_base)
+        return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
+                                 "nccl needs a device pool; this node's pool is in host memory");
+    if (h->nccl_unique_id.len != TDM_XFER_NCCL_ID_BYTES)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "nccl_unique_id is %zu bytes; expected %u",
+                                 h->nccl_unique_id.len, TDM_XFER_NCCL_ID_BYTES);
+    return 0;
+}
+
+/* Forms the receiving side (rank 1) of the NCCL communicator the hello's sender started,
+ * waiting at most the receiver's timeout, and keeps it for the sender's peer. Returns 0 or
+ * the status with msg filled. */
+static int hello_comm_new(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem__V1__KvHello *h,
+                          char *msg, size_t cap)
+{
     tdm_error_t e = {0};
-    if (!h) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID, "KvHello does not decode");
-        goto out_reply;
-    }
-    if (strcmp(h->backend, "nccl") != 0) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
-                               "KvHello backend \"%.32s\": only nccl needs a hello", h->backend);
-        goto out_reply;
-    }
-    if (!r->memory.device_base) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EPRECONDITION,
-                               "nccl needs a device pool; this node's pool is in host memory");
-        goto out_reply;
-    }
-    if (h->nccl_unique_id.len != TDM_XFER_NCCL_ID_BYTES) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
-                               "nccl_unique_id is %zu bytes; expected %u", h->nccl_unique_id.len,
-                               TDM_XFER_NCCL_ID_BYTES);
-        goto out_reply;
-    }
     drop_peer_comms(r, f->peer, f->peer_len, h->sender_node_id);
-    comm = tdm_xfer_nccl_new(r->memory.device, h->nccl_unique_id.data, 1, &e);
-    if (!comm) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EUNAVAILABLE, "%s", e.msg);
-        goto out_reply;
-    }
+    tdm_xfer_nccl_t *comm = tdm_xfer_nccl_new(r->memory.device, h->nccl_unique_id.data, 1, &e);
+    if (!comm)
+        return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg);
     double until = tdm_time_now() + r->timeout_ms / 1e3;
     int rc;
     while ((rc = tdm_xfer_nccl_ready(comm, &e)) == 0 && tdm_time_now() < until)
         sleep_us(1000);
     if (rc != 1) {
-        st = rc < 0 ? tdm_kv_reject_msg(msg, sizeof msg, TDM_EUNAVAILABLE, "%s", e.msg)
-                    : tdm_kv_reject_msg(msg, sizeof msg, TDM_EDEADLINE,
-                                        "NCCL communicator with %s not formed within %d ms",
-                                        h->sender_node_id, r->timeout_ms);
         tdm_xfer_nccl_destroy(&comm);
-        goto out_reply;
+        return rc < 0 ? tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg)
+                      : tdm_kv_reject_msg(msg, cap, TDM_EDEADLINE,
+                                          "NCCL communicator with %s not formed within %d ms",
+                                          h->sender_node_id, r->timeout_ms);
     }
     tdm_kv_peer_comm_t *p = calloc(1, sizeof *p);
     if (!p) {
         tdm_xfer_nccl_destroy(&comm);
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_ERESOURCE, "out of memory");
-        goto out_reply;
+        return tdm_kv_reject_msg(msg, cap, TDM_ERESOURCE, "out of memory");
     }
     memcpy(p->peer, f->peer, f->peer_len);
     p->peer_len = f->peer_len;
@@ -235,14 +229,22 @@ void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f)
     p->comm = comm;
     p->next = r->comms;
     r->comms = p;
+    return 0;
+}
 
-out_reply:
+void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f)
+{
+    Tandem__V1__KvHello *h =
+        (Tandem__V1__KvHello *)tdm_frame_unpack(f, &tandem__v1__kv_hello__descriptor);
+    char msg[TDM_ERRMSG_MAX] = "";
+    int st = hello_check(r, h, msg, sizeof msg);
+    if (st == 0)
+        st = hello_comm_new(r, f, h, msg, sizeof msg);
     if (st == 0) {
         Tandem__V1__KvHelloAck ack = TANDEM__V1__KV_HELLO_ACK__INIT;
         ack.backend = "nccl";
         tdm_sock_reply(r->sock, f, &ack.base);
-        TDM_LOG_INFOF(r->log, NULL, "KV NCCL communicator with %s formed",
-                      h ? h->sender_node_id : "?");
+        TDM_LOG_INFOF(r->log, NULL, "KV NCCL communicator with %s formed", h->sender_node_id);
     } else {
         tdm_sock_reply_error(r->sock, f, st, "%s", msg);
         TDM_LOG_WARNF(r->log, NULL, "KV hello refused: %s %s", tdm_status_name(st), msg);
