@@ -44,7 +44,6 @@
 
 static const char *const role_names[] = {"prefill", "decode"};
 static const char *const policy_names[] = {"round_robin", "least_loaded", "prefix_aware"};
-static const char *const dtype_names[] = {"f32", "f16", "q8"};
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 const char *tdm_config_node_role_name(tdm_node_role_t role)
@@ -1028,6 +1027,10 @@ static int parse_kv(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
                 cfg->kv.block_size = (int)x;
         } else if (strcmp(name, "dtype") == 0) {
             int x = 0;
+            /* kv.c names the dtypes; listed in enum order, as get_enum requires */
+            const char *const dtype_names[] = {tdm_kv_dtype_name(TDM_KV_F32),
+                                               tdm_kv_dtype_name(TDM_KV_F16),
+                                               tdm_kv_dtype_name(TDM_KV_Q8)};
             rc = get_enum(ld, v, key, dtype_names, N_OF(dtype_names), &x);
             cfg->kv.dtype = (tdm_kv_dtype_t)x;
         } else {
