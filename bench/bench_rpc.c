@@ -1,6 +1,6 @@
 /* bench_rpc.c - throughput of the messaging layer (common/net) over TCP loopback, against raw
  * ZeroMQ moving the same bytes in the same run:
- *   unary    small request/response round trips per second (tdm_rpc_call: HealthRequest ->
+ *   unary    small request/response round trips per second (tdm_sock_call: HealthRequest ->
  *            HealthResponse, one client, server in a thread), with p50/p99 latency;
  *   stream   server-streamed events per second (one GenerateChunk per STREAM frame, each
  *            packed by the server and decoded by the client);
@@ -206,16 +206,16 @@ static void bench_tdm(tdm_net_t *net, const bench_opts_t *o, double *lat, size_t
     size_t n = 0;
     for (int warm = 0; warm < 1000; warm++) {
         ProtobufCMessage *resp;
-        if (tdm_rpc_call(c, M_HEALTH, call++, NULL, &req.base,
-                         &tandem__v1__health_response__descriptor, 5000, &resp, &err))
+        if (tdm_sock_call(c, M_HEALTH, call++, NULL, &req.base,
+                          &tandem__v1__health_response__descriptor, 5000, &resp, &err))
             die("unary call", err.msg);
         protobuf_c_message_free_unpacked(resp, NULL);
     }
     double t0 = tdm_time_now(), t = t0;
     while (t - t0 < o->seconds && n < lat_cap) {
         ProtobufCMessage *resp;
-        if (tdm_rpc_call(c, M_HEALTH, call++, NULL, &req.base,
-                         &tandem__v1__health_response__descriptor, 5000, &resp, &err))
+        if (tdm_sock_call(c, M_HEALTH, call++, NULL, &req.base,
+                          &tandem__v1__health_response__descriptor, 5000, &resp, &err))
             die("unary call", err.msg);
         protobuf_c_message_free_unpacked(resp, NULL);
         double t1 = tdm_time_now();

@@ -296,8 +296,8 @@ static void unary_calls(const char *endpoint)
 
     Tandem__V1__HealthRequest hreq = TANDEM__V1__HEALTH_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 1, "key-1", &hreq.base,
-                                  &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 1, "key-1", &hreq.base,
+                                   &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
                      0);
     Tandem__V1__HealthResponse *hr = (Tandem__V1__HealthResponse *)resp;
     assert_true(hr->live);
@@ -307,29 +307,29 @@ static void unary_calls(const char *endpoint)
 
     /* error END: status and message reach the caller */
     Tandem__V1__StatusRequest sreq = TANDEM__V1__STATUS_REQUEST__INIT;
-    assert_int_equal(tdm_rpc_call(c, M_STATUS, 2, NULL, &sreq.base,
-                                  &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_STATUS, 2, NULL, &sreq.base,
+                                   &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
                      TDM_ENOTFOUND);
     assert_null(resp);
     assert_int_equal(err.code, TDM_ENOTFOUND);
     assert_string_equal(err.msg, "no node named x");
 
     /* unknown method: the layer hands it over, the server answers INVALID_ARGUMENT */
-    assert_int_equal(tdm_rpc_call(c, 77, 3, NULL, &sreq.base,
-                                  &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, 77, 3, NULL, &sreq.base,
+                                   &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
                      TDM_EINVALID);
     assert_string_equal(err.msg, "unknown method 77");
 
     /* a body of the wrong type (field 1 is a varint where GenerateRequest has a string) */
     Tandem__V1__HealthResponse wrong = TANDEM__V1__HEALTH_RESPONSE__INIT;
     wrong.live = true;
-    assert_int_equal(tdm_rpc_call(c, M_GENERATE, 4, NULL, &wrong.base, NULL, WAIT_MS, NULL, &err),
+    assert_int_equal(tdm_sock_call(c, M_GENERATE, 4, NULL, &wrong.base, NULL, WAIT_MS, NULL, &err),
                      TDM_EINVALID);
     assert_string_equal(err.msg, "body does not decode as tandem.v1.GenerateRequest");
 
     /* a response that does not decode as the expected type -> TDM_EINTERNAL */
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 5, NULL, &hreq.base,
-                                  &tandem__v1__generate_request__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 5, NULL, &hreq.base,
+                                   &tandem__v1__generate_request__descriptor, WAIT_MS, &resp, &err),
                      TDM_EINTERNAL);
     assert_null(resp);
     assert_non_null(strstr(err.msg, "does not decode as tandem.v1.GenerateRequest"));
@@ -984,8 +984,8 @@ static void test_deadline_and_cancel(void **state)
     ProtobufCMessage *resp = (ProtobufCMessage *)&req; /* must come back NULL */
     uint64_t t0_ms = tdm_net_now_ms();
     double t0 = tdm_time_now();
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 5, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, 300, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 5, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, 300, &resp, &err),
                      TDM_EDEADLINE);
     double dt = tdm_time_now() - t0;
     uint64_t t1_ms = tdm_net_now_ms();
@@ -1039,13 +1039,13 @@ static void test_rpc_discards_other_calls(void **state)
     assert_int_equal(tdm_sock_send(c, &m), 0);
     Tandem__V1__HealthRequest req = TANDEM__V1__HEALTH_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 2, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 2, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
                      0);
     assert_true(((Tandem__V1__HealthResponse *)resp)->live);
     protobuf_c_message_free_unpacked(resp, NULL);
-    /* and a GENERATE through tdm_rpc_call skips the STREAMs and ends with the END */
-    assert_int_equal(tdm_rpc_call(c, M_GENERATE, 3, NULL, &g.base, NULL, WAIT_MS, NULL, &err), 0);
+    /* and a GENERATE through tdm_sock_call skips the STREAMs and ends with the END */
+    assert_int_equal(tdm_sock_call(c, M_GENERATE, 3, NULL, &g.base, NULL, WAIT_MS, NULL, &err), 0);
     tdm_sock_stats_t st;
     tdm_sock_stats(c, &st);
     assert_int_equal(st.frames_in, 2 * (5 + 1) + 1);
@@ -1514,8 +1514,8 @@ static void test_curve(void **state)
     tdm_sock_opts_t go = {.curve = &good};
     tdm_sock_t *c = tdm_sock_connect(net, sv.endpoint, &go, &err);
     assert_non_null(c);
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 1, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 1, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
                      0);
     assert_string_equal(((Tandem__V1__HealthResponse *)resp)->version, "test-1.0");
     protobuf_c_message_free_unpacked(resp, NULL);
@@ -1527,15 +1527,15 @@ static void test_curve(void **state)
     tdm_sock_opts_t wo = {.curve = &wrong};
     c = tdm_sock_connect(net, sv.endpoint, &wo, &err);
     assert_non_null(c);
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 2, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, 700, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 2, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, 700, &resp, &err),
                      TDM_EDEADLINE);
     assert_true(wait_logged(&lg, "refused a CURVE client with an unknown public key"));
     tdm_sock_destroy(&c);
     /* no CURVE at all */
     c = tdm_sock_connect(net, sv.endpoint, NULL, &err);
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 3, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, 700, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 3, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, 700, &resp, &err),
                      TDM_EDEADLINE);
     tdm_sock_destroy(&c);
     /* the right client key for server 1 is the wrong one for server 2: wait until server 2

@@ -281,9 +281,9 @@ const char *tdm_net_kind_name(int kind);
  * sent and TDM_EDEADLINE returned. Errors: the status of the END (message in *err), or
  * TDM_EINTERNAL when the response does not decode, or what tdm_sock_send / tdm_sock_recv
  * return. api_key may be NULL; resp_desc or resp_out NULL: the response body is ignored. */
-int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
-                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
-                 int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err);
+int tdm_sock_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
+                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                  int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err);
 
 /* ---- CURVE keys ---- */
 

@@ -1150,7 +1150,7 @@ static int cpu_read(void *vbe, const float *src, size_t count, float *host_dst)
     return TDM_OK;
 }
 
-const tdm_backend_ops_t tdm_backend_cpu = {
+const tdm_backend_ops_t tdm_model_backend_cpu = {
     .name = "cpu",
     .create = cpu_create,
     .destroy = cpu_destroy,

@@ -250,7 +250,7 @@ static int engine_pick_backend(tdm_engine_params_t *p, const tdm_backend_ops_t *
                                tdm_error_t *err)
 {
     if (strcmp(p->backend, "cpu") == 0) {
-        *ops = &tdm_backend_cpu;
+        *ops = &tdm_model_backend_cpu;
         return TDM_OK;
     }
 #ifdef TANDEM_HAVE_CUDA
@@ -271,7 +271,7 @@ static int engine_pick_backend(tdm_engine_params_t *p, const tdm_backend_ops_t *
             if (p->device < 0 || p->device > 1023)
                 return tdm_error_set(err, TDM_EINVALID, "device must be in 0..1023, got %d",
                                      p->device);
-            *ops = &tdm_backend_cuda;
+            *ops = &tdm_model_backend_cuda;
             return TDM_OK;
         }
     }

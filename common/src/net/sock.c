@@ -962,9 +962,9 @@ static int rpc_wait_end(tdm_sock_t *s, int method, uint64_t call_id, int timeout
     }
 }
 
-int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
-                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
-                 int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err)
+int tdm_sock_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
+                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                  int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err)
 {
     if (resp_out)
         *resp_out = NULL;
