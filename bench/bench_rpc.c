@@ -1,6 +1,6 @@
 /* bench_rpc.c - throughput of the messaging layer (common/net) over TCP loopback, against raw
  * ZeroMQ moving the same bytes in the same run:
- *   unary    small request/response round trips per second (tdm_rpc_call: HealthRequest ->
+ *   unary    small request/response round trips per second (tdm_sock_call: HealthRequest ->
  *            HealthResponse, one client, server in a thread), with p50/p99 latency;
  *   stream   server-streamed events per second (one GenerateChunk per STREAM frame, each
  *            packed by the server and decoded by the client);
@@ -196,14 +196,14 @@ static void unary_figures(double *lat, size_t n, double wall, result_t *res)
     res->unary_p99_us = lat[n * 99 / 100] * 1e6;
 }
 
-/* One tdm_rpc_call Health round trip; dies on failure. */
+/* One tdm_sock_call Health round trip; dies on failure. */
 static void tdm_health_call(tdm_sock_t *c, uint64_t call)
 {
     Tandem__V1__HealthRequest req = TANDEM__V1__HEALTH_REQUEST__INIT;
     ProtobufCMessage *resp;
     tdm_error_t err = {0};
-    if (tdm_rpc_call(c, M_HEALTH, call, NULL, &req.base, &tandem__v1__health_response__descriptor,
-                     5000, &resp, &err))
+    if (tdm_sock_call(c, M_HEALTH, call, NULL, &req.base, &tandem__v1__health_response__descriptor,
+                      5000, &resp, &err))
         die("unary call", err.msg);
     protobuf_c_message_free_unpacked(resp, NULL);
 }

@@ -100,7 +100,7 @@ static int chat_on_chunk(void *user, const tdm_client_chunk_t *ch)
 /* The command line of `tandem chat`. */
 typedef struct chat_opts {
     const char *system, *router, *api_key;
-    const char *stop[TDM_CLIENT_MAX_STOP];
+    const char *stop[TDM_MAX_STOP_STRINGS];
     size_t n_stop;
     long max_tokens;
     double timeout_s;
@@ -112,10 +112,10 @@ typedef struct chat_opts {
 static bool opt_stop(const char *cmd, const char *value, void *target)
 {
     chat_opts_t *o = target;
-    if (o->n_stop == TDM_CLIENT_MAX_STOP || !value[0] ||
-        strlen(value) > TDM_CLIENT_MAX_STOP_BYTES) {
+    if (o->n_stop == TDM_MAX_STOP_STRINGS || !value[0] ||
+        strlen(value) > TDM_MAX_STOP_STRING_BYTES) {
         fprintf(stderr, "%s: --stop: at most %d stop strings of 1..%d bytes\n", cmd,
-                TDM_CLIENT_MAX_STOP, TDM_CLIENT_MAX_STOP_BYTES);
+                TDM_MAX_STOP_STRINGS, TDM_MAX_STOP_STRING_BYTES);
         return false;
     }
     o->stop[o->n_stop++] = value;

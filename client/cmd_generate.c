@@ -78,7 +78,7 @@ typedef struct gen_opts {
     /* router path */
     const char *router, *api_key;
     double timeout_s;
-    const char *stop[TDM_CLIENT_MAX_STOP];
+    const char *stop[TDM_MAX_STOP_STRINGS];
     size_t n_stop;
     const char *local_only;  /* the first option given that needs -m, NULL if none */
     const char *router_only; /* the first option given that needs the router */
@@ -88,13 +88,13 @@ typedef struct gen_opts {
 static bool opt_stop(const char *cmd, const char *value, void *target)
 {
     gen_opts_t *o = target;
-    if (o->n_stop == TDM_CLIENT_MAX_STOP) {
-        fprintf(stderr, "%s: --stop: at most %d stop strings\n", cmd, TDM_CLIENT_MAX_STOP);
+    if (o->n_stop == TDM_MAX_STOP_STRINGS) {
+        fprintf(stderr, "%s: --stop: at most %d stop strings\n", cmd, TDM_MAX_STOP_STRINGS);
         return false;
     }
-    if (!value[0] || strlen(value) > TDM_CLIENT_MAX_STOP_BYTES) {
+    if (!value[0] || strlen(value) > TDM_MAX_STOP_STRING_BYTES) {
         fprintf(stderr, "%s: --stop: a stop string has 1..%d bytes\n", cmd,
-                TDM_CLIENT_MAX_STOP_BYTES);
+                TDM_MAX_STOP_STRING_BYTES);
         return false;
     }
     o->stop[o->n_stop++] = value;

@@ -221,7 +221,7 @@ static int generate(const char *config, const char *out_dir, bool force)
                 dir, (unsigned)(dst.st_mode & 07777), dir);
     for (size_t i = 0; i <= cfg.n_nodes; i++) {
         key_job_t *j = &jobs[i];
-        if (tdm_curve_keypair(j->public_key, j->secret_key) != TDM_OK) {
+        if (tdm_net_curve_keypair(j->public_key, j->secret_key) != TDM_OK) {
             fprintf(stderr, "tandem keys: this libzmq was built without CURVE\n");
             goto out_wipe;
         }
@@ -235,7 +235,7 @@ static int generate(const char *config, const char *out_dir, bool force)
     status = 0;
 out_wipe:
     for (size_t i = 0; i <= cfg.n_nodes; i++)
-        tdm_curve_wipe(jobs[i].secret_key, sizeof jobs[i].secret_key);
+        tdm_net_curve_wipe(jobs[i].secret_key, sizeof jobs[i].secret_key);
 out_jobs:
     free(jobs);
 out_config:

@@ -347,7 +347,7 @@ static bool opt_memory(const char *cmd, const char *value, void *target)
 {
     (void)cmd;
     tdm_kv_plan_in_t *in = target;
-    if (tdm_parse_bytes(value, &in->memory_bytes) != TDM_OK || in->memory_bytes == 0) {
+    if (tdm_config_parse_bytes(value, &in->memory_bytes) != TDM_OK || in->memory_bytes == 0) {
         bad_usage("--memory must be a positive byte size such as 80GiB, 512MiB, 1.5GB or 4096, "
                   "got '%s'",
                   value);
@@ -396,7 +396,7 @@ static int resolve(kvcalc_t *k, const kvcalc_args_t *a)
                       : parse_shape(k, a->layers, a->kv_heads, a->head_dim, a->heads);
     if (rc != 0)
         return rc;
-    if (a->weights && (tdm_parse_bytes(a->weights, &k->in.weight_bytes) != TDM_OK))
+    if (a->weights && (tdm_config_parse_bytes(a->weights, &k->in.weight_bytes) != TDM_OK))
         return bad_usage("--weights-bytes must be a byte size such as 13GiB, 270MB or 4096, "
                          "got '%s'",
                          a->weights);

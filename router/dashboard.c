@@ -442,7 +442,7 @@ static bool cap_bytes(cap_args_t *a, const char *name, uint64_t *out, bool *give
     *given = t && *t;
     if (!*given)
         return true;
-    if (tdm_parse_bytes(t, out) != TDM_OK) {
+    if (tdm_config_parse_bytes(t, out) != TDM_OK) {
         a->bad = name;
         snprintf(a->msg, sizeof a->msg,
                  "%s must be a byte size such as 80GiB, 512MiB, 1.5GB or 4096, got '%s'", name, t);

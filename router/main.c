@@ -130,13 +130,13 @@ static void install_signals(void)
 static int serve(const tdm_config_t *cfg, tdm_router_t *r, const tdm_logger_t *log)
 {
     /* Every listening socket is bound by now: tell systemd (Type=notify units) we serve. */
-    if (tdm_notifyf("READY=1\nSTATUS=serving clients at %s, nodes at %s, HTTP at %s:%d",
-                    cfg->router.client_endpoint, cfg->router.node_endpoint,
-                    cfg->router.http_address, cfg->router.http_port) != TDM_OK)
+    if (tdm_notify_sendf("READY=1\nSTATUS=serving clients at %s, nodes at %s, HTTP at %s:%d",
+                         cfg->router.client_endpoint, cfg->router.node_endpoint,
+                         cfg->router.http_address, cfg->router.http_port) != TDM_OK)
         tdm_log_write(log, TDM_LOG_WARN, NULL, NULL,
                       "cannot notify the service manager ($NOTIFY_SOCKET)");
     int rc = tdm_router_run(r, &stop_flag);
-    tdm_notify("STOPPING=1\nSTATUS=stopping");
+    tdm_notify_send("STOPPING=1\nSTATUS=stopping");
     if (rc != TDM_OK) {
         tdm_log_write(log, TDM_LOG_ERROR, NULL, NULL, "router loop failed: %s",
                       tdm_router_errmsg(r));

@@ -18,31 +18,6 @@
 #include "metrics.h"
 #include "router_internal.h"
 
-/* gRPC status names by code (the label values of `status`). */
-static const char *const status_names[17] = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-};
-
-/* FinishReason names by value (the label values of `finish_reason`); UNSPECIFIED counts
- * requests refused before they started. */
-static const char *const finish_names[5] = {"none", "stop", "length", "cancelled", "error"};
-
 /* ---- a growing text buffer ---- */
 
 typedef struct sb {
@@ -167,7 +142,7 @@ static void node_labels(sb_t *b, const rt_node_t *n)
 {
     sb_printf(b, "{node=\"");
     sb_label_value(b, n->cfg->id);
-    sb_printf(b, "\",role=\"%s\"}", tdm_node_role_name(n->cfg->role));
+    sb_printf(b, "\",role=\"%s\"}", tdm_config_node_role_name(n->cfg->role));
 }
 
 typedef enum node_set {
@@ -266,7 +241,7 @@ static void render_requests(sb_t *b, const tdm_router_t *r)
             if (v == 0 && !always)
                 continue;
             sb_printf(b, "tandem_requests_total{status=\"%s\",finish_reason=\"%s\"} %" PRIu64 "\n",
-                      status_names[s], finish_names[f], v);
+                      tdm_status_name(-(int)s), tdm_proto_finish_name((int)f), v);
         }
     counter(b, "tandem_requests_redispatched_total",
             "Requests dispatched again after a retryable node failure or the loss of their "

@@ -102,7 +102,7 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
     n->failures++;
     char kv[256] = "";
     tdm_log_kv_append(kv, sizeof kv, "node_id", n->cfg->id);
-    tdm_log_kv_append(kv, sizeof kv, "role", tdm_node_role_name(n->cfg->role));
+    tdm_log_kv_append(kv, sizeof kv, "role", tdm_config_node_role_name(n->cfg->role));
     tdm_log_kv_append(kv, sizeof kv, "reason", reason);
     tdm_log_write(&r->log, TDM_LOG_WARN, NULL, kv, "node down");
     /* A down node holds nothing: its last heartbeat's load figures no longer mean anything
@@ -240,7 +240,7 @@ static bool register_identity_ok(tdm_router_t *r, const tdm_frame_t *f,
     }
     if (n->cfg->role != role) {
         refuse(r, f, id, "node '%s' is a %s node in the cluster config, not a %s node", id,
-               tdm_node_role_name(n->cfg->role), tdm_node_role_name(role));
+               tdm_config_node_role_name(n->cfg->role), tdm_config_node_role_name(role));
         return false;
     }
     if (m->instance_id == 0 || f->instance_id != m->instance_id) {
@@ -347,7 +347,7 @@ static void register_ack(tdm_router_t *r, const tdm_frame_t *f,
     char kv[512] = "";
     char num[32];
     tdm_log_kv_append(kv, sizeof kv, "node_id", m->node_id);
-    tdm_log_kv_append(kv, sizeof kv, "role", tdm_node_role_name(role));
+    tdm_log_kv_append(kv, sizeof kv, "role", tdm_config_node_role_name(role));
     tdm_log_kv_append(kv, sizeof kv, "device", m->device);
     snprintf(num, sizeof num, "%" PRIu32, m->kv_blocks_total);
     tdm_log_kv_append(kv, sizeof kv, "kv_blocks", num);

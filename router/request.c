@@ -276,24 +276,24 @@ static long utf8_invalid_at(const char *s, size_t n)
 }
 
 /* Checks a client's request id (id_wire_len: its length on the wire, which a NUL inside
- * makes longer than strlen): 1..TDM_ROUTER_REQUEST_ID_MAX printable ASCII characters without
+ * makes longer than strlen): 1..TDM_REQUEST_ID_MAX printable ASCII characters without
  * spaces. TDM_EINVALID naming the first bad byte, or the length, otherwise. */
 static int id_check(const char *id, size_t id_wire_len, tdm_error_t *err)
 {
     size_t n = strlen(id);
-    for (size_t i = 0; i < id_wire_len && i <= TDM_ROUTER_REQUEST_ID_MAX; i++) {
+    for (size_t i = 0; i < id_wire_len && i <= TDM_REQUEST_ID_MAX; i++) {
         unsigned char ch = i < n ? (unsigned char)id[i] : 0; /* past strlen: the NUL */
         if (ch <= 0x20 || ch >= 0x7f)
             return tdm_error_set(err, TDM_EINVALID,
                                  "request_id: byte %zu is 0x%02x; request ids are 1..%u printable "
                                  "ASCII characters without spaces",
-                                 i, ch, TDM_ROUTER_REQUEST_ID_MAX);
+                                 i, ch, TDM_REQUEST_ID_MAX);
     }
-    if (n > TDM_ROUTER_REQUEST_ID_MAX)
+    if (n > TDM_REQUEST_ID_MAX)
         return tdm_error_set(err, TDM_EINVALID,
                              "request_id is %zu bytes; request ids are 1..%u printable ASCII "
                              "characters without spaces",
-                             n, TDM_ROUTER_REQUEST_ID_MAX);
+                             n, TDM_REQUEST_ID_MAX);
     return TDM_OK;
 }
 
@@ -486,16 +486,16 @@ static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, 
     if (g->max_tokens < 1)
         return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %" PRId32,
                              g->max_tokens);
-    if (g->n_stop > TDM_ROUTER_MAX_STOP)
+    if (g->n_stop > TDM_MAX_STOP_STRINGS)
         return tdm_error_set(err, TDM_EINVALID, "stop: %zu strings given, at most %u allowed",
-                             g->n_stop, TDM_ROUTER_MAX_STOP);
+                             g->n_stop, TDM_MAX_STOP_STRINGS);
     for (size_t i = 0; i < g->n_stop; i++) {
         size_t len = strlen(g->stop[i]);
         if (len == 0)
             return tdm_error_set(err, TDM_EINVALID, "stop[%zu] is empty", i);
-        if (len > TDM_ROUTER_MAX_STOP_BYTES)
+        if (len > TDM_MAX_STOP_STRING_BYTES)
             return tdm_error_set(err, TDM_EINVALID, "stop[%zu] is %zu bytes long, at most %u", i,
-                                 len, TDM_ROUTER_MAX_STOP_BYTES);
+                                 len, TDM_MAX_STOP_STRING_BYTES);
         long bad = utf8_invalid_at(g->stop[i], len);
         if (bad >= 0)
             return tdm_error_set(err, TDM_EINVALID,

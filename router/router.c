@@ -81,8 +81,9 @@ static int check_security(tdm_router_t *r, char secret[41], tdm_error_t *err)
         rc = tdm_config_bind_check(cfg, "router.node_endpoint", cfg->router.node_endpoint,
                                    TDM_BIND_GUARD_CURVE, err);
     if (rc == TDM_OK && tdm_config_curve_on(cfg))
-        rc = tdm_curve_secret_read(cfg->router.curve_secret_key_file, cfg->router.curve_public_key,
-                                   "router.curve_secret_key_file", secret, err);
+        rc = tdm_net_curve_secret_read(cfg->router.curve_secret_key_file,
+                                       cfg->router.curve_public_key, "router.curve_secret_key_file",
+                                       secret, err);
     if (rc == TDM_OK && cfg->security.insecure)
         TDM_LOG_WARNF(&r->log, NULL, "%s", TDM_CONFIG_INSECURE_WARNING);
     return rc;
@@ -140,8 +141,8 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
         r->log = *log;
     else
         tdm_log_init(&r->log, "router");
-    r->hb_interval_ms = TDM_ROUTER_HEARTBEAT_INTERVAL_MS;
-    r->hb_timeout_ms = TDM_ROUTER_HEARTBEAT_TIMEOUT_MS;
+    r->hb_interval_ms = TDM_HEARTBEAT_INTERVAL_MS;
+    r->hb_timeout_ms = TDM_HEARTBEAT_TIMEOUT_MS;
     /* Identities (docs/protocol.md): a random instance per start, so nodes tell this router
      * from the one before it, and attempt ids that start at a random point, so no attempt id
      * of an earlier router instance is ever reused. */
@@ -157,7 +158,7 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
     if (rc == TDM_OK && (load_model(r, err) != TDM_OK || make_tables(r, err) != TDM_OK ||
                          bind_sockets(r, secret, err) != TDM_OK))
         rc = TDM_EINVALID;
-    tdm_curve_wipe(secret, sizeof secret);
+    tdm_net_curve_wipe(secret, sizeof secret);
     if (rc != TDM_OK) {
         r->shut = true; /* nothing to shut down: no request exists yet */
         tdm_router_destroy(&r);
@@ -171,7 +172,7 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
     snprintf(num, sizeof num, "%" PRIu32, r->n_ctx);
     tdm_log_kv_append(kv, sizeof kv, "n_ctx", num);
     tdm_log_kv_append(kv, sizeof kv, "prefill_policy",
-                      tdm_prefill_policy_name(cfg->router.prefill_policy));
+                      tdm_config_prefill_policy_name(cfg->router.prefill_policy));
     tdm_log_kv_append(kv, sizeof kv, "curve", tdm_config_curve_on(cfg) ? "on" : "off");
     tdm_log_kv_append(kv, sizeof kv, "api_keys", cfg->router.n_api_keys ? "on" : "off");
     tdm_log_write(&r->log, TDM_LOG_INFO, NULL, kv, "router ready");
@@ -328,7 +329,7 @@ static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeSta
 {
     tandem__v1__node_status__init(s);
     s->node_id = n->cfg->id;
-    s->role = (char *)tdm_node_role_name(n->cfg->role);
+    s->role = (char *)tdm_config_node_role_name(n->cfg->role);
     s->up = n->up;
     s->kv_blocks_total = n->kv_blocks_total;
     s->kv_blocks_used = n->kv_used;

@@ -29,16 +29,8 @@
 extern "C" {
 #endif
 
-/* Longest request id, bytes (the nodes keep ids in 128-byte buffers with the NUL). */
-#define TDM_ROUTER_REQUEST_ID_MAX 127u
-/* Most stop strings per request and their longest length, bytes. */
-#define TDM_ROUTER_MAX_STOP 16u
-#define TDM_ROUTER_MAX_STOP_BYTES 256u
 /* Times a request is dispatched again after a retryable TaskFailed or a prefill node loss. */
 #define TDM_ROUTER_MAX_REDISPATCH 3
-/* Defaults the router sends in RegisterAck. */
-#define TDM_ROUTER_HEARTBEAT_INTERVAL_MS 250u
-#define TDM_ROUTER_HEARTBEAT_TIMEOUT_MS 2500u
 /* Leading full blocks of a prompt that make the prefix_aware routing key (see router.c). */
 #define TDM_ROUTER_PREFIX_KEY_BLOCKS 4u
 
@@ -141,8 +133,8 @@ const char *tdm_router_client_endpoint(const tdm_router_t *r);
 const char *tdm_router_node_endpoint(const tdm_router_t *r);
 
 /* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard
- * from for timeout_ms is marked down. Defaults TDM_ROUTER_HEARTBEAT_INTERVAL_MS /
- * TDM_ROUTER_HEARTBEAT_TIMEOUT_MS; tests shorten or lengthen them. Applies to registrations
+ * from for timeout_ms is marked down. Defaults TDM_HEARTBEAT_INTERVAL_MS /
+ * TDM_HEARTBEAT_TIMEOUT_MS; tests shorten or lengthen them. Applies to registrations
  * after the call and to the liveness check at once. 0 keeps the current value. */
 void tdm_router_set_heartbeat(tdm_router_t *r, uint32_t interval_ms, uint32_t timeout_ms);
 

@@ -118,7 +118,7 @@ typedef struct rt_chunk {
 
 struct rt_req {
     /* what the client asked (request.c, set at intake and not changed after) */
-    char id[TDM_ROUTER_REQUEST_ID_MAX + 1];
+    char id[TDM_REQUEST_ID_MAX + 1];
     uint8_t peer[TDM_NET_PEER_MAX]; /* the client's routing id */
     size_t peer_len;
     uint64_t call_id;

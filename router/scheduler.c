@@ -575,8 +575,8 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         if (status == TDM_OK)
             status = TDM_EINTERNAL;
         char why[TDM_ERRMSG_MAX];
-        snprintf(why, sizeof why, "%s node '%s' failed: %s", tdm_node_role_name(n->cfg->role),
-                 n->cfg->id, tf->message);
+        snprintf(why, sizeof why, "%s node '%s' failed: %s",
+                 tdm_config_node_role_name(n->cfg->role), n->cfg->id, tf->message);
         /* A prefill node ships the KV after its first token; a decode node fails a request
          * retryably before the KV is in its batch only when the transfer was rejected or
          * never came. */

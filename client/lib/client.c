@@ -80,14 +80,7 @@ static const char *str_or_empty(const char *s)
 
 const char *tdm_client_finish_name(tdm_client_finish_t f)
 {
-    switch (f) {
-    case TDM_CLIENT_FINISH_NONE: return "none";
-    case TDM_CLIENT_FINISH_STOP: return "stop";
-    case TDM_CLIENT_FINISH_LENGTH: return "length";
-    case TDM_CLIENT_FINISH_CANCELLED: return "cancelled";
-    case TDM_CLIENT_FINISH_ERROR: return "error";
-    }
-    return "?";
+    return tdm_proto_finish_name((int)f); /* the enums share their values */
 }
 
 static tdm_client_finish_t finish_from_proto(Tandem__V1__FinishReason r)
@@ -457,16 +450,16 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
                              "request: max_tokens must be >= 0 (0 = the router's default), "
                              "got %d",
                              (int)req->max_tokens);
-    if (req->n_stop > TDM_CLIENT_MAX_STOP)
+    if (req->n_stop > TDM_MAX_STOP_STRINGS)
         return tdm_error_set(&c->err, TDM_EINVALID,
                              "request: %zu stop strings given, at most %d allowed", req->n_stop,
-                             TDM_CLIENT_MAX_STOP);
+                             TDM_MAX_STOP_STRINGS);
     for (size_t i = 0; i < req->n_stop; i++) {
         size_t len = req->stop[i] ? strlen(req->stop[i]) : 0;
-        if (len < 1 || len > TDM_CLIENT_MAX_STOP_BYTES)
+        if (len < 1 || len > TDM_MAX_STOP_STRING_BYTES)
             return tdm_error_set(&c->err, TDM_EINVALID,
                                  "request: stop[%zu] must have 1..%d bytes, got %zu", i,
-                                 TDM_CLIENT_MAX_STOP_BYTES, len);
+                                 TDM_MAX_STOP_STRING_BYTES, len);
     }
     if (req->sampling.n_stop_token_ids > TDM_SAMPLING_MAX_STOP)
         return tdm_error_set(&c->err, TDM_EINVALID,

@@ -30,8 +30,8 @@
 #include "tandem/tokenizer.h"
 #include "tiny_model.h"
 
-#define CPU (&tdm_backend_cpu)
-#define GPU (&tdm_backend_cuda)
+#define CPU (&tdm_model_backend_cpu)
+#define GPU (&tdm_model_backend_cuda)
 
 /* ---- helpers ---- */
 
@@ -86,7 +86,7 @@ static float *gpu_put(void *gpu, const float *h, size_t n)
 {
     float *d = GPU->alloc(gpu, n);
     assert_non_null(d);
-    gpu_ok(gpu, tdm_cuda_backend_write(gpu, d, h, n), "write");
+    gpu_ok(gpu, tdm_model_cuda_write(gpu, d, h, n), "write");
     return d;
 }
 
@@ -430,7 +430,7 @@ static void kv_attention_pass(ops_fx_t *f, test_rows_t *r, uint32_t layer, uint6
     size_t bytes = (size_t)tdm_kv_pool_block_bytes(f->pool) * st.n_blocks;
     uint8_t *dev = malloc(bytes);
     assert_non_null(dev);
-    gpu_ok(f->gpu, tdm_cuda_backend_read_kv(f->gpu, 0, bytes, dev), "read_kv");
+    gpu_ok(f->gpu, tdm_model_cuda_read_kv(f->gpu, 0, bytes, dev), "read_kv");
     const uint8_t *host = tdm_kv_pool_base(f->pool);
     for (size_t i = 0; i < bytes; i++)
         if (dev[i] != host[i])

@@ -326,7 +326,7 @@ def test_kill_decode_node_unavailable_within_heartbeat_timeout(tmp_path):
         elapsed = time.time() - t_kill
         assert res.status == "UNAVAILABLE", res
         assert "decode-0" in res.message
-        # the heartbeat timeout (router.h: TDM_ROUTER_HEARTBEAT_TIMEOUT_MS, 2.5 s) found it,
+        # the heartbeat timeout (limits.h: TDM_HEARTBEAT_TIMEOUT_MS, 2.5 s) found it,
         # as the reason says; the time only has to show that it did not hang (a busy machine
         # delays the check and the answer by seconds)
         assert "no heartbeat for" in res.message, res.message

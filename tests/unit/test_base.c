@@ -19,6 +19,15 @@ static void test_status_names(void **state)
     assert_string_equal(tdm_status_name(TDM_ERESOURCE), "RESOURCE_EXHAUSTED");
     assert_string_equal(tdm_status_name(TDM_OK), "OK");
     assert_string_equal(tdm_status_name(-99), "UNKNOWN");
+    /* every gRPC code has its name, also those without a TDM_E* value (the router's
+     * metrics label any wire status with it) */
+    assert_string_equal(tdm_status_name(-2), "UNKNOWN");
+    assert_string_equal(tdm_status_name(-6), "ALREADY_EXISTS");
+    assert_string_equal(tdm_status_name(-10), "ABORTED");
+    assert_string_equal(tdm_status_name(-15), "DATA_LOSS");
+    assert_string_equal(tdm_status_name(TDM_EUNAUTHENTICATED), "UNAUTHENTICATED");
+    assert_string_equal(tdm_status_name(-17), "UNKNOWN");
+    assert_string_equal(tdm_status_name(1), "UNKNOWN");
     assert_string_equal(tdm_strerror(TDM_EDEADLINE), "deadline exceeded");
     assert_string_equal(tdm_strerror(12345), "unknown error");
 }

@@ -1000,7 +1000,7 @@ static void test_parse_bytes(void **state)
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         uint64_t b = 12345;
-        if (tdm_parse_bytes(good[i].text, &b) != TDM_OK)
+        if (tdm_config_parse_bytes(good[i].text, &b) != TDM_OK)
             fail_msg("'%s' was rejected", good[i].text);
         if (b != good[i].bytes)
             fail_msg("'%s' gave %llu, want %llu", good[i].text, (unsigned long long)b,
@@ -1025,13 +1025,13 @@ static void test_parse_bytes(void **state)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         uint64_t b = 12345;
-        if (tdm_parse_bytes(bad[i], &b) != TDM_EINVALID)
+        if (tdm_config_parse_bytes(bad[i], &b) != TDM_EINVALID)
             fail_msg("'%s' was accepted", bad[i]);
         assert_int_equal(b, 12345);
     }
-    assert_int_equal(tdm_parse_bytes(NULL, NULL), TDM_EINVALID);
+    assert_int_equal(tdm_config_parse_bytes(NULL, NULL), TDM_EINVALID);
 
-    /* tdm_format_bytes is exact and parses back. */
+    /* tdm_config_format_bytes is exact and parses back. */
     static const uint64_t values[] = {0,
                                       1,
                                       1000,
@@ -1056,10 +1056,10 @@ static void test_parse_bytes(void **state)
                                         "9223372036854775807"};
     for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
         char buf[24];
-        tdm_format_bytes(values[i], buf, sizeof buf);
+        tdm_config_format_bytes(values[i], buf, sizeof buf);
         assert_string_equal(buf, texts[i]);
         uint64_t back;
-        assert_int_equal(tdm_parse_bytes(buf, &back), TDM_OK);
+        assert_int_equal(tdm_config_parse_bytes(buf, &back), TDM_OK);
         assert_int_equal(back, values[i]);
     }
 }
@@ -1083,8 +1083,9 @@ static void test_device_parse(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (tdm_config_device_parse(bad[i], &d) != TDM_EINVALID)
             fail_msg("device '%s' was accepted", bad[i]);
-    assert_string_equal(tdm_node_role_name(TDM_NODE_ROLE_DECODE), "decode");
-    assert_string_equal(tdm_prefill_policy_name(TDM_PREFILL_POLICY_LEAST_LOADED), "least_loaded");
+    assert_string_equal(tdm_config_node_role_name(TDM_NODE_ROLE_DECODE), "decode");
+    assert_string_equal(tdm_config_prefill_policy_name(TDM_PREFILL_POLICY_LEAST_LOADED),
+                        "least_loaded");
 }
 
 /* deploy/config/cluster.example.yaml, the documented example, loads and round-trips. */

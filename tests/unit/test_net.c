@@ -259,27 +259,27 @@ static void test_curve_keys(void **state)
 {
     (void)state;
     char pub[41], sec[41];
-    assert_int_equal(tdm_curve_keypair(pub, sec), 0);
+    assert_int_equal(tdm_net_curve_keypair(pub, sec), 0);
     assert_int_equal(strlen(pub), 40);
     assert_int_equal(strlen(sec), 40);
     assert_string_not_equal(pub, sec);
     tdm_error_t err = {0};
-    assert_int_equal(tdm_curve_key_check(pub, "curve.x", &err), 0);
-    assert_int_equal(tdm_curve_key_check(sec, "curve.x", &err), 0);
-    assert_int_equal(tdm_curve_key_check("abc", "curve.server_public", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(pub, "curve.x", &err), 0);
+    assert_int_equal(tdm_net_curve_key_check(sec, "curve.x", &err), 0);
+    assert_int_equal(tdm_net_curve_key_check("abc", "curve.server_public", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "curve.server_public"));
     assert_non_null(strstr(err.msg, "got 3 characters"));
-    assert_int_equal(tdm_curve_key_check(NULL, "curve.client_secret", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(NULL, "curve.client_secret", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "curve.client_secret: missing"));
     char bad[41];
     memcpy(bad, pub, 41);
     bad[7] = '~';
-    assert_int_equal(tdm_curve_key_check(bad, "k", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(bad, "k", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "character 8 ('~')"));
     /* "#####" is 85^5 - 1, more than 32 bits: not a Z85 encoding */
     memcpy(bad, "#####", 5);
     memcpy(bad + 5, pub + 5, 36);
-    assert_int_equal(tdm_curve_key_check(bad, "k", &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_key_check(bad, "k", &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "characters 1..5"));
 }
 
@@ -296,8 +296,8 @@ static void unary_calls(const char *endpoint)
 
     Tandem__V1__HealthRequest hreq = TANDEM__V1__HEALTH_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 1, "key-1", &hreq.base,
-                                  &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 1, "key-1", &hreq.base,
+                                   &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
                      0);
     Tandem__V1__HealthResponse *hr = (Tandem__V1__HealthResponse *)resp;
     assert_true(hr->live);
@@ -307,29 +307,29 @@ static void unary_calls(const char *endpoint)
 
     /* error END: status and message reach the caller */
     Tandem__V1__StatusRequest sreq = TANDEM__V1__STATUS_REQUEST__INIT;
-    assert_int_equal(tdm_rpc_call(c, M_STATUS, 2, NULL, &sreq.base,
-                                  &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_STATUS, 2, NULL, &sreq.base,
+                                   &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
                      TDM_ENOTFOUND);
     assert_null(resp);
     assert_int_equal(err.code, TDM_ENOTFOUND);
     assert_string_equal(err.msg, "no node named x");
 
     /* unknown method: the layer hands it over, the server answers INVALID_ARGUMENT */
-    assert_int_equal(tdm_rpc_call(c, 77, 3, NULL, &sreq.base,
-                                  &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, 77, 3, NULL, &sreq.base,
+                                   &tandem__v1__cluster_status__descriptor, WAIT_MS, &resp, &err),
                      TDM_EINVALID);
     assert_string_equal(err.msg, "unknown method 77");
 
     /* a body of the wrong type (field 1 is a varint where GenerateRequest has a string) */
     Tandem__V1__HealthResponse wrong = TANDEM__V1__HEALTH_RESPONSE__INIT;
     wrong.live = true;
-    assert_int_equal(tdm_rpc_call(c, M_GENERATE, 4, NULL, &wrong.base, NULL, WAIT_MS, NULL, &err),
+    assert_int_equal(tdm_sock_call(c, M_GENERATE, 4, NULL, &wrong.base, NULL, WAIT_MS, NULL, &err),
                      TDM_EINVALID);
     assert_string_equal(err.msg, "body does not decode as tandem.v1.GenerateRequest");
 
     /* a response that does not decode as the expected type -> TDM_EINTERNAL */
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 5, NULL, &hreq.base,
-                                  &tandem__v1__generate_request__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 5, NULL, &hreq.base,
+                                   &tandem__v1__generate_request__descriptor, WAIT_MS, &resp, &err),
                      TDM_EINTERNAL);
     assert_null(resp);
     assert_non_null(strstr(err.msg, "does not decode as tandem.v1.GenerateRequest"));
@@ -984,8 +984,8 @@ static void test_deadline_and_cancel(void **state)
     ProtobufCMessage *resp = (ProtobufCMessage *)&req; /* must come back NULL */
     uint64_t t0_ms = tdm_net_now_ms();
     double t0 = tdm_time_now();
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 5, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, 300, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 5, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, 300, &resp, &err),
                      TDM_EDEADLINE);
     double dt = tdm_time_now() - t0;
     uint64_t t1_ms = tdm_net_now_ms();
@@ -1039,13 +1039,13 @@ static void test_rpc_discards_other_calls(void **state)
     assert_int_equal(tdm_sock_send(c, &m), 0);
     Tandem__V1__HealthRequest req = TANDEM__V1__HEALTH_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 2, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 2, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
                      0);
     assert_true(((Tandem__V1__HealthResponse *)resp)->live);
     protobuf_c_message_free_unpacked(resp, NULL);
-    /* and a GENERATE through tdm_rpc_call skips the STREAMs and ends with the END */
-    assert_int_equal(tdm_rpc_call(c, M_GENERATE, 3, NULL, &g.base, NULL, WAIT_MS, NULL, &err), 0);
+    /* and a GENERATE through tdm_sock_call skips the STREAMs and ends with the END */
+    assert_int_equal(tdm_sock_call(c, M_GENERATE, 3, NULL, &g.base, NULL, WAIT_MS, NULL, &err), 0);
     tdm_sock_stats_t st;
     tdm_sock_stats(c, &st);
     assert_int_equal(st.frames_in, 2 * (5 + 1) + 1);
@@ -1341,10 +1341,10 @@ static void test_curve_identity(void **state)
 {
     (void)state;
     char spub[41], ssec[41], apub[41], asec[41], bpub[41], bsec[41], xpub[41], xsec[41];
-    assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
-    assert_int_equal(tdm_curve_keypair(apub, asec), 0);
-    assert_int_equal(tdm_curve_keypair(bpub, bsec), 0);
-    assert_int_equal(tdm_curve_keypair(xpub, xsec), 0);
+    assert_int_equal(tdm_net_curve_keypair(spub, ssec), 0);
+    assert_int_equal(tdm_net_curve_keypair(apub, asec), 0);
+    assert_int_equal(tdm_net_curve_keypair(bpub, bsec), 0);
+    assert_int_equal(tdm_net_curve_keypair(xpub, xsec), 0);
     tdm_error_t err = {0};
     tdm_net_t *net = tdm_net_new(1, &err);
     tdm_logger_t lg;
@@ -1419,8 +1419,8 @@ static void test_curve_secret_read(void **state)
 {
     (void)state;
     char pub[41], sec[41], opub[41], osec[41], got[41];
-    assert_int_equal(tdm_curve_keypair(pub, sec), 0);
-    assert_int_equal(tdm_curve_keypair(opub, osec), 0);
+    assert_int_equal(tdm_net_curve_keypair(pub, sec), 0);
+    assert_int_equal(tdm_net_curve_keypair(opub, osec), 0);
     char dir[] = "/tmp/tdm_net_keys_XXXXXX", path[64];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/n.key", dir);
@@ -1445,7 +1445,7 @@ static void test_curve_secret_read(void **state)
         fprintf(fp, "%s%s", sec, cases[i].text);
         fclose(fp);
         assert_int_equal(chmod(path, (mode_t)cases[i].mode), 0);
-        int rc = tdm_curve_secret_read(path, pub, what, got, &err);
+        int rc = tdm_net_curve_secret_read(path, pub, what, got, &err);
         if (rc != cases[i].rc)
             fail_msg("case %zu: rc %d, want %d (%s)", i, rc, cases[i].rc, err.msg);
         if (rc == 0) {
@@ -1464,11 +1464,11 @@ static void test_curve_secret_read(void **state)
     fprintf(fp, "%s\n", osec);
     fclose(fp);
     chmod(path, 0600);
-    assert_int_equal(tdm_curve_secret_read(path, pub, what, got, &err), TDM_EINVALID);
+    assert_int_equal(tdm_net_curve_secret_read(path, pub, what, got, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "belongs to the public key"));
     assert_non_null(strstr(err.msg, opub));
     unlink(path);
-    assert_int_equal(tdm_curve_secret_read(path, pub, what, got, &err), TDM_ENOTFOUND);
+    assert_int_equal(tdm_net_curve_secret_read(path, pub, what, got, &err), TDM_ENOTFOUND);
     assert_non_null(strstr(err.msg, path));
     rmdir(dir);
 }
@@ -1477,9 +1477,9 @@ static void test_curve(void **state)
 {
     (void)state;
     char spub[41], ssec[41], cpub[41], csec[41], opub[41], osec[41];
-    assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
-    assert_int_equal(tdm_curve_keypair(cpub, csec), 0);
-    assert_int_equal(tdm_curve_keypair(opub, osec), 0);
+    assert_int_equal(tdm_net_curve_keypair(spub, ssec), 0);
+    assert_int_equal(tdm_net_curve_keypair(cpub, csec), 0);
+    assert_int_equal(tdm_net_curve_keypair(opub, osec), 0);
     tdm_error_t err = {0};
     tdm_net_t *net = tdm_net_new(1, &err);
     tdm_logger_t lg;
@@ -1514,8 +1514,8 @@ static void test_curve(void **state)
     tdm_sock_opts_t go = {.curve = &good};
     tdm_sock_t *c = tdm_sock_connect(net, sv.endpoint, &go, &err);
     assert_non_null(c);
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 1, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 1, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, WAIT_MS, &resp, &err),
                      0);
     assert_string_equal(((Tandem__V1__HealthResponse *)resp)->version, "test-1.0");
     protobuf_c_message_free_unpacked(resp, NULL);
@@ -1527,15 +1527,15 @@ static void test_curve(void **state)
     tdm_sock_opts_t wo = {.curve = &wrong};
     c = tdm_sock_connect(net, sv.endpoint, &wo, &err);
     assert_non_null(c);
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 2, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, 700, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 2, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, 700, &resp, &err),
                      TDM_EDEADLINE);
     assert_true(wait_logged(&lg, "refused a CURVE client with an unknown public key"));
     tdm_sock_destroy(&c);
     /* no CURVE at all */
     c = tdm_sock_connect(net, sv.endpoint, NULL, &err);
-    assert_int_equal(tdm_rpc_call(c, M_HEALTH, 3, NULL, &req.base,
-                                  &tandem__v1__health_response__descriptor, 700, &resp, &err),
+    assert_int_equal(tdm_sock_call(c, M_HEALTH, 3, NULL, &req.base,
+                                   &tandem__v1__health_response__descriptor, 700, &resp, &err),
                      TDM_EDEADLINE);
     tdm_sock_destroy(&c);
     /* the right client key for server 1 is the wrong one for server 2: wait until server 2

@@ -56,10 +56,10 @@ static void test_no_socket(void **state)
     (void)state;
     unsetenv("NOTIFY_SOCKET");
     assert_false(tdm_notify_enabled());
-    assert_int_equal(tdm_notify("READY=1"), TDM_OK); /* nobody listens: not an error */
-    assert_int_equal(tdm_notifyf("STATUS=%d", 1), TDM_OK);
-    assert_int_equal(tdm_notify(NULL), TDM_EINVALID);
-    assert_int_equal(tdm_notify(""), TDM_EINVALID);
+    assert_int_equal(tdm_notify_send("READY=1"), TDM_OK); /* nobody listens: not an error */
+    assert_int_equal(tdm_notify_sendf("STATUS=%d", 1), TDM_OK);
+    assert_int_equal(tdm_notify_send(NULL), TDM_EINVALID);
+    assert_int_equal(tdm_notify_send(""), TDM_EINVALID);
     setenv("NOTIFY_SOCKET", "", 1);
     assert_false(tdm_notify_enabled());
     unsetenv("NOTIFY_SOCKET");
@@ -71,8 +71,8 @@ static void test_messages(void **state)
     listener_t l;
     listener_open(&l);
     char buf[2048];
-    assert_int_equal(tdm_notify("READY=1\nSTATUS=serving"), TDM_OK);
-    assert_int_equal(tdm_notifyf("STATUS=%s %d", "registering with", 7601), TDM_OK);
+    assert_int_equal(tdm_notify_send("READY=1\nSTATUS=serving"), TDM_OK);
+    assert_int_equal(tdm_notify_sendf("STATUS=%s %d", "registering with", 7601), TDM_OK);
     if (!tdm_notify_supported()) {
         /* Built without libsystemd (cmake/TandemDeps.cmake): a no-op. */
         assert_false(tdm_notify_enabled());
@@ -90,7 +90,7 @@ static void test_messages(void **state)
 
     /* The variable stays set: later messages (STOPPING=1) go out too. */
     assert_non_null(getenv("NOTIFY_SOCKET"));
-    assert_int_equal(tdm_notify("STOPPING=1"), TDM_OK);
+    assert_int_equal(tdm_notify_send("STOPPING=1"), TDM_OK);
     assert_true(listener_recv(&l, buf, sizeof buf) > 0);
     assert_string_equal(buf, "STOPPING=1");
 
@@ -98,7 +98,7 @@ static void test_messages(void **state)
     char lng[1500];
     memset(lng, 'x', sizeof lng - 1);
     lng[sizeof lng - 1] = '\0';
-    assert_int_equal(tdm_notifyf("STATUS=%s", lng), TDM_OK);
+    assert_int_equal(tdm_notify_sendf("STATUS=%s", lng), TDM_OK);
     assert_int_equal(listener_recv(&l, buf, sizeof buf), 1023);
     assert_memory_equal(buf, "STATUS=xxx", 10);
     listener_close(&l);
@@ -112,7 +112,8 @@ static void test_socket_gone(void **state)
     close(l.fd);
     unlink(l.path);
     /* Nobody at the path: the send fails, which the daemons log and ignore. */
-    assert_int_equal(tdm_notify("READY=1"), tdm_notify_supported() ? TDM_EUNAVAILABLE : TDM_OK);
+    assert_int_equal(tdm_notify_send("READY=1"),
+                     tdm_notify_supported() ? TDM_EUNAVAILABLE : TDM_OK);
     rmdir(l.dir);
     unsetenv("NOTIFY_SOCKET");
 }

@@ -530,6 +530,23 @@ static void test_status_codes(void **state)
         assert_int_equal(tdm_proto_status_to_wire(tdm_proto_status_from_wire(c)), c);
 }
 
+static void test_finish_names(void **state)
+{
+    (void)state;
+    assert_string_equal(tdm_proto_finish_name(TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED),
+                        "none");
+    assert_string_equal(tdm_proto_finish_name(TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP),
+                        "stop");
+    assert_string_equal(tdm_proto_finish_name(TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH),
+                        "length");
+    assert_string_equal(tdm_proto_finish_name(TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED),
+                        "cancelled");
+    assert_string_equal(tdm_proto_finish_name(TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR),
+                        "error");
+    assert_string_equal(tdm_proto_finish_name(5), "?");
+    assert_string_equal(tdm_proto_finish_name(-1), "?");
+}
+
 int main(void)
 {
     messages = tdm_proto_messages(&n_messages);
@@ -542,6 +559,7 @@ int main(void)
         cmocka_unit_test(test_sampling_too_many_stop_ids),
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_status_codes),
+        cmocka_unit_test(test_finish_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,7 +53,7 @@ typedef struct fake {
 /* The attempt id the router gave each request id last (DecodeReserve, PrefillTask): fake
  * nodes answer with it, as real ones do. */
 static struct {
-    char id[TDM_ROUTER_REQUEST_ID_MAX + 1];
+    char id[TDM_REQUEST_ID_MAX + 1];
     uint64_t attempt;
 } attempts[64];
 static size_t n_attempts;
@@ -1316,9 +1316,9 @@ static void test_curve(void **state)
     (void)state;
     static const char *const ids[] = {"prefill-0", "prefill-1", "decode-0", "decode-1"};
     char rp[41], rs[41], np[4][41], ns[4][41];
-    assert_int_equal(tdm_curve_keypair(rp, rs), 0);
+    assert_int_equal(tdm_net_curve_keypair(rp, rs), 0);
     for (int i = 0; i < 4; i++)
-        assert_int_equal(tdm_curve_keypair(np[i], ns[i]), 0);
+        assert_int_equal(tdm_net_curve_keypair(np[i], ns[i]), 0);
     char dir[] = "/tmp/tdm_router_keys_XXXXXX", key_file[64];
     assert_non_null(mkdtemp(dir));
     snprintf(key_file, sizeof key_file, "%s/router.key", dir);
@@ -1354,7 +1354,7 @@ static void test_curve(void **state)
     tdm_sock_destroy(&e->d1.s);
     /* with a key no node has: refused by the ZAP handler */
     char wp[41], ws[41];
-    assert_int_equal(tdm_curve_keypair(wp, ws), 0);
+    assert_int_equal(tdm_net_curve_keypair(wp, ws), 0);
     tdm_curve_keys_t wrong = {.server_public = rp, .client_public = wp, .client_secret = ws};
     e->p0.curve = &wrong;
     fake_connect(e, &e->p0);

@@ -986,9 +986,9 @@ static void test_curve(void **state)
 {
     ctx_t *c = *state;
     char spub[41], ssec[41], cpub[41], csec[41], xpub[41], xsec[41];
-    assert_int_equal(tdm_curve_keypair(spub, ssec), 0);
-    assert_int_equal(tdm_curve_keypair(cpub, csec), 0);
-    assert_int_equal(tdm_curve_keypair(xpub, xsec), 0);
+    assert_int_equal(tdm_net_curve_keypair(spub, ssec), 0);
+    assert_int_equal(tdm_net_curve_keypair(cpub, csec), 0);
+    assert_int_equal(tdm_net_curve_keypair(xpub, xsec), 0);
     /* the receiver admits one prefill node's key, under its node id */
     tdm_curve_peer_t admitted = {cpub, "prefill-curve"};
     tdm_curve_keys_t server = {
@@ -1126,7 +1126,7 @@ static void test_send_validation(void **state)
     assert_int_equal(tdm_kv_sender_send(s, &req, &id, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "is not in use"));
     req.blocks = sseq.blocks;
-    char longid[TDM_KV_REQUEST_ID_MAX + 1];
+    char longid[TDM_REQUEST_ID_MAX + 2];
     memset(longid, 'x', sizeof longid - 1);
     longid[sizeof longid - 1] = '\0';
     req.request_id = longid;

@@ -48,10 +48,6 @@ extern "C" {
 /* Default deadline of a call, seconds (the router's default request timeout). */
 #define TDM_CLIENT_DEFAULT_TIMEOUT_S 600.0
 
-/* Stop strings per request and bytes per stop string (the router's limits). */
-#define TDM_CLIENT_MAX_STOP 16
-#define TDM_CLIENT_MAX_STOP_BYTES 256
-
 /* Every sampling field (the TDM_PROTO_SET_* bits of proto.h) for
  * tdm_client_request_t.sampling_set. */
 #define TDM_CLIENT_SAMPLING_ALL                                                                    \

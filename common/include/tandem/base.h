@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tandem/limits.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,7 +35,9 @@ typedef enum tdm_status {
 /* Human-readable text of a status code ("invalid argument"); never NULL, cannot fail. */
 const char *tdm_strerror(int code);
 
-/* The wire name of a status code ("INVALID_ARGUMENT"); "UNKNOWN" for codes not listed. */
+/* The wire name of a status code, 0 or minus any gRPC code ("INVALID_ARGUMENT" for
+ * TDM_EINVALID, "ABORTED" for -10): the status label of the router's metrics and logs;
+ * "UNKNOWN" for codes outside gRPC's. Never NULL, cannot fail. */
 const char *tdm_status_name(int code);
 
 /* Maximum length of a detailed error message, including the terminating NUL. */

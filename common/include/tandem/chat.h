@@ -35,6 +35,10 @@
 #include "tandem/base.h"
 #include "tandem/gguf.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum tdm_chat_template {
     TDM_CHAT_TEMPLATE_CHATML = 0, /* "chatml": <|im_start|>role\n…<|im_end|> */
     TDM_CHAT_TEMPLATE_LLAMA3 = 1, /* "llama3": <|start_header_id|>role<|end_header_id|> */
@@ -121,5 +125,9 @@ int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_chat_template_t *overr
 int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
                    bool add_generation_prompt, const char *default_system, char **out,
                    size_t *out_len, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_CHAT_H */

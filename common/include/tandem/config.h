@@ -21,6 +21,10 @@
 #include "tandem/kv.h"
 #include "tandem/log.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* File name of the default model inside the model cache folder. */
 #define TDM_DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -90,7 +94,7 @@ typedef struct tdm_router_config {
     char *curve_public_key; /* the router's CURVE public key (Z85, 40 characters); set =
                                CURVE on for the node and KV channels; NULL: off */
     char *curve_secret_key_file; /* file holding the router's secret key (read by the router
-                                    only, tdm_curve_secret_read); required with the key */
+                                    only, tdm_net_curve_secret_read); required with the key */
 } tdm_router_config_t;
 
 /* kv: the paged KV cache, identical on every node. */
@@ -138,7 +142,7 @@ typedef struct tdm_node_config {
     char *curve_public_key;        /* this node's CURVE public key (Z85, 40 characters); required
                                       and distinct per node when CURVE is on, NULL otherwise */
     char *curve_secret_key_file;   /* file with this node's secret key, read only by this node's
-                                      daemon (tdm_curve_secret_read); required with the key */
+                                      daemon (tdm_net_curve_secret_read); required with the key */
 } tdm_node_config_t;
 
 /* The whole cluster. Owns every string and array in it; release with tdm_config_free. */
@@ -242,23 +246,27 @@ int tdm_model_default_path(char *buf, size_t cap);
  * GiB/Gi, TiB/Ti (powers of 1024); units are case-insensitive ("2GiB", "512 MiB", "1.5GB",
  * "4096"). A fraction of a byte is dropped. Returns 0 with *bytes set, or TDM_EINVALID for
  * anything else (empty, negative, unknown unit, over 2^63 - 1 bytes). */
-int tdm_parse_bytes(const char *text, uint64_t *bytes);
+int tdm_config_parse_bytes(const char *text, uint64_t *bytes);
 
 /* Formats bytes exactly, in the largest binary unit that divides it ("2GiB", "1536KiB",
- * "1000"), so that tdm_parse_bytes gives the same number back. Writes at most cap bytes
+ * "1000"), so that tdm_config_parse_bytes gives the same number back. Writes at most cap bytes
  * (NUL included; 24 always suffice) and returns the length snprintf would have. */
-int tdm_format_bytes(uint64_t bytes, char *buf, size_t cap);
+int tdm_config_format_bytes(uint64_t bytes, char *buf, size_t cap);
 
 /* Names of the enum values as the config file spells them ("prefill", "least_loaded",
  * "f16"); "?" for a value outside the enum. (KV dtypes: tdm_kv_dtype_name in kv.h; chat
  * templates: tdm_chat_template_name.) */
-const char *tdm_node_role_name(tdm_node_role_t role);
-const char *tdm_prefill_policy_name(tdm_prefill_policy_t policy);
+const char *tdm_config_node_role_name(tdm_node_role_t role);
+const char *tdm_config_prefill_policy_name(tdm_prefill_policy_t policy);
 
 /* Writes "cpu" or "cuda:N" to buf (cap bytes); returns the length snprintf would have. */
 int tdm_config_device_format(tdm_node_device_t device, char *buf, size_t cap);
 
 /* Parses "cpu", "cuda" (= cuda:0) or "cuda:N" (N in 0..63). Returns 0 or TDM_EINVALID. */
 int tdm_config_device_parse(const char *text, tdm_node_device_t *device);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_CONFIG_H */

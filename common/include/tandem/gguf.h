@@ -16,6 +16,10 @@
 
 #include "tandem/base.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- tensor types (numbering is ggml's enum ggml_type) ---- */
 
 typedef enum tdm_ggml_type {
@@ -255,5 +259,9 @@ int tdm_gguf_writer_add_tensor(tdm_gguf_writer_t *w, const char *name, tdm_ggml_
  * Errors: TDM_ERESOURCE, TDM_EUNAVAILABLE (cannot write the file, message has the path). */
 int tdm_gguf_writer_to_memory(const tdm_gguf_writer_t *w, void **data, size_t *size);
 int tdm_gguf_writer_write_file(const tdm_gguf_writer_t *w, const char *path, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_GGUF_H */

@@ -31,6 +31,10 @@
 
 #include "tandem/base.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum tdm_kv_dtype {
     TDM_KV_F32 = 0,
     TDM_KV_F16 = 1, /* default */
@@ -262,5 +266,9 @@ void tdm_kv_seq_clear(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq);
 /* Drops the sequence's references to its blocks and frees its table; the sequence is empty
  * afterwards (it may be reused). */
 void tdm_kv_seq_release(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_KV_H */

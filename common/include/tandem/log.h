@@ -10,6 +10,10 @@
 
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum tdm_log_level {
     TDM_LOG_DEBUG = 0,
     TDM_LOG_INFO = 1,
@@ -50,5 +54,9 @@ void tdm_log_write(const tdm_logger_t *lg, tdm_log_level_t level, const char *re
  * escaping value when it contains spaces, quotes, '=' or control bytes. Returns the new
  * length, or -1 when it did not fit (buf is left unchanged). */
 int tdm_log_kv_append(char *buf, size_t cap, const char *key, const char *value);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_LOG_H */

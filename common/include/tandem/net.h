@@ -281,18 +281,18 @@ const char *tdm_net_kind_name(int kind);
  * sent and TDM_EDEADLINE returned. Errors: the status of the END (message in *err), or
  * TDM_EINTERNAL when the response does not decode, or what tdm_sock_send / tdm_sock_recv
  * return. api_key may be NULL; resp_desc or resp_out NULL: the response body is ignored. */
-int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
-                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
-                 int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err);
+int tdm_sock_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
+                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                  int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err);
 
 /* ---- CURVE keys ---- */
 
 /* Makes a new CURVE key pair (Z85, 41 bytes each with the NUL). Returns 0, or
  * TDM_EPRECONDITION when libzmq was built without CURVE. */
-int tdm_curve_keypair(char public_key[41], char secret_key[41]);
+int tdm_net_curve_keypair(char public_key[41], char secret_key[41]);
 
 /* Checks that text is a 40-character Z85 key; TDM_EINVALID naming `what` otherwise. */
-int tdm_curve_key_check(const char *text, const char *what, tdm_error_t *err);
+int tdm_net_curve_key_check(const char *text, const char *what, tdm_error_t *err);
 
 /* Reads the secret key file at path into secret (40 Z85 characters and a NUL): the file must
  * hold exactly the key (one trailing newline allowed), must not be readable by group or others
@@ -302,12 +302,12 @@ int tdm_curve_key_check(const char *text, const char *what, tdm_error_t *err);
  * names the path, the mode and the chmod that fixes it; or libzmq without CURVE),
  * TDM_EUNAVAILABLE (the file cannot be read), TDM_EINVALID (not a regular file, not a Z85
  * key, or not public_key's secret). On error secret holds "". */
-int tdm_curve_secret_read(const char *path, const char *public_key, const char *what,
-                          char secret[41], tdm_error_t *err);
+int tdm_net_curve_secret_read(const char *path, const char *public_key, const char *what,
+                              char secret[41], tdm_error_t *err);
 
 /* Overwrites n bytes at p with zeros, in stores the compiler keeps even when p is not read
  * again: for copies of secret keys. Cannot fail. */
-void tdm_curve_wipe(void *p, size_t n);
+void tdm_net_curve_wipe(void *p, size_t n);
 
 #ifdef __cplusplus
 }

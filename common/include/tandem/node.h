@@ -37,7 +37,7 @@ typedef struct tdm_node_keys {
     bool on;                 /* CURVE is on (tdm_config_curve_on); everything below is empty
                                 when it is off */
     char public_key[41];     /* this node's key, nodes[].curve_public_key */
-    char secret_key[41];     /* from nodes[].curve_secret_key_file (tdm_curve_secret_read) */
+    char secret_key[41];     /* from nodes[].curve_secret_key_file (tdm_net_curve_secret_read) */
     char router_key[41];     /* router.curve_public_key: the server key of the router link */
     tdm_node_role_t role;    /* the node's role: a decode node's KV side is a server */
     tdm_curve_peer_t *peers; /* decode nodes: [n_peers] the prefill nodes admitted on the KV
@@ -48,7 +48,7 @@ typedef struct tdm_node_keys {
 
 /* Loads node `node`'s keys into *k (previous contents ignored) when CURVE is on, and checks
  * that a decode node may bind its kv_endpoint (tdm_config_bind_check, guard CURVE). The
- * strings of cfg must outlive *k. Returns 0; with *err set: what tdm_curve_secret_read
+ * strings of cfg must outlive *k. Returns 0; with *err set: what tdm_net_curve_secret_read
  * returns for the node's secret key file (the message names nodes[i].curve_secret_key_file
  * and the path), TDM_EPRECONDITION (insecure bind), TDM_ERESOURCE. On error *k holds nothing
  * to close; on success release it with tdm_node_keys_close. */
@@ -70,9 +70,8 @@ const tdm_curve_keys_t *tdm_node_curve_kv(const tdm_node_keys_t *k, tdm_curve_ke
 
 /* ---- runtime ---- */
 
-/* Requests a node queues beyond its running batch (node.max_running): its worker's
- * max_waiting, and its request table holds max_running + this many. */
-#define TDM_NODE_MAX_WAITING 4096u
+/* TDM_NODE_MAX_WAITING (limits.h): requests a node queues beyond its running batch
+ * (node.max_running), its worker's max_waiting; its request table holds max_running + that. */
 
 typedef struct tdm_node_runtime {
     tdm_model_t *model;
@@ -205,10 +204,10 @@ int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, u
  * transfer; the client's request id is only a label carried back on messages and logs, so a
  * request id reused by a client can never reach another attempt's state. */
 typedef struct tdm_node_attempt {
-    uint64_t attempt_id;           /* never 0 */
-    uint64_t router_instance;      /* FrameHeader.instance_id of the router that dispatched it */
-    char key[17];                  /* "%016" PRIx64 of attempt_id: the worker request id */
-    char label[TDM_WORKER_ID_MAX]; /* the client's request id */
+    uint64_t attempt_id;      /* never 0 */
+    uint64_t router_instance; /* FrameHeader.instance_id of the router that dispatched it */
+    char key[17];             /* "%016" PRIx64 of attempt_id: the worker request id */
+    char label[TDM_REQUEST_ID_MAX + 1]; /* the client's request id */
 } tdm_node_attempt_t;
 
 /* Fills *a from a task message's request_id and attempt_id and the frame's router instance.

@@ -27,10 +27,10 @@ bool tdm_notify_enabled(void);
  * send it to (see tdm_notify_enabled); TDM_EUNAVAILABLE when sending failed (bad
  * $NOTIFY_SOCKET, socket gone); TDM_EINVALID for a NULL or empty state. Thread-safe (keeps no
  * state); a failure is for the caller to log, never a reason to stop serving. */
-int tdm_notify(const char *state);
+int tdm_notify_send(const char *state);
 
-/* tdm_notify with a printf-style format; the text is cut at 1023 bytes. */
-int tdm_notifyf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* tdm_notify_send with a printf-style format; the text is cut at 1023 bytes. */
+int tdm_notify_sendf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #ifdef __cplusplus
 }

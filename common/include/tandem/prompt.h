@@ -23,6 +23,10 @@
 #include "tandem/chat.h"
 #include "tandem/tokenizer.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* What to encode: raw text when text is not NULL, chat messages otherwise. All pointers are
  * borrowed from the caller and must stay valid during the call. */
 typedef struct tdm_prompt_input {
@@ -48,5 +52,9 @@ typedef struct tdm_prompt_input {
 int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
                       const tdm_prompt_input_t *in, tdm_token_t **ids, size_t *n_ids,
                       char **rendered, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_PROMPT_H */

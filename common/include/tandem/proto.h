@@ -56,6 +56,11 @@ int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm
  * alike (round-trip tests, fuzzing). Static storage; cannot fail. */
 const ProtobufCMessageDescriptor *const *tdm_proto_messages(size_t *n);
 
+/* The name of a FinishReason value: "none" (UNSPECIFIED: the request ended before it
+ * started), "stop", "length", "cancelled", "error"; "?" for other values. The finish_reason
+ * label of the router's metrics and tdm_client_finish_name's text. Never NULL, cannot fail. */
+const char *tdm_proto_finish_name(int reason);
+
 /* Wire status (gRPC code, >= 0) <-> tdm status (0 or negative). Unknown wire codes map to
  * TDM_EINTERNAL... except that the number is kept: -code. */
 static inline int tdm_proto_status_to_wire(int tdm_status)

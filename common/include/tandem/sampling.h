@@ -25,6 +25,10 @@
 
 #include "tandem/base.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TDM_SAMPLING_MAX_STOP 16     /* most stop token ids per request */
 #define TDM_SAMPLING_MAX_LOGPROBS 20 /* most top logprobs per token (OpenAI's limit) */
 #define TDM_SAMPLING_MAX_TEMPERATURE 5.0f
@@ -146,5 +150,9 @@ const char *tdm_sampler_errmsg(const tdm_sampler_t *s);
 int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,
                        const int32_t *history, size_t n_history, uint64_t output_index,
                        tdm_sample_result_t *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_SAMPLING_H */

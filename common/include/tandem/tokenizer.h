@@ -25,6 +25,10 @@
 #include "tandem/base.h"
 #include "tandem/gguf.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef int32_t tdm_token_t;
 
 typedef enum tdm_tokenizer_kind {
@@ -125,5 +129,9 @@ int tdm_detok_push(tdm_detok_t *d, tdm_token_t id, char *out, size_t cap, size_t
 /* Emits held-back bytes (as U+FFFD replacement characters) and resets the state.
  * out needs 3 * 8 + 1 bytes at most. Cannot fail when cap >= 25. */
 int tdm_detok_flush(tdm_detok_t *d, char *out, size_t cap, size_t *out_len);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_TOKENIZER_H */

@@ -38,8 +38,6 @@
 extern "C" {
 #endif
 
-#define TDM_KV_REQUEST_ID_MAX 128u /* bytes of a request id, NUL included */
-
 typedef enum tdm_kv_backend {
     TDM_KV_BACKEND_TCP = 0,
     TDM_KV_BACKEND_NCCL = 1,
@@ -89,7 +87,7 @@ void tdm_kv_sender_destroy(tdm_kv_sender_t **self_p);
 
 /* One transfer to start. */
 typedef struct tdm_kv_send_req {
-    const char *request_id; /* < TDM_KV_REQUEST_ID_MAX bytes: the client's id, a label */
+    const char *request_id; /* <= TDM_REQUEST_ID_MAX bytes: the client's id, a label */
     uint64_t attempt_id;    /* the router's dispatch attempt (KvTransfer.attempt_id): the
                                key under which the decode node reserved the blocks */
     const char *endpoint;   /* the decode node's KV endpoint */
@@ -119,7 +117,7 @@ int tdm_kv_sender_cancel(tdm_kv_sender_t *s, uint64_t attempt_id);
 
 /* The outcome of one transfer. */
 typedef struct tdm_kv_send_done {
-    char request_id[TDM_KV_REQUEST_ID_MAX];
+    char request_id[TDM_REQUEST_ID_MAX + 1];
     uint64_t attempt_id;
     uint64_t transfer_id;
     int status;                   /* 0 = acknowledged; else the receiver's rejection status,
@@ -181,7 +179,7 @@ typedef int (*tdm_kv_lookup_fn)(void *user, const char *request_id, uint64_t att
 
 /* A processed transfer. */
 typedef struct tdm_kv_received {
-    char request_id[TDM_KV_REQUEST_ID_MAX];
+    char request_id[TDM_REQUEST_ID_MAX + 1];
     uint64_t attempt_id;
     uint64_t transfer_id;
     int status;                   /* 0 = accepted: the reserved blocks hold the KV */

@@ -49,8 +49,6 @@
 extern "C" {
 #endif
 
-#define TDM_WORKER_ID_MAX 128u /* bytes of a request id, NUL included */
-
 typedef enum tdm_worker_mode {
     TDM_WORKER_MODE_PREFILL = 0, /* stop after the first token, hand the KV to the caller */
     TDM_WORKER_MODE_DECODE = 1,  /* generate to the end */
@@ -83,7 +81,7 @@ void tdm_worker_destroy(tdm_worker_t **self_p);
 
 /* A sequence to add. */
 typedef struct tdm_worker_req {
-    const char *request_id; /* < TDM_WORKER_ID_MAX bytes, unique in the worker */
+    const char *request_id; /* < (TDM_REQUEST_ID_MAX + 1) bytes, unique in the worker */
     const int32_t *prompt;  /* [n_prompt] token ids, n_prompt >= 1 */
     uint32_t n_prompt;
     const tdm_sampling_params_t *sampling; /* validated by the caller; max_tokens >= 1 */
@@ -123,7 +121,7 @@ typedef enum tdm_worker_finish {
 
 typedef struct tdm_worker_event {
     tdm_worker_event_kind_t kind;
-    char request_id[TDM_WORKER_ID_MAX];
+    char request_id[(TDM_REQUEST_ID_MAX + 1)];
     void *user; /* the sequence's tdm_worker_req_t.user */
     /* TOKEN */
     uint32_t index;                /* output index (0 = first generated token) */

@@ -24,21 +24,32 @@ const char *tdm_strerror(int code)
     }
 }
 
+/* gRPC status names by code (grpc/status.h); a status code is minus its index. */
+static const char *const status_names[] = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
 const char *tdm_status_name(int code)
 {
-    switch (code) {
-    case TDM_OK: return "OK";
-    case TDM_ECANCELLED: return "CANCELLED";
-    case TDM_EINVALID: return "INVALID_ARGUMENT";
-    case TDM_EDEADLINE: return "DEADLINE_EXCEEDED";
-    case TDM_ENOTFOUND: return "NOT_FOUND";
-    case TDM_ERESOURCE: return "RESOURCE_EXHAUSTED";
-    case TDM_EPRECONDITION: return "FAILED_PRECONDITION";
-    case TDM_EINTERNAL: return "INTERNAL";
-    case TDM_EUNAVAILABLE: return "UNAVAILABLE";
-    case TDM_EUNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-    }
+    if (code > 0 || -(long)code >= (long)(sizeof status_names / sizeof status_names[0]))
+        return "UNKNOWN";
+    return status_names[-code];
 }
 
 int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)
@@ -122,51 +133,40 @@ int tdm_read_file(const char *path, size_t max_bytes, char **data, size_t *len, 
     if (!f)
         return tdm_error_set(err, errno == ENOENT ? TDM_ENOTFOUND : TDM_EUNAVAILABLE, "%s: %s",
                              path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    if (!buf)
-        goto out_oom;
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc;
     for (;;) {
-        if (n + 1 >= cap) {
-            if (cap > max_bytes) {
-                free(buf);
-                fclose(f);
-                return tdm_error_set(err, TDM_ERESOURCE, "%s: larger than the limit of %zu bytes",
-                                     path, max_bytes);
-            }
-            char *nb = realloc(buf, cap * 2);
-            if (!nb)
-                goto out_free_buf;
-            buf = nb;
-            cap *= 2;
+        if (b.len > max_bytes)
+            goto out_too_large;
+        if (tdm_buf_reserve(&b, 4096) != 0) {
+            rc = tdm_error_set(err, TDM_ERESOURCE, "%s: out of memory", path);
+            goto out_close;
         }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
+        /* read straight into the buffer: it doubles, so the file is copied once */
+        size_t got = fread(b.data + b.len, 1, b.cap - b.len - 1, f);
         if (got == 0)
             break;
+        b.len += got;
     }
+    b.data[b.len] = '\0';
     if (ferror(f)) {
-        free(buf);
-        fclose(f);
-        return tdm_error_set(err, TDM_EUNAVAILABLE, "%s: read error", path);
+        rc = tdm_error_set(err, TDM_EUNAVAILABLE, "%s: read error", path);
+        goto out_close;
     }
-    if (n > max_bytes) {
-        free(buf);
-        fclose(f);
-        return tdm_error_set(err, TDM_ERESOURCE, "%s: larger than the limit of %zu bytes", path,
-                             max_bytes);
-    }
+    if (b.len > max_bytes)
+        goto out_too_large;
     fclose(f);
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
+    *len = b.len;
+    *data = tdm_buf_take(&b);
     return TDM_OK;
 
-out_free_buf:
-    free(buf);
-out_oom:
+out_too_large:
+    rc = tdm_error_set(err, TDM_ERESOURCE, "%s: larger than the limit of %zu bytes", path,
+                       max_bytes);
+out_close:
+    tdm_buf_free(&b);
     fclose(f);
-    return tdm_error_set(err, TDM_ERESOURCE, "%s: out of memory", path);
+    return rc;
 }
 
 size_t tdm_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)

@@ -13,48 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A growable NUL-terminated byte string; ok turns false on the first failed allocation and
- * every later append is a no-op, so callers check once at the end. */
-typedef struct strbuf {
-    char *data;
-    size_t len;
-    size_t cap;
-    bool ok;
-} strbuf_t;
-
-static void sb_append(strbuf_t *sb, const char *s, size_t n)
+/* The renderers append with tdm_buf_* and ignore the result: the buffer's oom flag is
+ * sticky, so tdm_chat_apply checks once at the end. */
+static void sb_append(tdm_buf_t *sb, const char *s, size_t n)
 {
-    if (!sb->ok)
-        return;
-    size_t need;
-    if (!tdm_add_size(sb->len, n, &need) || !tdm_add_size(need, 1, &need)) {
-        sb->ok = false;
-        return;
-    }
-    if (need > sb->cap) {
-        size_t cap = sb->cap ? sb->cap : 256;
-        while (cap < need) {
-            if (!tdm_mul_size(cap, 2, &cap)) {
-                sb->ok = false;
-                return;
-            }
-        }
-        char *p = realloc(sb->data, cap);
-        if (!p) {
-            sb->ok = false;
-            return;
-        }
-        sb->data = p;
-        sb->cap = cap;
-    }
-    memcpy(sb->data + sb->len, s, n);
-    sb->len += n;
-    sb->data[sb->len] = '\0';
+    (void)tdm_buf_append(sb, s, n);
 }
 
-static void sb_puts(strbuf_t *sb, const char *s)
+static void sb_puts(tdm_buf_t *sb, const char *s)
 {
-    sb_append(sb, s, strlen(s));
+    (void)tdm_buf_puts(sb, s);
 }
 
 /* Python's str.isspace(): the characters whose bidirectional type is WS, B or S or whose
@@ -111,7 +79,7 @@ static size_t py_strip(const char *s, size_t n, size_t *start)
     return e - b;
 }
 
-static void sb_append_stripped(strbuf_t *sb, const char *s, size_t n)
+static void sb_append_stripped(tdm_buf_t *sb, const char *s, size_t n)
 {
     size_t start;
     size_t len = py_strip(s, n, &start);
@@ -175,7 +143,7 @@ static int hex_digit(char c)
 }
 
 /* Appends code point cp as UTF-8 (cp <= 0x10FFFF). */
-static void sb_append_utf8(strbuf_t *sb, uint32_t cp)
+static void sb_append_utf8(tdm_buf_t *sb, uint32_t cp)
 {
     char b[4];
     size_t n;
@@ -196,7 +164,7 @@ static void sb_append_utf8(strbuf_t *sb, uint32_t cp)
 /* Decodes the Jinja string literal text s[0..n) (between its quotes) into sb, with the escapes
  * Jinja's lexer accepts (Python's unicode-escape) and its newline normalisation (\r\n and \r
  * become \n). An escape this code does not know is copied as is. */
-static void unescape_literal(strbuf_t *sb, const char *s, size_t n)
+static void unescape_literal(tdm_buf_t *sb, const char *s, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -248,7 +216,7 @@ static void unescape_literal(strbuf_t *sb, const char *s, size_t n)
  * "<|im_start|>system" NEWLINE TEXT "<|im_end|>" (NEWLINE a real newline or the escape \n).
  * Literals that end before <|im_end|> (like '<|im_start|>system\n' + messages[0]['content'])
  * are not defaults. Appends TEXT, decoded, to sb; appends nothing when there is none. */
-static void find_chatml_default(const char *tpl, size_t n, strbuf_t *sb)
+static void find_chatml_default(const char *tpl, size_t n, tdm_buf_t *sb)
 {
     static const char marker[] = "<|im_start|>system";
     const char *end = tpl + n;
@@ -315,15 +283,15 @@ int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char
                              n, (int)(n < 40 ? n : 40), tpl, hint);
 
     if (default_system && cap > 0) {
-        strbuf_t sb = {NULL, 0, 0, true};
+        tdm_buf_t sb = TDM_BUF_INIT;
         if (t == TDM_CHAT_TEMPLATE_CHATML)
             find_chatml_default(tpl, n, &sb);
-        if (!sb.ok) {
-            free(sb.data);
+        if (sb.oom) {
+            tdm_buf_free(&sb);
             return tdm_error_set(err, TDM_ERESOURCE, "out of memory reading the chat template");
         }
         if (sb.len + 1 > cap) {
-            free(sb.data);
+            tdm_buf_free(&sb);
             return tdm_error_set(err, TDM_ERESOURCE,
                                  "the chat template's default system message (%zu bytes) does "
                                  "not fit in %zu bytes",
@@ -332,7 +300,7 @@ int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char
         if (sb.len)
             memcpy(default_system, sb.data, sb.len);
         default_system[sb.len] = '\0';
-        free(sb.data);
+        tdm_buf_free(&sb);
     }
     *out = t;
     return TDM_OK;
@@ -385,7 +353,7 @@ static int check_messages(tdm_chat_template_t t, const tdm_chat_message_t *msgs,
     return TDM_OK;
 }
 
-static void render_chatml(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n,
+static void render_chatml(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t n,
                           bool add_generation_prompt, const char *default_system,
                           const role_t *roles)
 {
@@ -405,7 +373,7 @@ static void render_chatml(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n
         sb_puts(sb, "<|im_start|>assistant\n");
 }
 
-static void llama3_message(strbuf_t *sb, const char *role, const char *content)
+static void llama3_message(tdm_buf_t *sb, const char *role, const char *content)
 {
     sb_puts(sb, "<|start_header_id|>");
     sb_puts(sb, role);
@@ -414,7 +382,7 @@ static void llama3_message(strbuf_t *sb, const char *role, const char *content)
     sb_puts(sb, "<|eot_id|>");
 }
 
-static void render_llama3(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n,
+static void render_llama3(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t n,
                           bool add_generation_prompt, const char *default_system,
                           const role_t *roles)
 {
@@ -428,7 +396,7 @@ static void render_llama3(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n
         sb_puts(sb, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-static void render_llama2(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n,
+static void render_llama2(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t n,
                           const char *default_system, const role_t *roles)
 {
     const char *system = NULL;
@@ -450,16 +418,16 @@ static void render_llama2(strbuf_t *sb, const tdm_chat_message_t *msgs, size_t n
         if (i == first && system) {
             /* the template strips "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content as one
              * string: only the content's end (or, for empty content, the "\n\n") is trimmed */
-            strbuf_t turn = {NULL, 0, 0, true};
+            tdm_buf_t turn = TDM_BUF_INIT;
             sb_puts(&turn, "<<SYS>>\n");
             sb_puts(&turn, system);
             sb_puts(&turn, "\n<</SYS>>\n\n");
             sb_puts(&turn, msgs[i].content);
-            if (turn.ok)
+            if (!turn.oom)
                 sb_append_stripped(sb, turn.data, turn.len);
             else
-                sb->ok = false;
-            free(turn.data);
+                sb->oom = true;
+            tdm_buf_free(&turn);
         } else {
             sb_append_stripped(sb, msgs[i].content, strlen(msgs[i].content));
         }
@@ -481,7 +449,7 @@ int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t
         return tdm_error_set(err, TDM_EINVALID, "%zu messages but no message array", n);
 
     role_t *roles = NULL;
-    strbuf_t sb = {NULL, 0, 0, true};
+    tdm_buf_t sb = TDM_BUF_INIT;
     if (n > 0) {
         roles = calloc(n, sizeof *roles);
         if (!roles)
@@ -491,7 +459,6 @@ int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t
     if (rc != TDM_OK)
         goto out_free_roles;
 
-    sb_append(&sb, "", 0); /* so that an empty rendering is still a heap string */
     switch (t) {
     case TDM_CHAT_TEMPLATE_CHATML:
         render_chatml(&sb, msgs, n, add_generation_prompt, default_system, roles);
@@ -501,14 +468,14 @@ int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t
         break;
     case TDM_CHAT_TEMPLATE_LLAMA2: render_llama2(&sb, msgs, n, default_system, roles); break;
     }
-    if (!sb.ok || !sb.data) {
-        free(sb.data);
+    size_t len = sb.len;
+    *out = tdm_buf_take(&sb); /* "" (allocated) for an empty rendering */
+    if (!*out) {
         rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering %zu chat messages", n);
         goto out_free_roles;
     }
-    *out = sb.data;
     if (out_len)
-        *out_len = sb.len;
+        *out_len = len;
 
 out_free_roles:
     free(roles);

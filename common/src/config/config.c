@@ -44,15 +44,14 @@
 
 static const char *const role_names[] = {"prefill", "decode"};
 static const char *const policy_names[] = {"round_robin", "least_loaded", "prefix_aware"};
-static const char *const dtype_names[] = {"f32", "f16", "q8"};
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
-const char *tdm_node_role_name(tdm_node_role_t role)
+const char *tdm_config_node_role_name(tdm_node_role_t role)
 {
     return (unsigned)role < N_OF(role_names) ? role_names[role] : "?";
 }
 
-const char *tdm_prefill_policy_name(tdm_prefill_policy_t policy)
+const char *tdm_config_prefill_policy_name(tdm_prefill_policy_t policy)
 {
     return (unsigned)policy < N_OF(policy_names) ? policy_names[policy] : "?";
 }
@@ -119,7 +118,7 @@ static const byte_unit_t byte_units[] = {
     {"tib", 1ull << 40},
 };
 
-int tdm_parse_bytes(const char *text, uint64_t *bytes)
+int tdm_config_parse_bytes(const char *text, uint64_t *bytes)
 {
     if (!text)
         return TDM_EINVALID;
@@ -171,7 +170,7 @@ int tdm_parse_bytes(const char *text, uint64_t *bytes)
     return TDM_OK;
 }
 
-int tdm_format_bytes(uint64_t bytes, char *buf, size_t cap)
+int tdm_config_format_bytes(uint64_t bytes, char *buf, size_t cap)
 {
     static const byte_unit_t units[] = {
         {"TiB", 1ull << 40}, {"GiB", 1ull << 30}, {"MiB", 1ull << 20}, {"KiB", 1ull << 10}};
@@ -929,6 +928,53 @@ static int parse_api_keys(loader_t *ld, const yaml_node_t *v, tdm_router_config_
     return TDM_OK;
 }
 
+/* One key of the router section (check_mapping has refused unknown ones); the endpoints
+ * and CURVE keys are marked for the checks that involve several keys. */
+static int parse_router_key(loader_t *ld, const char *name, const yaml_node_t *v, const char *key,
+                            tdm_router_config_t *r, endpoint_ref_t *eps, curve_marks_t *cm)
+{
+    int rc = TDM_OK;
+    if (strcmp(name, "client_endpoint") == 0) {
+        rc = get_endpoint(ld, v, key, false, &r->client_endpoint);
+        eps[0].at = v;
+    } else if (strcmp(name, "node_endpoint") == 0) {
+        rc = get_endpoint(ld, v, key, false, &r->node_endpoint);
+        eps[1].at = v;
+    } else if (strcmp(name, "node_advertise") == 0) {
+        rc = get_advertise(ld, v, key, &r->node_advertise);
+        eps[2].at = v;
+    } else if (strcmp(name, "http_address") == 0) {
+        rc = get_string(ld, v, key, false, &r->http_address);
+    } else if (strcmp(name, "http_port") == 0) {
+        rc = get_int(ld, v, key, 1, 65535, &r->http_port);
+    } else if (strcmp(name, "prefill_policy") == 0) {
+        int x = 0;
+        rc = get_enum(ld, v, key, policy_names, N_OF(policy_names), &x);
+        r->prefill_policy = (tdm_prefill_policy_t)x;
+    } else if (strcmp(name, "max_queue") == 0) {
+        rc = get_int(ld, v, key, 1, 1000000, &r->max_queue);
+    } else if (strcmp(name, "request_timeout_s") == 0) {
+        rc = get_double(ld, v, key, &r->request_timeout_s);
+        if (rc == TDM_OK &&
+            !(r->request_timeout_s > 0 && r->request_timeout_s <= MAX_REQUEST_TIMEOUT_S))
+            rc = fail(ld, v, key, "must be more than 0 and at most %g seconds, got %s",
+                      MAX_REQUEST_TIMEOUT_S, scalar_text(v));
+    } else if (strcmp(name, "public_metrics") == 0) {
+        rc = get_bool(ld, v, key, &r->public_metrics);
+    } else if (strcmp(name, "curve_public_key") == 0) {
+        cm->public_key = v;
+        rc = get_curve_key(ld, v, key, &r->curve_public_key);
+    } else if (strcmp(name, "curve_secret_key_file") == 0) {
+        cm->secret_key_file = v;
+        rc = get_string(ld, v, key, true, &r->curve_secret_key_file);
+        if (rc == TDM_OK)
+            rc = expand_home(ld, &r->curve_secret_key_file);
+    } else {
+        rc = parse_api_keys(ld, v, r);
+    }
+    return rc;
+}
+
 static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
                         endpoint_ref_t *eps, curve_marks_t *cm)
 {
@@ -952,47 +998,9 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
         if (rc != TDM_OK)
             break;
         const char *name = scalar_text(node_at(ld, p->key));
-        const yaml_node_t *v = node_at(ld, p->value);
         char key[KEY_MAX];
         key_join(key, "router", name);
-        if (strcmp(name, "client_endpoint") == 0) {
-            rc = get_endpoint(ld, v, key, false, &r->client_endpoint);
-            eps[0].at = v;
-        } else if (strcmp(name, "node_endpoint") == 0) {
-            rc = get_endpoint(ld, v, key, false, &r->node_endpoint);
-            eps[1].at = v;
-        } else if (strcmp(name, "node_advertise") == 0) {
-            rc = get_advertise(ld, v, key, &r->node_advertise);
-            eps[2].at = v;
-        } else if (strcmp(name, "http_address") == 0) {
-            rc = get_string(ld, v, key, false, &r->http_address);
-        } else if (strcmp(name, "http_port") == 0) {
-            rc = get_int(ld, v, key, 1, 65535, &r->http_port);
-        } else if (strcmp(name, "prefill_policy") == 0) {
-            int x = 0;
-            rc = get_enum(ld, v, key, policy_names, N_OF(policy_names), &x);
-            r->prefill_policy = (tdm_prefill_policy_t)x;
-        } else if (strcmp(name, "max_queue") == 0) {
-            rc = get_int(ld, v, key, 1, 1000000, &r->max_queue);
-        } else if (strcmp(name, "request_timeout_s") == 0) {
-            rc = get_double(ld, v, key, &r->request_timeout_s);
-            if (rc == TDM_OK &&
-                !(r->request_timeout_s > 0 && r->request_timeout_s <= MAX_REQUEST_TIMEOUT_S))
-                rc = fail(ld, v, key, "must be more than 0 and at most %g seconds, got %s",
-                          MAX_REQUEST_TIMEOUT_S, scalar_text(v));
-        } else if (strcmp(name, "public_metrics") == 0) {
-            rc = get_bool(ld, v, key, &r->public_metrics);
-        } else if (strcmp(name, "curve_public_key") == 0) {
-            cm->public_key = v;
-            rc = get_curve_key(ld, v, key, &r->curve_public_key);
-        } else if (strcmp(name, "curve_secret_key_file") == 0) {
-            cm->secret_key_file = v;
-            rc = get_string(ld, v, key, true, &r->curve_secret_key_file);
-            if (rc == TDM_OK)
-                rc = expand_home(ld, &r->curve_secret_key_file);
-        } else {
-            rc = parse_api_keys(ld, v, r);
-        }
+        rc = parse_router_key(ld, name, node_at(ld, p->value), key, r, eps, cm);
     }
     return rc;
 }
@@ -1019,6 +1027,10 @@ static int parse_kv(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
                 cfg->kv.block_size = (int)x;
         } else if (strcmp(name, "dtype") == 0) {
             int x = 0;
+            /* kv.c names the dtypes; listed in enum order, as get_enum requires */
+            const char *const dtype_names[] = {tdm_kv_dtype_name(TDM_KV_F32),
+                                               tdm_kv_dtype_name(TDM_KV_F16),
+                                               tdm_kv_dtype_name(TDM_KV_Q8)};
             rc = get_enum(ld, v, key, dtype_names, N_OF(dtype_names), &x);
             cfg->kv.dtype = (tdm_kv_dtype_t)x;
         } else {
@@ -1091,95 +1103,85 @@ static bool node_id_valid(const char *id)
     return true;
 }
 
-static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_node_config_t *node,
-                      node_marks_t *m)
+/* nodes[i].memory_budget: a byte size of at least MIN_MEMORY_BUDGET. */
+static int get_memory_budget(loader_t *ld, const yaml_node_t *v, const char *key,
+                             tdm_node_config_t *node)
 {
-    static const char *const known[] = {"id",
-                                        "role",
-                                        "endpoint",
-                                        "kv_endpoint",
-                                        "kv_advertise",
-                                        "device",
-                                        "threads",
-                                        "memory_budget",
-                                        "gpu_memory_utilization",
-                                        "max_batch_tokens",
-                                        "max_running",
-                                        "curve_public_key",
-                                        "curve_secret_key_file",
-                                        NULL};
-    char path[KEY_MAX], key[KEY_MAX], got[96];
-    snprintf(path, sizeof path, "nodes[%zu]", index);
-    if (is_null(map) || map->type != YAML_MAPPING_NODE)
-        return fail(ld, map, path, "must be a mapping with at least id and role, got %s",
-                    describe(map, got, sizeof got));
-    int rc = check_mapping(ld, map, path, known);
-    FOR_EACH_PAIR(ld, map, p)
-    {
-        if (rc != TDM_OK)
-            break;
-        const char *name = scalar_text(node_at(ld, p->key));
-        const yaml_node_t *v = node_at(ld, p->value);
-        key_join(key, path, name);
-        if (strcmp(name, "id") == 0) {
-            m->id = v;
-            rc = get_string(ld, v, key, false, &node->id);
-            if (rc == TDM_OK && !node_id_valid(node->id))
-                rc = fail(ld, v, key, "must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %s",
-                          TDM_NODE_ID_MAX, describe(v, got, sizeof got));
-        } else if (strcmp(name, "role") == 0) {
-            int x = 0;
-            m->role = v;
-            rc = get_enum(ld, v, key, role_names, N_OF(role_names), &x);
-            node->role = (tdm_node_role_t)x;
-        } else if (strcmp(name, "endpoint") == 0) {
-            m->endpoint = v;
-            rc = get_endpoint(ld, v, key, true, &node->endpoint);
-        } else if (strcmp(name, "kv_endpoint") == 0) {
-            m->kv_endpoint = v;
-            rc = get_endpoint(ld, v, key, true, &node->kv_endpoint);
-        } else if (strcmp(name, "kv_advertise") == 0) {
-            m->kv_advertise = v;
-            rc = get_advertise(ld, v, key, &node->kv_advertise);
-        } else if (strcmp(name, "device") == 0) {
-            if (v->type != YAML_SCALAR_NODE ||
-                tdm_config_device_parse(scalar_text(v), &node->device) != TDM_OK)
-                rc = fail(ld, v, key, "must be cpu or cuda:N (N from 0 to %d), got %s",
-                          MAX_CUDA_DEVICES - 1, describe(v, got, sizeof got));
-        } else if (strcmp(name, "threads") == 0) {
-            rc = get_int(ld, v, key, 0, 1024, &node->threads);
-        } else if (strcmp(name, "memory_budget") == 0) {
-            m->memory_budget = v;
-            if (v->type != YAML_SCALAR_NODE ||
-                tdm_parse_bytes(scalar_text(v), &node->memory_budget) != TDM_OK)
-                rc = fail(ld, v, key, "must be a byte size such as 512MiB, 2GiB or 1.5GB, got %s",
-                          describe(v, got, sizeof got));
-            else if (node->memory_budget < MIN_MEMORY_BUDGET)
-                rc = fail(ld, v, key, "must be at least 1MiB, got %s (%llu bytes)", scalar_text(v),
-                          (unsigned long long)node->memory_budget);
-        } else if (strcmp(name, "gpu_memory_utilization") == 0) {
-            m->gpu_memory_utilization = v;
-            rc = get_double(ld, v, key, &node->gpu_memory_utilization);
-            if (rc == TDM_OK &&
-                !(node->gpu_memory_utilization > 0 && node->gpu_memory_utilization <= 1))
-                rc = fail(ld, v, key, "must be more than 0 and at most 1, got %s", scalar_text(v));
-        } else if (strcmp(name, "max_batch_tokens") == 0) {
-            rc = get_int(ld, v, key, 1, 1048576, &node->max_batch_tokens);
-        } else if (strcmp(name, "curve_public_key") == 0) {
-            m->curve_public_key = v;
-            rc = get_curve_key(ld, v, key, &node->curve_public_key);
-        } else if (strcmp(name, "curve_secret_key_file") == 0) {
-            m->curve_secret_key_file = v;
-            rc = get_string(ld, v, key, true, &node->curve_secret_key_file);
-            if (rc == TDM_OK)
-                rc = expand_home(ld, &node->curve_secret_key_file);
-        } else {
-            rc = get_int(ld, v, key, 1, 65536, &node->max_running);
-        }
+    char got[96];
+    if (v->type != YAML_SCALAR_NODE ||
+        tdm_config_parse_bytes(scalar_text(v), &node->memory_budget) != TDM_OK)
+        return fail(ld, v, key, "must be a byte size such as 512MiB, 2GiB or 1.5GB, got %s",
+                    describe(v, got, sizeof got));
+    if (node->memory_budget < MIN_MEMORY_BUDGET)
+        return fail(ld, v, key, "must be at least 1MiB, got %s (%llu bytes)", scalar_text(v),
+                    (unsigned long long)node->memory_budget);
+    return TDM_OK;
+}
+
+/* One key of a nodes[] entry (check_mapping has refused unknown ones); marks where the keys
+ * that later checks name were set. */
+static int parse_node_key(loader_t *ld, const char *name, const yaml_node_t *v, const char *key,
+                          tdm_node_config_t *node, node_marks_t *m)
+{
+    char got[96];
+    int rc = TDM_OK;
+    if (strcmp(name, "id") == 0) {
+        m->id = v;
+        rc = get_string(ld, v, key, false, &node->id);
+        if (rc == TDM_OK && !node_id_valid(node->id))
+            rc = fail(ld, v, key, "must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %s",
+                      TDM_NODE_ID_MAX, describe(v, got, sizeof got));
+    } else if (strcmp(name, "role") == 0) {
+        int x = 0;
+        m->role = v;
+        rc = get_enum(ld, v, key, role_names, N_OF(role_names), &x);
+        node->role = (tdm_node_role_t)x;
+    } else if (strcmp(name, "endpoint") == 0) {
+        m->endpoint = v;
+        rc = get_endpoint(ld, v, key, true, &node->endpoint);
+    } else if (strcmp(name, "kv_endpoint") == 0) {
+        m->kv_endpoint = v;
+        rc = get_endpoint(ld, v, key, true, &node->kv_endpoint);
+    } else if (strcmp(name, "kv_advertise") == 0) {
+        m->kv_advertise = v;
+        rc = get_advertise(ld, v, key, &node->kv_advertise);
+    } else if (strcmp(name, "device") == 0) {
+        if (v->type != YAML_SCALAR_NODE ||
+            tdm_config_device_parse(scalar_text(v), &node->device) != TDM_OK)
+            rc = fail(ld, v, key, "must be cpu or cuda:N (N from 0 to %d), got %s",
+                      MAX_CUDA_DEVICES - 1, describe(v, got, sizeof got));
+    } else if (strcmp(name, "threads") == 0) {
+        rc = get_int(ld, v, key, 0, 1024, &node->threads);
+    } else if (strcmp(name, "memory_budget") == 0) {
+        m->memory_budget = v;
+        rc = get_memory_budget(ld, v, key, node);
+    } else if (strcmp(name, "gpu_memory_utilization") == 0) {
+        m->gpu_memory_utilization = v;
+        rc = get_double(ld, v, key, &node->gpu_memory_utilization);
+        if (rc == TDM_OK &&
+            !(node->gpu_memory_utilization > 0 && node->gpu_memory_utilization <= 1))
+            rc = fail(ld, v, key, "must be more than 0 and at most 1, got %s", scalar_text(v));
+    } else if (strcmp(name, "max_batch_tokens") == 0) {
+        rc = get_int(ld, v, key, 1, 1048576, &node->max_batch_tokens);
+    } else if (strcmp(name, "curve_public_key") == 0) {
+        m->curve_public_key = v;
+        rc = get_curve_key(ld, v, key, &node->curve_public_key);
+    } else if (strcmp(name, "curve_secret_key_file") == 0) {
+        m->curve_secret_key_file = v;
+        rc = get_string(ld, v, key, true, &node->curve_secret_key_file);
+        if (rc == TDM_OK)
+            rc = expand_home(ld, &node->curve_secret_key_file);
+    } else {
+        rc = get_int(ld, v, key, 1, 65536, &node->max_running);
     }
-    if (rc != TDM_OK)
-        return rc;
-    /* Checks that involve several keys of the entry. */
+    return rc;
+}
+
+/* The checks of a nodes[] entry that involve several of its keys. */
+static int check_node(loader_t *ld, const yaml_node_t *map, const char *path,
+                      const tdm_node_config_t *node, const node_marks_t *m)
+{
+    char key[KEY_MAX];
     if (!m->id) {
         key_join(key, path, "id");
         return fail(ld, map, key, "is required");
@@ -1209,6 +1211,42 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
                     "only for cuda devices (this node's device is cpu); use memory_budget");
     }
     return TDM_OK;
+}
+
+static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_node_config_t *node,
+                      node_marks_t *m)
+{
+    static const char *const known[] = {"id",
+                                        "role",
+                                        "endpoint",
+                                        "kv_endpoint",
+                                        "kv_advertise",
+                                        "device",
+                                        "threads",
+                                        "memory_budget",
+                                        "gpu_memory_utilization",
+                                        "max_batch_tokens",
+                                        "max_running",
+                                        "curve_public_key",
+                                        "curve_secret_key_file",
+                                        NULL};
+    char path[KEY_MAX], key[KEY_MAX], got[96];
+    snprintf(path, sizeof path, "nodes[%zu]", index);
+    if (is_null(map) || map->type != YAML_MAPPING_NODE)
+        return fail(ld, map, path, "must be a mapping with at least id and role, got %s",
+                    describe(map, got, sizeof got));
+    int rc = check_mapping(ld, map, path, known);
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        const char *name = scalar_text(node_at(ld, p->key));
+        key_join(key, path, name);
+        rc = parse_node_key(ld, name, node_at(ld, p->value), key, node, m);
+    }
+    if (rc != TDM_OK)
+        return rc;
+    return check_node(ld, map, path, node, m);
 }
 
 static int parse_nodes(loader_t *ld, const yaml_node_t *seq, tdm_config_t *cfg,
@@ -1366,6 +1404,24 @@ static int check_curve(loader_t *ld, const tdm_config_t *cfg, const curve_marks_
     return TDM_OK;
 }
 
+/* The checks across sections, once every section is read: endpoints (the router's three
+ * first) and CURVE keys. */
+static int check_cross(loader_t *ld, tdm_config_t *cfg, const endpoint_ref_t router_eps[3],
+                       const curve_marks_t *cm, const node_marks_t *marks)
+{
+    endpoint_ref_t *eps = calloc(3 + 2 * cfg->n_nodes, sizeof *eps);
+    if (!eps)
+        return tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
+    eps[0].at = router_eps[0].at;
+    eps[1].at = router_eps[1].at;
+    eps[2].at = router_eps[2].at;
+    int rc = check_endpoints(ld, cfg, eps, marks);
+    free(eps);
+    if (rc == TDM_OK)
+        rc = check_curve(ld, cfg, cm, marks);
+    return rc;
+}
+
 static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
 {
     static const char *const known[] = {"model", "log", "router", "kv", "security", "nodes", NULL};
@@ -1382,7 +1438,6 @@ static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
     endpoint_ref_t router_eps[3] = {{0}};
     curve_marks_t cm = {0};
     node_marks_t *marks = NULL;
-    endpoint_ref_t *eps = NULL;
     bool nodes_given = false;
     FOR_EACH_PAIR(ld, root, p)
     {
@@ -1413,18 +1468,7 @@ static int parse_root(loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
                                           : "out of memory");
         goto out_free_marks;
     }
-    eps = calloc(3 + 2 * cfg->n_nodes, sizeof *eps);
-    if (!eps) {
-        rc = tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
-        goto out_free_marks;
-    }
-    eps[0].at = router_eps[0].at;
-    eps[1].at = router_eps[1].at;
-    eps[2].at = router_eps[2].at;
-    rc = check_endpoints(ld, cfg, eps, marks);
-    free(eps);
-    if (rc == TDM_OK)
-        rc = check_curve(ld, cfg, &cm, marks);
+    rc = check_cross(ld, cfg, router_eps, &cm, marks);
 out_free_marks:
     free(marks);
     return rc;
@@ -1554,23 +1598,14 @@ static void put_key_string(FILE *out, const char *indent, const char *key, const
     fputc('\n', out);
 }
 
-int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
+static void dump_router(const tdm_router_config_t *r, FILE *out)
 {
-    const tdm_router_config_t *r = &cfg->router;
-    fprintf(out, "# Tandem cluster configuration, resolved (defaults included).\n");
-    fprintf(out, "model:\n");
-    put_key_string(out, "  ", "path", cfg->model.path);
-    fprintf(out, "  chat_template: %s\n",
-            cfg->model.chat_template_set ? tdm_chat_template_name(cfg->model.chat_template)
-                                         : "null");
-    put_key_string(out, "  ", "name", cfg->model.name);
-    fprintf(out, "router:\n");
     put_key_string(out, "  ", "client_endpoint", r->client_endpoint);
     put_key_string(out, "  ", "node_endpoint", r->node_endpoint);
     put_key_string(out, "  ", "node_advertise", r->node_advertise);
     put_key_string(out, "  ", "http_address", r->http_address);
     fprintf(out, "  http_port: %d\n", r->http_port);
-    fprintf(out, "  prefill_policy: %s\n", tdm_prefill_policy_name(r->prefill_policy));
+    fprintf(out, "  prefill_policy: %s\n", tdm_config_prefill_policy_name(r->prefill_policy));
     fprintf(out, "  max_queue: %d\n", r->max_queue);
     fprintf(out, "  request_timeout_s: ");
     put_double(out, r->request_timeout_s);
@@ -1583,6 +1618,47 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
     put_key_string(out, "  ", "curve_public_key", r->curve_public_key);
     put_key_string(out, "  ", "curve_secret_key_file", r->curve_secret_key_file);
     fprintf(out, "  public_metrics: %s\n", r->public_metrics ? "true" : "false");
+}
+
+static void dump_node(const tdm_node_config_t *node, FILE *out)
+{
+    char buf[32];
+    fprintf(out, "  - id: ");
+    put_string(out, node->id);
+    fprintf(out, "\n    role: %s\n", tdm_config_node_role_name(node->role));
+    put_key_string(out, "    ", "endpoint", node->endpoint);
+    if (node->role == TDM_NODE_ROLE_DECODE) {
+        put_key_string(out, "    ", "kv_endpoint", node->kv_endpoint);
+        put_key_string(out, "    ", "kv_advertise", node->kv_advertise);
+    }
+    tdm_config_device_format(node->device, buf, sizeof buf);
+    fprintf(out, "    device: %s\n", buf);
+    fprintf(out, "    threads: %d\n", node->threads);
+    if (node->gpu_memory_utilization > 0) {
+        fprintf(out, "    gpu_memory_utilization: ");
+        put_double(out, node->gpu_memory_utilization);
+        fputc('\n', out);
+    } else {
+        tdm_config_format_bytes(node->memory_budget, buf, sizeof buf);
+        fprintf(out, "    memory_budget: %s\n", buf);
+    }
+    fprintf(out, "    max_batch_tokens: %d\n", node->max_batch_tokens);
+    fprintf(out, "    max_running: %d\n", node->max_running);
+    put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
+    put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
+}
+
+int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
+{
+    fprintf(out, "# Tandem cluster configuration, resolved (defaults included).\n");
+    fprintf(out, "model:\n");
+    put_key_string(out, "  ", "path", cfg->model.path);
+    fprintf(out, "  chat_template: %s\n",
+            cfg->model.chat_template_set ? tdm_chat_template_name(cfg->model.chat_template)
+                                         : "null");
+    put_key_string(out, "  ", "name", cfg->model.name);
+    fprintf(out, "router:\n");
+    dump_router(&cfg->router, out);
     fprintf(out, "kv:\n");
     fprintf(out, "  block_size: %d\n", cfg->kv.block_size);
     fprintf(out, "  dtype: %s\n", tdm_kv_dtype_name(cfg->kv.dtype));
@@ -1592,33 +1668,8 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
     fprintf(out, "security:\n");
     fprintf(out, "  insecure: %s\n", cfg->security.insecure ? "true" : "false");
     fprintf(out, "nodes:\n");
-    for (size_t i = 0; i < cfg->n_nodes; i++) {
-        const tdm_node_config_t *node = &cfg->nodes[i];
-        char buf[32];
-        fprintf(out, "  - id: ");
-        put_string(out, node->id);
-        fprintf(out, "\n    role: %s\n", tdm_node_role_name(node->role));
-        put_key_string(out, "    ", "endpoint", node->endpoint);
-        if (node->role == TDM_NODE_ROLE_DECODE) {
-            put_key_string(out, "    ", "kv_endpoint", node->kv_endpoint);
-            put_key_string(out, "    ", "kv_advertise", node->kv_advertise);
-        }
-        tdm_config_device_format(node->device, buf, sizeof buf);
-        fprintf(out, "    device: %s\n", buf);
-        fprintf(out, "    threads: %d\n", node->threads);
-        if (node->gpu_memory_utilization > 0) {
-            fprintf(out, "    gpu_memory_utilization: ");
-            put_double(out, node->gpu_memory_utilization);
-            fputc('\n', out);
-        } else {
-            tdm_format_bytes(node->memory_budget, buf, sizeof buf);
-            fprintf(out, "    memory_budget: %s\n", buf);
-        }
-        fprintf(out, "    max_batch_tokens: %d\n", node->max_batch_tokens);
-        fprintf(out, "    max_running: %d\n", node->max_running);
-        put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
-        put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
-    }
+    for (size_t i = 0; i < cfg->n_nodes; i++)
+        dump_node(&cfg->nodes[i], out);
     if (fflush(out) != 0 || ferror(out))
         return TDM_EUNAVAILABLE;
     return TDM_OK;

@@ -99,9 +99,9 @@ static int require_f32(const tdm_gguf_t *g, const char *name, tdm_error_t *err)
     return TDM_OK;
 }
 
-int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+/* general.architecture: sets hp->arch and hp->rope_type. */
+static int hparams_arch(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
 {
-    memset(hp, 0, sizeof *hp);
     tdm_gguf_str_t arch_s;
     int rc = tdm_gguf_get_str(g, "general.architecture", &arch_s, err);
     if (rc != TDM_OK)
@@ -118,8 +118,15 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
                              (int)(arch_s.len > 64 ? 64 : arch_s.len), arch_s.data);
     snprintf(hp->arch, sizeof hp->arch, "%s", arch->name);
     hp->rope_type = arch->rope_type;
-    const char *a = hp->arch;
+    return TDM_OK;
+}
 
+/* The attention shape (<arch>.* keys): n_ctx_train, n_embd, n_layers, heads, head_dim,
+ * rope_dim, norm epsilon and rope base, each checked against the others. */
+static int hparams_attention(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    const char *a = hp->arch;
+    int rc;
     if ((rc = get_u32_key(g, a, "context_length", true, 0, &hp->n_ctx_train, err)) ||
         (rc = get_u32_key(g, a, "embedding_length", true, 0, &hp->n_embd, err)) ||
         (rc = get_u32_key(g, a, "block_count", true, 0, &hp->n_layers, err)) ||
@@ -164,8 +171,14 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
                              "%s.rope.dimension_count (%" PRIu32
                              ") must be even and at most head_dim (%" PRIu32 ")",
                              a, hp->rope_dim, hp->head_dim);
+    return TDM_OK;
+}
 
-    /* vocabulary size and d_model from the embedding table */
+/* Vocabulary size from the embedding table, which metadata must agree with. */
+static int hparams_vocab(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    const char *a = hp->arch;
+    int rc;
     const tdm_gguf_tensor_t *emb = tdm_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return tdm_error_set(err, TDM_ENOTFOUND, "tensor 'token_embd.weight' is missing");
@@ -188,46 +201,63 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
                              "tokenizer.ggml.tokens has %" PRIu64
                              " entries but token_embd.weight has %" PRIu32 " rows",
                              tokens->arr_n, hp->n_vocab);
+    return TDM_OK;
+}
 
-    /* FFN size: from metadata, else from the gate projection */
-    const tdm_gguf_tensor_t *gate = tdm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
-    uint32_t dflt_ff = gate && gate->ne[1] <= UINT32_MAX ? (uint32_t)gate->ne[1] : 0;
-    if ((rc = get_u32_key(g, a, "feed_forward_length", dflt_ff == 0, dflt_ff, &hp->n_ff, err)))
-        return rc;
-
+/* The tensors of layer l: shapes and types; layer 0 decides whether q/k/v have biases. */
+static int check_layer(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, uint32_t l, tdm_error_t *err)
+{
     uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
     uint64_t kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        char name[96];
-        bool found;
+    int rc;
+    char name[96];
+    bool found;
 #define TDM_CHECK_LAYER(suffix, ne0, ne1, optional)                                                \
     do {                                                                                           \
         snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", l, suffix);                              \
         if ((rc = check_tensor(g, name, ne0, ne1, optional, &found, err)))                         \
             return rc;                                                                             \
     } while (0)
-        TDM_CHECK_LAYER("attn_norm.weight", hp->n_embd, 0, false);
-        TDM_CHECK_LAYER("attn_q.weight", hp->n_embd, q_dim, false);
-        TDM_CHECK_LAYER("attn_k.weight", hp->n_embd, kv_dim, false);
-        TDM_CHECK_LAYER("attn_v.weight", hp->n_embd, kv_dim, false);
-        TDM_CHECK_LAYER("attn_output.weight", q_dim, hp->n_embd, false);
-        TDM_CHECK_LAYER("ffn_norm.weight", hp->n_embd, 0, false);
-        TDM_CHECK_LAYER("ffn_gate.weight", hp->n_embd, hp->n_ff, false);
-        TDM_CHECK_LAYER("ffn_up.weight", hp->n_embd, hp->n_ff, false);
-        TDM_CHECK_LAYER("ffn_down.weight", hp->n_ff, hp->n_embd, false);
-        TDM_CHECK_LAYER("attn_q.bias", q_dim, 0, true);
-        if (l == 0)
-            hp->has_qkv_bias = found;
-        else if (found != hp->has_qkv_bias)
-            return tdm_error_set(err, TDM_EINVALID, "tensor '%s' is %s but blk.0.attn_q.bias is %s",
-                                 name, found ? "present" : "missing",
-                                 found ? "missing" : "present");
-        if (hp->has_qkv_bias) {
-            TDM_CHECK_LAYER("attn_k.bias", kv_dim, 0, false);
-            TDM_CHECK_LAYER("attn_v.bias", kv_dim, 0, false);
-        }
-#undef TDM_CHECK_LAYER
+    TDM_CHECK_LAYER("attn_norm.weight", hp->n_embd, 0, false);
+    TDM_CHECK_LAYER("attn_q.weight", hp->n_embd, q_dim, false);
+    TDM_CHECK_LAYER("attn_k.weight", hp->n_embd, kv_dim, false);
+    TDM_CHECK_LAYER("attn_v.weight", hp->n_embd, kv_dim, false);
+    TDM_CHECK_LAYER("attn_output.weight", q_dim, hp->n_embd, false);
+    TDM_CHECK_LAYER("ffn_norm.weight", hp->n_embd, 0, false);
+    TDM_CHECK_LAYER("ffn_gate.weight", hp->n_embd, hp->n_ff, false);
+    TDM_CHECK_LAYER("ffn_up.weight", hp->n_embd, hp->n_ff, false);
+    TDM_CHECK_LAYER("ffn_down.weight", hp->n_ff, hp->n_embd, false);
+    TDM_CHECK_LAYER("attn_q.bias", q_dim, 0, true);
+    if (l == 0)
+        hp->has_qkv_bias = found;
+    else if (found != hp->has_qkv_bias)
+        return tdm_error_set(err, TDM_EINVALID, "tensor '%s' is %s but blk.0.attn_q.bias is %s",
+                             name, found ? "present" : "missing", found ? "missing" : "present");
+    if (hp->has_qkv_bias) {
+        TDM_CHECK_LAYER("attn_k.bias", kv_dim, 0, false);
+        TDM_CHECK_LAYER("attn_v.bias", kv_dim, 0, false);
     }
+#undef TDM_CHECK_LAYER
+    return TDM_OK;
+}
+
+int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    memset(hp, 0, sizeof *hp);
+    int rc;
+    if ((rc = hparams_arch(g, hp, err)) || (rc = hparams_attention(g, hp, err)) ||
+        (rc = hparams_vocab(g, hp, err)))
+        return rc;
+    const char *a = hp->arch;
+    /* FFN size: from metadata, else from the gate projection */
+    const tdm_gguf_tensor_t *gate = tdm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
+    uint32_t dflt_ff = gate && gate->ne[1] <= UINT32_MAX ? (uint32_t)gate->ne[1] : 0;
+    if ((rc = get_u32_key(g, a, "feed_forward_length", dflt_ff == 0, dflt_ff, &hp->n_ff, err)))
+        return rc;
+
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if ((rc = check_layer(g, hp, l, err)))
+            return rc;
     if ((rc = check_tensor(g, "output_norm.weight", hp->n_embd, 0, false, NULL, err)) ||
         (rc = require_f32(g, "output_norm.weight", err)))
         return rc;

@@ -187,6 +187,83 @@ static void scalar_decode(tdm_gguf_vtype_t t, const uint8_t *b, tdm_gguf_kv_t *k
     }
 }
 
+/* A scalar value of kv->type (not a string or an array). */
+static int parse_kv_scalar(cursor_t *c, tdm_gguf_kv_t *kv)
+{
+    const uint8_t *b = NULL;
+    int rc = cur_bytes(c, vtype_size(kv->type), kv->key, &b);
+    if (rc != TDM_OK)
+        return rc;
+    if (kv->type == TDM_GGUF_VTYPE_BOOL && b[0] > 1)
+        return tdm_error_set(c->err, TDM_EINVALID,
+                             "metadata '%s' at offset %zu: bool value %u is not 0 or 1", kv->key,
+                             c->pos - 1, b[0]);
+    scalar_decode(kv->type, b, kv);
+    return TDM_OK;
+}
+
+/* The kv->arr_n numeric elements of an array: kept in place (kv->arr_data), not copied. */
+static int parse_kv_num_array(cursor_t *c, tdm_gguf_kv_t *kv)
+{
+    size_t esz = vtype_size(kv->arr_type), bytes;
+    if (kv->arr_n > SIZE_MAX || !tdm_mul_size((size_t)kv->arr_n, esz, &bytes) ||
+        bytes > cur_left(c))
+        return tdm_error_set(c->err, TDM_EINVALID,
+                             "metadata '%s': array of %" PRIu64
+                             " %s values does not fit in the %zu bytes left",
+                             kv->key, kv->arr_n, tdm_gguf_vtype_name(kv->arr_type), cur_left(c));
+    const uint8_t *b = NULL;
+    cur_bytes(c, bytes, kv->key, &b);
+    kv->arr_data = b;
+    if (kv->arr_type == TDM_GGUF_VTYPE_BOOL)
+        for (size_t i = 0; i < bytes; i++)
+            if (b[i] > 1)
+                return tdm_error_set(c->err, TDM_EINVALID,
+                                     "metadata '%s': bool element %zu is %u, not 0 or 1", kv->key,
+                                     i, b[i]);
+    return TDM_OK;
+}
+
+/* The kv->arr_n strings of an array, indexed in kv->arr_strs (which points into the file). */
+static int parse_kv_str_array(cursor_t *c, tdm_gguf_kv_t *kv)
+{
+    /* each string needs at least its 8-byte length, which bounds the allocation */
+    if (kv->arr_n > cur_left(c) / 8)
+        return tdm_error_set(c->err, TDM_EINVALID,
+                             "metadata '%s': array of %" PRIu64
+                             " strings does not fit in the %zu bytes left",
+                             kv->key, kv->arr_n, cur_left(c));
+    kv->arr_data = c->p + c->pos;
+    kv->arr_strs = calloc(kv->arr_n ? (size_t)kv->arr_n : 1, sizeof *kv->arr_strs);
+    if (!kv->arr_strs)
+        return tdm_error_set(c->err, TDM_ERESOURCE, "out of memory indexing '%s'", kv->key);
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        int rc = cur_str(c, kv->key, &kv->arr_strs[i]);
+        if (rc != TDM_OK)
+            return tdm_error_prefix(c->err, rc, "element %" PRIu64 " of %" PRIu64, i, kv->arr_n);
+    }
+    return TDM_OK;
+}
+
+/* An array value: u32 element type, u64 count, elements. */
+static int parse_kv_array(cursor_t *c, tdm_gguf_kv_t *kv)
+{
+    uint32_t etype = 0;
+    int rc;
+    if ((rc = cur_u32(c, kv->key, &etype)) != TDM_OK ||
+        (rc = cur_u64(c, kv->key, &kv->arr_n)) != TDM_OK)
+        return rc;
+    if (etype >= TDM_GGUF_VTYPE_COUNT || etype == TDM_GGUF_VTYPE_ARRAY)
+        return tdm_error_set(c->err, TDM_EINVALID,
+                             "metadata '%s': array element type %" PRIu32
+                             " is unknown or a nested array",
+                             kv->key, etype);
+    kv->arr_type = (tdm_gguf_vtype_t)etype;
+    if (kv->arr_type == TDM_GGUF_VTYPE_STRING)
+        return parse_kv_str_array(c, kv);
+    return parse_kv_num_array(c, kv);
+}
+
 static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
 {
     char what[64];
@@ -207,62 +284,9 @@ static int parse_kv(cursor_t *c, uint64_t index, tdm_gguf_kv_t *kv)
     kv->type = (tdm_gguf_vtype_t)type;
     if (kv->type == TDM_GGUF_VTYPE_STRING)
         return cur_str(c, kv->key, &kv->value.str);
-    if (kv->type != TDM_GGUF_VTYPE_ARRAY) {
-        const uint8_t *b = NULL;
-        if ((rc = cur_bytes(c, vtype_size(kv->type), kv->key, &b)) != TDM_OK)
-            return rc;
-        if (kv->type == TDM_GGUF_VTYPE_BOOL && b[0] > 1)
-            return tdm_error_set(c->err, TDM_EINVALID,
-                                 "metadata '%s' at offset %zu: bool value %u is not 0 or 1",
-                                 kv->key, c->pos - 1, b[0]);
-        scalar_decode(kv->type, b, kv);
-        return TDM_OK;
-    }
-    /* array: u32 element type, u64 count, elements */
-    uint32_t etype = 0;
-    if ((rc = cur_u32(c, kv->key, &etype)) != TDM_OK ||
-        (rc = cur_u64(c, kv->key, &kv->arr_n)) != TDM_OK)
-        return rc;
-    if (etype >= TDM_GGUF_VTYPE_COUNT || etype == TDM_GGUF_VTYPE_ARRAY)
-        return tdm_error_set(c->err, TDM_EINVALID,
-                             "metadata '%s': array element type %" PRIu32
-                             " is unknown or a nested array",
-                             kv->key, etype);
-    kv->arr_type = (tdm_gguf_vtype_t)etype;
-    if (kv->arr_type != TDM_GGUF_VTYPE_STRING) {
-        size_t esz = vtype_size(kv->arr_type), bytes;
-        if (kv->arr_n > SIZE_MAX || !tdm_mul_size((size_t)kv->arr_n, esz, &bytes) ||
-            bytes > cur_left(c))
-            return tdm_error_set(
-                c->err, TDM_EINVALID,
-                "metadata '%s': array of %" PRIu64 " %s values does not fit in the %zu bytes left",
-                kv->key, kv->arr_n, tdm_gguf_vtype_name(kv->arr_type), cur_left(c));
-        const uint8_t *b = NULL;
-        cur_bytes(c, bytes, kv->key, &b);
-        kv->arr_data = b;
-        if (kv->arr_type == TDM_GGUF_VTYPE_BOOL)
-            for (size_t i = 0; i < bytes; i++)
-                if (b[i] > 1)
-                    return tdm_error_set(c->err, TDM_EINVALID,
-                                         "metadata '%s': bool element %zu is %u, not 0 or 1",
-                                         kv->key, i, b[i]);
-        return TDM_OK;
-    }
-    /* array of strings: each needs at least its 8-byte length, which bounds the allocation */
-    if (kv->arr_n > cur_left(c) / 8)
-        return tdm_error_set(c->err, TDM_EINVALID,
-                             "metadata '%s': array of %" PRIu64
-                             " strings does not fit in the %zu bytes left",
-                             kv->key, kv->arr_n, cur_left(c));
-    kv->arr_data = c->p + c->pos;
-    kv->arr_strs = calloc(kv->arr_n ? (size_t)kv->arr_n : 1, sizeof *kv->arr_strs);
-    if (!kv->arr_strs)
-        return tdm_error_set(c->err, TDM_ERESOURCE, "out of memory indexing '%s'", kv->key);
-    for (uint64_t i = 0; i < kv->arr_n; i++) {
-        if ((rc = cur_str(c, kv->key, &kv->arr_strs[i])) != TDM_OK)
-            return tdm_error_prefix(c->err, rc, "element %" PRIu64 " of %" PRIu64, i, kv->arr_n);
-    }
-    return TDM_OK;
+    if (kv->type == TDM_GGUF_VTYPE_ARRAY)
+        return parse_kv_array(c, kv);
+    return parse_kv_scalar(c, kv);
 }
 
 static int parse_tensor_info(cursor_t *c, uint64_t index, tdm_gguf_tensor_t *t)
@@ -361,38 +385,45 @@ static void gguf_free_contents(tdm_gguf_t *g)
     g->tensors = NULL;
 }
 
-/* Parses g->base[0..size); on failure leaves partial contents for gguf_free_contents. */
-static int gguf_parse(tdm_gguf_t *g, tdm_error_t *err)
+/* The fixed header: magic, version (2 or 3), tensor and key counts. */
+static int parse_header(cursor_t *c, tdm_gguf_t *g, uint64_t *n_tensors, uint64_t *n_kv)
 {
-    cursor_t c = {.p = g->base, .size = g->size, .pos = 0, .err = err};
+    tdm_error_t *err = c->err;
     const uint8_t *magic = NULL;
-    int rc = cur_bytes(&c, 4, "magic", &magic);
+    int rc = cur_bytes(c, 4, "magic", &magic);
     if (rc != TDM_OK)
         return rc;
     if (memcmp(magic, GGUF_MAGIC, 4) != 0)
         return tdm_error_set(err, TDM_EINVALID,
                              "not a GGUF file: magic is %02x %02x %02x %02x, expected \"GGUF\"",
                              magic[0], magic[1], magic[2], magic[3]);
-    if ((rc = cur_u32(&c, "version", &g->version)) != TDM_OK)
+    if ((rc = cur_u32(c, "version", &g->version)) != TDM_OK)
         return rc;
     if (g->version != 2 && g->version != 3)
         return tdm_error_set(err, TDM_EINVALID,
                              "unsupported GGUF version %" PRIu32 " (supported: 2, 3)", g->version);
-    uint64_t n_tensors = 0, n_kv = 0;
-    if ((rc = cur_u64(&c, "tensor_count", &n_tensors)) != TDM_OK ||
-        (rc = cur_u64(&c, "metadata_kv_count", &n_kv)) != TDM_OK)
+    if ((rc = cur_u64(c, "tensor_count", n_tensors)) != TDM_OK ||
+        (rc = cur_u64(c, "metadata_kv_count", n_kv)) != TDM_OK)
         return rc;
+    return TDM_OK;
+}
+
+/* The n_kv metadata key/values (unique keys) and general.alignment. */
+static int parse_kvs(cursor_t *c, tdm_gguf_t *g, uint64_t n_kv)
+{
+    tdm_error_t *err = c->err;
     /* a key/value needs >= 12 bytes (key length + type), a tensor info >= 32 */
-    if (n_kv > cur_left(&c) / 12)
+    if (n_kv > cur_left(c) / 12)
         return tdm_error_set(err, TDM_EINVALID,
                              "metadata_kv_count %" PRIu64 " cannot fit in the %zu bytes left", n_kv,
-                             cur_left(&c));
+                             cur_left(c));
     g->kvs = calloc(n_kv ? (size_t)n_kv : 1, sizeof *g->kvs);
     if (!g->kvs)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for %" PRIu64 " keys", n_kv);
     g->n_kv = n_kv;
+    int rc;
     for (uint64_t i = 0; i < n_kv; i++) {
-        if ((rc = parse_kv(&c, i, &g->kvs[i])) != TDM_OK)
+        if ((rc = parse_kv(c, i, &g->kvs[i])) != TDM_OK)
             return rc;
     }
     const char *dup =
@@ -411,22 +442,37 @@ static int gguf_parse(tdm_gguf_t *g, tdm_error_t *err)
                                  tdm_gguf_vtype_name(al->type), al->value.u64);
         g->alignment = (uint32_t)al->value.u64;
     }
+    return TDM_OK;
+}
 
-    if (n_tensors > cur_left(&c) / 32)
+/* The n_tensors tensor infos. */
+static int parse_tensor_infos(cursor_t *c, tdm_gguf_t *g, uint64_t n_tensors)
+{
+    tdm_error_t *err = c->err;
+    int rc;
+    if (n_tensors > cur_left(c) / 32)
         return tdm_error_set(err, TDM_EINVALID,
                              "tensor_count %" PRIu64 " cannot fit in the %zu bytes left", n_tensors,
-                             cur_left(&c));
+                             cur_left(c));
     g->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *g->tensors);
     if (!g->tensors)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for %" PRIu64 " tensors",
                              n_tensors);
     g->n_tensors = n_tensors;
     for (uint64_t i = 0; i < n_tensors; i++)
-        if ((rc = parse_tensor_info(&c, i, &g->tensors[i])) != TDM_OK)
+        if ((rc = parse_tensor_info(c, i, &g->tensors[i])) != TDM_OK)
             return rc;
+    return TDM_OK;
+}
 
+/* Places the tensors in the data section (after the infos, padded to the alignment): each
+ * aligned, inside the file, with a unique name. */
+static int place_tensors(cursor_t *c, tdm_gguf_t *g)
+{
+    tdm_error_t *err = c->err;
+    uint64_t n_tensors = g->n_tensors;
     /* data section: after the tensor infos, padded to the alignment */
-    uint64_t off = c.pos;
+    uint64_t off = c->pos;
     uint64_t pad = (g->alignment - off % g->alignment) % g->alignment;
     g->data_offset = off + pad;
     uint64_t data_size = g->data_offset <= g->size ? g->size - g->data_offset : 0;
@@ -454,13 +500,27 @@ static int gguf_parse(tdm_gguf_t *g, tdm_error_t *err)
         t->data = g->base + g->data_offset + t->offset;
         g->tensor_bytes += t->n_bytes;
     }
-    dup = find_duplicate(g->tensors, (size_t)n_tensors, sizeof *g->tensors,
-                         offsetof(tdm_gguf_tensor_t, name), &rc);
+    int rc;
+    const char *dup = find_duplicate(g->tensors, (size_t)n_tensors, sizeof *g->tensors,
+                                     offsetof(tdm_gguf_tensor_t, name), &rc);
     if (rc != TDM_OK)
         return tdm_error_set(err, rc, "out of memory checking tensor names");
     if (dup)
         return tdm_error_set(err, TDM_EINVALID, "tensor name '%s' appears twice", dup);
     return TDM_OK;
+}
+
+/* Parses g->base[0..size); on failure leaves partial contents for gguf_free_contents. */
+static int gguf_parse(tdm_gguf_t *g, tdm_error_t *err)
+{
+    cursor_t c = {.p = g->base, .size = g->size, .pos = 0, .err = err};
+    uint64_t n_tensors = 0, n_kv = 0;
+    int rc;
+    if ((rc = parse_header(&c, g, &n_tensors, &n_kv)) != TDM_OK ||
+        (rc = parse_kvs(&c, g, n_kv)) != TDM_OK ||
+        (rc = parse_tensor_infos(&c, g, n_tensors)) != TDM_OK)
+        return rc;
+    return place_tensors(&c, g);
 }
 
 tdm_gguf_t *tdm_gguf_open_memory(const void *data, size_t size, tdm_error_t *err)

@@ -71,54 +71,24 @@ void tdm_gguf_writer_destroy(tdm_gguf_writer_t **self_p)
 
 /* ---- metadata ---- */
 
-/* A growing byte buffer for building one serialised value. */
-typedef struct bbuf {
-    uint8_t *p;
-    size_t len, cap;
-    bool oom;
-} bbuf_t;
-
-static void bb_put(bbuf_t *b, const void *src, size_t n)
+/* Values and the header are built in a tdm_buf_t; its oom flag is sticky, so the bb_*
+ * appenders ignore results and set_kv / writer_header check once. */
+static void bb_put(tdm_buf_t *b, const void *src, size_t n)
 {
-    if (b->oom)
-        return;
-    size_t need;
-    if (!tdm_add_size(b->len, n, &need)) {
-        b->oom = true;
-        return;
-    }
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < need) {
-            if (!tdm_mul_size(cap, 2, &cap)) {
-                b->oom = true;
-                return;
-            }
-        }
-        uint8_t *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = true;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->p + b->len, src, n);
-    b->len = need;
+    (void)tdm_buf_append(b, src, n);
 }
 
-static void bb_u32(bbuf_t *b, uint32_t v)
+static void bb_u32(tdm_buf_t *b, uint32_t v)
 {
     bb_put(b, &v, sizeof v);
 }
 
-static void bb_u64(bbuf_t *b, uint64_t v)
+static void bb_u64(tdm_buf_t *b, uint64_t v)
 {
     bb_put(b, &v, sizeof v);
 }
 
-static void bb_str(bbuf_t *b, const char *s)
+static void bb_str(tdm_buf_t *b, const char *s)
 {
     const size_t n = strlen(s);
     bb_u64(b, (uint64_t)n);
@@ -128,7 +98,7 @@ static void bb_str(bbuf_t *b, const char *s)
 /* Stores key = the value serialised in b (takes b's buffer); replaces an earlier value of the
  * key in place so the key keeps its first position. Returns TDM_OK, TDM_ERESOURCE or
  * TDM_EINVALID (NULL key). */
-static int set_kv(tdm_gguf_writer_t *w, const char *key, tdm_gguf_vtype_t type, bbuf_t *b)
+static int set_kv(tdm_gguf_writer_t *w, const char *key, tdm_gguf_vtype_t type, tdm_buf_t *b)
 {
     int rc = TDM_OK;
     if (!w || !key) {
@@ -143,7 +113,7 @@ static int set_kv(tdm_gguf_writer_t *w, const char *key, tdm_gguf_vtype_t type, 
         if (strcmp(w->kvs[i].key, key) == 0) {
             free(w->kvs[i].value);
             w->kvs[i].type = type;
-            w->kvs[i].value = b->p;
+            w->kvs[i].value = (uint8_t *)b->data;
             w->kvs[i].value_len = b->len;
             return TDM_OK;
         }
@@ -163,18 +133,19 @@ static int set_kv(tdm_gguf_writer_t *w, const char *key, tdm_gguf_vtype_t type, 
         rc = TDM_ERESOURCE;
         goto out_free_value;
     }
-    w->kvs[w->n_kv++] = (wkv_t){.key = k, .type = type, .value = b->p, .value_len = b->len};
+    w->kvs[w->n_kv++] =
+        (wkv_t){.key = k, .type = type, .value = (uint8_t *)b->data, .value_len = b->len};
     return TDM_OK;
 
 out_free_value:
-    free(b->p);
+    tdm_buf_free(b);
     return rc;
 }
 
 static int set_scalar(tdm_gguf_writer_t *w, const char *key, tdm_gguf_vtype_t type, const void *v,
                       size_t n)
 {
-    bbuf_t b = {0};
+    tdm_buf_t b = TDM_BUF_INIT;
     bb_u32(&b, (uint32_t)type);
     bb_put(&b, v, n);
     return set_kv(w, key, type, &b);
@@ -210,7 +181,7 @@ int tdm_gguf_writer_set_str(tdm_gguf_writer_t *w, const char *key, const char *v
 {
     if (!v)
         return TDM_EINVALID;
-    bbuf_t b = {0};
+    tdm_buf_t b = TDM_BUF_INIT;
     bb_u32(&b, TDM_GGUF_VTYPE_STRING);
     bb_str(&b, v);
     return set_kv(w, key, TDM_GGUF_VTYPE_STRING, &b);
@@ -224,7 +195,7 @@ int tdm_gguf_writer_set_arr_str(tdm_gguf_writer_t *w, const char *key, const cha
     for (size_t i = 0; i < n; i++)
         if (!v[i])
             return TDM_EINVALID;
-    bbuf_t b = {0};
+    tdm_buf_t b = TDM_BUF_INIT;
     bb_u32(&b, TDM_GGUF_VTYPE_ARRAY);
     bb_u32(&b, TDM_GGUF_VTYPE_STRING);
     bb_u64(&b, (uint64_t)n);
@@ -240,7 +211,7 @@ static int set_arr_num(tdm_gguf_writer_t *w, const char *key, tdm_gguf_vtype_t e
     size_t bytes;
     if ((n > 0 && !v) || !tdm_mul_size(n, elem_size, &bytes))
         return TDM_EINVALID;
-    bbuf_t b = {0};
+    tdm_buf_t b = TDM_BUF_INIT;
     bb_u32(&b, TDM_GGUF_VTYPE_ARRAY);
     bb_u32(&b, (uint32_t)elem_type);
     bb_u64(&b, (uint64_t)n);
@@ -348,7 +319,7 @@ static int serialise_header(const tdm_gguf_writer_t *w, uint8_t **hdr, size_t *h
             return TDM_ERESOURCE;
     *data_len = off;
 
-    bbuf_t b = {0};
+    tdm_buf_t b = TDM_BUF_INIT;
     bb_put(&b, "GGUF", 4);
     bb_u32(&b, GGUF_VERSION);
     bb_u64(&b, (uint64_t)w->n_tensors);
@@ -376,10 +347,10 @@ static int serialise_header(const tdm_gguf_writer_t *w, uint8_t **hdr, size_t *h
         pad -= n;
     }
     if (b.oom) {
-        free(b.p);
+        tdm_buf_free(&b);
         return TDM_ERESOURCE;
     }
-    *hdr = b.p;
+    *hdr = (uint8_t *)b.data;
     *hdr_len = b.len;
     return TDM_OK;
 }

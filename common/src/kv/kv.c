@@ -370,6 +370,36 @@ static void lru_remove(tdm_kv_pool_t *pool, uint32_t b)
 
 /* ---- the pool ---- */
 
+/* The per-block tables and the hash index of a pool whose layout and n_blocks are set; every
+ * block starts on the free list. Returns TDM_OK or TDM_ERESOURCE (the caller destroys the
+ * pool, which frees what was allocated). */
+static int pool_tables_new(tdm_kv_pool_t *pool)
+{
+    uint32_t n_blocks = pool->n_blocks;
+    /* Index slots: the smallest power of two >= 2 * n_blocks (n_blocks < 2^32, so <= 2^33). */
+    uint64_t index_cap = 1;
+    while (index_cap < 2 * (uint64_t)n_blocks)
+        index_cap <<= 1;
+    pool->refcount = calloc(n_blocks, sizeof *pool->refcount);
+    pool->hash = calloc(n_blocks, sizeof *pool->hash);
+    pool->registered = calloc(n_blocks, sizeof *pool->registered);
+    pool->next = malloc((size_t)n_blocks * sizeof *pool->next);
+    pool->prev = malloc((size_t)n_blocks * sizeof *pool->prev);
+    pool->index = malloc((size_t)index_cap * sizeof *pool->index);
+    if (!pool->refcount || !pool->hash || !pool->registered || !pool->next || !pool->prev ||
+        !pool->index)
+        return TDM_ERESOURCE;
+    memset(pool->index, 0xff, (size_t)index_cap * sizeof *pool->index); /* all TDM_KV_NO_BLOCK */
+    pool->index_mask = index_cap - 1;
+
+    pool->free_head = pool->lru_head = pool->lru_tail = TDM_KV_NO_BLOCK;
+    for (uint32_t b = n_blocks; b-- > 0;) { /* so block 0 is allocated first */
+        pool->prev[b] = TDM_KV_NO_BLOCK;
+        free_push(pool, b);
+    }
+    return TDM_OK;
+}
+
 tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks, tdm_error_t *err)
 {
     if (tdm_kv_layout_check(layout, err) != TDM_OK)
@@ -390,10 +420,6 @@ tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks,
         return NULL;
     }
     pool_bytes &= ~(size_t)63;
-    /* Index slots: the smallest power of two >= 2 * n_blocks (n_blocks < 2^32, so <= 2^33). */
-    uint64_t index_cap = 1;
-    while (index_cap < 2 * (uint64_t)n_blocks)
-        index_cap <<= 1;
 
     tdm_kv_pool_t *pool = calloc(1, sizeof *pool);
     if (!pool)
@@ -414,23 +440,8 @@ tdm_kv_pool_t *tdm_kv_pool_new(const tdm_kv_layout_t *layout, uint32_t n_blocks,
     }
     pool->base = base;
     pool->base_bytes = pool_bytes;
-    pool->refcount = calloc(n_blocks, sizeof *pool->refcount);
-    pool->hash = calloc(n_blocks, sizeof *pool->hash);
-    pool->registered = calloc(n_blocks, sizeof *pool->registered);
-    pool->next = malloc((size_t)n_blocks * sizeof *pool->next);
-    pool->prev = malloc((size_t)n_blocks * sizeof *pool->prev);
-    pool->index = malloc((size_t)index_cap * sizeof *pool->index);
-    if (!pool->refcount || !pool->hash || !pool->registered || !pool->next || !pool->prev ||
-        !pool->index)
+    if (pool_tables_new(pool) != TDM_OK)
         goto out_free_pool;
-    memset(pool->index, 0xff, (size_t)index_cap * sizeof *pool->index); /* all TDM_KV_NO_BLOCK */
-    pool->index_mask = index_cap - 1;
-
-    pool->free_head = pool->lru_head = pool->lru_tail = TDM_KV_NO_BLOCK;
-    for (uint32_t b = n_blocks; b-- > 0;) { /* so block 0 is allocated first */
-        pool->prev[b] = TDM_KV_NO_BLOCK;
-        free_push(pool, b);
-    }
     pool->stats.n_blocks = n_blocks;
     return pool;
 

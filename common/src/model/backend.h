@@ -103,7 +103,7 @@ typedef struct tdm_backend_ops {
 } tdm_backend_ops_t;
 
 /* The CPU backend (cpu.c). */
-extern const tdm_backend_ops_t tdm_backend_cpu;
+extern const tdm_backend_ops_t tdm_model_backend_cpu;
 
 /* Model internals the backends read (model.c). */
 const tdm_weight_t *tdm_model_token_embd(const tdm_model_t *m);

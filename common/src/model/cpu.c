@@ -658,23 +658,9 @@ static void cpu_destroy(void *vbe)
     free(be);
 }
 
-static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
-                        tdm_error_t *err)
+/* Picks the dot kernels: the best the CPU has, capped by TANDEM_CPU_KERNELS; names them. */
+static void cpu_pick_kernels(cpu_be_t *be)
 {
-    cpu_be_t *be = calloc(1, sizeof *be);
-    if (!be) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        return NULL;
-    }
-    be->model = m;
-    be->hp = tdm_model_hparams(m);
-    be->pool = pool;
-    be->kl = *tdm_kv_pool_layout(pool);
-    be->block_bytes = tdm_kv_block_bytes(&be->kl);
-    be->rec_bytes = tdm_kv_record_bytes(&be->kl);
-    be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
-    be->max_rows = p->max_batch_tokens;
-    be->n_ctx = p->n_ctx;
     /* TANDEM_CPU_KERNELS=scalar|avx2 caps the kernels (tests compare them; "auto" is best) */
     const char *cap = getenv("TANDEM_CPU_KERNELS");
     bool scalar_only = cap && strcmp(cap, "scalar") == 0;
@@ -717,6 +703,11 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
              : be->vnni ? "avx2+vnni"
              : be->avx2 ? "avx2"
                         : "scalar");
+}
+
+/* The per-thread and per-row scratch, sized for the largest matmul input (max_in). */
+static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
+{
     const tdm_llama_hparams_t *hp = be->hp;
     size_t max_in = hp->n_embd;
     if (hp->n_ff > max_in)
@@ -736,7 +727,30 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->zprep = (uint8_t *)cpu_alloc(be, nt * zprep_stride(znb) / sizeof(float));
     if (!be->act || !be->wrow || !be->scores || !be->kvrow || !be->rope_cs || !be->zact ||
         !be->zprep) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating CPU backend scratch");
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating CPU backend scratch");
+    }
+    return TDM_OK;
+}
+
+static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
+                        tdm_error_t *err)
+{
+    cpu_be_t *be = calloc(1, sizeof *be);
+    if (!be) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    be->model = m;
+    be->hp = tdm_model_hparams(m);
+    be->pool = pool;
+    be->kl = *tdm_kv_pool_layout(pool);
+    be->block_bytes = tdm_kv_block_bytes(&be->kl);
+    be->rec_bytes = tdm_kv_record_bytes(&be->kl);
+    be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
+    be->max_rows = p->max_batch_tokens;
+    be->n_ctx = p->n_ctx;
+    cpu_pick_kernels(be);
+    if (cpu_scratch_new(be, err) != TDM_OK) {
         cpu_destroy(be);
         return NULL;
     }
@@ -1136,7 +1150,7 @@ static int cpu_read(void *vbe, const float *src, size_t count, float *host_dst)
     return TDM_OK;
 }
 
-const tdm_backend_ops_t tdm_backend_cpu = {
+const tdm_backend_ops_t tdm_model_backend_cpu = {
     .name = "cpu",
     .create = cpu_create,
     .destroy = cpu_destroy,

@@ -250,7 +250,7 @@ static int engine_pick_backend(tdm_engine_params_t *p, const tdm_backend_ops_t *
                                tdm_error_t *err)
 {
     if (strcmp(p->backend, "cpu") == 0) {
-        *ops = &tdm_backend_cpu;
+        *ops = &tdm_model_backend_cpu;
         return TDM_OK;
     }
 #ifdef TANDEM_HAVE_CUDA
@@ -271,7 +271,7 @@ static int engine_pick_backend(tdm_engine_params_t *p, const tdm_backend_ops_t *
             if (p->device < 0 || p->device > 1023)
                 return tdm_error_set(err, TDM_EINVALID, "device must be in 0..1023, got %d",
                                      p->device);
-            *ops = &tdm_backend_cuda;
+            *ops = &tdm_model_backend_cuda;
             return TDM_OK;
         }
     }
@@ -296,6 +296,65 @@ static float *engine_alloc(tdm_engine_t *e, size_t n, tdm_error_t *err)
     return p;
 }
 
+/* Checks the engine parameters against the model and the pool's layout against the model. */
+static int engine_params_check(const tdm_engine_params_t *p, const tdm_llama_hparams_t *hp,
+                               const tdm_kv_pool_t *pool, tdm_error_t *err)
+{
+    if (p->max_batch_tokens < 1 || p->max_batch_tokens > 65536)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "max_batch_tokens must be in 1..65536, got %" PRIu32,
+                             p->max_batch_tokens);
+    if (p->max_logits < 1 || p->max_logits > p->max_batch_tokens)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "max_logits must be in 1..max_batch_tokens (%" PRIu32
+                             "), got %" PRIu32,
+                             p->max_batch_tokens, p->max_logits);
+    if (p->n_ctx < 1 || p->n_ctx > hp->n_ctx_train)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "n_ctx must be in 1..%" PRIu32
+                             " (the model's context length), got %" PRIu32,
+                             hp->n_ctx_train, p->n_ctx);
+    if (p->n_threads < 0 || p->n_threads > 1024)
+        return tdm_error_set(err, TDM_EINVALID, "n_threads must be in 0..1024 (0 = all), got %d",
+                             p->n_threads);
+    const tdm_kv_layout_t *kl = tdm_kv_pool_layout(pool);
+    if (kl->n_layers != hp->n_layers || kl->n_kv_heads != hp->n_kv_heads ||
+        kl->head_dim != hp->head_dim)
+        return tdm_error_set(
+            err, TDM_EINVALID,
+            "KV pool layout (%" PRIu32 " layers, %" PRIu32 " KV heads, head_dim %" PRIu32
+            ") does not match the model (%" PRIu32 ", %" PRIu32 ", %" PRIu32 ")",
+            kl->n_layers, kl->n_kv_heads, kl->head_dim, hp->n_layers, hp->n_kv_heads, hp->head_dim);
+    return TDM_OK;
+}
+
+/* The scratch buffers, sized for the engine's max_batch_tokens (B) and max_logits (L) rows
+ * (shapes in the struct): from the backend, freed when it is destroyed. */
+static int engine_scratch_new(tdm_engine_t *e, tdm_error_t *err)
+{
+    const tdm_llama_hparams_t *hp = &e->model->hp;
+    size_t B = e->params.max_batch_tokens, L = e->params.max_logits;
+    size_t E = hp->n_embd, QD = (size_t)hp->n_heads * hp->head_dim,
+           KD = (size_t)hp->n_kv_heads * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+    if (!(e->x = engine_alloc(e, B * E, err)) || !(e->xn = engine_alloc(e, B * E, err)) ||
+        !(e->q = engine_alloc(e, B * QD, err)) || !(e->k = engine_alloc(e, B * KD, err)) ||
+        !(e->v = engine_alloc(e, B * KD, err)) || !(e->attn = engine_alloc(e, B * QD, err)) ||
+        !(e->proj = engine_alloc(e, B * E, err)) || !(e->gate = engine_alloc(e, B * F, err)) ||
+        !(e->up = engine_alloc(e, B * F, err)) || !(e->sel = engine_alloc(e, L * E, err)) ||
+        !(e->seln = engine_alloc(e, L * E, err)) || !(e->logits = engine_alloc(e, L * V, err)))
+        return TDM_ERESOURCE; /* engine_alloc set err */
+    e->logit_rows = calloc(L, sizeof *e->logit_rows);
+    e->last_pos = calloc(B, sizeof *e->last_pos);
+    if (!e->logit_rows || !e->last_pos) {
+        free(e->logit_rows);
+        free(e->last_pos);
+        e->logit_rows = NULL;
+        e->last_pos = NULL;
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    }
+    return TDM_OK;
+}
+
 tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
                              const tdm_engine_params_t *params, tdm_error_t *err)
 {
@@ -310,38 +369,8 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
     const tdm_backend_ops_t *ops = NULL;
     if (engine_pick_backend(&p, &ops, err) != TDM_OK)
         return NULL;
-    if (p.max_batch_tokens < 1 || p.max_batch_tokens > 65536) {
-        tdm_error_set(err, TDM_EINVALID, "max_batch_tokens must be in 1..65536, got %" PRIu32,
-                      p.max_batch_tokens);
+    if (engine_params_check(&p, hp, pool, err) != TDM_OK)
         return NULL;
-    }
-    if (p.max_logits < 1 || p.max_logits > p.max_batch_tokens) {
-        tdm_error_set(err, TDM_EINVALID,
-                      "max_logits must be in 1..max_batch_tokens (%" PRIu32 "), got %" PRIu32,
-                      p.max_batch_tokens, p.max_logits);
-        return NULL;
-    }
-    if (p.n_ctx < 1 || p.n_ctx > hp->n_ctx_train) {
-        tdm_error_set(err, TDM_EINVALID,
-                      "n_ctx must be in 1..%" PRIu32 " (the model's context length), got %" PRIu32,
-                      hp->n_ctx_train, p.n_ctx);
-        return NULL;
-    }
-    if (p.n_threads < 0 || p.n_threads > 1024) {
-        tdm_error_set(err, TDM_EINVALID, "n_threads must be in 0..1024 (0 = all), got %d",
-                      p.n_threads);
-        return NULL;
-    }
-    const tdm_kv_layout_t *kl = tdm_kv_pool_layout(pool);
-    if (kl->n_layers != hp->n_layers || kl->n_kv_heads != hp->n_kv_heads ||
-        kl->head_dim != hp->head_dim) {
-        tdm_error_set(err, TDM_EINVALID,
-                      "KV pool layout (%" PRIu32 " layers, %" PRIu32 " KV heads, head_dim %" PRIu32
-                      ") does not match the model (%" PRIu32 ", %" PRIu32 ", %" PRIu32 ")",
-                      kl->n_layers, kl->n_kv_heads, kl->head_dim, hp->n_layers, hp->n_kv_heads,
-                      hp->head_dim);
-        return NULL;
-    }
 
     tdm_engine_t *e = calloc(1, sizeof *e);
     if (!e) {
@@ -357,27 +386,10 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
         goto out_free_engine;
     snprintf(e->name, sizeof e->name, "%s", e->ops->kernel_name(e->be));
 
-    size_t B = p.max_batch_tokens, L = p.max_logits;
-    size_t E = hp->n_embd, QD = (size_t)hp->n_heads * hp->head_dim,
-           KD = (size_t)hp->n_kv_heads * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
-    if (!(e->x = engine_alloc(e, B * E, err)) || !(e->xn = engine_alloc(e, B * E, err)) ||
-        !(e->q = engine_alloc(e, B * QD, err)) || !(e->k = engine_alloc(e, B * KD, err)) ||
-        !(e->v = engine_alloc(e, B * KD, err)) || !(e->attn = engine_alloc(e, B * QD, err)) ||
-        !(e->proj = engine_alloc(e, B * E, err)) || !(e->gate = engine_alloc(e, B * F, err)) ||
-        !(e->up = engine_alloc(e, B * F, err)) || !(e->sel = engine_alloc(e, L * E, err)) ||
-        !(e->seln = engine_alloc(e, L * E, err)) || !(e->logits = engine_alloc(e, L * V, err)))
+    if (engine_scratch_new(e, err) != TDM_OK)
         goto out_destroy_backend;
-    e->logit_rows = calloc(L, sizeof *e->logit_rows);
-    e->last_pos = calloc(B, sizeof *e->last_pos);
-    if (!e->logit_rows || !e->last_pos) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        goto out_free_host;
-    }
     return e;
 
-out_free_host:
-    free(e->logit_rows);
-    free(e->last_pos);
 out_destroy_backend:
     e->ops->destroy(e->be);
 out_free_engine:
@@ -412,10 +424,53 @@ void *tdm_engine_kv_device_base(const tdm_engine_t *e)
     return e->ops->kv_device_base ? e->ops->kv_device_base(e->be) : NULL;
 }
 
+/* Checks row i of the batch (token, sequence, position in order and inside the context and
+ * the sequence's blocks); records the sequence's next position and, when the row asks for
+ * logits, appends it to e->logit_rows (*nl rows so far). */
+static int batch_check_row(tdm_engine_t *e, const tdm_batch_t *b, uint32_t i,
+                           const tdm_kv_layout_t *kl, uint32_t *nl, tdm_error_t *err)
+{
+    const tdm_llama_hparams_t *hp = &e->model->hp;
+    if (b->tokens[i] < 0 || (uint32_t)b->tokens[i] >= hp->n_vocab)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "row %" PRIu32 ": token %" PRId32 " is outside the vocabulary "
+                             "(0..%" PRIu32 ")",
+                             i, b->tokens[i], hp->n_vocab - 1);
+    if (b->seq[i] >= b->n_seqs)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "row %" PRIu32 ": seq %" PRIu32 " >= n_seqs %" PRIu32, i, b->seq[i],
+                             b->n_seqs);
+    uint32_t pos = b->pos[i], s = b->seq[i];
+    if (pos >= e->params.n_ctx)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "row %" PRIu32 ": position %" PRIu32
+                             " is beyond the context (n_ctx %" PRIu32 ")",
+                             i, pos, e->params.n_ctx);
+    if (e->last_pos[s] != 0 && pos != e->last_pos[s])
+        return tdm_error_set(err, TDM_EINVALID,
+                             "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
+                             " does not follow its previous row (%" PRIu32 ")",
+                             i, pos, s, e->last_pos[s] - 1);
+    e->last_pos[s] = pos + 1;
+    const tdm_batch_seq_t *sq = &b->seqs[s];
+    if (pos / kl->block_size >= sq->n_blocks)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
+                             " is not covered by its %" PRIu32 " blocks of %" PRIu32 " tokens",
+                             i, pos, s, sq->n_blocks, kl->block_size);
+    if (!b->want_logits || b->want_logits[i]) {
+        if (*nl == e->params.max_logits)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "more than max_logits (%" PRIu32 ") rows ask for logits",
+                                 e->params.max_logits);
+        e->logit_rows[(*nl)++] = i;
+    }
+    return TDM_OK;
+}
+
 /* Checks every row of the batch before anything is computed; fills e->logit_rows. */
 static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits, tdm_error_t *err)
 {
-    const tdm_llama_hparams_t *hp = &e->model->hp;
     const tdm_kv_layout_t *kl = tdm_kv_pool_layout(e->pool);
     tdm_kv_stats_t st;
     tdm_kv_pool_stats(e->pool, &st);
@@ -431,40 +486,9 @@ static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits
     memset(e->last_pos, 0, b->n_seqs * sizeof *e->last_pos);
     uint32_t nl = 0;
     for (uint32_t i = 0; i < b->n_tokens; i++) {
-        if (b->tokens[i] < 0 || (uint32_t)b->tokens[i] >= hp->n_vocab)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "row %" PRIu32 ": token %" PRId32 " is outside the vocabulary "
-                                 "(0..%" PRIu32 ")",
-                                 i, b->tokens[i], hp->n_vocab - 1);
-        if (b->seq[i] >= b->n_seqs)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "row %" PRIu32 ": seq %" PRIu32 " >= n_seqs %" PRIu32, i,
-                                 b->seq[i], b->n_seqs);
-        uint32_t pos = b->pos[i], s = b->seq[i];
-        if (pos >= e->params.n_ctx)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "row %" PRIu32 ": position %" PRIu32
-                                 " is beyond the context (n_ctx %" PRIu32 ")",
-                                 i, pos, e->params.n_ctx);
-        if (e->last_pos[s] != 0 && pos != e->last_pos[s])
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
-                                 " does not follow its previous row (%" PRIu32 ")",
-                                 i, pos, s, e->last_pos[s] - 1);
-        e->last_pos[s] = pos + 1;
-        const tdm_batch_seq_t *sq = &b->seqs[s];
-        if (pos / kl->block_size >= sq->n_blocks)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
-                                 " is not covered by its %" PRIu32 " blocks of %" PRIu32 " tokens",
-                                 i, pos, s, sq->n_blocks, kl->block_size);
-        if (!b->want_logits || b->want_logits[i]) {
-            if (nl == e->params.max_logits)
-                return tdm_error_set(err, TDM_EINVALID,
-                                     "more than max_logits (%" PRIu32 ") rows ask for logits",
-                                     e->params.max_logits);
-            e->logit_rows[nl++] = i;
-        }
+        int rc = batch_check_row(e, b, i, kl, &nl, err);
+        if (rc != TDM_OK)
+            return rc;
     }
     for (uint32_t s = 0; s < b->n_seqs; s++) {
         if (e->last_pos[s] == 0)

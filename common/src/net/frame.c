@@ -114,6 +114,102 @@ static tdm_net_verdict_t refuse(const tdm_frame_t *f, tdm_error_t *why, int code
     return f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST ? TDM_NET_REJECT : TDM_NET_DROP;
 }
 
+/* The FrameHeader's fields that travel as they are, copied into f; what the checks need next
+ * (the wire status, the data frame count and the api_key's length) into the out-arguments.
+ * Returns false with *why set when the header does not decode. The header is unpacked into
+ * a stack arena: nothing is allocated. */
+static bool header_decode(const tdm_net_part_t *part, tdm_frame_t *f, int32_t *wire_status,
+                          uint32_t *n_data, size_t *key_len, tdm_error_t *why)
+{
+    header_arena_t arena;
+    arena.used = 0;
+    ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = &arena};
+    Tandem__V1__FrameHeader *hd = tandem__v1__frame_header__unpack(
+        &alloc, part->len, part->ptr ? part->ptr : net_empty_bytes);
+    if (!hd) {
+        tdm_error_set(why, TDM_EINVALID, "FrameHeader does not decode (%zu bytes)", part->len);
+        return false;
+    }
+    f->version_major = hd->version_major;
+    f->version_minor = hd->version_minor;
+    f->kind = (int)hd->kind;
+    f->method = (int)hd->method;
+    f->call_id = hd->call_id;
+    f->deadline_unix_ms = hd->deadline_unix_ms;
+    f->instance_id = hd->instance_id;
+    *wire_status = hd->status;
+    *n_data = hd->n_data_frames;
+    size_t msg_len = text_fit(hd->message, sizeof f->message);
+    memcpy(f->message, hd->message, msg_len);
+    f->message[msg_len] = '\0';
+    *key_len = strlen(hd->api_key);
+    if (*key_len < sizeof f->api_key)
+        memcpy(f->api_key, hd->api_key, *key_len + 1);
+    tandem__v1__frame_header__free_unpacked(hd, &alloc);
+    return true;
+}
+
+/* The header's fields that can be refused with an answer: version, kind, api_key length and
+ * an END frame's status (set in f->status). */
+static tdm_net_verdict_t header_check(tdm_frame_t *f, int32_t wire_status, size_t key_len,
+                                      tdm_error_t *why)
+{
+    if (f->version_major != TDM_PROTOCOL_MAJOR)
+        return refuse(f, why, TDM_EPRECONDITION,
+                      "protocol version %u.%u not supported; this node speaks %u.x",
+                      f->version_major, f->version_minor, TDM_PROTOCOL_MAJOR);
+    if (f->kind < TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST ||
+        f->kind > TANDEM__V1__FRAME_KIND__FRAME_KIND_NOTIFY)
+        return refuse(f, why, TDM_EINVALID, "unknown frame kind %d", f->kind);
+    if (key_len >= sizeof f->api_key)
+        return refuse(f, why, TDM_EINVALID, "api_key of %zu bytes exceeds the limit of %zu bytes",
+                      key_len, sizeof f->api_key - 1);
+    if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
+        if (wire_status < 0)
+            return refuse(f, why, TDM_EINVALID, "END status %d is not a status code",
+                          (int)wire_status);
+        f->status = tdm_proto_status_from_wire(wire_status);
+    }
+    return TDM_NET_ACCEPT;
+}
+
+/* The parts after the FrameHeader (part h): an optional body and n_data data frames, each
+ * within its limit; sets the layout and f's body and data count. */
+static tdm_net_verdict_t parts_check(const tdm_net_part_t *parts, size_t n_parts, size_t n_total,
+                                     size_t h, uint32_t n_data, tdm_frame_t *f,
+                                     tdm_net_layout_t *layout, tdm_error_t *why)
+{
+    if (n_data > TDM_NET_MAX_DATA_FRAMES)
+        return refuse(f, why, TDM_ERESOURCE, "n_data_frames %u exceeds the limit of %u", n_data,
+                      TDM_NET_MAX_DATA_FRAMES);
+    size_t max_parts = h + 2 + TDM_NET_MAX_DATA_FRAMES;
+    if (n_total > max_parts || n_parts < n_total)
+        return refuse(f, why, TDM_ERESOURCE, "message of %zu parts; at most %zu allowed", n_total,
+                      max_parts);
+    size_t rest = n_total - h - 1;
+    if (rest != n_data && rest != (size_t)n_data + 1)
+        return refuse(f, why, TDM_EINVALID,
+                      "n_data_frames is %u but %zu parts follow the FrameHeader", n_data, rest);
+    size_t next = h + 1;
+    if (rest == (size_t)n_data + 1) {
+        if (parts[next].len > TDM_NET_MAX_BODY_BYTES)
+            return refuse(f, why, TDM_ERESOURCE, "body of %zu bytes exceeds the limit of %u bytes",
+                          parts[next].len, TDM_NET_MAX_BODY_BYTES);
+        layout->body = next;
+        f->body = parts[next].ptr ? parts[next].ptr : net_empty_bytes;
+        f->body_len = parts[next].len;
+        next++;
+    }
+    for (uint32_t i = 0; i < n_data; i++)
+        if (parts[next + i].len > TDM_NET_MAX_DATA_BYTES)
+            return refuse(f, why, TDM_ERESOURCE,
+                          "data frame %u of %zu bytes exceeds the limit of %u bytes", i,
+                          parts[next + i].len, TDM_NET_MAX_DATA_BYTES);
+    layout->first_data = next;
+    f->n_data = n_data;
+    return TDM_NET_ACCEPT;
+}
+
 tdm_net_verdict_t tdm_net_parse(const tdm_net_part_t *parts, size_t n_parts, size_t n_total,
                                 bool router, tdm_frame_t *f, tdm_net_layout_t *layout,
                                 tdm_error_t *why)
@@ -146,77 +242,15 @@ tdm_net_verdict_t tdm_net_parse(const tdm_net_part_t *parts, size_t n_parts, siz
                       parts[h].len, TDM_NET_MAX_HEADER_BYTES);
         return TDM_NET_DROP;
     }
-    header_arena_t arena;
-    arena.used = 0;
-    ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = &arena};
-    Tandem__V1__FrameHeader *hd = tandem__v1__frame_header__unpack(
-        &alloc, parts[h].len, parts[h].ptr ? parts[h].ptr : net_empty_bytes);
-    if (!hd) {
-        tdm_error_set(why, TDM_EINVALID, "FrameHeader does not decode (%zu bytes)", parts[h].len);
+    int32_t wire_status;
+    uint32_t n_data;
+    size_t key_len;
+    if (!header_decode(&parts[h], f, &wire_status, &n_data, &key_len, why))
         return TDM_NET_DROP;
-    }
-    f->version_major = hd->version_major;
-    f->version_minor = hd->version_minor;
-    f->kind = (int)hd->kind;
-    f->method = (int)hd->method;
-    f->call_id = hd->call_id;
-    f->deadline_unix_ms = hd->deadline_unix_ms;
-    f->instance_id = hd->instance_id;
-    int32_t wire_status = hd->status;
-    uint32_t n_data = hd->n_data_frames;
-    size_t msg_len = text_fit(hd->message, sizeof f->message);
-    memcpy(f->message, hd->message, msg_len);
-    f->message[msg_len] = '\0';
-    size_t key_len = strlen(hd->api_key);
-    if (key_len < sizeof f->api_key)
-        memcpy(f->api_key, hd->api_key, key_len + 1);
-    tandem__v1__frame_header__free_unpacked(hd, &alloc);
-
-    if (f->version_major != TDM_PROTOCOL_MAJOR)
-        return refuse(f, why, TDM_EPRECONDITION,
-                      "protocol version %u.%u not supported; this node speaks %u.x",
-                      f->version_major, f->version_minor, TDM_PROTOCOL_MAJOR);
-    if (f->kind < TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST ||
-        f->kind > TANDEM__V1__FRAME_KIND__FRAME_KIND_NOTIFY)
-        return refuse(f, why, TDM_EINVALID, "unknown frame kind %d", f->kind);
-    if (key_len >= sizeof f->api_key)
-        return refuse(f, why, TDM_EINVALID, "api_key of %zu bytes exceeds the limit of %zu bytes",
-                      key_len, sizeof f->api_key - 1);
-    if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
-        if (wire_status < 0)
-            return refuse(f, why, TDM_EINVALID, "END status %d is not a status code",
-                          (int)wire_status);
-        f->status = tdm_proto_status_from_wire(wire_status);
-    }
-    if (n_data > TDM_NET_MAX_DATA_FRAMES)
-        return refuse(f, why, TDM_ERESOURCE, "n_data_frames %u exceeds the limit of %u", n_data,
-                      TDM_NET_MAX_DATA_FRAMES);
-    size_t max_parts = h + 2 + TDM_NET_MAX_DATA_FRAMES;
-    if (n_total > max_parts || n_parts < n_total)
-        return refuse(f, why, TDM_ERESOURCE, "message of %zu parts; at most %zu allowed", n_total,
-                      max_parts);
-    size_t rest = n_total - h - 1;
-    if (rest != n_data && rest != (size_t)n_data + 1)
-        return refuse(f, why, TDM_EINVALID,
-                      "n_data_frames is %u but %zu parts follow the FrameHeader", n_data, rest);
-    size_t next = h + 1;
-    if (rest == (size_t)n_data + 1) {
-        if (parts[next].len > TDM_NET_MAX_BODY_BYTES)
-            return refuse(f, why, TDM_ERESOURCE, "body of %zu bytes exceeds the limit of %u bytes",
-                          parts[next].len, TDM_NET_MAX_BODY_BYTES);
-        layout->body = next;
-        f->body = parts[next].ptr ? parts[next].ptr : net_empty_bytes;
-        f->body_len = parts[next].len;
-        next++;
-    }
-    for (uint32_t i = 0; i < n_data; i++)
-        if (parts[next + i].len > TDM_NET_MAX_DATA_BYTES)
-            return refuse(f, why, TDM_ERESOURCE,
-                          "data frame %u of %zu bytes exceeds the limit of %u bytes", i,
-                          parts[next + i].len, TDM_NET_MAX_DATA_BYTES);
-    layout->first_data = next;
-    f->n_data = n_data;
-    return TDM_NET_ACCEPT;
+    tdm_net_verdict_t v = header_check(f, wire_status, key_len, why);
+    if (v != TDM_NET_ACCEPT)
+        return v;
+    return parts_check(parts, n_parts, n_total, h, n_data, f, layout, why);
 }
 
 ProtobufCMessage *tdm_frame_unpack(const tdm_frame_t *f, const ProtobufCMessageDescriptor *desc)

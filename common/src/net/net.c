@@ -301,14 +301,14 @@ void tdm_net_zap_unregister(tdm_net_t *net, const char *domain)
 
 /* ---- CURVE keys ---- */
 
-int tdm_curve_keypair(char public_key[41], char secret_key[41])
+int tdm_net_curve_keypair(char public_key[41], char secret_key[41])
 {
     if (!zmq_has("curve") || zmq_curve_keypair(public_key, secret_key) != 0)
         return TDM_EPRECONDITION;
     return 0;
 }
 
-int tdm_curve_key_check(const char *text, const char *what, tdm_error_t *err)
+int tdm_net_curve_key_check(const char *text, const char *what, tdm_error_t *err)
 {
     static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                               ".-:+=^!/*?&<>()[]{}@%$#";
@@ -338,21 +338,17 @@ int tdm_curve_key_check(const char *text, const char *what, tdm_error_t *err)
     return 0;
 }
 
-void tdm_curve_wipe(void *p, size_t n)
+void tdm_net_curve_wipe(void *p, size_t n)
 {
     volatile unsigned char *b = p; /* volatile stores: the compiler cannot drop them */
     for (size_t i = 0; i < n; i++)
         b[i] = 0;
 }
 
-int tdm_curve_secret_read(const char *path, const char *public_key, const char *what,
-                          char secret[41], tdm_error_t *err)
+/* Opens a secret key file for reading: a regular file only its owner may read. Returns 0
+ * with *fd_out set (the caller closes it), or an error. */
+static int secret_file_open(const char *path, const char *what, int *fd_out, tdm_error_t *err)
 {
-    secret[0] = '\0';
-    if (!what)
-        what = "CURVE secret key file";
-    if (!path || !*path)
-        return tdm_error_set(err, TDM_EINVALID, "%s is not set", what);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -361,21 +357,35 @@ int tdm_curve_secret_read(const char *path, const char *public_key, const char *
     }
     int rc = 0;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, &st) != 0)
         rc = tdm_error_set(err, TDM_EUNAVAILABLE, "%s %s: %s", what, path, strerror(errno));
-        goto out_close;
-    }
-    if (!S_ISREG(st.st_mode)) {
+    else if (!S_ISREG(st.st_mode))
         rc = tdm_error_set(err, TDM_EINVALID, "%s %s: not a regular file", what, path);
-        goto out_close;
-    }
-    if (st.st_mode & 077) {
+    else if (st.st_mode & 077)
         rc = tdm_error_set(err, TDM_EPRECONDITION,
                            "%s %s: mode %04o lets group or others read the secret key; only "
                            "its owner may (chmod 600 %s)",
                            what, path, (unsigned)(st.st_mode & 07777), path);
-        goto out_close;
+    if (rc != 0) {
+        close(fd);
+        return rc;
     }
+    *fd_out = fd;
+    return 0;
+}
+
+int tdm_net_curve_secret_read(const char *path, const char *public_key, const char *what,
+                              char secret[41], tdm_error_t *err)
+{
+    secret[0] = '\0';
+    if (!what)
+        what = "CURVE secret key file";
+    if (!path || !*path)
+        return tdm_error_set(err, TDM_EINVALID, "%s is not set", what);
+    int fd = -1;
+    int rc = secret_file_open(path, what, &fd, err);
+    if (rc != 0)
+        return rc;
     char buf[48];
     ssize_t n;
     do
@@ -402,7 +412,7 @@ int tdm_curve_secret_read(const char *path, const char *public_key, const char *
     key[40] = '\0';
     char label[TDM_ERRMSG_MAX / 2];
     snprintf(label, sizeof label, "%s %s", what, path);
-    if ((rc = tdm_curve_key_check(key, label, err)) != 0)
+    if ((rc = tdm_net_curve_key_check(key, label, err)) != 0)
         goto out_wipe;
     if (zmq_curve_public(derived, key) != 0) {
         rc = tdm_error_set(err, TDM_EPRECONDITION, "%s: libzmq was built without CURVE", what);
@@ -417,8 +427,8 @@ int tdm_curve_secret_read(const char *path, const char *public_key, const char *
     }
     memcpy(secret, key, 41);
 out_wipe:
-    tdm_curve_wipe(key, sizeof key);
-    tdm_curve_wipe(buf, sizeof buf);
+    tdm_net_curve_wipe(key, sizeof key);
+    tdm_net_curve_wipe(buf, sizeof buf);
 out_close:
     close(fd);
     return rc;

@@ -100,7 +100,7 @@ static tdm_net_zap_key_t *server_clients(const tdm_curve_keys_t *k, size_t *n, t
         else
             snprintf(what, sizeof what, "curve.client_public");
         const char *name = list[i].name;
-        if (tdm_curve_key_check(list[i].public_key, what, err))
+        if (tdm_net_curve_key_check(list[i].public_key, what, err))
             goto out_free;
         if (!name || !*name || strlen(name) >= TDM_NET_USER_ID_MAX) {
             tdm_error_set(err, TDM_EINVALID, "%s: the name must be 1..%u bytes", what,
@@ -142,6 +142,34 @@ static int setopt_int(void *zs, int opt, int v, const char *name, tdm_error_t *e
     return 0;
 }
 
+/* The options common to both kinds: linger, high-water marks, IPv6 for an IPv6 literal, the
+ * largest message part, ZMTP heartbeats. Returns 0 or TDM_EINVALID. */
+static int sock_common_opts(tdm_sock_t *s, const char *endpoint, const tdm_sock_opts_t *opts,
+                            tdm_error_t *err)
+{
+    int hb = opts->heartbeat_ms == 0 ? 1000 : opts->heartbeat_ms;
+    int64_t maxmsg = TDM_NET_MAX_DATA_BYTES; /* the largest part we accept */
+    /* an IPv6 literal ("tcp://[::1]:7601") needs ZMQ_IPV6; IPv4 endpoints keep v4 only */
+    bool ipv6 = strncmp(endpoint, "tcp://[", 7) == 0;
+    int rc;
+    if ((rc = setopt_int(s->zs, ZMQ_LINGER, 0, "linger", err)) ||
+        (rc = setopt_int(s->zs, ZMQ_SNDHWM, s->sndhwm, "sndhwm", err)) ||
+        (rc = setopt_int(s->zs, ZMQ_RCVHWM, s->sndhwm, "rcvhwm", err)) ||
+        (ipv6 && (rc = setopt_int(s->zs, ZMQ_IPV6, 1, "ipv6", err))))
+        return rc;
+    if (zmq_setsockopt(s->zs, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0)
+        return tdm_error_set(err, TDM_EINVALID, "maxmsgsize: %s", zmq_strerror(errno));
+    if (hb <= 0)
+        return 0;
+    if (hb > 600000)
+        return tdm_error_set(err, TDM_EINVALID, "heartbeat_ms must be at most 600000, got %d", hb);
+    if ((rc = setopt_int(s->zs, ZMQ_HEARTBEAT_IVL, hb, "heartbeat_ms", err)) ||
+        (rc = setopt_int(s->zs, ZMQ_HEARTBEAT_TIMEOUT, 3 * hb, "heartbeat timeout", err)) ||
+        (rc = setopt_int(s->zs, ZMQ_HEARTBEAT_TTL, 3 * hb, "heartbeat ttl", err)))
+        return rc;
+    return 0;
+}
+
 /* Makes the ZMQ socket and applies the options common to both kinds. */
 static tdm_sock_t *sock_new(tdm_net_t *net, int type, const char *endpoint,
                             const tdm_sock_opts_t *opts, tdm_error_t *err)
@@ -173,29 +201,8 @@ static tdm_sock_t *sock_new(tdm_net_t *net, int type, const char *endpoint,
         tdm_error_set(err, TDM_ERESOURCE, "zmq_socket: %s", zmq_strerror(errno));
         goto out_free;
     }
-    int hb = opts->heartbeat_ms == 0 ? 1000 : opts->heartbeat_ms;
-    int64_t maxmsg = TDM_NET_MAX_DATA_BYTES; /* the largest part we accept */
-    /* an IPv6 literal ("tcp://[::1]:7601") needs ZMQ_IPV6; IPv4 endpoints keep v4 only */
-    bool ipv6 = strncmp(endpoint, "tcp://[", 7) == 0;
-    if (setopt_int(s->zs, ZMQ_LINGER, 0, "linger", err) ||
-        setopt_int(s->zs, ZMQ_SNDHWM, s->sndhwm, "sndhwm", err) ||
-        setopt_int(s->zs, ZMQ_RCVHWM, s->sndhwm, "rcvhwm", err) ||
-        (ipv6 && setopt_int(s->zs, ZMQ_IPV6, 1, "ipv6", err)))
+    if (sock_common_opts(s, endpoint, opts, err) != 0)
         goto out_close;
-    if (zmq_setsockopt(s->zs, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0) {
-        tdm_error_set(err, TDM_EINVALID, "maxmsgsize: %s", zmq_strerror(errno));
-        goto out_close;
-    }
-    if (hb > 0) {
-        if (hb > 600000) {
-            tdm_error_set(err, TDM_EINVALID, "heartbeat_ms must be at most 600000, got %d", hb);
-            goto out_close;
-        }
-        if (setopt_int(s->zs, ZMQ_HEARTBEAT_IVL, hb, "heartbeat_ms", err) ||
-            setopt_int(s->zs, ZMQ_HEARTBEAT_TIMEOUT, 3 * hb, "heartbeat timeout", err) ||
-            setopt_int(s->zs, ZMQ_HEARTBEAT_TTL, 3 * hb, "heartbeat ttl", err))
-            goto out_close;
-    }
     return s;
 
 out_close:
@@ -205,6 +212,44 @@ out_free:
     return NULL;
 }
 
+/* Makes a ROUTER socket a CURVE server: registers the n_clients allowed client keys with
+ * the ZAP handler (under the socket's own domain) and sets the server key. Returns 0 or an
+ * error; the caller keeps clients. */
+static int curve_server_opts(tdm_sock_t *s, const tdm_curve_keys_t *k,
+                             const tdm_net_zap_key_t *clients, size_t n_clients, tdm_error_t *err)
+{
+    int rc = tdm_net_zap_register(s->net, clients, n_clients, s->log, s->zap_domain, err);
+    if (rc != 0)
+        return rc;
+    if (zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, s->zap_domain, strlen(s->zap_domain)) != 0 ||
+        setopt_int(s->zs, ZMQ_CURVE_SERVER, 1, "curve_server", err) ||
+        zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, k->server_secret, 40) != 0)
+        return tdm_error_set(err, TDM_EINVALID, "CURVE server options: %s", zmq_strerror(errno));
+    return 0;
+}
+
+/* Binds s to endpoint ("localhost" as 127.0.0.1) and keeps the endpoint bound (a wildcard
+ * port resolved). Returns 0, TDM_EUNAVAILABLE (address in use) or TDM_EINVALID. */
+static int sock_bind_endpoint(tdm_sock_t *s, const char *endpoint, tdm_error_t *err)
+{
+    /* libzmq binds an interface name or an address; "localhost" is neither to it */
+    char local[SOCK_ENDPOINT_MAX];
+    const char *bind_ep = endpoint;
+    if (strncmp(endpoint, "tcp://localhost:", 16) == 0) {
+        snprintf(local, sizeof local, "tcp://127.0.0.1:%s", endpoint + 16);
+        bind_ep = local;
+    }
+    if (zmq_bind(s->zs, bind_ep) != 0) {
+        int e = errno;
+        return tdm_error_set(err, e == EADDRINUSE ? TDM_EUNAVAILABLE : TDM_EINVALID, "bind %s: %s",
+                             endpoint, zmq_strerror(e));
+    }
+    size_t len = sizeof s->endpoint;
+    if (zmq_getsockopt(s->zs, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
+        snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    return 0;
+}
+
 tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_opts_t *opts,
                           tdm_error_t *err)
 {
@@ -212,10 +257,10 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
     tdm_net_zap_key_t *clients = NULL;
     size_t n_clients = 0;
     if (!curve_none(k)) {
-        if (tdm_curve_key_check(k->server_secret, "curve.server_secret", err))
+        if (tdm_net_curve_key_check(k->server_secret, "curve.server_secret", err))
             return NULL;
         if (k->server_public &&
-            (tdm_curve_key_check(k->server_public, "curve.server_public", err) ||
+            (tdm_net_curve_key_check(k->server_public, "curve.server_public", err) ||
              check_pair(k->server_public, k->server_secret, "curve.server_public", err)))
             return NULL;
         if (!(clients = server_clients(k, &n_clients, err)))
@@ -234,34 +279,14 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
         setopt_int(s->zs, ZMQ_ROUTER_HANDOVER, handover ? 1 : 0, "router_handover", err))
         goto out_destroy;
     if (!curve_none(k)) {
-        int zrc = tdm_net_zap_register(net, clients, n_clients, s->log, s->zap_domain, err);
+        int zrc = curve_server_opts(s, k, clients, n_clients, err);
         free(clients);
         clients = NULL;
         if (zrc != 0)
             goto out_destroy;
-        if (zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, s->zap_domain, strlen(s->zap_domain)) != 0 ||
-            setopt_int(s->zs, ZMQ_CURVE_SERVER, 1, "curve_server", err) ||
-            zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, k->server_secret, 40) != 0) {
-            tdm_error_set(err, TDM_EINVALID, "CURVE server options: %s", zmq_strerror(errno));
-            goto out_destroy;
-        }
     }
-    /* libzmq binds an interface name or an address; "localhost" is neither to it */
-    char local[SOCK_ENDPOINT_MAX];
-    const char *bind_ep = endpoint;
-    if (strncmp(endpoint, "tcp://localhost:", 16) == 0) {
-        snprintf(local, sizeof local, "tcp://127.0.0.1:%s", endpoint + 16);
-        bind_ep = local;
-    }
-    if (zmq_bind(s->zs, bind_ep) != 0) {
-        int e = errno;
-        tdm_error_set(err, e == EADDRINUSE ? TDM_EUNAVAILABLE : TDM_EINVALID, "bind %s: %s",
-                      endpoint, zmq_strerror(e));
+    if (sock_bind_endpoint(s, endpoint, err) != 0)
         goto out_destroy;
-    }
-    size_t len = sizeof s->endpoint;
-    if (zmq_getsockopt(s->zs, ZMQ_LAST_ENDPOINT, s->endpoint, &len) != 0)
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
     return s;
 
 out_destroy:
@@ -270,14 +295,33 @@ out_destroy:
     return NULL;
 }
 
+/* Watches s's handshakes: libzmq reports every handshake's outcome to a monitor
+ * (zmq_socket_monitor(3)), read by tdm_sock_handshake. Returns 0 or TDM_EINTERNAL. */
+static int handshake_monitor_new(tdm_sock_t *s, const char *endpoint, tdm_error_t *err)
+{
+    char mep[64];
+    snprintf(mep, sizeof mep, "inproc://tdm-handshake-%llu",
+             (unsigned long long)tdm_net_unique(s->net));
+    int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    int zero = 0;
+    if (zmq_socket_monitor(s->zs, mep, events) != 0 ||
+        !(s->monitor = zmq_socket(tdm_net_zctx(s->net), ZMQ_PAIR)) ||
+        zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(s->monitor, mep) != 0)
+        return tdm_error_set(err, TDM_EINTERNAL, "handshake monitor of %s: %s", endpoint,
+                             zmq_strerror(errno));
+    return 0;
+}
+
 tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_sock_opts_t *opts,
                              tdm_error_t *err)
 {
     const tdm_curve_keys_t *k = opts ? opts->curve : NULL;
     if (!curve_none(k)) {
-        if (tdm_curve_key_check(k->server_public, "curve.server_public", err) ||
-            tdm_curve_key_check(k->client_public, "curve.client_public", err) ||
-            tdm_curve_key_check(k->client_secret, "curve.client_secret", err) ||
+        if (tdm_net_curve_key_check(k->server_public, "curve.server_public", err) ||
+            tdm_net_curve_key_check(k->client_public, "curve.client_public", err) ||
+            tdm_net_curve_key_check(k->client_secret, "curve.client_secret", err) ||
             check_pair(k->client_public, k->client_secret, "curve.client_public", err))
             return NULL;
     }
@@ -306,23 +350,8 @@ tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_soc
         tdm_error_set(err, TDM_EINVALID, "CURVE client options: %s", zmq_strerror(errno));
         goto out_destroy;
     }
-    if (opts && opts->watch_handshake) {
-        /* libzmq reports every handshake's outcome to a monitor (zmq_socket_monitor(3)) */
-        char mep[64];
-        snprintf(mep, sizeof mep, "inproc://tdm-handshake-%llu",
-                 (unsigned long long)tdm_net_unique(net));
-        int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                     ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
-        int zero = 0;
-        if (zmq_socket_monitor(s->zs, mep, events) != 0 ||
-            !(s->monitor = zmq_socket(tdm_net_zctx(net), ZMQ_PAIR)) ||
-            zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-            zmq_connect(s->monitor, mep) != 0) {
-            tdm_error_set(err, TDM_EINTERNAL, "handshake monitor of %s: %s", endpoint,
-                          zmq_strerror(errno));
-            goto out_destroy;
-        }
-    }
+    if (opts && opts->watch_handshake && handshake_monitor_new(s, endpoint, err) != 0)
+        goto out_destroy;
     if (zmq_connect(s->zs, endpoint) != 0) {
         tdm_error_set(err, TDM_EINVALID, "connect %s: %s", endpoint, zmq_strerror(errno));
         goto out_destroy;
@@ -500,16 +529,10 @@ static int check_send(tdm_sock_t *s, const tdm_send_t *m)
     return 0;
 }
 
-int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m)
+/* Packs m's FrameHeader into hbuf (TDM_NET_MAX_HEADER_BYTES), *hlen bytes. Returns 0 or
+ * TDM_EINVALID with s->errmsg set. */
+static int pack_header(tdm_sock_t *s, const tdm_send_t *m, uint8_t *hbuf, size_t *hlen)
 {
-    uint32_t owned = 0; /* data frames handed to ZMQ (or released) so far */
-    size_t parts_sent = 0, bytes = 0;
-    bool have_body = false;
-    zmq_msg_t body;
-    int rc = check_send(s, m);
-    if (rc)
-        goto out_release;
-
     char message[TDM_ERRMSG_MAX];
     const char *msg_text = m->message ? m->message : "";
     size_t mlen = tdm_net_text_fit(msg_text, sizeof message);
@@ -530,29 +553,63 @@ int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m)
     h.api_key = (char *)(uintptr_t)(m->api_key ? m->api_key : "");
     h.n_data_frames = m->n_data;
     h.instance_id = s->instance_id;
-    uint8_t hbuf[TDM_NET_MAX_HEADER_BYTES];
-    size_t hlen = tandem__v1__frame_header__get_packed_size(&h);
-    if (hlen > sizeof hbuf) { /* cannot happen with the limits above; checked all the same */
-        set_errmsg(s, "FrameHeader of %zu bytes exceeds %zu", hlen, sizeof hbuf);
-        rc = TDM_EINVALID;
-        goto out_release;
+    *hlen = tandem__v1__frame_header__get_packed_size(&h);
+    if (*hlen >
+        TDM_NET_MAX_HEADER_BYTES) { /* cannot happen with the limits; checked all the same */
+        set_errmsg(s, "FrameHeader of %zu bytes exceeds %u", *hlen, TDM_NET_MAX_HEADER_BYTES);
+        return TDM_EINVALID;
     }
     tandem__v1__frame_header__pack(&h, hbuf);
+    return 0;
+}
 
+/* Packs m->body into a new ZMQ message. Returns 0, TDM_EINVALID (too large) or
+ * TDM_ERESOURCE, with s->errmsg set; on success the caller sends or closes *body. */
+static int pack_body(tdm_sock_t *s, const tdm_send_t *m, zmq_msg_t *body, size_t *blen)
+{
+    *blen = protobuf_c_message_get_packed_size(m->body);
+    if (*blen > TDM_NET_MAX_BODY_BYTES) {
+        set_errmsg(s, "body of %zu bytes exceeds the limit of %u bytes", *blen,
+                   TDM_NET_MAX_BODY_BYTES);
+        return TDM_EINVALID;
+    }
+    if (zmq_msg_init_size(body, *blen) != 0) {
+        set_errmsg(s, "out of memory for a body of %zu bytes", *blen);
+        return TDM_ERESOURCE;
+    }
+    protobuf_c_message_pack(m->body, zmq_msg_data(body));
+    return 0;
+}
+
+/* A ZMQ message for data frame d: zero-copy when it has a free_fn (ZMQ then owns the data),
+ * else a copy. Returns 0 (d is then released or owned by *dm) or ENOMEM (d is untouched). */
+static int data_part_init(const tdm_net_data_t *d, zmq_msg_t *dm)
+{
+    void *p = (void *)(uintptr_t)d->ptr;
+    if (d->free_fn && d->len > 0)
+        return zmq_msg_init_data(dm, p, d->len, d->free_fn, d->hint) != 0 ? ENOMEM : 0;
+    if (zmq_msg_init_size(dm, d->len) != 0)
+        return ENOMEM;
+    if (d->len)
+        memcpy(zmq_msg_data(dm), d->ptr, d->len);
+    if (d->free_fn) /* an empty zero-copy frame: nothing for ZMQ to hold */
+        d->free_fn(p, d->hint);
+    return 0;
+}
+
+int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m)
+{
+    uint32_t owned = 0; /* data frames handed to ZMQ (or released) so far */
+    size_t parts_sent = 0, bytes = 0, hlen = 0, blen = 0;
+    bool have_body = false;
+    zmq_msg_t body;
+    uint8_t hbuf[TDM_NET_MAX_HEADER_BYTES];
+    int rc = check_send(s, m);
+    if (rc || (rc = pack_header(s, m, hbuf, &hlen)))
+        goto out_release;
     if (m->body) {
-        size_t blen = protobuf_c_message_get_packed_size(m->body);
-        if (blen > TDM_NET_MAX_BODY_BYTES) {
-            set_errmsg(s, "body of %zu bytes exceeds the limit of %u bytes", blen,
-                       TDM_NET_MAX_BODY_BYTES);
-            rc = TDM_EINVALID;
+        if ((rc = pack_body(s, m, &body, &blen)))
             goto out_release;
-        }
-        if (zmq_msg_init_size(&body, blen) != 0) {
-            set_errmsg(s, "out of memory for a body of %zu bytes", blen);
-            rc = TDM_ERESOURCE;
-            goto out_release;
-        }
-        protobuf_c_message_pack(m->body, zmq_msg_data(&body));
         have_body = true;
         bytes += blen;
     }
@@ -572,29 +629,14 @@ int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m)
         parts_sent++;
     }
     for (uint32_t i = 0; i < m->n_data; i++) {
-        const tdm_net_data_t *d = &m->data[i];
-        void *p = (void *)(uintptr_t)d->ptr;
         zmq_msg_t dm;
-        if (d->free_fn && d->len > 0) {
-            if (zmq_msg_init_data(&dm, p, d->len, d->free_fn, d->hint) != 0) {
-                e = ENOMEM; /* ZMQ did not take the data: release it below */
-                goto out_failed;
-            }
-        } else {
-            if (zmq_msg_init_size(&dm, d->len) != 0) {
-                e = ENOMEM;
-                goto out_failed;
-            }
-            if (d->len)
-                memcpy(zmq_msg_data(&dm), d->ptr, d->len);
-            if (d->free_fn) /* an empty zero-copy frame: nothing for ZMQ to hold */
-                d->free_fn(p, d->hint);
-        }
+        if ((e = data_part_init(&m->data[i], &dm)) != 0)
+            goto out_failed; /* ZMQ did not take the data: release it below */
         owned = i + 1;
         if ((e = send_part(s, &dm, i + 1 < m->n_data)) != 0)
             goto out_failed;
         parts_sent++;
-        bytes += d->len;
+        bytes += m->data[i].len;
     }
     s->stats.frames_out++;
     s->stats.bytes_out += bytes;
@@ -887,9 +929,42 @@ int tdm_sock_recv(tdm_sock_t *s, tdm_frame_t *f, int timeout_ms)
 
 /* ---- blocking unary call ---- */
 
-int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
-                 const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
-                 int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err)
+/* Waits for the END of call call_id into *f, discarding frames of other calls; on timeout
+ * sends a CANCEL. Returns 0, TDM_EDEADLINE or what tdm_sock_recv returns, with *err set. */
+static int rpc_wait_end(tdm_sock_t *s, int method, uint64_t call_id, int timeout_ms, tdm_frame_t *f,
+                        tdm_error_t *err)
+{
+    const char *name = tdm_net_method_name(method);
+    double end = tdm_time_now() + timeout_ms / 1000.0;
+    for (;;) {
+        int wait = -1;
+        if (timeout_ms > 0) {
+            double left = end - tdm_time_now();
+            wait = left > 0 ? (int)(left * 1000.0 + 0.999) : 0;
+        }
+        int rc = tdm_sock_recv(s, f, wait);
+        if (rc == TDM_EDEADLINE) {
+            tdm_send_t c = {
+                .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL,
+                .method = method,
+                .call_id = call_id,
+            };
+            tdm_sock_send(s, &c);
+            return tdm_error_set(err, TDM_EDEADLINE, "%s call %llu: no answer within %d ms", name,
+                                 (unsigned long long)call_id, timeout_ms);
+        }
+        if (rc)
+            return tdm_error_set(err, rc, "%s call %llu: %s", name, (unsigned long long)call_id,
+                                 s->errmsg);
+        if (f->call_id == call_id && f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
+            return 0;
+        tdm_frame_clear(f); /* another call's frame, or a STREAM frame of this one */
+    }
+}
+
+int tdm_sock_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_key,
+                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                  int timeout_ms, ProtobufCMessage **resp_out, tdm_error_t *err)
 {
     if (resp_out)
         *resp_out = NULL;
@@ -907,36 +982,10 @@ int tdm_rpc_call(tdm_sock_t *s, int method, uint64_t call_id, const char *api_ke
     if (rc)
         return tdm_error_set(err, rc, "%s call %llu: %s", name, (unsigned long long)call_id,
                              s->errmsg);
-    double end = tdm_time_now() + timeout_ms / 1000.0;
     tdm_frame_t f;
     tdm_frame_init(&f);
-    for (;;) {
-        int wait = -1;
-        if (timeout_ms > 0) {
-            double left = end - tdm_time_now();
-            wait = left > 0 ? (int)(left * 1000.0 + 0.999) : 0;
-        }
-        rc = tdm_sock_recv(s, &f, wait);
-        if (rc == TDM_EDEADLINE) {
-            tdm_send_t c = {
-                .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL,
-                .method = method,
-                .call_id = call_id,
-            };
-            tdm_sock_send(s, &c);
-            rc = tdm_error_set(err, TDM_EDEADLINE, "%s call %llu: no answer within %d ms", name,
-                               (unsigned long long)call_id, timeout_ms);
-            goto out_clear;
-        }
-        if (rc) {
-            tdm_error_set(err, rc, "%s call %llu: %s", name, (unsigned long long)call_id,
-                          s->errmsg);
-            goto out_clear;
-        }
-        if (f.call_id == call_id && f.kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
-            break;
-        tdm_frame_clear(&f); /* another call's frame, or a STREAM frame of this one */
-    }
+    if ((rc = rpc_wait_end(s, method, call_id, timeout_ms, &f, err)) != 0)
+        goto out_clear;
     if (f.status != 0) {
         rc = tdm_error_set(err, f.status, "%s", f.message[0] ? f.message : tdm_strerror(f.status));
         goto out_clear;

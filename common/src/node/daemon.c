@@ -38,7 +38,7 @@ static void usage(FILE *out, const char *prog, tdm_node_role_t role)
             "  -l, --log-level LEVEL  debug, info, warn, error (default: the config's log.level)\n"
             "  -h, --help             this help\n"
             "  -V, --version          print the version\n",
-            prog, tdm_node_role_name(role), tdm_node_role_name(role));
+            prog, tdm_config_node_role_name(role), tdm_config_node_role_name(role));
 }
 
 /* Readiness for the service manager (tandem/notify.h). The engine thread stays in ops->run
@@ -56,7 +56,7 @@ typedef struct ready_watch {
 
 static void watch_notify(const ready_watch_t *w, bool *warned, const char *state)
 {
-    if (tdm_notify(state) != TDM_OK && !*warned) {
+    if (tdm_notify_send(state) != TDM_OK && !*warned) {
         *warned = true;
         TDM_LOG_WARNF(w->log, NULL, "cannot notify the service manager ($NOTIFY_SOCKET)");
     }
@@ -207,7 +207,7 @@ static int run_watched(const tdm_daemon_ops_t *ops, void *obj, const tdm_config_
         atomic_store(&watch.done, true);
         pthread_join(watch.thread, NULL);
     }
-    tdm_notify("STOPPING=1\nSTATUS=stopping");
+    tdm_notify_send("STOPPING=1\nSTATUS=stopping");
     return rc;
 }
 
@@ -231,7 +231,7 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
         fprintf(stderr, "%s: %s\n", a.prog, err.msg);
         goto out_config;
     }
-    tdm_notifyf("STATUS=loading the model %s", cfg.model.path);
+    tdm_notify_sendf("STATUS=loading the model %s", cfg.model.path);
     void *obj = ops->create(&cfg, node->id, net, &log, &err);
     if (!obj) {
         TDM_LOG_ERRORF(&log, NULL, "cannot start: %s", err.msg);

@@ -401,8 +401,8 @@ static void log_quiet_router(tdm_node_link_t *l, tdm_node_link_state_t st, doubl
 static void *io_main(void *arg)
 {
     tdm_node_link_t *l = arg;
-    l->hb_interval_ms = 250;
-    l->hb_timeout_ms = 2500;
+    l->hb_interval_ms = TDM_HEARTBEAT_INTERVAL_MS;
+    l->hb_timeout_ms = TDM_HEARTBEAT_TIMEOUT_MS;
     l->last_router_reply = tdm_time_now();
     send_register(l);
     while (!atomic_load(&l->stop)) {

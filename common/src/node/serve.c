@@ -240,7 +240,7 @@ static void on_frame(tdm_node_t *n, const tdm_frame_t *f)
         tdm_node_reply_status(s, f, n->node, &n->rt, n->link);
     else if (!n->ops->frame(n->h, f) && f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
         tdm_sock_reply_error(s, f, TDM_EINVALID, "unknown method %d on a %s node", f->method,
-                             tdm_node_role_name(n->ops->role));
+                             tdm_config_node_role_name(n->ops->role));
 }
 
 /* Waits for input (not at all while the worker has work). false when polling failed. */
@@ -307,14 +307,14 @@ static void timers(tdm_node_t *n)
 static void shut_down(tdm_node_t *n)
 {
     char msg[64];
-    snprintf(msg, sizeof msg, "%s node shutting down", tdm_node_role_name(n->ops->role));
+    snprintf(msg, sizeof msg, "%s node shutting down", tdm_config_node_role_name(n->ops->role));
     for (uint32_t i = 0; i < n->n_reqs; i++)
         if (entry(n, i)->used)
             tdm_node_req_fail(n, entry(n, i), TDM_EUNAVAILABLE, n->ops->shutdown_retryable, msg);
     if (tdm_node_link_flush(n->link, SHUTDOWN_FLUSH_MS) != TDM_OK)
         TDM_LOG_DEBUGF(&n->log, NULL, "the router did not confirm the last messages within %d ms",
                        SHUTDOWN_FLUSH_MS);
-    TDM_LOG_INFOF(&n->log, NULL, "%s node stopped", tdm_node_role_name(n->ops->role));
+    TDM_LOG_INFOF(&n->log, NULL, "%s node stopped", tdm_config_node_role_name(n->ops->role));
 }
 
 int tdm_node_serve(tdm_node_t *n, volatile sig_atomic_t *stop, tdm_error_t *err)

@@ -29,13 +29,13 @@ const tdm_node_config_t *tdm_node_pick(const tdm_config_t *cfg, const char *node
                 len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%s", len ? ", " : "",
                                         cfg->nodes[i].id);
         tdm_error_set(err, TDM_ENOTFOUND, "no %s node %s%s%s in the config (its %s nodes: %s)",
-                      tdm_node_role_name(role), node_id ? "'" : "", node_id ? node_id : "",
-                      node_id ? "'" : "", tdm_node_role_name(role), len ? ids : "none");
+                      tdm_config_node_role_name(role), node_id ? "'" : "", node_id ? node_id : "",
+                      node_id ? "'" : "", tdm_config_node_role_name(role), len ? ids : "none");
         return NULL;
     }
     if (n->role != role) {
         tdm_error_set(err, TDM_EINVALID, "node '%s' is a %s node in the config, not a %s node",
-                      n->id, tdm_node_role_name(n->role), tdm_node_role_name(role));
+                      n->id, tdm_config_node_role_name(n->role), tdm_config_node_role_name(role));
         return NULL;
     }
     return n;
@@ -57,8 +57,8 @@ int tdm_node_keys_open(tdm_node_keys_t *k, const tdm_config_t *cfg, const tdm_no
         return TDM_OK;
     /* the loader guarantees both keys of every node once CURVE is on */
     snprintf(key, sizeof key, "nodes[%zu].curve_secret_key_file", index);
-    int rc = tdm_curve_secret_read(node->curve_secret_key_file, node->curve_public_key, key,
-                                   k->secret_key, err);
+    int rc = tdm_net_curve_secret_read(node->curve_secret_key_file, node->curve_public_key, key,
+                                       k->secret_key, err);
     if (rc != TDM_OK)
         return rc;
     snprintf(k->public_key, sizeof k->public_key, "%s", node->curve_public_key);
@@ -84,7 +84,7 @@ void tdm_node_keys_close(tdm_node_keys_t *k)
     if (!k)
         return;
     free(k->peers);
-    tdm_curve_wipe(k->secret_key, sizeof k->secret_key);
+    tdm_net_curve_wipe(k->secret_key, sizeof k->secret_key);
     memset(k, 0, sizeof *k);
 }
 
@@ -240,7 +240,7 @@ int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_co
     char device[32];
     tdm_config_device_format(node->device, device, sizeof device);
     ns.node_id = node->id;
-    ns.role = (char *)(uintptr_t)tdm_node_role_name(node->role);
+    ns.role = (char *)(uintptr_t)tdm_config_node_role_name(node->role);
     ns.up = true;
     ns.kv_blocks_total = ld.kv_blocks_free + ld.kv_blocks_used + ld.kv_blocks_cached;
     ns.kv_blocks_used = ld.kv_blocks_used;

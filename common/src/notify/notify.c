@@ -26,7 +26,7 @@ bool tdm_notify_enabled(void)
     return tdm_notify_supported() && sock && sock[0];
 }
 
-int tdm_notify(const char *state)
+int tdm_notify_send(const char *state)
 {
     if (!state || !state[0])
         return TDM_EINVALID;
@@ -39,7 +39,7 @@ int tdm_notify(const char *state)
 #endif
 }
 
-int tdm_notifyf(const char *fmt, ...)
+int tdm_notify_sendf(const char *fmt, ...)
 {
     char buf[1024];
     va_list ap;
@@ -48,5 +48,5 @@ int tdm_notifyf(const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         return TDM_EINVALID;
-    return tdm_notify(buf);
+    return tdm_notify_send(buf);
 }

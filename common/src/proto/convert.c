@@ -86,3 +86,15 @@ int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm
     l->dtype = (tdm_kv_dtype_t)m->dtype;
     return 0;
 }
+
+const char *tdm_proto_finish_name(int reason)
+{
+    switch (reason) {
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED: return "none";
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "cancelled";
+    case TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR: return "error";
+    default: return "?";
+    }
+}

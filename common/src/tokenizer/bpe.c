@@ -143,27 +143,10 @@ static int compile_regexes(tdm_tokenizer_t *tok, const bpe_pre_t *pre, tdm_error
     return TDM_OK;
 }
 
-int tdm_tok_bpe_init(tdm_tokenizer_t *tok, const tdm_gguf_t *g, tdm_error_t *err)
+/* The merge rules (tokenizer.ggml.merges, "left right", in priority order) into the pair
+ * map tok->merges: (left id, right id) -> (rank, merged id). */
+static int load_merges(tdm_tokenizer_t *tok, const tdm_gguf_t *g, tdm_error_t *err)
 {
-    const bpe_pre_t *pre = NULL;
-    for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0] && !pre; i++) {
-        for (size_t j = 0; bpe_pres[i].names[j]; j++) {
-            if (strcmp(bpe_pres[i].names[j], tok->pre) == 0)
-                pre = &bpe_pres[i];
-        }
-    }
-    if (!pre)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "tokenizer: unsupported tokenizer.ggml.pre '%s' (supported: %s)",
-                             tok->pre, SUPPORTED_PRES);
-    tok->ignore_merges = pre->ignore_merges;
-
-    for (int b = 0; b < 256; b++) {
-        char s[2];
-        size_t n = utf8_put_small(tdm_tok_byte_to_cp((uint8_t)b), s);
-        tok->byte_id[b] = tdm_tok_lookup(tok, s, n);
-    }
-
     const tdm_gguf_kv_t *kv = NULL;
     int rc = tdm_gguf_get_arr(g, "tokenizer.ggml.merges", TDM_GGUF_VTYPE_STRING, &kv, err);
     if (rc != TDM_OK)
@@ -184,40 +167,59 @@ int tdm_tok_bpe_init(tdm_tokenizer_t *tok, const tdm_gguf_t *g, tdm_error_t *err
     for (uint64_t i = 0; i < cap; i++)
         tok->merges.slots[i].key = UINT64_MAX;
 
-    char *buf = NULL;
-    size_t buf_cap = 0;
+    tdm_buf_t joined = TDM_BUF_INIT; /* left + right, the merged token's text */
     for (uint64_t i = 0; i < kv->arr_n; i++) {
         const char *s = kv->arr_strs[i].data;
         size_t n = (size_t)kv->arr_strs[i].len;
         /* "left right": the separator is the first space after the first byte. */
         const char *sp = n > 1 ? memchr(s + 1, ' ', n - 1) : NULL;
         if (!sp) {
-            free(buf);
+            tdm_buf_free(&joined);
             return tdm_error_set(err, TDM_EINVALID,
                                  "tokenizer: tokenizer.ggml.merges[%llu] '%.*s' is not "
                                  "\"left right\"",
                                  (unsigned long long)i, (int)(n > 64 ? 64 : n), s);
         }
         size_t nl = (size_t)(sp - s), nr = n - nl - 1;
-        if (n > buf_cap) {
-            char *nb = realloc(buf, n);
-            if (!nb) {
-                free(buf);
-                return tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory (merges)");
-            }
-            buf = nb;
-            buf_cap = n;
+        tdm_buf_clear(&joined);
+        if (tdm_buf_append(&joined, s, nl) != 0 || tdm_buf_append(&joined, sp + 1, nr) != 0) {
+            tdm_buf_free(&joined);
+            return tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory (merges)");
         }
-        memcpy(buf, s, nl);
-        memcpy(buf + nl, sp + 1, nr);
         tdm_token_t l = tdm_tok_lookup(tok, s, nl);
         tdm_token_t r = tdm_tok_lookup(tok, sp + 1, nr);
-        tdm_token_t res = tdm_tok_lookup(tok, buf, nl + nr);
+        tdm_token_t res = tdm_tok_lookup(tok, joined.data, joined.len);
         /* A rule whose parts or result are not tokens can never apply: skip it. */
         if (l >= 0 && r >= 0 && res >= 0)
             pairmap_put(&tok->merges, pair_key(l, r), (int32_t)i, res);
     }
-    free(buf);
+    tdm_buf_free(&joined);
+    return TDM_OK;
+}
+
+int tdm_tok_bpe_init(tdm_tokenizer_t *tok, const tdm_gguf_t *g, tdm_error_t *err)
+{
+    const bpe_pre_t *pre = NULL;
+    for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0] && !pre; i++) {
+        for (size_t j = 0; bpe_pres[i].names[j]; j++) {
+            if (strcmp(bpe_pres[i].names[j], tok->pre) == 0)
+                pre = &bpe_pres[i];
+        }
+    }
+    if (!pre)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tokenizer: unsupported tokenizer.ggml.pre '%s' (supported: %s)",
+                             tok->pre, SUPPORTED_PRES);
+    tok->ignore_merges = pre->ignore_merges;
+
+    for (int b = 0; b < 256; b++) {
+        char s[2];
+        size_t n = utf8_put_small(tdm_tok_byte_to_cp((uint8_t)b), s);
+        tok->byte_id[b] = tdm_tok_lookup(tok, s, n);
+    }
+    int rc = load_merges(tok, g, err);
+    if (rc != TDM_OK)
+        return rc;
     return compile_regexes(tok, pre, err);
 }
 
@@ -455,6 +457,34 @@ static piece_slot_t *cache_find(piece_cache_t *c, const char *text, const uint8_
     return NULL;
 }
 
+/* Appends the ids of the piece text[off, off + n): copied from the cache when this call
+ * already encoded the same piece, else merged (and cached when short). Returns TDM_OK or
+ * TDM_ERESOURCE. */
+static int encode_piece(const tdm_tokenizer_t *tok, const char *text, size_t off, size_t n,
+                        piece_cache_t *cache, bpe_work_t *w, tdm_tok_ids_t *out)
+{
+    const uint8_t *piece = (const uint8_t *)text + off;
+    piece_slot_t *slot =
+        cache->slots && n > 1 && n <= CACHE_MAX_PIECE ? cache_find(cache, text, piece, n) : NULL;
+    int rc = TDM_OK;
+    if (slot && slot->n_ids > 0) {
+        for (uint32_t k = 0; k < slot->n_ids && rc == TDM_OK; k++)
+            rc = tdm_tok_ids_push(out, out->v[slot->ids_off + k]);
+        return rc;
+    }
+    size_t start = out->n;
+    rc = bpe_piece(tok, piece, n, w, out);
+    if (slot && rc == TDM_OK && out->n > start && out->n - start <= CACHE_MAX_PIECE &&
+        out->n <= UINT32_MAX && off <= UINT32_MAX && cache->n_used < (cache->mask + 1) / 2) {
+        slot->piece_off = (uint32_t)off;
+        slot->len = (uint32_t)n;
+        slot->ids_off = (uint32_t)start;
+        slot->n_ids = (uint32_t)(out->n - start);
+        cache->n_used++;
+    }
+    return rc;
+}
+
 int tdm_tok_bpe_encode(const tdm_tokenizer_t *tok, const char *text, size_t len, tdm_tok_ids_t *out,
                        tdm_error_t *err)
 {
@@ -484,27 +514,7 @@ int tdm_tok_bpe_encode(const tdm_tokenizer_t *tok, const char *text, size_t len,
         cache.mask = 2 * cache.mask + 1;
     cache.slots = calloc(cache.mask + 1, sizeof *cache.slots);
     for (size_t i = 0; i < a.n; i++) {
-        const uint8_t *piece = (const uint8_t *)text + a.v[i].off;
-        size_t n = a.v[i].len;
-        piece_slot_t *slot = cache.slots && n > 1 && n <= CACHE_MAX_PIECE
-                                 ? cache_find(&cache, text, piece, n)
-                                 : NULL;
-        if (slot && slot->n_ids > 0) {
-            for (uint32_t k = 0; k < slot->n_ids && rc == TDM_OK; k++)
-                rc = tdm_tok_ids_push(out, out->v[slot->ids_off + k]);
-        } else {
-            size_t start = out->n;
-            rc = bpe_piece(tok, piece, n, &w, out);
-            if (slot && rc == TDM_OK && out->n > start && out->n - start <= CACHE_MAX_PIECE &&
-                out->n <= UINT32_MAX && a.v[i].off <= UINT32_MAX &&
-                cache.n_used < (cache.mask + 1) / 2) {
-                slot->piece_off = (uint32_t)a.v[i].off;
-                slot->len = (uint32_t)n;
-                slot->ids_off = (uint32_t)start;
-                slot->n_ids = (uint32_t)(out->n - start);
-                cache.n_used++;
-            }
-        }
+        rc = encode_piece(tok, text, a.v[i].off, a.v[i].len, &cache, &w, out);
         if (rc != TDM_OK) {
             rc = tdm_error_set(err, rc, "tokenizer: out of memory");
             goto out_free;

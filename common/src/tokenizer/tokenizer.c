@@ -422,52 +422,72 @@ static bool spm_words_independent(const tdm_tokenizer_t *tok)
     return true;
 }
 
+/* tokenizer.ggml.model: gpt2 (byte-level BPE) or llama (SentencePiece). */
+static int read_kind(const tdm_gguf_t *g, tdm_tokenizer_kind_t *kind, tdm_error_t *err)
+{
+    tdm_gguf_str_t model;
+    int rc = tdm_gguf_get_str(g, "tokenizer.ggml.model", &model, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, rc == TDM_ENOTFOUND ? TDM_EINVALID : rc, "tokenizer: ");
+    if (model.len == 4 && memcmp(model.data, "gpt2", 4) == 0)
+        *kind = TDM_TOKENIZER_BPE;
+    else if (model.len == 5 && memcmp(model.data, "llama", 5) == 0)
+        *kind = TDM_TOKENIZER_SPM;
+    else
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tokenizer: unsupported tokenizer.ggml.model '%.*s' (supported: "
+                             "gpt2, llama)",
+                             (int)(model.len > 64 ? 64 : model.len), model.data);
+    return TDM_OK;
+}
+
+/* tokenizer.ggml.pre into tok->pre ("default" when absent). */
+static int read_pre(tdm_tokenizer_t *tok, const tdm_gguf_t *g, tdm_error_t *err)
+{
+    tdm_gguf_str_t pre;
+    strcpy(tok->pre, "default");
+    tdm_error_t e;
+    int rc = tdm_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &e);
+    if (rc == TDM_ENOTFOUND)
+        return TDM_OK;
+    if (rc != TDM_OK)
+        return tdm_error_set(err, rc, "tokenizer: %s", e.msg);
+    if (pre.len >= sizeof tok->pre)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tokenizer: unsupported tokenizer.ggml.pre '%.*s' (too long)",
+                             (int)(pre.len > 64 ? 64 : pre.len), pre.data);
+    memcpy(tok->pre, pre.data, (size_t)pre.len);
+    tok->pre[pre.len] = '\0';
+    return TDM_OK;
+}
+
+/* SentencePiece's byte fallback: the "<0xXX>" piece of each byte, else the byte itself. */
+static void spm_byte_ids(tdm_tokenizer_t *tok)
+{
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        snprintf(s, sizeof s, "<0x%02X>", b);
+        tok->byte_id[b] = tdm_tok_lookup(tok, s, 6);
+        if (tok->byte_id[b] < 0) {
+            s[0] = (char)b;
+            tok->byte_id[b] = tdm_tok_lookup(tok, s, 1);
+        }
+    }
+}
+
 tdm_tokenizer_t *tdm_tokenizer_new(const tdm_gguf_t *g, tdm_error_t *err)
 {
     tdm_error_clear(err);
-    tdm_gguf_str_t model, pre;
-    int rc = tdm_gguf_get_str(g, "tokenizer.ggml.model", &model, err);
-    if (rc != TDM_OK) {
-        tdm_error_prefix(err, rc == TDM_ENOTFOUND ? TDM_EINVALID : rc, "tokenizer: ");
+    tdm_tokenizer_kind_t kind = TDM_TOKENIZER_BPE;
+    if (read_kind(g, &kind, err) != TDM_OK)
         return NULL;
-    }
-    tdm_tokenizer_kind_t kind;
-    if (model.len == 4 && memcmp(model.data, "gpt2", 4) == 0) {
-        kind = TDM_TOKENIZER_BPE;
-    } else if (model.len == 5 && memcmp(model.data, "llama", 5) == 0) {
-        kind = TDM_TOKENIZER_SPM;
-    } else {
-        tdm_error_set(err, TDM_EINVALID,
-                      "tokenizer: unsupported tokenizer.ggml.model '%.*s' (supported: gpt2, "
-                      "llama)",
-                      (int)(model.len > 64 ? 64 : model.len), model.data);
-        return NULL;
-    }
-
     tdm_tokenizer_t *tok = calloc(1, sizeof *tok);
     if (!tok) {
         tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory");
         return NULL;
     }
     tok->kind = kind;
-    strcpy(tok->pre, "default");
-    tdm_error_t e;
-    rc = tdm_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &e);
-    if (rc == TDM_OK) {
-        if (pre.len >= sizeof tok->pre) {
-            tdm_error_set(err, TDM_EINVALID,
-                          "tokenizer: unsupported tokenizer.ggml.pre '%.*s' (too long)",
-                          (int)(pre.len > 64 ? 64 : pre.len), pre.data);
-            goto out_destroy;
-        }
-        memcpy(tok->pre, pre.data, (size_t)pre.len);
-        tok->pre[pre.len] = '\0';
-    } else if (rc != TDM_ENOTFOUND) {
-        tdm_error_set(err, rc, "tokenizer: %s", e.msg);
-        goto out_destroy;
-    }
-
-    if (read_tokens(tok, g, err) != TDM_OK)
+    if (read_pre(tok, g, err) != TDM_OK || read_tokens(tok, g, err) != TDM_OK)
         goto out_destroy;
     if (kind == TDM_TOKENIZER_SPM && read_scores(tok, g, err) != TDM_OK)
         goto out_destroy;
@@ -483,15 +503,7 @@ tdm_tokenizer_t *tdm_tokenizer_new(const tdm_gguf_t *g, tdm_error_t *err)
             goto out_destroy;
     } else {
         tok->spm_word_split = spm_words_independent(tok);
-        for (int b = 0; b < 256; b++) {
-            char s[8];
-            snprintf(s, sizeof s, "<0x%02X>", b);
-            tok->byte_id[b] = tdm_tok_lookup(tok, s, 6);
-            if (tok->byte_id[b] < 0) {
-                s[0] = (char)b;
-                tok->byte_id[b] = tdm_tok_lookup(tok, s, 1);
-            }
-        }
+        spm_byte_ids(tok);
     }
     return tok;
 
@@ -756,6 +768,49 @@ static inline uint8_t cat_at(const unsigned char *a, size_t na, const unsigned c
     return i < na ? a[i] : b[i - na];
 }
 
+typedef enum utf8_seq {
+    UTF8_SEQ_VALID,      /* a whole character: need + 1 bytes */
+    UTF8_SEQ_INVALID,    /* a maximal invalid subpart ends before byte i + j */
+    UTF8_SEQ_INCOMPLETE, /* valid so far, but the bytes end before the character does */
+} utf8_seq_t;
+
+/* Classifies the UTF-8 sequence at byte i of pending + p (total bytes; RFC 3629's table of
+ * well-formed sequences): *need gets its continuation bytes (SIZE_MAX for a byte that never
+ * starts one), *j the index after the last byte looked at. */
+static utf8_seq_t utf8_seq_at(const unsigned char *a, size_t na, const unsigned char *p,
+                              size_t total, size_t i, size_t *need, size_t *j)
+{
+    uint8_t c = cat_at(a, na, p, i);
+    uint8_t lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+        *need = 0;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+        *need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        *need = 2;
+        lo = c == 0xE0 ? 0xA0 : 0x80;
+        hi = c == 0xED ? 0x9F : 0xBF;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        *need = 3;
+        lo = c == 0xF0 ? 0x90 : 0x80;
+        hi = c == 0xF4 ? 0x8F : 0xBF;
+    } else {
+        *need = SIZE_MAX; /* never valid as a first byte */
+        *j = 1;
+        return UTF8_SEQ_INVALID;
+    }
+    for (*j = 1; *j <= *need; (*j)++) {
+        if (i + *j >= total)
+            return UTF8_SEQ_INCOMPLETE;
+        uint8_t cc = cat_at(a, na, p, i + *j);
+        if (cc < (*j == 1 ? lo : 0x80) || cc > (*j == 1 ? hi : 0xBF)) {
+            (*j)++; /* as the loop it replaces: j counts past the offending byte */
+            return UTF8_SEQ_INVALID;
+        }
+    }
+    return UTF8_SEQ_VALID;
+}
+
 int tdm_detok_push(tdm_detok_t *d, tdm_token_t id, char *out, size_t cap, size_t *out_len)
 {
     const tdm_tokenizer_t *tok = d->tok;
@@ -778,36 +833,10 @@ int tdm_detok_push(tdm_detok_t *d, tdm_token_t id, char *out, size_t cap, size_t
     unsigned char keep[8];
     size_t n_keep = 0;
     while (i < total) {
-        uint8_t c = cat_at(a, na, p, i);
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            need = 0;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            need = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            lo = c == 0xE0 ? 0xA0 : 0x80;
-            hi = c == 0xED ? 0x9F : 0xBF;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            lo = c == 0xF0 ? 0x90 : 0x80;
-            hi = c == 0xF4 ? 0x8F : 0xBF;
-        } else {
-            need = SIZE_MAX; /* never valid as a first byte */
-        }
-        size_t j = 1;
-        bool invalid = need == SIZE_MAX, incomplete = false;
-        for (; !invalid && j <= need; j++) {
-            if (i + j >= total) {
-                incomplete = true;
-                break;
-            }
-            uint8_t cc = cat_at(a, na, p, i + j);
-            if (cc < (j == 1 ? lo : 0x80) || cc > (j == 1 ? hi : 0xBF))
-                invalid = true;
-        }
-        if (incomplete) {
+        size_t need, j;
+        utf8_seq_t seq = utf8_seq_at(a, na, p, total, i, &need, &j);
+        bool invalid = seq == UTF8_SEQ_INVALID;
+        if (seq == UTF8_SEQ_INCOMPLETE) {
             n_keep = total - i;
             for (size_t m = 0; m < n_keep; m++)
                 keep[m] = cat_at(a, na, p, i + m);

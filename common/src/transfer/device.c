@@ -38,7 +38,8 @@ int tdm_kv_dev_sender_init(tdm_kv_sender_t *s, tdm_error_t *err)
 {
     if (s->backend != TDM_KV_BACKEND_CUDA_IPC)
         return 0;
-    int rc = tdm_xfer_cuda_ipc_handle(s->memory.device, s->memory.device_base, s->ipc_handle, err);
+    int rc =
+        tdm_transfer_cuda_ipc_handle(s->memory.device, s->memory.device_base, s->ipc_handle, err);
     if (rc != 0)
         tdm_error_prefix(err, rc, "KV sender (cuda_ipc): ");
     return rc;
@@ -46,7 +47,7 @@ int tdm_kv_dev_sender_init(tdm_kv_sender_t *s, tdm_error_t *err)
 
 void tdm_kv_dev_channel_drop_comm(tdm_kv_channel_t *ch)
 {
-    tdm_xfer_nccl_destroy(&ch->comm);
+    tdm_transfer_nccl_destroy(&ch->comm);
     ch->comm_ready = false;
     ch->hello_call_id = 0;
     ch->launched = NULL;
@@ -57,10 +58,10 @@ int tdm_kv_dev_sender_prepare(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, tdm_erro
     if (ch->comm)
         return 0;
     uint8_t id[TDM_XFER_NCCL_ID_BYTES];
-    int rc = tdm_xfer_nccl_unique_id(id, err);
+    int rc = tdm_transfer_nccl_unique_id(id, err);
     if (rc != 0)
         return tdm_error_prefix(err, rc, "KV hello to %s: ", ch->endpoint);
-    ch->comm = tdm_xfer_nccl_new(s->memory.device, id, 0, err);
+    ch->comm = tdm_transfer_nccl_new(s->memory.device, id, 0, err);
     if (!ch->comm)
         return tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
                                 "KV hello to %s: ", ch->endpoint);
@@ -116,7 +117,7 @@ void tdm_kv_dev_sender_progress(tdm_kv_sender_t *s)
         tdm_error_t e = {0};
         int rc;
         if (!ch->comm_ready) {
-            rc = tdm_xfer_nccl_ready(ch->comm, &e);
+            rc = tdm_transfer_nccl_ready(ch->comm, &e);
             if (rc < 0) {
                 channel_comm_failed(s, ch, TDM_EUNAVAILABLE, e.msg);
                 continue;
@@ -126,7 +127,7 @@ void tdm_kv_dev_sender_progress(tdm_kv_sender_t *s)
             ch->comm_ready = true;
         }
         if (ch->launched) {
-            rc = tdm_xfer_nccl_poll(ch->comm, &e);
+            rc = tdm_transfer_nccl_poll(ch->comm, &e);
             if (rc < 0) {
                 channel_comm_failed(s, ch, TDM_EUNAVAILABLE, e.msg);
                 continue;
@@ -140,8 +141,8 @@ void tdm_kv_dev_sender_progress(tdm_kv_sender_t *s)
             if (x->ch != ch || !x->go)
                 continue;
             x->go = false;
-            rc = tdm_xfer_nccl_start(ch->comm, s->memory.device_base, x->blocks, x->n_blocks,
-                                     s->block_bytes, &e);
+            rc = tdm_transfer_nccl_start(ch->comm, s->memory.device_base, x->blocks, x->n_blocks,
+                                         s->block_bytes, &e);
             if (rc < 0)
                 channel_comm_failed(s, ch, TDM_EUNAVAILABLE, e.msg);
             else
@@ -155,7 +156,7 @@ void tdm_kv_dev_sender_progress(tdm_kv_sender_t *s)
 
 static void peer_comm_free(tdm_kv_peer_comm_t *p)
 {
-    tdm_xfer_nccl_destroy(&p->comm);
+    tdm_transfer_nccl_destroy(&p->comm);
     free(p);
 }
 
@@ -177,57 +178,52 @@ static void drop_peer_comms(tdm_kv_receiver_t *r, const uint8_t *peer, size_t pe
     }
 }
 
-void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f)
+/* The KvHello's fields: an nccl hello, to a node with a device pool, with a whole NCCL
+ * unique id. Returns 0 or the status with msg filled. */
+static int hello_check(const tdm_kv_receiver_t *r, const Tandem__V1__KvHello *h, char *msg,
+                       size_t cap)
 {
-    Tandem__V1__KvHello *h =
-        (Tandem__V1__KvHello *)tdm_frame_unpack(f, &tandem__v1__kv_hello__descriptor);
-    int st = 0;
-    char msg[TDM_ERRMSG_MAX] = "";
-    tdm_xfer_nccl_t *comm = NULL;
+    if (!h)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "KvHello does not decode");
+    if (strcmp(h->backend, "nccl") != 0)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
+                                 "KvHello backend \"%.32s\": only nccl needs a hello", h->backend);
+    if (!r->memory.device_base)
+        return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
+                                 "nccl needs a device pool; this node's pool is in host memory");
+    if (h->nccl_unique_id.len != TDM_XFER_NCCL_ID_BYTES)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "nccl_unique_id is %zu bytes; expected %u",
+                                 h->nccl_unique_id.len, TDM_XFER_NCCL_ID_BYTES);
+    return 0;
+}
+
+/* Forms the receiving side (rank 1) of the NCCL communicator the hello's sender started,
+ * waiting at most the receiver's timeout, and keeps it for the sender's peer. Returns 0 or
+ * the status with msg filled. */
+static int hello_comm_new(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem__V1__KvHello *h,
+                          char *msg, size_t cap)
+{
     tdm_error_t e = {0};
-    if (!h) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID, "KvHello does not decode");
-        goto out_reply;
-    }
-    if (strcmp(h->backend, "nccl") != 0) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
-                               "KvHello backend \"%.32s\": only nccl needs a hello", h->backend);
-        goto out_reply;
-    }
-    if (!r->memory.device_base) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EPRECONDITION,
-                               "nccl needs a device pool; this node's pool is in host memory");
-        goto out_reply;
-    }
-    if (h->nccl_unique_id.len != TDM_XFER_NCCL_ID_BYTES) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
-                               "nccl_unique_id is %zu bytes; expected %u", h->nccl_unique_id.len,
-                               TDM_XFER_NCCL_ID_BYTES);
-        goto out_reply;
-    }
     drop_peer_comms(r, f->peer, f->peer_len, h->sender_node_id);
-    comm = tdm_xfer_nccl_new(r->memory.device, h->nccl_unique_id.data, 1, &e);
-    if (!comm) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EUNAVAILABLE, "%s", e.msg);
-        goto out_reply;
-    }
+    tdm_transfer_nccl_t *comm =
+        tdm_transfer_nccl_new(r->memory.device, h->nccl_unique_id.data, 1, &e);
+    if (!comm)
+        return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg);
     double until = tdm_time_now() + r->timeout_ms / 1e3;
     int rc;
-    while ((rc = tdm_xfer_nccl_ready(comm, &e)) == 0 && tdm_time_now() < until)
+    while ((rc = tdm_transfer_nccl_ready(comm, &e)) == 0 && tdm_time_now() < until)
         sleep_us(1000);
     if (rc != 1) {
-        st = rc < 0 ? tdm_kv_reject_msg(msg, sizeof msg, TDM_EUNAVAILABLE, "%s", e.msg)
-                    : tdm_kv_reject_msg(msg, sizeof msg, TDM_EDEADLINE,
-                                        "NCCL communicator with %s not formed within %d ms",
-                                        h->sender_node_id, r->timeout_ms);
-        tdm_xfer_nccl_destroy(&comm);
-        goto out_reply;
+        tdm_transfer_nccl_destroy(&comm);
+        return rc < 0 ? tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg)
+                      : tdm_kv_reject_msg(msg, cap, TDM_EDEADLINE,
+                                          "NCCL communicator with %s not formed within %d ms",
+                                          h->sender_node_id, r->timeout_ms);
     }
     tdm_kv_peer_comm_t *p = calloc(1, sizeof *p);
     if (!p) {
-        tdm_xfer_nccl_destroy(&comm);
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_ERESOURCE, "out of memory");
-        goto out_reply;
+        tdm_transfer_nccl_destroy(&comm);
+        return tdm_kv_reject_msg(msg, cap, TDM_ERESOURCE, "out of memory");
     }
     memcpy(p->peer, f->peer, f->peer_len);
     p->peer_len = f->peer_len;
@@ -235,14 +231,22 @@ void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f)
     p->comm = comm;
     p->next = r->comms;
     r->comms = p;
+    return 0;
+}
 
-out_reply:
+void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f)
+{
+    Tandem__V1__KvHello *h =
+        (Tandem__V1__KvHello *)tdm_frame_unpack(f, &tandem__v1__kv_hello__descriptor);
+    char msg[TDM_ERRMSG_MAX] = "";
+    int st = hello_check(r, h, msg, sizeof msg);
+    if (st == 0)
+        st = hello_comm_new(r, f, h, msg, sizeof msg);
     if (st == 0) {
         Tandem__V1__KvHelloAck ack = TANDEM__V1__KV_HELLO_ACK__INIT;
         ack.backend = "nccl";
         tdm_sock_reply(r->sock, f, &ack.base);
-        TDM_LOG_INFOF(r->log, NULL, "KV NCCL communicator with %s formed",
-                      h ? h->sender_node_id : "?");
+        TDM_LOG_INFOF(r->log, NULL, "KV NCCL communicator with %s formed", h->sender_node_id);
     } else {
         tdm_sock_reply_error(r->sock, f, st, "%s", msg);
         TDM_LOG_WARNF(r->log, NULL, "KV hello refused: %s %s", tdm_status_name(st), msg);
@@ -262,7 +266,7 @@ static tdm_kv_peer_ipc_t *ipc_mapping(tdm_kv_receiver_t *r, const char *node_id,
                 return p;
             /* The sender's pool changed (a restart): unmap the old one. */
             *pp = p->next;
-            tdm_xfer_cuda_ipc_close(r->memory.device, p->base, NULL);
+            tdm_transfer_cuda_ipc_close(r->memory.device, p->base, NULL);
             free(p);
             continue;
         }
@@ -274,7 +278,7 @@ static tdm_kv_peer_ipc_t *ipc_mapping(tdm_kv_receiver_t *r, const char *node_id,
         return NULL;
     }
     tdm_error_t e = {0};
-    if (tdm_xfer_cuda_ipc_open(r->memory.device, handle, &p->base, &e) != 0) {
+    if (tdm_transfer_cuda_ipc_open(r->memory.device, handle, &p->base, &e) != 0) {
         free(p);
         *st = tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "cuda_ipc: %s", e.msg);
         return NULL;
@@ -296,8 +300,8 @@ int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
             ipc_mapping(r, h->sender_node_id, h->ipc_handles[0].data, msg, cap, &st);
         if (!p)
             return st;
-        if (tdm_xfer_cuda_copy_d2d(r->memory.device, r->memory.device_base, blocks, p->base,
-                                   h->block_offsets, h->n_blocks, r->block_bytes, &e) != 0)
+        if (tdm_transfer_cuda_copy_d2d(r->memory.device, r->memory.device_base, blocks, p->base,
+                                       h->block_offsets, h->n_blocks, r->block_bytes, &e) != 0)
             return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "cuda_ipc copy: %s", e.msg);
         return 0;
     }
@@ -308,8 +312,8 @@ int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
     if (!p)
         return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
                                  "no NCCL communicator with this sender (KV_HELLO first)");
-    if (tdm_xfer_nccl_start(p->comm, r->memory.device_base, blocks, h->n_blocks, r->block_bytes,
-                            &e) != 0) {
+    if (tdm_transfer_nccl_start(p->comm, r->memory.device_base, blocks, h->n_blocks, r->block_bytes,
+                                &e) != 0) {
         st = tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg);
         goto out_drop;
     }
@@ -327,7 +331,7 @@ int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
     }
     double until = tdm_time_now() + r->timeout_ms / 1e3;
     int rc;
-    while ((rc = tdm_xfer_nccl_poll(p->comm, &e)) == 0 && tdm_time_now() < until)
+    while ((rc = tdm_transfer_nccl_poll(p->comm, &e)) == 0 && tdm_time_now() < until)
         sleep_us(100);
     if (rc == 1)
         return 0;
@@ -344,8 +348,8 @@ int tdm_kv_dev_copy_h2d(tdm_kv_receiver_t *r, const uint8_t *const *src, const u
                         uint32_t n, char *msg, size_t cap)
 {
     tdm_error_t e = {0};
-    if (tdm_xfer_cuda_copy_h2d(r->memory.device, r->memory.device_base, blocks, src, n,
-                               r->block_bytes, &e) != 0)
+    if (tdm_transfer_cuda_copy_h2d(r->memory.device, r->memory.device_base, blocks, src, n,
+                                   r->block_bytes, &e) != 0)
         return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "host-to-device copy: %s", e.msg);
     return 0;
 }
@@ -360,7 +364,7 @@ void tdm_kv_dev_receiver_free(tdm_kv_receiver_t *r)
     while (r->ipcs) {
         tdm_kv_peer_ipc_t *p = r->ipcs;
         r->ipcs = p->next;
-        tdm_xfer_cuda_ipc_close(r->memory.device, p->base, NULL);
+        tdm_transfer_cuda_ipc_close(r->memory.device, p->base, NULL);
         free(p);
     }
 }

@@ -361,6 +361,47 @@ static tdm_kv_channel_t *channel_get(tdm_kv_sender_t *s, const char *endpoint,
     return ch;
 }
 
+/* The options a sender cannot work with: a backend not built in, a pool in the wrong memory
+ * for the backend, a negative timeout. Returns 0 or TDM_EINVALID. */
+static int sender_opts_check(const tdm_kv_sender_opts_t *opts, tdm_error_t *err)
+{
+    if (!tdm_kv_backend_built(opts->backend))
+        return tdm_error_set(err, TDM_EINVALID,
+                             "KV backend %s is not built into this binary (configure with "
+                             "-DTANDEM_CUDA=ON)",
+                             tdm_kv_backend_name(opts->backend));
+    bool device_pool = opts->memory.device_base != NULL;
+    if (opts->backend == TDM_KV_BACKEND_TCP && device_pool) {
+        return tdm_error_set(err, TDM_EINVALID,
+                             "KV backend tcp sends from host memory; a device pool needs nccl or "
+                             "cuda_ipc");
+    }
+    if (opts->backend != TDM_KV_BACKEND_TCP && !device_pool)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "KV backend %s needs a device pool (memory.device_base)",
+                             tdm_kv_backend_name(opts->backend));
+    if (opts->timeout_ms < 0) {
+        return tdm_error_set(err, TDM_EINVALID, "KV sender timeout_ms is %d; must be >= 0",
+                             opts->timeout_ms);
+    }
+    return 0;
+}
+
+/* Copies the CURVE keys the sender's channels use. Returns 0 or TDM_ERESOURCE (the caller
+ * destroys the sender, which frees what was copied). */
+static int sender_curve_copy(tdm_kv_sender_t *s, const tdm_curve_keys_t *c)
+{
+    s->has_curve = true;
+    const char *src[4] = {c->server_public, c->server_secret, c->client_public, c->client_secret};
+    const char **dst[4] = {&s->curve.server_public, &s->curve.server_secret,
+                           &s->curve.client_public, &s->curve.client_secret};
+    for (int i = 0; i < 4; i++) {
+        if (src[i] && !(*dst[i] = tdm_strdup(src[i])))
+            return TDM_ERESOURCE;
+    }
+    return 0;
+}
+
 tdm_kv_sender_t *tdm_kv_sender_new(tdm_net_t *net, tdm_kv_pool_t *pool,
                                    const tdm_kv_sender_opts_t *opts, tdm_error_t *err)
 {
@@ -368,30 +409,8 @@ tdm_kv_sender_t *tdm_kv_sender_new(tdm_net_t *net, tdm_kv_pool_t *pool,
         tdm_error_set(err, TDM_EINVALID, "KV sender: net, pool and opts are required");
         return NULL;
     }
-    if (!tdm_kv_backend_built(opts->backend)) {
-        tdm_error_set(err, TDM_EINVALID,
-                      "KV backend %s is not built into this binary (configure with "
-                      "-DTANDEM_CUDA=ON)",
-                      tdm_kv_backend_name(opts->backend));
+    if (sender_opts_check(opts, err) != 0)
         return NULL;
-    }
-    bool device_pool = opts->memory.device_base != NULL;
-    if (opts->backend == TDM_KV_BACKEND_TCP && device_pool) {
-        tdm_error_set(err, TDM_EINVALID,
-                      "KV backend tcp sends from host memory; a device pool needs nccl or "
-                      "cuda_ipc");
-        return NULL;
-    }
-    if (opts->backend != TDM_KV_BACKEND_TCP && !device_pool) {
-        tdm_error_set(err, TDM_EINVALID, "KV backend %s needs a device pool (memory.device_base)",
-                      tdm_kv_backend_name(opts->backend));
-        return NULL;
-    }
-    if (opts->timeout_ms < 0) {
-        tdm_error_set(err, TDM_EINVALID, "KV sender timeout_ms is %d; must be >= 0",
-                      opts->timeout_ms);
-        return NULL;
-    }
     const tdm_curve_keys_t *c = opts->curve;
     bool has_curve =
         c && (c->server_public || c->server_secret || c->client_public || c->client_secret);
@@ -417,17 +436,8 @@ tdm_kv_sender_t *tdm_kv_sender_new(tdm_net_t *net, tdm_kv_pool_t *pool,
     }
     s->next_id = 1;
     tdm_frame_init(&s->frame);
-    if (has_curve) {
-        s->has_curve = true;
-        const char *src[4] = {c->server_public, c->server_secret, c->client_public,
-                              c->client_secret};
-        const char **dst[4] = {&s->curve.server_public, &s->curve.server_secret,
-                               &s->curve.client_public, &s->curve.client_secret};
-        for (int i = 0; i < 4; i++) {
-            if (src[i] && !(*dst[i] = tdm_strdup(src[i])))
-                goto out_free;
-        }
-    }
+    if (has_curve && sender_curve_copy(s, c) != 0)
+        goto out_free;
     s->notify = notify_new();
     if (!s->notify)
         goto out_free;
@@ -479,6 +489,47 @@ static void xfer_send_cancel(tdm_kv_sender_t *s, tdm_kv_xfer_t *x)
                        tdm_sock_errmsg(x->ch->sock));
 }
 
+/* Waits up to timeout_s for ZeroMQ to release every block frame it still holds (the sockets
+ * are closed, so it drops them); the release callbacks write to s->notify. */
+static void sender_wait_released(tdm_kv_sender_t *s, double timeout_s)
+{
+    double until = tdm_time_now() + timeout_s;
+    for (;;) {
+        bool pending = false;
+        for (tdm_kv_xfer_t *x = s->xfers; x; x = x->next)
+            pending = pending || atomic_load(&x->pending) > 0;
+        double left = until - tdm_time_now();
+        if (!pending || left <= 0)
+            return;
+        struct pollfd p = {.fd = s->notify->fds[0], .events = POLLIN};
+        poll(&p, 1, (int)(left * 1e3) + 1);
+        notify_drain(s->notify);
+    }
+}
+
+/* Frees every transfer record and gives its blocks back to the pool. */
+static void sender_free_xfers(tdm_kv_sender_t *s)
+{
+    tdm_kv_xfer_t *x = s->xfers;
+    while (x) {
+        tdm_kv_xfer_t *next = x->next;
+        if (atomic_load(&x->pending) > 0) {
+            /* ZMQ still holds frames of it after 1 s: keep the record (its release callbacks
+             * will touch it) but give the blocks back; the sockets are closed, so nothing
+             * will be sent from them. */
+            TDM_LOG_ERRORF(s->log, x->request_id,
+                           "KV transfer %" PRIu64 ": ZeroMQ kept %u block frames after 1 s", x->id,
+                           atomic_load(&x->pending));
+            for (uint32_t i = 0; i < x->n_blocks; i++)
+                tdm_kv_pool_unref(s->pool, x->blocks[i]);
+        } else {
+            xfer_free(s, x);
+        }
+        x = next;
+    }
+    s->xfers = s->xfers_tail = NULL;
+}
+
 void tdm_kv_sender_destroy(tdm_kv_sender_t **self_p)
 {
     if (!self_p || !*self_p)
@@ -498,35 +549,8 @@ void tdm_kv_sender_destroy(tdm_kv_sender_t **self_p)
         tdm_sock_destroy(&ch->sock);
         tdm_kv_channel_drop_comm(s, ch);
     }
-    double until = tdm_time_now() + 1.0;
-    for (;;) {
-        bool pending = false;
-        for (tdm_kv_xfer_t *x = s->xfers; x; x = x->next)
-            pending = pending || atomic_load(&x->pending) > 0;
-        double left = until - tdm_time_now();
-        if (!pending || left <= 0)
-            break;
-        struct pollfd p = {.fd = s->notify->fds[0], .events = POLLIN};
-        poll(&p, 1, (int)(left * 1e3) + 1);
-        notify_drain(s->notify);
-    }
-    tdm_kv_xfer_t *x = s->xfers;
-    while (x) {
-        tdm_kv_xfer_t *next = x->next;
-        if (atomic_load(&x->pending) > 0) {
-            /* ZMQ still holds frames of it after 1 s: keep the record (its release callbacks
-             * will touch it) but give the blocks back; the sockets are closed, so nothing
-             * will be sent from them. */
-            TDM_LOG_ERRORF(s->log, x->request_id,
-                           "KV transfer %" PRIu64 ": ZeroMQ kept %u block frames after 1 s", x->id,
-                           atomic_load(&x->pending));
-            for (uint32_t i = 0; i < x->n_blocks; i++)
-                tdm_kv_pool_unref(s->pool, x->blocks[i]);
-        } else {
-            xfer_free(s, x);
-        }
-        x = next;
-    }
+    sender_wait_released(s, 1.0);
+    sender_free_xfers(s);
     tdm_kv_channel_t *ch = s->channels;
     while (ch) {
         tdm_kv_channel_t *next = ch->next;
@@ -549,10 +573,10 @@ static int check_send_req(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, tdm_
     if (!req->request_id || !req->request_id[0])
         return tdm_error_set(err, TDM_EINVALID, "KV transfer: request_id is empty");
     size_t id_len = strlen(req->request_id);
-    if (id_len >= TDM_KV_REQUEST_ID_MAX)
+    if (id_len > TDM_REQUEST_ID_MAX)
         return tdm_error_set(err, TDM_EINVALID,
                              "KV transfer: request_id is %zu bytes; at most %u allowed", id_len,
-                             TDM_KV_REQUEST_ID_MAX - 1);
+                             TDM_REQUEST_ID_MAX);
     if (!req->endpoint || !req->endpoint[0])
         return tdm_error_set(err, TDM_EINVALID, "KV transfer %s: endpoint is empty",
                              req->request_id);
@@ -584,6 +608,122 @@ static int check_send_req(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, tdm_
     return 0;
 }
 
+/* A transfer record for req over ch, holding a reference on each of its blocks, and the
+ * scratch for its header words and frame list (*scratch; the caller frees it once
+ * tdm_sock_send has copied them). Returns NULL on out of memory, with *err set. */
+static tdm_kv_xfer_t *xfer_new(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req,
+                               tdm_kv_channel_t *ch, void **scratch, tdm_error_t *err)
+{
+    uint32_t n = req->n_blocks;
+    tdm_kv_xfer_t *x = calloc(1, sizeof *x);
+    size_t scratch_bytes = (size_t)n * (sizeof(uint64_t) + sizeof(tdm_net_data_t));
+    *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
+    if (x)
+        x->blocks = malloc((size_t)n * sizeof *x->blocks);
+    if (!x || !x->blocks || !*scratch) {
+        if (x)
+            free(x->blocks);
+        free(x);
+        free(*scratch);
+        *scratch = NULL;
+        tdm_error_set(err, TDM_ERESOURCE, "KV transfer %s: out of memory", req->request_id);
+        return NULL;
+    }
+    atomic_init(&x->pending, 0);
+    x->id = s->next_id++;
+    copy_str(x->request_id, sizeof x->request_id, req->request_id);
+    x->attempt_id = req->attempt_id;
+    x->ch = ch;
+    x->generation = ch->generation;
+    x->n_blocks = n;
+    x->bytes = (uint64_t)n * s->block_bytes;
+    x->notify = s->notify;
+    x->t_start = tdm_time_now();
+    x->deadline = x->t_start + s->timeout_ms / 1e3;
+    memcpy(x->blocks, req->blocks, (size_t)n * sizeof *x->blocks);
+    for (uint32_t i = 0; i < n; i++)
+        tdm_kv_pool_ref(s->pool, x->blocks[i]);
+    return x;
+}
+
+/* words[i] = block i's offset in the pool; with tcp, data[i] = its zero-copy frame and
+ * words[i] then its checksum. */
+static void xfer_frames(tdm_kv_sender_t *s, tdm_kv_xfer_t *x, uint64_t *words, tdm_net_data_t *data)
+{
+    uint32_t n = x->n_blocks;
+    bool tcp = s->backend == TDM_KV_BACKEND_TCP;
+    uint8_t *base = tdm_kv_pool_base(s->pool);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t off = (uint64_t)x->blocks[i] * s->block_bytes;
+        words[i] = off;
+        if (tcp) {
+            data[i].ptr = base + off;
+            data[i].len = (size_t)s->block_bytes;
+            data[i].free_fn = frame_released;
+            data[i].hint = x;
+        }
+    }
+    if (tcp) {
+        /* Checksums are memory-bound: spread large transfers over the engine's threads. */
+        const uint64_t bb = s->block_bytes;
+#pragma omp parallel for schedule(static) if (n >= TDM_KV_PARALLEL_BLOCKS)
+        for (uint32_t i = 0; i < n; i++)
+            words[i] = tdm_kv_block_checksum(base + words[i], bb);
+    }
+}
+
+/* The KvTransfer header of x into *h; it points at lay, handle and words, which the caller
+ * keeps until the header is sent. */
+static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, const tdm_kv_send_req_t *req,
+                        uint64_t *words, Tandem__V1__KvTransfer *h, Tandem__V1__KvLayout *lay,
+                        ProtobufCBinaryData *handle)
+{
+    tandem__v1__kv_transfer__init(h);
+    tdm_proto_layout_to(&s->layout, lay);
+    h->request_id = (char *)x->request_id;
+    h->attempt_id = x->attempt_id;
+    h->transfer_id = x->id;
+    h->n_tokens = req->n_tokens;
+    h->first_token = req->first_token;
+    h->layout = lay;
+    h->model_fingerprint = s->model_fingerprint;
+    h->n_blocks = x->n_blocks;
+    h->block_bytes = s->block_bytes;
+    h->checksum_kind = TANDEM__V1__CHECKSUM_KIND__CHECKSUM_KIND_XXH3_64;
+    h->backend = (char *)tdm_kv_backend_name(s->backend);
+    h->sender_node_id = s->node_id;
+    h->prefill_s = req->prefill_s;
+    *handle = (ProtobufCBinaryData){sizeof s->ipc_handle, s->ipc_handle};
+    if (s->backend == TDM_KV_BACKEND_TCP) {
+        h->n_checksums = x->n_blocks;
+        h->checksums = words;
+    } else if (s->backend == TDM_KV_BACKEND_CUDA_IPC) {
+        h->n_ipc_handles = 1;
+        h->ipc_handles = handle;
+        h->n_block_offsets = x->n_blocks;
+        h->block_offsets = words;
+    }
+    h->header_checksum = tdm_kv_header_checksum(h);
+}
+
+/* x was not sent (tdm_sock_send returned rc): the record is dropped, or kept unreported
+ * while ZMQ still holds frames of it. Returns the error to report. */
+static int xfer_send_failed(tdm_kv_sender_t *s, tdm_kv_xfer_t *x, int rc, tdm_error_t *err)
+{
+    tdm_error_set(err, rc, "KV transfer %s to %s: %s", x->request_id, x->ch->endpoint,
+                  tdm_sock_errmsg(x->ch->sock));
+    /* net.h: every release callback runs once even on failure; normally they already ran
+     * (nothing was queued). If ZMQ kept some, the record stays, unreported, until they are
+     * released. */
+    x->silent = true;
+    x->finished = true;
+    if (atomic_load(&x->pending) == 0)
+        xfer_free(s, x);
+    else
+        xfer_append(s, x);
+    return rc == TDM_EINVALID || rc == TDM_ERESOURCE ? rc : TDM_EUNAVAILABLE;
+}
+
 int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_t *transfer_id,
                        tdm_error_t *err)
 {
@@ -604,85 +744,17 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
 #endif
 
     uint32_t n = req->n_blocks;
-    bool tcp = s->backend == TDM_KV_BACKEND_TCP;
-    bool ipc = s->backend == TDM_KV_BACKEND_CUDA_IPC;
-    tdm_kv_xfer_t *x = calloc(1, sizeof *x);
-    /* Scratch for the header and the frame list, freed once tdm_sock_send has copied them. */
-    size_t scratch_bytes = (size_t)n * (sizeof(uint64_t) + sizeof(tdm_net_data_t));
-    void *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
-    if (x)
-        x->blocks = malloc((size_t)n * sizeof *x->blocks);
-    if (!x || !x->blocks || !scratch) {
-        if (x)
-            free(x->blocks);
-        free(x);
-        free(scratch);
-        return tdm_error_set(err, TDM_ERESOURCE, "KV transfer %s: out of memory", req->request_id);
-    }
+    void *scratch = NULL;
+    tdm_kv_xfer_t *x = xfer_new(s, req, ch, &scratch, err);
+    if (!x)
+        return TDM_ERESOURCE;
     uint64_t *words = scratch; /* checksums (tcp) or block offsets (cuda_ipc) */
     tdm_net_data_t *data = (tdm_net_data_t *)(words + n);
-
-    atomic_init(&x->pending, 0);
-    x->id = s->next_id++;
-    copy_str(x->request_id, sizeof x->request_id, req->request_id);
-    x->attempt_id = req->attempt_id;
-    x->ch = ch;
-    x->generation = ch->generation;
-    x->n_blocks = n;
-    x->bytes = (uint64_t)n * s->block_bytes;
-    x->notify = s->notify;
-    x->t_start = tdm_time_now();
-    x->deadline = x->t_start + s->timeout_ms / 1e3;
-    memcpy(x->blocks, req->blocks, (size_t)n * sizeof *x->blocks);
-    for (uint32_t i = 0; i < n; i++)
-        tdm_kv_pool_ref(s->pool, x->blocks[i]);
-
-    uint8_t *base = tdm_kv_pool_base(s->pool);
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t off = (uint64_t)x->blocks[i] * s->block_bytes;
-        words[i] = off;
-        if (tcp) {
-            data[i].ptr = base + off;
-            data[i].len = (size_t)s->block_bytes;
-            data[i].free_fn = frame_released;
-            data[i].hint = x;
-        }
-    }
-    if (tcp) {
-        /* Checksums are memory-bound: spread large transfers over the engine's threads. */
-        const uint64_t bb = s->block_bytes;
-#pragma omp parallel for schedule(static) if (n >= TDM_KV_PARALLEL_BLOCKS)
-        for (uint32_t i = 0; i < n; i++)
-            words[i] = tdm_kv_block_checksum(base + words[i], bb);
-    }
-
-    Tandem__V1__KvTransfer h = TANDEM__V1__KV_TRANSFER__INIT;
+    xfer_frames(s, x, words, data);
+    Tandem__V1__KvTransfer h;
     Tandem__V1__KvLayout lay;
-    tdm_proto_layout_to(&s->layout, &lay);
-    h.request_id = x->request_id;
-    h.attempt_id = x->attempt_id;
-    h.transfer_id = x->id;
-    h.n_tokens = req->n_tokens;
-    h.first_token = req->first_token;
-    h.layout = &lay;
-    h.model_fingerprint = s->model_fingerprint;
-    h.n_blocks = n;
-    h.block_bytes = s->block_bytes;
-    h.checksum_kind = TANDEM__V1__CHECKSUM_KIND__CHECKSUM_KIND_XXH3_64;
-    h.backend = (char *)tdm_kv_backend_name(s->backend);
-    h.sender_node_id = s->node_id;
-    h.prefill_s = req->prefill_s;
-    ProtobufCBinaryData handle = {sizeof s->ipc_handle, s->ipc_handle};
-    if (tcp) {
-        h.n_checksums = n;
-        h.checksums = words;
-    } else if (ipc) {
-        h.n_ipc_handles = 1;
-        h.ipc_handles = &handle;
-        h.n_block_offsets = n;
-        h.block_offsets = words;
-    }
-    h.header_checksum = tdm_kv_header_checksum(&h);
+    ProtobufCBinaryData handle;
+    xfer_header(s, x, req, words, &h, &lay, &handle);
 
     tdm_send_t m;
     memset(&m, 0, sizeof m);
@@ -691,7 +763,7 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
     m.call_id = x->id;
     m.deadline_unix_ms = tdm_net_now_ms() + (uint64_t)s->timeout_ms;
     m.body = &h.base;
-    if (tcp && n > 0) {
+    if (s->backend == TDM_KV_BACKEND_TCP && n > 0) {
         m.data = data;
         m.n_data = n;
         atomic_init(&x->pending, n);
@@ -699,21 +771,8 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
     }
     rc = tdm_sock_send(ch->sock, &m);
     free(scratch);
-    if (rc != 0) {
-        tdm_error_set(err, rc, "KV transfer %s to %s: %s", x->request_id, ch->endpoint,
-                      tdm_sock_errmsg(ch->sock));
-        /* net.h: every release callback runs once even on failure; normally they already
-         * ran (nothing was queued). If ZMQ kept some, the record stays, unreported, until
-         * they are released. */
-        x->silent = true;
-        x->finished = true;
-        if (atomic_load(&x->pending) == 0) {
-            xfer_free(s, x);
-        } else {
-            xfer_append(s, x);
-        }
-        return rc == TDM_EINVALID || rc == TDM_ERESOURCE ? rc : TDM_EUNAVAILABLE;
-    }
+    if (rc != 0)
+        return xfer_send_failed(s, x, rc, err);
     xfer_append(s, x);
     s->n_reportable++;
     *transfer_id = x->id;
@@ -977,6 +1036,25 @@ int tdm_kv_sender_poll(tdm_kv_sender_t *s, int timeout_ms, tdm_kv_send_done_t *o
 
 /* ---- receiver ---- */
 
+/* The receiver's bound socket (ROUTER, CURVE server when opts->curve is set). Returns NULL
+ * with *err set. */
+static tdm_sock_t *receiver_bind(tdm_kv_receiver_t *r, const tdm_kv_receiver_opts_t *opts,
+                                 tdm_error_t *err)
+{
+    tdm_sock_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.curve = opts->curve;
+    o.log = r->log;
+    /* Transfers wait in ZMQ's receive queue as whole messages (up to a context's KV each):
+     * bound it, so that a burst pushes back on the senders (TCP flow control) instead of
+     * growing memory. The node handles one transfer per recv call. */
+    o.sndhwm = TDM_KV_RECEIVER_HWM;
+    tdm_sock_t *sock = tdm_sock_bind(r->net, opts->endpoint, &o, err);
+    if (!sock)
+        tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE, "KV receiver: ");
+    return sock;
+}
+
 tdm_kv_receiver_t *tdm_kv_receiver_new(tdm_net_t *net, tdm_kv_pool_t *pool,
                                        const tdm_kv_receiver_opts_t *opts, tdm_error_t *err)
 {
@@ -1028,17 +1106,8 @@ tdm_kv_receiver_t *tdm_kv_receiver_new(tdm_net_t *net, tdm_kv_pool_t *pool,
         free(r);
         return NULL;
     }
-    tdm_sock_opts_t o;
-    memset(&o, 0, sizeof o);
-    o.curve = opts->curve;
-    o.log = r->log;
-    /* Transfers wait in ZMQ's receive queue as whole messages (up to a context's KV each):
-     * bound it, so that a burst pushes back on the senders (TCP flow control) instead of
-     * growing memory. The node handles one transfer per recv call. */
-    o.sndhwm = TDM_KV_RECEIVER_HWM;
-    r->sock = tdm_sock_bind(net, opts->endpoint, &o, err);
+    r->sock = receiver_bind(r, opts, err);
     if (!r->sock) {
-        tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE, "KV receiver: ");
         free(r->sums);
         free(r->src);
         free(r);
@@ -1074,17 +1143,15 @@ const char *tdm_kv_receiver_endpoint(const tdm_kv_receiver_t *r)
     return r && r->sock ? tdm_sock_endpoint(r->sock) : "";
 }
 
-/* Checks a KvTransfer header against this receiver (everything but the checksums and the
- * reserved blocks). Returns 0 with *backend set, or the status with msg filled. */
-static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
-                        const Tandem__V1__KvTransfer *h, tdm_kv_backend_t *backend, char *msg,
-                        size_t cap)
+/* The request id and the backend (known, built in, and one this node's pool can take). */
+static int check_header_backend(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h,
+                                tdm_kv_backend_t *backend, char *msg, size_t cap)
 {
     if (!h->request_id[0])
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "request_id is empty");
-    if (strlen(h->request_id) >= TDM_KV_REQUEST_ID_MAX)
+    if (strlen(h->request_id) > TDM_REQUEST_ID_MAX)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "request_id is %zu bytes; at most %u",
-                                 strlen(h->request_id), TDM_KV_REQUEST_ID_MAX - 1);
+                                 strlen(h->request_id), TDM_REQUEST_ID_MAX);
     if (tdm_kv_backend_parse(h->backend, backend, NULL) != 0)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
                                  "backend \"%.64s\" unknown (tcp, nccl, cuda_ipc)", h->backend);
@@ -1096,6 +1163,14 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
                                  "backend %s needs a device pool; this node's pool is in host "
                                  "memory",
                                  h->backend);
+    return 0;
+}
+
+/* What must agree with this node: layout, model, block size, the block count for n_tokens
+ * (and against the pool), the checksum kind. */
+static int check_header_layout(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h,
+                               char *msg, size_t cap)
+{
     if (!h->layout)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "layout is missing");
     tdm_kv_layout_t l;
@@ -1137,27 +1212,39 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
     if (h->checksum_kind != TANDEM__V1__CHECKSUM_KIND__CHECKSUM_KIND_XXH3_64)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "checksum_kind %d unknown",
                                  (int)h->checksum_kind);
-    if (*backend == TDM_KV_BACKEND_TCP) {
-        if (f->n_data < h->n_blocks)
+    return 0;
+}
+
+/* tcp: one data frame of block_bytes per block, one checksum each. */
+static int check_header_tcp(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
+                            const Tandem__V1__KvTransfer *h, char *msg, size_t cap)
+{
+    if (f->n_data < h->n_blocks)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
+                                 "truncated transfer: %u data frames for %u blocks", f->n_data,
+                                 h->n_blocks);
+    if (f->n_data > h->n_blocks)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "%u data frames for %u blocks", f->n_data,
+                                 h->n_blocks);
+    if (h->n_checksums != h->n_blocks)
+        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "%zu checksums for %u blocks",
+                                 h->n_checksums, h->n_blocks);
+    for (uint32_t i = 0; i < f->n_data; i++) {
+        size_t len = 0;
+        tdm_frame_data(f, i, &len);
+        if (len != r->block_bytes)
             return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                     "truncated transfer: %u data frames for %u blocks", f->n_data,
-                                     h->n_blocks);
-        if (f->n_data > h->n_blocks)
-            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "%u data frames for %u blocks",
-                                     f->n_data, h->n_blocks);
-        if (h->n_checksums != h->n_blocks)
-            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "%zu checksums for %u blocks",
-                                     h->n_checksums, h->n_blocks);
-        for (uint32_t i = 0; i < f->n_data; i++) {
-            size_t len = 0;
-            tdm_frame_data(f, i, &len);
-            if (len != r->block_bytes)
-                return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                         "block %u is %zu bytes; expected %" PRIu64, i, len,
-                                         r->block_bytes);
-        }
-        return 0;
+                                     "block %u is %zu bytes; expected %" PRIu64, i, len,
+                                     r->block_bytes);
     }
+    return 0;
+}
+
+/* nccl, cuda_ipc: no data frames or checksums; cuda_ipc's handle and block offsets. */
+static int check_header_device(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
+                               const Tandem__V1__KvTransfer *h, tdm_kv_backend_t backend, char *msg,
+                               size_t cap)
+{
     if (f->n_data != 0)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
                                  "%u data frames with backend %s (the blocks travel over the "
@@ -1167,7 +1254,7 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
                                  "%zu checksums with backend %s, which carries none",
                                  h->n_checksums, h->backend);
-    if (*backend == TDM_KV_BACKEND_CUDA_IPC) {
+    if (backend == TDM_KV_BACKEND_CUDA_IPC) {
         if (h->n_ipc_handles != 1 || h->ipc_handles[0].len != 64)
             return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
                                      "cuda_ipc needs one 64-byte ipc handle; got %zu",
@@ -1183,6 +1270,21 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
                                          h->block_offsets[i]);
     }
     return 0;
+}
+
+/* Checks a KvTransfer header against this receiver (everything but the checksums and the
+ * reserved blocks). Returns 0 with *backend set, or the status with msg filled. */
+static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
+                        const Tandem__V1__KvTransfer *h, tdm_kv_backend_t *backend, char *msg,
+                        size_t cap)
+{
+    int rc;
+    if ((rc = check_header_backend(r, h, backend, msg, cap)) != 0 ||
+        (rc = check_header_layout(r, h, msg, cap)) != 0)
+        return rc;
+    if (*backend == TDM_KV_BACKEND_TCP)
+        return check_header_tcp(r, f, h, msg, cap);
+    return check_header_device(r, f, h, *backend, msg, cap);
 }
 
 /* Verifies every block's checksum (in parallel for large transfers); the first mismatching
@@ -1268,21 +1370,10 @@ static bool cancel_follows(tdm_kv_receiver_t *r, const tdm_frame_t *f)
     return false;
 }
 
-static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_lookup_fn lookup,
-                            void *user, tdm_kv_received_t *out)
+/* The header's fields the caller is told about, into out. */
+static void received_fill(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h,
+                          tdm_kv_received_t *out)
 {
-    char msg[TDM_ERRMSG_MAX] = "";
-    int st = 0;
-    tdm_kv_backend_t backend = TDM_KV_BACKEND_TCP;
-    const uint32_t *blocks = NULL;
-    Tandem__V1__KvTransfer *h =
-        (Tandem__V1__KvTransfer *)tdm_frame_unpack(f, &tandem__v1__kv_transfer__descriptor);
-    out->transfer_id = f->call_id;
-    if (!h) {
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
-                               "KvTransfer header does not decode (%zu bytes)", f->body_len);
-        goto out_reply;
-    }
     copy_str(out->request_id, sizeof out->request_id, h->request_id);
     out->attempt_id = h->attempt_id;
     copy_str(out->sender_node_id, sizeof out->sender_node_id, h->sender_node_id);
@@ -1292,31 +1383,40 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
     out->n_blocks = h->n_blocks;
     out->bytes = (uint64_t)h->n_blocks * r->block_bytes;
     out->prefill_s = h->prefill_s;
-    if (cancel_follows(r, f)) {
-        out->status = TDM_ECANCELLED;
-        snprintf(out->message, sizeof out->message,
-                 "cancelled by the sender before it was handled");
-        goto out_free;
-    }
-    st = check_header(r, f, h, &backend, msg, sizeof msg);
+}
+
+/* Every check of a transfer: the header (check_header), the sender it claims against the
+ * connection's CURVE key, the header checksum, the blocks' checksums (tcp), and the reserved
+ * blocks (lookup, into *blocks). Returns 0 with *backend set, or the status with msg filled. */
+static int transfer_check(tdm_kv_receiver_t *r, const tdm_frame_t *f,
+                          const Tandem__V1__KvTransfer *h, tdm_kv_lookup_fn lookup, void *user,
+                          tdm_kv_backend_t *backend, const uint32_t **blocks, char *msg, size_t cap)
+{
+    int st = check_header(r, f, h, backend, msg, cap);
     /* CURVE: the connection's key names the prefill node (ZAP User-Id); the header may not
      * claim another sender */
     if (st == 0 && f->user_id[0] && strcmp(f->user_id, h->sender_node_id) != 0)
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EUNAUTHENTICATED,
+        st = tdm_kv_reject_msg(msg, cap, TDM_EUNAUTHENTICATED,
                                "the key of node '%s' sent a transfer claiming sender '%.64s'",
                                f->user_id, h->sender_node_id);
     if (st == 0 && tdm_kv_header_checksum(h) != h->header_checksum)
-        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
+        st = tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
                                "header checksum mismatch: got 0x%016" PRIx64
                                " computed 0x%016" PRIx64 " (a header field was altered in flight)",
                                h->header_checksum, tdm_kv_header_checksum(h));
-    if (st == 0 && backend == TDM_KV_BACKEND_TCP)
-        st = verify_checksums(r, f, h, msg, sizeof msg);
+    if (st == 0 && *backend == TDM_KV_BACKEND_TCP)
+        st = verify_checksums(r, f, h, msg, cap);
     if (st == 0)
-        st = lookup_blocks(r, h, lookup, user, &blocks, msg, sizeof msg);
-    if (st != 0)
-        goto out_reply;
-    /* Every check passed: only now are the reserved blocks written. */
+        st = lookup_blocks(r, h, lookup, user, blocks, msg, cap);
+    return st;
+}
+
+/* Writes the checked transfer into the reserved blocks: copied from the frames (host pool),
+ * or through the device backend. Returns 0 or the status with msg filled. */
+static int transfer_write(tdm_kv_receiver_t *r, const tdm_frame_t *f,
+                          const Tandem__V1__KvTransfer *h, tdm_kv_backend_t backend,
+                          const uint32_t *blocks, char *msg, size_t cap)
+{
     if (backend == TDM_KV_BACKEND_TCP && !r->memory.device_base) {
         uint8_t *base = tdm_kv_pool_base(r->pool);
         const uint64_t bb = r->block_bytes;
@@ -1327,21 +1427,27 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
             size_t len = 0;
             memcpy(base + (uint64_t)blocks[i] * bb, tdm_frame_data(f, i, &len), (size_t)bb);
         }
-    } else {
-#ifdef TANDEM_HAVE_CUDA
-        if (backend == TDM_KV_BACKEND_TCP) {
-            for (uint32_t i = 0; i < h->n_blocks; i++) {
-                size_t len = 0;
-                r->src[i] = tdm_frame_data(f, i, &len);
-            }
-            st = tdm_kv_dev_copy_h2d(r, r->src, blocks, h->n_blocks, msg, sizeof msg);
-        } else {
-            st = tdm_kv_dev_receive(r, f, h, backend, blocks, msg, sizeof msg);
-        }
-#endif
+        return 0;
     }
+    int st = 0;
+#ifdef TANDEM_HAVE_CUDA
+    if (backend == TDM_KV_BACKEND_TCP) {
+        for (uint32_t i = 0; i < h->n_blocks; i++) {
+            size_t len = 0;
+            r->src[i] = tdm_frame_data(f, i, &len);
+        }
+        st = tdm_kv_dev_copy_h2d(r, r->src, blocks, h->n_blocks, msg, cap);
+    } else {
+        st = tdm_kv_dev_receive(r, f, h, backend, blocks, msg, cap);
+    }
+#endif
+    return st;
+}
 
-out_reply:
+/* Acknowledges (st 0) or rejects the transfer and logs the outcome; fills out's status. */
+static void transfer_reply(tdm_kv_receiver_t *r, const tdm_frame_t *f, int st, const char *msg,
+                           tdm_kv_backend_t backend, tdm_kv_received_t *out)
+{
     out->status = st;
     copy_str(out->message, sizeof out->message, msg);
     int rc = st == 0 ? tdm_sock_reply(r->sock, f, NULL)
@@ -1357,9 +1463,37 @@ out_reply:
         TDM_LOG_DEBUGF(r->log, out->request_id,
                        "KV transfer %" PRIu64 " accepted: %u blocks, %" PRIu64 " bytes, %s",
                        out->transfer_id, out->n_blocks, out->bytes, tdm_kv_backend_name(backend));
-out_free:
-    if (h)
-        protobuf_c_message_free_unpacked(&h->base, NULL);
+}
+
+static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_lookup_fn lookup,
+                            void *user, tdm_kv_received_t *out)
+{
+    char msg[TDM_ERRMSG_MAX] = "";
+    int st = 0;
+    tdm_kv_backend_t backend = TDM_KV_BACKEND_TCP;
+    const uint32_t *blocks = NULL;
+    Tandem__V1__KvTransfer *h =
+        (Tandem__V1__KvTransfer *)tdm_frame_unpack(f, &tandem__v1__kv_transfer__descriptor);
+    out->transfer_id = f->call_id;
+    if (!h) {
+        st = tdm_kv_reject_msg(msg, sizeof msg, TDM_EINVALID,
+                               "KvTransfer header does not decode (%zu bytes)", f->body_len);
+        transfer_reply(r, f, st, msg, backend, out);
+        return;
+    }
+    received_fill(r, h, out);
+    if (cancel_follows(r, f)) {
+        out->status = TDM_ECANCELLED;
+        snprintf(out->message, sizeof out->message,
+                 "cancelled by the sender before it was handled");
+    } else {
+        st = transfer_check(r, f, h, lookup, user, &backend, &blocks, msg, sizeof msg);
+        /* Every check passed: only now are the reserved blocks written. */
+        if (st == 0)
+            st = transfer_write(r, f, h, backend, blocks, msg, sizeof msg);
+        transfer_reply(r, f, st, msg, backend, out);
+    }
+    protobuf_c_message_free_unpacked(&h->base, NULL);
 }
 
 int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn lookup, void *user,

@@ -25,28 +25,28 @@ typedef struct tdm_kv_notify {
     int fds[2]; /* pipe: [0] polled by the sender, [1] written by release callbacks */
 } tdm_kv_notify_t;
 
-struct tdm_xfer_nccl;
+struct tdm_transfer_nccl;
 struct tdm_kv_xfer;
 
 /* One receiver endpoint. */
 typedef struct tdm_kv_channel {
     struct tdm_kv_channel *next;
     char *endpoint;
-    char server_key[41];          /* CURVE: the receiver's public key the socket was opened
-                                     with; "" = the sender's curve.server_public */
-    tdm_sock_t *sock;             /* NULL after a reset, until the next send reopens it */
-    uint32_t generation;          /* incremented by every reset */
-    struct tdm_xfer_nccl *comm;   /* nccl: communicator with the receiver (rank 0), or NULL */
-    bool comm_ready;              /* nccl: the communicator finished initialising */
-    uint64_t hello_call_id;       /* nccl: the KV_HELLO call of comm, 0 = answered */
-    struct tdm_kv_xfer *launched; /* nccl: the transfer whose ncclSend runs, or NULL */
+    char server_key[41];            /* CURVE: the receiver's public key the socket was opened
+                                       with; "" = the sender's curve.server_public */
+    tdm_sock_t *sock;               /* NULL after a reset, until the next send reopens it */
+    uint32_t generation;            /* incremented by every reset */
+    struct tdm_transfer_nccl *comm; /* nccl: communicator with the receiver (rank 0), or NULL */
+    bool comm_ready;                /* nccl: the communicator finished initialising */
+    uint64_t hello_call_id;         /* nccl: the KV_HELLO call of comm, 0 = answered */
+    struct tdm_kv_xfer *launched;   /* nccl: the transfer whose ncclSend runs, or NULL */
 } tdm_kv_channel_t;
 
 /* One transfer on the sender. */
 typedef struct tdm_kv_xfer {
     struct tdm_kv_xfer *next;
     uint64_t id; /* transfer id = call id of the KV_TRANSFER request */
-    char request_id[TDM_KV_REQUEST_ID_MAX];
+    char request_id[TDM_REQUEST_ID_MAX + 1];
     uint64_t attempt_id;
     tdm_kv_channel_t *ch;
     uint32_t generation; /* ch->generation when sent: that socket holds its frames */
@@ -101,7 +101,7 @@ typedef struct tdm_kv_peer_comm {
     uint8_t peer[TDM_NET_PEER_MAX]; /* the sender's routing id */
     size_t peer_len;
     char sender_node_id[64];
-    struct tdm_xfer_nccl *comm;
+    struct tdm_transfer_nccl *comm;
 } tdm_kv_peer_comm_t;
 
 /* A sender pool mapped through CUDA IPC on the receiver side. */

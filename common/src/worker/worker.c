@@ -20,7 +20,7 @@ typedef struct wseq {
     bool running;
     bool finish_pending; /* a prefilled sequence whose first token already ends it */
     tdm_worker_finish_t pending_finish;
-    char id[TDM_WORKER_ID_MAX];
+    char id[(TDM_REQUEST_ID_MAX + 1)];
     void *user;      /* tdm_worker_req_t.user, copied into each event */
     uint32_t next;   /* next slot in this id's hash bucket, NO_SLOT at the end */
     int32_t *tokens; /* [cap]: prompt then output */
@@ -231,9 +231,9 @@ static bool is_stop(const tdm_worker_t *w, const tdm_sampling_params_t *sp, int3
 /* The checks of tdm_worker_add that need no allocation; TDM_EINVALID naming the field. */
 static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
-    if (!req->request_id || strlen(req->request_id) >= TDM_WORKER_ID_MAX)
+    if (!req->request_id || strlen(req->request_id) >= (TDM_REQUEST_ID_MAX + 1))
         return tdm_error_set(err, TDM_EINVALID, "request_id: missing or longer than %u bytes",
-                             TDM_WORKER_ID_MAX - 1);
+                             (TDM_REQUEST_ID_MAX + 1) - 1);
     if (find_slot(w, req->request_id) >= 0)
         return tdm_error_set(err, TDM_EINVALID, "request_id '%s' is already in the worker",
                              req->request_id);

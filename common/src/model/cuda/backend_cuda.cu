@@ -713,7 +713,7 @@ static int cuda_sync(void *vbe)
 
 // ---- test accessors (cuda_backend.h) ----
 
-extern "C" int tdm_cuda_backend_write(void *vbe, float *dst, const float *host_src, size_t count)
+extern "C" int tdm_model_cuda_write(void *vbe, float *dst, const float *host_src, size_t count)
 {
     cuda_be_t *be = (cuda_be_t *)vbe;
     TDM_CUDA_TRY(be, cudaMemcpyAsync(dst, host_src, count * sizeof(float), cudaMemcpyHostToDevice,
@@ -722,7 +722,7 @@ extern "C" int tdm_cuda_backend_write(void *vbe, float *dst, const float *host_s
     return TDM_OK;
 }
 
-extern "C" int tdm_cuda_backend_read_kv(void *vbe, uint64_t offset, size_t bytes, void *host_dst)
+extern "C" int tdm_model_cuda_read_kv(void *vbe, uint64_t offset, size_t bytes, void *host_dst)
 {
     cuda_be_t *be = (cuda_be_t *)vbe;
     if (offset > be->block_bytes * be->n_blocks || bytes > be->block_bytes * be->n_blocks - offset)
@@ -735,7 +735,7 @@ extern "C" int tdm_cuda_backend_read_kv(void *vbe, uint64_t offset, size_t bytes
 }
 
 // C linkage from the declaration in cuda_backend.h
-const tdm_backend_ops_t tdm_backend_cuda = {
+const tdm_backend_ops_t tdm_model_backend_cuda = {
     .name = "cuda",
     .begin = cuda_begin,
     .sync = cuda_sync,

@@ -34,16 +34,16 @@ extern "C" {
 
 /* The CUDA backend's ops (backend_cuda.cu). create() takes the device from
  * tdm_engine_params_t.device and fails with TDM_EUNAVAILABLE when it cannot be used. */
-extern const tdm_backend_ops_t tdm_backend_cuda;
+extern const tdm_backend_ops_t tdm_model_backend_cuda;
 
 /* Copies count floats from host memory into backend memory at dst (a buffer from
- * tdm_backend_cuda.alloc) and waits for the copy. For tests, which fill device buffers to
+ * tdm_model_backend_cuda.alloc) and waits for the copy. For tests, which fill device buffers to
  * compare ops with the CPU backend. Returns 0 or the CUDA failure (message in errmsg). */
-int tdm_cuda_backend_write(void *be, float *dst, const float *host_src, size_t count);
+int tdm_model_cuda_write(void *be, float *dst, const float *host_src, size_t count);
 
 /* Copies bytes of the device KV pool copy, from byte offset, to host_dst and waits. For tests
  * that compare the pool written by kv_store with the CPU backend's host pool. */
-int tdm_cuda_backend_read_kv(void *be, uint64_t offset, size_t bytes, void *host_dst);
+int tdm_model_cuda_read_kv(void *be, uint64_t offset, size_t bytes, void *host_dst);
 
 #ifdef __cplusplus
 }

@@ -43,8 +43,9 @@ static_assert(sizeof(ncclUniqueId) == TDM_XFER_NCCL_ID_BYTES, "ncclUniqueId size
         }                                                                                          \
     } while (0)
 
-extern "C" int tdm_xfer_cuda_ipc_handle(int device, void *device_base,
-                                        uint8_t handle[TDM_XFER_IPC_HANDLE_BYTES], tdm_error_t *err)
+extern "C" int tdm_transfer_cuda_ipc_handle(int device, void *device_base,
+                                            uint8_t handle[TDM_XFER_IPC_HANDLE_BYTES],
+                                            tdm_error_t *err)
 {
     int rc = 0;
     cudaIpcMemHandle_t h;
@@ -55,8 +56,9 @@ out:
     return rc;
 }
 
-extern "C" int tdm_xfer_cuda_ipc_open(int device, const uint8_t handle[TDM_XFER_IPC_HANDLE_BYTES],
-                                      void **base, tdm_error_t *err)
+extern "C" int tdm_transfer_cuda_ipc_open(int device,
+                                          const uint8_t handle[TDM_XFER_IPC_HANDLE_BYTES],
+                                          void **base, tdm_error_t *err)
 {
     int rc = 0;
     cudaIpcMemHandle_t h;
@@ -68,7 +70,7 @@ out:
     return rc;
 }
 
-extern "C" int tdm_xfer_cuda_ipc_close(int device, void *base, tdm_error_t *err)
+extern "C" int tdm_transfer_cuda_ipc_close(int device, void *base, tdm_error_t *err)
 {
     int rc = 0;
     XFER_CUDA(cudaSetDevice(device));
@@ -77,9 +79,9 @@ out:
     return rc;
 }
 
-extern "C" int tdm_xfer_cuda_copy_d2d(int device, void *dst_base, const uint32_t *dst_blocks,
-                                      const void *src_base, const uint64_t *src_offsets, uint32_t n,
-                                      uint64_t block_bytes, tdm_error_t *err)
+extern "C" int tdm_transfer_cuda_copy_d2d(int device, void *dst_base, const uint32_t *dst_blocks,
+                                          const void *src_base, const uint64_t *src_offsets,
+                                          uint32_t n, uint64_t block_bytes, tdm_error_t *err)
 {
     int rc = 0;
     cudaStream_t st = NULL;
@@ -98,9 +100,9 @@ out:
     return rc;
 }
 
-extern "C" int tdm_xfer_cuda_copy_h2d(int device, void *dst_base, const uint32_t *dst_blocks,
-                                      const uint8_t *const *src, uint32_t n, uint64_t block_bytes,
-                                      tdm_error_t *err)
+extern "C" int tdm_transfer_cuda_copy_h2d(int device, void *dst_base, const uint32_t *dst_blocks,
+                                          const uint8_t *const *src, uint32_t n,
+                                          uint64_t block_bytes, tdm_error_t *err)
 {
     int rc = 0;
     cudaStream_t st = NULL;
@@ -125,7 +127,7 @@ enum xfer_state {
     XFER_RUNNING = 2,   // enqueued; `done` recorded after it on the stream
 };
 
-struct tdm_xfer_nccl {
+struct tdm_transfer_nccl {
     int device;
     int rank; // 0 sends, 1 receives
     ncclComm_t comm;
@@ -135,7 +137,7 @@ struct tdm_xfer_nccl {
     int state;
 };
 
-extern "C" int tdm_xfer_nccl_unique_id(uint8_t id[TDM_XFER_NCCL_ID_BYTES], tdm_error_t *err)
+extern "C" int tdm_transfer_nccl_unique_id(uint8_t id[TDM_XFER_NCCL_ID_BYTES], tdm_error_t *err)
 {
     int rc = 0;
     ncclUniqueId uid;
@@ -145,11 +147,11 @@ out:
     return rc;
 }
 
-extern "C" void tdm_xfer_nccl_destroy(tdm_xfer_nccl_t **c_p)
+extern "C" void tdm_transfer_nccl_destroy(tdm_transfer_nccl_t **c_p)
 {
     if (!c_p || !*c_p)
         return;
-    tdm_xfer_nccl_t *c = *c_p;
+    tdm_transfer_nccl_t *c = *c_p;
     *c_p = NULL;
     cudaSetDevice(c->device);
     if (c->comm)
@@ -161,13 +163,14 @@ extern "C" void tdm_xfer_nccl_destroy(tdm_xfer_nccl_t **c_p)
     free(c);
 }
 
-extern "C" tdm_xfer_nccl_t *tdm_xfer_nccl_new(int device, const uint8_t id[TDM_XFER_NCCL_ID_BYTES],
-                                              int rank, tdm_error_t *err)
+extern "C" tdm_transfer_nccl_t *tdm_transfer_nccl_new(int device,
+                                                      const uint8_t id[TDM_XFER_NCCL_ID_BYTES],
+                                                      int rank, tdm_error_t *err)
 {
     int rc = 0;
     ncclUniqueId uid;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    tdm_xfer_nccl_t *c = (tdm_xfer_nccl_t *)calloc(1, sizeof *c);
+    tdm_transfer_nccl_t *c = (tdm_transfer_nccl_t *)calloc(1, sizeof *c);
     if (!c) {
         tdm_error_set(err, TDM_ERESOURCE, "out of memory for an NCCL communicator");
         return NULL;
@@ -182,12 +185,12 @@ extern "C" tdm_xfer_nccl_t *tdm_xfer_nccl_new(int device, const uint8_t id[TDM_X
     XFER_NCCL(ncclCommInitRankConfig(&c->comm, 2, uid, rank, &cfg));
 out:
     if (rc != 0)
-        tdm_xfer_nccl_destroy(&c);
+        tdm_transfer_nccl_destroy(&c);
     return c;
 }
 
 // The communicator's asynchronous state: 1 ncclSuccess, 0 ncclInProgress, or an error.
-static int comm_state(tdm_xfer_nccl_t *c, tdm_error_t *err)
+static int comm_state(tdm_transfer_nccl_t *c, tdm_error_t *err)
 {
     int rc = 0;
     ncclResult_t st = ncclSuccess;
@@ -202,7 +205,7 @@ out:
     return rc;
 }
 
-extern "C" int tdm_xfer_nccl_ready(tdm_xfer_nccl_t *c, tdm_error_t *err)
+extern "C" int tdm_transfer_nccl_ready(tdm_transfer_nccl_t *c, tdm_error_t *err)
 {
     if (c->ready)
         return 1;
@@ -212,8 +215,8 @@ extern "C" int tdm_xfer_nccl_ready(tdm_xfer_nccl_t *c, tdm_error_t *err)
     return rc;
 }
 
-extern "C" int tdm_xfer_nccl_start(tdm_xfer_nccl_t *c, void *base, const uint32_t *blocks,
-                                   uint32_t n, uint64_t block_bytes, tdm_error_t *err)
+extern "C" int tdm_transfer_nccl_start(tdm_transfer_nccl_t *c, void *base, const uint32_t *blocks,
+                                       uint32_t n, uint64_t block_bytes, tdm_error_t *err)
 {
     int rc = 0;
     int peer = 1 - c->rank;
@@ -248,7 +251,7 @@ out:
     return rc;
 }
 
-extern "C" int tdm_xfer_nccl_poll(tdm_xfer_nccl_t *c, tdm_error_t *err)
+extern "C" int tdm_transfer_nccl_poll(tdm_transfer_nccl_t *c, tdm_error_t *err)
 {
     int rc = 0;
     cudaError_t q;
