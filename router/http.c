@@ -343,54 +343,47 @@ static int get_model(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     return TDM_OK;
 }
 
-/* The request field a router message names, for OpenAI's error.param ("" when unsure). */
-static void param_of(const oai_req_t *q, const char *msg, char *param, size_t cap)
+/* OpenAI's error.param for the GenerateRequest field the router named (ErrorDetail.field, a
+ * path such as "stop[1]" or "sampling.temperature"): the name of the OpenAI request field it
+ * was made from, "" when none. */
+static void param_of(const oai_req_t *q, const char *field, char *param, size_t cap)
 {
     static const struct {
-        const char *prefix, *param;
+        const char *native, *param;
     } map[] = {
-        {"max_tokens", "max_tokens"}, {"prompt", "prompt"}, {"tokens", "prompt"},
-        {"chat", "messages"},         {"stop", "stop"},     {"model '", "model"},
-        {"request_id", NULL},         {"input", NULL},
+        {"prompt", "prompt"}, {"tokens", "prompt"}, {"chat", "messages"},
+        {"stop", "stop"},     {"model", "model"},   {"max_tokens", "max_tokens"},
     };
+    size_t top = strcspn(field, ".[");
     param[0] = '\0';
-    if (strncmp(msg, "sampling:", 9) == 0) {
-        size_t n = 0;
-        msg += 9;
-        while (*msg == ' ' || *msg == ':')
-            msg++;
-        while (n + 1 < cap && (isalnum((unsigned char)msg[n]) || msg[n] == '_')) {
-            param[n] = msg[n];
-            n++;
-        }
-        param[n] = '\0';
-        if (strcmp(param, "n_logprobs") == 0)
-            snprintf(param, cap, "%s", q->kind == OAI_CHAT ? "top_logprobs" : "logprobs");
-        else if (strcmp(param, "n_stop_token_ids") == 0)
-            snprintf(param, cap, "stop_token_ids");
+    if (top == 8 && strncmp(field, "sampling", 8) == 0 && field[8] == '.') {
+        const char *sub = field + 9;
+        if (strcmp(sub, "n_logprobs") == 0)
+            sub = q->kind == OAI_CHAT ? "top_logprobs" : "logprobs";
+        else if (strcmp(sub, "n_stop_token_ids") == 0)
+            sub = "stop_token_ids";
+        snprintf(param, cap, "%s", sub);
         return;
     }
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
-        if (strncmp(msg, map[i].prefix, strlen(map[i].prefix)) == 0) {
-            const char *p = map[i].param;
-            if (p && strcmp(p, "max_tokens") == 0 && q->kind == OAI_CHAT &&
-                json_object_get(q->root, "max_completion_tokens"))
-                p = "max_completion_tokens";
-            snprintf(param, cap, "%s", p ? p : "");
-            return;
-        }
+        if (strlen(map[i].native) != top || strncmp(field, map[i].native, top) != 0)
+            continue;
+        const char *p = map[i].param;
+        if (strcmp(p, "max_tokens") == 0 && q->kind == OAI_CHAT &&
+            json_object_get(q->root, "max_completion_tokens"))
+            p = "max_completion_tokens";
+        snprintf(param, cap, "%s", p);
+        return;
     }
 }
 
-/* From the router's "max_tokens: prompt (N tokens) + max_tokens (M) exceeds the context of C
- * tokens; at most R tokens can be generated for this prompt": R, or 0. */
-static int32_t room_of(const char *msg)
+/* The ErrorDetail an END event carries (all-empty when it has none or it does not decode).
+ * Caller frees with protobuf_c_message_free_unpacked; NULL on out of memory. */
+static Tandem__V1__ErrorDetail *error_detail_of(const gw_event_t *ev)
 {
-    const char *p = strstr(msg, "at most ");
-    if (strncmp(msg, "max_tokens: ", 12) != 0 || !p)
-        return 0;
-    long v = strtol(p + 8, NULL, 10);
-    return v > 0 && v <= INT32_MAX ? (int32_t)v : 0;
+    return (Tandem__V1__ErrorDetail *)protobuf_c_message_unpack(
+        &tandem__v1__error_detail__descriptor, NULL, ev->body ? ev->body_len : 0,
+        ev->body ? ev->body : (const uint8_t *)"");
 }
 
 static int client_fd(struct MHD_Connection *c)
@@ -537,16 +530,20 @@ static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, 
         if (first_event(r, &ev) < 0)
             return MHD_NO;
         if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
-            int32_t room = room_of(ev->message);
+            Tandem__V1__ErrorDetail *d = error_detail_of(ev);
+            uint32_t room = d && strcmp(d->field, "max_tokens") == 0 ? d->max_tokens_fit : 0;
             if (q->max_tokens_auto && attempt == 0 && ev->status == TDM_EINVALID && room > 0) {
                 /* chat without max_tokens: as many as fit, as vLLM does */
-                max_tokens_override = room;
+                max_tokens_override = (int32_t)room;
+                protobuf_c_message_free_unpacked(&d->base, NULL);
                 gw_event_free(ev);
                 gw_call_release(&r->call);
                 r->q = NULL;
                 continue;
             }
-            param_of(q, ev->message, param, sizeof param);
+            param_of(q, d ? d->field : "", param, sizeof param);
+            if (d)
+                protobuf_c_message_free_unpacked(&d->base, NULL);
             record(r, ev->status);
             const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
                                    ? "model_not_found"

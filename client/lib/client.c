@@ -747,6 +747,21 @@ static bool handle_chunk_body(tdm_client_t *c, client_call_t *call, const tdm_fr
     return true;
 }
 
+/* Fills *d from the ErrorDetail body of a refused call's END (left zero when it does not
+ * decode: the message still tells). */
+static void error_detail_read(const tdm_frame_t *f, tdm_client_error_detail_t *d)
+{
+    Tandem__V1__ErrorDetail *m =
+        (Tandem__V1__ErrorDetail *)tdm_frame_unpack(f, &tandem__v1__error_detail__descriptor);
+    if (!m)
+        return;
+    snprintf(d->field, sizeof d->field, "%s", str_or_empty(m->field));
+    d->prompt_tokens = m->prompt_tokens;
+    d->n_ctx = m->n_ctx;
+    d->max_tokens_fit = m->max_tokens_fit;
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+}
+
 /* Handles one received frame. */
 static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
 {
@@ -772,6 +787,8 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
         return;
     }
     if (f->status != TDM_OK) {
+        if (call->kind == CALL_GENERATE && f->body && f->body_len > 0)
+            error_detail_read(f, &call->result.error);
         end_call(c, call, f->status, "%s", f->message[0] ? f->message : tdm_strerror(f->status));
         return;
     }

@@ -260,6 +260,14 @@ def test_errors_are_openai_exceptions(oai, model):
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model=model, messages=[])
     assert e.value.body["param"] == "messages"
+    # fields the router refuses: the END's ErrorDetail names them, no message is parsed
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model=model, prompt=PROMPT, stop=["ok", "x" * 300])
+    assert e.value.body["param"] == "stop" and "stop[1]" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=model, max_completion_tokens=5000,
+                                    messages=[{"role": "user", "content": CHAT}])
+    assert e.value.body["param"] == "max_completion_tokens" and "4096" in e.value.message
 
 
 def test_malformed_requests_name_the_problem(cluster, model):

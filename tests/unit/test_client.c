@@ -5,6 +5,7 @@
  *
  * Scripts, chosen by the prompt: "hello" (4 chunks "Hel" "lo" " wor" "ld", then END OK; with
  * stream=false one END carrying everything), "error" (one chunk, then END INVALID_ARGUMENT),
+ * "toolong" (END INVALID_ARGUMENT with an ErrorDetail: max_tokens, 100 + 28 of 128 tokens),
  * "slow" (a chunk every 20 ms until CANCEL), "tag:K:N" (N chunks "K.i " every 5 ms, interleaved
  * with every other running stream; "tag:K:N:G" sends none before G such streams have arrived, so
  * that they all run at once however the threads are scheduled), "silent" (never answers); any
@@ -327,6 +328,21 @@ static void fake_generate(fake_router_t *fr, const tdm_frame_t *f)
         FAKE_OK(fr, tdm_sock_stream(fr->sock, f, &c.base));
         FAKE_OK(fr,
                 tdm_sock_reply_error(fr->sock, f, TDM_EINVALID, "prompt: too long (fake, %d)", 42));
+    } else if (strcmp(req->prompt, "toolong") == 0) {
+        Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
+        d.field = "max_tokens";
+        d.prompt_tokens = 100;
+        d.n_ctx = 128;
+        d.max_tokens_fit = 28;
+        tdm_send_t m = {.peer = f->peer,
+                        .peer_len = f->peer_len,
+                        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END,
+                        .method = f->method,
+                        .call_id = f->call_id,
+                        .status = TDM_EINVALID,
+                        .message = "max_tokens: too many (fake)",
+                        .body = &d.base};
+        FAKE_OK(fr, tdm_sock_send(fr->sock, &m));
     } else if (strcmp(req->prompt, "slow") == 0) {
         added = fake_add_stream(fr, f, -1, 0, 0.020, 3, 0);
     } else if (sscanf(req->prompt, "tag:%d:%d:%d", &tag, &total, &gate) >= 2) {
@@ -713,6 +729,29 @@ static void test_error_end(void **state)
     assert_int_equal(res.finish_reason, TDM_CLIENT_FINISH_ERROR);
     assert_string_equal(res.text, "partial"); /* what came before the error is kept */
     assert_int_equal(rec.n_chunks, 1);
+    tdm_client_result_clear(&res);
+}
+
+/* A refusal's ErrorDetail reaches the result as fields; other errors leave them empty. */
+static void test_error_detail(void **state)
+{
+    fixture_t *fx = *state;
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    req.prompt = "toolong";
+    req.max_tokens = 50;
+    tdm_client_result_t res;
+    assert_int_equal(tdm_client_generate(fx->c, &req, NULL, NULL, &res), TDM_EINVALID);
+    assert_string_equal(res.message, "max_tokens: too many (fake)");
+    assert_string_equal(res.error.field, "max_tokens");
+    assert_int_equal(res.error.prompt_tokens, 100);
+    assert_int_equal(res.error.n_ctx, 128);
+    assert_int_equal(res.error.max_tokens_fit, 28);
+    tdm_client_result_clear(&res);
+    req.prompt = "error";
+    assert_int_equal(tdm_client_generate(fx->c, &req, NULL, NULL, &res), TDM_EINVALID);
+    assert_string_equal(res.error.field, "");
+    assert_int_equal(res.error.n_ctx, 0);
     tdm_client_result_clear(&res);
 }
 
@@ -1211,6 +1250,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_stream_order_and_text, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_end, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_detail, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_callback_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_flag, setup, teardown),

@@ -202,6 +202,18 @@ typedef struct tdm_client_chunk {
     const tdm_client_timings_t *timings; /* router's; NULL unless last */
 } tdm_client_chunk_t;
 
+/* Why the router refused a Generate request, beyond the message (proto ErrorDetail): read
+ * these instead of parsing tdm_client_result_t.message. */
+typedef struct tdm_client_error_detail {
+    char field[64];          /* the GenerateRequest field at fault as a path ("max_tokens",
+                                "stop[1]", "chat.messages[0].content", "sampling.top_p",
+                                "model", "request_id", ...); "" when none is named */
+    uint32_t prompt_tokens;  /* a request too long for the context: the prompt's tokens, */
+    uint32_t n_ctx;          /* the context length (0: the error is not about length) */
+    uint32_t max_tokens_fit; /* and the most output tokens that fit (n_ctx - prompt_tokens;
+                                0 when the prompt alone fills the context) */
+} tdm_client_error_detail_t;
+
 /* The outcome of a Generate call. Owns text, token_ids, request_id and stop_reason; release
  * with tdm_client_result_clear. */
 typedef struct tdm_client_result {
@@ -219,7 +231,8 @@ typedef struct tdm_client_result {
     size_t text_len;
     int32_t *token_ids; /* [n_tokens] every output token received; NULL when none */
     size_t n_tokens;
-    uint32_t n_chunks; /* chunks received */
+    uint32_t n_chunks;               /* chunks received */
+    tdm_client_error_detail_t error; /* the router's detail of a refusal; all zero otherwise */
 } tdm_client_result_t;
 
 /* Initialises an empty result (no allocation). Cannot fail. */
