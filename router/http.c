@@ -484,6 +484,105 @@ static int first_event(http_req_t *r, gw_event_t **ev)
     }
 }
 
+/* Parses the body and starts its GENERATE call (r->q, r->call). Returns true, or false with
+ * the error reply queued and *ret its result. */
+static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, oai_kind_t kind,
+                           const char *key, enum MHD_Result *ret)
+{
+    http_model_t m;
+    tdm_error_t err = {0};
+    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
+    if (get_model(h, &m, &err) == TDM_OK)
+        served = m.name;
+    oai_req_t *q = malloc(sizeof *q);
+    char param[64];
+    if (!q) {
+        *ret = reply_error(c, 500, NULL, NULL, "out of memory");
+        return false;
+    }
+    int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, q, param,
+                       sizeof param, &err);
+    if (rc != TDM_OK) {
+        free(q);
+        *ret = reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
+        return false;
+    }
+    r->q = q;
+    r->call = gw_call_start(h->gw, TANDEM__V1__METHOD__METHOD_GENERATE, &q->g.base, oai_req_destroy,
+                            q, key, h->cfg->router.request_timeout_s, &err);
+    if (!r->call) {
+        r->q = NULL;
+        *ret = reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+/* Answers a call the router refused (its first event is an error END): OpenAI's error with
+ * the param the END's ErrorDetail names. */
+static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, const gw_event_t *ev)
+{
+    char param[64];
+    Tandem__V1__ErrorDetail *d = error_detail_of(ev);
+    param_of(r->q, d ? d->field : "", param, sizeof param);
+    if (d)
+        protobuf_c_message_free_unpacked(&d->base, NULL);
+    record(r, ev->status);
+    const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
+                           ? "model_not_found"
+                       : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
+                                                            : NULL;
+    return reply_error(c, http_status_of(ev->status), code, param, "%s",
+                       ev->message[0] ? ev->message : tdm_strerror(ev->status));
+}
+
+/* Answers a stream=false call from its END (consumed), which carries the one GenerateChunk. */
+static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev)
+{
+    Tandem__V1__GenerateChunk *ch =
+        ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END
+            ? (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
+                  &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body)
+            : NULL;
+    gw_event_free(ev);
+    if (!ch) {
+        gw_call_cancel(r->call);
+        record(r, TDM_EINTERNAL);
+        return reply_error(c, 500, NULL, NULL, "the router's answer is not one GenerateChunk");
+    }
+    json_t *body = oai_response(r->q, &r->out, ch);
+    protobuf_c_message_free_unpacked(&ch->base, NULL);
+    record(r, TDM_OK);
+    return reply_json(c, 200, body);
+}
+
+/* Starts the SSE response of a stream from its first event (consumed): the status is 200
+ * from here on, errors become an SSE error event. */
+static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Connection *c,
+                                    gw_event_t *ev)
+{
+    r->streaming = true;
+    int sndbuf = HTTP_STREAM_SNDBUF;
+    if (r->fd >= 0)
+        setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    dash_streams(h->dash, 1);
+    stream_event(r, ev);
+    gw_event_free(ev);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, r, NULL);
+    if (!resp) {
+        gw_call_cancel(r->call);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    MHD_add_response_header(resp, "X-Request-Id", r->q->id);
+    enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
                                        oai_kind_t kind)
 {
@@ -491,110 +590,19 @@ static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, 
     const char *key;
     if (!check_key(h, c, &key, &ret))
         return ret;
-    http_model_t m;
-    tdm_error_t err = {0};
-    uint32_t n_ctx = 0;
-    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
-    if (get_model(h, &m, &err) == TDM_OK) {
-        n_ctx = m.n_ctx;
-        served = m.name;
-    }
     /* a request may wait long (queue, generation): no idle timeout until it completes */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    int32_t max_tokens_override = 0;
-    char id[64] = "";
-    for (int attempt = 0;; attempt++) {
-        oai_req_t *q = malloc(sizeof *q);
-        char param[64];
-        if (!q)
-            return reply_error(c, 500, NULL, NULL, "out of memory");
-        int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, n_ctx, q,
-                           param, sizeof param, &err);
-        if (rc != TDM_OK) {
-            free(q);
-            return reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
-        }
-        if (max_tokens_override > 0) {
-            q->g.max_tokens = max_tokens_override;
-            snprintf(q->id, sizeof q->id, "%s", id); /* the refused attempt is not in flight */
-        }
-        snprintf(id, sizeof id, "%s", q->id);
-        r->q = q;
-        r->call = gw_call_start(h->gw, TANDEM__V1__METHOD__METHOD_GENERATE, &q->g.base,
-                                oai_req_destroy, q, key, h->cfg->router.request_timeout_s, &err);
-        if (!r->call) {
-            r->q = NULL;
-            return reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
-        }
-        gw_event_t *ev = NULL;
-        if (first_event(r, &ev) < 0)
-            return MHD_NO;
-        if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
-            Tandem__V1__ErrorDetail *d = error_detail_of(ev);
-            uint32_t room = d && strcmp(d->field, "max_tokens") == 0 ? d->max_tokens_fit : 0;
-            if (q->max_tokens_auto && attempt == 0 && ev->status == TDM_EINVALID && room > 0) {
-                /* chat without max_tokens: as many as fit, as vLLM does */
-                max_tokens_override = (int32_t)room;
-                protobuf_c_message_free_unpacked(&d->base, NULL);
-                gw_event_free(ev);
-                gw_call_release(&r->call);
-                r->q = NULL;
-                continue;
-            }
-            param_of(q, d ? d->field : "", param, sizeof param);
-            if (d)
-                protobuf_c_message_free_unpacked(&d->base, NULL);
-            record(r, ev->status);
-            const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
-                                   ? "model_not_found"
-                               : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
-                                                                    : NULL;
-            ret = reply_error(c, http_status_of(ev->status), code, param, "%s",
-                              ev->message[0] ? ev->message : tdm_strerror(ev->status));
-            gw_event_free(ev);
-            return ret;
-        }
-        if (!q->stream) {
-            Tandem__V1__GenerateChunk *ch =
-                ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END
-                    ? (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
-                          &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body)
-                    : NULL;
-            gw_event_free(ev);
-            if (!ch) {
-                gw_call_cancel(r->call);
-                record(r, TDM_EINTERNAL);
-                return reply_error(c, 500, NULL, NULL,
-                                   "the router's answer is not one GenerateChunk");
-            }
-            json_t *body = oai_response(q, &r->out, ch);
-            protobuf_c_message_free_unpacked(&ch->base, NULL);
-            record(r, TDM_OK);
-            return reply_json(c, 200, body);
-        }
-        /* a stream: the status is 200 from here on; errors become an SSE error event */
-        r->streaming = true;
-        int sndbuf = HTTP_STREAM_SNDBUF;
-        if (r->fd >= 0)
-            setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-        dash_streams(h->dash, 1);
-        stream_event(r, ev);
+    if (!generate_start(h, c, r, kind, key, &ret))
+        return ret;
+    gw_event_t *ev = NULL;
+    if (first_event(r, &ev) < 0)
+        return MHD_NO;
+    if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
+        ret = reply_refused(r, c, ev);
         gw_event_free(ev);
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, r, NULL);
-        if (!resp) {
-            gw_call_cancel(r->call);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                "text/event-stream; charset=utf-8");
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        MHD_add_response_header(resp, "X-Request-Id", q->id);
-        ret = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
         return ret;
     }
+    return r->q->stream ? reply_stream(h, r, c, ev) : reply_whole(r, c, ev);
 }
 
 /* ---- other endpoints ---- */

@@ -154,20 +154,19 @@ typedef struct oai_req {
     char model[256]; /* the model name echoed in responses */
     long long created;
     bool stream;
-    bool include_usage;   /* stream_options.include_usage */
-    bool max_tokens_auto; /* chat without max_tokens: the gateway picked the value */
-    bool logprobs;        /* return logprobs */
-    int top_logprobs;     /* how many alternatives per token */
-    const char *echo;     /* completions with echo: the prompt text to put first; else NULL */
+    bool include_usage; /* stream_options.include_usage */
+    bool logprobs;      /* return logprobs */
+    int top_logprobs;   /* how many alternatives per token */
+    const char *echo;   /* completions with echo: the prompt text to put first; else NULL */
 } oai_req_t;
 
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
  * field (its name in *param, "" when none), n must be 1, defaults (completions max_tokens 16;
- * chat min(n_ctx - 1, 1024), lowered on retry, see http.c). served is the model name used when
- * the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with *err set; q then
- * holds nothing to free. On success free with oai_req_free. */
-int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, uint32_t n_ctx,
-              oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err);
+ * chat none, so the router gives what the context leaves, at most 1024). served is the model
+ * name used when the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with *err
+ * set; q then holds nothing to free. On success free with oai_req_clear. */
+int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
+              char *param, size_t param_cap, tdm_error_t *err);
 
 /* Frees what *q owns (q itself when heap-allocated is freed by oai_req_destroy). NULL-safe. */
 void oai_req_clear(oai_req_t *q);

@@ -19,7 +19,6 @@
 #include "http_internal.h"
 #include "tandem/sampling.h"
 
-#define OAI_CHAT_DEFAULT_MAX_TOKENS 1024
 #define OAI_COMPLETION_DEFAULT_MAX_TOKENS 16
 #define OAI_MAX_LOGPROBS 20
 
@@ -463,8 +462,8 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
-int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, uint32_t n_ctx,
-              oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
+              char *param, size_t param_cap, tdm_error_t *err)
 {
     memset(q, 0, sizeof *q);
     if (param && param_cap)
@@ -545,16 +544,11 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
         rc = bad_field(err, param, param_cap, mt_name, "%s must be >= 1, got %lld", mt_name, mt);
         goto out_clear;
     }
-    if (have_mt) {
+    if (have_mt)
         q->g.max_tokens = (int32_t)mt;
-    } else if (kind == OAI_CHAT) {
-        uint32_t room = n_ctx > 1 ? n_ctx - 1 : OAI_CHAT_DEFAULT_MAX_TOKENS;
-        q->g.max_tokens =
-            (int32_t)(room < OAI_CHAT_DEFAULT_MAX_TOKENS ? room : OAI_CHAT_DEFAULT_MAX_TOKENS);
-        q->max_tokens_auto = true;
-    } else {
+    else if (kind == OAI_COMPLETION)
         q->g.max_tokens = OAI_COMPLETION_DEFAULT_MAX_TOKENS;
-    }
+    /* else chat: 0, so the router gives what fits (TDM_ROUTER_MAX_TOKENS_DEFAULT at most) */
 
     if ((rc = parse_sampling(&p, q)) != TDM_OK || (rc = parse_stop(&p, q)) != TDM_OK ||
         (rc = parse_logprobs(&p, q)) != TDM_OK)

@@ -1172,11 +1172,16 @@ static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateReque
 }
 
 /* q->sp.max_tokens from the request's max_tokens, which must fit the context the prompt
- * leaves. */
+ * leaves; unset (0): what fits, at most TDM_ROUTER_MAX_TOKENS_DEFAULT. */
 static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
                              rt_req_t *q, refusal_t *why, tdm_error_t *err)
 {
     uint32_t room = r->n_ctx - q->n_prompt; /* > 0: tokenize_input checked */
+    if (g->max_tokens == 0) {
+        q->sp.max_tokens =
+            (int32_t)(room < TDM_ROUTER_MAX_TOKENS_DEFAULT ? room : TDM_ROUTER_MAX_TOKENS_DEFAULT);
+        return TDM_OK;
+    }
     if ((uint32_t)g->max_tokens > room) {
         why->prompt_tokens = q->n_prompt;
         why->n_ctx = r->n_ctx;
@@ -1209,9 +1214,10 @@ static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, 
                                       "model '%s' is not served here; this router serves '%s'",
                                       g->model, served),
                         "model");
-    if (g->max_tokens < 1)
+    if (g->max_tokens < 0)
         return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %" PRId32,
+                        tdm_error_set(err, TDM_EINVALID,
+                                      "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
                                       g->max_tokens),
                         "max_tokens");
     if ((rc = stop_copy(g, q, why, err)) != TDM_OK ||

@@ -34,6 +34,9 @@ extern "C" {
 /* Most stop strings per request and their longest length, bytes. */
 #define TDM_ROUTER_MAX_STOP 16u
 #define TDM_ROUTER_MAX_STOP_BYTES 256u
+/* A GENERATE without max_tokens (0) gets what the context leaves after its prompt, at most
+ * this many tokens (the OpenAI chat default of vLLM-like servers: answers end by EOS first). */
+#define TDM_ROUTER_MAX_TOKENS_DEFAULT 1024u
 /* Times a request is dispatched again after a retryable TaskFailed or a prefill node loss. */
 #define TDM_ROUTER_MAX_REDISPATCH 3
 /* Defaults the router sends in RegisterAck. */

@@ -454,7 +454,7 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
         return tdm_error_set(&c->err, TDM_EINVALID, "request: token_ids is NULL");
     if (req->max_tokens < 0)
         return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: max_tokens must be >= 0 (0 = the router's default), "
+                             "request: max_tokens must be >= 0 (0 = what the context leaves), "
                              "got %d",
                              (int)req->max_tokens);
     if (req->n_stop > TDM_CLIENT_MAX_STOP)

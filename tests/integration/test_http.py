@@ -168,8 +168,8 @@ def test_chat_default_max_tokens_fits_the_context(oai, model):
 
 
 def test_chat_default_max_tokens_shrinks_to_the_context_left(tmp_path):
-    # a prompt that leaves fewer than 1024 tokens of the 4096-token context: the router refuses
-    # 1024 (before any compute) and the gateway sends the request again with what fits. The
+    # a prompt that leaves fewer than 1024 tokens of the 4096-token context: the gateway sends
+    # no max_tokens and the router gives what fits, at once (no refusal, no retry). The
     # ~3100-token prefill is slow on a loaded CPU (minutes under ASan), so the cluster has no
     # prefill node: the decode node prefills locally, without a KV-transfer timeout. The stop
     # string keeps the answer short.
@@ -188,8 +188,7 @@ def test_chat_default_max_tokens_shrinks_to_the_context_left(tmp_path):
         assert u.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length")
         with open(c.logs["router"]) as f:
             lines = [ln for ln in f if r.id in ln]
-        assert any("request refused: max_tokens" in ln and "max_tokens (1024)" in ln
-                   for ln in lines), lines
+        assert not any("request refused" in ln for ln in lines), lines
         assert any("request accepted" in ln and f"max_tokens={4096 - u.prompt_tokens}" in ln
                    for ln in lines), lines
     finally:

@@ -160,7 +160,7 @@ def test_native_metrics_count_the_requests(cluster):
     n = len(finals)
     # a refused request: counted with its status, no latency figures
     cl = cluster.client()
-    res = cl.generate(prompt_request(prompt="x", max_tokens=0))
+    res = cl.generate(prompt_request(prompt="x", max_tokens=-1))
     cl.close()
     assert res.status == "INVALID_ARGUMENT", res
     # node gauges come with the heartbeats: wait for one sent after the requests ended (no

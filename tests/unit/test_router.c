@@ -929,8 +929,8 @@ static void test_validation(void **state)
     bad(e, &g, TDM_EINVALID, "; the context is 256 tokens (prompt + max_tokens must fit)");
     prompt_req(&g, "", "hello", -1, true);
     bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1");
-    prompt_req(&g, "", "hello", 0, true);
-    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1, got 0");
+    prompt_req(&g, "", "hello", -5, true);
+    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1 (or 0: what fits), got -5");
     prompt_req(&g, "", "hello", 1000, true);
     bad(e, &g, TDM_EINVALID, "max_tokens: prompt (");
     prompt_req(&g, "", "\xff\xfe", 4, true);
@@ -2003,8 +2003,8 @@ static void test_metrics(void **state)
     collect(e, call, &res);
     assert_int_equal(res.status, 0);
 
-    /* refused: max_tokens 0 */
-    prompt_req(&g, "m-bad", "x", 0, true);
+    /* refused: max_tokens -1 */
+    prompt_req(&g, "m-bad", "x", -1, true);
     call = generate(e, &g);
     expect_end(e, call, TDM_EINVALID, "max_tokens");
 
@@ -2329,6 +2329,26 @@ static void prompt_case(const char *model, const char *tmpl, const char *system)
     env_free(e);
 }
 
+/* max_tokens unset (0): the router decides what fits, the context left after the prompt (the
+ * tiny model's 256 tokens are under TDM_ROUTER_MAX_TOKENS_DEFAULT), and reserves that. */
+static void test_max_tokens_unset(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-fit", "hello world", 0, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    assert_string_equal(rs->request_id, "r-fit");
+    assert_true(rs->n_prompt_tokens > 0 && rs->n_prompt_tokens < N_CTX);
+    assert_int_equal(rs->max_tokens, N_CTX - rs->n_prompt_tokens);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    (void)call;
+    env_free(e);
+}
+
 /* Waits for the END of a refused call and checks its ErrorDetail body: the field at fault
  * and, for a length error, the prompt's tokens, the context and what fits. */
 static void expect_detail(env_t *e, uint64_t call, int status, const char *field, uint32_t n_ctx,
@@ -2364,7 +2384,7 @@ static void test_refusal_detail(void **state)
     (void)state;
     env_t *e = env_new(NULL);
     Tandem__V1__GenerateRequest g;
-    prompt_req(&g, "", "hello", 0, true);
+    prompt_req(&g, "", "hello", -1, true);
     expect_detail(e, generate(e, &g), TDM_EINVALID, "max_tokens", 0, NULL);
     prompt_req(&g, "", "", 4, true);
     expect_detail(e, generate(e, &g), TDM_EINVALID, "prompt", 0, NULL);
@@ -2451,6 +2471,7 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_refusal_detail),
+        cmocka_unit_test(test_max_tokens_unset),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
         cmocka_unit_test(test_round_robin),

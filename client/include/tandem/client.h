@@ -117,7 +117,8 @@ typedef struct tdm_client_request {
     uint32_t sampling_set;          /* TDM_PROTO_SET_* bits (or TDM_CLIENT_SAMPLING_ALL); the
                                        router uses Tandem's defaults (sampling.h) for the
                                        others and draws a seed unless SEED is set */
-    int32_t max_tokens;             /* output tokens at most; 0 = the router's default (16) */
+    int32_t max_tokens;             /* output tokens at most; 0 = what the context leaves
+                                       after the prompt, at most 1024 (the router decides) */
     const char *const *stop;        /* [n_stop] stop strings, 1..256 bytes each, at most 16 */
     size_t n_stop;
     bool stream;           /* true (default): chunks as tokens arrive; false: one chunk at the
