@@ -5,10 +5,11 @@
  *
  * Where the figures come from: the request rate, requests running/queued and KV use are the
  * router's (requests_total deltas and node heartbeats, so every client counts, native ones
- * included). TTFT, TPOT and output tokens/s are the interval's means from the router's /metrics
- * text (the deltas of tandem_time_to_first_token_seconds_sum/_count,
- * tandem_time_per_output_token_seconds_sum/_count and tandem_generation_tokens_total: every
- * client), and, when the router serves no such metrics, from the requests this gateway proxied
+ * included). TTFT, TPOT and output tokens/s are the interval's means from the router's METRICS
+ * message (the deltas of the tandem_time_to_first_token_seconds and
+ * tandem_time_per_output_token_seconds histograms' sum and count, and of
+ * tandem_generation_tokens_total: every client), read as data, never as text, and, when the
+ * router serves no such metrics, from the requests this gateway proxied
  * as the router measured them (the Timings of each final GenerateChunk).
  * Capacity is tdm_kv_plan (tandem/kv.h), the same function as `tandem kvcalc`, built on the
  * nodes' own sizing functions, so it agrees with kvcalc and with the pools the nodes build, to
@@ -70,33 +71,31 @@ struct dash {
     const char *source; /* where ttft/tpot/tokens came from in the last sample */
 };
 
-/* The figures of the router's /metrics text the charts use. */
+/* The figures of the router's metrics the charts use. */
 enum { MET_TTFT_SUM, MET_TTFT_N, MET_TPOT_SUM, MET_TPOT_N, MET_TOKENS, MET_COUNT };
-static const char *const metric_names[MET_COUNT] = {
-    "tandem_time_to_first_token_seconds_sum",   "tandem_time_to_first_token_seconds_count",
-    "tandem_time_per_output_token_seconds_sum", "tandem_time_per_output_token_seconds_count",
-    "tandem_generation_tokens_total",
-};
 
-/* The value of an unlabelled sample `name VALUE` in Prometheus text; false when absent. */
-static bool metric_value(const char *text, const char *name, double *out)
+/* A histogram family's sum and count; false when m has no such histogram. */
+static bool histogram_of(const Tandem__V1__MetricsResponse *m, const char *name, double *sum,
+                         double *count)
 {
-    size_t n = strlen(name);
-    const char *p = text;
-    while (p && *p) {
-        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
-            char *end;
-            double v = strtod(p + n + 1, &end);
-            if (end == p + n + 1)
-                return false;
-            *out = v;
-            return true;
-        }
-        p = strchr(p, '\n');
-        if (p)
-            p++;
-    }
-    return false;
+    const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
+    if (!f || !f->histogram)
+        return false;
+    *sum = f->histogram->sum;
+    *count = (double)f->histogram->count;
+    return true;
+}
+
+/* The value of an unlabelled integer family (a counter); false when absent. */
+static bool counter_of(const Tandem__V1__MetricsResponse *m, const char *name, double *v)
+{
+    const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
+    if (!f || f->n_samples != 1 || f->samples[0]->n_labels != 0)
+        return false;
+    const Tandem__V1__MetricSample *s = f->samples[0];
+    *v = s->value_case == TANDEM__V1__METRIC_SAMPLE__VALUE_FLOAT_VALUE ? s->float_value
+                                                                       : (double)s->int_value;
+    return true;
 }
 
 /* Fetches the router's metrics into v; false when it serves none (or not these). */
@@ -109,10 +108,11 @@ static bool fetch_metrics(dash_t *d, double v[MET_COUNT])
                       DASH_STATUS_TIMEOUT_S, &resp, NULL);
     if (rc != TDM_OK)
         return false;
-    const char *text = ((Tandem__V1__MetricsResponse *)resp)->text;
-    bool ok = true;
-    for (int i = 0; i < MET_COUNT && ok; i++)
-        ok = metric_value(text, metric_names[i], &v[i]);
+    const Tandem__V1__MetricsResponse *m = (const Tandem__V1__MetricsResponse *)resp;
+    bool ok =
+        histogram_of(m, "tandem_time_to_first_token_seconds", &v[MET_TTFT_SUM], &v[MET_TTFT_N]) &&
+        histogram_of(m, "tandem_time_per_output_token_seconds", &v[MET_TPOT_SUM], &v[MET_TPOT_N]) &&
+        counter_of(m, "tandem_generation_tokens_total", &v[MET_TOKENS]);
     protobuf_c_message_free_unpacked(resp, NULL);
     return ok;
 }

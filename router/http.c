@@ -698,10 +698,15 @@ static enum MHD_Result handle_metrics(tdm_http_t *h, struct MHD_Connection *c)
         return reply(c, http_status_of(rc), "text/plain; charset=utf-8", msg,
                      n > 0 && (size_t)n < sizeof msg ? (size_t)n : strlen(msg));
     }
-    const char *text = ((Tandem__V1__MetricsResponse *)resp)->text;
-    enum MHD_Result ret =
-        reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
+    /* the one place the metrics become text */
+    tdm_buf_t text = TDM_BUF_INIT;
+    rc = tdm_proto_metrics_text((const Tandem__V1__MetricsResponse *)resp, &text);
     protobuf_c_message_free_unpacked(resp, NULL);
+    enum MHD_Result ret = rc == TDM_OK
+                              ? reply(c, 200, "text/plain; version=0.0.4; charset=utf-8",
+                                      text.data ? text.data : "", text.len)
+                              : reply(c, 500, "text/plain; charset=utf-8", "out of memory\n", 14);
+    tdm_buf_free(&text);
     return ret;
 }
 

@@ -1850,8 +1850,9 @@ static bool has_series(const char *text, const char *series)
     return false;
 }
 
-/* The text of a METRICS call (checked against tdm_router_metrics_text, which must say the
- * same while nothing happens in between). Caller frees. */
+/* The text of a METRICS call's message as tdm_proto_metrics_text renders it (checked against
+ * tdm_router_metrics_text, which must say the same while nothing happens in between). Caller
+ * frees. */
 static char *metrics_call(env_t *e)
 {
     Tandem__V1__MetricsRequest mr = TANDEM__V1__METRICS_REQUEST__INIT;
@@ -1865,7 +1866,10 @@ static char *metrics_call(env_t *e)
     Tandem__V1__MetricsResponse *resp = (Tandem__V1__MetricsResponse *)tdm_frame_unpack(
         &f, &tandem__v1__metrics_response__descriptor);
     assert_non_null(resp);
-    char *text = tdm_strdup(resp->text);
+    assert_string_equal(resp->text, ""); /* data only: the text is the renderer's */
+    tdm_buf_t b = TDM_BUF_INIT;
+    assert_int_equal(tdm_proto_metrics_text(resp, &b), 0);
+    char *text = tdm_buf_take(&b);
     assert_non_null(text);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     tdm_frame_clear(&f);
