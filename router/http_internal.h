@@ -117,8 +117,9 @@ void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m);
 /* ---- errors in OpenAI's shape ---- */
 
 /* The HTTP status for a tdm status: INVALID_ARGUMENT and FAILED_PRECONDITION 400,
- * UNAUTHENTICATED 401, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED 499, DEADLINE_EXCEEDED
- * 504, UNAVAILABLE 503, anything else 500. */
+ * UNAUTHENTICATED 401, NOT_FOUND 404, DEADLINE_EXCEEDED 408 (Request Timeout, as OpenAI-
+ * compatible servers such as OpenRouter answer a request that ran out of time; 504 would blame
+ * an upstream), RESOURCE_EXHAUSTED 429, CANCELLED 499, UNAVAILABLE 503, anything else 500. */
 unsigned http_status_of(int tdm_status);
 
 /* {"error": {"message", "type", "param", "code"}}: type from the HTTP status

@@ -597,7 +597,9 @@ def test_public_metrics(tmp_path):
 
 
 def test_ready_is_503_without_a_decode_node(tmp_path):
-    c = Cluster(str(tmp_path / "nodecode"), n_prefill=1, n_decode=1)
+    # request_timeout_s: 3, so that a request nothing can serve ends within the test
+    c = Cluster(str(tmp_path / "nodecode"), n_prefill=1, n_decode=1,
+                extra_router="  request_timeout_s: 3\n")
     c.start()
     try:
         port = http_port(c)
@@ -612,5 +614,12 @@ def test_ready_is_503_without_a_decode_node(tmp_path):
             time.sleep(0.2)
         assert st == 503 and json.loads(body)["ready"] is False, body
         assert request(port, "GET", "/health")[0] == 200  # still live
+        # a request waits in the queue for a decode node until its deadline: 408 Request
+        # Timeout (DEADLINE_EXCEEDED), as OpenAI-compatible servers (OpenRouter) answer
+        st, _, body = request(port, "POST", "/v1/completions",
+                              body={"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": PROMPT,
+                                    "max_tokens": 4})
+        err = json.loads(body)["error"]
+        assert st == 408 and err["type"] == "timeout" and err["code"] == "deadline_exceeded", body
     finally:
         c.stop()
