@@ -1,6 +1,6 @@
 /* dashboard.c - the data behind the router's dashboard page: a sampler thread that asks the
- * router for its ClusterStatus every second through the HTTP gateway's link (never touching
- * the router's state), the last TDM_DASH_HISTORY seconds of figures, and the capacity
+ * router for its ClusterStatus and metrics every second through the HTTP gateway's link (never
+ * touching the router's state), the last TDM_DASH_HISTORY seconds of figures, and the capacity
  * calculator ("VRAM sandbox") served as JSON.
  *
  * Where the figures come from: the request rate, requests running/queued and KV use are the
@@ -49,7 +49,6 @@ typedef struct dash_sample {
 
 struct dash {
     gw_t *gw;
-    char api_key[TDM_NET_API_KEY_MAX];
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;
@@ -103,9 +102,9 @@ static bool fetch_metrics(dash_t *d, double v[MET_COUNT])
 {
     Tandem__V1__MetricsRequest req = TANDEM__V1__METRICS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
-    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
-                      &tandem__v1__metrics_response__descriptor, d->api_key[0] ? d->api_key : NULL,
-                      DASH_STATUS_TIMEOUT_S, &resp, NULL);
+    int rc =
+        gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
+                 &tandem__v1__metrics_response__descriptor, DASH_STATUS_TIMEOUT_S, &resp, NULL);
     if (rc != TDM_OK)
         return false;
     const Tandem__V1__MetricsResponse *m = (const Tandem__V1__MetricsResponse *)resp;
@@ -173,8 +172,7 @@ static void sample(dash_t *d)
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
     int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
-                      &tandem__v1__cluster_status__descriptor, d->api_key[0] ? d->api_key : NULL,
-                      DASH_STATUS_TIMEOUT_S, &resp, &err);
+                      &tandem__v1__cluster_status__descriptor, DASH_STATUS_TIMEOUT_S, &resp, &err);
     double now = unix_now();
     dash_sample_t s = {now, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0};
     json_t *st = NULL;
@@ -267,7 +265,7 @@ static void *dash_main(void *arg)
     return NULL;
 }
 
-dash_t *dash_new(gw_t *gw, const char *api_key, tdm_error_t *err)
+dash_t *dash_new(gw_t *gw, tdm_error_t *err)
 {
     dash_t *d = calloc(1, sizeof *d);
     if (!d) {
@@ -275,8 +273,6 @@ dash_t *dash_new(gw_t *gw, const char *api_key, tdm_error_t *err)
         return NULL;
     }
     d->gw = gw;
-    if (api_key)
-        snprintf(d->api_key, sizeof d->api_key, "%s", api_key);
     pthread_mutex_init(&d->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

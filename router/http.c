@@ -229,19 +229,25 @@ static const char *bearer_key(struct MHD_Connection *c)
     return *a ? a : NULL;
 }
 
-/* Checks the API key of a /v1 request. Returns true when the request may go on, with *key the
- * key to forward (NULL: none); otherwise a 401 has been queued and *ret is its result. */
-static bool check_key(tdm_http_t *h, struct MHD_Connection *c, const char **key,
-                      enum MHD_Result *ret)
+/* Checks the API key of a /v1 request with tdm_config_api_key_ok, the check the router makes
+ * of native calls (the gateway's own calls carry the first configured key). Returns true when
+ * the request may go on; otherwise a 401 has been queued and *ret is its result. */
+static bool check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret)
 {
-    *key = bearer_key(c);
-    if (*key && strlen(*key) >= TDM_NET_API_KEY_MAX) {
+    const char *key = bearer_key(c);
+    if (key && strlen(key) >= TDM_NET_API_KEY_MAX) {
         *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is too long");
         return false;
     }
-    if (h->cfg->router.n_api_keys > 0 && !*key) {
+    if (h->cfg->router.n_api_keys == 0)
+        return true;
+    if (!key) {
         *ret = reply_error(c, 401, "invalid_api_key", NULL,
                            "an API key is required: send the header 'Authorization: Bearer KEY'");
+        return false;
+    }
+    if (!tdm_config_api_key_ok(&h->cfg->router, key)) {
+        *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is not accepted");
         return false;
     }
     return true;
@@ -325,8 +331,7 @@ static int get_model(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
-                      &tandem__v1__models_response__descriptor, h->internal_key,
-                      HTTP_UNARY_TIMEOUT_S, &resp, err);
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
     if (rc != TDM_OK)
         return rc;
     Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
@@ -377,15 +382,6 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
     }
 }
 
-/* The ErrorDetail an END event carries (all-empty when it has none or it does not decode).
- * Caller frees with protobuf_c_message_free_unpacked; NULL on out of memory. */
-static Tandem__V1__ErrorDetail *error_detail_of(const gw_event_t *ev)
-{
-    return (Tandem__V1__ErrorDetail *)protobuf_c_message_unpack(
-        &tandem__v1__error_detail__descriptor, NULL, ev->body ? ev->body_len : 0,
-        ev->body ? ev->body : (const uint8_t *)"");
-}
-
 static int client_fd(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci =
@@ -408,19 +404,11 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
 {
     int rc = TDM_OK;
     if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM) {
-        Tandem__V1__GenerateChunk *ch = (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
-            &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body);
-        if (ch) {
-            rc = oai_sse_chunk(r->q, &r->out, ch, &r->sse);
-            protobuf_c_message_free_unpacked(&ch->base, NULL);
-            if (rc == TDM_OK)
-                return;
-        }
+        rc = oai_sse_chunk(r->q, &r->out, gw_event_chunk(ev), &r->sse);
+        if (rc == TDM_OK)
+            return;
         gw_call_cancel(r->call);
-        oai_sse_end(r->q, &r->out, TDM_EINTERNAL,
-                    ch ? "the HTTP gateway is out of memory"
-                       : "the router's GenerateChunk does not decode",
-                    &r->sse);
+        oai_sse_end(r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory", &r->sse);
         record(r, TDM_EINTERNAL);
         r->sse_done = true;
         return;
@@ -487,7 +475,7 @@ static int first_event(http_req_t *r, gw_event_t **ev)
 /* Parses the body and starts its GENERATE call (r->q, r->call). Returns true, or false with
  * the error reply queued and *ret its result. */
 static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, oai_kind_t kind,
-                           const char *key, enum MHD_Result *ret)
+                           enum MHD_Result *ret)
 {
     http_model_t m;
     tdm_error_t err = {0};
@@ -508,8 +496,8 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
         return false;
     }
     r->q = q;
-    r->call = gw_call_start(h->gw, TANDEM__V1__METHOD__METHOD_GENERATE, &q->g.base, oai_req_destroy,
-                            q, key, h->cfg->router.request_timeout_s, &err);
+    q->creq.timeout_s = h->cfg->router.request_timeout_s;
+    r->call = gw_generate_start(h->gw, &q->creq, oai_req_destroy, q, &err);
     if (!r->call) {
         r->q = NULL;
         *ret = reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
@@ -523,10 +511,7 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
 static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, const gw_event_t *ev)
 {
     char param[64];
-    Tandem__V1__ErrorDetail *d = error_detail_of(ev);
-    param_of(r->q, d ? d->field : "", param, sizeof param);
-    if (d)
-        protobuf_c_message_free_unpacked(&d->base, NULL);
+    param_of(r->q, ev->detail.field, param, sizeof param);
     record(r, ev->status);
     const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
                            ? "model_not_found"
@@ -536,24 +521,28 @@ static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, co
                        ev->message[0] ? ev->message : tdm_strerror(ev->status));
 }
 
-/* Answers a stream=false call from its END (consumed), which carries the one GenerateChunk. */
+/* Answers a stream=false call from its one chunk (ev, consumed), once the END OK after it has
+ * come (an error END instead is answered as the router's error). */
 static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev)
 {
-    Tandem__V1__GenerateChunk *ch =
-        ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END
-            ? (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
-                  &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body)
-            : NULL;
-    gw_event_free(ev);
-    if (!ch) {
+    gw_event_t *end = NULL;
+    if (ev->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM || first_event(r, &end) < 0) {
+        gw_event_free(ev);
         gw_call_cancel(r->call);
         record(r, TDM_EINTERNAL);
         return reply_error(c, 500, NULL, NULL, "the router's answer is not one GenerateChunk");
     }
-    json_t *body = oai_response(r->q, &r->out, ch);
-    protobuf_c_message_free_unpacked(&ch->base, NULL);
-    record(r, TDM_OK);
-    return reply_json(c, 200, body);
+    enum MHD_Result ret;
+    if (end->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && end->status != TDM_OK) {
+        ret = reply_refused(r, c, end);
+    } else {
+        json_t *body = oai_response(r->q, &r->out, gw_event_chunk(ev));
+        record(r, TDM_OK);
+        ret = reply_json(c, 200, body);
+    }
+    gw_event_free(end);
+    gw_event_free(ev);
+    return ret;
 }
 
 /* Starts the SSE response of a stream from its first event (consumed): the status is 200
@@ -587,12 +576,11 @@ static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, 
                                        oai_kind_t kind)
 {
     enum MHD_Result ret;
-    const char *key;
-    if (!check_key(h, c, &key, &ret))
+    if (!check_key(h, c, &ret))
         return ret;
     /* a request may wait long (queue, generation): no idle timeout until it completes */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    if (!generate_start(h, c, r, kind, key, &ret))
+    if (!generate_start(h, c, r, kind, &ret))
         return ret;
     gw_event_t *ev = NULL;
     if (first_event(r, &ev) < 0)
@@ -610,16 +598,13 @@ static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, 
 static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, const char *id)
 {
     enum MHD_Result ret;
-    const char *key;
-    if (!check_key(h, c, &key, &ret))
+    if (!check_key(h, c, &ret))
         return ret;
-    /* asked with the client's key, so the router judges it */
     Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
-    int rc =
-        gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
-                 &tandem__v1__models_response__descriptor, key, HTTP_UNARY_TIMEOUT_S, &resp, &err);
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, &err);
     if (rc != TDM_OK)
         return reply_error(c, http_status_of(rc),
                            rc == TDM_EUNAUTHENTICATED ? "invalid_api_key" : NULL, NULL, "%s",
@@ -657,7 +642,7 @@ static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_HEALTH, &req.base,
-                      &tandem__v1__health_response__descriptor, h->internal_key, 2.0, &resp, &err);
+                      &tandem__v1__health_response__descriptor, 2.0, &resp, &err);
     if (rc != TDM_OK)
         return reply_json(c, 503,
                           json_pack("{s:s, s:s}", "status", "unavailable", "message", err.msg));
@@ -690,8 +675,7 @@ static enum MHD_Result handle_metrics(tdm_http_t *h, struct MHD_Connection *c)
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
-                      &tandem__v1__metrics_response__descriptor, h->internal_key,
-                      HTTP_UNARY_TIMEOUT_S, &resp, &err);
+                      &tandem__v1__metrics_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, &err);
     if (rc != TDM_OK) {
         char msg[TDM_ERRMSG_MAX + 32];
         int n = snprintf(msg, sizeof msg, "metrics unavailable: %s\n", err.msg);
@@ -926,9 +910,9 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
     pthread_sigmask(SIG_BLOCK, &all, &old);
     char ep[512];
     connectable(router_endpoint, ep, sizeof ep);
-    h->gw = gw_new(net, ep, &h->log, err);
+    h->gw = gw_new(net, ep, h->internal_key, &h->log, err);
     if (h->gw)
-        h->dash = dash_new(h->gw, h->internal_key, err);
+        h->dash = dash_new(h->gw, err);
     if (h->dash) {
         unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                          MHD_USE_POLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);

@@ -462,6 +462,42 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* q->creq, the client library's request, from the GenerateRequest the parser made (strings
+ * and arrays point into q). */
+static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+{
+    tdm_client_request_t *c = &q->creq;
+    tdm_client_request_init(c);
+    c->request_id = q->g.request_id;
+    c->model = q->g.model;
+    if (q->g.input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT) {
+        c->prompt = q->g.prompt;
+    } else if (q->g.input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS) {
+        c->token_ids = q->tokens.ids;
+        c->n_token_ids = q->tokens.n_ids;
+    } else {
+        size_t n = q->chat.n_messages;
+        q->cmsgs = calloc(n ? n : 1, sizeof *q->cmsgs);
+        if (!q->cmsgs)
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        for (size_t i = 0; i < n; i++)
+            q->cmsgs[i] =
+                (tdm_chat_message_t){q->chat.messages[i]->role, q->chat.messages[i]->content};
+        c->messages = q->cmsgs;
+        c->n_messages = n;
+    }
+    if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK)
+        return bad_field(err, param, param_cap, "stop_token_ids", "%s", err->msg);
+    c->sampling_set = q->sp.set_mask;
+    c->max_tokens = q->g.max_tokens;
+    c->stop = (const char *const *)q->g.stop;
+    c->n_stop = q->g.n_stop;
+    c->stream = q->g.stream;
+    c->include_stop_str = q->g.include_stop_str;
+    c->echo_token_text = q->g.echo_token_text;
+    return TDM_OK;
+}
+
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
               char *param, size_t param_cap, tdm_error_t *err)
 {
@@ -575,6 +611,8 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
         if (echo)
             q->echo = q->g.prompt;
     }
+    if ((rc = client_request(q, param, param_cap, err)) != TDM_OK)
+        goto out_clear;
     return TDM_OK;
 out_clear:
     oai_req_clear(q);
@@ -594,6 +632,7 @@ void oai_req_clear(oai_req_t *q)
     free(q->ids);
     free(q->stop);
     free(q->stop_ids);
+    free(q->cmsgs);
     if (q->root)
         json_decref(q->root);
     memset(q, 0, sizeof *q);
@@ -655,26 +694,26 @@ static uint64_t utf8_chars(const char *s)
     return n;
 }
 
-static const char *token_text(const Tandem__V1__GenerateChunk *ch, size_t i)
+static const char *token_text(const tdm_client_chunk_t *ch, size_t i)
 {
     return i < ch->n_token_texts && ch->token_texts[i] ? ch->token_texts[i] : "";
 }
 
 /* logprobs of the tokens of ch in OpenAI's shape (completions or chat); NULL when not asked
  * for (json null is then used). */
-static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
 {
     if (!q->logprobs)
         return NULL;
-    size_t n = ch->n_token_ids;
+    size_t n = ch->n_tokens;
     if (q->kind == OAI_CHAT) {
         json_t *content = json_array();
         for (size_t i = 0; content && i < n; i++) {
             const char *t = token_text(ch, i);
             json_t *top = json_array();
-            const Tandem__V1__TopLogprobs *tl = i < ch->n_top_logprobs ? ch->top_logprobs[i] : NULL;
+            const tdm_client_token_top_t *tl = i < ch->n_top_logprobs ? &ch->top_logprobs[i] : NULL;
             for (size_t k = 0; top && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
-                const Tandem__V1__TopLogprob *e = tl->entries[k];
+                const tdm_client_top_logprob_t *e = &tl->entries[k];
                 json_array_append_new(
                     top, json_pack("{s:o, s:f, s:o}", "token", str_utf8(e->text, strlen(e->text)),
                                    "logprob", (double)e->logprob, "bytes", bytes_array(e->text)));
@@ -696,9 +735,9 @@ static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const Tandem__V1_
         o->text_chars += utf8_chars(t);
         if (q->top_logprobs > 0) {
             json_t *d = json_object();
-            const Tandem__V1__TopLogprobs *tl = i < ch->n_top_logprobs ? ch->top_logprobs[i] : NULL;
+            const tdm_client_token_top_t *tl = i < ch->n_top_logprobs ? &ch->top_logprobs[i] : NULL;
             for (size_t k = 0; d && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
-                const Tandem__V1__TopLogprob *e = tl->entries[k];
+                const tdm_client_top_logprob_t *e = &tl->entries[k];
                 json_t *key = str_utf8(e->text, strlen(e->text));
                 if (key && !json_object_get(d, json_string_value(key)))
                     json_object_set_new(d, json_string_value(key), json_real(e->logprob));
@@ -719,9 +758,9 @@ static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const Tandem__V1_
 static const char *finish_name(int reason)
 {
     switch (reason) {
-    case TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
-    case TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
-    case TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "abort";
+    case TDM_CLIENT_FINISH_STOP: return "stop";
+    case TDM_CLIENT_FINISH_LENGTH: return "length";
+    case TDM_CLIENT_FINISH_CANCELLED: return "abort";
     default: return "error";
     }
 }
@@ -734,9 +773,9 @@ static json_t *usage_json(const oai_out_t *o)
                      "cached_tokens", (int)o->cached_tokens);
 }
 
-static void take_final(oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+static void take_final(oai_out_t *o, const tdm_client_chunk_t *ch)
 {
-    o->finish_reason = ch->finish_reason;
+    o->finish_reason = (int)ch->finish_reason;
     if (ch->usage) {
         o->prompt_tokens = ch->usage->prompt_tokens;
         o->completion_tokens = ch->usage->completion_tokens;
@@ -789,8 +828,7 @@ static int emit_choice(const oai_req_t *q, http_buf_t *b, json_t *delta, const c
     return rc;
 }
 
-int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch,
-                  http_buf_t *b)
+int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, http_buf_t *b)
 {
     int rc = TDM_OK;
     if (!o->started) {
@@ -801,7 +839,7 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateCh
         else if (q->echo)
             rc = emit_choice(q, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
     }
-    bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_token_ids > 0);
+    bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
     if (rc == TDM_OK && has_content) {
         json_t *lp = logprobs_json(q, o, ch);
         if (q->kind == OAI_CHAT)
@@ -811,8 +849,7 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateCh
         else
             rc = emit_choice(q, b, NULL, ch->text, strlen(ch->text), lp, NULL);
     }
-    if (rc == TDM_OK && ch->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED &&
-        !o->finished) {
+    if (rc == TDM_OK && ch->finish_reason != TDM_CLIENT_FINISH_NONE && !o->finished) {
         o->finished = true;
         take_final(o, ch);
         rc = emit_choice(q, b, NULL, "", 0, NULL, finish_name(ch->finish_reason));
@@ -852,7 +889,7 @@ int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *messag
     return rc;
 }
 
-json_t *oai_response(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
 {
     take_final(o, ch);
     json_t *choice = json_pack("{s:i}", "index", 0);

@@ -110,7 +110,7 @@ int main(int argc, char **argv)
         goto out_net;
     }
     /* the HTTP gateway: a client of the router's own client endpoint (router/http.h) */
-    tdm_http_t *http = tdm_http_new(&cfg, tdm_router_client_endpoint(r), net, &log, &err);
+    tdm_http_t *http = tdm_http_new(&cfg, tdm_router_inproc_endpoint(r), net, &log, &err);
     if (!http) {
         tdm_log_write(&log, TDM_LOG_ERROR, NULL, NULL, "http gateway failed to start: %s", err.msg);
         fprintf(stderr, "tandem-router: %s\n", err.msg);

@@ -141,6 +141,9 @@ void tdm_router_shutdown(tdm_router_t *r);
 
 /* The endpoints actually bound ("tcp://127.0.0.1:41234"); owned by the router. */
 const char *tdm_router_client_endpoint(const tdm_router_t *r);
+/* The client socket's in-process endpoint ("inproc://tandem-router-<instance>"), bound too so
+ * that a client in this process on the router's tdm_net_t (the HTTP gateway) needs no TCP. */
+const char *tdm_router_inproc_endpoint(const tdm_router_t *r);
 const char *tdm_router_node_endpoint(const tdm_router_t *r);
 
 /* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard

@@ -155,6 +155,7 @@ struct tdm_router {
     tdm_kv_layout_t layout;
     tdm_sock_t *client, *nodesock;
     char client_ep[256], node_ep[256];
+    char inproc_ep[64]; /* the client socket's second endpoint, for the in-process gateway */
     uint32_t hb_interval_ms, hb_timeout_ms;
     rt_node_t *nodes;
     size_t n_nodes;

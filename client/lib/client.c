@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ typedef struct client_call {
     double t_last;    /* last chunk with a token */
     tdm_client_chunk_fn on_chunk;
     tdm_client_done_fn on_done;
+    tdm_client_unary_fn on_unary; /* async unary calls */
     void *user;
     tdm_client_result_t result;                  /* status and message for unary calls too */
     size_t text_cap;                             /* bytes allocated for result.text */
@@ -69,6 +71,7 @@ struct tdm_client {
     double last_cancel_t; /* when the last CANCEL was sent (monotonic); 0 = never */
     tdm_frame_t frame;    /* receive buffer */
     tdm_error_t err;
+    char err_field[64]; /* the request field the last refused start named; "" if none */
 };
 
 /* ---- small helpers ---- */
@@ -138,6 +141,11 @@ void tdm_client_result_clear(tdm_client_result_t *r)
 const char *tdm_client_errmsg(const tdm_client_t *c)
 {
     return c->err.msg;
+}
+
+const char *tdm_client_errfield(const tdm_client_t *c)
+{
+    return c->err_field;
 }
 
 const char *tdm_client_endpoint(const tdm_client_t *c)
@@ -333,7 +341,10 @@ static void end_call(tdm_client_t *c, client_call_t *call, int status, const cha
         return;
     }
     c->depth++;
-    call->on_done(call->user, r);
+    if (call->on_unary)
+        call->on_unary(call->user, r->status, r->message, &call->resp);
+    else
+        call->on_done(call->user, r);
     c->depth--;
     call_free(call);
 }
@@ -435,45 +446,68 @@ static int call_send(tdm_client_t *c, client_call_t *call, const ProtobufCMessag
     return TDM_OK;
 }
 
-/* Checks what this library can check of a request; the router checks the rest. */
-static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
+/* Sets c->err to TDM_EINVALID with the message and c->err_field to the request field at fault
+ * (a GenerateRequest path, as ErrorDetail.field). Returns TDM_EINVALID. */
+static int bad_request(tdm_client_t *c, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad_request(tdm_client_t *c, const char *field, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[TDM_ERRMSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(c->err_field, sizeof c->err_field, "%s", field);
+    return tdm_error_set(&c->err, TDM_EINVALID, "%s", msg);
+}
+
+/* Checks the input of a request: exactly one of prompt, messages and token_ids. */
+static int input_check(tdm_client_t *c, const tdm_client_request_t *req)
 {
     int inputs = (req->prompt != NULL) + (req->n_messages > 0) + (req->n_token_ids > 0);
     if (inputs != 1)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: give exactly one of prompt, messages and token_ids "
-                             "(%d given)",
-                             inputs);
+        return bad_request(c, "",
+                           "request: give exactly one of prompt, messages and token_ids (%d given)",
+                           inputs);
     if (req->n_messages > 0 && !req->messages)
-        return tdm_error_set(&c->err, TDM_EINVALID, "request: messages is NULL");
+        return bad_request(c, "chat.messages", "request: messages is NULL");
     for (size_t i = 0; i < req->n_messages; i++)
         if (!req->messages[i].role || !req->messages[i].content)
-            return tdm_error_set(&c->err, TDM_EINVALID,
-                                 "request: messages[%zu] has a NULL role or content", i);
+            return bad_request(c, "chat.messages",
+                               "request: messages[%zu] has a NULL role or content", i);
     if (req->n_token_ids > 0 && !req->token_ids)
-        return tdm_error_set(&c->err, TDM_EINVALID, "request: token_ids is NULL");
+        return bad_request(c, "tokens.ids", "request: token_ids is NULL");
+    return TDM_OK;
+}
+
+/* Checks what this library can check of a request; the router checks the rest. */
+static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
+{
+    int rc = input_check(c, req);
+    if (rc != TDM_OK)
+        return rc;
     if (req->max_tokens < 0)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: max_tokens must be >= 0 (0 = what the context leaves), "
-                             "got %d",
-                             (int)req->max_tokens);
+        return bad_request(c, "max_tokens",
+                           "request: max_tokens must be >= 0 (0 = what the context leaves), got %d",
+                           (int)req->max_tokens);
     if (req->n_stop > TDM_CLIENT_MAX_STOP)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: %zu stop strings given, at most %d allowed", req->n_stop,
-                             TDM_CLIENT_MAX_STOP);
+        return bad_request(c, "stop", "request: %zu stop strings given, at most %d allowed",
+                           req->n_stop, TDM_CLIENT_MAX_STOP);
     for (size_t i = 0; i < req->n_stop; i++) {
         size_t len = req->stop[i] ? strlen(req->stop[i]) : 0;
-        if (len < 1 || len > TDM_CLIENT_MAX_STOP_BYTES)
-            return tdm_error_set(&c->err, TDM_EINVALID,
-                                 "request: stop[%zu] must have 1..%d bytes, got %zu", i,
-                                 TDM_CLIENT_MAX_STOP_BYTES, len);
+        if (len < 1 || len > TDM_CLIENT_MAX_STOP_BYTES) {
+            char field[32];
+            snprintf(field, sizeof field, "stop[%zu]", i);
+            return bad_request(c, field, "request: stop[%zu] must have 1..%d bytes, got %zu", i,
+                               TDM_CLIENT_MAX_STOP_BYTES, len);
+        }
     }
     if (req->sampling.n_stop_token_ids > TDM_SAMPLING_MAX_STOP)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: sampling.n_stop_token_ids is %u, at most %d allowed",
-                             (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
+        return bad_request(c, "sampling.stop_token_ids",
+                           "request: sampling.n_stop_token_ids is %u, at most %d allowed",
+                           (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
     if (isnan(req->timeout_s))
-        return tdm_error_set(&c->err, TDM_EINVALID, "request: timeout_s is NaN");
+        return bad_request(c, "", "request: timeout_s is NaN");
     return TDM_OK;
 }
 
@@ -542,6 +576,7 @@ static int generate_start(tdm_client_t *c, const tdm_client_request_t *req,
                           bool sync, client_call_t **out)
 {
     tdm_error_clear(&c->err);
+    c->err_field[0] = '\0';
     int rc = request_check(c, req);
     if (rc != TDM_OK)
         return rc;
@@ -840,7 +875,7 @@ static long ms_to_nearest_deadline(const tdm_client_t *c, double now)
     return ms < 0 ? 0 : ms > 1e9 ? 1000000000L : (long)ms;
 }
 
-static int poll_impl(tdm_client_t *c, int timeout_ms)
+static int poll_impl(tdm_client_t *c, int timeout_ms, int fd)
 {
     uint64_t ended0 = c->n_ended;
     if (cancel_requested(c)) {
@@ -851,8 +886,9 @@ static int poll_impl(tdm_client_t *c, int timeout_ms)
     long to_deadline = ms_to_nearest_deadline(c, tdm_time_now());
     if (to_deadline >= 0 && (wait < 0 || to_deadline < wait))
         wait = to_deadline;
-    zmq_pollitem_t item = {tdm_sock_zsock(c->sock), 0, ZMQ_POLLIN, 0};
-    int n = zmq_poll(&item, 1, wait);
+    zmq_pollitem_t items[2] = {{tdm_sock_zsock(c->sock), 0, ZMQ_POLLIN, 0},
+                               {NULL, fd, ZMQ_POLLIN, 0}};
+    int n = zmq_poll(items, fd >= 0 ? 2 : 1, wait);
     if (n < 0 && errno != EINTR) {
         int e = errno;
         int status = e == ETERM ? TDM_ECANCELLED : TDM_EINTERNAL;
@@ -861,7 +897,7 @@ static int poll_impl(tdm_client_t *c, int timeout_ms)
         end_all(c, status, c->err.msg);
         return status;
     }
-    if (n > 0) {
+    if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
         for (int i = 0; i < CLIENT_MAX_FRAMES_PER_POLL; i++) {
             int rc = tdm_sock_recv(c->sock, &c->frame, 0);
             if (rc == TDM_EDEADLINE || rc == TDM_ECANCELLED)
@@ -887,13 +923,23 @@ static int poll_impl(tdm_client_t *c, int timeout_ms)
 
 int tdm_client_poll(tdm_client_t *c, int timeout_ms)
 {
+    return tdm_client_poll_fd(c, timeout_ms, -1);
+}
+
+int tdm_client_poll_fd(tdm_client_t *c, int timeout_ms, int fd)
+{
     if (c->depth > 0)
         return tdm_error_set(&c->err, TDM_EPRECONDITION,
                              "client: tdm_client_poll called from a callback");
-    return poll_impl(c, timeout_ms);
+    return poll_impl(c, timeout_ms, fd);
 }
 
 int tdm_client_generate_cancel(tdm_client_t *c, uint64_t call_id)
+{
+    return tdm_client_cancel(c, call_id);
+}
+
+int tdm_client_cancel(tdm_client_t *c, uint64_t call_id)
 {
     client_call_t *call = find_call(c, call_id);
     if (!call || call->sync)
@@ -913,7 +959,7 @@ int tdm_client_generate_cancel(tdm_client_t *c, uint64_t call_id)
 static void wait_call(tdm_client_t *c, client_call_t *call)
 {
     while (!call->ended) {
-        int rc = poll_impl(c, -1);
+        int rc = poll_impl(c, -1, -1);
         if (rc < 0 && !call->ended) /* not expected: a failed poll ends every call */
             end_call(c, call, rc, "%s", c->err.msg);
     }
@@ -952,6 +998,31 @@ out_fail:
     result->text = tdm_strdup("");
     result->request_id = tdm_strdup("");
     result->stop_reason = tdm_strdup("");
+    return rc;
+}
+
+int tdm_client_call_start(tdm_client_t *c, int method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                          tdm_client_unary_fn on_done, void *user, uint64_t *call_id)
+{
+    tdm_error_clear(&c->err);
+    if (!on_done || !req || !resp_desc)
+        return tdm_error_set(&c->err, TDM_EINVALID, "client: on_done, req or resp_desc is NULL");
+    if (method == TANDEM__V1__METHOD__METHOD_GENERATE)
+        return tdm_error_set(&c->err, TDM_EINVALID,
+                             "client: GENERATE streams; use tdm_client_generate_start");
+    if (isnan(timeout_s))
+        return tdm_error_set(&c->err, TDM_EINVALID, "client: timeout_s is NaN");
+    client_call_t *call = call_new(c, method, CALL_UNARY);
+    if (!call)
+        return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
+    call->resp_desc = resp_desc;
+    call->on_unary = on_done;
+    call->user = user;
+    uint64_t id = call->id;
+    int rc = call_send(c, call, req, timeout_s);
+    if (rc == TDM_OK && call_id)
+        *call_id = id;
     return rc;
 }
 

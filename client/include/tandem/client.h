@@ -23,6 +23,10 @@
  * (also when the client is destroyed with the call still running); no callback runs for a call
  * whose start failed (libuv's rule). Callbacks may start and cancel other calls; they must not
  * poll or make blocking calls (TDM_EPRECONDITION).
+ * Unary calls (Health, Models, Status, Metrics) can be async too (tdm_client_call_start), and a
+ * thread that serves a client and a queue other threads fill waits on both with
+ * tdm_client_poll_fd: the router's HTTP gateway works that way, over the router's inproc://
+ * endpoint on the router's own ZMQ context (tdm_client_opts_t.net).
  */
 #ifndef TANDEM_CLIENT_H
 #define TANDEM_CLIENT_H
@@ -95,6 +99,12 @@ void tdm_client_destroy(tdm_client_t **self_p);
 /* The message of the last failed call on this client ("" if none); owned by the client,
  * valid until its next call. */
 const char *tdm_client_errmsg(const tdm_client_t *c);
+
+/* The request field (a GenerateRequest path: "stop[1]", "max_tokens", ...) this library's own
+ * check named when tdm_client_generate(_start) last refused a request; "" when none or when
+ * the last start succeeded. Owned by the client. The router's refusals carry theirs in
+ * tdm_client_result_t.error. */
+const char *tdm_client_errfield(const tdm_client_t *c);
 
 /* The endpoint the client is connected to. */
 const char *tdm_client_endpoint(const tdm_client_t *c);
@@ -281,10 +291,34 @@ int tdm_client_generate_start(tdm_client_t *c, const tdm_client_request_t *req,
  * failed (every running call ended with that error). */
 int tdm_client_poll(tdm_client_t *c, int timeout_ms);
 
-/* Cancels a running call: sends CANCEL and ends it now with TDM_ECANCELLED (its on_done runs
- * before this returns). Returns 0, TDM_ENOTFOUND when no such call is running (it has ended),
- * TDM_EPRECONDITION when called from the call's own on_chunk (return nonzero instead). */
+/* Cancels a running async call (Generate or unary): sends CANCEL and ends it now with
+ * TDM_ECANCELLED (its on_done runs before this returns). Returns 0, TDM_ENOTFOUND when no such
+ * call is running (it has ended), TDM_EPRECONDITION when called from the call's own on_chunk
+ * (return nonzero instead). tdm_client_generate_cancel is the same function. */
+int tdm_client_cancel(tdm_client_t *c, uint64_t call_id);
 int tdm_client_generate_cancel(tdm_client_t *c, uint64_t call_id);
+
+/* tdm_client_poll that also returns when fd (>= 0; -1: none) is readable, e.g. an eventfd
+ * other threads write to hand this thread work; the caller reads fd. Same returns. */
+int tdm_client_poll_fd(tdm_client_t *c, int timeout_ms, int fd);
+
+/* Called once when an async unary call ends, however it ends: status 0 with *resp the decoded
+ * response (of the call's resp_desc), or the error with message (valid during the callback)
+ * and *resp NULL. The callee may take the response: it then sets *resp = NULL and frees it
+ * with protobuf_c_message_free_unpacked; else the client frees it after the callback. */
+typedef void (*tdm_client_unary_fn)(void *user, int status, const char *message,
+                                    ProtobufCMessage **resp);
+
+/* Starts a unary call (method TANDEM__V1__METHOD__METHOD_HEALTH, _MODELS, _STATUS or _METRICS
+ * with its request message req, only read here; resp_desc the response type) and returns
+ * without waiting; tdm_client_poll drives it, on_done ends it (exactly once), and
+ * tdm_client_cancel cancels it. timeout_s as for the blocking calls. The call id goes to
+ * *call_id when not NULL. Returns 0, or (no callback will run) TDM_EINVALID (NULL argument,
+ * GENERATE, NaN timeout), TDM_EUNAVAILABLE (the socket's queue is full), TDM_ERESOURCE. May be
+ * called from a callback. */
+int tdm_client_call_start(tdm_client_t *c, int method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                          tdm_client_unary_fn on_done, void *user, uint64_t *call_id);
 
 /* Number of calls started and not yet ended. Cannot fail. */
 size_t tdm_client_pending(const tdm_client_t *c);
