@@ -165,46 +165,25 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
                      nodes ? nodes : json_array());
 }
 
-/* One sample: a STATUS call, then the interval's figures into the ring. */
-static void sample(dash_t *d)
+/* The interval's TTFT, TPOT and token count into *s (d->mu held): from the router's metrics
+ * when it serves them (met, have_met), else from the requests this gateway proxied. */
+static void latency_figures(dash_t *d, dash_sample_t *s, const double met[MET_COUNT], bool have_met)
 {
-    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    tdm_error_t err = {0};
-    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
-                      &tandem__v1__cluster_status__descriptor, DASH_STATUS_TIMEOUT_S, &resp, &err);
-    double now = unix_now();
-    dash_sample_t s = {now, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0};
-    json_t *st = NULL;
-    uint64_t total = 0;
-    if (rc == TDM_OK) {
-        const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
-        st = status_json(cs, &s.kv_used_pct);
-        s.running = cs->requests_running;
-        s.queued = cs->requests_queued;
-        total = cs->requests_total;
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
-    double met[MET_COUNT];
-    bool have_met = fetch_metrics(d, met);
-    pthread_mutex_lock(&d->mu);
-    if (rc == TDM_OK)
-        s.total = (double)total;
     if (have_met && d->have_metrics) {
         double n = met[MET_TTFT_N] - d->m_ttft_n, tn = met[MET_TPOT_N] - d->m_tpot_n;
         if (n > 0)
-            s.ttft_ms = (met[MET_TTFT_SUM] - d->m_ttft_sum) / n * 1e3;
+            s->ttft_ms = (met[MET_TTFT_SUM] - d->m_ttft_sum) / n * 1e3;
         if (tn > 0)
-            s.tpot_ms = (met[MET_TPOT_SUM] - d->m_tpot_sum) / tn * 1e3;
+            s->tpot_ms = (met[MET_TPOT_SUM] - d->m_tpot_sum) / tn * 1e3;
         d->source = "router /metrics histograms, every client";
     } else if (!have_met) {
         if (d->ttft_n)
-            s.ttft_ms = d->ttft_sum / d->ttft_n * 1e3;
+            s->ttft_ms = d->ttft_sum / d->ttft_n * 1e3;
         if (d->tpot_n)
-            s.tpot_ms = d->tpot_sum / d->tpot_n * 1e3;
+            s->tpot_ms = d->tpot_sum / d->tpot_n * 1e3;
         d->source = "requests proxied by this HTTP gateway, router-measured";
     }
-    s.tokens = have_met ? met[MET_TOKENS] : (double)d->tokens;
+    s->tokens = have_met ? met[MET_TOKENS] : (double)d->tokens;
     if (have_met) {
         d->m_ttft_sum = met[MET_TTFT_SUM];
         d->m_ttft_n = met[MET_TTFT_N];
@@ -214,20 +193,50 @@ static void sample(dash_t *d)
     d->have_metrics = have_met;
     d->ttft_sum = d->tpot_sum = 0;
     d->ttft_n = d->tpot_n = 0;
-    /* rates over the last DASH_RATE_WINDOW samples: one-second counts are too jumpy */
+}
+
+/* Appends s to the ring (d->mu held), with the rates over the last DASH_RATE_WINDOW samples:
+ * one-second counts are too jumpy. */
+static void ring_push(dash_t *d, dash_sample_t *s)
+{
     size_t back = d->n < DASH_RATE_WINDOW ? d->n : DASH_RATE_WINDOW;
     if (back > 0) {
         const dash_sample_t *o = &d->ring[(d->next + TDM_DASH_HISTORY - back) % TDM_DASH_HISTORY];
-        double dt = now - o->t;
-        if (dt > 0 && s.total >= o->total)
-            s.rate = (s.total - o->total) / dt;
-        if (dt > 0 && s.tokens >= o->tokens)
-            s.tokens_per_s = (s.tokens - o->tokens) / dt;
+        double dt = s->t - o->t;
+        if (dt > 0 && s->total >= o->total)
+            s->rate = (s->total - o->total) / dt;
+        if (dt > 0 && s->tokens >= o->tokens)
+            s->tokens_per_s = (s->tokens - o->tokens) / dt;
     }
-    d->ring[d->next] = s;
+    d->ring[d->next] = *s;
     d->next = (d->next + 1) % TDM_DASH_HISTORY;
     if (d->n < TDM_DASH_HISTORY)
         d->n++;
+}
+
+/* One sample: a STATUS and a METRICS call, then the interval's figures into the ring. */
+static void sample(dash_t *d)
+{
+    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    tdm_error_t err = {0};
+    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
+                      &tandem__v1__cluster_status__descriptor, DASH_STATUS_TIMEOUT_S, &resp, &err);
+    dash_sample_t s = {unix_now(), NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0};
+    json_t *st = NULL;
+    if (rc == TDM_OK) {
+        const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
+        st = status_json(cs, &s.kv_used_pct);
+        s.running = cs->requests_running;
+        s.queued = cs->requests_queued;
+        s.total = (double)cs->requests_total;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    double met[MET_COUNT];
+    bool have_met = fetch_metrics(d, met);
+    pthread_mutex_lock(&d->mu);
+    latency_figures(d, &s, met, have_met);
+    ring_push(d, &s);
     if (st || rc != TDM_OK) {
         json_decref(d->status);
         d->status = st;

@@ -42,6 +42,7 @@
 
 struct tdm_http {
     const tdm_config_t *cfg;
+    tdm_net_t *net; /* the router's; the gateway's client uses it (inproc://) */
     tdm_logger_t log;
     gw_t *gw;
     dash_t *dash;
@@ -59,7 +60,7 @@ struct tdm_http {
 /* Per request (MHD's con_cls). */
 typedef struct http_req {
     tdm_http_t *h;
-    http_buf_t body;
+    tdm_buf_t body;
     bool too_large;
     uint64_t discarded;
     int fd; /* the client's socket */
@@ -69,7 +70,7 @@ typedef struct http_req {
     oai_out_t out;
     bool streaming;
     bool recorded;
-    http_buf_t sse;
+    tdm_buf_t sse;
     size_t sse_off;
     bool sse_done;
     bool cancelled; /* this side cancelled the call (client gone) */
@@ -190,14 +191,14 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, jso
                               "\"server_error\",\"param\":null,\"code\":\"internal\"}}\n";
     if (!v)
         return reply(c, 500, "application/json", oom, sizeof oom - 1);
-    http_buf_t b = {0};
-    int rc = http_buf_json(&b, v);
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc = http_json_append(&b, v);
     json_decref(v);
     if (rc == TDM_OK)
-        rc = http_buf_append(&b, "\n", 1);
+        rc = tdm_buf_append(&b, "\n", 1);
     enum MHD_Result ret =
         rc == TDM_OK ? reply(c, status, "application/json", b.data, b.len) : MHD_NO;
-    http_buf_free(&b);
+    tdm_buf_free(&b);
     return ret;
 }
 
@@ -428,7 +429,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     while (r->sse_off == r->sse.len) {
         if (r->sse_done)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        r->sse.len = 0;
+        tdm_buf_clear(&r->sse);
         r->sse_off = 0;
         gw_event_t *ev = NULL;
         int got = gw_call_next(r->call, r->fd, HTTP_WAIT_SLICE_MS, &ev);
@@ -788,7 +789,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         if (!r->too_large && r->body.len + n > TDM_HTTP_MAX_BODY_BYTES) {
             r->too_large = true;
-            http_buf_free(&r->body);
+            tdm_buf_free(&r->body);
         }
         if (r->too_large) {
             /* read and drop it, so the client sees the 413 instead of a reset connection;
@@ -800,7 +801,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                    TDM_HTTP_MAX_BODY_BYTES);
             return MHD_YES;
         }
-        if (http_buf_append(&r->body, upload_data, n) != TDM_OK)
+        if (tdm_buf_append(&r->body, upload_data, n) != TDM_OK)
             return MHD_NO;
         return MHD_YES;
     }
@@ -826,8 +827,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     if (r->streaming)
         dash_streams(h->dash, -1);
-    http_buf_free(&r->body);
-    http_buf_free(&r->sse);
+    tdm_buf_free(&r->body);
+    tdm_buf_free(&r->sse);
     free(r);
     *con_cls = NULL;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S);
@@ -863,22 +864,11 @@ static void connectable(const char *ep, char *out, size_t cap)
     snprintf(out, cap, "%s", ep);
 }
 
-tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
-                         const tdm_logger_t *log, tdm_error_t *err)
+/* The socket address to serve on, from router.http_address (h->host, brackets removed) and
+ * router.http_port. TDM_EINVALID when it does not resolve. */
+static int listen_address(tdm_http_t *h, struct sockaddr_storage *sa, bool *v6, tdm_error_t *err)
 {
-    tdm_http_t *h = calloc(1, sizeof *h);
-    if (!h) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        return NULL;
-    }
-    h->cfg = cfg;
-    if (log)
-        h->log = *log;
-    else
-        tdm_log_init(&h->log, "router");
-    pthread_mutex_init(&h->mu, NULL);
-    h->started = (long long)time(NULL);
-    h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
+    const tdm_config_t *cfg = h->cfg;
     const char *addr = cfg->router.http_address ? cfg->router.http_address : "127.0.0.1";
     snprintf(h->host, sizeof h->host, "%s", addr);
     /* "[::1]" -> "::1" */
@@ -894,23 +884,26 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
     char port_text[16];
     snprintf(port_text, sizeof port_text, "%d", cfg->router.http_port);
     int gai = getaddrinfo(h->host, port_text, &hints, &ai);
-    if (gai != 0 || !ai) {
-        tdm_error_set(err, TDM_EINVALID, "router.http_address '%s': %s", addr, gai_strerror(gai));
-        goto out_free;
-    }
-    struct sockaddr_storage sa;
-    memset(&sa, 0, sizeof sa);
-    memcpy(&sa, ai->ai_addr, ai->ai_addrlen <= sizeof sa ? ai->ai_addrlen : sizeof sa);
-    bool v6 = ai->ai_family == AF_INET6;
+    if (gai != 0 || !ai)
+        return tdm_error_set(err, TDM_EINVALID, "router.http_address '%s': %s", addr,
+                             gai_strerror(gai));
+    memset(sa, 0, sizeof *sa);
+    memcpy(sa, ai->ai_addr, ai->ai_addrlen <= sizeof *sa ? ai->ai_addrlen : sizeof *sa);
+    *v6 = ai->ai_family == AF_INET6;
     freeaddrinfo(ai);
+    return TDM_OK;
+}
 
-    /* the gateway's threads must not take SIGTERM/SIGINT from the main thread's zmq_poll */
+/* Starts the gateway thread, the dashboard sampler and libmicrohttpd, with every signal
+ * blocked in their threads (SIGTERM/SIGINT belong to the main thread's zmq_poll). */
+static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage *sa, bool v6,
+                         tdm_error_t *err)
+{
+    const tdm_config_t *cfg = h->cfg;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    char ep[512];
-    connectable(router_endpoint, ep, sizeof ep);
-    h->gw = gw_new(net, ep, h->internal_key, &h->log, err);
+    h->gw = gw_new(h->net, ep, h->internal_key, &h->log, err);
     if (h->gw)
         h->dash = dash_new(h->gw, err);
     if (h->dash) {
@@ -918,20 +911,44 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
                          MHD_USE_POLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
         h->mhd = MHD_start_daemon(
             flags, (uint16_t)cfg->router.http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            (struct sockaddr *)sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
             MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
             HTTP_CONNECTION_LIMIT, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
         if (!h->mhd)
-            tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", addr,
+            tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,
                           cfg->router.http_port,
                           h->mhd_error[0] ? h->mhd_error : "libmicrohttpd failed to start");
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (!h->mhd)
+    return h->mhd ? TDM_OK : (err ? err->code : TDM_EUNAVAILABLE);
+}
+
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err)
+{
+    tdm_http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    h->cfg = cfg;
+    h->net = net;
+    if (log)
+        h->log = *log;
+    else
+        tdm_log_init(&h->log, "router");
+    pthread_mutex_init(&h->mu, NULL);
+    h->started = (long long)time(NULL);
+    h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
+    struct sockaddr_storage sa;
+    bool v6 = false;
+    char ep[512];
+    connectable(router_endpoint, ep, sizeof ep);
+    if (listen_address(h, &sa, &v6, err) != TDM_OK || start_threads(h, ep, &sa, v6, err) != TDM_OK)
         goto out_free;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : (uint16_t)cfg->router.http_port;
-    char kv[256] = "", url[200];
+    char kv[640] = "", url[200];
     snprintf(url, sizeof url, v6 ? "http://[%s]:%u" : "http://%s:%u", h->host, (unsigned)h->port);
     tdm_log_kv_append(kv, sizeof kv, "url", url);
     tdm_log_kv_append(kv, sizeof kv, "router", ep);

@@ -67,66 +67,14 @@ struct gw {
 
 /* ---- buffers and events ---- */
 
-int http_buf_append(http_buf_t *b, const void *data, size_t n)
-{
-    size_t need;
-    if (!tdm_add_size(b->len, n, &need) || !tdm_add_size(need, 1, &need))
-        return TDM_ERESOURCE;
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return TDM_ERESOURCE;
-        b->data = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->data + b->len, data, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return TDM_OK;
-}
-
-int http_buf_printf(http_buf_t *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char small[512];
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return TDM_EINTERNAL;
-    if ((size_t)n < sizeof small)
-        return http_buf_append(b, small, (size_t)n);
-    char *big = malloc((size_t)n + 1);
-    if (!big)
-        return TDM_ERESOURCE;
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    int rc = http_buf_append(b, big, (size_t)n);
-    free(big);
-    return rc;
-}
-
 static int buf_dump_cb(const char *data, size_t size, void *user)
 {
-    return http_buf_append(user, data, size) == TDM_OK ? 0 : -1;
+    return tdm_buf_append(user, data, size) == TDM_OK ? 0 : -1;
 }
 
-int http_buf_json(http_buf_t *b, const json_t *v)
+int http_json_append(tdm_buf_t *b, const json_t *v)
 {
     return json_dump_callback(v, buf_dump_cb, b, JSON_COMPACT) == 0 ? TDM_OK : TDM_ERESOURCE;
-}
-
-void http_buf_free(http_buf_t *b)
-{
-    if (!b)
-        return;
-    free(b->data);
-    memset(b, 0, sizeof *b);
 }
 
 /* A chunk owned by its event: the library's chunk is valid only during on_chunk. */

@@ -15,22 +15,10 @@
 #include "tandem/client.h"
 #include "tandem/proto.h"
 
-/* ---- growable byte buffer ---- */
+/* ---- JSON into a tdm_buf_t ---- */
 
-typedef struct http_buf {
-    char *data; /* NUL-terminated when not NULL */
-    size_t len; /* bytes, without the NUL */
-    size_t cap;
-} http_buf_t;
-
-/* Appends n bytes / a printf-formatted string. Return 0, or TDM_ERESOURCE on out of memory
- * (the buffer keeps what it had). */
-int http_buf_append(http_buf_t *b, const void *data, size_t n);
-int http_buf_printf(http_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Appends the compact JSON text of v (not consumed). TDM_ERESOURCE on out of memory. */
-int http_buf_json(http_buf_t *b, const json_t *v);
-/* Frees the buffer's memory and empties it. NULL-safe. */
-void http_buf_free(http_buf_t *b);
+/* Appends the compact JSON text of v (not consumed) to b. TDM_ERESOURCE on out of memory. */
+int http_json_append(tdm_buf_t *b, const json_t *v);
 
 /* ---- the gateway thread: the router's calls through the client library ---- */
 
@@ -194,11 +182,11 @@ typedef struct oai_out {
 } oai_out_t;
 
 /* Appends the SSE events ("data: {json}\n\n") for one streamed chunk to b. */
-int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, http_buf_t *b);
+int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b);
 
 /* Appends the end of a stream: on success the usage chunk (stream_options.include_usage) and
  * "data: [DONE]"; after an error an event {"error": {...}} and "data: [DONE]". */
-int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, http_buf_t *b);
+int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, tdm_buf_t *b);
 
 /* The non-streaming response body for the one chunk the router sent (stream=false). New
  * reference, NULL on out of memory. Fills o's usage. */

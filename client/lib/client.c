@@ -655,72 +655,67 @@ static int result_append(client_call_t *call, const Tandem__V1__GenerateChunk *m
     return TDM_OK;
 }
 
-/* Records a GenerateChunk into the call and runs on_chunk. Returns 0 to go on, 1 when the
- * callback asked to cancel, or a negative status (the call must end with it). */
-static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__GenerateChunk *m)
+/* Takes the final fields (finish reason, usage, timings, stop reason) of the last chunk m into
+ * the call's result. TDM_ERESOURCE on out of memory. */
+static int result_final(tdm_client_result_t *r, const Tandem__V1__GenerateChunk *m)
 {
-    tdm_client_result_t *r = &call->result;
-    const char *text = str_or_empty(m->text);
-    size_t text_len = strlen(text);
-    if (result_append(call, m, text_len) != TDM_OK)
-        return TDM_ERESOURCE;
-    r->n_chunks++;
-    if (m->n_token_ids > 0 || text_len > 0) {
-        double now = tdm_time_now();
-        if (call->t_first == 0)
-            call->t_first = now;
-        call->t_last = now;
+    r->finish_reason = finish_from_proto(m->finish_reason);
+    if (m->usage) {
+        r->usage.prompt_tokens = m->usage->prompt_tokens;
+        r->usage.completion_tokens = m->usage->completion_tokens;
+        r->usage.cached_prompt_tokens = m->usage->cached_prompt_tokens;
     }
-    if (m->request_id && m->request_id[0] && (!r->request_id || !r->request_id[0])) {
-        free(r->request_id);
-        r->request_id = tdm_strdup(m->request_id);
-        if (!r->request_id)
-            return TDM_ERESOURCE;
-    }
-    bool last = m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
-    if (last) {
-        r->finish_reason = finish_from_proto(m->finish_reason);
-        if (m->usage) {
-            r->usage.prompt_tokens = m->usage->prompt_tokens;
-            r->usage.completion_tokens = m->usage->completion_tokens;
-            r->usage.cached_prompt_tokens = m->usage->cached_prompt_tokens;
-        }
-        if (m->timings)
-            timings_from_proto(m->timings, &r->timings);
-        free(r->stop_reason);
-        r->stop_reason = tdm_strdup(str_or_empty(m->stop_reason));
-        if (!r->stop_reason)
-            return TDM_ERESOURCE;
-    }
-    if (!call->on_chunk)
-        return 0;
+    if (m->timings)
+        timings_from_proto(m->timings, &r->timings);
+    free(r->stop_reason);
+    r->stop_reason = tdm_strdup(str_or_empty(m->stop_reason));
+    return r->stop_reason ? TDM_OK : TDM_ERESOURCE;
+}
 
-    /* top logprobs: the message holds arrays of pointers; the callback gets arrays of structs */
-    tdm_client_token_top_t *tops = NULL;
-    tdm_client_top_logprob_t *entries = NULL;
-    if (m->n_top_logprobs > 0) {
-        size_t n_entries = 0;
-        for (size_t i = 0; i < m->n_top_logprobs; i++)
-            n_entries += m->top_logprobs[i] ? m->top_logprobs[i]->n_entries : 0;
-        tops = calloc(m->n_top_logprobs, sizeof *tops);
-        entries = calloc(n_entries ? n_entries : 1, sizeof *entries);
-        if (!tops || !entries) {
-            free(tops);
-            free(entries);
-            return TDM_ERESOURCE;
-        }
-        size_t k = 0;
-        for (size_t i = 0; i < m->n_top_logprobs; i++) {
-            const Tandem__V1__TopLogprobs *tl = m->top_logprobs[i];
-            tops[i].entries = entries + k;
-            tops[i].n_entries = tl ? tl->n_entries : 0;
-            for (size_t j = 0; tl && j < tl->n_entries; j++, k++) {
-                entries[k].token_id = tl->entries[j]->token_id;
-                entries[k].logprob = tl->entries[j]->logprob;
-                entries[k].text = str_or_empty(tl->entries[j]->text);
-            }
+/* The message's top logprobs (arrays of pointers) as the callback's arrays of structs: *tops
+ * [m->n_top_logprobs] pointing into *entries; both NULL when there are none. The caller frees
+ * both. TDM_ERESOURCE on out of memory. */
+static int tops_from_proto(const Tandem__V1__GenerateChunk *m, tdm_client_token_top_t **tops,
+                           tdm_client_top_logprob_t **entries)
+{
+    *tops = NULL;
+    *entries = NULL;
+    if (m->n_top_logprobs == 0)
+        return TDM_OK;
+    size_t n_entries = 0;
+    for (size_t i = 0; i < m->n_top_logprobs; i++)
+        n_entries += m->top_logprobs[i] ? m->top_logprobs[i]->n_entries : 0;
+    *tops = calloc(m->n_top_logprobs, sizeof **tops);
+    *entries = calloc(n_entries ? n_entries : 1, sizeof **entries);
+    if (!*tops || !*entries) {
+        free(*tops);
+        free(*entries);
+        return TDM_ERESOURCE;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m->n_top_logprobs; i++) {
+        const Tandem__V1__TopLogprobs *tl = m->top_logprobs[i];
+        (*tops)[i].entries = *entries + k;
+        (*tops)[i].n_entries = tl ? tl->n_entries : 0;
+        for (size_t j = 0; tl && j < tl->n_entries; j++, k++) {
+            (*entries)[k].token_id = tl->entries[j]->token_id;
+            (*entries)[k].logprob = tl->entries[j]->logprob;
+            (*entries)[k].text = str_or_empty(tl->entries[j]->text);
         }
     }
+    return TDM_OK;
+}
+
+/* Runs the call's on_chunk with m (the final fields from the result when last). Returns 0 to
+ * go on, 1 when the callback asked to cancel, TDM_ERESOURCE on out of memory. */
+static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__GenerateChunk *m,
+                        const char *text, size_t text_len, bool last)
+{
+    const tdm_client_result_t *r = &call->result;
+    tdm_client_token_top_t *tops;
+    tdm_client_top_logprob_t *entries;
+    if (tops_from_proto(m, &tops, &entries) != TDM_OK)
+        return TDM_ERESOURCE;
     tdm_client_usage_t usage = r->usage;
     tdm_client_timings_t timings = r->timings;
     tdm_client_chunk_t ch = {
@@ -751,6 +746,36 @@ static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1_
     free(tops);
     free(entries);
     return stop != 0 ? 1 : 0;
+}
+
+/* Records a GenerateChunk into the call and runs on_chunk. Returns 0 to go on, 1 when the
+ * callback asked to cancel, or a negative status (the call must end with it). */
+static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__GenerateChunk *m)
+{
+    tdm_client_result_t *r = &call->result;
+    const char *text = str_or_empty(m->text);
+    size_t text_len = strlen(text);
+    if (result_append(call, m, text_len) != TDM_OK)
+        return TDM_ERESOURCE;
+    r->n_chunks++;
+    if (m->n_token_ids > 0 || text_len > 0) {
+        double now = tdm_time_now();
+        if (call->t_first == 0)
+            call->t_first = now;
+        call->t_last = now;
+    }
+    if (m->request_id && m->request_id[0] && (!r->request_id || !r->request_id[0])) {
+        free(r->request_id);
+        r->request_id = tdm_strdup(m->request_id);
+        if (!r->request_id)
+            return TDM_ERESOURCE;
+    }
+    bool last = m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+    if (last && result_final(r, m) != TDM_OK)
+        return TDM_ERESOURCE;
+    if (!call->on_chunk)
+        return 0;
+    return run_on_chunk(c, call, m, text, text_len, last);
 }
 
 /* Handles a GenerateChunk body for call: delivers it and ends the call when the callback
@@ -1146,6 +1171,61 @@ void tdm_client_cluster_status_clear(tdm_client_cluster_status_t *s)
     memset(s, 0, sizeof *s);
 }
 
+/* Copies one NodeStatus into *d. TDM_ERESOURCE on out of memory (what was copied stays in *d
+ * for tdm_client_cluster_status_clear). */
+static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_node_status_t *d)
+{
+    d->node_id = tdm_strdup(str_or_empty(ns->node_id));
+    d->role = tdm_strdup(str_or_empty(ns->role));
+    d->device = tdm_strdup(str_or_empty(ns->device));
+    d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
+    if (!d->node_id || !d->role || !d->device || !d->refused_reason)
+        return TDM_ERESOURCE;
+    d->refused_age_s = ns->refused_age_s;
+    d->instance_id = ns->instance_id;
+    d->up = ns->up;
+    d->kv_blocks_total = ns->kv_blocks_total;
+    d->kv_blocks_used = ns->kv_blocks_used;
+    d->kv_blocks_cached = ns->kv_blocks_cached;
+    d->reserved_blocks = ns->reserved_blocks;
+    d->running = ns->running;
+    d->waiting = ns->waiting;
+    d->batch_size = ns->batch_size;
+    d->queued_prefill_tokens = ns->queued_prefill_tokens;
+    d->prefix_queries = ns->prefix_queries;
+    d->prefix_hits = ns->prefix_hits;
+    d->step_time_s = ns->step_time_s;
+    d->last_heartbeat_age_s = ns->last_heartbeat_age_s;
+    return TDM_OK;
+}
+
+/* Copies the nodes and the refused registrations of m into *out. TDM_ERESOURCE on out of
+ * memory (partial; the caller clears). */
+static int cluster_lists_from_proto(const Tandem__V1__ClusterStatus *m,
+                                    tdm_client_cluster_status_t *out)
+{
+    if (m->n_nodes > 0 && !(out->nodes = calloc(m->n_nodes, sizeof *out->nodes)))
+        return TDM_ERESOURCE;
+    for (size_t i = 0; i < m->n_nodes; i++) {
+        out->n_nodes = i + 1;
+        if (node_status_from_proto(m->nodes[i], &out->nodes[i]) != TDM_OK)
+            return TDM_ERESOURCE;
+    }
+    if (m->n_refused > 0 && !(out->refused = calloc(m->n_refused, sizeof *out->refused)))
+        return TDM_ERESOURCE;
+    for (size_t i = 0; i < m->n_refused; i++) {
+        tdm_client_refused_t *d = &out->refused[i];
+        out->n_refused = i + 1;
+        d->node_id = tdm_strdup(str_or_empty(m->refused[i]->node_id));
+        d->reason = tdm_strdup(str_or_empty(m->refused[i]->reason));
+        if (!d->node_id || !d->reason)
+            return TDM_ERESOURCE;
+        d->age_s = m->refused[i]->age_s;
+        d->count = m->refused[i]->count;
+    }
+    return TDM_OK;
+}
+
 int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_status_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -1158,65 +1238,17 @@ int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_stat
     const Tandem__V1__ClusterStatus *m = (const Tandem__V1__ClusterStatus *)resp;
     out->version = tdm_strdup(str_or_empty(m->version));
     out->model = tdm_strdup(str_or_empty(m->model));
-    if (!out->version || !out->model)
-        goto out_oom;
     out->requests_running = m->requests_running;
     out->requests_queued = m->requests_queued;
     out->requests_total = m->requests_total;
-    if (m->n_nodes > 0) {
-        out->nodes = calloc(m->n_nodes, sizeof *out->nodes);
-        if (!out->nodes)
-            goto out_oom;
-    }
-    for (size_t i = 0; i < m->n_nodes; i++) {
-        const Tandem__V1__NodeStatus *ns = m->nodes[i];
-        tdm_client_node_status_t *d = &out->nodes[i];
-        out->n_nodes = i + 1;
-        d->node_id = tdm_strdup(str_or_empty(ns->node_id));
-        d->role = tdm_strdup(str_or_empty(ns->role));
-        d->device = tdm_strdup(str_or_empty(ns->device));
-        d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
-        if (!d->node_id || !d->role || !d->device || !d->refused_reason)
-            goto out_oom;
-        d->refused_age_s = ns->refused_age_s;
-        d->instance_id = ns->instance_id;
-        d->up = ns->up;
-        d->kv_blocks_total = ns->kv_blocks_total;
-        d->kv_blocks_used = ns->kv_blocks_used;
-        d->kv_blocks_cached = ns->kv_blocks_cached;
-        d->reserved_blocks = ns->reserved_blocks;
-        d->running = ns->running;
-        d->waiting = ns->waiting;
-        d->batch_size = ns->batch_size;
-        d->queued_prefill_tokens = ns->queued_prefill_tokens;
-        d->prefix_queries = ns->prefix_queries;
-        d->prefix_hits = ns->prefix_hits;
-        d->step_time_s = ns->step_time_s;
-        d->last_heartbeat_age_s = ns->last_heartbeat_age_s;
-    }
     out->router_instance_id = m->router_instance_id;
-    if (m->n_refused > 0) {
-        out->refused = calloc(m->n_refused, sizeof *out->refused);
-        if (!out->refused)
-            goto out_oom;
-    }
-    for (size_t i = 0; i < m->n_refused; i++) {
-        tdm_client_refused_t *d = &out->refused[i];
-        out->n_refused = i + 1;
-        d->node_id = tdm_strdup(str_or_empty(m->refused[i]->node_id));
-        d->reason = tdm_strdup(str_or_empty(m->refused[i]->reason));
-        if (!d->node_id || !d->reason)
-            goto out_oom;
-        d->age_s = m->refused[i]->age_s;
-        d->count = m->refused[i]->count;
-    }
+    rc = out->version && out->model ? cluster_lists_from_proto(m, out) : TDM_ERESOURCE;
     protobuf_c_message_free_unpacked(resp, NULL);
+    if (rc != TDM_OK) {
+        tdm_client_cluster_status_clear(out);
+        return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
+    }
     return TDM_OK;
-
-out_oom:
-    tdm_client_cluster_status_clear(out);
-    protobuf_c_message_free_unpacked(resp, NULL);
-    return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
 }
 
 const tdm_client_node_status_t *tdm_client_status_find_node(const tdm_client_cluster_status_t *s,
