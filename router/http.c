@@ -8,6 +8,8 @@
  * next chunk. Both waits also watch the client's socket: a client that hangs up gets its
  * request cancelled at once (CANCEL to the router, which frees its KV blocks), and the
  * completion callback cancels whatever is still running when a connection ends any other way.
+ * Structure is never re-parsed: a refused request's OpenAI `param` comes from the END's
+ * ErrorDetail (param_of), and /metrics renders the METRICS message (tdm_proto_metrics_text).
  */
 #define _GNU_SOURCE /* strcasestr-free: strncasecmp, getaddrinfo flags */
 #include <arpa/inet.h>

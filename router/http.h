@@ -45,7 +45,7 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
 
 /* Stops the gateway: calls in flight end (their HTTP clients get 503, or an error event on a
  * stream that has started; the router gets CANCEL for them), the HTTP threads are joined,
- * the DEALER is closed. Call it before destroying net. NULL-safe, nulls *self_p. */
+ * the gateway's client is closed. Call it before destroying net. NULL-safe, nulls *self_p. */
 void tdm_http_destroy(tdm_http_t **self_p);
 
 /* The TCP port the gateway listens on. */
