@@ -1,14 +1,15 @@
 /* dashboard.c - the data behind the router's dashboard page: a sampler thread that asks the
- * router for its ClusterStatus every second through the HTTP gateway's link (never touching
- * the router's state), the last TDM_DASH_HISTORY seconds of figures, and the capacity
+ * router for its ClusterStatus and metrics every second through the HTTP gateway's link (never
+ * touching the router's state), the last TDM_DASH_HISTORY seconds of figures, and the capacity
  * calculator ("VRAM sandbox") served as JSON.
  *
  * Where the figures come from: the request rate, requests running/queued and KV use are the
  * router's (requests_total deltas and node heartbeats, so every client counts, native ones
- * included). TTFT, TPOT and output tokens/s are the interval's means from the router's /metrics
- * text (the deltas of tandem_time_to_first_token_seconds_sum/_count,
- * tandem_time_per_output_token_seconds_sum/_count and tandem_generation_tokens_total: every
- * client), and, when the router serves no such metrics, from the requests this gateway proxied
+ * included). TTFT, TPOT and output tokens/s are the interval's means from the router's METRICS
+ * message (the deltas of the tandem_time_to_first_token_seconds and
+ * tandem_time_per_output_token_seconds histograms' sum and count, and of
+ * tandem_generation_tokens_total: every client), read as data, never as text, and, when the
+ * router serves no such metrics, from the requests this gateway proxied
  * as the router measured them (the Timings of each final GenerateChunk).
  * Capacity is tdm_kv_plan (tandem/kv.h), the same function as `tandem kvcalc`, built on the
  * nodes' own sizing functions, so it agrees with kvcalc and with the pools the nodes build, to
@@ -48,7 +49,6 @@ typedef struct dash_sample {
 
 struct dash {
     gw_t *gw;
-    char api_key[TDM_NET_API_KEY_MAX];
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;
@@ -70,33 +70,31 @@ struct dash {
     const char *source; /* where ttft/tpot/tokens came from in the last sample */
 };
 
-/* The figures of the router's /metrics text the charts use. */
+/* The figures of the router's metrics the charts use. */
 enum { MET_TTFT_SUM, MET_TTFT_N, MET_TPOT_SUM, MET_TPOT_N, MET_TOKENS, MET_COUNT };
-static const char *const metric_names[MET_COUNT] = {
-    "tandem_time_to_first_token_seconds_sum",   "tandem_time_to_first_token_seconds_count",
-    "tandem_time_per_output_token_seconds_sum", "tandem_time_per_output_token_seconds_count",
-    "tandem_generation_tokens_total",
-};
 
-/* The value of an unlabelled sample `name VALUE` in Prometheus text; false when absent. */
-static bool metric_value(const char *text, const char *name, double *out)
+/* A histogram family's sum and count; false when m has no such histogram. */
+static bool histogram_of(const Tandem__V1__MetricsResponse *m, const char *name, double *sum,
+                         double *count)
 {
-    size_t n = strlen(name);
-    const char *p = text;
-    while (p && *p) {
-        if (strncmp(p, name, n) == 0 && p[n] == ' ') {
-            char *end;
-            double v = strtod(p + n + 1, &end);
-            if (end == p + n + 1)
-                return false;
-            *out = v;
-            return true;
-        }
-        p = strchr(p, '\n');
-        if (p)
-            p++;
-    }
-    return false;
+    const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
+    if (!f || !f->histogram)
+        return false;
+    *sum = f->histogram->sum;
+    *count = (double)f->histogram->count;
+    return true;
+}
+
+/* The value of an unlabelled integer family (a counter); false when absent. */
+static bool counter_of(const Tandem__V1__MetricsResponse *m, const char *name, double *v)
+{
+    const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
+    if (!f || f->n_samples != 1 || f->samples[0]->n_labels != 0)
+        return false;
+    const Tandem__V1__MetricSample *s = f->samples[0];
+    *v = s->value_case == TANDEM__V1__METRIC_SAMPLE__VALUE_FLOAT_VALUE ? s->float_value
+                                                                       : (double)s->int_value;
+    return true;
 }
 
 /* Fetches the router's metrics into v; false when it serves none (or not these). */
@@ -104,15 +102,16 @@ static bool fetch_metrics(dash_t *d, double v[MET_COUNT])
 {
     Tandem__V1__MetricsRequest req = TANDEM__V1__METRICS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
-    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
-                      &tandem__v1__metrics_response__descriptor, d->api_key[0] ? d->api_key : NULL,
-                      DASH_STATUS_TIMEOUT_S, &resp, NULL);
+    int rc =
+        gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
+                 &tandem__v1__metrics_response__descriptor, DASH_STATUS_TIMEOUT_S, &resp, NULL);
     if (rc != TDM_OK)
         return false;
-    const char *text = ((Tandem__V1__MetricsResponse *)resp)->text;
-    bool ok = true;
-    for (int i = 0; i < MET_COUNT && ok; i++)
-        ok = metric_value(text, metric_names[i], &v[i]);
+    const Tandem__V1__MetricsResponse *m = (const Tandem__V1__MetricsResponse *)resp;
+    bool ok =
+        histogram_of(m, "tandem_time_to_first_token_seconds", &v[MET_TTFT_SUM], &v[MET_TTFT_N]) &&
+        histogram_of(m, "tandem_time_per_output_token_seconds", &v[MET_TPOT_SUM], &v[MET_TPOT_N]) &&
+        counter_of(m, "tandem_generation_tokens_total", &v[MET_TOKENS]);
     protobuf_c_message_free_unpacked(resp, NULL);
     return ok;
 }
@@ -166,47 +165,25 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
                      nodes ? nodes : json_array());
 }
 
-/* One sample: a STATUS call, then the interval's figures into the ring. */
-static void sample(dash_t *d)
+/* The interval's TTFT, TPOT and token count into *s (d->mu held): from the router's metrics
+ * when it serves them (met, have_met), else from the requests this gateway proxied. */
+static void latency_figures(dash_t *d, dash_sample_t *s, const double met[MET_COUNT], bool have_met)
 {
-    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    tdm_error_t err = {0};
-    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
-                      &tandem__v1__cluster_status__descriptor, d->api_key[0] ? d->api_key : NULL,
-                      DASH_STATUS_TIMEOUT_S, &resp, &err);
-    double now = unix_now();
-    dash_sample_t s = {now, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0};
-    json_t *st = NULL;
-    uint64_t total = 0;
-    if (rc == TDM_OK) {
-        const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
-        st = status_json(cs, &s.kv_used_pct);
-        s.running = cs->requests_running;
-        s.queued = cs->requests_queued;
-        total = cs->requests_total;
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
-    double met[MET_COUNT];
-    bool have_met = fetch_metrics(d, met);
-    pthread_mutex_lock(&d->mu);
-    if (rc == TDM_OK)
-        s.total = (double)total;
     if (have_met && d->have_metrics) {
         double n = met[MET_TTFT_N] - d->m_ttft_n, tn = met[MET_TPOT_N] - d->m_tpot_n;
         if (n > 0)
-            s.ttft_ms = (met[MET_TTFT_SUM] - d->m_ttft_sum) / n * 1e3;
+            s->ttft_ms = (met[MET_TTFT_SUM] - d->m_ttft_sum) / n * 1e3;
         if (tn > 0)
-            s.tpot_ms = (met[MET_TPOT_SUM] - d->m_tpot_sum) / tn * 1e3;
+            s->tpot_ms = (met[MET_TPOT_SUM] - d->m_tpot_sum) / tn * 1e3;
         d->source = "router /metrics histograms, every client";
     } else if (!have_met) {
         if (d->ttft_n)
-            s.ttft_ms = d->ttft_sum / d->ttft_n * 1e3;
+            s->ttft_ms = d->ttft_sum / d->ttft_n * 1e3;
         if (d->tpot_n)
-            s.tpot_ms = d->tpot_sum / d->tpot_n * 1e3;
+            s->tpot_ms = d->tpot_sum / d->tpot_n * 1e3;
         d->source = "requests proxied by this HTTP gateway, router-measured";
     }
-    s.tokens = have_met ? met[MET_TOKENS] : (double)d->tokens;
+    s->tokens = have_met ? met[MET_TOKENS] : (double)d->tokens;
     if (have_met) {
         d->m_ttft_sum = met[MET_TTFT_SUM];
         d->m_ttft_n = met[MET_TTFT_N];
@@ -216,20 +193,50 @@ static void sample(dash_t *d)
     d->have_metrics = have_met;
     d->ttft_sum = d->tpot_sum = 0;
     d->ttft_n = d->tpot_n = 0;
-    /* rates over the last DASH_RATE_WINDOW samples: one-second counts are too jumpy */
+}
+
+/* Appends s to the ring (d->mu held), with the rates over the last DASH_RATE_WINDOW samples:
+ * one-second counts are too jumpy. */
+static void ring_push(dash_t *d, dash_sample_t *s)
+{
     size_t back = d->n < DASH_RATE_WINDOW ? d->n : DASH_RATE_WINDOW;
     if (back > 0) {
         const dash_sample_t *o = &d->ring[(d->next + TDM_DASH_HISTORY - back) % TDM_DASH_HISTORY];
-        double dt = now - o->t;
-        if (dt > 0 && s.total >= o->total)
-            s.rate = (s.total - o->total) / dt;
-        if (dt > 0 && s.tokens >= o->tokens)
-            s.tokens_per_s = (s.tokens - o->tokens) / dt;
+        double dt = s->t - o->t;
+        if (dt > 0 && s->total >= o->total)
+            s->rate = (s->total - o->total) / dt;
+        if (dt > 0 && s->tokens >= o->tokens)
+            s->tokens_per_s = (s->tokens - o->tokens) / dt;
     }
-    d->ring[d->next] = s;
+    d->ring[d->next] = *s;
     d->next = (d->next + 1) % TDM_DASH_HISTORY;
     if (d->n < TDM_DASH_HISTORY)
         d->n++;
+}
+
+/* One sample: a STATUS and a METRICS call, then the interval's figures into the ring. */
+static void sample(dash_t *d)
+{
+    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    tdm_error_t err = {0};
+    int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
+                      &tandem__v1__cluster_status__descriptor, DASH_STATUS_TIMEOUT_S, &resp, &err);
+    dash_sample_t s = {unix_now(), NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0};
+    json_t *st = NULL;
+    if (rc == TDM_OK) {
+        const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
+        st = status_json(cs, &s.kv_used_pct);
+        s.running = cs->requests_running;
+        s.queued = cs->requests_queued;
+        s.total = (double)cs->requests_total;
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    double met[MET_COUNT];
+    bool have_met = fetch_metrics(d, met);
+    pthread_mutex_lock(&d->mu);
+    latency_figures(d, &s, met, have_met);
+    ring_push(d, &s);
     if (st || rc != TDM_OK) {
         json_decref(d->status);
         d->status = st;
@@ -267,7 +274,7 @@ static void *dash_main(void *arg)
     return NULL;
 }
 
-dash_t *dash_new(gw_t *gw, const char *api_key, tdm_error_t *err)
+dash_t *dash_new(gw_t *gw, tdm_error_t *err)
 {
     dash_t *d = calloc(1, sizeof *d);
     if (!d) {
@@ -275,8 +282,6 @@ dash_t *dash_new(gw_t *gw, const char *api_key, tdm_error_t *err)
         return NULL;
     }
     d->gw = gw;
-    if (api_key)
-        snprintf(d->api_key, sizeof d->api_key, "%s", api_key);
     pthread_mutex_init(&d->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);

@@ -8,6 +8,8 @@
  * next chunk. Both waits also watch the client's socket: a client that hangs up gets its
  * request cancelled at once (CANCEL to the router, which frees its KV blocks), and the
  * completion callback cancels whatever is still running when a connection ends any other way.
+ * Structure is never re-parsed: a refused request's OpenAI `param` comes from the END's
+ * ErrorDetail (param_of), and /metrics renders the METRICS message (tdm_proto_metrics_text).
  */
 #define _GNU_SOURCE /* strcasestr-free: strncasecmp, getaddrinfo flags */
 #include <arpa/inet.h>
@@ -42,6 +44,7 @@
 
 struct tdm_http {
     const tdm_config_t *cfg;
+    tdm_net_t *net; /* the router's; the gateway's client uses it (inproc://) */
     tdm_logger_t log;
     gw_t *gw;
     dash_t *dash;
@@ -59,7 +62,7 @@ struct tdm_http {
 /* Per request (MHD's con_cls). */
 typedef struct http_req {
     tdm_http_t *h;
-    http_buf_t body;
+    tdm_buf_t body;
     bool too_large;
     uint64_t discarded;
     int fd; /* the client's socket */
@@ -69,7 +72,7 @@ typedef struct http_req {
     oai_out_t out;
     bool streaming;
     bool recorded;
-    http_buf_t sse;
+    tdm_buf_t sse;
     size_t sse_off;
     bool sse_done;
     bool cancelled; /* this side cancelled the call (client gone) */
@@ -190,14 +193,14 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, jso
                               "\"server_error\",\"param\":null,\"code\":\"internal\"}}\n";
     if (!v)
         return reply(c, 500, "application/json", oom, sizeof oom - 1);
-    http_buf_t b = {0};
-    int rc = http_buf_json(&b, v);
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc = http_json_append(&b, v);
     json_decref(v);
     if (rc == TDM_OK)
-        rc = http_buf_append(&b, "\n", 1);
+        rc = tdm_buf_append(&b, "\n", 1);
     enum MHD_Result ret =
         rc == TDM_OK ? reply(c, status, "application/json", b.data, b.len) : MHD_NO;
-    http_buf_free(&b);
+    tdm_buf_free(&b);
     return ret;
 }
 
@@ -229,19 +232,25 @@ static const char *bearer_key(struct MHD_Connection *c)
     return *a ? a : NULL;
 }
 
-/* Checks the API key of a /v1 request. Returns true when the request may go on, with *key the
- * key to forward (NULL: none); otherwise a 401 has been queued and *ret is its result. */
-static bool check_key(tdm_http_t *h, struct MHD_Connection *c, const char **key,
-                      enum MHD_Result *ret)
+/* Checks the API key of a /v1 request with tdm_config_api_key_ok, the check the router makes
+ * of native calls (the gateway's own calls carry the first configured key). Returns true when
+ * the request may go on; otherwise a 401 has been queued and *ret is its result. */
+static bool check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret)
 {
-    *key = bearer_key(c);
-    if (*key && strlen(*key) >= TDM_NET_API_KEY_MAX) {
+    const char *key = bearer_key(c);
+    if (key && strlen(key) >= TDM_NET_API_KEY_MAX) {
         *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is too long");
         return false;
     }
-    if (h->cfg->router.n_api_keys > 0 && !*key) {
+    if (h->cfg->router.n_api_keys == 0)
+        return true;
+    if (!key) {
         *ret = reply_error(c, 401, "invalid_api_key", NULL,
                            "an API key is required: send the header 'Authorization: Bearer KEY'");
+        return false;
+    }
+    if (!tdm_config_api_key_ok(&h->cfg->router, key)) {
+        *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is not accepted");
         return false;
     }
     return true;
@@ -325,8 +334,7 @@ static int get_model(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
-                      &tandem__v1__models_response__descriptor, h->internal_key,
-                      HTTP_UNARY_TIMEOUT_S, &resp, err);
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
     if (rc != TDM_OK)
         return rc;
     Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
@@ -343,54 +351,38 @@ static int get_model(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     return TDM_OK;
 }
 
-/* The request field a router message names, for OpenAI's error.param ("" when unsure). */
-static void param_of(const oai_req_t *q, const char *msg, char *param, size_t cap)
+/* OpenAI's error.param for the GenerateRequest field the router named (ErrorDetail.field, a
+ * path such as "stop[1]" or "sampling.temperature"): the name of the OpenAI request field it
+ * was made from, "" when none. */
+static void param_of(const oai_req_t *q, const char *field, char *param, size_t cap)
 {
     static const struct {
-        const char *prefix, *param;
+        const char *native, *param;
     } map[] = {
-        {"max_tokens", "max_tokens"}, {"prompt", "prompt"}, {"tokens", "prompt"},
-        {"chat", "messages"},         {"stop", "stop"},     {"model '", "model"},
-        {"request_id", NULL},         {"input", NULL},
+        {"prompt", "prompt"}, {"tokens", "prompt"}, {"chat", "messages"},
+        {"stop", "stop"},     {"model", "model"},   {"max_tokens", "max_tokens"},
     };
+    size_t top = strcspn(field, ".[");
     param[0] = '\0';
-    if (strncmp(msg, "sampling:", 9) == 0) {
-        size_t n = 0;
-        msg += 9;
-        while (*msg == ' ' || *msg == ':')
-            msg++;
-        while (n + 1 < cap && (isalnum((unsigned char)msg[n]) || msg[n] == '_')) {
-            param[n] = msg[n];
-            n++;
-        }
-        param[n] = '\0';
-        if (strcmp(param, "n_logprobs") == 0)
-            snprintf(param, cap, "%s", q->kind == OAI_CHAT ? "top_logprobs" : "logprobs");
-        else if (strcmp(param, "n_stop_token_ids") == 0)
-            snprintf(param, cap, "stop_token_ids");
+    if (top == 8 && strncmp(field, "sampling", 8) == 0 && field[8] == '.') {
+        const char *sub = field + 9;
+        if (strcmp(sub, "n_logprobs") == 0)
+            sub = q->kind == OAI_CHAT ? "top_logprobs" : "logprobs";
+        else if (strcmp(sub, "n_stop_token_ids") == 0)
+            sub = "stop_token_ids";
+        snprintf(param, cap, "%s", sub);
         return;
     }
     for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
-        if (strncmp(msg, map[i].prefix, strlen(map[i].prefix)) == 0) {
-            const char *p = map[i].param;
-            if (p && strcmp(p, "max_tokens") == 0 && q->kind == OAI_CHAT &&
-                json_object_get(q->root, "max_completion_tokens"))
-                p = "max_completion_tokens";
-            snprintf(param, cap, "%s", p ? p : "");
-            return;
-        }
+        if (strlen(map[i].native) != top || strncmp(field, map[i].native, top) != 0)
+            continue;
+        const char *p = map[i].param;
+        if (strcmp(p, "max_tokens") == 0 && q->kind == OAI_CHAT &&
+            json_object_get(q->root, "max_completion_tokens"))
+            p = "max_completion_tokens";
+        snprintf(param, cap, "%s", p);
+        return;
     }
-}
-
-/* From the router's "max_tokens: prompt (N tokens) + max_tokens (M) exceeds the context of C
- * tokens; at most R tokens can be generated for this prompt": R, or 0. */
-static int32_t room_of(const char *msg)
-{
-    const char *p = strstr(msg, "at most ");
-    if (strncmp(msg, "max_tokens: ", 12) != 0 || !p)
-        return 0;
-    long v = strtol(p + 8, NULL, 10);
-    return v > 0 && v <= INT32_MAX ? (int32_t)v : 0;
 }
 
 static int client_fd(struct MHD_Connection *c)
@@ -415,19 +407,11 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
 {
     int rc = TDM_OK;
     if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM) {
-        Tandem__V1__GenerateChunk *ch = (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
-            &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body);
-        if (ch) {
-            rc = oai_sse_chunk(r->q, &r->out, ch, &r->sse);
-            protobuf_c_message_free_unpacked(&ch->base, NULL);
-            if (rc == TDM_OK)
-                return;
-        }
+        rc = oai_sse_chunk(r->q, &r->out, gw_event_chunk(ev), &r->sse);
+        if (rc == TDM_OK)
+            return;
         gw_call_cancel(r->call);
-        oai_sse_end(r->q, &r->out, TDM_EINTERNAL,
-                    ch ? "the HTTP gateway is out of memory"
-                       : "the router's GenerateChunk does not decode",
-                    &r->sse);
+        oai_sse_end(r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory", &r->sse);
         record(r, TDM_EINTERNAL);
         r->sse_done = true;
         return;
@@ -447,7 +431,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     while (r->sse_off == r->sse.len) {
         if (r->sse_done)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        r->sse.len = 0;
+        tdm_buf_clear(&r->sse);
         r->sse_off = 0;
         gw_event_t *ev = NULL;
         int got = gw_call_next(r->call, r->fd, HTTP_WAIT_SLICE_MS, &ev);
@@ -491,113 +475,125 @@ static int first_event(http_req_t *r, gw_event_t **ev)
     }
 }
 
+/* Parses the body and starts its GENERATE call (r->q, r->call). Returns true, or false with
+ * the error reply queued and *ret its result. */
+static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, oai_kind_t kind,
+                           enum MHD_Result *ret)
+{
+    http_model_t m;
+    tdm_error_t err = {0};
+    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
+    if (get_model(h, &m, &err) == TDM_OK)
+        served = m.name;
+    oai_req_t *q = malloc(sizeof *q);
+    char param[64];
+    if (!q) {
+        *ret = reply_error(c, 500, NULL, NULL, "out of memory");
+        return false;
+    }
+    int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, q, param,
+                       sizeof param, &err);
+    if (rc != TDM_OK) {
+        free(q);
+        *ret = reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
+        return false;
+    }
+    r->q = q;
+    q->creq.timeout_s = h->cfg->router.request_timeout_s;
+    r->call = gw_generate_start(h->gw, &q->creq, oai_req_destroy, q, &err);
+    if (!r->call) {
+        r->q = NULL;
+        *ret = reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+/* Answers a call the router refused (its first event is an error END): OpenAI's error with
+ * the param the END's ErrorDetail names. */
+static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, const gw_event_t *ev)
+{
+    char param[64];
+    param_of(r->q, ev->detail.field, param, sizeof param);
+    record(r, ev->status);
+    const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
+                           ? "model_not_found"
+                       : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
+                                                            : NULL;
+    return reply_error(c, http_status_of(ev->status), code, param, "%s",
+                       ev->message[0] ? ev->message : tdm_strerror(ev->status));
+}
+
+/* Answers a stream=false call from its one chunk (ev, consumed), once the END OK after it has
+ * come (an error END instead is answered as the router's error). */
+static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev)
+{
+    gw_event_t *end = NULL;
+    if (ev->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM || first_event(r, &end) < 0) {
+        gw_event_free(ev);
+        gw_call_cancel(r->call);
+        record(r, TDM_EINTERNAL);
+        return reply_error(c, 500, NULL, NULL, "the router's answer is not one GenerateChunk");
+    }
+    enum MHD_Result ret;
+    if (end->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && end->status != TDM_OK) {
+        ret = reply_refused(r, c, end);
+    } else {
+        json_t *body = oai_response(r->q, &r->out, gw_event_chunk(ev));
+        record(r, TDM_OK);
+        ret = reply_json(c, 200, body);
+    }
+    gw_event_free(end);
+    gw_event_free(ev);
+    return ret;
+}
+
+/* Starts the SSE response of a stream from its first event (consumed): the status is 200
+ * from here on, errors become an SSE error event. */
+static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Connection *c,
+                                    gw_event_t *ev)
+{
+    r->streaming = true;
+    int sndbuf = HTTP_STREAM_SNDBUF;
+    if (r->fd >= 0)
+        setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    dash_streams(h->dash, 1);
+    stream_event(r, ev);
+    gw_event_free(ev);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, r, NULL);
+    if (!resp) {
+        gw_call_cancel(r->call);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    MHD_add_response_header(resp, "X-Request-Id", r->q->id);
+    enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
                                        oai_kind_t kind)
 {
     enum MHD_Result ret;
-    const char *key;
-    if (!check_key(h, c, &key, &ret))
+    if (!check_key(h, c, &ret))
         return ret;
-    http_model_t m;
-    tdm_error_t err = {0};
-    uint32_t n_ctx = 0;
-    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
-    if (get_model(h, &m, &err) == TDM_OK) {
-        n_ctx = m.n_ctx;
-        served = m.name;
-    }
     /* a request may wait long (queue, generation): no idle timeout until it completes */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
-    int32_t max_tokens_override = 0;
-    char id[64] = "";
-    for (int attempt = 0;; attempt++) {
-        oai_req_t *q = malloc(sizeof *q);
-        char param[64];
-        if (!q)
-            return reply_error(c, 500, NULL, NULL, "out of memory");
-        int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, n_ctx, q,
-                           param, sizeof param, &err);
-        if (rc != TDM_OK) {
-            free(q);
-            return reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
-        }
-        if (max_tokens_override > 0) {
-            q->g.max_tokens = max_tokens_override;
-            snprintf(q->id, sizeof q->id, "%s", id); /* the refused attempt is not in flight */
-        }
-        snprintf(id, sizeof id, "%s", q->id);
-        r->q = q;
-        r->call = gw_call_start(h->gw, TANDEM__V1__METHOD__METHOD_GENERATE, &q->g.base,
-                                oai_req_destroy, q, key, h->cfg->router.request_timeout_s, &err);
-        if (!r->call) {
-            r->q = NULL;
-            return reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
-        }
-        gw_event_t *ev = NULL;
-        if (first_event(r, &ev) < 0)
-            return MHD_NO;
-        if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
-            int32_t room = room_of(ev->message);
-            if (q->max_tokens_auto && attempt == 0 && ev->status == TDM_EINVALID && room > 0) {
-                /* chat without max_tokens: as many as fit, as vLLM does */
-                max_tokens_override = room;
-                gw_event_free(ev);
-                gw_call_release(&r->call);
-                r->q = NULL;
-                continue;
-            }
-            param_of(q, ev->message, param, sizeof param);
-            record(r, ev->status);
-            const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
-                                   ? "model_not_found"
-                               : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
-                                                                    : NULL;
-            ret = reply_error(c, http_status_of(ev->status), code, param, "%s",
-                              ev->message[0] ? ev->message : tdm_strerror(ev->status));
-            gw_event_free(ev);
-            return ret;
-        }
-        if (!q->stream) {
-            Tandem__V1__GenerateChunk *ch =
-                ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END
-                    ? (Tandem__V1__GenerateChunk *)protobuf_c_message_unpack(
-                          &tandem__v1__generate_chunk__descriptor, NULL, ev->body_len, ev->body)
-                    : NULL;
-            gw_event_free(ev);
-            if (!ch) {
-                gw_call_cancel(r->call);
-                record(r, TDM_EINTERNAL);
-                return reply_error(c, 500, NULL, NULL,
-                                   "the router's answer is not one GenerateChunk");
-            }
-            json_t *body = oai_response(q, &r->out, ch);
-            protobuf_c_message_free_unpacked(&ch->base, NULL);
-            record(r, TDM_OK);
-            return reply_json(c, 200, body);
-        }
-        /* a stream: the status is 200 from here on; errors become an SSE error event */
-        r->streaming = true;
-        int sndbuf = HTTP_STREAM_SNDBUF;
-        if (r->fd >= 0)
-            setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-        dash_streams(h->dash, 1);
-        stream_event(r, ev);
+    if (!generate_start(h, c, r, kind, &ret))
+        return ret;
+    gw_event_t *ev = NULL;
+    if (first_event(r, &ev) < 0)
+        return MHD_NO;
+    if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
+        ret = reply_refused(r, c, ev);
         gw_event_free(ev);
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, r, NULL);
-        if (!resp) {
-            gw_call_cancel(r->call);
-            return MHD_NO;
-        }
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                                "text/event-stream; charset=utf-8");
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-        MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-        MHD_add_response_header(resp, "X-Request-Id", q->id);
-        ret = MHD_queue_response(c, 200, resp);
-        MHD_destroy_response(resp);
         return ret;
     }
+    return r->q->stream ? reply_stream(h, r, c, ev) : reply_whole(r, c, ev);
 }
 
 /* ---- other endpoints ---- */
@@ -605,16 +601,13 @@ static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, 
 static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, const char *id)
 {
     enum MHD_Result ret;
-    const char *key;
-    if (!check_key(h, c, &key, &ret))
+    if (!check_key(h, c, &ret))
         return ret;
-    /* asked with the client's key, so the router judges it */
     Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
-    int rc =
-        gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
-                 &tandem__v1__models_response__descriptor, key, HTTP_UNARY_TIMEOUT_S, &resp, &err);
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, &err);
     if (rc != TDM_OK)
         return reply_error(c, http_status_of(rc),
                            rc == TDM_EUNAUTHENTICATED ? "invalid_api_key" : NULL, NULL, "%s",
@@ -652,7 +645,7 @@ static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_HEALTH, &req.base,
-                      &tandem__v1__health_response__descriptor, h->internal_key, 2.0, &resp, &err);
+                      &tandem__v1__health_response__descriptor, 2.0, &resp, &err);
     if (rc != TDM_OK)
         return reply_json(c, 503,
                           json_pack("{s:s, s:s}", "status", "unavailable", "message", err.msg));
@@ -685,18 +678,22 @@ static enum MHD_Result handle_metrics(tdm_http_t *h, struct MHD_Connection *c)
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_METRICS, &req.base,
-                      &tandem__v1__metrics_response__descriptor, h->internal_key,
-                      HTTP_UNARY_TIMEOUT_S, &resp, &err);
+                      &tandem__v1__metrics_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, &err);
     if (rc != TDM_OK) {
         char msg[TDM_ERRMSG_MAX + 32];
         int n = snprintf(msg, sizeof msg, "metrics unavailable: %s\n", err.msg);
         return reply(c, http_status_of(rc), "text/plain; charset=utf-8", msg,
                      n > 0 && (size_t)n < sizeof msg ? (size_t)n : strlen(msg));
     }
-    const char *text = ((Tandem__V1__MetricsResponse *)resp)->text;
-    enum MHD_Result ret =
-        reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text));
+    /* the one place the metrics become text */
+    tdm_buf_t text = TDM_BUF_INIT;
+    rc = tdm_proto_metrics_text((const Tandem__V1__MetricsResponse *)resp, &text);
     protobuf_c_message_free_unpacked(resp, NULL);
+    enum MHD_Result ret = rc == TDM_OK
+                              ? reply(c, 200, "text/plain; version=0.0.4; charset=utf-8",
+                                      text.data ? text.data : "", text.len)
+                              : reply(c, 500, "text/plain; charset=utf-8", "out of memory\n", 14);
+    tdm_buf_free(&text);
     return ret;
 }
 
@@ -794,7 +791,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         if (!r->too_large && r->body.len + n > TDM_HTTP_MAX_BODY_BYTES) {
             r->too_large = true;
-            http_buf_free(&r->body);
+            tdm_buf_free(&r->body);
         }
         if (r->too_large) {
             /* read and drop it, so the client sees the 413 instead of a reset connection;
@@ -806,7 +803,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                    TDM_HTTP_MAX_BODY_BYTES);
             return MHD_YES;
         }
-        if (http_buf_append(&r->body, upload_data, n) != TDM_OK)
+        if (tdm_buf_append(&r->body, upload_data, n) != TDM_OK)
             return MHD_NO;
         return MHD_YES;
     }
@@ -832,8 +829,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     if (r->streaming)
         dash_streams(h->dash, -1);
-    http_buf_free(&r->body);
-    http_buf_free(&r->sse);
+    tdm_buf_free(&r->body);
+    tdm_buf_free(&r->sse);
     free(r);
     *con_cls = NULL;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S);
@@ -869,22 +866,11 @@ static void connectable(const char *ep, char *out, size_t cap)
     snprintf(out, cap, "%s", ep);
 }
 
-tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
-                         const tdm_logger_t *log, tdm_error_t *err)
+/* The socket address to serve on, from router.http_address (h->host, brackets removed) and
+ * router.http_port. TDM_EINVALID when it does not resolve. */
+static int listen_address(tdm_http_t *h, struct sockaddr_storage *sa, bool *v6, tdm_error_t *err)
 {
-    tdm_http_t *h = calloc(1, sizeof *h);
-    if (!h) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        return NULL;
-    }
-    h->cfg = cfg;
-    if (log)
-        h->log = *log;
-    else
-        tdm_log_init(&h->log, "router");
-    pthread_mutex_init(&h->mu, NULL);
-    h->started = (long long)time(NULL);
-    h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
+    const tdm_config_t *cfg = h->cfg;
     const char *addr = cfg->router.http_address ? cfg->router.http_address : "127.0.0.1";
     snprintf(h->host, sizeof h->host, "%s", addr);
     /* "[::1]" -> "::1" */
@@ -900,44 +886,71 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
     char port_text[16];
     snprintf(port_text, sizeof port_text, "%d", cfg->router.http_port);
     int gai = getaddrinfo(h->host, port_text, &hints, &ai);
-    if (gai != 0 || !ai) {
-        tdm_error_set(err, TDM_EINVALID, "router.http_address '%s': %s", addr, gai_strerror(gai));
-        goto out_free;
-    }
-    struct sockaddr_storage sa;
-    memset(&sa, 0, sizeof sa);
-    memcpy(&sa, ai->ai_addr, ai->ai_addrlen <= sizeof sa ? ai->ai_addrlen : sizeof sa);
-    bool v6 = ai->ai_family == AF_INET6;
+    if (gai != 0 || !ai)
+        return tdm_error_set(err, TDM_EINVALID, "router.http_address '%s': %s", addr,
+                             gai_strerror(gai));
+    memset(sa, 0, sizeof *sa);
+    memcpy(sa, ai->ai_addr, ai->ai_addrlen <= sizeof *sa ? ai->ai_addrlen : sizeof *sa);
+    *v6 = ai->ai_family == AF_INET6;
     freeaddrinfo(ai);
+    return TDM_OK;
+}
 
-    /* the gateway's threads must not take SIGTERM/SIGINT from the main thread's zmq_poll */
+/* Starts the gateway thread, the dashboard sampler and libmicrohttpd, with every signal
+ * blocked in their threads (SIGTERM/SIGINT belong to the main thread's zmq_poll). */
+static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage *sa, bool v6,
+                         tdm_error_t *err)
+{
+    const tdm_config_t *cfg = h->cfg;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
-    char ep[512];
-    connectable(router_endpoint, ep, sizeof ep);
-    h->gw = gw_new(net, ep, &h->log, err);
+    h->gw = gw_new(h->net, ep, h->internal_key, &h->log, err);
     if (h->gw)
-        h->dash = dash_new(h->gw, h->internal_key, err);
+        h->dash = dash_new(h->gw, err);
     if (h->dash) {
         unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                          MHD_USE_POLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
         h->mhd = MHD_start_daemon(
             flags, (uint16_t)cfg->router.http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            (struct sockaddr *)sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
             MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
             HTTP_CONNECTION_LIMIT, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
         if (!h->mhd)
-            tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", addr,
+            tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,
                           cfg->router.http_port,
                           h->mhd_error[0] ? h->mhd_error : "libmicrohttpd failed to start");
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (!h->mhd)
+    return h->mhd ? TDM_OK : (err ? err->code : TDM_EUNAVAILABLE);
+}
+
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err)
+{
+    tdm_http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    h->cfg = cfg;
+    h->net = net;
+    if (log)
+        h->log = *log;
+    else
+        tdm_log_init(&h->log, "router");
+    pthread_mutex_init(&h->mu, NULL);
+    h->started = (long long)time(NULL);
+    h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
+    struct sockaddr_storage sa;
+    bool v6 = false;
+    char ep[512];
+    connectable(router_endpoint, ep, sizeof ep);
+    if (listen_address(h, &sa, &v6, err) != TDM_OK || start_threads(h, ep, &sa, v6, err) != TDM_OK)
         goto out_free;
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : (uint16_t)cfg->router.http_port;
-    char kv[256] = "", url[200];
+    char kv[640] = "", url[200];
     snprintf(url, sizeof url, v6 ? "http://[%s]:%u" : "http://%s:%u", h->host, (unsigned)h->port);
     tdm_log_kv_append(kv, sizeof kv, "url", url);
     tdm_log_kv_append(kv, sizeof kv, "router", ep);

@@ -2,11 +2,12 @@
  * /v1/chat/completions with SSE streaming, /v1/models), /health, /ready, /metrics, the
  * dashboard (/) and its JSON (/api/status, /api/capacity).
  *
- * The gateway is a client of the router's native API: one gateway thread owns a ZMQ DEALER
- * connected to the router's client endpoint and multiplexes every HTTP request over it as
- * calls with their own call ids; libmicrohttpd serves each connection on its own thread, and
- * the two sides meet in per-call event queues. So the router's single-threaded loop is never
- * touched from an HTTP thread, and a slow or stalled HTTP client blocks only its own stream.
+ * The gateway is a client of the router's native API: one gateway thread owns a client of the
+ * client library (tandem/client.h) connected to the router's inproc:// endpoint on the router's
+ * ZMQ context, and runs every HTTP request as one of its calls; libmicrohttpd serves each
+ * connection on its own thread, and the two sides meet in per-call event queues. So the
+ * router's single-threaded loop is never touched from an HTTP thread, and a slow or stalled
+ * HTTP client blocks only its own stream. API keys of HTTP requests are checked here.
  * docs/api.md "HTTP API (OpenAI-compatible)" describes the endpoints.
  */
 #ifndef TANDEM_ROUTER_HTTP_H
@@ -28,13 +29,13 @@ extern "C" {
 
 typedef struct tdm_http tdm_http_t;
 
-/* Starts the gateway: connects its DEALER to router_endpoint (the router's client endpoint as
- * bound, e.g. tdm_router_client_endpoint; a wildcard host such as "tcp://0.0.0.0:7600" or
+/* Starts the gateway: connects its client to router_endpoint (tdm_router_inproc_endpoint on
+ * the router's net; any client endpoint works: a wildcard host such as "tcp://0.0.0.0:7600" or
  * the star host of ZMQ is reached through 127.0.0.1) and serves HTTP on cfg->router.http_address :
  * cfg->router.http_port (an IPv6 literal such as "::1" works too), then logs
- * "http gateway ready url=http://HOST:PORT". API keys (cfg->router.api_keys) are required on
- * /v1/... as "Authorization: Bearer KEY" and forwarded to the router; the gateway's own calls
- * (dashboard, /ready, /metrics) use the first configured key.
+ * "http gateway ready url=http://HOST:PORT router=ENDPOINT". API keys (cfg->router.api_keys)
+ * are required on /v1/... as "Authorization: Bearer KEY" and checked here with
+ * tdm_config_api_key_ok; every call to the router carries the first configured key.
  * cfg, net and log are borrowed and must outlive the gateway (log NULL: stderr).
  * Returns NULL with *err set: TDM_EINVALID (bad address or endpoint), TDM_EUNAVAILABLE (the
  * port is in use or cannot be bound; the message names address and port), TDM_ERESOURCE (out
@@ -44,7 +45,7 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
 
 /* Stops the gateway: calls in flight end (their HTTP clients get 503, or an error event on a
  * stream that has started; the router gets CANCEL for them), the HTTP threads are joined,
- * the DEALER is closed. Call it before destroying net. NULL-safe, nulls *self_p. */
+ * the gateway's client is closed. Call it before destroying net. NULL-safe, nulls *self_p. */
 void tdm_http_destroy(tdm_http_t **self_p);
 
 /* The TCP port the gateway listens on. */

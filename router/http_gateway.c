@@ -1,12 +1,15 @@
-/* http_gateway.c - the HTTP gateway's link to the router: one thread that owns a DEALER
- * connected to the router's client endpoint and multiplexes every HTTP request over it.
+/* http_gateway.c - the HTTP gateway's link to the router: one thread that owns a client of
+ * the client library (client/lib/client.c) connected to the router's inproc:// endpoint on
+ * the router's own ZMQ context, and runs every HTTP request as one of its calls.
  *
- * HTTP threads start calls (gw_call_start) and wait for their events (gw_call_next); the
- * gateway thread sends the REQUEST and CANCEL frames, files each STREAM and END frame it
- * receives under its call id into that call's queue and wakes the waiting thread through the
- * call's eventfd. A call is reference-counted: the HTTP thread holds one reference, the gateway
- * thread one while the call is in its table. One mutex guards the queues and flags of every
- * call (the critical sections are a few pointer moves). ZMQ sockets never leave this thread.
+ * HTTP threads start calls (gw_generate_start, gw_unary) and wait for their events
+ * (gw_call_next); the gateway thread hands them to the client library, whose callbacks file
+ * each chunk and the end under the call into that call's queue and wake the waiting thread
+ * through the call's eventfd. The library does the rest: call ids, deadlines (sent to the
+ * router and enforced here), CANCEL, "on_done exactly once". A call is reference-counted: the
+ * HTTP thread holds one reference, the gateway thread one while the call is in its list. One
+ * mutex guards the queues and flags of every call (the critical sections are a few pointer
+ * moves). The client and its socket never leave the gateway thread.
  */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include <errno.h>
@@ -20,49 +23,43 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <zmq.h>
-
 #include "http_internal.h"
 #include "tandem/log.h"
 
-#define GW_POLL_MS 100 /* longest wait of the gateway thread (deadline checks) */
-#define GW_DEADLINE_GRACE_MS 1000
-#define GW_MAX_FRAMES_PER_WAKE 512
+#define GW_POLL_MS 100 /* longest wait of the gateway thread (cancel requests, shutdown) */
 
 struct gw_call {
     gw_t *gw;
     int refs; /* under gw->mu */
-    uint64_t call_id;
     int method;
-    const ProtobufCMessage *req;
+    const tdm_client_request_t *greq;            /* GENERATE: points into req_owner */
+    const ProtobufCMessage *req;                 /* unary: the request message */
+    const ProtobufCMessageDescriptor *resp_desc; /* unary: the response type */
+    double timeout_s;                            /* unary: > 0, the deadline */
     void (*req_free)(void *);
     void *req_owner;
-    char api_key[TDM_NET_API_KEY_MAX];
-    uint64_t deadline_ms; /* absolute, unix ms; 0 = none */
-    int efd;              /* eventfd: written when an event is queued */
+    int efd; /* eventfd: written when an event is queued */
     /* under gw->mu: */
-    bool sent;             /* the REQUEST went out */
     bool ended;            /* the END event is queued */
     bool cancel_requested; /* an HTTP thread asked for CANCEL */
     gw_event_t *head, *tail;
     gw_call_t *next_pending; /* submission queue */
     /* gateway thread only: */
     gw_call_t *next_active;
-    bool final_cancel; /* shutting down: CANCEL still to send */
+    uint64_t call_id; /* the client library's, while it runs the call */
+    bool running;     /* started in the library and its on_done has not run yet */
 };
 
 struct gw {
-    tdm_net_t *net;
+    tdm_client_t *client; /* gateway thread only (made before it starts) */
     tdm_logger_t log;
     char endpoint[256];
-    tdm_sock_t *sock; /* gateway thread only */
-    int wake_fd;      /* eventfd: new calls, cancels, shutdown */
+    int wake_fd; /* eventfd: new calls, cancels, shutdown */
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mu;
     /* under mu: */
     bool stopping;
-    uint64_t next_call_id;
     gw_call_t *pending_head, *pending_tail;
     /* gateway thread only: */
     gw_call_t *active;
@@ -70,66 +67,133 @@ struct gw {
 
 /* ---- buffers and events ---- */
 
-int http_buf_append(http_buf_t *b, const void *data, size_t n)
-{
-    size_t need;
-    if (!tdm_add_size(b->len, n, &need) || !tdm_add_size(need, 1, &need))
-        return TDM_ERESOURCE;
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return TDM_ERESOURCE;
-        b->data = p;
-        b->cap = cap;
-    }
-    if (n)
-        memcpy(b->data + b->len, data, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return TDM_OK;
-}
-
-int http_buf_printf(http_buf_t *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char small[512];
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return TDM_EINTERNAL;
-    if ((size_t)n < sizeof small)
-        return http_buf_append(b, small, (size_t)n);
-    char *big = malloc((size_t)n + 1);
-    if (!big)
-        return TDM_ERESOURCE;
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    int rc = http_buf_append(b, big, (size_t)n);
-    free(big);
-    return rc;
-}
-
 static int buf_dump_cb(const char *data, size_t size, void *user)
 {
-    return http_buf_append(user, data, size) == TDM_OK ? 0 : -1;
+    return tdm_buf_append(user, data, size) == TDM_OK ? 0 : -1;
 }
 
-int http_buf_json(http_buf_t *b, const json_t *v)
+int http_json_append(tdm_buf_t *b, const json_t *v)
 {
     return json_dump_callback(v, buf_dump_cb, b, JSON_COMPACT) == 0 ? TDM_OK : TDM_ERESOURCE;
 }
 
-void http_buf_free(http_buf_t *b)
+/* A chunk owned by its event: the library's chunk is valid only during on_chunk. */
+struct gw_chunk {
+    tdm_client_chunk_t view; /* points into the fields below */
+    int32_t *token_ids;
+    char *text;
+    float *logprobs;
+    tdm_client_token_top_t *tops;
+    tdm_client_top_logprob_t *entries;
+    char **strings; /* [n_strings]: top texts, token texts, stop reason */
+    size_t n_strings;
+    char **token_texts;
+    tdm_client_usage_t usage;
+    tdm_client_timings_t timings;
+};
+
+static void chunk_free(gw_chunk_t *k)
 {
-    if (!b)
+    if (!k)
         return;
-    free(b->data);
-    memset(b, 0, sizeof *b);
+    for (size_t i = 0; i < k->n_strings; i++)
+        free(k->strings[i]);
+    free(k->strings);
+    free(k->token_ids);
+    free(k->text);
+    free(k->logprobs);
+    free(k->tops);
+    free(k->entries);
+    free(k->token_texts);
+    free(k);
+}
+
+/* A copy of s kept in k->strings; NULL on out of memory. */
+static const char *chunk_str(gw_chunk_t *k, const char *s)
+{
+    char *d = tdm_strdup(s ? s : "");
+    if (!d)
+        return NULL;
+    k->strings[k->n_strings++] = d;
+    return d;
+}
+
+static void *dup_array(const void *p, size_t n, size_t size)
+{
+    void *d = malloc(n ? n * size : 1);
+    if (d && n)
+        memcpy(d, p, n * size);
+    return d;
+}
+
+/* Copies the top logprobs of ch into k. False on out of memory. */
+static bool chunk_copy_tops(gw_chunk_t *k, const tdm_client_chunk_t *ch)
+{
+    size_t n_entries = 0;
+    for (size_t i = 0; i < ch->n_top_logprobs; i++)
+        n_entries += ch->top_logprobs[i].n_entries;
+    k->tops = calloc(ch->n_top_logprobs ? ch->n_top_logprobs : 1, sizeof *k->tops);
+    k->entries = calloc(n_entries ? n_entries : 1, sizeof *k->entries);
+    if (!k->tops || !k->entries)
+        return false;
+    size_t e = 0;
+    for (size_t i = 0; i < ch->n_top_logprobs; i++) {
+        k->tops[i].entries = k->entries + e;
+        k->tops[i].n_entries = ch->top_logprobs[i].n_entries;
+        for (size_t j = 0; j < ch->top_logprobs[i].n_entries; j++, e++) {
+            k->entries[e] = ch->top_logprobs[i].entries[j];
+            if (!(k->entries[e].text = chunk_str(k, ch->top_logprobs[i].entries[j].text)))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* A deep copy of ch; NULL on out of memory. */
+static gw_chunk_t *chunk_copy(const tdm_client_chunk_t *ch)
+{
+    gw_chunk_t *k = calloc(1, sizeof *k);
+    if (!k)
+        return NULL;
+    size_t n_entries = 0;
+    for (size_t i = 0; i < ch->n_top_logprobs; i++)
+        n_entries += ch->top_logprobs[i].n_entries;
+    k->strings = calloc(n_entries + ch->n_token_texts + 2, sizeof *k->strings);
+    k->token_ids = dup_array(ch->token_ids, ch->n_tokens, sizeof *ch->token_ids);
+    k->text = malloc(ch->text_len + 1);
+    k->logprobs = dup_array(ch->logprobs, ch->n_logprobs, sizeof *ch->logprobs);
+    k->token_texts = calloc(ch->n_token_texts ? ch->n_token_texts : 1, sizeof *k->token_texts);
+    bool ok = k->strings && k->token_ids && k->text && k->logprobs && k->token_texts &&
+              chunk_copy_tops(k, ch);
+    for (size_t i = 0; ok && i < ch->n_token_texts; i++)
+        ok = (k->token_texts[i] = (char *)chunk_str(k, ch->token_texts[i])) != NULL;
+    const char *stop = ok ? chunk_str(k, ch->stop_reason) : NULL;
+    if (!stop) {
+        chunk_free(k);
+        return NULL;
+    }
+    memcpy(k->text, ch->text, ch->text_len);
+    k->text[ch->text_len] = '\0';
+    k->view = *ch;
+    k->view.request_id = "";
+    k->view.token_ids = k->token_ids;
+    k->view.text = k->text;
+    k->view.logprobs = k->logprobs;
+    k->view.top_logprobs = k->tops;
+    k->view.token_texts = (const char *const *)k->token_texts;
+    k->view.stop_reason = stop;
+    if (ch->usage)
+        k->usage = *ch->usage;
+    if (ch->timings)
+        k->timings = *ch->timings;
+    k->view.usage = ch->usage ? &k->usage : NULL;
+    k->view.timings = ch->timings ? &k->timings : NULL;
+    return k;
+}
+
+const tdm_client_chunk_t *gw_event_chunk(const gw_event_t *ev)
+{
+    return &ev->chunk->view;
 }
 
 void gw_event_free(gw_event_t *ev)
@@ -137,10 +201,11 @@ void gw_event_free(gw_event_t *ev)
     if (!ev)
         return;
     free(ev->message);
-    free(ev->body);
+    chunk_free(ev->chunk);
+    if (ev->resp)
+        protobuf_c_message_free_unpacked(ev->resp, NULL);
     free(ev);
 }
-
 static void wake(int fd)
 {
     uint64_t one = 1;
@@ -219,16 +284,91 @@ static gw_call_t *unref_locked(gw_call_t *c)
 
 /* ---- the gateway thread ---- */
 
-static void send_cancel(gw_t *gw, gw_call_t *c)
+/* Queues an event of kind (STREAM or END) on c; NULL-safe for chunk. On out of memory the
+ * call ends with RESOURCE_EXHAUSTED instead. Returns false when the call has ended. */
+static bool file_event(gw_t *gw, gw_call_t *c, gw_event_t *ev)
 {
-    tdm_send_t m = {0};
-    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL;
-    m.method = c->method;
-    m.call_id = c->call_id;
-    if (tdm_sock_send(gw->sock, &m) != TDM_OK)
-        tdm_log_write(&gw->log, TDM_LOG_DEBUG, NULL, NULL,
-                      "http gateway: CANCEL of call %" PRIu64 " not sent: %s", c->call_id,
-                      tdm_sock_errmsg(gw->sock));
+    pthread_mutex_lock(&gw->mu);
+    if (ev)
+        push_event_locked(c, ev);
+    else
+        end_locked(c, TDM_ERESOURCE, "the HTTP gateway is out of memory");
+    bool ended = c->ended;
+    pthread_mutex_unlock(&gw->mu);
+    return !ended || (ev && ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END);
+}
+
+static int on_chunk(void *user, const tdm_client_chunk_t *ch)
+{
+    gw_call_t *c = user;
+    gw_event_t *ev = calloc(1, sizeof *ev);
+    if (ev && !(ev->chunk = chunk_copy(ch))) {
+        free(ev);
+        ev = NULL;
+    }
+    if (ev)
+        ev->kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM;
+    /* out of memory, or the call ended here (cancelled): the router must stop too */
+    return file_event(c->gw, c, ev) ? 0 : 1;
+}
+
+/* The END event of a call that ended with status and message. */
+static gw_event_t *end_event(int status, const char *message)
+{
+    gw_event_t *ev = calloc(1, sizeof *ev);
+    if (ev) {
+        ev->kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
+        ev->status = status;
+        ev->message = tdm_strdup(message ? message : "");
+    }
+    if (ev && !ev->message) {
+        free(ev);
+        ev = NULL;
+    }
+    return ev;
+}
+
+static void on_generate_done(void *user, const tdm_client_result_t *r)
+{
+    gw_call_t *c = user;
+    c->running = false;
+    gw_event_t *ev = end_event(r->status, r->message);
+    if (ev)
+        ev->detail = r->error;
+    file_event(c->gw, c, ev);
+}
+
+static void on_unary_done(void *user, int status, const char *message, ProtobufCMessage **resp)
+{
+    gw_call_t *c = user;
+    c->running = false;
+    gw_event_t *ev = end_event(status, message);
+    if (ev) {
+        ev->resp = *resp; /* the event takes the response */
+        *resp = NULL;
+    }
+    file_event(c->gw, c, ev);
+}
+
+/* Hands c to the client library; a start it refuses ends the call with the library's status
+ * and message (and the request field it names). */
+static void start(gw_t *gw, gw_call_t *c)
+{
+    int rc;
+    if (c->method == TANDEM__V1__METHOD__METHOD_GENERATE)
+        rc = tdm_client_generate_start(gw->client, c->greq, on_chunk, on_generate_done, c,
+                                       &c->call_id);
+    else
+        rc = tdm_client_call_start(gw->client, c->method, c->req, c->resp_desc, c->timeout_s,
+                                   on_unary_done, c, &c->call_id);
+    if (rc == TDM_OK) {
+        c->running = true;
+        return;
+    }
+    gw_event_t *ev = end_event(rc, tdm_client_errmsg(gw->client));
+    if (ev)
+        snprintf(ev->detail.field, sizeof ev->detail.field, "%s", tdm_client_errfield(gw->client));
+    file_event(gw, c, ev);
 }
 
 /* Removes c from the active list and drops the thread's reference. */
@@ -243,7 +383,7 @@ static void retire(gw_t *gw, gw_call_t **link)
         call_free(dead);
 }
 
-/* Sends the REQUEST of every newly submitted call and adds them to the active list. */
+/* Starts every newly submitted call and adds them to the active list. */
 static void take_pending(gw_t *gw)
 {
     pthread_mutex_lock(&gw->mu);
@@ -255,52 +395,36 @@ static void take_pending(gw_t *gw)
         list = c->next_pending;
         c->next_pending = NULL;
         pthread_mutex_lock(&gw->mu);
-        bool skip = c->cancel_requested || c->ended;
+        bool skip = c->cancel_requested || c->ended || gw->stopping;
+        if (skip)
+            end_locked(c, gw->stopping ? TDM_EUNAVAILABLE : TDM_ECANCELLED,
+                       gw->stopping ? "the HTTP gateway is shutting down"
+                                    : "cancelled by the HTTP client");
         pthread_mutex_unlock(&gw->mu);
         c->next_active = gw->active;
         gw->active = c;
-        if (skip)
-            continue; /* the sweep below retires it */
-        tdm_send_t m = {0};
-        m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
-        m.method = c->method;
-        m.call_id = c->call_id;
-        m.deadline_unix_ms = c->deadline_ms;
-        m.api_key = c->api_key[0] ? c->api_key : NULL;
-        m.body = c->req;
-        int rc = tdm_sock_send(gw->sock, &m);
-        pthread_mutex_lock(&gw->mu);
-        if (rc == TDM_OK) {
-            c->sent = true;
-        } else {
-            char msg[TDM_ERRMSG_MAX];
-            snprintf(msg, sizeof msg, "cannot send the request to the router at %s: %s",
-                     gw->endpoint, tdm_sock_errmsg(gw->sock));
-            end_locked(c, rc == TDM_EINVALID ? TDM_EINTERNAL : TDM_EUNAVAILABLE, msg);
-        }
-        pthread_mutex_unlock(&gw->mu);
+        if (!skip)
+            start(gw, c);
     }
 }
 
-/* Retires ended calls, sends CANCEL for cancelled ones and ends those past their deadline. */
-static void sweep(gw_t *gw, uint64_t now_ms)
+/* Cancels what HTTP threads asked to cancel (the library sends CANCEL and ends the call) and
+ * retires the calls that have ended. */
+static void sweep(gw_t *gw)
 {
     gw_call_t **link = &gw->active;
     while (*link) {
         gw_call_t *c = *link;
         pthread_mutex_lock(&gw->mu);
         bool cancel = c->cancel_requested && !c->ended;
-        bool expired =
-            !c->ended && c->deadline_ms && now_ms > c->deadline_ms + GW_DEADLINE_GRACE_MS;
+        pthread_mutex_unlock(&gw->mu);
+        if (cancel && c->running)
+            tdm_client_cancel(gw->client, c->call_id); /* on_done files the END */
+        pthread_mutex_lock(&gw->mu);
         if (cancel)
             end_locked(c, TDM_ECANCELLED, "cancelled by the HTTP client");
-        if (expired)
-            end_locked(c, TDM_EDEADLINE, "no answer from the router before the deadline");
-        bool done = c->ended;
-        bool sent = c->sent;
+        bool done = c->ended && !c->running;
         pthread_mutex_unlock(&gw->mu);
-        if ((cancel || expired) && sent)
-            send_cancel(gw, c);
         if (done)
             retire(gw, link);
         else
@@ -308,123 +432,70 @@ static void sweep(gw_t *gw, uint64_t now_ms)
     }
 }
 
-/* Files one received frame under its call. */
-static void deliver(gw_t *gw, const tdm_frame_t *f)
+/* Shutting down (or the client failed): refuse new calls first, so that none is left in the
+ * queue, end every call, let the library cancel what the router still runs, retire all. */
+static void gw_finish(gw_t *gw)
 {
-    gw_call_t *c = gw->active;
-    while (c && c->call_id != f->call_id)
-        c = c->next_active;
-    if (!c || (f->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM &&
-               f->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_END)) {
-        tdm_log_write(&gw->log, TDM_LOG_DEBUG, NULL, NULL,
-                      "http gateway: dropping a %s frame for call %" PRIu64 " (not running)",
-                      tdm_net_kind_name(f->kind), f->call_id);
-        return;
-    }
-    gw_event_t *ev = calloc(1, sizeof *ev);
-    if (ev) {
-        ev->kind = f->kind;
-        ev->status = f->status;
-        ev->message = tdm_strdup(f->message);
-        if (f->body_len) {
-            ev->body = malloc(f->body_len);
-            if (ev->body) {
-                memcpy(ev->body, f->body, f->body_len);
-                ev->body_len = f->body_len;
-            }
-        }
-    }
     pthread_mutex_lock(&gw->mu);
-    if (!ev || !ev->message || (f->body_len && !ev->body)) {
-        gw_event_free(ev);
-        end_locked(c, TDM_ERESOURCE, "the HTTP gateway is out of memory");
-    } else {
-        push_event_locked(c, ev);
-    }
-    bool ended = c->ended;
+    gw->stopping = true;
     pthread_mutex_unlock(&gw->mu);
-    if (ended && f->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
-        send_cancel(gw, c); /* out of memory mid-stream: the router must stop too */
+    take_pending(gw);
+    pthread_mutex_lock(&gw->mu);
+    for (gw_call_t *c = gw->active; c; c = c->next_active)
+        end_locked(c, TDM_EUNAVAILABLE, "the HTTP gateway is shutting down");
+    pthread_mutex_unlock(&gw->mu);
+    tdm_client_destroy(&gw->client); /* every running call's on_done runs (already ended) */
+    while (gw->active)
+        retire(gw, &gw->active);
 }
 
 static void *gw_main(void *arg)
 {
     gw_t *gw = arg;
-    tdm_frame_t f;
-    tdm_frame_init(&f);
     for (;;) {
         pthread_mutex_lock(&gw->mu);
         bool stopping = gw->stopping;
         pthread_mutex_unlock(&gw->mu);
         if (stopping)
             break;
-        zmq_pollitem_t items[2] = {
-            {tdm_sock_zsock(gw->sock), 0, ZMQ_POLLIN, 0},
-            {NULL, gw->wake_fd, ZMQ_POLLIN, 0},
-        };
-        int n = zmq_poll(items, 2, GW_POLL_MS);
-        if (n < 0 && errno != EINTR) {
-            tdm_log_write(&gw->log, TDM_LOG_ERROR, NULL, NULL, "http gateway: zmq_poll: %s",
-                          zmq_strerror(errno));
+        int rc = tdm_client_poll_fd(gw->client, GW_POLL_MS, gw->wake_fd);
+        if (rc < 0) { /* the socket or the context failed: every call has ended */
+            tdm_log_write(&gw->log, TDM_LOG_ERROR, NULL, NULL, "http gateway: %s",
+                          tdm_client_errmsg(gw->client));
             break;
         }
-        if (n > 0 && (items[1].revents & ZMQ_POLLIN))
-            drain_fd(gw->wake_fd);
+        drain_fd(gw->wake_fd);
         take_pending(gw);
-        for (int i = 0; i < GW_MAX_FRAMES_PER_WAKE; i++) {
-            int rc = tdm_sock_recv(gw->sock, &f, 0);
-            if (rc != TDM_OK)
-                break;
-            deliver(gw, &f);
-        }
-        sweep(gw, tdm_net_now_ms());
+        sweep(gw);
     }
-    tdm_frame_clear(&f);
-    /* shutting down (or the socket failed): refuse new calls first, so that none is left in
-     * the queue, then end and retire everything (CANCEL for what the router still runs) */
-    pthread_mutex_lock(&gw->mu);
-    gw->stopping = true;
-    pthread_mutex_unlock(&gw->mu);
-    take_pending(gw);
-    pthread_mutex_lock(&gw->mu);
-    for (gw_call_t *c = gw->active; c; c = c->next_active) {
-        c->final_cancel = !c->ended && c->sent;
-        end_locked(c, TDM_EUNAVAILABLE, "the HTTP gateway is shutting down");
-    }
-    pthread_mutex_unlock(&gw->mu);
-    while (gw->active) {
-        if (gw->active->final_cancel)
-            send_cancel(gw, gw->active);
-        retire(gw, &gw->active);
-    }
+    gw_finish(gw);
     return NULL;
 }
 
 /* ---- construction ---- */
 
-gw_t *gw_new(tdm_net_t *net, const char *endpoint, const tdm_logger_t *log, tdm_error_t *err)
+gw_t *gw_new(tdm_net_t *net, const char *endpoint, const char *api_key, const tdm_logger_t *log,
+             tdm_error_t *err)
 {
     gw_t *gw = calloc(1, sizeof *gw);
     if (!gw) {
         tdm_error_set(err, TDM_ERESOURCE, "out of memory");
         return NULL;
     }
-    gw->net = net;
     if (log)
         gw->log = *log;
     else
         tdm_log_init(&gw->log, "router");
     snprintf(gw->endpoint, sizeof gw->endpoint, "%s", endpoint);
-    gw->next_call_id = 1;
     gw->wake_fd = -1;
     pthread_mutex_init(&gw->mu, NULL);
-    tdm_sock_opts_t o = {0};
+    tdm_client_opts_t o = {0};
+    o.api_key = api_key;
+    o.net = net;
     o.log = &gw->log;
-    o.identity = NULL;
-    o.reconnect_ms = 100;
-    o.reconnect_max_ms = 1000;
-    gw->sock = tdm_sock_connect(net, endpoint, &o, err);
-    if (!gw->sock) {
+    o.timeout_s = -1; /* each call says its own */
+    gw->client = tdm_client_new(endpoint, &o, err);
+    if (!gw->client) {
         tdm_error_prefix(err, err ? err->code : TDM_EINVALID,
                          "http gateway: router endpoint %s: ", endpoint);
         goto out_free;
@@ -466,7 +537,7 @@ void gw_destroy(gw_t **gw_p)
         return;
     gw_t *gw = *gw_p;
     gw_shutdown(gw);
-    tdm_sock_destroy(&gw->sock);
+    tdm_client_destroy(&gw->client); /* when the thread never started */
     if (gw->wake_fd >= 0)
         close(gw->wake_fd);
     pthread_mutex_destroy(&gw->mu);
@@ -476,27 +547,10 @@ void gw_destroy(gw_t **gw_p)
 
 /* ---- calls ---- */
 
-gw_call_t *gw_call_start(gw_t *gw, int method, const ProtobufCMessage *req,
-                         void (*req_free)(void *), void *req_owner, const char *api_key,
-                         double timeout_s, tdm_error_t *err)
+/* Queues c for the gateway thread, or frees it (with *err) when shutting down. */
+static gw_call_t *submit(gw_t *gw, gw_call_t *c, tdm_error_t *err)
 {
-    gw_call_t *c = calloc(1, sizeof *c);
-    if (!c) {
-        if (req_free)
-            req_free(req_owner);
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        return NULL;
-    }
-    c->gw = gw;
-    c->method = method;
-    c->req = req;
-    c->req_free = req_free;
-    c->req_owner = req_owner;
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (api_key)
-        snprintf(c->api_key, sizeof c->api_key, "%s", api_key);
-    if (timeout_s > 0)
-        c->deadline_ms = tdm_net_now_ms() + (uint64_t)(timeout_s * 1000.0 + 0.5);
     if (c->efd < 0) {
         tdm_error_set(err, TDM_ERESOURCE, "eventfd: %s", strerror(errno));
         call_free(c);
@@ -509,7 +563,6 @@ gw_call_t *gw_call_start(gw_t *gw, int method, const ProtobufCMessage *req,
         call_free(c);
         return NULL;
     }
-    c->call_id = gw->next_call_id++;
     c->refs = 2; /* the caller's and the gateway thread's */
     if (gw->pending_tail)
         gw->pending_tail->next_pending = c;
@@ -519,6 +572,25 @@ gw_call_t *gw_call_start(gw_t *gw, int method, const ProtobufCMessage *req,
     pthread_mutex_unlock(&gw->mu);
     wake(gw->wake_fd);
     return c;
+}
+
+gw_call_t *gw_generate_start(gw_t *gw, const tdm_client_request_t *req, void (*req_free)(void *),
+                             void *req_owner, tdm_error_t *err)
+{
+    gw_call_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        if (req_free)
+            req_free(req_owner);
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    c->gw = gw;
+    c->efd = -1;
+    c->method = TANDEM__V1__METHOD__METHOD_GENERATE;
+    c->greq = req;
+    c->req_free = req_free;
+    c->req_owner = req_owner;
+    return submit(gw, c, err);
 }
 
 int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
@@ -610,12 +682,20 @@ void gw_call_release(gw_call_t **c_p)
 }
 
 int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
-             const ProtobufCMessageDescriptor *resp_desc, const char *api_key, double timeout_s,
-             ProtobufCMessage **resp, tdm_error_t *err)
+             const ProtobufCMessageDescriptor *resp_desc, double timeout_s, ProtobufCMessage **resp,
+             tdm_error_t *err)
 {
     *resp = NULL;
-    gw_call_t *c = gw_call_start(gw, method, req, NULL, NULL, api_key, timeout_s, err);
+    gw_call_t *c = calloc(1, sizeof *c);
     if (!c)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    c->gw = gw;
+    c->efd = -1;
+    c->method = method;
+    c->req = req;
+    c->resp_desc = resp_desc;
+    c->timeout_s = timeout_s;
+    if (!(c = submit(gw, c, err)))
         return err ? err->code : TDM_EUNAVAILABLE;
     int rc = TDM_OK;
     for (;;) {
@@ -631,15 +711,13 @@ int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
             gw_event_free(ev); /* a unary call has no stream; ignore */
             continue;
         }
-        if (ev->status != TDM_OK) {
+        if (ev->status != TDM_OK)
             rc = tdm_error_set(err, ev->status, "%s",
                                ev->message[0] ? ev->message : tdm_strerror(ev->status));
-        } else if (resp_desc) {
-            *resp = protobuf_c_message_unpack(resp_desc, NULL, ev->body_len, ev->body);
-            if (!*resp)
-                rc = tdm_error_set(err, TDM_EINTERNAL, "the router's %s answer does not decode",
-                                   tdm_net_method_name(method));
-        }
+        else if (!(*resp = ev->resp))
+            rc = tdm_error_set(err, TDM_EINTERNAL, "the router's %s answer is missing",
+                               tdm_net_method_name(method));
+        ev->resp = NULL;
         gw_event_free(ev);
         break;
     }

@@ -12,67 +12,62 @@
 #include <jansson.h>
 
 #include "http.h"
+#include "tandem/client.h"
 #include "tandem/proto.h"
 
-/* ---- growable byte buffer ---- */
+/* ---- JSON into a tdm_buf_t ---- */
 
-typedef struct http_buf {
-    char *data; /* NUL-terminated when not NULL */
-    size_t len; /* bytes, without the NUL */
-    size_t cap;
-} http_buf_t;
+/* Appends the compact JSON text of v (not consumed) to b. TDM_ERESOURCE on out of memory. */
+int http_json_append(tdm_buf_t *b, const json_t *v);
 
-/* Appends n bytes / a printf-formatted string. Return 0, or TDM_ERESOURCE on out of memory
- * (the buffer keeps what it had). */
-int http_buf_append(http_buf_t *b, const void *data, size_t n);
-int http_buf_printf(http_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Appends the compact JSON text of v (not consumed). TDM_ERESOURCE on out of memory. */
-int http_buf_json(http_buf_t *b, const json_t *v);
-/* Frees the buffer's memory and empties it. NULL-safe. */
-void http_buf_free(http_buf_t *b);
-
-/* ---- the gateway thread: native calls over one DEALER ---- */
+/* ---- the gateway thread: the router's calls through the client library ---- */
 
 typedef struct gw gw_t;
 typedef struct gw_call gw_call_t;
+typedef struct gw_chunk gw_chunk_t;
 
-/* One frame the router sent for a call: a STREAM message or the END. */
+/* What happened to a call: a streamed chunk or the END. */
 typedef struct gw_event {
     struct gw_event *next;
-    int kind;      /* TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM or _END */
-    int status;    /* END: 0 or a negative tdm status */
-    char *message; /* END: the router's (or the gateway's) message; "" when none; owned */
-    uint8_t *body; /* the body frame's bytes, NULL when none; owned */
-    size_t body_len;
+    int kind;                         /* TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM or _END */
+    gw_chunk_t *chunk;                /* STREAM: owned; see gw_event_chunk */
+    int status;                       /* END: 0 or a negative tdm status */
+    char *message;                    /* END: the router's (or the gateway's) message; owned */
+    tdm_client_error_detail_t detail; /* END of a refused GENERATE: the field at fault, ... */
+    ProtobufCMessage *resp;           /* END OK of a unary call: the response; owned */
 } gw_event_t;
 
 /* Frees an event. NULL-safe. */
 void gw_event_free(gw_event_t *ev);
 
-/* Starts the gateway thread, its DEALER connected to endpoint (already mapped to a reachable
- * host). net and log are borrowed. Returns NULL with *err set (TDM_EINVALID bad endpoint,
- * TDM_ERESOURCE out of memory or no thread). Free with gw_destroy. */
-gw_t *gw_new(tdm_net_t *net, const char *endpoint, const tdm_logger_t *log, tdm_error_t *err);
+/* The chunk of a STREAM event (valid as long as the event). */
+const tdm_client_chunk_t *gw_event_chunk(const gw_event_t *ev);
+
+/* Starts the gateway thread with a client (tandem/client.h) connected to endpoint, the router's
+ * inproc:// endpoint on net, the router's context (any endpoint a client reaches works). Every
+ * call sends api_key (NULL: none): the gateway checks its HTTP clients' keys itself. net and
+ * log are borrowed. Returns NULL with *err set (TDM_EINVALID bad endpoint, TDM_ERESOURCE out of
+ * memory or no thread). Free with gw_destroy. */
+gw_t *gw_new(tdm_net_t *net, const char *endpoint, const char *api_key, const tdm_logger_t *log,
+             tdm_error_t *err);
 
 /* Ends every call with UNAVAILABLE "the HTTP gateway is shutting down" (CANCEL sent to the
- * router), makes gw_call_start refuse new calls, stops and joins the thread. The object stays
- * valid for the calls still referenced (gw_call_next returns their END, gw_call_release frees
- * them). Idempotent. */
+ * router), makes new calls fail, stops and joins the thread. The object stays valid for the
+ * calls still referenced (gw_call_next returns their END, gw_call_release frees them).
+ * Idempotent. */
 void gw_shutdown(gw_t *gw);
 
 /* gw_shutdown, then frees everything. Every call must have been released. NULL-safe. */
 void gw_destroy(gw_t **gw_p);
 
-/* Starts a call: method (TANDEM__V1__METHOD__*), request message req, API key (NULL: none),
- * timeout_s (> 0: the deadline sent to the router; the gateway ends the call itself with
- * DEADLINE_EXCEEDED one second after it). The call takes ownership of req_owner and frees it
- * with req_free(req_owner) when the call is freed (req points into it, or is static with both
- * NULL). Returns a call holding one reference for the caller (gw_call_release), or NULL with
- * *err set: TDM_EUNAVAILABLE (the gateway is shutting down), TDM_ERESOURCE; req_owner is then
- * freed already. May be called from any thread. */
-gw_call_t *gw_call_start(gw_t *gw, int method, const ProtobufCMessage *req,
-                         void (*req_free)(void *), void *req_owner, const char *api_key,
-                         double timeout_s, tdm_error_t *err);
+/* Starts a GENERATE call with req (its timeout_s is the deadline the client library sends
+ * and enforces). The call takes ownership of req_owner and frees it with req_free(req_owner)
+ * when the call is freed (req points into it). Returns a call holding one reference for the
+ * caller (gw_call_release), or NULL with *err set: TDM_EUNAVAILABLE (the gateway is shutting
+ * down), TDM_ERESOURCE; req_owner is then freed already. A request the client library refuses
+ * ends at once with its status, message and detail.field. May be called from any thread. */
+gw_call_t *gw_generate_start(gw_t *gw, const tdm_client_request_t *req, void (*req_free)(void *),
+                             void *req_owner, tdm_error_t *err);
 
 /* Takes the call's next event, waiting up to timeout_ms (< 0: without limit) for one. While
  * waiting it watches client_fd (>= 0: the HTTP client's socket) for a hang-up. Returns 1 with
@@ -90,13 +85,13 @@ bool gw_call_ended(gw_call_t *c);
 /* Drops the caller's reference; the call is freed with the last one. NULL-safe, nulls *c_p. */
 void gw_call_release(gw_call_t **c_p);
 
-/* A unary call: starts it with a static (or caller-kept) req, waits for its END and decodes
- * the body as resp_desc into *resp (caller frees with protobuf_c_message_free_unpacked).
- * Returns 0, the call's status (message in *err), or TDM_EINTERNAL when the body does not
- * decode. */
+/* A unary call (HEALTH, MODELS, STATUS, METRICS): runs it with req (only read while the call
+ * runs), waits for its end and hands over the response in *resp (of type resp_desc; caller
+ * frees with protobuf_c_message_free_unpacked). timeout_s > 0 is its deadline. Returns 0, or
+ * the call's status with the message in *err. Any thread but the gateway's. */
 int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
-             const ProtobufCMessageDescriptor *resp_desc, const char *api_key, double timeout_s,
-             ProtobufCMessage **resp, tdm_error_t *err);
+             const ProtobufCMessageDescriptor *resp_desc, double timeout_s, ProtobufCMessage **resp,
+             tdm_error_t *err);
 
 /* ---- the served model, as the router's MODELS call reports it ---- */
 
@@ -117,8 +112,9 @@ void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m);
 /* ---- errors in OpenAI's shape ---- */
 
 /* The HTTP status for a tdm status: INVALID_ARGUMENT and FAILED_PRECONDITION 400,
- * UNAUTHENTICATED 401, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED 499, DEADLINE_EXCEEDED
- * 504, UNAVAILABLE 503, anything else 500. */
+ * UNAUTHENTICATED 401, NOT_FOUND 404, DEADLINE_EXCEEDED 408 (Request Timeout, as OpenAI-
+ * compatible servers such as OpenRouter answer a request that ran out of time; 504 would blame
+ * an upstream), RESOURCE_EXHAUSTED 429, CANCELLED 499, UNAVAILABLE 503, anything else 500. */
 unsigned http_status_of(int tdm_status);
 
 /* {"error": {"message", "type", "param", "code"}}: type from the HTTP status
@@ -150,24 +146,25 @@ typedef struct oai_req {
     int32_t *ids;
     char **stop;
     int32_t *stop_ids;
+    tdm_client_request_t creq; /* what the gateway sends: made from g */
+    tdm_chat_message_t *cmsgs; /* [chat.n_messages] creq.messages */
     char id[64];     /* "cmpl-…" / "chatcmpl-…": the response id and the native request_id */
     char model[256]; /* the model name echoed in responses */
     long long created;
     bool stream;
-    bool include_usage;   /* stream_options.include_usage */
-    bool max_tokens_auto; /* chat without max_tokens: the gateway picked the value */
-    bool logprobs;        /* return logprobs */
-    int top_logprobs;     /* how many alternatives per token */
-    const char *echo;     /* completions with echo: the prompt text to put first; else NULL */
+    bool include_usage; /* stream_options.include_usage */
+    bool logprobs;      /* return logprobs */
+    int top_logprobs;   /* how many alternatives per token */
+    const char *echo;   /* completions with echo: the prompt text to put first; else NULL */
 } oai_req_t;
 
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
  * field (its name in *param, "" when none), n must be 1, defaults (completions max_tokens 16;
- * chat min(n_ctx - 1, 1024), lowered on retry, see http.c). served is the model name used when
- * the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with *err set; q then
- * holds nothing to free. On success free with oai_req_free. */
-int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, uint32_t n_ctx,
-              oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err);
+ * chat none, so the router gives what the context leaves, at most 1024). served is the model
+ * name used when the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with *err
+ * set; q then holds nothing to free. On success free with oai_req_clear. */
+int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
+              char *param, size_t param_cap, tdm_error_t *err);
 
 /* Frees what *q owns (q itself when heap-allocated is freed by oai_req_destroy). NULL-safe. */
 void oai_req_clear(oai_req_t *q);
@@ -179,32 +176,31 @@ typedef struct oai_out {
     bool started;  /* the first event (role chunk / echo) was written */
     bool finished; /* the finish chunk was written */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
-    int finish_reason;   /* FinishReason */
+    int finish_reason;   /* tdm_client_finish_t */
     uint64_t text_chars; /* completions logprobs text_offset */
     double ttft_s, tpot_s;
 } oai_out_t;
 
-/* Appends the SSE events ("data: {json}\n\n") for one streamed GenerateChunk to b. */
-int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch,
-                  http_buf_t *b);
+/* Appends the SSE events ("data: {json}\n\n") for one streamed chunk to b. */
+int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b);
 
 /* Appends the end of a stream: on success the usage chunk (stream_options.include_usage) and
  * "data: [DONE]"; after an error an event {"error": {...}} and "data: [DONE]". */
-int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, http_buf_t *b);
+int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, tdm_buf_t *b);
 
-/* The non-streaming response body for the one GenerateChunk the router sent (stream=false).
- * New reference, NULL on out of memory. Fills o's usage. */
-json_t *oai_response(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch);
+/* The non-streaming response body for the one chunk the router sent (stream=false). New
+ * reference, NULL on out of memory. Fills o's usage. */
+json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);
 
 /* ---- dashboard (dashboard.c) ---- */
 
 typedef struct dash dash_t;
 
-/* Starts the dashboard's sampler thread: a STATUS call through gw every second, kept for the
- * last TDM_DASH_HISTORY seconds. api_key (NULL: none) is copied. Returns NULL with *err set
- * (TDM_ERESOURCE). Free with dash_destroy before gw. */
+/* Starts the dashboard's sampler thread: a STATUS and a METRICS call through gw every second,
+ * kept for the last TDM_DASH_HISTORY seconds. Returns NULL with *err set (TDM_ERESOURCE). Free
+ * with dash_destroy before gw. */
 #define TDM_DASH_HISTORY 300
-dash_t *dash_new(gw_t *gw, const char *api_key, tdm_error_t *err);
+dash_t *dash_new(gw_t *gw, tdm_error_t *err);
 void dash_destroy(dash_t **d_p);
 
 /* Records a finished HTTP generate request: its status and the router's timings (seconds;

@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,6 @@
 #include "http_internal.h"
 #include "tandem/sampling.h"
 
-#define OAI_CHAT_DEFAULT_MAX_TOKENS 1024
 #define OAI_COMPLETION_DEFAULT_MAX_TOKENS 16
 #define OAI_MAX_LOGPROBS 20
 
@@ -214,7 +214,7 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
         return bad_field(p->err, p->param, p->param_cap, name,
                          "%s must be a string or an array of content parts, got %s", name,
                          type_name(c));
-    http_buf_t b = {0};
+    tdm_buf_t b = TDM_BUF_INIT;
     size_t j;
     json_t *part;
     json_array_foreach(c, j, part)
@@ -222,28 +222,28 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
         const char *type = json_string_value(json_object_get(part, "type"));
         const char *text = json_string_value(json_object_get(part, "text"));
         if (!json_is_object(part) || !type) {
-            http_buf_free(&b);
+            tdm_buf_free(&b);
             return bad_field(p->err, p->param, p->param_cap, name,
                              "%s[%zu] must be an object with a \"type\"", name, j);
         }
         if (strcmp(type, "text") != 0) {
-            http_buf_free(&b);
+            tdm_buf_free(&b);
             return bad_field(p->err, p->param, p->param_cap, name,
                              "%s[%zu]: content of type '%s' is not supported; only text", name, j,
                              type);
         }
         if (!text) {
-            http_buf_free(&b);
+            tdm_buf_free(&b);
             return bad_field(p->err, p->param, p->param_cap, name, "%s[%zu].text must be a string",
                              name, j);
         }
-        if ((j > 0 && http_buf_append(&b, "\n", 1) != TDM_OK) ||
-            http_buf_append(&b, text, strlen(text)) != TDM_OK) {
-            http_buf_free(&b);
+        if ((j > 0 && tdm_buf_append(&b, "\n", 1) != TDM_OK) ||
+            tdm_buf_append(&b, text, strlen(text)) != TDM_OK) {
+            tdm_buf_free(&b);
             return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
         }
     }
-    if (!b.data && http_buf_append(&b, "", 0) != TDM_OK)
+    if (!b.data && tdm_buf_append(&b, "", 0) != TDM_OK)
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     q->joined[i] = b.data; /* owned by q */
     *out = b.data;
@@ -329,39 +329,65 @@ static int parse_stop(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* stop_token_ids: an array of token ids (range checks are the router's). */
+static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *ids = field(p->root, "stop_token_ids");
+    if (!ids || p->rc)
+        return p->rc;
+    if (!json_is_array(ids))
+        return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
+                         "stop_token_ids must be an array of token ids, got %s", type_name(ids));
+    size_t n = json_array_size(ids);
+    q->stop_ids = calloc(n ? n : 1, sizeof *q->stop_ids);
+    if (!q->stop_ids)
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    for (size_t k = 0; k < n; k++) {
+        json_t *e = json_array_get(ids, k);
+        if (!json_is_integer(e) || json_integer_value(e) < INT32_MIN ||
+            json_integer_value(e) > INT32_MAX)
+            return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
+                             "stop_token_ids[%zu] must be a token id", k);
+        q->stop_ids[k] = (int32_t)json_integer_value(e);
+    }
+    q->sp.stop_token_ids = q->stop_ids;
+    q->sp.n_stop_token_ids = n;
+    q->sp.set_mask |= TDM_PROTO_SET_STOP_TOKEN_IDS;
+    return TDM_OK;
+}
+
+/* The float sampling fields, by their OpenAI/vLLM names. */
+static const struct {
+    const char *name;
+    size_t off; /* of the float in Tandem__V1__SamplingParams */
+    uint32_t bit;
+} float_fields[] = {
+    {"temperature", offsetof(Tandem__V1__SamplingParams, temperature), TDM_PROTO_SET_TEMPERATURE},
+    {"top_p", offsetof(Tandem__V1__SamplingParams, top_p), TDM_PROTO_SET_TOP_P},
+    {"min_p", offsetof(Tandem__V1__SamplingParams, min_p), TDM_PROTO_SET_MIN_P},
+    {"presence_penalty", offsetof(Tandem__V1__SamplingParams, presence_penalty),
+     TDM_PROTO_SET_PRESENCE_PENALTY},
+    {"frequency_penalty", offsetof(Tandem__V1__SamplingParams, frequency_penalty),
+     TDM_PROTO_SET_FREQUENCY_PENALTY},
+    {"repetition_penalty", offsetof(Tandem__V1__SamplingParams, repetition_penalty),
+     TDM_PROTO_SET_REPETITION_PENALTY},
+};
+
 static int parse_sampling(parse_ctx_t *p, oai_req_t *q)
 {
     Tandem__V1__SamplingParams *sp = &q->sp;
     double d;
     long long i;
     bool b;
-    if (get_number(p, "temperature", &d)) {
-        sp->temperature = (float)d;
-        sp->set_mask |= TDM_PROTO_SET_TEMPERATURE;
-    }
-    if (get_number(p, "top_p", &d)) {
-        sp->top_p = (float)d;
-        sp->set_mask |= TDM_PROTO_SET_TOP_P;
-    }
+    for (size_t k = 0; k < sizeof float_fields / sizeof float_fields[0]; k++)
+        if (get_number(p, float_fields[k].name, &d)) {
+            float f = (float)d;
+            memcpy((char *)sp + float_fields[k].off, &f, sizeof f);
+            sp->set_mask |= float_fields[k].bit;
+        }
     if (get_int(p, "top_k", -1, INT32_MAX, &i)) {
         sp->top_k = i < 0 ? 0 : (int32_t)i; /* vLLM: -1 = off */
         sp->set_mask |= TDM_PROTO_SET_TOP_K;
-    }
-    if (get_number(p, "min_p", &d)) {
-        sp->min_p = (float)d;
-        sp->set_mask |= TDM_PROTO_SET_MIN_P;
-    }
-    if (get_number(p, "presence_penalty", &d)) {
-        sp->presence_penalty = (float)d;
-        sp->set_mask |= TDM_PROTO_SET_PRESENCE_PENALTY;
-    }
-    if (get_number(p, "frequency_penalty", &d)) {
-        sp->frequency_penalty = (float)d;
-        sp->set_mask |= TDM_PROTO_SET_FREQUENCY_PENALTY;
-    }
-    if (get_number(p, "repetition_penalty", &d)) {
-        sp->repetition_penalty = (float)d;
-        sp->set_mask |= TDM_PROTO_SET_REPETITION_PENALTY;
     }
     if (get_int(p, "seed", INT64_MIN, INT64_MAX, &i)) {
         sp->seed = (uint64_t)i;
@@ -372,29 +398,7 @@ static int parse_sampling(parse_ctx_t *p, oai_req_t *q)
         sp->ignore_eos = b;
         sp->set_mask |= TDM_PROTO_SET_IGNORE_EOS;
     }
-    json_t *ids = field(p->root, "stop_token_ids");
-    if (ids && !p->rc) {
-        if (!json_is_array(ids))
-            return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
-                             "stop_token_ids must be an array of token ids, got %s",
-                             type_name(ids));
-        size_t n = json_array_size(ids);
-        q->stop_ids = calloc(n ? n : 1, sizeof *q->stop_ids);
-        if (!q->stop_ids)
-            return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
-        for (size_t k = 0; k < n; k++) {
-            json_t *e = json_array_get(ids, k);
-            if (!json_is_integer(e) || json_integer_value(e) < INT32_MIN ||
-                json_integer_value(e) > INT32_MAX)
-                return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
-                                 "stop_token_ids[%zu] must be a token id", k);
-            q->stop_ids[k] = (int32_t)json_integer_value(e);
-        }
-        sp->stop_token_ids = q->stop_ids;
-        sp->n_stop_token_ids = n;
-        sp->set_mask |= TDM_PROTO_SET_STOP_TOKEN_IDS;
-    }
-    return p->rc;
+    return parse_stop_token_ids(p, q);
 }
 
 static int parse_logprobs(parse_ctx_t *p, oai_req_t *q)
@@ -463,8 +467,141 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
-int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, uint32_t n_ctx,
-              oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+/* q->creq, the client library's request, from the GenerateRequest the parser made (strings
+ * and arrays point into q). */
+static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+{
+    tdm_client_request_t *c = &q->creq;
+    tdm_client_request_init(c);
+    c->request_id = q->g.request_id;
+    c->model = q->g.model;
+    if (q->g.input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT) {
+        c->prompt = q->g.prompt;
+    } else if (q->g.input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS) {
+        c->token_ids = q->tokens.ids;
+        c->n_token_ids = q->tokens.n_ids;
+    } else {
+        size_t n = q->chat.n_messages;
+        q->cmsgs = calloc(n ? n : 1, sizeof *q->cmsgs);
+        if (!q->cmsgs)
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        for (size_t i = 0; i < n; i++)
+            q->cmsgs[i] =
+                (tdm_chat_message_t){q->chat.messages[i]->role, q->chat.messages[i]->content};
+        c->messages = q->cmsgs;
+        c->n_messages = n;
+    }
+    if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK)
+        return bad_field(err, param, param_cap, "stop_token_ids", "%s", err->msg);
+    c->sampling_set = q->sp.set_mask;
+    c->max_tokens = q->g.max_tokens;
+    c->stop = (const char *const *)q->g.stop;
+    c->n_stop = q->g.n_stop;
+    c->stream = q->g.stream;
+    c->include_stop_str = q->g.include_stop_str;
+    c->echo_token_text = q->g.echo_token_text;
+    return TDM_OK;
+}
+
+/* stream, stream_options, include_stop_str_in_output. */
+static int parse_stream(parse_ctx_t *p, oai_req_t *q)
+{
+    get_bool(p, "stream", &q->stream);
+    json_t *so = field(q->root, "stream_options");
+    if (!p->rc && so) {
+        if (!json_is_object(so))
+            return bad_field(p->err, p->param, p->param_cap, "stream_options",
+                             "stream_options must be an object, got %s", type_name(so));
+        if (!q->stream)
+            return bad_field(p->err, p->param, p->param_cap, "stream_options",
+                             "stream_options is only allowed with stream: true");
+        json_t *iu = json_object_get(so, "include_usage");
+        if (iu && !json_is_null(iu) && !json_is_boolean(iu))
+            return bad_field(p->err, p->param, p->param_cap, "stream_options.include_usage",
+                             "stream_options.include_usage must be a boolean, got %s",
+                             type_name(iu));
+        q->include_usage = json_is_true(iu);
+    }
+    q->g.stream = q->stream;
+    bool include_stop = false;
+    if (get_bool(p, "include_stop_str_in_output", &include_stop))
+        q->g.include_stop_str = include_stop;
+    return p->rc;
+}
+
+/* max_tokens (chat: or max_completion_tokens): completions default to OpenAI's 16; a chat
+ * without it sends 0, so the router gives what fits (TDM_ROUTER_MAX_TOKENS_DEFAULT at most). */
+static int parse_max_tokens(parse_ctx_t *p, oai_req_t *q)
+{
+    long long mt = 0;
+    const char *name = "max_tokens";
+    if (q->kind == OAI_CHAT && field(q->root, "max_completion_tokens"))
+        name = "max_completion_tokens";
+    bool have = get_int(p, name, INT32_MIN, INT32_MAX, &mt);
+    if (p->rc)
+        return p->rc;
+    if (have && mt < 1)
+        return bad_field(p->err, p->param, p->param_cap, name, "%s must be >= 1, got %lld", name,
+                         mt);
+    if (have)
+        q->g.max_tokens = (int32_t)mt;
+    else if (q->kind == OAI_COMPLETION)
+        q->g.max_tokens = OAI_COMPLETION_DEFAULT_MAX_TOKENS;
+    return TDM_OK;
+}
+
+/* Completions' echo: the prompt text goes first in the answer. */
+static int parse_echo(parse_ctx_t *p, oai_req_t *q)
+{
+    bool echo = false;
+    get_bool(p, "echo", &echo);
+    if (p->rc)
+        return p->rc;
+    if (echo && q->g.input_case != TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT)
+        return bad_field(p->err, p->param, p->param_cap, "echo", "echo needs a text prompt");
+    if (echo && q->logprobs)
+        return bad_field(p->err, p->param, p->param_cap, "echo",
+                         "echo with logprobs is not supported (no prompt logprobs)");
+    if (echo)
+        q->echo = q->g.prompt;
+    return TDM_OK;
+}
+
+/* The body as a JSON object in q->root. */
+static int parse_body(const char *body, size_t len, oai_req_t *q, char *param, size_t param_cap,
+                      tdm_error_t *err)
+{
+    if (len == 0)
+        return bad_field(err, param, param_cap, NULL,
+                         "the request body is empty; send a JSON object");
+    json_error_t jerr;
+    q->root = json_loadb(body, len, 0, &jerr);
+    if (!q->root)
+        return bad_field(err, param, param_cap, NULL,
+                         "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                         jerr.line, jerr.column);
+    if (!json_is_object(q->root))
+        return bad_field(err, param, param_cap, NULL, "the body must be a JSON object, got %s",
+                         type_name(q->root));
+    return TDM_OK;
+}
+
+/* model (echoed as the served one when absent), the response id, created. */
+static int parse_identity(parse_ctx_t *p, oai_req_t *q, const char *served)
+{
+    const char *model = get_string(p, "model");
+    if (p->rc)
+        return p->rc;
+    snprintf(q->model, sizeof q->model, "%s", model ? model : (served ? served : ""));
+    q->g.model = model ? (char *)model : (char *)"";
+    make_id(q->id, sizeof q->id, q->kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+    q->g.request_id = q->id;
+    q->created = (long long)time(NULL);
+    return TDM_OK;
+}
+
+int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
+              char *param, size_t param_cap, tdm_error_t *err)
 {
     memset(q, 0, sizeof *q);
     if (param && param_cap)
@@ -475,116 +612,19 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
     tandem__v1__chat_list__init(&q->chat);
     tandem__v1__token_list__init(&q->tokens);
     q->g.sampling = &q->sp;
-    if (len == 0)
-        return bad_field(err, param, param_cap, NULL,
-                         "the request body is empty; send a JSON object");
-    json_error_t jerr;
-    q->root = json_loadb(body, len, 0, &jerr);
-    if (!q->root)
-        return bad_field(err, param, param_cap, NULL,
-                         "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                         jerr.line, jerr.column);
-    int rc;
-    if (!json_is_object(q->root)) {
-        rc = bad_field(err, param, param_cap, NULL, "the body must be a JSON object, got %s",
-                       type_name(q->root));
-        goto out_clear;
-    }
+    int rc = parse_body(body, len, q, param, param_cap, err);
     parse_ctx_t p = {q->root, err, param, param_cap, 0};
-    const char *model = get_string(&p, "model");
-    if (p.rc) {
-        rc = p.rc;
-        goto out_clear;
-    }
-    snprintf(q->model, sizeof q->model, "%s", model ? model : (served ? served : ""));
-    q->g.model = model ? (char *)model : (char *)"";
-    make_id(q->id, sizeof q->id, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
-    q->g.request_id = q->id;
-    q->created = (long long)time(NULL);
-
-    rc = refuse_unsupported(&p, q);
-    if (rc != TDM_OK)
-        goto out_clear;
-    get_bool(&p, "stream", &q->stream);
-    json_t *so = field(q->root, "stream_options");
-    if (!p.rc && so) {
-        if (!json_is_object(so)) {
-            rc = bad_field(err, param, param_cap, "stream_options",
-                           "stream_options must be an object, got %s", type_name(so));
-            goto out_clear;
-        }
-        if (!q->stream) {
-            rc = bad_field(err, param, param_cap, "stream_options",
-                           "stream_options is only allowed with stream: true");
-            goto out_clear;
-        }
-        json_t *iu = json_object_get(so, "include_usage");
-        if (iu && !json_is_null(iu) && !json_is_boolean(iu)) {
-            rc = bad_field(err, param, param_cap, "stream_options.include_usage",
-                           "stream_options.include_usage must be a boolean, got %s", type_name(iu));
-            goto out_clear;
-        }
-        q->include_usage = json_is_true(iu);
-    }
-    q->g.stream = q->stream;
-    bool include_stop = false;
-    if (get_bool(&p, "include_stop_str_in_output", &include_stop))
-        q->g.include_stop_str = include_stop;
-
-    long long mt = 0;
-    bool have_mt = false;
-    const char *mt_name = "max_tokens";
-    if (kind == OAI_CHAT && field(q->root, "max_completion_tokens"))
-        mt_name = "max_completion_tokens";
-    have_mt = get_int(&p, mt_name, INT32_MIN, INT32_MAX, &mt);
-    if (p.rc) {
-        rc = p.rc;
-        goto out_clear;
-    }
-    if (have_mt && mt < 1) {
-        rc = bad_field(err, param, param_cap, mt_name, "%s must be >= 1, got %lld", mt_name, mt);
-        goto out_clear;
-    }
-    if (have_mt) {
-        q->g.max_tokens = (int32_t)mt;
-    } else if (kind == OAI_CHAT) {
-        uint32_t room = n_ctx > 1 ? n_ctx - 1 : OAI_CHAT_DEFAULT_MAX_TOKENS;
-        q->g.max_tokens =
-            (int32_t)(room < OAI_CHAT_DEFAULT_MAX_TOKENS ? room : OAI_CHAT_DEFAULT_MAX_TOKENS);
-        q->max_tokens_auto = true;
-    } else {
-        q->g.max_tokens = OAI_COMPLETION_DEFAULT_MAX_TOKENS;
-    }
-
-    if ((rc = parse_sampling(&p, q)) != TDM_OK || (rc = parse_stop(&p, q)) != TDM_OK ||
-        (rc = parse_logprobs(&p, q)) != TDM_OK)
-        goto out_clear;
-    rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q);
-    if (rc != TDM_OK)
-        goto out_clear;
-    if (kind == OAI_COMPLETION) {
-        bool echo = false;
-        get_bool(&p, "echo", &echo);
-        if (p.rc) {
-            rc = p.rc;
-            goto out_clear;
-        }
-        if (echo && q->g.input_case != TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT) {
-            rc = bad_field(err, param, param_cap, "echo", "echo needs a text prompt");
-            goto out_clear;
-        }
-        if (echo && q->logprobs) {
-            rc = bad_field(err, param, param_cap, "echo",
-                           "echo with logprobs is not supported (no prompt logprobs)");
-            goto out_clear;
-        }
-        if (echo)
-            q->echo = q->g.prompt;
+    if (rc != TDM_OK || (rc = parse_identity(&p, q, served)) != TDM_OK ||
+        (rc = refuse_unsupported(&p, q)) != TDM_OK || (rc = parse_stream(&p, q)) != TDM_OK ||
+        (rc = parse_max_tokens(&p, q)) != TDM_OK || (rc = parse_sampling(&p, q)) != TDM_OK ||
+        (rc = parse_stop(&p, q)) != TDM_OK || (rc = parse_logprobs(&p, q)) != TDM_OK ||
+        (rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q)) != TDM_OK ||
+        (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
+        (rc = client_request(q, param, param_cap, err)) != TDM_OK) {
+        oai_req_clear(q);
+        return rc;
     }
     return TDM_OK;
-out_clear:
-    oai_req_clear(q);
-    return rc;
 }
 
 void oai_req_clear(oai_req_t *q)
@@ -600,6 +640,7 @@ void oai_req_clear(oai_req_t *q)
     free(q->ids);
     free(q->stop);
     free(q->stop_ids);
+    free(q->cmsgs);
     if (q->root)
         json_decref(q->root);
     memset(q, 0, sizeof *q);
@@ -629,19 +670,19 @@ static json_t *str_utf8(const char *s, size_t n)
     }
     if (i == n)
         return json_stringn(s, n);
-    http_buf_t b = {0};
+    tdm_buf_t b = TDM_BUF_INIT;
     for (i = 0; i < n;) {
         size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
         if (l == 0 || cp == 0) {
-            http_buf_append(&b, "\xef\xbf\xbd", 3);
+            tdm_buf_append(&b, "\xef\xbf\xbd", 3);
             i++;
         } else {
-            http_buf_append(&b, s + i, l);
+            tdm_buf_append(&b, s + i, l);
             i += l;
         }
     }
     json_t *v = b.data ? json_stringn(b.data, b.len) : NULL;
-    http_buf_free(&b);
+    tdm_buf_free(&b);
     return v;
 }
 
@@ -661,26 +702,26 @@ static uint64_t utf8_chars(const char *s)
     return n;
 }
 
-static const char *token_text(const Tandem__V1__GenerateChunk *ch, size_t i)
+static const char *token_text(const tdm_client_chunk_t *ch, size_t i)
 {
     return i < ch->n_token_texts && ch->token_texts[i] ? ch->token_texts[i] : "";
 }
 
 /* logprobs of the tokens of ch in OpenAI's shape (completions or chat); NULL when not asked
  * for (json null is then used). */
-static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
 {
     if (!q->logprobs)
         return NULL;
-    size_t n = ch->n_token_ids;
+    size_t n = ch->n_tokens;
     if (q->kind == OAI_CHAT) {
         json_t *content = json_array();
         for (size_t i = 0; content && i < n; i++) {
             const char *t = token_text(ch, i);
             json_t *top = json_array();
-            const Tandem__V1__TopLogprobs *tl = i < ch->n_top_logprobs ? ch->top_logprobs[i] : NULL;
+            const tdm_client_token_top_t *tl = i < ch->n_top_logprobs ? &ch->top_logprobs[i] : NULL;
             for (size_t k = 0; top && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
-                const Tandem__V1__TopLogprob *e = tl->entries[k];
+                const tdm_client_top_logprob_t *e = &tl->entries[k];
                 json_array_append_new(
                     top, json_pack("{s:o, s:f, s:o}", "token", str_utf8(e->text, strlen(e->text)),
                                    "logprob", (double)e->logprob, "bytes", bytes_array(e->text)));
@@ -702,9 +743,9 @@ static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const Tandem__V1_
         o->text_chars += utf8_chars(t);
         if (q->top_logprobs > 0) {
             json_t *d = json_object();
-            const Tandem__V1__TopLogprobs *tl = i < ch->n_top_logprobs ? ch->top_logprobs[i] : NULL;
+            const tdm_client_token_top_t *tl = i < ch->n_top_logprobs ? &ch->top_logprobs[i] : NULL;
             for (size_t k = 0; d && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
-                const Tandem__V1__TopLogprob *e = tl->entries[k];
+                const tdm_client_top_logprob_t *e = &tl->entries[k];
                 json_t *key = str_utf8(e->text, strlen(e->text));
                 if (key && !json_object_get(d, json_string_value(key)))
                     json_object_set_new(d, json_string_value(key), json_real(e->logprob));
@@ -725,9 +766,9 @@ static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const Tandem__V1_
 static const char *finish_name(int reason)
 {
     switch (reason) {
-    case TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP: return "stop";
-    case TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH: return "length";
-    case TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED: return "abort";
+    case TDM_CLIENT_FINISH_STOP: return "stop";
+    case TDM_CLIENT_FINISH_LENGTH: return "length";
+    case TDM_CLIENT_FINISH_CANCELLED: return "abort";
     default: return "error";
     }
 }
@@ -740,9 +781,9 @@ static json_t *usage_json(const oai_out_t *o)
                      "cached_tokens", (int)o->cached_tokens);
 }
 
-static void take_final(oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+static void take_final(oai_out_t *o, const tdm_client_chunk_t *ch)
 {
-    o->finish_reason = ch->finish_reason;
+    o->finish_reason = (int)ch->finish_reason;
     if (ch->usage) {
         o->prompt_tokens = ch->usage->prompt_tokens;
         o->completion_tokens = ch->usage->completion_tokens;
@@ -767,7 +808,7 @@ static json_t *chunk_base(const oai_req_t *q)
 
 /* Appends "data: {chunk with one choice}\n\n". delta_or_text: the chat delta (consumed) or
  * the completion text; logprobs consumed (NULL = null); finish NULL = null. */
-static int emit_choice(const oai_req_t *q, http_buf_t *b, json_t *delta, const char *text,
+static int emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
                        size_t text_len, json_t *logprobs, const char *finish)
 {
     json_t *c = chunk_base(q);
@@ -786,17 +827,16 @@ static int emit_choice(const oai_req_t *q, http_buf_t *b, json_t *delta, const c
     json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
     json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
     json_object_set_new(c, "choices", json_pack("[o]", choice));
-    int rc = http_buf_append(b, "data: ", 6);
+    int rc = tdm_buf_append(b, "data: ", 6);
     if (rc == TDM_OK)
-        rc = http_buf_json(b, c);
+        rc = http_json_append(b, c);
     if (rc == TDM_OK)
-        rc = http_buf_append(b, "\n\n", 2);
+        rc = tdm_buf_append(b, "\n\n", 2);
     json_decref(c);
     return rc;
 }
 
-int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch,
-                  http_buf_t *b)
+int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b)
 {
     int rc = TDM_OK;
     if (!o->started) {
@@ -807,7 +847,7 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateCh
         else if (q->echo)
             rc = emit_choice(q, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
     }
-    bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_token_ids > 0);
+    bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
     if (rc == TDM_OK && has_content) {
         json_t *lp = logprobs_json(q, o, ch);
         if (q->kind == OAI_CHAT)
@@ -817,8 +857,7 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateCh
         else
             rc = emit_choice(q, b, NULL, ch->text, strlen(ch->text), lp, NULL);
     }
-    if (rc == TDM_OK && ch->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED &&
-        !o->finished) {
+    if (rc == TDM_OK && ch->finish_reason != TDM_CLIENT_FINISH_NONE && !o->finished) {
         o->finished = true;
         take_final(o, ch);
         rc = emit_choice(q, b, NULL, "", 0, NULL, finish_name(ch->finish_reason));
@@ -826,7 +865,7 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateCh
     return rc;
 }
 
-int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, http_buf_t *b)
+int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, tdm_buf_t *b)
 {
     int rc = TDM_OK;
     if (status == TDM_OK && q->include_usage) {
@@ -835,30 +874,30 @@ int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *messag
             return TDM_ERESOURCE;
         json_object_set_new(c, "choices", json_array());
         json_object_set_new(c, "usage", usage_json(o));
-        rc = http_buf_append(b, "data: ", 6);
+        rc = tdm_buf_append(b, "data: ", 6);
         if (rc == TDM_OK)
-            rc = http_buf_json(b, c);
+            rc = http_json_append(b, c);
         if (rc == TDM_OK)
-            rc = http_buf_append(b, "\n\n", 2);
+            rc = tdm_buf_append(b, "\n\n", 2);
         json_decref(c);
     } else if (status != TDM_OK) {
         json_t *e = http_error_json(http_status_of(status), NULL, NULL,
                                     message && message[0] ? message : tdm_strerror(status));
         if (!e)
             return TDM_ERESOURCE;
-        rc = http_buf_append(b, "data: ", 6);
+        rc = tdm_buf_append(b, "data: ", 6);
         if (rc == TDM_OK)
-            rc = http_buf_json(b, e);
+            rc = http_json_append(b, e);
         if (rc == TDM_OK)
-            rc = http_buf_append(b, "\n\n", 2);
+            rc = tdm_buf_append(b, "\n\n", 2);
         json_decref(e);
     }
     if (rc == TDM_OK)
-        rc = http_buf_append(b, "data: [DONE]\n\n", 14);
+        rc = tdm_buf_append(b, "data: [DONE]\n\n", 14);
     return rc;
 }
 
-json_t *oai_response(const oai_req_t *q, oai_out_t *o, const Tandem__V1__GenerateChunk *ch)
+json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
 {
     take_final(o, ch);
     json_t *choice = json_pack("{s:i}", "index", 0);
@@ -876,12 +915,12 @@ json_t *oai_response(const oai_req_t *q, oai_out_t *o, const Tandem__V1__Generat
                             json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
                                       str_utf8(ch->text, strlen(ch->text)), "refusal"));
     } else {
-        http_buf_t t = {0};
+        tdm_buf_t t = TDM_BUF_INIT;
         if (q->echo)
-            http_buf_append(&t, q->echo, strlen(q->echo));
-        http_buf_append(&t, ch->text, strlen(ch->text));
+            tdm_buf_append(&t, q->echo, strlen(q->echo));
+        tdm_buf_append(&t, ch->text, strlen(ch->text));
         json_object_set_new(choice, "text", str_utf8(t.data ? t.data : "", t.len));
-        http_buf_free(&t);
+        tdm_buf_free(&t);
     }
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
     json_object_set_new(choice, "finish_reason", json_string(finish_name(ch->finish_reason)));

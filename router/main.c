@@ -105,7 +105,7 @@ static bool start(const tdm_config_t *cfg, tdm_net_t *net, const tdm_logger_t *l
         start_failed(log, "router", err.msg);
         return false;
     }
-    if (!(*http = tdm_http_new(cfg, tdm_router_client_endpoint(*r), net, log, &err))) {
+    if (!(*http = tdm_http_new(cfg, tdm_router_inproc_endpoint(*r), net, log, &err))) {
         start_failed(log, "http gateway", err.msg);
         tdm_router_destroy(r);
         return false;

@@ -1,8 +1,8 @@
-/* metrics.c - renders the router's figures as Prometheus text exposition format 0.0.4 and
- * answers METHOD_METRICS with it.
+/* metrics.c - the router's figures as a MetricsResponse (families of labelled samples), the
+ * answer to METHOD_METRICS; the text exposition format is tdm_proto_metrics_text's job.
  *
  * Assumptions: it runs on the router's thread (the state is read without locks) and is not on
- * a hot path (a scrape every few seconds), so the text is built in a growing heap buffer.
+ * a hot path (a scrape every few seconds), so the message is built from many small mallocs.
  * Names follow Prometheus's conventions (base units, _total for counters; `promtool check
  * metrics` has nothing to say about the output, tests/unit/test_router.c checks it). Families
  * are always announced with HELP and TYPE, even when they have no sample yet (node gauges
@@ -18,131 +18,143 @@
 #include "metrics.h"
 #include "router_internal.h"
 
-/* ---- a growing text buffer ---- */
+#define METRIC_COUNTER TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER
+#define METRIC_GAUGE TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE
 
-typedef struct sb {
-    char *p;
-    size_t len, cap;
-    bool oom; /* an allocation failed: everything after it is dropped */
-} sb_t;
+/* ---- building the message ----
+ * Everything is malloc'd, so protobuf_c_message_free_unpacked(&m->base, NULL) frees it. An
+ * allocation that fails sets oom and later additions are skipped. */
 
-static bool sb_reserve(sb_t *b, size_t more)
+typedef struct mb {
+    Tandem__V1__MetricsResponse *m;
+    bool oom;
+} mb_t;
+
+/* Grows the repeated field *arr of *n entries by one slot; NULL on out of memory. */
+static void *grow(mb_t *b, void *arr_p, size_t *n, size_t size)
 {
+    void **arr = arr_p;
     if (b->oom)
-        return false;
-    if (b->len + more + 1 <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + more + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
+        return NULL;
+    void *p = realloc(*arr, (*n + 1) * size);
     if (!p) {
         b->oom = true;
-        return false;
+        return NULL;
     }
-    b->p = p;
-    b->cap = cap;
-    return true;
+    *arr = p;
+    return (char *)p + (*n)++ * size;
 }
 
-static void sb_printf(sb_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sb_t *b, const char *fmt, ...)
+static char *mb_strdup(mb_t *b, const char *s)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
+    char *d = b->oom ? NULL : tdm_strdup(s);
+    if (!d)
+        b->oom = true;
+    return d;
+}
+
+/* Appends a family with no samples; NULL on out of memory. */
+static Tandem__V1__MetricFamily *family(mb_t *b, const char *name, Tandem__V1__MetricType type,
+                                        const char *help)
+{
+    Tandem__V1__MetricFamily *f = b->oom ? NULL : malloc(sizeof *f);
+    Tandem__V1__MetricFamily **slot =
+        f ? grow(b, &b->m->families, &b->m->n_families, sizeof *slot) : NULL;
+    if (!slot) {
+        free(f);
+        b->oom = true;
+        return NULL;
+    }
+    tandem__v1__metric_family__init(f);
+    *slot = f;
+    f->type = type;
+    f->name = mb_strdup(b, name);
+    f->help = mb_strdup(b, help);
+    return f;
+}
+
+/* Appends an unlabelled sample to f; NULL on out of memory (or f NULL). */
+static Tandem__V1__MetricSample *sample(mb_t *b, Tandem__V1__MetricFamily *f)
+{
+    Tandem__V1__MetricSample *s = f && !b->oom ? malloc(sizeof *s) : NULL;
+    Tandem__V1__MetricSample **slot = s ? grow(b, &f->samples, &f->n_samples, sizeof *slot) : NULL;
+    if (!slot) {
+        free(s);
+        b->oom = true;
+        return NULL;
+    }
+    tandem__v1__metric_sample__init(s);
+    *slot = s;
+    return s;
+}
+
+static void label(mb_t *b, Tandem__V1__MetricSample *s, const char *name, const char *value)
+{
+    Tandem__V1__MetricLabel *l = s && !b->oom ? malloc(sizeof *l) : NULL;
+    Tandem__V1__MetricLabel **slot = l ? grow(b, &s->labels, &s->n_labels, sizeof *slot) : NULL;
+    if (!slot) {
+        free(l);
         b->oom = true;
         return;
     }
-    if (!sb_reserve(b, (size_t)n))
+    tandem__v1__metric_label__init(l);
+    *slot = l;
+    l->name = mb_strdup(b, name);
+    l->value = mb_strdup(b, value);
+}
+
+static void set_int(Tandem__V1__MetricSample *s, uint64_t v)
+{
+    if (!s)
         return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
+    s->value_case = TANDEM__V1__METRIC_SAMPLE__VALUE_INT_VALUE;
+    s->int_value = v;
 }
 
-/* A label value, escaped as the format says: backslash, double quote and line feed. */
-static void sb_label_value(sb_t *b, const char *v)
+static void set_float(Tandem__V1__MetricSample *s, double v)
 {
-    for (; *v; v++) {
-        if (*v == '\\')
-            sb_printf(b, "\\\\");
-        else if (*v == '"')
-            sb_printf(b, "\\\"");
-        else if (*v == '\n')
-            sb_printf(b, "\\n");
-        else
-            sb_printf(b, "%c", *v);
-    }
-}
-
-/* A float sample value or `le` bound: the shortest of %.15g / %.16g / %.17g that reads back
- * exactly; NaN and the infinities as the format spells them. */
-static void fmt_double(char *out, size_t cap, double v)
-{
-    if (isnan(v)) {
-        snprintf(out, cap, "NaN");
-    } else if (isinf(v)) {
-        snprintf(out, cap, v > 0 ? "+Inf" : "-Inf");
-    } else {
-        snprintf(out, cap, "%.15g", v);
-        if (strtod(out, NULL) != v)
-            snprintf(out, cap, "%.16g", v);
-        if (strtod(out, NULL) != v)
-            snprintf(out, cap, "%.17g", v);
-    }
+    if (!s)
+        return;
+    s->value_case = TANDEM__V1__METRIC_SAMPLE__VALUE_FLOAT_VALUE;
+    s->float_value = v;
 }
 
 /* ---- families ---- */
 
-static void family(sb_t *b, const char *name, const char *type, const char *help)
+static void counter(mb_t *b, const char *name, const char *help, uint64_t v)
 {
-    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    set_int(sample(b, family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER, help)), v);
 }
 
-static void sample_u64(sb_t *b, const char *name, uint64_t v)
+static void gauge(mb_t *b, const char *name, const char *help, uint64_t v)
 {
-    sb_printf(b, "%s %" PRIu64 "\n", name, v);
+    set_int(sample(b, family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE, help)), v);
 }
 
-static void counter(sb_t *b, const char *name, const char *help, uint64_t v)
+/* One histogram over tdm_router_hist_bounds (the last bucket, +Inf, is count's). */
+static void histogram(mb_t *b, const char *name, const char *help, const tdm_router_hist_t *h)
 {
-    family(b, name, "counter", help);
-    sample_u64(b, name, v);
-}
-
-static void gauge(sb_t *b, const char *name, const char *help, uint64_t v)
-{
-    family(b, name, "gauge", help);
-    sample_u64(b, name, v);
-}
-
-/* One histogram: cumulative buckets over tdm_router_hist_bounds, then +Inf, _sum, _count. */
-static void histogram(sb_t *b, const char *name, const char *help, const tdm_router_hist_t *h)
-{
-    family(b, name, "histogram", help);
-    const double *bounds = tdm_router_hist_bounds();
-    uint64_t cum = 0;
-    char num[40];
-    for (size_t i = 0; i < TDM_ROUTER_HIST_BUCKETS - 1; i++) {
-        cum += h->buckets[i];
-        fmt_double(num, sizeof num, bounds[i]);
-        sb_printf(b, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, num, cum);
+    Tandem__V1__MetricFamily *f =
+        family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM, help);
+    Tandem__V1__MetricHistogram *mh = f ? malloc(sizeof *mh) : NULL;
+    size_t n = TDM_ROUTER_HIST_BUCKETS - 1;
+    double *bounds = mh ? malloc(n * sizeof *bounds) : NULL;
+    uint64_t *counts = bounds ? malloc(n * sizeof *counts) : NULL;
+    if (!counts) {
+        free(mh);
+        free(bounds);
+        b->oom = true;
+        return;
     }
-    sb_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
-    fmt_double(num, sizeof num, h->sum);
-    sb_printf(b, "%s_sum %s\n%s_count %" PRIu64 "\n", name, num, name, h->count);
-}
-
-/* `{node="ID",role="ROLE"}` for n. */
-static void node_labels(sb_t *b, const rt_node_t *n)
-{
-    sb_printf(b, "{node=\"");
-    sb_label_value(b, n->cfg->id);
-    sb_printf(b, "\",role=\"%s\"}", tdm_config_node_role_name(n->cfg->role));
+    tandem__v1__metric_histogram__init(mh);
+    memcpy(bounds, tdm_router_hist_bounds(), n * sizeof *bounds);
+    memcpy(counts, h->buckets, n * sizeof *counts);
+    mh->n_bounds = mh->n_counts = n;
+    mh->bounds = bounds;
+    mh->counts = counts;
+    mh->sum = h->sum;
+    mh->count = h->count;
+    f->histogram = mh;
 }
 
 typedef enum node_set {
@@ -153,20 +165,20 @@ typedef enum node_set {
 
 typedef double (*node_value_fn)(const rt_node_t *n);
 
-/* One per-node family: a sample for each node of the set. */
-static void node_family(sb_t *b, const tdm_router_t *r, const char *name, const char *type,
-                        const char *help, node_set_t set, node_value_fn value)
+/* One per-node family: a sample labelled {node, role} for each node of the set. */
+static void node_family(mb_t *b, const tdm_router_t *r, const char *name,
+                        Tandem__V1__MetricType type, const char *help, node_set_t set,
+                        node_value_fn value)
 {
-    family(b, name, type, help);
-    char num[40];
+    Tandem__V1__MetricFamily *f = family(b, name, type, help);
     for (size_t i = 0; i < r->n_nodes; i++) {
         const rt_node_t *n = &r->nodes[i];
         if ((set == NODES_REGISTERED && !n->registered) || (set == NODES_UP && !n->up))
             continue;
-        sb_printf(b, "%s", name);
-        node_labels(b, n);
-        fmt_double(num, sizeof num, value(n));
-        sb_printf(b, " %s\n", num);
+        Tandem__V1__MetricSample *s = sample(b, f);
+        label(b, s, "node", n->cfg->id);
+        label(b, s, "role", tdm_config_node_role_name(n->cfg->role));
+        set_float(s, value(n));
     }
 }
 
@@ -225,38 +237,30 @@ static double nv_step(const rt_node_t *n)
     return n->step_time_s;
 }
 
-static void render_requests(sb_t *b, const tdm_router_t *r)
+/* tandem_requests_total by status and finish reason. */
+static void render_requests_by_status(mb_t *b, const tdm_router_metrics_t *m)
 {
-    const tdm_router_metrics_t *m = &r->metrics;
-    counter(b, "tandem_requests_received_total",
-            "Generate requests received by the router, valid or not.", m->requests_total);
-    family(b, "tandem_requests_total", "counter",
-           "Generate requests that ended, by final gRPC status and finish reason (none: refused "
-           "before it started).");
+    Tandem__V1__MetricFamily *f =
+        family(b, "tandem_requests_total", TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER,
+               "Generate requests that ended, by final gRPC status and finish reason (none: "
+               "refused before it started).");
     for (size_t s = 0; s < 17; s++)
-        for (size_t f = 0; f < 5; f++) {
-            uint64_t v = m->requests_by_status_finish[s][f];
+        for (size_t fr = 0; fr < 5; fr++) {
+            uint64_t v = m->requests_by_status_finish[s][fr];
             /* the successful series always exist, so rate() sees their first increase */
-            bool always = s == 0 && (f == 1 || f == 2);
+            bool always = s == 0 && (fr == 1 || fr == 2);
             if (v == 0 && !always)
                 continue;
-            sb_printf(b, "tandem_requests_total{status=\"%s\",finish_reason=\"%s\"} %" PRIu64 "\n",
-                      tdm_status_name(-(int)s), tdm_proto_finish_name((int)f), v);
+            Tandem__V1__MetricSample *smp = sample(b, f);
+            label(b, smp, "status", tdm_status_name(-(int)s));
+            label(b, smp, "finish_reason", tdm_proto_finish_name((int)fr));
+            set_int(smp, v);
         }
-    counter(b, "tandem_requests_redispatched_total",
-            "Requests dispatched again after a retryable node failure or the loss of their "
-            "prefill node.",
-            m->redispatches);
-    counter(b, "tandem_requests_queue_full_total",
-            "Requests refused with RESOURCE_EXHAUSTED because the router's queue was full.",
-            m->queue_full);
-    counter(b, "tandem_decode_reserve_rejections_total",
-            "KV reservations a decode node refused for lack of blocks (the router then tries "
-            "another node or queues the request).",
-            m->reserve_rejects);
-    counter(b, "tandem_duplicate_token_events_total",
-            "Token events dropped because their index had already been delivered.",
-            m->duplicate_events);
+}
+
+/* The token, KV transfer and dropped-message counters. */
+static void render_traffic(mb_t *b, const tdm_router_metrics_t *m)
+{
     counter(b, "tandem_prompt_tokens_total", "Prompt tokens of the requests the router accepted.",
             m->prompt_tokens);
     counter(b, "tandem_prompt_tokens_cached_total",
@@ -284,6 +288,29 @@ static void render_requests(sb_t *b, const tdm_router_t *r)
             "Node registrations the router refused (unknown id, a second instance of a live "
             "node, another node's key, a configuration mismatch).",
             m->registrations_refused);
+}
+
+static void render_requests(mb_t *b, const tdm_router_t *r)
+{
+    const tdm_router_metrics_t *m = &r->metrics;
+    counter(b, "tandem_requests_received_total",
+            "Generate requests received by the router, valid or not.", m->requests_total);
+    render_requests_by_status(b, m);
+    counter(b, "tandem_requests_redispatched_total",
+            "Requests dispatched again after a retryable node failure or the loss of their "
+            "prefill node.",
+            m->redispatches);
+    counter(b, "tandem_requests_queue_full_total",
+            "Requests refused with RESOURCE_EXHAUSTED because the router's queue was full.",
+            m->queue_full);
+    counter(b, "tandem_decode_reserve_rejections_total",
+            "KV reservations a decode node refused for lack of blocks (the router then tries "
+            "another node or queues the request).",
+            m->reserve_rejects);
+    counter(b, "tandem_duplicate_token_events_total",
+            "Token events dropped because their index had already been delivered.",
+            m->duplicate_events);
+    render_traffic(b, m);
     gauge(b, "tandem_requests_running",
           "Requests dispatched to nodes (reserving KV blocks or running).",
           (uint64_t)(r->n_reqs - r->n_queued));
@@ -291,7 +318,7 @@ static void render_requests(sb_t *b, const tdm_router_t *r)
           (uint64_t)r->n_queued);
 }
 
-static void render_histograms(sb_t *b, const tdm_router_t *r)
+static void render_histograms(mb_t *b, const tdm_router_t *r)
 {
     const tdm_router_metrics_t *m = &r->metrics;
     histogram(b, "tandem_time_to_first_token_seconds",
@@ -315,46 +342,76 @@ static void render_histograms(sb_t *b, const tdm_router_t *r)
               &m->kv_transfer);
 }
 
-static void render_nodes(sb_t *b, const tdm_router_t *r)
+static void render_nodes(mb_t *b, const tdm_router_t *r)
 {
-    node_family(b, r, "tandem_node_up", "gauge",
+    node_family(b, r, "tandem_node_up", METRIC_GAUGE,
                 "1 when the configured node is registered and heartbeating, else 0.", NODES_ALL,
                 nv_up);
-    node_family(b, r, "tandem_node_failures_total", "counter",
+    node_family(b, r, "tandem_node_failures_total", METRIC_COUNTER,
                 "Times the router marked the node down (heartbeat timeout or restart).", NODES_ALL,
                 nv_failures);
-    node_family(b, r, "tandem_prefix_cache_queries_total", "counter",
+    node_family(b, r, "tandem_prefix_cache_queries_total", METRIC_COUNTER,
                 "KV blocks the node looked up in its prefix cache (cumulative per node process, "
                 "from its heartbeats).",
                 NODES_REGISTERED, nv_prefix_queries);
-    node_family(b, r, "tandem_prefix_cache_hits_total", "counter",
+    node_family(b, r, "tandem_prefix_cache_hits_total", METRIC_COUNTER,
                 "KV blocks the node found in its prefix cache (cumulative per node process, from "
                 "its heartbeats).",
                 NODES_REGISTERED, nv_prefix_hits);
-    node_family(b, r, "tandem_node_running", "gauge",
+    node_family(b, r, "tandem_node_running", METRIC_GAUGE,
                 "Sequences the node is running (last heartbeat).", NODES_UP, nv_running);
-    node_family(b, r, "tandem_node_waiting", "gauge",
+    node_family(b, r, "tandem_node_waiting", METRIC_GAUGE,
                 "Sequences waiting on the node for room (last heartbeat).", NODES_UP, nv_waiting);
-    node_family(b, r, "tandem_node_kv_blocks_used", "gauge",
+    node_family(b, r, "tandem_node_kv_blocks_used", METRIC_GAUGE,
                 "KV blocks in use by sequences on the node (last heartbeat).", NODES_UP,
                 nv_kv_used);
-    node_family(b, r, "tandem_node_kv_blocks_capacity", "gauge",
+    node_family(b, r, "tandem_node_kv_blocks_capacity", METRIC_GAUGE,
                 "KV blocks in the node's pool (from its registration).", NODES_UP, nv_kv_capacity);
-    node_family(b, r, "tandem_node_kv_blocks_cached", "gauge",
+    node_family(b, r, "tandem_node_kv_blocks_cached", METRIC_GAUGE,
                 "KV blocks held only by the node's prefix cache, free to evict (last heartbeat).",
                 NODES_UP, nv_kv_cached);
-    node_family(b, r, "tandem_node_kv_blocks_reserved", "gauge",
+    node_family(b, r, "tandem_node_kv_blocks_reserved", METRIC_GAUGE,
                 "Decode KV blocks the router reserved on the node that its last heartbeat does "
                 "not show yet.",
                 NODES_UP, nv_kv_reserved);
-    node_family(b, r, "tandem_node_batch_size", "gauge",
+    node_family(b, r, "tandem_node_batch_size", METRIC_GAUGE,
                 "Sequences in the node's last forward pass (last heartbeat).", NODES_UP, nv_batch);
-    node_family(b, r, "tandem_node_queued_prefill_tokens", "gauge",
+    node_family(b, r, "tandem_node_queued_prefill_tokens", METRIC_GAUGE,
                 "Prompt tokens queued for prefill on the node (last heartbeat).", NODES_UP,
                 nv_queued_prefill);
-    node_family(b, r, "tandem_node_step_time_seconds", "gauge",
+    node_family(b, r, "tandem_node_step_time_seconds", METRIC_GAUGE,
                 "Mean duration of the node's recent forward passes (last heartbeat).", NODES_UP,
                 nv_step);
+}
+
+/* tandem_build_info{version, model} 1 */
+static void render_build_info(mb_t *b, const tdm_router_t *r)
+{
+    Tandem__V1__MetricSample *s =
+        sample(b, family(b, "tandem_build_info", TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE,
+                         "Always 1; the labels carry the router's version and the served model."));
+    label(b, s, "version", TANDEM_VERSION);
+    label(b, s, "model", r->cfg->model.name ? r->cfg->model.name : "");
+    set_int(s, 1);
+}
+
+int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsResponse **out)
+{
+    *out = NULL;
+    mb_t b = {malloc(sizeof *b.m), false};
+    if (!b.m)
+        return TDM_ERESOURCE;
+    tandem__v1__metrics_response__init(b.m);
+    render_requests(&b, r);
+    render_histograms(&b, r);
+    render_nodes(&b, r);
+    render_build_info(&b, r);
+    if (b.oom) {
+        protobuf_c_message_free_unpacked(&b.m->base, NULL);
+        return TDM_ERESOURCE;
+    }
+    *out = b.m;
+    return TDM_OK;
 }
 
 int tdm_router_metrics_text(const tdm_router_t *r, char **text, size_t *len)
@@ -362,38 +419,29 @@ int tdm_router_metrics_text(const tdm_router_t *r, char **text, size_t *len)
     *text = NULL;
     if (len)
         *len = 0;
-    sb_t b = {0};
-    if (!sb_reserve(&b, 16384))
+    Tandem__V1__MetricsResponse *m;
+    if (tdm_router_metrics_snapshot(r, &m) != TDM_OK)
         return TDM_ERESOURCE;
-    render_requests(&b, r);
-    render_histograms(&b, r);
-    render_nodes(&b, r);
-    family(&b, "tandem_build_info", "gauge",
-           "Always 1; the labels carry the router's version and the served model.");
-    sb_printf(&b, "tandem_build_info{version=\"");
-    sb_label_value(&b, TANDEM_VERSION);
-    sb_printf(&b, "\",model=\"");
-    sb_label_value(&b, r->cfg->model.name ? r->cfg->model.name : "");
-    sb_printf(&b, "\"} 1\n");
-    if (b.oom) {
-        free(b.p);
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc = tdm_proto_metrics_text(m, &b);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    size_t n = b.len;
+    *text = rc == TDM_OK ? tdm_buf_take(&b) : NULL;
+    tdm_buf_free(&b);
+    if (!*text)
         return TDM_ERESOURCE;
-    }
-    *text = b.p;
     if (len)
-        *len = b.len;
+        *len = n;
     return TDM_OK;
 }
 
 void rt_client_metrics(tdm_router_t *r, const tdm_frame_t *f)
 {
-    char *text = NULL;
-    if (tdm_router_metrics_text(r, &text, NULL) != TDM_OK) {
+    Tandem__V1__MetricsResponse *m;
+    if (tdm_router_metrics_snapshot(r, &m) != TDM_OK) {
         tdm_sock_reply_error(r->client, f, TDM_ERESOURCE, "router out of memory");
         return;
     }
-    Tandem__V1__MetricsResponse resp = TANDEM__V1__METRICS_RESPONSE__INIT;
-    resp.text = text;
-    tdm_sock_reply(r->client, f, &resp.base);
-    free(text);
+    tdm_sock_reply(r->client, f, &m->base);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
 }

@@ -10,6 +10,7 @@
  */
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,6 +263,27 @@ void rt_req_shutdown_all(tdm_router_t *r)
 
 /* ---- GENERATE ---- */
 
+/* What a refused GENERATE says beyond its message: the END's ErrorDetail body. */
+typedef struct refusal {
+    char field[64];          /* the GenerateRequest field at fault, as a path; "" = none */
+    uint32_t prompt_tokens;  /* too long for the context: the prompt's tokens */
+    uint32_t n_ctx;          /* ... the context length (0: not a length error) */
+    uint32_t max_tokens_fit; /* ... output tokens that would fit */
+} refusal_t;
+
+/* Names the field at fault in *why (printf-style path) and returns status, so that a check
+ * reads `return at_field(why, tdm_error_set(err, ...), "stop[%zu]", i)`. */
+static int at_field(refusal_t *why, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int at_field(refusal_t *why, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why->field, sizeof why->field, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
 /* Offset of the first byte that does not start a valid UTF-8 character, or -1. */
 static long utf8_invalid_at(const char *s, size_t n)
 {
@@ -297,6 +319,18 @@ static int id_check(const char *id, size_t id_wire_len, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* Reads a base-128 varint at b[*i..n) into *v. False when it runs past n or 64 bits. */
+static bool wire_varint(const uint8_t *b, size_t n, size_t *i, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; *i < n && shift < 64; shift += 7) {
+        *v |= (uint64_t)(b[*i] & 0x7f) << shift;
+        if (!(b[(*i)++] & 0x80))
+            return true;
+    }
+    return false;
+}
+
 /* Length on the wire of the last top-level length-delimited field `field` of the protobuf
  * message in b[n] (protobuf: the last occurrence wins), or 0 when absent or malformed. protobuf-c
  * hands strings over NUL-terminated, so an embedded NUL would silently shorten them: comparing
@@ -306,18 +340,10 @@ static size_t wire_field_len(const uint8_t *b, size_t n, uint32_t field)
 {
     size_t i = 0, found = 0;
     while (i < n) {
-        uint64_t v = 0;
-        for (int shift = 0; i < n && shift < 64; shift += 7) {
-            v |= (uint64_t)(b[i] & 0x7f) << shift;
-            if (!(b[i++] & 0x80))
-                goto have_key;
-        }
-        return found;
-    have_key:;
-        uint32_t type = (uint32_t)(v & 7);
-        uint64_t num = v >> 3;
-        uint64_t len = 0;
-        switch (type) {
+        uint64_t key, len;
+        if (!wire_varint(b, n, &i, &key))
+            return found;
+        switch (key & 7) {
         case 0: /* varint */
             while (i < n && (b[i] & 0x80))
                 i++;
@@ -326,16 +352,9 @@ static size_t wire_field_len(const uint8_t *b, size_t n, uint32_t field)
         case 1: i += 8; continue;
         case 5: i += 4; continue;
         case 2:
-            for (int shift = 0; i < n && shift < 64; shift += 7) {
-                len |= (uint64_t)(b[i] & 0x7f) << shift;
-                if (!(b[i++] & 0x80))
-                    goto have_len;
-            }
-            return found;
-        have_len:
-            if (len > n - i)
+            if (!wire_varint(b, n, &i, &len) || len > n - i)
                 return found;
-            if (num == field)
+            if (key >> 3 == field)
                 found = (size_t)len;
             i += (size_t)len;
             continue;
@@ -356,215 +375,392 @@ static uint64_t random_u64(void)
     return v;
 }
 
-/* Tokenizes the request's input into q->prompt. */
+/* Raw-text input -> *ids. */
+static int tokenize_prompt(tdm_router_t *r, const char *prompt, const rt_req_t *q,
+                           tdm_token_t **ids, size_t *n_ids, refusal_t *why, tdm_error_t *err)
+{
+    size_t len = strlen(prompt);
+    if (len == 0)
+        return at_field(why, tdm_error_set(err, TDM_EINVALID, "prompt is empty"), "prompt");
+    long bad = utf8_invalid_at(prompt, len);
+    if (bad >= 0)
+        return at_field(
+            why,
+            tdm_error_set(err, TDM_EINVALID, "prompt is not valid UTF-8 (byte offset %ld)", bad),
+            "prompt");
+    tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "prompt: %s", prompt);
+    tdm_prompt_input_t in = {.text = prompt, .text_len = len};
+    int rc = tdm_prompt_encode(r->tok, NULL, &in, ids, n_ids, NULL, err);
+    if (rc != TDM_OK)
+        return at_field(why, tdm_error_prefix(err, rc, "prompt: "), "prompt");
+    return TDM_OK;
+}
+
+/* Checks that every message's role and content is UTF-8 and points msgs[] at them. */
+static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs, refusal_t *why,
+                      tdm_error_t *err)
+{
+    for (size_t i = 0; i < chat->n_messages; i++) {
+        const Tandem__V1__ChatMessage *cm = chat->messages[i];
+        long bad = utf8_invalid_at(cm->content, strlen(cm->content));
+        if (bad >= 0)
+            return at_field(why,
+                            tdm_error_set(err, TDM_EINVALID,
+                                          "chat.messages[%zu].content is not valid UTF-8 (byte "
+                                          "offset %ld)",
+                                          i, bad),
+                            "chat.messages[%zu].content", i);
+        if (utf8_invalid_at(cm->role, strlen(cm->role)) >= 0)
+            return at_field(
+                why,
+                tdm_error_set(err, TDM_EINVALID, "chat.messages[%zu].role is not valid UTF-8", i),
+                "chat.messages[%zu].role", i);
+        msgs[i] = (tdm_chat_message_t){cm->role, cm->content};
+    }
+    return TDM_OK;
+}
+
+/* Chat input -> *ids, rendered with the router's template. */
+static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, const rt_req_t *q,
+                         tdm_token_t **ids, size_t *n_ids, refusal_t *why, tdm_error_t *err)
+{
+    size_t n = chat ? chat->n_messages : 0;
+    if (n == 0)
+        return at_field(why, tdm_error_set(err, TDM_EINVALID, "chat.messages is empty"),
+                        "chat.messages");
+    if (!r->have_template)
+        return at_field(why,
+                        tdm_error_set(err, TDM_EPRECONDITION,
+                                      "chat: the model has no chat template the router knows (%s)",
+                                      r->template_error),
+                        "chat");
+    tdm_chat_message_t *msgs = calloc(n, sizeof *msgs);
+    if (!msgs)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    char *text = NULL;
+    int rc = chat_check(chat, msgs, why, err);
+    if (rc == TDM_OK) {
+        tdm_prompt_input_t in = {.messages = msgs, .n_messages = n};
+        rc = tdm_prompt_encode(r->tok, &r->chat, &in, ids, n_ids, &text, err);
+        if (rc != TDM_OK)
+            at_field(why, tdm_error_prefix(err, rc, "chat.messages: "), "chat.messages");
+    }
+    free(msgs);
+    if (rc == TDM_OK)
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "chat prompt: %s", text);
+    free(text);
+    return rc;
+}
+
+/* Token-id input -> *ids (a copy; left NULL when it cannot fit the context, with *n_ids
+ * telling the length for the check after). */
+static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *tokens,
+                       tdm_token_t **ids, size_t *n_ids, refusal_t *why, tdm_error_t *err)
+{
+    size_t n = tokens ? tokens->n_ids : 0;
+    if (n == 0)
+        return at_field(why, tdm_error_set(err, TDM_EINVALID, "tokens.ids is empty"), "tokens.ids");
+    for (size_t i = 0; i < n; i++)
+        if (tokens->ids[i] < 0 || (uint32_t)tokens->ids[i] >= r->n_vocab)
+            return at_field(why,
+                            tdm_error_set(err, TDM_EINVALID,
+                                          "tokens.ids[%zu] = %" PRId32
+                                          " is out of the vocabulary (0..%" PRIu32 ")",
+                                          i, tokens->ids[i], r->n_vocab - 1),
+                            "tokens.ids[%zu]", i);
+    *n_ids = n;
+    if (n >= r->n_ctx)
+        return TDM_OK; /* the length check gives the message */
+    *ids = malloc(n * sizeof **ids);
+    if (!*ids)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    memcpy(*ids, tokens->ids, n * sizeof **ids);
+    return TDM_OK;
+}
+
+/* Tokenizes the request's input into q->prompt and checks that it leaves room in the
+ * context. */
 static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
-                          tdm_error_t *err)
+                          refusal_t *why, tdm_error_t *err)
 {
     tdm_token_t *ids = NULL;
     size_t n_ids = 0;
     int rc;
+    const char *field = "prompt";
     switch (g->input_case) {
-    case TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT: {
-        size_t len = strlen(g->prompt);
-        if (len == 0)
-            return tdm_error_set(err, TDM_EINVALID, "prompt is empty");
-        long bad = utf8_invalid_at(g->prompt, len);
-        if (bad >= 0)
-            return tdm_error_set(err, TDM_EINVALID, "prompt is not valid UTF-8 (byte offset %ld)",
-                                 bad);
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "prompt: %s", g->prompt);
-        tdm_prompt_input_t in = {.text = g->prompt, .text_len = len};
-        rc = tdm_prompt_encode(r->tok, NULL, &in, &ids, &n_ids, NULL, err);
-        if (rc != TDM_OK)
-            return tdm_error_prefix(err, rc, "prompt: ");
+    case TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT:
+        rc = tokenize_prompt(r, g->prompt, q, &ids, &n_ids, why, err);
         break;
-    }
-    case TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT: {
-        size_t n = g->chat ? g->chat->n_messages : 0;
-        if (n == 0)
-            return tdm_error_set(err, TDM_EINVALID, "chat.messages is empty");
-        if (!r->have_template)
-            return tdm_error_set(err, TDM_EPRECONDITION,
-                                 "chat: the model has no chat template the router knows (%s)",
-                                 r->template_error);
-        tdm_chat_message_t *msgs = calloc(n, sizeof *msgs);
-        if (!msgs)
-            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        rc = TDM_OK;
-        for (size_t i = 0; i < n && rc == TDM_OK; i++) {
-            const Tandem__V1__ChatMessage *cm = g->chat->messages[i];
-            long bad = utf8_invalid_at(cm->content, strlen(cm->content));
-            if (bad >= 0)
-                rc = tdm_error_set(err, TDM_EINVALID,
-                                   "chat.messages[%zu].content is not valid UTF-8 (byte offset "
-                                   "%ld)",
-                                   i, bad);
-            else if (utf8_invalid_at(cm->role, strlen(cm->role)) >= 0)
-                rc = tdm_error_set(err, TDM_EINVALID, "chat.messages[%zu].role is not valid UTF-8",
-                                   i);
-            msgs[i] = (tdm_chat_message_t){cm->role, cm->content};
-        }
-        char *text = NULL;
-        if (rc == TDM_OK) {
-            tdm_prompt_input_t in = {.messages = msgs, .n_messages = n};
-            rc = tdm_prompt_encode(r->tok, &r->chat, &in, &ids, &n_ids, &text, err);
-            if (rc != TDM_OK)
-                tdm_error_prefix(err, rc, "chat.messages: ");
-        }
-        free(msgs);
-        if (rc != TDM_OK)
-            return rc;
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "chat prompt: %s", text);
-        free(text);
+    case TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT:
+        rc = tokenize_chat(r, g->chat, q, &ids, &n_ids, why, err);
+        field = "chat.messages";
         break;
-    }
-    case TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS: {
-        size_t n = g->tokens ? g->tokens->n_ids : 0;
-        if (n == 0)
-            return tdm_error_set(err, TDM_EINVALID, "tokens.ids is empty");
-        for (size_t i = 0; i < n; i++)
-            if (g->tokens->ids[i] < 0 || (uint32_t)g->tokens->ids[i] >= r->n_vocab)
-                return tdm_error_set(err, TDM_EINVALID,
-                                     "tokens.ids[%zu] = %" PRId32
-                                     " is out of the vocabulary (0..%" PRIu32 ")",
-                                     i, g->tokens->ids[i], r->n_vocab - 1);
-        if (n >= r->n_ctx)
-            break; /* the length check below gives the message */
-        ids = malloc(n * sizeof *ids);
-        if (!ids)
-            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        memcpy(ids, g->tokens->ids, n * sizeof *ids);
-        n_ids = n;
+    case TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS:
+        rc = tokens_copy(r, g->tokens, &ids, &n_ids, why, err);
+        field = "tokens.ids";
         break;
-    }
     default:
         return tdm_error_set(err, TDM_EINVALID,
                              "input: the request has none; set prompt, chat or tokens");
     }
-    if (g->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS && !ids)
-        n_ids = g->tokens->n_ids;
+    if (rc != TDM_OK)
+        return rc;
     if (n_ids == 0) {
         free(ids);
-        return tdm_error_set(err, TDM_EINVALID, "prompt: the input has no tokens");
+        return at_field(why, tdm_error_set(err, TDM_EINVALID, "prompt: the input has no tokens"),
+                        "%s", field);
     }
     if (n_ids >= r->n_ctx) {
         free(ids);
-        return tdm_error_set(err, TDM_EINVALID,
-                             "prompt has %zu tokens; the context is %" PRIu32
-                             " tokens (prompt + max_tokens must fit)",
-                             n_ids, r->n_ctx);
+        why->prompt_tokens = n_ids > UINT32_MAX ? UINT32_MAX : (uint32_t)n_ids;
+        why->n_ctx = r->n_ctx;
+        why->max_tokens_fit = 0;
+        return at_field(why,
+                        tdm_error_set(err, TDM_EINVALID,
+                                      "prompt has %zu tokens; the context is %" PRIu32
+                                      " tokens (prompt + max_tokens must fit)",
+                                      n_ids, r->n_ctx),
+                        "%s", field);
     }
     q->prompt = ids;
     q->n_prompt = (uint32_t)n_ids;
     return TDM_OK;
 }
 
-/* Validates g and fills q. Returns 0 or the status with *err naming the field. */
-static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, size_t id_wire_len,
-                         rt_req_t *q, tdm_error_t *err)
+/* q->id: the client's (checked, not in flight for this peer) or a new one. */
+static int request_id_assign(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
+                             size_t id_wire_len, rt_req_t *q, refusal_t *why, tdm_error_t *err)
 {
-    const tdm_config_t *cfg = r->cfg;
-    if (id_wire_len > 0) { /* set (an empty id means: the router makes one) */
-        int rc = id_check(g->request_id, id_wire_len, err);
-        if (rc != TDM_OK)
-            return rc;
-        if (find_for_peer(r, g->request_id, q->peer, q->peer_len))
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "request_id '%s' is already in flight; use a new id",
-                                 g->request_id);
-        snprintf(q->id, sizeof q->id, "%s", g->request_id);
-    } else {
+    if (id_wire_len == 0) { /* unset or empty: the router makes one */
         do
             snprintf(q->id, sizeof q->id, "req-%016" PRIx64, random_u64());
         while (rt_req_find(r, q->id));
+        return TDM_OK;
     }
-    const char *served = cfg->model.name ? cfg->model.name : "";
-    if (g->model[0] && strcmp(g->model, served) != 0)
-        return tdm_error_set(err, TDM_ENOTFOUND,
-                             "model '%s' is not served here; this router serves '%s'", g->model,
-                             served);
-    if (g->max_tokens < 1)
-        return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %" PRId32,
-                             g->max_tokens);
+    int rc = id_check(g->request_id, id_wire_len, err);
+    if (rc != TDM_OK)
+        return at_field(why, rc, "request_id");
+    if (find_for_peer(r, g->request_id, q->peer, q->peer_len))
+        return at_field(why,
+                        tdm_error_set(err, TDM_EINVALID,
+                                      "request_id '%s' is already in flight; use a new id",
+                                      g->request_id),
+                        "request_id");
+    snprintf(q->id, sizeof q->id, "%s", g->request_id);
+    return TDM_OK;
+}
+
+/* Checks the stop strings and copies them into q. */
+static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, refusal_t *why,
+                     tdm_error_t *err)
+{
     if (g->n_stop > TDM_MAX_STOP_STRINGS)
-        return tdm_error_set(err, TDM_EINVALID, "stop: %zu strings given, at most %u allowed",
-                             g->n_stop, TDM_MAX_STOP_STRINGS);
+        return at_field(why,
+                        tdm_error_set(err, TDM_EINVALID,
+                                      "stop: %zu strings given, at most %u allowed", g->n_stop,
+                                      TDM_MAX_STOP_STRINGS),
+                        "stop");
     for (size_t i = 0; i < g->n_stop; i++) {
         size_t len = strlen(g->stop[i]);
-        if (len == 0)
-            return tdm_error_set(err, TDM_EINVALID, "stop[%zu] is empty", i);
-        if (len > TDM_MAX_STOP_STRING_BYTES)
-            return tdm_error_set(err, TDM_EINVALID, "stop[%zu] is %zu bytes long, at most %u", i,
-                                 len, TDM_MAX_STOP_STRING_BYTES);
         long bad = utf8_invalid_at(g->stop[i], len);
-        if (bad >= 0)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "stop[%zu] is not valid UTF-8 (byte offset %ld)", i, bad);
+        if (len == 0)
+            tdm_error_set(err, TDM_EINVALID, "stop[%zu] is empty", i);
+        else if (len > TDM_MAX_STOP_STRING_BYTES)
+            tdm_error_set(err, TDM_EINVALID, "stop[%zu] is %zu bytes long, at most %u", i, len,
+                          TDM_MAX_STOP_STRING_BYTES);
+        else if (bad >= 0)
+            tdm_error_set(err, TDM_EINVALID, "stop[%zu] is not valid UTF-8 (byte offset %ld)", i,
+                          bad);
+        else
+            continue;
+        return at_field(why, TDM_EINVALID, "stop[%zu]", i);
     }
-    if (g->n_stop) {
-        q->stop = calloc(g->n_stop, sizeof *q->stop);
-        if (!q->stop)
+    if (g->n_stop == 0)
+        return TDM_OK;
+    q->stop = calloc(g->n_stop, sizeof *q->stop);
+    if (!q->stop)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    for (size_t i = 0; i < g->n_stop; i++) {
+        if (!(q->stop[i] = tdm_strdup(g->stop[i])))
             return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        for (size_t i = 0; i < g->n_stop; i++) {
-            if (!(q->stop[i] = tdm_strdup(g->stop[i])))
-                return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-            q->n_stop = i + 1;
-        }
+        q->n_stop = i + 1;
     }
+    return TDM_OK;
+}
+
+/* The sampling field tdm_sampling_params_validate refuses in p: each field is tried alone on
+ * the defaults (which are valid), so the one validator decides. "" when none alone fails. */
+static const char *sampling_bad_field(const tdm_sampling_params_t *p, uint32_t n_vocab)
+{
+#define SP_FIELD(name)                                                                             \
+    {                                                                                              \
+#name, offsetof(tdm_sampling_params_t, name), sizeof p->name                               \
+    }
+    static const struct {
+        const char *name;
+        size_t off, size;
+    } fields[] = {
+        SP_FIELD(temperature),
+        SP_FIELD(top_k),
+        SP_FIELD(top_p),
+        SP_FIELD(min_p),
+        SP_FIELD(repetition_penalty),
+        SP_FIELD(presence_penalty),
+        SP_FIELD(frequency_penalty),
+        SP_FIELD(penalty_last_n),
+        SP_FIELD(n_stop_token_ids),
+        SP_FIELD(stop_token_ids),
+        SP_FIELD(n_logprobs),
+    };
+#undef SP_FIELD
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        tdm_sampling_params_t one;
+        tdm_sampling_params_default(&one);
+        memcpy((char *)&one + fields[i].off, (const char *)p + fields[i].off, fields[i].size);
+        if (fields[i].off == offsetof(tdm_sampling_params_t, stop_token_ids))
+            one.n_stop_token_ids = p->n_stop_token_ids; /* the ids in use */
+        if (tdm_sampling_params_validate(&one, n_vocab, NULL) != TDM_OK)
+            return fields[i].name;
+    }
+    return "";
+}
+
+/* q->sp from the request's sampling fields over Tandem's defaults; a seed drawn when the
+ * client gave none. */
+static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
+                          refusal_t *why, tdm_error_t *err)
+{
     tdm_sampling_params_default(&q->sp);
     bool seeded = false;
     if (g->sampling) {
         int rc = tdm_proto_sampling_from(g->sampling, &q->sp, err);
         if (rc != TDM_OK)
-            return rc;
+            return at_field(why, rc, "sampling.stop_token_ids");
         seeded = g->sampling->has_seed || (g->sampling->set_mask & TDM_PROTO_SET_SEED);
     }
     if (!seeded)
         q->sp.seed = random_u64();
-    q->sp.max_tokens = g->max_tokens; /* checked against the context below */
+    q->sp.max_tokens = 1; /* decided after tokenization (max_tokens_decide) */
     int rc = tdm_sampling_params_validate(&q->sp, r->n_vocab, err);
-    if (rc != TDM_OK)
-        return tdm_error_prefix(err, rc, "sampling: ");
-    rc = tokenize_input(r, g, q, err);
+    if (rc != TDM_OK) {
+        const char *name = sampling_bad_field(&q->sp, r->n_vocab);
+        return at_field(why, tdm_error_prefix(err, rc, "sampling: "), "%s%s",
+                        name[0] ? "sampling." : "sampling", name);
+    }
+    return TDM_OK;
+}
+
+/* q->sp.max_tokens from the request's max_tokens, which must fit the context the prompt
+ * leaves; unset (0): what fits, at most TDM_ROUTER_MAX_TOKENS_DEFAULT. */
+static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
+                             rt_req_t *q, refusal_t *why, tdm_error_t *err)
+{
+    uint32_t room = r->n_ctx - q->n_prompt; /* > 0: tokenize_input checked */
+    if (g->max_tokens == 0) {
+        q->sp.max_tokens =
+            (int32_t)(room < TDM_ROUTER_MAX_TOKENS_DEFAULT ? room : TDM_ROUTER_MAX_TOKENS_DEFAULT);
+        return TDM_OK;
+    }
+    if ((uint32_t)g->max_tokens > room) {
+        why->prompt_tokens = q->n_prompt;
+        why->n_ctx = r->n_ctx;
+        why->max_tokens_fit = room;
+        return at_field(
+            why,
+            tdm_error_set(err, TDM_EINVALID,
+                          "max_tokens: prompt (%" PRIu32 " tokens) + max_tokens (%" PRId32
+                          ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
+                          " tokens can be generated for this prompt",
+                          q->n_prompt, g->max_tokens, r->n_ctx, room),
+            "max_tokens");
+    }
+    q->sp.max_tokens = g->max_tokens;
+    return TDM_OK;
+}
+
+/* Validates g and fills q. Returns 0 or the status with *err saying why and *why naming the
+ * field. */
+static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, size_t id_wire_len,
+                         rt_req_t *q, refusal_t *why, tdm_error_t *err)
+{
+    int rc = request_id_assign(r, g, id_wire_len, q, why, err);
     if (rc != TDM_OK)
         return rc;
-    uint32_t room = r->n_ctx - q->n_prompt;
-    if ((uint32_t)g->max_tokens > room) {
-        return tdm_error_set(err, TDM_EINVALID,
-                             "max_tokens: prompt (%" PRIu32 " tokens) + max_tokens (%" PRId32
-                             ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
-                             " tokens can be generated for this "
-                             "prompt",
-                             q->n_prompt, g->max_tokens, r->n_ctx, room);
-    } else {
-        q->sp.max_tokens = g->max_tokens;
-    }
+    const char *served = r->cfg->model.name ? r->cfg->model.name : "";
+    if (g->model[0] && strcmp(g->model, served) != 0)
+        return at_field(why,
+                        tdm_error_set(err, TDM_ENOTFOUND,
+                                      "model '%s' is not served here; this router serves '%s'",
+                                      g->model, served),
+                        "model");
+    if (g->max_tokens < 0)
+        return at_field(why,
+                        tdm_error_set(err, TDM_EINVALID,
+                                      "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
+                                      g->max_tokens),
+                        "max_tokens");
+    if ((rc = stop_copy(g, q, why, err)) != TDM_OK ||
+        (rc = sampling_build(r, g, q, why, err)) != TDM_OK ||
+        (rc = tokenize_input(r, g, q, why, err)) != TDM_OK ||
+        (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK)
+        return rc;
     q->stream = g->stream;
     q->include_stop_str = g->include_stop_str;
     q->echo = g->echo_token_text;
     return TDM_OK;
 }
 
-void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
+/* Ends a refused GENERATE call: counted, logged (id: the request's, NULL when it has none
+ * yet), END with status and message and, when why names something, its ErrorDetail. */
+static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const char *id, int status,
+                          const refusal_t *why, const char *msg)
 {
-    r->metrics.requests_total++;
-    double now = tdm_time_now();
-    uint64_t now_ms = tdm_net_now_ms();
-    if (tdm_frame_expired(f, now_ms)) {
-        rt_count_end(r, TDM_EDEADLINE, -1);
-        tdm_sock_reply_error(r->client, f, TDM_EDEADLINE,
-                             "the request's deadline had passed when it arrived");
-        return;
+    char kv[96];
+    snprintf(kv, sizeof kv, "status=%s", tdm_status_name(status));
+    tdm_log_write(&r->log, TDM_LOG_INFO, id, kv, "request refused: %s", msg);
+    rt_count_end(r, status, -1);
+    Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
+    if (why) {
+        d.field = (char *)why->field;
+        d.prompt_tokens = why->prompt_tokens;
+        d.n_ctx = why->n_ctx;
+        d.max_tokens_fit = why->max_tokens_fit;
     }
-    Tandem__V1__GenerateRequest *g = (Tandem__V1__GenerateRequest *)tdm_frame_unpack(
-        f, &tandem__v1__generate_request__descriptor);
-    if (!g) {
-        rt_count_end(r, TDM_EINVALID, -1);
-        tdm_sock_reply_error(r->client, f, TDM_EINVALID,
-                             "the body does not decode as a GenerateRequest");
+    tdm_send_t m = {
+        .peer = f->peer,
+        .peer_len = f->peer_len,
+        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END,
+        .method = f->method,
+        .call_id = f->call_id,
+        .status = status,
+        .message = msg,
+        .body = why && (why->field[0] || why->n_ctx) ? &d.base : NULL,
+    };
+    if (tdm_sock_send(r->client, &m) != TDM_OK)
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL, "the refusal was not sent: %s",
+                      tdm_sock_errmsg(r->client));
+}
+
+/* Frees a request that never entered the table. NULL-safe. */
+static void req_discard(rt_req_t *q)
+{
+    if (!q)
         return;
-    }
+    free(q->prompt);
+    for (size_t i = 0; i < q->n_stop; i++)
+        free(q->stop[i]);
+    free(q->stop);
+    free(q->tried);
+    free(q);
+}
+
+/* A new request for the call f from its decoded body g, validated; NULL after the refusal
+ * has been sent. */
+static rt_req_t *req_from_call(tdm_router_t *r, const tdm_frame_t *f,
+                               const Tandem__V1__GenerateRequest *g, double now, uint64_t now_ms)
+{
     tdm_error_t err = {0};
+    refusal_t why = {0};
     rt_req_t *q = calloc(1, sizeof *q);
     int rc = q ? TDM_OK : tdm_error_set(&err, TDM_ERESOURCE, "out of memory");
     if (q) {
@@ -577,48 +773,22 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
                              : now_ms + (uint64_t)(r->cfg->router.request_timeout_s * 1000.0 + 0.5);
         tdm_detok_init(&q->detok, r->tok, false);
         size_t id_wire_len = wire_field_len(f->body, f->body ? f->body_len : 0, 1);
-        rc = build_request(r, g, id_wire_len, q, &err);
+        rc = build_request(r, g, id_wire_len, q, &why, &err);
     }
     if (rc == TDM_OK && !(q->tried = calloc(r->n_nodes ? r->n_nodes : 1, sizeof *q->tried)))
         rc = tdm_error_set(&err, TDM_ERESOURCE, "out of memory");
-    protobuf_c_message_free_unpacked(&g->base, NULL);
-    if (rc != TDM_OK) {
-        char kv[96];
-        snprintf(kv, sizeof kv, "status=%s", tdm_status_name(rc));
-        tdm_log_write(&r->log, TDM_LOG_INFO, q && q->id[0] ? q->id : NULL, kv,
-                      "request refused: %s", err.msg);
-        rt_count_end(r, rc, -1);
-        tdm_sock_reply_error(r->client, f, rc, "%s", err.msg);
-        if (q) {
-            free(q->prompt);
-            for (size_t i = 0; i < q->n_stop; i++)
-                free(q->stop[i]);
-            free(q->stop);
-            free(q->tried);
-            free(q);
-        }
-        return;
-    }
-    if (!hash_insert(r, q)) {
-        rt_count_end(r, TDM_ERESOURCE, -1);
-        tdm_sock_reply_error(r->client, f, TDM_ERESOURCE, "router out of memory");
-        free(q->prompt);
-        for (size_t i = 0; i < q->n_stop; i++)
-            free(q->stop[i]);
-        free(q->stop);
-        free(q->tried);
-        free(q);
-        return;
-    }
-    q->chunk.index = 0;
-    r->metrics.prompt_tokens += q->n_prompt;
-    char kv[200];
-    snprintf(kv, sizeof kv,
-             "prompt_tokens=%" PRIu32 " max_tokens=%" PRId32 " stream=%s stop_strings=%zu",
-             q->n_prompt, q->sp.max_tokens, q->stream ? "true" : "false", q->n_stop);
-    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request accepted");
-    /* FIFO: behind requests already waiting */
-    rc = rt_queue_first(r) ? 1 : rt_dispatch(r, q);
+    if (rc == TDM_OK)
+        return q;
+    reply_refused(r, f, q && q->id[0] ? q->id : NULL, rc, &why, err.msg);
+    req_discard(q);
+    return NULL;
+}
+
+/* Hands an accepted request to a decode node, or queues it (FIFO: behind requests already
+ * waiting). */
+static void req_admit(tdm_router_t *r, rt_req_t *q)
+{
+    int rc = rt_queue_first(r) ? 1 : rt_dispatch(r, q);
     if (rc == 1) {
         if (r->n_queued >= (size_t)r->cfg->router.max_queue) {
             r->metrics.queue_full++;
@@ -633,4 +803,40 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     } else if (rc < 0) {
         rt_req_fail(r, q, rc, false, "%s", r->err.msg);
     }
+}
+
+void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
+{
+    r->metrics.requests_total++;
+    double now = tdm_time_now();
+    uint64_t now_ms = tdm_net_now_ms();
+    if (tdm_frame_expired(f, now_ms)) {
+        reply_refused(r, f, NULL, TDM_EDEADLINE, NULL,
+                      "the request's deadline had passed when it arrived");
+        return;
+    }
+    Tandem__V1__GenerateRequest *g = (Tandem__V1__GenerateRequest *)tdm_frame_unpack(
+        f, &tandem__v1__generate_request__descriptor);
+    if (!g) {
+        reply_refused(r, f, NULL, TDM_EINVALID, NULL,
+                      "the body does not decode as a GenerateRequest");
+        return;
+    }
+    rt_req_t *q = req_from_call(r, f, g, now, now_ms);
+    protobuf_c_message_free_unpacked(&g->base, NULL);
+    if (!q)
+        return;
+    if (!hash_insert(r, q)) {
+        reply_refused(r, f, q->id, TDM_ERESOURCE, NULL, "router out of memory");
+        req_discard(q);
+        return;
+    }
+    q->chunk.index = 0;
+    r->metrics.prompt_tokens += q->n_prompt;
+    char kv[200];
+    snprintf(kv, sizeof kv,
+             "prompt_tokens=%" PRIu32 " max_tokens=%" PRId32 " stream=%s stop_strings=%zu",
+             q->n_prompt, q->sp.max_tokens, q->stream ? "true" : "false", q->n_stop);
+    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request accepted");
+    req_admit(r, q);
 }

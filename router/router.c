@@ -124,6 +124,12 @@ static int bind_sockets(tdm_router_t *r, const char *secret, tdm_error_t *err)
                                 "node endpoint %s: ", cfg->router.node_endpoint);
     snprintf(r->client_ep, sizeof r->client_ep, "%s", tdm_sock_endpoint(r->client));
     snprintf(r->node_ep, sizeof r->node_ep, "%s", tdm_sock_endpoint(r->nodesock));
+    /* the in-process HTTP gateway's way in: the same socket, named by this instance */
+    snprintf(r->inproc_ep, sizeof r->inproc_ep, "inproc://tandem-router-%016" PRIx64,
+             r->instance_id);
+    if (zmq_bind(tdm_sock_zsock(r->client), r->inproc_ep) != 0)
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "client endpoint %s: %s", r->inproc_ep,
+                             zmq_strerror(zmq_errno()));
     return TDM_OK;
 }
 
@@ -521,6 +527,10 @@ int tdm_router_run(tdm_router_t *r, volatile sig_atomic_t *stop)
 const char *tdm_router_client_endpoint(const tdm_router_t *r)
 {
     return r->client_ep;
+}
+const char *tdm_router_inproc_endpoint(const tdm_router_t *r)
+{
+    return r->inproc_ep;
 }
 const char *tdm_router_node_endpoint(const tdm_router_t *r)
 {

@@ -29,6 +29,9 @@
 extern "C" {
 #endif
 
+/* A GENERATE without max_tokens (0) gets what the context leaves after its prompt, at most
+ * this many tokens (the OpenAI chat default of vLLM-like servers: answers end by EOS first). */
+#define TDM_ROUTER_MAX_TOKENS_DEFAULT 1024u
 /* Times a request is dispatched again after a retryable TaskFailed or a prefill node loss. */
 #define TDM_ROUTER_MAX_REDISPATCH 3
 /* Leading full blocks of a prompt that make the prefix_aware routing key (see router.c). */
@@ -130,6 +133,9 @@ void tdm_router_shutdown(tdm_router_t *r);
 
 /* The endpoints actually bound ("tcp://127.0.0.1:41234"); owned by the router. */
 const char *tdm_router_client_endpoint(const tdm_router_t *r);
+/* The client socket's in-process endpoint ("inproc://tandem-router-<instance>"), bound too so
+ * that a client in this process on the router's tdm_net_t (the HTTP gateway) needs no TCP. */
+const char *tdm_router_inproc_endpoint(const tdm_router_t *r);
 const char *tdm_router_node_endpoint(const tdm_router_t *r);
 
 /* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard

@@ -176,6 +176,7 @@ struct tdm_router {
     tdm_error_t err; /* also the message of a failed dispatch (scheduler.c) */
     tdm_sock_t *client, *nodesock;
     char client_ep[256], node_ep[256];
+    char inproc_ep[64];   /* the client socket's second endpoint, for the in-process gateway */
     uint64_t instance_id; /* this router's instance: random per start, never 0 */
     double next_timers;
     bool shut;

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,7 @@ typedef struct client_call {
     double t_last;    /* last chunk with a token */
     tdm_client_chunk_fn on_chunk;
     tdm_client_done_fn on_done;
+    tdm_client_unary_fn on_unary; /* async unary calls */
     void *user;
     tdm_client_result_t result;                  /* status and message for unary calls too */
     size_t text_cap;                             /* bytes allocated for result.text */
@@ -69,6 +71,7 @@ struct tdm_client {
     double last_cancel_t; /* when the last CANCEL was sent (monotonic); 0 = never */
     tdm_frame_t frame;    /* receive buffer */
     tdm_error_t err;
+    char err_field[64]; /* the request field the last refused start named; "" if none */
 };
 
 /* ---- small helpers ---- */
@@ -131,6 +134,11 @@ void tdm_client_result_clear(tdm_client_result_t *r)
 const char *tdm_client_errmsg(const tdm_client_t *c)
 {
     return c->err.msg;
+}
+
+const char *tdm_client_errfield(const tdm_client_t *c)
+{
+    return c->err_field;
 }
 
 const char *tdm_client_endpoint(const tdm_client_t *c)
@@ -326,7 +334,10 @@ static void end_call(tdm_client_t *c, client_call_t *call, int status, const cha
         return;
     }
     c->depth++;
-    call->on_done(call->user, r);
+    if (call->on_unary)
+        call->on_unary(call->user, r->status, r->message, &call->resp);
+    else
+        call->on_done(call->user, r);
     c->depth--;
     call_free(call);
 }
@@ -428,45 +439,68 @@ static int call_send(tdm_client_t *c, client_call_t *call, const ProtobufCMessag
     return TDM_OK;
 }
 
-/* Checks what this library can check of a request; the router checks the rest. */
-static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
+/* Sets c->err to TDM_EINVALID with the message and c->err_field to the request field at fault
+ * (a GenerateRequest path, as ErrorDetail.field). Returns TDM_EINVALID. */
+static int bad_request(tdm_client_t *c, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bad_request(tdm_client_t *c, const char *field, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[TDM_ERRMSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(c->err_field, sizeof c->err_field, "%s", field);
+    return tdm_error_set(&c->err, TDM_EINVALID, "%s", msg);
+}
+
+/* Checks the input of a request: exactly one of prompt, messages and token_ids. */
+static int input_check(tdm_client_t *c, const tdm_client_request_t *req)
 {
     int inputs = (req->prompt != NULL) + (req->n_messages > 0) + (req->n_token_ids > 0);
     if (inputs != 1)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: give exactly one of prompt, messages and token_ids "
-                             "(%d given)",
-                             inputs);
+        return bad_request(c, "",
+                           "request: give exactly one of prompt, messages and token_ids (%d given)",
+                           inputs);
     if (req->n_messages > 0 && !req->messages)
-        return tdm_error_set(&c->err, TDM_EINVALID, "request: messages is NULL");
+        return bad_request(c, "chat.messages", "request: messages is NULL");
     for (size_t i = 0; i < req->n_messages; i++)
         if (!req->messages[i].role || !req->messages[i].content)
-            return tdm_error_set(&c->err, TDM_EINVALID,
-                                 "request: messages[%zu] has a NULL role or content", i);
+            return bad_request(c, "chat.messages",
+                               "request: messages[%zu] has a NULL role or content", i);
     if (req->n_token_ids > 0 && !req->token_ids)
-        return tdm_error_set(&c->err, TDM_EINVALID, "request: token_ids is NULL");
+        return bad_request(c, "tokens.ids", "request: token_ids is NULL");
+    return TDM_OK;
+}
+
+/* Checks what this library can check of a request; the router checks the rest. */
+static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
+{
+    int rc = input_check(c, req);
+    if (rc != TDM_OK)
+        return rc;
     if (req->max_tokens < 0)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: max_tokens must be >= 0 (0 = the router's default), "
-                             "got %d",
-                             (int)req->max_tokens);
+        return bad_request(c, "max_tokens",
+                           "request: max_tokens must be >= 0 (0 = what the context leaves), got %d",
+                           (int)req->max_tokens);
     if (req->n_stop > TDM_MAX_STOP_STRINGS)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: %zu stop strings given, at most %d allowed", req->n_stop,
-                             TDM_MAX_STOP_STRINGS);
+        return bad_request(c, "stop", "request: %zu stop strings given, at most %d allowed",
+                           req->n_stop, TDM_MAX_STOP_STRINGS);
     for (size_t i = 0; i < req->n_stop; i++) {
         size_t len = req->stop[i] ? strlen(req->stop[i]) : 0;
-        if (len < 1 || len > TDM_MAX_STOP_STRING_BYTES)
-            return tdm_error_set(&c->err, TDM_EINVALID,
-                                 "request: stop[%zu] must have 1..%d bytes, got %zu", i,
-                                 TDM_MAX_STOP_STRING_BYTES, len);
+        if (len < 1 || len > TDM_MAX_STOP_STRING_BYTES) {
+            char field[32];
+            snprintf(field, sizeof field, "stop[%zu]", i);
+            return bad_request(c, field, "request: stop[%zu] must have 1..%d bytes, got %zu", i,
+                               TDM_MAX_STOP_STRING_BYTES, len);
+        }
     }
     if (req->sampling.n_stop_token_ids > TDM_SAMPLING_MAX_STOP)
-        return tdm_error_set(&c->err, TDM_EINVALID,
-                             "request: sampling.n_stop_token_ids is %u, at most %d allowed",
-                             (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
+        return bad_request(c, "sampling.stop_token_ids",
+                           "request: sampling.n_stop_token_ids is %u, at most %d allowed",
+                           (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
     if (isnan(req->timeout_s))
-        return tdm_error_set(&c->err, TDM_EINVALID, "request: timeout_s is NaN");
+        return bad_request(c, "", "request: timeout_s is NaN");
     return TDM_OK;
 }
 
@@ -535,6 +569,7 @@ static int generate_start(tdm_client_t *c, const tdm_client_request_t *req,
                           bool sync, client_call_t **out)
 {
     tdm_error_clear(&c->err);
+    c->err_field[0] = '\0';
     int rc = request_check(c, req);
     if (rc != TDM_OK)
         return rc;
@@ -613,72 +648,67 @@ static int result_append(client_call_t *call, const Tandem__V1__GenerateChunk *m
     return TDM_OK;
 }
 
-/* Records a GenerateChunk into the call and runs on_chunk. Returns 0 to go on, 1 when the
- * callback asked to cancel, or a negative status (the call must end with it). */
-static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__GenerateChunk *m)
+/* Takes the final fields (finish reason, usage, timings, stop reason) of the last chunk m into
+ * the call's result. TDM_ERESOURCE on out of memory. */
+static int result_final(tdm_client_result_t *r, const Tandem__V1__GenerateChunk *m)
 {
-    tdm_client_result_t *r = &call->result;
-    const char *text = str_or_empty(m->text);
-    size_t text_len = strlen(text);
-    if (result_append(call, m, text_len) != TDM_OK)
-        return TDM_ERESOURCE;
-    r->n_chunks++;
-    if (m->n_token_ids > 0 || text_len > 0) {
-        double now = tdm_time_now();
-        if (call->t_first == 0)
-            call->t_first = now;
-        call->t_last = now;
+    r->finish_reason = finish_from_proto(m->finish_reason);
+    if (m->usage) {
+        r->usage.prompt_tokens = m->usage->prompt_tokens;
+        r->usage.completion_tokens = m->usage->completion_tokens;
+        r->usage.cached_prompt_tokens = m->usage->cached_prompt_tokens;
     }
-    if (m->request_id && m->request_id[0] && (!r->request_id || !r->request_id[0])) {
-        free(r->request_id);
-        r->request_id = tdm_strdup(m->request_id);
-        if (!r->request_id)
-            return TDM_ERESOURCE;
-    }
-    bool last = m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
-    if (last) {
-        r->finish_reason = finish_from_proto(m->finish_reason);
-        if (m->usage) {
-            r->usage.prompt_tokens = m->usage->prompt_tokens;
-            r->usage.completion_tokens = m->usage->completion_tokens;
-            r->usage.cached_prompt_tokens = m->usage->cached_prompt_tokens;
-        }
-        if (m->timings)
-            timings_from_proto(m->timings, &r->timings);
-        free(r->stop_reason);
-        r->stop_reason = tdm_strdup(str_or_empty(m->stop_reason));
-        if (!r->stop_reason)
-            return TDM_ERESOURCE;
-    }
-    if (!call->on_chunk)
-        return 0;
+    if (m->timings)
+        timings_from_proto(m->timings, &r->timings);
+    free(r->stop_reason);
+    r->stop_reason = tdm_strdup(str_or_empty(m->stop_reason));
+    return r->stop_reason ? TDM_OK : TDM_ERESOURCE;
+}
 
-    /* top logprobs: the message holds arrays of pointers; the callback gets arrays of structs */
-    tdm_client_token_top_t *tops = NULL;
-    tdm_client_top_logprob_t *entries = NULL;
-    if (m->n_top_logprobs > 0) {
-        size_t n_entries = 0;
-        for (size_t i = 0; i < m->n_top_logprobs; i++)
-            n_entries += m->top_logprobs[i] ? m->top_logprobs[i]->n_entries : 0;
-        tops = calloc(m->n_top_logprobs, sizeof *tops);
-        entries = calloc(n_entries ? n_entries : 1, sizeof *entries);
-        if (!tops || !entries) {
-            free(tops);
-            free(entries);
-            return TDM_ERESOURCE;
-        }
-        size_t k = 0;
-        for (size_t i = 0; i < m->n_top_logprobs; i++) {
-            const Tandem__V1__TopLogprobs *tl = m->top_logprobs[i];
-            tops[i].entries = entries + k;
-            tops[i].n_entries = tl ? tl->n_entries : 0;
-            for (size_t j = 0; tl && j < tl->n_entries; j++, k++) {
-                entries[k].token_id = tl->entries[j]->token_id;
-                entries[k].logprob = tl->entries[j]->logprob;
-                entries[k].text = str_or_empty(tl->entries[j]->text);
-            }
+/* The message's top logprobs (arrays of pointers) as the callback's arrays of structs: *tops
+ * [m->n_top_logprobs] pointing into *entries; both NULL when there are none. The caller frees
+ * both. TDM_ERESOURCE on out of memory. */
+static int tops_from_proto(const Tandem__V1__GenerateChunk *m, tdm_client_token_top_t **tops,
+                           tdm_client_top_logprob_t **entries)
+{
+    *tops = NULL;
+    *entries = NULL;
+    if (m->n_top_logprobs == 0)
+        return TDM_OK;
+    size_t n_entries = 0;
+    for (size_t i = 0; i < m->n_top_logprobs; i++)
+        n_entries += m->top_logprobs[i] ? m->top_logprobs[i]->n_entries : 0;
+    *tops = calloc(m->n_top_logprobs, sizeof **tops);
+    *entries = calloc(n_entries ? n_entries : 1, sizeof **entries);
+    if (!*tops || !*entries) {
+        free(*tops);
+        free(*entries);
+        return TDM_ERESOURCE;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m->n_top_logprobs; i++) {
+        const Tandem__V1__TopLogprobs *tl = m->top_logprobs[i];
+        (*tops)[i].entries = *entries + k;
+        (*tops)[i].n_entries = tl ? tl->n_entries : 0;
+        for (size_t j = 0; tl && j < tl->n_entries; j++, k++) {
+            (*entries)[k].token_id = tl->entries[j]->token_id;
+            (*entries)[k].logprob = tl->entries[j]->logprob;
+            (*entries)[k].text = str_or_empty(tl->entries[j]->text);
         }
     }
+    return TDM_OK;
+}
+
+/* Runs the call's on_chunk with m (the final fields from the result when last). Returns 0 to
+ * go on, 1 when the callback asked to cancel, TDM_ERESOURCE on out of memory. */
+static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__GenerateChunk *m,
+                        const char *text, size_t text_len, bool last)
+{
+    const tdm_client_result_t *r = &call->result;
+    tdm_client_token_top_t *tops;
+    tdm_client_top_logprob_t *entries;
+    if (tops_from_proto(m, &tops, &entries) != TDM_OK)
+        return TDM_ERESOURCE;
     tdm_client_usage_t usage = r->usage;
     tdm_client_timings_t timings = r->timings;
     tdm_client_chunk_t ch = {
@@ -711,6 +741,36 @@ static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1_
     return stop != 0 ? 1 : 0;
 }
 
+/* Records a GenerateChunk into the call and runs on_chunk. Returns 0 to go on, 1 when the
+ * callback asked to cancel, or a negative status (the call must end with it). */
+static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__GenerateChunk *m)
+{
+    tdm_client_result_t *r = &call->result;
+    const char *text = str_or_empty(m->text);
+    size_t text_len = strlen(text);
+    if (result_append(call, m, text_len) != TDM_OK)
+        return TDM_ERESOURCE;
+    r->n_chunks++;
+    if (m->n_token_ids > 0 || text_len > 0) {
+        double now = tdm_time_now();
+        if (call->t_first == 0)
+            call->t_first = now;
+        call->t_last = now;
+    }
+    if (m->request_id && m->request_id[0] && (!r->request_id || !r->request_id[0])) {
+        free(r->request_id);
+        r->request_id = tdm_strdup(m->request_id);
+        if (!r->request_id)
+            return TDM_ERESOURCE;
+    }
+    bool last = m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
+    if (last && result_final(r, m) != TDM_OK)
+        return TDM_ERESOURCE;
+    if (!call->on_chunk)
+        return 0;
+    return run_on_chunk(c, call, m, text, text_len, last);
+}
+
 /* Handles a GenerateChunk body for call: delivers it and ends the call when the callback
  * cancels or something fails. Returns true when the call is still running. */
 static bool handle_chunk_body(tdm_client_t *c, client_call_t *call, const tdm_frame_t *f)
@@ -740,6 +800,21 @@ static bool handle_chunk_body(tdm_client_t *c, client_call_t *call, const tdm_fr
     return true;
 }
 
+/* Fills *d from the ErrorDetail body of a refused call's END (left zero when it does not
+ * decode: the message still tells). */
+static void error_detail_read(const tdm_frame_t *f, tdm_client_error_detail_t *d)
+{
+    Tandem__V1__ErrorDetail *m =
+        (Tandem__V1__ErrorDetail *)tdm_frame_unpack(f, &tandem__v1__error_detail__descriptor);
+    if (!m)
+        return;
+    snprintf(d->field, sizeof d->field, "%s", str_or_empty(m->field));
+    d->prompt_tokens = m->prompt_tokens;
+    d->n_ctx = m->n_ctx;
+    d->max_tokens_fit = m->max_tokens_fit;
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+}
+
 /* Handles one received frame. */
 static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
 {
@@ -765,6 +840,8 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
         return;
     }
     if (f->status != TDM_OK) {
+        if (call->kind == CALL_GENERATE && f->body && f->body_len > 0)
+            error_detail_read(f, &call->result.error);
         end_call(c, call, f->status, "%s", f->message[0] ? f->message : tdm_strerror(f->status));
         return;
     }
@@ -816,7 +893,7 @@ static long ms_to_nearest_deadline(const tdm_client_t *c, double now)
     return ms < 0 ? 0 : ms > 1e9 ? 1000000000L : (long)ms;
 }
 
-static int poll_impl(tdm_client_t *c, int timeout_ms)
+static int poll_impl(tdm_client_t *c, int timeout_ms, int fd)
 {
     uint64_t ended0 = c->n_ended;
     if (cancel_requested(c)) {
@@ -827,8 +904,9 @@ static int poll_impl(tdm_client_t *c, int timeout_ms)
     long to_deadline = ms_to_nearest_deadline(c, tdm_time_now());
     if (to_deadline >= 0 && (wait < 0 || to_deadline < wait))
         wait = to_deadline;
-    zmq_pollitem_t item = {tdm_sock_zsock(c->sock), 0, ZMQ_POLLIN, 0};
-    int n = zmq_poll(&item, 1, wait);
+    zmq_pollitem_t items[2] = {{tdm_sock_zsock(c->sock), 0, ZMQ_POLLIN, 0},
+                               {NULL, fd, ZMQ_POLLIN, 0}};
+    int n = zmq_poll(items, fd >= 0 ? 2 : 1, wait);
     if (n < 0 && errno != EINTR) {
         int e = errno;
         int status = e == ETERM ? TDM_ECANCELLED : TDM_EINTERNAL;
@@ -837,7 +915,7 @@ static int poll_impl(tdm_client_t *c, int timeout_ms)
         end_all(c, status, c->err.msg);
         return status;
     }
-    if (n > 0) {
+    if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
         for (int i = 0; i < CLIENT_MAX_FRAMES_PER_POLL; i++) {
             int rc = tdm_sock_recv(c->sock, &c->frame, 0);
             if (rc == TDM_EDEADLINE || rc == TDM_ECANCELLED)
@@ -863,13 +941,23 @@ static int poll_impl(tdm_client_t *c, int timeout_ms)
 
 int tdm_client_poll(tdm_client_t *c, int timeout_ms)
 {
+    return tdm_client_poll_fd(c, timeout_ms, -1);
+}
+
+int tdm_client_poll_fd(tdm_client_t *c, int timeout_ms, int fd)
+{
     if (c->depth > 0)
         return tdm_error_set(&c->err, TDM_EPRECONDITION,
                              "client: tdm_client_poll called from a callback");
-    return poll_impl(c, timeout_ms);
+    return poll_impl(c, timeout_ms, fd);
 }
 
 int tdm_client_generate_cancel(tdm_client_t *c, uint64_t call_id)
+{
+    return tdm_client_cancel(c, call_id);
+}
+
+int tdm_client_cancel(tdm_client_t *c, uint64_t call_id)
 {
     client_call_t *call = find_call(c, call_id);
     if (!call || call->sync)
@@ -889,7 +977,7 @@ int tdm_client_generate_cancel(tdm_client_t *c, uint64_t call_id)
 static void wait_call(tdm_client_t *c, client_call_t *call)
 {
     while (!call->ended) {
-        int rc = poll_impl(c, -1);
+        int rc = poll_impl(c, -1, -1);
         if (rc < 0 && !call->ended) /* not expected: a failed poll ends every call */
             end_call(c, call, rc, "%s", c->err.msg);
     }
@@ -928,6 +1016,31 @@ out_fail:
     result->text = tdm_strdup("");
     result->request_id = tdm_strdup("");
     result->stop_reason = tdm_strdup("");
+    return rc;
+}
+
+int tdm_client_call_start(tdm_client_t *c, int method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                          tdm_client_unary_fn on_done, void *user, uint64_t *call_id)
+{
+    tdm_error_clear(&c->err);
+    if (!on_done || !req || !resp_desc)
+        return tdm_error_set(&c->err, TDM_EINVALID, "client: on_done, req or resp_desc is NULL");
+    if (method == TANDEM__V1__METHOD__METHOD_GENERATE)
+        return tdm_error_set(&c->err, TDM_EINVALID,
+                             "client: GENERATE streams; use tdm_client_generate_start");
+    if (isnan(timeout_s))
+        return tdm_error_set(&c->err, TDM_EINVALID, "client: timeout_s is NaN");
+    client_call_t *call = call_new(c, method, CALL_UNARY);
+    if (!call)
+        return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
+    call->resp_desc = resp_desc;
+    call->on_unary = on_done;
+    call->user = user;
+    uint64_t id = call->id;
+    int rc = call_send(c, call, req, timeout_s);
+    if (rc == TDM_OK && call_id)
+        *call_id = id;
     return rc;
 }
 
@@ -1051,6 +1164,61 @@ void tdm_client_cluster_status_clear(tdm_client_cluster_status_t *s)
     memset(s, 0, sizeof *s);
 }
 
+/* Copies one NodeStatus into *d. TDM_ERESOURCE on out of memory (what was copied stays in *d
+ * for tdm_client_cluster_status_clear). */
+static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_node_status_t *d)
+{
+    d->node_id = tdm_strdup(str_or_empty(ns->node_id));
+    d->role = tdm_strdup(str_or_empty(ns->role));
+    d->device = tdm_strdup(str_or_empty(ns->device));
+    d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
+    if (!d->node_id || !d->role || !d->device || !d->refused_reason)
+        return TDM_ERESOURCE;
+    d->refused_age_s = ns->refused_age_s;
+    d->instance_id = ns->instance_id;
+    d->up = ns->up;
+    d->kv_blocks_total = ns->kv_blocks_total;
+    d->kv_blocks_used = ns->kv_blocks_used;
+    d->kv_blocks_cached = ns->kv_blocks_cached;
+    d->reserved_blocks = ns->reserved_blocks;
+    d->running = ns->running;
+    d->waiting = ns->waiting;
+    d->batch_size = ns->batch_size;
+    d->queued_prefill_tokens = ns->queued_prefill_tokens;
+    d->prefix_queries = ns->prefix_queries;
+    d->prefix_hits = ns->prefix_hits;
+    d->step_time_s = ns->step_time_s;
+    d->last_heartbeat_age_s = ns->last_heartbeat_age_s;
+    return TDM_OK;
+}
+
+/* Copies the nodes and the refused registrations of m into *out. TDM_ERESOURCE on out of
+ * memory (partial; the caller clears). */
+static int cluster_lists_from_proto(const Tandem__V1__ClusterStatus *m,
+                                    tdm_client_cluster_status_t *out)
+{
+    if (m->n_nodes > 0 && !(out->nodes = calloc(m->n_nodes, sizeof *out->nodes)))
+        return TDM_ERESOURCE;
+    for (size_t i = 0; i < m->n_nodes; i++) {
+        out->n_nodes = i + 1;
+        if (node_status_from_proto(m->nodes[i], &out->nodes[i]) != TDM_OK)
+            return TDM_ERESOURCE;
+    }
+    if (m->n_refused > 0 && !(out->refused = calloc(m->n_refused, sizeof *out->refused)))
+        return TDM_ERESOURCE;
+    for (size_t i = 0; i < m->n_refused; i++) {
+        tdm_client_refused_t *d = &out->refused[i];
+        out->n_refused = i + 1;
+        d->node_id = tdm_strdup(str_or_empty(m->refused[i]->node_id));
+        d->reason = tdm_strdup(str_or_empty(m->refused[i]->reason));
+        if (!d->node_id || !d->reason)
+            return TDM_ERESOURCE;
+        d->age_s = m->refused[i]->age_s;
+        d->count = m->refused[i]->count;
+    }
+    return TDM_OK;
+}
+
 int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_status_t *out)
 {
     memset(out, 0, sizeof *out);
@@ -1063,65 +1231,17 @@ int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_stat
     const Tandem__V1__ClusterStatus *m = (const Tandem__V1__ClusterStatus *)resp;
     out->version = tdm_strdup(str_or_empty(m->version));
     out->model = tdm_strdup(str_or_empty(m->model));
-    if (!out->version || !out->model)
-        goto out_oom;
     out->requests_running = m->requests_running;
     out->requests_queued = m->requests_queued;
     out->requests_total = m->requests_total;
-    if (m->n_nodes > 0) {
-        out->nodes = calloc(m->n_nodes, sizeof *out->nodes);
-        if (!out->nodes)
-            goto out_oom;
-    }
-    for (size_t i = 0; i < m->n_nodes; i++) {
-        const Tandem__V1__NodeStatus *ns = m->nodes[i];
-        tdm_client_node_status_t *d = &out->nodes[i];
-        out->n_nodes = i + 1;
-        d->node_id = tdm_strdup(str_or_empty(ns->node_id));
-        d->role = tdm_strdup(str_or_empty(ns->role));
-        d->device = tdm_strdup(str_or_empty(ns->device));
-        d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
-        if (!d->node_id || !d->role || !d->device || !d->refused_reason)
-            goto out_oom;
-        d->refused_age_s = ns->refused_age_s;
-        d->instance_id = ns->instance_id;
-        d->up = ns->up;
-        d->kv_blocks_total = ns->kv_blocks_total;
-        d->kv_blocks_used = ns->kv_blocks_used;
-        d->kv_blocks_cached = ns->kv_blocks_cached;
-        d->reserved_blocks = ns->reserved_blocks;
-        d->running = ns->running;
-        d->waiting = ns->waiting;
-        d->batch_size = ns->batch_size;
-        d->queued_prefill_tokens = ns->queued_prefill_tokens;
-        d->prefix_queries = ns->prefix_queries;
-        d->prefix_hits = ns->prefix_hits;
-        d->step_time_s = ns->step_time_s;
-        d->last_heartbeat_age_s = ns->last_heartbeat_age_s;
-    }
     out->router_instance_id = m->router_instance_id;
-    if (m->n_refused > 0) {
-        out->refused = calloc(m->n_refused, sizeof *out->refused);
-        if (!out->refused)
-            goto out_oom;
-    }
-    for (size_t i = 0; i < m->n_refused; i++) {
-        tdm_client_refused_t *d = &out->refused[i];
-        out->n_refused = i + 1;
-        d->node_id = tdm_strdup(str_or_empty(m->refused[i]->node_id));
-        d->reason = tdm_strdup(str_or_empty(m->refused[i]->reason));
-        if (!d->node_id || !d->reason)
-            goto out_oom;
-        d->age_s = m->refused[i]->age_s;
-        d->count = m->refused[i]->count;
-    }
+    rc = out->version && out->model ? cluster_lists_from_proto(m, out) : TDM_ERESOURCE;
     protobuf_c_message_free_unpacked(resp, NULL);
+    if (rc != TDM_OK) {
+        tdm_client_cluster_status_clear(out);
+        return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
+    }
     return TDM_OK;
-
-out_oom:
-    tdm_client_cluster_status_clear(out);
-    protobuf_c_message_free_unpacked(resp, NULL);
-    return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
 }
 
 const tdm_client_node_status_t *tdm_client_status_find_node(const tdm_client_cluster_status_t *s,

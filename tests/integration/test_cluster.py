@@ -181,7 +181,7 @@ def test_deadline_expiry_frees_blocks(cluster):
 @pytest.mark.parametrize("mutate,field", [
     (lambda r: setattr(r, "prompt", ""), "prompt"),
     (lambda r: setattr(r, "prompt", "hello " * 5000), "context"),
-    (lambda r: setattr(r, "max_tokens", 0), "max_tokens"),
+    (lambda r: setattr(r, "max_tokens", -1), "max_tokens"),
     (lambda r: setattr(r, "max_tokens", 100000), "max_tokens"),
     (lambda r: (setattr(r.sampling, "temperature", -1.0),
                 setattr(r.sampling, "set_mask", r.sampling.set_mask | 1)), "temperature"),

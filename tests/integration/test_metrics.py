@@ -1,5 +1,6 @@
-"""Metrics integration tests: the router's Prometheus text (router/metrics.c) read through the
-native METHOD_METRICS and through the HTTP gateway's GET /metrics, scraped by a real
+"""Metrics integration tests: the router's metrics (router/metrics.c) read as data through the
+native METHOD_METRICS and as Prometheus text through the HTTP gateway's GET /metrics (the
+only renderer, tdm_proto_metrics_text), scraped by a real
 Prometheus server (Debian's `prometheus`, on loopback with a generated config and a temporary
 storage dir) and read back through its HTTP query API; `promtool` checks the text and the
 deploy/ files, and every metric the Grafana dashboard uses must exist in the text.
@@ -70,19 +71,52 @@ def parse(text):
     return samples, types
 
 
-def native_text(cluster):
+TYPES = {pb.METRIC_TYPE_COUNTER: "counter", pb.METRIC_TYPE_GAUGE: "gauge",
+         pb.METRIC_TYPE_HISTOGRAM: "histogram"}
+
+
+def native_message(cluster):
+    """The native METRICS answer: data (families of samples), no text."""
     c = cluster.client()
     try:
         st, msg, resp = c.unary(pb.METHOD_METRICS, pb.MetricsRequest(), pb.MetricsResponse)
     finally:
         c.close()
     assert st == "OK", (st, msg)
-    assert resp.text.endswith("\n")
-    return resp.text
+    assert resp.text == "" and resp.families
+    return resp
+
+
+def from_message(resp):
+    """The METRICS message read as parse() reads the text: ({series: value}, {family: type})."""
+    samples, types = {}, {}
+    for fam in resp.families:
+        types[fam.name] = TYPES[fam.type]
+        if fam.type == pb.METRIC_TYPE_HISTOGRAM:
+            h, cum = fam.histogram, 0
+            for le, n in zip(h.bounds, h.counts):
+                cum += n
+                samples[f'{fam.name}_bucket{{le="{le:.15g}"}}'] = float(cum)
+            samples[f'{fam.name}_bucket{{le="+Inf"}}'] = float(h.count)
+            samples[fam.name + "_sum"] = h.sum
+            samples[fam.name + "_count"] = float(h.count)
+            continue
+        for smp in fam.samples:
+            labels = ",".join(f'{lb.name}="{lb.value}"' for lb in smp.labels)
+            key = fam.name + (f"{{{labels}}}" if labels else "")
+            samples[key] = float(getattr(smp, smp.WhichOneof("value") or "int_value"))
+    return samples, types
 
 
 def native(cluster):
-    return parse(native_text(cluster))[0]
+    return from_message(native_message(cluster))[0]
+
+
+def metrics_text(cluster):
+    """GET /metrics: the one place the metrics become text."""
+    st, _, body = http_get(f"http://127.0.0.1:{http_port(cluster)}/metrics")
+    assert st == 200 and body.endswith("\n")
+    return body
 
 
 def http_port(cluster):
@@ -160,7 +194,7 @@ def test_native_metrics_count_the_requests(cluster):
     n = len(finals)
     # a refused request: counted with its status, no latency figures
     cl = cluster.client()
-    res = cl.generate(prompt_request(prompt="x", max_tokens=0))
+    res = cl.generate(prompt_request(prompt="x", max_tokens=-1))
     cl.close()
     assert res.status == "INVALID_ARGUMENT", res
     # node gauges come with the heartbeats: wait for one sent after the requests ended (no
@@ -170,8 +204,16 @@ def test_native_metrics_count_the_requests(cluster):
     while native(cluster).get(used) != 0:
         assert time.time() < end, "decode-0 still reports KV blocks in use after 30 s"
         time.sleep(0.1)
-    text = native_text(cluster)
-    after, types = parse(text)
+    after, types = from_message(native_message(cluster))
+    text = metrics_text(cluster)
+    # the text says what the message says (nothing ran in between but heartbeats, which only
+    # move node gauges)
+    text_samples, text_types = parse(text)
+    assert text_types == types
+    assert set(text_samples) == set(after)
+    for k, v in after.items():
+        if not k.startswith("tandem_node_"):
+            assert text_samples[k] == v, k
 
     ok = sum(delta(after, before, f'tandem_requests_total{{status="OK",finish_reason="{r}"}}')
              for r in ("stop", "length"))
@@ -250,7 +292,7 @@ def shipped_scrape_config(tmp_path, target):
 
 
 def test_dashboard_uses_only_exposed_metrics(cluster, tmp_path):
-    _, types = parse(native_text(cluster))
+    _, types = from_message(native_message(cluster))
     dash, exprs, names = dashboard_metrics()
     assert exprs, "the dashboard has no queries"
     assert "${DS_PROMETHEUS}" in json.dumps(dash)
@@ -405,7 +447,7 @@ def test_http_metrics_endpoint_serves_the_same_text(cluster):
     assert st == 200
     assert ctype.startswith("text/plain") and "version=0.0.4" in ctype, ctype
     samples, types = parse(body)
-    _, native_types = parse(native_text(cluster))
+    _, native_types = from_message(native_message(cluster))
     assert types == native_types
     assert samples['tandem_node_up{node="decode-0",role="decode"}'] == 1
 

@@ -5,6 +5,7 @@
  *
  * Scripts, chosen by the prompt: "hello" (4 chunks "Hel" "lo" " wor" "ld", then END OK; with
  * stream=false one END carrying everything), "error" (one chunk, then END INVALID_ARGUMENT),
+ * "toolong" (END INVALID_ARGUMENT with an ErrorDetail: max_tokens, 100 + 28 of 128 tokens),
  * "slow" (a chunk every 20 ms until CANCEL), "tag:K:N" (N chunks "K.i " every 5 ms, interleaved
  * with every other running stream; "tag:K:N:G" sends none before G such streams have arrived, so
  * that they all run at once however the threads are scheduled), "silent" (never answers); any
@@ -23,7 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tdm_test.h"
 
@@ -327,6 +330,21 @@ static void fake_generate(fake_router_t *fr, const tdm_frame_t *f)
         FAKE_OK(fr, tdm_sock_stream(fr->sock, f, &c.base));
         FAKE_OK(fr,
                 tdm_sock_reply_error(fr->sock, f, TDM_EINVALID, "prompt: too long (fake, %d)", 42));
+    } else if (strcmp(req->prompt, "toolong") == 0) {
+        Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
+        d.field = "max_tokens";
+        d.prompt_tokens = 100;
+        d.n_ctx = 128;
+        d.max_tokens_fit = 28;
+        tdm_send_t m = {.peer = f->peer,
+                        .peer_len = f->peer_len,
+                        .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END,
+                        .method = f->method,
+                        .call_id = f->call_id,
+                        .status = TDM_EINVALID,
+                        .message = "max_tokens: too many (fake)",
+                        .body = &d.base};
+        FAKE_OK(fr, tdm_sock_send(fr->sock, &m));
     } else if (strcmp(req->prompt, "slow") == 0) {
         added = fake_add_stream(fr, f, -1, 0, 0.020, 3, 0);
     } else if (sscanf(req->prompt, "tag:%d:%d:%d", &tag, &total, &gate) >= 2) {
@@ -716,6 +734,29 @@ static void test_error_end(void **state)
     tdm_client_result_clear(&res);
 }
 
+/* A refusal's ErrorDetail reaches the result as fields; other errors leave them empty. */
+static void test_error_detail(void **state)
+{
+    fixture_t *fx = *state;
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    req.prompt = "toolong";
+    req.max_tokens = 50;
+    tdm_client_result_t res;
+    assert_int_equal(tdm_client_generate(fx->c, &req, NULL, NULL, &res), TDM_EINVALID);
+    assert_string_equal(res.message, "max_tokens: too many (fake)");
+    assert_string_equal(res.error.field, "max_tokens");
+    assert_int_equal(res.error.prompt_tokens, 100);
+    assert_int_equal(res.error.n_ctx, 128);
+    assert_int_equal(res.error.max_tokens_fit, 28);
+    tdm_client_result_clear(&res);
+    req.prompt = "error";
+    assert_int_equal(tdm_client_generate(fx->c, &req, NULL, NULL, &res), TDM_EINVALID);
+    assert_string_equal(res.error.field, "");
+    assert_int_equal(res.error.n_ctx, 0);
+    tdm_client_result_clear(&res);
+}
+
 static void test_deadline(void **state)
 {
     fixture_t *fx = *state;
@@ -1041,6 +1082,90 @@ static void test_bad_requests(void **state)
     pthread_mutex_unlock(&fx->fr->mu);
 }
 
+static void on_done_noop(void *user, const tdm_client_result_t *r)
+{
+    (void)user;
+    (void)r;
+}
+
+typedef struct unary_seen {
+    int n_done, status;
+    ProtobufCMessage *resp; /* taken from the callback */
+} unary_seen_t;
+
+static void on_unary(void *user, int status, const char *message, ProtobufCMessage **resp)
+{
+    (void)message;
+    unary_seen_t *u = user;
+    u->n_done++;
+    u->status = status;
+    u->resp = *resp;
+    *resp = NULL;
+}
+
+/* Async unary calls end through their callback exactly once, cancelled ones too; poll_fd
+ * returns for a written fd; a refused start names the field (tdm_client_errfield). */
+static void test_async_unary_and_wake_fd(void **state)
+{
+    fixture_t *fx = *state;
+    Tandem__V1__HealthRequest hr = TANDEM__V1__HEALTH_REQUEST__INIT;
+    unary_seen_t u = {0};
+    uint64_t id = 0;
+    assert_int_equal(tdm_client_call_start(fx->c, TANDEM__V1__METHOD__METHOD_HEALTH, &hr.base,
+                                           &tandem__v1__health_response__descriptor, WAIT_S,
+                                           on_unary, &u, &id),
+                     TDM_OK);
+    assert_true(id > 0);
+    while (u.n_done == 0)
+        assert_true(tdm_client_poll(fx->c, 1000) >= 0);
+    assert_int_equal(u.n_done, 1);
+    assert_int_equal(u.status, TDM_OK);
+    assert_non_null(u.resp);
+    assert_true(((Tandem__V1__HealthResponse *)u.resp)->live);
+    protobuf_c_message_free_unpacked(u.resp, NULL);
+    /* cancelled before the answer: on_done once, CANCELLED, no response */
+    unary_seen_t cu = {0};
+    assert_int_equal(tdm_client_call_start(fx->c, TANDEM__V1__METHOD__METHOD_HEALTH, &hr.base,
+                                           &tandem__v1__health_response__descriptor, WAIT_S,
+                                           on_unary, &cu, &id),
+                     TDM_OK);
+    assert_int_equal(tdm_client_cancel(fx->c, id), TDM_OK);
+    assert_int_equal(cu.n_done, 1);
+    assert_int_equal(cu.status, TDM_ECANCELLED);
+    assert_null(cu.resp);
+    assert_int_equal(tdm_client_poll(fx->c, 100), 0); /* its late answer is dropped */
+    assert_int_equal(cu.n_done, 1);
+    assert_int_equal(tdm_client_call_start(fx->c, TANDEM__V1__METHOD__METHOD_GENERATE, &hr.base,
+                                           &tandem__v1__health_response__descriptor, WAIT_S,
+                                           on_unary, &cu, &id),
+                     TDM_EINVALID);
+
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    assert_true(efd >= 0);
+    uint64_t one = 1;
+    assert_int_equal(write(efd, &one, sizeof one), sizeof one);
+    double t0 = now_s();
+    assert_int_equal(tdm_client_poll_fd(fx->c, 60000, efd), 0);
+    assert_true(now_s() - t0 < 30); /* woken by the fd, not the minute */
+    close(efd);
+
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    req.prompt = "hello";
+    const char *stops[2] = {"ok", ""};
+    req.stop = stops;
+    req.n_stop = 2;
+    assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, NULL),
+                     TDM_EINVALID);
+    assert_string_equal(tdm_client_errfield(fx->c), "stop[1]");
+    req.n_stop = 0;
+    uint64_t gid;
+    assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, &gid),
+                     TDM_OK);
+    assert_string_equal(tdm_client_errfield(fx->c), "");
+    assert_int_equal(tdm_client_cancel(fx->c, gid), TDM_OK);
+}
+
 static void test_health_models_status(void **state)
 {
     fixture_t *fx = *state;
@@ -1211,6 +1336,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_stream_order_and_text, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_stream, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_end, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_detail, setup, teardown),
         cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
         cmocka_unit_test_setup_teardown(test_callback_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_flag, setup, teardown),
@@ -1219,6 +1345,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_inputs_and_sampling, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_health_models_status, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_async_unary_and_wake_fd, setup, teardown),
         cmocka_unit_test(test_router_down),
         cmocka_unit_test(test_names),
     };

@@ -2,7 +2,8 @@
  * non-default value in every field (filled through the descriptors, one instance per member
  * of each oneof), the table covers every message the .proto declares, the FrameHeader wire
  * bytes are fixed, and the conversions of common/src/proto/convert.c (sampling parameters
- * with set_mask semantics, KV layout, status codes) behave as proto.h says. */
+ * with set_mask semantics, KV layout, status codes) behave as proto.h says; the metrics
+ * renderer (metrics_text.c) writes the Prometheus text exposition format to the byte. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -298,9 +299,11 @@ static void test_round_trip_every_message(void **state)
             instances++;
         }
     }
-    /* GenerateRequest's `input` oneof has three members: three instances of it */
+    /* GenerateRequest's `input` oneof has three members: three instances of it; MetricSample's
+     * `value` two */
     assert_int_equal(n_variants(&tandem__v1__generate_request__descriptor), 3);
-    assert_int_equal(instances, N_MESSAGES + 2);
+    assert_int_equal(n_variants(&tandem__v1__metric_sample__descriptor), 2);
+    assert_int_equal(instances, N_MESSAGES + 3);
 }
 
 /* The table names every message the .proto file declares. */
@@ -547,6 +550,87 @@ static void test_finish_names(void **state)
     assert_string_equal(tdm_proto_finish_name(-1), "?");
 }
 
+/* A counter with escaped labels, an unlabelled integer gauge, a float gauge without samples
+ * and with one, and a histogram: the exact text, and find by name. */
+static void test_metrics_text(void **state)
+{
+    (void)state;
+    Tandem__V1__MetricLabel l0 = TANDEM__V1__METRIC_LABEL__INIT,
+                            l1 = TANDEM__V1__METRIC_LABEL__INIT;
+    l0.name = "node";
+    l0.value = "a\"b\\c\nd";
+    l1.name = "role";
+    l1.value = "decode";
+    Tandem__V1__MetricLabel *labels[2] = {&l0, &l1};
+    Tandem__V1__MetricSample s0 = TANDEM__V1__METRIC_SAMPLE__INIT,
+                             s1 = TANDEM__V1__METRIC_SAMPLE__INIT,
+                             s2 = TANDEM__V1__METRIC_SAMPLE__INIT;
+    s0.n_labels = 2;
+    s0.labels = labels;
+    s0.value_case = TANDEM__V1__METRIC_SAMPLE__VALUE_INT_VALUE;
+    s0.int_value = 18446744073709551615ull;
+    s1.value_case = TANDEM__V1__METRIC_SAMPLE__VALUE_INT_VALUE;
+    s1.int_value = 0;
+    s2.n_labels = 1;
+    s2.labels = &labels[1];
+    s2.value_case = TANDEM__V1__METRIC_SAMPLE__VALUE_FLOAT_VALUE;
+    s2.float_value = 0.1;
+    Tandem__V1__MetricSample *p0[1] = {&s0}, *p1[1] = {&s1}, *p2[1] = {&s2};
+    double bounds[2] = {0.005, 2.5};
+    uint64_t counts[2] = {3, 1};
+    Tandem__V1__MetricHistogram h = TANDEM__V1__METRIC_HISTOGRAM__INIT;
+    h.n_bounds = h.n_counts = 2;
+    h.bounds = bounds;
+    h.counts = counts;
+    h.sum = 1.0 / 3.0;
+    h.count = 6;
+    Tandem__V1__MetricFamily f[5];
+    for (int i = 0; i < 5; i++)
+        tandem__v1__metric_family__init(&f[i]);
+    f[0].name = "x_total";
+    f[0].help = "Things.";
+    f[0].n_samples = 1;
+    f[0].samples = p0;
+    f[1].name = "y";
+    f[1].help = "Now.";
+    f[1].type = TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE;
+    f[1].n_samples = 1;
+    f[1].samples = p1;
+    f[2].name = "none";
+    f[2].help = "Empty.";
+    f[2].type = TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE;
+    f[3].name = "z_seconds";
+    f[3].help = "Float.";
+    f[3].type = TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE;
+    f[3].n_samples = 1;
+    f[3].samples = p2;
+    f[4].name = "h_seconds";
+    f[4].help = "Times.";
+    f[4].type = TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM;
+    f[4].histogram = &h;
+    Tandem__V1__MetricFamily *fp[5] = {&f[0], &f[1], &f[2], &f[3], &f[4]};
+    Tandem__V1__MetricsResponse m = TANDEM__V1__METRICS_RESPONSE__INIT;
+    m.n_families = 5;
+    m.families = fp;
+    tdm_buf_t b = TDM_BUF_INIT;
+    assert_int_equal(tdm_proto_metrics_text(&m, &b), 0);
+    assert_string_equal(b.data, "# HELP x_total Things.\n# TYPE x_total counter\n"
+                                "x_total{node=\"a\\\"b\\\\c\\nd\",role=\"decode\"} "
+                                "18446744073709551615\n"
+                                "# HELP y Now.\n# TYPE y gauge\ny 0\n"
+                                "# HELP none Empty.\n# TYPE none gauge\n"
+                                "# HELP z_seconds Float.\n# TYPE z_seconds gauge\n"
+                                "z_seconds{role=\"decode\"} 0.1\n"
+                                "# HELP h_seconds Times.\n# TYPE h_seconds histogram\n"
+                                "h_seconds_bucket{le=\"0.005\"} 3\n"
+                                "h_seconds_bucket{le=\"2.5\"} 4\n"
+                                "h_seconds_bucket{le=\"+Inf\"} 6\n"
+                                "h_seconds_sum 0.3333333333333333\nh_seconds_count 6\n");
+    tdm_buf_free(&b);
+    assert_ptr_equal(tdm_proto_metrics_find(&m, "z_seconds"), &f[3]);
+    assert_null(tdm_proto_metrics_find(&m, "z"));
+}
+
 int main(void)
 {
     messages = tdm_proto_messages(&n_messages);
@@ -560,6 +644,7 @@ int main(void)
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_status_codes),
         cmocka_unit_test(test_finish_names),
+        cmocka_unit_test(test_metrics_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -934,8 +934,8 @@ static void test_validation(void **state)
     bad(e, &g, TDM_EINVALID, "; the context is 256 tokens (prompt + max_tokens must fit)");
     prompt_req(&g, "", "hello", -1, true);
     bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1");
-    prompt_req(&g, "", "hello", 0, true);
-    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1, got 0");
+    prompt_req(&g, "", "hello", -5, true);
+    bad(e, &g, TDM_EINVALID, "max_tokens must be >= 1 (or 0: what fits), got -5");
     prompt_req(&g, "", "hello", 1000, true);
     bad(e, &g, TDM_EINVALID, "max_tokens: prompt (");
     prompt_req(&g, "", "\xff\xfe", 4, true);
@@ -1855,8 +1855,9 @@ static bool has_series(const char *text, const char *series)
     return false;
 }
 
-/* The text of a METRICS call (checked against tdm_router_metrics_text, which must say the
- * same while nothing happens in between). Caller frees. */
+/* The text of a METRICS call's message as tdm_proto_metrics_text renders it (checked against
+ * tdm_router_metrics_text, which must say the same while nothing happens in between). Caller
+ * frees. */
 static char *metrics_call(env_t *e)
 {
     Tandem__V1__MetricsRequest mr = TANDEM__V1__METRICS_REQUEST__INIT;
@@ -1870,7 +1871,10 @@ static char *metrics_call(env_t *e)
     Tandem__V1__MetricsResponse *resp = (Tandem__V1__MetricsResponse *)tdm_frame_unpack(
         &f, &tandem__v1__metrics_response__descriptor);
     assert_non_null(resp);
-    char *text = tdm_strdup(resp->text);
+    assert_string_equal(resp->text, ""); /* data only: the text is the renderer's */
+    tdm_buf_t b = TDM_BUF_INIT;
+    assert_int_equal(tdm_proto_metrics_text(resp, &b), 0);
+    char *text = tdm_buf_take(&b);
     assert_non_null(text);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     tdm_frame_clear(&f);
@@ -2008,8 +2012,8 @@ static void test_metrics(void **state)
     collect(e, call, &res);
     assert_int_equal(res.status, 0);
 
-    /* refused: max_tokens 0 */
-    prompt_req(&g, "m-bad", "x", 0, true);
+    /* refused: max_tokens -1 */
+    prompt_req(&g, "m-bad", "x", -1, true);
     call = generate(e, &g);
     expect_end(e, call, TDM_EINVALID, "max_tokens");
 
@@ -2334,6 +2338,119 @@ static void prompt_case(const char *model, const char *tmpl, const char *system)
     env_free(e);
 }
 
+/* max_tokens unset (0): the router decides what fits, the context left after the prompt (the
+ * tiny model's 256 tokens are under TDM_ROUTER_MAX_TOKENS_DEFAULT), and reserves that. */
+static void test_max_tokens_unset(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-fit", "hello world", 0, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    assert_string_equal(rs->request_id, "r-fit");
+    assert_true(rs->n_prompt_tokens > 0 && rs->n_prompt_tokens < N_CTX);
+    assert_int_equal(rs->max_tokens, N_CTX - rs->n_prompt_tokens);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    (void)call;
+    env_free(e);
+}
+
+/* Waits for the END of a refused call and checks its ErrorDetail body: the field at fault
+ * and, for a length error, the prompt's tokens, the context and what fits. */
+static void expect_detail(env_t *e, uint64_t call, int status, const char *field, uint32_t n_ctx,
+                          uint32_t *prompt_tokens)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, e->client, &f, WAIT_MS))
+        fail_msg("no END for call %" PRIu64 " (want field '%s')", call, field);
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, status);
+    Tandem__V1__ErrorDetail *d =
+        (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
+    assert_non_null(d);
+    if (strcmp(d->field, field) != 0)
+        fail_msg("field '%s', want '%s' (message '%s')", d->field, field, f.message);
+    assert_int_equal(d->n_ctx, n_ctx);
+    uint32_t fit = d->prompt_tokens < n_ctx ? n_ctx - d->prompt_tokens : 0;
+    assert_int_equal(d->max_tokens_fit, fit);
+    if (!n_ctx)
+        assert_int_equal(d->prompt_tokens, 0);
+    if (prompt_tokens)
+        *prompt_tokens = d->prompt_tokens;
+    protobuf_c_message_free_unpacked(&d->base, NULL);
+    tdm_frame_clear(&f);
+}
+
+/* A refusal names the field at fault in the END's ErrorDetail, and a request too long for the
+ * context says how long the prompt is and what fits. */
+static void test_refusal_detail(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "", "hello", -1, true);
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "max_tokens", 0, NULL);
+    prompt_req(&g, "", "", 4, true);
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "prompt", 0, NULL);
+    prompt_req(&g, "has space", "hello", 4, true);
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "request_id", 0, NULL);
+    prompt_req(&g, "", "hello", 4, true);
+    g.model = (char *)"other-model";
+    expect_detail(e, generate(e, &g), TDM_ENOTFOUND, "model", 0, NULL);
+    char *stops[2] = {(char *)"ok", (char *)""};
+    prompt_req(&g, "", "hello", 4, true);
+    g.n_stop = 2;
+    g.stop = stops;
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "stop[1]", 0, NULL);
+
+    Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    prompt_req(&g, "", "hello", 4, true);
+    g.sampling = &sp;
+    sp.top_p = 1.5f;
+    sp.set_mask = TDM_PROTO_SET_TOP_P;
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "sampling.top_p", 0, NULL);
+    sp.n_logprobs = 21;
+    sp.set_mask = TDM_PROTO_SET_N_LOGPROBS;
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "sampling.n_logprobs", 0, NULL);
+    int32_t stop_ids[1] = {9999};
+    sp.n_stop_token_ids = 1;
+    sp.stop_token_ids = stop_ids;
+    sp.set_mask = TDM_PROTO_SET_STOP_TOKEN_IDS;
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "sampling.stop_token_ids", 0, NULL);
+
+    /* too long: max_tokens over what the prompt leaves of the 256-token context */
+    uint32_t n_prompt = 0;
+    prompt_req(&g, "", "hello", 1000, true);
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "max_tokens", N_CTX, &n_prompt);
+    assert_true(n_prompt >= 1 && n_prompt < 16);
+    /* the prompt alone fills it: nothing fits */
+    char longp[2200] = "";
+    for (int i = 0; i < 300; i++)
+        strcat(longp, "q ");
+    prompt_req(&g, "", longp, 4, true);
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "prompt", N_CTX, &n_prompt);
+    assert_true(n_prompt >= N_CTX);
+    /* chat input: the field is the messages */
+    Tandem__V1__ChatMessage m0 = TANDEM__V1__CHAT_MESSAGE__INIT;
+    Tandem__V1__ChatMessage *msgs[1] = {&m0};
+    Tandem__V1__ChatList chat = TANDEM__V1__CHAT_LIST__INIT;
+    m0.role = (char *)"user";
+    m0.content = (char *)"a\xff";
+    chat.messages = msgs;
+    chat.n_messages = 1;
+    tandem__v1__generate_request__init(&g);
+    g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    g.chat = &chat;
+    g.max_tokens = 4;
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "chat.messages[0].content", 0, NULL);
+    env_free(e);
+}
+
 /* The three ways into a prompt agree under every template override, with and without a system
  * message: an override of the model's own family (chatml here) keeps its default system
  * message, as no override does; the others have none. */
@@ -2531,6 +2648,8 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_refusal_detail),
+        cmocka_unit_test(test_max_tokens_unset),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
         cmocka_unit_test(test_round_robin),

@@ -23,6 +23,10 @@
  * (also when the client is destroyed with the call still running); no callback runs for a call
  * whose start failed (libuv's rule). Callbacks may start and cancel other calls; they must not
  * poll or make blocking calls (TDM_EPRECONDITION).
+ * Unary calls (Health, Models, Status, Metrics) can be async too (tdm_client_call_start), and a
+ * thread that serves a client and a queue other threads fill waits on both with
+ * tdm_client_poll_fd: the router's HTTP gateway works that way, over the router's inproc://
+ * endpoint on the router's own ZMQ context (tdm_client_opts_t.net).
  */
 #ifndef TANDEM_CLIENT_H
 #define TANDEM_CLIENT_H
@@ -92,6 +96,12 @@ void tdm_client_destroy(tdm_client_t **self_p);
  * valid until its next call. */
 const char *tdm_client_errmsg(const tdm_client_t *c);
 
+/* The request field (a GenerateRequest path: "stop[1]", "max_tokens", ...) this library's own
+ * check named when tdm_client_generate(_start) last refused a request; "" when none or when
+ * the last start succeeded. Owned by the client. The router's refusals carry theirs in
+ * tdm_client_result_t.error. */
+const char *tdm_client_errfield(const tdm_client_t *c);
+
 /* The endpoint the client is connected to. */
 const char *tdm_client_endpoint(const tdm_client_t *c);
 
@@ -113,7 +123,8 @@ typedef struct tdm_client_request {
     uint32_t sampling_set;          /* TDM_PROTO_SET_* bits (or TDM_CLIENT_SAMPLING_ALL); the
                                        router uses Tandem's defaults (sampling.h) for the
                                        others and draws a seed unless SEED is set */
-    int32_t max_tokens;             /* output tokens at most; 0 = the router's default (16) */
+    int32_t max_tokens;             /* output tokens at most; 0 = what the context leaves
+                                       after the prompt, at most 1024 (the router decides) */
     const char *const *stop;        /* [n_stop] stop strings, 1..256 bytes each, at most 16 */
     size_t n_stop;
     bool stream;           /* true (default): chunks as tokens arrive; false: one chunk at the
@@ -198,6 +209,18 @@ typedef struct tdm_client_chunk {
     const tdm_client_timings_t *timings; /* router's; NULL unless last */
 } tdm_client_chunk_t;
 
+/* Why the router refused a Generate request, beyond the message (proto ErrorDetail): read
+ * these instead of parsing tdm_client_result_t.message. */
+typedef struct tdm_client_error_detail {
+    char field[64];          /* the GenerateRequest field at fault as a path ("max_tokens",
+                                "stop[1]", "chat.messages[0].content", "sampling.top_p",
+                                "model", "request_id", ...); "" when none is named */
+    uint32_t prompt_tokens;  /* a request too long for the context: the prompt's tokens, */
+    uint32_t n_ctx;          /* the context length (0: the error is not about length) */
+    uint32_t max_tokens_fit; /* and the most output tokens that fit (n_ctx - prompt_tokens;
+                                0 when the prompt alone fills the context) */
+} tdm_client_error_detail_t;
+
 /* The outcome of a Generate call. Owns text, token_ids, request_id and stop_reason; release
  * with tdm_client_result_clear. */
 typedef struct tdm_client_result {
@@ -215,7 +238,8 @@ typedef struct tdm_client_result {
     size_t text_len;
     int32_t *token_ids; /* [n_tokens] every output token received; NULL when none */
     size_t n_tokens;
-    uint32_t n_chunks; /* chunks received */
+    uint32_t n_chunks;               /* chunks received */
+    tdm_client_error_detail_t error; /* the router's detail of a refusal; all zero otherwise */
 } tdm_client_result_t;
 
 /* Initialises an empty result (no allocation). Cannot fail. */
@@ -263,10 +287,34 @@ int tdm_client_generate_start(tdm_client_t *c, const tdm_client_request_t *req,
  * failed (every running call ended with that error). */
 int tdm_client_poll(tdm_client_t *c, int timeout_ms);
 
-/* Cancels a running call: sends CANCEL and ends it now with TDM_ECANCELLED (its on_done runs
- * before this returns). Returns 0, TDM_ENOTFOUND when no such call is running (it has ended),
- * TDM_EPRECONDITION when called from the call's own on_chunk (return nonzero instead). */
+/* Cancels a running async call (Generate or unary): sends CANCEL and ends it now with
+ * TDM_ECANCELLED (its on_done runs before this returns). Returns 0, TDM_ENOTFOUND when no such
+ * call is running (it has ended), TDM_EPRECONDITION when called from the call's own on_chunk
+ * (return nonzero instead). tdm_client_generate_cancel is the same function. */
+int tdm_client_cancel(tdm_client_t *c, uint64_t call_id);
 int tdm_client_generate_cancel(tdm_client_t *c, uint64_t call_id);
+
+/* tdm_client_poll that also returns when fd (>= 0; -1: none) is readable, e.g. an eventfd
+ * other threads write to hand this thread work; the caller reads fd. Same returns. */
+int tdm_client_poll_fd(tdm_client_t *c, int timeout_ms, int fd);
+
+/* Called once when an async unary call ends, however it ends: status 0 with *resp the decoded
+ * response (of the call's resp_desc), or the error with message (valid during the callback)
+ * and *resp NULL. The callee may take the response: it then sets *resp = NULL and frees it
+ * with protobuf_c_message_free_unpacked; else the client frees it after the callback. */
+typedef void (*tdm_client_unary_fn)(void *user, int status, const char *message,
+                                    ProtobufCMessage **resp);
+
+/* Starts a unary call (method TANDEM__V1__METHOD__METHOD_HEALTH, _MODELS, _STATUS or _METRICS
+ * with its request message req, only read here; resp_desc the response type) and returns
+ * without waiting; tdm_client_poll drives it, on_done ends it (exactly once), and
+ * tdm_client_cancel cancels it. timeout_s as for the blocking calls. The call id goes to
+ * *call_id when not NULL. Returns 0, or (no callback will run) TDM_EINVALID (NULL argument,
+ * GENERATE, NaN timeout), TDM_EUNAVAILABLE (the socket's queue is full), TDM_ERESOURCE. May be
+ * called from a callback. */
+int tdm_client_call_start(tdm_client_t *c, int method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                          tdm_client_unary_fn on_done, void *user, uint64_t *call_id);
 
 /* Number of calls started and not yet ended. Cannot fail. */
 size_t tdm_client_pending(const tdm_client_t *c);
