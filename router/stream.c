@@ -226,7 +226,8 @@ static size_t stop_prefix_held(const rt_req_t *q)
 
 /* Moves the held text that cannot be (the start of) a stop string to the chunk. Returns 1
  * and sets *which when a stop string matched (text cut there; the rest is dropped), 0
- * otherwise, -1 on out of memory. final: nothing more will come, so nothing is held. */
+ * otherwise, TDM_ERESOURCE on out of memory. final: nothing more will come, so nothing is
+ * held. */
 static int stop_scan(rt_req_t *q, bool final, size_t *which)
 {
     tdm_buf_t *h = &q->hold;
@@ -242,14 +243,14 @@ static int stop_scan(rt_req_t *q, bool final, size_t *which)
     if (best >= 0) {
         size_t keep = (size_t)best + (q->include_stop_str ? strlen(q->stop[best_i]) : 0);
         if (tdm_buf_append(&q->chunk.text, h->data, keep) != TDM_OK)
-            return -1;
+            return TDM_ERESOURCE;
         tdm_buf_clear(h);
         *which = best_i;
         return 1;
     }
     size_t emit = h->len - (final ? 0 : stop_prefix_held(q));
     if (tdm_buf_append(&q->chunk.text, h->data, emit) != TDM_OK)
-        return -1;
+        return TDM_ERESOURCE;
     buf_drop_front(h, emit);
     return 0;
 }
@@ -432,18 +433,19 @@ static bool detok_push(const tdm_router_t *r, rt_req_t *q, int32_t token)
 }
 
 /* Appends one token in order: chunk fields, text, stop strings. Returns 0, 1 when a stop
- * string matched (*which set), -1 on out of memory, -2 for a token outside the vocabulary. */
+ * string matched (*which set), TDM_ERESOURCE on out of memory, or TDM_EINTERNAL for a token
+ * outside the vocabulary (a node's fault). */
 static int deliver(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev, size_t *which)
 {
     if (ev->token < 0 || (uint32_t)ev->token >= r->n_vocab)
-        return -2;
+        return TDM_EINTERNAL;
     note_timing(r, q, ev);
     if (!chunk_add(r, q, ev))
-        return -1;
+        return TDM_ERESOURCE;
     q->next_index++;
     r->metrics.generation_tokens++;
     if (!detok_push(r, q, ev->token))
-        return -1;
+        return TDM_ERESOURCE;
     return stop_scan(q, false, which);
 }
 
@@ -486,11 +488,11 @@ static bool flush_in_order(tdm_router_t *r, rt_req_t *q, const rt_event_t *first
 {
     size_t which = SIZE_MAX;
     int rc = deliver_in_order(r, q, first, &which);
-    if (rc == -1) {
+    if (rc == TDM_ERESOURCE) {
         rt_req_fail(r, q, TDM_ERESOURCE, true, "router out of memory");
         return true;
     }
-    if (rc == -2) {
+    if (rc == TDM_EINTERNAL) {
         rt_req_fail(r, q, TDM_EINTERNAL, true,
                     "a node sent token %" PRIu32 " outside the vocabulary (0..%" PRIu32 ")",
                     q->next_index, r->n_vocab - 1);
