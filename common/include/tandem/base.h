@@ -134,7 +134,8 @@ int tdm_buf_reserve(tdm_buf_t *b, size_t more);
 int tdm_buf_append(tdm_buf_t *b, const void *p, size_t n);
 int tdm_buf_puts(tdm_buf_t *b, const char *s);
 int tdm_buf_printf(tdm_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-int tdm_buf_vprintf(tdm_buf_t *b, const char *fmt, va_list ap);
+int tdm_buf_vprintf(tdm_buf_t *b, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 
 /* Empties the string but keeps its memory (len 0, data "" when allocated, oom cleared). */
 void tdm_buf_clear(tdm_buf_t *b);
