@@ -658,32 +658,7 @@ void oai_req_destroy(void *q)
  * character). NULL on out of memory. */
 static json_t *str_utf8(const char *s, size_t n)
 {
-    if (!s)
-        return json_string("");
-    size_t i = 0;
-    uint32_t cp;
-    while (i < n) {
-        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
-        if (l == 0 || cp == 0)
-            break;
-        i += l;
-    }
-    if (i == n)
-        return json_stringn(s, n);
-    tdm_buf_t b = TDM_BUF_INIT;
-    for (i = 0; i < n;) {
-        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
-        if (l == 0 || cp == 0) {
-            tdm_buf_append(&b, "\xef\xbf\xbd", 3);
-            i++;
-        } else {
-            tdm_buf_append(&b, s + i, l);
-            i += l;
-        }
-    }
-    json_t *v = b.data ? json_stringn(b.data, b.len) : NULL;
-    tdm_buf_free(&b);
-    return v;
+    return http_json_text(s, n);
 }
 
 static json_t *bytes_array(const char *s)
