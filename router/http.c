@@ -699,9 +699,10 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
     json_t *found = NULL;
     for (size_t i = 0; data && i < mr->n_models; i++) {
         const Tandem__V1__ModelInfo *mi = mr->models[i];
-        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", mi->name, "object",
-                              "model", "created", (json_int_t)h->started, "owned_by", "tandem",
-                              "root", mi->name, "parent", "max_model_len", (int)mi->n_ctx);
+        json_t *o =
+            json_pack("{s:o, s:s, s:I, s:s, s:o, s:n, s:i}", "id", http_json_str(mi->name),
+                      "object", "model", "created", (json_int_t)h->started, "owned_by", "tandem",
+                      "root", http_json_str(mi->name), "parent", "max_model_len", (int)mi->n_ctx);
         if (!o)
             continue;
         if (id && strcmp(id, mi->name) == 0)
@@ -729,21 +730,23 @@ static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_HEALTH, &req.base,
                       &tandem__v1__health_response__descriptor, 2.0, &resp, &err);
     if (rc != TDM_OK)
-        return reply_json(c, 503,
-                          json_pack("{s:s, s:s}", "status", "unavailable", "message", err.msg));
+        return reply_json(
+            c, 503,
+            json_pack("{s:s, s:o}", "status", "unavailable", "message", http_json_str(err.msg)));
     Tandem__V1__HealthResponse *hr = (Tandem__V1__HealthResponse *)resp;
     bool ready = hr->ready;
-    json_t *v = json_pack("{s:s, s:b, s:s}", "status", ready ? "ready" : "not ready", "ready",
-                          ready, "version", hr->version);
+    json_t *v = json_pack("{s:s, s:b, s:o}", "status", ready ? "ready" : "not ready", "ready",
+                          ready, "version", http_json_str(hr->version));
     /* refused registrations with their reason: why an expected node is missing (node ids
      * and model details, so only for a request that may see the cluster's state: /ready
      * itself is open to probes) */
     json_t *refused = v && state_key_ok(h, c, NULL) ? json_array() : NULL;
     for (size_t i = 0; refused && i < hr->n_refused; i++)
-        json_array_append_new(
-            refused, json_pack("{s:s, s:s, s:f, s:I}", "node_id", hr->refused[i]->node_id, "reason",
-                               hr->refused[i]->reason, "age_s", hr->refused[i]->age_s, "count",
-                               (json_int_t)hr->refused[i]->count));
+        json_array_append_new(refused, json_pack("{s:o, s:o, s:f, s:I}", "node_id",
+                                                 http_json_str(hr->refused[i]->node_id), "reason",
+                                                 http_json_str(hr->refused[i]->reason), "age_s",
+                                                 hr->refused[i]->age_s, "count",
+                                                 (json_int_t)hr->refused[i]->count));
     if (refused)
         json_object_set_new(v, "refused", refused);
     protobuf_c_message_free_unpacked(resp, NULL);

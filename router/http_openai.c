@@ -773,9 +773,9 @@ static void take_final(oai_out_t *o, const tdm_client_chunk_t *ch)
 /* The common part of a streamed chunk; the caller adds "choices". */
 static json_t *chunk_base(const oai_req_t *q)
 {
-    json_t *c = json_pack("{s:s, s:s, s:I, s:s}", "id", q->id, "object",
+    json_t *c = json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
                           q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion",
-                          "created", (json_int_t)q->created, "model", q->model);
+                          "created", (json_int_t)q->created, "model", http_json_str(q->model));
     if (c && q->include_usage)
         json_object_set_new(c, "usage", json_null());
     return c;
@@ -876,9 +876,9 @@ json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t 
 {
     take_final(o, ch);
     json_t *choice = json_pack("{s:i}", "index", 0);
-    json_t *r = json_pack("{s:s, s:s, s:I, s:s}", "id", q->id, "object",
+    json_t *r = json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
                           q->kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
-                          (json_int_t)q->created, "model", q->model);
+                          (json_int_t)q->created, "model", http_json_str(q->model));
     if (!choice || !r) {
         json_decref(choice);
         json_decref(r);
