@@ -318,6 +318,8 @@ static gw_call_t *unref_locked(gw_call_t *c)
  * call ends with RESOURCE_EXHAUSTED instead. Returns false when the call has ended. */
 static bool file_event(gw_t *gw, gw_call_t *c, gw_event_t *ev)
 {
+    /* read before queueing: once queued, the event belongs to (and may be freed by) its reader */
+    bool is_end = ev && ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
     pthread_mutex_lock(&gw->mu);
     if (ev)
         push_event_locked(c, ev);
@@ -325,7 +327,7 @@ static bool file_event(gw_t *gw, gw_call_t *c, gw_event_t *ev)
         end_locked(c, TDM_ERESOURCE, "the HTTP gateway is out of memory");
     bool ended = c->ended;
     pthread_mutex_unlock(&gw->mu);
-    return !ended || (ev && ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END);
+    return !ended || is_end;
 }
 
 static int on_chunk(void *user, const tdm_client_chunk_t *ch)
