@@ -141,11 +141,12 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
     for (size_t i = 0; nodes && i < cs->n_nodes; i++) {
         const Tandem__V1__NodeStatus *n = cs->nodes[i];
         json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
-            "node_id", n->node_id, "role", n->role, "device", n->device, "up", n->up,
-            "kv_blocks_total", (json_int_t)n->kv_blocks_total, "kv_blocks_used",
-            (json_int_t)n->kv_blocks_used, "kv_blocks_cached", (json_int_t)n->kv_blocks_cached,
-            "reserved_blocks", (json_int_t)n->reserved_blocks, "kv_used_pct",
+            "{s:o, s:o, s:o, s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+            "node_id", http_json_str(n->node_id), "role", http_json_str(n->role), "device",
+            http_json_str(n->device), "up", n->up, "kv_blocks_total",
+            (json_int_t)n->kv_blocks_total, "kv_blocks_used", (json_int_t)n->kv_blocks_used,
+            "kv_blocks_cached", (json_int_t)n->kv_blocks_cached, "reserved_blocks",
+            (json_int_t)n->reserved_blocks, "kv_used_pct",
             pct(n->kv_blocks_used, n->kv_blocks_total), "running", (json_int_t)n->running,
             "waiting", (json_int_t)n->waiting, "batch_size", (json_int_t)n->batch_size,
             "queued_prefill_tokens", (json_int_t)n->queued_prefill_tokens, "prefix_queries",
@@ -159,10 +160,11 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
         }
     }
     *kv_pct = total ? pct(used, total) : NAN;
-    return json_pack("{s:s, s:s, s:{s:i, s:i, s:I}, s:o}", "version", cs->version, "model",
-                     cs->model, "requests", "running", (int)cs->requests_running, "queued",
-                     (int)cs->requests_queued, "total", (json_int_t)cs->requests_total, "nodes",
-                     nodes ? nodes : json_array());
+    /* the strings come from the nodes and the router: valid UTF-8 or replaced (http.c) */
+    return json_pack("{s:o, s:o, s:{s:i, s:i, s:I}, s:o}", "version", http_json_str(cs->version),
+                     "model", http_json_str(cs->model), "requests", "running",
+                     (int)cs->requests_running, "queued", (int)cs->requests_queued, "total",
+                     (json_int_t)cs->requests_total, "nodes", nodes ? nodes : json_array());
 }
 
 /* The interval's TTFT, TPOT and token count into *s (d->mu held): from the router's metrics
@@ -351,13 +353,13 @@ static json_t *model_json(const http_model_t *m)
         return json_null();
     char fp[24];
     snprintf(fp, sizeof fp, "%016" PRIx64, m->fingerprint);
-    return json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:s}", "name",
-                     m->name, "chat_template", m->chat_template, "fingerprint", fp, "n_ctx",
-                     (int)m->n_ctx, "n_vocab", (int)m->n_vocab, "n_layers", (int)m->n_layers,
-                     "n_kv_heads", (int)m->n_kv_heads, "head_dim", (int)m->head_dim, "n_heads",
-                     (int)m->n_heads, "n_embd", (int)m->n_embd, "weight_bytes",
-                     (json_int_t)m->weight_bytes, "kv_block_size", (int)m->kv_block_size,
-                     "kv_dtype", tdm_kv_dtype_name((tdm_kv_dtype_t)m->kv_dtype));
+    return json_pack(
+        "{s:o, s:o, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:I, s:i, s:s}", "name",
+        http_json_str(m->name), "chat_template", http_json_str(m->chat_template), "fingerprint", fp,
+        "n_ctx", (int)m->n_ctx, "n_vocab", (int)m->n_vocab, "n_layers", (int)m->n_layers,
+        "n_kv_heads", (int)m->n_kv_heads, "head_dim", (int)m->head_dim, "n_heads", (int)m->n_heads,
+        "n_embd", (int)m->n_embd, "weight_bytes", (json_int_t)m->weight_bytes, "kv_block_size",
+        (int)m->kv_block_size, "kv_dtype", tdm_kv_dtype_name((tdm_kv_dtype_t)m->kv_dtype));
 }
 
 json_t *dash_status_json(dash_t *d, const http_model_t *m)
@@ -590,12 +592,12 @@ static json_t *cap_result(const char *source, const char *model, const tdm_kv_pl
 {
     const tdm_kv_layout_t *l = &in->layout;
     json_t *r = json_pack(
-        "{s:s, s:s?, s:i, s:i, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
+        "{s:s, s:o?, s:i, s:i, s:i, s:i, s:s, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, "
         "s:I, s:I, s:f}",
-        "source", source, "model", model, "n_layers", (int)l->n_layers, "n_kv_heads",
-        (int)l->n_kv_heads, "n_heads", (int)in->n_heads, "head_dim", (int)l->head_dim, "dtype",
-        tdm_kv_dtype_name(l->dtype), "block_size", (int)l->block_size, "context",
-        (json_int_t)in->n_ctx, "users", (json_int_t)in->n_users, "weights_bytes",
+        "source", source, "model", model ? http_json_str(model) : NULL, "n_layers",
+        (int)l->n_layers, "n_kv_heads", (int)l->n_kv_heads, "n_heads", (int)in->n_heads, "head_dim",
+        (int)l->head_dim, "dtype", tdm_kv_dtype_name(l->dtype), "block_size", (int)l->block_size,
+        "context", (json_int_t)in->n_ctx, "users", (json_int_t)in->n_users, "weights_bytes",
         (json_int_t)in->weight_bytes, "kv_bytes_per_token", (json_int_t)p->bytes_per_token,
         "block_bytes", (json_int_t)p->block_bytes, "blocks_per_sequence",
         (json_int_t)p->blocks_per_seq, "kv_bytes_per_sequence", (json_int_t)p->bytes_per_seq,

@@ -1,13 +1,19 @@
-/* http.c - the HTTP gateway's server: libmicrohttpd with one thread per connection, routing,
- * API keys, OpenAI-shaped errors, and the handlers (generate, models, health, ready, metrics,
- * dashboard).
+/* http.c - the HTTP gateway's server: libmicrohttpd with a bounded thread pool, routing,
+ * framing checks, API keys, OpenAI-shaped errors, and the handlers (generate, models, health,
+ * ready, metrics, dashboard).
  *
- * Each connection has its own thread, so a handler may block: a generate request waits for
- * its first event from the router (the HTTP status depends on it: a refused request is a 4xx
- * JSON error, not a 200 stream), and a streaming response's content reader waits for the
- * next chunk. Both waits also watch the client's socket: a client that hangs up gets its
- * request cancelled at once (CANCEL to the router, which frees its KV blocks), and the
- * completion callback cancels whatever is still running when a connection ends any other way.
+ * A pool of router.http_threads threads serves every connection (epoll), within
+ * router.http_max_connections in all and router.http_max_connections_per_client from one
+ * address, and closes a connection idle for router.http_connection_timeout_s. So no handler
+ * blocks on the router: a generate request whose next event has not come (its first, which
+ * decides the HTTP status: a refused request is a 4xx JSON error, not a 200 stream; the END
+ * after a stream=false answer; a stream's next chunk) parks its connection
+ * (MHD_suspend_connection, through gw_call_take) and the gateway thread resumes it when the
+ * event is queued. A client that hangs up while parked is resumed too (the gateway thread
+ * watches parked sockets) and gets its request cancelled at once (CANCEL to the router, which
+ * frees its KV blocks); the completion callback cancels whatever is still running when a
+ * connection ends any other way. Only the short unary calls (MODELS, HEALTH, METRICS) wait on
+ * a pool thread, for at most HTTP_UNARY_TIMEOUT_S.
  * Structure is never re-parsed: a refused request's OpenAI `param` comes from the END's
  * ErrorDetail (param_of), and /metrics renders the METRICS message (tdm_proto_metrics_text).
  */
@@ -17,6 +23,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -31,11 +38,8 @@
 
 #include "http_internal.h"
 
-#define HTTP_IDLE_TIMEOUT_S 120u /* keep-alive connections idle this long are closed */
-#define HTTP_CONNECTION_LIMIT 1000u
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
 #define HTTP_UNARY_TIMEOUT_S 5.0
-#define HTTP_WAIT_SLICE_MS 1000
 /* Kernel send buffer of a streaming response (Linux doubles it). Autotuning would let a client
  * that stops reading park up to net.ipv4.tcp_wmem's maximum (4 MiB) in the kernel per stream;
  * with the cap the backlog waits in the call's queue, and a stream needs little: 64 KiB per
@@ -66,9 +70,11 @@ typedef struct http_req {
     bool too_large;
     uint64_t discarded;
     int fd; /* the client's socket */
+    struct MHD_Connection *conn;
     /* a generate request */
     oai_req_t *q; /* owned by call */
     gw_call_t *call;
+    gw_event_t *whole; /* stream=false: the one chunk, held until the END after it */
     oai_out_t out;
     bool streaming;
     bool recorded;
@@ -128,18 +134,57 @@ static const char *status_code_name(unsigned status)
     }
 }
 
+json_t *http_json_text(const char *s, size_t n)
+{
+    if (!s)
+        return json_string("");
+    size_t i = 0;
+    uint32_t cp;
+    while (i < n) {
+        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (l == 0 || cp == 0)
+            break;
+        i += l;
+    }
+    if (i == n)
+        return json_stringn(s, n);
+    tdm_buf_t b = TDM_BUF_INIT;
+    tdm_buf_append(&b, s, i);
+    while (i < n) {
+        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (l == 0 || cp == 0) {
+            tdm_buf_append(&b, "\xef\xbf\xbd", 3); /* U+FFFD for the byte */
+            i++;
+        } else {
+            tdm_buf_append(&b, s + i, l);
+            i += l;
+        }
+    }
+    json_t *v = b.data && !b.oom ? json_stringn(b.data, b.len) : NULL;
+    tdm_buf_free(&b);
+    return v;
+}
+
+json_t *http_json_str(const char *s)
+{
+    return http_json_text(s, s ? strlen(s) : 0);
+}
+
 json_t *http_error_json(unsigned http_status, const char *code, const char *param,
                         const char *message)
 {
+    /* the message may quote client input (a URL, a JSON parser's excerpt, a model name) */
     json_t *e = json_object();
     if (!e)
         return NULL;
-    json_object_set_new(e, "message", json_string(message ? message : ""));
-    if (!json_object_get(e, "message")) /* not UTF-8: keep the shape */
-        json_object_set_new(e, "message", json_string("(message not valid UTF-8)"));
+    json_object_set_new(e, "message", http_json_str(message ? message : ""));
     json_object_set_new(e, "type", json_string(error_type(http_status)));
-    json_object_set_new(e, "param", param && param[0] ? json_string(param) : json_null());
-    json_object_set_new(e, "code", json_string(code ? code : status_code_name(http_status)));
+    json_object_set_new(e, "param", param && param[0] ? http_json_str(param) : json_null());
+    json_object_set_new(e, "code", http_json_str(code ? code : status_code_name(http_status)));
+    if (json_object_size(e) != 4) { /* out of memory */
+        json_decref(e);
+        return NULL;
+    }
     return json_pack("{s:o}", "error", e);
 }
 
@@ -237,19 +282,16 @@ static const char *bearer_key(struct MHD_Connection *c)
  * the request may go on; otherwise a 401 has been queued and *ret is its result. */
 static bool check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret)
 {
-    const char *key = bearer_key(c);
-    if (key && strlen(key) >= TDM_NET_API_KEY_MAX) {
-        *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is too long");
-        return false;
-    }
     if (h->cfg->router.n_api_keys == 0)
-        return true;
+        return true; /* no keys: whatever Authorization says (OpenAI clients always send one) */
+    const char *key = bearer_key(c);
     if (!key) {
         *ret = reply_error(c, 401, "invalid_api_key", NULL,
                            "an API key is required: send the header 'Authorization: Bearer KEY'");
         return false;
     }
-    if (!tdm_config_api_key_ok(&h->cfg->router, key)) {
+    /* one longer than any key can be is simply not one of them */
+    if (strlen(key) >= TDM_NET_API_KEY_MAX || !tdm_config_api_key_ok(&h->cfg->router, key)) {
         *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is not accepted");
         return false;
     }
@@ -402,6 +444,45 @@ static void record(http_req_t *r, int status)
     dash_record(r->h->dash, status, r->out.ttft_s, r->out.tpot_s, r->out.completion_tokens);
 }
 
+static void park_conn(void *arg)
+{
+    MHD_suspend_connection(arg);
+}
+
+static void unpark_conn(void *arg)
+{
+    MHD_resume_connection(arg);
+}
+
+/* Whether the client's socket says it hung up (or failed); does not wait. */
+static bool client_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {fd, POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* The call's next event without blocking the thread: 1 with *ev; 0 when the connection is
+ * parked until there is one (the handler returns and libmicrohttpd calls it again then); -1
+ * when the client has hung up (the call is cancelled; when tells the log at what point). */
+static int take_event(http_req_t *r, const char *when, gw_event_t **ev)
+{
+    int got = -1;
+    if (!client_gone(r->fd)) {
+        gw_parker_t pk = {park_conn, unpark_conn, r->conn};
+        got = gw_call_take(r->call, r->fd, &pk, ev);
+    }
+    if (got >= 0)
+        return got;
+    tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
+                  "http client disconnected %s: request cancelled", when);
+    r->cancelled = true;
+    gw_call_cancel(r->call);
+    record(r, TDM_ECANCELLED);
+    return -1;
+}
+
 /* Turns one event of a running stream into SSE text in r->sse. */
 static void stream_event(http_req_t *r, gw_event_t *ev)
 {
@@ -424,6 +505,8 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
                       tdm_status_name(ev->status), ev->message);
 }
 
+/* The content reader of a stream: the SSE text of the events queued so far; with none, it
+ * parks the connection and returns 0 (libmicrohttpd calls it again once resumed). */
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
@@ -434,19 +517,16 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         tdm_buf_clear(&r->sse);
         r->sse_off = 0;
         gw_event_t *ev = NULL;
-        int got = gw_call_next(r->call, r->fd, HTTP_WAIT_SLICE_MS, &ev);
-        if (got < 0) {
-            tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
-                          "http client disconnected mid-stream: request cancelled");
-            r->cancelled = true;
-            gw_call_cancel(r->call);
-            record(r, TDM_ECANCELLED);
+        int got = take_event(r, "mid-stream", &ev);
+        if (got < 0)
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
         if (got == 0)
-            continue;
+            return 0;
         stream_event(r, ev);
         gw_event_free(ev);
+        if (r->sse_done) /* the rest is ours to send: a client that stops reading times out */
+            MHD_set_connection_option(r->conn, MHD_CONNECTION_OPTION_TIMEOUT,
+                                      (unsigned)r->h->cfg->router.http_connection_timeout_s);
     }
     size_t n = r->sse.len - r->sse_off;
     if (n > max)
@@ -454,25 +534,6 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     memcpy(buf, r->sse.data + r->sse_off, n);
     r->sse_off += n;
     return (ssize_t)n;
-}
-
-/* Waits for the call's first event. Returns 1 with *ev, or -1 when the client hung up (the
- * call is cancelled). */
-static int first_event(http_req_t *r, gw_event_t **ev)
-{
-    for (;;) {
-        int got = gw_call_next(r->call, r->fd, HTTP_WAIT_SLICE_MS, ev);
-        if (got > 0)
-            return 1;
-        if (got < 0) {
-            tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
-                          "http client disconnected before the answer: request cancelled");
-            r->cancelled = true;
-            gw_call_cancel(r->call);
-            record(r, TDM_ECANCELLED);
-            return -1;
-        }
-    }
 }
 
 /* Parses the body and starts its GENERATE call (r->q, r->call). Returns true, or false with
@@ -524,17 +585,13 @@ static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, co
                        ev->message[0] ? ev->message : tdm_strerror(ev->status));
 }
 
-/* Answers a stream=false call from its one chunk (ev, consumed), once the END OK after it has
- * come (an error END instead is answered as the router's error). */
-static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev)
+/* Answers a stream=false call from its one chunk (r->whole, consumed) and the event after it
+ * (end, consumed): the chunk once the END OK has come; an error END is answered as the
+ * router's error. */
+static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_event_t *end)
 {
-    gw_event_t *end = NULL;
-    if (ev->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM || first_event(r, &end) < 0) {
-        gw_event_free(ev);
-        gw_call_cancel(r->call);
-        record(r, TDM_EINTERNAL);
-        return reply_error(c, 500, NULL, NULL, "the router's answer is not one GenerateChunk");
-    }
+    gw_event_t *ev = r->whole;
+    r->whole = NULL;
     enum MHD_Result ret;
     if (end->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && end->status != TDM_OK) {
         ret = reply_refused(r, c, end);
@@ -575,25 +632,50 @@ static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Con
     return ret;
 }
 
+/* Runs a started generate call as far as its queued events allow: called when the request
+ * is complete and again each time its parked connection is resumed. The first event decides
+ * the answer (a refusal, a stream, or the one chunk of stream=false, which waits for the END
+ * after it); returns MHD_YES with the connection parked while an event is missing. */
+static enum MHD_Result generate_step(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r)
+{
+    for (;;) {
+        gw_event_t *ev = NULL;
+        int got = take_event(r, "before the answer", &ev);
+        if (got < 0)
+            return MHD_NO;
+        if (got == 0)
+            return MHD_YES;
+        if (r->whole)
+            return reply_whole(r, c, ev);
+        if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
+            enum MHD_Result ret = reply_refused(r, c, ev);
+            gw_event_free(ev);
+            return ret;
+        }
+        if (r->q->stream)
+            return reply_stream(h, r, c, ev);
+        if (ev->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM) {
+            gw_event_free(ev);
+            gw_call_cancel(r->call);
+            record(r, TDM_EINTERNAL);
+            return reply_error(c, 500, NULL, NULL, "the router's answer is not one GenerateChunk");
+        }
+        r->whole = ev; /* stream=false: the answer once the END after it has come */
+    }
+}
+
 static enum MHD_Result handle_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
                                        oai_kind_t kind)
 {
     enum MHD_Result ret;
     if (!check_key(h, c, &ret))
         return ret;
-    /* a request may wait long (queue, generation): no idle timeout until it completes */
+    /* a request may wait long (queue, generation) and a stream's reader may be slow: no idle
+     * timeout until it completes (a parked connection has none anyway) */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     if (!generate_start(h, c, r, kind, &ret))
         return ret;
-    gw_event_t *ev = NULL;
-    if (first_event(r, &ev) < 0)
-        return MHD_NO;
-    if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
-        ret = reply_refused(r, c, ev);
-        gw_event_free(ev);
-        return ret;
-    }
-    return r->q->stream ? reply_stream(h, r, c, ev) : reply_whole(r, c, ev);
+    return generate_step(h, c, r);
 }
 
 /* ---- other endpoints ---- */
@@ -617,9 +699,10 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
     json_t *found = NULL;
     for (size_t i = 0; data && i < mr->n_models; i++) {
         const Tandem__V1__ModelInfo *mi = mr->models[i];
-        json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", mi->name, "object",
-                              "model", "created", (json_int_t)h->started, "owned_by", "tandem",
-                              "root", mi->name, "parent", "max_model_len", (int)mi->n_ctx);
+        json_t *o =
+            json_pack("{s:o, s:s, s:I, s:s, s:o, s:n, s:i}", "id", http_json_str(mi->name),
+                      "object", "model", "created", (json_int_t)h->started, "owned_by", "tandem",
+                      "root", http_json_str(mi->name), "parent", "max_model_len", (int)mi->n_ctx);
         if (!o)
             continue;
         if (id && strcmp(id, mi->name) == 0)
@@ -647,21 +730,23 @@ static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_HEALTH, &req.base,
                       &tandem__v1__health_response__descriptor, 2.0, &resp, &err);
     if (rc != TDM_OK)
-        return reply_json(c, 503,
-                          json_pack("{s:s, s:s}", "status", "unavailable", "message", err.msg));
+        return reply_json(
+            c, 503,
+            json_pack("{s:s, s:o}", "status", "unavailable", "message", http_json_str(err.msg)));
     Tandem__V1__HealthResponse *hr = (Tandem__V1__HealthResponse *)resp;
     bool ready = hr->ready;
-    json_t *v = json_pack("{s:s, s:b, s:s}", "status", ready ? "ready" : "not ready", "ready",
-                          ready, "version", hr->version);
+    json_t *v = json_pack("{s:s, s:b, s:o}", "status", ready ? "ready" : "not ready", "ready",
+                          ready, "version", http_json_str(hr->version));
     /* refused registrations with their reason: why an expected node is missing (node ids
      * and model details, so only for a request that may see the cluster's state: /ready
      * itself is open to probes) */
     json_t *refused = v && state_key_ok(h, c, NULL) ? json_array() : NULL;
     for (size_t i = 0; refused && i < hr->n_refused; i++)
-        json_array_append_new(
-            refused, json_pack("{s:s, s:s, s:f, s:I}", "node_id", hr->refused[i]->node_id, "reason",
-                               hr->refused[i]->reason, "age_s", hr->refused[i]->age_s, "count",
-                               (json_int_t)hr->refused[i]->count));
+        json_array_append_new(refused, json_pack("{s:o, s:o, s:f, s:I}", "node_id",
+                                                 http_json_str(hr->refused[i]->node_id), "reason",
+                                                 http_json_str(hr->refused[i]->reason), "age_s",
+                                                 hr->refused[i]->age_s, "count",
+                                                 (json_int_t)hr->refused[i]->count));
     if (refused)
         json_object_set_new(v, "refused", refused);
     protobuf_c_message_free_unpacked(resp, NULL);
@@ -758,6 +843,64 @@ static enum MHD_Result route(tdm_http_t *h, struct MHD_Connection *c, http_req_t
     return reply_json(c, status, v);
 }
 
+/* Checks the body's framing before any of it is read (libmicrohttpd reads a body of an
+ * unknown Transfer-Encoding until the connection closes): only "chunked" or a decimal
+ * Content-Length, not both (RFC 9112 6.1, 6.3: a request with both is how requests are
+ * smuggled). Returns true, or false with a 400 queued and *ret its result. */
+static bool framing_ok(struct MHD_Connection *c, enum MHD_Result *ret)
+{
+    const char *te =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (te && strcasecmp(te, "chunked") != 0) {
+        *ret = reply_error(c, 400, "bad_framing", NULL,
+                           "Transfer-Encoding '%.100s' is not supported: send 'chunked' or a "
+                           "Content-Length",
+                           te);
+        return false;
+    }
+    if (te && cl) {
+        *ret = reply_error(c, 400, "bad_framing", NULL,
+                           "a request with both Transfer-Encoding and Content-Length is refused");
+        return false;
+    }
+    if (cl && (!cl[0] || strspn(cl, "0123456789") != strlen(cl) || strlen(cl) > 19)) {
+        *ret = reply_error(c, 400, "bad_framing", NULL,
+                           "Content-Length '%.100s' is not a decimal byte count", cl);
+        return false;
+    }
+    return true;
+}
+
+/* The first call of a request (its headers have arrived): its state, the framing checks, and
+ * an early 413 for a body announced too large to a client waiting for "100 Continue". */
+static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, void **con_cls)
+{
+    http_req_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return MHD_NO;
+    r->h = h;
+    r->conn = c;
+    r->fd = client_fd(c);
+    *con_cls = r;
+    enum MHD_Result ret;
+    if (!framing_ok(c, &ret))
+        return ret;
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoull(cl, NULL, 10) > TDM_HTTP_MAX_BODY_BYTES) {
+        r->too_large = true;
+        /* a client waiting for "100 Continue" gets the 413 without sending the body */
+        const char *expect =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if (expect && strcasecmp(expect, "100-continue") == 0)
+            return reply_error(c, 413, "request_too_large", NULL,
+                               "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -765,27 +908,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     (void)version;
     tdm_http_t *h = cls;
     http_req_t *r = *con_cls;
-    if (!r) {
-        r = calloc(1, sizeof *r);
-        if (!r)
-            return MHD_NO;
-        r->h = h;
-        r->fd = client_fd(c);
-        *con_cls = r;
-        const char *cl =
-            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > TDM_HTTP_MAX_BODY_BYTES) {
-            r->too_large = true;
-            /* a client waiting for "100 Continue" gets the 413 without sending the body */
-            const char *expect =
-                MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-            if (expect && strcasecmp(expect, "100-continue") == 0)
-                return reply_error(c, 413, "request_too_large", NULL,
-                                   "the request body is larger than %u bytes",
-                                   TDM_HTTP_MAX_BODY_BYTES);
-        }
-        return MHD_YES;
-    }
+    if (!r)
+        return request_begin(h, c, con_cls);
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
@@ -807,6 +931,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         return MHD_YES;
     }
+    if (r->call) /* resumed: the call's next events */
+        return generate_step(h, c, r);
     return route(h, c, r, url, method);
 }
 
@@ -829,11 +955,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     if (r->streaming)
         dash_streams(h->dash, -1);
+    gw_event_free(r->whole);
     tdm_buf_free(&r->body);
     tdm_buf_free(&r->sse);
     free(r);
     *con_cls = NULL;
-    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                              (unsigned)h->cfg->router.http_connection_timeout_s);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -909,13 +1037,18 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
     if (h->gw)
         h->dash = dash_new(h->gw, err);
     if (h->dash) {
-        unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                         MHD_USE_POLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+        /* a pool of threads over epoll, connections parked while they wait for the router */
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                         MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+        const tdm_router_config_t *rc = &cfg->router;
         h->mhd = MHD_start_daemon(
-            flags, (uint16_t)cfg->router.http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+            flags, (uint16_t)rc->http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
             (struct sockaddr *)sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_CONNECTION_TIMEOUT, HTTP_IDLE_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
-            HTTP_CONNECTION_LIMIT, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
+            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)rc->http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)rc->http_connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+            (unsigned)rc->http_max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+            (unsigned)rc->http_max_connections_per_client, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+            h, MHD_OPTION_END);
         if (!h->mhd)
             tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,
                           cfg->router.http_port,

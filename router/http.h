@@ -4,10 +4,13 @@
  *
  * The gateway is a client of the router's native API: one gateway thread owns a client of the
  * client library (tandem/client.h) connected to the router's inproc:// endpoint on the router's
- * ZMQ context, and runs every HTTP request as one of its calls; libmicrohttpd serves each
- * connection on its own thread, and the two sides meet in per-call event queues. So the
- * router's single-threaded loop is never touched from an HTTP thread, and a slow or stalled
- * HTTP client blocks only its own stream. API keys of HTTP requests are checked here.
+ * ZMQ context, and runs every HTTP request as one of its calls; libmicrohttpd serves the
+ * connections on a bounded thread pool (router.http_threads; connection, per-client and idle
+ * limits from router.http_*), and the two sides meet in per-call event queues: a connection
+ * whose next event has not come is suspended, and the gateway thread resumes it. So the
+ * router's single-threaded loop is never touched from an HTTP thread, no pool thread waits for
+ * tokens, and a slow or stalled HTTP client holds up only its own stream. API keys of HTTP
+ * requests are checked here.
  * docs/api.md "HTTP API (OpenAI-compatible)" describes the endpoints.
  */
 #ifndef TANDEM_ROUTER_HTTP_H
@@ -35,11 +38,11 @@ typedef struct tdm_http tdm_http_t;
  * cfg->router.http_port (an IPv6 literal such as "::1" works too), then logs
  * "http gateway ready url=http://HOST:PORT router=ENDPOINT". API keys (cfg->router.api_keys)
  * are required on /v1/... as "Authorization: Bearer KEY" and checked here with
- * tdm_config_api_key_ok; every call to the router carries the first configured key.
- * cfg, net and log are borrowed and must outlive the gateway (log NULL: stderr).
- * Returns NULL with *err set: TDM_EINVALID (bad address or endpoint), TDM_EUNAVAILABLE (the
- * port is in use or cannot be bound; the message names address and port), TDM_ERESOURCE (out
- * of memory, no thread). Caller frees with tdm_http_destroy. */
+ * tdm_config_api_key_ok (without keys any Authorization is ignored); every call to the router
+ * carries the first configured key. cfg, net and log are borrowed and must outlive the gateway (log
+ * NULL: stderr). Returns NULL with *err set: TDM_EINVALID (bad address or endpoint),
+ * TDM_EUNAVAILABLE (the port is in use or cannot be bound; the message names address and port),
+ * TDM_ERESOURCE (out of memory, no thread). Caller frees with tdm_http_destroy. */
 tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
                          const tdm_logger_t *log, tdm_error_t *err);
 

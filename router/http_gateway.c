@@ -2,14 +2,18 @@
  * the client library (client/lib/client.c) connected to the router's inproc:// endpoint on
  * the router's own ZMQ context, and runs every HTTP request as one of its calls.
  *
- * HTTP threads start calls (gw_generate_start, gw_unary) and wait for their events
- * (gw_call_next); the gateway thread hands them to the client library, whose callbacks file
- * each chunk and the end under the call into that call's queue and wake the waiting thread
- * through the call's eventfd. The library does the rest: call ids, deadlines (sent to the
- * router and enforced here), CANCEL, "on_done exactly once". A call is reference-counted: the
- * HTTP thread holds one reference, the gateway thread one while the call is in its list. One
- * mutex guards the queues and flags of every call (the critical sections are a few pointer
- * moves). The client and its socket never leave the gateway thread.
+ * HTTP threads start calls (gw_generate_start, gw_unary) and take their events: a unary call
+ * waits for its end (gw_call_next), a generate call is taken without waiting (gw_call_take),
+ * its connection parked (suspended in libmicrohttpd) while nothing is queued. The gateway
+ * thread hands the calls to the client library, whose callbacks file each chunk and the end
+ * under the call into that call's queue, wake a waiting thread through the call's eventfd and
+ * unpark a parked connection. The sockets of parked connections are watched from the gateway
+ * thread too (epoll: the same set as its wake eventfd), so a client that hangs up while its
+ * connection is parked is unparked at once and its request cancelled. The library does the rest:
+ * call ids, deadlines (sent to the router and enforced here), CANCEL, "on_done exactly once". A
+ * call is reference-counted: the HTTP thread holds one reference, the gateway thread one while the
+ * call is in its list. One mutex guards the queues and flags of every call (the critical sections
+ * are a few pointer moves). The client and its socket never leave the gateway thread.
  */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include <errno.h>
@@ -20,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -43,7 +48,10 @@ struct gw_call {
     bool ended;            /* the END event is queued */
     bool cancel_requested; /* an HTTP thread asked for CANCEL */
     gw_event_t *head, *tail;
-    gw_call_t *next_pending; /* submission queue */
+    gw_call_t *next_pending;   /* submission queue */
+    void (*unpark)(void *arg); /* parked by gw_call_take: how to unpark it; else NULL */
+    void *park_arg;
+    int watch_fd; /* the parked connection's socket in gw->ep, or -1 */
     /* gateway thread only: */
     gw_call_t *next_active;
     uint64_t call_id; /* the client library's, while it runs the call */
@@ -55,6 +63,7 @@ struct gw {
     tdm_logger_t log;
     char endpoint[256];
     int wake_fd; /* eventfd: new calls, cancels, shutdown */
+    int ep;      /* epoll: wake_fd (data NULL) and the sockets of parked calls (data: the call) */
     pthread_t thread;
     bool thread_started;
     pthread_mutex_t mu;
@@ -223,6 +232,27 @@ static void drain_fd(int fd)
     }
 }
 
+/* Unparks c if it is parked (gw->mu held, so that it cannot be parked and unparked at once):
+ * its socket leaves the epoll set and its unpark function runs. */
+static void unpark_locked(gw_call_t *c)
+{
+    void (*fn)(void *) = c->unpark;
+    if (!fn)
+        return;
+    c->unpark = NULL;
+    if (c->watch_fd >= 0)
+        epoll_ctl(c->gw->ep, EPOLL_CTL_DEL, c->watch_fd, NULL);
+    c->watch_fd = -1;
+    fn(c->park_arg);
+}
+
+/* Wakes whoever waits for c's next event (gw->mu held). */
+static void notify_locked(gw_call_t *c)
+{
+    wake(c->efd);
+    unpark_locked(c);
+}
+
 /* Queues an event on c (gw->mu held) and wakes its reader. An END marks the call ended. */
 static void push_event_locked(gw_call_t *c, gw_event_t *ev)
 {
@@ -238,7 +268,7 @@ static void push_event_locked(gw_call_t *c, gw_event_t *ev)
     c->tail = ev;
     if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
         c->ended = true;
-    wake(c->efd);
+    notify_locked(c);
 }
 
 /* Ends c with status and message (gw->mu held) unless it has ended. On out of memory the
@@ -256,7 +286,7 @@ static void end_locked(gw_call_t *c, int status, const char *message)
         push_event_locked(c, ev);
     } else {
         c->ended = true;
-        wake(c->efd);
+        notify_locked(c);
     }
 }
 
@@ -288,6 +318,8 @@ static gw_call_t *unref_locked(gw_call_t *c)
  * call ends with RESOURCE_EXHAUSTED instead. Returns false when the call has ended. */
 static bool file_event(gw_t *gw, gw_call_t *c, gw_event_t *ev)
 {
+    /* read before queueing: once queued, the event belongs to (and may be freed by) its reader */
+    bool is_end = ev && ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
     pthread_mutex_lock(&gw->mu);
     if (ev)
         push_event_locked(c, ev);
@@ -295,7 +327,7 @@ static bool file_event(gw_t *gw, gw_call_t *c, gw_event_t *ev)
         end_locked(c, TDM_ERESOURCE, "the HTTP gateway is out of memory");
     bool ended = c->ended;
     pthread_mutex_unlock(&gw->mu);
-    return !ended || (ev && ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END);
+    return !ended || is_end;
 }
 
 static int on_chunk(void *user, const tdm_client_chunk_t *ch)
@@ -449,6 +481,22 @@ static void gw_finish(gw_t *gw)
         retire(gw, &gw->active);
 }
 
+/* Unparks the calls whose HTTP clients hung up (their sockets in gw->ep are readable with
+ * RDHUP/HUP/ERR): the HTTP side sees the hang-up and cancels. Every unpark runs on this
+ * thread, so a call reported here is still parked and alive. */
+static void watch_sockets(gw_t *gw)
+{
+    struct epoll_event evs[64];
+    int n = epoll_wait(gw->ep, evs, 64, 0);
+    pthread_mutex_lock(&gw->mu);
+    for (int i = 0; i < n; i++) {
+        gw_call_t *c = evs[i].data.ptr;
+        if (c)
+            unpark_locked(c);
+    }
+    pthread_mutex_unlock(&gw->mu);
+}
+
 static void *gw_main(void *arg)
 {
     gw_t *gw = arg;
@@ -458,13 +506,14 @@ static void *gw_main(void *arg)
         pthread_mutex_unlock(&gw->mu);
         if (stopping)
             break;
-        int rc = tdm_client_poll_fd(gw->client, GW_POLL_MS, gw->wake_fd);
+        int rc = tdm_client_poll_fd(gw->client, GW_POLL_MS, gw->ep);
         if (rc < 0) { /* the socket or the context failed: every call has ended */
             tdm_log_write(&gw->log, TDM_LOG_ERROR, NULL, NULL, "http gateway: %s",
                           tdm_client_errmsg(gw->client));
             break;
         }
         drain_fd(gw->wake_fd);
+        watch_sockets(gw);
         take_pending(gw);
         sweep(gw);
     }
@@ -488,6 +537,7 @@ gw_t *gw_new(tdm_net_t *net, const char *endpoint, const char *api_key, const td
         tdm_log_init(&gw->log, "router");
     snprintf(gw->endpoint, sizeof gw->endpoint, "%s", endpoint);
     gw->wake_fd = -1;
+    gw->ep = -1;
     pthread_mutex_init(&gw->mu, NULL);
     tdm_client_opts_t o = {0};
     o.api_key = api_key;
@@ -501,8 +551,10 @@ gw_t *gw_new(tdm_net_t *net, const char *endpoint, const char *api_key, const td
         goto out_free;
     }
     gw->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (gw->wake_fd < 0) {
-        tdm_error_set(err, TDM_ERESOURCE, "http gateway: eventfd: %s", strerror(errno));
+    gw->ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ee = {.events = EPOLLIN, .data = {.ptr = NULL}};
+    if (gw->wake_fd < 0 || gw->ep < 0 || epoll_ctl(gw->ep, EPOLL_CTL_ADD, gw->wake_fd, &ee) != 0) {
+        tdm_error_set(err, TDM_ERESOURCE, "http gateway: eventfd/epoll: %s", strerror(errno));
         goto out_free;
     }
     int rc = pthread_create(&gw->thread, NULL, gw_main, gw);
@@ -540,6 +592,8 @@ void gw_destroy(gw_t **gw_p)
     tdm_client_destroy(&gw->client); /* when the thread never started */
     if (gw->wake_fd >= 0)
         close(gw->wake_fd);
+    if (gw->ep >= 0)
+        close(gw->ep);
     pthread_mutex_destroy(&gw->mu);
     free(gw);
     *gw_p = NULL;
@@ -586,11 +640,34 @@ gw_call_t *gw_generate_start(gw_t *gw, const tdm_client_request_t *req, void (*r
     }
     c->gw = gw;
     c->efd = -1;
+    c->watch_fd = -1;
     c->method = TANDEM__V1__METHOD__METHOD_GENERATE;
     c->greq = req;
     c->req_free = req_free;
     c->req_owner = req_owner;
     return submit(gw, c, err);
+}
+
+/* Takes c's first queued event (gw->mu held), or NULL. */
+static gw_event_t *pop_locked(gw_call_t *c)
+{
+    gw_event_t *e = c->head;
+    if (e) {
+        c->head = e->next;
+        if (!c->head)
+            c->tail = NULL;
+        e->next = NULL;
+    }
+    return e;
+}
+
+/* The END of a call that ended without one (out of memory): 1 with *ev, -1 when even that
+ * cannot be made. */
+static int oom_end(gw_event_t **ev)
+{
+    gw_event_t *x = end_event(TDM_ERESOURCE, "the HTTP gateway is out of memory");
+    *ev = x;
+    return x ? 1 : -1;
 }
 
 int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
@@ -600,34 +677,15 @@ int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
     *ev = NULL;
     for (;;) {
         pthread_mutex_lock(&gw->mu);
-        gw_event_t *e = c->head;
-        if (e) {
-            c->head = e->next;
-            if (!c->head)
-                c->tail = NULL;
-            e->next = NULL;
-        }
+        gw_event_t *e = pop_locked(c);
         bool ended = c->ended;
         pthread_mutex_unlock(&gw->mu);
         if (e) {
             *ev = e;
             return 1;
         }
-        if (ended) {
-            /* ended without an END event (out of memory): make one */
-            gw_event_t *x = calloc(1, sizeof *x);
-            if (x) {
-                x->kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
-                x->status = TDM_ERESOURCE;
-                x->message = tdm_strdup("the HTTP gateway is out of memory");
-            }
-            if (!x || !x->message) {
-                gw_event_free(x);
-                return -1;
-            }
-            *ev = x;
-            return 1;
-        }
+        if (ended)
+            return oom_end(ev);
         int wait_ms = -1;
         if (timeout_ms >= 0) {
             double left = end - tdm_time_now();
@@ -644,6 +702,31 @@ int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
         if (n > 0 && client_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
             return -1;
     }
+}
+
+int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t **ev)
+{
+    gw_t *gw = c->gw;
+    *ev = NULL;
+    pthread_mutex_lock(&gw->mu);
+    gw_event_t *e = pop_locked(c);
+    bool ended = c->ended;
+    if (!e && !ended) {
+        /* park under the lock: the gateway thread cannot unpark before the park is done */
+        c->unpark = pk->unpark;
+        c->park_arg = pk->arg;
+        c->watch_fd = -1;
+        struct epoll_event ee = {.events = EPOLLRDHUP, .data = {.ptr = c}};
+        if (client_fd >= 0 && epoll_ctl(gw->ep, EPOLL_CTL_ADD, client_fd, &ee) == 0)
+            c->watch_fd = client_fd;
+        pk->park(pk->arg);
+    }
+    pthread_mutex_unlock(&gw->mu);
+    if (e) {
+        *ev = e;
+        return 1;
+    }
+    return ended ? oom_end(ev) : 0;
 }
 
 void gw_call_cancel(gw_call_t *c)
@@ -675,6 +758,10 @@ void gw_call_release(gw_call_t **c_p)
     gw_call_t *c = *c_p;
     *c_p = NULL;
     pthread_mutex_lock(&c->gw->mu);
+    if (c->watch_fd >= 0) /* a caller that leaves while parked: forget its socket */
+        epoll_ctl(c->gw->ep, EPOLL_CTL_DEL, c->watch_fd, NULL);
+    c->watch_fd = -1;
+    c->unpark = NULL;
     gw_call_t *dead = unref_locked(c);
     pthread_mutex_unlock(&c->gw->mu);
     if (dead)
@@ -691,6 +778,7 @@ int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     c->gw = gw;
     c->efd = -1;
+    c->watch_fd = -1;
     c->method = method;
     c->req = req;
     c->resp_desc = resp_desc;

@@ -20,6 +20,13 @@
 /* Appends the compact JSON text of v (not consumed) to b. TDM_ERESOURCE on out of memory. */
 int http_json_append(tdm_buf_t *b, const json_t *v);
 
+/* A JSON string of the n bytes at s (NULL: ""), each byte that is not part of valid UTF-8
+ * (and each NUL) replaced by U+FFFD, so that every reply is valid UTF-8 JSON (jansson's
+ * json_string refuses invalid UTF-8). New reference, NULL on out of memory. */
+json_t *http_json_text(const char *s, size_t n);
+/* http_json_text of a NUL-terminated string. */
+json_t *http_json_str(const char *s);
+
 /* ---- the gateway thread: the router's calls through the client library ---- */
 
 typedef struct gw gw_t;
@@ -75,6 +82,22 @@ gw_call_t *gw_generate_start(gw_t *gw, const tdm_client_request_t *req, void (*r
  * nothing arrived in time, -1 when the client hung up (the caller cancels the call). */
 int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev);
 
+/* How gw_call_take parks its caller's connection while the call has no event: park runs at
+ * once (suspend the connection), unpark later, once, from the gateway thread (resume it). Both
+ * run with the gateway's lock held, so they must not call gw_* functions. */
+typedef struct gw_parker {
+    void (*park)(void *arg);
+    void (*unpark)(void *arg);
+    void *arg;
+} gw_parker_t;
+
+/* Takes the call's next event without waiting. Returns 1 with *ev set (caller frees with
+ * gw_event_free; after the END event nothing more comes), or 0 when none is queued: then
+ * pk->park has run and pk->unpark will run once, when an event is queued, the call ends, or
+ * client_fd (>= 0: the HTTP client's socket, watched while parked) hangs up; the caller takes
+ * again then and checks the socket itself. -1: out of memory (the call has ended). */
+int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t **ev);
+
 /* Cancels the call if it has not ended: CANCEL goes to the router (which frees the request's
  * KV blocks) and the call ends with CANCELLED. Any thread; idempotent. */
 void gw_call_cancel(gw_call_t *c);
@@ -82,7 +105,8 @@ void gw_call_cancel(gw_call_t *c);
 /* True when the call's END has been queued (it may not have been taken yet). */
 bool gw_call_ended(gw_call_t *c);
 
-/* Drops the caller's reference; the call is freed with the last one. NULL-safe, nulls *c_p. */
+/* Drops the caller's reference (and its parking, if any); the call is freed with the last
+ * one. NULL-safe, nulls *c_p. */
 void gw_call_release(gw_call_t **c_p);
 
 /* A unary call (HEALTH, MODELS, STATUS, METRICS): runs it with req (only read while the call

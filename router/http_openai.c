@@ -658,32 +658,7 @@ void oai_req_destroy(void *q)
  * character). NULL on out of memory. */
 static json_t *str_utf8(const char *s, size_t n)
 {
-    if (!s)
-        return json_string("");
-    size_t i = 0;
-    uint32_t cp;
-    while (i < n) {
-        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
-        if (l == 0 || cp == 0)
-            break;
-        i += l;
-    }
-    if (i == n)
-        return json_stringn(s, n);
-    tdm_buf_t b = TDM_BUF_INIT;
-    for (i = 0; i < n;) {
-        size_t l = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
-        if (l == 0 || cp == 0) {
-            tdm_buf_append(&b, "\xef\xbf\xbd", 3);
-            i++;
-        } else {
-            tdm_buf_append(&b, s + i, l);
-            i += l;
-        }
-    }
-    json_t *v = b.data ? json_stringn(b.data, b.len) : NULL;
-    tdm_buf_free(&b);
-    return v;
+    return http_json_text(s, n);
 }
 
 static json_t *bytes_array(const char *s)
@@ -798,9 +773,9 @@ static void take_final(oai_out_t *o, const tdm_client_chunk_t *ch)
 /* The common part of a streamed chunk; the caller adds "choices". */
 static json_t *chunk_base(const oai_req_t *q)
 {
-    json_t *c = json_pack("{s:s, s:s, s:I, s:s}", "id", q->id, "object",
+    json_t *c = json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
                           q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion",
-                          "created", (json_int_t)q->created, "model", q->model);
+                          "created", (json_int_t)q->created, "model", http_json_str(q->model));
     if (c && q->include_usage)
         json_object_set_new(c, "usage", json_null());
     return c;
@@ -901,9 +876,9 @@ json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t 
 {
     take_final(o, ch);
     json_t *choice = json_pack("{s:i}", "index", 0);
-    json_t *r = json_pack("{s:s, s:s, s:I, s:s}", "id", q->id, "object",
+    json_t *r = json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
                           q->kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
-                          (json_int_t)q->created, "model", q->model);
+                          (json_int_t)q->created, "model", http_json_str(q->model));
     if (!choice || !r) {
         json_decref(choice);
         json_decref(r);

@@ -517,6 +517,11 @@ def test_api_keys(tmp_path):
         st, _, body = request(port, "POST", "/v1/completions",
                               body={"model": model, "prompt": PROMPT})
         assert st == 401 and "Authorization: Bearer" in json.loads(body)["error"]["message"]
+        # a token longer than any key can be is a wrong key, for /v1 and the state alike
+        for path in ("/v1/models", "/metrics"):
+            st, _, body = request(port, "GET", path,
+                                  headers={"Authorization": "Bearer sk-right" + "x" * 300})
+            assert st == 401 and "not accepted" in json.loads(body)["error"]["message"], body
         # liveness and readiness (a decode node alone is enough) need no key, and readiness
         # tells nothing about the model
         assert request(port, "GET", "/health")[0] == 200

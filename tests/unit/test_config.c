@@ -66,6 +66,11 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
     assert_str_or_null_equal(a->router.node_advertise, b->router.node_advertise);
     assert_string_equal(a->router.http_address, b->router.http_address);
     assert_int_equal(a->router.http_port, b->router.http_port);
+    assert_int_equal(a->router.http_threads, b->router.http_threads);
+    assert_int_equal(a->router.http_connection_timeout_s, b->router.http_connection_timeout_s);
+    assert_int_equal(a->router.http_max_connections, b->router.http_max_connections);
+    assert_int_equal(a->router.http_max_connections_per_client,
+                     b->router.http_max_connections_per_client);
     assert_int_equal(a->router.prefill_policy, b->router.prefill_policy);
     assert_int_equal(a->router.max_queue, b->router.max_queue);
     assert_true(a->router.request_timeout_s == b->router.request_timeout_s);
@@ -129,6 +134,10 @@ static void test_defaults(void **state)
     assert_string_equal(cfg.router.node_endpoint, "tcp://127.0.0.1:7601");
     assert_string_equal(cfg.router.http_address, "127.0.0.1");
     assert_int_equal(cfg.router.http_port, 8000);
+    assert_int_equal(cfg.router.http_threads, 4);
+    assert_int_equal(cfg.router.http_connection_timeout_s, 30);
+    assert_int_equal(cfg.router.http_max_connections, 1000);
+    assert_int_equal(cfg.router.http_max_connections_per_client, 64);
     assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_ROUND_ROBIN);
     assert_int_equal(cfg.router.max_queue, 1024);
     assert_true(cfg.router.request_timeout_s == 600.0);
@@ -232,6 +241,10 @@ static const char full_yaml[] =
     "  node_endpoint: \"tcp://10.0.0.1:9601\"\n"
     "  http_address: 0.0.0.0\n"
     "  http_port: 8080\n"
+    "  http_threads: 2\n"
+    "  http_connection_timeout_s: 10\n"
+    "  http_max_connections: 500\n"
+    "  http_max_connections_per_client: 0\n"
     "  prefill_policy: prefix_aware\n"
     "  max_queue: 50\n"
     "  request_timeout_s: 2.5\n"
@@ -289,6 +302,10 @@ static void test_full_file(void **state)
     assert_string_equal(cfg.router.node_endpoint, "tcp://10.0.0.1:9601");
     assert_string_equal(cfg.router.http_address, "0.0.0.0");
     assert_int_equal(cfg.router.http_port, 8080);
+    assert_int_equal(cfg.router.http_threads, 2);
+    assert_int_equal(cfg.router.http_connection_timeout_s, 10);
+    assert_int_equal(cfg.router.http_max_connections, 500);
+    assert_int_equal(cfg.router.http_max_connections_per_client, 0);
     assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_PREFIX_AWARE);
     assert_int_equal(cfg.router.max_queue, 50);
     assert_true(cfg.router.request_timeout_s == 2.5);
@@ -548,8 +565,9 @@ static void test_error_unknown_keys(void **state)
     load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
                "client_endpoint, node_endpoint, node_advertise, http_address, http_port, "
-               "prefill_policy, max_queue, request_timeout_s, api_keys, public_metrics, "
-               "curve_public_key, curve_secret_key_file)");
+               "http_threads, http_connection_timeout_s, http_max_connections, "
+               "http_max_connections_per_client, prefill_policy, max_queue, request_timeout_s, "
+               "api_keys, public_metrics, curve_public_k)"); /* (the message's size limit) */
     load_fails("kv:\n  blocksize: 16\n",
                "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
                "dtype, prefix_caching)");

@@ -81,6 +81,12 @@ typedef struct tdm_router_config {
                               see tdm_config_router_advertise */
     char *http_address;    /* HTTP gateway bind address; "127.0.0.1" */
     int http_port;         /* 1..65535; 8000 */
+    int http_threads;      /* the HTTP gateway's thread pool, 1..256; default 4 */
+    int http_connection_timeout_s; /* an HTTP connection idle this long (headers or body not
+                                      arriving, keep-alive) is closed, 1..3600 s; default 30 */
+    int http_max_connections;      /* open HTTP connections at most, 1..100000; default 1000 */
+    int http_max_connections_per_client; /* from one client address at most, 0 (no limit)..
+                                            100000; default 64 */
     tdm_prefill_policy_t prefill_policy; /* round_robin (default) */
     int max_queue;                       /* requests waiting for a node before RESOURCE_EXHAUSTED;
                                             1..1000000, default 1024 */

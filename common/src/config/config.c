@@ -25,6 +25,10 @@
 #define DEFAULT_NODE_ENDPOINT "tcp://127.0.0.1:7601"
 #define DEFAULT_HTTP_ADDRESS "127.0.0.1"
 #define DEFAULT_HTTP_PORT 8000
+#define DEFAULT_HTTP_THREADS 4
+#define DEFAULT_HTTP_CONNECTION_TIMEOUT_S 30
+#define DEFAULT_HTTP_MAX_CONNECTIONS 1000
+#define DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT 64
 #define DEFAULT_KV_HOST "tcp://127.0.0.1"
 #define DEFAULT_KV_PORT 7610
 #define DEFAULT_MAX_QUEUE 1024
@@ -263,6 +267,10 @@ static int config_init(tdm_config_t *cfg)
     cfg->router.node_endpoint = tdm_strdup(DEFAULT_NODE_ENDPOINT);
     cfg->router.http_address = tdm_strdup(DEFAULT_HTTP_ADDRESS);
     cfg->router.http_port = DEFAULT_HTTP_PORT;
+    cfg->router.http_threads = DEFAULT_HTTP_THREADS;
+    cfg->router.http_connection_timeout_s = DEFAULT_HTTP_CONNECTION_TIMEOUT_S;
+    cfg->router.http_max_connections = DEFAULT_HTTP_MAX_CONNECTIONS;
+    cfg->router.http_max_connections_per_client = DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT;
     cfg->router.prefill_policy = TDM_PREFILL_POLICY_ROUND_ROBIN;
     cfg->router.max_queue = DEFAULT_MAX_QUEUE;
     cfg->router.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
@@ -928,6 +936,23 @@ static int parse_api_keys(loader_t *ld, const yaml_node_t *v, tdm_router_config_
     return TDM_OK;
 }
 
+/* One router.http_* key (check_mapping has refused unknown ones). */
+static int parse_router_http_key(loader_t *ld, const char *name, const yaml_node_t *v,
+                                 const char *key, tdm_router_config_t *r)
+{
+    if (strcmp(name, "http_address") == 0)
+        return get_string(ld, v, key, false, &r->http_address);
+    if (strcmp(name, "http_port") == 0)
+        return get_int(ld, v, key, 1, 65535, &r->http_port);
+    if (strcmp(name, "http_threads") == 0)
+        return get_int(ld, v, key, 1, 256, &r->http_threads);
+    if (strcmp(name, "http_connection_timeout_s") == 0)
+        return get_int(ld, v, key, 1, 3600, &r->http_connection_timeout_s);
+    if (strcmp(name, "http_max_connections") == 0)
+        return get_int(ld, v, key, 1, 100000, &r->http_max_connections);
+    return get_int(ld, v, key, 0, 100000, &r->http_max_connections_per_client);
+}
+
 /* One key of the router section (check_mapping has refused unknown ones); the endpoints
  * and CURVE keys are marked for the checks that involve several keys. */
 static int parse_router_key(loader_t *ld, const char *name, const yaml_node_t *v, const char *key,
@@ -943,10 +968,8 @@ static int parse_router_key(loader_t *ld, const char *name, const yaml_node_t *v
     } else if (strcmp(name, "node_advertise") == 0) {
         rc = get_advertise(ld, v, key, &r->node_advertise);
         eps[2].at = v;
-    } else if (strcmp(name, "http_address") == 0) {
-        rc = get_string(ld, v, key, false, &r->http_address);
-    } else if (strcmp(name, "http_port") == 0) {
-        rc = get_int(ld, v, key, 1, 65535, &r->http_port);
+    } else if (strncmp(name, "http_", 5) == 0) {
+        rc = parse_router_http_key(ld, name, v, key, r);
     } else if (strcmp(name, "prefill_policy") == 0) {
         int x = 0;
         rc = get_enum(ld, v, key, policy_names, N_OF(policy_names), &x);
@@ -983,6 +1006,10 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
                                         "node_advertise",
                                         "http_address",
                                         "http_port",
+                                        "http_threads",
+                                        "http_connection_timeout_s",
+                                        "http_max_connections",
+                                        "http_max_connections_per_client",
                                         "prefill_policy",
                                         "max_queue",
                                         "request_timeout_s",
@@ -1605,6 +1632,10 @@ static void dump_router(const tdm_router_config_t *r, FILE *out)
     put_key_string(out, "  ", "node_advertise", r->node_advertise);
     put_key_string(out, "  ", "http_address", r->http_address);
     fprintf(out, "  http_port: %d\n", r->http_port);
+    fprintf(out, "  http_threads: %d\n", r->http_threads);
+    fprintf(out, "  http_connection_timeout_s: %d\n", r->http_connection_timeout_s);
+    fprintf(out, "  http_max_connections: %d\n", r->http_max_connections);
+    fprintf(out, "  http_max_connections_per_client: %d\n", r->http_max_connections_per_client);
     fprintf(out, "  prefill_policy: %s\n", tdm_config_prefill_policy_name(r->prefill_policy));
     fprintf(out, "  max_queue: %d\n", r->max_queue);
     fprintf(out, "  request_timeout_s: ");

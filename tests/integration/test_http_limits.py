@@ -1,0 +1,209 @@
+"""The HTTP gateway under hostile or careless clients: many idle connections from one address
+(slowloris), slow stream readers with a small thread pool, malformed framing, long bearer
+tokens with authentication off, bytes that are not UTF-8. Every assertion is an outcome (a
+status, a closed socket, a body that parses), never a duration.
+"""
+import json
+import select
+import socket
+import time
+
+import pytest
+
+from conftest import Cluster, reference
+from test_http import http_port, open_stream, peek_until, request, running, wait_for
+
+PROMPT = "The capital of France is"
+PER_CLIENT = 16  # router.http_max_connections_per_client in this cluster
+THREADS = 2      # router.http_threads
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    # a long idle timeout, so that the idle connections below stay open for the whole test
+    c = Cluster(str(tmp_path_factory.mktemp("http_limits")), n_prefill=0, n_decode=1,
+                extra_router=f"  http_threads: {THREADS}\n"
+                             f"  http_max_connections_per_client: {PER_CLIENT}\n"
+                             "  http_connection_timeout_s: 600\n")
+    c.start()
+    c.port = http_port(c)
+    yield c
+    codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+
+
+def probe_from(port, source, path="/health", timeout=60):
+    """GET path from a client socket bound to source (Linux routes all of 127/8 to lo).
+    Returns (status, body), or (None, b"") when the server closed the connection unanswered."""
+    s = socket.socket()
+    try:
+        s.settimeout(timeout)
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        buf = b""
+        while True:
+            try:
+                b = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not b:
+                break
+            buf += b
+    finally:
+        s.close()
+    if not buf:
+        return None, b""
+    head, _, body = buf.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+def raw_exchange(port, data, timeout=60):
+    """Sends data on a fresh connection and reads the answer until the server closes it or a
+    whole response with Content-Length has come. Returns (status, body bytes)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        buf = b""
+        while True:
+            head, sep, body = buf.partition(b"\r\n\r\n")
+            if sep:
+                lens = [ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")]
+                if lens and len(body) >= int(lens[0].split(b":")[1]):
+                    break
+            try:
+                b = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not b:
+                break
+            buf += b
+    finally:
+        s.close()
+    head, _, body = buf.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1."), buf[:300]
+    return int(head.split(b" ")[1]), body
+
+
+def strict_json(body):
+    """The body as JSON, decoded as strict UTF-8 (a strict protobuf or JSON client's view)."""
+    return json.loads(body.decode("utf-8", errors="strict"))
+
+
+def test_idle_connections_from_one_address_leave_others_served(cluster):
+    # 1,000 connections from 127.0.0.1 that send half a request line and then nothing
+    # (slowloris); the gateway keeps PER_CLIENT of them and closes the rest at once
+    n = 1000
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.setblocking(True)
+            s.connect(("127.0.0.1", cluster.port))
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        closed = set()
+
+        def count_closed():
+            r, _, _ = select.select([s for s in socks if s not in closed], [], [], 0.2)
+            for s in r:
+                try:
+                    if s.recv(1) == b"":
+                        closed.add(s)
+                except ConnectionResetError:
+                    closed.add(s)
+            return len(closed) >= n - PER_CLIENT
+        wait_for(count_closed, f"{n - PER_CLIENT} connections over the per-client limit closed")
+        assert len(closed) == n - PER_CLIENT  # the first PER_CLIENT stay, idle
+        # another address is served, 127.0.0.1 itself is not while its idle ones stay
+        assert probe_from(cluster.port, "127.0.0.2") == (200, b'{"status":"ok"}\n')
+        st, body = probe_from(cluster.port, "127.0.0.2", "/v1/models")
+        assert st == 200 and strict_json(body)["data"], body
+        assert probe_from(cluster.port, "127.0.0.1")[0] is None
+    finally:
+        for s in socks:
+            s.close()
+    # their connections gone, 127.0.0.1 is served again
+    wait_for(lambda: probe_from(cluster.port, "127.0.0.1")[0] == 200,
+             "a probe from 127.0.0.1 answered once its idle connections closed")
+
+
+def test_slow_stream_readers_do_not_hold_the_pool(cluster):
+    # more streams than pool threads, none of them read (tiny receive buffers): each one's
+    # connection is parked or waiting for its socket, never holding a thread
+    payload = {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": PROMPT, "max_tokens": 2000,
+               "ignore_eos": True, "stream": True}
+    streams = [open_stream(cluster.port, "/v1/completions", payload, rcvbuf=4096)
+               for _ in range(2 * THREADS)]
+    try:
+        for s in streams:
+            peek_until(s, b"data: {")
+        wait_for(lambda: running(cluster) == len(streams), "every stream running in the router")
+        assert probe_from(cluster.port, "127.0.0.1") == (200, b'{"status":"ok"}\n')
+        st, _, body = request(cluster.port, "POST", "/v1/completions",
+                              body={"model": payload["model"], "prompt": PROMPT,
+                                    "max_tokens": 8, "temperature": 0})
+        assert st == 200, body
+        assert json.loads(body)["choices"][0]["text"] == reference(prompt=PROMPT, max_tokens=8)
+        assert running(cluster) == len(streams)  # the slow ones are still there
+    finally:
+        for s in streams:
+            s.close()
+    # their clients gone, every stream is cancelled
+    wait_for(lambda: running(cluster) == 0, "the abandoned streams cancelled")
+    cluster.wait_idle(5.0)
+
+
+BODY = b'{"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "hi", "max_tokens": 1}'
+
+
+@pytest.mark.parametrize("framing", [
+    b"Transfer-Encoding: gzip\r\n",
+    b"Transfer-Encoding: chunked, gzip\r\n",
+    b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+    b"Content-Length: abc\r\n",
+    b"Content-Length: -5\r\n",
+])
+def test_malformed_framing_is_400(cluster, framing):
+    # the body never comes in a form the server could delimit: the 400 must not wait for it
+    st, body = raw_exchange(cluster.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" +
+                            framing + b"Content-Type: application/json\r\n\r\n" + BODY)
+    assert st == 400, body
+    if framing.startswith(b"Content-Length"):
+        # libmicrohttpd answers a Content-Length it cannot parse itself, with its own page
+        # (0.9.75 writes that response's header twice)
+        assert b"Content-Length" in body, body
+    else:
+        assert strict_json(body)["error"]["code"] == "bad_framing", body
+    assert request(cluster.port, "GET", "/health")[0] == 200
+
+
+def test_long_bearer_token_with_auth_off(cluster):
+    auth = {"Authorization": "Bearer " + "t" * 300}
+    st, _, body = request(cluster.port, "GET", "/v1/models", headers=auth)
+    assert st == 200, body
+    st, _, body = request(cluster.port, "POST", "/v1/completions", headers=auth,
+                          body={"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": PROMPT,
+                                "max_tokens": 4, "temperature": 0})
+    assert st == 200, body
+    assert json.loads(body)["choices"][0]["text"] == reference(prompt=PROMPT, max_tokens=4)
+    st, _, _ = request(cluster.port, "GET", "/metrics", headers=auth)
+    assert st == 200
+
+
+def test_replies_are_utf8_json_whatever_the_input(cluster):
+    # a prompt with bytes that are not UTF-8: 400, and the body (which quotes the parser's
+    # excerpt of the input) is valid UTF-8 JSON
+    body = b'{"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "caf\xe9 \xff\xfe"}'
+    st, _, raw = request(cluster.port, "POST", "/v1/completions", body=body)
+    assert st == 400, raw
+    err = strict_json(raw)["error"]
+    assert err["type"] == "invalid_request_error" and "JSON" in err["message"], err
+    # a model id (from the URL, percent-decoded to raw bytes) that is not UTF-8: 404, quoted
+    # with U+FFFD in place of the bad bytes
+    st, _, raw = request(cluster.port, "GET", "/v1/models/caf%E9-%FF")
+    assert st == 404, raw
+    err = strict_json(raw)["error"]
+    assert err["code"] == "model_not_found" and "caf\ufffd-\ufffd" in err["message"], err
+    st, _, raw = request(cluster.port, "GET", "/no/such/%FF%FE")
+    assert st == 404 and "\ufffd\ufffd" in strict_json(raw)["error"]["message"], raw
