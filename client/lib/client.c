@@ -1177,6 +1177,7 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     d->refused_age_s = ns->refused_age_s;
     d->instance_id = ns->instance_id;
     d->up = ns->up;
+    d->suspect = ns->suspect;
     d->kv_blocks_total = ns->kv_blocks_total;
     d->kv_blocks_used = ns->kv_blocks_used;
     d->kv_blocks_cached = ns->kv_blocks_cached;

@@ -378,6 +378,8 @@ typedef struct tdm_client_node_status {
                              none since it was last accepted) */
     double refused_age_s; /* seconds since that refusal */
     uint64_t instance_id; /* the registered instance (0: never registered) */
+    bool suspect;         /* up, but silent for the heartbeat timeout: the router sends it no new
+                             work until it is heard from again (down after twice the timeout) */
 } tdm_client_node_status_t;
 
 /* A registration the router refused for a node id its config does not have. */
