@@ -229,24 +229,27 @@ static int monitor_read(tdm_client_t *c)
     return lost;
 }
 
+/* Checks the endpoint and the options. Returns 0 or TDM_EINVALID with *err set. */
+static int opts_check(const char *endpoint, const tdm_client_opts_t *opts, tdm_error_t *err)
+{
+    if (!endpoint || !endpoint[0])
+        return tdm_error_set(err, TDM_EINVALID, "client: the router endpoint is empty");
+    if (opts->api_key && strlen(opts->api_key) >= TDM_NET_API_KEY_MAX)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "client: the API key has %zu bytes, at most %u allowed",
+                             strlen(opts->api_key), TDM_NET_API_KEY_MAX - 1);
+    if (isnan(opts->timeout_s))
+        return tdm_error_set(err, TDM_EINVALID, "client: timeout_s is NaN");
+    return TDM_OK;
+}
+
 tdm_client_t *tdm_client_new(const char *endpoint, const tdm_client_opts_t *opts, tdm_error_t *err)
 {
     tdm_client_opts_t defaults = {0};
     if (!opts)
         opts = &defaults;
-    if (!endpoint || !endpoint[0]) {
-        tdm_error_set(err, TDM_EINVALID, "client: the router endpoint is empty");
+    if (opts_check(endpoint, opts, err) != TDM_OK)
         return NULL;
-    }
-    if (opts->api_key && strlen(opts->api_key) >= TDM_NET_API_KEY_MAX) {
-        tdm_error_set(err, TDM_EINVALID, "client: the API key has %zu bytes, at most %u allowed",
-                      strlen(opts->api_key), TDM_NET_API_KEY_MAX - 1);
-        return NULL;
-    }
-    if (isnan(opts->timeout_s)) {
-        tdm_error_set(err, TDM_EINVALID, "client: timeout_s is NaN");
-        return NULL;
-    }
     tdm_client_t *c = calloc(1, sizeof *c);
     if (!c) {
         tdm_error_set(err, TDM_ERESOURCE, "client: out of memory");
