@@ -70,6 +70,7 @@ struct tdm_client {
     int depth;            /* > 0 while a callback runs */
     double last_cancel_t; /* when the last CANCEL was sent (monotonic); 0 = never */
     void *monitor;        /* PAIR receiving the DEALER's connection events (NULL: inproc) */
+    bool connected;       /* a handshake succeeded and its connection has not dropped since */
     uint64_t n_lost;      /* connections to the router lost so far */
     tdm_frame_t frame;    /* receive buffer */
     tdm_error_t err;
@@ -186,8 +187,12 @@ static int monitor_new(tdm_client_t *c, tdm_error_t *err)
     snprintf(ep, sizeof ep, "inproc://tdm-client-monitor-%llu",
              (unsigned long long)tdm_net_unique(c->net));
     int zero = 0;
-    if (zmq_socket_monitor(tdm_sock_zsock(c->sock), ep,
-                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
+    int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    /* the first handshake may be over before the monitor is attached: count it as done */
+    c->connected = true;
+    if (zmq_socket_monitor(tdm_sock_zsock(c->sock), ep, events) != 0 ||
         !(c->monitor = zmq_socket(tdm_net_zctx(c->net), ZMQ_PAIR)) ||
         zmq_setsockopt(c->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
         zmq_connect(c->monitor, ep) != 0) {
@@ -199,7 +204,10 @@ static int monitor_new(tdm_client_t *c, tdm_error_t *err)
     return TDM_OK;
 }
 
-/* Reads the connection events waiting on the monitor. Returns how many were DISCONNECTED. */
+/* Reads the connection events waiting on the monitor. Returns how many established
+ * connections dropped: a DISCONNECTED not preceded by a failed handshake (libzmq reports a
+ * failed handshake, a CURVE key mismatch say, as HANDSHAKE_FAILED_* and then DISCONNECTED; no
+ * call went out over that connection, and they keep waiting for one that works). */
 static int monitor_read(tdm_client_t *c)
 {
     int lost = 0;
@@ -221,10 +229,16 @@ static int monitor_read(tdm_client_t *c)
             zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT);
             zmq_msg_close(&ev);
         }
-        if (event == ZMQ_EVENT_DISCONNECTED)
+        if (event == ZMQ_EVENT_DISCONNECTED && c->connected) {
+            c->connected = false;
             lost++;
-        else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED && c->n_lost)
-            TDM_LOG_DEBUGF(c->log, NULL, "client: connected to %s again", c->endpoint);
+        } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            c->connected = true;
+            if (c->n_lost)
+                TDM_LOG_DEBUGF(c->log, NULL, "client: connected to %s again", c->endpoint);
+        } else if (event != ZMQ_EVENT_DISCONNECTED) {
+            c->connected = false; /* a handshake failed: its DISCONNECTED loses nothing */
+        }
     }
     return lost;
 }
