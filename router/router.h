@@ -126,8 +126,9 @@ void tdm_router_destroy(tdm_router_t **self_p);
 
 /* One step of the event loop: waits up to timeout_ms (0: do not wait; < 0 or more than
  * 50 ms: 50 ms, so the timers run) for messages on either socket, handles every message waiting (up
- * to a few hundred per socket, so timers stay on time), then the timers: heartbeat timeouts (node
- * down) and request deadlines. Returns 0; TDM_ECANCELLED when the wait was interrupted by a signal
+ * to a few hundred per socket, so timers stay on time), then the timers: every node message
+ * still waiting, liveness (tdm_router_check_liveness: suspect, down) and request deadlines.
+ * Returns 0; TDM_ECANCELLED when the wait was interrupted by a signal
  * or the context is shutting down (the caller checks its stop flag); TDM_EINTERNAL on a ZMQ
  * failure; TDM_EPRECONDITION after tdm_router_shutdown. */
 int tdm_router_poll(tdm_router_t *r, int timeout_ms);
