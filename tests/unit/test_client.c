@@ -1269,6 +1269,25 @@ static void test_router_down(void **state)
     assert_int_equal(err.code, TDM_EINVALID);
 }
 
+/* Starts a "slow" stream (calls[0]) and a "silent" call (calls[1]) and polls until the stream
+ * has delivered two chunks. */
+static void start_slow_and_silent(tdm_client_t *c, async_state_t *st, async_ctx_t ctx[2])
+{
+    const char *prompts[2] = {"slow", "silent"};
+    for (int k = 0; k < 2; k++) {
+        tdm_client_request_t req;
+        tdm_client_request_init(&req);
+        req.prompt = prompts[k];
+        st->calls[k].order_ok = true;
+        assert_int_equal(
+            tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[k], &st->calls[k].id),
+            TDM_OK);
+    }
+    for (double until = now_s() + WAIT_S; st->n_seen < 2 && now_s() < until;)
+        assert_true(tdm_client_poll(c, 100) >= 0);
+    assert_true(st->n_seen >= 2);
+}
+
 /* The router goes away with calls in flight (its socket closes, as when it is killed with
  * kill -9): a stream that had started and a call that had no answer yet both end with
  * UNAVAILABLE "router connection lost" long before their 60 s deadline, once; a router
@@ -1290,20 +1309,7 @@ static void test_router_lost_and_back(void **state)
 
     async_state_t st = {0};
     async_ctx_t ctx[2] = {{&st, &st.calls[0]}, {&st, &st.calls[1]}};
-    const char *prompts[2] = {"slow", "silent"};
-    for (int k = 0; k < 2; k++) {
-        tdm_client_request_t req;
-        tdm_client_request_init(&req);
-        req.prompt = prompts[k];
-        st.calls[k].order_ok = true;
-        assert_int_equal(
-            tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[k], &st.calls[k].id),
-            TDM_OK);
-    }
-    /* the stream is under way */
-    for (double until = now_s() + WAIT_S; st.n_seen < 2 && now_s() < until;)
-        assert_true(tdm_client_poll(c, 100) >= 0);
-    assert_true(st.n_seen >= 2);
+    start_slow_and_silent(c, &st, ctx); /* the stream is under way */
 
     fake_stop(&fr); /* the router is gone */
     int ended = 0;

@@ -2701,10 +2701,10 @@ static bool live_step_until(env_t *e, double *t, fake_t **alive, const char *id,
 /* A decode node silent past the heartbeat timeout is suspect: no new work goes to it, its
  * running request goes on (its next token is delivered, and the node is healthy again); silent
  * past twice the timeout it is down and the request fails with UNAVAILABLE. */
-static void test_node_suspect_then_down(void **state)
+/* p0, d0 and d1 registered; request "r-sus" running on p0 -> d0, its first token ('a') in
+ * res. Returns its call. */
+static uint64_t suspect_setup(env_t *e, result_t *res)
 {
-    (void)state;
-    env_t *e = env_new(NULL);
     fake_register(e, &e->p0);
     fake_register(e, &e->d0);
     fake_register(e, &e->d1);
@@ -2716,9 +2716,17 @@ static void test_node_suspect_then_down(void **state)
     Tandem__V1__PrefillTask *task = expect_task(e, &e->p0);
     protobuf_c_message_free_unpacked(&task->base, NULL);
     fake_token(&e->p0, "r-sus", 0, B('a'));
+    memset(res, 0, sizeof *res);
+    one_chunk(e, call, res);
+    return call;
+}
+
+static void test_node_suspect_then_down(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
     result_t res;
-    memset(&res, 0, sizeof res);
-    one_chunk(e, call, &res);
+    uint64_t call = suspect_setup(e, &res);
 
     /* 1 s timeout; the first check is a stall: everyone spoke just before it */
     tdm_router_set_heartbeat(e->r, 0, 1000);
