@@ -17,7 +17,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: tandem status [--json] [--router ENDPOINT] [--api-key KEY] [--timeout S]\n"
             "\n"
-            "Prints the router's view of the cluster: per node its role, whether it is up, KV\n"
+            "Prints the router's view of the cluster: per node its role, whether it is up (or\n"
+            "suspect: silent for the heartbeat timeout, given no new work), KV\n"
             "blocks used/total, cached blocks, running and waiting sequences, queued prefill\n"
             "tokens, mean step time and the age of its last heartbeat.\n"
             "\n"
@@ -40,7 +41,7 @@ static void print_table(const char *endpoint, const tdm_client_cluster_status_t 
            s->model[0] ? s->model : "?");
     printf("requests: %" PRIu32 " running, %" PRIu32 " queued, %" PRIu64 " total\n\n",
            s->requests_running, s->requests_queued, s->requests_total);
-    printf("%-16s %-8s %-4s %-8s %-22s %8s %8s %8s %15s %9s %10s\n", "NODE", "ROLE", "UP", "DEVICE",
+    printf("%-16s %-8s %-7s %-8s %-22s %8s %8s %8s %15s %9s %10s\n", "NODE", "ROLE", "UP", "DEVICE",
            "KV USED/TOTAL", "CACHED", "RUNNING", "WAITING", "QUEUED PREFILL", "STEP ms",
            "HEARTBEAT");
     for (size_t i = 0; i < s->n_nodes; i++) {
@@ -50,11 +51,14 @@ static void print_table(const char *endpoint, const tdm_client_cluster_status_t 
                  n->kv_blocks_total, pct(n->kv_blocks_used, n->kv_blocks_total));
         char hb[24];
         snprintf(hb, sizeof hb, "%.1f s", n->last_heartbeat_age_s);
-        printf("%-16s %-8s %-4s %-8s %-22s %8" PRIu32 " %8" PRIu32 " %8" PRIu32 " %15" PRIu64
+        printf("%-16s %-8s %-7s %-8s %-22s %8" PRIu32 " %8" PRIu32 " %8" PRIu32 " %15" PRIu64
                " %9.1f %10s\n",
-               n->node_id, n->role, n->up ? "yes" : "no", n->device[0] ? n->device : "-", kv,
-               n->kv_blocks_cached, n->running, n->waiting, n->queued_prefill_tokens,
-               n->step_time_s * 1e3, hb);
+               n->node_id, n->role,
+               n->suspect ? "suspect"
+               : n->up    ? "yes"
+                          : "no",
+               n->device[0] ? n->device : "-", kv, n->kv_blocks_cached, n->running, n->waiting,
+               n->queued_prefill_tokens, n->step_time_s * 1e3, hb);
     }
     if (s->n_nodes == 0)
         printf("(no nodes registered)\n");
@@ -97,6 +101,7 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
         char inst[17];
         snprintf(inst, sizeof inst, "%016" PRIx64, n->instance_id);
         if (o && (json_object_set_new(o, "instance_id", json_string(n->instance_id ? inst : "")) ||
+                  json_object_set_new(o, "suspect", json_boolean(n->suspect)) ||
                   json_object_set_new(o, "refused_reason", json_string(n->refused_reason)) ||
                   json_object_set_new(o, "refused_age_s", json_real(n->refused_age_s)))) {
             json_decref(o);

@@ -188,6 +188,18 @@ static double nv_up(const rt_node_t *n)
 {
     return n->up ? 1 : 0;
 }
+static double nv_suspect(const rt_node_t *n)
+{
+    return n->up && n->suspect ? 1 : 0;
+}
+static double nv_suspicions(const rt_node_t *n)
+{
+    return (double)n->suspicions;
+}
+static double nv_state(const rt_node_t *n)
+{
+    return !n->up ? 0 : n->suspect ? 1 : 2;
+}
 static double nv_failures(const rt_node_t *n)
 {
     return (double)n->failures;
@@ -347,6 +359,16 @@ static void render_nodes(mb_t *b, const tdm_router_t *r)
     node_family(b, r, "tandem_node_up", METRIC_GAUGE,
                 "1 when the configured node is registered and heartbeating, else 0.", NODES_ALL,
                 nv_up);
+    node_family(b, r, "tandem_node_suspect", METRIC_GAUGE,
+                "1 when the node is up but silent for the heartbeat timeout (no new work goes to "
+                "it; down after twice the timeout), else 0.",
+                NODES_ALL, nv_suspect);
+    node_family(b, r, "tandem_node_state", METRIC_GAUGE,
+                "The router's view of the node: 0 down (or never registered), 1 suspect, 2 up.",
+                NODES_ALL, nv_state);
+    node_family(b, r, "tandem_node_suspicions_total", METRIC_COUNTER,
+                "Times the router marked the node suspect (silent for the heartbeat timeout).",
+                NODES_ALL, nv_suspicions);
     node_family(b, r, "tandem_node_failures_total", METRIC_COUNTER,
                 "Times the router marked the node down (heartbeat timeout or restart).", NODES_ALL,
                 nv_failures);
@@ -384,6 +406,28 @@ static void render_nodes(mb_t *b, const tdm_router_t *r)
                 nv_step);
 }
 
+/* The router loop's own figures: iteration times and the stalls not charged to the nodes. */
+static void render_loop(mb_t *b, const tdm_router_t *r)
+{
+    const tdm_router_metrics_t *m = &r->metrics;
+    histogram(b, "tandem_router_loop_seconds",
+              "Duration of each router loop iteration: handling what one poll returned, then the "
+              "timers (not the wait).",
+              &m->loop);
+    Tandem__V1__MetricFamily *f =
+        family(b, "tandem_router_loop_max_seconds", METRIC_GAUGE,
+               "The longest router loop iteration since the router started.");
+    set_float(sample(b, f), m->loop_max_s);
+    counter(b, "tandem_router_loop_stalls_total",
+            "Liveness checks that came more than a heartbeat interval (at least 100 ms) after the "
+            "previous one: the router loop was stalled, and the excess was not counted against "
+            "the nodes' heartbeat silence.",
+            m->loop_stalls);
+    f = family(b, "tandem_router_loop_stall_seconds_total", METRIC_COUNTER,
+               "The time of those stalls that was not counted against the nodes.");
+    set_float(sample(b, f), m->loop_stall_s);
+}
+
 /* tandem_build_info{version, model} 1 */
 static void render_build_info(mb_t *b, const tdm_router_t *r)
 {
@@ -405,6 +449,7 @@ int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsRespon
     render_requests(&b, r);
     render_histograms(&b, r);
     render_nodes(&b, r);
+    render_loop(&b, r);
     render_build_info(&b, r);
     if (b.oom) {
         protobuf_c_message_free_unpacked(&b.m->base, NULL);

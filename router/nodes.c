@@ -26,6 +26,7 @@ int rt_nodes_init(tdm_router_t *r)
         r->nodes[i].cfg = &r->cfg->nodes[i];
         r->nodes[i].index = i;
     }
+    r->live_checked = r->live_clock = tdm_time_now();
     return TDM_OK;
 }
 
@@ -84,6 +85,11 @@ double rt_node_age(const rt_node_t *n, double now)
     return n->registered ? now - n->last_seen : -1.0;
 }
 
+bool rt_node_dispatchable(const rt_node_t *n)
+{
+    return n->up && !n->suspect;
+}
+
 void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body)
 {
     int rc = tdm_sock_notify(r->nodesock, n->peer, n->peer_len, method, body);
@@ -97,6 +103,7 @@ void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMe
 static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
 {
     n->up = false;
+    n->suspect = false;
     snprintf(n->down_reason, sizeof n->down_reason, "%s", reason);
     r->metrics.node_failures++;
     n->failures++;
@@ -112,15 +119,95 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
     rt_sched_node_down(r, n, reason);
 }
 
+/* ---- liveness ----
+ * Silence is measured on the liveness clock, not the wall clock: each check advances it by
+ * the time since the previous check, but by at most live_step_max. When the router loop was
+ * late (starved of CPU, one long iteration), the nodes' heartbeats of that time are still in
+ * the sockets (or the kernel's buffers, the ZMQ I/O thread being starved too), so charging
+ * the whole gap would declare every node down at once. A loop that is slow for good still
+ * advances the clock by a step per check, so a dead node is found, only later. */
+
+/* The largest step of the liveness clock per check, seconds: a heartbeat interval (a longer
+ * gap could have hidden a heartbeat), at least 100 ms (the loop wakes every 50 ms anyway). */
+static double live_step_max(const tdm_router_t *r)
+{
+    double s = r->hb_interval_ms / 1000.0;
+    return s > 0.1 ? s : 0.1;
+}
+
+double rt_live_now(const tdm_router_t *r, double now)
+{
+    double gap = now - r->live_checked;
+    double max = live_step_max(r);
+    return r->live_clock + (gap <= 0 ? 0 : gap < max ? gap : max);
+}
+
+/* Advances the liveness clock to now, counting a stall when the gap was longer than a step.
+ * Returns the clock's new value. */
+static double live_advance(tdm_router_t *r, double now)
+{
+    double gap = now - r->live_checked;
+    if (gap <= 0)
+        return r->live_clock;
+    double max = live_step_max(r);
+    if (gap > max) {
+        r->metrics.loop_stalls++;
+        r->metrics.loop_stall_s += gap - max;
+        char kv[96];
+        snprintf(kv, sizeof kv, "gap_ms=%.0f charged_ms=%.0f", gap * 1000.0, max * 1000.0);
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, kv,
+                      "router loop was late: the stall is not counted against the nodes");
+    }
+    r->live_clock = rt_live_now(r, now);
+    r->live_checked = now;
+    return r->live_clock;
+}
+
+/* Records a message from n: it is alive. Returns true when it was suspect (it is healthy
+ * again, so queued work may go to it). */
+static bool node_seen(tdm_router_t *r, rt_node_t *n)
+{
+    n->last_seen = tdm_time_now();
+    n->seen_live = rt_live_now(r, n->last_seen);
+    if (!n->suspect)
+        return false;
+    n->suspect = false;
+    char kv[128] = "";
+    tdm_log_kv_append(kv, sizeof kv, "node_id", n->cfg->id);
+    tdm_log_write(&r->log, TDM_LOG_INFO, NULL, kv, "node healthy again");
+    return true;
+}
+
+static void node_suspect(tdm_router_t *r, rt_node_t *n, double silent_s)
+{
+    n->suspect = true;
+    n->suspicions++;
+    char kv[256] = "";
+    char ms[32];
+    snprintf(ms, sizeof ms, "%.0f", silent_s * 1000.0);
+    tdm_log_kv_append(kv, sizeof kv, "node_id", n->cfg->id);
+    tdm_log_kv_append(kv, sizeof kv, "role", tdm_config_node_role_name(n->cfg->role));
+    tdm_log_kv_append(kv, sizeof kv, "silent_ms", ms);
+    tdm_log_write(&r->log, TDM_LOG_WARN, NULL, kv,
+                  "node suspect: no new work until it is heard from again");
+}
+
 void rt_check_heartbeats(tdm_router_t *r, double now)
 {
+    double live = live_advance(r, now);
+    double suspect_s = r->hb_timeout_ms / 1000.0;
+    double down_s = suspect_s * TDM_ROUTER_DOWN_TIMEOUTS;
     for (size_t i = 0; i < r->n_nodes; i++) {
         rt_node_t *n = &r->nodes[i];
-        double age = now - n->last_seen;
-        if (n->up && age * 1000.0 > (double)r->hb_timeout_ms) {
+        double silent = live - n->seen_live;
+        if (!n->up || silent <= suspect_s)
+            continue;
+        if (silent > down_s) {
             char reason[96];
-            snprintf(reason, sizeof reason, "no heartbeat for %.0f ms", age * 1000.0);
+            snprintf(reason, sizeof reason, "no heartbeat for %.0f ms", silent * 1000.0);
             node_failed(r, n, reason);
+        } else if (!n->suspect) {
+            node_suspect(r, n, silent);
         }
     }
 }
@@ -317,7 +404,7 @@ static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
     n->registered = true;
     n->up = true;
     n->instance_id = m->instance_id;
-    n->last_seen = tdm_time_now();
+    node_seen(r, n);
     n->kv_blocks_total = m->kv_blocks_total;
     n->max_running = m->max_running;
     n->max_batch_tokens = m->max_batch_tokens;
@@ -413,7 +500,7 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
         protobuf_c_message_free_unpacked(&h->base, NULL);
         return;
     }
-    n->last_seen = tdm_time_now();
+    node_seen(r, n);
     n->kv_free = h->kv_blocks_free;
     n->kv_used = h->kv_blocks_used;
     n->kv_cached = h->kv_blocks_cached;
@@ -444,22 +531,25 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
 /* Handles a frame from n, the registered and current instance of a node. */
 static void node_frame(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 {
-    n->last_seen = tdm_time_now();
+    bool was_suspect = node_seen(r, n);
     if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
         if (f->method == TANDEM__V1__METHOD__METHOD_DECODE_RESERVE)
             rt_sched_reserve_end(r, n, f);
-        return;
+    } else {
+        switch (f->method) {
+        case TANDEM__V1__METHOD__METHOD_TOKEN_EVENT: rt_stream_on_token(r, n, f); break;
+        case TANDEM__V1__METHOD__METHOD_FINISHED: rt_stream_on_finished(r, n, f); break;
+        case TANDEM__V1__METHOD__METHOD_TASK_FAILED: rt_sched_task_failed(r, n, f); break;
+        default:
+            if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
+                tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
+                                     "method %s is not served on the node endpoint",
+                                     tdm_net_method_name(f->method));
+        }
     }
-    switch (f->method) {
-    case TANDEM__V1__METHOD__METHOD_TOKEN_EVENT: rt_stream_on_token(r, n, f); break;
-    case TANDEM__V1__METHOD__METHOD_FINISHED: rt_stream_on_finished(r, n, f); break;
-    case TANDEM__V1__METHOD__METHOD_TASK_FAILED: rt_sched_task_failed(r, n, f); break;
-    default:
-        if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
-            tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                                 "method %s is not served on the node endpoint",
-                                 tdm_net_method_name(f->method));
-    }
+    /* healthy again: work that waited for a node may go to it now */
+    if (was_suspect && n->up)
+        rt_drain_queue(r);
 }
 
 void rt_node_message(tdm_router_t *r, const tdm_frame_t *f)

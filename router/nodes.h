@@ -20,8 +20,14 @@ void rt_nodes_fini(tdm_router_t *r);
  * is not from a registered instance's connection is answered NOT_FOUND or dropped. */
 void rt_node_message(tdm_router_t *r, const tdm_frame_t *f);
 
-/* Marks nodes not heard from for r->hb_timeout_ms down (now: monotonic seconds). */
+/* Advances the liveness clock to now (monotonic seconds; a stall of the loop is not charged,
+ * see tdm_router_check_liveness) and marks nodes silent on it for r->hb_timeout_ms suspect,
+ * for TDM_ROUTER_DOWN_TIMEOUTS of them down. */
 void rt_check_heartbeats(tdm_router_t *r, double now);
+/* The liveness clock at monotonic time now, without advancing it (seconds). */
+double rt_live_now(const tdm_router_t *r, double now);
+/* Whether new work may go to n: up and not suspect. */
+bool rt_node_dispatchable(const rt_node_t *n);
 
 /* NOTIFY to a node by its registered connection. Failures are logged at debug and ignored. */
 void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMessage *body);

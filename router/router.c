@@ -26,6 +26,9 @@
 
 #define TIMER_PERIOD_S 0.01
 #define MAX_MESSAGES_PER_POLL 256
+/* Batches of MAX_MESSAGES_PER_POLL the timers drain from the node socket at most before the
+ * liveness check (a bound, so a flood cannot hold the deadlines back for good). */
+#define NODE_DRAIN_ROUNDS 16
 
 /* ---- construction ---- */
 
@@ -360,6 +363,7 @@ static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeSta
         s->refused_age_s = now - n->refused_at;
     }
     s->instance_id = n->instance_id;
+    s->suspect = n->up && n->suspect;
 }
 
 static void client_status(tdm_router_t *r, const tdm_frame_t *f)
@@ -438,13 +442,15 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
 
 /* ---- the loop ---- */
 
-/* Receives and handles up to MAX_MESSAGES_PER_POLL messages waiting on s. */
-static int drain(tdm_router_t *r, tdm_sock_t *s, bool is_client)
+/* Receives and handles up to MAX_MESSAGES_PER_POLL messages waiting on s; *n_handled: how
+ * many (NULL: not wanted). */
+static int drain(tdm_router_t *r, tdm_sock_t *s, bool is_client, int *n_handled)
 {
     tdm_frame_t f;
     tdm_frame_init(&f);
     int rc = TDM_OK;
-    for (int i = 0; i < MAX_MESSAGES_PER_POLL && !r->shut; i++) {
+    int i = 0;
+    for (; i < MAX_MESSAGES_PER_POLL && !r->shut; i++) {
         rc = tdm_sock_recv(s, &f, 0);
         if (rc == TDM_EDEADLINE) {
             rc = TDM_OK;
@@ -458,7 +464,20 @@ static int drain(tdm_router_t *r, tdm_sock_t *s, bool is_client)
             rt_node_message(r, &f);
     }
     tdm_frame_clear(&f);
+    if (n_handled)
+        *n_handled = i;
     return rc;
+}
+
+/* Handles every message waiting on the node socket (up to NODE_DRAIN_ROUNDS batches), so a
+ * heartbeat that is there is seen before the liveness check. */
+static void drain_nodes(tdm_router_t *r)
+{
+    for (int round = 0; round < NODE_DRAIN_ROUNDS && !r->shut; round++) {
+        int n = 0;
+        if (drain(r, r->nodesock, false, &n) != TDM_OK || n < MAX_MESSAGES_PER_POLL)
+            return;
+    }
 }
 
 static void run_timers(tdm_router_t *r)
@@ -466,9 +485,36 @@ static void run_timers(tdm_router_t *r)
     double now = tdm_time_now();
     if (now < r->next_timers)
         return;
+    drain_nodes(r);
+    if (r->shut)
+        return;
+    now = tdm_time_now();
     r->next_timers = now + TIMER_PERIOD_S;
     rt_check_heartbeats(r, now);
     rt_req_check_deadlines(r, tdm_net_now_ms());
+}
+
+/* Records how long the iteration that began at r->loop_t0 took (metrics). */
+static void loop_done(tdm_router_t *r)
+{
+    double dt = tdm_time_now() - r->loop_t0;
+    rt_hist_observe(&r->metrics.loop, dt);
+    if (dt > r->metrics.loop_max_s)
+        r->metrics.loop_max_s = dt;
+}
+
+/* Handles what one poll found (nodes first: token events free blocks and finish requests),
+ * then the timers. Returns 0 or what a receive failed with. */
+static int loop_step(tdm_router_t *r, const zmq_pollitem_t items[2])
+{
+    int rc = TDM_OK;
+    if (items[1].revents & ZMQ_POLLIN)
+        rc = drain(r, r->nodesock, false, NULL);
+    if (rc == TDM_OK && (items[0].revents & ZMQ_POLLIN))
+        rc = drain(r, r->client, true, NULL);
+    if (!r->shut)
+        run_timers(r);
+    return rc;
 }
 
 int tdm_router_poll(tdm_router_t *r, int timeout_ms)
@@ -490,15 +536,11 @@ int tdm_router_poll(tdm_router_t *r, int timeout_ms)
             return TDM_ECANCELLED;
         return tdm_error_set(&r->err, TDM_EINTERNAL, "zmq_poll: %s", zmq_strerror(errno));
     }
-    int rc = TDM_OK;
-    /* nodes first: token events free blocks and finish requests */
-    if (items[1].revents & ZMQ_POLLIN)
-        rc = drain(r, r->nodesock, false);
-    if (rc == TDM_OK && (items[0].revents & ZMQ_POLLIN))
-        rc = drain(r, r->client, true);
+    r->loop_t0 = tdm_time_now();
+    int rc = loop_step(r, items);
+    loop_done(r);
     if (r->shut)
         return TDM_OK;
-    run_timers(r);
     if (rc == TDM_ECANCELLED)
         return rc;
     if (rc != TDM_OK)
@@ -577,6 +619,19 @@ bool tdm_router_node_up(const tdm_router_t *r, const char *id)
         if (strcmp(r->nodes[i].cfg->id, id) == 0)
             return r->nodes[i].up;
     return false;
+}
+
+bool tdm_router_node_suspect(const tdm_router_t *r, const char *id)
+{
+    for (size_t i = 0; i < r->n_nodes; i++)
+        if (strcmp(r->nodes[i].cfg->id, id) == 0)
+            return r->nodes[i].up && r->nodes[i].suspect;
+    return false;
+}
+
+void tdm_router_check_liveness(tdm_router_t *r, double now)
+{
+    rt_check_heartbeats(r, now);
 }
 
 const tdm_router_metrics_t *tdm_router_metrics(const tdm_router_t *r)

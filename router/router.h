@@ -91,9 +91,20 @@ typedef struct tdm_router_metrics {
     /* Registrations refused (unknown id, second instance of a live node, key of another
      * node, config mismatch). */
     uint64_t registrations_refused;
+    /* The router loop: how long each iteration took (handling what one poll returned, then
+     * the timers; not the wait), the longest since start, and the heartbeat checks that came
+     * late (more than a heartbeat interval, at least 100 ms, after the previous one: the loop
+     * was stalled, and the excess was not charged to the nodes' silence). */
+    tdm_router_hist_t loop;
+    double loop_max_s;
+    uint64_t loop_stalls;
+    double loop_stall_s; /* the time those stalls were not charged, seconds */
 } tdm_router_metrics_t;
 
 typedef struct tdm_router tdm_router_t;
+
+/* A node silent for this many heartbeat timeouts is down; after one it is suspect. */
+#define TDM_ROUTER_DOWN_TIMEOUTS 2u
 
 /* Creates a router: loads cfg->model.path (tdm_model_load: mmap, no engine), builds the
  * tokenizer and picks the chat template (config override or the model's, with its default
@@ -115,8 +126,9 @@ void tdm_router_destroy(tdm_router_t **self_p);
 
 /* One step of the event loop: waits up to timeout_ms (0: do not wait; < 0 or more than
  * 50 ms: 50 ms, so the timers run) for messages on either socket, handles every message waiting (up
- * to a few hundred per socket, so timers stay on time), then the timers: heartbeat timeouts (node
- * down) and request deadlines. Returns 0; TDM_ECANCELLED when the wait was interrupted by a signal
+ * to a few hundred per socket, so timers stay on time), then the timers: every node message
+ * still waiting, liveness (tdm_router_check_liveness: suspect, down) and request deadlines.
+ * Returns 0; TDM_ECANCELLED when the wait was interrupted by a signal
  * or the context is shutting down (the caller checks its stop flag); TDM_EINTERNAL on a ZMQ
  * failure; TDM_EPRECONDITION after tdm_router_shutdown. */
 int tdm_router_poll(tdm_router_t *r, int timeout_ms);
@@ -139,7 +151,10 @@ const char *tdm_router_inproc_endpoint(const tdm_router_t *r);
 const char *tdm_router_node_endpoint(const tdm_router_t *r);
 
 /* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard
- * from for timeout_ms is marked down. Defaults TDM_HEARTBEAT_INTERVAL_MS /
+ * from for timeout_ms is suspect (no new work; its running work continues), for
+ * TDM_ROUTER_DOWN_TIMEOUTS x timeout_ms it is marked down (its work failed or re-dispatched).
+ * Silence is measured on the router's liveness clock, which leaves out the router loop's own
+ * stalls (tdm_router_check_liveness). Defaults TDM_HEARTBEAT_INTERVAL_MS /
  * TDM_HEARTBEAT_TIMEOUT_MS; tests shorten or lengthen them. Applies to registrations
  * after the call and to the liveness check at once. 0 keeps the current value. */
 void tdm_router_set_heartbeat(tdm_router_t *r, uint32_t interval_ms, uint32_t timeout_ms);
@@ -158,6 +173,17 @@ size_t tdm_router_n_queued(const tdm_router_t *r);
 
 /* True when the configured node `id` is registered and not marked down. */
 bool tdm_router_node_up(const tdm_router_t *r, const char *id);
+/* True when the configured node `id` is up but suspect (silent for the heartbeat timeout). */
+bool tdm_router_node_suspect(const tdm_router_t *r, const char *id);
+
+/* The liveness check the loop's timers run, as at monotonic time now (seconds, tdm_time_now's
+ * clock): nodes silent for the heartbeat timeout become suspect, for
+ * TDM_ROUTER_DOWN_TIMEOUTS timeouts down. The liveness clock advances by the time since the
+ * previous check but by at most max(heartbeat interval, 100 ms): a loop that was stalled
+ * (starved of CPU, a long iteration) does not count its stall against the nodes, whose
+ * messages waited in the socket meanwhile. A now earlier than the previous check advances
+ * nothing. Tests call it with a later now to inject a stall. Cannot fail. */
+void tdm_router_check_liveness(tdm_router_t *r, double now);
 
 /* The router's counters; points into the router (valid until tdm_router_destroy). */
 const tdm_router_metrics_t *tdm_router_metrics(const tdm_router_t *r);

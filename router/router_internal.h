@@ -56,9 +56,11 @@ typedef struct rt_node {
     const tdm_node_config_t *cfg; /* into the router's config */
     size_t index;                 /* position in r->nodes */
     /* registration and liveness (nodes.c) */
-    bool registered;                /* registered at least once */
-    bool up;                        /* registered and heard from within the timeout */
-    uint64_t instance_id;           /* the registered instance (FrameHeader.instance_id) */
+    bool registered;      /* registered at least once */
+    bool up;              /* registered and not declared down */
+    bool suspect;         /* up, but silent for more than the heartbeat timeout: no new work is
+                             dispatched to it, its running work continues; any message clears it */
+    uint64_t instance_id; /* the registered instance (FrameHeader.instance_id) */
     uint8_t peer[TDM_NET_PEER_MAX]; /* routing id of the registered instance's connection:
                                        only messages from it are this node's */
     size_t peer_len;
@@ -67,8 +69,10 @@ typedef struct rt_node {
     double refused_at;                   /* monotonic s of that refusal */
     uint64_t refused_count;              /* refusals since it was last accepted */
     double last_seen;                    /* monotonic seconds of the last message */
+    double seen_live;                    /* r->live_clock of the last message (liveness) */
     char down_reason[160];               /* why it was last marked down ("" if never) */
     uint64_t failures;                   /* times marked down (metrics) */
+    uint64_t suspicions;                 /* times marked suspect (metrics) */
     /* from RegisterRequest (nodes.c) */
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
@@ -180,6 +184,7 @@ struct tdm_router {
     uint64_t instance_id; /* this router's instance: random per start, never 0 */
     double next_timers;
     bool shut;
+    double loop_t0; /* monotonic s when the current loop iteration began (its poll returned) */
     /* the served model (router.c at start; read only after) */
     tdm_model_t *model;
     tdm_tokenizer_t *tok;
@@ -191,6 +196,10 @@ struct tdm_router {
     tdm_kv_layout_t layout;
     /* the nodes (nodes.c; router.c's tdm_router_set_heartbeat sets the figures) */
     uint32_t hb_interval_ms, hb_timeout_ms;
+    /* the liveness clock (nodes.c): monotonic seconds with the router loop's own stalls taken
+     * out, so a starved router does not charge its lateness to the nodes (rt_live_now) */
+    double live_clock;   /* its value at the last heartbeat check */
+    double live_checked; /* monotonic seconds of that check */
     rt_node_t *nodes;
     size_t n_nodes;
     /* registrations refused for node ids that are not in the config, most recent first */

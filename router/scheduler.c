@@ -103,9 +103,10 @@ static uint64_t prefill_load(const rt_node_t *n)
     return n->queued_prefill_tokens + n->tokens_since_hb;
 }
 
+/* A prefill node new work may go to (up and not suspect). */
 static bool is_prefill_up(const rt_node_t *n)
 {
-    return n->up && n->cfg->role == TDM_NODE_ROLE_PREFILL;
+    return rt_node_dispatchable(n) && n->cfg->role == TDM_NODE_ROLE_PREFILL;
 }
 
 static bool any_prefill_up(const tdm_router_t *r)
@@ -268,8 +269,9 @@ static rt_node_t *pick_prefill(tdm_router_t *r, const rt_req_t *q)
 
 /* ---- dispatch ---- */
 
-/* The up decode node with room for need blocks and the most of it that q has not tried this
- * round, or NULL. *any_up: some decode node is up; *max_total: the largest one's blocks. */
+/* The decode node up, not suspect, with room for need blocks and the most of it that q has not
+ * tried this round, or NULL. *any_up: some decode node is up (suspect ones too: q waits for
+ * them); *max_total: the largest one's blocks. */
 static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t need, bool *any_up,
                               uint32_t *max_total)
 {
@@ -283,7 +285,7 @@ static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t need,
         *any_up = true;
         if (n->kv_blocks_total > *max_total)
             *max_total = n->kv_blocks_total;
-        if (q->tried[i] || decode_room(n) < (int64_t)need)
+        if (q->tried[i] || !rt_node_dispatchable(n) || decode_room(n) < (int64_t)need)
             continue;
         if (!best || decode_room(n) > decode_room(best))
             best = n;

@@ -69,6 +69,9 @@ struct tdm_client {
     uint64_t n_ended;     /* calls ended so far (tdm_client_poll's return value) */
     int depth;            /* > 0 while a callback runs */
     double last_cancel_t; /* when the last CANCEL was sent (monotonic); 0 = never */
+    void *monitor;        /* PAIR receiving the DEALER's connection events (NULL: inproc) */
+    bool connected;       /* a handshake succeeded and its connection has not dropped since */
+    uint64_t n_lost;      /* connections to the router lost so far */
     tdm_frame_t frame;    /* receive buffer */
     tdm_error_t err;
     char err_field[64]; /* the request field the last refused start named; "" if none */
@@ -162,24 +165,105 @@ static void sleep_s(double s)
 
 /* ---- construction ---- */
 
+/* Stops the monitor and closes its socket. NULL-safe. */
+static void monitor_close(tdm_client_t *c)
+{
+    zmq_socket_monitor(tdm_sock_zsock(c->sock), NULL, 0);
+    if (c->monitor)
+        zmq_close(c->monitor);
+    c->monitor = NULL;
+}
+
+/* Watches the DEALER's connection (zmq_socket_monitor(3)): a DISCONNECTED event means the
+ * router went away (killed, restarted, its host gone: ZMQ's heartbeat notices that) with
+ * whatever it had of the calls in flight, so they end at once instead of at their deadlines
+ * (connection_lost). An inproc endpoint (the HTTP gateway inside the router) cannot lose its
+ * peer without the process and is not watched. Returns 0 or TDM_EINTERNAL. */
+static int monitor_new(tdm_client_t *c, tdm_error_t *err)
+{
+    if (strncmp(c->endpoint, "inproc://", 9) == 0)
+        return TDM_OK;
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://tdm-client-monitor-%llu",
+             (unsigned long long)tdm_net_unique(c->net));
+    int zero = 0;
+    int events = ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                 ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+    /* the first handshake may be over before the monitor is attached: count it as done */
+    c->connected = true;
+    if (zmq_socket_monitor(tdm_sock_zsock(c->sock), ep, events) != 0 ||
+        !(c->monitor = zmq_socket(tdm_net_zctx(c->net), ZMQ_PAIR)) ||
+        zmq_setsockopt(c->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(c->monitor, ep) != 0) {
+        tdm_error_set(err, TDM_EINTERNAL, "client: monitor of %s: %s", c->endpoint,
+                      zmq_strerror(errno));
+        monitor_close(c);
+        return TDM_EINTERNAL;
+    }
+    return TDM_OK;
+}
+
+/* Reads the connection events waiting on the monitor. Returns how many established
+ * connections dropped: a DISCONNECTED not preceded by a failed handshake (libzmq reports a
+ * failed handshake, a CURVE key mismatch say, as HANDSHAKE_FAILED_* and then DISCONNECTED; no
+ * call went out over that connection, and they keep waiting for one that works). */
+static int monitor_read(tdm_client_t *c)
+{
+    int lost = 0;
+    while (c->monitor) {
+        zmq_msg_t ev;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            break;
+        }
+        /* an event is two frames: 6 bytes (uint16 event, uint32 value), then the endpoint */
+        uint16_t event = 0;
+        if (zmq_msg_size(&ev) >= 6)
+            memcpy(&event, zmq_msg_data(&ev), 2);
+        bool more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        if (more) {
+            zmq_msg_init(&ev);
+            zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT);
+            zmq_msg_close(&ev);
+        }
+        if (event == ZMQ_EVENT_DISCONNECTED && c->connected) {
+            c->connected = false;
+            lost++;
+        } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            c->connected = true;
+            if (c->n_lost)
+                TDM_LOG_DEBUGF(c->log, NULL, "client: connected to %s again", c->endpoint);
+        } else if (event != ZMQ_EVENT_DISCONNECTED) {
+            c->connected = false; /* a handshake failed: its DISCONNECTED loses nothing */
+        }
+    }
+    return lost;
+}
+
+/* Checks the endpoint and the options. Returns 0 or TDM_EINVALID with *err set. */
+static int opts_check(const char *endpoint, const tdm_client_opts_t *opts, tdm_error_t *err)
+{
+    if (!endpoint || !endpoint[0])
+        return tdm_error_set(err, TDM_EINVALID, "client: the router endpoint is empty");
+    if (opts->api_key && strlen(opts->api_key) >= TDM_NET_API_KEY_MAX)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "client: the API key has %zu bytes, at most %u allowed",
+                             strlen(opts->api_key), TDM_NET_API_KEY_MAX - 1);
+    if (isnan(opts->timeout_s))
+        return tdm_error_set(err, TDM_EINVALID, "client: timeout_s is NaN");
+    return TDM_OK;
+}
+
 tdm_client_t *tdm_client_new(const char *endpoint, const tdm_client_opts_t *opts, tdm_error_t *err)
 {
     tdm_client_opts_t defaults = {0};
     if (!opts)
         opts = &defaults;
-    if (!endpoint || !endpoint[0]) {
-        tdm_error_set(err, TDM_EINVALID, "client: the router endpoint is empty");
+    if (opts_check(endpoint, opts, err) != TDM_OK)
         return NULL;
-    }
-    if (opts->api_key && strlen(opts->api_key) >= TDM_NET_API_KEY_MAX) {
-        tdm_error_set(err, TDM_EINVALID, "client: the API key has %zu bytes, at most %u allowed",
-                      strlen(opts->api_key), TDM_NET_API_KEY_MAX - 1);
-        return NULL;
-    }
-    if (isnan(opts->timeout_s)) {
-        tdm_error_set(err, TDM_EINVALID, "client: timeout_s is NaN");
-        return NULL;
-    }
     tdm_client_t *c = calloc(1, sizeof *c);
     if (!c) {
         tdm_error_set(err, TDM_ERESOURCE, "client: out of memory");
@@ -211,8 +295,12 @@ tdm_client_t *tdm_client_new(const char *endpoint, const tdm_client_opts_t *opts
     c->sock = tdm_sock_connect(c->net, endpoint, &so, err);
     if (!c->sock)
         goto out_net;
+    if (monitor_new(c, err) != TDM_OK)
+        goto out_sock;
     return c;
 
+out_sock:
+    tdm_sock_destroy(&c->sock);
 out_net:
     if (c->own_net)
         tdm_net_destroy(&c->net);
@@ -369,6 +457,7 @@ void tdm_client_destroy(tdm_client_t **self_p)
         sleep_s(left);
     }
     tdm_frame_clear(&c->frame);
+    monitor_close(c);
     tdm_sock_destroy(&c->sock);
     if (c->own_net)
         tdm_net_destroy(&c->net);
@@ -893,6 +982,47 @@ static long ms_to_nearest_deadline(const tdm_client_t *c, double now)
     return ms < 0 ? 0 : ms > 1e9 ? 1000000000L : (long)ms;
 }
 
+/* Receives and dispatches the frames waiting (CLIENT_MAX_FRAMES_PER_POLL at most). Returns 0,
+ * or the receive error after ending every call with it. */
+static int receive_frames(tdm_client_t *c)
+{
+    for (int i = 0; i < CLIENT_MAX_FRAMES_PER_POLL; i++) {
+        int rc = tdm_sock_recv(c->sock, &c->frame, 0);
+        if (rc == TDM_EDEADLINE || rc == TDM_ECANCELLED)
+            break; /* nothing more now; or interrupted (looked at by the caller) */
+        if (rc != TDM_OK) {
+            tdm_error_set(&c->err, rc, "client: receiving from %s failed: %s", c->endpoint,
+                          tdm_sock_errmsg(c->sock));
+            tdm_frame_clear(&c->frame);
+            end_all(c, rc, c->err.msg);
+            return rc;
+        }
+        dispatch(c, &c->frame);
+        tdm_frame_clear(&c->frame);
+    }
+    return TDM_OK;
+}
+
+/* The connection to the router was lost: what the router sent before it went is handled,
+ * then every call still running ends with UNAVAILABLE (the router that had them is gone; a
+ * restarted one does not know them). Later calls go out over the socket's reconnection: a
+ * call id is never reused and the table is empty, so nothing of the old connection remains. */
+static void connection_lost(tdm_client_t *c)
+{
+    c->n_lost++;
+    int rc = receive_frames(c);
+    if (rc != TDM_OK || c->n_calls == 0)
+        return;
+    TDM_LOG_DEBUGF(c->log, NULL, "client: connection to %s lost; ending %zu call(s)", c->endpoint,
+                   c->n_calls);
+    char why[TDM_ERRMSG_MAX];
+    snprintf(why, sizeof why,
+             "router connection lost: %s closed the connection (router stopped or restarted); "
+             "the call may or may not have run",
+             c->endpoint);
+    end_all(c, TDM_EUNAVAILABLE, why);
+}
+
 static int poll_impl(tdm_client_t *c, int timeout_ms, int fd)
 {
     uint64_t ended0 = c->n_ended;
@@ -904,9 +1034,13 @@ static int poll_impl(tdm_client_t *c, int timeout_ms, int fd)
     long to_deadline = ms_to_nearest_deadline(c, tdm_time_now());
     if (to_deadline >= 0 && (wait < 0 || to_deadline < wait))
         wait = to_deadline;
-    zmq_pollitem_t items[2] = {{tdm_sock_zsock(c->sock), 0, ZMQ_POLLIN, 0},
-                               {NULL, fd, ZMQ_POLLIN, 0}};
-    int n = zmq_poll(items, fd >= 0 ? 2 : 1, wait);
+    zmq_pollitem_t items[3] = {{tdm_sock_zsock(c->sock), 0, ZMQ_POLLIN, 0}};
+    int n_items = 1;
+    if (c->monitor)
+        items[n_items++] = (zmq_pollitem_t){c->monitor, 0, ZMQ_POLLIN, 0};
+    if (fd >= 0)
+        items[n_items++] = (zmq_pollitem_t){NULL, fd, ZMQ_POLLIN, 0};
+    int n = zmq_poll(items, n_items, wait);
     if (n < 0 && errno != EINTR) {
         int e = errno;
         int status = e == ETERM ? TDM_ECANCELLED : TDM_EINTERNAL;
@@ -916,21 +1050,12 @@ static int poll_impl(tdm_client_t *c, int timeout_ms, int fd)
         return status;
     }
     if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
-        for (int i = 0; i < CLIENT_MAX_FRAMES_PER_POLL; i++) {
-            int rc = tdm_sock_recv(c->sock, &c->frame, 0);
-            if (rc == TDM_EDEADLINE || rc == TDM_ECANCELLED)
-                break; /* nothing more now; or interrupted (looked at below) */
-            if (rc != TDM_OK) {
-                tdm_error_set(&c->err, rc, "client: receiving from %s failed: %s", c->endpoint,
-                              tdm_sock_errmsg(c->sock));
-                tdm_frame_clear(&c->frame);
-                end_all(c, rc, c->err.msg);
-                return rc;
-            }
-            dispatch(c, &c->frame);
-            tdm_frame_clear(&c->frame);
-        }
+        int rc = receive_frames(c);
+        if (rc != TDM_OK)
+            return rc;
     }
+    if (monitor_read(c) > 0)
+        connection_lost(c);
     if (cancel_requested(c)) {
         end_all(c, TDM_ECANCELLED, "cancelled (interrupted)");
         return TDM_ECANCELLED;
@@ -1177,6 +1302,7 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     d->refused_age_s = ns->refused_age_s;
     d->instance_id = ns->instance_id;
     d->up = ns->up;
+    d->suspect = ns->suspect;
     d->kv_blocks_total = ns->kv_blocks_total;
     d->kv_blocks_used = ns->kv_blocks_used;
     d->kv_blocks_cached = ns->kv_blocks_cached;

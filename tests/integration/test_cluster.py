@@ -326,11 +326,11 @@ def test_kill_decode_node_unavailable_within_heartbeat_timeout(tmp_path):
         elapsed = time.time() - t_kill
         assert res.status == "UNAVAILABLE", res
         assert "decode-0" in res.message
-        # the heartbeat timeout (limits.h: TDM_HEARTBEAT_TIMEOUT_MS, 2.5 s) found it,
-        # as the reason says; the time only has to show that it did not hang (a busy machine
-        # delays the check and the answer by seconds)
+        # the liveness check (down after 2 heartbeat timeouts, limits.h:
+        # TDM_HEARTBEAT_TIMEOUT_MS, 2.5 s) found it, as the reason says; the time only has to
+        # show that it did not hang (a busy machine delays the check and the answer by seconds)
         assert "no heartbeat for" in res.message, res.message
-        assert elapsed <= 2.5 + 60.0, elapsed
+        assert elapsed <= 2 * 2.5 + 60.0, elapsed
         cl.close()
     finally:
         c.stop()

@@ -460,9 +460,9 @@ static void *fake_main(void *arg)
     return NULL;
 }
 
-/* Binds the fake router on a free port and starts its thread. The socket is made here and
+/* Binds the fake router on endpoint and starts its thread. The socket is made here and
  * handed to the thread (pthread_create is the full barrier ZMQ asks for). */
-static fake_router_t *fake_start(void)
+static fake_router_t *fake_start_at(const char *endpoint)
 {
     fake_router_t *fr = calloc(1, sizeof *fr);
     assert_non_null(fr);
@@ -470,7 +470,7 @@ static fake_router_t *fake_start(void)
     fr->net = tdm_net_new(1, &err);
     assert_non_null(fr->net);
     tdm_sock_opts_t so = {0};
-    fr->sock = tdm_sock_bind(fr->net, "tcp://127.0.0.1:*", &so, &err);
+    fr->sock = tdm_sock_bind(fr->net, endpoint, &so, &err);
     if (!fr->sock)
         fail_msg("bind: %s", err.msg);
     snprintf(fr->endpoint, sizeof fr->endpoint, "%s", tdm_sock_endpoint(fr->sock));
@@ -480,6 +480,12 @@ static fake_router_t *fake_start(void)
     atomic_init(&fr->n_errors, 0);
     assert_int_equal(pthread_create(&fr->thread, NULL, fake_main, fr), 0);
     return fr;
+}
+
+/* The fake router on a free port. */
+static fake_router_t *fake_start(void)
+{
+    return fake_start_at("tcp://127.0.0.1:*");
 }
 
 static void fake_stop(fake_router_t **fr_p)
@@ -849,6 +855,7 @@ typedef struct async_call {
     char text[256];
     size_t n_tokens;
     tdm_client_finish_t finish;
+    char message[512];   /* the result's message */
     uint32_t next_index; /* chunks must come in index order */
     bool order_ok;
 } async_call_t;
@@ -883,6 +890,7 @@ static void async_done(void *user, const tdm_client_result_t *r)
     snprintf(ctx->call->text, sizeof ctx->call->text, "%s", r->text);
     ctx->call->n_tokens = r->n_tokens;
     ctx->call->finish = r->finish_reason;
+    snprintf(ctx->call->message, sizeof ctx->call->message, "%s", r->message);
     assert_int_equal(r->call_id, ctx->call->id);
 }
 
@@ -1261,6 +1269,80 @@ static void test_router_down(void **state)
     assert_int_equal(err.code, TDM_EINVALID);
 }
 
+/* Starts a "slow" stream (calls[0]) and a "silent" call (calls[1]) and polls until the stream
+ * has delivered two chunks. */
+static void start_slow_and_silent(tdm_client_t *c, async_state_t *st, async_ctx_t ctx[2])
+{
+    const char *prompts[2] = {"slow", "silent"};
+    for (int k = 0; k < 2; k++) {
+        tdm_client_request_t req;
+        tdm_client_request_init(&req);
+        req.prompt = prompts[k];
+        st->calls[k].order_ok = true;
+        assert_int_equal(
+            tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[k], &st->calls[k].id),
+            TDM_OK);
+    }
+    for (double until = now_s() + WAIT_S; st->n_seen < 2 && now_s() < until;)
+        assert_true(tdm_client_poll(c, 100) >= 0);
+    assert_true(st->n_seen >= 2);
+}
+
+/* The router goes away with calls in flight (its socket closes, as when it is killed with
+ * kill -9): a stream that had started and a call that had no answer yet both end with
+ * UNAVAILABLE "router connection lost" long before their 60 s deadline, once; a router
+ * started again on the same endpoint then serves the same client. */
+static void test_router_lost_and_back(void **state)
+{
+    (void)state;
+    fake_router_t *fr = fake_start();
+    char endpoint[256];
+    snprintf(endpoint, sizeof endpoint, "%s", fr->endpoint);
+    tdm_client_opts_t o = {0};
+    o.timeout_s = 60;
+    tdm_error_t err = {0};
+    tdm_client_t *c = tdm_client_new(endpoint, &o, &err);
+    if (!c)
+        fail_msg("client: %s", err.msg);
+    tdm_client_health_t h;
+    assert_int_equal(tdm_client_health(c, WAIT_S, &h), TDM_OK);
+
+    async_state_t st = {0};
+    async_ctx_t ctx[2] = {{&st, &st.calls[0]}, {&st, &st.calls[1]}};
+    start_slow_and_silent(c, &st, ctx); /* the stream is under way */
+
+    fake_stop(&fr); /* the router is gone */
+    int ended = 0;
+    for (double until = now_s() + WAIT_S; ended < 2 && now_s() < until;) {
+        int rc = tdm_client_poll(c, 100);
+        assert_true(rc >= 0);
+        ended += rc;
+    }
+    assert_int_equal(ended, 2);
+    assert_int_equal(tdm_client_pending(c), 0);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(st.calls[k].n_done, 1);
+        assert_int_equal(st.calls[k].status, TDM_EUNAVAILABLE);
+        assert_int_equal(st.calls[k].finish, TDM_CLIENT_FINISH_ERROR);
+        assert_non_null(strstr(st.calls[k].message, "router connection lost"));
+        assert_true(st.calls[k].order_ok);
+    }
+    assert_true(st.calls[0].n_tokens >= 2); /* what the stream had delivered is kept */
+
+    /* a router on the same endpoint again: the same client works */
+    fr = fake_start_at(endpoint);
+    assert_int_equal(tdm_client_health(c, WAIT_S, &h), TDM_OK);
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    req.prompt = "hello";
+    tdm_client_result_t res;
+    assert_int_equal(tdm_client_generate(c, &req, NULL, NULL, &res), TDM_OK);
+    assert_string_equal(res.text, "Hello world");
+    tdm_client_result_clear(&res);
+    tdm_client_destroy(&c);
+    fake_stop(&fr);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -1347,6 +1429,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_health_models_status, setup, teardown),
         cmocka_unit_test_setup_teardown(test_async_unary_and_wake_fd, setup, teardown),
         cmocka_unit_test(test_router_down),
+        cmocka_unit_test(test_router_lost_and_back),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

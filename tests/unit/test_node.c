@@ -22,6 +22,7 @@
 
 #define ROUTER_INSTANCE UINT64_C(0x1234)
 #define N_NOTIFY 200
+#define FLOOD_FRAMES 100
 
 static void sleep_ms(long ms)
 {
@@ -46,6 +47,8 @@ typedef struct fake_router {
     tdm_sock_t *sock;
     pthread_t thread;
     atomic_bool stop, mute;
+    atomic_bool flood;         /* each heartbeat is answered with FLOOD_FRAMES NodeCancels too */
+    atomic_int hb_interval_ms; /* what RegisterAck says (0: 60000, no periodic beats) */
     atomic_int tokens;
     atomic_int heartbeats;
     pthread_mutex_t mu;
@@ -121,7 +124,8 @@ static void answer(fake_router_t *fr, const tdm_frame_t *f)
         fr->peer_len = f->peer_len;
         pthread_mutex_unlock(&fr->mu);
         Tandem__V1__RegisterAck ack = TANDEM__V1__REGISTER_ACK__INIT;
-        ack.heartbeat_interval_ms = 60000; /* no periodic beats: only the flush's */
+        int ivl = atomic_load(&fr->hb_interval_ms);
+        ack.heartbeat_interval_ms = ivl ? (uint32_t)ivl : 60000; /* 60 s: only the flush's */
         ack.heartbeat_timeout_ms = 600000;
         ack.router_instance_id = ROUTER_INSTANCE;
         tdm_sock_reply(fr->sock, f, &ack.base);
@@ -129,6 +133,13 @@ static void answer(fake_router_t *fr, const tdm_frame_t *f)
         atomic_fetch_add(&fr->heartbeats, 1);
         if (!atomic_load(&fr->mute))
             tdm_sock_reply(fr->sock, f, NULL);
+        for (int i = 0; atomic_load(&fr->flood) && i < FLOOD_FRAMES; i++) {
+            Tandem__V1__NodeCancel c = TANDEM__V1__NODE_CANCEL__INIT;
+            c.request_id = (char *)"flood";
+            c.attempt_id = 1;
+            tdm_sock_notify(fr->sock, f->peer, f->peer_len, TANDEM__V1__METHOD__METHOD_NODE_CANCEL,
+                            &c.base);
+        }
     } else if (f->method == TANDEM__V1__METHOD__METHOD_TOKEN_EVENT) {
         atomic_fetch_add(&fr->tokens, 1);
         hear(fr, f);
@@ -392,11 +403,45 @@ static void test_prefill_node_serves(void **state)
     prefill_close(&pr);
 }
 
+/* Heartbeats come from the link's I/O thread: an engine thread that reads nothing (a long
+ * forward pass) while the router floods it with frames does not hold them back; the link stays
+ * registered, and the engine finds the relayed frames once it reads. */
+static void test_heartbeats_while_engine_busy(void **state)
+{
+    (void)state;
+    rig_t r;
+    tdm_error_t err = {0};
+    router_open(&r);
+    atomic_store(&r.fr.hb_interval_ms, 20);
+    atomic_store(&r.fr.flood, true);
+    Tandem__V1__RegisterRequest reg = TANDEM__V1__REGISTER_REQUEST__INIT;
+    reg.node_id = (char *)"p0";
+    reg.instance_id = 78;
+    tdm_node_link_opts_t lo = {tdm_sock_endpoint(r.fr.sock), NULL, &reg, NULL, NULL};
+    r.link = tdm_node_link_new(r.net, &lo, &err);
+    if (!r.link)
+        fail_msg("%s", err.msg);
+    wait_registered(r.link);
+    /* 30 beats, 3,000 frames for the engine, which reads none of them meanwhile */
+    for (int i = 0; i < 60000 && atomic_load(&r.fr.heartbeats) < 30; i++)
+        sleep_ms(1);
+    assert_true(atomic_load(&r.fr.heartbeats) >= 30);
+    assert_int_equal(tdm_node_link_state(r.link, NULL, 0), TDM_NODE_LINK_REGISTERED);
+    atomic_store(&r.fr.flood, false);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_int_equal(tdm_sock_recv(tdm_node_link_sock(r.link), &f, 60000), 0);
+    assert_int_equal(f.method, TANDEM__V1__METHOD__METHOD_NODE_CANCEL);
+    tdm_frame_clear(&f);
+    rig_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flush_waits_for_the_router),
         cmocka_unit_test(test_flush_bounded),
+        cmocka_unit_test(test_heartbeats_while_engine_busy),
         cmocka_unit_test(test_prefill_node_serves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -15,6 +15,13 @@
  * in the REQUEST so that the router gives up too, and the client enforces it itself: when it
  * passes, the client sends CANCEL and the call ends with TDM_EDEADLINE even if the router never
  * answers (it is down, or the network is).
+ * Losing the router: when the connection to the router drops (it was killed or restarted, or
+ * ZeroMQ's heartbeat found its host gone; a socket monitor reports it), every call running
+ * then, streams included, ends at once with TDM_EUNAVAILABLE "router connection lost: ..."
+ * (what the router sent before it went is delivered first; the call may or may not have run).
+ * The socket reconnects by itself and later calls go to the router that answers then; nothing
+ * of the old connection is kept. An inproc:// endpoint is not watched (the router is in the
+ * same process).
  * Cancellation: an on_chunk callback returning nonzero, tdm_client_generate_cancel, or the
  * client's cancel flag (set from a signal handler) sends CANCEL with the call's id; the router
  * then frees the request and sends nothing more. Frames that arrive later for a call that has
@@ -280,8 +287,10 @@ int tdm_client_generate_start(tdm_client_t *c, const tdm_client_request_t *req,
 
 /* Waits up to timeout_ms (0: not at all; < 0: until something happens) for frames, then
  * handles every frame already received, delivering chunks and ending calls (on_done), and
- * ends the calls whose deadline has passed (CANCEL sent, TDM_EDEADLINE). The wait is cut
- * short by the first frame, by the nearest deadline and by a signal. Returns the number of
+ * ends the calls whose deadline has passed (CANCEL sent, TDM_EDEADLINE), or every call when the
+ * connection to the router was lost (TDM_EUNAVAILABLE, see "Losing the router" above). The
+ * wait is cut short by the first frame, by the nearest deadline, by a lost connection and by
+ * a signal. Returns the number of
  * calls that ended (>= 0), or TDM_ECANCELLED when the cancel flag is set (every running call
  * was cancelled), TDM_EPRECONDITION when called from a callback, TDM_EINTERNAL when the socket
  * failed (every running call ended with that error). */
@@ -378,6 +387,8 @@ typedef struct tdm_client_node_status {
                              none since it was last accepted) */
     double refused_age_s; /* seconds since that refusal */
     uint64_t instance_id; /* the registered instance (0: never registered) */
+    bool suspect;         /* up, but silent for the heartbeat timeout: the router sends it no new
+                             work until it is heard from again (down after twice the timeout) */
 } tdm_client_node_status_t;
 
 /* A registration the router refused for a node id its config does not have. */

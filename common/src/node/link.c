@@ -4,6 +4,13 @@
  * Frames are relayed as raw ZeroMQ parts (no decode/encode): the engine side validates them
  * with tdm_sock_recv like any other input. Only END frames answering the link's own calls
  * (REGISTER, HEARTBEAT; call ids with TDM_LINK_CALL_BIT set) are consumed here.
+ *
+ * Liveness: heartbeats are sent and answered here, never on the engine thread, and nothing on
+ * this thread waits for the engine thread: l->mu is held by either side only to copy the load
+ * figures or the state, a flush waits on its condition with the mutex released, and relaying to
+ * the engine never blocks (the inproc ROUTER queues up to its high-water marks, ~11,000 frames,
+ * and drops past them). So a long forward pass or tokenizer work delays no heartbeat
+ * (tests/unit/test_node.c: test_heartbeats_while_engine_busy).
  */
 #include "tandem/node.h"
 
