@@ -46,6 +46,9 @@
  * round trip is 320 KB/s at 200 ms. */
 #define HTTP_STREAM_SNDBUF (64 << 10)
 
+/* Longest wait at shutdown for connections to write the answers of their ended calls, s. */
+#define HTTP_DRAIN_S 5
+
 struct tdm_http {
     const tdm_config_t *cfg;
     tdm_net_t *net; /* the router's; the gateway's client uses it (inproc://) */
@@ -59,7 +62,9 @@ struct tdm_http {
     long long started;        /* unix seconds ("created" of /v1/models) */
     char mhd_error[256];      /* last message libmicrohttpd logged */
     pthread_mutex_t mu;
-    bool have_model; /* under mu */
+    pthread_cond_t idle; /* signalled when n_calls drops to 0 */
+    size_t n_calls;      /* under mu: connections holding a generate call */
+    bool have_model;     /* under mu */
     http_model_t model;
 };
 
@@ -567,6 +572,9 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
         *ret = reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
         return false;
     }
+    pthread_mutex_lock(&h->mu);
+    h->n_calls++;
+    pthread_mutex_unlock(&h->mu);
     return true;
 }
 
@@ -952,6 +960,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
             record(r, TDM_ECANCELLED);
         }
         gw_call_release(&r->call);
+        pthread_mutex_lock(&h->mu);
+        if (--h->n_calls == 0)
+            pthread_cond_broadcast(&h->idle);
+        pthread_mutex_unlock(&h->mu);
     }
     if (r->streaming)
         dash_streams(h->dash, -1);
@@ -1073,6 +1085,11 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
     else
         tdm_log_init(&h->log, "router");
     pthread_mutex_init(&h->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->idle, &ca);
+    pthread_condattr_destroy(&ca);
     h->started = (long long)time(NULL);
     h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
     struct sockaddr_storage sa;
@@ -1094,18 +1111,37 @@ out_free:
     return NULL;
 }
 
+/* Waits, at most HTTP_DRAIN_S seconds, until no connection holds a generate call: at SIGTERM
+ * the router has just ended every call (UNAVAILABLE "router shutting down"), and the
+ * connections must write that answer (a 503, or the stream's error event and [DONE]) before
+ * the daemon stops and closes them. */
+static void drain_calls(tdm_http_t *h)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += HTTP_DRAIN_S;
+    pthread_mutex_lock(&h->mu);
+    while (h->n_calls > 0)
+        if (pthread_cond_timedwait(&h->idle, &h->mu, &until) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&h->mu);
+}
+
 void tdm_http_destroy(tdm_http_t **self_p)
 {
     if (!self_p || !*self_p)
         return;
     tdm_http_t *h = *self_p;
-    /* end the calls first, so every connection thread finishes, then join them */
+    if (h->gw && h->mhd)
+        drain_calls(h);
+    /* end the calls left, so every connection thread finishes, then join them */
     if (h->gw)
         gw_shutdown(h->gw);
     if (h->mhd)
         MHD_stop_daemon(h->mhd);
     dash_destroy(&h->dash);
     gw_destroy(&h->gw);
+    pthread_cond_destroy(&h->idle);
     pthread_mutex_destroy(&h->mu);
     free(h);
     *self_p = NULL;

@@ -9,6 +9,7 @@
  */
 #include <inttypes.h>
 #include <stdarg.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -537,12 +538,12 @@ static int parse_max_tokens(parse_ctx_t *p, oai_req_t *q)
     const char *name = "max_tokens";
     if (q->kind == OAI_CHAT && field(q->root, "max_completion_tokens"))
         name = "max_completion_tokens";
-    bool have = get_int(p, name, INT32_MIN, INT32_MAX, &mt);
+    bool have = get_int(p, name, LLONG_MIN, LLONG_MAX, &mt);
     if (p->rc)
         return p->rc;
-    if (have && mt < 1)
-        return bad_field(p->err, p->param, p->param_cap, name, "%s must be >= 1, got %lld", name,
-                         mt);
+    if (have && (mt < 1 || mt > INT32_MAX))
+        return bad_field(p->err, p->param, p->param_cap, name, "%s must be in 1..%d, got %lld",
+                         name, INT32_MAX, mt);
     if (have)
         q->g.max_tokens = (int32_t)mt;
     else if (q->kind == OAI_COMPLETION)

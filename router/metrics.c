@@ -350,7 +350,8 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
     histogram(b, "tandem_request_prefill_time_seconds",
               "Prefill compute time of a request, measured by its prefill node.", &m->prefill);
     histogram(b, "tandem_kv_transfer_time_seconds",
-              "KV transfer time of a completed request, measured by its decode node.",
+              "KV transfer time of a completed request: the prefill node's send until the decode "
+              "node acknowledged (the decode node's estimate when that did not arrive).",
               &m->kv_transfer);
 }
 

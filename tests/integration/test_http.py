@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -283,6 +284,12 @@ def test_malformed_requests_name_the_problem(cluster, model):
                           body={"model": model, "prompt": PROMPT, "max_tokens": "ten"})
     err = json.loads(body)["error"]
     assert st == 400 and err["param"] == "max_tokens" and "integer" in err["message"], body
+    for mt in (0, -1, 10 ** 12):  # the range the message gives is the one enforced
+        st, _, body = request(p, "POST", "/v1/completions",
+                              body={"model": model, "prompt": PROMPT, "max_tokens": mt})
+        err = json.loads(body)["error"]
+        assert st == 400 and err["param"] == "max_tokens", body
+        assert f"max_tokens must be in 1..2147483647, got {mt}" in err["message"], body
     st, _, body = request(p, "POST", "/v1/chat/completions",
                           body={"model": model, "messages": [{"role": "user", "content": 5}]})
     err = json.loads(body)["error"]
@@ -630,5 +637,66 @@ def test_ready_is_503_without_a_decode_node(tmp_path):
                                     "max_tokens": 4})
         err = json.loads(body)["error"]
         assert st == 408 and err["type"] == "timeout" and err["code"] == "deadline_exceeded", body
+    finally:
+        c.stop()
+
+
+def recv_all(s, timeout=120):
+    """Everything s receives until the peer closes it."""
+    s.settimeout(timeout)
+    buf = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            return buf
+        buf += b
+
+
+def dechunk(b):
+    """The payload of an HTTP/1.1 chunked body (which must end with its last chunk)."""
+    out = b""
+    while True:
+        size, _, b = b.partition(b"\r\n")
+        n = int(size.split(b";")[0], 16)
+        if n == 0:
+            return out
+        out += b[:n]
+        assert b[n:n + 2] == b"\r\n", b[:n + 2][-20:]
+        b = b[n + 2:]
+
+
+def test_router_sigterm_answers_requests_in_flight(tmp_path):
+    # SIGTERM ends every request with UNAVAILABLE "router shutting down"; the HTTP gateway
+    # must still write that answer (a 503 JSON error; an SSE error event and [DONE]) before
+    # it closes its connections
+    c = Cluster(str(tmp_path / "sigterm"), n_prefill=1, n_decode=1)
+    c.start()
+    try:
+        port = http_port(c)
+        model = "SmolLM2-135M-Instruct.Q4_1"
+        stream = open_stream(port, "/v1/completions",
+                             {"model": model, "prompt": PROMPT, "max_tokens": 3000,
+                              "ignore_eos": True, "stream": True})
+        first = recv_until(stream, b"data: {", 60)
+        assert b"200 OK" in first, first
+        whole = open_stream(port, "/v1/completions",
+                            {"model": model, "prompt": PROMPT, "max_tokens": 3000,
+                             "ignore_eos": True})
+        wait_for(lambda: running(c) == 2, "both requests running")
+        c.kill("router", signal.SIGTERM)
+        assert c.procs["router"].returncode == 0, c.tail("router")
+        raw = recv_all(whole)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), raw[:300]
+        err = json.loads(body)["error"]
+        assert err["code"] == "unavailable" and "shutting down" in err["message"], body
+        raw = first + recv_all(stream)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        if b"chunked" in head.lower():
+            body = dechunk(body)
+        events = sse_events(body)
+        assert events[-1] == "[DONE]", events[-3:]
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == "unavailable" and "shutting down" in err["message"], events[-2]
     finally:
         c.stop()
