@@ -235,6 +235,7 @@ static const char *state_name(rt_state_t s)
 
 void rt_req_check_deadlines(tdm_router_t *r, uint64_t now_ms)
 {
+    rt_sched_check_reserves(r, tdm_time_now());
     rt_heap_entry_t *e;
     while ((e = rt_heap_top(&r->deadlines)) && now_ms >= e->key) {
         rt_req_t *q = TDM_CONTAINER_OF(e, rt_req_t, by_deadline);
