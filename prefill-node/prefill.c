@@ -280,9 +280,11 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
     tdm_kv_pool_stats(p->rt->pool, &ks);
     TDM_LOG_INFOF(
         p->log, NULL,
-        "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s curve=%s",
+        "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s curve=%s "
+        "kv_transfer_timeout_s=%g",
         tdm_engine_backend_name(p->rt->engine), ks.n_blocks, (double)p->rt->kv_bytes / 1048576.0,
-        p->rt->n_ctx, tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off");
+        p->rt->n_ctx, tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off",
+        cfg->kv.transfer_timeout_s);
     return p;
 out_destroy:
     tdm_prefill_destroy(&p);

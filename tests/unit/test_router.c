@@ -1418,6 +1418,18 @@ static void test_decode_down(void **state)
         got = recv_on(e, e->client, &f, 50);
     }
     assert_true(got);
+    /* a stream that breaks after tokens says so in its last chunk, then the END's status */
+    assert_int_equal(f.kind, K_STREAM);
+    Tandem__V1__GenerateChunk *last =
+        (Tandem__V1__GenerateChunk *)tdm_frame_unpack(&f, &tandem__v1__generate_chunk__descriptor);
+    assert_non_null(last);
+    assert_int_equal(last->finish_reason, FIN(ERROR));
+    assert_int_equal(last->n_token_ids, 0);
+    assert_non_null(last->usage);
+    assert_int_equal(last->usage->completion_tokens, 1);
+    protobuf_c_message_free_unpacked(&last->base, NULL);
+    tdm_frame_clear(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
     assert_int_equal(f.kind, K_END);
     assert_int_equal(f.status, TDM_EUNAVAILABLE);
     assert_non_null(strstr(f.message, "decode node 'decode-0' is down (no heartbeat for "));
