@@ -374,11 +374,14 @@ static bool pending_room(rt_node_t *n)
     return true;
 }
 
-/* The router's wait for a DecodeReserve answer: the heartbeat timeout (a node silent that long
- * is down anyway), in ms. */
-static uint64_t reserve_timeout_ms(const tdm_router_t *r)
+/* The router's wait for n's answer to a DecodeReserve, in ms: the heartbeat timeout (a node
+ * silent that long is down anyway) plus two of its forward passes as its heartbeats report
+ * them (the engine thread answers between passes, so a node busy with long ones is not taken
+ * for a stalled one). */
+static uint64_t reserve_timeout_ms(const tdm_router_t *r, const rt_node_t *n)
 {
-    return r->hb_timeout_ms;
+    double step_ms = n->step_time_s > 0 && n->step_time_s < 600 ? n->step_time_s * 1000.0 : 0;
+    return r->hb_timeout_ms + (uint64_t)(2.0 * step_ms);
 }
 
 /* Sends DecodeReserve for q (need blocks) to n under a new attempt. Returns 0 when sent (q is
@@ -410,7 +413,7 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     s.call_id = call;
     /* the call's deadline is the router's wait for the answer: a node that reads it later
      * (it was paused) refuses it instead of holding blocks for an attempt given up on */
-    uint64_t answer_by = tdm_net_now_ms() + reserve_timeout_ms(r);
+    uint64_t answer_by = tdm_net_now_ms() + reserve_timeout_ms(r, n);
     s.deadline_unix_ms = q->deadline_ms && q->deadline_ms < answer_by ? q->deadline_ms : answer_by;
     s.body = &m.base;
     int rc = tdm_sock_send(r->nodesock, &s);
@@ -700,16 +703,16 @@ static void reserve_timed_out(tdm_router_t *r, rt_node_t *n, const rt_pending_t 
     char why[TDM_ERRMSG_MAX];
     snprintf(why, sizeof why,
              "decode node '%s' did not answer the reservation within %" PRIu64 " ms", n->cfg->id,
-             reserve_timeout_ms(r));
+             reserve_timeout_ms(r, n));
     q->decode = NULL; /* NodeCancel sent (or owed) above */
     redispatch_avoiding(r, q, true, TDM_EUNAVAILABLE, why, n);
 }
 
 void rt_sched_check_reserves(tdm_router_t *r, double now)
 {
-    double timeout_s = (double)reserve_timeout_ms(r) / 1000.0;
     for (size_t i = 0; i < r->n_nodes; i++) {
         rt_node_t *n = &r->nodes[i];
+        double timeout_s = (double)reserve_timeout_ms(r, n) / 1000.0;
         size_t j = 0;
         while (j < n->n_pending) {
             rt_pending_t p;

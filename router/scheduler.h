@@ -52,9 +52,10 @@ void rt_node_detach(rt_node_t *n, rt_req_t *q);
  * request queues; otherwise the request fails. */
 void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
 /* Gives up on every DecodeReserve not answered within the reservation timeout (the heartbeat
- * timeout): NodeCancel of its attempt is sent (or owed, the node being down, until it is
- * back), and its request is re-dispatched under a new attempt, on another decode node when
- * one has room (counted against TDM_ROUTER_MAX_REDISPATCH). now: monotonic seconds. */
+ * timeout plus two of the node's reported forward passes): NodeCancel of its attempt is sent (or
+ * owed, the node being down, until it is back), and its request is re-dispatched under a new
+ * attempt, on another decode node when one has room (counted against TDM_ROUTER_MAX_REDISPATCH).
+ * now: monotonic seconds. */
 void rt_sched_check_reserves(tdm_router_t *r, double now);
 /* A TaskFailed from node n: re-dispatch when retryable (counted), else the request fails;
  * the status is the node's unless it would blame the client (INVALID_ARGUMENT etc.: the router
