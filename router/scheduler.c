@@ -116,6 +116,14 @@ static bool any_prefill_up(const tdm_router_t *r)
     return false;
 }
 
+static bool any_decode_up(const tdm_router_t *r)
+{
+    for (size_t i = 0; i < r->n_nodes; i++)
+        if (r->nodes[i].up && r->nodes[i].cfg->role == TDM_NODE_ROLE_DECODE)
+            return true;
+    return false;
+}
+
 void rt_node_detach(rt_node_t *n, rt_req_t *q)
 {
     for (size_t i = 0; i < n->n_pending; i++)
@@ -504,6 +512,12 @@ static bool redispatch_avoiding(tdm_router_t *r, rt_req_t *q, bool count, int st
     if (avoid)
         q->tried[avoid->index] = true;
     int rc = rt_dispatch(r, q);
+    if (rc == 1 && q->t_dispatch > 0 && !any_decode_up(r)) {
+        /* it ran and lost its node, and none is left to run it again: the queue is for
+         * waiting for room, not for a cluster without decode nodes */
+        rt_req_fail(r, q, TDM_EUNAVAILABLE, false, "%s; no decode node is up to run it again", why);
+        return true;
+    }
     if (rc == 1) {
         memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
         rt_queue_push(r, q, true); /* it was admitted before: no queue limit */
@@ -754,6 +768,23 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     protobuf_c_message_free_unpacked(&tf->base, NULL);
 }
 
+/* The last decode node up, n, is down: requests that ran before and wait in the queue to run
+ * again (their transfer failed with n's connection before n was seen down) fail as n's own
+ * requests do; requests never dispatched keep waiting for a decode node. */
+static void fail_rerun_waiting(tdm_router_t *r, const rt_node_t *n, const char *reason)
+{
+    tdm_list_t *pos, *tmp;
+    TDM_LIST_FOR_EACH_SAFE(pos, tmp, &r->queue)
+    {
+        rt_req_t *q = TDM_LIST_ENTRY(pos, rt_req_t, queue_link);
+        if (q->t_dispatch > 0)
+            rt_req_fail(r, q, TDM_EUNAVAILABLE, true,
+                        "decode node '%s' is down (%s); no decode node is up to run the request "
+                        "again",
+                        n->cfg->id, reason);
+    }
+}
+
 void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
 {
     char why[256];
@@ -783,4 +814,6 @@ void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
             q->prefill = NULL; /* the KV already reached the decode node */
         }
     }
+    if (n->cfg->role == TDM_NODE_ROLE_DECODE && !any_decode_up(r))
+        fail_rerun_waiting(r, n, reason);
 }

@@ -1826,6 +1826,50 @@ static void test_reserve_node_paused(void **state)
     env_free(e);
 }
 
+/* The only decode node dies while the request's KV is on its way: the prefill node's report
+ * of the lost transfer comes before the heartbeat timeout, and the request, which ran once,
+ * fails UNAVAILABLE once no decode node is left to run it again (it does not wait in the
+ * queue until its deadline). */
+static void test_rerun_without_decode_node(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-gone", "abc", 8, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_sock_destroy(&e->d0.s); /* killed */
+    fake_task_failed(&e->p0, "r-gone", 14,
+                     "KV transfer to decode-0 failed (UNAVAILABLE): the connection to the "
+                     "receiver was lost",
+                     true);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    bool got = false;
+    while (!got && tdm_time_now() < end) {
+        fake_heartbeat(e, &e->p0, 100, 0);
+        got = recv_on(e, e->client, &f, 50) && f.kind == K_END;
+        if (!got)
+            tdm_frame_clear(&f);
+    }
+    assert_true(got);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, TDM_EUNAVAILABLE);
+    assert_non_null(strstr(f.message, "decode-0"));
+    assert_non_null(strstr(f.message, "no decode node is up to run"));
+    tdm_frame_clear(&f);
+    assert_int_equal(tdm_router_n_queued(e->r), 0);
+    env_free(e);
+}
+
 /* Registration checks: unknown id, role, fingerprint, layout, n_ctx; restart detection. */
 static void test_register(void **state)
 {
@@ -2959,6 +3003,7 @@ int main(void)
         cmocka_unit_test(test_retry_budget_shared),
         cmocka_unit_test(test_reserve_timeout),
         cmocka_unit_test(test_reserve_node_paused),
+        cmocka_unit_test(test_rerun_without_decode_node),
         cmocka_unit_test(test_register),
         cmocka_unit_test(test_request_id_reuse),
         cmocka_unit_test(test_api_keys),
