@@ -126,6 +126,17 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     tdm_node_attempt_t att;
     tdm_sampling_params_t sp;
     tdm_error_t err = {0};
+    if (tdm_frame_expired(f, tdm_net_now_ms())) {
+        /* The router stopped waiting for this answer (the frame's deadline is its reservation
+         * timeout: this node was paused, or the request sat unread): it has retried elsewhere
+         * under a new attempt, so a reservation made now would hold blocks for nobody. */
+        TDM_LOG_INFOF(d->log, m->request_id,
+                      "reservation of attempt %016" PRIx64
+                      " arrived after the router's reply deadline; not reserved",
+                      m->attempt_id);
+        tdm_sock_reply_error(s, f, TDM_EDEADLINE, "the reservation arrived after its deadline");
+        goto out_free;
+    }
     int rc = check_reserve(d, f, m, &att, &sp, &err);
     if (rc != TDM_OK) {
         tdm_sock_reply_error(s, f, rc, "%s", err.msg);
@@ -226,10 +237,12 @@ static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in)
         TDM_LOG_DEBUGF(d->log, r->base.att.label, "KV transfer withdrawn by the sender");
         tdm_node_req_drop(d->node, &r->base);
     } else if (in->status != 0) {
-        /* A bad transfer: the reservation goes; the router re-dispatches the request. */
-        char msg[TDM_ERRMSG_MAX + 32];
-        snprintf(msg, sizeof msg, "KV transfer rejected: %s", in->message);
-        tdm_node_req_fail(d->node, &r->base, in->status, true, msg);
+        /* A bad transfer: the reservation goes. The rejection went back to the sender in the
+         * transfer's END, and the prefill node is the one side that reports a failed transfer
+         * (one failure, one TaskFailed, one re-dispatch): nothing is reported from here. */
+        TDM_LOG_DEBUGF(d->log, r->base.att.label, "KV transfer rejected (%s); reservation freed",
+                       tdm_status_name(in->status));
+        tdm_node_req_drop(d->node, &r->base);
     } else {
         start_decoding(d, r, in);
     }

@@ -177,11 +177,13 @@ static void on_sent(tdm_prefill_t *p, const tdm_kv_send_done_t *d)
         tdm_node_req_drop(p->node, &t->base);
     } else if (d->status != 0) {
         char msg[TDM_ERRMSG_MAX + 64];
-        snprintf(msg, sizeof msg, "KV transfer to %s failed: %s", t->decode_id, d->message);
-        /* a key mismatch between nodes is the cluster's fault, not the client's: it must not
-         * reach the client as UNAUTHENTICATED (HTTP 401) */
-        int st = d->status == TDM_EUNAUTHENTICATED ? TDM_EUNAVAILABLE : d->status;
-        tdm_node_req_fail(p->node, &t->base, st, true, msg);
+        snprintf(msg, sizeof msg, "KV transfer to %s failed (%s): %s", t->decode_id,
+                 tdm_status_name(d->status), d->message);
+        /* Whatever the receiver said (a checksum mismatch is INVALID_ARGUMENT, a key mismatch
+         * UNAUTHENTICATED, no ack DEADLINE_EXCEEDED), a transfer between two nodes failing is
+         * the cluster's fault, never the client's: UNAVAILABLE, retryable. The prefill node is
+         * the one side that reports it; the decode node frees its reservation silently. */
+        tdm_node_req_fail(p->node, &t->base, TDM_EUNAVAILABLE, true, msg);
     } else {
         report_shipped(p, t, d);
         tdm_node_req_drop(p->node, &t->base);
@@ -249,10 +251,10 @@ static tdm_kv_sender_t *open_sender(tdm_prefill_t *p, tdm_net_t *net, tdm_error_
     so.model_fingerprint = p->rt->fingerprint;
     so.backend = TDM_KV_BACKEND_TCP;
     so.curve = tdm_node_curve_kv(&p->rt->keys, &curve);
-    /* Generous: the decode node acknowledges between forward passes, which can be long on a
-     * busy CPU; a dead decode node is noticed by the router's heartbeats much sooner and its
-     * requests cancelled here. */
-    so.timeout_ms = 60000;
+    /* kv.transfer_timeout_s (10 s by default, docs/protocol.md): a decode node that does not
+     * acknowledge within it is stalled or cut off, and the router retries the request (a lost
+     * connection is noticed sooner, by the sender's socket monitor). */
+    so.timeout_ms = (int)(p->cfg->kv.transfer_timeout_s * 1000.0 + 0.5);
     so.log = p->log;
     return tdm_kv_sender_new(net, p->rt->pool, &so, err);
 }
@@ -278,9 +280,11 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
     tdm_kv_pool_stats(p->rt->pool, &ks);
     TDM_LOG_INFOF(
         p->log, NULL,
-        "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s curve=%s",
+        "prefill node ready backend=%s kv_blocks=%u kv_mib=%.1f n_ctx=%u router=%s curve=%s "
+        "kv_transfer_timeout_s=%g",
         tdm_engine_backend_name(p->rt->engine), ks.n_blocks, (double)p->rt->kv_bytes / 1048576.0,
-        p->rt->n_ctx, tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off");
+        p->rt->n_ctx, tdm_config_router_advertise(cfg), tdm_config_curve_on(cfg) ? "on" : "off",
+        cfg->kv.transfer_timeout_s);
     return p;
 out_destroy:
     tdm_prefill_destroy(&p);

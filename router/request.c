@@ -198,6 +198,7 @@ void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, co
     tdm_log_write(&r->log, TDM_LOG_WARN, q->id, kv, "request failed: %s", msg);
     if (cancel_nodes)
         rt_release_nodes(r, q, status);
+    rt_stream_fail(r, q);
     rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, NULL);
     rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
     rt_hist_observe(&r->metrics.e2e, tdm_time_now() - q->t_arrival);
@@ -235,6 +236,7 @@ static const char *state_name(rt_state_t s)
 
 void rt_req_check_deadlines(tdm_router_t *r, uint64_t now_ms)
 {
+    rt_sched_check_reserves(r, tdm_time_now());
     rt_heap_entry_t *e;
     while ((e = rt_heap_top(&r->deadlines)) && now_ms >= e->key) {
         rt_req_t *q = TDM_CONTAINER_OF(e, rt_req_t, by_deadline);
@@ -254,6 +256,7 @@ void rt_req_shutdown_all(tdm_router_t *r)
     while ((l = tdm_list_first(&r->requests))) {
         rt_req_t *q = TDM_LIST_ENTRY(l, rt_req_t, all_link);
         rt_release_nodes(r, q, TDM_EUNAVAILABLE);
+        rt_stream_fail(r, q);
         rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_EUNAVAILABLE, "router shutting down",
                     NULL);
         rt_count_end(r, TDM_EUNAVAILABLE, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);

@@ -51,7 +51,8 @@ void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why);
  * reservations (no messages). NULL-safe. */
 void rt_req_free(tdm_router_t *r, rt_req_t *q);
 
-/* Fails every request whose deadline (unix ms) is at or before now_ms, earliest first. */
+/* Fails every request whose deadline (unix ms) is at or before now_ms, earliest first; first
+ * gives up on reservations whose answer is overdue (rt_sched_check_reserves). */
 void rt_req_check_deadlines(tdm_router_t *r, uint64_t now_ms);
 /* Frees every request with END UNAVAILABLE "router shutting down". */
 void rt_req_shutdown_all(tdm_router_t *r);

@@ -48,7 +48,23 @@ typedef struct rt_pending {
     uint64_t call_id;
     uint32_t n_blocks;
     rt_req_t *req;
+    uint64_t attempt_id; /* the attempt the reservation is for */
+    double sent_at;      /* monotonic s; unanswered after the heartbeat timeout, the router
+                            gives up on it (scheduler.c rt_sched_check_reserves) */
 } rt_pending_t;
+
+/* An attempt the router gave up on while node n may still hold it (its reservation was not
+ * answered in time, or n was down when the request left it): NodeCancel is owed to n until
+ * it can have arrived (scheduler.c). */
+typedef struct rt_orphan {
+    uint64_t attempt_id;
+    uint64_t sent_epoch; /* n->failures when NodeCancel was sent; RT_ORPHAN_UNSENT: not yet */
+    double at;           /* monotonic s it was recorded */
+    char id[TDM_REQUEST_ID_MAX + 1];
+} rt_orphan_t;
+
+#define RT_ORPHAN_UNSENT UINT64_MAX
+#define RT_ORPHANS_MAX 32 /* per node; the oldest goes when full */
 
 /* One configured node and the router's view of it. */
 typedef struct rt_node {
@@ -89,6 +105,9 @@ typedef struct rt_node {
     uint32_t reserved_acked;   /* decode: blocks acknowledged since the last heartbeat */
     rt_pending_t *pending;     /* reserve calls awaiting END */
     size_t n_pending, cap_pending;
+    /* attempts owed a NodeCancel (scheduler.c) */
+    rt_orphan_t orphans[RT_ORPHANS_MAX];
+    size_t n_orphans;
 } rt_node_t;
 
 typedef enum rt_state {

@@ -117,6 +117,14 @@ static bool any_prefill_up(const tdm_router_t *r)
     return false;
 }
 
+static bool any_decode_up(const tdm_router_t *r)
+{
+    for (size_t i = 0; i < r->n_nodes; i++)
+        if (r->nodes[i].up && r->nodes[i].cfg->role == TDM_NODE_ROLE_DECODE)
+            return true;
+    return false;
+}
+
 void rt_node_detach(rt_node_t *n, rt_req_t *q)
 {
     for (size_t i = 0; i < n->n_pending; i++)
@@ -124,20 +132,89 @@ void rt_node_detach(rt_node_t *n, rt_req_t *q)
             n->pending[i].req = NULL;
 }
 
-void rt_release_nodes(tdm_router_t *r, rt_req_t *q, int status)
+/* ---- NodeCancel, and the attempts nodes may still hold ---- */
+
+static void send_cancel(tdm_router_t *r, rt_node_t *n, const char *id, uint64_t attempt, int status)
 {
     Tandem__V1__NodeCancel c = TANDEM__V1__NODE_CANCEL__INIT;
-    c.request_id = q->id;
-    c.attempt_id = q->attempt_id;
+    c.request_id = (char *)(uintptr_t)id;
+    c.attempt_id = attempt;
     c.status = tdm_proto_status_to_wire(status);
-    if (q->prefill && q->prefill->up)
-        rt_node_notify(r, q->prefill, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
+    rt_node_notify(r, n, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
+}
+
+/* Remembers that n may still hold `attempt` of request id although the router left it:
+ * NodeCancel goes now when n is up (and again if n is marked down before it can have read
+ * it), else when n is back (orphans_flush). The oldest entry goes when the list is full. */
+static void orphan_add(tdm_router_t *r, rt_node_t *n, const char *id, uint64_t attempt)
+{
+    if (attempt == 0)
+        return;
+    if (n->n_orphans == RT_ORPHANS_MAX) {
+        tdm_log_write(&r->log, TDM_LOG_WARN, n->orphans[0].id, NULL,
+                      "node %s: forgetting attempt %016" PRIx64 " owed a NodeCancel (list full)",
+                      n->cfg->id, n->orphans[0].attempt_id);
+        memmove(&n->orphans[0], &n->orphans[1], (RT_ORPHANS_MAX - 1) * sizeof n->orphans[0]);
+        n->n_orphans--;
+    }
+    rt_orphan_t *o = &n->orphans[n->n_orphans++];
+    o->attempt_id = attempt;
+    o->at = tdm_time_now();
+    o->sent_epoch = RT_ORPHAN_UNSENT;
+    snprintf(o->id, sizeof o->id, "%s", id);
+    if (n->up) {
+        send_cancel(r, n, o->id, attempt, TDM_ECANCELLED);
+        o->sent_epoch = n->failures;
+    }
+}
+
+/* Sends the NodeCancels owed to nodes that are up: those never sent (the node was down) and
+ * those sent before the node was last marked down (lost with its connection). One that was
+ * sent while the node stayed up for two heartbeat timeouts since has been read: forgotten. */
+static void orphans_flush(tdm_router_t *r, double now)
+{
+    double keep_s = 2.0 * (double)r->hb_timeout_ms / 1000.0;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        rt_node_t *n = &r->nodes[i];
+        size_t kept = 0;
+        for (size_t j = 0; n->up && j < n->n_orphans; j++) {
+            rt_orphan_t o = n->orphans[j];
+            if (o.sent_epoch != n->failures) {
+                tdm_log_write(&r->log, TDM_LOG_INFO, o.id, NULL,
+                              "NodeCancel of attempt %016" PRIx64 " to %s, back up", o.attempt_id,
+                              n->cfg->id);
+                send_cancel(r, n, o.id, o.attempt_id, TDM_ECANCELLED);
+                o.sent_epoch = n->failures;
+                o.at = now;
+            } else if (now - o.at > keep_s) {
+                continue;
+            }
+            n->orphans[kept++] = o;
+        }
+        if (n->up)
+            n->n_orphans = kept;
+    }
+}
+
+/* NodeCancel of q's attempt to n, or, n being down, owed until it is back. */
+static void cancel_on(tdm_router_t *r, rt_node_t *n, const rt_req_t *q, int status)
+{
+    if (n->up)
+        send_cancel(r, n, q->id, q->attempt_id, status);
+    else
+        orphan_add(r, n, q->id, q->attempt_id);
+}
+
+void rt_release_nodes(tdm_router_t *r, rt_req_t *q, int status)
+{
+    if (q->prefill)
+        cancel_on(r, q->prefill, q, status);
     if (q->decode) {
-        if (q->decode->up)
-            rt_node_notify(r, q->decode, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base);
+        cancel_on(r, q->decode, q, status);
         rt_node_detach(q->decode, q);
     }
     q->prefill = q->decode = NULL;
+    q->attempt_id = 0; /* over: anything still in flight for it is stale */
 }
 
 /* ---- prefill policies ---- */
@@ -307,6 +384,16 @@ static bool pending_room(rt_node_t *n)
     return true;
 }
 
+/* The router's wait for n's answer to a DecodeReserve, in ms: the heartbeat timeout (a node
+ * silent that long is down anyway) plus two of its forward passes as its heartbeats report
+ * them (the engine thread answers between passes, so a node busy with long ones is not taken
+ * for a stalled one). */
+static uint64_t reserve_timeout_ms(const tdm_router_t *r, const rt_node_t *n)
+{
+    double step_ms = n->step_time_s > 0 && n->step_time_s < 600 ? n->step_time_s * 1000.0 : 0;
+    return r->hb_timeout_ms + (uint64_t)(2.0 * step_ms);
+}
+
 /* Sends DecodeReserve for q (need blocks) to n under a new attempt. Returns 0 when sent (q is
  * RESERVING on n), 1 when it could not be sent (try another node), TDM_ERESOURCE with r->err
  * set on out of memory. */
@@ -334,7 +421,10 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     s.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
     s.method = TANDEM__V1__METHOD__METHOD_DECODE_RESERVE;
     s.call_id = call;
-    s.deadline_unix_ms = q->deadline_ms;
+    /* the call's deadline is the router's wait for the answer: a node that reads it later
+     * (it was paused) refuses it instead of holding blocks for an attempt given up on */
+    uint64_t answer_by = tdm_net_now_ms() + reserve_timeout_ms(r, n);
+    s.deadline_unix_ms = q->deadline_ms && q->deadline_ms < answer_by ? q->deadline_ms : answer_by;
     s.body = &m.base;
     int rc = tdm_sock_send(r->nodesock, &s);
     if (rc != TDM_OK) {
@@ -343,7 +433,7 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
                       tdm_strerror(rc));
         return 1;
     }
-    n->pending[n->n_pending++] = (rt_pending_t){call, need, q};
+    n->pending[n->n_pending++] = (rt_pending_t){call, need, q, attempt, tdm_time_now()};
     n->reserved_pending += need;
     q->attempt_id = attempt;
     q->kv_transfer_s = 0; /* measured again for this attempt */
@@ -385,6 +475,7 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
 
 void rt_drain_queue(tdm_router_t *r)
 {
+    orphans_flush(r, tdm_time_now());
     rt_req_t *q;
     while ((q = rt_queue_first(r))) {
         rt_queue_remove(r, q);
@@ -399,7 +490,9 @@ void rt_drain_queue(tdm_router_t *r)
     }
 }
 
-bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const char *why)
+/* rt_redispatch, not on `avoid` (NULL: any node) in its first round. */
+static bool redispatch_avoiding(tdm_router_t *r, rt_req_t *q, bool count, int status,
+                                const char *why, const rt_node_t *avoid)
 {
     if (count) {
         if (q->redispatches >= TDM_ROUTER_MAX_REDISPATCH) {
@@ -418,8 +511,17 @@ bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const c
     q->prefilled = false;
     q->state = RT_QUEUED;
     memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
+    if (avoid)
+        q->tried[avoid->index] = true;
     int rc = rt_dispatch(r, q);
+    if (rc == 1 && q->t_dispatch > 0 && !any_decode_up(r)) {
+        /* it ran and lost its node, and none is left to run it again: the queue is for
+         * waiting for room, not for a cluster without decode nodes */
+        rt_req_fail(r, q, TDM_EUNAVAILABLE, false, "%s; no decode node is up to run it again", why);
+        return true;
+    }
     if (rc == 1) {
+        memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
         rt_queue_push(r, q, true); /* it was admitted before: no queue limit */
         return false;
     }
@@ -428,6 +530,11 @@ bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const c
         return true;
     }
     return false;
+}
+
+bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const char *why)
+{
+    return redispatch_avoiding(r, q, count, status, why, NULL);
 }
 
 /* ---- the reservation's answer ---- */
@@ -539,12 +646,48 @@ static void reserve_refused(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
     }
 }
 
+/* An answer to a reservation the router gave up on (rt_sched_check_reserves): blocks granted
+ * for that attempt are released. */
+static void reserve_late(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
+{
+    tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
+                  "reserve reply for unknown call %" PRIu64 " from %s", f->call_id, n->cfg->id);
+    if (f->status != TDM_OK)
+        return;
+    Tandem__V1__ReserveAck *ack =
+        (Tandem__V1__ReserveAck *)tdm_frame_unpack(f, &tandem__v1__reserve_ack__descriptor);
+    if (!ack)
+        return;
+    if (ack->attempt_id) {
+        tdm_log_write(&r->log, TDM_LOG_INFO, ack->request_id, NULL,
+                      "late reservation of attempt %016" PRIx64 " on %s released", ack->attempt_id,
+                      n->cfg->id);
+        send_cancel(r, n, ack->request_id, ack->attempt_id, TDM_ECANCELLED);
+    }
+    protobuf_c_message_free_unpacked(&ack->base, NULL);
+}
+
+/* The status a request fails with when a node reported `status` for it: the router validated
+ * the request, so a node refusing it (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
+ * UNAUTHENTICATED, ...) is the cluster's fault (INTERNAL, HTTP 500), never the client's;
+ * UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, CANCELLED and INTERNAL stay. */
+static int server_fault(int status)
+{
+    switch (status) {
+    case TDM_EUNAVAILABLE:
+    case TDM_ERESOURCE:
+    case TDM_EDEADLINE:
+    case TDM_ECANCELLED:
+    case TDM_EINTERNAL: return status;
+    default: return TDM_EINTERNAL;
+    }
+}
+
 void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 {
     rt_pending_t p;
     if (!take_pending(n, f->call_id, &p)) {
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
-                      "reserve reply for unknown call %" PRIu64 " from %s", f->call_id, n->cfg->id);
+        reserve_late(r, n, f);
         return;
     }
     if (f->status == TDM_OK) {
@@ -556,11 +699,47 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         return;
     q->decode = NULL;
     q->state = RT_QUEUED;
-    if (f->status == TDM_ERESOURCE || f->status == TDM_EUNAVAILABLE)
+    if (f->status == TDM_ERESOURCE || f->status == TDM_EUNAVAILABLE || f->status == TDM_EDEADLINE)
         reserve_refused(r, n, f, q);
     else
-        rt_req_fail(r, q, f->status ? f->status : TDM_EINTERNAL, true,
-                    "decode node '%s' refused the request: %s", n->cfg->id, f->message);
+        rt_req_fail(r, q, server_fault(f->status), true,
+                    "decode node '%s' refused the request (%s): %s", n->cfg->id,
+                    tdm_status_name(f->status), f->message);
+}
+
+/* n did not answer p's reservation within the reservation timeout (paused, cut off, or the
+ * answer was lost): its blocks are owed a NodeCancel, and the request retries under a new
+ * attempt, on another decode node when one has room. */
+static void reserve_timed_out(tdm_router_t *r, rt_node_t *n, const rt_pending_t *p)
+{
+    rt_req_t *q = p->req;
+    orphan_add(r, n, q ? q->id : "", p->attempt_id);
+    if (!q)
+        return; /* the request went away meanwhile */
+    char why[TDM_ERRMSG_MAX];
+    snprintf(why, sizeof why,
+             "decode node '%s' did not answer the reservation within %" PRIu64 " ms", n->cfg->id,
+             reserve_timeout_ms(r, n));
+    q->decode = NULL; /* NodeCancel sent (or owed) above */
+    redispatch_avoiding(r, q, true, TDM_EUNAVAILABLE, why, n);
+}
+
+void rt_sched_check_reserves(tdm_router_t *r, double now)
+{
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        rt_node_t *n = &r->nodes[i];
+        double timeout_s = (double)reserve_timeout_ms(r, n) / 1000.0;
+        size_t j = 0;
+        while (j < n->n_pending) {
+            rt_pending_t p;
+            if (now - n->pending[j].sent_at <= timeout_s ||
+                !take_pending(n, n->pending[j].call_id, &p)) {
+                j++;
+                continue;
+            }
+            reserve_timed_out(r, n, &p); /* take_pending moved another entry into j */
+        }
+    }
 }
 
 /* ---- failures ---- */
@@ -573,9 +752,7 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         return;
     rt_req_t *q = rt_req_for_event(r, n, tf->request_id, tf->attempt_id, true, true, "TaskFailed");
     if (q) {
-        int status = tdm_proto_status_from_wire(tf->status);
-        if (status == TDM_OK)
-            status = TDM_EINTERNAL;
+        int status = server_fault(tdm_proto_status_from_wire(tf->status));
         char why[TDM_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s node '%s' failed: %s",
                  tdm_config_node_role_name(n->cfg->role), n->cfg->id, tf->message);
@@ -593,9 +770,29 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     protobuf_c_message_free_unpacked(&tf->base, NULL);
 }
 
+/* The last decode node up, n, is down: requests that ran before and wait in the queue to run
+ * again (their transfer failed with n's connection before n was seen down) fail as n's own
+ * requests do; requests never dispatched keep waiting for a decode node. */
+static void fail_rerun_waiting(tdm_router_t *r, const rt_node_t *n, const char *reason)
+{
+    tdm_list_t *pos, *tmp;
+    TDM_LIST_FOR_EACH_SAFE(pos, tmp, &r->queue)
+    {
+        rt_req_t *q = TDM_LIST_ENTRY(pos, rt_req_t, queue_link);
+        if (q->t_dispatch > 0)
+            rt_req_fail(r, q, TDM_EUNAVAILABLE, true,
+                        "decode node '%s' is down (%s); no decode node is up to run the request "
+                        "again",
+                        n->cfg->id, reason);
+    }
+}
+
 void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
 {
     char why[256];
+    for (size_t i = 0; i < n->n_pending; i++)
+        if (!n->pending[i].req) /* gone while reserving: its NodeCancel may not have arrived */
+            orphan_add(r, n, "", n->pending[i].attempt_id);
     n->n_pending = 0; /* the answers will not come */
     n->reserved_pending = n->reserved_acked = 0;
     n->tokens_since_hb = 0;
@@ -607,7 +804,7 @@ void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
         if (q->decode == n && q->state == RT_RESERVING) {
             snprintf(why, sizeof why, "decode node '%s' is down (%s) while reserving", n->cfg->id,
                      reason);
-            rt_redispatch(r, q, false, TDM_EUNAVAILABLE, why);
+            rt_redispatch(r, q, true, TDM_EUNAVAILABLE, why);
         } else if (q->decode == n) {
             rt_req_fail(r, q, TDM_EUNAVAILABLE, true, "decode node '%s' is down (%s)", n->cfg->id,
                         reason);
@@ -619,4 +816,6 @@ void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
             q->prefill = NULL; /* the KV already reached the decode node */
         }
     }
+    if (n->cfg->role == TDM_NODE_ROLE_DECODE && !any_decode_up(r))
+        fail_rerun_waiting(r, n, reason);
 }

@@ -30,7 +30,9 @@ rt_req_t *rt_queue_first(const tdm_router_t *r);
  * is up or has room (the caller queues q), or a negative status when q can never be served
  * (the caller fails it with r->err's message). */
 int rt_dispatch(tdm_router_t *r, rt_req_t *q);
-/* Dispatches queued requests (FIFO) while decode nodes have room. */
+/* Sends the NodeCancels owed to nodes that are back up (attempts the router left while they
+ * were down or unreachable), then dispatches queued requests (FIFO) while decode nodes have
+ * room. Called on every registration and heartbeat. */
 void rt_drain_queue(tdm_router_t *r);
 /* Puts q back through dispatch after a failure of its current attempt (NodeCancel to its
  * nodes first; delivered output is kept). count: whether it counts against
@@ -38,8 +40,9 @@ void rt_drain_queue(tdm_router_t *r);
  * q was freed. */
 bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const char *why);
 
-/* Sends NodeCancel(status) to the request's prefill and decode nodes and detaches a pending
- * reservation. Leaves the assignment cleared. */
+/* Sends NodeCancel(status) to the request's prefill and decode nodes (owed until it is back
+ * to one that is down) and detaches a pending reservation. Leaves the assignment and the
+ * attempt cleared (anything still in flight for that attempt is stale). */
 void rt_release_nodes(tdm_router_t *r, rt_req_t *q, int status);
 /* Forgets n's pending reservation pointers to q (q is going away). */
 void rt_node_detach(rt_node_t *n, rt_req_t *q);
@@ -48,7 +51,15 @@ void rt_node_detach(rt_node_t *n, rt_req_t *q);
  * (PrefillTask or local prefill); refused for room, another decode node is tried or the
  * request queues; otherwise the request fails. */
 void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
-/* A TaskFailed from node n: re-dispatch when retryable, else the request fails. */
+/* Gives up on every DecodeReserve not answered within the reservation timeout (the heartbeat
+ * timeout plus two of the node's reported forward passes): NodeCancel of its attempt is sent (or
+ * owed, the node being down, until it is back), and its request is re-dispatched under a new
+ * attempt, on another decode node when one has room (counted against TDM_ROUTER_MAX_REDISPATCH).
+ * now: monotonic seconds. */
+void rt_sched_check_reserves(tdm_router_t *r, double now);
+/* A TaskFailed from node n: re-dispatch when retryable (counted), else the request fails;
+ * the status is the node's unless it would blame the client (INVALID_ARGUMENT etc.: the router
+ * validated the request), which becomes INTERNAL. */
 void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
 /* n was marked down (reason: why): its requests are re-dispatched (reserving on it, or
  * prefilling there before their decode node started) or fail (decoding on it). */

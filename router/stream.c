@@ -364,6 +364,24 @@ static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
     rt_req_free(r, q);
 }
 
+void rt_stream_fail(tdm_router_t *r, const rt_req_t *q)
+{
+    if (!q->stream || q->next_index == 0)
+        return;
+    Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
+    usage.prompt_tokens = q->n_prompt;
+    usage.completion_tokens = q->next_index;
+    usage.cached_prompt_tokens = q->cached_prompt_tokens;
+    Tandem__V1__Timings t;
+    fill_timings(q, tdm_time_now(), &t);
+    Tandem__V1__GenerateChunk m;
+    chunk_to_msg(q, &m);
+    m.finish_reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR;
+    m.usage = &usage;
+    m.timings = &t;
+    (void)send_stream(r, q, &m); /* a client that is gone misses the END as well */
+}
+
 /* ---- delivering tokens in order ---- */
 
 /* The figures an in-order token carries: prefill ones with index 0, TTFT or the gap since

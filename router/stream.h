@@ -16,6 +16,12 @@ void rt_stream_on_token(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
  * Finished.completion_tokens is delivered (at once when they all are). */
 void rt_stream_on_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
 
+/* A streaming request that fails after tokens were delivered: sends the last GenerateChunk
+ * with finish_reason ERROR (usage: the tokens delivered; timings), so a stream that breaks
+ * says so in its last chunk before the END that carries the status (the caller sends it).
+ * Does nothing for a request that streamed nothing yet or does not stream. Cannot fail. */
+void rt_stream_fail(tdm_router_t *r, const rt_req_t *q);
+
 /* Frees q's output state (reorder buffer, held text, chunk); q itself stays. Cannot fail. */
 void rt_stream_free(rt_req_t *q);
 

@@ -81,6 +81,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
     assert_int_equal(a->kv.block_size, b->kv.block_size);
     assert_int_equal(a->kv.dtype, b->kv.dtype);
     assert_int_equal(a->kv.prefix_caching, b->kv.prefix_caching);
+    assert_true(a->kv.transfer_timeout_s == b->kv.transfer_timeout_s);
     assert_int_equal(a->log.level, b->log.level);
     assert_str_or_null_equal(a->router.curve_public_key, b->router.curve_public_key);
     assert_str_or_null_equal(a->router.curve_secret_key_file, b->router.curve_secret_key_file);
@@ -146,6 +147,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.kv.block_size, 16);
     assert_int_equal(cfg.kv.dtype, TDM_KV_F16);
     assert_true(cfg.kv.prefix_caching);
+    assert_true(cfg.kv.transfer_timeout_s == 10.0); /* docs/protocol.md's default */
     assert_int_equal(cfg.log.level, TDM_LOG_INFO);
     assert_null(cfg.router.curve_public_key);
     assert_null(cfg.router.curve_secret_key_file);
@@ -256,6 +258,7 @@ static const char full_yaml[] =
     "  block_size: 32\n"
     "  dtype: q8\n"
     "  prefix_caching: false\n"
+    "  transfer_timeout_s: 2.5\n"
     "log: {level: warning}\n"
     "security:\n"
     "  insecure: true\n"
@@ -316,6 +319,7 @@ static void test_full_file(void **state)
     assert_int_equal(cfg.kv.block_size, 32);
     assert_int_equal(cfg.kv.dtype, TDM_KV_Q8);
     assert_false(cfg.kv.prefix_caching);
+    assert_true(cfg.kv.transfer_timeout_s == 2.5);
     assert_int_equal(cfg.log.level, TDM_LOG_WARN);
     assert_string_equal(cfg.router.curve_public_key, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
     assert_string_equal(cfg.router.curve_secret_key_file, "/etc/tandem/keys/router.key");
@@ -570,7 +574,12 @@ static void test_error_unknown_keys(void **state)
                "api_keys, public_metrics, curve_public_k)"); /* (the message's size limit) */
     load_fails("kv:\n  blocksize: 16\n",
                "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
-               "dtype, prefix_caching)");
+               "dtype, prefix_caching, transfer_timeout_s)");
+    load_fails("kv:\n  transfer_timeout_s: 0\n",
+               "cluster.yaml:2: key 'kv.transfer_timeout_s': must be in (0, 3600] seconds, got 0");
+    load_fails("kv:\n  transfer_timeout_s: 4000\n",
+               "cluster.yaml:2: key 'kv.transfer_timeout_s': must be in (0, 3600] seconds, got "
+               "4000");
     load_fails("nodes:\n  - id: d\n    role: decode\n    gpu: 0\n",
                "cluster.yaml:4: key 'nodes[0].gpu': unknown key (expected one of: id, role, "
                "endpoint, kv_endpoint, kv_advertise, device, threads, memory_budget, "

@@ -1121,7 +1121,8 @@ static void test_reserve_rejected(void **state)
     assert_string_equal(t->decode_node_id, "decode-1");
     protobuf_c_message_free_unpacked(&t->base, NULL);
     assert_int_equal(tdm_router_metrics(e->r)->reserve_rejects, 1);
-    /* a bad-request refusal fails the request with that status */
+    /* a node refusing what the router validated is the cluster's fault: INTERNAL, never the
+     * client's INVALID_ARGUMENT */
     prompt_req(&g, "r-bad", "abc", 4, true);
     uint64_t c2 = generate(e, &g);
     tdm_frame_init(&f);
@@ -1130,7 +1131,9 @@ static void test_reserve_rejected(void **state)
     assert_int_equal(tdm_sock_reply_error(e->d1.s, &f, TDM_EINVALID, "sampling.top_k too big"), 0);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
-    expect_end(e, c2, TDM_EINVALID, "sampling.top_k too big");
+    expect_end(e, c2, TDM_EINTERNAL,
+               "decode node 'decode-1' refused the request (INVALID_ARGUMENT): sampling.top_k "
+               "too big");
     (void)call;
     env_free(e);
 }
@@ -1415,6 +1418,18 @@ static void test_decode_down(void **state)
         got = recv_on(e, e->client, &f, 50);
     }
     assert_true(got);
+    /* a stream that breaks after tokens says so in its last chunk, then the END's status */
+    assert_int_equal(f.kind, K_STREAM);
+    Tandem__V1__GenerateChunk *last =
+        (Tandem__V1__GenerateChunk *)tdm_frame_unpack(&f, &tandem__v1__generate_chunk__descriptor);
+    assert_non_null(last);
+    assert_int_equal(last->finish_reason, FIN(ERROR));
+    assert_int_equal(last->n_token_ids, 0);
+    assert_non_null(last->usage);
+    assert_int_equal(last->usage->completion_tokens, 1);
+    protobuf_c_message_free_unpacked(&last->base, NULL);
+    tdm_frame_clear(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
     assert_int_equal(f.kind, K_END);
     assert_int_equal(f.status, TDM_EUNAVAILABLE);
     assert_non_null(strstr(f.message, "decode node 'decode-0' is down (no heartbeat for "));
@@ -1527,7 +1542,331 @@ static void test_task_failed(void **state)
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     fake_task_failed(&e->d0, "r-tf2", 3, "bad sampling", false);
-    expect_end(e, call, TDM_EINVALID, "decode node 'decode-0' failed: bad sampling");
+    /* INVALID_ARGUMENT from a node (the router validated the request): a server fault */
+    expect_end(e, call, TDM_EINTERNAL, "decode node 'decode-0' failed: bad sampling");
+    env_free(e);
+}
+
+/* TaskFailed of a given attempt (attempt_for gives the current one). */
+static void fake_task_failed_of(fake_t *n, const char *req, uint64_t attempt, int code,
+                                const char *msg)
+{
+    Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
+    tf.request_id = (char *)req;
+    tf.attempt_id = attempt;
+    tf.status = code;
+    tf.message = (char *)msg;
+    tf.retryable = true;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(TASK_FAILED), &tf.base), 0);
+}
+
+/* Runs the router, heartbeating the `alive` fakes (NULL-terminated), until n has a
+ * NodeCancel of `attempt` (other frames on n are dropped); fails after WAIT_MS. */
+static void expect_cancel_of(env_t *e, fake_t *n, uint64_t attempt, fake_t **alive)
+{
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    while (tdm_time_now() < end) {
+        for (size_t i = 0; alive && alive[i]; i++)
+            fake_heartbeat(e, alive[i], 90, 0);
+        if (!recv_on(e, n->s, &f, 50))
+            continue;
+        bool hit = false;
+        if (f.method == M(NODE_CANCEL)) {
+            Tandem__V1__NodeCancel *c = (Tandem__V1__NodeCancel *)tdm_frame_unpack(
+                &f, &tandem__v1__node_cancel__descriptor);
+            assert_non_null(c);
+            hit = c->attempt_id == attempt;
+            protobuf_c_message_free_unpacked(&c->base, NULL);
+        }
+        tdm_frame_clear(&f);
+        if (hit)
+            return;
+    }
+    fail_msg("%s: no NodeCancel of attempt %016" PRIx64, n->id, attempt);
+}
+
+/* Runs the router, heartbeating the `alive` fakes, until n has a DecodeReserve; *f keeps it. */
+static Tandem__V1__DecodeReserve *expect_reserve_alive(env_t *e, fake_t *n, tdm_frame_t *f,
+                                                       fake_t **alive)
+{
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    bool got = false;
+    while (!got && tdm_time_now() < end) {
+        for (size_t i = 0; alive[i]; i++)
+            fake_heartbeat(e, alive[i], 90, 0);
+        got = recv_on(e, n->s, f, 50);
+    }
+    if (!got)
+        fail_msg("%s: no DecodeReserve", n->id);
+    assert_int_equal(f->method, M(DECODE_RESERVE));
+    Tandem__V1__DecodeReserve *m =
+        (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
+    assert_non_null(m);
+    attempt_note(m->request_id, m->attempt_id);
+    return m;
+}
+
+/* One failed KV transfer, reported by both of its nodes (an older decode node still reports
+ * its side), is one re-dispatch: the second report names an attempt that is over. */
+static void test_one_failure_one_retry(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-one", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    uint64_t first = rs->attempt_id;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-one", 0, B('o'));
+    /* the receiver rejected the transfer: the sender reports it */
+    fake_task_failed_of(&e->p0, "r-one", first, 14,
+                        "KV transfer to decode-0 failed (INVALID_ARGUMENT): header checksum "
+                        "mismatch");
+    expect_cancel(e, &e->p0, "r-one", 1);
+    expect_cancel(e, &e->d0, "r-one", 1);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    rs = expect_reserve(e, &e->d0, &f);
+    uint64_t second = rs->attempt_id;
+    assert_true(second != first);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    /* ... and the decode node's report of the same failure changes nothing */
+    uint64_t stale = tdm_router_metrics(e->r)->stale_attempt_messages;
+    fake_task_failed_of(&e->d0, "r-one", first, 3, "KV transfer rejected: header checksum");
+    reply_ack(&e->d0, &f, "r-one", 1);
+    tdm_frame_clear(&f);
+    t = expect_task(e, &e->p0);
+    assert_int_equal(t->attempt_id, second);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_sync(e, &e->d0); /* nothing else came to d0: no second NodeCancel, no reserve */
+    assert_int_equal(tdm_router_metrics(e->r)->stale_attempt_messages, stale + 1);
+    assert_int_equal(tdm_router_metrics(e->r)->redispatches, 1);
+    assert_int_equal(tdm_router_metrics(e->r)->kv_transfer_failures, 1);
+    fake_token(&e->p0, "r-one", 0, B('o'));
+    fake_token(&e->d0, "r-one", 1, B('k'));
+    fake_finished(&e->d0, "r-one", FIN(LENGTH), 2);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "ok");
+    env_free(e);
+}
+
+/* Every kind of retry of one request draws on one budget of TDM_ROUTER_MAX_REDISPATCH: here a
+ * reservation that is not answered, then transfers that fail; the last failure, which a node
+ * reported as INVALID_ARGUMENT, reaches the client as a server fault (INTERNAL). */
+static void test_retry_budget_shared(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_t *alive[] = {&e->p0, &e->d0, NULL};
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-bud", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve_alive(e, &e->d0, &f, alive);
+    uint64_t lost = rs->attempt_id; /* never answered */
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    expect_cancel_of(e, &e->d0, lost, alive);
+    for (int i = 0; i < 3; i++) {
+        rs = expect_reserve_alive(e, &e->d0, &f, alive); /* the only decode node: again */
+        assert_true(rs->attempt_id != lost);
+        reply_ack(&e->d0, &f, "r-bud", 1);
+        protobuf_c_message_free_unpacked(&rs->base, NULL);
+        tdm_frame_clear(&f);
+        Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+        protobuf_c_message_free_unpacked(&t->base, NULL);
+        fake_task_failed(&e->p0, "r-bud", i < 2 ? 14 : 3, "KV transfer to decode-0 failed", true);
+        if (i < 2) {
+            expect_cancel(e, &e->p0, "r-bud", 1);
+            expect_cancel_of(e, &e->d0, attempt_for("r-bud"), alive);
+        }
+    }
+    expect_end(e, call, TDM_EINTERNAL,
+               "prefill node 'prefill-0' failed: KV transfer to decode-0 failed (gave up after "
+               "3 re-dispatches)");
+    assert_int_equal(tdm_router_metrics(e->r)->redispatches, 3);
+    env_free(e);
+}
+
+/* A decode node that does not answer a reservation within the reservation timeout (its
+ * heartbeats go on: the answer was lost): the request retries on the other decode node under
+ * a new attempt, the old attempt gets NodeCancel, and a late answer to it is cancelled too. */
+static void test_reserve_timeout(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    fake_heartbeat(e, &e->d0, 95, 0);
+    fake_heartbeat(e, &e->d1, 50, 0);
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->d1);
+    fake_t *alive[] = {&e->p0, &e->d1, NULL};
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-rto", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t late;
+    tdm_frame_init(&late);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &late); /* most room */
+    uint64_t old = rs->attempt_id;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    /* d0 stays up (it heartbeats) but its answer never comes */
+    fake_t *all[] = {&e->p0, &e->d0, &e->d1, NULL};
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    rs = expect_reserve_alive(e, &e->d1, &f, all);
+    assert_string_equal(rs->request_id, "r-rto");
+    assert_true(rs->attempt_id != old);
+    reply_ack(&e->d1, &f, "r-rto", 1);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    expect_cancel_of(e, &e->d0, old, all);
+    assert_true(tdm_router_node_up(e->r, "decode-0"));
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_string_equal(t->decode_node_id, "decode-1");
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    /* the answer comes after all: what it reserved is released at once */
+    Tandem__V1__ReserveAck ack = TANDEM__V1__RESERVE_ACK__INIT;
+    ack.request_id = (char *)"r-rto";
+    ack.attempt_id = old;
+    ack.n_blocks = 1;
+    assert_int_equal(tdm_sock_reply(e->d0.s, &late, &ack.base), 0);
+    tdm_frame_clear(&late);
+    expect_cancel_of(e, &e->d0, old, all);
+    fake_token(&e->p0, "r-rto", 0, B('h'));
+    fake_token(&e->d1, "r-rto", 1, B('i'));
+    fake_finished(&e->d1, "r-rto", FIN(LENGTH), 2);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "hi");
+    assert_int_equal(tdm_router_metrics(e->r)->redispatches, 1);
+    (void)alive;
+    env_free(e);
+}
+
+/* A decode node paused while a reservation waits (its heartbeats stop): the request completes
+ * on the other decode node, and when the paused node is back (it registers again) it gets
+ * NodeCancel of the attempt it may still hold. The DecodeReserve's frame deadline is the
+ * router's wait for the answer, so a node that reads it later refuses it. */
+static void test_reserve_node_paused(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    fake_heartbeat(e, &e->d0, 95, 0);
+    fake_heartbeat(e, &e->d1, 50, 0);
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->d1);
+    fake_t *alive[] = {&e->p0, &e->d1, NULL};
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-pause", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    uint64_t before_ms = tdm_net_now_ms();
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    uint64_t old = rs->attempt_id;
+    /* the answer's deadline: the heartbeat timeout plus two of d0's forward passes (its
+     * heartbeats say 20 ms) */
+    uint64_t wait_ms = e->hb_timeout_ms + 40;
+    assert_true(f.deadline_unix_ms <= tdm_net_now_ms() + wait_ms);
+    assert_true(f.deadline_unix_ms >= before_ms + wait_ms);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    /* d0 is silent from now on */
+    rs = expect_reserve_alive(e, &e->d1, &f, alive);
+    assert_true(rs->attempt_id != old);
+    reply_ack(&e->d1, &f, "r-pause", 1);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-pause", 0, B('o'));
+    fake_token(&e->d1, "r-pause", 1, B('k'));
+    fake_finished(&e->d1, "r-pause", FIN(LENGTH), 2);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "ok");
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    while (tdm_router_node_up(e->r, "decode-0") && tdm_time_now() < end) {
+        fake_heartbeat(e, &e->p0, 90, 0);
+        fake_heartbeat(e, &e->d1, 90, 0);
+        pump(e, 20);
+    }
+    assert_false(tdm_router_node_up(e->r, "decode-0"));
+    while (tdm_sock_recv(e->d0.s, &f, 0) == TDM_OK) /* what reached it before it was down */
+        tdm_frame_clear(&f);
+    /* back: same instance, registers again; the old attempt is cancelled */
+    fake_register(e, &e->d0);
+    fake_t *now_alive[] = {&e->p0, &e->d0, &e->d1, NULL};
+    expect_cancel_of(e, &e->d0, old, now_alive);
+    env_free(e);
+}
+
+/* The only decode node dies while the request's KV is on its way: the prefill node's report
+ * of the lost transfer comes before the heartbeat timeout, and the request, which ran once,
+ * fails UNAVAILABLE once no decode node is left to run it again (it does not wait in the
+ * queue until its deadline). */
+static void test_rerun_without_decode_node(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-gone", "abc", 8, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_sock_destroy(&e->d0.s); /* killed */
+    fake_task_failed(&e->p0, "r-gone", 14,
+                     "KV transfer to decode-0 failed (UNAVAILABLE): the connection to the "
+                     "receiver was lost",
+                     true);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    bool got = false;
+    while (!got && tdm_time_now() < end) {
+        fake_heartbeat(e, &e->p0, 100, 0);
+        got = recv_on(e, e->client, &f, 50) && f.kind == K_END;
+        if (!got)
+            tdm_frame_clear(&f);
+    }
+    assert_true(got);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, TDM_EUNAVAILABLE);
+    assert_non_null(strstr(f.message, "decode-0"));
+    assert_non_null(strstr(f.message, "no decode node is up to run"));
+    tdm_frame_clear(&f);
+    assert_int_equal(tdm_router_n_queued(e->r), 0);
     env_free(e);
 }
 
@@ -2847,6 +3186,11 @@ int main(void)
         cmocka_unit_test(test_decode_down),
         cmocka_unit_test(test_prefill_down),
         cmocka_unit_test(test_task_failed),
+        cmocka_unit_test(test_one_failure_one_retry),
+        cmocka_unit_test(test_retry_budget_shared),
+        cmocka_unit_test(test_reserve_timeout),
+        cmocka_unit_test(test_reserve_node_paused),
+        cmocka_unit_test(test_rerun_without_decode_node),
         cmocka_unit_test(test_register),
         cmocka_unit_test(test_request_id_reuse),
         cmocka_unit_test(test_api_keys),

@@ -159,6 +159,12 @@ void tdm_sock_destroy(tdm_sock_t **self_p);
  * without blocking; call from the socket's thread. */
 int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap);
 
+/* How many established connections of a socket made with watch_handshake dropped (peer
+ * closed, reset, or silent past the ZMTP heartbeat timeout), from its monitor; 0 for a socket
+ * that does not watch. Monotonic. Reads the monitor without blocking; call from the socket's
+ * thread. */
+uint64_t tdm_sock_disconnects(tdm_sock_t *s);
+
 /* The ZMQ socket, for zmq_poll (ZMQ_POLLIN). Do not send or receive on it directly. */
 void *tdm_sock_zsock(tdm_sock_t *s);
 

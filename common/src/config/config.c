@@ -34,6 +34,8 @@
 #define DEFAULT_MAX_QUEUE 1024
 #define DEFAULT_REQUEST_TIMEOUT_S 600.0
 #define MAX_REQUEST_TIMEOUT_S 86400.0
+#define DEFAULT_KV_TRANSFER_TIMEOUT_S 10.0
+#define MAX_KV_TRANSFER_TIMEOUT_S 3600.0
 #define DEFAULT_BLOCK_SIZE 16
 #define MAX_BLOCK_SIZE 256
 #define DEFAULT_CPU_MEMORY_BUDGET (2ull << 30)
@@ -277,6 +279,7 @@ static int config_init(tdm_config_t *cfg)
     cfg->kv.block_size = DEFAULT_BLOCK_SIZE;
     cfg->kv.dtype = TDM_KV_F16;
     cfg->kv.prefix_caching = true;
+    cfg->kv.transfer_timeout_s = DEFAULT_KV_TRANSFER_TIMEOUT_S;
     cfg->log.level = TDM_LOG_INFO;
     if (!cfg->router.client_endpoint || !cfg->router.node_endpoint || !cfg->router.http_address) {
         tdm_config_free(cfg);
@@ -1034,7 +1037,8 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
 
 static int parse_kv(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
 {
-    static const char *const known[] = {"block_size", "dtype", "prefix_caching", NULL};
+    static const char *const known[] = {"block_size", "dtype", "prefix_caching",
+                                        "transfer_timeout_s", NULL};
     int rc = check_mapping(ld, map, "kv", known);
     FOR_EACH_PAIR(ld, map, p)
     {
@@ -1060,6 +1064,14 @@ static int parse_kv(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
                                                tdm_kv_dtype_name(TDM_KV_Q8)};
             rc = get_enum(ld, v, key, dtype_names, N_OF(dtype_names), &x);
             cfg->kv.dtype = (tdm_kv_dtype_t)x;
+        } else if (strcmp(name, "transfer_timeout_s") == 0) {
+            double x = 0;
+            rc = get_double(ld, v, key, &x);
+            if (rc == TDM_OK && !(x > 0 && x <= MAX_KV_TRANSFER_TIMEOUT_S))
+                rc = fail(ld, v, key, "must be in (0, %g] seconds, got %g",
+                          MAX_KV_TRANSFER_TIMEOUT_S, x);
+            if (rc == TDM_OK)
+                cfg->kv.transfer_timeout_s = x;
         } else {
             rc = get_bool(ld, v, key, &cfg->kv.prefix_caching);
         }
@@ -1694,6 +1706,9 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
     fprintf(out, "  block_size: %d\n", cfg->kv.block_size);
     fprintf(out, "  dtype: %s\n", tdm_kv_dtype_name(cfg->kv.dtype));
     fprintf(out, "  prefix_caching: %s\n", cfg->kv.prefix_caching ? "true" : "false");
+    fprintf(out, "  transfer_timeout_s: ");
+    put_double(out, cfg->kv.transfer_timeout_s);
+    fputc('\n', out);
     fprintf(out, "log:\n");
     fprintf(out, "  level: %s\n", tdm_log_level_name(cfg->log.level));
     fprintf(out, "security:\n");

@@ -33,9 +33,10 @@ struct tdm_sock {
     zmq_msg_t *scratch;    /* [scratch_cap] parts of the message being received */
     tdm_net_part_t *views; /* [scratch_cap] their bytes, for tdm_net_parse */
     size_t scratch_cap;
-    void *monitor;    /* watch_handshake: PAIR receiving the socket's handshake events */
-    bool hs_failed;   /* the last handshake event was a failure */
-    char hs_why[160]; /* what it said */
+    void *monitor;        /* watch_handshake: PAIR receiving the socket's handshake events */
+    bool hs_failed;       /* the last handshake event was a failure */
+    char hs_why[160];     /* what it said */
+    uint64_t disconnects; /* established connections the monitor saw drop */
 };
 
 static void set_errmsg(tdm_sock_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -303,7 +304,8 @@ static int handshake_monitor_new(tdm_sock_t *s, const char *endpoint, tdm_error_
     snprintf(mep, sizeof mep, "inproc://tdm-handshake-%llu",
              (unsigned long long)tdm_net_unique(s->net));
     int events = ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+                 ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                 ZMQ_EVENT_DISCONNECTED;
     int zero = 0;
     if (zmq_socket_monitor(s->zs, mep, events) != 0 ||
         !(s->monitor = zmq_socket(tdm_net_zctx(s->net), ZMQ_PAIR)) ||
@@ -381,10 +383,9 @@ void tdm_sock_destroy(tdm_sock_t **self_p)
     free(s);
 }
 
-int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap)
+/* Reads the events waiting on s's monitor into s (handshake outcome, disconnects). */
+static void monitor_drain(tdm_sock_t *s)
 {
-    if (!s || !s->monitor)
-        return TDM_OK;
     for (;;) {
         zmq_msg_t ev, ep;
         zmq_msg_init(&ev);
@@ -422,9 +423,25 @@ int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap)
                      "the CURVE handshake failed: the peer's public key is not the one "
                      "configured for it (or it does not speak CURVE)");
             break;
+        case ZMQ_EVENT_DISCONNECTED: s->disconnects++; break;
         default: break;
         }
     }
+}
+
+uint64_t tdm_sock_disconnects(tdm_sock_t *s)
+{
+    if (!s || !s->monitor)
+        return 0;
+    monitor_drain(s);
+    return s->disconnects;
+}
+
+int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap)
+{
+    if (!s || !s->monitor)
+        return TDM_OK;
+    monitor_drain(s);
     if (!s->hs_failed)
         return TDM_OK;
     if (why && cap)

@@ -301,8 +301,11 @@ static int channel_open(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, tdm_error_t *e
     if (ch->server_key[0])
         curve.server_public = ch->server_key;
     o.curve = s->has_curve ? &curve : NULL;
-    o.watch_handshake = s->has_curve; /* a key mismatch fails the transfers at once, named */
+    /* the monitor makes a key mismatch, and a connection lost (peer gone, cut, or silent past
+     * the ZMTP heartbeat timeout), fail the transfers at once instead of at their timeout */
+    o.watch_handshake = true;
     o.log = s->log;
+    ch->disconnects = 0;
     ch->sock = tdm_sock_connect(s->net, ch->endpoint, &o, err);
     if (!ch->sock)
         return tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
@@ -896,6 +899,25 @@ static void sender_check_handshakes(tdm_kv_sender_t *s)
     }
 }
 
+/* A channel whose connection dropped while transfers were waiting on it: what was in flight
+ * may be lost with it (ZeroMQ does not resend a message cut off mid-way, nor an END that was
+ * on the way back), so they fail now, UNAVAILABLE, and the router retries them at once
+ * instead of after the transfer timeout. */
+static void sender_check_connections(tdm_kv_sender_t *s)
+{
+    for (tdm_kv_channel_t *ch = s->channels; ch; ch = ch->next) {
+        uint64_t d = ch->sock ? tdm_sock_disconnects(ch->sock) : 0;
+        if (!ch->sock || d == ch->disconnects)
+            continue;
+        ch->disconnects = d;
+        bool waiting = false;
+        for (tdm_kv_xfer_t *x = s->xfers; x && !waiting; x = x->next)
+            waiting = x->ch == ch && !x->finished;
+        if (waiting)
+            channel_reset(s, ch, "the connection to the receiver was lost");
+    }
+}
+
 static void sender_check_deadlines(tdm_kv_sender_t *s, double now)
 {
     for (tdm_kv_xfer_t *x = s->xfers; x; x = x->next) {
@@ -999,6 +1021,7 @@ int tdm_kv_sender_poll(tdm_kv_sender_t *s, int timeout_ms, tdm_kv_send_done_t *o
         double now = tdm_time_now();
         if (s->has_curve)
             sender_check_handshakes(s);
+        sender_check_connections(s);
         sender_check_deadlines(s, now);
         int n = sender_collect(s, out, cap);
         now = tdm_time_now();

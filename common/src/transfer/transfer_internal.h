@@ -36,6 +36,7 @@ typedef struct tdm_kv_channel {
                                        with; "" = the sender's curve.server_public */
     tdm_sock_t *sock;               /* NULL after a reset, until the next send reopens it */
     uint32_t generation;            /* incremented by every reset */
+    uint64_t disconnects;           /* tdm_sock_disconnects(sock) last seen */
     struct tdm_transfer_nccl *comm; /* nccl: communicator with the receiver (rank 0), or NULL */
     bool comm_ready;                /* nccl: the communicator finished initialising */
     uint64_t hello_call_id;         /* nccl: the KV_HELLO call of comm, 0 = answered */
