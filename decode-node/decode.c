@@ -127,12 +127,12 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     tdm_sampling_params_t sp;
     tdm_error_t err = {0};
     if (tdm_frame_expired(f, tdm_net_now_ms())) {
-        /* The router stopped waiting for this answer (the frame's deadline is its reservation
-         * timeout: this node was paused, or the request sat unread): it has retried elsewhere
-         * under a new attempt, so a reservation made now would hold blocks for nobody. */
+        /* The request's deadline passed while the reservation sat unread (this node was
+         * paused): a reservation made now would hold blocks for nobody. One the router gave up
+         * on earlier is freed by the NodeCancel it sends for the late answer. */
         TDM_LOG_INFOF(d->log, m->request_id,
                       "reservation of attempt %016" PRIx64
-                      " arrived after the router's reply deadline; not reserved",
+                      " arrived after its deadline; not reserved",
                       m->attempt_id);
         tdm_sock_reply_error(s, f, TDM_EDEADLINE, "the reservation arrived after its deadline");
         goto out_free;

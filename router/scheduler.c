@@ -421,10 +421,11 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     s.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
     s.method = TANDEM__V1__METHOD__METHOD_DECODE_RESERVE;
     s.call_id = call;
-    /* the call's deadline is the router's wait for the answer: a node that reads it later
-     * (it was paused) refuses it instead of holding blocks for an attempt given up on */
-    uint64_t answer_by = tdm_net_now_ms() + reserve_timeout_ms(r, n);
-    s.deadline_unix_ms = q->deadline_ms && q->deadline_ms < answer_by ? q->deadline_ms : answer_by;
+    /* The request's deadline, not the router's shorter wait for the answer: the frame's deadline
+     * is wall-clock time judged on the node, and a node whose clock runs a few seconds ahead
+     * would refuse every reservation. A reservation the router gave up on is freed by the
+     * NodeCancel its late answer (or the node's next registration) brings instead. */
+    s.deadline_unix_ms = q->deadline_ms;
     s.body = &m.base;
     int rc = tdm_sock_send(r->nodesock, &s);
     if (rc != TDM_OK) {
