@@ -168,7 +168,11 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
     if (*done)
         return status;
     if (optind != argc) {
-        fprintf(stderr, "tandem generate: unexpected argument '%s'\n", argv[optind]);
+        fprintf(
+            stderr,
+            "tandem generate: unexpected argument '%s' (give the prompt with -p TEXT, --chat TEXT "
+            "or -f FILE)\n",
+            argv[optind]);
         return 2;
     }
     return check_args(o);

@@ -577,6 +577,11 @@ static int parse_body(const char *body, size_t len, oai_req_t *q, char *param, s
                          "the request body is empty; send a JSON object");
     json_error_t jerr;
     q->root = json_loadb(body, len, 0, &jerr);
+    if (!q->root && json_error_code(&jerr) == json_error_null_character)
+        return bad_field(err, param, param_cap, NULL,
+                         "a string of the body holds \\u0000 (line %d, column %d): prompts, "
+                         "messages and stop strings cannot contain NUL characters",
+                         jerr.line, jerr.column);
     if (!q->root)
         return bad_field(err, param, param_cap, NULL,
                          "the body is not valid JSON: %s (line %d, column %d)", jerr.text,

@@ -294,6 +294,11 @@ def test_malformed_requests_name_the_problem(cluster, model):
                           body={"model": model, "messages": [{"role": "user", "content": 5}]})
     err = json.loads(body)["error"]
     assert st == 400 and err["param"] == "messages[0].content", body
+    st, _, body = request(p, "POST", "/v1/chat/completions",
+                          body='{"model": "x", "messages": [{"role": "user", "content": "a\\u0000b"}]}')
+    err = json.loads(body)["error"]
+    assert st == 400 and "cannot contain NUL" in err["message"], body
+    assert "JSON_ALLOW_NUL" not in err["message"] and "not valid JSON" not in err["message"], body
     st, _, body = request(p, "POST", "/v1/completions", body=[1, 2])
     assert st == 400 and "JSON object" in json.loads(body)["error"]["message"]
     st, _, body = request(p, "POST", "/v1/completions", body={"model": model})
