@@ -820,7 +820,7 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
 {
     rt_admit_estimate_t e;
     uint64_t now_ms = tdm_net_now_ms();
-    if (!rt_admit_ok(r, q, now_ms, &e)) {
+    if (r->cfg->router.admission_control && !rt_admit_ok(r, q, now_ms, &e)) {
         req_shed(r, q, &e, now_ms);
         return;
     }
