@@ -214,9 +214,10 @@ void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m)
 
 /* Replies with body. A 401 challenges Bearer (RFC 6750, for API clients) and Basic, so that a
  * browser opening the dashboard asks for a user name and password and then sends them (the
- * API key as the password, see state_key_ok) on the page's own fetches too. */
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
-                             const void *body, size_t len)
+ * API key as the password, see state_key_ok) on the page's own fetches too. A 429 carries
+ * Retry-After: retry_after_s (the router's ErrorDetail.retry_after_s), at least 1. */
+static enum MHD_Result reply_retry(struct MHD_Connection *c, unsigned status, const char *ctype,
+                                   const void *body, size_t len, uint32_t retry_after_s)
 {
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
@@ -231,13 +232,25 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
                                 "Basic realm=\"tandem\", charset=\"UTF-8\"");
     }
+    if (status == 429) {
+        char secs[16];
+        snprintf(secs, sizeof secs, "%" PRIu32, retry_after_s ? retry_after_s : 1);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
+    }
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ret;
 }
 
-/* Replies with v as JSON (consumed). */
-static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, json_t *v)
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                             const void *body, size_t len)
+{
+    return reply_retry(c, status, ctype, body, len, 0);
+}
+
+/* Replies with v as JSON (consumed); a 429 says Retry-After: retry_after_s (at least 1). */
+static enum MHD_Result reply_json_retry(struct MHD_Connection *c, unsigned status, json_t *v,
+                                        uint32_t retry_after_s)
 {
     static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
                               "\"server_error\",\"param\":null,\"code\":\"internal\"}}\n";
@@ -249,9 +262,15 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, jso
     if (rc == TDM_OK)
         rc = tdm_buf_append(&b, "\n", 1);
     enum MHD_Result ret =
-        rc == TDM_OK ? reply(c, status, "application/json", b.data, b.len) : MHD_NO;
+        rc == TDM_OK ? reply_retry(c, status, "application/json", b.data, b.len, retry_after_s)
+                     : MHD_NO;
     tdm_buf_free(&b);
     return ret;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, json_t *v)
+{
+    return reply_json_retry(c, status, v, 0);
 }
 
 static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *code,
@@ -589,8 +608,10 @@ static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, co
                            ? "model_not_found"
                        : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
                                                             : NULL;
-    return reply_error(c, http_status_of(ev->status), code, param, "%s",
-                       ev->message[0] ? ev->message : tdm_strerror(ev->status));
+    unsigned status = http_status_of(ev->status);
+    const char *msg = ev->message[0] ? ev->message : tdm_strerror(ev->status);
+    return reply_json_retry(c, status, http_error_json(status, code, param, msg),
+                            ev->detail.retry_after_s);
 }
 
 /* Answers a stream=false call from its one chunk (r->whole, consumed) and the event after it

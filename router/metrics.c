@@ -315,6 +315,10 @@ static void render_requests(mb_t *b, const tdm_router_t *r)
     counter(b, "tandem_requests_queue_full_total",
             "Requests refused with RESOURCE_EXHAUSTED because the router's queue was full.",
             m->queue_full);
+    counter(b, "tandem_requests_shed_total",
+            "Requests refused with RESOURCE_EXHAUSTED before dispatch because no decode node up "
+            "could finish them before their deadline (admission control).",
+            m->shed);
     counter(b, "tandem_decode_reserve_rejections_total",
             "KV reservations a decode node refused for lack of blocks (the router then tries "
             "another node or queues the request).",

@@ -9,6 +9,7 @@
  * call too, so they make the same ids of the same input; token-id input is taken as it is.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "admit.h"
 #include "nodes.h"
 #include "request.h"
 #include "scheduler.h"
@@ -186,6 +188,22 @@ void rt_req_free(tdm_router_t *r, rt_req_t *q)
     free(q);
 }
 
+/* rt_req_fail with its message made, and body (NULL: none; borrowed) as the END's. */
+static void req_fail_with(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes,
+                          const ProtobufCMessage *body, const char *msg)
+{
+    char kv[96];
+    snprintf(kv, sizeof kv, "status=%s", tdm_status_name(status));
+    tdm_log_write(&r->log, TDM_LOG_WARN, q->id, kv, "request failed: %s", msg);
+    if (cancel_nodes)
+        rt_release_nodes(r, q, status);
+    rt_stream_fail(r, q);
+    rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, body);
+    rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
+    rt_hist_observe(&r->metrics.e2e, tdm_time_now() - q->t_arrival);
+    rt_req_free(r, q);
+}
+
 void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, const char *fmt, ...)
 {
     char msg[TDM_ERRMSG_MAX];
@@ -193,16 +211,7 @@ void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, co
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    char kv[96];
-    snprintf(kv, sizeof kv, "status=%s", tdm_status_name(status));
-    tdm_log_write(&r->log, TDM_LOG_WARN, q->id, kv, "request failed: %s", msg);
-    if (cancel_nodes)
-        rt_release_nodes(r, q, status);
-    rt_stream_fail(r, q);
-    rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, NULL);
-    rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
-    rt_hist_observe(&r->metrics.e2e, tdm_time_now() - q->t_arrival);
-    rt_req_free(r, q);
+    req_fail_with(r, q, status, cancel_nodes, NULL, msg);
 }
 
 void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why)
@@ -787,10 +796,34 @@ static rt_req_t *req_from_call(tdm_router_t *r, const tdm_frame_t *f,
     return NULL;
 }
 
+/* Refuses q, which no decode node up can finish before its deadline (admission control, e:
+ * the soonest node's estimate): RESOURCE_EXHAUSTED before anything is dispatched, the
+ * earliest start as ErrorDetail.retry_after_s (whole seconds, at least 1). */
+static void req_shed(tdm_router_t *r, rt_req_t *q, const rt_admit_estimate_t *e, uint64_t now_ms)
+{
+    double left_s = q->deadline_ms > now_ms ? (double)(q->deadline_ms - now_ms) / 1000.0 : 0;
+    double retry = ceil(e->start_s);
+    Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
+    d.retry_after_s = retry < 1 ? 1 : retry > 86400 ? 86400 : (uint32_t)retry;
+    char msg[TDM_ERRMSG_MAX];
+    snprintf(msg, sizeof msg,
+             "the cluster cannot finish this request before its deadline: earliest start in "
+             "~%.0f s, finish in ~%.0f s, %.0f s left; retry after %" PRIu32 " s",
+             e->start_s, e->finish_s, left_s, d.retry_after_s);
+    r->metrics.shed++;
+    req_fail_with(r, q, TDM_ERESOURCE, false, &d.base, msg);
+}
+
 /* Hands an accepted request to a decode node, or queues it (FIFO: behind requests already
- * waiting). */
+ * waiting); refuses it when no decode node up could finish it before its deadline. */
 static void req_admit(tdm_router_t *r, rt_req_t *q)
 {
+    rt_admit_estimate_t e;
+    uint64_t now_ms = tdm_net_now_ms();
+    if (r->cfg->router.admission_control && !rt_admit_ok(r, q, now_ms, &e)) {
+        req_shed(r, q, &e, now_ms);
+        return;
+    }
     int rc = rt_queue_first(r) ? 1 : rt_dispatch(r, q);
     if (rc == 1) {
         if (r->n_queued >= (size_t)r->cfg->router.max_queue) {

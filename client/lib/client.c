@@ -901,6 +901,7 @@ static void error_detail_read(const tdm_frame_t *f, tdm_client_error_detail_t *d
     d->prompt_tokens = m->prompt_tokens;
     d->n_ctx = m->n_ctx;
     d->max_tokens_fit = m->max_tokens_fit;
+    d->retry_after_s = m->retry_after_s;
     protobuf_c_message_free_unpacked(&m->base, NULL);
 }
 

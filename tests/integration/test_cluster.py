@@ -159,7 +159,20 @@ def test_client_disconnect_frees_blocks(cluster):
     cluster.wait_idle(1.5)
 
 
-def test_deadline_expiry_frees_blocks(cluster):
+def test_deadline_expiry_frees_blocks(tmp_path):
+    # admission control would refuse a request it cannot finish before its deadline, so
+    # this cluster has it off: the request must start and then run out of time
+    c = Cluster(str(tmp_path / "noadmit"), n_prefill=1, n_decode=1,
+                extra_router="  admission_control: false\n")
+    c.start()
+    try:
+        deadline_expires_and_frees_blocks(c)
+    finally:
+        codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+
+
+def deadline_expires_and_frees_blocks(cluster):
     cl = cluster.client()
     # far enough ahead that the request is admitted and generating when it expires (one
     # that arrives after its deadline is refused without ever taking blocks), and far short

@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -489,6 +490,50 @@ def test_stalled_client_does_not_block_other_streams(cluster, oai, model):
     finally:
         stalled.close()
     cluster.wait_idle(5.0)
+
+
+def test_queue_full_is_429_with_retry_after(tmp_path):
+    # a router without nodes and room for one queued request: the first waits in the queue,
+    # the second is refused RESOURCE_EXHAUSTED "queue full" -> 429 with Retry-After (>= 1)
+    c = Cluster(str(tmp_path / "qfull"), n_prefill=0, n_decode=1, extra_router="  max_queue: 1\n")
+    c._spawn("router", [BINARIES["router"], "--config", c.config])
+    port = http_port(c)
+    body = {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "Hello", "max_tokens": 2}
+    first = {}
+
+    def queued():
+        try:
+            first["status"] = request(port, "POST", "/v1/completions", body, timeout=120)[0]
+        except OSError as e:
+            first["error"] = e
+
+    t = None
+    try:
+        wait_for(lambda: _get_ok(port, "/health"), "the router's HTTP gateway")
+        t = threading.Thread(target=queued, daemon=True)
+        t.start()
+        wait_for(lambda: b"\ntandem_requests_queued 1" in request(port, "GET", "/metrics")[2],
+                 "one request in the router's queue")
+        st, hd, raw = request(port, "POST", "/v1/completions", body)
+        assert st == 429, raw
+        assert int(hd["Retry-After"]) >= 1, hd
+        err = json.loads(raw)["error"]
+        assert err["code"] == "resource_exhausted" and "queue full" in err["message"], err
+        metrics = request(port, "GET", "/metrics")[2]
+        assert b"\ntandem_requests_queue_full_total 1" in metrics
+        assert b"\ntandem_requests_shed_total 0" in metrics
+    finally:
+        codes = c.stop()
+        if t:
+            t.join(60)
+    assert codes["router"] == 0, c.tail("router")
+
+
+def _get_ok(port, path):
+    try:
+        return request(port, "GET", path, timeout=5)[0] == 200
+    except OSError:
+        return False
 
 
 def test_metrics_endpoint(cluster):

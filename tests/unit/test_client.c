@@ -336,6 +336,7 @@ static void fake_generate(fake_router_t *fr, const tdm_frame_t *f)
         d.prompt_tokens = 100;
         d.n_ctx = 128;
         d.max_tokens_fit = 28;
+        d.retry_after_s = 7;
         tdm_send_t m = {.peer = f->peer,
                         .peer_len = f->peer_len,
                         .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END,
@@ -755,6 +756,7 @@ static void test_error_detail(void **state)
     assert_int_equal(res.error.prompt_tokens, 100);
     assert_int_equal(res.error.n_ctx, 128);
     assert_int_equal(res.error.max_tokens_fit, 28);
+    assert_int_equal(res.error.retry_after_s, 7);
     tdm_client_result_clear(&res);
     req.prompt = "error";
     assert_int_equal(tdm_client_generate(fx->c, &req, NULL, NULL, &res), TDM_EINVALID);

@@ -73,6 +73,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
                      b->router.http_max_connections_per_client);
     assert_int_equal(a->router.prefill_policy, b->router.prefill_policy);
     assert_int_equal(a->router.max_queue, b->router.max_queue);
+    assert_int_equal(a->router.admission_control, b->router.admission_control);
     assert_true(a->router.request_timeout_s == b->router.request_timeout_s);
     assert_int_equal(a->router.n_api_keys, b->router.n_api_keys);
     for (size_t i = 0; i < a->router.n_api_keys; i++)
@@ -141,6 +142,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.router.http_max_connections_per_client, 64);
     assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_ROUND_ROBIN);
     assert_int_equal(cfg.router.max_queue, 1024);
+    assert_true(cfg.router.admission_control);
     assert_true(cfg.router.request_timeout_s == 600.0);
     assert_int_equal(cfg.router.n_api_keys, 0);
     assert_false(cfg.router.public_metrics);
@@ -249,6 +251,7 @@ static const char full_yaml[] =
     "  http_max_connections_per_client: 0\n"
     "  prefill_policy: prefix_aware\n"
     "  max_queue: 50\n"
+    "  admission_control: false\n"
     "  request_timeout_s: 2.5\n"
     "  api_keys: [key-one, 'key-two']\n"
     "  public_metrics: true\n"
@@ -311,6 +314,7 @@ static void test_full_file(void **state)
     assert_int_equal(cfg.router.http_max_connections_per_client, 0);
     assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_PREFIX_AWARE);
     assert_int_equal(cfg.router.max_queue, 50);
+    assert_false(cfg.router.admission_control);
     assert_true(cfg.router.request_timeout_s == 2.5);
     assert_int_equal(cfg.router.n_api_keys, 2);
     assert_string_equal(cfg.router.api_keys[0], "key-one");

@@ -13,6 +13,7 @@
 
 #include <xxhash.h>
 
+#include "admit.h"
 #include "heap.h"
 #include "index.h"
 #include "metrics.h"
@@ -2808,6 +2809,110 @@ static void test_refusal_detail(void **state)
     env_free(e);
 }
 
+/* The admission estimate's arithmetic (admit.h) with injected step times. */
+static void test_admit_estimate(void **state)
+{
+    (void)state;
+    /* idle node, 0.5 s passes: prefill ceil(1000 / 512) = 2 passes, decode 10 */
+    rt_admit_load_t l = {0.5, 8, 512, 0, 0};
+    rt_admit_estimate_t e = rt_admit_estimate(&l, 1000, 10);
+    assert_true(e.measured);
+    assert_float_equal(e.start_s, 0, 1e-9);
+    assert_float_equal(e.finish_s, 6.0, 1e-9);
+    /* 7 ahead of 8 slots: a slot is free, start now */
+    l.n_ahead = 7;
+    l.tokens_ahead = 700;
+    e = rt_admit_estimate(&l, 1000, 10);
+    assert_float_equal(e.start_s, 0, 1e-9);
+    /* 20 ahead (mean 50 tokens to go): 2 waves of 50 passes before a slot frees */
+    l.n_ahead = 20;
+    l.tokens_ahead = 1000;
+    e = rt_admit_estimate(&l, 1000, 10);
+    assert_float_equal(e.start_s, 50.0, 1e-9);
+    assert_float_equal(e.finish_s, 56.0, 1e-9);
+    /* max_running 0 counts as one slot; max_batch_tokens 0 prefills in one pass */
+    rt_admit_load_t one = {2.0, 0, 0, 3, 30};
+    e = rt_admit_estimate(&one, 100, 4);
+    assert_float_equal(e.start_s, 60.0, 1e-9);
+    assert_float_equal(e.finish_s, 70.0, 1e-9);
+    /* no step time measured yet: admit */
+    rt_admit_load_t none = {0, 8, 512, 100, 10000};
+    e = rt_admit_estimate(&none, 1000, 10);
+    assert_false(e.measured);
+    assert_float_equal(e.finish_s, 0, 1e-9);
+}
+
+/* A heartbeat of d reporting step_s per forward pass and running/waiting requests (NOTIFY). */
+static void slow_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t running, uint32_t waiting)
+{
+    Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    h.node_id = (char *)d->id;
+    h.kv_blocks_free = 100;
+    h.running = running;
+    h.waiting = waiting;
+    h.instance_id = d->instance ? d->instance : FAKE_INSTANCE;
+    double steps[1] = {step_s};
+    h.n_recent_step_s = 1;
+    h.recent_step_s = steps;
+    assert_int_equal(tdm_sock_notify(d->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
+    fake_sync(e, d);
+}
+
+/* Waits for the END of call: RESOURCE_EXHAUSTED from admission control, retry_after_s as
+ * given, the estimate in the message. */
+static void expect_shed(env_t *e, uint64_t call, uint32_t retry_after_s, const char *has)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, e->client, &f, WAIT_MS))
+        fail_msg("no END for call %" PRIu64, call);
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, TDM_ERESOURCE);
+    if (!strstr(f.message, "cannot finish this request before its deadline") ||
+        !strstr(f.message, has))
+        fail_msg("message '%s', want one containing '%s'", f.message, has);
+    Tandem__V1__ErrorDetail *d =
+        (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
+    assert_non_null(d);
+    assert_int_equal(d->retry_after_s, retry_after_s);
+    protobuf_c_message_free_unpacked(&d->base, NULL);
+    tdm_frame_clear(&f);
+}
+
+/* Admission control: with a decode node whose heartbeat reports 2 s passes, a request that
+ * cannot finish by its deadline is refused with RESOURCE_EXHAUSTED and a retry hint before
+ * any DecodeReserve is sent; one that can is dispatched. */
+static void test_admission(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->d0);
+    slow_heartbeat(e, &e->d0, 2.0, 0, 0);
+    Tandem__V1__GenerateRequest g;
+    /* idle node: 1 prefill pass + 100 decode passes = 202 s > 20 s; a slot is free now */
+    prompt_req(&g, "shed-1", "abc", 100, true);
+    uint64_t call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
+    expect_shed(e, call, 1, "earliest start in ~0 s, finish in ~202 s");
+    /* 8 running + 8 waiting on 8 slots, 100 tokens each to go: 2 waves of 100 passes */
+    slow_heartbeat(e, &e->d0, 2.0, 8, 8);
+    prompt_req(&g, "shed-2", "abc", 100, true);
+    call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
+    expect_shed(e, call, 400, "earliest start in ~400 s");
+    /* 2 tokens (start 2 waves * 2 passes * 2 s = 8 s, finish 14 s) within the default 600 s */
+    prompt_req(&g, "fits", "abc", 2, true);
+    generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    assert_string_equal(rs->request_id, "fits"); /* the first reserve: none for the shed ones */
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    assert_int_equal(tdm_router_metrics(e->r)->shed, 2);
+    assert_int_equal(tdm_router_metrics(e->r)->queue_full, 0);
+    env_free(e);
+}
+
 /* The three ways into a prompt agree under every template override, with and without a system
  * message: an override of the model's own family (chatml here) keeps its default system
  * message, as no override does; the others have none. */
@@ -3184,6 +3289,8 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_refusal_detail),
+        cmocka_unit_test(test_admit_estimate),
+        cmocka_unit_test(test_admission),
         cmocka_unit_test(test_max_tokens_unset),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),

@@ -226,6 +226,9 @@ typedef struct tdm_client_error_detail {
     uint32_t n_ctx;          /* the context length (0: the error is not about length) */
     uint32_t max_tokens_fit; /* and the most output tokens that fit (n_ctx - prompt_tokens;
                                 0 when the prompt alone fills the context) */
+    uint32_t retry_after_s;  /* RESOURCE_EXHAUSTED because the cluster cannot finish the
+                                request before its deadline: seconds until the estimated
+                                earliest start (>= 1); 0 otherwise */
 } tdm_client_error_detail_t;
 
 /* The outcome of a Generate call. Owns text, token_ids, request_id and stop_reason; release

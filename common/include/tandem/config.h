@@ -90,6 +90,9 @@ typedef struct tdm_router_config {
     tdm_prefill_policy_t prefill_policy; /* round_robin (default) */
     int max_queue;                       /* requests waiting for a node before RESOURCE_EXHAUSTED;
                                             1..1000000, default 1024 */
+    bool admission_control;   /* refuse (RESOURCE_EXHAUSTED) a new request no decode node up can
+                                 finish before its deadline by the router's estimate; default
+                                 true */
     double request_timeout_s; /* deadline of a request that sets none, seconds; (0, 86400],
                                  default 600 */
     char **api_keys;          /* n_api_keys accepted keys; none (NULL, 0) = no authentication */

@@ -275,6 +275,7 @@ static int config_init(tdm_config_t *cfg)
     cfg->router.http_max_connections_per_client = DEFAULT_HTTP_MAX_CONNECTIONS_PER_CLIENT;
     cfg->router.prefill_policy = TDM_PREFILL_POLICY_ROUND_ROBIN;
     cfg->router.max_queue = DEFAULT_MAX_QUEUE;
+    cfg->router.admission_control = true;
     cfg->router.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
     cfg->kv.block_size = DEFAULT_BLOCK_SIZE;
     cfg->kv.dtype = TDM_KV_F16;
@@ -987,6 +988,8 @@ static int parse_router_key(loader_t *ld, const char *name, const yaml_node_t *v
                       MAX_REQUEST_TIMEOUT_S, scalar_text(v));
     } else if (strcmp(name, "public_metrics") == 0) {
         rc = get_bool(ld, v, key, &r->public_metrics);
+    } else if (strcmp(name, "admission_control") == 0) {
+        rc = get_bool(ld, v, key, &r->admission_control);
     } else if (strcmp(name, "curve_public_key") == 0) {
         cm->public_key = v;
         rc = get_curve_key(ld, v, key, &r->curve_public_key);
@@ -1020,6 +1023,7 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
                                         "public_metrics",
                                         "curve_public_key",
                                         "curve_secret_key_file",
+                                        "admission_control",
                                         NULL};
     tdm_router_config_t *r = &cfg->router;
     int rc = check_mapping(ld, map, "router", known);
@@ -1650,6 +1654,7 @@ static void dump_router(const tdm_router_config_t *r, FILE *out)
     fprintf(out, "  http_max_connections_per_client: %d\n", r->http_max_connections_per_client);
     fprintf(out, "  prefill_policy: %s\n", tdm_config_prefill_policy_name(r->prefill_policy));
     fprintf(out, "  max_queue: %d\n", r->max_queue);
+    fprintf(out, "  admission_control: %s\n", r->admission_control ? "true" : "false");
     fprintf(out, "  request_timeout_s: ");
     put_double(out, r->request_timeout_s);
     fprintf(out, "\n  api_keys:%s\n", r->n_api_keys ? "" : " []");
