@@ -334,23 +334,32 @@ static void log_finished(tdm_router_t *r, const rt_req_t *q, int reason,
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request finished");
 }
 
+/* Fills *m as q's last chunk (the text not yet sent, finish_reason, usage and timings as of
+ * now); m points into *usage and *t, which the caller keeps alive while it sends m. */
+static void last_chunk(const rt_req_t *q, int reason, Tandem__V1__GenerateChunk *m,
+                       Tandem__V1__Usage *usage, Tandem__V1__Timings *t)
+{
+    tandem__v1__usage__init(usage);
+    usage->prompt_tokens = q->n_prompt;
+    usage->completion_tokens = q->next_index;
+    usage->cached_prompt_tokens = q->cached_prompt_tokens;
+    fill_timings(q, tdm_time_now(), t);
+    chunk_to_msg(q, m);
+    m->finish_reason = (Tandem__V1__FinishReason)reason;
+    m->usage = usage;
+    m->timings = t;
+}
+
 /* Completes q successfully: the rest of the text, the final fields, END OK; frees q.
  * stop: index of the stop string that matched, or SIZE_MAX. */
 static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
 {
     if (stop == SIZE_MAX)
         flush_tail(q, &reason, &stop);
-    Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
-    usage.prompt_tokens = q->n_prompt;
-    usage.completion_tokens = q->next_index;
-    usage.cached_prompt_tokens = q->cached_prompt_tokens;
+    Tandem__V1__Usage usage;
     Tandem__V1__Timings t;
-    fill_timings(q, tdm_time_now(), &t);
     Tandem__V1__GenerateChunk m;
-    chunk_to_msg(q, &m);
-    m.finish_reason = (Tandem__V1__FinishReason)reason;
-    m.usage = &usage;
-    m.timings = &t;
+    last_chunk(q, reason, &m, &usage, &t);
     if (stop != SIZE_MAX)
         m.stop_reason = q->stop[stop];
     int rc = send_final(r, q, &m);
@@ -368,17 +377,10 @@ void rt_stream_fail(tdm_router_t *r, const rt_req_t *q)
 {
     if (!q->stream || q->next_index == 0)
         return;
-    Tandem__V1__Usage usage = TANDEM__V1__USAGE__INIT;
-    usage.prompt_tokens = q->n_prompt;
-    usage.completion_tokens = q->next_index;
-    usage.cached_prompt_tokens = q->cached_prompt_tokens;
+    Tandem__V1__Usage usage;
     Tandem__V1__Timings t;
-    fill_timings(q, tdm_time_now(), &t);
     Tandem__V1__GenerateChunk m;
-    chunk_to_msg(q, &m);
-    m.finish_reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR;
-    m.usage = &usage;
-    m.timings = &t;
+    last_chunk(q, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR, &m, &usage, &t);
     (void)send_stream(r, q, &m); /* a client that is gone misses the END as well */
 }
 
