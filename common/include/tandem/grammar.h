@@ -1,0 +1,91 @@
+/* grammar.h - grammar-constrained decoding: GBNF grammars, a per-sequence matcher, and the
+ * token mask (which vocabulary tokens keep the output inside the grammar) computed over a
+ * trie of the vocabulary's byte strings.
+ *
+ * Text form: llama.cpp's GBNF (grammars/README.md in llama.cpp): rules `name ::= alternatives`,
+ * `|`, grouping `( )`, `* + ?`, `{m}`, `{m,}`, `{m,n}`, string literals with escapes
+ * (\n \t \r \\ \" \xHH \uHHHH \UHHHHHHHH), character classes `[a-z]`, negated `[^"\\]`, any
+ * character `.`, comments `# ...` to end of line. Grammars match UTF-8 text: literals and
+ * classes are code points; a token whose bytes end inside a code point is accepted when the
+ * bytes so far are a valid prefix of an allowed code point.
+ *
+ * Ownership and threads: a tdm_grammar_t and a tdm_grammar_vocab_t are immutable after
+ * creation and may be shared by any number of threads and matchers; a tdm_grammar_matcher_t
+ * belongs to one sequence and one thread at a time.
+ */
+#ifndef TANDEM_GRAMMAR_H
+#define TANDEM_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TDM_GRAMMAR_MAX_TEXT_BYTES (1u << 20) /* longest GBNF text accepted (1 MiB) */
+
+typedef struct tdm_grammar tdm_grammar_t;
+typedef struct tdm_grammar_vocab tdm_grammar_vocab_t;
+typedef struct tdm_grammar_matcher tdm_grammar_matcher_t;
+
+/* Parses and compiles len bytes of GBNF text; the start rule is `root` (or the rule named
+ * root_rule when not NULL). Returns NULL with *err set: TDM_EINVALID with "line L, column C
+ * (rule R): what" for a syntax error, an undefined rule, a repetition bound out of range, a
+ * grammar over TDM_GRAMMAR_MAX_TEXT_BYTES, or a start rule with no finite accepting string;
+ * TDM_ERESOURCE on out of memory. Free with tdm_grammar_destroy. */
+tdm_grammar_t *tdm_grammar_parse(const char *text, size_t len, const char *root_rule,
+                                 tdm_error_t *err);
+void tdm_grammar_destroy(tdm_grammar_t **self_p); /* accepts NULL; sets *self_p to NULL */
+
+/* Bytes the compiled grammar holds (for caches bounded in bytes). */
+size_t tdm_grammar_size_bytes(const tdm_grammar_t *g);
+
+/* The vocabulary as the mask sees it: each token's decoded bytes
+ * (tdm_tokenizer_token_bytes, render_special false) in a trie; control and unused tokens
+ * are never allowed by a mask, except the end-of-generation tokens (tdm_tokenizer_is_eog),
+ * which are allowed exactly when the grammar accepts. Returns NULL with *err set on out of
+ * memory. Free with tdm_grammar_vocab_destroy. */
+tdm_grammar_vocab_t *tdm_grammar_vocab_new(const tdm_tokenizer_t *tok, tdm_error_t *err);
+void tdm_grammar_vocab_destroy(tdm_grammar_vocab_t **self_p);
+uint32_t tdm_grammar_vocab_n_vocab(const tdm_grammar_vocab_t *v);
+
+/* A matcher: the state of one sequence in grammar g, over vocabulary v (both must outlive
+ * it). Starts at the beginning of the start rule. Returns NULL with *err set on out of
+ * memory. */
+tdm_grammar_matcher_t *tdm_grammar_matcher_new(const tdm_grammar_t *g, const tdm_grammar_vocab_t *v,
+                                               tdm_error_t *err);
+void tdm_grammar_matcher_destroy(tdm_grammar_matcher_t **self_p);
+void tdm_grammar_matcher_reset(tdm_grammar_matcher_t *m); /* back to the start */
+
+/* Advances over n bytes of output. Returns true, or false (state unchanged) when the bytes
+ * leave the grammar. */
+bool tdm_grammar_matcher_accept_bytes(tdm_grammar_matcher_t *m, const char *bytes, size_t n);
+
+/* Advances over one token: its bytes, or, for an end-of-generation token, the end of the
+ * output. Returns 0, or TDM_EINVALID (state unchanged) when the mask would not allow it
+ * (message in tdm_grammar_matcher_errmsg). */
+int tdm_grammar_matcher_accept_token(tdm_grammar_matcher_t *m, int32_t token);
+
+/* True when the output so far is a complete string of the grammar (EOS allowed). */
+bool tdm_grammar_matcher_is_accepting(const tdm_grammar_matcher_t *m);
+/* True when the output is complete and no further byte is allowed (generation must end). */
+bool tdm_grammar_matcher_is_done(const tdm_grammar_matcher_t *m);
+
+/* Writes the allowed-token mask for the next token: bit (t % 32) of mask[t / 32] is set when
+ * token t is allowed; mask has (n_vocab + 31) / 32 words. Allocates nothing after the
+ * matcher's first calls (caches are bounded). Returns the number of allowed tokens (0 only
+ * when the grammar cannot continue, which a matcher fed only allowed tokens never reaches). */
+uint32_t tdm_grammar_matcher_fill_mask(tdm_grammar_matcher_t *m, uint32_t *mask);
+
+const char *tdm_grammar_matcher_errmsg(const tdm_grammar_matcher_t *m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_GRAMMAR_H */

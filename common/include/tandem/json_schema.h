@@ -1,0 +1,31 @@
+/* json_schema.h - JSON Schema (draft 2020-12 and the draft-07 forms real schemas use) to a
+ * GBNF grammar (tandem/grammar.h) that matches exactly the JSON texts the schema allows, in
+ * the supported subset. Anything outside the subset is refused with the keyword's JSON
+ * pointer, never weakened silently. Property order: the order of definition in `properties`
+ * (as LLGuidance and XGrammar do). Whitespace: see docs/structured-output.md.
+ */
+#ifndef TANDEM_JSON_SCHEMA_H
+#define TANDEM_JSON_SCHEMA_H
+
+#include <stddef.h>
+
+#include "tandem/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Compiles the schema in json[len] (UTF-8 JSON text) to GBNF text in *out (appended; start
+ * rule `root`). Returns 0, or TDM_EINVALID with "<JSON pointer>: what" ("/properties/a/
+ * patternProperties: not supported", "/minItems: must be a non-negative integer", "/$ref:
+ * '#/$defs/x' not found"), or TDM_ERESOURCE on out of memory. */
+int tdm_json_schema_to_gbnf(const char *json, size_t len, tdm_buf_t *out, tdm_error_t *err);
+
+/* Appends the GBNF of OpenAI's `json_object` mode (any JSON object) to *out. */
+int tdm_json_object_gbnf(tdm_buf_t *out, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_JSON_SCHEMA_H */
