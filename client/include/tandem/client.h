@@ -69,6 +69,17 @@ extern "C" {
 
 typedef struct tdm_client tdm_client_t;
 
+/* What a request's output must match (GenerateRequest.constraint; values of the proto's
+ * ConstraintKind). */
+typedef enum tdm_client_constraint {
+    TDM_CLIENT_CONSTRAINT_NONE = 0,
+    TDM_CLIENT_CONSTRAINT_JSON_SCHEMA = 1,
+    TDM_CLIENT_CONSTRAINT_JSON_OBJECT = 2,
+    TDM_CLIENT_CONSTRAINT_GRAMMAR = 3, /* GBNF (tandem/grammar.h), start rule `root` */
+    TDM_CLIENT_CONSTRAINT_REGEX = 4,
+    TDM_CLIENT_CONSTRAINT_CHOICE = 5,
+} tdm_client_constraint_t;
+
 /* Options of tdm_client_new. Zero-initialise, then set what you need. */
 typedef struct tdm_client_opts {
     const char *api_key;           /* sent in every REQUEST (FrameHeader.api_key); NULL or "":
@@ -138,8 +149,13 @@ typedef struct tdm_client_request {
                               end with everything */
     bool include_stop_str; /* keep a matched stop string in the text */
     bool echo_token_text;  /* fill tdm_client_chunk_t.token_texts */
-    double timeout_s;      /* deadline, seconds from the start of the call; 0 = the client's
-                              default, < 0 = none */
+    tdm_client_constraint_t constraint_kind; /* structured output; TDM_CLIENT_CONSTRAINT_NONE
+                                                (default): free text */
+    const char *constraint; /* the constraint's source text (NUL-terminated): the schema JSON,
+                               GBNF, regex or a JSON array of choice strings; unused for NONE
+                               and JSON_OBJECT */
+    double timeout_s;       /* deadline, seconds from the start of the call; 0 = the client's
+                               default, < 0 = none */
 } tdm_client_request_t;
 
 /* Fills *req with an empty request: no input, sampling from tdm_sampling_params_default with

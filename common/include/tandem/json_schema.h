@@ -21,6 +21,13 @@ extern "C" {
  * '#/$defs/x' not found"), or TDM_ERESOURCE on out of memory. */
 int tdm_json_schema_to_gbnf(const char *json, size_t len, tdm_buf_t *out, tdm_error_t *err);
 
+/* Like tdm_json_schema_to_gbnf, but the start rule is named `rule` and every other rule the
+ * schema needs is named `<rule>-...`, so several schemas compose into one grammar (tool calls:
+ * `root ::= "<tool_call>" call-0 "</tool_call>"` plus each function's rules). `rule` is a GBNF
+ * rule name ([a-zA-Z0-9-]+). Same errors. */
+int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule, tdm_buf_t *out,
+                                 tdm_error_t *err);
+
 /* Appends the GBNF of OpenAI's `json_object` mode (any JSON object) to *out. */
 int tdm_json_object_gbnf(tdm_buf_t *out, tdm_error_t *err);
 
