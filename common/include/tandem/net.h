@@ -165,6 +165,11 @@ int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap);
  * thread. */
 uint64_t tdm_sock_disconnects(tdm_sock_t *s);
 
+/* How many handshakes of a socket made with watch_handshake succeeded (a connection ready to
+ * carry messages, whatever the mechanism), from its monitor; 0 for a socket that does not
+ * watch. Monotonic. Reads the monitor without blocking; call from the socket's thread. */
+uint64_t tdm_sock_handshakes(tdm_sock_t *s);
+
 /* The ZMQ socket, for zmq_poll (ZMQ_POLLIN). Do not send or receive on it directly. */
 void *tdm_sock_zsock(tdm_sock_t *s);
 

@@ -37,6 +37,7 @@ struct tdm_sock {
     bool hs_failed;       /* the last handshake event was a failure */
     char hs_why[160];     /* what it said */
     uint64_t disconnects; /* established connections the monitor saw drop */
+    uint64_t handshakes;  /* handshakes the monitor saw succeed */
 };
 
 static void set_errmsg(tdm_sock_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -408,7 +409,10 @@ static void monitor_drain(tdm_sock_t *s)
             zmq_msg_close(&ep);
         }
         switch (event) {
-        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: s->hs_failed = false; break;
+        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+            s->hs_failed = false;
+            s->handshakes++;
+            break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
             s->hs_failed = true;
             snprintf(s->hs_why, sizeof s->hs_why,
@@ -435,6 +439,14 @@ uint64_t tdm_sock_disconnects(tdm_sock_t *s)
         return 0;
     monitor_drain(s);
     return s->disconnects;
+}
+
+uint64_t tdm_sock_handshakes(tdm_sock_t *s)
+{
+    if (!s || !s->monitor)
+        return 0;
+    monitor_drain(s);
+    return s->handshakes;
 }
 
 int tdm_sock_handshake(tdm_sock_t *s, char *why, size_t cap)

@@ -41,6 +41,13 @@
 #define TDM_KV_RECEIVER_HWM 64
 /* Transfers of at least this many blocks checksum and copy with OpenMP threads. */
 #define TDM_KV_PARALLEL_BLOCKS 8u
+/* A transfer whose connection was lost is sent again on a new one at most this many times
+ * (tcp backend), within its timeout, and only when the new connection's handshake succeeds
+ * within TDM_KV_RESEND_CONNECT_S: a receiver that does not answer that fast is taken to be
+ * gone or cut off, and the transfer fails as before (the router re-dispatches it). */
+#define TDM_KV_MAX_RESENDS 2u
+#define TDM_KV_RESEND_CONNECT_S 2.0
+#define TDM_KV_RESEND_CONNECT_TEXT "2 s"
 
 /* ---- backends, checksums ---- */
 
@@ -288,6 +295,7 @@ static void channel_reset(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, const char *
     TDM_LOG_WARNF(s->log, NULL, "KV channel to %s reset: %s", ch->endpoint, why);
     tdm_sock_destroy(&ch->sock);
     ch->generation++;
+    ch->resend_by = 0;
     tdm_kv_channel_drop_comm(s, ch);
 }
 
@@ -306,6 +314,7 @@ static int channel_open(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, tdm_error_t *e
     o.watch_handshake = true;
     o.log = s->log;
     ch->disconnects = 0;
+    ch->resend_by = 0;
     ch->sock = tdm_sock_connect(s->net, ch->endpoint, &o, err);
     if (!ch->sock)
         return tdm_error_prefix(err, err ? err->code : TDM_EUNAVAILABLE,
@@ -611,24 +620,19 @@ static int check_send_req(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, tdm_
     return 0;
 }
 
-/* A transfer record for req over ch, holding a reference on each of its blocks, and the
- * scratch for its header words and frame list (*scratch; the caller frees it once
- * tdm_sock_send has copied them). Returns NULL on out of memory, with *err set. */
+/* A transfer record for req over ch, holding a reference on each of its blocks. Returns NULL
+ * on out of memory, with *err set. */
 static tdm_kv_xfer_t *xfer_new(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req,
-                               tdm_kv_channel_t *ch, void **scratch, tdm_error_t *err)
+                               tdm_kv_channel_t *ch, tdm_error_t *err)
 {
     uint32_t n = req->n_blocks;
     tdm_kv_xfer_t *x = calloc(1, sizeof *x);
-    size_t scratch_bytes = (size_t)n * (sizeof(uint64_t) + sizeof(tdm_net_data_t));
-    *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
     if (x)
         x->blocks = malloc((size_t)n * sizeof *x->blocks);
-    if (!x || !x->blocks || !*scratch) {
+    if (!x || !x->blocks) {
         if (x)
             free(x->blocks);
         free(x);
-        free(*scratch);
-        *scratch = NULL;
         tdm_error_set(err, TDM_ERESOURCE, "KV transfer %s: out of memory", req->request_id);
         return NULL;
     }
@@ -640,6 +644,9 @@ static tdm_kv_xfer_t *xfer_new(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req,
     x->generation = ch->generation;
     x->n_blocks = n;
     x->bytes = (uint64_t)n * s->block_bytes;
+    x->n_tokens = req->n_tokens;
+    x->first_token = req->first_token;
+    x->prefill_s = req->prefill_s;
     x->notify = s->notify;
     x->t_start = tdm_time_now();
     x->deadline = x->t_start + s->timeout_ms / 1e3;
@@ -677,8 +684,8 @@ static void xfer_frames(tdm_kv_sender_t *s, tdm_kv_xfer_t *x, uint64_t *words, t
 
 /* The KvTransfer header of x into *h; it points at lay, handle and words, which the caller
  * keeps until the header is sent. */
-static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, const tdm_kv_send_req_t *req,
-                        uint64_t *words, Tandem__V1__KvTransfer *h, Tandem__V1__KvLayout *lay,
+static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint64_t *words,
+                        Tandem__V1__KvTransfer *h, Tandem__V1__KvLayout *lay,
                         ProtobufCBinaryData *handle)
 {
     tandem__v1__kv_transfer__init(h);
@@ -686,8 +693,8 @@ static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, const tdm_kv
     h->request_id = (char *)x->request_id;
     h->attempt_id = x->attempt_id;
     h->transfer_id = x->id;
-    h->n_tokens = req->n_tokens;
-    h->first_token = req->first_token;
+    h->n_tokens = x->n_tokens;
+    h->first_token = x->first_token;
     h->layout = lay;
     h->model_fingerprint = s->model_fingerprint;
     h->n_blocks = x->n_blocks;
@@ -695,7 +702,7 @@ static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, const tdm_kv
     h->checksum_kind = TANDEM__V1__CHECKSUM_KIND__CHECKSUM_KIND_XXH3_64;
     h->backend = (char *)tdm_kv_backend_name(s->backend);
     h->sender_node_id = s->node_id;
-    h->prefill_s = req->prefill_s;
+    h->prefill_s = x->prefill_s;
     *handle = (ProtobufCBinaryData){sizeof s->ipc_handle, s->ipc_handle};
     if (s->backend == TDM_KV_BACKEND_TCP) {
         h->n_checksums = x->n_blocks;
@@ -709,12 +716,51 @@ static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, const tdm_kv
     h->header_checksum = tdm_kv_header_checksum(h);
 }
 
+/* Sends x's header and (tcp) its blocks on x->ch's socket, as call x->id: the first time, or
+ * again after the connection was lost. Returns tdm_sock_send's result, or TDM_ERESOURCE (out
+ * of memory for the header's scratch, nothing sent). */
+static int xfer_transmit(tdm_kv_sender_t *s, tdm_kv_xfer_t *x)
+{
+    uint32_t n = x->n_blocks;
+    size_t scratch_bytes = (size_t)n * (sizeof(uint64_t) + sizeof(tdm_net_data_t));
+    void *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
+    if (!scratch)
+        return TDM_ERESOURCE;
+    uint64_t *words = scratch; /* checksums (tcp) or block offsets (cuda_ipc) */
+    tdm_net_data_t *data = (tdm_net_data_t *)(words + n);
+    xfer_frames(s, x, words, data);
+    Tandem__V1__KvTransfer h;
+    Tandem__V1__KvLayout lay;
+    ProtobufCBinaryData handle;
+    xfer_header(s, x, words, &h, &lay, &handle);
+
+    tdm_send_t m;
+    memset(&m, 0, sizeof m);
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    m.method = TANDEM__V1__METHOD__METHOD_KV_TRANSFER;
+    m.call_id = x->id;
+    double left_s = x->deadline - tdm_time_now();
+    m.deadline_unix_ms = tdm_net_now_ms() + (uint64_t)(left_s > 0 ? left_s * 1e3 : 0);
+    m.body = &h.base;
+    if (s->backend == TDM_KV_BACKEND_TCP && n > 0) {
+        m.data = data;
+        m.n_data = n;
+        /* the notify reference is held while any frame of x is in ZMQ's hands (frames of a
+         * lost connection may still be on their way to release) */
+        if (atomic_fetch_add(&x->pending, n) == 0)
+            atomic_fetch_add(&s->notify->refs, 1); /* dropped by the last frame's release */
+    }
+    int rc = tdm_sock_send(x->ch->sock, &m);
+    free(scratch);
+    return rc;
+}
+
 /* x was not sent (tdm_sock_send returned rc): the record is dropped, or kept unreported
  * while ZMQ still holds frames of it. Returns the error to report. */
 static int xfer_send_failed(tdm_kv_sender_t *s, tdm_kv_xfer_t *x, int rc, tdm_error_t *err)
 {
     tdm_error_set(err, rc, "KV transfer %s to %s: %s", x->request_id, x->ch->endpoint,
-                  tdm_sock_errmsg(x->ch->sock));
+                  rc == TDM_ERESOURCE ? "out of memory" : tdm_sock_errmsg(x->ch->sock));
     /* net.h: every release callback runs once even on failure; normally they already ran
      * (nothing was queued). If ZMQ kept some, the record stays, unreported, until they are
      * released. */
@@ -746,34 +792,10 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
         return rc;
 #endif
 
-    uint32_t n = req->n_blocks;
-    void *scratch = NULL;
-    tdm_kv_xfer_t *x = xfer_new(s, req, ch, &scratch, err);
+    tdm_kv_xfer_t *x = xfer_new(s, req, ch, err);
     if (!x)
         return TDM_ERESOURCE;
-    uint64_t *words = scratch; /* checksums (tcp) or block offsets (cuda_ipc) */
-    tdm_net_data_t *data = (tdm_net_data_t *)(words + n);
-    xfer_frames(s, x, words, data);
-    Tandem__V1__KvTransfer h;
-    Tandem__V1__KvLayout lay;
-    ProtobufCBinaryData handle;
-    xfer_header(s, x, req, words, &h, &lay, &handle);
-
-    tdm_send_t m;
-    memset(&m, 0, sizeof m);
-    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
-    m.method = TANDEM__V1__METHOD__METHOD_KV_TRANSFER;
-    m.call_id = x->id;
-    m.deadline_unix_ms = tdm_net_now_ms() + (uint64_t)s->timeout_ms;
-    m.body = &h.base;
-    if (s->backend == TDM_KV_BACKEND_TCP && n > 0) {
-        m.data = data;
-        m.n_data = n;
-        atomic_init(&x->pending, n);
-        atomic_fetch_add(&s->notify->refs, 1); /* dropped by the last frame's release */
-    }
-    rc = tdm_sock_send(ch->sock, &m);
-    free(scratch);
+    rc = xfer_transmit(s, x);
     if (rc != 0)
         return xfer_send_failed(s, x, rc, err);
     xfer_append(s, x);
@@ -781,7 +803,7 @@ int tdm_kv_sender_send(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, uint64_
     *transfer_id = x->id;
     TDM_LOG_DEBUGF(s->log, x->request_id,
                    "KV transfer %" PRIu64 " sent to %s: %u blocks, %" PRIu64 " bytes, %s", x->id,
-                   ch->endpoint, n, x->bytes, tdm_kv_backend_name(s->backend));
+                   ch->endpoint, x->n_blocks, x->bytes, tdm_kv_backend_name(s->backend));
     return 0;
 }
 
@@ -899,11 +921,70 @@ static void sender_check_handshakes(tdm_kv_sender_t *s)
     }
 }
 
+/* ch's connection was lost with transfers waiting on it (tcp backend): ZeroMQ does not resend
+ * a message cut off mid-way, so each one is sent again, at once, on a new socket, when it has
+ * resends and time left (else it fails, UNAVAILABLE, as before); the new connection must
+ * complete its handshake within TDM_KV_RESEND_CONNECT_S (sender_check_resends). A transfer
+ * whose END was lost on the way back is refused by the receiver the second time (its
+ * reservation is in use), which fails it like the connection loss would have. */
+static void channel_resend(tdm_kv_sender_t *s, tdm_kv_channel_t *ch, double now)
+{
+    tdm_sock_destroy(&ch->sock); /* releases the frames the lost connection still held */
+    ch->generation++;
+    tdm_error_t err = {0};
+    if (channel_open(s, ch, &err) != 0) {
+        channel_reset(s, ch, err.msg);
+        return;
+    }
+    ch->resend_by = now + TDM_KV_RESEND_CONNECT_S;
+    for (tdm_kv_xfer_t *x = s->xfers; x; x = x->next) {
+        if (x->ch != ch || x->finished)
+            continue;
+        if (x->resends >= TDM_KV_MAX_RESENDS || now >= x->deadline) {
+            tdm_kv_xfer_finish(x, TDM_EUNAVAILABLE,
+                               "the connection to %s was lost (the transfer was sent %u times)",
+                               ch->endpoint, x->resends + 1);
+            continue;
+        }
+        x->resends++;
+        x->generation = ch->generation;
+        int rc = xfer_transmit(s, x);
+        if (rc != 0)
+            tdm_kv_xfer_finish(x, TDM_EUNAVAILABLE,
+                               "resending to %s after the connection was "
+                               "lost: %s",
+                               ch->endpoint, tdm_strerror(rc));
+        else
+            TDM_LOG_WARNF(s->log, x->request_id,
+                          "KV transfer %" PRIu64 ": the connection to %s was lost; resending "
+                          "it (%u of %u)",
+                          x->id, ch->endpoint, x->resends, TDM_KV_MAX_RESENDS);
+    }
+}
+
+/* A channel that sent transfers again after losing its connection: once the new connection's
+ * handshake succeeded, nothing more to watch; a receiver that has not completed one by
+ * resend_by is gone or cut off, and the transfers fail now instead of at their timeout. */
+static void sender_check_resends(tdm_kv_sender_t *s, double now)
+{
+    for (tdm_kv_channel_t *ch = s->channels; ch; ch = ch->next) {
+        if (!ch->sock || ch->resend_by <= 0)
+            continue;
+        if (tdm_sock_handshakes(ch->sock) > 0)
+            ch->resend_by = 0;
+        else if (now >= ch->resend_by)
+            channel_reset(s, ch,
+                          "the connection to the receiver was lost and no new one "
+                          "completed its handshake within " TDM_KV_RESEND_CONNECT_TEXT);
+    }
+}
+
 /* A channel whose connection dropped while transfers were waiting on it: what was in flight
  * may be lost with it (ZeroMQ does not resend a message cut off mid-way, nor an END that was
- * on the way back), so they fail now, UNAVAILABLE, and the router retries them at once
+ * on the way back). tcp: they are sent again at once on a new connection (channel_resend);
+ * the device backends fail them now, UNAVAILABLE, and the router retries them at once
  * instead of after the transfer timeout. */
-static void sender_check_connections(tdm_kv_sender_t *s)
+static void sender_check_connections(tdm_kv_sender_t *s, double now)
 {
     for (tdm_kv_channel_t *ch = s->channels; ch; ch = ch->next) {
         uint64_t d = ch->sock ? tdm_sock_disconnects(ch->sock) : 0;
@@ -913,7 +994,9 @@ static void sender_check_connections(tdm_kv_sender_t *s)
         bool waiting = false;
         for (tdm_kv_xfer_t *x = s->xfers; x && !waiting; x = x->next)
             waiting = x->ch == ch && !x->finished;
-        if (waiting)
+        if (waiting && s->backend == TDM_KV_BACKEND_TCP)
+            channel_resend(s, ch, now);
+        else if (waiting)
             channel_reset(s, ch, "the connection to the receiver was lost");
     }
 }
@@ -994,8 +1077,11 @@ static int sender_wait_ms(const tdm_kv_sender_t *s, double now, double t_end)
             until = x->deadline;
         device_work = device_work || x->go || (x->ch && x->ch->launched == x);
     }
-    for (const tdm_kv_channel_t *ch = s->channels; ch; ch = ch->next)
+    for (const tdm_kv_channel_t *ch = s->channels; ch; ch = ch->next) {
         device_work = device_work || (ch->comm && !ch->comm_ready);
+        if (ch->resend_by > 0 && ch->resend_by < until)
+            until = ch->resend_by;
+    }
     double ms = (until - now) * 1e3;
     if (ms < 0)
         ms = 0;
@@ -1021,7 +1107,8 @@ int tdm_kv_sender_poll(tdm_kv_sender_t *s, int timeout_ms, tdm_kv_send_done_t *o
         double now = tdm_time_now();
         if (s->has_curve)
             sender_check_handshakes(s);
-        sender_check_connections(s);
+        sender_check_connections(s, now);
+        sender_check_resends(s, now);
         sender_check_deadlines(s, now);
         int n = sender_collect(s, out, cap);
         now = tdm_time_now();

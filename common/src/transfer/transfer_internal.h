@@ -37,6 +37,9 @@ typedef struct tdm_kv_channel {
     tdm_sock_t *sock;               /* NULL after a reset, until the next send reopens it */
     uint32_t generation;            /* incremented by every reset */
     uint64_t disconnects;           /* tdm_sock_disconnects(sock) last seen */
+    double resend_by;               /* transfers were sent again on a new socket after the
+                                       connection was lost: its handshake must succeed by
+                                       then (tdm_time_now() clock); 0 = nothing waits */
     struct tdm_transfer_nccl *comm; /* nccl: communicator with the receiver (rank 0), or NULL */
     bool comm_ready;                /* nccl: the communicator finished initialising */
     uint64_t hello_call_id;         /* nccl: the KV_HELLO call of comm, 0 = answered */
@@ -54,6 +57,10 @@ typedef struct tdm_kv_xfer {
     uint32_t *blocks;    /* [n_blocks] referenced pool blocks */
     uint32_t n_blocks;
     uint64_t bytes;
+    uint32_t n_tokens; /* header fields, kept to send the transfer again */
+    int32_t first_token;
+    double prefill_s;
+    uint32_t resends;        /* times sent again after its connection was lost */
     atomic_uint pending;     /* zero-copy frames ZMQ has not released yet */
     tdm_kv_notify_t *notify; /* referenced while pending > 0 */
     double t_start;          /* tdm_time_now() at send */
