@@ -9,29 +9,80 @@
  * gave up on, still take slots there); those extra requests are taken to have as many tokens
  * to go as the mean of the tracked ones, or as the new request's max_tokens when none is
  * tracked.
+ *
+ * A pass gets longer as the batch grows (on a CPU, nearly in proportion; on a GPU, much less),
+ * so the estimate does not take the step time a node reports now for the batch a burst will
+ * make: each heartbeat's (batch size, step time) goes into a weighted least-squares line per
+ * node (rt_admit_observe), and the estimate reads the pass time at the batch the request
+ * would join from it. Until a node has run batches of different sizes, a pass is taken to
+ * cost in proportion to its batch: cautious, so that a first burst on an idle node is shed
+ * rather than admitted to time out; the batches it then runs give the line its slope.
  */
 #include <math.h>
 
 #include "admit.h"
 
+/* The pass time of l's node at a batch of b sequences (admit.h). */
+static double step_at(const rt_admit_load_t *l, double b)
+{
+    double at = l->step_batch > 1 ? l->step_batch : 1;
+    double per_seq = l->step_per_seq_s > 0 && isfinite(l->step_per_seq_s) ? l->step_per_seq_s : 0;
+    double t = l->step_time_s + per_seq * (b - at);
+    return t > l->step_time_s / 4 ? t : l->step_time_s / 4;
+}
+
 rt_admit_estimate_t rt_admit_estimate(const rt_admit_load_t *l, uint32_t n_prompt,
                                       uint32_t max_tokens)
 {
-    rt_admit_estimate_t e = {false, 0, 0};
-    double t = l->step_time_s;
-    if (!(t > 0) || !isfinite(t))
+    rt_admit_estimate_t e = {false, 0, 0, 0, 0};
+    if (!(l->step_time_s > 0) || !isfinite(l->step_time_s))
         return e;
     e.measured = true;
     uint32_t slots = l->max_running ? l->max_running : 1;
+    double batch = (double)l->n_ahead + 1;
     if (l->n_ahead >= slots) {
         double waves = (double)(l->n_ahead / slots);
         double mean_tokens = (double)l->tokens_ahead / (double)l->n_ahead;
-        e.start_s = waves * mean_tokens * t;
+        e.start_s = waves * mean_tokens * step_at(l, slots);
+        batch = slots;
     }
     uint32_t per_pass = l->max_batch_tokens ? l->max_batch_tokens : (n_prompt ? n_prompt : 1);
-    double prefill = (double)((n_prompt + per_pass - 1) / per_pass) * t;
-    e.finish_s = e.start_s + prefill + (double)max_tokens * t;
+    double passes = (double)((n_prompt + per_pass - 1) / per_pass) + (double)max_tokens;
+    e.finish_s = e.start_s + passes * step_at(l, batch);
+    e.alone_s = passes * step_at(l, 1);
+    if (l->n_ahead) {
+        uint32_t waves = (l->n_ahead + slots - 1) / slots;
+        double mean_tokens = (double)l->tokens_ahead / (double)l->n_ahead;
+        double full = l->n_ahead < slots ? (double)l->n_ahead : (double)slots;
+        e.drain_s = (double)waves * mean_tokens * step_at(l, full);
+    }
     return e;
+}
+
+void rt_admit_observe(rt_step_fit_t *f, uint32_t batch, double step_s)
+{
+    if (!batch || !(step_s > 0) || !isfinite(step_s))
+        return;
+    const double keep = 0.98;
+    double b = batch;
+    f->w = f->w * keep + 1;
+    f->sb = f->sb * keep + b;
+    f->sbb = f->sbb * keep + b * b;
+    f->st = f->st * keep + step_s;
+    f->sbt = f->sbt * keep + b * step_s;
+}
+
+bool rt_admit_step_model(const rt_step_fit_t *f, double *step_s, double *batch, double *per_seq_s)
+{
+    if (!(f->w > 0))
+        return false;
+    double mb = f->sb / f->w, mt = f->st / f->w;
+    double var = f->sbb / f->w - mb * mb;
+    double cov = f->sbt / f->w - mb * mt;
+    *step_s = mt;
+    *batch = mb;
+    *per_seq_s = var >= 1 ? (cov > 0 ? cov / var : 0) : mt / (mb > 1 ? mb : 1);
+    return true;
 }
 
 static bool is_decode_up(const rt_node_t *n)
@@ -51,7 +102,8 @@ static uint64_t tokens_left(const rt_req_t *q)
 static rt_admit_load_t node_load(const tdm_router_t *r, const rt_node_t *n, size_t n_up,
                                  const rt_req_t *self)
 {
-    rt_admit_load_t l = {n->step_time_s, n->max_running, n->max_batch_tokens, 0, 0};
+    rt_admit_load_t l = {n->step_time_s, n->max_running, n->max_batch_tokens, 0, 0, 0, 1};
+    rt_admit_step_model(&n->step_fit, &l.step_time_s, &l.step_batch, &l.step_per_seq_s);
     uint32_t n_queued = 0;
     uint64_t queued_tokens = 0;
     for (tdm_list_t *e = tdm_list_first(&r->requests); e; e = tdm_list_next(&r->requests, e)) {

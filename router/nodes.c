@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admit.h"
 #include "nodes.h"
 #include "scheduler.h"
 #include "stream.h"
@@ -417,6 +418,7 @@ static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
         n->tokens_since_hb = 0;
         n->reserved_pending = n->reserved_acked = 0;
         n->n_pending = 0;
+        memset(&n->step_fit, 0, sizeof n->step_fit);
     }
     return again;
 }
@@ -513,8 +515,10 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
     double sum = 0;
     for (size_t i = 0; i < h->n_recent_step_s; i++)
         sum += h->recent_step_s[i];
-    if (h->n_recent_step_s)
+    if (h->n_recent_step_s) {
         n->step_time_s = sum / (double)h->n_recent_step_s;
+        rt_admit_observe(&n->step_fit, h->batch_size, n->step_time_s);
+    }
     n->tokens_since_hb = 0;
     n->reserved_acked = 0;
     protobuf_c_message_free_unpacked(&h->base, NULL);

@@ -797,19 +797,27 @@ static rt_req_t *req_from_call(tdm_router_t *r, const tdm_frame_t *f,
 }
 
 /* Refuses q, which no decode node up can finish before its deadline (admission control, e:
- * the soonest node's estimate): RESOURCE_EXHAUSTED before anything is dispatched, the
- * earliest start as ErrorDetail.retry_after_s (whole seconds, at least 1). */
+ * the soonest node's estimate): RESOURCE_EXHAUSTED before anything is dispatched, with
+ * ErrorDetail.retry_after_s (whole seconds, at least 1): when the requests ahead will have
+ * drained (the earliest start, or later when the batch they make is what is too slow). When
+ * q could not finish in time even alone on an idle node, the message says that retrying as
+ * it is cannot help. */
 static void req_shed(tdm_router_t *r, rt_req_t *q, const rt_admit_estimate_t *e, uint64_t now_ms)
 {
     double left_s = q->deadline_ms > now_ms ? (double)(q->deadline_ms - now_ms) / 1000.0 : 0;
-    double retry = ceil(e->start_s);
+    bool never = e->alone_s > left_s;
+    double retry = ceil(e->drain_s > e->start_s ? e->drain_s : e->start_s);
     Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
     d.retry_after_s = retry < 1 ? 1 : retry > 86400 ? 86400 : (uint32_t)retry;
     char msg[TDM_ERRMSG_MAX];
     snprintf(msg, sizeof msg,
              "the cluster cannot finish this request before its deadline: earliest start in "
-             "~%.0f s, finish in ~%.0f s, %.0f s left; retry after %" PRIu32 " s",
-             e->start_s, e->finish_s, left_s, d.retry_after_s);
+             "~%.0f s, finish in ~%.0f s, %.0f s left; %s %" PRIu32 " s",
+             e->start_s, e->finish_s, left_s,
+             never ? "alone on an idle node it would still take longer: send a longer "
+                     "deadline or a smaller max_tokens; retry after"
+                   : "retry after",
+             d.retry_after_s);
     r->metrics.shed++;
     req_fail_with(r, q, TDM_ERESOURCE, false, &d.base, msg);
 }

@@ -66,6 +66,13 @@ typedef struct rt_orphan {
 #define RT_ORPHAN_UNSENT UINT64_MAX
 #define RT_ORPHANS_MAX 32 /* per node; the oldest goes when full */
 
+/* A decode node's step time against its batch size, for admission control (admit.c): the
+ * exponentially weighted sums of heartbeat samples (batch b, mean step time t), from which a
+ * least-squares line t(b) is read. All 0 = no sample yet. */
+typedef struct rt_step_fit {
+    double w, sb, sbb, st, sbt; /* sums of weights, w*b, w*b^2, w*t, w*b*t */
+} rt_step_fit_t;
+
 /* One configured node and the router's view of it. */
 typedef struct rt_node {
     /* fixed at start (nodes.c) */
@@ -98,6 +105,7 @@ typedef struct rt_node {
     uint32_t kv_free, kv_used, kv_cached, running, waiting, batch_size;
     uint64_t queued_prefill_tokens, prefix_queries, prefix_hits;
     double step_time_s;
+    rt_step_fit_t step_fit; /* decode: step time by batch size (admit.c; reset on registering) */
     /* the router's own load bookkeeping since the last heartbeat (scheduler.c; nodes.c resets
      * it on a heartbeat, a new registration and a failure) */
     uint64_t tokens_since_hb;  /* prefill: prompt tokens sent */

@@ -2814,7 +2814,7 @@ static void test_admit_estimate(void **state)
 {
     (void)state;
     /* idle node, 0.5 s passes: prefill ceil(1000 / 512) = 2 passes, decode 10 */
-    rt_admit_load_t l = {0.5, 8, 512, 0, 0};
+    rt_admit_load_t l = {0.5, 8, 512, 0, 0, 0, 1};
     rt_admit_estimate_t e = rt_admit_estimate(&l, 1000, 10);
     assert_true(e.measured);
     assert_float_equal(e.start_s, 0, 1e-9);
@@ -2831,15 +2831,73 @@ static void test_admit_estimate(void **state)
     assert_float_equal(e.start_s, 50.0, 1e-9);
     assert_float_equal(e.finish_s, 56.0, 1e-9);
     /* max_running 0 counts as one slot; max_batch_tokens 0 prefills in one pass */
-    rt_admit_load_t one = {2.0, 0, 0, 3, 30};
+    rt_admit_load_t one = {2.0, 0, 0, 3, 30, 0, 1};
     e = rt_admit_estimate(&one, 100, 4);
     assert_float_equal(e.start_s, 60.0, 1e-9);
     assert_float_equal(e.finish_s, 70.0, 1e-9);
     /* no step time measured yet: admit */
-    rt_admit_load_t none = {0, 8, 512, 100, 10000};
+    rt_admit_load_t none = {0, 8, 512, 100, 10000, 0, 1};
     e = rt_admit_estimate(&none, 1000, 10);
     assert_false(e.measured);
     assert_float_equal(e.finish_s, 0, 1e-9);
+}
+
+/* The batch-aware estimate: a pass of 0.1 s at one sequence plus 0.01 s per extra sequence
+ * (an injected step time), and the line rt_admit_observe fits to heartbeats. */
+static void test_admission_estimate_batch(void **state)
+{
+    (void)state;
+    /* 3 ahead of 8 slots: the request joins a batch of 4, t(4) = 0.13 s; 1 prefill pass +
+     * 10 decode passes = 1.43 s */
+    rt_admit_load_t l = {0.1, 8, 512, 3, 30, 0.01, 1};
+    rt_admit_estimate_t e = rt_admit_estimate(&l, 100, 10);
+    assert_float_equal(e.start_s, 0, 1e-9);
+    assert_float_equal(e.finish_s, 11 * 0.13, 1e-9);
+    assert_float_equal(e.alone_s, 11 * 0.1, 1e-9);
+    assert_float_equal(e.drain_s, 10 * 0.12, 1e-9); /* 1 wave of 10 tokens at t(3) */
+    /* 20 ahead, 50 tokens each to go: 2 full waves at t(8) = 0.17 s, then a batch of 8 */
+    l.n_ahead = 20;
+    l.tokens_ahead = 1000;
+    e = rt_admit_estimate(&l, 100, 10);
+    assert_float_equal(e.start_s, 2 * 50 * 0.17, 1e-9);
+    assert_float_equal(e.finish_s, 2 * 50 * 0.17 + 11 * 0.17, 1e-9);
+    assert_float_equal(e.drain_s, 3 * 50 * 0.17, 1e-9); /* ceil(20 / 8) waves */
+    /* measured at a batch of 8 (0.17 s): an idle node's pass is read down the line, but never
+     * below a quarter of the measured one */
+    rt_admit_load_t at8 = {0.17, 8, 512, 0, 0, 0.01, 8};
+    e = rt_admit_estimate(&at8, 100, 10);
+    assert_float_equal(e.finish_s, 11 * 0.1, 1e-9);
+    at8.step_per_seq_s = 1.0;
+    e = rt_admit_estimate(&at8, 100, 10);
+    assert_float_equal(e.finish_s, 11 * 0.17 / 4, 1e-9);
+
+    /* the fit: heartbeats on the line t(b) = 0.01 + 0.002 b give its slope and a point on it */
+    rt_step_fit_t f;
+    memset(&f, 0, sizeof f);
+    double t, b, per_seq;
+    assert_false(rt_admit_step_model(&f, &t, &b, &per_seq));
+    rt_admit_observe(&f, 0, 0.5);  /* no batch: ignored */
+    rt_admit_observe(&f, 4, -1.0); /* no step time: ignored */
+    assert_false(rt_admit_step_model(&f, &t, &b, &per_seq));
+    uint32_t batches[] = {1, 8, 32, 64, 16, 1, 48};
+    for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++)
+        rt_admit_observe(&f, batches[i], 0.01 + 0.002 * batches[i]);
+    assert_true(rt_admit_step_model(&f, &t, &b, &per_seq));
+    assert_float_equal(per_seq, 0.002, 1e-9);
+    assert_float_equal(t, 0.01 + 0.002 * b, 1e-9);
+    /* only ever seen idle: a pass taken to cost in proportion to its batch */
+    memset(&f, 0, sizeof f);
+    rt_admit_observe(&f, 1, 0.014);
+    rt_admit_observe(&f, 1, 0.014);
+    assert_true(rt_admit_step_model(&f, &t, &b, &per_seq));
+    assert_float_equal(b, 1, 1e-9);
+    assert_float_equal(per_seq, 0.014, 1e-9);
+    rt_admit_load_t idle = {t, 64, 2048, 0, 0, per_seq, b};
+    e = rt_admit_estimate(&idle, 6, 32);
+    assert_float_equal(e.finish_s, 33 * 0.014, 1e-9);
+    idle.n_ahead = 63; /* the 64th of a burst joins a batch of 64: 64 times the idle pass */
+    e = rt_admit_estimate(&idle, 6, 32);
+    assert_float_equal(e.finish_s, 33 * 0.014 * 64, 1e-9);
 }
 
 /* A heartbeat of d reporting step_s per forward pass and running/waiting requests (NOTIFY). */
@@ -2860,7 +2918,8 @@ static void slow_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t running,
 
 /* Waits for the END of call: RESOURCE_EXHAUSTED from admission control, retry_after_s as
  * given, the estimate in the message. */
-static void expect_shed(env_t *e, uint64_t call, uint32_t retry_after_s, const char *has)
+static void expect_shed(env_t *e, uint64_t call, uint32_t retry_after_s, const char *has,
+                        const char *has_too)
 {
     tdm_frame_t f;
     tdm_frame_init(&f);
@@ -2870,8 +2929,8 @@ static void expect_shed(env_t *e, uint64_t call, uint32_t retry_after_s, const c
     assert_int_equal(f.call_id, call);
     assert_int_equal(f.status, TDM_ERESOURCE);
     if (!strstr(f.message, "cannot finish this request before its deadline") ||
-        !strstr(f.message, has))
-        fail_msg("message '%s', want one containing '%s'", f.message, has);
+        !strstr(f.message, has) || !strstr(f.message, has_too))
+        fail_msg("message '%s', want one containing '%s' and '%s'", f.message, has, has_too);
     Tandem__V1__ErrorDetail *d =
         (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
     assert_non_null(d);
@@ -2893,12 +2952,13 @@ static void test_admission(void **state)
     /* idle node: 1 prefill pass + 100 decode passes = 202 s > 20 s; a slot is free now */
     prompt_req(&g, "shed-1", "abc", 100, true);
     uint64_t call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
-    expect_shed(e, call, 1, "earliest start in ~0 s, finish in ~202 s");
+    expect_shed(e, call, 1, "earliest start in ~0 s, finish in ~202 s",
+                "alone on an idle node it would still take longer");
     /* 8 running + 8 waiting on 8 slots, 100 tokens each to go: 2 waves of 100 passes */
     slow_heartbeat(e, &e->d0, 2.0, 8, 8);
     prompt_req(&g, "shed-2", "abc", 100, true);
     call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
-    expect_shed(e, call, 400, "earliest start in ~400 s");
+    expect_shed(e, call, 400, "earliest start in ~400 s", "retry after 400 s");
     /* 2 tokens (start 2 waves * 2 passes * 2 s = 8 s, finish 14 s) within the default 600 s */
     prompt_req(&g, "fits", "abc", 2, true);
     generate(e, &g);
@@ -3290,6 +3350,7 @@ int main(void)
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_refusal_detail),
         cmocka_unit_test(test_admit_estimate),
+        cmocka_unit_test(test_admission_estimate_batch),
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_max_tokens_unset),
         cmocka_unit_test(test_queue_and_local_prefill),
