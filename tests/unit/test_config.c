@@ -575,7 +575,23 @@ static void test_error_unknown_keys(void **state)
                "client_endpoint, node_endpoint, node_advertise, http_address, http_port, "
                "http_threads, http_connection_timeout_s, http_max_connections, "
                "http_max_connections_per_client, prefill_policy, max_queue, request_timeout_s, "
-               "api_keys, public_metrics, curve_public_k)"); /* (the message's size limit) */
+               "api_keys, public_metrics, curve_public_key, curve_secret_key_file, "
+               "admission_control)");
+    /* a file name so long that the whole list does not fit: the key first, whole names
+     * only, the rest counted */
+    char name[200], want[TDM_ERRMSG_MAX];
+    snprintf(name, sizeof name, "/etc/%0150d/cluster.yaml", 0);
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    const char *yaml = "router:\n  htp_port: 2\n";
+    assert_int_equal(tdm_config_load_string(yaml, strlen(yaml), name, &cfg, &err), TDM_EINVALID);
+    snprintf(want, sizeof want,
+             "%s:2: key 'router.htp_port': unknown key (expected one of: client_endpoint, "
+             "node_endpoint, node_advertise, http_address, http_port, http_threads, "
+             "http_connection_timeout_s, http_max_connections, http_max_connections_per_client, "
+             "prefill_policy, max_queue, and 6 more: `tandem config defaults` lists them)",
+             name);
+    assert_string_equal(err.msg, want);
     load_fails("kv:\n  blocksize: 16\n",
                "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
                "dtype, prefix_caching, transfer_timeout_s)");

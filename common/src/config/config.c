@@ -603,6 +603,28 @@ static void key_join(char *out, const char *path, const char *name)
         out[0] = '\0';
 }
 
+/* The names of known[] (NULL-ended), comma-separated, into out (cap bytes): whole names only;
+ * when they do not all fit, the last ones are counted instead ("…, and 4 more: `tandem config
+ * defaults` lists them"), so that a long list is never cut in the middle of a name. */
+static void known_list(char *out, size_t cap, const char *const *known)
+{
+    static const char more_fmt[] = ", and %zu more: `tandem config defaults` lists them";
+    size_t n = 0, len = 0;
+    while (known[n])
+        n++;
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        size_t need = strlen(known[i]) + (i ? 2 : 0);
+        /* room for this name, and for the count of the rest unless it is the last one */
+        size_t tail = i + 1 < n ? sizeof more_fmt + 8 : 0;
+        if (len + need + tail >= cap) {
+            snprintf(out + len, cap - len, more_fmt, n - i);
+            return;
+        }
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", i ? ", " : "", known[i]);
+    }
+}
+
 /* Checks that map is a mapping whose keys are all plain names from known[] (NULL-ended), none
  * repeated. null counts as an empty mapping. */
 static int check_mapping(loader_t *ld, const yaml_node_t *map, const char *path,
@@ -624,11 +646,10 @@ static int check_mapping(loader_t *ld, const yaml_node_t *map, const char *path,
         for (size_t i = 0; known[i]; i++)
             ok = ok || strcmp(known[i], scalar_text(k)) == 0;
         if (!ok) {
-            char list[TDM_ERRMSG_MAX / 2] = "";
-            for (size_t i = 0; known[i]; i++) {
-                size_t len = strlen(list);
-                snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", known[i]);
-            }
+            char list[TDM_ERRMSG_MAX];
+            /* what the message has room for after "FILE:LINE: key 'KEY': unknown key (...)" */
+            size_t used = strlen(ld->name) + strlen(key) + 64;
+            known_list(list, used < sizeof list / 2 ? sizeof list - used : sizeof list / 2, known);
             return fail(ld, k, key, "unknown key (expected one of: %s)", list);
         }
         for (yaml_node_pair_t *q = map->data.mapping.pairs.start; q < p; q++) {

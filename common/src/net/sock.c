@@ -558,15 +558,34 @@ static int check_send(tdm_sock_t *s, const tdm_send_t *m)
     return 0;
 }
 
+/* Copies src into dst (cap bytes with the NUL) as valid UTF-8: each byte that does not start
+ * a well-formed character becomes U+FFFD, and the copy ends before the first character that
+ * does not fit whole. FrameHeader.message is a protobuf string, which strict clients refuse
+ * to parse unless it is UTF-8, and messages quote what peers sent (ids, names). */
+static void utf8_fit(char *dst, size_t cap, const char *src)
+{
+    static const char replacement[] = "\xef\xbf\xbd";
+    size_t n = strlen(src), o = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t len = tdm_utf8_decode((const unsigned char *)src + i, n - i, &cp);
+        const char *from = len ? src + i : replacement;
+        size_t out = len ? len : 3;
+        if (o + out >= cap)
+            break;
+        memcpy(dst + o, from, out);
+        o += out;
+        i += len ? len : 1;
+    }
+    dst[o] = '\0';
+}
+
 /* Packs m's FrameHeader into hbuf (TDM_NET_MAX_HEADER_BYTES), *hlen bytes. Returns 0 or
  * TDM_EINVALID with s->errmsg set. */
 static int pack_header(tdm_sock_t *s, const tdm_send_t *m, uint8_t *hbuf, size_t *hlen)
 {
     char message[TDM_ERRMSG_MAX];
-    const char *msg_text = m->message ? m->message : "";
-    size_t mlen = tdm_net_text_fit(msg_text, sizeof message);
-    memcpy(message, msg_text, mlen);
-    message[mlen] = '\0';
+    utf8_fit(message, sizeof message, m->message ? m->message : "");
 
     Tandem__V1__FrameHeader h = TANDEM__V1__FRAME_HEADER__INIT;
     h.version_major = TDM_PROTOCOL_MAJOR;
