@@ -133,7 +133,8 @@ static double pct(uint64_t part, uint64_t whole)
     return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }
 
-/* The nodes of a ClusterStatus as JSON, and the decode nodes' KV use. */
+/* The nodes of a ClusterStatus as JSON, and the decode nodes' KV use. "up" is a node that
+ * takes new work; a suspect one (silent past the heartbeat timeout) is "suspect" instead. */
 static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
 {
     json_t *nodes = json_array();
@@ -141,12 +142,13 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
     for (size_t i = 0; nodes && i < cs->n_nodes; i++) {
         const Tandem__V1__NodeStatus *n = cs->nodes[i];
         json_t *o = json_pack(
-            "{s:o, s:o, s:o, s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+            "{s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, "
+            "s:f}",
             "node_id", http_json_str(n->node_id), "role", http_json_str(n->role), "device",
-            http_json_str(n->device), "up", n->up, "kv_blocks_total",
-            (json_int_t)n->kv_blocks_total, "kv_blocks_used", (json_int_t)n->kv_blocks_used,
-            "kv_blocks_cached", (json_int_t)n->kv_blocks_cached, "reserved_blocks",
-            (json_int_t)n->reserved_blocks, "kv_used_pct",
+            http_json_str(n->device), "up", n->up && !n->suspect, "suspect", n->up && n->suspect,
+            "kv_blocks_total", (json_int_t)n->kv_blocks_total, "kv_blocks_used",
+            (json_int_t)n->kv_blocks_used, "kv_blocks_cached", (json_int_t)n->kv_blocks_cached,
+            "reserved_blocks", (json_int_t)n->reserved_blocks, "kv_used_pct",
             pct(n->kv_blocks_used, n->kv_blocks_total), "running", (json_int_t)n->running,
             "waiting", (json_int_t)n->waiting, "batch_size", (json_int_t)n->batch_size,
             "queued_prefill_tokens", (json_int_t)n->queued_prefill_tokens, "prefix_queries",

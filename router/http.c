@@ -751,8 +751,8 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
 
 static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
 {
-    /* HealthResponse.ready is the router's readiness rule: at least one decode node is up
-     * (decode nodes prefill locally, so prefill nodes are optional) */
+    /* HealthResponse.ready is the router's readiness rule: at least one decode node is up and
+     * not suspect (decode nodes prefill locally, so prefill nodes are optional) */
     Tandem__V1__HealthRequest req = TANDEM__V1__HEALTH_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
     tdm_error_t err = {0};
@@ -781,8 +781,9 @@ static enum MHD_Result handle_ready(tdm_http_t *h, struct MHD_Connection *c)
     protobuf_c_message_free_unpacked(resp, NULL);
     if (v && !ready)
         json_object_set_new(v, "message",
-                            json_string("no decode node is up (decode nodes serve alone; "
-                                        "prefill nodes are optional)"));
+                            json_string("no decode node is up and answering (a suspect node, "
+                                        "silent past the heartbeat timeout, does not count; "
+                                        "decode nodes serve alone, prefill nodes are optional)"));
     return reply_json(c, ready ? 200 : 503, v);
 }
 

@@ -787,8 +787,11 @@ static rt_req_t *req_from_call(tdm_router_t *r, const tdm_frame_t *f,
         size_t id_wire_len = wire_field_len(f->body, f->body ? f->body_len : 0, 1);
         rc = build_request(r, g, id_wire_len, q, &why, &err);
     }
-    if (rc == TDM_OK && !(q->tried = calloc(r->n_nodes ? r->n_nodes : 1, sizeof *q->tried)))
+    /* tried and timed_out share one allocation */
+    if (rc == TDM_OK && !(q->tried = calloc(2 * (r->n_nodes ? r->n_nodes : 1), sizeof *q->tried)))
         rc = tdm_error_set(&err, TDM_ERESOURCE, "out of memory");
+    if (rc == TDM_OK)
+        q->timed_out = q->tried + (r->n_nodes ? r->n_nodes : 1);
     if (rc == TDM_OK)
         return q;
     reply_refused(r, f, q && q->id[0] ? q->id : NULL, rc, &why, err.msg);

@@ -266,28 +266,41 @@ static size_t refused_list(const tdm_router_t *r, bool with_nodes,
     return n_ref;
 }
 
-static size_t count_up(const tdm_router_t *r, tdm_node_role_t role)
+/* Nodes of role that take new work: up and not suspect. suspect (may be NULL) += the nodes
+ * of role that are up but suspect. */
+static size_t count_up(const tdm_router_t *r, tdm_node_role_t role, size_t *suspect)
 {
     size_t n = 0;
-    for (size_t i = 0; i < r->n_nodes; i++)
-        n += r->nodes[i].up && r->nodes[i].cfg->role == role;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        const rt_node_t *nd = &r->nodes[i];
+        if (!nd->up || nd->cfg->role != role)
+            continue;
+        if (nd->suspect && suspect)
+            (*suspect)++;
+        n += !nd->suspect;
+    }
     return n;
 }
 
-/* HEALTH: live always; ready when a decode node is up (a decode node prefills locally when
- * no prefill node is up). The END message says what is up. */
+/* HEALTH: live always; ready when a decode node takes new work (up and not suspect: a decode
+ * node prefills locally when no prefill node does). The END message says what is up. */
 static void client_health(tdm_router_t *r, const tdm_frame_t *f)
 {
-    size_t nd = count_up(r, TDM_NODE_ROLE_DECODE), np = count_up(r, TDM_NODE_ROLE_PREFILL);
+    size_t suspect = 0;
+    size_t nd = count_up(r, TDM_NODE_ROLE_DECODE, &suspect);
+    size_t np = count_up(r, TDM_NODE_ROLE_PREFILL, &suspect);
     Tandem__V1__HealthResponse h = TANDEM__V1__HEALTH_RESPONSE__INIT;
     h.live = true;
     h.ready = nd > 0;
     h.version = (char *)TANDEM_VERSION;
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s: %zu decode and %zu prefill nodes up%s",
+    char msg[256], extra[64] = "";
+    if (suspect)
+        snprintf(extra, sizeof extra, "; %zu suspect (silent, given no new work)", suspect);
+    snprintf(msg, sizeof msg, "%s: %zu decode and %zu prefill nodes up%s%s",
              nd ? "ready" : "not ready", nd, np,
              nd ? (np ? "" : " (decode nodes prefill locally)")
-                : " (at least one decode node must be up)");
+                : " (at least one decode node must be up and not suspect)",
+             extra);
     /* refusals tell an operator why a node is missing; only to a caller allowed Status */
     Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];
     bool may_see =

@@ -171,6 +171,9 @@ struct rt_req {
                             other attempt are ignored and counted */
     bool *tried;         /* [r->n_nodes] decode nodes that refused this round (allocated at
                             intake) */
+    bool *timed_out;     /* [r->n_nodes] decode nodes that did not answer a reservation of this
+                            request in time: not chosen again while another decode node takes
+                            work (scheduler.c; in tried's allocation, never cleared) */
     int redispatches;
     double t_dispatch;     /* monotonic s of the last PrefillTask / local start; 0 = not yet */
     tdm_list_t queue_link; /* on r->queue while QUEUED and waiting */

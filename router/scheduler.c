@@ -346,9 +346,24 @@ static rt_node_t *pick_prefill(tdm_router_t *r, const rt_req_t *q)
 
 /* ---- dispatch ---- */
 
-/* The decode node up, not suspect, with room for need blocks and the most of it that q has not
- * tried this round, or NULL. *any_up: some decode node is up (suspect ones too: q waits for
- * them); *max_total: the largest one's blocks. */
+/* Whether q is to stay off n, which did not answer one of its reservations in time: while
+ * another decode node takes work (up, not suspect) that has not done so, a stalled node is
+ * not chosen again, so that it cannot use up q's re-dispatches. */
+static bool avoided(const tdm_router_t *r, const rt_req_t *q, const rt_node_t *n)
+{
+    if (!q->timed_out[n->index])
+        return false;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        const rt_node_t *o = &r->nodes[i];
+        if (o->cfg->role == TDM_NODE_ROLE_DECODE && !q->timed_out[i] && rt_node_dispatchable(o))
+            return true;
+    }
+    return false;
+}
+
+/* The decode node up, not suspect, not avoided, with room for need blocks and the most of it
+ * that q has not tried this round, or NULL. *any_up: some decode node is up (suspect ones
+ * too: q waits for them); *max_total: the largest one's blocks. */
 static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t need, bool *any_up,
                               uint32_t *max_total)
 {
@@ -362,7 +377,8 @@ static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t need,
         *any_up = true;
         if (n->kv_blocks_total > *max_total)
             *max_total = n->kv_blocks_total;
-        if (q->tried[i] || !rt_node_dispatchable(n) || decode_room(n) < (int64_t)need)
+        if (q->tried[i] || !rt_node_dispatchable(n) || decode_room(n) < (int64_t)need ||
+            avoided(r, q, n))
             continue;
         if (!best || decode_room(n) > decode_room(best))
             best = n;
@@ -722,6 +738,7 @@ static void reserve_timed_out(tdm_router_t *r, rt_node_t *n, const rt_pending_t 
              "decode node '%s' did not answer the reservation within %" PRIu64 " ms", n->cfg->id,
              reserve_timeout_ms(r, n));
     q->decode = NULL; /* NodeCancel sent (or owed) above */
+    q->timed_out[n->index] = true;
     redispatch_avoiding(r, q, true, TDM_EUNAVAILABLE, why, n);
 }
 

@@ -1763,6 +1763,76 @@ static void test_reserve_timeout(void **state)
     env_free(e);
 }
 
+/* A decode node that timed out a reservation is not chosen again for that request while
+ * another decode node takes work: here the other one refuses it for room first, the request
+ * waits in the queue, and once room is back it goes to the other one again, not to the
+ * stalled node (which has as much room and comes first), so a stalled node cannot use up the
+ * request's re-dispatches. */
+static void test_reserve_timeout_avoids_node(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    e->hb_timeout_ms = 400;
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    fake_heartbeat(e, &e->d0, 95, 0);
+    fake_heartbeat(e, &e->d1, 50, 0);
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->d1);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-avoid", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f); /* never answered */
+    uint64_t old = rs->attempt_id;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    fake_t *all[] = {&e->p0, &e->d0, &e->d1, NULL};
+    rs = expect_reserve_alive(e, &e->d1, &f, all);
+    assert_int_equal(tdm_sock_reply_error(e->d1.s, &f, TDM_ERESOURCE, "need 1 blocks, 0 free"), 0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    /* the heartbeats give both nodes room again, d0 the most: d1 is asked, not d0 */
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    bool got = false;
+    while (!got && tdm_time_now() < end) {
+        fake_heartbeat(e, &e->p0, 90, 0);
+        fake_heartbeat(e, &e->d0, 100, 0);
+        fake_heartbeat(e, &e->d1, 60, 0);
+        got = recv_on(e, e->d1.s, &f, 50);
+        tdm_frame_t other;
+        tdm_frame_init(&other);
+        if (recv_on(e, e->d0.s, &other, 0) && other.method == M(DECODE_RESERVE))
+            fail_msg("the reservation went to the stalled decode-0 again");
+        tdm_frame_clear(&other);
+    }
+    assert_true(got);
+    assert_int_equal(f.method, M(DECODE_RESERVE));
+    rs = (Tandem__V1__DecodeReserve *)tdm_frame_unpack(&f, &tandem__v1__decode_reserve__descriptor);
+    assert_non_null(rs);
+    attempt_note(rs->request_id, rs->attempt_id);
+    assert_string_equal(rs->request_id, "r-avoid");
+    reply_ack(&e->d1, &f, "r-avoid", 1);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_string_equal(t->decode_node_id, "decode-1");
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-avoid", 0, B('h'));
+    fake_token(&e->d1, "r-avoid", 1, B('i'));
+    fake_finished(&e->d1, "r-avoid", FIN(LENGTH), 2);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "hi");
+    assert_int_equal(tdm_router_metrics(e->r)->redispatches, 1); /* the timeout's, once */
+    (void)old; /* its NodeCancel is test_reserve_timeout's */
+    env_free(e);
+}
+
 /* A decode node paused while a reservation waits (its heartbeats stop): the request completes
  * on the other decode node, and when the paused node is back (it registers again) it gets
  * NodeCancel of the attempt it may still hold. The DecodeReserve's frame deadline stays the
@@ -3366,6 +3436,7 @@ int main(void)
         cmocka_unit_test(test_one_failure_one_retry),
         cmocka_unit_test(test_retry_budget_shared),
         cmocka_unit_test(test_reserve_timeout),
+        cmocka_unit_test(test_reserve_timeout_avoids_node),
         cmocka_unit_test(test_reserve_node_paused),
         cmocka_unit_test(test_rerun_without_decode_node),
         cmocka_unit_test(test_register),
