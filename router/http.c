@@ -417,9 +417,16 @@ static int get_model(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* Whether q is a chat request that gave its limit as max_completion_tokens. */
+static bool uses_max_completion_tokens(const oai_req_t *q)
+{
+    return q->kind == OAI_CHAT && json_object_get(q->root, "max_completion_tokens");
+}
+
 /* OpenAI's error.param for the GenerateRequest field the router named (ErrorDetail.field, a
  * path such as "stop[1]" or "sampling.temperature"): the name of the OpenAI request field it
- * was made from, "" when none. */
+ * was made from, with the element or member the path goes on to ("stop[1]",
+ * "messages[2].content"); "" when none. */
 static void param_of(const oai_req_t *q, const char *field, char *param, size_t cap)
 {
     static const struct {
@@ -430,6 +437,10 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
     };
     size_t top = strcspn(field, ".[");
     param[0] = '\0';
+    if (strncmp(field, "chat.messages", 13) == 0) {
+        snprintf(param, cap, "messages%s", field + 13);
+        return;
+    }
     if (top == 8 && strncmp(field, "sampling", 8) == 0 && field[8] == '.') {
         const char *sub = field + 9;
         if (strcmp(sub, "n_logprobs") == 0)
@@ -443,12 +454,54 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
         if (strlen(map[i].native) != top || strncmp(field, map[i].native, top) != 0)
             continue;
         const char *p = map[i].param;
-        if (strcmp(p, "max_tokens") == 0 && q->kind == OAI_CHAT &&
-            json_object_get(q->root, "max_completion_tokens"))
+        if (strcmp(p, "max_tokens") == 0 && uses_max_completion_tokens(q))
             p = "max_completion_tokens";
-        snprintf(param, cap, "%s", p);
+        snprintf(param, cap, "%s%s", p, field + top);
         return;
     }
+}
+
+/* Appends s to b with every whole-word `from` replaced by `to`. */
+static void replace_word(tdm_buf_t *b, const char *s, const char *from, const char *to)
+{
+    size_t n = strlen(from);
+    for (const char *at; (at = strstr(s, from));) {
+        bool word = (at == s || !(isalnum((unsigned char)at[-1]) || at[-1] == '_')) &&
+                    !(isalnum((unsigned char)at[n]) || at[n] == '_');
+        tdm_buf_append(b, s, (size_t)(at - s));
+        tdm_buf_puts(b, word ? to : from);
+        s = at + n;
+    }
+    tdm_buf_puts(b, s);
+}
+
+/* The router's message for a refused request in OpenAI's terms, into out (cap bytes): the
+ * GenerateRequest's own names ("sampling: ", "chat.messages", max_tokens for a chat that sent
+ * max_completion_tokens, n_logprobs) become the request fields the client sent. */
+static void oai_message(const oai_req_t *q, const char *msg, char *out, size_t cap)
+{
+    struct {
+        const char *from, *to;
+    } words[] = {
+        {"chat.messages", "messages"},
+        {"max_tokens", uses_max_completion_tokens(q) ? "max_completion_tokens" : "max_tokens"},
+        {"n_logprobs", q->kind == OAI_CHAT ? "top_logprobs" : "logprobs"},
+        {"n_stop_token_ids", "stop_token_ids"},
+    };
+    if (strncmp(msg, "sampling: ", 10) == 0)
+        msg += 10;
+    tdm_buf_t a = TDM_BUF_INIT, b = TDM_BUF_INIT;
+    tdm_buf_puts(&a, msg);
+    for (size_t i = 0; i < sizeof words / sizeof words[0] && !a.oom; i++) {
+        tdm_buf_clear(&b);
+        replace_word(&b, a.data ? a.data : "", words[i].from, words[i].to);
+        tdm_buf_t t = a;
+        a = b;
+        b = t;
+    }
+    snprintf(out, cap, "%s", a.oom || !a.data ? msg : a.data);
+    tdm_buf_free(&a);
+    tdm_buf_free(&b);
 }
 
 static int client_fd(struct MHD_Connection *c)
@@ -609,7 +662,8 @@ static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, co
                        : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
                                                             : NULL;
     unsigned status = http_status_of(ev->status);
-    const char *msg = ev->message[0] ? ev->message : tdm_strerror(ev->status);
+    char msg[TDM_ERRMSG_MAX + 64];
+    oai_message(r->q, ev->message[0] ? ev->message : tdm_strerror(ev->status), msg, sizeof msg);
     return reply_json_retry(c, status, http_error_json(status, code, param, msg),
                             ev->detail.retry_after_s);
 }

@@ -283,8 +283,16 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         const char *r = json_string_value(role);
         if (strcmp(r, "developer") == 0)
             r = "system"; /* OpenAI's newer name for system instructions */
+        json_t *c = json_object_get(m, "content");
+        if ((!c || json_is_null(c)) && !json_object_get(m, "tool_calls")) {
+            snprintf(name, sizeof name, "messages[%zu].content", i);
+            return bad_field(p->err, p->param, p->param_cap, name,
+                             "%s is required: a message has content (an assistant message may "
+                             "have tool_calls instead)",
+                             name);
+        }
         const char *content = "";
-        int rc = parse_content(p, q, i, json_object_get(m, "content"), &content);
+        int rc = parse_content(p, q, i, c, &content);
         if (rc != TDM_OK)
             return rc;
         tandem__v1__chat_message__init(&q->msgs[i]);
