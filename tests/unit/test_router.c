@@ -1763,6 +1763,32 @@ static void test_reserve_timeout(void **state)
     env_free(e);
 }
 
+/* Heartbeats in which d0 has the most room, until d1 gets a DecodeReserve (into *f; caller
+ * frees the result and clears f); fails if d0 gets one. */
+static Tandem__V1__DecodeReserve *expect_reserve_not_stalled(env_t *e, tdm_frame_t *f)
+{
+    double end = tdm_time_now() + WAIT_MS / 1000.0;
+    bool got = false;
+    while (!got && tdm_time_now() < end) {
+        fake_heartbeat(e, &e->p0, 90, 0);
+        fake_heartbeat(e, &e->d0, 100, 0);
+        fake_heartbeat(e, &e->d1, 60, 0);
+        got = recv_on(e, e->d1.s, f, 50);
+        tdm_frame_t other;
+        tdm_frame_init(&other);
+        if (recv_on(e, e->d0.s, &other, 0) && other.method == M(DECODE_RESERVE))
+            fail_msg("the reservation went to the stalled decode-0 again");
+        tdm_frame_clear(&other);
+    }
+    assert_true(got);
+    assert_int_equal(f->method, M(DECODE_RESERVE));
+    Tandem__V1__DecodeReserve *rs =
+        (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
+    assert_non_null(rs);
+    attempt_note(rs->request_id, rs->attempt_id);
+    return rs;
+}
+
 /* A decode node that timed out a reservation is not chosen again for that request while
  * another decode node takes work: here the other one refuses it for room first, the request
  * waits in the queue, and once room is back it goes to the other one again, not to the
@@ -1796,24 +1822,7 @@ static void test_reserve_timeout_avoids_node(void **state)
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
     /* the heartbeats give both nodes room again, d0 the most: d1 is asked, not d0 */
-    double end = tdm_time_now() + WAIT_MS / 1000.0;
-    bool got = false;
-    while (!got && tdm_time_now() < end) {
-        fake_heartbeat(e, &e->p0, 90, 0);
-        fake_heartbeat(e, &e->d0, 100, 0);
-        fake_heartbeat(e, &e->d1, 60, 0);
-        got = recv_on(e, e->d1.s, &f, 50);
-        tdm_frame_t other;
-        tdm_frame_init(&other);
-        if (recv_on(e, e->d0.s, &other, 0) && other.method == M(DECODE_RESERVE))
-            fail_msg("the reservation went to the stalled decode-0 again");
-        tdm_frame_clear(&other);
-    }
-    assert_true(got);
-    assert_int_equal(f.method, M(DECODE_RESERVE));
-    rs = (Tandem__V1__DecodeReserve *)tdm_frame_unpack(&f, &tandem__v1__decode_reserve__descriptor);
-    assert_non_null(rs);
-    attempt_note(rs->request_id, rs->attempt_id);
+    rs = expect_reserve_not_stalled(e, &f);
     assert_string_equal(rs->request_id, "r-avoid");
     reply_ack(&e->d1, &f, "r-avoid", 1);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
