@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "tandem/kv.h"
@@ -776,6 +777,85 @@ static void test_garbage(void **state)
 
 /* ---- receiver gone, cancel ---- */
 
+/* A receiver bound at endpoint (a given port, to stand in for a restarted one), once the
+ * port is free again: ZeroMQ closes a socket's listener on its I/O thread, a moment after
+ * zmq_close. */
+static tdm_kv_receiver_t *receiver_at(ctx_t *c, const char *endpoint)
+{
+    tdm_kv_receiver_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.endpoint = endpoint;
+    o.node_id = "decode-0";
+    o.model_fingerprint = FINGERPRINT;
+    o.log = &c->log;
+    tdm_error_t err = {0};
+    double until = tdm_time_now() + WAIT_MS / 1e3;
+    tdm_kv_receiver_t *r;
+    struct timespec pause = {0, 10 * 1000 * 1000};
+    while (!(r = tdm_kv_receiver_new(c->net, c->rpool, &o, &err)) && tdm_time_now() < until)
+        nanosleep(&pause, NULL);
+    if (!r)
+        fail_msg("tdm_kv_receiver_new %s: %s", endpoint, err.msg);
+    return r;
+}
+
+/* The connection lost in the middle of a transfer, the receiver's endpoint accepting again at
+ * once (the receiver's socket closed and bound anew, as when a connection is cut): the sender
+ * sends the transfer again on a new connection and it arrives whole, acknowledged, with no
+ * failure reported. */
+static void test_resend_after_lost_connection(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_new(c, FINGERPRINT);
+    char ep[256];
+    snprintf(ep, sizeof ep, "%s", tdm_kv_receiver_endpoint(r));
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
+    tdm_kv_seq_t sseq, rseq;
+    reserve(c->spool, &sseq, 16);
+    reserve(c->rpool, &rseq, 16);
+    fill_seq(c->spool, &sseq, 2);
+    send_seq(s, ep, "req-before", &sseq); /* one that arrives: the connection is up */
+    tdm_kv_seq_release(c->spool, &sseq);
+    reservation_t res = {.request_id = "req-before", .blocks = rseq.blocks, .n_blocks = 1};
+    assert_int_equal(recv_one(r, &res).status, 0);
+    assert_int_equal(wait_done(s).status, 0);
+    tdm_kv_seq_release(c->rpool, &rseq);
+
+    reserve(c->spool, &sseq, 200); /* 13 blocks, 4.8 MB */
+    reserve(c->rpool, &rseq, 200);
+    fill_seq(c->spool, &sseq, 5);
+    uint64_t want = seq_digest(c->spool, &sseq);
+    send_seq(s, ep, "req-again", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    tdm_kv_receiver_destroy(&r); /* what reached it is gone with its socket */
+    r = receiver_at(c, ep);
+    reservation_t again = {.request_id = "req-again", .blocks = rseq.blocks, .n_blocks = 13};
+    tdm_kv_send_done_t d[4];
+    int n = 0, got = 0;
+    double until = tdm_time_now() + WAIT_MS / 1e3;
+    while (n == 0 && tdm_time_now() < until) {
+        tdm_kv_received_t in;
+        if (tdm_kv_receiver_recv(r, 10, lookup_cb, &again, &in) == 1) {
+            assert_int_equal(in.status, 0);
+            assert_string_equal(in.request_id, "req-again");
+            got++;
+        }
+        n = tdm_kv_sender_poll(s, 10, d, 4);
+        assert_true(n >= 0);
+    }
+    assert_int_equal(n, 1);
+    assert_int_equal(d[0].status, 0);
+    assert_string_equal(d[0].request_id, "req-again");
+    assert_int_equal(got, 1);
+    assert_int_equal(seq_digest(c->rpool, &rseq), want);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->spool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    check_pool_empty(c->rpool);
+    c->clean = true;
+}
+
 /* The receiver disappears (its connection closes) with a transfer in flight: the sender's
  * socket monitor sees the connection drop and the transfer fails at once, UNAVAILABLE, long
  * before its timeout (30 s here: a report that is not DEADLINE_EXCEEDED came from the
@@ -1185,6 +1265,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_garbage, setup, teardown),
         cmocka_unit_test_setup_teardown(test_receiver_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resend_after_lost_connection, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_in_flight, setup, teardown),
