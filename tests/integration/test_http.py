@@ -268,7 +268,7 @@ def test_errors_are_openai_exceptions(oai, model):
     # fields the router refuses: the END's ErrorDetail names them, no message is parsed
     with pytest.raises(openai.BadRequestError) as e:
         oai.completions.create(model=model, prompt=PROMPT, stop=["ok", "x" * 300])
-    assert e.value.body["param"] == "stop" and "stop[1]" in e.value.message
+    assert e.value.body["param"] == "stop[1]" and "stop[1]" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model=model, max_completion_tokens=5000,
                                     messages=[{"role": "user", "content": CHAT}])
