@@ -3387,6 +3387,53 @@ static void test_migrate_output_already_complete(void **state)
     }
 }
 
+/* No prefill node: the decode node prefilled the request itself, and the one it moves to does
+ * too (local_prefill), after the output delivered; its first token is the next index. */
+static void test_migrate_local_prefill(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    tdm_router_set_heartbeat(e->r, 0, 1000);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-loc", "abc", 8, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs0 = reserve_and_ack(e, &e->d0);
+    assert_true(rs0->local_prefill);
+    protobuf_c_message_free_unpacked(&rs0->base, NULL);
+    result_t res;
+    memset(&res, 0, sizeof res);
+    fake_token(&e->d0, "r-loc", 0, B('a'));
+    one_chunk(e, call, &res);
+    fake_t *all[] = {&e->d0, &e->d1, NULL};
+    live_heartbeats(e, all);
+    double t = tdm_time_now() + 1000.0;
+    tdm_router_check_liveness(e->r, t);
+    fake_t *alive[] = {&e->d1, NULL};
+    live_step_until(e, &t, alive, "decode-0", true);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve_for(e, &e->d1, &f, "r-loc");
+    assert_true(rs->local_prefill);
+    assert_int_equal(rs->n_output_tokens, 1);
+    assert_int_equal(rs->output_tokens[0], B('a'));
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    reply_ack(&e->d1, &f, "r-loc", 1);
+    tdm_frame_clear(&f);
+    fake_token(&e->d1, "r-loc", 1, B('b'));
+    fake_token(&e->d1, "r-loc", 2, B('c'));
+    fake_finished(&e->d1, "r-loc", FIN(LENGTH), 3);
+    result_t rest;
+    collect(e, call, &rest);
+    assert_int_equal(rest.status, TDM_OK);
+    assert_int_equal(rest.index[0], 1);
+    assert_string_equal(rest.text, "bc");
+    assert_int_equal(rest.usage.completion_tokens, 3);
+    assert_int_equal(rest.finish, FIN(LENGTH));
+    env_free(e);
+}
+
 /* Every migration counts against the request's re-dispatch budget
  * (TDM_ROUTER_MAX_REDISPATCH): a request whose decode node keeps failing it after tokens
  * (retryable TaskFailed) is resumed that many times, each time after all the output delivered,
@@ -3531,6 +3578,7 @@ int main(void)
         cmocka_unit_test(test_node_suspect_then_down),
         cmocka_unit_test(test_migrate_decode_down),
         cmocka_unit_test(test_migrate_output_already_complete),
+        cmocka_unit_test(test_migrate_local_prefill),
         cmocka_unit_test(test_migrate_budget),
         cmocka_unit_test(test_loop_stall_not_charged),
     };
