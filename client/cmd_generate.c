@@ -517,7 +517,8 @@ static void local_on_events(local_stream_t *st, const tdm_worker_event_t *ev, ui
 static int local_run(const local_gen_t *g, const tdm_sampling_params_t *sp)
 {
     tdm_error_t err = {0};
-    tdm_worker_req_t req = {"generate", g->prompt, (uint32_t)g->n_prompt, sp, NULL, 0, NULL};
+    tdm_worker_req_t req = {"generate", g->prompt, (uint32_t)g->n_prompt, sp, NULL, 0, NULL,
+                            NULL,       0};
     double t_start = tdm_time_now();
     if (tdm_worker_add(g->worker, &req, &err) != TDM_OK) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);

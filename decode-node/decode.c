@@ -25,8 +25,10 @@ typedef struct dres {
     bool local;          /* local prefill: the sequence is in the worker already */
     bool in_worker;      /* KV arrived (or local): the worker owns the sequence */
     tdm_kv_seq_t seq;    /* reserved blocks until the KV arrives */
-    int32_t *prompt;     /* [n_prompt] until the KV arrives */
+    int32_t *prompt;     /* [n_prompt + n_output] until the KV arrives: the prompt, then the
+                            output a migrated request resumes after (DecodeReserve) */
     uint32_t n_prompt;
+    uint32_t n_output; /* output tokens delivered before this attempt (0: a new request) */
     tdm_sampling_params_t sp;
     double t_reserved;
     double kv_transfer_s;       /* estimate: reserved until received, minus the prefill time */
@@ -52,6 +54,18 @@ static void drop(void *h, tdm_node_req_t *base)
     free(r->prompt);
 }
 
+/* TDM_EINVALID naming what[i] when a token of ids[n] is outside the vocabulary, else 0. */
+static int check_tokens(const tdm_node_runtime_t *rt, const char *what, const int32_t *ids,
+                        size_t n, tdm_error_t *err)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= rt->n_vocab)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "%s[%zu]: token id %d is outside the vocabulary [0, %u)", what, i,
+                                 ids[i], rt->n_vocab);
+    return TDM_OK;
+}
+
 /* The DecodeReserve's fields, checked: TDM_EINVALID (TDM_EINTERNAL for an attempt held
  * already) with the message in *err. */
 static int check_reserve(tdm_decode_t *d, const tdm_frame_t *f, const Tandem__V1__DecodeReserve *m,
@@ -68,26 +82,31 @@ static int check_reserve(tdm_decode_t *d, const tdm_frame_t *f, const Tandem__V1
         return tdm_error_set(err, TDM_EINVALID,
                              "prompt_tokens: %zu tokens; 1..%u fit the context of %u tokens",
                              m->n_prompt_tokens, rt->n_ctx - 1, rt->n_ctx);
-    for (size_t i = 0; i < m->n_prompt_tokens; i++)
-        if (m->prompt_tokens[i] < 0 || (uint32_t)m->prompt_tokens[i] >= rt->n_vocab)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "prompt_tokens[%zu]: token id %d is outside the vocabulary "
-                                 "[0, %u)",
-                                 i, m->prompt_tokens[i], rt->n_vocab);
+    if (check_tokens(rt, "prompt_tokens", m->prompt_tokens, m->n_prompt_tokens, err) != TDM_OK)
+        return TDM_EINVALID;
     if (tdm_node_sampling(m->sampling, m->max_tokens, rt->n_vocab, sp, err) != TDM_OK)
         return TDM_EINVALID;
-    return TDM_OK;
+    /* a migrated request: the output it resumes after is context, and output for max_tokens */
+    if (m->n_prompt_tokens + m->n_output_tokens + 1 > rt->n_ctx ||
+        m->n_output_tokens >= (size_t)m->max_tokens)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "output_tokens: %zu tokens after a prompt of %zu; the context holds "
+                             "%u and max_tokens is %d",
+                             m->n_output_tokens, m->n_prompt_tokens, rt->n_ctx, m->max_tokens);
+    return check_tokens(rt, "output_tokens", m->output_tokens, m->n_output_tokens, err);
 }
 
 /* Local prefill: the prompt goes into the worker at once, if its blocks are free now. */
 static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeReserve *m,
                          tdm_error_t *err)
 {
-    uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, r->n_prompt + 1);
+    uint32_t need =
+        (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, r->n_prompt + r->n_output + 1);
     if (need > tdm_kv_pool_available(d->rt->pool))
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
-    tdm_worker_req_t req = {r->base.att.key, m->prompt_tokens, r->n_prompt, &r->sp, NULL, 0, r};
+    tdm_worker_req_t req = {r->base.att.key,  m->prompt_tokens, r->n_prompt, &r->sp, NULL, 0, r,
+                            m->output_tokens, r->n_output};
     int rc = tdm_worker_add(d->rt->worker, &req, err);
     if (rc != TDM_OK)
         return rc;
@@ -95,18 +114,21 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
     return TDM_OK;
 }
 
-/* KV from a prefill node: the prompt is kept and its blocks reserved until the pages come. */
+/* KV from a prefill node: the prompt (and the output a migrated request resumes after) is kept
+ * and its blocks reserved until the pages come. */
 static int reserve_remote(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeReserve *m,
                           tdm_error_t *err)
 {
-    r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
-    if (!r->prompt || tdm_kv_seq_prepare(d->rt->pool, &r->seq, r->n_prompt) != TDM_OK)
-        return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a reservation of %u tokens",
-                             r->n_prompt);
+    uint32_t n = r->n_prompt + r->n_output;
+    r->prompt = malloc((size_t)n * sizeof *r->prompt);
+    if (!r->prompt || tdm_kv_seq_prepare(d->rt->pool, &r->seq, n) != TDM_OK)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a reservation of %u tokens", n);
     memcpy(r->prompt, m->prompt_tokens, (size_t)r->n_prompt * sizeof *r->prompt);
-    if (tdm_kv_seq_reserve(d->rt->pool, &r->seq, r->n_prompt) != TDM_OK)
+    if (r->n_output)
+        memcpy(r->prompt + r->n_prompt, m->output_tokens, (size_t)r->n_output * sizeof *r->prompt);
+    if (tdm_kv_seq_reserve(d->rt->pool, &r->seq, n) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free",
-                             (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, r->n_prompt),
+                             (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, n),
                              tdm_kv_pool_available(d->rt->pool));
     if (!r->base.deadline_ms)
         r->base.wait_until = r->t_reserved + RESERVATION_TTL_S;
@@ -150,6 +172,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     }
     r->sp = sp;
     r->n_prompt = (uint32_t)m->n_prompt_tokens;
+    r->n_output = (uint32_t)m->n_output_tokens;
     r->base.deadline_ms = m->deadline_unix_ms;
     r->t_reserved = tdm_time_now();
     rc = m->local_prefill ? reserve_local(d, r, m, &err) : reserve_remote(d, r, m, &err);
@@ -163,8 +186,9 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     ack.attempt_id = r->base.att.attempt_id;
     ack.n_blocks = r->seq.n_blocks;
     tdm_sock_reply(s, f, &ack.base);
-    TDM_LOG_DEBUGF(d->log, att.label, "reserved attempt=%s prompt_tokens=%u blocks=%u local=%d",
-                   att.key, r->n_prompt, r->seq.n_blocks, r->local);
+    TDM_LOG_DEBUGF(d->log, att.label,
+                   "reserved attempt=%s prompt_tokens=%u output_tokens=%u blocks=%u local=%d",
+                   att.key, r->n_prompt, r->n_output, r->seq.n_blocks, r->local);
 out_free:
     tandem__v1__decode_reserve__free_unpacked(m, NULL);
 }
@@ -192,9 +216,10 @@ static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint3
                  attempt_id, request_id);
         return TDM_ENOTFOUND;
     }
-    if (n_tokens != r->n_prompt) {
-        snprintf(msg, cap, "transfer has %u tokens; the reservation is for %u prompt tokens",
-                 n_tokens, r->n_prompt);
+    if (n_tokens != r->n_prompt + r->n_output) {
+        snprintf(msg, cap,
+                 "transfer has %u tokens; the reservation is for %u prompt and %u output tokens",
+                 n_tokens, r->n_prompt, r->n_output);
         return TDM_EINVALID;
     }
     *blocks = r->seq.blocks;
@@ -209,9 +234,10 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
     if (r->kv_transfer_s < 0)
         r->kv_transfer_s = 0;
     r->kv_transfer_bytes = in->bytes;
-    r->seq.n_tokens = r->n_prompt;
-    tdm_worker_req_t req = {r->base.att.key, r->prompt, r->n_prompt, &r->sp, &r->seq,
-                            in->first_token, r};
+    r->seq.n_tokens = r->n_prompt + r->n_output;
+    tdm_worker_req_t req = {r->base.att.key, r->prompt,       r->n_prompt, &r->sp,
+                            &r->seq,         in->first_token, r,           r->prompt + r->n_prompt,
+                            r->n_output};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(d->node, &r->base, err.code, err.code == TDM_ERESOURCE, err.msg);

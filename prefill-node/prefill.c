@@ -62,10 +62,13 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
         tdm_node_fail(p->node, att, TDM_ERESOURCE, true, "prefill node task table full");
         return;
     }
+    /* a migrated request resumes after output_tokens: the worker prefills them with the prompt
+     * and samples the next output index */
     tdm_worker_req_t req = {att->key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, sp, NULL, 0,
-                            t};
+                            t,        m->output_tokens, (uint32_t)m->n_output_tokens};
     tdm_error_t err = {0};
-    if (m->n_prompt_tokens > UINT32_MAX || tdm_worker_add(p->rt->worker, &req, &err) != TDM_OK) {
+    if (m->n_prompt_tokens > UINT32_MAX || m->n_output_tokens > UINT32_MAX ||
+        tdm_worker_add(p->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(p->node, &t->base, err.code ? err.code : TDM_EINVALID,
                           err.code == TDM_ERESOURCE, err.msg[0] ? err.msg : "prompt too long");
         return;
@@ -74,8 +77,9 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
     snprintf(t->decode_ep, sizeof t->decode_ep, "%s", m->decode_kv_endpoint);
     snprintf(t->decode_id, sizeof t->decode_id, "%s", m->decode_node_id ? m->decode_node_id : "");
     t->base.deadline_ms = m->deadline_unix_ms;
-    TDM_LOG_DEBUGF(p->log, att->label, "prefill task attempt=%s prompt_tokens=%zu decode=%s",
-                   att->key, m->n_prompt_tokens, t->decode_id);
+    TDM_LOG_DEBUGF(p->log, att->label,
+                   "prefill task attempt=%s prompt_tokens=%zu output_tokens=%zu decode=%s",
+                   att->key, m->n_prompt_tokens, m->n_output_tokens, t->decode_id);
 }
 
 static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)

@@ -312,6 +312,11 @@ static void render_requests(mb_t *b, const tdm_router_t *r)
             "Requests dispatched again after a retryable node failure or the loss of their "
             "prefill node.",
             m->redispatches);
+    counter(b, "tandem_requests_migrated_total",
+            "Re-dispatches that resumed a request after the output tokens already delivered "
+            "(its decode node was lost mid-stream): the new attempt prefills prompt + delivered "
+            "output and continues at the next token index.",
+            m->migrations);
     counter(b, "tandem_requests_queue_full_total",
             "Requests refused with RESOURCE_EXHAUSTED because the router's queue was full.",
             m->queue_full);

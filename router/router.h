@@ -61,6 +61,8 @@ typedef struct tdm_router_metrics {
     uint64_t generation_tokens;      /* output tokens delivered to clients */
     uint64_t cached_prompt_tokens;   /* prompt tokens the prefill nodes found cached */
     uint64_t redispatches;           /* requests dispatched again (TaskFailed, node loss) */
+    uint64_t migrations;             /* of those, dispatches that resumed a request after
+                                        output tokens already delivered (migration) */
     uint64_t shed;                   /* refused by admission control (no node in time) */
     uint64_t reserve_rejects;        /* DecodeReserve refused with RESOURCE_EXHAUSTED */
     uint64_t node_failures;          /* nodes marked down */

@@ -16,7 +16,9 @@
  * Request lifecycle (states, all written by scheduler.c): QUEUED (waiting for a decode node
  * with room) -> RESERVING (DecodeReserve sent, reply pending) -> RUNNING (reservation
  * acknowledged, PrefillTask sent or local prefill) -> freed (completed, failed, cancelled).
- * Re-dispatch puts a request back through dispatch with its delivered output kept.
+ * Re-dispatch puts a request back through dispatch with its delivered output kept: the new
+ * attempt resumes at the next output index (migration: its nodes prefill prompt + the tokens
+ * delivered, rt_req_t.output, and sample from index next_index on).
  */
 #ifndef TANDEM_ROUTER_INTERNAL_H
 #define TANDEM_ROUTER_INTERNAL_H
@@ -175,15 +177,21 @@ struct rt_req {
                             request in time: not chosen again while another decode node takes
                             work (scheduler.c; in tried's allocation, never cleared) */
     int redispatches;
+    uint32_t resume_index; /* output tokens delivered when the current attempt was dispatched:
+                              its first token (prefill node or local prefill) has this index */
     double t_dispatch;     /* monotonic s of the last PrefillTask / local start; 0 = not yet */
     tdm_list_t queue_link; /* on r->queue while QUEUED and waiting */
     /* progress of the current attempt (stream.c from node events; scheduler.c resets it for
      * each attempt) */
-    bool decode_started; /* an index >= 1 or Finished came from the decode node */
-    bool prefilled;      /* this attempt's prefill node sent index 0 (its KV transfer began) */
+    bool decode_started; /* an index > resume_index or Finished came from the decode node */
+    bool prefilled;      /* this attempt's prefill node sent its first token, index
+                            resume_index (its KV transfer began) */
     /* output (stream.c) */
     uint32_t next_index; /* tokens delivered to the output so far */
-    rt_event_t *buf;     /* out-of-order events */
+    int32_t *output;     /* [next_index] (capacity cap_output) the token ids delivered, in
+                            order: what a migrated attempt resumes after */
+    uint32_t cap_output;
+    rt_event_t *buf; /* out-of-order events */
     size_t n_buf, cap_buf;
     bool finished; /* Finished received */
     int finish_reason;

@@ -30,6 +30,7 @@
 #include "request.h"
 #include "scheduler.h"
 #include "stats.h"
+#include "stream.h"
 
 #define PREFIX_MAX_BLOCKS 1024u
 #define PREFIX_TABLE_SIZE 65536u /* power of two */
@@ -424,6 +425,8 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     m.attempt_id = attempt;
     m.n_prompt_tokens = q->n_prompt;
     m.prompt_tokens = q->prompt;
+    m.n_output_tokens = q->next_index; /* a migrated request resumes after them */
+    m.output_tokens = q->next_index ? q->output : NULL;
     m.sampling = &sp;
     m.max_tokens = q->sp.max_tokens;
     m.local_prefill = local;
@@ -453,6 +456,7 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     n->pending[n->n_pending++] = (rt_pending_t){call, need, q, attempt, tdm_time_now()};
     n->reserved_pending += need;
     q->attempt_id = attempt;
+    q->resume_index = q->next_index;
     q->kv_transfer_s = 0; /* measured again for this attempt */
     q->decode = n;
     q->prefill = NULL;
@@ -469,8 +473,9 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
 
 int rt_dispatch(tdm_router_t *r, rt_req_t *q)
 {
-    /* the prompt and the first output token */
-    uint32_t need = (q->n_prompt + 1 + r->block_size - 1) / r->block_size;
+    /* the prompt, the output delivered (a migrated request resumes after it) and the next
+     * output token */
+    uint32_t need = (q->n_prompt + q->next_index + 1 + r->block_size - 1) / r->block_size;
     for (;;) {
         bool any_up;
         uint32_t max_total;
@@ -478,9 +483,10 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
         if (!best) {
             if (any_up && need > max_total)
                 return tdm_error_set(&r->err, TDM_ERESOURCE,
-                                     "the prompt needs %" PRIu32
+                                     "the prompt%s needs %" PRIu32
                                      " KV blocks; the largest decode node up has %" PRIu32,
-                                     need, max_total);
+                                     q->next_index ? " and the output delivered" : "", need,
+                                     max_total);
             return 1;
         }
         int rc = reserve_on(r, q, best, need);
@@ -511,6 +517,8 @@ void rt_drain_queue(tdm_router_t *r)
 static bool redispatch_avoiding(tdm_router_t *r, rt_req_t *q, bool count, int status,
                                 const char *why, const rt_node_t *avoid)
 {
+    if (rt_stream_end_delivered(r, q))
+        return true; /* its node was lost after its last token: nothing is left to run */
     if (count) {
         if (q->redispatches >= TDM_ROUTER_MAX_REDISPATCH) {
             rt_req_fail(r, q, status, true, "%s (gave up after %d re-dispatches)", why,
@@ -520,7 +528,15 @@ static bool redispatch_avoiding(tdm_router_t *r, rt_req_t *q, bool count, int st
         q->redispatches++;
     }
     r->metrics.redispatches++;
-    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "re-dispatching: %s", why);
+    if (q->next_index > 0) {
+        /* migration: the next attempt prefills prompt + the output delivered and resumes at
+         * output index next_index (the seed's draw for that index is the undisturbed run's) */
+        r->metrics.migrations++;
+        tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
+                      "re-dispatching: %s; resuming at output index %" PRIu32, why, q->next_index);
+    } else {
+        tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "re-dispatching: %s", why);
+    }
     rt_release_nodes(r, q, TDM_ECANCELLED);
     q->n_buf = 0;
     q->finished = false;
@@ -566,6 +582,8 @@ static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
     t.attempt_id = q->attempt_id;
     t.n_prompt_tokens = q->n_prompt;
     t.prompt_tokens = q->prompt;
+    t.n_output_tokens = q->resume_index; /* a migrated request resumes after them */
+    t.output_tokens = q->resume_index ? q->output : NULL;
     t.sampling = &sp;
     t.max_tokens = q->sp.max_tokens;
     t.decode_node_id = (char *)q->decode->cfg->id;
@@ -573,7 +591,7 @@ static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
     t.deadline_unix_ms = q->deadline_ms;
     rt_node_notify(r, p, TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base);
     q->prefill = p;
-    p->tokens_since_hb += q->n_prompt;
+    p->tokens_since_hb += q->n_prompt + q->resume_index;
 }
 
 /* The reservation was acknowledged: start the prefill (or the decode node does it). */
@@ -824,8 +842,11 @@ void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
                      reason);
             rt_redispatch(r, q, true, TDM_EUNAVAILABLE, why);
         } else if (q->decode == n) {
-            rt_req_fail(r, q, TDM_EUNAVAILABLE, true, "decode node '%s' is down (%s)", n->cfg->id,
-                        reason);
+            /* migration: prompt + the output delivered go to another pair, and the stream
+             * resumes at the next index (UNAVAILABLE when no decode node is left, or past the
+             * re-dispatch budget) */
+            snprintf(why, sizeof why, "decode node '%s' is down (%s)", n->cfg->id, reason);
+            rt_redispatch(r, q, true, TDM_EUNAVAILABLE, why);
         } else if (q->prefill == n && !q->decode_started) {
             /* its decode node never got the KV (no token from it yet): start over */
             snprintf(why, sizeof why, "prefill node '%s' is down (%s)", n->cfg->id, reason);

@@ -2,12 +2,15 @@
  * stop strings, GenerateChunk streaming and completion.
  *
  * Token events arrive from the prefill node (index 0) and the decode node (1, 2, ...) and may
- * cross; the ones ahead of next_index wait in the reorder buffer. Each token in order goes to
- * the chunk (ids, logprobs, texts) and its text through the detokenizer to `hold`. Stop
- * strings: the text that could be the beginning of a stop string is held back until it is
- * known not to be one; on a match the text is cut before it (or after it with
- * include_stop_str) and the nodes are cancelled. A streaming request gets one GenerateChunk per
- * batch of events in order; the last message carries usage and timings.
+ * cross; the ones ahead of next_index wait in the reorder buffer. A migrated attempt (its
+ * decode node was lost) starts at the next index to deliver, resume_index, instead of 0: the
+ * client sees one stream, each index once, and the detokenizer and the held stop-string text
+ * carry on across attempts. The delivered ids are kept (rt_req_t.output) for that resume. Each
+ * token in order goes to the chunk (ids, logprobs, texts) and its text through the detokenizer to
+ * `hold`. Stop strings: the text that could be the beginning of a stop string is held back until it
+ * is known not to be one; on a match the text is cut before it (or after it with include_stop_str)
+ * and the nodes are cancelled. A streaming request gets one GenerateChunk per batch of events in
+ * order; the last message carries usage and timings.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include "scheduler.h"
 #include "stats.h"
 #include "stream.h"
+#include "tandem/worker.h"
 
 /* ---- chunks ---- */
 
@@ -56,6 +60,9 @@ static void chunk_free(rt_chunk_t *c)
 
 void rt_stream_free(rt_req_t *q)
 {
+    free(q->output);
+    q->output = NULL;
+    q->cap_output = 0;
     free(q->buf);
     q->buf = NULL;
     q->n_buf = q->cap_buf = 0;
@@ -373,6 +380,23 @@ static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
     rt_req_free(r, q);
 }
 
+bool rt_stream_end_delivered(tdm_router_t *r, rt_req_t *q)
+{
+    int reason;
+    if (q->next_index > 0 && tdm_worker_token_ends(r->tok, &q->sp, q->output[q->next_index - 1]))
+        reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
+    else if (q->next_index >= (uint32_t)q->sp.max_tokens)
+        reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
+    else
+        return false;
+    tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
+                  "its %" PRIu32 " tokens delivered end the request; completed without its node",
+                  q->next_index);
+    rt_release_nodes(r, q, TDM_ECANCELLED);
+    complete(r, q, reason, SIZE_MAX);
+    return true;
+}
+
 void rt_stream_fail(tdm_router_t *r, const rt_req_t *q)
 {
     if (!q->stream || q->next_index == 0)
@@ -452,6 +476,22 @@ static bool detok_push(const tdm_router_t *r, rt_req_t *q, int32_t token)
     return rc != TDM_OK || tdm_buf_append(&q->hold, piece, plen) == TDM_OK;
 }
 
+/* Appends token to q->output (the delivered ids a migration resumes after). Returns false on
+ * out of memory. */
+static bool output_add(rt_req_t *q, int32_t token)
+{
+    if (q->next_index == q->cap_output) {
+        uint32_t cap = q->cap_output ? q->cap_output * 2 : 64;
+        int32_t *o = realloc(q->output, (size_t)cap * sizeof *o);
+        if (!o)
+            return false;
+        q->output = o;
+        q->cap_output = cap;
+    }
+    q->output[q->next_index] = token;
+    return true;
+}
+
 /* Appends one token in order: chunk fields, text, stop strings. Returns 0, 1 when a stop
  * string matched (*which set), TDM_ERESOURCE on out of memory, or TDM_EINTERNAL for a token
  * outside the vocabulary (a node's fault). */
@@ -460,7 +500,7 @@ static int deliver(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev, size_t *w
     if (ev->token < 0 || (uint32_t)ev->token >= r->n_vocab)
         return TDM_EINTERNAL;
     note_timing(r, q, ev);
-    if (!chunk_add(r, q, ev))
+    if (!output_add(q, ev->token) || !chunk_add(r, q, ev))
         return TDM_ERESOURCE;
     q->next_index++;
     r->metrics.generation_tokens++;
@@ -590,9 +630,9 @@ void rt_stream_on_token(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
                       "ignoring token %" PRIu32 " from %s (request not running yet)", ev->index,
                       n->cfg->id);
     } else if (q) {
-        if (n == q->decode && ev->index >= 1)
+        if (n == q->decode && ev->index > q->resume_index)
             q->decode_started = true;
-        if (n == q->prefill && ev->index == 0)
+        if (n == q->prefill && ev->index == q->resume_index)
             q->prefilled = true;
         token_event(r, q, ev);
     }

@@ -5,6 +5,8 @@
 #ifndef TANDEM_ROUTER_STREAM_H
 #define TANDEM_ROUTER_STREAM_H
 
+#include <stdbool.h>
+
 #include "router_internal.h"
 
 /* A TokenEvent frame from node n (its registered connection, up): delivered in order to the
@@ -21,6 +23,13 @@ void rt_stream_on_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
  * says so in its last chunk before the END that carries the status (the caller sends it).
  * Does nothing for a request that streamed nothing yet or does not stream. Cannot fail. */
 void rt_stream_fail(tdm_router_t *r, const rt_req_t *q);
+
+/* Before q is dispatched again (migration): when the output already delivered ends it (its
+ * last token ends generation for q's sampling parameters, tdm_worker_token_ends, or it holds
+ * max_tokens tokens: its node was lost between the last token and its Finished), completes q
+ * as the node would have (finish_reason STOP or LENGTH, END OK) after NodeCancel to its nodes,
+ * frees it and returns true; otherwise returns false and changes nothing. Cannot fail. */
+bool rt_stream_end_delivered(tdm_router_t *r, rt_req_t *q);
 
 /* Frees q's output state (reorder buffer, held text, chunk); q itself stays. Cannot fail. */
 void rt_stream_free(rt_req_t *q);

@@ -282,7 +282,10 @@ def test_prefix_aware_routing_reuses_the_cache(tmp_path):
         c.stop()
 
 
-def test_kill_decode_node_fails_only_its_requests(tmp_path):
+def test_kill_decode_node_migrates_its_requests(tmp_path):
+    """kill -9 of one of two decode nodes while four greedy streams run on both: the dead
+    node's requests migrate to the other (issue 13, test_migration.py has the details), so
+    every request completes, each with the same text (the same greedy request)."""
     c = Cluster(str(tmp_path), n_prefill=1, n_decode=2)
     c.start()
     try:
@@ -293,7 +296,11 @@ def test_kill_decode_node_fails_only_its_requests(tmp_path):
         while time.time() < end:
             got = cl.recv(1)
             if got and got[0].call_id in calls and got[0].kind == pb.FRAME_KIND_STREAM:
-                calls[got[0].call_id].chunks.append(got)
+                r, ch = calls[got[0].call_id], pb.GenerateChunk()
+                ch.ParseFromString(got[1])
+                r.chunks.append(ch)
+                r.token_ids.extend(ch.token_ids)
+                r.text += ch.text
             if all(r.chunks for r in calls.values()):
                 break
         # the figures travel with the next heartbeat (250 ms; later on a busy machine)
@@ -306,13 +313,11 @@ def test_kill_decode_node_fails_only_its_requests(tmp_path):
         assert all(nodes[d].running > 0 for d in c.decode_ids), {k: v.running for k, v in nodes.items()}
         t_kill = time.time()
         c.kill("decode-0")
-        for r in calls.values():
-            r.chunks = []
-        cl.collect(calls, timeout_s=120)
-        failed = [r for r in calls.values() if r.status == "UNAVAILABLE"]
-        ok = [r for r in calls.values() if r.status == "OK"]
-        assert len(failed) >= 1 and len(ok) >= 1 and len(failed) + len(ok) == 4, calls
-        assert time.time() - t_kill < 120
+        cl.collect(calls, timeout_s=300)
+        assert all(r.status == "OK" for r in calls.values()), calls
+        assert len({r.text for r in calls.values()}) == 1, calls
+        assert all(len(r.token_ids) == 300 for r in calls.values()), calls
+        assert time.time() - t_kill < 300
         # the survivors' requests were not disturbed; the dead node is reported down
         nodes = c.nodes()
         assert not nodes["decode-0"].up

@@ -38,6 +38,8 @@ static void sleep_ms(long ms)
 typedef struct heard {
     int method;          /* TOKEN_EVENT or TASK_FAILED */
     uint64_t attempt_id; /* of the message */
+    uint32_t index;      /* TOKEN_EVENT: the output index */
+    int32_t token;       /* TOKEN_EVENT: the token */
     int status;          /* TASK_FAILED: the wire (gRPC) code */
     bool retryable;
     char message[128];
@@ -60,12 +62,14 @@ typedef struct fake_router {
 
 static void hear(fake_router_t *fr, const tdm_frame_t *f)
 {
-    heard_t h = {f->method, 0, 0, false, ""};
+    heard_t h = {f->method, 0, 0, 0, 0, false, ""};
     if (f->method == TANDEM__V1__METHOD__METHOD_TOKEN_EVENT) {
         Tandem__V1__TokenEvent *te =
             (Tandem__V1__TokenEvent *)tdm_frame_unpack(f, &tandem__v1__token_event__descriptor);
         assert_non_null(te);
         h.attempt_id = te->attempt_id;
+        h.index = te->index;
+        h.token = te->token_id;
         tandem__v1__token_event__free_unpacked(te, NULL);
     } else {
         Tandem__V1__TaskFailed *tf =
@@ -336,8 +340,10 @@ static void prefill_close(prefill_rig_t *pr)
     remove(pr->model);
 }
 
-/* The router's side: a PrefillTask (deadline in unix ms, 0: an hour) or a NodeCancel. */
-static void send_task(prefill_rig_t *pr, uint64_t attempt, uint64_t deadline_ms)
+/* The router's side: a PrefillTask (deadline in unix ms, 0: an hour; a migrated request's
+ * output[n_output] delivered already) or a NodeCancel. */
+static void send_task_resumed(prefill_rig_t *pr, uint64_t attempt, uint64_t deadline_ms,
+                              int32_t *output, size_t n_output)
 {
     static int32_t prompt[24];
     for (int i = 0; i < 24; i++)
@@ -351,10 +357,37 @@ static void send_task(prefill_rig_t *pr, uint64_t attempt, uint64_t deadline_ms)
     t.decode_node_id = (char *)"d0";
     t.decode_kv_endpoint = pr->sink_ep;
     t.deadline_unix_ms = deadline_ms ? deadline_ms : tdm_net_now_ms() + 3600 * 1000;
+    t.output_tokens = output;
+    t.n_output_tokens = n_output;
     fake_router_t *fr = &pr->r.fr;
     assert_int_equal(tdm_sock_notify(fr->sock, fr->peer, fr->peer_len,
                                      TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base),
                      0);
+}
+
+static void send_task(prefill_rig_t *pr, uint64_t attempt, uint64_t deadline_ms)
+{
+    send_task_resumed(pr, attempt, deadline_ms, NULL, 0);
+}
+
+/* The header of the next KV transfer the sink receives (within 60 s); caller frees. */
+static Tandem__V1__KvTransfer *sink_transfer(prefill_rig_t *pr)
+{
+    zmq_pollitem_t it = {pr->sink, 0, ZMQ_POLLIN, 0};
+    assert_int_equal(zmq_poll(&it, 1, 60000), 1);
+    Tandem__V1__KvTransfer *kv = NULL;
+    int more = 1;
+    for (int part = 0; more; part++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        assert_true(zmq_msg_recv(&m, pr->sink, 0) >= 0);
+        if (part == 2) /* [routing id][FrameHeader][KvTransfer][blocks...] */
+            kv = tandem__v1__kv_transfer__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    assert_non_null(kv);
+    return kv;
 }
 
 static void send_cancel(prefill_rig_t *pr, uint64_t attempt)
@@ -403,6 +436,34 @@ static void test_prefill_node_serves(void **state)
     prefill_close(&pr);
 }
 
+/* A migrated request's task (the output delivered before, output_tokens): the prefill node
+ * prefills prompt + output, its token is the next output index, and the KV it ships covers
+ * both; a task with as many output tokens as max_tokens is refused, naming the field. */
+static void test_prefill_node_resumes(void **state)
+{
+    (void)state;
+    prefill_rig_t pr;
+    prefill_open(&pr);
+    int32_t out[4] = {7, 8, 9, 10};
+    send_task_resumed(&pr, 21, 0, out, 3);
+    heard_t h;
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, 21, true, &h));
+    assert_int_equal(h.index, 3);
+    Tandem__V1__KvTransfer *kv = sink_transfer(&pr);
+    assert_int_equal(kv->attempt_id, 21);
+    assert_int_equal(kv->n_tokens, 24 + 3);
+    assert_int_equal(kv->first_token, h.token);
+    tandem__v1__kv_transfer__free_unpacked(kv, NULL);
+    send_task_resumed(&pr, 22, 0, out, 4); /* max_tokens 4: nothing left to generate */
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TASK_FAILED, 22, true, &h));
+    assert_int_equal(h.status, 3);
+    assert_false(h.retryable);
+    assert_non_null(strstr(h.message, "output: 4 tokens delivered already"));
+    assert_int_equal(count_heard(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, 22), 0);
+    prefill_stop(&pr);
+    prefill_close(&pr);
+}
+
 /* Heartbeats come from the link's I/O thread: an engine thread that reads nothing (a long
  * forward pass) while the router floods it with frames does not hold them back; the link stays
  * registered, and the engine finds the relayed frames once it reads. */
@@ -443,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_flush_bounded),
         cmocka_unit_test(test_heartbeats_while_engine_busy),
         cmocka_unit_test(test_prefill_node_serves),
+        cmocka_unit_test(test_prefill_node_resumes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

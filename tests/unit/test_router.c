@@ -433,6 +433,19 @@ static Tandem__V1__DecodeReserve *expect_reserve(env_t *e, fake_t *n, tdm_frame_
     return m;
 }
 
+/* expect_reserve for request req: reservations of other requests on n are left unanswered. */
+static Tandem__V1__DecodeReserve *expect_reserve_for(env_t *e, fake_t *n, tdm_frame_t *f,
+                                                     const char *req)
+{
+    for (;;) {
+        Tandem__V1__DecodeReserve *m = expect_reserve(e, n, f);
+        if (strcmp(m->request_id, req) == 0)
+            return m;
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+        tdm_frame_clear(f);
+    }
+}
+
 static void reply_ack(fake_t *n, const tdm_frame_t *f, const char *req, uint32_t blocks)
 {
     Tandem__V1__ReserveAck ack = TANDEM__V1__RESERVE_ACK__INIT;
@@ -1435,8 +1448,10 @@ static void test_decode_down(void **state)
     assert_int_equal(f.status, TDM_EUNAVAILABLE);
     assert_non_null(strstr(f.message, "decode node 'decode-0' is down (no heartbeat for "));
     assert_non_null(strstr(f.message, " ms)"));
+    /* migration was tried: no other decode node is there to resume on */
+    assert_non_null(strstr(f.message, "no decode node is up to run it again"));
     tdm_frame_clear(&f);
-    expect_cancel(e, &e->p0, "r-dd", 14);
+    expect_cancel(e, &e->p0, "r-dd", 1);
     assert_false(tdm_router_node_up(e->r, "decode-0"));
     assert_true(tdm_router_node_up(e->r, "prefill-0"));
     /* a heartbeat from the node now gets NOT_FOUND (register again) */
@@ -3346,20 +3361,16 @@ static void test_node_suspect_then_down(void **state)
     assert_false(tdm_router_node_suspect(e->r, "decode-0"));
     assert_true(tdm_router_node_up(e->r, "decode-0"));
 
-    /* silent again: suspect first, then down, and its request fails */
+    /* silent again: suspect first, then down, and its request migrates to decode-1 (the
+     * output delivered, "ab", travels in the new reservation) */
     assert_true(live_step_until(e, &t, alive, "decode-0", true));
-    /* the broken stream's last chunk says so (finish_reason ERROR), then the END */
-    tdm_frame_t fc;
-    tdm_frame_init(&fc);
-    assert_true(recv_on(e, e->client, &fc, WAIT_MS));
-    assert_int_equal(fc.kind, K_STREAM);
-    Tandem__V1__GenerateChunk *lc =
-        (Tandem__V1__GenerateChunk *)tdm_frame_unpack(&fc, &tandem__v1__generate_chunk__descriptor);
-    assert_non_null(lc);
-    assert_int_equal(lc->finish_reason, FIN(ERROR));
-    protobuf_c_message_free_unpacked(&lc->base, NULL);
-    tdm_frame_clear(&fc);
-    expect_end(e, call, TDM_EUNAVAILABLE, "decode node 'decode-0' is down (no heartbeat for ");
+    (void)call;
+    Tandem__V1__DecodeReserve *rs3 = expect_reserve_for(e, &e->d1, &f, "r-sus");
+    assert_int_equal(rs3->n_output_tokens, 2);
+    assert_int_equal(rs3->output_tokens[0], B('a'));
+    assert_int_equal(rs3->output_tokens[1], B('b'));
+    protobuf_c_message_free_unpacked(&rs3->base, NULL);
+    tdm_frame_clear(&f);
     text = metrics_call(e);
     assert_float_equal(
         sample_of(text, "tandem_node_suspicions_total{node=\"decode-0\",role=\"decode\"}"), 2, 0);
@@ -3368,6 +3379,251 @@ static void test_node_suspect_then_down(void **state)
     assert_float_equal(sample_of(text, "tandem_node_state{node=\"decode-0\",role=\"decode\"}"), 0,
                        0);
     assert_float_equal(sample_of(text, "tandem_node_suspect{node=\"decode-0\",role=\"decode\"}"), 0,
+                       0);
+    free(text);
+    env_free(e);
+}
+
+/* ---- migration: a request on a decode node that dies resumes on another pair ---- */
+
+/* p0, d0 and d1 registered, a 1 s heartbeat timeout driven by the liveness clock from *t;
+ * request id (prompt "abc", max_tokens, seeded sampling) runs p0 -> d0, and the tokens
+ * out[0..n_out) arrive (index 0 from p0, the rest from d0) and reach the client (res).
+ * *first: its first reservation (caller frees). Returns its call. */
+static uint64_t migrate_setup(env_t *e, double *t, const char *id, int max_tokens,
+                              const int32_t *out, uint32_t n_out, result_t *res,
+                              Tandem__V1__DecodeReserve **first)
+{
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    tdm_router_set_heartbeat(e->r, 0, 1000);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, id, "abc", max_tokens, true);
+    Tandem__V1__SamplingParams sp = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    sp.temperature = 0.8f;
+    sp.seed = 1234;
+    sp.has_seed = true;
+    sp.set_mask = (1u << 0) | (1u << 8);
+    g.sampling = &sp;
+    uint64_t call = generate(e, &g);
+    *first = reserve_and_ack(e, &e->d0); /* equal room: the first */
+    assert_int_equal((*first)->n_output_tokens, 0);
+    Tandem__V1__PrefillTask *task = expect_task(e, &e->p0);
+    assert_int_equal(task->n_output_tokens, 0);
+    protobuf_c_message_free_unpacked(&task->base, NULL);
+    memset(res, 0, sizeof *res);
+    for (uint32_t i = 0; i < n_out; i++) {
+        fake_token(i == 0 ? &e->p0 : &e->d0, id, i, out[i]);
+        one_chunk(e, call, res);
+    }
+    /* d0 falls silent: suspect, then down */
+    fake_t *all[] = {&e->p0, &e->d0, &e->d1, NULL};
+    live_heartbeats(e, all);
+    *t = tdm_time_now() + 1000.0;
+    tdm_router_check_liveness(e->r, *t);
+    return call;
+}
+
+/* The decode node of a running request goes down after two tokens: the request is reserved
+ * on the other decode node and prefilled again with prompt + the two tokens delivered as
+ * their own field, under a new attempt with the same seed and max_tokens; the stream goes on
+ * at index 2 without a gap or a repeat, usage counts each token once, and the migration is
+ * counted. */
+static void test_migrate_decode_down(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    result_t res;
+    double t;
+    Tandem__V1__DecodeReserve *rs0;
+    const int32_t out[2] = {B('a'), B('b')};
+    uint64_t call = migrate_setup(e, &t, "r-mig", 8, out, 2, &res, &rs0);
+    uint64_t attempt0 = rs0->attempt_id;
+    fake_t *alive[] = {&e->p0, &e->d1, NULL};
+    live_step_until(e, &t, alive, "decode-0", true);
+    /* the old attempt ends on the prefill node (NodeCancel), the new one is reserved on d1 */
+    expect_cancel(e, &e->p0, "r-mig", 1);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve_for(e, &e->d1, &f, "r-mig");
+    assert_int_not_equal(rs->attempt_id, attempt0);
+    assert_int_equal(rs->n_prompt_tokens, rs0->n_prompt_tokens);
+    assert_memory_equal(rs->prompt_tokens, rs0->prompt_tokens,
+                        rs0->n_prompt_tokens * sizeof *rs0->prompt_tokens);
+    assert_int_equal(rs->n_output_tokens, 2);
+    assert_int_equal(rs->output_tokens[0], B('a'));
+    assert_int_equal(rs->output_tokens[1], B('b'));
+    assert_int_equal(rs->max_tokens, 8); /* max_tokens counts the delivered output too */
+    assert_non_null(rs->sampling);
+    assert_true(rs->sampling->seed == 1234 && rs->sampling->has_seed);
+    assert_float_equal(rs->sampling->temperature, 0.8f, 1e-6);
+    assert_false(rs->local_prefill);
+    reply_ack(&e->d1, &f, "r-mig", 1);
+    tdm_frame_clear(&f);
+    Tandem__V1__PrefillTask *task = expect_task(e, &e->p0);
+    assert_string_equal(task->decode_node_id, "decode-1");
+    assert_int_equal(task->n_prompt_tokens, rs0->n_prompt_tokens);
+    assert_int_equal(task->n_output_tokens, 2);
+    assert_int_equal(task->output_tokens[0], B('a'));
+    assert_int_equal(task->output_tokens[1], B('b'));
+    assert_int_equal(task->attempt_id, rs->attempt_id);
+    protobuf_c_message_free_unpacked(&task->base, NULL);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    /* the resumed prefill samples index 2, the new decode node goes on from 3 */
+    fake_token(&e->p0, "r-mig", 2, B('c'));
+    fake_token(&e->d1, "r-mig", 3, B('d'));
+    fake_token(&e->d1, "r-mig", 1, B('x')); /* a repeat of an index delivered: dropped */
+    fake_finished(&e->d1, "r-mig", FIN(STOP), 4);
+    result_t rest;
+    collect(e, call, &rest);
+    assert_int_equal(rest.status, TDM_OK);
+    assert_int_equal(rest.index[0], 2); /* no gap, no repeat */
+    assert_string_equal(rest.text, "cd");
+    assert_int_equal(rest.n_ids, 2);
+    assert_int_equal(rest.finish, FIN(STOP));
+    assert_int_equal(rest.usage.completion_tokens, 4);
+    assert_int_equal(rest.usage.prompt_tokens, rs0->n_prompt_tokens);
+    assert_true(rest.timings.ttft_s > 0 && rest.timings.ttft_s <= rest.timings.e2e_s);
+    assert_string_equal(res.text, "ab");
+    char *text = metrics_call(e);
+    assert_float_equal(sample_of(text, "tandem_requests_migrated_total"), 1, 0);
+    assert_float_equal(sample_of(text, "tandem_requests_redispatched_total"), 1, 0);
+    assert_float_equal(sample_of(text, "tandem_generation_tokens_total"), 4, 0);
+    free(text);
+    protobuf_c_message_free_unpacked(&rs0->base, NULL);
+    env_free(e);
+}
+
+/* A decode node lost after the last token of a request but before its Finished: the output
+ * delivered already ends the request (max_tokens reached; or an end-of-generation token), so
+ * it completes at once, OK, without a migration. */
+static void test_migrate_output_already_complete(void **state)
+{
+    (void)state;
+    const int32_t eos = 511; /* the tiny model's "<|im_end|>" (tiny_model.h) */
+    for (int k = 0; k < 2; k++) {
+        env_t *e = env_new(NULL);
+        result_t res;
+        double t;
+        Tandem__V1__DecodeReserve *rs0;
+        const int32_t out[2] = {B('a'), k == 0 ? B('b') : eos};
+        uint64_t call = migrate_setup(e, &t, "r-end", k == 0 ? 2 : 8, out, 2, &res, &rs0);
+        fake_t *alive[] = {&e->p0, &e->d1, NULL};
+        live_step_until(e, &t, alive, "decode-0", true);
+        result_t rest;
+        collect(e, call, &rest);
+        assert_int_equal(rest.status, TDM_OK);
+        assert_int_equal(rest.finish, k == 0 ? FIN(LENGTH) : FIN(STOP));
+        assert_int_equal(rest.usage.completion_tokens, 2);
+        assert_int_equal(rest.n_ids, 0);
+        expect_cancel(e, &e->p0, "r-end", 1);
+        char *text = metrics_call(e);
+        assert_float_equal(sample_of(text, "tandem_requests_migrated_total"), 0, 0);
+        free(text);
+        protobuf_c_message_free_unpacked(&rs0->base, NULL);
+        env_free(e);
+    }
+}
+
+/* No prefill node: the decode node prefilled the request itself, and the one it moves to does
+ * too (local_prefill), after the output delivered; its first token is the next index. */
+static void test_migrate_local_prefill(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    tdm_router_set_heartbeat(e->r, 0, 1000);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-loc", "abc", 8, true);
+    uint64_t call = generate(e, &g);
+    Tandem__V1__DecodeReserve *rs0 = reserve_and_ack(e, &e->d0);
+    assert_true(rs0->local_prefill);
+    protobuf_c_message_free_unpacked(&rs0->base, NULL);
+    result_t res;
+    memset(&res, 0, sizeof res);
+    fake_token(&e->d0, "r-loc", 0, B('a'));
+    one_chunk(e, call, &res);
+    fake_t *all[] = {&e->d0, &e->d1, NULL};
+    live_heartbeats(e, all);
+    double t = tdm_time_now() + 1000.0;
+    tdm_router_check_liveness(e->r, t);
+    fake_t *alive[] = {&e->d1, NULL};
+    live_step_until(e, &t, alive, "decode-0", true);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve_for(e, &e->d1, &f, "r-loc");
+    assert_true(rs->local_prefill);
+    assert_int_equal(rs->n_output_tokens, 1);
+    assert_int_equal(rs->output_tokens[0], B('a'));
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    reply_ack(&e->d1, &f, "r-loc", 1);
+    tdm_frame_clear(&f);
+    fake_token(&e->d1, "r-loc", 1, B('b'));
+    fake_token(&e->d1, "r-loc", 2, B('c'));
+    fake_finished(&e->d1, "r-loc", FIN(LENGTH), 3);
+    result_t rest;
+    collect(e, call, &rest);
+    assert_int_equal(rest.status, TDM_OK);
+    assert_int_equal(rest.index[0], 1);
+    assert_string_equal(rest.text, "bc");
+    assert_int_equal(rest.usage.completion_tokens, 3);
+    assert_int_equal(rest.finish, FIN(LENGTH));
+    env_free(e);
+}
+
+/* Every migration counts against the request's re-dispatch budget
+ * (TDM_ROUTER_MAX_REDISPATCH): a request whose decode node keeps failing it after tokens
+ * (retryable TaskFailed) is resumed that many times, each time after all the output delivered,
+ * then fails with UNAVAILABLE. */
+static void test_migrate_budget(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    result_t res;
+    double t;
+    Tandem__V1__DecodeReserve *rs0;
+    const int32_t out[1] = {B('a')};
+    uint64_t call = migrate_setup(e, &t, "r-bud", 16, out, 1, &res, &rs0);
+    protobuf_c_message_free_unpacked(&rs0->base, NULL);
+    fake_t *d = &e->d0;
+    for (uint32_t k = 0; k < TDM_ROUTER_MAX_REDISPATCH; k++) {
+        /* the decode node delivers one more token, then its stream fails */
+        fake_token(d, "r-bud", 1 + 2 * k, B((char)('b' + k)));
+        one_chunk(e, call, &res);
+        fake_task_failed(d, "r-bud", 14, "stream lost", true);
+        expect_cancel(e, &e->p0, "r-bud", 1);
+        expect_cancel(e, d, "r-bud", 1);
+        tdm_frame_t f;
+        tdm_frame_init(&f);
+        /* either decode node (both are up with the same room) */
+        fake_t *next = recv_on(e, e->d0.s, &f, 200) ? &e->d0 : &e->d1;
+        if (next == &e->d1)
+            assert_true(recv_on(e, e->d1.s, &f, WAIT_MS));
+        Tandem__V1__DecodeReserve *rs = (Tandem__V1__DecodeReserve *)tdm_frame_unpack(
+            &f, &tandem__v1__decode_reserve__descriptor);
+        assert_non_null(rs);
+        attempt_note(rs->request_id, rs->attempt_id);
+        assert_int_equal(rs->n_output_tokens, 2 + 2 * k);
+        assert_int_equal(rs->output_tokens[1 + 2 * k], B((char)('b' + k)));
+        protobuf_c_message_free_unpacked(&rs->base, NULL);
+        reply_ack(next, &f, "r-bud", 1);
+        tdm_frame_clear(&f);
+        Tandem__V1__PrefillTask *task = expect_task(e, &e->p0);
+        assert_int_equal(task->n_output_tokens, 2 + 2 * k);
+        protobuf_c_message_free_unpacked(&task->base, NULL);
+        fake_token(&e->p0, "r-bud", 2 + 2 * k, B('-'));
+        one_chunk(e, call, &res);
+        d = next;
+    }
+    fake_task_failed(d, "r-bud", 14, "stream lost", true);
+    result_t rest;
+    collect(e, call, &rest);
+    assert_int_equal(rest.status, TDM_EUNAVAILABLE);
+    assert_non_null(strstr(rest.message, "gave up after 3 re-dispatches"));
+    char *text = metrics_call(e);
+    assert_float_equal(sample_of(text, "tandem_requests_migrated_total"), TDM_ROUTER_MAX_REDISPATCH,
                        0);
     free(text);
     env_free(e);
@@ -3461,6 +3717,10 @@ int main(void)
         cmocka_unit_test(test_heap),
         cmocka_unit_test(test_heap_equal_keys),
         cmocka_unit_test(test_node_suspect_then_down),
+        cmocka_unit_test(test_migrate_decode_down),
+        cmocka_unit_test(test_migrate_output_already_complete),
+        cmocka_unit_test(test_migrate_local_prefill),
+        cmocka_unit_test(test_migrate_budget),
         cmocka_unit_test(test_loop_stall_not_charged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -205,7 +205,7 @@ static void add_all(fixture_t *fx, rig_t *r, int32_t prompts[N_REQ][128], bool g
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL, 0};
         tdm_error_t err = {0};
         if (tdm_worker_add(r->w, &req, &err) != 0)
             fail_msg("%s", err.msg);
@@ -228,7 +228,7 @@ static void reference(fixture_t *fx, out_t *ref, bool greedy)
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL, 0};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, ref);
@@ -364,7 +364,7 @@ static void test_prefill_then_decode(void **state)
             sp.max_tokens = max_tokens[k];
             sp.ignore_eos = true;
             tdm_worker_req_t req = {ev[i].request_id,  prompts[k], prompt_len[k], &sp, &dst,
-                                    ev[i].first_token, NULL};
+                                    ev[i].first_token, NULL,       NULL,          0};
             assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
             assert_int_equal(dst.n_blocks, 0); /* taken over */
             prefilled++;
@@ -399,7 +399,7 @@ static void test_prefilled_finishes_at_once(void **state)
         sp.n_stop_token_ids = 1;
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL};
+        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL, NULL, 0};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
     }
@@ -435,18 +435,18 @@ static void test_cancel_and_errors(void **state)
 
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
-    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL};
+    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL, NULL, 0};
     assert_int_equal(tdm_worker_add(r.w, &dup, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "already"));
-    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL};
+    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL, NULL, 0};
     assert_int_equal(tdm_worker_add(r.w, &empty, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "prompt"));
     static int32_t big[600];
-    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL};
+    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL, NULL, 0};
     assert_int_equal(tdm_worker_add(r.w, &toolong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context"));
     int32_t bad = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL};
+    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL, NULL, 0};
     assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "vocabulary"));
     for (int k = 0; k < N_REQ; k++) {
@@ -529,7 +529,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     sp.max_tokens = 4;
-    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL};
+    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL, NULL, 0};
     tdm_error_t err = {0};
     alloc_watch(true);
     int rc = tdm_worker_add(r.w, &req, &err);
@@ -544,7 +544,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_kv_seq_init(&seq);
     assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 20), 0);
     seq.n_tokens = 20;
-    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL};
+    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL, NULL, 0};
     sp.max_tokens = 400; /* a table of 420 tokens: more than the 8 entries it has */
     alloc_watch(true);
     rc = tdm_worker_add(r.w, &pre, &err);
@@ -585,7 +585,7 @@ static void test_events_carry_user(void **state)
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
         tags[k] = k;
-        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k]};
+        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k], NULL, 0};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     }
@@ -606,6 +606,168 @@ static void test_events_carry_user(void **state)
     rig_close(&r);
 }
 
+/* ---- resuming a request after output delivered (migration) ---- */
+
+/* The sampling of the resume tests: greedy, or seeded with every penalty on over a window
+ * short enough that it slides over the resumed output. */
+static void resume_params(tdm_sampling_params_t *sp, bool greedy, int32_t max)
+{
+    tdm_sampling_params_default(sp);
+    sp->temperature = greedy ? 0.0f : 0.9f;
+    sp->seed = 4321;
+    sp->max_tokens = max;
+    sp->ignore_eos = true;
+    sp->repetition_penalty = 1.3f;
+    sp->frequency_penalty = 0.4f;
+    sp->presence_penalty = 0.2f;
+    sp->penalty_last_n = 8;
+}
+
+/* The sequence "r0" (prompt[n_prompt], resume_params) run alone from the start into *ref. */
+static void resume_reference(fixture_t *fx, const int32_t *prompt, uint32_t n_prompt, bool greedy,
+                             int32_t max, out_t *ref)
+{
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+    tdm_sampling_params_t sp;
+    resume_params(&sp, greedy, max);
+    tdm_worker_req_t req = {"r0", prompt, n_prompt, &sp, NULL, 0, NULL, NULL, 0};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    drain(&r, ref);
+    assert_int_equal(ref->n, (uint32_t)max);
+    rig_close(&r);
+}
+
+/* Local prefill of prompt + ref's first cut tokens in a DECODE worker: the rest into *got
+ * (which starts with those cut tokens, so drain checks the indices from cut on). */
+static void resume_local(fixture_t *fx, const int32_t *prompt, uint32_t n_prompt, bool greedy,
+                         int32_t max, const out_t *ref, uint32_t cut, out_t *got)
+{
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 24, 4);
+    tdm_sampling_params_t sp;
+    resume_params(&sp, greedy, max);
+    memcpy(got->tokens, ref->tokens, cut * sizeof *ref->tokens);
+    got->n = cut;
+    tdm_worker_req_t req = {"r0", prompt, n_prompt, &sp, NULL, 0, NULL, ref->tokens, cut};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    drain(&r, got);
+    rig_close(&r);
+}
+
+/* The disaggregated resume: a PREFILL worker prefills prompt + cut tokens and samples index
+ * cut; its KV is copied to a DECODE worker, which goes on from index cut + 1. */
+static void resume_remote(fixture_t *fx, const int32_t *prompt, uint32_t n_prompt, bool greedy,
+                          int32_t max, const out_t *ref, uint32_t cut, out_t *got)
+{
+    rig_t p, d;
+    rig_open(fx, &p, TDM_WORKER_MODE_PREFILL, 64, 64, 4);
+    rig_open(fx, &d, TDM_WORKER_MODE_DECODE, 64, 64, 4);
+    tdm_sampling_params_t sp;
+    resume_params(&sp, greedy, max);
+    memcpy(got->tokens, ref->tokens, cut * sizeof *ref->tokens);
+    got->n = cut;
+    tdm_worker_req_t req = {"r0", prompt, n_prompt, &sp, NULL, 0, NULL, ref->tokens, cut};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_worker_add(p.w, &req, &err), 0);
+    const tdm_worker_event_t *ev = NULL;
+    uint32_t n = 0;
+    while (n == 0 || ev[n - 1].kind != TDM_WORKER_EVENT_PREFILLED)
+        assert_int_equal(tdm_worker_step(p.w, &ev, &n, &err), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ev[0].kind, TDM_WORKER_EVENT_TOKEN);
+    assert_int_equal(ev[0].index, cut);
+    got->tokens[got->n++] = ev[0].sample.token;
+    assert_int_equal(ev[1].n_tokens, n_prompt + cut); /* the KV of prompt + resumed output */
+    assert_int_equal(ev[1].first_token, ev[0].sample.token);
+    uint64_t bb = tdm_kv_pool_block_bytes(p.pool);
+    tdm_kv_seq_t dst;
+    tdm_kv_seq_init(&dst);
+    assert_int_equal(tdm_kv_seq_reserve(d.pool, &dst, ev[1].n_tokens), 0);
+    for (uint32_t b = 0; b < ev[1].seq.n_blocks; b++)
+        memcpy((uint8_t *)tdm_kv_pool_base(d.pool) + dst.blocks[b] * bb,
+               (uint8_t *)tdm_kv_pool_base(p.pool) + ev[1].seq.blocks[b] * bb, bb);
+    dst.n_tokens = ev[1].n_tokens;
+    tdm_kv_seq_t src = ev[1].seq;
+    int32_t first = ev[1].first_token;
+    tdm_kv_seq_release(p.pool, &src);
+    tdm_worker_req_t dr = {"r0", prompt, n_prompt, &sp, &dst, first, NULL, ref->tokens, cut};
+    assert_int_equal(tdm_worker_add(d.w, &dr, &err), 0);
+    drain(&d, got);
+    rig_close(&p);
+    rig_close(&d);
+}
+
+/* A request resumed after `cut` output tokens (prompt + those tokens prefilled as context, the
+ * next token sampled at output index cut) continues exactly as the undisturbed run, greedy and
+ * seeded with penalties, prefilled locally or by a prefill node; max_tokens counts the resumed
+ * tokens (completion_tokens is the whole output). */
+static void test_resume_equals_undisturbed(void **state)
+{
+    fixture_t *fx = *state;
+    int32_t prompt[37];
+    make_prompt(prompt, 37, fx->f.n_vocab, 77);
+    const int32_t max = 30;
+    const uint32_t cuts[3] = {1, 13, 29};
+    for (int greedy = 1; greedy >= 0; greedy--) {
+        out_t ref = {0};
+        resume_reference(fx, prompt, 37, greedy, max, &ref);
+        for (int c = 0; c < 3; c++)
+            for (int remote = 0; remote < 2; remote++) {
+                out_t got = {0};
+                if (remote)
+                    resume_remote(fx, prompt, 37, greedy, max, &ref, cuts[c], &got);
+                else
+                    resume_local(fx, prompt, 37, greedy, max, &ref, cuts[c], &got);
+                assert_true(got.finished);
+                assert_int_equal(got.why, TDM_WORKER_FINISH_LENGTH);
+                assert_int_equal(got.completion, (uint32_t)max);
+                assert_int_equal(got.n, ref.n);
+                assert_memory_equal(got.tokens, ref.tokens, ref.n * sizeof *ref.tokens);
+            }
+    }
+}
+
+/* A resumed request's output is checked like its prompt: as many tokens as max_tokens (nothing
+ * left to generate), more than the context holds after the prompt, a token outside the
+ * vocabulary, or a prefilled table without their KV are refused, naming the field. */
+static void test_resume_errors(void **state)
+{
+    fixture_t *fx = *state;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 64, 4);
+    int32_t prompt[8];
+    make_prompt(prompt, 8, fx->f.n_vocab, 5);
+    static int32_t out[600];
+    tdm_sampling_params_t sp;
+    resume_params(&sp, true, 4);
+    tdm_error_t err = {0};
+    tdm_worker_req_t full = {"a", prompt, 8, &sp, NULL, 0, NULL, out, 4};
+    assert_int_equal(tdm_worker_add(r.w, &full, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "max_tokens is 4"));
+    sp.max_tokens = 600;
+    tdm_worker_req_t big = {"b", prompt, 8, &sp, NULL, 0, NULL, out, 504};
+    assert_int_equal(tdm_worker_add(r.w, &big, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "context of 512"));
+    out[2] = (int32_t)fx->f.n_vocab;
+    tdm_worker_req_t oov = {"c", prompt, 8, &sp, NULL, 0, NULL, out, 3};
+    assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "output[2]"));
+    out[2] = 0;
+    tdm_kv_seq_t seq;
+    tdm_kv_seq_init(&seq);
+    assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 8), 0);
+    seq.n_tokens = 8; /* the prompt's KV only */
+    tdm_worker_req_t pre = {"d", prompt, 8, &sp, &seq, 1, NULL, out, 3};
+    assert_int_equal(tdm_worker_add(r.w, &pre, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "prefilled KV covers 8 tokens"));
+    tdm_kv_seq_release(r.pool, &seq);
+    assert_false(tdm_worker_busy(r.w));
+    rig_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -619,6 +781,8 @@ int main(void)
         cmocka_unit_test(test_prefill_step_allocates_nothing),
         cmocka_unit_test(test_oom_is_not_pool_exhaustion),
         cmocka_unit_test(test_events_carry_user),
+        cmocka_unit_test(test_resume_equals_undisturbed),
+        cmocka_unit_test(test_resume_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

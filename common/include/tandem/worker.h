@@ -85,19 +85,29 @@ typedef struct tdm_worker_req {
     const int32_t *prompt;  /* [n_prompt] token ids, n_prompt >= 1 */
     uint32_t n_prompt;
     const tdm_sampling_params_t *sampling; /* validated by the caller; max_tokens >= 1 */
-    /* DECODE mode, KV received from a prefill node: the block table holding the prompt's KV
-     * (n_prompt tokens), taken over by the worker (*prefilled is emptied), and the token the
-     * prefill node sampled at output index 0. NULL: the worker prefills the prompt itself. */
+    /* DECODE mode, KV received from a prefill node: the block table holding the KV of the
+     * prompt and the output below (n_prompt + n_output tokens), taken over by the worker
+     * (*prefilled is emptied), and the token the prefill node sampled at output index
+     * n_output. NULL: the worker prefills the prompt (and output) itself. */
     tdm_kv_seq_t *prefilled;
     int32_t first_token;
     void *user; /* the caller's state for this sequence, returned in each of its events
                    (tdm_worker_event_t.user); not touched by the worker */
+    /* A resumed (migrated) request: [n_output] the output tokens already delivered (output
+     * indices 0..n_output-1), copied. They follow the prompt as context (their KV is computed
+     * with it, or is in *prefilled) but count as output: the next token sampled is output
+     * index n_output (so a seeded draw is the undisturbed run's), they are in the penalty
+     * window as the tokens after the prompt, and max_tokens counts them. NULL / 0: a new
+     * request. Kept apart from the prompt so output-only state (a grammar) can replay them. */
+    const int32_t *output;
+    uint32_t n_output;
 } tdm_worker_req_t;
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
- * token, max_tokens 1) finishes at the next step without a forward pass. Returns 0;
- * TDM_EINVALID (duplicate id, empty prompt, prompt + 1 > n_ctx, token out of the vocabulary,
- * prefilled table not covering n_prompt tokens), TDM_ERESOURCE (max_waiting reached: the
+ * token, max_tokens reached) finishes at the next step without a forward pass. Returns 0;
+ * TDM_EINVALID (duplicate id, empty prompt, prompt + output + 1 > n_ctx, n_output >=
+ * max_tokens, token out of the vocabulary, prefilled table not covering n_prompt + n_output
+ * tokens), TDM_ERESOURCE (max_waiting reached: the
  * message says so; or out of memory for the sequence's token array or block table: the message
  * says "out of memory"). On error a prefilled table is left with the caller (its table may have
  * been grown, its blocks and contents are unchanged). */
@@ -132,8 +142,9 @@ typedef struct tdm_worker_event {
     tdm_worker_finish_t finish;
     uint32_t completion_tokens; /* output tokens, index 0 included */
     uint32_t preemptions;       /* times the sequence was preempted and recomputed */
-    /* PREFILLED: block table with the KV of n_tokens prompt tokens; the caller releases it
-     * with tdm_kv_seq_release when done (after handing the blocks to the KV sender). */
+    /* PREFILLED: block table with the KV of n_tokens tokens (the prompt and the request's
+     * resumed output); the caller releases it with tdm_kv_seq_release when done (after handing
+     * the blocks to the KV sender). first_token: output index n_tokens - n_prompt. */
     tdm_kv_seq_t seq;
     uint32_t n_tokens;
     int32_t first_token;
@@ -168,6 +179,13 @@ typedef struct tdm_worker_stats {
 } tdm_worker_stats_t;
 
 void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out);
+
+/* Whether `token` ends a sequence sampled with sp: one of sp's stop_token_ids, or an
+ * end-of-generation token of tok unless sp->ignore_eos. The one rule the worker and the
+ * router (which must know whether a request it migrates has ended already) apply. Cannot
+ * fail. */
+bool tdm_worker_token_ends(const tdm_tokenizer_t *tok, const tdm_sampling_params_t *sp,
+                           int32_t token);
 
 /* True when the worker holds request_id. */
 bool tdm_worker_has(const tdm_worker_t *w, const char *request_id);

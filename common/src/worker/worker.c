@@ -219,14 +219,58 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     *self_p = NULL;
 }
 
+bool tdm_worker_token_ends(const tdm_tokenizer_t *tok, const tdm_sampling_params_t *sp,
+                           int32_t token)
+{
+    return tdm_sampling_is_stop(sp, token) || (!sp->ignore_eos && tdm_tokenizer_is_eog(tok, token));
+}
+
 /* Whether token ends generation for the sequence's parameters. */
 static bool is_stop(const tdm_worker_t *w, const tdm_sampling_params_t *sp, int32_t token)
 {
-    return tdm_sampling_is_stop(sp, token) ||
-           (!sp->ignore_eos && tdm_tokenizer_is_eog(w->tok, token));
+    return tdm_worker_token_ends(w->tok, sp, token);
 }
 
 /* ---- admission ---- */
+
+/* TDM_EINVALID naming what[i] when a token of ids[n] is outside the vocabulary, else 0. */
+static int check_vocab(const tdm_worker_t *w, const char *what, const int32_t *ids, uint32_t n,
+                       tdm_error_t *err)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (uint32_t)ids[i] >= w->n_vocab)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "%s[%u]: token id %d is outside the vocabulary [0, %u)", what, i,
+                                 ids[i], w->n_vocab);
+    return TDM_OK;
+}
+
+/* The checks of a resumed request's output tokens (and the prefilled table that holds them
+ * with the prompt): TDM_EINVALID naming the field. */
+static int check_resume(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
+{
+    uint32_t n_ctx_tokens = req->n_prompt + req->n_output;
+    if (req->n_output > 0 && !req->output)
+        return tdm_error_set(err, TDM_EINVALID, "output: %u tokens but no array", req->n_output);
+    if (req->n_output >= w->o.n_ctx || n_ctx_tokens + 1 > w->o.n_ctx)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "output: %u tokens after a prompt of %u; at most %u fit the "
+                             "context of %u tokens",
+                             req->n_output, req->n_prompt, w->o.n_ctx - 1, w->o.n_ctx);
+    if (req->n_output >= (uint32_t)req->sampling->max_tokens)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "output: %u tokens delivered already; max_tokens is %d", req->n_output,
+                             req->sampling->max_tokens);
+    const tdm_kv_seq_t *pre = req->prefilled;
+    if (pre &&
+        (pre->n_tokens < n_ctx_tokens ||
+         tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), n_ctx_tokens) > pre->n_blocks))
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prefilled KV covers %u tokens in %u blocks; the prompt and output "
+                             "have %u",
+                             pre->n_tokens, pre->n_blocks, n_ctx_tokens);
+    return check_vocab(w, "output", req->output, req->n_output, err);
+}
 
 /* The checks of tdm_worker_add that need no allocation; TDM_EINVALID naming the field. */
 static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
@@ -243,21 +287,14 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
         return tdm_error_set(err, TDM_EINVALID,
                              "prompt: %u tokens; at most %u fit the context of %u tokens",
                              req->n_prompt, w->o.n_ctx - 1, w->o.n_ctx);
-    for (uint32_t i = 0; i < req->n_prompt; i++)
-        if (req->prompt[i] < 0 || (uint32_t)req->prompt[i] >= w->n_vocab)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "prompt[%u]: token id %d is outside the vocabulary [0, %u)", i,
-                                 req->prompt[i], w->n_vocab);
+    if (check_vocab(w, "prompt", req->prompt, req->n_prompt, err) != TDM_OK)
+        return TDM_EINVALID;
     if (req->sampling->max_tokens < 1)
         return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %d",
                              req->sampling->max_tokens);
+    if (check_resume(w, req, err) != TDM_OK)
+        return TDM_EINVALID;
     const tdm_kv_seq_t *pre = req->prefilled;
-    if (pre &&
-        (pre->n_tokens < req->n_prompt ||
-         tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), req->n_prompt) > pre->n_blocks))
-        return tdm_error_set(err, TDM_EINVALID,
-                             "prefilled KV covers %u tokens in %u blocks; the prompt has %u",
-                             pre->n_tokens, pre->n_blocks, req->n_prompt);
     if (pre && (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab))
         return tdm_error_set(err, TDM_EINVALID, "first_token %d is outside the vocabulary [0, %u)",
                              req->first_token, w->n_vocab);
@@ -269,8 +306,8 @@ static void take_prefilled(tdm_worker_t *w, wseq_t *s, const tdm_worker_req_t *r
 {
     s->kv = *req->prefilled;
     tdm_kv_seq_init(req->prefilled);
-    s->kv.n_tokens = req->n_prompt;
-    s->n_computed = req->n_prompt;
+    s->kv.n_tokens = s->n_tokens; /* the prompt and the resumed output */
+    s->n_computed = s->n_tokens;
     s->tokens[s->n_tokens++] = req->first_token;
     s->admitted_once = true;
     if (is_stop(w, &s->sp, req->first_token)) {
@@ -318,7 +355,10 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->tokens = tokens;
     s->cap = cap;
     memcpy(tokens, req->prompt, (size_t)req->n_prompt * sizeof *tokens);
-    s->n_tokens = s->n_prompt = req->n_prompt;
+    if (req->n_output)
+        memcpy(tokens + req->n_prompt, req->output, (size_t)req->n_output * sizeof *tokens);
+    s->n_prompt = req->n_prompt;
+    s->n_tokens = req->n_prompt + req->n_output;
     s->max_new = max_new;
     s->sp = *req->sampling;
     s->kv = kv;
@@ -615,7 +655,7 @@ static void hand_over(tdm_worker_t *w, uint32_t slot, int32_t token, double t_en
     tdm_worker_event_t *pe = push_event(w, TDM_WORKER_EVENT_PREFILLED, s);
     pe->seq = s->kv;
     tdm_kv_seq_init(&s->kv);
-    pe->n_tokens = s->n_prompt;
+    pe->n_tokens = s->n_computed; /* the prompt and any resumed output */
     pe->first_token = token;
     pe->cached_prompt_tokens = s->cached_prompt_tokens;
     pe->prefill_s = t_end - s->t_first_sched;
