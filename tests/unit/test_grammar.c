@@ -292,6 +292,7 @@ static void test_parse_errors(void **state)
                  "line 1, column 13 (rule root): class range end is below its start");
     expect_error("a ::= \"x\"\n", "line 1, column 1 (rule root): no rule named 'root'");
     expect_error("root := \"x\"\n", "line 1, column 6 (rule root): expecting '::='");
+    expect_error("# no name\n  ::= \"x\"\n", "line 2, column 3: expecting a rule name");
     expect_error("root ::= \"a\"\nroot ::= \"b\"\n",
                  "line 2, column 1 (rule root): rule defined twice");
     expect_error("root ::= (\"a\" | \"b\"\n",
@@ -546,6 +547,52 @@ static void test_eos(void **state)
     free(mask);
 }
 
+/* ---- bounds ---- */
+
+/* 150,000 nested brackets: the matcher's tables pass their bounds inside one call and are
+ * rebuilt around the state reached; a refused byte afterwards leaves the state as it was. */
+static void test_deep_nesting(void **state)
+{
+    (void)state;
+    enum { DEPTH = 150000 };
+    tdm_grammar_t *g = parse_ok("root ::= \"[\" root? \"]\"\n");
+    tdm_grammar_matcher_t *m = matcher(g, NULL);
+    char *open = malloc(DEPTH), *close = malloc(DEPTH);
+    assert_true(open && close);
+    memset(open, '[', DEPTH);
+    memset(close, ']', DEPTH);
+    assert_true(tdm_grammar_matcher_accept_bytes(m, open, DEPTH));
+    assert_false(tdm_grammar_matcher_accept_bytes(m, "]]x", 3));
+    assert_true(tdm_grammar_matcher_accept_bytes(m, close, DEPTH - 1));
+    assert_false(tdm_grammar_matcher_is_accepting(m));
+    assert_false(tdm_grammar_matcher_accept_bytes(m, "]]", 2));
+    assert_true(tdm_grammar_matcher_accept_bytes(m, "]", 1));
+    assert_true(tdm_grammar_matcher_is_done(m));
+    /* byte-only matchers have no tokens */
+    assert_int_equal(tdm_grammar_matcher_accept_token(m, 0), TDM_EINVALID);
+    free(open);
+    free(close);
+    tdm_grammar_matcher_destroy(&m);
+    tdm_grammar_destroy(&g);
+}
+
+/* An ambiguous grammar whose stacks grow with the input: past TDM_GRAMMAR_MAX_STACKS the
+ * byte is refused and errmsg says why (memory stays bounded). */
+static void test_ambiguity_bound(void **state)
+{
+    (void)state;
+    tdm_grammar_t *g = parse_ok("root ::= (\"a\" | \"a\" root \"b\")*\n");
+    tdm_grammar_matcher_t *m = matcher(g, NULL);
+    int fed = 0;
+    while (fed < 2000 && tdm_grammar_matcher_accept_bytes(m, "a", 1))
+        fed++;
+    assert_int_equal(fed, 340); /* each "a" adds about three stacks */
+    assert_non_null(strstr(tdm_grammar_matcher_errmsg(m), "TDM_GRAMMAR_MAX_STACKS"));
+    assert_true(tdm_grammar_matcher_accept_bytes(m, "b", 1)); /* the state is intact */
+    tdm_grammar_matcher_destroy(&m);
+    tdm_grammar_destroy(&g);
+}
+
 /* ---- the mask against brute force ---- */
 
 /* What the reference thinks of token t in m's state: its bytes (straight from the tokenizer)
@@ -697,6 +744,7 @@ int main(void)
         cmocka_unit_test(test_constructs),           cmocka_unit_test(test_constructs_chars),
         cmocka_unit_test(test_constructs_recursive), cmocka_unit_test(test_utf8_split),
         cmocka_unit_test(test_utf8_invalid),         cmocka_unit_test(test_eos),
+        cmocka_unit_test(test_deep_nesting),         cmocka_unit_test(test_ambiguity_bound),
         cmocka_unit_test(test_mask_tiny_vocab),      cmocka_unit_test(test_mask_default_model),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -81,6 +81,8 @@ typedef struct gram_ir {
     uint32_t *class_off; /* [n_classes + 1] */
     uint32_t n_classes, cap_classes;
     size_t n_elems_total;
+    uint32_t *names; /* user rule names: open addressing, rule ids + 1 (0: empty) */
+    uint32_t n_names, name_cap;
 } gram_ir_t;
 
 /* Parses GBNF text into ir (zeroed by the caller). Returns 0 or an error (message in err
