@@ -45,6 +45,11 @@ static const char CLASS_GBNF[] = "root ::= word (\",\" word){1,3} tail?\n"
                                  "word ::= [a-zA-Z_]{2,4} | [^a-z,\\n\"]{1,2}\n"
                                  "tail ::= \"\\n\" .? \"\\u00e9\"* [\\u03b1-\\u03c9]+\n";
 
+/* Counted repetitions of characters (the mask's uniform-successor shortcut, near its
+ * bounds). */
+static const char COUNT_GBNF[] =
+    "root ::= \"\\\"\" [^\"\\\\\\n]{0,40} \"\\\"\" (\" \" [a-z]{3,20})?\n";
+
 /* ---- helpers ---- */
 
 static tdm_grammar_t *parse_ok(const char *text)
@@ -667,7 +672,7 @@ static void random_walk(const char *gbnf, const tdm_grammar_vocab_t *v, const td
                                                  : tdm_grammar_matcher_fill_mask(m, mask);
         assert_true(count > 0);
         uint32_t pick = (uint32_t)(next_random(&seed) % count), t = 0;
-        for (;; t++)
+        for (; t < n_vocab; t++)
             if (mask_has(mask, (int32_t)t) && !tdm_tokenizer_is_eog(tok, (int32_t)t) && pick-- == 0)
                 break;
         if (t >= n_vocab)
@@ -686,6 +691,7 @@ static void test_mask_tiny_vocab(void **state)
         random_walk(JSON_GBNF, fx->tiny, fx->tiny_tok, seed * 7919, 80, 1);
         random_walk(EXPR_GBNF, fx->tiny, fx->tiny_tok, seed * 104729, 60, 1);
         random_walk(CLASS_GBNF, fx->tiny, fx->tiny_tok, seed * 1299709, 40, 1);
+        random_walk(COUNT_GBNF, fx->tiny, fx->tiny_tok, seed * 15485863, 60, 1);
     }
 }
 
@@ -735,6 +741,9 @@ static void test_mask_default_model(void **state)
     follow_text(CLASS_GBNF, "ab,Zq_,XY\n\xc3\xa9\xce\xb1\xcf\x89", fx->vocab, fx->tok, 1);
     random_walk(JSON_GBNF, fx->vocab, fx->tok, 12345, 12, 3);
     random_walk(CLASS_GBNF, fx->vocab, fx->tok, 777, 8, 2);
+    random_walk(COUNT_GBNF, fx->vocab, fx->tok, 4242, 30, 1);
+    follow_text(COUNT_GBNF, "\"It was the best of times, it was the wor\" off", fx->vocab, fx->tok,
+                1);
 }
 
 int main(void)
