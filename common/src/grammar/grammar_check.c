@@ -27,6 +27,20 @@ bool tdm_gram_class_has(const tdm_grammar_t *g, uint32_t c, uint32_t cp)
     return lo < g->class_off[c + 1] && r[2 * lo] <= cp;
 }
 
+bool tdm_gram_class_covers(const tdm_grammar_t *g, uint32_t c, uint32_t lo_cp, uint32_t hi_cp)
+{
+    const uint32_t *r = g->ranges;
+    uint32_t lo = g->class_off[c], hi = g->class_off[c + 1];
+    while (lo < hi) { /* the first range ending at or after lo_cp must hold all of it */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (r[2 * mid + 1] < lo_cp)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < g->class_off[c + 1] && r[2 * lo] <= lo_cp && r[2 * lo + 1] >= hi_cp;
+}
+
 bool tdm_gram_class_meets(const tdm_grammar_t *g, uint32_t c, uint32_t lo_cp, uint32_t hi_cp)
 {
     const uint32_t *r = g->ranges;
@@ -233,6 +247,18 @@ static int check_defined(const gram_ir_t *ir, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* Fills g->class_ascii from the ranges. */
+static void fill_class_ascii(tdm_grammar_t *g)
+{
+    for (uint32_t c = 0; c < g->n_classes; c++) {
+        uint32_t *a = g->class_ascii[c];
+        memset(a, 0, 4 * sizeof *a);
+        for (uint32_t k = g->class_off[c]; k < g->class_off[c + 1] && g->ranges[2 * k] < 128; k++)
+            for (uint32_t b = g->ranges[2 * k]; b <= g->ranges[2 * k + 1] && b < 128; b++)
+                a[b >> 5] |= 1u << (b & 31);
+    }
+}
+
 /* Lays the rules out in one array (productive alternatives listed in alts). */
 static tdm_grammar_t *build(const check_t *ck, uint32_t root)
 {
@@ -252,7 +278,8 @@ static tdm_grammar_t *build(const check_t *ck, uint32_t root)
     g->alt_off = malloc(((size_t)ir->n_rules + 1) * sizeof *g->alt_off);
     g->class_off = malloc(((size_t)ir->n_classes + 1) * sizeof *g->class_off);
     g->ranges = malloc(((size_t)2 * ir->n_ranges + 1) * sizeof *g->ranges);
-    if (!g->elems || !g->alts || !g->alt_off || !g->class_off || !g->ranges) {
+    g->class_ascii = malloc(((size_t)ir->n_classes + 1) * sizeof *g->class_ascii);
+    if (!g->elems || !g->alts || !g->alt_off || !g->class_off || !g->ranges || !g->class_ascii) {
         tdm_grammar_destroy(&g);
         return NULL;
     }
@@ -271,7 +298,8 @@ static tdm_grammar_t *build(const check_t *ck, uint32_t root)
         at += ir->rules[r].n_elems;
     }
     g->alt_off[ir->n_rules] = k;
-    g->size_bytes = sizeof *g + (n * 2 + ir->n_rules + ir->n_classes + 2 * ir->n_ranges) * 4;
+    fill_class_ascii(g);
+    g->size_bytes = sizeof *g + (n * 2 + ir->n_rules + 5 * ir->n_classes + 2 * ir->n_ranges) * 4;
     return g;
 }
 
