@@ -542,6 +542,12 @@ static void test_eos(void **state)
     assert_int_equal(tdm_grammar_matcher_accept_token(m, tiny_token("c")), TDM_EINVALID);
     assert_int_equal(tdm_grammar_matcher_accept_token(m, -1), TDM_EINVALID);
     assert_int_equal(tdm_grammar_matcher_accept_token(m, eos + 1), TDM_EINVALID);
+    /* copies only between matchers of one grammar and vocabulary */
+    tdm_grammar_t *other = parse_ok("root ::= \"x\"\n");
+    tdm_grammar_matcher_t *o = matcher(other, v);
+    assert_int_equal(tdm_grammar_matcher_copy(o, m), TDM_EINVALID);
+    tdm_grammar_matcher_destroy(&o);
+    tdm_grammar_destroy(&other);
     /* reset starts over */
     tdm_grammar_matcher_reset(m);
     assert_false(tdm_grammar_matcher_is_accepting(m));

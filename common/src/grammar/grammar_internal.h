@@ -186,9 +186,9 @@ typedef struct gram_space {
 } gram_space_t;
 
 /* Table bounds; a table past half its bound is rebuilt around the current state between
- * calls. Worst case per matcher: nodes 256 Ki x 12 B + hash 2 MiB, states 32 Ki x 48 B + hash,
- * transitions 256 Ki (a 4 MiB table), set pool 1 Mi x 4 B: about 15 MiB; a JSON-schema
- * generation uses a few hundred KiB. */
+ * calls. Worst case per matcher: nodes 256 Ki x 12 B + hash 2 MiB, states 32 Ki x 64 B + hash,
+ * transitions 256 Ki (a 4 MiB table), set pool 1 Mi x 4 B, 256 dense rows of 1 KiB: about
+ * 17 MiB; a JSON-schema generation uses a few hundred KiB. */
 #define GRAM_MAX_NODES (1u << 18)
 #define GRAM_MAX_STATES (1u << 15)
 #define GRAM_MAX_TRANS (1u << 18)
