@@ -166,10 +166,14 @@ typedef struct gram_space {
     bool oom;
 } gram_space_t;
 
-#define GRAM_MAX_NODES (1u << 20)  /* stack nodes before the tables are rebuilt */
-#define GRAM_MAX_STATES (1u << 16) /* states before the tables are rebuilt */
-#define GRAM_MAX_TRANS (1u << 21)  /* memoised transitions before the rebuild */
-#define GRAM_MAX_POOL (1u << 22)   /* node ids in all states' sets */
+/* Table bounds; a table past half its bound is rebuilt around the current state between
+ * calls. Worst case per matcher: nodes 256 Ki x 12 B + hash 2 MiB, states 32 Ki x 48 B + hash,
+ * transitions 256 Ki (a 4 MiB table), set pool 1 Mi x 4 B: about 15 MiB; a JSON-schema
+ * generation uses a few hundred KiB. */
+#define GRAM_MAX_NODES (1u << 18)
+#define GRAM_MAX_STATES (1u << 15)
+#define GRAM_MAX_TRANS (1u << 18)
+#define GRAM_MAX_POOL (1u << 20)
 
 int tdm_gram_space_init(gram_space_t *sp, const tdm_grammar_t *g);
 void tdm_gram_space_free(gram_space_t *sp);

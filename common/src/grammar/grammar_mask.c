@@ -108,7 +108,7 @@ static gram_mask_slot_t *slot_take(tdm_grammar_matcher_t *m)
 uint32_t tdm_grammar_matcher_fill_mask(tdm_grammar_matcher_t *m, uint32_t *mask)
 {
     size_t bytes = (size_t)m->n_words * sizeof *mask;
-    if (m->ended) {
+    if (m->ended || !m->v) {
         memset(mask, 0, bytes);
         return 0;
     }

@@ -60,8 +60,8 @@ tdm_grammar_matcher_t *tdm_grammar_matcher_new(const tdm_grammar_t *g, const tdm
         goto out_oom;
     m->g = g;
     m->v = v;
-    m->n_words = (v->n_vocab + 31) / 32;
-    m->walk_state = malloc(((size_t)v->max_depth + 2) * sizeof *m->walk_state);
+    m->n_words = v ? (v->n_vocab + 31) / 32 : 0;
+    m->walk_state = malloc(((size_t)(v ? v->max_depth : 0) + 2) * sizeof *m->walk_state);
     if (!m->walk_state)
         goto out_oom;
     tdm_gram_mask_cache_clear(m);
@@ -169,9 +169,9 @@ bool tdm_grammar_matcher_accept_bytes(tdm_grammar_matcher_t *m, const char *byte
 int tdm_grammar_matcher_accept_token(tdm_grammar_matcher_t *m, int32_t token)
 {
     const tdm_grammar_vocab_t *v = m->v;
-    if (token < 0 || (uint32_t)token >= v->n_vocab) {
+    if (!v || token < 0 || (uint32_t)token >= v->n_vocab) {
         snprintf(m->errmsg, sizeof m->errmsg, "token %d is out of range (vocabulary of %u)",
-                 (int)token, v->n_vocab);
+                 (int)token, v ? v->n_vocab : 0);
         return TDM_EINVALID;
     }
     if (m->ended) {
