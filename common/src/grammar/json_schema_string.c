@@ -222,7 +222,7 @@ static int number_literal(json_t *v, tdm_buf_t *body)
         return tdm_buf_puts(body, "\"null\"");
     char r[64];
     python_repr(d, r, sizeof r);
-    if (d == floor(d) && fabs(d) < 1e15)
+    if (d == floor(d) && fabs(d) < 1e17)
         return tdm_buf_printf(body, "( \"%s\" | \"%.0f\" )", r, d);
     return tdm_buf_printf(body, "\"%s\"", r);
 }
