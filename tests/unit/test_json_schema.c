@@ -117,6 +117,11 @@ static void test_additional_properties(void **state)
     refused("{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}",
             "/required: 'z' is not in properties and additionalProperties is false");
     check("{\"type\":\"object\",\"properties\":{\"a\":false}}", GOOD("{\"b\":1}"), BAD("{\"a\":1}"));
+    /* an optional property no value fits is left out (a required one is refused) */
+    check("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{}}}",
+          GOOD("{\"b\":1}", "{}"), BAD("{\"a\":\"x\"}", "{\"a\":{}}"));
+    refused("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]}},\"required\":[\"a\"]}",
+            "/properties/a/enum: no value allowed (type, enum and const)");
 }
 
 static void test_arrays(void **state)
@@ -186,6 +191,12 @@ static void test_refs(void **state)
     /* siblings of $ref apply too (2019-09 and later) */
     check("{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"$ref\":\"#/$defs/n\",\"minimum\":5}", GOOD("5"),
           BAD("4"));
+    /* a recursive schema that merges at every level (allOf beside a $ref to itself) */
+    check("{\"definitions\":{\"foo\":{\"type\":\"object\",\"properties\":{\"kids\":{\"type\":"
+          "\"array\",\"items\":{\"allOf\":[{\"$ref\":\"#/definitions/foo\"},{\"required\":[\"n\"]}]}},"
+          "\"n\":{\"type\":\"integer\"}}}},\"$ref\":\"#/definitions/foo\"}",
+          GOOD("{}", "{\"kids\":[{\"n\":1},{\"kids\":[{\"n\":2}],\"n\":3}]}"),
+          BAD("{\"kids\":[{}]}", "{\"kids\":[{\"n\":1,\"kids\":[{}]}]}"));
     refused("{\"$ref\":\"#/$defs/missing\"}", "/$ref: '#/$defs/missing' not found");
     refused("{\"$ref\":\"other.json#/a\"}",
             "/$ref: 'other.json#/a' not supported (only JSON pointers within the document)");
@@ -196,6 +207,23 @@ static void test_string_lengths_and_pattern(void **state)
     (void)state;
     check("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
           GOOD("\"ab\"", "\"a\\nb\"", "\"\xc3\xa9\xc3\xa9\""), BAD("\"a\"", "\"abcd\""));
+    /* counts over the engine's repetition limit are nested */
+    tdm_grammar_t *g = compile("{\"type\":\"string\",\"minLength\":2500,\"maxLength\":12345}");
+    char *text = malloc(12350);
+    assert_non_null(text);
+    for (size_t n = 2498; n <= 2502; n++) {
+        text[0] = '"';
+        memset(text + 1, 'x', n);
+        memcpy(text + 1 + n, "\"", 2);
+        assert_int_equal(grammar_accepts(g, text), n >= 2500);
+    }
+    for (size_t n = 12343; n <= 12346; n++) {
+        memset(text + 1, 'x', n);
+        memcpy(text + 1 + n, "\"", 2);
+        assert_int_equal(grammar_accepts(g, text), n <= 12345);
+    }
+    free(text);
+    tdm_grammar_destroy(&g);
     check("{\"type\":\"string\",\"pattern\":\"^[a-z]+-\\\\d{2,3}$\"}", GOOD("\"ab-12\"", "\"x-123\""),
           BAD("\"ab-1\"", "\"AB-12\"", "\"ab-1234\""));
     /* unanchored: search semantics */
