@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tandem/base.h"
 #include "tandem/config.h"
@@ -169,11 +170,18 @@ static void count_refusal(stats_t *st, const char *msg)
 
 /* ---- setup ---- */
 
-/* Loads the tokenizer, the mask vocabulary and CACHE/index.json. Returns 0, or 1 (printed). */
+/* Loads the tokenizer, the mask vocabulary and CACHE/index.json. Returns 0, 1 (printed), or 77
+ * (skip) in --check mode when the model file is missing. */
 static int bench_open(bench_t *b, const cfg_t *c)
 {
     tdm_error_t err;
     cpu_name(b->cpu, sizeof b->cpu);
+    struct stat sb;
+    if (c->check && stat(c->model_path, &sb) != 0) {
+        printf("skip: model file %s is missing: run scripts/setup (or set TANDEM_MODEL)\n",
+               c->model_path);
+        return 77;
+    }
     b->gguf = tdm_gguf_open(c->model_path, &err);
     b->tok = b->gguf ? tdm_tokenizer_new(b->gguf, &err) : NULL;
     b->vocab = b->tok ? tdm_grammar_vocab_new(b->tok, &err) : NULL;
@@ -248,9 +256,26 @@ static int list_files(const cfg_t *c, char ***names, size_t *n)
 
 /* ---- --dump-vocab ---- */
 
-/* Writes the vocabulary: {"n_vocab", "eos", "eog": [...], "special": [...], "tokens":
- * [hex bytes, ...], "instances": [ (then dump_instance appends) */
-static int dump_open(bench_t *b, const char *path)
+/* "key": [hex of each string of the GGUF string array gguf_key] (nothing when absent). */
+static void dump_strings(FILE *f, const tdm_gguf_t *g, const char *key, const char *gguf_key)
+{
+    const tdm_gguf_kv_t *kv = tdm_gguf_find_kv(g, gguf_key);
+    if (!kv || kv->type != TDM_GGUF_VTYPE_ARRAY || kv->arr_type != TDM_GGUF_VTYPE_STRING)
+        return;
+    fprintf(f, ",\n \"%s\": [", key);
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        fprintf(f, "%s\"", i ? ", " : "");
+        for (uint64_t k = 0; k < kv->arr_strs[i].len; k++)
+            fprintf(f, "%02x", (unsigned char)kv->arr_strs[i].data[k]);
+        fprintf(f, "\"");
+    }
+    fprintf(f, "]");
+}
+
+/* Writes the vocabulary: {"n_vocab", "eos", "files": [the sample], "eog": [...], "special":
+ * [...], "tokens": [hex of each token's bytes], "pre", "pieces" and "merges" (hex of the
+ * GGUF's strings), "instances": [ (then dump_instance appends) */
+static int dump_open(bench_t *b, const char *path, char **names, size_t n_names)
 {
     b->dump = fopen(path, "w");
     if (!b->dump) {
@@ -258,7 +283,10 @@ static int dump_open(bench_t *b, const char *path)
         return 1;
     }
     FILE *f = b->dump;
-    fprintf(f, "{\"n_vocab\": %u, \"eos\": %d, \"eog\": [", b->n_vocab, (int)b->eos);
+    fprintf(f, "{\"n_vocab\": %u, \"eos\": %d, \"files\": [", b->n_vocab, (int)b->eos);
+    for (size_t i = 0; i < n_names; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "", names[i]);
+    fprintf(f, "],\n \"eog\": [");
     for (uint32_t t = 0, k = 0; t < b->n_vocab; t++)
         if (tdm_tokenizer_is_eog(b->tok, (tdm_token_t)t))
             fprintf(f, "%s%u", k++ ? ", " : "", t);
@@ -277,7 +305,12 @@ static int dump_open(bench_t *b, const char *path)
             fprintf(f, "%02x", buf[i]);
         fprintf(f, "\"");
     }
-    fprintf(f, "],\n \"instances\": [\n");
+    fprintf(f, "],\n \"pre\": \"%s\"", tdm_tokenizer_pre(b->tok));
+    /* the GGUF's own arrays, so the peer can rebuild the exact tokenizer (llguidance allows
+     * only the canonical tokenization of forced text) */
+    dump_strings(f, b->gguf, "pieces", "tokenizer.ggml.tokens");
+    dump_strings(f, b->gguf, "merges", "tokenizer.ggml.merges");
+    fprintf(f, ",\n \"instances\": [\n");
     return 0;
 }
 
@@ -596,7 +629,7 @@ int main(int argc, char **argv)
     if (status == 0)
         status = list_files(&c, &names, &n);
     if (status == 0 && c.vocab_path)
-        status = dump_open(&b, c.vocab_path);
+        status = dump_open(&b, c.vocab_path, names, n);
     for (size_t i = 0; i < n && status == 0; i++)
         status = run_file(&b, &c, &st, names[i]);
     if (b.dump)
