@@ -159,7 +159,16 @@ static void test_any_one_all_of(void **state)
 {
     (void)state;
     check("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]}", GOOD("1", "null"), BAD("\"a\""));
+    /* oneOf: as anyOf when the branches are disjoint (types, values, a discriminator) */
     check("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}", GOOD("1", "\"a\""), BAD("null"));
+    check("{\"oneOf\":[{\"enum\":[1,2]},{\"const\":3}]}", GOOD("1", "3"), BAD("4"));
+    check("{\"type\":\"object\",\"oneOf\":[{\"properties\":{\"k\":{\"const\":\"a\"},\"x\":{}},"
+          "\"required\":[\"k\"]},{\"properties\":{\"k\":{\"const\":\"b\"}},\"required\":[\"k\"]}]}",
+          GOOD("{\"k\":\"a\",\"x\":1}", "{\"k\":\"b\"}"), BAD("{\"k\":\"c\"}", "{}"));
+    refused("{\"properties\":{\"a\":{},\"b\":{}},\"oneOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
+    refused("{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}",
+            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
     /* siblings merge into each branch */
     check("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{}},"
           "\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",

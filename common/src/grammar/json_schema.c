@@ -5,7 +5,8 @@
  * (ignored: they constrain nothing), the validation keywords of drafts 4 to 2020-12 that are
  * not supported (refused with their JSON pointer: never a silently weaker grammar), and every
  * other name, which JSON Schema itself ignores ("unknown keywords": x-*, javaType, ...), so
- * this compiler ignores them too. oneOf compiles as anyOf (exclusivity is not enforced).
+ * this compiler ignores them too. oneOf compiles as anyOf when its branches are provably
+ * disjoint (so exclusivity holds by construction), and is refused otherwise.
  */
 #include <stdio.h>
 #include <string.h>
@@ -397,35 +398,72 @@ static int compile_all_of(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     return js_compile(c, acc, p, name);
 }
 
+/* Branch i of anyOf / oneOf as compiled: merged with the sibling keywords when there are
+ * any (rest), else as written. */
+static int branch(js_ctx_t *c, json_t *b, json_t *rest, bool rest_constrains, const char *bp,
+                  json_t **m)
+{
+    *m = b;
+    if (!rest_constrains)
+        return 0;
+    int rc = js_resolve_top(c, b, bp, m);
+    return rc != 0 ? rc : js_merge(c, rest, *m, bp, m);
+}
+
+/* oneOf compiles as anyOf only when no two branches can match the same value (different
+ * types, different enum / const values, or a required property with different constants):
+ * then exactly one matches whenever any does. Otherwise it is refused. */
+static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
+{
+    size_t n = json_array_size(branches);
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = i + 1; j < n; j++) {
+            json_t *a, *b;
+            char bp[JS_PTR_MAX];
+            js_ptr_index(bp, ptr, j);
+            int rc = js_resolve_top(c, json_array_get(branches, i), ptr, &a);
+            rc = rc ? rc : js_resolve_top(c, json_array_get(branches, j), bp, &b);
+            if (rc != 0)
+                return rc;
+            if (!js_disjoint(a, b))
+                return js_fail(c, ptr, NULL,
+                               "not supported: branches %zu and %zu may both match (use anyOf)",
+                               i, j);
+        }
+    }
+    return 0;
+}
+
 /* anyOf / oneOf: one alternative per branch; sibling keywords are merged into each branch. */
 static int compile_any_of(js_ctx_t *c, json_t *s, const char *ptr, const char *key, char *name)
 {
     char p[JS_PTR_MAX];
     js_ptr_join(p, ptr, key);
-    json_t *any = json_object_get(s, key), *b;
+    json_t *any = json_object_get(s, key), *b, *m;
     if (!json_is_array(any) || json_array_size(any) == 0)
         return js_fail(c, ptr, key, "must be a non-empty array");
-    json_t *rest = without(c, s, key, NULL);
-    if (!rest)
+    json_t *rest = without(c, s, key, NULL), *branches = json_array();
+    if (!rest || !branches || json_array_append_new(c->keep, branches) != 0)
         return js_oom(c);
     bool rest_constrains;
     int rc = check_keywords(c, rest, ptr, &rest_constrains);
-    tdm_buf_t body = TDM_BUF_INIT;
     size_t i;
     json_array_foreach(any, i, b)
     {
+        char bp[JS_PTR_MAX];
+        js_ptr_index(bp, p, i);
+        rc = rc ? rc : branch(c, b, rest, rest_constrains, bp, &m);
+        if (rc == 0 && json_array_append(branches, m) != 0)
+            rc = js_oom(c);
+    }
+    if (rc == 0 && strcmp(key, "oneOf") == 0)
+        rc = check_one_of(c, branches, p);
+    tdm_buf_t body = TDM_BUF_INIT;
+    json_array_foreach(branches, i, m)
+    {
         char bp[JS_PTR_MAX], sub[JS_NAME_MAX];
         js_ptr_index(bp, p, i);
-        json_t *m = b;
-        if (rc == 0 && rest_constrains) {
-            rc = js_resolve_top(c, b, bp, &m);
-            if (rc == 0)
-                rc = js_merge(c, rest, m, bp, &m);
-        }
-        if (rc == 0)
-            rc = js_compile(c, m, bp, sub);
-        if (rc != 0)
-            break;
+        rc = rc ? rc : js_compile(c, m, bp, sub);
         tdm_buf_printf(&body, "%s%s", i ? " | " : "", sub);
     }
     if (rc == 0) {

@@ -119,6 +119,11 @@ int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
  * exactly the values both allow, or fails naming ptr. *out is owned by c->keep. */
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out);
 
+/* True when no JSON value can match both schemas (already $ref-resolved at their top), by
+ * a cheap sufficient test: disjoint types, disjoint enum / const values, or a property
+ * required by both whose enum / const values are disjoint. False means "maybe not". */
+bool js_disjoint(json_t *a, json_t *b);
+
 /* ---- gbnf text helpers (regex.c) ---- */
 
 /* Appends code point cp as it goes inside a GBNF string literal ("..."), escaped. */

@@ -225,3 +225,97 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
     *out = m;
     return rc;
 }
+
+/* ---- disjointness (oneOf) ---- */
+
+/* Type bits of a JSON value or a type name: null 1, boolean 2, object 4, array 8, string 16,
+ * integer 32, non-integral number 64 ("number" is 32 | 64). */
+static int name_bits(const char *t)
+{
+    static const char *const names[] = {"null", "boolean", "object", "array", "string"};
+    for (int i = 0; i < 5; i++)
+        if (strcmp(t, names[i]) == 0)
+            return 1 << i;
+    return strcmp(t, "integer") == 0 ? 32 : strcmp(t, "number") == 0 ? 96 : 0;
+}
+
+static int value_bits(json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_NULL: return 1;
+    case JSON_TRUE:
+    case JSON_FALSE: return 2;
+    case JSON_OBJECT: return 4;
+    case JSON_ARRAY: return 8;
+    case JSON_STRING: return 16;
+    case JSON_INTEGER: return 32;
+    case JSON_REAL: return json_real_value(v) == floor(json_real_value(v)) ? 32 : 64;
+    }
+    return 0;
+}
+
+/* The values enum / const allow (a new array), or NULL when neither is there. */
+static json_t *value_set(json_t *s)
+{
+    json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (cn)
+        return json_pack("[O]", cn);
+    return json_is_array(en) ? json_incref(en) : NULL;
+}
+
+static int type_bits(json_t *s)
+{
+    json_t *vals = value_set(s), *t = json_object_get(s, "type"), *e;
+    int bits = 0;
+    size_t i;
+    if (vals) {
+        json_array_foreach(vals, i, e) bits |= value_bits(e);
+        json_decref(vals);
+        return bits;
+    }
+    if (json_is_string(t))
+        return name_bits(json_string_value(t));
+    json_array_foreach(t, i, e) bits |= json_is_string(e) ? name_bits(json_string_value(e)) : 0;
+    return t ? bits : 127;
+}
+
+static bool values_disjoint(json_t *a, json_t *b)
+{
+    json_t *va = value_set(a), *vb = value_set(b);
+    json_t *common = va && vb ? merge_enum(va, vb) : NULL;
+    bool disjoint = common && json_array_size(common) == 0;
+    json_decref(common);
+    json_decref(va);
+    json_decref(vb);
+    return disjoint;
+}
+
+static bool required_by(json_t *s, const char *key)
+{
+    json_t *r;
+    size_t i;
+    json_array_foreach(json_object_get(s, "required"), i, r)
+    {
+        if (json_is_string(r) && strcmp(json_string_value(r), key) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool js_disjoint(json_t *a, json_t *b)
+{
+    if (!json_is_object(a) || !json_is_object(b))
+        return json_is_false(a) || json_is_false(b);
+    if ((type_bits(a) & type_bits(b)) == 0 || values_disjoint(a, b))
+        return true;
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties"), *x;
+    const char *key;
+    json_object_foreach(pa, key, x)
+    {
+        json_t *y = json_object_get(pb, key);
+        if (y && required_by(a, key) && required_by(b, key) && json_is_object(x) &&
+            json_is_object(y) && values_disjoint(x, y))
+            return true;
+    }
+    return false;
+}
