@@ -318,8 +318,8 @@ static void dump_instance(bench_t *b, const char *file, size_t test, bool valid,
                           const tdm_token_t *ids, size_t n)
 {
     FILE *f = b->dump;
-    fprintf(f, "%s{\"file\": \"%s\", \"test\": %zu, \"valid\": %s, \"ids\": [", b->n_dumped++ ? ",\n" : "",
-            file, test, valid ? "true" : "false");
+    fprintf(f, "%s{\"file\": \"%s\", \"test\": %zu, \"valid\": %s, \"ids\": [",
+            b->n_dumped++ ? ",\n" : "", file, test, valid ? "true" : "false");
     for (size_t i = 0; i < n; i++)
         fprintf(f, "%s%d", i ? "," : "", (int)ids[i]);
     fprintf(f, "]}");
@@ -354,12 +354,12 @@ static bool judge(bench_t *b, stats_t *st, tdm_grammar_matcher_t *m, const insta
 }
 
 /* The tests of name: each instance's tokens (from CACHE/<stem>.<i>.json) and flags. */
-static int load_instances(bench_t *b, const cfg_t *c, const char *name, instance_t **out,
-                          size_t *n)
+static int load_instances(bench_t *b, const cfg_t *c, const char *name, instance_t **out, size_t *n)
 {
     json_t *tests = json_object_get(json_object_get(b->index, "files"), name);
     if (!json_is_array(tests)) {
-        fprintf(stderr, "bench: %s is not in the cache's index.json (rerun grammar_setup.py)\n", name);
+        fprintf(stderr, "bench: %s is not in the cache's index.json (rerun grammar_setup.py)\n",
+                name);
         return 1;
     }
     *n = json_array_size(tests);
@@ -491,7 +491,8 @@ static void print_table(const bench_t *b, const cfg_t *c, const stats_t *st)
 {
     fprintf(stderr, "grammar bench: %d MaskBench files of %s (every %d), %s, 1 thread\n", st->files,
             c->dir, c->every, b->cpu);
-    fprintf(stderr, "%-34s %8d (%.1f %%)\n", "schemas compiled", st->compiled, pct(st->compiled, st->files));
+    fprintf(stderr, "%-34s %8d (%.1f %%)\n", "schemas compiled", st->compiled,
+            pct(st->compiled, st->files));
     fprintf(stderr, "%-34s %8d", "schemas refused", st->refused);
     for (int i = 0; i < st->n_kw && i < 12; i++)
         fprintf(stderr, "%s %s %d", i ? "," : "  (", st->kw[i].kw, st->kw[i].n);
@@ -500,14 +501,15 @@ static void print_table(const bench_t *b, const cfg_t *c, const stats_t *st)
             pct(st->passing, st->files));
     fprintf(stderr, "%-34s %8d / %d\n", "instances judged right", st->right, st->instances);
     fprintf(stderr, "%-34s %8d\n", "validation errors (valid rejected)", st->validation_err);
-    fprintf(stderr, "%-34s %8d (of %d valid ones out of order)\n", "  of them out of definition order",
-            st->ooo_rejected, st->ooo_total);
+    fprintf(stderr, "%-34s %8d (of %d valid ones out of order)\n",
+            "  of them out of definition order", st->ooo_rejected, st->ooo_total);
     fprintf(stderr, "%-34s %8d\n", "invalidation errors (invalid acc.)", st->invalidation_err);
     fprintf(stderr, "%-34s %8.2f / %.2f ms\n", "compile time p50 / p90",
             quantile(&st->compile_s, 0.5) * 1e3, quantile(&st->compile_s, 0.9) * 1e3);
-    fprintf(stderr, "%-34s %8.1f / %.1f / %.1f / %.1f us  (%zu masks)\n", "mask time p50/p75/p99/max",
-            quantile(&st->mask_s, 0.5) * 1e6, quantile(&st->mask_s, 0.75) * 1e6,
-            quantile(&st->mask_s, 0.99) * 1e6, quantile(&st->mask_s, 1.0) * 1e6, st->mask_s.n);
+    fprintf(stderr, "%-34s %8.1f / %.1f / %.1f / %.1f us  (%zu masks)\n",
+            "mask time p50/p75/p99/max", quantile(&st->mask_s, 0.5) * 1e6,
+            quantile(&st->mask_s, 0.75) * 1e6, quantile(&st->mask_s, 0.99) * 1e6,
+            quantile(&st->mask_s, 1.0) * 1e6, st->mask_s.n);
 }
 
 static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
@@ -517,22 +519,25 @@ static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
         fprintf(stderr, "bench: cannot write %s\n", c->json_path);
         return 1;
     }
-    fprintf(out, "{\"engine\": \"tandem\", \"cpu\": \"%s\", \"threads\": 1, \"n_vocab\": %u, \"files\": %d, "
-                 "\"compiled\": %d, \"refused\": %d,\n \"refused_by_keyword\": {",
-            b->cpu, b->n_vocab, st->files, st->compiled, st->refused);
+    fprintf(
+        out,
+        "{\"engine\": \"tandem\", \"cpu\": \"%s\", \"threads\": 1, \"n_vocab\": %u, \"files\": %d, "
+        "\"compiled\": %d, \"refused\": %d,\n \"refused_by_keyword\": {",
+        b->cpu, b->n_vocab, st->files, st->compiled, st->refused);
     for (int i = 0; i < st->n_kw; i++)
         fprintf(out, "%s\"%s\": %d", i ? ", " : "", st->kw[i].kw, st->kw[i].n);
-    fprintf(out,
-            "},\n \"passing\": %d, \"passing_pct\": %.2f, \"instances\": %d, \"right\": %d, "
-            "\"validation_errors\": %d, \"validation_errors_out_of_order\": %d, "
-            "\"valid_out_of_order\": %d, \"invalidation_errors\": %d, \"tokens\": %zu,\n"
-            " \"compile_s\": {\"p50\": %.6f, \"p90\": %.6f},\n"
-            " \"mask_s\": {\"p50\": %.7f, \"p75\": %.7f, \"p99\": %.7f, \"max\": %.7f, \"n\": %zu}}\n",
-            st->passing, pct(st->passing, st->files), st->instances, st->right, st->validation_err,
-            st->ooo_rejected, st->ooo_total, st->invalidation_err, st->tokens,
-            quantile(&st->compile_s, 0.5), quantile(&st->compile_s, 0.9), quantile(&st->mask_s, 0.5),
-            quantile(&st->mask_s, 0.75), quantile(&st->mask_s, 0.99), quantile(&st->mask_s, 1.0),
-            st->mask_s.n);
+    fprintf(
+        out,
+        "},\n \"passing\": %d, \"passing_pct\": %.2f, \"instances\": %d, \"right\": %d, "
+        "\"validation_errors\": %d, \"validation_errors_out_of_order\": %d, "
+        "\"valid_out_of_order\": %d, \"invalidation_errors\": %d, \"tokens\": %zu,\n"
+        " \"compile_s\": {\"p50\": %.6f, \"p90\": %.6f},\n"
+        " \"mask_s\": {\"p50\": %.7f, \"p75\": %.7f, \"p99\": %.7f, \"max\": %.7f, \"n\": %zu}}\n",
+        st->passing, pct(st->passing, st->files), st->instances, st->right, st->validation_err,
+        st->ooo_rejected, st->ooo_total, st->invalidation_err, st->tokens,
+        quantile(&st->compile_s, 0.5), quantile(&st->compile_s, 0.9), quantile(&st->mask_s, 0.5),
+        quantile(&st->mask_s, 0.75), quantile(&st->mask_s, 0.99), quantile(&st->mask_s, 1.0),
+        st->mask_s.n);
     if (c->json_path)
         fclose(out);
     return 0;
@@ -548,7 +553,8 @@ static void print_ratios(const cfg_t *c, const stats_t *st)
         return;
     }
     json_t *pm = json_object_get(p, "mask_s"), *pc = json_object_get(p, "compile_s");
-    double mp50 = json_number_value(json_object_get(pm, "p50")), mp99 = json_number_value(json_object_get(pm, "p99"));
+    double mp50 = json_number_value(json_object_get(pm, "p50")),
+           mp99 = json_number_value(json_object_get(pm, "p99"));
     double cp90 = json_number_value(json_object_get(pc, "p90"));
     double ppass = json_number_value(json_object_get(p, "passing_pct"));
     fprintf(stderr, "vs %s (%s):\n", json_string_value(json_object_get(p, "engine")), c->peer_path);
@@ -556,8 +562,10 @@ static void print_ratios(const cfg_t *c, const stats_t *st)
             pct(st->passing, st->files) - ppass, pct(st->passing, st->files), ppass);
     fprintf(stderr, "%-34s %8d vs %d\n", "invalidation errors", st->invalidation_err,
             (int)json_integer_value(json_object_get(p, "invalidation_errors")));
-    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p50 ratio", mp50 > 0 ? quantile(&st->mask_s, 0.5) / mp50 : 0);
-    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p99 ratio", mp99 > 0 ? quantile(&st->mask_s, 0.99) / mp99 : 0);
+    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p50 ratio",
+            mp50 > 0 ? quantile(&st->mask_s, 0.5) / mp50 : 0);
+    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p99 ratio",
+            mp99 > 0 ? quantile(&st->mask_s, 0.99) / mp99 : 0);
     fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "compile time p90 ratio",
             cp90 > 0 ? quantile(&st->compile_s, 0.9) / cp90 : 0);
     json_decref(p);
@@ -569,21 +577,27 @@ static void usage(void)
 {
     printf("usage: tandem-bench-grammar --dir MASKBENCH_DIR --cache CACHE [-m MODEL] [--every N]\n"
            "                            [--limit N] [--json FILE] [--dump-vocab FILE]\n"
-           "                            [--peer LLG_JSON] [--check [--min-pass FRACTION]] [--verbose]\n"
+           "                            [--peer LLG_JSON] [--check [--min-pass FRACTION]] "
+           "[--verbose]\n"
            "CACHE comes from: python3 bench/grammar_setup.py MASKBENCH_DIR CACHE\n");
 }
 
 /* Parses the command line into *c. Returns 0 to go on, or the exit status with *done set. */
 static int parse_args(int argc, char **argv, cfg_t *c, bool *done)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},    {"dir", required_argument, NULL, 'd'},
-        {"cache", required_argument, NULL, 'c'},    {"every", required_argument, NULL, 'e'},
-        {"limit", required_argument, NULL, 'l'},    {"json", required_argument, NULL, 'j'},
-        {"dump-vocab", required_argument, NULL, 'v'}, {"peer", required_argument, NULL, 'p'},
-        {"check", no_argument, NULL, 'k'},          {"min-pass", required_argument, NULL, 'P'},
-        {"verbose", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"dir", required_argument, NULL, 'd'},
+                                         {"cache", required_argument, NULL, 'c'},
+                                         {"every", required_argument, NULL, 'e'},
+                                         {"limit", required_argument, NULL, 'l'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"dump-vocab", required_argument, NULL, 'v'},
+                                         {"peer", required_argument, NULL, 'p'},
+                                         {"check", no_argument, NULL, 'k'},
+                                         {"min-pass", required_argument, NULL, 'P'},
+                                         {"verbose", no_argument, NULL, 'V'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     c->every = 1;
     *done = true;
     int ch;
@@ -646,8 +660,10 @@ int main(int argc, char **argv)
     if (status == 0 && c.check) {
         double pass = st.compiled ? (double)st.passing / st.compiled : 0;
         if (st.invalidation_err > 0 || pass < c.min_pass) {
-            fprintf(stderr, "bench: check failed: %d invalidation errors, %.4f of compiled schemas "
-                            "passing (floor %.4f)\n", st.invalidation_err, pass, c.min_pass);
+            fprintf(stderr,
+                    "bench: check failed: %d invalidation errors, %.4f of compiled schemas "
+                    "passing (floor %.4f)\n",
+                    st.invalidation_err, pass, c.min_pass);
             status = 1;
         }
     }

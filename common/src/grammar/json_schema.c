@@ -14,21 +14,59 @@
 #include "json_schema_internal.h"
 #include "tandem/json_schema.h"
 
-static const char *const k_supported[] = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "additionalItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf",
-    "$ref", "$defs", "definitions", "minLength", "maxLength", "pattern", "format", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+static const char *const k_supported[] = {"type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "items",
+                                          "prefixItems",
+                                          "additionalItems",
+                                          "minItems",
+                                          "maxItems",
+                                          "enum",
+                                          "const",
+                                          "anyOf",
+                                          "oneOf",
+                                          "allOf",
+                                          "$ref",
+                                          "$defs",
+                                          "definitions",
+                                          "minLength",
+                                          "maxLength",
+                                          "pattern",
+                                          "format",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum",
+                                          NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {
-    "patternProperties", "propertyNames", "dependencies", "dependentRequired",
-    "dependentSchemas", "minProperties", "maxProperties", "not", "if", "then", "else",
-    "uniqueItems", "contains", "minContains", "maxContains", "multipleOf",
-    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
-    "$recursiveRef", "$recursiveAnchor", NULL};
+static const char *const k_refused[] = {"patternProperties",
+                                        "propertyNames",
+                                        "dependencies",
+                                        "dependentRequired",
+                                        "dependentSchemas",
+                                        "minProperties",
+                                        "maxProperties",
+                                        "not",
+                                        "if",
+                                        "then",
+                                        "else",
+                                        "uniqueItems",
+                                        "contains",
+                                        "minContains",
+                                        "maxContains",
+                                        "multipleOf",
+                                        "unevaluatedProperties",
+                                        "unevaluatedItems",
+                                        "$dynamicRef",
+                                        "$dynamicAnchor",
+                                        "$recursiveRef",
+                                        "$recursiveAnchor",
+                                        NULL};
 
 static bool in_list(const char *const *list, const char *key)
 {
@@ -151,8 +189,8 @@ void js_rep(tdm_buf_t *b, const char *x, size_t lo, size_t hi)
         tdm_buf_printf(b, "%s{0,%zu} )", x, r);
         return;
     }
-    tdm_buf_printf(b, "( ( %s{%u} ){0,%zu} %s{0,%u} | ( %s{%u} ){%zu} %s{0,%zu} ) )", x, JS_REP_CHUNK,
-                   q - 1, x, JS_REP_CHUNK - 1, x, JS_REP_CHUNK, q, x, r);
+    tdm_buf_printf(b, "( ( %s{%u} ){0,%zu} %s{0,%u} | ( %s{%u} ){%zu} %s{0,%zu} ) )", x,
+                   JS_REP_CHUNK, q - 1, x, JS_REP_CHUNK - 1, x, JS_REP_CHUNK, q, x, r);
 }
 
 /* ---- primitives ---- */
@@ -272,8 +310,7 @@ static bool ptr_token(const char *p, size_t n, char *tok, size_t cap)
 json_t *js_resolve_ref(js_ctx_t *c, const char *ref, const char *ptr)
 {
     if (ref[0] != '#' || (ref[1] != 0 && ref[1] != '/')) {
-        js_fail(c, ptr, "$ref", "'%s' not supported (only JSON pointers within the document)",
-                ref);
+        js_fail(c, ptr, "$ref", "'%s' not supported (only JSON pointers within the document)", ref);
         return NULL;
     }
     json_t *t = c->root;
@@ -427,8 +464,8 @@ static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
                 return rc;
             if (!js_disjoint(a, b))
                 return js_fail(c, ptr, NULL,
-                               "not supported: branches %zu and %zu may both match (use anyOf)",
-                               i, j);
+                               "not supported: branches %zu and %zu may both match (use anyOf)", i,
+                               j);
         }
     }
     return 0;
@@ -564,7 +601,8 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     }
     int rc = 0;
     if (n == 0)
-        rc = js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
+        rc =
+            js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
     else if (body.oom)
         rc = js_oom(c);
     if (rc == 0) {
@@ -736,8 +774,8 @@ int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule,
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return tdm_error_set(err, TDM_EINVALID, "invalid JSON at line %d, column %d: %s",
-                             je.line, je.column, je.text);
+        return tdm_error_set(err, TDM_EINVALID, "invalid JSON at line %d, column %d: %s", je.line,
+                             je.column, je.text);
     int rc = compile_document(root, rule, out, err);
     json_decref(root);
     return rc;

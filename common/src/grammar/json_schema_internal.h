@@ -16,12 +16,12 @@
 
 #include "tandem/base.h"
 
-#define JS_NAME_MAX 96       /* longest rule name we generate, with the NUL */
-#define JS_PREFIX_MAX 48     /* longest caller-given rule name */
-#define JS_MAX_DEPTH 96      /* nesting of subschemas compiled inside one another */
-#define JS_PTR_MAX 1024      /* longest JSON pointer kept for messages */
-#define JS_LEN_INF SIZE_MAX  /* "no upper bound" for lengths and counts */
-#define JS_REP_CHUNK 1000u   /* larger repetition counts are written as nested ones */
+#define JS_NAME_MAX 96      /* longest rule name we generate, with the NUL */
+#define JS_PREFIX_MAX 48    /* longest caller-given rule name */
+#define JS_MAX_DEPTH 96     /* nesting of subschemas compiled inside one another */
+#define JS_PTR_MAX 1024     /* longest JSON pointer kept for messages */
+#define JS_LEN_INF SIZE_MAX /* "no upper bound" for lengths and counts */
+#define JS_REP_CHUNK 1000u  /* larger repetition counts are written as nested ones */
 
 /* The primitives every schema may use, emitted once each on first use. */
 typedef enum js_prim {
@@ -46,15 +46,15 @@ typedef struct js_ref {
 } js_ref_t;
 
 typedef struct js_ctx {
-    json_t *root;         /* the whole schema document (for $ref) */
-    tdm_buf_t *out;       /* the GBNF being built */
-    tdm_error_t *err;     /* first error */
+    json_t *root;     /* the whole schema document (for $ref) */
+    tdm_buf_t *out;   /* the GBNF being built */
+    tdm_error_t *err; /* first error */
     char prefix[JS_PREFIX_MAX];
-    unsigned next_rule;   /* counter for generated rule names */
+    unsigned next_rule; /* counter for generated rule names */
     bool prim_done[JS_PRIM_COUNT];
-    js_ref_t *refs;       /* $ref targets compiled so far */
+    js_ref_t *refs; /* $ref targets compiled so far */
     size_t n_refs, cap_refs;
-    json_t *keep;         /* array owning the schemas built by merging (allOf, siblings) */
+    json_t *keep; /* array owning the schemas built by merging (allOf, siblings) */
     int depth;
     bool unsat; /* the last refusal says no value is allowed (not: not supported) */
 } js_ctx_t;

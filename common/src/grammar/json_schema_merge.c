@@ -12,10 +12,8 @@
 
 #include "json_schema_internal.h"
 
-static const char *const k_lower[] = {"minimum", "exclusiveMinimum", "minLength", "minItems",
-                                      NULL};
-static const char *const k_upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems",
-                                      NULL};
+static const char *const k_lower[] = {"minimum", "exclusiveMinimum", "minLength", "minItems", NULL};
+static const char *const k_upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", NULL};
 
 static bool in(const char *const *list, const char *key)
 {
@@ -117,8 +115,8 @@ static bool same_names(json_t *a, json_t *b)
     return true;
 }
 
-static const char *const k_must_equal[] = {"pattern", "format", "prefixItems", "additionalItems",
-                                           "$ref", NULL};
+static const char *const k_must_equal[] = {"pattern",         "format", "prefixItems",
+                                           "additionalItems", "$ref",   NULL};
 
 /* The merged value of one keyword both schemas have (*out new reference), or an error. */
 static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const char *ptr,
@@ -146,10 +144,10 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         json_array_extend(*out, y);
     } else if (strcmp(key, "items") == 0 && json_is_object(x) && json_is_object(y)) {
         *out = all_of2(x, y);
-    } else if (json_equal(x, y) || !(in(k_must_equal, key) || in(k_lower, key) ||
-                                     in(k_upper, key) || strcmp(key, "const") == 0 ||
-                                     strcmp(key, "anyOf") == 0 || strcmp(key, "oneOf") == 0 ||
-                                     strcmp(key, "items") == 0)) {
+    } else if (json_equal(x, y) ||
+               !(in(k_must_equal, key) || in(k_lower, key) || in(k_upper, key) ||
+                 strcmp(key, "const") == 0 || strcmp(key, "anyOf") == 0 ||
+                 strcmp(key, "oneOf") == 0 || strcmp(key, "items") == 0)) {
         *out = json_incref(x); /* equal, or an annotation / unknown keyword: the first one's */
     } else {
         return js_fail(c, ptr, NULL, "allOf: two different '%s' cannot be merged", key);
@@ -172,10 +170,10 @@ static int merge_additional(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, 
     if (!same)
         return js_fail(c, ptr, NULL,
                        "allOf: additionalProperties beside different properties not supported");
-    json_t *v = xt                                         ? json_incref(y)
-                : yt                                       ? json_incref(x)
+    json_t *v = xt                                       ? json_incref(y)
+                : yt                                     ? json_incref(x)
                 : (json_is_false(x) || json_is_false(y)) ? json_false()
-                                                           : all_of2(x, y);
+                                                         : all_of2(x, y);
     return json_object_set_new(out, "additionalProperties", v) == 0 ? 0 : js_oom(c);
 }
 

@@ -66,8 +66,8 @@ static int key_excl(js_ctx_t *c, const char **names, size_t n, size_t depth, con
     tdm_buf_puts(&cls, "[^\"\\\\\\x00-\\x1F");
     while (i < n && rc == 0) {
         uint32_t cp;
-        size_t k = tdm_utf8_decode((const unsigned char *)names[i] + depth,
-                                   strlen(names[i]) - depth, &cp);
+        size_t k =
+            tdm_utf8_decode((const unsigned char *)names[i] + depth, strlen(names[i]) - depth, &cp);
         if (k == 0)
             k = 1, cp = (unsigned char)names[i][depth];
         size_t j = i + 1;
@@ -82,8 +82,9 @@ static int key_excl(js_ctx_t *c, const char **names, size_t n, size_t depth, con
         i = j;
     }
     tdm_buf_printf(&cls, "]");
-    tdm_buf_printf(&body, "%s%s %s* \"\\\"\" | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) "
-                          "%s* \"\\\"\"",
+    tdm_buf_printf(&body,
+                   "%s%s %s* \"\\\"\" | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) "
+                   "%s* \"\\\"\"",
                    alts ? " | " : "", cls.data, ch, ch);
     if (rc == 0) {
         js_new_name(c, name);
@@ -226,8 +227,8 @@ static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX
 {
     tdm_buf_t b = TDM_BUF_INIT;
     char xkv[6 * JS_NAME_MAX];
-    snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws,
-             o->extra_value, o->ws);
+    snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws, o->extra_value,
+             o->ws);
     first[o->n][0] = after[o->n][0] = 0;
     int rc = 0;
     if (o->extras) {
@@ -286,8 +287,8 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     size_t cap = json_object_size(props) + json_array_size(req) + 1;
     o.props = calloc(cap, sizeof *o.props);
     o.names = calloc(cap, sizeof *o.names);
-    char (*first)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
-    char (*after)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
+    char(*first)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
+    char(*after)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
     int rc = (!o.props || !o.names || !first || !after) ? js_oom(c) : 0;
     rc = rc ? rc : js_prim(c, JS_PRIM_WS, o.ws);
     rc = rc ? rc : read_additional(c, s, ptr, &o);
@@ -414,8 +415,8 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     tdm_buf_printf(&b, "\"[\" %s", a.ws);
     for (size_t i = 0; i < n_pos && rc == 0; i++) {
         bool optional = i >= a.min;
-        tdm_buf_printf(&b, " %s%s%s %s", optional ? "( " : "", i ? "\",\" " : "",
-                       i ? a.ws : "", a.prefix[i]);
+        tdm_buf_printf(&b, " %s%s%s %s", optional ? "( " : "", i ? "\",\" " : "", i ? a.ws : "",
+                       a.prefix[i]);
         tdm_buf_printf(&b, " %s", a.ws);
         opened += optional;
     }

@@ -20,14 +20,14 @@
 #define D30 "( \"0\" [1-9] | [12] [0-9] | \"30\" )"
 #define D31 "( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )"
 /* leap years: divisible by 4, and not by 100 unless by 400 */
-#define LEAP                                                                                   \
-    "( [0-9]{2} ( [02468] [48] | [13579] [26] | [2468] \"0\" ) | ( [02468] [048] | [13579] "    \
+#define LEAP                                                                                       \
+    "( [0-9]{2} ( [02468] [48] | [13579] [26] | [2468] \"0\" ) | ( [02468] [048] | [13579] "       \
     "[26] ) \"00\" )"
-#define DATE                                                                                   \
-    "( [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" " D31 " | ( \"0\" [469] | "  \
+#define DATE                                                                                       \
+    "( [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" " D31 " | ( \"0\" [469] | "           \
     "\"11\" ) \"-\" " D30 " | \"02-\" " D28 " ) | " LEAP " \"-02-29\" )"
-#define TIME                                                                                   \
-    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "     \
+#define TIME                                                                                       \
+    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "       \
     "[0-9]+ )? ( [zZ] | [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"
 #define OCTET "( \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] )"
 
@@ -113,7 +113,10 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (!has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
         return js_prim(c, JS_PRIM_STRING, name);
     if (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF))
-        return js_fail(c, ptr, has_pattern ? "pattern" : lo ? "minLength" : "maxLength",
+        return js_fail(c, ptr,
+                       has_pattern ? "pattern"
+                       : lo        ? "minLength"
+                                   : "maxLength",
                        "not supported together with format");
     if (lo > hi)
         return js_fail(c, ptr, "minLength", "greater than maxLength");

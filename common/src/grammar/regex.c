@@ -443,7 +443,8 @@ static int parse_group(rx_t *r, tdm_buf_t *b, rx_len_t *len)
         } else if (rx_peek(r) == '<' || rx_peek(r) == 'P') {
             if (rx_peek(r) == 'P')
                 r->i++;
-            if (rx_peek(r) != '<' || (r->i + 1 < r->n && (r->s[r->i + 1] == '=' || r->s[r->i + 1] == '!')))
+            if (rx_peek(r) != '<' ||
+                (r->i + 1 < r->n && (r->s[r->i + 1] == '=' || r->s[r->i + 1] == '!')))
                 return rx_fail(r, "lookbehind not supported");
             while (!rx_eof(r) && rx_peek(r) != '>')
                 r->i++;
