@@ -18,8 +18,8 @@
 
 #define JS_NAME_MAX 96      /* longest rule name we generate, with the NUL */
 #define JS_PREFIX_MAX 48    /* longest caller-given rule name */
-#define JS_MAX_DEPTH 96     /* nesting of subschemas compiled inside one another */
-#define JS_PTR_MAX 1024     /* longest JSON pointer kept for messages */
+#define JS_MAX_DEPTH 64     /* nesting of subschemas compiled inside one another */
+#define JS_PTR_MAX 512      /* longest JSON pointer kept for messages */
 #define JS_LEN_INF SIZE_MAX /* "no upper bound" for lengths and counts */
 #define JS_REP_CHUNK 1000u  /* larger repetition counts are written as nested ones */
 
