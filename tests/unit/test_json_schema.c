@@ -258,7 +258,14 @@ static void test_string_lengths_and_pattern(void **state)
     /* a length bound the pattern already implies is kept; another is refused */
     check("{\"type\":\"string\",\"pattern\":\"^[a-z]{2}$\",\"maxLength\":5}", GOOD("\"ab\""),
           BAD("\"a\""));
-    refused("{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":5}",
+    /* built in when exact: one repeated class in an anchored pattern */
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":5}",
+          GOOD("\"a\"", "\"abcde\""), BAD("\"\"", "\"abcdef\"", "\"ab1\""));
+    check("{\"type\":\"string\",\"pattern\":\"^id-[0-9a-f]*-x$\",\"minLength\":7,\"maxLength\":8}",
+          GOOD("\"id-ab-x\"", "\"id-abc-x\""), BAD("\"id-a-x\"", "\"id-abcd-x\""));
+    refused("{\"type\":\"string\",\"pattern\":\"^[a-z]+[0-9]+$\",\"maxLength\":5}",
+            "/maxLength: not supported together with a pattern that allows other lengths");
+    refused("{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":5}",
             "/maxLength: not supported together with a pattern that allows other lengths");
     refused(
         "{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
@@ -465,6 +472,9 @@ static void test_choice(void **state)
     tdm_grammar_destroy(&g);
     assert_int_equal(tdm_choice_to_gbnf(choices, 0, &out, &err), TDM_EINVALID);
     assert_string_equal(err.msg, "choice: the list is empty");
+    const char *const bad_utf8[] = {"ok", "\xff"};
+    assert_int_equal(tdm_choice_to_gbnf(bad_utf8, 2, &out, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "choice: entry 1 is not UTF-8");
     tdm_buf_free(&out);
 }
 

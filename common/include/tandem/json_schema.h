@@ -49,7 +49,7 @@ int tdm_regex_to_gbnf_rule(const char *re, size_t len, const char *rule, tdm_buf
 
 /* Appends `root ::= "c0" | "c1" | ...`: exactly one of the n strings (each a NUL-terminated
  * UTF-8 text taken literally, not JSON-escaped). Returns 0, TDM_EINVALID when n is 0 or an
- * entry is NULL, or TDM_ERESOURCE on out of memory. */
+ * entry is NULL or not UTF-8, or TDM_ERESOURCE on out of memory. */
 int tdm_choice_to_gbnf(const char *const *choices, size_t n, tdm_buf_t *out, tdm_error_t *err);
 
 #ifdef __cplusplus

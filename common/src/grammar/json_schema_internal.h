@@ -135,11 +135,15 @@ int js_gbnf_lit(tdm_buf_t *b, const char *s, size_t n);
 
 /* Translates the regex re[len] (the subset of docs/structured-output.md) to a GBNF expression
  * appended to expr. json_mode: the expression matches the JSON-escaped content of a string
- * whose decoded text matches (search semantics: an unanchored side gets any text);
- * otherwise it matches the text itself, whole (anchors optional). *min_len / *max_len get
- * the bounds of the length of matched text in characters (JS_LEN_INF: unbounded). Returns 0
- * or TDM_EINVALID with "what (at offset N)" in err, TDM_ERESOURCE on out of memory. */
-int js_regex_expr(const char *re, size_t len, bool json_mode, const char *char_rule,
-                  tdm_buf_t *expr, size_t *min_len, size_t *max_len, tdm_error_t *err);
+ * whose decoded text matches (search semantics: an unanchored side gets any text, char_rule
+ * repeated); otherwise it matches the text itself, whole (anchors optional). In JSON mode,
+ * length bounds [want_lo, want_hi] (minLength / maxLength; 0, JS_LEN_INF for none) are built
+ * into the expression when that is exact (an anchored sequence with one repeated character
+ * class); the caller compares them with the result. *min_len / *max_len get the bounds of
+ * the length of matched text in characters (JS_LEN_INF: unbounded). Returns 0 or TDM_EINVALID
+ * with "what (at offset N)" in err, TDM_ERESOURCE on out of memory. */
+int js_regex_expr(const char *re, size_t len, bool json_mode, const char *char_rule, size_t want_lo,
+                  size_t want_hi, tdm_buf_t *expr, size_t *min_len, size_t *max_len,
+                  tdm_error_t *err);
 
 #endif /* TANDEM_GRAMMAR_JSON_SCHEMA_INTERNAL_H */

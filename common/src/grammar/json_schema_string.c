@@ -5,8 +5,10 @@
  * Formats enforced: date, time, date-time (RFC 3339 full-date / full-time, `T` or `t`),
  * uuid, email (dot-atom local part @ host name labels), uri (scheme ":" then URI
  * characters), hostname (RFC 1123 labels), ipv4 (dotted quad 0-255). Any other format is
- * refused. A length bound beside a pattern is kept only when the pattern already implies it;
- * a format with another string keyword is refused.
+ * refused. A length bound beside a pattern is built into the pattern when that is exact (an
+ * anchored pattern with one repeated character class: `^[a-z]+$` with maxLength 10), kept when
+ * the pattern already implies it, refused otherwise; a format with another string keyword is
+ * refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -89,8 +91,8 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
         return rc;
     size_t min_len, max_len;
     tdm_error_t e;
-    rc = js_regex_expr(json_string_value(p), json_string_length(p), true, ch, body, &min_len,
-                       &max_len, &e);
+    rc = js_regex_expr(json_string_value(p), json_string_length(p), true, ch, lo, hi, body,
+                       &min_len, &max_len, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
     if (rc != 0)
