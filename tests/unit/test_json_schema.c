@@ -187,6 +187,19 @@ static void test_any_one_all_of(void **state)
     check(
         "{\"allOf\":[{\"type\":\"integer\",\"minimum\":0},{\"maximum\":10},{\"type\":\"number\"}]}",
         GOOD("0", "10"), BAD("-1", "11", "1.5"));
+    /* additionalProperties merge exactly: the other side's properties must satisfy it */
+    check("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":"
+          "false},"
+          "{\"properties\":{\"a\":{\"minimum\":0},\"b\":{}}}]}",
+          GOOD("{}", "{\"a\":1}"), BAD("{\"a\":-1}", "{\"b\":1}", "{\"c\":1}"));
+    check("{\"properties\":{\"a\":{},\"b\":{}},\"additionalProperties\":false,\"anyOf\":[{"
+          "\"properties\":"
+          "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+          GOOD("{\"a\":1}", "{\"b\":\"x\"}", "{\"a\":1,\"b\":2}"),
+          BAD("{\"a\":\"x\"}", "{\"c\":1}", "{}"));
+    check("{\"allOf\":[{\"additionalProperties\":{\"type\":\"string\"}},{\"properties\":{\"n\":{}}}"
+          "]}",
+          GOOD("{\"n\":\"s\",\"m\":\"t\"}"), BAD("{\"n\":1}", "{\"m\":1}"));
     refused("{\"allOf\":[{\"pattern\":\"a\"},{\"pattern\":\"b\"}]}",
             "/allOf/1: allOf: two different 'pattern' cannot be merged");
     refused("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",

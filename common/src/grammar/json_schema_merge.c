@@ -1,8 +1,8 @@
 /* json_schema_merge.c - the intersection of two schemas as one schema: allOf, and the
  * sibling keywords of $ref / anyOf / oneOf. What cannot be merged exactly is refused, naming
  * the pointer of the allOf (or anyOf) branch: two different patterns or formats, two anyOf,
- * two prefixItems, additionalProperties beside different property sets, differing draft-4
- * boolean exclusives.
+ * two prefixItems, differing draft-4 boolean exclusives. additionalProperties merges exactly:
+ * a property one side defines must also satisfy the other side's additionalProperties.
  *
  * Merged properties, items and additionalProperties become {"allOf": [a, b]}, compiled (and
  * merged) when the compiler gets to them, so recursive schemas merge lazily.
@@ -100,21 +100,6 @@ static json_t *merge_required(json_t *a, json_t *b)
     return out;
 }
 
-/* Whether two property objects define the same names. */
-static bool same_names(json_t *a, json_t *b)
-{
-    const char *key;
-    json_t *v;
-    if (json_object_size(a) != json_object_size(b))
-        return false;
-    json_object_foreach(a, key, v)
-    {
-        if (!json_object_get(b, key))
-            return false;
-    }
-    return true;
-}
-
 static const char *const k_must_equal[] = {"pattern",         "format", "prefixItems",
                                            "additionalItems", "$ref",   NULL};
 
@@ -155,8 +140,18 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
     return *out ? 0 : js_oom(c);
 }
 
-/* additionalProperties of the merge: exact only over the same property names. */
-static int merge_additional(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t *out)
+/* s (a property's schema) also constrained by the other side's additionalProperties ap. */
+static json_t *and_additional(json_t *s, json_t *ap)
+{
+    if (!ap || json_is_true(ap))
+        return json_incref(s);
+    return json_is_false(ap) ? json_false() : all_of2(s, ap);
+}
+
+/* additionalProperties of the merge, exact: a property only one side defines must also
+ * satisfy the other side's additionalProperties, and the merged additionalProperties is both
+ * sides' (false when either is). Rewrites out's "properties" (a fresh copy). */
+static int merge_additional(js_ctx_t *c, json_t *a, json_t *b, json_t *out)
 {
     json_t *x = json_object_get(a, "additionalProperties");
     json_t *y = json_object_get(b, "additionalProperties");
@@ -164,17 +159,28 @@ static int merge_additional(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, 
     if (xt && yt)
         return 0;
     json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
-    json_t *e = json_object();
-    bool same = same_names(pa ? pa : e, pb ? pb : e);
-    json_decref(e);
-    if (!same)
-        return js_fail(c, ptr, NULL,
-                       "allOf: additionalProperties beside different properties not supported");
-    json_t *v = xt                                       ? json_incref(y)
-                : yt                                     ? json_incref(x)
-                : (json_is_false(x) || json_is_false(y)) ? json_false()
-                                                         : all_of2(x, y);
-    return json_object_set_new(out, "additionalProperties", v) == 0 ? 0 : js_oom(c);
+    json_t *props = json_copy(json_object_get(out, "properties"));
+    if (!props)
+        props = json_object();
+    const char *key;
+    json_t *v;
+    json_object_foreach(pa, key, v)
+    {
+        if (!json_object_get(pb, key))
+            json_object_set_new(props, key, and_additional(v, y));
+    }
+    json_object_foreach(pb, key, v)
+    {
+        if (!json_object_get(pa, key))
+            json_object_set_new(props, key, and_additional(v, x));
+    }
+    json_t *ap = xt                                       ? json_incref(y)
+                 : yt                                     ? json_incref(x)
+                 : (json_is_false(x) || json_is_false(y)) ? json_false()
+                                                          : all_of2(x, y);
+    int rc = json_object_set_new(out, "additionalProperties", ap);
+    rc |= json_object_set_new(out, "properties", props);
+    return rc == 0 ? 0 : js_oom(c);
 }
 
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
@@ -219,7 +225,7 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
             json_object_set(m, key, v) != 0)
             return js_oom(c);
     }
-    rc = merge_additional(c, a, b, ptr, m);
+    rc = merge_additional(c, a, b, m);
     *out = m;
     return rc;
 }
