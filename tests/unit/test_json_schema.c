@@ -121,6 +121,13 @@ static void test_additional_properties(void **state)
             "/required: 'z' is not in properties and additionalProperties is false");
     check("{\"type\":\"object\",\"properties\":{\"a\":false}}", GOOD("{\"b\":1}"),
           BAD("{\"a\":1}"));
+    /* minProperties 1: at least one member */
+    check("{\"type\":\"object\",\"minProperties\":1}", GOOD("{\"x\":1}"), BAD("{}"));
+    check("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,"
+          "\"minProperties\":1}",
+          GOOD("{\"a\":1}"), BAD("{}"));
+    refused("{\"type\":\"object\",\"minProperties\":2}",
+            "/minProperties: not supported (only 0 and 1)");
     /* an optional property no value fits is left out (a required one is refused) */
     check("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{}}}",
           GOOD("{\"b\":1}", "{}"), BAD("{\"a\":\"x\"}", "{\"a\":{}}"));
@@ -357,8 +364,8 @@ static void test_refused_keywords(void **state)
     refused("{\"not\":{}}", "/not: not supported");
     refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
-    refused("{\"$defs\":{\"a/b\":{\"minProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
-            "/$defs/a~1b/minProperties: not supported");
+    refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
+            "/$defs/a~1b/maxProperties: not supported");
     refused("{\"type\":\"strin\"}", "/type: unknown type 'strin'");
     refused("{\"minItems\":-1}", "/minItems: must be a non-negative integer");
     refused("false", "/: the schema false allows no value");

@@ -39,6 +39,7 @@ static const char *const k_supported[] = {"type",
                                           "maximum",
                                           "exclusiveMinimum",
                                           "exclusiveMaximum",
+                                          "minProperties",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
@@ -49,7 +50,6 @@ static const char *const k_refused[] = {"patternProperties",
                                         "dependencies",
                                         "dependentRequired",
                                         "dependentSchemas",
-                                        "minProperties",
                                         "maxProperties",
                                         "not",
                                         "if",
@@ -265,6 +265,9 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
                 continue;
             return js_fail(c, ptr, key, "not supported");
         }
+        if (strcmp(key, "minProperties") == 0 &&
+            !(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 1))
+            return js_fail(c, ptr, key, "not supported (only 0 and 1)");
         if (in_list(k_supported, key) && strcmp(key, "$defs") != 0 &&
             strcmp(key, "definitions") != 0)
             *has_constraints = true;

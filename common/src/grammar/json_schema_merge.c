@@ -12,7 +12,8 @@
 
 #include "json_schema_internal.h"
 
-static const char *const k_lower[] = {"minimum", "exclusiveMinimum", "minLength", "minItems", NULL};
+static const char *const k_lower[] = {"minimum",  "exclusiveMinimum", "minLength",
+                                      "minItems", "minProperties",    NULL};
 static const char *const k_upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", NULL};
 
 static bool in(const char *const *list, const char *key)

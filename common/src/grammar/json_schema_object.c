@@ -8,7 +8,8 @@
  * schema) come after all the defined ones, with keys that are none of the defined names (a
  * key written with \u escapes is compared as written). A required name that `properties`
  * does not define is a defined property whose value follows additionalProperties, placed
- * after the others.
+ * after the others. minProperties 1 (the only count supported besides 0) asks for at least
+ * one member.
  *
  * Whitespace: the primitive `ws` (at most one space, or one newline and up to 20 spaces or
  * tabs) after every `{ [ , :` and after every member value, so compact and pretty-printed JSON
@@ -280,7 +281,8 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     json_t *ap = json_object_get(s, "additionalProperties");
     if (req && !json_is_array(req))
         return js_fail(c, ptr, "required", "must be an array of strings");
-    if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)))
+    bool non_empty = json_integer_value(json_object_get(s, "minProperties")) >= 1;
+    if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)) && !non_empty)
         return js_prim(c, JS_PRIM_OBJECT, name);
     objspec_t o;
     memset(&o, 0, sizeof o);
@@ -297,8 +299,10 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (rc == 0 && o.extras)
         rc = extra_key(c, &o);
     rc = rc ? rc : emit_chain(c, &o, first, after);
+    if (rc == 0 && non_empty && !first[0][0])
+        rc = js_fail_unsat(c, ptr, "minProperties", "no property can appear");
     if (rc == 0) {
-        bool nullable = true;
+        bool nullable = !non_empty; /* minProperties 1: at least one member */
         for (size_t k = 0; k < o.n; k++)
             nullable = nullable && !o.props[k].required;
         char body[2 * JS_NAME_MAX + 64];
