@@ -133,7 +133,11 @@ static void refusal_keyword(const char *msg, char *kw, size_t cap)
 {
     const char *end = strstr(msg, ": ");
     if (msg[0] != '/' || !end) {
-        snprintf(kw, cap, "%s", strncmp(msg, "line ", 5) == 0 ? "(grammar engine)" : "(other)");
+        snprintf(kw, cap, "%s",
+                 strncmp(msg, "line ", 5) == 0          ? "(grammar engine)"
+                 : strstr(msg, "too ambiguous") != NULL ? "(too ambiguous)"
+                 : strstr(msg, "jansson") != NULL       ? "(JSON unreadable)"
+                                                        : "(other)");
         return;
     }
     const char *p = end;
@@ -397,13 +401,16 @@ static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", c->dir, name);
     json_error_t je;
-    json_t *doc = json_load_file(path, 0, &je);
+    json_t *doc = json_load_file(path, JSON_ALLOW_NUL, &je);
     char *schema = doc ? json_dumps(json_object_get(doc, "schema"),
                                     JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17))
                        : NULL;
+    bool loaded = doc != NULL;
     json_decref(doc);
-    if (!schema) {
-        count_refusal(st, "(unreadable file)");
+    if (!schema) { /* jansson cannot read it (an integer beyond 64 bits, ...) */
+        count_refusal(st, "(file unreadable by jansson)");
+        if (c->verbose)
+            fprintf(stderr, "bench: %s refused: %s\n", name, loaded ? "out of memory" : je.text);
         return NULL;
     }
     tdm_buf_t gbnf = TDM_BUF_INIT;
@@ -441,9 +448,11 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
     tdm_grammar_t *g = rc == 0 ? compile_file(c, st, name) : NULL;
     tdm_error_t err;
     tdm_grammar_matcher_t *m = g ? tdm_grammar_matcher_new(g, b->vocab, &err) : NULL;
-    if (g && !m) {
+    if (g && !m) { /* the engine refused the start state (too ambiguous) */
         count_refusal(st, err.msg);
         st->compile_s.n--;
+        if (c->verbose)
+            fprintf(stderr, "bench: %s refused: %s\n", name, err.msg);
     }
     bool all_right = m != NULL;
     for (size_t i = 0; m && i < n; i++) {

@@ -7,7 +7,7 @@
 # Usage: sh grammar_check.sh BENCH_BINARY SOURCE_DIR SHARED_DIR WORK_DIR
 set -eu
 bench=$1 src=$2 shared=$3 work=$4
-# Measured at this commit: 486 of the 524 schemas compile and all 486 judge every instance
+# Measured at this commit: 488 of the 524 schemas compile and all 488 judge every instance
 # right, so the floor is 1.0: the list of known exceptions is empty. (A valid instance that
 # lists properties out of definition order would be one, by design: docs/structured-output.md;
 # the sample has one, in a schema refused for its oneOf.)

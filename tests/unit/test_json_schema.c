@@ -270,6 +270,11 @@ static void test_string_lengths_and_pattern(void **state)
     check("{\"type\":\"string\",\"pattern\":\"ab\"}", GOOD("\"ab\"", "\"xaby\""), BAD("\"a b\""));
     check("{\"type\":\"string\",\"pattern\":\"^(foo|ba[rz])?$\"}",
           GOOD("\"\"", "\"foo\"", "\"baz\""), BAD("\"bar \""));
+    /* NUL: the regex escape \\u0000, and the character itself (JSON escape in the schema) */
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\\\u0000]+$\"}", GOOD("\"ab\""),
+          BAD("\"a\\u0000\"", "\"\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\u0000]+$\"}", GOOD("\"ab\""),
+          BAD("\"a\\u0000\""));
     /* JSON escapes of the characters a pattern allows */
     check("{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\]+$\"}", GOOD("\"\\\"\\\\\""),
           BAD("\"a\""));

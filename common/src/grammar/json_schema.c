@@ -775,7 +775,8 @@ int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule,
         return tdm_error_set(err, TDM_EINVALID, "rule name '%s' is not [a-zA-Z0-9-]+",
                              rule ? rule : "(null)");
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    json_t *root =
+        json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root)
         return tdm_error_set(err, TDM_EINVALID, "invalid JSON at line %d, column %d: %s", je.line,
                              je.column, je.text);
