@@ -1,5 +1,6 @@
-/* cmd_grammar.c - `tandem grammar check`: compiles a GBNF grammar and reports its size or the
- * error (line, column, rule); with --instance, feeds a file's bytes through a matcher (and,
+/* cmd_grammar.c - `tandem grammar check`: compiles a GBNF grammar (or a JSON Schema, through
+ * the schema compiler) and reports its size or the error (line, column, rule; the schema's
+ * JSON pointer); with --instance, feeds a file's bytes through a matcher (and,
  * with --model, the file's tokens through the token mask, as constrained decoding does).
  *
  * The checks take GBNF text (check_gbnf), so any front end that produces GBNF (a JSON Schema
@@ -14,16 +15,19 @@
 #include "commands.h"
 #include "tandem/gguf.h"
 #include "tandem/grammar.h"
+#include "tandem/json_schema.h"
 #include "tandem/tokenizer.h"
 
 #define GRAMMAR_MAX_INSTANCE (64u << 20) /* largest --instance file, bytes */
 
 #define GRAMMAR_SYNOPSIS                                                                           \
-    "usage: tandem grammar check --grammar G.gbnf [--root RULE] [--instance FILE]\n"               \
-    "                            [--model M.gguf] [--time]\n"
+    "usage: tandem grammar check (--grammar G.gbnf [--root RULE] | --schema S.json)\n"             \
+    "                            [--print] [--instance FILE] [--model M.gguf] [--time]\n"
 
 typedef struct grammar_opts {
     const char *grammar;  /* GBNF file */
+    const char *schema;   /* JSON Schema file (instead of grammar) */
+    bool print;           /* print the GBNF (the schema's compiled grammar) */
     const char *root;     /* start rule; NULL: root */
     const char *instance; /* file to feed; NULL: none */
     const char *model;    /* GGUF whose tokenizer splits the instance; NULL: bytes only */
@@ -45,6 +49,10 @@ static void usage(FILE *out)
             "options:\n"
             "  -g, --grammar FILE   the GBNF grammar\n"
             "      --root RULE      the start rule (default: root)\n"
+            "  -s, --schema FILE    a JSON Schema instead: compiled to GBNF as the router does\n"
+            "                       (docs/structured-output.md); refusals name the keyword's\n"
+            "                       JSON pointer\n"
+            "      --print          print the GBNF text that is checked\n"
             "  -i, --instance FILE  feed FILE's bytes: prints accepted, rejected at byte offset\n"
             "                       N, or incomplete\n"
             "  -m, --model PATH     also tokenize the instance with this GGUF's tokenizer and\n"
@@ -213,13 +221,49 @@ static int check_gbnf(const char *what, const char *gbnf, size_t len, const gram
     return rc;
 }
 
+/* The GBNF to check: the --grammar file, or the --schema file compiled. *text is a heap string
+ * the caller frees. Returns 0, or TDM_EINVALID with the error printed. */
+static int read_gbnf(const grammar_opts_t *o, char **text, size_t *len)
+{
+    tdm_error_t err = {0};
+    const char *path = o->grammar ? o->grammar : o->schema;
+    size_t cap = o->grammar ? TDM_GRAMMAR_MAX_TEXT_BYTES + 1 : GRAMMAR_MAX_INSTANCE;
+    char *data;
+    size_t n;
+    if (tdm_read_file(path, cap, &data, &n, &err) != TDM_OK) {
+        fprintf(stderr, "tandem grammar: %s: %s\n", path, err.msg);
+        return TDM_EINVALID;
+    }
+    if (o->grammar) {
+        *text = data;
+        *len = n;
+        return TDM_OK;
+    }
+    tdm_buf_t gbnf = {0};
+    int rc = tdm_json_schema_to_gbnf(data, n, &gbnf, &err);
+    free(data);
+    if (rc != TDM_OK) {
+        fprintf(stderr, "tandem grammar: %s: %s\n", path, err.msg);
+        tdm_buf_free(&gbnf);
+        return TDM_EINVALID;
+    }
+    *len = gbnf.len;
+    *text = tdm_buf_take(&gbnf);
+    if (!*text) {
+        fprintf(stderr, "tandem grammar: %s: out of memory\n", path);
+        return TDM_ERESOURCE;
+    }
+    return TDM_OK;
+}
+
 int tdm_cmd_grammar(int argc, char **argv)
 {
     grammar_opts_t o = {0};
     const tdm_cli_opt_t opts[] = {
         TDM_CLI_OPT_STR("grammar", 'g', &o.grammar),   TDM_CLI_OPT_STR("root", 0, &o.root),
         TDM_CLI_OPT_STR("instance", 'i', &o.instance), TDM_CLI_OPT_STR("model", 'm', &o.model),
-        TDM_CLI_OPT_TRUE("time", 0, &o.time),          TDM_CLI_OPT_END,
+        TDM_CLI_OPT_TRUE("time", 0, &o.time),          TDM_CLI_OPT_STR("schema", 's', &o.schema),
+        TDM_CLI_OPT_TRUE("print", 0, &o.print),        TDM_CLI_OPT_END,
     };
     const tdm_cli_spec_t spec = {"tandem grammar", usage, usage_hint, opts};
     if (argc < 2 || strcmp(argv[1], "check") != 0) {
@@ -235,20 +279,22 @@ int tdm_cmd_grammar(int argc, char **argv)
     int rc = tdm_cli_parse(&spec, argc - 1, argv + 1, &done);
     if (done)
         return rc;
-    if (!o.grammar || optind < argc - 1) {
+    if (!o.grammar == !o.schema || optind < argc - 1) {
         fprintf(stderr, "tandem grammar: %s\n",
-                o.grammar ? "unexpected operand" : "--grammar is required");
+                optind < argc - 1 ? "unexpected operand"
+                : o.grammar       ? "--grammar and --schema exclude each other"
+                                  : "--grammar or --schema is required");
         usage_hint();
         return 2;
     }
+    const char *what = o.grammar ? o.grammar : o.schema;
     char *text;
     size_t len;
-    tdm_error_t err = {0};
-    if (tdm_read_file(o.grammar, TDM_GRAMMAR_MAX_TEXT_BYTES + 1, &text, &len, &err) != TDM_OK) {
-        fprintf(stderr, "tandem grammar: %s: %s\n", o.grammar, err.msg);
+    if (read_gbnf(&o, &text, &len) != TDM_OK)
         return 1;
-    }
-    rc = check_gbnf(o.grammar, text, len, &o);
+    if (o.print)
+        fwrite(text, 1, len, stdout);
+    rc = check_gbnf(what, text, len, &o);
     free(text);
     return rc;
 }

@@ -47,7 +47,17 @@ expect 1 "incomplete" "instance: incomplete (4 bytes" check -g "$tmp/num.gbnf" -
 expect 1 "other root" "no rule named 'list'" check -g "$tmp/num.gbnf" --root list
 expect 1 "missing file" "$tmp/none.gbnf" check -g "$tmp/none.gbnf"
 expect 2 "no subcommand" "expecting the subcommand 'check'" --grammar "$tmp/num.gbnf"
-expect 2 "no grammar" "--grammar is required" check
+expect 2 "no grammar" "--grammar or --schema is required" check
+expect 2 "both" "--grammar and --schema exclude each other" check -g "$tmp/num.gbnf" -s "$tmp/num.gbnf"
+
+printf '{"type":"object","properties":{"name":{"type":"string","maxLength":10},"age":{"type":"integer","minimum":0,"maximum":150}},"required":["name","age"]}' >"$tmp/person.json"
+printf '{"name":"Bob","age":42}' >"$tmp/bob.json"
+printf '{"name":"Bob","age":420}' >"$tmp/old.json"
+printf '{"type":"object","patternProperties":{"a":{}}}' >"$tmp/pattern.json"
+expect 0 "schema accepted" "instance: accepted (23 bytes)" check --schema "$tmp/person.json" -i "$tmp/bob.json"
+expect 1 "schema bound" "instance: rejected at byte offset 22" check -s "$tmp/person.json" -i "$tmp/old.json"
+expect 1 "schema refused" "pattern.json: /patternProperties: not supported" check -s "$tmp/pattern.json"
+expect 0 "schema print" 'root ::= ' check -s "$tmp/person.json" --print
 expect 0 "help" "usage: tandem grammar check" --help
 
 model=${TANDEM_MODEL:-${XDG_CACHE_HOME:-${HOME:-/nonexistent}/.cache}/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf}
