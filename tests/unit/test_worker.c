@@ -120,7 +120,7 @@ static void rig_open(fixture_t *fx, rig_t *r, tdm_worker_mode_t mode, uint32_t n
     ep.n_threads = 1;
     r->engine = tdm_engine_new(fx->f.model, r->pool, &ep, &err);
     assert_non_null(r->engine);
-    tdm_worker_opts_t o = {mode, max_batch, max_running, 64, 512, true, g_prefill_chunk};
+    tdm_worker_opts_t o = {mode, max_batch, max_running, 64, 512, true, g_prefill_chunk, NULL};
     r->w = tdm_worker_new(r->engine, r->pool, fx->tok, fx->f.n_vocab, &o, &err);
     if (!r->w)
         fail_msg("%s", err.msg);
@@ -205,7 +205,7 @@ static void add_all(fixture_t *fx, rig_t *r, int32_t prompts[N_REQ][128], bool g
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL};
         tdm_error_t err = {0};
         if (tdm_worker_add(r->w, &req, &err) != 0)
             fail_msg("%s", err.msg);
@@ -228,7 +228,7 @@ static void reference(fixture_t *fx, out_t *ref, bool greedy)
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, ref);
@@ -364,7 +364,7 @@ static void test_prefill_then_decode(void **state)
             sp.max_tokens = max_tokens[k];
             sp.ignore_eos = true;
             tdm_worker_req_t req = {ev[i].request_id,  prompts[k], prompt_len[k], &sp, &dst,
-                                    ev[i].first_token, NULL};
+                                    ev[i].first_token, NULL,       NULL};
             assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
             assert_int_equal(dst.n_blocks, 0); /* taken over */
             prefilled++;
@@ -399,7 +399,7 @@ static void test_prefilled_finishes_at_once(void **state)
         sp.n_stop_token_ids = 1;
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL};
+        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL, NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
     }
@@ -435,18 +435,18 @@ static void test_cancel_and_errors(void **state)
 
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
-    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL};
+    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &dup, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "already"));
-    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL};
+    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &empty, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "prompt"));
     static int32_t big[600];
-    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL};
+    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &toolong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context"));
     int32_t bad = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL};
+    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "vocabulary"));
     for (int k = 0; k < N_REQ; k++) {
@@ -529,7 +529,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     sp.max_tokens = 4;
-    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL};
+    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL, NULL};
     tdm_error_t err = {0};
     alloc_watch(true);
     int rc = tdm_worker_add(r.w, &req, &err);
@@ -544,7 +544,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_kv_seq_init(&seq);
     assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 20), 0);
     seq.n_tokens = 20;
-    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL};
+    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL, NULL};
     sp.max_tokens = 400; /* a table of 420 tokens: more than the 8 entries it has */
     alloc_watch(true);
     rc = tdm_worker_add(r.w, &pre, &err);
@@ -585,7 +585,7 @@ static void test_events_carry_user(void **state)
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
         tags[k] = k;
-        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k]};
+        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k], NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     }
