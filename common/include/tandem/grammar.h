@@ -28,6 +28,10 @@ extern "C" {
 #endif
 
 #define TDM_GRAMMAR_MAX_TEXT_BYTES (1u << 20) /* longest GBNF text accepted (1 MiB) */
+/* Ambiguity bound: a matcher state holds at most this many parse stacks. A continuation that
+ * would need more is refused (treated as leaving the grammar) and errmsg says why; memory
+ * stays bounded whatever the grammar. Unambiguous grammars (JSON, schemas) use a handful. */
+#define TDM_GRAMMAR_MAX_STACKS 1024u
 
 typedef struct tdm_grammar tdm_grammar_t;
 typedef struct tdm_grammar_vocab tdm_grammar_vocab_t;
@@ -44,6 +48,8 @@ void tdm_grammar_destroy(tdm_grammar_t **self_p); /* accepts NULL; sets *self_p 
 
 /* Bytes the compiled grammar holds (for caches bounded in bytes). */
 size_t tdm_grammar_size_bytes(const tdm_grammar_t *g);
+/* Rules of the compiled grammar, those generated for groups and repetitions included. */
+uint32_t tdm_grammar_n_rules(const tdm_grammar_t *g);
 
 /* The vocabulary as the mask sees it: each token's decoded bytes
  * (tdm_tokenizer_token_bytes, render_special false) in a trie; control and unused tokens
@@ -62,8 +68,17 @@ tdm_grammar_matcher_t *tdm_grammar_matcher_new(const tdm_grammar_t *g, const tdm
 void tdm_grammar_matcher_destroy(tdm_grammar_matcher_t **self_p);
 void tdm_grammar_matcher_reset(tdm_grammar_matcher_t *m); /* back to the start */
 
+/* Puts dst in src's state (both of the same grammar and vocabulary): for trying tokens and
+ * rolling back. Returns 0, TDM_EINVALID for matchers of different grammars or vocabularies,
+ * or TDM_ERESOURCE on out of memory (dst is then unchanged). */
+int tdm_grammar_matcher_copy(tdm_grammar_matcher_t *dst, const tdm_grammar_matcher_t *src);
+/* A new matcher in m's state. Returns NULL with *err set on out of memory; free with
+ * tdm_grammar_matcher_destroy. */
+tdm_grammar_matcher_t *tdm_grammar_matcher_clone(const tdm_grammar_matcher_t *m, tdm_error_t *err);
+
 /* Advances over n bytes of output. Returns true, or false (state unchanged) when the bytes
- * leave the grammar. */
+ * leave the grammar (or, rarely, when a bound of the matcher was hit: errmsg then says so;
+ * see TDM_GRAMMAR_MAX_STACKS). */
 bool tdm_grammar_matcher_accept_bytes(tdm_grammar_matcher_t *m, const char *bytes, size_t n);
 
 /* Advances over one token: its bytes, or, for an end-of-generation token, the end of the
