@@ -28,8 +28,25 @@ int tdm_json_schema_to_gbnf(const char *json, size_t len, tdm_buf_t *out, tdm_er
 int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule, tdm_buf_t *out,
                                  tdm_error_t *err);
 
-/* Appends the GBNF of OpenAI's `json_object` mode (any JSON object) to *out. */
+/* Appends the GBNF of OpenAI's `json_object` mode (any JSON object) to *out (start rule
+ * `root`). Returns 0 or TDM_ERESOURCE on out of memory. */
 int tdm_json_object_gbnf(tdm_buf_t *out, tdm_error_t *err);
+
+/* Appends `rule ::= ...` (and nothing else) matching exactly the texts the regular expression
+ * re[len] matches as a whole (anchors ^ $ at the ends are accepted and change nothing). The
+ * subset: literals, escapes (\d \D \w \W \s \S \n \t \r \f \v \0 \xHH \uHHHH, escaped
+ * punctuation), classes with ranges and negation, `.` (any character but newline), groups
+ * `( )` `(?: )` `(?<name> )`, alternation, `* + ? {m} {m,} {m,n}` (lazy forms too), anchors at
+ * the ends of top-level alternatives (docs/structured-output.md). Returns 0, TDM_EINVALID with
+ * "regex: what (at offset N)" (backreferences, lookaround, \b, flags, anchors inside, syntax
+ * errors, a rule name that is not [a-zA-Z0-9-]+), or TDM_ERESOURCE on out of memory. */
+int tdm_regex_to_gbnf_rule(const char *re, size_t len, const char *rule, tdm_buf_t *out,
+                           tdm_error_t *err);
+
+/* Appends `root ::= "c0" | "c1" | ...`: exactly one of the n strings (each a NUL-terminated
+ * UTF-8 text taken literally, not JSON-escaped). Returns 0, TDM_EINVALID when n is 0 or an
+ * entry is NULL, or TDM_ERESOURCE on out of memory. */
+int tdm_choice_to_gbnf(const char *const *choices, size_t n, tdm_buf_t *out, tdm_error_t *err);
 
 #ifdef __cplusplus
 }
