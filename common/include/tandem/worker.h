@@ -162,8 +162,9 @@ typedef struct tdm_worker_event {
  * it produced through *events (an array owned by the worker, valid until the next call) and
  * *n_events. Returns 0 (also when idle), or the engine's error status when the forward pass
  * failed: then every sequence of that batch gets a FAILED event and its blocks are freed, and
- * the worker stays usable. Allocates nothing (tests/unit/test_worker.c counts): a sequence
- * that cannot get blocks waits or is preempted, a FAILED event (TDM_ERESOURCE, "KV pool
+ * the worker stays usable. Allocates nothing (tests/unit/test_worker.c counts; a constrained
+ * sequence's matcher may fill its bounded caches during its first steps, tandem/grammar.h): a
+ * sequence that cannot get blocks waits or is preempted, a FAILED event (TDM_ERESOURCE, "KV pool
  * exhausted") only when the pool could never hold it. */
 int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
                     tdm_error_t *err);
