@@ -45,6 +45,11 @@ static const char CLASS_GBNF[] = "root ::= word (\",\" word){1,3} tail?\n"
                                  "word ::= [a-zA-Z_]{2,4} | [^a-z,\\n\"]{1,2}\n"
                                  "tail ::= \"\\n\" .? \"\\u00e9\"* [\\u03b1-\\u03c9]+\n";
 
+/* Counted repetitions of characters (the mask's uniform-successor shortcut, near its
+ * bounds). */
+static const char COUNT_GBNF[] =
+    "root ::= \"\\\"\" [^\"\\\\\\n]{0,40} \"\\\"\" (\" \" [a-z]{3,20})?\n";
+
 /* ---- helpers ---- */
 
 static tdm_grammar_t *parse_ok(const char *text)
@@ -292,6 +297,7 @@ static void test_parse_errors(void **state)
                  "line 1, column 13 (rule root): class range end is below its start");
     expect_error("a ::= \"x\"\n", "line 1, column 1 (rule root): no rule named 'root'");
     expect_error("root := \"x\"\n", "line 1, column 6 (rule root): expecting '::='");
+    expect_error("# no name\n  ::= \"x\"\n", "line 2, column 3: expecting a rule name");
     expect_error("root ::= \"a\"\nroot ::= \"b\"\n",
                  "line 2, column 1 (rule root): rule defined twice");
     expect_error("root ::= (\"a\" | \"b\"\n",
@@ -546,6 +552,52 @@ static void test_eos(void **state)
     free(mask);
 }
 
+/* ---- bounds ---- */
+
+/* 150,000 nested brackets: the matcher's tables pass their bounds inside one call and are
+ * rebuilt around the state reached; a refused byte afterwards leaves the state as it was. */
+static void test_deep_nesting(void **state)
+{
+    (void)state;
+    enum { DEPTH = 150000 };
+    tdm_grammar_t *g = parse_ok("root ::= \"[\" root? \"]\"\n");
+    tdm_grammar_matcher_t *m = matcher(g, NULL);
+    char *open = malloc(DEPTH), *close = malloc(DEPTH);
+    assert_true(open && close);
+    memset(open, '[', DEPTH);
+    memset(close, ']', DEPTH);
+    assert_true(tdm_grammar_matcher_accept_bytes(m, open, DEPTH));
+    assert_false(tdm_grammar_matcher_accept_bytes(m, "]]x", 3));
+    assert_true(tdm_grammar_matcher_accept_bytes(m, close, DEPTH - 1));
+    assert_false(tdm_grammar_matcher_is_accepting(m));
+    assert_false(tdm_grammar_matcher_accept_bytes(m, "]]", 2));
+    assert_true(tdm_grammar_matcher_accept_bytes(m, "]", 1));
+    assert_true(tdm_grammar_matcher_is_done(m));
+    /* byte-only matchers have no tokens */
+    assert_int_equal(tdm_grammar_matcher_accept_token(m, 0), TDM_EINVALID);
+    free(open);
+    free(close);
+    tdm_grammar_matcher_destroy(&m);
+    tdm_grammar_destroy(&g);
+}
+
+/* An ambiguous grammar whose stacks grow with the input: past TDM_GRAMMAR_MAX_STACKS the
+ * byte is refused and errmsg says why (memory stays bounded). */
+static void test_ambiguity_bound(void **state)
+{
+    (void)state;
+    tdm_grammar_t *g = parse_ok("root ::= (\"a\" | \"a\" root \"b\")*\n");
+    tdm_grammar_matcher_t *m = matcher(g, NULL);
+    int fed = 0;
+    while (fed < 2000 && tdm_grammar_matcher_accept_bytes(m, "a", 1))
+        fed++;
+    assert_int_equal(fed, 340); /* each "a" adds about three stacks */
+    assert_non_null(strstr(tdm_grammar_matcher_errmsg(m), "TDM_GRAMMAR_MAX_STACKS"));
+    assert_true(tdm_grammar_matcher_accept_bytes(m, "b", 1)); /* the state is intact */
+    tdm_grammar_matcher_destroy(&m);
+    tdm_grammar_destroy(&g);
+}
+
 /* ---- the mask against brute force ---- */
 
 /* What the reference thinks of token t in m's state: its bytes (straight from the tokenizer)
@@ -620,7 +672,7 @@ static void random_walk(const char *gbnf, const tdm_grammar_vocab_t *v, const td
                                                  : tdm_grammar_matcher_fill_mask(m, mask);
         assert_true(count > 0);
         uint32_t pick = (uint32_t)(next_random(&seed) % count), t = 0;
-        for (;; t++)
+        for (; t < n_vocab; t++)
             if (mask_has(mask, (int32_t)t) && !tdm_tokenizer_is_eog(tok, (int32_t)t) && pick-- == 0)
                 break;
         if (t >= n_vocab)
@@ -639,6 +691,7 @@ static void test_mask_tiny_vocab(void **state)
         random_walk(JSON_GBNF, fx->tiny, fx->tiny_tok, seed * 7919, 80, 1);
         random_walk(EXPR_GBNF, fx->tiny, fx->tiny_tok, seed * 104729, 60, 1);
         random_walk(CLASS_GBNF, fx->tiny, fx->tiny_tok, seed * 1299709, 40, 1);
+        random_walk(COUNT_GBNF, fx->tiny, fx->tiny_tok, seed * 15485863, 60, 1);
     }
 }
 
@@ -688,6 +741,9 @@ static void test_mask_default_model(void **state)
     follow_text(CLASS_GBNF, "ab,Zq_,XY\n\xc3\xa9\xce\xb1\xcf\x89", fx->vocab, fx->tok, 1);
     random_walk(JSON_GBNF, fx->vocab, fx->tok, 12345, 12, 3);
     random_walk(CLASS_GBNF, fx->vocab, fx->tok, 777, 8, 2);
+    random_walk(COUNT_GBNF, fx->vocab, fx->tok, 4242, 30, 1);
+    follow_text(COUNT_GBNF, "\"It was the best of times, it was the wor\" off", fx->vocab, fx->tok,
+                1);
 }
 
 int main(void)
@@ -697,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_constructs),           cmocka_unit_test(test_constructs_chars),
         cmocka_unit_test(test_constructs_recursive), cmocka_unit_test(test_utf8_split),
         cmocka_unit_test(test_utf8_invalid),         cmocka_unit_test(test_eos),
+        cmocka_unit_test(test_deep_nesting),         cmocka_unit_test(test_ambiguity_bound),
         cmocka_unit_test(test_mask_tiny_vocab),      cmocka_unit_test(test_mask_default_model),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -61,8 +61,12 @@ void tdm_grammar_vocab_destroy(tdm_grammar_vocab_t **self_p);
 uint32_t tdm_grammar_vocab_n_vocab(const tdm_grammar_vocab_t *v);
 
 /* A matcher: the state of one sequence in grammar g, over vocabulary v (both must outlive
- * it). Starts at the beginning of the start rule. Returns NULL with *err set on out of
- * memory. */
+ * it; v may be NULL for a matcher fed only bytes: it then has no tokens and an empty mask).
+ * Starts at the beginning of the start rule. Returns NULL with *err set: TDM_ERESOURCE on
+ * out of memory, TDM_EINVALID when the start alone needs more than TDM_GRAMMAR_MAX_STACKS
+ * stacks. Memory: the matcher's tables grow with the states it meets and are rebuilt around
+ * the current state past a bound (a few MiB at most in practice; see grammar_internal.h);
+ * up to TDM_GRAMMAR_MASK_CACHE (32) masks of (n_vocab + 31) / 32 words are cached. */
 tdm_grammar_matcher_t *tdm_grammar_matcher_new(const tdm_grammar_t *g, const tdm_grammar_vocab_t *v,
                                                tdm_error_t *err);
 void tdm_grammar_matcher_destroy(tdm_grammar_matcher_t **self_p);

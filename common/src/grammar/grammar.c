@@ -8,7 +8,7 @@ tdm_grammar_t *tdm_grammar_parse(const char *text, size_t len, const char *root_
 {
     if (len > TDM_GRAMMAR_MAX_TEXT_BYTES) {
         tdm_error_set(err, TDM_EINVALID,
-                      "line 1, column 1 (rule ): grammar of %zu bytes is over the limit of %u "
+                      "line 1, column 1: grammar of %zu bytes is over the limit of %u "
                       "(TDM_GRAMMAR_MAX_TEXT_BYTES)",
                       len, TDM_GRAMMAR_MAX_TEXT_BYTES);
         return NULL;

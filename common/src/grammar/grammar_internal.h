@@ -81,6 +81,8 @@ typedef struct gram_ir {
     uint32_t *class_off; /* [n_classes + 1] */
     uint32_t n_classes, cap_classes;
     size_t n_elems_total;
+    uint32_t *names; /* user rule names: open addressing, rule ids + 1 (0: empty) */
+    uint32_t n_names, name_cap;
 } gram_ir_t;
 
 /* Parses GBNF text into ir (zeroed by the caller). Returns 0 or an error (message in err
@@ -102,11 +104,12 @@ tdm_grammar_t *tdm_gram_compile(gram_ir_t *ir, const char *root_rule, tdm_error_
  * every token below it (itself included) is tok_ids[tok_begin..sub_tok_end). */
 typedef struct gram_trie_node {
     uint8_t byte;
-    uint8_t nonascii; /* 1 when a byte >= 0x80 occurs in the subtree */
+    uint8_t nonascii; /* 1 when a byte >= 0x80 occurs in the subtree (itself included) */
     uint16_t depth;   /* 0 for a first byte */
+    uint16_t height;  /* bytes of the longest token below, from this node (>= 1) */
+    uint16_t pad;
     uint32_t end;
     uint32_t tok_begin, tok_end, sub_tok_end;
-    uint32_t ascii[4]; /* bitmap of the ASCII bytes occurring in the subtree (itself included) */
 } gram_trie_node_t;
 
 enum { GRAM_TOK_NEVER = 0, GRAM_TOK_BYTES = 1, GRAM_TOK_EOG = 2 };
@@ -117,6 +120,7 @@ struct tdm_grammar_vocab {
     uint32_t *bytes_off; /* [n_vocab + 1] token t's bytes are blob[bytes_off[t]..bytes_off[t+1]) */
     char *blob;
     gram_trie_node_t *nodes;
+    uint32_t (*node_ascii)[4]; /* [n_nodes] bitmap of the ASCII bytes in node i's subtree */
     uint32_t n_nodes;
     uint32_t *tok_ids; /* tokens in byte-sorted order */
     uint32_t *eog;     /* [n_eog] end-of-generation tokens */
@@ -139,8 +143,13 @@ typedef struct gram_state {
     uint32_t utf8;             /* partial character: 0, or value | rem << 21 | len << 23 */
     uint32_t hash;
     uint32_t mask_slot; /* UINT32_MAX: no cached mask */
-    uint32_t loop_ok;   /* 1 once loop[] is computed */
-    uint32_t loop[4];   /* ASCII bytes b with step(s, b) == s */
+    uint32_t row;       /* dense transitions at rows[row * 256], UINT32_MAX: none */
+    uint32_t hits;      /* live steps the mask walk took from this state */
+    uint8_t uni_ok;     /* 1 once uni / uni_next are computed */
+    uint8_t cover_ok;   /* 1 once cover is computed */
+    uint16_t cover;     /* see tdm_gram_space_cover */
+    uint32_t uni_next;  /* the successor most ASCII bytes lead to (GRAM_DEAD: too few) */
+    uint32_t uni[4];    /* the ASCII bytes b with step(s, b) == uni_next */
 } gram_state_t;
 
 typedef struct gram_space {
@@ -157,6 +166,11 @@ typedef struct gram_space {
     uint32_t state_hash_cap;
     uint32_t *set_pool;
     uint32_t n_pool, cap_pool;
+    uint32_t *rows; /* [n_rows][256] transitions of the states that have a row (GRAM_UNKNOWN:
+                       not computed yet); the others use trans */
+    uint32_t n_rows, cap_rows;
+    uint32_t *row_owner; /* [n_rows] the state holding each row */
+    uint32_t cap_owner, next_row;
     uint64_t *trans; /* open addressing: key (state << 8 | byte) + 1 in high 32, next low */
     uint32_t trans_cap, n_trans;
     uint32_t *work, *out; /* scratch */
@@ -166,10 +180,15 @@ typedef struct gram_space {
     bool oom;
 } gram_space_t;
 
-#define GRAM_MAX_NODES (1u << 20)  /* stack nodes before the tables are rebuilt */
-#define GRAM_MAX_STATES (1u << 16) /* states before the tables are rebuilt */
-#define GRAM_MAX_TRANS (1u << 21)  /* memoised transitions before the rebuild */
-#define GRAM_MAX_POOL (1u << 22)   /* node ids in all states' sets */
+/* Table bounds; a table past half its bound is rebuilt around the current state between
+ * calls. Worst case per matcher: nodes 256 Ki x 12 B + hash 2 MiB, states 32 Ki x 48 B + hash,
+ * transitions 256 Ki (a 4 MiB table), set pool 1 Mi x 4 B: about 15 MiB; a JSON-schema
+ * generation uses a few hundred KiB. */
+#define GRAM_MAX_NODES (1u << 18)
+#define GRAM_MAX_STATES (1u << 15)
+#define GRAM_MAX_TRANS (1u << 18)
+#define GRAM_MAX_POOL (1u << 20)
+#define GRAM_MAX_ROWS 1024u /* states with a dense transition row (1 KiB each) */
 
 int tdm_gram_space_init(gram_space_t *sp, const tdm_grammar_t *g);
 void tdm_gram_space_free(gram_space_t *sp);
@@ -180,6 +199,17 @@ uint32_t tdm_gram_space_start(gram_space_t *sp);
 /* The state after byte b from state s (memoised); GRAM_DEAD when b leaves the grammar or a
  * bound was hit (sp->full / too_ambiguous / oom say which). */
 uint32_t tdm_gram_space_step(gram_space_t *sp, uint32_t s, uint8_t b);
+/* The same, with the dense row looked at first (the mask's inner loop). */
+static inline uint32_t tdm_gram_space_step_fast(gram_space_t *sp, uint32_t s, uint8_t b)
+{
+    uint32_t r = sp->states[s].row;
+    if (r != UINT32_MAX) {
+        uint32_t v = sp->rows[(size_t)r * 256 + b];
+        if (v != GRAM_UNKNOWN)
+            return v;
+    }
+    return tdm_gram_space_step(sp, s, b);
+}
 bool tdm_gram_space_accepting(const gram_space_t *sp, uint32_t s);
 bool tdm_gram_space_done(const gram_space_t *sp, uint32_t s);
 /* Copies state s of src into dst (another space of the same grammar; may be src after a
@@ -192,7 +222,15 @@ typedef struct gram_saved {
 int tdm_gram_space_save(const gram_space_t *sp, uint32_t s, gram_saved_t *out);
 uint32_t tdm_gram_space_load(gram_space_t *sp, const gram_saved_t *in);
 
-/* The ASCII self-loop bitmap of state s (computed on first use). */
-const uint32_t *tdm_gram_space_loop(gram_space_t *sp, uint32_t s);
+/* Uniform successors, the mask's shortcut: B(s) = s->uni, the ASCII bytes that all lead to
+ * one state s->uni_next (a string's content loops: uni_next is s; under x{0,200} it is the
+ * next count). cover(s) = the number of steps k along s, next(s), next(next(s)), ... for
+ * which every state's B contains B(s): any string of at most cover(s) bytes of B(s) stays
+ * inside the grammar, so a trie subtree of that height over those bytes is allowed whole.
+ * Computed on demand (128 steps per state, GRAM_COVER_SCAN states ahead); a loop gives
+ * GRAM_COVER_INF. */
+#define GRAM_COVER_SCAN 16u
+#define GRAM_COVER_INF 0xFFFFu
+uint16_t tdm_gram_space_cover(gram_space_t *sp, uint32_t s);
 
 #endif /* TANDEM_GRAMMAR_INTERNAL_H */

@@ -3,10 +3,11 @@
  * state dies, with the finished mask cached per state (most steps inside a JSON string or
  * number come back to the same state).
  *
- * Shortcut: when every byte of a subtree is ASCII and loops on the current state (the state
- * inside a string loops on most printable bytes), every token in the subtree is allowed and
- * the walk sets their bits without stepping. A state's loop set is computed the first time
- * the walk sees it loop on a byte.
+ * Shortcut: a subtree whose bytes are all ASCII bytes of B(s) and whose height is within
+ * cover(s) (tdm_gram_space_cover: inside a string, or under a counted repetition of
+ * characters) is allowed whole: the walk sets its tokens' bits without stepping. A state's
+ * cover is computed once the walk has taken GRAM_HITS_FOR_COVER live steps from it, so
+ * states with few continuations (inside a literal) never pay for it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +21,15 @@ void tdm_gram_mask_cache_clear(tdm_grammar_matcher_t *m)
     m->next_victim = 0;
 }
 
-static bool subtree_loops(const gram_trie_node_t *nd, const uint32_t *loop)
+#define GRAM_HITS_FOR_COVER 24u
+
+/* True when the subtree at node i can be allowed whole from state st (see above). */
+static bool subtree_covered(const tdm_grammar_vocab_t *v, uint32_t i, const gram_state_t *st)
 {
-    return !nd->nonascii && !(nd->ascii[0] & ~loop[0]) && !(nd->ascii[1] & ~loop[1]) &&
-           !(nd->ascii[2] & ~loop[2]) && !(nd->ascii[3] & ~loop[3]);
+    const gram_trie_node_t *nd = &v->nodes[i];
+    const uint32_t *a = v->node_ascii[i];
+    return st->cover_ok && st->cover >= nd->height && !nd->nonascii && !(a[0] & ~st->uni[0]) &&
+           !(a[1] & ~st->uni[1]) && !(a[2] & ~st->uni[2]) && !(a[3] & ~st->uni[3]);
 }
 
 static uint32_t set_tokens(const tdm_grammar_vocab_t *v, uint32_t begin, uint32_t end,
@@ -48,18 +54,18 @@ static uint32_t walk(tdm_grammar_matcher_t *m, uint32_t s0, uint32_t *mask)
     for (uint32_t i = 0; i < v->n_nodes;) {
         const gram_trie_node_t *nd = &nodes[i];
         uint32_t s = st[nd->depth];
-        if (sp->states[s].loop_ok && subtree_loops(nd, sp->states[s].loop)) {
+        if (subtree_covered(v, i, &sp->states[s])) {
             count += set_tokens(v, nd->tok_begin, nd->sub_tok_end, mask);
             i = nd->end;
             continue;
         }
-        uint32_t ns = tdm_gram_space_step(sp, s, nd->byte);
+        uint32_t ns = tdm_gram_space_step_fast(sp, s, nd->byte);
         if (ns == GRAM_DEAD) {
             i = nd->end;
             continue;
         }
-        if (ns == s && !sp->states[s].loop_ok && nd->byte < 0x80)
-            tdm_gram_space_loop(sp, s);
+        if (++sp->states[s].hits == GRAM_HITS_FOR_COVER)
+            tdm_gram_space_cover(sp, s);
         count += set_tokens(v, nd->tok_begin, nd->tok_end, mask);
         st[nd->depth + 1] = ns;
         i++;
@@ -108,7 +114,7 @@ static gram_mask_slot_t *slot_take(tdm_grammar_matcher_t *m)
 uint32_t tdm_grammar_matcher_fill_mask(tdm_grammar_matcher_t *m, uint32_t *mask)
 {
     size_t bytes = (size_t)m->n_words * sizeof *mask;
-    if (m->ended) {
+    if (m->ended || !m->v) {
         memset(mask, 0, bytes);
         return 0;
     }

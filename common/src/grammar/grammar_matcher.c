@@ -30,10 +30,14 @@ void tdm_gram_matcher_note_bounds(tdm_grammar_matcher_t *m)
         set_errmsg(m, "the grammar's state space exceeds its bounds in one step");
 }
 
-static bool over_half(const gram_space_t *sp)
+/* Past half a bound, and (for nodes) past twice what the current state alone needed at the
+ * last rebuild, so that a state with very deep stacks is not rebuilt at every call. */
+static bool over_half(const tdm_grammar_matcher_t *m)
 {
-    return sp->full || sp->n_nodes > GRAM_MAX_NODES / 2 || sp->n_states > GRAM_MAX_STATES / 2 ||
-           sp->n_trans > GRAM_MAX_TRANS / 2 || sp->n_pool > GRAM_MAX_POOL / 2;
+    const gram_space_t *sp = &m->sp;
+    return sp->full || (sp->n_nodes > GRAM_MAX_NODES / 2 && sp->n_nodes > 2 * m->floor_nodes) ||
+           sp->n_states > GRAM_MAX_STATES / 2 || sp->n_trans > GRAM_MAX_TRANS / 2 ||
+           sp->n_pool > GRAM_MAX_POOL / 2;
 }
 
 int tdm_gram_matcher_rebuild(tdm_grammar_matcher_t *m)
@@ -43,12 +47,13 @@ int tdm_gram_matcher_rebuild(tdm_grammar_matcher_t *m)
     tdm_gram_space_clear(&m->sp);
     tdm_gram_mask_cache_clear(m);
     m->cur = tdm_gram_space_load(&m->sp, &m->saved);
+    m->floor_nodes = m->sp.n_nodes;
     return m->cur == GRAM_DEAD ? TDM_ERESOURCE : TDM_OK;
 }
 
 void tdm_gram_matcher_maybe_rebuild(tdm_grammar_matcher_t *m)
 {
-    if (over_half(&m->sp) && tdm_gram_matcher_rebuild(m) != TDM_OK)
+    if (over_half(m) && tdm_gram_matcher_rebuild(m) != TDM_OK)
         set_errmsg(m, "out of memory rebuilding the grammar matcher's tables");
 }
 
@@ -60,8 +65,8 @@ tdm_grammar_matcher_t *tdm_grammar_matcher_new(const tdm_grammar_t *g, const tdm
         goto out_oom;
     m->g = g;
     m->v = v;
-    m->n_words = (v->n_vocab + 31) / 32;
-    m->walk_state = malloc(((size_t)v->max_depth + 2) * sizeof *m->walk_state);
+    m->n_words = v ? (v->n_vocab + 31) / 32 : 0;
+    m->walk_state = malloc(((size_t)(v ? v->max_depth : 0) + 2) * sizeof *m->walk_state);
     if (!m->walk_state)
         goto out_oom;
     tdm_gram_mask_cache_clear(m);
@@ -94,6 +99,7 @@ void tdm_grammar_matcher_destroy(tdm_grammar_matcher_t **self_p)
         free(m->cache[i].bits);
     free(m->walk_state);
     free(m->saved.pos);
+    free(m->orig.pos);
     free(m);
     *self_p = NULL;
 }
@@ -142,12 +148,13 @@ tdm_grammar_matcher_t *tdm_grammar_matcher_clone(const tdm_grammar_matcher_t *m,
     return c;
 }
 
-/* The state after bytes[0..n) from s, or GRAM_DEAD. */
-static uint32_t run_bytes(gram_space_t *sp, uint32_t s, const uint8_t *bytes, size_t n)
+/* Puts the matcher back in the state saved in m->orig (after a rebuild lost its id). */
+static void restore_orig(tdm_grammar_matcher_t *m)
 {
-    for (size_t i = 0; i < n && s != GRAM_DEAD; i++)
-        s = tdm_gram_space_step(sp, s, bytes[i]);
-    return s;
+    tdm_gram_space_clear(&m->sp);
+    tdm_gram_mask_cache_clear(m);
+    m->cur = tdm_gram_space_load(&m->sp, &m->orig);
+    m->floor_nodes = m->sp.n_nodes;
 }
 
 bool tdm_grammar_matcher_accept_bytes(tdm_grammar_matcher_t *m, const char *bytes, size_t n)
@@ -155,11 +162,38 @@ bool tdm_grammar_matcher_accept_bytes(tdm_grammar_matcher_t *m, const char *byte
     if (m->ended)
         return n == 0;
     tdm_gram_matcher_maybe_rebuild(m);
-    uint32_t s = run_bytes(&m->sp, m->cur, (const uint8_t *)bytes, n);
-    if (s == GRAM_DEAD && m->sp.full && tdm_gram_matcher_rebuild(m) == TDM_OK)
-        s = run_bytes(&m->sp, m->cur, (const uint8_t *)bytes, n);
+    const uint8_t *b = (const uint8_t *)bytes;
+    uint32_t start = m->cur, s = start;
+    bool rebuilt = false;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t next = tdm_gram_space_step(&m->sp, s, b[i]);
+        if (next == GRAM_DEAD && m->sp.full) {
+            /* rebuild around the state reached so far, keeping the start to roll back to */
+            if (!rebuilt && tdm_gram_space_save(&m->sp, start, &m->orig) != TDM_OK) {
+                s = GRAM_DEAD;
+                break;
+            }
+            rebuilt = true;
+            m->cur = s;
+            if (tdm_gram_matcher_rebuild(m) != TDM_OK) {
+                s = GRAM_DEAD;
+                break;
+            }
+            s = m->cur;
+            next = tdm_gram_space_step(&m->sp, s, b[i]);
+        }
+        if (next == GRAM_DEAD) {
+            s = GRAM_DEAD;
+            break;
+        }
+        s = next;
+    }
     if (s == GRAM_DEAD) {
         tdm_gram_matcher_note_bounds(m);
+        if (rebuilt)
+            restore_orig(m);
+        else
+            m->cur = start;
         return false;
     }
     m->cur = s;
@@ -169,9 +203,9 @@ bool tdm_grammar_matcher_accept_bytes(tdm_grammar_matcher_t *m, const char *byte
 int tdm_grammar_matcher_accept_token(tdm_grammar_matcher_t *m, int32_t token)
 {
     const tdm_grammar_vocab_t *v = m->v;
-    if (token < 0 || (uint32_t)token >= v->n_vocab) {
+    if (!v || token < 0 || (uint32_t)token >= v->n_vocab) {
         snprintf(m->errmsg, sizeof m->errmsg, "token %d is out of range (vocabulary of %u)",
-                 (int)token, v->n_vocab);
+                 (int)token, v ? v->n_vocab : 0);
         return TDM_EINVALID;
     }
     if (m->ended) {

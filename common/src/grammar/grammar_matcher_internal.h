@@ -25,6 +25,8 @@ struct tdm_grammar_matcher {
     uint32_t next_victim; /* round-robin replacement */
     uint32_t *walk_state; /* [max_depth + 2] state at each trie depth */
     gram_saved_t saved;   /* scratch for rebuilds and copies */
+    gram_saved_t orig;    /* the state before an accept_bytes that had to rebuild */
+    uint32_t floor_nodes; /* nodes right after the last rebuild */
     char errmsg[256];
 };
 

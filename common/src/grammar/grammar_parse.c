@@ -40,9 +40,10 @@ int tdm_gram_error_at(const gram_ir_t *ir, size_t at, uint32_t rule, tdm_error_t
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    const char *name = rule < ir->n_rules ? ir->rules[rule].name : "";
-    return tdm_error_set(err, TDM_EINVALID, "line %u, column %u (rule %s): %s", line, col, name,
-                         what);
+    if (rule >= ir->n_rules) /* before the first rule's name */
+        return tdm_error_set(err, TDM_EINVALID, "line %u, column %u: %s", line, col, what);
+    return tdm_error_set(err, TDM_EINVALID, "line %u, column %u (rule %s): %s", line, col,
+                         ir->rules[rule].name, what);
 }
 
 void tdm_gram_ir_free(gram_ir_t *ir)
@@ -54,6 +55,7 @@ void tdm_gram_ir_free(gram_ir_t *ir)
     free(ir->rules);
     free(ir->ranges);
     free(ir->class_off);
+    free(ir->names);
     memset(ir, 0, sizeof *ir);
 }
 
@@ -100,13 +102,54 @@ static uint32_t rule_add(gram_ir_t *ir, const char *name, size_t len)
     return ir->n_rules++;
 }
 
-/* The id of the rule named name[len], added undefined when new; UINT32_MAX on OOM. */
+static uint32_t name_hash(const char *name, size_t len)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)name[i]) * 16777619u;
+    return h;
+}
+
+/* Doubles the table of user rule names (ids + 1, open addressing). */
+static bool names_grow(gram_ir_t *ir)
+{
+    uint32_t cap = ir->name_cap ? 2 * ir->name_cap : 64;
+    uint32_t *t = calloc(cap, sizeof *t);
+    if (!t)
+        return false;
+    for (uint32_t i = 0; i < ir->name_cap; i++) {
+        uint32_t id = ir->names[i];
+        if (!id)
+            continue;
+        const char *n = ir->rules[id - 1].name;
+        uint32_t j = name_hash(n, strlen(n)) & (cap - 1);
+        while (t[j])
+            j = (j + 1) & (cap - 1);
+        t[j] = id;
+    }
+    free(ir->names);
+    ir->names = t;
+    ir->name_cap = cap;
+    return true;
+}
+
+/* The id of the user rule named name[len], added undefined when new; UINT32_MAX on OOM. */
 static uint32_t rule_find(gram_ir_t *ir, const char *name, size_t len)
 {
-    for (uint32_t i = 0; i < ir->n_rules; i++)
-        if (strncmp(ir->rules[i].name, name, len) == 0 && ir->rules[i].name[len] == '\0')
-            return i;
-    return rule_add(ir, name, len);
+    if (2 * (ir->n_names + 1) > ir->name_cap && !names_grow(ir))
+        return UINT32_MAX;
+    uint32_t mask = ir->name_cap - 1, i = name_hash(name, len) & mask;
+    for (uint32_t id; (id = ir->names[i]) != 0; i = (i + 1) & mask) {
+        const char *n = ir->rules[id - 1].name;
+        if (strncmp(n, name, len) == 0 && n[len] == '\0')
+            return id - 1;
+    }
+    uint32_t id = rule_add(ir, name, len);
+    if (id != UINT32_MAX) {
+        ir->names[i] = id + 1;
+        ir->n_names++;
+    }
+    return id;
 }
 
 /* A new generated rule "<parent>_<n>", defined at byte offset at. */
@@ -587,6 +630,7 @@ static int parse_alternates(parser_t *p, uint32_t rule, bool nested)
 static int parse_rule(parser_t *p)
 {
     size_t at = p->pos;
+    p->rule = UINT32_MAX;
     while (p->pos < p->len && is_name_char(p->s[p->pos]))
         p->pos++;
     if (p->pos == at)

@@ -61,6 +61,7 @@ void tdm_gram_space_clear(gram_space_t *sp)
     memset(sp->state_hash, 0, (size_t)sp->state_hash_cap * sizeof *sp->state_hash);
     sp->n_pool = 0;
     sp->n_trans = 0;
+    sp->n_rows = sp->next_row = 0;
     memset(sp->trans, 0, (size_t)sp->trans_cap * sizeof *sp->trans);
     sp->full = sp->too_ambiguous = sp->oom = false;
 }
@@ -94,6 +95,8 @@ void tdm_gram_space_free(gram_space_t *sp)
     free(sp->state_hash);
     free(sp->set_pool);
     free(sp->trans);
+    free(sp->rows);
+    free(sp->row_owner);
     free(sp->work);
     free(sp->out);
     memset(sp, 0, sizeof *sp);
@@ -213,6 +216,7 @@ static uint32_t state_intern(gram_space_t *sp, const uint32_t *ids, uint32_t n, 
     s->utf8 = utf8;
     s->hash = h;
     s->mask_slot = UINT32_MAX;
+    s->row = UINT32_MAX;
     memcpy(sp->set_pool + sp->n_pool, ids, n * sizeof *ids);
     sp->n_pool += n;
     sp->state_hash[i] = id + 1;
@@ -423,13 +427,66 @@ static bool trans_rehash(gram_space_t *sp, uint32_t cap)
     return true;
 }
 
-uint32_t tdm_gram_space_step(gram_space_t *sp, uint32_t s, uint8_t b)
+/* Gives state s a dense row: a new one while fewer than GRAM_MAX_ROWS exist, else the
+ * row of the state that took one longest ago (round robin; that state's transitions are
+ * recomputed if it comes back). Rows are an accelerator for the states in use now. */
+static void row_take(gram_space_t *sp, uint32_t s)
 {
-    uint32_t key = (s << 8 | b) + 1, mask = sp->trans_cap - 1;
-    uint32_t i = fmix(key) & mask;
+    uint32_t r;
+    if (sp->n_rows < GRAM_MAX_ROWS) {
+        if (!grow((void **)&sp->rows, &sp->cap_rows, (sp->n_rows + 1) * 256, sizeof *sp->rows) ||
+            !grow((void **)&sp->row_owner, &sp->cap_owner, sp->n_rows + 1, sizeof *sp->row_owner))
+            return;
+        r = sp->n_rows++;
+    } else {
+        r = sp->next_row++ % GRAM_MAX_ROWS;
+        sp->states[sp->row_owner[r]].row = UINT32_MAX;
+    }
+    uint32_t *row = sp->rows + (size_t)r * 256;
+    for (int i = 0; i < 256; i++)
+        row[i] = GRAM_UNKNOWN;
+    sp->row_owner[r] = s;
+    sp->states[s].row = r;
+}
+
+/* Looks up (s, b) in the hash table: the next state, or GRAM_UNKNOWN. */
+static uint32_t trans_find(const gram_space_t *sp, uint32_t key)
+{
+    uint32_t mask = sp->trans_cap - 1, i = fmix(key) & mask;
     for (uint64_t v; (v = sp->trans[i]) != 0; i = (i + 1) & mask)
         if ((uint32_t)(v >> 32) == key)
             return (uint32_t)v;
+    return GRAM_UNKNOWN;
+}
+
+static void trans_put(gram_space_t *sp, uint32_t key, uint32_t next)
+{
+    if (sp->n_trans >= GRAM_MAX_TRANS) {
+        sp->full = true;
+        return;
+    }
+    uint32_t mask = sp->trans_cap - 1, i = fmix(key) & mask;
+    while (sp->trans[i])
+        i = (i + 1) & mask;
+    sp->trans[i] = (uint64_t)key << 32 | next;
+    sp->n_trans++;
+    if (2 * sp->n_trans > sp->trans_cap && !trans_rehash(sp, 2 * sp->trans_cap))
+        sp->oom = true;
+}
+
+uint32_t tdm_gram_space_step(gram_space_t *sp, uint32_t s, uint8_t b)
+{
+    uint32_t key = (s << 8 | b) + 1;
+    if (sp->states[s].row == UINT32_MAX) {
+        uint32_t v = trans_find(sp, key);
+        if (v != GRAM_UNKNOWN)
+            return v;
+        row_take(sp, s);
+    } else {
+        uint32_t v = sp->rows[(size_t)sp->states[s].row * 256 + b];
+        if (v != GRAM_UNKNOWN)
+            return v;
+    }
     bool full = sp->full, oom = sp->oom, amb = sp->too_ambiguous;
     sp->full = sp->oom = sp->too_ambiguous = false;
     uint32_t next = compute_step(sp, s, b);
@@ -439,18 +496,11 @@ uint32_t tdm_gram_space_step(gram_space_t *sp, uint32_t s, uint8_t b)
     sp->too_ambiguous |= amb;
     if (transient)
         return next; /* a bound, not a property of the grammar: do not memoise */
-    if (sp->n_trans >= GRAM_MAX_TRANS) {
-        sp->full = true;
-        return next;
-    }
-    mask = sp->trans_cap - 1;
-    i = fmix(key) & mask;
-    while (sp->trans[i])
-        i = (i + 1) & mask;
-    sp->trans[i] = (uint64_t)key << 32 | next;
-    sp->n_trans++;
-    if (2 * sp->n_trans > sp->trans_cap && !trans_rehash(sp, 2 * sp->trans_cap))
-        sp->oom = true;
+    uint32_t r = sp->states[s].row;
+    if (r != UINT32_MAX)
+        sp->rows[(size_t)r * 256 + b] = next;
+    else
+        trans_put(sp, key, next);
     return next;
 }
 
@@ -465,17 +515,62 @@ bool tdm_gram_space_done(const gram_space_t *sp, uint32_t s)
     return tdm_gram_space_accepting(sp, s) && sp->states[s].set_len == 1;
 }
 
-const uint32_t *tdm_gram_space_loop(gram_space_t *sp, uint32_t s)
+/* Computes B(s) and next(s) (see grammar_internal.h). */
+static void uniform(gram_space_t *sp, uint32_t s)
 {
-    if (!sp->states[s].loop_ok) {
-        uint32_t loop[4] = {0};
-        for (uint32_t b = 0; b < 128; b++)
-            if (tdm_gram_space_step(sp, s, (uint8_t)b) == s)
-                loop[b >> 5] |= 1u << (b & 31);
-        memcpy(sp->states[s].loop, loop, sizeof loop);
-        sp->states[s].loop_ok = 1;
+    if (sp->states[s].uni_ok)
+        return;
+    uint32_t next[128], best = GRAM_DEAD, best_n = 0;
+    for (uint32_t b = 0; b < 128; b++)
+        next[b] = tdm_gram_space_step(sp, s, (uint8_t)b);
+    for (uint32_t b = 0; b < 128; b++) { /* the successor of most bytes (few distinct ones) */
+        if (next[b] == GRAM_DEAD || next[b] == best)
+            continue;
+        uint32_t n = 0;
+        for (uint32_t c = b; c < 128; c++)
+            n += next[c] == next[b];
+        if (n > best_n)
+            best = next[b], best_n = n;
+        if (best_n >= 64)
+            break;
     }
-    return sp->states[s].loop;
+    gram_state_t *st = &sp->states[s];
+    memset(st->uni, 0, sizeof st->uni);
+    st->uni_next = best_n >= 8 ? best : GRAM_DEAD;
+    for (uint32_t b = 0; b < 128 && st->uni_next != GRAM_DEAD; b++)
+        if (next[b] == best)
+            st->uni[b >> 5] |= 1u << (b & 31);
+    st->uni_ok = 1;
+}
+
+static bool contains(const uint32_t *a, const uint32_t *b) /* a holds every bit of b */
+{
+    return !(b[0] & ~a[0]) && !(b[1] & ~a[1]) && !(b[2] & ~a[2]) && !(b[3] & ~a[3]);
+}
+
+uint16_t tdm_gram_space_cover(gram_space_t *sp, uint32_t s)
+{
+    if (sp->states[s].cover_ok)
+        return sp->states[s].cover;
+    uniform(sp, s);
+    uint16_t cover = 0;
+    uint32_t t = s, prev = GRAM_DEAD;
+    while (cover < GRAM_COVER_SCAN && t != GRAM_DEAD) {
+        uniform(sp, t);
+        const gram_state_t *ts = &sp->states[t];
+        if (ts->uni_next == GRAM_DEAD || !contains(ts->uni, sp->states[s].uni))
+            break;
+        if (t == prev) { /* a loop whose bytes hold B(s): any length */
+            cover = GRAM_COVER_INF;
+            break;
+        }
+        cover++;
+        prev = t;
+        t = ts->uni_next;
+    }
+    sp->states[s].cover = cover;
+    sp->states[s].cover_ok = 1;
+    return cover;
 }
 
 /* ---- save and load (rebuilding the tables around one state) ---- */

@@ -16,6 +16,7 @@ void tdm_grammar_vocab_destroy(tdm_grammar_vocab_t **self_p)
     free(v->bytes_off);
     free(v->blob);
     free(v->nodes);
+    free(v->node_ascii);
     free(v->tok_ids);
     free(v->eog);
     free(v);
@@ -49,7 +50,8 @@ static int read_tokens(tdm_grammar_vocab_t *v, const tdm_tokenizer_t *tok)
         return TDM_ERESOURCE;
     for (uint32_t t = 0; t < v->n_vocab; t++) {
         v->bytes_off[t] = (uint32_t)len;
-        int n = tdm_tokenizer_token_bytes(tok, (tdm_token_t)t, false, NULL, 0);
+        char probe[1]; /* cap 0: only the length (a buffer, as memcpy wants one) */
+        int n = tdm_tokenizer_token_bytes(tok, (tdm_token_t)t, false, probe, 0);
         if (n < 0)
             n = 0;
         v->kind[t] = token_kind(tok, (tdm_token_t)t, n);
@@ -168,22 +170,30 @@ static int build_trie(tdm_grammar_vocab_t *v, uint32_t n)
     return TDM_OK;
 }
 
-/* Propagates each node's byte and its subtree's byte sets to its ancestors' bitmaps. */
-static void fill_byte_sets(tdm_grammar_vocab_t *v)
+/* Each node's subtree byte sets: its own byte and its children's sets (children follow a
+ * node in preorder, so a backward pass sees them first). */
+static int fill_byte_sets(tdm_grammar_vocab_t *v)
 {
+    v->node_ascii = calloc((size_t)v->n_nodes + 1, sizeof *v->node_ascii);
+    if (!v->node_ascii)
+        return TDM_ERESOURCE;
     for (uint32_t i = v->n_nodes; i-- > 0;) {
         gram_trie_node_t *n = &v->nodes[i];
+        uint32_t *a = v->node_ascii[i];
         if (n->byte >= 0x80)
             n->nonascii = 1;
         else
-            n->ascii[n->byte >> 5] |= 1u << (n->byte & 31);
-        /* fold the children (they follow in preorder) */
+            a[n->byte >> 5] |= 1u << (n->byte & 31);
+        n->height = 1;
         for (uint32_t c = i + 1; c < n->end; c = v->nodes[c].end) {
             n->nonascii |= v->nodes[c].nonascii;
+            if (v->nodes[c].height + 1 > n->height)
+                n->height = (uint16_t)(v->nodes[c].height + 1);
             for (int w = 0; w < 4; w++)
-                n->ascii[w] |= v->nodes[c].ascii[w];
+                a[w] |= v->node_ascii[c][w];
         }
     }
+    return TDM_OK;
 }
 
 tdm_grammar_vocab_t *tdm_grammar_vocab_new(const tdm_tokenizer_t *tok, tdm_error_t *err)
@@ -208,9 +218,8 @@ tdm_grammar_vocab_t *tdm_grammar_vocab_new(const tdm_tokenizer_t *tok, tdm_error
         if (len > v->max_depth)
             v->max_depth = len;
     }
-    if (sort_tokens(v, n) != TDM_OK || build_trie(v, n) != TDM_OK)
+    if (sort_tokens(v, n) != TDM_OK || build_trie(v, n) != TDM_OK || fill_byte_sets(v) != TDM_OK)
         goto out_oom;
-    fill_byte_sets(v);
     return v;
 out_oom:
     tdm_grammar_vocab_destroy(&v);
