@@ -39,18 +39,38 @@ static bool in_list(const char *const *list, const char *key)
 
 /* ---- errors, names, pointers ---- */
 
-int js_fail(js_ctx_t *c, const char *ptr, const char *key, const char *fmt, ...)
+static int vfail(js_ctx_t *c, bool unsat, const char *ptr, const char *key, const char *fmt,
+                 va_list ap) __attribute__((format(printf, 5, 0)));
+
+static int vfail(js_ctx_t *c, bool unsat, const char *ptr, const char *key, const char *fmt,
+                 va_list ap)
 {
     char msg[TDM_ERRMSG_MAX], p[JS_PTR_MAX];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     if (key)
         js_ptr_join(p, ptr, key);
     else
         snprintf(p, sizeof p, "%s", ptr);
+    c->unsat = unsat;
     return tdm_error_set(c->err, TDM_EINVALID, "%s: %s", *p ? p : "/", msg);
+}
+
+int js_fail(js_ctx_t *c, const char *ptr, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(c, false, ptr, key, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int js_fail_unsat(js_ctx_t *c, const char *ptr, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(c, true, ptr, key, fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 int js_oom(js_ctx_t *c)
@@ -87,6 +107,51 @@ int js_emit_rule(js_ctx_t *c, const char *name, const char *body)
 {
     tdm_buf_printf(c->out, "%s ::= %s\n", name, body);
     return c->out->oom ? js_oom(c) : 0;
+}
+
+/* ---- repetition ---- */
+
+/* x{n}, with counts over JS_REP_CHUNK written as (x{JS_REP_CHUNK}){q} x{r}. */
+static void rep_exact(tdm_buf_t *b, const char *x, size_t n)
+{
+    if (n >= JS_REP_CHUNK)
+        tdm_buf_printf(b, "( %s{%u} ){%zu} ", x, JS_REP_CHUNK, n / JS_REP_CHUNK);
+    if (n % JS_REP_CHUNK)
+        tdm_buf_printf(b, "%s{%zu} ", x, n % JS_REP_CHUNK);
+}
+
+void js_rep(tdm_buf_t *b, const char *x, size_t lo, size_t hi)
+{
+    if (hi == JS_LEN_INF) {
+        if (lo <= 1) {
+            tdm_buf_printf(b, "%s%s", x, lo ? "+" : "*");
+            return;
+        }
+        if (lo <= JS_REP_CHUNK) {
+            tdm_buf_printf(b, "%s{%zu,}", x, lo);
+            return;
+        }
+        rep_exact(b, x, lo);
+        tdm_buf_printf(b, "%s*", x);
+        return;
+    }
+    if (hi <= JS_REP_CHUNK) {
+        if (lo == hi)
+            tdm_buf_printf(b, "%s{%zu}", x, lo);
+        else
+            tdm_buf_printf(b, "%s{%zu,%zu}", x, lo, hi);
+        return;
+    }
+    /* x{lo} then x{0,d}: d = JS_REP_CHUNK q + r is (x{C}){0,q-1} x{0,C-1} | (x{C}){q} x{0,r} */
+    size_t d = hi - lo, q = d / JS_REP_CHUNK, r = d % JS_REP_CHUNK;
+    tdm_buf_puts(b, "( ");
+    rep_exact(b, x, lo);
+    if (q == 0) {
+        tdm_buf_printf(b, "%s{0,%zu} )", x, r);
+        return;
+    }
+    tdm_buf_printf(b, "( ( %s{%u} ){0,%zu} %s{0,%u} | ( %s{%u} ){%zu} %s{0,%zu} ) )", x, JS_REP_CHUNK,
+                   q - 1, x, JS_REP_CHUNK - 1, x, JS_REP_CHUNK, q, x, r);
 }
 
 /* ---- primitives ---- */
@@ -230,19 +295,20 @@ json_t *js_resolve_ref(js_ctx_t *c, const char *ref, const char *ptr)
     return t;
 }
 
-/* The rule of the schema a $ref names: compiled once, under a name chosen before compiling
- * it, so recursive references close the loop. */
-static int compile_ref(js_ctx_t *c, const char *ref, const char *ptr, char *name)
+/* The memo entry for a $ref text or a schema node, or NULL. */
+static const js_ref_t *memo_find(const js_ctx_t *c, const char *ref, const json_t *node)
 {
     for (size_t i = 0; i < c->n_refs; i++) {
-        if (strcmp(c->refs[i].ref, ref) == 0) {
-            snprintf(name, JS_NAME_MAX, "%s", c->refs[i].name);
-            return 0;
-        }
+        const js_ref_t *r = &c->refs[i];
+        if (ref ? (r->ref && strcmp(r->ref, ref) == 0) : r->node == node)
+            return r;
     }
-    json_t *t = js_resolve_ref(c, ref, ptr);
-    if (!t)
-        return c->err ? c->err->code : TDM_EINVALID;
+    return NULL;
+}
+
+/* Records a new rule name for ref (or node) in the memo and returns it in name. */
+static int memo_add(js_ctx_t *c, const char *ref, const json_t *node, char *name)
+{
     if (c->n_refs == c->cap_refs) {
         size_t cap = c->cap_refs ? 2 * c->cap_refs : 16;
         js_ref_t *r = realloc(c->refs, cap * sizeof *r);
@@ -252,13 +318,30 @@ static int compile_ref(js_ctx_t *c, const char *ref, const char *ptr, char *name
         c->cap_refs = cap;
     }
     js_ref_t *r = &c->refs[c->n_refs];
-    if (!(r->ref = tdm_strdup(ref)))
+    r->node = node;
+    r->ref = NULL;
+    if (ref && !(r->ref = tdm_strdup(ref)))
         return js_oom(c);
     js_new_name(c, r->name);
     c->n_refs++;
     snprintf(name, JS_NAME_MAX, "%s", r->name);
+    return 0;
+}
+
+/* The rule of the schema a $ref names: compiled once, under a name chosen before compiling
+ * it, so recursive references close the loop. */
+static int compile_ref(js_ctx_t *c, const char *ref, const char *ptr, char *name)
+{
+    const js_ref_t *known = memo_find(c, ref, NULL);
+    if (known) {
+        snprintf(name, JS_NAME_MAX, "%s", known->name);
+        return 0;
+    }
+    json_t *t = js_resolve_ref(c, ref, ptr);
+    int rc = t ? memo_add(c, ref, NULL, name) : TDM_EINVALID;
     char target_name[JS_NAME_MAX];
-    int rc = js_compile(c, t, ref + 1, target_name);
+    if (rc == 0)
+        rc = js_compile(c, t, ref + 1, target_name);
     return rc != 0 ? rc : js_emit_rule(c, name, target_name);
 }
 
@@ -443,7 +526,7 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     }
     int rc = 0;
     if (n == 0)
-        rc = js_fail(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
+        rc = js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
     else if (body.oom)
         rc = js_oom(c);
     if (rc == 0) {
@@ -533,7 +616,7 @@ int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (json_is_true(s))
         return js_prim(c, JS_PRIM_VALUE, name);
     if (json_is_false(s))
-        return js_fail(c, ptr, NULL, "the schema false allows no value");
+        return js_fail_unsat(c, ptr, NULL, "the schema false allows no value");
     if (!json_is_object(s))
         return js_fail(c, ptr, NULL, "a schema must be an object or a boolean");
     bool constrains;
@@ -542,11 +625,25 @@ int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         return rc;
     if (!constrains)
         return js_prim(c, JS_PRIM_VALUE, name);
+    /* Nodes that merge (allOf, siblings of $ref / anyOf) are compiled once each: a recursive
+     * schema that merges at every level closes its loop here, as $ref does. */
+    bool merges = json_object_get(s, "allOf") || json_object_get(s, "anyOf") ||
+                  json_object_get(s, "oneOf") || json_object_get(s, "$ref");
+    const js_ref_t *known = merges ? memo_find(c, NULL, s) : NULL;
+    if (known) {
+        snprintf(name, JS_NAME_MAX, "%s", known->name);
+        return 0;
+    }
     if (++c->depth > JS_MAX_DEPTH) {
         c->depth--;
         return js_fail(c, ptr, NULL, "subschemas nested too deep (over %d)", JS_MAX_DEPTH);
     }
-    rc = compile_object_schema(c, s, ptr, name);
+    char body[JS_NAME_MAX];
+    rc = merges ? memo_add(c, NULL, s, name) : 0;
+    if (rc == 0)
+        rc = compile_object_schema(c, s, ptr, merges ? body : name);
+    if (rc == 0 && merges)
+        rc = js_emit_rule(c, name, body);
     c->depth--;
     return rc;
 }

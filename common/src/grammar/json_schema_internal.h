@@ -21,6 +21,7 @@
 #define JS_MAX_DEPTH 96      /* nesting of subschemas compiled inside one another */
 #define JS_PTR_MAX 1024      /* longest JSON pointer kept for messages */
 #define JS_LEN_INF SIZE_MAX  /* "no upper bound" for lengths and counts */
+#define JS_REP_CHUNK 1000u   /* larger repetition counts are written as nested ones */
 
 /* The primitives every schema may use, emitted once each on first use. */
 typedef enum js_prim {
@@ -39,7 +40,8 @@ typedef enum js_prim {
 } js_prim_t;
 
 typedef struct js_ref {
-    char *ref;              /* the $ref text */
+    char *ref;              /* the $ref text (NULL for a node entry) */
+    const json_t *node;     /* or the schema node (allOf / anyOf / oneOf / $ref nodes) */
     char name[JS_NAME_MAX]; /* the rule compiled (or being compiled) for it */
 } js_ref_t;
 
@@ -54,6 +56,7 @@ typedef struct js_ctx {
     size_t n_refs, cap_refs;
     json_t *keep;         /* array owning the schemas built by merging (allOf, siblings) */
     int depth;
+    bool unsat; /* the last refusal says no value is allowed (not: not supported) */
 } js_ctx_t;
 
 /* ---- json_schema.c: dispatch ---- */
@@ -65,10 +68,18 @@ int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 int js_prim(js_ctx_t *c, js_prim_t p, char *name);
 /* A fresh rule name. */
 void js_new_name(js_ctx_t *c, char *name);
+/* Appends x{lo,hi} (hi JS_LEN_INF: no bound) for the GBNF atom x (a name or a parenthesized
+ * group), with counts over JS_REP_CHUNK nested so the engine's repetition limit never
+ * applies. */
+void js_rep(tdm_buf_t *b, const char *x, size_t lo, size_t hi);
 /* Appends `name ::= body\n`. */
 int js_emit_rule(js_ctx_t *c, const char *name, const char *body);
 /* Sets ctx->err to TDM_EINVALID "<ptr>[/key]: what" and returns TDM_EINVALID. */
 int js_fail(js_ctx_t *c, const char *ptr, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Like js_fail, for a schema that allows no value: sets c->unsat (an optional property
+ * with such a schema is left out instead of failing the whole schema). */
+int js_fail_unsat(js_ctx_t *c, const char *ptr, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Out of memory (also when b->oom). */
 int js_oom(js_ctx_t *c);

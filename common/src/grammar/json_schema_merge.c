@@ -133,7 +133,7 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         *out = merge_type(x, y);
         if (*out && json_array_size(*out) == 0) {
             json_decref(*out);
-            return js_fail(c, ptr, NULL, "allOf: the types do not intersect");
+            return js_fail_unsat(c, ptr, NULL, "allOf: the types do not intersect");
         }
     } else if (strcmp(key, "properties") == 0 && json_is_object(x) && json_is_object(y)) {
         *out = merge_props(x, y);
@@ -186,7 +186,7 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
     if (rc != 0)
         return rc;
     if (json_is_false(a) || json_is_false(b))
-        return js_fail(c, ptr, NULL, "allOf: the schema false allows no value");
+        return js_fail_unsat(c, ptr, NULL, "allOf: the schema false allows no value");
     if (json_is_true(a) || (json_is_object(a) && json_object_size(a) == 0)) {
         *out = b;
         return 0;

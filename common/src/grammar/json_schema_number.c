@@ -152,7 +152,7 @@ int js_integer(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     long long a = lo.set ? (long long)(lo.excl ? floor(lo.v) + 1 : ceil(lo.v)) : 0;
     long long z = hi.set ? (long long)(hi.excl ? ceil(hi.v) - 1 : floor(hi.v)) : 0;
     if (lo.set && hi.set && a > z)
-        return js_fail(c, ptr, "minimum", "no integer within the bounds");
+        return js_fail_unsat(c, ptr, "minimum", "no integer within the bounds");
     tdm_buf_t body = TDM_BUF_INIT;
     int alts = 0;
     if (!lo.set || a < 0) { /* negatives: "-" magnitude in [max(1, -z), -a] */
@@ -226,7 +226,7 @@ int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name)
             tdm_buf_printf(&body, "%s%s", alts++ ? " | " : "", part.data);
     }
     if (alts == 0)
-        rc = js_fail(c, ptr, "minimum", "no number within the bounds");
+        rc = js_fail_unsat(c, ptr, "minimum", "no number within the bounds");
     else if (body.oom || part.oom)
         rc = js_oom(c);
     if (rc == 0) {

@@ -127,7 +127,22 @@ static bool is_required(json_t *req, const char *key)
     return false;
 }
 
-/* properties: the defined properties (compiled) and the excluded names. */
+/* Forgets the rules and memo entries added since (out_len, n_refs). */
+static void drop_since(js_ctx_t *c, size_t out_len, size_t n_refs)
+{
+    if (c->out->data && !c->out->oom) {
+        c->out->len = out_len;
+        c->out->data[out_len] = 0;
+    }
+    for (size_t i = n_refs; i < c->n_refs; i++)
+        free(c->refs[i].ref);
+    c->n_refs = n_refs;
+    tdm_error_clear(c->err);
+    c->unsat = false;
+}
+
+/* properties: the defined properties (compiled) and the excluded names. A property whose
+ * schema allows no value is left out unless required. */
 static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, objspec_t *o)
 {
     json_t *props = json_object_get(s, "properties"), *sub;
@@ -150,7 +165,16 @@ static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, o
         p->required = required;
         char kp[JS_PTR_MAX];
         js_ptr_join(kp, pp, key);
+        size_t out_len = c->out->len, n_refs = c->n_refs;
+        bool prims[JS_PRIM_COUNT];
+        memcpy(prims, c->prim_done, sizeof prims);
         int rc = js_compile(c, sub, kp, p->rule);
+        if (rc == TDM_EINVALID && c->unsat && !required) {
+            drop_since(c, out_len, n_refs); /* no value fits: the property cannot appear */
+            memcpy(c->prim_done, prims, sizeof prims);
+            o->n--;
+            continue;
+        }
         if (rc != 0)
             return rc;
     }
@@ -345,20 +369,6 @@ static int read_items(js_ctx_t *c, json_t *s, const char *ptr, arrspec_t *a)
     return js_compile(c, items, ip, a->item);
 }
 
-static void quant(tdm_buf_t *b, size_t lo, size_t hi)
-{
-    if (lo == 0 && hi == JS_LEN_INF)
-        tdm_buf_puts(b, "*");
-    else if (lo == 1 && hi == JS_LEN_INF)
-        tdm_buf_puts(b, "+");
-    else if (hi == JS_LEN_INF)
-        tdm_buf_printf(b, "{%zu,}", lo);
-    else if (lo == hi)
-        tdm_buf_printf(b, "{%zu}", lo);
-    else
-        tdm_buf_printf(b, "{%zu,%zu}", lo, hi);
-}
-
 /* The items after the positional ones, min..max of them (k: how many came before). */
 static void rest_text(tdm_buf_t *b, const arrspec_t *a)
 {
@@ -367,14 +377,18 @@ static void rest_text(tdm_buf_t *b, const arrspec_t *a)
     if (!a->rest || hi == 0)
         return;
     if (a->k > 0) {
-        tdm_buf_printf(b, " ( \",\" %s %s %s )", a->ws, a->item, a->ws);
-        quant(b, lo, hi);
+        char x[4 * JS_NAME_MAX];
+        snprintf(x, sizeof x, "( \",\" %s %s %s )", a->ws, a->item, a->ws);
+        tdm_buf_puts(b, " ");
+        js_rep(b, x, lo, hi);
         return;
     }
     tdm_buf_printf(b, " %s%s %s", lo ? "" : "( ", a->item, a->ws);
     if (hi != 1) {
-        tdm_buf_printf(b, " ( \",\" %s %s %s )", a->ws, a->item, a->ws);
-        quant(b, lo ? lo - 1 : 0, hi == JS_LEN_INF ? JS_LEN_INF : hi - 1);
+        char x[4 * JS_NAME_MAX];
+        snprintf(x, sizeof x, "( \",\" %s %s %s )", a->ws, a->item, a->ws);
+        tdm_buf_puts(b, " ");
+        js_rep(b, x, lo ? lo - 1 : 0, hi == JS_LEN_INF ? JS_LEN_INF : hi - 1);
     }
     tdm_buf_puts(b, lo ? "" : " )?");
 }

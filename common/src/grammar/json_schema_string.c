@@ -128,10 +128,7 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     } else if (has_pattern) {
         rc = pattern_content(c, s, ptr, lo, hi, &body);
     } else if ((rc = js_prim(c, JS_PRIM_CHAR, ch)) == 0) {
-        if (hi == JS_LEN_INF)
-            tdm_buf_printf(&body, "%s{%zu,}", ch, lo);
-        else
-            tdm_buf_printf(&body, "%s{%zu,%zu}", ch, lo, hi);
+        js_rep(&body, ch, lo, hi);
     }
     tdm_buf_puts(&body, " \"\\\"\"");
     if (rc == 0) {
@@ -222,7 +219,7 @@ static int number_literal(json_t *v, tdm_buf_t *body)
         return tdm_buf_puts(body, "\"null\"");
     char r[64];
     python_repr(d, r, sizeof r);
-    if (d == floor(d) && fabs(d) < 1e15)
+    if (d == floor(d) && fabs(d) < 1e17)
         return tdm_buf_printf(body, "( \"%s\" | \"%.0f\" )", r, d);
     return tdm_buf_printf(body, "\"%s\"", r);
 }
