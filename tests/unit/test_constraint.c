@@ -131,8 +131,19 @@ static void test_cache(void **state)
     assert_true(st.bytes <= cap);
     tdm_grammar_cache_release(c, h1);
     tdm_grammar_cache_release(c, g0);
+    tdm_grammar_cache_destroy(&c);
+    assert_null(c);
+    tdm_grammar_cache_destroy(NULL);
+}
 
-    /* a hash that is not the text's: refused, nothing cached under it */
+/* A hash that is not the text's and a grammar that does not compile are refused; a cache of 0
+ * bytes keeps nothing once released. */
+static void test_cache_refusals(void **state)
+{
+    (void)state;
+    tdm_error_t err = {0};
+    tdm_grammar_cache_t *c = tdm_grammar_cache_new(1 << 20, &err);
+    tdm_grammar_cache_stats_t st;
     const tdm_grammar_t *g = NULL;
     assert_int_equal(tdm_grammar_cache_get(c, texts[2], strlen(texts[2]), 12345, &g, &err),
                      TDM_EINVALID);
@@ -144,11 +155,10 @@ static void test_cache(void **state)
         tdm_grammar_cache_get(c, bad, strlen(bad), tdm_constraint_hash(bad, strlen(bad)), &g, &err),
         TDM_EINVALID);
     tdm_grammar_cache_release(c, NULL); /* nothing */
+    tdm_grammar_cache_stats(c, &st);
+    assert_int_equal(st.entries, 0);
     tdm_grammar_cache_destroy(&c);
-    assert_null(c);
-    tdm_grammar_cache_destroy(NULL);
 
-    /* a cache of 0 bytes keeps nothing once released */
     c = tdm_grammar_cache_new(0, &err);
     g = get_ok(c, 1);
     tdm_grammar_cache_release(c, g);
@@ -163,6 +173,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compile),
         cmocka_unit_test(test_cache),
+        cmocka_unit_test(test_cache_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

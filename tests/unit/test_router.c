@@ -2810,6 +2810,27 @@ static void test_refusal_detail(void **state)
     env_free(e);
 }
 
+/* Waits for the END of call: INVALID_ARGUMENT, ErrorDetail.field "constraint", a message
+ * with `has`. */
+static void expect_constraint_refused(env_t *e, uint64_t call, const char *has)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, e->client, &f, WAIT_MS))
+        fail_msg("no END (want '%s')", has);
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, TDM_EINVALID);
+    if (!strstr(f.message, has))
+        fail_msg("message '%s' lacks '%s'", f.message, has);
+    Tandem__V1__ErrorDetail *d =
+        (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
+    assert_non_null(d);
+    assert_string_equal(d->field, "constraint");
+    protobuf_c_message_free_unpacked(&d->base, NULL);
+    tdm_frame_clear(&f);
+}
+
 /* Structured output: a bad constraint is refused before anything is scheduled, with
  * ErrorDetail.field "constraint" and the compiler's message; a good one is compiled once and
  * reaches both nodes as GRAMMAR text with its XXH3-64 hash. */
@@ -2842,22 +2863,7 @@ static void test_constraint(void **state)
         c.kind = (Tandem__V1__ConstraintKind)bad_ones[i].kind;
         c.text = (char *)bad_ones[i].text;
         g.constraint = &c;
-        uint64_t call = generate(e, &g);
-        tdm_frame_t f;
-        tdm_frame_init(&f);
-        if (!recv_on(e, e->client, &f, WAIT_MS))
-            fail_msg("case %zu: no END", i);
-        assert_int_equal(f.kind, K_END);
-        assert_int_equal(f.call_id, call);
-        assert_int_equal(f.status, TDM_EINVALID);
-        if (!strstr(f.message, bad_ones[i].has))
-            fail_msg("case %zu: message '%s' lacks '%s'", i, f.message, bad_ones[i].has);
-        Tandem__V1__ErrorDetail *d =
-            (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
-        assert_non_null(d);
-        assert_string_equal(d->field, "constraint");
-        protobuf_c_message_free_unpacked(&d->base, NULL);
-        tdm_frame_clear(&f);
+        expect_constraint_refused(e, generate(e, &g), bad_ones[i].has);
     }
     expect_none(e, e->d0.s, 50); /* nothing was scheduled */
 
