@@ -21,6 +21,7 @@ from typing import List, Literal, Optional, Union
 import pytest
 
 from conftest import BINARIES, MODEL, Cluster
+from test_http import http_port, request
 
 try:
     import jsonschema
@@ -121,13 +122,6 @@ MODELS = [
     (Drawing, "a shape"),
     (Event, "a birthday party"),
 ]
-
-
-def http_port(cluster):
-    with open(cluster.config) as f:
-        m = re.search(r"^\s*http_port:\s*(\d+)\s*$", f.read(), re.M)
-    assert m, "no http_port in the cluster config"
-    return int(m.group(1))
 
 
 @pytest.fixture(scope="module")
@@ -250,18 +244,6 @@ def test_greedy_same_in_one_process_and_cluster(cluster, oai, tmp_path):
     assert r.choices[0].message.content + "\n" == local.stdout.decode("utf-8")
 
 
-def post(cluster, body):
-    import http.client
-    conn = http.client.HTTPConnection("127.0.0.1", cluster.port, timeout=60)
-    try:
-        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        r = conn.getresponse()
-        return r.status, json.loads(r.read())
-    finally:
-        conn.close()
-
-
 BAD = [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                                                                  "schema": {"type": 5}}}},
@@ -285,7 +267,8 @@ BAD = [
 @pytest.mark.parametrize("extra,param,has", BAD)
 def test_bad_input_is_400_naming_the_field(cluster, extra, param, has):
     body = dict({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}, **extra)
-    status, err = post(cluster, body)
+    status, _, raw = request(cluster.port, "POST", "/v1/chat/completions", body)
+    err = json.loads(raw)
     assert status == 400, err
     assert err["error"]["param"] == param, err
     assert has in err["error"]["message"], err
