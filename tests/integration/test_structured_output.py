@@ -189,6 +189,25 @@ def test_json_object_mode(oai):
             assert isinstance(json.loads(ch.message.content), dict), ch.message.content
 
 
+def test_streamed_equals_whole(oai):
+    """A streamed constrained answer reassembles to the non-streamed one (greedy)."""
+    kw = dict(model="", messages=messages("a person"), temperature=0.0, max_tokens=MAX_TOKENS,
+              response_format={"type": "json_schema",
+                               "json_schema": {"name": "p", "schema": dict(
+                                   Person.model_json_schema(), additionalProperties=False)}})
+    whole = oai.chat.completions.create(**kw).choices[0]
+    parts, finish = [], None
+    for chunk in oai.chat.completions.create(stream=True, **kw):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert "".join(parts) == whole.message.content
+    assert finish == whole.finish_reason, (finish, whole.message.content)
+    if finish == "stop":
+        Person.model_validate_json(whole.message.content)
+
+
 def test_vllm_fields(oai):
     """guided_choice, guided_regex, guided_grammar and structured_outputs (extra_body, as vLLM's
     users send them)."""
@@ -228,8 +247,9 @@ def test_cut_at_max_tokens_is_length(oai):
 def test_greedy_same_in_one_process_and_cluster(cluster, oai, tmp_path):
     """`tandem generate -m MODEL --json-schema F` (one process), the same through the router
     (`tandem generate --json-schema F`) and through HTTP give the same text."""
+    person = dict(Person.model_json_schema(), additionalProperties=False)
     schema = tmp_path / "person.json"
-    schema.write_text(json.dumps(Person.model_json_schema()))
+    schema.write_text(json.dumps(person))
     chat = "Describe a person as JSON."
     common = ["--chat", chat, "-n", "96", "--temperature", "0", "--json-schema", str(schema)]
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
@@ -238,9 +258,11 @@ def test_greedy_same_in_one_process_and_cluster(cluster, oai, tmp_path):
     routed = subprocess.run([BINARIES["tandem"], "generate", "--router", cluster.client_ep] +
                             common, capture_output=True, check=True, env=env)
     assert local.stdout == routed.stdout, (local.stdout, routed.stdout)
+    assert b"finish: stop" in local.stderr, local.stderr
+    Person.model_validate_json(local.stdout)
     r = oai.chat.completions.create(model="", messages=[{"role": "user", "content": chat}],
                                     max_tokens=96, temperature=0.0,
-                                    extra_body={"guided_json": Person.model_json_schema()})
+                                    extra_body={"guided_json": person})
     assert r.choices[0].message.content + "\n" == local.stdout.decode("utf-8")
 
 
