@@ -104,6 +104,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
         assert_str_or_null_equal(x->curve_secret_key_file, y->curve_secret_key_file);
         assert_int_equal(x->max_batch_tokens, y->max_batch_tokens);
         assert_int_equal(x->max_running, y->max_running);
+        assert_int_equal(x->grammar_cache_bytes, y->grammar_cache_bytes);
     }
 }
 

@@ -1713,6 +1713,8 @@ static void dump_node(const tdm_node_config_t *node, FILE *out)
     }
     fprintf(out, "    max_batch_tokens: %d\n", node->max_batch_tokens);
     fprintf(out, "    max_running: %d\n", node->max_running);
+    tdm_config_format_bytes(node->grammar_cache_bytes, buf, sizeof buf);
+    fprintf(out, "    grammar_cache_bytes: %s\n", buf);
     put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
     put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
 }
