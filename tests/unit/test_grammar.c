@@ -434,6 +434,32 @@ static void test_constructs_recursive(void **state)
     tdm_grammar_destroy(&g);
 }
 
+/* A long chain of rules, each defined before the one it needs: the checks resolve it in one
+ * pass (worklist), and the matcher follows it. */
+static void test_rule_chain(void **state)
+{
+    fixture_t *fx = *state;
+    enum { N = 3000 };
+    tdm_buf_t b = {0};
+    assert_int_equal(tdm_buf_puts(&b, "root ::= r0\n"), TDM_OK);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(tdm_buf_printf(&b, "r%d ::= \"a\" r%d | \"c\"\n", i, i + 1), TDM_OK);
+    assert_int_equal(tdm_buf_printf(&b, "r%d ::= \"b\"\n", N), TDM_OK);
+    tdm_grammar_t *g = parse_ok(b.data);
+    assert_int_equal(tdm_grammar_n_rules(g), N + 2);
+    char *text = malloc(N + 2);
+    assert_non_null(text);
+    memset(text, 'a', N);
+    text[N] = 'b';
+    assert_int_equal(judge(g, fx->tiny, text, N + 1), 1);
+    text[N - 1] = 'c';
+    assert_int_equal(judge(g, fx->tiny, text, N + 1), 0);
+    assert_int_equal(judge(g, fx->tiny, text, N), 1);
+    free(text);
+    tdm_buf_free(&b);
+    tdm_grammar_destroy(&g);
+}
+
 /* ---- UTF-8 ---- */
 
 static void test_utf8_split(void **state)
@@ -542,6 +568,12 @@ static void test_eos(void **state)
     assert_int_equal(tdm_grammar_matcher_accept_token(m, tiny_token("c")), TDM_EINVALID);
     assert_int_equal(tdm_grammar_matcher_accept_token(m, -1), TDM_EINVALID);
     assert_int_equal(tdm_grammar_matcher_accept_token(m, eos + 1), TDM_EINVALID);
+    /* copies only between matchers of one grammar and vocabulary */
+    tdm_grammar_t *other = parse_ok("root ::= \"x\"\n");
+    tdm_grammar_matcher_t *o = matcher(other, v);
+    assert_int_equal(tdm_grammar_matcher_copy(o, m), TDM_EINVALID);
+    tdm_grammar_matcher_destroy(&o);
+    tdm_grammar_destroy(&other);
     /* reset starts over */
     tdm_grammar_matcher_reset(m);
     assert_false(tdm_grammar_matcher_is_accepting(m));
@@ -749,12 +781,19 @@ static void test_mask_default_model(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_errors),         cmocka_unit_test(test_expansion_cap),
-        cmocka_unit_test(test_constructs),           cmocka_unit_test(test_constructs_chars),
-        cmocka_unit_test(test_constructs_recursive), cmocka_unit_test(test_utf8_split),
-        cmocka_unit_test(test_utf8_invalid),         cmocka_unit_test(test_eos),
-        cmocka_unit_test(test_deep_nesting),         cmocka_unit_test(test_ambiguity_bound),
-        cmocka_unit_test(test_mask_tiny_vocab),      cmocka_unit_test(test_mask_default_model),
+        cmocka_unit_test(test_parse_errors),
+        cmocka_unit_test(test_expansion_cap),
+        cmocka_unit_test(test_constructs),
+        cmocka_unit_test(test_constructs_chars),
+        cmocka_unit_test(test_constructs_recursive),
+        cmocka_unit_test(test_rule_chain),
+        cmocka_unit_test(test_utf8_split),
+        cmocka_unit_test(test_utf8_invalid),
+        cmocka_unit_test(test_eos),
+        cmocka_unit_test(test_deep_nesting),
+        cmocka_unit_test(test_ambiguity_bound),
+        cmocka_unit_test(test_mask_tiny_vocab),
+        cmocka_unit_test(test_mask_default_model),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

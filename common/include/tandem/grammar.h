@@ -9,6 +9,20 @@
  * classes are code points; a token whose bytes end inside a code point is accepted when the
  * bytes so far are a valid prefix of an allowed code point.
  *
+ * Checks at compile time: undefined rules, left recursion (refused: `a ::= a "x" | "y"`;
+ * tail-position cycles such as `(x?)*` are fine), a start rule with no finite string
+ * (refused), repetition counts up to TDM_GRAMMAR_MAX_REPEAT and an expansion of at most
+ * TDM_GRAMMAR_MAX_ELEMENTS elements. Rule names are [a-zA-Z0-9-]+; rules generated for
+ * groups and repetitions are named "<rule>_<n>" in messages.
+ *
+ * How the mask is made (common/src/grammar/): the grammar is a flat element array
+ * (llama.cpp's layout); a matcher's state is a set of hash-consed parse stacks, itself
+ * hash-consed, so the matcher is a DFA over bytes built lazily; the mask walks the trie
+ * depth first, one memoised transition per trie node, skipping dead subtrees and allowing
+ * whole subtrees that stay inside a string or a counted repetition; the finished mask is
+ * cached per state. Measured on SmolLM2's 49,152 tokens (AMD EPYC, one thread): p50 under
+ * 1 us (cache hits), p99 0.1-0.2 ms over JSON and JSON-schema grammars.
+ *
  * Ownership and threads: a tdm_grammar_t and a tdm_grammar_vocab_t are immutable after
  * creation and may be shared by any number of threads and matchers; a tdm_grammar_matcher_t
  * belongs to one sequence and one thread at a time.
@@ -96,11 +110,17 @@ bool tdm_grammar_matcher_is_accepting(const tdm_grammar_matcher_t *m);
 bool tdm_grammar_matcher_is_done(const tdm_grammar_matcher_t *m);
 
 /* Writes the allowed-token mask for the next token: bit (t % 32) of mask[t / 32] is set when
- * token t is allowed; mask has (n_vocab + 31) / 32 words. Allocates nothing after the
- * matcher's first calls (caches are bounded). Returns the number of allowed tokens (0 only
- * when the grammar cannot continue, which a matcher fed only allowed tokens never reaches). */
+ * token t is allowed; mask has (n_vocab + 31) / 32 words. Control, unknown and unused tokens
+ * never pass; end-of-generation tokens pass exactly when is_accepting. A matcher without a
+ * vocabulary, or after an end-of-generation token, gets an empty mask. Cost: a memcpy when
+ * this state's mask is cached, else one walk of the vocabulary trie (tens to a few hundred
+ * us for 49,152 tokens). Allocates only while its bounded tables and cache warm up. Returns
+ * the number of allowed tokens (0 only when the grammar cannot continue, which a matcher fed
+ * only allowed tokens never reaches, or past TDM_GRAMMAR_MAX_STACKS: see errmsg). */
 uint32_t tdm_grammar_matcher_fill_mask(tdm_grammar_matcher_t *m, uint32_t *mask);
 
+/* The last refusal or bound hit, in words ("" when none); owned by the matcher, valid until
+ * its next call. */
 const char *tdm_grammar_matcher_errmsg(const tdm_grammar_matcher_t *m);
 
 #ifdef __cplusplus

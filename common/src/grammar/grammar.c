@@ -31,6 +31,7 @@ void tdm_grammar_destroy(tdm_grammar_t **self_p)
     free(g->alt_off);
     free(g->class_off);
     free(g->ranges);
+    free(g->class_ascii);
     free(g);
     *self_p = NULL;
 }

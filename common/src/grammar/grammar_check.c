@@ -27,6 +27,20 @@ bool tdm_gram_class_has(const tdm_grammar_t *g, uint32_t c, uint32_t cp)
     return lo < g->class_off[c + 1] && r[2 * lo] <= cp;
 }
 
+bool tdm_gram_class_covers(const tdm_grammar_t *g, uint32_t c, uint32_t lo_cp, uint32_t hi_cp)
+{
+    const uint32_t *r = g->ranges;
+    uint32_t lo = g->class_off[c], hi = g->class_off[c + 1];
+    while (lo < hi) { /* the first range ending at or after lo_cp must hold all of it */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (r[2 * mid + 1] < lo_cp)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < g->class_off[c + 1] && r[2 * lo] <= lo_cp && r[2 * lo + 1] >= hi_cp;
+}
+
 bool tdm_gram_class_meets(const tdm_grammar_t *g, uint32_t c, uint32_t lo_cp, uint32_t hi_cp)
 {
     const uint32_t *r = g->ranges;
@@ -69,33 +83,109 @@ static bool alt_productive(const check_t *ck, const uint32_t *e, uint32_t i, uin
     return ok;
 }
 
-/* True when the productive alternative at elems[i..] matches the empty string. */
-static bool alt_nullable(const check_t *ck, const uint32_t *e, uint32_t i)
+/* The alternatives of every rule and, for each rule, the alternatives that reference it
+ * (once per reference): what the fixpoints below propagate along. */
+typedef struct alt_index {
+    uint32_t n_alts;
+    uint32_t *rule, *start, *left; /* [n_alts] owner, first element, items still unresolved */
+    uint32_t *occ_off, *occ;       /* alternatives referencing rule r: occ[occ_off[r]..) */
+    uint32_t *queue;               /* [n_rules] rules whose flag was just set */
+} alt_index_t;
+
+static void alt_index_free(alt_index_t *x)
 {
-    for (; !GRAM_IS_STOP(e[i]); i++)
-        if (GRAM_TYPE(e[i]) == GRAM_CLASS || !ck->nullable[GRAM_VALUE(e[i])])
-            return false;
-    return true;
+    free(x->rule);
+    free(x->start);
+    free(x->left);
+    free(x->occ_off);
+    free(x->occ);
+    free(x->queue);
 }
 
-/* Fixpoints: productive (has a finite string), then nullable (has the empty string). */
-static void find_productive_nullable(check_t *ck)
+static int alt_index_build(const gram_ir_t *ir, alt_index_t *x)
 {
-    gram_ir_t *ir = ck->ir;
-    for (int pass = 0; pass < 2; pass++) {
-        bool *flag = pass == 0 ? ck->productive : ck->nullable;
-        for (bool changed = true; changed;) {
-            changed = false;
-            for (uint32_t r = 0; r < ir->n_rules; r++) {
-                const uint32_t *e = ir->rules[r].elems;
-                for (uint32_t i = 0, end; !flag[r] && i < ir->rules[r].n_elems; i = end + 1) {
-                    bool prod = alt_productive(ck, e, i, &end);
-                    if (prod && (pass == 0 || alt_nullable(ck, e, i)))
-                        flag[r] = changed = true;
+    size_t n = 1;
+    for (uint32_t r = 0; r < ir->n_rules; r++)
+        n += ir->rules[r].n_elems;
+    x->rule = malloc(n * sizeof *x->rule);
+    x->start = malloc(n * sizeof *x->start);
+    x->left = malloc(n * sizeof *x->left);
+    x->occ = malloc(n * sizeof *x->occ);
+    x->occ_off = calloc((size_t)ir->n_rules + 2, sizeof *x->occ_off);
+    x->queue = malloc(((size_t)ir->n_rules + 1) * sizeof *x->queue);
+    if (!x->rule || !x->start || !x->left || !x->occ || !x->occ_off || !x->queue)
+        return TDM_ERESOURCE;
+    for (int fill = 0; fill < 2; fill++) { /* count the references, then place them */
+        x->n_alts = 0;
+        for (uint32_t r = 0; r < ir->n_rules; r++) {
+            const uint32_t *e = ir->rules[r].elems;
+            for (uint32_t i = 0; i < ir->rules[r].n_elems; i++) {
+                if (i == 0 || GRAM_IS_STOP(e[i - 1])) {
+                    x->rule[x->n_alts] = r;
+                    x->start[x->n_alts++] = i;
                 }
+                if (GRAM_TYPE(e[i]) == GRAM_REF && fill == 0)
+                    x->occ_off[GRAM_VALUE(e[i]) + 2]++;
+                else if (GRAM_TYPE(e[i]) == GRAM_REF)
+                    x->occ[x->occ_off[GRAM_VALUE(e[i]) + 1]++] = x->n_alts - 1;
             }
         }
+        for (uint32_t r = 0; fill == 0 && r < ir->n_rules; r++)
+            x->occ_off[r + 2] += x->occ_off[r + 1];
     }
+    return TDM_OK;
+}
+
+/* One fixpoint over the alternatives: flag[r] once some alternative of r has all its items
+ * resolved. Productive: a reference resolves when its rule is productive, a class when it is
+ * not empty. Nullable (over productive alternatives): a reference when its rule is nullable,
+ * a class never. Linear in the grammar's size (a worklist, not repeated passes). */
+static void fixpoint(check_t *ck, alt_index_t *x, bool nullable)
+{
+    const gram_ir_t *ir = ck->ir;
+    bool *flag = nullable ? ck->nullable : ck->productive;
+    uint32_t nq = 0;
+    for (uint32_t a = 0; a < x->n_alts; a++) {
+        const uint32_t *e = ir->rules[x->rule[a]].elems;
+        uint32_t left = 0, end;
+        bool blocked = nullable && !alt_productive(ck, e, x->start[a], &end);
+        for (uint32_t i = x->start[a]; !GRAM_IS_STOP(e[i]); i++) {
+            if (GRAM_TYPE(e[i]) == GRAM_REF)
+                left++;
+            else if (nullable || class_empty(ir, GRAM_VALUE(e[i])))
+                blocked = true;
+        }
+        x->left[a] = blocked ? UINT32_MAX : left;
+        if (left == 0 && !blocked && !flag[x->rule[a]]) {
+            flag[x->rule[a]] = true;
+            x->queue[nq++] = x->rule[a];
+        }
+    }
+    while (nq > 0) {
+        uint32_t r = x->queue[--nq];
+        for (uint32_t k = x->occ_off[r]; k < x->occ_off[r + 1]; k++) {
+            uint32_t a = x->occ[k];
+            if (x->left[a] == UINT32_MAX || --x->left[a] != 0 || flag[x->rule[a]])
+                continue;
+            flag[x->rule[a]] = true;
+            x->queue[nq++] = x->rule[a];
+        }
+    }
+}
+
+/* Productive (has a finite string), then nullable (has the empty string). */
+static int find_productive_nullable(check_t *ck)
+{
+    alt_index_t x = {0};
+    int rc = alt_index_build(ck->ir, &x);
+    if (rc == TDM_OK) {
+        fixpoint(ck, &x, false);
+        fixpoint(ck, &x, true);
+    } else {
+        tdm_error_set(ck->err, TDM_ERESOURCE, "out of memory compiling the grammar");
+    }
+    alt_index_free(&x);
+    return rc;
 }
 
 /* Collects the "can begin with" edges of every productive alternative. */
@@ -233,6 +323,18 @@ static int check_defined(const gram_ir_t *ir, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* Fills g->class_ascii from the ranges. */
+static void fill_class_ascii(tdm_grammar_t *g)
+{
+    for (uint32_t c = 0; c < g->n_classes; c++) {
+        uint32_t *a = g->class_ascii[c];
+        memset(a, 0, 4 * sizeof *a);
+        for (uint32_t k = g->class_off[c]; k < g->class_off[c + 1] && g->ranges[2 * k] < 128; k++)
+            for (uint32_t b = g->ranges[2 * k]; b <= g->ranges[2 * k + 1] && b < 128; b++)
+                a[b >> 5] |= 1u << (b & 31);
+    }
+}
+
 /* Lays the rules out in one array (productive alternatives listed in alts). */
 static tdm_grammar_t *build(const check_t *ck, uint32_t root)
 {
@@ -252,7 +354,8 @@ static tdm_grammar_t *build(const check_t *ck, uint32_t root)
     g->alt_off = malloc(((size_t)ir->n_rules + 1) * sizeof *g->alt_off);
     g->class_off = malloc(((size_t)ir->n_classes + 1) * sizeof *g->class_off);
     g->ranges = malloc(((size_t)2 * ir->n_ranges + 1) * sizeof *g->ranges);
-    if (!g->elems || !g->alts || !g->alt_off || !g->class_off || !g->ranges) {
+    g->class_ascii = malloc(((size_t)ir->n_classes + 1) * sizeof *g->class_ascii);
+    if (!g->elems || !g->alts || !g->alt_off || !g->class_off || !g->ranges || !g->class_ascii) {
         tdm_grammar_destroy(&g);
         return NULL;
     }
@@ -271,7 +374,8 @@ static tdm_grammar_t *build(const check_t *ck, uint32_t root)
         at += ir->rules[r].n_elems;
     }
     g->alt_off[ir->n_rules] = k;
-    g->size_bytes = sizeof *g + (n * 2 + ir->n_rules + ir->n_classes + 2 * ir->n_ranges) * 4;
+    fill_class_ascii(g);
+    g->size_bytes = sizeof *g + (n * 2 + ir->n_rules + 5 * ir->n_classes + 2 * ir->n_ranges) * 4;
     return g;
 }
 
@@ -297,7 +401,8 @@ tdm_grammar_t *tdm_gram_compile(gram_ir_t *ir, const char *root_rule, tdm_error_
         tdm_error_set(err, TDM_ERESOURCE, "out of memory compiling the grammar");
         goto out_free;
     }
-    find_productive_nullable(&ck);
+    if (find_productive_nullable(&ck) != TDM_OK)
+        goto out_free;
     if (!ck.productive[root]) {
         tdm_gram_error_at(ir, ir->rules[root].def_at, root, err,
                           "no finite string matches the start rule");

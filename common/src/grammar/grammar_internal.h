@@ -36,6 +36,7 @@ enum {
 #define GRAM_IS_STOP(e) (GRAM_TYPE(e) <= GRAM_ALT) /* END or ALT: the alternative ends */
 
 #define GRAM_MAX_CP 0x10FFFFu
+#define GRAM_UTF8_ANY (1u << 26)
 
 /* Limits of the compiled form (the parser refuses what would exceed them). */
 #define TDM_GRAMMAR_MAX_REPEAT 10000u       /* largest m or n in x{m,n} */
@@ -50,12 +51,15 @@ struct tdm_grammar {
     uint32_t n_classes;
     uint32_t *class_off; /* [n_classes + 1]: class c is ranges[2*class_off[c]..2*class_off[c+1]) */
     uint32_t *ranges;    /* inclusive code point ranges, lo hi lo hi ..., sorted, disjoint */
-    uint32_t root;       /* start rule id */
+    uint32_t (*class_ascii)[4]; /* [n_classes] the ASCII bytes each class holds (bitmap) */
+    uint32_t root;              /* start rule id */
     size_t size_bytes;
 };
 
 /* True when class c of g holds code point cp (binary search). */
 bool tdm_gram_class_has(const tdm_grammar_t *g, uint32_t c, uint32_t cp);
+/* True when class c of g holds every code point of [lo, hi]. */
+bool tdm_gram_class_covers(const tdm_grammar_t *g, uint32_t c, uint32_t lo, uint32_t hi);
 /* True when class c of g holds a code point in [lo, hi]. */
 bool tdm_gram_class_meets(const tdm_grammar_t *g, uint32_t c, uint32_t lo, uint32_t hi);
 
@@ -140,7 +144,8 @@ typedef struct gram_node {
 
 typedef struct gram_state {
     uint32_t set_off, set_len; /* node ids in set_pool, sorted ascending; id 0 = empty stack */
-    uint32_t utf8;             /* partial character: 0, or value | rem << 21 | len << 23 */
+    uint32_t utf8; /* partial character: 0; or value | rem << 21 | len << 23 | 1 << 25; or
+                      GRAM_UTF8_ANY | rem << 21 (any continuation, every stack takes it) */
     uint32_t hash;
     uint32_t mask_slot; /* UINT32_MAX: no cached mask */
     uint32_t row;       /* dense transitions at rows[row * 256], UINT32_MAX: none */
@@ -181,14 +186,14 @@ typedef struct gram_space {
 } gram_space_t;
 
 /* Table bounds; a table past half its bound is rebuilt around the current state between
- * calls. Worst case per matcher: nodes 256 Ki x 12 B + hash 2 MiB, states 32 Ki x 48 B + hash,
- * transitions 256 Ki (a 4 MiB table), set pool 1 Mi x 4 B: about 15 MiB; a JSON-schema
- * generation uses a few hundred KiB. */
+ * calls. Worst case per matcher: nodes 256 Ki x 12 B + hash 2 MiB, states 32 Ki x 64 B + hash,
+ * transitions 256 Ki (a 4 MiB table), set pool 1 Mi x 4 B, 256 dense rows of 1 KiB: about
+ * 17 MiB; a JSON-schema generation uses a few hundred KiB. */
 #define GRAM_MAX_NODES (1u << 18)
 #define GRAM_MAX_STATES (1u << 15)
 #define GRAM_MAX_TRANS (1u << 18)
 #define GRAM_MAX_POOL (1u << 20)
-#define GRAM_MAX_ROWS 1024u /* states with a dense transition row (1 KiB each) */
+#define GRAM_MAX_ROWS 256u /* states with a dense transition row (1 KiB each) */
 
 int tdm_gram_space_init(gram_space_t *sp, const tdm_grammar_t *g);
 void tdm_gram_space_free(gram_space_t *sp);

@@ -329,6 +329,9 @@ uint32_t tdm_gram_space_start(gram_space_t *sp)
 }
 
 /* Advances state s over the complete code point cp. */
+/* Advances state s over the complete code point cp; cp GRAM_ANY_CP advances every stack (a
+ * GRAM_UTF8_ANY state keeps only stacks whose classes hold every code point left). */
+#define GRAM_ANY_CP UINT32_MAX
 static uint32_t advance(gram_space_t *sp, uint32_t s, uint32_t cp)
 {
     const tdm_grammar_t *g = sp->g;
@@ -339,7 +342,7 @@ static uint32_t advance(gram_space_t *sp, uint32_t s, uint32_t cp)
         if (id == 0)
             continue;
         gram_node_t nd = sp->nodes[id];
-        if (!tdm_gram_class_has(g, GRAM_VALUE(g->elems[nd.pos]), cp))
+        if (cp != GRAM_ANY_CP && !tdm_gram_class_has(g, GRAM_VALUE(g->elems[nd.pos]), cp))
             continue;
         uint32_t next = node_intern(sp, nd.pos + 1, nd.parent);
         if (next == UINT32_MAX || !push(&sp->work, &sp->n_work, &sp->cap_work, next))
@@ -350,19 +353,51 @@ static uint32_t advance(gram_space_t *sp, uint32_t s, uint32_t cp)
     return finish(sp, 0);
 }
 
-/* Keeps the stacks of s whose top class meets [lo, hi] (a character still incomplete). */
-static uint32_t narrow(gram_space_t *sp, uint32_t s, uint32_t lo, uint32_t hi, uint32_t utf8)
+/* True when every continuation byte (80..BF) is valid UTF-8 for the rest of this character:
+ * all but the second byte after E0, ED, F0 and F4 (overlongs, surrogates, > U+10FFFF). */
+static bool any_continuation(uint32_t val, uint32_t rem, uint32_t full_len)
+{
+    if (rem != full_len - 1)
+        return true;
+    if (full_len == 3)
+        return val != 0x0 && val != 0xD;
+    return full_len != 4 || (val != 0 && val != 4);
+}
+
+/* Keeps the stacks of s whose top class meets [lo, hi] (a character still incomplete). When
+ * every kept class holds all of [lo, hi] and any continuation is valid, the exact value no
+ * longer matters: the state becomes GRAM_UTF8_ANY with rem bytes to go, so the many
+ * characters a class like [^"] allows share their partial states. */
+static uint32_t narrow(gram_space_t *sp, uint32_t s, uint32_t lo, uint32_t hi, uint32_t val,
+                       uint32_t rem, uint32_t len)
 {
     const tdm_grammar_t *g = sp->g;
     next_generation(sp);
     uint32_t off = sp->states[s].set_off, n = sp->states[s].set_len;
+    bool covered = any_continuation(val, rem, len ? len : 4);
     for (uint32_t i = 0; i < n; i++) {
         uint32_t id = sp->set_pool[off + i];
-        if (id != 0 && tdm_gram_class_meets(g, GRAM_VALUE(g->elems[sp->nodes[id].pos]), lo, hi) &&
-            !push(&sp->out, &sp->n_out, &sp->cap_out, id))
+        if (id == 0)
+            continue;
+        uint32_t c = GRAM_VALUE(g->elems[sp->nodes[id].pos]);
+        if (!tdm_gram_class_meets(g, c, lo, hi))
+            continue;
+        covered = covered && tdm_gram_class_covers(g, c, lo, hi);
+        if (!push(&sp->out, &sp->n_out, &sp->cap_out, id))
             return GRAM_DEAD;
     }
-    return finish(sp, utf8);
+    return finish(sp, covered ? GRAM_UTF8_ANY | rem << 21 : val | rem << 21 | len << 23 | 1u << 25);
+}
+
+/* A GRAM_UTF8_ANY state one continuation byte further: the same stacks. */
+static uint32_t narrow_any(gram_space_t *sp, uint32_t s, uint32_t rem)
+{
+    next_generation(sp);
+    uint32_t off = sp->states[s].set_off, n = sp->states[s].set_len;
+    for (uint32_t i = 0; i < n; i++)
+        if (!push(&sp->out, &sp->n_out, &sp->cap_out, sp->set_pool[off + i]))
+            return GRAM_DEAD;
+    return finish(sp, GRAM_UTF8_ANY | rem << 21);
 }
 
 static const uint32_t utf8_min[5] = {0, 0, 0x80, 0x800, 0x10000};
@@ -386,6 +421,8 @@ static uint32_t compute_step(gram_space_t *sp, uint32_t s, uint8_t b)
     } else {
         if ((b & 0xC0) != 0x80)
             return GRAM_DEAD;
+        if (u & GRAM_UTF8_ANY) /* every stack takes whatever character this is */
+            return rem == 1 ? advance(sp, s, GRAM_ANY_CP) : narrow_any(sp, s, rem - 1);
         val = val << 6 | (b & 0x3Fu);
         rem--;
     }
@@ -402,7 +439,7 @@ static uint32_t compute_step(gram_space_t *sp, uint32_t s, uint8_t b)
         hi = GRAM_MAX_CP;
     if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF))
         return GRAM_DEAD;
-    return narrow(sp, s, lo, hi, val | rem << 21 | len << 23 | 1u << 25);
+    return narrow(sp, s, lo, hi, val, rem, len);
 }
 
 /* ---- transitions ---- */
@@ -447,6 +484,37 @@ static void row_take(gram_space_t *sp, uint32_t s)
         row[i] = GRAM_UNKNOWN;
     sp->row_owner[r] = s;
     sp->states[s].row = r;
+}
+
+/* Stores next as the transition of s on b, and on every ASCII byte that no stack of s tells
+ * apart from b: the successor of a complete character depends only on which stacks' top
+ * classes hold it, so those bytes share it (one step computed fills a whole group). */
+static void row_fill(gram_space_t *sp, uint32_t s, uint32_t r, uint8_t b, uint32_t next)
+{
+    uint32_t *row = sp->rows + (size_t)r * 256;
+    row[b] = next;
+    const gram_state_t *st = &sp->states[s];
+    if ((st->utf8 & GRAM_UTF8_ANY) && b >= 0x80 && b <= 0xBF) {
+        for (uint32_t c = 0x80; c <= 0xBF; c++)
+            row[c] = next;
+        return;
+    }
+    if (b >= 0x80 || st->utf8 != 0)
+        return;
+    const tdm_grammar_t *g = sp->g;
+    uint32_t eq[4] = {~0u, ~0u, ~0u, ~0u};
+    for (uint32_t i = 0; i < st->set_len; i++) {
+        uint32_t id = sp->set_pool[st->set_off + i];
+        if (id == 0)
+            continue;
+        const uint32_t *a = g->class_ascii[GRAM_VALUE(g->elems[sp->nodes[id].pos])];
+        bool in = (a[b >> 5] >> (b & 31)) & 1u;
+        for (int w = 0; w < 4; w++)
+            eq[w] &= in ? a[w] : ~a[w];
+    }
+    for (uint32_t c = 0; c < 128; c++)
+        if ((eq[c >> 5] >> (c & 31)) & 1u)
+            row[c] = next;
 }
 
 /* Looks up (s, b) in the hash table: the next state, or GRAM_UNKNOWN. */
@@ -498,7 +566,7 @@ uint32_t tdm_gram_space_step(gram_space_t *sp, uint32_t s, uint8_t b)
         return next; /* a bound, not a property of the grammar: do not memoise */
     uint32_t r = sp->states[s].row;
     if (r != UINT32_MAX)
-        sp->rows[(size_t)r * 256 + b] = next;
+        row_fill(sp, s, r, b, next);
     else
         trans_put(sp, key, next);
     return next;
