@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "tandem/base.h"
 #include "tandem/config.h"
@@ -132,7 +133,11 @@ static void refusal_keyword(const char *msg, char *kw, size_t cap)
 {
     const char *end = strstr(msg, ": ");
     if (msg[0] != '/' || !end) {
-        snprintf(kw, cap, "%s", strncmp(msg, "line ", 5) == 0 ? "(grammar engine)" : "(other)");
+        snprintf(kw, cap, "%s",
+                 strncmp(msg, "line ", 5) == 0          ? "(grammar engine)"
+                 : strstr(msg, "too ambiguous") != NULL ? "(too ambiguous)"
+                 : strstr(msg, "jansson") != NULL       ? "(JSON unreadable)"
+                                                        : "(other)");
         return;
     }
     const char *p = end;
@@ -169,11 +174,18 @@ static void count_refusal(stats_t *st, const char *msg)
 
 /* ---- setup ---- */
 
-/* Loads the tokenizer, the mask vocabulary and CACHE/index.json. Returns 0, or 1 (printed). */
+/* Loads the tokenizer, the mask vocabulary and CACHE/index.json. Returns 0, 1 (printed), or 77
+ * (skip) in --check mode when the model file is missing. */
 static int bench_open(bench_t *b, const cfg_t *c)
 {
     tdm_error_t err;
     cpu_name(b->cpu, sizeof b->cpu);
+    struct stat sb;
+    if (c->check && stat(c->model_path, &sb) != 0) {
+        printf("skip: model file %s is missing: run scripts/setup (or set TANDEM_MODEL)\n",
+               c->model_path);
+        return 77;
+    }
     b->gguf = tdm_gguf_open(c->model_path, &err);
     b->tok = b->gguf ? tdm_tokenizer_new(b->gguf, &err) : NULL;
     b->vocab = b->tok ? tdm_grammar_vocab_new(b->tok, &err) : NULL;
@@ -248,9 +260,26 @@ static int list_files(const cfg_t *c, char ***names, size_t *n)
 
 /* ---- --dump-vocab ---- */
 
-/* Writes the vocabulary: {"n_vocab", "eos", "eog": [...], "special": [...], "tokens":
- * [hex bytes, ...], "instances": [ (then dump_instance appends) */
-static int dump_open(bench_t *b, const char *path)
+/* "key": [hex of each string of the GGUF string array gguf_key] (nothing when absent). */
+static void dump_strings(FILE *f, const tdm_gguf_t *g, const char *key, const char *gguf_key)
+{
+    const tdm_gguf_kv_t *kv = tdm_gguf_find_kv(g, gguf_key);
+    if (!kv || kv->type != TDM_GGUF_VTYPE_ARRAY || kv->arr_type != TDM_GGUF_VTYPE_STRING)
+        return;
+    fprintf(f, ",\n \"%s\": [", key);
+    for (uint64_t i = 0; i < kv->arr_n; i++) {
+        fprintf(f, "%s\"", i ? ", " : "");
+        for (uint64_t k = 0; k < kv->arr_strs[i].len; k++)
+            fprintf(f, "%02x", (unsigned char)kv->arr_strs[i].data[k]);
+        fprintf(f, "\"");
+    }
+    fprintf(f, "]");
+}
+
+/* Writes the vocabulary: {"n_vocab", "eos", "files": [the sample], "eog": [...], "special":
+ * [...], "tokens": [hex of each token's bytes], "pre", "pieces" and "merges" (hex of the
+ * GGUF's strings), "instances": [ (then dump_instance appends) */
+static int dump_open(bench_t *b, const char *path, char **names, size_t n_names)
 {
     b->dump = fopen(path, "w");
     if (!b->dump) {
@@ -258,7 +287,10 @@ static int dump_open(bench_t *b, const char *path)
         return 1;
     }
     FILE *f = b->dump;
-    fprintf(f, "{\"n_vocab\": %u, \"eos\": %d, \"eog\": [", b->n_vocab, (int)b->eos);
+    fprintf(f, "{\"n_vocab\": %u, \"eos\": %d, \"files\": [", b->n_vocab, (int)b->eos);
+    for (size_t i = 0; i < n_names; i++)
+        fprintf(f, "%s\"%s\"", i ? ", " : "", names[i]);
+    fprintf(f, "],\n \"eog\": [");
     for (uint32_t t = 0, k = 0; t < b->n_vocab; t++)
         if (tdm_tokenizer_is_eog(b->tok, (tdm_token_t)t))
             fprintf(f, "%s%u", k++ ? ", " : "", t);
@@ -277,7 +309,12 @@ static int dump_open(bench_t *b, const char *path)
             fprintf(f, "%02x", buf[i]);
         fprintf(f, "\"");
     }
-    fprintf(f, "],\n \"instances\": [\n");
+    fprintf(f, "],\n \"pre\": \"%s\"", tdm_tokenizer_pre(b->tok));
+    /* the GGUF's own arrays, so the peer can rebuild the exact tokenizer (llguidance allows
+     * only the canonical tokenization of forced text) */
+    dump_strings(f, b->gguf, "pieces", "tokenizer.ggml.tokens");
+    dump_strings(f, b->gguf, "merges", "tokenizer.ggml.merges");
+    fprintf(f, ",\n \"instances\": [\n");
     return 0;
 }
 
@@ -285,8 +322,8 @@ static void dump_instance(bench_t *b, const char *file, size_t test, bool valid,
                           const tdm_token_t *ids, size_t n)
 {
     FILE *f = b->dump;
-    fprintf(f, "%s{\"file\": \"%s\", \"test\": %zu, \"valid\": %s, \"ids\": [", b->n_dumped++ ? ",\n" : "",
-            file, test, valid ? "true" : "false");
+    fprintf(f, "%s{\"file\": \"%s\", \"test\": %zu, \"valid\": %s, \"ids\": [",
+            b->n_dumped++ ? ",\n" : "", file, test, valid ? "true" : "false");
     for (size_t i = 0; i < n; i++)
         fprintf(f, "%s%d", i ? "," : "", (int)ids[i]);
     fprintf(f, "]}");
@@ -321,12 +358,12 @@ static bool judge(bench_t *b, stats_t *st, tdm_grammar_matcher_t *m, const insta
 }
 
 /* The tests of name: each instance's tokens (from CACHE/<stem>.<i>.json) and flags. */
-static int load_instances(bench_t *b, const cfg_t *c, const char *name, instance_t **out,
-                          size_t *n)
+static int load_instances(bench_t *b, const cfg_t *c, const char *name, instance_t **out, size_t *n)
 {
     json_t *tests = json_object_get(json_object_get(b->index, "files"), name);
     if (!json_is_array(tests)) {
-        fprintf(stderr, "bench: %s is not in the cache's index.json (rerun grammar_setup.py)\n", name);
+        fprintf(stderr, "bench: %s is not in the cache's index.json (rerun grammar_setup.py)\n",
+                name);
         return 1;
     }
     *n = json_array_size(tests);
@@ -364,13 +401,16 @@ static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", c->dir, name);
     json_error_t je;
-    json_t *doc = json_load_file(path, 0, &je);
+    json_t *doc = json_load_file(path, JSON_ALLOW_NUL, &je);
     char *schema = doc ? json_dumps(json_object_get(doc, "schema"),
                                     JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17))
                        : NULL;
+    bool loaded = doc != NULL;
     json_decref(doc);
-    if (!schema) {
-        count_refusal(st, "(unreadable file)");
+    if (!schema) { /* jansson cannot read it (an integer beyond 64 bits, ...) */
+        count_refusal(st, "(file unreadable by jansson)");
+        if (c->verbose)
+            fprintf(stderr, "bench: %s refused: %s\n", name, loaded ? "out of memory" : je.text);
         return NULL;
     }
     tdm_buf_t gbnf = TDM_BUF_INIT;
@@ -408,9 +448,11 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
     tdm_grammar_t *g = rc == 0 ? compile_file(c, st, name) : NULL;
     tdm_error_t err;
     tdm_grammar_matcher_t *m = g ? tdm_grammar_matcher_new(g, b->vocab, &err) : NULL;
-    if (g && !m) {
+    if (g && !m) { /* the engine refused the start state (too ambiguous) */
         count_refusal(st, err.msg);
         st->compile_s.n--;
+        if (c->verbose)
+            fprintf(stderr, "bench: %s refused: %s\n", name, err.msg);
     }
     bool all_right = m != NULL;
     for (size_t i = 0; m && i < n; i++) {
@@ -458,7 +500,8 @@ static void print_table(const bench_t *b, const cfg_t *c, const stats_t *st)
 {
     fprintf(stderr, "grammar bench: %d MaskBench files of %s (every %d), %s, 1 thread\n", st->files,
             c->dir, c->every, b->cpu);
-    fprintf(stderr, "%-34s %8d (%.1f %%)\n", "schemas compiled", st->compiled, pct(st->compiled, st->files));
+    fprintf(stderr, "%-34s %8d (%.1f %%)\n", "schemas compiled", st->compiled,
+            pct(st->compiled, st->files));
     fprintf(stderr, "%-34s %8d", "schemas refused", st->refused);
     for (int i = 0; i < st->n_kw && i < 12; i++)
         fprintf(stderr, "%s %s %d", i ? "," : "  (", st->kw[i].kw, st->kw[i].n);
@@ -467,14 +510,15 @@ static void print_table(const bench_t *b, const cfg_t *c, const stats_t *st)
             pct(st->passing, st->files));
     fprintf(stderr, "%-34s %8d / %d\n", "instances judged right", st->right, st->instances);
     fprintf(stderr, "%-34s %8d\n", "validation errors (valid rejected)", st->validation_err);
-    fprintf(stderr, "%-34s %8d (of %d valid ones out of order)\n", "  of them out of definition order",
-            st->ooo_rejected, st->ooo_total);
+    fprintf(stderr, "%-34s %8d (of %d valid ones out of order)\n",
+            "  of them out of definition order", st->ooo_rejected, st->ooo_total);
     fprintf(stderr, "%-34s %8d\n", "invalidation errors (invalid acc.)", st->invalidation_err);
     fprintf(stderr, "%-34s %8.2f / %.2f ms\n", "compile time p50 / p90",
             quantile(&st->compile_s, 0.5) * 1e3, quantile(&st->compile_s, 0.9) * 1e3);
-    fprintf(stderr, "%-34s %8.1f / %.1f / %.1f / %.1f us  (%zu masks)\n", "mask time p50/p75/p99/max",
-            quantile(&st->mask_s, 0.5) * 1e6, quantile(&st->mask_s, 0.75) * 1e6,
-            quantile(&st->mask_s, 0.99) * 1e6, quantile(&st->mask_s, 1.0) * 1e6, st->mask_s.n);
+    fprintf(stderr, "%-34s %8.1f / %.1f / %.1f / %.1f us  (%zu masks)\n",
+            "mask time p50/p75/p99/max", quantile(&st->mask_s, 0.5) * 1e6,
+            quantile(&st->mask_s, 0.75) * 1e6, quantile(&st->mask_s, 0.99) * 1e6,
+            quantile(&st->mask_s, 1.0) * 1e6, st->mask_s.n);
 }
 
 static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
@@ -484,22 +528,25 @@ static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
         fprintf(stderr, "bench: cannot write %s\n", c->json_path);
         return 1;
     }
-    fprintf(out, "{\"engine\": \"tandem\", \"cpu\": \"%s\", \"threads\": 1, \"n_vocab\": %u, \"files\": %d, "
-                 "\"compiled\": %d, \"refused\": %d,\n \"refused_by_keyword\": {",
-            b->cpu, b->n_vocab, st->files, st->compiled, st->refused);
+    fprintf(
+        out,
+        "{\"engine\": \"tandem\", \"cpu\": \"%s\", \"threads\": 1, \"n_vocab\": %u, \"files\": %d, "
+        "\"compiled\": %d, \"refused\": %d,\n \"refused_by_keyword\": {",
+        b->cpu, b->n_vocab, st->files, st->compiled, st->refused);
     for (int i = 0; i < st->n_kw; i++)
         fprintf(out, "%s\"%s\": %d", i ? ", " : "", st->kw[i].kw, st->kw[i].n);
-    fprintf(out,
-            "},\n \"passing\": %d, \"passing_pct\": %.2f, \"instances\": %d, \"right\": %d, "
-            "\"validation_errors\": %d, \"validation_errors_out_of_order\": %d, "
-            "\"valid_out_of_order\": %d, \"invalidation_errors\": %d, \"tokens\": %zu,\n"
-            " \"compile_s\": {\"p50\": %.6f, \"p90\": %.6f},\n"
-            " \"mask_s\": {\"p50\": %.7f, \"p75\": %.7f, \"p99\": %.7f, \"max\": %.7f, \"n\": %zu}}\n",
-            st->passing, pct(st->passing, st->files), st->instances, st->right, st->validation_err,
-            st->ooo_rejected, st->ooo_total, st->invalidation_err, st->tokens,
-            quantile(&st->compile_s, 0.5), quantile(&st->compile_s, 0.9), quantile(&st->mask_s, 0.5),
-            quantile(&st->mask_s, 0.75), quantile(&st->mask_s, 0.99), quantile(&st->mask_s, 1.0),
-            st->mask_s.n);
+    fprintf(
+        out,
+        "},\n \"passing\": %d, \"passing_pct\": %.2f, \"instances\": %d, \"right\": %d, "
+        "\"validation_errors\": %d, \"validation_errors_out_of_order\": %d, "
+        "\"valid_out_of_order\": %d, \"invalidation_errors\": %d, \"tokens\": %zu,\n"
+        " \"compile_s\": {\"p50\": %.6f, \"p90\": %.6f},\n"
+        " \"mask_s\": {\"p50\": %.7f, \"p75\": %.7f, \"p99\": %.7f, \"max\": %.7f, \"n\": %zu}}\n",
+        st->passing, pct(st->passing, st->files), st->instances, st->right, st->validation_err,
+        st->ooo_rejected, st->ooo_total, st->invalidation_err, st->tokens,
+        quantile(&st->compile_s, 0.5), quantile(&st->compile_s, 0.9), quantile(&st->mask_s, 0.5),
+        quantile(&st->mask_s, 0.75), quantile(&st->mask_s, 0.99), quantile(&st->mask_s, 1.0),
+        st->mask_s.n);
     if (c->json_path)
         fclose(out);
     return 0;
@@ -515,7 +562,8 @@ static void print_ratios(const cfg_t *c, const stats_t *st)
         return;
     }
     json_t *pm = json_object_get(p, "mask_s"), *pc = json_object_get(p, "compile_s");
-    double mp50 = json_number_value(json_object_get(pm, "p50")), mp99 = json_number_value(json_object_get(pm, "p99"));
+    double mp50 = json_number_value(json_object_get(pm, "p50")),
+           mp99 = json_number_value(json_object_get(pm, "p99"));
     double cp90 = json_number_value(json_object_get(pc, "p90"));
     double ppass = json_number_value(json_object_get(p, "passing_pct"));
     fprintf(stderr, "vs %s (%s):\n", json_string_value(json_object_get(p, "engine")), c->peer_path);
@@ -523,8 +571,10 @@ static void print_ratios(const cfg_t *c, const stats_t *st)
             pct(st->passing, st->files) - ppass, pct(st->passing, st->files), ppass);
     fprintf(stderr, "%-34s %8d vs %d\n", "invalidation errors", st->invalidation_err,
             (int)json_integer_value(json_object_get(p, "invalidation_errors")));
-    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p50 ratio", mp50 > 0 ? quantile(&st->mask_s, 0.5) / mp50 : 0);
-    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p99 ratio", mp99 > 0 ? quantile(&st->mask_s, 0.99) / mp99 : 0);
+    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p50 ratio",
+            mp50 > 0 ? quantile(&st->mask_s, 0.5) / mp50 : 0);
+    fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p99 ratio",
+            mp99 > 0 ? quantile(&st->mask_s, 0.99) / mp99 : 0);
     fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "compile time p90 ratio",
             cp90 > 0 ? quantile(&st->compile_s, 0.9) / cp90 : 0);
     json_decref(p);
@@ -536,21 +586,27 @@ static void usage(void)
 {
     printf("usage: tandem-bench-grammar --dir MASKBENCH_DIR --cache CACHE [-m MODEL] [--every N]\n"
            "                            [--limit N] [--json FILE] [--dump-vocab FILE]\n"
-           "                            [--peer LLG_JSON] [--check [--min-pass FRACTION]] [--verbose]\n"
+           "                            [--peer LLG_JSON] [--check [--min-pass FRACTION]] "
+           "[--verbose]\n"
            "CACHE comes from: python3 bench/grammar_setup.py MASKBENCH_DIR CACHE\n");
 }
 
 /* Parses the command line into *c. Returns 0 to go on, or the exit status with *done set. */
 static int parse_args(int argc, char **argv, cfg_t *c, bool *done)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},    {"dir", required_argument, NULL, 'd'},
-        {"cache", required_argument, NULL, 'c'},    {"every", required_argument, NULL, 'e'},
-        {"limit", required_argument, NULL, 'l'},    {"json", required_argument, NULL, 'j'},
-        {"dump-vocab", required_argument, NULL, 'v'}, {"peer", required_argument, NULL, 'p'},
-        {"check", no_argument, NULL, 'k'},          {"min-pass", required_argument, NULL, 'P'},
-        {"verbose", no_argument, NULL, 'V'},        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"dir", required_argument, NULL, 'd'},
+                                         {"cache", required_argument, NULL, 'c'},
+                                         {"every", required_argument, NULL, 'e'},
+                                         {"limit", required_argument, NULL, 'l'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"dump-vocab", required_argument, NULL, 'v'},
+                                         {"peer", required_argument, NULL, 'p'},
+                                         {"check", no_argument, NULL, 'k'},
+                                         {"min-pass", required_argument, NULL, 'P'},
+                                         {"verbose", no_argument, NULL, 'V'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     c->every = 1;
     *done = true;
     int ch;
@@ -596,7 +652,7 @@ int main(int argc, char **argv)
     if (status == 0)
         status = list_files(&c, &names, &n);
     if (status == 0 && c.vocab_path)
-        status = dump_open(&b, c.vocab_path);
+        status = dump_open(&b, c.vocab_path, names, n);
     for (size_t i = 0; i < n && status == 0; i++)
         status = run_file(&b, &c, &st, names[i]);
     if (b.dump)
@@ -613,8 +669,10 @@ int main(int argc, char **argv)
     if (status == 0 && c.check) {
         double pass = st.compiled ? (double)st.passing / st.compiled : 0;
         if (st.invalidation_err > 0 || pass < c.min_pass) {
-            fprintf(stderr, "bench: check failed: %d invalidation errors, %.4f of compiled schemas "
-                            "passing (floor %.4f)\n", st.invalidation_err, pass, c.min_pass);
+            fprintf(stderr,
+                    "bench: check failed: %d invalidation errors, %.4f of compiled schemas "
+                    "passing (floor %.4f)\n",
+                    st.invalidation_err, pass, c.min_pass);
             status = 1;
         }
     }

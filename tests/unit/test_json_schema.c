@@ -95,8 +95,9 @@ static void test_properties_required_order(void **state)
     const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
                     "\"b\":{\"type\":\"string\"},\"c\":{\"type\":\"boolean\"}},"
                     "\"required\":[\"b\"],\"additionalProperties\":false}";
-    check(s, GOOD("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",\"c\":true}",
-                  "{\"b\":\"x\",\"c\":false}"),
+    check(s,
+          GOOD("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",\"c\":true}",
+               "{\"b\":\"x\",\"c\":false}"),
           BAD("{}", "{\"a\":1}", "{\"b\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"d\":1}",
               "{\"a\":1,,\"b\":\"x\"}", "{\"b\":\"x\",}"));
 }
@@ -106,17 +107,27 @@ static void test_additional_properties(void **state)
     (void)state;
     /* default true: any other key after the defined ones, never a defined one again */
     const char *s = "{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}}}";
-    check(s, GOOD("{}", "{\"ab\":1}", "{\"ab\":1,\"x\":[1]}", "{\"a\":\"s\",\"abc\":2,\"b\":null}",
-                  "{\"\":1}"),
+    check(s,
+          GOOD("{}", "{\"ab\":1}", "{\"ab\":1,\"x\":[1]}", "{\"a\":\"s\",\"abc\":2,\"b\":null}",
+               "{\"\":1}"),
           BAD("{\"ab\":\"s\"}", "{\"x\":1,\"ab\":\"s\"}", "{\"ab\":1,\"ab\":2}"));
     const char *t = "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}";
     check(t, GOOD("{}", "{\"a\":1,\"b\":2}"), BAD("{\"a\":\"x\"}"));
     const char *u = "{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"z\"],"
                     "\"additionalProperties\":{\"type\":\"string\"}}";
-    check(u, GOOD("{\"z\":\"s\"}", "{\"a\":1,\"z\":\"s\",\"q\":\"t\"}"), BAD("{\"a\":1}", "{\"z\":1}"));
+    check(u, GOOD("{\"z\":\"s\"}", "{\"a\":1,\"z\":\"s\",\"q\":\"t\"}"),
+          BAD("{\"a\":1}", "{\"z\":1}"));
     refused("{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}",
             "/required: 'z' is not in properties and additionalProperties is false");
-    check("{\"type\":\"object\",\"properties\":{\"a\":false}}", GOOD("{\"b\":1}"), BAD("{\"a\":1}"));
+    check("{\"type\":\"object\",\"properties\":{\"a\":false}}", GOOD("{\"b\":1}"),
+          BAD("{\"a\":1}"));
+    /* minProperties 1: at least one member */
+    check("{\"type\":\"object\",\"minProperties\":1}", GOOD("{\"x\":1}"), BAD("{}"));
+    check("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,"
+          "\"minProperties\":1}",
+          GOOD("{\"a\":1}"), BAD("{}"));
+    refused("{\"type\":\"object\",\"minProperties\":2}",
+            "/minProperties: not supported (only 0 and 1)");
     /* an optional property no value fits is left out (a required one is refused) */
     check("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{}}}",
           GOOD("{\"b\":1}", "{}"), BAD("{\"a\":\"x\"}", "{\"a\":{}}"));
@@ -132,9 +143,10 @@ static void test_arrays(void **state)
     check("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],"
           "\"items\":false}",
           GOOD("[]", "[\"a\"]", "[\"a\",1]"), BAD("[1]", "[\"a\",1,2]"));
-    check("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"items\":{\"type\":\"null\"},"
-          "\"minItems\":2}",
-          GOOD("[\"a\",null]", "[\"a\",null,null]"), BAD("[\"a\"]", "[\"a\",1]"));
+    check(
+        "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"items\":{\"type\":\"null\"},"
+        "\"minItems\":2}",
+        GOOD("[\"a\",null]", "[\"a\",null,null]"), BAD("[\"a\"]", "[\"a\",1]"));
     /* draft-4 tuples */
     check("{\"items\":[{\"type\":\"integer\"}],\"additionalItems\":false}", GOOD("[1]", "[]"),
           BAD("[1,2]"));
@@ -151,24 +163,50 @@ static void test_enum_const(void **state)
     check("{\"const\":\"x\"}", GOOD("\"x\""), BAD("\"y\""));
     check("{\"type\":\"string\",\"enum\":[\"a\",1]}", GOOD("\"a\""), BAD("1"));
     check("{\"const\":1e+16}", GOOD("1e+16", "10000000000000000"), BAD("1"));
-    refused("{\"type\":\"string\",\"enum\":[1]}",
-            "/enum: no value allowed (type, enum and const)");
+    refused("{\"type\":\"string\",\"enum\":[1]}", "/enum: no value allowed (type, enum and const)");
 }
 
 static void test_any_one_all_of(void **state)
 {
     (void)state;
-    check("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]}", GOOD("1", "null"), BAD("\"a\""));
-    check("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}", GOOD("1", "\"a\""), BAD("null"));
+    check("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]}", GOOD("1", "null"),
+          BAD("\"a\""));
+    /* oneOf: as anyOf when the branches are disjoint (types, values, a discriminator) */
+    check("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}", GOOD("1", "\"a\""),
+          BAD("null"));
+    check("{\"oneOf\":[{\"enum\":[1,2]},{\"const\":3}]}", GOOD("1", "3"), BAD("4"));
+    check("{\"type\":\"object\",\"oneOf\":[{\"properties\":{\"k\":{\"const\":\"a\"},\"x\":{}},"
+          "\"required\":[\"k\"]},{\"properties\":{\"k\":{\"const\":\"b\"}},\"required\":[\"k\"]}]}",
+          GOOD("{\"k\":\"a\",\"x\":1}", "{\"k\":\"b\"}"), BAD("{\"k\":\"c\"}", "{}"));
+    refused("{\"properties\":{\"a\":{},\"b\":{}},\"oneOf\":[{\"required\":[\"a\"]},{\"required\":["
+            "\"b\"]}]}",
+            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
+    refused("{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}",
+            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
     /* siblings merge into each branch */
     check("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{}},"
           "\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
           GOOD("{\"a\":1}", "{\"b\":2}"), BAD("{}"));
     check("{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
-          "\"required\":[\"a\"]},{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]}]}",
+          "\"required\":[\"a\"]},{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]"
+          "}]}",
           GOOD("{\"a\":1,\"b\":\"x\"}"), BAD("{\"a\":1}", "{\"b\":\"x\"}"));
-    check("{\"allOf\":[{\"type\":\"integer\",\"minimum\":0},{\"maximum\":10},{\"type\":\"number\"}]}",
-          GOOD("0", "10"), BAD("-1", "11", "1.5"));
+    check(
+        "{\"allOf\":[{\"type\":\"integer\",\"minimum\":0},{\"maximum\":10},{\"type\":\"number\"}]}",
+        GOOD("0", "10"), BAD("-1", "11", "1.5"));
+    /* additionalProperties merge exactly: the other side's properties must satisfy it */
+    check("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":"
+          "false},"
+          "{\"properties\":{\"a\":{\"minimum\":0},\"b\":{}}}]}",
+          GOOD("{}", "{\"a\":1}"), BAD("{\"a\":-1}", "{\"b\":1}", "{\"c\":1}"));
+    check("{\"properties\":{\"a\":{},\"b\":{}},\"additionalProperties\":false,\"anyOf\":[{"
+          "\"properties\":"
+          "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+          GOOD("{\"a\":1}", "{\"b\":\"x\"}", "{\"a\":1,\"b\":2}"),
+          BAD("{\"a\":\"x\"}", "{\"c\":1}", "{}"));
+    check("{\"allOf\":[{\"additionalProperties\":{\"type\":\"string\"}},{\"properties\":{\"n\":{}}}"
+          "]}",
+          GOOD("{\"n\":\"s\",\"m\":\"t\"}"), BAD("{\"n\":1}", "{\"m\":1}"));
     refused("{\"allOf\":[{\"pattern\":\"a\"},{\"pattern\":\"b\"}]}",
             "/allOf/1: allOf: two different 'pattern' cannot be merged");
     refused("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",
@@ -185,15 +223,17 @@ static void test_refs(void **state)
                        "\"additionalProperties\":false}}}";
     check(tree, GOOD("{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}"),
           BAD("{\"v\":1,\"kids\":[{}]}"));
-    check("{\"definitions\":{\"a~b/c\":{\"type\":\"integer\"}},\"items\":{\"$ref\":\"#/definitions/a~0b~1c\"}}",
+    check("{\"definitions\":{\"a~b/c\":{\"type\":\"integer\"}},\"items\":{\"$ref\":\"#/definitions/"
+          "a~0b~1c\"}}",
           GOOD("[1]"), BAD("[\"x\"]"));
     check("{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", GOOD("[]", "[[],[[]]]"), BAD("[1]"));
     /* siblings of $ref apply too (2019-09 and later) */
-    check("{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"$ref\":\"#/$defs/n\",\"minimum\":5}", GOOD("5"),
-          BAD("4"));
+    check("{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"$ref\":\"#/$defs/n\",\"minimum\":5}",
+          GOOD("5"), BAD("4"));
     /* a recursive schema that merges at every level (allOf beside a $ref to itself) */
     check("{\"definitions\":{\"foo\":{\"type\":\"object\",\"properties\":{\"kids\":{\"type\":"
-          "\"array\",\"items\":{\"allOf\":[{\"$ref\":\"#/definitions/foo\"},{\"required\":[\"n\"]}]}},"
+          "\"array\",\"items\":{\"allOf\":[{\"$ref\":\"#/definitions/"
+          "foo\"},{\"required\":[\"n\"]}]}},"
           "\"n\":{\"type\":\"integer\"}}}},\"$ref\":\"#/definitions/foo\"}",
           GOOD("{}", "{\"kids\":[{\"n\":1},{\"kids\":[{\"n\":2}],\"n\":3}]}"),
           BAD("{\"kids\":[{}]}", "{\"kids\":[{\"n\":1,\"kids\":[{}]}]}"));
@@ -224,21 +264,37 @@ static void test_string_lengths_and_pattern(void **state)
     }
     free(text);
     tdm_grammar_destroy(&g);
-    check("{\"type\":\"string\",\"pattern\":\"^[a-z]+-\\\\d{2,3}$\"}", GOOD("\"ab-12\"", "\"x-123\""),
-          BAD("\"ab-1\"", "\"AB-12\"", "\"ab-1234\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]+-\\\\d{2,3}$\"}",
+          GOOD("\"ab-12\"", "\"x-123\""), BAD("\"ab-1\"", "\"AB-12\"", "\"ab-1234\""));
     /* unanchored: search semantics */
     check("{\"type\":\"string\",\"pattern\":\"ab\"}", GOOD("\"ab\"", "\"xaby\""), BAD("\"a b\""));
-    check("{\"type\":\"string\",\"pattern\":\"^(foo|ba[rz])?$\"}", GOOD("\"\"", "\"foo\"", "\"baz\""),
-          BAD("\"bar \""));
+    check("{\"type\":\"string\",\"pattern\":\"^(foo|ba[rz])?$\"}",
+          GOOD("\"\"", "\"foo\"", "\"baz\""), BAD("\"bar \""));
+    /* NUL: the regex escape \\u0000, and the character itself (JSON escape in the schema) */
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\\\u0000]+$\"}", GOOD("\"ab\""),
+          BAD("\"a\\u0000\"", "\"\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\u0000]+$\"}", GOOD("\"ab\""),
+          BAD("\"a\\u0000\""));
     /* JSON escapes of the characters a pattern allows */
-    check("{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\]+$\"}", GOOD("\"\\\"\\\\\""), BAD("\"a\""));
-    check("{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", GOOD("\"b\"", "\"\\\"\""), BAD("\"a\"", "\"\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\]+$\"}", GOOD("\"\\\"\\\\\""),
+          BAD("\"a\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", GOOD("\"b\"", "\"\\\"\""),
+          BAD("\"a\"", "\"\""));
     /* a length bound the pattern already implies is kept; another is refused */
-    check("{\"type\":\"string\",\"pattern\":\"^[a-z]{2}$\",\"maxLength\":5}", GOOD("\"ab\""), BAD("\"a\""));
-    refused("{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":5}",
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]{2}$\",\"maxLength\":5}", GOOD("\"ab\""),
+          BAD("\"a\""));
+    /* built in when exact: one repeated class in an anchored pattern */
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":5}",
+          GOOD("\"a\"", "\"abcde\""), BAD("\"\"", "\"abcdef\"", "\"ab1\""));
+    check("{\"type\":\"string\",\"pattern\":\"^id-[0-9a-f]*-x$\",\"minLength\":7,\"maxLength\":8}",
+          GOOD("\"id-ab-x\"", "\"id-abc-x\""), BAD("\"id-a-x\"", "\"id-abcd-x\""));
+    refused("{\"type\":\"string\",\"pattern\":\"^[a-z]+[0-9]+$\",\"maxLength\":5}",
             "/maxLength: not supported together with a pattern that allows other lengths");
-    refused("{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
-            "/properties/a/pattern: group kind not supported (lookahead, flags, ...) (at offset 2)");
+    refused("{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":5}",
+            "/maxLength: not supported together with a pattern that allows other lengths");
+    refused(
+        "{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
+        "/properties/a/pattern: group kind not supported (lookahead, flags, ...) (at offset 2)");
     refused("{\"pattern\":\"a^b\"}",
             "/pattern: anchors are supported only at the ends of the pattern (at offset 1)");
     refused("{\"pattern\":\"(a)\\\\1\"}",
@@ -250,12 +306,15 @@ static void test_formats(void **state)
     (void)state;
     check("{\"format\":\"date\",\"type\":\"string\"}",
           GOOD("\"2024-02-29\"", "\"2000-02-29\"", "\"2023-12-31\"", "\"2023-04-30\""),
-          BAD("\"2023-02-29\"", "\"1900-02-29\"", "\"2023-04-31\"", "\"2023-13-01\"", "\"23-01-01\""));
+          BAD("\"2023-02-29\"", "\"1900-02-29\"", "\"2023-04-31\"", "\"2023-13-01\"",
+              "\"23-01-01\""));
     check("{\"format\":\"time\"}", GOOD("\"12:30:00Z\"", "\"23:59:60.5+01:00\""),
           BAD("\"24:00:00Z\"", "\"12:30:00\""));
-    check("{\"format\":\"date-time\"}", GOOD("\"2024-01-02T03:04:05Z\"", "\"2024-01-02t03:04:05.123-08:00\""),
+    check("{\"format\":\"date-time\"}",
+          GOOD("\"2024-01-02T03:04:05Z\"", "\"2024-01-02t03:04:05.123-08:00\""),
           BAD("\"2024-01-02 03:04\""));
-    check("{\"format\":\"uuid\"}", GOOD("\"123e4567-e89b-12d3-a456-426614174000\""), BAD("\"123e4567\""));
+    check("{\"format\":\"uuid\"}", GOOD("\"123e4567-e89b-12d3-a456-426614174000\""),
+          BAD("\"123e4567\""));
     check("{\"format\":\"email\"}", GOOD("\"a.b+c@example.com\"", "\"x@localhost\""),
           BAD("\"a@\"", "\"@b.c\"", "\"a b@c.d\""));
     check("{\"format\":\"uri\"}", GOOD("\"https://example.com/a?b=c#d\"", "\"urn:isbn:123\""),
@@ -263,38 +322,43 @@ static void test_formats(void **state)
     check("{\"format\":\"ipv4\"}", GOOD("\"192.168.0.255\""), BAD("\"256.1.1.1\"", "\"1.2.3\""));
     check("{\"format\":\"hostname\"}", GOOD("\"a-b.example.com\""), BAD("\"-a.com\""));
     refused("{\"type\":\"string\",\"format\":\"ipv6\"}", "/format: 'ipv6' not supported");
-    refused("{\"format\":\"date\",\"maxLength\":3}", "/maxLength: not supported together with format");
+    refused("{\"format\":\"date\",\"maxLength\":3}",
+            "/maxLength: not supported together with format");
 }
 
 static void test_integer_bounds(void **state)
 {
     (void)state;
-    check("{\"type\":\"integer\",\"minimum\":1,\"maximum\":120}", GOOD("1", "9", "10", "99", "100", "120"),
-          BAD("0", "121", "200", "1000", "-1", "01"));
+    check("{\"type\":\"integer\",\"minimum\":1,\"maximum\":120}",
+          GOOD("1", "9", "10", "99", "100", "120"), BAD("0", "121", "200", "1000", "-1", "01"));
     check("{\"type\":\"integer\",\"minimum\":-15,\"maximum\":-3}", GOOD("-15", "-3", "-10"),
           BAD("-16", "-2", "0", "3"));
-    check("{\"type\":\"integer\",\"exclusiveMinimum\":0}", GOOD("1", "12345678901"), BAD("0", "-1"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":0}", GOOD("1", "12345678901"),
+          BAD("0", "-1"));
     check("{\"type\":\"integer\",\"maximum\":5}", GOOD("5", "0", "-1000"), BAD("6", "10"));
-    check("{\"type\":\"integer\",\"minimum\":37,\"maximum\":4321}", GOOD("37", "99", "100", "4321", "4300"),
-          BAD("36", "4322", "5000", "10000"));
+    check("{\"type\":\"integer\",\"minimum\":37,\"maximum\":4321}",
+          GOOD("37", "99", "100", "4321", "4300"), BAD("36", "4322", "5000", "10000"));
     /* draft 4 booleans; non-integral bounds round inward */
     check("{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":2.5}",
           GOOD("1", "2"), BAD("0", "3"));
-    refused("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}", "/minimum: no integer within the bounds");
+    refused("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}",
+            "/minimum: no integer within the bounds");
 }
 
 static void test_number_bounds(void **state)
 {
     (void)state;
-    check("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", GOOD("0", "0.5", "1", "1.0", "1.000"),
-          BAD("-0.5", "1.01", "2", "1e0", "-1"));
-    check("{\"type\":\"number\",\"minimum\":0}", GOOD("0", "3.5", "1e+20", "2E5"), BAD("-1", "-0.1"));
+    check("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+          GOOD("0", "0.5", "1", "1.0", "1.000"), BAD("-0.5", "1.01", "2", "1e0", "-1"));
+    check("{\"type\":\"number\",\"minimum\":0}", GOOD("0", "3.5", "1e+20", "2E5"),
+          BAD("-1", "-0.1"));
     check("{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":100}", GOOD("0.01", "1", "100"),
           BAD("0", "0.0", "100.5", "-3"));
-    check("{\"type\":\"number\",\"minimum\":-10,\"exclusiveMaximum\":-2}", GOOD("-10", "-2.5", "-9.99"),
-          BAD("-2", "-10.5", "0"));
+    check("{\"type\":\"number\",\"minimum\":-10,\"exclusiveMaximum\":-2}",
+          GOOD("-10", "-2.5", "-9.99"), BAD("-2", "-10.5", "0"));
     check("{\"type\":\"number\",\"maximum\":0}", GOOD("0", "-5e+3", "-0.5"), BAD("0.1", "1"));
-    refused("{\"type\":\"number\",\"maximum\":0.5}", "/maximum: non-integral bounds on numbers not supported");
+    refused("{\"type\":\"number\",\"maximum\":0.5}",
+            "/maximum: non-integral bounds on numbers not supported");
 }
 
 static void test_refused_keywords(void **state)
@@ -305,16 +369,17 @@ static void test_refused_keywords(void **state)
     refused("{\"not\":{}}", "/not: not supported");
     refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
-    refused("{\"$defs\":{\"a/b\":{\"minProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
-            "/$defs/a~1b/minProperties: not supported");
+    refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
+            "/$defs/a~1b/maxProperties: not supported");
     refused("{\"type\":\"strin\"}", "/type: unknown type 'strin'");
     refused("{\"minItems\":-1}", "/minItems: must be a non-negative integer");
     refused("false", "/: the schema false allows no value");
     refused("{\"type\":", "invalid JSON at line 1, column 8: unexpected token near end of file");
     /* annotations and unknown keywords are ignored */
-    check("{\"title\":\"t\",\"description\":\"d\",\"examples\":[1],\"x-foo\":1,\"uniqueItems\":false,"
-          "\"type\":\"integer\"}",
-          GOOD("1"), BAD("\"a\""));
+    check(
+        "{\"title\":\"t\",\"description\":\"d\",\"examples\":[1],\"x-foo\":1,\"uniqueItems\":false,"
+        "\"type\":\"integer\"}",
+        GOOD("1"), BAD("\"a\""));
 }
 
 static void test_rule_prefix_and_json_object(void **state)
@@ -322,7 +387,8 @@ static void test_rule_prefix_and_json_object(void **state)
     (void)state;
     tdm_buf_t out = TDM_BUF_INIT;
     tdm_error_t err;
-    const char *a = "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]}";
+    const char *a =
+        "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]}";
     const char *b = "{\"type\":\"string\",\"minLength\":1}";
     assert_int_equal(tdm_json_schema_to_gbnf_rule(a, strlen(a), "call-0", &out, &err), 0);
     assert_int_equal(tdm_json_schema_to_gbnf_rule(b, strlen(b), "call-1", &out, &err), 0);
@@ -379,7 +445,11 @@ static void test_regex(void **state)
     /* whole-text match; anchors at the ends change nothing */
     check_regex("[a-c]+x?", GOOD("a", "abcx", "cc"), BAD("", "abd", "xa"));
     check_regex("^(\\d{3})-(?:\\d{2}|[A-Z]{2})$", GOOD("123-45", "123-AB"), BAD("123-4", "12-45"));
-    check_regex("a.c", GOOD("abc", "a\"c", "a\xc3\xa9" "c"), BAD("a\nc", "ac"));
+    check_regex("a.c",
+                GOOD("abc", "a\"c",
+                     "a\xc3\xa9"
+                     "c"),
+                BAD("a\nc", "ac"));
     check_regex("[^\\s\\]]{2,}", GOOD("ab", "a-b"), BAD("a b", "a]", "a"));
     check_regex("\\w+@\\w+\\.com", GOOD("a_1@b.com"), BAD("a@b.org"));
     check_regex("(?<year>19|20)\\d\\d|never", GOOD("1999", "2024", "never"), BAD("1800", "nev"));
@@ -427,6 +497,9 @@ static void test_choice(void **state)
     tdm_grammar_destroy(&g);
     assert_int_equal(tdm_choice_to_gbnf(choices, 0, &out, &err), TDM_EINVALID);
     assert_string_equal(err.msg, "choice: the list is empty");
+    const char *const bad_utf8[] = {"ok", "\xff"};
+    assert_int_equal(tdm_choice_to_gbnf(bad_utf8, 2, &out, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "choice: entry 1 is not UTF-8");
     tdm_buf_free(&out);
 }
 

@@ -5,7 +5,8 @@
  * (ignored: they constrain nothing), the validation keywords of drafts 4 to 2020-12 that are
  * not supported (refused with their JSON pointer: never a silently weaker grammar), and every
  * other name, which JSON Schema itself ignores ("unknown keywords": x-*, javaType, ...), so
- * this compiler ignores them too. oneOf compiles as anyOf (exclusivity is not enforced).
+ * this compiler ignores them too. oneOf compiles as anyOf when its branches are provably
+ * disjoint (so exclusivity holds by construction), and is refused otherwise.
  */
 #include <stdio.h>
 #include <string.h>
@@ -13,21 +14,59 @@
 #include "json_schema_internal.h"
 #include "tandem/json_schema.h"
 
-static const char *const k_supported[] = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
-    "additionalItems", "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf",
-    "$ref", "$defs", "definitions", "minLength", "maxLength", "pattern", "format", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum", NULL};
+static const char *const k_supported[] = {"type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "items",
+                                          "prefixItems",
+                                          "additionalItems",
+                                          "minItems",
+                                          "maxItems",
+                                          "enum",
+                                          "const",
+                                          "anyOf",
+                                          "oneOf",
+                                          "allOf",
+                                          "$ref",
+                                          "$defs",
+                                          "definitions",
+                                          "minLength",
+                                          "maxLength",
+                                          "pattern",
+                                          "format",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum",
+                                          "minProperties",
+                                          NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {
-    "patternProperties", "propertyNames", "dependencies", "dependentRequired",
-    "dependentSchemas", "minProperties", "maxProperties", "not", "if", "then", "else",
-    "uniqueItems", "contains", "minContains", "maxContains", "multipleOf",
-    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
-    "$recursiveRef", "$recursiveAnchor", NULL};
+static const char *const k_refused[] = {"patternProperties",
+                                        "propertyNames",
+                                        "dependencies",
+                                        "dependentRequired",
+                                        "dependentSchemas",
+                                        "maxProperties",
+                                        "not",
+                                        "if",
+                                        "then",
+                                        "else",
+                                        "uniqueItems",
+                                        "contains",
+                                        "minContains",
+                                        "maxContains",
+                                        "multipleOf",
+                                        "unevaluatedProperties",
+                                        "unevaluatedItems",
+                                        "$dynamicRef",
+                                        "$dynamicAnchor",
+                                        "$recursiveRef",
+                                        "$recursiveAnchor",
+                                        NULL};
 
 static bool in_list(const char *const *list, const char *key)
 {
@@ -150,8 +189,8 @@ void js_rep(tdm_buf_t *b, const char *x, size_t lo, size_t hi)
         tdm_buf_printf(b, "%s{0,%zu} )", x, r);
         return;
     }
-    tdm_buf_printf(b, "( ( %s{%u} ){0,%zu} %s{0,%u} | ( %s{%u} ){%zu} %s{0,%zu} ) )", x, JS_REP_CHUNK,
-                   q - 1, x, JS_REP_CHUNK - 1, x, JS_REP_CHUNK, q, x, r);
+    tdm_buf_printf(b, "( ( %s{%u} ){0,%zu} %s{0,%u} | ( %s{%u} ){%zu} %s{0,%zu} ) )", x,
+                   JS_REP_CHUNK, q - 1, x, JS_REP_CHUNK - 1, x, JS_REP_CHUNK, q, x, r);
 }
 
 /* ---- primitives ---- */
@@ -226,6 +265,9 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
                 continue;
             return js_fail(c, ptr, key, "not supported");
         }
+        if (strcmp(key, "minProperties") == 0 &&
+            !(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 1))
+            return js_fail(c, ptr, key, "not supported (only 0 and 1)");
         if (in_list(k_supported, key) && strcmp(key, "$defs") != 0 &&
             strcmp(key, "definitions") != 0)
             *has_constraints = true;
@@ -271,8 +313,7 @@ static bool ptr_token(const char *p, size_t n, char *tok, size_t cap)
 json_t *js_resolve_ref(js_ctx_t *c, const char *ref, const char *ptr)
 {
     if (ref[0] != '#' || (ref[1] != 0 && ref[1] != '/')) {
-        js_fail(c, ptr, "$ref", "'%s' not supported (only JSON pointers within the document)",
-                ref);
+        js_fail(c, ptr, "$ref", "'%s' not supported (only JSON pointers within the document)", ref);
         return NULL;
     }
     json_t *t = c->root;
@@ -397,35 +438,72 @@ static int compile_all_of(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     return js_compile(c, acc, p, name);
 }
 
+/* Branch i of anyOf / oneOf as compiled: merged with the sibling keywords when there are
+ * any (rest), else as written. */
+static int branch(js_ctx_t *c, json_t *b, json_t *rest, bool rest_constrains, const char *bp,
+                  json_t **m)
+{
+    *m = b;
+    if (!rest_constrains)
+        return 0;
+    int rc = js_resolve_top(c, b, bp, m);
+    return rc != 0 ? rc : js_merge(c, rest, *m, bp, m);
+}
+
+/* oneOf compiles as anyOf only when no two branches can match the same value (different
+ * types, different enum / const values, or a required property with different constants):
+ * then exactly one matches whenever any does. Otherwise it is refused. */
+static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
+{
+    size_t n = json_array_size(branches);
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = i + 1; j < n; j++) {
+            json_t *a, *b;
+            char bp[JS_PTR_MAX];
+            js_ptr_index(bp, ptr, j);
+            int rc = js_resolve_top(c, json_array_get(branches, i), ptr, &a);
+            rc = rc ? rc : js_resolve_top(c, json_array_get(branches, j), bp, &b);
+            if (rc != 0)
+                return rc;
+            if (!js_disjoint(a, b))
+                return js_fail(c, ptr, NULL,
+                               "not supported: branches %zu and %zu may both match (use anyOf)", i,
+                               j);
+        }
+    }
+    return 0;
+}
+
 /* anyOf / oneOf: one alternative per branch; sibling keywords are merged into each branch. */
 static int compile_any_of(js_ctx_t *c, json_t *s, const char *ptr, const char *key, char *name)
 {
     char p[JS_PTR_MAX];
     js_ptr_join(p, ptr, key);
-    json_t *any = json_object_get(s, key), *b;
+    json_t *any = json_object_get(s, key), *b, *m;
     if (!json_is_array(any) || json_array_size(any) == 0)
         return js_fail(c, ptr, key, "must be a non-empty array");
-    json_t *rest = without(c, s, key, NULL);
-    if (!rest)
+    json_t *rest = without(c, s, key, NULL), *branches = json_array();
+    if (!rest || !branches || json_array_append_new(c->keep, branches) != 0)
         return js_oom(c);
     bool rest_constrains;
     int rc = check_keywords(c, rest, ptr, &rest_constrains);
-    tdm_buf_t body = TDM_BUF_INIT;
     size_t i;
     json_array_foreach(any, i, b)
     {
+        char bp[JS_PTR_MAX];
+        js_ptr_index(bp, p, i);
+        rc = rc ? rc : branch(c, b, rest, rest_constrains, bp, &m);
+        if (rc == 0 && json_array_append(branches, m) != 0)
+            rc = js_oom(c);
+    }
+    if (rc == 0 && strcmp(key, "oneOf") == 0)
+        rc = check_one_of(c, branches, p);
+    tdm_buf_t body = TDM_BUF_INIT;
+    json_array_foreach(branches, i, m)
+    {
         char bp[JS_PTR_MAX], sub[JS_NAME_MAX];
         js_ptr_index(bp, p, i);
-        json_t *m = b;
-        if (rc == 0 && rest_constrains) {
-            rc = js_resolve_top(c, b, bp, &m);
-            if (rc == 0)
-                rc = js_merge(c, rest, m, bp, &m);
-        }
-        if (rc == 0)
-            rc = js_compile(c, m, bp, sub);
-        if (rc != 0)
-            break;
+        rc = rc ? rc : js_compile(c, m, bp, sub);
         tdm_buf_printf(&body, "%s%s", i ? " | " : "", sub);
     }
     if (rc == 0) {
@@ -526,7 +604,8 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     }
     int rc = 0;
     if (n == 0)
-        rc = js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
+        rc =
+            js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
     else if (body.oom)
         rc = js_oom(c);
     if (rc == 0) {
@@ -696,10 +775,11 @@ int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule,
         return tdm_error_set(err, TDM_EINVALID, "rule name '%s' is not [a-zA-Z0-9-]+",
                              rule ? rule : "(null)");
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    json_t *root =
+        json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root)
-        return tdm_error_set(err, TDM_EINVALID, "invalid JSON at line %d, column %d: %s",
-                             je.line, je.column, je.text);
+        return tdm_error_set(err, TDM_EINVALID, "invalid JSON at line %d, column %d: %s", je.line,
+                             je.column, je.text);
     int rc = compile_document(root, rule, out, err);
     json_decref(root);
     return rc;

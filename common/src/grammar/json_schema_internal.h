@@ -16,12 +16,12 @@
 
 #include "tandem/base.h"
 
-#define JS_NAME_MAX 96       /* longest rule name we generate, with the NUL */
-#define JS_PREFIX_MAX 48     /* longest caller-given rule name */
-#define JS_MAX_DEPTH 96      /* nesting of subschemas compiled inside one another */
-#define JS_PTR_MAX 1024      /* longest JSON pointer kept for messages */
-#define JS_LEN_INF SIZE_MAX  /* "no upper bound" for lengths and counts */
-#define JS_REP_CHUNK 1000u   /* larger repetition counts are written as nested ones */
+#define JS_NAME_MAX 96      /* longest rule name we generate, with the NUL */
+#define JS_PREFIX_MAX 48    /* longest caller-given rule name */
+#define JS_MAX_DEPTH 64     /* nesting of subschemas compiled inside one another */
+#define JS_PTR_MAX 512      /* longest JSON pointer kept for messages */
+#define JS_LEN_INF SIZE_MAX /* "no upper bound" for lengths and counts */
+#define JS_REP_CHUNK 1000u  /* larger repetition counts are written as nested ones */
 
 /* The primitives every schema may use, emitted once each on first use. */
 typedef enum js_prim {
@@ -46,15 +46,15 @@ typedef struct js_ref {
 } js_ref_t;
 
 typedef struct js_ctx {
-    json_t *root;         /* the whole schema document (for $ref) */
-    tdm_buf_t *out;       /* the GBNF being built */
-    tdm_error_t *err;     /* first error */
+    json_t *root;     /* the whole schema document (for $ref) */
+    tdm_buf_t *out;   /* the GBNF being built */
+    tdm_error_t *err; /* first error */
     char prefix[JS_PREFIX_MAX];
-    unsigned next_rule;   /* counter for generated rule names */
+    unsigned next_rule; /* counter for generated rule names */
     bool prim_done[JS_PRIM_COUNT];
-    js_ref_t *refs;       /* $ref targets compiled so far */
+    js_ref_t *refs; /* $ref targets compiled so far */
     size_t n_refs, cap_refs;
-    json_t *keep;         /* array owning the schemas built by merging (allOf, siblings) */
+    json_t *keep; /* array owning the schemas built by merging (allOf, siblings) */
     int depth;
     bool unsat; /* the last refusal says no value is allowed (not: not supported) */
 } js_ctx_t;
@@ -119,6 +119,11 @@ int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
  * exactly the values both allow, or fails naming ptr. *out is owned by c->keep. */
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out);
 
+/* True when no JSON value can match both schemas (already $ref-resolved at their top), by
+ * a cheap sufficient test: disjoint types, disjoint enum / const values, or a property
+ * required by both whose enum / const values are disjoint. False means "maybe not". */
+bool js_disjoint(json_t *a, json_t *b);
+
 /* ---- gbnf text helpers (regex.c) ---- */
 
 /* Appends code point cp as it goes inside a GBNF string literal ("..."), escaped. */
@@ -130,11 +135,15 @@ int js_gbnf_lit(tdm_buf_t *b, const char *s, size_t n);
 
 /* Translates the regex re[len] (the subset of docs/structured-output.md) to a GBNF expression
  * appended to expr. json_mode: the expression matches the JSON-escaped content of a string
- * whose decoded text matches (search semantics: an unanchored side gets any text);
- * otherwise it matches the text itself, whole (anchors optional). *min_len / *max_len get
- * the bounds of the length of matched text in characters (JS_LEN_INF: unbounded). Returns 0
- * or TDM_EINVALID with "what (at offset N)" in err, TDM_ERESOURCE on out of memory. */
-int js_regex_expr(const char *re, size_t len, bool json_mode, const char *char_rule,
-                  tdm_buf_t *expr, size_t *min_len, size_t *max_len, tdm_error_t *err);
+ * whose decoded text matches (search semantics: an unanchored side gets any text, char_rule
+ * repeated); otherwise it matches the text itself, whole (anchors optional). In JSON mode,
+ * length bounds [want_lo, want_hi] (minLength / maxLength; 0, JS_LEN_INF for none) are built
+ * into the expression when that is exact (an anchored sequence with one repeated character
+ * class); the caller compares them with the result. *min_len / *max_len get the bounds of
+ * the length of matched text in characters (JS_LEN_INF: unbounded). Returns 0 or TDM_EINVALID
+ * with "what (at offset N)" in err, TDM_ERESOURCE on out of memory. */
+int js_regex_expr(const char *re, size_t len, bool json_mode, const char *char_rule, size_t want_lo,
+                  size_t want_hi, tdm_buf_t *expr, size_t *min_len, size_t *max_len,
+                  tdm_error_t *err);
 
 #endif /* TANDEM_GRAMMAR_JSON_SCHEMA_INTERNAL_H */

@@ -133,7 +133,8 @@ static int read_bounds(js_ctx_t *c, json_t *s, const char *ptr, bound_t *lo, bou
             b->excl = excl;
         }
     }
-    json_t *xmin = json_object_get(s, "exclusiveMinimum"), *xmax = json_object_get(s, "exclusiveMaximum");
+    json_t *xmin = json_object_get(s, "exclusiveMinimum"),
+           *xmax = json_object_get(s, "exclusiveMaximum");
     if (json_is_true(xmin) && json_object_get(s, "minimum"))
         lo->excl = true;
     if (json_is_true(xmax) && json_object_get(s, "maximum"))
@@ -205,8 +206,9 @@ int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (!lo.set && !hi.set)
         return js_prim(c, JS_PRIM_NUMBER, name);
     if ((lo.set && lo.v != floor(lo.v)) || (hi.set && hi.v != floor(hi.v)))
-        return js_fail(c, ptr, lo.set && lo.v != floor(lo.v) ? (lo.excl ? "exclusiveMinimum" : "minimum")
-                                                             : (hi.excl ? "exclusiveMaximum" : "maximum"),
+        return js_fail(c, ptr,
+                       lo.set && lo.v != floor(lo.v) ? (lo.excl ? "exclusiveMinimum" : "minimum")
+                                                     : (hi.excl ? "exclusiveMaximum" : "maximum"),
                        "non-integral bounds on numbers not supported");
     tdm_buf_t body = TDM_BUF_INIT, part = TDM_BUF_INIT;
     int alts = 0;

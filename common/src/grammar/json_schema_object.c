@@ -8,7 +8,8 @@
  * schema) come after all the defined ones, with keys that are none of the defined names (a
  * key written with \u escapes is compared as written). A required name that `properties`
  * does not define is a defined property whose value follows additionalProperties, placed
- * after the others.
+ * after the others. minProperties 1 (the only count supported besides 0) asks for at least
+ * one member.
  *
  * Whitespace: the primitive `ws` (at most one space, or one newline and up to 20 spaces or
  * tabs) after every `{ [ , :` and after every member value, so compact and pretty-printed JSON
@@ -66,8 +67,8 @@ static int key_excl(js_ctx_t *c, const char **names, size_t n, size_t depth, con
     tdm_buf_puts(&cls, "[^\"\\\\\\x00-\\x1F");
     while (i < n && rc == 0) {
         uint32_t cp;
-        size_t k = tdm_utf8_decode((const unsigned char *)names[i] + depth,
-                                   strlen(names[i]) - depth, &cp);
+        size_t k =
+            tdm_utf8_decode((const unsigned char *)names[i] + depth, strlen(names[i]) - depth, &cp);
         if (k == 0)
             k = 1, cp = (unsigned char)names[i][depth];
         size_t j = i + 1;
@@ -82,8 +83,9 @@ static int key_excl(js_ctx_t *c, const char **names, size_t n, size_t depth, con
         i = j;
     }
     tdm_buf_printf(&cls, "]");
-    tdm_buf_printf(&body, "%s%s %s* \"\\\"\" | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) "
-                          "%s* \"\\\"\"",
+    tdm_buf_printf(&body,
+                   "%s%s %s* \"\\\"\" | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) "
+                   "%s* \"\\\"\"",
                    alts ? " | " : "", cls.data, ch, ch);
     if (rc == 0) {
         js_new_name(c, name);
@@ -226,8 +228,8 @@ static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX
 {
     tdm_buf_t b = TDM_BUF_INIT;
     char xkv[6 * JS_NAME_MAX];
-    snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws,
-             o->extra_value, o->ws);
+    snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws, o->extra_value,
+             o->ws);
     first[o->n][0] = after[o->n][0] = 0;
     int rc = 0;
     if (o->extras) {
@@ -279,15 +281,16 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     json_t *ap = json_object_get(s, "additionalProperties");
     if (req && !json_is_array(req))
         return js_fail(c, ptr, "required", "must be an array of strings");
-    if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)))
+    bool non_empty = json_integer_value(json_object_get(s, "minProperties")) >= 1;
+    if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)) && !non_empty)
         return js_prim(c, JS_PRIM_OBJECT, name);
     objspec_t o;
     memset(&o, 0, sizeof o);
     size_t cap = json_object_size(props) + json_array_size(req) + 1;
     o.props = calloc(cap, sizeof *o.props);
     o.names = calloc(cap, sizeof *o.names);
-    char (*first)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
-    char (*after)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
+    char(*first)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
+    char(*after)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
     int rc = (!o.props || !o.names || !first || !after) ? js_oom(c) : 0;
     rc = rc ? rc : js_prim(c, JS_PRIM_WS, o.ws);
     rc = rc ? rc : read_additional(c, s, ptr, &o);
@@ -296,8 +299,10 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (rc == 0 && o.extras)
         rc = extra_key(c, &o);
     rc = rc ? rc : emit_chain(c, &o, first, after);
+    if (rc == 0 && non_empty && !first[0][0])
+        rc = js_fail_unsat(c, ptr, "minProperties", "no property can appear");
     if (rc == 0) {
-        bool nullable = true;
+        bool nullable = !non_empty; /* minProperties 1: at least one member */
         for (size_t k = 0; k < o.n; k++)
             nullable = nullable && !o.props[k].required;
         char body[2 * JS_NAME_MAX + 64];
@@ -414,8 +419,8 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     tdm_buf_printf(&b, "\"[\" %s", a.ws);
     for (size_t i = 0; i < n_pos && rc == 0; i++) {
         bool optional = i >= a.min;
-        tdm_buf_printf(&b, " %s%s%s %s", optional ? "( " : "", i ? "\",\" " : "",
-                       i ? a.ws : "", a.prefix[i]);
+        tdm_buf_printf(&b, " %s%s%s %s", optional ? "( " : "", i ? "\",\" " : "", i ? a.ws : "",
+                       a.prefix[i]);
         tdm_buf_printf(&b, " %s", a.ws);
         opened += optional;
     }

@@ -5,8 +5,10 @@
  * Formats enforced: date, time, date-time (RFC 3339 full-date / full-time, `T` or `t`),
  * uuid, email (dot-atom local part @ host name labels), uri (scheme ":" then URI
  * characters), hostname (RFC 1123 labels), ipv4 (dotted quad 0-255). Any other format is
- * refused. A length bound beside a pattern is kept only when the pattern already implies it;
- * a format with another string keyword is refused.
+ * refused. A length bound beside a pattern is built into the pattern when that is exact (an
+ * anchored pattern with one repeated character class: `^[a-z]+$` with maxLength 10), kept when
+ * the pattern already implies it, refused otherwise; a format with another string keyword is
+ * refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,14 +22,14 @@
 #define D30 "( \"0\" [1-9] | [12] [0-9] | \"30\" )"
 #define D31 "( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )"
 /* leap years: divisible by 4, and not by 100 unless by 400 */
-#define LEAP                                                                                   \
-    "( [0-9]{2} ( [02468] [48] | [13579] [26] | [2468] \"0\" ) | ( [02468] [048] | [13579] "    \
+#define LEAP                                                                                       \
+    "( [0-9]{2} ( [02468] [48] | [13579] [26] | [2468] \"0\" ) | ( [02468] [048] | [13579] "       \
     "[26] ) \"00\" )"
-#define DATE                                                                                   \
-    "( [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" " D31 " | ( \"0\" [469] | "  \
+#define DATE                                                                                       \
+    "( [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" " D31 " | ( \"0\" [469] | "           \
     "\"11\" ) \"-\" " D30 " | \"02-\" " D28 " ) | " LEAP " \"-02-29\" )"
-#define TIME                                                                                   \
-    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "     \
+#define TIME                                                                                       \
+    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "       \
     "[0-9]+ )? ( [zZ] | [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"
 #define OCTET "( \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] )"
 
@@ -89,8 +91,8 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
         return rc;
     size_t min_len, max_len;
     tdm_error_t e;
-    rc = js_regex_expr(json_string_value(p), json_string_length(p), true, ch, body, &min_len,
-                       &max_len, &e);
+    rc = js_regex_expr(json_string_value(p), json_string_length(p), true, ch, lo, hi, body,
+                       &min_len, &max_len, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
     if (rc != 0)
@@ -113,7 +115,10 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (!has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
         return js_prim(c, JS_PRIM_STRING, name);
     if (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF))
-        return js_fail(c, ptr, has_pattern ? "pattern" : lo ? "minLength" : "maxLength",
+        return js_fail(c, ptr,
+                       has_pattern ? "pattern"
+                       : lo        ? "minLength"
+                                   : "maxLength",
                        "not supported together with format");
     if (lo > hi)
         return js_fail(c, ptr, "minLength", "greater than maxLength");

@@ -38,6 +38,7 @@ typedef struct rx {
     const char *char_rule; /* any string character (JSON mode's unanchored sides) */
     tdm_error_t *err;
     int depth;
+    size_t want_lo, want_hi; /* JSON mode: the length bounds to build in (minLength ...) */
 } rx_t;
 
 /* ---- GBNF text ---- */
@@ -443,7 +444,8 @@ static int parse_group(rx_t *r, tdm_buf_t *b, rx_len_t *len)
         } else if (rx_peek(r) == '<' || rx_peek(r) == 'P') {
             if (rx_peek(r) == 'P')
                 r->i++;
-            if (rx_peek(r) != '<' || (r->i + 1 < r->n && (r->s[r->i + 1] == '=' || r->s[r->i + 1] == '!')))
+            if (rx_peek(r) != '<' ||
+                (r->i + 1 < r->n && (r->s[r->i + 1] == '=' || r->s[r->i + 1] == '!')))
                 return rx_fail(r, "lookbehind not supported");
             while (!rx_eof(r) && rx_peek(r) != '>')
                 r->i++;
@@ -557,8 +559,25 @@ static int parse_quant(rx_t *r, tdm_buf_t *b, size_t *lo, size_t *hi)
     return 0;
 }
 
-/* A sequence up to '|', ')' or the end; top: anchors allowed at its ends (*anchored_*). */
-static int parse_seq(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top, bool *at_start, bool *at_end)
+#define RX_MAX_PIECES 64
+
+/* The pieces (atom + quantifier) of a top-level sequence, for clamp_lengths. */
+typedef struct rx_piece {
+    size_t atom_start, atom_end, end; /* offsets in the sequence's GBNF text */
+    size_t lo, hi;                    /* its quantifier */
+    rx_len_t atom;                    /* the atom's length bounds */
+} rx_piece_t;
+
+typedef struct rx_seq {
+    rx_piece_t p[RX_MAX_PIECES];
+    size_t n;
+    bool overflow;
+} rx_seq_t;
+
+/* A sequence up to '|', ')' or the end; top: anchors allowed at its ends (*at_start,
+ * *at_end). q (when not NULL) gets its pieces. */
+static int parse_seq(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top, bool *at_start, bool *at_end,
+                     rx_seq_t *q)
 {
     len->min = len->max = 0;
     *at_start = *at_end = false;
@@ -573,21 +592,89 @@ static int parse_seq(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top, bool *at_st
             *at_end = true;
             break;
         }
-        rx_len_t a;
-        size_t lo, hi;
+        rx_piece_t pc;
         tdm_buf_puts(b, any ? " " : "");
-        int rc = parse_atom(r, b, &a);
+        pc.atom_start = b->len;
+        int rc = parse_atom(r, b, &pc.atom);
+        pc.atom_end = b->len;
         if (rc == 0)
-            rc = parse_quant(r, b, &lo, &hi);
+            rc = parse_quant(r, b, &pc.lo, &pc.hi);
         if (rc != 0)
             return rc;
-        len->min = len_add(len->min, len_mul(a.min, lo));
-        len->max = len_add(len->max, len_mul(a.max, hi));
+        pc.end = b->len;
+        if (q && q->n < RX_MAX_PIECES)
+            q->p[q->n++] = pc;
+        else if (q)
+            q->overflow = true;
+        len->min = len_add(len->min, len_mul(pc.atom.min, pc.lo));
+        len->max = len_add(len->max, len_mul(pc.atom.max, pc.hi));
         any = true;
     }
     if (!any)
         tdm_buf_puts(b, "\"\"");
     return 0;
+}
+
+/* Builds the length bounds [lo, hi] into an anchored sequence whose pieces all have a fixed
+ * length but one, a single character repeated (`^[a-z]+$` with maxLength 10 becomes
+ * `[a-z]{1,10}`): exact, so the bounds need no intersection. Returns false (out untouched)
+ * when the sequence has another shape or no length fits. */
+static bool clamp_lengths(const tdm_buf_t *t, const rx_seq_t *q, size_t lo, size_t hi,
+                          tdm_buf_t *out, rx_len_t *len)
+{
+    size_t fixed = 0, var = RX_MAX_PIECES;
+    for (size_t i = 0; i < q->n && !q->overflow; i++) {
+        const rx_piece_t *p = &q->p[i];
+        if (p->atom.min == p->atom.max && p->lo == p->hi && p->atom.max != JS_LEN_INF)
+            fixed = len_add(fixed, len_mul(p->atom.min, p->lo));
+        else if (p->atom.min == 1 && p->atom.max == 1 && var == RX_MAX_PIECES)
+            var = i;
+        else
+            return false;
+    }
+    if (q->overflow || var == RX_MAX_PIECES || fixed == JS_LEN_INF ||
+        (hi != JS_LEN_INF && hi < fixed))
+        return false;
+    const rx_piece_t *v = &q->p[var];
+    size_t vlo = lo > fixed ? lo - fixed : 0, vhi = hi == JS_LEN_INF ? JS_LEN_INF : hi - fixed;
+    vlo = vlo > v->lo ? vlo : v->lo;
+    vhi = vhi < v->hi ? vhi : v->hi;
+    if (vlo > vhi)
+        return false;
+    char atom[4096];
+    if (v->atom_end - v->atom_start >= sizeof atom)
+        return false;
+    memcpy(atom, t->data + v->atom_start, v->atom_end - v->atom_start);
+    atom[v->atom_end - v->atom_start] = 0;
+    tdm_buf_append(out, t->data, v->atom_start);
+    js_rep(out, atom, vlo, vhi);
+    tdm_buf_append(out, t->data + v->end, t->len - v->end);
+    len->min = fixed + vlo;
+    len->max = len_add(fixed, vhi);
+    return true;
+}
+
+/* One top-level alternative in JSON mode: the length bounds built in when that is exact
+ * (clamp_lengths), then any text on its unanchored sides. */
+static void emit_branch(rx_t *r, tdm_buf_t *b, tdm_buf_t *seq, const rx_seq_t *q, bool only,
+                        bool at_start, bool at_end, rx_len_t *l)
+{
+    tdm_buf_t clamped = TDM_BUF_INIT;
+    bool clamp =
+        r->json && only && at_start && at_end && (r->want_lo > 0 || r->want_hi != JS_LEN_INF);
+    if (clamp && seq->data && clamp_lengths(seq, q, r->want_lo, r->want_hi, &clamped, l)) {
+        tdm_buf_free(seq);
+        *seq = clamped;
+    }
+    bool open_start = r->json && !at_start, open_end = r->json && !at_end;
+    tdm_buf_printf(b, "%s%s%s%s%s", open_start ? r->char_rule : "", open_start ? "* " : "",
+                   seq->data ? seq->data : "", open_end ? " " : "", open_end ? r->char_rule : "");
+    if (open_end)
+        tdm_buf_puts(b, "*");
+    if (seq->oom)
+        b->oom = true;
+    if (open_start || open_end)
+        l->max = JS_LEN_INF;
 }
 
 /* Alternatives separated by '|'. At the top level in JSON mode an unanchored side of an
@@ -601,20 +688,18 @@ static int parse_alt(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top)
         bool at_start, at_end;
         rx_len_t l;
         tdm_buf_t seq = TDM_BUF_INIT;
-        int rc = parse_seq(r, &seq, &l, top, &at_start, &at_end);
-        bool open_start = top && r->json && !at_start, open_end = top && r->json && !at_end;
-        tdm_buf_printf(b, "%s%s%s%s%s%s", first ? "" : " | ", open_start ? r->char_rule : "",
-                       open_start ? "* " : "", seq.data ? seq.data : "", open_end ? " " : "",
-                       open_end ? r->char_rule : "");
-        if (open_end)
-            tdm_buf_puts(b, "*");
-        if (seq.oom)
-            b->oom = true;
+        rx_seq_t q;
+        q.n = 0;
+        q.overflow = false;
+        int rc = parse_seq(r, &seq, &l, top, &at_start, &at_end, top ? &q : NULL);
+        tdm_buf_puts(b, first ? "" : " | ");
+        if (top)
+            emit_branch(r, b, &seq, &q, first && rx_peek(r) != '|', at_start, at_end, &l);
+        else
+            tdm_buf_puts(b, seq.data ? seq.data : "");
         tdm_buf_free(&seq);
         if (rc != 0)
             return rc;
-        if (open_start || open_end)
-            l.max = JS_LEN_INF;
         len->min = l.min < len->min ? l.min : len->min;
         len->max = l.max > len->max ? l.max : len->max;
         first = false;
@@ -624,10 +709,11 @@ static int parse_alt(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top)
     }
 }
 
-int js_regex_expr(const char *re, size_t len, bool json_mode, const char *char_rule,
-                  tdm_buf_t *expr, size_t *min_len, size_t *max_len, tdm_error_t *err)
+int js_regex_expr(const char *re, size_t len, bool json_mode, const char *char_rule, size_t want_lo,
+                  size_t want_hi, tdm_buf_t *expr, size_t *min_len, size_t *max_len,
+                  tdm_error_t *err)
 {
-    rx_t r = {re, len, 0, json_mode, char_rule, err, 0};
+    rx_t r = {re, len, 0, json_mode, char_rule, err, 0, want_lo, want_hi};
     rx_len_t l;
     tdm_buf_puts(expr, "( ");
     int rc = parse_alt(&r, expr, &l, true);
@@ -662,7 +748,7 @@ int tdm_regex_to_gbnf_rule(const char *re, size_t len, const char *rule, tdm_buf
                              rule ? rule : "(null)");
     tdm_buf_t expr = TDM_BUF_INIT;
     size_t lo, hi;
-    int rc = js_regex_expr(re, len, false, NULL, &expr, &lo, &hi, err);
+    int rc = js_regex_expr(re, len, false, NULL, 0, JS_LEN_INF, &expr, &lo, &hi, err);
     if (rc == 0) {
         tdm_buf_printf(out, "%s ::= %s\n", rule, expr.data);
         if (out->oom)
@@ -674,14 +760,30 @@ int tdm_regex_to_gbnf_rule(const char *re, size_t len, const char *rule, tdm_buf
     return rc;
 }
 
+static bool is_utf8(const char *s)
+{
+    for (size_t k = 0, n = strlen(s); k < n;) {
+        uint32_t cp;
+        size_t step = tdm_utf8_decode((const unsigned char *)s + k, n - k, &cp);
+        if (step == 0)
+            return false;
+        k += step;
+    }
+    return true;
+}
+
 int tdm_choice_to_gbnf(const char *const *choices, size_t n, tdm_buf_t *out, tdm_error_t *err)
 {
     if (n == 0)
         return tdm_error_set(err, TDM_EINVALID, "choice: the list is empty");
-    tdm_buf_puts(out, "root ::= ");
     for (size_t i = 0; i < n; i++) {
         if (!choices[i])
             return tdm_error_set(err, TDM_EINVALID, "choice: entry %zu is null", i);
+        if (!is_utf8(choices[i]))
+            return tdm_error_set(err, TDM_EINVALID, "choice: entry %zu is not UTF-8", i);
+    }
+    tdm_buf_puts(out, "root ::= ");
+    for (size_t i = 0; i < n; i++) {
         tdm_buf_puts(out, i ? " | " : "");
         js_gbnf_lit(out, choices[i], strlen(choices[i]));
     }
