@@ -105,8 +105,8 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
     if (need > tdm_kv_pool_available(d->rt->pool))
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
-    tdm_worker_req_t req = {r->base.att.key,  m->prompt_tokens, r->n_prompt, &r->sp, NULL, 0, r,
-                            m->output_tokens, r->n_output};
+    tdm_worker_req_t req = {r->base.att.key,  m->prompt_tokens, r->n_prompt,    &r->sp, NULL, 0, r,
+                            m->output_tokens, r->n_output,      r->base.grammar};
     int rc = tdm_worker_add(d->rt->worker, &req, err);
     if (rc != TDM_OK)
         return rc;
@@ -175,7 +175,9 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     r->n_output = (uint32_t)m->n_output_tokens;
     r->base.deadline_ms = m->deadline_unix_ms;
     r->t_reserved = tdm_time_now();
-    rc = m->local_prefill ? reserve_local(d, r, m, &err) : reserve_remote(d, r, m, &err);
+    rc = tdm_node_constraint(d->rt->grammars, m->constraint, &r->base.grammar, &err);
+    if (rc == TDM_OK)
+        rc = m->local_prefill ? reserve_local(d, r, m, &err) : reserve_remote(d, r, m, &err);
     if (rc != TDM_OK) {
         tdm_sock_reply_error(s, f, rc, "%s", err.msg);
         tdm_node_req_drop(d->node, &r->base);
@@ -237,7 +239,7 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
     r->seq.n_tokens = r->n_prompt + r->n_output;
     tdm_worker_req_t req = {r->base.att.key, r->prompt,       r->n_prompt, &r->sp,
                             &r->seq,         in->first_token, r,           r->prompt + r->n_prompt,
-                            r->n_output};
+                            r->n_output,     r->base.grammar};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(d->node, &r->base, err.code, err.code == TDM_ERESOURCE, err.msg);

@@ -441,6 +441,10 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
         snprintf(param, cap, "messages%s", field + 13);
         return;
     }
+    if (strncmp(field, "constraint", top) == 0 && top == 10) {
+        snprintf(param, cap, "%s", q->constraint_param);
+        return;
+    }
     if (top == 8 && strncmp(field, "sampling", 8) == 0 && field[8] == '.') {
         const char *sub = field + 9;
         if (strcmp(sub, "n_logprobs") == 0)
