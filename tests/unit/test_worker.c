@@ -877,6 +877,59 @@ static void test_constrained_in_batch(void **state)
     tdm_grammar_vocab_destroy(&gv);
 }
 
+/* A constrained request resumed after `cut` output tokens (migration: prompt + cut prefilled
+ * as context) replays them into its matcher and goes on exactly as the undisturbed run; an
+ * output the grammar does not allow is refused at add. */
+static void test_constrained_resume(void **state)
+{
+    fixture_t *fx = *state;
+    tdm_error_t err = {0};
+    tdm_grammar_vocab_t *gv = tdm_grammar_vocab_new(fx->tok, &err);
+    tdm_grammar_t *g = tdm_grammar_parse(tiny_gbnf, strlen(tiny_gbnf), NULL, &err);
+    assert_true(gv && g);
+    g_grammar_vocab = gv;
+    out_t ref[N_REQ + 2] = {0};
+    int32_t prompt[12];
+    rig_t a;
+    rig_open(fx, &a, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+    add_constrained(fx, &a, N_REQ + 1, prompt, g, false, 36);
+    drain(&a, ref);
+    rig_close(&a);
+    const out_t *want = &ref[N_REQ + 1];
+    assert_true(want->n > 4);
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.temperature = 1.0f;
+    sp.seed = 77 + N_REQ + 1;
+    sp.max_tokens = 36;
+    char id[16];
+    snprintf(id, sizeof id, "r%d", N_REQ + 1);
+    for (uint32_t cut = 1; cut < want->n; cut += 3) {
+        out_t got[N_REQ + 2] = {0};
+        memcpy(got[N_REQ + 1].tokens, want->tokens, cut * sizeof *want->tokens);
+        got[N_REQ + 1].n = cut;
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+        tdm_worker_req_t req = {id, prompt, 12, &sp, NULL, 0, NULL, want->tokens, cut, g};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+        drain(&r, got);
+        rig_close(&r);
+        assert_int_equal(got[N_REQ + 1].n, want->n);
+        assert_memory_equal(got[N_REQ + 1].tokens, want->tokens, want->n * sizeof *want->tokens);
+        assert_int_equal(got[N_REQ + 1].why, TDM_WORKER_FINISH_STOP);
+    }
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+    int32_t wrong[2] = {want->tokens[0], (int32_t)tdm_test_tiny_byte_token('x')};
+    tdm_worker_req_t bad = {id, prompt, 12, &sp, NULL, 0, NULL, wrong, 2, g};
+    assert_int_equal(tdm_worker_add(r.w, &bad, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "output token 1"));
+    rig_close(&r);
+    g_grammar_vocab = NULL;
+    tdm_grammar_destroy(&g);
+    tdm_grammar_vocab_destroy(&gv);
+}
+
 /* A constrained sequence split between a PREFILL worker (first token under the mask) and a
  * DECODE worker (the first token replayed into a fresh matcher) gives the single-worker output;
  * a first token the grammar does not allow is refused at add. */
@@ -952,6 +1005,7 @@ int main(void)
         cmocka_unit_test(test_resume_errors),
         cmocka_unit_test(test_constrained_in_batch),
         cmocka_unit_test(test_constrained_handoff),
+        cmocka_unit_test(test_constrained_resume),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
