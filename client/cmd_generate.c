@@ -186,7 +186,7 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
     char *file_text = NULL;
     tdm_prompt_input_t in = {0};
     tdm_chat_pick_t pick;
-    tdm_chat_message_t user = {"user", o->chat};
+    tdm_chat_message_t user = {.role = "user", .content = o->chat};
     int rc = TDM_OK;
     if (o->prompt) {
         in.text = o->prompt;
@@ -325,8 +325,8 @@ static int generate_router(const gen_opts_t *o)
     tdm_client_request_init(&req);
     if (o->chat) {
         if (o->system)
-            msgs[n_msgs++] = (tdm_chat_message_t){"system", o->system};
-        msgs[n_msgs++] = (tdm_chat_message_t){"user", o->chat};
+            msgs[n_msgs++] = (tdm_chat_message_t){.role = "system", .content = o->system};
+        msgs[n_msgs++] = (tdm_chat_message_t){.role = "user", .content = o->chat};
         req.messages = msgs;
         req.n_messages = n_msgs;
     } else {

@@ -120,7 +120,7 @@ static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
         fprintf(stderr, "tandem tokenize: %s\n", err.msg);
         return 1;
     }
-    tdm_chat_message_t user = {"user", message};
+    tdm_chat_message_t user = {.role = "user", .content = message};
     tdm_prompt_input_t in = {.messages = &user, .n_messages = 1, .system = system};
     if (tdm_prompt_encode(tok, &pick, &in, ids, n_ids, NULL, &err) != TDM_OK) {
         fprintf(stderr, "tandem tokenize: chat template %s: %s\n",

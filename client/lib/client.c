@@ -554,7 +554,9 @@ static int input_check(tdm_client_t *c, const tdm_client_request_t *req)
     if (req->n_messages > 0 && !req->messages)
         return bad_request(c, "chat.messages", "request: messages is NULL");
     for (size_t i = 0; i < req->n_messages; i++)
-        if (!req->messages[i].role || !req->messages[i].content)
+        if (!req->messages[i].role ||
+            (!req->messages[i].content &&
+             !(req->messages[i].tool_calls && req->messages[i].tool_calls[0])))
             return bad_request(c, "chat.messages",
                                "request: messages[%zu] has a NULL role or content", i);
     if (req->n_token_ids > 0 && !req->token_ids)
@@ -620,12 +622,17 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
         }
         for (size_t i = 0; i < req->n_messages; i++) {
             tandem__v1__chat_message__init(&msgs[i]);
-            msgs[i].role = (char *)(uintptr_t)req->messages[i].role;
-            msgs[i].content = (char *)(uintptr_t)req->messages[i].content;
+            const tdm_chat_message_t *cm = &req->messages[i];
+            msgs[i].role = (char *)(uintptr_t)cm->role;
+            msgs[i].content = (char *)(uintptr_t)str_or_empty(cm->content);
+            msgs[i].tool_calls = (char *)(uintptr_t)str_or_empty(cm->tool_calls);
+            msgs[i].tool_call_id = (char *)(uintptr_t)str_or_empty(cm->tool_call_id);
+            msgs[i].name = (char *)(uintptr_t)str_or_empty(cm->name);
             msg_ptrs[i] = &msgs[i];
         }
         chat.n_messages = req->n_messages;
         chat.messages = msg_ptrs;
+        chat.tools = (char *)(uintptr_t)str_or_empty(req->tools);
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
         m.chat = &chat;
     } else {
