@@ -43,6 +43,8 @@ static void usage(FILE *out)
         "  -f, --file FILE           read the raw prompt from FILE ('-' for stdin)\n"
         "      --chat MESSAGE        a user message rendered with the chat template\n"
         "      --system TEXT         system message for --chat (default: the template's)\n"
+        "      --tools FILE          with --chat: the functions the model may call, a JSON\n"
+        "                            array of OpenAI tools rendered by the template as given\n"
         "      --chat-template NAME  chatml, llama3 or llama2 (default: from the model; -m only)\n"
         "sampling (default: greedy):\n"
         "  -n, --max-tokens N        tokens to generate at most (default 256)\n"
@@ -71,7 +73,7 @@ static void usage(FILE *out)
 }
 
 typedef struct gen_opts {
-    const char *model, *prompt, *file, *chat, *system, *chat_template;
+    const char *model, *prompt, *file, *chat, *system, *chat_template, *tools;
     long max_tokens, threads, ctx, batch;
     const char *kv_dtype;
     tdm_cli_sampling_t sampling; /* the preset and the overrides applied after it */
@@ -127,8 +129,8 @@ static int check_args(const gen_opts_t *o)
                 "tandem generate: give exactly one of -p PROMPT, -f FILE, --chat MESSAGE\n");
         return 2;
     }
-    if ((o->system || o->chat_template) && !o->chat) {
-        fprintf(stderr, "tandem generate: --system and --chat-template need --chat\n");
+    if ((o->system || o->chat_template || o->tools) && !o->chat) {
+        fprintf(stderr, "tandem generate: --system, --chat-template and --tools need --chat\n");
         return 2;
     }
     return 0;
@@ -144,6 +146,7 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         TDM_CLI_OPT_STR("file", 'f', &o->file),
         TDM_CLI_OPT_STR("chat", 0, &o->chat),
         TDM_CLI_OPT_STR("system", 0, &o->system),
+        TDM_CLI_OPT_STR("tools", 0, &o->tools),
         TDM_CLI_OPT_STR("chat-template", 0, &o->chat_template, .mark = local,
                         .label = "--chat-template"),
         TDM_CLI_OPT_LONG("max-tokens", 'n', &o->max_tokens, 1, 1 << 20),
@@ -212,6 +215,11 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
         in.messages = &user;
         in.n_messages = 1;
         in.system = o->system;
+        size_t tools_len;
+        if (o->tools &&
+            (rc = tdm_read_file(o->tools, (size_t)1 << 24, &file_text, &tools_len, err)) != TDM_OK)
+            return rc;
+        in.tools = file_text;
     }
     rc = tdm_prompt_encode(tok, o->chat ? &pick : NULL, &in, ids, n_ids, NULL, err);
     free(file_text);
@@ -317,7 +325,8 @@ static int generate_router(const gen_opts_t *o)
         return 2;
     }
     char *file_text = NULL;
-    if (o->file && read_prompt_file(cmd, o->file, &file_text) != 0)
+    if ((o->file && read_prompt_file(cmd, o->file, &file_text) != 0) ||
+        (o->tools && read_prompt_file(cmd, o->tools, &file_text) != 0))
         return 1;
     tdm_chat_message_t msgs[2];
     size_t n_msgs = 0;
@@ -329,6 +338,7 @@ static int generate_router(const gen_opts_t *o)
         msgs[n_msgs++] = (tdm_chat_message_t){.role = "user", .content = o->chat};
         req.messages = msgs;
         req.n_messages = n_msgs;
+        req.tools = file_text; /* --tools (--chat has no -f) */
     } else {
         req.prompt = o->prompt ? o->prompt : file_text;
     }
