@@ -595,6 +595,18 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
     return TDM_OK;
 }
 
+/* m (initialised here) pointing at the strings of cm; NULL strings become "". */
+static void chat_message_to_proto(const tdm_chat_message_t *cm, Tandem__V1__ChatMessage *m)
+{
+    tandem__v1__chat_message__init(m);
+    /* protobuf-c message fields are not const; the message is only read while packing */
+    m->role = (char *)(uintptr_t)cm->role;
+    m->content = (char *)(uintptr_t)str_or_empty(cm->content);
+    m->tool_calls = (char *)(uintptr_t)str_or_empty(cm->tool_calls);
+    m->tool_call_id = (char *)(uintptr_t)str_or_empty(cm->tool_call_id);
+    m->name = (char *)(uintptr_t)str_or_empty(cm->name);
+}
+
 /* Builds the GenerateRequest of req and sends it as call. */
 static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_request_t *req)
 {
@@ -621,13 +633,7 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
             return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
         }
         for (size_t i = 0; i < req->n_messages; i++) {
-            tandem__v1__chat_message__init(&msgs[i]);
-            const tdm_chat_message_t *cm = &req->messages[i];
-            msgs[i].role = (char *)(uintptr_t)cm->role;
-            msgs[i].content = (char *)(uintptr_t)str_or_empty(cm->content);
-            msgs[i].tool_calls = (char *)(uintptr_t)str_or_empty(cm->tool_calls);
-            msgs[i].tool_call_id = (char *)(uintptr_t)str_or_empty(cm->tool_call_id);
-            msgs[i].name = (char *)(uintptr_t)str_or_empty(cm->name);
+            chat_message_to_proto(&req->messages[i], &msgs[i]);
             msg_ptrs[i] = &msgs[i];
         }
         chat.n_messages = req->n_messages;

@@ -351,6 +351,8 @@ static void test_response_tool_calls(void **state)
     oai_req_clear(q);
 }
 
+static void reassemble_and_check(const char *sse);
+
 /* The SSE events of the text fed in pieces of 3 bytes reassemble to the call. */
 static void test_stream_deltas(void **state)
 {
@@ -377,11 +379,20 @@ static void test_stream_deltas(void **state)
         }
         assert_int_equal(oai_sse_chunk(q, &o, &ch, &sse), TDM_OK);
     }
-    /* reassemble: content deltas and tool_calls[index].function.arguments pieces */
+    reassemble_and_check(sse.data);
+    tdm_buf_free(&sse);
+    oai_out_clear(&o);
+    oai_req_clear(q);
+}
+
+/* Reassembles the SSE events: content deltas and tool_calls[index].function.arguments
+ * pieces give back the call. */
+static void reassemble_and_check(const char *sse)
+{
     tdm_buf_t args = TDM_BUF_INIT, content = TDM_BUF_INIT;
     const char *name = NULL, *finish = NULL;
     json_t *keep = json_array();
-    for (char *ev = strstr(sse.data, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
+    for (const char *ev = strstr(sse, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
         json_t *c = json_loads(ev + 6, JSON_DISABLE_EOF_CHECK, NULL);
         assert_non_null(c);
         json_array_append_new(keep, c);
@@ -411,9 +422,6 @@ static void test_stream_deltas(void **state)
     json_decref(keep);
     tdm_buf_free(&args);
     tdm_buf_free(&content);
-    tdm_buf_free(&sse);
-    oai_out_clear(&o);
-    oai_req_clear(q);
 }
 
 int main(void)
