@@ -8,8 +8,9 @@
  * finds in the text. tool_choice "required" or a named function constrains the output with a
  * grammar built from the functions' parameter schemas. A call is only reported once its
  * closing tag is generated and its JSON parses, so text that merely looks like a call stays
- * content; streamed calls therefore arrive whole (a delta with id and name, then one with the
- * arguments) rather than token by token.
+ * content; streamed, such calls arrive whole (a delta with id and name, then one with the
+ * arguments). Constrained output (required / a named function) can only be calls, so there
+ * the arguments stream as they are generated.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -450,10 +451,11 @@ static const char close_tag[] = "</tool_call>";
 #define OPEN_LEN (sizeof open_tag - 1)
 #define CLOSE_LEN (sizeof close_tag - 1)
 
-void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel)
+void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel, bool incremental)
 {
     memset(p, 0, sizeof *p);
     p->parallel = parallel;
+    p->incremental = incremental;
 }
 
 void oai_tool_parser_free(oai_tool_parser_t *p)
@@ -552,6 +554,52 @@ static size_t member_text(const char *s, size_t n, const char *key, size_t *at)
     return 0;
 }
 
+static const char *find(const char *s, size_t n, const char *needle, size_t m)
+{
+    for (size_t i = 0; i + m <= n; i++)
+        if (memcmp(s + i, needle, m) == 0)
+            return s + i;
+    return NULL;
+}
+
+/* The length of the longest tail of s[0..n) that begins the open tag. */
+static size_t tag_prefix_tail(const char *s, size_t n)
+{
+    for (size_t k = n < OPEN_LEN - 1 ? n : OPEN_LEN - 1; k > 0; k--)
+        if (memcmp(s + n - k, open_tag, k) == 0)
+            return k;
+    return 0;
+}
+
+/* Appends a call named name with the given arguments (both heap strings, taken; freed on
+ * failure) and a fresh id. Returns the call, NULL on out of memory. */
+static oai_tool_call_t *add_call(oai_tool_parser_t *p, char *name, char *arguments)
+{
+    if (name && arguments && p->n_calls == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 4;
+        oai_tool_call_t *c = realloc(p->calls, cap * sizeof *c);
+        if (c)
+            p->calls = c, p->cap = cap;
+    }
+    if (!name || !arguments || p->n_calls == p->cap) {
+        free(name);
+        free(arguments);
+        p->oom = true;
+        return NULL;
+    }
+    oai_tool_call_t *c = &p->calls[p->n_calls++];
+    memset(c, 0, sizeof *c);
+    uint8_t r[12] = {0};
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        memcpy(r, &p->n_calls, sizeof p->n_calls);
+    int off = snprintf(c->id, sizeof c->id, "call_");
+    for (size_t k = 0; k < sizeof r; k++)
+        off += snprintf(c->id + off, sizeof c->id - (size_t)off, "%02x", r[k]);
+    c->name = name;
+    c->arguments = arguments;
+    return c;
+}
+
 /* BODY of a call: {"name": string, "arguments": object | JSON text in a string}. Appends the
  * call and returns true when it is one. */
 static bool parse_call(oai_tool_parser_t *p, const char *s, size_t n)
@@ -572,47 +620,92 @@ static bool parse_call(oai_tool_parser_t *p, const char *s, size_t n)
     else if (ok)
         args_copy = strdup("{}");
     json_decref(v);
-    if (ok && (!name_copy || !args_copy))
-        ok = false;
-    if (ok && p->n_calls == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 4;
-        oai_tool_call_t *c = realloc(p->calls, cap * sizeof *c);
-        ok = c != NULL;
-        if (c)
-            p->calls = c, p->cap = cap;
+    return ok && add_call(p, name_copy, args_copy) != NULL;
+}
+
+/* ---- incremental arguments (constrained output) ---- */
+
+/* What the grammar of tool_choice required / a named function makes a call start with, after
+ * the open tag: "\n{\"name\": \"" NAME "\", \"arguments\": " (build_grammar). */
+static const char head_a[] = "\n{\"name\": \"";
+static const char head_b[] = "\", \"arguments\": ";
+/* While a call's arguments stream, this many bytes stay held: the "}\n</tool_call>" that
+ * ends the call may be arriving. */
+#define ARGS_TAIL (CLOSE_LEN + 2)
+
+/* Matches the call head at h[0..n): 1 (a call opened; *used bytes of head), 0 (could still
+ * be one: wait), -1 (not this form: parse the call whole). */
+static int open_streamed_call(oai_tool_parser_t *p, const char *h, size_t n, size_t *used)
+{
+    size_t la = sizeof head_a - 1, lb = sizeof head_b - 1;
+    if (memcmp(h, head_a, n < la ? n : la) != 0)
+        return -1;
+    if (n < la)
+        return 0;
+    size_t i = la;
+    while (i < n && i - la <= TOOL_NAME_MAX &&
+           (h[i] == '_' || h[i] == '-' || (h[i] >= '0' && h[i] <= '9') ||
+            (h[i] >= 'a' && h[i] <= 'z') || (h[i] >= 'A' && h[i] <= 'Z')))
+        i++;
+    if (i - la > TOOL_NAME_MAX || (i < n && i == la))
+        return -1;
+    size_t rest = n - i;
+    if (i == n || memcmp(h + i, head_b, rest < lb ? rest : lb) != 0)
+        return i == n ? 0 : -1;
+    if (rest < lb)
+        return 0;
+    if (!add_call(p, strndup(h + la, i - la), strdup("")))
+        return -1;
+    *used = i + lb;
+    return 1;
+}
+
+static void append_arguments(oai_tool_parser_t *p, const char *s, size_t n)
+{
+    oai_tool_call_t *c = &p->calls[p->n_calls - 1];
+    size_t len = strlen(c->arguments);
+    char *a = n ? realloc(c->arguments, len + n + 1) : c->arguments;
+    if (!a) {
+        p->oom = true;
+        return;
     }
-    if (!ok) {
-        free(name_copy);
-        free(args_copy);
+    memcpy(a + len, s, n);
+    a[len + n] = '\0';
+    c->arguments = a;
+}
+
+static void hold_drop(oai_tool_parser_t *p, size_t n)
+{
+    memmove(p->hold.data, p->hold.data + n, p->hold.len - n);
+    p->hold.len -= n;
+    p->hold.data[p->hold.len] = '\0';
+}
+
+/* A streamed call's arguments: what cannot be the call's end goes to the open call; at the
+ * close tag the rest, less the "}" that closes the call object. Returns true at the end. */
+static bool stream_arguments(oai_tool_parser_t *p, bool final)
+{
+    const char *h = p->hold.data;
+    size_t n = p->hold.len;
+    const char *end = find(h, n, close_tag, CLOSE_LEN);
+    if (!end) {
+        size_t give = final ? n : n > ARGS_TAIL ? n - ARGS_TAIL : 0;
+        append_arguments(p, h, give);
+        hold_drop(p, give);
+        p->streaming = p->in_call = !final;
         return false;
     }
-    oai_tool_call_t *c = &p->calls[p->n_calls++];
-    uint8_t r[12] = {0};
-    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
-        memcpy(r, &p->n_calls, sizeof p->n_calls);
-    int off = snprintf(c->id, sizeof c->id, "call_");
-    for (size_t k = 0; k < sizeof r; k++)
-        off += snprintf(c->id + off, sizeof c->id - (size_t)off, "%02x", r[k]);
-    c->name = name_copy;
-    c->arguments = args_copy;
+    size_t body = (size_t)(end - h), len = body;
+    while (len > 0 && is_ws(h[len - 1]))
+        len--;
+    if (len > 0 && h[len - 1] == '}')
+        len--;
+    append_arguments(p, h, len);
+    hold_drop(p, body + CLOSE_LEN);
+    p->streaming = p->in_call = false;
+    p->after_call = true;
+    tdm_buf_clear(&p->ws);
     return true;
-}
-
-static const char *find(const char *s, size_t n, const char *needle, size_t m)
-{
-    for (size_t i = 0; i + m <= n; i++)
-        if (memcmp(s + i, needle, m) == 0)
-            return s + i;
-    return NULL;
-}
-
-/* The length of the longest tail of s[0..n) that begins the open tag. */
-static size_t tag_prefix_tail(const char *s, size_t n)
-{
-    for (size_t k = n < OPEN_LEN - 1 ? n : OPEN_LEN - 1; k > 0; k--)
-        if (memcmp(s + n - k, open_tag, k) == 0)
-            return k;
-    return 0;
 }
 
 /* One step over p->hold: settles what it can; returns true when it changed state (call
@@ -627,13 +720,24 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
         size_t keep = at || final || closed_to_calls ? 0 : tag_prefix_tail(h, n);
         size_t give = at ? (size_t)(at - h) : n - keep;
         content_out(p, h, give, out);
-        size_t drop = at ? give + OPEN_LEN : give;
-        memmove(p->hold.data, h + drop, n - drop);
-        p->hold.len = n - drop;
-        p->hold.data[p->hold.len] = '\0';
+        hold_drop(p, at ? give + OPEN_LEN : give);
         p->in_call = at != NULL;
         return at != NULL;
     }
+    if (p->incremental && !p->streaming && !p->whole_call) {
+        size_t used = 0;
+        int r = open_streamed_call(p, h, n, &used);
+        if (r > 0) {
+            hold_drop(p, used);
+            p->streaming = true;
+            return true;
+        }
+        if (r == 0 && !final)
+            return false;
+        p->whole_call = true;
+    }
+    if (p->streaming)
+        return stream_arguments(p, final);
     const char *end = find(h, n, close_tag, CLOSE_LEN);
     if (!end && !final)
         return false;
@@ -646,10 +750,8 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
         content_out(p, open_tag, OPEN_LEN, out);
         content_out(p, h, used, out);
     }
-    memmove(p->hold.data, h + used, n - used);
-    p->hold.len = n - used;
-    p->hold.data[p->hold.len] = '\0';
-    p->in_call = false;
+    hold_drop(p, used);
+    p->in_call = p->whole_call = false;
     return true;
 }
 
@@ -664,7 +766,7 @@ int oai_tool_parser_feed(oai_tool_parser_t *p, const char *s, size_t n, bool fin
         (void)tdm_buf_append(content, p->ws.data ? p->ws.data : "", p->ws.len);
         tdm_buf_clear(&p->ws);
     }
-    return content->oom || p->ws.oom ? TDM_ERESOURCE : TDM_OK;
+    return content->oom || p->ws.oom || p->oom ? TDM_ERESOURCE : TDM_OK;
 }
 
 /* ---- responses ---- */
@@ -679,17 +781,24 @@ static json_t *call_json(const oai_tool_call_t *c, long index, bool whole)
     return j;
 }
 
-/* A streamed call: a delta with index, id, type and name (arguments ""), then one with the
- * arguments. */
-static int emit_call(const oai_req_t *q, tdm_buf_t *b, size_t k, const oai_tool_call_t *c)
+/* The deltas of call k not sent yet: index, id, type and name (arguments "") once, then the
+ * arguments that came since the last delta. */
+static int emit_call(const oai_req_t *q, tdm_buf_t *b, size_t k, oai_tool_call_t *c)
 {
-    int rc = oai_emit_choice(q, b, json_pack("{s:[o]}", "tool_calls", call_json(c, (long)k, false)),
+    int rc = TDM_OK;
+    if (!c->announced) {
+        c->announced = true;
+        rc = oai_emit_choice(q, b, json_pack("{s:[o]}", "tool_calls", call_json(c, (long)k, false)),
                              NULL, 0, NULL, NULL);
-    if (rc == TDM_OK)
+    }
+    size_t len = strlen(c->arguments);
+    if (rc == TDM_OK && c->sent < len)
         rc = oai_emit_choice(q, b,
                              json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", (int)k,
-                                       "function", "arguments", http_json_str(c->arguments)),
+                                       "function", "arguments",
+                                       http_json_text(c->arguments + c->sent, len - c->sent)),
                              NULL, 0, NULL, NULL);
+    c->sent = len;
     return rc;
 }
 
@@ -699,9 +808,8 @@ int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
         o->tools = calloc(1, sizeof *o->tools);
         if (!o->tools)
             return TDM_ERESOURCE;
-        oai_tool_parser_init(o->tools, q->tools.parallel);
+        oai_tool_parser_init(o->tools, q->tools.parallel, q->tools.grammar != NULL);
     }
-    size_t before = o->tools->n_calls;
     tdm_buf_t content = TDM_BUF_INIT;
     int rc = oai_tool_parser_feed(o->tools, ch->text, strlen(ch->text),
                                   ch->finish_reason != TDM_CLIENT_FINISH_NONE, &content);
@@ -710,7 +818,7 @@ int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
         rc = oai_emit_choice(
             q, b, json_pack("{s:o}", "content", http_json_text(content.data, content.len)), NULL, 0,
             oai_logprobs_json(q, o, ch), NULL);
-    for (size_t k = before; rc == TDM_OK && k < o->tools->n_calls; k++)
+    for (size_t k = 0; rc == TDM_OK && k < o->tools->n_calls; k++)
         rc = emit_call(q, b, k, &o->tools->calls[k]);
     tdm_buf_free(&content);
     return rc;
@@ -725,7 +833,7 @@ const char *oai_tools_finish(const oai_out_t *o, int reason)
 json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls)
 {
     oai_tool_parser_t p;
-    oai_tool_parser_init(&p, q->tools.parallel);
+    oai_tool_parser_init(&p, q->tools.parallel, false);
     tdm_buf_t content = TDM_BUF_INIT;
     json_t *msg = NULL;
     *n_calls = 0;

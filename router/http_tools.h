@@ -69,7 +69,10 @@ void oai_tools_clear(oai_tools_t *t);
 typedef struct oai_tool_call {
     char id[40];     /* "call_" + 24 hex digits */
     char *name;      /* function.name */
-    char *arguments; /* function.arguments: the arguments' JSON text as generated */
+    char *arguments; /* function.arguments: the arguments' JSON text as generated (so far,
+                        while an incremental call is open) */
+    bool announced;  /* streaming: the delta with id and name was sent */
+    size_t sent;     /* streaming: bytes of arguments sent */
 } oai_tool_call_t;
 
 /* Splits generated text, fed in pieces, into content and calls. A call is
@@ -77,22 +80,30 @@ typedef struct oai_tool_call {
  * "arguments" (or "parameters": an object, or a string holding JSON); a call whose BODY does
  * not parse stays content, text and tags included; so does everything after the first call
  * when parallel is false. Whitespace next to calls is dropped; without calls the content is
- * exactly the text. Zero-initialise, then oai_tool_parser_init. */
+ * exactly the text. incremental (for grammar-constrained output, whose calls all begin
+ * "\n{\"name\": \"NAME\", \"arguments\": " after the tag): a call is added as soon as that
+ * head is seen and its arguments grow as they are fed (the "}" closing the call object
+ * dropped), all but the last bytes that could be the call's end; a call of another form is
+ * parsed whole. Zero-initialise, then oai_tool_parser_init. */
 typedef struct oai_tool_parser {
     bool parallel;
     bool in_call;           /* inside <tool_call>: hold is the call's BODY so far */
     bool after_call;        /* the last thing seen was a call: leading whitespace is dropped */
+    bool incremental;       /* stream the arguments of calls in the constrained form */
+    bool streaming;         /* in a call whose head was seen: calls[n_calls - 1] grows */
+    bool whole_call;        /* in a call not of the constrained form: parsed at its close */
+    bool oom;               /* an allocation failed */
     tdm_buf_t hold;         /* outside a call: a tail that may begin "<tool_call>" */
     tdm_buf_t ws;           /* whitespace outside calls not yet given out */
     oai_tool_call_t *calls; /* [n_calls] */
     size_t n_calls, cap;
 } oai_tool_parser_t;
 
-void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel);
+void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel, bool incremental);
 
 /* Feeds n bytes of text; final says it is the last piece (what is held is then decided).
- * Appends the content this piece settles to *content; calls completed are appended to
- * p->calls (those at index >= the n_calls before the call are new). Returns 0 or
+ * Appends the content this piece settles to *content; calls completed (or, incremental,
+ * opened) are appended to p->calls. Returns 0 or
  * TDM_ERESOURCE (out of memory). */
 int oai_tool_parser_feed(oai_tool_parser_t *p, const char *s, size_t n, bool final,
                          tdm_buf_t *content);

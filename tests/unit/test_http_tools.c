@@ -21,11 +21,13 @@ typedef struct parsed {
 } parsed_t;
 
 /* Feeds text cut at the offsets cuts[0..n_cuts) (increasing). */
+static bool incremental_mode; /* the parser's incremental flag for parse_cut */
+
 static void parse_cut(parsed_t *r, const char *text, bool parallel, const size_t *cuts,
                       size_t n_cuts)
 {
     memset(r, 0, sizeof *r);
-    oai_tool_parser_init(&r->p, parallel);
+    oai_tool_parser_init(&r->p, parallel, incremental_mode);
     size_t len = strlen(text), at = 0;
     for (size_t k = 0; k <= n_cuts; k++) {
         size_t end = k < n_cuts ? cuts[k] : len;
@@ -161,6 +163,58 @@ static void test_parser_split_points(void **state)
         }
         parsed_free(&whole);
     }
+}
+
+/* Incremental (constrained output): the same calls at every pair of split points as parsed
+ * whole, and the open call's arguments grow before its close tag arrives. */
+static void test_parser_incremental(void **state)
+{
+    (void)state;
+    static const char text[] =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", "
+        "\"n\": [1, {\"a\": \"}\"}]}}\n</tool_call>\n<tool_call>\n{\"name\": \"t\", "
+        "\"arguments\": {}}\n</tool_call>";
+    parsed_t whole;
+    parse_whole(&whole, text, true);
+    assert_int_equal(whole.p.n_calls, 2);
+    size_t len = strlen(text);
+    incremental_mode = true;
+    for (size_t i = 0; i <= len; i++) {
+        for (size_t j = i; j <= len; j++) {
+            size_t cuts[2] = {i, j};
+            parsed_t r;
+            parse_cut(&r, text, true, cuts, 2);
+            assert_string_equal(content_of(&r), "");
+            assert_int_equal(r.p.n_calls, 2);
+            for (size_t k = 0; k < 2; k++) {
+                assert_string_equal(r.p.calls[k].name, whole.p.calls[k].name);
+                assert_string_equal(r.p.calls[k].arguments, whole.p.calls[k].arguments);
+            }
+            parsed_free(&r);
+        }
+    }
+    /* fed up to the middle of the first call's arguments: the call is open, its arguments
+     * so far are there, less the bytes that could be the call's end */
+    oai_tool_parser_t p;
+    oai_tool_parser_init(&p, true, true);
+    tdm_buf_t content = TDM_BUF_INIT;
+    const char *mid = strstr(text, "[1,");
+    assert_int_equal(oai_tool_parser_feed(&p, text, (size_t)(mid - text) + 3, false, &content),
+                     TDM_OK);
+    assert_int_equal(p.n_calls, 1);
+    assert_string_equal(p.calls[0].name, "get_weather");
+    assert_string_equal(p.calls[0].arguments, "{\"city\": \"Pa"); /* 14 bytes held */
+    /* a call in another form is parsed whole, as without incremental */
+    assert_int_equal(oai_tool_parser_feed(&p, mid + 3, strlen(mid + 3), false, &content), TDM_OK);
+    static const char other[] = "\n<tool_call>{\"arguments\": {}, \"name\": \"x\"}</tool_call>";
+    assert_int_equal(oai_tool_parser_feed(&p, other, strlen(other), true, &content), TDM_OK);
+    assert_int_equal(p.n_calls, 3);
+    assert_string_equal(p.calls[2].name, "x");
+    assert_string_equal(p.calls[2].arguments, "{}");
+    tdm_buf_free(&content);
+    oai_tool_parser_free(&p);
+    incremental_mode = false;
+    parsed_free(&whole);
 }
 
 static void test_parser_malformed_stays_text(void **state)
@@ -351,13 +405,16 @@ static void test_response_tool_calls(void **state)
     oai_req_clear(q);
 }
 
-static void reassemble_and_check(const char *sse);
+static size_t reassemble_and_check(const char *sse);
 
-/* The SSE events of the text fed in pieces of 3 bytes reassemble to the call. */
-static void test_stream_deltas(void **state)
+/* The SSE events of the text fed in pieces of 3 bytes reassemble to the call: parsed whole
+ * (tool_choice auto) and streamed incrementally (a constrained request: several argument
+ * deltas). */
+static void stream_deltas(bool constrained)
 {
-    (void)state;
     oai_req_t *q = tool_request();
+    if (constrained)
+        q->tools.grammar = strdup("root ::= \"x\""); /* what oai_tools_request sets */
     oai_out_t o;
     memset(&o, 0, sizeof o);
     tdm_buf_t sse = TDM_BUF_INIT;
@@ -379,16 +436,25 @@ static void test_stream_deltas(void **state)
         }
         assert_int_equal(oai_sse_chunk(q, &o, &ch, &sse), TDM_OK);
     }
-    reassemble_and_check(sse.data);
+    size_t pieces = reassemble_and_check(sse.data);
+    assert_true(constrained ? pieces > 3 : pieces == 1);
     tdm_buf_free(&sse);
     oai_out_clear(&o);
     oai_req_clear(q);
 }
 
-/* Reassembles the SSE events: content deltas and tool_calls[index].function.arguments
- * pieces give back the call. */
-static void reassemble_and_check(const char *sse)
+static void test_stream_deltas(void **state)
 {
+    (void)state;
+    stream_deltas(false);
+    stream_deltas(true);
+}
+
+/* Reassembles the SSE events: content deltas and tool_calls[index].function.arguments
+ * pieces give back the call. Returns the number of non-empty argument pieces. */
+static size_t reassemble_and_check(const char *sse)
+{
+    size_t pieces = 0;
     tdm_buf_t args = TDM_BUF_INIT, content = TDM_BUF_INIT;
     const char *name = NULL, *finish = NULL;
     json_t *keep = json_array();
@@ -413,7 +479,9 @@ static void reassemble_and_check(const char *sse)
             name = json_string_value(json_object_get(fn, "name"));
             assert_non_null(json_string_value(json_object_get(tc, "id")));
         }
-        tdm_buf_puts(&args, json_string_value(json_object_get(fn, "arguments")));
+        const char *piece = json_string_value(json_object_get(fn, "arguments"));
+        pieces += piece[0] != '\0';
+        tdm_buf_puts(&args, piece);
     }
     assert_string_equal(name, "w");
     assert_string_equal(args.data, "{\"c\": \"Paris\"}");
@@ -422,6 +490,7 @@ static void reassemble_and_check(const char *sse)
     json_decref(keep);
     tdm_buf_free(&args);
     tdm_buf_free(&content);
+    return pieces;
 }
 
 int main(void)
@@ -431,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_parser_several_calls),
         cmocka_unit_test(test_parser_close_tag_in_string),
         cmocka_unit_test(test_parser_split_points),
+        cmocka_unit_test(test_parser_incremental),
         cmocka_unit_test(test_parser_malformed_stays_text),
         cmocka_unit_test(test_request_validation),
         cmocka_unit_test(test_request_fields),
