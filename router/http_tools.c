@@ -108,7 +108,9 @@ static int add_function(req_ctx_t *c, const json_t *fn, const char *path, json_t
             snprintf(f, sizeof f, "%s.%s", path, opt[k].key);
             return bad(c->err, c->param, c->cap, f, "%s must be %s", f, opt[k].what);
         }
-        if (v && opt[k].type != JSON_TRUE) /* strict is implied: calls are checked JSON */
+        /* strict is not forwarded: required / named calls always match the schema (the
+         * grammar), auto calls are only checked to be JSON (docs/api.md) */
+        if (v && opt[k].type != JSON_TRUE)
             json_object_set(norm, opt[k].key, v);
     }
     if (!norm || json_array_append_new(
@@ -197,9 +199,7 @@ static int parse_choice(req_ctx_t *c, json_t *root, const json_t *tools, oai_too
                        f);
         if (!has_tool(tools, name))
             return bad(c->err, c->param, c->cap, f,
-                       "%s names the function '%.64s', which is "
-                       "not in tools",
-                       f, name);
+                       "%s names the function '%.64s', which is not in tools", f, name);
         snprintf(t->named, sizeof t->named, "%s", name);
         t->choice = OAI_TOOL_CHOICE_NAMED;
     } else {
