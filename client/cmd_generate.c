@@ -16,10 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli_common.h"
 #include "commands.h"
 #include "tandem/chat.h"
 #include "tandem/client.h"
+#include "tandem/constraint.h"
 #include "tandem/kv.h"
 #include "tandem/model.h"
 #include "tandem/prompt.h"
@@ -58,6 +61,12 @@ static void usage(FILE *out)
         "      --frequency-penalty X [-2, 2]\n"
         "      --seed S              random seed (default 0)\n"
         "      --ignore-eos          keep generating after end-of-generation tokens\n"
+        "structured output (at most one; docs/api.md \"Structured output\"):\n"
+        "      --json-schema FILE    the output is JSON matching the JSON Schema in FILE\n"
+        "      --json-object         the output is a JSON object\n"
+        "      --grammar FILE        the output matches the GBNF grammar in FILE (rule root)\n"
+        "      --regex RE            the output matches the regular expression RE\n"
+        "      --choice A,B,...      the output is one of the comma-separated strings\n"
         "router (without -m):\n"
         "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
         "                            " TDM_CLIENT_DEFAULT_ENDPOINT ")\n"
@@ -82,6 +91,8 @@ typedef struct gen_opts {
     double timeout_s;
     const char *stop[TDM_MAX_STOP_STRINGS];
     size_t n_stop;
+    const char *json_schema, *grammar, *regex, *choice; /* structured output sources */
+    bool json_object;
     const char *local_only;  /* the first option given that needs -m, NULL if none */
     const char *router_only; /* the first option given that needs the router */
 } gen_opts_t;
@@ -133,6 +144,13 @@ static int check_args(const gen_opts_t *o)
         fprintf(stderr, "tandem generate: --system, --chat-template and --tools need --chat\n");
         return 2;
     }
+    if ((o->json_schema != NULL) + o->json_object + (o->grammar != NULL) + (o->regex != NULL) +
+            (o->choice != NULL) >
+        1) {
+        fprintf(stderr, "tandem generate: give at most one of --json-schema, --json-object, "
+                        "--grammar, --regex, --choice\n");
+        return 2;
+    }
     return 0;
 }
 
@@ -161,6 +179,11 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400, .mark = routed,
                            .label = "--timeout"),
         TDM_CLI_OPT_FN("stop", 0, opt_stop, o, .mark = routed, .label = "--stop"),
+        TDM_CLI_OPT_STR("json-schema", 0, &o->json_schema),
+        TDM_CLI_OPT_TRUE("json-object", 0, &o->json_object),
+        TDM_CLI_OPT_STR("grammar", 0, &o->grammar),
+        TDM_CLI_OPT_STR("regex", 0, &o->regex),
+        TDM_CLI_OPT_STR("choice", 0, &o->choice),
         TDM_CLI_OPT_END,
     };
     const tdm_cli_spec_t spec = {"tandem generate", usage, NULL, opts};
@@ -224,6 +247,60 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
     rc = tdm_prompt_encode(tok, o->chat ? &pick : NULL, &in, ids, n_ids, NULL, err);
     free(file_text);
     return rc;
+}
+
+/* ---- structured output ---- */
+
+/* The comma-separated choices as a JSON array of strings (heap; caller frees), or NULL on out
+ * of memory. */
+static char *choice_json(const char *list)
+{
+    json_t *a = json_array();
+    for (const char *p = list; a;) {
+        size_t n = strcspn(p, ",");
+        if (json_array_append_new(a, json_stringn(p, n)) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+        if (!p[n])
+            break;
+        p += n + 1;
+    }
+    char *text = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    json_decref(a);
+    return text;
+}
+
+/* The constraint the options ask for: *kind and its source text in *text (heap, caller frees;
+ * NULL for none and json_object). Returns 0 or the exit status 1 after printing why. */
+static int constraint_source(const gen_opts_t *o, int *kind, char **text)
+{
+    const char *cmd = "tandem generate";
+    const char *file = o->json_schema ? o->json_schema : o->grammar;
+    *text = NULL;
+    *kind = o->json_schema   ? TDM_CONSTRAINT_JSON_SCHEMA
+            : o->grammar     ? TDM_CONSTRAINT_GRAMMAR
+            : o->json_object ? TDM_CONSTRAINT_JSON_OBJECT
+            : o->regex       ? TDM_CONSTRAINT_REGEX
+            : o->choice      ? TDM_CONSTRAINT_CHOICE
+                             : TDM_CONSTRAINT_NONE;
+    if (file) {
+        tdm_error_t err = {0};
+        size_t len;
+        if (tdm_read_file(file, TDM_GRAMMAR_MAX_TEXT_BYTES, text, &len, &err) != TDM_OK) {
+            fprintf(stderr, "%s: %s: %s\n", cmd, file, err.msg);
+            return 1;
+        }
+    } else if (o->regex) {
+        *text = tdm_strdup(o->regex);
+    } else if (o->choice) {
+        *text = choice_json(o->choice);
+    }
+    if ((o->regex || o->choice) && !*text) {
+        fprintf(stderr, "%s: out of memory\n", cmd);
+        return 1;
+    }
+    return 0;
 }
 
 /* ---- through the router ---- */
@@ -348,7 +425,14 @@ static int generate_router(const gen_opts_t *o)
     req.stop = o->stop;
     req.n_stop = o->n_stop;
     req.stream = true;
-    int status = router_run(o, &req);
+    int kind;
+    char *constraint = NULL;
+    int status = constraint_source(o, &kind, &constraint);
+    req.constraint_kind = (tdm_client_constraint_t)kind; /* the router compiles it */
+    req.constraint = constraint;
+    if (status == 0)
+        status = router_run(o, &req);
+    free(constraint);
     free(file_text);
     return status;
 }
@@ -364,12 +448,16 @@ typedef struct local_gen {
     uint32_t n_ctx; /* context length, tokens */
     tdm_kv_pool_t *pool;
     tdm_engine_t *engine;
-    tdm_worker_t *worker; /* DECODE mode, one sequence */
+    tdm_worker_t *worker;               /* DECODE mode, one sequence */
+    tdm_grammar_vocab_t *grammar_vocab; /* structured output: NULL without a constraint */
+    tdm_grammar_t *grammar;
 } local_gen_t;
 
 static void local_close(local_gen_t *g)
 {
     tdm_worker_destroy(&g->worker);
+    tdm_grammar_destroy(&g->grammar);
+    tdm_grammar_vocab_destroy(&g->grammar_vocab);
     tdm_engine_destroy(&g->engine);
     tdm_kv_pool_destroy(&g->pool);
     free(g->prompt);
@@ -442,6 +530,35 @@ static int local_open_model(const gen_opts_t *o, const tdm_sampling_params_t *sp
     return local_context(o, g);
 }
 
+/* The constraint the options ask for, compiled as the router compiles it
+ * (tdm_constraint_compile) into g->grammar, with the vocabulary the worker masks over; nothing
+ * without one. Returns 0 or the exit status (2 for a bad constraint, 1 otherwise) after
+ * printing why. */
+static int local_open_grammar(const gen_opts_t *o, local_gen_t *g)
+{
+    int kind;
+    char *text = NULL;
+    int status = constraint_source(o, &kind, &text);
+    if (status != 0 || kind == TDM_CONSTRAINT_NONE)
+        return status;
+    tdm_error_t err = {0};
+    tdm_buf_t gbnf = {0};
+    uint64_t hash;
+    int rc = tdm_constraint_compile(kind, text, text ? strlen(text) : 0, &gbnf, &hash, &err);
+    free(text);
+    if (rc == TDM_OK && !(g->grammar = tdm_grammar_parse(gbnf.data, gbnf.len, NULL, &err)))
+        rc = err.code;
+    tdm_buf_free(&gbnf);
+    if (rc == TDM_OK && !(g->grammar_vocab = tdm_grammar_vocab_new(g->tok, &err)))
+        rc = err.code;
+    if (rc != TDM_OK) {
+        fprintf(stderr, "tandem generate: constraint (%s): %s\n", tdm_constraint_kind_name(kind),
+                err.msg);
+        return rc == TDM_EINVALID ? 2 : 1;
+    }
+    return 0;
+}
+
 /* Makes a KV pool holding one sequence of the whole context, the engine over it, and a
  * DECODE-mode worker for one sequence, as a decode node does with local prefill. Returns 0
  * or 1 after printing why. */
@@ -467,7 +584,8 @@ static int local_open_engine(const gen_opts_t *o, tdm_kv_dtype_t kv_dtype, local
         return 1;
     }
     /* one sequence, nothing queued behind it; whole --batch chunks, no prefix cache */
-    tdm_worker_opts_t wo = {TDM_WORKER_MODE_DECODE, (uint32_t)o->batch, 1, 0, g->n_ctx, false, 0};
+    tdm_worker_opts_t wo = {TDM_WORKER_MODE_DECODE, (uint32_t)o->batch, 1, 0, g->n_ctx, false, 0,
+                            g->grammar_vocab};
     g->worker = tdm_worker_new(g->engine, g->pool, g->tok, hp->n_vocab, &wo, &err);
     if (!g->worker) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
@@ -478,6 +596,8 @@ static int local_open_engine(const gen_opts_t *o, tdm_kv_dtype_t kv_dtype, local
 
 /* The state of the one sequence's stream while the worker runs it. */
 typedef struct local_stream {
+    const tdm_tokenizer_t *tok;
+    const tdm_sampling_params_t *sp;
     tdm_detok_t detok;
     double t_first;             /* when token 0 was sampled, tdm_time_now seconds */
     uint32_t completion_tokens; /* the stop token included, as the worker counts */
@@ -499,15 +619,18 @@ static void local_write_token(local_stream_t *st, int32_t token)
 
 /* Handles one step's events: writes each token's text to stdout and records the end. The
  * token that ended the sequence (EOS or a stop token: the FINISHED event right after it in
- * the same step says STOP) is counted but not written. */
+ * the same step says STOP) is counted but not written; a token that completed a grammar (also
+ * STOP) is output and written. */
 static void local_on_events(local_stream_t *st, const tdm_worker_event_t *ev, uint32_t n)
 {
     for (uint32_t k = 0; k < n; k++) {
         if (ev[k].kind == TDM_WORKER_EVENT_TOKEN) {
             if (ev[k].index == 0)
                 st->t_first = tdm_time_now();
+            int32_t t = ev[k].sample.token;
             bool stop = k + 1 < n && ev[k + 1].kind == TDM_WORKER_EVENT_FINISHED &&
-                        ev[k + 1].finish == TDM_WORKER_FINISH_STOP;
+                        ev[k + 1].finish == TDM_WORKER_FINISH_STOP &&
+                        (tdm_tokenizer_is_eog(st->tok, t) || tdm_sampling_is_stop(st->sp, t));
             if (!stop)
                 local_write_token(st, ev[k].sample.token);
         } else if (ev[k].kind == TDM_WORKER_EVENT_FINISHED) {
@@ -527,13 +650,16 @@ static void local_on_events(local_stream_t *st, const tdm_worker_event_t *ev, ui
 static int local_run(const local_gen_t *g, const tdm_sampling_params_t *sp)
 {
     tdm_error_t err = {0};
-    tdm_worker_req_t req = {"generate", g->prompt, (uint32_t)g->n_prompt, sp, NULL, 0, NULL};
+    tdm_worker_req_t req = {"generate", g->prompt, (uint32_t)g->n_prompt, sp, NULL, 0,
+                            NULL,       g->grammar};
     double t_start = tdm_time_now();
     if (tdm_worker_add(g->worker, &req, &err) != TDM_OK) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
         return 2;
     }
     local_stream_t st = {0};
+    st.tok = g->tok;
+    st.sp = sp;
     tdm_detok_init(&st.detok, g->tok, false);
     while (!st.done) {
         const tdm_worker_event_t *ev;
@@ -586,6 +712,8 @@ static int generate_local(const gen_opts_t *o)
     }
     local_gen_t g = {0};
     status = local_open_model(o, &sp, &g);
+    if (status == 0)
+        status = local_open_grammar(o, &g);
     if (status == 0)
         status = local_open_engine(o, kv_dtype, &g);
     if (status == 0)

@@ -87,7 +87,8 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
     if (need > tdm_kv_pool_available(d->rt->pool))
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
-    tdm_worker_req_t req = {r->base.att.key, m->prompt_tokens, r->n_prompt, &r->sp, NULL, 0, r};
+    tdm_worker_req_t req = {r->base.att.key, m->prompt_tokens, r->n_prompt, &r->sp, NULL, 0, r,
+                            r->base.grammar};
     int rc = tdm_worker_add(d->rt->worker, &req, err);
     if (rc != TDM_OK)
         return rc;
@@ -152,7 +153,9 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     r->n_prompt = (uint32_t)m->n_prompt_tokens;
     r->base.deadline_ms = m->deadline_unix_ms;
     r->t_reserved = tdm_time_now();
-    rc = m->local_prefill ? reserve_local(d, r, m, &err) : reserve_remote(d, r, m, &err);
+    rc = tdm_node_constraint(d->rt->grammars, m->constraint, &r->base.grammar, &err);
+    if (rc == TDM_OK)
+        rc = m->local_prefill ? reserve_local(d, r, m, &err) : reserve_remote(d, r, m, &err);
     if (rc != TDM_OK) {
         tdm_sock_reply_error(s, f, rc, "%s", err.msg);
         tdm_node_req_drop(d->node, &r->base);
@@ -210,8 +213,8 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
         r->kv_transfer_s = 0;
     r->kv_transfer_bytes = in->bytes;
     r->seq.n_tokens = r->n_prompt;
-    tdm_worker_req_t req = {r->base.att.key, r->prompt, r->n_prompt, &r->sp, &r->seq,
-                            in->first_token, r};
+    tdm_worker_req_t req = {r->base.att.key, r->prompt,       r->n_prompt, &r->sp,
+                            &r->seq,         in->first_token, r,           r->base.grammar};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(d->node, &r->base, err.code, err.code == TDM_ERESOURCE, err.msg);

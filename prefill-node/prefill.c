@@ -62,9 +62,13 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
         tdm_node_fail(p->node, att, TDM_ERESOURCE, true, "prefill node task table full");
         return;
     }
-    tdm_worker_req_t req = {att->key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, sp, NULL, 0,
-                            t};
     tdm_error_t err = {0};
+    if (tdm_node_constraint(p->rt->grammars, m->constraint, &t->base.grammar, &err) != TDM_OK) {
+        tdm_node_req_fail(p->node, &t->base, err.code, false, err.msg);
+        return;
+    }
+    tdm_worker_req_t req = {att->key, m->prompt_tokens, (uint32_t)m->n_prompt_tokens, sp, NULL, 0,
+                            t,        t->base.grammar};
     if (m->n_prompt_tokens > UINT32_MAX || tdm_worker_add(p->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(p->node, &t->base, err.code ? err.code : TDM_EINVALID,
                           err.code == TDM_ERESOURCE, err.msg[0] ? err.msg : "prompt too long");

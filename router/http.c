@@ -430,6 +430,10 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
     };
     size_t top = strcspn(field, ".[");
     param[0] = '\0';
+    if (strncmp(field, "constraint", top) == 0 && top == 10) {
+        snprintf(param, cap, "%s", q->constraint_param);
+        return;
+    }
     if (top == 8 && strncmp(field, "sampling", 8) == 0 && field[8] == '.') {
         const char *sub = field + 9;
         if (strcmp(sub, "n_logprobs") == 0)

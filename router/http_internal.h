@@ -182,6 +182,11 @@ typedef struct oai_req {
     int top_logprobs;   /* how many alternatives per token */
     const char *echo;   /* completions with echo: the prompt text to put first; else NULL */
     oai_tools_t tools;  /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
+
+    /* structured output (http_structured.c) */
+    char *constraint_text;     /* structured output: creq.constraint (heap), or NULL */
+    char constraint_param[40]; /* the field that carried it ("response_format", "guided_json",
+                                  "structured_outputs.regex"): error.param of its refusals */
 } oai_req_t;
 
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
@@ -191,6 +196,13 @@ typedef struct oai_req {
  * set; q then holds nothing to free. On success free with oai_req_clear. */
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
               char *param, size_t param_cap, tdm_error_t *err);
+
+/* The structured-output fields of q->root (response_format, guided_json / guided_regex /
+ * guided_choice / guided_grammar, structured_outputs; docs/api.md "Structured output") into
+ * q->creq's constraint, q->constraint_text and q->constraint_param (http_structured.c); nothing
+ * when none asks for one. After q->creq is made. Returns 0, or TDM_EINVALID naming the field in
+ * *param (a wrong type, an unknown response_format type, two sources at once), TDM_ERESOURCE. */
+int oai_parse_structured(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err);
 
 /* Frees what *q owns (q itself when heap-allocated is freed by oai_req_destroy). NULL-safe. */
 void oai_req_clear(oai_req_t *q);

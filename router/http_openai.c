@@ -458,11 +458,6 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
         int rc = oai_tools_parse(p->root, &q->tools, p->param, p->param_cap, p->err);
         if (rc != TDM_OK)
             return rc;
-        v = field(p->root, "response_format");
-        const char *type = v ? json_string_value(json_object_get(v, "type")) : NULL;
-        if (v && (!type || strcmp(type, "text") != 0))
-            return bad_field(p->err, p->param, p->param_cap, "response_format",
-                             "response_format: only {\"type\": \"text\"} is supported");
     }
     return TDM_OK;
 }
@@ -628,7 +623,8 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
         (rc = parse_stop(&p, q)) != TDM_OK || (rc = parse_logprobs(&p, q)) != TDM_OK ||
         (rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q)) != TDM_OK ||
         (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
-        (rc = client_request(q, param, param_cap, err)) != TDM_OK) {
+        (rc = client_request(q, param, param_cap, err)) != TDM_OK ||
+        (rc = oai_parse_structured(q, param, param_cap, err)) != TDM_OK) {
         oai_req_clear(q);
         return rc;
     }
@@ -650,6 +646,7 @@ void oai_req_clear(oai_req_t *q)
     free(q->stop_ids);
     free(q->cmsgs);
     oai_tools_clear(&q->tools);
+    free(q->constraint_text);
     if (q->root)
         json_decref(q->root);
     memset(q, 0, sizeof *q);

@@ -23,6 +23,7 @@
 #include "scheduler.h"
 #include "stats.h"
 #include "stream.h"
+#include "tandem/constraint.h"
 #include "tandem/prompt.h"
 
 /* ---- the request table ---- */
@@ -180,6 +181,7 @@ void rt_req_free(tdm_router_t *r, rt_req_t *q)
     if (q->decode)
         rt_node_detach(q->decode, q);
     free(q->prompt);
+    free(q->gbnf);
     for (size_t i = 0; i < q->n_stop; i++)
         free(q->stop[i]);
     free(q->stop);
@@ -701,6 +703,27 @@ static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRe
     return TDM_OK;
 }
 
+/* The request's constraint compiled once, here (tdm_constraint_compile: the function
+ * `tandem generate -m` calls too), into q->gbnf and q->gbnf_hash; nothing for none. A bad one is
+ * refused before anything is scheduled, INVALID_ARGUMENT with the compiler's message and
+ * ErrorDetail.field "constraint". */
+static int constraint_build(const Tandem__V1__GenerateRequest *g, rt_req_t *q, refusal_t *why,
+                            tdm_error_t *err)
+{
+    const Tandem__V1__Constraint *c = g->constraint;
+    if (!c || c->kind == TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE)
+        return TDM_OK;
+    tdm_buf_t gbnf = {0};
+    const char *text = c->text ? c->text : "";
+    int rc = tdm_constraint_compile((int)c->kind, text, strlen(text), &gbnf, &q->gbnf_hash, err);
+    if (rc == TDM_OK && !(q->gbnf = tdm_buf_take(&gbnf)))
+        rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    tdm_buf_free(&gbnf);
+    if (rc == TDM_EINVALID)
+        tdm_error_prefix(err, rc, "constraint (%s): ", tdm_constraint_kind_name((int)c->kind));
+    return rc == TDM_OK ? rc : at_field(why, rc, "constraint");
+}
+
 /* Validates g and fills q. Returns 0 or the status with *err saying why and *why naming the
  * field. */
 static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, size_t id_wire_len,
@@ -725,7 +748,8 @@ static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, 
     if ((rc = stop_copy(g, q, why, err)) != TDM_OK ||
         (rc = sampling_build(r, g, q, why, err)) != TDM_OK ||
         (rc = tokenize_input(r, g, q, why, err)) != TDM_OK ||
-        (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK)
+        (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK ||
+        (rc = constraint_build(g, q, why, err)) != TDM_OK)
         return rc;
     q->stream = g->stream;
     q->include_stop_str = g->include_stop_str;
@@ -770,6 +794,7 @@ static void req_discard(rt_req_t *q)
     if (!q)
         return;
     free(q->prompt);
+    free(q->gbnf);
     for (size_t i = 0; i < q->n_stop; i++)
         free(q->stop[i]);
     free(q->stop);

@@ -153,6 +153,9 @@ struct rt_req {
     size_t n_stop;
     uint64_t deadline_ms; /* unix ms */
     double t_arrival;     /* monotonic s */
+    char *gbnf;           /* structured output: the compiled constraint (NUL-terminated heap
+                             text, tdm_constraint_compile) sent to the nodes; NULL: free text */
+    uint64_t gbnf_hash;   /* tdm_constraint_hash of gbnf */
     /* scheduling (scheduler.c) */
     rt_state_t state;
     rt_node_t *decode, *prefill; /* current assignment; prefill NULL: none or local */

@@ -394,6 +394,19 @@ static uint64_t reserve_timeout_ms(const tdm_router_t *r, const rt_node_t *n)
     return r->hb_timeout_ms + (uint64_t)(2.0 * step_ms);
 }
 
+/* q's constraint as the nodes get it in *c (kind GRAMMAR, the compiled text, its hash), or
+ * NULL for free text. c's strings point into q. */
+static Tandem__V1__Constraint *constraint_of(const rt_req_t *q, Tandem__V1__Constraint *c)
+{
+    if (!q->gbnf)
+        return NULL;
+    tandem__v1__constraint__init(c);
+    c->kind = TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR;
+    c->text = q->gbnf;
+    c->hash = q->gbnf_hash;
+    return c;
+}
+
 /* Sends DecodeReserve for q (need blocks) to n under a new attempt. Returns 0 when sent (q is
  * RESERVING on n), 1 when it could not be sent (try another node), TDM_ERESOURCE with r->err
  * set on out of memory. */
@@ -412,6 +425,8 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     m.max_tokens = q->sp.max_tokens;
     m.local_prefill = local;
     m.deadline_unix_ms = q->deadline_ms;
+    Tandem__V1__Constraint c;
+    m.constraint = constraint_of(q, &c);
     if (!pending_room(n))
         return tdm_error_set(&r->err, TDM_ERESOURCE, "router out of memory");
     uint64_t call = r->next_call++;
@@ -555,6 +570,8 @@ static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
     t.decode_node_id = (char *)q->decode->cfg->id;
     t.decode_kv_endpoint = q->decode->kv_endpoint ? q->decode->kv_endpoint : (char *)"";
     t.deadline_unix_ms = q->deadline_ms;
+    Tandem__V1__Constraint c;
+    t.constraint = constraint_of(q, &c);
     rt_node_notify(r, p, TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base);
     q->prefill = p;
     p->tokens_since_hb += q->n_prompt;

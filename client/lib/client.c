@@ -592,6 +592,14 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
                            (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
     if (isnan(req->timeout_s))
         return bad_request(c, "", "request: timeout_s is NaN");
+    if ((int)req->constraint_kind < TDM_CLIENT_CONSTRAINT_NONE ||
+        (int)req->constraint_kind > TDM_CLIENT_CONSTRAINT_CHOICE)
+        return bad_request(c, "constraint", "request: constraint_kind %d is not a constraint kind",
+                           (int)req->constraint_kind);
+    if (req->constraint_kind != TDM_CLIENT_CONSTRAINT_NONE &&
+        req->constraint_kind != TDM_CLIENT_CONSTRAINT_JSON_OBJECT && !req->constraint)
+        return bad_request(c, "constraint", "request: constraint_kind %d needs constraint text",
+                           (int)req->constraint_kind);
     return TDM_OK;
 }
 
@@ -605,6 +613,18 @@ static void chat_message_to_proto(const tdm_chat_message_t *cm, Tandem__V1__Chat
     m->tool_calls = (char *)(uintptr_t)str_or_empty(cm->tool_calls);
     m->tool_call_id = (char *)(uintptr_t)str_or_empty(cm->tool_call_id);
     m->name = (char *)(uintptr_t)str_or_empty(cm->name);
+}
+
+/* req's constraint in *c (its text points into req), or NULL for none. */
+static Tandem__V1__Constraint *constraint_of(const tdm_client_request_t *req,
+                                             Tandem__V1__Constraint *c)
+{
+    if (req->constraint_kind == TDM_CLIENT_CONSTRAINT_NONE)
+        return NULL;
+    tandem__v1__constraint__init(c);
+    c->kind = (Tandem__V1__ConstraintKind)req->constraint_kind;
+    c->text = (char *)(uintptr_t)str_or_empty(req->constraint);
+    return c;
 }
 
 /* Builds the GenerateRequest of req and sends it as call. */
@@ -659,6 +679,8 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
     m.stream = req->stream;
     m.include_stop_str = req->include_stop_str;
     m.echo_token_text = req->echo_token_text;
+    Tandem__V1__Constraint cons;
+    m.constraint = constraint_of(req, &cons);
 
     int rc = call_send(c, call, &m.base, req->timeout_s);
     free(msgs);

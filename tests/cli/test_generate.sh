@@ -60,6 +60,20 @@ check "--kv-dtype q8 runs" $rc
 gen -m "$model" -p "The capital of France is" -n 4 --kv-dtype f32
 check "--kv-dtype f32 runs" $rc
 
+# structured output in one process: the output matches the constraint and ends with stop
+printf '{"type":"object","properties":{"city":{"type":"string","maxLength":20}},"required":["city"],"additionalProperties":false}' >"$tmp/city.json"
+gen -m "$model" --chat "Which city is the capital of France? Answer in JSON." -n 64 -t 1 --json-schema "$tmp/city.json"
+check "--json-schema output is the schema's JSON" $([ $rc -eq 0 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert list(d)==["city"] and isinstance(d["city"],str)' "$tmp/out" && grep -q "finish: stop" "$tmp/err"; echo $?)
+gen -m "$model" --chat "Is water wet?" -n 8 -t 1 --temperature 1 --seed 3 --choice "yes,no"
+check "--choice output is one of the choices" $([ $rc -eq 0 ] && grep -qx -e yes -e no "$tmp/out"; echo $?)
+gen -m "$model" --chat "Give a number." -n 8 -t 1 --regex "[0-9]{2}"
+check "--regex output matches" $([ $rc -eq 0 ] && grep -qxE "[0-9]{2}" "$tmp/out"; echo $?)
+printf 'root ::= ("yes" | "no")' >"$tmp/yn.gbnf"
+gen -m "$model" --chat "Is fire hot?" -n 8 -t 1 --grammar "$tmp/yn.gbnf"
+check "--grammar output matches" $([ $rc -eq 0 ] && grep -qx -e yes -e no "$tmp/out"; echo $?)
+gen -m "$model" --chat "A JSON object, please." -n 2 -t 1 --json-object
+check "--json-object cut at -n 2 ends with length" $([ $rc -eq 0 ] && grep -q "finish: length" "$tmp/err"; echo $?)
+
 # errors: exit 2 and the message names the option or the limit
 expect_err() { # expect_err NAME PATTERN ARGS...
     local name=$1 pat=$2
@@ -76,6 +90,11 @@ expect_err "unknown preset" "precise" -m "$model" -p hi --preset wild
 expect_err "bad kv dtype" "--kv-dtype" -m "$model" -p hi --kv-dtype f8
 expect_err "prompt longer than the context" "raise it with --ctx" -m "$model" --ctx 16 -p "$(printf 'word %.0s' $(seq 1 40))"
 expect_err "ctx beyond the model" "exceeds the model's context length" -m "$model" --ctx 100000 -p hi
+expect_err "two constraints" "at most one of" -m "$model" -p hi --regex a --choice b
+printf 'root ::= (' >"$tmp/bad.gbnf"
+expect_err "bad grammar" "line 1" -m "$model" -p hi --grammar "$tmp/bad.gbnf"
+printf '{"type":"object","patternProperties":{"a":{}}}' >"$tmp/bad.json"
+expect_err "unsupported schema keyword" "patternProperties" -m "$model" -p hi --json-schema "$tmp/bad.json"
 gen -m /nonexistent.gguf -p hi
 check "missing model file: exit 1 with the path" $([ $rc -eq 1 ] && grep -q "/nonexistent.gguf" "$tmp/err"; echo $?)
 

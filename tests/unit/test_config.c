@@ -104,6 +104,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
         assert_str_or_null_equal(x->curve_secret_key_file, y->curve_secret_key_file);
         assert_int_equal(x->max_batch_tokens, y->max_batch_tokens);
         assert_int_equal(x->max_running, y->max_running);
+        assert_int_equal(x->grammar_cache_bytes, y->grammar_cache_bytes);
     }
 }
 
@@ -174,6 +175,7 @@ static void test_defaults(void **state)
         assert_true(cfg.nodes[i].gpu_memory_utilization == 0.0);
         assert_int_equal(cfg.nodes[i].max_batch_tokens, 2048);
         assert_int_equal(cfg.nodes[i].max_running, 64);
+        assert_int_equal(cfg.nodes[i].grammar_cache_bytes, 64ull << 20);
     }
 
     /* An empty file, a comment-only file and empty sections give the same defaults. */
@@ -285,6 +287,7 @@ static const char full_yaml[] =
     "    device: cuda:1\n"
     "    gpu_memory_utilization: 0.5\n"
     "    max_running: 256\n"
+    "    grammar_cache_bytes: 1MiB\n"
     "    curve_public_key: \"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hIE\"\n"
     "    curve_secret_key_file: /etc/tandem/keys/d0.key\n"
     "  - id: d1\n"
@@ -361,6 +364,7 @@ static void test_full_file(void **state)
     assert_int_equal(n->device.index, 1);
     assert_true(n->gpu_memory_utilization == 0.5);
     assert_int_equal(n->max_running, 256);
+    assert_int_equal(n->grammar_cache_bytes, 1ull << 20);
 
     n = tdm_config_find_node(&cfg, "d1");
     assert_string_equal(n->kv_endpoint, "tcp://10.0.0.3:9700");
@@ -587,8 +591,8 @@ static void test_error_unknown_keys(void **state)
     load_fails("nodes:\n  - id: d\n    role: decode\n    gpu: 0\n",
                "cluster.yaml:4: key 'nodes[0].gpu': unknown key (expected one of: id, role, "
                "endpoint, kv_endpoint, kv_advertise, device, threads, memory_budget, "
-               "gpu_memory_utilization, max_batch_tokens, max_running, curve_public_key, "
-               "curve_secret_key_file)");
+               "gpu_memory_utilization, max_batch_tokens, max_running, grammar_cache_bytes, "
+               "curve_public_key, curve_secret_key_file)");
     load_fails("log:\n  level: info\n  format: json\n",
                "cluster.yaml:3: key 'log.format': unknown key (expected one of: level)");
 }
@@ -678,6 +682,9 @@ static void test_error_ranges(void **state)
     load_fails("nodes:\n  - id: a\n    role: decode\n    max_running: 100000\n",
                "cluster.yaml:4: key 'nodes[0].max_running': must be between 1 and 65536, got "
                "100000");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    grammar_cache_bytes: 17GiB\n",
+               "cluster.yaml:4: key 'nodes[0].grammar_cache_bytes': must be a byte size from 0 to "
+               "16GiB such as 64MiB, got '17GiB'");
     load_fails("nodes:\n  - id: a\n    role: decode\n    memory_budget: 512KiB\n",
                "cluster.yaml:4: key 'nodes[0].memory_budget': must be at least 1MiB, got "
                "512KiB (524288 bytes)");

@@ -2,7 +2,8 @@
  * the engine sent has reached the router (not after a fixed sleep) and reports a router that
  * does not answer within its bound; a prefill node in-process (the serve loop with the prefill
  * handler) streams a task's first token, honours NODE_CANCEL by attempt, fails a task whose
- * deadline passed, and at shutdown reports what is in flight before it returns. */
+ * deadline passed, and at shutdown reports what is in flight before it returns; a task's
+ * constraint is taken through the grammar cache (tdm_node_constraint). */
 #include "prefill.h"
 #include "tdm_test.h"
 #include "tiny_model.h"
@@ -436,6 +437,51 @@ static void test_heartbeats_while_engine_busy(void **state)
     rig_close(&r);
 }
 
+/* A task's constraint (tdm_node_constraint): none for no message or kind NONE; only GRAMMAR
+ * text whose hash matches is taken, compiled once through the cache; anything else is refused
+ * naming "constraint". */
+static void test_node_constraint(void **state)
+{
+    (void)state;
+    tdm_error_t err = {0};
+    tdm_grammar_cache_t *cache = tdm_grammar_cache_new(1 << 20, &err);
+    assert_non_null(cache);
+    const tdm_grammar_t *g = (const tdm_grammar_t *)&err; /* must be reset */
+    assert_int_equal(tdm_node_constraint(cache, NULL, &g, &err), 0);
+    assert_null(g);
+    Tandem__V1__Constraint c = TANDEM__V1__CONSTRAINT__INIT;
+    assert_int_equal(tdm_node_constraint(cache, &c, &g, &err), 0);
+    assert_null(g);
+    const char *text = "root ::= \"on\" | \"off\"\n";
+    c.kind = TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA;
+    c.text = (char *)text;
+    c.hash = tdm_constraint_hash(text, strlen(text));
+    assert_int_equal(tdm_node_constraint(cache, &c, &g, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "GRAMMAR"));
+    c.kind = TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR;
+    c.hash ^= 1;
+    assert_int_equal(tdm_node_constraint(cache, &c, &g, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "constraint: the hash"));
+    c.hash ^= 1;
+    const tdm_grammar_t *g1 = NULL, *g2 = NULL;
+    assert_int_equal(tdm_node_constraint(cache, &c, &g1, &err), 0);
+    assert_int_equal(tdm_node_constraint(cache, &c, &g2, &err), 0);
+    assert_non_null(g1);
+    assert_ptr_equal(g1, g2);
+    c.text = (char *)"root ::= (";
+    c.hash = tdm_constraint_hash(c.text, strlen(c.text));
+    assert_int_equal(tdm_node_constraint(cache, &c, &g, &err), TDM_EINVALID);
+    assert_true(strncmp(err.msg, "constraint: ", 12) == 0);
+    c.text = (char *)"";
+    assert_int_equal(tdm_node_constraint(cache, &c, &g, &err), TDM_EINVALID);
+    tdm_grammar_cache_stats_t st;
+    tdm_grammar_cache_stats(cache, &st);
+    assert_int_equal(st.hits, 1);
+    tdm_grammar_cache_release(cache, g1);
+    tdm_grammar_cache_release(cache, g2);
+    tdm_grammar_cache_destroy(&cache);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_flush_bounded),
         cmocka_unit_test(test_heartbeats_while_engine_busy),
         cmocka_unit_test(test_prefill_node_serves),
+        cmocka_unit_test(test_node_constraint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 #include "router.h"
 #include "tandem/list.h"
 #include "tandem/config.h"
+#include "tandem/constraint.h"
 #include "tandem/model.h"
 #include "tandem/net.h"
 #include "tandem/prompt.h"
@@ -2809,6 +2810,89 @@ static void test_refusal_detail(void **state)
     env_free(e);
 }
 
+/* Waits for the END of call: INVALID_ARGUMENT, ErrorDetail.field "constraint", a message
+ * with `has`. */
+static void expect_constraint_refused(env_t *e, uint64_t call, const char *has)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, e->client, &f, WAIT_MS))
+        fail_msg("no END (want '%s')", has);
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, TDM_EINVALID);
+    if (!strstr(f.message, has))
+        fail_msg("message '%s' lacks '%s'", f.message, has);
+    Tandem__V1__ErrorDetail *d =
+        (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
+    assert_non_null(d);
+    assert_string_equal(d->field, "constraint");
+    protobuf_c_message_free_unpacked(&d->base, NULL);
+    tdm_frame_clear(&f);
+}
+
+/* Structured output: a bad constraint is refused before anything is scheduled, with
+ * ErrorDetail.field "constraint" and the compiler's message; a good one is compiled once and
+ * reaches both nodes as GRAMMAR text with its XXH3-64 hash. */
+static void test_constraint(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    Tandem__V1__Constraint c = TANDEM__V1__CONSTRAINT__INIT;
+    const struct {
+        int kind;
+        const char *text, *has;
+    } bad_ones[] = {
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA, "{\"type\": 3}", "type"},
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA, "{\"type\": \"object\"",
+         "constraint"},
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA,
+         "{\"type\":\"object\",\"patternProperties\":{\"a\":{}}}", "patternProperties"},
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR, "root ::= (", "line 1"},
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR, "root ::= \"a\" root", "root"},
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_CHOICE, "[]", "choice"},
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_CHOICE, "[1]", "choice"},
+        {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_REGEX, "(a", "regex"},
+        {42, "x", "kind"},
+    };
+    for (size_t i = 0; i < sizeof bad_ones / sizeof bad_ones[0]; i++) {
+        prompt_req(&g, "", "hello", 4, true);
+        c.kind = (Tandem__V1__ConstraintKind)bad_ones[i].kind;
+        c.text = (char *)bad_ones[i].text;
+        g.constraint = &c;
+        expect_constraint_refused(e, generate(e, &g), bad_ones[i].has);
+    }
+    expect_none(e, e->d0.s, 50); /* nothing was scheduled */
+
+    prompt_req(&g, "r-json", "hello", 4, true);
+    c.kind = TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA;
+    c.text = (char *)"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}";
+    g.constraint = &c;
+    generate(e, &g);
+    tdm_buf_t want = {0};
+    uint64_t hash = 0;
+    assert_int_equal(tdm_constraint_compile(TDM_CONSTRAINT_JSON_SCHEMA, c.text, strlen(c.text),
+                                            &want, &hash, NULL),
+                     0);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    assert_non_null(rs->constraint);
+    assert_int_equal(rs->constraint->kind, TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR);
+    assert_string_equal(rs->constraint->text, want.data);
+    assert_true(rs->constraint->hash == hash);
+    assert_true(hash == tdm_constraint_hash(want.data, want.len));
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_non_null(t->constraint);
+    assert_string_equal(t->constraint->text, want.data);
+    assert_true(t->constraint->hash == hash);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_buf_free(&want);
+    env_free(e);
+}
+
 /* The admission estimate's arithmetic (admit.h) with injected step times. */
 static void test_admit_estimate(void **state)
 {
@@ -3289,6 +3373,7 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_refusal_detail),
+        cmocka_unit_test(test_constraint),
         cmocka_unit_test(test_admit_estimate),
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_max_tokens_unset),

@@ -745,6 +745,63 @@ static void test_logprobs(void **state)
     tdm_sampler_destroy(&s);
 }
 
+/* The masked sampler: masked tokens are never drawn (greedy, top-k, top-p, every seed), logprobs
+ * are the log-softmax over the allowed tokens, n_top stops at the allowed count, a NULL mask
+ * is exactly tdm_sampler_sample, and a mask allowing nothing is an error. */
+static void test_masked(void **state)
+{
+    (void)state;
+    tdm_sampler_t *s = sampler_new(40);
+    float logits[40];
+    for (int i = 0; i < 40; i++)
+        logits[i] = (float)((i * 7) % 13) * 0.5f - 2.0f;
+    logits[20] = 9.0f; /* the unconstrained argmax, masked below */
+    uint32_t mask[2] = {0, 0};
+    const int allowed[3] = {3, 17, 33};
+    for (int j = 0; j < 3; j++)
+        mask[allowed[j] / 32] |= 1u << (allowed[j] % 32);
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.n_logprobs = 5;
+    p.temperature = 0.0f;
+    tdm_sample_result_t r;
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 0, &r), TDM_OK);
+    /* the best allowed: logits 3 -> 21 % 13 = 8 -> 2.0; 17 -> 119 % 13 = 2 -> -1.0;
+     * 33 -> 231 % 13 = 10 -> 3.0 */
+    assert_int_equal(r.token, 33);
+    assert_int_equal(r.n_top, 3);
+    const int32_t order[3] = {33, 3, 17};
+    double z = exp(3.0) + exp(2.0) + exp(-1.0), sum = 0.0;
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(r.top[j].token, order[j]);
+        sum += exp((double)r.top[j].logprob);
+    }
+    assert_true(fabs(sum - 1.0) < 1e-5);
+    assert_true(fabs((double)r.logprob - (3.0 - log(z))) < 1e-6);
+    /* sampled, any seed and truncation: only allowed tokens */
+    p.temperature = 1.5f;
+    p.top_k = 30;
+    p.top_p = 0.99f;
+    for (uint64_t i = 0; i < 300; i++) {
+        assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, i, &r), TDM_OK);
+        assert_true(r.token == 3 || r.token == 17 || r.token == 33);
+    }
+    /* NULL mask: bit for bit the unmasked sampler */
+    tdm_sample_result_t a, b;
+    for (uint64_t i = 0; i < 20; i++) {
+        assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, NULL, NULL, 0, i, &a), TDM_OK);
+        b = sample_ok(s, &p, logits, i);
+        assert_int_equal(a.token, b.token);
+        assert_true(a.logprob == b.logprob);
+        assert_int_equal(a.n_top, b.n_top);
+    }
+    /* nothing allowed */
+    mask[0] = mask[1] = 0;
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 0, &r), TDM_EINVALID);
+    assert_non_null(strstr(tdm_sampler_errmsg(s), "allows no token"));
+    tdm_sampler_destroy(&s);
+}
+
 static void test_bad_logits(void **state)
 {
     (void)state;
@@ -910,6 +967,7 @@ int main(void)
         cmocka_unit_test(test_counter_based_determinism),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_logprobs),
+        cmocka_unit_test(test_masked),
         cmocka_unit_test(test_bad_logits),
         cmocka_unit_test(test_no_allocation),
         cmocka_unit_test(test_speed),

@@ -96,6 +96,8 @@ static int teardown(void **state)
 
 /* Prefill rows per sequence per step in the rigs below (0: no limit). */
 static uint32_t g_prefill_chunk;
+/* The grammar vocabulary of the rigs below (NULL: constrained sequences are refused). */
+static const tdm_grammar_vocab_t *g_grammar_vocab;
 
 /* A worker with its own pool and engine. */
 typedef struct rig {
@@ -120,7 +122,8 @@ static void rig_open(fixture_t *fx, rig_t *r, tdm_worker_mode_t mode, uint32_t n
     ep.n_threads = 1;
     r->engine = tdm_engine_new(fx->f.model, r->pool, &ep, &err);
     assert_non_null(r->engine);
-    tdm_worker_opts_t o = {mode, max_batch, max_running, 64, 512, true, g_prefill_chunk};
+    tdm_worker_opts_t o = {mode, max_batch, max_running,     64,
+                           512,  true,      g_prefill_chunk, g_grammar_vocab};
     r->w = tdm_worker_new(r->engine, r->pool, fx->tok, fx->f.n_vocab, &o, &err);
     if (!r->w)
         fail_msg("%s", err.msg);
@@ -205,7 +208,7 @@ static void add_all(fixture_t *fx, rig_t *r, int32_t prompts[N_REQ][128], bool g
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL};
         tdm_error_t err = {0};
         if (tdm_worker_add(r->w, &req, &err) != 0)
             fail_msg("%s", err.msg);
@@ -228,7 +231,7 @@ static void reference(fixture_t *fx, out_t *ref, bool greedy)
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL};
+        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, ref);
@@ -364,7 +367,7 @@ static void test_prefill_then_decode(void **state)
             sp.max_tokens = max_tokens[k];
             sp.ignore_eos = true;
             tdm_worker_req_t req = {ev[i].request_id,  prompts[k], prompt_len[k], &sp, &dst,
-                                    ev[i].first_token, NULL};
+                                    ev[i].first_token, NULL,       NULL};
             assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
             assert_int_equal(dst.n_blocks, 0); /* taken over */
             prefilled++;
@@ -399,7 +402,7 @@ static void test_prefilled_finishes_at_once(void **state)
         sp.n_stop_token_ids = 1;
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL};
+        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL, NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
     }
@@ -435,18 +438,18 @@ static void test_cancel_and_errors(void **state)
 
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
-    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL};
+    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &dup, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "already"));
-    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL};
+    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &empty, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "prompt"));
     static int32_t big[600];
-    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL};
+    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &toolong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context"));
     int32_t bad = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL};
+    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL, NULL};
     assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "vocabulary"));
     for (int k = 0; k < N_REQ; k++) {
@@ -529,7 +532,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     sp.max_tokens = 4;
-    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL};
+    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL, NULL};
     tdm_error_t err = {0};
     alloc_watch(true);
     int rc = tdm_worker_add(r.w, &req, &err);
@@ -544,7 +547,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_kv_seq_init(&seq);
     assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 20), 0);
     seq.n_tokens = 20;
-    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL};
+    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL, NULL};
     sp.max_tokens = 400; /* a table of 420 tokens: more than the 8 entries it has */
     alloc_watch(true);
     rc = tdm_worker_add(r.w, &pre, &err);
@@ -585,7 +588,7 @@ static void test_events_carry_user(void **state)
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
         tags[k] = k;
-        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k]};
+        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k], NULL};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     }
@@ -606,6 +609,170 @@ static void test_events_carry_user(void **state)
     rig_close(&r);
 }
 
+/* ---- structured output ---- */
+
+/* Braces around 5..30 of "a", "b", "c", " ": the tiny model's random weights wander inside,
+ * and the closing brace ends it (the matcher is done). */
+static const char tiny_gbnf[] = "root ::= \"{\" [a-c ]{5,30} \"}\"\n";
+
+/* The text of out's tokens. */
+static void out_text(const fixture_t *fx, const out_t *o, char *text, size_t cap)
+{
+    size_t len = 0;
+    for (uint32_t i = 0; i < o->n; i++) {
+        int n = tdm_tokenizer_token_bytes(fx->tok, o->tokens[i], false, text + len, cap - len);
+        assert_true(n >= 0 && (size_t)n < cap - len);
+        len += (size_t)n;
+    }
+    text[len] = '\0';
+}
+
+/* True when text is in tiny_gbnf's language (complete) or a prefix of a string in it. */
+static bool tiny_match(const char *text, bool complete)
+{
+    size_t n = strlen(text);
+    if (n == 0)
+        return !complete;
+    if (text[0] != '{')
+        return false;
+    size_t body = 1;
+    while (body < n && strchr("abc ", text[body]))
+        body++;
+    if (body - 1 > 30)
+        return false;
+    if (body == n)
+        return !complete;
+    return body - 1 >= 5 && text[body] == '}' && body + 1 == n;
+}
+
+/* Adds constrained sequence r<k> (prompt from seed k) to r: greedy or sampled with seed. */
+static void add_constrained(fixture_t *fx, rig_t *r, int k, int32_t *prompt, const tdm_grammar_t *g,
+                            bool greedy, int32_t max_new)
+{
+    make_prompt(prompt, 12, fx->f.n_vocab, 500 + (uint64_t)k);
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.temperature = greedy ? 0.0f : 1.0f;
+    sp.seed = 77 + (uint64_t)k;
+    sp.max_tokens = max_new;
+    char id[16];
+    snprintf(id, sizeof id, "r%d", k);
+    tdm_worker_req_t req = {id, prompt, 12, &sp, NULL, 0, NULL, g};
+    tdm_error_t err = {0};
+    if (tdm_worker_add(r->w, &req, &err) != 0)
+        fail_msg("%s", err.msg);
+}
+
+/* Constrained sequences (greedy and sampled) batched with six unconstrained ones in a pool
+ * small enough to preempt: the unconstrained outputs equal their solo runs bit for bit, the
+ * constrained ones equal theirs, match the grammar and end with STOP; one cut at 4 tokens
+ * ends with LENGTH and is a prefix of the language. */
+static void test_constrained_in_batch(void **state)
+{
+    fixture_t *fx = *state;
+    tdm_error_t err = {0};
+    tdm_grammar_vocab_t *gv = tdm_grammar_vocab_new(fx->tok, &err);
+    assert_non_null(gv);
+    tdm_grammar_t *g = tdm_grammar_parse(tiny_gbnf, strlen(tiny_gbnf), NULL, &err);
+    if (!g)
+        fail_msg("%s", err.msg);
+    g_grammar_vocab = gv;
+    out_t ref[N_REQ + 3] = {0}, got[N_REQ + 3] = {0};
+    reference(fx, ref, true);
+    int32_t cprompt[3][12];
+    for (int k = N_REQ; k < N_REQ + 3; k++) { /* alone */
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+        add_constrained(fx, &r, k, cprompt[k - N_REQ], g, k == N_REQ, k == N_REQ + 2 ? 4 : 36);
+        drain(&r, ref);
+        rig_close(&r);
+    }
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 9, 128, 8);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &r, prompts, true);
+    for (int k = N_REQ; k < N_REQ + 3; k++)
+        add_constrained(fx, &r, k, cprompt[k - N_REQ], g, k == N_REQ, k == N_REQ + 2 ? 4 : 36);
+    drain(&r, got);
+    check_equal(ref, got);
+    tdm_worker_stats_t st;
+    tdm_worker_stats(r.w, &st);
+    assert_true(st.preemptions > 0);
+    for (int k = N_REQ; k < N_REQ + 3; k++) {
+        char text[256];
+        out_text(fx, &got[k], text, sizeof text);
+        assert_true(got[k].finished);
+        assert_int_equal(got[k].n, ref[k].n);
+        assert_memory_equal(got[k].tokens, ref[k].tokens, got[k].n * sizeof(int32_t));
+        bool cut = k == N_REQ + 2;
+        assert_int_equal(got[k].why, cut ? TDM_WORKER_FINISH_LENGTH : TDM_WORKER_FINISH_STOP);
+        if (!tiny_match(text, !cut))
+            fail_msg("r%d: '%s' is not %s of the grammar", k, text, cut ? "a prefix" : "a string");
+    }
+    rig_close(&r);
+    g_grammar_vocab = NULL;
+    tdm_grammar_destroy(&g);
+    tdm_grammar_vocab_destroy(&gv);
+}
+
+/* A constrained sequence split between a PREFILL worker (first token under the mask) and a
+ * DECODE worker (the first token replayed into a fresh matcher) gives the single-worker output;
+ * a first token the grammar does not allow is refused at add. */
+static void test_constrained_handoff(void **state)
+{
+    fixture_t *fx = *state;
+    tdm_error_t err = {0};
+    tdm_grammar_vocab_t *gv = tdm_grammar_vocab_new(fx->tok, &err);
+    tdm_grammar_t *g = tdm_grammar_parse(tiny_gbnf, strlen(tiny_gbnf), NULL, &err);
+    assert_true(gv && g);
+    g_grammar_vocab = gv;
+    out_t ref[N_REQ + 2] = {0}, got[N_REQ + 2] = {0};
+    int32_t prompt[12];
+    rig_t a, p, d;
+    rig_open(fx, &a, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+    add_constrained(fx, &a, N_REQ + 1, prompt, g, false, 36);
+    drain(&a, ref);
+    rig_close(&a);
+    rig_open(fx, &p, TDM_WORKER_MODE_PREFILL, 64, 64, 2);
+    rig_open(fx, &d, TDM_WORKER_MODE_DECODE, 64, 64, 2);
+    add_constrained(fx, &p, N_REQ + 1, prompt, g, false, 36);
+    const tdm_worker_event_t *ev;
+    uint32_t n = 0;
+    while (n == 0 || ev[n - 1].kind != TDM_WORKER_EVENT_PREFILLED)
+        assert_int_equal(tdm_worker_step(p.w, &ev, &n, &err), 0);
+    tdm_kv_seq_t dst;
+    tdm_kv_seq_init(&dst);
+    assert_int_equal(tdm_kv_seq_reserve(d.pool, &dst, 12), 0);
+    uint64_t bb = tdm_kv_pool_block_bytes(p.pool);
+    for (uint32_t b = 0; b < ev[n - 1].seq.n_blocks; b++)
+        memcpy((uint8_t *)tdm_kv_pool_base(d.pool) + dst.blocks[b] * bb,
+               (uint8_t *)tdm_kv_pool_base(p.pool) + ev[n - 1].seq.blocks[b] * bb, bb);
+    dst.n_tokens = 12;
+    got[N_REQ + 1].tokens[got[N_REQ + 1].n++] = ev[n - 1].first_token;
+    int32_t first = ev[n - 1].first_token;
+    tdm_kv_seq_t src = ev[n - 1].seq;
+    tdm_kv_seq_release(p.pool, &src);
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.seed = 77 + N_REQ + 1;
+    sp.max_tokens = 36;
+    int32_t bad = (int32_t)tdm_test_tiny_byte_token('x'); /* not "{" */
+    tdm_worker_req_t wrong = {"r7", prompt, 12, &sp, &dst, bad, NULL, g};
+    assert_int_equal(tdm_worker_add(d.w, &wrong, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "constraint"));
+    tdm_worker_req_t req = {"r7", prompt, 12, &sp, &dst, first, NULL, g};
+    assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
+    drain(&d, got);
+    assert_int_equal(got[N_REQ + 1].n, ref[N_REQ + 1].n);
+    assert_memory_equal(got[N_REQ + 1].tokens, ref[N_REQ + 1].tokens, ref[N_REQ + 1].n * 4);
+    assert_int_equal(got[N_REQ + 1].why, TDM_WORKER_FINISH_STOP);
+    rig_close(&p);
+    rig_close(&d);
+    g_grammar_vocab = NULL;
+    tdm_grammar_destroy(&g);
+    tdm_grammar_vocab_destroy(&gv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -619,6 +786,8 @@ int main(void)
         cmocka_unit_test(test_prefill_step_allocates_nothing),
         cmocka_unit_test(test_oom_is_not_pool_exhaustion),
         cmocka_unit_test(test_events_carry_user),
+        cmocka_unit_test(test_constrained_in_batch),
+        cmocka_unit_test(test_constrained_handoff),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

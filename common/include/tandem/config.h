@@ -151,6 +151,9 @@ typedef struct tdm_node_config {
                                       memory_budget is used. Default 0.9 on cuda */
     int max_batch_tokens;          /* tokens in one forward pass, 1..1048576; default 2048 */
     int max_running;               /* sequences in the running batch, 1..65536; default 64 */
+    uint64_t grammar_cache_bytes;  /* compiled grammars (structured output) kept for reuse,
+                                      bytes, 0..16 GiB; 0 = none kept; default 64 MiB
+                                      (TDM_GRAMMAR_CACHE_DEFAULT_BYTES) */
     char *curve_public_key;        /* this node's CURVE public key (Z85, 40 characters); required
                                       and distinct per node when CURVE is on, NULL otherwise */
     char *curve_secret_key_file;   /* file with this node's secret key, read only by this node's

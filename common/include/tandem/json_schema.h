@@ -3,6 +3,9 @@
  * the supported subset. Anything outside the subset is refused with the keyword's JSON
  * pointer, never weakened silently. Property order: the order of definition in `properties`
  * (as LLGuidance and XGrammar do). Whitespace: see docs/structured-output.md.
+ *
+ * The compilers are pure functions (no shared state: any thread may call them); subschemas
+ * nest at most 64 deep (deeper is refused), which needs about 192 KiB of stack.
  */
 #ifndef TANDEM_JSON_SCHEMA_H
 #define TANDEM_JSON_SCHEMA_H
@@ -18,7 +21,8 @@ extern "C" {
 /* Compiles the schema in json[len] (UTF-8 JSON text) to GBNF text in *out (appended; start
  * rule `root`). Returns 0, or TDM_EINVALID with "<JSON pointer>: what" ("/properties/a/
  * patternProperties: not supported", "/minItems: must be a non-negative integer", "/$ref:
- * '#/$defs/x' not found"), or TDM_ERESOURCE on out of memory. */
+ * '#/$defs/x' not found", "invalid JSON at line L, column C: ..."), or TDM_ERESOURCE on out of
+ * memory. On failure *out is left as it was. The caller owns *out (tdm_buf_free). */
 int tdm_json_schema_to_gbnf(const char *json, size_t len, tdm_buf_t *out, tdm_error_t *err);
 
 /* Like tdm_json_schema_to_gbnf, but the start rule is named `rule` and every other rule the
@@ -28,8 +32,25 @@ int tdm_json_schema_to_gbnf(const char *json, size_t len, tdm_buf_t *out, tdm_er
 int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule, tdm_buf_t *out,
                                  tdm_error_t *err);
 
-/* Appends the GBNF of OpenAI's `json_object` mode (any JSON object) to *out. */
+/* Appends the GBNF of OpenAI's `json_object` mode (any JSON object) to *out (start rule
+ * `root`). Returns 0 or TDM_ERESOURCE on out of memory. */
 int tdm_json_object_gbnf(tdm_buf_t *out, tdm_error_t *err);
+
+/* Appends `rule ::= ...` (and nothing else) matching exactly the texts the regular expression
+ * re[len] matches as a whole (anchors ^ $ at the ends are accepted and change nothing). The
+ * subset: literals, escapes (\d \D \w \W \s \S \n \t \r \f \v \0 \xHH \uHHHH, escaped
+ * punctuation), classes with ranges and negation, `.` (any character but newline), groups
+ * `( )` `(?: )` `(?<name> )`, alternation, `* + ? {m} {m,} {m,n}` (lazy forms too), anchors at
+ * the ends of top-level alternatives (docs/structured-output.md). Returns 0, TDM_EINVALID with
+ * "regex: what (at offset N)" (backreferences, lookaround, \b, flags, anchors inside, syntax
+ * errors, a rule name that is not [a-zA-Z0-9-]+), or TDM_ERESOURCE on out of memory. */
+int tdm_regex_to_gbnf_rule(const char *re, size_t len, const char *rule, tdm_buf_t *out,
+                           tdm_error_t *err);
+
+/* Appends `root ::= "c0" | "c1" | ...`: exactly one of the n strings (each a NUL-terminated
+ * UTF-8 text taken literally, not JSON-escaped). Returns 0, TDM_EINVALID when n is 0 or an
+ * entry is NULL or not UTF-8, or TDM_ERESOURCE on out of memory. */
+int tdm_choice_to_gbnf(const char *const *choices, size_t n, tdm_buf_t *out, tdm_error_t *err);
 
 #ifdef __cplusplus
 }

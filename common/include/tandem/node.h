@@ -17,6 +17,7 @@
 
 #include "tandem/base.h"
 #include "tandem/config.h"
+#include "tandem/constraint.h"
 #include "tandem/kv.h"
 #include "tandem/log.h"
 #include "tandem/model.h"
@@ -85,13 +86,19 @@ typedef struct tdm_node_runtime {
     uint64_t fingerprint;                           /* tdm_model_fingerprint */
     uint64_t weight_bytes, scratch_bytes, kv_bytes; /* the budget's split */
     tdm_node_keys_t keys; /* the node's CURVE keys, loaded before the model */
+
+    /* structured output */
+    tdm_grammar_vocab_t *grammar_vocab; /* the tokenizer's vocabulary for token masks, built
+                                           once at open; the worker's */
+    tdm_grammar_cache_t *grammars;      /* compiled grammars by hash (node.grammar_cache_bytes) */
 } tdm_node_runtime_t;
 
 /* Opens the runtime of node `node` of cluster cfg: loads its CURVE keys (tdm_node_keys_open,
  * first, so that a bad key file fails at once), loads cfg->model.path, sizes the KV pool
  * as (memory_budget - weight bytes - engine scratch bytes) / block bytes (tdm_kv_block_bytes:
  * the same sizing function as `tandem kvcalc`), creates the engine (node->threads,
- * node->max_batch_tokens rows, node->max_running logit rows) and a worker in `mode`.
+ * node->max_batch_tokens rows, node->max_running logit rows), the grammar vocabulary and
+ * cache (structured output) and a worker in `mode`.
  * Errors (*err, message with the numbers): TDM_ENOTFOUND (model file), TDM_EINVALID (model,
  * config), TDM_ERESOURCE when the budget does not hold the weights plus one full-context
  * sequence (n_ctx tokens of KV), or out of memory; TDM_EPRECONDITION for a cuda device in a
@@ -199,6 +206,14 @@ int tdm_node_link_flush(tdm_node_link_t *l, int timeout_ms);
 int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, uint32_t n_vocab,
                       tdm_sampling_params_t *out, tdm_error_t *err);
 
+/* The constraint of a task (PrefillTask.constraint, DecodeReserve.constraint) into *g: NULL
+ * when c is NULL or of kind NONE; else the compiled grammar from the cache (held until
+ * tdm_grammar_cache_release; tdm_node_req_drop releases a request's). Returns 0; TDM_EINVALID
+ * naming "constraint" for a kind other than GRAMMAR, a text over TDM_GRAMMAR_MAX_TEXT_BYTES, a
+ * hash that does not match the text or a grammar that does not compile; TDM_ERESOURCE. */
+int tdm_node_constraint(tdm_grammar_cache_t *cache, const Tandem__V1__Constraint *c,
+                        const tdm_grammar_t **g, tdm_error_t *err);
+
 /* One dispatch attempt held by a node (docs/protocol.md "Identities"). The router's attempt id
  * is the key of all node state: the worker's sequence id (key), the KV reservation and the
  * transfer; the client's request id is only a label carried back on messages and logs, so a
@@ -229,6 +244,9 @@ typedef struct tdm_node_req {
                              (decode: the KV pages) ends it, retryable; 0: none */
     bool used;            /* private to serve.c */
     uint32_t next;        /* private to serve.c: the key's hash chain */
+    const tdm_grammar_t *grammar; /* the task's constraint (tdm_node_constraint), held from
+                                     the runtime's cache until the request is dropped; NULL:
+                                     free text */
 } tdm_node_req_t;
 
 typedef struct tdm_node tdm_node_t;

@@ -151,6 +151,20 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
                        const int32_t *history, size_t n_history, uint64_t output_index,
                        tdm_sample_result_t *out);
 
+/* tdm_sampler_sample under a token mask (structured output, tandem/grammar.h): bit (t % 32)
+ * of mask[t / 32] set means token t is allowed; mask has (n_vocab + 31) / 32 words; NULL
+ * allows every token (exactly tdm_sampler_sample). Masked tokens are excluded after the
+ * penalties and before everything else: their logits count as -inf, so greedy takes the
+ * most likely allowed token, top-k / top-p / min-p rank and weigh allowed tokens only, and the
+ * draw is over allowed tokens. Logprobs are after masking: the log-softmax over the allowed
+ * tokens (the distribution the token was drawn from at temperature 1), and out->n_top is
+ * min(n_logprobs, allowed tokens), so no -inf is ever reported (docs/sampling.md). Allocates
+ * nothing; one more pass over n_vocab. Errors as tdm_sampler_sample, and TDM_EINVALID when the
+ * mask allows no token (or only tokens whose logits are -inf). */
+int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,
+                              const uint32_t *mask, const int32_t *history, size_t n_history,
+                              uint64_t output_index, tdm_sample_result_t *out);
+
 #ifdef __cplusplus
 }
 #endif

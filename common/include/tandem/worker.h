@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "tandem/base.h"
+#include "tandem/grammar.h"
 #include "tandem/kv.h"
 #include "tandem/model.h"
 #include "tandem/sampling.h"
@@ -65,6 +66,10 @@ typedef struct tdm_worker_opts {
                                    beyond max_batch_tokens. Decode nodes set it low, so a
                                    local prefill does not stall the running batch (results
                                    do not depend on it: the engine is batch-invariant) */
+    const tdm_grammar_vocab_t *grammar_vocab; /* the vocabulary constrained sequences are masked
+                                                 over (tandem/grammar.h; at most n_vocab tokens;
+                                                 must outlive the worker); NULL: a sequence with
+                                                 a grammar is refused */
 } tdm_worker_opts_t;
 
 typedef struct tdm_worker tdm_worker_t;
@@ -92,15 +97,26 @@ typedef struct tdm_worker_req {
     int32_t first_token;
     void *user; /* the caller's state for this sequence, returned in each of its events
                    (tdm_worker_event_t.user); not touched by the worker */
+    /* Structured output: the grammar the output must match, NULL for free text. Borrowed: the
+     * caller keeps it alive until the sequence's FINISHED or FAILED event or its cancel. The
+     * worker gives the sequence its own matcher; before each token it fills the matcher's mask
+     * and samples under it (tdm_sampler_sample_masked), after it the matcher accepts the
+     * token. The output so far (first_token of a prefilled sequence) is replayed into the
+     * matcher at tdm_worker_add; preemption keeps the matcher, whose state is the output's,
+     * so recompute needs no replay. The sequence finishes with STOP when the matcher is done
+     * (no further byte allowed) or an end-of-generation token is sampled (allowed only where
+     * the grammar accepts), LENGTH at max_tokens or the context limit. */
+    const tdm_grammar_t *grammar;
 } tdm_worker_req_t;
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
- * token, max_tokens 1) finishes at the next step without a forward pass. Returns 0;
- * TDM_EINVALID (duplicate id, empty prompt, prompt + 1 > n_ctx, token out of the vocabulary,
- * prefilled table not covering n_prompt tokens), TDM_ERESOURCE (max_waiting reached: the
- * message says so; or out of memory for the sequence's token array or block table: the message
- * says "out of memory"). On error a prefilled table is left with the caller (its table may have
- * been grown, its blocks and contents are unchanged). */
+ * token, max_tokens 1, a grammar it completes) finishes at the next step without a forward
+ * pass. Returns 0; TDM_EINVALID (duplicate id, empty prompt, prompt + 1 > n_ctx, token out of
+ * the vocabulary, prefilled table not covering n_prompt tokens, a grammar without
+ * opts.grammar_vocab, a first token the grammar does not allow), TDM_ERESOURCE (max_waiting
+ * reached: the message says so; or out of memory for the sequence's token array or block table: the
+ * message says "out of memory"). On error a prefilled table is left with the caller (its table may
+ * have been grown, its blocks and contents are unchanged). */
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
 
 /* Removes a sequence wherever it is (waiting or running) and frees its blocks. Returns 0 or
@@ -146,8 +162,9 @@ typedef struct tdm_worker_event {
  * it produced through *events (an array owned by the worker, valid until the next call) and
  * *n_events. Returns 0 (also when idle), or the engine's error status when the forward pass
  * failed: then every sequence of that batch gets a FAILED event and its blocks are freed, and
- * the worker stays usable. Allocates nothing (tests/unit/test_worker.c counts): a sequence
- * that cannot get blocks waits or is preempted, a FAILED event (TDM_ERESOURCE, "KV pool
+ * the worker stays usable. Allocates nothing (tests/unit/test_worker.c counts; a constrained
+ * sequence's matcher may fill its bounded caches during its first steps, tandem/grammar.h): a
+ * sequence that cannot get blocks waits or is preempted, a FAILED event (TDM_ERESOURCE, "KV pool
  * exhausted") only when the pool could never hold it. */
 int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
                     tdm_error_t *err);

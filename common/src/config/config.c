@@ -21,6 +21,8 @@
 #include <arpa/inet.h>
 #include <yaml.h>
 
+#include "tandem/constraint.h"
+
 #define DEFAULT_CLIENT_ENDPOINT "tcp://127.0.0.1:7600"
 #define DEFAULT_NODE_ENDPOINT "tcp://127.0.0.1:7601"
 #define DEFAULT_HTTP_ADDRESS "127.0.0.1"
@@ -43,6 +45,8 @@
 #define DEFAULT_GPU_MEMORY_UTILIZATION 0.9
 #define DEFAULT_MAX_BATCH_TOKENS 2048
 #define DEFAULT_MAX_RUNNING 64
+#define DEFAULT_GRAMMAR_CACHE_BYTES ((uint64_t)TDM_GRAMMAR_CACHE_DEFAULT_BYTES)
+#define MAX_GRAMMAR_CACHE_BYTES (16ull << 30)
 #define MAX_CUDA_DEVICES 64
 #define CURVE_KEY_LEN 40 /* a 32-byte key in Z85 text (zmq_z85_encode) */
 
@@ -257,6 +261,7 @@ static tdm_node_config_t node_defaults(void)
         .device = {TDM_NODE_DEVICE_CPU, 0},
         .max_batch_tokens = DEFAULT_MAX_BATCH_TOKENS,
         .max_running = DEFAULT_MAX_RUNNING,
+        .grammar_cache_bytes = DEFAULT_GRAMMAR_CACHE_BYTES,
     };
 }
 
@@ -1161,6 +1166,19 @@ static int get_memory_budget(loader_t *ld, const yaml_node_t *v, const char *key
     return TDM_OK;
 }
 
+/* nodes[i].grammar_cache_bytes: a byte size up to MAX_GRAMMAR_CACHE_BYTES (0: keep none). */
+static int get_grammar_cache_bytes(loader_t *ld, const yaml_node_t *v, const char *key,
+                                   tdm_node_config_t *node)
+{
+    char got[96];
+    if (v->type != YAML_SCALAR_NODE ||
+        tdm_config_parse_bytes(scalar_text(v), &node->grammar_cache_bytes) != TDM_OK ||
+        node->grammar_cache_bytes > MAX_GRAMMAR_CACHE_BYTES)
+        return fail(ld, v, key, "must be a byte size from 0 to 16GiB such as 64MiB, got %s",
+                    describe(v, got, sizeof got));
+    return TDM_OK;
+}
+
 /* One key of a nodes[] entry (check_mapping has refused unknown ones); marks where the keys
  * that later checks name were set. */
 static int parse_node_key(loader_t *ld, const char *name, const yaml_node_t *v, const char *key,
@@ -1204,6 +1222,8 @@ static int parse_node_key(loader_t *ld, const char *name, const yaml_node_t *v, 
         if (rc == TDM_OK &&
             !(node->gpu_memory_utilization > 0 && node->gpu_memory_utilization <= 1))
             rc = fail(ld, v, key, "must be more than 0 and at most 1, got %s", scalar_text(v));
+    } else if (strcmp(name, "grammar_cache_bytes") == 0) {
+        rc = get_grammar_cache_bytes(ld, v, key, node);
     } else if (strcmp(name, "max_batch_tokens") == 0) {
         rc = get_int(ld, v, key, 1, 1048576, &node->max_batch_tokens);
     } else if (strcmp(name, "curve_public_key") == 0) {
@@ -1270,6 +1290,7 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
                                         "gpu_memory_utilization",
                                         "max_batch_tokens",
                                         "max_running",
+                                        "grammar_cache_bytes",
                                         "curve_public_key",
                                         "curve_secret_key_file",
                                         NULL};
@@ -1692,6 +1713,8 @@ static void dump_node(const tdm_node_config_t *node, FILE *out)
     }
     fprintf(out, "    max_batch_tokens: %d\n", node->max_batch_tokens);
     fprintf(out, "    max_running: %d\n", node->max_running);
+    tdm_config_format_bytes(node->grammar_cache_bytes, buf, sizeof buf);
+    fprintf(out, "    grammar_cache_bytes: %s\n", buf);
     put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
     put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
 }

@@ -62,6 +62,17 @@ static int size_pool(const tdm_node_runtime_t *rt, const tdm_node_config_t *node
     return TDM_OK;
 }
 
+/* Structured output: the vocabulary the token masks are computed over (once, from the
+ * tokenizer) and the cache of compiled grammars. */
+static int open_grammars(tdm_node_runtime_t *rt, const tdm_node_config_t *node, tdm_error_t *err)
+{
+    rt->grammar_vocab = tdm_grammar_vocab_new(rt->tok, err);
+    if (!rt->grammar_vocab)
+        return err ? err->code : TDM_ERESOURCE;
+    rt->grammars = tdm_grammar_cache_new((size_t)node->grammar_cache_bytes, err);
+    return rt->grammars ? TDM_OK : TDM_ERESOURCE;
+}
+
 /* The pool, the engine over it and the worker, once the pool is sized. */
 static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                        const tdm_node_config_t *node, const tdm_engine_params_t *ep,
@@ -78,7 +89,7 @@ static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                             /* a decode node prefilling locally (no prefill node up, or
                              * recompute after preemption) takes small chunks, so its running
                              * sequences keep getting tokens */
-                            mode == TDM_WORKER_MODE_DECODE ? 256u : 0u};
+                            mode == TDM_WORKER_MODE_DECODE ? 256u : 0u, rt->grammar_vocab};
     rt->worker = tdm_worker_new(rt->engine, rt->pool, rt->tok, rt->n_vocab, &wo, err);
     if (!rt->worker)
         return err ? err->code : TDM_ERESOURCE;
@@ -121,7 +132,8 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
         (rc = size_pool(rt, node, &n_blocks, &block_bytes, err)) != TDM_OK)
         goto out_close;
     rt->kv_bytes = (uint64_t)n_blocks * block_bytes;
-    if ((rc = open_engine(rt, cfg, node, &ep, mode, n_blocks, err)) != TDM_OK)
+    if ((rc = open_grammars(rt, node, err)) != TDM_OK ||
+        (rc = open_engine(rt, cfg, node, &ep, mode, n_blocks, err)) != TDM_OK)
         goto out_close;
     return 0;
 out_close:
@@ -134,6 +146,8 @@ void tdm_node_runtime_close(tdm_node_runtime_t *rt)
     if (!rt)
         return;
     tdm_worker_destroy(&rt->worker);
+    tdm_grammar_cache_destroy(&rt->grammars); /* after the worker and every request */
+    tdm_grammar_vocab_destroy(&rt->grammar_vocab);
     tdm_engine_destroy(&rt->engine);
     tdm_kv_pool_destroy(&rt->pool);
     tdm_tokenizer_destroy(&rt->tok);

@@ -107,6 +107,7 @@ void tdm_node_req_drop(tdm_node_t *n, tdm_node_req_t *r)
 {
     TDM_ASSERT(r->used);
     n->ops->drop(n->h, r);
+    tdm_grammar_cache_release(n->rt.grammars, r->grammar); /* after the worker let it go */
     uint32_t i = entry_index(n, r);
     uint32_t *p = bucket_of(n, r->att.attempt_id);
     while (*p != i)

@@ -167,6 +167,25 @@ int tdm_node_sampling(const Tandem__V1__SamplingParams *m, int32_t max_tokens, u
     return tdm_sampling_params_validate(out, n_vocab, err);
 }
 
+int tdm_node_constraint(tdm_grammar_cache_t *cache, const Tandem__V1__Constraint *c,
+                        const tdm_grammar_t **g, tdm_error_t *err)
+{
+    *g = NULL;
+    if (!c || c->kind == TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE)
+        return TDM_OK;
+    if (c->kind != TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "constraint: kind %d; the router sends nodes GRAMMAR only", c->kind);
+    size_t len = c->text ? strlen(c->text) : 0;
+    if (len == 0 || len > TDM_GRAMMAR_MAX_TEXT_BYTES)
+        return tdm_error_set(err, TDM_EINVALID, "constraint: the grammar has %zu bytes; 1..%u", len,
+                             TDM_GRAMMAR_MAX_TEXT_BYTES);
+    int rc = tdm_grammar_cache_get(cache, c->text, len, c->hash, g, err);
+    if (rc != TDM_OK && err && strncmp(err->msg, "constraint", 10) != 0)
+        tdm_error_prefix(err, rc, "constraint: ");
+    return rc;
+}
+
 int tdm_node_attempt_init(tdm_node_attempt_t *a, const char *request_id, uint64_t attempt_id,
                           uint64_t router_instance, tdm_error_t *err)
 {

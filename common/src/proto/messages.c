@@ -11,6 +11,7 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__timings__descriptor,
     &tandem__v1__chat_message__descriptor,
     &tandem__v1__generate_request__descriptor,
+    &tandem__v1__constraint__descriptor,
     &tandem__v1__error_detail__descriptor,
     &tandem__v1__chat_list__descriptor,
     &tandem__v1__token_list__descriptor,

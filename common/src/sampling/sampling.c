@@ -650,9 +650,32 @@ static int32_t draw(tdm_sampler_t *s, const tdm_sampling_params_t *p, float max,
     return walk_cdf(s->w, n, s->block_sum, u * total);
 }
 
+/* Excludes the tokens whose bit in mask is clear (their logits become -inf, so they get no
+ * weight, no rank before an allowed token, and no share of the softmax). Returns how many
+ * tokens are allowed. */
+static uint32_t apply_mask(tdm_sampler_t *s, const uint32_t *mask)
+{
+    float *l = s->logits;
+    uint32_t allowed = 0;
+    for (size_t i = 0; i < s->n_vocab; i++) {
+        bool on = (mask[i / 32] >> (i % 32)) & 1u;
+        allowed += on;
+        if (!on)
+            l[i] = -INFINITY;
+    }
+    return allowed;
+}
+
 int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,
                        const int32_t *history, size_t n_history, uint64_t output_index,
                        tdm_sample_result_t *out)
+{
+    return tdm_sampler_sample_masked(s, p, logits, NULL, history, n_history, output_index, out);
+}
+
+int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,
+                              const uint32_t *mask, const int32_t *history, size_t n_history,
+                              uint64_t output_index, tdm_sample_result_t *out)
 {
     TDM_ASSERT(s && p && logits && out && (history || n_history == 0));
     tdm_error_clear(&s->err);
@@ -665,6 +688,9 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
     rc = apply_penalties(s, p, history, n_history);
     if (rc != TDM_OK)
         return rc;
+    uint32_t allowed = mask ? apply_mask(s, mask) : s->n_vocab;
+    if (allowed == 0)
+        return tdm_error_set(&s->err, TDM_EINVALID, "the mask allows no token");
 
     const float *l = s->logits;
     size_t n = s->n_vocab;
@@ -676,12 +702,13 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
     }
     float lmax = key_logit(kmax);
     if (lmax == -INFINITY)
-        return tdm_error_set(&s->err, TDM_EINVALID, "all %zu logits are -inf", n);
+        return tdm_error_set(&s->err, TDM_EINVALID, "all %zu %slogits are -inf", n,
+                             mask ? "allowed " : "");
 
-    /* Log-softmax of the penalized logits, for the reported logprobs. */
+    /* Log-softmax of the penalized (and masked) logits, for the reported logprobs. */
     fill_weights(l, s->w, n, lmax, 1.0f);
     double log_z = (double)lmax + log(sum_blocks(s->w, n, s->block_sum));
-    out->n_top = (uint32_t)p->n_logprobs;
+    out->n_top = (uint32_t)p->n_logprobs < allowed ? (uint32_t)p->n_logprobs : allowed;
     top_logprobs(l, n, out->n_top, log_z, out->top);
 
     int32_t token;

@@ -35,6 +35,8 @@ typedef struct wseq {
     uint32_t cached_prompt_tokens;
     double t_first_sched;
     uint32_t preemptions;
+    tdm_grammar_matcher_t *matcher; /* structured output: the output's state in the grammar;
+                                       NULL for free text */
 } wseq_t;
 
 struct tdm_worker {
@@ -66,6 +68,8 @@ struct tdm_worker {
     uint32_t *b_chunk;               /* [max_running] rows of batch sequence k */
     bool *b_logits;                  /* [max_running] batch sequence k asks for logits */
     float *logits;                   /* [max_running][n_vocab] */
+    uint32_t *mask;                  /* [(n_vocab + 31) / 32] allowed tokens of the sequence
+                                        being sampled (constrained sequences only) */
     uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
 
     tdm_worker_event_t *events; /* [2 * n_slots] */
@@ -103,6 +107,7 @@ static void seq_free(tdm_worker_t *w, uint32_t slot)
     wseq_t *s = &w->seqs[slot];
     index_remove(w, slot);
     tdm_kv_seq_release(w->pool, &s->kv);
+    tdm_grammar_matcher_destroy(&s->matcher);
     free(s->tokens);
     memset(s, 0, sizeof *s);
     w->free_slots[w->n_free++] = slot;
@@ -124,6 +129,10 @@ static int check_opts(const tdm_engine_t *engine, const tdm_kv_pool_t *pool,
                              "be >= 1, n_ctx (%u) >= 2, max_waiting (%u) <= 1000000",
                              opts->max_batch_tokens, opts->max_running, opts->n_ctx,
                              opts->max_waiting);
+    if (opts->grammar_vocab && tdm_grammar_vocab_n_vocab(opts->grammar_vocab) > n_vocab)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "worker: the grammar vocabulary has %u tokens, the model %u",
+                             tdm_grammar_vocab_n_vocab(opts->grammar_vocab), n_vocab);
     return TDM_OK;
 }
 
@@ -149,10 +158,11 @@ static bool alloc_tables(tdm_worker_t *w)
     w->b_chunk = calloc(mr, sizeof *w->b_chunk);
     w->b_logits = calloc(mr, sizeof *w->b_logits);
     w->logits = malloc(mr * w->n_vocab * sizeof *w->logits);
+    w->mask = calloc(((size_t)w->n_vocab + 31) / 32, sizeof *w->mask);
     w->events = calloc(2 * (size_t)w->n_slots, sizeof *w->events);
     if (!w->seqs || !w->buckets || !w->free_slots || !w->running || !w->waiting || !w->b_tokens ||
         !w->b_pos || !w->b_seq || !w->b_want || !w->b_seqs || !w->b_slot || !w->b_chunk ||
-        !w->b_logits || !w->logits || !w->events)
+        !w->b_logits || !w->logits || !w->mask || !w->events)
         return false;
     for (uint32_t i = 0; i < w->n_buckets; i++)
         w->buckets[i] = NO_SLOT;
@@ -214,6 +224,7 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     free(w->b_chunk);
     free(w->b_logits);
     free(w->logits);
+    free(w->mask);
     free(w->events);
     free(w);
     *self_p = NULL;
@@ -258,6 +269,9 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
         return tdm_error_set(err, TDM_EINVALID,
                              "prefilled KV covers %u tokens in %u blocks; the prompt has %u",
                              pre->n_tokens, pre->n_blocks, req->n_prompt);
+    if (req->grammar && !w->o.grammar_vocab)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "constraint: this worker has no grammar vocabulary");
     if (pre && (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab))
         return tdm_error_set(err, TDM_EINVALID, "first_token %d is outside the vocabulary [0, %u)",
                              req->first_token, w->n_vocab);
@@ -273,13 +287,36 @@ static void take_prefilled(tdm_worker_t *w, wseq_t *s, const tdm_worker_req_t *r
     s->n_computed = req->n_prompt;
     s->tokens[s->n_tokens++] = req->first_token;
     s->admitted_once = true;
-    if (is_stop(w, &s->sp, req->first_token)) {
+    if (is_stop(w, &s->sp, req->first_token) ||
+        (s->matcher && tdm_grammar_matcher_is_done(s->matcher))) {
         s->finish_pending = true;
         s->pending_finish = TDM_WORKER_FINISH_STOP;
     } else if (s->n_tokens - s->n_prompt >= s->max_new) {
         s->finish_pending = true;
         s->pending_finish = TDM_WORKER_FINISH_LENGTH;
     }
+}
+
+/* The matcher of a constrained sequence with the output so far replayed into it: tokens
+ * [n_output] (a prefilled sequence's first token; a resumed sequence's output). TDM_EINVALID
+ * naming the first token the grammar does not allow, TDM_ERESOURCE on out of memory. */
+static int matcher_open(const tdm_worker_t *w, const tdm_grammar_t *g, const int32_t *tokens,
+                        uint32_t n_output, tdm_grammar_matcher_t **out, tdm_error_t *err)
+{
+    tdm_grammar_matcher_t *m = tdm_grammar_matcher_new(g, w->o.grammar_vocab, err);
+    if (!m)
+        return err ? err->code : TDM_ERESOURCE;
+    for (uint32_t i = 0; i < n_output; i++) {
+        if (tdm_grammar_matcher_accept_token(m, tokens[i]) != TDM_OK) {
+            tdm_error_set(err, TDM_EINVALID,
+                          "constraint: output token %u (id %d) is not allowed by the grammar: %s",
+                          i, tokens[i], tdm_grammar_matcher_errmsg(m));
+            tdm_grammar_matcher_destroy(&m);
+            return TDM_EINVALID;
+        }
+    }
+    *out = m;
+    return TDM_OK;
 }
 
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
@@ -292,6 +329,10 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
                              w->n_running, w->n_waiting);
     if (w->n_free == 0)
         return tdm_error_set(err, TDM_ERESOURCE, "worker full (%u sequences)", w->n_slots);
+    tdm_grammar_matcher_t *matcher = NULL;
+    if (req->grammar && (rc = matcher_open(w, req->grammar, &req->first_token,
+                                           req->prefilled ? 1 : 0, &matcher, err)) != TDM_OK)
+        return rc;
     uint32_t max_new = (uint32_t)req->sampling->max_tokens;
     if (max_new > w->o.n_ctx - req->n_prompt)
         max_new = w->o.n_ctx - req->n_prompt;
@@ -303,6 +344,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     tdm_kv_seq_t *table = req->prefilled ? req->prefilled : &kv;
     if (!tokens || tdm_kv_seq_prepare(w->pool, table, cap) != TDM_OK) {
         free(tokens);
+        tdm_grammar_matcher_destroy(&matcher);
         return tdm_error_set(err, TDM_ERESOURCE,
                              "worker: out of memory for a sequence of %u tokens", cap);
     }
@@ -322,6 +364,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->max_new = max_new;
     s->sp = *req->sampling;
     s->kv = kv;
+    s->matcher = matcher;
     if (req->prefilled)
         take_prefilled(w, s, req);
     w->waiting[w->n_waiting++] = slot;
@@ -623,15 +666,38 @@ static void hand_over(tdm_worker_t *w, uint32_t slot, int32_t token, double t_en
     seq_free(w, slot);
 }
 
-/* 5. Samples the next token of slot from its logits row and ends the sequence when that
- * token ends it. */
+/* The mask of a constrained sequence's next token in w->mask (tokens past the grammar's
+ * vocabulary stay masked); NULL for free text. */
+static const uint32_t *next_mask(tdm_worker_t *w, wseq_t *s)
+{
+    if (!s->matcher)
+        return NULL;
+    memset(w->mask, 0, ((size_t)w->n_vocab + 31) / 32 * sizeof *w->mask);
+    tdm_grammar_matcher_fill_mask(s->matcher, w->mask);
+    return w->mask;
+}
+
+/* How the token just appended ends the sequence, or 0 when it goes on: a stop token, a grammar
+ * that is done (STOP), then max_tokens (LENGTH), so a constraint is never cut and called
+ * complete. */
+static int end_of(const tdm_worker_t *w, const wseq_t *s, int32_t token)
+{
+    if (is_stop(w, &s->sp, token) || (s->matcher && tdm_grammar_matcher_is_done(s->matcher)))
+        return TDM_WORKER_FINISH_STOP;
+    if (s->n_tokens - s->n_prompt >= s->max_new)
+        return TDM_WORKER_FINISH_LENGTH;
+    return 0;
+}
+
+/* 5. Samples the next token of slot from its logits row (under its grammar's mask when it has
+ * one) and ends the sequence when that token ends it. */
 static void sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double t_end)
 {
     wseq_t *s = &w->seqs[slot];
     uint32_t index = s->n_tokens - s->n_prompt;
     tdm_worker_event_t *ev = push_event(w, TDM_WORKER_EVENT_TOKEN, s);
-    if (tdm_sampler_sample(w->sampler, &s->sp, row, s->tokens, s->n_tokens, index, &ev->sample) !=
-        TDM_OK) {
+    if (tdm_sampler_sample_masked(w->sampler, &s->sp, row, next_mask(w, s), s->tokens, s->n_tokens,
+                                  index, &ev->sample) != TDM_OK) {
         w->n_events--; /* replace the token event by a failure */
         char msg[256];
         snprintf(msg, sizeof msg, "sampling: %.230s", tdm_sampler_errmsg(w->sampler));
@@ -644,13 +710,20 @@ static void sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double
         ev->prefill_s = t_end - s->t_first_sched;
     }
     int32_t token = ev->sample.token;
+    if (s->matcher && tdm_grammar_matcher_accept_token(s->matcher, token) != TDM_OK) {
+        w->n_events--; /* the mask allowed a token the matcher refuses: the grammar's bug */
+        char msg[256];
+        snprintf(msg, sizeof msg, "constraint: the masked token %d was refused: %.190s", token,
+                 tdm_grammar_matcher_errmsg(s->matcher));
+        fail(w, slot, TDM_EINTERNAL, msg);
+        return;
+    }
     s->tokens[s->n_tokens++] = token;
+    int why = end_of(w, s, token);
     if (w->o.mode == TDM_WORKER_MODE_PREFILL)
         hand_over(w, slot, token, t_end);
-    else if (is_stop(w, &s->sp, token))
-        finish(w, slot, TDM_WORKER_FINISH_STOP);
-    else if (s->n_tokens - s->n_prompt >= s->max_new)
-        finish(w, slot, TDM_WORKER_FINISH_LENGTH);
+    else if (why)
+        finish(w, slot, (tdm_worker_finish_t)why);
 }
 
 /* 5. Results, in batch order: KV committed, then a token for each sequence that asked. */

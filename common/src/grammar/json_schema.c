@@ -1,0 +1,796 @@
+/* json_schema.c - JSON Schema to GBNF: the entry points, the keyword check, `type`
+ * dispatch, `$ref`, `anyOf` / `oneOf` / `allOf`, `enum` / `const`, and the shared primitives.
+ *
+ * Keywords fall in four sets: the ones compiled (below and in json_schema_*.c), annotations
+ * (ignored: they constrain nothing), the validation keywords of drafts 4 to 2020-12 that are
+ * not supported (refused with their JSON pointer: never a silently weaker grammar), and every
+ * other name, which JSON Schema itself ignores ("unknown keywords": x-*, javaType, ...), so
+ * this compiler ignores them too. oneOf compiles as anyOf when its branches are provably
+ * disjoint (so exclusivity holds by construction), and is refused otherwise.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "json_schema_internal.h"
+#include "tandem/json_schema.h"
+
+static const char *const k_supported[] = {"type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "items",
+                                          "prefixItems",
+                                          "additionalItems",
+                                          "minItems",
+                                          "maxItems",
+                                          "enum",
+                                          "const",
+                                          "anyOf",
+                                          "oneOf",
+                                          "allOf",
+                                          "$ref",
+                                          "$defs",
+                                          "definitions",
+                                          "minLength",
+                                          "maxLength",
+                                          "pattern",
+                                          "format",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum",
+                                          "minProperties",
+                                          NULL};
+
+/* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
+ * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
+ * both are ignored. */
+static const char *const k_refused[] = {"patternProperties",
+                                        "propertyNames",
+                                        "dependencies",
+                                        "dependentRequired",
+                                        "dependentSchemas",
+                                        "maxProperties",
+                                        "not",
+                                        "if",
+                                        "then",
+                                        "else",
+                                        "uniqueItems",
+                                        "contains",
+                                        "minContains",
+                                        "maxContains",
+                                        "multipleOf",
+                                        "unevaluatedProperties",
+                                        "unevaluatedItems",
+                                        "$dynamicRef",
+                                        "$dynamicAnchor",
+                                        "$recursiveRef",
+                                        "$recursiveAnchor",
+                                        NULL};
+
+static bool in_list(const char *const *list, const char *key)
+{
+    for (; *list; list++)
+        if (strcmp(*list, key) == 0)
+            return true;
+    return false;
+}
+
+/* ---- errors, names, pointers ---- */
+
+static int vfail(js_ctx_t *c, bool unsat, const char *ptr, const char *key, const char *fmt,
+                 va_list ap) __attribute__((format(printf, 5, 0)));
+
+static int vfail(js_ctx_t *c, bool unsat, const char *ptr, const char *key, const char *fmt,
+                 va_list ap)
+{
+    char msg[TDM_ERRMSG_MAX], p[JS_PTR_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (key)
+        js_ptr_join(p, ptr, key);
+    else
+        snprintf(p, sizeof p, "%s", ptr);
+    c->unsat = unsat;
+    return tdm_error_set(c->err, TDM_EINVALID, "%s: %s", *p ? p : "/", msg);
+}
+
+int js_fail(js_ctx_t *c, const char *ptr, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(c, false, ptr, key, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int js_fail_unsat(js_ctx_t *c, const char *ptr, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vfail(c, true, ptr, key, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int js_oom(js_ctx_t *c)
+{
+    return tdm_error_set(c->err, TDM_ERESOURCE, "out of memory");
+}
+
+void js_ptr_join(char *out, const char *ptr, const char *key)
+{
+    size_t n = (size_t)snprintf(out, JS_PTR_MAX, "%s/", ptr);
+    for (const char *k = key; *k && n + 3 < JS_PTR_MAX; k++) {
+        if (*k == '~' || *k == '/') {
+            out[n++] = '~';
+            out[n++] = *k == '~' ? '0' : '1';
+        } else {
+            out[n++] = *k;
+        }
+    }
+    out[n < JS_PTR_MAX ? n : JS_PTR_MAX - 1] = 0;
+}
+
+void js_ptr_index(char *out, const char *ptr, size_t i)
+{
+    if (snprintf(out, JS_PTR_MAX, "%s/%zu", ptr, i) >= JS_PTR_MAX)
+        out[JS_PTR_MAX - 1] = 0; /* a long pointer is cut (messages only) */
+}
+
+void js_new_name(js_ctx_t *c, char *name)
+{
+    snprintf(name, JS_NAME_MAX, "%s-%u", c->prefix, c->next_rule++);
+}
+
+int js_emit_rule(js_ctx_t *c, const char *name, const char *body)
+{
+    tdm_buf_printf(c->out, "%s ::= %s\n", name, body);
+    return c->out->oom ? js_oom(c) : 0;
+}
+
+/* ---- repetition ---- */
+
+/* x{n}, with counts over JS_REP_CHUNK written as (x{JS_REP_CHUNK}){q} x{r}. */
+static void rep_exact(tdm_buf_t *b, const char *x, size_t n)
+{
+    if (n >= JS_REP_CHUNK)
+        tdm_buf_printf(b, "( %s{%u} ){%zu} ", x, JS_REP_CHUNK, n / JS_REP_CHUNK);
+    if (n % JS_REP_CHUNK)
+        tdm_buf_printf(b, "%s{%zu} ", x, n % JS_REP_CHUNK);
+}
+
+void js_rep(tdm_buf_t *b, const char *x, size_t lo, size_t hi)
+{
+    if (hi == JS_LEN_INF) {
+        if (lo <= 1) {
+            tdm_buf_printf(b, "%s%s", x, lo ? "+" : "*");
+            return;
+        }
+        if (lo <= JS_REP_CHUNK) {
+            tdm_buf_printf(b, "%s{%zu,}", x, lo);
+            return;
+        }
+        rep_exact(b, x, lo);
+        tdm_buf_printf(b, "%s*", x);
+        return;
+    }
+    if (hi <= JS_REP_CHUNK) {
+        if (lo == hi)
+            tdm_buf_printf(b, "%s{%zu}", x, lo);
+        else
+            tdm_buf_printf(b, "%s{%zu,%zu}", x, lo, hi);
+        return;
+    }
+    /* x{lo} then x{0,d}: d = JS_REP_CHUNK q + r is (x{C}){0,q-1} x{0,C-1} | (x{C}){q} x{0,r} */
+    size_t d = hi - lo, q = d / JS_REP_CHUNK, r = d % JS_REP_CHUNK;
+    tdm_buf_puts(b, "( ");
+    rep_exact(b, x, lo);
+    if (q == 0) {
+        tdm_buf_printf(b, "%s{0,%zu} )", x, r);
+        return;
+    }
+    tdm_buf_printf(b, "( ( %s{%u} ){0,%zu} %s{0,%u} | ( %s{%u} ){%zu} %s{0,%zu} ) )", x,
+                   JS_REP_CHUNK, q - 1, x, JS_REP_CHUNK - 1, x, JS_REP_CHUNK, q, x, r);
+}
+
+/* ---- primitives ---- */
+
+static const struct {
+    const char *suffix, *body; /* body: %1$s is the prefix */
+} k_prims[JS_PRIM_COUNT] = {
+    [JS_PRIM_WS] = {"ws", "( \" \" | \"\\n\" [ \\t]{0,20} )?"},
+    [JS_PRIM_CHAR] = {"char", "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" "
+                              "[0-9a-fA-F]{4} )"},
+    [JS_PRIM_STRING] = {"string", "\"\\\"\" %1$s-char* \"\\\"\""},
+    [JS_PRIM_INTEGER] = {"integer", "\"-\"? ( \"0\" | [1-9] [0-9]* )"},
+    [JS_PRIM_NUMBER] = {"number", "\"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] "
+                                  "[-+]? [0-9]+ )?"},
+    [JS_PRIM_BOOLEAN] = {"boolean", "\"true\" | \"false\""},
+    [JS_PRIM_NULL] = {"null", "\"null\""},
+    [JS_PRIM_VALUE] = {"value", "%1$s-object | %1$s-array | %1$s-string | %1$s-number | "
+                                "%1$s-boolean | %1$s-null"},
+    [JS_PRIM_OBJECT] = {"object", "\"{\" %1$s-ws ( %1$s-string %1$s-ws \":\" %1$s-ws "
+                                  "%1$s-value %1$s-ws ( \",\" %1$s-ws %1$s-string %1$s-ws "
+                                  "\":\" %1$s-ws %1$s-value %1$s-ws )* )? \"}\""},
+    [JS_PRIM_ARRAY] = {"array", "\"[\" %1$s-ws ( %1$s-value %1$s-ws ( \",\" %1$s-ws "
+                                "%1$s-value %1$s-ws )* )? \"]\""},
+};
+
+/* The primitives each one uses. */
+static const js_prim_t k_prim_deps[JS_PRIM_COUNT][6] = {
+    [JS_PRIM_STRING] = {JS_PRIM_CHAR},
+    [JS_PRIM_VALUE] = {JS_PRIM_OBJECT, JS_PRIM_ARRAY, JS_PRIM_STRING, JS_PRIM_NUMBER,
+                       JS_PRIM_BOOLEAN, JS_PRIM_NULL},
+    [JS_PRIM_OBJECT] = {JS_PRIM_WS, JS_PRIM_STRING, JS_PRIM_VALUE},
+    [JS_PRIM_ARRAY] = {JS_PRIM_WS, JS_PRIM_VALUE},
+};
+
+int js_prim(js_ctx_t *c, js_prim_t p, char *name)
+{
+    snprintf(name, JS_NAME_MAX, "%s-%s", c->prefix, k_prims[p].suffix);
+    if (c->prim_done[p])
+        return 0;
+    c->prim_done[p] = true;
+    tdm_buf_printf(c->out, "%s ::= ", name);
+    /* The bodies use only %1$s; expand it by hand (no positional printf needed). */
+    for (const char *b = k_prims[p].body; *b; b++) {
+        if (strncmp(b, "%1$s", 4) == 0) {
+            tdm_buf_puts(c->out, c->prefix);
+            b += 3;
+        } else {
+            tdm_buf_append(c->out, b, 1);
+        }
+    }
+    tdm_buf_puts(c->out, "\n");
+    for (int i = 0; i < 6 && k_prim_deps[p][i]; i++) {
+        char dep[JS_NAME_MAX];
+        js_prim(c, k_prim_deps[p][i], dep);
+    }
+    return c->out->oom ? js_oom(c) : 0;
+}
+
+/* ---- keywords ---- */
+
+/* Refuses the unsupported vocabulary keywords of s; sets *has_constraints when s has any
+ * keyword besides annotations and $defs / definitions. */
+static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_constraints)
+{
+    const char *key;
+    json_t *v;
+    *has_constraints = false;
+    json_object_foreach(s, key, v)
+    {
+        if (in_list(k_refused, key)) {
+            if (strcmp(key, "uniqueItems") == 0 && json_is_false(v))
+                continue;
+            return js_fail(c, ptr, key, "not supported");
+        }
+        if (strcmp(key, "minProperties") == 0 &&
+            !(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 1))
+            return js_fail(c, ptr, key, "not supported (only 0 and 1)");
+        if (in_list(k_supported, key) && strcmp(key, "$defs") != 0 &&
+            strcmp(key, "definitions") != 0)
+            *has_constraints = true;
+    }
+    return 0;
+}
+
+/* A copy of s without the named keys (owned by c->keep). */
+static json_t *without(js_ctx_t *c, json_t *s, const char *k1, const char *k2)
+{
+    json_t *t = json_copy(s);
+    if (!t || json_array_append_new(c->keep, t) != 0)
+        return NULL;
+    json_object_del(t, k1);
+    if (k2)
+        json_object_del(t, k2);
+    return t;
+}
+
+/* ---- $ref ---- */
+
+/* Decodes one JSON pointer token (~0 ~1, %XX) of ref[0..n) into tok[cap]. */
+static bool ptr_token(const char *p, size_t n, char *tok, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && k + 1 < cap; i++) {
+        char ch = p[i];
+        if (ch == '~' && i + 1 < n && (p[i + 1] == '0' || p[i + 1] == '1'))
+            ch = p[++i] == '0' ? '~' : '/';
+        else if (ch == '%' && i + 2 < n) {
+            unsigned v;
+            if (sscanf(p + i + 1, "%2x", &v) == 1) {
+                ch = (char)v;
+                i += 2;
+            }
+        }
+        tok[k++] = ch;
+    }
+    tok[k] = 0;
+    return k + 1 < cap || n == 0;
+}
+
+json_t *js_resolve_ref(js_ctx_t *c, const char *ref, const char *ptr)
+{
+    if (ref[0] != '#' || (ref[1] != 0 && ref[1] != '/')) {
+        js_fail(c, ptr, "$ref", "'%s' not supported (only JSON pointers within the document)", ref);
+        return NULL;
+    }
+    json_t *t = c->root;
+    for (const char *p = ref + 1; *p == '/' && t;) {
+        const char *end = strchr(p + 1, '/');
+        size_t n = end ? (size_t)(end - p - 1) : strlen(p + 1);
+        char tok[256];
+        if (!ptr_token(p + 1, n, tok, sizeof tok))
+            t = NULL;
+        else if (json_is_object(t))
+            t = json_object_get(t, tok);
+        else if (json_is_array(t))
+            t = json_array_get(t, (size_t)strtoul(tok, NULL, 10));
+        else
+            t = NULL;
+        p += n + 1;
+    }
+    if (!t)
+        js_fail(c, ptr, "$ref", "'%s' not found", ref);
+    return t;
+}
+
+/* The memo entry for a $ref text or a schema node, or NULL. */
+static const js_ref_t *memo_find(const js_ctx_t *c, const char *ref, const json_t *node)
+{
+    for (size_t i = 0; i < c->n_refs; i++) {
+        const js_ref_t *r = &c->refs[i];
+        if (ref ? (r->ref && strcmp(r->ref, ref) == 0) : r->node == node)
+            return r;
+    }
+    return NULL;
+}
+
+/* Records a new rule name for ref (or node) in the memo and returns it in name. */
+static int memo_add(js_ctx_t *c, const char *ref, const json_t *node, char *name)
+{
+    if (c->n_refs == c->cap_refs) {
+        size_t cap = c->cap_refs ? 2 * c->cap_refs : 16;
+        js_ref_t *r = realloc(c->refs, cap * sizeof *r);
+        if (!r)
+            return js_oom(c);
+        c->refs = r;
+        c->cap_refs = cap;
+    }
+    js_ref_t *r = &c->refs[c->n_refs];
+    r->node = node;
+    r->ref = NULL;
+    if (ref && !(r->ref = tdm_strdup(ref)))
+        return js_oom(c);
+    js_new_name(c, r->name);
+    c->n_refs++;
+    snprintf(name, JS_NAME_MAX, "%s", r->name);
+    return 0;
+}
+
+/* The rule of the schema a $ref names: compiled once, under a name chosen before compiling
+ * it, so recursive references close the loop. */
+static int compile_ref(js_ctx_t *c, const char *ref, const char *ptr, char *name)
+{
+    const js_ref_t *known = memo_find(c, ref, NULL);
+    if (known) {
+        snprintf(name, JS_NAME_MAX, "%s", known->name);
+        return 0;
+    }
+    json_t *t = js_resolve_ref(c, ref, ptr);
+    int rc = t ? memo_add(c, ref, NULL, name) : TDM_EINVALID;
+    char target_name[JS_NAME_MAX];
+    if (rc == 0)
+        rc = js_compile(c, t, ref + 1, target_name);
+    return rc != 0 ? rc : js_emit_rule(c, name, target_name);
+}
+
+/* s with its top-level $ref replaced by the target merged with the siblings (so allOf and
+ * sibling merging see real keywords). */
+int js_resolve_top(js_ctx_t *c, json_t *s, const char *ptr, json_t **out)
+{
+    json_t *ref = json_is_object(s) ? json_object_get(s, "$ref") : NULL;
+    if (!ref) {
+        *out = s;
+        return 0;
+    }
+    if (!json_is_string(ref))
+        return js_fail(c, ptr, "$ref", "must be a string");
+    if (++c->depth > JS_MAX_DEPTH)
+        return js_fail(c, ptr, "$ref", "references nested too deep to merge");
+    json_t *t = js_resolve_ref(c, json_string_value(ref), ptr), *rest;
+    int rc = !t ? TDM_EINVALID : 0;
+    if (rc == 0)
+        rc = js_resolve_top(c, t, ptr, &t);
+    if (rc == 0 && !(rest = without(c, s, "$ref", NULL)))
+        rc = js_oom(c);
+    if (rc == 0)
+        rc = js_merge(c, t, rest, ptr, out);
+    c->depth--;
+    return rc;
+}
+
+/* ---- anyOf / oneOf / allOf ---- */
+
+/* allOf: the branches merged with each other and with the siblings, then compiled. */
+static int compile_all_of(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    char p[JS_PTR_MAX];
+    js_ptr_join(p, ptr, "allOf");
+    json_t *all = json_object_get(s, "allOf");
+    if (!json_is_array(all) || json_array_size(all) == 0)
+        return js_fail(c, ptr, "allOf", "must be a non-empty array");
+    json_t *acc = without(c, s, "allOf", NULL), *b;
+    if (!acc)
+        return js_oom(c);
+    size_t i;
+    json_array_foreach(all, i, b)
+    {
+        char bp[JS_PTR_MAX];
+        js_ptr_index(bp, p, i);
+        int rc = js_resolve_top(c, b, bp, &b);
+        if (rc == 0)
+            rc = js_merge(c, acc, b, bp, &acc);
+        if (rc != 0)
+            return rc;
+    }
+    return js_compile(c, acc, p, name);
+}
+
+/* Branch i of anyOf / oneOf as compiled: merged with the sibling keywords when there are
+ * any (rest), else as written. */
+static int branch(js_ctx_t *c, json_t *b, json_t *rest, bool rest_constrains, const char *bp,
+                  json_t **m)
+{
+    *m = b;
+    if (!rest_constrains)
+        return 0;
+    int rc = js_resolve_top(c, b, bp, m);
+    return rc != 0 ? rc : js_merge(c, rest, *m, bp, m);
+}
+
+/* oneOf compiles as anyOf only when no two branches can match the same value (different
+ * types, different enum / const values, or a required property with different constants):
+ * then exactly one matches whenever any does. Otherwise it is refused. */
+static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
+{
+    size_t n = json_array_size(branches);
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = i + 1; j < n; j++) {
+            json_t *a, *b;
+            char bp[JS_PTR_MAX];
+            js_ptr_index(bp, ptr, j);
+            int rc = js_resolve_top(c, json_array_get(branches, i), ptr, &a);
+            rc = rc ? rc : js_resolve_top(c, json_array_get(branches, j), bp, &b);
+            if (rc != 0)
+                return rc;
+            if (!js_disjoint(a, b))
+                return js_fail(c, ptr, NULL,
+                               "not supported: branches %zu and %zu may both match (use anyOf)", i,
+                               j);
+        }
+    }
+    return 0;
+}
+
+/* anyOf / oneOf: one alternative per branch; sibling keywords are merged into each branch. */
+static int compile_any_of(js_ctx_t *c, json_t *s, const char *ptr, const char *key, char *name)
+{
+    char p[JS_PTR_MAX];
+    js_ptr_join(p, ptr, key);
+    json_t *any = json_object_get(s, key), *b, *m;
+    if (!json_is_array(any) || json_array_size(any) == 0)
+        return js_fail(c, ptr, key, "must be a non-empty array");
+    json_t *rest = without(c, s, key, NULL), *branches = json_array();
+    if (!rest || !branches || json_array_append_new(c->keep, branches) != 0)
+        return js_oom(c);
+    bool rest_constrains;
+    int rc = check_keywords(c, rest, ptr, &rest_constrains);
+    size_t i;
+    json_array_foreach(any, i, b)
+    {
+        char bp[JS_PTR_MAX];
+        js_ptr_index(bp, p, i);
+        rc = rc ? rc : branch(c, b, rest, rest_constrains, bp, &m);
+        if (rc == 0 && json_array_append(branches, m) != 0)
+            rc = js_oom(c);
+    }
+    if (rc == 0 && strcmp(key, "oneOf") == 0)
+        rc = check_one_of(c, branches, p);
+    tdm_buf_t body = TDM_BUF_INIT;
+    json_array_foreach(branches, i, m)
+    {
+        char bp[JS_PTR_MAX], sub[JS_NAME_MAX];
+        js_ptr_index(bp, p, i);
+        rc = rc ? rc : js_compile(c, m, bp, sub);
+        tdm_buf_printf(&body, "%s%s", i ? " | " : "", sub);
+    }
+    if (rc == 0) {
+        js_new_name(c, name);
+        rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
+    }
+    tdm_buf_free(&body);
+    return rc;
+}
+
+/* ---- types ---- */
+
+enum {
+    T_NULL = 1,
+    T_BOOLEAN = 2,
+    T_OBJECT = 4,
+    T_ARRAY = 8,
+    T_NUMBER = 16,
+    T_INTEGER = 32,
+    T_STRING = 64,
+    T_ALL = 127
+};
+
+static const char *const k_type_names[] = {"null",   "boolean", "object", "array",
+                                           "number", "integer", "string"};
+
+static int type_bit(const char *t)
+{
+    for (int i = 0; i < 7; i++)
+        if (strcmp(t, k_type_names[i]) == 0)
+            return 1 << i;
+    return 0;
+}
+
+/* The set of types `type` allows (all when absent). */
+static int type_set(js_ctx_t *c, json_t *s, const char *ptr, int *types)
+{
+    json_t *t = json_object_get(s, "type"), *e;
+    if (!t) {
+        *types = T_ALL;
+        return 0;
+    }
+    *types = json_is_string(t) ? type_bit(json_string_value(t)) : 0;
+    if (json_is_string(t) && !*types)
+        return js_fail(c, ptr, "type", "unknown type '%s'", json_string_value(t));
+    if (json_is_array(t)) {
+        size_t i;
+        json_array_foreach(t, i, e)
+        {
+            int bit = json_is_string(e) ? type_bit(json_string_value(e)) : 0;
+            if (!bit)
+                return js_fail(c, ptr, "type", "entry %zu is not a type name", i);
+            *types |= bit;
+        }
+    }
+    if (!*types)
+        return js_fail(c, ptr, "type", "must be a type name or a non-empty array of them");
+    if (*types & T_NUMBER)
+        *types &= ~T_INTEGER; /* number includes the integers */
+    return 0;
+}
+
+/* Whether the JSON value v is of one of the types. */
+static bool value_has_type(json_t *v, int types)
+{
+    switch (json_typeof(v)) {
+    case JSON_NULL: return types & T_NULL;
+    case JSON_TRUE:
+    case JSON_FALSE: return types & T_BOOLEAN;
+    case JSON_OBJECT: return types & T_OBJECT;
+    case JSON_ARRAY: return types & T_ARRAY;
+    case JSON_STRING: return types & T_STRING;
+    case JSON_INTEGER: return types & (T_NUMBER | T_INTEGER);
+    case JSON_REAL: {
+        double d = json_real_value(v);
+        return (types & T_NUMBER) || ((types & T_INTEGER) && d == (double)(long long)d);
+    }
+    }
+    return false;
+}
+
+/* enum / const: the listed values of the allowed types, as literals. Other keywords beside
+ * them are not checked against the values. */
+static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
+{
+    json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"), *v;
+    if (en && (!json_is_array(en) || json_array_size(en) == 0))
+        return js_fail(c, ptr, "enum", "must be a non-empty array");
+    tdm_buf_t body = TDM_BUF_INIT;
+    int n = 0;
+    size_t i, count = en ? json_array_size(en) : 1;
+    for (i = 0; i < count; i++) {
+        v = en ? json_array_get(en, i) : cn;
+        if (!value_has_type(v, types) || (en && cn && !json_equal(v, cn)))
+            continue;
+        tdm_buf_puts(&body, n++ ? " | " : "");
+        js_literal(c, v, &body);
+    }
+    int rc = 0;
+    if (n == 0)
+        rc =
+            js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
+    else if (body.oom)
+        rc = js_oom(c);
+    if (rc == 0) {
+        js_new_name(c, name);
+        rc = js_emit_rule(c, name, body.data);
+    }
+    tdm_buf_free(&body);
+    return rc;
+}
+
+/* One alternative per allowed type, each compiled with the keywords that apply to it. */
+static int compile_types(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
+{
+    tdm_buf_t body = TDM_BUF_INIT;
+    int rc = 0, n = 0;
+    char sub[JS_NAME_MAX];
+    for (int bit = 1; bit < T_ALL && rc == 0; bit <<= 1) {
+        if (!(types & bit))
+            continue;
+        switch (bit) {
+        case T_NULL: rc = js_prim(c, JS_PRIM_NULL, sub); break;
+        case T_BOOLEAN: rc = js_prim(c, JS_PRIM_BOOLEAN, sub); break;
+        case T_OBJECT: rc = js_object(c, s, ptr, sub); break;
+        case T_ARRAY: rc = js_array(c, s, ptr, sub); break;
+        case T_NUMBER: rc = js_number(c, s, ptr, sub); break;
+        case T_INTEGER: rc = js_integer(c, s, ptr, sub); break;
+        default: rc = js_string(c, s, ptr, sub); break;
+        }
+        tdm_buf_printf(&body, "%s%s", n++ ? " | " : "", sub);
+    }
+    if (rc == 0 && n == 1) {
+        snprintf(name, JS_NAME_MAX, "%s", sub);
+    } else if (rc == 0) {
+        js_new_name(c, name);
+        rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
+    }
+    tdm_buf_free(&body);
+    return rc;
+}
+
+/* Whether s has a compiled keyword besides skip (and $defs / definitions). */
+static bool has_siblings(json_t *s, const char *skip)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(s, key, v)
+    {
+        if (strcmp(key, skip) != 0 && in_list(k_supported, key) && strcmp(key, "$defs") != 0 &&
+            strcmp(key, "definitions") != 0)
+            return true;
+    }
+    return false;
+}
+
+/* The body of js_compile for an object schema whose keywords passed the check. */
+static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    json_t *ref = json_object_get(s, "$ref");
+    if (ref && has_siblings(s, "$ref")) {
+        json_t *m;
+        int rc = js_resolve_top(c, s, ptr, &m);
+        return rc != 0 ? rc : js_compile(c, m, ptr, name);
+    }
+    if (ref) {
+        if (!json_is_string(ref))
+            return js_fail(c, ptr, "$ref", "must be a string");
+        return compile_ref(c, json_string_value(ref), ptr, name);
+    }
+    if (json_object_get(s, "allOf"))
+        return compile_all_of(c, s, ptr, name);
+    bool any = json_object_get(s, "anyOf") != NULL, one = json_object_get(s, "oneOf") != NULL;
+    if (any && one)
+        return js_fail(c, ptr, "oneOf", "not supported together with anyOf");
+    if (any || one)
+        return compile_any_of(c, s, ptr, any ? "anyOf" : "oneOf", name);
+    int types;
+    int rc = type_set(c, s, ptr, &types);
+    if (rc != 0)
+        return rc;
+    if (json_object_get(s, "enum") || json_object_get(s, "const"))
+        return compile_enum(c, s, ptr, types, name);
+    return compile_types(c, s, ptr, types, name);
+}
+
+int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    if (json_is_true(s))
+        return js_prim(c, JS_PRIM_VALUE, name);
+    if (json_is_false(s))
+        return js_fail_unsat(c, ptr, NULL, "the schema false allows no value");
+    if (!json_is_object(s))
+        return js_fail(c, ptr, NULL, "a schema must be an object or a boolean");
+    bool constrains;
+    int rc = check_keywords(c, s, ptr, &constrains);
+    if (rc != 0)
+        return rc;
+    if (!constrains)
+        return js_prim(c, JS_PRIM_VALUE, name);
+    /* Nodes that merge (allOf, siblings of $ref / anyOf) are compiled once each: a recursive
+     * schema that merges at every level closes its loop here, as $ref does. */
+    bool merges = json_object_get(s, "allOf") || json_object_get(s, "anyOf") ||
+                  json_object_get(s, "oneOf") || json_object_get(s, "$ref");
+    const js_ref_t *known = merges ? memo_find(c, NULL, s) : NULL;
+    if (known) {
+        snprintf(name, JS_NAME_MAX, "%s", known->name);
+        return 0;
+    }
+    if (++c->depth > JS_MAX_DEPTH) {
+        c->depth--;
+        return js_fail(c, ptr, NULL, "subschemas nested too deep (over %d)", JS_MAX_DEPTH);
+    }
+    char body[JS_NAME_MAX];
+    rc = merges ? memo_add(c, NULL, s, name) : 0;
+    if (rc == 0)
+        rc = compile_object_schema(c, s, ptr, merges ? body : name);
+    if (rc == 0 && merges)
+        rc = js_emit_rule(c, name, body);
+    c->depth--;
+    return rc;
+}
+
+/* ---- entry points ---- */
+
+static bool rule_name_ok(const char *rule)
+{
+    if (!rule || !*rule || strlen(rule) >= JS_PREFIX_MAX)
+        return false;
+    for (const char *p = rule; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '-'))
+            return false;
+    return true;
+}
+
+/* Compiles the parsed document root into out under rule. */
+static int compile_document(json_t *root, const char *rule, tdm_buf_t *out, tdm_error_t *err)
+{
+    js_ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.root = root;
+    c.out = out;
+    c.err = err;
+    snprintf(c.prefix, sizeof c.prefix, "%s", rule);
+    c.keep = json_array();
+    if (!c.keep)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    size_t start = out->len;
+    char top[JS_NAME_MAX];
+    int rc = js_compile(&c, root, "", top);
+    if (rc == 0)
+        rc = js_emit_rule(&c, rule, top);
+    if (rc != 0 && out->data && !out->oom) {
+        out->len = start; /* nothing half-written stays behind */
+        out->data[start] = 0;
+    }
+    for (size_t i = 0; i < c.n_refs; i++)
+        free(c.refs[i].ref);
+    free(c.refs);
+    json_decref(c.keep);
+    return rc;
+}
+
+int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule, tdm_buf_t *out,
+                                 tdm_error_t *err)
+{
+    if (!rule_name_ok(rule))
+        return tdm_error_set(err, TDM_EINVALID, "rule name '%s' is not [a-zA-Z0-9-]+",
+                             rule ? rule : "(null)");
+    json_error_t je;
+    json_t *root =
+        json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+    if (!root)
+        return tdm_error_set(err, TDM_EINVALID, "invalid JSON at line %d, column %d: %s", je.line,
+                             je.column, je.text);
+    int rc = compile_document(root, rule, out, err);
+    json_decref(root);
+    return rc;
+}
+
+int tdm_json_schema_to_gbnf(const char *json, size_t len, tdm_buf_t *out, tdm_error_t *err)
+{
+    return tdm_json_schema_to_gbnf_rule(json, len, "root", out, err);
+}
+
+int tdm_json_object_gbnf(tdm_buf_t *out, tdm_error_t *err)
+{
+    return tdm_json_schema_to_gbnf("{\"type\":\"object\"}", 17, out, err);
+}

@@ -1,0 +1,326 @@
+/* json_schema_merge.c - the intersection of two schemas as one schema: allOf, and the
+ * sibling keywords of $ref / anyOf / oneOf. What cannot be merged exactly is refused, naming
+ * the pointer of the allOf (or anyOf) branch: two different patterns or formats, two anyOf,
+ * two prefixItems, differing draft-4 boolean exclusives. additionalProperties merges exactly:
+ * a property one side defines must also satisfy the other side's additionalProperties.
+ *
+ * Merged properties, items and additionalProperties become {"allOf": [a, b]}, compiled (and
+ * merged) when the compiler gets to them, so recursive schemas merge lazily.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "json_schema_internal.h"
+
+static const char *const k_lower[] = {"minimum",  "exclusiveMinimum", "minLength",
+                                      "minItems", "minProperties",    NULL};
+static const char *const k_upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", NULL};
+
+static bool in(const char *const *list, const char *key)
+{
+    for (; *list; list++)
+        if (strcmp(*list, key) == 0)
+            return true;
+    return false;
+}
+
+static json_t *all_of2(json_t *a, json_t *b)
+{
+    return json_pack("{s:[OO]}", "allOf", a, b);
+}
+
+/* type: the intersection of the two type sets ("integer" within "number"). */
+static json_t *merge_type(json_t *a, json_t *b)
+{
+    json_t *out = json_array(), *x, *y;
+    size_t i, j;
+    json_t *la = json_is_array(a) ? json_incref(a) : json_pack("[O]", a);
+    json_t *lb = json_is_array(b) ? json_incref(b) : json_pack("[O]", b);
+    json_array_foreach(la, i, x)
+    {
+        json_array_foreach(lb, j, y)
+        {
+            const char *p = json_string_value(x), *q = json_string_value(y);
+            if (!p || !q)
+                continue;
+            if (strcmp(p, q) == 0 || (strcmp(p, "integer") == 0 && strcmp(q, "number") == 0))
+                json_array_append(out, x);
+            else if (strcmp(p, "number") == 0 && strcmp(q, "integer") == 0)
+                json_array_append(out, y);
+        }
+    }
+    json_decref(la);
+    json_decref(lb);
+    return out;
+}
+
+/* enum: the values in both. */
+static json_t *merge_enum(json_t *a, json_t *b)
+{
+    json_t *out = json_array(), *x, *y;
+    size_t i, j;
+    json_array_foreach(a, i, x)
+    {
+        json_array_foreach(b, j, y)
+        {
+            if (json_equal(x, y)) {
+                json_array_append(out, x);
+                break;
+            }
+        }
+    }
+    return out;
+}
+
+/* properties: the union, with common names as allOf. */
+static json_t *merge_props(json_t *a, json_t *b)
+{
+    json_t *out = json_copy(a), *v;
+    const char *key;
+    json_object_foreach(b, key, v)
+    {
+        json_t *x = json_object_get(a, key);
+        json_object_set_new(out, key, x ? all_of2(x, v) : json_incref(v));
+    }
+    return out;
+}
+
+static json_t *merge_required(json_t *a, json_t *b)
+{
+    json_t *out = json_copy(a), *v;
+    size_t i;
+    json_array_foreach(b, i, v)
+    {
+        bool seen = false;
+        json_t *w;
+        size_t j;
+        json_array_foreach(a, j, w) seen = seen || json_equal(v, w);
+        if (!seen)
+            json_array_append(out, v);
+    }
+    return out;
+}
+
+static const char *const k_must_equal[] = {"pattern",         "format", "prefixItems",
+                                           "additionalItems", "$ref",   NULL};
+
+/* The merged value of one keyword both schemas have (*out new reference), or an error. */
+static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const char *ptr,
+                     json_t **out)
+{
+    *out = NULL;
+    bool both_num = json_is_number(x) && json_is_number(y);
+    if ((in(k_lower, key) || in(k_upper, key)) && both_num) {
+        double p = json_number_value(x), q = json_number_value(y);
+        *out = json_incref((in(k_lower, key) ? p >= q : p <= q) ? x : y);
+    } else if (strcmp(key, "type") == 0) {
+        *out = merge_type(x, y);
+        if (*out && json_array_size(*out) == 0) {
+            json_decref(*out);
+            return js_fail_unsat(c, ptr, NULL, "allOf: the types do not intersect");
+        }
+    } else if (strcmp(key, "properties") == 0 && json_is_object(x) && json_is_object(y)) {
+        *out = merge_props(x, y);
+    } else if (strcmp(key, "required") == 0 && json_is_array(x) && json_is_array(y)) {
+        *out = merge_required(x, y);
+    } else if (strcmp(key, "enum") == 0 && json_is_array(x) && json_is_array(y)) {
+        *out = merge_enum(x, y);
+    } else if (strcmp(key, "allOf") == 0 && json_is_array(x) && json_is_array(y)) {
+        *out = json_copy(x);
+        json_array_extend(*out, y);
+    } else if (strcmp(key, "items") == 0 && json_is_object(x) && json_is_object(y)) {
+        *out = all_of2(x, y);
+    } else if (json_equal(x, y) ||
+               !(in(k_must_equal, key) || in(k_lower, key) || in(k_upper, key) ||
+                 strcmp(key, "const") == 0 || strcmp(key, "anyOf") == 0 ||
+                 strcmp(key, "oneOf") == 0 || strcmp(key, "items") == 0)) {
+        *out = json_incref(x); /* equal, or an annotation / unknown keyword: the first one's */
+    } else {
+        return js_fail(c, ptr, NULL, "allOf: two different '%s' cannot be merged", key);
+    }
+    return *out ? 0 : js_oom(c);
+}
+
+/* s (a property's schema) also constrained by the other side's additionalProperties ap. */
+static json_t *and_additional(json_t *s, json_t *ap)
+{
+    if (!ap || json_is_true(ap))
+        return json_incref(s);
+    return json_is_false(ap) ? json_false() : all_of2(s, ap);
+}
+
+/* additionalProperties of the merge, exact: a property only one side defines must also
+ * satisfy the other side's additionalProperties, and the merged additionalProperties is both
+ * sides' (false when either is). Rewrites out's "properties" (a fresh copy). */
+static int merge_additional(js_ctx_t *c, json_t *a, json_t *b, json_t *out)
+{
+    json_t *x = json_object_get(a, "additionalProperties");
+    json_t *y = json_object_get(b, "additionalProperties");
+    bool xt = !x || json_is_true(x), yt = !y || json_is_true(y);
+    if (xt && yt)
+        return 0;
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    json_t *props = json_copy(json_object_get(out, "properties"));
+    if (!props)
+        props = json_object();
+    const char *key;
+    json_t *v;
+    json_object_foreach(pa, key, v)
+    {
+        if (!json_object_get(pb, key))
+            json_object_set_new(props, key, and_additional(v, y));
+    }
+    json_object_foreach(pb, key, v)
+    {
+        if (!json_object_get(pa, key))
+            json_object_set_new(props, key, and_additional(v, x));
+    }
+    json_t *ap = xt                                       ? json_incref(y)
+                 : yt                                     ? json_incref(x)
+                 : (json_is_false(x) || json_is_false(y)) ? json_false()
+                                                          : all_of2(x, y);
+    int rc = json_object_set_new(out, "additionalProperties", ap);
+    rc |= json_object_set_new(out, "properties", props);
+    return rc == 0 ? 0 : js_oom(c);
+}
+
+int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
+{
+    int rc = js_resolve_top(c, a, ptr, &a);
+    rc = rc ? rc : js_resolve_top(c, b, ptr, &b);
+    if (rc != 0)
+        return rc;
+    if (json_is_false(a) || json_is_false(b))
+        return js_fail_unsat(c, ptr, NULL, "allOf: the schema false allows no value");
+    if (json_is_true(a) || (json_is_object(a) && json_object_size(a) == 0)) {
+        *out = b;
+        return 0;
+    }
+    if (json_is_true(b) || (json_is_object(b) && json_object_size(b) == 0)) {
+        *out = a;
+        return 0;
+    }
+    if (!json_is_object(a) || !json_is_object(b))
+        return js_fail(c, ptr, NULL, "a schema must be an object or a boolean");
+    json_t *m = json_object();
+    if (!m || json_array_append_new(c->keep, m) != 0)
+        return js_oom(c);
+    const char *key;
+    json_t *x, *v;
+    json_object_foreach(a, key, x)
+    {
+        json_t *y = json_object_get(b, key);
+        if (strcmp(key, "additionalProperties") == 0)
+            continue;
+        if (!y) {
+            v = json_incref(x);
+        } else if ((rc = merge_key(c, key, x, y, ptr, &v)) != 0) {
+            return rc;
+        }
+        if (json_object_set_new(m, key, v) != 0)
+            return js_oom(c);
+    }
+    json_object_foreach(b, key, v)
+    {
+        if (!json_object_get(a, key) && strcmp(key, "additionalProperties") != 0 &&
+            json_object_set(m, key, v) != 0)
+            return js_oom(c);
+    }
+    rc = merge_additional(c, a, b, m);
+    *out = m;
+    return rc;
+}
+
+/* ---- disjointness (oneOf) ---- */
+
+/* Type bits of a JSON value or a type name: null 1, boolean 2, object 4, array 8, string 16,
+ * integer 32, non-integral number 64 ("number" is 32 | 64). */
+static int name_bits(const char *t)
+{
+    static const char *const names[] = {"null", "boolean", "object", "array", "string"};
+    for (int i = 0; i < 5; i++)
+        if (strcmp(t, names[i]) == 0)
+            return 1 << i;
+    return strcmp(t, "integer") == 0 ? 32 : strcmp(t, "number") == 0 ? 96 : 0;
+}
+
+static int value_bits(json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_NULL: return 1;
+    case JSON_TRUE:
+    case JSON_FALSE: return 2;
+    case JSON_OBJECT: return 4;
+    case JSON_ARRAY: return 8;
+    case JSON_STRING: return 16;
+    case JSON_INTEGER: return 32;
+    case JSON_REAL: return json_real_value(v) == floor(json_real_value(v)) ? 32 : 64;
+    }
+    return 0;
+}
+
+/* The values enum / const allow (a new array), or NULL when neither is there. */
+static json_t *value_set(json_t *s)
+{
+    json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (cn)
+        return json_pack("[O]", cn);
+    return json_is_array(en) ? json_incref(en) : NULL;
+}
+
+static int type_bits(json_t *s)
+{
+    json_t *vals = value_set(s), *t = json_object_get(s, "type"), *e;
+    int bits = 0;
+    size_t i;
+    if (vals) {
+        json_array_foreach(vals, i, e) bits |= value_bits(e);
+        json_decref(vals);
+        return bits;
+    }
+    if (json_is_string(t))
+        return name_bits(json_string_value(t));
+    json_array_foreach(t, i, e) bits |= json_is_string(e) ? name_bits(json_string_value(e)) : 0;
+    return t ? bits : 127;
+}
+
+static bool values_disjoint(json_t *a, json_t *b)
+{
+    json_t *va = value_set(a), *vb = value_set(b);
+    json_t *common = va && vb ? merge_enum(va, vb) : NULL;
+    bool disjoint = common && json_array_size(common) == 0;
+    json_decref(common);
+    json_decref(va);
+    json_decref(vb);
+    return disjoint;
+}
+
+static bool required_by(json_t *s, const char *key)
+{
+    json_t *r;
+    size_t i;
+    json_array_foreach(json_object_get(s, "required"), i, r)
+    {
+        if (json_is_string(r) && strcmp(json_string_value(r), key) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool js_disjoint(json_t *a, json_t *b)
+{
+    if (!json_is_object(a) || !json_is_object(b))
+        return json_is_false(a) || json_is_false(b);
+    if ((type_bits(a) & type_bits(b)) == 0 || values_disjoint(a, b))
+        return true;
+    json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties"), *x;
+    const char *key;
+    json_object_foreach(pa, key, x)
+    {
+        json_t *y = json_object_get(pb, key);
+        if (y && required_by(a, key) && required_by(b, key) && json_is_object(x) &&
+            json_is_object(y) && values_disjoint(x, y))
+            return true;
+    }
+    return false;
+}

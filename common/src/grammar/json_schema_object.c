@@ -1,0 +1,439 @@
+/* json_schema_object.c - JSON Schema objects (properties, required, additionalProperties)
+ * and arrays (items, prefixItems, draft-4 tuple items with additionalItems, minItems,
+ * maxItems).
+ *
+ * Objects: the defined properties come in definition order, each required one present, each
+ * optional one possibly left out; the additional properties (allowed unless
+ * additionalProperties is false; their values follow additionalProperties when it is a
+ * schema) come after all the defined ones, with keys that are none of the defined names (a
+ * key written with \u escapes is compared as written). A required name that `properties`
+ * does not define is a defined property whose value follows additionalProperties, placed
+ * after the others. minProperties 1 (the only count supported besides 0) asks for at least
+ * one member.
+ *
+ * Whitespace: the primitive `ws` (at most one space, or one newline and up to 20 spaces or
+ * tabs) after every `{ [ , :` and after every member value, so compact and pretty-printed JSON
+ * both pass and the output cannot grow whitespace without bound.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_schema_internal.h"
+
+typedef struct prop {
+    const char *key;
+    char rule[JS_NAME_MAX]; /* the value's rule */
+    bool required;
+} prop_t;
+
+typedef struct objspec {
+    prop_t *props;
+    size_t n;
+    const char **names; /* every name excluded from the additional properties */
+    size_t n_names;
+    bool extras;
+    char extra_key[JS_NAME_MAX], extra_value[JS_NAME_MAX];
+    char ws[JS_NAME_MAX];
+} objspec_t;
+
+static bool name_is_plain(const char *k)
+{
+    for (; *k; k++)
+        if ((unsigned char)*k < 0x20 || *k == '"' || *k == '\\')
+            return false;
+    return true;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The rest of a key (after its opening quote, up to and with its closing quote) that is not
+ * one of names[0..n) (sorted, all sharing their first depth bytes). */
+static int key_excl(js_ctx_t *c, const char **names, size_t n, size_t depth, const char *ch,
+                    char *name)
+{
+    tdm_buf_t body = TDM_BUF_INIT, cls = TDM_BUF_INIT;
+    int alts = 0, rc = 0;
+    size_t i = 0;
+    if (strlen(names[0]) == depth) {
+        i = 1; /* a name ends here: the key may not */
+    } else {
+        tdm_buf_puts(&body, "\"\\\"\"");
+        alts++;
+    }
+    tdm_buf_puts(&cls, "[^\"\\\\\\x00-\\x1F");
+    while (i < n && rc == 0) {
+        uint32_t cp;
+        size_t k =
+            tdm_utf8_decode((const unsigned char *)names[i] + depth, strlen(names[i]) - depth, &cp);
+        if (k == 0)
+            k = 1, cp = (unsigned char)names[i][depth];
+        size_t j = i + 1;
+        while (j < n && strncmp(names[j], names[i], depth + k) == 0)
+            j++;
+        char child[JS_NAME_MAX];
+        rc = key_excl(c, names + i, j - i, depth + k, ch, child);
+        tdm_buf_printf(&body, "%s\"", alts++ ? " | " : "");
+        tdm_buf_append(&body, names[i] + depth, k);
+        tdm_buf_printf(&body, "\" %s", child);
+        js_gbnf_class_cp(&cls, cp);
+        i = j;
+    }
+    tdm_buf_printf(&cls, "]");
+    tdm_buf_printf(&body,
+                   "%s%s %s* \"\\\"\" | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) "
+                   "%s* \"\\\"\"",
+                   alts ? " | " : "", cls.data, ch, ch);
+    if (rc == 0) {
+        js_new_name(c, name);
+        rc = body.oom || cls.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
+    }
+    tdm_buf_free(&body);
+    tdm_buf_free(&cls);
+    return rc;
+}
+
+/* The key rule of the additional properties: any string but the defined names. */
+static int extra_key(js_ctx_t *c, objspec_t *o)
+{
+    bool plain = o->n_names > 0;
+    for (size_t i = 0; i < o->n_names && plain; i++)
+        plain = name_is_plain(o->names[i]);
+    if (!plain) /* no names, or names that need escapes: any key (documented) */
+        return js_prim(c, JS_PRIM_STRING, o->extra_key);
+    char ch[JS_NAME_MAX], rest[JS_NAME_MAX];
+    int rc = js_prim(c, JS_PRIM_CHAR, ch);
+    qsort(o->names, o->n_names, sizeof *o->names, cmp_str);
+    if (rc == 0)
+        rc = key_excl(c, o->names, o->n_names, 0, ch, rest);
+    if (rc != 0)
+        return rc;
+    char body[2 * JS_NAME_MAX];
+    snprintf(body, sizeof body, "\"\\\"\" %s", rest);
+    js_new_name(c, o->extra_key);
+    return js_emit_rule(c, o->extra_key, body);
+}
+
+static bool is_required(json_t *req, const char *key)
+{
+    size_t i;
+    json_t *r;
+    json_array_foreach(req, i, r)
+    {
+        if (json_is_string(r) && strcmp(json_string_value(r), key) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Forgets the rules and memo entries added since (out_len, n_refs). */
+static void drop_since(js_ctx_t *c, size_t out_len, size_t n_refs)
+{
+    if (c->out->data && !c->out->oom) {
+        c->out->len = out_len;
+        c->out->data[out_len] = 0;
+    }
+    for (size_t i = n_refs; i < c->n_refs; i++)
+        free(c->refs[i].ref);
+    c->n_refs = n_refs;
+    tdm_error_clear(c->err);
+    c->unsat = false;
+}
+
+/* properties: the defined properties (compiled) and the excluded names. A property whose
+ * schema allows no value is left out unless required. */
+static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, objspec_t *o)
+{
+    json_t *props = json_object_get(s, "properties"), *sub;
+    const char *key;
+    if (props && !json_is_object(props))
+        return js_fail(c, ptr, "properties", "must be an object");
+    char pp[JS_PTR_MAX];
+    js_ptr_join(pp, ptr, "properties");
+    json_object_foreach(props, key, sub)
+    {
+        o->names[o->n_names++] = key;
+        bool required = is_required(req, key);
+        if (json_is_false(sub)) {
+            if (required)
+                return js_fail(c, pp, key, "required but the schema false allows no value");
+            continue;
+        }
+        prop_t *p = &o->props[o->n++];
+        p->key = key;
+        p->required = required;
+        char kp[JS_PTR_MAX];
+        js_ptr_join(kp, pp, key);
+        size_t out_len = c->out->len, n_refs = c->n_refs;
+        bool prims[JS_PRIM_COUNT];
+        memcpy(prims, c->prim_done, sizeof prims);
+        int rc = js_compile(c, sub, kp, p->rule);
+        if (rc == TDM_EINVALID && c->unsat && !required) {
+            drop_since(c, out_len, n_refs); /* no value fits: the property cannot appear */
+            memcpy(c->prim_done, prims, sizeof prims);
+            o->n--;
+            continue;
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* required names that properties does not define: defined properties valued by
+ * additionalProperties (or refused when that is false). */
+static int collect_required_extras(js_ctx_t *c, json_t *s, const char *ptr, json_t *req,
+                                   objspec_t *o)
+{
+    json_t *props = json_object_get(s, "properties"), *r;
+    size_t i;
+    json_array_foreach(req, i, r)
+    {
+        if (!json_is_string(r))
+            return js_fail(c, ptr, "required", "entry %zu is not a string", i);
+        const char *key = json_string_value(r);
+        if (json_object_get(props, key))
+            continue;
+        bool dup = false;
+        for (size_t k = 0; k < o->n_names && !dup; k++)
+            dup = strcmp(o->names[k], key) == 0;
+        if (dup)
+            continue;
+        if (!o->extras)
+            return js_fail(c, ptr, "required",
+                           "'%s' is not in properties and additionalProperties is false", key);
+        o->names[o->n_names++] = key;
+        prop_t *p = &o->props[o->n++];
+        p->key = key;
+        p->required = true;
+        snprintf(p->rule, JS_NAME_MAX, "%s", o->extra_value);
+    }
+    return 0;
+}
+
+/* "key" ws ":" ws value ws, for property p. */
+static void kv_text(tdm_buf_t *b, const objspec_t *o, const prop_t *p)
+{
+    js_json_string_literal(p->key, strlen(p->key), true, b);
+    tdm_buf_printf(b, " %s \":\" %s %s %s", o->ws, o->ws, p->rule, o->ws);
+}
+
+/* Rules for the members from property k on: *first (nothing written before; "" when there
+ * is nothing that can come) and *after (something written before; "" when empty). */
+static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX],
+                      char (*after)[JS_NAME_MAX])
+{
+    tdm_buf_t b = TDM_BUF_INIT;
+    char xkv[6 * JS_NAME_MAX];
+    snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws, o->extra_value,
+             o->ws);
+    first[o->n][0] = after[o->n][0] = 0;
+    int rc = 0;
+    if (o->extras) {
+        js_new_name(c, after[o->n]);
+        tdm_buf_printf(&b, "( \",\" %s %s )*", o->ws, xkv);
+        rc = js_emit_rule(c, after[o->n], b.data);
+        js_new_name(c, first[o->n]);
+        tdm_buf_clear(&b);
+        tdm_buf_printf(&b, "%s %s", xkv, after[o->n]);
+        rc = rc ? rc : js_emit_rule(c, first[o->n], b.data);
+    }
+    for (size_t k = o->n; k-- > 0 && rc == 0;) {
+        const prop_t *p = &o->props[k];
+        tdm_buf_clear(&b);
+        tdm_buf_printf(&b, "%s\",\" %s ", p->required ? "" : "( ", o->ws);
+        kv_text(&b, o, p);
+        tdm_buf_printf(&b, "%s %s", p->required ? "" : " )?", after[k + 1]);
+        js_new_name(c, after[k]);
+        rc = js_emit_rule(c, after[k], b.data);
+        tdm_buf_clear(&b);
+        kv_text(&b, o, p);
+        tdm_buf_printf(&b, " %s", after[k + 1]);
+        if (!p->required && first[k + 1][0])
+            tdm_buf_printf(&b, " | %s", first[k + 1]);
+        js_new_name(c, first[k]);
+        rc = rc ? rc : (b.oom ? js_oom(c) : js_emit_rule(c, first[k], b.data));
+    }
+    tdm_buf_free(&b);
+    return rc;
+}
+
+/* additionalProperties: o->extras and the value rule. */
+static int read_additional(js_ctx_t *c, json_t *s, const char *ptr, objspec_t *o)
+{
+    json_t *ap = json_object_get(s, "additionalProperties");
+    o->extras = !json_is_false(ap);
+    if (!o->extras)
+        return 0;
+    if (!ap || json_is_true(ap))
+        return js_prim(c, JS_PRIM_VALUE, o->extra_value);
+    char p[JS_PTR_MAX];
+    js_ptr_join(p, ptr, "additionalProperties");
+    return js_compile(c, ap, p, o->extra_value);
+}
+
+int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    json_t *ap = json_object_get(s, "additionalProperties");
+    if (req && !json_is_array(req))
+        return js_fail(c, ptr, "required", "must be an array of strings");
+    bool non_empty = json_integer_value(json_object_get(s, "minProperties")) >= 1;
+    if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)) && !non_empty)
+        return js_prim(c, JS_PRIM_OBJECT, name);
+    objspec_t o;
+    memset(&o, 0, sizeof o);
+    size_t cap = json_object_size(props) + json_array_size(req) + 1;
+    o.props = calloc(cap, sizeof *o.props);
+    o.names = calloc(cap, sizeof *o.names);
+    char(*first)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
+    char(*after)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
+    int rc = (!o.props || !o.names || !first || !after) ? js_oom(c) : 0;
+    rc = rc ? rc : js_prim(c, JS_PRIM_WS, o.ws);
+    rc = rc ? rc : read_additional(c, s, ptr, &o);
+    rc = rc ? rc : collect_props(c, s, ptr, req, &o);
+    rc = rc ? rc : collect_required_extras(c, s, ptr, req, &o);
+    if (rc == 0 && o.extras)
+        rc = extra_key(c, &o);
+    rc = rc ? rc : emit_chain(c, &o, first, after);
+    if (rc == 0 && non_empty && !first[0][0])
+        rc = js_fail_unsat(c, ptr, "minProperties", "no property can appear");
+    if (rc == 0) {
+        bool nullable = !non_empty; /* minProperties 1: at least one member */
+        for (size_t k = 0; k < o.n; k++)
+            nullable = nullable && !o.props[k].required;
+        char body[2 * JS_NAME_MAX + 64];
+        snprintf(body, sizeof body, "\"{\" %s %s%s \"}\"", o.ws, first[0],
+                 first[0][0] && nullable ? "?" : "");
+        js_new_name(c, name);
+        rc = js_emit_rule(c, name, body);
+    }
+    free(o.props);
+    free(o.names);
+    free(first);
+    free(after);
+    return rc;
+}
+
+/* ---- arrays ---- */
+
+typedef struct arrspec {
+    char (*prefix)[JS_NAME_MAX]; /* the rules of the positional items */
+    size_t k;                    /* how many */
+    bool rest;                   /* items after them allowed */
+    char item[JS_NAME_MAX];      /* their rule */
+    size_t min, max;             /* minItems, maxItems (JS_LEN_INF) */
+    char ws[JS_NAME_MAX];
+} arrspec_t;
+
+static int get_items_count(js_ctx_t *c, json_t *s, const char *ptr, const char *key, size_t *v)
+{
+    json_t *x = json_object_get(s, key);
+    if (!x)
+        return 0;
+    if (!json_is_integer(x) || json_integer_value(x) < 0)
+        return js_fail(c, ptr, key, "must be a non-negative integer");
+    *v = (size_t)json_integer_value(x);
+    return 0;
+}
+
+/* prefixItems (or draft-4 array items) and the rule of the items after them. */
+static int read_items(js_ctx_t *c, json_t *s, const char *ptr, arrspec_t *a)
+{
+    json_t *items = json_object_get(s, "items"), *pre = json_object_get(s, "prefixItems");
+    const char *pre_key = "prefixItems", *rest_key = "items";
+    if (json_is_array(items) && !pre) { /* draft 4-7 tuples */
+        pre = items;
+        pre_key = "items";
+        rest_key = "additionalItems";
+        items = json_object_get(s, "additionalItems");
+    }
+    if (pre && !json_is_array(pre))
+        return js_fail(c, ptr, pre_key, "must be an array");
+    a->k = json_array_size(pre);
+    a->prefix = calloc(a->k + 1, JS_NAME_MAX);
+    if (!a->prefix)
+        return js_oom(c);
+    char pp[JS_PTR_MAX], ip[JS_PTR_MAX];
+    js_ptr_join(pp, ptr, pre_key);
+    for (size_t i = 0; i < a->k; i++) {
+        js_ptr_index(ip, pp, i);
+        int rc = js_compile(c, json_array_get(pre, i), ip, a->prefix[i]);
+        if (rc != 0)
+            return rc;
+    }
+    a->rest = !json_is_false(items);
+    if (!a->rest)
+        return 0;
+    if (!items || json_is_true(items))
+        return js_prim(c, JS_PRIM_VALUE, a->item);
+    js_ptr_join(ip, ptr, rest_key);
+    return js_compile(c, items, ip, a->item);
+}
+
+/* The items after the positional ones, min..max of them (k: how many came before). */
+static void rest_text(tdm_buf_t *b, const arrspec_t *a)
+{
+    size_t lo = a->min > a->k ? a->min - a->k : 0;
+    size_t hi = a->max == JS_LEN_INF ? JS_LEN_INF : a->max - a->k;
+    if (!a->rest || hi == 0)
+        return;
+    if (a->k > 0) {
+        char x[4 * JS_NAME_MAX];
+        snprintf(x, sizeof x, "( \",\" %s %s %s )", a->ws, a->item, a->ws);
+        tdm_buf_puts(b, " ");
+        js_rep(b, x, lo, hi);
+        return;
+    }
+    tdm_buf_printf(b, " %s%s %s", lo ? "" : "( ", a->item, a->ws);
+    if (hi != 1) {
+        char x[4 * JS_NAME_MAX];
+        snprintf(x, sizeof x, "( \",\" %s %s %s )", a->ws, a->item, a->ws);
+        tdm_buf_puts(b, " ");
+        js_rep(b, x, lo ? lo - 1 : 0, hi == JS_LEN_INF ? JS_LEN_INF : hi - 1);
+    }
+    tdm_buf_puts(b, lo ? "" : " )?");
+}
+
+int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    arrspec_t a;
+    memset(&a, 0, sizeof a);
+    a.max = JS_LEN_INF;
+    int rc = get_items_count(c, s, ptr, "minItems", &a.min);
+    rc = rc ? rc : get_items_count(c, s, ptr, "maxItems", &a.max);
+    if (rc == 0 && !json_object_get(s, "items") && !json_object_get(s, "prefixItems") &&
+        a.min == 0 && a.max == JS_LEN_INF)
+        return js_prim(c, JS_PRIM_ARRAY, name);
+    rc = rc ? rc : js_prim(c, JS_PRIM_WS, a.ws);
+    rc = rc ? rc : read_items(c, s, ptr, &a);
+    if (rc == 0 && a.min > a.max)
+        rc = js_fail(c, ptr, "minItems", "greater than maxItems");
+    if (rc == 0 && !a.rest && a.min > a.k)
+        rc = js_fail(c, ptr, "minItems", "more items than the schema allows");
+    tdm_buf_t b = TDM_BUF_INIT;
+    size_t n_pos = a.k < a.max ? a.k : a.max, opened = 0;
+    tdm_buf_printf(&b, "\"[\" %s", a.ws);
+    for (size_t i = 0; i < n_pos && rc == 0; i++) {
+        bool optional = i >= a.min;
+        tdm_buf_printf(&b, " %s%s%s %s", optional ? "( " : "", i ? "\",\" " : "", i ? a.ws : "",
+                       a.prefix[i]);
+        tdm_buf_printf(&b, " %s", a.ws);
+        opened += optional;
+    }
+    if (n_pos == a.k)
+        rest_text(&b, &a);
+    for (size_t i = 0; i < opened; i++)
+        tdm_buf_puts(&b, " )?");
+    tdm_buf_puts(&b, " \"]\"");
+    if (rc == 0) {
+        js_new_name(c, name);
+        rc = b.oom ? js_oom(c) : js_emit_rule(c, name, b.data);
+    }
+    tdm_buf_free(&b);
+    free(a.prefix);
+    return rc;
+}

@@ -1,0 +1,272 @@
+/* json_schema_string.c - JSON Schema strings (minLength, maxLength, pattern, format) and the
+ * literal values of enum / const, written as Python's json.dumps(..., ensure_ascii=False)
+ * writes them (the form instances are compared in).
+ *
+ * Formats enforced: date, time, date-time (RFC 3339 full-date / full-time, `T` or `t`),
+ * uuid, email (dot-atom local part @ host name labels), uri (scheme ":" then URI
+ * characters), hostname (RFC 1123 labels), ipv4 (dotted quad 0-255). Any other format is
+ * refused. A length bound beside a pattern is built into the pattern when that is exact (an
+ * anchored pattern with one repeated character class: `^[a-z]+$` with maxLength 10), kept when
+ * the pattern already implies it, refused otherwise; a format with another string keyword is
+ * refused.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_schema_internal.h"
+
+#define HOST_LABEL "[a-zA-Z0-9] ( [a-zA-Z0-9\\x2D]{0,61} [a-zA-Z0-9] )?"
+#define D28 "( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )"
+#define D30 "( \"0\" [1-9] | [12] [0-9] | \"30\" )"
+#define D31 "( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )"
+/* leap years: divisible by 4, and not by 100 unless by 400 */
+#define LEAP                                                                                       \
+    "( [0-9]{2} ( [02468] [48] | [13579] [26] | [2468] \"0\" ) | ( [02468] [048] | [13579] "       \
+    "[26] ) \"00\" )"
+#define DATE                                                                                       \
+    "( [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" " D31 " | ( \"0\" [469] | "           \
+    "\"11\" ) \"-\" " D30 " | \"02-\" " D28 " ) | " LEAP " \"-02-29\" )"
+#define TIME                                                                                       \
+    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "       \
+    "[0-9]+ )? ( [zZ] | [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"
+#define OCTET "( \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] )"
+
+static const struct {
+    const char *name, *content;
+} k_formats[] = {
+    {"date", DATE},
+    {"time", TIME},
+    {"date-time", DATE " [Tt] " TIME},
+    {"uuid", "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} "
+             "\"-\" [0-9a-fA-F]{12}"},
+    {"email", "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~\\x2D]+ ( \".\" [a-zA-Z0-9!#$%&'*+/=?^_`{|}~\\x2D]+ )* "
+              "\"@\" " HOST_LABEL " ( \".\" " HOST_LABEL " )*"},
+    {"uri", "[a-zA-Z] [a-zA-Z0-9+.\\x2D]* \":\" [^\\x00-\\x20\"\\\\<>{}|^`\\x7F]*"},
+    {"hostname", HOST_LABEL " ( \".\" " HOST_LABEL " )*"},
+    {"ipv4", OCTET " \".\" " OCTET " \".\" " OCTET " \".\" " OCTET},
+};
+
+/* A non-negative integer keyword (minLength, ...) into *v; absent leaves *v. */
+static int get_count(js_ctx_t *c, json_t *s, const char *ptr, const char *key, size_t *v)
+{
+    json_t *x = json_object_get(s, key);
+    if (!x)
+        return 0;
+    double d = json_is_integer(x) ? (double)json_integer_value(x)
+               : json_is_real(x)  ? json_real_value(x)
+                                  : -1;
+    if (d < 0 || d != floor(d) || d > 1e9)
+        return js_fail(c, ptr, key, "must be a non-negative integer");
+    *v = (size_t)d;
+    return 0;
+}
+
+/* `format`: the content expression of a supported format. */
+static int format_content(js_ctx_t *c, json_t *s, const char *ptr, const char **content)
+{
+    json_t *f = json_object_get(s, "format");
+    if (!json_is_string(f))
+        return js_fail(c, ptr, "format", "must be a string");
+    for (size_t i = 0; i < sizeof k_formats / sizeof k_formats[0]; i++) {
+        if (strcmp(k_formats[i].name, json_string_value(f)) == 0) {
+            *content = k_formats[i].content;
+            return 0;
+        }
+    }
+    return js_fail(c, ptr, "format", "'%s' not supported", json_string_value(f));
+}
+
+/* `pattern` with optional length bounds: the content expression into body. */
+static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi,
+                           tdm_buf_t *body)
+{
+    json_t *p = json_object_get(s, "pattern");
+    if (!json_is_string(p))
+        return js_fail(c, ptr, "pattern", "must be a string");
+    char ch[JS_NAME_MAX];
+    int rc = js_prim(c, JS_PRIM_CHAR, ch);
+    if (rc != 0)
+        return rc;
+    size_t min_len, max_len;
+    tdm_error_t e;
+    rc = js_regex_expr(json_string_value(p), json_string_length(p), true, ch, lo, hi, body,
+                       &min_len, &max_len, &e);
+    if (rc == TDM_ERESOURCE)
+        return js_oom(c);
+    if (rc != 0)
+        return js_fail(c, ptr, "pattern", "%s", e.msg);
+    if (min_len < lo || max_len > hi)
+        return js_fail(c, ptr, min_len < lo ? "minLength" : "maxLength",
+                       "not supported together with a pattern that allows other lengths");
+    return 0;
+}
+
+int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    size_t lo = 0, hi = JS_LEN_INF;
+    int rc = get_count(c, s, ptr, "minLength", &lo);
+    if (rc == 0)
+        rc = get_count(c, s, ptr, "maxLength", &hi);
+    if (rc != 0)
+        return rc;
+    bool has_pattern = json_object_get(s, "pattern"), has_format = json_object_get(s, "format");
+    if (!has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
+        return js_prim(c, JS_PRIM_STRING, name);
+    if (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF))
+        return js_fail(c, ptr,
+                       has_pattern ? "pattern"
+                       : lo        ? "minLength"
+                                   : "maxLength",
+                       "not supported together with format");
+    if (lo > hi)
+        return js_fail(c, ptr, "minLength", "greater than maxLength");
+    tdm_buf_t body = TDM_BUF_INIT;
+    char ch[JS_NAME_MAX];
+    tdm_buf_puts(&body, "\"\\\"\" ");
+    if (has_format) {
+        const char *content = "";
+        rc = format_content(c, s, ptr, &content);
+        if (rc == 0)
+            tdm_buf_printf(&body, "( %s )", content);
+    } else if (has_pattern) {
+        rc = pattern_content(c, s, ptr, lo, hi, &body);
+    } else if ((rc = js_prim(c, JS_PRIM_CHAR, ch)) == 0) {
+        js_rep(&body, ch, lo, hi);
+    }
+    tdm_buf_puts(&body, " \"\\\"\"");
+    if (rc == 0) {
+        js_new_name(c, name);
+        rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
+    }
+    tdm_buf_free(&body);
+    return rc;
+}
+
+/* ---- literal values ---- */
+
+int js_json_string_literal(const char *s, size_t n, bool with_quotes, tdm_buf_t *body)
+{
+    /* First the JSON text of the string as json.dumps writes it, then that as GBNF. */
+    tdm_buf_t j = TDM_BUF_INIT;
+    static const char short_esc[] = "btn\0fr";
+    if (with_quotes)
+        tdm_buf_puts(&j, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            tdm_buf_printf(&j, "\\%c", ch);
+        else if (ch >= 8 && ch <= 13 && short_esc[ch - 8])
+            tdm_buf_printf(&j, "\\%c", short_esc[ch - 8]);
+        else if (ch < 0x20)
+            tdm_buf_printf(&j, "\\u%04x", ch);
+        else
+            tdm_buf_append(&j, &s[i], 1);
+    }
+    if (with_quotes)
+        tdm_buf_puts(&j, "\"");
+    int rc = j.oom ? TDM_ERESOURCE : js_gbnf_lit(body, j.data ? j.data : "", j.len);
+    tdm_buf_free(&j);
+    return rc;
+}
+
+/* Python's repr() of a finite double: the shortest digits that round-trip, in fixed notation
+ * when the exponent is in [-4, 16), scientific otherwise ("1e-05", "1.5e+16"). */
+static void python_repr(double v, char *out, size_t cap)
+{
+    char e[40];
+    int p;
+    for (p = 1; p <= 17; p++) {
+        snprintf(e, sizeof e, "%.*e", p - 1, v);
+        if (strtod(e, NULL) == v)
+            break;
+    }
+    char digits[24];
+    size_t nd = 0;
+    const char *q = e + (e[0] == '-');
+    for (; *q && *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9')
+            digits[nd++] = *q;
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
+    digits[nd] = 0;
+    int ex = atoi(q + 1);
+    const char *sign = v < 0 ? "-" : "";
+    if (ex < -4 || ex >= 16) {
+        snprintf(out, cap, "%s%c%s%se%c%02d", sign, digits[0], nd > 1 ? "." : "", digits + 1,
+                 ex < 0 ? '-' : '+', abs(ex));
+    } else if (ex < 0) {
+        char zeros[8] = "000"; /* ex in [-4, -1]: 0 to 3 zeros after the point */
+        zeros[-ex - 1] = 0;
+        snprintf(out, cap, "%s0.%s%s", sign, zeros, digits);
+    } else {
+        char ip[24], fp[24];
+        size_t ni = (size_t)ex + 1;
+        for (size_t i = 0; i < ni; i++)
+            ip[i] = i < nd ? digits[i] : '0';
+        ip[ni] = 0;
+        snprintf(fp, sizeof fp, "%s", nd > ni ? digits + ni : "0");
+        snprintf(out, cap, "%s%s.%s", sign, ip, fp);
+    }
+}
+
+/* A number value: integers as digits; reals as Python writes them, and an integral value in
+ * both forms ("2" and "2.0": JSON Schema compares numbers by value). */
+static int number_literal(json_t *v, tdm_buf_t *body)
+{
+    if (json_is_integer(v)) {
+        long long x = json_integer_value(v);
+        return tdm_buf_printf(body, "( \"%lld\" | \"%lld.0\" )", x, x);
+    }
+    double d = json_real_value(v);
+    if (!isfinite(d))
+        return tdm_buf_puts(body, "\"null\"");
+    char r[64];
+    python_repr(d, r, sizeof r);
+    if (d == floor(d) && fabs(d) < 1e17)
+        return tdm_buf_printf(body, "( \"%s\" | \"%.0f\" )", r, d);
+    return tdm_buf_printf(body, "\"%s\"", r);
+}
+
+int js_literal(js_ctx_t *c, json_t *v, tdm_buf_t *body)
+{
+    char ws[JS_NAME_MAX];
+    int rc = js_prim(c, JS_PRIM_WS, ws);
+    const char *key;
+    json_t *x;
+    size_t i;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        tdm_buf_printf(body, "( \"{\" %s ", ws);
+        i = 0;
+        json_object_foreach(v, key, x)
+        {
+            if (i++)
+                tdm_buf_printf(body, "\",\" %s ", ws);
+            js_json_string_literal(key, strlen(key), true, body);
+            tdm_buf_printf(body, " %s \":\" %s ", ws, ws);
+            rc = rc ? rc : js_literal(c, x, body);
+            tdm_buf_printf(body, " %s ", ws);
+        }
+        return rc ? rc : tdm_buf_puts(body, "\"}\" )");
+    case JSON_ARRAY:
+        tdm_buf_printf(body, "( \"[\" %s ", ws);
+        json_array_foreach(v, i, x)
+        {
+            if (i)
+                tdm_buf_printf(body, "\",\" %s ", ws);
+            rc = rc ? rc : js_literal(c, x, body);
+            tdm_buf_printf(body, " %s ", ws);
+        }
+        return rc ? rc : tdm_buf_puts(body, "\"]\" )");
+    case JSON_STRING:
+        return js_json_string_literal(json_string_value(v), json_string_length(v), true, body);
+    case JSON_INTEGER:
+    case JSON_REAL: return number_literal(v, body);
+    case JSON_TRUE: return tdm_buf_puts(body, "\"true\"");
+    case JSON_FALSE: return tdm_buf_puts(body, "\"false\"");
+    case JSON_NULL: return tdm_buf_puts(body, "\"null\"");
+    }
+    return rc;
+}

@@ -1,0 +1,527 @@
+/* test_json_schema.c - the JSON Schema and regex compilers (tandem/json_schema.h): for each
+ * keyword, concrete JSON texts the compiled grammar must accept and reject (run through the
+ * grammar engine's matcher byte by byte), and the refusals with their JSON pointers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tdm_test.h"
+#include "tandem/grammar.h"
+#include "tandem/json_schema.h"
+
+/* Compiles schema (fails the test on error) and parses the GBNF. */
+static tdm_grammar_t *compile(const char *schema)
+{
+    tdm_buf_t out = TDM_BUF_INIT;
+    tdm_error_t err;
+    int rc = tdm_json_schema_to_gbnf(schema, strlen(schema), &out, &err);
+    if (rc != 0)
+        fail_msg("schema %s: %s", schema, err.msg);
+    tdm_grammar_t *g = tdm_grammar_parse(out.data, out.len, NULL, &err);
+    if (!g)
+        fail_msg("schema %s: GBNF does not parse: %s\n%s", schema, err.msg, out.data);
+    tdm_buf_free(&out);
+    return g;
+}
+
+static bool grammar_accepts(const tdm_grammar_t *g, const char *text)
+{
+    tdm_error_t err;
+    tdm_grammar_matcher_t *m = tdm_grammar_matcher_new(g, NULL, &err);
+    assert_non_null(m);
+    bool ok = tdm_grammar_matcher_accept_bytes(m, text, strlen(text)) &&
+              tdm_grammar_matcher_is_accepting(m);
+    tdm_grammar_matcher_destroy(&m);
+    return ok;
+}
+
+/* Checks each text of the NULL-terminated lists against schema. */
+static void check(const char *schema, const char *const *good, const char *const *bad)
+{
+    tdm_grammar_t *g = compile(schema);
+    for (; good && *good; good++)
+        if (!grammar_accepts(g, *good))
+            fail_msg("schema %s should accept %s", schema, *good);
+    for (; bad && *bad; bad++)
+        if (grammar_accepts(g, *bad))
+            fail_msg("schema %s should reject %s", schema, *bad);
+    tdm_grammar_destroy(&g);
+}
+
+#define GOOD(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define BAD(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* The schema is refused with exactly this message. */
+static void refused(const char *schema, const char *msg)
+{
+    tdm_buf_t out = TDM_BUF_INIT;
+    tdm_error_t err;
+    int rc = tdm_json_schema_to_gbnf(schema, strlen(schema), &out, &err);
+    if (rc != TDM_EINVALID)
+        fail_msg("schema %s: expected a refusal, got %d:\n%s", schema, rc, out.data);
+    assert_string_equal(err.msg, msg);
+    assert_true(out.len == 0); /* nothing half-written */
+    tdm_buf_free(&out);
+}
+
+static void test_types(void **state)
+{
+    (void)state;
+    check("{\"type\":\"string\"}", GOOD("\"\"", "\"a b\"", "\"\\u00e9\\n\\\"\"", "\"\xc3\xa9\""),
+          BAD("1", "\"a", "\"\n\"", "null"));
+    check("{\"type\":\"integer\"}", GOOD("0", "-12", "123456789012"), BAD("01", "1.5", "-", "1e3"));
+    check("{\"type\":\"number\"}", GOOD("0", "-1.5", "2e10", "3.25E-2"), BAD("1.", ".5", "+1"));
+    check("{\"type\":\"boolean\"}", GOOD("true", "false"), BAD("1", "True"));
+    check("{\"type\":\"null\"}", GOOD("null"), BAD("0"));
+    check("{\"type\":[\"string\",\"null\"]}", GOOD("\"x\"", "null"), BAD("1"));
+    check("{\"type\":[\"integer\",\"number\"]}", GOOD("1", "1.5"), BAD("\"1\""));
+    check("{}", GOOD("1", "{\"a\":[1,{\"b\":null}]}", "\"s\"", "[]"), BAD("{", "[1,]"));
+    check("true", GOOD("[true]"), BAD("tru"));
+    /* no type: every type, with the keywords of each */
+    check("{\"minLength\":2}", GOOD("\"ab\"", "1", "null"), BAD("\"a\""));
+}
+
+static void test_whitespace(void **state)
+{
+    (void)state;
+    const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\"}}}";
+    check(s, GOOD("{\"a\":[1,2]}", "{ \"a\" : [ 1 , 2 ] }", "{\n  \"a\": [\n    1,\n    2\n  ]\n}"),
+          BAD(" {\"a\":[]}", "{\"a\":[]} ", "{  \"a\":[]}", "{\n                      \"a\":[]}"));
+}
+
+static void test_properties_required_order(void **state)
+{
+    (void)state;
+    const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+                    "\"b\":{\"type\":\"string\"},\"c\":{\"type\":\"boolean\"}},"
+                    "\"required\":[\"b\"],\"additionalProperties\":false}";
+    check(s,
+          GOOD("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",\"c\":true}",
+               "{\"b\":\"x\",\"c\":false}"),
+          BAD("{}", "{\"a\":1}", "{\"b\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"d\":1}",
+              "{\"a\":1,,\"b\":\"x\"}", "{\"b\":\"x\",}"));
+}
+
+static void test_additional_properties(void **state)
+{
+    (void)state;
+    /* default true: any other key after the defined ones, never a defined one again */
+    const char *s = "{\"type\":\"object\",\"properties\":{\"ab\":{\"type\":\"integer\"}}}";
+    check(s,
+          GOOD("{}", "{\"ab\":1}", "{\"ab\":1,\"x\":[1]}", "{\"a\":\"s\",\"abc\":2,\"b\":null}",
+               "{\"\":1}"),
+          BAD("{\"ab\":\"s\"}", "{\"x\":1,\"ab\":\"s\"}", "{\"ab\":1,\"ab\":2}"));
+    const char *t = "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}";
+    check(t, GOOD("{}", "{\"a\":1,\"b\":2}"), BAD("{\"a\":\"x\"}"));
+    const char *u = "{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"z\"],"
+                    "\"additionalProperties\":{\"type\":\"string\"}}";
+    check(u, GOOD("{\"z\":\"s\"}", "{\"a\":1,\"z\":\"s\",\"q\":\"t\"}"),
+          BAD("{\"a\":1}", "{\"z\":1}"));
+    refused("{\"type\":\"object\",\"required\":[\"z\"],\"additionalProperties\":false}",
+            "/required: 'z' is not in properties and additionalProperties is false");
+    check("{\"type\":\"object\",\"properties\":{\"a\":false}}", GOOD("{\"b\":1}"),
+          BAD("{\"a\":1}"));
+    /* minProperties 1: at least one member */
+    check("{\"type\":\"object\",\"minProperties\":1}", GOOD("{\"x\":1}"), BAD("{}"));
+    check("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,"
+          "\"minProperties\":1}",
+          GOOD("{\"a\":1}"), BAD("{}"));
+    refused("{\"type\":\"object\",\"minProperties\":2}",
+            "/minProperties: not supported (only 0 and 1)");
+    /* an optional property no value fits is left out (a required one is refused) */
+    check("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{}}}",
+          GOOD("{\"b\":1}", "{}"), BAD("{\"a\":\"x\"}", "{\"a\":{}}"));
+    refused("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]}},\"required\":[\"a\"]}",
+            "/properties/a/enum: no value allowed (type, enum and const)");
+}
+
+static void test_arrays(void **state)
+{
+    (void)state;
+    check("{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}",
+          GOOD("[1]", "[1,2,3]", "[ 1 , 2 ]"), BAD("[]", "[1,2,3,4]", "[\"a\"]", "[1,]"));
+    check("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],"
+          "\"items\":false}",
+          GOOD("[]", "[\"a\"]", "[\"a\",1]"), BAD("[1]", "[\"a\",1,2]"));
+    check(
+        "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"}],\"items\":{\"type\":\"null\"},"
+        "\"minItems\":2}",
+        GOOD("[\"a\",null]", "[\"a\",null,null]"), BAD("[\"a\"]", "[\"a\",1]"));
+    /* draft-4 tuples */
+    check("{\"items\":[{\"type\":\"integer\"}],\"additionalItems\":false}", GOOD("[1]", "[]"),
+          BAD("[1,2]"));
+    check("{\"type\":\"array\",\"maxItems\":0}", GOOD("[]"), BAD("[1]"));
+}
+
+static void test_enum_const(void **state)
+{
+    (void)state;
+    check("{\"enum\":[\"a\\\"b\",1,2.5,null,[1,{\"k\":true}],1e-05]}",
+          GOOD("\"a\\\"b\"", "1", "1.0", "2.5", "null", "[1,{\"k\":true}]", "[ 1, {\"k\": true} ]",
+               "1e-05"),
+          BAD("\"a\"", "2", "[1]", "true", "0.00001"));
+    check("{\"const\":\"x\"}", GOOD("\"x\""), BAD("\"y\""));
+    check("{\"type\":\"string\",\"enum\":[\"a\",1]}", GOOD("\"a\""), BAD("1"));
+    check("{\"const\":1e+16}", GOOD("1e+16", "10000000000000000"), BAD("1"));
+    refused("{\"type\":\"string\",\"enum\":[1]}", "/enum: no value allowed (type, enum and const)");
+}
+
+static void test_any_one_all_of(void **state)
+{
+    (void)state;
+    check("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"null\"}]}", GOOD("1", "null"),
+          BAD("\"a\""));
+    /* oneOf: as anyOf when the branches are disjoint (types, values, a discriminator) */
+    check("{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\"}]}", GOOD("1", "\"a\""),
+          BAD("null"));
+    check("{\"oneOf\":[{\"enum\":[1,2]},{\"const\":3}]}", GOOD("1", "3"), BAD("4"));
+    check("{\"type\":\"object\",\"oneOf\":[{\"properties\":{\"k\":{\"const\":\"a\"},\"x\":{}},"
+          "\"required\":[\"k\"]},{\"properties\":{\"k\":{\"const\":\"b\"}},\"required\":[\"k\"]}]}",
+          GOOD("{\"k\":\"a\",\"x\":1}", "{\"k\":\"b\"}"), BAD("{\"k\":\"c\"}", "{}"));
+    refused("{\"properties\":{\"a\":{},\"b\":{}},\"oneOf\":[{\"required\":[\"a\"]},{\"required\":["
+            "\"b\"]}]}",
+            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
+    refused("{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}",
+            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
+    /* siblings merge into each branch */
+    check("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{}},"
+          "\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+          GOOD("{\"a\":1}", "{\"b\":2}"), BAD("{}"));
+    check("{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+          "\"required\":[\"a\"]},{\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]"
+          "}]}",
+          GOOD("{\"a\":1,\"b\":\"x\"}"), BAD("{\"a\":1}", "{\"b\":\"x\"}"));
+    check(
+        "{\"allOf\":[{\"type\":\"integer\",\"minimum\":0},{\"maximum\":10},{\"type\":\"number\"}]}",
+        GOOD("0", "10"), BAD("-1", "11", "1.5"));
+    /* additionalProperties merge exactly: the other side's properties must satisfy it */
+    check("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":"
+          "false},"
+          "{\"properties\":{\"a\":{\"minimum\":0},\"b\":{}}}]}",
+          GOOD("{}", "{\"a\":1}"), BAD("{\"a\":-1}", "{\"b\":1}", "{\"c\":1}"));
+    check("{\"properties\":{\"a\":{},\"b\":{}},\"additionalProperties\":false,\"anyOf\":[{"
+          "\"properties\":"
+          "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
+          GOOD("{\"a\":1}", "{\"b\":\"x\"}", "{\"a\":1,\"b\":2}"),
+          BAD("{\"a\":\"x\"}", "{\"c\":1}", "{}"));
+    check("{\"allOf\":[{\"additionalProperties\":{\"type\":\"string\"}},{\"properties\":{\"n\":{}}}"
+          "]}",
+          GOOD("{\"n\":\"s\",\"m\":\"t\"}"), BAD("{\"n\":1}", "{\"m\":1}"));
+    refused("{\"allOf\":[{\"pattern\":\"a\"},{\"pattern\":\"b\"}]}",
+            "/allOf/1: allOf: two different 'pattern' cannot be merged");
+    refused("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",
+            "/allOf/1: allOf: the types do not intersect");
+}
+
+static void test_refs(void **state)
+{
+    (void)state;
+    /* recursive: a tree */
+    const char *tree = "{\"$ref\":\"#/$defs/node\",\"$defs\":{\"node\":{\"type\":\"object\","
+                       "\"properties\":{\"v\":{\"type\":\"integer\"},\"kids\":{\"type\":\"array\","
+                       "\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\"],"
+                       "\"additionalProperties\":false}}}";
+    check(tree, GOOD("{\"v\":1}", "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3}]}]}"),
+          BAD("{\"v\":1,\"kids\":[{}]}"));
+    check("{\"definitions\":{\"a~b/c\":{\"type\":\"integer\"}},\"items\":{\"$ref\":\"#/definitions/"
+          "a~0b~1c\"}}",
+          GOOD("[1]"), BAD("[\"x\"]"));
+    check("{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", GOOD("[]", "[[],[[]]]"), BAD("[1]"));
+    /* siblings of $ref apply too (2019-09 and later) */
+    check("{\"$defs\":{\"n\":{\"type\":\"integer\"}},\"$ref\":\"#/$defs/n\",\"minimum\":5}",
+          GOOD("5"), BAD("4"));
+    /* a recursive schema that merges at every level (allOf beside a $ref to itself) */
+    check("{\"definitions\":{\"foo\":{\"type\":\"object\",\"properties\":{\"kids\":{\"type\":"
+          "\"array\",\"items\":{\"allOf\":[{\"$ref\":\"#/definitions/"
+          "foo\"},{\"required\":[\"n\"]}]}},"
+          "\"n\":{\"type\":\"integer\"}}}},\"$ref\":\"#/definitions/foo\"}",
+          GOOD("{}", "{\"kids\":[{\"n\":1},{\"kids\":[{\"n\":2}],\"n\":3}]}"),
+          BAD("{\"kids\":[{}]}", "{\"kids\":[{\"n\":1,\"kids\":[{}]}]}"));
+    refused("{\"$ref\":\"#/$defs/missing\"}", "/$ref: '#/$defs/missing' not found");
+    refused("{\"$ref\":\"other.json#/a\"}",
+            "/$ref: 'other.json#/a' not supported (only JSON pointers within the document)");
+}
+
+static void test_string_lengths_and_pattern(void **state)
+{
+    (void)state;
+    check("{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}",
+          GOOD("\"ab\"", "\"a\\nb\"", "\"\xc3\xa9\xc3\xa9\""), BAD("\"a\"", "\"abcd\""));
+    /* counts over the engine's repetition limit are nested */
+    tdm_grammar_t *g = compile("{\"type\":\"string\",\"minLength\":2500,\"maxLength\":12345}");
+    char *text = malloc(12350);
+    assert_non_null(text);
+    for (size_t n = 2498; n <= 2502; n++) {
+        text[0] = '"';
+        memset(text + 1, 'x', n);
+        memcpy(text + 1 + n, "\"", 2);
+        assert_int_equal(grammar_accepts(g, text), n >= 2500);
+    }
+    for (size_t n = 12343; n <= 12346; n++) {
+        memset(text + 1, 'x', n);
+        memcpy(text + 1 + n, "\"", 2);
+        assert_int_equal(grammar_accepts(g, text), n <= 12345);
+    }
+    free(text);
+    tdm_grammar_destroy(&g);
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]+-\\\\d{2,3}$\"}",
+          GOOD("\"ab-12\"", "\"x-123\""), BAD("\"ab-1\"", "\"AB-12\"", "\"ab-1234\""));
+    /* unanchored: search semantics */
+    check("{\"type\":\"string\",\"pattern\":\"ab\"}", GOOD("\"ab\"", "\"xaby\""), BAD("\"a b\""));
+    check("{\"type\":\"string\",\"pattern\":\"^(foo|ba[rz])?$\"}",
+          GOOD("\"\"", "\"foo\"", "\"baz\""), BAD("\"bar \""));
+    /* NUL: the regex escape \\u0000, and the character itself (JSON escape in the schema) */
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\\\u0000]+$\"}", GOOD("\"ab\""),
+          BAD("\"a\\u0000\"", "\"\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[^\\u0000]+$\"}", GOOD("\"ab\""),
+          BAD("\"a\\u0000\""));
+    /* JSON escapes of the characters a pattern allows */
+    check("{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\]+$\"}", GOOD("\"\\\"\\\\\""),
+          BAD("\"a\""));
+    check("{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", GOOD("\"b\"", "\"\\\"\""),
+          BAD("\"a\"", "\"\""));
+    /* a length bound the pattern already implies is kept; another is refused */
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]{2}$\",\"maxLength\":5}", GOOD("\"ab\""),
+          BAD("\"a\""));
+    /* built in when exact: one repeated class in an anchored pattern */
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]+$\",\"maxLength\":5}",
+          GOOD("\"a\"", "\"abcde\""), BAD("\"\"", "\"abcdef\"", "\"ab1\""));
+    check("{\"type\":\"string\",\"pattern\":\"^id-[0-9a-f]*-x$\",\"minLength\":7,\"maxLength\":8}",
+          GOOD("\"id-ab-x\"", "\"id-abc-x\""), BAD("\"id-a-x\"", "\"id-abcd-x\""));
+    refused("{\"type\":\"string\",\"pattern\":\"^[a-z]+[0-9]+$\",\"maxLength\":5}",
+            "/maxLength: not supported together with a pattern that allows other lengths");
+    refused("{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":5}",
+            "/maxLength: not supported together with a pattern that allows other lengths");
+    refused(
+        "{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
+        "/properties/a/pattern: group kind not supported (lookahead, flags, ...) (at offset 2)");
+    refused("{\"pattern\":\"a^b\"}",
+            "/pattern: anchors are supported only at the ends of the pattern (at offset 1)");
+    refused("{\"pattern\":\"(a)\\\\1\"}",
+            "/pattern: escape not supported (backreference, \\p, \\B, ...) (at offset 5)");
+}
+
+static void test_formats(void **state)
+{
+    (void)state;
+    check("{\"format\":\"date\",\"type\":\"string\"}",
+          GOOD("\"2024-02-29\"", "\"2000-02-29\"", "\"2023-12-31\"", "\"2023-04-30\""),
+          BAD("\"2023-02-29\"", "\"1900-02-29\"", "\"2023-04-31\"", "\"2023-13-01\"",
+              "\"23-01-01\""));
+    check("{\"format\":\"time\"}", GOOD("\"12:30:00Z\"", "\"23:59:60.5+01:00\""),
+          BAD("\"24:00:00Z\"", "\"12:30:00\""));
+    check("{\"format\":\"date-time\"}",
+          GOOD("\"2024-01-02T03:04:05Z\"", "\"2024-01-02t03:04:05.123-08:00\""),
+          BAD("\"2024-01-02 03:04\""));
+    check("{\"format\":\"uuid\"}", GOOD("\"123e4567-e89b-12d3-a456-426614174000\""),
+          BAD("\"123e4567\""));
+    check("{\"format\":\"email\"}", GOOD("\"a.b+c@example.com\"", "\"x@localhost\""),
+          BAD("\"a@\"", "\"@b.c\"", "\"a b@c.d\""));
+    check("{\"format\":\"uri\"}", GOOD("\"https://example.com/a?b=c#d\"", "\"urn:isbn:123\""),
+          BAD("\"example.com\"", "\"http://a b\""));
+    check("{\"format\":\"ipv4\"}", GOOD("\"192.168.0.255\""), BAD("\"256.1.1.1\"", "\"1.2.3\""));
+    check("{\"format\":\"hostname\"}", GOOD("\"a-b.example.com\""), BAD("\"-a.com\""));
+    refused("{\"type\":\"string\",\"format\":\"ipv6\"}", "/format: 'ipv6' not supported");
+    refused("{\"format\":\"date\",\"maxLength\":3}",
+            "/maxLength: not supported together with format");
+}
+
+static void test_integer_bounds(void **state)
+{
+    (void)state;
+    check("{\"type\":\"integer\",\"minimum\":1,\"maximum\":120}",
+          GOOD("1", "9", "10", "99", "100", "120"), BAD("0", "121", "200", "1000", "-1", "01"));
+    check("{\"type\":\"integer\",\"minimum\":-15,\"maximum\":-3}", GOOD("-15", "-3", "-10"),
+          BAD("-16", "-2", "0", "3"));
+    check("{\"type\":\"integer\",\"exclusiveMinimum\":0}", GOOD("1", "12345678901"),
+          BAD("0", "-1"));
+    check("{\"type\":\"integer\",\"maximum\":5}", GOOD("5", "0", "-1000"), BAD("6", "10"));
+    check("{\"type\":\"integer\",\"minimum\":37,\"maximum\":4321}",
+          GOOD("37", "99", "100", "4321", "4300"), BAD("36", "4322", "5000", "10000"));
+    /* draft 4 booleans; non-integral bounds round inward */
+    check("{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":2.5}",
+          GOOD("1", "2"), BAD("0", "3"));
+    refused("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}",
+            "/minimum: no integer within the bounds");
+}
+
+static void test_number_bounds(void **state)
+{
+    (void)state;
+    check("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+          GOOD("0", "0.5", "1", "1.0", "1.000"), BAD("-0.5", "1.01", "2", "1e0", "-1"));
+    check("{\"type\":\"number\",\"minimum\":0}", GOOD("0", "3.5", "1e+20", "2E5"),
+          BAD("-1", "-0.1"));
+    check("{\"type\":\"number\",\"exclusiveMinimum\":0,\"maximum\":100}", GOOD("0.01", "1", "100"),
+          BAD("0", "0.0", "100.5", "-3"));
+    check("{\"type\":\"number\",\"minimum\":-10,\"exclusiveMaximum\":-2}",
+          GOOD("-10", "-2.5", "-9.99"), BAD("-2", "-10.5", "0"));
+    check("{\"type\":\"number\",\"maximum\":0}", GOOD("0", "-5e+3", "-0.5"), BAD("0.1", "1"));
+    refused("{\"type\":\"number\",\"maximum\":0.5}",
+            "/maximum: non-integral bounds on numbers not supported");
+}
+
+static void test_refused_keywords(void **state)
+{
+    (void)state;
+    refused("{\"properties\":{\"a\":{\"patternProperties\":{}}}}",
+            "/properties/a/patternProperties: not supported");
+    refused("{\"not\":{}}", "/not: not supported");
+    refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
+    refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
+    refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
+            "/$defs/a~1b/maxProperties: not supported");
+    refused("{\"type\":\"strin\"}", "/type: unknown type 'strin'");
+    refused("{\"minItems\":-1}", "/minItems: must be a non-negative integer");
+    refused("false", "/: the schema false allows no value");
+    refused("{\"type\":", "invalid JSON at line 1, column 8: unexpected token near end of file");
+    /* annotations and unknown keywords are ignored */
+    check(
+        "{\"title\":\"t\",\"description\":\"d\",\"examples\":[1],\"x-foo\":1,\"uniqueItems\":false,"
+        "\"type\":\"integer\"}",
+        GOOD("1"), BAD("\"a\""));
+}
+
+static void test_rule_prefix_and_json_object(void **state)
+{
+    (void)state;
+    tdm_buf_t out = TDM_BUF_INIT;
+    tdm_error_t err;
+    const char *a =
+        "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]}";
+    const char *b = "{\"type\":\"string\",\"minLength\":1}";
+    assert_int_equal(tdm_json_schema_to_gbnf_rule(a, strlen(a), "call-0", &out, &err), 0);
+    assert_int_equal(tdm_json_schema_to_gbnf_rule(b, strlen(b), "call-1", &out, &err), 0);
+    tdm_buf_puts(&out, "root ::= \"<a>\" call-0 \"</a>\" | \"<b>\" call-1 \"</b>\"\n");
+    assert_null(strstr(out.data, "root-"));
+    tdm_grammar_t *g = tdm_grammar_parse(out.data, out.len, NULL, &err);
+    assert_non_null(g);
+    assert_true(grammar_accepts(g, "<a>{\"x\":1}</a>"));
+    assert_true(grammar_accepts(g, "<b>\"s\"</b>"));
+    assert_false(grammar_accepts(g, "<b>\"\"</b>"));
+    tdm_grammar_destroy(&g);
+    tdm_buf_free(&out);
+    assert_int_equal(tdm_json_schema_to_gbnf_rule(a, strlen(a), "bad name", &out, &err),
+                     TDM_EINVALID);
+    assert_int_equal(tdm_json_object_gbnf(&out, &err), 0);
+    g = tdm_grammar_parse(out.data, out.len, NULL, &err);
+    assert_non_null(g);
+    assert_true(grammar_accepts(g, "{}"));
+    assert_true(grammar_accepts(g, "{\"a\": [1, {\"b\": null}]}"));
+    assert_false(grammar_accepts(g, "[]"));
+    tdm_grammar_destroy(&g);
+    tdm_buf_free(&out);
+}
+
+/* Compiles a regex constraint (raw mode) into rule `root`. */
+static tdm_grammar_t *compile_regex(const char *re)
+{
+    tdm_buf_t out = TDM_BUF_INIT;
+    tdm_error_t err;
+    if (tdm_regex_to_gbnf_rule(re, strlen(re), "root", &out, &err) != 0)
+        fail_msg("regex %s: %s", re, err.msg);
+    tdm_grammar_t *g = tdm_grammar_parse(out.data, out.len, NULL, &err);
+    if (!g)
+        fail_msg("regex %s: GBNF does not parse: %s\n%s", re, err.msg, out.data);
+    tdm_buf_free(&out);
+    return g;
+}
+
+static void check_regex(const char *re, const char *const *good, const char *const *bad)
+{
+    tdm_grammar_t *g = compile_regex(re);
+    for (; good && *good; good++)
+        if (!grammar_accepts(g, *good))
+            fail_msg("regex %s should accept %s", re, *good);
+    for (; bad && *bad; bad++)
+        if (grammar_accepts(g, *bad))
+            fail_msg("regex %s should reject %s", re, *bad);
+    tdm_grammar_destroy(&g);
+}
+
+static void test_regex(void **state)
+{
+    (void)state;
+    /* whole-text match; anchors at the ends change nothing */
+    check_regex("[a-c]+x?", GOOD("a", "abcx", "cc"), BAD("", "abd", "xa"));
+    check_regex("^(\\d{3})-(?:\\d{2}|[A-Z]{2})$", GOOD("123-45", "123-AB"), BAD("123-4", "12-45"));
+    check_regex("a.c",
+                GOOD("abc", "a\"c",
+                     "a\xc3\xa9"
+                     "c"),
+                BAD("a\nc", "ac"));
+    check_regex("[^\\s\\]]{2,}", GOOD("ab", "a-b"), BAD("a b", "a]", "a"));
+    check_regex("\\w+@\\w+\\.com", GOOD("a_1@b.com"), BAD("a@b.org"));
+    check_regex("(?<year>19|20)\\d\\d|never", GOOD("1999", "2024", "never"), BAD("1800", "nev"));
+    check_regex("a{2}b{1,}c{0,2}?", GOOD("aab", "aabbbcc"), BAD("ab", "aabccc"));
+    check_regex("[\\x41-\\u0043\\-]\\u00e9", GOOD("A\xc3\xa9", "-\xc3\xa9"), BAD("D\xc3\xa9"));
+    check_regex("(a|)b", GOOD("ab", "b"), BAD("aab"));
+
+    tdm_buf_t out = TDM_BUF_INIT;
+    tdm_error_t err;
+    static const struct {
+        const char *re, *msg;
+    } bad[] = {
+        {"a(?!b)", "regex: group kind not supported (lookahead, flags, ...) (at offset 3)"},
+        {"\\bword", "regex: \\b (word boundary) not supported (at offset 2)"},
+        {"(a", "regex: missing ) (at offset 2)"},
+        {"a)", "regex: unmatched ) (at offset 1)"},
+        {"*a", "regex: nothing to repeat (at offset 0)"},
+        {"a**", "regex: nothing to repeat (at offset 2)"},
+        {"[b-a]", "regex: bad range in character class (at offset 4)"},
+        {"[abc", "regex: unterminated character class (at offset 4)"},
+        {"a{3,2}", "regex: bad {m,n} quantifier (at offset 5)"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(tdm_regex_to_gbnf_rule(bad[i].re, strlen(bad[i].re), "root", &out, &err),
+                         TDM_EINVALID);
+        assert_string_equal(err.msg, bad[i].msg);
+    }
+    assert_int_equal(tdm_regex_to_gbnf_rule("a", 1, "", &out, &err), TDM_EINVALID);
+    tdm_buf_free(&out);
+}
+
+static void test_choice(void **state)
+{
+    (void)state;
+    const char *const choices[] = {"yes", "no", "say \"hi\"\n", "caf\xc3\xa9"};
+    tdm_buf_t out = TDM_BUF_INIT;
+    tdm_error_t err;
+    assert_int_equal(tdm_choice_to_gbnf(choices, 4, &out, &err), 0);
+    tdm_grammar_t *g = tdm_grammar_parse(out.data, out.len, NULL, &err);
+    assert_non_null(g);
+    for (int i = 0; i < 4; i++)
+        assert_true(grammar_accepts(g, choices[i]));
+    assert_false(grammar_accepts(g, "ye"));
+    assert_false(grammar_accepts(g, "\"yes\""));
+    tdm_grammar_destroy(&g);
+    assert_int_equal(tdm_choice_to_gbnf(choices, 0, &out, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "choice: the list is empty");
+    const char *const bad_utf8[] = {"ok", "\xff"};
+    assert_int_equal(tdm_choice_to_gbnf(bad_utf8, 2, &out, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "choice: entry 1 is not UTF-8");
+    tdm_buf_free(&out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_types),
+        cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_properties_required_order),
+        cmocka_unit_test(test_additional_properties),
+        cmocka_unit_test(test_arrays),
+        cmocka_unit_test(test_enum_const),
+        cmocka_unit_test(test_any_one_all_of),
+        cmocka_unit_test(test_refs),
+        cmocka_unit_test(test_string_lengths_and_pattern),
+        cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_integer_bounds),
+        cmocka_unit_test(test_number_bounds),
+        cmocka_unit_test(test_refused_keywords),
+        cmocka_unit_test(test_rule_prefix_and_json_object),
+        cmocka_unit_test(test_regex),
+        cmocka_unit_test(test_choice),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
