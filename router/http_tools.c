@@ -21,10 +21,6 @@
 #include "http_internal.h"
 #include "tandem/json_schema.h"
 
-/* The schema compiler (common/src/grammar/json_schema.c) is built on its own branch; until it
- * is in this tree the symbol is weak and tool_choice required / named is refused. */
-#pragma weak tdm_json_schema_to_gbnf_rule
-
 #define TOOL_NAME_MAX 64 /* OpenAI: function names are [a-zA-Z0-9_-]{1,64} */
 
 static int bad(tdm_error_t *err, char *param, size_t cap, const char *field, const char *fmt, ...)
@@ -420,10 +416,6 @@ int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, char *param, size
     c->tools = t->text;
     if (t->choice != OAI_TOOL_CHOICE_REQUIRED && t->choice != OAI_TOOL_CHOICE_NAMED)
         return TDM_OK;
-    if (!tdm_json_schema_to_gbnf_rule)
-        return bad(err, param, param_cap, "tool_choice",
-                   "tool_choice %s needs grammar-constrained decoding, which this build lacks",
-                   t->choice == OAI_TOOL_CHOICE_REQUIRED ? "\"required\"" : "naming a function");
     int rc = build_grammar(t, param, param_cap, err);
     if (rc != TDM_OK)
         return rc;

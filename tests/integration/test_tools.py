@@ -5,9 +5,9 @@ the Hermes format, docs/api.md "Tool calling").
 
 The prompt is checked token for token: the test renders the Hermes text itself and counts its
 tokens with `tandem tokenize --special`, and the greedy answer equals `tandem generate -m
---chat … --tools FILE`. tool_choice "required" / a named function need the grammar-constrained
-decoder (tdm_json_schema_to_gbnf_rule and the engine's masks); a build without it answers 400
-and those tests are skipped with that reason.
+--chat … --tools FILE`. tool_choice "required" / a named function are grammar-constrained
+(tdm_json_schema_to_gbnf_rule and the engine's masks): every call returned is valid JSON that
+matches the function's parameters (checked with jsonschema).
 """
 import json
 import os
@@ -23,10 +23,7 @@ try:
 except ImportError:  # pragma: no cover - a setup problem, reported as a failure
     pytest.fail("the `openai` package is missing: run scripts/setup", pytrace=False)
 
-try:
-    import jsonschema
-except ImportError:  # pragma: no cover
-    jsonschema = None
+import jsonschema
 
 DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 QUESTION = "What is the weather in Paris?"
@@ -85,14 +82,10 @@ def model(oai):
 
 @pytest.fixture(scope="module")
 def grammar(oai, model):
-    """Whether this build constrains tool_choice "required" (skip the test when it does not)."""
-    try:
-        oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+    """tool_choice "required" is accepted (the grammar path is in the build)."""
+    r = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                     tools=TOOLS, tool_choice="required", max_tokens=1)
-    except openai.BadRequestError as e:
-        if "lacks" in str(e):
-            pytest.skip(f"tool_choice required needs the grammar engine: {e.message}")
-        raise
+    assert r.choices[0].finish_reason == "length"
     return True
 
 
@@ -266,8 +259,7 @@ def check_call(call, tools):
     assert call.type == "function" and call.id.startswith("call_")
     fn = {t["function"]["name"]: t["function"] for t in tools}[call.function.name]
     args = json.loads(call.function.arguments)
-    if jsonschema:
-        jsonschema.validate(args, fn["parameters"])
+    jsonschema.validate(args, fn["parameters"])
     return args
 
 
