@@ -66,8 +66,7 @@ static bool transcript_push(transcript_t *t, const char *role, const char *conte
         return false;
     memcpy(copy, content, len);
     copy[len] = '\0';
-    t->msgs[t->n].role = role; /* a string literal */
-    t->msgs[t->n].content = copy;
+    t->msgs[t->n] = (tdm_chat_message_t){.role = role /* a string literal */, .content = copy};
     t->n++;
     return true;
 }

@@ -46,6 +46,8 @@ static void usage(FILE *out)
         "  -f, --file FILE           read the raw prompt from FILE ('-' for stdin)\n"
         "      --chat MESSAGE        a user message rendered with the chat template\n"
         "      --system TEXT         system message for --chat (default: the template's)\n"
+        "      --tools FILE          with --chat: the functions the model may call, a JSON\n"
+        "                            array of OpenAI tools rendered by the template as given\n"
         "      --chat-template NAME  chatml, llama3 or llama2 (default: from the model; -m only)\n"
         "sampling (default: greedy):\n"
         "  -n, --max-tokens N        tokens to generate at most (default 256)\n"
@@ -80,7 +82,7 @@ static void usage(FILE *out)
 }
 
 typedef struct gen_opts {
-    const char *model, *prompt, *file, *chat, *system, *chat_template;
+    const char *model, *prompt, *file, *chat, *system, *chat_template, *tools;
     long max_tokens, threads, ctx, batch;
     const char *kv_dtype;
     tdm_cli_sampling_t sampling; /* the preset and the overrides applied after it */
@@ -138,8 +140,8 @@ static int check_args(const gen_opts_t *o)
                 "tandem generate: give exactly one of -p PROMPT, -f FILE, --chat MESSAGE\n");
         return 2;
     }
-    if ((o->system || o->chat_template) && !o->chat) {
-        fprintf(stderr, "tandem generate: --system and --chat-template need --chat\n");
+    if ((o->system || o->chat_template || o->tools) && !o->chat) {
+        fprintf(stderr, "tandem generate: --system, --chat-template and --tools need --chat\n");
         return 2;
     }
     if ((o->json_schema != NULL) + o->json_object + (o->grammar != NULL) + (o->regex != NULL) +
@@ -162,6 +164,7 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         TDM_CLI_OPT_STR("file", 'f', &o->file),
         TDM_CLI_OPT_STR("chat", 0, &o->chat),
         TDM_CLI_OPT_STR("system", 0, &o->system),
+        TDM_CLI_OPT_STR("tools", 0, &o->tools),
         TDM_CLI_OPT_STR("chat-template", 0, &o->chat_template, .mark = local,
                         .label = "--chat-template"),
         TDM_CLI_OPT_LONG("max-tokens", 'n', &o->max_tokens, 1, 1 << 20),
@@ -209,7 +212,7 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
     char *file_text = NULL;
     tdm_prompt_input_t in = {0};
     tdm_chat_pick_t pick;
-    tdm_chat_message_t user = {"user", o->chat};
+    tdm_chat_message_t user = {.role = "user", .content = o->chat};
     int rc = TDM_OK;
     if (o->prompt) {
         in.text = o->prompt;
@@ -235,6 +238,11 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
         in.messages = &user;
         in.n_messages = 1;
         in.system = o->system;
+        size_t tools_len;
+        if (o->tools &&
+            (rc = tdm_read_file(o->tools, (size_t)1 << 24, &file_text, &tools_len, err)) != TDM_OK)
+            return rc;
+        in.tools = file_text;
     }
     rc = tdm_prompt_encode(tok, o->chat ? &pick : NULL, &in, ids, n_ids, NULL, err);
     free(file_text);
@@ -394,7 +402,8 @@ static int generate_router(const gen_opts_t *o)
         return 2;
     }
     char *file_text = NULL;
-    if (o->file && read_prompt_file(cmd, o->file, &file_text) != 0)
+    if ((o->file && read_prompt_file(cmd, o->file, &file_text) != 0) ||
+        (o->tools && read_prompt_file(cmd, o->tools, &file_text) != 0))
         return 1;
     tdm_chat_message_t msgs[2];
     size_t n_msgs = 0;
@@ -402,10 +411,11 @@ static int generate_router(const gen_opts_t *o)
     tdm_client_request_init(&req);
     if (o->chat) {
         if (o->system)
-            msgs[n_msgs++] = (tdm_chat_message_t){"system", o->system};
-        msgs[n_msgs++] = (tdm_chat_message_t){"user", o->chat};
+            msgs[n_msgs++] = (tdm_chat_message_t){.role = "system", .content = o->system};
+        msgs[n_msgs++] = (tdm_chat_message_t){.role = "user", .content = o->chat};
         req.messages = msgs;
         req.n_messages = n_msgs;
+        req.tools = file_text; /* --tools (--chat has no -f) */
     } else {
         req.prompt = o->prompt ? o->prompt : file_text;
     }

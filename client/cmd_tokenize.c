@@ -54,6 +54,8 @@ static void usage(FILE *out)
             "                          does not write it\n"
             "      --system TEXT       with --chat: the system message (default: the template's\n"
             "                          own default, if any)\n"
+            "      --tools FILE        with --chat: tools (a JSON array of OpenAI tool objects)\n"
+            "                          the template renders into the system message\n"
             "      --chat-template NAME  with --chat: chatml, llama3 or llama2 (default: detected\n"
             "                          from the model's tokenizer.chat_template)\n"
             "  -h, --help              this help\n"
@@ -108,21 +110,27 @@ static void print_quoted(const char *s, size_t n)
 
 /* Tokenizes the --chat message as the router and `tandem generate -m` do
  * (tdm_chat_template_pick, tdm_prompt_encode) with the named template (NULL: the one the
- * model's tokenizer.chat_template names). Returns 0 with a heap array in *ids, or 1 (message
- * printed). */
+ * model's tokenizer.chat_template names) and the tools of the file tools (NULL: none).
+ * Returns 0 with a heap array in *ids, or 1 (message printed). */
 static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
                        const tdm_chat_template_t *named, const char *system, const char *message,
-                       tdm_token_t **ids, size_t *n_ids)
+                       const char *tools, tdm_token_t **ids, size_t *n_ids)
 {
     tdm_error_t err = {0};
     tdm_chat_pick_t pick;
-    if (tdm_chat_template_pick(g, named, &pick, &err) != TDM_OK) {
+    char *tools_text = NULL;
+    size_t tools_len;
+    if (tdm_chat_template_pick(g, named, &pick, &err) != TDM_OK ||
+        (tools && tdm_read_file(tools, (size_t)1 << 24, &tools_text, &tools_len, &err) != TDM_OK)) {
         fprintf(stderr, "tandem tokenize: %s\n", err.msg);
         return 1;
     }
-    tdm_chat_message_t user = {"user", message};
-    tdm_prompt_input_t in = {.messages = &user, .n_messages = 1, .system = system};
-    if (tdm_prompt_encode(tok, &pick, &in, ids, n_ids, NULL, &err) != TDM_OK) {
+    tdm_chat_message_t user = {.role = "user", .content = message};
+    tdm_prompt_input_t in = {
+        .messages = &user, .n_messages = 1, .system = system, .tools = tools_text};
+    int rc = tdm_prompt_encode(tok, &pick, &in, ids, n_ids, NULL, &err);
+    free(tools_text);
+    if (rc != TDM_OK) {
         fprintf(stderr, "tandem tokenize: chat template %s: %s\n",
                 tdm_chat_template_name(pick.tmpl), err.msg);
         return 1;
@@ -132,7 +140,7 @@ static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
 
 /* The command line of `tandem tokenize`. */
 typedef struct tok_opts {
-    const char *model, *file, *chat, *system, *template_name;
+    const char *model, *file, *chat, *system, *template_name, *tools;
     const char *text; /* the TEXT operand, or NULL */
     bool special, pieces, bos;
     tdm_chat_template_t named; /* --chat-template, parsed */
@@ -150,6 +158,7 @@ static int parse_args(int argc, char **argv, tok_opts_t *o, bool *done)
         TDM_CLI_OPT_TRUE("bos", 0, &o->bos),
         TDM_CLI_OPT_STR("chat", 0, &o->chat),
         TDM_CLI_OPT_STR("system", 0, &o->system),
+        TDM_CLI_OPT_STR("tools", 0, &o->tools),
         TDM_CLI_OPT_STR("chat-template", 0, &o->template_name),
         TDM_CLI_OPT_END,
     };
@@ -166,8 +175,8 @@ static int parse_args(int argc, char **argv, tok_opts_t *o, bool *done)
         usage_error = "give only one of TEXT, -f FILE and --chat MESSAGE";
     else if (n_text == 0 && !o->file && !o->chat)
         usage_error = "nothing to tokenize: give TEXT, -f FILE or --chat MESSAGE";
-    else if (!o->chat && (o->system || o->template_name))
-        usage_error = "--system and --chat-template only go with --chat";
+    else if (!o->chat && (o->system || o->template_name || o->tools))
+        usage_error = "--system, --chat-template and --tools only go with --chat";
     if (usage_error) {
         fprintf(stderr, "tandem tokenize: %s\n", usage_error);
         usage_hint();
@@ -329,8 +338,8 @@ int tdm_cmd_tokenize(int argc, char **argv)
     size_t n_ids = 0;
     status = open_tokenizer(&o, &g, &tok);
     if (status == 0 && o.chat)
-        status =
-            encode_chat(g, tok, o.template_name ? &o.named : NULL, o.system, o.chat, &ids, &n_ids);
+        status = encode_chat(g, tok, o.template_name ? &o.named : NULL, o.system, o.chat, o.tools,
+                             &ids, &n_ids);
     else if (status == 0)
         status = encode_text(&o, tok, &ids, &n_ids);
     if (status == 0 && o.chat && o.bos)

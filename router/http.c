@@ -1050,6 +1050,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     gw_event_free(r->whole);
     tdm_buf_free(&r->body);
     tdm_buf_free(&r->sse);
+    oai_out_clear(&r->out);
     free(r);
     *con_cls = NULL;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "http.h"
+#include "http_tools.h"
 #include "tandem/client.h"
 #include "tandem/proto.h"
 
@@ -180,6 +181,7 @@ typedef struct oai_req {
     bool logprobs;      /* return logprobs */
     int top_logprobs;   /* how many alternatives per token */
     const char *echo;   /* completions with echo: the prompt text to put first; else NULL */
+    oai_tools_t tools;  /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
 
     /* structured output (http_structured.c) */
     char *constraint_text;     /* structured output: creq.constraint (heap), or NULL */
@@ -215,7 +217,11 @@ typedef struct oai_out {
     int finish_reason;   /* tdm_client_finish_t */
     uint64_t text_chars; /* completions logprobs text_offset */
     double ttft_s, tpot_s;
+    oai_tool_parser_t *tools; /* streamed chat with tools: the parser (http_tools.c), else NULL */
 } oai_out_t;
+
+/* Frees what o holds (the tool-call parser). NULL-safe. */
+void oai_out_clear(oai_out_t *o);
 
 /* Appends the SSE events ("data: {json}\n\n") for one streamed chunk to b. */
 int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b);
@@ -227,6 +233,28 @@ int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *messag
 /* The non-streaming response body for the one chunk the router sent (stream=false). New
  * reference, NULL on out of memory. Fills o's usage. */
 json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);
+
+/* Appends "data: {chunk with one choice}\n\n": the chat delta (consumed) or the completion's
+ * text[text_len]; logprobs consumed (NULL = null); finish NULL = null. 0 or TDM_ERESOURCE. */
+int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
+                    size_t text_len, json_t *logprobs, const char *finish);
+
+/* The logprobs of ch's tokens in OpenAI's shape; NULL when the request asked for none. */
+json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);
+
+/* ---- tool calls in responses (http_tools.c) ---- */
+
+/* A streamed chat chunk of a request that parses tool calls: its content and the calls it
+ * completes as SSE events appended to b (the finish event is the caller's). 0 or
+ * TDM_ERESOURCE. */
+int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b);
+
+/* "tool_calls" when the streamed output held calls and ended with reason STOP, else NULL. */
+const char *oai_tools_finish(const oai_out_t *o, int reason);
+
+/* The non-streamed message of text: content (null when calls took all of it) and
+ * tool_calls; *n_calls tells how many. New reference, NULL on out of memory. */
+json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls);
 
 /* ---- dashboard (dashboard.c) ---- */
 

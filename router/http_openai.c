@@ -299,6 +299,9 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         q->msgs[i].role = (char *)r;
         q->msgs[i].content = (char *)content;
         q->msg_ptr[i] = &q->msgs[i];
+        rc = oai_tools_message(m, i, &q->msgs[i], &q->tools, p->param, p->param_cap, p->err);
+        if (rc != TDM_OK)
+            return rc;
     }
     q->chat.messages = q->msg_ptr;
     q->g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
@@ -460,13 +463,9 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
     if (q->kind == OAI_COMPLETION && v && (!json_is_string(v) || json_string_length(v) > 0))
         return bad_field(p->err, p->param, p->param_cap, "suffix", "suffix is not supported");
     if (q->kind == OAI_CHAT) {
-        const char *const tool_fields[] = {"tools", "functions"};
-        for (size_t i = 0; i < 2; i++) {
-            v = field(p->root, tool_fields[i]);
-            if (v && (!json_is_array(v) || json_array_size(v) > 0))
-                return bad_field(p->err, p->param, p->param_cap, tool_fields[i],
-                                 "%s: tool calling is not supported", tool_fields[i]);
-        }
+        int rc = oai_tools_parse(p->root, &q->tools, p->param, p->param_cap, p->err);
+        if (rc != TDM_OK)
+            return rc;
     }
     return TDM_OK;
 }
@@ -490,8 +489,11 @@ static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error
         if (!q->cmsgs)
             return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
         for (size_t i = 0; i < n; i++)
-            q->cmsgs[i] =
-                (tdm_chat_message_t){q->chat.messages[i]->role, q->chat.messages[i]->content};
+            q->cmsgs[i] = (tdm_chat_message_t){.role = q->chat.messages[i]->role,
+                                               .content = q->chat.messages[i]->content,
+                                               .tool_calls = q->chat.messages[i]->tool_calls,
+                                               .tool_call_id = q->chat.messages[i]->tool_call_id,
+                                               .name = q->chat.messages[i]->name};
         c->messages = q->cmsgs;
         c->n_messages = n;
     }
@@ -504,7 +506,7 @@ static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error
     c->stream = q->g.stream;
     c->include_stop_str = q->g.include_stop_str;
     c->echo_token_text = q->g.echo_token_text;
-    return TDM_OK;
+    return oai_tools_request(&q->tools, c, param, param_cap, err);
 }
 
 /* stream, stream_options, include_stop_str_in_output. */
@@ -651,6 +653,7 @@ void oai_req_clear(oai_req_t *q)
     free(q->stop);
     free(q->stop_ids);
     free(q->cmsgs);
+    oai_tools_clear(&q->tools);
     free(q->constraint_text);
     if (q->root)
         json_decref(q->root);
@@ -695,7 +698,7 @@ static const char *token_text(const tdm_client_chunk_t *ch, size_t i)
 
 /* logprobs of the tokens of ch in OpenAI's shape (completions or chat); NULL when not asked
  * for (json null is then used). */
-static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
+json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
 {
     if (!q->logprobs)
         return NULL;
@@ -794,8 +797,8 @@ static json_t *chunk_base(const oai_req_t *q)
 
 /* Appends "data: {chunk with one choice}\n\n". delta_or_text: the chat delta (consumed) or
  * the completion text; logprobs consumed (NULL = null); finish NULL = null. */
-static int emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
-                       size_t text_len, json_t *logprobs, const char *finish)
+int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
+                    size_t text_len, json_t *logprobs, const char *finish)
 {
     json_t *c = chunk_base(q);
     json_t *choice = json_pack("{s:i}", "index", 0);
@@ -828,25 +831,29 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
     if (!o->started) {
         o->started = true;
         if (q->kind == OAI_CHAT)
-            rc = emit_choice(q, b, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
-                             NULL, 0, NULL, NULL);
+            rc = oai_emit_choice(q, b, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                                 NULL, 0, NULL, NULL);
         else if (q->echo)
-            rc = emit_choice(q, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
+            rc = oai_emit_choice(q, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
     }
     bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
-    if (rc == TDM_OK && has_content) {
-        json_t *lp = logprobs_json(q, o, ch);
+    if (rc == TDM_OK && q->tools.parse) {
+        rc = oai_tools_sse(q, o, ch, b);
+    } else if (rc == TDM_OK && has_content) {
+        json_t *lp = oai_logprobs_json(q, o, ch);
         if (q->kind == OAI_CHAT)
-            rc = emit_choice(q, b,
-                             json_pack("{s:o}", "content", str_utf8(ch->text, strlen(ch->text))),
-                             NULL, 0, lp, NULL);
+            rc = oai_emit_choice(
+                q, b, json_pack("{s:o}", "content", str_utf8(ch->text, strlen(ch->text))), NULL, 0,
+                lp, NULL);
         else
-            rc = emit_choice(q, b, NULL, ch->text, strlen(ch->text), lp, NULL);
+            rc = oai_emit_choice(q, b, NULL, ch->text, strlen(ch->text), lp, NULL);
     }
     if (rc == TDM_OK && ch->finish_reason != TDM_CLIENT_FINISH_NONE && !o->finished) {
         o->finished = true;
         take_final(o, ch);
-        rc = emit_choice(q, b, NULL, "", 0, NULL, finish_name(ch->finish_reason));
+        const char *tools_finish = oai_tools_finish(o, ch->finish_reason);
+        rc = oai_emit_choice(q, b, NULL, "", 0, NULL,
+                             tools_finish ? tools_finish : finish_name(ch->finish_reason));
     }
     return rc;
 }
@@ -895,8 +902,11 @@ json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t 
         json_decref(r);
         return NULL;
     }
-    json_t *lp = logprobs_json(q, o, ch);
-    if (q->kind == OAI_CHAT) {
+    json_t *lp = oai_logprobs_json(q, o, ch);
+    size_t n_calls = 0;
+    if (q->kind == OAI_CHAT && q->tools.parse) {
+        json_object_set_new(choice, "message", oai_tools_message_json(q, ch->text, &n_calls));
+    } else if (q->kind == OAI_CHAT) {
         json_object_set_new(choice, "message",
                             json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
                                       str_utf8(ch->text, strlen(ch->text)), "refusal"));
@@ -909,7 +919,9 @@ json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t 
         tdm_buf_free(&t);
     }
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
-    json_object_set_new(choice, "finish_reason", json_string(finish_name(ch->finish_reason)));
+    bool called = n_calls > 0 && ch->finish_reason == TDM_CLIENT_FINISH_STOP;
+    json_object_set_new(choice, "finish_reason",
+                        json_string(called ? "tool_calls" : finish_name(ch->finish_reason)));
     json_object_set_new(r, "choices", json_pack("[o]", choice));
     json_object_set_new(r, "usage", usage_json(o));
     return r;

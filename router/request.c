@@ -424,13 +424,24 @@ static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs
                                           "offset %ld)",
                                           i, bad),
                             "chat.messages[%zu].content", i);
-        if (utf8_invalid_at(cm->role, strlen(cm->role)) >= 0)
-            return at_field(
-                why,
-                tdm_error_set(err, TDM_EINVALID, "chat.messages[%zu].role is not valid UTF-8", i),
-                "chat.messages[%zu].role", i);
-        msgs[i] = (tdm_chat_message_t){cm->role, cm->content};
+        const char *const fields[] = {cm->role, cm->tool_calls, cm->tool_call_id, cm->name};
+        const char *const names[] = {"role", "tool_calls", "tool_call_id", "name"};
+        for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
+            if (fields[k] && utf8_invalid_at(fields[k], strlen(fields[k])) >= 0)
+                return at_field(why,
+                                tdm_error_set(err, TDM_EINVALID,
+                                              "chat.messages[%zu].%s is not valid UTF-8", i,
+                                              names[k]),
+                                "chat.messages[%zu].%s", i, names[k]);
+        msgs[i] = (tdm_chat_message_t){.role = cm->role,
+                                       .content = cm->content,
+                                       .tool_calls = cm->tool_calls,
+                                       .tool_call_id = cm->tool_call_id,
+                                       .name = cm->name};
     }
+    if (chat->tools && utf8_invalid_at(chat->tools, strlen(chat->tools)) >= 0)
+        return at_field(why, tdm_error_set(err, TDM_EINVALID, "chat.tools is not valid UTF-8"),
+                        "chat.tools");
     return TDM_OK;
 }
 
@@ -454,7 +465,7 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
     char *text = NULL;
     int rc = chat_check(chat, msgs, why, err);
     if (rc == TDM_OK) {
-        tdm_prompt_input_t in = {.messages = msgs, .n_messages = n};
+        tdm_prompt_input_t in = {.messages = msgs, .n_messages = n, .tools = chat->tools};
         rc = tdm_prompt_encode(r->tok, &r->chat, &in, ids, n_ids, &text, err);
         if (rc != TDM_OK)
             at_field(why, tdm_error_prefix(err, rc, "chat.messages: "), "chat.messages");

@@ -554,7 +554,9 @@ static int input_check(tdm_client_t *c, const tdm_client_request_t *req)
     if (req->n_messages > 0 && !req->messages)
         return bad_request(c, "chat.messages", "request: messages is NULL");
     for (size_t i = 0; i < req->n_messages; i++)
-        if (!req->messages[i].role || !req->messages[i].content)
+        if (!req->messages[i].role ||
+            (!req->messages[i].content &&
+             !(req->messages[i].tool_calls && req->messages[i].tool_calls[0])))
             return bad_request(c, "chat.messages",
                                "request: messages[%zu] has a NULL role or content", i);
     if (req->n_token_ids > 0 && !req->token_ids)
@@ -601,6 +603,18 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
     return TDM_OK;
 }
 
+/* m (initialised here) pointing at the strings of cm; NULL strings become "". */
+static void chat_message_to_proto(const tdm_chat_message_t *cm, Tandem__V1__ChatMessage *m)
+{
+    tandem__v1__chat_message__init(m);
+    /* protobuf-c message fields are not const; the message is only read while packing */
+    m->role = (char *)(uintptr_t)cm->role;
+    m->content = (char *)(uintptr_t)str_or_empty(cm->content);
+    m->tool_calls = (char *)(uintptr_t)str_or_empty(cm->tool_calls);
+    m->tool_call_id = (char *)(uintptr_t)str_or_empty(cm->tool_call_id);
+    m->name = (char *)(uintptr_t)str_or_empty(cm->name);
+}
+
 /* req's constraint in *c (its text points into req), or NULL for none. */
 static Tandem__V1__Constraint *constraint_of(const tdm_client_request_t *req,
                                              Tandem__V1__Constraint *c)
@@ -639,13 +653,12 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
             return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
         }
         for (size_t i = 0; i < req->n_messages; i++) {
-            tandem__v1__chat_message__init(&msgs[i]);
-            msgs[i].role = (char *)(uintptr_t)req->messages[i].role;
-            msgs[i].content = (char *)(uintptr_t)req->messages[i].content;
+            chat_message_to_proto(&req->messages[i], &msgs[i]);
             msg_ptrs[i] = &msgs[i];
         }
         chat.n_messages = req->n_messages;
         chat.messages = msg_ptrs;
+        chat.tools = (char *)(uintptr_t)str_or_empty(req->tools);
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
         m.chat = &chat;
     } else {

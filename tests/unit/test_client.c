@@ -998,7 +998,8 @@ static void test_async_cancel_and_destroy(void **state)
 static void test_inputs_and_sampling(void **state)
 {
     fixture_t *fx = *state;
-    tdm_chat_message_t msgs[2] = {{"system", "be brief"}, {"user", "hi"}};
+    tdm_chat_message_t msgs[2] = {{.role = "system", .content = "be brief"},
+                                  {.role = "user", .content = "hi"}};
     tdm_client_request_t req;
     tdm_client_request_init(&req);
     req.messages = msgs;

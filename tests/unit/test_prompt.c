@@ -104,7 +104,7 @@ static void test_encode(void **state)
         free(ids);
 
         tdm_chat_pick_t pick = {.tmpl = TDM_CHAT_TEMPLATE_CHATML};
-        tdm_chat_message_t user = {"user", "x"};
+        tdm_chat_message_t user = {.role = "user", .content = "x"};
         tdm_prompt_input_t chat = {.messages = &user, .n_messages = 1, .system = "S"};
         assert_int_equal(tdm_prompt_encode(tok, &pick, &chat, &ids, &n, &text, &err), 0);
         assert_string_equal(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nx"
@@ -137,7 +137,7 @@ static void test_errors(void **state)
     tdm_token_t *ids = (tdm_token_t *)&err;
     size_t n = 7;
     char *text = (char *)&err;
-    tdm_chat_message_t bad = {"robot", "x"};
+    tdm_chat_message_t bad = {.role = "robot", .content = "x"};
     tdm_prompt_input_t chat = {.messages = &bad, .n_messages = 1};
     assert_int_equal(tdm_prompt_encode(tok, NULL, &chat, &ids, &n, &text, &err), TDM_EINVALID);
     assert_null(ids);

@@ -2752,7 +2752,7 @@ static void prompt_case(const char *model, const char *tmpl, const char *system)
     tdm_chat_pick_t pick;
     assert_int_equal(
         tdm_chat_template_pick(tdm_model_gguf(e->model), tmpl ? &named : NULL, &pick, &err), 0);
-    tdm_chat_message_t user = {"user", PROMPT_USER};
+    tdm_chat_message_t user = {.role = "user", .content = PROMPT_USER};
     tdm_prompt_input_t in = {.messages = &user, .n_messages = 1, .system = system};
     int32_t *mine = NULL;
     size_t n_mine = 0;

@@ -262,8 +262,10 @@ static void test_chat_golden(void **state)
         tdm_chat_message_t msgs[8];
         assert_true(n <= 8);
         for (size_t k = 0; k < n; k++) {
-            msgs[k].role = json_string_value(json_object_get(json_array_get(jm, k), "role"));
-            msgs[k].content = json_string_value(json_object_get(json_array_get(jm, k), "content"));
+            const json_t *m = json_array_get(jm, k);
+            msgs[k] =
+                (tdm_chat_message_t){.role = json_string_value(json_object_get(m, "role")),
+                                     .content = json_string_value(json_object_get(m, "content"))};
         }
         bool gen = json_is_true(json_object_get(c, "add_generation_prompt"));
         /* the ChatML cases use the model's own template, whose default system message comes
@@ -420,17 +422,21 @@ static void expect_apply_error(tdm_chat_template_t t, const tdm_chat_message_t *
 static void test_chat_validation(void **state)
 {
     (void)state;
-    const tdm_chat_message_t tool[] = {{"user", "hi"}, {"tool", "x"}};
-    expect_apply_error(TDM_CHAT_TEMPLATE_CHATML, tool, 2, "message 1", "'tool'");
-    const tdm_chat_message_t late_system[] = {{"user", "hi"}, {"system", "x"}};
+    const tdm_chat_message_t robot[] = {{.role = "user", .content = "hi"},
+                                        {.role = "robot", .content = "x"}};
+    expect_apply_error(TDM_CHAT_TEMPLATE_CHATML, robot, 2, "message 1", "'robot'");
+    const tdm_chat_message_t late_system[] = {{.role = "user", .content = "hi"},
+                                              {.role = "system", .content = "x"}};
     expect_apply_error(TDM_CHAT_TEMPLATE_LLAMA3, late_system, 2, "message 1", "'system'");
-    const tdm_chat_message_t no_role[] = {{NULL, "hi"}};
+    const tdm_chat_message_t no_role[] = {{.role = NULL, .content = "hi"}};
     expect_apply_error(TDM_CHAT_TEMPLATE_CHATML, no_role, 1, "message 0", NULL);
-    const tdm_chat_message_t no_content[] = {{"user", NULL}};
+    const tdm_chat_message_t no_content[] = {{.role = "user", .content = NULL}};
     expect_apply_error(TDM_CHAT_TEMPLATE_CHATML, no_content, 1, "message 0", "content");
-    const tdm_chat_message_t two_users[] = {{"system", "s"}, {"user", "a"}, {"user", "b"}};
+    const tdm_chat_message_t two_users[] = {{.role = "system", .content = "s"},
+                                            {.role = "user", .content = "a"},
+                                            {.role = "user", .content = "b"}};
     expect_apply_error(TDM_CHAT_TEMPLATE_LLAMA2, two_users, 3, "message 2", "alternate");
-    const tdm_chat_message_t assistant_first[] = {{"assistant", "a"}};
+    const tdm_chat_message_t assistant_first[] = {{.role = "assistant", .content = "a"}};
     expect_apply_error(TDM_CHAT_TEMPLATE_LLAMA2, assistant_first, 1, "message 0", "'assistant'");
     expect_apply_error((tdm_chat_template_t)7, two_users, 1, "template", NULL);
     expect_apply_error(TDM_CHAT_TEMPLATE_CHATML, NULL, 1, "message", NULL);
@@ -451,7 +457,7 @@ static void test_chat_validation(void **state)
     assert_int_equal(len, 0);
     free(out);
     /* default system messages for the Llama families; Unicode whitespace is trimmed */
-    const tdm_chat_message_t user[] = {{"user", "\xe3\x80\x80 hi \xc2\xa0\n"}};
+    const tdm_chat_message_t user[] = {{.role = "user", .content = "\xe3\x80\x80 hi \xc2\xa0\n"}};
     assert_int_equal(
         tdm_chat_apply(TDM_CHAT_TEMPLATE_LLAMA3, user, 1, true, "Be kind.", &out, &len, NULL),
         TDM_OK);
@@ -466,7 +472,7 @@ static void test_chat_validation(void **state)
     assert_string_equal(out, "<s>[INST] <<SYS>>\nBe kind.\n<</SYS>>\n\n\xe3\x80\x80 hi [/INST]");
     free(out);
     /* invalid UTF-8 is kept, never taken for whitespace */
-    const tdm_chat_message_t bad[] = {{"user", " \xff\xc2 "}};
+    const tdm_chat_message_t bad[] = {{.role = "user", .content = " \xff\xc2 "}};
     assert_int_equal(
         tdm_chat_apply(TDM_CHAT_TEMPLATE_LLAMA2, bad, 1, false, NULL, &out, &len, NULL), TDM_OK);
     assert_string_equal(out, "<s>[INST] \xff\xc2 [/INST]");

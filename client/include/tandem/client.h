@@ -156,6 +156,8 @@ typedef struct tdm_client_request {
                                and JSON_OBJECT */
     double timeout_s;       /* deadline, seconds from the start of the call; 0 = the client's
                                default, < 0 = none */
+    const char *tools;      /* chat only: NULL/"" or OpenAI's tools as a JSON array text, rendered
+                               by the model's chat template (tdm_chat_apply_tools) */
 } tdm_client_request_t;
 
 /* Fills *req with an empty request: no input, sampling from tdm_sampling_params_default with

@@ -8,7 +8,8 @@
  *    message with that text comes first. Contents are not trimmed.
  *  - Llama-3 (Meta-Llama-3-*-Instruct): "<|begin_of_text|>" once, then per message
  *    "<|start_header_id|>ROLE<|end_header_id|>\n\n" + trim(CONTENT) + "<|eot_id|>". The 3.1+
- *    templates' "Cutting Knowledge Date" system preamble and tool calls are not reproduced.
+ *    templates' "Cutting Knowledge Date" system preamble and their JSON tool-call convention
+ *    are not reproduced: tools use the Hermes format there too (tdm_chat_apply_tools).
  *  - Llama-2 (Llama-2-*-chat): "<s>[INST] <<SYS>>\nSYSTEM\n<</SYS>>\n\nUSER [/INST] ASSISTANT </s>"
  *    and "<s>[INST] USER [/INST]" for each later user turn; user and assistant turns strictly
  *    alternate (user first) and each turn is trimmed (the first one together with its <<SYS>>
@@ -45,11 +46,17 @@ typedef enum tdm_chat_template {
     TDM_CHAT_TEMPLATE_LLAMA2 = 2, /* "llama2": [INST] <<SYS>> … [/INST] */
 } tdm_chat_template_t;
 
-/* One chat message. role is "system", "user" or "assistant"; both strings are NUL-terminated
- * UTF-8 owned by the caller. */
+/* One chat message. role is "system", "user", "assistant" or "tool"; every string is
+ * NUL-terminated UTF-8 owned by the caller. Initialise with designated initializers
+ * ({.role = "user", .content = "hi"}) so the tool fields stay NULL. */
 typedef struct tdm_chat_message {
     const char *role;
-    const char *content;
+    const char *content;      /* may be NULL only for an assistant message with tool_calls */
+    const char *tool_calls;   /* assistant: NULL/"" or OpenAI's tool_calls, a JSON array text
+                                 [{"id", "type": "function", "function": {"name", "arguments"}}]
+                                 (arguments a JSON text in a string, or an object) */
+    const char *tool_call_id; /* tool: NULL/"" or the id of the call this result answers */
+    const char *name;         /* tool: NULL/"" or the function's name (not rendered) */
 } tdm_chat_message_t;
 
 /* A default_system buffer size, in bytes with the NUL, that holds the default system message
@@ -114,7 +121,8 @@ int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_chat_template_t *overr
  * already ends with " [/INST]"). default_system (NULL or "" for none) is used as the system
  * message when msgs[0] is not one; with n = 0 nothing but the generation prompt is written,
  * as the Jinja templates do.
- * Roles must be "system", "user" or "assistant", a system message only at index 0; Llama-2
+ * Roles must be "system", "user", "assistant" or "tool" (see tdm_chat_apply_tools for the
+ * tool fields), a system message only at index 0; Llama-2
  * also requires the other messages to alternate user, assistant, user, … (its template raises
  * an exception otherwise).
  * On success *out is a NUL-terminated heap string of *out_len bytes (out_len may be NULL)
@@ -125,6 +133,38 @@ int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_chat_template_t *overr
 int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
                    bool add_generation_prompt, const char *default_system, char **out,
                    size_t *out_len, tdm_error_t *err);
+
+/* tdm_chat_apply with tool definitions: tools is NULL/"" (none, exactly tdm_chat_apply) or
+ * OpenAI's tools, a JSON array text [{"type": "function", "function": {"name", "description",
+ * "parameters"}}]. Messages may then also have role "tool" and assistant tool_calls (those
+ * are accepted without tools as well). ChatML and Llama-3 render them in the Hermes format
+ * (Qwen2.5's template, the one NousResearch's Hermes models were trained on):
+ *  - the system message (msgs[0] when it is one, else default_system; "" when neither) is
+ *    followed by "\n\n# Tools\n\nYou may call one or more functions to assist with the user
+ *    query.\n\nYou are provided with function signatures within <tools></tools> XML
+ *    tags:\n<tools>" + "\n" + each tool as JSON + "\n</tools>\n\nFor each function call,
+ *    return a json object with function name and arguments within <tool_call></tool_call>
+ *    XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\":
+ *    <args-json-object>}\n</tool_call>" (without the leading "\n\n" when the system text
+ *    is empty);
+ *  - an assistant message with tool_calls is its content (when not empty) and, per call,
+ *    "\n<tool_call>\n{\"name\": \"NAME\", \"arguments\": ARGS}\n</tool_call>" (ChatML
+ *    writes "<|im_start|>assistant" then "\n" + content only when content is not empty, as
+ *    Qwen2.5's template does);
+ *  - a run of consecutive tool messages is one user turn holding, per message,
+ *    "\n<tool_response>\n" + content + "\n</tool_response>".
+ * JSON (each tool, ARGS) is written as Python's json.dumps(x, ensure_ascii=False) writes it
+ * (", " and ": " separators, key order kept), which is what Jinja's tojson gives; ARGS is the
+ * arguments JSON text re-written that way, or, when it does not parse, that text as a JSON
+ * string. Numbers with a fraction are written by jansson (up to 17 significant digits), which
+ * can differ from Python's shortest form. Llama-3 trims each turn as usual. Llama-2 has no
+ * tool format: tools, tool_calls or a tool message there is TDM_EINVALID.
+ * Errors: those of tdm_chat_apply, and TDM_EINVALID for tools that are not a JSON array of
+ * objects, or tool_calls that are not a JSON array of objects with function.name a string
+ * (the message names the message index). */
+int tdm_chat_apply_tools(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
+                         const char *tools, bool add_generation_prompt, const char *default_system,
+                         char **out, size_t *out_len, tdm_error_t *err);
 
 #ifdef __cplusplus
 }

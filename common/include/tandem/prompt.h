@@ -7,10 +7,11 @@
  * agree. The rule:
  *  - raw text: tokenized with parse_special (control tokens' texts such as "<|im_start|>" are
  *    matched) and BOS added when the tokenizer says so (tokenizer.ggml.add_bos_token);
- *  - chat: rendered by tdm_chat_apply with the picked template, its default system message and
- *    the generation prompt, then tokenized with parse_special and BOS added when the tokenizer
- *    says so and the template does not write BOS's text itself (tdm_chat_template_writes_bos),
- *    which is Hugging Face's add_special_tokens=False for chat prompts.
+ *  - chat: rendered by tdm_chat_apply_tools (with the input's tools) with the picked
+ *    template, its default system message and the generation prompt, then tokenized with
+ * parse_special and BOS added when the tokenizer says so and the template does not write BOS's text
+ * itself (tdm_chat_template_writes_bos), which is Hugging Face's add_special_tokens=False for chat
+ * prompts.
  *
  * Pure: no state, safe from any thread for a tokenizer that is.
  */
@@ -36,6 +37,8 @@ typedef struct tdm_prompt_input {
     size_t n_messages;
     const char *system; /* chat: NULL, or a system message put before messages (the CLI's
                            --system); it replaces the template's default one */
+    const char *tools;  /* chat: NULL/"" or OpenAI's tools as a JSON array text, rendered by
+                           tdm_chat_apply_tools (the Hermes format) */
 } tdm_prompt_input_t;
 
 /* Encodes in as the rule above says. pick is the template (tdm_chat_template_pick); it may be

@@ -9,6 +9,8 @@
  */
 #include "tandem/chat.h"
 
+#include "chat_tools.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,34 +310,66 @@ int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char
 
 /* ---- rendering ---- */
 
-typedef enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT } role_t;
+typedef enum role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL } role_t;
+
+static bool has_text(const char *s)
+{
+    return s && s[0];
+}
+
+/* What rendering needs besides the messages: each message's role, the tool calls of the
+ * assistant messages rendered (calls[i], NULL when none) and the system message's text with
+ * the tools block (system, NULL without tools). */
+typedef struct prepared {
+    role_t *roles;
+    char **calls;
+    char *system;
+} prepared_t;
+
+static int role_of(const tdm_chat_message_t *m, size_t i, role_t *out, tdm_error_t *err)
+{
+    static const char *const names[] = {"system", "user", "assistant", "tool"};
+    if (!m->role)
+        return tdm_error_set(err, TDM_EINVALID, "message %zu has no role", i);
+    bool known = false;
+    for (size_t k = 0; k < sizeof names / sizeof names[0] && !known; k++)
+        if (strcmp(m->role, names[k]) == 0) {
+            *out = (role_t)k;
+            known = true;
+        }
+    if (!known)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "message %zu has role '%.32s'; expected system, user, assistant or "
+                             "tool",
+                             i, m->role);
+    if (!m->content && !(*out == ROLE_ASSISTANT && has_text(m->tool_calls)))
+        return tdm_error_set(err, TDM_EINVALID, "message %zu (role '%.32s') has no content", i,
+                             m->role);
+    if (*out == ROLE_SYSTEM && i > 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "message %zu has role 'system'; a system message may only be "
+                             "the first message",
+                             i);
+    if (has_text(m->tool_calls) && *out != ROLE_ASSISTANT)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "message %zu has role '%s'; only assistant messages have tool_calls",
+                             i, m->role);
+    return TDM_OK;
+}
 
 /* Checks the messages and fills roles[n]. */
 static int check_messages(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
                           role_t *roles, tdm_error_t *err)
 {
     for (size_t i = 0; i < n; i++) {
-        const char *role = msgs[i].role;
-        if (!role)
-            return tdm_error_set(err, TDM_EINVALID, "message %zu has no role", i);
-        if (!msgs[i].content)
-            return tdm_error_set(err, TDM_EINVALID, "message %zu (role '%.32s') has no content", i,
-                                 role);
-        if (strcmp(role, "system") == 0)
-            roles[i] = ROLE_SYSTEM;
-        else if (strcmp(role, "user") == 0)
-            roles[i] = ROLE_USER;
-        else if (strcmp(role, "assistant") == 0)
-            roles[i] = ROLE_ASSISTANT;
-        else
+        int rc = role_of(&msgs[i], i, &roles[i], err);
+        if (rc != TDM_OK)
+            return rc;
+        if (t == TDM_CHAT_TEMPLATE_LLAMA2 &&
+            (roles[i] == ROLE_TOOL || has_text(msgs[i].tool_calls)))
             return tdm_error_set(err, TDM_EINVALID,
-                                 "message %zu has role '%.32s'; expected system, user or "
-                                 "assistant",
-                                 i, role);
-        if (roles[i] == ROLE_SYSTEM && i > 0)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "message %zu has role 'system'; a system message may only be "
-                                 "the first message",
+                                 "message %zu: the llama2 chat template has no tool calling "
+                                 "(role 'tool', tool_calls)",
                                  i);
     }
     if (t == TDM_CHAT_TEMPLATE_LLAMA2) {
@@ -353,21 +387,95 @@ static int check_messages(tdm_chat_template_t t, const tdm_chat_message_t *msgs,
     return TDM_OK;
 }
 
+/* The content of message m; "" for a NULL one (an assistant message with only tool calls). */
+static const char *content_of(const tdm_chat_message_t *m)
+{
+    return m->content ? m->content : "";
+}
+
+/* Renders the tool calls of the assistant messages and, with tools, the system text. */
+static int prepare_tools(const tdm_chat_message_t *msgs, size_t n, const char *tools,
+                         const char *default_system, prepared_t *pp, tdm_error_t *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!has_text(msgs[i].tool_calls))
+            continue;
+        tdm_buf_t b = TDM_BUF_INIT;
+        int rc = chat_tool_calls_text(msgs[i].tool_calls, i, &b, err);
+        pp->calls[i] = tdm_buf_take(&b);
+        if (rc != TDM_OK)
+            return rc;
+        if (!pp->calls[i])
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering tool calls");
+    }
+    if (!has_text(tools))
+        return TDM_OK;
+    const char *sys = n > 0 && pp->roles[0] == ROLE_SYSTEM ? content_of(&msgs[0]) : default_system;
+    tdm_buf_t b = TDM_BUF_INIT;
+    if (has_text(sys)) {
+        sb_puts(&b, sys);
+        sb_puts(&b, "\n\n");
+    }
+    int rc = chat_tools_block(tools, &b, err);
+    pp->system = tdm_buf_take(&b);
+    if (rc == TDM_OK && !pp->system)
+        rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering the tools");
+    return rc;
+}
+
+/* The text of a run of tool messages msgs[i..] (one user turn); returns the index after it. */
+static size_t tool_responses(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t n, size_t i,
+                             const role_t *roles)
+{
+    for (; i < n && roles[i] == ROLE_TOOL; i++) {
+        sb_puts(sb, "\n<tool_response>\n");
+        sb_puts(sb, content_of(&msgs[i]));
+        sb_puts(sb, "\n</tool_response>");
+    }
+    return i;
+}
+
+/* The first message the loop renders: after the system message when it was rendered with the
+ * tools already. */
+static size_t first_turn(size_t n, const prepared_t *pp)
+{
+    return pp->system && n > 0 && pp->roles[0] == ROLE_SYSTEM ? 1 : 0;
+}
+
 static void render_chatml(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t n,
                           bool add_generation_prompt, const char *default_system,
-                          const role_t *roles)
+                          const prepared_t *pp)
 {
-    if (n > 0 && roles[0] != ROLE_SYSTEM && default_system && default_system[0]) {
+    if (pp->system) {
+        sb_puts(sb, "<|im_start|>system\n");
+        sb_puts(sb, pp->system);
+        sb_puts(sb, "<|im_end|>\n");
+    } else if (n > 0 && pp->roles[0] != ROLE_SYSTEM && default_system && default_system[0]) {
         sb_puts(sb, "<|im_start|>system\n");
         sb_puts(sb, default_system);
         sb_puts(sb, "<|im_end|>\n");
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = first_turn(n, pp); i < n;) {
+        if (pp->roles[i] == ROLE_TOOL) {
+            sb_puts(sb, "<|im_start|>user");
+            i = tool_responses(sb, msgs, n, i, pp->roles);
+            sb_puts(sb, "<|im_end|>\n");
+            continue;
+        }
         sb_puts(sb, "<|im_start|>");
         sb_puts(sb, msgs[i].role);
-        sb_puts(sb, "\n");
-        sb_puts(sb, msgs[i].content);
+        if (pp->calls[i]) {
+            /* Qwen2.5: "\n" + content only when there is content, then the calls */
+            if (has_text(msgs[i].content))
+                sb_puts(sb, "\n");
+            sb_puts(sb, content_of(&msgs[i]));
+            sb_puts(sb, pp->calls[i]);
+        } else {
+            sb_puts(sb, "\n");
+            sb_puts(sb, msgs[i].content);
+        }
         sb_puts(sb, "<|im_end|>\n");
+        i++;
     }
     if (add_generation_prompt)
         sb_puts(sb, "<|im_start|>assistant\n");
@@ -382,16 +490,42 @@ static void llama3_message(tdm_buf_t *sb, const char *role, const char *content)
     sb_puts(sb, "<|eot_id|>");
 }
 
+/* A Llama-3 turn whose content is built first (tool calls, tool responses), then trimmed. */
+static void llama3_built(tdm_buf_t *sb, const char *role, tdm_buf_t *turn)
+{
+    if (turn->oom)
+        sb->oom = true;
+    else
+        llama3_message(sb, role, turn->data ? turn->data : "");
+    tdm_buf_free(turn);
+}
+
 static void render_llama3(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t n,
                           bool add_generation_prompt, const char *default_system,
-                          const role_t *roles)
+                          const prepared_t *pp)
 {
     if (n > 0)
         sb_puts(sb, "<|begin_of_text|>");
-    if (n > 0 && roles[0] != ROLE_SYSTEM && default_system && default_system[0])
+    if (pp->system)
+        llama3_message(sb, "system", pp->system);
+    else if (n > 0 && pp->roles[0] != ROLE_SYSTEM && default_system && default_system[0])
         llama3_message(sb, "system", default_system);
-    for (size_t i = 0; i < n; i++)
-        llama3_message(sb, msgs[i].role, msgs[i].content);
+    for (size_t i = first_turn(n, pp); i < n;) {
+        tdm_buf_t turn = TDM_BUF_INIT;
+        if (pp->roles[i] == ROLE_TOOL) {
+            i = tool_responses(&turn, msgs, n, i, pp->roles);
+            llama3_built(sb, "user", &turn);
+            continue;
+        }
+        if (pp->calls[i]) {
+            sb_puts(&turn, content_of(&msgs[i]));
+            sb_puts(&turn, pp->calls[i]);
+            llama3_built(sb, msgs[i].role, &turn);
+        } else {
+            llama3_message(sb, msgs[i].role, msgs[i].content);
+        }
+        i++;
+    }
     if (add_generation_prompt)
         sb_puts(sb, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
@@ -439,6 +573,42 @@ int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t
                    bool add_generation_prompt, const char *default_system, char **out,
                    size_t *out_len, tdm_error_t *err)
 {
+    return tdm_chat_apply_tools(t, msgs, n, NULL, add_generation_prompt, default_system, out,
+                                out_len, err);
+}
+
+/* Checks the messages and renders what tools need into *pp (freed by prepared_free). */
+static int prepare(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
+                   const char *tools, const char *default_system, prepared_t *pp, tdm_error_t *err)
+{
+    if (n > 0) {
+        pp->roles = calloc(n, sizeof *pp->roles);
+        pp->calls = calloc(n, sizeof *pp->calls);
+        if (!pp->roles || !pp->calls)
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory for %zu chat messages", n);
+    }
+    int rc = check_messages(t, msgs, n, pp->roles, err);
+    if (rc != TDM_OK)
+        return rc;
+    if (t == TDM_CHAT_TEMPLATE_LLAMA2 && has_text(tools))
+        return tdm_error_set(err, TDM_EINVALID,
+                             "tools: the llama2 chat template has no tool calling");
+    return prepare_tools(msgs, n, tools, default_system, pp, err);
+}
+
+static void prepared_free(prepared_t *pp, size_t n)
+{
+    for (size_t i = 0; pp->calls && i < n; i++)
+        free(pp->calls[i]);
+    free(pp->calls);
+    free(pp->roles);
+    free(pp->system);
+}
+
+int tdm_chat_apply_tools(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
+                         const char *tools, bool add_generation_prompt, const char *default_system,
+                         char **out, size_t *out_len, tdm_error_t *err)
+{
     *out = NULL;
     if (out_len)
         *out_len = 0;
@@ -448,37 +618,32 @@ int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t
     if (n > 0 && !msgs)
         return tdm_error_set(err, TDM_EINVALID, "%zu messages but no message array", n);
 
-    role_t *roles = NULL;
+    prepared_t pp = {NULL, NULL, NULL};
     tdm_buf_t sb = TDM_BUF_INIT;
-    if (n > 0) {
-        roles = calloc(n, sizeof *roles);
-        if (!roles)
-            return tdm_error_set(err, TDM_ERESOURCE, "out of memory for %zu chat messages", n);
-    }
-    int rc = check_messages(t, msgs, n, roles, err);
+    int rc = prepare(t, msgs, n, tools, default_system, &pp, err);
     if (rc != TDM_OK)
-        goto out_free_roles;
+        goto out_free_prepared;
 
     switch (t) {
     case TDM_CHAT_TEMPLATE_CHATML:
-        render_chatml(&sb, msgs, n, add_generation_prompt, default_system, roles);
+        render_chatml(&sb, msgs, n, add_generation_prompt, default_system, &pp);
         break;
     case TDM_CHAT_TEMPLATE_LLAMA3:
-        render_llama3(&sb, msgs, n, add_generation_prompt, default_system, roles);
+        render_llama3(&sb, msgs, n, add_generation_prompt, default_system, &pp);
         break;
-    case TDM_CHAT_TEMPLATE_LLAMA2: render_llama2(&sb, msgs, n, default_system, roles); break;
+    case TDM_CHAT_TEMPLATE_LLAMA2: render_llama2(&sb, msgs, n, default_system, pp.roles); break;
     }
     size_t len = sb.len;
     *out = tdm_buf_take(&sb); /* "" (allocated) for an empty rendering */
     if (!*out) {
         rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering %zu chat messages", n);
-        goto out_free_roles;
+        goto out_free_prepared;
     }
     if (out_len)
         *out_len = len;
 
-out_free_roles:
-    free(roles);
+out_free_prepared:
+    prepared_free(&pp, n);
     return rc;
 }
 

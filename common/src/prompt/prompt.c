@@ -16,13 +16,13 @@ static int render_chat(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in
     if (in->system) {
         if (!tdm_add_size(n, 1, &n) || !(all = malloc(n * sizeof *all)))
             return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        all[0] = (tdm_chat_message_t){"system", in->system};
+        all[0] = (tdm_chat_message_t){.role = "system", .content = in->system};
         if (in->n_messages)
             memcpy(all + 1, in->messages, in->n_messages * sizeof *all);
         msgs = all;
     }
     const char *sys = pick->default_system[0] ? pick->default_system : NULL;
-    int rc = tdm_chat_apply(pick->tmpl, msgs, n, true, sys, text, len, err);
+    int rc = tdm_chat_apply_tools(pick->tmpl, msgs, n, in->tools, true, sys, text, len, err);
     free(all);
     return rc;
 }

@@ -1,0 +1,858 @@
+/* http_tools.c - OpenAI tool calling in the HTTP gateway: tools / tool_choice /
+ * parallel_tool_calls (and the legacy functions / function_call) into the router's request,
+ * and generated Hermes-style calls back into OpenAI's tool_calls and delta.tool_calls.
+ *
+ * The model sees the tools through its chat template (tdm_chat_apply_tools, the Hermes format
+ * Qwen2.5 and NousResearch's Hermes models use); it answers with
+ * "<tool_call>\n{"name": …, "arguments": …}\n</tool_call>" blocks, which the parser below
+ * finds in the text. tool_choice "required" or a named function constrains the output with a
+ * grammar built from the functions' parameter schemas. A call is only reported once its
+ * closing tag is generated and its JSON parses, so text that merely looks like a call stays
+ * content; streamed, such calls arrive whole (a delta with id and name, then one with the
+ * arguments). Constrained output (required / a named function) can only be calls, so there
+ * the arguments stream as they are generated.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "http_internal.h"
+#include "tandem/json_schema.h"
+
+#define TOOL_NAME_MAX 64 /* OpenAI: function names are [a-zA-Z0-9_-]{1,64} */
+
+static int bad(tdm_error_t *err, char *param, size_t cap, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int bad(tdm_error_t *err, char *param, size_t cap, const char *field, const char *fmt, ...)
+{
+    if (param && cap)
+        snprintf(param, cap, "%s", field);
+    char msg[TDM_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return tdm_error_set(err, TDM_EINVALID, "%s", msg);
+}
+
+/* The field's value, or NULL when absent or null. */
+static json_t *get(const json_t *o, const char *name)
+{
+    json_t *v = json_object_get(o, name);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static bool valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > TOOL_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+/* ---- tools and tool_choice ---- */
+
+typedef struct req_ctx {
+    tdm_error_t *err;
+    char *param;
+    size_t cap;
+} req_ctx_t;
+
+/* The function object fn at path ("tools[1].function", "functions[0]") checked and, as
+ * {"type": "function", "function": {name, description?, parameters?}}, appended to out. */
+static int add_function(req_ctx_t *c, const json_t *fn, const char *path, json_t *out)
+{
+    char f[96];
+    if (!json_is_object(fn))
+        return bad(c->err, c->param, c->cap, path, "%s must be an object", path);
+    const char *name = json_string_value(get(fn, "name"));
+    snprintf(f, sizeof f, "%s.name", path);
+    if (!name || !valid_name(name))
+        return bad(c->err, c->param, c->cap, f,
+                   "%s must be a string of 1 to %d letters, digits, '_' or '-'", f, TOOL_NAME_MAX);
+    size_t i;
+    json_t *tool;
+    json_array_foreach(out, i, tool)
+    {
+        if (strcmp(json_string_value(json_object_get(json_object_get(tool, "function"), "name")),
+                   name) == 0)
+            return bad(c->err, c->param, c->cap, f, "%s: the function '%s' is defined twice", f,
+                       name);
+    }
+    static const struct {
+        const char *key;
+        json_type type;
+        const char *what;
+    } opt[] = {{"description", JSON_STRING, "a string"},
+               {"parameters", JSON_OBJECT, "an object (a JSON Schema)"},
+               {"strict", JSON_TRUE, "a boolean"}};
+    json_t *norm = json_pack("{s:s}", "name", name);
+    for (size_t k = 0; norm && k < sizeof opt / sizeof opt[0]; k++) {
+        json_t *v = get(fn, opt[k].key);
+        bool ok =
+            !v || json_typeof(v) == opt[k].type || (opt[k].type == JSON_TRUE && json_is_boolean(v));
+        if (!ok) {
+            json_decref(norm);
+            snprintf(f, sizeof f, "%s.%s", path, opt[k].key);
+            return bad(c->err, c->param, c->cap, f, "%s must be %s", f, opt[k].what);
+        }
+        /* strict is not forwarded: required / named calls always match the schema (the
+         * grammar), auto calls are only checked to be JSON (docs/api.md) */
+        if (v && opt[k].type != JSON_TRUE)
+            json_object_set(norm, opt[k].key, v);
+    }
+    if (!norm || json_array_append_new(
+                     out, json_pack("{s:s, s:o}", "type", "function", "function", norm)) != 0)
+        return tdm_error_set(c->err, TDM_ERESOURCE, "out of memory");
+    return TDM_OK;
+}
+
+/* tools (or the legacy functions) into the array out. */
+static int parse_tool_list(req_ctx_t *c, json_t *root, json_t *out)
+{
+    json_t *tools = get(root, "tools"), *fns = get(root, "functions");
+    if (tools && fns)
+        return bad(c->err, c->param, c->cap, "functions",
+                   "functions: give tools or the legacy functions, not both");
+    const char *name = tools ? "tools" : "functions";
+    json_t *v = tools ? tools : fns;
+    if (!v)
+        return TDM_OK;
+    if (!json_is_array(v))
+        return bad(c->err, c->param, c->cap, name, "%s must be an array", name);
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        char path[64];
+        int rc;
+        if (fns) {
+            snprintf(path, sizeof path, "functions[%zu]", i);
+            rc = add_function(c, e, path, out);
+        } else {
+            snprintf(path, sizeof path, "tools[%zu].type", i);
+            const char *type = json_string_value(get(e, "type"));
+            if (!json_is_object(e) || !type || strcmp(type, "function") != 0)
+                return bad(c->err, c->param, c->cap, path,
+                           "%s must be \"function\" (the only tool type Tandem serves)", path);
+            snprintf(path, sizeof path, "tools[%zu].function", i);
+            rc = add_function(c, get(e, "function"), path, out);
+        }
+        if (rc != TDM_OK)
+            return rc;
+    }
+    return TDM_OK;
+}
+
+static bool has_tool(const json_t *tools, const char *name)
+{
+    size_t i;
+    json_t *tool;
+    json_array_foreach(tools, i, tool)
+    {
+        const char *n =
+            json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
+        if (n && strcmp(n, name) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* tool_choice (or the legacy function_call) into t->choice / t->named. */
+static int parse_choice(req_ctx_t *c, json_t *root, const json_t *tools, oai_tools_t *t)
+{
+    const char *f = "tool_choice";
+    json_t *v = get(root, f);
+    if (!v && (v = get(root, "function_call")) != NULL)
+        f = "function_call";
+    t->choice = json_array_size(tools) > 0 ? OAI_TOOL_CHOICE_AUTO : OAI_TOOL_CHOICE_NONE;
+    if (!v)
+        return TDM_OK;
+    const char *s = json_string_value(v);
+    if (s && strcmp(s, "none") == 0)
+        t->choice = OAI_TOOL_CHOICE_NONE;
+    else if (s && strcmp(s, "auto") == 0)
+        t->choice = json_array_size(tools) > 0 ? OAI_TOOL_CHOICE_AUTO : OAI_TOOL_CHOICE_NONE;
+    else if (s && strcmp(s, "required") == 0 && strcmp(f, "tool_choice") == 0)
+        t->choice = OAI_TOOL_CHOICE_REQUIRED;
+    else if (json_is_object(v)) {
+        /* tool_choice {"type": "function", "function": {"name"}}; function_call {"name"} */
+        const json_t *fn = strcmp(f, "tool_choice") == 0 ? get(v, "function") : v;
+        const char *name = json_string_value(get(fn, "name"));
+        const char *type = json_string_value(get(v, "type"));
+        if (!name || (strcmp(f, "tool_choice") == 0 && (!type || strcmp(type, "function") != 0)))
+            return bad(c->err, c->param, c->cap, f,
+                       "%s must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}",
+                       f);
+        if (!has_tool(tools, name))
+            return bad(c->err, c->param, c->cap, f,
+                       "%s names the function '%.64s', which is not in tools", f, name);
+        snprintf(t->named, sizeof t->named, "%s", name);
+        t->choice = OAI_TOOL_CHOICE_NAMED;
+    } else {
+        return bad(c->err, c->param, c->cap, f,
+                   "%s must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                   "\"function\": {\"name\": ...}}",
+                   f);
+    }
+    if (t->choice == OAI_TOOL_CHOICE_REQUIRED && json_array_size(tools) == 0)
+        return bad(c->err, c->param, c->cap, f, "%s \"required\" needs tools", f);
+    return TDM_OK;
+}
+
+/* response_format and vLLM's guided decoding fields constrain the whole output, which leaves
+ * no room for calls: refused together with active tools. */
+static int check_conflicts(req_ctx_t *c, json_t *root)
+{
+    json_t *rf = get(root, "response_format");
+    const char *type = json_string_value(get(rf, "type"));
+    if (rf && (!type || strcmp(type, "text") != 0))
+        return bad(c->err, c->param, c->cap, "response_format",
+                   "response_format %s cannot be combined with tools: both constrain the "
+                   "output (drop one, or set tool_choice to \"none\")",
+                   type ? type : "?");
+    static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
+                                         "guided_grammar", "structured_outputs"};
+    for (size_t k = 0; k < sizeof guided / sizeof guided[0]; k++)
+        if (get(root, guided[k]))
+            return bad(c->err, c->param, c->cap, guided[k],
+                       "%s cannot be combined with tools: both constrain the output", guided[k]);
+    return TDM_OK;
+}
+
+int oai_tools_parse(json_t *root, oai_tools_t *t, char *param, size_t param_cap, tdm_error_t *err)
+{
+    req_ctx_t c = {err, param, param_cap};
+    memset(t, 0, sizeof *t);
+    t->parallel = true;
+    json_t *tools = json_array();
+    if (!tools)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    int rc = parse_tool_list(&c, root, tools);
+    if (rc == TDM_OK)
+        rc = parse_choice(&c, root, tools, t);
+    json_t *pc = get(root, "parallel_tool_calls");
+    if (rc == TDM_OK && pc && !json_is_boolean(pc))
+        rc = bad(err, param, param_cap, "parallel_tool_calls",
+                 "parallel_tool_calls must be a boolean");
+    t->parallel = !pc || json_is_true(pc);
+    t->n_tools = json_array_size(tools);
+    t->parse = t->n_tools > 0 && t->choice != OAI_TOOL_CHOICE_NONE;
+    if (rc == TDM_OK && t->parse)
+        rc = check_conflicts(&c, root);
+    if (rc == TDM_OK && t->n_tools > 0 && !(t->text = json_dumps(tools, JSON_COMPACT)))
+        rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    json_decref(tools);
+    return rc;
+}
+
+/* ---- messages ---- */
+
+static int own(oai_tools_t *t, char *s, tdm_error_t *err)
+{
+    char **o = s ? realloc(t->owned, (t->n_owned + 1) * sizeof *o) : NULL;
+    if (!o) {
+        free(s);
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    }
+    t->owned = o;
+    t->owned[t->n_owned++] = s;
+    return TDM_OK;
+}
+
+/* An assistant's tool_calls array, checked (each call a function with a name and arguments
+ * as a string or an object). */
+static int check_calls(req_ctx_t *c, const json_t *calls, size_t i)
+{
+    char f[96];
+    snprintf(f, sizeof f, "messages[%zu].tool_calls", i);
+    if (!json_is_array(calls))
+        return bad(c->err, c->param, c->cap, f, "%s must be an array", f);
+    size_t j;
+    json_t *call;
+    json_array_foreach(calls, j, call)
+    {
+        const json_t *fn = get(call, "function");
+        snprintf(f, sizeof f, "messages[%zu].tool_calls[%zu].function", i, j);
+        if (!json_is_object(fn))
+            return bad(c->err, c->param, c->cap, f, "%s must be an object", f);
+        snprintf(f, sizeof f, "messages[%zu].tool_calls[%zu].function.name", i, j);
+        if (!json_is_string(get(fn, "name")))
+            return bad(c->err, c->param, c->cap, f, "%s must be a string", f);
+        const json_t *args = get(fn, "arguments");
+        snprintf(f, sizeof f, "messages[%zu].tool_calls[%zu].function.arguments", i, j);
+        if (args && !json_is_string(args) && !json_is_object(args))
+            return bad(c->err, c->param, c->cap, f, "%s must be a string (JSON text)", f);
+    }
+    return TDM_OK;
+}
+
+/* An assistant message: tool_calls, or the legacy function_call as one call. */
+static int assistant_calls(req_ctx_t *c, json_t *m, size_t i, Tandem__V1__ChatMessage *msg,
+                           oai_tools_t *t)
+{
+    json_t *calls = get(m, "tool_calls"), *fc = get(m, "function_call");
+    json_t *made = NULL;
+    if (!calls && fc)
+        calls = made = json_pack("[{s:s, s:s, s:O}]", "id", "", "type", "function", "function", fc);
+    if (!calls)
+        return TDM_OK;
+    int rc = check_calls(c, calls, i);
+    if (rc == TDM_OK && json_array_size(calls) > 0 &&
+        (rc = own(t, json_dumps(calls, JSON_COMPACT), c->err)) == TDM_OK)
+        msg->tool_calls = t->owned[t->n_owned - 1];
+    json_decref(made);
+    return rc;
+}
+
+int oai_tools_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, oai_tools_t *t,
+                      char *param, size_t param_cap, tdm_error_t *err)
+{
+    req_ctx_t c = {err, param, param_cap};
+    char f[64];
+    if (strcmp(msg->role, "function") == 0)
+        msg->role = (char *)"tool"; /* the legacy function result */
+    if (strcmp(msg->role, "assistant") == 0)
+        return assistant_calls(&c, m, i, msg, t);
+    if (get(m, "tool_calls")) {
+        snprintf(f, sizeof f, "messages[%zu].tool_calls", i);
+        return bad(err, param, param_cap, f, "%s: only assistant messages have tool_calls", f);
+    }
+    if (strcmp(msg->role, "tool") != 0)
+        return TDM_OK;
+    json_t *id = get(m, "tool_call_id"), *name = get(m, "name");
+    snprintf(f, sizeof f, "messages[%zu].tool_call_id", i);
+    if (id && !json_is_string(id))
+        return bad(err, param, param_cap, f, "%s must be a string", f);
+    if (!id && !name)
+        return bad(err, param, param_cap, f, "%s is required in a message with role tool", f);
+    snprintf(f, sizeof f, "messages[%zu].name", i);
+    if (name && !json_is_string(name))
+        return bad(err, param, param_cap, f, "%s must be a string", f);
+    if (id)
+        msg->tool_call_id = (char *)json_string_value(id);
+    if (name)
+        msg->name = (char *)json_string_value(name);
+    return TDM_OK;
+}
+
+/* ---- the grammar of required / named calls ---- */
+
+/* Appends one function's rules: fn-K ::= "{\"name\": \"NAME\", \"arguments\": " fn-K-args "}"
+ * and the rules of its parameters' schema (any object when it has none). */
+static int function_rules(const json_t *fn, size_t k, tdm_buf_t *g, char *param, size_t cap,
+                          tdm_error_t *err)
+{
+    char rule[32];
+    snprintf(rule, sizeof rule, "fn-%zu-args", k);
+    (void)tdm_buf_printf(g,
+                         "fn-%zu ::= \"{\\\"name\\\": \\\"%s\\\", \\\"arguments\\\": \" %s \"}\"\n",
+                         k, json_string_value(json_object_get(fn, "name")), rule);
+    const json_t *params = get(fn, "parameters");
+    char *schema = params ? json_dumps(params, JSON_COMPACT) : strdup("{\"type\":\"object\"}");
+    if (!schema)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    int rc = tdm_json_schema_to_gbnf_rule(schema, strlen(schema), rule, g, err);
+    free(schema);
+    if (rc == TDM_EINVALID) {
+        char f[64];
+        snprintf(f, sizeof f, "tools[%zu].function.parameters", k);
+        char why[TDM_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", err->msg);
+        return bad(err, param, cap, f, "%s: %s", f, why);
+    }
+    return rc;
+}
+
+/* root ::= tool-call ("\n" tool-call)* (one call when parallel_tool_calls is false), each
+ * call one of the allowed functions with arguments matching its parameters. */
+static int build_grammar(oai_tools_t *t, char *param, size_t cap, tdm_error_t *err)
+{
+    json_t *tools = json_loads(t->text, 0, NULL);
+    if (!tools)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    tdm_buf_t g = TDM_BUF_INIT;
+    (void)tdm_buf_puts(&g, t->parallel ? "root ::= tool-call (\"\\n\" tool-call)*\n"
+                                       : "root ::= tool-call\n");
+    (void)tdm_buf_puts(&g, "tool-call ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall ::=");
+    size_t k, n = 0;
+    json_t *tool;
+    int rc = TDM_OK;
+    json_array_foreach(tools, k, tool)
+    {
+        const json_t *fn = json_object_get(tool, "function");
+        if (t->choice == OAI_TOOL_CHOICE_NAMED &&
+            strcmp(json_string_value(json_object_get(fn, "name")), t->named) != 0)
+            continue;
+        (void)tdm_buf_printf(&g, "%s fn-%zu", n++ ? " |" : "", k);
+    }
+    (void)tdm_buf_puts(&g, "\n");
+    json_array_foreach(tools, k, tool)
+    {
+        const json_t *fn = json_object_get(tool, "function");
+        if (rc == TDM_OK && (t->choice != OAI_TOOL_CHOICE_NAMED ||
+                             strcmp(json_string_value(json_object_get(fn, "name")), t->named) == 0))
+            rc = function_rules(fn, k, &g, param, cap, err);
+    }
+    json_decref(tools);
+    t->grammar = tdm_buf_take(&g);
+    if (rc == TDM_OK && !t->grammar)
+        rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    return rc;
+}
+
+int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, char *param, size_t param_cap,
+                      tdm_error_t *err)
+{
+    c->tools = t->text;
+    if (t->choice != OAI_TOOL_CHOICE_REQUIRED && t->choice != OAI_TOOL_CHOICE_NAMED)
+        return TDM_OK;
+    int rc = build_grammar(t, param, param_cap, err);
+    if (rc != TDM_OK)
+        return rc;
+    c->constraint_kind = TDM_CLIENT_CONSTRAINT_GRAMMAR;
+    c->constraint = t->grammar;
+    return TDM_OK;
+}
+
+void oai_tools_clear(oai_tools_t *t)
+{
+    if (!t)
+        return;
+    free(t->text);
+    free(t->grammar);
+    for (size_t i = 0; i < t->n_owned; i++)
+        free(t->owned[i]);
+    free(t->owned);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- the output parser ---- */
+
+static const char open_tag[] = "<tool_call>";
+static const char close_tag[] = "</tool_call>";
+#define OPEN_LEN (sizeof open_tag - 1)
+#define CLOSE_LEN (sizeof close_tag - 1)
+
+void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel, bool incremental)
+{
+    memset(p, 0, sizeof *p);
+    p->parallel = parallel;
+    p->incremental = incremental;
+}
+
+void oai_tool_parser_free(oai_tool_parser_t *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n_calls; i++) {
+        free(p->calls[i].name);
+        free(p->calls[i].arguments);
+    }
+    free(p->calls);
+    tdm_buf_free(&p->hold);
+    tdm_buf_free(&p->ws);
+    memset(p, 0, sizeof *p);
+}
+
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Gives out content s[0..n): whitespace at its end waits in p->ws until more content follows
+ * (it is dropped when a call comes next); whitespace right after a call is dropped. */
+static void content_out(oai_tool_parser_t *p, const char *s, size_t n, tdm_buf_t *out)
+{
+    if (p->after_call)
+        while (n > 0 && is_ws(*s))
+            s++, n--;
+    size_t end = n;
+    while (end > 0 && is_ws(s[end - 1]))
+        end--;
+    if (end > 0) {
+        p->after_call = false;
+        (void)tdm_buf_append(out, p->ws.data ? p->ws.data : "", p->ws.len);
+        tdm_buf_clear(&p->ws);
+        (void)tdm_buf_append(out, s, end);
+    }
+    (void)tdm_buf_append(&p->ws, s + end, n - end);
+}
+
+/* The end of the JSON value that starts at s[i] (the text is valid JSON: jansson checked it),
+ * or n when it runs out. */
+static size_t skip_value(const char *s, size_t n, size_t i)
+{
+    int depth = 0;
+    bool in_str = false;
+    for (; i < n; i++) {
+        char ch = s[i];
+        if (in_str) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_str = false;
+            if (!in_str && depth == 0)
+                return i + 1;
+            continue;
+        }
+        if (ch == '"') {
+            in_str = true;
+        } else if (ch == '{' || ch == '[') {
+            depth++;
+        } else if (ch == '}' || ch == ']') {
+            if (depth == 0)
+                return i; /* the end of the enclosing object: a scalar ends here */
+            if (--depth == 0)
+                return i + 1;
+        } else if (depth == 0 && (ch == ',' || is_ws(ch))) {
+            return i;
+        }
+    }
+    return n;
+}
+
+/* The text of the top-level member key of the JSON object s[0..n) (valid JSON): sets *at and
+ * returns its length, or returns 0 when absent. */
+static size_t member_text(const char *s, size_t n, const char *key, size_t *at)
+{
+    size_t i = 0, klen = strlen(key);
+    while (i < n && s[i] != '{')
+        i++;
+    for (i++; i < n;) {
+        while (i < n && (is_ws(s[i]) || s[i] == ','))
+            i++;
+        if (i >= n || s[i] != '"')
+            return 0;
+        size_t kstart = i + 1, kend = skip_value(s, n, i) - 1;
+        for (i = kend + 1; i < n && (is_ws(s[i]) || s[i] == ':'); i++)
+            ;
+        size_t vend = skip_value(s, n, i);
+        if (kend - kstart == klen && memcmp(s + kstart, key, klen) == 0) {
+            *at = i;
+            return vend - i;
+        }
+        i = vend;
+    }
+    return 0;
+}
+
+static const char *find(const char *s, size_t n, const char *needle, size_t m)
+{
+    for (size_t i = 0; i + m <= n; i++)
+        if (memcmp(s + i, needle, m) == 0)
+            return s + i;
+    return NULL;
+}
+
+/* The length of the longest tail of s[0..n) that begins the open tag. */
+static size_t tag_prefix_tail(const char *s, size_t n)
+{
+    for (size_t k = n < OPEN_LEN - 1 ? n : OPEN_LEN - 1; k > 0; k--)
+        if (memcmp(s + n - k, open_tag, k) == 0)
+            return k;
+    return 0;
+}
+
+/* Appends a call named name with the given arguments (both heap strings, taken; freed on
+ * failure) and a fresh id. Returns the call, NULL on out of memory. */
+static oai_tool_call_t *add_call(oai_tool_parser_t *p, char *name, char *arguments)
+{
+    if (name && arguments && p->n_calls == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 4;
+        oai_tool_call_t *c = realloc(p->calls, cap * sizeof *c);
+        if (c)
+            p->calls = c, p->cap = cap;
+    }
+    if (!name || !arguments || p->n_calls == p->cap) {
+        free(name);
+        free(arguments);
+        p->oom = true;
+        return NULL;
+    }
+    oai_tool_call_t *c = &p->calls[p->n_calls++];
+    memset(c, 0, sizeof *c);
+    uint8_t r[12] = {0};
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        memcpy(r, &p->n_calls, sizeof p->n_calls);
+    int off = snprintf(c->id, sizeof c->id, "call_");
+    for (size_t k = 0; k < sizeof r; k++)
+        off += snprintf(c->id + off, sizeof c->id - (size_t)off, "%02x", r[k]);
+    c->name = name;
+    c->arguments = arguments;
+    return c;
+}
+
+/* BODY of a call: {"name": string, "arguments": object | JSON text in a string}. Appends the
+ * call and returns true when it is one. */
+static bool parse_call(oai_tool_parser_t *p, const char *s, size_t n)
+{
+    json_t *v = json_loadb(s, n, 0, NULL);
+    const char *name = json_string_value(json_object_get(v, "name"));
+    const char *key = json_object_get(v, "arguments") ? "arguments" : "parameters";
+    json_t *args = json_object_get(v, key);
+    bool ok = json_is_object(v) && name && name[0] &&
+              (!args || json_is_object(args) || json_is_string(args));
+    char *name_copy = ok ? strdup(name) : NULL;
+    char *args_copy = NULL;
+    size_t at = 0, len = ok && json_is_object(args) ? member_text(s, n, key, &at) : 0;
+    if (len > 0)
+        args_copy = strndup(s + at, len);
+    else if (ok && json_is_string(args))
+        args_copy = strdup(json_string_value(args));
+    else if (ok)
+        args_copy = strdup("{}");
+    json_decref(v);
+    return ok && add_call(p, name_copy, args_copy) != NULL;
+}
+
+/* ---- incremental arguments (constrained output) ---- */
+
+/* What the grammar of tool_choice required / a named function makes a call start with, after
+ * the open tag: "\n{\"name\": \"" NAME "\", \"arguments\": " (build_grammar). */
+static const char head_a[] = "\n{\"name\": \"";
+static const char head_b[] = "\", \"arguments\": ";
+/* While a call's arguments stream, this many bytes stay held: the "}\n</tool_call>" that
+ * ends the call may be arriving. */
+#define ARGS_TAIL (CLOSE_LEN + 2)
+
+/* Matches the call head at h[0..n): 1 (a call opened; *used bytes of head), 0 (could still
+ * be one: wait), -1 (not this form: parse the call whole). */
+static int open_streamed_call(oai_tool_parser_t *p, const char *h, size_t n, size_t *used)
+{
+    size_t la = sizeof head_a - 1, lb = sizeof head_b - 1;
+    if (memcmp(h, head_a, n < la ? n : la) != 0)
+        return -1;
+    if (n < la)
+        return 0;
+    size_t i = la;
+    while (i < n && i - la <= TOOL_NAME_MAX &&
+           (h[i] == '_' || h[i] == '-' || (h[i] >= '0' && h[i] <= '9') ||
+            (h[i] >= 'a' && h[i] <= 'z') || (h[i] >= 'A' && h[i] <= 'Z')))
+        i++;
+    if (i - la > TOOL_NAME_MAX || (i < n && i == la))
+        return -1;
+    size_t rest = n - i;
+    if (i == n || memcmp(h + i, head_b, rest < lb ? rest : lb) != 0)
+        return i == n ? 0 : -1;
+    if (rest < lb)
+        return 0;
+    if (!add_call(p, strndup(h + la, i - la), strdup("")))
+        return -1;
+    *used = i + lb;
+    return 1;
+}
+
+static void append_arguments(oai_tool_parser_t *p, const char *s, size_t n)
+{
+    oai_tool_call_t *c = &p->calls[p->n_calls - 1];
+    size_t len = strlen(c->arguments);
+    char *a = n ? realloc(c->arguments, len + n + 1) : c->arguments;
+    if (!a) {
+        p->oom = true;
+        return;
+    }
+    memcpy(a + len, s, n);
+    a[len + n] = '\0';
+    c->arguments = a;
+}
+
+static void hold_drop(oai_tool_parser_t *p, size_t n)
+{
+    memmove(p->hold.data, p->hold.data + n, p->hold.len - n);
+    p->hold.len -= n;
+    p->hold.data[p->hold.len] = '\0';
+}
+
+/* A streamed call's arguments: what cannot be the call's end goes to the open call; at the
+ * close tag the rest, less the "}" that closes the call object. Returns true at the end. */
+static bool stream_arguments(oai_tool_parser_t *p, bool final)
+{
+    const char *h = p->hold.data;
+    size_t n = p->hold.len;
+    const char *end = find(h, n, close_tag, CLOSE_LEN);
+    if (!end) {
+        size_t give = final ? n : n > ARGS_TAIL ? n - ARGS_TAIL : 0;
+        append_arguments(p, h, give);
+        hold_drop(p, give);
+        p->streaming = p->in_call = !final;
+        return false;
+    }
+    size_t body = (size_t)(end - h), len = body;
+    while (len > 0 && is_ws(h[len - 1]))
+        len--;
+    if (len > 0 && h[len - 1] == '}')
+        len--;
+    append_arguments(p, h, len);
+    hold_drop(p, body + CLOSE_LEN);
+    p->streaming = p->in_call = false;
+    p->after_call = true;
+    tdm_buf_clear(&p->ws);
+    return true;
+}
+
+/* One step over p->hold: settles what it can; returns true when it changed state (call
+ * again). */
+static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
+{
+    const char *h = p->hold.data ? p->hold.data : "";
+    size_t n = p->hold.len;
+    bool closed_to_calls = !p->parallel && p->n_calls > 0;
+    if (!p->in_call) {
+        const char *at = closed_to_calls ? NULL : find(h, n, open_tag, OPEN_LEN);
+        size_t keep = at || final || closed_to_calls ? 0 : tag_prefix_tail(h, n);
+        size_t give = at ? (size_t)(at - h) : n - keep;
+        content_out(p, h, give, out);
+        hold_drop(p, at ? give + OPEN_LEN : give);
+        p->in_call = at != NULL;
+        return at != NULL;
+    }
+    if (p->incremental && !p->streaming && !p->whole_call) {
+        size_t used = 0;
+        int r = open_streamed_call(p, h, n, &used);
+        if (r > 0) {
+            hold_drop(p, used);
+            p->streaming = true;
+            return true;
+        }
+        if (r == 0 && !final)
+            return false;
+        p->whole_call = true;
+    }
+    if (p->streaming)
+        return stream_arguments(p, final);
+    const char *end = find(h, n, close_tag, CLOSE_LEN);
+    if (!end && !final)
+        return false;
+    size_t body = end ? (size_t)(end - h) : n;
+    size_t used = end ? body + CLOSE_LEN : n;
+    if (parse_call(p, h, body)) {
+        tdm_buf_clear(&p->ws);
+        p->after_call = true;
+    } else { /* not a call: the text stays, tags included */
+        content_out(p, open_tag, OPEN_LEN, out);
+        content_out(p, h, used, out);
+    }
+    hold_drop(p, used);
+    p->in_call = p->whole_call = false;
+    return true;
+}
+
+int oai_tool_parser_feed(oai_tool_parser_t *p, const char *s, size_t n, bool final,
+                         tdm_buf_t *content)
+{
+    if (tdm_buf_append(&p->hold, s, n) != TDM_OK || tdm_buf_reserve(&p->hold, 0) != TDM_OK)
+        return TDM_ERESOURCE;
+    while (parse_step(p, final, content))
+        ;
+    if (final && p->n_calls == 0) {
+        (void)tdm_buf_append(content, p->ws.data ? p->ws.data : "", p->ws.len);
+        tdm_buf_clear(&p->ws);
+    }
+    return content->oom || p->ws.oom || p->oom ? TDM_ERESOURCE : TDM_OK;
+}
+
+/* ---- responses ---- */
+
+static json_t *call_json(const oai_tool_call_t *c, long index, bool whole)
+{
+    json_t *j =
+        json_pack("{s:s, s:s, s:{s:o, s:o}}", "id", c->id, "type", "function", "function", "name",
+                  http_json_str(c->name), "arguments", http_json_str(whole ? c->arguments : ""));
+    if (j && index >= 0)
+        json_object_set_new(j, "index", json_integer(index));
+    return j;
+}
+
+/* The deltas of call k not sent yet: index, id, type and name (arguments "") once, then the
+ * arguments that came since the last delta. */
+static int emit_call(const oai_req_t *q, tdm_buf_t *b, size_t k, oai_tool_call_t *c)
+{
+    int rc = TDM_OK;
+    if (!c->announced) {
+        c->announced = true;
+        rc = oai_emit_choice(q, b, json_pack("{s:[o]}", "tool_calls", call_json(c, (long)k, false)),
+                             NULL, 0, NULL, NULL);
+    }
+    size_t len = strlen(c->arguments);
+    if (rc == TDM_OK && c->sent < len)
+        rc = oai_emit_choice(q, b,
+                             json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", (int)k,
+                                       "function", "arguments",
+                                       http_json_text(c->arguments + c->sent, len - c->sent)),
+                             NULL, 0, NULL, NULL);
+    c->sent = len;
+    return rc;
+}
+
+int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b)
+{
+    if (!o->tools) {
+        o->tools = calloc(1, sizeof *o->tools);
+        if (!o->tools)
+            return TDM_ERESOURCE;
+        oai_tool_parser_init(o->tools, q->tools.parallel, q->tools.grammar != NULL);
+    }
+    tdm_buf_t content = TDM_BUF_INIT;
+    int rc = oai_tool_parser_feed(o->tools, ch->text, strlen(ch->text),
+                                  ch->finish_reason != TDM_CLIENT_FINISH_NONE, &content);
+    bool lp_wanted = q->logprobs && ch->n_tokens > 0;
+    if (rc == TDM_OK && (content.len > 0 || lp_wanted))
+        rc = oai_emit_choice(
+            q, b, json_pack("{s:o}", "content", http_json_text(content.data, content.len)), NULL, 0,
+            oai_logprobs_json(q, o, ch), NULL);
+    for (size_t k = 0; rc == TDM_OK && k < o->tools->n_calls; k++)
+        rc = emit_call(q, b, k, &o->tools->calls[k]);
+    tdm_buf_free(&content);
+    return rc;
+}
+
+const char *oai_tools_finish(const oai_out_t *o, int reason)
+{
+    return o->tools && o->tools->n_calls > 0 && reason == TDM_CLIENT_FINISH_STOP ? "tool_calls"
+                                                                                 : NULL;
+}
+
+json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls)
+{
+    oai_tool_parser_t p;
+    oai_tool_parser_init(&p, q->tools.parallel, false);
+    tdm_buf_t content = TDM_BUF_INIT;
+    json_t *msg = NULL;
+    *n_calls = 0;
+    if (oai_tool_parser_feed(&p, text, strlen(text), true, &content) != TDM_OK)
+        goto out_free;
+    json_t *calls = json_array();
+    for (size_t k = 0; calls && k < p.n_calls; k++)
+        json_array_append_new(calls, call_json(&p.calls[k], -1, true));
+    json_t *c =
+        p.n_calls > 0 && content.len == 0 ? json_null() : http_json_text(content.data, content.len);
+    msg = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", c, "refusal");
+    if (msg && calls && p.n_calls > 0)
+        json_object_set_new(msg, "tool_calls", calls);
+    else
+        json_decref(calls);
+    *n_calls = p.n_calls;
+out_free:
+    tdm_buf_free(&content);
+    oai_tool_parser_free(&p);
+    return msg;
+}
+
+void oai_out_clear(oai_out_t *o)
+{
+    if (!o || !o->tools)
+        return;
+    oai_tool_parser_free(o->tools);
+    free(o->tools);
+    o->tools = NULL;
+}
