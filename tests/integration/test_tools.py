@@ -342,3 +342,22 @@ def test_langchain_required_and_structured_output(cluster, model, grammar):
 
     out = llm.with_structured_output(Weather, method="function_calling").invoke(QUESTION)
     assert isinstance(out, Weather)
+
+
+def test_langchain_structured_output_json_schema_and_json_mode(cluster, model, grammar):
+    # with_structured_output's other two methods: response_format json_schema (LangChain parses
+    # it into the model) and json_mode (response_format json_object, parsed as a dict)
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+
+    lc = chat_model(cluster, model)
+    lc.max_tokens = 200
+    out = lc.with_structured_output(City, method="json_schema").invoke(
+        "Describe Paris as JSON with its name and country.")
+    assert isinstance(out, City) and out.name and out.country
+    got = lc.with_structured_output(method="json_mode").invoke(
+        "Return a JSON object with the keys name and country for Paris.")
+    assert isinstance(got, dict)

@@ -930,6 +930,40 @@ static void test_constrained_resume(void **state)
     tdm_grammar_vocab_destroy(&gv);
 }
 
+/* ignore_eos holds for a constrained sequence too: end-of-generation tokens are masked while
+ * the grammar allows more, so an open-ended grammar runs to max_tokens (LENGTH). */
+static void test_constrained_ignore_eos(void **state)
+{
+    fixture_t *fx = *state;
+    static const char open_gbnf[] = "root ::= [a-c ]+\n";
+    tdm_error_t err = {0};
+    tdm_grammar_vocab_t *gv = tdm_grammar_vocab_new(fx->tok, &err);
+    tdm_grammar_t *g = tdm_grammar_parse(open_gbnf, strlen(open_gbnf), NULL, &err);
+    assert_true(gv && g);
+    g_grammar_vocab = gv;
+    int32_t prompt[12];
+    make_prompt(prompt, 12, fx->f.n_vocab, 9);
+    for (int seed = 0; seed < 4; seed++) {
+        tdm_sampling_params_t sp;
+        tdm_sampling_params_default(&sp);
+        sp.seed = (uint64_t)seed;
+        sp.max_tokens = 20;
+        sp.ignore_eos = true;
+        out_t got[1] = {0};
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+        tdm_worker_req_t req = {"r0", prompt, 12, &sp, NULL, 0, NULL, NULL, 0, g};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+        drain(&r, got);
+        rig_close(&r);
+        assert_int_equal(got[0].why, TDM_WORKER_FINISH_LENGTH);
+        assert_int_equal(got[0].n, 20);
+    }
+    g_grammar_vocab = NULL;
+    tdm_grammar_destroy(&g);
+    tdm_grammar_vocab_destroy(&gv);
+}
+
 /* A constrained sequence split between a PREFILL worker (first token under the mask) and a
  * DECODE worker (the first token replayed into a fresh matcher) gives the single-worker output;
  * a first token the grammar does not allow is refused at add. */
@@ -1006,6 +1040,7 @@ int main(void)
         cmocka_unit_test(test_constrained_in_batch),
         cmocka_unit_test(test_constrained_handoff),
         cmocka_unit_test(test_constrained_resume),
+        cmocka_unit_test(test_constrained_ignore_eos),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

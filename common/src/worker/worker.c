@@ -13,6 +13,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#define WORKER_MAX_EOG 16 /* end-of-generation tokens the constrained ignore_eos masks */
 #define NO_SLOT UINT32_MAX
 
 typedef struct wseq {
@@ -59,17 +60,20 @@ struct tdm_worker {
     uint32_t n_waiting;
 
     /* one forward pass */
-    int32_t *b_tokens;               /* [max_batch_tokens] */
-    uint32_t *b_pos;                 /* [max_batch_tokens] */
-    uint32_t *b_seq;                 /* [max_batch_tokens] */
-    bool *b_want;                    /* [max_batch_tokens] */
-    tdm_batch_seq_t *b_seqs;         /* [max_running] */
-    uint32_t *b_slot;                /* [max_running] slot of batch sequence k */
-    uint32_t *b_chunk;               /* [max_running] rows of batch sequence k */
-    bool *b_logits;                  /* [max_running] batch sequence k asks for logits */
-    float *logits;                   /* [max_running][n_vocab] */
-    uint32_t *mask;                  /* [(n_vocab + 31) / 32] allowed tokens of the sequence
-                                        being sampled (constrained sequences only) */
+    int32_t *b_tokens;           /* [max_batch_tokens] */
+    uint32_t *b_pos;             /* [max_batch_tokens] */
+    uint32_t *b_seq;             /* [max_batch_tokens] */
+    bool *b_want;                /* [max_batch_tokens] */
+    tdm_batch_seq_t *b_seqs;     /* [max_running] */
+    uint32_t *b_slot;            /* [max_running] slot of batch sequence k */
+    uint32_t *b_chunk;           /* [max_running] rows of batch sequence k */
+    bool *b_logits;              /* [max_running] batch sequence k asks for logits */
+    float *logits;               /* [max_running][n_vocab] */
+    uint32_t *mask;              /* [(n_vocab + 31) / 32] allowed tokens of the sequence
+                                    being sampled (constrained sequences only) */
+    int32_t eog[WORKER_MAX_EOG]; /* the vocabulary's end-of-generation tokens (the first
+                                    WORKER_MAX_EOG), masked for ignore_eos */
+    uint32_t n_eog;
     uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
 
     tdm_worker_event_t *events; /* [2 * n_slots] */
@@ -187,6 +191,9 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
     w->o = *opts;
     if (!alloc_tables(w))
         goto out_free;
+    for (uint32_t t = 0; t < n_vocab && w->n_eog < WORKER_MAX_EOG; t++)
+        if (tdm_tokenizer_is_eog(tok, (int32_t)t))
+            w->eog[w->n_eog++] = (int32_t)t;
     w->sampler = tdm_sampler_new(n_vocab, err);
     if (!w->sampler) {
         tdm_worker_destroy(&w);
@@ -716,13 +723,23 @@ static void hand_over(tdm_worker_t *w, uint32_t slot, int32_t token, double t_en
 }
 
 /* The mask of a constrained sequence's next token in w->mask (tokens past the grammar's
- * vocabulary stay masked); NULL for free text. */
+ * vocabulary stay masked); NULL for free text. With ignore_eos, end-of-generation tokens are
+ * masked too while the grammar allows anything else (when it allows nothing else, the output
+ * is complete and may only end). */
 static const uint32_t *next_mask(tdm_worker_t *w, wseq_t *s)
 {
     if (!s->matcher)
         return NULL;
     memset(w->mask, 0, ((size_t)w->n_vocab + 31) / 32 * sizeof *w->mask);
-    tdm_grammar_matcher_fill_mask(s->matcher, w->mask);
+    uint32_t n_allowed = tdm_grammar_matcher_fill_mask(s->matcher, w->mask);
+    if (!s->sp.ignore_eos)
+        return w->mask;
+    uint32_t n_eog = 0;
+    for (uint32_t i = 0; i < w->n_eog; i++)
+        n_eog += (w->mask[w->eog[i] / 32] >> (w->eog[i] % 32)) & 1u;
+    if (n_eog < n_allowed)
+        for (uint32_t i = 0; i < w->n_eog; i++)
+            w->mask[w->eog[i] / 32] &= ~(1u << (w->eog[i] % 32));
     return w->mask;
 }
 
