@@ -284,7 +284,8 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         if (strcmp(r, "developer") == 0)
             r = "system"; /* OpenAI's newer name for system instructions */
         json_t *c = json_object_get(m, "content");
-        if ((!c || json_is_null(c)) && !json_object_get(m, "tool_calls")) {
+        if ((!c || json_is_null(c)) && !json_object_get(m, "tool_calls") &&
+            !json_object_get(m, "function_call")) {
             snprintf(name, sizeof name, "messages[%zu].content", i);
             return bad_field(p->err, p->param, p->param_cap, name,
                              "%s is required: a message has content (an assistant message may "

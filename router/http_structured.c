@@ -144,6 +144,37 @@ static int take(source_t *have, const source_t *s, char *param, size_t cap, tdm_
     return check_value(s, param, cap, err);
 }
 
+/* structured_outputs' members are the ones above, or vLLM's choice of backend (ignored: there
+ * is one); any other member (a typo, or an option that would change the grammar) is refused
+ * rather than leaving the output unconstrained, and so is an object with no constraint. */
+static int check_members(json_t *so, char *param, size_t cap, tdm_error_t *err)
+{
+    static const char *const ignored[] = {"backend", "disable_fallback"};
+    const char *key;
+    json_t *v;
+    bool any = false;
+    json_object_foreach(so, key, v) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof members / sizeof members[0] && !known; i++)
+            known = strcmp(key, members[i].name + strlen("structured_outputs.")) == 0;
+        any = any || known;
+        for (size_t i = 0; i < sizeof ignored / sizeof ignored[0] && !known; i++)
+            known = strcmp(key, ignored[i]) == 0;
+        if (!known) {
+            char name[96];
+            snprintf(name, sizeof name, "structured_outputs.%.64s", key);
+            return refuse(param, cap, err, name,
+                          "%s: not supported (give one of json, regex, choice, grammar, "
+                          "json_object)",
+                          name);
+        }
+    }
+    if (!any)
+        return refuse(param, cap, err, "structured_outputs",
+                      "structured_outputs: give one of json, regex, choice, grammar, json_object");
+    return TDM_OK;
+}
+
 /* structured_outputs: an object with one member. */
 static int from_structured_outputs(json_t *so, source_t *have, char *param, size_t cap,
                                    tdm_error_t *err)
@@ -151,6 +182,9 @@ static int from_structured_outputs(json_t *so, source_t *have, char *param, size
     if (!json_is_object(so))
         return refuse(param, cap, err, "structured_outputs",
                       "structured_outputs must be an object");
+    int rc = check_members(so, param, cap, err);
+    if (rc != TDM_OK)
+        return rc;
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) {
         const char *name = members[i].name + strlen("structured_outputs.");
         json_t *v = member(so, name);
@@ -160,7 +194,7 @@ static int from_structured_outputs(json_t *so, source_t *have, char *param, size
             return refuse(param, cap, err, members[i].name, "%s must be a boolean",
                           members[i].name);
         source_t s = {members[i].name, members[i].kind, v};
-        int rc = take(have, &s, param, cap, err);
+        rc = take(have, &s, param, cap, err);
         if (rc != TDM_OK)
             return rc;
     }

@@ -283,6 +283,8 @@ BAD = [
     ({"guided_choice": ["a", 1]}, "guided_choice", "guided_choice[1]"),
     ({"response_format": {"type": "xml"}}, "response_format", "xml"),
     ({"guided_json": 7}, "guided_json", "JSON Schema"),
+    ({"structured_outputs": {"regexp": "[0-9]+"}}, "structured_outputs.regexp", "not supported"),
+    ({"structured_outputs": {}}, "structured_outputs", "give one of"),
 ]
 
 

@@ -76,6 +76,8 @@ static bool in_list(const char *const *list, const char *key)
     return false;
 }
 
+#define JS_PTR_SHOWN 48 /* characters of each end of a long pointer in a message */
+
 /* ---- errors, names, pointers ---- */
 
 static int vfail(js_ctx_t *c, bool unsat, const char *ptr, const char *key, const char *fmt,
@@ -91,6 +93,16 @@ static int vfail(js_ctx_t *c, bool unsat, const char *ptr, const char *key, cons
     else
         snprintf(p, sizeof p, "%s", ptr);
     c->unsat = unsat;
+    /* a deep pointer keeps its start and end, so the reason still fits the message */
+    size_t n = strlen(p);
+    if (n + 4 >= JS_PTR_MAX) /* cut while it was built: its end is not known */
+        return tdm_error_set(c->err, TDM_EINVALID,
+                             "%.*s... (a pointer of more than %d "
+                             "characters): %s",
+                             2 * JS_PTR_SHOWN, p, JS_PTR_MAX - 5, msg);
+    if (n > 2 * JS_PTR_SHOWN + 3)
+        return tdm_error_set(c->err, TDM_EINVALID, "%.*s...%s: %s", JS_PTR_SHOWN, p,
+                             p + n - JS_PTR_SHOWN, msg);
     return tdm_error_set(c->err, TDM_EINVALID, "%s: %s", *p ? p : "/", msg);
 }
 
