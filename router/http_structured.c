@@ -153,7 +153,8 @@ static int check_members(json_t *so, char *param, size_t cap, tdm_error_t *err)
     const char *key;
     json_t *v;
     bool any = false;
-    json_object_foreach(so, key, v) {
+    json_object_foreach(so, key, v)
+    {
         bool known = false;
         for (size_t i = 0; i < sizeof members / sizeof members[0] && !known; i++)
             known = strcmp(key, members[i].name + strlen("structured_outputs.")) == 0;
