@@ -1,6 +1,7 @@
-/* test_tokenizer.c - the tokenizer against llama.cpp's test vectors (five vocabularies, 46
- * texts each), round trips of seeded random text and bytes, the incremental detokenizer,
- * special tokens, metadata errors and speed. */
+/* test_tokenizer.c - the tokenizer against llama.cpp's test vectors (five vocabularies from
+ * ../shared and deepseek-llm, mpt, command-r from scripts/setup's cache, 46 texts each), round
+ * trips of seeded random text and bytes, the incremental detokenizer, special tokens, metadata
+ * errors and speed. */
 #include "tdm_test.h"
 
 #include <stdio.h>
@@ -23,10 +24,10 @@
 
 /* ---- helpers ---- */
 
-static tdm_tokenizer_t *load_vocab(const char *name)
+static tdm_tokenizer_t *load_vocab_in(const char *dir, const char *name)
 {
     char path[512];
-    snprintf(path, sizeof path, VOCAB_DIR "ggml-vocab-%s.gguf", name);
+    snprintf(path, sizeof path, "%sggml-vocab-%s.gguf", dir, name);
     tdm_error_t err;
     tdm_gguf_t *g = tdm_gguf_open(path, &err);
     if (!g)
@@ -37,6 +38,11 @@ static tdm_tokenizer_t *load_vocab(const char *name)
     tdm_gguf_destroy(&g);
     assert_null(g);
     return tok;
+}
+
+static tdm_tokenizer_t *load_vocab(const char *name)
+{
+    return load_vocab_in(VOCAB_DIR, name);
 }
 
 static void encode_ok(const tdm_tokenizer_t *tok, const char *s, size_t n, bool bos, bool special,
@@ -161,18 +167,50 @@ static void check_round_trip(const tdm_tokenizer_t *tok, const char *s, size_t n
 
 typedef struct vocab_state {
     const char *name;
+    bool cached; /* its files are in scripts/setup's cache, not in ../shared */
 } vocab_state_t;
+
+/* The folder (ending in '/') that holds a vocabulary's files: ../shared/testdata/tokenizer/, or
+ * for a cached one $TDM_VOCAB_DIR, else ${XDG_CACHE_HOME:-$HOME/.cache}/tandem/vocab/ (what
+ * scripts/setup fills). False when a cached vocabulary's file is not there. */
+static bool vocab_dir(const vocab_state_t *v, char *dir, size_t cap)
+{
+    if (!v->cached) {
+        snprintf(dir, cap, "%s", VOCAB_DIR);
+        return true;
+    }
+    const char *env = getenv("TDM_VOCAB_DIR"), *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (env && *env)
+        snprintf(dir, cap, "%s/", env);
+    else if (xdg && *xdg)
+        snprintf(dir, cap, "%s/tandem/vocab/", xdg);
+    else
+        snprintf(dir, cap, "%s/.cache/tandem/vocab/", home ? home : "");
+    char path[600];
+    snprintf(path, sizeof path, "%sggml-vocab-%s.gguf.out", dir, v->name);
+    FILE *f = fopen(path, "rb");
+    if (f)
+        fclose(f);
+    return f != NULL;
+}
 
 static void test_vectors(void **state)
 {
-    const char *name = ((const vocab_state_t *)*state)->name;
-    tdm_tokenizer_t *tok = load_vocab(name);
-    char path[512], *inp, *outp;
+    const vocab_state_t *vs = *state;
+    const char *name = vs->name;
+    char dir[512];
+    if (!vocab_dir(vs, dir, sizeof dir)) {
+        printf("%s: skipped, no vectors in %s (run scripts/setup)\n", name, dir);
+        skip();
+    }
+    tdm_tokenizer_t *tok = load_vocab_in(dir, name);
+    char path[600], *inp, *outp;
     size_t inp_len, out_len;
     tdm_error_t err;
-    snprintf(path, sizeof path, VOCAB_DIR "ggml-vocab-%s.gguf.inp", name);
+    snprintf(path, sizeof path, "%sggml-vocab-%s.gguf.inp", dir, name);
     assert_int_equal(tdm_read_file(path, 1 << 20, &inp, &inp_len, &err), TDM_OK);
-    snprintf(path, sizeof path, VOCAB_DIR "ggml-vocab-%s.gguf.out", name);
+    snprintf(path, sizeof path, "%sggml-vocab-%s.gguf.out", dir, name);
     assert_int_equal(tdm_read_file(path, 1 << 20, &outp, &out_len, &err), TDM_OK);
 
     size_t n_cases = 0, n_pass = 0, n_split = 0;
@@ -669,6 +707,8 @@ static void test_pre_tokenizers(void **state)
         {"llama3", "123|4", true},       {"llama-bpe", "123|4", true},
         {"qwen2", "1|2|3|4", true},      {"deepseek-coder", "1|2|3|4", false},
         {"falcon", "123|4", false},      {"default", "123|4", false},
+        {"mpt", "1234", false},          {"command-r", "1|2|3|4", false},
+        {"deepseek-llm", "1234", false},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tdm_error_t err;
@@ -786,7 +826,9 @@ static void test_speed(void **state)
 int main(void)
 {
     static vocab_state_t vocabs[] = {
-        {"gpt-2"}, {"starcoder"}, {"deepseek-coder"}, {"falcon"}, {"llama-spm"},
+        {"gpt-2", false},  {"starcoder", false}, {"deepseek-coder", false},
+        {"falcon", false}, {"llama-spm", false}, {"deepseek-llm", true},
+        {"mpt", true},     {"command-r", true},
     };
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_vectors, &vocabs[0]),
@@ -794,6 +836,9 @@ int main(void)
         cmocka_unit_test_prestate(test_vectors, &vocabs[2]),
         cmocka_unit_test_prestate(test_vectors, &vocabs[3]),
         cmocka_unit_test_prestate(test_vectors, &vocabs[4]),
+        cmocka_unit_test_prestate(test_vectors, &vocabs[5]),
+        cmocka_unit_test_prestate(test_vectors, &vocabs[6]),
+        cmocka_unit_test_prestate(test_vectors, &vocabs[7]),
         cmocka_unit_test_prestate(test_random_round_trip, &vocabs[0]),
         cmocka_unit_test_prestate(test_random_round_trip, &vocabs[1]),
         cmocka_unit_test_prestate(test_random_round_trip, &vocabs[2]),

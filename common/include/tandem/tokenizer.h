@@ -63,7 +63,16 @@ tdm_token_t tdm_tokenizer_bos(const tdm_tokenizer_t *tok); /* -1 when the vocab 
 tdm_token_t tdm_tokenizer_eos(const tdm_tokenizer_t *tok); /* -1 when none */
 tdm_token_t tdm_tokenizer_eot(const tdm_tokenizer_t *tok); /* end of turn (<|im_end|>,
                                                               <|eot_id|>) or -1 */
+tdm_token_t tdm_tokenizer_unk(const tdm_tokenizer_t *tok); /* unknown token or -1 */
 bool tdm_tokenizer_add_bos(const tdm_tokenizer_t *tok);    /* tokenizer.ggml.add_bos_token */
+/* Byte-level BPE: the i-th regex (PCRE2 syntax, UTF + UCP) of the pre-tokenizer sequence, each
+ * splitting the pieces the previous one left and keeping matched and unmatched spans (Hugging
+ * Face's Split with behaviour "Isolated"); NULL past the last one and for SPM. The string is
+ * static. */
+const char *tdm_tokenizer_pre_regex(const tdm_tokenizer_t *tok, size_t i);
+/* Byte-level BPE: true when a pre-token found whole in the vocabulary is not merged (llama3:
+ * Hugging Face's BPE ignore_merges). */
+bool tdm_tokenizer_ignore_merges(const tdm_tokenizer_t *tok);
 /* True for tokens that end generation: eos, eot and other end-of-generation controls. */
 bool tdm_tokenizer_is_eog(const tdm_tokenizer_t *tok, tdm_token_t id);
 /* The token's type; TDM_TOKEN_UNUSED for an id out of range. */

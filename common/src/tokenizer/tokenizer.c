@@ -568,6 +568,21 @@ bool tdm_tokenizer_add_bos(const tdm_tokenizer_t *tok)
     return tok->add_bos;
 }
 
+tdm_token_t tdm_tokenizer_unk(const tdm_tokenizer_t *tok)
+{
+    return tok->unk;
+}
+
+const char *tdm_tokenizer_pre_regex(const tdm_tokenizer_t *tok, size_t i)
+{
+    return tok->re_src && i < tok->n_re ? tok->re_src[i] : NULL;
+}
+
+bool tdm_tokenizer_ignore_merges(const tdm_tokenizer_t *tok)
+{
+    return tok->ignore_merges;
+}
+
 bool tdm_tokenizer_is_eog(const tdm_tokenizer_t *tok, tdm_token_t id)
 {
     for (size_t i = 0; i < tok->n_eog; i++) {

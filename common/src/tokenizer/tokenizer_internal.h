@@ -59,7 +59,8 @@ struct tdm_tokenizer {
     tdm_token_t byte_id[256];
     pcre2_code *re[TDM_TOK_MAX_REGEX];
     size_t n_re;
-    bool ignore_merges; /* llama3: a pre-token found whole in the vocab is not merged */
+    const char *const *re_src; /* [n_re] the regexes' source (PCRE2); NULL for SPM */
+    bool ignore_merges;        /* llama3: a pre-token found whole in the vocab is not merged */
 
     /* Special tokens (control, unknown, user-defined) with a non-empty text, grouped by first
      * byte (special_first[b] .. special_first[b + 1]) and longest first within a group. */
