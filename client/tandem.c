@@ -20,6 +20,8 @@ static const subcommand_t subcommands[] = {
     {"cluster", tdm_cmd_cluster, "start (up) or stop (down) a router and its nodes on this host"},
     {"inspect", tdm_cmd_inspect, "show a GGUF model: architecture, hyperparameters, tensors"},
     {"tokenize", tdm_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
+    {"tokenizer", tdm_cmd_tokenizer,
+     "export a Hugging Face tokenizer folder for a model's vocabulary"},
     {"grammar", tdm_cmd_grammar, "check a GBNF grammar, and an instance against it"},
     {"config", tdm_cmd_config, "check a cluster config file and print the resolved config"},
     {"keys", tdm_cmd_keys, "generate the CURVE key pairs of the router and every node"},
