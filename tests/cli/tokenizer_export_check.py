@@ -155,8 +155,10 @@ def check_transformers(out, model, texts):
         print("skip transformers.AutoTokenizer: transformers is not installed")
         return
     tok = AutoTokenizer.from_pretrained(out)
+    cfg = json.load(open(os.path.join(out, "tokenizer_config.json"), encoding="utf-8"))
+    bos = cfg["add_bos_token"]  # `tandem tokenize --bos` adds BOS even where the model does not
     same = all(tok(t, add_special_tokens=True)["input_ids"] ==
-               tandem_ids(model, t, special=True, bos=True) for t in texts)
+               tandem_ids(model, t, special=True, bos=bos) for t in texts)
     check(same, f"transformers.AutoTokenizer on {os.path.basename(out)}")
 
 

@@ -287,6 +287,28 @@ static void test_vectors(void **state)
     assert_null(tok);
 }
 
+/* A vocabulary whose architecture Tandem does not run (mpt, command-r) still tokenizes (the
+ * vectors above), while the engine's reader refuses the architecture by name. */
+static void test_refused_architecture(void **state)
+{
+    const vocab_state_t *vs = *state;
+    char dir[512], path[600], want[96];
+    if (!vocab_dir(vs, dir, sizeof dir)) {
+        printf("%s: skipped, no vectors in %s (run scripts/setup)\n", vs->name, dir);
+        skip();
+    }
+    snprintf(path, sizeof path, "%sggml-vocab-%s.gguf", dir, vs->name);
+    tdm_error_t err;
+    tdm_gguf_t *g = tdm_gguf_open(path, &err);
+    assert_non_null(g);
+    tdm_llama_hparams_t hp;
+    assert_int_equal(tdm_gguf_llama_hparams(g, &hp, &err), TDM_EINVALID);
+    snprintf(want, sizeof want, "general.architecture '%s' is not supported", vs->name);
+    if (!strstr(err.msg, want))
+        fail_msg("%s: message '%s' lacks \"%s\"", vs->name, err.msg, want);
+    tdm_gguf_destroy(&g);
+}
+
 /* ---- seeded random round trips ---- */
 
 static uint64_t rng_next(uint64_t *s)
@@ -839,6 +861,8 @@ int main(void)
         cmocka_unit_test_prestate(test_vectors, &vocabs[5]),
         cmocka_unit_test_prestate(test_vectors, &vocabs[6]),
         cmocka_unit_test_prestate(test_vectors, &vocabs[7]),
+        cmocka_unit_test_prestate(test_refused_architecture, &vocabs[6]),
+        cmocka_unit_test_prestate(test_refused_architecture, &vocabs[7]),
         cmocka_unit_test_prestate(test_random_round_trip, &vocabs[0]),
         cmocka_unit_test_prestate(test_random_round_trip, &vocabs[1]),
         cmocka_unit_test_prestate(test_random_round_trip, &vocabs[2]),
