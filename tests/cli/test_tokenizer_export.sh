@@ -21,8 +21,11 @@ status=0
 "$TANDEM" tokenizer export --help | grep -q "tokenizer_config.json" ||
     { echo "FAIL: 'tandem tokenizer export --help'" >&2; status=1; }
 out=$("$TANDEM" tokenizer export /nonexistent.gguf /tmp/unused-dir 2>&1)
-[ $? -eq 1 ] && [[ $out == *"/nonexistent.gguf"* ]] ||
-    { echo "FAIL: a missing model should exit 1 naming it: $out" >&2; status=1; }
+rc=$?
+if [ $rc -ne 1 ] || [[ $out != *"/nonexistent.gguf"* ]]; then
+    echo "FAIL: a missing model should exit 1 naming it (status $rc): $out" >&2
+    status=1
+fi
 
 "$PY" "$HERE/tokenizer_export_check.py" "$TANDEM" "$SHARED" "$SOURCE"
 rc=$?
