@@ -5,12 +5,17 @@
  *
  * Where the figures come from: the request rate, requests running/queued and KV use are the
  * router's (requests_total deltas and node heartbeats, so every client counts, native ones
- * included). TTFT, TPOT and output tokens/s are the interval's means from the router's METRICS
- * message (the deltas of the tandem_time_to_first_token_seconds and
- * tandem_time_per_output_token_seconds histograms' sum and count, and of
- * tandem_generation_tokens_total: every client), read as data, never as text, and, when the
- * router serves no such metrics, from the requests this gateway proxied
- * as the router measured them (the Timings of each final GenerateChunk).
+ * included). TTFT and TPOT (the interval's mean, p50 and p99), output and prompt tokens/s and
+ * the error rate come from the router's METRICS message, read as data, never as text: the
+ * deltas of the tandem_time_to_first_token_seconds and tandem_time_per_output_token_seconds
+ * histograms (sum, count and buckets; percentiles interpolated inside a bucket as Prometheus'
+ * histogram_quantile does), of tandem_generation_tokens_total and tandem_prompt_tokens_total,
+ * and of tandem_requests_total (every status, and those not OK). When the router serves no
+ * such metrics, the means, output tokens and error rate come from the requests this gateway
+ * proxied as the router measured them (the Timings of each final GenerateChunk), and there
+ * are no percentiles or prompt tokens/s.
+ * Each node's live pool (its kv_blocks_total, from registration and heartbeats) is shown as
+ * the capacity plan of the served model sees it, beside the what-if calculator.
  * Capacity is tdm_kv_plan (tandem/kv.h), the same function as `tandem kvcalc`, built on the
  * nodes' own sizing functions, so it agrees with kvcalc and with the pools the nodes build, to
  * the byte (engine scratch memory aside).
