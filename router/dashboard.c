@@ -5,12 +5,17 @@
  *
  * Where the figures come from: the request rate, requests running/queued and KV use are the
  * router's (requests_total deltas and node heartbeats, so every client counts, native ones
- * included). TTFT, TPOT and output tokens/s are the interval's means from the router's METRICS
- * message (the deltas of the tandem_time_to_first_token_seconds and
- * tandem_time_per_output_token_seconds histograms' sum and count, and of
- * tandem_generation_tokens_total: every client), read as data, never as text, and, when the
- * router serves no such metrics, from the requests this gateway proxied
- * as the router measured them (the Timings of each final GenerateChunk).
+ * included). TTFT and TPOT (the interval's mean, p50 and p99), output and prompt tokens/s and
+ * the error rate come from the router's METRICS message, read as data, never as text: the
+ * deltas of the tandem_time_to_first_token_seconds and tandem_time_per_output_token_seconds
+ * histograms (sum, count and buckets; percentiles interpolated inside a bucket as Prometheus'
+ * histogram_quantile does), of tandem_generation_tokens_total and tandem_prompt_tokens_total,
+ * and of tandem_requests_total (every status, and those not OK). When the router serves no
+ * such metrics, the means, output tokens and error rate come from the requests this gateway
+ * proxied as the router measured them (the Timings of each final GenerateChunk), and there
+ * are no percentiles or prompt tokens/s.
+ * Each node's live pool (its kv_blocks_total, from registration and heartbeats) is shown as
+ * the capacity plan of the served model sees it, beside the what-if calculator.
  * Capacity is tdm_kv_plan (tandem/kv.h), the same function as `tandem kvcalc`, built on the
  * nodes' own sizing functions, so it agrees with kvcalc and with the pools the nodes build, to
  * the byte (engine scratch memory aside).
@@ -18,6 +23,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,16 +42,38 @@
 
 #define DASH_RATE_WINDOW 5 /* samples the request rate and tokens/s are averaged over */
 
+#define DASH_MAX_BUCKETS 64 /* histogram buckets the percentiles read; more: no percentiles */
+
 typedef struct dash_sample {
     double t;                /* unix seconds */
     double total;            /* the router's requests_total then; NAN when unknown */
     double tokens;           /* output tokens so far (router metrics or this gateway's) */
+    double prompt_tokens;    /* prompt tokens so far (router metrics); NAN when unknown */
+    double ended, failed;    /* requests ended so far, and those not OK; NAN when unknown */
     double rate;             /* requests/s over the last DASH_RATE_WINDOW s; NAN when unknown */
     double running, queued;  /* NAN when the status call failed */
     double kv_used_pct;      /* decode nodes: used / total blocks, percent; NAN when none */
-    double ttft_ms, tpot_ms; /* means over the HTTP requests finished in the interval; NAN */
-    double tokens_per_s;     /* output tokens/s over the last DASH_RATE_WINDOW s */
+    double ttft_ms, tpot_ms; /* means over the requests finished in the interval; NAN */
+    double ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms; /* the interval's; NAN */
+    double tokens_per_s;        /* output tokens/s over the last DASH_RATE_WINDOW s */
+    double prompt_tokens_per_s; /* prompt tokens/s over the same window; NAN when unknown */
+    double error_pct;           /* failed / ended over the window, percent; NAN when none ended */
 } dash_sample_t;
+
+/* A histogram of the router's metrics as the sampler last saw it (cumulative figures). */
+typedef struct dash_hist {
+    double sum, count;
+    size_t n_bounds;                 /* 0: no per-bucket counts (too many buckets) */
+    double bounds[DASH_MAX_BUCKETS]; /* upper bounds, seconds, ascending */
+    double counts[DASH_MAX_BUCKETS]; /* observations in each finite bucket (not cumulative) */
+} dash_hist_t;
+
+/* The figures of the router's METRICS message the charts use; NAN where it has none. */
+typedef struct dash_met {
+    dash_hist_t ttft, tpot;
+    double gen_tokens, prompt_tokens;
+    double ended, failed; /* tandem_requests_total: every status, and the not-OK ones */
+} dash_met_t;
 
 struct dash {
     gw_t *gw;
@@ -64,41 +92,65 @@ struct dash {
     uint64_t tokens; /* output tokens of the proxied requests, so far */
     uint64_t http_total, http_ok, http_failed;
     int streams;
-    /* the previous /metrics figures (sampler thread only) */
+    /* the previous METRICS figures (sampler thread only) */
     bool have_metrics;
-    double m_ttft_sum, m_ttft_n, m_tpot_sum, m_tpot_n;
+    dash_met_t prev;
     const char *source; /* where ttft/tpot/tokens came from in the last sample */
 };
 
-/* The figures of the router's metrics the charts use. */
-enum { MET_TTFT_SUM, MET_TTFT_N, MET_TPOT_SUM, MET_TPOT_N, MET_TOKENS, MET_COUNT };
-
-/* A histogram family's sum and count; false when m has no such histogram. */
-static bool histogram_of(const Tandem__V1__MetricsResponse *m, const char *name, double *sum,
-                         double *count)
+/* A histogram family's sum, count and buckets into *h; false when m has no such histogram. */
+static bool histogram_of(const Tandem__V1__MetricsResponse *m, const char *name, dash_hist_t *h)
 {
     const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
     if (!f || !f->histogram)
         return false;
-    *sum = f->histogram->sum;
-    *count = (double)f->histogram->count;
+    const Tandem__V1__MetricHistogram *hg = f->histogram;
+    h->sum = hg->sum;
+    h->count = (double)hg->count;
+    h->n_bounds =
+        hg->n_bounds == hg->n_counts && hg->n_bounds <= DASH_MAX_BUCKETS ? hg->n_bounds : 0;
+    for (size_t i = 0; i < h->n_bounds; i++) {
+        h->bounds[i] = hg->bounds[i];
+        h->counts[i] = (double)hg->counts[i];
+    }
     return true;
 }
 
-/* The value of an unlabelled integer family (a counter); false when absent. */
-static bool counter_of(const Tandem__V1__MetricsResponse *m, const char *name, double *v)
+static double sample_value(const Tandem__V1__MetricSample *s)
+{
+    return s->value_case == TANDEM__V1__METRIC_SAMPLE__VALUE_FLOAT_VALUE ? s->float_value
+                                                                         : (double)s->int_value;
+}
+
+/* The value of an unlabelled integer family (a counter); NAN when absent. */
+static double counter_of(const Tandem__V1__MetricsResponse *m, const char *name)
 {
     const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
     if (!f || f->n_samples != 1 || f->samples[0]->n_labels != 0)
-        return false;
-    const Tandem__V1__MetricSample *s = f->samples[0];
-    *v = s->value_case == TANDEM__V1__METRIC_SAMPLE__VALUE_FLOAT_VALUE ? s->float_value
-                                                                       : (double)s->int_value;
-    return true;
+        return NAN;
+    return sample_value(f->samples[0]);
 }
 
-/* Fetches the router's metrics into v; false when it serves none (or not these). */
-static bool fetch_metrics(dash_t *d, double v[MET_COUNT])
+/* tandem_requests_total summed over its series into *ended, and over those whose status
+ * label is not OK into *failed; both NAN when m has no such family. */
+static void requests_of(const Tandem__V1__MetricsResponse *m, double *ended, double *failed)
+{
+    const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, "tandem_requests_total");
+    *ended = *failed = f ? 0 : NAN;
+    for (size_t i = 0; f && i < f->n_samples; i++) {
+        const Tandem__V1__MetricSample *s = f->samples[i];
+        double v = sample_value(s);
+        *ended += v;
+        for (size_t k = 0; k < s->n_labels; k++)
+            if (strcmp(s->labels[k]->name, "status") == 0 &&
+                strcmp(s->labels[k]->value, tdm_status_name(TDM_OK)) != 0)
+                *failed += v;
+    }
+}
+
+/* Fetches the router's metrics into *v; false when it serves none (or no latency histograms
+ * and output token counter, which the charts cannot do without). */
+static bool fetch_metrics(dash_t *d, dash_met_t *v)
 {
     Tandem__V1__MetricsRequest req = TANDEM__V1__METRICS_REQUEST__INIT;
     ProtobufCMessage *resp = NULL;
@@ -108,10 +160,12 @@ static bool fetch_metrics(dash_t *d, double v[MET_COUNT])
     if (rc != TDM_OK)
         return false;
     const Tandem__V1__MetricsResponse *m = (const Tandem__V1__MetricsResponse *)resp;
-    bool ok =
-        histogram_of(m, "tandem_time_to_first_token_seconds", &v[MET_TTFT_SUM], &v[MET_TTFT_N]) &&
-        histogram_of(m, "tandem_time_per_output_token_seconds", &v[MET_TPOT_SUM], &v[MET_TPOT_N]) &&
-        counter_of(m, "tandem_generation_tokens_total", &v[MET_TOKENS]);
+    v->gen_tokens = counter_of(m, "tandem_generation_tokens_total");
+    v->prompt_tokens = counter_of(m, "tandem_prompt_tokens_total");
+    requests_of(m, &v->ended, &v->failed);
+    bool ok = histogram_of(m, "tandem_time_to_first_token_seconds", &v->ttft) &&
+              histogram_of(m, "tandem_time_per_output_token_seconds", &v->tpot) &&
+              isfinite(v->gen_tokens);
     protobuf_c_message_free_unpacked(resp, NULL);
     return ok;
 }
@@ -169,16 +223,49 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
                      (json_int_t)cs->requests_total, "nodes", nodes ? nodes : json_array());
 }
 
-/* The interval's TTFT, TPOT and token count into *s (d->mu held): from the router's metrics
- * when it serves them (met, have_met), else from the requests this gateway proxied. */
-static void latency_figures(dash_t *d, dash_sample_t *s, const double met[MET_COUNT], bool have_met)
+/* The q-quantile (0..1) of the observations between prev and cur, in seconds, interpolated
+ * linearly inside the bucket it falls in (Prometheus' histogram_quantile); the highest finite
+ * bound when it falls in the +Inf bucket. NAN when nothing was observed or the buckets are
+ * not known. */
+static double hist_quantile(const dash_hist_t *cur, const dash_hist_t *prev, double q)
+{
+    size_t n = cur->n_bounds;
+    double total = cur->count - prev->count;
+    if (n == 0 || n != prev->n_bounds || !(total > 0))
+        return NAN;
+    double rank = q * total, below = 0;
+    for (size_t i = 0; i < n; i++) {
+        double c = cur->counts[i] - prev->counts[i];
+        if (c > 0 && below + c >= rank) {
+            double lo = i ? cur->bounds[i - 1] : 0;
+            return lo + (cur->bounds[i] - lo) * (rank - below) / c;
+        }
+        below += c;
+    }
+    return cur->bounds[n - 1];
+}
+
+/* The interval's mean, p50 and p99 of a latency histogram into *mean, *p50, *p99 (ms); left
+ * as they are (NAN) when nothing was observed. */
+static void hist_figures(const dash_hist_t *cur, const dash_hist_t *prev, double *mean, double *p50,
+                         double *p99)
+{
+    double n = cur->count - prev->count;
+    if (!(n > 0))
+        return;
+    *mean = (cur->sum - prev->sum) / n * 1e3;
+    *p50 = hist_quantile(cur, prev, 0.50) * 1e3;
+    *p99 = hist_quantile(cur, prev, 0.99) * 1e3;
+}
+
+/* The interval's TTFT and TPOT and the cumulative token and request counts into *s (d->mu
+ * held): from the router's metrics when it serves them (met, have_met), else from the
+ * requests this gateway proxied (means only: it keeps no buckets). */
+static void latency_figures(dash_t *d, dash_sample_t *s, const dash_met_t *met, bool have_met)
 {
     if (have_met && d->have_metrics) {
-        double n = met[MET_TTFT_N] - d->m_ttft_n, tn = met[MET_TPOT_N] - d->m_tpot_n;
-        if (n > 0)
-            s->ttft_ms = (met[MET_TTFT_SUM] - d->m_ttft_sum) / n * 1e3;
-        if (tn > 0)
-            s->tpot_ms = (met[MET_TPOT_SUM] - d->m_tpot_sum) / tn * 1e3;
+        hist_figures(&met->ttft, &d->prev.ttft, &s->ttft_ms, &s->ttft_p50_ms, &s->ttft_p99_ms);
+        hist_figures(&met->tpot, &d->prev.tpot, &s->tpot_ms, &s->tpot_p50_ms, &s->tpot_p99_ms);
         d->source = "router /metrics histograms, every client";
     } else if (!have_met) {
         if (d->ttft_n)
@@ -187,12 +274,16 @@ static void latency_figures(dash_t *d, dash_sample_t *s, const double met[MET_CO
             s->tpot_ms = d->tpot_sum / d->tpot_n * 1e3;
         d->source = "requests proxied by this HTTP gateway, router-measured";
     }
-    s->tokens = have_met ? met[MET_TOKENS] : (double)d->tokens;
     if (have_met) {
-        d->m_ttft_sum = met[MET_TTFT_SUM];
-        d->m_ttft_n = met[MET_TTFT_N];
-        d->m_tpot_sum = met[MET_TPOT_SUM];
-        d->m_tpot_n = met[MET_TPOT_N];
+        s->tokens = met->gen_tokens;
+        s->prompt_tokens = met->prompt_tokens;
+        s->ended = met->ended;
+        s->failed = met->failed;
+        d->prev = *met;
+    } else {
+        s->tokens = (double)d->tokens;
+        s->ended = (double)d->http_total;
+        s->failed = (double)d->http_failed;
     }
     d->have_metrics = have_met;
     d->ttft_sum = d->tpot_sum = 0;
@@ -206,16 +297,33 @@ static void ring_push(dash_t *d, dash_sample_t *s)
     size_t back = d->n < DASH_RATE_WINDOW ? d->n : DASH_RATE_WINDOW;
     if (back > 0) {
         const dash_sample_t *o = &d->ring[(d->next + TDM_DASH_HISTORY - back) % TDM_DASH_HISTORY];
-        double dt = s->t - o->t;
+        double dt = s->t - o->t, ended = s->ended - o->ended;
         if (dt > 0 && s->total >= o->total)
             s->rate = (s->total - o->total) / dt;
         if (dt > 0 && s->tokens >= o->tokens)
             s->tokens_per_s = (s->tokens - o->tokens) / dt;
+        if (dt > 0 && s->prompt_tokens >= o->prompt_tokens)
+            s->prompt_tokens_per_s = (s->prompt_tokens - o->prompt_tokens) / dt;
+        if (ended > 0 && s->failed >= o->failed)
+            s->error_pct = 100.0 * (s->failed - o->failed) / ended;
     }
     d->ring[d->next] = *s;
     d->next = (d->next + 1) % TDM_DASH_HISTORY;
     if (d->n < TDM_DASH_HISTORY)
         d->n++;
+}
+
+/* A sample at t with every figure unknown (NAN). */
+static dash_sample_t dash_sample_empty(double t)
+{
+    dash_sample_t s;
+    s.t = t;
+    s.total = s.tokens = s.prompt_tokens = s.ended = s.failed = s.rate = NAN;
+    s.running = s.queued = s.kv_used_pct = NAN;
+    s.ttft_ms = s.tpot_ms = s.ttft_p50_ms = s.ttft_p99_ms = s.tpot_p50_ms = s.tpot_p99_ms = NAN;
+    s.tokens_per_s = 0; /* the first sample has no window: 0, as before */
+    s.prompt_tokens_per_s = s.error_pct = NAN;
+    return s;
 }
 
 /* One sample: a STATUS and a METRICS call, then the interval's figures into the ring. */
@@ -226,7 +334,7 @@ static void sample(dash_t *d)
     tdm_error_t err = {0};
     int rc = gw_unary(d->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
                       &tandem__v1__cluster_status__descriptor, DASH_STATUS_TIMEOUT_S, &resp, &err);
-    dash_sample_t s = {unix_now(), NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0};
+    dash_sample_t s = dash_sample_empty(unix_now());
     json_t *st = NULL;
     if (rc == TDM_OK) {
         const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
@@ -236,10 +344,10 @@ static void sample(dash_t *d)
         s.total = (double)cs->requests_total;
         protobuf_c_message_free_unpacked(resp, NULL);
     }
-    double met[MET_COUNT];
-    bool have_met = fetch_metrics(d, met);
+    dash_met_t met;
+    bool have_met = fetch_metrics(d, &met);
     pthread_mutex_lock(&d->mu);
-    latency_figures(d, &s, met, have_met);
+    latency_figures(d, &s, &met, have_met);
     ring_push(d, &s);
     if (st || rc != TDM_OK) {
         json_decref(d->status);
@@ -364,34 +472,109 @@ static json_t *model_json(const http_model_t *m)
         (int)m->kv_block_size, "kv_dtype", tdm_kv_dtype_name((tdm_kv_dtype_t)m->kv_dtype));
 }
 
+/* The history's series: name in the JSON and the sample's field. */
+typedef struct dash_series {
+    const char *name;
+    size_t offset; /* of a double in dash_sample_t */
+} dash_series_t;
+
+#define DASH_SERIES(name, field)                                                                   \
+    {                                                                                              \
+        name, offsetof(dash_sample_t, field)                                                       \
+    }
+static const dash_series_t dash_series[] = {
+    DASH_SERIES("t", t),
+    DASH_SERIES("request_rate", rate),
+    DASH_SERIES("error_pct", error_pct),
+    DASH_SERIES("ttft_ms", ttft_ms),
+    DASH_SERIES("ttft_p50_ms", ttft_p50_ms),
+    DASH_SERIES("ttft_p99_ms", ttft_p99_ms),
+    DASH_SERIES("tpot_ms", tpot_ms),
+    DASH_SERIES("tpot_p50_ms", tpot_p50_ms),
+    DASH_SERIES("tpot_p99_ms", tpot_p99_ms),
+    DASH_SERIES("tokens_per_s", tokens_per_s),
+    DASH_SERIES("prompt_tokens_per_s", prompt_tokens_per_s),
+    DASH_SERIES("running", running),
+    DASH_SERIES("queued", queued),
+    DASH_SERIES("kv_used_pct", kv_used_pct),
+};
+#define DASH_N_SERIES (sizeof dash_series / sizeof dash_series[0])
+
+/* The history object (d->mu held): interval_s, one array per series (null where unknown),
+ * and where each figure comes from. NULL on out of memory. */
+static json_t *history_json(const dash_t *d)
+{
+    json_t *h = json_pack(
+        "{s:f, s:{s:s, s:s, s:s, s:s, s:s}}", "interval_s", DASH_PERIOD_S, "sources",
+        "request_rate", "router requests_total, every client", "ttft_ms tpot_ms tokens_per_s",
+        d->source ? d->source : "not sampled yet", "prompt_tokens_per_s",
+        "router tandem_prompt_tokens_total, every client (none without router metrics)",
+        "error_pct",
+        d->have_metrics ? "router tandem_requests_total: ended with a status other than OK"
+                        : "requests proxied by this HTTP gateway that failed",
+        "running queued kv_used_pct", "router ClusterStatus (node heartbeats)");
+    size_t first = (d->next + TDM_DASH_HISTORY - d->n) % TDM_DASH_HISTORY;
+    for (size_t k = 0; h && k < DASH_N_SERIES; k++) {
+        json_t *a = json_array();
+        for (size_t i = 0; a && i < d->n; i++) {
+            const dash_sample_t *s = &d->ring[(first + i) % TDM_DASH_HISTORY];
+            double v;
+            memcpy(&v, (const char *)s + dash_series[k].offset, sizeof v);
+            json_array_append_new(a, k == 0 ? json_real(floor(v * 1e3) / 1e3) : num_or_null(v));
+        }
+        if (!a || json_object_set_new(h, dash_series[k].name, a) != 0) {
+            json_decref(h);
+            return NULL;
+        }
+    }
+    return h;
+}
+
+/* The node's live pool as the capacity plan of the served model sees it, set on node as
+ * "pool": kv_blocks_total blocks (the router's figure, from registration and heartbeats),
+ * their bytes, and how many sequences of the model's full context they hold at once
+ * (tdm_kv_plan, the same arithmetic as /api/capacity?node=ID and `tandem kvcalc`). null
+ * when the model's shape is not known. */
+static void node_pool_json(json_t *node, const http_model_t *m)
+{
+    json_t *pool = NULL;
+    uint64_t blocks = (uint64_t)json_integer_value(json_object_get(node, "kv_blocks_total"));
+    tdm_kv_plan_in_t in = {.layout = {0, 0, 0, 16, TDM_KV_F16}, .n_users = 1};
+    tdm_kv_plan_t p;
+    if (m && m->n_layers) {
+        in.layout = (tdm_kv_layout_t){m->n_layers, m->n_kv_heads, m->head_dim,
+                                      m->kv_block_size ? m->kv_block_size : 16,
+                                      (tdm_kv_dtype_t)m->kv_dtype};
+        in.n_heads = m->n_heads;
+        in.n_ctx = m->n_ctx ? m->n_ctx : 4096;
+        in.weight_bytes = m->weight_bytes;
+        in.have_memory = true;
+        if (tdm_kv_plan_budget(&in.layout, blocks, m->weight_bytes, &in.memory_bytes, NULL) ==
+                TDM_OK &&
+            tdm_kv_plan(&in, &p, NULL) == TDM_OK)
+            pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "kv_blocks", (json_int_t)blocks,
+                             "block_bytes", (json_int_t)p.block_bytes, "kv_bytes",
+                             (json_int_t)(blocks * p.block_bytes), "context", (json_int_t)in.n_ctx,
+                             "blocks_per_sequence", (json_int_t)p.blocks_per_seq, "max_sequences",
+                             (json_int_t)p.max_seqs);
+    }
+    json_object_set_new(node, "pool", pool ? pool : json_null());
+}
+
 json_t *dash_status_json(dash_t *d, const http_model_t *m)
 {
-    enum { H_T, H_RATE, H_TTFT, H_TPOT, H_TOKENS, H_RUNNING, H_QUEUED, H_KV, H_N };
-    json_t *hist[H_N];
-    for (size_t k = 0; k < H_N; k++)
-        hist[k] = json_array();
     pthread_mutex_lock(&d->mu);
-    size_t first = (d->next + TDM_DASH_HISTORY - d->n) % TDM_DASH_HISTORY;
-    for (size_t i = 0; i < d->n; i++) {
-        const dash_sample_t *s = &d->ring[(first + i) % TDM_DASH_HISTORY];
-        const double v[H_N] = {s->t,       s->rate,   s->ttft_ms,    s->tpot_ms, s->tokens_per_s,
-                               s->running, s->queued, s->kv_used_pct};
-        for (size_t k = 0; k < H_N; k++)
-            if (hist[k])
-                json_array_append_new(hist[k], k == H_T ? json_real(floor(v[k] * 1e3) / 1e3)
-                                                        : num_or_null(v[k]));
-    }
+    json_t *hist = history_json(d);
     json_t *st = d->status ? json_deep_copy(d->status) : NULL;
-    const char *source = d->source ? d->source : "not sampled yet";
     json_t *r = json_pack("{s:f, s:b, s:s?, s:{s:I, s:I, s:I, s:i}}", "time", unix_now(), "ok",
                           d->error[0] == '\0' && st != NULL, "error", d->error[0] ? d->error : NULL,
                           "http", "requests_total", (json_int_t)d->http_total, "requests_ok",
                           (json_int_t)d->http_ok, "requests_failed", (json_int_t)d->http_failed,
                           "streams", d->streams);
     pthread_mutex_unlock(&d->mu);
-    if (!r) {
-        for (size_t k = 0; k < H_N; k++)
-            json_decref(hist[k]);
+    if (!r || !hist) {
+        json_decref(r);
+        json_decref(hist);
         json_decref(st);
         return NULL;
     }
@@ -401,16 +584,11 @@ json_t *dash_status_json(dash_t *d, const http_model_t *m)
     } else {
         json_object_set_new(r, "nodes", json_array());
     }
+    size_t i;
+    json_t *n;
+    json_array_foreach(json_object_get(r, "nodes"), i, n) node_pool_json(n, m);
     json_object_set_new(r, "model_info", model_json(m));
-    json_object_set_new(
-        r, "history",
-        json_pack("{s:f, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:{s:s, s:s, s:s}}", "interval_s",
-                  DASH_PERIOD_S, "t", hist[H_T], "request_rate", hist[H_RATE], "ttft_ms",
-                  hist[H_TTFT], "tpot_ms", hist[H_TPOT], "tokens_per_s", hist[H_TOKENS], "running",
-                  hist[H_RUNNING], "queued", hist[H_QUEUED], "kv_used_pct", hist[H_KV], "sources",
-                  "request_rate", "router requests_total, every client",
-                  "ttft_ms tpot_ms tokens_per_s", source, "running queued kv_used_pct",
-                  "router ClusterStatus (node heartbeats)"));
+    json_object_set_new(r, "history", hist);
     return r;
 }
 

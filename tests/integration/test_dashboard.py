@@ -42,7 +42,10 @@ def request(port, method, path, body=None, timeout=60):
         conn.close()
 
 
-CHART_SERIES = ("request_rate", "ttft_ms", "tpot_ms", "tokens_per_s", "running", "kv_used_pct")
+CHART_SERIES = ("request_rate", "ttft_ms", "tpot_ms", "tokens_per_s", "running", "kv_used_pct",
+                "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "prompt_tokens_per_s")
+# every series of the history (error_pct: null in a window where no request ended)
+HISTORY_SERIES = CHART_SERIES + ("queued", "error_pct")
 
 
 def api_status(port):
@@ -153,12 +156,21 @@ def test_dashboard_renders_live_data(cluster, tmp_path):
         assert m.group(1) == "true" and f'class="role {role}"' in m.group(2)
         assert re.search(r'KV [\d,]+ / [\d,]+ blocks used', m.group(2))
     # the charts were drawn from the history (points on the rate, TTFT and TPOT lines)
-    for chart in ["rate", "ttft", "tpot", "tokens", "running", "kv"]:
+    for chart in ["rate", "errors", "ttft", "tpot", "tokens", "running", "kv"]:
         m = re.search(rf'<svg class="chart" id="chart-{chart}"[^>]*data-points="(\d+)"[^>]*>'
-                      rf'.*?<path class="line" data-points="\d+" stroke="[^"]+" d="([^"]*)"',
-                      html, re.S)
+                      rf'.*?<path class="line" data-points="\d+" stroke="[^"]+" d="([^"]*)"'
+                      rf'(.*?)</svg>', html, re.S)
         assert m, f"chart {chart} not drawn"
-        assert int(m.group(1)) >= 2 and m.group(2).startswith("M"), (chart, m.group(1))
+        if chart == "errors":
+            continue  # points only in windows where requests ended
+        # a line, or dots where a second has no neighbour
+        drawn = m.group(2).startswith("M") or "<circle" in m.group(3)
+        assert int(m.group(1)) >= 2 and drawn, (chart, m.group(1))
+    # the live pools: every node's real KV pool, the decode pool's total
+    for nid in ["prefill-0", "decode-0", "decode-1"]:
+        assert re.search(rf'<tr data-node-id="{nid}" data-max-sequences="\d+">', html), nid
+    assert re.search(r'id="pool-max">[\d,]+<', html)
+    assert 'class="kvlegend"' in html
     # the capacity panel computed the served model's numbers through /api/capacity
     m = re.search(r'id="cap-verdict" data-fits="(true|false)">.*?id="cap-max">([\d,]+)<', html,
                   re.S)
@@ -183,7 +195,24 @@ def test_status_and_capacity_json(cluster):
     assert (mi["n_layers"], mi["n_kv_heads"], mi["head_dim"], mi["n_heads"]) == (30, 3, 64, 9)
     assert mi["kv_dtype"] == "f16" and mi["kv_block_size"] == 16 and mi["weight_bytes"] > 9e7
     h = s["history"]
-    assert len(h["t"]) >= 2 and len(h["t"]) == len(h["request_rate"]) == len(h["ttft_ms"])
+    assert len(h["t"]) >= 2 and all(len(h[k]) == len(h["t"]) for k in HISTORY_SERIES)
+    # the traffic of the first test: latency percentiles in order, prompt tokens counted, and
+    # no request failed (every error_pct point 0)
+    for m, p50, p99 in zip(h["ttft_ms"], h["ttft_p50_ms"], h["ttft_p99_ms"]):
+        assert (m is None) == (p50 is None) == (p99 is None)
+        assert p50 is None or 0 < p50 <= p99
+    for p50, p99 in zip(h["tpot_p50_ms"], h["tpot_p99_ms"]):
+        assert p50 is None or 0 < p50 <= p99
+    assert any(v for v in h["prompt_tokens_per_s"] if v is not None)
+    assert {v for v in h["error_pct"] if v is not None} <= {0.0}
+    assert "error_pct" in h["sources"] and "prompt_tokens_per_s" in h["sources"]
+    # each node's live pool: its real blocks, and the sequences of the full context they hold
+    for n in s["nodes"]:
+        p = n["pool"]
+        assert p["kv_blocks"] == n["kv_blocks_total"] and p["block_bytes"] == 16 * 23040
+        assert p["kv_bytes"] == p["kv_blocks"] * p["block_bytes"] and p["context"] == mi["n_ctx"]
+        assert p["blocks_per_sequence"] == -(-mi["n_ctx"] // 16)
+        assert p["max_sequences"] == p["kv_blocks"] // p["blocks_per_sequence"]
     # the served model: SmolLM2-135M at f16 is 23,040 bytes per token (docs/capacity.md)
     st, _, body = request(cluster.port, "GET", "/api/capacity?users=8&memory=1GiB")
     c = json.loads(body)
@@ -207,6 +236,7 @@ def test_status_and_capacity_json(cluster):
     c = json.loads(request(cluster.port, "GET", "/api/capacity?node=decode-0")[2])
     node = next(n for n in s["nodes"] if n["node_id"] == "decode-0")
     assert c["source"] == "node" and c["pool_blocks"] == node["kv_blocks_total"]
+    assert c["max_sequences"] == node["pool"]["max_sequences"]
     # bad parameters name themselves
     st, _, body = request(cluster.port, "GET", "/api/capacity?layers=32&kv_heads=0&head_dim=64")
     assert st == 400 and json.loads(body)["error"]["param"] == "kv_heads"
@@ -214,3 +244,78 @@ def test_status_and_capacity_json(cluster):
     assert st == 400 and json.loads(body)["error"]["param"] == "memory"
     st, _, body = request(cluster.port, "GET", "/api/capacity?node=nope")
     assert st == 400 and json.loads(body)["error"]["param"] == "node"
+
+
+def static_status(now):
+    """An /api/status document as dash_status_json writes it, for a static copy of the page:
+    one decode node idle with cached blocks, and sparse traffic: one second with a TTFT and
+    TPOT (no neighbour), two adjacent seconds with a request rate."""
+    t = [now - 4 + i for i in range(5)]
+    one = [None, None, 12.5, None, None]
+    two = [None, 0.4, 0.6, None, None]
+    pool = {"kv_blocks": 1000, "block_bytes": 368640, "kv_bytes": 368640000, "context": 8192,
+            "blocks_per_sequence": 512, "max_sequences": 1}
+    node = {"node_id": "decode-0", "role": "decode", "device": "cpu", "up": True,
+            "suspect": False, "kv_blocks_total": 1000, "kv_blocks_used": 0,
+            "kv_blocks_cached": 130, "reserved_blocks": 0, "kv_used_pct": 0.0, "running": 0,
+            "waiting": 0, "batch_size": 0, "queued_prefill_tokens": 0, "prefix_queries": 0,
+            "prefix_hits": 0, "step_time_ms": 0.0, "last_heartbeat_age_s": 0.3, "pool": pool}
+    hist = {"interval_s": 1.0, "t": t, "request_rate": two, "error_pct": [None, 0.0, 0.0, None, None],
+            "ttft_ms": one, "ttft_p50_ms": one, "ttft_p99_ms": [None, None, 20.0, None, None],
+            "tpot_ms": one, "tpot_p50_ms": one, "tpot_p99_ms": one, "tokens_per_s": two,
+            "prompt_tokens_per_s": two, "running": [0] * 5, "queued": [0] * 5,
+            "kv_used_pct": [0.0] * 5, "sources": {}}
+    return {"time": now, "ok": True, "http": {"requests_total": 1, "requests_ok": 1,
+            "requests_failed": 0, "streams": 0}, "version": "test", "model": "static",
+            "requests": {"running": 0, "queued": 0, "total": 2}, "nodes": [node],
+            "model_info": None, "history": hist}
+
+
+def svg_of(html, chart):
+    m = re.search(rf'<svg class="chart" id="chart-{chart}"[^>]*>(.*?)</svg>', html, re.S)
+    assert m, f"chart {chart} not drawn"
+    return m.group(1)
+
+
+def test_dashboard_draws_a_single_point(tmp_path):
+    """A static copy of the page with /api/status answered by injected data (no cluster): a
+    series with one value in a second that has no neighbour draws a dot, two adjacent ones a
+    line; the KV bar has its legend and the capacity panel shows the live pool."""
+    if not CHROMIUM:
+        pytest.skip("chromium is not installed (Debian package chromium; scripts/setup installs it)")
+    with open(os.path.join(SOURCE_DIR, "router", "dashboard.html"), encoding="utf-8") as f:
+        page = f.read()
+    doc = json.dumps(static_status(time.time()))
+    stub = ("<script>window.fetch = async (u) => ({status: 200, json: async () => "
+            f"(String(u).startsWith('/api/status') ? {doc} : "
+            "{error: {message: 'static copy'}})});</script>")
+    page = page.replace("<head>", "<head>" + stub, 1)
+    path = tmp_path / "dashboard.html"
+    path.write_text(page, encoding="utf-8")
+    dom = chromium(["--virtual-time-budget=2500", "--dump-dom", path.as_uri()], tmp_path,
+                   timeout=60)
+    html = dom.stdout.decode("utf-8")
+    assert dom.returncode == 0 and "</html>" in html, dom.stderr.decode()[-2000:]
+    assert int(re.search(r'<body[^>]*data-updates="(\d+)"', html).group(1)) >= 1
+
+    # one point: a dot at the point, no path of a lone "M"
+    for chart in ["ttft", "tpot"]:
+        svg = svg_of(html, chart)
+        assert re.search(r'<svg class="chart" id="chart-%s"[^>]*data-points="1"' % chart, html)
+        dots = re.findall(r'<circle class="pt" cx="([\d.]+)" cy="([\d.]+)" r="[\d.]+"', svg)
+        assert len(dots) == 3, (chart, svg)  # mean, p50, p99: one second each
+        assert all(float(cx) > 34 for cx, _ in dots)
+        assert not re.search(r'd="M[\d. ]+"', svg), svg
+    # two adjacent points: a line, no dots
+    for chart in ["rate", "errors", "tokens"]:
+        svg = svg_of(html, chart)
+        assert re.search(r'<path class="line" data-points="2" stroke="[^"]+" d="M[\d.]+ [\d.]+L',
+                         svg), (chart, svg)
+        assert "<circle" not in svg, (chart, svg)
+    # the KV bar's legend, and the free blocks an idle node with cached ones has
+    assert re.search(r'class="kvlegend">.*used.*cached.*free', html, re.S)
+    assert re.search(r"KV 0 / 1,000 blocks used\s+\(0\.0%\), 130 cached, 870 free", html)
+    # the capacity panel's default: the live pool, not a hypothetical memory size
+    m = re.search(r'<tr data-node-id="decode-0" data-max-sequences="(\d+)">', html)
+    assert m and m.group(1) == "1"
+    assert re.search(r'id="pool-max">1<', html)
