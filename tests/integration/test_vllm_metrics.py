@@ -8,6 +8,7 @@ import json
 import os
 import re
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -182,6 +183,47 @@ def test_not_applicable_series_are_not_served(cluster):
     for name, _, _, status in reference():
         if status != "served":
             assert name not in types, f"{name} is served but listed as {status!r}"
+
+
+def post_status(port, path, payload):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        e.read()
+        return e.code
+
+
+def test_gateway_counts_responses_by_code_and_refusals_by_field(cluster):
+    port = port_of(cluster)
+    model = model_name(port)
+    _, before = scrape(port)
+    assert post_status(port, "/v1/completions", {"model": model, "prompt": "Hi",
+                                                 "max_tokens": 0}) == 400
+    assert post_status(port, "/v1/completions", {"model": model, "prompt": "Hi",
+                                                 "max_tokens": 0}) == 400
+    assert post_status(port, "/v1/completions", {"model": model, "prompt": "Hi",
+                                                 "max_tokens": 2}) == 200
+    assert post_status(port, "/v1/nothing-here", {}) == 404
+    types, after = scrape(port)
+    assert types["tandem_http_requests_total"] == "counter"
+    assert types["tandem_http_requests_refused_total"] == "counter"
+
+    def d(name, **want):
+        return total(after, name, **want) - total(before, name, **want)
+
+    assert d("tandem_http_requests_refused_total", reason="max_tokens") == 2
+    assert d("tandem_http_requests_refused_total") == 2
+    assert d("tandem_http_requests_total", code="400") == 2
+    assert d("tandem_http_requests_total", code="404") == 1
+    # the 200 of the completion and those of the first scrape (the second is counted after
+    # it was rendered)
+    assert d("tandem_http_requests_total", code="200") == 2
+    # refused by the gateway: the router never saw them
+    assert d("vllm:request_success_total") == 1
 
 
 def test_metrics_compat_none_serves_tandem_series_only(tmp_path):
