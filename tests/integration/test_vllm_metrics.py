@@ -178,6 +178,21 @@ def test_every_listed_series_is_served_and_counts_one_request(cluster):
         assert total(after, "tandem_node_process_cpu_seconds_total", node=n) > 0
 
 
+def test_vllm_dashboard_uses_only_served_series(cluster):
+    """deploy/grafana/vllm.json: every series its queries name is served."""
+    with open(os.path.join(SOURCE_DIR, "deploy", "grafana", "vllm.json")) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 12
+    types, _ = scrape(port_of(cluster))
+    missing = []
+    for name in set(re.findall(r"\b(?:vllm:|tandem_|process_)[a-z0-9_]+", " ".join(exprs))):
+        family = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name not in types and not (family in types and types[family] == "histogram"):
+            missing.append(name)
+    assert not missing, missing
+
+
 def test_not_applicable_series_are_not_served(cluster):
     types, _ = scrape(port_of(cluster))
     for name, _, _, status in reference():
