@@ -589,13 +589,15 @@ static void vhist(vctx_t *v, const char *name, const char *help, const tdm_route
     hlabel(v->b, f, "engine", "0");
 }
 
-/* A per-node family labelled {model_name, engine=node id} over the nodes up. */
+/* A per-node family labelled {model_name, engine=node id} over the nodes of set (UP or
+ * REGISTERED). */
 static void vnode_family(vctx_t *v, const tdm_router_t *r, const char *name,
-                         Tandem__V1__MetricType type, const char *help, node_value_fn value)
+                         Tandem__V1__MetricType type, const char *help, node_set_t set,
+                         node_value_fn value)
 {
     Tandem__V1__MetricFamily *f = family(v->b, name, type, help);
     for (size_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i].registered)
+        if (set == NODES_UP ? r->nodes[i].up : r->nodes[i].registered)
             set_float(vsample(v, f, r->nodes[i].cfg->id), value(&r->nodes[i]));
 }
 
@@ -668,9 +670,10 @@ static void vllm_counters(vctx_t *v, const tdm_router_t *r)
     vllm_labelled_counters(v, m);
     vnode_family(v, r, "vllm:prefix_cache_queries_total", METRIC_COUNTER,
                  "Prefix cache queries, in KV blocks (vLLM counts tokens), per node.",
-                 nv_prefix_queries);
+                 NODES_REGISTERED, nv_prefix_queries);
     vnode_family(v, r, "vllm:prefix_cache_hits_total", METRIC_COUNTER,
-                 "Prefix cache hits, in KV blocks (vLLM counts tokens), per node.", nv_prefix_hits);
+                 "Prefix cache hits, in KV blocks (vLLM counts tokens), per node.",
+                 NODES_REGISTERED, nv_prefix_hits);
 }
 
 static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
@@ -680,8 +683,8 @@ static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
     vgauge(v, "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
            (double)r->n_queued);
     vnode_family(v, r, "vllm:kv_cache_usage_perc", METRIC_GAUGE,
-                 "KV-cache usage. 1 means 100 percent usage (per node, last heartbeat).",
-                 nv_kv_usage);
+                 "KV-cache usage. 1 means 100 percent usage (per node up, last heartbeat).",
+                 NODES_UP, nv_kv_usage);
     const tdm_kv_config_t *kv = &r->cfg->kv;
     Tandem__V1__MetricFamily *f = family(v->b, "vllm:cache_config_info", METRIC_GAUGE,
                                          "Information of the LLMEngine CacheConfig");
