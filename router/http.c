@@ -37,6 +37,7 @@
 #include <microhttpd.h>
 
 #include "http_internal.h"
+#include "http_metrics.h"
 
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
 #define HTTP_UNARY_TIMEOUT_S 5.0
@@ -237,6 +238,7 @@ static enum MHD_Result reply_retry(struct MHD_Connection *c, unsigned status, co
         snprintf(secs, sizeof secs, "%" PRIu32, retry_after_s ? retry_after_s : 1);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
     }
+    tdm_http_count_response(status);
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -637,6 +639,7 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
                        sizeof param, &err);
     if (rc != TDM_OK) {
         free(q);
+        tdm_http_count_refusal(param);
         *ret = reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
         return false;
     }
@@ -714,6 +717,7 @@ static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Con
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     MHD_add_response_header(resp, "X-Request-Id", r->q->id);
+    tdm_http_count_response(200);
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -858,9 +862,11 @@ static enum MHD_Result handle_metrics(tdm_http_t *h, struct MHD_Connection *c)
         return reply(c, http_status_of(rc), "text/plain; charset=utf-8", msg,
                      n > 0 && (size_t)n < sizeof msg ? (size_t)n : strlen(msg));
     }
-    /* the one place the metrics become text */
+    /* the one place the metrics become text, with the gateway's own counters */
     tdm_buf_t text = TDM_BUF_INIT;
-    rc = tdm_proto_metrics_text((const Tandem__V1__MetricsResponse *)resp, &text);
+    rc = tdm_http_metrics_append((Tandem__V1__MetricsResponse *)resp);
+    if (rc == TDM_OK)
+        rc = tdm_proto_metrics_text((const Tandem__V1__MetricsResponse *)resp, &text);
     protobuf_c_message_free_unpacked(resp, NULL);
     enum MHD_Result ret = rc == TDM_OK
                               ? reply(c, 200, "text/plain; version=0.0.4; charset=utf-8",

@@ -17,6 +17,7 @@
 
 #include "metrics.h"
 #include "router_internal.h"
+#include "tandem/process.h"
 
 #define METRIC_COUNTER TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER
 #define METRIC_GAUGE TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE
@@ -131,8 +132,10 @@ static void gauge(mb_t *b, const char *name, const char *help, uint64_t v)
     set_int(sample(b, family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE, help)), v);
 }
 
-/* One histogram over tdm_router_hist_bounds (the last bucket, +Inf, is count's). */
-static void histogram(mb_t *b, const char *name, const char *help, const tdm_router_hist_t *h)
+/* One histogram over bounds (TDM_ROUTER_HIST_BUCKETS - 1 of them; the last bucket, +Inf, is
+ * count's); NULL on out of memory. */
+static Tandem__V1__MetricFamily *histogram_over(mb_t *b, const char *name, const char *help,
+                                                const tdm_router_hist_t *h, const double *bound)
 {
     Tandem__V1__MetricFamily *f =
         family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM, help);
@@ -144,10 +147,10 @@ static void histogram(mb_t *b, const char *name, const char *help, const tdm_rou
         free(mh);
         free(bounds);
         b->oom = true;
-        return;
+        return NULL;
     }
     tandem__v1__metric_histogram__init(mh);
-    memcpy(bounds, tdm_router_hist_bounds(), n * sizeof *bounds);
+    memcpy(bounds, bound, n * sizeof *bounds);
     memcpy(counts, h->buckets, n * sizeof *counts);
     mh->n_bounds = mh->n_counts = n;
     mh->bounds = bounds;
@@ -155,6 +158,13 @@ static void histogram(mb_t *b, const char *name, const char *help, const tdm_rou
     mh->sum = h->sum;
     mh->count = h->count;
     f->histogram = mh;
+    return f;
+}
+
+/* One histogram in seconds over tdm_router_hist_bounds. */
+static void histogram(mb_t *b, const char *name, const char *help, const tdm_router_hist_t *h)
+{
+    histogram_over(b, name, help, h, tdm_router_hist_bounds());
 }
 
 typedef enum node_set {
@@ -247,6 +257,22 @@ static double nv_queued_prefill(const rt_node_t *n)
 static double nv_step(const rt_node_t *n)
 {
     return n->step_time_s;
+}
+static double nv_proc_rss(const rt_node_t *n)
+{
+    return (double)n->proc_rss;
+}
+static double nv_proc_cpu(const rt_node_t *n)
+{
+    return n->proc_cpu_s;
+}
+static double nv_proc_fds(const rt_node_t *n)
+{
+    return n->proc_fds;
+}
+static double nv_kv_usage(const rt_node_t *n)
+{
+    return n->kv_blocks_total ? (double)n->kv_used / n->kv_blocks_total : 0;
 }
 
 /* tandem_requests_total by status and finish reason. */
@@ -362,6 +388,38 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
               "KV transfer time of a completed request: the prefill node's send until the decode "
               "node acknowledged (the decode node's estimate when that did not arrive).",
               &m->kv_transfer);
+    histogram(b, "tandem_request_decode_time_seconds",
+              "Per completed request: its first to its last token leaving the router.", &m->decode);
+    histogram(b, "tandem_request_inference_time_seconds",
+              "Per completed request: from its dispatch (the prefill task sent) to its final "
+              "message.",
+              &m->inference);
+    histogram_over(b, "tandem_request_prompt_tokens", "Prompt tokens of each completed request.",
+                   &m->prompt_len, tdm_router_token_bounds());
+    histogram_over(b, "tandem_request_generation_tokens",
+                   "Output tokens of each completed request.", &m->generation_len,
+                   tdm_router_token_bounds());
+    histogram_over(b, "tandem_request_preemptions",
+                   "Times each completed request was preempted on its decode node.",
+                   &m->preemptions_per_request, tdm_router_token_bounds());
+    counter(b, "tandem_preemptions_total",
+            "Preemptions of completed requests on their decode nodes (a sequence set aside for "
+            "lack of KV blocks and resumed later).",
+            m->preemptions);
+}
+
+/* The node processes' own figures, from their heartbeats (protocol 1.6). */
+static void render_node_processes(mb_t *b, const tdm_router_t *r)
+{
+    node_family(b, r, "tandem_node_process_resident_memory_bytes", METRIC_GAUGE,
+                "Resident memory of the node process in bytes (last heartbeat).", NODES_UP,
+                nv_proc_rss);
+    node_family(b, r, "tandem_node_process_cpu_seconds_total", METRIC_COUNTER,
+                "User and system CPU time of the node process in seconds (last heartbeat).",
+                NODES_UP, nv_proc_cpu);
+    node_family(b, r, "tandem_node_process_open_fds", METRIC_GAUGE,
+                "Open file descriptors of the node process (last heartbeat).", NODES_UP,
+                nv_proc_fds);
 }
 
 static void render_nodes(mb_t *b, const tdm_router_t *r)
@@ -411,6 +469,9 @@ static void render_nodes(mb_t *b, const tdm_router_t *r)
     node_family(b, r, "tandem_node_queued_prefill_tokens", METRIC_GAUGE,
                 "Prompt tokens queued for prefill on the node (last heartbeat).", NODES_UP,
                 nv_queued_prefill);
+    node_family(b, r, "tandem_node_kv_cache_usage_ratio", METRIC_GAUGE,
+                "KV blocks in use by sequences over the node's pool, 0..1 (last heartbeat).",
+                NODES_UP, nv_kv_usage);
     node_family(b, r, "tandem_node_step_time_seconds", METRIC_GAUGE,
                 "Mean duration of the node's recent forward passes (last heartbeat).", NODES_UP,
                 nv_step);
@@ -449,6 +510,230 @@ static void render_build_info(mb_t *b, const tdm_router_t *r)
     set_int(s, 1);
 }
 
+/* ---- process metrics (the router's own process, from /proc/self) ---- */
+
+static void float_family(mb_t *b, const char *name, Tandem__V1__MetricType type, const char *help,
+                         double v)
+{
+    set_float(sample(b, family(b, name, type, help)), v);
+}
+
+static void render_process(mb_t *b)
+{
+    tdm_process_stats_t ps;
+    if (!tdm_process_stats(&ps))
+        return;
+    float_family(b, "process_resident_memory_bytes", METRIC_GAUGE,
+                 "Resident memory size of the router process in bytes.", (double)ps.resident_bytes);
+    float_family(b, "process_cpu_seconds_total", METRIC_COUNTER,
+                 "User and system CPU time of the router process in seconds.", ps.cpu_seconds);
+    float_family(b, "process_open_fds", METRIC_GAUGE,
+                 "Open file descriptors of the router process.", ps.open_fds);
+    float_family(b, "process_max_fds", METRIC_GAUGE,
+                 "The router process's limit of open file descriptors.", (double)ps.max_fds);
+    float_family(b, "process_start_time_seconds", METRIC_GAUGE,
+                 "Start time of the router process since the Unix epoch in seconds.",
+                 ps.start_time_s);
+}
+
+/* ---- vLLM-compatible series (router.metrics_compat: vllm) ----
+ * vLLM 0.33.0's names, types and labels (vllm/v1/metrics/loggers.py; the list and what has no
+ * meaning here: tests/vllm_metrics.tsv). Labels: model_name (the served model) and engine:
+ * "0" for the router's figures (the whole cluster), the node id for a node's own. */
+
+typedef struct vctx {
+    mb_t *b;
+    const char *model;
+} vctx_t;
+
+/* A sample of f labelled {model_name, engine}. */
+static Tandem__V1__MetricSample *vsample(vctx_t *v, Tandem__V1__MetricFamily *f, const char *engine)
+{
+    Tandem__V1__MetricSample *s = sample(v->b, f);
+    label(v->b, s, "model_name", v->model);
+    label(v->b, s, "engine", engine);
+    return s;
+}
+
+static void vcounter(vctx_t *v, const char *name, const char *help, uint64_t n)
+{
+    set_int(vsample(v, family(v->b, name, METRIC_COUNTER, help), "0"), n);
+}
+
+static void vgauge(vctx_t *v, const char *name, const char *help, double x)
+{
+    set_float(vsample(v, family(v->b, name, METRIC_GAUGE, help), "0"), x);
+}
+
+static void hlabel(mb_t *b, Tandem__V1__MetricFamily *f, const char *name, const char *value)
+{
+    Tandem__V1__MetricLabel *l = f && !b->oom ? malloc(sizeof *l) : NULL;
+    Tandem__V1__MetricLabel **slot =
+        l ? grow(b, &f->histogram_labels, &f->n_histogram_labels, sizeof *slot) : NULL;
+    if (!slot) {
+        free(l);
+        b->oom = true;
+        return;
+    }
+    tandem__v1__metric_label__init(l);
+    *slot = l;
+    l->name = mb_strdup(b, name);
+    l->value = mb_strdup(b, value);
+}
+
+static void vhist(vctx_t *v, const char *name, const char *help, const tdm_router_hist_t *h,
+                  const double *bounds)
+{
+    Tandem__V1__MetricFamily *f = histogram_over(v->b, name, help, h, bounds);
+    hlabel(v->b, f, "model_name", v->model);
+    hlabel(v->b, f, "engine", "0");
+}
+
+/* A per-node family labelled {model_name, engine=node id} over the nodes of set (UP or
+ * REGISTERED). */
+static void vnode_family(vctx_t *v, const tdm_router_t *r, const char *name,
+                         Tandem__V1__MetricType type, const char *help, node_set_t set,
+                         node_value_fn value)
+{
+    Tandem__V1__MetricFamily *f = family(v->b, name, type, help);
+    for (size_t i = 0; i < r->n_nodes; i++)
+        if (set == NODES_UP ? r->nodes[i].up : r->nodes[i].registered)
+            set_float(vsample(v, f, r->nodes[i].cfg->id), value(&r->nodes[i]));
+}
+
+/* vllm:request_success_total{finished_reason}: stop and length (completed), abort
+ * (cancelled), error (failed); vLLM's "repetition" has no counterpart. */
+static void vllm_success(vctx_t *v, const tdm_router_metrics_t *m)
+{
+    static const struct {
+        const char *name;
+        int status, finish;
+    } reasons[] = {
+        {"stop", 0, TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP},
+        {"length", 0, TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH},
+        {"abort", -1, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED},
+        {"error", -1, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR},
+    };
+    Tandem__V1__MetricFamily *f = family(v->b, "vllm:request_success_total", METRIC_COUNTER,
+                                         "Count of finished requests by finished_reason.");
+    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++) {
+        uint64_t n = 0;
+        for (int s = 0; s < 17; s++)
+            if (reasons[i].status == -1 || s == reasons[i].status)
+                n += m->requests_by_status_finish[s][reasons[i].finish];
+        Tandem__V1__MetricSample *smp = vsample(v, f, "0");
+        label(v->b, smp, "finished_reason", reasons[i].name);
+        set_int(smp, n);
+    }
+}
+
+/* The counters by source and the refusals by reason. */
+static void vllm_labelled_counters(vctx_t *v, const tdm_router_metrics_t *m)
+{
+    Tandem__V1__MetricFamily *f =
+        family(v->b, "vllm:prompt_tokens_by_source_total", METRIC_COUNTER,
+               "Number of prompt tokens by source (local_compute: prefilled, local_cache_hit: "
+               "found in a prefill node's prefix cache).");
+    Tandem__V1__MetricSample *s = vsample(v, f, "0");
+    label(v->b, s, "source", "local_compute");
+    set_int(s,
+            m->prompt_tokens - (m->cached_prompt_tokens < m->prompt_tokens ? m->cached_prompt_tokens
+                                                                           : m->prompt_tokens));
+    s = vsample(v, f, "0");
+    label(v->b, s, "source", "local_cache_hit");
+    set_int(s, m->cached_prompt_tokens);
+    f = family(v->b, "vllm:admission_rejections_total", METRIC_COUNTER,
+               "Requests refused before they ran, by reason (queue_full: the router's queue, "
+               "deadline: admission control).");
+    s = sample(v->b, f);
+    label(v->b, s, "model_name", v->model);
+    label(v->b, s, "reason", "queue_full");
+    set_int(s, m->queue_full);
+    s = sample(v->b, f);
+    label(v->b, s, "model_name", v->model);
+    label(v->b, s, "reason", "deadline");
+    set_int(s, m->shed);
+}
+
+static void vllm_counters(vctx_t *v, const tdm_router_t *r)
+{
+    const tdm_router_metrics_t *m = &r->metrics;
+    vcounter(v, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+             m->preemptions);
+    vcounter(v, "vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+             m->prompt_tokens);
+    vcounter(v, "vllm:prompt_tokens_cached_total",
+             "Number of cached prompt tokens (local prefix cache).", m->cached_prompt_tokens);
+    vcounter(v, "vllm:generation_tokens_total", "Number of generation tokens processed.",
+             m->generation_tokens);
+    vllm_success(v, m);
+    vllm_labelled_counters(v, m);
+    vnode_family(v, r, "vllm:prefix_cache_queries_total", METRIC_COUNTER,
+                 "Prefix cache queries, in KV blocks (vLLM counts tokens), per node.",
+                 NODES_REGISTERED, nv_prefix_queries);
+    vnode_family(v, r, "vllm:prefix_cache_hits_total", METRIC_COUNTER,
+                 "Prefix cache hits, in KV blocks (vLLM counts tokens), per node.",
+                 NODES_REGISTERED, nv_prefix_hits);
+}
+
+static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
+{
+    vgauge(v, "vllm:num_requests_running", "Number of requests in model execution batches.",
+           (double)(r->n_reqs - r->n_queued));
+    vgauge(v, "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+           (double)r->n_queued);
+    vnode_family(v, r, "vllm:kv_cache_usage_perc", METRIC_GAUGE,
+                 "KV-cache usage. 1 means 100 percent usage (per node up, last heartbeat).",
+                 NODES_UP, nv_kv_usage);
+    const tdm_kv_config_t *kv = &r->cfg->kv;
+    Tandem__V1__MetricFamily *f = family(v->b, "vllm:cache_config_info", METRIC_GAUGE,
+                                         "Information of the LLMEngine CacheConfig");
+    Tandem__V1__MetricSample *s = sample(v->b, f);
+    char bs[16];
+    snprintf(bs, sizeof bs, "%d", kv->block_size);
+    label(v->b, s, "block_size", bs);
+    label(v->b, s, "cache_dtype", tdm_kv_dtype_name(kv->dtype));
+    label(v->b, s, "enable_prefix_caching", kv->prefix_caching ? "True" : "False");
+    label(v->b, s, "engine", "0");
+    set_int(s, 1);
+}
+
+static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
+{
+    const double *sec = tdm_router_hist_bounds(), *tok = tdm_router_token_bounds();
+    vhist(v, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+          &m->ttft, sec);
+    vhist(v, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+          &m->itl, sec);
+    vhist(v, "vllm:request_time_per_output_token_seconds",
+          "Histogram of time_per_output_token_seconds per request.", &m->tpot, sec);
+    vhist(v, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+          &m->e2e, sec);
+    vhist(v, "vllm:request_queue_time_seconds",
+          "Histogram of time spent in WAITING phase for request.", &m->queue, sec);
+    vhist(v, "vllm:request_inference_time_seconds",
+          "Histogram of time spent in RUNNING phase for request.", &m->inference, sec);
+    vhist(v, "vllm:request_prefill_time_seconds",
+          "Histogram of time spent in PREFILL phase for request.", &m->prefill, sec);
+    vhist(v, "vllm:request_decode_time_seconds",
+          "Histogram of time spent in DECODE phase for request.", &m->decode, sec);
+    vhist(v, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", &m->prompt_len,
+          tok);
+    vhist(v, "vllm:request_generation_tokens", "Number of generation tokens processed.",
+          &m->generation_len, tok);
+    vhist(v, "vllm:request_num_preemptions",
+          "Histogram of the number of times a request was preempted.", &m->preemptions_per_request,
+          tok);
+}
+
+static void render_vllm(mb_t *b, const tdm_router_t *r)
+{
+    vctx_t v = {b, r->cfg->model.name ? r->cfg->model.name : ""};
+    vllm_gauges(&v, r);
+    vllm_counters(&v, r);
+    vllm_histograms(&v, &r->metrics);
+}
+
 int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsResponse **out)
 {
     *out = NULL;
@@ -459,8 +744,12 @@ int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsRespon
     render_requests(&b, r);
     render_histograms(&b, r);
     render_nodes(&b, r);
+    render_node_processes(&b, r);
     render_loop(&b, r);
     render_build_info(&b, r);
+    render_process(&b);
+    if (r->cfg->router.metrics_compat_vllm)
+        render_vllm(&b, r);
     if (b.oom) {
         protobuf_c_message_free_unpacked(&b.m->base, NULL);
         return TDM_ERESOURCE;

@@ -512,6 +512,9 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
     n->prefix_queries = h->prefix_queries;
     n->prefix_hits = h->prefix_hits;
     n->batch_size = h->batch_size;
+    n->proc_rss = h->process_resident_bytes;
+    n->proc_cpu_s = h->process_cpu_seconds;
+    n->proc_fds = h->process_open_fds;
     double sum = 0;
     for (size_t i = 0; i < h->n_recent_step_s; i++)
         sum += h->recent_step_s[i];

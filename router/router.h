@@ -102,7 +102,20 @@ typedef struct tdm_router_metrics {
     double loop_max_s;
     uint64_t loop_stalls;
     double loop_stall_s; /* the time those stalls were not charged, seconds */
+    /* Completed requests (the vLLM-compatible series, docs/operations.md): decode time (first
+     * to last token), inference time (dispatch to end), and over tdm_router_token_bounds the
+     * prompt and output tokens and the preemptions each request had on its decode node. */
+    tdm_router_hist_t decode;
+    tdm_router_hist_t inference;
+    tdm_router_hist_t prompt_len;
+    tdm_router_hist_t generation_len;
+    tdm_router_hist_t preemptions_per_request;
+    uint64_t preemptions; /* sum of Finished.preemptions */
 } tdm_router_metrics_t;
+
+/* Upper bounds of the token-count histograms (1, 2, 5, 10, ... 50000, like vLLM's 1-2-5
+ * buckets), TDM_ROUTER_HIST_BUCKETS - 1 of them. Points to constant storage. */
+const double *tdm_router_token_bounds(void);
 
 typedef struct tdm_router tdm_router_t;
 

@@ -105,6 +105,9 @@ typedef struct rt_node {
     /* last heartbeat (nodes.c; kv_blocks_free = kv_blocks_total right after registering;
      * scheduler.c zeroes kv_free and kv_cached when a reservation is refused for room) */
     uint32_t kv_free, kv_used, kv_cached, running, waiting, batch_size;
+    uint64_t proc_rss; /* the node process's resident bytes (last heartbeat; 0: older node) */
+    double proc_cpu_s; /* its CPU seconds */
+    uint32_t proc_fds; /* its open file descriptors */
     uint64_t queued_prefill_tokens, prefix_queries, prefix_hits;
     double step_time_s;
     rt_step_fit_t step_fit; /* decode: step time by batch size (admit.c; reset on registering) */
@@ -199,6 +202,7 @@ struct rt_req {
     bool finished; /* Finished received */
     int finish_reason;
     uint32_t completion_tokens;
+    uint32_t preemptions; /* Finished.preemptions of the decode node (metrics) */
     double kv_transfer_s;
     tdm_detok_t detok;
     tdm_buf_t hold; /* text produced but not sent: could start a stop string */

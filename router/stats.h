@@ -9,6 +9,9 @@
 /* Counts one observation (seconds; negative or NaN counts as 0) in h. Cannot fail. */
 void rt_hist_observe(tdm_router_hist_t *h, double seconds);
 
+/* Counts one observation of a count (tokens, preemptions) over tdm_router_token_bounds. */
+void rt_hist_observe_count(tdm_router_hist_t *h, double n);
+
 /* Counts an ended GENERATE request: final status (0 or a negative TDM_E code) and
  * FinishReason (-1: refused before it started). Cannot fail. */
 void rt_count_end(tdm_router_t *r, int status, int finish);

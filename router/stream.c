@@ -357,6 +357,18 @@ static void last_chunk(const rt_req_t *q, int reason, Tandem__V1__GenerateChunk 
     m->timings = t;
 }
 
+/* The per-request figures of a completed request (the vLLM-compatible histograms). */
+static void count_completed(tdm_router_metrics_t *m, const rt_req_t *q,
+                            const Tandem__V1__Timings *t)
+{
+    rt_hist_observe(&m->decode, t->decode_s);
+    rt_hist_observe(&m->inference, t->e2e_s - t->queue_s);
+    rt_hist_observe_count(&m->prompt_len, q->n_prompt);
+    rt_hist_observe_count(&m->generation_len, q->next_index);
+    rt_hist_observe_count(&m->preemptions_per_request, q->preemptions);
+    m->preemptions += q->preemptions;
+}
+
 /* Completes q successfully: the rest of the text, the final fields, END OK; frees q.
  * stop: index of the stop string that matched, or SIZE_MAX. */
 static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
@@ -377,6 +389,7 @@ static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
         rt_hist_observe(&r->metrics.tpot, t.tpot_s);
     if (q->kv_transfer_s > 0)
         rt_hist_observe(&r->metrics.kv_transfer, q->kv_transfer_s);
+    count_completed(&r->metrics, q, &t);
     rt_req_free(r, q);
 }
 
@@ -648,6 +661,7 @@ static bool finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *f
                            ? TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH
                            : TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
     q->completion_tokens = fin->completion_tokens;
+    q->preemptions = fin->preemptions;
     if (q->kv_transfer_s == 0) /* the decode node's estimate, until the prefill node measured */
         q->kv_transfer_s = fin->kv_transfer_s;
     r->metrics.kv_transfer_bytes += fin->kv_transfer_bytes;

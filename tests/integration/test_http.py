@@ -195,6 +195,12 @@ def test_chat_default_max_tokens_shrinks_to_the_context_left(tmp_path):
                    for ln in log), log[:20]
         lines = [ln for ln in log if r.id in ln]
         assert not any("request refused" in ln for ln in lines), lines
+        # nor counted as refused (by the router or the gateway)
+        st, _, body = request(http_port(c), "GET", "/metrics")
+        text = body.decode()
+        assert st == 200
+        assert 'status="INVALID_ARGUMENT"' not in text
+        assert "tandem_http_requests_refused_total{" not in text
         assert any("request accepted" in ln and f"max_tokens={4096 - u.prompt_tokens}" in ln
                    for ln in lines), lines
     finally:

@@ -74,6 +74,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
     assert_int_equal(a->router.prefill_policy, b->router.prefill_policy);
     assert_int_equal(a->router.max_queue, b->router.max_queue);
     assert_int_equal(a->router.admission_control, b->router.admission_control);
+    assert_int_equal(a->router.metrics_compat_vllm, b->router.metrics_compat_vllm);
     assert_true(a->router.request_timeout_s == b->router.request_timeout_s);
     assert_int_equal(a->router.n_api_keys, b->router.n_api_keys);
     for (size_t i = 0; i < a->router.n_api_keys; i++)
@@ -144,6 +145,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_ROUND_ROBIN);
     assert_int_equal(cfg.router.max_queue, 1024);
     assert_true(cfg.router.admission_control);
+    assert_true(cfg.router.metrics_compat_vllm);
     assert_true(cfg.router.request_timeout_s == 600.0);
     assert_int_equal(cfg.router.n_api_keys, 0);
     assert_false(cfg.router.public_metrics);
@@ -254,6 +256,7 @@ static const char full_yaml[] =
     "  prefill_policy: prefix_aware\n"
     "  max_queue: 50\n"
     "  admission_control: false\n"
+    "  metrics_compat: none\n"
     "  request_timeout_s: 2.5\n"
     "  api_keys: [key-one, 'key-two']\n"
     "  public_metrics: true\n"
@@ -318,6 +321,7 @@ static void test_full_file(void **state)
     assert_int_equal(cfg.router.prefill_policy, TDM_PREFILL_POLICY_PREFIX_AWARE);
     assert_int_equal(cfg.router.max_queue, 50);
     assert_false(cfg.router.admission_control);
+    assert_false(cfg.router.metrics_compat_vllm);
     assert_true(cfg.router.request_timeout_s == 2.5);
     assert_int_equal(cfg.router.n_api_keys, 2);
     assert_string_equal(cfg.router.api_keys[0], "key-one");
@@ -580,7 +584,7 @@ static void test_error_unknown_keys(void **state)
                "http_threads, http_connection_timeout_s, http_max_connections, "
                "http_max_connections_per_client, prefill_policy, max_queue, request_timeout_s, "
                "api_keys, public_metrics, curve_public_key, curve_secret_key_file, "
-               "admission_control)");
+               "admission_control, metrics_compat)");
     /* a file name so long that the whole list does not fit: the key first, whole names
      * only, the rest counted */
     char name[200], want[TDM_ERRMSG_MAX];
@@ -593,7 +597,7 @@ static void test_error_unknown_keys(void **state)
              "%s:2: key 'router.htp_port': unknown key (expected one of: client_endpoint, "
              "node_endpoint, node_advertise, http_address, http_port, http_threads, "
              "http_connection_timeout_s, http_max_connections, http_max_connections_per_client, "
-             "prefill_policy, max_queue, and 6 more: `tandem config defaults` lists them)",
+             "prefill_policy, max_queue, and 7 more: `tandem config defaults` lists them)",
              name);
     assert_string_equal(err.msg, want);
     load_fails("kv:\n  blocksize: 16\n",
@@ -659,6 +663,9 @@ static void test_error_enums(void **state)
     load_fails("router:\n  prefill_policy: random\n",
                "cluster.yaml:2: key 'router.prefill_policy': must be one of round_robin, "
                "least_loaded, prefix_aware; got 'random'");
+    load_fails("router:\n  metrics_compat: prometheus\n",
+               "cluster.yaml:2: key 'router.metrics_compat': must be one of none, vllm; got "
+               "'prometheus'");
     load_fails("kv:\n  dtype: bf16\n",
                "cluster.yaml:2: key 'kv.dtype': must be one of f32, f16, q8; got 'bf16'");
     load_fails("log:\n  level: loud\n",

@@ -631,6 +631,50 @@ static void test_metrics_text(void **state)
     assert_null(tdm_proto_metrics_find(&m, "z"));
 }
 
+/* A histogram with labels (the vllm: ones): every line carries them, le last on buckets;
+ * label values are escaped there too. */
+static void test_metrics_text_labelled_histogram(void **state)
+{
+    (void)state;
+    Tandem__V1__MetricLabel l0 = TANDEM__V1__METRIC_LABEL__INIT,
+                            l1 = TANDEM__V1__METRIC_LABEL__INIT;
+    l0.name = "model_name";
+    l0.value = "m\"1";
+    l1.name = "engine";
+    l1.value = "0";
+    Tandem__V1__MetricLabel *labels[2] = {&l0, &l1};
+    double bounds[1] = {1};
+    uint64_t counts[1] = {2};
+    Tandem__V1__MetricHistogram h = TANDEM__V1__METRIC_HISTOGRAM__INIT;
+    h.n_bounds = h.n_counts = 1;
+    h.bounds = bounds;
+    h.counts = counts;
+    h.sum = 2.5;
+    h.count = 3;
+    Tandem__V1__MetricFamily f = TANDEM__V1__METRIC_FAMILY__INIT;
+    f.name = "vllm:e2e_request_latency_seconds";
+    f.help = "E2e.";
+    f.type = TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM;
+    f.histogram = &h;
+    f.n_histogram_labels = 2;
+    f.histogram_labels = labels;
+    Tandem__V1__MetricFamily *fp[1] = {&f};
+    Tandem__V1__MetricsResponse m = TANDEM__V1__METRICS_RESPONSE__INIT;
+    m.n_families = 1;
+    m.families = fp;
+    tdm_buf_t b = TDM_BUF_INIT;
+    assert_int_equal(tdm_proto_metrics_text(&m, &b), 0);
+#define L "{model_name=\"m\\\"1\",engine=\"0\""
+    assert_string_equal(b.data, "# HELP vllm:e2e_request_latency_seconds E2e.\n"
+                                "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+                                "vllm:e2e_request_latency_seconds_bucket" L ",le=\"1\"} 2\n"
+                                "vllm:e2e_request_latency_seconds_bucket" L ",le=\"+Inf\"} 3\n"
+                                "vllm:e2e_request_latency_seconds_sum" L "} 2.5\n"
+                                "vllm:e2e_request_latency_seconds_count" L "} 3\n");
+#undef L
+    tdm_buf_free(&b);
+}
+
 int main(void)
 {
     messages = tdm_proto_messages(&n_messages);
@@ -645,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_status_codes),
         cmocka_unit_test(test_finish_names),
         cmocka_unit_test(test_metrics_text),
+        cmocka_unit_test(test_metrics_text_labelled_histogram),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

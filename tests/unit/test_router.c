@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <xxhash.h>
@@ -2288,14 +2289,15 @@ static bool has_series(const char *text, const char *series)
     return false;
 }
 
-/* text with the router loop's own series cut out (in place): they change with every poll. */
+/* text with the router loop's own series and the process figures cut out (in place): they
+ * change with every poll. */
 static char *without_loop_series(char *text)
 {
     char *w = text;
     for (char *p = text; *p;) {
         char *nl = strchr(p, '\n');
         size_t n = nl ? (size_t)(nl - p) + 1 : strlen(p);
-        if (strncmp(p, "tandem_router_loop", 18) != 0) {
+        if (strncmp(p, "tandem_router_loop", 18) != 0 && strncmp(p, "process_", 8) != 0) {
             memmove(w, p, n);
             w += n;
         }
@@ -2381,7 +2383,15 @@ static void promtool_check(env_t *e, const char *text)
     snprintf(path, sizeof path, "%s/metrics.txt", e->dir);
     FILE *fp = fopen(path, "w");
     assert_non_null(fp);
-    assert_int_equal(fwrite(text, 1, strlen(text), fp), strlen(text));
+    /* vLLM's names hold a ':', which promtool's lint reserves for recording rules; they are
+     * vLLM's on purpose (dashboards query them), so the lint sees the other families */
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) + 1 : strlen(p);
+        if (strncmp(p, "vllm:", 5) != 0 && (n < 12 || strncmp(p + 7, "vllm:", 5) != 0))
+            assert_int_equal(fwrite(p, 1, n, fp), n);
+        p += n;
+    }
     assert_int_equal(fclose(fp), 0);
     snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
     FILE *pp = popen(cmd, "r");
@@ -2393,6 +2403,61 @@ static void promtool_check(env_t *e, const char *text)
     unlink(path);
     if (st != 0 || n != 0)
         fail_msg("promtool check metrics (exit status %d): %s", st, out);
+}
+
+/* The vLLM-compatible series of test_metrics's traffic: two completed (4 and 3 tokens, the
+ * second with "x" once prefilled), one cancelled, one refused. */
+static void check_vllm_series(const char *t, uint32_t prompt_tokens)
+{
+#define V "{model_name=\"tiny\",engine=\"0\""
+    assert_float_equal(sample_of(t, "vllm:prompt_tokens_total" V "}"), prompt_tokens, 0);
+    assert_float_equal(sample_of(t, "vllm:generation_tokens_total" V "}"), 7, 0);
+    assert_float_equal(sample_of(t, "vllm:prompt_tokens_cached_total" V "}"), 6, 0);
+    assert_float_equal(sample_of(t, "vllm:request_success_total" V ",finished_reason=\"stop\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(t, "vllm:request_success_total" V ",finished_reason=\"length\"}"),
+                       0, 0);
+    assert_float_equal(sample_of(t, "vllm:request_success_total" V ",finished_reason=\"abort\"}"),
+                       1, 0);
+    assert_float_equal(sample_of(t, "vllm:request_success_total" V ",finished_reason=\"error\"}"),
+                       0, 0);
+    assert_float_equal(sample_of(t, "vllm:num_requests_running" V "}"), 0, 0);
+    assert_float_equal(sample_of(t, "vllm:num_requests_waiting" V "}"), 0, 0);
+    assert_float_equal(sample_of(t, "vllm:num_preemptions_total" V "}"), 0, 0);
+    assert_float_equal(sample_of(t, "vllm:time_to_first_token_seconds_count" V "}"), 2, 0);
+    assert_float_equal(sample_of(t, "vllm:time_to_first_token_seconds_bucket" V ",le=\"+Inf\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(t, "vllm:e2e_request_latency_seconds_count" V "}"), 2, 0);
+    assert_float_equal(sample_of(t, "vllm:request_decode_time_seconds_count" V "}"), 2, 0);
+    assert_float_equal(sample_of(t, "vllm:request_inference_time_seconds_count" V "}"), 2, 0);
+    assert_float_equal(sample_of(t, "vllm:request_generation_tokens_sum" V "}"), 7, 0);
+    /* 4 and 3 output tokens: neither is at most 2, both at most 5 */
+    assert_float_equal(sample_of(t, "vllm:request_generation_tokens_bucket" V ",le=\"2\"}"), 0, 0);
+    assert_float_equal(sample_of(t, "vllm:request_generation_tokens_bucket" V ",le=\"5\"}"), 2, 0);
+    assert_float_equal(sample_of(t, "vllm:request_prompt_tokens_count" V "}"), 2, 0);
+    assert_float_equal(sample_of(t, "tandem_request_generation_tokens_sum"), 7, 0);
+    assert_float_equal(
+        sample_of(t, "vllm:kv_cache_usage_perc{model_name=\"tiny\",engine=\"decode-0\"}"), 0.4,
+        1e-12);
+    assert_float_equal(
+        sample_of(t, "vllm:prefix_cache_hits_total{model_name=\"tiny\",engine=\"prefill-0\"}"), 4,
+        0);
+    assert_float_equal(sample_of(t, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"f16\","
+                                    "enable_prefix_caching=\"True\",engine=\"0\"}"),
+                       1, 0);
+    assert_non_null(strstr(t, "# TYPE vllm:request_prompt_tokens histogram\n"));
+    assert_non_null(strstr(t, "# TYPE vllm:num_requests_running gauge\n"));
+#undef V
+}
+
+/* The router's process figures: a process that runs has memory, a start time and open fds. */
+static void check_process_series(const char *t)
+{
+    assert_true(sample_of(t, "process_resident_memory_bytes") > 1e6);
+    assert_true(sample_of(t, "process_cpu_seconds_total") >= 0);
+    assert_true(sample_of(t, "process_open_fds") >= 3);
+    double start = sample_of(t, "process_start_time_seconds");
+    assert_true(start > 1.6e9 && start <= (double)time(NULL) + 1);
 }
 
 static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64_t hits)
@@ -2409,6 +2474,9 @@ static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64
     h.prefix_queries = queries;
     h.prefix_hits = hits;
     h.instance_id = 42;
+    h.process_resident_bytes = 1000000 + used;
+    h.process_cpu_seconds = 1.5;
+    h.process_open_fds = 12;
     double steps[2] = {0.25, 0.75};
     h.n_recent_step_s = 2;
     h.recent_step_s = steps;
@@ -2600,6 +2668,19 @@ static void test_metrics(void **state)
     assert_non_null(strstr(t, "# TYPE tandem_time_to_first_token_seconds histogram\n"));
     assert_non_null(strstr(t, "# TYPE tandem_requests_total counter\n"));
     assert_non_null(strstr(t, "# TYPE tandem_node_up gauge\n"));
+    check_vllm_series(t, prompt_tokens);
+    assert_float_equal(sample_of(t, "tandem_node_process_resident_memory_bytes{node=\"decode-0\","
+                                    "role=\"decode\"}"),
+                       1000040, 0);
+    assert_float_equal(sample_of(t, "tandem_node_process_cpu_seconds_total{node=\"prefill-0\","
+                                    "role=\"prefill\"}"),
+                       1.5, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_process_open_fds{node=\"prefill-0\",role=\"prefill\"}"), 12, 0);
+    assert_float_equal(
+        sample_of(t, "tandem_node_kv_cache_usage_ratio{node=\"decode-0\",role=\"decode\"}"), 0.4,
+        1e-12);
+    check_process_series(t);
     promtool_check(e, t);
     free(t);
 

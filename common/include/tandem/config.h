@@ -93,6 +93,8 @@ typedef struct tdm_router_config {
     bool admission_control;   /* refuse (RESOURCE_EXHAUSTED) a new request no decode node up can
                                  finish before its deadline by the router's estimate; default
                                  true */
+    bool metrics_compat_vllm; /* metrics_compat: vllm (default) also serves vLLM's `vllm:`
+                                 series beside the tandem_ ones; none: tandem_ only */
     double request_timeout_s; /* deadline of a request that sets none, seconds; (0, 86400],
                                  default 600 */
     char **api_keys;          /* n_api_keys accepted keys; none (NULL, 0) = no authentication */

@@ -281,6 +281,7 @@ static int config_init(tdm_config_t *cfg)
     cfg->router.prefill_policy = TDM_PREFILL_POLICY_ROUND_ROBIN;
     cfg->router.max_queue = DEFAULT_MAX_QUEUE;
     cfg->router.admission_control = true;
+    cfg->router.metrics_compat_vllm = true;
     cfg->router.request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S;
     cfg->kv.block_size = DEFAULT_BLOCK_SIZE;
     cfg->kv.dtype = TDM_KV_F16;
@@ -1016,6 +1017,11 @@ static int parse_router_key(loader_t *ld, const char *name, const yaml_node_t *v
         rc = get_bool(ld, v, key, &r->public_metrics);
     } else if (strcmp(name, "admission_control") == 0) {
         rc = get_bool(ld, v, key, &r->admission_control);
+    } else if (strcmp(name, "metrics_compat") == 0) {
+        static const char *const compat_names[] = {"none", "vllm"};
+        int x = 0;
+        rc = get_enum(ld, v, key, compat_names, N_OF(compat_names), &x);
+        r->metrics_compat_vllm = x == 1;
     } else if (strcmp(name, "curve_public_key") == 0) {
         cm->public_key = v;
         rc = get_curve_key(ld, v, key, &r->curve_public_key);
@@ -1050,6 +1056,7 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
                                         "curve_public_key",
                                         "curve_secret_key_file",
                                         "admission_control",
+                                        "metrics_compat",
                                         NULL};
     tdm_router_config_t *r = &cfg->router;
     int rc = check_mapping(ld, map, "router", known);
@@ -1697,6 +1704,7 @@ static void dump_router(const tdm_router_config_t *r, FILE *out)
     fprintf(out, "  prefill_policy: %s\n", tdm_config_prefill_policy_name(r->prefill_policy));
     fprintf(out, "  max_queue: %d\n", r->max_queue);
     fprintf(out, "  admission_control: %s\n", r->admission_control ? "true" : "false");
+    fprintf(out, "  metrics_compat: %s\n", r->metrics_compat_vllm ? "vllm" : "none");
     fprintf(out, "  request_timeout_s: ");
     put_double(out, r->request_timeout_s);
     fprintf(out, "\n  api_keys:%s\n", r->n_api_keys ? "" : " []");

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "tandem/process.h"
 #include "tandem/proto.h"
 
 #define TDM_LINK_CALL_BIT (UINT64_C(1) << 63)
@@ -163,6 +164,12 @@ static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
     hb.prefix_hits = ld.prefix_hits;
     hb.batch_size = ld.batch_size;
     hb.instance_id = l->instance;
+    tdm_process_stats_t ps;
+    if (tdm_process_stats(&ps)) {
+        hb.process_resident_bytes = ps.resident_bytes;
+        hb.process_cpu_seconds = ps.cpu_seconds;
+        hb.process_open_fds = ps.open_fds;
+    }
     tdm_send_t m = {0};
     m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
     m.method = TANDEM__V1__METHOD__METHOD_HEARTBEAT;

@@ -72,19 +72,44 @@ static void sample(tdm_buf_t *b, const char *name, const Tandem__V1__MetricSampl
     tdm_buf_printf(b, " %s\n", num);
 }
 
-/* Cumulative buckets over the bounds, then +Inf, _sum and _count. */
-static void histogram(tdm_buf_t *b, const char *name, const Tandem__V1__MetricHistogram *h)
+/* `name_suffix{a="x",b="y"` (the brace left open when there are labels) or `name_suffix`. */
+static void hist_head(tdm_buf_t *b, const char *name, const char *suffix,
+                      const Tandem__V1__MetricFamily *f)
 {
+    tdm_buf_printf(b, "%s%s", name, suffix);
+    for (size_t i = 0; i < f->n_histogram_labels; i++) {
+        tdm_buf_printf(b, "%s%s=\"", i ? "," : "{", f->histogram_labels[i]->name);
+        label_value(b, f->histogram_labels[i]->value);
+        tdm_buf_puts(b, "\"");
+    }
+}
+
+/* `_bucket{labels,le="bound"} count` */
+static void hist_bucket(tdm_buf_t *b, const Tandem__V1__MetricFamily *f, const char *le, uint64_t n)
+{
+    hist_head(b, f->name, "_bucket", f);
+    tdm_buf_printf(b, "%sle=\"%s\"} %" PRIu64 "\n", f->n_histogram_labels ? "," : "{", le, n);
+}
+
+/* Cumulative buckets over the bounds, then +Inf, _sum and _count, each with f's histogram
+ * labels. */
+static void histogram(tdm_buf_t *b, const Tandem__V1__MetricFamily *f)
+{
+    const Tandem__V1__MetricHistogram *h = f->histogram;
     uint64_t cum = 0;
     char num[40];
     for (size_t i = 0; i < h->n_bounds; i++) {
         cum += i < h->n_counts ? h->counts[i] : 0;
         fmt_double(num, sizeof num, h->bounds[i]);
-        tdm_buf_printf(b, "%s_bucket{le=\"%s\"} %" PRIu64 "\n", name, num, cum);
+        hist_bucket(b, f, num, cum);
     }
-    tdm_buf_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, h->count);
+    hist_bucket(b, f, "+Inf", h->count);
+    const char *close = f->n_histogram_labels ? "}" : "";
     fmt_double(num, sizeof num, h->sum);
-    tdm_buf_printf(b, "%s_sum %s\n%s_count %" PRIu64 "\n", name, num, name, h->count);
+    hist_head(b, f->name, "_sum", f);
+    tdm_buf_printf(b, "%s %s\n", close, num);
+    hist_head(b, f->name, "_count", f);
+    tdm_buf_printf(b, "%s %" PRIu64 "\n", close, h->count);
 }
 
 int tdm_proto_metrics_text(const Tandem__V1__MetricsResponse *m, tdm_buf_t *out)
@@ -95,7 +120,7 @@ int tdm_proto_metrics_text(const Tandem__V1__MetricsResponse *m, tdm_buf_t *out)
         tdm_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, type);
         if (f->type == TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM) {
             if (f->histogram)
-                histogram(out, f->name, f->histogram);
+                histogram(out, f);
             continue;
         }
         for (size_t j = 0; j < f->n_samples; j++)

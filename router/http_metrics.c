@@ -1,0 +1,145 @@
+/* http_metrics.c - the HTTP gateway's counters (http_metrics.h).
+ *
+ * Status codes index an array of atomics; refusal reasons fill a small table of slots whose
+ * names are claimed once with a compare-and-swap (a name never changes after that), so
+ * counting takes no lock and the scrape reads a consistent-enough snapshot.
+ */
+#include "http_metrics.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem/base.h"
+
+#define REASON_MAX 48
+
+typedef struct reason_slot {
+    _Atomic int state; /* 0 free, 1 being named, 2 named */
+    char name[REASON_MAX];
+    atomic_uint_fast64_t n;
+} reason_slot_t;
+
+static atomic_uint_fast64_t by_code[600];
+static reason_slot_t reasons[TDM_HTTP_REFUSAL_REASONS + 1]; /* the last: "other" */
+
+void tdm_http_count_response(unsigned status)
+{
+    atomic_fetch_add(&by_code[status >= 100 && status < 600 ? status : 0], 1);
+}
+
+/* The slot named reason, claiming a free one when none is; the "other" slot when full. */
+static reason_slot_t *reason_slot(const char *reason)
+{
+    for (size_t i = 0; i < TDM_HTTP_REFUSAL_REASONS; i++) {
+        reason_slot_t *s = &reasons[i];
+        int st = atomic_load(&s->state);
+        if (st == 0) {
+            int want = 0;
+            if (atomic_compare_exchange_strong(&s->state, &want, 1)) {
+                snprintf(s->name, sizeof s->name, "%s", reason);
+                atomic_store(&s->state, 2);
+                return s;
+            }
+            st = want;
+        }
+        while (st == 1) /* another thread is writing the name: a few instructions */
+            st = atomic_load(&s->state);
+        if (strncmp(s->name, reason, sizeof s->name - 1) == 0)
+            return s;
+    }
+    return &reasons[TDM_HTTP_REFUSAL_REASONS];
+}
+
+void tdm_http_count_refusal(const char *reason)
+{
+    atomic_fetch_add(&reason_slot(reason && *reason ? reason : "request")->n, 1);
+}
+
+/* Appends a family with n_samples slots (zeroed); NULL on out of memory. */
+static Tandem__V1__MetricFamily *add_family(Tandem__V1__MetricsResponse *m, const char *name,
+                                            const char *help)
+{
+    Tandem__V1__MetricFamily **fs = realloc(m->families, (m->n_families + 1) * sizeof *m->families);
+    if (!fs)
+        return NULL;
+    m->families = fs;
+    Tandem__V1__MetricFamily *f = malloc(sizeof *f);
+    if (!f)
+        return NULL;
+    tandem__v1__metric_family__init(f);
+    f->name = tdm_strdup(name);
+    f->help = tdm_strdup(help);
+    f->type = TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER;
+    fs[m->n_families++] = f;
+    return f->name && f->help ? f : NULL;
+}
+
+/* Appends the sample {label=value} n to f; false on out of memory. */
+static bool add_sample(Tandem__V1__MetricFamily *f, const char *label, const char *value,
+                       uint64_t n)
+{
+    Tandem__V1__MetricSample **ss = realloc(f->samples, (f->n_samples + 1) * sizeof *ss);
+    if (!ss)
+        return false;
+    f->samples = ss;
+    Tandem__V1__MetricSample *s = malloc(sizeof *s);
+    Tandem__V1__MetricLabel **ls = s ? malloc(sizeof *ls) : NULL;
+    Tandem__V1__MetricLabel *l = ls ? malloc(sizeof *l) : NULL;
+    if (!l) {
+        free(ls);
+        free(s);
+        return false;
+    }
+    tandem__v1__metric_sample__init(s);
+    tandem__v1__metric_label__init(l);
+    l->name = tdm_strdup(label);
+    l->value = tdm_strdup(value);
+    ls[0] = l;
+    s->labels = ls;
+    s->n_labels = 1;
+    s->value_case = TANDEM__V1__METRIC_SAMPLE__VALUE_INT_VALUE;
+    s->int_value = n;
+    ss[f->n_samples++] = s;
+    return l->name && l->value;
+}
+
+static bool append_codes(Tandem__V1__MetricsResponse *m)
+{
+    Tandem__V1__MetricFamily *f =
+        add_family(m, "tandem_http_requests_total",
+                   "HTTP responses of the gateway by status code (every path; a stream counts "
+                   "once, with the 200 that starts it).");
+    bool ok = f != NULL;
+    for (unsigned c = 0; ok && c < 600; c++) {
+        uint64_t n = atomic_load(&by_code[c]);
+        char code[8];
+        snprintf(code, sizeof code, "%u", c);
+        if (n || c == 200) /* 200 always exists, so rate() sees its first increase */
+            ok = add_sample(f, "code", code, n);
+    }
+    return ok;
+}
+
+static bool append_refusals(Tandem__V1__MetricsResponse *m)
+{
+    Tandem__V1__MetricFamily *f =
+        add_family(m, "tandem_http_requests_refused_total",
+                   "OpenAI requests the gateway refused before they reached the router, by the "
+                   "field at fault (reason \"request\": the body as a whole; \"other\": past the "
+                   "first 64 distinct fields).");
+    bool ok = f != NULL;
+    for (size_t i = 0; ok && i < TDM_HTTP_REFUSAL_REASONS; i++)
+        if (atomic_load(&reasons[i].state) == 2)
+            ok = add_sample(f, "reason", reasons[i].name, atomic_load(&reasons[i].n));
+    uint64_t other = atomic_load(&reasons[TDM_HTTP_REFUSAL_REASONS].n);
+    if (ok && other)
+        ok = add_sample(f, "reason", "other", other);
+    return ok;
+}
+
+int tdm_http_metrics_append(Tandem__V1__MetricsResponse *m)
+{
+    return append_codes(m) && append_refusals(m) ? TDM_OK : TDM_ERESOURCE;
+}

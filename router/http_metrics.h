@@ -1,0 +1,24 @@
+/* http_metrics.h - the HTTP gateway's own counters: responses by status code and requests it
+ * refused before they reached the router, by reason (the field at fault). Process-wide (one
+ * gateway per router process), lock-free, callable from any gateway thread.
+ */
+#ifndef TANDEM_ROUTER_HTTP_METRICS_H
+#define TANDEM_ROUTER_HTTP_METRICS_H
+
+#include "tandem/proto.h"
+
+/* Counts one HTTP response with this status (100..599; others count as 0). Cannot fail. */
+void tdm_http_count_response(unsigned status);
+
+/* Counts a request the gateway refused itself; reason: the OpenAI field at fault ("n",
+ * "logit_bias"), "" or NULL for the request as a whole ("request"). Reasons beyond the first
+ * TDM_HTTP_REFUSAL_REASONS distinct ones count as "other". Cannot fail. */
+#define TDM_HTTP_REFUSAL_REASONS 64
+void tdm_http_count_refusal(const char *reason);
+
+/* Appends tandem_http_requests_total{code} and tandem_http_requests_refused_total{reason} to
+ * m (a message protobuf_c_message_free_unpacked(…, NULL) frees: malloc'd parts). Returns
+ * TDM_OK or TDM_ERESOURCE (m stays valid, perhaps without them). */
+int tdm_http_metrics_append(Tandem__V1__MetricsResponse *m);
+
+#endif /* TANDEM_ROUTER_HTTP_METRICS_H */
