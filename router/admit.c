@@ -14,13 +14,18 @@
  * so the estimate does not take the step time a node reports now for the batch a burst will
  * make: each heartbeat's (batch size, step time) goes into a weighted least-squares line per
  * node (rt_admit_observe), and the estimate reads the pass time at the batch the request
- * would join from it. Until a node has run batches of different sizes, a pass is taken to
- * cost in proportion to its batch: cautious, so that a first burst on an idle node is shed
- * rather than admitted to time out; the batches it then runs give the line its slope.
+ * would join from it. Until a node has run batches of different sizes, each sequence a pass
+ * holds beyond its observed batch is taken to add RT_ADMIT_PRIOR_SLOPE (a quarter) of the
+ * observed pass time: cautious (on the 2-vCPU AVX2 machine of issue 16 a batch-64 pass is
+ * ~10x a batch-1 pass, a slope of ~0.14), so a first burst on an idle node is shed rather
+ * than admitted to time out, yet a loaded machine is not refused work it can finish; the
+ * batches it then runs give the line its measured slope.
  */
 #include <math.h>
 
 #include "admit.h"
+
+#define RT_ADMIT_PRIOR_SLOPE 0.25 /* per-sequence share of a pass before a slope is measured */
 
 /* The pass time of l's node at a batch of b sequences (admit.h). */
 static double step_at(const rt_admit_load_t *l, double b)
@@ -81,7 +86,7 @@ bool rt_admit_step_model(const rt_step_fit_t *f, double *step_s, double *batch, 
     double cov = f->sbt / f->w - mb * mt;
     *step_s = mt;
     *batch = mb;
-    *per_seq_s = var >= 1 ? (cov > 0 ? cov / var : 0) : mt / (mb > 1 ? mb : 1);
+    *per_seq_s = var >= 1 ? (cov > 0 ? cov / var : 0) : RT_ADMIT_PRIOR_SLOPE * mt;
     return true;
 }
 
