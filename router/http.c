@@ -1,6 +1,6 @@
 /* http.c - the HTTP gateway's server: libmicrohttpd with a bounded thread pool, routing,
  * framing checks, API keys, OpenAI-shaped errors, and the handlers (generate, models, health,
- * ready, metrics, dashboard).
+ * ready, metrics, dashboard, tokenize, version); CORS and request ids come from http_conv.c.
  *
  * A pool of router.http_threads threads serves every connection (epoll), within
  * router.http_max_connections in all and router.http_max_connections_per_client from one
