@@ -1,6 +1,6 @@
 /* http.c - the HTTP gateway's server: libmicrohttpd with a bounded thread pool, routing,
  * framing checks, API keys, OpenAI-shaped errors, and the handlers (generate, models, health,
- * ready, metrics, dashboard).
+ * ready, metrics, dashboard, tokenize, version); CORS and request ids come from http_conv.c.
  *
  * A pool of router.http_threads threads serves every connection (epoll), within
  * router.http_max_connections in all and router.http_max_connections_per_client from one
@@ -38,6 +38,7 @@
 
 #include "http_internal.h"
 #include "http_metrics.h"
+#include "tandem/limits.h"
 
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
 #define HTTP_UNARY_TIMEOUT_S 5.0
@@ -67,6 +68,7 @@ struct tdm_http {
     size_t n_calls;      /* under mu: connections holding a generate call */
     bool have_model;     /* under mu */
     http_model_t model;
+    tdm_http_vocab_t vocab; /* the router's tokenizer (/tokenize); tok NULL: none */
 };
 
 /* Per request (MHD's con_cls). */
@@ -88,7 +90,36 @@ typedef struct http_req {
     size_t sse_off;
     bool sse_done;
     bool cancelled; /* this side cancelled the call (client gone) */
+    /* X-Request-Id of every reply: the client's own when valid, else the router's (the
+     * generate call's id, or a new one made when a reply needs it) */
+    char rid[TDM_REQUEST_ID_MAX + 1];
 } http_req_t;
+
+/* Per connection (MHD's socket context): the request it serves now, so that every reply finds
+ * its request id from the connection alone. Requests on a connection come one at a time. */
+typedef struct http_conn {
+    http_req_t *req;
+} http_conn_t;
+
+/* The request c serves now, or NULL. */
+static http_req_t *conn_req(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    http_conn_t *hc = ci ? ci->socket_context : NULL;
+    return hc ? hc->req : NULL;
+}
+
+/* Adds X-Request-Id (made now when the request has none yet) and the CORS headers. */
+static void add_conv_headers(struct MHD_Connection *c, struct MHD_Response *resp)
+{
+    http_req_t *r = conn_req(c);
+    if (!r)
+        return;
+    if (!r->rid[0])
+        http_request_id_new(r->rid, sizeof r->rid);
+    http_conv_headers(r->h->cfg, c, resp, r->rid);
+}
 
 /* ---- errors and responses ---- */
 
@@ -215,8 +246,9 @@ void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m)
 
 /* Replies with body. A 401 challenges Bearer (RFC 6750, for API clients) and Basic, so that a
  * browser opening the dashboard asks for a user name and password and then sends them (the
- * API key as the password, see state_key_ok) on the page's own fetches too. A 429 carries
- * Retry-After: retry_after_s (the router's ErrorDetail.retry_after_s), at least 1. */
+ * API key as the password, see state_key_ok) on the page's own fetches too. A 429 or 503
+ * carries Retry-After: retry_after_s (the router's ErrorDetail.retry_after_s), at least 1.
+ * Every reply has X-Request-Id and, for an allowed Origin, the CORS headers. */
 static enum MHD_Result reply_retry(struct MHD_Connection *c, unsigned status, const char *ctype,
                                    const void *body, size_t len, uint32_t retry_after_s)
 {
@@ -227,18 +259,19 @@ static enum MHD_Result reply_retry(struct MHD_Connection *c, unsigned status, co
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (status == 405)
-        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, POST");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, POST, OPTIONS");
     if (status == 401) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"tandem\"");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
                                 "Basic realm=\"tandem\", charset=\"UTF-8\"");
     }
-    if (status == 429) {
+    if (status == 429 || status == 503) {
         char secs[16];
         snprintf(secs, sizeof secs, "%" PRIu32, retry_after_s ? retry_after_s : 1);
         MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
     }
     tdm_http_count_response(status);
+    add_conv_headers(c, resp);
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -250,7 +283,8 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     return reply_retry(c, status, ctype, body, len, 0);
 }
 
-/* Replies with v as JSON (consumed); a 429 says Retry-After: retry_after_s (at least 1). */
+/* Replies with v as JSON (consumed); a 429 or 503 says Retry-After: retry_after_s (at least
+ * 1). */
 static enum MHD_Result reply_json_retry(struct MHD_Connection *c, unsigned status, json_t *v,
                                         uint32_t retry_after_s)
 {
@@ -619,6 +653,24 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     return (ssize_t)n;
 }
 
+/* The ids of a generate request: without a client id the router's own (q->id, as the body's
+ * "id") is the reply's X-Request-Id; a client's id goes to the router with a suffix from q->id,
+ * since the router refuses an id already in flight from the gateway and two clients (or one
+ * client's retries) may send the same id at once. */
+static void request_ids(http_req_t *r, oai_req_t *q)
+{
+    if (!r->rid[0]) {
+        snprintf(r->rid, sizeof r->rid, "%s", q->id);
+        return;
+    }
+    size_t n = strlen(q->id);
+    const char *tail = q->id + (n > 8 ? n - 8 : 0);
+    snprintf(q->native_id, sizeof q->native_id, "%.*s-%s", (int)(TDM_REQUEST_ID_MAX - 9), r->rid,
+             tail);
+    q->g.request_id = q->native_id;
+    q->creq.request_id = q->native_id;
+}
+
 /* Parses the body and starts its GENERATE call (r->q, r->call). Returns true, or false with
  * the error reply queued and *ret its result. */
 static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, oai_kind_t kind,
@@ -644,6 +696,7 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
         return false;
     }
     r->q = q;
+    request_ids(r, q);
     q->creq.timeout_s = h->cfg->router.request_timeout_s;
     r->call = gw_generate_start(h->gw, &q->creq, oai_req_destroy, q, &err);
     if (!r->call) {
@@ -716,7 +769,7 @@ static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Con
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    MHD_add_response_header(resp, "X-Request-Id", r->q->id);
+    add_conv_headers(c, resp);
     tdm_http_count_response(200);
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);
@@ -881,6 +934,57 @@ static const char *query_get(void *ctx, const char *name)
     return MHD_lookup_connection_value(ctx, MHD_GET_ARGUMENT_KIND, name);
 }
 
+/* POST /tokenize and /detokenize (http_tokenize.c), with the router's tokenizer. */
+static enum MHD_Result handle_tokenize(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
+                                       bool detokenize)
+{
+    enum MHD_Result ret;
+    if (!check_key(h, c, &ret))
+        return ret;
+    if (!h->vocab.tok)
+        return reply_error(c, 503, NULL, NULL, "the router has no tokenizer");
+    http_model_t m;
+    tdm_error_t err = {0};
+    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
+    if (get_model(h, &m, &err) == TDM_OK)
+        served = m.name;
+    const char *body = r->body.data ? r->body.data : "";
+    unsigned status = 500;
+    json_t *v = detokenize ? http_detokenize_json(&h->vocab, served, body, r->body.len, &status)
+                           : http_tokenize_json(&h->vocab, served, body, r->body.len, &status);
+    return reply_json(c, status, v);
+}
+
+/* OPTIONS (any path), /tokenize, /detokenize and /version; false when url is none of them. */
+static bool route_conv(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, const char *url,
+                       const char *method, enum MHD_Result *ret)
+{
+    if (strcmp(method, "OPTIONS") == 0) {
+        if (!r->rid[0])
+            http_request_id_new(r->rid, sizeof r->rid);
+        *ret = (enum MHD_Result)http_options(h->cfg, c, r->rid);
+        return true;
+    }
+    bool tok = strcmp(url, "/tokenize") == 0, detok = strcmp(url, "/detokenize") == 0;
+    if (tok || detok) {
+        if (strcmp(method, "POST") != 0)
+            *ret = reply_error(c, 405, NULL, NULL, "%s %s: use POST", method, url);
+        else if (r->too_large)
+            *ret = reply_error(c, 413, "request_too_large", NULL,
+                               "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
+        else
+            *ret = handle_tokenize(h, c, r, detok);
+        return true;
+    }
+    if (strcmp(url, "/version") != 0)
+        return false;
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        *ret = reply_error(c, 405, NULL, NULL, "%s %s: use GET", method, url);
+    else
+        *ret = reply_json(c, 200, json_pack("{s:s}", "version", TANDEM_VERSION));
+    return true;
+}
+
 /* ---- the access handler ---- */
 
 static enum MHD_Result route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
@@ -888,6 +992,9 @@ static enum MHD_Result route(tdm_http_t *h, struct MHD_Connection *c, http_req_t
 {
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
+    enum MHD_Result ret;
+    if (route_conv(h, c, r, url, method, &ret))
+        return ret;
     if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0) {
         if (!post)
             return reply_error(c, 405, NULL, NULL, "%s %s: use POST", method, url);
@@ -909,7 +1016,6 @@ static enum MHD_Result route(tdm_http_t *h, struct MHD_Connection *c, http_req_t
                            "no such endpoint: %s %s (see docs/api.md, HTTP API)", method, url);
     if (!get)
         return reply_error(c, 405, NULL, NULL, "%s %s: use GET", method, url);
-    enum MHD_Result ret;
     bool state = strcmp(url, "/") == 0 || strcmp(url, "/metrics") == 0 ||
                  strcmp(url, "/api/status") == 0 || strcmp(url, "/api/capacity") == 0;
     if (state && !check_state_key(h, c, &ret))
@@ -978,6 +1084,13 @@ static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, vo
     r->conn = c;
     r->fd = client_fd(c);
     *con_cls = r;
+    const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    if (http_request_id_ok(rid))
+        snprintf(r->rid, sizeof r->rid, "%s", rid);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context)
+        ((http_conn_t *)ci->socket_context)->req = r;
     enum MHD_Result ret;
     if (!framing_ok(c, &ret))
         return ret;
@@ -1053,6 +1166,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     }
     if (r->streaming)
         dash_streams(h->dash, -1);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context && ((http_conn_t *)ci->socket_context)->req == r)
+        ((http_conn_t *)ci->socket_context)->req = NULL;
     gw_event_free(r->whole);
     tdm_buf_free(&r->body);
     tdm_buf_free(&r->sse);
@@ -1061,6 +1178,20 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
                               (unsigned)h->cfg->router.http_connection_timeout_s);
+}
+
+/* A connection's socket context (http_conn_t): made when it opens, freed when it closes. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)cls;
+    (void)c;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = calloc(1, sizeof(http_conn_t)); /* NULL: replies go without ids */
+    } else {
+        free(*socket_context);
+        *socket_context = NULL;
+    }
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
@@ -1143,7 +1274,8 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
         h->mhd = MHD_start_daemon(
             flags, (uint16_t)rc->http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
             (struct sockaddr *)sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)rc->http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_THREAD_POOL_SIZE,
+            (unsigned)rc->http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
             (unsigned)rc->http_connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
             (unsigned)rc->http_max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
             (unsigned)rc->http_max_connections_per_client, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
@@ -1157,8 +1289,9 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
     return h->mhd ? TDM_OK : (err ? err->code : TDM_EUNAVAILABLE);
 }
 
-tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
-                         const tdm_logger_t *log, tdm_error_t *err)
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
+                         const tdm_http_vocab_t *vocab, tdm_net_t *net, const tdm_logger_t *log,
+                         tdm_error_t *err)
 {
     tdm_http_t *h = calloc(1, sizeof *h);
     if (!h) {
@@ -1167,6 +1300,8 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, t
     }
     h->cfg = cfg;
     h->net = net;
+    if (vocab)
+        h->vocab = *vocab;
     if (log)
         h->log = *log;
     else

@@ -1,6 +1,7 @@
 /* http.h - the router's HTTP gateway: the OpenAI-compatible API (/v1/completions,
- * /v1/chat/completions with SSE streaming, /v1/models), /health, /ready, /metrics, the
- * dashboard (/) and its JSON (/api/status, /api/capacity).
+ * /v1/chat/completions with SSE streaming, /v1/models), /tokenize, /detokenize, /version,
+ * /health, /ready, /metrics, the dashboard (/) and its JSON (/api/status, /api/capacity), with
+ * X-Request-Id on every reply and CORS for router.cors_origins.
  *
  * The gateway is a client of the router's native API: one gateway thread owns a client of the
  * client library (tandem/client.h) connected to the router's inproc:// endpoint on the router's
@@ -22,6 +23,7 @@
 #include "tandem/config.h"
 #include "tandem/log.h"
 #include "tandem/net.h"
+#include "tandem/prompt.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +34,14 @@ extern "C" {
 
 typedef struct tdm_http tdm_http_t;
 
+/* The router's tokenizer, chat template (NULL: none) and context length, for /tokenize and
+ * /detokenize (tdm_router_vocab). Borrowed: they must outlive the gateway. */
+typedef struct tdm_http_vocab {
+    const tdm_tokenizer_t *tok; /* NULL: /tokenize and /detokenize answer 503 */
+    const tdm_chat_pick_t *pick;
+    uint32_t n_ctx; /* tokens */
+} tdm_http_vocab_t;
+
 /* Starts the gateway: connects its client to router_endpoint (tdm_router_inproc_endpoint on
  * the router's net; any client endpoint works: a wildcard host such as "tcp://0.0.0.0:7600" or
  * the star host of ZMQ is reached through 127.0.0.1) and serves HTTP on cfg->router.http_address :
@@ -39,12 +49,13 @@ typedef struct tdm_http tdm_http_t;
  * "http gateway ready url=http://HOST:PORT router=ENDPOINT". API keys (cfg->router.api_keys)
  * are required on /v1/... as "Authorization: Bearer KEY" and checked here with
  * tdm_config_api_key_ok (without keys any Authorization is ignored); every call to the router
- * carries the first configured key. cfg, net and log are borrowed and must outlive the gateway (log
- * NULL: stderr). Returns NULL with *err set: TDM_EINVALID (bad address or endpoint),
- * TDM_EUNAVAILABLE (the port is in use or cannot be bound; the message names address and port),
- * TDM_ERESOURCE (out of memory, no thread). Caller frees with tdm_http_destroy. */
-tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint, tdm_net_t *net,
-                         const tdm_logger_t *log, tdm_error_t *err);
+ * carries the first configured key. cfg, vocab (may be NULL), net and log are borrowed and must
+ * outlive the gateway (log NULL: stderr). Returns NULL with *err set: TDM_EINVALID (bad address or
+ * endpoint), TDM_EUNAVAILABLE (the port is in use or cannot be bound; the message names address and
+ * port), TDM_ERESOURCE (out of memory, no thread). Caller frees with tdm_http_destroy. */
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
+                         const tdm_http_vocab_t *vocab, tdm_net_t *net, const tdm_logger_t *log,
+                         tdm_error_t *err);
 
 /* Stops the gateway: calls in flight end (their HTTP clients get 503, or an error event on a
  * stream that has started; the router gets CANCEL for them), the HTTP threads are joined,

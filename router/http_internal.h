@@ -173,8 +173,9 @@ typedef struct oai_req {
     int32_t *stop_ids;
     tdm_client_request_t creq; /* what the gateway sends: made from g */
     tdm_chat_message_t *cmsgs; /* [chat.n_messages] creq.messages */
-    char id[64];     /* "cmpl-…" / "chatcmpl-…": the response id and the native request_id */
-    char model[256]; /* the model name echoed in responses */
+    char id[64]; /* "cmpl-…" / "chatcmpl-…": the response id and the native request_id */
+    char native_id[128]; /* a client's X-Request-Id made unique: the native request_id; or "" */
+    char model[256];     /* the model name echoed in responses */
     long long created;
     bool stream;
     bool include_usage; /* stream_options.include_usage */
@@ -255,6 +256,47 @@ const char *oai_tools_finish(const oai_out_t *o, int reason);
 /* The non-streamed message of text: content (null when calls took all of it) and
  * tool_calls; *n_calls tells how many. New reference, NULL on out of memory. */
 json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls);
+
+/* ---- HTTP conventions (http_conv.c) ---- */
+
+struct MHD_Connection;
+struct MHD_Response;
+
+/* Whether s (NUL-terminated; NULL: no) is a request id a client may choose: 1 to
+ * TDM_REQUEST_ID_MAX bytes of 0x21..0x7E. */
+bool http_request_id_ok(const char *s);
+
+/* A new id "req-<24 hex digits>" into buf (cap >= 29). Cannot fail. */
+void http_request_id_new(char *buf, size_t cap);
+
+/* The Access-Control-Allow-Origin value for the request's Origin: "*" when router.cors_origins
+ * has "*", the Origin itself when it is listed (ASCII case ignored), NULL when there is no
+ * Origin or it is not allowed (or no CORS is configured). Valid while c's request is. */
+const char *http_cors_origin(const tdm_config_t *cfg, struct MHD_Connection *c);
+
+/* Adds what every reply carries: X-Request-Id: rid (when not empty) and, for an allowed
+ * Origin, Access-Control-Allow-Origin (Vary: Origin) and Access-Control-Expose-Headers. */
+void http_conv_headers(const tdm_config_t *cfg, struct MHD_Connection *c, struct MHD_Response *resp,
+                       const char *rid);
+
+/* Answers OPTIONS: 204 with Allow and X-Request-Id: rid; for an allowed Origin also the CORS
+ * preflight headers (Allow-Origin, -Methods, -Headers, -Max-Age). Returns MHD's result. */
+int http_options(const tdm_config_t *cfg, struct MHD_Connection *c, const char *rid);
+
+/* ---- /tokenize and /detokenize (http_tokenize.c) ---- */
+
+/* POST /tokenize: body {model?, prompt | messages (+ tools), add_special_tokens (default
+ * true; false: no BOS), add_generation_prompt (chat; default true), return_token_strs} ->
+ * {"count", "max_model_len", "tokens", "token_strs" (null unless asked)}; served is the model a
+ * given "model" must name. Sets *status (200, 400 naming the field, 404 for another model).
+ * Returns a new reference, NULL on out of memory. */
+json_t *http_tokenize_json(const tdm_http_vocab_t *v, const char *served, const char *body,
+                           size_t len, unsigned *status);
+
+/* POST /detokenize: body {model?, tokens} -> {"prompt": the text, special tokens rendered};
+ * a token out of the vocabulary is a 400 naming "tokens" (the message its index). As above. */
+json_t *http_detokenize_json(const tdm_http_vocab_t *v, const char *served, const char *body,
+                             size_t len, unsigned *status);
 
 /* ---- dashboard (dashboard.c) ---- */
 

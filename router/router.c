@@ -587,6 +587,13 @@ const char *tdm_router_inproc_endpoint(const tdm_router_t *r)
 {
     return r->inproc_ep;
 }
+void tdm_router_vocab(const tdm_router_t *r, const tdm_tokenizer_t **tok,
+                      const tdm_chat_pick_t **pick, uint32_t *n_ctx)
+{
+    *tok = r->tok;
+    *pick = r->have_template ? &r->chat : NULL;
+    *n_ctx = r->n_ctx;
+}
 const char *tdm_router_node_endpoint(const tdm_router_t *r)
 {
     return r->node_ep;

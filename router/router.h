@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "tandem/base.h"
+#include "tandem/prompt.h"
 #include "tandem/config.h"
 #include "tandem/log.h"
 #include "tandem/net.h"
@@ -164,6 +165,12 @@ const char *tdm_router_client_endpoint(const tdm_router_t *r);
 /* The client socket's in-process endpoint ("inproc://tandem-router-<instance>"), bound too so
  * that a client in this process on the router's tdm_net_t (the HTTP gateway) needs no TCP. */
 const char *tdm_router_inproc_endpoint(const tdm_router_t *r);
+/* The router's tokenizer, its chat template (NULL when the model has none the router knows)
+ * and the context length in tokens: immutable for the router's life, so other threads (the
+ * HTTP gateway's /tokenize) may use them with tdm_prompt_encode while the router runs. Owned by
+ * the router. */
+void tdm_router_vocab(const tdm_router_t *r, const tdm_tokenizer_t **tok,
+                      const tdm_chat_pick_t **pick, uint32_t *n_ctx);
 const char *tdm_router_node_endpoint(const tdm_router_t *r);
 
 /* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard

@@ -80,6 +80,9 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
     for (size_t i = 0; i < a->router.n_api_keys; i++)
         assert_string_equal(a->router.api_keys[i], b->router.api_keys[i]);
     assert_int_equal(a->router.public_metrics, b->router.public_metrics);
+    assert_int_equal(a->router.n_cors_origins, b->router.n_cors_origins);
+    for (size_t i = 0; i < a->router.n_cors_origins; i++)
+        assert_string_equal(a->router.cors_origins[i], b->router.cors_origins[i]);
     assert_int_equal(a->kv.block_size, b->kv.block_size);
     assert_int_equal(a->kv.dtype, b->kv.dtype);
     assert_int_equal(a->kv.prefix_caching, b->kv.prefix_caching);
@@ -149,6 +152,7 @@ static void test_defaults(void **state)
     assert_true(cfg.router.request_timeout_s == 600.0);
     assert_int_equal(cfg.router.n_api_keys, 0);
     assert_false(cfg.router.public_metrics);
+    assert_int_equal(cfg.router.n_cors_origins, 0);
     assert_int_equal(cfg.kv.block_size, 16);
     assert_int_equal(cfg.kv.dtype, TDM_KV_F16);
     assert_true(cfg.kv.prefix_caching);
@@ -260,6 +264,7 @@ static const char full_yaml[] =
     "  request_timeout_s: 2.5\n"
     "  api_keys: [key-one, 'key-two']\n"
     "  public_metrics: true\n"
+    "  cors_origins: ['http://localhost:3000', '*']\n"
     "  curve_public_key: \"rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\"\n"
     "  curve_secret_key_file: /etc/tandem/keys/router.key\n"
     "kv:\n"
@@ -327,6 +332,9 @@ static void test_full_file(void **state)
     assert_string_equal(cfg.router.api_keys[0], "key-one");
     assert_string_equal(cfg.router.api_keys[1], "key-two");
     assert_true(cfg.router.public_metrics);
+    assert_int_equal(cfg.router.n_cors_origins, 2);
+    assert_string_equal(cfg.router.cors_origins[0], "http://localhost:3000");
+    assert_string_equal(cfg.router.cors_origins[1], "*");
     assert_int_equal(cfg.kv.block_size, 32);
     assert_int_equal(cfg.kv.dtype, TDM_KV_Q8);
     assert_false(cfg.kv.prefix_caching);
@@ -584,7 +592,7 @@ static void test_error_unknown_keys(void **state)
                "http_threads, http_connection_timeout_s, http_max_connections, "
                "http_max_connections_per_client, prefill_policy, max_queue, request_timeout_s, "
                "api_keys, public_metrics, curve_public_key, curve_secret_key_file, "
-               "admission_control, metrics_compat)");
+               "admission_control, metrics_compat, cors_origins)");
     /* a file name so long that the whole list does not fit: the key first, whole names
      * only, the rest counted */
     char name[200], want[TDM_ERRMSG_MAX];
@@ -597,7 +605,7 @@ static void test_error_unknown_keys(void **state)
              "%s:2: key 'router.htp_port': unknown key (expected one of: client_endpoint, "
              "node_endpoint, node_advertise, http_address, http_port, http_threads, "
              "http_connection_timeout_s, http_max_connections, http_max_connections_per_client, "
-             "prefill_policy, max_queue, and 7 more: `tandem config defaults` lists them)",
+             "prefill_policy, max_queue, and 8 more: `tandem config defaults` lists them)",
              name);
     assert_string_equal(err.msg, want);
     load_fails("kv:\n  blocksize: 16\n",
@@ -653,6 +661,17 @@ static void test_error_wrong_types(void **state)
                "cluster.yaml:2: key 'router.api_keys': must be a list of strings, got 'secret'");
     load_fails("router:\n  api_keys:\n    - {k: v}\n",
                "cluster.yaml:3: key 'router.api_keys[0]': must be a string, got a mapping");
+    load_fails("router:\n  cors_origins: '*'\n", "cluster.yaml:2: key 'router.cors_origins': must "
+                                                 "be a list of strings, got the quoted string '*'");
+    load_fails("router:\n  cors_origins: [localhost]\n",
+               "cluster.yaml:2: key 'router.cors_origins[0]': must be \"*\" or an origin such as "
+               "\"https://app.example.com:8443\"");
+    load_fails("router:\n  cors_origins: ['http://a.example/']\n",
+               "cluster.yaml:2: key 'router.cors_origins[0]': an origin has no path (no '/' after "
+               "the host)");
+    load_fails("router:\n  cors_origins: ['http://a:1', 'http://a:1']\n",
+               "cluster.yaml:2: key 'router.cors_origins[1]': duplicate origin (same as "
+               "router.cors_origins[0])");
     load_fails("- a\n- b\n", "cluster.yaml:1: the top level must be a mapping, got a list");
     load_fails("{[a]: 1}\n", "cluster.yaml:1: keys must be names, got a list");
 }

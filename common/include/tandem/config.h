@@ -106,6 +106,9 @@ typedef struct tdm_router_config {
                                CURVE on for the node and KV channels; NULL: off */
     char *curve_secret_key_file; /* file holding the router's secret key (read by the router
                                     only, tdm_net_curve_secret_read); required with the key */
+    char **cors_origins;         /* n_cors_origins origins ("https://host:port", or "*": any) whose
+                                    browser pages may call the HTTP API; none (NULL, 0): no CORS */
+    size_t n_cors_origins;
 } tdm_router_config_t;
 
 /* kv: the paged KV cache, identical on every node. */

@@ -35,10 +35,14 @@ typedef struct tdm_prompt_input {
     size_t text_len;
     const tdm_chat_message_t *messages; /* chat: n_messages messages (NULL when 0) */
     size_t n_messages;
-    const char *system; /* chat: NULL, or a system message put before messages (the CLI's
-                           --system); it replaces the template's default one */
-    const char *tools;  /* chat: NULL/"" or OpenAI's tools as a JSON array text, rendered by
-                           tdm_chat_apply_tools (the Hermes format) */
+    const char *system;        /* chat: NULL, or a system message put before messages (the CLI's
+                                  --system); it replaces the template's default one */
+    const char *tools;         /* chat: NULL/"" or OpenAI's tools as a JSON array text, rendered by
+                                  tdm_chat_apply_tools (the Hermes format) */
+    bool no_generation_prompt; /* chat: leave out the generation prompt (the /tokenize endpoint's
+                                  add_generation_prompt: false); requests always have it */
+    bool no_bos;               /* add no BOS whatever the rule says (/tokenize's
+                                  add_special_tokens: false) */
 } tdm_prompt_input_t;
 
 /* Encodes in as the rule above says. pick is the template (tdm_chat_template_pick); it may be

@@ -245,6 +245,9 @@ void tdm_config_free(tdm_config_t *cfg)
     for (size_t i = 0; i < cfg->router.n_api_keys; i++)
         free(cfg->router.api_keys[i]);
     free(cfg->router.api_keys);
+    for (size_t i = 0; i < cfg->router.n_cors_origins; i++)
+        free(cfg->router.cors_origins[i]);
+    free(cfg->router.cors_origins);
     free(cfg->router.curve_public_key);
     free(cfg->router.curve_secret_key_file);
     for (size_t i = 0; i < cfg->n_nodes; i++)
@@ -935,36 +938,62 @@ static int parse_model(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
     return rc;
 }
 
-static int parse_api_keys(loader_t *ld, const yaml_node_t *v, tdm_router_config_t *router)
+/* The list of strings name into *items / *n_items, each checked by ok (NULL, or why the item is
+ * refused); a repeated item (a what) is refused. Null or [] leave the list empty. */
+static int parse_string_list(loader_t *ld, const yaml_node_t *v, const char *name, const char *what,
+                             const char *(*ok)(const char *item), char ***items, size_t *n_items)
 {
     char got[96];
     if (is_null(v))
         return TDM_OK;
     if (v->type != YAML_SEQUENCE_NODE)
-        return fail(ld, v, "router.api_keys", "must be a list of strings, got %s",
-                    describe(v, got, sizeof got));
+        return fail(ld, v, name, "must be a list of strings, got %s", describe(v, got, sizeof got));
     size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
     if (n == 0)
         return TDM_OK;
-    router->api_keys = calloc(n, sizeof *router->api_keys);
-    if (!router->api_keys)
+    *items = calloc(n, sizeof **items);
+    if (!*items)
         return tdm_error_set(ld->err, TDM_ERESOURCE, "%s: out of memory", ld->name);
     for (size_t i = 0; i < n; i++) {
         const yaml_node_t *item = node_at(ld, v->data.sequence.items.start[i]);
         char key[KEY_MAX];
-        snprintf(key, sizeof key, "router.api_keys[%zu]", i);
-        int rc = get_string(ld, item, key, false, &router->api_keys[router->n_api_keys]);
+        snprintf(key, sizeof key, "%s[%zu]", name, i);
+        int rc = get_string(ld, item, key, false, &(*items)[*n_items]);
         if (rc != TDM_OK)
             return rc;
-        router->n_api_keys++;
-        for (const char *c = router->api_keys[i]; *c; c++)
-            if (isspace((unsigned char)*c) || iscntrl((unsigned char)*c))
-                return fail(ld, item, key, "must not contain spaces or control characters");
+        (*n_items)++;
+        const char *why = ok((*items)[i]);
+        if (why)
+            return fail(ld, item, key, "%s", why);
         for (size_t j = 0; j < i; j++)
-            if (strcmp(router->api_keys[j], router->api_keys[i]) == 0)
-                return fail(ld, item, key, "duplicate API key (same as router.api_keys[%zu])", j);
+            if (strcmp((*items)[j], (*items)[i]) == 0)
+                return fail(ld, item, key, "duplicate %s (same as %s[%zu])", what, name, j);
     }
     return TDM_OK;
+}
+
+static const char *api_key_refused(const char *k)
+{
+    for (const char *c = k; *c; c++)
+        if (isspace((unsigned char)*c) || iscntrl((unsigned char)*c))
+            return "must not contain spaces or control characters";
+    return NULL;
+}
+
+/* An Origin as browsers send it: "*", or scheme://host[:port] without a path. */
+static const char *cors_origin_refused(const char *o)
+{
+    if (strcmp(o, "*") == 0)
+        return NULL;
+    const char *host = strstr(o, "://");
+    if (!host || host == o || !host[3])
+        return "must be \"*\" or an origin such as \"https://app.example.com:8443\"";
+    for (const char *c = o; *c; c++)
+        if (isspace((unsigned char)*c) || iscntrl((unsigned char)*c) || *c == ',')
+            return "must not contain spaces, commas or control characters";
+    if (strchr(host + 3, '/'))
+        return "an origin has no path (no '/' after the host)";
+    return NULL;
 }
 
 /* One router.http_* key (check_mapping has refused unknown ones). */
@@ -1030,8 +1059,12 @@ static int parse_router_key(loader_t *ld, const char *name, const yaml_node_t *v
         rc = get_string(ld, v, key, true, &r->curve_secret_key_file);
         if (rc == TDM_OK)
             rc = expand_home(ld, &r->curve_secret_key_file);
+    } else if (strcmp(name, "cors_origins") == 0) {
+        rc = parse_string_list(ld, v, "router.cors_origins", "origin", cors_origin_refused,
+                               &r->cors_origins, &r->n_cors_origins);
     } else {
-        rc = parse_api_keys(ld, v, r);
+        rc = parse_string_list(ld, v, "router.api_keys", "API key", api_key_refused, &r->api_keys,
+                               &r->n_api_keys);
     }
     return rc;
 }
@@ -1057,6 +1090,7 @@ static int parse_router(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg,
                                         "curve_secret_key_file",
                                         "admission_control",
                                         "metrics_compat",
+                                        "cors_origins",
                                         NULL};
     tdm_router_config_t *r = &cfg->router;
     int rc = check_mapping(ld, map, "router", known);
@@ -1716,6 +1750,12 @@ static void dump_router(const tdm_router_config_t *r, FILE *out)
     put_key_string(out, "  ", "curve_public_key", r->curve_public_key);
     put_key_string(out, "  ", "curve_secret_key_file", r->curve_secret_key_file);
     fprintf(out, "  public_metrics: %s\n", r->public_metrics ? "true" : "false");
+    fprintf(out, "  cors_origins:%s\n", r->n_cors_origins ? "" : " []");
+    for (size_t i = 0; i < r->n_cors_origins; i++) {
+        fprintf(out, "    - ");
+        put_string(out, r->cors_origins[i]);
+        fputc('\n', out);
+    }
 }
 
 static void dump_node(const tdm_node_config_t *node, FILE *out)

@@ -22,7 +22,8 @@ static int render_chat(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in
         msgs = all;
     }
     const char *sys = pick->default_system[0] ? pick->default_system : NULL;
-    int rc = tdm_chat_apply_tools(pick->tmpl, msgs, n, in->tools, true, sys, text, len, err);
+    int rc = tdm_chat_apply_tools(pick->tmpl, msgs, n, in->tools, !in->no_generation_prompt, sys,
+                                  text, len, err);
     free(all);
     return rc;
 }
@@ -37,8 +38,8 @@ int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
         *rendered = NULL;
     int rc;
     if (in->text) {
-        rc = tdm_tokenizer_encode(tok, in->text, in->text_len, tdm_tokenizer_add_bos(tok), true,
-                                  ids, n_ids, err);
+        rc = tdm_tokenizer_encode(tok, in->text, in->text_len,
+                                  tdm_tokenizer_add_bos(tok) && !in->no_bos, true, ids, n_ids, err);
         if (rc != TDM_OK) {
             *ids = NULL;
             *n_ids = 0;
@@ -51,7 +52,8 @@ int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
     if (rc != TDM_OK)
         return rc;
     /* a template that writes BOS's text itself (Llama-3, Llama-2) must not get a second one */
-    bool add_bos = tdm_tokenizer_add_bos(tok) && !tdm_chat_template_writes_bos(pick->tmpl);
+    bool add_bos =
+        tdm_tokenizer_add_bos(tok) && !tdm_chat_template_writes_bos(pick->tmpl) && !in->no_bos;
     rc = tdm_tokenizer_encode(tok, text, len, add_bos, true, ids, n_ids, err);
     if (rc != TDM_OK) {
         *ids = NULL;
