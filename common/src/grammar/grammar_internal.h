@@ -94,6 +94,9 @@ typedef struct gram_ir {
  * with tdm_gram_ir_free. */
 int tdm_gram_parse_ir(gram_ir_t *ir, const char *text, size_t len, tdm_error_t *err);
 void tdm_gram_ir_free(gram_ir_t *ir);
+/* Grows *arr (elements of sz bytes, capacity *cap) to hold need elements, doubling from 16;
+ * false on out of memory (*arr unchanged). The one array growth of the grammar module. */
+bool tdm_gram_grow(void **arr, uint32_t *cap, uint32_t need, size_t sz);
 /* Formats "line L, column C (rule R): " + fmt into err with code TDM_EINVALID. */
 int tdm_gram_error_at(const gram_ir_t *ir, size_t at, uint32_t rule, tdm_error_t *err,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));

@@ -69,12 +69,11 @@ static int fail(parser_t *p, size_t at, const char *what)
     return tdm_gram_error_at(p->ir, at, p->rule, p->err, "%s", what);
 }
 
-/* Grows *arr (elements of size sz) to hold need; false on out of memory. */
-static bool grow(void **arr, uint32_t *cap, uint32_t need, size_t sz)
+bool tdm_gram_grow(void **arr, uint32_t *cap, uint32_t need, size_t sz)
 {
     if (need <= *cap)
         return true;
-    uint32_t n = *cap ? *cap : 8;
+    uint32_t n = *cap ? *cap : 16;
     while (n < need)
         n *= 2;
     void *a = realloc(*arr, (size_t)n * sz);
@@ -90,7 +89,7 @@ static bool grow(void **arr, uint32_t *cap, uint32_t need, size_t sz)
 /* Adds a rule named name[len] (copied); returns its id or UINT32_MAX on out of memory. */
 static uint32_t rule_add(gram_ir_t *ir, const char *name, size_t len)
 {
-    if (!grow((void **)&ir->rules, &ir->cap_rules, ir->n_rules + 1, sizeof *ir->rules))
+    if (!tdm_gram_grow((void **)&ir->rules, &ir->cap_rules, ir->n_rules + 1, sizeof *ir->rules))
         return UINT32_MAX;
     gram_rule_t *r = &ir->rules[ir->n_rules];
     memset(r, 0, sizeof *r);
@@ -173,7 +172,7 @@ static int emit(parser_t *p, uint32_t rule, uint32_t elem)
                                  "grammar expands to more than %u elements "
                                  "(TDM_GRAMMAR_MAX_ELEMENTS)",
                                  TDM_GRAMMAR_MAX_ELEMENTS);
-    if (!grow((void **)&r->elems, &r->cap, r->n_elems + 1, sizeof *r->elems))
+    if (!tdm_gram_grow((void **)&r->elems, &r->cap, r->n_elems + 1, sizeof *r->elems))
         return oom(p);
     r->elems[r->n_elems++] = elem;
     return TDM_OK;
@@ -224,7 +223,8 @@ static uint32_t class_close(gram_ir_t *ir, uint32_t first, bool negated)
             m++;
         }
         ir->n_ranges = first;
-        if (!grow((void **)&ir->ranges, &ir->cap_ranges, 2 * (first + m), sizeof *ir->ranges)) {
+        if (!tdm_gram_grow((void **)&ir->ranges, &ir->cap_ranges, 2 * (first + m),
+                           sizeof *ir->ranges)) {
             free(tmp);
             return UINT32_MAX;
         }
@@ -232,7 +232,8 @@ static uint32_t class_close(gram_ir_t *ir, uint32_t first, bool negated)
         ir->n_ranges = first + m;
         free(tmp);
     }
-    if (!grow((void **)&ir->class_off, &ir->cap_classes, ir->n_classes + 2, sizeof *ir->class_off))
+    if (!tdm_gram_grow((void **)&ir->class_off, &ir->cap_classes, ir->n_classes + 2,
+                       sizeof *ir->class_off))
         return UINT32_MAX;
     if (ir->n_classes == 0)
         ir->class_off[0] = 0;
@@ -244,7 +245,7 @@ static bool range_push(gram_ir_t *ir, uint32_t lo, uint32_t hi)
 {
     /* n_ranges counts pairs; the array holds 2 * n_ranges values */
     uint32_t cap = ir->cap_ranges;
-    if (!grow((void **)&ir->ranges, &cap, 2 * (ir->n_ranges + 1), sizeof *ir->ranges))
+    if (!tdm_gram_grow((void **)&ir->ranges, &cap, 2 * (ir->n_ranges + 1), sizeof *ir->ranges))
         return false;
     ir->cap_ranges = cap;
     ir->ranges[2 * ir->n_ranges] = lo;

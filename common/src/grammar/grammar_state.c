@@ -36,21 +36,6 @@ static uint32_t fmix(uint32_t h)
     return h;
 }
 
-static bool grow(void **arr, uint32_t *cap, uint32_t need, size_t sz)
-{
-    if (need <= *cap)
-        return true;
-    uint32_t n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    void *a = realloc(*arr, (size_t)n * sz);
-    if (!a)
-        return false;
-    *arr = a;
-    *cap = n;
-    return true;
-}
-
 void tdm_gram_space_clear(gram_space_t *sp)
 {
     sp->n_nodes = 1; /* node 0: the empty stack */
@@ -77,7 +62,7 @@ int tdm_gram_space_init(gram_space_t *sp, const tdm_grammar_t *g)
     sp->state_hash = calloc(sp->state_hash_cap, sizeof *sp->state_hash);
     sp->trans = calloc(sp->trans_cap, sizeof *sp->trans);
     if (!sp->node_hash || !sp->state_hash || !sp->trans ||
-        !grow((void **)&sp->nodes, &sp->cap_nodes, 256, sizeof *sp->nodes) ||
+        !tdm_gram_grow((void **)&sp->nodes, &sp->cap_nodes, 256, sizeof *sp->nodes) ||
         !(sp->stamp = calloc(sp->cap_nodes, sizeof *sp->stamp))) {
         tdm_gram_space_free(sp);
         return TDM_ERESOURCE;
@@ -139,7 +124,7 @@ static uint32_t node_intern(gram_space_t *sp, uint32_t pos, uint32_t parent)
         return UINT32_MAX;
     }
     uint32_t old_cap = sp->cap_nodes;
-    if (!grow((void **)&sp->nodes, &sp->cap_nodes, sp->n_nodes + 1, sizeof *sp->nodes))
+    if (!tdm_gram_grow((void **)&sp->nodes, &sp->cap_nodes, sp->n_nodes + 1, sizeof *sp->nodes))
         goto out_oom;
     if (sp->cap_nodes != old_cap) {
         uint32_t *st = realloc(sp->stamp, (size_t)sp->cap_nodes * sizeof *st);
@@ -203,8 +188,10 @@ static uint32_t state_intern(gram_space_t *sp, const uint32_t *ids, uint32_t n, 
         sp->full = true;
         return GRAM_DEAD;
     }
-    if (!grow((void **)&sp->states, &sp->cap_states, sp->n_states + 1, sizeof *sp->states) ||
-        !grow((void **)&sp->set_pool, &sp->cap_pool, sp->n_pool + n, sizeof *sp->set_pool)) {
+    if (!tdm_gram_grow((void **)&sp->states, &sp->cap_states, sp->n_states + 1,
+                       sizeof *sp->states) ||
+        !tdm_gram_grow((void **)&sp->set_pool, &sp->cap_pool, sp->n_pool + n,
+                       sizeof *sp->set_pool)) {
         sp->oom = true;
         return GRAM_DEAD;
     }
@@ -231,7 +218,7 @@ static uint32_t state_intern(gram_space_t *sp, const uint32_t *ids, uint32_t n, 
 
 static bool push(uint32_t **arr, uint32_t *n, uint32_t *cap, uint32_t v)
 {
-    if (!grow((void **)arr, cap, *n + 1, sizeof **arr))
+    if (!tdm_gram_grow((void **)arr, cap, *n + 1, sizeof **arr))
         return false;
     (*arr)[(*n)++] = v;
     return true;
@@ -471,8 +458,10 @@ static void row_take(gram_space_t *sp, uint32_t s)
 {
     uint32_t r;
     if (sp->n_rows < GRAM_MAX_ROWS) {
-        if (!grow((void **)&sp->rows, &sp->cap_rows, (sp->n_rows + 1) * 256, sizeof *sp->rows) ||
-            !grow((void **)&sp->row_owner, &sp->cap_owner, sp->n_rows + 1, sizeof *sp->row_owner))
+        if (!tdm_gram_grow((void **)&sp->rows, &sp->cap_rows, (sp->n_rows + 1) * 256,
+                           sizeof *sp->rows) ||
+            !tdm_gram_grow((void **)&sp->row_owner, &sp->cap_owner, sp->n_rows + 1,
+                           sizeof *sp->row_owner))
             return;
         r = sp->n_rows++;
     } else {
