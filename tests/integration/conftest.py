@@ -5,6 +5,7 @@ Environment: TDM_BUILD_DIR (the CMake build tree; ctest sets it), TDM_SOURCE_DIR
 default model from scripts/setup (or $TANDEM_MODEL).
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -170,6 +171,27 @@ class Cluster:
                 p.kill()
                 p.wait()
         return {name: p.returncode for name, p in self.procs.items()}
+
+
+def http_port(cluster):
+    """The router.http_port this file wrote into the cluster's config."""
+    with open(cluster.config) as f:
+        m = re.search(r"^\s*http_port:\s*(\d+)\s*$", f.read(), re.M)
+    assert m, "no http_port in the cluster config"
+    return int(m.group(1))
+
+
+def http_cluster(tmp_path_factory, name, **kw):
+    """A started Cluster (1 prefill + 1 decode unless kw says otherwise) with .port set to its
+    HTTP port, for a module-scoped fixture to yield from; every daemon must exit 0 at the end."""
+    kw.setdefault("n_prefill", 1)
+    kw.setdefault("n_decode", 1)
+    c = Cluster(str(tmp_path_factory.mktemp(name)), **kw)
+    c.start()
+    c.port = http_port(c)
+    yield c
+    codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
 
 
 def reference(prompt=None, chat=None, max_tokens=16, temperature=0.0, seed=None, extra=()):

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import BINARIES, Cluster, reference
+from conftest import BINARIES, Cluster, http_cluster, http_port, reference
 import tandem_client as tc
 
 try:
@@ -29,14 +29,6 @@ except ImportError:  # pragma: no cover - a setup problem, reported as a failure
 
 PROMPT = "The capital of France is"
 CHAT = "What is 2 + 2?"
-
-
-def http_port(cluster):
-    """The router.http_port conftest wrote into the cluster's config."""
-    with open(cluster.config) as f:
-        m = re.search(r"^\s*http_port:\s*(\d+)\s*$", f.read(), re.M)
-    assert m, "no http_port in the cluster config"
-    return int(m.group(1))
 
 
 def request(port, method, path, body=None, headers=None, timeout=60):
@@ -68,12 +60,7 @@ def sse_events(raw):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(str(tmp_path_factory.mktemp("http")), n_prefill=1, n_decode=1)
-    c.start()
-    c.port = http_port(c)
-    yield c
-    codes = c.stop()
-    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+    yield from http_cluster(tmp_path_factory, "http")
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import BINARIES, MODEL, Cluster
-from test_http import http_port, request
+from conftest import BINARIES, MODEL, http_cluster
+from test_http import request
 
 try:
     import openai
@@ -29,13 +29,8 @@ CHAT = "What is 2 + 2?"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(str(tmp_path_factory.mktemp("conv")), n_prefill=1, n_decode=1,
-                extra_router=f"  api_keys: [{KEY}]\n  public_metrics: true\n  cors_origins: ['{ORIGIN}']\n")
-    c.start()
-    c.port = http_port(c)
-    yield c
-    codes = c.stop()
-    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+    yield from http_cluster(tmp_path_factory, "conv", extra_router=(
+        f"  api_keys: [{KEY}]\n  public_metrics: true\n  cors_origins: ['{ORIGIN}']\n"))
 
 
 def cli_tokenize(*args):

@@ -20,8 +20,8 @@ from typing import List, Literal, Optional, Union
 
 import pytest
 
-from conftest import BINARIES, MODEL, Cluster
-from test_http import http_port, request
+from conftest import BINARIES, MODEL, http_cluster
+from test_http import request
 
 try:
     import jsonschema
@@ -126,12 +126,7 @@ MODELS = [
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(str(tmp_path_factory.mktemp("structured")), n_prefill=1, n_decode=1)
-    c.start()
-    c.port = http_port(c)
-    yield c
-    codes = c.stop()
-    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+    yield from http_cluster(tmp_path_factory, "structured")
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,11 @@ matches the function's parameters (checked with jsonschema).
 """
 import json
 import os
-import re
 import subprocess
 
 import pytest
 
-from conftest import BINARIES, MODEL, Cluster, reference
+from conftest import BINARIES, MODEL, http_cluster, reference
 
 try:
     import openai
@@ -52,19 +51,9 @@ TIME = {
 TOOLS = [WEATHER, TIME]
 
 
-def http_port(cluster):
-    with open(cluster.config) as f:
-        return int(re.search(r"^\s*http_port:\s*(\d+)\s*$", f.read(), re.M).group(1))
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(str(tmp_path_factory.mktemp("tools")), n_prefill=1, n_decode=1)
-    c.start()
-    c.port = http_port(c)
-    yield c
-    codes = c.stop()
-    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+    yield from http_cluster(tmp_path_factory, "tools")
 
 
 @pytest.fixture(scope="module")
