@@ -190,6 +190,12 @@ typedef struct oai_req {
                                   "structured_outputs.regex"): error.param of its refusals */
 } oai_req_t;
 
+/* Sets param (when param_cap > 0) to the OpenAI field at fault and err to TDM_EINVALID with
+ * the printf-formatted message; returns TDM_EINVALID. The one refusal helper of the gateway's
+ * request parsers (http_openai.c, http_structured.c, http_tools.c). */
+int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
+                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
  * field (its name in *param, "" when none), n must be 1, defaults (completions max_tokens 16;
  * chat none, so the router gives what the context leaves, at most 1024). served is the model

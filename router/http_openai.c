@@ -27,10 +27,8 @@
 /* ---- parsing helpers ---- */
 
 /* Sets *err to an INVALID_ARGUMENT naming field (copied into param). */
-static int bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
-                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static int bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
-                     const char *fmt, ...)
+int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
+                  const char *fmt, ...)
 {
     if (param && param_cap)
         snprintf(param, param_cap, "%s", field ? field : "");
@@ -79,8 +77,8 @@ static bool get_number(parse_ctx_t *p, const char *name, double *out)
     if (!v || p->rc)
         return false;
     if (!json_is_number(v)) {
-        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be a number, got %s", name,
-                          type_name(v));
+        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a number, got %s",
+                              name, type_name(v));
         return false;
     }
     *out = json_number_value(v);
@@ -100,13 +98,13 @@ static bool get_int(parse_ctx_t *p, const char *name, long long lo, long long hi
                fabs(json_real_value(v)) < 9e15) {
         x = (long long)json_real_value(v);
     } else {
-        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be an integer, got %s",
-                          name, type_name(v));
+        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be an integer, got %s",
+                              name, type_name(v));
         return false;
     }
     if (x < lo || x > hi) {
-        p->rc = bad_field(p->err, p->param, p->param_cap, name,
-                          "%s must be in %lld..%lld, got %lld", name, lo, hi, x);
+        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name,
+                              "%s must be in %lld..%lld, got %lld", name, lo, hi, x);
         return false;
     }
     *out = x;
@@ -119,8 +117,8 @@ static bool get_bool(parse_ctx_t *p, const char *name, bool *out)
     if (!v || p->rc)
         return false;
     if (!json_is_boolean(v)) {
-        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be a boolean, got %s",
-                          name, type_name(v));
+        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a boolean, got %s",
+                              name, type_name(v));
         return false;
     }
     *out = json_is_true(v);
@@ -133,8 +131,8 @@ static const char *get_string(parse_ctx_t *p, const char *name)
     if (!v || p->rc)
         return NULL;
     if (!json_is_string(v)) {
-        p->rc = bad_field(p->err, p->param, p->param_cap, name, "%s must be a string, got %s", name,
-                          type_name(v));
+        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a string, got %s",
+                              name, type_name(v));
         return NULL;
     }
     return json_string_value(v);
@@ -158,7 +156,7 @@ static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
 {
     json_t *v = field(p->root, "prompt");
     if (!v)
-        return bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is required");
+        return oai_bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is required");
     if (json_is_array(v) && json_array_size(v) == 1 &&
         (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
         v = json_array_get(v, 0); /* [prompt] or [[ids]] */
@@ -168,26 +166,27 @@ static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
         return TDM_OK;
     }
     if (!json_is_array(v))
-        return bad_field(p->err, p->param, p->param_cap, "prompt",
-                         "prompt must be a string, an array of one string or an array of token "
-                         "ids, got %s",
-                         type_name(v));
+        return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
+                             "prompt must be a string, an array of one string or an array of token "
+                             "ids, got %s",
+                             type_name(v));
     size_t n = json_array_size(v);
     if (n == 0)
-        return bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is an empty array");
+        return oai_bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is an empty array");
     if (!json_is_integer(json_array_get(v, 0)))
-        return bad_field(p->err, p->param, p->param_cap, "prompt",
-                         "prompt: batched prompts (an array of %zu) are not supported; send one "
-                         "prompt per request",
-                         n);
+        return oai_bad_field(
+            p->err, p->param, p->param_cap, "prompt",
+            "prompt: batched prompts (an array of %zu) are not supported; send one "
+            "prompt per request",
+            n);
     q->ids = calloc(n, sizeof *q->ids);
     if (!q->ids)
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_array_get(v, i);
         if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-            return bad_field(p->err, p->param, p->param_cap, "prompt",
-                             "prompt[%zu] must be a token id (an integer >= 0)", i);
+            return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
+                                 "prompt[%zu] must be a token id (an integer >= 0)", i);
         q->ids[i] = (int32_t)json_integer_value(e);
     }
     q->tokens.n_ids = n;
@@ -212,9 +211,9 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
         return TDM_OK;
     }
     if (!json_is_array(c))
-        return bad_field(p->err, p->param, p->param_cap, name,
-                         "%s must be a string or an array of content parts, got %s", name,
-                         type_name(c));
+        return oai_bad_field(p->err, p->param, p->param_cap, name,
+                             "%s must be a string or an array of content parts, got %s", name,
+                             type_name(c));
     tdm_buf_t b = TDM_BUF_INIT;
     size_t j;
     json_t *part;
@@ -224,19 +223,19 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
         const char *text = json_string_value(json_object_get(part, "text"));
         if (!json_is_object(part) || !type) {
             tdm_buf_free(&b);
-            return bad_field(p->err, p->param, p->param_cap, name,
-                             "%s[%zu] must be an object with a \"type\"", name, j);
+            return oai_bad_field(p->err, p->param, p->param_cap, name,
+                                 "%s[%zu] must be an object with a \"type\"", name, j);
         }
         if (strcmp(type, "text") != 0) {
             tdm_buf_free(&b);
-            return bad_field(p->err, p->param, p->param_cap, name,
-                             "%s[%zu]: content of type '%s' is not supported; only text", name, j,
-                             type);
+            return oai_bad_field(p->err, p->param, p->param_cap, name,
+                                 "%s[%zu]: content of type '%s' is not supported; only text", name,
+                                 j, type);
         }
         if (!text) {
             tdm_buf_free(&b);
-            return bad_field(p->err, p->param, p->param_cap, name, "%s[%zu].text must be a string",
-                             name, j);
+            return oai_bad_field(p->err, p->param, p->param_cap, name,
+                                 "%s[%zu].text must be a string", name, j);
         }
         if ((j > 0 && tdm_buf_append(&b, "\n", 1) != TDM_OK) ||
             tdm_buf_append(&b, text, strlen(text)) != TDM_OK) {
@@ -255,13 +254,13 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
 {
     json_t *v = field(p->root, "messages");
     if (!v)
-        return bad_field(p->err, p->param, p->param_cap, "messages", "messages is required");
+        return oai_bad_field(p->err, p->param, p->param_cap, "messages", "messages is required");
     if (!json_is_array(v))
-        return bad_field(p->err, p->param, p->param_cap, "messages",
-                         "messages must be an array, got %s", type_name(v));
+        return oai_bad_field(p->err, p->param, p->param_cap, "messages",
+                             "messages must be an array, got %s", type_name(v));
     size_t n = json_array_size(v);
     if (n == 0)
-        return bad_field(p->err, p->param, p->param_cap, "messages", "messages is empty");
+        return oai_bad_field(p->err, p->param, p->param_cap, "messages", "messages is empty");
     q->msgs = calloc(n, sizeof *q->msgs);
     q->msg_ptr = calloc(n, sizeof *q->msg_ptr);
     q->joined = calloc(n, sizeof *q->joined);
@@ -273,12 +272,12 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         char name[48];
         snprintf(name, sizeof name, "messages[%zu]", i);
         if (!json_is_object(m))
-            return bad_field(p->err, p->param, p->param_cap, name, "%s must be an object, got %s",
-                             name, type_name(m));
+            return oai_bad_field(p->err, p->param, p->param_cap, name,
+                                 "%s must be an object, got %s", name, type_name(m));
         json_t *role = json_object_get(m, "role");
         if (!json_is_string(role)) {
             snprintf(name, sizeof name, "messages[%zu].role", i);
-            return bad_field(p->err, p->param, p->param_cap, name, "%s must be a string", name);
+            return oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a string", name);
         }
         const char *r = json_string_value(role);
         if (strcmp(r, "developer") == 0)
@@ -287,10 +286,10 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         if ((!c || json_is_null(c)) && !json_object_get(m, "tool_calls") &&
             !json_object_get(m, "function_call")) {
             snprintf(name, sizeof name, "messages[%zu].content", i);
-            return bad_field(p->err, p->param, p->param_cap, name,
-                             "%s is required: a message has content (an assistant message may "
-                             "have tool_calls instead)",
-                             name);
+            return oai_bad_field(p->err, p->param, p->param_cap, name,
+                                 "%s is required: a message has content (an assistant message may "
+                                 "have tool_calls instead)",
+                                 name);
         }
         const char *content = "";
         int rc = parse_content(p, q, i, c, &content);
@@ -329,14 +328,14 @@ static int parse_stop(parse_ctx_t *p, oai_req_t *q)
         for (size_t i = 0; i < n; i++) {
             json_t *e = json_array_get(v, i);
             if (!json_is_string(e))
-                return bad_field(p->err, p->param, p->param_cap, "stop",
-                                 "stop[%zu] must be a string, got %s", i, type_name(e));
+                return oai_bad_field(p->err, p->param, p->param_cap, "stop",
+                                     "stop[%zu] must be a string, got %s", i, type_name(e));
             q->stop[i] = (char *)json_string_value(e);
         }
         q->g.n_stop = n;
     } else {
-        return bad_field(p->err, p->param, p->param_cap, "stop",
-                         "stop must be a string or an array of strings, got %s", type_name(v));
+        return oai_bad_field(p->err, p->param, p->param_cap, "stop",
+                             "stop must be a string or an array of strings, got %s", type_name(v));
     }
     q->g.stop = q->stop;
     return TDM_OK;
@@ -349,8 +348,9 @@ static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
     if (!ids || p->rc)
         return p->rc;
     if (!json_is_array(ids))
-        return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
-                         "stop_token_ids must be an array of token ids, got %s", type_name(ids));
+        return oai_bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
+                             "stop_token_ids must be an array of token ids, got %s",
+                             type_name(ids));
     size_t n = json_array_size(ids);
     q->stop_ids = calloc(n ? n : 1, sizeof *q->stop_ids);
     if (!q->stop_ids)
@@ -359,8 +359,8 @@ static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
         json_t *e = json_array_get(ids, k);
         if (!json_is_integer(e) || json_integer_value(e) < INT32_MIN ||
             json_integer_value(e) > INT32_MAX)
-            return bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
-                             "stop_token_ids[%zu] must be a token id", k);
+            return oai_bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
+                                 "stop_token_ids[%zu] must be a token id", k);
         q->stop_ids[k] = (int32_t)json_integer_value(e);
     }
     q->sp.stop_token_ids = q->stop_ids;
@@ -429,8 +429,8 @@ static int parse_logprobs(parse_ctx_t *p, oai_req_t *q)
         if (p->rc)
             return p->rc;
         if (have_top && !on && k > 0)
-            return bad_field(p->err, p->param, p->param_cap, "top_logprobs",
-                             "top_logprobs needs logprobs: true");
+            return oai_bad_field(p->err, p->param, p->param_cap, "top_logprobs",
+                                 "top_logprobs needs logprobs: true");
         q->logprobs = on;
         q->top_logprobs = on ? (int)k : 0;
     }
@@ -451,18 +451,18 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
 {
     json_t *v = field(p->root, "n");
     if (v && (!json_is_integer(v) || json_integer_value(v) != 1))
-        return bad_field(p->err, p->param, p->param_cap, "n",
-                         "n must be 1: Tandem returns one choice per request");
+        return oai_bad_field(p->err, p->param, p->param_cap, "n",
+                             "n must be 1: Tandem returns one choice per request");
     v = field(p->root, "best_of");
     if (q->kind == OAI_COMPLETION && v && (!json_is_integer(v) || json_integer_value(v) != 1))
-        return bad_field(p->err, p->param, p->param_cap, "best_of", "best_of must be 1");
+        return oai_bad_field(p->err, p->param, p->param_cap, "best_of", "best_of must be 1");
     v = field(p->root, "logit_bias");
     if (v && (!json_is_object(v) || json_object_size(v) > 0))
-        return bad_field(p->err, p->param, p->param_cap, "logit_bias",
-                         "logit_bias is not supported");
+        return oai_bad_field(p->err, p->param, p->param_cap, "logit_bias",
+                             "logit_bias is not supported");
     v = field(p->root, "suffix");
     if (q->kind == OAI_COMPLETION && v && (!json_is_string(v) || json_string_length(v) > 0))
-        return bad_field(p->err, p->param, p->param_cap, "suffix", "suffix is not supported");
+        return oai_bad_field(p->err, p->param, p->param_cap, "suffix", "suffix is not supported");
     if (q->kind == OAI_CHAT) {
         int rc = oai_tools_parse(p->root, &q->tools, p->param, p->param_cap, p->err);
         if (rc != TDM_OK)
@@ -499,7 +499,7 @@ static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error
         c->n_messages = n;
     }
     if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK)
-        return bad_field(err, param, param_cap, "stop_token_ids", "%s", err->msg);
+        return oai_bad_field(err, param, param_cap, "stop_token_ids", "%s", err->msg);
     c->sampling_set = q->sp.set_mask;
     c->max_tokens = q->g.max_tokens;
     c->stop = (const char *const *)q->g.stop;
@@ -517,16 +517,16 @@ static int parse_stream(parse_ctx_t *p, oai_req_t *q)
     json_t *so = field(q->root, "stream_options");
     if (!p->rc && so) {
         if (!json_is_object(so))
-            return bad_field(p->err, p->param, p->param_cap, "stream_options",
-                             "stream_options must be an object, got %s", type_name(so));
+            return oai_bad_field(p->err, p->param, p->param_cap, "stream_options",
+                                 "stream_options must be an object, got %s", type_name(so));
         if (!q->stream)
-            return bad_field(p->err, p->param, p->param_cap, "stream_options",
-                             "stream_options is only allowed with stream: true");
+            return oai_bad_field(p->err, p->param, p->param_cap, "stream_options",
+                                 "stream_options is only allowed with stream: true");
         json_t *iu = json_object_get(so, "include_usage");
         if (iu && !json_is_null(iu) && !json_is_boolean(iu))
-            return bad_field(p->err, p->param, p->param_cap, "stream_options.include_usage",
-                             "stream_options.include_usage must be a boolean, got %s",
-                             type_name(iu));
+            return oai_bad_field(p->err, p->param, p->param_cap, "stream_options.include_usage",
+                                 "stream_options.include_usage must be a boolean, got %s",
+                                 type_name(iu));
         q->include_usage = json_is_true(iu);
     }
     q->g.stream = q->stream;
@@ -548,8 +548,8 @@ static int parse_max_tokens(parse_ctx_t *p, oai_req_t *q)
     if (p->rc)
         return p->rc;
     if (have && (mt < 1 || mt > INT32_MAX))
-        return bad_field(p->err, p->param, p->param_cap, name, "%s must be in 1..%d, got %lld",
-                         name, INT32_MAX, mt);
+        return oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be in 1..%d, got %lld",
+                             name, INT32_MAX, mt);
     if (have)
         q->g.max_tokens = (int32_t)mt;
     else if (q->kind == OAI_COMPLETION)
@@ -565,10 +565,10 @@ static int parse_echo(parse_ctx_t *p, oai_req_t *q)
     if (p->rc)
         return p->rc;
     if (echo && q->g.input_case != TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT)
-        return bad_field(p->err, p->param, p->param_cap, "echo", "echo needs a text prompt");
+        return oai_bad_field(p->err, p->param, p->param_cap, "echo", "echo needs a text prompt");
     if (echo && q->logprobs)
-        return bad_field(p->err, p->param, p->param_cap, "echo",
-                         "echo with logprobs is not supported (no prompt logprobs)");
+        return oai_bad_field(p->err, p->param, p->param_cap, "echo",
+                             "echo with logprobs is not supported (no prompt logprobs)");
     if (echo)
         q->echo = q->g.prompt;
     return TDM_OK;
@@ -579,22 +579,22 @@ static int parse_body(const char *body, size_t len, oai_req_t *q, char *param, s
                       tdm_error_t *err)
 {
     if (len == 0)
-        return bad_field(err, param, param_cap, NULL,
-                         "the request body is empty; send a JSON object");
+        return oai_bad_field(err, param, param_cap, NULL,
+                             "the request body is empty; send a JSON object");
     json_error_t jerr;
     q->root = json_loadb(body, len, 0, &jerr);
     if (!q->root && json_error_code(&jerr) == json_error_null_character)
-        return bad_field(err, param, param_cap, NULL,
-                         "a string of the body holds \\u0000 (line %d, column %d): prompts, "
-                         "messages and stop strings cannot contain NUL characters",
-                         jerr.line, jerr.column);
+        return oai_bad_field(err, param, param_cap, NULL,
+                             "a string of the body holds \\u0000 (line %d, column %d): prompts, "
+                             "messages and stop strings cannot contain NUL characters",
+                             jerr.line, jerr.column);
     if (!q->root)
-        return bad_field(err, param, param_cap, NULL,
-                         "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                         jerr.line, jerr.column);
+        return oai_bad_field(err, param, param_cap, NULL,
+                             "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                             jerr.line, jerr.column);
     if (!json_is_object(q->root))
-        return bad_field(err, param, param_cap, NULL, "the body must be a JSON object, got %s",
-                         type_name(q->root));
+        return oai_bad_field(err, param, param_cap, NULL, "the body must be a JSON object, got %s",
+                             type_name(q->root));
     return TDM_OK;
 }
 

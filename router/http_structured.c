@@ -25,20 +25,6 @@ typedef struct source {
 } source_t;
 
 /* An INVALID_ARGUMENT naming param. */
-static int refuse(char *param, size_t cap, tdm_error_t *err, const char *name, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int refuse(char *param, size_t cap, tdm_error_t *err, const char *name, const char *fmt, ...)
-{
-    if (param && cap)
-        snprintf(param, cap, "%s", name);
-    char msg[TDM_ERRMSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return tdm_error_set(err, TDM_EINVALID, "%s", msg);
-}
-
 /* The value of a member, NULL when absent or null. */
 static json_t *member(const json_t *obj, const char *name)
 {
@@ -56,20 +42,22 @@ static int check_value(const source_t *s, char *param, size_t cap, tdm_error_t *
     case TDM_CLIENT_CONSTRAINT_JSON_SCHEMA:
         if (json_is_object(v) || (json_is_string(v) && json_string_length(v) > 0))
             return TDM_OK;
-        return refuse(param, cap, err, s->param, "%s must be a JSON Schema object", s->param);
+        return oai_bad_field(err, param, cap, s->param, "%s must be a JSON Schema object",
+                             s->param);
     case TDM_CLIENT_CONSTRAINT_REGEX:
     case TDM_CLIENT_CONSTRAINT_GRAMMAR:
         if (json_is_string(v) && json_string_length(v) > 0 &&
             strlen(json_string_value(v)) == json_string_length(v))
             return TDM_OK;
-        return refuse(param, cap, err, s->param, "%s must be a non-empty string", s->param);
+        return oai_bad_field(err, param, cap, s->param, "%s must be a non-empty string", s->param);
     case TDM_CLIENT_CONSTRAINT_CHOICE:
         if (!json_is_array(v) || json_array_size(v) == 0)
-            return refuse(param, cap, err, s->param, "%s must be a non-empty array of strings",
-                          s->param);
+            return oai_bad_field(err, param, cap, s->param,
+                                 "%s must be a non-empty array of strings", s->param);
         for (size_t i = 0; i < json_array_size(v); i++)
             if (!json_is_string(json_array_get(v, i)))
-                return refuse(param, cap, err, s->param, "%s[%zu] must be a string", s->param, i);
+                return oai_bad_field(err, param, cap, s->param, "%s[%zu] must be a string",
+                                     s->param, i);
         return TDM_OK;
     }
     return TDM_OK;
@@ -82,7 +70,8 @@ static int from_response_format(json_t *rf, source_t *s, char *param, size_t cap
     const char *type = json_is_object(rf) ? json_string_value(json_object_get(rf, "type")) : NULL;
     *s = (source_t){p, TDM_CLIENT_CONSTRAINT_NONE, NULL};
     if (!type)
-        return refuse(param, cap, err, p, "response_format must be an object with a string type");
+        return oai_bad_field(err, param, cap, p,
+                             "response_format must be an object with a string type");
     if (strcmp(type, "text") == 0)
         return TDM_OK;
     if (strcmp(type, "json_object") == 0) {
@@ -90,20 +79,21 @@ static int from_response_format(json_t *rf, source_t *s, char *param, size_t cap
         return TDM_OK;
     }
     if (strcmp(type, "json_schema") != 0)
-        return refuse(param, cap, err, p,
-                      "response_format.type must be text, json_object or json_schema, got '%s'",
-                      type);
+        return oai_bad_field(
+            err, param, cap, p,
+            "response_format.type must be text, json_object or json_schema, got '%s'", type);
     json_t *js = member(rf, "json_schema");
     if (!json_is_object(js))
-        return refuse(param, cap, err, p,
-                      "response_format.json_schema must be an object with the schema");
+        return oai_bad_field(err, param, cap, p,
+                             "response_format.json_schema must be an object with the schema");
     json_t *name = member(js, "name"), *strict = member(js, "strict");
     json_t *desc = member(js, "description");
     if ((name && !json_is_string(name)) || (desc && !json_is_string(desc)))
-        return refuse(param, cap, err, p,
-                      "response_format.json_schema.name and .description must be strings");
+        return oai_bad_field(err, param, cap, p,
+                             "response_format.json_schema.name and .description must be strings");
     if (strict && !json_is_boolean(strict))
-        return refuse(param, cap, err, p, "response_format.json_schema.strict must be a boolean");
+        return oai_bad_field(err, param, cap, p,
+                             "response_format.json_schema.strict must be a boolean");
     s->kind = TDM_CLIENT_CONSTRAINT_JSON_SCHEMA;
     s->value = member(js, "schema");
     if (!s->value) /* OpenAI: no schema = any JSON object */
@@ -137,9 +127,9 @@ static int take(source_t *have, const source_t *s, char *param, size_t cap, tdm_
     if (s->kind == TDM_CLIENT_CONSTRAINT_NONE)
         return TDM_OK;
     if (have->kind != TDM_CLIENT_CONSTRAINT_NONE)
-        return refuse(param, cap, err, s->param,
-                      "%s conflicts with %s: give one structured-output field", s->param,
-                      have->param);
+        return oai_bad_field(err, param, cap, s->param,
+                             "%s conflicts with %s: give one structured-output field", s->param,
+                             have->param);
     *have = *s;
     return check_value(s, param, cap, err);
 }
@@ -164,15 +154,16 @@ static int check_members(json_t *so, char *param, size_t cap, tdm_error_t *err)
         if (!known) {
             char name[96];
             snprintf(name, sizeof name, "structured_outputs.%.64s", key);
-            return refuse(param, cap, err, name,
-                          "%s: not supported (give one of json, regex, choice, grammar, "
-                          "json_object)",
-                          name);
+            return oai_bad_field(err, param, cap, name,
+                                 "%s: not supported (give one of json, regex, choice, grammar, "
+                                 "json_object)",
+                                 name);
         }
     }
     if (!any)
-        return refuse(param, cap, err, "structured_outputs",
-                      "structured_outputs: give one of json, regex, choice, grammar, json_object");
+        return oai_bad_field(
+            err, param, cap, "structured_outputs",
+            "structured_outputs: give one of json, regex, choice, grammar, json_object");
     return TDM_OK;
 }
 
@@ -181,8 +172,8 @@ static int from_structured_outputs(json_t *so, source_t *have, char *param, size
                                    tdm_error_t *err)
 {
     if (!json_is_object(so))
-        return refuse(param, cap, err, "structured_outputs",
-                      "structured_outputs must be an object");
+        return oai_bad_field(err, param, cap, "structured_outputs",
+                             "structured_outputs must be an object");
     int rc = check_members(so, param, cap, err);
     if (rc != TDM_OK)
         return rc;
@@ -192,8 +183,8 @@ static int from_structured_outputs(json_t *so, source_t *have, char *param, size
         if (!v || (members[i].kind == TDM_CLIENT_CONSTRAINT_JSON_OBJECT && json_is_false(v)))
             continue;
         if (members[i].kind == TDM_CLIENT_CONSTRAINT_JSON_OBJECT && !json_is_true(v))
-            return refuse(param, cap, err, members[i].name, "%s must be a boolean",
-                          members[i].name);
+            return oai_bad_field(err, param, cap, members[i].name, "%s must be a boolean",
+                                 members[i].name);
         source_t s = {members[i].name, members[i].kind, v};
         rc = take(have, &s, param, cap, err);
         if (rc != TDM_OK)
