@@ -5,6 +5,7 @@
 static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__frame_header__descriptor,
     &tandem__v1__sampling_params__descriptor,
+    &tandem__v1__logit_bias__descriptor,
     &tandem__v1__kv_layout__descriptor,
     &tandem__v1__top_logprob__descriptor,
     &tandem__v1__usage__descriptor,
