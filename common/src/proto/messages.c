@@ -2,6 +2,8 @@
  * treat them all alike (the round-trip test, the fuzz target). */
 #include "tandem/proto.h"
 
+/* one per line, in the .proto's order */
+/* clang-format off */
 static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__frame_header__descriptor,
     &tandem__v1__sampling_params__descriptor,
@@ -49,6 +51,7 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__kv_hello__descriptor,
     &tandem__v1__kv_hello_ack__descriptor,
 };
+/* clang-format on */
 
 const ProtobufCMessageDescriptor *const *tdm_proto_messages(size_t *n)
 {
