@@ -7,6 +7,7 @@ Greedy outputs are compared by token id through the native client and by text th
 token is it). Bad keys, values and counts are refused with 400 naming logit_bias["<key>"].
 """
 import json
+import re
 import subprocess
 
 import pytest
@@ -163,6 +164,12 @@ def test_refusals_name_the_field(cluster, path):
         assert err["param"] == param, (bias, err)
         assert why in err["message"], (bias, err)
         assert err["type"] == "invalid_request_error"
+    # the gateway's refusals count under the field, never under a client's key
+    _, _, raw = request(cluster.port, "GET", "/metrics")
+    refused = r'^tandem_http_requests_refused_total\{reason="((?:[^"\\]|\\.)*)"\} (\d+)'
+    reasons = re.findall(refused, raw.decode(), re.M)
+    assert reasons and all("[" not in r for r, _ in reasons), reasons
+    assert int(dict(reasons)["logit_bias"]) >= len(cases) - 1  # the n_vocab one is the router's
     # the limits themselves are fine: 300 entries, +-100, the last token id
     ok = {str(i): 0 for i in range(299)}
     ok[str(n_vocab - 1)] = -100
