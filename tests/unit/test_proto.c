@@ -455,6 +455,18 @@ static void test_sampling_set_mask(void **state)
     assert_false(q.ignore_eos);
 }
 
+/* tdm_proto_sampling_from refuses m with msg and copies nothing. */
+static void from_refused(const Tandem__V1__SamplingParams *m, const char *msg)
+{
+    tdm_sampling_params_t q, before;
+    tdm_sampling_params_default(&q);
+    before = q;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_proto_sampling_from(m, &q, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, msg);
+    assert_memory_equal(&q, &before, sizeof q); /* nothing copied */
+}
+
 /* logit_bias through the message and back: entries in any order arrive sorted by token id,
  * with their biases bit for bit; the validator then accepts them. */
 static void test_sampling_logit_bias_round_trip(void **state)
@@ -524,14 +536,11 @@ static void test_sampling_logit_bias_refused(void **state)
     m.logit_bias = bp;
     m.n_logit_bias = N;
     m.set_mask = 0xffffffffu;
-    tdm_sampling_params_t q, before;
-    tdm_sampling_params_default(&q);
-    before = q;
-    tdm_error_t err = {0};
-    assert_int_equal(tdm_proto_sampling_from(&m, &q, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "sampling.logit_bias: 301 entries given, at most 300 allowed");
-    assert_memory_equal(&q, &before, sizeof q);
+    from_refused(&m, "sampling.logit_bias: 301 entries given, at most 300 allowed");
 
+    tdm_sampling_params_t q;
+    tdm_sampling_params_default(&q);
+    tdm_error_t err = {0};
     b[1].token_id = 0;
     m.n_logit_bias = 2;
     assert_int_equal(tdm_proto_sampling_from(&m, &q, &err), 0);
@@ -552,13 +561,10 @@ static void test_sampling_too_many_stop_ids(void **state)
     m.n_stop_token_ids = TDM_SAMPLING_MAX_STOP + 1;
     m.temperature = 0.3f;
     m.set_mask = 0xffffffffu;
-    tdm_sampling_params_t q, before;
+    from_refused(&m, "sampling.stop_token_ids: 17 ids given, at most 16 allowed");
+    tdm_sampling_params_t q;
     tdm_sampling_params_default(&q);
-    before = q;
     tdm_error_t err = {0};
-    assert_int_equal(tdm_proto_sampling_from(&m, &q, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "sampling.stop_token_ids: 17 ids given, at most 16 allowed");
-    assert_memory_equal(&q, &before, sizeof q); /* nothing copied */
     /* exactly 16 is fine */
     m.n_stop_token_ids = TDM_SAMPLING_MAX_STOP;
     assert_int_equal(tdm_proto_sampling_from(&m, &q, &err), 0);
