@@ -61,6 +61,8 @@ static void usage(FILE *out)
         "      --frequency-penalty X [-2, 2]\n"
         "      --seed S              random seed (default 0)\n"
         "      --ignore-eos          keep generating after end-of-generation tokens\n"
+        "      --logit-bias ID:BIAS  add BIAS in [-100, 100] to token ID's logit\n"
+        "                            (-100 bans it, 100 forces it; repeatable, at most 300)\n"
         "structured output (at most one; docs/api.md \"Structured output\"):\n"
         "      --json-schema FILE    the output is JSON matching the JSON Schema in FILE\n"
         "      --json-object         the output is a JSON object\n"
@@ -86,6 +88,7 @@ typedef struct gen_opts {
     long max_tokens, threads, ctx, batch;
     const char *kv_dtype;
     tdm_cli_sampling_t sampling; /* the preset and the overrides applied after it */
+    tdm_sampling_params_t bias;  /* --logit-bias entries (only its logit_bias is used) */
     /* router path */
     const char *router, *api_key;
     double timeout_s;
@@ -111,6 +114,38 @@ static bool opt_stop(const char *cmd, const char *value, void *target)
         return false;
     }
     o->stop[o->n_stop++] = value;
+    return true;
+}
+
+/* --logit-bias ID:BIAS: one more entry into the gen_opts_t at target. */
+static bool opt_logit_bias(const char *cmd, const char *value, void *target)
+{
+    gen_opts_t *o = target;
+    char *end;
+    long id = strtol(value, &end, 10);
+    const char *colon = end;
+    float bias = *colon == ':' ? strtof(colon + 1, &end) : 0.0f;
+    if (end == value || *colon != ':' || end == colon + 1 || *end || id < 0 || id > INT32_MAX) {
+        fprintf(stderr, "%s: --logit-bias: expected ID:BIAS (e.g. 42:-100), got '%s'\n", cmd,
+                value);
+        return false;
+    }
+    tdm_error_t err = {0};
+    if (tdm_sampling_logit_bias_add(&o->bias, (int32_t)id, bias, &err) != TDM_OK) {
+        fprintf(stderr, "%s: --logit-bias: %s\n", cmd, err.msg);
+        return false;
+    }
+    return true;
+}
+
+/* The sampling parameters of o (tdm_cli_sampling_build, then the --logit-bias entries). Returns
+ * false after printing why. */
+static bool build_sampling(const gen_opts_t *o, tdm_sampling_params_t *sp)
+{
+    if (!tdm_cli_sampling_build("tandem generate", &o->sampling, o->max_tokens, sp))
+        return false;
+    sp->n_logit_bias = o->bias.n_logit_bias;
+    memcpy(sp->logit_bias, o->bias.logit_bias, sp->n_logit_bias * sizeof sp->logit_bias[0]);
     return true;
 }
 
@@ -169,6 +204,7 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
                         .label = "--chat-template"),
         TDM_CLI_OPT_LONG("max-tokens", 'n', &o->max_tokens, 1, 1 << 20),
         TDM_CLI_SAMPLING_OPTS(&o->sampling),
+        TDM_CLI_OPT_FN("logit-bias", 0, opt_logit_bias, o),
         TDM_CLI_OPT_LONG("threads", 't', &o->threads, 1, 1024, .mark = local,
                          .label = "-t/--threads"),
         TDM_CLI_OPT_LONG("ctx", 'c', &o->ctx, 16, 1 << 20, .mark = local, .label = "-c/--ctx"),
@@ -394,7 +430,7 @@ static int generate_router(const gen_opts_t *o)
 {
     const char *cmd = "tandem generate";
     tdm_sampling_params_t sp;
-    if (!tdm_cli_sampling_build(cmd, &o->sampling, o->max_tokens, &sp))
+    if (!build_sampling(o, &sp))
         return 2;
     tdm_error_t err = {0};
     if (tdm_sampling_params_validate(&sp, 0, &err) != TDM_OK) {
@@ -470,7 +506,7 @@ static void local_close(local_gen_t *g)
  * the exit status 2 after printing why. The vocabulary check comes once the model is loaded. */
 static int local_sampling(const gen_opts_t *o, tdm_sampling_params_t *sp)
 {
-    return tdm_cli_sampling_build("tandem generate", &o->sampling, o->max_tokens, sp) ? 0 : 2;
+    return build_sampling(o, sp) ? 0 : 2;
 }
 
 /* Sets g->n_ctx from --ctx (default min(4096, the model's)) and checks the prompt fits it.
@@ -725,6 +761,7 @@ static int generate_local(const gen_opts_t *o)
 int tdm_cmd_generate(int argc, char **argv)
 {
     gen_opts_t o = {0};
+    tdm_sampling_params_default(&o.bias);
     bool done;
     int status = parse_args(argc, argv, &o, &done);
     if (status != 0 || done)

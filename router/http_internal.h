@@ -171,6 +171,8 @@ typedef struct oai_req {
     int32_t *ids;
     char **stop;
     int32_t *stop_ids;
+    /* [sp.n_logit_bias] pointers, then the messages they point to: one block */
+    Tandem__V1__LogitBias **bias;
     tdm_client_request_t creq; /* what the gateway sends: made from g */
     tdm_chat_message_t *cmsgs; /* [chat.n_messages] creq.messages */
     char id[64]; /* "cmpl-…" / "chatcmpl-…": the response id and the native request_id */
@@ -203,6 +205,12 @@ int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *f
  * set; q then holds nothing to free. On success free with oai_req_clear. */
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
               char *param, size_t param_cap, tdm_error_t *err);
+
+/* The logit_bias field of q->root into q->sp (http_logit_bias.c): an object of token ids (as
+ * decimal strings) to biases in [-100, 100], at most TDM_SAMPLING_MAX_LOGIT_BIAS entries.
+ * Returns 0, TDM_EINVALID naming the field (param "logit_bias" or logit_bias["<key>"]), or
+ * TDM_ERESOURCE. The ids' upper bound (n_vocab) is the router's check. */
+int oai_parse_logit_bias(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err);
 
 /* The structured-output fields of q->root (response_format, guided_json / guided_regex /
  * guided_choice / guided_grammar, structured_outputs; docs/api.md "Structured output") into

@@ -54,7 +54,11 @@ static reason_slot_t *reason_slot(const char *reason)
 
 void tdm_http_count_refusal(const char *reason)
 {
-    atomic_fetch_add(&reason_slot(reason && *reason ? reason : "request")->n, 1);
+    /* The field without its index or key (messages[2] and logit_bias["7"] count as messages
+     * and logit_bias): a client must not mint label values. */
+    char top[sizeof reasons[0].name];
+    snprintf(top, sizeof top, "%.*s", reason ? (int)strcspn(reason, "[") : 0, reason ? reason : "");
+    atomic_fetch_add(&reason_slot(top[0] ? top : "request")->n, 1);
 }
 
 /* Appends a family with n_samples slots (zeroed); NULL on out of memory. */

@@ -11,7 +11,8 @@
 void tdm_http_count_response(unsigned status);
 
 /* Counts a request the gateway refused itself; reason: the OpenAI field at fault ("n",
- * "logit_bias"), "" or NULL for the request as a whole ("request"). Reasons beyond the first
+ * "logit_bias"; an index or key in it is dropped: "messages[2]" counts as "messages"), "" or
+ * NULL for the request as a whole ("request"). Reasons beyond the first
  * TDM_HTTP_REFUSAL_REASONS distinct ones count as "other". Cannot fail. */
 #define TDM_HTTP_REFUSAL_REASONS 64
 void tdm_http_count_refusal(const char *reason);

@@ -411,7 +411,8 @@ static int parse_sampling(parse_ctx_t *p, oai_req_t *q)
         sp->ignore_eos = b;
         sp->set_mask |= TDM_PROTO_SET_IGNORE_EOS;
     }
-    return parse_stop_token_ids(p, q);
+    int rc = parse_stop_token_ids(p, q);
+    return rc != TDM_OK ? rc : oai_parse_logit_bias(q, p->param, p->param_cap, p->err);
 }
 
 static int parse_logprobs(parse_ctx_t *p, oai_req_t *q)
@@ -456,10 +457,6 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
     v = field(p->root, "best_of");
     if (q->kind == OAI_COMPLETION && v && (!json_is_integer(v) || json_integer_value(v) != 1))
         return oai_bad_field(p->err, p->param, p->param_cap, "best_of", "best_of must be 1");
-    v = field(p->root, "logit_bias");
-    if (v && (!json_is_object(v) || json_object_size(v) > 0))
-        return oai_bad_field(p->err, p->param, p->param_cap, "logit_bias",
-                             "logit_bias is not supported");
     v = field(p->root, "suffix");
     if (q->kind == OAI_COMPLETION && v && (!json_is_string(v) || json_string_length(v) > 0))
         return oai_bad_field(p->err, p->param, p->param_cap, "suffix", "suffix is not supported");
@@ -653,6 +650,7 @@ void oai_req_clear(oai_req_t *q)
     free(q->ids);
     free(q->stop);
     free(q->stop_ids);
+    free(q->bias);
     free(q->cmsgs);
     oai_tools_clear(&q->tools);
     free(q->constraint_text);

@@ -132,17 +132,18 @@ static void gauge(mb_t *b, const char *name, const char *help, uint64_t v)
     set_int(sample(b, family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE, help)), v);
 }
 
-/* One histogram over bounds (TDM_ROUTER_HIST_BUCKETS - 1 of them; the last bucket, +Inf, is
- * count's); NULL on out of memory. */
-static Tandem__V1__MetricFamily *histogram_over(mb_t *b, const char *name, const char *help,
-                                                const tdm_router_hist_t *h, const double *bound)
+/* One histogram over n_bounds ascending bounds: count_of[0..n_bounds) per bucket, not
+ * cumulative (the +Inf bucket is the rest of count); NULL on out of memory. */
+static Tandem__V1__MetricFamily *histogram_counts(mb_t *b, const char *name, const char *help,
+                                                  const double *bound, size_t n_bounds,
+                                                  const uint64_t *count_of, uint64_t count,
+                                                  double sum)
 {
     Tandem__V1__MetricFamily *f =
         family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM, help);
     Tandem__V1__MetricHistogram *mh = f ? malloc(sizeof *mh) : NULL;
-    size_t n = TDM_ROUTER_HIST_BUCKETS - 1;
-    double *bounds = mh ? malloc(n * sizeof *bounds) : NULL;
-    uint64_t *counts = bounds ? malloc(n * sizeof *counts) : NULL;
+    double *bounds = mh ? malloc(n_bounds * sizeof *bounds) : NULL;
+    uint64_t *counts = bounds ? malloc(n_bounds * sizeof *counts) : NULL;
     if (!counts) {
         free(mh);
         free(bounds);
@@ -150,15 +151,60 @@ static Tandem__V1__MetricFamily *histogram_over(mb_t *b, const char *name, const
         return NULL;
     }
     tandem__v1__metric_histogram__init(mh);
-    memcpy(bounds, bound, n * sizeof *bounds);
-    memcpy(counts, h->buckets, n * sizeof *counts);
-    mh->n_bounds = mh->n_counts = n;
+    memcpy(bounds, bound, n_bounds * sizeof *bounds);
+    memcpy(counts, count_of, n_bounds * sizeof *counts);
+    mh->n_bounds = mh->n_counts = n_bounds;
     mh->bounds = bounds;
     mh->counts = counts;
-    mh->sum = h->sum;
-    mh->count = h->count;
+    mh->sum = sum;
+    mh->count = count;
     f->histogram = mh;
     return f;
+}
+
+/* One histogram over bounds (TDM_ROUTER_HIST_BUCKETS - 1 of them; the last bucket, +Inf, is
+ * count's); NULL on out of memory. */
+static Tandem__V1__MetricFamily *histogram_over(mb_t *b, const char *name, const char *help,
+                                                const tdm_router_hist_t *h, const double *bound)
+{
+    return histogram_counts(b, name, help, bound, TDM_ROUTER_HIST_BUCKETS - 1, h->buckets, h->count,
+                            h->sum);
+}
+
+/* The tokens-per-forward-pass histogram of m (its iteration_* figures); NULL on out of
+ * memory. */
+static Tandem__V1__MetricFamily *histogram_iterations(mb_t *b, const char *name, const char *help,
+                                                      const tdm_router_metrics_t *m)
+{
+    uint64_t count = 0;
+    for (size_t i = 0; i < TDM_WORKER_ITERATION_BUCKETS; i++)
+        count += m->iteration_counts[i];
+    return histogram_counts(b, name, help, tdm_worker_iteration_bounds(),
+                            TDM_WORKER_ITERATION_BOUNDS, m->iteration_counts, count,
+                            (double)m->iteration_tokens);
+}
+
+void rt_metrics_iterations(tdm_router_t *r, rt_node_t *n, const Tandem__V1__Heartbeat *h)
+{
+    if (h->n_iteration_tokens_counts != TDM_WORKER_ITERATION_BUCKETS)
+        return;
+    if (n->iter_instance != h->instance_id) { /* a new process: it counts from 0 */
+        n->iter_instance = h->instance_id;
+        memset(n->iter_counts, 0, sizeof n->iter_counts);
+        n->iter_tokens = 0;
+    }
+    tdm_router_metrics_t *m = &r->metrics;
+    for (size_t i = 0; i < TDM_WORKER_ITERATION_BUCKETS; i++) {
+        uint64_t now = h->iteration_tokens_counts[i];
+        if (now > n->iter_counts[i]) { /* a counter only grows: an older beat adds nothing */
+            m->iteration_counts[i] += now - n->iter_counts[i];
+            n->iter_counts[i] = now;
+        }
+    }
+    if (h->iteration_tokens_sum > n->iter_tokens) {
+        m->iteration_tokens += h->iteration_tokens_sum - n->iter_tokens;
+        n->iter_tokens = h->iteration_tokens_sum;
+    }
 }
 
 /* One histogram in seconds over tdm_router_hist_bounds. */
@@ -402,6 +448,10 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
     histogram_over(b, "tandem_request_preemptions",
                    "Times each completed request was preempted on its decode node.",
                    &m->preemptions_per_request, tdm_router_token_bounds());
+    histogram_iterations(b, "tandem_iteration_tokens",
+                         "Tokens (rows) per forward pass over every node, prompt chunks and decode "
+                         "steps alike (from the nodes' heartbeats).",
+                         m);
     counter(b, "tandem_preemptions_total",
             "Preemptions of completed requests on their decode nodes (a sequence set aside for "
             "lack of KV blocks and resumed later).",
@@ -724,6 +774,10 @@ static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
     vhist(v, "vllm:request_num_preemptions",
           "Histogram of the number of times a request was preempted.", &m->preemptions_per_request,
           tok);
+    Tandem__V1__MetricFamily *f = histogram_iterations(
+        v->b, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m);
+    hlabel(v->b, f, "model_name", v->model);
+    hlabel(v->b, f, "engine", "0");
 }
 
 static void render_vllm(mb_t *b, const tdm_router_t *r)

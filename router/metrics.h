@@ -5,8 +5,10 @@
  * Every metric, its type, labels and meaning is listed in docs/operations.md ("Metrics").
  * Counters come from tdm_router_metrics_t and from the nodes' heartbeats (prefix cache
  * figures, cumulative per node process: they restart from 0 when a node restarts, which
- * Prometheus's rate() treats as a counter reset). Histograms are in seconds with the buckets
- * of tdm_router_hist_bounds (the text renders them cumulatively: _bucket{le=...}, _sum, _count).
+ * Prometheus's rate() treats as a counter reset; the tokens per forward pass are summed over
+ * node instances by the router instead, so they never go back). Histograms are in seconds with the
+ * buckets of tdm_router_hist_bounds (the text renders them cumulatively: _bucket{le=...}, _sum,
+ * _count).
  */
 #ifndef TANDEM_ROUTER_METRICS_H
 #define TANDEM_ROUTER_METRICS_H
@@ -36,6 +38,14 @@ int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsRespon
  * *text is a NUL-terminated heap string of *len bytes (len may be NULL). Returns 0, or
  * TDM_ERESOURCE (out of memory; *text NULL). Caller frees *text with free(). */
 int tdm_router_metrics_text(const tdm_router_t *r, char **text, size_t *len);
+
+/* Adds what heartbeat h of node n says about its forward passes beyond what n's instance had
+ * reported before (Heartbeat.iteration_tokens_counts, _sum: since the node process started)
+ * to r->metrics.iteration_counts and iteration_tokens; a new instance starts from 0. A
+ * heartbeat without the counts, or with another number of buckets than
+ * TDM_WORKER_ITERATION_BUCKETS, adds nothing. Router thread. Cannot fail. */
+struct rt_node;
+void rt_metrics_iterations(tdm_router_t *r, struct rt_node *n, const Tandem__V1__Heartbeat *h);
 
 /* Answers a METRICS REQUEST frame f on the router's client endpoint with
  * MetricsResponse{text}, or END RESOURCE_EXHAUSTED. Call it on the router's thread. */

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "admit.h"
+#include "metrics.h"
 #include "nodes.h"
 #include "scheduler.h"
 #include "stream.h"
@@ -503,6 +504,7 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
         return;
     }
     node_seen(r, n);
+    rt_metrics_iterations(r, n, h);
     n->kv_free = h->kv_blocks_free;
     n->kv_used = h->kv_blocks_used;
     n->kv_cached = h->kv_blocks_cached;

@@ -660,13 +660,24 @@ static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateReque
     if (g->sampling) {
         int rc = tdm_proto_sampling_from(g->sampling, &q->sp, err);
         if (rc != TDM_OK)
-            return at_field(why, rc, "sampling.stop_token_ids");
+            return at_field(why, rc, "%s",
+                            (g->sampling->set_mask & TDM_PROTO_SET_LOGIT_BIAS) &&
+                                    g->sampling->n_logit_bias > TDM_SAMPLING_MAX_LOGIT_BIAS
+                                ? "sampling.logit_bias"
+                                : "sampling.stop_token_ids");
         seeded = g->sampling->has_seed || (g->sampling->set_mask & TDM_PROTO_SET_SEED);
     }
     if (!seeded)
         q->sp.seed = random_u64();
     q->sp.max_tokens = 1; /* decided after tokenization (max_tokens_decide) */
-    int rc = tdm_sampling_params_validate(&q->sp, r->n_vocab, err);
+    uint32_t bad;
+    int rc = tdm_sampling_logit_bias_check(&q->sp, r->n_vocab, &bad, err);
+    if (rc != TDM_OK && bad < q->sp.n_logit_bias) /* OpenAI's name: logit_bias["<token id>"] */
+        return at_field(why, tdm_error_prefix(err, rc, "sampling: "), "sampling.logit_bias[\"%d\"]",
+                        q->sp.logit_bias[bad].token);
+    if (rc != TDM_OK)
+        return at_field(why, tdm_error_prefix(err, rc, "sampling: "), "sampling.logit_bias");
+    rc = tdm_sampling_params_validate(&q->sp, r->n_vocab, err);
     if (rc != TDM_OK) {
         const char *name = sampling_bad_field(&q->sp, r->n_vocab);
         return at_field(why, tdm_error_prefix(err, rc, "sampling: "), "%s%s",

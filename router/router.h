@@ -25,6 +25,7 @@
 #include "tandem/config.h"
 #include "tandem/log.h"
 #include "tandem/net.h"
+#include "tandem/worker.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -112,6 +113,12 @@ typedef struct tdm_router_metrics {
     tdm_router_hist_t generation_len;
     tdm_router_hist_t preemptions_per_request;
     uint64_t preemptions; /* sum of Finished.preemptions */
+    /* Tokens per forward pass, over every node instance that reported them in heartbeats
+     * (rt_metrics_iterations): passes per bucket of tdm_worker_iteration_bounds (not
+     * cumulative; the last is +Inf) and the tokens of them all. A node that restarted or went
+     * away keeps what it had reported. */
+    uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];
+    uint64_t iteration_tokens;
 } tdm_router_metrics_t;
 
 /* Upper bounds of the token-count histograms (1, 2, 5, 10, ... 50000, like vLLM's 1-2-5

@@ -110,6 +110,11 @@ typedef struct rt_node {
     uint32_t proc_fds; /* its open file descriptors */
     uint64_t queued_prefill_tokens, prefix_queries, prefix_hits;
     double step_time_s;
+    /* what its instance iter_instance last reported of its forward passes (heartbeats;
+     * rt_metrics_iterations adds what is new to r->metrics) */
+    uint64_t iter_instance;
+    uint64_t iter_counts[TDM_WORKER_ITERATION_BUCKETS];
+    uint64_t iter_tokens;
     rt_step_fit_t step_fit; /* decode: step time by batch size (admit.c; reset on registering) */
     /* the router's own load bookkeeping since the last heartbeat (scheduler.c; nodes.c resets
      * it on a heartbeat, a new registration and a failure) */

@@ -430,7 +430,7 @@ static Tandem__V1__Constraint *constraint_of(const rt_req_t *q, Tandem__V1__Cons
 static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
 {
     bool local = !any_prefill_up(r);
-    Tandem__V1__SamplingParams sp;
+    tdm_proto_sampling_t sp;
     tdm_proto_sampling_to(&q->sp, &sp);
     uint64_t attempt = next_attempt(r);
     Tandem__V1__DecodeReserve m = TANDEM__V1__DECODE_RESERVE__INIT;
@@ -440,7 +440,7 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     m.prompt_tokens = q->prompt;
     m.n_output_tokens = q->next_index; /* a migrated request resumes after them */
     m.output_tokens = q->next_index ? q->output : NULL;
-    m.sampling = &sp;
+    m.sampling = &sp.m;
     m.max_tokens = q->sp.max_tokens;
     m.local_prefill = local;
     m.deadline_unix_ms = q->deadline_ms;
@@ -590,7 +590,7 @@ bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const c
 /* Sends q's PrefillTask to p. */
 static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
 {
-    Tandem__V1__SamplingParams sp;
+    tdm_proto_sampling_t sp;
     tdm_proto_sampling_to(&q->sp, &sp);
     Tandem__V1__PrefillTask t = TANDEM__V1__PREFILL_TASK__INIT;
     t.request_id = q->id;
@@ -599,7 +599,7 @@ static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
     t.prompt_tokens = q->prompt;
     t.n_output_tokens = q->resume_index; /* a migrated request resumes after them */
     t.output_tokens = q->resume_index ? q->output : NULL;
-    t.sampling = &sp;
+    t.sampling = &sp.m;
     t.max_tokens = q->sp.max_tokens;
     t.decode_node_id = (char *)q->decode->cfg->id;
     t.decode_kv_endpoint = q->decode->kv_endpoint ? q->decode->kv_endpoint : (char *)"";

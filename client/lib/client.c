@@ -627,13 +627,29 @@ static Tandem__V1__Constraint *constraint_of(const tdm_client_request_t *req,
     return c;
 }
 
+/* The SamplingParams of req in *out (pointing into req and out): only the fields named in
+ * req->sampling_set; the router uses its defaults for the others. */
+static Tandem__V1__SamplingParams *sampling_to_proto(const tdm_client_request_t *req,
+                                                     tdm_proto_sampling_t *out)
+{
+    tdm_proto_sampling_to(&req->sampling, out);
+    Tandem__V1__SamplingParams *sp = &out->m;
+    sp->set_mask = req->sampling_set & TDM_CLIENT_SAMPLING_ALL;
+    sp->has_seed = (sp->set_mask & TDM_PROTO_SET_SEED) != 0;
+    if (!(sp->set_mask & TDM_PROTO_SET_STOP_TOKEN_IDS))
+        sp->n_stop_token_ids = 0;
+    if (!(sp->set_mask & TDM_PROTO_SET_LOGIT_BIAS))
+        sp->n_logit_bias = 0;
+    return sp;
+}
+
 /* Builds the GenerateRequest of req and sends it as call. */
 static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_request_t *req)
 {
     Tandem__V1__GenerateRequest m = TANDEM__V1__GENERATE_REQUEST__INIT;
     Tandem__V1__ChatList chat = TANDEM__V1__CHAT_LIST__INIT;
     Tandem__V1__TokenList tokens = TANDEM__V1__TOKEN_LIST__INIT;
-    Tandem__V1__SamplingParams sp;
+    tdm_proto_sampling_t sps;
     Tandem__V1__ChatMessage *msgs = NULL;
     Tandem__V1__ChatMessage **msg_ptrs = NULL;
 
@@ -667,12 +683,7 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
         m.tokens = &tokens;
     }
-    tdm_proto_sampling_to(&req->sampling, &sp);
-    sp.set_mask = req->sampling_set & TDM_CLIENT_SAMPLING_ALL;
-    sp.has_seed = (sp.set_mask & TDM_PROTO_SET_SEED) != 0;
-    if (!(sp.set_mask & TDM_PROTO_SET_STOP_TOKEN_IDS))
-        sp.n_stop_token_ids = 0;
-    m.sampling = &sp;
+    m.sampling = sampling_to_proto(req, &sps);
     m.max_tokens = req->max_tokens;
     m.n_stop = req->n_stop;
     m.stop = (char **)(uintptr_t)req->stop;

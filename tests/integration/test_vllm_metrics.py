@@ -104,7 +104,7 @@ def test_the_list_covers_loggers_and_says_why():
                  "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
                  "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
                  "vllm:cache_config_info", "vllm:prefix_cache_queries_total",
-                 "vllm:prefix_cache_hits_total"):
+                 "vllm:prefix_cache_hits_total", "vllm:iteration_tokens_total"):
         assert (must, "served") in [(r[0], r[3]) for r in rows], must
 
 
@@ -176,6 +176,56 @@ def test_every_listed_series_is_served_and_counts_one_request(cluster):
         assert total(after, "tandem_node_process_resident_memory_bytes", node=n) > 1 << 20
         assert total(after, "tandem_node_process_open_fds", node=n) >= 3
         assert total(after, "tandem_node_process_cpu_seconds_total", node=n) > 0
+
+
+ITERATION_BOUNDS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # vLLM's
+
+
+def test_iteration_tokens_count_the_passes_of_a_request(cluster):
+    """vllm:iteration_tokens_total (and tandem_iteration_tokens): one observation per forward
+    pass of any node, its tokens (rows) as the value; vLLM 0.33.0's buckets. A request of P
+    prompt tokens and N output tokens takes at least one prefill pass and N - 1 decode passes
+    of one row each, P + N - 1 tokens in all (the last token is never fed back)."""
+    port = port_of(cluster)
+    model = model_name(port)
+    types, before = scrape(port)
+    assert types["vllm:iteration_tokens_total"] == "histogram"
+    assert types["tandem_iteration_tokens"] == "histogram"
+    les = sorted(float(lab["le"]) for n, lab, _ in before
+                 if n == "vllm:iteration_tokens_total_bucket")
+    assert les == ITERATION_BOUNDS + [float("inf")]
+    for n, lab, _ in before:
+        if n.startswith("vllm:iteration_tokens_total"):
+            assert lab.get("model_name") == model and lab.get("engine") == "0", (n, lab)
+    n_out = 8
+    out = complete(port, model, "Iteration tokens, counted once per pass: " + str(time.time()),
+                   n_out)
+    usage = out["usage"]
+    assert usage["completion_tokens"] == n_out
+    want_tokens = usage["prompt_tokens"] + n_out - 1
+
+    def d(samples, name, **want):
+        return total(samples, name, **want) - total(before, name, **want)
+
+    deadline = time.monotonic() + 60  # the figures arrive with the nodes' heartbeats
+    while True:
+        _, after = scrape(port)
+        if (d(after, "vllm:iteration_tokens_total_count") >= n_out
+                and d(after, "vllm:iteration_tokens_total_sum") >= want_tokens):
+            break
+        assert time.monotonic() < deadline, (d(after, "vllm:iteration_tokens_total_count"),
+                                             d(after, "vllm:iteration_tokens_total_sum"))
+        time.sleep(0.2)
+    passes = d(after, "vllm:iteration_tokens_total_count")
+    tokens = d(after, "vllm:iteration_tokens_total_sum")
+    assert n_out <= passes <= n_out + 2, passes
+    assert want_tokens <= tokens <= want_tokens + usage["prompt_tokens"], tokens
+    # the decode steps have one row each: le="1" holds them
+    assert d(after, "vllm:iteration_tokens_total_bucket", le="1") >= n_out - 1
+    assert d(after, "vllm:iteration_tokens_total_bucket", le="+Inf") == passes
+    # Tandem's own family says the same
+    assert d(after, "tandem_iteration_tokens_count") == passes
+    assert d(after, "tandem_iteration_tokens_sum") == tokens
 
 
 def test_vllm_dashboard_uses_only_served_series(cluster):

@@ -377,8 +377,9 @@ static void test_sampling_round_trip(void **state)
     p.ignore_eos = true;
     p.n_logprobs = 3;
 
-    Tandem__V1__SamplingParams m;
-    tdm_proto_sampling_to(&p, &m);
+    tdm_proto_sampling_t pm;
+    tdm_proto_sampling_to(&p, &pm);
+    Tandem__V1__SamplingParams m = pm.m;
     assert_int_equal(m.set_mask, 0xffffffffu);
     assert_true(m.has_seed);
     assert_int_equal(m.n_stop_token_ids, 3);
@@ -454,6 +455,101 @@ static void test_sampling_set_mask(void **state)
     assert_false(q.ignore_eos);
 }
 
+/* tdm_proto_sampling_from refuses m with msg and copies nothing. */
+static void from_refused(const Tandem__V1__SamplingParams *m, const char *msg)
+{
+    tdm_sampling_params_t q, before;
+    tdm_sampling_params_default(&q);
+    before = q;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_proto_sampling_from(m, &q, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, msg);
+    assert_memory_equal(&q, &before, sizeof q); /* nothing copied */
+}
+
+/* logit_bias through the message and back: entries in any order arrive sorted by token id,
+ * with their biases bit for bit; the validator then accepts them. */
+static void test_sampling_logit_bias_round_trip(void **state)
+{
+    (void)state;
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 900, -100.0f, &err), 0);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 3, 2.5f, &err), 0);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 49151, 100.0f, &err), 0);
+    tdm_proto_sampling_t pm;
+    tdm_proto_sampling_to(&p, &pm);
+    assert_int_equal(pm.m.n_logit_bias, 3);
+    assert_int_equal(pm.m.logit_bias[0]->token_id, 3);
+    assert_int_equal(pm.m.logit_bias[2]->token_id, 49151);
+
+    uint8_t buf[256];
+    size_t n = tandem__v1__sampling_params__pack(&pm.m, buf);
+    assert_true(n < sizeof buf);
+    Tandem__V1__SamplingParams *u = tandem__v1__sampling_params__unpack(NULL, n, buf);
+    assert_non_null(u);
+    /* reverse the entries: the receiver must not depend on the sender's order */
+    Tandem__V1__LogitBias *t = u->logit_bias[0];
+    u->logit_bias[0] = u->logit_bias[2];
+    u->logit_bias[2] = t;
+    tdm_sampling_params_t q;
+    tdm_sampling_params_default(&q);
+    assert_int_equal(tdm_proto_sampling_from(u, &q, &err), 0);
+    tandem__v1__sampling_params__free_unpacked(u, NULL);
+    assert_int_equal(q.n_logit_bias, 3);
+    assert_int_equal(q.logit_bias[0].token, 3);
+    assert_true(q.logit_bias[0].bias == 2.5f);
+    assert_int_equal(q.logit_bias[1].token, 900);
+    assert_true(q.logit_bias[1].bias == -100.0f);
+    assert_int_equal(q.logit_bias[2].token, 49151);
+    assert_true(q.logit_bias[2].bias == 100.0f);
+    assert_int_equal(tdm_sampling_params_validate(&q, 49152, &err), 0);
+    assert_int_equal(tdm_sampling_params_validate(&q, 49151, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "logit_bias token 49151 must be in [0, 49151)");
+
+    /* without the mask bit the caller's entries stay; with it and none, they are cleared */
+    Tandem__V1__SamplingParams e = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    e.set_mask = TDM_PROTO_SET_TEMPERATURE;
+    assert_int_equal(tdm_proto_sampling_from(&e, &q, &err), 0);
+    assert_int_equal(q.n_logit_bias, 3);
+    e.set_mask = TDM_PROTO_SET_LOGIT_BIAS;
+    assert_int_equal(tdm_proto_sampling_from(&e, &q, &err), 0);
+    assert_int_equal(q.n_logit_bias, 0);
+}
+
+/* More than TDM_SAMPLING_MAX_LOGIT_BIAS entries are refused naming the field; nothing is
+ * copied. A repeated token id arrives repeated, for the validator to name. */
+static void test_sampling_logit_bias_refused(void **state)
+{
+    (void)state;
+    enum { N = TDM_SAMPLING_MAX_LOGIT_BIAS + 1 };
+    static Tandem__V1__LogitBias b[N];
+    static Tandem__V1__LogitBias *bp[N];
+    for (int i = 0; i < N; i++) {
+        tandem__v1__logit_bias__init(&b[i]);
+        b[i].token_id = i;
+        b[i].bias = 1.0f;
+        bp[i] = &b[i];
+    }
+    Tandem__V1__SamplingParams m = TANDEM__V1__SAMPLING_PARAMS__INIT;
+    m.logit_bias = bp;
+    m.n_logit_bias = N;
+    m.set_mask = 0xffffffffu;
+    from_refused(&m, "sampling.logit_bias: 301 entries given, at most 300 allowed");
+
+    tdm_sampling_params_t q;
+    tdm_sampling_params_default(&q);
+    tdm_error_t err = {0};
+    b[1].token_id = 0;
+    m.n_logit_bias = 2;
+    assert_int_equal(tdm_proto_sampling_from(&m, &q, &err), 0);
+    uint32_t bad = 99;
+    assert_int_equal(tdm_sampling_logit_bias_check(&q, 100, &bad, &err), TDM_EINVALID);
+    assert_int_equal(bad, 1);
+    assert_string_equal(err.msg, "logit_bias has token 0 twice");
+}
+
 static void test_sampling_too_many_stop_ids(void **state)
 {
     (void)state;
@@ -465,13 +561,10 @@ static void test_sampling_too_many_stop_ids(void **state)
     m.n_stop_token_ids = TDM_SAMPLING_MAX_STOP + 1;
     m.temperature = 0.3f;
     m.set_mask = 0xffffffffu;
-    tdm_sampling_params_t q, before;
+    from_refused(&m, "sampling.stop_token_ids: 17 ids given, at most 16 allowed");
+    tdm_sampling_params_t q;
     tdm_sampling_params_default(&q);
-    before = q;
     tdm_error_t err = {0};
-    assert_int_equal(tdm_proto_sampling_from(&m, &q, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "sampling.stop_token_ids: 17 ids given, at most 16 allowed");
-    assert_memory_equal(&q, &before, sizeof q); /* nothing copied */
     /* exactly 16 is fine */
     m.n_stop_token_ids = TDM_SAMPLING_MAX_STOP;
     assert_int_equal(tdm_proto_sampling_from(&m, &q, &err), 0);
@@ -684,6 +777,8 @@ int main(void)
         cmocka_unit_test(test_frame_header_bytes),
         cmocka_unit_test(test_sampling_round_trip),
         cmocka_unit_test(test_sampling_set_mask),
+        cmocka_unit_test(test_sampling_logit_bias_round_trip),
+        cmocka_unit_test(test_sampling_logit_bias_refused),
         cmocka_unit_test(test_sampling_too_many_stop_ids),
         cmocka_unit_test(test_layout),
         cmocka_unit_test(test_status_codes),

@@ -136,6 +136,7 @@ static void test_defaults(void **state)
     assert_int_equal(p.n_stop_token_ids, 0);
     assert_false(p.ignore_eos);
     assert_int_equal(p.n_logprobs, 0);
+    assert_int_equal(p.n_logit_bias, 0);
     assert_int_equal(tdm_sampling_params_validate(&p, 49152, NULL), TDM_OK);
     assert_int_equal(tdm_sampling_params_validate(&p, 0, NULL), TDM_OK);
 }
@@ -802,6 +803,184 @@ static void test_masked(void **state)
     tdm_sampler_destroy(&s);
 }
 
+/* ---- logit bias ---- */
+
+/* Adding entries: kept sorted, one per id; every refusal leaves the params alone. */
+static void test_logit_bias_add(void **state)
+{
+    (void)state;
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    assert_int_equal(p.n_logit_bias, 0);
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 7, 1.5f, &err), 0);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 2, -100.0f, &err), 0);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 5, 100.0f, &err), 0);
+    assert_int_equal(p.n_logit_bias, 3);
+    assert_int_equal(p.logit_bias[0].token, 2);
+    assert_int_equal(p.logit_bias[1].token, 5);
+    assert_int_equal(p.logit_bias[2].token, 7);
+    assert_true(p.logit_bias[2].bias == 1.5f);
+    tdm_sampling_params_t before = p;
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 5, 1.0f, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "logit_bias has token 5 twice");
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, -1, 1.0f, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "logit_bias token -1 must be >= 0");
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 9, 100.5f, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "logit_bias of token 9 must be in [-100, 100], got 100.5");
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 9, NAN, &err), TDM_EINVALID);
+    assert_memory_equal(&p, &before, sizeof p);
+    tdm_sampling_params_default(&p);
+    for (int32_t t = TDM_SAMPLING_MAX_LOGIT_BIAS; t > 0; t--) /* worst order: each at the front */
+        assert_int_equal(tdm_sampling_logit_bias_add(&p, t, 0.0f, &err), 0);
+    assert_int_equal(p.logit_bias[0].token, 1);
+    assert_int_equal(p.logit_bias[TDM_SAMPLING_MAX_LOGIT_BIAS - 1].token, 300);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 0, 0.0f, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "logit_bias has more than 300 entries");
+    assert_int_equal(tdm_sampling_params_validate(&p, 301, &err), 0);
+    validate_fails(&p, 300, "logit_bias token 300 must be in [0, 300)");
+}
+
+/* The validator's view of hand-made entries: order, repeats, range, count. */
+static void test_logit_bias_validate(void **state)
+{
+    (void)state;
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.n_logit_bias = 2;
+    p.logit_bias[0] = (tdm_logit_bias_t){.token = 4, .bias = 1.0f};
+    p.logit_bias[1] = (tdm_logit_bias_t){.token = 3, .bias = 1.0f};
+    validate_fails(&p, 10, "logit_bias token 3 is out of order (ids must increase)");
+    p.logit_bias[1].token = 4;
+    validate_fails(&p, 10, "logit_bias has token 4 twice");
+    uint32_t bad = 0;
+    assert_int_equal(tdm_sampling_logit_bias_check(&p, 10, &bad, NULL), TDM_EINVALID);
+    assert_int_equal(bad, 1);
+    p.logit_bias[1] = (tdm_logit_bias_t){.token = 6, .bias = -101.0f};
+    validate_fails(&p, 10, "logit_bias of token 6 must be in [-100, 100], got -101");
+    p.logit_bias[1].bias = -100.0f;
+    assert_int_equal(tdm_sampling_logit_bias_check(&p, 10, &bad, NULL), 0);
+    assert_int_equal(bad, 2);
+    p.n_logit_bias = TDM_SAMPLING_MAX_LOGIT_BIAS + 1;
+    validate_fails(&p, 10, "logit_bias has 301 entries, at most 300");
+}
+
+/* Greedy: -100 on the argmax bans it (the runner-up wins), +100 on any token forces it; a small
+ * bias moves the logprobs by exactly the log-softmax of the biased logits. */
+static void test_logit_bias_greedy(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    tdm_sampler_t *s = sampler_new(N);
+    float *logits = malloc(N * sizeof *logits);
+    assert_non_null(logits);
+    uint64_t rng = 42;
+    for (int i = 0; i < N; i++)
+        logits[i] = rng_logit(&rng, -12.0f, 12.0f, 0.0f);
+    int32_t *order = rank_order(logits, N);
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.temperature = 0.0f;
+    p.n_logprobs = 2;
+    tdm_error_t err = {0};
+    assert_int_equal(sample_ok(s, &p, logits, 0).token, order[0]);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, order[0], -100.0f, &err), 0);
+    tdm_sample_result_t r = sample_ok(s, &p, logits, 0);
+    assert_int_equal(r.token, order[1]);
+    assert_int_equal(r.top[0].token, order[1]); /* the banned token is not among the top */
+    assert_true(r.top[1].token != order[0]);
+    /* +100 on the least likely token makes it the argmax */
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, order[N - 1], 100.0f, &err), 0);
+    r = sample_ok(s, &p, logits, 0);
+    assert_int_equal(r.token, order[N - 1]);
+    assert_true(r.logprob > -1e-3f); /* all but certain */
+    /* sampled at temperature 1 over many draws: always the forced token */
+    p.temperature = 1.0f;
+    for (uint64_t i = 0; i < 200; i++)
+        assert_int_equal(sample_ok(s, &p, logits, i).token, order[N - 1]);
+    free(order);
+    free(logits);
+    tdm_sampler_destroy(&s);
+}
+
+/* The bias is the same as editing the logits by hand, bit for bit (tokens and logprobs, greedy
+ * and sampled), and it comes before the penalties (a penalty divides the biased logit). */
+static void test_logit_bias_equals_edited_logits(void **state)
+{
+    (void)state;
+    enum { N = 300 };
+    tdm_sampler_t *s = sampler_new(N);
+    float logits[N], edited[N];
+    uint64_t rng = 7;
+    for (int i = 0; i < N; i++)
+        logits[i] = edited[i] = rng_logit(&rng, -4.0f, 4.0f, 0.0f);
+    tdm_sampling_params_t p, plain;
+    tdm_sampling_params_default(&p);
+    p.top_k = 50;
+    p.top_p = 0.9f;
+    p.n_logprobs = 5;
+    plain = p;
+    tdm_error_t err = {0};
+    for (int32_t t = 0; t < N; t += 3) {
+        float b = (float)((t * 37) % 21 - 10) * 0.75f;
+        assert_int_equal(tdm_sampling_logit_bias_add(&p, t, b, &err), 0);
+        edited[t] = logits[t] + b;
+    }
+    for (uint64_t i = 0; i < 100; i++) {
+        tdm_sample_result_t a = sample_ok(s, &p, logits, i), b = sample_ok(s, &plain, edited, i);
+        assert_int_equal(a.token, b.token);
+        assert_true(a.logprob == b.logprob);
+        for (uint32_t j = 0; j < a.n_top; j++)
+            assert_true(a.top[j].token == b.top[j].token && a.top[j].logprob == b.top[j].logprob);
+    }
+    tdm_sampler_destroy(&s);
+    /* before the penalties: repetition 2 on token 1 (logit 3 + bias 1 = 4 -> 2) */
+    s = sampler_new(3);
+    float small[3] = {2.5f, 3.0f, -1.0f};
+    tdm_sampling_params_default(&p);
+    p.temperature = 0.0f;
+    p.repetition_penalty = 2.0f;
+    p.n_logprobs = 3;
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 1, 1.0f, &err), 0);
+    const int32_t hist[1] = {1};
+    tdm_sample_result_t r;
+    assert_int_equal(tdm_sampler_sample(s, &p, small, hist, 1, 0, &r), TDM_OK);
+    assert_int_equal(r.token, 0);
+    double z = exp(2.5) + exp(2.0) + exp(-1.0);
+    assert_true(fabs((double)r.top[1].logprob - (2.0 - log(z))) < 1e-6);
+    tdm_sampler_destroy(&s);
+}
+
+/* Under a grammar mask: the bias acts on allowed tokens; +100 cannot let a masked token in. */
+static void test_logit_bias_masked(void **state)
+{
+    (void)state;
+    tdm_sampler_t *s = sampler_new(64);
+    float logits[64];
+    for (int i = 0; i < 64; i++)
+        logits[i] = (float)(i % 8);
+    uint32_t mask[2] = {(1u << 3) | (1u << 7) | (1u << 9), 0};
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.temperature = 0.0f;
+    tdm_error_t err = {0};
+    tdm_sample_result_t r;
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 0, &r), TDM_OK);
+    assert_int_equal(r.token, 7);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 7, -100.0f, &err), 0);
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 15, 100.0f, &err), 0); /* masked */
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 0, &r), TDM_OK);
+    assert_int_equal(r.token, 3); /* logit 3 beats token 9's 1 */
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 9, 100.0f, &err), 0);
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 0, &r), TDM_OK);
+    assert_int_equal(r.token, 9);
+    /* a sampler given an id past its vocabulary refuses the parameters */
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 64, 1.0f, &err), 0);
+    assert_int_equal(tdm_sampler_sample(s, &p, logits, NULL, 0, 0, &r), TDM_EINVALID);
+    assert_string_equal(tdm_sampler_errmsg(s), "logit_bias token 64 must be in [0, 64)");
+    tdm_sampler_destroy(&s);
+}
+
 static void test_bad_logits(void **state)
 {
     (void)state;
@@ -968,6 +1147,11 @@ int main(void)
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_logprobs),
         cmocka_unit_test(test_masked),
+        cmocka_unit_test(test_logit_bias_add),
+        cmocka_unit_test(test_logit_bias_validate),
+        cmocka_unit_test(test_logit_bias_greedy),
+        cmocka_unit_test(test_logit_bias_equals_edited_logits),
+        cmocka_unit_test(test_logit_bias_masked),
         cmocka_unit_test(test_bad_logits),
         cmocka_unit_test(test_no_allocation),
         cmocka_unit_test(test_speed),

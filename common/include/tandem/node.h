@@ -119,6 +119,9 @@ typedef struct tdm_node_load {
     double step_s;       /* last forward pass, seconds */
     uint32_t batch_size; /* sequences in the last forward pass */
     uint64_t prefix_queries, prefix_hits;
+    /* forward passes by tokens since the node started (tdm_worker_stats_t's) */
+    uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];
+    uint64_t iteration_tokens;
 } tdm_node_load_t;
 
 typedef enum tdm_node_link_state {

@@ -34,16 +34,30 @@ extern "C" {
 #define TDM_PROTO_SET_STOP_TOKEN_IDS (1u << 10)
 #define TDM_PROTO_SET_IGNORE_EOS (1u << 11)
 #define TDM_PROTO_SET_N_LOGPROBS (1u << 12)
+#define TDM_PROTO_SET_LOGIT_BIAS (1u << 14)
 
-/* Fills *m (initialised here) from *p; every field set, set_mask all ones, has_seed true.
- * m->stop_token_ids points into p->stop_token_ids. Cannot fail. */
-void tdm_proto_sampling_to(const tdm_sampling_params_t *p, Tandem__V1__SamplingParams *m);
+/* A SamplingParams message with the storage of its logit_bias entries, so that filling it
+ * allocates nothing: use .m (its pointers point into the struct and into the source
+ * tdm_sampling_params_t). About 12 KB; a caller's local. */
+typedef struct tdm_proto_sampling {
+    Tandem__V1__SamplingParams m;
+    Tandem__V1__LogitBias bias[TDM_SAMPLING_MAX_LOGIT_BIAS];
+    Tandem__V1__LogitBias *bias_ptr[TDM_SAMPLING_MAX_LOGIT_BIAS];
+} tdm_proto_sampling_t;
+
+/* Fills out->m (initialised here) from *p; every field set, set_mask all ones, has_seed true.
+ * out->m.stop_token_ids points into p->stop_token_ids and out->m.logit_bias into out, so out
+ * is valid while both *p and *out are. Cannot fail. */
+void tdm_proto_sampling_to(const tdm_sampling_params_t *p, tdm_proto_sampling_t *out);
 
 /* Copies m into *p. Fields whose set_mask bit is clear keep the value *p has on entry
  * (so callers start from tdm_sampling_params_default); max_tokens is not part of the message
- * and is left alone. Returns 0, or TDM_EINVALID naming the field when more than
- * TDM_SAMPLING_MAX_STOP stop token ids are given. Range checks are
- * tdm_sampling_params_validate's job. */
+ * and is left alone. logit_bias entries are taken in any order and stored sorted by token id
+ * (the order tdm_sampling_params_validate requires; a repeated id stays repeated, for the
+ * validator to name). Returns 0, or TDM_EINVALID naming the field when more than
+ * TDM_SAMPLING_MAX_STOP stop token ids ("sampling.stop_token_ids: ...") or more than
+ * TDM_SAMPLING_MAX_LOGIT_BIAS logit_bias entries ("sampling.logit_bias: ...") are given. Range
+ * checks are tdm_sampling_params_validate's job. */
 int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_params_t *p,
                             tdm_error_t *err);
 

@@ -1,9 +1,9 @@
-/* sampling.h - per-request sampling parameters and the token sampler (penalties, greedy,
- * top-k, temperature, top-p, min-p, counter-based random draw, logprobs).
+/* sampling.h - per-request sampling parameters and the token sampler (logit bias, penalties,
+ * greedy, top-k, temperature, top-p, min-p, counter-based random draw, logprobs).
  *
  * Pipeline, for one row of logits [n_vocab]:
- *   penalties -> (temperature 0: argmax) -> top-k -> temperature -> softmax -> top-p -> min-p
- *   -> draw.
+ *   logit bias -> penalties -> (temperature 0: argmax) -> top-k -> temperature -> softmax
+ *   -> top-p -> min-p -> draw.
  * Penalties are llama.cpp's (llama_sampler_penalties: repetition first, then frequency and
  * presence, over a window of the last penalty_last_n tokens of prompt + output); the
  * truncation order is Hugging Face transformers' generate() (temperature, top-k, top-p, min-p;
@@ -36,10 +36,22 @@ extern "C" {
 #define TDM_SAMPLING_MAX_PENALTY 2.0f /* |presence_penalty|, |frequency_penalty| */
 #define TDM_SAMPLING_DEFAULT_PENALTY_LAST_N 64
 #define TDM_SAMPLING_DEFAULT_MAX_TOKENS 16 /* vLLM's and the OpenAI completions API's default */
+#define TDM_SAMPLING_MAX_LOGIT_BIAS 300 /* most logit_bias entries per request (OpenAI's limit) */
+#define TDM_SAMPLING_MAX_BIAS 100.0f    /* |bias| of a logit_bias entry (OpenAI's range) */
 
-/* A request's sampling parameters: a plain struct, copied freely (it travels with the request
- * from router to prefill to decode node). Start from tdm_sampling_params_default() or a
- * preset, then set fields; check with tdm_sampling_params_validate(). */
+/* One logit_bias entry: bias is added to token's logit before every other sampling step. */
+typedef struct tdm_logit_bias {
+    int32_t token; /* [0, n_vocab) */
+    float bias;    /* [-100, 100]; -100 in effect bans the token, +100 in effect forces it */
+} tdm_logit_bias_t;
+
+/* A request's sampling parameters: a plain struct with no pointers, copied freely by value (it
+ * travels with the request from router to prefill to decode node), so a copy is always valid
+ * and owns nothing. The logit bias therefore lives in a fixed-capacity array inside the struct
+ * (TDM_SAMPLING_MAX_LOGIT_BIAS entries, 2.4 KB of the struct's 2.5 KB); only its first
+ * n_logit_bias entries are used. Start from tdm_sampling_params_default() or a preset, then
+ * set fields (logit bias through tdm_sampling_logit_bias_add); check with
+ * tdm_sampling_params_validate(). */
 typedef struct tdm_sampling_params {
     float temperature;        /* [0, 5]; 0 = greedy (argmax, ties -> lowest token id) */
     int32_t top_k;            /* [0, n_vocab]; keep the k most likely tokens; 0 = off */
@@ -60,11 +72,15 @@ typedef struct tdm_sampling_params {
     bool ignore_eos;    /* keep going after end-of-generation tokens (the caller checks
                            tdm_tokenizer_is_eog unless this is set); stop_token_ids still stop */
     int32_t n_logprobs; /* [0, 20] top logprobs reported per token */
+
+    /* The logit bias: entries [0, n_logit_bias) in strictly increasing token id, so one per id */
+    uint32_t n_logit_bias; /* [0, 300] */
+    tdm_logit_bias_t logit_bias[TDM_SAMPLING_MAX_LOGIT_BIAS];
 } tdm_sampling_params_t;
 
 /* Fills *p with the defaults: temperature 1, top_k 0, top_p 1, min_p 0, repetition_penalty 1,
  * presence/frequency 0, penalty_last_n 64, seed 0, max_tokens 16, no stop ids, ignore_eos
- * false, n_logprobs 0 (OpenAI's and vLLM's defaults). Cannot fail. */
+ * false, n_logprobs 0, no logit bias (OpenAI's and vLLM's defaults). Cannot fail. */
 void tdm_sampling_params_default(tdm_sampling_params_t *p);
 
 /* Sets the fields of the named preset in *p and leaves every other field alone, so the
@@ -76,12 +92,28 @@ void tdm_sampling_params_default(tdm_sampling_params_t *p);
  * presets; *p is untouched then. */
 int tdm_sampling_preset(const char *name, tdm_sampling_params_t *p, tdm_error_t *err);
 
-/* Checks every field against its range (see the struct). n_vocab bounds top_k, n_logprobs and
- * the stop token ids; pass 0 when the vocabulary is not known yet (those bounds are then not
- * checked). Returns 0, or TDM_EINVALID with a message naming the first bad field, its range
- * and the value ("top_p must be in (0, 1], got 1.5"). NaN is out of every range. */
+/* Checks every field against its range (see the struct). n_vocab bounds top_k, n_logprobs,
+ * the stop token ids and the logit bias's token ids; pass 0 when the vocabulary is not known
+ * yet (those bounds are then not checked). Returns 0, or TDM_EINVALID with a message naming
+ * the first bad field, its range and the value ("top_p must be in (0, 1], got 1.5"). NaN is
+ * out of every range. O(fields + n_stop_token_ids + n_logit_bias). */
 int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_vocab,
                                  tdm_error_t *err);
+
+/* The logit bias part of tdm_sampling_params_validate: n_logit_bias <= 300, token ids in
+ * [0, n_vocab) (n_vocab 0: >= 0) and strictly increasing, biases in [-100, 100]. Returns 0, or
+ * TDM_EINVALID with *bad (when not NULL) the index of the entry at fault (n_logit_bias itself
+ * for too many entries; the later one of a repeated token id) and a message naming it
+ * ("logit_bias token 49152 must be in [0, 49152)"). */
+int tdm_sampling_logit_bias_check(const tdm_sampling_params_t *p, uint32_t n_vocab, uint32_t *bad,
+                                  tdm_error_t *err);
+
+/* Adds (token, bias) to p->logit_bias, keeping the entries in increasing token id (O(n) per
+ * call). Returns 0, or TDM_EINVALID: token < 0, bias outside [-100, 100] (or NaN), token
+ * already there, or TDM_SAMPLING_MAX_LOGIT_BIAS entries already; *p is untouched then. The
+ * upper bound of the token id (n_vocab) is tdm_sampling_params_validate's. */
+int tdm_sampling_logit_bias_add(tdm_sampling_params_t *p, int32_t token, float bias,
+                                tdm_error_t *err);
 
 /* True when token is one of p->stop_token_ids. EOS is the caller's business (tokenizer's
  * is_eog, unless p->ignore_eos). Cannot fail. */
@@ -133,15 +165,16 @@ const char *tdm_sampler_errmsg(const tdm_sampler_t *s);
  * with parameters p. history [n_history] is the request's tokens so far, prompt then output;
  * only its last penalty_last_n entries are read (none when penalties are off).
  *
- * Steps: penalties; then temperature 0 -> the argmax (ties -> lowest id); otherwise top-k,
- * temperature, softmax, top-p, min-p (relative to the most likely token), and a draw with
- * u = tdm_sampling_uniform(p->seed, output_index) by inverse CDF over the kept tokens in
+ * Steps: the logit bias (logit += bias, as OpenAI and vLLM do, before everything else, so it
+ * counts for greedy too); penalties; then temperature 0 -> the argmax (ties -> lowest id);
+ * otherwise top-k, temperature, softmax, top-p, min-p (relative to the most likely token), and a
+ * draw with u = tdm_sampling_uniform(p->seed, output_index) by inverse CDF over the kept tokens in
  * increasing token id. Ranking for top-k and top-p is by logit, ties by lower token id, so
  * the kept set is fully defined.
- * out->logprob and out->top[] come from the log-softmax of the penalized logits before
- * temperature and truncation (between vLLM's raw and processed logprobs: penalties count,
- * temperature/top-k/top-p/min-p do not), so greedy and sampled requests report the same
- * numbers and a truncated token still has a finite logprob.
+ * out->logprob and out->top[] come from the log-softmax of the biased and penalized logits
+ * before temperature and truncation (between vLLM's raw and processed logprobs: bias and
+ * penalties count, temperature/top-k/top-p/min-p do not), so greedy and sampled requests report the
+ * same numbers and a truncated token still has a finite logprob.
  *
  * Allocates nothing. Cost: a few passes over n_vocab plus the penalty window.
  * Errors (message in tdm_sampler_errmsg; *out unspecified): TDM_EINVALID for parameters that
@@ -154,7 +187,8 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
 /* tdm_sampler_sample under a token mask (structured output, tandem/grammar.h): bit (t % 32)
  * of mask[t / 32] set means token t is allowed; mask has (n_vocab + 31) / 32 words; NULL
  * allows every token (exactly tdm_sampler_sample). Masked tokens are excluded after the
- * penalties and before everything else: their logits count as -inf, so greedy takes the
+ * logit bias and the penalties and before everything else (a +100 bias does not let a masked
+ * token through): their logits count as -inf, so greedy takes the
  * most likely allowed token, top-k / top-p / min-p rank and weigh allowed tokens only, and the
  * draw is over allowed tokens. Logprobs are after masking: the log-softmax over the allowed
  * tokens (the distribution the token was drawn from at temperature 1), and out->n_top is

@@ -183,6 +183,20 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
 /* True when a step would do work. */
 bool tdm_worker_busy(const tdm_worker_t *w);
 
+/* Tokens per forward pass, as a histogram: the upper bounds (tokens, inclusive) of its buckets
+ * are vLLM 0.33.0's ITERATION_TOKENS_BUCKETS (vllm/v1/metrics/buckets.py: 1, 8, 16, ..., 16384,
+ * powers of two), and one more bucket (+Inf) follows them. The worker counts; the node sends the
+ * counts in its heartbeats and the router sums them into vllm:iteration_tokens_total. */
+#define TDM_WORKER_ITERATION_BOUNDS 13
+#define TDM_WORKER_ITERATION_BUCKETS (TDM_WORKER_ITERATION_BOUNDS + 1)
+
+/* The bucket bounds, ascending: TDM_WORKER_ITERATION_BOUNDS entries, constant storage. */
+const double *tdm_worker_iteration_bounds(void);
+
+/* The bucket of a forward pass of `tokens` rows: the first whose bound is >= tokens, or
+ * TDM_WORKER_ITERATION_BOUNDS (+Inf). Cannot fail. */
+uint32_t tdm_worker_iteration_bucket(uint64_t tokens);
+
 /* Load figures for heartbeats and status. */
 typedef struct tdm_worker_stats {
     uint32_t running;               /* sequences admitted to the batch */
@@ -193,6 +207,10 @@ typedef struct tdm_worker_stats {
     double last_step_s;             /* duration of the last forward pass */
     uint64_t steps;                 /* forward passes run */
     uint64_t preemptions;           /* total */
+    /* forward passes by rows (tokens) since the worker started: counts per bucket, not
+     * cumulative (tdm_worker_iteration_bucket), and the rows of them all */
+    uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];
+    uint64_t iteration_tokens;
 } tdm_worker_stats_t;
 
 void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out);

@@ -164,6 +164,9 @@ static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
     hb.prefix_hits = ld.prefix_hits;
     hb.batch_size = ld.batch_size;
     hb.instance_id = l->instance;
+    hb.n_iteration_tokens_counts = TDM_WORKER_ITERATION_BUCKETS;
+    hb.iteration_tokens_counts = ld.iteration_counts;
+    hb.iteration_tokens_sum = ld.iteration_tokens;
     tdm_process_stats_t ps;
     if (tdm_process_stats(&ps)) {
         hb.process_resident_bytes = ps.resident_bytes;
@@ -608,4 +611,6 @@ void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm
     out->batch_size = ws.batch_size;
     out->prefix_queries = ks.prefix_queries;
     out->prefix_hits = ks.prefix_hits;
+    memcpy(out->iteration_counts, ws.iteration_counts, sizeof out->iteration_counts);
+    out->iteration_tokens = ws.iteration_tokens;
 }

@@ -1,10 +1,27 @@
 /* convert.c - conversions between proto/tandem.proto messages and Tandem's C structs. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "tandem/proto.h"
 
-void tdm_proto_sampling_to(const tdm_sampling_params_t *p, Tandem__V1__SamplingParams *m)
+/* p->logit_bias as LogitBias messages in out's storage. */
+static void logit_bias_to(const tdm_sampling_params_t *p, tdm_proto_sampling_t *out)
 {
+    uint32_t n = p->n_logit_bias < TDM_SAMPLING_MAX_LOGIT_BIAS ? p->n_logit_bias
+                                                               : TDM_SAMPLING_MAX_LOGIT_BIAS;
+    for (uint32_t i = 0; i < n; i++) {
+        tandem__v1__logit_bias__init(&out->bias[i]);
+        out->bias[i].token_id = p->logit_bias[i].token;
+        out->bias[i].bias = p->logit_bias[i].bias;
+        out->bias_ptr[i] = &out->bias[i];
+    }
+    out->m.n_logit_bias = n;
+    out->m.logit_bias = n ? out->bias_ptr : NULL;
+}
+
+void tdm_proto_sampling_to(const tdm_sampling_params_t *p, tdm_proto_sampling_t *out)
+{
+    Tandem__V1__SamplingParams *m = &out->m;
     tandem__v1__sampling_params__init(m);
     m->temperature = p->temperature;
     m->top_k = p->top_k;
@@ -21,7 +38,27 @@ void tdm_proto_sampling_to(const tdm_sampling_params_t *p, Tandem__V1__SamplingP
     m->stop_token_ids = (int32_t *)(uintptr_t)p->stop_token_ids;
     m->ignore_eos = p->ignore_eos;
     m->n_logprobs = p->n_logprobs;
+    logit_bias_to(p, out);
     m->set_mask = 0xffffffffu;
+}
+
+/* qsort order of logit_bias entries: by token id. */
+static int bias_cmp(const void *a, const void *b)
+{
+    int32_t x = ((const tdm_logit_bias_t *)a)->token, y = ((const tdm_logit_bias_t *)b)->token;
+    return (x > y) - (x < y);
+}
+
+/* m's logit_bias (at most TDM_SAMPLING_MAX_LOGIT_BIAS entries: checked) into p, sorted by
+ * token id. */
+static void logit_bias_from(const Tandem__V1__SamplingParams *m, tdm_sampling_params_t *p)
+{
+    for (size_t i = 0; i < m->n_logit_bias; i++) {
+        const Tandem__V1__LogitBias *b = m->logit_bias[i];
+        p->logit_bias[i] = (tdm_logit_bias_t){.token = b->token_id, .bias = b->bias};
+    }
+    p->n_logit_bias = (uint32_t)m->n_logit_bias;
+    qsort(p->logit_bias, p->n_logit_bias, sizeof p->logit_bias[0], bias_cmp);
 }
 
 int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_params_t *p,
@@ -32,6 +69,10 @@ int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_pa
         return tdm_error_set(err, TDM_EINVALID,
                              "sampling.stop_token_ids: %zu ids given, at most %d allowed",
                              m->n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
+    if ((set & TDM_PROTO_SET_LOGIT_BIAS) && m->n_logit_bias > TDM_SAMPLING_MAX_LOGIT_BIAS)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "sampling.logit_bias: %zu entries given, at most %d allowed",
+                             m->n_logit_bias, TDM_SAMPLING_MAX_LOGIT_BIAS);
     if (set & TDM_PROTO_SET_TEMPERATURE)
         p->temperature = m->temperature;
     if (set & TDM_PROTO_SET_TOP_K)
@@ -60,6 +101,8 @@ int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_pa
         p->ignore_eos = m->ignore_eos;
     if (set & TDM_PROTO_SET_N_LOGPROBS)
         p->n_logprobs = m->n_logprobs;
+    if (set & TDM_PROTO_SET_LOGIT_BIAS)
+        logit_bias_from(m, p);
     return 0;
 }
 

@@ -698,6 +698,8 @@ static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
     w->stats.batch_size = w->n_bseq;
     w->stats.batch_tokens = w->n_rows;
     w->stats.steps++;
+    w->stats.iteration_counts[tdm_worker_iteration_bucket(w->n_rows)]++;
+    w->stats.iteration_tokens += w->n_rows;
     if (rc != TDM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "forward pass failed: %.220s", err ? err->msg : tdm_strerror(rc));
@@ -829,6 +831,23 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
     }
     *n_events = w->n_events;
     return rc;
+}
+
+const double *tdm_worker_iteration_bounds(void)
+{
+    static const double bounds[TDM_WORKER_ITERATION_BOUNDS] = {
+        1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+    };
+    return bounds;
+}
+
+uint32_t tdm_worker_iteration_bucket(uint64_t tokens)
+{
+    const double *b = tdm_worker_iteration_bounds();
+    uint32_t i = 0;
+    while (i < TDM_WORKER_ITERATION_BOUNDS && (double)tokens > b[i])
+        i++;
+    return i;
 }
 
 void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out)
