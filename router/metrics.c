@@ -132,15 +132,15 @@ static void gauge(mb_t *b, const char *name, const char *help, uint64_t v)
     set_int(sample(b, family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE, help)), v);
 }
 
-/* One histogram over bounds (TDM_ROUTER_HIST_BUCKETS - 1 of them; the last bucket, +Inf, is
- * count's); NULL on out of memory. */
-static Tandem__V1__MetricFamily *histogram_over(mb_t *b, const char *name, const char *help,
-                                                const tdm_router_hist_t *h, const double *bound)
+/* One histogram over the first n of bound (at most TDM_ROUTER_HIST_BUCKETS - 1; the last
+ * bucket, +Inf, is count's); NULL on out of memory. */
+static Tandem__V1__MetricFamily *histogram_over_n(mb_t *b, const char *name, const char *help,
+                                                  const tdm_router_hist_t *h, const double *bound,
+                                                  size_t n)
 {
     Tandem__V1__MetricFamily *f =
         family(b, name, TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM, help);
     Tandem__V1__MetricHistogram *mh = f ? malloc(sizeof *mh) : NULL;
-    size_t n = TDM_ROUTER_HIST_BUCKETS - 1;
     double *bounds = mh ? malloc(n * sizeof *bounds) : NULL;
     uint64_t *counts = bounds ? malloc(n * sizeof *counts) : NULL;
     if (!counts) {
@@ -159,6 +159,13 @@ static Tandem__V1__MetricFamily *histogram_over(mb_t *b, const char *name, const
     mh->count = h->count;
     f->histogram = mh;
     return f;
+}
+
+/* One histogram over bound (TDM_ROUTER_HIST_BUCKETS - 1 of them). */
+static Tandem__V1__MetricFamily *histogram_over(mb_t *b, const char *name, const char *help,
+                                                const tdm_router_hist_t *h, const double *bound)
+{
+    return histogram_over_n(b, name, help, h, bound, TDM_ROUTER_HIST_BUCKETS - 1);
 }
 
 /* One histogram in seconds over tdm_router_hist_bounds. */
@@ -402,6 +409,12 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
     histogram_over(b, "tandem_request_preemptions",
                    "Times each completed request was preempted on its decode node.",
                    &m->preemptions_per_request, tdm_router_token_bounds());
+    histogram_over_n(b, "tandem_request_params_n",
+                     "Choices (n) of each accepted GENERATE call; each choice is a request.",
+                     &m->params_n, tdm_router_token_bounds(), 5);
+    histogram_over(b, "tandem_request_params_max_tokens",
+                   "max_tokens of each accepted GENERATE call, as the router resolved it.",
+                   &m->params_max_tokens, tdm_router_token_bounds());
     counter(b, "tandem_preemptions_total",
             "Preemptions of completed requests on their decode nodes (a sequence set aside for "
             "lack of KV blocks and resumed later).",
@@ -581,12 +594,18 @@ static void hlabel(mb_t *b, Tandem__V1__MetricFamily *f, const char *name, const
     l->value = mb_strdup(b, value);
 }
 
+static void vhist_n(vctx_t *v, const char *name, const char *help, const tdm_router_hist_t *h,
+                    const double *bounds, size_t n)
+{
+    Tandem__V1__MetricFamily *f = histogram_over_n(v->b, name, help, h, bounds, n);
+    hlabel(v->b, f, "model_name", v->model);
+    hlabel(v->b, f, "engine", "0");
+}
+
 static void vhist(vctx_t *v, const char *name, const char *help, const tdm_router_hist_t *h,
                   const double *bounds)
 {
-    Tandem__V1__MetricFamily *f = histogram_over(v->b, name, help, h, bounds);
-    hlabel(v->b, f, "model_name", v->model);
-    hlabel(v->b, f, "engine", "0");
+    vhist_n(v, name, help, h, bounds, TDM_ROUTER_HIST_BUCKETS - 1);
 }
 
 /* A per-node family labelled {model_name, engine=node id} over the nodes of set (UP or
@@ -724,6 +743,11 @@ static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
     vhist(v, "vllm:request_num_preemptions",
           "Histogram of the number of times a request was preempted.", &m->preemptions_per_request,
           tok);
+    /* vLLM's REQUEST_PARAMS_N_BUCKETS (1, 2, 5, 10, 20) are the first five token bounds */
+    vhist_n(v, "vllm:request_params_n", "Histogram of the n request parameter.", &m->params_n, tok,
+            5);
+    vhist(v, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+          &m->params_max_tokens, tok);
 }
 
 static void render_vllm(mb_t *b, const tdm_router_t *r)

@@ -112,6 +112,10 @@ typedef struct tdm_router_metrics {
     tdm_router_hist_t generation_len;
     tdm_router_hist_t preemptions_per_request;
     uint64_t preemptions; /* sum of Finished.preemptions */
+    /* Accepted GENERATE calls, over tdm_router_token_bounds: their n (choices) and their
+     * max_tokens as the router resolved it (vLLM's request_params_n and _max_tokens). */
+    tdm_router_hist_t params_n;
+    tdm_router_hist_t params_max_tokens;
 } tdm_router_metrics_t;
 
 /* Upper bounds of the token-count histograms (1, 2, 5, 10, ... 50000, like vLLM's 1-2-5
