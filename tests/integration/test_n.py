@@ -9,11 +9,14 @@ prompt list answers choice p * n + j, and the limits are refused naming the fiel
 """
 import http.client
 import json
+import socket
+import subprocess
 import time
 
 import pytest
 
-from conftest import http_cluster
+from conftest import BINARIES, http_cluster
+import tandem_client as tc
 
 # Two full KV blocks and a bit (the tiny default model's blocks are 16 tokens): the forks share
 # the full ones.
@@ -224,3 +227,63 @@ def test_vllm_params_histograms(cluster):
     assert float(inf[0].split()[-1]) > float(n_le[0].split()[-1])  # n = 4 is above 2
     assert "vllm:request_params_max_tokens_count" in text
     wait_kv_free(cluster)
+
+
+def test_native_api_chunks_carry_their_choice(cluster):
+    """GenerateRequest.n on the router's own API: each choice's chunks name it, each choice
+    ends with its own final chunk, and the END follows the last; best_of > n is refused there
+    naming the field."""
+    cl = cluster.client()
+    try:
+        req = tc.prompt_request(PROMPT + "native", max_tokens=6, temperature=1.0, seed=21)
+        req.n = 3
+        res = cl.generate(req)
+        assert res.status == "OK", res.message
+        finals = [c for c in res.chunks if c.finish_reason]
+        assert sorted(c.choice for c in finals) == [0, 1, 2]
+        by = {i: "".join(c.text for c in res.chunks if c.choice == i) for i in range(3)}
+        st, body = request(cluster.port, {"prompt": PROMPT + "native", "max_tokens": 6,
+                                          "temperature": 1.0, "seed": 21, "n": 3})
+        assert texts(body) == [by[0], by[1], by[2]]
+        req.best_of = 4
+        res = cl.generate(req)
+        assert res.status == "INVALID_ARGUMENT" and "best_of" in res.message, res.message
+    finally:
+        cl.close()
+
+
+def test_disconnect_cancels_every_choice(cluster):
+    """A stream of n = 3 long choices whose client goes away: every choice is cancelled and
+    the decode node's blocks all come back."""
+    body = json.dumps({"prompt": PROMPT + "cancel", "max_tokens": 400, "n": 3,
+                       "temperature": 1.0, "seed": 1, "ignore_eos": True, "stream": True})
+    s = socket.create_connection(("127.0.0.1", cluster.port), timeout=60)
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode())
+    got = b""
+    while got.count(b'"index":') < 6:  # a few tokens of the choices have come
+        chunk = s.recv(4096)
+        assert chunk, got
+        got += chunk
+    s.close()
+    end = time.time() + 60
+    while True:
+        st = node(cluster, "decode-0")
+        if st.kv_blocks_used == 0 and st.running == 0:
+            break
+        assert time.time() < end, st
+        time.sleep(0.1)
+
+
+def test_cli_prints_each_choice(cluster):
+    out = subprocess.run([BINARIES["tandem"], "generate", "--router", cluster.client_ep, "-p",
+                          PROMPT + "cli", "-n", "5", "--temperature", "1", "--seed", "8",
+                          "--choices", "2"], capture_output=True, check=True, timeout=120)
+    st, body = request(cluster.port, {"prompt": PROMPT + "cli", "max_tokens": 5, "n": 2,
+                                      "temperature": 1.0, "seed": 8})
+    # each choice is printed when it ends: in any order
+    want = [f"--- choice {i} (finish: {c['finish_reason']}) ---\n{c['text']}\n"
+            for i, c in enumerate(body["choices"])]
+    got = out.stdout.decode()
+    assert sorted(want) == sorted(got[got.index(w):got.index(w) + len(w)] for w in want), got
+    assert len(got) == sum(map(len, want)), got
