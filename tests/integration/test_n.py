@@ -287,3 +287,30 @@ def test_cli_prints_each_choice(cluster):
     got = out.stdout.decode()
     assert sorted(want) == sorted(got[got.index(w):got.index(w) + len(w)] for w in want), got
     assert len(got) == sum(map(len, want)), got
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory):
+    """No prefill node: the decode node prefills locally, and forks wait for that."""
+    yield from http_cluster(tmp_path_factory, "n-local", n_prefill=0)
+
+
+def test_local_prefill_forks_wait_for_the_prompt(local_cluster):
+    port = local_cluster.port
+    st, body = request(port, {"prompt": PROMPT * 3, "max_tokens": 6, "n": 3,
+                              "temperature": 1.0, "seed": 60})
+    assert st == 200, body
+    t = texts(body)
+    for i in range(3):
+        st, ref = request(port, {"prompt": PROMPT * 3, "max_tokens": 6, "temperature": 1.0,
+                                 "seed": 60 + i})
+        assert ref["choices"][0]["text"] == t[i], i
+    # a first token that ends choice 0 at once: the forks run on their own, same answers
+    st, one = request(port, {"prompt": PROMPT, "max_tokens": 1, "n": 2, "temperature": 1.0,
+                             "seed": 3})
+    assert st == 200, one
+    for i in range(2):
+        st, ref = request(port, {"prompt": PROMPT, "max_tokens": 1, "temperature": 1.0,
+                                 "seed": 3 + i})
+        assert ref["choices"][0]["text"] == one["choices"][i]["text"], i
+    wait_kv_free(local_cluster)
