@@ -75,6 +75,8 @@ static void usage(FILE *out)
         "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
         "      --timeout SECONDS     deadline of the request (default 600)\n"
         "      --stop STR            stop string (repeatable, at most 16)\n"
+        "      --choices N           N choices of the prompt (OpenAI's n, 1..16; seeds S + i,\n"
+        "                            one prefill), each printed whole under its label\n"
         "engine (with -m):\n"
         "  -t, --threads N           CPU threads (default: all)\n"
         "  -c, --ctx N               context length (default: min(4096, model's))\n"
@@ -85,7 +87,7 @@ static void usage(FILE *out)
 
 typedef struct gen_opts {
     const char *model, *prompt, *file, *chat, *system, *chat_template, *tools;
-    long max_tokens, threads, ctx, batch;
+    long max_tokens, threads, ctx, batch, choices;
     const char *kv_dtype;
     tdm_cli_sampling_t sampling; /* the preset and the overrides applied after it */
     tdm_sampling_params_t bias;  /* --logit-bias entries (only its logit_bias is used) */
@@ -215,6 +217,7 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400, .mark = routed,
                            .label = "--timeout"),
         TDM_CLI_OPT_FN("stop", 0, opt_stop, o, .mark = routed, .label = "--stop"),
+        TDM_CLI_OPT_LONG("choices", 0, &o->choices, 1, 16, .mark = routed, .label = "--choices"),
         TDM_CLI_OPT_STR("json-schema", 0, &o->json_schema),
         TDM_CLI_OPT_TRUE("json-object", 0, &o->json_object),
         TDM_CLI_OPT_STR("grammar", 0, &o->grammar),
@@ -352,6 +355,18 @@ static int router_on_chunk(void *user, const tdm_client_chunk_t *ch)
     return *tdm_cli_interrupt_flag() != 0;
 }
 
+/* --choices N: each choice's whole answer (stream=false), under a label naming it. */
+static int router_on_choice(void *user, const tdm_client_chunk_t *ch)
+{
+    (void)user;
+    printf("--- choice %" PRIu32 " (finish: %s) ---\n", ch->choice,
+           tdm_client_finish_name(ch->finish_reason));
+    fwrite(ch->text, 1, ch->text_len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    return *tdm_cli_interrupt_flag() != 0;
+}
+
 /* Prints the usage figures of a finished request to stderr. */
 static void print_router_usage(const tdm_client_result_t *r)
 {
@@ -406,8 +421,9 @@ static int router_run(const gen_opts_t *o, const tdm_client_request_t *req)
     if (!c)
         return status;
     tdm_client_result_t res;
-    int rc = tdm_client_generate(c, req, router_on_chunk, NULL, &res);
-    if (res.text_len > 0 || rc == TDM_OK)
+    int rc =
+        tdm_client_generate(c, req, req->n > 1 ? router_on_choice : router_on_chunk, NULL, &res);
+    if (req->n <= 1 && (res.text_len > 0 || rc == TDM_OK))
         fputc('\n', stdout);
     fflush(stdout);
     if (rc == TDM_OK) {
@@ -460,7 +476,8 @@ static int generate_router(const gen_opts_t *o)
     req.max_tokens = (int32_t)o->max_tokens;
     req.stop = o->stop;
     req.n_stop = o->n_stop;
-    req.stream = true;
+    req.stream = o->choices <= 1; /* several: each choice whole, labelled */
+    req.n = o->choices > 1 ? (uint32_t)o->choices : 1;
     int kind;
     char *constraint = NULL;
     int status = constraint_source(o, &kind, &constraint);

@@ -33,6 +33,9 @@ typedef struct dres {
     double t_reserved;
     double kv_transfer_s;       /* estimate: reserved until received, minus the prefill time */
     uint64_t kv_transfer_bytes; /* block bytes received (tdm_kv_received_t.bytes) */
+    uint64_t fork_of;           /* n > 1: the attempt whose prompt KV this sibling shares
+                                   (DecodeReserve.fork_of); 0: none. Until the fork is made
+                                   (in_worker), r is on tdm_decode_t.forks and keeps prompt */
 } dres_t;
 
 struct tdm_decode {
@@ -40,14 +43,27 @@ struct tdm_decode {
     tdm_node_runtime_t *rt; /* the node's */
     const tdm_logger_t *log;
     tdm_kv_receiver_t *receiver;
+    dres_t **forks; /* [n_forks] reservations waiting for their parent's prompt KV */
+    uint32_t n_forks, cap_forks;
 };
 
 /* ---- DECODE_RESERVE ---- */
+
+static void forks_remove(tdm_decode_t *d, const dres_t *r)
+{
+    for (uint32_t i = 0; i < d->n_forks; i++)
+        if (d->forks[i] == r) {
+            d->forks[i] = d->forks[--d->n_forks];
+            return;
+        }
+}
 
 static void drop(void *h, tdm_node_req_t *base)
 {
     tdm_decode_t *d = h;
     dres_t *r = (dres_t *)base;
+    if (r->fork_of && !r->in_worker)
+        forks_remove(d, r);
     if (r->in_worker)
         tdm_worker_cancel(d->rt->worker, base->att.key);
     tdm_kv_seq_release(d->rt->pool, &r->seq);
@@ -105,8 +121,14 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
     if (need > tdm_kv_pool_available(d->rt->pool))
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
-    tdm_worker_req_t req = {r->base.att.key,  m->prompt_tokens, r->n_prompt,    &r->sp, NULL, 0, r,
-                            m->output_tokens, r->n_output,      r->base.grammar};
+    tdm_worker_req_t req = {.request_id = r->base.att.key,
+                            .prompt = m->prompt_tokens,
+                            .n_prompt = r->n_prompt,
+                            .sampling = &r->sp,
+                            .user = r,
+                            .output = m->output_tokens,
+                            .n_output = r->n_output,
+                            .grammar = r->base.grammar};
     int rc = tdm_worker_add(d->rt->worker, &req, err);
     if (rc != TDM_OK)
         return rc;
@@ -133,6 +155,100 @@ static int reserve_remote(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRe
     if (!r->base.deadline_ms)
         r->base.wait_until = r->t_reserved + RESERVATION_TTL_S;
     return TDM_OK;
+}
+
+/* n > 1: a sibling of attempt m->fork_of, which must be on this node. It waits (on d->forks)
+ * until the parent's prompt KV is there (fork_ready) and takes no blocks before: it needs
+ * only those of its last prompt block and its output, which the worker takes as it runs.
+ * TDM_EUNAVAILABLE (retryable: the router dispatches the sibling on its own) when the parent
+ * is not here or the pool could not hold the fork's own blocks now. */
+static int reserve_fork(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeReserve *m,
+                        tdm_error_t *err)
+{
+    const uint32_t bs = d->rt->layout.block_size;
+    uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, r->n_prompt + 1) -
+                    (r->n_prompt - 1) / bs;
+    dres_t *p = (dres_t *)tdm_node_req_find(d->node, m->fork_of);
+    if (!p || p->fork_of || p->n_prompt != r->n_prompt || r->n_output || p->n_output)
+        return tdm_error_set(err, TDM_EUNAVAILABLE,
+                             "fork_of: attempt %016" PRIx64 " is not a sequence of this prompt "
+                             "on this node",
+                             m->fork_of);
+    if (need > tdm_kv_pool_available(d->rt->pool))
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "fork: need %u KV blocks, %u free", need,
+                             tdm_kv_pool_available(d->rt->pool));
+    if (d->n_forks == d->cap_forks) {
+        uint32_t cap = d->cap_forks ? 2 * d->cap_forks : 16;
+        dres_t **f = realloc(d->forks, cap * sizeof *f);
+        if (!f)
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a fork");
+        d->forks = f;
+        d->cap_forks = cap;
+    }
+    r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
+    if (!r->prompt)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a fork");
+    memcpy(r->prompt, m->prompt_tokens, (size_t)r->n_prompt * sizeof *r->prompt);
+    r->fork_of = m->fork_of;
+    d->forks[d->n_forks++] = r;
+    if (!r->base.deadline_ms)
+        r->base.wait_until = r->t_reserved + RESERVATION_TTL_S;
+    return TDM_OK;
+}
+
+/* Makes the fork r once its parent's prompt KV is in the worker. Returns true when r is no
+ * longer waiting (forked, or failed: retryable when the parent is gone or cannot be forked,
+ * so the router dispatches the sibling on its own). */
+static bool fork_ready(tdm_decode_t *d, dres_t *r)
+{
+    dres_t *p = (dres_t *)tdm_node_req_find(d->node, r->fork_of);
+    tdm_error_t err = {0};
+    int rc = TDM_ENOTFOUND;
+    if (p && !p->in_worker)
+        return false; /* its KV pages are on their way */
+    if (p) {
+        tdm_worker_req_t req = {.request_id = r->base.att.key,
+                                .prompt = r->prompt,
+                                .n_prompt = r->n_prompt,
+                                .sampling = &r->sp,
+                                .user = r,
+                                .grammar = r->base.grammar};
+        rc = tdm_worker_fork(d->rt->worker, p->base.att.key, &req, &err);
+        if (rc == TDM_EPRECONDITION)
+            return false; /* its local prefill has not reached the end of the prompt */
+    }
+    if (rc != TDM_OK) {
+        tdm_node_req_fail(d->node, &r->base, TDM_EUNAVAILABLE, true,
+                          p ? err.msg : "fork: the sibling it shares the prompt with ended");
+        return true;
+    }
+    r->in_worker = true;
+    r->base.wait_until = 0;
+    free(r->prompt);
+    r->prompt = NULL;
+    TDM_LOG_DEBUGF(d->log, r->base.att.label, "forked from attempt %016" PRIx64, r->fork_of);
+    return true;
+}
+
+/* Every fork whose parent's prompt KV is there now is made. */
+static void forks_tick(tdm_decode_t *d)
+{
+    for (uint32_t i = 0; i < d->n_forks;) {
+        dres_t *r = d->forks[i];
+        if (!fork_ready(d, r))
+            i++;
+        else if (i < d->n_forks && d->forks[i] == r)
+            d->forks[i] = d->forks[--d->n_forks]; /* forked: still listed */
+    }
+}
+
+/* The reservation m asks for: a fork of a sibling, a local prefill or KV from a prefill node. */
+static int reserve_kind(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeReserve *m,
+                        tdm_error_t *err)
+{
+    if (m->fork_of)
+        return reserve_fork(d, r, m, err);
+    return m->local_prefill ? reserve_local(d, r, m, err) : reserve_remote(d, r, m, err);
 }
 
 /* DECODE_RESERVE: allocate blocks for the prompt (or start a local prefill) and answer. */
@@ -177,7 +293,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     r->t_reserved = tdm_time_now();
     rc = tdm_node_constraint(d->rt->grammars, m->constraint, &r->base.grammar, &err);
     if (rc == TDM_OK)
-        rc = m->local_prefill ? reserve_local(d, r, m, &err) : reserve_remote(d, r, m, &err);
+        rc = reserve_kind(d, r, m, &err);
     if (rc != TDM_OK) {
         tdm_sock_reply_error(s, f, rc, "%s", err.msg);
         tdm_node_req_drop(d->node, &r->base);
@@ -189,8 +305,9 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     ack.n_blocks = r->seq.n_blocks;
     tdm_sock_reply(s, f, &ack.base);
     TDM_LOG_DEBUGF(d->log, att.label,
-                   "reserved attempt=%s prompt_tokens=%u output_tokens=%u blocks=%u local=%d",
-                   att.key, r->n_prompt, r->n_output, r->seq.n_blocks, r->local);
+                   "reserved attempt=%s prompt_tokens=%u output_tokens=%u blocks=%u local=%d "
+                   "fork_of=%016" PRIx64,
+                   att.key, r->n_prompt, r->n_output, r->seq.n_blocks, r->local, r->fork_of);
 out_free:
     tandem__v1__decode_reserve__free_unpacked(m, NULL);
 }
@@ -237,9 +354,16 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
         r->kv_transfer_s = 0;
     r->kv_transfer_bytes = in->bytes;
     r->seq.n_tokens = r->n_prompt + r->n_output;
-    tdm_worker_req_t req = {r->base.att.key, r->prompt,       r->n_prompt, &r->sp,
-                            &r->seq,         in->first_token, r,           r->prompt + r->n_prompt,
-                            r->n_output,     r->base.grammar};
+    tdm_worker_req_t req = {.request_id = r->base.att.key,
+                            .prompt = r->prompt,
+                            .n_prompt = r->n_prompt,
+                            .sampling = &r->sp,
+                            .prefilled = &r->seq,
+                            .first_token = in->first_token,
+                            .user = r,
+                            .output = r->prompt + r->n_prompt,
+                            .n_output = r->n_output,
+                            .grammar = r->base.grammar};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(d->node, &r->base, err.code, err.code == TDM_ERESOURCE, err.msg);
@@ -282,6 +406,7 @@ static void tick(void *h)
     tdm_kv_received_t in;
     while (tdm_kv_receiver_recv(d->receiver, 0, lookup, d, &in) == 1)
         on_received(d, &in);
+    forks_tick(d);
 }
 
 static int wait_ms(void *h, void **zsock)
@@ -351,6 +476,7 @@ void tdm_decode_destroy(tdm_decode_t **self_p)
     tdm_decode_t *d = *self_p;
     tdm_kv_receiver_destroy(&d->receiver); /* before the pool its transfers write into */
     tdm_node_destroy(&d->node);
+    free(d->forks);
     free(d);
     *self_p = NULL;
 }

@@ -80,10 +80,16 @@ typedef struct http_req {
     int fd; /* the client's socket */
     struct MHD_Connection *conn;
     /* a generate request */
-    oai_req_t *q; /* owned by call */
-    gw_call_t *call;
-    gw_event_t *whole; /* stream=false: the one chunk, held until the END after it */
-    oai_out_t out;
+    oai_req_t *q;      /* owned by the calls */
+    gw_call_t *call;   /* the call whose events are read now: calls[cur] */
+    gw_call_t **calls; /* [n_calls] one per prompt (a completions prompt list), in order */
+    size_t n_calls, cur;
+    gw_event_t *whole;   /* stream=false: the one chunk, held until the END after it */
+    oai_out_t out;       /* the answer's (multi: the sum over the choices, oai_usage_sum) */
+    bool multi;          /* several choices or prompts: per-choice writers, one answer */
+    oai_out_t *outs;     /* [oai_candidates(q)] multi: each choice's writer */
+    gw_event_t **wholes; /* [q_candidates] multi, stream=false: each choice's chunk */
+    size_t q_candidates; /* oai_candidates(q), kept for the cleanup (q may be gone then) */
     bool streaming;
     bool recorded;
     tdm_buf_t sse;
@@ -583,6 +589,23 @@ static bool client_gone(int fd)
 /* The call's next event without blocking the thread: 1 with *ev; 0 when the connection is
  * parked until there is one (the handler returns and libmicrohttpd calls it again then); -1
  * when the client has hung up (the call is cancelled; when tells the log at what point). */
+/* Cancels every call of r that has not ended (CANCEL to the router). */
+static void calls_cancel(http_req_t *r)
+{
+    for (size_t i = 0; i < r->n_calls; i++)
+        if (r->calls[i] && !gw_call_ended(r->calls[i]))
+            gw_call_cancel(r->calls[i]);
+}
+
+/* Whether a call of r has not ended. */
+static bool calls_running(http_req_t *r)
+{
+    for (size_t i = 0; i < r->n_calls; i++)
+        if (r->calls[i] && !gw_call_ended(r->calls[i]))
+            return true;
+    return false;
+}
+
 static int take_event(http_req_t *r, const char *when, gw_event_t **ev)
 {
     int got = -1;
@@ -595,9 +618,25 @@ static int take_event(http_req_t *r, const char *when, gw_event_t **ev)
     tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
                   "http client disconnected %s: request cancelled", when);
     r->cancelled = true;
-    gw_call_cancel(r->call);
+    calls_cancel(r);
     record(r, TDM_ECANCELLED);
     return -1;
+}
+
+/* multi: the writer of the choice ch belongs to (the current call's prompt). */
+static size_t choice_slot(const http_req_t *r, const tdm_client_chunk_t *ch)
+{
+    uint32_t k = ch->choice < r->q->best_of ? ch->choice : r->q->best_of - 1;
+    return r->cur * r->q->best_of + k;
+}
+
+/* multi: the next prompt's call, once the current one ended OK. */
+static bool next_call(http_req_t *r)
+{
+    if (r->cur + 1 >= r->n_calls)
+        return false;
+    r->call = r->calls[++r->cur];
+    return true;
 }
 
 /* Turns one event of a running stream into SSE text in r->sse. */
@@ -605,15 +644,22 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
 {
     int rc = TDM_OK;
     if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM) {
-        rc = oai_sse_chunk(r->q, &r->out, gw_event_chunk(ev), &r->sse);
+        const tdm_client_chunk_t *ch = gw_event_chunk(ev);
+        rc = oai_sse_chunk(r->q, r->multi ? &r->outs[choice_slot(r, ch)] : &r->out, ch, &r->sse);
         if (rc == TDM_OK)
             return;
-        gw_call_cancel(r->call);
+        calls_cancel(r);
         oai_sse_end(r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory", &r->sse);
         record(r, TDM_EINTERNAL);
         r->sse_done = true;
         return;
     }
+    if (r->multi && ev->status == TDM_OK && next_call(r))
+        return; /* the next prompt's choices follow */
+    if (r->multi && ev->status != TDM_OK)
+        calls_cancel(r); /* one failed: the answer failed */
+    if (r->multi)
+        oai_usage_sum(r->q, r->outs, &r->out);
     oai_sse_end(r->q, &r->out, ev->status, ev->message, &r->sse);
     record(r, ev->status);
     r->sse_done = true;
@@ -671,7 +717,50 @@ static void request_ids(http_req_t *r, oai_req_t *q)
     q->creq.request_id = q->native_id;
 }
 
-/* Parses the body and starts its GENERATE call (r->q, r->call). Returns true, or false with
+/* The writers (and for stream=false the answers) of a request of several choices. */
+static bool multi_alloc(http_req_t *r, const oai_req_t *q)
+{
+    size_t n = oai_candidates(q);
+    r->multi = n > 1;
+    r->calls = calloc(q->n_prompts, sizeof *r->calls);
+    if (!r->calls)
+        return false;
+    if (!r->multi)
+        return true;
+    r->q_candidates = n;
+    r->outs = calloc(n, sizeof *r->outs);
+    r->wholes = calloc(n, sizeof *r->wholes);
+    for (size_t i = 0; r->outs && i < n; i++)
+        r->outs[i].index = (uint32_t)(i / q->best_of * q->n + i % q->best_of);
+    return r->outs && r->wholes;
+}
+
+/* Starts one GENERATE call per prompt of q (r->calls, each holding a reference on q). Returns
+ * 0, or the error of the call that could not start: the ones before it are cancelled and
+ * released and q is gone. */
+static int calls_start(tdm_http_t *h, http_req_t *r, oai_req_t *q, tdm_error_t *err)
+{
+    size_t n = q->n_prompts;
+    q->refs = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        r->calls[i] = gw_generate_start(h->gw, &q->creqs[i], oai_req_unref, q, err);
+        if (r->calls[i])
+            continue;
+        for (size_t j = i + 1; j < n; j++)
+            oai_req_unref(q); /* the calls never made */
+        for (size_t j = 0; j < i; j++) {
+            gw_call_cancel(r->calls[j]);
+            gw_call_release(&r->calls[j]);
+        }
+        return err->code ? err->code : TDM_EINTERNAL;
+    }
+    r->n_calls = n;
+    r->cur = 0;
+    r->call = r->calls[0];
+    return TDM_OK;
+}
+
+/* Parses the body and starts its GENERATE calls (r->q, r->calls). Returns true, or false with
  * the error reply queued and *ret its result. */
 static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, oai_kind_t kind,
                            enum MHD_Result *ret)
@@ -698,8 +787,13 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     r->q = q;
     request_ids(r, q);
     q->creq.timeout_s = h->cfg->router.request_timeout_s;
-    r->call = gw_generate_start(h->gw, &q->creq, oai_req_destroy, q, &err);
-    if (!r->call) {
+    if (oai_prompt_requests(q) != TDM_OK || !multi_alloc(r, q)) {
+        oai_req_destroy(q);
+        r->q = NULL;
+        *ret = reply_error(c, 500, NULL, NULL, "out of memory");
+        return false;
+    }
+    if (calls_start(h, r, q, &err) != TDM_OK) {
         r->q = NULL;
         *ret = reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
         return false;
@@ -776,6 +870,50 @@ static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Con
     return ret;
 }
 
+/* multi, stream=false: the answer from every choice's chunk, once the last call ended OK. */
+static enum MHD_Result reply_gathered(http_req_t *r, struct MHD_Connection *c)
+{
+    size_t n = oai_candidates(r->q);
+    const tdm_client_chunk_t *chs[OAI_MAX_PROMPTS * OAI_MAX_CHOICES];
+    for (size_t i = 0; i < n; i++) {
+        chs[i] = r->wholes[i] ? gw_event_chunk(r->wholes[i]) : NULL;
+        if (!chs[i]) {
+            record(r, TDM_EINTERNAL);
+            return reply_error(c, 500, NULL, NULL, "the router's answer lacks choice %zu", i);
+        }
+    }
+    json_t *body = oai_response_multi(r->q, r->outs, chs, &r->out);
+    record(r, TDM_OK);
+    return reply_json(c, 200, body);
+}
+
+/* multi, stream=false: takes one event (consumed). Returns true when the answer is queued
+ * (*ret its result): every call ended OK, or one failed (the others are cancelled). */
+static bool gather_event(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev,
+                         enum MHD_Result *ret)
+{
+    if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_STREAM) {
+        const tdm_client_chunk_t *ch = gw_event_chunk(ev);
+        size_t i = choice_slot(r, ch);
+        if (ch->last && !r->wholes[i])
+            r->wholes[i] = ev;
+        else
+            gw_event_free(ev);
+        return false;
+    }
+    if (ev->status != TDM_OK) {
+        calls_cancel(r);
+        *ret = reply_refused(r, c, ev);
+        gw_event_free(ev);
+        return true;
+    }
+    gw_event_free(ev);
+    if (next_call(r))
+        return false;
+    *ret = reply_gathered(r, c);
+    return true;
+}
+
 /* Runs a started generate call as far as its queued events allow: called when the request
  * is complete and again each time its parked connection is resumed. The first event decides
  * the answer (a refusal, a stream, or the one chunk of stream=false, which waits for the END
@@ -789,10 +927,17 @@ static enum MHD_Result generate_step(tdm_http_t *h, struct MHD_Connection *c, ht
             return MHD_NO;
         if (got == 0)
             return MHD_YES;
+        enum MHD_Result ret;
+        if (r->multi && !r->q->stream) {
+            if (gather_event(r, c, ev, &ret))
+                return ret;
+            continue;
+        }
         if (r->whole)
             return reply_whole(r, c, ev);
         if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
-            enum MHD_Result ret = reply_refused(r, c, ev);
+            calls_cancel(r);
+            ret = reply_refused(r, c, ev);
             gw_event_free(ev);
             return ret;
         }
@@ -1151,14 +1296,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (!r)
         return;
     if (r->call) {
-        if (!r->cancelled && !gw_call_ended(r->call)) {
+        if (!r->cancelled && calls_running(r)) {
             tdm_log_write(&h->log, TDM_LOG_INFO, r->q ? r->q->id : NULL, NULL,
                           "http request ended before its answer (termination %d): cancelled",
                           (int)toe);
-            gw_call_cancel(r->call);
+            calls_cancel(r);
             record(r, TDM_ECANCELLED);
         }
-        gw_call_release(&r->call);
+        r->call = NULL;
+        for (size_t i = 0; i < r->n_calls; i++)
+            gw_call_release(&r->calls[i]);
         pthread_mutex_lock(&h->mu);
         if (--h->n_calls == 0)
             pthread_cond_broadcast(&h->idle);
@@ -1171,6 +1318,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (ci && ci->socket_context && ((http_conn_t *)ci->socket_context)->req == r)
         ((http_conn_t *)ci->socket_context)->req = NULL;
     gw_event_free(r->whole);
+    for (size_t i = 0; r->multi && r->q_candidates && i < r->q_candidates; i++) {
+        gw_event_free(r->wholes ? r->wholes[i] : NULL);
+        if (r->outs)
+            oai_out_clear(&r->outs[i]);
+    }
+    free(r->wholes);
+    free(r->outs);
+    free(r->calls);
     tdm_buf_free(&r->body);
     tdm_buf_free(&r->sse);
     oai_out_clear(&r->out);

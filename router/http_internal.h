@@ -186,6 +186,19 @@ typedef struct oai_req {
     const char *echo;   /* completions with echo: the prompt text to put first; else NULL */
     oai_tools_t tools;  /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
 
+    /* choices and prompt lists: the answer has n_prompts * n choices, choice p * n + j being
+     * the j-th of prompt p; each prompt is one GENERATE call (creqs[p]) asking best_of >= n
+     * choices, of which the n with the highest sum of token logprobs are kept */
+    uint32_t n;                  /* n (1..OAI_MAX_CHOICES) */
+    uint32_t best_of;            /* completions' best_of (n..OAI_MAX_CHOICES); n for chat */
+    size_t n_prompts;            /* completions' prompt list length (1..OAI_MAX_PROMPTS); 1 */
+    tdm_client_request_t *creqs; /* [n_prompts] the calls (oai_prompt_requests); creqs[0] may
+                                    be &creq */
+    int32_t **list_ids;          /* [n_prompts] a token-id list's ids (heap), else NULL */
+    size_t *list_n_ids;          /* [n_prompts] */
+    char (*list_rids)[TDM_REQUEST_ID_MAX + 1]; /* [n_prompts] request ids of calls 1.. */
+    int refs; /* the calls holding q (atomic; oai_req_unref frees it with the last) */
+
     /* structured output (http_structured.c) */
     char *constraint_text;     /* structured output: creq.constraint (heap), or NULL */
     char constraint_param[40]; /* the field that carried it ("response_format", "guided_json",
@@ -199,10 +212,10 @@ int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *f
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
- * field (its name in *param, "" when none), n must be 1, defaults (completions max_tokens 16;
- * chat none, so the router gives what the context leaves, at most 1024). served is the model
- * name used when the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with *err
- * set; q then holds nothing to free. On success free with oai_req_clear. */
+ * field (its name in *param, "" when none), n and best_of in range, defaults (completions
+ * max_tokens 16; chat none, so the router gives what the context leaves, at most 1024). served is
+ * the model name used when the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with
+ * *err set; q then holds nothing to free. On success free with oai_req_clear. */
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
               char *param, size_t param_cap, tdm_error_t *err);
 
@@ -223,11 +236,30 @@ int oai_parse_structured(oai_req_t *q, char *param, size_t param_cap, tdm_error_
 void oai_req_clear(oai_req_t *q);
 /* For gw_call_start's req_free: oai_req_clear and free a heap-allocated oai_req_t. */
 void oai_req_destroy(void *q);
+/* For gw_call_start's req_free when several calls share q: drops one of q->refs (atomically)
+ * and destroys q with the last. */
+void oai_req_unref(void *q);
 
-/* What the response writer keeps between chunks. Zero-initialise. */
+/* The most choices (n, best_of) and prompts (a completions prompt list) one request may ask
+ * for; the errors name them. */
+#define OAI_MAX_CHOICES 16
+#define OAI_MAX_PROMPTS 64
+
+/* After the request ids are final (q->creq.request_id): q->creqs, one call per prompt of a
+ * list (request ids "<id>-<p>" from p = 1), each asking best_of choices. 0 or TDM_ERESOURCE. */
+int oai_prompt_requests(oai_req_t *q);
+
+/* Choices the calls of q ask for in all: n_prompts * best_of. */
+static inline size_t oai_candidates(const oai_req_t *q)
+{
+    return q->n_prompts * q->best_of;
+}
+
+/* What the response writer keeps between chunks, per choice. Zero-initialise. */
 typedef struct oai_out {
-    bool started;  /* the first event (role chunk / echo) was written */
-    bool finished; /* the finish chunk was written */
+    uint32_t index; /* the choice's index in the answer */
+    bool started;   /* the first event (role chunk / echo) was written */
+    bool finished;  /* the finish chunk was written */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     int finish_reason;   /* tdm_client_finish_t */
     uint64_t text_chars; /* completions logprobs text_offset */
@@ -249,10 +281,26 @@ int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *messag
  * reference, NULL on out of memory. Fills o's usage. */
 json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);
 
+/* The usage of the whole answer into *sum from the choices' outs[oai_candidates(q)]: the
+ * completion tokens of every choice made (best_of's unreturned ones too, as OpenAI bills
+ * them), each prompt's tokens once, and the first choice's timings. */
+void oai_usage_sum(const oai_req_t *q, const oai_out_t *outs, oai_out_t *sum);
+
+/* The non-streaming body of a request of several choices from each candidate's one chunk
+ * (chs[oai_candidates(q)], candidate p * best_of + k of prompt p; NULL: none came, an error):
+ * of each prompt's best_of candidates the n with the highest sum of sampled-token logprobs,
+ * highest first (in candidate order when best_of == n), as choices p * n + j; usage over all
+ * (oai_usage_sum, into *sum). New reference, NULL on out of memory. */
+json_t *oai_response_multi(const oai_req_t *q, oai_out_t *outs, const tdm_client_chunk_t **chs,
+                           oai_out_t *sum);
+
 /* Appends "data: {chunk with one choice}\n\n": the chat delta (consumed) or the completion's
  * text[text_len]; logprobs consumed (NULL = null); finish NULL = null. 0 or TDM_ERESOURCE. */
 int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
                     size_t text_len, json_t *logprobs, const char *finish);
+/* oai_emit_choice for the choice with this index. */
+int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t *delta,
+                       const char *text, size_t text_len, json_t *logprobs, const char *finish);
 
 /* The logprobs of ch's tokens in OpenAI's shape; NULL when the request asked for none. */
 json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);

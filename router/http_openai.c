@@ -152,14 +152,73 @@ static void make_id(char *buf, size_t cap, const char *prefix)
 
 /* ---- inputs ---- */
 
+/* Token ids of a prompt (a JSON array named name) into a new array *ids[*n]. */
+static int prompt_ids(parse_ctx_t *p, json_t *v, const char *name, int32_t **ids, size_t *n)
+{
+    *n = json_array_size(v);
+    if (*n == 0)
+        return oai_bad_field(p->err, p->param, p->param_cap, "prompt", "%s is an empty array",
+                             name);
+    *ids = calloc(*n, sizeof **ids);
+    if (!*ids)
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    for (size_t i = 0; i < *n; i++) {
+        json_t *e = json_array_get(v, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
+            return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
+                                 "%s[%zu] must be a token id (an integer >= 0)", name, i);
+        (*ids)[i] = (int32_t)json_integer_value(e);
+    }
+    return TDM_OK;
+}
+
+/* A list of prompts (strings or token-id arrays, 2..OAI_MAX_PROMPTS): one call each, answered
+ * as one response (choice p * n + j). The first is also q's own input. */
+static int parse_prompt_list(parse_ctx_t *p, oai_req_t *q, json_t *v)
+{
+    size_t n = json_array_size(v);
+    if (n > OAI_MAX_PROMPTS)
+        return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
+                             "prompt: a list of %zu prompts; at most %d (OAI_MAX_PROMPTS) per "
+                             "request",
+                             n, OAI_MAX_PROMPTS);
+    q->list_ids = calloc(n, sizeof *q->list_ids);
+    q->list_n_ids = calloc(n, sizeof *q->list_n_ids);
+    if (!q->list_ids || !q->list_n_ids)
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    q->n_prompts = n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, i);
+        char name[32];
+        snprintf(name, sizeof name, "prompt[%zu]", i);
+        if (json_is_array(e)) {
+            int rc = prompt_ids(p, e, name, &q->list_ids[i], &q->list_n_ids[i]);
+            if (rc != TDM_OK)
+                return rc;
+        } else if (!json_is_string(e)) {
+            return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
+                                 "%s must be a string or an array of token ids, got %s", name,
+                                 type_name(e));
+        }
+    }
+    return TDM_OK;
+}
+
 static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
 {
     json_t *v = field(p->root, "prompt");
+    q->n_prompts = 1;
     if (!v)
         return oai_bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is required");
-    if (json_is_array(v) && json_array_size(v) == 1 &&
+    if (json_is_array(v) && json_array_size(v) > 1 &&
+        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0)))) {
+        int rc = parse_prompt_list(p, q, v);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    if (json_is_array(v) && json_array_size(v) >= 1 &&
         (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
-        v = json_array_get(v, 0); /* [prompt] or [[ids]] */
+        v = json_array_get(v, 0); /* [prompt] or [[ids]], or a list's first */
     if (json_is_string(v)) {
         q->g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT;
         q->g.prompt = (char *)json_string_value(v);
@@ -170,25 +229,10 @@ static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
                              "prompt must be a string, an array of one string or an array of token "
                              "ids, got %s",
                              type_name(v));
-    size_t n = json_array_size(v);
-    if (n == 0)
-        return oai_bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is an empty array");
-    if (!json_is_integer(json_array_get(v, 0)))
-        return oai_bad_field(
-            p->err, p->param, p->param_cap, "prompt",
-            "prompt: batched prompts (an array of %zu) are not supported; send one "
-            "prompt per request",
-            n);
-    q->ids = calloc(n, sizeof *q->ids);
-    if (!q->ids)
-        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        json_t *e = json_array_get(v, i);
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-            return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
-                                 "prompt[%zu] must be a token id (an integer >= 0)", i);
-        q->ids[i] = (int32_t)json_integer_value(e);
-    }
+    size_t n;
+    int rc = prompt_ids(p, v, "prompt", &q->ids, &n);
+    if (rc != TDM_OK)
+        return rc;
     q->tokens.n_ids = n;
     q->tokens.ids = q->ids;
     q->g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
@@ -446,18 +490,48 @@ static int parse_logprobs(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* n (1..OAI_MAX_CHOICES) and completions' best_of (n..OAI_MAX_CHOICES; not with stream, as
+ * vLLM): best_of > n asks the router for the sampled tokens' logprobs to rank the candidates
+ * by. After parse_logprobs and oai_tools_parse. */
+static int parse_choices(parse_ctx_t *p, oai_req_t *q)
+{
+    long long n = 1, best = 0;
+    get_int(p, "n", LLONG_MIN, LLONG_MAX, &n);
+    if (q->kind == OAI_COMPLETION)
+        get_int(p, "best_of", LLONG_MIN, LLONG_MAX, &best);
+    if (p->rc)
+        return p->rc;
+    if (n < 1 || n > OAI_MAX_CHOICES)
+        return oai_bad_field(p->err, p->param, p->param_cap, "n",
+                             "n must be in [1, %d] (OAI_MAX_CHOICES), got %lld", OAI_MAX_CHOICES,
+                             n);
+    if (best == 0)
+        best = n;
+    if (best < n || best > OAI_MAX_CHOICES)
+        return oai_bad_field(p->err, p->param, p->param_cap, "best_of",
+                             "best_of must be in [n, %d] (n is %lld, OAI_MAX_CHOICES %d), got %lld",
+                             OAI_MAX_CHOICES, n, OAI_MAX_CHOICES, best);
+    if (best > n && q->stream)
+        return oai_bad_field(p->err, p->param, p->param_cap, "best_of",
+                             "best_of > n is not supported with stream: true (the best are known "
+                             "only at the end)");
+    if (n > 1 && q->tools.parse)
+        return oai_bad_field(p->err, p->param, p->param_cap, "n",
+                             "n > 1 is not supported together with tools");
+    q->n = (uint32_t)n;
+    q->best_of = (uint32_t)best;
+    if (best > n && !q->logprobs) {
+        q->sp.n_logprobs = 1; /* the sampled token's logprob, to rank by; not returned */
+        q->sp.set_mask |= TDM_PROTO_SET_N_LOGPROBS;
+    }
+    return TDM_OK;
+}
+
 /* Fields Tandem does not implement: refused when they ask for something, so a client never
  * gets a silently different answer. */
 static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
 {
-    json_t *v = field(p->root, "n");
-    if (v && (!json_is_integer(v) || json_integer_value(v) != 1))
-        return oai_bad_field(p->err, p->param, p->param_cap, "n",
-                             "n must be 1: Tandem returns one choice per request");
-    v = field(p->root, "best_of");
-    if (q->kind == OAI_COMPLETION && v && (!json_is_integer(v) || json_integer_value(v) != 1))
-        return oai_bad_field(p->err, p->param, p->param_cap, "best_of", "best_of must be 1");
-    v = field(p->root, "suffix");
+    json_t *v = field(p->root, "suffix");
     if (q->kind == OAI_COMPLETION && v && (!json_is_string(v) || json_string_length(v) > 0))
         return oai_bad_field(p->err, p->param, p->param_cap, "suffix", "suffix is not supported");
     if (q->kind == OAI_CHAT) {
@@ -504,6 +578,7 @@ static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error
     c->stream = q->g.stream;
     c->include_stop_str = q->g.include_stop_str;
     c->echo_token_text = q->g.echo_token_text;
+    c->n = q->best_of;
     return oai_tools_request(&q->tools, c, param, param_cap, err);
 }
 
@@ -563,6 +638,9 @@ static int parse_echo(parse_ctx_t *p, oai_req_t *q)
         return p->rc;
     if (echo && q->g.input_case != TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT)
         return oai_bad_field(p->err, p->param, p->param_cap, "echo", "echo needs a text prompt");
+    if (echo && q->n_prompts > 1)
+        return oai_bad_field(p->err, p->param, p->param_cap, "echo",
+                             "echo with a list of prompts is not supported");
     if (echo && q->logprobs)
         return oai_bad_field(p->err, p->param, p->param_cap, "echo",
                              "echo with logprobs is not supported (no prompt logprobs)");
@@ -621,12 +699,14 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
     tandem__v1__chat_list__init(&q->chat);
     tandem__v1__token_list__init(&q->tokens);
     q->g.sampling = &q->sp;
+    q->n_prompts = 1;
     int rc = parse_body(body, len, q, param, param_cap, err);
     parse_ctx_t p = {q->root, err, param, param_cap, 0};
     if (rc != TDM_OK || (rc = parse_identity(&p, q, served)) != TDM_OK ||
         (rc = refuse_unsupported(&p, q)) != TDM_OK || (rc = parse_stream(&p, q)) != TDM_OK ||
         (rc = parse_max_tokens(&p, q)) != TDM_OK || (rc = parse_sampling(&p, q)) != TDM_OK ||
         (rc = parse_stop(&p, q)) != TDM_OK || (rc = parse_logprobs(&p, q)) != TDM_OK ||
+        (rc = parse_choices(&p, q)) != TDM_OK ||
         (rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q)) != TDM_OK ||
         (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
         (rc = client_request(q, param, param_cap, err)) != TDM_OK ||
@@ -652,11 +732,53 @@ void oai_req_clear(oai_req_t *q)
     free(q->stop_ids);
     free(q->bias);
     free(q->cmsgs);
+    for (size_t i = 0; q->list_ids && i < q->n_prompts; i++)
+        free(q->list_ids[i]);
+    free(q->list_ids);
+    free(q->list_n_ids);
+    free(q->list_rids);
+    if (q->creqs != &q->creq)
+        free(q->creqs);
     oai_tools_clear(&q->tools);
     free(q->constraint_text);
     if (q->root)
         json_decref(q->root);
     memset(q, 0, sizeof *q);
+}
+
+int oai_prompt_requests(oai_req_t *q)
+{
+    if (q->n_prompts <= 1) {
+        q->creqs = &q->creq;
+        return TDM_OK;
+    }
+    q->creqs = calloc(q->n_prompts, sizeof *q->creqs);
+    q->list_rids = calloc(q->n_prompts, sizeof *q->list_rids);
+    if (!q->creqs || !q->list_rids)
+        return TDM_ERESOURCE;
+    json_t *list = json_object_get(q->root, "prompt");
+    const char *id = q->creq.request_id ? q->creq.request_id : "";
+    for (size_t i = 0; i < q->n_prompts; i++) {
+        tdm_client_request_t *c = &q->creqs[i];
+        *c = q->creq;
+        json_t *e = json_array_get(list, i);
+        c->prompt = json_is_string(e) ? json_string_value(e) : NULL;
+        c->token_ids = q->list_ids[i];
+        c->n_token_ids = q->list_n_ids[i];
+        if (i > 0) {
+            snprintf(q->list_rids[i], sizeof q->list_rids[i], "%.*s-%zu",
+                     (int)(TDM_REQUEST_ID_MAX - 4), id, i);
+            c->request_id = q->list_rids[i];
+        }
+    }
+    return TDM_OK;
+}
+
+void oai_req_unref(void *q)
+{
+    oai_req_t *r = q;
+    if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        oai_req_destroy(q);
 }
 
 void oai_req_destroy(void *q)
@@ -799,8 +921,14 @@ static json_t *chunk_base(const oai_req_t *q)
 int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
                     size_t text_len, json_t *logprobs, const char *finish)
 {
+    return oai_emit_choice_at(q, 0, b, delta, text, text_len, logprobs, finish);
+}
+
+int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t *delta,
+                       const char *text, size_t text_len, json_t *logprobs, const char *finish)
+{
     json_t *c = chunk_base(q);
-    json_t *choice = json_pack("{s:i}", "index", 0);
+    json_t *choice = json_pack("{s:i}", "index", (int)index);
     if (!c || !choice) {
         json_decref(c);
         json_decref(choice);
@@ -830,10 +958,11 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
     if (!o->started) {
         o->started = true;
         if (q->kind == OAI_CHAT)
-            rc = oai_emit_choice(q, b, json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
-                                 NULL, 0, NULL, NULL);
+            rc = oai_emit_choice_at(q, o->index, b,
+                                    json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
+                                    NULL, 0, NULL, NULL);
         else if (q->echo)
-            rc = oai_emit_choice(q, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
+            rc = oai_emit_choice_at(q, o->index, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
     }
     bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
     if (rc == TDM_OK && q->tools.parse) {
@@ -841,18 +970,18 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
     } else if (rc == TDM_OK && has_content) {
         json_t *lp = oai_logprobs_json(q, o, ch);
         if (q->kind == OAI_CHAT)
-            rc = oai_emit_choice(
-                q, b, json_pack("{s:o}", "content", str_utf8(ch->text, strlen(ch->text))), NULL, 0,
-                lp, NULL);
+            rc = oai_emit_choice_at(
+                q, o->index, b, json_pack("{s:o}", "content", str_utf8(ch->text, strlen(ch->text))),
+                NULL, 0, lp, NULL);
         else
-            rc = oai_emit_choice(q, b, NULL, ch->text, strlen(ch->text), lp, NULL);
+            rc = oai_emit_choice_at(q, o->index, b, NULL, ch->text, strlen(ch->text), lp, NULL);
     }
     if (rc == TDM_OK && ch->finish_reason != TDM_CLIENT_FINISH_NONE && !o->finished) {
         o->finished = true;
         take_final(o, ch);
         const char *tools_finish = oai_tools_finish(o, ch->finish_reason);
-        rc = oai_emit_choice(q, b, NULL, "", 0, NULL,
-                             tools_finish ? tools_finish : finish_name(ch->finish_reason));
+        rc = oai_emit_choice_at(q, o->index, b, NULL, "", 0, NULL,
+                                tools_finish ? tools_finish : finish_name(ch->finish_reason));
     }
     return rc;
 }
@@ -889,18 +1018,21 @@ int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *messag
     return rc;
 }
 
-json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
+/* The response object without choices and usage; NULL on out of memory. */
+static json_t *response_base(const oai_req_t *q)
 {
-    take_final(o, ch);
-    json_t *choice = json_pack("{s:i}", "index", 0);
-    json_t *r = json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
-                          q->kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
-                          (json_int_t)q->created, "model", http_json_str(q->model));
-    if (!choice || !r) {
-        json_decref(choice);
-        json_decref(r);
+    return json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
+                     q->kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
+                     (json_int_t)q->created, "model", http_json_str(q->model));
+}
+
+/* One choice of a non-streaming answer from its whole chunk ch, as choice `index`. */
+static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
+                           uint32_t index)
+{
+    json_t *choice = json_pack("{s:i}", "index", (int)index);
+    if (!choice)
         return NULL;
-    }
     json_t *lp = oai_logprobs_json(q, o, ch);
     size_t n_calls = 0;
     if (q->kind == OAI_CHAT && q->tools.parse) {
@@ -921,7 +1053,97 @@ json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t 
     bool called = n_calls > 0 && ch->finish_reason == TDM_CLIENT_FINISH_STOP;
     json_object_set_new(choice, "finish_reason",
                         json_string(called ? "tool_calls" : finish_name(ch->finish_reason)));
+    return choice;
+}
+
+json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
+{
+    take_final(o, ch);
+    json_t *r = response_base(q);
+    json_t *choice = r ? choice_json(q, o, ch, 0) : NULL;
+    if (!choice) {
+        json_decref(r);
+        return NULL;
+    }
     json_object_set_new(r, "choices", json_pack("[o]", choice));
     json_object_set_new(r, "usage", usage_json(o));
+    return r;
+}
+
+void oai_usage_sum(const oai_req_t *q, const oai_out_t *outs, oai_out_t *sum)
+{
+    sum->prompt_tokens = sum->completion_tokens = sum->cached_tokens = 0;
+    for (size_t i = 0; i < oai_candidates(q); i++) {
+        const oai_out_t *o = &outs[i];
+        sum->completion_tokens += o->completion_tokens;
+        if (i % q->best_of == 0) { /* the prompt's choices share its prefill */
+            sum->prompt_tokens += o->prompt_tokens;
+            sum->cached_tokens += o->cached_tokens;
+        }
+    }
+    sum->ttft_s = outs[0].ttft_s;
+    sum->tpot_s = outs[0].tpot_s;
+    sum->finish_reason = outs[0].finish_reason;
+}
+
+/* The sum of ch's sampled-token logprobs: best_of's ranking. */
+static double cumulative_logprob(const tdm_client_chunk_t *ch)
+{
+    double s = 0;
+    for (size_t i = 0; i < ch->n_logprobs; i++)
+        s += ch->logprobs[i];
+    return s;
+}
+
+/* order[n] := the n best of prompt p's candidates (indices into chs), highest cumulative
+ * logprob first; candidate order when best_of == n. */
+static void pick_best(const oai_req_t *q, size_t p, const tdm_client_chunk_t **chs, size_t *order)
+{
+    size_t base = p * q->best_of;
+    bool taken[OAI_MAX_CHOICES] = {false};
+    for (uint32_t j = 0; j < q->n; j++) {
+        size_t best = SIZE_MAX;
+        for (uint32_t k = 0; k < q->best_of; k++) {
+            if (taken[k])
+                continue;
+            if (q->best_of == q->n || best == SIZE_MAX ||
+                cumulative_logprob(chs[base + k]) > cumulative_logprob(chs[base + best])) {
+                best = k;
+                if (q->best_of == q->n)
+                    break;
+            }
+        }
+        taken[best] = true;
+        order[j] = base + best;
+    }
+}
+
+json_t *oai_response_multi(const oai_req_t *q, oai_out_t *outs, const tdm_client_chunk_t **chs,
+                           oai_out_t *sum)
+{
+    for (size_t i = 0; i < oai_candidates(q); i++)
+        take_final(&outs[i], chs[i]);
+    oai_usage_sum(q, outs, sum);
+    json_t *r = response_base(q);
+    json_t *choices = json_array();
+    if (!r || !choices) {
+        json_decref(r);
+        json_decref(choices);
+        return NULL;
+    }
+    for (size_t p = 0; p < q->n_prompts; p++) {
+        size_t order[OAI_MAX_CHOICES];
+        pick_best(q, p, chs, order);
+        for (uint32_t j = 0; j < q->n; j++) {
+            json_t *c = choice_json(q, &outs[order[j]], chs[order[j]], (uint32_t)p * q->n + j);
+            if (!c || json_array_append_new(choices, c) != 0) {
+                json_decref(r);
+                json_decref(choices);
+                return NULL;
+            }
+        }
+    }
+    json_object_set_new(r, "choices", choices);
+    json_object_set_new(r, "usage", usage_json(sum));
     return r;
 }

@@ -207,6 +207,15 @@ void rt_metrics_iterations(tdm_router_t *r, rt_node_t *n, const Tandem__V1__Hear
     }
 }
 
+/* One histogram over the first n of bound (at most TDM_ROUTER_HIST_BUCKETS - 1; what lies
+ * above bound[n - 1] falls in +Inf); NULL on out of memory. */
+static Tandem__V1__MetricFamily *histogram_over_n(mb_t *b, const char *name, const char *help,
+                                                  const tdm_router_hist_t *h, const double *bound,
+                                                  size_t n)
+{
+    return histogram_counts(b, name, help, bound, n, h->buckets, h->count, h->sum);
+}
+
 /* One histogram in seconds over tdm_router_hist_bounds. */
 static void histogram(mb_t *b, const char *name, const char *help, const tdm_router_hist_t *h)
 {
@@ -445,6 +454,10 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
     histogram_over(b, "tandem_request_generation_tokens",
                    "Output tokens of each completed request.", &m->generation_len,
                    tdm_router_token_bounds());
+    histogram_over(b, "tandem_request_max_generation_tokens",
+                   "The most output tokens of any choice of each completed call (n > 1: the "
+                   "longest choice).",
+                   &m->max_generation_len, tdm_router_token_bounds());
     histogram_over(b, "tandem_request_preemptions",
                    "Times each completed request was preempted on its decode node.",
                    &m->preemptions_per_request, tdm_router_token_bounds());
@@ -452,6 +465,12 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
                          "Tokens (rows) per forward pass over every node, prompt chunks and decode "
                          "steps alike (from the nodes' heartbeats).",
                          m);
+    histogram_over_n(b, "tandem_request_params_n",
+                     "Choices (n) of each accepted GENERATE call; each choice is a request.",
+                     &m->params_n, tdm_router_token_bounds(), 5);
+    histogram_over(b, "tandem_request_params_max_tokens",
+                   "max_tokens of each accepted GENERATE call, as the router resolved it.",
+                   &m->params_max_tokens, tdm_router_token_bounds());
     counter(b, "tandem_preemptions_total",
             "Preemptions of completed requests on their decode nodes (a sequence set aside for "
             "lack of KV blocks and resumed later).",
@@ -631,12 +650,18 @@ static void hlabel(mb_t *b, Tandem__V1__MetricFamily *f, const char *name, const
     l->value = mb_strdup(b, value);
 }
 
+static void vhist_n(vctx_t *v, const char *name, const char *help, const tdm_router_hist_t *h,
+                    const double *bounds, size_t n)
+{
+    Tandem__V1__MetricFamily *f = histogram_over_n(v->b, name, help, h, bounds, n);
+    hlabel(v->b, f, "model_name", v->model);
+    hlabel(v->b, f, "engine", "0");
+}
+
 static void vhist(vctx_t *v, const char *name, const char *help, const tdm_router_hist_t *h,
                   const double *bounds)
 {
-    Tandem__V1__MetricFamily *f = histogram_over(v->b, name, help, h, bounds);
-    hlabel(v->b, f, "model_name", v->model);
-    hlabel(v->b, f, "engine", "0");
+    vhist_n(v, name, help, h, bounds, TDM_ROUTER_HIST_BUCKETS - 1);
 }
 
 /* A per-node family labelled {model_name, engine=node id} over the nodes of set (UP or
@@ -771,6 +796,9 @@ static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
           tok);
     vhist(v, "vllm:request_generation_tokens", "Number of generation tokens processed.",
           &m->generation_len, tok);
+    vhist(v, "vllm:request_max_num_generation_tokens",
+          "Histogram of maximum number of requested generation tokens.", &m->max_generation_len,
+          tok);
     vhist(v, "vllm:request_num_preemptions",
           "Histogram of the number of times a request was preempted.", &m->preemptions_per_request,
           tok);
@@ -778,6 +806,11 @@ static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
         v->b, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m);
     hlabel(v->b, f, "model_name", v->model);
     hlabel(v->b, f, "engine", "0");
+    /* vLLM's REQUEST_PARAMS_N_BUCKETS (1, 2, 5, 10, 20) are the first five token bounds */
+    vhist_n(v, "vllm:request_params_n", "Histogram of the n request parameter.", &m->params_n, tok,
+            5);
+    vhist(v, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+          &m->params_max_tokens, tok);
 }
 
 static void render_vllm(mb_t *b, const tdm_router_t *r)

@@ -406,6 +406,7 @@ static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
     n->registered = true;
     n->up = true;
     n->instance_id = m->instance_id;
+    n->proto_minor = f->version_major == TDM_PROTOCOL_MAJOR ? f->version_minor : 0;
     node_seen(r, n);
     n->kv_blocks_total = m->kv_blocks_total;
     n->max_running = m->max_running;

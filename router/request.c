@@ -155,6 +155,35 @@ rt_req_t *rt_req_for_event(tdm_router_t *r, const rt_node_t *n, const char *id, 
     return q;
 }
 
+/* ---- the choices of one call (n > 1) ---- */
+
+static void group_unref(rt_group_t *g)
+{
+    if (--g->refs == 0)
+        free(g);
+}
+
+/* Ends every sibling of q (not q): NodeCancel to their nodes, for a failure (fail) the error
+ * chunk a stream gets, counted with status, freed; the caller ends q and sends the call's one
+ * END. */
+static void group_end_siblings(tdm_router_t *r, rt_req_t *q, int status, bool fail)
+{
+    rt_group_t *g = q->group;
+    for (uint32_t i = 0; g && i < g->n; i++) {
+        rt_req_t *s = g->kids[i];
+        if (!s || s == q)
+            continue;
+        rt_release_nodes(r, s, status);
+        if (fail)
+            rt_stream_fail(r, s);
+        rt_count_end(r, status,
+                     fail ? TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR
+                          : TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
+        rt_req_free(r, s);
+        r->sibling_frees++;
+    }
+}
+
 /* ---- ending requests ---- */
 
 int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
@@ -187,6 +216,11 @@ void rt_req_free(tdm_router_t *r, rt_req_t *q)
     free(q->stop);
     free(q->tried);
     rt_stream_free(q);
+    if (q->group) {
+        q->group->kids[q->choice] = NULL;
+        q->group->n_live--;
+        group_unref(q->group);
+    }
     free(q);
 }
 
@@ -199,6 +233,7 @@ static void req_fail_with(tdm_router_t *r, rt_req_t *q, int status, bool cancel_
     tdm_log_write(&r->log, TDM_LOG_WARN, q->id, kv, "request failed: %s", msg);
     if (cancel_nodes)
         rt_release_nodes(r, q, status);
+    group_end_siblings(r, q, status, true);
     rt_stream_fail(r, q);
     rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, body);
     rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
@@ -219,6 +254,7 @@ void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, co
 void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why)
 {
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "request dropped: %s", why);
+    group_end_siblings(r, q, TDM_ECANCELLED, false);
     rt_release_nodes(r, q, TDM_ECANCELLED);
     rt_count_end(r, TDM_ECANCELLED, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
     rt_req_free(r, q);
@@ -266,6 +302,7 @@ void rt_req_shutdown_all(tdm_router_t *r)
     tdm_list_t *l;
     while ((l = tdm_list_first(&r->requests))) {
         rt_req_t *q = TDM_LIST_ENTRY(l, rt_req_t, all_link);
+        group_end_siblings(r, q, TDM_EUNAVAILABLE, true);
         rt_release_nodes(r, q, TDM_EUNAVAILABLE);
         rt_stream_fail(r, q);
         rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_EUNAVAILABLE, "router shutting down",
@@ -735,6 +772,35 @@ static int constraint_build(const Tandem__V1__GenerateRequest *g, rt_req_t *q, r
     return rc == TDM_OK ? rc : at_field(why, rc, "constraint");
 }
 
+/* n and best_of: n in [1, RT_MAX_CHOICES] (0 = 1), best_of in [n, RT_MAX_CHOICES] (0 = n). The
+ * router streams every choice it makes, so best_of > n (pick the n best of best_of) is the HTTP
+ * API's: refused here with the way to do it. */
+static int choices_check(const Tandem__V1__GenerateRequest *g, refusal_t *why, tdm_error_t *err)
+{
+    uint32_t n = g->n ? g->n : 1;
+    if (n > RT_MAX_CHOICES)
+        return at_field(why,
+                        tdm_error_set(err, TDM_EINVALID, "n must be in [1, %d], got %" PRIu32,
+                                      RT_MAX_CHOICES, g->n),
+                        "n");
+    if (g->best_of && (g->best_of < n || g->best_of > RT_MAX_CHOICES))
+        return at_field(why,
+                        tdm_error_set(err, TDM_EINVALID,
+                                      "best_of must be in [n, %d] (n is %" PRIu32 "), got %" PRIu32,
+                                      RT_MAX_CHOICES, n, g->best_of),
+                        "best_of");
+    if (g->best_of > n)
+        return at_field(why,
+                        tdm_error_set(err, TDM_EINVALID,
+                                      "best_of > n is not served by the native API (it streams "
+                                      "every choice): ask n = %" PRIu32
+                                      " with sampling.n_logprobs >= 1 and keep the %" PRIu32
+                                      " with the highest sum of logprobs, as the HTTP API does",
+                                      g->best_of, n),
+                        "best_of");
+    return TDM_OK;
+}
+
 /* Validates g and fills q. Returns 0 or the status with *err saying why and *why naming the
  * field. */
 static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, size_t id_wire_len,
@@ -756,7 +822,7 @@ static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, 
                                       "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
                                       g->max_tokens),
                         "max_tokens");
-    if ((rc = stop_copy(g, q, why, err)) != TDM_OK ||
+    if ((rc = choices_check(g, why, err)) != TDM_OK || (rc = stop_copy(g, q, why, err)) != TDM_OK ||
         (rc = sampling_build(r, g, q, why, err)) != TDM_OK ||
         (rc = tokenize_input(r, g, q, why, err)) != TDM_OK ||
         (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK ||
@@ -899,6 +965,88 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
     }
 }
 
+/* A copy of q (validated, in the table) for choice i of its call: seed + i, not in the table.
+ * NULL on out of memory. */
+static rt_req_t *req_clone(const tdm_router_t *r, const rt_req_t *q, uint32_t i)
+{
+    rt_req_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    memcpy(c->id, q->id, sizeof c->id);
+    memcpy(c->peer, q->peer, q->peer_len);
+    c->peer_len = q->peer_len;
+    c->call_id = q->call_id;
+    c->stream = q->stream;
+    c->include_stop_str = q->include_stop_str;
+    c->echo = q->echo;
+    c->sp = q->sp;
+    c->sp.seed = q->sp.seed + i;
+    c->deadline_ms = q->deadline_ms;
+    c->t_arrival = q->t_arrival;
+    c->gbnf_hash = q->gbnf_hash;
+    c->choice = i;
+    tdm_detok_init(&c->detok, r->tok, false);
+    size_t nn = r->n_nodes ? r->n_nodes : 1;
+    bool ok = (c->prompt = malloc((size_t)q->n_prompt * sizeof *c->prompt)) != NULL &&
+              (!q->gbnf || (c->gbnf = tdm_strdup(q->gbnf)) != NULL) &&
+              (!q->n_stop || (c->stop = calloc(q->n_stop, sizeof *c->stop)) != NULL) &&
+              (c->tried = calloc(2 * nn, sizeof *c->tried)) != NULL;
+    if (ok)
+        memcpy(c->prompt, q->prompt, (size_t)q->n_prompt * sizeof *c->prompt);
+    c->n_prompt = q->n_prompt;
+    for (size_t k = 0; ok && k < q->n_stop; k++, c->n_stop++)
+        ok = (c->stop[k] = tdm_strdup(q->stop[k])) != NULL;
+    if (!ok) {
+        req_discard(c);
+        return NULL;
+    }
+    c->timed_out = c->tried + nn;
+    return c;
+}
+
+/* Makes q (in the table) choice 0 of n and enters choices 1..n-1 into the table. On out of
+ * memory returns TDM_ERESOURCE with the choices made so far in q->group (possibly none). */
+static int group_spawn(tdm_router_t *r, rt_req_t *q, uint32_t n)
+{
+    rt_group_t *g = calloc(1, sizeof *g);
+    if (!g)
+        return TDM_ERESOURCE;
+    g->n = n;
+    g->kids[0] = q;
+    g->n_live = 1;
+    g->refs = 2; /* q, and the intake's hold */
+    q->group = g;
+    for (uint32_t i = 1; i < n; i++) {
+        rt_req_t *c = req_clone(r, q, i);
+        if (!c || !hash_insert(r, c)) {
+            req_discard(c);
+            return TDM_ERESOURCE;
+        }
+        c->group = g;
+        g->kids[i] = c;
+        g->n_live++;
+        g->refs++;
+    }
+    return TDM_OK;
+}
+
+/* The n choices of q's call, each admitted as a request of its own (choice 0 first, so the
+ * others find its decode node to fork on); one refused ends them all. */
+static void group_admit(tdm_router_t *r, rt_req_t *q, uint32_t n)
+{
+    int rc = group_spawn(r, q, n);
+    rt_group_t *g = q->group;
+    if (rc != TDM_OK) {
+        rt_req_fail(r, q, TDM_ERESOURCE, false, "router out of memory");
+    } else {
+        for (uint32_t i = 0; i < n; i++)
+            if (g->kids[i])
+                req_admit(r, g->kids[i]);
+    }
+    if (g)
+        group_unref(g);
+}
+
 void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
 {
     r->metrics.requests_total++;
@@ -917,6 +1065,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
         return;
     }
     rt_req_t *q = req_from_call(r, f, g, now, now_ms);
+    uint32_t n_choices = g->n > 1 ? g->n : 1;
     protobuf_c_message_free_unpacked(&g->base, NULL);
     if (!q)
         return;
@@ -929,8 +1078,14 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     r->metrics.prompt_tokens += q->n_prompt;
     char kv[200];
     snprintf(kv, sizeof kv,
-             "prompt_tokens=%" PRIu32 " max_tokens=%" PRId32 " stream=%s stop_strings=%zu",
-             q->n_prompt, q->sp.max_tokens, q->stream ? "true" : "false", q->n_stop);
+             "prompt_tokens=%" PRIu32 " max_tokens=%" PRId32
+             " stream=%s stop_strings=%zu n=%" PRIu32,
+             q->n_prompt, q->sp.max_tokens, q->stream ? "true" : "false", q->n_stop, n_choices);
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request accepted");
-    req_admit(r, q);
+    rt_hist_observe_count(&r->metrics.params_n, n_choices);
+    rt_hist_observe_count(&r->metrics.params_max_tokens, (uint32_t)q->sp.max_tokens);
+    if (n_choices > 1)
+        group_admit(r, q, n_choices);
+    else
+        req_admit(r, q);
 }

@@ -111,6 +111,9 @@ typedef struct tdm_router_metrics {
     tdm_router_hist_t inference;
     tdm_router_hist_t prompt_len;
     tdm_router_hist_t generation_len;
+    /* Per completed call: the most output tokens of its choices (its only one's for n = 1),
+     * observed when the last choice completes (vLLM's request_max_num_generation_tokens). */
+    tdm_router_hist_t max_generation_len;
     tdm_router_hist_t preemptions_per_request;
     uint64_t preemptions; /* sum of Finished.preemptions */
     /* Tokens per forward pass, over every node instance that reported them in heartbeats
@@ -119,6 +122,10 @@ typedef struct tdm_router_metrics {
      * away keeps what it had reported. */
     uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];
     uint64_t iteration_tokens;
+    /* Accepted GENERATE calls, over tdm_router_token_bounds: their n (choices) and their
+     * max_tokens as the router resolved it (vLLM's request_params_n and _max_tokens). */
+    tdm_router_hist_t params_n;
+    tdm_router_hist_t params_max_tokens;
 } tdm_router_metrics_t;
 
 /* Upper bounds of the token-count histograms (1, 2, 5, 10, ... 50000, like vLLM's 1-2-5

@@ -43,6 +43,24 @@
 
 typedef struct rt_req rt_req_t;
 
+/* Most choices one GENERATE call may ask for (GenerateRequest.n, and best_of on the HTTP API):
+ * vLLM has no limit; this one keeps a call's fan-out bounded. */
+#define RT_MAX_CHOICES 16
+
+/* The choices of one GENERATE call with n > 1 (request.c): n sibling requests, each a whole
+ * request of its own (attempt, detokenizer, stop strings, finish, usage) with seed + i. Choice
+ * 0 is dispatched as any request; the others ask the decode node choice 0 runs on to fork its
+ * sequence (DecodeReserve.fork_of: one prefill, the prompt blocks shared by reference), and
+ * run on their own (their own prefill) when that is not possible. The call's END comes once
+ * every choice completed; one choice failing fails the call and ends its siblings. */
+typedef struct rt_group {
+    rt_req_t *kids[RT_MAX_CHOICES]; /* [n] choice i's request; NULL once it ended */
+    uint32_t n;
+    uint32_t n_live; /* choices not ended yet */
+    uint32_t refs;   /* n_live, + 1 while the intake still walks kids */
+    uint32_t max_generated; /* the most output tokens of a choice completed so far (stream.c) */
+} rt_group_t;
+
 /* A DecodeReserve awaiting its END (scheduler.c). req is NULL once the request went away (its
  * NodeCancel was sent then); the entry stays until the reply so the reserved blocks are
  * accounted. */
@@ -86,6 +104,7 @@ typedef struct rt_node {
     bool suspect;         /* up, but silent for more than the heartbeat timeout: no new work is
                              dispatched to it, its running work continues; any message clears it */
     uint64_t instance_id; /* the registered instance (FrameHeader.instance_id) */
+    uint32_t proto_minor; /* its protocol minor version (a decode node forks from 1.7 on) */
     uint8_t peer[TDM_NET_PEER_MAX]; /* routing id of the registered instance's connection:
                                        only messages from it are this node's */
     size_t peer_len;
@@ -174,8 +193,12 @@ struct rt_req {
     char *gbnf;           /* structured output: the compiled constraint (NUL-terminated heap
                              text, tdm_constraint_compile) sent to the nodes; NULL: free text */
     uint64_t gbnf_hash;   /* tdm_constraint_hash of gbnf */
+    rt_group_t *group;    /* n > 1: the call's choices (request.c); NULL: a call of one */
+    uint32_t choice;      /* this request's index in group (GenerateChunk.choice) */
     /* scheduling (scheduler.c) */
     rt_state_t state;
+    bool fork;    /* the current attempt forks choice 0's sequence (DecodeReserve.fork_of) */
+    bool no_fork; /* a fork failed or was refused: dispatched on its own from now on */
     rt_node_t *decode, *prefill; /* current assignment; prefill NULL: none or local */
     bool local_prefill;
     uint32_t n_blocks; /* prompt blocks the reservation asks for */
@@ -276,6 +299,8 @@ struct tdm_router {
     rt_index_t by_call;  /* by (client routing id, call id) */
     rt_heap_t deadlines; /* by deadline_ms, earliest first */
     size_t n_reqs;
+    uint64_t sibling_frees; /* requests freed because a sibling failed or was dropped (request.c):
+                               a loop over requests that may fail one restarts when it moves */
     /* counters: each written by the file that sees the event */
     tdm_router_metrics_t metrics;
 };

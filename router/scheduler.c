@@ -424,12 +424,29 @@ static Tandem__V1__Constraint *constraint_of(const rt_req_t *q, Tandem__V1__Cons
     return c;
 }
 
-/* Sends DecodeReserve for q (need blocks) to n under a new attempt. Returns 0 when sent (q is
- * RESERVING on n), 1 when it could not be sent (try another node), TDM_ERESOURCE with r->err
- * set on out of memory. */
-static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
+/* q is RESERVING on n under attempt (DecodeReserve call `call`, need blocks). */
+static void attempt_begin(rt_req_t *q, rt_node_t *n, uint64_t attempt, uint64_t call, uint32_t need,
+                          bool local, uint64_t fork_of)
 {
-    bool local = !any_prefill_up(r);
+    q->attempt_id = attempt;
+    q->resume_index = q->next_index;
+    q->kv_transfer_s = 0; /* measured again for this attempt */
+    q->decode = n;
+    q->prefill = NULL;
+    q->state = RT_RESERVING;
+    q->local_prefill = local;
+    q->fork = fork_of != 0;
+    q->n_blocks = need;
+    q->reserve_call = call;
+}
+
+/* Sends DecodeReserve for q (need blocks) to n under a new attempt; fork_of: the attempt of
+ * choice 0 whose sequence on n q forks (no prefill: the decode node makes q's first token, as
+ * for a local prefill), 0 for none. Returns 0 when sent (q is RESERVING on n), 1 when it could
+ * not be sent (try another node), TDM_ERESOURCE with r->err set on out of memory. */
+static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need, uint64_t fork_of)
+{
+    bool local = fork_of || !any_prefill_up(r);
     tdm_proto_sampling_t sp;
     tdm_proto_sampling_to(&q->sp, &sp);
     uint64_t attempt = next_attempt(r);
@@ -442,7 +459,8 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     m.output_tokens = q->next_index ? q->output : NULL;
     m.sampling = &sp.m;
     m.max_tokens = q->sp.max_tokens;
-    m.local_prefill = local;
+    m.local_prefill = local && !fork_of;
+    m.fork_of = fork_of;
     m.deadline_unix_ms = q->deadline_ms;
     Tandem__V1__Constraint c;
     m.constraint = constraint_of(q, &c);
@@ -470,24 +488,42 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need)
     }
     n->pending[n->n_pending++] = (rt_pending_t){call, need, q, attempt, tdm_time_now()};
     n->reserved_pending += need;
-    q->attempt_id = attempt;
-    q->resume_index = q->next_index;
-    q->kv_transfer_s = 0; /* measured again for this attempt */
-    q->decode = n;
-    q->prefill = NULL;
-    q->state = RT_RESERVING;
-    q->local_prefill = local;
-    q->n_blocks = need;
-    q->reserve_call = call;
+    attempt_begin(q, n, attempt, call, need, local, fork_of);
     char kv[160];
-    snprintf(kv, sizeof kv, "decode=%s blocks=%" PRIu32 " local_prefill=%s attempt=%016" PRIx64,
-             n->cfg->id, need, local ? "true" : "false", attempt);
+    snprintf(kv, sizeof kv,
+             "decode=%s blocks=%" PRIu32 " local_prefill=%s attempt=%016" PRIx64
+             " fork_of=%016" PRIx64,
+             n->cfg->id, need, local ? "true" : "false", attempt, fork_of);
     tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "reserve sent");
     return 0;
 }
 
+/* A choice > 0 of n > 1 that has not run yet: a fork of choice 0's sequence on choice 0's
+ * decode node while choice 0 holds its first attempt there (reserving or running). Returns
+ * reserve_on's code, or 1 when q cannot fork (dispatched on its own then). */
+static int dispatch_fork(tdm_router_t *r, rt_req_t *q)
+{
+    const rt_req_t *p = q->group->kids[0];
+    if (q->no_fork || q->next_index > 0 || !p || !p->decode || p->state == RT_QUEUED ||
+        p->resume_index > 0 || p->redispatches > 0 || p->fork || p->decode->proto_minor < 7 ||
+        !rt_node_dispatchable(p->decode) || q->tried[p->decode->index])
+        return 1;
+    /* its own blocks: the one holding the last prompt position, and the output after it */
+    uint32_t need =
+        (q->n_prompt + 1 + r->block_size - 1) / r->block_size - (q->n_prompt - 1) / r->block_size;
+    int rc = reserve_on(r, q, p->decode, need, p->attempt_id);
+    if (rc == 1)
+        q->no_fork = true;
+    return rc;
+}
+
 int rt_dispatch(tdm_router_t *r, rt_req_t *q)
 {
+    if (q->group && q->choice > 0) {
+        int rc = dispatch_fork(r, q);
+        if (rc != 1)
+            return rc;
+    }
     /* the prompt, the output delivered (a migrated request resumes after it) and the next
      * output token */
     uint32_t need = (q->n_prompt + q->next_index + 1 + r->block_size - 1) / r->block_size;
@@ -504,7 +540,7 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
                                      max_total);
             return 1;
         }
-        int rc = reserve_on(r, q, best, need);
+        int rc = reserve_on(r, q, best, need, 0);
         if (rc != 1)
             return rc;
         q->tried[best->index] = true;
@@ -553,6 +589,10 @@ static bool redispatch_avoiding(tdm_router_t *r, rt_req_t *q, bool count, int st
         tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "re-dispatching: %s", why);
     }
     rt_release_nodes(r, q, TDM_ECANCELLED);
+    if (q->fork) { /* its sibling is gone or could not be forked: it runs on its own now */
+        q->fork = false;
+        q->no_fork = true;
+    }
     q->n_buf = 0;
     q->finished = false;
     q->decode_started = false;
@@ -751,6 +791,17 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         return;
     q->decode = NULL;
     q->state = RT_QUEUED;
+    if (q->fork) { /* the decode node could not fork it: it runs on its own */
+        q->fork = false;
+        q->no_fork = true;
+        q->tried[n->index] = false; /* which does not rule n out */
+        int rc = rt_dispatch(r, q);
+        if (rc == 1)
+            rt_queue_push(r, q, true);
+        else if (rc < 0)
+            rt_req_fail(r, q, rc, false, "%s", r->err.msg);
+        return;
+    }
     if (f->status == TDM_ERESOURCE || f->status == TDM_EUNAVAILABLE || f->status == TDM_EDEADLINE)
         reserve_refused(r, n, f, q);
     else
@@ -829,14 +880,18 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 static void fail_rerun_waiting(tdm_router_t *r, const rt_node_t *n, const char *reason)
 {
     tdm_list_t *pos, *tmp;
+restart:
     TDM_LIST_FOR_EACH_SAFE(pos, tmp, &r->queue)
     {
         rt_req_t *q = TDM_LIST_ENTRY(pos, rt_req_t, queue_link);
+        uint64_t frees = r->sibling_frees;
         if (q->t_dispatch > 0)
             rt_req_fail(r, q, TDM_EUNAVAILABLE, true,
                         "decode node '%s' is down (%s); no decode node is up to run the request "
                         "again",
                         n->cfg->id, reason);
+        if (r->sibling_frees != frees)
+            goto restart; /* siblings went with it: tmp may be gone (a failed one is) */
     }
 }
 
@@ -850,10 +905,13 @@ void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
     n->reserved_pending = n->reserved_acked = 0;
     n->tokens_since_hb = 0;
     tdm_list_t *pos, *tmp;
-    /* a re-dispatch or a failure frees nothing but its own request */
+    /* a re-dispatch or a failure frees its own request, and the siblings of a failed choice
+     * of n > 1: then the walk starts again (what was handled no longer matches) */
+restart:
     TDM_LIST_FOR_EACH_SAFE(pos, tmp, &r->requests)
     {
         rt_req_t *q = TDM_LIST_ENTRY(pos, rt_req_t, all_link);
+        uint64_t frees = r->sibling_frees;
         if (q->decode == n && q->state == RT_RESERVING) {
             snprintf(why, sizeof why, "decode node '%s' is down (%s) while reserving", n->cfg->id,
                      reason);
@@ -871,6 +929,8 @@ void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason)
         } else if (q->prefill == n) {
             q->prefill = NULL; /* the KV already reached the decode node */
         }
+        if (r->sibling_frees != frees)
+            goto restart;
     }
     if (n->cfg->role == TDM_NODE_ROLE_DECODE && !any_decode_up(r))
         fail_rerun_waiting(r, n, reason);

@@ -175,6 +175,7 @@ static void chunk_to_msg(const rt_req_t *q, Tandem__V1__GenerateChunk *m)
     const rt_chunk_t *c = &q->chunk;
     tandem__v1__generate_chunk__init(m);
     m->request_id = (char *)q->id;
+    m->choice = q->choice;
     m->index = c->index;
     m->n_token_ids = c->n;
     m->token_ids = c->ids;
@@ -317,9 +318,17 @@ static void fill_timings(const rt_req_t *q, double now, Tandem__V1__Timings *t)
 }
 
 /* The final message: the last chunk with the finish fields, then END OK (stream), or the
- * whole answer in END OK. Returns tdm_sock_send's code. */
+ * whole answer in END OK. A choice of n > 1 sends its last chunk (stream=false: its whole
+ * answer) as a STREAM message, and the last choice to complete the call's END OK after it,
+ * without a body. Returns tdm_sock_send's code. */
 static int send_final(tdm_router_t *r, const rt_req_t *q, const Tandem__V1__GenerateChunk *m)
 {
+    if (q->group) {
+        int rc = send_stream(r, q, m);
+        if (rc == TDM_OK && q->group->n_live == 1)
+            rc = rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_OK, NULL, NULL);
+        return rc;
+    }
     if (!q->stream)
         return rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_OK, NULL, &m->base);
     int rc = send_stream(r, q, m);
@@ -365,6 +374,14 @@ static void count_completed(tdm_router_metrics_t *m, const rt_req_t *q,
     rt_hist_observe(&m->inference, t->e2e_s - t->queue_s);
     rt_hist_observe_count(&m->prompt_len, q->n_prompt);
     rt_hist_observe_count(&m->generation_len, q->next_index);
+    if (!q->group) {
+        rt_hist_observe_count(&m->max_generation_len, q->next_index);
+    } else {
+        if (q->next_index > q->group->max_generated)
+            q->group->max_generated = q->next_index;
+        if (q->group->n_live == 1) /* the call's last choice */
+            rt_hist_observe_count(&m->max_generation_len, q->group->max_generated);
+    }
     rt_hist_observe_count(&m->preemptions_per_request, q->preemptions);
     m->preemptions += q->preemptions;
 }

@@ -37,6 +37,8 @@ typedef struct client_call {
     call_kind_t kind;
     bool sync;        /* a blocking call waits for it: keep it when it ends */
     bool stream;      /* Generate: chunks are streamed (else one chunk in the END) */
+    uint32_t n;       /* Generate: choices (n > 1: every answer comes as a STREAM chunk) */
+    uint32_t n_final; /* Generate: choices whose last chunk came */
     bool ended;       /* sync calls only: it has ended and left the table */
     bool in_chunk_cb; /* its on_chunk is running */
     double t_start;   /* monotonic seconds when the REQUEST was sent */
@@ -590,6 +592,8 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
         return bad_request(c, "sampling.stop_token_ids",
                            "request: sampling.n_stop_token_ids is %u, at most %d allowed",
                            (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
+    if (req->n > 16)
+        return bad_request(c, "n", "request: n must be in [1, 16], got %u", (unsigned)req->n);
     if (isnan(req->timeout_s))
         return bad_request(c, "", "request: timeout_s is NaN");
     if ((int)req->constraint_kind < TDM_CLIENT_CONSTRAINT_NONE ||
@@ -688,6 +692,7 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
     m.n_stop = req->n_stop;
     m.stop = (char **)(uintptr_t)req->stop;
     m.stream = req->stream;
+    m.n = req->n;
     m.include_stop_str = req->include_stop_str;
     m.echo_token_text = req->echo_token_text;
     Tandem__V1__Constraint cons;
@@ -716,6 +721,7 @@ static int generate_start(tdm_client_t *c, const tdm_client_request_t *req,
     call->user = user;
     call->sync = sync;
     call->stream = req->stream;
+    call->n = req->n;
     call->text_cap = 64;
     call->result.text = malloc(call->text_cap);
     if (!call->result.text) {
@@ -785,12 +791,13 @@ static int result_append(client_call_t *call, const Tandem__V1__GenerateChunk *m
 
 /* Takes the final fields (finish reason, usage, timings, stop reason) of the last chunk m into
  * the call's result. TDM_ERESOURCE on out of memory. */
-static int result_final(tdm_client_result_t *r, const Tandem__V1__GenerateChunk *m)
+static int result_final(tdm_client_result_t *r, const Tandem__V1__GenerateChunk *m, bool first)
 {
     r->finish_reason = finish_from_proto(m->finish_reason);
     if (m->usage) {
-        r->usage.prompt_tokens = m->usage->prompt_tokens;
-        r->usage.completion_tokens = m->usage->completion_tokens;
+        r->usage.prompt_tokens = m->usage->prompt_tokens; /* the choices share the prompt */
+        r->usage.completion_tokens =
+            (first ? 0 : r->usage.completion_tokens) + m->usage->completion_tokens;
         r->usage.cached_prompt_tokens = m->usage->cached_prompt_tokens;
     }
     if (m->timings)
@@ -845,10 +852,16 @@ static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__
     if (tops_from_proto(m, &tops, &entries) != TDM_OK)
         return TDM_ERESOURCE;
     tdm_client_usage_t usage = r->usage;
+    if (m->usage) { /* this choice's own (the result sums the choices of n > 1) */
+        usage.prompt_tokens = m->usage->prompt_tokens;
+        usage.completion_tokens = m->usage->completion_tokens;
+        usage.cached_prompt_tokens = m->usage->cached_prompt_tokens;
+    }
     tdm_client_timings_t timings = r->timings;
     tdm_client_chunk_t ch = {
         .call_id = call->id,
         .request_id = str_or_empty(m->request_id),
+        .choice = m->choice,
         .index = m->index,
         .token_ids = m->token_ids,
         .n_tokens = m->n_token_ids,
@@ -899,7 +912,7 @@ static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1_
             return TDM_ERESOURCE;
     }
     bool last = m->finish_reason != TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED;
-    if (last && result_final(r, m) != TDM_OK)
+    if (last && result_final(r, m, call->n_final++ == 0) != TDM_OK)
         return TDM_ERESOURCE;
     if (!call->on_chunk)
         return 0;
@@ -983,7 +996,8 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
     }
     if (call->kind == CALL_GENERATE) {
         /* stream=false: the END carries the one chunk; stream=true: no body */
-        if ((!call->stream || (f->body && f->body_len > 0)) && !handle_chunk_body(c, call, f))
+        if (((!call->stream && call->n <= 1) || (f->body && f->body_len > 0)) &&
+            !handle_chunk_body(c, call, f))
             return;
         end_call(c, call, TDM_OK, "%s", "");
         return;

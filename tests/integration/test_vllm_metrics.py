@@ -154,6 +154,17 @@ def test_every_listed_series_is_served_and_counts_one_request(cluster):
               "request_time_per_output_token_seconds", "request_num_preemptions"):
         assert d(f"vllm:{h}_count") == 1, h
         assert d(f"vllm:{h}_bucket", le="+Inf") == 1, h
+    # the request's parameters, once per call: n = 1 (bucket le="1"), max_tokens 8
+    assert d("vllm:request_params_n_count") == 1
+    assert d("vllm:request_params_n_bucket", le="1") == 1
+    assert d("vllm:request_params_n_sum") == 1
+    assert d("vllm:request_params_max_tokens_count") == 1
+    # one call of one choice: its longest choice is its only one
+    assert d("vllm:request_max_num_generation_tokens_count") == 1
+    assert d("vllm:request_max_num_generation_tokens_sum") == usage["completion_tokens"]
+    assert d("vllm:request_params_max_tokens_sum") == 8
+    assert d("vllm:request_params_max_tokens_bucket", le="5") == 0
+    assert d("vllm:request_params_max_tokens_bucket", le="10") == 1
     assert d("vllm:inter_token_latency_seconds_count") == usage["completion_tokens"] - 1
     assert d("vllm:request_prompt_tokens_sum") == usage["prompt_tokens"]
     assert d("vllm:request_generation_tokens_sum") == usage["completion_tokens"]

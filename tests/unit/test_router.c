@@ -3839,10 +3839,153 @@ static void test_loop_stall_not_charged(void **state)
     env_free(e);
 }
 
+/* ---- several choices (n > 1) ---- */
+
+/* Two reservations for "r-n" on d (choice 0's, then choice 1's), acknowledged; *a0, *a1 their
+ * attempts. Checks that choice 1 forks choice 0 (fork_of, no local prefill, seed + 1). */
+static void n_reserve_both(env_t *e, fake_t *d, uint64_t *a0, uint64_t *a1)
+{
+    tdm_frame_t f0, f1;
+    tdm_frame_init(&f0);
+    tdm_frame_init(&f1);
+    Tandem__V1__DecodeReserve *m0 = expect_reserve(e, d, &f0);
+    Tandem__V1__DecodeReserve *m1 = expect_reserve(e, d, &f1);
+    assert_int_equal(m0->fork_of, 0);
+    assert_int_equal(m1->fork_of, m0->attempt_id);
+    assert_false(m1->local_prefill);
+    assert_int_equal(m1->sampling->seed, m0->sampling->seed + 1);
+    *a0 = m0->attempt_id;
+    *a1 = m1->attempt_id;
+    attempt_note("r-n", *a0);
+    reply_ack(d, &f0, "r-n", 1);
+    attempt_note("r-n", *a1);
+    reply_ack(d, &f1, "r-n", 1);
+    protobuf_c_message_free_unpacked(&m0->base, NULL);
+    protobuf_c_message_free_unpacked(&m1->base, NULL);
+    tdm_frame_clear(&f0);
+    tdm_frame_clear(&f1);
+}
+
+/* Receives the call's frames until its END into text[choice] and finals[choice]; returns the
+ * END's status (its body must be empty). */
+static int n_collect(env_t *e, uint64_t call, char text[2][32], int finals[2])
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    for (;;) {
+        if (!recv_on(e, e->client, &f, WAIT_MS))
+            fail_msg("call %" PRIu64 ": no END", call);
+        assert_int_equal(f.call_id, call);
+        if (f.kind == K_END) {
+            int st = f.status;
+            assert_true(st != TDM_OK || f.body_len == 0);
+            tdm_frame_clear(&f);
+            return st;
+        }
+        Tandem__V1__GenerateChunk *c = (Tandem__V1__GenerateChunk *)tdm_frame_unpack(
+            &f, &tandem__v1__generate_chunk__descriptor);
+        assert_non_null(c);
+        assert_true(c->choice < 2);
+        strncat(text[c->choice], c->text, 31 - strlen(text[c->choice]));
+        finals[c->choice] += c->finish_reason != 0;
+        protobuf_c_message_free_unpacked(&c->base, NULL);
+        tdm_frame_clear(&f);
+    }
+}
+
+/* n = 2: choice 1 forks choice 0 on its decode node (no PrefillTask, its first token from the
+ * decode node); each choice ends with its own last chunk and the call with one END, after
+ * both, without a body (stream=false: each choice's whole answer is one STREAM chunk). */
+static void test_n_choices_fork_and_end_once(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-n", "hello world", 2, false);
+    g.n = 2;
+    uint64_t call = generate(e, &g);
+    uint64_t a0, a1;
+    n_reserve_both(e, &e->d0, &a0, &a1);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_int_equal(t->attempt_id, a0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    expect_none(e, e->p0.s, 100); /* the fork is not prefilled */
+    attempt_note("r-n", a1);
+    fake_token(&e->d0, "r-n", 0, B('x'));
+    fake_token(&e->d0, "r-n", 1, B('y'));
+    fake_finished(&e->d0, "r-n", FIN(LENGTH), 2);
+    attempt_note("r-n", a0);
+    fake_token(&e->p0, "r-n", 0, B('a'));
+    fake_token(&e->d0, "r-n", 1, B('b'));
+    fake_finished(&e->d0, "r-n", FIN(LENGTH), 2);
+    char text[2][32] = {"", ""};
+    int finals[2] = {0, 0};
+    assert_int_equal(n_collect(e, call, text, finals), TDM_OK);
+    assert_string_equal(text[0], "ab");
+    assert_string_equal(text[1], "xy");
+    assert_int_equal(finals[0], 1);
+    assert_int_equal(finals[1], 1);
+    expect_none(e, e->client, 100);
+    env_free(e);
+}
+
+/* A fork that fails retryably runs on its own (a reservation without fork_of, then its own
+ * PrefillTask); a choice failing for good fails the call once and cancels its sibling on
+ * both its nodes. */
+static void test_n_fork_fallback_and_failure(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-n", "hello world", 4, true);
+    g.n = 2;
+    uint64_t call = generate(e, &g);
+    uint64_t a0, a1;
+    n_reserve_both(e, &e->d0, &a0, &a1);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    attempt_note("r-n", a1);
+    fake_task_failed(&e->d0, "r-n", TDM_EUNAVAILABLE, "fork: the sibling ended", true);
+    expect_cancel(e, &e->d0, "r-n", 1); /* CANCELLED: the failed attempt's, as any */
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *m = expect_reserve(e, &e->d0, &f); /* choice 1, on its own */
+    assert_int_equal(m->fork_of, 0);
+    uint64_t a1b = m->attempt_id;
+    assert_true(a1b != a1);
+    reply_ack(&e->d0, &f, "r-n", 1);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+    tdm_frame_clear(&f);
+    t = expect_task(e, &e->p0);
+    assert_int_equal(t->attempt_id, a1b);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    attempt_note("r-n", a1b);
+    fake_token(&e->p0, "r-n", 0, B('x'));
+    attempt_note("r-n", a0);
+    fake_task_failed(&e->d0, "r-n", TDM_EINTERNAL, "engine broke", false);
+    char text[2][32] = {"", ""};
+    int finals[2] = {0, 0};
+    assert_int_equal(n_collect(e, call, text, finals), TDM_EINTERNAL);
+    assert_string_equal(text[1], "x");
+    assert_int_equal(finals[1], 1); /* its stream's error chunk */
+    /* choice 1 (a1b) cancelled on its prefill and decode node; choice 0 on its decode node */
+    expect_cancel(e, &e->p0, "r-n", 13); /* INTERNAL */
+    expect_cancel(e, &e->d0, "r-n", 13);
+    expect_cancel(e, &e->d0, "r-n", 13);
+    expect_none(e, e->client, 100);
+    env_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_in_order),
+        cmocka_unit_test(test_n_choices_fork_and_end_once),
+        cmocka_unit_test(test_n_fork_fallback_and_failure),
         cmocka_unit_test(test_no_stream),
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_cancel),

@@ -1022,6 +1022,106 @@ static void test_constrained_handoff(void **state)
     tdm_grammar_vocab_destroy(&gv);
 }
 
+/* ---- forks (n > 1) ---- */
+
+static void fork_params(tdm_sampling_params_t *sp, uint64_t seed)
+{
+    tdm_sampling_params_default(sp);
+    sp->temperature = 1.0f;
+    sp->seed = seed;
+    sp->max_tokens = 20;
+    sp->ignore_eos = true;
+}
+
+/* "r<k>" with fork_params(seed) alone in a fresh worker, into *ref. */
+static void fork_reference(fixture_t *fx, const int32_t *prompt, uint32_t n_prompt, int k,
+                           uint64_t seed, out_t *ref)
+{
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+    tdm_sampling_params_t sp;
+    fork_params(&sp, seed);
+    char id[16];
+    snprintf(id, sizeof id, "r%d", k);
+    tdm_worker_req_t req = {
+        .request_id = id, .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    out_t all[3] = {0};
+    drain(&r, all);
+    *ref = all[k];
+    assert_int_equal(ref->n, 20);
+    rig_close(&r);
+}
+
+/* Blocks of the pool whose reference count is want. */
+static uint32_t blocks_with_refs(const tdm_kv_pool_t *pool, uint32_t want)
+{
+    tdm_kv_stats_t st;
+    tdm_kv_pool_stats(pool, &st);
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < st.n_blocks; b++)
+        n += tdm_kv_pool_refcount(pool, b) == want;
+    return n;
+}
+
+/* A parent and two forks of a prompt of n_prompt tokens: the forks share the parent's
+ * (n_prompt - 1) / 16 full prompt blocks (reference count 3) and each samples what a fresh
+ * sequence with its seed samples. */
+static void fork_case(fixture_t *fx, uint32_t n_prompt)
+{
+    int32_t prompt[64];
+    make_prompt(prompt, n_prompt, fx->f.n_vocab, 77 + n_prompt);
+    out_t ref[3];
+    for (int k = 0; k < 3; k++)
+        fork_reference(fx, prompt, n_prompt, k, 500 + (uint64_t)k, &ref[k]);
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 4);
+    tdm_sampling_params_t sp[3];
+    tdm_worker_req_t req[3];
+    char ids[3][8];
+    for (int k = 0; k < 3; k++) {
+        fork_params(&sp[k], 500 + (uint64_t)k);
+        snprintf(ids[k], sizeof ids[k], "r%d", k);
+        req[k] = (tdm_worker_req_t){
+            .request_id = ids[k], .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp[k]};
+    }
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_worker_add(r.w, &req[0], &err), 0);
+    assert_int_equal(tdm_worker_fork(r.w, "r0", &req[1], &err), TDM_EPRECONDITION);
+    out_t got[3] = {0};
+    const tdm_worker_event_t *ev;
+    uint32_t n_ev;
+    assert_int_equal(tdm_worker_step(r.w, &ev, &n_ev, &err), 0); /* the prompt, token 0 */
+    assert_int_equal(n_ev, 1);
+    got[0].tokens[got[0].n++] = ev[0].sample.token;
+    assert_int_equal(tdm_worker_fork(r.w, "nope", &req[1], &err), TDM_ENOTFOUND);
+    req[1].n_prompt = n_prompt - 1;
+    assert_int_equal(tdm_worker_fork(r.w, "r0", &req[1], &err), TDM_EINVALID);
+    req[1].n_prompt = n_prompt;
+    for (int k = 1; k < 3; k++)
+        if (tdm_worker_fork(r.w, "r0", &req[k], &err) != 0)
+            fail_msg("%s", err.msg);
+    uint32_t shared = (n_prompt - 1) / 16;
+    assert_int_equal(blocks_with_refs(r.pool, 3), shared);
+    drain(&r, got);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(got[k].n, 20);
+        assert_memory_equal(got[k].tokens, ref[k].tokens, 20 * sizeof(int32_t));
+    }
+    assert_memory_not_equal(got[1].tokens, got[2].tokens, 20 * sizeof(int32_t));
+    rig_close(&r); /* every block back: n_used 0, pool consistent */
+}
+
+static void test_fork_shares_prompt_blocks(void **state)
+{
+    fixture_t *fx = *state;
+    fork_case(fx, 40); /* 2 shared blocks, the fork recomputes 8 rows */
+    fork_case(fx, 33); /* 2 shared, 1 row */
+    fork_case(fx, 32); /* 1 shared, 16 rows (position 31 ends block 1) */
+    fork_case(fx, 5);  /* nothing shared */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1041,6 +1141,7 @@ int main(void)
         cmocka_unit_test(test_constrained_handoff),
         cmocka_unit_test(test_constrained_resume),
         cmocka_unit_test(test_constrained_ignore_eos),
+        cmocka_unit_test(test_fork_shares_prompt_blocks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

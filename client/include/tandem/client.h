@@ -159,6 +159,14 @@ typedef struct tdm_client_request {
                                default, < 0 = none */
     const char *tools;      /* chat only: NULL/"" or OpenAI's tools as a JSON array text, rendered
                                by the model's chat template (tdm_chat_apply_tools) */
+    /* Choices of the prompt, 0 or 1 = one, at most 16: choice i is sampled with seed + i (the
+     * router draws the seed when SEED is not set) and the choices share the prompt's one
+     * prefill. Each chunk names its choice (tdm_client_chunk_t.choice); every choice ends with
+     * its own last chunk (finish reason, usage); with stream false each choice's whole answer
+     * is one chunk. The call ends once every choice has. The result's text and token_ids
+     * join the choices in arrival order, its usage sums their completion tokens: read the
+     * chunks to tell the choices apart. */
+    uint32_t n;
 } tdm_client_request_t;
 
 /* Fills *req with an empty request: no input, sampling from tdm_sampling_params_default with
@@ -216,6 +224,7 @@ typedef struct tdm_client_timings {
 typedef struct tdm_client_chunk {
     uint64_t call_id;
     const char *request_id;   /* the router's request id */
+    uint32_t choice;          /* which of the request's n choices (0 for n <= 1) */
     uint32_t index;           /* output index of token_ids[0] (0 = the first output token) */
     const int32_t *token_ids; /* [n_tokens] */
     size_t n_tokens;

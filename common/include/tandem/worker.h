@@ -129,6 +129,23 @@ typedef struct tdm_worker_req {
  * blocks and contents are unchanged). */
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
 
+/* Forks sequence parent_id for one more choice of the same prompt (OpenAI's n > 1): adds a
+ * new sequence req->request_id (req->sampling, user, grammar; req->prompt must be the
+ * parent's prompt) whose block table shares, by reference (tdm_kv_pool_ref), each block of the
+ * parent's prompt KV that holds no position from n_prompt - 1 on: k = (n_prompt - 1) /
+ * block_size full blocks. The fork recomputes the rest of the prompt itself (1..block_size
+ * rows, in a fresh block of its own, so no block is ever written by two sequences and no
+ * device copy is needed) and samples its first token from its own seed; the engine is
+ * batch-invariant, so those rows and logits are bitwise the parent's. The parent is
+ * unchanged and either may finish first: a shared block is freed with its last reference.
+ * Like any sequence, a fork preempted later recomputes its whole prompt. req->prefilled and
+ * req->output must be NULL / 0. Returns 0; TDM_ENOTFOUND (no sequence parent_id);
+ * TDM_EPRECONDITION (the parent's prompt KV is not computed yet, or it was preempted: retry
+ * after a step); TDM_EINVALID (a prompt that is not the parent's, prefilled or output set)
+ * and tdm_worker_add's errors. */
+int tdm_worker_fork(tdm_worker_t *w, const char *parent_id, const tdm_worker_req_t *req,
+                    tdm_error_t *err);
+
 /* Removes a sequence wherever it is (waiting or running) and frees its blocks. Returns 0 or
  * TDM_ENOTFOUND. No event is produced for it. O(1) lookup (hash of the id). */
 int tdm_worker_cancel(tdm_worker_t *w, const char *request_id);

@@ -427,6 +427,53 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     return 0;
 }
 
+/* ---- forks (n > 1) ---- */
+
+/* The checks of tdm_worker_fork against the parent p: TDM_EINVALID or TDM_EPRECONDITION. */
+static int fork_check(const wseq_t *p, const tdm_worker_req_t *req, uint32_t k, tdm_error_t *err)
+{
+    if (req->prefilled || req->n_output)
+        return tdm_error_set(err, TDM_EINVALID, "fork: prefilled KV or output given");
+    if (req->n_prompt != p->n_prompt || !req->prompt ||
+        memcmp(req->prompt, p->tokens, (size_t)p->n_prompt * sizeof *p->tokens) != 0)
+        return tdm_error_set(err, TDM_EINVALID, "fork: the prompt is not the parent '%s''s", p->id);
+    if (p->n_computed < p->n_prompt || p->kv.n_blocks < k)
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "fork: the parent '%s' has %u of its %u prompt tokens computed", p->id,
+                             p->n_computed, p->n_prompt);
+    return TDM_OK;
+}
+
+int tdm_worker_fork(tdm_worker_t *w, const char *parent_id, const tdm_worker_req_t *req,
+                    tdm_error_t *err)
+{
+    int ps = find_slot(w, parent_id);
+    if (ps < 0)
+        return tdm_error_set(err, TDM_ENOTFOUND, "fork: no sequence '%s'", parent_id);
+    const uint32_t bs = tdm_kv_pool_layout(w->pool)->block_size;
+    const wseq_t *p = &w->seqs[ps];
+    uint32_t k = (p->n_prompt - 1) / bs; /* blocks holding only positions < n_prompt - 1 */
+    int rc = fork_check(p, req, k, err);
+    if (rc == TDM_OK)
+        rc = tdm_worker_add(w, req, err);
+    if (rc != TDM_OK)
+        return rc;
+    wseq_t *s = &w->seqs[find_slot(w, req->request_id)];
+    p = &w->seqs[ps];
+    uint64_t h = TDM_KV_HASH_SEED;
+    for (uint32_t i = 0; i < k; i++) {
+        s->kv.blocks[i] = p->kv.blocks[i];
+        tdm_kv_pool_ref(w->pool, p->kv.blocks[i]);
+        h = tdm_kv_block_hash(h, p->tokens + (size_t)i * bs, bs);
+    }
+    /* The shared blocks count as hashed for the fork: registering is the parent's business
+     * (tdm_kv_seq_commit registers only blocks past n_hashed). */
+    s->kv.n_blocks = s->kv.n_hashed = k;
+    s->kv.last_hash = k > 0 ? h : 0;
+    s->kv.n_tokens = s->n_computed = s->cached_prompt_tokens = k * bs;
+    return TDM_OK;
+}
+
 /* Removes slot from the running list (keeping order) or the waiting queue. */
 static void unlink_slot(tdm_worker_t *w, uint32_t slot)
 {
