@@ -192,6 +192,22 @@ def test_every_listed_series_is_served_and_counts_one_request(cluster):
 ITERATION_BOUNDS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]  # vLLM's
 
 
+def heartbeats_since(port, t_wall):
+    """Waits until the router has a heartbeat from every up node sent after t_wall (time.time()):
+    node counters the router shows then include everything the nodes did before t_wall. An
+    event (the heartbeat), not a sleep; generous deadline."""
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=30) as r:
+            st = json.loads(r.read())
+        now = time.time()
+        nodes = [n for n in st["nodes"] if n["up"]]
+        if nodes and all(now - n["last_heartbeat_age_s"] > t_wall for n in nodes):
+            return
+        assert time.monotonic() < deadline, st["nodes"]
+        time.sleep(0.1)
+
+
 def test_iteration_tokens_count_the_passes_of_a_request(cluster):
     """vllm:iteration_tokens_total (and tandem_iteration_tokens): one observation per forward
     pass of any node, its tokens (rows) as the value; vLLM 0.33.0's buckets. A request of P
@@ -199,6 +215,10 @@ def test_iteration_tokens_count_the_passes_of_a_request(cluster):
     of one row each, P + N - 1 tokens in all (the last token is never fed back)."""
     port = port_of(cluster)
     model = model_name(port)
+    # the earlier tests' passes have all been reported: a heartbeat after one received after
+    # now (the engine publishes its figures for the link thread after each step)
+    heartbeats_since(port, time.time())
+    heartbeats_since(port, time.time())
     types, before = scrape(port)
     assert types["vllm:iteration_tokens_total"] == "histogram"
     assert types["tandem_iteration_tokens"] == "histogram"
