@@ -17,5 +17,6 @@ int tdm_cmd_cluster(int argc, char **argv);
 int tdm_cmd_keys(int argc, char **argv);
 int tdm_cmd_grammar(int argc, char **argv);
 int tdm_cmd_tokenizer(int argc, char **argv);
+int tdm_cmd_model(int argc, char **argv);
 
 #endif

@@ -22,6 +22,7 @@ static const subcommand_t subcommands[] = {
     {"tokenize", tdm_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
     {"tokenizer", tdm_cmd_tokenizer,
      "export a Hugging Face tokenizer folder for a model's vocabulary"},
+    {"model", tdm_cmd_model, "write a random-weight model of a real architecture's shape (synth)"},
     {"grammar", tdm_cmd_grammar, "check a GBNF grammar, and an instance against it"},
     {"config", tdm_cmd_config, "check a cluster config file and print the resolved config"},
     {"keys", tdm_cmd_keys, "generate the CURVE key pairs of the router and every node"},

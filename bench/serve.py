@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""bench/serve.py - serving throughput: Tandem colocated, Tandem disaggregated and llama.cpp's
+llama-server under the same closed-loop load, in one run.
+
+C client threads each send one streaming `/v1/completions` request at a time (a new one as soon
+as the last finished) until N requests are done: distinct prompts of ~P tokens (random common
+words, a different first word for each, so no prefix cache helps), `ignore_eos`, exactly O
+output tokens, greedy. Per request: TTFT = first streamed token - send; TPOT = (last token -
+first token) / (O - 1). Output tokens/s = all output tokens / wall time of the run.
+
+Configurations (each started, warmed up with 4 requests whose prompts no run uses, loaded,
+stopped):
+  colocated     one decode node with all THREADS threads that prefills its own prompts
+                (no prefill node: the router sends local_prefill reservations)
+  disagg        one prefill node and one decode node, THREADS/2 threads each
+  llama-server  llama.cpp's server, `-np C -t THREADS` (continuous batching is its default),
+                `-c C * (P + O + 64)` so every slot holds a request (bench/llama-cpp.sh builds it)
+
+Prints a table and the ratios to llama-server, writes JSON to bench/results/serve-DATE.json.
+Only the standard library (http.client in threads: aiohttp is not in the tests' venv).
+
+usage: bench/serve.py [--build build] [--model FILE] [-c 32] [-n 64] [--prompt-tokens 130]
+                      [--output-tokens 64] [--threads 2] [--configs colocated,disagg,llama-server]
+                      [--time-limit 900] [--llama-args "..."] [--json FILE]
+"""
+import argparse
+import datetime
+import http.client
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem")
+DEFAULT_MODEL = os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+# Common English words: with a byte-level BPE vocabulary (SmolLM2's, Llama 3's) each one with
+# its leading space is one token, so P words make a ~P-token prompt.
+WORDS = """time year people way day man thing woman life child world school state family
+student group country problem hand part place case week company system program question work
+government number night point home water room mother area money story fact month lot right
+study book eye job word business issue side kind head house service friend father power hour
+game line end member law car city community name president team minute idea kid body
+information back parent face others level office door health person art war history party
+result change morning reason research girl guy moment air teacher force education""".split()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_prompts(n, n_words, seed):
+    """n distinct prompts; prompt i starts with word i % len(WORDS) and a number."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        words = [WORDS[i % len(WORDS)], str(i)] + [rng.choice(WORDS) for _ in range(n_words - 2)]
+        out.append(" ".join(words))
+    return out
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = (len(v) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def one_request(port, model_name, prompt, out_tokens):
+    """Sends one streaming completion; returns (ttft_s, tpot_s, n_out, n_prompt) or raises."""
+    body = json.dumps({"model": model_name, "prompt": prompt, "max_tokens": out_tokens,
+                       "n_predict": out_tokens, "ignore_eos": True, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+    first = last = None
+    chunks = 0
+    usage = None
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        ev = json.loads(data)
+        if ev.get("usage"):
+            usage = ev["usage"]
+        if ev.get("choices"):
+            now = time.monotonic()
+            first = first if first is not None else now
+            last = now
+            chunks += 1
+    conn.close()
+    if first is None:
+        raise RuntimeError("no token streamed")
+    n_out = (usage or {}).get("completion_tokens") or chunks
+    n_prompt = (usage or {}).get("prompt_tokens") or 0
+    tpot = (last - first) / (n_out - 1) if n_out > 1 else 0.0
+    return first - t0, tpot, n_out, n_prompt
+
+
+def run_load(port, model_name, prompts, concurrency, out_tokens, limit_s=None, on_limit=None):
+    """Closed loop: `concurrency` threads, each sending the next prompt when its last is done.
+    After limit_s seconds no new request starts and on_limit() runs (it stops the server, so
+    the requests in flight fail and are counted as cut)."""
+    results, errors = [], []
+    lock = threading.Lock()
+    todo = list(enumerate(prompts))
+    timer = threading.Timer(limit_s, lambda: (todo.clear(), on_limit and on_limit())) \
+        if limit_s else None
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                _, p = todo.pop(0)
+            try:
+                r = one_request(port, model_name, p, out_tokens)
+                with lock:
+                    results.append(r)
+            except Exception as e:  # noqa: BLE001 - reported, counted as failed
+                with lock:
+                    errors.append(str(e))
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    if timer:
+        timer.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    if timer:
+        timer.cancel()
+    ttft = [r[0] * 1000 for r in results]
+    tpot = [r[1] * 1000 for r in results]
+    n_out = sum(r[2] for r in results)
+    return {
+        "requests": len(results), "failed": len(errors), "errors": errors[:3],
+        "short": sum(1 for r in results if r[2] < out_tokens),  # ended early (cut at the limit)
+        "wall_s": wall, "output_tokens": n_out, "cut_at_limit": bool(limit_s and wall >= limit_s),
+        "output_tokens_per_s": n_out / wall if wall > 0 else 0,
+        "mean_prompt_tokens": statistics.mean([r[3] for r in results if r[3]] or [0]),
+        "mean_output_tokens": n_out / len(results) if results else 0,
+        "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
+        "tpot_ms": {"p50": pct(tpot, 50), "p90": pct(tpot, 90), "p99": pct(tpot, 99)},
+    }
+
+
+def wait_http(port, path, timeout_s, proc=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", path)
+            ok = c.getresponse().status == 200
+            c.close()
+            if ok:
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"no answer on :{port}{path} within {timeout_s} s")
+
+
+class TandemCluster:
+    """`tandem cluster up --detach` with one config; stop() brings it down."""
+
+    def __init__(self, args, work, name, disagg):
+        self.tandem = os.path.join(args.build, "client", "tandem")
+        self.work, self.name = work, name
+        self.port = free_port()
+        half = max(1, args.threads // 2)
+        budget = os.path.getsize(args.model) + (1 << 30)
+        conf = os.path.join(work, name + ".yaml")
+        with open(conf, "w") as f:
+            f.write(f"model:\n  path: {args.model}\n  name: bench\n")
+            f.write(f"router:\n  client_endpoint: tcp://127.0.0.1:{free_port()}\n")
+            f.write(f"  node_endpoint: tcp://127.0.0.1:{free_port()}\n  http_port: {self.port}\n")
+            f.write("  http_threads: 8\n  http_max_connections_per_client: 0\nnodes:\n")
+            if disagg:
+                f.write(f"  - {{id: prefill-0, role: prefill, threads: {half}, "
+                        f"memory_budget: {budget}}}\n")
+            f.write(f"  - {{id: decode-0, role: decode, threads: {half if disagg else args.threads}, "
+                    f"memory_budget: {budget}, kv_endpoint: tcp://127.0.0.1:{free_port()}}}\n")
+        self.pids = os.path.join(work, name + ".pids")
+        self.stopped = False
+        subprocess.run([self.tandem, "cluster", "up", "--config", conf, "--detach", "--pid-file",
+                        self.pids, "--log-dir", os.path.join(work, "logs-" + name)],
+                       check=True, stdout=subprocess.DEVNULL)
+        wait_http(self.port, "/v1/models", 120)
+
+    def stop(self):
+        if self.stopped:
+            return
+        self.stopped = True
+        subprocess.run([self.tandem, "cluster", "down", "--pid-file", self.pids],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class LlamaServer:
+    def __init__(self, args, work):
+        binary = os.path.join(CACHE, "llama.cpp", "build", "bin", "llama-server")
+        if not os.access(binary, os.X_OK):
+            raise RuntimeError(f"{binary} is not built: run bench/llama-cpp.sh")
+        self.port = free_port()
+        ctx = args.concurrency * (args.prompt_tokens + args.output_tokens + 64)
+        self.log = open(os.path.join(work, "llama-server.log"), "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [binary, "-m", args.model, "-np", str(args.concurrency), "-t", str(args.threads),
+             "-c", str(ctx), "--host", "127.0.0.1", "--port", str(self.port)]
+            + args.llama_args.split(),
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_http(self.port, "/health", 300, self.proc)
+
+    def stop(self):
+        if self.proc.poll() is not None:
+            return
+        self.proc.terminate()  # llama-server finishes its running slots first: kill after 5 s
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def run_config(args, work, name, seed):
+    if name == "llama-server":
+        server = LlamaServer(args, work)
+    else:
+        server = TandemCluster(args, work, name, disagg=(name == "disagg"))
+    try:
+        warm = make_prompts(4, args.prompt_tokens, 10_000 + seed)
+        run_load(server.port, "bench", [f"warm-up {p}" for p in warm], 2, 8)
+        # the same prompts for every configuration: the one difference is the server
+        prompts = make_prompts(args.requests, args.prompt_tokens, 1)
+        load_before = os.getloadavg()[0]
+        r = run_load(server.port, "bench", prompts, args.concurrency, args.output_tokens,
+                     args.time_limit, server.stop)
+        # the machine's 1-minute load average around the run: other processes' share of it
+        r["loadavg_1m"] = [load_before, os.getloadavg()[0]]
+        return r
+    finally:
+        server.stop()
+
+
+def print_table(runs):
+    base = runs.get("llama-server")
+    print(f"{'config':<13} {'req':>4} {'cut':>4} {'out tok/s':>9} {'TTFT p50':>9} "
+          f"{'TTFT p90':>9} {'TPOT p50':>9} {'TPOT p90':>9} {'x llama-server':>14} {'load':>9}")
+    for name, r in runs.items():
+        ratio = (f"{r['output_tokens_per_s'] / base['output_tokens_per_s']:.2f}"
+                 if base and base["output_tokens_per_s"] else "-")
+        failed = r["failed"] + r.get("short", 0)
+        print(f"{name:<13} {r['requests']:>4} {failed:>4} {r['output_tokens_per_s']:>9.1f} "
+              f"{r['ttft_ms']['p50']:>7.0f}ms {r['ttft_ms']['p90']:>7.0f}ms "
+              f"{r['tpot_ms']['p50']:>7.1f}ms {r['tpot_ms']['p90']:>7.1f}ms {ratio:>14} "
+              f"{r['loadavg_1m'][0]:>4.1f}-{r['loadavg_1m'][1]:<4.1f}"
+              + (" cut at --time-limit" if r.get("cut_at_limit") else ""))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("-c", "--concurrency", type=int, default=32)
+    ap.add_argument("-n", "--requests", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=130)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--configs", default="colocated,disagg,llama-server")
+    ap.add_argument("--time-limit", type=float, default=900,
+                    help="seconds per configuration before the run is cut (default 900)")
+    ap.add_argument("--llama-args", default="", help="more llama-server options")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    args.model = os.path.abspath(os.path.expanduser(args.model))
+    args.build = os.path.abspath(args.build)
+    runs, skipped = {}, {}
+    with tempfile.TemporaryDirectory(prefix="tdm-serve-") as work:
+        for i, name in enumerate(args.configs.split(",")):
+            try:
+                runs[name] = run_config(args, work, name, i)
+                r = runs[name]
+                print(f"{name}: {r['output_tokens_per_s']:.1f} output tokens/s "
+                      f"({r['requests']} requests, {r['failed']} failed, "
+                      f"{r['mean_prompt_tokens']:.0f} prompt tokens on average)", file=sys.stderr)
+            except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
+                skipped[name] = str(e)
+                print(f"{name}: skipped: {e}", file=sys.stderr)
+    print_table(runs)
+    base = runs.get("llama-server", {}).get("output_tokens_per_s")
+    doc = {
+        "bench": "serve", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "machine": {"cpus": os.cpu_count(), "cpu": cpu_name()},
+        "model": args.model, "concurrency": args.concurrency, "requests": args.requests,
+        "prompt_words": args.prompt_tokens, "output_tokens": args.output_tokens,
+        "threads": args.threads, "llama_args": args.llama_args, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "passive"),
+        "runs": runs, "skipped": skipped,
+        "ratio_vs_llama_server": {n: r["output_tokens_per_s"] / base for n, r in runs.items()}
+        if base else {},
+    }
+    out = args.json or os.path.join(HERE, "results",
+                                    f"serve-{datetime.date.today().isoformat()}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {out}")
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+/* cmd_model.c - `tandem model synth`: writes a random-weight GGUF with a published
+ * architecture's shape (for benchmarks at scales the default model does not reach), or, with
+ * --vocab-only, a vocabulary-only GGUF of a model's tokenizer to give it.
+ *
+ * The weights (cmd_model_synth.c) mean nothing; what they keep real is every cost: tensor
+ * shapes and types, bytes per token, KV sizes, the tokenizer and the vocabulary's size. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli_common.h"
+#include "cmd_model.h"
+#include "commands.h"
+#include "tandem/config.h"
+
+typedef struct synth_opts {
+    const char *shape, *type, *vocab, *model, *out;
+    uint64_t seed;
+    long layers;
+    bool vocab_only;
+} synth_opts_t;
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: tandem model synth --shape SHAPE --type TYPE [--vocab FILE] [--seed N]\n"
+            "                          [--layers N] -o FILE\n"
+            "       tandem model synth --vocab-only [-m MODEL] -o FILE\n"
+            "\n"
+            "Writes a random-weight Llama-architecture GGUF with SHAPE's real dimensions\n"
+            "(embedding, FFN, layers, heads, KV heads, head_dim, rope theta, vocabulary size,\n"
+            "context) and the tokenizer of FILE (a vocabulary-only GGUF or any model; the\n"
+            "token arrays are padded with unused tokens up to the shape's vocabulary size).\n"
+            "Weights are scaled so every layer's hidden state has RMS ~1. For benchmarks:\n"
+            "the output is noise.\n"
+            "\n"
+            "  --shape SHAPE   %s\n"
+            "  --type TYPE     projection type: Q4_0, Q4_1, Q8_0, F16 (Q4_K, Q5_K, Q6_K where\n"
+            "                  the dims are multiples of 256); embeddings are Q8_0 (F16 for F16)\n"
+            "  --vocab FILE    tokenizer source (default: the default model, %s)\n"
+            "  --seed N        random seed (default 0); same seed, same bytes\n"
+            "  --layers N      keep only the first N layers (quick runs, tests)\n"
+            "  --vocab-only    write only -m MODEL's tokenizer (about 2 MB for SmolLM2)\n"
+            "  -m, --model F   the model --vocab-only reads (default: the default model)\n"
+            "  -o, --output F  the file to write\n"
+            "\n"
+            "exit status: 0 success, 1 error (reading, writing, out of memory), 2 bad usage\n",
+            tdm_synth_shape_names(), TDM_DEFAULT_MODEL_FILE);
+}
+
+static void usage_hint(void)
+{
+    fprintf(stderr, "see tandem model synth --help\n");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The projection type called name, NULL with a message when synth cannot write it. */
+static const tdm_ggml_type_info_t *parse_type(const char *name, tdm_ggml_type_t *type)
+{
+    for (uint32_t t = 0; t < TDM_GGML_TYPE_COUNT; t++) {
+        const tdm_ggml_type_info_t *ti = tdm_ggml_type_get(t);
+        if (ti && ti->supported && t != TDM_GGML_TYPE_F32 && strcmp(ti->name, name) == 0) {
+            *type = (tdm_ggml_type_t)t;
+            return ti;
+        }
+    }
+    fprintf(stderr,
+            "tandem model synth: --type %s is not one of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
+            "Q4_K, Q5_K, Q6_K, F16, BF16\n",
+            name);
+    return NULL;
+}
+
+/* Opens the tokenizer source: path, else the default model. NULL after a message. */
+static tdm_gguf_t *open_vocab(const char *path)
+{
+    char def[1024];
+    if (!path) {
+        if (tdm_model_default_path(def, sizeof def) != TDM_OK) {
+            fprintf(stderr, "tandem model synth: no default model path; pass --vocab FILE\n");
+            return NULL;
+        }
+        path = def;
+    }
+    tdm_error_t err = {0};
+    tdm_gguf_t *g = tdm_gguf_open(path, &err);
+    if (!g)
+        fprintf(stderr, "tandem model synth: %s: %s%s\n", path, err.msg,
+                err.code == TDM_ENOTFOUND ? " (pass --vocab FILE, or run scripts/setup)" : "");
+    return g;
+}
+
+/* Writes w to path, printing the outcome. Returns the exit status. */
+static int write_out(const tdm_gguf_writer_t *w, const char *path, double t0, const char *what)
+{
+    tdm_error_t err = {0};
+    double t1 = now_s();
+    if (tdm_gguf_writer_write_file(w, path, &err) != TDM_OK) {
+        fprintf(stderr, "tandem model synth: %s\n", err.msg);
+        return 1;
+    }
+    printf("wrote %s: %s (generate %.1f s, write %.1f s)\n", path, what, t1 - t0, now_s() - t1);
+    return 0;
+}
+
+/* --vocab-only: general.architecture/name and the tokenizer of o->model. */
+static int run_vocab_only(const synth_opts_t *o)
+{
+    tdm_gguf_t *g = open_vocab(o->model);
+    tdm_gguf_writer_t *w = g ? tdm_gguf_writer_new() : NULL;
+    tdm_error_t err = {0};
+    uint32_t n = 0;
+    int status = 1;
+    if (!w)
+        goto out;
+    tdm_gguf_str_t name = {"vocab", 5};
+    tdm_gguf_get_str(g, "general.name", &name, NULL);
+    char buf[160];
+    snprintf(buf, sizeof buf, "%.*s", (int)(name.len < 120 ? name.len : 120), name.data);
+    if (tdm_gguf_writer_set_str(w, "general.architecture", "llama") != TDM_OK ||
+        tdm_gguf_writer_set_str(w, "general.type", "vocab") != TDM_OK ||
+        tdm_gguf_writer_set_str(w, "general.name", buf) != TDM_OK ||
+        tdm_synth_copy_vocab(w, g, 0, &n, &err) != TDM_OK) {
+        fprintf(stderr, "tandem model synth: %s\n", err.code ? err.msg : "out of memory");
+        goto out;
+    }
+    snprintf(buf, sizeof buf, "vocabulary of %u tokens", n);
+    status = write_out(w, o->out, now_s(), buf);
+out:
+    tdm_gguf_writer_destroy(&w);
+    tdm_gguf_destroy(&g);
+    return status;
+}
+
+/* The model: o->shape with o->type projections and o->vocab's tokenizer. */
+static int run_synth(const synth_opts_t *o, tdm_synth_shape_t s, tdm_ggml_type_t type)
+{
+    tdm_gguf_t *g = open_vocab(o->vocab);
+    tdm_gguf_writer_t *w = g ? tdm_gguf_writer_new() : NULL;
+    tdm_error_t err = {0};
+    int status = 1;
+    if (!w)
+        goto out;
+    const double t0 = now_s();
+    const uint32_t n_tok = tdm_synth_vocab_size(g);
+    const uint32_t n_vocab = n_tok > s.n_vocab ? n_tok : s.n_vocab;
+    uint32_t n = 0;
+    if (tdm_synth_add_weights(w, &s, n_vocab, type, o->seed, &err) != TDM_OK ||
+        tdm_synth_copy_vocab(w, g, n_vocab, &n, &err) != TDM_OK) {
+        fprintf(stderr, "tandem model synth: %s\n", err.msg);
+        goto out;
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s, %u layers, %s, vocabulary %u (%u from the tokenizer)", s.name,
+             s.n_layers, tdm_ggml_type_get((uint32_t)type)->name, n_vocab, n);
+    status = write_out(w, o->out, t0, what);
+out:
+    tdm_gguf_writer_destroy(&w);
+    tdm_gguf_destroy(&g);
+    return status;
+}
+
+/* Parses and checks the options; returns the exit status, *done when the command stops. */
+static int parse_synth(int argc, char **argv, synth_opts_t *o, bool *done)
+{
+    const tdm_cli_opt_t opts[] = {
+        TDM_CLI_OPT_STR("shape", 0, &o->shape),
+        TDM_CLI_OPT_STR("type", 0, &o->type),
+        TDM_CLI_OPT_STR("vocab", 0, &o->vocab),
+        TDM_CLI_OPT_STR("model", 'm', &o->model),
+        TDM_CLI_OPT_STR("output", 'o', &o->out),
+        TDM_CLI_OPT_U64("seed", 0, &o->seed),
+        TDM_CLI_OPT_LONG("layers", 0, &o->layers, 1, 4096),
+        TDM_CLI_OPT_TRUE("vocab-only", 0, &o->vocab_only),
+        TDM_CLI_OPT_END,
+    };
+    const tdm_cli_spec_t spec = {"tandem model synth", usage, usage_hint, opts};
+    int status = tdm_cli_parse(&spec, argc, argv, done);
+    if (*done)
+        return status;
+    const char *bad = NULL;
+    if (optind < argc)
+        bad = "unexpected operand";
+    else if (!o->out)
+        bad = "-o FILE is required";
+    else if (o->vocab_only && (o->shape || o->type || o->vocab))
+        bad = "--vocab-only takes only -m MODEL and -o FILE";
+    else if (!o->vocab_only && (!o->shape || !o->type))
+        bad = "--shape and --type are required";
+    else if (!o->vocab_only && o->model)
+        bad = "-m goes with --vocab-only (the tokenizer of a synthetic model is --vocab)";
+    *done = bad != NULL;
+    if (bad) {
+        fprintf(stderr, "tandem model synth: %s\n", bad);
+        usage_hint();
+        return 2;
+    }
+    return 0;
+}
+
+static int cmd_synth(int argc, char **argv)
+{
+    synth_opts_t o = {0};
+    bool done = false;
+    int status = parse_synth(argc, argv, &o, &done);
+    if (done)
+        return status;
+    if (o.vocab_only)
+        return run_vocab_only(&o);
+    const tdm_synth_shape_t *s = tdm_synth_shape_find(o.shape);
+    tdm_ggml_type_t type;
+    if (!s) {
+        fprintf(stderr, "tandem model synth: unknown --shape %s (%s)\n", o.shape,
+                tdm_synth_shape_names());
+        return 2;
+    }
+    if (!parse_type(o.type, &type))
+        return 2;
+    tdm_synth_shape_t shape = *s;
+    if (o.layers > 0 && (uint32_t)o.layers < shape.n_layers)
+        shape.n_layers = (uint32_t)o.layers;
+    return run_synth(&o, shape, type);
+}
+
+int tdm_cmd_model(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "synth") == 0) {
+        char name[] = "tandem model synth";
+        argv[1] = name;
+        return cmd_synth(argc - 1, argv + 1);
+    }
+    FILE *out = argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)
+                    ? stdout
+                    : stderr;
+    fprintf(out, "usage: tandem model synth [options]   (tandem model synth --help)\n");
+    return out == stdout ? 0 : 2;
+}

@@ -1,0 +1,51 @@
+/* cmd_model.h - what `tandem model`'s files share: the architecture shapes synth knows, the
+ * weight generator (cmd_model_synth.c) and the tokenizer copy (cmd_model_vocab.c). */
+#ifndef TANDEM_CLIENT_CMD_MODEL_H
+#define TANDEM_CLIENT_CMD_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tandem/gguf.h"
+
+/* A published architecture's shape, from its Hugging Face config.json. */
+typedef struct tdm_synth_shape {
+    const char *name;    /* "llama-3.2-1b" */
+    uint32_t n_vocab;    /* tokens (vocab_size) */
+    uint32_t n_ctx;      /* max_position_embeddings */
+    uint32_t n_embd;     /* hidden_size */
+    uint32_t n_ff;       /* intermediate_size */
+    uint32_t n_layers;   /* num_hidden_layers */
+    uint32_t n_heads;    /* num_attention_heads */
+    uint32_t n_kv_heads; /* num_key_value_heads */
+    uint32_t head_dim;   /* hidden_size / num_attention_heads */
+    float rope_theta;    /* rope_theta */
+    bool tied;           /* tie_word_embeddings: no output.weight */
+} tdm_synth_shape_t;
+
+/* The shape called name; NULL when synth does not know it. Cannot fail. */
+const tdm_synth_shape_t *tdm_synth_shape_find(const char *name);
+
+/* The known shapes' names, "a|b|c", for messages. Cannot fail. */
+const char *tdm_synth_shape_names(void);
+
+/* Adds the model's metadata (general.*, llama.*) and every weight tensor of shape s (n_vocab
+ * rows in the embedding) to w: projections of type type, token_embd (and output) Q8_0 for the
+ * quantized types, F16 for F16, norms F32. Values are uniform random from seed, scaled so the
+ * residual stream's RMS stays near 1 through every layer (cmd_model_synth.c says how).
+ * Deterministic: the same arguments give the same bytes whatever the thread count.
+ * Errors: TDM_ERESOURCE (message in err), TDM_EINVALID (a type the shape's dims do not fit). */
+int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32_t n_vocab,
+                          tdm_ggml_type_t type, uint64_t seed, tdm_error_t *err);
+
+/* Copies every tokenizer.* key of g into w, the token arrays padded to n_vocab entries (when
+ * n_vocab is larger than g's vocabulary) with unused tokens "<|synth_pad_N|>" (token type 5,
+ * score 0). *n_tokens gets g's vocabulary size. Errors: TDM_ENOTFOUND/TDM_EINVALID (no or a
+ * malformed tokenizer.ggml.tokens), TDM_ERESOURCE; message in err. */
+int tdm_synth_copy_vocab(tdm_gguf_writer_t *w, const tdm_gguf_t *g, uint32_t n_vocab,
+                         uint32_t *n_tokens, tdm_error_t *err);
+
+/* Vocabulary size of g (entries of tokenizer.ggml.tokens), 0 when it has none. */
+uint32_t tdm_synth_vocab_size(const tdm_gguf_t *g);
+
+#endif

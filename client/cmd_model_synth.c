@@ -1,0 +1,237 @@
+/* cmd_model_synth.c - random weights of a real architecture's shape, for `tandem model synth`.
+ *
+ * Scaling (so that the residual stream's RMS stays near 1 in every layer, and no op sees
+ * values that push a kernel onto a slow path): the embedding rows have RMS 1; every matrix
+ * that reads a normalised input (Q, K, V, gate, up) has standard deviation 1/sqrt(n_in), so
+ * its outputs have RMS ~1 and the attention scores q.k/sqrt(head_dim) have RMS ~1 (no
+ * saturated softmax); the two matrices that write into the residual stream (attn_output,
+ * ffn_down) are scaled so that each adds RMS ~alpha = 1/sqrt(2 n_layers), so after all layers
+ * the RMS is ~sqrt(2) (silu(g) * u has RMS ~0.6 for g, u ~ N(0, 1)); the logits have standard
+ * deviation ~2 (output_norm's weight 2/sqrt(n_embd) on the tied embedding, or an output matrix
+ * of std 2/sqrt(n_embd)), so the softmax over the vocabulary is neither flat nor one-hot and
+ * exp() underflows into denormals for no more tokens than in a trained model.
+ * tests/unit/test_synth.c checks the RMS of every layer's hidden state.
+ *
+ * Values are uniform on [-a, a] (a = std * sqrt 3) from splitmix64 seeded per (seed, tensor,
+ * row), so rows are generated in parallel (OpenMP) and the file does not depend on the thread
+ * count. Uniform rather than normal: no tails to clip, two values per 64-bit draw.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_model.h"
+
+/* Shapes from each model's config.json on the Hugging Face hub (Llama 3's rope scaling, a
+ * rope_freqs tensor in llama.cpp's files, is left out: it changes no cost). */
+static const tdm_synth_shape_t shapes[] = {
+    {"smollm2-135m", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true},
+    {"smollm2-360m", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true},
+    {"llama-3.2-1b", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true},
+    {"llama-3.1-8b", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+const tdm_synth_shape_t *tdm_synth_shape_find(const char *name)
+{
+    for (size_t i = 0; name && i < N_SHAPES; i++)
+        if (strcmp(shapes[i].name, name) == 0)
+            return &shapes[i];
+    return NULL;
+}
+
+const char *tdm_synth_shape_names(void)
+{
+    return "smollm2-135m|smollm2-360m|llama-3.2-1b|llama-3.1-8b";
+}
+
+/* splitmix64 (Steele, Lea, Flood 2014; S. Vigna's public-domain reference). */
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Row i of a tensor: n uniform values on [-a, a] (mean 0, std a / sqrt 3), plus mean. */
+static void fill_row(float *row, uint64_t n, uint64_t stream, uint64_t i, float a, float mean)
+{
+    uint64_t state = stream ^ (i * 0xd1b54a32d192ed03ull);
+    splitmix64(&state);
+    const float scale = a / 2147483648.0f; /* int32 -> [-a, a) */
+    for (uint64_t j = 0; j + 1 < n; j += 2) {
+        const uint64_t r = splitmix64(&state);
+        row[j] = mean + (float)(int32_t)(uint32_t)r * scale;
+        row[j + 1] = mean + (float)(int32_t)(uint32_t)(r >> 32) * scale;
+    }
+    if (n % 2)
+        row[n - 1] = mean + (float)(int32_t)(uint32_t)splitmix64(&state) * scale;
+}
+
+/* One tensor to generate: [ne0] x ne1 rows of type, std (0: constant mean). */
+typedef struct synth_tensor {
+    const char *name;
+    tdm_ggml_type_t type;
+    uint64_t ne0, ne1;
+    float std, mean;
+} synth_tensor_t;
+
+/* Generates t's rows in parallel into data (ne1 * row_bytes). scratch: [threads][ne0] f32. */
+static void fill_tensor(const synth_tensor_t *t, uint64_t stream, uint8_t *data, float *scratch)
+{
+    const size_t row_bytes = tdm_ggml_row_size(t->type, t->ne0);
+    const float a = t->std * 1.7320508f;
+#pragma omp parallel
+    {
+        float *row = scratch + (size_t)omp_get_thread_num() * t->ne0;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < (int64_t)t->ne1; i++) {
+            fill_row(row, t->ne0, stream, (uint64_t)i, a, t->mean);
+            tdm_ggml_quantize_row(t->type, row, data + (size_t)i * row_bytes, (int64_t)t->ne0);
+        }
+    }
+}
+
+/* Adds tensor t, the index-th of the file, to w. */
+static int add_tensor(tdm_gguf_writer_t *w, const synth_tensor_t *t, uint64_t seed, uint64_t index,
+                      float *scratch, tdm_error_t *err)
+{
+    const size_t row_bytes = tdm_ggml_row_size(t->type, t->ne0);
+    if (row_bytes == 0)
+        return tdm_error_set(err, TDM_EINVALID, "%s: %llu is not a multiple of %s's block size",
+                             t->name, (unsigned long long)t->ne0,
+                             tdm_ggml_type_get((uint32_t)t->type)->name);
+    uint8_t *data = malloc(row_bytes * t->ne1);
+    if (!data)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory for %s", t->name);
+    uint64_t stream = seed ^ (index * 0x9e3779b97f4a7c15ull);
+    splitmix64(&stream);
+    fill_tensor(t, stream, data, scratch);
+    const uint64_t ne[2] = {t->ne0, t->ne1};
+    int rc = tdm_gguf_writer_add_tensor(w, t->name, t->type, t->ne1 == 1 ? 1 : 2, ne, data);
+    free(data);
+    if (rc != TDM_OK)
+        return tdm_error_set(err, rc, "cannot add %s", t->name);
+    return TDM_OK;
+}
+
+/* llama.cpp's llama_ftype for projections of type t (general.file_type). */
+static uint32_t file_type_of(tdm_ggml_type_t t)
+{
+    switch (t) {
+    case TDM_GGML_TYPE_F16: return 1;   /* MOSTLY_F16 */
+    case TDM_GGML_TYPE_Q4_0: return 2;  /* MOSTLY_Q4_0 */
+    case TDM_GGML_TYPE_Q4_1: return 3;  /* MOSTLY_Q4_1 */
+    case TDM_GGML_TYPE_Q8_0: return 7;  /* MOSTLY_Q8_0 */
+    case TDM_GGML_TYPE_Q5_0: return 8;  /* MOSTLY_Q5_0 */
+    case TDM_GGML_TYPE_Q5_1: return 9;  /* MOSTLY_Q5_1 */
+    case TDM_GGML_TYPE_Q4_K: return 15; /* MOSTLY_Q4_K_M */
+    case TDM_GGML_TYPE_Q5_K: return 17; /* MOSTLY_Q5_K_M */
+    case TDM_GGML_TYPE_Q6_K: return 18; /* MOSTLY_Q6_K */
+    case TDM_GGML_TYPE_BF16: return 32; /* MOSTLY_BF16 */
+    default: return 0;                  /* ALL_F32 */
+    }
+}
+
+/* general.* and llama.* keys, in the order convert_hf_to_gguf.py writes them. */
+static int add_metadata(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32_t n_vocab,
+                        tdm_ggml_type_t type)
+{
+    char name[96];
+    snprintf(name, sizeof name, "synth %s %s", s->name, tdm_ggml_type_get((uint32_t)type)->name);
+    int rc = tdm_gguf_writer_set_str(w, "general.architecture", "llama");
+    rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.type", "model");
+    rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.name", name);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.block_count", s->n_layers);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.context_length", s->n_ctx);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.embedding_length", s->n_embd);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.feed_forward_length", s->n_ff);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.head_count", s->n_heads);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.head_count_kv", s->n_kv_heads);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "llama.rope.freq_base", s->rope_theta);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.key_length", s->head_dim);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.value_length", s->head_dim);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.file_type", file_type_of(type));
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.vocab_size", n_vocab);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.rope.dimension_count", s->head_dim);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.quantization_version", 2);
+    return rc;
+}
+
+/* The nine tensors of layer l into ts[9] (names into names[9][64]). */
+static void layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
+                          synth_tensor_t ts[9], char names[9][64])
+{
+    const uint64_t E = s->n_embd, F = s->n_ff, Q = (uint64_t)s->n_heads * s->head_dim;
+    const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim;
+    const tdm_ggml_type_t f32 = TDM_GGML_TYPE_F32;
+    const float in_e = 1.0f / sqrtf((float)E), alpha = 1.0f / sqrtf(2.0f * (float)s->n_layers);
+    const synth_tensor_t t[9] = {
+        {"attn_norm", f32, E, 1, 0.0f, 1.0f},
+        {"attn_q", wt, E, Q, in_e, 0.0f},
+        {"attn_k", wt, E, KV, in_e, 0.0f},
+        {"attn_v", wt, E, KV, in_e, 0.0f},
+        {"attn_output", wt, Q, E, alpha / sqrtf((float)Q), 0.0f},
+        {"ffn_norm", f32, E, 1, 0.0f, 1.0f},
+        {"ffn_gate", wt, E, F, in_e, 0.0f},
+        {"ffn_up", wt, E, F, in_e, 0.0f},
+        {"ffn_down", wt, F, E, alpha / (0.6f * sqrtf((float)F)), 0.0f},
+    };
+    for (int i = 0; i < 9; i++) {
+        ts[i] = t[i];
+        snprintf(names[i], 64, "blk.%u.%s.weight", l, t[i].name);
+        ts[i].name = names[i];
+    }
+}
+
+/* Embedding and output matrices: Q8_0 under a quantized type (as llama.cpp's quantize keeps
+ * them at 8 bits when the rows are not a multiple of 256), else the projections' type. */
+static tdm_ggml_type_t embd_type_of(tdm_ggml_type_t wt)
+{
+    return tdm_ggml_type_get((uint32_t)wt)->block_size > 1 ? TDM_GGML_TYPE_Q8_0 : wt;
+}
+
+/* Adds every layer's tensors. */
+static int add_layers(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, tdm_ggml_type_t type,
+                      uint64_t seed, uint64_t *index, float *scratch, tdm_error_t *err)
+{
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        synth_tensor_t ts[9];
+        char names[9][64];
+        layer_tensors(s, type, l, ts, names);
+        for (int i = 0; i < 9; i++) {
+            int rc = add_tensor(w, &ts[i], seed, (*index)++, scratch, err);
+            if (rc != TDM_OK)
+                return rc;
+        }
+    }
+    return TDM_OK;
+}
+
+int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32_t n_vocab,
+                          tdm_ggml_type_t type, uint64_t seed, tdm_error_t *err)
+{
+    if (add_metadata(w, s, n_vocab, type) != TDM_OK)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory for the metadata");
+    const uint64_t E = s->n_embd, max_in = s->n_ff > E ? s->n_ff : E;
+    float *scratch = malloc((size_t)omp_get_max_threads() * max_in * sizeof *scratch);
+    if (!scratch)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    const tdm_ggml_type_t et = embd_type_of(type), f32 = TDM_GGML_TYPE_F32;
+    const float logit_gain = 2.0f / sqrtf((float)E);
+    const synth_tensor_t embd = {"token_embd.weight", et, E, n_vocab, 1.0f, 0.0f};
+    const synth_tensor_t out_norm = {"output_norm.weight", f32, E, 1, 0, s->tied ? logit_gain : 1};
+    const synth_tensor_t out = {"output.weight", et, E, n_vocab, logit_gain, 0.0f};
+    uint64_t index = 0;
+    int rc = add_tensor(w, &embd, seed, index++, scratch, err);
+    rc = rc ? rc : add_layers(w, s, type, seed, &index, scratch, err);
+    rc = rc ? rc : add_tensor(w, &out_norm, seed, index++, scratch, err);
+    if (rc == TDM_OK && !s->tied)
+        rc = add_tensor(w, &out, seed, index++, scratch, err);
+    free(scratch);
+    return rc;
+}
