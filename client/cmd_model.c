@@ -1,5 +1,6 @@
-/* cmd_model.c - `tandem model synth`: writes a random-weight GGUF with a published
- * architecture's shape (for benchmarks at scales the default model does not reach), or, with
+/* cmd_model.c - `tandem model synth` (`tandem model cut` is cmd_model_cut.c): writes a
+ * random-weight GGUF with a published architecture's shape (for benchmarks at scales the default
+ * model does not reach), or, with
  * --vocab-only, a vocabulary-only GGUF of a model's tokenizer to give it.
  *
  * The weights (cmd_model_synth.c) mean nothing; what they keep real is every cost: tensor
@@ -235,9 +236,15 @@ int tdm_cmd_model(int argc, char **argv)
         argv[1] = name;
         return cmd_synth(argc - 1, argv + 1);
     }
+    if (argc >= 2 && strcmp(argv[1], "cut") == 0) {
+        char name[] = "tandem model cut";
+        argv[1] = name;
+        return tdm_cmd_model_cut(argc - 1, argv + 1);
+    }
     FILE *out = argc >= 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)
                     ? stdout
                     : stderr;
-    fprintf(out, "usage: tandem model synth [options]   (tandem model synth --help)\n");
+    fprintf(out, "usage: tandem model synth [options]   (tandem model synth --help)\n"
+                 "       tandem model cut [options]     (tandem model cut --help)\n");
     return out == stdout ? 0 : 2;
 }

@@ -45,6 +45,14 @@ int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint
 int tdm_synth_copy_vocab(tdm_gguf_writer_t *w, const tdm_gguf_t *g, uint32_t n_vocab,
                          uint32_t *n_tokens, tdm_error_t *err);
 
+/* Copies one metadata key of a GGUF into w, keeping its type where the writer has a setter
+ * (other integer types widen to u32/i32, 64-bit floats narrow to f32). Returns TDM_OK or
+ * TDM_ERESOURCE. */
+int tdm_model_copy_kv(tdm_gguf_writer_t *w, const tdm_gguf_kv_t *kv);
+
+/* `tandem model cut`: argv[0] is the command's name (cmd_model_cut.c). */
+int tdm_cmd_model_cut(int argc, char **argv);
+
 /* Vocabulary size of g (entries of tokenizer.ggml.tokens), 0 when it has none. */
 uint32_t tdm_synth_vocab_size(const tdm_gguf_t *g);
 

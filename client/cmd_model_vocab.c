@@ -99,6 +99,14 @@ static int copy_scalar(tdm_gguf_writer_t *w, const tdm_gguf_kv_t *kv)
     }
 }
 
+int tdm_model_copy_kv(tdm_gguf_writer_t *w, const tdm_gguf_kv_t *kv)
+{
+    if (kv->type != TDM_GGUF_VTYPE_ARRAY)
+        return copy_scalar(w, kv);
+    return kv->arr_type == TDM_GGUF_VTYPE_STRING ? copy_arr_str(w, kv, kv->arr_n)
+                                                 : copy_arr_num(w, kv, kv->arr_n, 0);
+}
+
 /* The per-token arrays (tokens, scores, token_type) are padded; others (merges) are not. */
 static bool is_token_array(const char *key)
 {

@@ -1,7 +1,8 @@
 /* test_cuda_backend.c - the CUDA engine backend against the CPU backend: every op on the same
  * inputs with stated tolerances, whole-model logits on tiny models (llama and qwen2-style, f32
- * and quantized weights, every KV dtype) and on SmolLM2 when the default model is installed,
- * and batch-1 against batched decode on the GPU. Skips (exit 77) without a usable CUDA device
+ * and quantized weights, every KV dtype), on SmolLM2 when the default model is installed and
+ * on the truncated SmolLM2 scripts/gpu-check carries (TDM_GPU_LOGITS_MODEL), and batch-1
+ * against batched decode on the GPU. Skips (exit 77) without a usable CUDA device
  * or in a build without CUDA.
  *
  * Tolerances (bf16 GEMMs: 8-bit significands, so 2^-9 relative rounding per value):
@@ -11,7 +12,8 @@
  *   2e-3 (f16 cache: the CPU rounds probabilities to f16); whole tiny model 5e-2 of the largest
  *   logit with >= 90% argmax agreement; SmolLM2 >= 90% agreement, and
  *   agreement on every position where the CPU's top-1 leads its top-2 by >= 2, the CPU's top-5
- *   logits within 3 (0.5 on average); batch-1 vs
+ *   logits within 3 (0.5 on average); the truncated model the same with a lead of >= 0.25;
+ *   batch-1 vs
  *   batched decode 1e-2 of the largest logit.
  */
 #include <math.h>
@@ -740,14 +742,11 @@ static const char smollm2_text[] =
     "world. Today most lights are automatic, but the towers still stand, and visitors climb "
     "them to look out over the water and imagine the long nights of the people who kept them.";
 
-static void test_smollm2(void **state)
+/* CPU and CUDA logits of the model at path on smollm2_text (teacher-forced): top-5 within 3
+ * logits at most and 0.5 on average, argmax agreement >= 90%, and the same argmax at every
+ * position where the CPU's top-1 leads its top-2 by >= lead logits. */
+static void compare_on(const char *path, const char *label, double lead)
 {
-    (void)state;
-    char path[1024], problem[1024];
-    if (!tdm_test_default_model(path, sizeof path, problem, sizeof problem)) {
-        printf("SmolLM2 comparison not run: %s\n", problem);
-        skip();
-    }
     tdm_error_t err = {0};
     tdm_model_t *m = tdm_model_load(path, &err);
     if (!m)
@@ -762,22 +761,49 @@ static void test_smollm2(void **state)
     assert_true(n_ids > 64 && n_ids <= 256);
     uint32_t lens[1] = {(uint32_t)n_ids}, chunk[1] = {64};
     int32_t *toks[1] = {ids};
-    logit_cmp_t c = compare_engines(m, TDM_KV_F16, 1024, toks, lens, 1, chunk, 2.0);
-    print_cmp("SmolLM2 (teacher-forced prompt)", &c);
+    logit_cmp_t c = compare_engines(m, TDM_KV_F16, 1024, toks, lens, 1, chunk, lead);
+    print_cmp(label, &c);
+    printf("%s: %u of %u positions have a CPU lead >= %.2f; argmax agrees on %u of them\n", label,
+           c.strong, c.rows, lead, c.strong_agree);
     /* the CPU quantizes activations to 8 bits, the GPU rounds them to bf16: the two differ
      * about as much as the CPU and llama.cpp do (docs/performance.md: top-5 max 1.40, mean
      * 0.16) */
     if (!(c.top5_max < 3.0 && c.top5_sum / (5.0 * c.rows) < 0.5))
-        fail_msg("SmolLM2: top-5 logits differ by up to %.4g, %.4g on average (bounds 3, 0.5)",
+        fail_msg("%s: top-5 logits differ by up to %.4g, %.4g on average (bounds 3, 0.5)", label,
                  c.top5_max, c.top5_sum / (5.0 * c.rows));
     if (!(c.agree * 10 >= c.rows * 9))
-        fail_msg("SmolLM2: argmax agrees on %u of %u positions (< 90%%)", c.agree, c.rows);
+        fail_msg("%s: argmax agrees on %u of %u positions (< 90%%)", label, c.agree, c.rows);
     if (c.strong_agree != c.strong)
-        fail_msg("SmolLM2: argmax differs on %u positions where the CPU leads by >= 2 logits",
-                 c.strong - c.strong_agree);
+        fail_msg("%s: argmax differs on %u positions where the CPU leads by >= %.2f logits", label,
+                 c.strong - c.strong_agree, lead);
     free(ids);
     tdm_tokenizer_destroy(&tok);
     tdm_model_destroy(&m);
+}
+
+static void test_smollm2(void **state)
+{
+    (void)state;
+    char path[1024], problem[1024];
+    if (!tdm_test_default_model(path, sizeof path, problem, sizeof problem)) {
+        printf("SmolLM2 comparison not run: %s\n", problem);
+        skip();
+    }
+    compare_on(path, "SmolLM2 (teacher-forced prompt)", 2.0);
+}
+
+/* The truncated real model scripts/gpu-check carries (`tandem model cut`, the first 8 of
+ * SmolLM2-135M's 30 layers): the stricter lead of 0.25 logits (GPU issue). */
+static void test_truncated_model(void **state)
+{
+    (void)state;
+    const char *path = getenv("TDM_GPU_LOGITS_MODEL");
+    if (!path || !*path) {
+        printf("truncated-model comparison not run: TDM_GPU_LOGITS_MODEL is not set "
+               "(scripts/gpu-check sets it)\n");
+        skip();
+    }
+    compare_on(path, "truncated SmolLM2 (teacher-forced prompt)", 0.25);
 }
 
 /* Decode steps of 4 sequences, one per pass (batch 1) and all in one pass, on the GPU. */
@@ -902,9 +928,10 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ops_llama),     cmocka_unit_test(test_ops_qwen2),
-        cmocka_unit_test(test_engine_params), cmocka_unit_test(test_tiny_models),
-        cmocka_unit_test(test_smollm2),       cmocka_unit_test(test_batch_consistency),
+        cmocka_unit_test(test_ops_llama),         cmocka_unit_test(test_ops_qwen2),
+        cmocka_unit_test(test_engine_params),     cmocka_unit_test(test_tiny_models),
+        cmocka_unit_test(test_smollm2),           cmocka_unit_test(test_truncated_model),
+        cmocka_unit_test(test_batch_consistency),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #endif
