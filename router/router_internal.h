@@ -56,8 +56,8 @@ typedef struct rt_req rt_req_t;
 typedef struct rt_group {
     rt_req_t *kids[RT_MAX_CHOICES]; /* [n] choice i's request; NULL once it ended */
     uint32_t n;
-    uint32_t n_live; /* choices not ended yet */
-    uint32_t refs;   /* n_live, + 1 while the intake still walks kids */
+    uint32_t n_live;        /* choices not ended yet */
+    uint32_t refs;          /* n_live, + 1 while the intake still walks kids */
     uint32_t max_generated; /* the most output tokens of a choice completed so far (stream.c) */
 } rt_group_t;
 
