@@ -41,7 +41,10 @@ typedef struct cpu_be {
     const tdm_cpu_isa_t *scalar; /* the reference, for what isa leaves NULL */
     bool avx512; /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
     char name[32];
-    void **allocs; /* every buffer from cpu_alloc, freed at destroy */
+    struct cpu_wkernel *wk; /* [n_wk] the kernel of each quantized matrix, chosen at load */
+    size_t n_wk;
+    uint64_t own_bytes; /* bytes of every buffer from cpu_alloc (scratch, packed weights) */
+    void **allocs;      /* every buffer from cpu_alloc, freed at destroy */
     size_t n_allocs, cap_allocs;
     size_t max_in;    /* widest matmul input (elements) */
     q8a_block_t *act; /* [max_rows][max_in / 32] quantized activations */
@@ -52,6 +55,15 @@ typedef struct cpu_be {
     float *kvrow;     /* [n_threads][2 * head_dim] converted K/V rows */
     float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
 } cpu_be_t;
+
+/* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the
+ * matrix in place or repacked (cpu_kernels.h), AVX-512's prepared rows, or the f32 path. */
+typedef struct cpu_wkernel {
+    const tdm_weight_t *w;
+    tdm_cpu_qmat_t m;     /* what gemm reads */
+    tdm_cpu_gemm_fn gemm; /* NULL: f32 path (or zdot) */
+    bool zdot;            /* the AVX-512 kernels on the rows in place */
+} cpu_wkernel_t;
 
 /* ---- dispatch helpers ---- */
 
@@ -65,13 +77,23 @@ static void quantize_act(const cpu_be_t *be, const float *x, size_t n, q8a_block
     be->isa->quantize_act(x, n, out);
 }
 
-/* The q8a dot kernels for a weight type, or NULL when the type takes the f32 path. */
-static const tdm_cpu_dot_set_t *q8a_kernel(const cpu_be_t *be, tdm_ggml_type_t type, uint64_t n_in)
+/* The kernel record of w: the one chosen at load, or (for a weight the backend was not
+ * created with) one over the rows in place, which gives the same bits. */
+static const cpu_wkernel_t *cpu_wkernel_for(const cpu_be_t *be, const tdm_weight_t *w,
+                                            cpu_wkernel_t *tmp)
 {
-    int qt = tdm_cpu_qtype_of(type);
-    if (n_in % QK != 0 || qt < 0)
-        return NULL;
-    return &be->isa->dot[qt];
+    for (size_t i = 0; i < be->n_wk; i++)
+        if (be->wk[i].w == w)
+            return &be->wk[i];
+    int qt = tdm_cpu_qtype_of(w->type);
+    *tmp = (cpu_wkernel_t){.w = w};
+    if (qt < 0 || w->n_in % QK != 0)
+        return tmp;
+    tmp->m =
+        (tdm_cpu_qmat_t){w->data, w->row_bytes, 8 * w->row_bytes, w->n_out, w->n_in / QK, false};
+    tmp->zdot = be->avx512;
+    tmp->gemm = be->avx512 ? NULL : be->isa->packed ? be->scalar->gemm[qt] : be->isa->gemm[qt];
+    return tmp;
 }
 
 /* ---- ops ---- */
@@ -93,6 +115,7 @@ static float *cpu_alloc(void *vbe, size_t n)
         return NULL;
     memset(p, 0, bytes ? bytes : 64);
     be->allocs[be->n_allocs++] = p;
+    be->own_bytes += bytes ? bytes : 64;
     return p;
 }
 
@@ -107,21 +130,31 @@ static void cpu_destroy(void *vbe)
     free(be);
 }
 
-/* Picks the kernels: the best the CPU has, capped by TANDEM_CPU_KERNELS; names them. */
+/* Picks the kernels: the best the CPU has, capped by TANDEM_CPU_KERNELS; names them.
+ * TANDEM_CPU_KERNELS=scalar|avx2|vnni|avx512 caps the GEMM family (tests compare them; every
+ * family gives the same bits); "zdot" selects the older AVX-512 per-row kernels, kept for
+ * comparison (not bitwise equal to the others); unset or "auto" is the best. */
 static void cpu_pick_kernels(cpu_be_t *be)
 {
-    /* TANDEM_CPU_KERNELS=scalar|avx2|vnni caps the kernels (tests compare them; "auto" is
-     * best) */
     const char *cap = getenv("TANDEM_CPU_KERNELS");
-    bool scalar_only = cap && strcmp(cap, "scalar") == 0;
-    bool avx2_only = cap && strcmp(cap, "avx2") == 0;
-    bool avx2_cap = avx2_only || (cap && strcmp(cap, "vnni") == 0);
-    const tdm_cpu_isa_t *avx2 = scalar_only ? NULL : tdm_cpu_isa_avx2();
-    const tdm_cpu_isa_t *vnni = avx2 && !avx2_only ? tdm_cpu_isa_vnni() : NULL;
+    int level = 4; /* 0 scalar, 1 avx2, 2 vnni, 3 avx512, 4 auto */
+    static const char *const names[] = {"scalar", "avx2", "vnni", "avx512"};
+    for (int i = 0; cap && i < 4; i++)
+        if (strcmp(cap, names[i]) == 0)
+            level = i;
+    const tdm_cpu_isa_t *isa = NULL;
+    if (level >= 3)
+        isa = tdm_cpu_isa_avx512();
+    if (!isa && level >= 2)
+        isa = tdm_cpu_isa_vnni();
+    if (!isa && level >= 1)
+        isa = tdm_cpu_isa_avx2();
     be->scalar = tdm_cpu_isa_scalar();
-    be->isa = vnni ? vnni : avx2 ? avx2 : be->scalar;
-    be->avx512 = avx2 && tdm_cpu_has_avx512vnni() && !avx2_cap;
-    snprintf(be->name, sizeof be->name, "cpu/%s", be->avx512 ? "avx512-vnni" : be->isa->name);
+    be->isa = isa ? isa : be->scalar;
+    be->avx512 = cap && strcmp(cap, "zdot") == 0 && tdm_cpu_isa_avx2() && tdm_cpu_has_avx512vnni();
+    if (be->avx512)
+        be->isa = tdm_cpu_isa_avx2();
+    snprintf(be->name, sizeof be->name, "cpu/%s", be->avx512 ? "avx512-zdot" : be->isa->name);
 }
 
 /* The per-thread and per-row scratch, sized for the largest matmul input (max_in). */
@@ -152,6 +185,52 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* The kernel record of one quantized weight: a GEMM over the rows repacked for the kernel
+ * set (the copy costs the matrix's own size once per engine, counted in own_bytes) or in
+ * place; the other types keep the f32 path. Fails only on out of memory. */
+static int cpu_wkernel_init(cpu_be_t *be, const tdm_weight_t *w, cpu_wkernel_t *wk)
+{
+    cpu_wkernel_t tmp;
+    be->n_wk = 0; /* cpu_wkernel_for builds the in-place record */
+    *wk = *cpu_wkernel_for(be, w, &tmp);
+    int qt = tdm_cpu_qtype_of(w->type);
+    if (!wk->gemm || !be->isa->packed)
+        return TDM_OK;
+    size_t bytes = tdm_cpu_pack_bytes(w->type, w->n_out, wk->m.nb);
+    uint8_t *dst = (uint8_t *)cpu_alloc(be, (bytes + sizeof(float) - 1) / sizeof(float));
+    if (!dst)
+        return TDM_ERESOURCE;
+    tdm_cpu_pack(w->type, w->data, w->n_out, wk->m.nb, dst);
+    wk->m.data = dst;
+    wk->m.packed = true;
+    wk->gemm = be->isa->gemm[qt];
+    return TDM_OK;
+}
+
+/* Chooses the kernel of every matrix the forward pass multiplies (cpu_wkernel_init). */
+static int cpu_wkernels_new(cpu_be_t *be, tdm_error_t *err)
+{
+    uint32_t n_layers = be->hp->n_layers;
+    size_t n = (size_t)n_layers * 7 + 1;
+    cpu_wkernel_t *wk = (cpu_wkernel_t *)cpu_alloc(be, n * sizeof *wk / sizeof(float) + 1);
+    const tdm_weight_t **ws = (const tdm_weight_t **)cpu_alloc(be, n * 2);
+    if (!wk || !ws)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating CPU kernel table");
+    for (uint32_t l = 0; l < n_layers; l++) {
+        const tdm_layer_weights_t *lw = tdm_model_layer(be->model, l);
+        const tdm_weight_t *lws[7] = {&lw->wq,     &lw->wk,   &lw->wv,    &lw->wo,
+                                      &lw->w_gate, &lw->w_up, &lw->w_down};
+        memcpy(ws + (size_t)l * 7, lws, sizeof lws);
+    }
+    ws[n - 1] = tdm_model_output(be->model);
+    for (size_t i = 0; i < n; i++)
+        if (cpu_wkernel_init(be, ws[i], &wk[i]) != TDM_OK)
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory repacking weights");
+    be->wk = wk;
+    be->n_wk = n;
+    return TDM_OK;
+}
+
 static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
                         tdm_error_t *err)
 {
@@ -170,11 +249,16 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->max_rows = p->max_batch_tokens;
     be->n_ctx = p->n_ctx;
     cpu_pick_kernels(be);
-    if (cpu_scratch_new(be, err) != TDM_OK) {
+    if (cpu_scratch_new(be, err) != TDM_OK || cpu_wkernels_new(be, err) != TDM_OK) {
         cpu_destroy(be);
         return NULL;
     }
     return be;
+}
+
+static uint64_t cpu_own_bytes(const void *vbe)
+{
+    return ((const cpu_be_t *)vbe)->own_bytes;
 }
 
 static const char *cpu_kernel_name(const void *vbe)
@@ -222,90 +306,128 @@ static int cpu_rmsnorm(void *vbe, const float *x, const tdm_weight_t *w, uint32_
     return TDM_OK;
 }
 
+/* AVX-512: rows [r0, r1) of wk against tokens [t0, t1) from the prepared activations. */
+static void matmul_rows_zdot(cpu_be_t *be, const cpu_wkernel_t *wk, uint64_t r0, uint64_t r1,
+                             uint32_t t0, uint32_t t1, float *o)
+{
+#ifdef TDM_X86
+    size_t nb = wk->m.nb, zs = tdm_cpu_zact_stride(nb);
+    const tdm_weight_t *W = wk->w;
+    uint8_t *prep = be->zprep + (size_t)omp_get_thread_num() * tdm_cpu_zprep_stride(nb);
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = wk->m.data + r * W->row_bytes;
+        if (t1 - t0 == 1 && nb <= TDM_ZMAX_BLOCKS) {
+            o[(size_t)t0 * W->n_out + r] =
+                tdm_cpu_zdot_fused1(W->type, wr, nb, be->zact + (size_t)t0 * zs);
+            continue;
+        }
+        tdm_cpu_zrow_prep(W->type, wr, nb, prep);
+        for (uint32_t t = t0; t < t1; t += 8) {
+            int nt = t1 - t < 8 ? (int)(t1 - t) : 8;
+            const uint8_t *tok[8];
+            float y[8];
+            for (int j = 0; j < nt; j++)
+                tok[j] = be->zact + (size_t)(t + (uint32_t)j) * zs;
+            tdm_cpu_zdot(prep, nb, tok, y, nt);
+            for (int j = 0; j < nt; j++)
+                o[(size_t)(t + (uint32_t)j) * W->n_out + r] = y[j];
+        }
+    }
+#else
+    (void)be, (void)wk, (void)r0, (void)r1, (void)t0, (void)t1, (void)o;
+#endif
+}
+
+/* Other types: rows [r0, r1) dequantized to f32 one at a time, dotted with tokens [t0, t1). */
+static int matmul_rows_f32(cpu_be_t *be, const tdm_weight_t *W, const float *x, uint64_t r0,
+                           uint64_t r1, uint32_t t0, uint32_t t1, float *o)
+{
+    size_t K = W->n_in;
+    float *wrow = be->wrow + (size_t)omp_get_thread_num() * be->max_in;
+    for (uint64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)W->data + r * W->row_bytes;
+        if (tdm_ggml_dequantize_row(W->type, wr, wrow, (int64_t)K) != TDM_OK)
+            return TDM_EINVALID;
+        for (uint32_t t = t0; t < t1; t++)
+            o[(size_t)t * W->n_out + r] = dot_f32(be, wrow, x + (size_t)t * K, K);
+    }
+    return TDM_OK;
+}
+
+/* Group g (rows 8g .. 8g + 7) of wk against tokens [t0, t1). */
+static int matmul_group(cpu_be_t *be, const cpu_wkernel_t *wk, const float *x, uint64_t g,
+                        uint32_t t0, uint32_t t1, float *o)
+{
+    const tdm_weight_t *W = wk->w;
+    uint64_t r0 = 8 * g, r1 = r0 + 8 < W->n_out ? r0 + 8 : W->n_out;
+    if (wk->gemm) {
+        size_t nb = wk->m.nb;
+        wk->gemm(&wk->m, g, g + 1, be->act + (size_t)t0 * nb, t1 - t0, o + (size_t)t0 * W->n_out,
+                 W->n_out);
+        return TDM_OK;
+    }
+    if (wk->zdot) {
+        matmul_rows_zdot(be, wk, r0, r1, t0, t1, o);
+        return TDM_OK;
+    }
+    return matmul_rows_f32(be, W, x, r0, r1, t0, t1, o);
+}
+
+/* Quantizes the n activation rows for the q8a kernels (and AVX-512's layout). */
+static void matmul_quantize(cpu_be_t *be, const float *x, uint32_t n, size_t K)
+{
+    size_t nb = K / QK;
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n > 1)
+    for (uint32_t t = 0; t < n; t++) {
+        quantize_act(be, x + t * K, K, be->act + t * nb);
+#ifdef TDM_X86
+        if (be->avx512)
+            tdm_cpu_zact_fill(be->act + t * nb, nb, be->zact + t * tdm_cpu_zact_stride(nb));
+#endif
+    }
+}
+
+#define TDM_MATMUL_MAX_W 4 /* weights one matmul call may share an input across */
+#define TDM_CHUNK_GROUPS 2 /* 8-row groups per thread work unit (16 rows) */
+
+/* The groups of all weights form one index space, split among threads in chunks; each chunk
+ * goes over the tokens in tiles of TOKEN_TILE, so its weights stay in L1 and the tile's
+ * activations in L2. An output element's value does not depend on the split. */
 static int cpu_matmul(void *vbe, const float *x, uint32_t n, uint32_t n_w,
                       const tdm_weight_t *const *w, float *const *out)
 {
     cpu_be_t *be = vbe;
     size_t K = w[0]->n_in;
+    cpu_wkernel_t tmp[TDM_MATMUL_MAX_W];
+    const cpu_wkernel_t *wk[TDM_MATMUL_MAX_W];
+    uint64_t gstart[TDM_MATMUL_MAX_W + 1] = {0};
     bool need_q8 = false;
-    uint64_t total_rows = 0;
+    if (n_w > TDM_MATMUL_MAX_W)
+        return TDM_EINTERNAL;
     for (uint32_t k = 0; k < n_w; k++) {
         if (w[k]->n_in != K || K > be->max_in)
             return TDM_EINTERNAL;
-        need_q8 |= q8a_kernel(be, w[k]->type, K) != NULL;
-        total_rows += w[k]->n_out;
+        wk[k] = cpu_wkernel_for(be, w[k], &tmp[k]);
+        need_q8 |= wk[k]->gemm || wk[k]->zdot;
+        gstart[k + 1] = gstart[k] + (w[k]->n_out + 7) / 8;
     }
-    size_t nb = K / QK;
-    if (need_q8) {
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n > 1)
-        for (uint32_t t = 0; t < n; t++) {
-            quantize_act(be, x + t * K, K, be->act + t * nb);
-#ifdef TDM_X86
-            if (be->avx512)
-                tdm_cpu_zact_fill(be->act + t * nb, nb, be->zact + t * tdm_cpu_zact_stride(nb));
-#endif
-        }
-    }
-    /* rows of all weights form one index space split among threads in chunks of 16 */
-    int64_t n_chunks = (int64_t)((total_rows + 15) / 16);
+    if (need_q8)
+        matmul_quantize(be, x, n, K);
+    int64_t n_chunks = (int64_t)((gstart[n_w] + TDM_CHUNK_GROUPS - 1) / TDM_CHUNK_GROUPS);
     int rc = TDM_OK;
 #pragma omp parallel for schedule(static) num_threads(be->n_threads)
     for (int64_t c = 0; c < n_chunks; c++) {
-        float *wrow = be->wrow + (size_t)omp_get_thread_num() * be->max_in;
-        uint64_t r0 = (uint64_t)c * 16, r1 = r0 + 16 < total_rows ? r0 + 16 : total_rows;
+        uint64_t g0 = (uint64_t)c * TDM_CHUNK_GROUPS;
+        uint64_t g1 = g0 + TDM_CHUNK_GROUPS < gstart[n_w] ? g0 + TDM_CHUNK_GROUPS : gstart[n_w];
         for (uint32_t t0 = 0; t0 < n; t0 += TOKEN_TILE) {
             uint32_t t1 = t0 + TOKEN_TILE < n ? t0 + TOKEN_TILE : n;
-            for (uint64_t gr = r0; gr < r1; gr++) {
+            for (uint64_t g = g0; g < g1; g++) {
                 uint32_t k = 0;
-                uint64_t r = gr;
-                while (r >= w[k]->n_out)
-                    r -= w[k]->n_out, k++;
-                const tdm_weight_t *W = w[k];
-                const uint8_t *wr = (const uint8_t *)W->data + r * W->row_bytes;
-                float *o = out[k];
-                const tdm_cpu_dot_set_t *dots = q8a_kernel(be, W->type, K);
-#ifdef TDM_X86
-                if (dots && be->avx512 && t1 - t0 == 1 && nb <= TDM_ZMAX_BLOCKS) {
-                    o[(size_t)t0 * W->n_out + r] = tdm_cpu_zdot_fused1(
-                        W->type, wr, nb, be->zact + (size_t)t0 * tdm_cpu_zact_stride(nb));
-                    continue;
-                }
-                if (dots && be->avx512) {
-                    uint8_t *prep =
-                        be->zprep + (size_t)omp_get_thread_num() * tdm_cpu_zprep_stride(nb);
-                    tdm_cpu_zrow_prep(W->type, wr, nb, prep);
-                    for (uint32_t t = t0; t < t1; t += 8) {
-                        int nt = t1 - t < 8 ? (int)(t1 - t) : 8;
-                        const uint8_t *tok[8];
-                        float y[8];
-                        for (int j = 0; j < nt; j++)
-                            tok[j] = be->zact + (size_t)(t + (uint32_t)j) * tdm_cpu_zact_stride(nb);
-                        tdm_cpu_zdot(prep, nb, tok, y, nt);
-                        for (int j = 0; j < nt; j++)
-                            o[(size_t)(t + (uint32_t)j) * W->n_out + r] = y[j];
-                    }
-                    continue;
-                }
-#endif
-                if (dots) {
-                    for (uint32_t t = t0; t < t1; t += 4) {
-                        int nt = t1 - t < 4 ? (int)(t1 - t) : 4;
-                        const q8a_block_t *a[4];
-                        float y[4];
-                        for (int j = 0; j < nt; j++)
-                            a[j] = be->act + (size_t)(t + (uint32_t)j) * nb;
-                        dots->k[nt - 1](wr, a, nb, y);
-                        for (int j = 0; j < nt; j++)
-                            o[(size_t)(t + (uint32_t)j) * W->n_out + r] = y[j];
-                    }
-                } else {
-                    if (tdm_ggml_dequantize_row(W->type, wr, wrow, (int64_t)K) != TDM_OK) {
+                while (g >= gstart[k + 1])
+                    k++;
+                if (matmul_group(be, wk[k], x, g - gstart[k], t0, t1, out[k]) != TDM_OK) {
 #pragma omp atomic write
-                        rc = TDM_EINVALID;
-                        continue;
-                    }
-                    for (uint32_t t = t0; t < t1; t++)
-                        o[(size_t)t * W->n_out + r] = dot_f32(be, wrow, x + (size_t)t * K, K);
+                    rc = TDM_EINVALID;
                 }
             }
         }
@@ -553,6 +675,7 @@ const tdm_backend_ops_t tdm_model_backend_cpu = {
     .create = cpu_create,
     .destroy = cpu_destroy,
     .kernel_name = cpu_kernel_name,
+    .own_bytes = cpu_own_bytes,
     .alloc = cpu_alloc,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,

@@ -4,21 +4,41 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include "model/cpu_x86.inc"
 
-/* sum over 32 lanes of u[i] * s[i] (u unsigned 0..255, s signed) as 8 int32 lanes as floats */
-TDM_AVX2 static inline __m256 mul_sum_us8(__m256i u, __m256i s)
+/* Lane r: sum over the 32 values of row r's Q4 block (u, 8 chunks) times q. Each vpmaddubsw
+ * lane is at most 2 * 15 * 127 and eight of them at most 30480, so the int16 sums are exact
+ * before vpmaddwd widens them. */
+TDM_AVX2 static inline __m256i q4_isum_avx2(const __m256i *u, const int8_t *q)
 {
-    __m256i p16 = _mm256_maddubs_epi16(u, s);
-    __m256i p32 = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-    return _mm256_cvtepi32_ps(p32);
+    __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        int32_t v;
+        memcpy(&v, q + 4 * k, 4);
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(v)));
+    }
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+/* Lane r: sum of row r's Q8_0 block times q, as |w| times q carrying w's sign (each vpmaddubsw
+ * lane at most 2 * 128 * 127: no saturation). */
+TDM_AVX2 static inline __m256i q8_isum_avx2(const __m256i *w, const __m256i *wabs, const int8_t *q)
+{
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        int32_t v;
+        memcpy(&v, q + 4 * k, 4);
+        __m256i p16 = _mm256_maddubs_epi16(wabs[k], _mm256_sign_epi8(_mm256_set1_epi32(v), w[k]));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    }
+    return s;
 }
 
 #define TDM_KTARGET TDM_AVX2
 #define TDM_KNAME(x) x##_avx2
-#define TDM_KMULSUM mul_sum_us8
-#include "model/cpu_dots.inc"
+#include "model/cpu_gemm.inc"
 #undef TDM_KTARGET
 #undef TDM_KNAME
-#undef TDM_KMULSUM
 
 TDM_AVX2 static float dot_f32_avx2(const float *x, const float *y, size_t n)
 {
@@ -126,13 +146,6 @@ static bool cpu_has_avx2(void)
            __builtin_cpu_supports("f16c");
 }
 
-#define TDM_DOTS(name)                                                                             \
-    {                                                                                              \
-        {                                                                                          \
-            name##_1_avx2, name##_2_avx2, name##_3_avx2, name##_4_avx2                             \
-        }                                                                                          \
-    }
-
 static const tdm_cpu_isa_t isa_avx2 = {
     .name = "avx2",
     .quantize_act = quantize_act_avx2,
@@ -141,7 +154,8 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .axpy_f16 = axpy_f16_avx2,
     .axpy_f32 = axpy_f32_avx2,
     .store_f16 = store_f16_avx2,
-    .dot = {TDM_DOTS(dot_q4_0), TDM_DOTS(dot_q4_1), TDM_DOTS(dot_q8_0)},
+    .packed = true,
+    .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2},
 };
 
 const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void)

@@ -208,3 +208,159 @@ bool tdm_cpu_has_avx512vnni(void)
     return false;
 }
 #endif
+
+/* ---- the packed GEMM on 512-bit registers (cpu_kernels.h's layout and reduction) ----
+ *
+ * A register holds the 8 rows of a group for two tokens (low half token t, high half t + 1):
+ * the packed chunks are broadcast to both halves, each half gets its own token's activation
+ * bytes, scales and sums. vpdpbusd needs unsigned weights: Q4 nibbles are; Q8_0 is taken as
+ * w + 128 and 128 * sum(a) subtracted, the same integer as sum(w * a). Every lane then does the
+ * canonical float operations, so the results are the scalar reference's bits. */
+#if defined(__x86_64__) || defined(__i386__)
+#define TDM_ZNT 4 /* token pairs per micro-tile */
+
+/* a for the low half, b for the high half */
+TDM_AVX512 static inline __m512i zpair_epi32(int32_t a, int32_t b)
+{
+    return _mm512_mask_set1_epi32(_mm512_set1_epi32(a), (__mmask16)0xFF00, b);
+}
+
+TDM_AVX512 static inline __m512 zpair_ps(float a, float b)
+{
+    return _mm512_mask_mov_ps(_mm512_set1_ps(a), (__mmask16)0xFF00, _mm512_set1_ps(b));
+}
+
+TDM_AVX512 static inline int32_t zq4(const int8_t *q)
+{
+    int32_t v;
+    memcpy(&v, q, 4);
+    return v;
+}
+
+/* 8 f16 values as f32, in both halves */
+TDM_AVX512 static inline __m512 zdup_ph(const uint8_t *p)
+{
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v)));
+}
+
+/* 32 bytes in both halves */
+TDM_AVX512 static inline __m512i zdup_si256(const uint8_t *p)
+{
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0: one group's nb packed blocks against np token pairs (a0[j],
+ * a1[j] the two tokens' blocks; equal when the pair has one token). */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zgemm_tile(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *const *a0,
+           const q8a_block_t *const *a1, __m512 *acc, const int np)
+{
+    const size_t pbsz = kind == 0 ? 144 : kind == 1 ? 160 : 272;
+    const size_t qoff = kind == 1 ? 32 : 16;
+    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+    for (int j = 0; j < np; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b++, p += pbsz) {
+        __m512 d8 = zdup_ph(p);
+        __m512 m8 = kind == 1 ? zdup_ph(p + 16) : _mm512_setzero_ps();
+        __m512i u[8];
+        if (kind == 2) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                u[k] = _mm512_xor_si512(zdup_si256(p + qoff + 32 * (size_t)k), flip);
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m512i raw = zdup_si256(p + qoff + 32 * (size_t)k);
+                u[k] = _mm512_and_si512(raw, low);
+                u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            const q8a_block_t *x0 = a0[j] + b, *x1 = a1[j] + b;
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                isum = _mm512_dpbusd_epi32(isum, u[k],
+                                           zpair_epi32(zq4(x0->q + 4 * k), zq4(x1->q + 4 * k)));
+            if (kind != 1) {
+                int32_t off = kind == 0 ? 8 : 128;
+                isum = _mm512_sub_epi32(isum, zpair_epi32(off * x0->isum, off * x1->isum));
+            }
+            __m512 dd = _mm512_mul_ps(d8, zpair_ps(x0->d, x1->d));
+            acc[j] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum), acc[j]);
+            if (kind == 1)
+                acc[j] = _mm512_fmadd_ps(m8, zpair_ps(x0->s, x1->s), acc[j]);
+        }
+    }
+}
+
+/* Stores np pairs' accumulators (nt tokens in all) for rows r0 .. r0 + nr - 1. */
+TDM_AVX512 static void zgemm_store(const __m512 *acc, uint32_t nt, float *out, size_t ldo,
+                                   uint64_t r0, int nr)
+{
+    for (uint32_t t = 0; t < nt; t++) {
+        float y[16];
+        _mm512_storeu_ps(y, acc[t / 2]);
+        memcpy(out + (size_t)t * ldo + r0, y + 8 * (t % 2), (size_t)nr * sizeof(float));
+    }
+}
+
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zgemm_group(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *act, uint32_t nt,
+            float *out, size_t ldo, uint64_t r0, int nr)
+{
+    for (uint32_t t = 0; t < nt; t += 2 * TDM_ZNT) {
+        uint32_t n = nt - t < 2 * TDM_ZNT ? nt - t : 2 * TDM_ZNT;
+        const q8a_block_t *a0[TDM_ZNT], *a1[TDM_ZNT];
+        for (uint32_t j = 0; j < (n + 1) / 2; j++) {
+            a0[j] = act + (size_t)(t + 2 * j) * nb;
+            a1[j] = 2 * j + 1 < n ? a0[j] + nb : a0[j];
+        }
+        __m512 acc[TDM_ZNT];
+        switch ((n + 1) / 2) {
+        case 1: zgemm_tile(p, nb, kind, a0, a1, acc, 1); break;
+        case 2: zgemm_tile(p, nb, kind, a0, a1, acc, 2); break;
+        case 3: zgemm_tile(p, nb, kind, a0, a1, acc, 3); break;
+        default: zgemm_tile(p, nb, kind, a0, a1, acc, 4); break;
+        }
+        zgemm_store(acc, n, out + (size_t)t * ldo, ldo, r0, nr);
+    }
+}
+
+#define TDM_GEN_ZGEMM(name, kind)                                                                  \
+    TDM_AVX512 static void name(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,                     \
+                                const q8a_block_t *act, uint32_t nt, float *out, size_t ldo)       \
+    {                                                                                              \
+        for (size_t g = g0; g < g1; g++) {                                                         \
+            uint64_t r0 = 8 * (uint64_t)g;                                                         \
+            int nr = w->n_out - r0 < 8 ? (int)(w->n_out - r0) : 8;                                 \
+            zgemm_group(w->data + g * w->group_bytes, w->nb, kind, act, nt, out, ldo, r0, nr);     \
+        }                                                                                          \
+    }
+TDM_GEN_ZGEMM(zgemm_q4_0, 0)
+TDM_GEN_ZGEMM(zgemm_q4_1, 1)
+TDM_GEN_ZGEMM(zgemm_q8_0, 2)
+
+const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
+{
+    static tdm_cpu_isa_t isa;
+    const tdm_cpu_isa_t *avx2 = tdm_cpu_isa_avx2();
+    if (!avx2 || !tdm_cpu_has_avx512vnni())
+        return NULL;
+    isa = *avx2;
+    isa.name = "avx512-vnni";
+    isa.gemm[TDM_CPU_Q4_0] = zgemm_q4_0;
+    isa.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
+    isa.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
+    return &isa;
+}
+#else
+const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
+{
+    return NULL;
+}
+#endif

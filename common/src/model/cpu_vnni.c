@@ -7,27 +7,38 @@
 
 #define TDM_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
-/* sum over 32 lanes of u[i] * s[i] as 8 int32 lanes as floats: one vpdpbusd instead of
- * vpmaddubsw + vpmaddwd (the same exact integers) */
-TDM_AVXVNNI static inline __m256 mul_sum_us8_vnni(__m256i u, __m256i s)
+/* The exact integer block dots of cpu_gemm.inc with vpdpbusd (int32 accumulation, the same
+ * integers as AVX2's vpmaddubsw + vpmaddwd). */
+TDM_AVXVNNI static inline __m256i q4_isum_vnni(const __m256i *u, const int8_t *q)
 {
-    return _mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s));
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        int32_t v;
+        memcpy(&v, q + 4 * k, 4);
+        s = _mm256_dpbusd_avx_epi32(s, u[k], _mm256_set1_epi32(v));
+    }
+    return s;
+}
+
+TDM_AVXVNNI static inline __m256i q8_isum_vnni(const __m256i *w, const __m256i *wabs,
+                                               const int8_t *q)
+{
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        int32_t v;
+        memcpy(&v, q + 4 * k, 4);
+        s = _mm256_dpbusd_avx_epi32(s, wabs[k], _mm256_sign_epi8(_mm256_set1_epi32(v), w[k]));
+    }
+    return s;
 }
 
 #define TDM_KTARGET TDM_AVXVNNI
 #define TDM_KNAME(x) x##_vnni
-#define TDM_KMULSUM mul_sum_us8_vnni
-#include "model/cpu_dots.inc"
+#include "model/cpu_gemm.inc"
 #undef TDM_KTARGET
 #undef TDM_KNAME
-#undef TDM_KMULSUM
-
-#define TDM_DOTS(name)                                                                             \
-    {                                                                                              \
-        {                                                                                          \
-            name##_1_vnni, name##_2_vnni, name##_3_vnni, name##_4_vnni                             \
-        }                                                                                          \
-    }
 
 const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void)
 {
@@ -38,11 +49,9 @@ const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void)
         return NULL;
     isa = *avx2;
     isa.name = "avx2+vnni";
-    tdm_cpu_dot_set_t q4_0 = TDM_DOTS(dot_q4_0), q4_1 = TDM_DOTS(dot_q4_1),
-                      q8_0 = TDM_DOTS(dot_q8_0);
-    isa.dot[TDM_CPU_Q4_0] = q4_0;
-    isa.dot[TDM_CPU_Q4_1] = q4_1;
-    isa.dot[TDM_CPU_Q8_0] = q8_0;
+    isa.gemm[TDM_CPU_Q4_0] = gemm_q4_0_vnni;
+    isa.gemm[TDM_CPU_Q4_1] = gemm_q4_1_vnni;
+    isa.gemm[TDM_CPU_Q8_0] = gemm_q8_0_vnni;
     return &isa;
 }
 #else
