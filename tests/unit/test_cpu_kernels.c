@@ -164,6 +164,17 @@ static void check_isa(const tdm_cpu_isa_t *isa)
     tdm_cpu_isa_scalar()->quantize_act(x, K, ra);
     isa->quantize_act(x, K, ga);
     assert_memory_equal(ra, ga, K / 32 * sizeof *ra);
+    /* f16 rounding (attention over an f16 cache): magnitudes from subnormal halves to
+     * overflow, scaled */
+    float *rr = malloc(K * sizeof *rr), *gr = malloc(K * sizeof *gr);
+    assert_true(rr && gr);
+    for (size_t i = 0; i < K; i++)
+        x[i] = uniform(&seed, -1.0f, 1.0f) * ldexpf(1.0f, (int)(i % 48) - 30);
+    isa->round_f16(gr, x, 0.37f, K);
+    tdm_cpu_isa_scalar()->round_f16(rr, x, 0.37f, K);
+    assert_memory_equal(rr, gr, K * sizeof *rr);
+    free(rr);
+    free(gr);
     free(x);
     free(ra);
     free(ga);

@@ -1,17 +1,24 @@
-/* cpu.c - the CPU backend: OpenMP threads, AVX2/FMA/F16C kernels chosen at run time with a
- * portable scalar fallback, quantized weights used in place.
+/* cpu.c - the CPU backend's ops (embedding, RMSNorm, RoPE, attention, SwiGLU, the matmul
+ * driver) over OpenMP threads; the kernels are in one file per instruction set behind
+ * cpu_kernels.h, the best set the CPU has chosen when the backend is created.
  *
  * Matmuls with Q4_0, Q4_1 and Q8_0 weights quantize each activation row to 8 bits in blocks
- * of 32 (scale d = max|x| / 127, as ggml's Q8_0/Q8_1 activations) and take integer dot
- * products per block; other weight types are dequantized a row at a time into per-thread
- * scratch and dotted in f32. Each weight row is read once per tile of up to 64 tokens and
- * kept in L1 while every token of the tile uses it: batched decode costs little more
- * weight traffic than one token.
+ * of 32 (scale d = max|x| / 127, as ggml's Q8_0/Q8_1 activations) once per call and run a
+ * register-blocked GEMM: each weight is repacked once, at load, into groups of 8 interleaved
+ * rows, and a micro-kernel keeps 8 rows x up to 8 tokens of accumulators in registers across
+ * the K loop. Other weight types are dequantized a row at a time into per-thread scratch and
+ * dotted in f32. Threads split the rows into chunks of 16; each chunk goes over the tokens in
+ * tiles of 64 so its weights stay in L1: batched decode costs little more weight traffic
+ * than one token.
  *
  * Batch invariance: every output element (a row of W against one token's activations) is
  * reduced by the same code in the same order whatever the batch holds, threads split work by
  * output rows only, and attention reduces over positions 0..pos in order. So a sequence's
- * logits do not depend on its neighbours in the batch or on how its prompt was chunked.
+ * logits do not depend on its neighbours in the batch or on how its prompt was chunked. The
+ * quantized GEMM goes further: every kernel family (scalar, AVX2, AVX-VNNI, AVX-512 VNNI) gives
+ * the same bits (cpu_kernels.h states the reduction; tests/unit/test_cpu_kernels.c checks it).
+ * The f32 paths (attention, other weight types) are batch invariant but may differ between
+ * the scalar and SIMD sets in the last bits (vector lanes sum in another order).
  */
 #include <math.h>
 #include <omp.h>
@@ -567,6 +574,30 @@ static void kv_get(const cpu_be_t *be, const uint8_t *rec, uint32_t slot, float 
     }
 }
 
+/* sc[j] = q . K[j] / sqrt(head_dim) for positions j < n_pos of KV head g (tmp: head_dim
+ * floats of scratch); returns their maximum. */
+static float attn_scores(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
+                         const float *qh, uint32_t n_pos, float *sc, float *tmp)
+{
+    uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
+    float scale = 1.0f / sqrtf((float)D), mx = -INFINITY;
+    bool f16_fast = be->isa->dot_f32_f16 && be->kl.dtype == TDM_KV_F16;
+    for (uint32_t j = 0; j < n_pos; j++) {
+        const uint8_t *rec = kv_record(be, sq, j, layer, 0, g);
+        float s;
+        if (f16_fast) {
+            s = be->isa->dot_f32_f16(qh, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
+        } else {
+            kv_get(be, rec, j % bs, tmp);
+            s = dot_f32(be, qh, tmp, D);
+        }
+        s *= scale;
+        sc[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    return mx;
+}
+
 /* Causal scaled dot-product attention (Vaswani et al. 2017) with GQA: query head h reads KV
  * head h / (n_heads / n_kv_heads). Scores over positions 0..pos in order, softmax with the
  * max subtracted, then the weighted sum of V rows in order. */
@@ -577,7 +608,6 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
     const tdm_llama_hparams_t *hp = be->hp;
     uint32_t H = hp->n_heads, D = hp->head_dim, group = hp->n_heads / hp->n_kv_heads;
     uint32_t bs = be->kl.block_size;
-    float scale = 1.0f / sqrtf((float)D);
     bool f16_fast = be->isa->dot_f32_f16 && be->kl.dtype == TDM_KV_F16;
     int64_t n_items = (int64_t)rows->n * H;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(be->n_threads)
@@ -595,24 +625,10 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
         bool f16 = be->kl.dtype == TDM_KV_F16;
         float *qr = tmp + D;
         if (f16) {
-            for (uint32_t i = 0; i < D; i++)
-                qr[i] = tdm_cpu_round_fp16(qh[i]);
+            be->isa->round_f16(qr, qh, 1.0f, D);
             qh = qr;
         }
-        float mx = -INFINITY;
-        for (uint32_t j = 0; j < n_pos; j++) {
-            const uint8_t *rec = kv_record(be, sq, j, layer, 0, g);
-            float s;
-            if (f16_fast) {
-                s = be->isa->dot_f32_f16(qh, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
-            } else {
-                kv_get(be, rec, j % bs, tmp);
-                s = dot_f32(be, qh, tmp, D);
-            }
-            s *= scale;
-            sc[j] = s;
-            mx = fmaxf(mx, s);
-        }
+        float mx = attn_scores(be, layer, sq, g, qh, n_pos, sc, tmp);
         /* softmax with the sum in double, then normalised probabilities (ggml_soft_max) */
         double sum = 0.0;
         for (uint32_t j = 0; j < n_pos; j++) {
@@ -620,10 +636,12 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
             sum += (double)sc[j];
         }
         float inv = (float)(1.0 / sum);
+        if (f16) /* the probabilities in f16 */
+            be->isa->round_f16(sc, sc, inv, n_pos);
         memset(o, 0, D * sizeof(float));
         for (uint32_t j = 0; j < n_pos; j++) {
             const uint8_t *rec = kv_record(be, sq, j, layer, 1, g);
-            float pj = f16 ? tdm_cpu_round_fp16(sc[j] * inv) : sc[j] * inv;
+            float pj = f16 ? sc[j] : sc[j] * inv;
             if (f16_fast) {
                 be->isa->axpy_f16(o, pj, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
                 continue;

@@ -139,6 +139,20 @@ TDM_AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, size_t n)
         dst[i] = tdm_fp32_to_fp16(src[i]);
 }
 
+/* F16C rounds to nearest even, as tdm_fp32_to_fp16 does */
+TDM_AVX2 static void round_f16_avx2(float *dst, const float *src, float scale, size_t n)
+{
+    __m256 vs = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h =
+            _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), vs), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++)
+        dst[i] = tdm_cpu_round_fp16(src[i] * scale);
+}
+
 static bool cpu_has_avx2(void)
 {
     __builtin_cpu_init();
@@ -154,6 +168,7 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .axpy_f16 = axpy_f16_avx2,
     .axpy_f32 = axpy_f32_avx2,
     .store_f16 = store_f16_avx2,
+    .round_f16 = round_f16_avx2,
     .packed = true,
     .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2},
 };

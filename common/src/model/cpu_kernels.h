@@ -90,6 +90,8 @@ typedef struct tdm_cpu_isa {
     void (*axpy_f32)(float *out, float p, const float *v, size_t n);
     /* dst = src rounded to f16 */
     void (*store_f16)(uint16_t *dst, const float *src, size_t n);
+    /* dst[i] = tdm_cpu_round_fp16(src[i] * scale) (dst may be src) */
+    void (*round_f16)(float *dst, const float *src, float scale, size_t n);
     bool packed;                            /* gemm reads packed matrices */
     tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES]; /* [qtype] */
 } tdm_cpu_isa_t;

@@ -171,12 +171,19 @@ static void store_f16_scalar(uint16_t *dst, const float *src, size_t n)
         dst[i] = tdm_fp32_to_fp16(src[i]);
 }
 
+static void round_f16_scalar(float *dst, const float *src, float scale, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = tdm_cpu_round_fp16(src[i] * scale);
+}
+
 static const tdm_cpu_isa_t isa_scalar = {
     .name = "scalar",
     .quantize_act = quantize_act_scalar,
     .dot_f32 = dot_f32_scalar,
     .axpy_f32 = axpy_f32_scalar,
     .store_f16 = store_f16_scalar,
+    .round_f16 = round_f16_scalar,
     .gemm = {dot_q4_0_scalar_gemm, dot_q4_1_scalar_gemm, dot_q8_0_scalar_gemm},
 };
 
