@@ -122,8 +122,10 @@ static double bench_prefill(bench_t *b, uint32_t n, int reps, int warm)
     return m;
 }
 
-/* Median seconds per decode step with `batch` sequences of DECODE_CTX tokens each. */
-static double bench_decode(bench_t *b, uint32_t batch, int steps)
+/* Median seconds per decode step with `batch` sequences of DECODE_CTX tokens each (their
+ * prompts prefilled first, or with `prefill` false left as the pool's zeros: the same work per
+ * step, for profiles of decode alone). */
+static double bench_decode_ctx(bench_t *b, uint32_t batch, int steps, bool prefill)
 {
     tdm_kv_seq_t seqs[MAX_BATCH];
     int32_t tok[MAX_BATCH], prompt[DECODE_CTX];
@@ -136,6 +138,8 @@ static double bench_decode(bench_t *b, uint32_t batch, int steps)
             fprintf(stderr, "KV pool too small for batch %u\n", batch);
             exit(1);
         }
+        if (!prefill)
+            continue;
         random_tokens(prompt, DECODE_CTX, b->n_vocab, 100 + s);
         for (uint32_t i = 0; i < DECODE_CTX; i++)
             pos[i] = i, seq[i] = 0, want[i] = i == DECODE_CTX - 1;
@@ -162,6 +166,11 @@ static double bench_decode(bench_t *b, uint32_t batch, int steps)
     return m;
 }
 
+static double bench_decode(bench_t *b, uint32_t batch, int steps)
+{
+    return bench_decode_ctx(b, batch, steps, true);
+}
+
 /* Bytes the CUDA backend keeps on the device for the weights: every matrix in bf16 (2 bytes a
  * value) and every vector in f32, as backend_cuda.cu uploads them; a decode step reads all of
  * them once. */
@@ -186,7 +195,10 @@ typedef struct bench_cfg {
     const uint32_t *batches;   /* [n_batches] decode batch sizes */
     int n_batches;
     uint32_t max_batch;
-    uint32_t n_ctx; /* the engine's context, tokens */
+    uint32_t n_ctx;       /* the engine's context, tokens */
+    const char *kernels;  /* --kernels: comma-separated TANDEM_CPU_KERNELS values to compare */
+    int rounds;           /* --rounds: interleaved rounds of the comparison (best kept) */
+    uint32_t decode_only; /* --decode-only B: only decode steps at batch B (for profilers) */
 } bench_cfg_t;
 
 /* What was measured. */
@@ -200,38 +212,50 @@ typedef struct bench_result {
     const char *bw_name;
 } bench_result_t;
 
+static void print_usage(void)
+{
+    printf("usage: tandem-bench-engine [-m MODEL] [-t THREADS] [--steps N] [--json FILE]\n"
+           "                           [--backend cpu|cuda|cuda:N]\n"
+           "                           [--kernels scalar,avx2,...] [--rounds N]\n"
+           "--kernels compares CPU kernel families (TANDEM_CPU_KERNELS values) in one\n"
+           "process: --rounds interleaved rounds, best time of each kept; prefill 128\n"
+           "and 512, decode batch 1, 8 and 32.\n"
+           "--decode-only B runs only --steps decode steps at batch B over 128-token\n"
+           "contexts (not prefilled), for a profiler.\n");
+}
+
 /* Parses the command line into *c. Returns 0 to go on, or the exit status with *done set. */
 static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
 {
-    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
-                                         {"threads", required_argument, NULL, 't'},
-                                         {"json", required_argument, NULL, 'j'},
-                                         {"steps", required_argument, NULL, 's'},
-                                         {"backend", required_argument, NULL, 'b'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, 'm'},   {"threads", required_argument, NULL, 't'},
+        {"json", required_argument, NULL, 'j'},    {"steps", required_argument, NULL, 's'},
+        {"backend", required_argument, NULL, 'b'}, {"kernels", required_argument, NULL, 'k'},
+        {"rounds", required_argument, NULL, 'r'},  {"decode-only", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     c->backend = "cpu";
     c->steps = 16;
+    c->rounds = 3;
     *done = true;
     int ch;
-    while ((ch = getopt_long(argc, argv, "m:t:j:s:b:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "m:t:j:s:b:k:r:d:h", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': snprintf(c->model_path, sizeof c->model_path, "%s", optarg); break;
         case 't': c->threads = atoi(optarg); break;
         case 'j': c->json_path = optarg; break;
         case 's': c->steps = atoi(optarg); break;
         case 'b': c->backend = optarg; break;
-        case 'h':
-            printf("usage: tandem-bench-engine [-m MODEL] [-t THREADS] [--steps N] [--json FILE]\n"
-                   "                           [--backend cpu|cuda|cuda:N]\n");
-            return 0;
+        case 'k': c->kernels = optarg; break;
+        case 'r': c->rounds = atoi(optarg); break;
+        case 'd': c->decode_only = (uint32_t)atoi(optarg); break;
+        case 'h': print_usage(); return 0;
         default: return 2;
         }
     }
     if (!c->model_path[0])
         tdm_model_default_path(c->model_path, sizeof c->model_path);
-    if (c->threads < 0 || c->steps < 1) {
-        fprintf(stderr, "bench: --threads must be >= 0 and --steps >= 1\n");
+    if (c->threads < 0 || c->steps < 1 || c->rounds < 1) {
+        fprintf(stderr, "bench: --threads must be >= 0, --steps and --rounds >= 1\n");
         return 2;
     }
     c->cuda = strncmp(c->backend, "cuda", 4) == 0;
@@ -253,6 +277,19 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
     c->n_ctx = c->cuda ? 4096 : 1024;
     *done = false;
     return 0;
+}
+
+/* An engine for the model and pool with the run's settings; NULL with *err on failure. */
+static tdm_engine_t *bench_engine_new(bench_t *b, const bench_cfg_t *c, tdm_error_t *err)
+{
+    tdm_engine_params_t ep;
+    tdm_engine_params_default(&ep);
+    ep.backend = c->backend;
+    ep.n_threads = c->threads;
+    ep.max_batch_tokens = c->n_large;
+    ep.max_logits = c->max_batch;
+    ep.n_ctx = c->n_ctx;
+    return tdm_engine_new(b->model, b->pool, &ep, err);
 }
 
 /* Loads the model and makes a KV pool for the longest prefill plus max_batch decoding
@@ -279,14 +316,7 @@ static int bench_open(bench_t *b, const bench_cfg_t *c, uint64_t *pool_bytes)
                         c->max_batch * (uint32_t)tdm_kv_blocks_for_tokens(&kl, decode_ctx);
     *pool_bytes = (uint64_t)n_blocks * tdm_kv_block_bytes(&kl);
     b->pool = tdm_kv_pool_new(&kl, n_blocks, &err);
-    tdm_engine_params_t ep;
-    tdm_engine_params_default(&ep);
-    ep.backend = c->backend;
-    ep.n_threads = c->threads;
-    ep.max_batch_tokens = c->n_large;
-    ep.max_logits = c->max_batch;
-    ep.n_ctx = c->n_ctx;
-    b->engine = b->pool ? tdm_engine_new(b->model, b->pool, &ep, &err) : NULL;
+    b->engine = b->pool ? bench_engine_new(b, c, &err) : NULL;
     b->logits = malloc((size_t)c->max_batch * b->n_vocab * sizeof(float));
     if (!b->engine || !b->logits) {
         fprintf(stderr, "bench: %s\n", err.msg);
@@ -409,6 +439,73 @@ static int write_json(const bench_t *b, const bench_cfg_t *c, const bench_result
     return 0;
 }
 
+#define CMP_MAX 8      /* kernel families one comparison takes */
+#define CMP_MEASURES 5 /* prefill 128, 512; decode batch 1, 8, 32 */
+
+/* Seconds of each measure for the engine now in b (prefill passes, decode steps). */
+static void compare_once(bench_t *b, const bench_cfg_t *c, double *sec)
+{
+    static const uint32_t batches[] = {1, 8, 32};
+    sec[0] = bench_prefill(b, 128, 1, 1);
+    sec[1] = bench_prefill(b, 512, 1, 0);
+    for (int i = 0; i < 3; i++)
+        sec[2 + i] = bench_decode(b, batches[i], c->steps);
+}
+
+/* Prints tokens/s per family and each family's ratio to the first one. */
+static void compare_print(char names[][32], int n, double best[][CMP_MEASURES])
+{
+    static const char *const labels[] = {"prefill 128 tokens/s", "prefill 512 tokens/s",
+                                         "decode batch 1 tokens/s", "decode batch 8 tokens/s",
+                                         "decode batch 32 tokens/s"};
+    static const double tokens[] = {128, 512, 1, 8, 32};
+    fprintf(stderr, "%-26s", "measure");
+    for (int k = 0; k < n; k++)
+        fprintf(stderr, " %14s", names[k]);
+    fprintf(stderr, "   ratios to %s\n", names[0]);
+    for (int m = 0; m < CMP_MEASURES; m++) {
+        fprintf(stderr, "%-26s", labels[m]);
+        for (int k = 0; k < n; k++)
+            fprintf(stderr, " %14.1f", tokens[m] / best[k][m]);
+        fprintf(stderr, "  ");
+        for (int k = 1; k < n; k++)
+            fprintf(stderr, " %.2f", best[0][m] / best[k][m]);
+        fprintf(stderr, "\n");
+    }
+}
+
+/* --kernels: each round creates one engine per family (TANDEM_CPU_KERNELS) and measures it,
+ * so the families share the machine's state; the best of the rounds is kept. */
+static int run_compare(bench_t *b, const bench_cfg_t *c)
+{
+    char names[CMP_MAX][32], list[256];
+    int n = 0;
+    snprintf(list, sizeof list, "%s", c->kernels);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < CMP_MAX;
+         tok = strtok_r(NULL, ",", &save))
+        snprintf(names[n++], sizeof names[0], "%s", tok);
+    double best[CMP_MAX][CMP_MEASURES];
+    for (int r = 0; r < c->rounds; r++) {
+        for (int k = 0; k < n; k++) {
+            tdm_error_t err = {0};
+            setenv("TANDEM_CPU_KERNELS", names[k], 1);
+            tdm_engine_destroy(&b->engine);
+            if (!(b->engine = bench_engine_new(b, c, &err))) {
+                fprintf(stderr, "bench: %s\n", err.msg);
+                return 1;
+            }
+            double sec[CMP_MEASURES];
+            compare_once(b, c, sec);
+            for (int m = 0; m < CMP_MEASURES; m++)
+                best[k][m] = r == 0 || sec[m] < best[k][m] ? sec[m] : best[k][m];
+            fprintf(stderr, "round %d %s (%s) done\n", r + 1, names[k],
+                    tdm_engine_backend_name(b->engine));
+        }
+    }
+    compare_print(names, n, best);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     bench_cfg_t c = {0};
@@ -419,6 +516,18 @@ int main(int argc, char **argv)
     bench_t b = {0};
     bench_result_t r = {0};
     status = bench_open(&b, &c, &r.pool_bytes);
+    if (status == 0 && c.decode_only) {
+        double step = bench_decode_ctx(&b, c.decode_only, c.steps, false);
+        fprintf(stderr, "decode batch %u: %.2f ms/step, %.1f tokens/s\n", c.decode_only, step * 1e3,
+                c.decode_only / step);
+        bench_close(&b);
+        return 0;
+    }
+    if (status == 0 && c.kernels) {
+        status = run_compare(&b, &c);
+        bench_close(&b);
+        return status;
+    }
     if (status == 0)
         status = bench_measure(&b, &c, &r);
     if (status == 0) {

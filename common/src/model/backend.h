@@ -71,6 +71,9 @@ typedef struct tdm_backend_ops {
     void (*destroy)(void *be);
     /* "cpu/avx2" etc. */
     const char *(*kernel_name)(const void *be);
+    /* Optional: bytes the backend allocated for itself while being created (its scratch, its
+     * repacked weight copies), beyond the buffers model code asks for with alloc. */
+    uint64_t (*own_bytes)(const void *be);
     /* Scratch buffer of n floats (only while creating the engine); NULL on out of memory. */
     float *(*alloc)(void *be, size_t n);
     /* x[t] = embedding row tokens[t]. */

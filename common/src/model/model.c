@@ -385,6 +385,8 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
     if (!e->be)
         goto out_free_engine;
     snprintf(e->name, sizeof e->name, "%s", e->ops->kernel_name(e->be));
+    /* the backend's own buffers (repacked weights, per-thread scratch) count as scratch */
+    e->scratch_bytes = e->ops->own_bytes ? e->ops->own_bytes(e->be) : 0;
 
     if (engine_scratch_new(e, err) != TDM_OK)
         goto out_destroy_backend;

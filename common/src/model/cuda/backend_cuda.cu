@@ -744,6 +744,7 @@ const tdm_backend_ops_t tdm_model_backend_cuda = {
     .create = cuda_create,
     .destroy = cuda_destroy,
     .kernel_name = cuda_kernel_name,
+    .own_bytes = NULL,
     .alloc = cuda_alloc,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,

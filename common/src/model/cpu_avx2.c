@@ -1,0 +1,185 @@
+/* cpu_avx2.c - the CPU backend's AVX2 + FMA + F16C kernels (x86-64; chosen at run time). */
+#include "model/cpu_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include "model/cpu_x86.inc"
+
+/* Lane r: sum over the 32 values of row r's Q4 block (u, 8 chunks) times q. Each vpmaddubsw
+ * lane is at most 2 * 15 * 127 and eight of them at most 30480, so the int16 sums are exact
+ * before vpmaddwd widens them. */
+TDM_AVX2 static inline __m256i q4_isum_avx2(const __m256i *u, const int8_t *q)
+{
+    __m256i s16 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        int32_t v;
+        memcpy(&v, q + 4 * k, 4);
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(v)));
+    }
+    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+/* Lane r: sum of row r's Q8_0 block times q, as |w| times q carrying w's sign (each vpmaddubsw
+ * lane at most 2 * 128 * 127: no saturation). */
+TDM_AVX2 static inline __m256i q8_isum_avx2(const __m256i *w, const __m256i *wabs, const int8_t *q)
+{
+    __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        int32_t v;
+        memcpy(&v, q + 4 * k, 4);
+        __m256i p16 = _mm256_maddubs_epi16(wabs[k], _mm256_sign_epi8(_mm256_set1_epi32(v), w[k]));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+    }
+    return s;
+}
+
+#define TDM_KTARGET TDM_AVX2
+#define TDM_KNAME(x) x##_avx2
+#include "model/cpu_gemm.inc"
+#undef TDM_KTARGET
+#undef TDM_KNAME
+
+TDM_AVX2 static float dot_f32_avx2(const float *x, const float *y, size_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+    float s = hsum_ps(acc);
+    for (; i < n; i++)
+        s += x[i] * y[i];
+    return s;
+}
+
+TDM_AVX2 static void quantize_act_avx2(const float *x, size_t n, q8a_block_t *out)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i qi[4];
+        for (int k = 0; k < 4; k++)
+            qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(v[k], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i sum =
+            _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_hadd_epi32(s4, s4);
+        s4 = _mm_hadd_epi32(s4, s4);
+        /* pack 32 int32 to int8 in order: packs interleave 128-bit lanes, permute fixes it */
+        __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]);
+        __m256i p23 = _mm256_packs_epi32(qi[2], qi[3]);
+        __m256i p = _mm256_packs_epi16(p01, p23);
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)out[b].q, p);
+        int isum = _mm_cvtsi128_si32(s4);
+        out[b].d = tdm_cpu_round_fp16(d);
+        out[b].s = tdm_cpu_round_fp16(d * (float)isum);
+        out[b].isum = isum;
+    }
+}
+
+/* dot of a query (f32) with a K row stored as f16 */
+TDM_AVX2 static float dot_f32_f16_avx2(const float *q, const uint16_t *k, size_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc);
+    float s = hsum_ps(acc);
+    for (; i < n; i++)
+        s += q[i] * _cvtsh_ss(k[i]);
+    return s;
+}
+
+/* out += p * v (v f16) */
+TDM_AVX2 static void axpy_f16_avx2(float *out, float p, const uint16_t *v, size_t n)
+{
+    __m256 vp = _mm256_set1_ps(p);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(
+            out + i, _mm256_fmadd_ps(vp, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
+                                     _mm256_loadu_ps(out + i)));
+    for (; i < n; i++)
+        out[i] += p * _cvtsh_ss(v[i]);
+}
+
+TDM_AVX2 static void axpy_f32_avx2(float *out, float p, const float *v, size_t n)
+{
+    __m256 vp = _mm256_set1_ps(p);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i,
+                         _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+    for (; i < n; i++)
+        out[i] += p * v[i];
+}
+
+TDM_AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        dst[i] = tdm_fp32_to_fp16(src[i]);
+}
+
+/* F16C rounds to nearest even, as tdm_fp32_to_fp16 does */
+TDM_AVX2 static void round_f16_avx2(float *dst, const float *src, float scale, size_t n)
+{
+    __m256 vs = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h =
+            _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(src + i), vs), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < n; i++)
+        dst[i] = tdm_cpu_round_fp16(src[i] * scale);
+}
+
+static bool cpu_has_avx2(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+
+static const tdm_cpu_isa_t isa_avx2 = {
+    .name = "avx2",
+    .quantize_act = quantize_act_avx2,
+    .dot_f32 = dot_f32_avx2,
+    .dot_f32_f16 = dot_f32_f16_avx2,
+    .axpy_f16 = axpy_f16_avx2,
+    .axpy_f32 = axpy_f32_avx2,
+    .store_f16 = store_f16_avx2,
+    .round_f16 = round_f16_avx2,
+    .packed = true,
+    .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2},
+};
+
+const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void)
+{
+    return cpu_has_avx2() ? &isa_avx2 : NULL;
+}
+#else
+const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void)
+{
+    return NULL;
+}
+#endif

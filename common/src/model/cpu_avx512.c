@@ -1,0 +1,366 @@
+/* cpu_avx512.c - the CPU backend's AVX-512 VNNI kernels for Q4_0, Q4_1 and Q8_0 (x86-64;
+ * chosen at run time).
+ *
+ * Two 32-value blocks fill one 512-bit register, so one vpdpbusd does 64 multiply-adds. Every
+ * weight type is brought to one form per block: unsigned bytes u, scale dw and offset mw with
+ * w = dw * u + mw (Q4_1: u = nibble, mw = m; Q4_0: mw = -8 dw; Q8_0: u = q + 128,
+ * mw = -128 dw). With activations a = da * qa (qa int8, s = da * sum(qa)) a block contributes
+ * dw * da * sum(u * qa) + mw * s: an exact integer dot product, then float work. A weight row
+ * is prepared once per tile of tokens (u bytes, dw broadcast per block half, mw as floats) and
+ * then serves up to 8 tokens per pass; each token's result comes from the same operations
+ * whatever the number of tokens, so batching changes no bit of any result. */
+#include "model/cpu_kernels.h"
+
+/* Layout of one token's activations (AVX-512): q[npairs * 64] int8 (zero padded), then
+ * dexp[npairs * 16] floats (block b's da repeated 8 times), then s[nb] floats. */
+
+size_t tdm_cpu_zact_stride(size_t nb)
+{
+    size_t npairs = (nb + 1) / 2;
+    return npairs * 64 + npairs * 64 + (nb + 15) / 16 * 64;
+}
+
+/* Layout of one prepared weight row: u[npairs * 64] bytes, dw[npairs * 16] floats, then
+ * mw[nb] floats. */
+size_t tdm_cpu_zprep_stride(size_t nb)
+{
+    return tdm_cpu_zact_stride(nb);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include "model/cpu_x86.inc"
+
+#define TDM_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+bool tdm_cpu_has_avx512vnni(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+/* Rewrites one token's q8a blocks into the AVX-512 layout. */
+TDM_AVX512 void tdm_cpu_zact_fill(const q8a_block_t *a, size_t nb, uint8_t *dst)
+{
+    size_t npairs = (nb + 1) / 2;
+    int8_t *q = (int8_t *)dst;
+    float *dexp = (float *)(dst + npairs * 64), *sv = (float *)(dst + npairs * 128);
+    for (size_t b = 0; b < 2 * npairs; b++) {
+        if (b < nb) {
+            memcpy(q + b * QK, a[b].q, QK);
+            _mm256_storeu_ps(dexp + b * 8, _mm256_set1_ps(a[b].d));
+            sv[b] = a[b].s;
+        } else {
+            memset(q + b * QK, 0, QK);
+            _mm256_storeu_ps(dexp + b * 8, _mm256_setzero_ps());
+        }
+    }
+}
+
+/* Prepares one weight row (type Q4_0, Q4_1 or Q8_0; nb blocks) into dst. */
+TDM_AVX512 void tdm_cpu_zrow_prep(tdm_ggml_type_t type, const uint8_t *wr, size_t nb, uint8_t *dst)
+{
+    size_t npairs = (nb + 1) / 2;
+    uint8_t *u = dst;
+    float *dw = (float *)(dst + npairs * 64), *mw = (float *)(dst + npairs * 128);
+    size_t bsz = type == TDM_GGML_TYPE_Q4_1 ? 20 : type == TDM_GGML_TYPE_Q4_0 ? 18 : 34;
+    for (size_t b = 0; b < 2 * npairs; b++) {
+        if (b >= nb) {
+            memset(u + b * QK, 0, QK);
+            _mm256_storeu_ps(dw + b * 8, _mm256_setzero_ps());
+            continue;
+        }
+        const uint8_t *blk = wr + b * bsz;
+        uint16_t hd;
+        memcpy(&hd, blk, 2);
+        float d = _cvtsh_ss(hd), m;
+        __m256i ub;
+        if (type == TDM_GGML_TYPE_Q8_0) {
+            ub = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
+                                  _mm256_set1_epi8((char)0x80));
+            m = -128.0f * d;
+        } else if (type == TDM_GGML_TYPE_Q4_0) {
+            ub = unpack_nibbles(blk + 2);
+            m = -8.0f * d;
+        } else {
+            uint16_t hm;
+            memcpy(&hm, blk + 2, 2);
+            ub = unpack_nibbles(blk + 4);
+            m = _cvtsh_ss(hm);
+        }
+        _mm256_storeu_si256((__m256i *)(u + b * QK), ub);
+        _mm256_storeu_ps(dw + b * 8, _mm256_set1_ps(d));
+        mw[b] = m;
+    }
+}
+
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zdot_n(const uint8_t *prep, size_t nb, const uint8_t *const *tok, float *y, const int nt)
+{
+    size_t npairs = (nb + 1) / 2;
+    const uint8_t *u = prep;
+    const float *dw = (const float *)(prep + npairs * 64),
+                *mw = (const float *)(prep + npairs * 128);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (size_t p = 0; p < npairs; p++) {
+        __m512i uv = _mm512_loadu_si512(u + p * 64);
+        __m512 dwv = _mm512_loadu_ps(dw + p * 16);
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; t++) {
+            __m512i qa = _mm512_loadu_si512(tok[t] + p * 64);
+            __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), uv, qa));
+            const float *dexp = (const float *)(tok[t] + npairs * 64);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(f, dwv), _mm512_loadu_ps(dexp + p * 16), acc[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; t++) {
+        const float *sv = (const float *)(tok[t] + npairs * 128);
+        __m512 am = _mm512_setzero_ps();
+        for (size_t b = 0; b < nb; b += 16) {
+            __mmask16 k = nb - b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nb - b)) - 1);
+            am = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mw + b), _mm512_maskz_loadu_ps(k, sv + b),
+                                 am);
+        }
+        y[t] = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(am);
+    }
+}
+
+/* One token against one weight row without the prepared-row buffer: u and dw are built in
+ * registers, mw on the stack. The operations on the token's side are those of zdot_n, so the
+ * result is bit-identical to zdot with a prepared row; this saves the prepare pass when a
+ * matmul has a single token (batch-1 decode). */
+TDM_AVX512 float tdm_cpu_zdot_fused1(tdm_ggml_type_t type, const uint8_t *wr, size_t nb,
+                                     const uint8_t *tok)
+{
+    size_t npairs = (nb + 1) / 2;
+    size_t bsz = type == TDM_GGML_TYPE_Q4_1 ? 20 : type == TDM_GGML_TYPE_Q4_0 ? 18 : 34;
+    float mw[TDM_ZMAX_BLOCKS];
+    const float *dexp = (const float *)(tok + npairs * 64),
+                *sv = (const float *)(tok + npairs * 128);
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t p = 0; p < npairs; p++) {
+        __m256i ub[2];
+        float d[2];
+        for (int h = 0; h < 2; h++) {
+            size_t b = 2 * p + (size_t)h;
+            if (b >= nb) {
+                ub[h] = _mm256_setzero_si256();
+                d[h] = 0.0f;
+                continue;
+            }
+            const uint8_t *blk = wr + b * bsz;
+            uint16_t hd;
+            memcpy(&hd, blk, 2);
+            d[h] = _cvtsh_ss(hd);
+            if (type == TDM_GGML_TYPE_Q8_0) {
+                ub[h] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
+                                         _mm256_set1_epi8((char)0x80));
+                mw[b] = -128.0f * d[h];
+            } else if (type == TDM_GGML_TYPE_Q4_0) {
+                ub[h] = unpack_nibbles(blk + 2);
+                mw[b] = -8.0f * d[h];
+            } else {
+                uint16_t hm;
+                memcpy(&hm, blk + 2, 2);
+                ub[h] = unpack_nibbles(blk + 4);
+                mw[b] = _cvtsh_ss(hm);
+            }
+        }
+        __m512i uv = _mm512_inserti64x4(_mm512_castsi256_si512(ub[0]), ub[1], 1);
+        __m512 dwv = _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(d[0]))),
+                               _mm256_castps_pd(_mm256_set1_ps(d[1])), 1));
+        __m512i qa = _mm512_loadu_si512(tok + p * 64);
+        __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), uv, qa));
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(f, dwv), _mm512_loadu_ps(dexp + p * 16), acc);
+    }
+    __m512 am = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b += 16) {
+        __mmask16 k = nb - b >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nb - b)) - 1);
+        am =
+            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mw + b), _mm512_maskz_loadu_ps(k, sv + b), am);
+    }
+    return _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(am);
+}
+
+/* y[t] for nt (1..8) tokens; every nt runs the same per-token operations. */
+TDM_AVX512 void tdm_cpu_zdot(const uint8_t *prep, size_t nb, const uint8_t *const *tok, float *y,
+                             int nt)
+{
+    switch (nt) {
+    case 1: zdot_n(prep, nb, tok, y, 1); break;
+    case 2: zdot_n(prep, nb, tok, y, 2); break;
+    case 3: zdot_n(prep, nb, tok, y, 3); break;
+    case 4: zdot_n(prep, nb, tok, y, 4); break;
+    case 5: zdot_n(prep, nb, tok, y, 5); break;
+    case 6: zdot_n(prep, nb, tok, y, 6); break;
+    case 7: zdot_n(prep, nb, tok, y, 7); break;
+    default: zdot_n(prep, nb, tok, y, 8); break;
+    }
+}
+#else
+bool tdm_cpu_has_avx512vnni(void)
+{
+    return false;
+}
+#endif
+
+/* ---- the packed GEMM on 512-bit registers (cpu_kernels.h's layout and reduction) ----
+ *
+ * A register holds the 8 rows of a group for two tokens (low half token t, high half t + 1):
+ * the packed chunks are broadcast to both halves, each half gets its own token's activation
+ * bytes, scales and sums. vpdpbusd needs unsigned weights: Q4 nibbles are; Q8_0 is taken as
+ * w + 128 and 128 * sum(a) subtracted, the same integer as sum(w * a). Every lane then does the
+ * canonical float operations, so the results are the scalar reference's bits. */
+#if defined(__x86_64__) || defined(__i386__)
+#define TDM_ZNT 4 /* token pairs per micro-tile */
+
+/* a for the low half, b for the high half */
+TDM_AVX512 static inline __m512i zpair_epi32(int32_t a, int32_t b)
+{
+    return _mm512_mask_set1_epi32(_mm512_set1_epi32(a), (__mmask16)0xFF00, b);
+}
+
+TDM_AVX512 static inline __m512 zpair_ps(float a, float b)
+{
+    return _mm512_mask_mov_ps(_mm512_set1_ps(a), (__mmask16)0xFF00, _mm512_set1_ps(b));
+}
+
+TDM_AVX512 static inline int32_t zq4(const int8_t *q)
+{
+    int32_t v;
+    memcpy(&v, q, 4);
+    return v;
+}
+
+/* 8 f16 values as f32, in both halves */
+TDM_AVX512 static inline __m512 zdup_ph(const uint8_t *p)
+{
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v)));
+}
+
+/* 32 bytes in both halves */
+TDM_AVX512 static inline __m512i zdup_si256(const uint8_t *p)
+{
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0: one group's nb packed blocks against np token pairs (a0[j],
+ * a1[j] the two tokens' blocks; equal when the pair has one token). */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zgemm_tile(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *const *a0,
+           const q8a_block_t *const *a1, __m512 *acc, const int np)
+{
+    const size_t pbsz = kind == 0 ? 144 : kind == 1 ? 160 : 272;
+    const size_t qoff = kind == 1 ? 32 : 16;
+    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 4
+    for (int j = 0; j < np; j++)
+        acc[j] = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b++, p += pbsz) {
+        __m512 d8 = zdup_ph(p);
+        __m512 m8 = kind == 1 ? zdup_ph(p + 16) : _mm512_setzero_ps();
+        __m512i u[8];
+        if (kind == 2) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                u[k] = _mm512_xor_si512(zdup_si256(p + qoff + 32 * (size_t)k), flip);
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m512i raw = zdup_si256(p + qoff + 32 * (size_t)k);
+                u[k] = _mm512_and_si512(raw, low);
+                u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < np; j++) {
+            const q8a_block_t *x0 = a0[j] + b, *x1 = a1[j] + b;
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                isum = _mm512_dpbusd_epi32(isum, u[k],
+                                           zpair_epi32(zq4(x0->q + 4 * k), zq4(x1->q + 4 * k)));
+            if (kind != 1) {
+                int32_t off = kind == 0 ? 8 : 128;
+                isum = _mm512_sub_epi32(isum, zpair_epi32(off * x0->isum, off * x1->isum));
+            }
+            __m512 dd = _mm512_mul_ps(d8, zpair_ps(x0->d, x1->d));
+            acc[j] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum), acc[j]);
+            if (kind == 1)
+                acc[j] = _mm512_fmadd_ps(m8, zpair_ps(x0->s, x1->s), acc[j]);
+        }
+    }
+}
+
+/* Stores np pairs' accumulators (nt tokens in all) for rows r0 .. r0 + nr - 1. */
+TDM_AVX512 static void zgemm_store(const __m512 *acc, uint32_t nt, float *out, size_t ldo,
+                                   uint64_t r0, int nr)
+{
+    for (uint32_t t = 0; t < nt; t++) {
+        float y[16];
+        _mm512_storeu_ps(y, acc[t / 2]);
+        memcpy(out + (size_t)t * ldo + r0, y + 8 * (t % 2), (size_t)nr * sizeof(float));
+    }
+}
+
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zgemm_group(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *act, uint32_t nt,
+            float *out, size_t ldo, uint64_t r0, int nr)
+{
+    for (uint32_t t = 0; t < nt; t += 2 * TDM_ZNT) {
+        uint32_t n = nt - t < 2 * TDM_ZNT ? nt - t : 2 * TDM_ZNT;
+        const q8a_block_t *a0[TDM_ZNT], *a1[TDM_ZNT];
+        for (uint32_t j = 0; j < (n + 1) / 2; j++) {
+            a0[j] = act + (size_t)(t + 2 * j) * nb;
+            a1[j] = 2 * j + 1 < n ? a0[j] + nb : a0[j];
+        }
+        __m512 acc[TDM_ZNT];
+        switch ((n + 1) / 2) {
+        case 1: zgemm_tile(p, nb, kind, a0, a1, acc, 1); break;
+        case 2: zgemm_tile(p, nb, kind, a0, a1, acc, 2); break;
+        case 3: zgemm_tile(p, nb, kind, a0, a1, acc, 3); break;
+        default: zgemm_tile(p, nb, kind, a0, a1, acc, 4); break;
+        }
+        zgemm_store(acc, n, out + (size_t)t * ldo, ldo, r0, nr);
+    }
+}
+
+#define TDM_GEN_ZGEMM(name, kind)                                                                  \
+    TDM_AVX512 static void name(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,                     \
+                                const q8a_block_t *act, uint32_t nt, float *out, size_t ldo)       \
+    {                                                                                              \
+        for (size_t g = g0; g < g1; g++) {                                                         \
+            uint64_t r0 = 8 * (uint64_t)g;                                                         \
+            int nr = w->n_out - r0 < 8 ? (int)(w->n_out - r0) : 8;                                 \
+            zgemm_group(w->data + g * w->group_bytes, w->nb, kind, act, nt, out, ldo, r0, nr);     \
+        }                                                                                          \
+    }
+TDM_GEN_ZGEMM(zgemm_q4_0, 0)
+TDM_GEN_ZGEMM(zgemm_q4_1, 1)
+TDM_GEN_ZGEMM(zgemm_q8_0, 2)
+
+const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
+{
+    static tdm_cpu_isa_t isa;
+    const tdm_cpu_isa_t *avx2 = tdm_cpu_isa_avx2();
+    if (!avx2 || !tdm_cpu_has_avx512vnni())
+        return NULL;
+    isa = *avx2;
+    isa.name = "avx512-vnni";
+    isa.gemm[TDM_CPU_Q4_0] = zgemm_q4_0;
+    isa.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
+    isa.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
+    return &isa;
+}
+#else
+const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
+{
+    return NULL;
+}
+#endif

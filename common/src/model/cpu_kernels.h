@@ -1,0 +1,118 @@
+/* cpu_kernels.h - the CPU backend's kernel table: one set of kernels per instruction set
+ * (cpu_scalar.c, cpu_avx2.c, cpu_vnni.c, cpu_avx512.c), chosen once when the backend is
+ * created (cpu.c). Internal to libtandem.
+ *
+ * Quantized matmuls (Q4_0, Q4_1, Q8_0 weights) run on activations quantized to 8 bits in
+ * blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
+ * every field of it is set. A SIMD set leaves NULL what it does not speed up, and cpu.c falls
+ * back to the scalar kernel there.
+ */
+#ifndef TANDEM_MODEL_CPU_KERNELS_H
+#define TANDEM_MODEL_CPU_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/gguf.h"
+
+#define TDM_CPU_QK 32 /* activation (and weight) block size */
+
+/* An activation block: 32 int8 values x ≈ d * q, s = d * sum(q) (for the Q4_1 min term) and
+ * isum = sum(q) (for Q4_0's offset of 8, exact in int32). */
+typedef struct q8a_block {
+    float d;
+    float s;
+    int32_t isum;
+    int8_t q[TDM_CPU_QK];
+} q8a_block_t;
+
+/* The weight types with q8a kernels, as indices into tdm_cpu_isa_t.gemm. */
+typedef enum tdm_cpu_qtype {
+    TDM_CPU_Q4_0,
+    TDM_CPU_Q4_1,
+    TDM_CPU_Q8_0,
+    TDM_CPU_N_QTYPES
+} tdm_cpu_qtype_t;
+
+/* The index of a GGML type in tdm_cpu_isa_t.gemm, or -1 when the type takes the f32 path. */
+int tdm_cpu_qtype_of(tdm_ggml_type_t type);
+
+/* A quantized matrix as a GEMM kernel reads it: either the GGUF rows in place (packed false:
+ * row r at data + r * row_bytes) or repacked in groups of 8 rows (packed true, see
+ * tdm_cpu_pack). */
+typedef struct tdm_cpu_qmat {
+    const uint8_t *data;
+    size_t row_bytes;   /* GGUF bytes per row (nb blocks) */
+    size_t group_bytes; /* packed: bytes per group of 8 rows (= 8 * row_bytes) */
+    uint64_t n_out;     /* rows */
+    size_t nb;          /* 32-value blocks per row */
+    bool packed;
+} tdm_cpu_qmat_t;
+
+/* out[t * ldo + r] = W_r · act[t] for the rows r of groups [g0, g1) (rows 8 g0 .. 8 g1 - 1,
+ * clipped to n_out) and tokens t < nt; act holds nt tokens' blocks ([nt][nb]).
+ *
+ * The canonical reduction, which every kernel performs bit for bit: per block b the integer
+ * dot product (Q4_0: sum (u - 8) a, Q4_1: sum u a, Q8_0: sum w a; exact in int32), then
+ * acc = fma(dw * da, (float)isum, acc) and, for Q4_1, acc = fma(mw, s, acc), blocks in order
+ * from acc = 0. Tokens and rows never share an accumulator, so no result depends on the
+ * batch, and the scalar reference and the SIMD kernels give identical bits. */
+typedef void (*tdm_cpu_gemm_fn)(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
+                                const q8a_block_t *act, uint32_t nt, float *out, size_t ldo);
+
+/* The packed layout (ggml's repack idea with 4-byte interleave): a group of 8 rows stores,
+ * per block in order, the 8 rows' f16 scales d[8], for Q4_1 the f16 mins m[8], then the
+ * quants: Q4 blocks as 4 x 32 bytes where byte 4r + i of chunk k is byte 4k + i of row r's
+ * nibbles (low nibble: value 4k + i, high: value 16 + 4k + i); Q8_0 as 8 x 32 bytes where
+ * byte 4r + i of chunk k is value 4k + i of row r. Rows past n_out are zero. The packed bytes
+ * of a group equal the GGUF bytes of its 8 rows: 144, 160 and 272 per block. */
+size_t tdm_cpu_pack_bytes(tdm_ggml_type_t type, uint64_t n_out, size_t nb);
+/* Repacks n_out GGUF rows of nb blocks (src) into dst (tdm_cpu_pack_bytes bytes); cannot
+ * fail for the three types. */
+void tdm_cpu_pack(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb,
+                  uint8_t *dst);
+
+/* Rounds to the nearest f16 value (activation scales are kept at f16 precision, as ggml's
+ * block_q8_0 / block_q8_1 store them, so the engine multiplies the numbers llama.cpp does). */
+float tdm_cpu_round_fp16(float x);
+
+/* The kernels of one instruction set. */
+typedef struct tdm_cpu_isa {
+    const char *name; /* "scalar", "avx2", "avx2+vnni", "avx512-vnni" */
+    /* Quantizes n values (a multiple of 32) into n/32 blocks, rounding half to even. */
+    void (*quantize_act)(const float *x, size_t n, q8a_block_t *out);
+    float (*dot_f32)(const float *x, const float *y, size_t n);
+    /* q · k with k stored as f16 (attention over an f16 cache); NULL: convert, then dot_f32 */
+    float (*dot_f32_f16)(const float *q, const uint16_t *k, size_t n);
+    /* out += p * v for v f16 / f32 */
+    void (*axpy_f16)(float *out, float p, const uint16_t *v, size_t n);
+    void (*axpy_f32)(float *out, float p, const float *v, size_t n);
+    /* dst = src rounded to f16 */
+    void (*store_f16)(uint16_t *dst, const float *src, size_t n);
+    /* dst[i] = tdm_cpu_round_fp16(src[i] * scale) (dst may be src) */
+    void (*round_f16)(float *dst, const float *src, float scale, size_t n);
+    bool packed;                            /* gemm reads packed matrices */
+    tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES]; /* [qtype] */
+} tdm_cpu_isa_t;
+
+/* The kernel sets. Each getter returns NULL when this CPU (or build) lacks the instructions;
+ * the scalar one never does. The returned tables are static. */
+const tdm_cpu_isa_t *tdm_cpu_isa_scalar(void);
+const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void);
+const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void);
+const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void);
+
+/* AVX-512 VNNI (cpu_avx512.c): two 32-value blocks per 512-bit register. A weight row is
+ * prepared once per tile of tokens into zprep_stride(nb) bytes, each token's activations into
+ * zact_stride(nb) bytes; see cpu_avx512.c for the layouts. */
+#define TDM_ZMAX_BLOCKS 512 /* widest input zdot_fused1 takes: 16384 elements */
+bool tdm_cpu_has_avx512vnni(void);
+size_t tdm_cpu_zact_stride(size_t nb);
+size_t tdm_cpu_zprep_stride(size_t nb);
+void tdm_cpu_zact_fill(const q8a_block_t *a, size_t nb, uint8_t *dst);
+void tdm_cpu_zrow_prep(tdm_ggml_type_t type, const uint8_t *wr, size_t nb, uint8_t *dst);
+float tdm_cpu_zdot_fused1(tdm_ggml_type_t type, const uint8_t *wr, size_t nb, const uint8_t *tok);
+void tdm_cpu_zdot(const uint8_t *prep, size_t nb, const uint8_t *const *tok, float *y, int nt);
+
+#endif /* TANDEM_MODEL_CPU_KERNELS_H */

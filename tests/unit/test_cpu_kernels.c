@@ -1,0 +1,242 @@
+/* test_cpu_kernels.c - the CPU backend's kernel sets (common/src/model/cpu_kernels.h): every
+ * SIMD set this CPU runs gives bitwise the scalar reference's results, for the activation
+ * quantizer and for the quantized GEMM of every weight type on random weights, any number of
+ * tokens (1..70) and rows that do not fill the last 8-row group; the reference itself agrees
+ * with a double-precision dot product of the dequantized operands. */
+#include "tdm_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/src/model/cpu_kernels.h"
+#include "tandem/base.h"
+#include "tandem/gguf.h"
+
+/* splitmix64, for test data */
+static uint64_t next_u64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float uniform(uint64_t *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(next_u64(s) >> 40) / (float)(1ull << 24);
+}
+
+static size_t block_bytes(tdm_ggml_type_t type)
+{
+    return type == TDM_GGML_TYPE_Q4_1 ? 20 : type == TDM_GGML_TYPE_Q4_0 ? 18 : 34;
+}
+
+/* n_out random GGUF rows of nb blocks: scales in [0.001, 0.05], mins in [-0.1, 0.1], every
+ * quant byte random (Q8_0 includes -128, the sign trick's edge). Caller frees. */
+static uint8_t *random_rows(tdm_ggml_type_t type, uint64_t n_out, size_t nb, uint64_t *seed)
+{
+    size_t bsz = block_bytes(type);
+    uint8_t *w = malloc(n_out * nb * bsz);
+    assert_non_null(w);
+    for (size_t b = 0; b < n_out * nb; b++) {
+        uint8_t *p = w + b * bsz;
+        uint16_t d = tdm_fp32_to_fp16(uniform(seed, 0.001f, 0.05f));
+        uint16_t m = tdm_fp32_to_fp16(uniform(seed, -0.1f, 0.1f));
+        memcpy(p, &d, 2);
+        size_t head = 2;
+        if (type == TDM_GGML_TYPE_Q4_1) {
+            memcpy(p + 2, &m, 2);
+            head = 4;
+        }
+        for (size_t j = head; j < bsz; j++)
+            p[j] = (uint8_t)next_u64(seed);
+    }
+    return w;
+}
+
+/* nt tokens of K random activations (some blocks all zero), quantized by the reference. */
+static q8a_block_t *random_act(uint32_t nt, size_t K, uint64_t *seed, float *x)
+{
+    q8a_block_t *a = malloc((size_t)nt * (K / TDM_CPU_QK) * sizeof *a);
+    assert_non_null(a);
+    for (size_t i = 0; i < (size_t)nt * K; i++)
+        x[i] = (i / TDM_CPU_QK) % 7 == 3 ? 0.0f : uniform(seed, -2.0f, 2.0f);
+    for (uint32_t t = 0; t < nt; t++)
+        tdm_cpu_isa_scalar()->quantize_act(x + (size_t)t * K, K, a + (size_t)t * (K / 32));
+    return a;
+}
+
+/* The GEMM of isa over w (packed when the set wants it) into out ([nt][n_out]). */
+static void run_gemm(const tdm_cpu_isa_t *isa, tdm_ggml_type_t type, const uint8_t *w,
+                     uint64_t n_out, size_t nb, const q8a_block_t *a, uint32_t nt, float *out)
+{
+    tdm_cpu_qmat_t m = {w, nb * block_bytes(type), 8 * nb * block_bytes(type), n_out, nb, false};
+    uint8_t *packed = NULL;
+    if (isa->packed) {
+        packed = malloc(tdm_cpu_pack_bytes(type, n_out, nb));
+        assert_non_null(packed);
+        tdm_cpu_pack(type, w, n_out, nb, packed);
+        m.data = packed;
+        m.packed = true;
+    }
+    /* two calls over the groups, as threads would split them */
+    size_t groups = (size_t)(n_out + 7) / 8, half = groups / 2;
+    isa->gemm[tdm_cpu_qtype_of(type)](&m, 0, half, a, nt, out, n_out);
+    isa->gemm[tdm_cpu_qtype_of(type)](&m, half, groups, a, nt, out, n_out);
+    free(packed);
+}
+
+/* The reference's output against a double-precision dot of the dequantized operands. */
+static void check_reference_close(tdm_ggml_type_t type, const uint8_t *w, uint64_t n_out, size_t nb,
+                                  const q8a_block_t *a, uint32_t nt, const float *out)
+{
+    size_t K = nb * 32;
+    float *row = malloc(K * sizeof *row);
+    assert_non_null(row);
+    for (uint64_t r = 0; r < n_out; r++) {
+        assert_int_equal(
+            tdm_ggml_dequantize_row(type, w + r * nb * block_bytes(type), row, (int64_t)K), TDM_OK);
+        for (uint32_t t = 0; t < nt; t++) {
+            double ref = 0.0, mag = 0.0;
+            for (size_t i = 0; i < K; i++) {
+                const q8a_block_t *ab = &a[(size_t)t * nb + i / 32];
+                double av = (double)ab->d * ab->q[i % 32];
+                ref += (double)row[i] * av;
+                mag += fabs((double)row[i] * av);
+            }
+            /* Q4_1's min term uses s = d * sum(q) rounded to f16 */
+            double got = out[(size_t)t * n_out + r];
+            assert_true(fabs(got - ref) <= 2e-3 * mag + 1e-6);
+        }
+    }
+    free(row);
+}
+
+static void check_type(tdm_ggml_type_t type, const tdm_cpu_isa_t *isa, uint64_t *seed)
+{
+    static const size_t nbs[] = {1, 3, 18, 48};
+    static const uint64_t n_outs[] = {8, 37};
+    for (size_t i = 0; i < sizeof nbs / sizeof nbs[0]; i++) {
+        size_t nb = nbs[i], K = nb * 32;
+        for (size_t j = 0; j < 2; j++) {
+            uint64_t n_out = n_outs[j];
+            uint8_t *w = random_rows(type, n_out, nb, seed);
+            float *x = malloc(70 * K * sizeof *x);
+            float *ref = malloc(70 * n_out * sizeof *ref), *got = malloc(70 * n_out * sizeof *got);
+            float *all = malloc(70 * n_out * sizeof *all);
+            assert_true(x && ref && got && all);
+            q8a_block_t *a = random_act(70, K, seed, x);
+            run_gemm(isa, type, w, n_out, nb, a, 70, all);
+            for (uint32_t nt = 1; nt <= 70; nt += nt < 12 ? 1 : 7) {
+                run_gemm(tdm_cpu_isa_scalar(), type, w, n_out, nb, a, nt, ref);
+                run_gemm(isa, type, w, n_out, nb, a, nt, got);
+                assert_memory_equal(got, ref, (size_t)nt * n_out * sizeof *ref);
+                /* batch invariance: the first nt tokens' results do not depend on nt */
+                assert_memory_equal(got, all, (size_t)nt * n_out * sizeof *ref);
+            }
+            check_reference_close(type, w, n_out, nb, a, 3, ref);
+            free(a);
+            free(x);
+            free(ref);
+            free(got);
+            free(all);
+            free(w);
+        }
+    }
+}
+
+static void check_isa(const tdm_cpu_isa_t *isa)
+{
+    uint64_t seed = 42;
+    check_type(TDM_GGML_TYPE_Q4_0, isa, &seed);
+    check_type(TDM_GGML_TYPE_Q4_1, isa, &seed);
+    check_type(TDM_GGML_TYPE_Q8_0, isa, &seed);
+    /* the quantizer: same blocks, bit for bit */
+    size_t K = 1536;
+    float *x = malloc(K * sizeof *x);
+    q8a_block_t *ra = malloc(K / 32 * sizeof *ra), *ga = malloc(K / 32 * sizeof *ga);
+    assert_true(x && ra && ga);
+    for (size_t i = 0; i < K; i++)
+        x[i] = i % 97 == 0 ? 0.0f : uniform(&seed, -5.0f, 5.0f);
+    memset(ra, 0, K / 32 * sizeof *ra);
+    memset(ga, 0, K / 32 * sizeof *ga);
+    tdm_cpu_isa_scalar()->quantize_act(x, K, ra);
+    isa->quantize_act(x, K, ga);
+    assert_memory_equal(ra, ga, K / 32 * sizeof *ra);
+    /* f16 rounding (attention over an f16 cache): magnitudes from subnormal halves to
+     * overflow, scaled */
+    float *rr = malloc(K * sizeof *rr), *gr = malloc(K * sizeof *gr);
+    assert_true(rr && gr);
+    for (size_t i = 0; i < K; i++)
+        x[i] = uniform(&seed, -1.0f, 1.0f) * ldexpf(1.0f, (int)(i % 48) - 30);
+    isa->round_f16(gr, x, 0.37f, K);
+    tdm_cpu_isa_scalar()->round_f16(rr, x, 0.37f, K);
+    assert_memory_equal(rr, gr, K * sizeof *rr);
+    free(rr);
+    free(gr);
+    free(x);
+    free(ra);
+    free(ga);
+}
+
+static void test_scalar_reference(void **state)
+{
+    (void)state;
+    check_isa(tdm_cpu_isa_scalar());
+}
+
+static void test_avx2_bitwise(void **state)
+{
+    (void)state;
+    const tdm_cpu_isa_t *isa = tdm_cpu_isa_avx2();
+    if (!isa)
+        skip(); /* this CPU has no AVX2 + FMA + F16C */
+    check_isa(isa);
+}
+
+static void test_vnni_bitwise(void **state)
+{
+    (void)state;
+    const tdm_cpu_isa_t *isa = tdm_cpu_isa_vnni();
+    if (!isa)
+        skip(); /* this CPU has no AVX-VNNI */
+    check_isa(isa);
+}
+
+static void test_avx512_bitwise(void **state)
+{
+    (void)state;
+    const tdm_cpu_isa_t *isa = tdm_cpu_isa_avx512();
+    if (!isa)
+        skip(); /* this CPU has no AVX-512 F/BW/VL + VNNI */
+    check_isa(isa);
+}
+
+static void test_pack_layout(void **state)
+{
+    (void)state;
+    /* one Q4_1 block of 3 rows: row r's bytes tagged with r so the interleave is visible */
+    uint8_t rows[3][20];
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 20; j++)
+            rows[r][j] = (uint8_t)(16 * r + j);
+    uint8_t packed[160];
+    assert_int_equal(tdm_cpu_pack_bytes(TDM_GGML_TYPE_Q4_1, 3, 1), 160);
+    tdm_cpu_pack(TDM_GGML_TYPE_Q4_1, &rows[0][0], 3, 1, packed);
+    assert_int_equal(packed[2], rows[1][0]);      /* d of row 1 */
+    assert_int_equal(packed[16 + 5], rows[2][3]); /* m of row 2, high byte */
+    /* chunk 1, row 2, byte 3 = nibble byte 4 + 3 of row 2 (GGUF offset 4 + 7) */
+    assert_int_equal(packed[32 + 32 * 1 + 4 * 2 + 3], rows[2][4 + 7]);
+    assert_int_equal(packed[32 + 4 * 3], 0); /* row 3 is padding */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_scalar_reference), cmocka_unit_test(test_avx2_bitwise),
+        cmocka_unit_test(test_vnni_bitwise),     cmocka_unit_test(test_avx512_bitwise),
+        cmocka_unit_test(test_pack_layout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
