@@ -105,8 +105,14 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
     if (need > tdm_kv_pool_available(d->rt->pool))
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
-    tdm_worker_req_t req = {r->base.att.key,  m->prompt_tokens, r->n_prompt,    &r->sp, NULL, 0, r,
-                            m->output_tokens, r->n_output,      r->base.grammar};
+    tdm_worker_req_t req = {.request_id = r->base.att.key,
+                            .prompt = m->prompt_tokens,
+                            .n_prompt = r->n_prompt,
+                            .sampling = &r->sp,
+                            .user = r,
+                            .output = m->output_tokens,
+                            .n_output = r->n_output,
+                            .grammar = r->base.grammar};
     int rc = tdm_worker_add(d->rt->worker, &req, err);
     if (rc != TDM_OK)
         return rc;
@@ -237,9 +243,16 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
         r->kv_transfer_s = 0;
     r->kv_transfer_bytes = in->bytes;
     r->seq.n_tokens = r->n_prompt + r->n_output;
-    tdm_worker_req_t req = {r->base.att.key, r->prompt,       r->n_prompt, &r->sp,
-                            &r->seq,         in->first_token, r,           r->prompt + r->n_prompt,
-                            r->n_output,     r->base.grammar};
+    tdm_worker_req_t req = {.request_id = r->base.att.key,
+                            .prompt = r->prompt,
+                            .n_prompt = r->n_prompt,
+                            .sampling = &r->sp,
+                            .prefilled = &r->seq,
+                            .first_token = in->first_token,
+                            .user = r,
+                            .output = r->prompt + r->n_prompt,
+                            .n_output = r->n_output,
+                            .grammar = r->base.grammar};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(d->node, &r->base, err.code, err.code == TDM_ERESOURCE, err.msg);
