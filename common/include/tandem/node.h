@@ -119,6 +119,7 @@ typedef struct tdm_node_load {
     double step_s;       /* last forward pass, seconds */
     uint32_t batch_size; /* sequences in the last forward pass */
     uint64_t prefix_queries, prefix_hits;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* tdm_worker_stats_t's */
 } tdm_node_load_t;
 
 typedef enum tdm_node_link_state {

@@ -31,7 +31,8 @@
  * decoding's: outputs are identical with speculation on or off. The KV written for rejected
  * drafts lies beyond n_computed and is overwritten later; blocks taken for it are returned
  * after the step. Off for q8 KV (a rejected draft's write would change a block's scale) and
- * for requests with no_speculation. A sequence whose drafts keep failing backs off (drafts
+ * for requests with no_speculation, and while more than TDM_WORKER_SPEC_SEQS sequences run. A
+ * sequence whose drafts keep failing backs off (drafts
  * less often), so text without repeats costs (nearly) nothing.
  *
  * Modes: PREFILL (prefill node) ends a sequence right after its first token and hands its

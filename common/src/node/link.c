@@ -163,6 +163,9 @@ static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
     hb.prefix_queries = ld.prefix_queries;
     hb.prefix_hits = ld.prefix_hits;
     hb.batch_size = ld.batch_size;
+    hb.spec_drafts = ld.spec_drafts;
+    hb.spec_draft_tokens = ld.spec_draft_tokens;
+    hb.spec_accepted_tokens = ld.spec_accepted_tokens;
     hb.instance_id = l->instance;
     tdm_process_stats_t ps;
     if (tdm_process_stats(&ps)) {
@@ -608,4 +611,7 @@ void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm
     out->batch_size = ws.batch_size;
     out->prefix_queries = ks.prefix_queries;
     out->prefix_hits = ks.prefix_hits;
+    out->spec_drafts = ws.spec_drafts;
+    out->spec_draft_tokens = ws.spec_draft_tokens;
+    out->spec_accepted_tokens = ws.spec_accepted_tokens;
 }

@@ -688,8 +688,8 @@ static uint32_t spec_room(const tdm_worker_t *w, const wseq_t *s, uint32_t i)
  * held cover). 0 when it does not speculate this step. */
 static uint32_t spec_drafts(tdm_worker_t *w, wseq_t *s, uint32_t i)
 {
-    if (!w->spec || s->no_spec)
-        return 0;
+    if (!w->spec || s->no_spec || w->n_running > TDM_WORKER_SPEC_SEQS)
+        return 0; /* at larger batches a step is bound by arithmetic: draft rows would cost */
     if (s->spec_wait > 0) {
         s->spec_wait--;
         return 0;
