@@ -1,12 +1,14 @@
 /* bench_spec.c - speculative decoding (prompt lookup) at batch 1: each prompt of a JSONL set
  * (bench/spec/prompts.jsonl: {"id", "class", "prompt"}) rendered with the model's chat
- * template, 128 greedy output tokens, with speculation off and on in turn (interleaved, best of
- * --repeats), asserting identical output; prints decode tokens/s per prompt, per class and
+ * template, 128 greedy output tokens, with speculation off and on (two workers over one engine,
+ * stepped in turn so a shared machine's load falls on both alike; best of --repeats), asserting
+ * identical output; prints decode tokens/s per prompt, per class and
  * overall with the ratio and the acceptance rate, as a table and JSON (--json FILE). First, the
  * cost of a forward pass of 1..9 rows of one sequence (what a draft row costs on this machine).
  *
- * Decode time is from the first output token (the prefill's) to the last, so prompt length
- * and prefill speed do not enter the ratio. Greedy with ignore_eos, so both runs make exactly
+ * Decode time is the sum of the steps after the first output token's (the prefill's), so
+ * prompt length and prefill speed do not enter the ratio. Greedy with ignore_eos, so both runs make
+ * exactly
  * --tokens tokens. */
 #include "tandem/chat.h"
 #include "tandem/config.h"
@@ -121,7 +123,7 @@ static int bench_open(bench_t *b, const bench_cfg_t *c)
     const tdm_llama_hparams_t *hp = tdm_model_hparams(b->model);
     b->n_vocab = hp->n_vocab;
     tdm_kv_layout_t l = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F16};
-    if (!(b->pool = tdm_kv_pool_new(&l, N_CTX / 16 + 8, &err)))
+    if (!(b->pool = tdm_kv_pool_new(&l, 2 * N_CTX / 16 + 8, &err)))
         goto out_fail;
     tdm_worker_opts_t on = {
         .mode = TDM_WORKER_MODE_DECODE, .max_running = 1, .max_draft = (uint32_t)c->max_draft};
@@ -192,7 +194,7 @@ static void rows_curve(bench_t *b, json_t *out)
     tdm_kv_seq_init(&seq);
     if (tdm_kv_seq_reserve(b->pool, &seq, 320) != TDM_OK || b->n_vocab > 65536)
         return;
-    rows_time(b, &seq, 0, 16, 1); /* warm up */
+    rows_time(b, &seq, 0, 9, 1); /* warm up */
     double t1 = rows_time(b, &seq, 300, 1, 15);
     printf("forward pass of one sequence after 300 tokens: rows, ms, x 1 row\n");
     json_t *a = json_array();
@@ -205,10 +207,46 @@ static void rows_curve(bench_t *b, json_t *out)
     tdm_kv_seq_release(b->pool, &seq);
 }
 
-/* Runs prompt ids[n] on w to the end: the output in out[], decode seconds (first token to last)
- * returned, negative on error; stats deltas in *st. */
-static double run_one(tdm_worker_t *w, const int32_t *ids, uint32_t n, int tokens, int32_t *out,
-                      tdm_worker_stats_t *st)
+/* One run of a prompt on one worker, stepped in turn with the other. */
+typedef struct run {
+    tdm_worker_t *w;
+    int32_t *out; /* [tokens] the output */
+    double t;     /* seconds of the steps after the first token's */
+    bool started; /* the first token came */
+    tdm_worker_stats_t s0, st;
+} run_t;
+
+/* One step of r; false on error. */
+static bool run_step(run_t *r, int tokens)
+{
+    const tdm_worker_event_t *ev;
+    uint32_t n_ev;
+    tdm_error_t err = {0};
+    double t0 = tdm_time_now();
+    if (tdm_worker_step(r->w, &ev, &n_ev, &err) != TDM_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return false;
+    }
+    double dt = tdm_time_now() - t0;
+    bool started = r->started;
+    for (uint32_t i = 0; i < n_ev; i++)
+        if (ev[i].kind == TDM_WORKER_EVENT_TOKEN && ev[i].index < (uint32_t)tokens) {
+            r->out[ev[i].index] = ev[i].sample.token;
+            if (ev[i].index == 0) {
+                r->started = true;
+                tdm_worker_stats(r->w, &r->s0);
+            }
+        }
+    if (started)
+        r->t += dt;
+    return true;
+}
+
+/* Runs prompt ids[n] with speculation off and on together, stepping the two workers in turn
+ * so the machine's load falls on both alike: the outputs in off->out and on->out, decode
+ * seconds (the steps after the first token's) in ->t, the "on" worker's counters of those
+ * steps in on->st. false on error. */
+static bool run_pair(bench_t *b, const int32_t *ids, uint32_t n, int tokens, run_t *off, run_t *on)
 {
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
@@ -217,36 +255,23 @@ static double run_one(tdm_worker_t *w, const int32_t *ids, uint32_t n, int token
     sp.ignore_eos = true;
     tdm_worker_req_t req = {.request_id = "b", .prompt = ids, .n_prompt = n, .sampling = &sp};
     tdm_error_t err = {0};
-    tdm_worker_stats_t s0;
-    tdm_worker_stats(w, &s0);
-    if (tdm_worker_add(w, &req, &err) != TDM_OK) {
+    off->w = b->w_off;
+    on->w = b->w_on;
+    if (tdm_worker_add(off->w, &req, &err) != TDM_OK ||
+        tdm_worker_add(on->w, &req, &err) != TDM_OK) {
         fprintf(stderr, "bench: %s\n", err.msg);
-        return -1;
+        return false;
     }
-    double t_first = 0, t_last = 0;
-    uint64_t steps_first = 0;
-    while (tdm_worker_busy(w)) {
-        const tdm_worker_event_t *ev;
-        uint32_t n_ev;
-        if (tdm_worker_step(w, &ev, &n_ev, &err) != TDM_OK)
-            return -1;
-        for (uint32_t i = 0; i < n_ev; i++)
-            if (ev[i].kind == TDM_WORKER_EVENT_TOKEN && ev[i].index < (uint32_t)tokens) {
-                out[ev[i].index] = ev[i].sample.token;
-                t_last = tdm_time_now();
-                if (ev[i].index == 0) {
-                    t_first = t_last;
-                    tdm_worker_stats(w, st);
-                    steps_first = st->steps;
-                }
-            }
-    }
-    tdm_worker_stats(w, st);
-    st->steps -= steps_first;
-    st->spec_drafts -= s0.spec_drafts;
-    st->spec_draft_tokens -= s0.spec_draft_tokens;
-    st->spec_accepted_tokens -= s0.spec_accepted_tokens;
-    return t_last - t_first;
+    while (tdm_worker_busy(off->w) || tdm_worker_busy(on->w))
+        if ((tdm_worker_busy(off->w) && !run_step(off, tokens)) ||
+            (tdm_worker_busy(on->w) && !run_step(on, tokens)))
+            return false;
+    tdm_worker_stats(on->w, &on->st);
+    on->st.steps -= on->s0.steps;
+    on->st.spec_drafts -= on->s0.spec_drafts;
+    on->st.spec_draft_tokens -= on->s0.spec_draft_tokens;
+    on->st.spec_accepted_tokens -= on->s0.spec_accepted_tokens;
+    return true;
 }
 
 /* The prompt's ids with the chat template applied (heap, caller frees), NULL on error. */
@@ -265,7 +290,8 @@ static int32_t *encode(const bench_t *b, const char *text, uint32_t *n)
     return ids;
 }
 
-/* Measures one prompt: off and on in turn, best of c->repeats each. false on error. */
+/* Measures one prompt: off and on stepped in turn, best of c->repeats each. false on
+ * error. */
 static bool measure(bench_t *b, const bench_cfg_t *c, const char *text, prompt_result_t *r)
 {
     int32_t *ids = encode(b, text, &r->n_prompt);
@@ -275,20 +301,16 @@ static bool measure(bench_t *b, const bench_cfg_t *c, const char *text, prompt_r
     r->t_off = r->t_on = 1e30;
     r->same = true;
     for (int k = 0; k < c->repeats; k++) {
-        tdm_worker_stats_t st;
-        double t = run_one(b->w_off, ids, r->n_prompt, c->tokens, out_off, &st);
-        if (t < 0)
+        run_t off = {.out = out_off}, on = {.out = out_on};
+        if (!run_pair(b, ids, r->n_prompt, c->tokens, &off, &on))
             break;
-        r->t_off = t < r->t_off ? t : r->t_off;
-        t = run_one(b->w_on, ids, r->n_prompt, c->tokens, out_on, &st);
-        if (t < 0)
-            break;
-        if (t < r->t_on) {
-            r->t_on = t;
-            r->drafted = st.spec_draft_tokens;
-            r->accepted = st.spec_accepted_tokens;
-            r->verify_steps = st.spec_drafts;
-            r->n_steps = st.steps;
+        r->t_off = off.t < r->t_off ? off.t : r->t_off;
+        if (on.t < r->t_on) {
+            r->t_on = on.t;
+            r->drafted = on.st.spec_draft_tokens;
+            r->accepted = on.st.spec_accepted_tokens;
+            r->verify_steps = on.st.spec_drafts;
+            r->n_steps = on.st.steps;
         }
         r->same = r->same && memcmp(out_off, out_on, (size_t)c->tokens * sizeof *out_on) == 0;
     }
@@ -395,7 +417,7 @@ int main(int argc, char **argv)
         goto out_close;
     }
     printf("model %s, backend %s, %d threads, %d tokens, max_draft %d, best of %d (off and on "
-           "interleaved)\n",
+           "stepped in turn)\n",
            c.model_path, tdm_engine_backend_name(b.engine), c.threads, c.tokens, c.max_draft,
            c.repeats);
     rows_curve(&b, out);

@@ -627,6 +627,18 @@ static Tandem__V1__Constraint *constraint_of(const tdm_client_request_t *req,
     return c;
 }
 
+/* The SamplingParams of req in *sp (only the fields req->sampling_set names); returns sp. */
+static Tandem__V1__SamplingParams *sampling_of(const tdm_client_request_t *req,
+                                               Tandem__V1__SamplingParams *sp)
+{
+    tdm_proto_sampling_to(&req->sampling, sp);
+    sp->set_mask = req->sampling_set & TDM_CLIENT_SAMPLING_ALL;
+    sp->has_seed = (sp->set_mask & TDM_PROTO_SET_SEED) != 0;
+    if (!(sp->set_mask & TDM_PROTO_SET_STOP_TOKEN_IDS))
+        sp->n_stop_token_ids = 0;
+    return sp;
+}
+
 /* Builds the GenerateRequest of req and sends it as call. */
 static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_request_t *req)
 {
@@ -667,12 +679,7 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
         m.tokens = &tokens;
     }
-    tdm_proto_sampling_to(&req->sampling, &sp);
-    sp.set_mask = req->sampling_set & TDM_CLIENT_SAMPLING_ALL;
-    sp.has_seed = (sp.set_mask & TDM_PROTO_SET_SEED) != 0;
-    if (!(sp.set_mask & TDM_PROTO_SET_STOP_TOKEN_IDS))
-        sp.n_stop_token_ids = 0;
-    m.sampling = &sp;
+    m.sampling = sampling_of(req, &sp);
     m.max_tokens = req->max_tokens;
     m.n_stop = req->n_stop;
     m.stop = (char **)(uintptr_t)req->stop;

@@ -13,7 +13,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define WORKER_MAX_EOG 16 /* end-of-generation tokens the constrained ignore_eos masks */
+#define WORKER_MAX_EOG 16    /* end-of-generation tokens the constrained ignore_eos masks */
+#define SPEC_RATE_PRIOR 0.5f /* a new sequence's acceptance estimate */
 #define NO_SLOT UINT32_MAX
 
 typedef struct wseq {
@@ -39,9 +40,9 @@ typedef struct wseq {
     tdm_grammar_matcher_t *matcher; /* structured output: the output's state in the grammar;
                                        NULL for free text */
     bool no_spec;                   /* never draft (tdm_worker_req_t.no_speculation) */
-    uint32_t spec_k;    /* drafts to propose next, adapted to the acceptance (<= max_draft) */
-    uint32_t spec_miss; /* verifications in a row that accepted nothing */
-    uint32_t spec_wait; /* steps left without drafting (backing off after misses) */
+    float spec_rate;    /* estimated chance that a draft token is accepted (moving average) */
+    uint32_t spec_miss; /* decisions in a row not to draft (the wait doubles with each) */
+    uint32_t spec_wait; /* steps left without drafting */
 } wseq_t;
 
 struct tdm_worker {
@@ -78,6 +79,8 @@ struct tdm_worker {
     uint32_t logit_rows;         /* tdm_worker_logit_rows(&o) */
     bool spec;                   /* speculative decoding on (DECODE, max_draft > 0, not q8) */
     uint32_t draft_left;         /* draft rows the batch being built may still take */
+    double fit[5];               /* decode-only passes: decayed sums of 1, rows, rows^2, seconds,
+                                    rows * seconds (a least-squares line: seconds = a + b * rows) */
     uint32_t *mask;              /* [(n_vocab + 31) / 32] allowed tokens of the sequence
                                     being sampled (constrained sequences only) */
     int32_t eog[WORKER_MAX_EOG]; /* the vocabulary's end-of-generation tokens (the first
@@ -450,7 +453,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->kv = kv;
     s->matcher = matcher;
     s->no_spec = req->no_speculation;
-    s->spec_k = w->o.max_draft;
+    s->spec_rate = SPEC_RATE_PRIOR;
     if (req->prefilled)
         take_prefilled(w, s, req);
     w->waiting[w->n_waiting++] = slot;
@@ -637,9 +640,12 @@ static bool decode_reserve(tdm_worker_t *w, uint32_t slot)
 
 /* ---- speculative decoding (prompt lookup) ---- */
 
-#define SPEC_NGRAM_MAX 3u /* longest n-gram looked up first */
-#define SPEC_NGRAM_MIN 2u /* shortest: single tokens repeat too often to predict */
-#define SPEC_MAX_WAIT 16u /* most steps a sequence skips drafting after misses */
+#define SPEC_NGRAM_MAX 3u   /* longest n-gram looked up first */
+#define SPEC_NGRAM_MIN 2u   /* shortest: single tokens repeat too often to predict */
+#define SPEC_MAX_WAIT 16u   /* most steps a sequence skips drafting before it tries again */
+#define SPEC_PRIOR_COST 0.3 /* a draft row's cost relative to a step, until passes are timed */
+#define SPEC_MIN_GAIN 1.03  /* expected tokens per unit of step time drafting must beat */
+#define SPEC_FIT_DECAY 0.98 /* weight of the older passes in the step-time line, per pass */
 
 /* Prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; vLLM's ngram proposer): the most
  * recent earlier occurrence of the last n tokens of s (n = SPEC_NGRAM_MAX down to
@@ -668,11 +674,11 @@ static uint32_t draft_propose(wseq_t *s, uint32_t k_max)
 }
 
 /* The most drafts running sequence i (slot s, its decode row reserved) may carry this step:
- * what its backoff allows, what can still be drawn after the decode row's token, the draft
- * rows left and the budget left after one row for each later running sequence. */
+ * max_draft, what can still be drawn after the decode row's token, the draft rows left and the
+ * budget left after one row for each later running sequence. */
 static uint32_t spec_room(const tdm_worker_t *w, const wseq_t *s, uint32_t i)
 {
-    uint32_t k = s->spec_k;
+    uint32_t k = w->o.max_draft;
     uint32_t left = s->max_new - (s->n_tokens - s->n_prompt) - 1;
     uint32_t need = w->n_running - i; /* this row and one for each later sequence */
     uint32_t spare = w->budget > need ? w->budget - need : 0;
@@ -683,20 +689,75 @@ static uint32_t spec_room(const tdm_worker_t *w, const wseq_t *s, uint32_t i)
     return k < spare ? k : spare;
 }
 
+/* Records a pass of decode rows only (rows rows, seconds s) in the step-time line. */
+static void spec_fit_add(tdm_worker_t *w, uint32_t rows, double s)
+{
+    double r = rows, x[5] = {1, r, r * r, s, r * s};
+    for (int i = 0; i < 5; i++)
+        w->fit[i] = w->fit[i] * SPEC_FIT_DECAY + x[i];
+}
+
+/* The cost of one more row in a pass of `rows` decode rows, relative to that pass, from the
+ * step-time line (least squares over the timed passes, older ones decayed); SPEC_PRIOR_COST
+ * until passes of different sizes were timed. */
+static double spec_row_cost(const tdm_worker_t *w, uint32_t rows)
+{
+    const double *f = w->fit;
+    double var = f[0] > 0 ? f[2] / f[0] - (f[1] / f[0]) * (f[1] / f[0]) : 0;
+    if (var < 0.25)
+        return SPEC_PRIOR_COST;
+    double b = (f[0] * f[4] - f[1] * f[3]) / (f[0] * f[2] - f[1] * f[1]);
+    double a = (f[3] - b * f[1]) / f[0];
+    double base = a + b * rows;
+    if (b <= 0 || base <= 0)
+        return b <= 0 ? 0.01 : 2.0;
+    return b / base;
+}
+
+/* How many of m proposed drafts pay: the k in [0, m] that maximises the expected tokens of the
+ * pass, 1 + rate + ... + rate^k (a draft counts only after every earlier one was accepted), per
+ * unit of its cost, 1 + k * cost; 0 when no k beats plain decoding by SPEC_MIN_GAIN. */
+static uint32_t spec_best_k(double rate, double cost, uint32_t m)
+{
+    double tokens = 1, p = 1, best = SPEC_MIN_GAIN;
+    uint32_t best_k = 0;
+    for (uint32_t k = 1; k <= m; k++) {
+        p *= rate;
+        tokens += p;
+        double gain = tokens / (1 + k * cost);
+        if (gain > best) {
+            best = gain;
+            best_k = k;
+        }
+    }
+    return best_k;
+}
+
 /* Drafts for running sequence i (slot s), written after its tokens, with blocks reserved for
  * their rows (never preempting for them: with the pool short they shrink to what the blocks
- * held cover). 0 when it does not speculate this step. */
+ * held cover). 0 when it does not speculate this step: no match, or drafts that would not pay
+ * at its acceptance rate and this machine's cost of a row; then it waits a number of steps that
+ * doubles each time (at most SPEC_MAX_WAIT) and tries one draft, so its estimate can recover. */
 static uint32_t spec_drafts(tdm_worker_t *w, wseq_t *s, uint32_t i)
 {
     if (!w->spec || s->no_spec || w->n_running > TDM_WORKER_SPEC_SEQS)
         return 0; /* at larger batches a step is bound by arithmetic: draft rows would cost */
-    if (s->spec_wait > 0) {
-        s->spec_wait--;
+    bool probe = s->spec_wait == 1;
+    if (s->spec_wait > 0 && --s->spec_wait > 0)
         return 0;
-    }
     uint32_t k = spec_room(w, s, i);
     if (k == 0 || (k = draft_propose(s, k)) == 0)
         return 0;
+    uint32_t best = spec_best_k(s->spec_rate, spec_row_cost(w, w->n_running), k);
+    if (best == 0 && !probe) {
+        s->spec_miss = s->spec_miss < 5 ? s->spec_miss + 1 : 5;
+        uint32_t wait = 1u << s->spec_miss;
+        s->spec_wait = wait < SPEC_MAX_WAIT ? wait : SPEC_MAX_WAIT;
+        return 0;
+    }
+    k = best > 0 ? best : 1;
+    if (best > 0)
+        s->spec_miss = 0;
     if (!reserve(w, s, s->n_computed + 1 + k)) {
         uint32_t covered = s->kv.n_blocks * tdm_kv_pool_layout(w->pool)->block_size;
         k = covered - (s->n_computed + 1) < k ? covered - (s->n_computed + 1) : k;
@@ -705,23 +766,13 @@ static uint32_t spec_drafts(tdm_worker_t *w, wseq_t *s, uint32_t i)
     return k;
 }
 
-/* Adapts s's draft length to the last verification (accepted of n_draft): all accepted, one
- * more next time; none, half as many and a wait that doubles with each miss in a row, so a
- * sequence whose context does not predict its output stops paying for draft rows. */
-static void spec_adapt(const tdm_worker_t *w, wseq_t *s, uint32_t accepted, uint32_t n_draft)
+/* Updates s's acceptance estimate after a verification (accepted of n_draft): the
+ * per-token estimate of this pass is accepted / (accepted + 1 rejection, if any), since
+ * drafts are tried in order until the first miss. */
+static void spec_adapt(wseq_t *s, uint32_t accepted, uint32_t n_draft)
 {
-    if (accepted == n_draft) {
-        s->spec_miss = 0;
-        s->spec_k = s->spec_k < w->o.max_draft ? s->spec_k + 1 : w->o.max_draft;
-    } else if (accepted == 0) {
-        s->spec_miss++;
-        s->spec_k = s->spec_k > 1 ? s->spec_k / 2 : 1;
-        uint32_t wait = 1u << (s->spec_miss < 5 ? s->spec_miss : 5);
-        s->spec_wait = wait < SPEC_MAX_WAIT ? wait : SPEC_MAX_WAIT;
-    } else {
-        s->spec_miss = 0;
-        s->spec_k = accepted + 1;
-    }
+    float x = (float)accepted / (float)(accepted + (accepted < n_draft ? 1 : 0));
+    s->spec_rate += 0.3f * (x - s->spec_rate);
 }
 
 /* Returns the blocks of s beyond those its computed tokens need (taken for draft rows that
@@ -813,6 +864,15 @@ static void schedule_admit(tdm_worker_t *w)
     }
 }
 
+/* True when the batch built holds decode rows (and drafts) only, no prefill chunk. */
+static bool decode_only(const tdm_worker_t *w)
+{
+    for (uint32_t k = 0; k < w->n_bseq; k++)
+        if (w->b_chunk[k] != 1)
+            return false;
+    return true;
+}
+
 /* 4. The forward pass over the batch built; on failure every sequence of it fails. */
 static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
 {
@@ -829,6 +889,8 @@ static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
     w->stats.batch_size = w->n_bseq;
     w->stats.batch_tokens = w->n_rows;
     w->stats.steps++;
+    if (w->spec && rc == TDM_OK && decode_only(w))
+        spec_fit_add(w, w->n_rows, w->stats.last_step_s);
     if (rc != TDM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "forward pass failed: %.220s", err ? err->msg : tdm_strerror(rc));
@@ -950,7 +1012,7 @@ static void spec_verify(tdm_worker_t *w, uint32_t slot, uint32_t n_draft, const 
         if (!sample_next(w, slot, rows + (size_t)j * w->n_vocab, t_end))
             break; /* ended: the slot is free */
         if (j == n_draft || s->tokens[s->n_tokens - 1] != draft) {
-            spec_adapt(w, s, accepted, n_draft);
+            spec_adapt(s, accepted, n_draft);
             spec_trim(w, s);
             break;
         }
