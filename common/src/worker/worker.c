@@ -733,6 +733,19 @@ static uint32_t spec_best_k(double rate, double cost, uint32_t m)
     return best_k;
 }
 
+/* Takes the blocks k draft rows of running sequence i need beyond its decode row's, unless that
+ * would leave fewer blocks than one for each later running sequence: drafts never make plain
+ * decoding preempt. false when not taken. */
+static bool spec_reserve(tdm_worker_t *w, wseq_t *s, uint32_t i, uint32_t k)
+{
+    uint32_t need =
+        (uint32_t)tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), s->n_computed + 1 + k);
+    uint32_t more = need > s->kv.n_blocks ? need - s->kv.n_blocks : 0;
+    if (more > 0 && tdm_kv_pool_available(w->pool) < more + (w->n_running - i - 1))
+        return false;
+    return reserve(w, s, s->n_computed + 1 + k);
+}
+
 /* Drafts for running sequence i (slot s), written after its tokens, with blocks reserved for
  * their rows (never preempting for them: with the pool short they shrink to what the blocks
  * held cover). 0 when it does not speculate this step: no match, or drafts that would not pay
@@ -758,7 +771,7 @@ static uint32_t spec_drafts(tdm_worker_t *w, wseq_t *s, uint32_t i)
     k = best > 0 ? best : 1;
     if (best > 0)
         s->spec_miss = 0;
-    if (!reserve(w, s, s->n_computed + 1 + k)) {
+    if (!spec_reserve(w, s, i, k)) {
         uint32_t covered = s->kv.n_blocks * tdm_kv_pool_layout(w->pool)->block_size;
         k = covered - (s->n_computed + 1) < k ? covered - (s->n_computed + 1) : k;
     }
