@@ -74,7 +74,9 @@ static void rig_open(fixture_t *fx, rig_t *r, const rig_opts_t *ro)
                            .n_ctx = 512,
                            .prefix_caching = ro->prefix_caching,
                            .grammar_vocab = ro->gv,
-                           .max_draft = ro->max_draft};
+                           .max_draft = ro->max_draft,
+                           /* fixed: the draft lengths depend on the outputs, not on timing */
+                           .spec_row_cost = 0.1};
     tdm_engine_params_t ep;
     tdm_engine_params_default(&ep);
     ep.n_ctx = 512;
@@ -393,6 +395,10 @@ static void test_logit_rows(void **state)
     assert_null(tdm_worker_new(r.engine, r.pool, fx->tok, fx->f.n_vocab, &bad, &err));
     assert_int_equal(err.code, TDM_EINVALID);
     assert_non_null(strstr(err.msg, "max_draft"));
+    bad.max_draft = 4;
+    bad.spec_row_cost = 11;
+    assert_null(tdm_worker_new(r.engine, r.pool, fx->tok, fx->f.n_vocab, &bad, &err));
+    assert_non_null(strstr(err.msg, "spec_row_cost (11)"));
     rig_close(&r);
 }
 

@@ -85,9 +85,12 @@ typedef struct tdm_worker_opts {
                                                  over (tandem/grammar.h; at most n_vocab tokens;
                                                  must outlive the worker); NULL: a sequence with
                                                  a grammar is refused */
-    uint32_t max_draft; /* DECODE mode: most draft tokens per sequence and step (speculative
-                           decoding, at most TDM_WORKER_MAX_DRAFT); 0 = off. The engine
-                           must take tdm_worker_logit_rows(opts) logit rows */
+    uint32_t max_draft;   /* DECODE mode: most draft tokens per sequence and step (speculative
+                             decoding, at most TDM_WORKER_MAX_DRAFT); 0 = off. The engine
+                             must take tdm_worker_logit_rows(opts) logit rows */
+    double spec_row_cost; /* a draft row's cost relative to a decode step, [0, 10]; 0 = fitted
+                             from the worker's own step times (nodes). A fixed value makes the
+                             draft lengths a function of the outputs alone (tests) */
 } tdm_worker_opts_t;
 
 #define TDM_WORKER_MAX_DRAFT 16u

@@ -141,13 +141,15 @@ static int check_opts(const tdm_engine_t *engine, const tdm_kv_pool_t *pool,
                              "worker: engine, pool, tokenizer and options required");
     if (opts->max_batch_tokens == 0 || opts->max_running == 0 || opts->n_ctx < 2 ||
         opts->max_running > 65536 || opts->max_waiting > 1000000 ||
-        opts->max_draft > TDM_WORKER_MAX_DRAFT)
+        opts->max_draft > TDM_WORKER_MAX_DRAFT || !(opts->spec_row_cost >= 0) ||
+        opts->spec_row_cost > 10)
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: max_batch_tokens (%u) and max_running (%u, <= 65536) must "
                              "be >= 1, n_ctx (%u) >= 2, max_waiting (%u) <= 1000000, max_draft "
-                             "(%u) <= %u",
+                             "(%u) <= %u, spec_row_cost (%g) in [0, 10]",
                              opts->max_batch_tokens, opts->max_running, opts->n_ctx,
-                             opts->max_waiting, opts->max_draft, TDM_WORKER_MAX_DRAFT);
+                             opts->max_waiting, opts->max_draft, TDM_WORKER_MAX_DRAFT,
+                             opts->spec_row_cost);
     if (opts->grammar_vocab && tdm_grammar_vocab_n_vocab(opts->grammar_vocab) > n_vocab)
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: the grammar vocabulary has %u tokens, the model %u",
@@ -697,11 +699,13 @@ static void spec_fit_add(tdm_worker_t *w, uint32_t rows, double s)
         w->fit[i] = w->fit[i] * SPEC_FIT_DECAY + x[i];
 }
 
-/* The cost of one more row in a pass of `rows` decode rows, relative to that pass, from the
- * step-time line (least squares over the timed passes, older ones decayed); SPEC_PRIOR_COST
- * until passes of different sizes were timed. */
+/* The cost of one more row in a pass of `rows` decode rows, relative to that pass: the fixed
+ * opts.spec_row_cost, or from the step-time line (least squares over the timed passes, older ones
+ * decayed); SPEC_PRIOR_COST until passes of different sizes were timed. */
 static double spec_row_cost(const tdm_worker_t *w, uint32_t rows)
 {
+    if (w->o.spec_row_cost > 0)
+        return w->o.spec_row_cost;
     const double *f = w->fit;
     double var = f[0] > 0 ? f[2] / f[0] - (f[1] / f[0]) * (f[1] / f[0]) : 0;
     if (var < 0.25)
