@@ -30,10 +30,13 @@
  * token. The engine is batch-invariant, so every accepted row's logits are bitwise plain
  * decoding's: outputs are identical with speculation on or off. The KV written for rejected
  * drafts lies beyond n_computed and is overwritten later; blocks taken for it are returned
- * after the step. Off for q8 KV (a rejected draft's write would change a block's scale) and
- * for requests with no_speculation, and while more than TDM_WORKER_SPEC_SEQS sequences run. A
- * sequence whose drafts keep failing backs off (drafts
- * less often), so text without repeats costs (nearly) nothing.
+ * after the step. Off for q8 KV (a rejected draft's write would change a block's scale), on the
+ * CUDA engine (not batch-invariant: its logits would differ in the last bits), for requests with
+ * no_speculation, and while more than TDM_WORKER_SPEC_SEQS sequences run. How
+ * many drafts pay is decided per step from the sequence's acceptance rate so far and the cost of
+ * a row (fitted from the worker's step times, or opts.spec_row_cost); a sequence whose drafts do
+ * not pay waits a growing number of steps before it tries again, so text the context does not
+ * predict costs (nearly) nothing.
  *
  * Modes: PREFILL (prefill node) ends a sequence right after its first token and hands its
  * block table to the caller to ship; DECODE (decode node) runs sequences to EOS, a stop

@@ -211,7 +211,10 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
     w->o = *opts;
     if (w->o.mode != TDM_WORKER_MODE_DECODE)
         w->o.max_draft = 0;
-    w->spec = w->o.max_draft > 0 && tdm_kv_pool_layout(pool)->dtype != TDM_KV_Q8;
+    /* exact only where a row's logits do not depend on the batch: the CPU engine (whose KV is
+     * the host pool's, no device copy) */
+    w->spec = w->o.max_draft > 0 && tdm_kv_pool_layout(pool)->dtype != TDM_KV_Q8 &&
+              tdm_engine_kv_device_base(engine) == NULL;
     if (!alloc_tables(w))
         goto out_free;
     for (uint32_t t = 0; t < n_vocab && w->n_eog < WORKER_MAX_EOG; t++)
