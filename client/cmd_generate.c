@@ -637,8 +637,11 @@ static int local_open_engine(const gen_opts_t *o, tdm_kv_dtype_t kv_dtype, local
         return 1;
     }
     /* one sequence, nothing queued behind it; whole --batch chunks, no prefix cache */
-    tdm_worker_opts_t wo = {TDM_WORKER_MODE_DECODE, (uint32_t)o->batch, 1, 0, g->n_ctx, false, 0,
-                            g->grammar_vocab};
+    tdm_worker_opts_t wo = {.mode = TDM_WORKER_MODE_DECODE,
+                            .max_batch_tokens = (uint32_t)o->batch,
+                            .max_running = 1,
+                            .n_ctx = g->n_ctx,
+                            .grammar_vocab = g->grammar_vocab};
     g->worker = tdm_worker_new(g->engine, g->pool, g->tok, hp->n_vocab, &wo, &err);
     if (!g->worker) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
@@ -703,8 +706,11 @@ static void local_on_events(local_stream_t *st, const tdm_worker_event_t *ev, ui
 static int local_run(const local_gen_t *g, const tdm_sampling_params_t *sp)
 {
     tdm_error_t err = {0};
-    tdm_worker_req_t req = {"generate", g->prompt, (uint32_t)g->n_prompt, sp, NULL, 0, NULL, NULL,
-                            0,          g->grammar};
+    tdm_worker_req_t req = {.request_id = "generate",
+                            .prompt = g->prompt,
+                            .n_prompt = (uint32_t)g->n_prompt,
+                            .sampling = sp,
+                            .grammar = g->grammar};
     double t_start = tdm_time_now();
     if (tdm_worker_add(g->worker, &req, &err) != TDM_OK) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);

@@ -30,6 +30,7 @@ typedef struct dres {
     uint32_t n_prompt;
     uint32_t n_output; /* output tokens delivered before this attempt (0: a new request) */
     tdm_sampling_params_t sp;
+    bool no_speculation; /* DecodeReserve.speculative OFF */
     double t_reserved;
     double kv_transfer_s;       /* estimate: reserved until received, minus the prefill time */
     uint64_t kv_transfer_bytes; /* block bytes received (tdm_kv_received_t.bytes) */
@@ -128,7 +129,8 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
                             .user = r,
                             .output = m->output_tokens,
                             .n_output = r->n_output,
-                            .grammar = r->base.grammar};
+                            .grammar = r->base.grammar,
+                            .no_speculation = r->no_speculation};
     int rc = tdm_worker_add(d->rt->worker, &req, err);
     if (rc != TDM_OK)
         return rc;
@@ -289,6 +291,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     r->sp = sp;
     r->n_prompt = (uint32_t)m->n_prompt_tokens;
     r->n_output = (uint32_t)m->n_output_tokens;
+    r->no_speculation = m->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     r->base.deadline_ms = m->deadline_unix_ms;
     r->t_reserved = tdm_time_now();
     rc = tdm_node_constraint(d->rt->grammars, m->constraint, &r->base.grammar, &err);
@@ -363,7 +366,8 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
                             .user = r,
                             .output = r->prompt + r->n_prompt,
                             .n_output = r->n_output,
-                            .grammar = r->base.grammar};
+                            .grammar = r->base.grammar,
+                            .no_speculation = r->no_speculation};
     tdm_error_t err = {0};
     if (tdm_worker_add(d->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(d->node, &r->base, err.code, err.code == TDM_ERESOURCE, err.msg);

@@ -69,16 +69,14 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
     }
     /* a migrated request resumes after output_tokens: the worker prefills them with the prompt
      * and samples the next output index */
-    tdm_worker_req_t req = {att->key,
-                            m->prompt_tokens,
-                            (uint32_t)m->n_prompt_tokens,
-                            sp,
-                            NULL,
-                            0,
-                            t,
-                            m->output_tokens,
-                            (uint32_t)m->n_output_tokens,
-                            t->base.grammar};
+    tdm_worker_req_t req = {.request_id = att->key,
+                            .prompt = m->prompt_tokens,
+                            .n_prompt = (uint32_t)m->n_prompt_tokens,
+                            .sampling = sp,
+                            .user = t,
+                            .output = m->output_tokens,
+                            .n_output = (uint32_t)m->n_output_tokens,
+                            .grammar = t->base.grammar};
     if (m->n_prompt_tokens > UINT32_MAX || m->n_output_tokens > UINT32_MAX ||
         tdm_worker_add(p->rt->worker, &req, &err) != TDM_OK) {
         tdm_node_req_fail(p->node, &t->base, err.code ? err.code : TDM_EINVALID,

@@ -2,7 +2,8 @@
  * GenerateRequest, and GenerateChunks translated back to OpenAI's JSON and SSE chunks.
  *
  * Request fields follow OpenAI's API reference (and vLLM's extensions: top_k, min_p,
- * repetition_penalty, stop_token_ids, ignore_eos, include_stop_str_in_output); unknown fields
+ * repetition_penalty, stop_token_ids, ignore_eos, include_stop_str_in_output) and Tandem's
+ * speculative ("auto" | "off"); unknown fields
  * are ignored as vLLM does. Type errors name the field; range checks are the router's, whose
  * messages name the field too. Responses have OpenAI's shapes ("text_completion",
  * "chat.completion", "chat.completion.chunk", usage with prompt_tokens_details.cached_tokens).
@@ -608,6 +609,20 @@ static int parse_stream(parse_ctx_t *p, oai_req_t *q)
     return p->rc;
 }
 
+/* speculative: "auto" (the decode node's config) or "off" (Tandem's extension; outputs are the
+ * same either way, docs/performance.md). */
+static int parse_speculative(parse_ctx_t *p, oai_req_t *q)
+{
+    const char *s = get_string(p, "speculative");
+    if (!s || strcmp(s, "auto") == 0)
+        return p->rc;
+    if (strcmp(s, "off") != 0)
+        return oai_bad_field(p->err, p->param, p->param_cap, "speculative",
+                             "speculative must be \"auto\" or \"off\", got \"%.40s\"", s);
+    q->g.speculative = TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
+    return TDM_OK;
+}
+
 /* max_tokens (chat: or max_completion_tokens): completions default to OpenAI's 16; a chat
  * without it sends 0, so the router gives what fits (TDM_ROUTER_MAX_TOKENS_DEFAULT at most). */
 static int parse_max_tokens(parse_ctx_t *p, oai_req_t *q)
@@ -704,9 +719,9 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
     parse_ctx_t p = {q->root, err, param, param_cap, 0};
     if (rc != TDM_OK || (rc = parse_identity(&p, q, served)) != TDM_OK ||
         (rc = refuse_unsupported(&p, q)) != TDM_OK || (rc = parse_stream(&p, q)) != TDM_OK ||
-        (rc = parse_max_tokens(&p, q)) != TDM_OK || (rc = parse_sampling(&p, q)) != TDM_OK ||
-        (rc = parse_stop(&p, q)) != TDM_OK || (rc = parse_logprobs(&p, q)) != TDM_OK ||
-        (rc = parse_choices(&p, q)) != TDM_OK ||
+        (rc = parse_speculative(&p, q)) != TDM_OK || (rc = parse_max_tokens(&p, q)) != TDM_OK ||
+        (rc = parse_sampling(&p, q)) != TDM_OK || (rc = parse_stop(&p, q)) != TDM_OK ||
+        (rc = parse_logprobs(&p, q)) != TDM_OK || (rc = parse_choices(&p, q)) != TDM_OK ||
         (rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q)) != TDM_OK ||
         (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
         (rc = client_request(q, param, param_cap, err)) != TDM_OK ||

@@ -813,11 +813,54 @@ static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
           &m->params_max_tokens, tok);
 }
 
+/* ---- speculative decoding (the decode nodes' worker counters, from heartbeats) ---- */
+
+static double nv_spec_drafts(const rt_node_t *n)
+{
+    return (double)n->spec_drafts;
+}
+static double nv_spec_draft_tokens(const rt_node_t *n)
+{
+    return (double)n->spec_draft_tokens;
+}
+static double nv_spec_accepted_tokens(const rt_node_t *n)
+{
+    return (double)n->spec_accepted_tokens;
+}
+
+/* tandem_spec_decode_*: drafts verified, draft tokens proposed and accepted, per node. */
+static void render_spec(mb_t *b, const tdm_router_t *r)
+{
+    node_family(b, r, "tandem_spec_decode_drafts_total", METRIC_COUNTER,
+                "Verification passes of a sequence that carried prompt-lookup drafts "
+                "(cumulative per node process, from its heartbeats).",
+                NODES_REGISTERED, nv_spec_drafts);
+    node_family(b, r, "tandem_spec_decode_draft_tokens_total", METRIC_COUNTER,
+                "Draft tokens proposed and verified (cumulative per node process).",
+                NODES_REGISTERED, nv_spec_draft_tokens);
+    node_family(b, r, "tandem_spec_decode_accepted_tokens_total", METRIC_COUNTER,
+                "Draft tokens equal to the token drawn at their index, so accepted (cumulative "
+                "per node process); acceptance rate = accepted / draft tokens.",
+                NODES_REGISTERED, nv_spec_accepted_tokens);
+}
+
+/* vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py), per node. */
+static void vllm_spec(vctx_t *v, const tdm_router_t *r)
+{
+    vnode_family(v, r, "vllm:spec_decode_num_drafts_total", METRIC_COUNTER,
+                 "Number of spec decoding drafts.", NODES_REGISTERED, nv_spec_drafts);
+    vnode_family(v, r, "vllm:spec_decode_num_draft_tokens_total", METRIC_COUNTER,
+                 "Number of draft tokens.", NODES_REGISTERED, nv_spec_draft_tokens);
+    vnode_family(v, r, "vllm:spec_decode_num_accepted_tokens_total", METRIC_COUNTER,
+                 "Number of accepted tokens.", NODES_REGISTERED, nv_spec_accepted_tokens);
+}
+
 static void render_vllm(mb_t *b, const tdm_router_t *r)
 {
     vctx_t v = {b, r->cfg->model.name ? r->cfg->model.name : ""};
     vllm_gauges(&v, r);
     vllm_counters(&v, r);
+    vllm_spec(&v, r);
     vllm_histograms(&v, &r->metrics);
 }
 
@@ -831,6 +874,7 @@ int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsRespon
     render_requests(&b, r);
     render_histograms(&b, r);
     render_nodes(&b, r);
+    render_spec(&b, r);
     render_node_processes(&b, r);
     render_loop(&b, r);
     render_build_info(&b, r);

@@ -831,6 +831,7 @@ static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, 
     q->stream = g->stream;
     q->include_stop_str = g->include_stop_str;
     q->echo = g->echo_token_text;
+    q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return TDM_OK;
 }
 

@@ -128,6 +128,8 @@ typedef struct rt_node {
     double proc_cpu_s; /* its CPU seconds */
     uint32_t proc_fds; /* its open file descriptors */
     uint64_t queued_prefill_tokens, prefix_queries, prefix_hits;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* cumulative per node
+                                                                      process (heartbeats) */
     double step_time_s;
     /* what its instance iter_instance last reported of its forward passes (heartbeats;
      * rt_metrics_iterations adds what is new to r->metrics) */
@@ -183,7 +185,8 @@ struct rt_req {
     size_t peer_len;
     uint64_t call_id;
     bool stream, include_stop_str, echo;
-    int32_t *prompt; /* [n_prompt] heap */
+    bool no_speculation; /* GenerateRequest.speculative OFF, passed on in DecodeReserve */
+    int32_t *prompt;     /* [n_prompt] heap */
     uint32_t n_prompt;
     tdm_sampling_params_t sp; /* validated; seed drawn when the client gave none */
     char **stop;              /* [n_stop] heap strings */

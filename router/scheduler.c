@@ -462,6 +462,8 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need,
     m.local_prefill = local && !fork_of;
     m.fork_of = fork_of;
     m.deadline_unix_ms = q->deadline_ms;
+    m.speculative = q->no_speculation ? TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF
+                                      : TANDEM__V1__SPECULATIVE__SPECULATIVE_AUTO;
     Tandem__V1__Constraint c;
     m.constraint = constraint_of(q, &c);
     if (!pending_room(n))

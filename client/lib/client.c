@@ -695,6 +695,8 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
     m.n = req->n;
     m.include_stop_str = req->include_stop_str;
     m.echo_token_text = req->echo_token_text;
+    m.speculative = req->no_speculation ? TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF
+                                        : TANDEM__V1__SPECULATIVE__SPECULATIVE_AUTO;
     Tandem__V1__Constraint cons;
     m.constraint = constraint_of(req, &cons);
 

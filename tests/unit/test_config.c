@@ -109,6 +109,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
         assert_int_equal(x->max_batch_tokens, y->max_batch_tokens);
         assert_int_equal(x->max_running, y->max_running);
         assert_int_equal(x->grammar_cache_bytes, y->grammar_cache_bytes);
+        assert_int_equal(x->spec_max_draft, y->spec_max_draft);
     }
 }
 
@@ -182,6 +183,7 @@ static void test_defaults(void **state)
         assert_int_equal(cfg.nodes[i].max_batch_tokens, 2048);
         assert_int_equal(cfg.nodes[i].max_running, 64);
         assert_int_equal(cfg.nodes[i].grammar_cache_bytes, 64ull << 20);
+        assert_int_equal(cfg.nodes[i].spec_max_draft, TDM_CONFIG_DEFAULT_SPEC_MAX_DRAFT);
     }
 
     /* An empty file, a comment-only file and empty sections give the same defaults. */
@@ -296,6 +298,8 @@ static const char full_yaml[] =
     "    gpu_memory_utilization: 0.5\n"
     "    max_running: 256\n"
     "    grammar_cache_bytes: 1MiB\n"
+    "    speculative:\n"
+    "      max_draft: 5\n"
     "    curve_public_key: \"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hIE\"\n"
     "    curve_secret_key_file: /etc/tandem/keys/d0.key\n"
     "  - id: d1\n"
@@ -377,6 +381,7 @@ static void test_full_file(void **state)
     assert_true(n->gpu_memory_utilization == 0.5);
     assert_int_equal(n->max_running, 256);
     assert_int_equal(n->grammar_cache_bytes, 1ull << 20);
+    assert_int_equal(n->spec_max_draft, 5);
 
     n = tdm_config_find_node(&cfg, "d1");
     assert_string_equal(n->kv_endpoint, "tcp://10.0.0.3:9700");
@@ -620,7 +625,7 @@ static void test_error_unknown_keys(void **state)
                "cluster.yaml:4: key 'nodes[0].gpu': unknown key (expected one of: id, role, "
                "endpoint, kv_endpoint, kv_advertise, device, threads, memory_budget, "
                "gpu_memory_utilization, max_batch_tokens, max_running, grammar_cache_bytes, "
-               "curve_public_key, curve_secret_key_file)");
+               "speculative, curve_public_key, curve_secret_key_file)");
     load_fails("log:\n  level: info\n  format: json\n",
                "cluster.yaml:3: key 'log.format': unknown key (expected one of: level)");
 }
@@ -727,6 +732,12 @@ static void test_error_ranges(void **state)
     load_fails("nodes:\n  - id: a\n    role: decode\n    grammar_cache_bytes: 17GiB\n",
                "cluster.yaml:4: key 'nodes[0].grammar_cache_bytes': must be a byte size from 0 to "
                "16GiB such as 64MiB, got '17GiB'");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    speculative:\n      max_draft: 17\n",
+               "cluster.yaml:5: key 'nodes[0].speculative.max_draft': must be between 0 and 16, "
+               "got 17");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    speculative:\n      k: 2\n",
+               "cluster.yaml:5: key 'nodes[0].speculative.k': unknown key (expected one of: "
+               "max_draft)");
     load_fails("nodes:\n  - id: a\n    role: decode\n    memory_budget: 512KiB\n",
                "cluster.yaml:4: key 'nodes[0].memory_budget': must be at least 1MiB, got "
                "512KiB (524288 bytes)");

@@ -122,8 +122,14 @@ static void rig_open(fixture_t *fx, rig_t *r, tdm_worker_mode_t mode, uint32_t n
     ep.n_threads = 1;
     r->engine = tdm_engine_new(fx->f.model, r->pool, &ep, &err);
     assert_non_null(r->engine);
-    tdm_worker_opts_t o = {mode, max_batch, max_running,     64,
-                           512,  true,      g_prefill_chunk, g_grammar_vocab};
+    tdm_worker_opts_t o = {.mode = mode,
+                           .max_batch_tokens = max_batch,
+                           .max_running = max_running,
+                           .max_waiting = 64,
+                           .n_ctx = 512,
+                           .prefix_caching = true,
+                           .max_prefill_chunk = g_prefill_chunk,
+                           .grammar_vocab = g_grammar_vocab};
     r->w = tdm_worker_new(r->engine, r->pool, fx->tok, fx->f.n_vocab, &o, &err);
     if (!r->w)
         fail_msg("%s", err.msg);
@@ -208,7 +214,8 @@ static void add_all(fixture_t *fx, rig_t *r, int32_t prompts[N_REQ][128], bool g
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL, 0, NULL};
+        tdm_worker_req_t req = {
+            .request_id = id, .prompt = prompts[k], .n_prompt = prompt_len[k], .sampling = &sp};
         tdm_error_t err = {0};
         if (tdm_worker_add(r->w, &req, &err) != 0)
             fail_msg("%s", err.msg);
@@ -231,7 +238,8 @@ static void reference(fixture_t *fx, out_t *ref, bool greedy)
         sp.ignore_eos = true;
         char id[16];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompts[k], prompt_len[k], &sp, NULL, 0, NULL, NULL, 0, NULL};
+        tdm_worker_req_t req = {
+            .request_id = id, .prompt = prompts[k], .n_prompt = prompt_len[k], .sampling = &sp};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, ref);
@@ -366,8 +374,12 @@ static void test_prefill_then_decode(void **state)
             sp.seed = 1234 + (uint64_t)k;
             sp.max_tokens = max_tokens[k];
             sp.ignore_eos = true;
-            tdm_worker_req_t req = {ev[i].request_id,  prompts[k], prompt_len[k], &sp, &dst,
-                                    ev[i].first_token, NULL,       NULL,          0,   NULL};
+            tdm_worker_req_t req = {.request_id = ev[i].request_id,
+                                    .prompt = prompts[k],
+                                    .n_prompt = prompt_len[k],
+                                    .sampling = &sp,
+                                    .prefilled = &dst,
+                                    .first_token = ev[i].first_token};
             assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
             assert_int_equal(dst.n_blocks, 0); /* taken over */
             prefilled++;
@@ -402,7 +414,12 @@ static void test_prefilled_finishes_at_once(void **state)
         sp.n_stop_token_ids = 1;
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {id, prompt, 20, &sp, &seq, k == 0 ? 7 : 42, NULL, NULL, 0, NULL};
+        tdm_worker_req_t req = {.request_id = id,
+                                .prompt = prompt,
+                                .n_prompt = 20,
+                                .sampling = &sp,
+                                .prefilled = &seq,
+                                .first_token = k == 0 ? 7 : 42};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
     }
@@ -438,18 +455,19 @@ static void test_cancel_and_errors(void **state)
 
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
-    tdm_worker_req_t dup = {"r0", prompts[0], 5, &sp, NULL, 0, NULL, NULL, 0, NULL};
+    tdm_worker_req_t dup = {
+        .request_id = "r0", .prompt = prompts[0], .n_prompt = 5, .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &dup, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "already"));
-    tdm_worker_req_t empty = {"x", prompts[0], 0, &sp, NULL, 0, NULL, NULL, 0, NULL};
+    tdm_worker_req_t empty = {.request_id = "x", .prompt = prompts[0], .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &empty, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "prompt"));
     static int32_t big[600];
-    tdm_worker_req_t toolong = {"y", big, 600, &sp, NULL, 0, NULL, NULL, 0, NULL};
+    tdm_worker_req_t toolong = {.request_id = "y", .prompt = big, .n_prompt = 600, .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &toolong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context"));
     int32_t bad = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {"z", &bad, 1, &sp, NULL, 0, NULL, NULL, 0, NULL};
+    tdm_worker_req_t oov = {.request_id = "z", .prompt = &bad, .n_prompt = 1, .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "vocabulary"));
     for (int k = 0; k < N_REQ; k++) {
@@ -532,7 +550,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     sp.max_tokens = 4;
-    tdm_worker_req_t req = {"a", prompt, 100, &sp, NULL, 0, NULL, NULL, 0, NULL};
+    tdm_worker_req_t req = {.request_id = "a", .prompt = prompt, .n_prompt = 100, .sampling = &sp};
     tdm_error_t err = {0};
     alloc_watch(true);
     int rc = tdm_worker_add(r.w, &req, &err);
@@ -547,7 +565,12 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_kv_seq_init(&seq);
     assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 20), 0);
     seq.n_tokens = 20;
-    tdm_worker_req_t pre = {"p", prompt, 20, &sp, &seq, 3, NULL, NULL, 0, NULL};
+    tdm_worker_req_t pre = {.request_id = "p",
+                            .prompt = prompt,
+                            .n_prompt = 20,
+                            .sampling = &sp,
+                            .prefilled = &seq,
+                            .first_token = 3};
     sp.max_tokens = 400; /* a table of 420 tokens: more than the 8 entries it has */
     alloc_watch(true);
     rc = tdm_worker_add(r.w, &pre, &err);
@@ -588,7 +611,11 @@ static void test_events_carry_user(void **state)
         char id[8];
         snprintf(id, sizeof id, "r%d", k);
         tags[k] = k;
-        tdm_worker_req_t req = {id, prompt[k], 10, &sp, NULL, 0, &tags[k], NULL, 0, NULL};
+        tdm_worker_req_t req = {.request_id = id,
+                                .prompt = prompt[k],
+                                .n_prompt = 10,
+                                .sampling = &sp,
+                                .user = &tags[k]};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     }
@@ -634,7 +661,8 @@ static void resume_reference(fixture_t *fx, const int32_t *prompt, uint32_t n_pr
     rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
     tdm_sampling_params_t sp;
     resume_params(&sp, greedy, max);
-    tdm_worker_req_t req = {"r0", prompt, n_prompt, &sp, NULL, 0, NULL, NULL, 0, NULL};
+    tdm_worker_req_t req = {
+        .request_id = "r0", .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp};
     tdm_error_t err = {0};
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     drain(&r, ref);
@@ -653,7 +681,12 @@ static void resume_local(fixture_t *fx, const int32_t *prompt, uint32_t n_prompt
     resume_params(&sp, greedy, max);
     memcpy(got->tokens, ref->tokens, cut * sizeof *ref->tokens);
     got->n = cut;
-    tdm_worker_req_t req = {"r0", prompt, n_prompt, &sp, NULL, 0, NULL, ref->tokens, cut, NULL};
+    tdm_worker_req_t req = {.request_id = "r0",
+                            .prompt = prompt,
+                            .n_prompt = n_prompt,
+                            .sampling = &sp,
+                            .output = ref->tokens,
+                            .n_output = cut};
     tdm_error_t err = {0};
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     drain(&r, got);
@@ -672,7 +705,12 @@ static void resume_remote(fixture_t *fx, const int32_t *prompt, uint32_t n_promp
     resume_params(&sp, greedy, max);
     memcpy(got->tokens, ref->tokens, cut * sizeof *ref->tokens);
     got->n = cut;
-    tdm_worker_req_t req = {"r0", prompt, n_prompt, &sp, NULL, 0, NULL, ref->tokens, cut, NULL};
+    tdm_worker_req_t req = {.request_id = "r0",
+                            .prompt = prompt,
+                            .n_prompt = n_prompt,
+                            .sampling = &sp,
+                            .output = ref->tokens,
+                            .n_output = cut};
     tdm_error_t err = {0};
     assert_int_equal(tdm_worker_add(p.w, &req, &err), 0);
     const tdm_worker_event_t *ev = NULL;
@@ -696,7 +734,14 @@ static void resume_remote(fixture_t *fx, const int32_t *prompt, uint32_t n_promp
     tdm_kv_seq_t src = ev[1].seq;
     int32_t first = ev[1].first_token;
     tdm_kv_seq_release(p.pool, &src);
-    tdm_worker_req_t dr = {"r0", prompt, n_prompt, &sp, &dst, first, NULL, ref->tokens, cut, NULL};
+    tdm_worker_req_t dr = {.request_id = "r0",
+                           .prompt = prompt,
+                           .n_prompt = n_prompt,
+                           .sampling = &sp,
+                           .prefilled = &dst,
+                           .first_token = first,
+                           .output = ref->tokens,
+                           .n_output = cut};
     assert_int_equal(tdm_worker_add(d.w, &dr, &err), 0);
     drain(&d, got);
     rig_close(&p);
@@ -747,15 +792,30 @@ static void test_resume_errors(void **state)
     tdm_sampling_params_t sp;
     resume_params(&sp, true, 4);
     tdm_error_t err = {0};
-    tdm_worker_req_t full = {"a", prompt, 8, &sp, NULL, 0, NULL, out, 4, NULL};
+    tdm_worker_req_t full = {.request_id = "a",
+                             .prompt = prompt,
+                             .n_prompt = 8,
+                             .sampling = &sp,
+                             .output = out,
+                             .n_output = 4};
     assert_int_equal(tdm_worker_add(r.w, &full, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "max_tokens is 4"));
     sp.max_tokens = 600;
-    tdm_worker_req_t big = {"b", prompt, 8, &sp, NULL, 0, NULL, out, 504, NULL};
+    tdm_worker_req_t big = {.request_id = "b",
+                            .prompt = prompt,
+                            .n_prompt = 8,
+                            .sampling = &sp,
+                            .output = out,
+                            .n_output = 504};
     assert_int_equal(tdm_worker_add(r.w, &big, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context of 512"));
     out[2] = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {"c", prompt, 8, &sp, NULL, 0, NULL, out, 3, NULL};
+    tdm_worker_req_t oov = {.request_id = "c",
+                            .prompt = prompt,
+                            .n_prompt = 8,
+                            .sampling = &sp,
+                            .output = out,
+                            .n_output = 3};
     assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "output[2]"));
     out[2] = 0;
@@ -763,7 +823,14 @@ static void test_resume_errors(void **state)
     tdm_kv_seq_init(&seq);
     assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 8), 0);
     seq.n_tokens = 8; /* the prompt's KV only */
-    tdm_worker_req_t pre = {"d", prompt, 8, &sp, &seq, 1, NULL, out, 3, NULL};
+    tdm_worker_req_t pre = {.request_id = "d",
+                            .prompt = prompt,
+                            .n_prompt = 8,
+                            .sampling = &sp,
+                            .prefilled = &seq,
+                            .first_token = 1,
+                            .output = out,
+                            .n_output = 3};
     assert_int_equal(tdm_worker_add(r.w, &pre, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "prefilled KV covers 8 tokens"));
     tdm_kv_seq_release(r.pool, &seq);
@@ -819,7 +886,8 @@ static void add_constrained(fixture_t *fx, rig_t *r, int k, int32_t *prompt, con
     sp.max_tokens = max_new;
     char id[16];
     snprintf(id, sizeof id, "r%d", k);
-    tdm_worker_req_t req = {id, prompt, 12, &sp, NULL, 0, NULL, NULL, 0, g};
+    tdm_worker_req_t req = {
+        .request_id = id, .prompt = prompt, .n_prompt = 12, .sampling = &sp, .grammar = g};
     tdm_error_t err = {0};
     if (tdm_worker_add(r->w, &req, &err) != 0)
         fail_msg("%s", err.msg);
@@ -910,7 +978,13 @@ static void test_constrained_resume(void **state)
         got[N_REQ + 1].n = cut;
         rig_t r;
         rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
-        tdm_worker_req_t req = {id, prompt, 12, &sp, NULL, 0, NULL, want->tokens, cut, g};
+        tdm_worker_req_t req = {.request_id = id,
+                                .prompt = prompt,
+                                .n_prompt = 12,
+                                .sampling = &sp,
+                                .output = want->tokens,
+                                .n_output = cut,
+                                .grammar = g};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, got);
         rig_close(&r);
@@ -921,7 +995,13 @@ static void test_constrained_resume(void **state)
     rig_t r;
     rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
     int32_t wrong[2] = {want->tokens[0], (int32_t)tdm_test_tiny_byte_token('x')};
-    tdm_worker_req_t bad = {id, prompt, 12, &sp, NULL, 0, NULL, wrong, 2, g};
+    tdm_worker_req_t bad = {.request_id = id,
+                            .prompt = prompt,
+                            .n_prompt = 12,
+                            .sampling = &sp,
+                            .output = wrong,
+                            .n_output = 2,
+                            .grammar = g};
     assert_int_equal(tdm_worker_add(r.w, &bad, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "output token 1"));
     rig_close(&r);
@@ -952,7 +1032,8 @@ static void test_constrained_ignore_eos(void **state)
         out_t got[1] = {0};
         rig_t r;
         rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
-        tdm_worker_req_t req = {"r0", prompt, 12, &sp, NULL, 0, NULL, NULL, 0, g};
+        tdm_worker_req_t req = {
+            .request_id = "r0", .prompt = prompt, .n_prompt = 12, .sampling = &sp, .grammar = g};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, got);
         rig_close(&r);
@@ -1006,10 +1087,22 @@ static void test_constrained_handoff(void **state)
     sp.seed = 77 + N_REQ + 1;
     sp.max_tokens = 36;
     int32_t bad = (int32_t)tdm_test_tiny_byte_token('x'); /* not "{" */
-    tdm_worker_req_t wrong = {"r7", prompt, 12, &sp, &dst, bad, NULL, NULL, 0, g};
+    tdm_worker_req_t wrong = {.request_id = "r7",
+                              .prompt = prompt,
+                              .n_prompt = 12,
+                              .sampling = &sp,
+                              .prefilled = &dst,
+                              .first_token = bad,
+                              .grammar = g};
     assert_int_equal(tdm_worker_add(d.w, &wrong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "constraint"));
-    tdm_worker_req_t req = {"r7", prompt, 12, &sp, &dst, first, NULL, NULL, 0, g};
+    tdm_worker_req_t req = {.request_id = "r7",
+                            .prompt = prompt,
+                            .n_prompt = 12,
+                            .sampling = &sp,
+                            .prefilled = &dst,
+                            .first_token = first,
+                            .grammar = g};
     assert_int_equal(tdm_worker_add(d.w, &req, &err), 0);
     drain(&d, got);
     assert_int_equal(got[N_REQ + 1].n, ref[N_REQ + 1].n);

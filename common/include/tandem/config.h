@@ -135,6 +135,9 @@ typedef struct tdm_security_config {
 } tdm_security_config_t;
 
 /* One entry of nodes:. */
+#define TDM_CONFIG_DEFAULT_SPEC_MAX_DRAFT 8
+#define TDM_CONFIG_MAX_SPEC_MAX_DRAFT 16 /* = TDM_WORKER_MAX_DRAFT (tandem/worker.h) */
+
 typedef struct tdm_node_config {
     char *id;                      /* unique, 1..63 bytes of [A-Za-z0-9._-]; required */
     tdm_node_role_t role;          /* required */
@@ -159,6 +162,10 @@ typedef struct tdm_node_config {
     uint64_t grammar_cache_bytes;  /* compiled grammars (structured output) kept for reuse,
                                       bytes, 0..16 GiB; 0 = none kept; default 64 MiB
                                       (TDM_GRAMMAR_CACHE_DEFAULT_BYTES) */
+    int spec_max_draft;            /* speculative.max_draft: decode nodes, draft tokens per
+                                      sequence and step of prompt-lookup speculative decoding,
+                                      0..16 (TDM_WORKER_MAX_DRAFT); 0 = off; default 8
+                                      (TDM_CONFIG_DEFAULT_SPEC_MAX_DRAFT) */
     char *curve_public_key;        /* this node's CURVE public key (Z85, 40 characters); required
                                       and distinct per node when CURVE is on, NULL otherwise */
     char *curve_secret_key_file;   /* file with this node's secret key, read only by this node's

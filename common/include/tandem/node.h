@@ -122,6 +122,7 @@ typedef struct tdm_node_load {
     /* forward passes by tokens since the node started (tdm_worker_stats_t's) */
     uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];
     uint64_t iteration_tokens;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* tdm_worker_stats_t's */
 } tdm_node_load_t;
 
 typedef enum tdm_node_link_state {

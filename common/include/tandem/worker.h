@@ -20,6 +20,24 @@
  * pool preempts: running out of memory is an error (TDM_ERESOURCE naming memory) of
  * tdm_worker_add, the one place a sequence's memory is allocated.
  *
+ * Speculative decoding (prompt lookup, no draft model): in DECODE mode with opts.max_draft > 0,
+ * a decoding sequence whose last n-gram (3, then 2 tokens) occurred earlier in its own context
+ * proposes the tokens that followed it there as drafts, and gets 1 + k rows (its last token,
+ * then the k drafts), all asking for logits. The tokens are then drawn one by one exactly as
+ * plain decoding draws them (the (seed, index) draw, penalties over the same window, the
+ * grammar's mask, the matcher advanced on each drawn token only); a draft counts only if it
+ * equals the token drawn at its index, and the first mismatch ends the run with the drawn
+ * token. The engine is batch-invariant, so every accepted row's logits are bitwise plain
+ * decoding's: outputs are identical with speculation on or off. The KV written for rejected
+ * drafts lies beyond n_computed and is overwritten later; blocks taken for it are returned
+ * after the step. Off for q8 KV (a rejected draft's write would change a block's scale), on the
+ * CUDA engine (not batch-invariant: its logits would differ in the last bits), for requests with
+ * no_speculation, and while more than TDM_WORKER_SPEC_SEQS sequences run. How
+ * many drafts pay is decided per step from the sequence's acceptance rate so far and the cost of
+ * a row (fitted from the worker's step times, or opts.spec_row_cost); a sequence whose drafts do
+ * not pay waits a growing number of steps before it tries again, so text the context does not
+ * predict costs (nearly) nothing.
+ *
  * Modes: PREFILL (prefill node) ends a sequence right after its first token and hands its
  * block table to the caller to ship; DECODE (decode node) runs sequences to EOS, a stop
  * token, max_tokens or the context limit.
@@ -70,7 +88,23 @@ typedef struct tdm_worker_opts {
                                                  over (tandem/grammar.h; at most n_vocab tokens;
                                                  must outlive the worker); NULL: a sequence with
                                                  a grammar is refused */
+    uint32_t max_draft;   /* DECODE mode: most draft tokens per sequence and step (speculative
+                             decoding, at most TDM_WORKER_MAX_DRAFT); 0 = off. The engine
+                             must take tdm_worker_logit_rows(opts) logit rows */
+    double spec_row_cost; /* a draft row's cost relative to a decode step, [0, 10]; 0 = fitted
+                             from the worker's own step times (nodes). A fixed value makes the
+                             draft lengths a function of the outputs alone (tests) */
 } tdm_worker_opts_t;
+
+#define TDM_WORKER_MAX_DRAFT 16u
+/* Sequences per step that may carry drafts: speculation pays at small batches, where a step
+ * is bound by reading the weights, not by arithmetic. */
+#define TDM_WORKER_SPEC_SEQS 8u
+
+/* Rows per forward pass that may ask for logits under opts: max_running, plus max_draft for
+ * each of at most TDM_WORKER_SPEC_SEQS sequences in DECODE mode with max_draft > 0. The value
+ * for the engine's max_logits (tdm_engine_params_t). Cannot fail. */
+uint32_t tdm_worker_logit_rows(const tdm_worker_opts_t *opts);
 
 typedef struct tdm_worker tdm_worker_t;
 
@@ -116,6 +150,8 @@ typedef struct tdm_worker_req {
      * (no further byte allowed) or an end-of-generation token is sampled (allowed only where
      * the grammar accepts), LENGTH at max_tokens or the context limit. */
     const tdm_grammar_t *grammar;
+    bool no_speculation; /* true: never draft for this sequence (GenerateRequest.speculative
+                            OFF); false: as the worker's max_draft says */
 } tdm_worker_req_t;
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
@@ -228,6 +264,9 @@ typedef struct tdm_worker_stats {
      * cumulative (tdm_worker_iteration_bucket), and the rows of them all */
     uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];
     uint64_t iteration_tokens;
+    uint64_t spec_drafts;           /* sequences' verification passes that carried drafts */
+    uint64_t spec_draft_tokens;     /* draft tokens proposed (and verified) */
+    uint64_t spec_accepted_tokens;  /* of which equal to the token drawn at their index */
 } tdm_worker_stats_t;
 
 void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out);

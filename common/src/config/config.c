@@ -265,6 +265,7 @@ static tdm_node_config_t node_defaults(void)
         .max_batch_tokens = DEFAULT_MAX_BATCH_TOKENS,
         .max_running = DEFAULT_MAX_RUNNING,
         .grammar_cache_bytes = DEFAULT_GRAMMAR_CACHE_BYTES,
+        .spec_max_draft = TDM_CONFIG_DEFAULT_SPEC_MAX_DRAFT,
     };
 }
 
@@ -1241,6 +1242,24 @@ static int get_grammar_cache_bytes(loader_t *ld, const yaml_node_t *v, const cha
     return TDM_OK;
 }
 
+/* nodes[i].speculative: a mapping {max_draft: 0..16} (null: the defaults). */
+static int get_speculative(loader_t *ld, const yaml_node_t *map, const char *path,
+                           tdm_node_config_t *node)
+{
+    static const char *const known[] = {"max_draft", NULL};
+    char key[KEY_MAX];
+    int rc = check_mapping(ld, map, path, known);
+    FOR_EACH_PAIR(ld, map, p)
+    {
+        if (rc != TDM_OK)
+            break;
+        key_join(key, path, scalar_text(node_at(ld, p->key)));
+        rc = get_int(ld, node_at(ld, p->value), key, 0, TDM_CONFIG_MAX_SPEC_MAX_DRAFT,
+                     &node->spec_max_draft);
+    }
+    return rc;
+}
+
 /* One key of a nodes[] entry (check_mapping has refused unknown ones); marks where the keys
  * that later checks name were set. */
 static int parse_node_key(loader_t *ld, const char *name, const yaml_node_t *v, const char *key,
@@ -1286,6 +1305,8 @@ static int parse_node_key(loader_t *ld, const char *name, const yaml_node_t *v, 
             rc = fail(ld, v, key, "must be more than 0 and at most 1, got %s", scalar_text(v));
     } else if (strcmp(name, "grammar_cache_bytes") == 0) {
         rc = get_grammar_cache_bytes(ld, v, key, node);
+    } else if (strcmp(name, "speculative") == 0) {
+        rc = get_speculative(ld, v, key, node);
     } else if (strcmp(name, "max_batch_tokens") == 0) {
         rc = get_int(ld, v, key, 1, 1048576, &node->max_batch_tokens);
     } else if (strcmp(name, "curve_public_key") == 0) {
@@ -1353,6 +1374,7 @@ static int parse_node(loader_t *ld, const yaml_node_t *map, size_t index, tdm_no
                                         "max_batch_tokens",
                                         "max_running",
                                         "grammar_cache_bytes",
+                                        "speculative",
                                         "curve_public_key",
                                         "curve_secret_key_file",
                                         NULL};
@@ -1784,6 +1806,7 @@ static void dump_node(const tdm_node_config_t *node, FILE *out)
     fprintf(out, "    max_running: %d\n", node->max_running);
     tdm_config_format_bytes(node->grammar_cache_bytes, buf, sizeof buf);
     fprintf(out, "    grammar_cache_bytes: %s\n", buf);
+    fprintf(out, "    speculative:\n      max_draft: %d\n", node->spec_max_draft);
     put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
     put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
 }

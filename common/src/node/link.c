@@ -163,6 +163,9 @@ static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
     hb.prefix_queries = ld.prefix_queries;
     hb.prefix_hits = ld.prefix_hits;
     hb.batch_size = ld.batch_size;
+    hb.spec_drafts = ld.spec_drafts;
+    hb.spec_draft_tokens = ld.spec_draft_tokens;
+    hb.spec_accepted_tokens = ld.spec_accepted_tokens;
     hb.instance_id = l->instance;
     hb.n_iteration_tokens_counts = TDM_WORKER_ITERATION_BUCKETS;
     hb.iteration_tokens_counts = ld.iteration_counts;
@@ -613,4 +616,7 @@ void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm
     out->prefix_hits = ks.prefix_hits;
     memcpy(out->iteration_counts, ws.iteration_counts, sizeof out->iteration_counts);
     out->iteration_tokens = ws.iteration_tokens;
+    out->spec_drafts = ws.spec_drafts;
+    out->spec_draft_tokens = ws.spec_draft_tokens;
+    out->spec_accepted_tokens = ws.spec_accepted_tokens;
 }

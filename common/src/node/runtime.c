@@ -84,12 +84,19 @@ static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     rt->engine = tdm_engine_new(rt->model, rt->pool, ep, err);
     if (!rt->engine)
         return err ? err->code : TDM_EINVALID;
-    tdm_worker_opts_t wo = {mode, (uint32_t)node->max_batch_tokens, (uint32_t)node->max_running,
-                            TDM_NODE_MAX_WAITING, rt->n_ctx, cfg->kv.prefix_caching,
-                            /* a decode node prefilling locally (no prefill node up, or
-                             * recompute after preemption) takes small chunks, so its running
-                             * sequences keep getting tokens */
-                            mode == TDM_WORKER_MODE_DECODE ? 256u : 0u, rt->grammar_vocab};
+    tdm_worker_opts_t wo = {
+        .mode = mode,
+        .max_batch_tokens = (uint32_t)node->max_batch_tokens,
+        .max_running = (uint32_t)node->max_running,
+        .max_waiting = TDM_NODE_MAX_WAITING,
+        .n_ctx = rt->n_ctx,
+        .prefix_caching = cfg->kv.prefix_caching,
+        /* a decode node prefilling locally (no prefill node up, or recompute after
+         * preemption) takes small chunks, so its running sequences keep getting tokens */
+        .max_prefill_chunk = mode == TDM_WORKER_MODE_DECODE ? 256u : 0u,
+        .grammar_vocab = rt->grammar_vocab,
+        .max_draft = (uint32_t)node->spec_max_draft, /* off in PREFILL mode and for q8 KV */
+    };
     rt->worker = tdm_worker_new(rt->engine, rt->pool, rt->tok, rt->n_vocab, &wo, err);
     if (!rt->worker)
         return err ? err->code : TDM_ERESOURCE;
@@ -125,7 +132,11 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     ep.n_threads = node->threads;
     ep.n_ctx = rt->n_ctx;
     ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
-    ep.max_logits = (uint32_t)node->max_running;
+    /* the decode row of each running sequence and the draft rows of speculative decoding */
+    tdm_worker_opts_t rows = {.mode = mode,
+                              .max_running = (uint32_t)node->max_running,
+                              .max_draft = (uint32_t)node->spec_max_draft};
+    ep.max_logits = tdm_worker_logit_rows(&rows);
     uint32_t n_blocks = 0;
     uint64_t block_bytes = 0;
     if ((rc = measure_scratch(rt, &ep, err)) != TDM_OK ||

@@ -13,7 +13,8 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define WORKER_MAX_EOG 16 /* end-of-generation tokens the constrained ignore_eos masks */
+#define WORKER_MAX_EOG 16    /* end-of-generation tokens the constrained ignore_eos masks */
+#define SPEC_RATE_PRIOR 0.5f /* a new sequence's acceptance estimate */
 #define NO_SLOT UINT32_MAX
 
 typedef struct wseq {
@@ -38,6 +39,10 @@ typedef struct wseq {
     uint32_t preemptions;
     tdm_grammar_matcher_t *matcher; /* structured output: the output's state in the grammar;
                                        NULL for free text */
+    bool no_spec;                   /* never draft (tdm_worker_req_t.no_speculation) */
+    float spec_rate;    /* estimated chance that a draft token is accepted (moving average) */
+    uint32_t spec_miss; /* decisions in a row not to draft (the wait doubles with each) */
+    uint32_t spec_wait; /* steps left without drafting */
 } wseq_t;
 
 struct tdm_worker {
@@ -67,8 +72,15 @@ struct tdm_worker {
     tdm_batch_seq_t *b_seqs;     /* [max_running] */
     uint32_t *b_slot;            /* [max_running] slot of batch sequence k */
     uint32_t *b_chunk;           /* [max_running] rows of batch sequence k */
+    uint32_t *b_draft;           /* [max_running] draft rows of batch sequence k, after its
+                                    b_chunk rows (each asks for logits) */
     bool *b_logits;              /* [max_running] batch sequence k asks for logits */
-    float *logits;               /* [max_running][n_vocab] */
+    float *logits;               /* [logit_rows][n_vocab] */
+    uint32_t logit_rows;         /* tdm_worker_logit_rows(&o) */
+    bool spec;                   /* speculative decoding on (DECODE, max_draft > 0, not q8) */
+    uint32_t draft_left;         /* draft rows the batch being built may still take */
+    double fit[5];               /* decode-only passes: decayed sums of 1, rows, rows^2, seconds,
+                                    rows * seconds (a least-squares line: seconds = a + b * rows) */
     uint32_t *mask;              /* [(n_vocab + 31) / 32] allowed tokens of the sequence
                                     being sampled (constrained sequences only) */
     int32_t eog[WORKER_MAX_EOG]; /* the vocabulary's end-of-generation tokens (the first
@@ -76,8 +88,9 @@ struct tdm_worker {
     uint32_t n_eog;
     uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
 
-    tdm_worker_event_t *events; /* [2 * n_slots] */
+    tdm_worker_event_t *events; /* [cap_events] */
     uint32_t n_events;
+    uint32_t cap_events; /* 2 * n_slots + max_running * max_draft: a token for each draft */
     tdm_worker_stats_t stats;
 };
 
@@ -127,12 +140,16 @@ static int check_opts(const tdm_engine_t *engine, const tdm_kv_pool_t *pool,
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: engine, pool, tokenizer and options required");
     if (opts->max_batch_tokens == 0 || opts->max_running == 0 || opts->n_ctx < 2 ||
-        opts->max_running > 65536 || opts->max_waiting > 1000000)
+        opts->max_running > 65536 || opts->max_waiting > 1000000 ||
+        opts->max_draft > TDM_WORKER_MAX_DRAFT || !(opts->spec_row_cost >= 0) ||
+        opts->spec_row_cost > 10)
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: max_batch_tokens (%u) and max_running (%u, <= 65536) must "
-                             "be >= 1, n_ctx (%u) >= 2, max_waiting (%u) <= 1000000",
+                             "be >= 1, n_ctx (%u) >= 2, max_waiting (%u) <= 1000000, max_draft "
+                             "(%u) <= %u, spec_row_cost (%g) in [0, 10]",
                              opts->max_batch_tokens, opts->max_running, opts->n_ctx,
-                             opts->max_waiting);
+                             opts->max_waiting, opts->max_draft, TDM_WORKER_MAX_DRAFT,
+                             opts->spec_row_cost);
     if (opts->grammar_vocab && tdm_grammar_vocab_n_vocab(opts->grammar_vocab) > n_vocab)
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: the grammar vocabulary has %u tokens, the model %u",
@@ -160,13 +177,16 @@ static bool alloc_tables(tdm_worker_t *w)
     w->b_seqs = calloc(mr, sizeof *w->b_seqs);
     w->b_slot = calloc(mr, sizeof *w->b_slot);
     w->b_chunk = calloc(mr, sizeof *w->b_chunk);
+    w->b_draft = calloc(mr, sizeof *w->b_draft);
     w->b_logits = calloc(mr, sizeof *w->b_logits);
-    w->logits = malloc(mr * w->n_vocab * sizeof *w->logits);
+    w->logit_rows = tdm_worker_logit_rows(&w->o);
+    w->logits = malloc((size_t)w->logit_rows * w->n_vocab * sizeof *w->logits);
     w->mask = calloc(((size_t)w->n_vocab + 31) / 32, sizeof *w->mask);
-    w->events = calloc(2 * (size_t)w->n_slots, sizeof *w->events);
+    w->cap_events = 2 * w->n_slots + w->o.max_running * w->o.max_draft;
+    w->events = calloc(w->cap_events, sizeof *w->events);
     if (!w->seqs || !w->buckets || !w->free_slots || !w->running || !w->waiting || !w->b_tokens ||
         !w->b_pos || !w->b_seq || !w->b_want || !w->b_seqs || !w->b_slot || !w->b_chunk ||
-        !w->b_logits || !w->logits || !w->mask || !w->events)
+        !w->b_draft || !w->b_logits || !w->logits || !w->mask || !w->events)
         return false;
     for (uint32_t i = 0; i < w->n_buckets; i++)
         w->buckets[i] = NO_SLOT;
@@ -189,6 +209,12 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
     w->tok = tok;
     w->n_vocab = n_vocab;
     w->o = *opts;
+    if (w->o.mode != TDM_WORKER_MODE_DECODE)
+        w->o.max_draft = 0;
+    /* exact only where a row's logits do not depend on the batch: the CPU engine (whose KV is
+     * the host pool's, no device copy) */
+    w->spec = w->o.max_draft > 0 && tdm_kv_pool_layout(pool)->dtype != TDM_KV_Q8 &&
+              tdm_engine_kv_device_base(engine) == NULL;
     if (!alloc_tables(w))
         goto out_free;
     for (uint32_t t = 0; t < n_vocab && w->n_eog < WORKER_MAX_EOG; t++)
@@ -229,12 +255,22 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     free(w->b_seqs);
     free(w->b_slot);
     free(w->b_chunk);
+    free(w->b_draft);
     free(w->b_logits);
     free(w->logits);
     free(w->mask);
     free(w->events);
     free(w);
     *self_p = NULL;
+}
+
+uint32_t tdm_worker_logit_rows(const tdm_worker_opts_t *opts)
+{
+    if (opts->mode != TDM_WORKER_MODE_DECODE || opts->max_draft == 0)
+        return opts->max_running;
+    uint32_t seqs =
+        opts->max_running < TDM_WORKER_SPEC_SEQS ? opts->max_running : TDM_WORKER_SPEC_SEQS;
+    return opts->max_running + seqs * opts->max_draft;
 }
 
 bool tdm_worker_token_ends(const tdm_tokenizer_t *tok, const tdm_sampling_params_t *sp,
@@ -421,6 +457,8 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->sp = *req->sampling;
     s->kv = kv;
     s->matcher = matcher;
+    s->no_spec = req->no_speculation;
+    s->spec_rate = SPEC_RATE_PRIOR;
     if (req->prefilled)
         take_prefilled(w, s, req);
     w->waiting[w->n_waiting++] = slot;
@@ -518,7 +556,7 @@ bool tdm_worker_busy(const tdm_worker_t *w)
 static tdm_worker_event_t *push_event(tdm_worker_t *w, tdm_worker_event_kind_t kind,
                                       const wseq_t *s)
 {
-    TDM_ASSERT(w->n_events < 2 * w->n_slots);
+    TDM_ASSERT(w->n_events < w->cap_events);
     tdm_worker_event_t *ev = &w->events[w->n_events++];
     memset(ev, 0, offsetof(tdm_worker_event_t, sample));
     ev->kind = kind;
@@ -579,23 +617,26 @@ static bool reserve(tdm_worker_t *w, wseq_t *s, uint32_t n_tokens)
     return tdm_kv_seq_reserve(w->pool, &s->kv, n_tokens) == TDM_OK;
 }
 
-/* Adds a chunk of `chunk` rows of slot to the batch being built. */
-static void add_rows(tdm_worker_t *w, uint32_t slot, uint32_t chunk)
+/* Adds a chunk of `chunk` rows of slot to the batch being built, then n_draft draft rows
+ * (the drafts lie in tokens[n_tokens..]; the last real row and every draft row ask for
+ * logits). */
+static void add_rows(tdm_worker_t *w, uint32_t slot, uint32_t chunk, uint32_t n_draft)
 {
     wseq_t *s = &w->seqs[slot];
     uint32_t k = w->n_bseq++;
     bool logits = s->n_computed + chunk == s->n_tokens;
-    for (uint32_t i = 0; i < chunk; i++) {
+    for (uint32_t i = 0; i < chunk + n_draft; i++) {
         uint32_t r = w->n_rows++;
         w->b_tokens[r] = s->tokens[s->n_computed + i];
         w->b_pos[r] = s->n_computed + i;
         w->b_seq[r] = k;
-        w->b_want[r] = logits && i + 1 == chunk;
+        w->b_want[r] = logits && i + 1 >= chunk;
     }
     w->b_slot[k] = slot;
     w->b_chunk[k] = chunk;
+    w->b_draft[k] = n_draft;
     w->b_logits[k] = logits;
-    w->budget -= chunk;
+    w->budget -= chunk + n_draft;
     if (!s->admitted_once || s->t_first_sched == 0)
         s->t_first_sched = tdm_time_now();
 }
@@ -649,6 +690,167 @@ static bool decode_reserve(tdm_worker_t *w, uint32_t slot)
     return true;
 }
 
+/* ---- speculative decoding (prompt lookup) ---- */
+
+#define SPEC_NGRAM_MAX 3u   /* longest n-gram looked up first */
+#define SPEC_NGRAM_MIN 2u   /* shortest: single tokens repeat too often to predict */
+#define SPEC_MAX_WAIT 16u   /* most steps a sequence skips drafting before it tries again */
+#define SPEC_PRIOR_COST 0.3 /* a draft row's cost relative to a step, until passes are timed */
+#define SPEC_MIN_GAIN 1.03  /* expected tokens per unit of step time drafting must beat */
+#define SPEC_FIT_DECAY 0.98 /* weight of the older passes in the step-time line, per pass */
+
+/* Prompt lookup (Saxena 2023, "Prompt Lookup Decoding"; vLLM's ngram proposer): the most
+ * recent earlier occurrence of the last n tokens of s (n = SPEC_NGRAM_MAX down to
+ * SPEC_NGRAM_MIN), and up to k_max of the tokens that followed it, written at
+ * tokens[n_tokens..]. Returns how many (0: no match). Cannot fail; O(n_tokens * n). */
+static uint32_t draft_propose(wseq_t *s, uint32_t k_max)
+{
+    int32_t *t = s->tokens;
+    uint32_t n = s->n_tokens;
+    for (uint32_t g = SPEC_NGRAM_MAX; g >= SPEC_NGRAM_MIN; g--) {
+        if (n <= g)
+            continue;
+        const int32_t *pat = t + n - g;
+        for (uint32_t p = n - g; p-- > 0;) {
+            if (t[p] != pat[0] || memcmp(t + p, pat, g * sizeof *t) != 0)
+                continue;
+            uint32_t m = n - (p + g); /* followers in the context, >= 1 */
+            if (m > k_max)
+                m = k_max;
+            for (uint32_t i = 0; i < m; i++)
+                t[n + i] = t[p + g + i];
+            return m;
+        }
+    }
+    return 0;
+}
+
+/* The most drafts running sequence i (slot s, its decode row reserved) may carry this step:
+ * max_draft, what can still be drawn after the decode row's token, the draft rows left and the
+ * budget left after one row for each later running sequence. */
+static uint32_t spec_room(const tdm_worker_t *w, const wseq_t *s, uint32_t i)
+{
+    uint32_t k = w->o.max_draft;
+    uint32_t left = s->max_new - (s->n_tokens - s->n_prompt) - 1;
+    uint32_t need = w->n_running - i; /* this row and one for each later sequence */
+    uint32_t spare = w->budget > need ? w->budget - need : 0;
+    if (k > left)
+        k = left;
+    if (k > w->draft_left)
+        k = w->draft_left;
+    return k < spare ? k : spare;
+}
+
+/* Records a pass of decode rows only (rows rows, seconds s) in the step-time line. */
+static void spec_fit_add(tdm_worker_t *w, uint32_t rows, double s)
+{
+    double r = rows, x[5] = {1, r, r * r, s, r * s};
+    for (int i = 0; i < 5; i++)
+        w->fit[i] = w->fit[i] * SPEC_FIT_DECAY + x[i];
+}
+
+/* The cost of one more row in a pass of `rows` decode rows, relative to that pass: the fixed
+ * opts.spec_row_cost, or from the step-time line (least squares over the timed passes, older ones
+ * decayed); SPEC_PRIOR_COST until passes of different sizes were timed. */
+static double spec_row_cost(const tdm_worker_t *w, uint32_t rows)
+{
+    if (w->o.spec_row_cost > 0)
+        return w->o.spec_row_cost;
+    const double *f = w->fit;
+    double var = f[0] > 0 ? f[2] / f[0] - (f[1] / f[0]) * (f[1] / f[0]) : 0;
+    if (var < 0.25)
+        return SPEC_PRIOR_COST;
+    double b = (f[0] * f[4] - f[1] * f[3]) / (f[0] * f[2] - f[1] * f[1]);
+    double a = (f[3] - b * f[1]) / f[0];
+    double base = a + b * rows;
+    if (b <= 0 || base <= 0)
+        return b <= 0 ? 0.01 : 2.0;
+    return b / base;
+}
+
+/* How many of m proposed drafts pay: the k in [0, m] that maximises the expected tokens of the
+ * pass, 1 + rate + ... + rate^k (a draft counts only after every earlier one was accepted), per
+ * unit of its cost, 1 + k * cost; 0 when no k beats plain decoding by SPEC_MIN_GAIN. */
+static uint32_t spec_best_k(double rate, double cost, uint32_t m)
+{
+    double tokens = 1, p = 1, best = SPEC_MIN_GAIN;
+    uint32_t best_k = 0;
+    for (uint32_t k = 1; k <= m; k++) {
+        p *= rate;
+        tokens += p;
+        double gain = tokens / (1 + k * cost);
+        if (gain > best) {
+            best = gain;
+            best_k = k;
+        }
+    }
+    return best_k;
+}
+
+/* Takes the blocks k draft rows of running sequence i need beyond its decode row's, unless that
+ * would leave fewer blocks than one for each later running sequence: drafts never make plain
+ * decoding preempt. false when not taken. */
+static bool spec_reserve(tdm_worker_t *w, wseq_t *s, uint32_t i, uint32_t k)
+{
+    uint32_t need =
+        (uint32_t)tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), s->n_computed + 1 + k);
+    uint32_t more = need > s->kv.n_blocks ? need - s->kv.n_blocks : 0;
+    if (more > 0 && tdm_kv_pool_available(w->pool) < more + (w->n_running - i - 1))
+        return false;
+    return reserve(w, s, s->n_computed + 1 + k);
+}
+
+/* Drafts for running sequence i (slot s), written after its tokens, with blocks reserved for
+ * their rows (never preempting for them: with the pool short they shrink to what the blocks
+ * held cover). 0 when it does not speculate this step: no match, or drafts that would not pay
+ * at its acceptance rate and this machine's cost of a row; then it waits a number of steps that
+ * doubles each time (at most SPEC_MAX_WAIT) and tries one draft, so its estimate can recover. */
+static uint32_t spec_drafts(tdm_worker_t *w, wseq_t *s, uint32_t i)
+{
+    if (!w->spec || s->no_spec || w->n_running > TDM_WORKER_SPEC_SEQS)
+        return 0; /* at larger batches a step is bound by arithmetic: draft rows would cost */
+    bool probe = s->spec_wait == 1;
+    if (s->spec_wait > 0 && --s->spec_wait > 0)
+        return 0;
+    uint32_t k = spec_room(w, s, i);
+    if (k == 0 || (k = draft_propose(s, k)) == 0)
+        return 0;
+    uint32_t best = spec_best_k(s->spec_rate, spec_row_cost(w, w->n_running), k);
+    if (best == 0 && !probe) {
+        s->spec_miss = s->spec_miss < 5 ? s->spec_miss + 1 : 5;
+        uint32_t wait = 1u << s->spec_miss;
+        s->spec_wait = wait < SPEC_MAX_WAIT ? wait : SPEC_MAX_WAIT;
+        return 0;
+    }
+    k = best > 0 ? best : 1;
+    if (best > 0)
+        s->spec_miss = 0;
+    if (!spec_reserve(w, s, i, k)) {
+        uint32_t covered = s->kv.n_blocks * tdm_kv_pool_layout(w->pool)->block_size;
+        k = covered - (s->n_computed + 1) < k ? covered - (s->n_computed + 1) : k;
+    }
+    w->draft_left -= k;
+    return k;
+}
+
+/* Updates s's acceptance estimate after a verification (accepted of n_draft): the
+ * per-token estimate of this pass is accepted / (accepted + 1 rejection, if any), since
+ * drafts are tried in order until the first miss. */
+static void spec_adapt(wseq_t *s, uint32_t accepted, uint32_t n_draft)
+{
+    float x = (float)accepted / (float)(accepted + (accepted < n_draft ? 1 : 0));
+    s->spec_rate += 0.3f * (x - s->spec_rate);
+}
+
+/* Returns the blocks of s beyond those its computed tokens need (taken for draft rows that
+ * were rejected): they hold no committed token, so no hash, and go back to the free list. */
+static void spec_trim(tdm_worker_t *w, wseq_t *s)
+{
+    uint32_t keep = (uint32_t)tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), s->n_computed);
+    while (s->kv.n_blocks > keep)
+        tdm_kv_pool_unref(w->pool, s->kv.blocks[--s->kv.n_blocks]);
+}
+
 /* 1. Decode rows, oldest first; an empty pool preempts the newest sequence. */
 static void schedule_decode(tdm_worker_t *w)
 {
@@ -661,7 +863,7 @@ static void schedule_decode(tdm_worker_t *w)
             i--; /* the running list shrank at this index or after it */
             continue;
         }
-        add_rows(w, slot, 1);
+        add_rows(w, slot, 1, spec_drafts(w, s, i));
     }
 }
 
@@ -677,7 +879,7 @@ static void schedule_prefill(tdm_worker_t *w)
         uint32_t chunk = prefill_chunk(w, remaining);
         if (!reserve(w, s, s->n_computed + chunk))
             continue; /* waits for blocks; decode rows free them as sequences finish */
-        add_rows(w, slot, chunk);
+        add_rows(w, slot, chunk, 0);
     }
 }
 
@@ -725,8 +927,17 @@ static void schedule_admit(tdm_worker_t *w)
             s->admitted_once = true;
             s->t_first_sched = tdm_time_now();
         }
-        add_rows(w, slot, chunk);
+        add_rows(w, slot, chunk, 0);
     }
+}
+
+/* True when the batch built holds decode rows (and drafts) only, no prefill chunk. */
+static bool decode_only(const tdm_worker_t *w)
+{
+    for (uint32_t k = 0; k < w->n_bseq; k++)
+        if (w->b_chunk[k] != 1)
+            return false;
+    return true;
 }
 
 /* 4. The forward pass over the batch built; on failure every sequence of it fails. */
@@ -747,6 +958,8 @@ static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
     w->stats.steps++;
     w->stats.iteration_counts[tdm_worker_iteration_bucket(w->n_rows)]++;
     w->stats.iteration_tokens += w->n_rows;
+    if (w->spec && rc == TDM_OK && decode_only(w))
+        spec_fit_add(w, w->n_rows, w->stats.last_step_s);
     if (rc != TDM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "forward pass failed: %.220s", err ? err->msg : tdm_strerror(rc));
@@ -805,8 +1018,9 @@ static int end_of(const tdm_worker_t *w, const wseq_t *s, int32_t token)
 }
 
 /* 5. Samples the next token of slot from its logits row (under its grammar's mask when it has
- * one) and ends the sequence when that token ends it. */
-static void sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double t_end)
+ * one) and ends the sequence when that token ends it. Returns true when the sequence goes on
+ * (false: it finished, failed or was handed over, and its slot is free). */
+static bool sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double t_end)
 {
     wseq_t *s = &w->seqs[slot];
     uint32_t index = s->n_tokens - s->n_prompt;
@@ -817,7 +1031,7 @@ static void sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double
         char msg[256];
         snprintf(msg, sizeof msg, "sampling: %.230s", tdm_sampler_errmsg(w->sampler));
         fail(w, slot, TDM_EINVALID, msg);
-        return;
+        return false;
     }
     ev->index = index;
     if (index == 0) {
@@ -831,7 +1045,7 @@ static void sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double
         snprintf(msg, sizeof msg, "constraint: the masked token %d was refused: %.190s", token,
                  tdm_grammar_matcher_errmsg(s->matcher));
         fail(w, slot, TDM_EINTERNAL, msg);
-        return;
+        return false;
     }
     s->tokens[s->n_tokens++] = token;
     int why = end_of(w, s, token);
@@ -839,6 +1053,45 @@ static void sample_next(tdm_worker_t *w, uint32_t slot, const float *row, double
         hand_over(w, slot, token, t_end);
     else if (why)
         finish(w, slot, (tdm_worker_finish_t)why);
+    return w->o.mode != TDM_WORKER_MODE_PREFILL && !why;
+}
+
+/* Records that s's first n_computed tokens have their KV in its blocks. */
+static void commit_kv(tdm_worker_t *w, wseq_t *s)
+{
+    if (w->o.prefix_caching)
+        tdm_kv_seq_commit(w->pool, &s->kv, s->tokens, s->n_computed);
+    else
+        s->kv.n_tokens = s->n_computed;
+}
+
+/* 5. Verifies the n_draft drafts of slot against logits rows [1 + n_draft] (the decode row's,
+ * then one per draft): draws the tokens in order exactly as plain decoding would, each under
+ * the history and grammar state its predecessors left; a draft equal to the token drawn at its
+ * index is accepted (its row's KV is that token's, so n_computed covers it) and the next row's
+ * token is drawn, the first mismatch or the end of the sequence stops. Then the blocks taken
+ * for rejected rows go back. */
+static void spec_verify(tdm_worker_t *w, uint32_t slot, uint32_t n_draft, const float *rows,
+                        double t_end)
+{
+    wseq_t *s = &w->seqs[slot];
+    uint32_t accepted = 0;
+    for (uint32_t j = 0;; j++) {
+        int32_t draft = j < n_draft ? s->tokens[s->n_tokens] : -1;
+        if (!sample_next(w, slot, rows + (size_t)j * w->n_vocab, t_end))
+            break; /* ended: the slot is free */
+        if (j == n_draft || s->tokens[s->n_tokens - 1] != draft) {
+            spec_adapt(s, accepted, n_draft);
+            spec_trim(w, s);
+            break;
+        }
+        accepted++;
+        s->n_computed++;
+        commit_kv(w, s);
+    }
+    w->stats.spec_drafts++;
+    w->stats.spec_draft_tokens += n_draft;
+    w->stats.spec_accepted_tokens += accepted;
 }
 
 /* 5. Results, in batch order: KV committed, then a token for each sequence that asked. */
@@ -849,12 +1102,13 @@ static void collect(tdm_worker_t *w, double t_end)
         uint32_t slot = w->b_slot[k];
         wseq_t *s = &w->seqs[slot];
         s->n_computed += w->b_chunk[k];
-        if (w->o.prefix_caching)
-            tdm_kv_seq_commit(w->pool, &s->kv, s->tokens, s->n_computed);
-        else
-            s->kv.n_tokens = s->n_computed;
-        if (w->b_logits[k])
+        commit_kv(w, s);
+        if (w->b_draft[k] > 0) {
+            spec_verify(w, slot, w->b_draft[k], w->logits + (size_t)li * w->n_vocab, t_end);
+            li += 1 + w->b_draft[k];
+        } else if (w->b_logits[k]) {
             sample_next(w, slot, w->logits + (size_t)li++ * w->n_vocab, t_end);
+        }
     }
 }
 
@@ -865,6 +1119,7 @@ int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t
     *events = w->events;
     finish_pending(w);
     w->budget = w->o.max_batch_tokens;
+    w->draft_left = w->logit_rows - w->o.max_running;
     w->n_rows = w->n_bseq = 0;
     schedule_decode(w);
     schedule_prefill(w);
