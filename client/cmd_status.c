@@ -20,7 +20,9 @@ static void usage(FILE *out)
             "Prints the router's view of the cluster: per node its role, whether it is up (or\n"
             "suspect: silent for the heartbeat timeout, given no new work), KV\n"
             "blocks used/total, cached blocks, running and waiting sequences, queued prefill\n"
-            "tokens, mean step time and the age of its last heartbeat.\n"
+            "tokens, mean step time and the age of its last heartbeat; then the KV transport\n"
+            "(tcp, nccl, cuda_ipc) the router chooses for each pair of prefill and decode nodes\n"
+            "that are up.\n"
             "\n"
             "      --json                print JSON instead of a table\n"
             "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
@@ -33,6 +35,25 @@ static void usage(FILE *out)
 static double pct(uint64_t part, uint64_t whole)
 {
     return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+/* The KV transport of each (prefill, decode) pair, with each GPU node's GPU. */
+static void print_kv_routes(const tdm_client_cluster_status_t *s)
+{
+    if (s->n_kv_routes > 0)
+        printf("\n%-16s %-16s %-9s\n", "KV FROM", "TO", "TRANSPORT");
+    for (size_t i = 0; i < s->n_kv_routes; i++)
+        printf("%-16s %-16s %-9s\n", s->kv_routes[i].prefill_node_id,
+               s->kv_routes[i].decode_node_id, s->kv_routes[i].transport);
+    bool any = false;
+    for (size_t i = 0; i < s->n_nodes; i++)
+        any = any || s->nodes[i].gpu_uuid[0];
+    if (any)
+        printf("\n%-16s %-41s %s\n", "NODE", "GPU", "HOST");
+    for (size_t i = 0; i < s->n_nodes; i++)
+        if (s->nodes[i].gpu_uuid[0])
+            printf("%-16s %-41s %s\n", s->nodes[i].node_id, s->nodes[i].gpu_uuid,
+                   s->nodes[i].host_id[0] ? s->nodes[i].host_id : "?");
 }
 
 static void print_table(const char *endpoint, const tdm_client_cluster_status_t *s)
@@ -75,6 +96,39 @@ static void print_table(const char *endpoint, const tdm_client_cluster_status_t 
         printf("  %-16s %.0f s ago (%" PRIu64 " time%s): %s\n", s->refused[i].node_id,
                s->refused[i].age_s, s->refused[i].count, s->refused[i].count == 1 ? "" : "s",
                s->refused[i].reason);
+    print_kv_routes(s);
+}
+
+/* The refused registrations as a JSON array; NULL on out of memory. */
+static json_t *refused_json(const tdm_client_cluster_status_t *s)
+{
+    json_t *refused = json_array();
+    for (size_t i = 0; refused && i < s->n_refused; i++) {
+        json_t *o = json_pack("{s:s, s:s, s:f, s:I}", "node_id", s->refused[i].node_id, "reason",
+                              s->refused[i].reason, "age_s", s->refused[i].age_s, "count",
+                              (json_int_t)s->refused[i].count);
+        if (!o || json_array_append_new(refused, o) != 0) {
+            json_decref(refused);
+            refused = NULL;
+        }
+    }
+    return refused;
+}
+
+/* The KV transport of each (prefill, decode) pair as a JSON array; NULL on out of memory. */
+static json_t *routes_json(const tdm_client_cluster_status_t *s)
+{
+    json_t *routes = json_array();
+    for (size_t i = 0; routes && i < s->n_kv_routes; i++) {
+        json_t *o = json_pack("{s:s, s:s, s:s}", "prefill_node_id", s->kv_routes[i].prefill_node_id,
+                              "decode_node_id", s->kv_routes[i].decode_node_id, "transport",
+                              s->kv_routes[i].transport);
+        if (!o || json_array_append_new(routes, o) != 0) {
+            json_decref(routes);
+            routes = NULL;
+        }
+    }
+    return routes;
 }
 
 /* Builds the JSON document; NULL on out of memory. */
@@ -103,7 +157,9 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
         if (o && (json_object_set_new(o, "instance_id", json_string(n->instance_id ? inst : "")) ||
                   json_object_set_new(o, "suspect", json_boolean(n->suspect)) ||
                   json_object_set_new(o, "refused_reason", json_string(n->refused_reason)) ||
-                  json_object_set_new(o, "refused_age_s", json_real(n->refused_age_s)))) {
+                  json_object_set_new(o, "refused_age_s", json_real(n->refused_age_s)) ||
+                  json_object_set_new(o, "host_id", json_string(n->host_id)) ||
+                  json_object_set_new(o, "gpu_uuid", json_string(n->gpu_uuid)))) {
             json_decref(o);
             o = NULL;
         }
@@ -112,25 +168,18 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
             return NULL;
         }
     }
-    json_t *refused = json_array();
-    for (size_t i = 0; refused && i < s->n_refused; i++) {
-        json_t *o = json_pack("{s:s, s:s, s:f, s:I}", "node_id", s->refused[i].node_id, "reason",
-                              s->refused[i].reason, "age_s", s->refused[i].age_s, "count",
-                              (json_int_t)s->refused[i].count);
-        if (!o || json_array_append_new(refused, o) != 0) {
-            json_decref(refused);
-            refused = NULL;
-        }
-    }
-    if (!refused) {
+    json_t *refused = refused_json(s), *routes = routes_json(s);
+    if (!refused || !routes) {
         json_decref(nodes);
+        json_decref(refused);
+        json_decref(routes);
         return NULL;
     }
-    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o}", "router", endpoint, "version",
-                     s->version, "model", s->model, "requests_running",
-                     (json_int_t)s->requests_running, "requests_queued",
-                     (json_int_t)s->requests_queued, "requests_total",
-                     (json_int_t)s->requests_total, "nodes", nodes, "refused", refused);
+    return json_pack(
+        "{s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o, s:o}", "router", endpoint, "version", s->version,
+        "model", s->model, "requests_running", (json_int_t)s->requests_running, "requests_queued",
+        (json_int_t)s->requests_queued, "requests_total", (json_int_t)s->requests_total, "nodes",
+        nodes, "refused", refused, "kv_routes", routes);
 }
 
 /* Prints s as JSON (--json) or as the table. Returns 0, or 1 when writing the JSON failed. */

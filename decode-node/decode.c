@@ -499,6 +499,9 @@ static tdm_kv_receiver_t *open_receiver(tdm_decode_t *d, tdm_net_t *net, tdm_err
     ro.endpoint = node->kv_endpoint;
     ro.node_id = node->id;
     ro.model_fingerprint = d->rt->fingerprint;
+    /* a cuda node's KV is in the engine's device copy of the pool: transfers land there */
+    ro.memory.device_base = d->rt->kv_device_base;
+    ro.memory.device = d->rt->device_index;
     ro.curve = tdm_node_curve_kv(&d->rt->keys, &curve);
     ro.log = d->log;
     tdm_kv_receiver_t *rx = tdm_kv_receiver_new(net, d->rt->pool, &ro, err);

@@ -21,6 +21,7 @@ typedef struct ptask {
     bool shipping;       /* KV handed to the sender */
     char decode_ep[256]; /* the decode node's KV endpoint */
     char decode_id[TDM_NODE_ID_MAX + 1];
+    tdm_kv_backend_t backend; /* the router's choice for this pair (PrefillTask.kv_transport) */
 } ptask_t;
 
 struct tdm_prefill {
@@ -28,8 +29,13 @@ struct tdm_prefill {
     tdm_node_t *node;
     tdm_node_runtime_t *rt; /* the node's */
     const tdm_logger_t *log;
-    tdm_kv_sender_t *sender;
+    tdm_net_t *net;
+    /* one sender per KV transport the router chose for some task (index tdm_kv_backend_t);
+     * opened on first use, tcp at start on a host pool */
+    tdm_kv_sender_t *senders[TDM_KV_BACKEND_CUDA_IPC + 1];
 };
+
+static tdm_kv_sender_t *open_sender(tdm_prefill_t *p, tdm_kv_backend_t backend, tdm_error_t *err);
 
 /* ---- hooks ---- */
 
@@ -39,8 +45,8 @@ static void drop(void *h, tdm_node_req_t *r)
     ptask_t *t = (ptask_t *)r;
     if (t->in_worker)
         tdm_worker_cancel(p->rt->worker, r->att.key);
-    if (t->shipping && p->sender)
-        tdm_kv_sender_cancel(p->sender, r->att.attempt_id);
+    if (t->shipping && p->senders[t->backend])
+        tdm_kv_sender_cancel(p->senders[t->backend], r->att.attempt_id);
 }
 
 /* The PrefillTask's fields a node checks before taking it: TDM_EINVALID with the message. */
@@ -50,6 +56,10 @@ static int check_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m, tdm_sa
     if (!m->decode_kv_endpoint || !m->decode_kv_endpoint[0] ||
         strlen(m->decode_kv_endpoint) >= sizeof(((ptask_t *)0)->decode_ep))
         return tdm_error_set(err, TDM_EINVALID, "decode_kv_endpoint: missing or too long");
+    tdm_kv_backend_t b;
+    if (m->kv_transport && m->kv_transport[0] &&
+        tdm_kv_backend_parse(m->kv_transport, &b, err) != TDM_OK)
+        return TDM_EINVALID;
     return tdm_node_sampling(m->sampling, m->max_tokens, p->rt->n_vocab, sp, err);
 }
 
@@ -86,6 +96,9 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
     t->in_worker = true;
     snprintf(t->decode_ep, sizeof t->decode_ep, "%s", m->decode_kv_endpoint);
     snprintf(t->decode_id, sizeof t->decode_id, "%s", m->decode_node_id ? m->decode_node_id : "");
+    t->backend = TDM_KV_BACKEND_TCP; /* "" from an older router; check_task parsed the rest */
+    if (m->kv_transport && m->kv_transport[0])
+        tdm_kv_backend_parse(m->kv_transport, &t->backend, NULL);
     t->base.deadline_ms = m->deadline_unix_ms;
     TDM_LOG_DEBUGF(p->log, att->label,
                    "prefill task attempt=%s prompt_tokens=%zu output_tokens=%zu decode=%s",
@@ -142,7 +155,10 @@ static void ship(tdm_prefill_t *p, ptask_t *t, const tdm_worker_event_t *ev)
     sr.server_key = dn ? dn->curve_public_key : NULL;
     uint64_t xid;
     tdm_error_t err = {0};
-    int rc = tdm_kv_sender_send(p->sender, &sr, &xid, &err);
+    tdm_kv_sender_t *sender = p->senders[t->backend];
+    if (!sender)
+        sender = p->senders[t->backend] = open_sender(p, t->backend, &err);
+    int rc = sender ? tdm_kv_sender_send(sender, &sr, &xid, &err) : err.code;
     /* The sender holds its own references; ours go now (into the prefix cache). */
     tdm_kv_seq_release(p->rt->pool, &seq);
     if (rc != TDM_OK)
@@ -209,16 +225,20 @@ static void tick(void *h)
     tdm_prefill_t *p = h;
     tdm_kv_send_done_t done[16];
     int nd;
-    while ((nd = tdm_kv_sender_poll(p->sender, 0, done, 16)) > 0)
-        for (int i = 0; i < nd; i++)
-            on_sent(p, &done[i]);
+    for (size_t b = 0; b <= TDM_KV_BACKEND_CUDA_IPC; b++)
+        while (p->senders[b] && (nd = tdm_kv_sender_poll(p->senders[b], 0, done, 16)) > 0)
+            for (int i = 0; i < nd; i++)
+                on_sent(p, &done[i]);
 }
 
 static int wait_ms(void *h, void **zsock)
 {
     tdm_prefill_t *p = h;
     *zsock = NULL;
-    return tdm_kv_sender_in_flight(p->sender) ? 2 : 20; /* acknowledgements come by polling */
+    uint32_t in_flight = 0;
+    for (size_t b = 0; b <= TDM_KV_BACKEND_CUDA_IPC; b++)
+        in_flight += p->senders[b] ? tdm_kv_sender_in_flight(p->senders[b]) : 0;
+    return in_flight ? 2 : 20; /* acknowledgements come by polling */
 }
 
 static const tdm_node_ops_t prefill_ops = {
@@ -245,7 +265,8 @@ void tdm_prefill_destroy(tdm_prefill_t **self_p)
     /* the tasks' transfers are cancelled with the sender alive, and the sender drops its
      * block references before the node's pool goes */
     tdm_node_drop_all(p->node);
-    tdm_kv_sender_destroy(&p->sender);
+    for (size_t b = 0; b <= TDM_KV_BACKEND_CUDA_IPC; b++)
+        tdm_kv_sender_destroy(&p->senders[b]);
     tdm_node_destroy(&p->node);
     free(p);
     *self_p = NULL;
@@ -256,21 +277,29 @@ tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p)
     return tdm_node_router(p->node);
 }
 
-/* The KV sender, a client of each decode node's receiver. */
-static tdm_kv_sender_t *open_sender(tdm_prefill_t *p, tdm_net_t *net, tdm_error_t *err)
+/* A KV sender over `backend`, a client of each decode node's receiver; from the engine's
+ * device copy of the pool on a cuda node (tcp then refuses: the transport does not stage a
+ * device pool through host memory). */
+static tdm_kv_sender_t *open_sender(tdm_prefill_t *p, tdm_kv_backend_t backend, tdm_error_t *err)
 {
     tdm_curve_keys_t curve;
     tdm_kv_sender_opts_t so = {0};
     so.node_id = tdm_node_cfg(p->node)->id;
     so.model_fingerprint = p->rt->fingerprint;
-    so.backend = TDM_KV_BACKEND_TCP;
+    so.backend = backend;
+    so.memory.device_base = p->rt->kv_device_base;
+    so.memory.device = p->rt->device_index;
     so.curve = tdm_node_curve_kv(&p->rt->keys, &curve);
     /* kv.transfer_timeout_s (10 s by default, docs/protocol.md): a decode node that does not
      * acknowledge within it is stalled or cut off, and the router retries the request (a lost
      * connection is noticed sooner, by the sender's socket monitor). */
     so.timeout_ms = (int)(p->cfg->kv.transfer_timeout_s * 1000.0 + 0.5);
     so.log = p->log;
-    return tdm_kv_sender_new(net, p->rt->pool, &so, err);
+    tdm_kv_sender_t *s = tdm_kv_sender_new(p->net, p->rt->pool, &so, err);
+    if (!s)
+        tdm_error_prefix(err, err ? err->code : TDM_EINVALID,
+                         "KV sender (%s): ", tdm_kv_backend_name(backend));
+    return s;
 }
 
 tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm_net_t *net,
@@ -287,8 +316,12 @@ tdm_prefill_t *tdm_prefill_new(const tdm_config_t *cfg, const char *node_id, tdm
         goto out_destroy;
     p->rt = tdm_node_rt(p->node);
     p->log = tdm_node_log(p->node);
-    p->sender = open_sender(p, net, err);
-    if (!p->sender || tdm_node_connect(p->node, NULL, err) != TDM_OK)
+    p->net = net;
+    /* a host pool's tcp sender at start, so that a bad option fails the node at once */
+    if (!p->rt->kv_device_base &&
+        !(p->senders[TDM_KV_BACKEND_TCP] = open_sender(p, TDM_KV_BACKEND_TCP, err)))
+        goto out_destroy;
+    if (tdm_node_connect(p->node, NULL, err) != TDM_OK)
         goto out_destroy;
     tdm_kv_stats_t ks;
     tdm_kv_pool_stats(p->rt->pool, &ks);

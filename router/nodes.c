@@ -413,6 +413,7 @@ static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
     n->max_batch_tokens = m->max_batch_tokens;
     n->n_ctx = m->n_ctx;
     snprintf(n->device, sizeof n->device, "%s", m->device);
+    rt_place_from(&n->place, m);
     if (!again) {
         n->kv_free = m->kv_blocks_total;
         n->kv_used = n->kv_cached = n->running = n->waiting = n->batch_size = 0;

@@ -377,6 +377,34 @@ static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeSta
     }
     s->instance_id = n->instance_id;
     s->suspect = n->up && n->suspect;
+    s->host_id = (char *)n->place.host_id;
+    s->gpu_uuid = (char *)n->place.gpu_uuid;
+}
+
+/* Every (prefill, decode) pair of nodes that are up, with the KV transport the router chooses
+ * for it (transport.c), into routes[] and ptrs[] (room for n_nodes^2). Returns the count. */
+static size_t kv_routes_fill(const tdm_router_t *r, Tandem__V1__KvRoute *routes,
+                             Tandem__V1__KvRoute **ptrs)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        const rt_node_t *p = &r->nodes[i];
+        if (!p->up || p->cfg->role != TDM_NODE_ROLE_PREFILL)
+            continue;
+        for (size_t j = 0; j < r->n_nodes; j++) {
+            const rt_node_t *d = &r->nodes[j];
+            if (!d->up || d->cfg->role != TDM_NODE_ROLE_DECODE)
+                continue;
+            tandem__v1__kv_route__init(&routes[n]);
+            routes[n].prefill_node_id = p->cfg->id;
+            routes[n].decode_node_id = d->cfg->id;
+            routes[n].transport =
+                (char *)tdm_kv_backend_name(rt_transport_choose(&p->place, &d->place));
+            ptrs[n] = &routes[n];
+            n++;
+        }
+    }
+    return n;
 }
 
 static void client_status(tdm_router_t *r, const tdm_frame_t *f)
@@ -385,7 +413,9 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     Tandem__V1__NodeStatus *st = calloc(nn ? nn : 1, sizeof *st);
     Tandem__V1__NodeStatus **ptrs = calloc(nn ? nn : 1, sizeof *ptrs);
     char(*dev)[32] = calloc(nn ? nn : 1, sizeof *dev);
-    if (!st || !ptrs || !dev) {
+    Tandem__V1__KvRoute *routes = calloc(nn ? nn * nn : 1, sizeof *routes);
+    Tandem__V1__KvRoute **route_ptrs = calloc(nn ? nn * nn : 1, sizeof *route_ptrs);
+    if (!st || !ptrs || !dev || !routes || !route_ptrs) {
         tdm_sock_reply_error(r->client, f, TDM_ERESOURCE, "out of memory");
         goto out_free;
     }
@@ -407,8 +437,12 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     cs.n_refused = n_ref;
     cs.refused = n_ref ? refp : NULL;
     cs.router_instance_id = r->instance_id;
+    cs.n_kv_routes = kv_routes_fill(r, routes, route_ptrs);
+    cs.kv_routes = route_ptrs;
     tdm_sock_reply(r->client, f, &cs.base);
 out_free:
+    free(route_ptrs);
+    free(routes);
     free(dev);
     free(ptrs);
     free(st);

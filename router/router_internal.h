@@ -30,6 +30,7 @@
 #include "heap.h"
 #include "index.h"
 #include "router.h"
+#include "transport.h"
 #include "tandem/base.h"
 #include "tandem/chat.h"
 #include "tandem/config.h"
@@ -121,6 +122,7 @@ typedef struct rt_node {
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
     char device[32];
+    rt_place_t place; /* host and GPUs, for the KV transport choice (transport.c) */
     /* last heartbeat (nodes.c; kv_blocks_free = kv_blocks_total right after registering;
      * scheduler.c zeroes kv_free and kv_cached when a reservation is refused for room) */
     uint32_t kv_free, kv_used, kv_cached, running, waiting, batch_size;

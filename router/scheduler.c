@@ -645,6 +645,7 @@ static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
     t.max_tokens = q->sp.max_tokens;
     t.decode_node_id = (char *)q->decode->cfg->id;
     t.decode_kv_endpoint = q->decode->kv_endpoint ? q->decode->kv_endpoint : (char *)"";
+    t.kv_transport = (char *)tdm_kv_backend_name(rt_transport_choose(&p->place, &q->decode->place));
     t.deadline_unix_ms = q->deadline_ms;
     Tandem__V1__Constraint c;
     t.constraint = constraint_of(q, &c);

@@ -1340,8 +1340,16 @@ void tdm_client_cluster_status_clear(tdm_client_cluster_status_t *s)
         free(s->nodes[i].role);
         free(s->nodes[i].device);
         free(s->nodes[i].refused_reason);
+        free(s->nodes[i].host_id);
+        free(s->nodes[i].gpu_uuid);
     }
     free(s->nodes);
+    for (size_t i = 0; i < s->n_kv_routes; i++) {
+        free(s->kv_routes[i].prefill_node_id);
+        free(s->kv_routes[i].decode_node_id);
+        free(s->kv_routes[i].transport);
+    }
+    free(s->kv_routes);
     for (size_t i = 0; i < s->n_refused; i++) {
         free(s->refused[i].node_id);
         free(s->refused[i].reason);
@@ -1360,7 +1368,9 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     d->role = tdm_strdup(str_or_empty(ns->role));
     d->device = tdm_strdup(str_or_empty(ns->device));
     d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
-    if (!d->node_id || !d->role || !d->device || !d->refused_reason)
+    d->host_id = tdm_strdup(str_or_empty(ns->host_id));
+    d->gpu_uuid = tdm_strdup(str_or_empty(ns->gpu_uuid));
+    if (!d->node_id || !d->role || !d->device || !d->refused_reason || !d->host_id || !d->gpu_uuid)
         return TDM_ERESOURCE;
     d->refused_age_s = ns->refused_age_s;
     d->instance_id = ns->instance_id;
@@ -1381,8 +1391,26 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     return TDM_OK;
 }
 
-/* Copies the nodes and the refused registrations of m into *out. TDM_ERESOURCE on out of
- * memory (partial; the caller clears). */
+/* Copies the KV routes of m into *out. TDM_ERESOURCE on out of memory (partial). */
+static int kv_routes_from_proto(const Tandem__V1__ClusterStatus *m,
+                                tdm_client_cluster_status_t *out)
+{
+    if (m->n_kv_routes > 0 && !(out->kv_routes = calloc(m->n_kv_routes, sizeof *out->kv_routes)))
+        return TDM_ERESOURCE;
+    for (size_t i = 0; i < m->n_kv_routes; i++) {
+        tdm_client_kv_route_t *d = &out->kv_routes[i];
+        out->n_kv_routes = i + 1;
+        d->prefill_node_id = tdm_strdup(str_or_empty(m->kv_routes[i]->prefill_node_id));
+        d->decode_node_id = tdm_strdup(str_or_empty(m->kv_routes[i]->decode_node_id));
+        d->transport = tdm_strdup(str_or_empty(m->kv_routes[i]->transport));
+        if (!d->prefill_node_id || !d->decode_node_id || !d->transport)
+            return TDM_ERESOURCE;
+    }
+    return TDM_OK;
+}
+
+/* Copies the nodes, the refused registrations and the KV routes of m into *out. TDM_ERESOURCE on
+ * out of memory (partial; the caller clears). */
 static int cluster_lists_from_proto(const Tandem__V1__ClusterStatus *m,
                                     tdm_client_cluster_status_t *out)
 {
@@ -1405,7 +1433,7 @@ static int cluster_lists_from_proto(const Tandem__V1__ClusterStatus *m,
         d->age_s = m->refused[i]->age_s;
         d->count = m->refused[i]->count;
     }
-    return TDM_OK;
+    return kv_routes_from_proto(m, out);
 }
 
 int tdm_client_status(tdm_client_t *c, double timeout_s, tdm_client_cluster_status_t *out)

@@ -543,6 +543,155 @@ static void test_node_constraint(void **state)
     tdm_grammar_cache_destroy(&cache);
 }
 
+/* ---- pool sizing (tdm_node_size_pool), with the device figures given ---- */
+
+#define GIB UINT64_C(1073741824)
+
+/* A Llama-3.1-8B-shaped device node: 32 layers, 8 KV heads, head_dim 128, f16, 16-token
+ * blocks (2 MiB each; 256 blocks = 512 MiB for 4096 tokens), 16 GiB of weights and 1 GiB of
+ * scratch on a 100 GiB device with 99 GiB free, gpu_memory_utilization 0.4. */
+static tdm_node_sizing_t sizing_8b(void)
+{
+    tdm_node_sizing_t in;
+    memset(&in, 0, sizeof in);
+    in.node_id = "d0";
+    in.layout = (tdm_kv_layout_t){32, 8, 128, 16, TDM_KV_F16};
+    in.n_ctx = 4096;
+    in.weight_bytes = 16 * GIB;
+    in.scratch_bytes = 1 * GIB;
+    in.on_device = true;
+    in.device_index = 0;
+    in.gpu_memory_utilization = 0.4;
+    in.device_total_bytes = 100 * GIB;
+    in.device_free_bytes = 99 * GIB;
+    return in;
+}
+
+static void test_size_pool_device(void **state)
+{
+    (void)state;
+    tdm_node_sizing_t in = sizing_8b();
+    tdm_node_pool_size_t ps;
+    tdm_error_t err = {0};
+    /* budget floor(0.4 x 100 GiB) = 42,949,672,960; minus 17 GiB = 24,696,061,952 bytes =
+     * 11,776 blocks of 2,097,152 */
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_OK);
+    assert_int_equal(ps.budget_bytes, UINT64_C(42949672960));
+    assert_int_equal(ps.block_bytes, UINT64_C(2097152));
+    assert_int_equal(ps.n_blocks, 11776);
+
+    /* a second node on the same GPU: the first holds its 40 GiB, 0.4 still fits */
+    in.device_free_bytes = 99 * GIB - ps.budget_bytes;
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_OK);
+    assert_int_equal(ps.n_blocks, 11776);
+    /* a third does not: 40 GiB asked, 19 GiB free, refused with the figures */
+    in.device_free_bytes -= ps.budget_bytes;
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_ERESOURCE);
+    assert_int_equal(ps.n_blocks, 0);
+    assert_non_null(strstr(err.msg, "cuda:0"));
+    assert_non_null(strstr(err.msg, "42949672960 bytes"));
+    assert_non_null(strstr(err.msg, "107374182400 bytes total"));
+    assert_non_null(strstr(err.msg, "20401094656 bytes"));
+    assert_non_null(strstr(err.msg, "at most 0.190"));
+
+    /* memory_budget on a device node: that many bytes, still checked against free */
+    in = sizing_8b();
+    in.memory_budget = 18 * GIB;
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_OK);
+    assert_int_equal(ps.budget_bytes, 18 * GIB);
+    assert_int_equal(ps.n_blocks, 512);
+}
+
+static void test_size_pool_refuses(void **state)
+{
+    (void)state;
+    tdm_node_sizing_t in = sizing_8b();
+    tdm_node_pool_size_t ps;
+    tdm_error_t err = {0};
+    /* 40 GiB budget, 39.75 GiB of weights and scratch: 128 blocks, a sequence needs 256 */
+    in.weight_bytes = 38 * GIB + 3 * GIB / 4;
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "node 'd0': cuda:0"));
+    assert_non_null(strstr(err.msg, "total 107374182400, free 106300440576"));
+    assert_non_null(strstr(err.msg, "41607495680 bytes on the device"));
+    assert_non_null(strstr(err.msg, "scratch (1073741824 bytes)"));
+    assert_non_null(strstr(err.msg, "only 128 KV blocks of 2097152 bytes"));
+    assert_non_null(strstr(err.msg, "needs 256 blocks (536870912 bytes)"));
+    assert_non_null(strstr(err.msg, "at least 43218108416 bytes"));
+    /* exactly one sequence fits */
+    in.weight_bytes = 38 * GIB + GIB / 2;
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_OK);
+    assert_int_equal(ps.n_blocks, 256);
+
+    /* the CPU: memory_budget only, the device figures ignored */
+    tdm_node_sizing_t cpu = sizing_8b();
+    cpu.on_device = false;
+    cpu.device_total_bytes = cpu.device_free_bytes = 0;
+    cpu.memory_budget = 17 * GIB + 255 * UINT64_C(2097152);
+    assert_int_equal(tdm_node_size_pool(&cpu, &ps, &err), TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "raise memory_budget"));
+    cpu.memory_budget += UINT64_C(2097152);
+    assert_int_equal(tdm_node_size_pool(&cpu, &ps, &err), TDM_OK);
+    assert_int_equal(ps.n_blocks, 256);
+}
+
+/* device: cuda:0 in a build without CUDA is refused naming the build; with CUDA but no
+ * usable GPU (this machine), refused with the CUDA runtime's error; neither loads a pool. */
+static void test_runtime_cuda_refused(void **state)
+{
+    (void)state;
+    char model[64];
+    snprintf(model, sizeof model, "/tmp/tdm_test_node_cuda_%d.gguf", (int)getpid());
+    tdm_tiny_llama_spec_t spec = {0};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_test_write_tiny_llama(model, &spec, &err), 0);
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "model: {path: '%s'}\n"
+             "nodes:\n"
+             "  - {id: p0, role: prefill, device: 'cuda:0', gpu_memory_utilization: 0.4}\n"
+             "  - {id: d0, role: decode, kv_endpoint: 'tcp://127.0.0.1:7610'}\n",
+             model);
+    tdm_config_t cfg;
+    if (tdm_config_load_string(yaml, strlen(yaml), "node.yaml", &cfg, &err) != 0)
+        fail_msg("%s", err.msg);
+    tdm_node_runtime_t rt;
+    int n = 0;
+    tdm_error_t derr = {0};
+    bool have_gpu = tdm_device_cuda_count(&n, &derr) == TDM_OK && n > 0;
+    if (!have_gpu) {
+        int rc = tdm_node_runtime_open(&rt, &cfg, &cfg.nodes[0], TDM_WORKER_MODE_PREFILL, &err);
+        if (!tdm_device_cuda_built()) {
+            assert_int_equal(rc, TDM_EPRECONDITION);
+            assert_non_null(strstr(err.msg, "this build has no CUDA backend"));
+        } else {
+            assert_true(rc == TDM_EUNAVAILABLE || rc == TDM_EINVALID);
+            assert_non_null(strstr(err.msg, "node 'p0': device cuda:0: "));
+        }
+        assert_null(rt.pool);
+    }
+    tdm_config_free(&cfg);
+    remove(model);
+}
+
+static void test_host_id(void **state)
+{
+    (void)state;
+    char id[64];
+    tdm_node_host_id(id, sizeof id);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) {
+        assert_string_equal(id, "");
+        return;
+    }
+    fclose(f);
+    assert_int_equal(strlen(id), 36); /* a UUID without its newline */
+    assert_int_equal(id[8], '-');
+    char again[64];
+    tdm_node_host_id(again, sizeof again);
+    assert_string_equal(id, again);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -552,6 +701,10 @@ int main(void)
         cmocka_unit_test(test_prefill_node_serves),
         cmocka_unit_test(test_prefill_node_resumes),
         cmocka_unit_test(test_node_constraint),
+        cmocka_unit_test(test_size_pool_device),
+        cmocka_unit_test(test_size_pool_refuses),
+        cmocka_unit_test(test_runtime_cuda_refused),
+        cmocka_unit_test(test_host_id),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2206,6 +2206,96 @@ static void test_status_health_models(void **state)
     env_free(e);
 }
 
+/* A GPU node's registration: host id, the GPU it computes on, the GPUs it sees, and the device
+ * transports. */
+static void reg_gpu(env_t *e, const fake_t *n, reg_t *g, const char *host, char **uuids,
+                    size_t n_uuids, char **transports)
+{
+    reg_default(e, n, g);
+    g->m.device = (char *)"cuda:0";
+    g->m.host_id = (char *)host;
+    g->m.gpu_uuid = uuids[0];
+    g->m.n_gpu_uuids = n_uuids;
+    g->m.gpu_uuids = uuids;
+    g->m.n_transports = 3;
+    g->m.transports = transports;
+}
+
+static Tandem__V1__ClusterStatus *get_status(env_t *e, tdm_frame_t *f)
+{
+    Tandem__V1__StatusRequest sr = TANDEM__V1__STATUS_REQUEST__INIT;
+    send_req(e, M(STATUS), &sr.base, NULL, 0);
+    assert_true(recv_on(e, e->client, f, WAIT_MS));
+    Tandem__V1__ClusterStatus *cs =
+        (Tandem__V1__ClusterStatus *)tdm_frame_unpack(f, &tandem__v1__cluster_status__descriptor);
+    assert_non_null(cs);
+    return cs;
+}
+
+/* Registrations with host ids and GPU UUIDs: status shows them and the KV transport of every
+ * up pair (cuda_ipc on one host where the prefill node sees the decode node's GPU, nccl to
+ * another host, tcp to a CPU node), and the PrefillTask carries the pair's choice. */
+static void test_status_kv_transport(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    char *tr[] = {(char *)"tcp", (char *)"nccl", (char *)"cuda_ipc"};
+    char *p0_gpus[] = {(char *)"GPU-00000000-0000-0000-0000-000000000000",
+                       (char *)"GPU-11111111-1111-1111-1111-111111111111"};
+    char *d0_gpus[] = {(char *)"GPU-11111111-1111-1111-1111-111111111111"};
+    char *d1_gpus[] = {(char *)"GPU-22222222-2222-2222-2222-222222222222"};
+    reg_t g;
+    char msg[512];
+    reg_gpu(e, &e->p0, &g, "host-a", p0_gpus, 2, tr);
+    assert_int_equal(fake_register_with(e, &e->p0, &g, msg, sizeof msg), 0);
+    reg_gpu(e, &e->d0, &g, "host-a", d0_gpus, 1, tr);
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), 0);
+    reg_gpu(e, &e->d1, &g, "host-b", d1_gpus, 1, tr);
+    assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), 0);
+    fake_register(e, &e->p1); /* a CPU node */
+
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__ClusterStatus *cs = get_status(e, &f);
+    assert_int_equal(cs->n_nodes, 4);
+    assert_string_equal(cs->nodes[0]->host_id, "host-a");
+    assert_string_equal(cs->nodes[0]->gpu_uuid, p0_gpus[0]);
+    assert_string_equal(cs->nodes[2]->gpu_uuid, d0_gpus[0]);
+    assert_string_equal(cs->nodes[3]->host_id, "host-b");
+    assert_string_equal(cs->nodes[1]->gpu_uuid, "");
+    const char *want[4][3] = {{"prefill-0", "decode-0", "cuda_ipc"},
+                              {"prefill-0", "decode-1", "nccl"},
+                              {"prefill-1", "decode-0", "tcp"},
+                              {"prefill-1", "decode-1", "tcp"}};
+    assert_int_equal(cs->n_kv_routes, 4);
+    for (size_t i = 0; i < 4; i++) {
+        assert_string_equal(cs->kv_routes[i]->prefill_node_id, want[i][0]);
+        assert_string_equal(cs->kv_routes[i]->decode_node_id, want[i][1]);
+        assert_string_equal(cs->kv_routes[i]->transport, want[i][2]);
+    }
+    protobuf_c_message_free_unpacked(&cs->base, NULL);
+    tdm_frame_clear(&f);
+
+    env_free(e);
+
+    /* the choice travels with the task (one pair up) */
+    e = env_new(NULL);
+    reg_gpu(e, &e->p0, &g, "host-a", p0_gpus, 2, tr);
+    assert_int_equal(fake_register_with(e, &e->p0, &g, msg, sizeof msg), 0);
+    reg_gpu(e, &e->d0, &g, "host-a", d0_gpus, 1, tr);
+    assert_int_equal(fake_register_with(e, &e->d0, &g, msg, sizeof msg), 0);
+    Tandem__V1__GenerateRequest gr;
+    prompt_req(&gr, "kv-1", "abc", 4, true);
+    generate(e, &gr);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_string_equal(t->decode_node_id, "decode-0");
+    assert_string_equal(t->kv_transport, "cuda_ipc");
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    env_free(e);
+}
+
 /* The client goes away: the next send to it fails and the nodes are told to cancel. */
 static void test_client_gone(void **state)
 {
@@ -4017,6 +4107,7 @@ int main(void)
         cmocka_unit_test(test_request_id_reuse),
         cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_status_health_models),
+        cmocka_unit_test(test_status_kv_transport),
         cmocka_unit_test(test_client_gone),
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_metrics),

@@ -12,11 +12,15 @@
 #include <string.h>
 #include <time.h>
 #include <time.h>
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+#include "tandem/device.h"
 #include "tandem/kv.h"
 #include "tandem/net.h"
 #include "tandem/transfer.h"
+
+#include "../../common/src/transfer/xxh3_lanes.h"
 
 /* SmolLM2-135M: 30 layers, 3 KV heads, head_dim 64, 16-token blocks, f16: 368,640 B/block. */
 static const tdm_kv_layout_t smollm2 = {30, 3, 64, 16, TDM_KV_F16};
@@ -1248,10 +1252,51 @@ static void test_send_validation(void **state)
     c->clean = true;
 }
 
+/* The device checksum's lane arithmetic (transfer/xxh3_lanes.h, which cuda/xxh3.cu runs with
+ * 128 threads per block) run on the host equals libxxhash's XXH3_64bits, and so
+ * tdm_kv_block_checksum, at the lengths around its block and stripe edges and at real KV block
+ * sizes (SmolLM2-135M f16: 368,640 bytes; q8 with its scales; Llama-3.1-8B f16: 2 MiB),
+ * over random bytes. Without a GPU, tdm_kv_device_checksums says why it cannot run. */
+static void test_xxh3_lanes(void **state)
+{
+    (void)state;
+    uint8_t secret[XXH3_SECRET_DEFAULT_SIZE];
+    XXH3_generateSecret_fromSeed(secret, 0);
+    const uint64_t lens[] = {241,  255,  256,  257,  1023,  1024,   1025,   1087,
+                             1088, 1089, 2048, 4097, 65536, 368640, 184440, 2097152};
+    size_t cap = 2097152 + 16; /* the longest length, from each start offset below 16 */
+    uint8_t *buf = malloc(cap);
+    assert_non_null(buf);
+    uint64_t z = UINT64_C(0x243f6a8885a308d3);
+    for (size_t i = 0; i < cap; i++) {
+        z ^= z << 13;
+        z ^= z >> 7;
+        z ^= z << 17;
+        buf[i] = (uint8_t)(z >> 24);
+    }
+    for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+        uint64_t want = XXH3_64bits(buf + k, (size_t)lens[k]); /* unaligned starts too */
+        assert_int_equal(tdm_xxh3_long_lanes(buf + k, lens[k], secret), want);
+        assert_int_equal(tdm_kv_block_checksum(buf + k, lens[k]), want);
+    }
+    uint64_t sum = 0;
+    uint32_t block = 0;
+    tdm_error_t err = {0};
+    int n_gpus = 0;
+    tdm_error_t derr = {0};
+    if (tdm_device_cuda_count(&n_gpus, &derr) != TDM_OK || n_gpus == 0) {
+        assert_int_equal(tdm_kv_device_checksums(0, buf, &block, 1, 4096, &sum, &err),
+                         TDM_EUNAVAILABLE);
+        assert_true(err.msg[0] != '\0');
+    }
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_names),
+        cmocka_unit_test(test_xxh3_lanes),
         cmocka_unit_test_setup_teardown(test_sender_options, setup, teardown),
         cmocka_unit_test_setup_teardown(test_happy_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined, setup, teardown),

@@ -422,7 +422,16 @@ typedef struct tdm_client_node_status {
     uint64_t instance_id; /* the registered instance (0: never registered) */
     bool suspect;         /* up, but silent for the heartbeat timeout: the router sends it no new
                              work until it is heard from again (down after twice the timeout) */
+    char *host_id;        /* the host it registered (boot id; "" unknown) */
+    char *gpu_uuid;       /* the GPU it computes on ("" on the CPU) */
 } tdm_client_node_status_t;
+
+/* The KV transport the router chooses for a (prefill, decode) pair of up nodes. */
+typedef struct tdm_client_kv_route {
+    char *prefill_node_id;
+    char *decode_node_id;
+    char *transport; /* "tcp" | "nccl" | "cuda_ipc" */
+} tdm_client_kv_route_t;
 
 /* A registration the router refused for a node id its config does not have. */
 typedef struct tdm_client_refused {
@@ -444,6 +453,8 @@ typedef struct tdm_client_cluster_status {
     tdm_client_refused_t *refused; /* [n_refused] unknown node ids refused, most recent first */
     size_t n_refused;
     uint64_t router_instance_id;
+    tdm_client_kv_route_t *kv_routes; /* [n_kv_routes] every up (prefill, decode) pair */
+    size_t n_kv_routes;
 } tdm_client_cluster_status_t;
 
 /* Fetches the cluster status into *out (previous contents ignored); on success the caller

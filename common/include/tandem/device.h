@@ -35,6 +35,26 @@ int tdm_device_cuda_count(int *n, tdm_error_t *err);
  * TDM_EINVALID for an index out of range. */
 int tdm_device_cuda_info(int index, tdm_device_info_t *info, tdm_error_t *err);
 
+/* Memory of device `index` now (cudaMemGetInfo after selecting it, which also creates this
+ * process's context on it): *total_bytes and *free_bytes, bytes. Errors as for
+ * tdm_device_cuda_info; in a build without CUDA TDM_EUNAVAILABLE naming the build. */
+int tdm_device_cuda_memory(int index, uint64_t *total_bytes, uint64_t *free_bytes,
+                           tdm_error_t *err);
+
+/* Bytes of a GPU UUID as text, "GPU-" and 32 hex digits in nvidia-smi's grouping
+ * ("GPU-8-4-4-4-12"), with the NUL. */
+#define TDM_DEVICE_UUID_MAX 41
+
+/* The UUID of device `index` (cudaDeviceProp.uuid) as nvidia-smi prints it, into
+ * uuid[TDM_DEVICE_UUID_MAX]: the same GPU has the same UUID in every process, whatever its
+ * ordinal there (CUDA_VISIBLE_DEVICES renumbers ordinals). Errors as for
+ * tdm_device_cuda_info. */
+int tdm_device_cuda_uuid(int index, char uuid[TDM_DEVICE_UUID_MAX], tdm_error_t *err);
+
+/* Formats 16 UUID bytes as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" into
+ * out[TDM_DEVICE_UUID_MAX]. Cannot fail. */
+void tdm_device_uuid_format(const uint8_t bytes[16], char out[TDM_DEVICE_UUID_MAX]);
+
 #ifdef __cplusplus
 }
 #endif

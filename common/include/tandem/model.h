@@ -101,6 +101,14 @@ const char *tdm_engine_backend_name(const tdm_engine_t *e);
 /* Size of the scratch memory the engine allocated, bytes (device memory for CUDA). */
 uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e);
 
+/* Device memory the engine holds besides the KV pool's device copy, bytes: the weights'
+ * device copies (dequantized, so more than tdm_model_weight_bytes for a quantized model) in
+ * *weight_bytes, and scratch (the engine's buffers, the backend's workspaces and staging) in
+ * *scratch_bytes. Both 0 for the CPU backend. What a node's device budget subtracts before
+ * sizing its pool (tdm_node_size_pool). Cannot fail. */
+void tdm_engine_device_bytes(const tdm_engine_t *e, uint64_t *weight_bytes,
+                             uint64_t *scratch_bytes);
+
 /* Start of the KV pool's device copy (CUDA device memory from cudaMalloc: block b starts at
  * base + b * tdm_kv_pool_block_bytes(pool)), for the KV transport; NULL for the CPU backend,
  * whose KV is in the host pool. Owned by the engine; valid until it is destroyed. Cannot

@@ -11,6 +11,10 @@
  *             destroyed when the peer is lost. CUDA builds only.
  *   cuda_ipc  same host: the receiver opens the sender's pool through a cudaIpcMemHandle_t and
  *             copies the blocks device-to-device. CUDA builds only.
+ * Every backend carries one XXH3-64 checksum per block: tcp's computed and verified on the
+ * CPU; nccl's and cuda_ipc's computed on the sender's GPU and verified on the receiver's after
+ * the blocks land (tdm_kv_device_checksums: the same value the CPU computes). A tcp transfer
+ * into a device pool is verified on the host, then again on the device after the copy.
  *
  * Sequence (tcp): sender -> REQUEST KV_TRANSFER [KvTransfer header][block 0]...[block n-1];
  * receiver -> END OK (acknowledged: the blocks now hold the KV) or END with the rejection
@@ -202,16 +206,26 @@ typedef struct tdm_kv_received {
  * request is rejected by the lookup), or TDM_EINTERNAL. Never crashes on what it receives.
  * A transfer whose CANCEL is already waiting right behind it is dropped unread: 1 with
  * out->status TDM_ECANCELLED and no reply (the lookup is not called).
- * Rejections leave the reserved blocks untouched, except with nccl, whose data lands in the
- * blocks directly: a failure while receiving (timeout_ms passed, NCCL error) leaves them
- * partly written. KV_HELLO requests (nccl set-up) are answered inside this call, which then
- * blocks until the communicator forms (at most timeout_ms), as it does while an nccl
- * transfer's blocks arrive. */
+ * Rejections leave the reserved blocks untouched, except with a device pool, whose data lands
+ * in the blocks before the device checksums are verified, and nccl, where a failure while
+ * receiving (timeout_ms passed, NCCL error) leaves them partly written. KV_HELLO requests
+ * (nccl set-up) are answered inside this call, which then blocks until the communicator
+ * forms (at most timeout_ms), as it does while an nccl transfer's blocks arrive. */
 int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn lookup, void *user,
                          tdm_kv_received_t *out);
 
 /* Checksum of one block as carried in KvTransfer.checksums: XXH3_64bits over block_bytes. */
 uint64_t tdm_kv_block_checksum(const void *block, uint64_t block_bytes);
+
+/* tdm_kv_block_checksum of n blocks of a device pool, computed on the GPU (one CUDA thread
+ * block per KV block, common/src/transfer/cuda/xxh3.cu): out[i] is XXH3-64 of the
+ * block_bytes at device_base + blocks[i] * block_bytes on CUDA device `device`, equal to
+ * what the CPU's XXH3_64bits gives for the same bytes. out is host memory; waits for the
+ * result. Errors: TDM_EUNAVAILABLE (no CUDA build, a CUDA failure with the statement),
+ * TDM_EINVALID (block_bytes < 241: XXH3's short-input paths are not on the device),
+ * TDM_ERESOURCE. */
+int tdm_kv_device_checksums(int device, const void *device_base, const uint32_t *blocks, uint32_t n,
+                            uint64_t block_bytes, uint64_t *out, tdm_error_t *err);
 
 /* KvTransfer.header_checksum of header h (docs/protocol.md "KV transfer integrity"): XXH3-64
  * of a canonical little-endian encoding of every field but header_checksum itself (request

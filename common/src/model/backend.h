@@ -65,6 +65,10 @@ typedef struct tdm_backend_ops {
     /* Optional: start of the backend's own copy of the KV pool (device memory, the same
      * layout and size as the host pool); NULL when the backend uses the host pool. */
     void *(*kv_device_base)(const void *be);
+    /* Optional (NULL: no device memory): device memory the backend allocated outside the
+     * scratch it hands out through alloc and outside its KV copy, bytes: *weights for the
+     * weights' device copies, *workspace for workspaces and staging. */
+    void (*device_bytes)(const void *be, uint64_t *weights, uint64_t *workspace);
     /* Creates the backend state for a model and pool; NULL with *err on failure. */
     void *(*create)(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
                     tdm_error_t *err);

@@ -421,6 +421,19 @@ uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e)
     return e->scratch_bytes;
 }
 
+void tdm_engine_device_bytes(const tdm_engine_t *e, uint64_t *weight_bytes, uint64_t *scratch_bytes)
+{
+    uint64_t weights = 0, workspace = 0;
+    if (!e->ops->device_bytes) {
+        *weight_bytes = 0;
+        *scratch_bytes = 0;
+        return;
+    }
+    e->ops->device_bytes(e->be, &weights, &workspace);
+    *weight_bytes = weights;
+    *scratch_bytes = e->scratch_bytes + workspace;
+}
+
 void *tdm_engine_kv_device_base(const tdm_engine_t *e)
 {
     return e->ops->kv_device_base ? e->ops->kv_device_base(e->be) : NULL;

@@ -6,14 +6,10 @@
 
 #include "tandem/node.h"
 
-static double mib(uint64_t b)
-{
-    return (double)b / (1024.0 * 1024.0);
-}
-
-/* The engine's scratch size for ep, measured with a one-block pool, so that the KV pool gets
- * exactly what the budget leaves. */
-static int measure_scratch(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep, tdm_error_t *err)
+/* The engine's weights and scratch in the budget's memory for ep, measured with a one-block
+ * pool, so that the KV pool gets exactly what the budget leaves: on the CPU the weights as
+ * stored and the engine's scratch; on a device what the engine allocated there. */
+static int measure_engine(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep, tdm_error_t *err)
 {
     tdm_kv_pool_t *probe_pool = tdm_kv_pool_new(&rt->layout, 1, err);
     if (!probe_pool)
@@ -23,42 +19,74 @@ static int measure_scratch(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep
         tdm_kv_pool_destroy(&probe_pool);
         return err ? err->code : TDM_EINVALID;
     }
-    rt->scratch_bytes = tdm_engine_scratch_bytes(probe);
+    if (rt->on_device)
+        tdm_engine_device_bytes(probe, &rt->weight_bytes, &rt->scratch_bytes);
+    else
+        rt->scratch_bytes = tdm_engine_scratch_bytes(probe);
     tdm_engine_destroy(&probe);
     tdm_kv_pool_destroy(&probe_pool);
     return TDM_OK;
 }
 
-/* The pool's blocks: the capacity planner's arithmetic (tdm_kv_plan, as tandem kvcalc and the
- * dashboard print it), for one full-context sequence at least. TDM_ERESOURCE with the
- * numbers when the budget does not hold that. */
-static int size_pool(const tdm_node_runtime_t *rt, const tdm_node_config_t *node,
-                     uint32_t *n_blocks_out, uint64_t *block_bytes_out, tdm_error_t *err)
+/* The UUIDs of the GPUs this process sees (for the router's transport choice). */
+static int list_gpus(tdm_node_runtime_t *rt, tdm_error_t *err)
 {
-    tdm_kv_plan_in_t pin = {rt->layout,        0,    rt->n_ctx,          1, rt->weight_bytes,
-                            rt->scratch_bytes, true, node->memory_budget};
-    tdm_kv_plan_t plan;
-    int rc = tdm_kv_plan(&pin, &plan, err);
+    int n = 0;
+    int rc = tdm_device_cuda_count(&n, err);
+    for (int i = 0; rc == TDM_OK && i < n && rt->n_gpu_uuids < TDM_NODE_MAX_GPUS; i++)
+        rc = tdm_device_cuda_uuid(i, rt->gpu_uuids[rt->n_gpu_uuids++], err);
+    return rc;
+}
+
+/* device: cuda:N: the device's memory now and its UUID, and the engine's backend on it.
+ * Nothing to do on the CPU. TDM_EPRECONDITION in a build without CUDA. */
+static int open_device(tdm_node_runtime_t *rt, const tdm_node_config_t *node,
+                       tdm_engine_params_t *ep, tdm_error_t *err)
+{
+    if (node->device.kind == TDM_NODE_DEVICE_CPU)
+        return TDM_OK;
+    int index = node->device.index;
+    if (!tdm_device_cuda_built())
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "node '%s': device cuda:%d: this build has no CUDA backend "
+                             "(configure with -DTANDEM_CUDA=ON); use device: cpu",
+                             node->id, index);
+    rt->on_device = true;
+    rt->device_index = index;
+    int rc = tdm_device_cuda_memory(index, &rt->device_total_bytes, &rt->device_free_bytes, err);
+    if (rc == TDM_OK)
+        rc = tdm_device_cuda_uuid(index, rt->gpu_uuid, err);
+    if (rc == TDM_OK)
+        rc = list_gpus(rt, err);
+    if (rc != TDM_OK)
+        return tdm_error_prefix(err, rc, "node '%s': device cuda:%d: ", node->id, index);
+    ep->backend = "cuda";
+    ep->device = index;
+    return TDM_OK;
+}
+
+/* The pool's blocks for the measured engine (tdm_node_size_pool). */
+static int size_pool(tdm_node_runtime_t *rt, const tdm_node_config_t *node, uint32_t *n_blocks,
+                     tdm_error_t *err)
+{
+    tdm_node_sizing_t in = {node->id,
+                            rt->layout,
+                            rt->n_ctx,
+                            rt->weight_bytes,
+                            rt->scratch_bytes,
+                            node->memory_budget,
+                            rt->on_device,
+                            rt->device_index,
+                            node->gpu_memory_utilization,
+                            rt->device_total_bytes,
+                            rt->device_free_bytes};
+    tdm_node_pool_size_t ps;
+    int rc = tdm_node_size_pool(&in, &ps, err);
     if (rc != TDM_OK)
         return rc;
-    uint64_t block_bytes = plan.block_bytes;
-    uint64_t need_blocks = plan.blocks_per_seq;
-    uint64_t fixed = rt->weight_bytes + rt->scratch_bytes;
-    uint64_t n_blocks = plan.pool_blocks;
-    if (n_blocks > UINT32_MAX - 1)
-        n_blocks = UINT32_MAX - 1;
-    if (n_blocks < need_blocks)
-        return tdm_error_set(
-            err, TDM_ERESOURCE,
-            "node '%s': memory_budget %.1f MiB holds the weights (%.1f MiB) and engine scratch "
-            "(%.1f MiB) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
-            "full context (%u tokens) needs %" PRIu64 " blocks (%.1f MiB): raise memory_budget "
-            "to at least %.1f MiB",
-            node->id, mib(node->memory_budget), mib(rt->weight_bytes), mib(rt->scratch_bytes),
-            n_blocks, block_bytes, rt->n_ctx, need_blocks, mib(need_blocks * block_bytes),
-            mib(fixed + need_blocks * block_bytes) + 0.1);
-    *n_blocks_out = (uint32_t)n_blocks;
-    *block_bytes_out = block_bytes;
+    *n_blocks = ps.n_blocks;
+    rt->budget_bytes = ps.budget_bytes;
+    rt->kv_bytes = (uint64_t)ps.n_blocks * ps.block_bytes;
     return TDM_OK;
 }
 
@@ -107,14 +135,16 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                           const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err)
 {
     memset(rt, 0, sizeof *rt);
-    if (node->device.kind != TDM_NODE_DEVICE_CPU)
-        return tdm_error_set(err, TDM_EPRECONDITION,
-                             "node '%s': device cuda:%d: the CUDA engine backend is not available "
-                             "in this build; use device: cpu",
-                             node->id, node->device.index);
-    int rc = tdm_node_keys_open(&rt->keys, cfg, node, err);
-    if (rc != TDM_OK)
+    tdm_engine_params_t ep;
+    tdm_engine_params_default(&ep);
+    int rc = open_device(rt, node, &ep, err);
+    if (rc != TDM_OK) {
+        memset(rt, 0, sizeof *rt);
         return rc;
+    }
+    if ((rc = tdm_node_keys_open(&rt->keys, cfg, node, err)) != TDM_OK)
+        if (rc != TDM_OK)
+            return rc;
     /* the same loader as the router's: context, vocabulary, fingerprint and layout agree */
     tdm_served_model_t sm;
     if ((rc = tdm_served_model_open(&sm, cfg, err)) != TDM_OK)
@@ -127,8 +157,6 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     rt->layout = sm.layout;
     rt->weight_bytes = tdm_model_weight_bytes(rt->model);
 
-    tdm_engine_params_t ep;
-    tdm_engine_params_default(&ep);
     ep.n_threads = node->threads;
     ep.n_ctx = rt->n_ctx;
     ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
@@ -138,14 +166,14 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                               .max_draft = (uint32_t)node->spec_max_draft};
     ep.max_logits = tdm_worker_logit_rows(&rows);
     uint32_t n_blocks = 0;
-    uint64_t block_bytes = 0;
-    if ((rc = measure_scratch(rt, &ep, err)) != TDM_OK ||
-        (rc = size_pool(rt, node, &n_blocks, &block_bytes, err)) != TDM_OK)
+    if ((rc = measure_engine(rt, &ep, err)) != TDM_OK ||
+        (rc = size_pool(rt, node, &n_blocks, err)) != TDM_OK)
         goto out_close;
-    rt->kv_bytes = (uint64_t)n_blocks * block_bytes;
     if ((rc = open_grammars(rt, node, err)) != TDM_OK ||
         (rc = open_engine(rt, cfg, node, &ep, mode, n_blocks, err)) != TDM_OK)
         goto out_close;
+    /* a cuda engine keeps KV in its device copy: the transport reads and writes there */
+    rt->kv_device_base = tdm_engine_kv_device_base(rt->engine);
     return 0;
 out_close:
     tdm_node_runtime_close(rt);

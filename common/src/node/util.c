@@ -112,6 +112,42 @@ const tdm_curve_keys_t *tdm_node_curve_kv(const tdm_node_keys_t *k, tdm_curve_ke
     return out;
 }
 
+void tdm_node_host_id(char *buf, size_t cap)
+{
+    if (cap == 0)
+        return;
+    buf[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f)
+        return;
+    if (!fgets(buf, (int)(cap < 4096 ? cap : 4096), f))
+        buf[0] = '\0';
+    fclose(f);
+    buf[strcspn(buf, "\r\n")] = '\0';
+}
+
+/* The registration's device fields: host id, the GPUs the node sees and its own, and the
+ * transports it can use (a device pool adds nccl and cuda_ipc). The strings stay rt's and
+ * the caller's (host, uuids[TDM_NODE_MAX_GPUS], transports[3]). */
+static void reg_devices(Tandem__V1__RegisterRequest *reg, const tdm_node_runtime_t *rt, char *host,
+                        size_t host_cap, char **uuids, char **transports)
+{
+    tdm_node_host_id(host, host_cap);
+    reg->host_id = host;
+    transports[0] = (char *)"tcp";
+    reg->n_transports = 1;
+    if (rt->kv_device_base) {
+        transports[reg->n_transports++] = (char *)"nccl";
+        transports[reg->n_transports++] = (char *)"cuda_ipc";
+    }
+    reg->transports = transports;
+    for (uint32_t i = 0; i < rt->n_gpu_uuids; i++)
+        uuids[i] = (char *)(uintptr_t)rt->gpu_uuids[i];
+    reg->n_gpu_uuids = rt->n_gpu_uuids;
+    reg->gpu_uuids = uuids;
+    reg->gpu_uuid = (char *)(uintptr_t)rt->gpu_uuid;
+}
+
 tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                      const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
                                      const char *kv_endpoint, const tdm_logger_t *log,
@@ -120,7 +156,8 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     Tandem__V1__RegisterRequest reg = TANDEM__V1__REGISTER_REQUEST__INIT;
     Tandem__V1__KvLayout layout;
     tdm_proto_layout_to(&rt->layout, &layout);
-    char *transports[] = {(char *)"tcp"};
+    char *transports[3], *uuids[TDM_NODE_MAX_GPUS], host[64];
+    reg_devices(&reg, rt, host, sizeof host, uuids, transports);
     char device[32];
     tdm_config_device_format(node->device, device, sizeof device);
     tdm_kv_stats_t ks;
@@ -138,8 +175,6 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     reg.kv_layout = &layout;
     reg.kv_blocks_total = ks.n_blocks;
     reg.kv_endpoint = (char *)(uintptr_t)(kv_endpoint ? kv_endpoint : "");
-    reg.n_transports = 1;
-    reg.transports = transports;
     reg.device = device;
     reg.max_running = (uint32_t)node->max_running;
     reg.max_batch_tokens = (uint32_t)node->max_batch_tokens;

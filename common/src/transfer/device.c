@@ -10,10 +10,13 @@
  * reserved blocks, posts its ncclRecv group and answers STREAM (go); the sender, on go,
  * posts the matching ncclSend group; the receiver waits for its receives and answers END.
  * A rejection before go leaves the communicator usable; any failure after go destroys it on
- * both sides (the sender re-hellos on its next transfer). Checksums are not computed for
- * device backends (the header's checksums list is empty): hashing device memory would need
- * a device-to-host copy of every block, which costs more than the transfer it protects, and
- * NVLink/PCIe transfers are link-level CRC/ECC protected.
+ * both sides (the sender re-hellos on its next transfer).
+ *
+ * Integrity, as for tcp: the sender computes every block's XXH3-64 on its GPU
+ * (tdm_kv_device_checksums, cuda/xxh3.cu: only the 8-byte results cross to the host) into the
+ * header's checksums, which the header checksum covers; after the blocks land (and after a
+ * tcp transfer's host-to-device copy) the receiver hashes its device blocks the same way and
+ * rejects the transfer on any difference (tdm_kv_dev_verify).
  */
 #ifdef TANDEM_HAVE_CUDA
 
@@ -351,6 +354,25 @@ int tdm_kv_dev_copy_h2d(tdm_kv_receiver_t *r, const uint8_t *const *src, const u
     if (tdm_transfer_cuda_copy_h2d(r->memory.device, r->memory.device_base, blocks, src, n,
                                    r->block_bytes, &e) != 0)
         return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "host-to-device copy: %s", e.msg);
+    return 0;
+}
+
+int tdm_kv_dev_verify(tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h, const uint32_t *blocks,
+                      char *msg, size_t cap)
+{
+    tdm_error_t e = {0};
+    uint32_t n = h->n_blocks;
+    if (n == 0)
+        return 0;
+    if (tdm_kv_device_checksums(r->memory.device, r->memory.device_base, blocks, n, r->block_bytes,
+                                r->sums, &e) != 0)
+        return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "device checksums: %s", e.msg);
+    for (uint32_t i = 0; i < n; i++)
+        if (r->sums[i] != h->checksums[i])
+            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
+                                     "block %u checksum mismatch after the %s transfer: the "
+                                     "device holds 0x%016" PRIx64 ", the sender sent 0x%016" PRIx64,
+                                     i, h->backend, r->sums[i], h->checksums[i]);
     return 0;
 }
 

@@ -682,9 +682,23 @@ static void xfer_frames(tdm_kv_sender_t *s, tdm_kv_xfer_t *x, uint64_t *words, t
     }
 }
 
-/* The KvTransfer header of x into *h; it points at lay, handle and words, which the caller
- * keeps until the header is sent. */
-static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint64_t *words,
+/* Device backends: sums[i] = block i's checksum, computed on the GPU over the device pool
+ * (the same XXH3-64 value as tcp's, tdm_kv_device_checksums), so the receiver can verify
+ * what lands in its device blocks. TDM_EUNAVAILABLE (logged with the CUDA message). */
+static int xfer_device_sums(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint64_t *sums)
+{
+    tdm_error_t e = {0};
+    int rc = tdm_kv_device_checksums(s->memory.device, s->memory.device_base, x->blocks,
+                                     x->n_blocks, s->block_bytes, sums, &e);
+    if (rc != 0)
+        TDM_LOG_WARNF(s->log, x->request_id, "KV transfer %" PRIu64 ": device checksums: %s", x->id,
+                      e.msg);
+    return rc == 0 ? 0 : TDM_EUNAVAILABLE;
+}
+
+/* The KvTransfer header of x into *h; it points at lay, handle, words and sums (device
+ * backends' checksums), which the caller keeps until the header is sent. */
+static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint64_t *words, uint64_t *sums,
                         Tandem__V1__KvTransfer *h, Tandem__V1__KvLayout *lay,
                         ProtobufCBinaryData *handle)
 {
@@ -707,7 +721,11 @@ static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint64_t *wo
     if (s->backend == TDM_KV_BACKEND_TCP) {
         h->n_checksums = x->n_blocks;
         h->checksums = words;
-    } else if (s->backend == TDM_KV_BACKEND_CUDA_IPC) {
+    } else {
+        h->n_checksums = x->n_blocks;
+        h->checksums = sums;
+    }
+    if (s->backend == TDM_KV_BACKEND_CUDA_IPC) {
         h->n_ipc_handles = 1;
         h->ipc_handles = handle;
         h->n_block_offsets = x->n_blocks;
@@ -722,17 +740,22 @@ static void xfer_header(tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint64_t *wo
 static int xfer_transmit(tdm_kv_sender_t *s, tdm_kv_xfer_t *x)
 {
     uint32_t n = x->n_blocks;
-    size_t scratch_bytes = (size_t)n * (sizeof(uint64_t) + sizeof(tdm_net_data_t));
+    size_t scratch_bytes = (size_t)n * (2 * sizeof(uint64_t) + sizeof(tdm_net_data_t));
     void *scratch = malloc(scratch_bytes ? scratch_bytes : 1);
     if (!scratch)
         return TDM_ERESOURCE;
-    uint64_t *words = scratch; /* checksums (tcp) or block offsets (cuda_ipc) */
-    tdm_net_data_t *data = (tdm_net_data_t *)(words + n);
+    uint64_t *words = scratch;  /* checksums (tcp) or block offsets (cuda_ipc) */
+    uint64_t *sums = words + n; /* device backends: checksums computed on the GPU */
+    tdm_net_data_t *data = (tdm_net_data_t *)(sums + n);
     xfer_frames(s, x, words, data);
+    if (s->backend != TDM_KV_BACKEND_TCP && n > 0 && xfer_device_sums(s, x, sums) != 0) {
+        free(scratch);
+        return TDM_EUNAVAILABLE;
+    }
     Tandem__V1__KvTransfer h;
     Tandem__V1__KvLayout lay;
     ProtobufCBinaryData handle;
-    xfer_header(s, x, words, &h, &lay, &handle);
+    xfer_header(s, x, words, sums, &h, &lay, &handle);
 
     tdm_send_t m;
     memset(&m, 0, sizeof m);
@@ -1350,7 +1373,8 @@ static int check_header_tcp(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
     return 0;
 }
 
-/* nccl, cuda_ipc: no data frames or checksums; cuda_ipc's handle and block offsets. */
+/* nccl, cuda_ipc: no data frames; one checksum per block (computed on the sender's GPU, verified
+ * on this node's after the blocks land); cuda_ipc's handle and block offsets. */
 static int check_header_device(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
                                const Tandem__V1__KvTransfer *h, tdm_kv_backend_t backend, char *msg,
                                size_t cap)
@@ -1360,10 +1384,11 @@ static int check_header_device(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
                                  "%u data frames with backend %s (the blocks travel over the "
                                  "device channel)",
                                  f->n_data, h->backend);
-    if (h->n_checksums != 0)
+    if (h->n_checksums != h->n_blocks)
         return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                 "%zu checksums with backend %s, which carries none",
-                                 h->n_checksums, h->backend);
+                                 "%zu checksums for %u blocks with backend %s (one per block, "
+                                 "computed on the sender's device)",
+                                 h->n_checksums, h->n_blocks, h->backend);
     if (backend == TDM_KV_BACKEND_CUDA_IPC) {
         if (h->n_ipc_handles != 1 || h->ipc_handles[0].len != 64)
             return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
@@ -1550,6 +1575,9 @@ static int transfer_write(tdm_kv_receiver_t *r, const tdm_frame_t *f,
     } else {
         st = tdm_kv_dev_receive(r, f, h, backend, blocks, msg, cap);
     }
+    /* what landed in the device blocks, hashed there, against the header's checksums */
+    if (st == 0)
+        st = tdm_kv_dev_verify(r, h, blocks, msg, cap);
 #endif
     return st;
 }

@@ -46,6 +46,15 @@ int tdm_transfer_cuda_copy_h2d(int device, void *dst_base, const uint32_t *dst_b
                                const uint8_t *const *src, uint32_t n, uint64_t block_bytes,
                                tdm_error_t *err);
 
+/* XXH3-64 (tdm_kv_block_checksum's value) of n device blocks of block_bytes at base +
+ * offsets[i] (offsets in host memory) on `device`, computed on the device (cuda/xxh3.cu, one
+ * thread block per KV block) with XXH3's default secret (secret[192]: what
+ * XXH3_generateSecret_fromSeed gives for seed 0), into out[n] (host memory); waits for them.
+ * TDM_EINVALID for block_bytes < 241 (XXH3's short-input paths are not implemented there). */
+int tdm_transfer_cuda_checksums(int device, const void *base, const uint64_t *offsets, uint32_t n,
+                                uint64_t block_bytes, const uint8_t secret[192], uint64_t *out,
+                                tdm_error_t *err);
+
 /* ---- NCCL: one two-rank communicator per (sender, receiver) pair ---- */
 
 typedef struct tdm_transfer_nccl tdm_transfer_nccl_t;

@@ -188,6 +188,13 @@ int tdm_kv_dev_copy_h2d(tdm_kv_receiver_t *r, const uint8_t *const *src, const u
                         uint32_t n, char *msg, size_t cap);
 
 /* Receiver: closes IPC mappings and communicators. */
+/* Device pools: the checksums of the n_blocks blocks now in the reserved device blocks,
+ * computed on this node's GPU, against h->checksums (tdm_kv_device_checksums). Returns 0, or
+ * TDM_EINVALID naming the first block that differs (the blocks hold what arrived: the caller
+ * frees them), or TDM_EUNAVAILABLE when the GPU could not compute them; msg filled. */
+int tdm_kv_dev_verify(tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h, const uint32_t *blocks,
+                      char *msg, size_t cap);
+
 void tdm_kv_dev_receiver_free(tdm_kv_receiver_t *r);
 #endif
 

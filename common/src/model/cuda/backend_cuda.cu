@@ -734,6 +734,14 @@ extern "C" int tdm_model_cuda_read_kv(void *vbe, uint64_t offset, size_t bytes, 
     return TDM_OK;
 }
 
+static void cuda_device_bytes(const void *vbe, uint64_t *weights, uint64_t *workspace)
+{
+    const cuda_be_t *be = (const cuda_be_t *)vbe;
+    *weights = be->warena_bytes;
+    *workspace = (uint64_t)be->blas_ws_bytes + (uint64_t)be->max_rows * be->max_in * 2 +
+                 (uint64_t)be->stage_words * sizeof(uint32_t);
+}
+
 // C linkage from the declaration in cuda_backend.h
 const tdm_backend_ops_t tdm_model_backend_cuda = {
     .name = "cuda",
@@ -741,6 +749,7 @@ const tdm_backend_ops_t tdm_model_backend_cuda = {
     .sync = cuda_sync,
     .errmsg = cuda_errmsg,
     .kv_device_base = cuda_kv_device_base,
+    .device_bytes = cuda_device_bytes,
     .create = cuda_create,
     .destroy = cuda_destroy,
     .kernel_name = cuda_kernel_name,

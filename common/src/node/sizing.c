@@ -1,0 +1,96 @@
+/* sizing.c - how many KV blocks a node's pool gets: its budget (memory_budget, or
+ * gpu_memory_utilization x the device's total memory, checked against its free memory) minus
+ * the weights and engine scratch, through tdm_kv_plan. A pure function of the figures, so
+ * that the arithmetic is tested without a GPU. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tandem/node.h"
+
+static double mib(uint64_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+/* The budget in bytes: memory_budget when set, else gpu_memory_utilization x total (device
+ * nodes). A device node's budget must be free now. TDM_EINVALID / TDM_ERESOURCE with the
+ * numbers otherwise. */
+static int sizing_budget(const tdm_node_sizing_t *in, uint64_t *budget, tdm_error_t *err)
+{
+    if (!in->on_device) {
+        *budget = in->memory_budget;
+        return TDM_OK;
+    }
+    if (in->memory_budget)
+        *budget = in->memory_budget;
+    else if (in->gpu_memory_utilization > 0 && in->gpu_memory_utilization <= 1)
+        *budget = (uint64_t)floor(in->gpu_memory_utilization * (double)in->device_total_bytes);
+    else
+        return tdm_error_set(err, TDM_EINVALID,
+                             "node '%s': gpu_memory_utilization %g is not in (0, 1]", in->node_id,
+                             in->gpu_memory_utilization);
+    if (*budget > in->device_free_bytes)
+        return tdm_error_set(
+            err, TDM_ERESOURCE,
+            "node '%s': cuda:%d: budget %" PRIu64 " bytes (%.1f MiB; gpu_memory_utilization %.3f "
+            "of %" PRIu64 " bytes total) is more than the %" PRIu64 " bytes (%.1f MiB) free on "
+            "the device now: another process holds the rest; lower gpu_memory_utilization to at "
+            "most %.3f",
+            in->node_id, in->device_index, *budget, mib(*budget),
+            in->memory_budget ? (double)in->memory_budget / (double)in->device_total_bytes
+                              : in->gpu_memory_utilization,
+            in->device_total_bytes, in->device_free_bytes, mib(in->device_free_bytes),
+            floor(1000.0 * (double)in->device_free_bytes / (double)in->device_total_bytes) /
+                1000.0);
+    return TDM_OK;
+}
+
+/* The refusal when the pool holds less than one full-context sequence. */
+static int sizing_refuse(const tdm_node_sizing_t *in, uint64_t budget, const tdm_kv_plan_t *plan,
+                         tdm_error_t *err)
+{
+    uint64_t seq = plan->blocks_per_seq * plan->block_bytes;
+    uint64_t need = in->weight_bytes + in->scratch_bytes + seq;
+    if (in->on_device)
+        return tdm_error_set(
+            err, TDM_ERESOURCE,
+            "node '%s': cuda:%d: budget %" PRIu64 " bytes (total %" PRIu64 ", free %" PRIu64
+            ") holds the weights (%" PRIu64 " bytes on the device) and engine scratch (%" PRIu64
+            " bytes) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
+            "full context (%u tokens) needs %" PRIu64 " blocks (%" PRIu64 " bytes): the budget "
+            "must be at least %" PRIu64 " bytes (%.1f MiB)",
+            in->node_id, in->device_index, budget, in->device_total_bytes, in->device_free_bytes,
+            in->weight_bytes, in->scratch_bytes, plan->pool_blocks, plan->block_bytes, in->n_ctx,
+            plan->blocks_per_seq, seq, need, mib(need) + 0.1);
+    return tdm_error_set(
+        err, TDM_ERESOURCE,
+        "node '%s': memory_budget %.1f MiB holds the weights (%.1f MiB) and engine scratch "
+        "(%.1f MiB) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
+        "full context (%u tokens) needs %" PRIu64 " blocks (%.1f MiB): raise memory_budget "
+        "to at least %.1f MiB",
+        in->node_id, mib(budget), mib(in->weight_bytes), mib(in->scratch_bytes), plan->pool_blocks,
+        plan->block_bytes, in->n_ctx, plan->blocks_per_seq, mib(seq), mib(need) + 0.1);
+}
+
+int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, tdm_error_t *err)
+{
+    memset(out, 0, sizeof *out);
+    uint64_t budget = 0;
+    int rc = sizing_budget(in, &budget, err);
+    if (rc != TDM_OK)
+        return rc;
+    tdm_kv_plan_in_t pin = {in->layout,        0,    in->n_ctx, 1, in->weight_bytes,
+                            in->scratch_bytes, true, budget};
+    tdm_kv_plan_t plan;
+    if ((rc = tdm_kv_plan(&pin, &plan, err)) != TDM_OK)
+        return rc;
+    if (plan.pool_blocks < plan.blocks_per_seq)
+        return sizing_refuse(in, budget, &plan, err);
+    out->budget_bytes = budget;
+    out->block_bytes = plan.block_bytes;
+    /* a pool addresses at most 2^32 - 2 blocks (TDM_KV_NO_BLOCK is "none") */
+    out->n_blocks = plan.pool_blocks > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)plan.pool_blocks;
+    return TDM_OK;
+}
