@@ -264,9 +264,9 @@ typedef struct tdm_worker_stats {
      * cumulative (tdm_worker_iteration_bucket), and the rows of them all */
     uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];
     uint64_t iteration_tokens;
-    uint64_t spec_drafts;           /* sequences' verification passes that carried drafts */
-    uint64_t spec_draft_tokens;     /* draft tokens proposed (and verified) */
-    uint64_t spec_accepted_tokens;  /* of which equal to the token drawn at their index */
+    uint64_t spec_drafts;          /* sequences' verification passes that carried drafts */
+    uint64_t spec_draft_tokens;    /* draft tokens proposed (and verified) */
+    uint64_t spec_accepted_tokens; /* of which equal to the token drawn at their index */
 } tdm_worker_stats_t;
 
 void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out);
