@@ -6,8 +6,10 @@
  * shared machines.
  *
  * With --backend cuda (CUDA builds): prefill at 512 and 4096 tokens, decode at batch 1, 32 and
- * 128, and the memory bound from the bytes of the device weight copies (bf16 matrices, f32
- * vectors) over the device-to-device copy bandwidth measured in the same run (bench_hbm.c). */
+ * 128 with every sequence at 1,024 tokens of context, the memory bound from the bytes of the
+ * device weight copies (bf16 matrices, f32 vectors) over the device-to-device copy bandwidth,
+ * and the bf16 GEMM peak (a cuBLAS 8192^3 GEMM) against which prefill's FLOP rate (2 FLOP per
+ * matrix weight per token) is reported, all measured in the same run (bench_hbm.c). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -24,7 +26,8 @@
 #endif
 
 #define MAX_BATCH 128
-#define DECODE_CTX 128 /* prompt tokens each decoding sequence starts from */
+#define DECODE_CTX_CPU 128   /* prompt tokens each decoding sequence starts from (CPU) */
+#define DECODE_CTX_CUDA 1024 /* the same on the GPU (the GPU issue: 1,024 tokens of context) */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -76,6 +79,7 @@ typedef struct bench {
     tdm_kv_pool_t *pool;
     tdm_engine_t *engine;
     uint32_t n_vocab;
+    uint32_t decode_ctx; /* DECODE_CTX_CPU or DECODE_CTX_CUDA */
     float *logits;
 } bench_t;
 
@@ -122,35 +126,36 @@ static double bench_prefill(bench_t *b, uint32_t n, int reps, int warm)
     return m;
 }
 
-/* Median seconds per decode step with `batch` sequences of DECODE_CTX tokens each (their
+/* Median seconds per decode step with `batch` sequences of b->decode_ctx tokens each (their
  * prompts prefilled first, or with `prefill` false left as the pool's zeros: the same work per
  * step, for profiles of decode alone). */
 static double bench_decode_ctx(bench_t *b, uint32_t batch, int steps, bool prefill)
 {
     tdm_kv_seq_t seqs[MAX_BATCH];
-    int32_t tok[MAX_BATCH], prompt[DECODE_CTX];
-    uint32_t pos[DECODE_CTX > MAX_BATCH ? DECODE_CTX : MAX_BATCH] = {0};
-    uint32_t seq[DECODE_CTX > MAX_BATCH ? DECODE_CTX : MAX_BATCH] = {0};
-    bool want[DECODE_CTX > MAX_BATCH ? DECODE_CTX : MAX_BATCH] = {0};
+    const uint32_t ctx = b->decode_ctx;
+    static int32_t prompt[DECODE_CTX_CUDA];
+    static uint32_t pos[DECODE_CTX_CUDA], seq[DECODE_CTX_CUDA];
+    static bool want[DECODE_CTX_CUDA];
+    int32_t tok[MAX_BATCH];
     for (uint32_t s = 0; s < batch; s++) {
         tdm_kv_seq_init(&seqs[s]);
-        if (tdm_kv_seq_reserve(b->pool, &seqs[s], DECODE_CTX + (uint32_t)steps) != TDM_OK) {
+        if (tdm_kv_seq_reserve(b->pool, &seqs[s], ctx + (uint32_t)steps) != TDM_OK) {
             fprintf(stderr, "KV pool too small for batch %u\n", batch);
             exit(1);
         }
         if (!prefill)
             continue;
-        random_tokens(prompt, DECODE_CTX, b->n_vocab, 100 + s);
-        for (uint32_t i = 0; i < DECODE_CTX; i++)
-            pos[i] = i, seq[i] = 0, want[i] = i == DECODE_CTX - 1;
-        if (forward_seqs(b, &seqs[s], 1, prompt, pos, seq, DECODE_CTX, want) != TDM_OK)
+        random_tokens(prompt, ctx, b->n_vocab, 100 + s);
+        for (uint32_t i = 0; i < ctx; i++)
+            pos[i] = i, seq[i] = 0, want[i] = i == ctx - 1;
+        if (forward_seqs(b, &seqs[s], 1, prompt, pos, seq, ctx, want) != TDM_OK)
             exit(1);
     }
     double *t = malloc((size_t)steps * sizeof *t);
     for (int st = 0; st < steps; st++) {
         for (uint32_t s = 0; s < batch; s++) {
             random_tokens(&tok[s], 1, b->n_vocab, (uint64_t)st * 977 + s);
-            pos[s] = DECODE_CTX + (uint32_t)st;
+            pos[s] = ctx + (uint32_t)st;
             seq[s] = s;
             want[s] = true;
         }
@@ -209,6 +214,9 @@ typedef struct bench_result {
     uint64_t wbytes;         /* weight bytes the memory bound reads */
     uint64_t pool_bytes;     /* the KV pool, bytes */
     double bw, bound;        /* bytes/s; seconds */
+    double gemm_flops;       /* CUDA: the bf16 GEMM peak, FLOP/s (0 on the CPU) */
+    uint64_t matrix_params;  /* weights of every 2-D tensor but token_embd (a prefill token
+                                multiplies each once: 2 FLOP) */
     const char *bw_name;
 } bench_result_t;
 
@@ -311,7 +319,8 @@ static int bench_open(bench_t *b, const bench_cfg_t *c, uint64_t *pool_bytes)
         return 1;
     }
     tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F16};
-    uint32_t decode_ctx = DECODE_CTX + (c->cuda ? (uint32_t)c->steps : 64) + 16;
+    b->decode_ctx = c->cuda ? DECODE_CTX_CUDA : DECODE_CTX_CPU;
+    uint32_t decode_ctx = b->decode_ctx + (c->cuda ? (uint32_t)c->steps : 64) + 16;
     uint32_t n_blocks = (uint32_t)tdm_kv_blocks_for_tokens(&kl, c->n_large) +
                         c->max_batch * (uint32_t)tdm_kv_blocks_for_tokens(&kl, decode_ctx);
     *pool_bytes = (uint64_t)n_blocks * tdm_kv_block_bytes(&kl);
@@ -351,10 +360,29 @@ static int measure_bandwidth(const bench_t *b, const bench_cfg_t *c, bench_resul
         fprintf(stderr, "bench: %s\n", msg);
         return 1;
     }
+    if (tdm_bench_gemm_peak(device, &r->gemm_flops, msg, sizeof msg) != 0) {
+        fprintf(stderr, "bench: %s\n", msg);
+        return 1;
+    }
 #endif
     r->wbytes = cuda_weight_bytes(b->model);
     r->bw_name = "HBM copy bandwidth";
     return 0;
+}
+
+/* Elements of every 2-D weight but the token embedding (a lookup, not a product). */
+static uint64_t matrix_params(const tdm_model_t *m)
+{
+    const tdm_gguf_t *g = tdm_model_gguf(m);
+    uint64_t n = 0;
+    for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
+        const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
+        if (t->n_dims == 2 && strcmp(t->name, "token_embd.weight") != 0)
+            n += t->n_elements;
+    }
+    if (!tdm_gguf_find_tensor(g, "output.weight")) /* tied: the output reuses the embedding */
+        n += tdm_gguf_find_tensor(g, "token_embd.weight")->n_elements;
+    return n;
 }
 
 /* Runs every measurement into *r. Returns 0, or 1 after printing why. */
@@ -372,6 +400,7 @@ static int bench_measure(bench_t *b, const bench_cfg_t *c, bench_result_t *r)
     if (measure_bandwidth(b, c, r) != 0)
         return 1;
     r->bound = (double)r->wbytes / r->bw;
+    r->matrix_params = matrix_params(b->model);
     return 0;
 }
 
@@ -397,6 +426,12 @@ static void print_table(const bench_t *b, const bench_cfg_t *c, const bench_resu
     fprintf(stderr, "%-28s %12.3f ms (weights %.1f MB%s)\n", "batch-1 memory bound", r->bound * 1e3,
             (double)r->wbytes / 1e6, c->cuda ? " on the device" : "");
     fprintf(stderr, "%-28s %12.2f\n", "batch-1 time / bound", r->step[0] / r->bound);
+    if (r->gemm_flops > 0) {
+        double pf = 2.0 * (double)r->matrix_params * c->n_large / r->p_large;
+        fprintf(stderr, "%-28s %12.1f TFLOP/s\n", "bf16 GEMM peak (cuBLAS)", r->gemm_flops / 1e12);
+        fprintf(stderr, "%-28s %12.1f TFLOP/s (%.0f%% of the peak)\n", "prefill FLOP rate",
+                pf / 1e12, 100.0 * pf / r->gemm_flops);
+    }
     fprintf(stderr, "%-28s %12.1f MiB (model %.1f + KV pool %.1f + scratch %.1f MiB)\n", "peak RSS",
             (double)r->rss / 1048576.0, (double)tdm_model_weight_bytes(b->model) / 1048576.0,
             (double)r->pool_bytes / 1048576.0,
@@ -426,8 +461,11 @@ static int write_json(const bench_t *b, const bench_cfg_t *c, const bench_result
     if (c->cuda)
         fprintf(out,
                 "},\n \"hbm_d2d_bytes_per_s\": %.0f, \"device_weight_bytes\": %" PRIu64
-                ", \"batch1_bound_s\": %.6f, \"model_file_bytes\": %" PRIu64 "}\n",
-                r->bw, r->wbytes, r->bound, file_bytes);
+                ", \"batch1_bound_s\": %.6f, \"model_file_bytes\": %" PRIu64
+                ", \"decode_context_tokens\": %u, \"gemm_bf16_flops\": %.0f, \"matrix_params\": "
+                "%" PRIu64 "}\n",
+                r->bw, r->wbytes, r->bound, file_bytes, b->decode_ctx, r->gemm_flops,
+                r->matrix_params);
     else
         fprintf(
             out,

@@ -11,4 +11,10 @@
  * file and line in msg[cap]. Frees what it allocates. */
 int tdm_bench_hbm_d2d(int device, double *bytes_per_s, char *msg, size_t cap);
 
+/* FLOP/s of a cuBLAS bf16 GEMM (8192 x 8192 x 8192, bf16 inputs and output, f32 accumulation:
+ * cublasGemmEx with CUBLAS_COMPUTE_32F) on device `device`, 2 FLOP per multiply-add, best of
+ * 10 after two untimed GEMMs, timed with CUDA events: the peak prefill is compared with.
+ * Returns 0 with *flops set, or -1 with the failing call in msg[cap]. Frees what it allocates. */
+int tdm_bench_gemm_peak(int device, double *flops, char *msg, size_t cap);
+
 #endif
