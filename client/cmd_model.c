@@ -224,7 +224,12 @@ static int cmd_synth(int argc, char **argv)
     if (!parse_type(o.type, &type))
         return 2;
     tdm_synth_shape_t shape = *s;
-    if (o.layers > 0 && (uint32_t)o.layers < shape.n_layers)
+    if (o.layers > 0 && (uint32_t)o.layers > shape.n_layers) {
+        fprintf(stderr, "tandem model synth: --layers %ld: %s has %u layers\n", o.layers,
+                shape.name, shape.n_layers);
+        return 2;
+    }
+    if (o.layers > 0)
         shape.n_layers = (uint32_t)o.layers;
     return run_synth(&o, shape, type);
 }

@@ -130,8 +130,8 @@ static int run_cut(const cut_opts_t *o)
         fprintf(stderr, "tandem model cut: %s\n", err.msg);
         status = err.code == TDM_EINVALID ? 2 : 1;
     } else {
-        printf("wrote %s: the first %ld layers of %s (%.1f MB of tensors)\n", o->out, o->layers,
-               path, (double)bytes / 1e6);
+        printf("wrote %s: the first %ld layer%s of %s (%.1f MB of tensors)\n", o->out, o->layers,
+               o->layers == 1 ? "" : "s", path, (double)bytes / 1e6);
         status = 0;
     }
     tdm_gguf_writer_destroy(&w);

@@ -15,9 +15,10 @@
  * make: each heartbeat's (batch size, step time) goes into a weighted least-squares line per
  * node (rt_admit_observe), and the estimate reads the pass time at the batch the request
  * would join from it. Until a node has run batches of different sizes, each sequence a pass
- * holds beyond its observed batch is taken to add RT_ADMIT_PRIOR_SLOPE (a quarter) of the
- * observed pass time: cautious (on the 2-vCPU AVX2 machine of issue 16 a batch-64 pass is
- * ~10x a batch-1 pass, a slope of ~0.14), so a first burst on an idle node is shed rather
+ * holds beyond its observed batch is taken to add RT_ADMIT_PRIOR_SLOPE (0.35) of the
+ * observed pass time: cautious (with the register-blocked kernels a batch-32 pass on the
+ * 2-vCPU machine of issue 16 is ~11x a batch-1 pass, a slope of ~0.31; before them ~0.14),
+ * so a first burst on an idle node is shed rather
  * than admitted to time out, yet a loaded machine is not refused work it can finish; the
  * batches it then runs give the line its measured slope.
  */
@@ -25,7 +26,12 @@
 
 #include "admit.h"
 
-#define RT_ADMIT_PRIOR_SLOPE 0.25 /* per-sequence share of a pass before a slope is measured */
+#define RT_ADMIT_PRIOR_SLOPE 0.35 /* per-sequence share of a pass before a slope is measured */
+/* A request is admitted when its estimated finish, times this, is within its deadline: the
+ * estimate extrapolates recent passes to the batch a burst makes, and on a shared machine
+ * passes run 10-20 % slower than the line says at times (a burst admitted to the estimate's
+ * last millisecond then times out at 27 of 32 tokens). */
+#define RT_ADMIT_MARGIN 1.25
 
 /* The pass time of l's node at a batch of b sequences (admit.h). */
 static double step_at(const rt_admit_load_t *l, double b)
@@ -154,7 +160,7 @@ bool rt_admit_ok(const tdm_router_t *r, const rt_req_t *q, uint64_t now_ms,
             continue;
         rt_admit_load_t l = node_load(r, n, n_up, q);
         rt_admit_estimate_t e = rt_admit_estimate(&l, q->n_prompt, max_tokens);
-        if (!e.measured || e.finish_s <= left_s)
+        if (!e.measured || e.finish_s * RT_ADMIT_MARGIN <= left_s)
             return true;
         if (!have || e.finish_s < best->finish_s)
             *best = e;

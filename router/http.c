@@ -914,6 +914,24 @@ static bool gather_event(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev
     return true;
 }
 
+/* The END of a call of r other than the current one that was refused (a prompt list fails as
+ * a whole: another prompt's refusal ends the answer before, or while, the current one runs),
+ * or NULL. Takes only queued events. */
+static gw_event_t *sibling_refusal(http_req_t *r)
+{
+    for (size_t i = 0; i < r->n_calls; i++) {
+        if (i == r->cur || !r->calls[i] || !gw_call_failed(r->calls[i]))
+            continue;
+        gw_event_t *ev = NULL;
+        while (gw_call_next(r->calls[i], -1, 0, &ev) == 1) {
+            if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
+                return ev;
+            gw_event_free(ev);
+        }
+    }
+    return NULL;
+}
+
 /* Runs a started generate call as far as its queued events allow: called when the request
  * is complete and again each time its parked connection is resumed. The first event decides
  * the answer (a refusal, a stream, or the one chunk of stream=false, which waits for the END
@@ -928,6 +946,14 @@ static enum MHD_Result generate_step(tdm_http_t *h, struct MHD_Connection *c, ht
         if (got == 0)
             return MHD_YES;
         enum MHD_Result ret;
+        gw_event_t *refused = r->n_calls > 1 ? sibling_refusal(r) : NULL;
+        if (refused) {
+            gw_event_free(ev);
+            calls_cancel(r);
+            ret = reply_refused(r, c, refused);
+            gw_event_free(refused);
+            return ret;
+        }
         if (r->multi && !r->q->stream) {
             if (gather_event(r, c, ev, &ret))
                 return ret;

@@ -751,6 +751,15 @@ bool gw_call_ended(gw_call_t *c)
     return ended;
 }
 
+bool gw_call_failed(gw_call_t *c)
+{
+    pthread_mutex_lock(&c->gw->mu);
+    bool failed = c->ended && c->tail && c->tail->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END &&
+                  c->tail->status != 0;
+    pthread_mutex_unlock(&c->gw->mu);
+    return failed;
+}
+
 void gw_call_release(gw_call_t **c_p)
 {
     if (!c_p || !*c_p)

@@ -106,6 +106,9 @@ void gw_call_cancel(gw_call_t *c);
 /* True when the call's END has been queued (it may not have been taken yet). */
 bool gw_call_ended(gw_call_t *c);
 
+/* True when the call's END has been queued with an error status and not taken yet. */
+bool gw_call_failed(gw_call_t *c);
+
 /* Drops the caller's reference (and its parking, if any); the call is freed with the last
  * one. NULL-safe, nulls *c_p. */
 void gw_call_release(gw_call_t **c_p);

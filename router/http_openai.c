@@ -498,7 +498,12 @@ static int parse_choices(parse_ctx_t *p, oai_req_t *q)
 {
     long long n = 1, best = 0;
     get_int(p, "n", LLONG_MIN, LLONG_MAX, &n);
-    if (q->kind == OAI_COMPLETION)
+    json_t *bv = field(p->root, "best_of");
+    bool best_given = bv && !json_is_null(bv);
+    if (best_given && q->kind == OAI_CHAT)
+        return oai_bad_field(p->err, p->param, p->param_cap, "best_of",
+                             "best_of is only supported on /v1/completions");
+    if (best_given)
         get_int(p, "best_of", LLONG_MIN, LLONG_MAX, &best);
     if (p->rc)
         return p->rc;
@@ -506,7 +511,7 @@ static int parse_choices(parse_ctx_t *p, oai_req_t *q)
         return oai_bad_field(p->err, p->param, p->param_cap, "n",
                              "n must be in [1, %d] (OAI_MAX_CHOICES), got %lld", OAI_MAX_CHOICES,
                              n);
-    if (best == 0)
+    if (!best_given)
         best = n;
     if (best < n || best > OAI_MAX_CHOICES)
         return oai_bad_field(p->err, p->param, p->param_cap, "best_of",
@@ -580,6 +585,7 @@ static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error
     c->include_stop_str = q->g.include_stop_str;
     c->echo_token_text = q->g.echo_token_text;
     c->n = q->best_of;
+    c->no_speculation = q->g.speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return oai_tools_request(&q->tools, c, param, param_cap, err);
 }
 

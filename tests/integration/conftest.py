@@ -48,7 +48,7 @@ class Cluster:
     """1 router + n_prefill prefill nodes + n_decode decode nodes, each its own process."""
 
     def __init__(self, tmp_dir, n_prefill=1, n_decode=1, policy="round_robin",
-                 memory_budget="768MiB", extra_router="", threads=1):
+                 memory_budget="768MiB", extra_router="", threads=1, extra_decode=""):
         self.dir = tmp_dir
         os.makedirs(tmp_dir, exist_ok=True)
         self.client_ep = f"tcp://127.0.0.1:{free_port()}"
@@ -64,7 +64,7 @@ class Cluster:
         for nid in self.decode_ids:
             nodes.append(f"  - id: {nid}\n    role: decode\n    threads: {threads}\n"
                          f"    memory_budget: {memory_budget}\n"
-                         f"    kv_endpoint: tcp://127.0.0.1:{free_port()}\n")
+                         f"    kv_endpoint: tcp://127.0.0.1:{free_port()}\n{extra_decode}")
         self.config = os.path.join(tmp_dir, "cluster.yaml")
         with open(self.config, "w") as f:
             f.write(f"model:\n  path: {MODEL}\n"

@@ -26,7 +26,10 @@ def wait_step_time(cluster, nid, timeout_s=60):
 
 
 def test_burst_is_shed_not_timed_out(tmp_path):
-    c = Cluster(str(tmp_path), n_prefill=1, n_decode=1, threads=2)
+    # no speculative decoding: its draft rows make a batch-1 pass look like a bigger batch,
+    # which is not what this test is about
+    c = Cluster(str(tmp_path), n_prefill=1, n_decode=1, threads=2,
+                extra_decode="    speculative:\n      max_draft: 0\n")
     c.start()
     try:
         cl = c.client()
@@ -35,6 +38,12 @@ def test_burst_is_shed_not_timed_out(tmp_path):
             assert cl.generate(prompt_request(prompt=PROMPT, max_tokens=MAX_TOKENS,
                                               temperature=0.0)).status == "OK"
         node = wait_step_time(c, "decode-0")
+        # and passes of more than one sequence, so the router's step-time line has a measured
+        # slope rather than its prior (admit.c)
+        warm = {cl.start(prompt_request(prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0,
+                                        ignore_eos=True)): Result() for _ in range(8)}
+        cl.collect(warm, 300)
+        assert all(r.status == "OK" for r in warm.values()), [r.status for r in warm.values()]
         # the estimate for one request on the idle cluster: one prefill pass and MAX_TOKENS
         # decode passes at the node's step time, starting at once (admit.h)
         estimate_s = (1 + MAX_TOKENS) * node.step_time_s

@@ -200,6 +200,7 @@ def test_prompt_list_gives_prompt_times_n_choices(cluster):
     ({"n": 0}, "n", "[1, 16]"),
     ({"n": 3, "best_of": 2}, "best_of", "best_of must be in [n, 16]"),
     ({"best_of": 17}, "best_of", "best_of must be in [n, 16]"),
+    ({"best_of": 0}, "best_of", "best_of must be in [n, 16]"),
     ({"n": 1, "best_of": 2, "stream": True}, "best_of", "stream"),
     ({"prompt": []}, "prompt", "empty"),
     ({"prompt": ["a"] * 65}, "prompt", "at most 64"),
@@ -215,6 +216,24 @@ def _metric(text, name):
     """The value of the unlabelled-by-le series name (summed over its label sets)."""
     return sum(float(ln.split()[-1]) for ln in text.splitlines()
                if ln.startswith(name + "{") or ln.startswith(name + " "))
+
+
+def test_list_with_a_refused_prompt_fails_whole(cluster):
+    """A prompt list whose second prompt is refused (longer than the context) is refused as a
+    whole, and the first prompt's work is cancelled (its KV blocks come back)."""
+    st, err = request(cluster.port, {"prompt": ["Hello there", "x" * 40000], "max_tokens": 200,
+                                     "ignore_eos": True})
+    assert st == 400, err
+    assert "tokens" in err["error"]["message"], err
+    wait_kv_free(cluster)
+
+
+def test_best_of_on_chat_is_refused(cluster):
+    st, err = request(cluster.port, {"messages": [{"role": "user", "content": "Hi"}],
+                                     "max_tokens": 2, "best_of": 2})
+    assert st == 400, err
+    assert err["error"]["param"] == "best_of", err
+    assert "/v1/completions" in err["error"]["message"], err
 
 
 def test_vllm_params_histograms(cluster):

@@ -27,7 +27,11 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    yield from http_cluster(tmp_path_factory, "spec")
+    # a fixed draft-row cost: how much the decode node drafts must not depend on how loaded
+    # the machine is (the fitted cost under load can make drafting never pay)
+    yield from http_cluster(tmp_path_factory, "spec",
+                            extra_decode="    speculative:\n      max_draft: 8\n"
+                                         "      row_cost: 0.1\n")
 
 
 def post(port, path, body, timeout=120):
@@ -88,6 +92,33 @@ def test_same_text_with_speculation_on_and_off(cluster):
     assert series(m, "tandem_spec_decode_drafts_total") > 0
     assert series(m, "vllm:spec_decode_num_accepted_tokens_total") == acc
     assert series(m, "vllm:spec_decode_num_draft_tokens_total") == drafted
+
+
+def heartbeat_after(port, t_wall):
+    """Waits for a heartbeat from every up node received after t_wall (time.time())."""
+    end = time.time() + 60
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=10) as r:
+            nodes = [n for n in json.loads(r.read())["nodes"] if n["up"]]
+        now = time.time()
+        if nodes and all(now - n["last_heartbeat_age_s"] > t_wall for n in nodes):
+            return
+        assert time.time() < end, nodes
+        time.sleep(0.1)
+
+
+def test_off_over_http_drafts_nothing(cluster):
+    """speculative: "off" on the HTTP API reaches the decode node: its draft counters stay."""
+    def drafted():
+        # two heartbeats after now: the counters include every pass before this call
+        heartbeat_after(cluster.port, time.time())
+        heartbeat_after(cluster.port, time.time())
+        return series(metrics(cluster.port), "tandem_spec_decode_draft_tokens_total")
+    before = drafted()
+    chat(cluster.port, "off")
+    assert drafted() == before
+    chat(cluster.port, "auto")
+    assert drafted() > before
 
 
 def test_bad_value_is_refused(cluster):

@@ -110,6 +110,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
         assert_int_equal(x->max_running, y->max_running);
         assert_int_equal(x->grammar_cache_bytes, y->grammar_cache_bytes);
         assert_int_equal(x->spec_max_draft, y->spec_max_draft);
+        assert_true(x->spec_row_cost == y->spec_row_cost);
     }
 }
 
@@ -300,6 +301,7 @@ static const char full_yaml[] =
     "    grammar_cache_bytes: 1MiB\n"
     "    speculative:\n"
     "      max_draft: 5\n"
+    "      row_cost: 0.25\n"
     "    curve_public_key: \"Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hIE\"\n"
     "    curve_secret_key_file: /etc/tandem/keys/d0.key\n"
     "  - id: d1\n"
@@ -382,6 +384,7 @@ static void test_full_file(void **state)
     assert_int_equal(n->max_running, 256);
     assert_int_equal(n->grammar_cache_bytes, 1ull << 20);
     assert_int_equal(n->spec_max_draft, 5);
+    assert_true(n->spec_row_cost == 0.25);
 
     n = tdm_config_find_node(&cfg, "d1");
     assert_string_equal(n->kv_endpoint, "tcp://10.0.0.3:9700");
@@ -737,7 +740,10 @@ static void test_error_ranges(void **state)
                "got 17");
     load_fails("nodes:\n  - id: a\n    role: decode\n    speculative:\n      k: 2\n",
                "cluster.yaml:5: key 'nodes[0].speculative.k': unknown key (expected one of: "
-               "max_draft)");
+               "max_draft, row_cost)");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    speculative:\n      row_cost: 11\n",
+               "cluster.yaml:5: key 'nodes[0].speculative.row_cost': must be from 0 to 10 (0: "
+               "measured), got 11");
     load_fails("nodes:\n  - id: a\n    role: decode\n    memory_budget: 512KiB\n",
                "cluster.yaml:4: key 'nodes[0].memory_budget': must be at least 1MiB, got "
                "512KiB (524288 bytes)");

@@ -3234,19 +3234,19 @@ static void test_admission_estimate_batch(void **state)
     assert_true(rt_admit_step_model(&f, &t, &b, &per_seq));
     assert_float_equal(per_seq, 0.002, 1e-9);
     assert_float_equal(t, 0.01 + 0.002 * b, 1e-9);
-    /* only ever seen idle: each sequence beyond the batch seen adds a quarter of its pass */
+    /* only ever seen idle: each sequence beyond the batch seen adds 0.35 of its pass */
     memset(&f, 0, sizeof f);
     rt_admit_observe(&f, 1, 0.014);
     rt_admit_observe(&f, 1, 0.014);
     assert_true(rt_admit_step_model(&f, &t, &b, &per_seq));
     assert_float_equal(b, 1, 1e-9);
-    assert_float_equal(per_seq, 0.25 * 0.014, 1e-9);
+    assert_float_equal(per_seq, 0.35 * 0.014, 1e-9);
     rt_admit_load_t idle = {t, 64, 2048, 0, 0, per_seq, b};
     e = rt_admit_estimate(&idle, 6, 32);
     assert_float_equal(e.finish_s, 33 * 0.014, 1e-9);
-    idle.n_ahead = 63; /* the 64th of a burst joins a batch of 64: 1 + 63/4 idle passes */
+    idle.n_ahead = 63; /* the 64th of a burst joins a batch of 64: 1 + 63 * 0.35 idle passes */
     e = rt_admit_estimate(&idle, 6, 32);
-    assert_float_equal(e.finish_s, 33 * 0.014 * (1 + 63 * 0.25), 1e-9);
+    assert_float_equal(e.finish_s, 33 * 0.014 * (1 + 63 * 0.35), 1e-9);
 }
 
 /* A heartbeat of d reporting step_s per forward pass and running/waiting requests (NOTIFY). */

@@ -166,6 +166,9 @@ typedef struct tdm_node_config {
                                       sequence and step of prompt-lookup speculative decoding,
                                       0..16 (TDM_WORKER_MAX_DRAFT); 0 = off; default 8
                                       (TDM_CONFIG_DEFAULT_SPEC_MAX_DRAFT) */
+    double spec_row_cost;          /* speculative.row_cost: a draft row's cost relative to a
+                                      decode step, [0, 10]; 0 (default) = fitted from the
+                                      node's own step times (tdm_worker_opts_t.spec_row_cost) */
     char *curve_public_key;        /* this node's CURVE public key (Z85, 40 characters); required
                                       and distinct per node when CURVE is on, NULL otherwise */
     char *curve_secret_key_file;   /* file with this node's secret key, read only by this node's

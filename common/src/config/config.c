@@ -1242,20 +1242,27 @@ static int get_grammar_cache_bytes(loader_t *ld, const yaml_node_t *v, const cha
     return TDM_OK;
 }
 
-/* nodes[i].speculative: a mapping {max_draft: 0..16} (null: the defaults). */
+/* nodes[i].speculative: a mapping {max_draft: 0..16, row_cost: 0..10} (null: the defaults). */
 static int get_speculative(loader_t *ld, const yaml_node_t *map, const char *path,
                            tdm_node_config_t *node)
 {
-    static const char *const known[] = {"max_draft", NULL};
+    static const char *const known[] = {"max_draft", "row_cost", NULL};
     char key[KEY_MAX];
     int rc = check_mapping(ld, map, path, known);
     FOR_EACH_PAIR(ld, map, p)
     {
         if (rc != TDM_OK)
             break;
-        key_join(key, path, scalar_text(node_at(ld, p->key)));
-        rc = get_int(ld, node_at(ld, p->value), key, 0, TDM_CONFIG_MAX_SPEC_MAX_DRAFT,
-                     &node->spec_max_draft);
+        const char *name = scalar_text(node_at(ld, p->key));
+        const yaml_node_t *v = node_at(ld, p->value);
+        key_join(key, path, name);
+        if (strcmp(name, "max_draft") == 0) {
+            rc = get_int(ld, v, key, 0, TDM_CONFIG_MAX_SPEC_MAX_DRAFT, &node->spec_max_draft);
+            continue;
+        }
+        rc = get_double(ld, v, key, &node->spec_row_cost);
+        if (rc == TDM_OK && !(node->spec_row_cost >= 0 && node->spec_row_cost <= 10))
+            rc = fail(ld, v, key, "must be from 0 to 10 (0: measured), got %g", node->spec_row_cost);
     }
     return rc;
 }
@@ -1806,7 +1813,8 @@ static void dump_node(const tdm_node_config_t *node, FILE *out)
     fprintf(out, "    max_running: %d\n", node->max_running);
     tdm_config_format_bytes(node->grammar_cache_bytes, buf, sizeof buf);
     fprintf(out, "    grammar_cache_bytes: %s\n", buf);
-    fprintf(out, "    speculative:\n      max_draft: %d\n", node->spec_max_draft);
+    fprintf(out, "    speculative:\n      max_draft: %d\n      row_cost: %g\n", node->spec_max_draft,
+            node->spec_row_cost);
     put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
     put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
 }

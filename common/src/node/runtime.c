@@ -124,6 +124,7 @@ static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
         .max_prefill_chunk = mode == TDM_WORKER_MODE_DECODE ? 256u : 0u,
         .grammar_vocab = rt->grammar_vocab,
         .max_draft = (uint32_t)node->spec_max_draft, /* off in PREFILL mode and for q8 KV */
+        .spec_row_cost = node->spec_row_cost,
     };
     rt->worker = tdm_worker_new(rt->engine, rt->pool, rt->tok, rt->n_vocab, &wo, err);
     if (!rt->worker)
