@@ -1262,7 +1262,8 @@ static int get_speculative(loader_t *ld, const yaml_node_t *map, const char *pat
         }
         rc = get_double(ld, v, key, &node->spec_row_cost);
         if (rc == TDM_OK && !(node->spec_row_cost >= 0 && node->spec_row_cost <= 10))
-            rc = fail(ld, v, key, "must be from 0 to 10 (0: measured), got %g", node->spec_row_cost);
+            rc =
+                fail(ld, v, key, "must be from 0 to 10 (0: measured), got %g", node->spec_row_cost);
     }
     return rc;
 }
@@ -1813,8 +1814,8 @@ static void dump_node(const tdm_node_config_t *node, FILE *out)
     fprintf(out, "    max_running: %d\n", node->max_running);
     tdm_config_format_bytes(node->grammar_cache_bytes, buf, sizeof buf);
     fprintf(out, "    grammar_cache_bytes: %s\n", buf);
-    fprintf(out, "    speculative:\n      max_draft: %d\n      row_cost: %g\n", node->spec_max_draft,
-            node->spec_row_cost);
+    fprintf(out, "    speculative:\n      max_draft: %d\n      row_cost: %g\n",
+            node->spec_max_draft, node->spec_row_cost);
     put_key_string(out, "    ", "curve_public_key", node->curve_public_key);
     put_key_string(out, "    ", "curve_secret_key_file", node->curve_secret_key_file);
 }
