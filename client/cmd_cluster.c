@@ -20,7 +20,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -727,6 +730,45 @@ static int supervise(cluster_t *cl)
     }
 }
 
+/* Whether something on this machine already accepts connections at ep, a tcp://HOST:PORT
+ * endpoint of this machine (HOST 127.0.0.1, localhost, * or 0.0.0.0; other hosts are not
+ * probed): another cluster's router would then answer the readiness check for this one. */
+static bool local_endpoint_in_use(const char *ep)
+{
+    char host[64];
+    unsigned port = 0;
+    if (!ep || sscanf(ep, "tcp://%63[^:]:%u", host, &port) != 2 || port == 0 || port > 65535)
+        return false;
+    if (strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 &&
+        strcmp(host, "*") != 0 && strcmp(host, "0.0.0.0") != 0)
+        return false;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool in_use = connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return in_use;
+}
+
+/* Refuses to start when the router's endpoints are taken on this machine. Returns 0 or 1
+ * (message printed). */
+static int check_endpoints_free(const tdm_config_t *cfg)
+{
+    const char *eps[] = {cfg->router.client_endpoint, cfg->router.node_endpoint};
+    const char *names[] = {"router.client_endpoint", "router.node_endpoint"};
+    for (size_t i = 0; i < 2; i++)
+        if (local_endpoint_in_use(eps[i])) {
+            fprintf(stderr,
+                    CMD_UP ": %s %s is already in use on this machine (another cluster? "
+                           "`tandem cluster down`, or give this one other ports)\n",
+                    names[i], eps[i]);
+            return 1;
+        }
+    return 0;
+}
+
 /* Starts the cluster of cfg, waits until it is ready, then detaches (writing the pid file) or
  * supervises it and stops it. Returns the exit status. */
 static int run_cluster(const up_opts_t *o, const tdm_config_t *cfg, const char *pid_file)
@@ -737,7 +779,9 @@ static int run_cluster(const up_opts_t *o, const tdm_config_t *cfg, const char *
     char endpoint[512];
     client_endpoint_for(cfg->router.client_endpoint, endpoint, sizeof endpoint);
     cluster_t cl = {0};
-    int status = plan(&cl, cfg, o);
+    int status = check_endpoints_free(cfg);
+    if (status == 0)
+        status = plan(&cl, cfg, o);
     if (status != 0)
         goto out_free;
     tdm_cli_catch_interrupt(true);
