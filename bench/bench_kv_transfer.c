@@ -1,7 +1,7 @@
 /* bench_kv_transfer.c - KV transport throughput and latency over loopback TCP: transfers of
  * 1, 32 and 256 blocks of the SmolLM2-135M f16 layout (368,640 B per block) from a sender pool
  * to a receiver pool served by another thread, one transfer at a time (send -> checksums ->
- * ZeroMQ -> verify -> copy into the reserved blocks -> acknowledgement), next to a raw
+ * ZeroMQ -> copy into the reserved blocks, verified there -> acknowledgement), next to a raw
  * baseline measured in the same run: the same bytes and the same request/acknowledgement
  * pattern over a plain TCP socket between two threads (send() from the sender pool, recv()
  * straight into the receiver pool's blocks, a one-byte ack). Prints a table to stderr and one
