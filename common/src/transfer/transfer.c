@@ -1422,6 +1422,20 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
     return check_header_device(r, f, h, *backend, msg, cap);
 }
 
+/* got[0..n_blocks) against the header's checksums: 0, or TDM_EINVALID naming the first block
+ * that differs. */
+static int compare_checksums(const uint64_t *got, const Tandem__V1__KvTransfer *h, char *msg,
+                             size_t cap)
+{
+    for (uint32_t i = 0; i < h->n_blocks; i++)
+        if (got[i] != h->checksums[i])
+            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
+                                     "block %u checksum mismatch: got 0x%016" PRIx64
+                                     " expected 0x%016" PRIx64,
+                                     i, got[i], h->checksums[i]);
+    return 0;
+}
+
 /* Verifies every block's checksum (in parallel for large transfers); the first mismatching
  * block is the one named. */
 static int verify_checksums(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
@@ -1435,13 +1449,7 @@ static int verify_checksums(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
         size_t len = 0;
         got[i] = tdm_kv_block_checksum(tdm_frame_data(f, i, &len), bb);
     }
-    for (uint32_t i = 0; i < n; i++)
-        if (got[i] != h->checksums[i])
-            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                     "block %u checksum mismatch: got 0x%016" PRIx64
-                                     " expected 0x%016" PRIx64,
-                                     i, got[i], h->checksums[i]);
-    return 0;
+    return compare_checksums(got, h, msg, cap);
 }
 
 /* Asks the node for the blocks reserved for the request and checks them. */
@@ -1564,13 +1572,7 @@ static int copy_verify(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
         size_t len = 0;
         got[i] = copy_checksum(base + (uint64_t)blocks[i] * bb, tdm_frame_data(f, i, &len), bb);
     }
-    for (uint32_t i = 0; i < n; i++)
-        if (got[i] != h->checksums[i])
-            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                     "block %u checksum mismatch: got 0x%016" PRIx64
-                                     " expected 0x%016" PRIx64,
-                                     i, got[i], h->checksums[i]);
-    return 0;
+    return compare_checksums(got, h, msg, cap);
 }
 
 /* Every check of a transfer: the header (check_header), the sender it claims against the
