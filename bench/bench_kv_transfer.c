@@ -1,7 +1,7 @@
 /* bench_kv_transfer.c - KV transport throughput and latency over loopback TCP: transfers of
  * 1, 32 and 256 blocks of the SmolLM2-135M f16 layout (368,640 B per block) from a sender pool
  * to a receiver pool served by another thread, one transfer at a time (send -> checksums ->
- * ZeroMQ -> verify -> copy into the reserved blocks -> acknowledgement), next to a raw
+ * ZeroMQ -> copy into the reserved blocks, verified there -> acknowledgement), next to a raw
  * baseline measured in the same run: the same bytes and the same request/acknowledgement
  * pattern over a plain TCP socket between two threads (send() from the sender pool, recv()
  * straight into the receiver pool's blocks, a one-byte ack). Prints a table to stderr and one
@@ -15,8 +15,11 @@
  *
  * GB/s = block bytes moved / wall time of the sequential transfers (1 GB = 1e9 B); latency is
  * per request, send until acknowledgement (tandem: until tdm_kv_sender_poll reports it, blocks
- * released). Figures are medians-of-runs only in the sense that each size runs for --seconds;
- * on a shared machine compare the ratio, not the absolute numbers.
+ * released). Each size runs --rounds rounds (default 5) of raw then tandem, --seconds / rounds
+ * each, so both see the same machine load; the ratio reported is the median of the rounds'
+ * ratios (all of them in the JSON), the GB/s and latencies those of that round. On a shared
+ * machine compare the ratio, not the absolute numbers. --curve runs the KV channel with CURVE
+ * (the raw baseline stays plain TCP).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,6 +47,7 @@ static const tdm_kv_layout_t smollm2 = {30, 3, 64, 16, TDM_KV_F16};
 #define POOL_BLOCKS 256u
 #define FINGERPRINT UINT64_C(0x00be4c40be4c40be)
 #define MAX_SAMPLES 100000
+#define MAX_ROUNDS 15
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -65,6 +70,9 @@ typedef struct result {
     int n;       /* transfers timed */
     double gbps; /* GB/s */
     double p50_ms, p99_ms;
+    double cpu_s_per_gb;       /* CPU time of the whole process (every thread) per GB moved */
+    int n_rounds;              /* tandem: rounds measured */
+    double ratios[MAX_ROUNDS]; /* tandem: each round's tandem/raw ratio */
 } result_t;
 
 /* ---- tandem: receiver thread ---- */
@@ -275,7 +283,9 @@ typedef struct kvb_opts {
     double seconds; /* per size */
     const char *json_path;
     uint32_t only_blocks; /* --blocks N: one size only (profiling); 0 = 1, 32 and 256 */
+    int rounds;           /* --rounds R: raw/tandem alternations per size */
     bool malloc_tuning;
+    bool curve; /* --curve: the KV channel with CURVE */
 } kvb_opts_t;
 
 /* Everything a run holds; kvb_close releases what was set up, in reverse order. */
@@ -302,20 +312,28 @@ static int parse_args(int argc, char **argv, kvb_opts_t *o)
                                              {"json", required_argument, NULL, 'j'},
                                              {"blocks", required_argument, NULL, 'b'},
                                              {"no-malloc-tuning", no_argument, NULL, 'n'},
+                                             {"rounds", required_argument, NULL, 'r'},
+                                             {"curve", no_argument, NULL, 'c'},
                                              {NULL, 0, NULL, 0}};
-    *o = (kvb_opts_t){.seconds = 1.0, .malloc_tuning = true};
+    *o = (kvb_opts_t){.seconds = 1.0, .rounds = 5, .malloc_tuning = true};
     int opt;
-    while ((opt = getopt_long(argc, argv, "s:j:b:n", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "s:j:b:nr:c", longopts, NULL)) != -1) {
         switch (opt) {
         case 's': o->seconds = atof(optarg); break;
         case 'j': o->json_path = optarg; break;
         case 'b': o->only_blocks = (uint32_t)atoi(optarg); break;
         case 'n': o->malloc_tuning = false; break;
+        case 'r': o->rounds = atoi(optarg); break;
+        case 'c': o->curve = true; break;
         default:
             fprintf(stderr, "usage: tandem-bench-kv-transfer [--seconds S] [--json FILE] "
-                            "[--blocks N] [--no-malloc-tuning]\n");
+                            "[--blocks N] [--rounds R] [--curve] [--no-malloc-tuning]\n");
             return 2;
         }
+    }
+    if (o->rounds < 1 || o->rounds > MAX_ROUNDS) {
+        fprintf(stderr, "bench: --rounds from 1 to %d\n", MAX_ROUNDS);
+        return 2;
     }
     if (o->malloc_tuning) {
         mallopt(M_MMAP_THRESHOLD, 32 << 20);
@@ -359,19 +377,32 @@ static int kvb_open_pools(kvb_t *k)
 
 /* Starts the receiver on its own thread and the sender, then the raw TCP pair. Returns 0, or
  * 1 after printing why. */
-static int kvb_open_links(kvb_t *k)
+static int kvb_open_links(kvb_t *k, bool curve)
 {
     tdm_error_t err = {0};
     tdm_log_init(&k->log, "bench");
     k->log.level = TDM_LOG_WARN;
+    /* --curve: the receiver admits the sender's key under its node id */
+    char spub[41], ssec[41], cpub[41], csec[41];
+    if (curve &&
+        (tdm_net_curve_keypair(spub, ssec) != 0 || tdm_net_curve_keypair(cpub, csec) != 0)) {
+        fprintf(stderr, "bench: no CURVE keys (ZeroMQ built without CURVE?)\n");
+        return 1;
+    }
+    tdm_curve_peer_t admitted = {cpub, "bench-prefill"};
+    tdm_curve_keys_t server = {
+        .server_public = spub, .server_secret = ssec, .clients = &admitted, .n_clients = 1};
+    tdm_curve_keys_t client = {.server_public = spub, .client_public = cpub, .client_secret = csec};
     tdm_kv_receiver_opts_t ro = {.endpoint = "tcp://127.0.0.1:*",
                                  .node_id = "bench-decode",
                                  .model_fingerprint = FINGERPRINT,
+                                 .curve = curve ? &server : NULL,
                                  .log = &k->log};
     k->rx.r = tdm_kv_receiver_new(k->net, k->rpool, &ro, &err);
     tdm_kv_sender_opts_t so = {.node_id = "bench-prefill",
                                .model_fingerprint = FINGERPRINT,
                                .backend = TDM_KV_BACKEND_TCP,
+                               .curve = curve ? &client : NULL,
                                .log = &k->log};
     k->s = k->rx.r ? tdm_kv_sender_new(k->net, k->spool, &so, &err) : NULL;
     if (!k->s) {
@@ -421,19 +452,27 @@ static double print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *s
                           const result_t *tandem, const result_t *rawr)
 {
     fprintf(stderr,
-            "KV transfer, SmolLM2-135M f16 layout (%" PRIu64 " B/block), loopback TCP, "
-            "%.1f s per size, malloc %s\n",
-            k->bb, o->seconds, o->malloc_tuning ? "tuned" : "defaults");
-    fprintf(stderr, "%7s %12s | %9s %9s %9s | %9s %9s %9s | %6s\n", "blocks", "bytes", "tdm GB/s",
-            "p50 ms", "p99 ms", "raw GB/s", "p50 ms", "p99 ms", "ratio");
+            "KV transfer, SmolLM2-135M f16 layout (%" PRIu64 " B/block), loopback TCP%s, "
+            "%.1f s per size in %d rounds (median round shown), malloc %s\n",
+            k->bb, o->curve ? ", KV channel with CURVE" : "", o->seconds, o->rounds,
+            o->malloc_tuning ? "tuned" : "defaults");
+    fprintf(stderr, "%7s %12s | %9s %9s %9s %7s | %9s %9s %9s %7s | %6s\n", "blocks", "bytes",
+            "tdm GB/s", "p50 ms", "p99 ms", "cpu s/GB", "raw GB/s", "p50 ms", "p99 ms", "cpu s/GB",
+            "ratio");
     double min_ratio = 1e9;
     for (int i = 0; i < n_sizes; i++) {
         double ratio = tandem[i].gbps / rawr[i].gbps;
         if (ratio < min_ratio)
             min_ratio = ratio;
-        fprintf(stderr, "%7u %12" PRIu64 " | %9.2f %9.3f %9.3f | %9.2f %9.3f %9.3f | %5.2fx\n",
+        fprintf(stderr,
+                "%7u %12" PRIu64 " | %9.2f %9.3f %9.3f %8.3f | %9.2f %9.3f %9.3f %8.3f | %5.2fx\n",
                 sizes[i], (uint64_t)sizes[i] * k->bb, tandem[i].gbps, tandem[i].p50_ms,
-                tandem[i].p99_ms, rawr[i].gbps, rawr[i].p50_ms, rawr[i].p99_ms, ratio);
+                tandem[i].p99_ms, tandem[i].cpu_s_per_gb, rawr[i].gbps, rawr[i].p50_ms,
+                rawr[i].p99_ms, rawr[i].cpu_s_per_gb, ratio);
+        fprintf(stderr, "%7s rounds:", "");
+        for (int r = 0; r < tandem[i].n_rounds; r++)
+            fprintf(stderr, " %.2f", tandem[i].ratios[r]);
+        fprintf(stderr, "\n");
     }
     return min_ratio;
 }
@@ -449,24 +488,73 @@ static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes
     }
     fprintf(out,
             "{\"bench\":\"kv_transfer\",\"transport\":\"tcp-loopback\",\"layout\":"
-            "\"smollm2-135m-f16\",\"block_bytes\":%" PRIu64 ",\"malloc_tuned\":%s,\"results\":[",
-            k->bb, o->malloc_tuning ? "true" : "false");
-    for (int i = 0; i < n_sizes; i++)
-        fprintf(out,
-                "%s{\"blocks\":%u,\"bytes\":%" PRIu64 ",\"n\":%d,\"gbps\":%.4f,\"p50_ms\":%.4f,"
-                "\"p99_ms\":%.4f,\"raw_n\":%d,\"raw_gbps\":%.4f,\"raw_p50_ms\":%.4f,"
-                "\"raw_p99_ms\":%.4f,\"ratio\":%.4f}",
-                i ? "," : "", sizes[i], (uint64_t)sizes[i] * k->bb, tandem[i].n, tandem[i].gbps,
-                tandem[i].p50_ms, tandem[i].p99_ms, rawr[i].n, rawr[i].gbps, rawr[i].p50_ms,
-                rawr[i].p99_ms, tandem[i].gbps / rawr[i].gbps);
+            "\"smollm2-135m-f16\",\"block_bytes\":%" PRIu64 ",\"malloc_tuned\":%s,\"curve\":%s,"
+            "\"results\":[",
+            k->bb, o->malloc_tuning ? "true" : "false", o->curve ? "true" : "false");
+    for (int i = 0; i < n_sizes; i++) {
+        fprintf(
+            out,
+            "%s{\"blocks\":%u,\"bytes\":%" PRIu64 ",\"n\":%d,\"gbps\":%.4f,\"p50_ms\":%.4f,"
+            "\"p99_ms\":%.4f,\"raw_n\":%d,\"raw_gbps\":%.4f,\"raw_p50_ms\":%.4f,"
+            "\"raw_p99_ms\":%.4f,\"ratio\":%.4f,\"cpu_s_per_gb\":%.4f,\"raw_cpu_s_per_gb\":%.4f",
+            i ? "," : "", sizes[i], (uint64_t)sizes[i] * k->bb, tandem[i].n, tandem[i].gbps,
+            tandem[i].p50_ms, tandem[i].p99_ms, rawr[i].n, rawr[i].gbps, rawr[i].p50_ms,
+            rawr[i].p99_ms, tandem[i].gbps / rawr[i].gbps, tandem[i].cpu_s_per_gb,
+            rawr[i].cpu_s_per_gb);
+        for (int r = 0; r < tandem[i].n_rounds; r++)
+            fprintf(out, "%s%.4f", r ? "," : ",\"round_ratios\":[", tandem[i].ratios[r]);
+        fprintf(out, "]}");
+    }
     fprintf(out, "],\"min_ratio\":%.4f,\"target_ratio\":0.9}\n", min_ratio);
     if (o->json_path)
         fclose(out);
     return 0;
 }
 
-/* Measures every size, raw first and then tandem so both see the same machine load, and
- * reports them. Returns the exit status. */
+/* User + system CPU seconds of the whole process so far. */
+static double cpu_now(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + (double)u.ru_stime.tv_sec +
+           u.ru_stime.tv_usec / 1e6;
+}
+
+/* Measures n blocks in o->rounds rounds of raw then tandem; *tandem and *rawr get the round
+ * with the median ratio, tandem->ratios every round's. Returns 0 or -1. */
+static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem, result_t *rawr)
+{
+    result_t t[MAX_ROUNDS], w[MAX_ROUNDS];
+    double sorted[MAX_ROUNDS];
+    double secs = o->seconds / o->rounds;
+    for (int r = 0; r < o->rounds; r++) {
+        /* The sender's blocks: the first n of its reservation (contiguous ids in practice). */
+        double c0 = cpu_now();
+        if (run_raw(k->raw_fd, tdm_kv_pool_base(k->spool), n, secs, k->bb, k->lat, &w[r]) != 0)
+            return -1;
+        double c1 = cpu_now();
+        if (run_tandem(k->s, k->ep, k->sseq.blocks, n, secs, k->bb, k->lat, &t[r]) != 0)
+            return -1;
+        double c2 = cpu_now();
+        /* the 3 warm-up transfers are in the CPU time: count their bytes too */
+        w[r].cpu_s_per_gb = (c1 - c0) / ((w[r].n + 3) * (double)n * (double)k->bb / 1e9);
+        t[r].cpu_s_per_gb = (c2 - c1) / ((t[r].n + 3) * (double)n * (double)k->bb / 1e9);
+        sorted[r] = t[r].gbps / w[r].gbps;
+    }
+    double ratios[MAX_ROUNDS];
+    memcpy(ratios, sorted, sizeof ratios);
+    double median = percentile(sorted, o->rounds, 50);
+    int m = 0;
+    while (m < o->rounds - 1 && ratios[m] != median)
+        m++;
+    *tandem = t[m];
+    *rawr = w[m];
+    tandem->n_rounds = o->rounds;
+    memcpy(tandem->ratios, ratios, sizeof ratios);
+    return 0;
+}
+
+/* Measures every size (run_size) and reports them. Returns the exit status. */
 static int kvb_run(kvb_t *k, const kvb_opts_t *o)
 {
     uint32_t sizes[] = {1, 32, 256};
@@ -476,12 +564,8 @@ static int kvb_run(kvb_t *k, const kvb_opts_t *o)
         n_sizes = 1;
     }
     result_t tandem[3], rawr[3];
-    /* The sender's blocks: the first n of its reservation (contiguous ids in practice). */
     for (int i = 0; i < n_sizes; i++) {
-        if (run_raw(k->raw_fd, tdm_kv_pool_base(k->spool), sizes[i], o->seconds, k->bb, k->lat,
-                    &rawr[i]) != 0 ||
-            run_tandem(k->s, k->ep, k->sseq.blocks, sizes[i], o->seconds, k->bb, k->lat,
-                       &tandem[i]) != 0) {
+        if (run_size(k, o, sizes[i], &tandem[i], &rawr[i]) != 0) {
             fprintf(stderr, "bench: run of %u blocks failed\n", sizes[i]);
             return 1;
         }
@@ -502,7 +586,7 @@ int main(int argc, char **argv)
     tdm_kv_seq_init(&k.rx.seq);
     int rc = kvb_open_pools(&k);
     if (rc == 0)
-        rc = kvb_open_links(&k);
+        rc = kvb_open_links(&k, o.curve);
     if (rc == 0)
         rc = kvb_run(&k, &o);
     kvb_close(&k);

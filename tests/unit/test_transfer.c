@@ -550,7 +550,34 @@ typedef struct crafted {
     uint32_t n_checksums; /* checksums in the header */
     int tamper;           /* after the header checksum: 1 first_token, 2 attempt_id, 3 a block
                              checksum; 0 none */
+    bool shared;          /* the reserved blocks are shared (an extra pool reference each) */
 } crafted_t;
+
+/* What a crafted transfer's verdict left in the reserved blocks rseq (their digest before
+ * was `before`; bufs holds what was sent) and how often the lookup ran. */
+static void check_crafted_blocks(ctx_t *c, const crafted_t *cr, const tdm_kv_seq_t *rseq,
+                                 const reservation_t *res, int want_status, uint64_t before,
+                                 const uint8_t *bufs)
+{
+    uint64_t bb = tdm_kv_pool_block_bytes(c->rpool);
+    if (want_status != 0 && cr->corrupt_block >= 0) {
+        /* A corrupted block is found after the lookup. Into blocks the attempt holds alone it
+         * is found while copying (what arrived may be in them: the node frees them with the
+         * reservation); shared blocks are not written. The reservation is left as it was. */
+        assert_int_equal(res->calls, 1);
+        if (cr->shared)
+            assert_int_equal(seq_digest(c->rpool, rseq), before);
+        for (uint32_t i = 0; i < rseq->n_blocks; i++)
+            assert_int_equal(tdm_kv_pool_refcount(c->rpool, rseq->blocks[i]), cr->shared ? 2 : 1);
+    } else if (want_status != 0) {
+        /* A transfer rejected by its header never reaches the lookup or the blocks. */
+        assert_int_equal(seq_digest(c->rpool, rseq), before);
+        assert_int_equal(res->calls, 0);
+    } else {
+        for (uint32_t i = 0; i < cr->n_blocks; i++)
+            assert_memory_equal(block_ptr(c->rpool, rseq->blocks[i]), bufs + i * bb, bb);
+    }
+}
 
 /* Sends a hand-made KV_TRANSFER over a raw DEALER and returns the receiver's verdict on both
  * sides: what recv reported and the END the DEALER got. */
@@ -561,6 +588,8 @@ static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const c
     reserve(c->rpool, &rseq, 48);
     fill_seq(c->rpool, &rseq, 11);
     uint64_t before = seq_digest(c->rpool, &rseq);
+    for (uint32_t i = 0; cr->shared && i < rseq.n_blocks; i++)
+        tdm_kv_pool_ref(c->rpool, rseq.blocks[i]);
 
     uint64_t bb = tdm_kv_pool_block_bytes(c->spool);
     uint8_t *bufs = malloc(8 * bb);
@@ -627,14 +656,7 @@ static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const c
         fail_msg("receiver message \"%s\" does not contain \"%s\"", got.message, want_msg);
     assert_string_equal(got.request_id, "req-crafted");
     assert_string_equal(got.sender_node_id, "crafter");
-    if (want_status != 0) {
-        /* A rejected transfer never reaches the blocks. */
-        assert_int_equal(seq_digest(c->rpool, &rseq), before);
-        assert_int_equal(res.calls, 0);
-    } else {
-        for (uint32_t i = 0; i < cr->n_blocks; i++)
-            assert_memory_equal(block_ptr(c->rpool, rseq.blocks[i]), bufs + i * bb, bb);
-    }
+    check_crafted_blocks(c, cr, &rseq, &res, want_status, before, bufs);
 
     tdm_frame_t f;
     tdm_frame_init(&f);
@@ -647,6 +669,8 @@ static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const c
 
     tdm_sock_destroy(&d);
     free(bufs);
+    for (uint32_t i = 0; cr->shared && i < rseq.n_blocks; i++)
+        tdm_kv_pool_unref(c->rpool, rseq.blocks[i]);
     tdm_kv_seq_release(c->rpool, &rseq);
     check_pool_empty(c->rpool);
     tdm_kv_receiver_destroy(&r);
@@ -667,8 +691,15 @@ static void test_corrupted_block(void **state)
     send_crafted(c, &cr, TDM_EINVALID, want);
     cr.corrupt_block = 0;
     send_crafted(c, &cr, TDM_EINVALID, " expected 0x");
-    /* The same message uncorrupted is accepted: the crafting itself is right. */
+    /* shared reserved blocks: verified before they are written, the same verdict */
+    cr.shared = true;
+    send_crafted(c, &cr, TDM_EINVALID, "block 0 checksum mismatch: got 0x");
+    cr.corrupt_block = 1;
+    send_crafted(c, &cr, TDM_EINVALID, "block 1 checksum mismatch: got 0x");
+    /* The same message uncorrupted is accepted, both ways: the crafting itself is right. */
     cr.corrupt_block = -1;
+    send_crafted(c, &cr, 0, "");
+    cr.shared = false;
     send_crafted(c, &cr, 0, "");
     c->clean = true;
 }

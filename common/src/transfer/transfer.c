@@ -1422,6 +1422,20 @@ static int check_header(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
     return check_header_device(r, f, h, *backend, msg, cap);
 }
 
+/* got[0..n_blocks) against the header's checksums: 0, or TDM_EINVALID naming the first block
+ * that differs. */
+static int compare_checksums(const uint64_t *got, const Tandem__V1__KvTransfer *h, char *msg,
+                             size_t cap)
+{
+    for (uint32_t i = 0; i < h->n_blocks; i++)
+        if (got[i] != h->checksums[i])
+            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
+                                     "block %u checksum mismatch: got 0x%016" PRIx64
+                                     " expected 0x%016" PRIx64,
+                                     i, got[i], h->checksums[i]);
+    return 0;
+}
+
 /* Verifies every block's checksum (in parallel for large transfers); the first mismatching
  * block is the one named. */
 static int verify_checksums(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
@@ -1435,13 +1449,7 @@ static int verify_checksums(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
         size_t len = 0;
         got[i] = tdm_kv_block_checksum(tdm_frame_data(f, i, &len), bb);
     }
-    for (uint32_t i = 0; i < n; i++)
-        if (got[i] != h->checksums[i])
-            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                     "block %u checksum mismatch: got 0x%016" PRIx64
-                                     " expected 0x%016" PRIx64,
-                                     i, got[i], h->checksums[i]);
-    return 0;
+    return compare_checksums(got, h, msg, cap);
 }
 
 /* Asks the node for the blocks reserved for the request and checks them. */
@@ -1520,9 +1528,57 @@ static void received_fill(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransf
     out->prefill_s = h->prefill_s;
 }
 
+/* Whether a tcp transfer is verified while it is copied into the reserved blocks (one pass
+ * over the data) rather than before (two): a host pool, and every reserved block held by
+ * this attempt alone (refcount 1). Such blocks were allocated for the reservation
+ * (tdm_kv_seq_reserve) and are in no sequence the engine runs and in no prefix-cache index
+ * until the transfer is accepted, so a rejected transfer's bytes in them are never read:
+ * the node drops the reservation, which frees them. A block shared with anything else is
+ * written only after every checksum matched. */
+static bool fused_copy(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h,
+                       const uint32_t *blocks)
+{
+    if (r->memory.device_base)
+        return false;
+    for (uint32_t i = 0; i < h->n_blocks; i++)
+        if (tdm_kv_pool_refcount(r->pool, blocks[i]) != 1)
+            return false;
+    return true;
+}
+
+/* Copies bb bytes from src to dst and returns the XXH3-64 of what dst now holds, hashed
+ * right after the copy, while the block (a few hundred KiB) is still in L2. Measured on
+ * 368,640-byte blocks against hashing every frame and then copying every block: 1.3x as fast
+ * for 32 blocks, 2.9x for 256 (out of cache); copying and hashing 16 or 64 KiB pieces (in
+ * L1) was slower than one whole-block memcpy then one hash. */
+static uint64_t copy_checksum(uint8_t *dst, const uint8_t *src, uint64_t bb)
+{
+    memcpy(dst, src, (size_t)bb);
+    return tdm_kv_block_checksum(dst, bb);
+}
+
+/* The fused tcp write (fused_copy): every block copied into its reserved block and hashed
+ * there, then compared with the header's checksums; the first mismatching block is the one
+ * named, as verify_checksums does. */
+static int copy_verify(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem__V1__KvTransfer *h,
+                       const uint32_t *blocks, char *msg, size_t cap)
+{
+    uint8_t *base = tdm_kv_pool_base(r->pool);
+    uint64_t *got = r->sums;
+    const uint64_t bb = r->block_bytes;
+    const uint32_t n = h->n_blocks;
+#pragma omp parallel for schedule(static) if (n >= TDM_KV_PARALLEL_BLOCKS)
+    for (uint32_t i = 0; i < n; i++) {
+        size_t len = 0;
+        got[i] = copy_checksum(base + (uint64_t)blocks[i] * bb, tdm_frame_data(f, i, &len), bb);
+    }
+    return compare_checksums(got, h, msg, cap);
+}
+
 /* Every check of a transfer: the header (check_header), the sender it claims against the
- * connection's CURVE key, the header checksum, the blocks' checksums (tcp), and the reserved
- * blocks (lookup, into *blocks). Returns 0 with *backend set, or the status with msg filled. */
+ * connection's CURVE key, the header checksum, the reserved blocks (lookup, into *blocks),
+ * and the blocks' checksums (tcp, unless they are verified while copied: fused_copy).
+ * Returns 0 with *backend set, or the status with msg filled. */
 static int transfer_check(tdm_kv_receiver_t *r, const tdm_frame_t *f,
                           const Tandem__V1__KvTransfer *h, tdm_kv_lookup_fn lookup, void *user,
                           tdm_kv_backend_t *backend, const uint32_t **blocks, char *msg, size_t cap)
@@ -1539,19 +1595,23 @@ static int transfer_check(tdm_kv_receiver_t *r, const tdm_frame_t *f,
                                "header checksum mismatch: got 0x%016" PRIx64
                                " computed 0x%016" PRIx64 " (a header field was altered in flight)",
                                h->header_checksum, tdm_kv_header_checksum(h));
-    if (st == 0 && *backend == TDM_KV_BACKEND_TCP)
-        st = verify_checksums(r, f, h, msg, cap);
     if (st == 0)
         st = lookup_blocks(r, h, lookup, user, blocks, msg, cap);
+    /* tcp into blocks this attempt holds alone: verified while copied (transfer_write) */
+    if (st == 0 && *backend == TDM_KV_BACKEND_TCP && !fused_copy(r, h, *blocks))
+        st = verify_checksums(r, f, h, msg, cap);
     return st;
 }
 
-/* Writes the checked transfer into the reserved blocks: copied from the frames (host pool),
- * or through the device backend. Returns 0 or the status with msg filled. */
+/* Writes the checked transfer into the reserved blocks: copied from the frames (host pool;
+ * verified on the way when fused_copy), or through the device backend. Returns 0 or the
+ * status with msg filled. */
 static int transfer_write(tdm_kv_receiver_t *r, const tdm_frame_t *f,
                           const Tandem__V1__KvTransfer *h, tdm_kv_backend_t backend,
                           const uint32_t *blocks, char *msg, size_t cap)
 {
+    if (backend == TDM_KV_BACKEND_TCP && fused_copy(r, h, blocks))
+        return copy_verify(r, f, h, blocks, msg, cap);
     if (backend == TDM_KV_BACKEND_TCP && !r->memory.device_base) {
         uint8_t *base = tdm_kv_pool_base(r->pool);
         const uint64_t bb = r->block_bytes;
@@ -1626,7 +1686,10 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
                  "cancelled by the sender before it was handled");
     } else {
         st = transfer_check(r, f, h, lookup, user, &backend, &blocks, msg, sizeof msg);
-        /* Every check passed: only now are the reserved blocks written. */
+        /* Every check passed but, for blocks this attempt holds alone, the blocks' checksums,
+         * verified while they are copied (fused_copy): a rejected transfer's bytes stay in
+         * blocks no one reads, freed with the reservation. Shared blocks and device pools
+         * are written only after every check passed. */
         if (st == 0)
             st = transfer_write(r, f, h, backend, blocks, msg, sizeof msg);
         transfer_reply(r, f, st, msg, backend, out);
