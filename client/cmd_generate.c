@@ -82,13 +82,15 @@ static void usage(FILE *out)
         "  -c, --ctx N               context length (default: min(4096, model's))\n"
         "      --batch N             prefill chunk, tokens per forward pass (default 512)\n"
         "      --kv-dtype T          f16 (default), f32 or q8\n"
+        "      --device D            cpu (default), cuda or cuda:N (CUDA builds: the engine\n"
+        "                            and its KV on GPU N, as a node's device: cuda:N)\n"
         "  -h, --help                this help\n");
 }
 
 typedef struct gen_opts {
     const char *model, *prompt, *file, *chat, *system, *chat_template, *tools;
     long max_tokens, threads, ctx, batch, choices;
-    const char *kv_dtype;
+    const char *kv_dtype, *device;
     tdm_cli_sampling_t sampling; /* the preset and the overrides applied after it */
     tdm_sampling_params_t bias;  /* --logit-bias entries (only its logit_bias is used) */
     /* router path */
@@ -212,6 +214,7 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         TDM_CLI_OPT_LONG("ctx", 'c', &o->ctx, 16, 1 << 20, .mark = local, .label = "-c/--ctx"),
         TDM_CLI_OPT_LONG("batch", 0, &o->batch, 1, 65536, .mark = local, .label = "--batch"),
         TDM_CLI_OPT_STR("kv-dtype", 0, &o->kv_dtype, .mark = local, .label = "--kv-dtype"),
+        TDM_CLI_OPT_STR("device", 0, &o->device, .mark = local, .label = "--device"),
         TDM_CLI_OPT_STR("router", 0, &o->router, .mark = routed, .label = "--router"),
         TDM_CLI_OPT_STR("api-key", 0, &o->api_key, .mark = routed, .label = "--api-key"),
         TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400, .mark = routed,
@@ -229,6 +232,7 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
     o->max_tokens = 256;
     o->batch = 512;
     o->kv_dtype = "f16";
+    o->device = "cpu";
     int status = tdm_cli_parse(&spec, argc, argv, done);
     if (*done)
         return status;
@@ -627,6 +631,7 @@ static int local_open_engine(const gen_opts_t *o, tdm_kv_dtype_t kv_dtype, local
     }
     tdm_engine_params_t ep;
     tdm_engine_params_default(&ep);
+    ep.backend = o->device;
     ep.n_threads = (int)o->threads;
     ep.n_ctx = g->n_ctx;
     ep.max_batch_tokens = (uint32_t)o->batch;

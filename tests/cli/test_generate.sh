@@ -59,6 +59,8 @@ gen -m "$model" -p "The capital of France is" -n 4 --kv-dtype q8
 check "--kv-dtype q8 runs" $rc
 gen -m "$model" -p "The capital of France is" -n 4 --kv-dtype f32
 check "--kv-dtype f32 runs" $rc
+gen -m "$model" -p "The capital of France is" -n 4 -t 1 --device cpu
+check "--device cpu runs" $([ $rc -eq 0 ] && grep -q "backend cpu" "$tmp/err"; echo $?)
 
 # structured output in one process: the output matches the constraint and ends with stop
 printf '{"type":"object","properties":{"city":{"type":"string","maxLength":20}},"required":["city"],"additionalProperties":false}' >"$tmp/city.json"
@@ -88,6 +90,8 @@ expect_err "bad top-p" "top_p must be in (0, 1]" -m "$model" -p hi --top-p 1.5
 expect_err "non-numeric temperature" "--temperature must be a number" -m "$model" -p hi --temperature abc
 expect_err "unknown preset" "precise" -m "$model" -p hi --preset wild
 expect_err "bad kv dtype" "--kv-dtype" -m "$model" -p hi --kv-dtype f8
+gen -m "$model" -p hi --device tpu
+check "unknown device" $([ $rc -eq 1 ] && grep -q "engine backend 'tpu' is not available" "$tmp/err"; echo $?)
 expect_err "prompt longer than the context" "raise it with --ctx" -m "$model" --ctx 16 -p "$(printf 'word %.0s' $(seq 1 40))"
 expect_err "ctx beyond the model" "exceeds the model's context length" -m "$model" --ctx 100000 -p hi
 expect_err "two constraints" "at most one of" -m "$model" -p hi --regex a --choice b
