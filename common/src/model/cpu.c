@@ -46,7 +46,7 @@ typedef struct cpu_be {
     uint32_t max_rows, n_ctx;
     const tdm_cpu_isa_t *isa;    /* the kernels (cpu_kernels.h) */
     const tdm_cpu_isa_t *scalar; /* the reference, for what isa leaves NULL */
-    bool avx512; /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
+    bool avx512;     /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
     bool kquant_f32; /* K-quants on the f32 path (TANDEM_CPU_KERNELS=f32k, for comparison) */
     char name[32];
     struct cpu_wkernel *wk; /* [n_wk] the kernel of each quantized matrix, chosen at load */
