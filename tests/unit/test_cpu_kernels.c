@@ -1,6 +1,6 @@
 /* test_cpu_kernels.c - the CPU backend's kernel sets (common/src/model/cpu_kernels.h): every
  * SIMD set this CPU runs gives bitwise the scalar reference's results, for the activation
- * quantizer and for the quantized GEMM of every weight type (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) on
+ * quantizer and for the quantized GEMM of every weight type (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) on
  * random weights, any number of
  * tokens (1..70) and rows that do not fill the last 8-row group; the reference itself agrees
  * with a double-precision dot product of the dequantized operands. */
@@ -30,7 +30,7 @@ static float uniform(uint64_t *s, float lo, float hi)
 
 static bool is_kquant(tdm_ggml_type_t type)
 {
-    return type == TDM_GGML_TYPE_Q4_K || type == TDM_GGML_TYPE_Q6_K;
+    return type == TDM_GGML_TYPE_Q4_K || type == TDM_GGML_TYPE_Q5_K || type == TDM_GGML_TYPE_Q6_K;
 }
 
 /* GGUF bytes of a row of nb 32-value blocks (K-quants: nb / 8 super-blocks) */
@@ -40,21 +40,22 @@ static size_t row_bytes(tdm_ggml_type_t type, size_t nb)
     case TDM_GGML_TYPE_Q4_0: return nb * 18;
     case TDM_GGML_TYPE_Q4_1: return nb * 20;
     case TDM_GGML_TYPE_Q4_K: return nb / 8 * 144;
+    case TDM_GGML_TYPE_Q5_K: return nb / 8 * 176;
     case TDM_GGML_TYPE_Q6_K: return nb / 8 * 210;
     default: return nb * 34;
     }
 }
 
 /* One random K-quant super-block: every byte random but the f16 scales (d in [0.001, 0.05],
- * Q4_K's dmin in [0, 0.05]); Q6_K's int8 scales include -128. */
+ * Q4_K's / Q5_K's dmin in [0, 0.05]); Q6_K's int8 scales include -128. */
 static void random_kquant(tdm_ggml_type_t type, uint8_t *p, uint64_t *seed)
 {
-    size_t bsz = type == TDM_GGML_TYPE_Q4_K ? 144 : 210;
+    size_t bsz = row_bytes(type, 8);
     for (size_t j = 0; j < bsz; j++)
         p[j] = (uint8_t)next_u64(seed);
     uint16_t d = tdm_fp32_to_fp16(uniform(seed, 0.001f, 0.05f));
     uint16_t m = tdm_fp32_to_fp16(uniform(seed, 0.0f, 0.05f));
-    if (type == TDM_GGML_TYPE_Q4_K) {
+    if (type != TDM_GGML_TYPE_Q6_K) {
         memcpy(p, &d, 2);
         memcpy(p + 2, &m, 2);
     } else {
@@ -192,6 +193,7 @@ static void check_isa(const tdm_cpu_isa_t *isa)
     check_type(TDM_GGML_TYPE_Q4_1, isa, &seed);
     check_type(TDM_GGML_TYPE_Q8_0, isa, &seed);
     check_type(TDM_GGML_TYPE_Q4_K, isa, &seed);
+    check_type(TDM_GGML_TYPE_Q5_K, isa, &seed);
     check_type(TDM_GGML_TYPE_Q6_K, isa, &seed);
     /* the quantizer: same blocks, bit for bit */
     size_t K = 1536;

@@ -448,6 +448,7 @@ static void test_kquant(void **state)
 {
     (void)state;
     check_kquant("Q4_K");
+    check_kquant("Q5_K");
     check_kquant("Q6_K");
 }
 

@@ -94,7 +94,7 @@ static const cpu_wkernel_t *cpu_wkernel_for(const cpu_be_t *be, const tdm_weight
         if (be->wk[i].w == w)
             return &be->wk[i];
     int qt = tdm_cpu_qtype_of(w->type);
-    bool kquant = qt == TDM_CPU_Q4_K || qt == TDM_CPU_Q6_K;
+    bool kquant = qt >= TDM_CPU_Q4_K;
     *tmp = (cpu_wkernel_t){.w = w};
     if (qt < 0 || w->n_in % (kquant ? 8 * QK : QK) != 0 || (kquant && be->kquant_f32))
         return tmp;

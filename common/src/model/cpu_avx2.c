@@ -171,7 +171,8 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .store_f16 = store_f16_avx2,
     .round_f16 = round_f16_avx2,
     .packed = true,
-    .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2, gemm_q4_k_avx2, gemm_q6_k_avx2},
+    .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2, gemm_q4_k_avx2, gemm_q5_k_avx2,
+             gemm_q6_k_avx2},
 };
 
 const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void)

@@ -266,7 +266,7 @@ zgemm_unpack(const uint8_t *p, const int kind, __m512 *d8, __m512 *m8, __m512i *
     const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     *d8 = kind >= 3 ? zdup_ps(p) : zdup_ph(p);
     *m8 = kind >= 3 ? zdup_ps(p + 32) : kind == 1 ? zdup_ph(p + 16) : _mm512_setzero_ps();
-    if (kind == 2 || kind == 4) {
+    if (kind == 2 || kind >= 4) {
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             __m512i w = zdup_si256(p + qoff + 32 * (size_t)k);
@@ -287,7 +287,7 @@ zgemm_unpack(const uint8_t *p, const int kind, __m512 *d8, __m512 *m8, __m512i *
     }
 }
 
-/* Chunks k0 .. k0 + nk - 1 of one token pair's integer dot (Q6_K: activations negated where
+/* Chunks k0 .. k0 + nk - 1 of one token pair's integer dot (Q6_K, Q5_K: activations negated where
  * the weight is negative, so |w| * (-a) = w * a; a is never -128). */
 TDM_AVX512 static inline __attribute__((always_inline)) __m512i
 zgemm_isum(const __m512i *u, const __mmask64 *neg, const bool q6k, const q8a_block_t *x0,
@@ -304,13 +304,13 @@ zgemm_isum(const __m512i *u, const __mmask64 *neg, const bool q6k, const q8a_blo
     return isum;
 }
 
-/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0, 3 Q4_K, 4 Q6_K: one group's nb packed blocks against np token
- * pairs (a0[j], a1[j] the two tokens' blocks; equal when the pair has one token). */
+/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0, 3 Q4_K, 4 Q6_K, 5 Q5_K: one group's nb packed blocks against np
+ * token pairs (a0[j], a1[j] the two tokens' blocks; equal when the pair has one token). */
 TDM_AVX512 static inline __attribute__((always_inline)) void
 zgemm_tile(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *const *a0,
            const q8a_block_t *const *a1, __m512 *acc, const int np)
 {
-    static const size_t pbsz[5] = {144, 160, 272, 192, 320};
+    static const size_t pbsz[6] = {144, 160, 272, 192, 320, 320};
 #pragma GCC unroll 4
     for (int j = 0; j < np; j++)
         acc[j] = _mm512_setzero_ps();
@@ -330,13 +330,13 @@ zgemm_tile(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *const
                 acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(m8, da), _mm512_cvtepi32_ps(hi), acc[j]);
                 continue;
             }
-            __m512i isum = zgemm_isum(u, neg, false, x0, x1, 0, 8);
+            __m512i isum = zgemm_isum(u, neg, kind == 5, x0, x1, 0, 8);
             if (kind == 0 || kind == 2) {
                 int32_t off = kind == 0 ? 8 : 128;
                 isum = _mm512_sub_epi32(isum, zpair_epi32(off * x0->isum, off * x1->isum));
             }
             acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(d8, da), _mm512_cvtepi32_ps(isum), acc[j]);
-            if (kind == 1 || kind == 3)
+            if (kind == 1 || kind == 3 || kind == 5)
                 acc[j] = _mm512_fmadd_ps(m8, zpair_ps(x0->s, x1->s), acc[j]);
         }
     }
@@ -390,6 +390,7 @@ TDM_GEN_ZGEMM(zgemm_q4_1, 1)
 TDM_GEN_ZGEMM(zgemm_q8_0, 2)
 TDM_GEN_ZGEMM(zgemm_q4_k, 3)
 TDM_GEN_ZGEMM(zgemm_q6_k, 4)
+TDM_GEN_ZGEMM(zgemm_q5_k, 5)
 
 const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
 {
@@ -403,6 +404,7 @@ const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
     isa.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
     isa.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
     isa.gemm[TDM_CPU_Q4_K] = zgemm_q4_k;
+    isa.gemm[TDM_CPU_Q5_K] = zgemm_q5_k;
     isa.gemm[TDM_CPU_Q6_K] = zgemm_q6_k;
     return &isa;
 }

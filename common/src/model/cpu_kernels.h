@@ -33,6 +33,7 @@ typedef enum tdm_cpu_qtype {
     TDM_CPU_Q4_1,
     TDM_CPU_Q8_0,
     TDM_CPU_Q4_K,
+    TDM_CPU_Q5_K,
     TDM_CPU_Q6_K,
     TDM_CPU_N_QTYPES
 } tdm_cpu_qtype_t;
@@ -60,8 +61,10 @@ typedef struct tdm_cpu_qmat {
  * acc = fma(dw * da, (float)isum, acc) and, for Q4_1, acc = fma(mw, s, acc), blocks in order
  * from acc = 0. The K-quants run per 32-value sub-block with the scales taken to f32 exactly
  * (d * sc and dmin * m have at most 17 significant bits): Q4_K as Q4_1 with dw = d * sc and
- * mw = -(dmin * m); Q6_K (values q - 32, an int8 scale per 16) as two half-block integer dots,
- * acc = fma(dlo * da, isum_lo, acc) then acc = fma(dhi * da, isum_hi, acc). Tokens and rows never
+ * mw = -(dmin * m); Q5_K likewise with the values taken signed (q - 16) and
+ * mw = 16 * dw - dmin * m (rounded to f32 once, at load); Q6_K (values q - 32, an int8 scale
+ * per 16) as two half-block integer dots, acc = fma(dlo * da, isum_lo, acc) then
+ * acc = fma(dhi * da, isum_hi, acc). Tokens and rows never
  * share an accumulator, so no result depends on the batch, and the scalar reference and the SIMD
  * kernels give identical bits. */
 typedef void (*tdm_cpu_gemm_fn)(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
@@ -75,10 +78,11 @@ typedef void (*tdm_cpu_gemm_fn)(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
  * of a group equal the GGUF bytes of its 8 rows: 144, 160 and 272 per block. The K-quants
  * are repacked per 32-value sub-block with f32 scales: Q4_K as dw[8], mw[8] (f32) then the
  * Q4 chunks of its nibbles in Q4_1's order (192 bytes, 4/3 of the GGUF bytes); Q6_K as
- * dlo[8], dhi[8] (f32) then the values q - 32 as Q8_0's chunks (320 bytes, 1.52x). */
+ * dlo[8], dhi[8] (f32) then the values q - 32 as Q8_0's chunks (320 bytes, 1.52x); Q5_K as
+ * dw[8], mw[8] (f32) then the values q - 16 as Q8_0's chunks (320 bytes, 1.82x). */
 size_t tdm_cpu_pack_bytes(tdm_ggml_type_t type, uint64_t n_out, size_t nb);
 /* Repacks n_out GGUF rows of nb 32-value blocks (src) into dst (tdm_cpu_pack_bytes bytes);
- * cannot fail for the five types. */
+ * cannot fail for the six types. */
 void tdm_cpu_pack(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb,
                   uint8_t *dst);
 

@@ -53,6 +53,7 @@ const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void)
     isa.gemm[TDM_CPU_Q4_1] = gemm_q4_1_vnni;
     isa.gemm[TDM_CPU_Q8_0] = gemm_q8_0_vnni;
     isa.gemm[TDM_CPU_Q4_K] = gemm_q4_k_vnni;
+    isa.gemm[TDM_CPU_Q5_K] = gemm_q5_k_vnni;
     isa.gemm[TDM_CPU_Q6_K] = gemm_q6_k_vnni;
     return &isa;
 }
