@@ -2,8 +2,8 @@
  * (cpu_scalar.c, cpu_avx2.c, cpu_vnni.c, cpu_avx512.c), chosen once when the backend is
  * created (cpu.c). Internal to libtandem.
  *
- * Quantized matmuls (Q4_0, Q4_1, Q8_0 weights) run on activations quantized to 8 bits in
- * blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
+ * Quantized matmuls (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K weights) run on activations quantized to 8
+ * bits in blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
  * every field of it is set. A SIMD set leaves NULL what it does not speed up, and cpu.c falls
  * back to the scalar kernel there.
  */
