@@ -1,6 +1,7 @@
 /* test_cpu_kernels.c - the CPU backend's kernel sets (common/src/model/cpu_kernels.h): every
  * SIMD set this CPU runs gives bitwise the scalar reference's results, for the activation
- * quantizer and for the quantized GEMM of every weight type on random weights, any number of
+ * quantizer and for the quantized GEMM of every weight type (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) on
+ * random weights, any number of
  * tokens (1..70) and rows that do not fill the last 8-row group; the reference itself agrees
  * with a double-precision dot product of the dequantized operands. */
 #include "tdm_test.h"
@@ -27,18 +28,55 @@ static float uniform(uint64_t *s, float lo, float hi)
     return lo + (hi - lo) * (float)(next_u64(s) >> 40) / (float)(1ull << 24);
 }
 
-static size_t block_bytes(tdm_ggml_type_t type)
+static bool is_kquant(tdm_ggml_type_t type)
 {
-    return type == TDM_GGML_TYPE_Q4_1 ? 20 : type == TDM_GGML_TYPE_Q4_0 ? 18 : 34;
+    return type == TDM_GGML_TYPE_Q4_K || type == TDM_GGML_TYPE_Q5_K || type == TDM_GGML_TYPE_Q6_K;
+}
+
+/* GGUF bytes of a row of nb 32-value blocks (K-quants: nb / 8 super-blocks) */
+static size_t row_bytes(tdm_ggml_type_t type, size_t nb)
+{
+    switch (type) {
+    case TDM_GGML_TYPE_Q4_0: return nb * 18;
+    case TDM_GGML_TYPE_Q4_1: return nb * 20;
+    case TDM_GGML_TYPE_Q4_K: return nb / 8 * 144;
+    case TDM_GGML_TYPE_Q5_K: return nb / 8 * 176;
+    case TDM_GGML_TYPE_Q6_K: return nb / 8 * 210;
+    default: return nb * 34;
+    }
+}
+
+/* One random K-quant super-block: every byte random but the f16 scales (d in [0.001, 0.05],
+ * Q4_K's / Q5_K's dmin in [0, 0.05]); Q6_K's int8 scales include -128. */
+static void random_kquant(tdm_ggml_type_t type, uint8_t *p, uint64_t *seed)
+{
+    size_t bsz = row_bytes(type, 8);
+    for (size_t j = 0; j < bsz; j++)
+        p[j] = (uint8_t)next_u64(seed);
+    uint16_t d = tdm_fp32_to_fp16(uniform(seed, 0.001f, 0.05f));
+    uint16_t m = tdm_fp32_to_fp16(uniform(seed, 0.0f, 0.05f));
+    if (type != TDM_GGML_TYPE_Q6_K) {
+        memcpy(p, &d, 2);
+        memcpy(p + 2, &m, 2);
+    } else {
+        p[192] = 0x80;
+        memcpy(p + 208, &d, 2);
+    }
 }
 
 /* n_out random GGUF rows of nb blocks: scales in [0.001, 0.05], mins in [-0.1, 0.1], every
  * quant byte random (Q8_0 includes -128, the sign trick's edge). Caller frees. */
 static uint8_t *random_rows(tdm_ggml_type_t type, uint64_t n_out, size_t nb, uint64_t *seed)
 {
-    size_t bsz = block_bytes(type);
-    uint8_t *w = malloc(n_out * nb * bsz);
+    uint8_t *w = malloc(n_out * row_bytes(type, nb));
     assert_non_null(w);
+    if (is_kquant(type)) {
+        size_t sbsz = row_bytes(type, 8);
+        for (size_t b = 0; b < n_out * nb / 8; b++)
+            random_kquant(type, w + b * sbsz, seed);
+        return w;
+    }
+    size_t bsz = row_bytes(type, 1);
     for (size_t b = 0; b < n_out * nb; b++) {
         uint8_t *p = w + b * bsz;
         uint16_t d = tdm_fp32_to_fp16(uniform(seed, 0.001f, 0.05f));
@@ -71,13 +109,14 @@ static q8a_block_t *random_act(uint32_t nt, size_t K, uint64_t *seed, float *x)
 static void run_gemm(const tdm_cpu_isa_t *isa, tdm_ggml_type_t type, const uint8_t *w,
                      uint64_t n_out, size_t nb, const q8a_block_t *a, uint32_t nt, float *out)
 {
-    tdm_cpu_qmat_t m = {w, nb * block_bytes(type), 8 * nb * block_bytes(type), n_out, nb, false};
+    tdm_cpu_qmat_t m = {w, row_bytes(type, nb), 8 * row_bytes(type, nb), n_out, nb, false};
     uint8_t *packed = NULL;
     if (isa->packed) {
         packed = malloc(tdm_cpu_pack_bytes(type, n_out, nb));
         assert_non_null(packed);
         tdm_cpu_pack(type, w, n_out, nb, packed);
         m.data = packed;
+        m.group_bytes = tdm_cpu_pack_bytes(type, 8, nb);
         m.packed = true;
     }
     /* two calls over the groups, as threads would split them */
@@ -96,7 +135,7 @@ static void check_reference_close(tdm_ggml_type_t type, const uint8_t *w, uint64
     assert_non_null(row);
     for (uint64_t r = 0; r < n_out; r++) {
         assert_int_equal(
-            tdm_ggml_dequantize_row(type, w + r * nb * block_bytes(type), row, (int64_t)K), TDM_OK);
+            tdm_ggml_dequantize_row(type, w + r * row_bytes(type, nb), row, (int64_t)K), TDM_OK);
         for (uint32_t t = 0; t < nt; t++) {
             double ref = 0.0, mag = 0.0;
             for (size_t i = 0; i < K; i++) {
@@ -105,7 +144,8 @@ static void check_reference_close(tdm_ggml_type_t type, const uint8_t *w, uint64
                 ref += (double)row[i] * av;
                 mag += fabs((double)row[i] * av);
             }
-            /* Q4_1's min term uses s = d * sum(q) rounded to f16 */
+            /* tolerance: the f32 accumulation over K and, for Q4_1 / Q4_K, the min term's
+             * s = d * sum(q) rounded to f16 (relative 2^-11 of that term) */
             double got = out[(size_t)t * n_out + r];
             assert_true(fabs(got - ref) <= 2e-3 * mag + 1e-6);
         }
@@ -115,10 +155,10 @@ static void check_reference_close(tdm_ggml_type_t type, const uint8_t *w, uint64
 
 static void check_type(tdm_ggml_type_t type, const tdm_cpu_isa_t *isa, uint64_t *seed)
 {
-    static const size_t nbs[] = {1, 3, 18, 48};
+    static const size_t nbs[] = {1, 3, 18, 48}, knbs[] = {8, 24, 48, 48};
     static const uint64_t n_outs[] = {8, 37};
     for (size_t i = 0; i < sizeof nbs / sizeof nbs[0]; i++) {
-        size_t nb = nbs[i], K = nb * 32;
+        size_t nb = is_kquant(type) ? knbs[i] : nbs[i], K = nb * 32;
         for (size_t j = 0; j < 2; j++) {
             uint64_t n_out = n_outs[j];
             uint8_t *w = random_rows(type, n_out, nb, seed);
@@ -152,6 +192,9 @@ static void check_isa(const tdm_cpu_isa_t *isa)
     check_type(TDM_GGML_TYPE_Q4_0, isa, &seed);
     check_type(TDM_GGML_TYPE_Q4_1, isa, &seed);
     check_type(TDM_GGML_TYPE_Q8_0, isa, &seed);
+    check_type(TDM_GGML_TYPE_Q4_K, isa, &seed);
+    check_type(TDM_GGML_TYPE_Q5_K, isa, &seed);
+    check_type(TDM_GGML_TYPE_Q6_K, isa, &seed);
     /* the quantizer: same blocks, bit for bit */
     size_t K = 1536;
     float *x = malloc(K * sizeof *x);

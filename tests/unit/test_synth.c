@@ -372,6 +372,86 @@ static void test_llama_1b_cut(void **state)
     unlink(out);
 }
 
+/* The last prompt token's logits of path's engine with TANDEM_CPU_KERNELS=kernels (NULL:
+ * unset) on the fixed prompt; caller frees. */
+static float *engine_logits(const char *path, const char *kernels, uint32_t *n_vocab)
+{
+    const char *old = getenv("TANDEM_CPU_KERNELS");
+    char saved[32] = "";
+    if (old)
+        snprintf(saved, sizeof saved, "%s", old);
+    if (kernels)
+        setenv("TANDEM_CPU_KERNELS", kernels, 1);
+    else
+        unsetenv("TANDEM_CPU_KERNELS");
+    tdm_test_engine_t f;
+    tdm_test_engine_open(&f, path, TDM_KV_F16, 256);
+    if (old)
+        setenv("TANDEM_CPU_KERNELS", saved, 1);
+    else
+        unsetenv("TANDEM_CPU_KERNELS");
+    *n_vocab = tdm_model_hparams(f.model)->n_vocab;
+    int32_t tokens[N_PROMPT];
+    tdm_test_random_tokens(tokens, N_PROMPT, 512, 7);
+    tdm_test_seq_t s;
+    uint32_t n = N_PROMPT;
+    tdm_test_seq_start(&f, &s, tokens, n);
+    tdm_test_run_together(&f, &s, 1, &n);
+    float *logits = malloc((size_t)*n_vocab * sizeof *logits);
+    assert_non_null(logits);
+    memcpy(logits, s.logits + (size_t)(N_PROMPT - 1) * *n_vocab, (size_t)*n_vocab * sizeof *logits);
+    tdm_test_seq_end(&f, &s);
+    tdm_test_engine_close(&f);
+    return logits;
+}
+
+/* Llama 3.2 1B's shape cut to 1 layer with K-quant projections: the engine (the integer
+ * K-quant GEMM) against the float reference (check_model), and against the older f32 path
+ * (TANDEM_CPU_KERNELS=f32k: rows dequantized, f32 dots). The two engine paths differ only by
+ * the 8-bit activation quantization of the K-quant matmuls: logits within 3% (RMS). */
+static void check_kquant(const char *type)
+{
+    char vocab[128], out[128], args[512];
+    path_in(vocab, sizeof vocab, "vocab.gguf");
+    path_in(out, sizeof out, "kquant.gguf");
+    snprintf(args, sizeof args, "--shape llama-3.2-1b --type %s --layers 1 --vocab '%s' -o '%s'",
+             type, vocab, out);
+    assert_int_equal(synth("", args), 0);
+    const tdm_llama_hparams_t want = {.n_vocab = 128256,
+                                      .n_ctx_train = 131072,
+                                      .n_embd = 2048,
+                                      .n_layers = 1,
+                                      .n_heads = 32,
+                                      .n_kv_heads = 8,
+                                      .head_dim = 64,
+                                      .n_ff = 8192,
+                                      .rope_freq_base = 500000.0f,
+                                      .tied_embeddings = true};
+    check_model(out, &want);
+    uint32_t nv, nv2;
+    float *q = engine_logits(out, NULL, &nv), *f = engine_logits(out, "f32k", &nv2);
+    assert_int_equal(nv, nv2);
+    double d2 = 0, l2 = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        d2 += (double)(q[i] - f[i]) * (q[i] - f[i]);
+        l2 += (double)f[i] * f[i];
+    }
+    printf("  %s: integer GEMM vs f32 path, logits RMS difference %.4f\n", type, sqrt(d2 / l2));
+    assert_true(sqrt(d2 / l2) < 0.03);
+    assert_true(d2 > 0); /* the two paths did run different kernels */
+    free(q);
+    free(f);
+    unlink(out);
+}
+
+static void test_kquant(void **state)
+{
+    (void)state;
+    check_kquant("Q4_K");
+    check_kquant("Q5_K");
+    check_kquant("Q6_K");
+}
+
 static bool same_file(const char *a, const char *b)
 {
     char cmd[512];
@@ -441,7 +521,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vocab_only),   cmocka_unit_test(test_smollm2_135m),
         cmocka_unit_test(test_llama_1b_cut), cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_usage),        cmocka_unit_test(test_kquant),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

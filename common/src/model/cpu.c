@@ -46,7 +46,8 @@ typedef struct cpu_be {
     uint32_t max_rows, n_ctx;
     const tdm_cpu_isa_t *isa;    /* the kernels (cpu_kernels.h) */
     const tdm_cpu_isa_t *scalar; /* the reference, for what isa leaves NULL */
-    bool avx512; /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
+    bool avx512;     /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
+    bool kquant_f32; /* K-quants on the f32 path (TANDEM_CPU_KERNELS=f32k, for comparison) */
     char name[32];
     struct cpu_wkernel *wk; /* [n_wk] the kernel of each quantized matrix, chosen at load */
     size_t n_wk;
@@ -93,13 +94,14 @@ static const cpu_wkernel_t *cpu_wkernel_for(const cpu_be_t *be, const tdm_weight
         if (be->wk[i].w == w)
             return &be->wk[i];
     int qt = tdm_cpu_qtype_of(w->type);
+    bool kquant = qt >= TDM_CPU_Q4_K;
     *tmp = (cpu_wkernel_t){.w = w};
-    if (qt < 0 || w->n_in % QK != 0)
+    if (qt < 0 || w->n_in % (kquant ? 8 * QK : QK) != 0 || (kquant && be->kquant_f32))
         return tmp;
     tmp->m =
         (tdm_cpu_qmat_t){w->data, w->row_bytes, 8 * w->row_bytes, w->n_out, w->n_in / QK, false};
-    tmp->zdot = be->avx512;
-    tmp->gemm = be->avx512 ? NULL : be->isa->packed ? be->scalar->gemm[qt] : be->isa->gemm[qt];
+    tmp->zdot = be->avx512 && !kquant; /* zdot has no K-quant kernels: those take the GEMM */
+    tmp->gemm = tmp->zdot ? NULL : be->isa->packed ? be->scalar->gemm[qt] : be->isa->gemm[qt];
     return tmp;
 }
 
@@ -140,7 +142,8 @@ static void cpu_destroy(void *vbe)
 /* Picks the kernels: the best the CPU has, capped by TANDEM_CPU_KERNELS; names them.
  * TANDEM_CPU_KERNELS=scalar|avx2|vnni|avx512 caps the GEMM family (tests compare them; every
  * family gives the same bits); "zdot" selects the older AVX-512 per-row kernels, kept for
- * comparison (not bitwise equal to the others); unset or "auto" is the best. */
+ * comparison (not bitwise equal to the others); "f32k" is the best with the K-quants on the
+ * older f32 path (dequantized rows, for comparison); unset or "auto" is the best. */
 static void cpu_pick_kernels(cpu_be_t *be)
 {
     const char *cap = getenv("TANDEM_CPU_KERNELS");
@@ -149,6 +152,7 @@ static void cpu_pick_kernels(cpu_be_t *be)
     for (int i = 0; cap && i < 4; i++)
         if (strcmp(cap, names[i]) == 0)
             level = i;
+    be->kquant_f32 = cap && strcmp(cap, "f32k") == 0;
     const tdm_cpu_isa_t *isa = NULL;
     if (level >= 3)
         isa = tdm_cpu_isa_avx512();
@@ -161,7 +165,8 @@ static void cpu_pick_kernels(cpu_be_t *be)
     be->avx512 = cap && strcmp(cap, "zdot") == 0 && tdm_cpu_isa_avx2() && tdm_cpu_has_avx512vnni();
     if (be->avx512)
         be->isa = tdm_cpu_isa_avx2();
-    snprintf(be->name, sizeof be->name, "cpu/%s", be->avx512 ? "avx512-zdot" : be->isa->name);
+    snprintf(be->name, sizeof be->name, "cpu/%s%s", be->avx512 ? "avx512-zdot" : be->isa->name,
+             be->kquant_f32 ? "+f32k" : "");
 }
 
 /* The per-thread and per-row scratch, sized for the largest matmul input (max_in). */
@@ -209,6 +214,7 @@ static int cpu_wkernel_init(cpu_be_t *be, const tdm_weight_t *w, cpu_wkernel_t *
         return TDM_ERESOURCE;
     tdm_cpu_pack(w->type, w->data, w->n_out, wk->m.nb, dst);
     wk->m.data = dst;
+    wk->m.group_bytes = tdm_cpu_pack_bytes(w->type, 8, wk->m.nb);
     wk->m.packed = true;
     wk->gemm = be->isa->gemm[qt];
     return TDM_OK;

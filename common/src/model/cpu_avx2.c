@@ -21,11 +21,12 @@ TDM_AVX2 static inline __m256i q4_isum_avx2(const __m256i *u, const int8_t *q)
 
 /* Lane r: sum of row r's Q8_0 block times q, as |w| times q carrying w's sign (each vpmaddubsw
  * lane at most 2 * 128 * 127: no saturation). */
-TDM_AVX2 static inline __m256i q8_isum_avx2(const __m256i *w, const __m256i *wabs, const int8_t *q)
+TDM_AVX2 static inline __attribute__((always_inline)) __m256i
+q8_isum_avx2(const __m256i *w, const __m256i *wabs, const int8_t *q, const int nk)
 {
     __m256i s = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < nk; k++) {
         int32_t v;
         memcpy(&v, q + 4 * k, 4);
         __m256i p16 = _mm256_maddubs_epi16(wabs[k], _mm256_sign_epi8(_mm256_set1_epi32(v), w[k]));
@@ -170,7 +171,8 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .store_f16 = store_f16_avx2,
     .round_f16 = round_f16_avx2,
     .packed = true,
-    .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2},
+    .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2, gemm_q4_k_avx2, gemm_q5_k_avx2,
+             gemm_q6_k_avx2},
 };
 
 const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void)

@@ -250,49 +250,93 @@ TDM_AVX512 static inline __m512i zdup_si256(const uint8_t *p)
     return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
 }
 
-/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0: one group's nb packed blocks against np token pairs (a0[j],
- * a1[j] the two tokens' blocks; equal when the pair has one token). */
+/* 8 f32 values in both halves */
+TDM_AVX512 static inline __m512 zdup_ps(const uint8_t *p)
+{
+    __m256 v = _mm256_loadu_ps((const float *)(const void *)p);
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(v)));
+}
+
+/* The block's scales (d8, and m8: the min for Q4_1 / Q4_K, the second half's scale for Q6_K)
+ * and its unsigned weight bytes u (Q6_K: |w|, with neg the lanes where w < 0). */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zgemm_unpack(const uint8_t *p, const int kind, __m512 *d8, __m512 *m8, __m512i *u, __mmask64 *neg)
+{
+    const size_t qoff = kind >= 3 ? 64 : kind == 1 ? 32 : 16;
+    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    *d8 = kind >= 3 ? zdup_ps(p) : zdup_ph(p);
+    *m8 = kind >= 3 ? zdup_ps(p + 32) : kind == 1 ? zdup_ph(p + 16) : _mm512_setzero_ps();
+    if (kind == 2 || kind >= 4) {
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m512i w = zdup_si256(p + qoff + 32 * (size_t)k);
+            if (kind == 2) {
+                u[k] = _mm512_xor_si512(w, flip);
+            } else {
+                u[k] = _mm512_abs_epi8(w);
+                neg[k] = _mm512_movepi8_mask(w);
+            }
+        }
+        return;
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512i raw = zdup_si256(p + qoff + 32 * (size_t)k);
+        u[k] = _mm512_and_si512(raw, low);
+        u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    }
+}
+
+/* Chunks k0 .. k0 + nk - 1 of one token pair's integer dot (Q6_K, Q5_K: activations negated where
+ * the weight is negative, so |w| * (-a) = w * a; a is never -128). */
+TDM_AVX512 static inline __attribute__((always_inline)) __m512i
+zgemm_isum(const __m512i *u, const __mmask64 *neg, const bool q6k, const q8a_block_t *x0,
+           const q8a_block_t *x1, const int k0, const int nk)
+{
+    __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int k = k0; k < k0 + nk; k++) {
+        __m512i a = zpair_epi32(zq4(x0->q + 4 * k), zq4(x1->q + 4 * k));
+        if (q6k)
+            a = _mm512_mask_sub_epi8(a, neg[k], _mm512_setzero_si512(), a);
+        isum = _mm512_dpbusd_epi32(isum, u[k], a);
+    }
+    return isum;
+}
+
+/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0, 3 Q4_K, 4 Q6_K, 5 Q5_K: one group's nb packed blocks against np
+ * token pairs (a0[j], a1[j] the two tokens' blocks; equal when the pair has one token). */
 TDM_AVX512 static inline __attribute__((always_inline)) void
 zgemm_tile(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *const *a0,
            const q8a_block_t *const *a1, __m512 *acc, const int np)
 {
-    const size_t pbsz = kind == 0 ? 144 : kind == 1 ? 160 : 272;
-    const size_t qoff = kind == 1 ? 32 : 16;
-    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    static const size_t pbsz[6] = {144, 160, 272, 192, 320, 320};
 #pragma GCC unroll 4
     for (int j = 0; j < np; j++)
         acc[j] = _mm512_setzero_ps();
-    for (size_t b = 0; b < nb; b++, p += pbsz) {
-        __m512 d8 = zdup_ph(p);
-        __m512 m8 = kind == 1 ? zdup_ph(p + 16) : _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b++, p += pbsz[kind]) {
+        __m512 d8, m8;
         __m512i u[8];
-        if (kind == 2) {
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++)
-                u[k] = _mm512_xor_si512(zdup_si256(p + qoff + 32 * (size_t)k), flip);
-        } else {
-#pragma GCC unroll 4
-            for (int k = 0; k < 4; k++) {
-                __m512i raw = zdup_si256(p + qoff + 32 * (size_t)k);
-                u[k] = _mm512_and_si512(raw, low);
-                u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-            }
-        }
+        __mmask64 neg[8];
+        zgemm_unpack(p, kind, &d8, &m8, u, neg);
 #pragma GCC unroll 4
         for (int j = 0; j < np; j++) {
             const q8a_block_t *x0 = a0[j] + b, *x1 = a1[j] + b;
-            __m512i isum = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++)
-                isum = _mm512_dpbusd_epi32(isum, u[k],
-                                           zpair_epi32(zq4(x0->q + 4 * k), zq4(x1->q + 4 * k)));
-            if (kind != 1) {
+            __m512 da = zpair_ps(x0->d, x1->d);
+            if (kind == 4) {
+                __m512i lo = zgemm_isum(u, neg, true, x0, x1, 0, 4);
+                __m512i hi = zgemm_isum(u, neg, true, x0, x1, 4, 4);
+                acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(d8, da), _mm512_cvtepi32_ps(lo), acc[j]);
+                acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(m8, da), _mm512_cvtepi32_ps(hi), acc[j]);
+                continue;
+            }
+            __m512i isum = zgemm_isum(u, neg, kind == 5, x0, x1, 0, 8);
+            if (kind == 0 || kind == 2) {
                 int32_t off = kind == 0 ? 8 : 128;
                 isum = _mm512_sub_epi32(isum, zpair_epi32(off * x0->isum, off * x1->isum));
             }
-            __m512 dd = _mm512_mul_ps(d8, zpair_ps(x0->d, x1->d));
-            acc[j] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(isum), acc[j]);
-            if (kind == 1)
+            acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(d8, da), _mm512_cvtepi32_ps(isum), acc[j]);
+            if (kind == 1 || kind == 3 || kind == 5)
                 acc[j] = _mm512_fmadd_ps(m8, zpair_ps(x0->s, x1->s), acc[j]);
         }
     }
@@ -344,6 +388,9 @@ zgemm_group(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *act,
 TDM_GEN_ZGEMM(zgemm_q4_0, 0)
 TDM_GEN_ZGEMM(zgemm_q4_1, 1)
 TDM_GEN_ZGEMM(zgemm_q8_0, 2)
+TDM_GEN_ZGEMM(zgemm_q4_k, 3)
+TDM_GEN_ZGEMM(zgemm_q6_k, 4)
+TDM_GEN_ZGEMM(zgemm_q5_k, 5)
 
 const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
 {
@@ -356,6 +403,9 @@ const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
     isa.gemm[TDM_CPU_Q4_0] = zgemm_q4_0;
     isa.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
     isa.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
+    isa.gemm[TDM_CPU_Q4_K] = zgemm_q4_k;
+    isa.gemm[TDM_CPU_Q5_K] = zgemm_q5_k;
+    isa.gemm[TDM_CPU_Q6_K] = zgemm_q6_k;
     return &isa;
 }
 #else

@@ -2,8 +2,8 @@
  * (cpu_scalar.c, cpu_avx2.c, cpu_vnni.c, cpu_avx512.c), chosen once when the backend is
  * created (cpu.c). Internal to libtandem.
  *
- * Quantized matmuls (Q4_0, Q4_1, Q8_0 weights) run on activations quantized to 8 bits in
- * blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
+ * Quantized matmuls (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K weights) run on activations quantized to 8
+ * bits in blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
  * every field of it is set. A SIMD set leaves NULL what it does not speed up, and cpu.c falls
  * back to the scalar kernel there.
  */
@@ -32,6 +32,9 @@ typedef enum tdm_cpu_qtype {
     TDM_CPU_Q4_0,
     TDM_CPU_Q4_1,
     TDM_CPU_Q8_0,
+    TDM_CPU_Q4_K,
+    TDM_CPU_Q5_K,
+    TDM_CPU_Q6_K,
     TDM_CPU_N_QTYPES
 } tdm_cpu_qtype_t;
 
@@ -44,7 +47,7 @@ int tdm_cpu_qtype_of(tdm_ggml_type_t type);
 typedef struct tdm_cpu_qmat {
     const uint8_t *data;
     size_t row_bytes;   /* GGUF bytes per row (nb blocks) */
-    size_t group_bytes; /* packed: bytes per group of 8 rows (= 8 * row_bytes) */
+    size_t group_bytes; /* packed: bytes per group of 8 rows (tdm_cpu_pack_bytes(type, 8, nb)) */
     uint64_t n_out;     /* rows */
     size_t nb;          /* 32-value blocks per row */
     bool packed;
@@ -56,8 +59,14 @@ typedef struct tdm_cpu_qmat {
  * The canonical reduction, which every kernel performs bit for bit: per block b the integer
  * dot product (Q4_0: sum (u - 8) a, Q4_1: sum u a, Q8_0: sum w a; exact in int32), then
  * acc = fma(dw * da, (float)isum, acc) and, for Q4_1, acc = fma(mw, s, acc), blocks in order
- * from acc = 0. Tokens and rows never share an accumulator, so no result depends on the
- * batch, and the scalar reference and the SIMD kernels give identical bits. */
+ * from acc = 0. The K-quants run per 32-value sub-block with the scales taken to f32 exactly
+ * (d * sc and dmin * m have at most 17 significant bits): Q4_K as Q4_1 with dw = d * sc and
+ * mw = -(dmin * m); Q5_K likewise with the values taken signed (q - 16) and
+ * mw = 16 * dw - dmin * m (rounded to f32 once, at load); Q6_K (values q - 32, an int8 scale
+ * per 16) as two half-block integer dots, acc = fma(dlo * da, isum_lo, acc) then
+ * acc = fma(dhi * da, isum_hi, acc). Tokens and rows never
+ * share an accumulator, so no result depends on the batch, and the scalar reference and the SIMD
+ * kernels give identical bits. */
 typedef void (*tdm_cpu_gemm_fn)(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
                                 const q8a_block_t *act, uint32_t nt, float *out, size_t ldo);
 
@@ -66,10 +75,14 @@ typedef void (*tdm_cpu_gemm_fn)(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
  * quants: Q4 blocks as 4 x 32 bytes where byte 4r + i of chunk k is byte 4k + i of row r's
  * nibbles (low nibble: value 4k + i, high: value 16 + 4k + i); Q8_0 as 8 x 32 bytes where
  * byte 4r + i of chunk k is value 4k + i of row r. Rows past n_out are zero. The packed bytes
- * of a group equal the GGUF bytes of its 8 rows: 144, 160 and 272 per block. */
+ * of a group equal the GGUF bytes of its 8 rows: 144, 160 and 272 per block. The K-quants
+ * are repacked per 32-value sub-block with f32 scales: Q4_K as dw[8], mw[8] (f32) then the
+ * Q4 chunks of its nibbles in Q4_1's order (192 bytes, 4/3 of the GGUF bytes); Q6_K as
+ * dlo[8], dhi[8] (f32) then the values q - 32 as Q8_0's chunks (320 bytes, 1.52x); Q5_K as
+ * dw[8], mw[8] (f32) then the values q - 16 as Q8_0's chunks (320 bytes, 1.82x). */
 size_t tdm_cpu_pack_bytes(tdm_ggml_type_t type, uint64_t n_out, size_t nb);
-/* Repacks n_out GGUF rows of nb blocks (src) into dst (tdm_cpu_pack_bytes bytes); cannot
- * fail for the three types. */
+/* Repacks n_out GGUF rows of nb 32-value blocks (src) into dst (tdm_cpu_pack_bytes bytes);
+ * cannot fail for the six types. */
 void tdm_cpu_pack(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb,
                   uint8_t *dst);
 

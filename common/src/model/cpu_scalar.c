@@ -13,6 +13,9 @@ int tdm_cpu_qtype_of(tdm_ggml_type_t type)
     case TDM_GGML_TYPE_Q4_0: return TDM_CPU_Q4_0;
     case TDM_GGML_TYPE_Q4_1: return TDM_CPU_Q4_1;
     case TDM_GGML_TYPE_Q8_0: return TDM_CPU_Q8_0;
+    case TDM_GGML_TYPE_Q4_K: return TDM_CPU_Q4_K;
+    case TDM_GGML_TYPE_Q5_K: return TDM_CPU_Q5_K;
+    case TDM_GGML_TYPE_Q6_K: return TDM_CPU_Q6_K;
     default: return -1;
     }
 }
@@ -70,6 +73,127 @@ static float dot_q8_0_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
     return acc;
 }
 
+/* ---- K-quants, one 32-value sub-block at a time (cpu_kernels.h) ---- */
+
+#define QK_K 256
+
+static float kq_half(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return tdm_fp16_to_fp32(h);
+}
+
+/* The 6-bit scale and min of sub-block j of a Q4_K / Q5_K super-block (quant.c's
+ * scale_min_k4), as dw = d * sc and mw = -(dmin * m). */
+static void kq_scale_min(const uint8_t *sb, int j, float *dw, float *mw)
+{
+    const uint8_t *s = sb + 4;
+    int isc, im;
+    if (j < 4) {
+        isc = s[j] & 63;
+        im = s[j + 4] & 63;
+    } else {
+        isc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        im = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+    *dw = kq_half(sb) * (float)isc;
+    *mw = -(kq_half(sb + 2) * (float)im);
+}
+
+/* Sub-block j (0..7) of a Q4_K super-block: values 0..15, dw = d * sc, mw = -(dmin * m). */
+static void kq_q4_k(const uint8_t *sb, int j, int8_t *v, float *sc, float *mw)
+{
+    const uint8_t *q = sb + 16 + 32 * (j / 2);
+    for (int l = 0; l < 32; l++)
+        v[l] = (int8_t)(j % 2 ? q[l] >> 4 : q[l] & 15);
+    kq_scale_min(sb, j, &sc[0], mw);
+    sc[1] = sc[0];
+}
+
+/* Sub-block j (0..7) of a Q5_K super-block: the 5-bit values taken signed, q - 16, so that
+ * they run as Q8_0's int8 values; the offset moves into the min: mw = 16 * dw - dmin * m
+ * (rounded to f32 once, here, for every kernel). */
+static void kq_q5_k(const uint8_t *sb, int j, int8_t *v, float *sc, float *mw)
+{
+    const uint8_t *qh = sb + 16, *ql = sb + 48 + 32 * (j / 2);
+    for (int l = 0; l < 32; l++) {
+        int lo = j % 2 ? ql[l] >> 4 : ql[l] & 15;
+        v[l] = (int8_t)(lo + ((qh[l] >> j) & 1) * 16 - 16);
+    }
+    kq_scale_min(sb, j, &sc[0], mw);
+    sc[1] = sc[0];
+    *mw += 16.0f * sc[0];
+}
+
+/* Sub-block j (0..7) of a Q6_K super-block: values q - 32, dlo / dhi = d * scale of each half. */
+static void kq_q6_k(const uint8_t *sb, int j, int8_t *v, float *sc, float *mw)
+{
+    int half = j / 4, quarter = j % 4;
+    const uint8_t *ql = sb + 64 * half + (quarter % 2 ? 32 : 0), *qh = sb + 128 + 32 * half;
+    const int8_t *scales = (const int8_t *)(sb + 192) + 8 * half + 2 * quarter;
+    for (int l = 0; l < 32; l++) {
+        int lo = quarter < 2 ? ql[l] & 15 : ql[l] >> 4;
+        v[l] = (int8_t)((lo | (((qh[l] >> (2 * quarter)) & 3) << 4)) - 32);
+    }
+    float d = kq_half(sb + 208);
+    sc[0] = d * (float)scales[0];
+    sc[1] = d * (float)scales[1];
+    *mw = 0.0f;
+}
+
+/* 32-value block b of a K-quant row: values v, scales of its halves, min term. */
+static void kq_block(tdm_ggml_type_t type, const uint8_t *row, size_t b, int8_t *v, float *sc,
+                     float *mw)
+{
+    if (type == TDM_GGML_TYPE_Q4_K)
+        kq_q4_k(row + (b / 8) * 144, (int)(b % 8), v, sc, mw);
+    else if (type == TDM_GGML_TYPE_Q5_K)
+        kq_q5_k(row + (b / 8) * 176, (int)(b % 8), v, sc, mw);
+    else
+        kq_q6_k(row + (b / 8) * 210, (int)(b % 8), v, sc, mw);
+}
+
+/* The canonical K-quant reduction over one row in place. */
+static float dot_kq_scalar(tdm_ggml_type_t type, const uint8_t *row, const q8a_block_t *a,
+                           size_t nb)
+{
+    float acc = 0.0f;
+    for (size_t b = 0; b < nb; b++) {
+        int8_t v[32];
+        float sc[2], mw;
+        kq_block(type, row, b, v, sc, &mw);
+        int32_t lo = 0, hi = 0;
+        for (int j = 0; j < 16; j++) {
+            lo += v[j] * a[b].q[j];
+            hi += v[j + 16] * a[b].q[j + 16];
+        }
+        if (type != TDM_GGML_TYPE_Q6_K) {
+            acc = fmaf(sc[0] * a[b].d, (float)(lo + hi), acc);
+            acc = fmaf(mw, a[b].s, acc);
+        } else {
+            acc = fmaf(sc[0] * a[b].d, (float)lo, acc);
+            acc = fmaf(sc[1] * a[b].d, (float)hi, acc);
+        }
+    }
+    return acc;
+}
+
+static float dot_q4_k_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
+{
+    return dot_kq_scalar(TDM_GGML_TYPE_Q4_K, p, a, nb);
+}
+
+static float dot_q5_k_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
+{
+    return dot_kq_scalar(TDM_GGML_TYPE_Q5_K, p, a, nb);
+}
+
+static float dot_q6_k_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
+{
+    return dot_kq_scalar(TDM_GGML_TYPE_Q6_K, p, a, nb);
+}
+
 /* GEMM over GGUF rows in place: one (row, token) dot at a time. */
 #define TDM_GEN_SCALAR_GEMM(name)                                                                  \
     static void name##_gemm(const tdm_cpu_qmat_t *w, size_t g0, size_t g1, const q8a_block_t *act, \
@@ -84,12 +208,22 @@ static float dot_q8_0_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
 TDM_GEN_SCALAR_GEMM(dot_q4_0_scalar)
 TDM_GEN_SCALAR_GEMM(dot_q4_1_scalar)
 TDM_GEN_SCALAR_GEMM(dot_q8_0_scalar)
+TDM_GEN_SCALAR_GEMM(dot_q4_k_scalar)
+TDM_GEN_SCALAR_GEMM(dot_q5_k_scalar)
+TDM_GEN_SCALAR_GEMM(dot_q6_k_scalar)
 
 /* ---- the packed layout (cpu_kernels.h) ---- */
 
 static size_t pack_block_bytes(tdm_ggml_type_t type)
 {
-    return type == TDM_GGML_TYPE_Q4_1 ? 160 : type == TDM_GGML_TYPE_Q4_0 ? 144 : 272;
+    switch (type) {
+    case TDM_GGML_TYPE_Q4_0: return 144;
+    case TDM_GGML_TYPE_Q4_1: return 160;
+    case TDM_GGML_TYPE_Q4_K: return 192;
+    case TDM_GGML_TYPE_Q5_K:
+    case TDM_GGML_TYPE_Q6_K: return 320;
+    default: return 272;
+    }
 }
 
 size_t tdm_cpu_pack_bytes(tdm_ggml_type_t type, uint64_t n_out, size_t nb)
@@ -114,8 +248,50 @@ static void pack_block(tdm_ggml_type_t type, const uint8_t *const *rows, uint8_t
     }
 }
 
+/* One 32-value block of 8 K-quant rows (rows[r] NULL past n_out) into dst. */
+static void pack_kq_block(tdm_ggml_type_t type, const uint8_t *const *rows, size_t b, uint8_t *dst)
+{
+    bool q4 = type == TDM_GGML_TYPE_Q4_K;
+    float *s0 = (float *)(void *)dst, *s1 = s0 + 8;
+    uint8_t *q = dst + 64;
+    memset(dst, 0, pack_block_bytes(type));
+    for (int r = 0; r < 8; r++) {
+        if (!rows[r])
+            continue;
+        int8_t v[32];
+        float sc[2], mw;
+        kq_block(type, rows[r], b, v, sc, &mw);
+        s0[r] = sc[0];
+        s1[r] = type == TDM_GGML_TYPE_Q6_K ? sc[1] : mw;
+        for (int k = 0; k < (q4 ? 4 : 8); k++)
+            for (int i = 0; i < 4; i++)
+                q[32 * k + 4 * r + i] =
+                    q4 ? (uint8_t)(v[4 * k + i] | (v[16 + 4 * k + i] << 4)) : (uint8_t)v[4 * k + i];
+    }
+}
+
+static void pack_kq(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb,
+                    uint8_t *dst)
+{
+    size_t row_bytes = nb / 8 *
+                       (type == TDM_GGML_TYPE_Q4_K   ? 144
+                        : type == TDM_GGML_TYPE_Q5_K ? 176
+                                                     : 210);
+    for (uint64_t g = 0; g < (n_out + 7) / 8; g++) {
+        const uint8_t *rows[8];
+        for (uint64_t r = 0; r < 8; r++)
+            rows[r] = 8 * g + r < n_out ? src + (8 * g + r) * row_bytes : NULL;
+        for (size_t b = 0; b < nb; b++, dst += pack_block_bytes(type))
+            pack_kq_block(type, rows, b, dst);
+    }
+}
+
 void tdm_cpu_pack(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb, uint8_t *dst)
 {
+    if (type == TDM_GGML_TYPE_Q4_K || type == TDM_GGML_TYPE_Q5_K || type == TDM_GGML_TYPE_Q6_K) {
+        pack_kq(type, src, n_out, nb, dst);
+        return;
+    }
     size_t row_bytes = nb * (type == TDM_GGML_TYPE_Q4_1   ? 20
                              : type == TDM_GGML_TYPE_Q4_0 ? 18
                                                           : 34);
@@ -184,7 +360,8 @@ static const tdm_cpu_isa_t isa_scalar = {
     .axpy_f32 = axpy_f32_scalar,
     .store_f16 = store_f16_scalar,
     .round_f16 = round_f16_scalar,
-    .gemm = {dot_q4_0_scalar_gemm, dot_q4_1_scalar_gemm, dot_q8_0_scalar_gemm},
+    .gemm = {dot_q4_0_scalar_gemm, dot_q4_1_scalar_gemm, dot_q8_0_scalar_gemm, dot_q4_k_scalar_gemm,
+             dot_q5_k_scalar_gemm, dot_q6_k_scalar_gemm}, /* tdm_cpu_qtype_t's order */
 };
 
 const tdm_cpu_isa_t *tdm_cpu_isa_scalar(void)

@@ -21,12 +21,12 @@ TDM_AVXVNNI static inline __m256i q4_isum_vnni(const __m256i *u, const int8_t *q
     return s;
 }
 
-TDM_AVXVNNI static inline __m256i q8_isum_vnni(const __m256i *w, const __m256i *wabs,
-                                               const int8_t *q)
+TDM_AVXVNNI static inline __attribute__((always_inline)) __m256i
+q8_isum_vnni(const __m256i *w, const __m256i *wabs, const int8_t *q, const int nk)
 {
     __m256i s = _mm256_setzero_si256();
 #pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < nk; k++) {
         int32_t v;
         memcpy(&v, q + 4 * k, 4);
         s = _mm256_dpbusd_avx_epi32(s, wabs[k], _mm256_sign_epi8(_mm256_set1_epi32(v), w[k]));
@@ -52,6 +52,9 @@ const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void)
     isa.gemm[TDM_CPU_Q4_0] = gemm_q4_0_vnni;
     isa.gemm[TDM_CPU_Q4_1] = gemm_q4_1_vnni;
     isa.gemm[TDM_CPU_Q8_0] = gemm_q8_0_vnni;
+    isa.gemm[TDM_CPU_Q4_K] = gemm_q4_k_vnni;
+    isa.gemm[TDM_CPU_Q5_K] = gemm_q5_k_vnni;
+    isa.gemm[TDM_CPU_Q6_K] = gemm_q6_k_vnni;
     return &isa;
 }
 #else
