@@ -77,7 +77,9 @@ def model_name(port):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(str(tmp_path_factory.mktemp("vllm-metrics")), n_prefill=1, n_decode=1)
+    # no speculative decoding: the tests count forward passes of one decode row each
+    c = Cluster(str(tmp_path_factory.mktemp("vllm-metrics")), n_prefill=1, n_decode=1,
+                extra_decode="    speculative:\n      max_draft: 0\n")
     c.start()
     yield c
     codes = c.stop()
