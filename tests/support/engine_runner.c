@@ -111,3 +111,29 @@ void tdm_test_random_tokens(int32_t *t, uint32_t n, uint32_t n_vocab, uint64_t s
         t[i] = (int32_t)((seed >> 33) % (n_vocab - 3));
     }
 }
+
+int tdm_test_tok_engine_setup(void **state)
+{
+    tdm_test_tok_engine_t *fx = calloc(1, sizeof *fx);
+    assert_non_null(fx);
+    tdm_tiny_llama_spec_t spec = {0};
+    spec.n_ctx = 512;
+    spec.seed = 7;
+    tdm_test_engine_write_tiny(&fx->f, &spec);
+    tdm_test_engine_open(&fx->f, fx->f.path, TDM_KV_F16, 512);
+    tdm_error_t err = {0};
+    fx->tok = tdm_tokenizer_new(tdm_model_gguf(fx->f.model), &err);
+    assert_non_null(fx->tok);
+    *state = fx;
+    return 0;
+}
+
+int tdm_test_tok_engine_teardown(void **state)
+{
+    tdm_test_tok_engine_t *fx = *state;
+    tdm_tokenizer_destroy(&fx->tok);
+    tdm_test_engine_close(&fx->f);
+    remove(fx->f.path);
+    free(fx);
+    return 0;
+}

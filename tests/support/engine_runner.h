@@ -9,6 +9,7 @@
 
 #include "tandem/kv.h"
 #include "tandem/model.h"
+#include "tandem/tokenizer.h"
 #include "tiny_model.h"
 
 #define TDM_TEST_MAX_ROWS 256   /* rows per forward pass */
@@ -22,6 +23,17 @@ typedef struct tdm_test_engine {
     tdm_engine_t *engine;
     uint32_t n_vocab;
 } tdm_test_engine_t;
+
+/* A group fixture for the worker tests: a tiny model (n_ctx 512, seed 7) with an f16 KV pool
+ * of 512 blocks and its tokenizer; tdm_test_tok_engine_setup/teardown are cmocka group
+ * setup/teardown functions (*state is the tdm_test_tok_engine_t). */
+typedef struct tdm_test_tok_engine {
+    tdm_test_engine_t f;
+    tdm_tokenizer_t *tok;
+} tdm_test_tok_engine_t;
+
+int tdm_test_tok_engine_setup(void **state);
+int tdm_test_tok_engine_teardown(void **state);
 
 /* One sequence being run: its tokens, block table and the logits of every position. */
 typedef struct tdm_test_seq {

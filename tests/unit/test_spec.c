@@ -16,35 +16,7 @@
 #define N_SEQ 6
 #define PROMPT_CAP 128
 
-typedef struct fixture {
-    tdm_test_engine_t f;
-    tdm_tokenizer_t *tok;
-} fixture_t;
-
-static int setup(void **state)
-{
-    fixture_t *fx = calloc(1, sizeof *fx);
-    tdm_tiny_llama_spec_t spec = {0};
-    spec.n_ctx = 512;
-    spec.seed = 7;
-    tdm_test_engine_write_tiny(&fx->f, &spec);
-    tdm_test_engine_open(&fx->f, fx->f.path, TDM_KV_F16, 512);
-    tdm_error_t err = {0};
-    fx->tok = tdm_tokenizer_new(tdm_model_gguf(fx->f.model), &err);
-    assert_non_null(fx->tok);
-    *state = fx;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    fixture_t *fx = *state;
-    tdm_tokenizer_destroy(&fx->tok);
-    tdm_test_engine_close(&fx->f);
-    remove(fx->f.path);
-    free(fx);
-    return 0;
-}
+typedef tdm_test_tok_engine_t fixture_t; /* engine_runner.h */
 
 /* A worker with its own pool and engine. */
 typedef struct rig {
@@ -410,5 +382,5 @@ int main(void)
         cmocka_unit_test(test_constrained),     cmocka_unit_test(test_off),
         cmocka_unit_test(test_logit_rows),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tdm_test_tok_engine_setup, tdm_test_tok_engine_teardown);
 }
