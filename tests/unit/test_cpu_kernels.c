@@ -3,7 +3,8 @@
  * quantizer and for the quantized GEMM of every weight type (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) on
  * random weights, any number of
  * tokens (1..70) and rows that do not fill the last 8-row group; the reference itself agrees
- * with a double-precision dot product of the dequantized operands. */
+ * with a double-precision dot product of the dequantized operands. The f32 ops (attention's
+ * dots and axpys, grouped-query scores and PV, f16 stores) are bitwise equal across sets too. */
 #include "tdm_test.h"
 
 #include <math.h>
@@ -186,8 +187,74 @@ static void check_type(tdm_ggml_type_t type, const tdm_cpu_isa_t *isa, uint64_t 
     }
 }
 
+/* The f32 ops of attention against the scalar reference, bit for bit: dot_f32 and
+ * dot_f32_f16 (lengths 1..130: tails past the 8-lane chunks), axpy_f16/axpy_f32, store_f16,
+ * and the grouped kernels (scores_f16, pv_f16) against per-pair dot_f32_f16 / axpy_f16 calls
+ * for 1..9 heads, 1..5 rows and head sizes 8..128 (36: a tail). */
+static void check_f32_ops(const tdm_cpu_isa_t *isa, uint64_t *seed)
+{
+    const tdm_cpu_isa_t *ref = tdm_cpu_isa_scalar();
+    enum { N = 9 * 128 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    float *o1 = malloc(N * sizeof *o1), *o2 = malloc(N * sizeof *o2);
+    uint16_t *h = malloc(N * sizeof *h), *h2 = malloc(N * sizeof *h2);
+    assert_true(x && y && o1 && o2 && h && h2);
+    for (size_t i = 0; i < N; i++) {
+        x[i] = uniform(seed, -2.0f, 2.0f);
+        y[i] = uniform(seed, -2.0f, 2.0f);
+        h[i] = tdm_fp32_to_fp16(uniform(seed, -3.0f, 3.0f));
+    }
+    for (size_t n = 1; n <= 130; n++) {
+        float a = ref->dot_f32(x, y, n), b = isa->dot_f32(x, y, n);
+        assert_memory_equal(&a, &b, sizeof a);
+        a = ref->dot_f32_f16(x + 3, h + 1, n);
+        b = isa->dot_f32_f16(x + 3, h + 1, n);
+        assert_memory_equal(&a, &b, sizeof a);
+        memcpy(o1, y, n * sizeof *o1);
+        memcpy(o2, y, n * sizeof *o2);
+        ref->axpy_f16(o1, 0.3f, h, n);
+        isa->axpy_f16(o2, 0.3f, h, n);
+        ref->axpy_f32(o1, -1.7f, x, n);
+        isa->axpy_f32(o2, -1.7f, x, n);
+        assert_memory_equal(o1, o2, n * sizeof *o1);
+        ref->store_f16(h2, x, n);
+        isa->store_f16(h2 + n, x, n);
+        assert_memory_equal(h2, h2 + n, n * sizeof *h2);
+    }
+    static const size_t dims[] = {8, 16, 36, 64, 128};
+    float sc[9 * 5], want[9 * 5];
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        size_t d = dims[di];
+        for (uint32_t nh = 1; nh <= 9; nh++) {
+            for (uint32_t nk = 1; nk <= 5; nk++) {
+                isa->scores_f16(x, nh, h, nk, d, sc, 5);
+                for (uint32_t hh = 0; hh < nh; hh++)
+                    for (uint32_t j = 0; j < nk; j++)
+                        want[hh * 5 + j] = ref->dot_f32_f16(x + hh * d, h + j * d, d);
+                for (uint32_t hh = 0; hh < nh; hh++)
+                    assert_memory_equal(sc + hh * 5, want + hh * 5, nk * sizeof *sc);
+                memcpy(o1, y, nh * d * sizeof *o1);
+                memcpy(o2, y, nh * d * sizeof *o2);
+                isa->pv_f16(o1, nh, x, 7, h, nk, d);
+                for (uint32_t hh = 0; hh < nh; hh++)
+                    for (uint32_t j = 0; j < nk; j++)
+                        ref->axpy_f16(o2 + hh * d, x[hh * 7 + j], h + j * d, d);
+                assert_memory_equal(o1, o2, nh * d * sizeof *o1);
+            }
+        }
+    }
+    free(x);
+    free(y);
+    free(o1);
+    free(o2);
+    free(h);
+    free(h2);
+}
+
 static void check_isa(const tdm_cpu_isa_t *isa)
 {
+    uint64_t seed0 = 43;
+    check_f32_ops(isa, &seed0);
     uint64_t seed = 42;
     check_type(TDM_GGML_TYPE_Q4_0, isa, &seed);
     check_type(TDM_GGML_TYPE_Q4_1, isa, &seed);

@@ -112,6 +112,90 @@ static void test_invariance_other_types(void **state)
     invariance_on_tiny(TDM_GGML_TYPE_Q8_0, TDM_GGML_TYPE_Q8_0, 64, true, TDM_KV_Q8);
 }
 
+/* Logits of a 70-token prompt and a 9-token prompt run together (chunks 23 and 4) on path's
+ * engine with TANDEM_CPU_KERNELS=family; the engine's backend name goes to name. */
+static float *family_logits(const char *path, const char *family, tdm_kv_dtype_t dtype, char *name,
+                            size_t name_len, size_t *n_floats)
+{
+    setenv("TANDEM_CPU_KERNELS", family, 1);
+    tdm_test_engine_t f;
+    tdm_test_engine_open(&f, path, dtype, 256);
+    unsetenv("TANDEM_CPU_KERNELS");
+    snprintf(name, name_len, "%s", tdm_engine_backend_name(f.engine));
+    int32_t a[70], b[9];
+    tdm_test_random_tokens(a, 70, f.n_vocab, 21);
+    tdm_test_random_tokens(b, 9, f.n_vocab, 22);
+    tdm_test_seq_t s[2];
+    tdm_test_seq_start(&f, &s[0], a, 70);
+    tdm_test_seq_start(&f, &s[1], b, 9);
+    const uint32_t chunks[2] = {23, 4};
+    tdm_test_run_together(&f, s, 2, chunks);
+    size_t n0 = (size_t)70 * f.n_vocab, n1 = (size_t)9 * f.n_vocab;
+    float *out = malloc((n0 + n1) * sizeof *out);
+    assert_non_null(out);
+    memcpy(out, s[0].logits, n0 * sizeof *out);
+    memcpy(out + n0, s[1].logits, n1 * sizeof *out);
+    *n_floats = n0 + n1;
+    tdm_test_seq_end(&f, &s[0]);
+    tdm_test_seq_end(&f, &s[1]);
+    tdm_test_engine_close(&f);
+    return out;
+}
+
+/* Every kernel family this CPU runs gives the scalar reference's logits bit for bit, on every
+ * path: the quantized GEMMs, the f32 matmul of F16/BF16/Q5 weights, attention over f16, f32
+ * and q8 caches (head_dim 16, 32 and 36: a tail past the 8-lane chunks), GQA groups of 2, 3
+ * and 4. */
+static void test_families_bitwise(void **state)
+{
+    (void)state;
+    static const struct {
+        tdm_ggml_type_t w, e;
+        uint32_t n_embd, heads, kv_heads;
+        tdm_kv_dtype_t dtype;
+    } cases[] = {
+        {TDM_GGML_TYPE_Q4_1, TDM_GGML_TYPE_Q8_0, 64, 4, 2, TDM_KV_F16},
+        {TDM_GGML_TYPE_Q4_0, TDM_GGML_TYPE_F16, 64, 4, 2, TDM_KV_F32},
+        {TDM_GGML_TYPE_F16, TDM_GGML_TYPE_BF16, 108, 3, 1, TDM_KV_F16},
+        {TDM_GGML_TYPE_Q5_1, TDM_GGML_TYPE_F32, 64, 4, 2, TDM_KV_Q8},
+        {TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q6_K, 256, 8, 2, TDM_KV_F16},
+    };
+    static const char *const families[] = {"avx2", "vnni", "avx512"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tdm_test_engine_t f;
+        tdm_tiny_llama_spec_t spec = {.n_embd = cases[c].n_embd,
+                                      .n_layers = 2,
+                                      .n_heads = cases[c].heads,
+                                      .n_kv_heads = cases[c].kv_heads,
+                                      .n_vocab = 512,
+                                      .weight_type = cases[c].w,
+                                      .embd_type = cases[c].e,
+                                      .tied_embeddings = c % 2 == 0,
+                                      .seed = 31 + (uint32_t)c,
+                                      .weight_std = 0.05f};
+        tdm_test_engine_write_tiny(&f, &spec);
+        char ref_name[64], name[64], last[64];
+        size_t n_ref, n;
+        float *ref =
+            family_logits(f.path, "scalar", cases[c].dtype, ref_name, sizeof ref_name, &n_ref);
+        assert_string_equal(ref_name, "cpu/scalar");
+        snprintf(last, sizeof last, "%s", ref_name);
+        for (size_t k = 0; k < sizeof families / sizeof families[0]; k++) {
+            float *got = family_logits(f.path, families[k], cases[c].dtype, name, sizeof name, &n);
+            if (strcmp(name, last) != 0) { /* a family this CPU lacks caps to the one below */
+                printf("case %zu: %s gives %s's logits bit for bit\n", c, name, ref_name);
+                assert_int_equal(n, n_ref);
+                if (memcmp(got, ref, n * sizeof *got) != 0)
+                    fail_msg("case %zu: %s logits differ from the scalar reference", c, name);
+                snprintf(last, sizeof last, "%s", name);
+            }
+            free(got);
+        }
+        free(ref);
+        unlink(f.path);
+    }
+}
+
 /* The q8 KV cache stays close to f32 (per-block-per-head scale, 8 bits). */
 static void test_kv_q8_close_to_f32(void **state)
 {
@@ -311,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_invariance_q4_0_f16_untied),
         cmocka_unit_test(test_invariance_kquants),
         cmocka_unit_test(test_invariance_other_types),
+        cmocka_unit_test(test_families_bitwise),
         cmocka_unit_test(test_kv_q8_close_to_f32),
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_forward_errors),

@@ -59,8 +59,8 @@ typedef struct cpu_be {
     uint8_t *zact;    /* [max_rows][zact stride] activations in the AVX-512 layout */
     uint8_t *zprep;   /* [n_threads][zprep stride] one weight row prepared for AVX-512 */
     float *wrow;      /* [n_threads][max_in] dequantized weight rows */
-    float *scores;    /* [n_threads][n_ctx] attention scores */
-    float *kvrow;     /* [n_threads][2 * head_dim] converted K/V rows */
+    float *scores;    /* [n_threads][heads per KV head][n_ctx] attention scores */
+    float *kvrow;     /* [n_threads][heads per KV head + 2][head_dim] K/V rows, queries */
     float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
 } cpu_be_t;
 
@@ -183,8 +183,9 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
     size_t act_blocks = (size_t)be->max_rows * ((max_in + QK - 1) / QK);
     be->act = (q8a_block_t *)cpu_alloc(be, act_blocks * sizeof(q8a_block_t) / sizeof(float));
     be->wrow = cpu_alloc(be, nt * max_in);
-    be->scores = cpu_alloc(be, nt * be->n_ctx);
-    be->kvrow = cpu_alloc(be, nt * 2 * hp->head_dim);
+    size_t group = hp->n_heads / hp->n_kv_heads;
+    be->scores = cpu_alloc(be, nt * group * be->n_ctx);
+    be->kvrow = cpu_alloc(be, nt * (group + 2) * hp->head_dim);
     be->rope_cs = cpu_alloc(be, (size_t)be->max_rows * hp->rope_dim);
     size_t znb = (max_in + QK - 1) / QK;
     be->zact =
@@ -604,57 +605,110 @@ static float attn_scores(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
     return mx;
 }
 
+/* Softmax of n scaled scores in place, the max subtracted and the sum in double
+ * (ggml_soft_max); returns 1 / sum. With an f16 cache the normalised probabilities are then
+ * rounded to f16 (llama.cpp's f16 KQV mat-mul rounds them), else left unnormalised. */
+static float attn_softmax(const cpu_be_t *be, float *sc, uint32_t n, float mx, bool f16)
+{
+    double sum = 0.0;
+    for (uint32_t j = 0; j < n; j++) {
+        sc[j] = expf(sc[j] - mx);
+        sum += (double)sc[j];
+    }
+    float inv = (float)(1.0 / sum);
+    if (f16)
+        be->isa->round_f16(sc, sc, inv, n);
+    return inv;
+}
+
+/* One query head over any cache: scores position by position, softmax, then the weighted sum
+ * of V rows in order (tmp: 2 * head_dim floats). */
+static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
+                      const float *qh, uint32_t n_pos, float *sc, float *tmp, float *o)
+{
+    uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
+    bool f16 = be->kl.dtype == TDM_KV_F16, f16_fast = be->isa->dot_f32_f16 && f16;
+    float mx = attn_scores(be, layer, sq, g, qh, n_pos, sc, tmp);
+    float inv = attn_softmax(be, sc, n_pos, mx, f16);
+    memset(o, 0, D * sizeof(float));
+    for (uint32_t j = 0; j < n_pos; j++) {
+        const uint8_t *rec = kv_record(be, sq, j, layer, 1, g);
+        float pj = f16 ? sc[j] : sc[j] * inv;
+        if (f16_fast) {
+            be->isa->axpy_f16(o, pj, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
+            continue;
+        }
+        kv_get(be, rec, j % bs, tmp);
+        be->isa->axpy_f32(o, pj, tmp, D);
+    }
+}
+
+/* The nh query heads of one KV head g over an f16 cache with the grouped kernels
+ * (scores_f16, pv_f16): each K and V row is converted once for all nh heads, a block's rows
+ * at a time. Bit for bit attn_head for each head. q: the nh heads (rounded to f16), sc:
+ * [nh][ld] scores, o: [nh][head_dim]. */
+static void attn_group_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq,
+                           uint32_t g, const float *q, uint32_t nh, uint32_t n_pos, float *sc,
+                           size_t ld, float *o)
+{
+    uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
+    float scale = 1.0f / sqrtf((float)D);
+    for (uint32_t j0 = 0; j0 < n_pos; j0 += bs) {
+        uint32_t nk = n_pos - j0 < bs ? n_pos - j0 : bs;
+        const uint16_t *k = (const uint16_t *)kv_record(be, sq, j0, layer, 0, g);
+        be->isa->scores_f16(q, nh, k, nk, D, sc + j0, ld);
+    }
+    for (uint32_t h = 0; h < nh; h++) {
+        float *sh = sc + (size_t)h * ld, mx = -INFINITY;
+        for (uint32_t j = 0; j < n_pos; j++) {
+            sh[j] *= scale;
+            mx = fmaxf(mx, sh[j]);
+        }
+        attn_softmax(be, sh, n_pos, mx, true);
+    }
+    memset(o, 0, (size_t)nh * D * sizeof(float));
+    for (uint32_t j0 = 0; j0 < n_pos; j0 += bs) {
+        uint32_t nv = n_pos - j0 < bs ? n_pos - j0 : bs;
+        const uint16_t *v = (const uint16_t *)kv_record(be, sq, j0, layer, 1, g);
+        be->isa->pv_f16(o, nh, sc + j0, ld, v, nv, D);
+    }
+}
+
 /* Causal scaled dot-product attention (Vaswani et al. 2017) with GQA: query head h reads KV
  * head h / (n_heads / n_kv_heads). Scores over positions 0..pos in order, softmax with the
- * max subtracted, then the weighted sum of V rows in order. */
+ * max subtracted, then the weighted sum of V rows in order. Work items are (token, KV head):
+ * the heads of a group run together, and with an f16 cache through the grouped kernels. With
+ * an f16 cache the query and the probabilities are rounded to f16 too, as llama.cpp's f16
+ * mat-muls of KQ and KQV do, so the two engines round alike. */
 static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
                          float *out)
 {
     cpu_be_t *be = vbe;
     const tdm_llama_hparams_t *hp = be->hp;
-    uint32_t H = hp->n_heads, D = hp->head_dim, group = hp->n_heads / hp->n_kv_heads;
-    uint32_t bs = be->kl.block_size;
-    bool f16_fast = be->isa->dot_f32_f16 && be->kl.dtype == TDM_KV_F16;
-    int64_t n_items = (int64_t)rows->n * H;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(be->n_threads)
+    uint32_t H = hp->n_heads, KVH = hp->n_kv_heads, D = hp->head_dim, group = H / KVH;
+    bool f16 = be->kl.dtype == TDM_KV_F16;
+    bool grouped = f16 && be->isa->scores_f16 && be->isa->pv_f16;
+    int64_t n_items = (int64_t)rows->n * KVH;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(be->n_threads)
     for (int64_t it = 0; it < n_items; it++) {
-        uint32_t t = (uint32_t)(it / H), h = (uint32_t)(it % H), g = h / group;
+        uint32_t t = (uint32_t)(it / KVH), g = (uint32_t)(it % KVH);
         int tid = omp_get_thread_num();
-        float *sc = be->scores + (size_t)tid * be->n_ctx;
-        float *tmp = be->kvrow + (size_t)tid * 2 * D;
-        const float *qh = q + ((size_t)t * H + h) * D;
-        float *o = out + ((size_t)t * H + h) * D;
+        float *sc = be->scores + (size_t)tid * group * be->n_ctx;
+        float *tmp = be->kvrow + (size_t)tid * (group + 2) * D, *qr = tmp + 2 * D;
+        const float *qg = q + ((size_t)t * H + (size_t)g * group) * D;
+        float *og = out + ((size_t)t * H + (size_t)g * group) * D;
         const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
         uint32_t n_pos = rows->pos[t] + 1;
-        /* With an f16 cache the query and the probabilities are rounded to f16 too, as
-         * llama.cpp's f16 mat-muls of KQ and KQV do, so the two engines round alike. */
-        bool f16 = be->kl.dtype == TDM_KV_F16;
-        float *qr = tmp + D;
         if (f16) {
-            be->isa->round_f16(qr, qh, 1.0f, D);
-            qh = qr;
+            be->isa->round_f16(qr, qg, 1.0f, (size_t)group * D);
+            qg = qr;
         }
-        float mx = attn_scores(be, layer, sq, g, qh, n_pos, sc, tmp);
-        /* softmax with the sum in double, then normalised probabilities (ggml_soft_max) */
-        double sum = 0.0;
-        for (uint32_t j = 0; j < n_pos; j++) {
-            sc[j] = expf(sc[j] - mx);
-            sum += (double)sc[j];
+        if (grouped) {
+            attn_group_f16(be, layer, sq, g, qg, group, n_pos, sc, be->n_ctx, og);
+            continue;
         }
-        float inv = (float)(1.0 / sum);
-        if (f16) /* the probabilities in f16 */
-            be->isa->round_f16(sc, sc, inv, n_pos);
-        memset(o, 0, D * sizeof(float));
-        for (uint32_t j = 0; j < n_pos; j++) {
-            const uint8_t *rec = kv_record(be, sq, j, layer, 1, g);
-            float pj = f16 ? sc[j] : sc[j] * inv;
-            if (f16_fast) {
-                be->isa->axpy_f16(o, pj, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
-                continue;
-            }
-            kv_get(be, rec, j % bs, tmp);
-            be->isa->axpy_f32(o, pj, tmp, D);
-        }
+        for (uint32_t h = 0; h < group; h++)
+            attn_head(be, layer, sq, g, qg + (size_t)h * D, n_pos, sc, tmp, og + (size_t)h * D);
     }
     return TDM_OK;
 }

@@ -1,6 +1,8 @@
 /* cpu_avx2.c - the CPU backend's AVX2 + FMA + F16C kernels (x86-64; chosen at run time). */
 #include "model/cpu_kernels.h"
 
+#include <math.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include "model/cpu_x86.inc"
 
@@ -49,7 +51,7 @@ TDM_AVX2 static float dot_f32_avx2(const float *x, const float *y, size_t n)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
     float s = hsum_ps(acc);
     for (; i < n; i++)
-        s += x[i] * y[i];
+        s = fmaf(x[i], y[i], s);
     return s;
 }
 
@@ -102,7 +104,7 @@ TDM_AVX2 static float dot_f32_f16_avx2(const float *q, const uint16_t *k, size_t
                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), acc);
     float s = hsum_ps(acc);
     for (; i < n; i++)
-        s += q[i] * _cvtsh_ss(k[i]);
+        s = fmaf(q[i], _cvtsh_ss(k[i]), s);
     return s;
 }
 
@@ -116,7 +118,7 @@ TDM_AVX2 static void axpy_f16_avx2(float *out, float p, const uint16_t *v, size_
             out + i, _mm256_fmadd_ps(vp, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i))),
                                      _mm256_loadu_ps(out + i)));
     for (; i < n; i++)
-        out[i] += p * _cvtsh_ss(v[i]);
+        out[i] = fmaf(p, _cvtsh_ss(v[i]), out[i]);
 }
 
 TDM_AVX2 static void axpy_f32_avx2(float *out, float p, const float *v, size_t n)
@@ -127,8 +129,121 @@ TDM_AVX2 static void axpy_f32_avx2(float *out, float p, const float *v, size_t n
         _mm256_storeu_ps(out + i,
                          _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
     for (; i < n; i++)
-        out[i] += p * v[i];
+        out[i] = fmaf(p, v[i], out[i]);
 }
+
+/* Scores of nh (1..4) query heads against np (1..2) K rows, d a multiple of 8: one fma chain
+ * per pair over the 8-value chunks in order, then hsum_ps, exactly as dot_f32_f16_avx2. */
+TDM_AVX2 static inline __attribute__((always_inline)) void
+scores_tile_avx2(const float *q, const int nh, const uint16_t *k, const int np, size_t d, float *sc,
+                 size_t ldsc)
+{
+    __m256 acc[4][2];
+    for (int h = 0; h < nh; h++)
+        for (int j = 0; j < np; j++)
+            acc[h][j] = _mm256_setzero_ps();
+    for (size_t i = 0; i < d; i += 8) {
+        __m256 kv[2];
+        for (int j = 0; j < np; j++)
+            kv[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)j * d + i)));
+        for (int h = 0; h < nh; h++) {
+            __m256 qv = _mm256_loadu_ps(q + (size_t)h * d + i);
+            for (int j = 0; j < np; j++)
+                acc[h][j] = _mm256_fmadd_ps(qv, kv[j], acc[h][j]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int j = 0; j < np; j++)
+            sc[(size_t)h * ldsc + j] = hsum_ps(acc[h][j]);
+}
+
+#define SCORES_TILE(NP)                                                                            \
+    switch (th) {                                                                                  \
+    case 1: scores_tile_avx2(qh, 1, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
+    case 2: scores_tile_avx2(qh, 2, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
+    case 3: scores_tile_avx2(qh, 3, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
+    default: scores_tile_avx2(qh, 4, k + (size_t)j * d, NP, d, sh + j, ldsc); break;               \
+    }
+
+/* tdm_cpu_isa_t.scores_f16: heads in tiles of 4, K rows in pairs */
+TDM_AVX2 static void scores_f16_avx2(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk,
+                                     size_t d, float *sc, size_t ldsc)
+{
+    if (d % 8) {
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t j = 0; j < nk; j++)
+                sc[(size_t)h * ldsc + j] =
+                    dot_f32_f16_avx2(q + (size_t)h * d, k + (size_t)j * d, d);
+        return;
+    }
+    for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
+        uint32_t th = nh - h0 < 4 ? nh - h0 : 4, j = 0;
+        const float *qh = q + (size_t)h0 * d;
+        float *sh = sc + (size_t)h0 * ldsc;
+        for (; j + 2 <= nk; j += 2)
+            SCORES_TILE(2)
+        if (j < nk)
+            SCORES_TILE(1)
+    }
+}
+#undef SCORES_TILE
+
+/* Columns c .. c + 8 nc - 1 (nc 1..2) of nh (1..4) heads' outputs: acc = fma(p, v, acc) over
+ * the V rows in order, exactly as axpy_f16_avx2 called row after row. */
+TDM_AVX2 static inline __attribute__((always_inline)) void
+pv_tile_avx2(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, uint32_t nv,
+             size_t d, const int nc)
+{
+    __m256 acc[4][2];
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < nc; c++)
+            acc[h][c] = _mm256_loadu_ps(o + (size_t)h * d + 8 * c);
+    for (uint32_t j = 0; j < nv; j++) {
+        __m256 vv[2];
+        for (int c = 0; c < nc; c++)
+            vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (size_t)j * d + 8 * c)));
+        for (int h = 0; h < nh; h++) {
+            __m256 pb = _mm256_broadcast_ss(p + (size_t)h * ldp + j);
+            for (int c = 0; c < nc; c++)
+                acc[h][c] = _mm256_fmadd_ps(pb, vv[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < nc; c++)
+            _mm256_storeu_ps(o + (size_t)h * d + 8 * c, acc[h][c]);
+}
+
+#define PV_TILE(NC)                                                                                \
+    switch (th) {                                                                                  \
+    case 1: pv_tile_avx2(oh + c, 1, ph, ldp, v + c, nv, d, NC); break;                             \
+    case 2: pv_tile_avx2(oh + c, 2, ph, ldp, v + c, nv, d, NC); break;                             \
+    case 3: pv_tile_avx2(oh + c, 3, ph, ldp, v + c, nv, d, NC); break;                             \
+    default: pv_tile_avx2(oh + c, 4, ph, ldp, v + c, nv, d, NC); break;                            \
+    }
+
+/* tdm_cpu_isa_t.pv_f16: heads in tiles of 4, 16 columns at a time held in registers over all
+ * the rows */
+TDM_AVX2 static void pv_f16_avx2(float *o, uint32_t nh, const float *p, size_t ldp,
+                                 const uint16_t *v, uint32_t nv, size_t d)
+{
+    if (d % 8) {
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t j = 0; j < nv; j++)
+                axpy_f16_avx2(o + (size_t)h * d, p[(size_t)h * ldp + j], v + (size_t)j * d, d);
+        return;
+    }
+    for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
+        uint32_t th = nh - h0 < 4 ? nh - h0 : 4;
+        float *oh = o + (size_t)h0 * d;
+        const float *ph = p + (size_t)h0 * ldp;
+        size_t c = 0;
+        for (; c + 16 <= d; c += 16)
+            PV_TILE(2)
+        if (c < d)
+            PV_TILE(1)
+    }
+}
+#undef PV_TILE
 
 TDM_AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, size_t n)
 {
@@ -168,6 +283,8 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .dot_f32_f16 = dot_f32_f16_avx2,
     .axpy_f16 = axpy_f16_avx2,
     .axpy_f32 = axpy_f32_avx2,
+    .scores_f16 = scores_f16_avx2,
+    .pv_f16 = pv_f16_avx2,
     .store_f16 = store_f16_avx2,
     .round_f16 = round_f16_avx2,
     .packed = true,

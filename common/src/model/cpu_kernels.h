@@ -2,6 +2,10 @@
  * (cpu_scalar.c, cpu_avx2.c, cpu_vnni.c, cpu_avx512.c), chosen once when the backend is
  * created (cpu.c). Internal to libtandem.
  *
+ * Every set gives the scalar reference's bits on every op (the quantized GEMMs, the activation
+ * quantizer, the f32 dots and axpys of attention and of the f32 matmul path, f16 rounding), so
+ * nodes on different CPUs compute identical logits.
+ *
  * Quantized matmuls (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K weights) run on activations quantized to 8
  * bits in blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
  * every field of it is set. A SIMD set leaves NULL what it does not speed up, and cpu.c falls
@@ -95,12 +99,24 @@ typedef struct tdm_cpu_isa {
     const char *name; /* "scalar", "avx2", "avx2+vnni", "avx512-vnni" */
     /* Quantizes n values (a multiple of 32) into n/32 blocks, rounding half to even. */
     void (*quantize_act)(const float *x, size_t n, q8a_block_t *out);
+    /* The f32 ops give identical bits in every set. dot_f32 sums in one canonical order: 8
+     * lanes, lane l an fma chain over elements 8c + l from 0; then ((l0 + l4) + (l2 + l6)) +
+     * ((l1 + l5) + (l3 + l7)); then the n % 8 tail elements fma'd into that sum in order. */
     float (*dot_f32)(const float *x, const float *y, size_t n);
-    /* q · k with k stored as f16 (attention over an f16 cache); NULL: convert, then dot_f32 */
+    /* q · k with k stored as f16 (attention over an f16 cache), in dot_f32's order */
     float (*dot_f32_f16)(const float *q, const uint16_t *k, size_t n);
-    /* out += p * v for v f16 / f32 */
+    /* out[i] = fma(p, v[i], out[i]) for v f16 / f32 */
     void (*axpy_f16)(float *out, float p, const uint16_t *v, size_t n);
     void (*axpy_f32)(float *out, float p, const float *v, size_t n);
+    /* Grouped-query attention over f16 rows, one K/V row conversion for nh query heads (all
+     * the heads of one KV head's group). scores_f16: sc[h * ldsc + j] = q_h . k_j for h < nh
+     * (q_h = q + h * d, f32) and j < nk (k_j = k + j * d, f16), each bit for bit
+     * dot_f32_f16(q_h, k_j, d). pv_f16: o_h += sum_j p[h * ldp + j] * v_j over j = 0 .. nv - 1
+     * in order (o_h = o + h * d), bit for bit nv calls of axpy_f16. */
+    void (*scores_f16)(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk, size_t d,
+                       float *sc, size_t ldsc);
+    void (*pv_f16)(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
+                   uint32_t nv, size_t d);
     /* dst = src rounded to f16 */
     void (*store_f16)(uint16_t *dst, const float *src, size_t n);
     /* dst[i] = tdm_cpu_round_fp16(src[i] * scale) (dst may be src) */

@@ -307,12 +307,56 @@ void tdm_cpu_pack(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size
     }
 }
 
+/* The canonical f32 dot product (cpu_kernels.h), the order AVX2 sums in: 8 lanes, lane l an
+ * fma chain over elements 8c + l; the lanes summed ((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
+ * (l3 + l7)); the tail (n % 8 elements) fma'd into that sum in order. */
 static float dot_f32_scalar(const float *x, const float *y, size_t n)
 {
-    float acc = 0.0f;
+    float l[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            l[k] = fmaf(x[i + k], y[i + k], l[k]);
+    float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i < n; i++)
+        s = fmaf(x[i], y[i], s);
+    return s;
+}
+
+/* q . k with k f16, in dot_f32_scalar's order (f16 to f32 is exact) */
+static float dot_f32_f16_scalar(const float *q, const uint16_t *k, size_t n)
+{
+    float l[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            l[j] = fmaf(q[i + j], tdm_fp16_to_fp32(k[i + j]), l[j]);
+    float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i < n; i++)
+        s = fmaf(q[i], tdm_fp16_to_fp32(k[i]), s);
+    return s;
+}
+
+static void axpy_f16_scalar(float *out, float p, const uint16_t *v, size_t n)
+{
     for (size_t i = 0; i < n; i++)
-        acc += x[i] * y[i];
-    return acc;
+        out[i] = fmaf(p, tdm_fp16_to_fp32(v[i]), out[i]);
+}
+
+static void scores_f16_scalar(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk, size_t d,
+                              float *sc, size_t ldsc)
+{
+    for (uint32_t h = 0; h < nh; h++)
+        for (uint32_t j = 0; j < nk; j++)
+            sc[(size_t)h * ldsc + j] = dot_f32_f16_scalar(q + (size_t)h * d, k + (size_t)j * d, d);
+}
+
+static void pv_f16_scalar(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
+                          uint32_t nv, size_t d)
+{
+    for (uint32_t h = 0; h < nh; h++)
+        for (uint32_t j = 0; j < nv; j++)
+            axpy_f16_scalar(o + (size_t)h * d, p[(size_t)h * ldp + j], v + (size_t)j * d, d);
 }
 
 static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
@@ -338,7 +382,7 @@ static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
 static void axpy_f32_scalar(float *out, float p, const float *v, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        out[i] += p * v[i];
+        out[i] = fmaf(p, v[i], out[i]);
 }
 
 static void store_f16_scalar(uint16_t *dst, const float *src, size_t n)
@@ -357,7 +401,11 @@ static const tdm_cpu_isa_t isa_scalar = {
     .name = "scalar",
     .quantize_act = quantize_act_scalar,
     .dot_f32 = dot_f32_scalar,
+    .dot_f32_f16 = dot_f32_f16_scalar,
+    .axpy_f16 = axpy_f16_scalar,
     .axpy_f32 = axpy_f32_scalar,
+    .scores_f16 = scores_f16_scalar,
+    .pv_f16 = pv_f16_scalar,
     .store_f16 = store_f16_scalar,
     .round_f16 = round_f16_scalar,
     .gemm = {dot_q4_0_scalar_gemm, dot_q4_1_scalar_gemm, dot_q8_0_scalar_gemm, dot_q4_k_scalar_gemm,
