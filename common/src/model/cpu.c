@@ -600,7 +600,7 @@ static float attn_scores(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
         }
         s *= scale;
         sc[j] = s;
-        mx = fmaxf(mx, s);
+        mx = s > mx ? s : mx; /* fmaxf without the libm call (never NaN: mx starts at -inf) */
     }
     return mx;
 }
@@ -662,7 +662,7 @@ static void attn_group_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_s
         float *sh = sc + (size_t)h * ld, mx = -INFINITY;
         for (uint32_t j = 0; j < n_pos; j++) {
             sh[j] *= scale;
-            mx = fmaxf(mx, sh[j]);
+            mx = sh[j] > mx ? sh[j] : mx;
         }
         attn_softmax(be, sh, n_pos, mx, true);
     }

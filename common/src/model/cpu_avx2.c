@@ -6,35 +6,26 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include "model/cpu_x86.inc"
 
-/* Lane r: sum over the 32 values of row r's Q4 block (u, 8 chunks) times q. Each vpmaddubsw
- * lane is at most 2 * 15 * 127 and eight of them at most 30480, so the int16 sums are exact
- * before vpmaddwd widens them. */
-TDM_AVX2 static inline __m256i q4_isum_avx2(const __m256i *u, const int8_t *q)
+/* The exact integer block dots of cpu_gemm.inc, one 4-value chunk (8 rows x 4 bytes) at a time.
+ * Q4: vpmaddubsw of the nibbles u (0..15) against the activation bytes q, summed in int16: each
+ * lane is at most 2 * 15 * 127 and eight of them at most 30480, so every partial int16 sum is
+ * exact, in any order; q4_fin widens the 16 lanes pairwise (vpmaddwd) to one int32 per row. */
+TDM_AVX2 static inline __m256i q4_step_avx2(__m256i s, __m256i u, __m256i q)
 {
-    __m256i s16 = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        int32_t v;
-        memcpy(&v, q + 4 * k, 4);
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(v)));
-    }
-    return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    return _mm256_add_epi16(s, _mm256_maddubs_epi16(u, q));
 }
 
-/* Lane r: sum of row r's Q8_0 block times q, as |w| times q carrying w's sign (each vpmaddubsw
- * lane at most 2 * 128 * 127: no saturation). */
-TDM_AVX2 static inline __attribute__((always_inline)) __m256i
-q8_isum_avx2(const __m256i *w, const __m256i *wabs, const int8_t *q, const int nk)
+TDM_AVX2 static inline __m256i q4_fin_avx2(__m256i s)
 {
-    __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int k = 0; k < nk; k++) {
-        int32_t v;
-        memcpy(&v, q + 4 * k, 4);
-        __m256i p16 = _mm256_maddubs_epi16(wabs[k], _mm256_sign_epi8(_mm256_set1_epi32(v), w[k]));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-    }
-    return s;
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+}
+
+/* Q8: |w| times q carrying w's sign (each vpmaddubsw lane at most 2 * 128 * 127: no
+ * saturation), widened to int32 every chunk. */
+TDM_AVX2 static inline __m256i q8_step_avx2(__m256i s, __m256i w, __m256i wabs, __m256i q)
+{
+    __m256i p16 = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(q, w));
+    return _mm256_add_epi32(s, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
 #define TDM_KTARGET TDM_AVX2

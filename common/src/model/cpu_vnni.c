@@ -8,30 +8,20 @@
 #define TDM_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
 /* The exact integer block dots of cpu_gemm.inc with vpdpbusd (int32 accumulation, the same
- * integers as AVX2's vpmaddubsw + vpmaddwd). */
-TDM_AVXVNNI static inline __m256i q4_isum_vnni(const __m256i *u, const int8_t *q)
+ * integers as AVX2's vpmaddubsw + vpmaddwd), one 4-value chunk at a time. */
+TDM_AVXVNNI static inline __m256i q4_step_vnni(__m256i s, __m256i u, __m256i q)
 {
-    __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; k++) {
-        int32_t v;
-        memcpy(&v, q + 4 * k, 4);
-        s = _mm256_dpbusd_avx_epi32(s, u[k], _mm256_set1_epi32(v));
-    }
+    return _mm256_dpbusd_avx_epi32(s, u, q);
+}
+
+TDM_AVXVNNI static inline __m256i q4_fin_vnni(__m256i s)
+{
     return s;
 }
 
-TDM_AVXVNNI static inline __attribute__((always_inline)) __m256i
-q8_isum_vnni(const __m256i *w, const __m256i *wabs, const int8_t *q, const int nk)
+TDM_AVXVNNI static inline __m256i q8_step_vnni(__m256i s, __m256i w, __m256i wabs, __m256i q)
 {
-    __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 8
-    for (int k = 0; k < nk; k++) {
-        int32_t v;
-        memcpy(&v, q + 4 * k, 4);
-        s = _mm256_dpbusd_avx_epi32(s, wabs[k], _mm256_sign_epi8(_mm256_set1_epi32(v), w[k]));
-    }
-    return s;
+    return _mm256_dpbusd_avx_epi32(s, wabs, _mm256_sign_epi8(q, w));
 }
 
 #define TDM_KTARGET TDM_AVXVNNI
