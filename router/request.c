@@ -929,7 +929,7 @@ static void req_shed(tdm_router_t *r, rt_req_t *q, const rt_admit_estimate_t *e,
     char msg[TDM_ERRMSG_MAX];
     snprintf(msg, sizeof msg,
              "the cluster cannot finish this request before its deadline: earliest start in "
-             "~%.0f s, finish in ~%.0f s, %.0f s left; %s %" PRIu32 " s",
+             "~%.1f s, finish in ~%.1f s, %.1f s left; %s %" PRIu32 " s",
              e->start_s, e->finish_s, left_s,
              never ? "alone on an idle node it would still take longer: send a longer "
                      "deadline or a smaller max_tokens; retry after"

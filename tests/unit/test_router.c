@@ -3301,13 +3301,13 @@ static void test_admission(void **state)
     /* idle node: 1 prefill pass + 100 decode passes = 202 s > 20 s; a slot is free now */
     prompt_req(&g, "shed-1", "abc", 100, true);
     uint64_t call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
-    expect_shed(e, call, 1, "earliest start in ~0 s, finish in ~202 s",
+    expect_shed(e, call, 1, "earliest start in ~0.0 s, finish in ~202.0 s",
                 "alone on an idle node it would still take longer");
     /* 8 running + 8 waiting on 8 slots, 100 tokens each to go: 2 waves of 100 passes */
     slow_heartbeat(e, &e->d0, 2.0, 8, 8);
     prompt_req(&g, "shed-2", "abc", 100, true);
     call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
-    expect_shed(e, call, 400, "earliest start in ~400 s", "retry after 400 s");
+    expect_shed(e, call, 400, "earliest start in ~400.0 s", "retry after 400 s");
     /* 2 tokens (start 2 waves * 2 passes * 2 s = 8 s, finish 14 s) within the default 600 s */
     prompt_req(&g, "fits", "abc", 2, true);
     generate(e, &g);
