@@ -525,10 +525,10 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
     double sum = 0;
     for (size_t i = 0; i < h->n_recent_step_s; i++)
         sum += h->recent_step_s[i];
-    if (h->n_recent_step_s) {
+    if (h->n_recent_step_s)
         n->step_time_s = sum / (double)h->n_recent_step_s;
-        rt_admit_observe(&n->step_fit, h->batch_size, n->step_time_s);
-    }
+    /* admission's step-time line: decode passes only (a local prefill pass is not one) */
+    rt_admit_observe(&n->step_fit, h->decode_batch_size, h->decode_step_s);
     n->tokens_since_hb = 0;
     n->reserved_acked = 0;
     protobuf_c_message_free_unpacked(&h->base, NULL);

@@ -3261,12 +3261,14 @@ static void slow_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t running,
     double steps[1] = {step_s};
     h.n_recent_step_s = 1;
     h.recent_step_s = steps;
+    h.decode_step_s = step_s;
+    h.decode_batch_size = running ? running : 1;
     assert_int_equal(tdm_sock_notify(d->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
     fake_sync(e, d);
 }
 
 /* Waits for the END of call: RESOURCE_EXHAUSTED from admission control, retry_after_s as
- * given, the estimate in the message. */
+ * given (UINT32_MAX: any), the estimate in the message. */
 static void expect_shed(env_t *e, uint64_t call, uint32_t retry_after_s, const char *has,
                         const char *has_too)
 {
@@ -3283,7 +3285,8 @@ static void expect_shed(env_t *e, uint64_t call, uint32_t retry_after_s, const c
     Tandem__V1__ErrorDetail *d =
         (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
     assert_non_null(d);
-    assert_int_equal(d->retry_after_s, retry_after_s);
+    if (retry_after_s != UINT32_MAX)
+        assert_int_equal(d->retry_after_s, retry_after_s);
     protobuf_c_message_free_unpacked(&d->base, NULL);
     tdm_frame_clear(&f);
 }
@@ -3319,6 +3322,67 @@ static void test_admission(void **state)
     tdm_frame_clear(&f);
     assert_int_equal(tdm_router_metrics(e->r)->shed, 2);
     assert_int_equal(tdm_router_metrics(e->r)->queue_full, 0);
+    env_free(e);
+}
+
+/* A heartbeat with the given last pass (step_s, batch sequences) and last decode-only pass
+ * (decode_s, decode_batch; 0: none yet), idle node. */
+static void pass_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t batch, double decode_s,
+                           uint32_t decode_batch)
+{
+    Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    h.node_id = (char *)d->id;
+    h.kv_blocks_free = 100;
+    h.instance_id = d->instance ? d->instance : FAKE_INSTANCE;
+    double steps[1] = {step_s};
+    h.n_recent_step_s = 1;
+    h.recent_step_s = steps;
+    h.batch_size = batch;
+    h.decode_step_s = decode_s;
+    h.decode_batch_size = decode_batch;
+    assert_int_equal(tdm_sock_notify(d->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
+    fake_sync(e, d);
+}
+
+/* Admission reads decode passes only: a node that prefills its own prompts (local_prefill)
+ * reports passes of whole prompts (here 3 s over 16 sequences) far longer than its decode
+ * passes (20 ms); the estimate must not take those for decode passes and refuse requests the
+ * node finishes in ~2 s. Until the node has run a decode pass, it is not measured: admitted. */
+static void test_admission_decode_passes(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    /* only prompt passes so far: no decode step time, admitted though a pass took 3 s */
+    pass_heartbeat(e, &e->d0, 3.0, 16, 0, 0);
+    prompt_req(&g, "first", "abc", 100, true);
+    send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    assert_string_equal(rs->request_id, "first");
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    /* decode passes of 20 ms at 1 and 4 sequences beside 3 s prompt passes: 101 passes at
+     * ~20-40 ms fit in 20 s */
+    for (int i = 0; i < 4; i++) {
+        pass_heartbeat(e, &e->d0, 3.0, 16, 0.02, 1);
+        pass_heartbeat(e, &e->d0, 3.0, 16, 0.02, 4);
+    }
+    prompt_req(&g, "second", "abc", 100, true);
+    send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
+    rs = expect_reserve(e, &e->d0, &f);
+    assert_string_equal(rs->request_id, "second");
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    assert_int_equal(tdm_router_metrics(e->r)->shed, 0);
+    /* and a pass of decode rows that slow does refuse it */
+    for (int i = 0; i < 60; i++)
+        pass_heartbeat(e, &e->d0, 3.0, 16, 3.0, 1);
+    prompt_req(&g, "third", "abc", 100, true);
+    uint64_t call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
+    expect_shed(e, call, UINT32_MAX, "finish in ~", "retry after");
     env_free(e);
 }
 
@@ -4086,6 +4150,7 @@ int main(void)
         cmocka_unit_test(test_admit_estimate),
         cmocka_unit_test(test_admission_estimate_batch),
         cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_admission_decode_passes),
         cmocka_unit_test(test_max_tokens_unset),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),

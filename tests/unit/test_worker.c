@@ -277,6 +277,41 @@ static void test_prefill_chunk_limit(void **state)
     rig_close(&r);
 }
 
+/* The stats tell decode passes apart: a pass holding a prompt chunk leaves decode_step_s as
+ * it was (0 before any decode pass), a pass of decode rows only sets it and its batch. */
+static void test_decode_step_stats(void **state)
+{
+    fixture_t *fx = *state;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 128, 64, 8);
+    int32_t prompt[10];
+    make_prompt(prompt, 10, fx->f.n_vocab, 7);
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.temperature = 0.0f;
+    sp.max_tokens = 3;
+    sp.ignore_eos = true;
+    tdm_worker_req_t req = {.request_id = "r0", .prompt = prompt, .n_prompt = 10, .sampling = &sp};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    const tdm_worker_event_t *ev;
+    uint32_t n;
+    tdm_worker_stats_t st;
+    assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0); /* the prompt */
+    tdm_worker_stats(r.w, &st);
+    assert_true(st.last_step_s > 0);
+    assert_true(st.decode_step_s == 0.0);
+    assert_int_equal(st.decode_batch_size, 0);
+    assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0); /* one decode row */
+    tdm_worker_stats(r.w, &st);
+    assert_true(st.decode_step_s > 0);
+    assert_true(st.decode_step_s == st.last_step_s);
+    assert_int_equal(st.decode_batch_size, 1);
+    while (tdm_worker_busy(r.w))
+        assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
+    rig_close(&r);
+}
+
 /* A pool too small for all six at once: sequences get preempted and recomputed, and the
  * tokens are still the same. */
 static void test_preemption_keeps_outputs(void **state)
@@ -1193,6 +1228,7 @@ int main(void)
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_preemption_keeps_outputs),
         cmocka_unit_test(test_prefill_chunk_limit),
+        cmocka_unit_test(test_decode_step_stats),
         cmocka_unit_test(test_prefill_then_decode),
         cmocka_unit_test(test_prefilled_finishes_at_once),
         cmocka_unit_test(test_cancel_and_errors),

@@ -172,8 +172,10 @@ typedef struct tdm_node_load {
     uint32_t kv_blocks_free, kv_blocks_used, kv_blocks_cached;
     uint32_t running, waiting;
     uint64_t queued_prefill_tokens;
-    double step_s;       /* last forward pass, seconds */
-    uint32_t batch_size; /* sequences in the last forward pass */
+    double step_s;              /* last forward pass, seconds */
+    uint32_t batch_size;        /* sequences in the last forward pass */
+    double decode_step_s;       /* last pass of decode rows only, seconds (0: none yet) */
+    uint32_t decode_batch_size; /* sequences in it */
     uint64_t prefix_queries, prefix_hits;
     /* forward passes by tokens since the node started (tdm_worker_stats_t's) */
     uint64_t iteration_counts[TDM_WORKER_ITERATION_BUCKETS];

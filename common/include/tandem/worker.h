@@ -258,6 +258,9 @@ typedef struct tdm_worker_stats {
     uint32_t batch_size;            /* sequences in the last forward pass */
     uint32_t batch_tokens;          /* rows in the last forward pass */
     double last_step_s;             /* duration of the last forward pass */
+    double decode_step_s;           /* duration of the last pass of decode rows only (no
+                                       prompt chunk), seconds; 0 before the first */
+    uint32_t decode_batch_size;     /* sequences in that pass */
     uint64_t steps;                 /* forward passes run */
     uint64_t preemptions;           /* total */
     /* forward passes by rows (tokens) since the worker started: counts per bucket, not

@@ -163,6 +163,8 @@ static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
     hb.prefix_queries = ld.prefix_queries;
     hb.prefix_hits = ld.prefix_hits;
     hb.batch_size = ld.batch_size;
+    hb.decode_step_s = ld.decode_step_s;
+    hb.decode_batch_size = ld.decode_batch_size;
     hb.spec_drafts = ld.spec_drafts;
     hb.spec_draft_tokens = ld.spec_draft_tokens;
     hb.spec_accepted_tokens = ld.spec_accepted_tokens;
@@ -612,6 +614,8 @@ void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm
     out->queued_prefill_tokens = ws.queued_prefill_tokens;
     out->step_s = ws.last_step_s;
     out->batch_size = ws.batch_size;
+    out->decode_step_s = ws.decode_step_s;
+    out->decode_batch_size = ws.decode_batch_size;
     out->prefix_queries = ks.prefix_queries;
     out->prefix_hits = ks.prefix_hits;
     memcpy(out->iteration_counts, ws.iteration_counts, sizeof out->iteration_counts);

@@ -958,8 +958,12 @@ static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
     w->stats.steps++;
     w->stats.iteration_counts[tdm_worker_iteration_bucket(w->n_rows)]++;
     w->stats.iteration_tokens += w->n_rows;
-    if (w->spec && rc == TDM_OK && decode_only(w))
-        spec_fit_add(w, w->n_rows, w->stats.last_step_s);
+    if (rc == TDM_OK && decode_only(w)) {
+        w->stats.decode_step_s = w->stats.last_step_s;
+        w->stats.decode_batch_size = w->n_bseq;
+        if (w->spec)
+            spec_fit_add(w, w->n_rows, w->stats.last_step_s);
+    }
     if (rc != TDM_OK) {
         char msg[256];
         snprintf(msg, sizeof msg, "forward pass failed: %.220s", err ? err->msg : tdm_strerror(rc));
