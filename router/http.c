@@ -823,7 +823,7 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
                        sizeof param, &err);
     if (rc != TDM_OK) {
         free(q);
-        tdm_http_count_refusal(param);
+        tdm_http_count_refusal(param, rc);
         *ret = reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
         return false;
     }
