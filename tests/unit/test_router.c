@@ -2532,6 +2532,11 @@ static void check_vllm_series(const char *t, uint32_t prompt_tokens)
     assert_float_equal(
         sample_of(t, "vllm:prefix_cache_hits_total{model_name=\"tiny\",engine=\"prefill-0\"}"), 4,
         0);
+    assert_float_equal(sample_of(t, "vllm:spec_decode_num_accepted_tokens_total{model_name="
+                                    "\"tiny\",engine=\"decode-0\"}"),
+                       11, 0);
+    assert_false(has_series(t, "vllm:spec_decode_num_accepted_tokens_total{model_name=\"tiny\","
+                               "engine=\"prefill-0\"}"));
     assert_float_equal(sample_of(t, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"f16\","
                                     "enable_prefix_caching=\"True\",engine=\"0\"}"),
                        1, 0);
@@ -2567,6 +2572,9 @@ static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64
     h.process_resident_bytes = 1000000 + used;
     h.process_cpu_seconds = 1.5;
     h.process_open_fds = 12;
+    h.spec_drafts = 3; /* from every node: the router exports them for decode nodes only */
+    h.spec_draft_tokens = 20;
+    h.spec_accepted_tokens = 11;
     double steps[2] = {0.25, 0.75};
     h.n_recent_step_s = 2;
     h.recent_step_s = steps;
@@ -2750,6 +2758,19 @@ static void test_metrics(void **state)
     assert_float_equal(
         sample_of(t, "tandem_node_step_time_seconds{node=\"prefill-0\",role=\"prefill\"}"), 0.5, 0);
     assert_false(has_series(t, "tandem_node_running{node=\"decode-1\",role=\"decode\"}"));
+    /* speculative decoding: decode nodes only (a prefill node never drafts) */
+    assert_float_equal(
+        sample_of(t, "tandem_spec_decode_drafts_total{node=\"decode-0\",role=\"decode\"}"), 3, 0);
+    assert_float_equal(sample_of(t, "tandem_spec_decode_draft_tokens_total{node=\"decode-0\","
+                                    "role=\"decode\"}"),
+                       20, 0);
+    assert_float_equal(sample_of(t, "tandem_spec_decode_accepted_tokens_total{node=\"decode-0\","
+                                    "role=\"decode\"}"),
+                       11, 0);
+    assert_false(
+        has_series(t, "tandem_spec_decode_drafts_total{node=\"prefill-0\",role=\"prefill\"}"));
+    assert_false(has_series(t, "tandem_spec_decode_accepted_tokens_total{node=\"prefill-0\","
+                               "role=\"prefill\"}"));
     char info[200];
     snprintf(info, sizeof info, "tandem_build_info{version=\"%s\",model=\"tiny\"}", TANDEM_VERSION);
     assert_float_equal(sample_of(t, info), 1, 0);
