@@ -4091,12 +4091,71 @@ static void test_n_fork_fallback_and_failure(void **state)
     env_free(e);
 }
 
+/* A client CANCEL of a call of n = 3: choice 0's NodeCancel reaches the decode node after its
+ * forks' (a decode node that lost choice 0 first would fail each fork waiting for its prompt
+ * KV, with a warning each), and the prefill node's too. */
+static void test_n_cancel_forks_first(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-n", "hello world", 4, true);
+    g.n = 3;
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f[3];
+    uint64_t a[3];
+    for (int i = 0; i < 3; i++) {
+        tdm_frame_init(&f[i]);
+        Tandem__V1__DecodeReserve *m = expect_reserve(e, &e->d0, &f[i]);
+        a[i] = m->attempt_id;
+        assert_int_equal(m->fork_of, i == 0 ? 0 : a[0]);
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+    }
+    for (int i = 0; i < 3; i++) {
+        attempt_note("r-n", a[i]);
+        reply_ack(&e->d0, &f[i], "r-n", 1);
+        tdm_frame_clear(&f[i]);
+    }
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_int_equal(t->attempt_id, a[0]);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_send_t c = {0};
+    c.kind = K_CANCEL;
+    c.method = M(GENERATE);
+    c.call_id = call;
+    assert_int_equal(tdm_sock_send(e->client, &c), 0);
+    uint64_t order[3];
+    for (int i = 0; i < 3; i++) {
+        tdm_frame_t cf;
+        tdm_frame_init(&cf);
+        if (!recv_on(e, e->d0.s, &cf, WAIT_MS))
+            fail_msg("decode-0: NodeCancel %d of 3 missing", i + 1);
+        assert_int_equal(cf.method, M(NODE_CANCEL));
+        Tandem__V1__NodeCancel *nc =
+            (Tandem__V1__NodeCancel *)tdm_frame_unpack(&cf, &tandem__v1__node_cancel__descriptor);
+        assert_non_null(nc);
+        order[i] = nc->attempt_id;
+        protobuf_c_message_free_unpacked(&nc->base, NULL);
+        tdm_frame_clear(&cf);
+    }
+    assert_true(order[0] != a[0] && order[1] != a[0] && order[0] != order[1]);
+    assert_int_equal(order[2], a[0]); /* choice 0 last */
+    attempt_note("r-n", a[0]);
+    expect_cancel(e, &e->p0, "r-n", 1);
+    expect_none(e, e->client, 100);
+    assert_int_equal(tdm_router_n_running(e->r), 0);
+    env_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_in_order),
         cmocka_unit_test(test_n_choices_fork_and_end_once),
         cmocka_unit_test(test_n_fork_fallback_and_failure),
+        cmocka_unit_test(test_n_cancel_forks_first),
         cmocka_unit_test(test_no_stream),
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_cancel),
