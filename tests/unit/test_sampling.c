@@ -823,11 +823,11 @@ static void test_logit_bias_add(void **state)
     assert_true(p.logit_bias[2].bias == 1.5f);
     tdm_sampling_params_t before = p;
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 5, 1.0f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias has token 5 twice");
+    assert_string_equal(err.msg, "logit_bias[\"5\"]: each token id must appear once, got 5 twice");
     assert_int_equal(tdm_sampling_logit_bias_add(&p, -1, 1.0f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias token -1 must be >= 0");
+    assert_string_equal(err.msg, "logit_bias[\"-1\"]: the token id must be >= 0, got -1");
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 9, 100.5f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias of token 9 must be in [-100, 100], got 100.5");
+    assert_string_equal(err.msg, "logit_bias[\"9\"] must be in [-100, 100], got 100.5");
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 9, NAN, &err), TDM_EINVALID);
     assert_memory_equal(&p, &before, sizeof p);
     tdm_sampling_params_default(&p);
@@ -836,9 +836,9 @@ static void test_logit_bias_add(void **state)
     assert_int_equal(p.logit_bias[0].token, 1);
     assert_int_equal(p.logit_bias[TDM_SAMPLING_MAX_LOGIT_BIAS - 1].token, 300);
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 0, 0.0f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias has more than 300 entries");
+    assert_string_equal(err.msg, "logit_bias must have at most 300 entries, got 301");
     assert_int_equal(tdm_sampling_params_validate(&p, 301, &err), 0);
-    validate_fails(&p, 300, "logit_bias token 300 must be in [0, 300)");
+    validate_fails(&p, 300, "logit_bias[\"300\"]: the token id must be in [0, 300), got 300");
 }
 
 /* The validator's view of hand-made entries: order, repeats, range, count. */
@@ -850,19 +850,19 @@ static void test_logit_bias_validate(void **state)
     p.n_logit_bias = 2;
     p.logit_bias[0] = (tdm_logit_bias_t){.token = 4, .bias = 1.0f};
     p.logit_bias[1] = (tdm_logit_bias_t){.token = 3, .bias = 1.0f};
-    validate_fails(&p, 10, "logit_bias token 3 is out of order (ids must increase)");
+    validate_fails(&p, 10, "logit_bias[\"3\"]: the token ids must increase, got 3 after 4");
     p.logit_bias[1].token = 4;
-    validate_fails(&p, 10, "logit_bias has token 4 twice");
+    validate_fails(&p, 10, "logit_bias[\"4\"]: each token id must appear once, got 4 twice");
     uint32_t bad = 0;
     assert_int_equal(tdm_sampling_logit_bias_check(&p, 10, &bad, NULL), TDM_EINVALID);
     assert_int_equal(bad, 1);
     p.logit_bias[1] = (tdm_logit_bias_t){.token = 6, .bias = -101.0f};
-    validate_fails(&p, 10, "logit_bias of token 6 must be in [-100, 100], got -101");
+    validate_fails(&p, 10, "logit_bias[\"6\"] must be in [-100, 100], got -101");
     p.logit_bias[1].bias = -100.0f;
     assert_int_equal(tdm_sampling_logit_bias_check(&p, 10, &bad, NULL), 0);
     assert_int_equal(bad, 2);
     p.n_logit_bias = TDM_SAMPLING_MAX_LOGIT_BIAS + 1;
-    validate_fails(&p, 10, "logit_bias has 301 entries, at most 300");
+    validate_fails(&p, 10, "logit_bias must have at most 300 entries, got 301");
 }
 
 /* Greedy: -100 on the argmax bans it (the runner-up wins), +100 on any token forces it; a small
@@ -977,7 +977,8 @@ static void test_logit_bias_masked(void **state)
     /* a sampler given an id past its vocabulary refuses the parameters */
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 64, 1.0f, &err), 0);
     assert_int_equal(tdm_sampler_sample(s, &p, logits, NULL, 0, 0, &r), TDM_EINVALID);
-    assert_string_equal(tdm_sampler_errmsg(s), "logit_bias token 64 must be in [0, 64)");
+    assert_string_equal(tdm_sampler_errmsg(s),
+                        "logit_bias[\"64\"]: the token id must be in [0, 64), got 64");
     tdm_sampler_destroy(&s);
 }
 
