@@ -982,6 +982,43 @@ static void test_logit_bias_masked(void **state)
     tdm_sampler_destroy(&s);
 }
 
+/* docs/sampling.md's pipeline order on one row: logit bias, then penalties (repetition
+ * divides the biased logit), then the mask (+10 cannot bring a masked token back); the
+ * logprobs are the log-softmax of that over the allowed tokens, whatever the temperature, and
+ * greedy and top-k 1 both pick its argmax. With the penalty first, token 0 would have
+ * 1 / 2 + 2 = 2.5 and win. */
+static void test_pipeline_order(void **state)
+{
+    (void)state;
+    tdm_sampler_t *s = sampler_new(4);
+    const float logits[4] = {1.0f, 2.0f, 0.5f, 3.0f};
+    const uint32_t mask[1] = {0x7u}; /* tokens 0, 1, 2 */
+    const int32_t hist[1] = {0};
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.repetition_penalty = 2.0f;
+    p.n_logprobs = 3;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 0, 2.0f, &err), 0);  /* 3 -> 1.5 */
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 3, 10.0f, &err), 0); /* masked */
+    double log_z = log(exp(1.5) + exp(2.0) + exp(0.5));
+    const float temps[3] = {0.0f, 0.7f, 2.0f};
+    for (int i = 0; i < 3; i++) {
+        p.temperature = temps[i];
+        p.top_k = i == 0 ? 0 : 1;
+        tdm_sample_result_t r;
+        assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, hist, 1, 0, &r), TDM_OK);
+        assert_int_equal(r.token, 1);
+        assert_true(fabs((double)r.logprob - (2.0 - log_z)) < 1e-6);
+        assert_int_equal(r.n_top, 3);
+        assert_int_equal(r.top[0].token, 1);
+        assert_int_equal(r.top[1].token, 0);
+        assert_true(fabs((double)r.top[1].logprob - (1.5 - log_z)) < 1e-6);
+        assert_int_equal(r.top[2].token, 2);
+    }
+    tdm_sampler_destroy(&s);
+}
+
 static void test_bad_logits(void **state)
 {
     (void)state;
@@ -1153,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias_greedy),
         cmocka_unit_test(test_logit_bias_equals_edited_logits),
         cmocka_unit_test(test_logit_bias_masked),
+        cmocka_unit_test(test_pipeline_order),
         cmocka_unit_test(test_bad_logits),
         cmocka_unit_test(test_no_allocation),
         cmocka_unit_test(test_speed),
