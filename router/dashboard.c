@@ -10,7 +10,8 @@
  * deltas of the tandem_time_to_first_token_seconds and tandem_time_per_output_token_seconds
  * histograms (sum, count and buckets; percentiles interpolated inside a bucket as Prometheus'
  * histogram_quantile does), of tandem_generation_tokens_total and tandem_prompt_tokens_total,
- * and of tandem_requests_total (every status, and those not OK). When the router serves no
+ * and of tandem_requests_total (every status, and those not OK; with the gateway's own
+ * refusals, as GET /metrics has them). When the router serves no
  * such metrics, the means, output tokens and error rate come from the requests this gateway
  * proxied as the router measured them (the Timings of each final GenerateChunk), and there
  * are no percentiles or prompt tokens/s.
@@ -31,6 +32,7 @@
 #include <time.h>
 
 #include "http_internal.h"
+#include "http_metrics.h"
 #include "tandem/config.h"
 #include "tandem/kv.h"
 
@@ -159,7 +161,8 @@ static bool fetch_metrics(dash_t *d, dash_met_t *v)
                  &tandem__v1__metrics_response__descriptor, DASH_STATUS_TIMEOUT_S, &resp, NULL);
     if (rc != TDM_OK)
         return false;
-    const Tandem__V1__MetricsResponse *m = (const Tandem__V1__MetricsResponse *)resp;
+    Tandem__V1__MetricsResponse *m = (Tandem__V1__MetricsResponse *)resp;
+    tdm_http_metrics_merge_refusals(m); /* the error rate counts the gateway's refusals */
     v->gen_tokens = counter_of(m, "tandem_generation_tokens_total");
     v->prompt_tokens = counter_of(m, "tandem_prompt_tokens_total");
     requests_of(m, &v->ended, &v->failed);

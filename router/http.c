@@ -42,6 +42,8 @@
 
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
 #define HTTP_UNARY_TIMEOUT_S 5.0
+/* Room for a refusal's message in OpenAI's terms: the router's, translated, and a prompt's name. */
+#define HTTP_REFUSAL_MAX (TDM_ERRMSG_MAX + 128)
 /* Kernel send buffer of a streaming response (Linux doubles it). Autotuning would let a client
  * that stops reading park up to net.ipv4.tcp_wmem's maximum (4 MiB) in the kernel per stream;
  * with the cap the backlog waits in the call's queue, and a stream needs little: 64 KiB per
@@ -483,6 +485,10 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
         snprintf(param, cap, "messages%s", field + 13);
         return;
     }
+    if (strncmp(field, "tokens.ids", 10) == 0) { /* the token-id prompt's element: prompt[3] */
+        snprintf(param, cap, "prompt%s", field + 10);
+        return;
+    }
     if (strncmp(field, "constraint", top) == 0 && top == 10) {
         snprintf(param, cap, "%s", q->constraint_param);
         return;
@@ -522,14 +528,17 @@ static void replace_word(tdm_buf_t *b, const char *s, const char *from, const ch
 }
 
 /* The router's message for a refused request in OpenAI's terms, into out (cap bytes): the
- * GenerateRequest's own names ("sampling: ", "chat.messages", max_tokens for a chat that sent
- * max_completion_tokens, n_logprobs) become the request fields the client sent. */
-static void oai_message(const oai_req_t *q, const char *msg, char *out, size_t cap)
+ * GenerateRequest's own names ("sampling: ", "chat.messages", tokens.ids, max_tokens for a
+ * chat that sent max_completion_tokens, n_logprobs) become the request fields the client sent;
+ * prompt is what the client calls the prompt ("prompt", or "prompt[2]" in a list). */
+static void oai_message(const oai_req_t *q, const char *prompt, const char *msg, char *out,
+                        size_t cap)
 {
     struct {
         const char *from, *to;
     } words[] = {
         {"chat.messages", "messages"},
+        {"tokens.ids", prompt},
         {"max_tokens", uses_max_completion_tokens(q) ? "max_completion_tokens" : "max_tokens"},
         {"n_logprobs", q->kind == OAI_CHAT ? "top_logprobs" : "logprobs"},
         {"n_stop_token_ids", "stop_token_ids"},
@@ -548,6 +557,35 @@ static void oai_message(const oai_req_t *q, const char *msg, char *out, size_t c
     snprintf(out, cap, "%s", a.oom || !a.data ? msg : a.data);
     tdm_buf_free(&a);
     tdm_buf_free(&b);
+}
+
+/* The message (msg, cap bytes) and OpenAI param (param, param_cap) of the error END ev of
+ * call `call` of r, in OpenAI's terms (oai_message, param_of). A refusal of one prompt of a
+ * list for the prompt itself (a field in it, or its length) names which: "prompt[1] is
+ * empty", "prompt[1][3] = 60000 is out of the vocabulary ...", "prompt[1]: max_tokens: ...",
+ * param "prompt[1]", "prompt[1][3]" (a field outside the prompt keeps its own param). */
+static void refusal_text(const http_req_t *r, size_t call, const gw_event_t *ev, char *msg,
+                         size_t cap, char *param, size_t param_cap)
+{
+    bool list = r->q->n_prompts > 1;
+    char name[32] = "prompt";
+    if (list)
+        snprintf(name, sizeof name, "prompt[%zu]", call);
+    char field[64];
+    param_of(r->q, ev->detail.field, field, sizeof field);
+    bool in_prompt = strncmp(field, "prompt", 6) == 0 && !isalnum((unsigned char)field[6]);
+    snprintf(param, param_cap, "%s%s", in_prompt ? name : field, in_prompt ? field + 6 : "");
+    char text[TDM_ERRMSG_MAX + 64];
+    oai_message(r->q, name, ev->message[0] ? ev->message : tdm_strerror(ev->status), text,
+                sizeof text);
+    size_t n = strlen(name);
+    if (!list || !(in_prompt || ev->detail.n_ctx > 0) || strncmp(text, name, n) == 0)
+        snprintf(msg, cap, "%s", text);
+    else if (strncmp(text, "prompt", 6) == 0 &&
+             !(isalnum((unsigned char)text[6]) || text[6] == '_' || text[6] == '['))
+        snprintf(msg, cap, "%s%s", name, text + 6); /* "prompt is empty" */
+    else
+        snprintf(msg, cap, "%s: %s", name, text);
 }
 
 static int client_fd(struct MHD_Connection *c)
@@ -660,7 +698,12 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
         calls_cancel(r); /* one failed: the answer failed */
     if (r->multi)
         oai_usage_sum(r->q, r->outs, &r->out);
-    oai_sse_end(r->q, &r->out, ev->status, ev->message, &r->sse);
+    char msg[HTTP_REFUSAL_MAX], param[64];
+    if (ev->status != TDM_OK && r->q->n_prompts > 1)
+        refusal_text(r, r->cur, ev, msg, sizeof msg, param, sizeof param); /* names the prompt */
+    else
+        snprintf(msg, sizeof msg, "%s", ev->message);
+    oai_sse_end(r->q, &r->out, ev->status, msg, &r->sse);
     record(r, ev->status);
     r->sse_done = true;
     if (ev->status != TDM_OK)
@@ -780,7 +823,7 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
                        sizeof param, &err);
     if (rc != TDM_OK) {
         free(q);
-        tdm_http_count_refusal(param);
+        tdm_http_count_refusal(param, rc);
         *ret = reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
         return false;
     }
@@ -804,20 +847,19 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     return true;
 }
 
-/* Answers a call the router refused (its first event is an error END): OpenAI's error with
- * the param the END's ErrorDetail names. */
-static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, const gw_event_t *ev)
+/* Answers call `call` of r, which the router refused (its first event is an error END):
+ * OpenAI's error with the param the END's ErrorDetail names (refusal_text). */
+static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, size_t call,
+                                     const gw_event_t *ev)
 {
-    char param[64];
-    param_of(r->q, ev->detail.field, param, sizeof param);
+    char param[64], msg[HTTP_REFUSAL_MAX];
+    refusal_text(r, call, ev, msg, sizeof msg, param, sizeof param);
     record(r, ev->status);
     const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
                            ? "model_not_found"
                        : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
                                                             : NULL;
     unsigned status = http_status_of(ev->status);
-    char msg[TDM_ERRMSG_MAX + 64];
-    oai_message(r->q, ev->message[0] ? ev->message : tdm_strerror(ev->status), msg, sizeof msg);
     return reply_json_retry(c, status, http_error_json(status, code, param, msg),
                             ev->detail.retry_after_s);
 }
@@ -831,7 +873,7 @@ static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_e
     r->whole = NULL;
     enum MHD_Result ret;
     if (end->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && end->status != TDM_OK) {
-        ret = reply_refused(r, c, end);
+        ret = reply_refused(r, c, r->cur, end);
     } else {
         json_t *body = oai_response(r->q, &r->out, gw_event_chunk(ev));
         record(r, TDM_OK);
@@ -903,7 +945,7 @@ static bool gather_event(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev
     }
     if (ev->status != TDM_OK) {
         calls_cancel(r);
-        *ret = reply_refused(r, c, ev);
+        *ret = reply_refused(r, c, r->cur, ev);
         gw_event_free(ev);
         return true;
     }
@@ -916,16 +958,18 @@ static bool gather_event(http_req_t *r, struct MHD_Connection *c, gw_event_t *ev
 
 /* The END of a call of r other than the current one that was refused (a prompt list fails as
  * a whole: another prompt's refusal ends the answer before, or while, the current one runs),
- * or NULL. Takes only queued events. */
-static gw_event_t *sibling_refusal(http_req_t *r)
+ * with *which its index, or NULL. Takes only queued events. */
+static gw_event_t *sibling_refusal(http_req_t *r, size_t *which)
 {
     for (size_t i = 0; i < r->n_calls; i++) {
         if (i == r->cur || !r->calls[i] || !gw_call_failed(r->calls[i]))
             continue;
         gw_event_t *ev = NULL;
         while (gw_call_next(r->calls[i], -1, 0, &ev) == 1) {
-            if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
+            if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
+                *which = i;
                 return ev;
+            }
             gw_event_free(ev);
         }
     }
@@ -946,11 +990,12 @@ static enum MHD_Result generate_step(tdm_http_t *h, struct MHD_Connection *c, ht
         if (got == 0)
             return MHD_YES;
         enum MHD_Result ret;
-        gw_event_t *refused = r->n_calls > 1 ? sibling_refusal(r) : NULL;
+        size_t which = 0;
+        gw_event_t *refused = r->n_calls > 1 ? sibling_refusal(r, &which) : NULL;
         if (refused) {
             gw_event_free(ev);
             calls_cancel(r);
-            ret = reply_refused(r, c, refused);
+            ret = reply_refused(r, c, which, refused);
             gw_event_free(refused);
             return ret;
         }
@@ -963,7 +1008,7 @@ static enum MHD_Result generate_step(tdm_http_t *h, struct MHD_Connection *c, ht
             return reply_whole(r, c, ev);
         if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && ev->status != TDM_OK) {
             calls_cancel(r);
-            ret = reply_refused(r, c, ev);
+            ret = reply_refused(r, c, r->cur, ev);
             gw_event_free(ev);
             return ret;
         }

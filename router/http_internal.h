@@ -214,6 +214,10 @@ typedef struct oai_req {
 int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* "an object", "a string", "an integer", ...: the JSON type of v, as the gateway's type errors
+ * say it ("temperature must be a number, got a string"). Cannot fail. */
+const char *oai_type_name(const json_t *v);
+
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
  * field (its name in *param, "" when none), n and best_of in range, defaults (completions
  * max_tokens 16; chat none, so the router gives what the context leaves, at most 1024). served is

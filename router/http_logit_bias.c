@@ -6,6 +6,8 @@
  * TDM_SAMPLING_MAX_LOGIT_BIAS (300, OpenAI's limit) entries; it does so with the sampler's own
  * tdm_sampling_logit_bias_add. The router checks the ids against the vocabulary and names a
  * bad one as sampling.logit_bias["<id>"], which the gateway maps back to logit_bias["<id>"].
+ * Messages read as the other fields' do: the entry, the limit, what was given
+ * (logit_bias["5"] must be in [-100, 100], got 100.5).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -24,6 +26,20 @@ static long long key_token(const char *key)
     errno = 0;
     unsigned long long v = strtoull(key, NULL, 10);
     return errno || v > INT32_MAX ? -1 : (long long)v;
+}
+
+/* Whether sp's logit bias (sorted by token id) has an entry for token. O(log n). */
+static bool bias_has(const tdm_sampling_params_t *sp, int32_t token)
+{
+    size_t lo = 0, hi = sp->n_logit_bias;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (sp->logit_bias[mid].token < token)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < sp->n_logit_bias && sp->logit_bias[lo].token == token;
 }
 
 /* q->sp.logit_bias from the entries of sp (sorted, unique), in one block that q owns. */
@@ -56,11 +72,12 @@ int oai_parse_logit_bias(oai_req_t *q, char *param, size_t param_cap, tdm_error_
     if (!json_is_object(v))
         return oai_bad_field(err, param, param_cap, "logit_bias",
                              "logit_bias must be an object mapping token ids (as strings) to "
-                             "biases in [-100, 100]");
+                             "biases in [-100, 100], got %s",
+                             oai_type_name(v));
     if (json_object_size(v) > TDM_SAMPLING_MAX_LOGIT_BIAS)
         return oai_bad_field(err, param, param_cap, "logit_bias",
-                             "logit_bias has %zu entries, at most %d", json_object_size(v),
-                             TDM_SAMPLING_MAX_LOGIT_BIAS);
+                             "logit_bias must have at most %d entries, got %zu",
+                             TDM_SAMPLING_MAX_LOGIT_BIAS, json_object_size(v));
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     const char *key;
@@ -72,17 +89,22 @@ int oai_parse_logit_bias(oai_req_t *q, char *param, size_t param_cap, tdm_error_
         long long token = key_token(key);
         if (token < 0)
             return oai_bad_field(err, param, param_cap, name,
-                                 "%s: the key must be a token id (a decimal integer in [0, %d])",
-                                 name, INT32_MAX);
+                                 "%s: the key must be a token id (a decimal integer in [0, %d]), "
+                                 "got \"%.24s\"",
+                                 name, INT32_MAX, key);
         if (!json_is_number(bias))
-            return oai_bad_field(err, param, param_cap, name, "%s must be a number in [-100, 100]",
-                                 name);
+            return oai_bad_field(err, param, param_cap, name,
+                                 "%s must be a number in [-100, 100], got %s", name,
+                                 oai_type_name(bias));
         double d = json_number_value(bias);
         if (!(d >= -TDM_SAMPLING_MAX_BIAS && d <= TDM_SAMPLING_MAX_BIAS))
             return oai_bad_field(err, param, param_cap, name, "%s must be in [-100, 100], got %g",
                                  name, d);
+        if (bias_has(&sp, (int32_t)token)) /* "5" and "05": the key as the client wrote it */
+            return oai_bad_field(err, param, param_cap, name,
+                                 "%s: each token id must appear once, got %lld twice", name, token);
         if (tdm_sampling_logit_bias_add(&sp, (int32_t)token, (float)d, err) != TDM_OK)
-            return oai_bad_field(err, param, param_cap, name, "%s: %s", name, err->msg);
+            return oai_bad_field(err, param, param_cap, name, "%s", err->msg);
     }
     return bias_store(q, &sp, err);
 }

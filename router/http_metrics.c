@@ -2,7 +2,8 @@
  *
  * Status codes index an array of atomics; refusal reasons fill a small table of slots whose
  * names are claimed once with a compare-and-swap (a name never changes after that), so
- * counting takes no lock and the scrape reads a consistent-enough snapshot.
+ * counting takes no lock and the scrape reads a consistent-enough snapshot. Refusals are
+ * also counted by their status, which the scrape adds to the router's tandem_requests_total.
  */
 #include "http_metrics.h"
 
@@ -14,6 +15,7 @@
 #include "tandem/base.h"
 
 #define REASON_MAX 48
+#define STATUS_CODES 17 /* tdm status codes 0..-16, gRPC's */
 
 typedef struct reason_slot {
     _Atomic int state; /* 0 free, 1 being named, 2 named */
@@ -22,7 +24,8 @@ typedef struct reason_slot {
 } reason_slot_t;
 
 static atomic_uint_fast64_t by_code[600];
-static reason_slot_t reasons[TDM_HTTP_REFUSAL_REASONS + 1]; /* the last: "other" */
+static reason_slot_t reasons[TDM_HTTP_REFUSAL_REASONS + 1];  /* the last: "other" */
+static atomic_uint_fast64_t refused_by_status[STATUS_CODES]; /* [-status] */
 
 void tdm_http_count_response(unsigned status)
 {
@@ -52,13 +55,15 @@ static reason_slot_t *reason_slot(const char *reason)
     return &reasons[TDM_HTTP_REFUSAL_REASONS];
 }
 
-void tdm_http_count_refusal(const char *reason)
+void tdm_http_count_refusal(const char *reason, int status)
 {
     /* The field without its index or key (messages[2] and logit_bias["7"] count as messages
      * and logit_bias): a client must not mint label values. */
     char top[sizeof reasons[0].name];
     snprintf(top, sizeof top, "%.*s", reason ? (int)strcspn(reason, "[") : 0, reason ? reason : "");
     atomic_fetch_add(&reason_slot(top[0] ? top : "request")->n, 1);
+    int s = status < 0 && status > -STATUS_CODES ? -status : 2; /* else gRPC's UNKNOWN */
+    atomic_fetch_add(&refused_by_status[s], 1);
 }
 
 /* Appends a family with n_samples slots (zeroed); NULL on out of memory. */
@@ -80,33 +85,39 @@ static Tandem__V1__MetricFamily *add_family(Tandem__V1__MetricsResponse *m, cons
     return f->name && f->help ? f : NULL;
 }
 
-/* Appends the sample {label=value} n to f; false on out of memory. */
+/* Appends the sample {label=value} n to f, or {label=value, label2=value2} when label2 is not
+ * NULL; false on out of memory. */
 static bool add_sample(Tandem__V1__MetricFamily *f, const char *label, const char *value,
-                       uint64_t n)
+                       const char *label2, const char *value2, uint64_t n)
 {
     Tandem__V1__MetricSample **ss = realloc(f->samples, (f->n_samples + 1) * sizeof *ss);
     if (!ss)
         return false;
     f->samples = ss;
     Tandem__V1__MetricSample *s = malloc(sizeof *s);
-    Tandem__V1__MetricLabel **ls = s ? malloc(sizeof *ls) : NULL;
-    Tandem__V1__MetricLabel *l = ls ? malloc(sizeof *l) : NULL;
-    if (!l) {
-        free(ls);
+    Tandem__V1__MetricLabel **ls = s ? calloc(2, sizeof *ls) : NULL;
+    if (!ls) {
         free(s);
         return false;
     }
     tandem__v1__metric_sample__init(s);
-    tandem__v1__metric_label__init(l);
-    l->name = tdm_strdup(label);
-    l->value = tdm_strdup(value);
-    ls[0] = l;
     s->labels = ls;
-    s->n_labels = 1;
     s->value_case = TANDEM__V1__METRIC_SAMPLE__VALUE_INT_VALUE;
     s->int_value = n;
     ss[f->n_samples++] = s;
-    return l->name && l->value;
+    const char *names[2] = {label, label2}, *values[2] = {value, value2};
+    for (size_t i = 0; i < 2 && names[i]; i++) {
+        Tandem__V1__MetricLabel *l = malloc(sizeof *l);
+        if (!l)
+            return false;
+        tandem__v1__metric_label__init(l);
+        ls[s->n_labels++] = l;
+        l->name = tdm_strdup(names[i]);
+        l->value = tdm_strdup(values[i]);
+        if (!l->name || !l->value)
+            return false;
+    }
+    return true;
 }
 
 static bool append_codes(Tandem__V1__MetricsResponse *m)
@@ -121,7 +132,7 @@ static bool append_codes(Tandem__V1__MetricsResponse *m)
         char code[8];
         snprintf(code, sizeof code, "%u", c);
         if (n || c == 200) /* 200 always exists, so rate() sees its first increase */
-            ok = add_sample(f, "code", code, n);
+            ok = add_sample(f, "code", code, NULL, NULL, n);
     }
     return ok;
 }
@@ -136,14 +147,49 @@ static bool append_refusals(Tandem__V1__MetricsResponse *m)
     bool ok = f != NULL;
     for (size_t i = 0; ok && i < TDM_HTTP_REFUSAL_REASONS; i++)
         if (atomic_load(&reasons[i].state) == 2)
-            ok = add_sample(f, "reason", reasons[i].name, atomic_load(&reasons[i].n));
+            ok = add_sample(f, "reason", reasons[i].name, NULL, NULL, atomic_load(&reasons[i].n));
     uint64_t other = atomic_load(&reasons[TDM_HTTP_REFUSAL_REASONS].n);
     if (ok && other)
-        ok = add_sample(f, "reason", "other", other);
+        ok = add_sample(f, "reason", "other", NULL, NULL, other);
     return ok;
+}
+
+/* Whether sample s has the label name="value". */
+static bool has_label(const Tandem__V1__MetricSample *s, const char *name, const char *value)
+{
+    for (size_t i = 0; i < s->n_labels; i++)
+        if (strcmp(s->labels[i]->name, name) == 0)
+            return strcmp(s->labels[i]->value, value) == 0;
+    return false;
+}
+
+int tdm_http_metrics_merge_refusals(Tandem__V1__MetricsResponse *m)
+{
+    Tandem__V1__MetricFamily *f = NULL;
+    for (size_t i = 0; i < m->n_families && !f; i++)
+        if (strcmp(m->families[i]->name, "tandem_requests_total") == 0)
+            f = m->families[i];
+    const char *none = tdm_proto_finish_name(TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED);
+    bool ok = true;
+    for (int st = 0; f && ok && st < STATUS_CODES; st++) {
+        uint64_t n = atomic_load(&refused_by_status[st]);
+        const char *name = tdm_status_name(-st);
+        Tandem__V1__MetricSample *s = NULL;
+        for (size_t i = 0; n && i < f->n_samples && !s; i++)
+            if (has_label(f->samples[i], "status", name) &&
+                has_label(f->samples[i], "finish_reason", none))
+                s = f->samples[i];
+        if (s)
+            s->int_value += n;
+        else if (n)
+            ok = add_sample(f, "status", name, "finish_reason", none, n);
+    }
+    return ok ? TDM_OK : TDM_ERESOURCE;
 }
 
 int tdm_http_metrics_append(Tandem__V1__MetricsResponse *m)
 {
-    return append_codes(m) && append_refusals(m) ? TDM_OK : TDM_ERESOURCE;
+    return tdm_http_metrics_merge_refusals(m) == TDM_OK && append_codes(m) && append_refusals(m)
+               ? TDM_OK
+               : TDM_ERESOURCE;
 }

@@ -1,6 +1,6 @@
 /* http_metrics.h - the HTTP gateway's own counters: responses by status code and requests it
- * refused before they reached the router, by reason (the field at fault). Process-wide (one
- * gateway per router process), lock-free, callable from any gateway thread.
+ * refused before they reached the router, by reason (the field at fault) and by status.
+ * Process-wide (one gateway per router process), lock-free, callable from any gateway thread.
  */
 #ifndef TANDEM_ROUTER_HTTP_METRICS_H
 #define TANDEM_ROUTER_HTTP_METRICS_H
@@ -13,13 +13,21 @@ void tdm_http_count_response(unsigned status);
 /* Counts a request the gateway refused itself; reason: the OpenAI field at fault ("n",
  * "logit_bias"; an index or key in it is dropped: "messages[2]" counts as "messages"), "" or
  * NULL for the request as a whole ("request"). Reasons beyond the first
- * TDM_HTTP_REFUSAL_REASONS distinct ones count as "other". Cannot fail. */
+ * TDM_HTTP_REFUSAL_REASONS distinct ones count as "other". status: the refusal's (a negative
+ * tdm status, TDM_EINVALID mostly; another value counts as UNKNOWN). Cannot fail. */
 #define TDM_HTTP_REFUSAL_REASONS 64
-void tdm_http_count_refusal(const char *reason);
+void tdm_http_count_refusal(const char *reason, int status);
 
-/* Appends tandem_http_requests_total{code} and tandem_http_requests_refused_total{reason} to
- * m (a message protobuf_c_message_free_unpacked(…, NULL) frees: malloc'd parts). Returns
- * TDM_OK or TDM_ERESOURCE (m stays valid, perhaps without them). */
+/* Adds the refusals by status to the router's tandem_requests_total{status,
+ * finish_reason="none"} in m (its own refusals' series, or a new one), so that family counts
+ * every GENERATE refused, the gateway's included; nothing when m has no such family. m is a
+ * message protobuf_c_message_free_unpacked(…, NULL) frees (malloc'd parts). Returns TDM_OK or
+ * TDM_ERESOURCE (m stays valid, perhaps without some). */
+int tdm_http_metrics_merge_refusals(Tandem__V1__MetricsResponse *m);
+
+/* tdm_http_metrics_merge_refusals, then appends tandem_http_requests_total{code} and
+ * tandem_http_requests_refused_total{reason} to m. Returns TDM_OK or TDM_ERESOURCE (m stays
+ * valid, perhaps without them). */
 int tdm_http_metrics_append(Tandem__V1__MetricsResponse *m);
 
 #endif /* TANDEM_ROUTER_HTTP_METRICS_H */

@@ -41,7 +41,7 @@ int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *f
     return tdm_error_set(err, TDM_EINVALID, "%s", msg);
 }
 
-static const char *type_name(const json_t *v)
+const char *oai_type_name(const json_t *v)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -79,7 +79,7 @@ static bool get_number(parse_ctx_t *p, const char *name, double *out)
         return false;
     if (!json_is_number(v)) {
         p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a number, got %s",
-                              name, type_name(v));
+                              name, oai_type_name(v));
         return false;
     }
     *out = json_number_value(v);
@@ -100,7 +100,7 @@ static bool get_int(parse_ctx_t *p, const char *name, long long lo, long long hi
         x = (long long)json_real_value(v);
     } else {
         p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be an integer, got %s",
-                              name, type_name(v));
+                              name, oai_type_name(v));
         return false;
     }
     if (x < lo || x > hi) {
@@ -119,7 +119,7 @@ static bool get_bool(parse_ctx_t *p, const char *name, bool *out)
         return false;
     if (!json_is_boolean(v)) {
         p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a boolean, got %s",
-                              name, type_name(v));
+                              name, oai_type_name(v));
         return false;
     }
     *out = json_is_true(v);
@@ -133,7 +133,7 @@ static const char *get_string(parse_ctx_t *p, const char *name)
         return NULL;
     if (!json_is_string(v)) {
         p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a string, got %s",
-                              name, type_name(v));
+                              name, oai_type_name(v));
         return NULL;
     }
     return json_string_value(v);
@@ -199,7 +199,7 @@ static int parse_prompt_list(parse_ctx_t *p, oai_req_t *q, json_t *v)
         } else if (!json_is_string(e)) {
             return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
                                  "%s must be a string or an array of token ids, got %s", name,
-                                 type_name(e));
+                                 oai_type_name(e));
         }
     }
     return TDM_OK;
@@ -229,7 +229,7 @@ static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
         return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
                              "prompt must be a string, an array of one string or an array of token "
                              "ids, got %s",
-                             type_name(v));
+                             oai_type_name(v));
     size_t n;
     int rc = prompt_ids(p, v, "prompt", &q->ids, &n);
     if (rc != TDM_OK)
@@ -258,7 +258,7 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
     if (!json_is_array(c))
         return oai_bad_field(p->err, p->param, p->param_cap, name,
                              "%s must be a string or an array of content parts, got %s", name,
-                             type_name(c));
+                             oai_type_name(c));
     tdm_buf_t b = TDM_BUF_INIT;
     size_t j;
     json_t *part;
@@ -302,7 +302,7 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         return oai_bad_field(p->err, p->param, p->param_cap, "messages", "messages is required");
     if (!json_is_array(v))
         return oai_bad_field(p->err, p->param, p->param_cap, "messages",
-                             "messages must be an array, got %s", type_name(v));
+                             "messages must be an array, got %s", oai_type_name(v));
     size_t n = json_array_size(v);
     if (n == 0)
         return oai_bad_field(p->err, p->param, p->param_cap, "messages", "messages is empty");
@@ -318,7 +318,7 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         snprintf(name, sizeof name, "messages[%zu]", i);
         if (!json_is_object(m))
             return oai_bad_field(p->err, p->param, p->param_cap, name,
-                                 "%s must be an object, got %s", name, type_name(m));
+                                 "%s must be an object, got %s", name, oai_type_name(m));
         json_t *role = json_object_get(m, "role");
         if (!json_is_string(role)) {
             snprintf(name, sizeof name, "messages[%zu].role", i);
@@ -374,13 +374,14 @@ static int parse_stop(parse_ctx_t *p, oai_req_t *q)
             json_t *e = json_array_get(v, i);
             if (!json_is_string(e))
                 return oai_bad_field(p->err, p->param, p->param_cap, "stop",
-                                     "stop[%zu] must be a string, got %s", i, type_name(e));
+                                     "stop[%zu] must be a string, got %s", i, oai_type_name(e));
             q->stop[i] = (char *)json_string_value(e);
         }
         q->g.n_stop = n;
     } else {
         return oai_bad_field(p->err, p->param, p->param_cap, "stop",
-                             "stop must be a string or an array of strings, got %s", type_name(v));
+                             "stop must be a string or an array of strings, got %s",
+                             oai_type_name(v));
     }
     q->g.stop = q->stop;
     return TDM_OK;
@@ -395,7 +396,7 @@ static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
     if (!json_is_array(ids))
         return oai_bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
                              "stop_token_ids must be an array of token ids, got %s",
-                             type_name(ids));
+                             oai_type_name(ids));
     size_t n = json_array_size(ids);
     q->stop_ids = calloc(n ? n : 1, sizeof *q->stop_ids);
     if (!q->stop_ids)
@@ -597,7 +598,7 @@ static int parse_stream(parse_ctx_t *p, oai_req_t *q)
     if (!p->rc && so) {
         if (!json_is_object(so))
             return oai_bad_field(p->err, p->param, p->param_cap, "stream_options",
-                                 "stream_options must be an object, got %s", type_name(so));
+                                 "stream_options must be an object, got %s", oai_type_name(so));
         if (!q->stream)
             return oai_bad_field(p->err, p->param, p->param_cap, "stream_options",
                                  "stream_options is only allowed with stream: true");
@@ -605,7 +606,7 @@ static int parse_stream(parse_ctx_t *p, oai_req_t *q)
         if (iu && !json_is_null(iu) && !json_is_boolean(iu))
             return oai_bad_field(p->err, p->param, p->param_cap, "stream_options.include_usage",
                                  "stream_options.include_usage must be a boolean, got %s",
-                                 type_name(iu));
+                                 oai_type_name(iu));
         q->include_usage = json_is_true(iu);
     }
     q->g.stream = q->stream;
@@ -690,7 +691,7 @@ static int parse_body(const char *body, size_t len, oai_req_t *q, char *param, s
                              jerr.line, jerr.column);
     if (!json_is_object(q->root))
         return oai_bad_field(err, param, param_cap, NULL, "the body must be a JSON object, got %s",
-                             type_name(q->root));
+                             oai_type_name(q->root));
     return TDM_OK;
 }
 

@@ -223,10 +223,23 @@ static void histogram(mb_t *b, const char *name, const char *help, const tdm_rou
 }
 
 typedef enum node_set {
-    NODES_ALL,        /* every configured node */
-    NODES_REGISTERED, /* nodes that registered at least once (their counters exist) */
-    NODES_UP,         /* nodes up now (their load figures are current) */
+    NODES_ALL,               /* every configured node */
+    NODES_REGISTERED,        /* nodes that registered at least once (their counters exist) */
+    NODES_UP,                /* nodes up now (their load figures are current) */
+    NODES_DECODE_REGISTERED, /* decode nodes that registered (the figures only they have) */
 } node_set_t;
+
+/* Whether n is in set. */
+static bool node_in(const rt_node_t *n, node_set_t set)
+{
+    switch (set) {
+    case NODES_ALL: return true;
+    case NODES_REGISTERED: return n->registered;
+    case NODES_UP: return n->up;
+    case NODES_DECODE_REGISTERED: return n->registered && n->cfg->role == TDM_NODE_ROLE_DECODE;
+    }
+    return false;
+}
 
 typedef double (*node_value_fn)(const rt_node_t *n);
 
@@ -238,7 +251,7 @@ static void node_family(mb_t *b, const tdm_router_t *r, const char *name,
     Tandem__V1__MetricFamily *f = family(b, name, type, help);
     for (size_t i = 0; i < r->n_nodes; i++) {
         const rt_node_t *n = &r->nodes[i];
-        if ((set == NODES_REGISTERED && !n->registered) || (set == NODES_UP && !n->up))
+        if (!node_in(n, set))
             continue;
         Tandem__V1__MetricSample *s = sample(b, f);
         label(b, s, "node", n->cfg->id);
@@ -664,15 +677,14 @@ static void vhist(vctx_t *v, const char *name, const char *help, const tdm_route
     vhist_n(v, name, help, h, bounds, TDM_ROUTER_HIST_BUCKETS - 1);
 }
 
-/* A per-node family labelled {model_name, engine=node id} over the nodes of set (UP or
- * REGISTERED). */
+/* A per-node family labelled {model_name, engine=node id} over the nodes of set. */
 static void vnode_family(vctx_t *v, const tdm_router_t *r, const char *name,
                          Tandem__V1__MetricType type, const char *help, node_set_t set,
                          node_value_fn value)
 {
     Tandem__V1__MetricFamily *f = family(v->b, name, type, help);
     for (size_t i = 0; i < r->n_nodes; i++)
-        if (set == NODES_UP ? r->nodes[i].up : r->nodes[i].registered)
+        if (node_in(&r->nodes[i], set))
             set_float(vsample(v, f, r->nodes[i].cfg->id), value(&r->nodes[i]));
 }
 
@@ -828,31 +840,32 @@ static double nv_spec_accepted_tokens(const rt_node_t *n)
     return (double)n->spec_accepted_tokens;
 }
 
-/* tandem_spec_decode_*: drafts verified, draft tokens proposed and accepted, per node. */
+/* tandem_spec_decode_*: drafts verified, draft tokens proposed and accepted, per decode node
+ * (a prefill node never drafts: no series that would always read 0). */
 static void render_spec(mb_t *b, const tdm_router_t *r)
 {
     node_family(b, r, "tandem_spec_decode_drafts_total", METRIC_COUNTER,
                 "Verification passes of a sequence that carried prompt-lookup drafts "
                 "(cumulative per node process, from its heartbeats).",
-                NODES_REGISTERED, nv_spec_drafts);
+                NODES_DECODE_REGISTERED, nv_spec_drafts);
     node_family(b, r, "tandem_spec_decode_draft_tokens_total", METRIC_COUNTER,
                 "Draft tokens proposed and verified (cumulative per node process).",
-                NODES_REGISTERED, nv_spec_draft_tokens);
+                NODES_DECODE_REGISTERED, nv_spec_draft_tokens);
     node_family(b, r, "tandem_spec_decode_accepted_tokens_total", METRIC_COUNTER,
                 "Draft tokens equal to the token drawn at their index, so accepted (cumulative "
                 "per node process); acceptance rate = accepted / draft tokens.",
-                NODES_REGISTERED, nv_spec_accepted_tokens);
+                NODES_DECODE_REGISTERED, nv_spec_accepted_tokens);
 }
 
-/* vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py), per node. */
+/* vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py), per decode node. */
 static void vllm_spec(vctx_t *v, const tdm_router_t *r)
 {
     vnode_family(v, r, "vllm:spec_decode_num_drafts_total", METRIC_COUNTER,
-                 "Number of spec decoding drafts.", NODES_REGISTERED, nv_spec_drafts);
+                 "Number of spec decoding drafts.", NODES_DECODE_REGISTERED, nv_spec_drafts);
     vnode_family(v, r, "vllm:spec_decode_num_draft_tokens_total", METRIC_COUNTER,
-                 "Number of draft tokens.", NODES_REGISTERED, nv_spec_draft_tokens);
+                 "Number of draft tokens.", NODES_DECODE_REGISTERED, nv_spec_draft_tokens);
     vnode_family(v, r, "vllm:spec_decode_num_accepted_tokens_total", METRIC_COUNTER,
-                 "Number of accepted tokens.", NODES_REGISTERED, nv_spec_accepted_tokens);
+                 "Number of accepted tokens.", NODES_DECODE_REGISTERED, nv_spec_accepted_tokens);
 }
 
 static void render_vllm(mb_t *b, const tdm_router_t *r)

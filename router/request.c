@@ -165,12 +165,19 @@ static void group_unref(rt_group_t *g)
 
 /* Ends every sibling of q (not q): NodeCancel to their nodes, for a failure (fail) the error
  * chunk a stream gets, counted with status, freed; the caller ends q and sends the call's one
- * END. */
-static void group_end_siblings(tdm_router_t *r, rt_req_t *q, int status, bool fail)
+ * END. With release_q, q's NodeCancels go too (without a group, only they do). The forks go
+ * before choice 0, whose prompt KV they share: a decode node that loses choice 0 first fails
+ * every fork still waiting for it ("the sibling it shares the prompt with ended", one warning
+ * each), where a cancelled fork just goes. */
+static void group_end_siblings(tdm_router_t *r, rt_req_t *q, int status, bool fail, bool release_q)
 {
     rt_group_t *g = q->group;
-    for (uint32_t i = 0; g && i < g->n; i++) {
+    if (!g && release_q)
+        rt_release_nodes(r, q, status);
+    for (uint32_t i = g ? g->n : 0; i-- > 0;) {
         rt_req_t *s = g->kids[i];
+        if (s == q && release_q)
+            rt_release_nodes(r, q, status);
         if (!s || s == q)
             continue;
         rt_release_nodes(r, s, status);
@@ -231,9 +238,7 @@ static void req_fail_with(tdm_router_t *r, rt_req_t *q, int status, bool cancel_
     char kv[96];
     snprintf(kv, sizeof kv, "status=%s", tdm_status_name(status));
     tdm_log_write(&r->log, TDM_LOG_WARN, q->id, kv, "request failed: %s", msg);
-    if (cancel_nodes)
-        rt_release_nodes(r, q, status);
-    group_end_siblings(r, q, status, true);
+    group_end_siblings(r, q, status, true, cancel_nodes);
     rt_stream_fail(r, q);
     rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, body);
     rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
@@ -254,8 +259,7 @@ void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, co
 void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why)
 {
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "request dropped: %s", why);
-    group_end_siblings(r, q, TDM_ECANCELLED, false);
-    rt_release_nodes(r, q, TDM_ECANCELLED);
+    group_end_siblings(r, q, TDM_ECANCELLED, false, true);
     rt_count_end(r, TDM_ECANCELLED, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
     rt_req_free(r, q);
 }
@@ -302,8 +306,7 @@ void rt_req_shutdown_all(tdm_router_t *r)
     tdm_list_t *l;
     while ((l = tdm_list_first(&r->requests))) {
         rt_req_t *q = TDM_LIST_ENTRY(l, rt_req_t, all_link);
-        group_end_siblings(r, q, TDM_EUNAVAILABLE, true);
-        rt_release_nodes(r, q, TDM_EUNAVAILABLE);
+        group_end_siblings(r, q, TDM_EUNAVAILABLE, true, true);
         rt_stream_fail(r, q);
         rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_EUNAVAILABLE, "router shutting down",
                     NULL);

@@ -5,6 +5,8 @@
 The tokenizer ids must equal `tandem tokenize` (the one prompt rule, tdm_prompt_encode).
 """
 import json
+import os
+import re
 import signal
 import subprocess
 import threading
@@ -13,6 +15,7 @@ import time
 import pytest
 
 from conftest import BINARIES, MODEL, http_cluster
+from tandem_client import SOURCE_DIR
 from test_http import request
 
 try:
@@ -60,6 +63,20 @@ def test_tokenize_round_trip(cluster):
                         {"prompt": PROMPT, "return_token_strs": True, "add_special_tokens": False})
     assert status == 200 and v["tokens"] == want
     assert v["token_strs"][0] == "The" and v["token_strs"][1] == "Ġcapital"
+
+
+def test_tokenize_example_in_api_docs(cluster):
+    """docs/api.md's /tokenize and /detokenize example is what the default model answers, byte
+    for byte (max_model_len: the context the router serves, TDM_MODEL_MAX_SERVE_CTX 4096)."""
+    with open(os.path.join(SOURCE_DIR, "docs", "api.md"), encoding="utf-8") as f:
+        doc = f.read()
+    pairs = re.findall(r"^\$ curl -s localhost:8000(/(?:de)?tokenize) -d '(.*)'\n(.*)$", doc, re.M)
+    assert [p for p, _, _ in pairs] == ["/tokenize", "/detokenize"], pairs
+    for path, body, want in pairs:
+        status, _, raw = request(cluster.port, "POST", path, json.loads(body), AUTH)
+        assert status == 200, raw
+        assert raw.decode("utf-8") == want + "\n", (path, raw)  # the body ends its line
+    assert json.loads(pairs[0][2])["max_model_len"] == 4096
 
 
 def test_tokenize_chat(cluster):

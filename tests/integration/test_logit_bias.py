@@ -4,7 +4,8 @@ the HTTP gateway (/v1/completions and /v1/chat/completions), the native API and
 
 Greedy outputs are compared by token id through the native client and by text through HTTP;
 -100 bans a token (the greedy answer changes and never holds it), +100 forces one (every output
-token is it). Bad keys, values and counts are refused with 400 naming logit_bias["<key>"].
+token is it). Bad keys, values and counts are refused with 400 naming logit_bias["<key>"], the
+limit and the value given.
 """
 import json
 import re
@@ -124,14 +125,16 @@ def test_cli_logit_bias(cluster, native):
     assert local.returncode == 0, local.stderr
     assert local.stdout == out.stdout
     for bad, why in [("12", "expected ID:BIAS"), ("x:1", "expected ID:BIAS"),
-                     ("5:101", "must be in [-100, 100]"), ("5:1:2", "expected ID:BIAS")]:
+                     ("5:101", 'logit_bias["5"] must be in [-100, 100], got 101'),
+                     ("5:1:2", "expected ID:BIAS")]:
         r = subprocess.run([BINARIES["tandem"], "generate", "--router", cluster.client_ep,
                             "-p", PROMPT, "--logit-bias", bad], capture_output=True, timeout=60)
         assert r.returncode == 2 and why in r.stderr.decode(), (bad, r.stderr)
     r = subprocess.run([BINARIES["tandem"], "generate", "--router", cluster.client_ep, "-p", PROMPT,
                         "--logit-bias", "7:1", "--logit-bias", "7:2"], capture_output=True,
                        timeout=60)
-    assert r.returncode == 2 and b"token 7 twice" in r.stderr
+    assert r.returncode == 2 and (b'--logit-bias: logit_bias["7"]: each token id must appear '
+                                  b"once, got 7 twice") in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
@@ -142,27 +145,37 @@ def test_refusals_name_the_field(cluster, path):
     else:
         base["messages"] = [{"role": "user", "content": CHAT}]
     n_vocab = 49152  # SmolLM2's
+    key = ('logit_bias["{0}"]: the key must be a token id (a decimal integer in '
+           '[0, 2147483647]), got "{0}"')
+    shape = ("logit_bias must be an object mapping token ids (as strings) to biases in "
+             "[-100, 100], got ")
+    number = 'logit_bias["5"] must be a number in [-100, 100], got '
+
+    # the messages read as the other fields' do: the entry, the limit, what was given
     cases = [
-        ({"abc": 1}, 'logit_bias["abc"]', "token id"),
-        ({"-1": 1}, 'logit_bias["-1"]', "token id"),
-        ({"1.5": 1}, 'logit_bias["1.5"]', "token id"),
-        ({"99999999999": 1}, 'logit_bias["99999999999"]', "token id"),
-        ({"5": "x"}, 'logit_bias["5"]', "must be a number"),
-        ({"5": None}, 'logit_bias["5"]', "must be a number"),
-        ({"5": 100.5}, 'logit_bias["5"]', "[-100, 100]"),
-        ({"5": -101}, 'logit_bias["5"]', "[-100, 100]"),
-        ({"5": 1, "05": 2}, 'logit_bias["05"]', "token 5 twice"),
-        ({str(n_vocab): 1}, f'logit_bias["{n_vocab}"]', f"[0, {n_vocab})"),
-        ({str(i): 1 for i in range(301)}, "logit_bias", "at most 300"),
-        ([[5, 1]], "logit_bias", "must be an object"),
-        ("5:1", "logit_bias", "must be an object"),
+        ({"abc": 1}, 'logit_bias["abc"]', key.format("abc")),
+        ({"-1": 1}, 'logit_bias["-1"]', key.format("-1")),
+        ({"1.5": 1}, 'logit_bias["1.5"]', key.format("1.5")),
+        ({"99999999999": 1}, 'logit_bias["99999999999"]', key.format("99999999999")),
+        ({"5": "x"}, 'logit_bias["5"]', number + "a string"),
+        ({"5": None}, 'logit_bias["5"]', number + "null"),
+        ({"5": 100.5}, 'logit_bias["5"]', 'logit_bias["5"] must be in [-100, 100], got 100.5'),
+        ({"5": -101}, 'logit_bias["5"]', 'logit_bias["5"] must be in [-100, 100], got -101'),
+        ({"5": 1, "05": 2}, 'logit_bias["05"]',
+         'logit_bias["05"]: each token id must appear once, got 5 twice'),
+        ({str(n_vocab): 1}, f'logit_bias["{n_vocab}"]',  # the router's check
+         f'logit_bias["{n_vocab}"]: the token id must be in [0, {n_vocab}), got {n_vocab}'),
+        ({str(i): 1 for i in range(301)}, "logit_bias",
+         "logit_bias must have at most 300 entries, got 301"),
+        ([[5, 1]], "logit_bias", shape + "an array"),
+        ("5:1", "logit_bias", shape + "a string"),
     ]
     for bias, param, why in cases:
         status, v = post(cluster, path, dict(base, logit_bias=bias))
         assert status == 400, (bias, v)
         err = v["error"]
         assert err["param"] == param, (bias, err)
-        assert why in err["message"], (bias, err)
+        assert err["message"] == why, (bias, err)
         assert err["type"] == "invalid_request_error"
     # the gateway's refusals count under the field, never under a client's key
     _, _, raw = request(cluster.port, "GET", "/metrics")

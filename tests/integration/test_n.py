@@ -212,6 +212,31 @@ def test_refused_with_the_field_named(cluster, body, param, words):
     assert err["error"]["param"] == param and words in err["error"]["message"], err
 
 
+@pytest.mark.parametrize("body,param,message", [
+    ({"prompt": ["a", ""]}, "prompt[1]", "prompt[1] is empty"),
+    ({"prompt": ["a", [1, 60000]]}, "prompt[1][1]",
+     "prompt[1][1] = 60000 is out of the vocabulary (0..49151)"),
+    ({"prompt": [[1, 2], [3, 99999999]]}, "prompt[1][1]",
+     "prompt[1][1] = 99999999 is out of the vocabulary (0..49151)"),
+    ({"prompt": [1, 60000]}, "prompt[1]", "prompt[1] = 60000 is out of the vocabulary (0..49151)"),
+    ({"prompt": ["a", "x" * 40000]}, "prompt[1]",
+     "prompt[1] has 10000 tokens; the context is 4096 tokens (prompt + max_tokens must fit)"),
+    ({"prompt": ["a", "x" * 4000], "max_tokens": 3500}, "max_tokens",
+     "prompt[1]: max_tokens: prompt (1000 tokens) + max_tokens (3500) exceeds the context of "
+     "4096 tokens; at most 3096 tokens can be generated for this prompt"),
+    ({"prompt": ["a", ""], "stream": True}, "prompt[1]", "prompt[1] is empty"),
+    # a field of the whole request is not one prompt's
+    ({"prompt": ["a", "b"], "temperature": 9}, "temperature", "temperature must be in [0, 5], got 9"),
+])
+def test_router_refusal_names_the_prompt_of_a_list(cluster, body, param, message):
+    """The router refuses one prompt of a list (or one token of a token-id prompt): the error
+    says which, in OpenAI's names (prompt[p], prompt[p][k]; not the native tokens.ids)."""
+    st, err = request(cluster.port, dict({"max_tokens": 2}, **body))
+    assert st == 400, err
+    assert err["error"]["param"] == param and err["error"]["message"] == message, err
+    wait_kv_free(cluster)
+
+
 def _metric(text, name):
     """The value of the unlabelled-by-le series name (summed over its label sets)."""
     return sum(float(ln.split()[-1]) for ln in text.splitlines()

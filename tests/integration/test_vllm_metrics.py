@@ -305,6 +305,9 @@ def test_gateway_counts_responses_by_code_and_refusals_by_field(cluster):
                                                  "max_tokens": 0}) == 400
     assert post_status(port, "/v1/completions", {"model": model, "prompt": "Hi",
                                                  "max_tokens": 2}) == 200
+    # refused by the router itself (its range check)
+    assert post_status(port, "/v1/completions", {"model": model, "prompt": "Hi",
+                                                 "max_tokens": 2, "temperature": 9}) == 400
     assert post_status(port, "/v1/nothing-here", {}) == 404
     types, after = scrape(port)
     assert types["tandem_http_requests_total"] == "counter"
@@ -315,7 +318,14 @@ def test_gateway_counts_responses_by_code_and_refusals_by_field(cluster):
 
     assert d("tandem_http_requests_refused_total", reason="max_tokens") == 2
     assert d("tandem_http_requests_refused_total") == 2
-    assert d("tandem_http_requests_total", code="400") == 2
+    # every refusal is in tandem_requests_total under its status, the gateway's two and the
+    # router's one in one series; only the router's was received by it
+    refused = {"status": "INVALID_ARGUMENT", "finish_reason": "none"}
+    assert d("tandem_requests_total", **refused) == 3
+    assert len([1 for n, lab, _ in after if n == "tandem_requests_total"
+                and all(lab.get(k) == x for k, x in refused.items())]) == 1
+    assert d("tandem_requests_received_total") == 2
+    assert d("tandem_http_requests_total", code="400") == 3
     assert d("tandem_http_requests_total", code="404") == 1
     # the 200 of the completion and those of the first scrape (the second is counted after
     # it was rendered)

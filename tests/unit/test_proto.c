@@ -506,7 +506,8 @@ static void test_sampling_logit_bias_round_trip(void **state)
     assert_true(q.logit_bias[2].bias == 100.0f);
     assert_int_equal(tdm_sampling_params_validate(&q, 49152, &err), 0);
     assert_int_equal(tdm_sampling_params_validate(&q, 49151, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias token 49151 must be in [0, 49151)");
+    assert_string_equal(err.msg,
+                        "logit_bias[\"49151\"]: the token id must be in [0, 49151), got 49151");
 
     /* without the mask bit the caller's entries stay; with it and none, they are cleared */
     Tandem__V1__SamplingParams e = TANDEM__V1__SAMPLING_PARAMS__INIT;
@@ -547,7 +548,7 @@ static void test_sampling_logit_bias_refused(void **state)
     uint32_t bad = 99;
     assert_int_equal(tdm_sampling_logit_bias_check(&q, 100, &bad, &err), TDM_EINVALID);
     assert_int_equal(bad, 1);
-    assert_string_equal(err.msg, "logit_bias has token 0 twice");
+    assert_string_equal(err.msg, "logit_bias[\"0\"]: each token id must appear once, got 0 twice");
 }
 
 static void test_sampling_too_many_stop_ids(void **state)

@@ -2532,6 +2532,11 @@ static void check_vllm_series(const char *t, uint32_t prompt_tokens)
     assert_float_equal(
         sample_of(t, "vllm:prefix_cache_hits_total{model_name=\"tiny\",engine=\"prefill-0\"}"), 4,
         0);
+    assert_float_equal(sample_of(t, "vllm:spec_decode_num_accepted_tokens_total{model_name="
+                                    "\"tiny\",engine=\"decode-0\"}"),
+                       11, 0);
+    assert_false(has_series(t, "vllm:spec_decode_num_accepted_tokens_total{model_name=\"tiny\","
+                               "engine=\"prefill-0\"}"));
     assert_float_equal(sample_of(t, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"f16\","
                                     "enable_prefix_caching=\"True\",engine=\"0\"}"),
                        1, 0);
@@ -2567,6 +2572,9 @@ static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64
     h.process_resident_bytes = 1000000 + used;
     h.process_cpu_seconds = 1.5;
     h.process_open_fds = 12;
+    h.spec_drafts = 3; /* from every node: the router exports them for decode nodes only */
+    h.spec_draft_tokens = 20;
+    h.spec_accepted_tokens = 11;
     double steps[2] = {0.25, 0.75};
     h.n_recent_step_s = 2;
     h.recent_step_s = steps;
@@ -2750,6 +2758,19 @@ static void test_metrics(void **state)
     assert_float_equal(
         sample_of(t, "tandem_node_step_time_seconds{node=\"prefill-0\",role=\"prefill\"}"), 0.5, 0);
     assert_false(has_series(t, "tandem_node_running{node=\"decode-1\",role=\"decode\"}"));
+    /* speculative decoding: decode nodes only (a prefill node never drafts) */
+    assert_float_equal(
+        sample_of(t, "tandem_spec_decode_drafts_total{node=\"decode-0\",role=\"decode\"}"), 3, 0);
+    assert_float_equal(sample_of(t, "tandem_spec_decode_draft_tokens_total{node=\"decode-0\","
+                                    "role=\"decode\"}"),
+                       20, 0);
+    assert_float_equal(sample_of(t, "tandem_spec_decode_accepted_tokens_total{node=\"decode-0\","
+                                    "role=\"decode\"}"),
+                       11, 0);
+    assert_false(
+        has_series(t, "tandem_spec_decode_drafts_total{node=\"prefill-0\",role=\"prefill\"}"));
+    assert_false(has_series(t, "tandem_spec_decode_accepted_tokens_total{node=\"prefill-0\","
+                               "role=\"prefill\"}"));
     char info[200];
     snprintf(info, sizeof info, "tandem_build_info{version=\"%s\",model=\"tiny\"}", TANDEM_VERSION);
     assert_float_equal(sample_of(t, info), 1, 0);
@@ -4134,12 +4155,71 @@ static void test_n_fork_fallback_and_failure(void **state)
     env_free(e);
 }
 
+/* A client CANCEL of a call of n = 3: choice 0's NodeCancel reaches the decode node after its
+ * forks' (a decode node that lost choice 0 first would fail each fork waiting for its prompt
+ * KV, with a warning each), and the prefill node's too. */
+static void test_n_cancel_forks_first(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-n", "hello world", 4, true);
+    g.n = 3;
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f[3];
+    uint64_t a[3];
+    for (int i = 0; i < 3; i++) {
+        tdm_frame_init(&f[i]);
+        Tandem__V1__DecodeReserve *m = expect_reserve(e, &e->d0, &f[i]);
+        a[i] = m->attempt_id;
+        assert_int_equal(m->fork_of, i == 0 ? 0 : a[0]);
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+    }
+    for (int i = 0; i < 3; i++) {
+        attempt_note("r-n", a[i]);
+        reply_ack(&e->d0, &f[i], "r-n", 1);
+        tdm_frame_clear(&f[i]);
+    }
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_int_equal(t->attempt_id, a[0]);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_send_t c = {0};
+    c.kind = K_CANCEL;
+    c.method = M(GENERATE);
+    c.call_id = call;
+    assert_int_equal(tdm_sock_send(e->client, &c), 0);
+    uint64_t order[3];
+    for (int i = 0; i < 3; i++) {
+        tdm_frame_t cf;
+        tdm_frame_init(&cf);
+        if (!recv_on(e, e->d0.s, &cf, WAIT_MS))
+            fail_msg("decode-0: NodeCancel %d of 3 missing", i + 1);
+        assert_int_equal(cf.method, M(NODE_CANCEL));
+        Tandem__V1__NodeCancel *nc =
+            (Tandem__V1__NodeCancel *)tdm_frame_unpack(&cf, &tandem__v1__node_cancel__descriptor);
+        assert_non_null(nc);
+        order[i] = nc->attempt_id;
+        protobuf_c_message_free_unpacked(&nc->base, NULL);
+        tdm_frame_clear(&cf);
+    }
+    assert_true(order[0] != a[0] && order[1] != a[0] && order[0] != order[1]);
+    assert_int_equal(order[2], a[0]); /* choice 0 last */
+    attempt_note("r-n", a[0]);
+    expect_cancel(e, &e->p0, "r-n", 1);
+    expect_none(e, e->client, 100);
+    assert_int_equal(tdm_router_n_running(e->r), 0);
+    env_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stream_in_order),
         cmocka_unit_test(test_n_choices_fork_and_end_once),
         cmocka_unit_test(test_n_fork_fallback_and_failure),
+        cmocka_unit_test(test_n_cancel_forks_first),
         cmocka_unit_test(test_no_stream),
         cmocka_unit_test(test_stop_string),
         cmocka_unit_test(test_cancel),

@@ -823,11 +823,11 @@ static void test_logit_bias_add(void **state)
     assert_true(p.logit_bias[2].bias == 1.5f);
     tdm_sampling_params_t before = p;
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 5, 1.0f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias has token 5 twice");
+    assert_string_equal(err.msg, "logit_bias[\"5\"]: each token id must appear once, got 5 twice");
     assert_int_equal(tdm_sampling_logit_bias_add(&p, -1, 1.0f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias token -1 must be >= 0");
+    assert_string_equal(err.msg, "logit_bias[\"-1\"]: the token id must be >= 0, got -1");
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 9, 100.5f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias of token 9 must be in [-100, 100], got 100.5");
+    assert_string_equal(err.msg, "logit_bias[\"9\"] must be in [-100, 100], got 100.5");
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 9, NAN, &err), TDM_EINVALID);
     assert_memory_equal(&p, &before, sizeof p);
     tdm_sampling_params_default(&p);
@@ -836,9 +836,9 @@ static void test_logit_bias_add(void **state)
     assert_int_equal(p.logit_bias[0].token, 1);
     assert_int_equal(p.logit_bias[TDM_SAMPLING_MAX_LOGIT_BIAS - 1].token, 300);
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 0, 0.0f, &err), TDM_EINVALID);
-    assert_string_equal(err.msg, "logit_bias has more than 300 entries");
+    assert_string_equal(err.msg, "logit_bias must have at most 300 entries, got 301");
     assert_int_equal(tdm_sampling_params_validate(&p, 301, &err), 0);
-    validate_fails(&p, 300, "logit_bias token 300 must be in [0, 300)");
+    validate_fails(&p, 300, "logit_bias[\"300\"]: the token id must be in [0, 300), got 300");
 }
 
 /* The validator's view of hand-made entries: order, repeats, range, count. */
@@ -850,19 +850,19 @@ static void test_logit_bias_validate(void **state)
     p.n_logit_bias = 2;
     p.logit_bias[0] = (tdm_logit_bias_t){.token = 4, .bias = 1.0f};
     p.logit_bias[1] = (tdm_logit_bias_t){.token = 3, .bias = 1.0f};
-    validate_fails(&p, 10, "logit_bias token 3 is out of order (ids must increase)");
+    validate_fails(&p, 10, "logit_bias[\"3\"]: the token ids must increase, got 3 after 4");
     p.logit_bias[1].token = 4;
-    validate_fails(&p, 10, "logit_bias has token 4 twice");
+    validate_fails(&p, 10, "logit_bias[\"4\"]: each token id must appear once, got 4 twice");
     uint32_t bad = 0;
     assert_int_equal(tdm_sampling_logit_bias_check(&p, 10, &bad, NULL), TDM_EINVALID);
     assert_int_equal(bad, 1);
     p.logit_bias[1] = (tdm_logit_bias_t){.token = 6, .bias = -101.0f};
-    validate_fails(&p, 10, "logit_bias of token 6 must be in [-100, 100], got -101");
+    validate_fails(&p, 10, "logit_bias[\"6\"] must be in [-100, 100], got -101");
     p.logit_bias[1].bias = -100.0f;
     assert_int_equal(tdm_sampling_logit_bias_check(&p, 10, &bad, NULL), 0);
     assert_int_equal(bad, 2);
     p.n_logit_bias = TDM_SAMPLING_MAX_LOGIT_BIAS + 1;
-    validate_fails(&p, 10, "logit_bias has 301 entries, at most 300");
+    validate_fails(&p, 10, "logit_bias must have at most 300 entries, got 301");
 }
 
 /* Greedy: -100 on the argmax bans it (the runner-up wins), +100 on any token forces it; a small
@@ -977,7 +977,45 @@ static void test_logit_bias_masked(void **state)
     /* a sampler given an id past its vocabulary refuses the parameters */
     assert_int_equal(tdm_sampling_logit_bias_add(&p, 64, 1.0f, &err), 0);
     assert_int_equal(tdm_sampler_sample(s, &p, logits, NULL, 0, 0, &r), TDM_EINVALID);
-    assert_string_equal(tdm_sampler_errmsg(s), "logit_bias token 64 must be in [0, 64)");
+    assert_string_equal(tdm_sampler_errmsg(s),
+                        "logit_bias[\"64\"]: the token id must be in [0, 64), got 64");
+    tdm_sampler_destroy(&s);
+}
+
+/* docs/sampling.md's pipeline order on one row: logit bias, then penalties (repetition
+ * divides the biased logit), then the mask (+10 cannot bring a masked token back); the
+ * logprobs are the log-softmax of that over the allowed tokens, whatever the temperature, and
+ * greedy and top-k 1 both pick its argmax. With the penalty first, token 0 would have
+ * 1 / 2 + 2 = 2.5 and win. */
+static void test_pipeline_order(void **state)
+{
+    (void)state;
+    tdm_sampler_t *s = sampler_new(4);
+    const float logits[4] = {1.0f, 2.0f, 0.5f, 3.0f};
+    const uint32_t mask[1] = {0x7u}; /* tokens 0, 1, 2 */
+    const int32_t hist[1] = {0};
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.repetition_penalty = 2.0f;
+    p.n_logprobs = 3;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 0, 2.0f, &err), 0);  /* 3 -> 1.5 */
+    assert_int_equal(tdm_sampling_logit_bias_add(&p, 3, 10.0f, &err), 0); /* masked */
+    double log_z = log(exp(1.5) + exp(2.0) + exp(0.5));
+    const float temps[3] = {0.0f, 0.7f, 2.0f};
+    for (int i = 0; i < 3; i++) {
+        p.temperature = temps[i];
+        p.top_k = i == 0 ? 0 : 1;
+        tdm_sample_result_t r;
+        assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, hist, 1, 0, &r), TDM_OK);
+        assert_int_equal(r.token, 1);
+        assert_true(fabs((double)r.logprob - (2.0 - log_z)) < 1e-6);
+        assert_int_equal(r.n_top, 3);
+        assert_int_equal(r.top[0].token, 1);
+        assert_int_equal(r.top[1].token, 0);
+        assert_true(fabs((double)r.top[1].logprob - (1.5 - log_z)) < 1e-6);
+        assert_int_equal(r.top[2].token, 2);
+    }
     tdm_sampler_destroy(&s);
 }
 
@@ -1152,6 +1190,7 @@ int main(void)
         cmocka_unit_test(test_logit_bias_greedy),
         cmocka_unit_test(test_logit_bias_equals_edited_logits),
         cmocka_unit_test(test_logit_bias_masked),
+        cmocka_unit_test(test_pipeline_order),
         cmocka_unit_test(test_bad_logits),
         cmocka_unit_test(test_no_allocation),
         cmocka_unit_test(test_speed),

@@ -103,8 +103,9 @@ int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_voca
 /* The logit bias part of tdm_sampling_params_validate: n_logit_bias <= 300, token ids in
  * [0, n_vocab) (n_vocab 0: >= 0) and strictly increasing, biases in [-100, 100]. Returns 0, or
  * TDM_EINVALID with *bad (when not NULL) the index of the entry at fault (n_logit_bias itself
- * for too many entries; the later one of a repeated token id) and a message naming it
- * ("logit_bias token 49152 must be in [0, 49152)"). */
+ * for too many entries; the later one of a repeated token id) and a message naming it by
+ * OpenAI's key, with the limit and the value ("logit_bias[\"49152\"]: the token id must be in
+ * [0, 49152), got 49152"; "logit_bias[\"7\"] must be in [-100, 100], got 101"). */
 int tdm_sampling_logit_bias_check(const tdm_sampling_params_t *p, uint32_t n_vocab, uint32_t *bad,
                                   tdm_error_t *err);
 

@@ -189,27 +189,31 @@ int tdm_sampling_logit_bias_check(const tdm_sampling_params_t *p, uint32_t n_voc
     if (bad)
         *bad = n;
     if (n > TDM_SAMPLING_MAX_LOGIT_BIAS)
-        return tdm_error_set(err, e, "logit_bias has %u entries, at most %d", n,
-                             TDM_SAMPLING_MAX_LOGIT_BIAS);
+        return tdm_error_set(err, e, "logit_bias must have at most %d entries, got %u",
+                             TDM_SAMPLING_MAX_LOGIT_BIAS, n);
     for (uint32_t i = 0; i < n; i++) {
         const tdm_logit_bias_t *b = &p->logit_bias[i];
+        int32_t t = b->token;
         if (bad)
             *bad = i;
-        if (b->token < 0 || (n_vocab && (uint32_t)b->token >= n_vocab)) {
+        if (t < 0 || (n_vocab && (uint32_t)t >= n_vocab)) {
             if (n_vocab)
-                return tdm_error_set(err, e, "logit_bias token %d must be in [0, %u)", b->token,
-                                     n_vocab);
-            return tdm_error_set(err, e, "logit_bias token %d must be >= 0", b->token);
+                return tdm_error_set(err, e,
+                                     "logit_bias[\"%d\"]: the token id must be in [0, %u), got %d",
+                                     t, n_vocab, t);
+            return tdm_error_set(err, e, "logit_bias[\"%d\"]: the token id must be >= 0, got %d", t,
+                                 t);
         }
-        if (i > 0 && b->token <= p->logit_bias[i - 1].token)
+        if (i > 0 && t == p->logit_bias[i - 1].token)
+            return tdm_error_set(
+                err, e, "logit_bias[\"%d\"]: each token id must appear once, got %d twice", t, t);
+        if (i > 0 && t < p->logit_bias[i - 1].token)
             return tdm_error_set(err, e,
-                                 b->token == p->logit_bias[i - 1].token
-                                     ? "logit_bias has token %d twice"
-                                     : "logit_bias token %d is out of order (ids must increase)",
-                                 b->token);
+                                 "logit_bias[\"%d\"]: the token ids must increase, got %d after %d",
+                                 t, t, p->logit_bias[i - 1].token);
         if (!in_closed(b->bias, -lim, lim))
-            return tdm_error_set(err, e, "logit_bias of token %d must be in [-%g, %g], got %g",
-                                 b->token, (double)lim, (double)lim, (double)b->bias);
+            return tdm_error_set(err, e, "logit_bias[\"%d\"] must be in [-%g, %g], got %g", t,
+                                 (double)lim, (double)lim, (double)b->bias);
     }
     if (bad)
         *bad = n;
@@ -221,21 +225,23 @@ int tdm_sampling_logit_bias_add(tdm_sampling_params_t *p, int32_t token, float b
 {
     const float lim = TDM_SAMPLING_MAX_BIAS;
     if (token < 0)
-        return tdm_error_set(err, TDM_EINVALID, "logit_bias token %d must be >= 0", token);
-    if (!in_closed(bias, -lim, lim))
         return tdm_error_set(err, TDM_EINVALID,
-                             "logit_bias of token %d must be in [-%g, %g], got %g", token,
-                             (double)lim, (double)lim, (double)bias);
+                             "logit_bias[\"%d\"]: the token id must be >= 0, got %d", token, token);
+    if (!in_closed(bias, -lim, lim))
+        return tdm_error_set(err, TDM_EINVALID, "logit_bias[\"%d\"] must be in [-%g, %g], got %g",
+                             token, (double)lim, (double)lim, (double)bias);
     uint32_t n = p->n_logit_bias < TDM_SAMPLING_MAX_LOGIT_BIAS ? p->n_logit_bias
                                                                : TDM_SAMPLING_MAX_LOGIT_BIAS;
     uint32_t at = n;
     while (at > 0 && p->logit_bias[at - 1].token > token)
         at--;
     if (at > 0 && p->logit_bias[at - 1].token == token)
-        return tdm_error_set(err, TDM_EINVALID, "logit_bias has token %d twice", token);
+        return tdm_error_set(err, TDM_EINVALID,
+                             "logit_bias[\"%d\"]: each token id must appear once, got %d twice",
+                             token, token);
     if (n == TDM_SAMPLING_MAX_LOGIT_BIAS)
-        return tdm_error_set(err, TDM_EINVALID, "logit_bias has more than %d entries",
-                             TDM_SAMPLING_MAX_LOGIT_BIAS);
+        return tdm_error_set(err, TDM_EINVALID, "logit_bias must have at most %d entries, got %u",
+                             TDM_SAMPLING_MAX_LOGIT_BIAS, n + 1);
     memmove(&p->logit_bias[at + 1], &p->logit_bias[at], (n - at) * sizeof p->logit_bias[0]);
     p->logit_bias[at] = (tdm_logit_bias_t){.token = token, .bias = bias};
     p->n_logit_bias = n + 1;
