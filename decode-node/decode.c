@@ -503,6 +503,7 @@ static tdm_kv_receiver_t *open_receiver(tdm_decode_t *d, tdm_net_t *net, tdm_err
     ro.memory.device_base = d->rt->kv_device_base;
     ro.memory.device = d->rt->device_index;
     ro.curve = tdm_node_curve_kv(&d->rt->keys, &curve);
+    ro.threads = node->threads; /* no more OpenMP threads than the engine's */
     ro.log = d->log;
     tdm_kv_receiver_t *rx = tdm_kv_receiver_new(net, d->rt->pool, &ro, err);
     if (!rx)

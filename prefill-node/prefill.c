@@ -294,6 +294,7 @@ static tdm_kv_sender_t *open_sender(tdm_prefill_t *p, tdm_kv_backend_t backend, 
      * acknowledge within it is stalled or cut off, and the router retries the request (a lost
      * connection is noticed sooner, by the sender's socket monitor). */
     so.timeout_ms = (int)(p->cfg->kv.transfer_timeout_s * 1000.0 + 0.5);
+    so.threads = tdm_node_cfg(p->node)->threads; /* no more OpenMP threads than the engine's */
     so.log = p->log;
     tdm_kv_sender_t *s = tdm_kv_sender_new(p->net, p->rt->pool, &so, err);
     if (!s)

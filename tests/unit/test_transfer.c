@@ -7,6 +7,7 @@
  * used blocks and tdm_kv_pool_check passing. */
 #include "tdm_test.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,12 +293,83 @@ static void test_sender_options(void **state)
     o.timeout_ms = -1;
     assert_null(tdm_kv_sender_new(c->net, c->spool, &o, &err));
     assert_non_null(strstr(err.msg, "timeout_ms"));
+    o.timeout_ms = 0;
+    o.threads = -2;
+    assert_null(tdm_kv_sender_new(c->net, c->spool, &o, &err));
+    assert_non_null(strstr(err.msg, "threads is -2"));
+    tdm_kv_receiver_opts_t ro;
+    memset(&ro, 0, sizeof ro);
+    ro.endpoint = "tcp://127.0.0.1:*";
+    ro.threads = -1;
+    ro.log = &c->log;
+    assert_null(tdm_kv_receiver_new(c->net, c->rpool, &ro, &err));
+    assert_non_null(strstr(err.msg, "threads is -1"));
     tdm_kv_sender_destroy(NULL);
     tdm_kv_receiver_destroy(NULL);
     c->clean = true;
 }
 
 /* ---- happy path ---- */
+
+/* Threads in this process (/proc/self/task). */
+static int n_tasks(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* A sender and a receiver of one thread each (a node with `threads: 1`) checksum and copy a
+ * transfer of more than TDM_KV_PARALLEL_BLOCKS blocks without starting OpenMP threads: an
+ * idle OpenMP team beside a one-thread engine spins under OMP_WAIT_POLICY=active and halved
+ * a disaggregated cluster's throughput on two cores. Runs before any other test of this file
+ * starts OpenMP threads. */
+static void test_one_thread_no_team(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_opts_t ro;
+    memset(&ro, 0, sizeof ro);
+    ro.endpoint = "tcp://127.0.0.1:*";
+    ro.node_id = "decode-0";
+    ro.model_fingerprint = FINGERPRINT;
+    ro.threads = 1;
+    ro.log = &c->log;
+    tdm_error_t err = {0};
+    tdm_kv_receiver_t *r = tdm_kv_receiver_new(c->net, c->rpool, &ro, &err);
+    assert_non_null(r);
+    tdm_kv_sender_opts_t so;
+    memset(&so, 0, sizeof so);
+    so.node_id = "prefill-0";
+    so.model_fingerprint = FINGERPRINT;
+    so.backend = TDM_KV_BACKEND_TCP;
+    so.threads = 1;
+    so.log = &c->log;
+    tdm_kv_sender_t *s = tdm_kv_sender_new(c->net, c->spool, &so, &err);
+    assert_non_null(s);
+    tdm_kv_seq_t sseq, rseq;
+    reserve(c->spool, &sseq, 160);
+    reserve(c->rpool, &rseq, 160);
+    assert_true(sseq.n_blocks >= 8);
+    fill_seq(c->spool, &sseq, 77);
+    uint64_t want = seq_digest(c->spool, &sseq);
+    int before = n_tasks();
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-one-thread", &sseq);
+    reservation_t res = {
+        .request_id = "req-one-thread", .blocks = rseq.blocks, .n_blocks = rseq.n_blocks};
+    assert_int_equal(recv_one(r, &res).status, 0);
+    assert_int_equal(wait_done(s).status, 0);
+    assert_int_equal(seq_digest(c->rpool, &rseq), want);
+    assert_int_equal(n_tasks(), before);
+    tdm_kv_seq_release(c->spool, &sseq);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
 
 static void test_happy_path(void **state)
 {
@@ -1328,6 +1400,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_names),
         cmocka_unit_test(test_xxh3_lanes),
+        cmocka_unit_test_setup_teardown(test_one_thread_no_team, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sender_options, setup, teardown),
         cmocka_unit_test_setup_teardown(test_happy_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipelined, setup, teardown),

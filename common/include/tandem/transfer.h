@@ -74,6 +74,9 @@ typedef struct tdm_kv_sender_opts {
                                       optionally a default receiver key (server_public) for
                                       sends that give no server_key */
     int timeout_ms;                /* acknowledgement timeout per transfer; 0 = 10000 */
+    int threads;                   /* OpenMP threads that checksum a large transfer: the node's
+                                      compute threads (no more, or their idle team spins under
+                                      OMP_WAIT_POLICY=active); 0 = one per core */
     const tdm_logger_t *log;       /* copied; NULL = stderr */
 } tdm_kv_sender_opts_t;
 
@@ -155,6 +158,8 @@ typedef struct tdm_kv_receiver_opts {
                                       (clients[]: each prefill node's key, named by its id) */
     int timeout_ms;                /* nccl: how long recv waits for the blocks after saying
                                       go, and for a communicator to form; 0 = 10000 */
+    int threads;                   /* OpenMP threads that copy and checksum a large transfer
+                                      (as the sender's); 0 = one per core */
     const tdm_logger_t *log;
 } tdm_kv_receiver_opts_t;
 

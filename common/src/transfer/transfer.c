@@ -375,6 +375,15 @@ static tdm_kv_channel_t *channel_get(tdm_kv_sender_t *s, const char *endpoint,
 
 /* The options a sender cannot work with: a backend not built in, a pool in the wrong memory
  * for the backend, a negative timeout. Returns 0 or TDM_EINVALID. */
+/* The OpenMP threads of a transfer's checksums and copies for opts' threads (0: one per core). */
+static int kv_threads(int threads)
+{
+    if (threads > 0)
+        return threads;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && n < 1024 ? (int)n : 1;
+}
+
 static int sender_opts_check(const tdm_kv_sender_opts_t *opts, tdm_error_t *err)
 {
     if (!tdm_kv_backend_built(opts->backend))
@@ -396,6 +405,9 @@ static int sender_opts_check(const tdm_kv_sender_opts_t *opts, tdm_error_t *err)
         return tdm_error_set(err, TDM_EINVALID, "KV sender timeout_ms is %d; must be >= 0",
                              opts->timeout_ms);
     }
+    if (opts->threads < 0)
+        return tdm_error_set(err, TDM_EINVALID, "KV sender threads is %d; must be >= 0",
+                             opts->threads);
     return 0;
 }
 
@@ -442,6 +454,7 @@ tdm_kv_sender_t *tdm_kv_sender_new(tdm_net_t *net, tdm_kv_pool_t *pool,
     s->backend = opts->backend;
     s->memory = opts->memory;
     s->timeout_ms = opts->timeout_ms ? opts->timeout_ms : TDM_KV_DEFAULT_TIMEOUT_MS;
+    s->threads = kv_threads(opts->threads);
     if (opts->log) {
         s->log_store = *opts->log;
         s->log = &s->log_store;
@@ -676,7 +689,8 @@ static void xfer_frames(tdm_kv_sender_t *s, tdm_kv_xfer_t *x, uint64_t *words, t
     if (tcp) {
         /* Checksums are memory-bound: spread large transfers over the engine's threads. */
         const uint64_t bb = s->block_bytes;
-#pragma omp parallel for schedule(static) if (n >= TDM_KV_PARALLEL_BLOCKS)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(s->threads) if (n >= TDM_KV_PARALLEL_BLOCKS && s->threads > 1)
         for (uint32_t i = 0; i < n; i++)
             words[i] = tdm_kv_block_checksum(base + words[i], bb);
     }
@@ -1202,9 +1216,10 @@ tdm_kv_receiver_t *tdm_kv_receiver_new(tdm_net_t *net, tdm_kv_pool_t *pool,
         return NULL;
     }
 #endif
-    if (opts->timeout_ms < 0) {
-        tdm_error_set(err, TDM_EINVALID, "KV receiver timeout_ms is %d; must be >= 0",
-                      opts->timeout_ms);
+    if (opts->timeout_ms < 0 || opts->threads < 0) {
+        tdm_error_set(err, TDM_EINVALID, "KV receiver %s is %d; must be >= 0",
+                      opts->timeout_ms < 0 ? "timeout_ms" : "threads",
+                      opts->timeout_ms < 0 ? opts->timeout_ms : opts->threads);
         return NULL;
     }
     tdm_kv_receiver_t *r = calloc(1, sizeof *r);
@@ -1223,6 +1238,7 @@ tdm_kv_receiver_t *tdm_kv_receiver_new(tdm_net_t *net, tdm_kv_pool_t *pool,
     r->model_fingerprint = opts->model_fingerprint;
     r->memory = opts->memory;
     r->timeout_ms = opts->timeout_ms ? opts->timeout_ms : TDM_KV_DEFAULT_TIMEOUT_MS;
+    r->threads = kv_threads(opts->threads);
     if (opts->log) {
         r->log_store = *opts->log;
         r->log = &r->log_store;
@@ -1444,7 +1460,8 @@ static int verify_checksums(const tdm_kv_receiver_t *r, const tdm_frame_t *f,
     uint32_t n = h->n_blocks;
     uint64_t *got = r->sums;
     const uint64_t bb = r->block_bytes;
-#pragma omp parallel for schedule(static) if (n >= TDM_KV_PARALLEL_BLOCKS)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(r->threads) if (n >= TDM_KV_PARALLEL_BLOCKS && r->threads > 1)
     for (uint32_t i = 0; i < n; i++) {
         size_t len = 0;
         got[i] = tdm_kv_block_checksum(tdm_frame_data(f, i, &len), bb);
@@ -1567,7 +1584,8 @@ static int copy_verify(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
     uint64_t *got = r->sums;
     const uint64_t bb = r->block_bytes;
     const uint32_t n = h->n_blocks;
-#pragma omp parallel for schedule(static) if (n >= TDM_KV_PARALLEL_BLOCKS)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(r->threads) if (n >= TDM_KV_PARALLEL_BLOCKS && r->threads > 1)
     for (uint32_t i = 0; i < n; i++) {
         size_t len = 0;
         got[i] = copy_checksum(base + (uint64_t)blocks[i] * bb, tdm_frame_data(f, i, &len), bb);
@@ -1616,7 +1634,8 @@ static int transfer_write(tdm_kv_receiver_t *r, const tdm_frame_t *f,
         uint8_t *base = tdm_kv_pool_base(r->pool);
         const uint64_t bb = r->block_bytes;
         const uint32_t n = h->n_blocks;
-#pragma omp parallel for schedule(static) if (n >= TDM_KV_PARALLEL_BLOCKS)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(r->threads) if (n >= TDM_KV_PARALLEL_BLOCKS && r->threads > 1)
         for (uint32_t k = 0; k < n; k++) {
             uint32_t i = n - 1 - k; /* the blocks verified last first: still in cache */
             size_t len = 0;

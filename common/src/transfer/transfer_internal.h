@@ -86,6 +86,7 @@ struct tdm_kv_sender {
     tdm_curve_keys_t curve; /* owned copies of the key strings; all NULL = plain */
     bool has_curve;
     int timeout_ms;
+    int threads; /* OpenMP threads for checksums (>= 1) */
     tdm_logger_t log_store;
     const tdm_logger_t *log; /* &log_store or NULL */
 
@@ -131,6 +132,7 @@ struct tdm_kv_receiver {
     uint64_t model_fingerprint;
     tdm_kv_memory_t memory;
     int timeout_ms;
+    int threads; /* OpenMP threads for copies and checksums (>= 1) */
     tdm_logger_t log_store;
     const tdm_logger_t *log;
     tdm_frame_t frames[2]; /* frames[cur]: the message being handled; the other one holds */
