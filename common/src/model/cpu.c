@@ -46,6 +46,8 @@ typedef struct cpu_be {
     uint32_t max_rows, n_ctx;
     const tdm_cpu_isa_t *isa;    /* the kernels (cpu_kernels.h) */
     const tdm_cpu_isa_t *scalar; /* the reference, for what isa leaves NULL */
+    const tdm_cpu_isa_t *narrow; /* 256-bit set over the same packed layout for a lone token
+                                    (isa's 512-bit tile holds two tokens per register), or NULL */
     bool avx512;     /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
     bool kquant_f32; /* K-quants on the f32 path (TANDEM_CPU_KERNELS=f32k, for comparison) */
     char name[32];
@@ -68,9 +70,10 @@ typedef struct cpu_be {
  * matrix in place or repacked (cpu_kernels.h), AVX-512's prepared rows, or the f32 path. */
 typedef struct cpu_wkernel {
     const tdm_weight_t *w;
-    tdm_cpu_qmat_t m;     /* what gemm reads */
-    tdm_cpu_gemm_fn gemm; /* NULL: f32 path (or zdot) */
-    bool zdot;            /* the AVX-512 kernels on the rows in place */
+    tdm_cpu_qmat_t m;      /* what gemm reads */
+    tdm_cpu_gemm_fn gemm;  /* NULL: f32 path (or zdot) */
+    tdm_cpu_gemm_fn gemm1; /* for the last token of an odd count (be->narrow's), or NULL */
+    bool zdot;             /* the AVX-512 kernels on the rows in place */
 } cpu_wkernel_t;
 
 /* ---- dispatch helpers ---- */
@@ -165,6 +168,12 @@ static void cpu_pick_kernels(cpu_be_t *be)
     be->avx512 = cap && strcmp(cap, "zdot") == 0 && tdm_cpu_isa_avx2() && tdm_cpu_has_avx512vnni();
     if (be->avx512)
         be->isa = tdm_cpu_isa_avx2();
+    /* AVX-512's packed tile holds two tokens per register, so a lone token (a batch-1 step,
+     * the odd row of a batch) wastes half of it; the 256-bit set over the same layout gives
+     * the same bits (cpu_kernels.h) in half the width */
+    const tdm_cpu_isa_t *n256 = tdm_cpu_isa_vnni() ? tdm_cpu_isa_vnni() : tdm_cpu_isa_avx2();
+    be->narrow =
+        isa && isa == tdm_cpu_isa_avx512() && n256 && n256->packed && isa->packed ? n256 : NULL;
     snprintf(be->name, sizeof be->name, "cpu/%s%s", be->avx512 ? "avx512-zdot" : be->isa->name,
              be->kquant_f32 ? "+f32k" : "");
 }
@@ -218,6 +227,7 @@ static int cpu_wkernel_init(cpu_be_t *be, const tdm_weight_t *w, cpu_wkernel_t *
     wk->m.group_bytes = tdm_cpu_pack_bytes(w->type, 8, wk->m.nb);
     wk->m.packed = true;
     wk->gemm = be->isa->gemm[qt];
+    wk->gemm1 = be->narrow ? be->narrow->gemm[qt] : NULL;
     return TDM_OK;
 }
 
@@ -376,8 +386,13 @@ static int matmul_group(cpu_be_t *be, const cpu_wkernel_t *wk, const float *x, u
     uint64_t r0 = 8 * g, r1 = r0 + 8 < W->n_out ? r0 + 8 : W->n_out;
     if (wk->gemm) {
         size_t nb = wk->m.nb;
-        wk->gemm(&wk->m, g, g + 1, be->act + (size_t)t0 * nb, t1 - t0, o + (size_t)t0 * W->n_out,
-                 W->n_out);
+        uint32_t n = t1 - t0, n_wide = wk->gemm1 && (n & 1) ? n - 1 : n;
+        if (n_wide)
+            wk->gemm(&wk->m, g, g + 1, be->act + (size_t)t0 * nb, n_wide, o + (size_t)t0 * W->n_out,
+                     W->n_out);
+        if (n_wide < n)
+            wk->gemm1(&wk->m, g, g + 1, be->act + (size_t)(t1 - 1) * nb, 1,
+                      o + (size_t)(t1 - 1) * W->n_out, W->n_out);
         return TDM_OK;
     }
     if (wk->zdot) {
