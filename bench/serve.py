@@ -196,7 +196,9 @@ class TandemCluster:
         self.work, self.name = work, name
         self.port = free_port()
         half = max(1, args.threads // 2)
-        budget = os.path.getsize(args.model) + (1 << 30)
+        # the weights, the CPU engine's packed copy of them (cpu.c repacks the quantized
+        # matrices: about the file's size again) and 1 GiB for scratch and KV
+        budget = 2 * os.path.getsize(args.model) + (1 << 30)
         conf = os.path.join(work, name + ".yaml")
         with open(conf, "w") as f:
             f.write(f"model:\n  path: {args.model}\n  name: bench\n")
@@ -210,9 +212,11 @@ class TandemCluster:
                     f"memory_budget: {budget}, kv_endpoint: tcp://127.0.0.1:{free_port()}}}\n")
         self.pids = os.path.join(work, name + ".pids")
         self.stopped = False
-        subprocess.run([self.tandem, "cluster", "up", "--config", conf, "--detach", "--pid-file",
-                        self.pids, "--log-dir", os.path.join(work, "logs-" + name)],
-                       check=True, stdout=subprocess.DEVNULL)
+        up = subprocess.run([self.tandem, "cluster", "up", "--config", conf, "--detach",
+                             "--pid-file", self.pids, "--log-dir", os.path.join(work, "logs-" + name)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if up.returncode != 0:
+            raise RuntimeError(f"tandem cluster up: {up.stderr.strip()[-600:]}")
         wait_http(self.port, "/v1/models", 120)
 
     def stop(self):

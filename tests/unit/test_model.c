@@ -3,6 +3,7 @@
  *
  * The cases run on tiny random-weight models written by tests/support/tiny_model.c (they take
  * milliseconds); test_engine_smollm2.c repeats the invariance check on the default model. */
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "engine_runner.h"
 #include "tiny_model.h"
 #include "tandem/config.h"
+#include "tandem/gguf.h"
 #include "tandem/model.h"
 
 /* Reference: each prompt alone, whole, in one pass; then compare every other schedule. */
@@ -194,6 +196,79 @@ static void test_families_bitwise(void **state)
         free(ref);
         unlink(f.path);
     }
+}
+
+/* Logits of a 9-token prompt on f's engine; caller frees. */
+static float *prompt_logits(tdm_test_engine_t *f)
+{
+    int32_t t[9];
+    tdm_test_random_tokens(t, 9, f->n_vocab, 5);
+    tdm_test_seq_t s;
+    tdm_test_seq_start(f, &s, t, 9);
+    const uint32_t chunk = 9;
+    tdm_test_run_together(f, &s, 1, &chunk);
+    size_t n = (size_t)9 * f->n_vocab;
+    float *out = malloc(n * sizeof *out);
+    assert_non_null(out);
+    memcpy(out, s.logits, n * sizeof *out);
+    tdm_test_seq_end(f, &s);
+    return out;
+}
+
+/* The CPU backend repacks the quantized matrices and releases the file's pages of them
+ * (tdm_gguf_release): the engine reports the bytes, at most the weights; a second engine on
+ * the same model, which packs from pages the first released (read again from the file), gives
+ * the first one's logits bit for bit; a model over a caller's buffer releases nothing. */
+static void test_release_repacked_weights(void **state)
+{
+    (void)state;
+    tdm_test_engine_t f;
+    tdm_tiny_llama_spec_t spec = {.n_embd = 256,
+                                  .n_layers = 2,
+                                  .n_heads = 4,
+                                  .n_kv_heads = 2,
+                                  .n_vocab = 512,
+                                  .weight_type = TDM_GGML_TYPE_Q4_1,
+                                  .embd_type = TDM_GGML_TYPE_Q8_0,
+                                  .tied_embeddings = false,
+                                  .seed = 77,
+                                  .weight_std = 0.05f};
+    tdm_test_engine_write_tiny(&f, &spec);
+    tdm_test_engine_open(&f, f.path, TDM_KV_F16, 256);
+    uint64_t released = tdm_engine_released_weight_bytes(f.engine);
+    bool packs = strcmp(tdm_engine_backend_name(f.engine), "cpu/scalar") != 0;
+    printf("%s released %" PRIu64 " of %" PRIu64 " weight bytes\n",
+           tdm_engine_backend_name(f.engine), released, tdm_model_weight_bytes(f.model));
+    if (packs) /* 2 layers of 7 matrices of >= 256 x 256 Q4_1 (36 KiB+) and the output */
+        assert_true(released >= 14 * 32768);
+    else
+        assert_int_equal(released, 0);
+    assert_true(released <= tdm_model_weight_bytes(f.model));
+    float *a = prompt_logits(&f);
+    tdm_engine_params_t p;
+    tdm_engine_params_default(&p);
+    p.max_batch_tokens = TDM_TEST_MAX_ROWS;
+    p.max_logits = TDM_TEST_MAX_LOGITS;
+    p.n_ctx = 256;
+    tdm_error_t err = {0};
+    tdm_engine_t *first = f.engine;
+    f.engine = tdm_engine_new(f.model, f.pool, &p, &err);
+    assert_non_null(f.engine);
+    assert_int_equal(tdm_engine_released_weight_bytes(f.engine), released);
+    float *b = prompt_logits(&f);
+    assert_memory_equal(a, b, (size_t)9 * f.n_vocab * sizeof *a);
+    tdm_engine_destroy(&f.engine);
+    f.engine = first;
+    const tdm_gguf_t *g = tdm_model_gguf(f.model);
+    uint8_t buf[8192] = {0};
+    tdm_gguf_t *mem = tdm_gguf_open_memory(buf, sizeof buf, &err);
+    assert_int_equal(tdm_gguf_release(mem, buf, sizeof buf), 0); /* NULL or not mapped */
+    tdm_gguf_destroy(&mem);
+    assert_int_equal(tdm_gguf_release(g, buf, sizeof buf), 0); /* outside the file */
+    free(a);
+    free(b);
+    tdm_test_engine_close(&f);
+    unlink(f.path);
 }
 
 /* The q8 KV cache stays close to f32 (per-block-per-head scale, 8 bits). */
@@ -396,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_invariance_kquants),
         cmocka_unit_test(test_invariance_other_types),
         cmocka_unit_test(test_families_bitwise),
+        cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),
         cmocka_unit_test(test_prefix_cache_reuse),
         cmocka_unit_test(test_forward_errors),

@@ -161,6 +161,14 @@ tdm_gguf_t *tdm_gguf_open_memory(const void *data, size_t size, tdm_error_t *err
 /* Unmaps and frees; accepts NULL and a NULL *self_p; sets *self_p to NULL. */
 void tdm_gguf_destroy(tdm_gguf_t **self_p);
 
+/* Tells the kernel that [p, p + len), inside g's data, will not be read for a while: on a
+ * file opened with tdm_gguf_open the whole pages of the range leave the process's memory
+ * (madvise MADV_DONTNEED on the read-only private file mapping: a later read faults them in
+ * again from the file, same bytes). Returns the bytes released, 0 for a buffer from
+ * tdm_gguf_open_memory (nothing is done), a range outside the file or a failed madvise.
+ * For weights a backend keeps its own copy of. */
+uint64_t tdm_gguf_release(const tdm_gguf_t *g, const void *p, size_t len);
+
 uint32_t tdm_gguf_version(const tdm_gguf_t *g);
 size_t tdm_gguf_file_size(const tdm_gguf_t *g);
 uint32_t tdm_gguf_alignment(const tdm_gguf_t *g);   /* general.alignment, default 32 */

@@ -100,6 +100,11 @@ void tdm_engine_destroy(tdm_engine_t **self_p);
 const char *tdm_engine_backend_name(const tdm_engine_t *e);
 /* Size of the scratch memory the engine allocated, bytes (device memory for CUDA). */
 uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e);
+/* Bytes of the model file's weights the engine no longer keeps in memory: the CPU backend
+ * repacks the quantized matrices into its own copy (counted in tdm_engine_scratch_bytes) and
+ * releases the file's pages of them (tdm_gguf_release; only for a model opened from a file).
+ * A node's resident weights are tdm_model_weight_bytes minus this. 0 for CUDA. */
+uint64_t tdm_engine_released_weight_bytes(const tdm_engine_t *e);
 
 /* Device memory the engine holds besides the KV pool's device copy, bytes: the weights'
  * device copies (dequantized, so more than tdm_model_weight_bytes for a quantized model) in

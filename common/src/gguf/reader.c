@@ -6,6 +6,8 @@
  * Strings are u64 length + bytes (no NUL). Version 1 (u32 lengths) is not supported.
  * The parser never trusts a count: every allocation is bounded by the bytes left in the file.
  */
+#define _DEFAULT_SOURCE /* madvise (MADV_DONTNEED): posix_madvise ignores POSIX_MADV_DONTNEED on   \
+                           glibc */
 #include "tandem/gguf.h"
 
 #include <errno.h>
@@ -581,6 +583,21 @@ tdm_gguf_t *tdm_gguf_open(const char *path, tdm_error_t *err)
 out_close:
     close(fd);
     return NULL;
+}
+
+uint64_t tdm_gguf_release(const tdm_gguf_t *g, const void *p, size_t len)
+{
+    if (!g || !g->mapped || !p)
+        return 0;
+    uintptr_t lo = (uintptr_t)p, hi = lo + len, base = (uintptr_t)g->base;
+    if (lo < base || hi < lo || hi > base + g->size)
+        return 0;
+    long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096;
+    uintptr_t a = (lo + page - 1) / page * page, b = hi / page * page; /* whole pages inside */
+    if (b <= a || madvise((void *)a, b - a, MADV_DONTNEED) != 0)
+        return 0;
+    return (uint64_t)(b - a);
 }
 
 void tdm_gguf_destroy(tdm_gguf_t **self_p)

@@ -78,6 +78,9 @@ typedef struct tdm_backend_ops {
     /* Optional: bytes the backend allocated for itself while being created (its scratch, its
      * repacked weight copies), beyond the buffers model code asks for with alloc. */
     uint64_t (*own_bytes)(const void *be);
+    /* Optional: bytes of the model file's weights the backend keeps a copy of and released
+     * from memory (tdm_gguf_release) while being created. */
+    uint64_t (*released_bytes)(const void *be);
     /* Scratch buffer of n floats (only while creating the engine); NULL on out of memory. */
     float *(*alloc)(void *be, size_t n);
     /* x[t] = embedding row tokens[t]. */

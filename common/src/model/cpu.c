@@ -54,6 +54,7 @@ typedef struct cpu_be {
     struct cpu_wkernel *wk; /* [n_wk] the kernel of each quantized matrix, chosen at load */
     size_t n_wk;
     uint64_t own_bytes; /* bytes of every buffer from cpu_alloc (scratch, packed weights) */
+    uint64_t released;  /* model file bytes released after repacking (tdm_gguf_release) */
     void **allocs;      /* every buffer from cpu_alloc, freed at destroy */
     size_t n_allocs, cap_allocs;
     size_t max_in;    /* widest matmul input (elements) */
@@ -223,6 +224,11 @@ static int cpu_wkernel_init(cpu_be_t *be, const tdm_weight_t *w, cpu_wkernel_t *
     if (!dst)
         return TDM_ERESOURCE;
     tdm_cpu_pack(w->type, w->data, w->n_out, wk->m.nb, dst);
+    /* the forward pass reads the copy only: the file's pages can leave memory (not those of
+     * a tied output matrix, whose rows the embedding lookup still reads) */
+    if (w->data != tdm_model_token_embd(be->model)->data)
+        be->released +=
+            tdm_gguf_release(tdm_model_gguf(be->model), w->data, (size_t)w->row_bytes * w->n_out);
     wk->m.data = dst;
     wk->m.group_bytes = tdm_cpu_pack_bytes(w->type, 8, wk->m.nb);
     wk->m.packed = true;
@@ -283,6 +289,11 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
 static uint64_t cpu_own_bytes(const void *vbe)
 {
     return ((const cpu_be_t *)vbe)->own_bytes;
+}
+
+static uint64_t cpu_released_bytes(const void *vbe)
+{
+    return ((const cpu_be_t *)vbe)->released;
 }
 
 static const char *cpu_kernel_name(const void *vbe)
@@ -769,6 +780,7 @@ const tdm_backend_ops_t tdm_model_backend_cpu = {
     .destroy = cpu_destroy,
     .kernel_name = cpu_kernel_name,
     .own_bytes = cpu_own_bytes,
+    .released_bytes = cpu_released_bytes,
     .alloc = cpu_alloc,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,

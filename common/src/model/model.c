@@ -38,6 +38,7 @@ struct tdm_engine {
     void *be;
     char name[64];
     uint64_t scratch_bytes;
+    uint64_t released_bytes; /* tdm_engine_released_weight_bytes */
     /* backend buffers, row-major; B = max_batch_tokens, L = max_logits */
     float *x;      /* [B][n_embd] residual stream */
     float *xn;     /* [B][n_embd] normalised input of a sub-layer */
@@ -387,6 +388,7 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
     snprintf(e->name, sizeof e->name, "%s", e->ops->kernel_name(e->be));
     /* the backend's own buffers (repacked weights, per-thread scratch) count as scratch */
     e->scratch_bytes = e->ops->own_bytes ? e->ops->own_bytes(e->be) : 0;
+    e->released_bytes = e->ops->released_bytes ? e->ops->released_bytes(e->be) : 0;
 
     if (engine_scratch_new(e, err) != TDM_OK)
         goto out_destroy_backend;
@@ -419,6 +421,11 @@ const char *tdm_engine_backend_name(const tdm_engine_t *e)
 uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e)
 {
     return e->scratch_bytes;
+}
+
+uint64_t tdm_engine_released_weight_bytes(const tdm_engine_t *e)
+{
+    return e->released_bytes;
 }
 
 void tdm_engine_device_bytes(const tdm_engine_t *e, uint64_t *weight_bytes, uint64_t *scratch_bytes)

@@ -8,7 +8,8 @@
 
 /* The engine's weights and scratch in the budget's memory for ep, measured with a one-block
  * pool, so that the KV pool gets exactly what the budget leaves: on the CPU the weights as
- * stored and the engine's scratch; on a device what the engine allocated there. */
+ * stored less those the engine repacked and released the file's pages of (the copies are in
+ * its scratch), and the engine's scratch; on a device what the engine allocated there. */
 static int measure_engine(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep, tdm_error_t *err)
 {
     tdm_kv_pool_t *probe_pool = tdm_kv_pool_new(&rt->layout, 1, err);
@@ -21,8 +22,11 @@ static int measure_engine(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep,
     }
     if (rt->on_device)
         tdm_engine_device_bytes(probe, &rt->weight_bytes, &rt->scratch_bytes);
-    else
+    else {
         rt->scratch_bytes = tdm_engine_scratch_bytes(probe);
+        uint64_t released = tdm_engine_released_weight_bytes(probe);
+        rt->weight_bytes -= released < rt->weight_bytes ? released : rt->weight_bytes;
+    }
     tdm_engine_destroy(&probe);
     tdm_kv_pool_destroy(&probe_pool);
     return TDM_OK;

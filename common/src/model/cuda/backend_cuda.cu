@@ -754,6 +754,7 @@ const tdm_backend_ops_t tdm_model_backend_cuda = {
     .destroy = cuda_destroy,
     .kernel_name = cuda_kernel_name,
     .own_bytes = NULL,
+    .released_bytes = NULL,
     .alloc = cuda_alloc,
     .embed = cuda_embed,
     .rmsnorm = cuda_rmsnorm,
