@@ -3270,8 +3270,11 @@ static void test_admission_estimate_batch(void **state)
     assert_float_equal(e.finish_s, 33 * 0.014 * (1 + 63 * 0.35), 1e-9);
 }
 
-/* A heartbeat of d reporting step_s per forward pass and running/waiting requests (NOTIFY). */
-static void slow_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t running, uint32_t waiting)
+/* A heartbeat of d (NOTIFY): running/waiting requests, its last forward pass (step_s over
+ * batch sequences) and its last pass of decode rows only (decode_s over decode_batch; 0: none
+ * yet). */
+static void node_heartbeat(env_t *e, fake_t *d, uint32_t running, uint32_t waiting, double step_s,
+                           uint32_t batch, double decode_s, uint32_t decode_batch)
 {
     Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
     h.node_id = (char *)d->id;
@@ -3282,10 +3285,17 @@ static void slow_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t running,
     double steps[1] = {step_s};
     h.n_recent_step_s = 1;
     h.recent_step_s = steps;
-    h.decode_step_s = step_s;
-    h.decode_batch_size = running ? running : 1;
+    h.batch_size = batch;
+    h.decode_step_s = decode_s;
+    h.decode_batch_size = decode_batch;
     assert_int_equal(tdm_sock_notify(d->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
     fake_sync(e, d);
+}
+
+/* A heartbeat of d reporting step_s per decode pass and running/waiting requests. */
+static void slow_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t running, uint32_t waiting)
+{
+    node_heartbeat(e, d, running, waiting, step_s, 0, step_s, running ? running : 1);
 }
 
 /* Waits for the END of call: RESOURCE_EXHAUSTED from admission control, retry_after_s as
@@ -3346,23 +3356,11 @@ static void test_admission(void **state)
     env_free(e);
 }
 
-/* A heartbeat with the given last pass (step_s, batch sequences) and last decode-only pass
- * (decode_s, decode_batch; 0: none yet), idle node. */
+/* An idle node's heartbeat with the given last pass and last decode-only pass. */
 static void pass_heartbeat(env_t *e, fake_t *d, double step_s, uint32_t batch, double decode_s,
                            uint32_t decode_batch)
 {
-    Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
-    h.node_id = (char *)d->id;
-    h.kv_blocks_free = 100;
-    h.instance_id = d->instance ? d->instance : FAKE_INSTANCE;
-    double steps[1] = {step_s};
-    h.n_recent_step_s = 1;
-    h.recent_step_s = steps;
-    h.batch_size = batch;
-    h.decode_step_s = decode_s;
-    h.decode_batch_size = decode_batch;
-    assert_int_equal(tdm_sock_notify(d->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
-    fake_sync(e, d);
+    node_heartbeat(e, d, 0, 0, step_s, batch, decode_s, decode_batch);
 }
 
 /* Admission reads decode passes only: a node that prefills its own prompts (local_prefill)

@@ -172,7 +172,9 @@ static void cpu_pick_kernels(cpu_be_t *be)
     /* AVX-512's packed tile holds two tokens per register, so a lone token (a batch-1 step,
      * the odd row of a batch) wastes half of it; the 256-bit set over the same layout gives
      * the same bits (cpu_kernels.h) in half the width */
-    const tdm_cpu_isa_t *n256 = tdm_cpu_isa_vnni() ? tdm_cpu_isa_vnni() : tdm_cpu_isa_avx2();
+    const tdm_cpu_isa_t *n256 = tdm_cpu_isa_vnni();
+    if (!n256)
+        n256 = tdm_cpu_isa_avx2();
     be->narrow =
         isa && isa == tdm_cpu_isa_avx512() && n256 && n256->packed && isa->packed ? n256 : NULL;
     snprintf(be->name, sizeof be->name, "cpu/%s%s", be->avx512 ? "avx512-zdot" : be->isa->name,
