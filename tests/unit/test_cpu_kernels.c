@@ -323,6 +323,15 @@ static void test_avx512_bitwise(void **state)
     check_isa(isa);
 }
 
+static void test_amx_bitwise(void **state)
+{
+    (void)state;
+    const tdm_cpu_isa_t *isa = tdm_cpu_isa_amx();
+    if (!isa)
+        skip(); /* this CPU (or kernel) has no AMX-TILE + AMX-INT8 with AVX-512 VNNI */
+    check_isa(isa);
+}
+
 static void test_pack_layout(void **state)
 {
     (void)state;
@@ -346,7 +355,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalar_reference), cmocka_unit_test(test_avx2_bitwise),
         cmocka_unit_test(test_vnni_bitwise),     cmocka_unit_test(test_avx512_bitwise),
-        cmocka_unit_test(test_pack_layout),
+        cmocka_unit_test(test_amx_bitwise),      cmocka_unit_test(test_pack_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -162,7 +162,7 @@ static void test_families_bitwise(void **state)
         {TDM_GGML_TYPE_Q5_1, TDM_GGML_TYPE_F32, 64, 4, 2, TDM_KV_Q8},
         {TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q6_K, 256, 8, 2, TDM_KV_F16},
     };
-    static const char *const families[] = {"avx2", "vnni", "avx512"};
+    static const char *const families[] = {"avx2", "vnni", "avx512", "amx"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tdm_test_engine_t f;
         tdm_tiny_llama_spec_t spec = {.n_embd = cases[c].n_embd,

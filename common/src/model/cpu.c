@@ -49,6 +49,7 @@ typedef struct cpu_be {
     const tdm_cpu_isa_t *narrow; /* 256-bit set over the same packed layout for a lone token
                                     (isa's 512-bit tile holds two tokens per register), or NULL */
     bool avx512;     /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
+    bool amx;        /* isa is the AMX set (cpu_amx.c) */
     bool kquant_f32; /* K-quants on the f32 path (TANDEM_CPU_KERNELS=f32k, for comparison) */
     char name[32];
     struct cpu_wkernel *wk; /* [n_wk] the kernel of each quantized matrix, chosen at load */
@@ -144,21 +145,23 @@ static void cpu_destroy(void *vbe)
 }
 
 /* Picks the kernels: the best the CPU has, capped by TANDEM_CPU_KERNELS; names them.
- * TANDEM_CPU_KERNELS=scalar|avx2|vnni|avx512 caps the GEMM family (tests compare them; every
+ * TANDEM_CPU_KERNELS=scalar|avx2|vnni|avx512|amx caps the GEMM family (tests compare them; every
  * family gives the same bits); "zdot" selects the older AVX-512 per-row kernels, kept for
  * comparison (not bitwise equal to the others); "f32k" is the best with the K-quants on the
  * older f32 path (dequantized rows, for comparison); unset or "auto" is the best. */
 static void cpu_pick_kernels(cpu_be_t *be)
 {
     const char *cap = getenv("TANDEM_CPU_KERNELS");
-    int level = 4; /* 0 scalar, 1 avx2, 2 vnni, 3 avx512, 4 auto */
-    static const char *const names[] = {"scalar", "avx2", "vnni", "avx512"};
-    for (int i = 0; cap && i < 4; i++)
+    int level = 5; /* 0 scalar, 1 avx2, 2 vnni, 3 avx512, 4 amx, 5 auto */
+    static const char *const names[] = {"scalar", "avx2", "vnni", "avx512", "amx"};
+    for (int i = 0; cap && i < 5; i++)
         if (strcmp(cap, names[i]) == 0)
             level = i;
     be->kquant_f32 = cap && strcmp(cap, "f32k") == 0;
     const tdm_cpu_isa_t *isa = NULL;
-    if (level >= 3)
+    if (level >= 4)
+        isa = tdm_cpu_isa_amx();
+    if (!isa && level >= 3)
         isa = tdm_cpu_isa_avx512();
     if (!isa && level >= 2)
         isa = tdm_cpu_isa_vnni();
@@ -169,14 +172,15 @@ static void cpu_pick_kernels(cpu_be_t *be)
     be->avx512 = cap && strcmp(cap, "zdot") == 0 && tdm_cpu_isa_avx2() && tdm_cpu_has_avx512vnni();
     if (be->avx512)
         be->isa = tdm_cpu_isa_avx2();
-    /* AVX-512's packed tile holds two tokens per register, so a lone token (a batch-1 step,
-     * the odd row of a batch) wastes half of it; the 256-bit set over the same layout gives
-     * the same bits (cpu_kernels.h) in half the width */
+    /* AVX-512's packed tile (AMX's below 8 tokens) holds two tokens per register, so a lone token
+     * (a batch-1 step, the odd row of a batch) wastes half of it; the 256-bit set over the same
+     * layout gives the same bits (cpu_kernels.h) in half the width */
     const tdm_cpu_isa_t *n256 = tdm_cpu_isa_vnni();
     if (!n256)
         n256 = tdm_cpu_isa_avx2();
-    be->narrow =
-        isa && isa == tdm_cpu_isa_avx512() && n256 && n256->packed && isa->packed ? n256 : NULL;
+    be->amx = isa && isa == tdm_cpu_isa_amx();
+    bool wide = isa && (isa == tdm_cpu_isa_avx512() || be->amx);
+    be->narrow = wide && n256 && n256->packed && isa->packed ? n256 : NULL;
     snprintf(be->name, sizeof be->name, "cpu/%s%s", be->avx512 ? "avx512-zdot" : be->isa->name,
              be->kquant_f32 ? "+f32k" : "");
 }
@@ -391,20 +395,23 @@ static int matmul_rows_f32(cpu_be_t *be, const tdm_weight_t *W, const float *x, 
     return TDM_OK;
 }
 
-/* Group g (rows 8g .. 8g + 7) of wk against tokens [t0, t1). */
-static int matmul_group(cpu_be_t *be, const cpu_wkernel_t *wk, const float *x, uint64_t g,
-                        uint32_t t0, uint32_t t1, float *o)
+/* Groups [ga, gb) (rows 8 ga .. 8 gb - 1) of wk against tokens [t0, t1). */
+static int matmul_groups(cpu_be_t *be, const cpu_wkernel_t *wk, const float *x, uint64_t ga,
+                         uint64_t gb, uint32_t t0, uint32_t t1, float *o)
 {
     const tdm_weight_t *W = wk->w;
-    uint64_t r0 = 8 * g, r1 = r0 + 8 < W->n_out ? r0 + 8 : W->n_out;
+    uint64_t r0 = 8 * ga, r1 = 8 * gb < W->n_out ? 8 * gb : W->n_out;
     if (wk->gemm) {
         size_t nb = wk->m.nb;
-        uint32_t n = t1 - t0, n_wide = wk->gemm1 && (n & 1) ? n - 1 : n;
+        /* an odd token to the narrow set, unless the tiles take any count (AMX) */
+        uint32_t n = t1 - t0;
+        bool split = wk->gemm1 && (n & 1) && !(be->amx && n >= TDM_AMX_MIN_TOKENS);
+        uint32_t n_wide = split ? n - 1 : n;
         if (n_wide)
-            wk->gemm(&wk->m, g, g + 1, be->act + (size_t)t0 * nb, n_wide, o + (size_t)t0 * W->n_out,
+            wk->gemm(&wk->m, ga, gb, be->act + (size_t)t0 * nb, n_wide, o + (size_t)t0 * W->n_out,
                      W->n_out);
         if (n_wide < n)
-            wk->gemm1(&wk->m, g, g + 1, be->act + (size_t)(t1 - 1) * nb, 1,
+            wk->gemm1(&wk->m, ga, gb, be->act + (size_t)(t1 - 1) * nb, 1,
                       o + (size_t)(t1 - 1) * W->n_out, W->n_out);
         return TDM_OK;
     }
@@ -463,14 +470,18 @@ static int cpu_matmul(void *vbe, const float *x, uint32_t n, uint32_t n_w,
         uint64_t g1 = g0 + TDM_CHUNK_GROUPS < gstart[n_w] ? g0 + TDM_CHUNK_GROUPS : gstart[n_w];
         for (uint32_t t0 = 0; t0 < n; t0 += TOKEN_TILE) {
             uint32_t t1 = t0 + TOKEN_TILE < n ? t0 + TOKEN_TILE : n;
-            for (uint64_t g = g0; g < g1; g++) {
+            /* the chunk's groups, one call per weight they belong to */
+            for (uint64_t g = g0; g < g1;) {
                 uint32_t k = 0;
                 while (g >= gstart[k + 1])
                     k++;
-                if (matmul_group(be, wk[k], x, g - gstart[k], t0, t1, out[k]) != TDM_OK) {
+                uint64_t ge = g1 < gstart[k + 1] ? g1 : gstart[k + 1];
+                if (matmul_groups(be, wk[k], x, g - gstart[k], ge - gstart[k], t0, t1, out[k]) !=
+                    TDM_OK) {
 #pragma omp atomic write
                     rc = TDM_EINVALID;
                 }
+                g = ge;
             }
         }
     }

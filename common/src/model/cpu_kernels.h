@@ -1,5 +1,5 @@
 /* cpu_kernels.h - the CPU backend's kernel table: one set of kernels per instruction set
- * (cpu_scalar.c, cpu_avx2.c, cpu_vnni.c, cpu_avx512.c), chosen once when the backend is
+ * (cpu_scalar.c, cpu_avx2.c, cpu_vnni.c, cpu_avx512.c, cpu_amx.c), chosen once when the backend is
  * created (cpu.c). Internal to libtandem.
  *
  * Every set gives the scalar reference's bits on every op (the quantized GEMMs, the activation
@@ -96,7 +96,7 @@ float tdm_cpu_round_fp16(float x);
 
 /* The kernels of one instruction set. */
 typedef struct tdm_cpu_isa {
-    const char *name; /* "scalar", "avx2", "avx2+vnni", "avx512-vnni" */
+    const char *name; /* "scalar", "avx2", "avx2+vnni", "avx512-vnni", "amx-int8" */
     /* Quantizes n values (a multiple of 32) into n/32 blocks, rounding half to even. */
     void (*quantize_act)(const float *x, size_t n, q8a_block_t *out);
     /* The f32 ops give identical bits in every set. dot_f32 sums in one canonical order: 8
@@ -131,6 +131,12 @@ const tdm_cpu_isa_t *tdm_cpu_isa_scalar(void);
 const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void);
 const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void);
 const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void);
+/* AVX-512 VNNI plus AMX-INT8 tile multiplies for batches of TDM_AMX_MIN_TOKENS tokens or more
+ * (cpu_amx.c); its GEMMs pass smaller batches to the AVX-512 ones */
+#define TDM_AMX_MIN_TOKENS 8
+const tdm_cpu_isa_t *tdm_cpu_isa_amx(void);
+/* AMX-TILE + AMX-INT8 present, AVX-512 VNNI too, and the kernel granted the tile state */
+bool tdm_cpu_has_amx(void);
 
 /* AVX-512 VNNI (cpu_avx512.c): two 32-value blocks per 512-bit register. A weight row is
  * prepared once per tile of tokens into zprep_stride(nb) bytes, each token's activations into
