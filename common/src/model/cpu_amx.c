@@ -265,12 +265,13 @@ amx_tile(const uint8_t *p0, const uint8_t *p1, const int kind, const bool full,
     }
 }
 
-/* Groups [g, g + np) (np 1 or 2) against nt tokens: per piece of TDM_AMX_KCHUNK blocks the Q4
- * blocks are unpacked once, then every tile of 16 tokens runs over the piece, its accumulators
- * carried in out between pieces (an f32 store and load: exact). */
+/* Groups [g, g + np) (np 1 or 2) against nt tokens: per piece of TDM_AMX_KCHUNK blocks the
+ * blocks are laid out as B once (amx_unpack), then every tile of 16 tokens runs over the piece,
+ * its accumulators carried in out between pieces (an f32 store and load: exact). *rows_cfg:
+ * the token rows the tiles are configured for, reconfigured when a tile has fewer. */
 TDM_AMX static inline __attribute__((always_inline)) void
 amx_pair(const tdm_cpu_qmat_t *w, size_t g, int np, const int kind, const q8a_block_t *act,
-         uint32_t nt, float *out, size_t ldo)
+         uint32_t nt, float *out, size_t ldo, int *rows_cfg)
 {
     alignas(64) uint8_t bq[TDM_AMX_KCHUNK * 512];
     const size_t nb = w->nb;
@@ -279,7 +280,6 @@ amx_pair(const tdm_cpu_qmat_t *w, size_t g, int np, const int kind, const q8a_bl
     uint64_t r0 = 8 * (uint64_t)g;
     uint64_t nr = w->n_out - r0 < 8 * (uint64_t)np ? w->n_out - r0 : 8 * (uint64_t)np;
     const __mmask16 mask = (__mmask16)((1u << nr) - 1);
-    int rows_cfg = 0;
     for (size_t b0 = 0; b0 < nb; b0 += TDM_AMX_KCHUNK) {
         size_t b1 = b0 + TDM_AMX_KCHUNK < nb ? b0 + TDM_AMX_KCHUNK : nb;
         const size_t pbsz = amx_pbsz[kind], qoff = amx_qoff[kind];
@@ -288,9 +288,9 @@ amx_pair(const tdm_cpu_qmat_t *w, size_t g, int np, const int kind, const q8a_bl
                        bq + (b - b0) * 512);
         for (uint32_t t = 0; t < nt; t += 16) {
             int rows = nt - t < 16 ? (int)(nt - t) : 16;
-            if (rows != rows_cfg) {
+            if (rows != *rows_cfg) {
                 amx_config(rows, kind == 4 ? 16 : 32);
-                rows_cfg = rows;
+                *rows_cfg = rows;
             }
             const q8a_block_t *a[16];
             for (int r = 0; r < 16; r++)
@@ -319,8 +319,9 @@ amx_pair(const tdm_cpu_qmat_t *w, size_t g, int np, const int kind, const q8a_bl
             zgemm[qt](w, g0, g1, act, nt, out, ldo);                                               \
             return;                                                                                \
         }                                                                                          \
+        int rows_cfg = 0; /* token rows the tiles are configured for (0: not yet) */               \
         for (size_t g = g0; g < g1; g += 2)                                                        \
-            amx_pair(w, g, g + 1 < g1 ? 2 : 1, kind, act, nt, out, ldo);                           \
+            amx_pair(w, g, g + 1 < g1 ? 2 : 1, kind, act, nt, out, ldo, &rows_cfg);                \
         __asm__ volatile("tilerelease" ::);                                                        \
     }
 TDM_GEN_AGEMM(agemm_q4_0, 0, TDM_CPU_Q4_0)

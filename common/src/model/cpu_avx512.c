@@ -392,6 +392,141 @@ TDM_GEN_ZGEMM(zgemm_q4_k, 3)
 TDM_GEN_ZGEMM(zgemm_q6_k, 4)
 TDM_GEN_ZGEMM(zgemm_q5_k, 5)
 
+/* ---- grouped-query attention over f16 rows (cpu_kernels.h: scores_f16, pv_f16) ---- */
+
+static const tdm_cpu_isa_t *zavx2; /* the 256-bit kernels, for shapes the tiles below skip */
+
+/* 8 f32 values in both halves */
+TDM_AVX512 static inline __m512 zdup8_ps(const float *p)
+{
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
+}
+
+/* Scores of nh (1..4) query heads against 2 np (np 1..2) K rows, d a multiple of 8: rows 2m
+ * and 2m + 1 in the two halves of one register, each half the fma chain over the 8-value
+ * chunks in order that dot_f32_f16 forms, then hsum_ps per half: the same bits at twice the
+ * width. */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zscores_tile(const float *q, const int nh, const uint16_t *k, const int np, size_t d, float *sc,
+             size_t ldsc)
+{
+    __m512 acc[4][2];
+    for (int h = 0; h < nh; h++)
+        for (int m = 0; m < np; m++)
+            acc[h][m] = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i += 8) {
+        __m512 kv[2];
+        for (int m = 0; m < np; m++) {
+            const uint16_t *k0 = k + (size_t)(2 * m) * d + i;
+            __m256i h2 = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)k0)),
+                _mm_loadu_si128((const __m128i *)(k0 + d)), 1);
+            kv[m] = _mm512_cvtph_ps(h2);
+        }
+        for (int h = 0; h < nh; h++) {
+            __m512 qv = zdup8_ps(q + (size_t)h * d + i);
+            for (int m = 0; m < np; m++)
+                acc[h][m] = _mm512_fmadd_ps(qv, kv[m], acc[h][m]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int m = 0; m < np; m++) {
+            __m512d a = _mm512_castps_pd(acc[h][m]);
+            sc[(size_t)h * ldsc + 2 * m] = hsum_ps(_mm256_castpd_ps(_mm512_castpd512_pd256(a)));
+            sc[(size_t)h * ldsc + 2 * m + 1] =
+                hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(a, 1)));
+        }
+}
+
+#define ZSCORES_TILE(NP)                                                                           \
+    switch (th) {                                                                                  \
+    case 1: zscores_tile(qh, 1, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                    \
+    case 2: zscores_tile(qh, 2, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                    \
+    case 3: zscores_tile(qh, 3, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                    \
+    default: zscores_tile(qh, 4, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                   \
+    }
+
+/* tdm_cpu_isa_t.scores_f16: heads in tiles of 4, K rows 4 (then 2) at a time, an odd last row
+ * and d not a multiple of 8 through the 256-bit kernel */
+TDM_AVX512 static void zscores_f16(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk,
+                                   size_t d, float *sc, size_t ldsc)
+{
+    if (d % 8) {
+        zavx2->scores_f16(q, nh, k, nk, d, sc, ldsc);
+        return;
+    }
+    for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
+        uint32_t th = nh - h0 < 4 ? nh - h0 : 4, j = 0;
+        const float *qh = q + (size_t)h0 * d;
+        float *sh = sc + (size_t)h0 * ldsc;
+        for (; j + 4 <= nk; j += 4)
+            ZSCORES_TILE(2)
+        if (j + 2 <= nk) {
+            ZSCORES_TILE(1)
+            j += 2;
+        }
+        if (j < nk)
+            zavx2->scores_f16(qh, th, k + (size_t)j * d, nk - j, d, sh + j, ldsc);
+    }
+}
+#undef ZSCORES_TILE
+
+/* Columns c .. c + 16 nc - 1 (nc 1..4) of nh (1..4) heads' outputs: acc = fma(p, v, acc) over
+ * the V rows in order, exactly as axpy_f16 called row after row. */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zpv_tile(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, uint32_t nv,
+         size_t d, const int nc)
+{
+    __m512 acc[4][4];
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < nc; c++)
+            acc[h][c] = _mm512_loadu_ps(o + (size_t)h * d + 16 * c);
+    for (uint32_t j = 0; j < nv; j++) {
+        __m512 vv[4];
+        for (int c = 0; c < nc; c++)
+            vv[c] =
+                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (size_t)j * d + 16 * c)));
+        for (int h = 0; h < nh; h++) {
+            __m512 pb = _mm512_set1_ps(p[(size_t)h * ldp + j]);
+            for (int c = 0; c < nc; c++)
+                acc[h][c] = _mm512_fmadd_ps(pb, vv[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < nc; c++)
+            _mm512_storeu_ps(o + (size_t)h * d + 16 * c, acc[h][c]);
+}
+
+#define ZPV_TILE(NC)                                                                               \
+    switch (th) {                                                                                  \
+    case 1: zpv_tile(oh + c, 1, ph, ldp, v + c, nv, d, NC); break;                                 \
+    case 2: zpv_tile(oh + c, 2, ph, ldp, v + c, nv, d, NC); break;                                 \
+    case 3: zpv_tile(oh + c, 3, ph, ldp, v + c, nv, d, NC); break;                                 \
+    default: zpv_tile(oh + c, 4, ph, ldp, v + c, nv, d, NC); break;                                \
+    }
+
+/* tdm_cpu_isa_t.pv_f16: heads in tiles of 4, 64 columns at a time held in registers over all
+ * the rows; d not a multiple of 16 through the 256-bit kernel */
+TDM_AVX512 static void zpv_f16(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
+                               uint32_t nv, size_t d)
+{
+    if (d % 16) {
+        zavx2->pv_f16(o, nh, p, ldp, v, nv, d);
+        return;
+    }
+    for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
+        uint32_t th = nh - h0 < 4 ? nh - h0 : 4;
+        float *oh = o + (size_t)h0 * d;
+        const float *ph = p + (size_t)h0 * ldp;
+        size_t c = 0;
+        for (; c + 64 <= d; c += 64)
+            ZPV_TILE(4)
+        for (; c + 16 <= d; c += 16)
+            ZPV_TILE(1)
+    }
+}
+#undef ZPV_TILE
+
 const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
 {
     static tdm_cpu_isa_t isa;
@@ -399,7 +534,10 @@ const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
     if (!avx2 || !tdm_cpu_has_avx512vnni())
         return NULL;
     isa = *avx2;
+    zavx2 = avx2;
     isa.name = "avx512-vnni";
+    isa.scores_f16 = zscores_f16;
+    isa.pv_f16 = zpv_f16;
     isa.gemm[TDM_CPU_Q4_0] = zgemm_q4_0;
     isa.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
     isa.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
