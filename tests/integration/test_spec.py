@@ -110,10 +110,18 @@ def heartbeat_after(port, t_wall):
 def test_off_over_http_drafts_nothing(cluster):
     """speculative: "off" on the HTTP API reaches the decode node: its draft counters stay."""
     def drafted():
-        # two heartbeats after now: the counters include every pass before this call
-        heartbeat_after(cluster.port, time.time())
-        heartbeat_after(cluster.port, time.time())
-        return series(metrics(cluster.port), "tandem_spec_decode_draft_tokens_total")
+        # the counters once two readings, each two heartbeats after the last, agree: a
+        # heartbeat carries the load the node published up to a timer period before it, so
+        # one reading right after a request can still miss its last passes
+        last, end = None, time.time() + 60
+        while True:
+            heartbeat_after(cluster.port, time.time())
+            heartbeat_after(cluster.port, time.time())
+            v = series(metrics(cluster.port), "tandem_spec_decode_draft_tokens_total")
+            if v == last:
+                return v
+            assert time.time() < end, (last, v)
+            last = v
     before = drafted()
     chat(cluster.port, "off")
     assert drafted() == before

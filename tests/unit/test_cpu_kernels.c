@@ -4,7 +4,8 @@
  * random weights, any number of
  * tokens (1..70) and rows that do not fill the last 8-row group; the reference itself agrees
  * with a double-precision dot product of the dequantized operands. The f32 ops (attention's
- * dots and axpys, grouped-query scores and PV, f16 stores) are bitwise equal across sets too. */
+ * dots and axpys, grouped-query scores and PV, f16 stores, softmax's exp and sum, SwiGLU) are
+ * bitwise equal across sets too, and the shared exp is within 2 ulp of the exact value. */
 #include "tdm_test.h"
 
 #include <math.h>
@@ -251,10 +252,48 @@ static void check_f32_ops(const tdm_cpu_isa_t *isa, uint64_t *seed)
     free(h2);
 }
 
+/* Softmax and SwiGLU pieces against the scalar reference, bit for bit: scale_max and exp_sum
+ * over lengths 0..200 (the 16-lane chunks and every tail), swiglu over lengths 1..70 with
+ * gates from -120 to 120 and the special values (+-0, +-inf, NaN, the exp clamp edges). */
+static void check_softmax_ops(const tdm_cpu_isa_t *isa, uint64_t *seed)
+{
+    const tdm_cpu_isa_t *ref = tdm_cpu_isa_scalar();
+    enum { N = 200 };
+    float x[N], a[N], b[N], up[N];
+    for (size_t i = 0; i < N; i++) {
+        x[i] = uniform(seed, -40.0f, 40.0f);
+        up[i] = uniform(seed, -3.0f, 3.0f);
+    }
+    x[17] = NAN; /* never the maximum */
+    for (size_t n = 0; n <= N; n++) {
+        memcpy(a, x, sizeof x);
+        memcpy(b, x, sizeof x);
+        float ma = ref->scale_max(a, n, 0.125f), mb = isa->scale_max(b, n, 0.125f);
+        assert_memory_equal(&ma, &mb, sizeof ma);
+        assert_memory_equal(a, b, sizeof a);
+        a[17] = b[17] = -1.0f; /* softmax inputs are finite */
+        double sa = ref->exp_sum(a, n, ma), sb = isa->exp_sum(b, n, mb);
+        assert_memory_equal(&sa, &sb, sizeof sa);
+        assert_memory_equal(a, b, sizeof a);
+    }
+    static const float special[] = {0.0f,   -0.0f,  INFINITY, -INFINITY, NAN,    87.0f,  -87.0f,
+                                    87.01f, -88.3f, 88.3f,    -88.31f,   88.31f, 1e-30f, -1e-30f};
+    float g[N];
+    for (size_t i = 0; i < N; i++)
+        g[i] = i % 5 == 0 ? special[(i / 5) % (sizeof special / sizeof special[0])]
+                          : uniform(seed, -120.0f, 120.0f);
+    for (size_t n = 1; n <= 70; n++) {
+        ref->swiglu(a, g + 3, up, n);
+        isa->swiglu(b, g + 3, up, n);
+        assert_memory_equal(a, b, n * sizeof *a);
+    }
+}
+
 static void check_isa(const tdm_cpu_isa_t *isa)
 {
     uint64_t seed0 = 43;
     check_f32_ops(isa, &seed0);
+    check_softmax_ops(isa, &seed0);
     uint64_t seed = 42;
     check_type(TDM_GGML_TYPE_Q4_0, isa, &seed);
     check_type(TDM_GGML_TYPE_Q4_1, isa, &seed);
@@ -332,6 +371,29 @@ static void test_amx_bitwise(void **state)
     check_isa(isa);
 }
 
+/* tdm_cpu_expf against exp in double: within 2 ulp on [-87, 88.3] (a sweep of 2^20 points
+ * plus the ends), exactly 1 at 0, and the documented special cases. */
+static void test_expf_accuracy(void **state)
+{
+    (void)state;
+    double worst = 0.0;
+    const int steps = 1 << 20;
+    for (int i = 0; i <= steps; i++) {
+        float x = TDM_EXP_LO + (TDM_EXP_HI - TDM_EXP_LO) * (float)i / (float)steps;
+        double want = exp((double)x);
+        float got = tdm_cpu_expf(x);
+        double ulp = (double)nextafterf((float)want, INFINITY) - (double)(float)want;
+        double err = fabs((double)got - want) / ulp;
+        worst = err > worst ? err : worst;
+    }
+    assert_true(worst <= 2.0);
+    assert_true(tdm_cpu_expf(0.0f) == 1.0f && tdm_cpu_expf(-0.0f) == 1.0f);
+    assert_true(tdm_cpu_expf(-INFINITY) == 0.0f && tdm_cpu_expf(-87.5f) == 0.0f);
+    assert_true(isinf(tdm_cpu_expf(INFINITY)) && isinf(tdm_cpu_expf(88.5f)));
+    assert_true(isnan(tdm_cpu_expf(NAN)));
+    assert_true(tdm_cpu_expf(TDM_EXP_HI) < INFINITY && tdm_cpu_expf(TDM_EXP_LO) > 0.0f);
+}
+
 static void test_pack_layout(void **state)
 {
     (void)state;
@@ -356,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_scalar_reference), cmocka_unit_test(test_avx2_bitwise),
         cmocka_unit_test(test_vnni_bitwise),     cmocka_unit_test(test_avx512_bitwise),
         cmocka_unit_test(test_amx_bitwise),      cmocka_unit_test(test_pack_layout),
+        cmocka_unit_test(test_expf_accuracy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

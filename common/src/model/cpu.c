@@ -645,15 +645,12 @@ static float attn_scores(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
 }
 
 /* Softmax of n scaled scores in place, the max subtracted and the sum in double
- * (ggml_soft_max); returns 1 / sum. With an f16 cache the normalised probabilities are then
- * rounded to f16 (llama.cpp's f16 KQV mat-mul rounds them), else left unnormalised. */
+ * (ggml_soft_max; exp and the summation order as cpu_kernels.h's exp_sum defines them);
+ * returns 1 / sum. With an f16 cache the normalised probabilities are then rounded to f16
+ * (llama.cpp's f16 KQV mat-mul rounds them), else left unnormalised. */
 static float attn_softmax(const cpu_be_t *be, float *sc, uint32_t n, float mx, bool f16)
 {
-    double sum = 0.0;
-    for (uint32_t j = 0; j < n; j++) {
-        sc[j] = expf(sc[j] - mx);
-        sum += (double)sc[j];
-    }
+    double sum = be->isa->exp_sum(sc, n, mx);
     float inv = (float)(1.0 / sum);
     if (f16)
         be->isa->round_f16(sc, sc, inv, n);
@@ -698,12 +695,8 @@ static void attn_group_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_s
         be->isa->scores_f16(q, nh, k, nk, D, sc + j0, ld);
     }
     for (uint32_t h = 0; h < nh; h++) {
-        float *sh = sc + (size_t)h * ld, mx = -INFINITY;
-        for (uint32_t j = 0; j < n_pos; j++) {
-            sh[j] *= scale;
-            mx = sh[j] > mx ? sh[j] : mx;
-        }
-        attn_softmax(be, sh, n_pos, mx, true);
+        float *sh = sc + (size_t)h * ld;
+        attn_softmax(be, sh, n_pos, be->isa->scale_max(sh, n_pos, scale), true);
     }
     memset(o, 0, (size_t)nh * D * sizeof(float));
     for (uint32_t j0 = 0; j0 < n_pos; j0 += bs) {
@@ -752,22 +745,34 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
     return TDM_OK;
 }
 
+/* Element-wise ops go to the threads in chunks of this many values (a batch-1 step's rows
+ * stay on the calling thread: a fork costs more than they do). */
+#define TDM_ELEMWISE_CHUNK 4096
+
 static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
 {
     cpu_be_t *be = vbe;
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count > 65536)
-    for (size_t i = 0; i < count; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_chunks > 1)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        size_t i = (size_t)c * TDM_ELEMWISE_CHUNK;
+        size_t m = count - i < TDM_ELEMWISE_CHUNK ? count - i : TDM_ELEMWISE_CHUNK;
+        be->isa->swiglu(out + i, gate + i, up + i, m);
     }
     return TDM_OK;
 }
 
 static int cpu_add(void *vbe, float *x, const float *y, size_t count)
 {
-    (void)vbe;
-    for (size_t i = 0; i < count; i++)
-        x[i] += y[i];
+    cpu_be_t *be = vbe;
+    int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_chunks > 2)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
+        size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
+        for (size_t i = i0; i < i1; i++)
+            x[i] += y[i];
+    }
     return TDM_OK;
 }
 
@@ -806,4 +811,5 @@ const tdm_backend_ops_t tdm_model_backend_cpu = {
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .read = cpu_read,
+    .host_memory = true,
 };

@@ -260,6 +260,92 @@ TDM_AVX2 static void round_f16_avx2(float *dst, const float *src, float scale, s
         dst[i] = tdm_cpu_round_fp16(src[i] * scale);
 }
 
+/* tdm_cpu_expf on 8 lanes, the same operations in the same order */
+TDM_AVX2 static inline __m256 expf_avx2(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(TDM_EXP_LO), hi = _mm256_set1_ps(TDM_EXP_HI);
+    const __m256 shift = _mm256_set1_ps(TDM_EXP_SHIFT);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(TDM_EXP_LOG2E), shift), shift);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TDM_EXP_C1), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-TDM_EXP_C2), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(TDM_EXP_P0), r, _mm256_set1_ps(TDM_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TDM_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TDM_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TDM_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(TDM_EXP_P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    __m256 v = _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+    v = _mm256_blendv_ps(v, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+    v = _mm256_blendv_ps(v, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+    return _mm256_blendv_ps(v, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+TDM_AVX2 static float scale_max_avx2(float *x, size_t n, float scale)
+{
+    __m256 vs = _mm256_set1_ps(scale), vm = _mm256_set1_ps(-__builtin_inff());
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), vs);
+        _mm256_storeu_ps(x + j, v);
+        vm = _mm256_max_ps(v, vm); /* a NaN v keeps vm, as the scalar compare does */
+    }
+    float lane[8], mx = -__builtin_inff();
+    _mm256_storeu_ps(lane, vm);
+    for (int l = 0; l < 8; l++)
+        mx = lane[l] > mx ? lane[l] : mx;
+    for (; j < n; j++) {
+        x[j] *= scale;
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    return mx;
+}
+
+/* lanes 0-3, 4-7 of the first 8 elements and 8-11, 12-15 of the next 8 in four registers */
+TDM_AVX2 static double exp_sum_avx2(float *x, size_t n, float mx)
+{
+    __m256 vm = _mm256_set1_ps(mx);
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    size_t j = 0;
+    for (; j + TDM_EXP_LANES <= n; j += TDM_EXP_LANES) {
+        __m256 e0 = expf_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm));
+        __m256 e1 = expf_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + j + 8), vm));
+        _mm256_storeu_ps(x + j, e0);
+        _mm256_storeu_ps(x + j + 8, e1);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e0)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e0, 1)));
+        a2 = _mm256_add_pd(a2, _mm256_cvtps_pd(_mm256_castps256_ps128(e1)));
+        a3 = _mm256_add_pd(a3, _mm256_cvtps_pd(_mm256_extractf128_ps(e1, 1)));
+    }
+    double lane[TDM_EXP_LANES];
+    _mm256_storeu_pd(lane, a0);
+    _mm256_storeu_pd(lane + 4, a1);
+    _mm256_storeu_pd(lane + 8, a2);
+    _mm256_storeu_pd(lane + 12, a3);
+    for (; j < n; j++) {
+        x[j] = tdm_cpu_expf(x[j] - mx);
+        lane[j % TDM_EXP_LANES] += (double)x[j];
+    }
+    return tdm_cpu_fold_lanes(lane);
+}
+
+TDM_AVX2 static void swiglu_avx2(float *out, const float *gate, const float *up, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = expf_avx2(_mm256_xor_ps(g, sign));
+        __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + tdm_cpu_expf(-g)) * up[i];
+    }
+}
+
 static bool cpu_has_avx2(void)
 {
     __builtin_cpu_init();
@@ -278,6 +364,9 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .pv_f16 = pv_f16_avx2,
     .store_f16 = store_f16_avx2,
     .round_f16 = round_f16_avx2,
+    .scale_max = scale_max_avx2,
+    .exp_sum = exp_sum_avx2,
+    .swiglu = swiglu_avx2,
     .packed = true,
     .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2, gemm_q4_k_avx2, gemm_q5_k_avx2,
              gemm_q6_k_avx2},

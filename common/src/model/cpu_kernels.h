@@ -3,8 +3,8 @@
  * created (cpu.c). Internal to libtandem.
  *
  * Every set gives the scalar reference's bits on every op (the quantized GEMMs, the activation
- * quantizer, the f32 dots and axpys of attention and of the f32 matmul path, f16 rounding), so
- * nodes on different CPUs compute identical logits.
+ * quantizer, the f32 dots and axpys of attention and of the f32 matmul path, f16 rounding,
+ * softmax's exp and sum, SwiGLU), so nodes on different CPUs compute identical logits.
  *
  * Quantized matmuls (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K weights) run on activations quantized to 8
  * bits in blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
@@ -21,6 +21,63 @@
 #include "tandem/gguf.h"
 
 #define TDM_CPU_QK 32 /* activation (and weight) block size */
+
+/* exp(x) in f32 as every kernel set computes it (softmax, SwiGLU), one fixed sequence of IEEE
+ * operations so that the SIMD sets give the scalar bits: x = n ln2 + r with n = rint(x log2 e)
+ * (the 1.5 * 2^23 shift trick) and r from a two-constant Cody-Waite reduction, e^r = 1 + r +
+ * r^2 P(r) with Cephes expf's degree-5 minimax P (Moshier, Cephes Math Library, expf.c; under
+ * 2 ulp of the exact value on [-87, 88.3]), then times 2^n built in the exponent bits.
+ * x < -87 gives 0 (the exact value is below 1.7e-38), x > 88.3 gives +inf (libm's result
+ * overflows from 88.72), NaN gives NaN. Every step is an explicit fmaf or a single operation
+ * (the model sources build with -ffp-contract=off). */
+#define TDM_EXP_LO (-87.0f)
+#define TDM_EXP_HI 88.3f
+#define TDM_EXP_LOG2E 1.44269504088896341f
+#define TDM_EXP_SHIFT 12582912.0f /* 1.5 * 2^23 */
+#define TDM_EXP_C1 0.693359375f   /* ln 2 = C1 - C2, C1 exact in 9 bits */
+#define TDM_EXP_C2 (-2.12194440e-4f)
+#define TDM_EXP_P0 1.9875691500e-4f
+#define TDM_EXP_P1 1.3981999507e-3f
+#define TDM_EXP_P2 8.3334519073e-3f
+#define TDM_EXP_P3 4.1665795894e-2f
+#define TDM_EXP_P4 1.6666665459e-1f
+#define TDM_EXP_P5 5.0000001201e-1f
+
+static inline float tdm_cpu_expf(float x)
+{
+    if (x != x)
+        return x;
+    if (x < TDM_EXP_LO)
+        return 0.0f;
+    if (x > TDM_EXP_HI)
+        return __builtin_inff();
+    float n = __builtin_fmaf(x, TDM_EXP_LOG2E, TDM_EXP_SHIFT) - TDM_EXP_SHIFT;
+    float r = __builtin_fmaf(n, -TDM_EXP_C1, x);
+    r = __builtin_fmaf(n, -TDM_EXP_C2, r);
+    float p = __builtin_fmaf(TDM_EXP_P0, r, TDM_EXP_P1);
+    p = __builtin_fmaf(p, r, TDM_EXP_P2);
+    p = __builtin_fmaf(p, r, TDM_EXP_P3);
+    p = __builtin_fmaf(p, r, TDM_EXP_P4);
+    p = __builtin_fmaf(p, r, TDM_EXP_P5);
+    float y = __builtin_fmaf(p, r * r, r) + 1.0f;
+    union {
+        uint32_t u;
+        float f;
+    } two_n = {.u = (uint32_t)((int32_t)n + 127) << 23};
+    return y * two_n.f;
+}
+
+/* The softmax sum's canonical order: TDM_EXP_LANES double lanes, lane l summing elements
+ * TDM_EXP_LANES c + l from c = 0 up, then halves folded pairwise (lane l += lane l + w for
+ * w = 8, 4, 2, 1). Folds lanes in place; returns the sum. */
+#define TDM_EXP_LANES 16
+static inline double tdm_cpu_fold_lanes(double *lane)
+{
+    for (int w = TDM_EXP_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++)
+            lane[l] += lane[l + w];
+    return lane[0];
+}
 
 /* An activation block: 32 int8 values x ≈ d * q, s = d * sum(q) (for the Q4_1 min term) and
  * isum = sum(q) (for Q4_0's offset of 8, exact in int32). */
@@ -121,6 +178,15 @@ typedef struct tdm_cpu_isa {
     void (*store_f16)(uint16_t *dst, const float *src, size_t n);
     /* dst[i] = tdm_cpu_round_fp16(src[i] * scale) (dst may be src) */
     void (*round_f16)(float *dst, const float *src, float scale, size_t n);
+    /* x[j] *= scale for j < n; returns the largest product (-inf when n is 0; a NaN product is
+     * never the maximum) */
+    float (*scale_max)(float *x, size_t n, float scale);
+    /* x[j] = tdm_cpu_expf(x[j] - mx) for j < n; returns their sum in double, in
+     * tdm_cpu_fold_lanes' order (the softmax denominator) */
+    double (*exp_sum)(float *x, size_t n, float mx);
+    /* out[i] = g / (1 + tdm_cpu_expf(-g)) * up[i] with g = gate[i] (SiLU(gate) * up; out may
+     * be gate) */
+    void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     bool packed;                            /* gemm reads packed matrices */
     tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES]; /* [qtype] */
 } tdm_cpu_isa_t;

@@ -397,6 +397,34 @@ static void round_f16_scalar(float *dst, const float *src, float scale, size_t n
         dst[i] = tdm_cpu_round_fp16(src[i] * scale);
 }
 
+static float scale_max_scalar(float *x, size_t n, float scale)
+{
+    float mx = -INFINITY;
+    for (size_t j = 0; j < n; j++) {
+        x[j] *= scale;
+        mx = x[j] > mx ? x[j] : mx;
+    }
+    return mx;
+}
+
+static double exp_sum_scalar(float *x, size_t n, float mx)
+{
+    double lane[TDM_EXP_LANES] = {0};
+    for (size_t j = 0; j < n; j++) {
+        x[j] = tdm_cpu_expf(x[j] - mx);
+        lane[j % TDM_EXP_LANES] += (double)x[j];
+    }
+    return tdm_cpu_fold_lanes(lane);
+}
+
+static void swiglu_scalar(float *out, const float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + tdm_cpu_expf(-g)) * up[i];
+    }
+}
+
 static const tdm_cpu_isa_t isa_scalar = {
     .name = "scalar",
     .quantize_act = quantize_act_scalar,
@@ -408,6 +436,9 @@ static const tdm_cpu_isa_t isa_scalar = {
     .pv_f16 = pv_f16_scalar,
     .store_f16 = store_f16_scalar,
     .round_f16 = round_f16_scalar,
+    .scale_max = scale_max_scalar,
+    .exp_sum = exp_sum_scalar,
+    .swiglu = swiglu_scalar,
     .gemm = {dot_q4_0_scalar_gemm, dot_q4_1_scalar_gemm, dot_q8_0_scalar_gemm, dot_q4_k_scalar_gemm,
              dot_q5_k_scalar_gemm, dot_q6_k_scalar_gemm}, /* tdm_cpu_qtype_t's order */
 };

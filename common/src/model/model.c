@@ -51,7 +51,7 @@ struct tdm_engine {
     float *up;     /* [B][n_ff] */
     float *sel;    /* [L][n_embd] final hidden states of the rows asking for logits */
     float *seln;   /* [L][n_embd] the same, normalised */
-    float *logits; /* [L][n_vocab] */
+    float *logits; /* [L][n_vocab]; NULL on a host-memory backend (the caller's array) */
     /* host scratch */
     uint32_t *logit_rows; /* [L] */
     uint32_t *last_pos;   /* [B] per sequence: last position seen + 1 (0 = none yet) */
@@ -342,7 +342,8 @@ static int engine_scratch_new(tdm_engine_t *e, tdm_error_t *err)
         !(e->v = engine_alloc(e, B * KD, err)) || !(e->attn = engine_alloc(e, B * QD, err)) ||
         !(e->proj = engine_alloc(e, B * E, err)) || !(e->gate = engine_alloc(e, B * F, err)) ||
         !(e->up = engine_alloc(e, B * F, err)) || !(e->sel = engine_alloc(e, L * E, err)) ||
-        !(e->seln = engine_alloc(e, L * E, err)) || !(e->logits = engine_alloc(e, L * V, err)))
+        !(e->seln = engine_alloc(e, L * E, err)) ||
+        (!e->ops->host_memory && !(e->logits = engine_alloc(e, L * V, err))))
         return TDM_ERESOURCE; /* engine_alloc set err */
     e->logit_rows = calloc(L, sizeof *e->logit_rows);
     e->last_pos = calloc(B, sizeof *e->last_pos);
@@ -593,9 +594,10 @@ int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm
         TDM_TRY(ops->gather_rows(be, e->x, e->logit_rows, n_logits, (uint32_t)E, e->sel));
         TDM_TRY(ops->rmsnorm(be, e->sel, &m->output_norm, n_logits, hp->rms_norm_eps, e->seln));
         const tdm_weight_t *wout[1] = {&m->output};
-        float *lo[1] = {e->logits};
+        float *lo[1] = {ops->host_memory ? logits : e->logits};
         TDM_TRY(ops->matmul(be, e->seln, n_logits, 1, wout, lo));
-        TDM_TRY(ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
+        if (!ops->host_memory)
+            TDM_TRY(ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
     } else if (ops->sync) {
         TDM_TRY(ops->sync(be));
     }
