@@ -767,4 +767,5 @@ const tdm_backend_ops_t tdm_model_backend_cuda = {
     .add = cuda_add,
     .gather_rows = cuda_gather_rows,
     .read = cuda_read,
+    .host_memory = false, /* device buffers: logits come back through read */
 };
