@@ -562,7 +562,8 @@ static int wait_ready(cluster_t *cl, const tdm_config_t *cfg, const char *endpoi
             break;
         double t = tdm_time_now();
         if (strcmp(buf_text(&desc), buf_text(&last)) != 0 || t >= next_note) {
-            fprintf(stderr, "tandem cluster: %s (%.0f s)\n", buf_text(&desc), t - start);
+            fprintf(stderr, "tandem cluster: waiting for the nodes: %s (%.0f s)\n", buf_text(&desc),
+                    t - start);
             tdm_buf_clear(&last);
             tdm_buf_puts(&last, buf_text(&desc));
             next_note = t + 10;

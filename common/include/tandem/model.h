@@ -146,8 +146,10 @@ typedef struct tdm_batch {
  * Errors (nothing is written to logits): TDM_EINVALID naming the row and field for a token
  * out of the vocabulary, a position >= n_ctx, a position not covered by the sequence's
  * blocks, a block id out of the pool, rows of a sequence out of order, more than
- * max_batch_tokens rows or max_logits asking rows. A backend failure (CUDA) returns its code
- * with the failing statement, file and line in the message. Allocates nothing. When it returns
+ * max_batch_tokens rows or max_logits asking rows. A backend failure (CUDA; on the CPU a
+ * weight type the kernels refuse) returns its code with the failing statement, file and line
+ * in the message, and may leave logits partly written (the CPU backend's output projection
+ * writes into them directly). Allocates nothing. When it returns
  * TDM_OK, every KV write of the pass is complete (also in device memory). */
 int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *batch, float *logits, tdm_error_t *err);
 

@@ -745,15 +745,15 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
     return TDM_OK;
 }
 
-/* Element-wise ops go to the threads in chunks of this many values (a batch-1 step's rows
- * stay on the calling thread: a fork costs more than they do). */
+/* Element-wise ops go to the threads in chunks of this many values, from three chunks on
+ * (fewer stay on the calling thread: a fork costs more than they do). */
 #define TDM_ELEMWISE_CHUNK 4096
 
 static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
 {
     cpu_be_t *be = vbe;
     int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_chunks > 1)
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_chunks > 2)
     for (int64_t c = 0; c < n_chunks; c++) {
         size_t i = (size_t)c * TDM_ELEMWISE_CHUNK;
         size_t m = count - i < TDM_ELEMWISE_CHUNK ? count - i : TDM_ELEMWISE_CHUNK;

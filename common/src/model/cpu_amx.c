@@ -23,6 +23,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <pthread.h>
 #include <immintrin.h>
 #include <stdalign.h>
 #include <string.h>
@@ -334,35 +335,49 @@ TDM_GEN_AGEMM(agemm_q5_k, 5, TDM_CPU_Q5_K)
 /* CPUID.(EAX=7,ECX=0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and Linux's permission to use
  * the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+; without it the first tile
  * instruction faults). */
+static bool amx_ok;
+
+static void amx_probe(void)
+{
+    unsigned a, b, c, d;
+    amx_ok = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) &&
+             tdm_cpu_has_avx512vnni() &&
+             syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
 bool tdm_cpu_has_amx(void)
 {
-    static int state = -1; /* -1 unknown, 0 no, 1 yes */
-    if (state >= 0)
-        return state == 1;
-    unsigned a, b, c, d;
-    bool ok = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) &&
-              tdm_cpu_has_avx512vnni() &&
-              syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    state = ok ? 1 : 0;
-    return ok;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, amx_probe);
+    return amx_ok;
+}
+
+static tdm_cpu_isa_t isa_amx;
+static const tdm_cpu_isa_t *isa_amx_ptr; /* NULL: not on this CPU */
+
+/* Built once (pthread_once): engines created later read the table while others run. */
+static void isa_amx_build(void)
+{
+    const tdm_cpu_isa_t *z = tdm_cpu_isa_avx512();
+    if (!z || !tdm_cpu_has_amx())
+        return;
+    memcpy(zgemm, z->gemm, sizeof zgemm);
+    isa_amx = *z;
+    isa_amx.name = "amx-int8";
+    isa_amx.gemm[TDM_CPU_Q4_0] = agemm_q4_0;
+    isa_amx.gemm[TDM_CPU_Q4_1] = agemm_q4_1;
+    isa_amx.gemm[TDM_CPU_Q8_0] = agemm_q8_0;
+    isa_amx.gemm[TDM_CPU_Q4_K] = agemm_q4_k;
+    isa_amx.gemm[TDM_CPU_Q5_K] = agemm_q5_k;
+    isa_amx.gemm[TDM_CPU_Q6_K] = agemm_q6_k;
+    isa_amx_ptr = &isa_amx;
 }
 
 const tdm_cpu_isa_t *tdm_cpu_isa_amx(void)
 {
-    static tdm_cpu_isa_t isa;
-    const tdm_cpu_isa_t *z = tdm_cpu_isa_avx512();
-    if (!z || !tdm_cpu_has_amx())
-        return NULL;
-    memcpy(zgemm, z->gemm, sizeof zgemm);
-    isa = *z;
-    isa.name = "amx-int8";
-    isa.gemm[TDM_CPU_Q4_0] = agemm_q4_0;
-    isa.gemm[TDM_CPU_Q4_1] = agemm_q4_1;
-    isa.gemm[TDM_CPU_Q8_0] = agemm_q8_0;
-    isa.gemm[TDM_CPU_Q4_K] = agemm_q4_k;
-    isa.gemm[TDM_CPU_Q5_K] = agemm_q5_k;
-    isa.gemm[TDM_CPU_Q6_K] = agemm_q6_k;
-    return &isa;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, isa_amx_build);
+    return isa_amx_ptr;
 }
 #else
 bool tdm_cpu_has_amx(void)

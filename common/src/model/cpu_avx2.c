@@ -299,6 +299,10 @@ TDM_AVX2 static float scale_max_avx2(float *x, size_t n, float scale)
         x[j] *= scale;
         mx = x[j] > mx ? x[j] : mx;
     }
+    if (mx == 0.0f) /* the scalar loop keeps the first zero it meets: its sign, in index order */
+        for (j = 0; j < n; j++)
+            if (x[j] == 0.0f)
+                return x[j];
     return mx;
 }
 

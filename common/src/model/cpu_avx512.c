@@ -11,6 +11,8 @@
  * whatever the number of tokens, so batching changes no bit of any result. */
 #include "model/cpu_kernels.h"
 
+#include <pthread.h>
+
 /* Layout of one token's activations (AVX-512): q[npairs * 64] int8 (zero padded), then
  * dexp[npairs * 16] floats (block b's da repeated 8 times), then s[nb] floats. */
 
@@ -527,24 +529,34 @@ TDM_AVX512 static void zpv_f16(float *o, uint32_t nh, const float *p, size_t ldp
 }
 #undef ZPV_TILE
 
-const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
+static tdm_cpu_isa_t isa_z;
+static const tdm_cpu_isa_t *isa_z_ptr; /* NULL: not on this CPU */
+
+/* Built once (pthread_once): engines created later read the table while others run. */
+static void isa_z_build(void)
 {
-    static tdm_cpu_isa_t isa;
     const tdm_cpu_isa_t *avx2 = tdm_cpu_isa_avx2();
     if (!avx2 || !tdm_cpu_has_avx512vnni())
-        return NULL;
-    isa = *avx2;
+        return;
+    isa_z = *avx2;
     zavx2 = avx2;
-    isa.name = "avx512-vnni";
-    isa.scores_f16 = zscores_f16;
-    isa.pv_f16 = zpv_f16;
-    isa.gemm[TDM_CPU_Q4_0] = zgemm_q4_0;
-    isa.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
-    isa.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
-    isa.gemm[TDM_CPU_Q4_K] = zgemm_q4_k;
-    isa.gemm[TDM_CPU_Q5_K] = zgemm_q5_k;
-    isa.gemm[TDM_CPU_Q6_K] = zgemm_q6_k;
-    return &isa;
+    isa_z.name = "avx512-vnni";
+    isa_z.scores_f16 = zscores_f16;
+    isa_z.pv_f16 = zpv_f16;
+    isa_z.gemm[TDM_CPU_Q4_0] = zgemm_q4_0;
+    isa_z.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
+    isa_z.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
+    isa_z.gemm[TDM_CPU_Q4_K] = zgemm_q4_k;
+    isa_z.gemm[TDM_CPU_Q5_K] = zgemm_q5_k;
+    isa_z.gemm[TDM_CPU_Q6_K] = zgemm_q6_k;
+    isa_z_ptr = &isa_z;
+}
+
+const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, isa_z_build);
+    return isa_z_ptr;
 }
 #else
 const tdm_cpu_isa_t *tdm_cpu_isa_avx512(void)

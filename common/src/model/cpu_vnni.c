@@ -2,6 +2,8 @@
  * other kernel of this set is the AVX2 one. Chosen at run time. */
 #include "model/cpu_kernels.h"
 
+#include <pthread.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include "model/cpu_x86.inc"
 
@@ -30,22 +32,32 @@ TDM_AVXVNNI static inline __m256i q8_step_vnni(__m256i s, __m256i w, __m256i wab
 #undef TDM_KTARGET
 #undef TDM_KNAME
 
-const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void)
+static tdm_cpu_isa_t isa_vnni;
+static const tdm_cpu_isa_t *isa_vnni_ptr; /* NULL: not on this CPU */
+
+/* Built once (pthread_once): engines created later read the table while others run. */
+static void isa_vnni_build(void)
 {
-    static tdm_cpu_isa_t isa;
     const tdm_cpu_isa_t *avx2 = tdm_cpu_isa_avx2();
     __builtin_cpu_init();
     if (!avx2 || !__builtin_cpu_supports("avxvnni"))
-        return NULL;
-    isa = *avx2;
-    isa.name = "avx2+vnni";
-    isa.gemm[TDM_CPU_Q4_0] = gemm_q4_0_vnni;
-    isa.gemm[TDM_CPU_Q4_1] = gemm_q4_1_vnni;
-    isa.gemm[TDM_CPU_Q8_0] = gemm_q8_0_vnni;
-    isa.gemm[TDM_CPU_Q4_K] = gemm_q4_k_vnni;
-    isa.gemm[TDM_CPU_Q5_K] = gemm_q5_k_vnni;
-    isa.gemm[TDM_CPU_Q6_K] = gemm_q6_k_vnni;
-    return &isa;
+        return;
+    isa_vnni = *avx2;
+    isa_vnni.name = "avx2+vnni";
+    isa_vnni.gemm[TDM_CPU_Q4_0] = gemm_q4_0_vnni;
+    isa_vnni.gemm[TDM_CPU_Q4_1] = gemm_q4_1_vnni;
+    isa_vnni.gemm[TDM_CPU_Q8_0] = gemm_q8_0_vnni;
+    isa_vnni.gemm[TDM_CPU_Q4_K] = gemm_q4_k_vnni;
+    isa_vnni.gemm[TDM_CPU_Q5_K] = gemm_q5_k_vnni;
+    isa_vnni.gemm[TDM_CPU_Q6_K] = gemm_q6_k_vnni;
+    isa_vnni_ptr = &isa_vnni;
+}
+
+const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, isa_vnni_build);
+    return isa_vnni_ptr;
 }
 #else
 const tdm_cpu_isa_t *tdm_cpu_isa_vnni(void)

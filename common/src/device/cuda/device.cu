@@ -24,7 +24,11 @@ extern "C" int tdm_device_cuda_count_impl(int *n, tdm_error_t *err)
 {
     int count = 0;
     *n = 0;
-    TDM_CUDA_CHECK(cudaGetDeviceCount(&count));
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver)
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "no usable CUDA device: %s",
+                             cudaGetErrorString(e));
+    TDM_CUDA_CHECK(e);
     *n = count;
     return TDM_OK;
 }
