@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "model/backend.h"
 #include "model/cpu_kernels.h"
@@ -35,6 +36,17 @@
 
 #define QK TDM_CPU_QK
 #define TOKEN_TILE 64 /* tokens per pass over a weight row tile */
+
+/* A parallel region wakes the other threads of the team: a few microseconds when they spin
+ * (OMP_WAIT_POLICY=active, or libgomp's default spin), about 45-60 us through a futex when they
+ * sleep (passive waiting, measured on a 2-vCPU VM: docs/performance.md, "OpenMP wait policy").
+ * Split in two, an op of S us costs S / 2 plus the wake-up, so it stays on the calling thread
+ * while S is under about twice the wake-up: up to par_min values (at 0.3-1 ns a value for the
+ * element-wise ops, quantization and RMSNorm). The two thresholds were tuned on decode at
+ * batch 8 and 32 (docs/performance.md, "Fewer thread wake-ups"). Which thread computes a row
+ * never changes its bits, so they do not touch batch invariance. */
+#define TDM_PAR_MIN_SPIN 8192
+#define TDM_PAR_MIN_PASSIVE 65536
 
 typedef struct cpu_be {
     const tdm_model_t *model;
@@ -58,6 +70,7 @@ typedef struct cpu_be {
     uint64_t released;  /* model file bytes released after repacking (tdm_gguf_release) */
     void **allocs;      /* every buffer from cpu_alloc, freed at destroy */
     size_t n_allocs, cap_allocs;
+    size_t par_min;   /* fewest values an op splits among threads (TDM_PAR_MIN_*) */
     size_t max_in;    /* widest matmul input (elements) */
     q8a_block_t *act; /* [max_rows][max_in / 32] quantized activations */
     uint8_t *zact;    /* [max_rows][zact stride] activations in the AVX-512 layout */
@@ -284,6 +297,8 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
     be->max_rows = p->max_batch_tokens;
     be->n_ctx = p->n_ctx;
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    be->par_min = wait && strcasecmp(wait, "passive") == 0 ? TDM_PAR_MIN_PASSIVE : TDM_PAR_MIN_SPIN;
     cpu_pick_kernels(be);
     if (cpu_scratch_new(be, err) != TDM_OK || cpu_wkernels_new(be, err) != TDM_OK) {
         cpu_destroy(be);
@@ -313,7 +328,7 @@ static int cpu_embed(void *vbe, const tdm_weight_t *emb, const int32_t *tokens, 
     cpu_be_t *be = vbe;
     size_t E = emb->n_in;
     int rc = TDM_OK;
-#pragma omp parallel for schedule(static) num_threads(be->n_threads)
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n * E >= be->par_min)
     for (uint32_t t = 0; t < n; t++) {
         const uint8_t *row = (const uint8_t *)emb->data + (size_t)tokens[t] * emb->row_bytes;
         if (tdm_ggml_dequantize_row(emb->type, row, x + t * E, (int64_t)E) != TDM_OK) {
@@ -332,7 +347,7 @@ static int cpu_rmsnorm(void *vbe, const float *x, const tdm_weight_t *w, uint32_
     if (w->type != TDM_GGML_TYPE_F32)
         return TDM_EINVALID;
     const float *g = w->data;
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n > 4)
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n * E >= be->par_min)
     for (uint32_t t = 0; t < n; t++) {
         const float *xr = x + t * E;
         float *o = out + t * E;
@@ -426,7 +441,8 @@ static int matmul_groups(cpu_be_t *be, const cpu_wkernel_t *wk, const float *x, 
 static void matmul_quantize(cpu_be_t *be, const float *x, uint32_t n, size_t K)
 {
     size_t nb = K / QK;
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n > 1)
+#pragma omp parallel for schedule(static)                                                          \
+    num_threads(be->n_threads) if (n > 1 && n * K >= be->par_min)
     for (uint32_t t = 0; t < n; t++) {
         quantize_act(be, x + t * K, K, be->act + t * nb);
 #ifdef TDM_X86
@@ -511,7 +527,8 @@ static int cpu_rope(void *vbe, float *q, float *k, const tdm_fwd_rows_t *rows)
     uint32_t half = hp->rope_dim / 2, D = hp->head_dim;
     float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->rope_dim);
     bool neox = hp->rope_type == TDM_ROPE_NEOX;
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (rows->n > 4)
+    size_t rope_values = (size_t)rows->n * (hp->n_heads + hp->n_kv_heads) * D;
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (rope_values >= be->par_min)
     for (uint32_t t = 0; t < rows->n; t++) {
         float *cs = be->rope_cs + (size_t)t * hp->rope_dim;
         float theta = (float)rows->pos[t];
@@ -721,7 +738,12 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
     bool f16 = be->kl.dtype == TDM_KV_F16;
     bool grouped = f16 && be->isa->scores_f16 && be->isa->pv_f16;
     int64_t n_items = (int64_t)rows->n * KVH;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(be->n_threads)
+    size_t kv_values = 0; /* K and V values the pass reads: a K or V value costs ~1/4 of an
+                             element-wise op's (one fma per head of the group, f16 loads) */
+    for (uint32_t t = 0; t < rows->n; t++)
+        kv_values += (size_t)(rows->pos[t] + 1) * KVH * D * 2;
+#pragma omp parallel for schedule(dynamic, 1)                                                      \
+    num_threads(be->n_threads) if (kv_values >= 4 * be->par_min)
     for (int64_t it = 0; it < n_items; it++) {
         uint32_t t = (uint32_t)(it / KVH), g = (uint32_t)(it % KVH);
         int tid = omp_get_thread_num();
@@ -745,15 +767,14 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
     return TDM_OK;
 }
 
-/* Element-wise ops go to the threads in chunks of this many values, from three chunks on
- * (fewer stay on the calling thread: a fork costs more than they do). */
+/* Element-wise ops go to the threads in chunks of this many values, from par_min values on. */
 #define TDM_ELEMWISE_CHUNK 4096
 
 static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
 {
     cpu_be_t *be = vbe;
     int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_chunks > 2)
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
     for (int64_t c = 0; c < n_chunks; c++) {
         size_t i = (size_t)c * TDM_ELEMWISE_CHUNK;
         size_t m = count - i < TDM_ELEMWISE_CHUNK ? count - i : TDM_ELEMWISE_CHUNK;
@@ -766,7 +787,7 @@ static int cpu_add(void *vbe, float *x, const float *y, size_t count)
 {
     cpu_be_t *be = vbe;
     int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (n_chunks > 2)
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
     for (int64_t c = 0; c < n_chunks; c++) {
         size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
         size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
