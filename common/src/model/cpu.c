@@ -20,8 +20,10 @@
  * The f32 paths (attention, other weight types) are batch invariant but may differ between
  * the scalar and SIMD sets in the last bits (vector lanes sum in another order).
  */
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +282,37 @@ static int cpu_wkernels_new(cpu_be_t *be, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* par_min from the OpenMP wait policy (libgomp's reading: surrounding blanks ignored, any
+ * case), or TANDEM_CPU_PAR_MIN (a whole number >= 1: the tests set 1 to run every op's
+ * parallel path). TDM_EINVALID naming the variable for any other value. */
+static int cpu_pick_par_min(cpu_be_t *be, tdm_error_t *err)
+{
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    char policy[16] = "";
+    if (wait) {
+        while (*wait == ' ' || *wait == '\t')
+            wait++;
+        size_t len = strcspn(wait, " \t");
+        if (len < sizeof policy) {
+            memcpy(policy, wait, len);
+            policy[len] = '\0';
+        }
+    }
+    be->par_min = strcasecmp(policy, "passive") == 0 ? TDM_PAR_MIN_PASSIVE : TDM_PAR_MIN_SPIN;
+    const char *v = getenv("TANDEM_CPU_PAR_MIN");
+    if (!v || !*v)
+        return TDM_OK;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno || *end || n < 1 || n > SIZE_MAX || v[0] == '-')
+        return tdm_error_set(err, TDM_EINVALID,
+                             "TANDEM_CPU_PAR_MIN: expected a whole number of values >= 1, got '%s'",
+                             v);
+    be->par_min = (size_t)n;
+    return TDM_OK;
+}
+
 static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_kv_pool_t *pool,
                         tdm_error_t *err)
 {
@@ -297,10 +330,9 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
     be->max_rows = p->max_batch_tokens;
     be->n_ctx = p->n_ctx;
-    const char *wait = getenv("OMP_WAIT_POLICY");
-    be->par_min = wait && strcasecmp(wait, "passive") == 0 ? TDM_PAR_MIN_PASSIVE : TDM_PAR_MIN_SPIN;
     cpu_pick_kernels(be);
-    if (cpu_scratch_new(be, err) != TDM_OK || cpu_wkernels_new(be, err) != TDM_OK) {
+    if (cpu_pick_par_min(be, err) != TDM_OK || cpu_scratch_new(be, err) != TDM_OK ||
+        cpu_wkernels_new(be, err) != TDM_OK) {
         cpu_destroy(be);
         return NULL;
     }
