@@ -288,17 +288,12 @@ static int cpu_wkernels_new(cpu_be_t *be, tdm_error_t *err)
 static int cpu_pick_par_min(cpu_be_t *be, tdm_error_t *err)
 {
     const char *wait = getenv("OMP_WAIT_POLICY");
-    char policy[16] = "";
+    bool passive = false;
     if (wait) {
-        while (*wait == ' ' || *wait == '\t')
-            wait++;
-        size_t len = strcspn(wait, " \t");
-        if (len < sizeof policy) {
-            memcpy(policy, wait, len);
-            policy[len] = '\0';
-        }
+        wait += strspn(wait, " \t");
+        passive = strncasecmp(wait, "passive", 7) == 0 && wait[7 + strspn(wait + 7, " \t")] == '\0';
     }
-    be->par_min = strcasecmp(policy, "passive") == 0 ? TDM_PAR_MIN_PASSIVE : TDM_PAR_MIN_SPIN;
+    be->par_min = passive ? TDM_PAR_MIN_PASSIVE : TDM_PAR_MIN_SPIN;
     const char *v = getenv("TANDEM_CPU_PAR_MIN");
     if (!v || !*v)
         return TDM_OK;
@@ -773,7 +768,7 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
     size_t kv_values = 0; /* K and V values the pass reads: a K or V value costs ~1/4 of an
                              element-wise op's (one fma per head of the group, f16 loads) */
     for (uint32_t t = 0; t < rows->n; t++)
-        kv_values += (size_t)(rows->pos[t] + 1) * KVH * D * 2;
+        kv_values += ((size_t)rows->pos[t] + 1) * KVH * D * 2;
 #pragma omp parallel for schedule(dynamic, 1)                                                      \
     num_threads(be->n_threads) if (kv_values >= 4 * be->par_min)
     for (int64_t it = 0; it < n_items; it++) {

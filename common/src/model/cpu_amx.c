@@ -362,14 +362,9 @@ static void isa_amx_build(void)
     if (!z || !tdm_cpu_has_amx())
         return;
     memcpy(zgemm, z->gemm, sizeof zgemm);
-    isa_amx = *z;
-    isa_amx.name = "amx-int8";
-    isa_amx.gemm[TDM_CPU_Q4_0] = agemm_q4_0;
-    isa_amx.gemm[TDM_CPU_Q4_1] = agemm_q4_1;
-    isa_amx.gemm[TDM_CPU_Q8_0] = agemm_q8_0;
-    isa_amx.gemm[TDM_CPU_Q4_K] = agemm_q4_k;
-    isa_amx.gemm[TDM_CPU_Q5_K] = agemm_q5_k;
-    isa_amx.gemm[TDM_CPU_Q6_K] = agemm_q6_k;
+    static const tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES] = {agemm_q4_0, agemm_q4_1, agemm_q8_0,
+                                                           agemm_q4_k, agemm_q5_k, agemm_q6_k};
+    tdm_cpu_isa_derive(&isa_amx, z, "amx-int8", gemm);
     isa_amx_ptr = &isa_amx;
 }
 

@@ -538,17 +538,12 @@ static void isa_z_build(void)
     const tdm_cpu_isa_t *avx2 = tdm_cpu_isa_avx2();
     if (!avx2 || !tdm_cpu_has_avx512vnni())
         return;
-    isa_z = *avx2;
+    static const tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES] = {zgemm_q4_0, zgemm_q4_1, zgemm_q8_0,
+                                                           zgemm_q4_k, zgemm_q5_k, zgemm_q6_k};
     zavx2 = avx2;
-    isa_z.name = "avx512-vnni";
+    tdm_cpu_isa_derive(&isa_z, avx2, "avx512-vnni", gemm);
     isa_z.scores_f16 = zscores_f16;
     isa_z.pv_f16 = zpv_f16;
-    isa_z.gemm[TDM_CPU_Q4_0] = zgemm_q4_0;
-    isa_z.gemm[TDM_CPU_Q4_1] = zgemm_q4_1;
-    isa_z.gemm[TDM_CPU_Q8_0] = zgemm_q8_0;
-    isa_z.gemm[TDM_CPU_Q4_K] = zgemm_q4_k;
-    isa_z.gemm[TDM_CPU_Q5_K] = zgemm_q5_k;
-    isa_z.gemm[TDM_CPU_Q6_K] = zgemm_q6_k;
     isa_z_ptr = &isa_z;
 }
 

@@ -191,6 +191,17 @@ typedef struct tdm_cpu_isa {
     tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES]; /* [qtype] */
 } tdm_cpu_isa_t;
 
+/* A derived kernel set: *out = *base with its name and its q8a GEMMs ([TDM_CPU_N_QTYPES],
+ * in tdm_cpu_qtype_t order) replaced; what base has for the other ops is kept. */
+static inline void tdm_cpu_isa_derive(tdm_cpu_isa_t *out, const tdm_cpu_isa_t *base,
+                                      const char *name, const tdm_cpu_gemm_fn *gemm)
+{
+    *out = *base;
+    out->name = name;
+    for (int q = 0; q < TDM_CPU_N_QTYPES; q++)
+        out->gemm[q] = gemm[q];
+}
+
 /* The kernel sets. Each getter returns NULL when this CPU (or build) lacks the instructions;
  * the scalar one never does. The returned tables are static. */
 const tdm_cpu_isa_t *tdm_cpu_isa_scalar(void);

@@ -42,14 +42,10 @@ static void isa_vnni_build(void)
     __builtin_cpu_init();
     if (!avx2 || !__builtin_cpu_supports("avxvnni"))
         return;
-    isa_vnni = *avx2;
-    isa_vnni.name = "avx2+vnni";
-    isa_vnni.gemm[TDM_CPU_Q4_0] = gemm_q4_0_vnni;
-    isa_vnni.gemm[TDM_CPU_Q4_1] = gemm_q4_1_vnni;
-    isa_vnni.gemm[TDM_CPU_Q8_0] = gemm_q8_0_vnni;
-    isa_vnni.gemm[TDM_CPU_Q4_K] = gemm_q4_k_vnni;
-    isa_vnni.gemm[TDM_CPU_Q5_K] = gemm_q5_k_vnni;
-    isa_vnni.gemm[TDM_CPU_Q6_K] = gemm_q6_k_vnni;
+    static const tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES] = {gemm_q4_0_vnni, gemm_q4_1_vnni,
+                                                           gemm_q8_0_vnni, gemm_q4_k_vnni,
+                                                           gemm_q5_k_vnni, gemm_q6_k_vnni};
+    tdm_cpu_isa_derive(&isa_vnni, avx2, "avx2+vnni", gemm);
     isa_vnni_ptr = &isa_vnni;
 }
 
