@@ -56,8 +56,9 @@ static void usage(FILE *out)
             "                          own default, if any)\n"
             "      --tools FILE        with --chat: tools (a JSON array of OpenAI tool objects)\n"
             "                          the template renders into the system message\n"
-            "      --chat-template NAME  with --chat: chatml, llama3 or llama2 (default: detected\n"
-            "                          from the model's tokenizer.chat_template)\n"
+            "      --chat-template NAME  with --chat: chatml, llama3, llama2 or gemma (default:\n"
+            "                          detected from the model's tokenizer.chat_template, or\n"
+            "                          gemma for a Gemma model without one)\n"
             "  -h, --help              this help\n"
             "\n"
             "exit status: 0 success, 1 error (file, model, tokenizer), 2 bad usage\n",

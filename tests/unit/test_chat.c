@@ -1,17 +1,21 @@
 /* test_chat.c - the chat templates' tool calling (tdm_chat_apply_tools, the Hermes format):
- * the exact text of tool definitions, assistant tool calls and tool results for ChatML and
- * Llama-3, Llama-2's refusal, and bad tool JSON. (The templates without tools are checked
- * against Jinja's renderings in test_tokenizer_smollm2.c.) */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+ * the exact text of tool definitions, assistant tool calls and tool results for ChatML,
+ * Llama-3 and Gemma, Llama-2's refusal, and bad tool JSON; and the Gemma template: Jinja's
+ * renderings of Gemma 3's template (tests/golden/gemma3_tokenizer.json, no model needed) byte
+ * for byte, its role alternation, and its choice for Gemma files without a template. (The
+ * other templates without tools are checked against Jinja's renderings in
+ * test_tokenizer_smollm2.c.) */
+#include "tdm_test.h"
+
+#include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cmocka.h>
-
 #include "tandem/chat.h"
+#include "tandem/gguf.h"
+
+#define GEMMA3_GOLDEN TDM_SOURCE_DIR "/tests/golden/gemma3_tokenizer.json"
 
 #define TOOLS                                                                                      \
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather "    \
@@ -146,12 +150,165 @@ static void test_tool_errors(void **state)
     expect_error(TDM_CHAT_TEMPLATE_CHATML, no_content, 1, NULL, "no content");
 }
 
+static void test_gemma_tools(void **state)
+{
+    (void)state;
+    /* no system message: the tools block alone opens the first user turn */
+    expect_render(TDM_CHAT_TEMPLATE_GEMMA, conversation, 5, TOOLS, NULL,
+                  "<bos><start_of_turn>user\n" TOOLS_TEXT "\n\nWeather in Paris and Rome?"
+                  "<end_of_turn>\n<start_of_turn>model\n<tool_call>\n{\"name\": "
+                  "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+                  "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                  "\"Rome\"}}\n</tool_call><end_of_turn>\n<start_of_turn>user\n"
+                  "<tool_response>\n22 C\n</tool_response>\n<tool_response>\n25 C\n"
+                  "</tool_response><end_of_turn>\n<start_of_turn>model\nWarm in both."
+                  "<end_of_turn>\n<start_of_turn>model\n");
+    /* a system message comes before the tools, both before the first user text */
+    const tdm_chat_message_t sys[] = {{.role = "system", .content = "Be brief."},
+                                      {.role = "user", .content = " hi "}};
+    expect_render(TDM_CHAT_TEMPLATE_GEMMA, sys, 2, TOOLS, NULL,
+                  "<bos><start_of_turn>user\nBe brief.\n\n" TOOLS_TEXT "\n\nhi<end_of_turn>\n"
+                  "<start_of_turn>model\n");
+}
+
+/* ---- the Gemma template ---- */
+
+/* Jinja's renderings of Gemma 3's template, byte for byte. */
+static void test_gemma_golden(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *golden = json_load_file(GEMMA3_GOLDEN, 0, &jerr);
+    if (!golden)
+        fail_msg("%s:%d: %s", GEMMA3_GOLDEN, jerr.line, jerr.text);
+    const json_t *chats = json_object_get(golden, "chat");
+    assert_true(json_array_size(chats) >= 10);
+    size_t failed = 0;
+    for (size_t i = 0; i < json_array_size(chats); i++) {
+        const json_t *c = json_array_get(chats, i);
+        tdm_chat_template_t t;
+        assert_int_equal(tdm_chat_template_from_name(
+                             json_string_value(json_object_get(c, "template")), &t, NULL),
+                         TDM_OK);
+        const json_t *jm = json_object_get(c, "messages");
+        size_t n = json_array_size(jm);
+        tdm_chat_message_t msgs[8];
+        assert_true(n <= 8);
+        for (size_t k = 0; k < n; k++) {
+            const json_t *m = json_array_get(jm, k);
+            msgs[k] =
+                (tdm_chat_message_t){.role = json_string_value(json_object_get(m, "role")),
+                                     .content = json_string_value(json_object_get(m, "content"))};
+        }
+        bool gen = json_is_true(json_object_get(c, "add_generation_prompt"));
+        const char *want = json_string_value(json_object_get(c, "text"));
+        char *text = NULL;
+        size_t len = 0;
+        tdm_error_t err = {0};
+        if (tdm_chat_apply(t, msgs, n, gen, NULL, &text, &len, &err) != TDM_OK) {
+            failed++;
+            fprintf(stderr, "chat %zu: apply failed: %s\n", i, err.msg);
+            continue;
+        }
+        if (len != json_string_length(json_object_get(c, "text")) || strcmp(text, want) != 0) {
+            failed++;
+            fprintf(stderr, "chat %zu:\n  want \"%s\"\n  got  \"%s\"\n", i, want, text);
+        }
+        free(text);
+    }
+    json_decref(golden);
+    if (failed)
+        fail_msg("%zu Gemma renderings differ from Jinja's (listed above)", failed);
+}
+
+static void test_gemma_rules(void **state)
+{
+    (void)state;
+    const tdm_chat_message_t two_users[] = {{.role = "system", .content = "s"},
+                                            {.role = "user", .content = "a"},
+                                            {.role = "user", .content = "b"}};
+    expect_error(TDM_CHAT_TEMPLATE_GEMMA, two_users, 3, NULL, "message 2 has role 'user'");
+    expect_error(TDM_CHAT_TEMPLATE_GEMMA, two_users, 3, NULL, "gemma");
+    const tdm_chat_message_t model_first[] = {{.role = "assistant", .content = "a"}};
+    expect_error(TDM_CHAT_TEMPLATE_GEMMA, model_first, 1, NULL, "message 0");
+    const tdm_chat_message_t tool_after_user[] = {{.role = "user", .content = "a"},
+                                                  {.role = "tool", .content = "r"}};
+    expect_error(TDM_CHAT_TEMPLATE_GEMMA, tool_after_user, 2, NULL, "alternate");
+    /* no messages: BOS and the generation prompt (Gemma's Jinja template refuses []); a
+     * default system message opens the first user turn as an explicit one does */
+    expect_render(TDM_CHAT_TEMPLATE_GEMMA, NULL, 0, NULL, "ignored", "<bos><start_of_turn>model\n");
+    const tdm_chat_message_t user[] = {{.role = "user", .content = "hi"}};
+    expect_render(TDM_CHAT_TEMPLATE_GEMMA, user, 1, NULL, "Be kind.",
+                  "<bos><start_of_turn>user\nBe kind.\n\nhi<end_of_turn>\n"
+                  "<start_of_turn>model\n");
+    tdm_chat_template_t t;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_chat_template_from_name("gemma", &t, &err), TDM_OK);
+    assert_int_equal(t, TDM_CHAT_TEMPLATE_GEMMA);
+    assert_string_equal(tdm_chat_template_name(t), "gemma");
+    assert_true(tdm_chat_template_writes_bos(t));
+    assert_int_equal(tdm_chat_template_from_name("gemma3", &t, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "gemma"));
+}
+
+/* An in-memory GGUF with general.architecture arch and, when tpl is not NULL, a template. */
+static tdm_gguf_t *gguf_of(const char *arch, const char *tpl, void **buf)
+{
+    tdm_gguf_writer_t *w = tdm_gguf_writer_new();
+    assert_non_null(w);
+    assert_int_equal(tdm_gguf_writer_set_str(w, "general.architecture", arch), 0);
+    if (tpl)
+        assert_int_equal(tdm_gguf_writer_set_str(w, "tokenizer.chat_template", tpl), 0);
+    size_t size;
+    assert_int_equal(tdm_gguf_writer_to_memory(w, buf, &size), 0);
+    tdm_gguf_writer_destroy(&w);
+    tdm_gguf_t *g = tdm_gguf_open_memory(*buf, size, NULL);
+    assert_non_null(g);
+    return g;
+}
+
+/* Gemma files without a template get Gemma's; other architectures still need one named. */
+static void test_gemma_detect(void **state)
+{
+    (void)state;
+    const char *const archs[] = {"gemma", "gemma2", "gemma3"};
+    for (size_t i = 0; i < 3; i++) {
+        void *buf = NULL;
+        tdm_gguf_t *g = gguf_of(archs[i], NULL, &buf);
+        tdm_chat_template_t t = TDM_CHAT_TEMPLATE_CHATML;
+        char def[16] = "unchanged";
+        assert_int_equal(tdm_chat_template_detect(g, &t, def, sizeof def, NULL), TDM_OK);
+        assert_int_equal(t, TDM_CHAT_TEMPLATE_GEMMA);
+        assert_string_equal(def, "");
+        tdm_chat_pick_t pick;
+        assert_int_equal(tdm_chat_template_pick(g, NULL, &pick, NULL), TDM_OK);
+        assert_int_equal(pick.tmpl, TDM_CHAT_TEMPLATE_GEMMA);
+        tdm_gguf_destroy(&g);
+        free(buf);
+    }
+    void *buf = NULL;
+    tdm_gguf_t *g = gguf_of("llama", NULL, &buf);
+    tdm_chat_template_t t;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_chat_template_detect(g, &t, NULL, 0, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "chatml|llama3|llama2|gemma"));
+    tdm_gguf_destroy(&g);
+    free(buf);
+    /* a Gemma file's own template wins over the architecture */
+    g = gguf_of("gemma3", "{{ '<|im_start|>' }}", &buf);
+    assert_int_equal(tdm_chat_template_detect(g, &t, NULL, 0, NULL), TDM_OK);
+    assert_int_equal(t, TDM_CHAT_TEMPLATE_CHATML);
+    tdm_gguf_destroy(&g);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chatml_tools),
-        cmocka_unit_test(test_llama3_tools),
-        cmocka_unit_test(test_tool_errors),
+        cmocka_unit_test(test_chatml_tools), cmocka_unit_test(test_llama3_tools),
+        cmocka_unit_test(test_tool_errors),  cmocka_unit_test(test_gemma_tools),
+        cmocka_unit_test(test_gemma_golden), cmocka_unit_test(test_gemma_rules),
+        cmocka_unit_test(test_gemma_detect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

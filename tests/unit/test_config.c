@@ -397,6 +397,17 @@ static void test_full_file(void **state)
     tdm_config_free(&cfg);
 }
 
+static void test_chat_template_gemma(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    load_ok("model:\n  chat_template: gemma\n", &cfg);
+    assert_true(cfg.model.chat_template_set);
+    assert_int_equal(cfg.model.chat_template, TDM_CHAT_TEMPLATE_GEMMA);
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+}
+
 static void test_default_kv_endpoints(void **state)
 {
     (void)state;
@@ -700,7 +711,7 @@ static void test_error_enums(void **state)
                "got 'loud'");
     load_fails("model:\n  chat_template: vicuna\n",
                "cluster.yaml:2: key 'model.chat_template': must be one of chatml, llama3, "
-               "llama2; got 'vicuna'");
+               "llama2, gemma; got 'vicuna'");
     load_fails("nodes:\n  - id: a\n    role: both\n",
                "cluster.yaml:3: key 'nodes[0].role': must be one of prefill, decode; got 'both'");
     load_fails("nodes:\n  - id: a\n    role: decode\n    device: gpu\n",
@@ -1207,6 +1218,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_model_default_path),
         cmocka_unit_test(test_full_file),
+        cmocka_unit_test(test_chat_template_gemma),
         cmocka_unit_test(test_default_kv_endpoints),
         cmocka_unit_test(test_error_block_size),
         cmocka_unit_test(test_error_unknown_keys),

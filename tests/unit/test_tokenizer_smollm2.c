@@ -382,8 +382,10 @@ static void test_chat_detect_families(void **state)
     expect_detect("{{ bos_token }}{% for message in messages %}{{ '[INST] ' + message['content'] "
                   "+ ' [/INST]' }}{% endfor %}",
                   TDM_EINVALID, 0, NULL);
-    expect_detect("{% for m in messages %}<start_of_turn>{{ m['content'] }}{% endfor %}",
-                  TDM_EINVALID, 0, NULL);
+    expect_detect("{% for m in messages %}<start_of_turn>{{ m['content'] }}{% endfor %}", TDM_OK,
+                  TDM_CHAT_TEMPLATE_GEMMA, "");
+    expect_detect("{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}", TDM_EINVALID, 0,
+                  NULL);
     expect_detect(NULL, TDM_EINVALID, 0, NULL);
 }
 
@@ -392,8 +394,8 @@ static void test_chat_names(void **state)
     (void)state;
     tdm_chat_template_t t;
     tdm_error_t err = {0};
-    const char *names[] = {"chatml", "llama3", "llama2"};
-    for (int i = 0; i < 3; i++) {
+    const char *names[] = {"chatml", "llama3", "llama2", "gemma"};
+    for (int i = 0; i < 4; i++) {
         assert_int_equal(tdm_chat_template_from_name(names[i], &t, &err), TDM_OK);
         assert_string_equal(tdm_chat_template_name(t), names[i]);
     }
@@ -405,6 +407,7 @@ static void test_chat_names(void **state)
     assert_false(tdm_chat_template_writes_bos(TDM_CHAT_TEMPLATE_CHATML));
     assert_true(tdm_chat_template_writes_bos(TDM_CHAT_TEMPLATE_LLAMA3));
     assert_true(tdm_chat_template_writes_bos(TDM_CHAT_TEMPLATE_LLAMA2));
+    assert_true(tdm_chat_template_writes_bos(TDM_CHAT_TEMPLATE_GEMMA));
 }
 
 static void expect_apply_error(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,

@@ -1,6 +1,6 @@
 /* chat.h - chat templates: a list of chat messages -> the prompt text a model was trained on.
  *
- * Three families are built in and rendered in C, byte for byte as the models' own Jinja
+ * Four families are built in and rendered in C, byte for byte as the models' own Jinja
  * templates render them (Hugging Face transformers' apply_chat_template):
  *  - ChatML (SmolLM2, Qwen, Hermes): "<|im_start|>ROLE\nCONTENT<|im_end|>\n" per message; when
  *    the first message is not a system message and the template has a default system message
@@ -14,16 +14,21 @@
  *    and "<s>[INST] USER [/INST]" for each later user turn; user and assistant turns strictly
  *    alternate (user first) and each turn is trimmed (the first one together with its <<SYS>>
  *    block, so its leading whitespace stays), as Meta's template does.
+ *  - Gemma (gemma-3-*-it; Gemma 2's format without its system message refusal): "<bos>" once,
+ *    then per message "<start_of_turn>ROLE\n" + trim(CONTENT) + "<end_of_turn>\n" with the
+ *    assistant's role written "model"; no system turn: the system message's text (untrimmed)
+ *    and "\n\n" open the first user turn. User and assistant turns strictly alternate (user
+ *    first), as Gemma's template requires. Chosen for Gemma GGUFs without a template.
  * trim() removes leading and trailing whitespace as Python's str.strip() does (the characters
  * str.isspace() accepts: ASCII whitespace, U+001C..U+001F, U+0085, U+00A0, U+3000 and the other
  * Unicode spaces), since the templates call it.
  *
- * BOS: the Llama-3 and Llama-2 renderings contain the BOS token's text ("<|begin_of_text|>",
- * "<s>") themselves, so the text must be tokenized with parse_special and WITHOUT adding BOS
- * (add_bos = false), or the prompt starts with two BOS tokens; tdm_chat_template_writes_bos()
- * says which templates do this. ChatML renderings contain no BOS; SmolLM2's tokenizer adds none
- * either (tokenizer.ggml.add_bos_token = false). Hugging Face tokenizes chat prompts with
- * add_special_tokens=False, which is the same rule.
+ * BOS: the Llama-3, Llama-2 and Gemma renderings contain the BOS token's text
+ * ("<|begin_of_text|>", "<s>", "<bos>") themselves, so the text must be tokenized with
+ * parse_special and WITHOUT adding BOS (add_bos = false), or the prompt starts with two BOS tokens;
+ * tdm_chat_template_writes_bos() says which templates do this. ChatML renderings contain no BOS;
+ * SmolLM2's tokenizer adds none either (tokenizer.ggml.add_bos_token = false). Hugging Face
+ * tokenizes chat prompts with add_special_tokens=False, which is the same rule.
  *
  * All functions are pure: no state, safe from any thread.
  */
@@ -44,7 +49,13 @@ typedef enum tdm_chat_template {
     TDM_CHAT_TEMPLATE_CHATML = 0, /* "chatml": <|im_start|>role\n…<|im_end|> */
     TDM_CHAT_TEMPLATE_LLAMA3 = 1, /* "llama3": <|start_header_id|>role<|end_header_id|> */
     TDM_CHAT_TEMPLATE_LLAMA2 = 2, /* "llama2": [INST] <<SYS>> … [/INST] */
+    TDM_CHAT_TEMPLATE_GEMMA = 3,  /* "gemma": <start_of_turn>role\n…<end_of_turn> */
 } tdm_chat_template_t;
+
+/* The template names for messages: "chatml, llama3, llama2 or gemma", and as a choice in usage
+ * text: "chatml|llama3|llama2|gemma". */
+#define TDM_CHAT_TEMPLATE_NAMES "chatml, llama3, llama2 or gemma"
+#define TDM_CHAT_TEMPLATE_NAMES_BAR "chatml|llama3|llama2|gemma"
 
 /* One chat message. role is "system", "user", "assistant" or "tool"; every string is
  * NUL-terminated UTF-8 owned by the caller. Initialise with designated initializers
@@ -63,11 +74,11 @@ typedef struct tdm_chat_message {
  * of every template we know of (SmolLM2's and Qwen2.5's have 68 bytes each). */
 #define TDM_CHAT_DEFAULT_SYSTEM_MAX 4096
 
-/* The name of a template as the config and the CLI spell it ("chatml", "llama3", "llama2");
- * "?" for a value outside the enum. Cannot fail. */
+/* The name of a template as the config and the CLI spell it ("chatml", "llama3", "llama2",
+ * "gemma"); "?" for a value outside the enum. Cannot fail. */
 const char *tdm_chat_template_name(tdm_chat_template_t t);
 
-/* Parses a template name: "chatml", "llama3" or "llama2" (exact, lower case).
+/* Parses a template name: "chatml", "llama3", "llama2" or "gemma" (exact, lower case).
  * Returns 0 with *out set, or TDM_EINVALID (name NULL or unknown; the message lists the
  * accepted names). */
 int tdm_chat_template_from_name(const char *name, tdm_chat_template_t *out, tdm_error_t *err);
@@ -75,20 +86,24 @@ int tdm_chat_template_from_name(const char *name, tdm_chat_template_t *out, tdm_
 /* Recognises the family of the Jinja template in the model's tokenizer.chat_template by its
  * markers: "<|im_start|>" is ChatML, "<|start_header_id|>" is Llama-3, "[INST]" together with
  * "<<SYS>>" is Llama-2 (Mistral's [INST] template without <<SYS>> renders differently and is
- * not recognised). When default_system is not NULL (cap > 0 bytes), it receives the
+ * not recognised), "<start_of_turn>" is Gemma. A model without tokenizer.chat_template whose
+ * general.architecture is gemma, gemma2 or gemma3 is Gemma too (llama.cpp's converter writes
+ * none for gemma-3-270m). When default_system is not NULL (cap > 0 bytes), it receives the
  * template's default system message (NUL-terminated; "" when the template has none): for
  * ChatML the text of a string literal "<|im_start|>system\n…<|im_end|>" in the template, with
  * Jinja's string escapes (\n, \t, \r, \\, \', \", \xHH, \uHHHH) decoded; Llama-3 and Llama-2
  * templates give "".
- * Returns 0 with *out set, or: TDM_EINVALID when the key is missing, not a string, or no
- * family matches (the message names the settings that choose one: config
- * `model.chat_template: chatml|llama3|llama2`, CLI `--chat-template`); TDM_ERESOURCE when the
+ * Returns 0 with *out set, or: TDM_EINVALID when the key is missing (and the architecture is
+ * not Gemma's), not a string, or no family matches (the message names the settings that
+ * choose one: config `model.chat_template: chatml|llama3|llama2|gemma`, CLI
+ * `--chat-template`); TDM_ERESOURCE when the
  * default system message does not fit in cap bytes (or on out of memory). On error *out and
  * default_system are left unspecified. Borrows g; keeps nothing. */
 int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char *default_system,
                              size_t cap, tdm_error_t *err);
 
-/* True when template t writes the BOS token's text into its rendering (Llama-3, Llama-2), so
+/* True when template t writes the BOS token's text into its rendering (Llama-3, Llama-2,
+ * Gemma), so
  * the caller must tokenize the result with add_bos = false. Cannot fail. */
 bool tdm_chat_template_writes_bos(tdm_chat_template_t t);
 
@@ -117,14 +132,15 @@ int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_chat_template_t *overr
 
 /* Renders n messages (msgs may be NULL when n is 0) with template t. add_generation_prompt
  * appends the header that opens the assistant's reply (ChatML "<|im_start|>assistant\n",
- * Llama-3 "<|start_header_id|>assistant<|end_header_id|>\n\n"; Llama-2 has none: its prompt
- * already ends with " [/INST]"). default_system (NULL or "" for none) is used as the system
- * message when msgs[0] is not one; with n = 0 nothing but the generation prompt is written,
- * as the Jinja templates do.
+ * Llama-3 "<|start_header_id|>assistant<|end_header_id|>\n\n", Gemma
+ * "<start_of_turn>model\n"; Llama-2 has none: its prompt already ends with " [/INST]").
+ * default_system (NULL or "" for none) is used as the system message when msgs[0] is not one;
+ * with n = 0 nothing but the generation prompt is written (Gemma: "<bos>" and the generation
+ * prompt), as the Jinja templates do.
  * Roles must be "system", "user", "assistant" or "tool" (see tdm_chat_apply_tools for the
- * tool fields), a system message only at index 0; Llama-2
- * also requires the other messages to alternate user, assistant, user, … (its template raises
- * an exception otherwise).
+ * tool fields), a system message only at index 0; Llama-2 and Gemma
+ * also require the other messages to alternate user, assistant, user, … (their templates
+ * raise an exception otherwise; for Gemma a run of tool messages counts as a user turn).
  * On success *out is a NUL-terminated heap string of *out_len bytes (out_len may be NULL)
  * that the caller frees with free(). Errors: TDM_EINVALID for an unknown t, a NULL
  * msgs/role/content, an unknown role, a misplaced system message or broken alternation (the
@@ -137,7 +153,8 @@ int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t
 /* tdm_chat_apply with tool definitions: tools is NULL/"" (none, exactly tdm_chat_apply) or
  * OpenAI's tools, a JSON array text [{"type": "function", "function": {"name", "description",
  * "parameters"}}]. Messages may then also have role "tool" and assistant tool_calls (those
- * are accepted without tools as well). ChatML and Llama-3 render them in the Hermes format
+ * are accepted without tools as well). ChatML, Llama-3 and Gemma render them in the Hermes
+ * format
  * (Qwen2.5's template, the one NousResearch's Hermes models were trained on):
  *  - the system message (msgs[0] when it is one, else default_system; "" when neither) is
  *    followed by "\n\n# Tools\n\nYou may call one or more functions to assist with the user
@@ -157,7 +174,9 @@ int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t
  * (", " and ": " separators, key order kept), which is what Jinja's tojson gives; ARGS is the
  * arguments JSON text re-written that way, or, when it does not parse, that text as a JSON
  * string. Numbers with a fraction are written by jansson (up to 17 significant digits), which
- * can differ from Python's shortest form. Llama-3 trims each turn as usual. Llama-2 has no
+ * can differ from Python's shortest form. Llama-3 and Gemma trim each turn as usual; Gemma
+ * writes the system text with the tools block at the start of the first user turn and the
+ * tool results' user turn as "<start_of_turn>user\n<tool_response>…". Llama-2 has no
  * tool format: tools, tool_calls or a tool message there is TDM_EINVALID.
  * Errors: those of tdm_chat_apply, and TDM_EINVALID for tools that are not a JSON array of
  * objects, or tool_calls that are not a JSON array of objects with function.name a string

@@ -66,7 +66,7 @@ typedef struct tdm_model_config {
     bool chat_template_set; /* false: use the template the model's
                                tokenizer.chat_template names */
     tdm_chat_template_t chat_template; /* the override when chat_template_set ("chatml",
-                                          "llama3" or "llama2" in the file) */
+                                          "llama3", "llama2" or "gemma" in the file) */
     char *name; /* model name clients use (/v1/models); default: path's file name
                    without the .gguf suffix */
 } tdm_model_config_t;
@@ -270,6 +270,12 @@ void tdm_config_free(tdm_config_t *cfg);
  * not exist. Returns 0; TDM_ENOTFOUND when neither XDG_CACHE_HOME nor HOME is set,
  * TDM_ERESOURCE when the path does not fit in cap bytes (buf then holds ""). */
 int tdm_model_default_path(char *buf, size_t cap);
+
+/* Writes the path of file (a model file name) in the model cache to buf (cap bytes):
+ * "${XDG_CACHE_HOME:-$HOME/.cache}/tandem/models/FILE", the folder scripts/setup installs
+ * models into. The file need not exist. Returns 0; TDM_ENOTFOUND when neither XDG_CACHE_HOME
+ * nor HOME is set, TDM_ERESOURCE when the path does not fit in cap bytes (buf then holds ""). */
+int tdm_model_cache_path(const char *file, char *buf, size_t cap);
 
 /* Parses a byte size: a decimal number (fraction allowed) with an optional unit, with or
  * without a space between: B, kB/KB/K, MB/M, GB/G, TB/T (powers of 1000) or KiB/Ki, MiB/Mi,

@@ -1,10 +1,11 @@
-/* chat.c - the built-in chat templates (ChatML, Llama-3, Llama-2) and their detection from a
- * model's tokenizer.chat_template.
+/* chat.c - the built-in chat templates (ChatML, Llama-3, Llama-2, Gemma) and their detection
+ * from a model's tokenizer.chat_template (or, for Gemma files without one, its architecture).
  *
  * The renderings reproduce what Hugging Face's apply_chat_template makes of each family's
  * reference Jinja template (SmolLM2-Instruct's ChatML template, Meta-Llama-3-8B-Instruct's,
- * Llama-2-7b-chat-hf's); tests/golden/smollm2_tokenizer.json holds renderings made by Jinja
- * that tests/unit/test_tokenizer_smollm2.c compares byte for byte. Whitespace trimming follows
+ * Llama-2-7b-chat-hf's, gemma-3-*-it's); tests/golden/smollm2_tokenizer.json and
+ * gemma3_tokenizer.json hold renderings made by Jinja that tests/unit/test_tokenizer_smollm2.c
+ * and test_chat.c compare byte for byte. Whitespace trimming follows
  * Python's str.strip(), which the templates' `| trim` and `.strip()` call.
  */
 #include "tandem/chat.h"
@@ -94,6 +95,7 @@ const char *tdm_chat_template_name(tdm_chat_template_t t)
     case TDM_CHAT_TEMPLATE_CHATML: return "chatml";
     case TDM_CHAT_TEMPLATE_LLAMA3: return "llama3";
     case TDM_CHAT_TEMPLATE_LLAMA2: return "llama2";
+    case TDM_CHAT_TEMPLATE_GEMMA: return "gemma";
     }
     return "?";
 }
@@ -101,10 +103,10 @@ const char *tdm_chat_template_name(tdm_chat_template_t t)
 int tdm_chat_template_from_name(const char *name, tdm_chat_template_t *out, tdm_error_t *err)
 {
     static const tdm_chat_template_t all[] = {TDM_CHAT_TEMPLATE_CHATML, TDM_CHAT_TEMPLATE_LLAMA3,
-                                              TDM_CHAT_TEMPLATE_LLAMA2};
+                                              TDM_CHAT_TEMPLATE_LLAMA2, TDM_CHAT_TEMPLATE_GEMMA};
     if (!name)
         return tdm_error_set(err, TDM_EINVALID,
-                             "no chat template name given (expected chatml, llama3 or llama2)");
+                             "no chat template name given (expected " TDM_CHAT_TEMPLATE_NAMES ")");
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (strcmp(name, tdm_chat_template_name(all[i])) == 0) {
             *out = all[i];
@@ -112,12 +114,14 @@ int tdm_chat_template_from_name(const char *name, tdm_chat_template_t *out, tdm_
         }
     }
     return tdm_error_set(err, TDM_EINVALID,
-                         "unknown chat template '%.64s' (expected chatml, llama3 or llama2)", name);
+                         "unknown chat template '%.64s' (expected " TDM_CHAT_TEMPLATE_NAMES ")",
+                         name);
 }
 
 bool tdm_chat_template_writes_bos(tdm_chat_template_t t)
 {
-    return t == TDM_CHAT_TEMPLATE_LLAMA3 || t == TDM_CHAT_TEMPLATE_LLAMA2;
+    return t == TDM_CHAT_TEMPLATE_LLAMA3 || t == TDM_CHAT_TEMPLATE_LLAMA2 ||
+           t == TDM_CHAT_TEMPLATE_GEMMA;
 }
 
 /* ---- detection ---- */
@@ -252,14 +256,52 @@ static void find_chatml_default(const char *tpl, size_t n, tdm_buf_t *sb)
     }
 }
 
+/* Whether g's general.architecture is a Gemma one (gemma, gemma2, gemma3): llama.cpp's
+ * converter writes no chat template for some of them (gemma-3-270m), whose prompts are then
+ * Gemma's turn format all the same. */
+static bool gemma_architecture(const tdm_gguf_t *g)
+{
+    static const char *const names[] = {"gemma", "gemma2", "gemma3"};
+    tdm_gguf_str_t a;
+    if (tdm_gguf_get_str(g, "general.architecture", &a, NULL) != TDM_OK)
+        return false;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((size_t)a.len == strlen(names[i]) && memcmp(a.data, names[i], (size_t)a.len) == 0)
+            return true;
+    return false;
+}
+
+/* The family of template text tpl[0..n) by its markers; false when none matches. */
+static bool family_of(const char *tpl, size_t n, tdm_chat_template_t *t)
+{
+    if (find_bytes(tpl, n, "<|im_start|>"))
+        *t = TDM_CHAT_TEMPLATE_CHATML;
+    else if (find_bytes(tpl, n, "<|start_header_id|>"))
+        *t = TDM_CHAT_TEMPLATE_LLAMA3;
+    else if (find_bytes(tpl, n, "[INST]") && find_bytes(tpl, n, "<<SYS>>"))
+        *t = TDM_CHAT_TEMPLATE_LLAMA2;
+    else if (find_bytes(tpl, n, "<start_of_turn>"))
+        *t = TDM_CHAT_TEMPLATE_GEMMA;
+    else
+        return false;
+    return true;
+}
+
 int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char *default_system,
                              size_t cap, tdm_error_t *err)
 {
-    static const char hint[] = "set model.chat_template: chatml|llama3|llama2 in the config or "
-                               "pass --chat-template chatml|llama3|llama2";
+    static const char hint[] =
+        "set model.chat_template: " TDM_CHAT_TEMPLATE_NAMES_BAR
+        " in the config or pass --chat-template " TDM_CHAT_TEMPLATE_NAMES_BAR;
     tdm_gguf_str_t s;
     tdm_error_t kv_err = {0};
     int rc = tdm_gguf_get_str(g, "tokenizer.chat_template", &s, &kv_err);
+    if (rc == TDM_ENOTFOUND && gemma_architecture(g)) {
+        *out = TDM_CHAT_TEMPLATE_GEMMA;
+        if (default_system && cap > 0)
+            default_system[0] = '\0';
+        return TDM_OK;
+    }
     if (rc == TDM_ENOTFOUND)
         return tdm_error_set(err, TDM_EINVALID, "the model has no tokenizer.chat_template: %s",
                              hint);
@@ -271,17 +313,11 @@ int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char
     size_t n = (size_t)s.len;
 
     tdm_chat_template_t t;
-    if (find_bytes(tpl, n, "<|im_start|>"))
-        t = TDM_CHAT_TEMPLATE_CHATML;
-    else if (find_bytes(tpl, n, "<|start_header_id|>"))
-        t = TDM_CHAT_TEMPLATE_LLAMA3;
-    else if (find_bytes(tpl, n, "[INST]") && find_bytes(tpl, n, "<<SYS>>"))
-        t = TDM_CHAT_TEMPLATE_LLAMA2;
-    else
+    if (!family_of(tpl, n, &t))
         return tdm_error_set(err, TDM_EINVALID,
                              "the model's tokenizer.chat_template (%zu bytes, starting \"%.*s\") "
                              "is not one of the built-in chat templates (ChatML, Llama-3, "
-                             "Llama-2): %s",
+                             "Llama-2, Gemma): %s",
                              n, (int)(n < 40 ? n : 40), tpl, hint);
 
     if (default_system && cap > 0) {
@@ -357,6 +393,27 @@ static int role_of(const tdm_chat_message_t *m, size_t i, role_t *out, tdm_error
     return TDM_OK;
 }
 
+/* Gemma: after an optional system message, user turns and assistant turns alternate, user
+ * first (Gemma's templates raise an exception otherwise); a run of tool messages is one user
+ * turn, as it is rendered. */
+static int check_gemma_turns(const tdm_chat_message_t *msgs, size_t n, const role_t *roles,
+                             tdm_error_t *err)
+{
+    size_t turn = 0;
+    for (size_t i = n > 0 && roles[0] == ROLE_SYSTEM ? 1 : 0; i < n; i++, turn++) {
+        bool user = roles[i] != ROLE_ASSISTANT;
+        if (user != (turn % 2 == 0))
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "message %zu has role '%s'; the gemma chat template needs user "
+                                 "and assistant messages to alternate, starting with user (a run "
+                                 "of tool messages counts as one user turn)",
+                                 i, msgs[i].role);
+        while (roles[i] == ROLE_TOOL && i + 1 < n && roles[i + 1] == ROLE_TOOL)
+            i++;
+    }
+    return TDM_OK;
+}
+
 /* Checks the messages and fills roles[n]. */
 static int check_messages(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
                           role_t *roles, tdm_error_t *err)
@@ -372,6 +429,8 @@ static int check_messages(tdm_chat_template_t t, const tdm_chat_message_t *msgs,
                                  "(role 'tool', tool_calls)",
                                  i);
     }
+    if (t == TDM_CHAT_TEMPLATE_GEMMA)
+        return check_gemma_turns(msgs, n, roles, err);
     if (t == TDM_CHAT_TEMPLATE_LLAMA2) {
         size_t first = n > 0 && roles[0] == ROLE_SYSTEM ? 1 : 0;
         for (size_t i = first; i < n; i++) {
@@ -569,6 +628,59 @@ static void render_llama2(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t 
     }
 }
 
+/* One Gemma turn: "<start_of_turn>ROLE\n" + prefix + trim(content) + "<end_of_turn>\n". */
+static void gemma_turn(tdm_buf_t *sb, const char *role, const char *prefix, const char *content,
+                       size_t len)
+{
+    sb_puts(sb, "<start_of_turn>");
+    sb_puts(sb, role);
+    sb_puts(sb, "\n");
+    if (prefix) {
+        sb_puts(sb, prefix);
+        sb_puts(sb, "\n\n");
+    }
+    sb_append_stripped(sb, content, len);
+    sb_puts(sb, "<end_of_turn>\n");
+}
+
+/* Gemma 3 (gemma-3-*-it's template): "<bos>" always, then a turn per message with the
+ * assistant's role written "model"; there is no system turn: the system message (untrimmed,
+ * then "\n\n") opens the first turn's text. Tools as for Llama-3: the Hermes block in the
+ * system text, tool calls in the model turn, a run of tool results as one user turn. */
+static void render_gemma(tdm_buf_t *sb, const tdm_chat_message_t *msgs, size_t n,
+                         bool add_generation_prompt, const char *default_system,
+                         const prepared_t *pp)
+{
+    const char *system = has_text(default_system) ? default_system : NULL;
+    size_t i = 0;
+    if (n > 0 && pp->roles[0] == ROLE_SYSTEM) {
+        system = msgs[0].content;
+        i = 1;
+    }
+    if (pp->system)
+        system = pp->system;
+    sb_puts(sb, "<bos>");
+    for (; i < n; system = NULL) {
+        tdm_buf_t turn = TDM_BUF_INIT;
+        const char *role = pp->roles[i] == ROLE_ASSISTANT ? "model" : "user";
+        if (pp->roles[i] == ROLE_TOOL) {
+            i = tool_responses(&turn, msgs, n, i, pp->roles);
+        } else {
+            sb_puts(&turn, content_of(&msgs[i]));
+            if (pp->calls[i])
+                sb_puts(&turn, pp->calls[i]);
+            i++;
+        }
+        if (turn.oom)
+            sb->oom = true;
+        else
+            gemma_turn(sb, role, system, turn.data ? turn.data : "", turn.len);
+        tdm_buf_free(&turn);
+    }
+    if (add_generation_prompt)
+        sb_puts(sb, "<start_of_turn>model\n");
+}
+
 int tdm_chat_apply(tdm_chat_template_t t, const tdm_chat_message_t *msgs, size_t n,
                    bool add_generation_prompt, const char *default_system, char **out,
                    size_t *out_len, tdm_error_t *err)
@@ -613,7 +725,7 @@ int tdm_chat_apply_tools(tdm_chat_template_t t, const tdm_chat_message_t *msgs, 
     if (out_len)
         *out_len = 0;
     if (t != TDM_CHAT_TEMPLATE_CHATML && t != TDM_CHAT_TEMPLATE_LLAMA3 &&
-        t != TDM_CHAT_TEMPLATE_LLAMA2)
+        t != TDM_CHAT_TEMPLATE_LLAMA2 && t != TDM_CHAT_TEMPLATE_GEMMA)
         return tdm_error_set(err, TDM_EINVALID, "unknown chat template %d", (int)t);
     if (n > 0 && !msgs)
         return tdm_error_set(err, TDM_EINVALID, "%zu messages but no message array", n);
@@ -632,6 +744,9 @@ int tdm_chat_apply_tools(tdm_chat_template_t t, const tdm_chat_message_t *msgs, 
         render_llama3(&sb, msgs, n, add_generation_prompt, default_system, &pp);
         break;
     case TDM_CHAT_TEMPLATE_LLAMA2: render_llama2(&sb, msgs, n, default_system, pp.roles); break;
+    case TDM_CHAT_TEMPLATE_GEMMA:
+        render_gemma(&sb, msgs, n, add_generation_prompt, default_system, &pp);
+        break;
     }
     size_t len = sb.len;
     *out = tdm_buf_take(&sb); /* "" (allocated) for an empty rendering */

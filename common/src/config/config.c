@@ -193,24 +193,35 @@ int tdm_config_format_bytes(uint64_t bytes, char *buf, size_t cap)
 
 /* ---- the default model path ---- */
 
+int tdm_model_cache_path(const char *file, char *buf, size_t cap)
+{
+    if (cap > 0)
+        buf[0] = '\0';
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    int n;
+    if (xdg && *xdg)
+        n = snprintf(buf, cap, "%s/tandem/models/%s", xdg, file);
+    else if (home && *home)
+        n = snprintf(buf, cap, "%s/.cache/tandem/models/%s", home, file);
+    else
+        return TDM_ENOTFOUND;
+    if (n < 0 || (size_t)n >= cap) {
+        if (cap > 0)
+            buf[0] = '\0';
+        return TDM_ERESOURCE;
+    }
+    return TDM_OK;
+}
+
 int tdm_model_default_path(char *buf, size_t cap)
 {
     if (cap > 0)
         buf[0] = '\0';
     const char *env = getenv("TANDEM_MODEL");
-    int n;
-    if (env && *env) {
-        n = snprintf(buf, cap, "%s", env);
-    } else {
-        const char *xdg = getenv("XDG_CACHE_HOME");
-        const char *home = getenv("HOME");
-        if (xdg && *xdg)
-            n = snprintf(buf, cap, "%s/tandem/models/%s", xdg, TDM_DEFAULT_MODEL_FILE);
-        else if (home && *home)
-            n = snprintf(buf, cap, "%s/.cache/tandem/models/%s", home, TDM_DEFAULT_MODEL_FILE);
-        else
-            return TDM_ENOTFOUND;
-    }
+    if (!env || !*env)
+        return tdm_model_cache_path(TDM_DEFAULT_MODEL_FILE, buf, cap);
+    int n = snprintf(buf, cap, "%s", env);
     if (n < 0 || (size_t)n >= cap) {
         if (cap > 0)
             buf[0] = '\0';
@@ -924,7 +935,8 @@ static int parse_model(loader_t *ld, const yaml_node_t *map, tdm_config_t *cfg)
         } else if (strcmp(name, "chat_template") == 0) {
             const char *names[] = {tdm_chat_template_name(TDM_CHAT_TEMPLATE_CHATML),
                                    tdm_chat_template_name(TDM_CHAT_TEMPLATE_LLAMA3),
-                                   tdm_chat_template_name(TDM_CHAT_TEMPLATE_LLAMA2)};
+                                   tdm_chat_template_name(TDM_CHAT_TEMPLATE_LLAMA2),
+                                   tdm_chat_template_name(TDM_CHAT_TEMPLATE_GEMMA)};
             int which = 0;
             cfg->model.chat_template_set = false;
             if (!is_null(v) && !(v->type == YAML_SCALAR_NODE && v->data.scalar.length == 0)) {

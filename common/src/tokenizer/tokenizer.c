@@ -4,7 +4,9 @@
  * Special tokens: user-defined tokens (type 4) are always split out of the text before
  * pre-tokenization, as the reference tokenizers do with added tokens (deepseek-coder's test
  * vectors depend on it); control and unknown tokens (types 3, 2) only when parse_special is
- * set. Matching is leftmost-longest (Hugging Face's added-vocabulary matcher).
+ * set. Matching is leftmost-longest (Hugging Face's added-vocabulary matcher; special.c). As in
+ * llama.cpp, a token whose text is one of its end-of-generation, end-of-message or
+ * fill-in-the-middle texts is a control token whatever the file says (control_texts).
  * Decoding follows llama.cpp's token_to_piece: byte-level pieces go back through GPT-2's
  * bytes_to_unicode table, SPM pieces get U+2581 -> ' ', <0xXX> pieces give their byte,
  * user-defined tokens their raw text, control/unknown/unused tokens nothing (or their text
@@ -282,66 +284,9 @@ static int build_decoded(tdm_tokenizer_t *tok)
     return TDM_OK;
 }
 
-typedef struct special_entry {
-    uint8_t first;
-    size_t len;
-    tdm_token_t id;
-} special_entry_t;
-
-static int cmp_special(const void *pa, const void *pb)
-{
-    const special_entry_t *a = pa, *b = pb;
-    if (a->first != b->first)
-        return a->first < b->first ? -1 : 1;
-    if (a->len != b->len)
-        return a->len > b->len ? -1 : 1; /* longest first */
-    return a->id < b->id ? -1 : a->id > b->id;
-}
-
-static int build_specials(tdm_tokenizer_t *tok)
-{
-    size_t n = 0;
-    for (uint32_t id = 0; id < tok->n_vocab; id++) {
-        uint8_t a = tok->attr[id];
-        if ((a == TDM_TOKEN_CONTROL || a == TDM_TOKEN_USER_DEFINED || a == TDM_TOKEN_UNKNOWN) &&
-            tok->text_off[id + 1] - tok->text_off[id] > 1)
-            n++;
-    }
-    special_entry_t *e = malloc((n ? n : 1) * sizeof *e);
-    tok->special = malloc((n ? n : 1) * sizeof *tok->special);
-    if (!e || !tok->special) {
-        free(e);
-        return TDM_ERESOURCE;
-    }
-    size_t k = 0;
-    for (uint32_t id = 0; id < tok->n_vocab; id++) {
-        uint8_t a = tok->attr[id];
-        size_t len;
-        const char *s = tdm_tok_text(tok, (tdm_token_t)id, &len);
-        if ((a == TDM_TOKEN_CONTROL || a == TDM_TOKEN_USER_DEFINED || a == TDM_TOKEN_UNKNOWN) &&
-            len > 0) {
-            e[k++] = (special_entry_t){(uint8_t)s[0], len, (tdm_token_t)id};
-            uint64_t bit = 1ULL << ((uint8_t)s[0] & 63);
-            tok->first_any[(uint8_t)s[0] >> 6] |= bit;
-            if (a == TDM_TOKEN_USER_DEFINED)
-                tok->first_user[(uint8_t)s[0] >> 6] |= bit;
-        }
-    }
-    qsort(e, n, sizeof *e, cmp_special);
-    size_t j = 0;
-    for (int b = 0; b < 256; b++) {
-        tok->special_first[b] = (uint32_t)j;
-        while (j < n && e[j].first == b) {
-            tok->special[j] = e[j].id;
-            j++;
-        }
-    }
-    tok->special_first[256] = (uint32_t)n;
-    free(e);
-    return TDM_OK;
-}
-
-/* End-of-turn and end-of-generation tokens found by their text (llama.cpp's lists). */
+/* End-of-turn and end-of-generation tokens found by their text (llama.cpp's lists; the
+ * end-of-generation list as of the llama.cpp that llama-cpp-python 0.3.36 vendors, which also
+ * ends generation at "</s>": paddleocr's end, an HTML tag in Gemma's vocabulary). */
 static const char *const eot_texts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|EOT|>", "<EOT>", "<|end_of_turn|>"};
 static const char *const eog_texts[] = {"<|eot_id|>",
@@ -350,15 +295,98 @@ static const char *const eog_texts[] = {"<|eot_id|>",
                                         "<end_of_turn>",
                                         "<|EOT|>",
                                         "<EOT>",
+                                        "_<EOT>",
                                         "<|end_of_turn|>",
                                         "<|endoftext|>",
                                         "<|end_of_text|>",
+                                        "</s>",
                                         "<|eom_id|>",
                                         "<end_of_utterance>",
                                         "<|return|>",
                                         "<|call|>",
+                                        "<|flush|>",
+                                        "<|calls|>",
+                                        "[EOT]",
+                                        "[EOS]",
+                                        "<eos>",
+                                        "<turn|>",
+                                        "<|tool_response>",
+                                        "[e~[",
                                         "<\xef\xbd\x9c"
                                         "end" SPACE_MARK "of" SPACE_MARK "sentence\xef\xbd\x9c>"};
+
+/* Texts whose token llama.cpp makes a control token whatever tokenizer.ggml.token_type says
+ * ("control-looking token ... its type will be overridden", llama-vocab.cpp of the llama.cpp
+ * that llama-cpp-python 0.3.36 vendors): its end-of-generation texts and its candidates for
+ * end of message and fill-in-the-middle (its end-of-turn candidates are among the first). The
+ * type decides whether text matches the token without parse_special: Gemma 3's "</s>" is
+ * user-defined in the file, a control token to llama.cpp. */
+static const char *const control_texts[] = {"<|eot_id|>",
+                                            "<|im_end|>",
+                                            "<|end|>",
+                                            "<|return|>",
+                                            "<|call|>",
+                                            "<|flush|>",
+                                            "<|calls|>",
+                                            "<end_of_turn>",
+                                            "<|endoftext|>",
+                                            "</s>",
+                                            "<|eom_id|>",
+                                            "<EOT>",
+                                            "_<EOT>",
+                                            "[EOT]",
+                                            "[EOS]",
+                                            "<|end_of_text|>",
+                                            "<end_of_utterance>",
+                                            "<eos>",
+                                            "<turn|>",
+                                            "<|tool_response>",
+                                            "[e~[",
+                                            "<\xef\xbd\x9c"
+                                            "end" SPACE_MARK "of" SPACE_MARK
+                                            "sentence\xef\xbd\x9c>",
+                                            "<|fim_prefix|>",
+                                            "<fim-prefix>",
+                                            "<fim_prefix>",
+                                            "<PRE>",
+                                            SPACE_MARK "<PRE>",
+                                            "<|code_prefix|>",
+                                            "<|prefix|>",
+                                            "<|fim_suffix|>",
+                                            "<fim-suffix>",
+                                            "<fim_suffix>",
+                                            "<SUF>",
+                                            SPACE_MARK "<SUF>",
+                                            "<|code_suffix|>",
+                                            "<|suffix|>",
+                                            "<|fim_middle|>",
+                                            "<fim-middle>",
+                                            "<fim_middle>",
+                                            "<MID>",
+                                            SPACE_MARK "<MID>",
+                                            "<|code_middle|>",
+                                            "<|middle|>",
+                                            "<|fim_pad|>",
+                                            "<fim-pad>",
+                                            "<fim_pad>",
+                                            "<PAD>",
+                                            "[PAD]",
+                                            "<|fim_repo|>",
+                                            "<|repo_name|>",
+                                            "<fim-repo>",
+                                            "<REPO>",
+                                            "<reponame>",
+                                            "<|file_sep|>"};
+
+/* Applies llama.cpp's control-looking rule (control_texts) to tok->attr. */
+static void force_control(tdm_tokenizer_t *tok)
+{
+    for (size_t i = 0; i < sizeof control_texts / sizeof control_texts[0]; i++) {
+        tdm_token_t id = tdm_tok_lookup(tok, control_texts[i], strlen(control_texts[i]));
+        if (id >= 0)
+            tok->attr[id] = TDM_TOKEN_CONTROL;
+    }
+}
 
 static void add_eog(tdm_tokenizer_t *tok, tdm_token_t id)
 {
@@ -491,8 +519,12 @@ tdm_tokenizer_t *tdm_tokenizer_new(const tdm_gguf_t *g, tdm_error_t *err)
         goto out_destroy;
     if (kind == TDM_TOKENIZER_SPM && read_scores(tok, g, err) != TDM_OK)
         goto out_destroy;
-    if (vocab_map_build(tok) != TDM_OK || build_decoded(tok) != TDM_OK ||
-        build_specials(tok) != TDM_OK) {
+    if (vocab_map_build(tok) != TDM_OK) {
+        tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory");
+        goto out_destroy;
+    }
+    force_control(tok);
+    if (build_decoded(tok) != TDM_OK || tdm_tok_special_init(tok) != TDM_OK) {
         tdm_error_set(err, TDM_ERESOURCE, "tokenizer: out of memory");
         goto out_destroy;
     }
@@ -518,7 +550,7 @@ void tdm_tokenizer_destroy(tdm_tokenizer_t **self_p)
         return;
     tdm_tokenizer_t *tok = *self_p;
     tdm_tok_bpe_free(tok);
-    free(tok->special);
+    tdm_tok_special_free(tok);
     free(tok->dec_off);
     free(tok->dec);
     free(tok->vocab.hash);
@@ -620,25 +652,6 @@ tdm_token_t tdm_tokenizer_find(const tdm_tokenizer_t *tok, const char *piece, si
 
 /* ---- encoding ---- */
 
-/* The special token that matches at text[i] (longest first), or -1; *mlen gets its length. */
-static tdm_token_t match_special(const tdm_tokenizer_t *tok, const char *text, size_t len,
-                                 bool parse_special, size_t *mlen)
-{
-    uint8_t c = (uint8_t)text[0];
-    for (uint32_t k = tok->special_first[c]; k < tok->special_first[c + 1]; k++) {
-        tdm_token_t id = tok->special[k];
-        if (!parse_special && tok->attr[id] != TDM_TOKEN_USER_DEFINED)
-            continue;
-        size_t n;
-        const char *s = tdm_tok_text(tok, id, &n);
-        if (n <= len && memcmp(s, text, n) == 0) {
-            *mlen = n;
-            return id;
-        }
-    }
-    return -1;
-}
-
 static int encode_plain(const tdm_tokenizer_t *tok, const char *text, size_t len,
                         bool after_special, tdm_tok_ids_t *out, tdm_error_t *err)
 {
@@ -660,15 +673,11 @@ int tdm_tokenizer_encode(const tdm_tokenizer_t *tok, const char *text, size_t le
     int rc = TDM_OK;
     if (add_bos && tok->bos >= 0 && tdm_tok_ids_push(&out, tok->bos) != TDM_OK)
         goto out_oom;
-    const uint64_t *first = parse_special ? tok->first_any : tok->first_user;
     bool after_special = true;
     size_t start = 0;
     for (size_t i = 0; i < len;) {
-        uint8_t c = (uint8_t)text[i];
         size_t mlen = 0;
-        tdm_token_t id = -1;
-        if ((first[c >> 6] >> (c & 63)) & 1)
-            id = match_special(tok, text + i, len - i, parse_special, &mlen);
+        tdm_token_t id = tdm_tok_special_match(tok, text + i, len - i, parse_special, &mlen);
         if (id < 0) {
             i++;
             continue;

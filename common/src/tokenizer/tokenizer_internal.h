@@ -1,6 +1,6 @@
 /* tokenizer_internal.h - the tokenizer's private state, shared by tokenizer.c (loading,
- * special tokens, decoding), bpe.c (byte-level BPE and its regex pre-tokenizers) and spm.c
- * (SentencePiece-style BPE).
+ * decoding), special.c (finding special tokens in text), bpe.c (byte-level BPE and its regex
+ * pre-tokenizers) and spm.c (SentencePiece-style BPE).
  *
  * Token ids are int32 (tdm_token_t) throughout; a vocabulary has at most INT32_MAX tokens.
  * Every structure here is filled once by tdm_tokenizer_new and read-only afterwards, so
@@ -35,6 +35,14 @@ typedef struct tdm_tok_merge {
     int32_t result;
 } tdm_tok_merge_t;
 
+/* A node of the special tokens' byte trie (special.c). */
+typedef struct tdm_tok_trie_node {
+    int32_t first_child; /* index of the first child node, -1 for none */
+    int32_t next;        /* index of the next sibling, -1 for none */
+    tdm_token_t id;      /* the special token whose text ends here, -1 for none */
+    uint8_t byte;        /* the byte that leads here from the parent */
+} tdm_tok_trie_node_t;
+
 typedef struct tdm_tok_pairmap {
     tdm_tok_merge_t *slots; /* [mask + 1] */
     uint64_t mask;
@@ -62,10 +70,10 @@ struct tdm_tokenizer {
     const char *const *re_src; /* [n_re] the regexes' source (PCRE2); NULL for SPM */
     bool ignore_merges;        /* llama3: a pre-token found whole in the vocab is not merged */
 
-    /* Special tokens (control, unknown, user-defined) with a non-empty text, grouped by first
-     * byte (special_first[b] .. special_first[b + 1]) and longest first within a group. */
-    tdm_token_t *special;
-    uint32_t special_first[257];
+    /* Special tokens (control, unknown, user-defined) with a non-empty text, as a byte trie
+     * of their texts (node 0 is the root). */
+    tdm_tok_trie_node_t *trie; /* [n_trie] */
+    size_t n_trie;
     uint64_t first_any[4];  /* bitmap of first bytes of all special tokens */
     uint64_t first_user[4]; /* ... of user-defined tokens (matched even without parse_special) */
 
@@ -96,6 +104,21 @@ static inline const char *tdm_tok_text(const tdm_tokenizer_t *tok, tdm_token_t i
     *len = tok->text_off[id + 1] - tok->text_off[id] - 1;
     return tok->text + tok->text_off[id];
 }
+
+/* ---- special tokens (special.c) ---- */
+
+/* Builds tok->trie and the first-byte bitmaps from the tokens' attributes (which must be final).
+ * Errors: TDM_ERESOURCE. */
+int tdm_tok_special_init(tdm_tokenizer_t *tok);
+
+/* Frees what tdm_tok_special_init made. */
+void tdm_tok_special_free(tdm_tokenizer_t *tok);
+
+/* The special token that matches at the start of text[0..len) (leftmost-longest among
+ * user-defined tokens, and control and unknown ones too with parse_special), or -1; *mlen gets
+ * its length in bytes. Cannot fail. */
+tdm_token_t tdm_tok_special_match(const tdm_tokenizer_t *tok, const char *text, size_t len,
+                                  bool parse_special, size_t *mlen);
 
 /* ---- byte-level BPE (bpe.c) ---- */
 
