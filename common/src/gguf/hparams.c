@@ -342,8 +342,7 @@ static int hparams_swa_pattern(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm
     if (kv && kv->type == TDM_GGUF_VTYPE_ARRAY) {
         if (kv->arr_type != TDM_GGUF_VTYPE_BOOL || kv->arr_n != hp->n_layers)
             return tdm_error_set(err, TDM_EINVALID,
-                                 "metadata '%s' must be a bool per layer (%" PRIu32
-                                 ") or a period",
+                                 "metadata '%s' must be a bool per layer (%" PRIu32 ") or a period",
                                  key, hp->n_layers);
         for (uint32_t l = 0; l < hp->n_layers; l++)
             hp->swa_layers[l] = tdm_gguf_arr_int(kv, l) != 0;

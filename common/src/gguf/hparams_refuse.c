@@ -114,15 +114,16 @@ static int check_keys(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, tdm_er
 static bool layer_suffix_used(const tdm_llama_hparams_t *hp, const char *suffix)
 {
     static const char *const always[] = {
-        "attn_norm.weight", "attn_q.weight",    "attn_k.weight",  "attn_v.weight",
-        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-        "ffn_down.weight",
+        "attn_norm.weight", "attn_q.weight",      "attn_k.weight",
+        "attn_v.weight",    "attn_output.weight", "ffn_norm.weight",
+        "ffn_gate.weight",  "ffn_up.weight",      "ffn_down.weight",
     };
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (strcmp(suffix, always[i]) == 0)
             return true;
-    if (hp->has_qkv_bias && (strcmp(suffix, "attn_q.bias") == 0 ||
-                             strcmp(suffix, "attn_k.bias") == 0 || strcmp(suffix, "attn_v.bias") == 0))
+    if (hp->has_qkv_bias &&
+        (strcmp(suffix, "attn_q.bias") == 0 || strcmp(suffix, "attn_k.bias") == 0 ||
+         strcmp(suffix, "attn_v.bias") == 0))
         return true;
     if (hp->qk_norm &&
         (strcmp(suffix, "attn_q_norm.weight") == 0 || strcmp(suffix, "attn_k_norm.weight") == 0))

@@ -709,8 +709,7 @@ static float attn_softmax(const cpu_be_t *be, float *sc, uint32_t n, float mx, b
 /* One query head over any cache: scores position by position over j0 .. n_pos - 1, softmax,
  * then the weighted sum of V rows in order (tmp: 2 * head_dim floats). */
 static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
-                      const float *qh, uint32_t j0, uint32_t n_pos, float *sc, float *tmp,
-                      float *o)
+                      const float *qh, uint32_t j0, uint32_t n_pos, float *sc, float *tmp, float *o)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
     bool f16 = be->kl.dtype == TDM_KV_F16, f16_fast = be->isa->dot_f32_f16 && f16;
@@ -734,8 +733,8 @@ static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t 
  * at a time. Bit for bit attn_head for each head. q: the nh heads (rounded to f16), sc:
  * [nh][ld] scores, o: [nh][head_dim]. */
 static void attn_group_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq,
-                           uint32_t g, const float *q, uint32_t nh, uint32_t first,
-                           uint32_t n_pos, float *sc, size_t ld, float *o)
+                           uint32_t g, const float *q, uint32_t nh, uint32_t first, uint32_t n_pos,
+                           float *sc, size_t ld, float *o)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size, n = n_pos - first;
     /* the keys first .. n_pos - 1 a block's rows at a time (the first block from its slot) */

@@ -95,10 +95,9 @@ static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32
         {"attn_v.bias", offsetof(tdm_layer_weights_t, bv), true, false, false},
         {"attn_q_norm.weight", offsetof(tdm_layer_weights_t, q_norm), false, true, false},
         {"attn_k_norm.weight", offsetof(tdm_layer_weights_t, k_norm), false, true, false},
-        {"post_attention_norm.weight", offsetof(tdm_layer_weights_t, post_attn_norm), false,
-         false, true},
-        {"post_ffw_norm.weight", offsetof(tdm_layer_weights_t, post_ffn_norm), false, false,
+        {"post_attention_norm.weight", offsetof(tdm_layer_weights_t, post_attn_norm), false, false,
          true},
+        {"post_ffw_norm.weight", offsetof(tdm_layer_weights_t, post_ffn_norm), false, false, true},
         {"ffn_norm.weight", offsetof(tdm_layer_weights_t, ffn_norm), false, false, false},
         {"ffn_gate.weight", offsetof(tdm_layer_weights_t, w_gate), false, false, false},
         {"ffn_up.weight", offsetof(tdm_layer_weights_t, w_up), false, false, false},
@@ -132,16 +131,15 @@ static uint64_t model_fingerprint(const tdm_model_t *m)
     XXH3_64bits_update(st, hp->arch, strlen(hp->arch));
     /* the architecture features, only where they differ from the plain Llama block (so the
      * fingerprints of models without them stay what earlier versions computed) */
-    float feat[] = {hp->rope_freq_scale,      hp->rope_freq_base_swa, (float)hp->n_swa,
-                    hp->attn_q_scale,         hp->final_logit_softcap, hp->embd_scale,
-                    (float)hp->qk_norm,       (float)hp->post_norms,  (float)hp->ffn_act};
+    float feat[] = {hp->rope_freq_scale, hp->rope_freq_base_swa,  (float)hp->n_swa,
+                    hp->attn_q_scale,    hp->final_logit_softcap, hp->embd_scale,
+                    (float)hp->qk_norm,  (float)hp->post_norms,   (float)hp->ffn_act};
     if (hp->rope_freq_scale != 1.0f || hp->n_swa || hp->attn_q_scale != 0.0f ||
         hp->final_logit_softcap != 0.0f || hp->embd_scale != 1.0f || hp->qk_norm ||
         hp->post_norms || hp->ffn_act != TDM_FFN_SILU) {
         XXH3_64bits_update(st, feat, sizeof feat);
-        XXH3_64bits_update(st, hp->swa_layers, hp->n_layers < TDM_GGUF_MAX_LAYERS
-                                                   ? hp->n_layers
-                                                   : TDM_GGUF_MAX_LAYERS);
+        XXH3_64bits_update(st, hp->swa_layers,
+                           hp->n_layers < TDM_GGUF_MAX_LAYERS ? hp->n_layers : TDM_GGUF_MAX_LAYERS);
     }
     for (uint64_t i = 0; i < tdm_gguf_n_tensors(m->gguf); i++) {
         const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(m->gguf, i);
