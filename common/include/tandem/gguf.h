@@ -238,12 +238,12 @@ typedef struct tdm_llama_hparams {
     /* What sets the architectures apart (llama.cpp's src/models/<arch>.cpp): the plain Llama
      * block has rope_freq_scale 1, n_swa 0, attn_q_scale 0, final_logit_softcap 0,
      * embd_scale 1, no QK-norm, no post-norms and SwiGLU. */
-    float rope_freq_scale;     /* 1 / <arch>.rope.scaling.factor (linear RoPE scaling: positions
-                                  are multiplied by it), 1 when absent */
-    float rope_freq_base_swa;  /* <arch>.rope.freq_base_swa: theta of sliding-window layers
-                                  (which take no RoPE scaling), default 10000 */
-    uint32_t n_swa;            /* <arch>.attention.sliding_window: in a sliding-window layer a
-                                  query at position p sees keys at p - n_swa + 1 .. p; 0 = none */
+    float rope_freq_scale;    /* 1 / <arch>.rope.scaling.factor (linear RoPE scaling: positions
+                                 are multiplied by it), 1 when absent */
+    float rope_freq_base_swa; /* <arch>.rope.freq_base_swa: theta of sliding-window layers
+                                 (which take no RoPE scaling), default 10000 */
+    uint32_t n_swa;           /* <arch>.attention.sliding_window: in a sliding-window layer a
+                                 query at position p sees keys at p - n_swa + 1 .. p; 0 = none */
     uint8_t swa_layers[TDM_GGUF_MAX_LAYERS]; /* [n_layers] 1 = sliding-window layer */
     float attn_q_scale;        /* > 0: q is multiplied by this after RoPE and attention scales
                                   the scores by 1 (Gemma 3: 1 / sqrt(key_length)); 0: the scores
