@@ -15,4 +15,9 @@
  * set) in problem[pcap]. Tests fail, never skip, on false: scripts/setup installs the model. */
 bool tdm_test_default_model(char *path, size_t cap, char *problem, size_t pcap);
 
+/* Why this CPU cannot run kernel family `family` (TANDEM_CPU_KERNELS: scalar, avx2, vnni,
+ * avx512, amx): a sentence naming the missing instructions, or NULL when it can. An unknown
+ * name is reported as such. */
+const char *tdm_test_cpu_family_missing(const char *family);
+
 #endif
