@@ -767,8 +767,11 @@ const tdm_backend_ops_t tdm_model_backend_cuda = {
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
     .swiglu = cuda_swiglu,
+    .geglu = NULL, /* Gemma 3 is refused here (arch_features) */
+    .scale = NULL,
     .add = cuda_add,
     .gather_rows = cuda_gather_rows,
     .read = cuda_read,
-    .host_memory = false, /* device buffers: logits come back through read */
+    .host_memory = false,   /* device buffers: logits come back through read */
+    .arch_features = false, /* no sliding windows, QK-norm, post-norms or RoPE scaling yet */
 };
