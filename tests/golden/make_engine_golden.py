@@ -245,16 +245,18 @@ def top_k(row, k):
 
 
 def greedy(llm, prompt, eos):
-    """llama.cpp's greedy continuation: the prompt in one pass, then one token per pass."""
+    """llama.cpp's greedy continuation: the prompt in one pass, then one token per pass. eos: a
+    token id or a set of them (the first one generated ends the run and is kept)."""
     import numpy as np
 
+    stops = eos if isinstance(eos, (set, frozenset)) else {eos}
     llm.reset()
     llm.eval(prompt)
     out = []
     while len(out) < MAX_NEW:
         nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         out.append(nxt)
-        if nxt == eos:
+        if nxt in stops:
             return out, "eos"
         llm.eval([nxt])
     return out, "length"
@@ -342,25 +344,11 @@ def dump(doc, path):
     path.write_text("\n".join(lines) + "\n", encoding="ascii")
 
 
-def main():
-    default_model = os.environ.get("TANDEM_MODEL") or str(
-        Path.home() / ".cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", nargs="?", default=default_model)
-    ap.add_argument("-o", "--output", default=str(HERE / "smollm2_engine.json"))
-    args = ap.parse_args()
-
-    check_versions()
+def open_llama(model_path, n_ctx=N_CTX):
+    """llama.cpp on the CPU as the golden files use it (no extra buffer types, two threads,
+    logits for every position; n_batch = n_ubatch = n_ctx so that the one-pass evaluation
+    really is one llama_decode call)."""
     import llama_cpp
-    import numpy as np
-
-    model = Path(args.model)
-    if not model.exists():
-        sys.exit(f"{model}: not found (run scripts/setup to download the default model)")
-    sha = hashlib.sha256(model.read_bytes()).hexdigest()
-    if sha != MODEL_SHA256:
-        print(f"warning: {model} has sha256 {sha}, not the default model's {MODEL_SHA256}",
-              file=sys.stderr)
 
     # The constructor does not expose use_extra_bufts: wrap the defaults it starts from.
     import llama_cpp.llama_cpp as llama_c
@@ -373,66 +361,106 @@ def main():
         return p
 
     llama_c.llama_model_default_params = model_params
-    # n_batch = n_ubatch = n_ctx: the one-pass evaluation really is one llama_decode call.
-    llm = llama_cpp.Llama(model_path=str(model), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX,
-                          logits_all=True, n_threads=2, n_threads_batch=2, seed=0,
-                          verbose=False)
+    return llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=n_ctx,
+                           n_ubatch=n_ctx, logits_all=True, n_threads=2, n_threads_batch=2,
+                           seed=0, verbose=False)
+
+
+def run_case(llm, name, text, prompt, eos, selfcheck, n_ctx=N_CTX):
+    """One golden case: llama.cpp's greedy continuation of prompt (token ids), then the top-k
+    of every position of prompt + continuation evaluated in one pass."""
+    import numpy as np
+
+    cont, stop = greedy(llm, prompt, eos)
+    tokens = prompt + cont
+    assert len(tokens) <= n_ctx
+    logits = evaluate(llm, tokens)
+    positions = [top_k(logits[i], TOP_K) for i in range(len(tokens))]
+    n_prompt = len(prompt)
+    mismatch = [k for k in range(len(cont))
+                if int(np.argmax(logits[n_prompt - 1 + k])) != cont[k]]
+    selfcheck.add(positions, evaluate_one_by_one(llm, tokens))
+    gaps = [positions[n_prompt - 1 + k][0][1] - positions[n_prompt - 1 + k][1][1]
+            for k in range(len(cont))]
+    print(f"{name}: {n_prompt} prompt + {len(cont)} generated ({stop}), smallest gap "
+          f"{min(gaps):.4f}, greedy/batch argmax differ at {mismatch}", file=sys.stderr)
+    return {
+        "name": name,
+        "prompt": text,
+        "n_prompt": n_prompt,
+        "n_continuation": len(cont),
+        "stop": stop,
+        "continuation_text": llm.detokenize(cont, special=True).decode("utf-8", "replace"),
+        "greedy_vs_batch": mismatch,
+        "tokens": tokens,
+        "positions": positions,
+    }
+
+
+def model_sha256(model, want):
+    """The file's SHA-256; warns when it is not the one the golden file is meant for."""
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    if sha != want:
+        print(f"warning: {model} has sha256 {sha}, not the expected {want}", file=sys.stderr)
+    return sha
+
+
+def write_doc(out, model, sha, llm, generator, reference, eos, selfcheck, cases, extra=None):
+    """The golden JSON (see tests/golden/README.md), checked to parse back."""
+    import llama_cpp
+
+    doc = {
+        "model": model.name,
+        "model_sha256": sha,
+        "model_bytes": model.stat().st_size,
+        "generator": generator,
+        "versions": {"llama_cpp_python": llama_cpp.__version__,
+                     "numpy": metadata.version("numpy")},
+        "reference": reference,
+        "eos": eos,
+        "max_new": MAX_NEW,
+        "top_k": TOP_K,
+        "n_vocab": llm.n_vocab(),
+        **(extra or {}),
+        "llama_cpp_self": selfcheck.summary(),
+        "cases": cases,
+    }
+    out = Path(out)
+    dump(doc, out)
+    json.loads(out.read_text(encoding="ascii"))  # well-formed
+    print(f"llama.cpp against itself: {doc['llama_cpp_self']}", file=sys.stderr)
+    print(f"wrote {out}: {len(cases)} cases, {sum(len(c['tokens']) for c in cases)} positions, "
+          f"{out.stat().st_size} bytes", file=sys.stderr)
+
+
+def main():
+    default_model = os.environ.get("TANDEM_MODEL") or str(
+        Path.home() / ".cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model", nargs="?", default=default_model)
+    ap.add_argument("-o", "--output", default=str(HERE / "smollm2_engine.json"))
+    args = ap.parse_args()
+
+    check_versions()
+    model = Path(args.model)
+    if not model.exists():
+        sys.exit(f"{model}: not found (run scripts/setup to download the default model)")
+    sha = model_sha256(model, MODEL_SHA256)
+    llm = open_llama(model)
     eos = llm.token_eos()
 
     cases = []
     selfcheck = SelfCheck()
     for name, text in CASES:
         prompt = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        cont, stop = greedy(llm, prompt, eos)
-        tokens = prompt + cont
-        assert len(tokens) <= N_CTX
-        logits = evaluate(llm, tokens)
-        positions = [top_k(logits[i], TOP_K) for i in range(len(tokens))]
-        n_prompt = len(prompt)
-        mismatch = [k for k in range(len(cont))
-                    if int(np.argmax(logits[n_prompt - 1 + k])) != cont[k]]
-        selfcheck.add(positions, evaluate_one_by_one(llm, tokens))
-        gaps = [positions[n_prompt - 1 + k][0][1] - positions[n_prompt - 1 + k][1][1]
-                for k in range(len(cont))]
-        cases.append({
-            "name": name,
-            "prompt": text,
-            "n_prompt": n_prompt,
-            "n_continuation": len(cont),
-            "stop": stop,
-            "continuation_text": llm.detokenize(cont, special=True).decode("utf-8", "replace"),
-            "greedy_vs_batch": mismatch,
-            "tokens": tokens,
-            "positions": positions,
-        })
-        print(f"{name}: {n_prompt} prompt + {len(cont)} generated ({stop}), smallest gap "
-              f"{min(gaps):.4f}, greedy/batch argmax differ at {mismatch}", file=sys.stderr)
-
-    doc = {
-        "model": model.name,
-        "model_sha256": sha,
-        "model_bytes": model.stat().st_size,
-        "generator": "tests/golden/make_engine_golden.py",
-        "versions": {"llama_cpp_python": llama_cpp.__version__,
-                     "numpy": metadata.version("numpy")},
-        "reference": "llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra "
-                     "buffer types (AMX/repack), "
-                     f"n_ctx {N_CTX}, n_threads 2; tokens add_bos=False special=True; "
-                     f"greedy (argmax) continuation of up to {MAX_NEW} tokens, EOS kept; "
-                     "logits of prompt+continuation in one pass",
-        "eos": eos,
-        "max_new": MAX_NEW,
-        "top_k": TOP_K,
-        "n_vocab": llm.n_vocab(),
-        "llama_cpp_self": selfcheck.summary(),
-        "cases": cases,
-    }
-    out = Path(args.output)
-    dump(doc, out)
-    json.loads(out.read_text(encoding="ascii"))  # well-formed
-    print(f"llama.cpp against itself: {doc['llama_cpp_self']}", file=sys.stderr)
-    print(f"wrote {out}: {len(cases)} cases, {sum(len(c['tokens']) for c in cases)} positions, "
-          f"{out.stat().st_size} bytes", file=sys.stderr)
+        cases.append(run_case(llm, name, text, prompt, eos, selfcheck))
+    reference = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra "
+                 "buffer types (AMX/repack), "
+                 f"n_ctx {N_CTX}, n_threads 2; tokens add_bos=False special=True; "
+                 f"greedy (argmax) continuation of up to {MAX_NEW} tokens, EOS kept; "
+                 "logits of prompt+continuation in one pass")
+    write_doc(args.output, model, sha, llm, "tests/golden/make_engine_golden.py", reference, eos,
+              selfcheck, cases)
 
 
 if __name__ == "__main__":

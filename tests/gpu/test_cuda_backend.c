@@ -383,8 +383,8 @@ static void check_rope(ops_fx_t *f)
     fill_random(q, nq, 2.0f, 21);
     fill_random(k, nk, 2.0f, 22);
     float *d_q = gpu_put(f->gpu, q, nq), *d_k = gpu_put(f->gpu, k, nk);
-    assert_int_equal(CPU->rope(f->cpu, q, k, &r.fr), TDM_OK);
-    gpu_ok(f->gpu, GPU->rope(f->gpu, d_q, d_k, &r.fr), "rope");
+    assert_int_equal(CPU->rope(f->cpu, 0, q, k, &r.fr), TDM_OK);
+    gpu_ok(f->gpu, GPU->rope(f->gpu, 0, d_q, d_k, &r.fr), "rope");
     gpu_get(f->gpu, d_q, nq, hq);
     gpu_get(f->gpu, d_k, nk, hk);
     expect_close("rope q", hq, q, nq, 1e-5, 1e-5);

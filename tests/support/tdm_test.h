@@ -27,4 +27,9 @@ bool tdm_test_default_model(char *path, size_t cap, char *problem, size_t pcap);
 bool tdm_test_cached_model(const char *env, const char *file, const char *setup_name, char *path,
                            size_t cap, char *problem, size_t pcap);
 
+/* Why this CPU cannot run kernel family `family` (TANDEM_CPU_KERNELS: scalar, avx2, vnni,
+ * avx512, amx): a sentence naming the missing instructions, or NULL when it can. An unknown
+ * name is reported as such. */
+const char *tdm_test_cpu_family_missing(const char *family);
+
 #endif

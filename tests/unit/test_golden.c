@@ -32,10 +32,13 @@
 #include "tandem/model.h"
 
 #define GOLDEN_PATH TDM_SOURCE_DIR "/tests/golden/smollm2_engine.json"
+#define GOLDEN_DIR TDM_SOURCE_DIR "/tests/golden/"
 #define TOP_K 5
-#define CHUNK 256    /* rows per forward pass, every one asking for logits */
-#define N_CTX 2048   /* the golden cases are at most ~700 tokens */
-#define N_BLOCKS 320 /* 16-token blocks: every case's KV stays cached for the greedy test */
+#define CHUNK 256  /* rows per forward pass, every one asking for logits */
+#define N_CTX 2048 /* the golden cases are at most ~700 tokens */
+#define BLOCK                                                                                      \
+    16 /* tokens per KV block; the pool holds every case's KV, cached for the greedy               \
+         test */
 
 /* Bounds, set from the committed golden file: 16 cases, 2,953 positions, 14,765 top-5 logits
  * between -1 and 45. Beside Tandem's figures are llama.cpp's own against the same file,
@@ -76,6 +79,33 @@
  * teacher-forced ones. How many would fail at 0.1 is printed. */
 #define NEAR_TIE_GAP CONFIDENT_GAP
 #define NEAR_TIE_GAP_ASKED 0.1f
+
+/* The bounds in force: the constants above for the default model's file; for another golden
+ * file (argv), twice llama.cpp's own one-token-per-pass versus one-pass differences recorded in
+ * it (fixed before Tandem is measured, as issue #21 asks): the top-5 logit differences (max,
+ * mean, centered max) at most twice llama.cpp's, and where llama.cpp's gap is >= CLEAR_GAP at
+ * most twice its own share of disagreeing positions. Gemma 3 270M (tests/golden/
+ * gemma3_engine.json, 14 cases, 5,270 positions, 4,707 with gap >= 0.25), measured on the AMX
+ * Xeon on 2026-12-04 against those bounds:
+ *                                           Tandem         llama.cpp self   bound
+ *   argmax agreement, all positions          97.00%         97.17%           >= 95%
+ *   argmax agreement where gap >= 0.25       99.49%         99.66%           >= 99.32%
+ *   largest gap at a disagreement            0.68           0.55             1.0
+ *   top-5 |diff|, max                        7.91           5.06             <= 10.11
+ *   top-5 |diff|, mean                       0.238          0.227            <= 0.453
+ *   centered |diff|, max                     2.77           2.57             <= 5.13
+ * Every position where llama.cpp leads by more than 1.0 (3,581) agrees. Gemma's logits run to
+ * about 40, so its raw differences are larger than SmolLM2's; llama.cpp's own are too. */
+typedef struct bounds {
+    double min_agreement, min_agreement_clear;
+    double logit_tol, logit_tol_mean, logit_tol_centered;
+} bounds_t;
+
+static bounds_t g_bounds = {MIN_AGREEMENT, MIN_AGREEMENT_CLEAR, LOGIT_TOL, LOGIT_TOL_MEAN,
+                            LOGIT_TOL_CENTERED};
+static char g_golden_path[1024] = GOLDEN_PATH;
+static const char *g_model_file; /* another model's file name, in the default model's folder */
+static bool g_bounds_from_file;  /* bounds from the file's llama_cpp_self */
 
 /* One golden case, parsed from the JSON. */
 typedef struct ref_case {
@@ -143,6 +173,44 @@ static bool parse_case(const json_t *jc, ref_case_t *c, char *problem, size_t ca
     return true;
 }
 
+/* fx->model_path = file beside the default model (the cache scripts/setup fills); false with
+ * fx->problem when it is missing. */
+static bool other_model_path(fixture_t *fx, const char *file)
+{
+    char *slash = strrchr(fx->model_path, '/');
+    size_t dir = slash ? (size_t)(slash - fx->model_path) + 1 : 0;
+    char path[sizeof fx->model_path];
+    snprintf(path, sizeof path, "%.*s%s", (int)dir, fx->model_path, file);
+    snprintf(fx->model_path, sizeof fx->model_path, "%s", path);
+    struct stat st;
+    if (stat(fx->model_path, &st) == 0)
+        return true;
+    snprintf(fx->problem, sizeof fx->problem,
+             "model file %s is missing: run scripts/setup (it installs the test models)",
+             fx->model_path);
+    return false;
+}
+
+/* With bounds from the file: twice llama.cpp's own differences (see bounds_t). */
+static void bounds_from_file(const json_t *golden)
+{
+    const json_t *o = json_object_get(golden, "llama_cpp_self");
+    g_bounds.logit_tol = 2 * json_number_value(json_object_get(o, "max_abs_diff"));
+    g_bounds.logit_tol_mean = 2 * json_number_value(json_object_get(o, "mean_abs_diff"));
+    g_bounds.logit_tol_centered = 2 * json_number_value(json_object_get(o, "max_centered_diff"));
+    double self_clear = json_number_value(json_object_get(o, "argmax_agreement_gap_ge_0.25"));
+    g_bounds.min_agreement_clear = 1.0 - 2.0 * (1.0 - self_clear);
+}
+
+/* Blocks for every case's tokens at once (the greedy test reuses the cached prompts). */
+static uint32_t pool_blocks(const fixture_t *fx)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < fx->n_cases; i++)
+        n += (fx->cases[i].n + BLOCK - 1) / BLOCK + 1;
+    return n + 8;
+}
+
 static int group_setup(void **state)
 {
     fixture_t *fx = calloc(1, sizeof *fx);
@@ -153,10 +221,12 @@ static int group_setup(void **state)
                                 sizeof fx->problem))
         return 0;
     struct stat st;
+    if (g_model_file && !other_model_path(fx, g_model_file))
+        return 0;
     if (stat(fx->model_path, &st) != 0)
         return 0;
     json_error_t jerr;
-    fx->golden = json_load_file(GOLDEN_PATH, 0, &jerr);
+    fx->golden = json_load_file(g_golden_path, 0, &jerr);
     if (!fx->golden) {
         snprintf(fx->problem, sizeof fx->problem,
                  "%s:%d: %s (regenerate it with tests/golden/make_engine_golden.py)", GOLDEN_PATH,
@@ -174,6 +244,8 @@ static int group_setup(void **state)
         return 0;
     }
     fx->eos = (int32_t)json_integer_value(json_object_get(fx->golden, "eos"));
+    if (g_bounds_from_file)
+        bounds_from_file(fx->golden);
     const json_t *jcases = json_object_get(fx->golden, "cases");
     fx->n_cases = (uint32_t)json_array_size(jcases);
     fx->cases = calloc(fx->n_cases ? fx->n_cases : 1, sizeof *fx->cases);
@@ -191,8 +263,8 @@ static int group_setup(void **state)
     }
     const tdm_llama_hparams_t *hp = tdm_model_hparams(fx->model);
     fx->n_vocab = hp->n_vocab;
-    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F16};
-    fx->pool = tdm_kv_pool_new(&kl, N_BLOCKS, &err);
+    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, BLOCK, TDM_KV_F16};
+    fx->pool = tdm_kv_pool_new(&kl, pool_blocks(fx), &err);
     if (!fx->pool) {
         snprintf(fx->problem, sizeof fx->problem, "KV pool: %s", err.msg);
         return 0;
@@ -215,12 +287,12 @@ static int group_setup(void **state)
         for (uint32_t t = 0; t < c->n; t++)
             if (c->tokens[t] < 0 || (uint32_t)c->tokens[t] >= fx->n_vocab) {
                 snprintf(fx->problem, sizeof fx->problem, "%s: case %s token %u out of range",
-                         GOLDEN_PATH, c->name, t);
+                         g_golden_path, c->name, t);
                 return 0;
             }
-        if (c->n > (uint32_t)N_BLOCKS * 16) {
+        if (c->n > N_CTX) {
             snprintf(fx->problem, sizeof fx->problem, "case %s: %u tokens, more than %u", c->name,
-                     c->n, N_BLOCKS * 16);
+                     c->n, N_CTX);
             return 0;
         }
     }
@@ -431,23 +503,73 @@ static void test_teacher_forced(void **state)
     print_llama_self(fx);
     fflush(stdout);
     assert_true(st.n_pos > 0);
-    if (rate < MIN_AGREEMENT)
-        fail_msg("argmax agrees with llama.cpp at %.2f%% of positions, below %.0f%%", 100.0 * rate,
-                 100.0 * MIN_AGREEMENT);
-    if (rate_clear < MIN_AGREEMENT_CLEAR)
+    const bounds_t *bd = &g_bounds;
+    printf("bounds: argmax >= %.2f%%, >= %.2f%% where gap >= %.2f; top-%d |diff| max %.4f, "
+           "mean %.5f, centered max %.4f\n",
+           100 * bd->min_agreement, 100 * bd->min_agreement_clear, (double)CLEAR_GAP, TOP_K,
+           bd->logit_tol, bd->logit_tol_mean, bd->logit_tol_centered);
+    fflush(stdout);
+    if (rate < bd->min_agreement)
+        fail_msg("argmax agrees with llama.cpp at %.2f%% of positions, below %.2f%%", 100.0 * rate,
+                 100.0 * bd->min_agreement);
+    if (rate_clear < bd->min_agreement_clear)
         fail_msg("argmax agrees with llama.cpp at %.2f%% of positions with gap >= %.2f, below "
-                 "%.0f%%",
-                 100.0 * rate_clear, (double)CLEAR_GAP, 100.0 * MIN_AGREEMENT_CLEAR);
+                 "%.2f%%",
+                 100.0 * rate_clear, (double)CLEAR_GAP, 100.0 * bd->min_agreement_clear);
     if (st.n_conf_bad)
         fail_msg("%llu positions where llama.cpp leads by more than %.1f have another argmax",
                  (unsigned long long)st.n_conf_bad, (double)CONFIDENT_GAP);
-    if (st.max_abs > LOGIT_TOL)
-        fail_msg("logit difference %.4f at %s position %u exceeds %.2f", st.max_abs, st.max_case,
-                 st.max_pos, LOGIT_TOL);
-    if (mean > LOGIT_TOL_MEAN)
-        fail_msg("mean logit difference %.5f exceeds %.2f", mean, LOGIT_TOL_MEAN);
-    if (st.max_cen > LOGIT_TOL_CENTERED)
-        fail_msg("centered logit difference %.4f exceeds %.2f", st.max_cen, LOGIT_TOL_CENTERED);
+    if (st.max_abs > bd->logit_tol)
+        fail_msg("logit difference %.4f at %s position %u exceeds %.4f", st.max_abs, st.max_case,
+                 st.max_pos, bd->logit_tol);
+    if (mean > bd->logit_tol_mean)
+        fail_msg("mean logit difference %.5f exceeds %.5f", mean, bd->logit_tol_mean);
+    if (st.max_cen > bd->logit_tol_centered)
+        fail_msg("centered logit difference %.4f exceeds %.4f", st.max_cen, bd->logit_tol_centered);
+}
+
+/* ---- chunking ---- */
+
+/* The last position's logits of tokens[0..n) into out: the first n - tail rows in passes of
+ * `chunk` rows, then the tail one row per pass, logits asked for the last row only. */
+static void last_logits(fixture_t *fx, const int32_t *tokens, uint32_t n, uint32_t chunk,
+                        uint32_t tail, float *out)
+{
+    static bool want[CHUNK];
+    tdm_kv_seq_t kv;
+    tdm_kv_seq_init(&kv);
+    assert_int_equal(tdm_kv_seq_reserve(fx->pool, &kv, n), TDM_OK);
+    for (uint32_t start = 0; start < n;) {
+        uint32_t len = start < n - tail ? (n - tail - start < chunk ? n - tail - start : chunk) : 1;
+        for (uint32_t r = 0; r < len; r++)
+            want[r] = start + r + 1 == n;
+        forward(fx, &kv, tokens, start, len, want);
+        start += len;
+    }
+    memcpy(out, fx->logits, (size_t)fx->n_vocab * sizeof *out);
+    tdm_kv_seq_release(fx->pool, &kv);
+}
+
+/* The longest case's last logits are bitwise the same however its prompt is split into
+ * passes: CHUNK rows, 97 rows (passes that start mid-block, and for a sliding-window model
+ * windows that start mid-block), and the last 40 positions one per pass. */
+static void test_chunking_bitwise(void **state)
+{
+    fixture_t *fx = fixture_get(state);
+    const ref_case_t *c = &fx->cases[0];
+    for (uint32_t i = 1; i < fx->n_cases; i++)
+        if (fx->cases[i].n > c->n)
+            c = &fx->cases[i];
+    float *a = malloc((size_t)3 * fx->n_vocab * sizeof *a);
+    assert_non_null(a);
+    last_logits(fx, c->tokens, c->n, CHUNK, 0, a);
+    last_logits(fx, c->tokens, c->n, 97, 0, a + fx->n_vocab);
+    last_logits(fx, c->tokens, c->n, CHUNK, 40, a + 2 * (size_t)fx->n_vocab);
+    printf("%s (%u tokens): last logits in passes of %d, of 97, and the last 40 one by one\n",
+           c->name, c->n, CHUNK);
+    assert_memory_equal(a, a + fx->n_vocab, fx->n_vocab * sizeof *a);
+    assert_memory_equal(a, a + 2 * (size_t)fx->n_vocab, fx->n_vocab * sizeof *a);
+    free(a);
 }
 
 /* ---- greedy generation ---- */
@@ -553,11 +675,30 @@ static void test_greedy(void **state)
                  n_inconsistent);
 }
 
-int main(void)
+/* usage: test_golden                         the default model against smollm2_engine.json
+ *        test_golden GOLDEN MODEL_FILE [FAMILY]
+ * GOLDEN: a file in tests/golden/; MODEL_FILE: the model's file name in the model cache;
+ * FAMILY: the CPU kernel family to run (TANDEM_CPU_KERNELS: scalar, avx2, vnni, avx512, amx);
+ * a family this CPU lacks exits 77 (skipped) naming it. */
+int main(int argc, char **argv)
 {
+    if (argc >= 3) {
+        snprintf(g_golden_path, sizeof g_golden_path, "%s%s", GOLDEN_DIR, argv[1]);
+        g_model_file = argv[2];
+        g_bounds_from_file = true;
+    }
+    if (argc >= 4) {
+        const char *why = tdm_test_cpu_family_missing(argv[3]);
+        if (why) {
+            printf("SKIP: kernel family %s: %s\n", argv[3], why);
+            return 77;
+        }
+        setenv("TANDEM_CPU_KERNELS", argv[3], 1);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_teacher_forced),
         cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_chunking_bitwise),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

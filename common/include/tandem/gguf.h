@@ -210,6 +210,15 @@ typedef enum tdm_rope_type {
     TDM_ROPE_NEOX = 2,   /* rotate pairs (x[i], x[i + d/2]): qwen2 and others */
 } tdm_rope_type_t;
 
+/* Most layers a model may have (llama.cpp's LLAMA_MAX_LAYERS). */
+#define TDM_GGUF_MAX_LAYERS 512
+
+typedef enum tdm_ffn_act {
+    TDM_FFN_SILU = 0,      /* SwiGLU: silu(gate) * up (Shazeer 2020) */
+    TDM_FFN_GELU_TANH = 1, /* GeGLU with the tanh approximation of GELU (Hendrycks & Gimpel
+                              2016): gelu(gate) * up */
+} tdm_ffn_act_t;
+
 typedef struct tdm_llama_hparams {
     char arch[32];        /* general.architecture: "llama", "qwen2", "mistral" … */
     uint32_t n_vocab;     /* token_embd.weight ne[1] (= tokenizer vocab size) */
@@ -226,13 +235,50 @@ typedef struct tdm_llama_hparams {
     tdm_rope_type_t rope_type;
     bool tied_embeddings; /* no output.weight: the output matrix is token_embd.weight */
     bool has_qkv_bias;    /* blk.0.attn_q.bias present (Qwen2-style) */
+    /* What sets the architectures apart (llama.cpp's src/models/<arch>.cpp): the plain Llama
+     * block has rope_freq_scale 1, n_swa 0, attn_q_scale 0, final_logit_softcap 0,
+     * embd_scale 1, no QK-norm, no post-norms and SwiGLU. */
+    float rope_freq_scale;    /* 1 / <arch>.rope.scaling.factor (linear RoPE scaling: positions
+                                 are multiplied by it), 1 when absent */
+    float rope_freq_base_swa; /* <arch>.rope.freq_base_swa: theta of sliding-window layers
+                                 (which take no RoPE scaling), default 10000 */
+    uint32_t n_swa;           /* <arch>.attention.sliding_window: in a sliding-window layer a
+                                 query at position p sees keys at p - n_swa + 1 .. p; 0 = none */
+    uint8_t swa_layers[TDM_GGUF_MAX_LAYERS]; /* [n_layers] 1 = sliding-window layer */
+    float attn_q_scale;        /* > 0: q is multiplied by this after RoPE and attention scales
+                                  the scores by 1 (Gemma 3: 1 / sqrt(key_length)); 0: the scores
+                                  are scaled by 1 / sqrt(head_dim) */
+    float final_logit_softcap; /* <arch>.final_logit_softcapping: logits = c * tanh(logits / c);
+                                  0 = none */
+    float embd_scale;          /* token embeddings are multiplied by this (Gemma: sqrt(n_embd)),
+                                  1 = none */
+    bool qk_norm;              /* blk.N.attn_q_norm / attn_k_norm ([head_dim]): RMSNorm of each
+                                  head of q and k before RoPE */
+    bool post_norms;           /* blk.N.post_attention_norm / post_ffw_norm: RMSNorm of each
+                                  sub-layer's output before its residual add (Gemma 2/3) */
+    tdm_ffn_act_t ffn_act;     /* the gated FFN's activation */
 } tdm_llama_hparams_t;
 
+/* RoPE of layer l: theta base and position scale (sliding-window layers take
+ * rope_freq_base_swa and no scaling). Cannot fail. */
+void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq_base,
+                          float *freq_scale);
+
+/* How many of the keys before a query at position pos a layer-l query attends to, as the
+ * first attended position: 0 for a full-attention layer, pos + 1 - n_swa (at least 0) for a
+ * sliding-window one (llama.cpp's is_masked_swa, LLAMA_SWA_TYPE_STANDARD). Cannot fail. */
+uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos);
+
 /* Reads and validates the hyperparameters of a Llama-family model (architectures llama,
- * mistral, qwen2, smollm-style llama). Checks every required key is present and consistent
+ * mistral, qwen2, gemma3). Checks every required key is present and consistent
  * (n_heads divisible by n_kv_heads, head_dim * n_heads matches the Q projection, every
- * per-layer tensor present with the expected shape). Errors: TDM_EINVALID (or
- * TDM_ENOTFOUND for a missing key/tensor) naming the key or tensor and the expected value. */
+ * per-layer tensor present with the expected shape). Refuses what Tandem does not implement
+ * rather than run a model wrong: a metadata key of the architecture that changes the forward
+ * pass and is not implemented (RoPE scaling other than linear, sliding windows outside Gemma
+ * 3, logit soft-capping of attention, experts, ...; any `<arch>.` key Tandem does not know)
+ * and any tensor the forward pass would not read (rope_freqs.weight, expert tensors, ...).
+ * Errors: TDM_EINVALID (or TDM_ENOTFOUND for a missing key/tensor) naming the key or tensor
+ * and the expected value. */
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err);
 
 /* ---- writer ---- */

@@ -6,9 +6,14 @@
  *   per layer: h = x + W_o · attn(RoPE(W_q · rmsnorm(x)), RoPE(W_k · …), W_v · …)
  *              x = h + W_down · (silu(W_gate · rmsnorm(h)) ⊙ (W_up · rmsnorm(h)))
  *   logits = W_out · rmsnorm(x)       (W_out = token_embd when tied)
+ * Gemma 3 (llama.cpp's src/models/gemma3.cpp) on the same skeleton: x is scaled by
+ * sqrt(n_embd); q and k get a per-head RMSNorm before RoPE and q is scaled by 1/sqrt(head_dim)
+ * after it; each sub-layer's output is RMS-normed before its residual add; the FFN is GeGLU
+ * (tanh GELU); five of every six layers attend to the last attention.sliding_window positions
+ * only, with their own RoPE base; the logits may be soft-capped (c · tanh(logits / c)).
  * Sources: Touvron et al. 2023 (Llama 2), Zhang & Sennrich 2019 (RMSNorm), Su et al. 2021
- * (RoPE), Shazeer 2020 (SwiGLU), Ainslie et al. 2023 (GQA); tensor names and RoPE modes as in
- * llama.cpp's GGUF conversion.
+ * (RoPE), Shazeer 2020 (SwiGLU, GeGLU), Ainslie et al. 2023 (GQA), Gemma Team 2025 (Gemma 3);
+ * tensor names and RoPE modes as in llama.cpp's GGUF conversion.
  *
  * On the CPU backend weights stay in the mmap'd file in their quantized types (no f32 copy of
  * the model); the CUDA backend dequantizes them once, when the engine is created, to bf16 (or

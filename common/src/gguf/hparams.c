@@ -6,6 +6,8 @@
  */
 #include "tandem/gguf.h"
 
+#include "gguf/hparams_internal.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,15 +16,34 @@
 typedef struct arch_info {
     const char *name;
     tdm_rope_type_t rope_type;
+    bool gemma; /* the Gemma 3 block (llama.cpp's src/models/gemma3.cpp): embeddings scaled by
+                   sqrt(n_embd), QK-norm, post-norms, GeGLU, q scaled before attention,
+                   sliding-window layers */
 } arch_info_t;
 
-/* Architectures that share the Llama block (pre-norm, GQA attention with RoPE, SwiGLU FFN).
+/* Architectures that share the Llama block (pre-norm, GQA attention with RoPE, gated FFN).
  * Rope type per llama.cpp's llama_model_rope_type(). */
 static const arch_info_t supported_archs[] = {
-    {"llama", TDM_ROPE_NORMAL},
-    {"mistral", TDM_ROPE_NORMAL},
-    {"qwen2", TDM_ROPE_NEOX},
+    {"llama", TDM_ROPE_NORMAL, false},
+    {"mistral", TDM_ROPE_NORMAL, false},
+    {"qwen2", TDM_ROPE_NEOX, false},
+    {"gemma3", TDM_ROPE_NEOX, true},
 };
+
+void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq_base,
+                          float *freq_scale)
+{
+    bool swa = hp->n_swa > 0 && l < TDM_GGUF_MAX_LAYERS && hp->swa_layers[l];
+    *freq_base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base;
+    *freq_scale = swa ? 1.0f : hp->rope_freq_scale;
+}
+
+uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos)
+{
+    if (hp->n_swa == 0 || l >= TDM_GGUF_MAX_LAYERS || !hp->swa_layers[l] || pos < hp->n_swa)
+        return 0;
+    return pos + 1 - hp->n_swa;
+}
 
 static int get_u32_key(const tdm_gguf_t *g, const char *arch, const char *suffix, bool required,
                        uint32_t dflt, uint32_t *out, tdm_error_t *err)
@@ -114,10 +135,19 @@ static int hparams_arch(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_
     if (!arch)
         return tdm_error_set(err, TDM_EINVALID,
                              "general.architecture '%.*s' is not supported "
-                             "(supported: llama, mistral, qwen2)",
+                             "(supported: llama, mistral, qwen2, gemma3)",
                              (int)(arch_s.len > 64 ? 64 : arch_s.len), arch_s.data);
     snprintf(hp->arch, sizeof hp->arch, "%s", arch->name);
     hp->rope_type = arch->rope_type;
+    hp->rope_freq_scale = 1.0f;
+    hp->rope_freq_base_swa = 10000.0f;
+    hp->embd_scale = 1.0f;
+    hp->ffn_act = TDM_FFN_SILU;
+    if (arch->gemma) {
+        hp->qk_norm = true;
+        hp->post_norms = true;
+        hp->ffn_act = TDM_FFN_GELU_TANH;
+    }
     return TDM_OK;
 }
 
@@ -237,8 +267,128 @@ static int check_layer(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, uint32_t l,
         TDM_CHECK_LAYER("attn_k.bias", kv_dim, 0, false);
         TDM_CHECK_LAYER("attn_v.bias", kv_dim, 0, false);
     }
+    if (hp->qk_norm) {
+        TDM_CHECK_LAYER("attn_q_norm.weight", hp->head_dim, 0, false);
+        if ((rc = require_f32(g, name, err)))
+            return rc;
+        TDM_CHECK_LAYER("attn_k_norm.weight", hp->head_dim, 0, false);
+        if ((rc = require_f32(g, name, err)))
+            return rc;
+    }
+    if (hp->post_norms) {
+        TDM_CHECK_LAYER("post_attention_norm.weight", hp->n_embd, 0, false);
+        if ((rc = require_f32(g, name, err)))
+            return rc;
+        TDM_CHECK_LAYER("post_ffw_norm.weight", hp->n_embd, 0, false);
+        if ((rc = require_f32(g, name, err)))
+            return rc;
+    }
 #undef TDM_CHECK_LAYER
     return TDM_OK;
+}
+
+/* Linear RoPE scaling (<arch>.rope.scaling.*, read as llama.cpp's llama_model_loader does: the
+ * type defaults to linear and the factor, or the older rope.scale_linear, divides positions).
+ * YaRN, LongRoPE and other types, and an attention factor other than 1, are refused. */
+static int hparams_rope_scaling(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    const char *a = hp->arch;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    tdm_gguf_str_t type = {"linear", 6};
+    int rc = tdm_gguf_get_str(g, key, &type, NULL);
+    if (rc != TDM_OK && rc != TDM_ENOTFOUND)
+        return tdm_gguf_get_str(g, key, &type, err); /* the type error, named */
+    bool linear = type.len == 6 && memcmp(type.data, "linear", 6) == 0;
+    bool none = type.len == 4 && memcmp(type.data, "none", 4) == 0;
+    if (!linear && !none)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "metadata '%s' is '%.*s': Tandem implements RoPE scaling 'linear' "
+                             "and 'none' only (YaRN, LongRoPE and others are refused rather than "
+                             "run wrong)",
+                             key, (int)(type.len > 32 ? 32 : type.len), type.data);
+    float factor = 0.0f;
+    if ((rc = get_f32_key(g, a, "rope.scaling.factor", false, 0.0f, &factor, err)) ||
+        (factor == 0.0f &&
+         (rc = get_f32_key(g, a, "rope.scale_linear", false, 0.0f, &factor, err))))
+        return rc;
+    if (factor != 0.0f && none && factor != 1.0f)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "metadata '%s' is 'none' but %s.rope.scaling.factor is %g", key, a,
+                             (double)factor);
+    if (!isfinite(factor))
+        return tdm_error_set(err, TDM_EINVALID, "metadata '%s.rope.scaling.factor' must be finite",
+                             a);
+    hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    float attn_factor = 1.0f;
+    if ((rc = get_f32_key(g, a, "rope.scaling.attn_factor", false, 1.0f, &attn_factor, err)))
+        return rc;
+    if (attn_factor != 1.0f)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "metadata '%s.rope.scaling.attn_factor' is %g: RoPE attention "
+                             "factors other than 1 are not implemented",
+                             a, (double)attn_factor);
+    return TDM_OK;
+}
+
+/* The sliding-window layers of a Gemma 3 model: <arch>.attention.sliding_window_pattern is a
+ * per-layer bool array or a period P (layer l is local iff l % P < P - 1), default 6
+ * (llama.cpp's load_swa_pattern and set_swa_pattern). */
+static int hparams_swa_pattern(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", hp->arch);
+    const tdm_gguf_kv_t *kv = tdm_gguf_find_kv(g, key);
+    if (kv && kv->type == TDM_GGUF_VTYPE_ARRAY) {
+        if (kv->arr_type != TDM_GGUF_VTYPE_BOOL || kv->arr_n != hp->n_layers)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "metadata '%s' must be a bool per layer (%" PRIu32 ") or a period",
+                                 key, hp->n_layers);
+        for (uint32_t l = 0; l < hp->n_layers; l++)
+            hp->swa_layers[l] = tdm_gguf_arr_int(kv, l) != 0;
+        return TDM_OK;
+    }
+    uint32_t period = 6;
+    int rc = tdm_gguf_get_u32(g, key, &period, err);
+    if (rc == TDM_ENOTFOUND)
+        tdm_error_clear(err);
+    else if (rc != TDM_OK)
+        return rc;
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        hp->swa_layers[l] = period == 0 || l % period < period - 1;
+    return TDM_OK;
+}
+
+/* Gemma 3 (llama.cpp's src/models/gemma3.cpp): embeddings scaled by sqrt(n_embd), q scaled
+ * by 1 / sqrt(key_length) (1 / sqrt(n_embd / n_heads) for the 62-layer 27B, as the reference
+ * sets f_attention_scale), sliding-window layers when attention.sliding_window > 0, and the
+ * optional final logit soft-capping. */
+static int hparams_gemma(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    const char *a = hp->arch;
+    int rc;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->attn_q_scale = hp->n_layers == 62 ? 1.0f / sqrtf((float)(hp->n_embd / hp->n_heads))
+                                          : 1.0f / sqrtf((float)hp->head_dim);
+    if ((rc = get_f32_key(g, a, "final_logit_softcapping", false, 0.0f, &hp->final_logit_softcap,
+                          err)) ||
+        (rc = get_f32_key(g, a, "rope.freq_base_swa", false, 10000.0f, &hp->rope_freq_base_swa,
+                          err)))
+        return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window", a);
+    rc = tdm_gguf_get_u32(g, key, &hp->n_swa, err);
+    if (rc == TDM_ENOTFOUND) {
+        tdm_error_clear(err);
+        hp->n_swa = 0;
+        return TDM_OK;
+    }
+    if (rc != TDM_OK || hp->n_swa == 0)
+        return rc;
+    if (hp->n_layers > TDM_GGUF_MAX_LAYERS)
+        return tdm_error_set(err, TDM_EINVALID, "%s.block_count (%" PRIu32 ") exceeds %d", a,
+                             hp->n_layers, TDM_GGUF_MAX_LAYERS);
+    return hparams_swa_pattern(g, hp, err);
 }
 
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
@@ -246,7 +396,9 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
     memset(hp, 0, sizeof *hp);
     int rc;
     if ((rc = hparams_arch(g, hp, err)) || (rc = hparams_attention(g, hp, err)) ||
-        (rc = hparams_vocab(g, hp, err)))
+        (rc = hparams_vocab(g, hp, err)) || (rc = hparams_rope_scaling(g, hp, err)))
+        return rc;
+    if (strcmp(hp->arch, "gemma3") == 0 && (rc = hparams_gemma(g, hp, err)))
         return rc;
     const char *a = hp->arch;
     /* FFN size: from metadata, else from the gate projection */
@@ -265,5 +417,5 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
     if ((rc = check_tensor(g, "output.weight", hp->n_embd, hp->n_vocab, true, &has_output, err)))
         return rc;
     hp->tied_embeddings = !has_output;
-    return TDM_OK;
+    return tdm_gguf_refuse_unimplemented(g, hp, err);
 }

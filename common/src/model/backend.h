@@ -38,7 +38,9 @@ typedef struct tdm_weight {
 
 typedef struct tdm_layer_weights {
     tdm_weight_t attn_norm, wq, wk, wv, wo;
-    tdm_weight_t bq, bk, bv; /* present when hparams.has_qkv_bias */
+    tdm_weight_t bq, bk, bv;                    /* present when hparams.has_qkv_bias */
+    tdm_weight_t q_norm, k_norm;                /* [head_dim], present when hparams.qk_norm */
+    tdm_weight_t post_attn_norm, post_ffn_norm; /* [n_embd], present when hparams.post_norms */
     tdm_weight_t ffn_norm, w_gate, w_up, w_down;
 } tdm_layer_weights_t;
 
@@ -85,7 +87,8 @@ typedef struct tdm_backend_ops {
     float *(*alloc)(void *be, size_t n);
     /* x[t] = embedding row tokens[t]. */
     int (*embed)(void *be, const tdm_weight_t *emb, const int32_t *tokens, uint32_t n, float *x);
-    /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w  (Zhang & Sennrich 2019). */
+    /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w  (Zhang & Sennrich 2019), rows of w's
+     * width (n_embd, or head_dim for QK-norm over n * heads rows); out may be x. */
     int (*rmsnorm)(void *be, const float *x, const tdm_weight_t *w, uint32_t n, float eps,
                    float *out);
     /* For k in 0..n_w: out[k][t] = x[t] · W_k rows; all W_k share n_in. */
@@ -93,16 +96,26 @@ typedef struct tdm_backend_ops {
                   float *const *out);
     /* x[t] += b for each row (b a vector of x's width). */
     int (*add_bias)(void *be, float *x, const tdm_weight_t *b, uint32_t n);
-    /* RoPE on q ([n][n_heads*head_dim]) and k ([n][n_kv_heads*head_dim]) at rows' pos. */
-    int (*rope)(void *be, float *q, float *k, const tdm_fwd_rows_t *rows);
+    /* RoPE on q ([n][n_heads*head_dim]) and k ([n][n_kv_heads*head_dim]) at rows' pos, with
+     * layer's theta base and position scale (tdm_llama_layer_rope). */
+    int (*rope)(void *be, uint32_t layer, float *q, float *k, const tdm_fwd_rows_t *rows);
     /* Writes rows' k and v ([n][n_kv_heads*head_dim]) into the pool at layer. */
     int (*kv_store)(void *be, uint32_t layer, const float *k, const float *v,
                     const tdm_fwd_rows_t *rows);
-    /* out[t] = causal softmax attention of q[t] over its sequence's positions 0..pos[t]. */
+    /* out[t] = causal softmax attention of q[t] over its sequence's positions
+     * tdm_llama_layer_first_key(hp, layer, pos[t]) .. pos[t] (0 .. pos[t] unless the layer
+     * has a sliding window); the scores are scaled by 1 / sqrt(head_dim), or by 1 when
+     * hparams.attn_q_scale > 0 (q arrives scaled). A backend without arch_features does
+     * neither window nor q scale: the engine refuses such models on it. */
     int (*attention)(void *be, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
                      float *out);
     /* out[i] = silu(gate[i]) * up[i] for n*dim values (Shazeer 2020). */
     int (*swiglu)(void *be, const float *gate, const float *up, size_t count, float *out);
+    /* Optional: out[i] = gelu(gate[i]) * up[i] for count values, GELU's tanh approximation
+     * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016; ggml_gelu). */
+    int (*geglu)(void *be, const float *gate, const float *up, size_t count, float *out);
+    /* Optional: x[i] *= s for count values. */
+    int (*scale)(void *be, float *x, float s, size_t count);
     /* x[i] += y[i]. */
     int (*add)(void *be, float *x, const float *y, size_t count);
     /* dst[k] = src[rows[k]] for k < n (row width dim). */
@@ -114,6 +127,10 @@ typedef struct tdm_backend_ops {
      * output projection's output, with no read (the CPU backend; 6 MB a step at batch 32 on a
      * 49k vocabulary). */
     bool host_memory;
+    /* The backend implements every architecture feature of tdm_llama_hparams_t (sliding
+     * windows, the q scale, QK-norm, post-norms, RoPE scaling, per-layer RoPE bases); without
+     * it the engine refuses a model that uses one, naming the feature. */
+    bool arch_features;
 } tdm_backend_ops_t;
 
 /* The CPU backend (cpu.c). */

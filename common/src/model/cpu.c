@@ -81,6 +81,8 @@ typedef struct cpu_be {
     float *scores;    /* [n_threads][heads per KV head][n_ctx] attention scores */
     float *kvrow;     /* [n_threads][heads per KV head + 2][head_dim] K/V rows, queries */
     float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
+    float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
+                         scales q itself (hparams.attn_q_scale) */
 } cpu_be_t;
 
 /* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the
@@ -325,6 +327,7 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
     be->max_rows = p->max_batch_tokens;
     be->n_ctx = p->n_ctx;
+    be->kq_scale = be->hp->attn_q_scale > 0.0f ? 1.0f : 1.0f / sqrtf((float)be->hp->head_dim);
     cpu_pick_kernels(be);
     if (cpu_pick_par_min(be, err) != TDM_OK || cpu_scratch_new(be, err) != TDM_OK ||
         cpu_wkernels_new(be, err) != TDM_OK) {
@@ -547,12 +550,14 @@ static int cpu_add_bias(void *vbe, float *x, const tdm_weight_t *b, uint32_t n)
 /* RoPE (Su et al. 2021) as llama.cpp computes it: theta_i = pos * base^(-2i/rope_dim), with
  * the power taken iteratively in f32 (ggml_rope's theta_scale), pairs (2i, 2i+1) for the
  * normal mode and (i, i + rope_dim/2) for neox. Dimensions past rope_dim are unchanged. */
-static int cpu_rope(void *vbe, float *q, float *k, const tdm_fwd_rows_t *rows)
+static int cpu_rope(void *vbe, uint32_t layer, float *q, float *k, const tdm_fwd_rows_t *rows)
 {
     cpu_be_t *be = vbe;
     const tdm_llama_hparams_t *hp = be->hp;
     uint32_t half = hp->rope_dim / 2, D = hp->head_dim;
-    float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->rope_dim);
+    float freq_base, freq_scale; /* linear scaling multiplies each angle (ggml's rope_yarn) */
+    tdm_llama_layer_rope(hp, layer, &freq_base, &freq_scale);
+    float theta_scale = powf(freq_base, -2.0f / (float)hp->rope_dim);
     bool neox = hp->rope_type == TDM_ROPE_NEOX;
     size_t rope_values = (size_t)rows->n * (hp->n_heads + hp->n_kv_heads) * D;
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (rope_values >= be->par_min)
@@ -560,8 +565,8 @@ static int cpu_rope(void *vbe, float *q, float *k, const tdm_fwd_rows_t *rows)
         float *cs = be->rope_cs + (size_t)t * hp->rope_dim;
         float theta = (float)rows->pos[t];
         for (uint32_t i = 0; i < half; i++) {
-            cs[2 * i] = cosf(theta);
-            cs[2 * i + 1] = sinf(theta);
+            cs[2 * i] = cosf(theta * freq_scale);
+            cs[2 * i + 1] = sinf(theta * freq_scale);
             theta *= theta_scale;
         }
         for (int which = 0; which < 2; which++) {
@@ -664,15 +669,15 @@ static void kv_get(const cpu_be_t *be, const uint8_t *rec, uint32_t slot, float 
     }
 }
 
-/* sc[j] = q . K[j] / sqrt(head_dim) for positions j < n_pos of KV head g (tmp: head_dim
- * floats of scratch); returns their maximum. */
+/* sc[j - j0] = q . K[j] * kq_scale for positions j0 <= j < n_pos of KV head g (tmp:
+ * head_dim floats of scratch); returns their maximum. */
 static float attn_scores(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
-                         const float *qh, uint32_t n_pos, float *sc, float *tmp)
+                         const float *qh, uint32_t j0, uint32_t n_pos, float *sc, float *tmp)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
-    float scale = 1.0f / sqrtf((float)D), mx = -INFINITY;
+    float scale = be->kq_scale, mx = -INFINITY;
     bool f16_fast = be->isa->dot_f32_f16 && be->kl.dtype == TDM_KV_F16;
-    for (uint32_t j = 0; j < n_pos; j++) {
+    for (uint32_t j = j0; j < n_pos; j++) {
         const uint8_t *rec = kv_record(be, sq, j, layer, 0, g);
         float s;
         if (f16_fast) {
@@ -682,7 +687,7 @@ static float attn_scores(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
             s = dot_f32(be, qh, tmp, D);
         }
         s *= scale;
-        sc[j] = s;
+        sc[j - j0] = s;
         mx = s > mx ? s : mx; /* fmaxf without the libm call (never NaN: mx starts at -inf) */
     }
     return mx;
@@ -701,19 +706,19 @@ static float attn_softmax(const cpu_be_t *be, float *sc, uint32_t n, float mx, b
     return inv;
 }
 
-/* One query head over any cache: scores position by position, softmax, then the weighted sum
- * of V rows in order (tmp: 2 * head_dim floats). */
+/* One query head over any cache: scores position by position over j0 .. n_pos - 1, softmax,
+ * then the weighted sum of V rows in order (tmp: 2 * head_dim floats). */
 static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
-                      const float *qh, uint32_t n_pos, float *sc, float *tmp, float *o)
+                      const float *qh, uint32_t j0, uint32_t n_pos, float *sc, float *tmp, float *o)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
     bool f16 = be->kl.dtype == TDM_KV_F16, f16_fast = be->isa->dot_f32_f16 && f16;
-    float mx = attn_scores(be, layer, sq, g, qh, n_pos, sc, tmp);
-    float inv = attn_softmax(be, sc, n_pos, mx, f16);
+    float mx = attn_scores(be, layer, sq, g, qh, j0, n_pos, sc, tmp);
+    float inv = attn_softmax(be, sc, n_pos - j0, mx, f16);
     memset(o, 0, D * sizeof(float));
-    for (uint32_t j = 0; j < n_pos; j++) {
+    for (uint32_t j = j0; j < n_pos; j++) {
         const uint8_t *rec = kv_record(be, sq, j, layer, 1, g);
-        float pj = f16 ? sc[j] : sc[j] * inv;
+        float pj = f16 ? sc[j - j0] : sc[j - j0] * inv;
         if (f16_fast) {
             be->isa->axpy_f16(o, pj, (const uint16_t *)rec + (size_t)(j % bs) * D, D);
             continue;
@@ -728,30 +733,34 @@ static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t 
  * at a time. Bit for bit attn_head for each head. q: the nh heads (rounded to f16), sc:
  * [nh][ld] scores, o: [nh][head_dim]. */
 static void attn_group_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq,
-                           uint32_t g, const float *q, uint32_t nh, uint32_t n_pos, float *sc,
-                           size_t ld, float *o)
+                           uint32_t g, const float *q, uint32_t nh, uint32_t first, uint32_t n_pos,
+                           float *sc, size_t ld, float *o)
 {
-    uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
-    float scale = 1.0f / sqrtf((float)D);
-    for (uint32_t j0 = 0; j0 < n_pos; j0 += bs) {
-        uint32_t nk = n_pos - j0 < bs ? n_pos - j0 : bs;
-        const uint16_t *k = (const uint16_t *)kv_record(be, sq, j0, layer, 0, g);
-        be->isa->scores_f16(q, nh, k, nk, D, sc + j0, ld);
+    uint32_t D = be->kl.head_dim, bs = be->kl.block_size, n = n_pos - first;
+    /* the keys first .. n_pos - 1 a block's rows at a time (the first block from its slot) */
+    for (uint32_t j0 = first; j0 < n_pos;) {
+        uint32_t slot = j0 % bs, nk = n_pos - j0 < bs - slot ? n_pos - j0 : bs - slot;
+        const uint16_t *k = (const uint16_t *)kv_record(be, sq, j0, layer, 0, g) + slot * D;
+        be->isa->scores_f16(q, nh, k, nk, D, sc + (j0 - first), ld);
+        j0 += nk;
     }
     for (uint32_t h = 0; h < nh; h++) {
         float *sh = sc + (size_t)h * ld;
-        attn_softmax(be, sh, n_pos, be->isa->scale_max(sh, n_pos, scale), true);
+        attn_softmax(be, sh, n, be->isa->scale_max(sh, n, be->kq_scale), true);
     }
     memset(o, 0, (size_t)nh * D * sizeof(float));
-    for (uint32_t j0 = 0; j0 < n_pos; j0 += bs) {
-        uint32_t nv = n_pos - j0 < bs ? n_pos - j0 : bs;
-        const uint16_t *v = (const uint16_t *)kv_record(be, sq, j0, layer, 1, g);
-        be->isa->pv_f16(o, nh, sc + j0, ld, v, nv, D);
+    for (uint32_t j0 = first; j0 < n_pos;) {
+        uint32_t slot = j0 % bs, nv = n_pos - j0 < bs - slot ? n_pos - j0 : bs - slot;
+        const uint16_t *v = (const uint16_t *)kv_record(be, sq, j0, layer, 1, g) + slot * D;
+        be->isa->pv_f16(o, nh, sc + (j0 - first), ld, v, nv, D);
+        j0 += nv;
     }
 }
 
 /* Causal scaled dot-product attention (Vaswani et al. 2017) with GQA: query head h reads KV
- * head h / (n_heads / n_kv_heads). Scores over positions 0..pos in order, softmax with the
+ * head h / (n_heads / n_kv_heads). Scores over positions 0..pos in order (from
+ * pos + 1 - n_swa in a sliding-window layer: the keys llama.cpp's SWA mask leaves; a masked
+ * key's exp is an exact 0 there, so skipping it sums the same terms), softmax with the
  * max subtracted, then the weighted sum of V rows in order. Work items are (token, KV head):
  * the heads of a group run together, and with an f16 cache through the grouped kernels. With
  * an f16 cache the query and the probabilities are rounded to f16 too, as llama.cpp's f16
@@ -780,16 +789,18 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
         float *og = out + ((size_t)t * H + (size_t)g * group) * D;
         const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
         uint32_t n_pos = rows->pos[t] + 1;
+        uint32_t first = tdm_llama_layer_first_key(hp, layer, rows->pos[t]);
         if (f16) {
             be->isa->round_f16(qr, qg, 1.0f, (size_t)group * D);
             qg = qr;
         }
         if (grouped) {
-            attn_group_f16(be, layer, sq, g, qg, group, n_pos, sc, be->n_ctx, og);
+            attn_group_f16(be, layer, sq, g, qg, group, first, n_pos, sc, be->n_ctx, og);
             continue;
         }
         for (uint32_t h = 0; h < group; h++)
-            attn_head(be, layer, sq, g, qg + (size_t)h * D, n_pos, sc, tmp, og + (size_t)h * D);
+            attn_head(be, layer, sq, g, qg + (size_t)h * D, first, n_pos, sc, tmp,
+                      og + (size_t)h * D);
     }
     return TDM_OK;
 }
@@ -806,6 +817,42 @@ static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t coun
         size_t i = (size_t)c * TDM_ELEMWISE_CHUNK;
         size_t m = count - i < TDM_ELEMWISE_CHUNK ? count - i : TDM_ELEMWISE_CHUNK;
         be->isa->swiglu(out + i, gate + i, up + i, m);
+    }
+    return TDM_OK;
+}
+
+/* GELU with the tanh approximation as ggml_gelu_f32 spells it, in f32 with libm's tanhf: one
+ * scalar implementation for every kernel family, so the bits do not depend on the set. */
+static inline float gelu_tanh(float x)
+{
+    const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
+}
+
+static int cpu_geglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
+{
+    cpu_be_t *be = vbe;
+    int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min / 8)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
+        size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
+        for (size_t i = i0; i < i1; i++)
+            out[i] = gelu_tanh(gate[i]) * up[i];
+    }
+    return TDM_OK;
+}
+
+static int cpu_scale(void *vbe, float *x, float s, size_t count)
+{
+    cpu_be_t *be = vbe;
+    int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
+        size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
+        for (size_t i = i0; i < i1; i++)
+            x[i] *= s;
     }
     return TDM_OK;
 }
@@ -856,8 +903,11 @@ const tdm_backend_ops_t tdm_model_backend_cpu = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
     .add = cpu_add,
     .gather_rows = cpu_gather_rows,
     .read = cpu_read,
     .host_memory = true,
+    .arch_features = true,
 };

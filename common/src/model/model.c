@@ -9,6 +9,7 @@
 #include "tandem/model.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,23 +83,30 @@ static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32
     static const struct {
         const char *suffix;
         size_t offset;
-        bool bias;
+        bool bias, qk_norm, post_norm; /* present only with that feature */
     } names[] = {
-        {"attn_norm.weight", offsetof(tdm_layer_weights_t, attn_norm), false},
-        {"attn_q.weight", offsetof(tdm_layer_weights_t, wq), false},
-        {"attn_k.weight", offsetof(tdm_layer_weights_t, wk), false},
-        {"attn_v.weight", offsetof(tdm_layer_weights_t, wv), false},
-        {"attn_output.weight", offsetof(tdm_layer_weights_t, wo), false},
-        {"attn_q.bias", offsetof(tdm_layer_weights_t, bq), true},
-        {"attn_k.bias", offsetof(tdm_layer_weights_t, bk), true},
-        {"attn_v.bias", offsetof(tdm_layer_weights_t, bv), true},
-        {"ffn_norm.weight", offsetof(tdm_layer_weights_t, ffn_norm), false},
-        {"ffn_gate.weight", offsetof(tdm_layer_weights_t, w_gate), false},
-        {"ffn_up.weight", offsetof(tdm_layer_weights_t, w_up), false},
-        {"ffn_down.weight", offsetof(tdm_layer_weights_t, w_down), false},
+        {"attn_norm.weight", offsetof(tdm_layer_weights_t, attn_norm), false, false, false},
+        {"attn_q.weight", offsetof(tdm_layer_weights_t, wq), false, false, false},
+        {"attn_k.weight", offsetof(tdm_layer_weights_t, wk), false, false, false},
+        {"attn_v.weight", offsetof(tdm_layer_weights_t, wv), false, false, false},
+        {"attn_output.weight", offsetof(tdm_layer_weights_t, wo), false, false, false},
+        {"attn_q.bias", offsetof(tdm_layer_weights_t, bq), true, false, false},
+        {"attn_k.bias", offsetof(tdm_layer_weights_t, bk), true, false, false},
+        {"attn_v.bias", offsetof(tdm_layer_weights_t, bv), true, false, false},
+        {"attn_q_norm.weight", offsetof(tdm_layer_weights_t, q_norm), false, true, false},
+        {"attn_k_norm.weight", offsetof(tdm_layer_weights_t, k_norm), false, true, false},
+        {"post_attention_norm.weight", offsetof(tdm_layer_weights_t, post_attn_norm), false, false,
+         true},
+        {"post_ffw_norm.weight", offsetof(tdm_layer_weights_t, post_ffn_norm), false, false, true},
+        {"ffn_norm.weight", offsetof(tdm_layer_weights_t, ffn_norm), false, false, false},
+        {"ffn_gate.weight", offsetof(tdm_layer_weights_t, w_gate), false, false, false},
+        {"ffn_up.weight", offsetof(tdm_layer_weights_t, w_up), false, false, false},
+        {"ffn_down.weight", offsetof(tdm_layer_weights_t, w_down), false, false, false},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (names[i].bias && !hp->has_qkv_bias)
+            continue;
+        if ((names[i].qk_norm && !hp->qk_norm) || (names[i].post_norm && !hp->post_norms))
             continue;
         char name[96];
         snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", l, names[i].suffix);
@@ -121,6 +129,18 @@ static uint64_t model_fingerprint(const tdm_model_t *m)
                        hp->n_kv_heads, hp->head_dim, hp->n_ff,     hp->rope_dim};
     XXH3_64bits_update(st, dims, sizeof dims);
     XXH3_64bits_update(st, hp->arch, strlen(hp->arch));
+    /* the architecture features, only where they differ from the plain Llama block (so the
+     * fingerprints of models without them stay what earlier versions computed) */
+    float feat[] = {hp->rope_freq_scale, hp->rope_freq_base_swa,  (float)hp->n_swa,
+                    hp->attn_q_scale,    hp->final_logit_softcap, hp->embd_scale,
+                    (float)hp->qk_norm,  (float)hp->post_norms,   (float)hp->ffn_act};
+    if (hp->rope_freq_scale != 1.0f || hp->n_swa || hp->attn_q_scale != 0.0f ||
+        hp->final_logit_softcap != 0.0f || hp->embd_scale != 1.0f || hp->qk_norm ||
+        hp->post_norms || hp->ffn_act != TDM_FFN_SILU) {
+        XXH3_64bits_update(st, feat, sizeof feat);
+        XXH3_64bits_update(st, hp->swa_layers,
+                           hp->n_layers < TDM_GGUF_MAX_LAYERS ? hp->n_layers : TDM_GGUF_MAX_LAYERS);
+    }
     for (uint64_t i = 0; i < tdm_gguf_n_tensors(m->gguf); i++) {
         const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(m->gguf, i);
         XXH3_64bits_update(st, t->name, strlen(t->name));
@@ -329,6 +349,35 @@ static int engine_params_check(const tdm_engine_params_t *p, const tdm_llama_hpa
     return TDM_OK;
 }
 
+/* Refuses a model that needs an op or feature the backend does not implement, naming it. */
+static int engine_ops_check(const tdm_backend_ops_t *ops, const tdm_llama_hparams_t *hp,
+                            tdm_error_t *err)
+{
+    const char *missing = NULL;
+    if (!ops->arch_features) {
+        if (hp->n_swa)
+            missing = "sliding-window attention";
+        else if (hp->attn_q_scale > 0.0f)
+            missing = "the query scale before attention";
+        else if (hp->qk_norm)
+            missing = "QK-norm";
+        else if (hp->post_norms)
+            missing = "post-norms";
+        else if (hp->rope_freq_scale != 1.0f)
+            missing = "linear RoPE scaling";
+    }
+    if (!missing && hp->ffn_act == TDM_FFN_GELU_TANH && !ops->geglu)
+        missing = "GeGLU";
+    if (!missing && (hp->embd_scale != 1.0f || hp->attn_q_scale > 0.0f) && !ops->scale)
+        missing = "scaling";
+    if (missing)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "the %s backend does not implement %s, which this %s model needs "
+                             "(use the cpu backend)",
+                             ops->name, missing, hp->arch);
+    return TDM_OK;
+}
+
 /* The scratch buffers, sized for the engine's max_batch_tokens (B) and max_logits (L) rows
  * (shapes in the struct): from the backend, freed when it is destroyed. */
 static int engine_scratch_new(tdm_engine_t *e, tdm_error_t *err)
@@ -371,7 +420,8 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
     const tdm_backend_ops_t *ops = NULL;
     if (engine_pick_backend(&p, &ops, err) != TDM_OK)
         return NULL;
-    if (engine_params_check(&p, hp, pool, err) != TDM_OK)
+    if (engine_params_check(&p, hp, pool, err) != TDM_OK ||
+        engine_ops_check(ops, hp, err) != TDM_OK)
         return NULL;
 
     tdm_engine_t *e = calloc(1, sizeof *e);
@@ -538,6 +588,107 @@ static int engine_op_failed(const tdm_engine_t *e, int rc, const char *call, tdm
     return tdm_error_set(err, rc, "forward: %s failed", call);
 }
 
+#define TDM_TRY(call)                                                                              \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != TDM_OK)                                                                         \
+            return engine_op_failed(e, rc_, #call, err);                                           \
+    } while (0)
+
+/* The attention sub-layer of layer l: x += W_o · attn(...) (post-normed when the model has
+ * post-norms). */
+static int forward_attention(tdm_engine_t *e, uint32_t l, const tdm_fwd_rows_t *rows,
+                             tdm_error_t *err)
+{
+    const tdm_llama_hparams_t *hp = &e->model->hp;
+    const tdm_layer_weights_t *lw = &e->model->layers[l];
+    const tdm_backend_ops_t *ops = e->ops;
+    void *be = e->be;
+    uint32_t n = rows->n;
+    TDM_TRY(ops->rmsnorm(be, e->x, &lw->attn_norm, n, hp->rms_norm_eps, e->xn));
+    const tdm_weight_t *qkv_w[3] = {&lw->wq, &lw->wk, &lw->wv};
+    float *qkv_out[3] = {e->q, e->k, e->v};
+    TDM_TRY(ops->matmul(be, e->xn, n, 3, qkv_w, qkv_out));
+    if (hp->has_qkv_bias) {
+        TDM_TRY(ops->add_bias(be, e->q, &lw->bq, n));
+        TDM_TRY(ops->add_bias(be, e->k, &lw->bk, n));
+        TDM_TRY(ops->add_bias(be, e->v, &lw->bv, n));
+    }
+    if (hp->qk_norm) { /* per head: n * heads rows of head_dim */
+        TDM_TRY(ops->rmsnorm(be, e->q, &lw->q_norm, n * hp->n_heads, hp->rms_norm_eps, e->q));
+        TDM_TRY(ops->rmsnorm(be, e->k, &lw->k_norm, n * hp->n_kv_heads, hp->rms_norm_eps, e->k));
+    }
+    TDM_TRY(ops->rope(be, l, e->q, e->k, rows));
+    if (hp->attn_q_scale > 0.0f)
+        TDM_TRY(ops->scale(be, e->q, hp->attn_q_scale, (size_t)n * hp->n_heads * hp->head_dim));
+    TDM_TRY(ops->kv_store(be, l, e->k, e->v, rows));
+    TDM_TRY(ops->attention(be, l, e->q, rows, e->attn));
+    const tdm_weight_t *wo[1] = {&lw->wo};
+    float *proj[1] = {e->proj};
+    TDM_TRY(ops->matmul(be, e->attn, n, 1, wo, proj));
+    if (hp->post_norms) {
+        TDM_TRY(ops->rmsnorm(be, e->proj, &lw->post_attn_norm, n, hp->rms_norm_eps, e->xn));
+        TDM_TRY(ops->add(be, e->x, e->xn, (size_t)n * hp->n_embd));
+    } else {
+        TDM_TRY(ops->add(be, e->x, e->proj, (size_t)n * hp->n_embd));
+    }
+    return TDM_OK;
+}
+
+/* The feed-forward sub-layer of layer l: x += W_down · (act(W_gate · h) ⊙ (W_up · h)). */
+static int forward_ffn(tdm_engine_t *e, uint32_t l, uint32_t n, tdm_error_t *err)
+{
+    const tdm_llama_hparams_t *hp = &e->model->hp;
+    const tdm_layer_weights_t *lw = &e->model->layers[l];
+    const tdm_backend_ops_t *ops = e->ops;
+    void *be = e->be;
+    size_t F = (size_t)n * hp->n_ff;
+    TDM_TRY(ops->rmsnorm(be, e->x, &lw->ffn_norm, n, hp->rms_norm_eps, e->xn));
+    const tdm_weight_t *gu_w[2] = {&lw->w_gate, &lw->w_up};
+    float *gu_out[2] = {e->gate, e->up};
+    TDM_TRY(ops->matmul(be, e->xn, n, 2, gu_w, gu_out));
+    if (hp->ffn_act == TDM_FFN_GELU_TANH)
+        TDM_TRY(ops->geglu(be, e->gate, e->up, F, e->gate));
+    else
+        TDM_TRY(ops->swiglu(be, e->gate, e->up, F, e->gate));
+    const tdm_weight_t *wd[1] = {&lw->w_down};
+    float *proj[1] = {e->proj};
+    TDM_TRY(ops->matmul(be, e->gate, n, 1, wd, proj));
+    if (hp->post_norms) {
+        TDM_TRY(ops->rmsnorm(be, e->proj, &lw->post_ffn_norm, n, hp->rms_norm_eps, e->xn));
+        TDM_TRY(ops->add(be, e->x, e->xn, (size_t)n * hp->n_embd));
+    } else {
+        TDM_TRY(ops->add(be, e->x, e->proj, (size_t)n * hp->n_embd));
+    }
+    return TDM_OK;
+}
+
+/* The logits of the n_logits asking rows into the caller's host array: final norm, output
+ * matrix, then the soft-cap c * tanh(logits / c) when the model has one (llama.cpp applies
+ * it as scale, tanh, scale). */
+static int forward_logits(tdm_engine_t *e, uint32_t n_logits, float *logits, tdm_error_t *err)
+{
+    const tdm_model_t *m = e->model;
+    const tdm_llama_hparams_t *hp = &m->hp;
+    const tdm_backend_ops_t *ops = e->ops;
+    void *be = e->be;
+    TDM_TRY(ops->gather_rows(be, e->x, e->logit_rows, n_logits, hp->n_embd, e->sel));
+    TDM_TRY(ops->rmsnorm(be, e->sel, &m->output_norm, n_logits, hp->rms_norm_eps, e->seln));
+    const tdm_weight_t *wout[1] = {&m->output};
+    float *lo[1] = {ops->host_memory ? logits : e->logits};
+    TDM_TRY(ops->matmul(be, e->seln, n_logits, 1, wout, lo));
+    if (!ops->host_memory)
+        TDM_TRY(ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
+    float cap = hp->final_logit_softcap;
+    if (cap > 0.0f) {
+        float inv = 1.0f / cap;
+        size_t count = (size_t)n_logits * hp->n_vocab;
+        for (size_t i = 0; i < count; i++)
+            logits[i] = tanhf(logits[i] * inv) * cap;
+    }
+    return TDM_OK;
+}
+
 int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm_error_t *err)
 {
     uint32_t n_logits = 0;
@@ -550,57 +701,20 @@ int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm
     void *be = e->be;
     uint32_t n = b->n_tokens;
     tdm_fwd_rows_t rows = {.n = n, .pos = b->pos, .seq = b->seq, .seqs = b->seqs};
-    size_t E = hp->n_embd, F = hp->n_ff;
-
-#define TDM_TRY(call)                                                                              \
-    do {                                                                                           \
-        if ((rc = (call)) != TDM_OK)                                                               \
-            return engine_op_failed(e, rc, #call, err);                                            \
-    } while (0)
 
     if (ops->begin)
         TDM_TRY(ops->begin(be, &rows, b->tokens, e->logit_rows, n_logits));
     TDM_TRY(ops->embed(be, &m->token_embd, b->tokens, n, e->x));
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const tdm_layer_weights_t *lw = &m->layers[l];
-        /* attention block */
-        TDM_TRY(ops->rmsnorm(be, e->x, &lw->attn_norm, n, hp->rms_norm_eps, e->xn));
-        const tdm_weight_t *qkv_w[3] = {&lw->wq, &lw->wk, &lw->wv};
-        float *qkv_out[3] = {e->q, e->k, e->v};
-        TDM_TRY(ops->matmul(be, e->xn, n, 3, qkv_w, qkv_out));
-        if (hp->has_qkv_bias) {
-            TDM_TRY(ops->add_bias(be, e->q, &lw->bq, n));
-            TDM_TRY(ops->add_bias(be, e->k, &lw->bk, n));
-            TDM_TRY(ops->add_bias(be, e->v, &lw->bv, n));
-        }
-        TDM_TRY(ops->rope(be, e->q, e->k, &rows));
-        TDM_TRY(ops->kv_store(be, l, e->k, e->v, &rows));
-        TDM_TRY(ops->attention(be, l, e->q, &rows, e->attn));
-        const tdm_weight_t *wo[1] = {&lw->wo};
-        float *proj[1] = {e->proj};
-        TDM_TRY(ops->matmul(be, e->attn, n, 1, wo, proj));
-        TDM_TRY(ops->add(be, e->x, e->proj, n * E));
-        /* feed-forward block */
-        TDM_TRY(ops->rmsnorm(be, e->x, &lw->ffn_norm, n, hp->rms_norm_eps, e->xn));
-        const tdm_weight_t *gu_w[2] = {&lw->w_gate, &lw->w_up};
-        float *gu_out[2] = {e->gate, e->up};
-        TDM_TRY(ops->matmul(be, e->xn, n, 2, gu_w, gu_out));
-        TDM_TRY(ops->swiglu(be, e->gate, e->up, n * F, e->gate));
-        const tdm_weight_t *wd[1] = {&lw->w_down};
-        TDM_TRY(ops->matmul(be, e->gate, n, 1, wd, proj));
-        TDM_TRY(ops->add(be, e->x, e->proj, n * E));
-    }
-    if (n_logits > 0) {
-        TDM_TRY(ops->gather_rows(be, e->x, e->logit_rows, n_logits, (uint32_t)E, e->sel));
-        TDM_TRY(ops->rmsnorm(be, e->sel, &m->output_norm, n_logits, hp->rms_norm_eps, e->seln));
-        const tdm_weight_t *wout[1] = {&m->output};
-        float *lo[1] = {ops->host_memory ? logits : e->logits};
-        TDM_TRY(ops->matmul(be, e->seln, n_logits, 1, wout, lo));
-        if (!ops->host_memory)
-            TDM_TRY(ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
-    } else if (ops->sync) {
+    if (hp->embd_scale != 1.0f)
+        TDM_TRY(ops->scale(be, e->x, hp->embd_scale, (size_t)n * hp->n_embd));
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if ((rc = forward_attention(e, l, &rows, err)) != TDM_OK ||
+            (rc = forward_ffn(e, l, n, err)) != TDM_OK)
+            return rc;
+    if (n_logits > 0)
+        return forward_logits(e, n_logits, logits, err);
+    if (ops->sync)
         TDM_TRY(ops->sync(be));
-    }
-#undef TDM_TRY
     return TDM_OK;
 }
+#undef TDM_TRY

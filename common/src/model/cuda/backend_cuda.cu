@@ -643,8 +643,11 @@ static int cuda_add_bias(void *vbe, float *x, const tdm_weight_t *b, uint32_t n)
     return tdm_cuda_op_add_bias(be, x, bias, n, (uint32_t)b->n_in);
 }
 
-static int cuda_rope(void *vbe, float *q, float *k, const tdm_fwd_rows_t *rows)
+// Every layer has the same RoPE here: models whose layers differ (sliding-window layers' base)
+// or that scale positions need arch_features, which this backend does not declare.
+static int cuda_rope(void *vbe, uint32_t layer, float *q, float *k, const tdm_fwd_rows_t *rows)
 {
+    (void)layer;
     cuda_be_t *be = (cuda_be_t *)vbe;
     int rc = tdm_cuda_check_pass(be, "rope", rows->pos, rows->n);
     return rc != TDM_OK ? rc : tdm_cuda_op_rope(be, q, k);
@@ -764,8 +767,11 @@ const tdm_backend_ops_t tdm_model_backend_cuda = {
     .kv_store = cuda_kv_store,
     .attention = cuda_attention,
     .swiglu = cuda_swiglu,
+    .geglu = NULL, /* Gemma 3 is refused here (arch_features) */
+    .scale = NULL,
     .add = cuda_add,
     .gather_rows = cuda_gather_rows,
     .read = cuda_read,
-    .host_memory = false, /* device buffers: logits come back through read */
+    .host_memory = false,   /* device buffers: logits come back through read */
+    .arch_features = false, /* no sliding windows, QK-norm, post-norms or RoPE scaling yet */
 };

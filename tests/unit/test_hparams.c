@@ -1,0 +1,276 @@
+/* test_hparams.c - a model whose metadata or tensors ask for what the engine does not compute
+ * is refused at load, naming the key or tensor (common/src/gguf/hparams_refuse.c); what Tandem
+ * implements (linear RoPE scaling, harmless keys) loads and changes the output as it should.
+ *
+ * Each case builds a tiny Llama GGUF in memory (tests/support/tiny_model.h), adds one key or
+ * tensor, and loads it from a file as a node would.
+ */
+#include "tdm_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tandem/gguf.h"
+#include "tandem/model.h"
+#include "tiny_model.h"
+
+/* A tiny model with one change applied by edit(w); returns the loaded model or NULL with
+ * *err. */
+typedef int (*edit_fn)(tdm_gguf_writer_t *w);
+
+static tdm_model_t *load_edited(edit_fn edit, tdm_error_t *err)
+{
+    tdm_gguf_writer_t *w = NULL;
+    tdm_tiny_llama_spec_t spec = {.n_layers = 2, .tied_embeddings = true};
+    assert_int_equal(tdm_test_tiny_llama_build(&spec, &w, err), TDM_OK);
+    if (edit)
+        assert_int_equal(edit(w), TDM_OK);
+    char path[] = "/tmp/tandem-test-hparams-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(tdm_gguf_writer_write_file(w, path, err), TDM_OK);
+    tdm_gguf_writer_destroy(&w);
+    tdm_model_t *m = tdm_model_load(path, err);
+    unlink(path);
+    return m;
+}
+
+/* The load fails with TDM_EINVALID and a message holding every string of want. */
+static void expect_refused(edit_fn edit, const char *want1, const char *want2)
+{
+    tdm_error_t err = {0};
+    tdm_model_t *m = load_edited(edit, &err);
+    if (m) {
+        tdm_model_destroy(&m);
+        fail_msg("the model loaded; expected a refusal naming '%s'", want1);
+    }
+    assert_int_equal(err.code, TDM_EINVALID);
+    if (!strstr(err.msg, want1) || (want2 && !strstr(err.msg, want2)))
+        fail_msg("message \"%s\" lacks '%s'%s%s", err.msg, want1, want2 ? " or " : "",
+                 want2 ? want2 : "");
+}
+
+static int add_vector(tdm_gguf_writer_t *w, const char *name, uint64_t n)
+{
+    float *v = calloc(n, sizeof *v);
+    if (!v)
+        return TDM_ERESOURCE;
+    uint64_t ne[1] = {n};
+    int rc = tdm_gguf_writer_add_tensor(w, name, TDM_GGML_TYPE_F32, 1, ne, v);
+    free(v);
+    return rc;
+}
+
+static int add_matrix(tdm_gguf_writer_t *w, const char *name, uint64_t n_in, uint64_t n_out)
+{
+    float *v = calloc(n_in * n_out, sizeof *v);
+    if (!v)
+        return TDM_ERESOURCE;
+    uint64_t ne[2] = {n_in, n_out};
+    int rc = tdm_gguf_writer_add_tensor(w, name, TDM_GGML_TYPE_F32, 2, ne, v);
+    free(v);
+    return rc;
+}
+
+static int edit_rope_freqs(tdm_gguf_writer_t *w)
+{
+    return add_vector(w, "rope_freqs.weight", 8); /* Llama 3.1's frequency factors */
+}
+
+static int edit_yarn(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_str(w, "llama.rope.scaling.type", "yarn") ||
+           tdm_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
+}
+
+static int edit_yarn_key(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_f32(w, "llama.rope.scaling.yarn_beta_fast", 32.0f);
+}
+
+static int edit_attn_factor(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_f32(w, "llama.rope.scaling.attn_factor", 1.5f);
+}
+
+static int edit_sliding_window(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.attention.sliding_window", 64);
+}
+
+static int edit_attn_softcap(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_f32(w, "llama.attn_logit_softcapping", 50.0f);
+}
+
+static int edit_final_softcap(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_f32(w, "llama.final_logit_softcapping", 30.0f);
+}
+
+static int edit_experts(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_count", 8) ||
+           tdm_gguf_writer_set_u32(w, "llama.expert_used_count", 2);
+}
+
+static int edit_expert_tensor(tdm_gguf_writer_t *w)
+{
+    return add_matrix(w, "blk.0.ffn_gate_inp.weight", 64, 8);
+}
+
+static int edit_unknown_key(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_f32(w, "llama.residual_scale", 0.5f);
+}
+
+static int edit_fused_qkv(tdm_gguf_writer_t *w)
+{
+    return add_matrix(w, "blk.1.attn_qkv.weight", 64, 192);
+}
+
+static int edit_layer_past_end(tdm_gguf_writer_t *w)
+{
+    return add_vector(w, "blk.2.attn_norm.weight", 64); /* the model has blocks 0 and 1 */
+}
+
+static int edit_qk_norm_on_llama(tdm_gguf_writer_t *w)
+{
+    return add_vector(w, "blk.0.attn_q_norm.weight", 16);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    expect_refused(edit_rope_freqs, "tensor 'rope_freqs.weight'", "RoPE frequency factors");
+    expect_refused(edit_yarn, "llama.rope.scaling.type", "'yarn'");
+    expect_refused(edit_yarn_key, "llama.rope.scaling.yarn_beta_fast", "RoPE scaling");
+    expect_refused(edit_attn_factor, "llama.rope.scaling.attn_factor", NULL);
+    expect_refused(edit_sliding_window, "llama.attention.sliding_window", "gemma3 only");
+    expect_refused(edit_attn_softcap, "llama.attn_logit_softcapping", "soft-capping");
+    expect_refused(edit_final_softcap, "llama.final_logit_softcapping", "soft-capping");
+    expect_refused(edit_experts, "llama.expert_count", "mixture-of-experts");
+    expect_refused(edit_expert_tensor, "blk.0.ffn_gate_inp.weight", "mixture-of-experts");
+    expect_refused(edit_unknown_key, "llama.residual_scale", "refused rather than run wrong");
+    expect_refused(edit_fused_qkv, "blk.1.attn_qkv.weight", "fused QKV");
+    expect_refused(edit_layer_past_end, "blk.2.attn_norm.weight", NULL);
+    expect_refused(edit_qk_norm_on_llama, "blk.0.attn_q_norm.weight", NULL);
+}
+
+static int edit_harmless(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_count", 0) ||
+           tdm_gguf_writer_set_u32(w, "llama.rope.scaling.original_context_length", 128) ||
+           tdm_gguf_writer_set_bool(w, "llama.rope.scaling.finetuned", false) ||
+           tdm_gguf_writer_set_str(w, "llama.rope.scaling.type", "none");
+}
+
+static int edit_linear_x4(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_str(w, "llama.rope.scaling.type", "linear") ||
+           tdm_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
+}
+
+/* Logits of tokens 1..n at positions 0..n-1 (one pass), into out[n][n_vocab]. */
+static void run(tdm_model_t *m, uint32_t n, float *out)
+{
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(m);
+    tdm_error_t err = {0};
+    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F32};
+    tdm_kv_pool_t *pool = tdm_kv_pool_new(&kl, 8, &err);
+    assert_non_null(pool);
+    tdm_engine_params_t p;
+    tdm_engine_params_default(&p);
+    p.n_ctx = 128;
+    p.max_logits = n;
+    p.n_threads = 1;
+    tdm_engine_t *e = tdm_engine_new(m, pool, &p, &err);
+    assert_non_null(e);
+    int32_t tokens[16];
+    uint32_t pos[16], seq[16], blocks[1] = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        tokens[i] = (int32_t)(i * 7 + 1);
+        pos[i] = i;
+        seq[i] = 0;
+    }
+    tdm_batch_seq_t bs = {blocks, 1};
+    tdm_batch_t b = {n, tokens, pos, seq, NULL, 1, &bs};
+    assert_int_equal(tdm_engine_forward(e, &b, out, &err), TDM_OK);
+    tdm_engine_destroy(&e);
+    tdm_kv_pool_destroy(&pool);
+}
+
+/* Linear scaling loads, sets rope_freq_scale = 1 / factor and changes the logits of every
+ * position but the first (position 0 rotates by 0 either way). Harmless keys load unchanged. */
+static void test_accepted(void **state)
+{
+    (void)state;
+    tdm_error_t err = {0};
+    tdm_model_t *plain = load_edited(NULL, &err);
+    assert_non_null(plain);
+    tdm_model_t *harmless = load_edited(edit_harmless, &err);
+    if (!harmless)
+        fail_msg("%s", err.msg);
+    tdm_model_t *scaled = load_edited(edit_linear_x4, &err);
+    if (!scaled)
+        fail_msg("%s", err.msg);
+    assert_true(tdm_model_hparams(scaled)->rope_freq_scale == 0.25f);
+    assert_true(tdm_model_hparams(plain)->rope_freq_scale == 1.0f);
+    uint32_t V = tdm_model_hparams(plain)->n_vocab, n = 6;
+    float *a = malloc((size_t)3 * n * V * sizeof *a);
+    assert_non_null(a);
+    run(plain, n, a);
+    run(harmless, n, a + (size_t)n * V);
+    run(scaled, n, a + (size_t)2 * n * V);
+    assert_memory_equal(a, a + (size_t)n * V, (size_t)n * V * sizeof *a);
+    assert_memory_equal(a, a + (size_t)2 * n * V, (size_t)V * sizeof *a); /* position 0 */
+    for (uint32_t i = 1; i < n; i++)
+        assert_memory_not_equal(a + (size_t)i * V, a + (size_t)(2 * n + i) * V, V * sizeof *a);
+    free(a);
+    tdm_model_destroy(&plain);
+    tdm_model_destroy(&harmless);
+    tdm_model_destroy(&scaled);
+}
+
+/* The layer helpers: sliding-window layers' first key and RoPE. */
+static void test_layer_helpers(void **state)
+{
+    (void)state;
+    tdm_llama_hparams_t hp;
+    memset(&hp, 0, sizeof hp);
+    hp.n_layers = 6;
+    hp.rope_freq_base = 1e6f;
+    hp.rope_freq_base_swa = 1e4f;
+    hp.rope_freq_scale = 0.125f;
+    hp.n_swa = 4;
+    for (uint32_t l = 0; l < 6; l++)
+        hp.swa_layers[l] = l % 6 < 5;
+    assert_int_equal(tdm_llama_layer_first_key(&hp, 0, 0), 0);
+    assert_int_equal(tdm_llama_layer_first_key(&hp, 0, 3), 0);
+    assert_int_equal(tdm_llama_layer_first_key(&hp, 0, 4), 1); /* keys 1..4: four of them */
+    assert_int_equal(tdm_llama_layer_first_key(&hp, 4, 100), 97);
+    assert_int_equal(tdm_llama_layer_first_key(&hp, 5, 100), 0); /* the global layer */
+    float base, scale;
+    tdm_llama_layer_rope(&hp, 0, &base, &scale);
+    assert_true(base == 1e4f && scale == 1.0f);
+    tdm_llama_layer_rope(&hp, 5, &base, &scale);
+    assert_true(base == 1e6f && scale == 0.125f);
+    hp.n_swa = 0; /* no window: every layer global */
+    assert_int_equal(tdm_llama_layer_first_key(&hp, 0, 100), 0);
+    tdm_llama_layer_rope(&hp, 0, &base, &scale);
+    assert_true(base == 1e6f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_accepted),
+        cmocka_unit_test(test_layer_helpers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
