@@ -1,7 +1,8 @@
 /* cmd_cluster.c - `tandem cluster up|down`: start and stop a whole cluster on this host.
  *
  * `up` starts tandem-router and one tandem-prefill / tandem-decode per node of the config
- * (the default single-host cluster without --config), waits until the router's Status shows
+ * (the default single-host cluster without --config; --model PATH serves another GGUF by
+ * handing the daemons $TANDEM_MODEL, the default model path), waits until the router's Status shows
  * every configured node up, prints "cluster ready: ..." and then supervises: Ctrl-C or SIGTERM
  * stops the daemons (SIGTERM, then SIGKILL after the stop timeout), and a daemon that exits on
  * its own stops the others and makes `up` exit 1 naming it. With --detach it writes the pids to
@@ -34,6 +35,7 @@
 #include "commands.h"
 #include "tandem/client.h"
 #include "tandem/config.h"
+#include "tandem/gguf.h"
 
 #define CMD_UP "tandem cluster up"
 #define CMD_DOWN "tandem cluster down"
@@ -56,6 +58,9 @@ static void usage(FILE *out)
             "\n"
             "up:\n"
             "      --config FILE         cluster config (YAML; see docs/operations.md)\n"
+            "      --model PATH          serve this GGUF file (default: the config's model.path,\n"
+            "                            else $TANDEM_MODEL or the cached SmolLM2); with\n"
+            "                            --config only when the config sets no model.path\n"
             "      --bin-dir DIR         where the daemons are (default: next to this binary,\n"
             "                            its build tree's router/, prefill-node/, decode-node/,\n"
             "                            then $PATH)\n"
@@ -484,7 +489,7 @@ static size_t describe_nodes(const tdm_config_t *cfg, const tdm_client_cluster_s
 }
 
 typedef struct up_opts {
-    const char *config_path, *bin_dir, *log_dir, *pid_file, *api_key;
+    const char *config_path, *bin_dir, *log_dir, *pid_file, *api_key, *model;
     bool detach;
     double timeout_s, stop_timeout_s;
 } up_opts_t;
@@ -635,6 +640,7 @@ static int parse_up(int argc, char **argv, up_opts_t *o, bool *done)
 {
     const tdm_cli_opt_t opts[] = {
         TDM_CLI_OPT_STR("config", 0, &o->config_path),
+        TDM_CLI_OPT_STR("model", 0, &o->model),
         TDM_CLI_OPT_STR("bin-dir", 0, &o->bin_dir),
         TDM_CLI_OPT_STR("log-dir", 0, &o->log_dir),
         TDM_CLI_OPT_TRUE("detach", 0, &o->detach),
@@ -815,6 +821,55 @@ out_free:
     return status;
 }
 
+/* --model PATH: checks PATH is a GGUF file and makes its absolute path (abs, PATH_MAX bytes)
+ * the default model of this process and of the daemons it starts, through $TANDEM_MODEL:
+ * tdm_model_default_path reads it wherever a config leaves model.path out, so every process
+ * resolves the same file by the rule it already uses. Returns 0, or the exit status after
+ * printing why (2: a bad PATH). */
+static int use_model(const char *path, char *abs)
+{
+    char cwd[PATH_MAX];
+    if (path[0] != '/' && !getcwd(cwd, sizeof cwd)) {
+        fprintf(stderr, CMD_UP ": --model: cannot get the working directory: %s\n",
+                strerror(errno));
+        return 1;
+    }
+    if (!fits(path[0] == '/' ? snprintf(abs, PATH_MAX, "%s", path)
+                             : snprintf(abs, PATH_MAX, "%s/%s", cwd, path),
+              PATH_MAX)) {
+        fprintf(stderr, CMD_UP ": --model: the path is too long\n");
+        return 2;
+    }
+    tdm_error_t err = {0};
+    tdm_gguf_t *g = tdm_gguf_open(abs, &err);
+    if (!g) {
+        fprintf(stderr, CMD_UP ": --model %s: %s\n", path, err.msg);
+        return 2;
+    }
+    tdm_gguf_destroy(&g);
+    if (setenv("TANDEM_MODEL", abs, 1) != 0) {
+        fprintf(stderr, CMD_UP ": cannot set TANDEM_MODEL: %s\n", strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+/* With --model and --config: the config's model path must be --model's file, i.e. the config
+ * left model.path out (or names the same file). Returns 0, or 2 after printing the conflict. */
+static int check_model_path(const up_opts_t *o, const tdm_config_t *cfg, const char *abs)
+{
+    struct stat a, b;
+    if (strcmp(cfg->model.path, abs) == 0 ||
+        (stat(cfg->model.path, &a) == 0 && stat(abs, &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino))
+        return 0;
+    fprintf(stderr,
+            CMD_UP ": --model %s conflicts with model.path %s in %s; remove model.path from the "
+                   "config or drop --model\n",
+            o->model, cfg->model.path, o->config_path);
+    return 2;
+}
+
 static int cluster_up(int argc, char **argv)
 {
     up_opts_t o = {0};
@@ -828,13 +883,19 @@ static int cluster_up(int argc, char **argv)
     else
         default_pid_file(pid_file, sizeof pid_file);
     status = check_host(&o, pid_file);
+    char model[PATH_MAX];
+    if (status == 0 && o.model)
+        status = use_model(o.model, model);
     if (status != 0)
         return status;
     tdm_config_t cfg;
     status = load_config(&o, &cfg);
     if (status != 0)
         return status;
-    status = run_cluster(&o, &cfg, pid_file);
+    if (o.model)
+        status = check_model_path(&o, &cfg, model);
+    if (status == 0)
+        status = run_cluster(&o, &cfg, pid_file);
     tdm_config_free(&cfg);
     return status;
 }
