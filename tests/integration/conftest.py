@@ -48,7 +48,8 @@ class Cluster:
     """1 router + n_prefill prefill nodes + n_decode decode nodes, each its own process."""
 
     def __init__(self, tmp_dir, n_prefill=1, n_decode=1, policy="round_robin",
-                 memory_budget="768MiB", extra_router="", threads=1, extra_decode=""):
+                 memory_budget="768MiB", extra_router="", threads=1, extra_decode="",
+                 model=None):
         self.dir = tmp_dir
         os.makedirs(tmp_dir, exist_ok=True)
         self.client_ep = f"tcp://127.0.0.1:{free_port()}"
@@ -67,7 +68,7 @@ class Cluster:
                          f"    kv_endpoint: tcp://127.0.0.1:{free_port()}\n{extra_decode}")
         self.config = os.path.join(tmp_dir, "cluster.yaml")
         with open(self.config, "w") as f:
-            f.write(f"model:\n  path: {MODEL}\n"
+            f.write(f"model:\n  path: {model or MODEL}\n"
                     f"router:\n  client_endpoint: {self.client_ep}\n"
                     f"  node_endpoint: {self.node_ep}\n"
                     f"  http_port: {free_port()}\n"
@@ -194,9 +195,10 @@ def http_cluster(tmp_path_factory, name, **kw):
     assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
 
 
-def reference(prompt=None, chat=None, max_tokens=16, temperature=0.0, seed=None, extra=()):
+def reference(prompt=None, chat=None, max_tokens=16, temperature=0.0, seed=None, extra=(),
+              model=None):
     """The in-process output of `tandem generate -m MODEL` for the same request (stdout)."""
-    argv = [BINARIES["tandem"], "generate", "-m", MODEL, "-n", str(max_tokens), "-t", "1",
+    argv = [BINARIES["tandem"], "generate", "-m", model or MODEL, "-n", str(max_tokens), "-t", "1",
             "--temperature", str(temperature)]
     if seed is not None:
         argv += ["--seed", str(seed)]
