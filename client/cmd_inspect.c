@@ -30,6 +30,29 @@ static void print_bytes(const char *label, uint64_t bytes)
     printf("%-26s %" PRIu64 " bytes (%.2f MiB)\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
 }
 
+/* The architecture's features beyond the Llama block (Gemma 3's sliding-window layers, QK-norm,
+ * post-norms, GeGLU, scales, soft-cap), one line each, only those the model has. */
+static void print_arch_features(const tdm_llama_hparams_t *hp)
+{
+    if (hp->n_swa) {
+        uint32_t n_local = 0;
+        for (uint32_t l = 0; l < hp->n_layers && l < TDM_GGUF_MAX_LAYERS; l++)
+            n_local += hp->swa_layers[l];
+        printf("sliding window:            %" PRIu32 " tokens in %" PRIu32 " of %" PRIu32
+               " layers (theta %g there; the others global)\n",
+               hp->n_swa, n_local, hp->n_layers, (double)hp->rope_freq_base_swa);
+    }
+    if (hp->qk_norm || hp->post_norms)
+        printf("norms:                     %s%s%s\n", hp->qk_norm ? "QK-norm" : "",
+               hp->qk_norm && hp->post_norms ? ", " : "", hp->post_norms ? "post-norms" : "");
+    printf("ffn:                       %s\n",
+           hp->ffn_act == TDM_FFN_GELU_TANH ? "GeGLU (tanh GELU)" : "SwiGLU");
+    if (hp->embd_scale != 1.0f || hp->attn_q_scale > 0.0f)
+        printf("scales:                    embeddings x %g, q x %g\n", (double)hp->embd_scale,
+               (double)(hp->attn_q_scale > 0.0f ? hp->attn_q_scale : 1.0f));
+    if (hp->final_logit_softcap > 0.0f)
+        printf("logit soft-cap:            %g\n", (double)hp->final_logit_softcap);
+}
 static void print_hparams(const tdm_gguf_t *g)
 {
     tdm_llama_hparams_t hp;
@@ -52,6 +75,9 @@ static void print_hparams(const tdm_gguf_t *g)
     printf("rope:                      %s, theta %g, %" PRIu32 " dims\n",
            hp.rope_type == TDM_ROPE_NEOX ? "neox" : "normal", (double)hp.rope_freq_base,
            hp.rope_dim);
+    if (hp.rope_freq_scale != 1.0f)
+        printf("rope scaling:              linear, positions x %g\n", (double)hp.rope_freq_scale);
+    print_arch_features(&hp);
     printf("output matrix:             %s\n",
            hp.tied_embeddings ? "tied to token_embd.weight" : "output.weight");
     printf("qkv bias:                  %s\n", hp.has_qkv_bias ? "yes" : "no");

@@ -260,6 +260,58 @@ static int cpu_wkernel_init(cpu_be_t *be, const tdm_weight_t *w, cpu_wkernel_t *
     return TDM_OK;
 }
 
+/* Q5_0 blocks (ggml's block_q5_0: f16 d, the 5th bits in a little-endian u32 qh, the low
+ * nibbles in qs[16]; x_j = (q_j - 16) d) rewritten as Q8_0 blocks (f16 d, int8 qs[32]; x_j =
+ * q_j d) with the same d and q_j - 16 in -16..15: the same values, so a Q8_0 kernel computes
+ * exactly the integer sums a Q5_0 one would. n_blocks blocks from src to dst. */
+static void q5_0_to_q8_0(const uint8_t *src, uint64_t n_blocks, uint8_t *dst)
+{
+    for (uint64_t i = 0; i < n_blocks; i++, src += 22, dst += 34) {
+        uint32_t qh;
+        memcpy(dst, src, 2); /* d */
+        memcpy(&qh, src + 2, sizeof qh);
+        const uint8_t *qs = src + 6;
+        int8_t *q = (int8_t *)(dst + 2);
+        for (int j = 0; j < QK / 2; j++) {
+            int h0 = (int)((qh >> j) << 4) & 0x10, h1 = (int)(qh >> (j + 12)) & 0x10;
+            q[j] = (int8_t)(((qs[j] & 0x0f) | h0) - 16);
+            q[j + QK / 2] = (int8_t)(((qs[j] >> 4) | h1) - 16);
+        }
+    }
+}
+
+/* A Q5_0 matrix runs on the Q8_0 kernels over a converted copy (q5_0_to_q8_0): 34 bytes per
+ * 32 values read instead of 22, against dequantizing every row to f32 for every pass on the
+ * f32 path. Packed kernel sets pack from a temporary copy (one packed copy is kept); the
+ * in-place ones (scalar) keep the converted copy. The file's pages of the Q5_0 rows are
+ * released. Not under TANDEM_CPU_KERNELS=zdot (its row kernels read the weight's own type).
+ * Fails only on out of memory. */
+static int cpu_wkernel_init_q5_0(cpu_be_t *be, const tdm_weight_t *w, cpu_wkernel_t *wk)
+{
+    uint64_t n_blocks = w->n_out * (w->n_in / QK);
+    size_t bytes = (size_t)n_blocks * 34;
+    bool keep = !be->isa->packed;
+    uint8_t *copy = keep ? (uint8_t *)cpu_alloc(be, (bytes + sizeof(float) - 1) / sizeof(float))
+                         : malloc(bytes);
+    if (!copy)
+        return TDM_ERESOURCE;
+    q5_0_to_q8_0(w->data, n_blocks, copy);
+    tdm_weight_t w8 = *w;
+    w8.type = TDM_GGML_TYPE_Q8_0;
+    w8.row_bytes = (w->n_in / QK) * 34;
+    w8.data = copy;
+    int rc = cpu_wkernel_init(be, &w8, wk);
+    if (!keep)
+        free(copy);
+    if (rc != TDM_OK)
+        return rc;
+    wk->w = w; /* the record answers for the model's weight (cpu_wkernel_for) */
+    if (w->data != tdm_model_token_embd(be->model)->data)
+        be->released +=
+            tdm_gguf_release(tdm_model_gguf(be->model), w->data, (size_t)w->row_bytes * w->n_out);
+    return TDM_OK;
+}
+
 /* Chooses the kernel of every matrix the forward pass multiplies (cpu_wkernel_init). */
 static int cpu_wkernels_new(cpu_be_t *be, tdm_error_t *err)
 {
@@ -276,9 +328,12 @@ static int cpu_wkernels_new(cpu_be_t *be, tdm_error_t *err)
         memcpy(ws + (size_t)l * 7, lws, sizeof lws);
     }
     ws[n - 1] = tdm_model_output(be->model);
-    for (size_t i = 0; i < n; i++)
-        if (cpu_wkernel_init(be, ws[i], &wk[i]) != TDM_OK)
+    for (size_t i = 0; i < n; i++) {
+        bool q5_0 = ws[i]->type == TDM_GGML_TYPE_Q5_0 && ws[i]->n_in % QK == 0 && !be->avx512;
+        if ((q5_0 ? cpu_wkernel_init_q5_0(be, ws[i], &wk[i])
+                  : cpu_wkernel_init(be, ws[i], &wk[i])) != TDM_OK)
             return tdm_error_set(err, TDM_ERESOURCE, "out of memory repacking weights");
+    }
     be->wk = wk;
     be->n_wk = n;
     return TDM_OK;
