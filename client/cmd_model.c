@@ -1,6 +1,6 @@
 /* cmd_model.c - `tandem model synth` (`tandem model cut` is cmd_model_cut.c): writes a
  * random-weight GGUF with a published architecture's shape (for benchmarks at scales the default
- * model does not reach), or, with
+ * model does not reach, and small Gemma 3 files for tests against llama.cpp), or, with
  * --vocab-only, a vocabulary-only GGUF of a model's tokenizer to give it.
  *
  * The weights (cmd_model_synth.c) mean nothing; what they keep real is every cost: tensor
@@ -28,12 +28,13 @@ static void usage(FILE *out)
             "                          [--layers N] -o FILE\n"
             "       tandem model synth --vocab-only [-m MODEL] -o FILE\n"
             "\n"
-            "Writes a random-weight Llama-architecture GGUF with SHAPE's real dimensions\n"
-            "(embedding, FFN, layers, heads, KV heads, head_dim, rope theta, vocabulary size,\n"
-            "context) and the tokenizer of FILE (a vocabulary-only GGUF or any model; the\n"
+            "Writes a random-weight GGUF (Llama architecture; Gemma 3 for the gemma3 shapes)\n"
+            "with SHAPE's real dimensions (embedding, FFN, layers, heads, KV heads, head_dim,\n"
+            "rope theta, sliding window, vocabulary size, context; gemma3-tiny is a miniature\n"
+            "for tests) and the tokenizer of FILE (a vocabulary-only GGUF or any model; the\n"
             "token arrays are padded with unused tokens up to the shape's vocabulary size).\n"
-            "Weights are scaled so every layer's hidden state has RMS ~1. For benchmarks:\n"
-            "the output is noise.\n"
+            "Weights are scaled so every layer's hidden state has RMS ~1. For benchmarks and\n"
+            "tests: the output is noise.\n"
             "\n"
             "  --shape SHAPE   %s\n"
             "  --type TYPE     projection type: Q4_0, Q4_1, Q8_0, F16 (Q4_K, Q5_K, Q6_K where\n"

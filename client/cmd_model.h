@@ -8,9 +8,11 @@
 
 #include "tandem/gguf.h"
 
-/* A published architecture's shape, from its Hugging Face config.json. */
+/* A published architecture's shape, from its Hugging Face config.json (or, for the "-tiny"
+ * shapes, a miniature of one for tests). */
 typedef struct tdm_synth_shape {
     const char *name;    /* "llama-3.2-1b" */
+    const char *arch;    /* general.architecture: "llama" or "gemma3" */
     uint32_t n_vocab;    /* tokens (vocab_size) */
     uint32_t n_ctx;      /* max_position_embeddings */
     uint32_t n_embd;     /* hidden_size */
@@ -21,6 +23,7 @@ typedef struct tdm_synth_shape {
     uint32_t head_dim;   /* hidden_size / num_attention_heads */
     float rope_theta;    /* rope_theta */
     bool tied;           /* tie_word_embeddings: no output.weight */
+    uint32_t n_swa;      /* sliding_window of the local layers (gemma3); 0: none */
 } tdm_synth_shape_t;
 
 /* The shape called name; NULL when synth does not know it. Cannot fail. */
@@ -29,12 +32,13 @@ const tdm_synth_shape_t *tdm_synth_shape_find(const char *name);
 /* The known shapes' names, "a|b|c", for messages. Cannot fail. */
 const char *tdm_synth_shape_names(void);
 
-/* Adds the model's metadata (general.*, llama.*) and every weight tensor of shape s (n_vocab
+/* Adds the model's metadata (general.*, <arch>.*) and every weight tensor of shape s (n_vocab
  * rows in the embedding) to w: projections of type type, token_embd (and output) Q8_0 for the
- * quantized types, F16 for F16, norms F32. Values are uniform random from seed, scaled so the
- * residual stream's RMS stays near 1 through every layer (cmd_model_synth.c says how).
- * Deterministic: the same arguments give the same bytes whatever the thread count.
- * Errors: TDM_ERESOURCE (message in err), TDM_EINVALID (a type the shape's dims do not fit). */
+ * quantized types, F16 for F16, norms F32 (for gemma3 also the Q/K norms and the post-norms).
+ * Values are uniform random from seed, scaled so the residual stream's RMS stays near 1 through
+ * every layer (cmd_model_synth.c says how). Deterministic: the same arguments give the same bytes
+ * whatever the thread count. Errors: TDM_ERESOURCE (message in err), TDM_EINVALID (a type the
+ * shape's dims do not fit). */
 int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32_t n_vocab,
                           tdm_ggml_type_t type, uint64_t seed, tdm_error_t *err);
 

@@ -10,6 +10,15 @@
  * deviation ~2 (output_norm's weight 2/sqrt(n_embd) on the tied embedding, or an output matrix
  * of std 2/sqrt(n_embd)), so the softmax over the vocabulary is neither flat nor one-hot and
  * exp() underflows into denormals for no more tokens than in a trained model.
+ * Gemma 3 (the gemma3 shapes) multiplies the embeddings by sqrt(n_embd) and RMS-normalises
+ * q and k per head and each block's output before adding it to the residual stream
+ * (post_attention_norm, post_ffw_norm; llama.cpp's converter stores Gemma's norm weights with
+ * the +1 already added, so a weight is the factor applied). So: embedding rows of standard
+ * deviation 1/sqrt(n_embd) (RMS 1 after the multiply), Q/K norms of weight 1 (scores of RMS ~1
+ * after the 1/sqrt(head_dim) scale), post-norm weights alpha = 1/sqrt(2 n_layers) (each block
+ * adds RMS alpha, whatever its matrices' scale: they keep std 1/sqrt(n_in)), and output_norm's
+ * weight 2 (tied logits of std ~2). Tied embeddings echo: the residual stream still holds the
+ * input token's embedding, so that token's own logit stands out (~2 sqrt(n_embd / 2)).
  * tests/unit/test_synth.c checks the RMS of every layer's hidden state.
  *
  * Values are uniform on [-a, a] (a = std * sqrt 3) from splitmix64 seeded per (seed, tensor,
@@ -27,10 +36,14 @@
 /* Shapes from each model's config.json on the Hugging Face hub (Llama 3's rope scaling, a
  * rope_freqs tensor in llama.cpp's files, is left out: it changes no cost). */
 static const tdm_synth_shape_t shapes[] = {
-    {"smollm2-135m", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true},
-    {"smollm2-360m", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true},
-    {"llama-3.2-1b", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true},
-    {"llama-3.1-8b", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false},
+    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0},
+    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0},
+    {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0},
+    {"llama-3.1-8b", "llama", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false, 0},
+    /* Gemma 3 270M; local layers' rope theta 10000 (llama.cpp's default, not in the file) */
+    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512},
+    /* a miniature for tests: layers 0-4 local with a 32-token window, layer 5 global */
+    {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -44,7 +57,7 @@ const tdm_synth_shape_t *tdm_synth_shape_find(const char *name)
 
 const char *tdm_synth_shape_names(void)
 {
-    return "smollm2-135m|smollm2-360m|llama-3.2-1b|llama-3.1-8b";
+    return "smollm2-135m|smollm2-360m|llama-3.2-1b|llama-3.1-8b|gemma3-270m|gemma3-tiny";
 }
 
 /* splitmix64 (Steele, Lea, Flood 2014; S. Vigna's public-domain reference). */
@@ -162,10 +175,83 @@ static int add_metadata(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32
     return rc;
 }
 
-/* The nine tensors of layer l into ts[9] (names into names[9][64]). */
-static void layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
-                          synth_tensor_t ts[9], char names[9][64])
+/* general.* and gemma3.* keys, in the order convert_hf_to_gguf.py writes them for Gemma 3 (the
+ * sliding-window pattern and the local layers' rope theta are llama.cpp's defaults: every 6th
+ * layer global, 10000). */
+static int add_metadata_gemma3(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s,
+                               tdm_ggml_type_t type)
 {
+    char name[96];
+    snprintf(name, sizeof name, "synth %s %s", s->name, tdm_ggml_type_get((uint32_t)type)->name);
+    int rc = tdm_gguf_writer_set_str(w, "general.architecture", "gemma3");
+    rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.type", "model");
+    rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.name", name);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.context_length", s->n_ctx);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.embedding_length", s->n_embd);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.block_count", s->n_layers);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.feed_forward_length", s->n_ff);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.attention.head_count", s->n_heads);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "gemma3.attention.layer_norm_rms_epsilon", 1e-6f);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.attention.key_length", s->head_dim);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.attention.value_length", s->head_dim);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "gemma3.rope.freq_base", s->rope_theta);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.attention.sliding_window", s->n_swa);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "gemma3.attention.head_count_kv", s->n_kv_heads);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.file_type", file_type_of(type));
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.quantization_version", 2);
+    return rc;
+}
+
+static bool is_gemma3(const tdm_synth_shape_t *s)
+{
+    return strcmp(s->arch, "gemma3") == 0;
+}
+
+#define MAX_LAYER_TENSORS 13
+
+/* Names ts[0..n) "blk.<l>.<name>.weight", into names. */
+static void name_layer(synth_tensor_t *ts, int n, uint32_t l, char names[][64])
+{
+    for (int i = 0; i < n; i++) {
+        snprintf(names[i], 64, "blk.%u.%s.weight", l, ts[i].name);
+        ts[i].name = names[i];
+    }
+}
+
+/* The thirteen tensors of Gemma 3 layer l into ts (names into names); returns 13. */
+static int layer_tensors_gemma3(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
+                                synth_tensor_t *ts, char names[][64])
+{
+    const uint64_t E = s->n_embd, F = s->n_ff, Q = (uint64_t)s->n_heads * s->head_dim;
+    const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim, D = s->head_dim;
+    const tdm_ggml_type_t f32 = TDM_GGML_TYPE_F32;
+    const float in_e = 1.0f / sqrtf((float)E), alpha = 1.0f / sqrtf(2.0f * (float)s->n_layers);
+    const synth_tensor_t t[13] = {
+        {"attn_norm", f32, E, 1, 0.0f, 1.0f},
+        {"attn_q", wt, E, Q, in_e, 0.0f},
+        {"attn_k", wt, E, KV, in_e, 0.0f},
+        {"attn_v", wt, E, KV, in_e, 0.0f},
+        {"attn_q_norm", f32, D, 1, 0.0f, 1.0f},
+        {"attn_k_norm", f32, D, 1, 0.0f, 1.0f},
+        {"attn_output", wt, Q, E, 1.0f / sqrtf((float)Q), 0.0f},
+        {"post_attention_norm", f32, E, 1, 0.0f, alpha},
+        {"ffn_norm", f32, E, 1, 0.0f, 1.0f},
+        {"ffn_gate", wt, E, F, in_e, 0.0f},
+        {"ffn_up", wt, E, F, in_e, 0.0f},
+        {"ffn_down", wt, F, E, 1.0f / sqrtf((float)F), 0.0f},
+        {"post_ffw_norm", f32, E, 1, 0.0f, alpha},
+    };
+    memcpy(ts, t, sizeof t);
+    name_layer(ts, 13, l, names);
+    return 13;
+}
+
+/* The nine tensors of layer l into ts (names into names); returns 9. */
+static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
+                         synth_tensor_t *ts, char names[][64])
+{
+    if (is_gemma3(s))
+        return layer_tensors_gemma3(s, wt, l, ts, names);
     const uint64_t E = s->n_embd, F = s->n_ff, Q = (uint64_t)s->n_heads * s->head_dim;
     const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim;
     const tdm_ggml_type_t f32 = TDM_GGML_TYPE_F32;
@@ -181,11 +267,9 @@ static void layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32
         {"ffn_up", wt, E, F, in_e, 0.0f},
         {"ffn_down", wt, F, E, alpha / (0.6f * sqrtf((float)F)), 0.0f},
     };
-    for (int i = 0; i < 9; i++) {
-        ts[i] = t[i];
-        snprintf(names[i], 64, "blk.%u.%s.weight", l, t[i].name);
-        ts[i].name = names[i];
-    }
+    memcpy(ts, t, sizeof t);
+    name_layer(ts, 9, l, names);
+    return 9;
 }
 
 /* Embedding and output matrices: Q8_0 under a quantized type (as llama.cpp's quantize keeps
@@ -200,10 +284,10 @@ static int add_layers(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, tdm_ggml
                       uint64_t seed, uint64_t *index, float *scratch, tdm_error_t *err)
 {
     for (uint32_t l = 0; l < s->n_layers; l++) {
-        synth_tensor_t ts[9];
-        char names[9][64];
-        layer_tensors(s, type, l, ts, names);
-        for (int i = 0; i < 9; i++) {
+        synth_tensor_t ts[MAX_LAYER_TENSORS];
+        char names[MAX_LAYER_TENSORS][64];
+        const int n = layer_tensors(s, type, l, ts, names);
+        for (int i = 0; i < n; i++) {
             int rc = add_tensor(w, &ts[i], seed, (*index)++, scratch, err);
             if (rc != TDM_OK)
                 return rc;
@@ -215,17 +299,21 @@ static int add_layers(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, tdm_ggml
 int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32_t n_vocab,
                           tdm_ggml_type_t type, uint64_t seed, tdm_error_t *err)
 {
-    if (add_metadata(w, s, n_vocab, type) != TDM_OK)
+    const bool gemma = is_gemma3(s);
+    if ((gemma ? add_metadata_gemma3(w, s, type) : add_metadata(w, s, n_vocab, type)) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for the metadata");
-    const uint64_t E = s->n_embd, max_in = s->n_ff > E ? s->n_ff : E;
+    const uint64_t E = s->n_embd, Q = (uint64_t)s->n_heads * s->head_dim;
+    const uint64_t max_in = s->n_ff > E ? (s->n_ff > Q ? s->n_ff : Q) : (E > Q ? E : Q);
     float *scratch = malloc((size_t)omp_get_max_threads() * max_in * sizeof *scratch);
     if (!scratch)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     const tdm_ggml_type_t et = embd_type_of(type), f32 = TDM_GGML_TYPE_F32;
-    const float logit_gain = 2.0f / sqrtf((float)E);
-    const synth_tensor_t embd = {"token_embd.weight", et, E, n_vocab, 1.0f, 0.0f};
+    /* Gemma: embedding std 1/sqrt(E) (x sqrt(E) at the input), so the tied logits' gain is 2 */
+    const float logit_gain = gemma ? 2.0f : 2.0f / sqrtf((float)E);
+    const float embd_std = gemma ? 1.0f / sqrtf((float)E) : 1.0f;
+    const synth_tensor_t embd = {"token_embd.weight", et, E, n_vocab, embd_std, 0.0f};
     const synth_tensor_t out_norm = {"output_norm.weight", f32, E, 1, 0, s->tied ? logit_gain : 1};
-    const synth_tensor_t out = {"output.weight", et, E, n_vocab, logit_gain, 0.0f};
+    const synth_tensor_t out = {"output.weight", et, E, n_vocab, 2.0f / sqrtf((float)E), 0.0f};
     uint64_t index = 0;
     int rc = add_tensor(w, &embd, seed, index++, scratch, err);
     rc = rc ? rc : add_layers(w, s, type, seed, &index, scratch, err);

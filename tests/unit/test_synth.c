@@ -1,7 +1,7 @@
 /* test_synth.c - `tandem model synth`: a vocabulary-only file from a model, synthetic models
- * with the real shapes (smollm2-135m whole, llama-3.2-1b cut to 2 layers) whose every layer's
- * hidden state has RMS in [0.1, 10] on a fixed prompt, the same bytes for the same seed
- * whatever the thread count, and usage errors.
+ * with the real shapes (smollm2-135m whole, llama-3.2-1b cut to 2 layers, gemma3-270m cut to 6,
+ * and the gemma3-tiny miniature) whose every layer's hidden state has RMS in [0.1, 10] on a
+ * fixed prompt, the same bytes for the same seed whatever the thread count, and usage errors.
  *
  * The hidden states come from a plain float forward pass written here (dequantized weights,
  * no batching), checked against the engine's logits, so the engine needs no debug hook. The
@@ -111,6 +111,24 @@ static void rope(const ref_t *r, float *v, uint32_t n_heads)
             }
 }
 
+/* Gemma 3 (neox) rope of layer l: rotates pairs (i, i + head_dim / 2) of every head, with the
+ * layer's theta (the local layers' own). */
+static void rope_neox(const ref_t *r, float *v, uint32_t n_heads, uint32_t l)
+{
+    const uint32_t d = r->hp->head_dim;
+    float base, scale;
+    tdm_llama_layer_rope(r->hp, l, &base, &scale);
+    for (uint32_t t = 0; t < r->n; t++)
+        for (uint32_t h = 0; h < n_heads; h++)
+            for (uint32_t i = 0; i < d / 2; i++) {
+                const double f = pow(base, -2.0 * i / d), a = t * scale * f;
+                float *p = v + ((size_t)t * n_heads + h) * d + i;
+                const float x0 = p[0], x1 = p[d / 2];
+                p[0] = (float)(x0 * cos(a) - x1 * sin(a));
+                p[d / 2] = (float)(x0 * sin(a) + x1 * cos(a));
+            }
+}
+
 /* Causal attention of every head of q over k, v (grouped-query), into att. */
 static void attention(ref_t *r)
 {
@@ -187,6 +205,57 @@ static void ref_layer(ref_t *r, uint32_t l)
         r->x[i] += r->tmp[i];
 }
 
+/* Gemma 3's tanh GELU. */
+static float gelu(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+/* x += rmsnorm(in) * w (Gemma's post-norm of a block's output). */
+static void add_post_norm(ref_t *r, const tdm_gguf_tensor_t *w)
+{
+    const size_t E = r->hp->n_embd;
+    rmsnorm(r, r->tmp, w, r->tmp, r->n);
+    for (size_t i = 0; i < r->n * E; i++)
+        r->x[i] += r->tmp[i];
+}
+
+/* A Gemma 3 layer (llama.cpp's src/models/gemma3.cpp): per-head Q/K norms, neox rope with the
+ * layer's theta, q scaled by attn_q_scale (1/sqrt(head_dim): attention() already divides by
+ * it), post-norms on both blocks' outputs, a GELU-gated FFN. The prompt is shorter than the
+ * sliding window, so the local layers see every key. */
+static void ref_layer_gemma3(ref_t *r, uint32_t l)
+{
+    const tdm_llama_hparams_t *hp = r->hp;
+    const size_t F = hp->n_ff, d = hp->head_dim;
+    assert_true(hp->n_swa == 0 || r->n <= hp->n_swa);
+    assert_true(fabsf(hp->attn_q_scale * sqrtf((float)d) - 1.0f) < 1e-6f);
+    rmsnorm(r, r->x, tensor(r, "attn_norm", l), r->xn, r->n);
+    matmul(r, tensor(r, "attn_q", l), r->xn, r->n, r->q, 0);
+    matmul(r, tensor(r, "attn_k", l), r->xn, r->n, r->k, 0);
+    matmul(r, tensor(r, "attn_v", l), r->xn, r->n, r->v, 0);
+    /* rmsnorm() normalises n_embd values: the heads go through a view of head_dim */
+    tdm_llama_hparams_t head = *hp;
+    head.n_embd = (uint32_t)d;
+    const tdm_llama_hparams_t *saved = r->hp;
+    r->hp = &head;
+    rmsnorm(r, r->q, tensor(r, "attn_q_norm", l), r->q, r->n * hp->n_heads);
+    rmsnorm(r, r->k, tensor(r, "attn_k_norm", l), r->k, r->n * hp->n_kv_heads);
+    r->hp = saved;
+    rope_neox(r, r->q, hp->n_heads, l);
+    rope_neox(r, r->k, hp->n_kv_heads, l);
+    attention(r);
+    matmul(r, tensor(r, "attn_output", l), r->att, r->n, r->tmp, 0);
+    add_post_norm(r, tensor(r, "post_attention_norm", l));
+    rmsnorm(r, r->x, tensor(r, "ffn_norm", l), r->xn, r->n);
+    matmul(r, tensor(r, "ffn_gate", l), r->xn, r->n, r->gate, 0);
+    matmul(r, tensor(r, "ffn_up", l), r->xn, r->n, r->up, 0);
+    for (size_t i = 0; i < r->n * F; i++)
+        r->gate[i] = gelu(r->gate[i]) * r->up[i];
+    matmul(r, tensor(r, "ffn_down", l), r->gate, r->n, r->tmp, 0);
+    add_post_norm(r, tensor(r, "post_ffw_norm", l));
+}
+
 static void ref_alloc(ref_t *r, const tdm_model_t *m)
 {
     r->g = tdm_model_gguf(m);
@@ -218,9 +287,15 @@ static void ref_run(ref_t *r, const int32_t *tokens, float *logits)
     for (uint32_t t = 0; t < r->n; t++)
         tdm_ggml_dequantize_row(embd->type, (const uint8_t *)embd->data + tokens[t] * rb,
                                 r->x + t * E, (int64_t)E);
+    const bool gemma = strcmp(r->hp->arch, "gemma3") == 0;
+    for (size_t i = 0; gemma && i < r->n * E; i++)
+        r->x[i] *= r->hp->embd_scale;
     check_rms(r, "embedding");
     for (uint32_t l = 0; l < r->hp->n_layers; l++) {
-        ref_layer(r, l);
+        if (gemma)
+            ref_layer_gemma3(r, l);
+        else
+            ref_layer(r, l);
         char where[32];
         snprintf(where, sizeof where, "layer %u", l);
         check_rms(r, where);
@@ -369,6 +444,87 @@ static void test_llama_1b_cut(void **state)
                                       .rope_freq_base = 500000.0f,
                                       .tied_embeddings = true};
     check_model(out, &want);
+    unlink(out);
+}
+
+/* Checks path's Gemma 3 metadata and extra tensors: the sliding window (every 6th layer
+ * global), the scales, the Q/K norms [head_dim] and post-norms [n_embd] in F32, no output. */
+static void check_gemma3_file(const char *path, uint32_t n_swa)
+{
+    tdm_error_t err = {0};
+    tdm_gguf_t *g = tdm_gguf_open(path, &err);
+    assert_non_null(g);
+    tdm_llama_hparams_t hp;
+    assert_int_equal(tdm_gguf_llama_hparams(g, &hp, &err), TDM_OK);
+    assert_string_equal(hp.arch, "gemma3");
+    assert_int_equal(hp.n_swa, n_swa);
+    for (uint32_t l = 0; l < hp.n_layers; l++)
+        assert_int_equal(hp.swa_layers[l], l % 6 != 5);
+    assert_true(hp.rope_freq_base_swa == 10000.0f);
+    assert_true(fabsf(hp.embd_scale - sqrtf((float)hp.n_embd)) < 1e-4f);
+    assert_true(fabsf(hp.rms_norm_eps - 1e-6f) < 1e-12f);
+    const char *extra[] = {"attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"};
+    for (int i = 0; i < 4; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%u.%s.weight", hp.n_layers - 1, extra[i]);
+        const tdm_gguf_tensor_t *t = tdm_gguf_find_tensor(g, name);
+        assert_non_null(t);
+        assert_int_equal(t->type, TDM_GGML_TYPE_F32);
+        assert_int_equal(t->ne[0], i < 2 ? hp.head_dim : hp.n_embd);
+    }
+    assert_null(tdm_gguf_find_tensor(g, "output.weight"));
+    tdm_gguf_destroy(&g);
+}
+
+/* The Gemma 3 miniature the golden tests use (6 layers, one global), Q8_0: hidden-state RMS,
+ * the engine against the float reference (embedding scale, Q/K norms, neox rope, GELU,
+ * post-norms), the Gemma metadata. */
+static void test_gemma3_tiny(void **state)
+{
+    (void)state;
+    char vocab[128], out[128], args[512];
+    path_in(vocab, sizeof vocab, "vocab.gguf");
+    path_in(out, sizeof out, "gemma3tiny.gguf");
+    snprintf(args, sizeof args, "--shape gemma3-tiny --type Q8_0 --vocab '%s' -o '%s'", vocab, out);
+    assert_int_equal(synth("", args), 0);
+    const tdm_llama_hparams_t want = {.n_vocab = 262144,
+                                      .n_ctx_train = 2048,
+                                      .n_embd = 128,
+                                      .n_layers = 6,
+                                      .n_heads = 2,
+                                      .n_kv_heads = 1,
+                                      .head_dim = 64,
+                                      .n_ff = 256,
+                                      .rope_freq_base = 1e6f,
+                                      .tied_embeddings = true};
+    check_model(out, &want);
+    check_gemma3_file(out, 32);
+    unlink(out);
+}
+
+/* Gemma 3 270M's shape (head_dim 256 > n_embd / n_heads, window 512), 6 of its 18 layers,
+ * Q5_0 as the published file's projections. */
+static void test_gemma3_270m_cut(void **state)
+{
+    (void)state;
+    char vocab[128], out[128], args[512];
+    path_in(vocab, sizeof vocab, "vocab.gguf");
+    path_in(out, sizeof out, "gemma3.gguf");
+    snprintf(args, sizeof args, "--shape gemma3-270m --type Q5_0 --layers 6 --vocab '%s' -o '%s'",
+             vocab, out);
+    assert_int_equal(synth("", args), 0);
+    const tdm_llama_hparams_t want = {.n_vocab = 262144,
+                                      .n_ctx_train = 32768,
+                                      .n_embd = 640,
+                                      .n_layers = 6,
+                                      .n_heads = 4,
+                                      .n_kv_heads = 1,
+                                      .head_dim = 256,
+                                      .n_ff = 2048,
+                                      .rope_freq_base = 1e6f,
+                                      .tied_embeddings = true};
+    check_model(out, &want);
+    check_gemma3_file(out, 512);
     unlink(out);
 }
 
@@ -522,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_vocab_only),   cmocka_unit_test(test_smollm2_135m),
         cmocka_unit_test(test_llama_1b_cut), cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_usage),        cmocka_unit_test(test_kquant),
+        cmocka_unit_test(test_gemma3_tiny),  cmocka_unit_test(test_gemma3_270m_cut),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
