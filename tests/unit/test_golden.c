@@ -104,7 +104,8 @@ typedef struct bounds {
 static bounds_t g_bounds = {MIN_AGREEMENT, MIN_AGREEMENT_CLEAR, LOGIT_TOL, LOGIT_TOL_MEAN,
                             LOGIT_TOL_CENTERED};
 static char g_golden_path[1024] = GOLDEN_PATH;
-static const char *g_model_file; /* another model's file name, in the default model's folder */
+static const char *g_model_file; /* another model's file name, in the default model's folder,
+                                     or an absolute path */
 static bool g_bounds_from_file;  /* bounds from the file's llama_cpp_self */
 
 /* One golden case, parsed from the JSON. */
@@ -173,12 +174,13 @@ static bool parse_case(const json_t *jc, ref_case_t *c, char *problem, size_t ca
     return true;
 }
 
-/* fx->model_path = file beside the default model (the cache scripts/setup fills); false with
- * fx->problem when it is missing. */
+/* fx->model_path = file beside the default model (the cache scripts/setup fills), or file
+ * itself when it is an absolute path (a synthetic model ctest made); false with fx->problem
+ * when it is missing. */
 static bool other_model_path(fixture_t *fx, const char *file)
 {
     char *slash = strrchr(fx->model_path, '/');
-    size_t dir = slash ? (size_t)(slash - fx->model_path) + 1 : 0;
+    size_t dir = slash && file[0] != '/' ? (size_t)(slash - fx->model_path) + 1 : 0;
     char path[sizeof fx->model_path];
     snprintf(path, sizeof path, "%.*s%s", (int)dir, fx->model_path, file);
     snprintf(fx->model_path, sizeof fx->model_path, "%s", path);
@@ -186,7 +188,10 @@ static bool other_model_path(fixture_t *fx, const char *file)
     if (stat(fx->model_path, &st) == 0)
         return true;
     snprintf(fx->problem, sizeof fx->problem,
-             "model file %s is missing: run scripts/setup (it installs the test models)",
+             file[0] == '/' ? "model file %s is missing: its ctest fixture "
+                              "(tests/golden/synth_model.cmake) makes it"
+                            : "model file %s is missing: run scripts/setup (it installs the "
+                              "test models)",
              fx->model_path);
     return false;
 }
@@ -677,7 +682,8 @@ static void test_greedy(void **state)
 
 /* usage: test_golden                         the default model against smollm2_engine.json
  *        test_golden GOLDEN MODEL_FILE [FAMILY]
- * GOLDEN: a file in tests/golden/; MODEL_FILE: the model's file name in the model cache;
+ * GOLDEN: a file in tests/golden/; MODEL_FILE: the model's file name in the model cache, or an
+ * absolute path (the synthetic Gemma 3 files tests/golden/synth_model.cmake makes);
  * FAMILY: the CPU kernel family to run (TANDEM_CPU_KERNELS: scalar, avx2, vnni, avx512, amx);
  * a family this CPU lacks exits 77 (skipped) naming it. */
 int main(int argc, char **argv)

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Writes tests/golden/gemma3_synth_<type>.json: llama.cpp's logits and greedy continuations on
+small synthetic Gemma 3 files (`tandem model synth --shape gemma3-tiny`: 6 layers, n_embd 128,
+layers 0-4 local with a 32-token sliding window, layer 5 global, Gemma 3 270M's vocabulary),
+the references for tests/unit/test_golden.c's runs of the scalar kernel family (the 270M model
+is too slow through it for CI).
+
+The procedure is make_engine_golden.py's (greedy continuation, one-pass top-5 per position,
+llama.cpp against itself one token per pass as the yardstick). The model file is not
+committed (43 MB, nearly all of it the 262,144-row embedding): the JSON's "synth" object says
+how to make it again (shape, type, seed, the vocabulary's source file and its SHA-256, and the
+command), and tests/golden/synth_model.cmake, run by ctest before the comparison, does so with
+the same `tandem model synth` and checks that the file's SHA-256 is the JSON's model_sha256.
+synth's output depends only on its arguments and the vocabulary file (not on the thread count),
+so a change to its weight generator shows up there, as a clear failure, before any logit does.
+
+Every prompt is longer than the 32-token window once the 64-token continuation is added, and
+the two of about 150 tokens run the local layers far past it.
+
+Usage: python3 tests/golden/make_gemma3_synth_golden.py [--tandem BUILD/client/tandem]
+       [--vocab GEMMA.gguf] [--types Q8_0,Q4_0]
+The vocabulary defaults to ~/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf (scripts/setup
+--model gemma3-270m). Pinned version: llama-cpp-python==0.3.36 (others print a warning).
+"""
+
+import argparse
+import hashlib
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import make_engine_golden as base  # noqa: E402
+import make_gemma3_engine_golden as gemma  # noqa: E402
+
+SHAPE = "gemma3-tiny"
+SEEDS = {"Q8_0": 1, "Q4_0": 2}
+VOCAB_FILE = "gemma-3-270m-q4_k_m.gguf"
+VOCAB_SHA256 = gemma.MODEL_SHA256
+N_CTX = 2048
+
+# Five of make_gemma3_engine_golden.py's short prompts and two of about 150 tokens (the first
+# paragraphs of its long essay and code): few, as llama.cpp's one-token-per-pass runs over a
+# 262,144-token vocabulary are slow and every position qualifies anyway (see README.md).
+CASES = [c for c in gemma.CASES if c[0] in (
+    "plain_capital", "plain_story", "plain_code_fib", "chat_capital", "chat_chinese_german")] + [
+    ("essay_paragraph", base.LONG_ESSAY.split("\n\n")[0] + "\n\n"),
+    ("code_head", base.LONG_CODE[:base.LONG_CODE.index("class OutOfStock")]),
+]
+
+
+def synth_args(typ, seed, vocab, out):
+    return ["model", "synth", "--shape", SHAPE, "--type", typ, "--seed", str(seed),
+            "--vocab", str(vocab), "-o", str(out)]
+
+
+def make_one(tandem, vocab, vocab_sha, typ, out_json):
+    seed = SEEDS[typ]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / f"gemma3_synth_{typ.lower()}.gguf"
+        subprocess.run([str(tandem)] + synth_args(typ, seed, vocab, model), check=True)
+        sha = hashlib.sha256(model.read_bytes()).hexdigest()
+        llm = base.open_llama(model, N_CTX)
+        eos = llm.token_eos()
+        eot = llm.tokenize(gemma.END_OF_TURN.encode(), add_bos=False, special=True)
+        assert len(eot) == 1, eot
+        stops = {eos, eot[0]}
+        cases = []
+        selfcheck = base.SelfCheck()
+        for name, text in CASES:
+            prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+            cases.append(base.run_case(llm, name, text, prompt, stops, selfcheck, N_CTX))
+        n_clear = sum(1 for c in cases for p in c["positions"] if p[0][1] - p[1][1] >= 0.25)
+        n_pos = sum(len(c["positions"]) for c in cases)
+        print(f"{typ}: {n_clear} of {n_pos} positions where llama.cpp's top-1 leads its top-2 "
+              "by >= 0.25", file=sys.stderr)
+        reference = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra "
+                     f"buffer types (AMX/repack), n_ctx {N_CTX}, n_threads 2; tokens "
+                     "add_bos=True special=True; greedy (argmax) continuation of up to "
+                     f"{base.MAX_NEW} tokens, <eos> or <end_of_turn> kept; logits of "
+                     "prompt+continuation in one pass")
+        recipe = {
+            "shape": SHAPE, "type": typ, "seed": seed,
+            "vocab": VOCAB_FILE, "vocab_sha256": vocab_sha,
+            "command": "tandem " + " ".join(synth_args(typ, seed, "MODELS/" + VOCAB_FILE,
+                                                       model.name)),
+        }
+        base.write_doc(out_json, model, sha, llm, "tests/golden/make_gemma3_synth_golden.py",
+                       reference, eos, selfcheck, cases,
+                       {"stop_tokens": sorted(stops), "clear_positions": n_clear,
+                        "synth": recipe})
+        del llm
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tandem", default=str(HERE.parent.parent / "build/client/tandem"))
+    ap.add_argument("--vocab", default=str(Path.home() / ".cache/tandem/models" / VOCAB_FILE))
+    ap.add_argument("--types", default=",".join(SEEDS))
+    ap.add_argument("-o", "--outdir", default=str(HERE))
+    args = ap.parse_args()
+
+    base.check_versions()
+    vocab = Path(args.vocab)
+    if not vocab.exists():
+        sys.exit(f"{vocab}: not found (run scripts/setup --model gemma3-270m)")
+    vocab_sha = base.model_sha256(vocab, VOCAB_SHA256)
+    for typ in args.types.split(","):
+        make_one(args.tandem, vocab, vocab_sha, typ,
+                 Path(args.outdir) / f"gemma3_synth_{typ.lower()}.json")
+
+
+if __name__ == "__main__":
+    main()
