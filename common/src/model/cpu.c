@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -876,24 +877,47 @@ static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t coun
     return TDM_OK;
 }
 
-/* GELU with the tanh approximation as ggml_gelu_f32 spells it, in f32 with libm's tanhf: one
- * scalar implementation for every kernel family, so the bits do not depend on the set. */
-static inline float gelu_tanh(float x)
+/* GELU with the tanh approximation as ggml_gelu_f32 spells it, in f32 with libm's tanhf. */
+static float gelu_tanh(float x)
 {
     const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
     return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x)));
 }
 
+/* GeGLU rounds like llama.cpp's CPU backend (ggml_vec_geglu_f32 under GGML_GELU_FP16), so that
+ * the two engines round alike, as attention does: gelu(x) is looked up by x rounded to f16 in
+ * a table of f16-rounded values, x itself for x >= 10 and 0 for x <= -10. One table for every
+ * kernel family: the bits do not depend on the set. Built once (65,536 floats). */
+static float gelu_f16_table[65536];
+static pthread_once_t gelu_f16_once = PTHREAD_ONCE_INIT;
+
+static void gelu_f16_table_init(void)
+{
+    for (uint32_t i = 0; i < 65536; i++)
+        gelu_f16_table[i] =
+            tdm_fp16_to_fp32(tdm_fp32_to_fp16(gelu_tanh(tdm_fp16_to_fp32((uint16_t)i))));
+}
+
+static inline float gelu_f16(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    return gelu_f16_table[tdm_fp32_to_fp16(x)];
+}
+
 static int cpu_geglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
 {
     cpu_be_t *be = vbe;
+    pthread_once(&gelu_f16_once, gelu_f16_table_init);
     int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min / 8)
+#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
     for (int64_t c = 0; c < n_chunks; c++) {
         size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
         size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
         for (size_t i = i0; i < i1; i++)
-            out[i] = gelu_tanh(gate[i]) * up[i];
+            out[i] = gelu_f16(gate[i]) * up[i];
     }
     return TDM_OK;
 }
