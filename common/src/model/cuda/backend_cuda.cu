@@ -144,8 +144,80 @@ static uint64_t weight_dev_bytes(const tdm_weight_t *w)
     return (b + 255) / 256 * 256;
 }
 
-// Dequantizes every weight on the host (tdm_ggml_dequantize_row), a chunk of rows at a time
-// through a pinned buffer, and converts matrices to the GEMM type on the device.
+// Makes the weight map (room for twice the n_w weights) and returns the device bytes the
+// weights take: a tied output matrix shares the embedding's copy, so each distinct host
+// pointer counts once. The map is left empty. TDM_ERESOURCE on out of memory.
+static int wmap_size(cuda_be_t *be, const tdm_weight_t **ws, size_t n_w, uint64_t *total)
+{
+    be->wmap_cap = 16;
+    while (be->wmap_cap < 2 * n_w)
+        be->wmap_cap *= 2;
+    be->wmap = (cuda_wentry_t *)calloc(be->wmap_cap, sizeof *be->wmap);
+    if (!be->wmap)
+        return tdm_cuda_fail(be, TDM_ERESOURCE, "out of memory");
+    *total = 0;
+    for (size_t i = 0; i < n_w; i++) {
+        if (wmap_find(be, ws[i]->data, false))
+            continue;
+        wmap_find(be, ws[i]->data, true);
+        *total += weight_dev_bytes(ws[i]);
+    }
+    memset(be->wmap, 0, be->wmap_cap * sizeof *be->wmap);
+    return TDM_OK;
+}
+
+// Uploads weight w to dst (weight_dev_bytes of device memory), a chunk of rows at a time:
+// dequantized into the pinned h_buf, then copied as is (a vector) or through d_buf and
+// converted to the GEMM type (a matrix). Both buffers hold TDM_CUDA_UPLOAD_FLOATS floats.
+// Returns 0, TDM_EINVALID (rows too long, a type that cannot be dequantized) or a CUDA error.
+static int upload_weight(cuda_be_t *be, const tdm_weight_t *w, uint8_t *dst, float *h_buf,
+                         float *d_buf)
+{
+    if (w->n_in == 0 || w->n_in > TDM_CUDA_UPLOAD_FLOATS)
+        return tdm_cuda_fail(be, TDM_EINVALID,
+                             "weight '%s': rows of %llu values are not supported by the CUDA "
+                             "backend",
+                             w->name, (unsigned long long)w->n_in);
+    size_t rows_per_chunk = TDM_CUDA_UPLOAD_FLOATS / w->n_in;
+    for (uint64_t r0 = 0; r0 < w->n_out; r0 += rows_per_chunk) {
+        uint64_t r1 = r0 + rows_per_chunk < w->n_out ? r0 + rows_per_chunk : w->n_out;
+        for (uint64_t r = r0; r < r1; r++) {
+            const uint8_t *src = (const uint8_t *)w->data + r * w->row_bytes;
+            if (tdm_ggml_dequantize_row(w->type, src, h_buf + (r - r0) * w->n_in,
+                                        (int64_t)w->n_in) != TDM_OK)
+                return tdm_cuda_fail(be, TDM_EINVALID, "weight '%s': cannot dequantize its type %d",
+                                     w->name, (int)w->type);
+        }
+        size_t count = (size_t)(r1 - r0) * w->n_in;
+        if (weight_is_matrix(w)) {
+            TDM_CUDA_TRY(be, cudaMemcpyAsync(d_buf, h_buf, count * sizeof(float),
+                                             cudaMemcpyHostToDevice, be->stream));
+            int rc = tdm_cuda_op_to_gemm(be, d_buf, count, dst + r0 * w->n_in * 2);
+            if (rc != TDM_OK)
+                return rc;
+        } else {
+            TDM_CUDA_TRY(be, cudaMemcpyAsync(dst, h_buf, count * sizeof(float),
+                                             cudaMemcpyHostToDevice, be->stream));
+        }
+        // h_buf and d_buf are reused by the next chunk
+        TDM_CUDA_TRY(be, cudaStreamSynchronize(be->stream));
+    }
+    return TDM_OK;
+}
+
+// Allocates the weight arena (total bytes; cuda_destroy frees it) and the two chunk buffers
+// of upload_weight (the caller frees them, also after a failure). Returns 0 or a CUDA error.
+static int upload_buffers(cuda_be_t *be, uint64_t total, float **h_buf, float **d_buf)
+{
+    TDM_CUDA_TRY(be, cudaMalloc((void **)&be->warena, total ? total : 256));
+    be->warena_bytes = total;
+    TDM_CUDA_TRY(be, cudaMallocHost((void **)h_buf, TDM_CUDA_UPLOAD_FLOATS * sizeof(float)));
+    TDM_CUDA_TRY(be, cudaMalloc((void **)d_buf, TDM_CUDA_UPLOAD_FLOATS * sizeof(float)));
+    return TDM_OK;
+}
+
+// Uploads every weight of the model into one device arena (upload_weight) and maps each
+// host pointer to its copy. Returns 0, TDM_ERESOURCE on out of memory, upload_weight's errors.
 static int upload_weights(cuda_be_t *be)
 {
     size_t n_w = model_weights(be->model, NULL);
@@ -153,90 +225,27 @@ static int upload_weights(cuda_be_t *be)
     if (!ws)
         return tdm_cuda_fail(be, TDM_ERESOURCE, "out of memory");
     model_weights(be->model, ws);
-    be->wmap_cap = 16;
-    while (be->wmap_cap < 2 * n_w)
-        be->wmap_cap *= 2;
-    be->wmap = (cuda_wentry_t *)calloc(be->wmap_cap, sizeof *be->wmap);
-    if (!be->wmap) {
-        free(ws);
-        return tdm_cuda_fail(be, TDM_ERESOURCE, "out of memory");
-    }
-    // sizes first (a tied output matrix shares the embedding's copy)
-    uint64_t total = 0;
-    for (size_t i = 0; i < n_w; i++) {
-        cuda_wentry_t *e = wmap_find(be, ws[i]->data, false);
-        if (e)
-            continue;
-        wmap_find(be, ws[i]->data, true);
-        total += weight_dev_bytes(ws[i]);
-    }
-    memset(be->wmap, 0, be->wmap_cap * sizeof *be->wmap);
     float *h_buf = NULL, *d_buf = NULL;
-    int rc = TDM_OK;
-    cudaError_t ce;
-#define TDM_UPLOAD_TRY(stmt)                                                                       \
-    do {                                                                                           \
-        if ((ce = (stmt)) != cudaSuccess) {                                                        \
-            rc = tdm_cuda_fail(be, tdm_cuda_status(ce), "%s: %s (%s:%d)", #stmt,                   \
-                               cudaGetErrorString(ce), __FILE__, __LINE__);                        \
-            goto out_free;                                                                         \
-        }                                                                                          \
-    } while (0)
-    TDM_UPLOAD_TRY(cudaMalloc((void **)&be->warena, total ? total : 256));
-    be->warena_bytes = total;
-    TDM_UPLOAD_TRY(cudaMallocHost((void **)&h_buf, TDM_CUDA_UPLOAD_FLOATS * sizeof(float)));
-    TDM_UPLOAD_TRY(cudaMalloc((void **)&d_buf, TDM_CUDA_UPLOAD_FLOATS * sizeof(float)));
-    {
-        uint64_t off = 0;
-        for (size_t i = 0; i < n_w; i++) {
-            const tdm_weight_t *w = ws[i];
-            if (wmap_find(be, w->data, false))
-                continue;
-            cuda_wentry_t *e = wmap_find(be, w->data, true);
-            uint8_t *dst = be->warena + off;
-            off += weight_dev_bytes(w);
-            if (w->n_in == 0 || w->n_in > TDM_CUDA_UPLOAD_FLOATS) {
-                rc = tdm_cuda_fail(be, TDM_EINVALID,
-                                   "weight '%s': rows of %llu values are not "
-                                   "supported by the CUDA backend",
-                                   w->name, (unsigned long long)w->n_in);
-                goto out_free;
-            }
-            if (weight_is_matrix(w))
-                e->gemm = dst;
-            else
-                e->vec = (float *)dst;
-            size_t rows_per_chunk = TDM_CUDA_UPLOAD_FLOATS / w->n_in;
-            for (uint64_t r0 = 0; r0 < w->n_out; r0 += rows_per_chunk) {
-                uint64_t r1 = r0 + rows_per_chunk < w->n_out ? r0 + rows_per_chunk : w->n_out;
-                for (uint64_t r = r0; r < r1; r++) {
-                    const uint8_t *src = (const uint8_t *)w->data + r * w->row_bytes;
-                    if (tdm_ggml_dequantize_row(w->type, src, h_buf + (r - r0) * w->n_in,
-                                                (int64_t)w->n_in) != TDM_OK) {
-                        rc = tdm_cuda_fail(be, TDM_EINVALID,
-                                           "weight '%s': cannot dequantize its "
-                                           "type %d",
-                                           w->name, (int)w->type);
-                        goto out_free;
-                    }
-                }
-                size_t count = (size_t)(r1 - r0) * w->n_in;
-                if (weight_is_matrix(w)) {
-                    TDM_UPLOAD_TRY(cudaMemcpyAsync(d_buf, h_buf, count * sizeof(float),
-                                                   cudaMemcpyHostToDevice, be->stream));
-                    rc = tdm_cuda_op_to_gemm(be, d_buf, count, dst + r0 * w->n_in * 2);
-                    if (rc != TDM_OK)
-                        goto out_free;
-                } else {
-                    TDM_UPLOAD_TRY(cudaMemcpyAsync(dst, h_buf, count * sizeof(float),
-                                                   cudaMemcpyHostToDevice, be->stream));
-                }
-                // h_buf and d_buf are reused by the next chunk
-                TDM_UPLOAD_TRY(cudaStreamSynchronize(be->stream));
-            }
-        }
+    uint64_t total = 0, off = 0;
+    int rc = wmap_size(be, ws, n_w, &total);
+    if (rc != TDM_OK)
+        goto out_free;
+    rc = upload_buffers(be, total, &h_buf, &d_buf);
+    if (rc != TDM_OK)
+        goto out_free;
+    for (size_t i = 0; i < n_w && rc == TDM_OK; i++) {
+        const tdm_weight_t *w = ws[i];
+        if (wmap_find(be, w->data, false))
+            continue; // a tied matrix, already there
+        cuda_wentry_t *e = wmap_find(be, w->data, true);
+        uint8_t *dst = be->warena + off;
+        off += weight_dev_bytes(w);
+        if (weight_is_matrix(w))
+            e->gemm = dst;
+        else
+            e->vec = (float *)dst;
+        rc = upload_weight(be, w, dst, h_buf, d_buf);
     }
-#undef TDM_UPLOAD_TRY
 out_free: // freeing cannot usefully fail
     (void)cudaFree(d_buf);
     (void)cudaFreeHost(h_buf);
@@ -284,7 +293,10 @@ static size_t stage_fixed_words(const cuda_be_t *be)
     return (size_t)be->max_rows * 5 + 1 + be->max_logits;
 }
 
-static int cuda_setup(cuda_be_t *be, tdm_kv_pool_t *pool)
+// Checks that cuda:be->device exists and that the model's shapes suit the kernels, picks the
+// GEMM type (TANDEM_CUDA_GEMM: bf16, the default, or f16) and names the backend. Returns 0,
+// TDM_EUNAVAILABLE (no such device), TDM_EINVALID (shapes, TANDEM_CUDA_GEMM) or a CUDA error.
+static int cuda_open_device(cuda_be_t *be)
 {
     int count = 0;
     cudaError_t ce = cudaGetDeviceCount(&count);
@@ -317,7 +329,12 @@ static int cuda_setup(cuda_be_t *be, tdm_kv_pool_t *pool)
                              gemm);
     snprintf(be->name, sizeof be->name, "cuda:%d/%s %.100s", be->device,
              be->gemm_type == CUDA_R_16BF ? "bf16" : "f16", prop.name);
+    return TDM_OK;
+}
 
+// The stream, the staging event and cuBLAS with its workspace. Returns 0 or a CUDA/cuBLAS error.
+static int cuda_open_stream(cuda_be_t *be)
+{
     TDM_CUDA_TRY(be, cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking));
     TDM_CUDA_TRY(be, cudaEventCreateWithFlags(&be->staged, cudaEventDisableTiming));
     TDM_CUBLAS_TRY(be, cublasCreate(&be->blas));
@@ -326,21 +343,33 @@ static int cuda_setup(cuda_be_t *be, tdm_kv_pool_t *pool)
     be->blas_ws_bytes = TDM_CUDA_BLAS_WS_BYTES;
     TDM_CUDA_TRY(be, cudaMalloc(&be->blas_ws, be->blas_ws_bytes));
     TDM_CUBLAS_TRY(be, cublasSetWorkspace(be->blas, be->blas_ws, be->blas_ws_bytes));
+    return TDM_OK;
+}
 
-    // the device copy of the KV pool: same layout, same size, zeroed like the host pool
+// The device copy of the KV pool: same layout, same size, zeroed like the host pool. Returns
+// 0 or a CUDA error.
+static int cuda_alloc_kv(cuda_be_t *be, tdm_kv_pool_t *pool)
+{
     tdm_kv_stats_t st;
     tdm_kv_pool_stats(pool, &st);
     be->n_blocks = st.n_blocks;
     be->block_bytes = tdm_kv_pool_block_bytes(pool);
     be->rec_bytes = tdm_kv_record_bytes(&be->kl);
     uint64_t kv_bytes = be->block_bytes * be->n_blocks;
-    ce = cudaMalloc((void **)&be->kv, kv_bytes);
+    cudaError_t ce = cudaMalloc((void **)&be->kv, kv_bytes);
     if (ce != cudaSuccess)
         return tdm_cuda_fail(
             be, tdm_cuda_status(ce), "cudaMalloc of the KV pool copy (%llu bytes): %s (%s:%d)",
             (unsigned long long)kv_bytes, cudaGetErrorString(ce), __FILE__, __LINE__);
     TDM_CUDA_TRY(be, cudaMemsetAsync(be->kv, 0, kv_bytes, be->stream));
+    return TDM_OK;
+}
 
+// The GEMM input buffer and the staging for the rows of a pass (sized for max_rows rows and
+// n_ctx positions). Returns 0, TDM_ERESOURCE on out of memory, or a CUDA error.
+static int cuda_alloc_staging(cuda_be_t *be)
+{
+    const tdm_llama_hparams_t *hp = be->hp;
     size_t max_in = hp->n_embd;
     if (hp->n_ff > max_in)
         max_in = hp->n_ff;
@@ -349,7 +378,6 @@ static int cuda_setup(cuda_be_t *be, tdm_kv_pool_t *pool)
     be->max_in = max_in;
     TDM_CUDA_TRY(be, cudaMalloc(&be->xh, (size_t)be->max_rows * max_in * 2));
 
-    // staging for the rows of a pass
     size_t blocks_per_seq = (be->n_ctx + be->kl.block_size - 1) / be->kl.block_size;
     size_t table_words = (size_t)be->max_rows * blocks_per_seq;
     if (table_words > TDM_CUDA_MAX_TABLE_WORDS)
@@ -362,11 +390,28 @@ static int cuda_setup(cuda_be_t *be, tdm_kv_pool_t *pool)
     be->h_seq_count = (uint32_t *)calloc((size_t)be->max_rows + 1, sizeof(uint32_t));
     if (!be->h_seq_off || !be->h_seq_need || !be->h_seq_count)
         return tdm_cuda_fail(be, TDM_ERESOURCE, "out of memory");
+    return TDM_OK;
+}
+
+// Everything the backend holds on the device, made once for the engine's life: the device
+// and its stream, the KV pool's copy, the pass staging, the weights. Returns 0 or the first
+// error (the message on be->err); cuda_destroy frees what was made.
+static int cuda_setup(cuda_be_t *be, tdm_kv_pool_t *pool)
+{
+    int rc = cuda_open_device(be);
+    if (rc == TDM_OK)
+        rc = cuda_open_stream(be);
+    if (rc == TDM_OK)
+        rc = cuda_alloc_kv(be, pool);
+    if (rc == TDM_OK)
+        rc = cuda_alloc_staging(be);
+    if (rc != TDM_OK)
+        return rc;
 
     // as cpu_rope computes it, so both backends rotate by the same angles
-    be->theta_scale = powf(hp->rope_freq_base, -2.0f / (float)hp->rope_dim);
+    be->theta_scale = powf(be->hp->rope_freq_base, -2.0f / (float)be->hp->rope_dim);
 
-    int rc = upload_weights(be);
+    rc = upload_weights(be);
     if (rc != TDM_OK)
         return rc;
     TDM_CUDA_TRY(be, cudaStreamSynchronize(be->stream));
@@ -452,6 +497,97 @@ int tdm_cuda_check_pass(cuda_be_t *be, const char *op, const uint32_t *pos, uint
     return TDM_OK;
 }
 
+// Checks every row's sequence, token and position against the backend's bounds; sets
+// *n_seqs to the highest sequence + 1. Returns 0 or TDM_EINVALID naming the row.
+static int begin_check_rows(cuda_be_t *be, const tdm_fwd_rows_t *rows, const int32_t *tokens,
+                            uint32_t *n_seqs)
+{
+    *n_seqs = 0;
+    for (uint32_t t = 0; t < rows->n; t++) {
+        if (rows->seq[t] >= be->max_rows)
+            return tdm_cuda_fail(be, TDM_EINVALID, "begin: row %u: seq %u >= %u", t, rows->seq[t],
+                                 be->max_rows);
+        if (tokens[t] < 0 || (uint32_t)tokens[t] >= be->hp->n_vocab)
+            return tdm_cuda_fail(be, TDM_EINVALID, "begin: row %u: token %d out of the vocabulary",
+                                 t, tokens[t]);
+        if (rows->pos[t] >= be->n_ctx)
+            return tdm_cuda_fail(be, TDM_EINVALID, "begin: row %u: position %u >= n_ctx %u", t,
+                                 rows->pos[t], be->n_ctx);
+        if (rows->seq[t] + 1 > *n_seqs)
+            *n_seqs = rows->seq[t] + 1;
+    }
+    return TDM_OK;
+}
+
+// Writes the block tables of the n_seqs sequences to table (room for cap entries): for each,
+// the blocks that cover its positions in the pass, and its offset into them in
+// be->h_seq_off. Sets *n_table to the entries written. Returns 0, TDM_EINVALID (a table too
+// short, a block outside the pool) or TDM_ERESOURCE (more entries than cap).
+static int begin_stage_tables(cuda_be_t *be, const tdm_fwd_rows_t *rows, uint32_t n_seqs,
+                              uint32_t *table, size_t cap, size_t *n_table)
+{
+    uint32_t *need = be->h_seq_need, *soff = be->h_seq_off, bs = be->kl.block_size;
+    memset(need, 0, n_seqs * sizeof *need);
+    for (uint32_t t = 0; t < rows->n; t++) {
+        uint32_t s = rows->seq[t], nb = rows->pos[t] / bs + 1;
+        need[s] = nb > need[s] ? nb : need[s];
+    }
+    size_t n = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        soff[s] = (uint32_t)n;
+        if (need[s] == 0)
+            continue;
+        const tdm_batch_seq_t *sq = &rows->seqs[s];
+        if (sq->n_blocks < need[s])
+            return tdm_cuda_fail(be, TDM_EINVALID,
+                                 "begin: seq %u needs %u blocks, its table has %u", s, need[s],
+                                 sq->n_blocks);
+        if (n + need[s] > cap)
+            return tdm_cuda_fail(be, TDM_ERESOURCE,
+                                 "begin: the block tables of this pass exceed the %zu entries "
+                                 "staged per pass",
+                                 cap);
+        for (uint32_t j = 0; j < need[s]; j++) {
+            if (sq->blocks[j] >= be->n_blocks)
+                return tdm_cuda_fail(be, TDM_EINVALID,
+                                     "begin: seq %u: block %u is outside the pool (%u blocks)", s,
+                                     sq->blocks[j], be->n_blocks);
+            table[n + j] = sq->blocks[j];
+        }
+        n += need[s];
+    }
+    *n_table = n;
+    return TDM_OK;
+}
+
+// Writes the rows ordered by sequence to run_rows [n] (a stable counting sort keeps each
+// sequence's positions in order), and the starts of the runs of rows that share a KV block
+// to run_start [n_runs + 1] (the last is n). Returns n_runs. Cannot fail.
+static uint32_t begin_stage_runs(cuda_be_t *be, const tdm_fwd_rows_t *rows, uint32_t n_seqs,
+                                 uint32_t *run_rows, uint32_t *run_start)
+{
+    uint32_t *cnt = be->h_seq_count, n = rows->n, bs = be->kl.block_size;
+    memset(cnt, 0, (n_seqs + 1) * sizeof *cnt);
+    for (uint32_t t = 0; t < n; t++)
+        cnt[rows->seq[t] + 1]++;
+    for (uint32_t s = 0; s < n_seqs; s++)
+        cnt[s + 1] += cnt[s];
+    for (uint32_t t = 0; t < n; t++)
+        run_rows[cnt[rows->seq[t]]++] = t;
+    uint32_t n_runs = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        uint32_t t = run_rows[r];
+        if (r > 0) {
+            uint32_t u = run_rows[r - 1];
+            if (rows->seq[u] == rows->seq[t] && rows->pos[u] / bs == rows->pos[t] / bs)
+                continue;
+        }
+        run_start[n_runs++] = r;
+    }
+    run_start[n_runs] = n;
+    return n_runs;
+}
+
 // Copies the pass's rows to the device in one transfer: tokens, positions, each row's block
 // table offset, the logit rows, the rows grouped into runs that write one KV block (ordered
 // by sequence and position, as kv_store needs for q8), and the block tables of the sequences
@@ -462,7 +598,7 @@ static int cuda_begin(void *vbe, const tdm_fwd_rows_t *rows, const int32_t *toke
     cuda_be_t *be = (cuda_be_t *)vbe;
     be->pass.active = false;
     tdm_error_clear(&be->err);
-    uint32_t n = rows->n, bs = be->kl.block_size;
+    uint32_t n = rows->n, n_seqs = 0;
     if (n == 0 || n > be->max_rows || n_logits > be->max_logits)
         return tdm_cuda_fail(be, TDM_EINVALID,
                              "begin: %u rows and %u logit rows (at most %u and %u)", n, n_logits,
@@ -470,33 +606,13 @@ static int cuda_begin(void *vbe, const tdm_fwd_rows_t *rows, const int32_t *toke
     TDM_CUDA_TRY(be, cudaSetDevice(be->device));
     if (be->staged_recorded) // the previous upload has left h_stage
         TDM_CUDA_TRY(be, cudaEventSynchronize(be->staged));
-
-    uint32_t n_seqs = 0;
-    for (uint32_t t = 0; t < n; t++) {
-        if (rows->seq[t] >= be->max_rows)
-            return tdm_cuda_fail(be, TDM_EINVALID, "begin: row %u: seq %u >= %u", t, rows->seq[t],
-                                 be->max_rows);
-        if (tokens[t] < 0 || (uint32_t)tokens[t] >= be->hp->n_vocab)
-            return tdm_cuda_fail(be, TDM_EINVALID, "begin: row %u: token %d out of the vocabulary",
-                                 t, tokens[t]);
-        if (rows->pos[t] >= be->n_ctx)
-            return tdm_cuda_fail(be, TDM_EINVALID, "begin: row %u: position %u >= n_ctx %u", t,
-                                 rows->pos[t], be->n_ctx);
-        if (rows->seq[t] + 1 > n_seqs)
-            n_seqs = rows->seq[t] + 1;
-    }
-    uint32_t *need = be->h_seq_need, *cnt = be->h_seq_count, *soff = be->h_seq_off;
-    memset(need, 0, n_seqs * sizeof *need);
-    memset(cnt, 0, (n_seqs + 1) * sizeof *cnt);
-    for (uint32_t t = 0; t < n; t++) {
-        uint32_t s = rows->seq[t], nb = rows->pos[t] / bs + 1;
-        need[s] = nb > need[s] ? nb : need[s];
-        cnt[s + 1]++;
-    }
+    int rc = begin_check_rows(be, rows, tokens, &n_seqs);
+    if (rc != TDM_OK)
+        return rc;
 
     uint32_t *h = be->h_stage;
     size_t o_tok = 0, o_pos = o_tok + n, o_tab = o_pos + n, o_lr = o_tab + n,
-           o_rr = o_lr + n_logits, o_rs = o_rr + n, o_table = o_rs + n + 1;
+           o_rr = o_lr + n_logits, o_rs = o_rr + n, o_table = o_rs + n + 1, n_table = 0;
     memcpy(h + o_tok, tokens, n * sizeof(uint32_t));
     memcpy(h + o_pos, rows->pos, n * sizeof(uint32_t));
     for (uint32_t k = 0; k < n_logits; k++) {
@@ -505,50 +621,12 @@ static int cuda_begin(void *vbe, const tdm_fwd_rows_t *rows, const int32_t *toke
                                  logit_rows[k], n);
         h[o_lr + k] = logit_rows[k];
     }
-    // block tables
-    size_t n_table = 0;
-    for (uint32_t s = 0; s < n_seqs; s++) {
-        soff[s] = (uint32_t)n_table;
-        if (need[s] == 0)
-            continue;
-        const tdm_batch_seq_t *sq = &rows->seqs[s];
-        if (sq->n_blocks < need[s])
-            return tdm_cuda_fail(be, TDM_EINVALID,
-                                 "begin: seq %u needs %u blocks, its table has %u", s, need[s],
-                                 sq->n_blocks);
-        if (o_table + n_table + need[s] > be->stage_words)
-            return tdm_cuda_fail(be, TDM_ERESOURCE,
-                                 "begin: the block tables of this pass exceed the %zu entries "
-                                 "staged per pass",
-                                 be->stage_words - o_table);
-        for (uint32_t j = 0; j < need[s]; j++) {
-            if (sq->blocks[j] >= be->n_blocks)
-                return tdm_cuda_fail(be, TDM_EINVALID,
-                                     "begin: seq %u: block %u is outside the pool (%u blocks)", s,
-                                     sq->blocks[j], be->n_blocks);
-            h[o_table + n_table + j] = sq->blocks[j];
-        }
-        n_table += need[s];
-    }
+    rc = begin_stage_tables(be, rows, n_seqs, h + o_table, be->stage_words - o_table, &n_table);
+    if (rc != TDM_OK)
+        return rc;
     for (uint32_t t = 0; t < n; t++)
-        h[o_tab + t] = soff[rows->seq[t]];
-    // rows ordered by sequence (a stable counting sort keeps each sequence's positions in
-    // order), then cut into runs of rows that share a KV block
-    for (uint32_t s = 0; s < n_seqs; s++)
-        cnt[s + 1] += cnt[s];
-    for (uint32_t t = 0; t < n; t++)
-        h[o_rr + cnt[rows->seq[t]]++] = t;
-    uint32_t n_runs = 0;
-    for (uint32_t r = 0; r < n; r++) {
-        uint32_t t = h[o_rr + r];
-        if (r > 0) {
-            uint32_t u = h[o_rr + r - 1];
-            if (rows->seq[u] == rows->seq[t] && rows->pos[u] / bs == rows->pos[t] / bs)
-                continue;
-        }
-        h[o_rs + n_runs++] = r;
-    }
-    h[o_rs + n_runs] = n;
+        h[o_tab + t] = be->h_seq_off[rows->seq[t]];
+    uint32_t n_runs = begin_stage_runs(be, rows, n_seqs, h + o_rr, h + o_rs);
 
     size_t words = o_table + n_table;
     TDM_CUDA_TRY(be, cudaMemcpyAsync(be->d_stage, h, words * sizeof(uint32_t),
