@@ -1,24 +1,31 @@
-/* cpu.c - the CPU backend's ops (embedding, RMSNorm, RoPE, attention, SwiGLU, the matmul
- * driver) over OpenMP threads; the kernels are in one file per instruction set behind
- * cpu_kernels.h, the best set the CPU has chosen when the backend is created.
+/* cpu.c - the CPU backend's ops (embedding, RMSNorm, RoPE, attention, SwiGLU, GeGLU, the
+ * matmul driver) over OpenMP threads; the kernels are in one file per instruction set behind
+ * cpu_kernels.h (scalar, AVX2, AVX-VNNI, AVX-512 VNNI, AMX-INT8), the best set the CPU has
+ * chosen when the backend is created (TANDEM_CPU_KERNELS caps it).
  *
- * Matmuls with Q4_0, Q4_1 and Q8_0 weights quantize each activation row to 8 bits in blocks
- * of 32 (scale d = max|x| / 127, as ggml's Q8_0/Q8_1 activations) once per call and run a
- * register-blocked GEMM: each weight is repacked once, at load, into groups of 8 interleaved
- * rows, and a micro-kernel keeps 8 rows x up to 8 tokens of accumulators in registers across
- * the K loop. Other weight types are dequantized a row at a time into per-thread scratch and
- * dotted in f32. Threads split the rows into chunks of 16; each chunk goes over the tokens in
- * tiles of 64 so its weights stay in L1: batched decode costs little more weight traffic
- * than one token.
+ * Matmuls with Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights (and Q5_0, rewritten as Q8_0 at
+ * load) quantize each activation row to 8 bits in blocks of 32 (scale d = max|x| / 127 kept at
+ * f16 precision, as ggml's Q8_0/Q8_1 activations) once per call and run a q8a GEMM. The SIMD
+ * sets repack each weight once, at load, into groups of 8 interleaved rows, and a
+ * micro-kernel keeps 8 rows x up to 8 tokens of accumulators in registers across the K loop;
+ * the scalar set reads the GGUF rows in place. The other weight types (F32, F16, BF16, Q5_1;
+ * K-quants too under TANDEM_CPU_KERNELS=f32k) take the f32 path: dequantized a row at a time
+ * into per-thread scratch and dotted in f32 (dot_f32). Threads split the rows into chunks of
+ * 16; each chunk goes over the tokens in tiles of 64 so its weights stay in L1: batched decode
+ * costs little more weight traffic than one token.
  *
  * Batch invariance: every output element (a row of W against one token's activations) is
  * reduced by the same code in the same order whatever the batch holds, threads split work by
  * output rows only, and attention reduces over positions 0..pos in order. So a sequence's
- * logits do not depend on its neighbours in the batch or on how its prompt was chunked. The
- * quantized GEMM goes further: every kernel family (scalar, AVX2, AVX-VNNI, AVX-512 VNNI) gives
- * the same bits (cpu_kernels.h states the reduction; tests/unit/test_cpu_kernels.c checks it).
- * The f32 paths (attention, other weight types) are batch invariant but may differ between
- * the scalar and SIMD sets in the last bits (vector lanes sum in another order).
+ * logits do not depend on its neighbours in the batch or on how its prompt was chunked.
+ *
+ * Same bits on every CPU: every kernel set gives the scalar reference's bits on every op it
+ * has, the f32 ones (attention's dots and axpys, the f32 matmul path, f16 rounding, softmax's
+ * exp and sum, SwiGLU) as well as the activation quantizer and the q8a GEMMs (cpu_kernels.h
+ * states each canonical order; tests/unit/test_cpu_kernels.c checks them). The ops written
+ * here in plain C (RMSNorm, RoPE, GeGLU, the element-wise adds) are one code for every set.
+ * The one exception is TANDEM_CPU_KERNELS=zdot, a comparison option: its AVX-512 row kernels
+ * (cpu_avx512.c) are batch invariant but reduce in their own order.
  */
 #include <errno.h>
 #include <math.h>
