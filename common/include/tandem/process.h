@@ -7,6 +7,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct tdm_process_stats {
     uint64_t resident_bytes; /* resident set size */
     double cpu_seconds;      /* user + system CPU time */
@@ -18,5 +22,9 @@ typedef struct tdm_process_stats {
 /* Fills *out from /proc/self/stat and /proc/self/fd. Returns false (and *out zeroed) when
  * /proc cannot be read. Thread-safe; a few system calls, not for a hot path. */
 bool tdm_process_stats(tdm_process_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* TANDEM_PROCESS_H */
