@@ -89,15 +89,11 @@ struct dash {
     size_t n, next;             /* samples held, slot of the next one */
     json_t *status;             /* the last ClusterStatus as JSON (nodes, requests, ...), or NULL */
     char error[TDM_ERRMSG_MAX]; /* why the last status call failed, "" when it worked */
-    double ttft_sum, tpot_sum;
-    uint32_t ttft_n, tpot_n;
-    uint64_t tokens; /* output tokens of the proxied requests, so far */
     uint64_t http_total, http_ok, http_failed;
     int streams;
     /* the previous METRICS figures (sampler thread only) */
     bool have_metrics;
     dash_met_t prev;
-    const char *source; /* where ttft/tpot/tokens came from in the last sample */
 };
 
 /* A histogram family's sum, count and buckets into *h; false when m has no such histogram. */
@@ -150,8 +146,9 @@ static void requests_of(const Tandem__V1__MetricsResponse *m, double *ended, dou
     }
 }
 
-/* Fetches the router's metrics into *v; false when it serves none (or no latency histograms
- * and output token counter, which the charts cannot do without). */
+/* Fetches the router's metrics into *v; false when the call fails (or the answer lacks the
+ * latency histograms and the output token counter the charts read: the router always serves
+ * them). */
 static bool fetch_metrics(dash_t *d, dash_met_t *v)
 {
     Tandem__V1__MetricsRequest req = TANDEM__V1__METRICS_REQUEST__INIT;
@@ -261,36 +258,23 @@ static void hist_figures(const dash_hist_t *cur, const dash_hist_t *prev, double
     *p99 = hist_quantile(cur, prev, 0.99) * 1e3;
 }
 
-/* The interval's TTFT and TPOT and the cumulative token and request counts into *s (d->mu
- * held): from the router's metrics when it serves them (met, have_met), else from the
- * requests this gateway proxied (means only: it keeps no buckets). */
-static void latency_figures(dash_t *d, dash_sample_t *s, const dash_met_t *met, bool have_met)
+/* The interval's TTFT and TPOT (the router's latency histograms against the previous
+ * sample's) and the cumulative token and request counts into *s (d->mu held). A METRICS call
+ * that failed (met NULL) leaves them unknown (NAN); the next interval then starts afresh. */
+static void latency_figures(dash_t *d, dash_sample_t *s, const dash_met_t *met)
 {
-    if (have_met && d->have_metrics) {
+    if (met && d->have_metrics) {
         hist_figures(&met->ttft, &d->prev.ttft, &s->ttft_ms, &s->ttft_p50_ms, &s->ttft_p99_ms);
         hist_figures(&met->tpot, &d->prev.tpot, &s->tpot_ms, &s->tpot_p50_ms, &s->tpot_p99_ms);
-        d->source = "router /metrics histograms, every client";
-    } else if (!have_met) {
-        if (d->ttft_n)
-            s->ttft_ms = d->ttft_sum / d->ttft_n * 1e3;
-        if (d->tpot_n)
-            s->tpot_ms = d->tpot_sum / d->tpot_n * 1e3;
-        d->source = "requests proxied by this HTTP gateway, router-measured";
     }
-    if (have_met) {
+    if (met) {
         s->tokens = met->gen_tokens;
         s->prompt_tokens = met->prompt_tokens;
         s->ended = met->ended;
         s->failed = met->failed;
         d->prev = *met;
-    } else {
-        s->tokens = (double)d->tokens;
-        s->ended = (double)d->http_total;
-        s->failed = (double)d->http_failed;
     }
-    d->have_metrics = have_met;
-    d->ttft_sum = d->tpot_sum = 0;
-    d->ttft_n = d->tpot_n = 0;
+    d->have_metrics = met != NULL;
 }
 
 /* Appends s to the ring (d->mu held), with the rates over the last DASH_RATE_WINDOW samples:
@@ -350,7 +334,7 @@ static void sample(dash_t *d)
     dash_met_t met;
     bool have_met = fetch_metrics(d, &met);
     pthread_mutex_lock(&d->mu);
-    latency_figures(d, &s, &met, have_met);
+    latency_figures(d, &s, have_met ? &met : NULL);
     ring_push(d, &s);
     if (st || rc != TDM_OK) {
         json_decref(d->status);
@@ -432,24 +416,14 @@ void dash_destroy(dash_t **d_p)
     *d_p = NULL;
 }
 
-void dash_record(dash_t *d, int status, double ttft_s, double tpot_s, uint32_t completion_tokens)
+void dash_record(dash_t *d, int status)
 {
     pthread_mutex_lock(&d->mu);
     d->http_total++;
-    if (status == TDM_OK) {
+    if (status == TDM_OK)
         d->http_ok++;
-        if (ttft_s > 0) {
-            d->ttft_sum += ttft_s;
-            d->ttft_n++;
-        }
-        if (tpot_s > 0) {
-            d->tpot_sum += tpot_s;
-            d->tpot_n++;
-        }
-        d->tokens += completion_tokens;
-    } else {
+    else
         d->http_failed++;
-    }
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -510,11 +484,9 @@ static json_t *history_json(const dash_t *d)
     json_t *h = json_pack(
         "{s:f, s:{s:s, s:s, s:s, s:s, s:s}}", "interval_s", DASH_PERIOD_S, "sources",
         "request_rate", "router requests_total, every client", "ttft_ms tpot_ms tokens_per_s",
-        d->source ? d->source : "not sampled yet", "prompt_tokens_per_s",
-        "router tandem_prompt_tokens_total, every client (none without router metrics)",
-        "error_pct",
-        d->have_metrics ? "router tandem_requests_total: ended with a status other than OK"
-                        : "requests proxied by this HTTP gateway that failed",
+        "router /metrics histograms and tandem_generation_tokens_total, every client",
+        "prompt_tokens_per_s", "router tandem_prompt_tokens_total, every client", "error_pct",
+        "router tandem_requests_total: ended with a status other than OK",
         "running queued kv_used_pct", "router ClusterStatus (node heartbeats)");
     size_t first = (d->next + TDM_DASH_HISTORY - d->n) % TDM_DASH_HISTORY;
     for (size_t k = 0; h && k < DASH_N_SERIES; k++) {

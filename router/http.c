@@ -602,7 +602,7 @@ static void record(http_req_t *r, int status)
     if (r->recorded)
         return;
     r->recorded = true;
-    dash_record(r->h->dash, status, r->out.ttft_s, r->out.tpot_s, r->out.completion_tokens);
+    dash_record(r->h->dash, status);
 }
 
 static void park_conn(void *arg)

@@ -378,9 +378,8 @@ typedef struct dash dash_t;
 dash_t *dash_new(gw_t *gw, tdm_error_t *err);
 void dash_destroy(dash_t **d_p);
 
-/* Records a finished HTTP generate request: its status and the router's timings (seconds;
- * tpot 0 when it produced one token) and output tokens. Any thread. */
-void dash_record(dash_t *d, int status, double ttft_s, double tpot_s, uint32_t completion_tokens);
+/* Counts a finished HTTP generate request by its status (/api/status's "http"). Any thread. */
+void dash_record(dash_t *d, int status);
 
 /* Counts streams in flight (+1 when one starts, -1 when it ends). Any thread. */
 void dash_streams(dash_t *d, int delta);
