@@ -290,6 +290,10 @@ static double nv_prefix_hits(const rt_node_t *n)
 {
     return (double)n->prefix_hits;
 }
+static double nv_stale_router_frames(const rt_node_t *n)
+{
+    return (double)n->stale_router_frames;
+}
 static double nv_running(const rt_node_t *n)
 {
     return n->running;
@@ -530,6 +534,11 @@ static void render_nodes(mb_t *b, const tdm_router_t *r)
                 "KV blocks the node found in its prefix cache (cumulative per node process, from "
                 "its heartbeats).",
                 NODES_REGISTERED, nv_prefix_hits);
+    node_family(b, r, "tandem_node_stale_router_frames_total", METRIC_COUNTER,
+                "Frames from a router instance other than the one the node registered with (a "
+                "restarted router's, a stray peer's) that the node dropped (cumulative per node "
+                "process, from its heartbeats).",
+                NODES_REGISTERED, nv_stale_router_frames);
     node_family(b, r, "tandem_node_running", METRIC_GAUGE,
                 "Sequences the node is running (last heartbeat).", NODES_UP, nv_running);
     node_family(b, r, "tandem_node_waiting", METRIC_GAUGE,

@@ -518,6 +518,7 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
     n->spec_drafts = h->spec_drafts;
     n->spec_draft_tokens = h->spec_draft_tokens;
     n->spec_accepted_tokens = h->spec_accepted_tokens;
+    n->stale_router_frames = h->stale_router_frames;
     n->batch_size = h->batch_size;
     n->proc_rss = h->process_resident_bytes;
     n->proc_cpu_s = h->process_cpu_seconds;

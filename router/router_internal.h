@@ -132,6 +132,8 @@ typedef struct rt_node {
     uint64_t queued_prefill_tokens, prefix_queries, prefix_hits;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* cumulative per node
                                                                       process (heartbeats) */
+    uint64_t stale_router_frames; /* frames of another router instance the node dropped
+                                     (cumulative per node process, heartbeats) */
     double step_time_s;
     /* what its instance iter_instance last reported of its forward passes (heartbeats;
      * rt_metrics_iterations adds what is new to r->metrics) */

@@ -2575,6 +2575,7 @@ static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64
     h.spec_drafts = 3; /* from every node: the router exports them for decode nodes only */
     h.spec_draft_tokens = 20;
     h.spec_accepted_tokens = 11;
+    h.stale_router_frames = 4;
     double steps[2] = {0.25, 0.75};
     h.n_recent_step_s = 2;
     h.recent_step_s = steps;
@@ -2769,6 +2770,10 @@ static void test_metrics(void **state)
                        11, 0);
     assert_false(
         has_series(t, "tandem_spec_decode_drafts_total{node=\"prefill-0\",role=\"prefill\"}"));
+    /* frames of another router instance the nodes dropped (their heartbeats) */
+    assert_float_equal(sample_of(t, "tandem_node_stale_router_frames_total{node=\"decode-0\","
+                                    "role=\"decode\"}"),
+                       4, 0);
     assert_false(has_series(t, "tandem_spec_decode_accepted_tokens_total{node=\"prefill-0\","
                                "role=\"prefill\"}"));
     char info[200];

@@ -44,7 +44,7 @@ extern "C" {
 /* Protocol version carried in every FrameHeader. A peer with another major version is
  * refused (FAILED_PRECONDITION, "protocol version 2.0 not supported; this node speaks 1.x"). */
 #define TDM_PROTOCOL_MAJOR 1u
-#define TDM_PROTOCOL_MINOR 8u
+#define TDM_PROTOCOL_MINOR 9u
 
 /* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
 #define TDM_NET_MAX_HEADER_BYTES 4096u      /* FrameHeader frame */

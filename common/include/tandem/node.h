@@ -226,11 +226,10 @@ tdm_node_link_state_t tdm_node_link_state(tdm_node_link_t *l, char *msg, size_t 
  * instance is orphaned and the engine drops it. Thread-safe. */
 uint64_t tdm_node_link_router_instance(tdm_node_link_t *l);
 
-/* This node's instance id (random per start, never 0). */
-uint64_t tdm_node_link_instance(const tdm_node_link_t *l);
-
 /* Frames from the router the link dropped because they came from another router instance
- * than the registered one. Thread-safe. */
+ * than the registered one, since the link started; every heartbeat reports it
+ * (Heartbeat.stale_router_frames, the router's tandem_node_stale_router_frames_total).
+ * Thread-safe. */
 uint64_t tdm_node_link_stale_frames(tdm_node_link_t *l);
 
 /* Fills a load from a worker and pool. */

@@ -113,11 +113,6 @@ uint64_t tdm_node_link_router_instance(tdm_node_link_t *l)
     return atomic_load(&l->router_instance);
 }
 
-uint64_t tdm_node_link_instance(const tdm_node_link_t *l)
-{
-    return l->instance;
-}
-
 uint64_t tdm_node_link_stale_frames(tdm_node_link_t *l)
 {
     return atomic_load(&l->stale_frames);
@@ -165,6 +160,7 @@ static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
     hb.batch_size = ld.batch_size;
     hb.decode_step_s = ld.decode_step_s;
     hb.decode_batch_size = ld.decode_batch_size;
+    hb.stale_router_frames = tdm_node_link_stale_frames(l);
     hb.spec_drafts = ld.spec_drafts;
     hb.spec_draft_tokens = ld.spec_draft_tokens;
     hb.spec_accepted_tokens = ld.spec_accepted_tokens;
