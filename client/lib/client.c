@@ -146,11 +146,6 @@ const char *tdm_client_errfield(const tdm_client_t *c)
     return c->err_field;
 }
 
-const char *tdm_client_endpoint(const tdm_client_t *c)
-{
-    return c->endpoint;
-}
-
 size_t tdm_client_pending(const tdm_client_t *c)
 {
     return c->n_calls;

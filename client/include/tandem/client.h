@@ -121,9 +121,6 @@ const char *tdm_client_errmsg(const tdm_client_t *c);
  * tdm_client_result_t.error. */
 const char *tdm_client_errfield(const tdm_client_t *c);
 
-/* The endpoint the client is connected to. */
-const char *tdm_client_endpoint(const tdm_client_t *c);
-
 /* ---- Generate ---- */
 
 /* A Generate request. Start from tdm_client_request_init, then set the input and what you

@@ -154,9 +154,6 @@ tdm_sampler_t *tdm_sampler_new(uint32_t n_vocab, tdm_error_t *err);
 /* Frees the sampler; accepts NULL and a NULL *self_p; sets *self_p to NULL. */
 void tdm_sampler_destroy(tdm_sampler_t **self_p);
 
-/* The vocabulary size the sampler was made for. */
-uint32_t tdm_sampler_n_vocab(const tdm_sampler_t *s);
-
 /* The message of the last failed tdm_sampler_sample ("" when none); owned by the sampler,
  * valid until its next call. */
 const char *tdm_sampler_errmsg(const tdm_sampler_t *s);

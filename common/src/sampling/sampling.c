@@ -607,11 +607,6 @@ void tdm_sampler_destroy(tdm_sampler_t **self_p)
     *self_p = NULL;
 }
 
-uint32_t tdm_sampler_n_vocab(const tdm_sampler_t *s)
-{
-    return s->n_vocab;
-}
-
 const char *tdm_sampler_errmsg(const tdm_sampler_t *s)
 {
     return s->err.msg;
