@@ -51,6 +51,38 @@ static void check(const char *schema, const char *const *good, const char *const
 #define GOOD(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define BAD(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* A copy of text with every ' turned into " (caller frees), so schemas read as JSON. */
+static char *dq(const char *text)
+{
+    char *s = strdup(text);
+    assert_non_null(s);
+    for (char *p = s; *p; p++)
+        if (*p == '\'')
+            *p = '"';
+    return s;
+}
+
+/* check() with ' for " in the schema and in every text. */
+static void check_q(const char *schema, const char *const *good, const char *const *bad)
+{
+    char *s = dq(schema);
+    tdm_grammar_t *g = compile(s);
+    for (; good && *good; good++) {
+        char *t = dq(*good);
+        if (!grammar_accepts(g, t))
+            fail_msg("schema %s should accept %s", s, t);
+        free(t);
+    }
+    for (; bad && *bad; bad++) {
+        char *t = dq(*bad);
+        if (grammar_accepts(g, t))
+            fail_msg("schema %s should reject %s", s, t);
+        free(t);
+    }
+    tdm_grammar_destroy(&g);
+    free(s);
+}
+
 /* The schema is refused with exactly this message. */
 static void refused(const char *schema, const char *msg)
 {
@@ -211,6 +243,38 @@ static void test_any_one_all_of(void **state)
             "/allOf/1: allOf: two different 'pattern' cannot be merged");
     refused("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",
             "/allOf/1: allOf: the types do not intersect");
+}
+
+/* Merged properties (allOf, $ref, anyOf / oneOf with siblings) come in document order: each
+ * name where it is first defined in the document among the merged schemas. */
+static void test_merged_property_order(void **state)
+{
+    (void)state;
+    /* allOf: a oneOf branch's properties come before the later branch's */
+    check_q("{'allOf':[{'oneOf':[{'properties':{'state':{'const':'idle'}},'required':['state']},"
+            "{'properties':{'current':{'type':'number'},'state':{'const':'run'},"
+            "'total':{'type':'number'}},'required':['state']}],'type':'object'},"
+            "{'properties':{'builder':{'type':'object'},'id':{'type':'number'}},"
+            "'required':['builder','id']}]}",
+            GOOD("{'current':50,'state':'run','total':100,'builder':{},'id':1}",
+                 "{'state':'idle','builder':{},'id':1}"),
+            BAD("{'builder':{},'id':1,'current':50,'state':'run'}", "{'state':'run','id':1}"));
+    /* $ref: siblings written before the $ref's target come first */
+    check_q("{'properties':{'c':{'type':'integer'}},'$ref':'#/$defs/b',"
+            "'$defs':{'b':{'properties':{'a':{},'b':{}},'required':['a']}}}",
+            GOOD("{'c':1,'a':2,'b':3}", "{'a':2}", "{'c':1,'a':2}"),
+            BAD("{'a':2,'b':3,'c':1}", "{'c':'x','a':2}"));
+    check_q("{'$defs':{'b':{'properties':{'a':{},'b':{}}}},'$ref':'#/$defs/b',"
+            "'properties':{'c':{'type':'integer'}}}",
+            GOOD("{'a':2,'b':3,'c':1}", "{'b':3}"), BAD("{'c':1,'a':2,'b':3}", "{'c':'x'}"));
+    /* anyOf branches written before the sibling properties */
+    check_q("{'anyOf':[{'properties':{'x':{'type':'string'}},'required':['x']}],"
+            "'properties':{'y':{'type':'integer'}},'required':['y']}",
+            GOOD("{'x':'s','y':1}"), BAD("{'y':1,'x':'s'}", "{'x':'s'}"));
+    /* a name both sides define sits at its first definition */
+    check_q("{'allOf':[{'properties':{'b':{},'a':{}}},"
+            "{'properties':{'c':{},'a':{'type':'integer'}}}]}",
+            GOOD("{'b':1,'a':2,'c':3}", "{'a':2,'c':3}"), BAD("{'b':1,'c':3,'a':2}", "{'a':'x'}"));
 }
 
 static void test_refs(void **state)
@@ -513,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_arrays),
         cmocka_unit_test(test_enum_const),
         cmocka_unit_test(test_any_one_all_of),
+        cmocka_unit_test(test_merged_property_order),
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),

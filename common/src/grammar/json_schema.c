@@ -776,6 +776,7 @@ static int compile_document(json_t *root, const char *rule, tdm_buf_t *out, tdm_
     for (size_t i = 0; i < c.n_refs; i++)
         free(c.refs[i].ref);
     free(c.refs);
+    js_merge_free(&c);
     json_decref(c.keep);
     return rc;
 }

@@ -54,7 +54,9 @@ typedef struct js_ctx {
     bool prim_done[JS_PRIM_COUNT];
     js_ref_t *refs; /* $ref targets compiled so far */
     size_t n_refs, cap_refs;
-    json_t *keep; /* array owning the schemas built by merging (allOf, siblings) */
+    json_t *keep;     /* array owning the schemas built by merging (allOf, siblings) */
+    json_t *prop_pos; /* "%p" of a properties object -> {name: position in the document} (built
+                       * on the first merge that needs it; NULL before) */
     int depth;
     bool unsat; /* the last refusal says no value is allowed (not: not supported) */
 } js_ctx_t;
@@ -118,6 +120,9 @@ int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 /* Merges schemas a and b (already $ref-resolved at their top) into a new schema that allows
  * exactly the values both allow, or fails naming ptr. *out is owned by c->keep. */
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out);
+
+/* Frees what the merges kept besides c->keep (the property positions). Cannot fail. */
+void js_merge_free(js_ctx_t *c);
 
 /* True when no JSON value can match both schemas (already $ref-resolved at their top), by
  * a cheap sufficient test: disjoint types, disjoint enum / const values, or a property
