@@ -198,6 +198,65 @@ static void test_enum_const(void **state)
     refused("{\"type\":\"string\",\"enum\":[1]}", "/enum: no value allowed (type, enum and const)");
 }
 
+/* Large enums compile into a trie: 1,554 strings (more than the engine's 1,024 parse stacks
+ * a flat alternation would start at once), each accepted, non-members refused. */
+static void test_enum_trie(void **state)
+{
+    (void)state;
+    enum { N = 1554 };
+    tdm_buf_t schema = TDM_BUF_INIT, v = TDM_BUF_INIT;
+    tdm_buf_puts(&schema, "{\"enum\":[");
+    for (int i = 0; i < N; i++) /* shared prefixes, values that prefix others, UTF-8 */
+        tdm_buf_printf(&schema, "%s\"%s%d\"", i ? "," : "",
+                       i % 3 == 0   ? "item-"
+                       : i % 3 == 1 ? "it\u00e9m/"
+                                    : "it\u00e8m",
+                       i / 3);
+    tdm_buf_puts(&schema, ",\"\",\"it\",7,2.5,true,null,{\"a\":[1]}]}");
+    assert_false(schema.oom);
+    tdm_grammar_t *g = compile(schema.data);
+    for (int i = 0; i < N; i++) {
+        tdm_buf_clear(&v);
+        tdm_buf_printf(&v, "\"%s%d\"",
+                       i % 3 == 0   ? "item-"
+                       : i % 3 == 1 ? "it\xc3\xa9m/"
+                                    : "it\xc3\xa8m",
+                       i / 3);
+        if (!grammar_accepts(g, v.data))
+            fail_msg("enum value %s rejected", v.data);
+    }
+    const char *good[] = {"\"\"", "\"it\"", "7", "7.0", "2.5", "true", "null", "{\"a\":[1]}"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        if (!grammar_accepts(g, good[i]))
+            fail_msg("enum value %s rejected", good[i]);
+    const char *bad[] = {"\"item-518\"", "\"item-\"", "\"item-00\"", "\"ite\"", "\"it\xc3\xaam1\"",
+                         "\"item-1x\"",  "\"i\"",     "8",           "false",   "{\"a\":[]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (grammar_accepts(g, bad[i]))
+            fail_msg("non-member %s accepted", bad[i]);
+    tdm_grammar_destroy(&g);
+    /* a chain of prefixes deeper than the trie's nesting: "a", "aa", ... 100 of them */
+    tdm_buf_clear(&schema);
+    tdm_buf_puts(&schema, "{\"enum\":[");
+    for (int i = 1; i <= 100; i++)
+        tdm_buf_printf(&schema, "%s\"%.*s\"", i > 1 ? "," : "", i,
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    tdm_buf_puts(&schema, "]}");
+    g = compile(schema.data);
+    for (int i = 0; i <= 101; i++) {
+        tdm_buf_clear(&v);
+        tdm_buf_printf(&v, "\"%.*s\"", i,
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+        if (grammar_accepts(g, v.data) != (i >= 1 && i <= 100))
+            fail_msg("chain enum misjudges %s", v.data);
+    }
+    tdm_grammar_destroy(&g);
+    tdm_buf_free(&schema);
+    tdm_buf_free(&v);
+}
+
 static void test_any_one_all_of(void **state)
 {
     (void)state;
@@ -576,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_additional_properties),
         cmocka_unit_test(test_arrays),
         cmocka_unit_test(test_enum_const),
+        cmocka_unit_test(test_enum_trie),
         cmocka_unit_test(test_any_one_all_of),
         cmocka_unit_test(test_merged_property_order),
         cmocka_unit_test(test_refs),
