@@ -167,6 +167,43 @@ static void test_additional_properties(void **state)
             "/properties/a/enum: no value allowed (type, enum and const)");
 }
 
+/* patternProperties: beside additionalProperties false with one schema for every pattern, the
+ * other keys must match a pattern; patterns whose schemas accept everything, beside
+ * additionalProperties true, constrain nothing; the rest is refused with the pointer. */
+static void test_pattern_properties(void **state)
+{
+    (void)state;
+    check_q("{'type':'object','properties':{'id':{'type':'integer'}},'required':['id'],"
+            "'patternProperties':{'^x-':{'type':'string'}},'additionalProperties':false}",
+            GOOD("{'id':1}", "{'id':1,'x-a':'s'}", "{'id':1,'x-':'s','x-b':'t'}"),
+            BAD("{'id':1,'y':'s'}", "{'id':1,'x-a':1}", "{'x-a':'s'}", "{'id':1,'ax-':'s'}"));
+    /* two patterns, one schema; unanchored patterns search; an empty object */
+    check_q("{'patternProperties':{'^[0-9]+$':{'type':'number'},'_id':{'type':'number'}},"
+            "'additionalProperties':false}",
+            GOOD("{}", "{'12':1}", "{'a_idb':2.5,'7':0}"), BAD("{'1a':1}", "{'12':'x'}"));
+    /* a required name that properties does not define, matched by a pattern */
+    check_q("{'required':['x-k'],'patternProperties':{'^x-':{}},'additionalProperties':false}",
+            GOOD("{'x-k':1}", "{'x-k':1,'x-j':[]}"), BAD("{}", "{'x-k':1,'y':2}"));
+    /* patterns that accept everything constrain nothing */
+    check_q("{'patternProperties':{'^a':true},'properties':{'b':{'type':'string'}}}",
+            GOOD("{'b':'s','a1':1,'z':2}"), BAD("{'b':1}"));
+    refused("{\"patternProperties\":{\"^a\":{\"type\":\"string\"}}}",
+            "/patternProperties: not supported unless additionalProperties is false");
+    refused("{\"patternProperties\":{\"^a\":{\"type\":\"string\"},\"^b\":{}},"
+            "\"additionalProperties\":false}",
+            "/patternProperties: patterns with different schemas not supported");
+    refused("{\"properties\":{\"ab\":{}},\"patternProperties\":{\"^a\":{}},"
+            "\"additionalProperties\":false}",
+            "/patternProperties/^a: matches the property 'ab' that properties defines (not "
+            "supported)");
+    refused("{\"required\":[\"b\"],\"patternProperties\":{\"^a\":{}},"
+            "\"additionalProperties\":false}",
+            "/patternProperties: required 'b' matches no pattern");
+    refused("{\"allOf\":[{\"patternProperties\":{\"^a\":{}},\"additionalProperties\":false},"
+            "{\"properties\":{\"b\":{}}}]}",
+            "/allOf/1: allOf: patternProperties cannot be merged with properties");
+}
+
 static void test_arrays(void **state)
 {
     (void)state;
@@ -487,8 +524,8 @@ static void test_number_bounds(void **state)
 static void test_refused_keywords(void **state)
 {
     (void)state;
-    refused("{\"properties\":{\"a\":{\"patternProperties\":{}}}}",
-            "/properties/a/patternProperties: not supported");
+    refused("{\"properties\":{\"a\":{\"propertyNames\":{}}}}",
+            "/properties/a/propertyNames: not supported");
     refused("{\"not\":{}}", "/not: not supported");
     refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
@@ -633,6 +670,7 @@ int main(void)
         cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_properties_required_order),
         cmocka_unit_test(test_additional_properties),
+        cmocka_unit_test(test_pattern_properties),
         cmocka_unit_test(test_arrays),
         cmocka_unit_test(test_enum_const),
         cmocka_unit_test(test_enum_trie),

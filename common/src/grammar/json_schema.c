@@ -41,13 +41,13 @@ static const char *const k_supported[] = {"type",
                                           "exclusiveMinimum",
                                           "exclusiveMaximum",
                                           "minProperties",
+                                          "patternProperties",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {"patternProperties",
-                                        "propertyNames",
+static const char *const k_refused[] = {"propertyNames",
                                         "dependencies",
                                         "dependentRequired",
                                         "dependentSchemas",

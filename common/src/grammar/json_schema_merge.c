@@ -319,6 +319,15 @@ void js_merge_free(js_ctx_t *c)
     c->prop_pos = NULL;
 }
 
+/* Whether a has patternProperties and b says anything about which names are allowed (their
+ * merge is not built: it would need the patterns' intersections and complements). */
+static bool patterns_clash(json_t *a, json_t *b)
+{
+    return json_object_get(a, "patternProperties") &&
+           (json_object_get(b, "properties") || json_object_get(b, "additionalProperties") ||
+            json_object_get(b, "patternProperties"));
+}
+
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
 {
     int rc = js_resolve_top(c, a, ptr, &a);
@@ -337,6 +346,8 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
     }
     if (!json_is_object(a) || !json_is_object(b))
         return js_fail(c, ptr, NULL, "a schema must be an object or a boolean");
+    if (patterns_clash(a, b) || patterns_clash(b, a))
+        return js_fail(c, ptr, NULL, "allOf: patternProperties cannot be merged with properties");
     json_t *m = json_object();
     if (!m || json_array_append_new(c->keep, m) != 0)
         return js_oom(c);
