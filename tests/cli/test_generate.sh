@@ -97,8 +97,8 @@ expect_err "ctx beyond the model" "exceeds the model's context length" -m "$mode
 expect_err "two constraints" "at most one of" -m "$model" -p hi --regex a --choice b
 printf 'root ::= (' >"$tmp/bad.gbnf"
 expect_err "bad grammar" "line 1" -m "$model" -p hi --grammar "$tmp/bad.gbnf"
-printf '{"type":"object","patternProperties":{"a":{}}}' >"$tmp/bad.json"
-expect_err "unsupported schema keyword" "patternProperties" -m "$model" -p hi --json-schema "$tmp/bad.json"
+printf '{"type":"object","propertyNames":{"maxLength":3}}' >"$tmp/bad.json"
+expect_err "unsupported schema keyword" "propertyNames" -m "$model" -p hi --json-schema "$tmp/bad.json"
 gen -m /nonexistent.gguf -p hi
 check "missing model file: exit 1 with the path" $([ $rc -eq 1 ] && grep -q "/nonexistent.gguf" "$tmp/err"; echo $?)
 

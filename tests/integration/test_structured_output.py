@@ -266,8 +266,8 @@ BAD = [
                                                                  "schema": {"type": 5}}}},
      "response_format", "type"),
     ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "patternProperties": {"a": {}}}}}},
-     "response_format", "patternProperties"),
+        "name": "x", "schema": {"type": "object", "propertyNames": {"maxLength": 3}}}}},
+     "response_format", "propertyNames"),
     ({"guided_grammar": "root ::= ("}, "guided_grammar", "line 1"),
     ({"guided_grammar": 'root ::= "a" root'}, "guided_grammar", "root"),
     ({"guided_regex": "(ab"}, "guided_regex", "regex"),

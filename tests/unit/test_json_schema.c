@@ -51,6 +51,38 @@ static void check(const char *schema, const char *const *good, const char *const
 #define GOOD(...) ((const char *const[]){__VA_ARGS__, NULL})
 #define BAD(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* A copy of text with every ' turned into " (caller frees), so schemas read as JSON. */
+static char *dq(const char *text)
+{
+    char *s = strdup(text);
+    assert_non_null(s);
+    for (char *p = s; *p; p++)
+        if (*p == '\'')
+            *p = '"';
+    return s;
+}
+
+/* check() with ' for " in the schema and in every text. */
+static void check_q(const char *schema, const char *const *good, const char *const *bad)
+{
+    char *s = dq(schema);
+    tdm_grammar_t *g = compile(s);
+    for (; good && *good; good++) {
+        char *t = dq(*good);
+        if (!grammar_accepts(g, t))
+            fail_msg("schema %s should accept %s", s, t);
+        free(t);
+    }
+    for (; bad && *bad; bad++) {
+        char *t = dq(*bad);
+        if (grammar_accepts(g, t))
+            fail_msg("schema %s should reject %s", s, t);
+        free(t);
+    }
+    tdm_grammar_destroy(&g);
+    free(s);
+}
+
 /* The schema is refused with exactly this message. */
 static void refused(const char *schema, const char *msg)
 {
@@ -135,6 +167,43 @@ static void test_additional_properties(void **state)
             "/properties/a/enum: no value allowed (type, enum and const)");
 }
 
+/* patternProperties: beside additionalProperties false with one schema for every pattern, the
+ * other keys must match a pattern; patterns whose schemas accept everything, beside
+ * additionalProperties true, constrain nothing; the rest is refused with the pointer. */
+static void test_pattern_properties(void **state)
+{
+    (void)state;
+    check_q("{'type':'object','properties':{'id':{'type':'integer'}},'required':['id'],"
+            "'patternProperties':{'^x-':{'type':'string'}},'additionalProperties':false}",
+            GOOD("{'id':1}", "{'id':1,'x-a':'s'}", "{'id':1,'x-':'s','x-b':'t'}"),
+            BAD("{'id':1,'y':'s'}", "{'id':1,'x-a':1}", "{'x-a':'s'}", "{'id':1,'ax-':'s'}"));
+    /* two patterns, one schema; unanchored patterns search; an empty object */
+    check_q("{'patternProperties':{'^[0-9]+$':{'type':'number'},'_id':{'type':'number'}},"
+            "'additionalProperties':false}",
+            GOOD("{}", "{'12':1}", "{'a_idb':2.5,'7':0}"), BAD("{'1a':1}", "{'12':'x'}"));
+    /* a required name that properties does not define, matched by a pattern */
+    check_q("{'required':['x-k'],'patternProperties':{'^x-':{}},'additionalProperties':false}",
+            GOOD("{'x-k':1}", "{'x-k':1,'x-j':[]}"), BAD("{}", "{'x-k':1,'y':2}"));
+    /* patterns that accept everything constrain nothing */
+    check_q("{'patternProperties':{'^a':true},'properties':{'b':{'type':'string'}}}",
+            GOOD("{'b':'s','a1':1,'z':2}"), BAD("{'b':1}"));
+    refused("{\"patternProperties\":{\"^a\":{\"type\":\"string\"}}}",
+            "/patternProperties: not supported unless additionalProperties is false");
+    refused("{\"patternProperties\":{\"^a\":{\"type\":\"string\"},\"^b\":{}},"
+            "\"additionalProperties\":false}",
+            "/patternProperties: patterns with different schemas not supported");
+    refused("{\"properties\":{\"ab\":{}},\"patternProperties\":{\"^a\":{}},"
+            "\"additionalProperties\":false}",
+            "/patternProperties/^a: matches the property 'ab' that properties defines (not "
+            "supported)");
+    refused("{\"required\":[\"b\"],\"patternProperties\":{\"^a\":{}},"
+            "\"additionalProperties\":false}",
+            "/patternProperties: required 'b' matches no pattern");
+    refused("{\"allOf\":[{\"patternProperties\":{\"^a\":{}},\"additionalProperties\":false},"
+            "{\"properties\":{\"b\":{}}}]}",
+            "/allOf/1: allOf: patternProperties cannot be merged with properties");
+}
+
 static void test_arrays(void **state)
 {
     (void)state;
@@ -164,6 +233,65 @@ static void test_enum_const(void **state)
     check("{\"type\":\"string\",\"enum\":[\"a\",1]}", GOOD("\"a\""), BAD("1"));
     check("{\"const\":1e+16}", GOOD("1e+16", "10000000000000000"), BAD("1"));
     refused("{\"type\":\"string\",\"enum\":[1]}", "/enum: no value allowed (type, enum and const)");
+}
+
+/* Large enums compile into a trie: 1,554 strings (more than the engine's 1,024 parse stacks
+ * a flat alternation would start at once), each accepted, non-members refused. */
+static void test_enum_trie(void **state)
+{
+    (void)state;
+    enum { N = 1554 };
+    tdm_buf_t schema = TDM_BUF_INIT, v = TDM_BUF_INIT;
+    tdm_buf_puts(&schema, "{\"enum\":[");
+    for (int i = 0; i < N; i++) /* shared prefixes, values that prefix others, UTF-8 */
+        tdm_buf_printf(&schema, "%s\"%s%d\"", i ? "," : "",
+                       i % 3 == 0   ? "item-"
+                       : i % 3 == 1 ? "it\u00e9m/"
+                                    : "it\u00e8m",
+                       i / 3);
+    tdm_buf_puts(&schema, ",\"\",\"it\",7,2.5,true,null,{\"a\":[1]}]}");
+    assert_false(schema.oom);
+    tdm_grammar_t *g = compile(schema.data);
+    for (int i = 0; i < N; i++) {
+        tdm_buf_clear(&v);
+        tdm_buf_printf(&v, "\"%s%d\"",
+                       i % 3 == 0   ? "item-"
+                       : i % 3 == 1 ? "it\xc3\xa9m/"
+                                    : "it\xc3\xa8m",
+                       i / 3);
+        if (!grammar_accepts(g, v.data))
+            fail_msg("enum value %s rejected", v.data);
+    }
+    const char *good[] = {"\"\"", "\"it\"", "7", "7.0", "2.5", "true", "null", "{\"a\":[1]}"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        if (!grammar_accepts(g, good[i]))
+            fail_msg("enum value %s rejected", good[i]);
+    const char *bad[] = {"\"item-518\"", "\"item-\"", "\"item-00\"", "\"ite\"", "\"it\xc3\xaam1\"",
+                         "\"item-1x\"",  "\"i\"",     "8",           "false",   "{\"a\":[]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (grammar_accepts(g, bad[i]))
+            fail_msg("non-member %s accepted", bad[i]);
+    tdm_grammar_destroy(&g);
+    /* a chain of prefixes deeper than the trie's nesting: "a", "aa", ... 100 of them */
+    tdm_buf_clear(&schema);
+    tdm_buf_puts(&schema, "{\"enum\":[");
+    for (int i = 1; i <= 100; i++)
+        tdm_buf_printf(&schema, "%s\"%.*s\"", i > 1 ? "," : "", i,
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaa");
+    tdm_buf_puts(&schema, "]}");
+    g = compile(schema.data);
+    for (int i = 0; i <= 101; i++) {
+        tdm_buf_clear(&v);
+        tdm_buf_printf(&v, "\"%.*s\"", i,
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+                       "aaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+        if (grammar_accepts(g, v.data) != (i >= 1 && i <= 100))
+            fail_msg("chain enum misjudges %s", v.data);
+    }
+    tdm_grammar_destroy(&g);
+    tdm_buf_free(&schema);
+    tdm_buf_free(&v);
 }
 
 static void test_any_one_all_of(void **state)
@@ -211,6 +339,38 @@ static void test_any_one_all_of(void **state)
             "/allOf/1: allOf: two different 'pattern' cannot be merged");
     refused("{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}",
             "/allOf/1: allOf: the types do not intersect");
+}
+
+/* Merged properties (allOf, $ref, anyOf / oneOf with siblings) come in document order: each
+ * name where it is first defined in the document among the merged schemas. */
+static void test_merged_property_order(void **state)
+{
+    (void)state;
+    /* allOf: a oneOf branch's properties come before the later branch's */
+    check_q("{'allOf':[{'oneOf':[{'properties':{'state':{'const':'idle'}},'required':['state']},"
+            "{'properties':{'current':{'type':'number'},'state':{'const':'run'},"
+            "'total':{'type':'number'}},'required':['state']}],'type':'object'},"
+            "{'properties':{'builder':{'type':'object'},'id':{'type':'number'}},"
+            "'required':['builder','id']}]}",
+            GOOD("{'current':50,'state':'run','total':100,'builder':{},'id':1}",
+                 "{'state':'idle','builder':{},'id':1}"),
+            BAD("{'builder':{},'id':1,'current':50,'state':'run'}", "{'state':'run','id':1}"));
+    /* $ref: siblings written before the $ref's target come first */
+    check_q("{'properties':{'c':{'type':'integer'}},'$ref':'#/$defs/b',"
+            "'$defs':{'b':{'properties':{'a':{},'b':{}},'required':['a']}}}",
+            GOOD("{'c':1,'a':2,'b':3}", "{'a':2}", "{'c':1,'a':2}"),
+            BAD("{'a':2,'b':3,'c':1}", "{'c':'x','a':2}"));
+    check_q("{'$defs':{'b':{'properties':{'a':{},'b':{}}}},'$ref':'#/$defs/b',"
+            "'properties':{'c':{'type':'integer'}}}",
+            GOOD("{'a':2,'b':3,'c':1}", "{'b':3}"), BAD("{'c':1,'a':2,'b':3}", "{'c':'x'}"));
+    /* anyOf branches written before the sibling properties */
+    check_q("{'anyOf':[{'properties':{'x':{'type':'string'}},'required':['x']}],"
+            "'properties':{'y':{'type':'integer'}},'required':['y']}",
+            GOOD("{'x':'s','y':1}"), BAD("{'y':1,'x':'s'}", "{'x':'s'}"));
+    /* a name both sides define sits at its first definition */
+    check_q("{'allOf':[{'properties':{'b':{},'a':{}}},"
+            "{'properties':{'c':{},'a':{'type':'integer'}}}]}",
+            GOOD("{'b':1,'a':2,'c':3}", "{'a':2,'c':3}"), BAD("{'b':1,'c':3,'a':2}", "{'a':'x'}"));
 }
 
 static void test_refs(void **state)
@@ -364,8 +524,8 @@ static void test_number_bounds(void **state)
 static void test_refused_keywords(void **state)
 {
     (void)state;
-    refused("{\"properties\":{\"a\":{\"patternProperties\":{}}}}",
-            "/properties/a/patternProperties: not supported");
+    refused("{\"properties\":{\"a\":{\"propertyNames\":{}}}}",
+            "/properties/a/propertyNames: not supported");
     refused("{\"not\":{}}", "/not: not supported");
     refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
@@ -510,9 +670,12 @@ int main(void)
         cmocka_unit_test(test_whitespace),
         cmocka_unit_test(test_properties_required_order),
         cmocka_unit_test(test_additional_properties),
+        cmocka_unit_test(test_pattern_properties),
         cmocka_unit_test(test_arrays),
         cmocka_unit_test(test_enum_const),
+        cmocka_unit_test(test_enum_trie),
         cmocka_unit_test(test_any_one_all_of),
+        cmocka_unit_test(test_merged_property_order),
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),

@@ -9,6 +9,7 @@
  * disjoint (so exclusivity holds by construction), and is refused otherwise.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "json_schema_internal.h"
@@ -40,13 +41,13 @@ static const char *const k_supported[] = {"type",
                                           "exclusiveMinimum",
                                           "exclusiveMaximum",
                                           "minProperties",
+                                          "patternProperties",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {"patternProperties",
-                                        "propertyNames",
+static const char *const k_refused[] = {"propertyNames",
                                         "dependencies",
                                         "dependentRequired",
                                         "dependentSchemas",
@@ -604,27 +605,28 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"), *v;
     if (en && (!json_is_array(en) || json_array_size(en) == 0))
         return js_fail(c, ptr, "enum", "must be a non-empty array");
-    tdm_buf_t body = TDM_BUF_INIT;
-    int n = 0;
-    size_t i, count = en ? json_array_size(en) : 1;
+    size_t i, n = 0, count = en ? json_array_size(en) : 1;
+    json_t **vals = calloc(count, sizeof *vals);
+    if (!vals)
+        return js_oom(c);
     for (i = 0; i < count; i++) {
         v = en ? json_array_get(en, i) : cn;
-        if (!value_has_type(v, types) || (en && cn && !json_equal(v, cn)))
-            continue;
-        tdm_buf_puts(&body, n++ ? " | " : "");
-        js_literal(c, v, &body);
+        if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)))
+            vals[n++] = v;
     }
+    tdm_buf_t body = TDM_BUF_INIT;
     int rc = 0;
     if (n == 0)
         rc =
             js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
-    else if (body.oom)
-        rc = js_oom(c);
+    else
+        rc = js_enum_expr(c, vals, n, &body);
     if (rc == 0) {
         js_new_name(c, name);
         rc = js_emit_rule(c, name, body.data);
     }
     tdm_buf_free(&body);
+    free(vals);
     return rc;
 }
 
@@ -776,6 +778,7 @@ static int compile_document(json_t *root, const char *rule, tdm_buf_t *out, tdm_
     for (size_t i = 0; i < c.n_refs; i++)
         free(c.refs[i].ref);
     free(c.refs);
+    js_merge_free(&c);
     json_decref(c.keep);
     return rc;
 }

@@ -54,7 +54,9 @@ typedef struct js_ctx {
     bool prim_done[JS_PRIM_COUNT];
     js_ref_t *refs; /* $ref targets compiled so far */
     size_t n_refs, cap_refs;
-    json_t *keep; /* array owning the schemas built by merging (allOf, siblings) */
+    json_t *keep;     /* array owning the schemas built by merging (allOf, siblings) */
+    json_t *prop_pos; /* "%p" of a properties object -> {name: position in the document} (built
+                       * on the first merge that needs it; NULL before) */
     int depth;
     bool unsat; /* the last refusal says no value is allowed (not: not supported) */
 } js_ctx_t;
@@ -104,9 +106,20 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 /* Appends the GBNF that matches exactly the JSON value v (compact, bounded whitespace inside
  * containers as elsewhere; strings and numbers as Python's json.dumps writes them). */
 int js_literal(js_ctx_t *c, json_t *v, tdm_buf_t *body);
+/* The JSON texts js_literal matches for the scalar v (string, number, boolean, null), written
+ * into t[0] and t[1] (TDM_BUF_INIT on entry; the caller frees both): returns how many (two for
+ * an integral number: "2" and "2.0"), 0 for an object or array, or TDM_ERESOURCE. */
+int js_scalar_texts(json_t *v, tdm_buf_t t[2]);
 /* Writes the JSON encoding of string s[n] (without quotes) as json.dumps(ensure_ascii=False)
  * does, then as a GBNF string literal (with quotes) into body. */
 int js_json_string_literal(const char *s, size_t n, bool with_quotes, tdm_buf_t *body);
+
+/* ---- json_schema_enum.c: enum / const values ---- */
+
+/* Appends a GBNF expression matching exactly the values vals[n] (as js_literal does): the
+ * scalar ones as a trie of their texts, so a large enum does not start one parse stack per
+ * value; objects and arrays as alternatives. Returns 0 or TDM_ERESOURCE (ctx->err set). */
+int js_enum_expr(js_ctx_t *c, json_t *const *vals, size_t n, tdm_buf_t *body);
 
 /* ---- json_schema_number.c: integers and numbers with bounds ---- */
 
@@ -118,6 +131,9 @@ int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 /* Merges schemas a and b (already $ref-resolved at their top) into a new schema that allows
  * exactly the values both allow, or fails naming ptr. *out is owned by c->keep. */
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out);
+
+/* Frees what the merges kept besides c->keep (the property positions). Cannot fail. */
+void js_merge_free(js_ctx_t *c);
 
 /* True when no JSON value can match both schemas (already $ref-resolved at their top), by
  * a cheap sufficient test: disjoint types, disjoint enum / const values, or a property

@@ -6,8 +6,16 @@
  *
  * Merged properties, items and additionalProperties become {"allOf": [a, b]}, compiled (and
  * merged) when the compiler gets to them, so recursive schemas merge lazily.
+ *
+ * Merged properties come in document order (llguidance's rule): each name at the position of
+ * its first definition in the document among the merged schemas, whichever side of the merge
+ * it came from. Positions are counted once per compile, in a walk of the whole document
+ * (jansson keeps members in the order of the text).
  */
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "json_schema_internal.h"
@@ -184,6 +192,142 @@ static int merge_additional(js_ctx_t *c, json_t *a, json_t *b, json_t *out)
     return rc == 0 ? 0 : js_oom(c);
 }
 
+/* ---- property order ---- */
+
+/* The key of object o in c->prop_pos. */
+static void pos_key(const json_t *o, char key[32])
+{
+    snprintf(key, 32, "%p", (const void *)o);
+}
+
+/* Walks node (a "properties" object when props), recording for every properties object the
+ * position of each name: the count of nodes visited before it. Returns 0 or -1 (out of
+ * memory). Recursion is bounded by jansson's parse depth. */
+static int index_node(json_t *pos, json_t *node, bool props, json_int_t *counter)
+{
+    json_t *map = NULL, *v;
+    const char *key;
+    size_t i;
+    (*counter)++;
+    if (json_is_array(node)) {
+        json_array_foreach(node, i, v)
+        {
+            if (index_node(pos, v, false, counter) != 0)
+                return -1;
+        }
+        return 0;
+    }
+    if (!json_is_object(node))
+        return 0;
+    if (props) {
+        char k[32];
+        pos_key(node, k);
+        if (!(map = json_object()) || json_object_set_new(pos, k, map) != 0)
+            return -1;
+    }
+    json_object_foreach(node, key, v)
+    {
+        if (map && json_object_set_new(map, key, json_integer(*counter)) != 0)
+            return -1;
+        if (index_node(pos, v, !props && strcmp(key, "properties") == 0, counter) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The document position of name in the properties object props, or LLONG_MAX (unknown). */
+static json_int_t position(js_ctx_t *c, json_t *props, const char *name)
+{
+    char k[32];
+    pos_key(props, k);
+    json_t *p = json_object_get(json_object_get(c->prop_pos, k), name);
+    return json_is_integer(p) ? json_integer_value(p) : LLONG_MAX;
+}
+
+typedef struct named_pos {
+    const char *name;
+    json_t *value;
+    json_int_t pos; /* document position (LLONG_MAX: unknown) */
+    size_t i;       /* index in the merged object (ties) */
+} named_pos_t;
+
+static int cmp_pos(const void *x, const void *y)
+{
+    const named_pos_t *a = x, *b = y;
+    if (a->pos != b->pos)
+        return a->pos < b->pos ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* The merged properties (v[n], from names) as a new object in document order, recorded in
+ * c->prop_pos; NULL on out of memory. */
+static json_t *sorted_props(js_ctx_t *c, named_pos_t *v, size_t n)
+{
+    json_t *sorted = json_object(), *map = json_object();
+    char k[32];
+    bool ok = sorted && map;
+    qsort(v, n, sizeof *v, cmp_pos);
+    for (size_t i = 0; i < n && ok; i++) {
+        ok = json_object_set(sorted, v[i].name, v[i].value) == 0;
+        if (ok && v[i].pos != LLONG_MAX)
+            ok = json_object_set_new(map, v[i].name, json_integer(v[i].pos)) == 0;
+    }
+    if (ok) {
+        pos_key(sorted, k);
+        ok = json_object_set_new(c->prop_pos, k, map) == 0;
+        map = NULL;
+    }
+    json_decref(map);
+    if (!ok)
+        json_decref(sorted);
+    return ok ? sorted : NULL;
+}
+
+/* Puts m's properties, merged from pa and pb, in document order (see the file comment). */
+static int order_props(js_ctx_t *c, json_t *m, json_t *pa, json_t *pb)
+{
+    json_t *props = json_object_get(m, "properties"), *v;
+    size_t n = json_object_size(props), i = 0;
+    const char *key;
+    if (!json_is_object(pa) || !json_is_object(pb) || n < 2)
+        return 0;
+    if (!c->prop_pos) {
+        json_int_t counter = 0;
+        c->prop_pos = json_object();
+        if (!c->prop_pos || index_node(c->prop_pos, c->root, false, &counter) != 0)
+            return js_oom(c);
+    }
+    named_pos_t *list = calloc(n, sizeof *list);
+    if (!list)
+        return js_oom(c);
+    json_object_foreach(props, key, v)
+    {
+        json_int_t p = position(c, pa, key), q = position(c, pb, key);
+        list[i] = (named_pos_t){key, v, p < q ? p : q, i};
+        i++;
+    }
+    json_t *sorted = sorted_props(c, list, n);
+    free(list);
+    if (!sorted || json_object_set_new(m, "properties", sorted) != 0)
+        return js_oom(c);
+    return 0;
+}
+
+void js_merge_free(js_ctx_t *c)
+{
+    json_decref(c->prop_pos);
+    c->prop_pos = NULL;
+}
+
+/* Whether a has patternProperties and b says anything about which names are allowed (their
+ * merge is not built: it would need the patterns' intersections and complements). */
+static bool patterns_clash(json_t *a, json_t *b)
+{
+    return json_object_get(a, "patternProperties") &&
+           (json_object_get(b, "properties") || json_object_get(b, "additionalProperties") ||
+            json_object_get(b, "patternProperties"));
+}
+
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
 {
     int rc = js_resolve_top(c, a, ptr, &a);
@@ -202,6 +346,8 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
     }
     if (!json_is_object(a) || !json_is_object(b))
         return js_fail(c, ptr, NULL, "a schema must be an object or a boolean");
+    if (patterns_clash(a, b) || patterns_clash(b, a))
+        return js_fail(c, ptr, NULL, "allOf: patternProperties cannot be merged with properties");
     json_t *m = json_object();
     if (!m || json_array_append_new(c->keep, m) != 0)
         return js_oom(c);
@@ -227,6 +373,8 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
             return js_oom(c);
     }
     rc = merge_additional(c, a, b, m);
+    if (rc == 0)
+        rc = order_props(c, m, json_object_get(a, "properties"), json_object_get(b, "properties"));
     *out = m;
     return rc;
 }

@@ -20,6 +20,8 @@
 #include <string.h>
 
 #include "json_schema_internal.h"
+#include "tandem/grammar.h"
+#include "tandem/json_schema.h"
 
 typedef struct prop {
     const char *key;
@@ -261,6 +263,136 @@ static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX
     return rc;
 }
 
+/* ---- patternProperties ---- */
+
+static bool accepts_all(json_t *s)
+{
+    return json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0);
+}
+
+/* *match: whether the property name matches pattern (search semantics, as `pattern`), by
+ * running the name's JSON text through the grammar of {"type":"string","pattern":pattern}.
+ * Returns 0, TDM_EINVALID (the pattern is refused; message in err) or TDM_ERESOURCE. */
+static int name_matches(json_t *pattern_schema, const char *name, bool *match, tdm_error_t *err)
+{
+    tdm_buf_t gbnf = TDM_BUF_INIT, t[2] = {TDM_BUF_INIT, TDM_BUF_INIT};
+    char *text = json_dumps(pattern_schema, JSON_COMPACT);
+    json_t *key = json_string(name);
+    int rc = text && key ? tdm_json_schema_to_gbnf(text, strlen(text), &gbnf, err) : TDM_ERESOURCE;
+    tdm_grammar_t *g = NULL;
+    tdm_grammar_matcher_t *m = NULL;
+    if (rc == 0 && js_scalar_texts(key, t) != 1)
+        rc = TDM_ERESOURCE;
+    if (rc == 0 && !(g = tdm_grammar_parse(gbnf.data, gbnf.len, NULL, err)))
+        rc = TDM_ERESOURCE;
+    if (rc == 0 && !(m = tdm_grammar_matcher_new(g, NULL, err)))
+        rc = TDM_ERESOURCE;
+    if (rc == 0)
+        *match = tdm_grammar_matcher_accept_bytes(m, t[0].data, t[0].len) &&
+                 tdm_grammar_matcher_is_accepting(m);
+    tdm_grammar_matcher_destroy(&m);
+    tdm_grammar_destroy(&g);
+    tdm_buf_free(&gbnf);
+    tdm_buf_free(&t[0]);
+    tdm_buf_free(&t[1]);
+    json_decref(key);
+    free(text);
+    return rc;
+}
+
+/* Checks the names against the patterns: a name properties defines must match none (its
+ * value would have to satisfy both schemas, and the pattern's keys cannot exclude it); a
+ * required name it does not define must match one (else no object is valid). */
+static int check_names(js_ctx_t *c, json_t *s, const char *pp_ptr, const objspec_t *o)
+{
+    json_t *pp = json_object_get(s, "patternProperties"), *props = json_object_get(s, "properties");
+    for (size_t i = 0; i < o->n_names; i++) {
+        bool any = false;
+        const char *pat;
+        json_t *sub;
+        json_object_foreach(pp, pat, sub)
+        {
+            json_t *ps = json_pack("{s:s,s:s}", "type", "string", "pattern", pat);
+            bool match = false;
+            tdm_error_t e;
+            int rc = ps ? name_matches(ps, o->names[i], &match, &e) : TDM_ERESOURCE;
+            json_decref(ps);
+            if (rc == TDM_EINVALID)
+                return js_fail(c, pp_ptr, pat, "%s", e.msg);
+            if (rc != 0)
+                return js_oom(c);
+            if (match && json_object_get(props, o->names[i]))
+                return js_fail(c, pp_ptr, pat,
+                               "matches the property '%s' that properties defines (not supported)",
+                               o->names[i]);
+            any = any || match;
+        }
+        if (!any && !json_object_get(props, o->names[i]))
+            return js_fail_unsat(c, pp_ptr, NULL, "required '%s' matches no pattern", o->names[i]);
+    }
+    return 0;
+}
+
+/* patternProperties beside additionalProperties false, every pattern with the same schema:
+ * the additional keys are the strings that match a pattern, valued by that schema (exact:
+ * check_names keeps them apart from the defined names). *used: patternProperties applies;
+ * false when it constrains nothing (every pattern's schema accepts all, and
+ * additionalProperties is not false). Anything else is refused. */
+static int read_patterns(js_ctx_t *c, json_t *s, const char *ptr, objspec_t *o, bool *used)
+{
+    json_t *pp = json_object_get(s, "patternProperties");
+    json_t *ap = json_object_get(s, "additionalProperties"), *sub, *first = NULL;
+    const char *pat;
+    bool trivial = true, same = true;
+    *used = false;
+    if (!pp)
+        return 0;
+    if (!json_is_object(pp))
+        return js_fail(c, ptr, "patternProperties", "must be an object");
+    json_object_foreach(pp, pat, sub)
+    {
+        trivial = trivial && accepts_all(sub);
+        same = same && (!first || json_equal(first, sub));
+        first = first ? first : sub;
+    }
+    if (!first || (trivial && !json_is_false(ap)))
+        return 0;
+    if (!json_is_false(ap))
+        return js_fail(c, ptr, "patternProperties",
+                       "not supported unless additionalProperties is false");
+    if (!same)
+        return js_fail(c, ptr, "patternProperties",
+                       "patterns with different schemas not supported");
+    char pp_ptr[JS_PTR_MAX], vp[JS_PTR_MAX];
+    js_ptr_join(pp_ptr, ptr, "patternProperties");
+    tdm_buf_t body = TDM_BUF_INIT;
+    int rc = 0, n = 0;
+    json_object_foreach(pp, pat, sub)
+    {
+        char kp[JS_PTR_MAX], key[JS_NAME_MAX];
+        js_ptr_join(kp, pp_ptr, pat);
+        json_t *ks = json_pack("{s:s,s:s}", "type", "string", "pattern", pat);
+        if (!ks || json_array_append_new(c->keep, ks) != 0)
+            rc = js_oom(c);
+        rc = rc ? rc : js_compile(c, ks, kp, key);
+        if (rc != 0)
+            break;
+        tdm_buf_printf(&body, "%s%s", n++ ? " | " : "", key);
+    }
+    if (rc == 0) {
+        js_new_name(c, o->extra_key);
+        rc = body.oom ? js_oom(c) : js_emit_rule(c, o->extra_key, body.data);
+    }
+    tdm_buf_free(&body);
+    js_ptr_join(vp, pp_ptr, json_object_iter_key(json_object_iter(pp)));
+    if (rc == 0)
+        rc = trivial ? js_prim(c, JS_PRIM_VALUE, o->extra_value)
+                     : js_compile(c, first, vp, o->extra_value);
+    o->extras = true;
+    *used = rc == 0;
+    return rc;
+}
+
 /* additionalProperties: o->extras and the value rule. */
 static int read_additional(js_ctx_t *c, json_t *s, const char *ptr, objspec_t *o)
 {
@@ -282,7 +414,9 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (req && !json_is_array(req))
         return js_fail(c, ptr, "required", "must be an array of strings");
     bool non_empty = json_integer_value(json_object_get(s, "minProperties")) >= 1;
-    if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)) && !non_empty)
+    json_t *pp = json_object_get(s, "patternProperties");
+    if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)) && !non_empty &&
+        (!pp || json_object_size(pp) == 0))
         return js_prim(c, JS_PRIM_OBJECT, name);
     objspec_t o;
     memset(&o, 0, sizeof o);
@@ -292,11 +426,18 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     char(*first)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
     char(*after)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
     int rc = (!o.props || !o.names || !first || !after) ? js_oom(c) : 0;
+    bool patterns = false;
+    char pp_ptr[JS_PTR_MAX];
+    js_ptr_join(pp_ptr, ptr, "patternProperties");
     rc = rc ? rc : js_prim(c, JS_PRIM_WS, o.ws);
-    rc = rc ? rc : read_additional(c, s, ptr, &o);
+    rc = rc ? rc : read_patterns(c, s, ptr, &o, &patterns);
+    if (rc == 0 && !patterns)
+        rc = read_additional(c, s, ptr, &o);
     rc = rc ? rc : collect_props(c, s, ptr, req, &o);
     rc = rc ? rc : collect_required_extras(c, s, ptr, req, &o);
-    if (rc == 0 && o.extras)
+    if (rc == 0 && patterns)
+        rc = check_names(c, s, pp_ptr, &o);
+    else if (rc == 0 && o.extras)
         rc = extra_key(c, &o);
     rc = rc ? rc : emit_chain(c, &o, first, after);
     if (rc == 0 && non_empty && !first[0][0])

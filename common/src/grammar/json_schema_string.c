@@ -146,26 +146,32 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 
 /* ---- literal values ---- */
 
+/* Appends the JSON text of string s[n] as json.dumps(ensure_ascii=False) writes it. */
+static void json_string_text(const char *s, size_t n, bool with_quotes, tdm_buf_t *j)
+{
+    static const char short_esc[] = "btn\0fr";
+    if (with_quotes)
+        tdm_buf_puts(j, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            tdm_buf_printf(j, "\\%c", ch);
+        else if (ch >= 8 && ch <= 13 && short_esc[ch - 8])
+            tdm_buf_printf(j, "\\%c", short_esc[ch - 8]);
+        else if (ch < 0x20)
+            tdm_buf_printf(j, "\\u%04x", ch);
+        else
+            tdm_buf_append(j, &s[i], 1);
+    }
+    if (with_quotes)
+        tdm_buf_puts(j, "\"");
+}
+
 int js_json_string_literal(const char *s, size_t n, bool with_quotes, tdm_buf_t *body)
 {
     /* First the JSON text of the string as json.dumps writes it, then that as GBNF. */
     tdm_buf_t j = TDM_BUF_INIT;
-    static const char short_esc[] = "btn\0fr";
-    if (with_quotes)
-        tdm_buf_puts(&j, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\')
-            tdm_buf_printf(&j, "\\%c", ch);
-        else if (ch >= 8 && ch <= 13 && short_esc[ch - 8])
-            tdm_buf_printf(&j, "\\%c", short_esc[ch - 8]);
-        else if (ch < 0x20)
-            tdm_buf_printf(&j, "\\u%04x", ch);
-        else
-            tdm_buf_append(&j, &s[i], 1);
-    }
-    if (with_quotes)
-        tdm_buf_puts(&j, "\"");
+    json_string_text(s, n, with_quotes, &j);
     int rc = j.oom ? TDM_ERESOURCE : js_gbnf_lit(body, j.data ? j.data : "", j.len);
     tdm_buf_free(&j);
     return rc;
@@ -211,22 +217,57 @@ static void python_repr(double v, char *out, size_t cap)
     }
 }
 
+int js_scalar_texts(json_t *v, tdm_buf_t t[2])
+{
+    int n = 1;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+    case JSON_ARRAY: return 0;
+    case JSON_STRING:
+        json_string_text(json_string_value(v), json_string_length(v), true, &t[0]);
+        break;
+    case JSON_INTEGER:
+        tdm_buf_printf(&t[0], "%lld", (long long)json_integer_value(v));
+        tdm_buf_printf(&t[1], "%lld.0", (long long)json_integer_value(v));
+        n = 2;
+        break;
+    case JSON_REAL: {
+        double d = json_real_value(v);
+        char r[64];
+        if (!isfinite(d)) {
+            tdm_buf_puts(&t[0], "null");
+            break;
+        }
+        python_repr(d, r, sizeof r);
+        tdm_buf_puts(&t[0], r);
+        if (d == floor(d) && fabs(d) < 1e17 && ++n)
+            tdm_buf_printf(&t[1], "%.0f", d);
+        break;
+    }
+    case JSON_TRUE: tdm_buf_puts(&t[0], "true"); break;
+    case JSON_FALSE: tdm_buf_puts(&t[0], "false"); break;
+    case JSON_NULL: tdm_buf_puts(&t[0], "null"); break;
+    }
+    return t[0].oom || t[1].oom ? TDM_ERESOURCE : n;
+}
+
 /* A number value: integers as digits; reals as Python writes them, and an integral value in
  * both forms ("2" and "2.0": JSON Schema compares numbers by value). */
 static int number_literal(json_t *v, tdm_buf_t *body)
 {
-    if (json_is_integer(v)) {
-        long long x = json_integer_value(v);
-        return tdm_buf_printf(body, "( \"%lld\" | \"%lld.0\" )", x, x);
+    tdm_buf_t t[2] = {TDM_BUF_INIT, TDM_BUF_INIT};
+    int n = js_scalar_texts(v, t);
+    if (n == 2)
+        tdm_buf_puts(body, "( ");
+    for (int i = 0; i < n; i++) {
+        tdm_buf_puts(body, i ? " | " : "");
+        js_gbnf_lit(body, t[i].data, t[i].len);
     }
-    double d = json_real_value(v);
-    if (!isfinite(d))
-        return tdm_buf_puts(body, "\"null\"");
-    char r[64];
-    python_repr(d, r, sizeof r);
-    if (d == floor(d) && fabs(d) < 1e17)
-        return tdm_buf_printf(body, "( \"%s\" | \"%.0f\" )", r, d);
-    return tdm_buf_printf(body, "\"%s\"", r);
+    if (n == 2)
+        tdm_buf_puts(body, " )");
+    tdm_buf_free(&t[0]);
+    tdm_buf_free(&t[1]);
+    return n < 0 ? n : body->oom ? TDM_ERESOURCE : 0;
 }
 
 int js_literal(js_ctx_t *c, json_t *v, tdm_buf_t *body)
