@@ -52,8 +52,8 @@ static void test_compile(void **state)
     compile_bad(TDM_CONSTRAINT_GRAMMAR, "root ::= (", "line 1");
     compile_bad(TDM_CONSTRAINT_GRAMMAR, "root ::= \"a\" root", "root"); /* no finite string */
     compile_bad(TDM_CONSTRAINT_JSON_SCHEMA,
-                "{\"type\":\"object\",\"properties\":{\"a\":{\"patternProperties\":{}}}}",
-                "/properties/a/patternProperties");
+                "{\"type\":\"object\",\"properties\":{\"a\":{\"propertyNames\":{}}}}",
+                "/properties/a/propertyNames");
     compile_bad(TDM_CONSTRAINT_CHOICE, "[]", "choice");
     compile_bad(TDM_CONSTRAINT_CHOICE, "[\"a\", 2]", "choice[1]");
     compile_bad(TDM_CONSTRAINT_CHOICE, "{\"a\":1}", "choice");

@@ -3141,7 +3141,7 @@ static void test_constraint(void **state)
         {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA, "{\"type\": \"object\"",
          "constraint"},
         {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA,
-         "{\"type\":\"object\",\"patternProperties\":{\"a\":{}}}", "patternProperties"},
+         "{\"type\":\"object\",\"propertyNames\":{\"maxLength\":3}}", "propertyNames"},
         {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR, "root ::= (", "line 1"},
         {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR, "root ::= \"a\" root", "root"},
         {TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_CHOICE, "[]", "choice"},
