@@ -264,9 +264,10 @@ typedef struct tdm_llama_hparams {
 void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq_base,
                           float *freq_scale);
 
-/* How many of the keys before a query at position pos a layer-l query attends to, as the
- * first attended position: 0 for a full-attention layer, pos + 1 - n_swa (at least 0) for a
- * sliding-window one (llama.cpp's is_masked_swa, LLAMA_SWA_TYPE_STANDARD). Cannot fail. */
+/* The first key position (tokens) a query at position pos attends to in layer l: 0 in a
+ * full-attention layer, max(0, pos + 1 - n_swa) in a sliding-window one, so the query sees
+ * keys first .. pos (llama.cpp's is_masked_swa, LLAMA_SWA_TYPE_STANDARD: a key at p0 is masked
+ * for a query at p1 when p1 - p0 >= n_swa). Cannot fail. */
 uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos);
 
 /* Reads and validates the hyperparameters of a Llama-family model (architectures llama,
