@@ -103,6 +103,9 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 /* ---- json_schema_string.c: strings, formats, literal values ---- */
 
 int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name);
+/* Whether format value f names a custom format (an annotation, ignored), not one JSON Schema
+ * defines. */
+bool js_format_custom(json_t *f);
 /* Appends the GBNF that matches exactly the JSON value v (compact, bounded whitespace inside
  * containers as elsewhere; strings and numbers as Python's json.dumps writes them). */
 int js_literal(js_ctx_t *c, json_t *v, tdm_buf_t *body);
