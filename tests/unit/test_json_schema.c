@@ -538,6 +538,39 @@ static void test_number_bounds(void **state)
             "/maximum: non-integral bounds on numbers not supported");
 }
 
+static void test_dependent_required(void **state)
+{
+    (void)state;
+    /* card requires billing; billing alone is fine */
+    const char *s =
+        "{'type':'object','properties':{'name':{'type':'string'},'card':{'type':'integer'},"
+        "'billing':{'type':'string'}},'dependentRequired':{'card':['billing']}}";
+    check_q(s,
+            GOOD("{}", "{'name':'a'}", "{'card':1,'billing':'x'}", "{'billing':'x'}",
+                 "{'name':'a','card':1,'billing':'x'}"),
+            BAD("{'card':1}", "{'name':'a','card':1}", "{'card':'1','billing':'x'}"));
+    /* draft-7 dependencies with arrays; two triggers; a trigger already required */
+    check_q("{'properties':{'a':{},'b':{},'c':{},'d':{}},'required':['d'],"
+            "'dependencies':{'a':['b'],'b':['c'],'d':['c']}}",
+            GOOD("{'c':1,'d':1}", "{'b':1,'c':1,'d':1}", "{'a':1,'b':1,'c':1,'d':1}", "1"),
+            BAD("{'d':1}", "{'a':1,'c':1,'d':1}", "{'b':1,'d':1}"));
+    /* additional properties still allowed; a dependent defined nowhere is required as one */
+    check_q("{'properties':{'a':{}},'dependentRequired':{'a':['z']}}",
+            GOOD("{'a':1,'z':2}", "{'q':1}"), BAD("{'a':1}", "{'a':1,'q':1}"));
+    /* a trigger not defined: absent, or present as an additional property */
+    check_q("{'properties':{'b':{'type':'integer'}},'dependentRequired':{'a':['b']}}",
+            GOOD("{}", "{'b':1}", "{'b':1,'a':'x'}", "{'c':1}"), BAD("{'a':1}", "{'c':1,'a':1}"));
+    check_q("{'properties':{'b':{}},'additionalProperties':false,'dependentRequired':{'a':['b']}}",
+            GOOD("{}", "{'b':1}"), BAD("{'a':1}"));
+    refused("{\"dependencies\":{\"a\":{\"required\":[\"b\"]}}}",
+            "/dependencies: 'a' has a schema (not supported)");
+    refused("{\"properties\":{\"a\":{},\"b\":{},\"c\":{},\"d\":{},\"e\":{}},"
+            "\"dependentRequired\":{\"a\":[\"b\"],\"b\":[\"c\"],\"c\":[\"d\"],"
+            "\"d\":[\"e\"],\"e\":[\"a\"]}}",
+            "/dependentRequired: 'e': more than 4 properties not required have dependents (not "
+            "supported)");
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
@@ -696,6 +729,7 @@ int main(void)
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_dependent_required),
         cmocka_unit_test(test_integer_bounds),
         cmocka_unit_test(test_number_bounds),
         cmocka_unit_test(test_refused_keywords),

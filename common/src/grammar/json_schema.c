@@ -42,14 +42,14 @@ static const char *const k_supported[] = {"type",
                                           "exclusiveMaximum",
                                           "minProperties",
                                           "patternProperties",
+                                          "dependentRequired",
+                                          "dependencies",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
 static const char *const k_refused[] = {"propertyNames",
-                                        "dependencies",
-                                        "dependentRequired",
                                         "dependentSchemas",
                                         "maxProperties",
                                         "not",
@@ -674,6 +674,29 @@ static bool has_siblings(json_t *s, const char *skip)
     return false;
 }
 
+/* One alternative per schema of the array cases, each compiled at ptr (they are cases of the
+ * schema there, not subschemas of their own). */
+static int compile_cases(js_ctx_t *c, json_t *cases, const char *ptr, char *name)
+{
+    tdm_buf_t body = TDM_BUF_INIT;
+    char sub[JS_NAME_MAX];
+    size_t i;
+    json_t *v;
+    int rc = 0;
+    json_array_foreach(cases, i, v)
+    {
+        if ((rc = js_compile(c, v, ptr, sub)) != 0)
+            break;
+        tdm_buf_printf(&body, "%s%s", i ? " | " : "", sub);
+    }
+    if (rc == 0) {
+        js_new_name(c, name);
+        rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
+    }
+    tdm_buf_free(&body);
+    return rc;
+}
+
 /* The body of js_compile for an object schema whose keywords passed the check. */
 static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
@@ -688,6 +711,10 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
             return js_fail(c, ptr, "$ref", "must be a string");
         return compile_ref(c, json_string_value(ref), ptr, name);
     }
+    json_t *cases;
+    int rc = js_expand_dependent(c, s, ptr, &cases);
+    if (rc != 0 || cases)
+        return rc != 0 ? rc : compile_cases(c, cases, ptr, name);
     if (json_object_get(s, "allOf"))
         return compile_all_of(c, s, ptr, name);
     bool any = json_object_get(s, "anyOf") != NULL, one = json_object_get(s, "oneOf") != NULL;
@@ -696,7 +723,7 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
     if (any || one)
         return compile_any_of(c, s, ptr, any ? "anyOf" : "oneOf", name);
     int types;
-    int rc = type_set(c, s, ptr, &types);
+    rc = type_set(c, s, ptr, &types);
     if (rc != 0)
         return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))

@@ -129,6 +129,15 @@ int js_enum_expr(js_ctx_t *c, json_t *const *vals, size_t n, tdm_buf_t *body);
 int js_integer(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 
+/* ---- json_schema_depend.c: dependentRequired, dependencies ---- */
+
+/* s with dependentRequired / array-valued dependencies expanded into the cases, schemas without
+ * them: *out is the array of cases (at least one; owned by c->keep), or NULL when s has
+ * neither keyword. Fails with the
+ * pointer on a schema dependency, a trigger not in properties, or more than 4 triggers not
+ * already required. */
+int js_expand_dependent(js_ctx_t *c, json_t *s, const char *ptr, json_t **out);
+
 /* ---- json_schema_merge.c: allOf and sibling keywords ---- */
 
 /* Merges schemas a and b (already $ref-resolved at their top) into a new schema that allows
