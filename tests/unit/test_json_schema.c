@@ -571,12 +571,31 @@ static void test_dependent_required(void **state)
             "supported)");
 }
 
+static void test_not_type(void **state)
+{
+    (void)state;
+    check_q("{'not':{'type':'string'}}", GOOD("1", "null", "[1]", "{'a':'b'}", "true"), BAD("'a'"));
+    check_q("{'type':['string','integer','null'],'not':{'type':['null','string']}}", GOOD("1"),
+            BAD("null", "'a'", "1.5"));
+    check_q("{'not':{'type':'number','title':'t'}}", GOOD("'a'"), BAD("1", "1.5"));
+    check_q("{'enum':[1,'a',null],'not':{'type':'null'}}", GOOD("1", "'a'"), BAD("null"));
+    check_q("{'properties':{'a':{'not':{'type':'object'}}}}", GOOD("{'a':1}"), BAD("{'a':{}}"));
+    check_q("{'not':false}", GOOD("1"), NULL);
+    refused("{\"not\":{\"type\":\"integer\"}}",
+            "/not: not supported: 'integer' excluded from 'number'");
+    refused("{\"type\":\"string\",\"not\":{\"type\":\"string\"}}",
+            "/not: excludes every type allowed");
+    refused("{\"not\":{}}", "/not: excludes every value");
+    refused("{\"allOf\":[{\"not\":{\"type\":\"null\"}},{\"not\":{\"type\":\"string\"}}]}",
+            "/allOf/1: allOf: two different 'not' cannot be merged");
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
     refused("{\"properties\":{\"a\":{\"propertyNames\":{}}}}",
             "/properties/a/propertyNames: not supported");
-    refused("{\"not\":{}}", "/not: not supported");
+    refused("{\"not\":{\"minimum\":1}}", "/not: not supported (only not: {type: ...})");
     refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
     refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
@@ -730,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_dependent_required),
+        cmocka_unit_test(test_not_type),
         cmocka_unit_test(test_integer_bounds),
         cmocka_unit_test(test_number_bounds),
         cmocka_unit_test(test_refused_keywords),

@@ -44,6 +44,7 @@ static const char *const k_supported[] = {"type",
                                           "patternProperties",
                                           "dependentRequired",
                                           "dependencies",
+                                          "not",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
@@ -52,7 +53,6 @@ static const char *const k_supported[] = {"type",
 static const char *const k_refused[] = {"propertyNames",
                                         "dependentSchemas",
                                         "maxProperties",
-                                        "not",
                                         "if",
                                         "then",
                                         "else",
@@ -697,9 +697,65 @@ static int compile_cases(js_ctx_t *c, json_t *cases, const char *ptr, char *name
     return rc;
 }
 
+/* `not`: s without it, when the excluded set is expressible: `not: {type: ...}` (beside
+ * annotations) removes those types from the ones s allows (`integer` only where s does not
+ * allow all numbers: the numbers that are not integers are not written as a grammar);
+ * `not: false` excludes nothing; `not: true` or `{}` excludes everything. *out is owned by
+ * c->keep. */
+static int without_not(js_ctx_t *c, json_t *s, const char *ptr, json_t **out)
+{
+    json_t *n = json_object_get(s, "not"), *v;
+    const char *key;
+    char np[JS_PTR_MAX];
+    int types, excluded = 0, rc;
+    js_ptr_join(np, ptr, "not");
+    if (json_is_object(n)) {
+        json_object_foreach(n, key, v)
+        {
+            if (strcmp(key, "type") != 0 && (in_list(k_supported, key) || in_list(k_refused, key)))
+                return js_fail(c, ptr, "not", "not supported (only not: {type: ...})");
+        }
+        if (!json_object_get(n, "type"))
+            return js_fail_unsat(c, ptr, "not", "excludes every value");
+        if ((rc = type_set(c, n, np, &excluded)) != 0)
+            return rc;
+    } else if (json_is_true(n)) {
+        return js_fail_unsat(c, ptr, "not", "excludes every value");
+    } else if (!json_is_false(n)) {
+        return js_fail(c, ptr, "not", "must be a schema");
+    }
+    if ((rc = type_set(c, s, ptr, &types)) != 0)
+        return rc;
+    if (excluded & T_NUMBER)
+        excluded |= T_INTEGER;
+    if ((excluded & T_INTEGER) && (types & T_NUMBER) && !(excluded & T_NUMBER))
+        return js_fail(c, ptr, "not", "not supported: 'integer' excluded from 'number'");
+    types &= ~excluded;
+    if (!types)
+        return js_fail_unsat(c, ptr, "not", "excludes every type allowed");
+    json_t *t = json_copy(s), *names = json_array();
+    if (!t || json_array_append_new(c->keep, t) != 0) {
+        json_decref(names);
+        return js_oom(c);
+    }
+    for (int i = 0; names && i < 7; i++)
+        if ((types & (1 << i)) && json_array_append_new(names, json_string(k_type_names[i])) != 0)
+            break;
+    json_object_del(t, "not");
+    if (!names || json_object_set_new(t, "type", names) != 0)
+        return js_oom(c);
+    *out = t;
+    return 0;
+}
+
 /* The body of js_compile for an object schema whose keywords passed the check. */
 static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
+    if (json_object_get(s, "not")) {
+        json_t *t = NULL;
+        int rc = without_not(c, s, ptr, &t);
+        return rc != 0 ? rc : js_compile(c, t, ptr, name);
+    }
     json_t *ref = json_object_get(s, "$ref");
     if (ref && has_siblings(s, "$ref")) {
         json_t *m;

@@ -111,7 +111,7 @@ static json_t *merge_required(json_t *a, json_t *b)
 
 static const char *const k_must_equal[] = {"pattern",         "format", "prefixItems",
                                            "additionalItems", "$ref",   "dependentRequired",
-                                           "dependencies",    NULL};
+                                           "dependencies",    "not",    NULL};
 
 /* The merged value of one keyword both schemas have (*out new reference), or an error. */
 static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const char *ptr,
