@@ -518,6 +518,15 @@ static void test_integer_bounds(void **state)
     /* draft 4 booleans; non-integral bounds round inward */
     check("{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":2.5}",
           GOOD("1", "2"), BAD("0", "3"));
+    check_q("{'type':'integer','exclusiveMinimum':-2.5,'maximum':1.5}", GOOD("-2", "0", "1"),
+            BAD("-3", "2"));
+    check_q("{'type':'integer','exclusiveMaximum':0}", GOOD("-1", "-100"), BAD("0", "1"));
+    check_q("{'type':'integer','minimum':1e20,'exclusiveMaximum':1.0000000000000002e20}",
+            GOOD("100000000000000000000", "100000000000000000001", "100000000000000019999"),
+            BAD("99999999999999999999", "100000000000000020000", "1e20"));
+    check_q("{'type':'integer','minimum':-9223372036854775808,'maximum':9223372036854775807}",
+            GOOD("-9223372036854775808", "9223372036854775807", "0"),
+            BAD("-9223372036854775809", "9223372036854775808"));
     refused("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}",
             "/minimum: no integer within the bounds");
 }
@@ -534,8 +543,85 @@ static void test_number_bounds(void **state)
     check("{\"type\":\"number\",\"minimum\":-10,\"exclusiveMaximum\":-2}",
           GOOD("-10", "-2.5", "-9.99"), BAD("-2", "-10.5", "0"));
     check("{\"type\":\"number\",\"maximum\":0}", GOOD("0", "-5e+3", "-0.5"), BAD("0.1", "1"));
-    refused("{\"type\":\"number\",\"maximum\":0.5}",
-            "/maximum: non-integral bounds on numbers not supported");
+    /* non-integral bounds, exact */
+    check_q("{'type':'number','minimum':0,'maximum':0.5}",
+            GOOD("0", "0.0", "0.5", "0.50", "0.4999", "0.05", "0.1"),
+            BAD("0.51", "0.5000001", "1", "-0.1", "0.6"));
+    check_q("{'type':'number','exclusiveMinimum':0.25,'exclusiveMaximum':0.3}",
+            GOOD("0.26", "0.2501", "0.29999", "0.250001"),
+            BAD("0.25", "0.250", "0.3", "0.30", "0.2", "0", "0.31"));
+    check_q("{'type':'number','minimum':1.5,'maximum':12.75}",
+            GOOD("1.5", "1.50", "1.6", "2", "9.99", "12", "12.75", "12.7", "12.750"),
+            BAD("1.4", "1.49999", "1", "12.751", "12.8", "13", "0.5"));
+    check_q("{'type':'number','exclusiveMinimum':-2.5,'maximum':-0.125}",
+            GOOD("-2.4", "-2", "-1", "-0.125", "-0.2", "-2.49"),
+            BAD("-2.5", "-2.50", "-3", "-0.12", "0", "-0.1249"));
+    check_q("{'type':'number','minimum':1}", GOOD("1", "1.5", "2", "10"), BAD("0", "0.5", "0.0"));
+    check_q("{'type':'number','minimum':-0.5}", GOOD("-0.5", "-0.05", "0", "1e+30", "7.25"),
+            BAD("-0.51", "-1", "-0.6"));
+    check_q("{'type':'number','exclusiveMaximum':1e-3}", GOOD("0.0009", "0", "-5", "-1e+9"),
+            BAD("0.001", "0.0010", "0.002", "1"));
+    check_q("{'type':'number','minimum':0.1,'maximum':0.1}", GOOD("0.1", "0.100"),
+            BAD("0.10001", "0.09", "0"));
+    /* bounds beyond 64 bits and of any decimal */
+    check_q("{'type':'number','maximum':1e30,'minimum':-1e20}",
+            GOOD("1000000000000000000000000000000", "-100000000000000000000", "5"),
+            BAD("1000000000000000000000000000001", "-100000000000000000001"));
+}
+
+/* Random bounds against an oracle: decimals of at most 4 significant digits compare exactly as
+ * doubles, so strtod decides which texts each schema allows. */
+static void test_bounds_random(void **state)
+{
+    (void)state;
+    static const char *const b[] = {"-12.5", "-2",  "-1.25", "-1",   "-0.5", "-0.05", "0",  "0.05",
+                                    "0.3",   "0.5", "1",     "1.25", "2",    "9.99",  "10", "12.5"};
+    static const char *const key[2][2] = {{"minimum", "exclusiveMinimum"},
+                                          {"maximum", "exclusiveMaximum"}};
+    unsigned seed = 12345;
+    char texts[300][16];
+    int nt = 0;
+    for (int x = -1400; x <= 1400 && nt < 300; x += 11)
+        snprintf(texts[nt++], sizeof texts[0], x % 3 ? "%.2f" : "%.0f", x / 100.0);
+    for (int x = -20; x <= 20; x++)
+        snprintf(texts[nt < 299 ? nt++ : nt], sizeof texts[0], "%d", x);
+    snprintf(texts[nt++], sizeof texts[0], "0.050");
+    for (int round = 0; round < 200; round++) {
+        seed = seed * 1103515245u + 12345u;
+        int lo = (int)(seed >> 8) % 17 - 1, lk = (int)(seed >> 4) % 2;
+        seed = seed * 1103515245u + 12345u;
+        int hi = (int)(seed >> 8) % 17 - 1, hk = (int)(seed >> 4) % 2, integer = round % 2;
+        char schema[160];
+        int n = snprintf(schema, sizeof schema, "{\"type\":\"%s\"", integer ? "integer" : "number");
+        if (lo >= 0)
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"%s\":%s", key[0][lk], b[lo]);
+        if (hi >= 0)
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"%s\":%s", key[1][hk], b[hi]);
+        snprintf(schema + n, sizeof schema - (size_t)n, "}");
+        tdm_buf_t out = TDM_BUF_INIT;
+        tdm_error_t err;
+        if (tdm_json_schema_to_gbnf(schema, strlen(schema), &out, &err) != 0) {
+            tdm_buf_free(&out);
+            continue; /* no value within the bounds */
+        }
+        tdm_grammar_t *g = tdm_grammar_parse(out.data, out.len, NULL, &err);
+        assert_non_null(g);
+        for (int i = 0; i < nt; i++) {
+            double v = strtod(texts[i], NULL);
+            double l = lo >= 0 ? strtod(b[lo], NULL) : 0, h = hi >= 0 ? strtod(b[hi], NULL) : 0;
+            bool ok = (lo < 0 || (lk ? v > l : v >= l)) && (hi < 0 || (hk ? v < h : v <= h));
+            bool is_int = strchr(texts[i], '.') == NULL;
+            if (integer && !is_int)
+                ok = false; /* "2.0" is an integer, but not written so by the grammar */
+            if (strcmp(texts[i], "-0") == 0 || strcmp(texts[i], "-0.00") == 0)
+                continue; /* zero with a sign: not written */
+            if (grammar_accepts(g, texts[i]) != ok)
+                fail_msg("schema %s %s %s\n%s", schema, ok ? "should accept" : "should reject",
+                         texts[i], out.data);
+        }
+        tdm_grammar_destroy(&g);
+        tdm_buf_free(&out);
+    }
 }
 
 static void test_dependent_required(void **state)
@@ -748,6 +834,7 @@ int main(void)
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_bounds_random),
         cmocka_unit_test(test_dependent_required),
         cmocka_unit_test(test_not_type),
         cmocka_unit_test(test_integer_bounds),
