@@ -527,6 +527,17 @@ static void test_integer_bounds(void **state)
     check_q("{'type':'integer','minimum':-9223372036854775808,'maximum':9223372036854775807}",
             GOOD("-9223372036854775808", "9223372036854775807", "0"),
             BAD("-9223372036854775809", "9223372036854775808"));
+    /* integers beyond 64 bits: read exactly, digit for digit */
+    check_q("{'type':'integer','minimum':0,'maximum':18446744073709551615,"
+            "'default':123456789012345678901234567890,'description':'a 1.5e300 x'}",
+            GOOD("18446744073709551615", "18446744073709551614", "0"),
+            BAD("18446744073709551616", "18446744073709552000", "-1"));
+    check_q("{'type':'number','exclusiveMinimum':-100000000000000000000000000001,'maximum':"
+            "0.12345678901234567890123}",
+            GOOD("-100000000000000000000000000000", "0.1234"),
+            BAD("-100000000000000000000000000001", "0.2"));
+    refused("{\"enum\":[1,123456789012345678901234567890]}",
+            "/enum: integers beyond 64 bits in values not supported");
     refused("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}",
             "/minimum: no integer within the bounds");
 }

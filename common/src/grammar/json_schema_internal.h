@@ -57,6 +57,7 @@ typedef struct js_ctx {
     json_t *keep;     /* array owning the schemas built by merging (allOf, siblings) */
     json_t *prop_pos; /* "%p" of a properties object -> {name: position in the document} (built
                        * on the first merge that needs it; NULL before) */
+    json_t *bigints;  /* texts of the integers beyond 64 bits, read as reals (NULL: none) */
     int depth;
     bool unsat; /* the last refusal says no value is allowed (not: not supported) */
 } js_ctx_t;

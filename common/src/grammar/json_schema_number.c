@@ -100,10 +100,32 @@ static void mag_dec(char *s)
         memmove(s, s + 1, n);
 }
 
-/* The decimal value of number x into *d; false when it has over DEC_MAX digits a side. */
-static bool dec_of(json_t *x, dec_t *d)
+/* The decimal value of number x into *d; false when it has over DEC_MAX digits a side, or
+ * when it stands for an integer beyond 64 bits whose text is not known for sure. */
+static bool dec_of(js_ctx_t *c, json_t *x, dec_t *d)
 {
     memset(d, 0, sizeof *d);
+    if (json_is_real(x) && c->bigints && fabs(json_real_value(x)) >= 9e18) {
+        const char *text = NULL; /* the one big integer text this real was read from */
+        size_t i;
+        json_t *b;
+        json_array_foreach(c->bigints, i, b)
+        {
+            const char *t = json_string_value(b);
+            if (strtod(t, NULL) != json_real_value(x))
+                continue;
+            if (text && strcmp(text, t) != 0)
+                return false;
+            text = t;
+        }
+        if (text) {
+            d->neg = text[0] == '-';
+            if (strlen(text + d->neg) > DEC_MAX)
+                return false;
+            snprintf(d->ip, sizeof d->ip, "%s", text + d->neg);
+            return true;
+        }
+    }
     if (json_is_integer(x)) {
         long long v = json_integer_value(x);
         d->neg = v < 0;
@@ -343,7 +365,7 @@ static int read_bounds(js_ctx_t *c, json_t *s, const char *ptr, bound_t *lo, bou
         if (!json_is_number(x))
             return js_fail(c, ptr, keys[k], "must be a number");
         dec_t v;
-        if (!dec_of(x, &v))
+        if (!dec_of(c, x, &v))
             return js_fail(c, ptr, keys[k], "bounds of more than %d digits not supported", DEC_MAX);
         bool excl = k % 2 == 1;
         int cmp = b->set ? dec_cmp(&v, &b->v) : 0;
