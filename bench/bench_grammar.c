@@ -14,7 +14,9 @@
  * CACHE/<stem>.<i>.json, with CACHE/index.json (validity, out-of-order flags).
  * --dump-vocab FILE writes the vocabulary's token bytes and every instance's token ids, so
  * bench/grammar_llg.py runs llguidance on the same tokens; --peer FILE (its JSON) prints the
- * ratios. --check exits 1 on any invalidation error or a passing rate under --min-pass.
+ * ratios. --check exits 1 on any invalidation error or a passing rate under --min-pass (a
+ * schema whose only misses are valid instances flagged out of definition order counts as
+ * passing there: the documented departure).
  * One thread; times are wall-clock on a shared machine: compare ratios measured in one run.
  */
 #include <dirent.h>
@@ -57,6 +59,7 @@ typedef struct kwcount {
 
 typedef struct stats {
     int files, compiled, refused, passing;
+    int passing_but_order; /* compiled, every miss a valid instance flagged out of order */
     int instances, right, validation_err, invalidation_err, ooo_rejected, ooo_total;
     size_t tokens;
     dvec_t compile_s, mask_s;
@@ -454,7 +457,7 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
         if (c->verbose)
             fprintf(stderr, "bench: %s refused: %s\n", name, err.msg);
     }
-    bool all_right = m != NULL;
+    bool all_right = m != NULL, only_order = m != NULL; /* only_order: every miss is flagged */
     for (size_t i = 0; m && i < n; i++) {
         bool acc = judge(b, st, m, &in[i]);
         st->instances++;
@@ -467,6 +470,7 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
         if (c->verbose)
             fprintf(stderr, "bench: %s test %zu: %s instance %s\n", name, i,
                     in[i].valid ? "valid" : "invalid", acc ? "accepted" : "rejected");
+        only_order = only_order && in[i].valid && in[i].ooo;
         if (in[i].valid) {
             st->validation_err++;
             st->ooo_rejected += in[i].ooo;
@@ -477,6 +481,7 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
     }
     st->compiled += m != NULL;
     st->passing += all_right;
+    st->passing_but_order += !all_right && only_order;
     tdm_grammar_matcher_destroy(&m);
     tdm_grammar_destroy(&g);
     free_instances(in, n);
@@ -667,7 +672,8 @@ int main(int argc, char **argv)
         status = write_json(&b, &c, &st);
     }
     if (status == 0 && c.check) {
-        double pass = st.compiled ? (double)st.passing / st.compiled : 0;
+        /* a valid instance out of definition order is the documented departure, not a miss */
+        double pass = st.compiled ? (double)(st.passing + st.passing_but_order) / st.compiled : 0;
         if (st.invalidation_err > 0 || pass < c.min_pass) {
             fprintf(stderr,
                     "bench: check failed: %d invalidation errors, %.4f of compiled schemas "

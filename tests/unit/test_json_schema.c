@@ -481,7 +481,24 @@ static void test_formats(void **state)
           BAD("\"example.com\"", "\"http://a b\""));
     check("{\"format\":\"ipv4\"}", GOOD("\"192.168.0.255\""), BAD("\"256.1.1.1\"", "\"1.2.3\""));
     check("{\"format\":\"hostname\"}", GOOD("\"a-b.example.com\""), BAD("\"-a.com\""));
-    refused("{\"type\":\"string\",\"format\":\"ipv6\"}", "/format: 'ipv6' not supported");
+    check_q("{'format':'ipv6'}",
+            GOOD("'::'", "'::1'", "'1:2:3:4:5:6:7:8'", "'fe80::1:2'", "'1::'", "'::ffff:1.2.3.4'",
+                 "'1:2:3:4:5:6:1.2.3.4'", "'1:2:3:4:5:6:7::'", "'ABCD:ef01::'"),
+            BAD("'1:2:3:4:5:6:7:8:9'", "'1::2::3'", "':1:2:3:4:5:6:7'", "'12345::'",
+                "'1:2:3:4:5:6:7'", "'::1.2.3.256'", "'fe80::1%eth0'", "'g::'"));
+    check_q("{'format':'duration'}",
+            GOOD("'P4DT12H30M5S'", "'P1Y'", "'P1Y2M'", "'P2M1D'", "'PT1H'", "'PT36H'", "'PT5S'",
+                 "'P4W'", "'PT1M2S'"),
+            BAD("'P'", "'PT'", "'P1D2M'", "'P1Y1D'", "'PT1H2S'", "'P1W1D'", "'P1.5D'", "'1D'",
+                "'P1DT'"));
+    refused("{\"type\":\"string\",\"format\":\"uri-reference\"}",
+            "/format: 'uri-reference' not supported");
+    /* a custom format is an annotation: the schema compiles as without it */
+    check_q("{'type':'string','format':'my-color','maxLength':3}", GOOD("'red'", "''"),
+            BAD("'blue'", "1"));
+    check_q("{'type':'integer','format':'int64'}", GOOD("12"), BAD("1.5"));
+    check_q("{'allOf':[{'format':'date'},{'format':'x-custom'}]}", GOOD("'2024-01-01'"),
+            BAD("'x'"));
     refused("{\"format\":\"date\",\"maxLength\":3}",
             "/maxLength: not supported together with format");
 }
@@ -501,6 +518,26 @@ static void test_integer_bounds(void **state)
     /* draft 4 booleans; non-integral bounds round inward */
     check("{\"type\":\"integer\",\"minimum\":0,\"exclusiveMinimum\":true,\"maximum\":2.5}",
           GOOD("1", "2"), BAD("0", "3"));
+    check_q("{'type':'integer','exclusiveMinimum':-2.5,'maximum':1.5}", GOOD("-2", "0", "1"),
+            BAD("-3", "2"));
+    check_q("{'type':'integer','exclusiveMaximum':0}", GOOD("-1", "-100"), BAD("0", "1"));
+    check_q("{'type':'integer','minimum':1e20,'exclusiveMaximum':1.0000000000000002e20}",
+            GOOD("100000000000000000000", "100000000000000000001", "100000000000000019999"),
+            BAD("99999999999999999999", "100000000000000020000", "1e20"));
+    check_q("{'type':'integer','minimum':-9223372036854775808,'maximum':9223372036854775807}",
+            GOOD("-9223372036854775808", "9223372036854775807", "0"),
+            BAD("-9223372036854775809", "9223372036854775808"));
+    /* integers beyond 64 bits: read exactly, digit for digit */
+    check_q("{'type':'integer','minimum':0,'maximum':18446744073709551615,"
+            "'default':123456789012345678901234567890,'description':'a 1.5e300 x'}",
+            GOOD("18446744073709551615", "18446744073709551614", "0"),
+            BAD("18446744073709551616", "18446744073709552000", "-1"));
+    check_q("{'type':'number','exclusiveMinimum':-100000000000000000000000000001,'maximum':"
+            "0.12345678901234567890123}",
+            GOOD("-100000000000000000000000000000", "0.1234"),
+            BAD("-100000000000000000000000000001", "0.2"));
+    refused("{\"enum\":[1,123456789012345678901234567890]}",
+            "/enum: integers beyond 64 bits in values not supported");
     refused("{\"type\":\"integer\",\"minimum\":3,\"maximum\":2}",
             "/minimum: no integer within the bounds");
 }
@@ -517,8 +554,137 @@ static void test_number_bounds(void **state)
     check("{\"type\":\"number\",\"minimum\":-10,\"exclusiveMaximum\":-2}",
           GOOD("-10", "-2.5", "-9.99"), BAD("-2", "-10.5", "0"));
     check("{\"type\":\"number\",\"maximum\":0}", GOOD("0", "-5e+3", "-0.5"), BAD("0.1", "1"));
-    refused("{\"type\":\"number\",\"maximum\":0.5}",
-            "/maximum: non-integral bounds on numbers not supported");
+    /* non-integral bounds, exact */
+    check_q("{'type':'number','minimum':0,'maximum':0.5}",
+            GOOD("0", "0.0", "0.5", "0.50", "0.4999", "0.05", "0.1"),
+            BAD("0.51", "0.5000001", "1", "-0.1", "0.6"));
+    check_q("{'type':'number','exclusiveMinimum':0.25,'exclusiveMaximum':0.3}",
+            GOOD("0.26", "0.2501", "0.29999", "0.250001"),
+            BAD("0.25", "0.250", "0.3", "0.30", "0.2", "0", "0.31"));
+    check_q("{'type':'number','minimum':1.5,'maximum':12.75}",
+            GOOD("1.5", "1.50", "1.6", "2", "9.99", "12", "12.75", "12.7", "12.750"),
+            BAD("1.4", "1.49999", "1", "12.751", "12.8", "13", "0.5"));
+    check_q("{'type':'number','exclusiveMinimum':-2.5,'maximum':-0.125}",
+            GOOD("-2.4", "-2", "-1", "-0.125", "-0.2", "-2.49"),
+            BAD("-2.5", "-2.50", "-3", "-0.12", "0", "-0.1249"));
+    check_q("{'type':'number','minimum':1}", GOOD("1", "1.5", "2", "10"), BAD("0", "0.5", "0.0"));
+    check_q("{'type':'number','minimum':-0.5}", GOOD("-0.5", "-0.05", "0", "1e+30", "7.25"),
+            BAD("-0.51", "-1", "-0.6"));
+    check_q("{'type':'number','exclusiveMaximum':1e-3}", GOOD("0.0009", "0", "-5", "-1e+9"),
+            BAD("0.001", "0.0010", "0.002", "1"));
+    check_q("{'type':'number','minimum':0.1,'maximum':0.1}", GOOD("0.1", "0.100"),
+            BAD("0.10001", "0.09", "0"));
+    /* bounds beyond 64 bits and of any decimal */
+    check_q("{'type':'number','maximum':1e30,'minimum':-1e20}",
+            GOOD("1000000000000000000000000000000", "-100000000000000000000", "5"),
+            BAD("1000000000000000000000000000001", "-100000000000000000001"));
+}
+
+/* Random bounds against an oracle: decimals of at most 4 significant digits compare exactly as
+ * doubles, so strtod decides which texts each schema allows. */
+static void test_bounds_random(void **state)
+{
+    (void)state;
+    static const char *const b[] = {"-12.5", "-2",  "-1.25", "-1",   "-0.5", "-0.05", "0",  "0.05",
+                                    "0.3",   "0.5", "1",     "1.25", "2",    "9.99",  "10", "12.5"};
+    static const char *const key[2][2] = {{"minimum", "exclusiveMinimum"},
+                                          {"maximum", "exclusiveMaximum"}};
+    unsigned seed = 12345;
+    char texts[300][16];
+    int nt = 0;
+    for (int x = -1400; x <= 1400 && nt < 300; x += 11)
+        snprintf(texts[nt++], sizeof texts[0], x % 3 ? "%.2f" : "%.0f", x / 100.0);
+    for (int x = -20; x <= 20; x++)
+        snprintf(texts[nt < 299 ? nt++ : nt], sizeof texts[0], "%d", x);
+    snprintf(texts[nt++], sizeof texts[0], "0.050");
+    for (int round = 0; round < 200; round++) {
+        seed = seed * 1103515245u + 12345u;
+        int lo = (int)(seed >> 8) % 17 - 1, lk = (int)(seed >> 4) % 2;
+        seed = seed * 1103515245u + 12345u;
+        int hi = (int)(seed >> 8) % 17 - 1, hk = (int)(seed >> 4) % 2, integer = round % 2;
+        char schema[160];
+        int n = snprintf(schema, sizeof schema, "{\"type\":\"%s\"", integer ? "integer" : "number");
+        if (lo >= 0)
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"%s\":%s", key[0][lk], b[lo]);
+        if (hi >= 0)
+            n += snprintf(schema + n, sizeof schema - (size_t)n, ",\"%s\":%s", key[1][hk], b[hi]);
+        snprintf(schema + n, sizeof schema - (size_t)n, "}");
+        tdm_buf_t out = TDM_BUF_INIT;
+        tdm_error_t err;
+        if (tdm_json_schema_to_gbnf(schema, strlen(schema), &out, &err) != 0) {
+            tdm_buf_free(&out);
+            continue; /* no value within the bounds */
+        }
+        tdm_grammar_t *g = tdm_grammar_parse(out.data, out.len, NULL, &err);
+        assert_non_null(g);
+        for (int i = 0; i < nt; i++) {
+            double v = strtod(texts[i], NULL);
+            double l = lo >= 0 ? strtod(b[lo], NULL) : 0, h = hi >= 0 ? strtod(b[hi], NULL) : 0;
+            bool ok = (lo < 0 || (lk ? v > l : v >= l)) && (hi < 0 || (hk ? v < h : v <= h));
+            bool is_int = strchr(texts[i], '.') == NULL;
+            if (integer && !is_int)
+                ok = false; /* "2.0" is an integer, but not written so by the grammar */
+            if (strcmp(texts[i], "-0") == 0 || strcmp(texts[i], "-0.00") == 0)
+                continue; /* zero with a sign: not written */
+            if (grammar_accepts(g, texts[i]) != ok)
+                fail_msg("schema %s %s %s\n%s", schema, ok ? "should accept" : "should reject",
+                         texts[i], out.data);
+        }
+        tdm_grammar_destroy(&g);
+        tdm_buf_free(&out);
+    }
+}
+
+static void test_dependent_required(void **state)
+{
+    (void)state;
+    /* card requires billing; billing alone is fine */
+    const char *s =
+        "{'type':'object','properties':{'name':{'type':'string'},'card':{'type':'integer'},"
+        "'billing':{'type':'string'}},'dependentRequired':{'card':['billing']}}";
+    check_q(s,
+            GOOD("{}", "{'name':'a'}", "{'card':1,'billing':'x'}", "{'billing':'x'}",
+                 "{'name':'a','card':1,'billing':'x'}"),
+            BAD("{'card':1}", "{'name':'a','card':1}", "{'card':'1','billing':'x'}"));
+    /* draft-7 dependencies with arrays; two triggers; a trigger already required */
+    check_q("{'properties':{'a':{},'b':{},'c':{},'d':{}},'required':['d'],"
+            "'dependencies':{'a':['b'],'b':['c'],'d':['c']}}",
+            GOOD("{'c':1,'d':1}", "{'b':1,'c':1,'d':1}", "{'a':1,'b':1,'c':1,'d':1}", "1"),
+            BAD("{'d':1}", "{'a':1,'c':1,'d':1}", "{'b':1,'d':1}"));
+    /* additional properties still allowed; a dependent defined nowhere is required as one */
+    check_q("{'properties':{'a':{}},'dependentRequired':{'a':['z']}}",
+            GOOD("{'a':1,'z':2}", "{'q':1}"), BAD("{'a':1}", "{'a':1,'q':1}"));
+    /* a trigger not defined: absent, or present as an additional property */
+    check_q("{'properties':{'b':{'type':'integer'}},'dependentRequired':{'a':['b']}}",
+            GOOD("{}", "{'b':1}", "{'b':1,'a':'x'}", "{'c':1}"), BAD("{'a':1}", "{'c':1,'a':1}"));
+    check_q("{'properties':{'b':{}},'additionalProperties':false,'dependentRequired':{'a':['b']}}",
+            GOOD("{}", "{'b':1}"), BAD("{'a':1}"));
+    refused("{\"dependencies\":{\"a\":{\"required\":[\"b\"]}}}",
+            "/dependencies: 'a' has a schema (not supported)");
+    refused("{\"properties\":{\"a\":{},\"b\":{},\"c\":{},\"d\":{},\"e\":{}},"
+            "\"dependentRequired\":{\"a\":[\"b\"],\"b\":[\"c\"],\"c\":[\"d\"],"
+            "\"d\":[\"e\"],\"e\":[\"a\"]}}",
+            "/dependentRequired: 'e': more than 4 properties not required have dependents (not "
+            "supported)");
+}
+
+static void test_not_type(void **state)
+{
+    (void)state;
+    check_q("{'not':{'type':'string'}}", GOOD("1", "null", "[1]", "{'a':'b'}", "true"), BAD("'a'"));
+    check_q("{'type':['string','integer','null'],'not':{'type':['null','string']}}", GOOD("1"),
+            BAD("null", "'a'", "1.5"));
+    check_q("{'not':{'type':'number','title':'t'}}", GOOD("'a'"), BAD("1", "1.5"));
+    check_q("{'enum':[1,'a',null],'not':{'type':'null'}}", GOOD("1", "'a'"), BAD("null"));
+    check_q("{'properties':{'a':{'not':{'type':'object'}}}}", GOOD("{'a':1}"), BAD("{'a':{}}"));
+    check_q("{'not':false}", GOOD("1"), NULL);
+    refused("{\"not\":{\"type\":\"integer\"}}",
+            "/not: not supported: 'integer' excluded from 'number'");
+    refused("{\"type\":\"string\",\"not\":{\"type\":\"string\"}}",
+            "/not: excludes every type allowed");
+    refused("{\"not\":{}}", "/not: excludes every value");
+    refused("{\"allOf\":[{\"not\":{\"type\":\"null\"}},{\"not\":{\"type\":\"string\"}}]}",
+            "/allOf/1: allOf: two different 'not' cannot be merged");
 }
 
 static void test_refused_keywords(void **state)
@@ -526,7 +692,7 @@ static void test_refused_keywords(void **state)
     (void)state;
     refused("{\"properties\":{\"a\":{\"propertyNames\":{}}}}",
             "/properties/a/propertyNames: not supported");
-    refused("{\"not\":{}}", "/not: not supported");
+    refused("{\"not\":{\"minimum\":1}}", "/not: not supported (only not: {type: ...})");
     refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
     refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
@@ -679,6 +845,9 @@ int main(void)
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_bounds_random),
+        cmocka_unit_test(test_dependent_required),
+        cmocka_unit_test(test_not_type),
         cmocka_unit_test(test_integer_bounds),
         cmocka_unit_test(test_number_bounds),
         cmocka_unit_test(test_refused_keywords),

@@ -8,6 +8,7 @@
  * this compiler ignores them too. oneOf compiles as anyOf when its branches are provably
  * disjoint (so exclusivity holds by construction), and is refused otherwise.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,17 +43,17 @@ static const char *const k_supported[] = {"type",
                                           "exclusiveMaximum",
                                           "minProperties",
                                           "patternProperties",
+                                          "dependentRequired",
+                                          "dependencies",
+                                          "not",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
 static const char *const k_refused[] = {"propertyNames",
-                                        "dependencies",
-                                        "dependentRequired",
                                         "dependentSchemas",
                                         "maxProperties",
-                                        "not",
                                         "if",
                                         "then",
                                         "else",
@@ -598,6 +599,27 @@ static bool value_has_type(json_t *v, int types)
     return false;
 }
 
+/* Whether v holds a real that may stand for an integer beyond 64 bits (read as a real). */
+static bool has_big(json_t *v)
+{
+    size_t i;
+    const char *k;
+    json_t *x;
+    if (json_is_real(v))
+        return fabs(json_real_value(v)) >= 9e18;
+    json_array_foreach(v, i, x)
+    {
+        if (has_big(x))
+            return true;
+    }
+    json_object_foreach(v, k, x)
+    {
+        if (has_big(x))
+            return true;
+    }
+    return false;
+}
+
 /* enum / const: the listed values of the allowed types, as literals. Other keywords beside
  * them are not checked against the values. */
 static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
@@ -616,10 +638,14 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     }
     tdm_buf_t body = TDM_BUF_INIT;
     int rc = 0;
-    if (n == 0)
+    for (i = 0; i < n && c->bigints; i++)
+        if (has_big(vals[i]))
+            rc = js_fail(c, ptr, en ? "enum" : "const",
+                         "integers beyond 64 bits in values not supported");
+    if (rc == 0 && n == 0)
         rc =
             js_fail_unsat(c, ptr, en ? "enum" : "const", "no value allowed (type, enum and const)");
-    else
+    else if (rc == 0)
         rc = js_enum_expr(c, vals, n, &body);
     if (rc == 0) {
         js_new_name(c, name);
@@ -674,9 +700,88 @@ static bool has_siblings(json_t *s, const char *skip)
     return false;
 }
 
+/* One alternative per schema of the array cases, each compiled at ptr (they are cases of the
+ * schema there, not subschemas of their own). */
+static int compile_cases(js_ctx_t *c, json_t *cases, const char *ptr, char *name)
+{
+    tdm_buf_t body = TDM_BUF_INIT;
+    char sub[JS_NAME_MAX];
+    size_t i;
+    json_t *v;
+    int rc = 0;
+    json_array_foreach(cases, i, v)
+    {
+        if ((rc = js_compile(c, v, ptr, sub)) != 0)
+            break;
+        tdm_buf_printf(&body, "%s%s", i ? " | " : "", sub);
+    }
+    if (rc == 0) {
+        js_new_name(c, name);
+        rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
+    }
+    tdm_buf_free(&body);
+    return rc;
+}
+
+/* `not`: s without it, when the excluded set is expressible: `not: {type: ...}` (beside
+ * annotations) removes those types from the ones s allows (`integer` only where s does not
+ * allow all numbers: the numbers that are not integers are not written as a grammar);
+ * `not: false` excludes nothing; `not: true` or `{}` excludes everything. *out is owned by
+ * c->keep. */
+static int without_not(js_ctx_t *c, json_t *s, const char *ptr, json_t **out)
+{
+    json_t *n = json_object_get(s, "not"), *v;
+    const char *key;
+    char np[JS_PTR_MAX];
+    int types, excluded = 0, rc;
+    js_ptr_join(np, ptr, "not");
+    if (json_is_object(n)) {
+        json_object_foreach(n, key, v)
+        {
+            if (strcmp(key, "type") != 0 && (in_list(k_supported, key) || in_list(k_refused, key)))
+                return js_fail(c, ptr, "not", "not supported (only not: {type: ...})");
+        }
+        if (!json_object_get(n, "type"))
+            return js_fail_unsat(c, ptr, "not", "excludes every value");
+        if ((rc = type_set(c, n, np, &excluded)) != 0)
+            return rc;
+    } else if (json_is_true(n)) {
+        return js_fail_unsat(c, ptr, "not", "excludes every value");
+    } else if (!json_is_false(n)) {
+        return js_fail(c, ptr, "not", "must be a schema");
+    }
+    if ((rc = type_set(c, s, ptr, &types)) != 0)
+        return rc;
+    if (excluded & T_NUMBER)
+        excluded |= T_INTEGER;
+    if ((excluded & T_INTEGER) && (types & T_NUMBER) && !(excluded & T_NUMBER))
+        return js_fail(c, ptr, "not", "not supported: 'integer' excluded from 'number'");
+    types &= ~excluded;
+    if (!types)
+        return js_fail_unsat(c, ptr, "not", "excludes every type allowed");
+    json_t *t = json_copy(s), *names = json_array();
+    if (!t || json_array_append_new(c->keep, t) != 0) {
+        json_decref(names);
+        return js_oom(c);
+    }
+    for (int i = 0; names && i < 7; i++)
+        if ((types & (1 << i)) && json_array_append_new(names, json_string(k_type_names[i])) != 0)
+            break;
+    json_object_del(t, "not");
+    if (!names || json_object_set_new(t, "type", names) != 0)
+        return js_oom(c);
+    *out = t;
+    return 0;
+}
+
 /* The body of js_compile for an object schema whose keywords passed the check. */
 static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
+    if (json_object_get(s, "not")) {
+        json_t *t = NULL;
+        int rc = without_not(c, s, ptr, &t);
+        return rc != 0 ? rc : js_compile(c, t, ptr, name);
+    }
     json_t *ref = json_object_get(s, "$ref");
     if (ref && has_siblings(s, "$ref")) {
         json_t *m;
@@ -688,6 +793,10 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
             return js_fail(c, ptr, "$ref", "must be a string");
         return compile_ref(c, json_string_value(ref), ptr, name);
     }
+    json_t *cases;
+    int rc = js_expand_dependent(c, s, ptr, &cases);
+    if (rc != 0 || cases)
+        return rc != 0 ? rc : compile_cases(c, cases, ptr, name);
     if (json_object_get(s, "allOf"))
         return compile_all_of(c, s, ptr, name);
     bool any = json_object_get(s, "anyOf") != NULL, one = json_object_get(s, "oneOf") != NULL;
@@ -696,7 +805,7 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
     if (any || one)
         return compile_any_of(c, s, ptr, any ? "anyOf" : "oneOf", name);
     int types;
-    int rc = type_set(c, s, ptr, &types);
+    rc = type_set(c, s, ptr, &types);
     if (rc != 0)
         return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))
@@ -754,12 +863,49 @@ static bool rule_name_ok(const char *rule)
     return true;
 }
 
-/* Compiles the parsed document root into out under rule. */
-static int compile_document(json_t *root, const char *rule, tdm_buf_t *out, tdm_error_t *err)
+/* json[len] with every integer of more than 18 digits outside strings written as a real
+ * ("N.0") into t, its text appended to bigints. Returns 0 or -1 (out of memory). */
+static int big_as_real(const char *json, size_t len, tdm_buf_t *t, json_t *bigints)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len;) {
+        char ch = json[i];
+        if (in_str || !(ch == '-' || (ch >= '0' && ch <= '9'))) {
+            if (in_str && ch == '\\' && i + 1 < len) {
+                tdm_buf_append(t, json + i, 2);
+                i += 2;
+                continue;
+            }
+            in_str = ch == '"' ? !in_str : in_str;
+            tdm_buf_append(t, json + i++, 1);
+            continue;
+        }
+        size_t j = i;
+        bool integer = true;
+        while (j < len && strchr("0123456789+-.eE", json[j]) && json[j]) {
+            integer = integer && strchr(".eE", json[j]) == NULL;
+            j++;
+        }
+        tdm_buf_append(t, json + i, j - i);
+        if (integer && j - i - (ch == '-') > 18) {
+            tdm_buf_puts(t, ".0");
+            if (json_array_append_new(bigints, json_stringn(json + i, j - i)) != 0)
+                return -1;
+        }
+        i = j;
+    }
+    return t->oom ? -1 : 0;
+}
+
+/* Compiles the parsed document root into out under rule (bigints: the texts of the integers
+ * beyond 64 bits it holds as reals, or NULL). */
+static int compile_document(json_t *root, json_t *bigints, const char *rule, tdm_buf_t *out,
+                            tdm_error_t *err)
 {
     js_ctx_t c;
     memset(&c, 0, sizeof c);
     c.root = root;
+    c.bigints = bigints;
     c.out = out;
     c.err = err;
     snprintf(c.prefix, sizeof c.prefix, "%s", rule);
@@ -789,14 +935,28 @@ int tdm_json_schema_to_gbnf_rule(const char *json, size_t len, const char *rule,
     if (!rule_name_ok(rule))
         return tdm_error_set(err, TDM_EINVALID, "rule name '%s' is not [a-zA-Z0-9-]+",
                              rule ? rule : "(null)");
+    const size_t flags = JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL;
     json_error_t je;
-    json_t *root =
-        json_loadb(json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-    if (!root)
+    json_t *root = json_loadb(json, len, flags, &je), *bigints = NULL;
+    if (!root && strstr(je.text, "too big")) { /* integers beyond 64 bits: read them as reals */
+        tdm_buf_t t = TDM_BUF_INIT;
+        bigints = json_array();
+        if (!bigints || big_as_real(json, len, &t, bigints) != 0) {
+            tdm_buf_free(&t);
+            json_decref(bigints);
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        }
+        root = json_loadb(t.data, t.len, flags, &je);
+        tdm_buf_free(&t);
+    }
+    if (!root) {
+        json_decref(bigints);
         return tdm_error_set(err, TDM_EINVALID, "invalid JSON at line %d, column %d: %s", je.line,
                              je.column, je.text);
-    int rc = compile_document(root, rule, out, err);
+    }
+    int rc = compile_document(root, bigints, rule, out, err);
     json_decref(root);
+    json_decref(bigints);
     return rc;
 }
 

@@ -57,6 +57,7 @@ typedef struct js_ctx {
     json_t *keep;     /* array owning the schemas built by merging (allOf, siblings) */
     json_t *prop_pos; /* "%p" of a properties object -> {name: position in the document} (built
                        * on the first merge that needs it; NULL before) */
+    json_t *bigints;  /* texts of the integers beyond 64 bits, read as reals (NULL: none) */
     int depth;
     bool unsat; /* the last refusal says no value is allowed (not: not supported) */
 } js_ctx_t;
@@ -103,6 +104,9 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 /* ---- json_schema_string.c: strings, formats, literal values ---- */
 
 int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name);
+/* Whether format value f names a custom format (an annotation, ignored), not one JSON Schema
+ * defines. */
+bool js_format_custom(json_t *f);
 /* Appends the GBNF that matches exactly the JSON value v (compact, bounded whitespace inside
  * containers as elsewhere; strings and numbers as Python's json.dumps writes them). */
 int js_literal(js_ctx_t *c, json_t *v, tdm_buf_t *body);
@@ -125,6 +129,15 @@ int js_enum_expr(js_ctx_t *c, json_t *const *vals, size_t n, tdm_buf_t *body);
 
 int js_integer(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
+
+/* ---- json_schema_depend.c: dependentRequired, dependencies ---- */
+
+/* s with dependentRequired / array-valued dependencies expanded into the cases, schemas without
+ * them: *out is the array of cases (at least one; owned by c->keep), or NULL when s has
+ * neither keyword. Fails with the
+ * pointer on a schema dependency, a trigger not in properties, or more than 4 triggers not
+ * already required. */
+int js_expand_dependent(js_ctx_t *c, json_t *s, const char *ptr, json_t **out);
 
 /* ---- json_schema_merge.c: allOf and sibling keywords ---- */
 

@@ -110,7 +110,8 @@ static json_t *merge_required(json_t *a, json_t *b)
 }
 
 static const char *const k_must_equal[] = {"pattern",         "format", "prefixItems",
-                                           "additionalItems", "$ref",   NULL};
+                                           "additionalItems", "$ref",   "dependentRequired",
+                                           "dependencies",    "not",    NULL};
 
 /* The merged value of one keyword both schemas have (*out new reference), or an error. */
 static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const char *ptr,
@@ -133,6 +134,8 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         *out = merge_required(x, y);
     } else if (strcmp(key, "enum") == 0 && json_is_array(x) && json_is_array(y)) {
         *out = merge_enum(x, y);
+    } else if (strcmp(key, "format") == 0 && (js_format_custom(x) || js_format_custom(y))) {
+        *out = json_incref(js_format_custom(x) ? y : x); /* a custom format constrains nothing */
     } else if (strcmp(key, "allOf") == 0 && json_is_array(x) && json_is_array(y)) {
         *out = json_copy(x);
         json_array_extend(*out, y);

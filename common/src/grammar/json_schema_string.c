@@ -4,11 +4,12 @@
  *
  * Formats enforced: date, time, date-time (RFC 3339 full-date / full-time, `T` or `t`),
  * uuid, email (dot-atom local part @ host name labels), uri (scheme ":" then URI
- * characters), hostname (RFC 1123 labels), ipv4 (dotted quad 0-255). Any other format is
- * refused. A length bound beside a pattern is built into the pattern when that is exact (an
- * anchored pattern with one repeated character class: `^[a-z]+$` with maxLength 10), kept when
- * the pattern already implies it, refused otherwise; a format with another string keyword is
- * refused.
+ * characters), hostname (RFC 1123 labels), ipv4 (dotted quad 0-255), ipv6 (RFC 4291 text
+ * forms, no zone), duration (JSON Schema's ISO 8601 subset). The other formats JSON Schema
+ * defines are refused; any other name is a custom format, an annotation, and ignored. A length
+ * bound beside a pattern is built into the pattern when that is exact (an anchored pattern with one
+ * repeated character class: `^[a-z]+$` with maxLength 10), kept when the pattern already implies
+ * it, refused otherwise; a format with another string keyword is refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +33,31 @@
     "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "       \
     "[0-9]+ )? ( [zZ] | [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"
 #define OCTET "( \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] )"
+#define IPV4 OCTET " \".\" " OCTET " \".\" " OCTET " \".\" " OCTET
+/* RFC 4291 section 2.2 as RFC 3986's IPv6address writes it: eight groups of 1-4 hex digits,
+ * one "::" standing for one or more zero groups, the last two groups possibly a dotted quad */
+#define H16 "[0-9a-fA-F]{1,4}"
+#define H16C "( " H16 " \":\" )"
+#define LS32 "( " H16 " \":\" " H16 " | " IPV4 " )"
+#define IPV6                                                                                       \
+    H16C "{6} " LS32 " | \"::\" " H16C "{5} " LS32 " | ( " H16 " )? \"::\" " H16C "{4} " LS32      \
+         " | ( " H16C "{0,1} " H16 " )? \"::\" " H16C "{3} " LS32 " | ( " H16C "{0,2} " H16        \
+         " )? \"::\" " H16C "{2} " LS32 " | ( " H16C "{0,3} " H16 " )? \"::\" " H16C " " LS32      \
+         " | ( " H16C "{0,4} " H16 " )? \"::\" " LS32 " | ( " H16C "{0,5} " H16 " )? \"::\" " H16  \
+         " | ( " H16C "{0,6} " H16 " )? \"::\""
+/* JSON Schema 2020-12 appendix A (ISO 8601 durations): P, then years months days and a time
+ * part of hours minutes seconds, each unit present only with its neighbours in order, or
+ * weeks alone; digits only (no fractions) */
+#define DUR_SECOND "[0-9]+ \"S\""
+#define DUR_MINUTE "[0-9]+ \"M\" ( " DUR_SECOND " )?"
+#define DUR_HOUR "[0-9]+ \"H\" ( " DUR_MINUTE " )?"
+#define DUR_TIME "\"T\" ( " DUR_HOUR " | " DUR_MINUTE " | " DUR_SECOND " )"
+#define DUR_DAY "[0-9]+ \"D\""
+#define DUR_MONTH "[0-9]+ \"M\" ( " DUR_DAY " )?"
+#define DUR_YEAR "[0-9]+ \"Y\" ( " DUR_MONTH " )?"
+#define DURATION                                                                                   \
+    "\"P\" ( ( " DUR_YEAR " | " DUR_MONTH " | " DUR_DAY " ) ( " DUR_TIME " )? | " DUR_TIME         \
+    " | [0-9]+ \"W\" )"
 
 static const struct {
     const char *name, *content;
@@ -45,8 +71,18 @@ static const struct {
               "\"@\" " HOST_LABEL " ( \".\" " HOST_LABEL " )*"},
     {"uri", "[a-zA-Z] [a-zA-Z0-9+.\\x2D]* \":\" [^\\x00-\\x20\"\\\\<>{}|^`\\x7F]*"},
     {"hostname", HOST_LABEL " ( \".\" " HOST_LABEL " )*"},
-    {"ipv4", OCTET " \".\" " OCTET " \".\" " OCTET " \".\" " OCTET},
+    {"ipv4", IPV4},
+    {"ipv6", IPV6},
+    {"duration", DURATION},
 };
+
+/* The other formats JSON Schema (drafts 4 to 2020-12) defines: refused, since a grammar for
+ * them would be weaker or stricter than the definition. Any name in neither list is a custom
+ * format, an annotation (2020-12 section 7.2.3): compiled as if `format` were absent. */
+static const char *const k_formats_refused[] = {
+    "idn-email",     "idn-hostname", "uri-reference", "iri",
+    "iri-reference", "uri-template", "json-pointer",  "relative-json-pointer",
+    "regex",         "host-name",    "ip-address",    NULL};
 
 /* A non-negative integer keyword (minLength, ...) into *v; absent leaves *v. */
 static int get_count(js_ctx_t *c, json_t *s, const char *ptr, const char *key, size_t *v)
@@ -63,12 +99,31 @@ static int get_count(js_ctx_t *c, json_t *s, const char *ptr, const char *key, s
     return 0;
 }
 
-/* `format`: the content expression of a supported format. */
+bool js_format_custom(json_t *f)
+{
+    if (!json_is_string(f))
+        return false;
+    for (size_t i = 0; i < sizeof k_formats / sizeof k_formats[0]; i++)
+        if (strcmp(k_formats[i].name, json_string_value(f)) == 0)
+            return false;
+    for (size_t i = 0; k_formats_refused[i]; i++)
+        if (strcmp(k_formats_refused[i], json_string_value(f)) == 0)
+            return false;
+    return true;
+}
+
+/* `format`: the content expression of a supported format into *content, or NULL for a custom
+ * format (an annotation); fails on a defined format that is not supported. */
 static int format_content(js_ctx_t *c, json_t *s, const char *ptr, const char **content)
 {
     json_t *f = json_object_get(s, "format");
+    *content = NULL;
+    if (!f)
+        return 0;
     if (!json_is_string(f))
         return js_fail(c, ptr, "format", "must be a string");
+    if (js_format_custom(f))
+        return 0;
     for (size_t i = 0; i < sizeof k_formats / sizeof k_formats[0]; i++) {
         if (strcmp(k_formats[i].name, json_string_value(f)) == 0) {
             *content = k_formats[i].content;
@@ -111,7 +166,10 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         rc = get_count(c, s, ptr, "maxLength", &hi);
     if (rc != 0)
         return rc;
-    bool has_pattern = json_object_get(s, "pattern"), has_format = json_object_get(s, "format");
+    const char *format;
+    if ((rc = format_content(c, s, ptr, &format)) != 0)
+        return rc;
+    bool has_pattern = json_object_get(s, "pattern"), has_format = format != NULL;
     if (!has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
         return js_prim(c, JS_PRIM_STRING, name);
     if (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF))
@@ -126,10 +184,7 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     char ch[JS_NAME_MAX];
     tdm_buf_puts(&body, "\"\\\"\" ");
     if (has_format) {
-        const char *content = "";
-        rc = format_content(c, s, ptr, &content);
-        if (rc == 0)
-            tdm_buf_printf(&body, "( %s )", content);
+        tdm_buf_printf(&body, "( %s )", format);
     } else if (has_pattern) {
         rc = pattern_content(c, s, ptr, lo, hi, &body);
     } else if ((rc = js_prim(c, JS_PRIM_CHAR, ch)) == 0) {
