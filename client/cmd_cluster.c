@@ -96,6 +96,7 @@ typedef struct cluster {
     daemon_proc_t *d; /* [n]: the router first */
     size_t n;
     size_t n_prefill, n_decode;
+    const char *log_dir; /* --log-dir, or NULL (the daemons write to this stderr) */
 } cluster_t;
 
 static void sleep_ms(long ms)
@@ -494,8 +495,24 @@ typedef struct up_opts {
     double timeout_s, stop_timeout_s;
 } up_opts_t;
 
+/* With --log-dir, where the reason of a daemon's exit is: its log's path and last line. */
+static void print_log_tail(const char *log_dir, const char *label)
+{
+    char path[PATH_MAX], line[1024], last[1024] = "";
+    snprintf(path, sizeof path, "%s/%s.log", log_dir, label);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    while (fgets(line, sizeof line, f))
+        if (line[0] != '\n')
+            snprintf(last, sizeof last, "%s", line);
+    fclose(f);
+    last[strcspn(last, "\n")] = '\0';
+    fprintf(stderr, "tandem cluster: its log %s ends: %s\n", path, last[0] ? last : "(empty)");
+}
+
 /* When a daemon has exited (`when`: "before the cluster was ready", "unexpectedly"), says so
- * and returns true. */
+ * (with the last line of its log under --log-dir) and returns true. */
 static bool daemon_gone(cluster_t *cl, const char *when)
 {
     daemon_proc_t *gone = reap(cl);
@@ -505,6 +522,8 @@ static bool daemon_gone(cluster_t *cl, const char *when)
     describe_wstatus(gone->wstatus, why, sizeof why);
     fprintf(stderr, "tandem cluster: %s (%s, pid %d) %s %s; stopping the others\n", gone->binary,
             gone->label, (int)-gone->pid, why, when);
+    if (cl->log_dir)
+        print_log_tail(cl->log_dir, gone->label);
     return true;
 }
 
@@ -786,6 +805,7 @@ static int run_cluster(const up_opts_t *o, const tdm_config_t *cfg, const char *
     char endpoint[512];
     client_endpoint_for(cfg->router.client_endpoint, endpoint, sizeof endpoint);
     cluster_t cl = {0};
+    cl.log_dir = o->log_dir;
     int status = check_endpoints_free(cfg);
     if (status == 0)
         status = plan(&cl, cfg, o);
@@ -843,7 +863,12 @@ static int use_model(const char *path, char *abs)
     tdm_error_t err = {0};
     tdm_gguf_t *g = tdm_gguf_open(abs, &err);
     if (!g) {
-        fprintf(stderr, CMD_UP ": --model %s: %s\n", path, err.msg);
+        /* "--model PATH: why", the path once (the reader's message may start with it) */
+        size_t al = strlen(abs);
+        const char *why = strncmp(err.msg, abs, al) == 0 && strncmp(err.msg + al, ": ", 2) == 0
+                              ? err.msg + al + 2
+                              : err.msg;
+        fprintf(stderr, CMD_UP ": --model %s: %s\n", path, why);
         return 2;
     }
     tdm_gguf_destroy(&g);

@@ -11,8 +11,13 @@ int tdm_served_model_open(tdm_served_model_t *sm, const tdm_config_t *cfg, tdm_e
     const char *path = cfg->model.path;
     int rc;
     sm->model = tdm_model_load(path, err);
-    if (!sm->model)
+    if (!sm->model) {
+        /* "model PATH: why", the path once (the loader's message may start with it) */
+        size_t pl = strlen(path);
+        if (err && strncmp(err->msg, path, pl) == 0 && strncmp(err->msg + pl, ": ", 2) == 0)
+            memmove(err->msg, err->msg + pl + 2, strlen(err->msg + pl + 2) + 1);
         return tdm_error_prefix(err, err ? err->code : TDM_EINVALID, "model %s: ", path);
+    }
     const tdm_llama_hparams_t *hp = tdm_model_hparams(sm->model);
     sm->tok = tdm_tokenizer_new(tdm_model_gguf(sm->model), err);
     if (!sm->tok) {
