@@ -36,16 +36,8 @@ def chat(user):
     return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
 
 
-CASES = [
-    ("plain_capital", "The capital of France is"),
-    ("plain_story", "Once upon a time, in a small village at the edge of a great forest, there "
-                    "lived"),
-    ("plain_code_fib", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
-    ("plain_list_planets", "Here is a list of the planets in our solar system, in order from "
-                           "the Sun:\n\n1."),
-    ("plain_math", "Question: A shop sells pencils at 3 for 45 cents. How much do 12 pencils "
-                   "cost?\nAnswer:"),
-    ("plain_french", "La Révolution française a commencé en 1789, lorsque"),
+# make_engine_golden.py's six plain-text prompts, then Gemma's turn format and long prompts
+CASES = [c for c in base.CASES if c[0].startswith("plain_")] + [
     ("chat_capital", chat("What is the capital of Japan?")),
     ("chat_code_c", chat("Write a C function that reverses a string in place.")),
     ("chat_spanish", chat("¿Cuál es la montaña más alta del mundo y dónde está?")),
@@ -55,6 +47,31 @@ CASES = [
     ("long_chat_report", chat(base.LONG_ESSAY + "\n\n" + base.LONG_CHAT_DOC)),
     ("long_essay_twice", base.LONG_ESSAY + "\n\n" + base.LONG_ESSAY + "\n\nIn summary,"),
 ]
+
+
+REFERENCE = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra buffer "
+             f"types (AMX/repack), n_ctx {N_CTX}, n_threads 2; tokens add_bos=True special=True; "
+             f"greedy (argmax) continuation of up to {base.MAX_NEW} tokens, <eos> or "
+             "<end_of_turn> kept; logits of prompt+continuation in one pass")
+
+
+def run_cases(llm, cases):
+    """The golden cases of a Gemma 3 model (prompts tokenized with <bos>, continuations
+    stopping at <eos> or <end_of_turn>). Returns (cases, stop tokens, SelfCheck, positions
+    where llama.cpp's top-1 leads its top-2 by >= 0.25)."""
+    eot = llm.tokenize(END_OF_TURN.encode(), add_bos=False, special=True)
+    assert len(eot) == 1, eot
+    stops = {llm.token_eos(), eot[0]}
+    out = []
+    selfcheck = base.SelfCheck()
+    for name, text in cases:
+        prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        out.append(base.run_case(llm, name, text, prompt, stops, selfcheck, N_CTX))
+    n_clear = sum(1 for c in out for p in c["positions"] if p[0][1] - p[1][1] >= 0.25)
+    n_pos = sum(len(c["positions"]) for c in out)
+    print(f"{n_clear} of {n_pos} positions where llama.cpp's top-1 leads its top-2 by >= 0.25",
+          file=sys.stderr)
+    return out, stops, selfcheck, n_clear
 
 
 def main():
@@ -70,25 +87,9 @@ def main():
         sys.exit(f"{model}: not found (run scripts/setup --model gemma3-270m)")
     sha = base.model_sha256(model, MODEL_SHA256)
     llm = base.open_llama(model, N_CTX)
-    eos = llm.token_eos()
-    eot = llm.tokenize(END_OF_TURN.encode(), add_bos=False, special=True)
-    assert len(eot) == 1, eot
-    stops = {eos, eot[0]}
-
-    cases = []
-    selfcheck = base.SelfCheck()
-    for name, text in CASES:
-        prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        cases.append(base.run_case(llm, name, text, prompt, stops, selfcheck, N_CTX))
-    n_clear = sum(1 for c in cases for p in c["positions"] if p[0][1] - p[1][1] >= 0.25)
-    print(f"{n_clear} positions where llama.cpp's top-1 leads its top-2 by >= 0.25",
-          file=sys.stderr)
-    reference = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra "
-                 f"buffer types (AMX/repack), n_ctx {N_CTX}, n_threads 2; tokens add_bos=True "
-                 f"special=True; greedy (argmax) continuation of up to {base.MAX_NEW} tokens, "
-                 "<eos> or <end_of_turn> kept; logits of prompt+continuation in one pass")
+    cases, stops, selfcheck, n_clear = run_cases(llm, CASES)
     base.write_doc(args.output, model, sha, llm, "tests/golden/make_gemma3_engine_golden.py",
-                   reference, eos, selfcheck, cases,
+                   REFERENCE, llm.token_eos(), selfcheck, cases,
                    {"stop_tokens": sorted(stops), "clear_positions": n_clear})
 
 

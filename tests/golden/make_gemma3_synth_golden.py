@@ -64,24 +64,7 @@ def make_one(tandem, vocab, vocab_sha, typ, out_json):
         subprocess.run([str(tandem)] + synth_args(typ, seed, vocab, model), check=True)
         sha = hashlib.sha256(model.read_bytes()).hexdigest()
         llm = base.open_llama(model, N_CTX)
-        eos = llm.token_eos()
-        eot = llm.tokenize(gemma.END_OF_TURN.encode(), add_bos=False, special=True)
-        assert len(eot) == 1, eot
-        stops = {eos, eot[0]}
-        cases = []
-        selfcheck = base.SelfCheck()
-        for name, text in CASES:
-            prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-            cases.append(base.run_case(llm, name, text, prompt, stops, selfcheck, N_CTX))
-        n_clear = sum(1 for c in cases for p in c["positions"] if p[0][1] - p[1][1] >= 0.25)
-        n_pos = sum(len(c["positions"]) for c in cases)
-        print(f"{typ}: {n_clear} of {n_pos} positions where llama.cpp's top-1 leads its top-2 "
-              "by >= 0.25", file=sys.stderr)
-        reference = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra "
-                     f"buffer types (AMX/repack), n_ctx {N_CTX}, n_threads 2; tokens "
-                     "add_bos=True special=True; greedy (argmax) continuation of up to "
-                     f"{base.MAX_NEW} tokens, <eos> or <end_of_turn> kept; logits of "
-                     "prompt+continuation in one pass")
+        cases, stops, selfcheck, n_clear = gemma.run_cases(llm, CASES)
         recipe = {
             "shape": SHAPE, "type": typ, "seed": seed,
             "vocab": VOCAB_FILE, "vocab_sha256": vocab_sha,
@@ -89,7 +72,7 @@ def make_one(tandem, vocab, vocab_sha, typ, out_json):
                                                        model.name)),
         }
         base.write_doc(out_json, model, sha, llm, "tests/golden/make_gemma3_synth_golden.py",
-                       reference, eos, selfcheck, cases,
+                       gemma.REFERENCE, llm.token_eos(), selfcheck, cases,
                        {"stop_tokens": sorted(stops), "clear_positions": n_clear,
                         "synth": recipe})
         del llm

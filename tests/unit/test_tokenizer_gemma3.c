@@ -10,6 +10,7 @@
  * exits 77, which ctest reports as skipped; a file of another size fails.
  */
 #include "tdm_test.h"
+#include "token_golden.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -39,55 +40,6 @@ typedef struct fixture {
 static fixture_t the_fixture;
 
 /* ---- helpers ---- */
-
-/* Writes s[0..n) to stderr with C escapes, cut at max bytes. */
-static void print_escaped(const char *label, const char *s, size_t n, size_t max)
-{
-    fprintf(stderr, "%s\"", label);
-    for (size_t i = 0; i < n && i < max; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n')
-            fputs("\\n", stderr);
-        else if (c == '\t')
-            fputs("\\t", stderr);
-        else if (c == '\r')
-            fputs("\\r", stderr);
-        else if (c == '"' || c == '\\')
-            fprintf(stderr, "\\%c", c);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(stderr, "\\x%02x", c);
-        else
-            fputc(c, stderr);
-    }
-    fprintf(stderr, "\"%s\n", n > max ? "..." : "");
-}
-
-static void print_ids(const char *label, const tdm_token_t *ids, size_t n)
-{
-    fprintf(stderr, "%s[", label);
-    for (size_t i = 0; i < n; i++)
-        fprintf(stderr, "%s%d", i ? " " : "", (int)ids[i]);
-    fprintf(stderr, "]\n");
-}
-
-/* Reads a JSON array of integers into a heap array (caller frees). */
-static tdm_token_t *json_ids(const json_t *arr, size_t *n)
-{
-    *n = json_array_size(arr);
-    tdm_token_t *ids = malloc((*n ? *n : 1) * sizeof *ids);
-    assert_non_null(ids);
-    for (size_t i = 0; i < *n; i++) {
-        const json_t *v = json_array_get(arr, i);
-        assert_true(json_is_integer(v));
-        ids[i] = (tdm_token_t)json_integer_value(v);
-    }
-    return ids;
-}
-
-static bool ids_equal(const tdm_token_t *a, size_t na, const tdm_token_t *b, size_t nb)
-{
-    return na == nb && (na == 0 || memcmp(a, b, na * sizeof *a) == 0);
-}
 
 /* Checks the model file is the one the golden ids belong to (by size: hashing 241 MiB per
  * run would cost more than the test). Writes the problem into fx->problem. */
@@ -157,20 +109,20 @@ static bool encode_case(const tdm_tokenizer_t *tok, const json_t *c, size_t i)
     size_t len = json_string_length(json_object_get(c, "text"));
     bool parse_special = json_is_true(json_object_get(c, "parse_special"));
     size_t n_want;
-    tdm_token_t *want = json_ids(json_object_get(c, "ids"), &n_want);
+    tdm_token_t *want = tdm_test_json_ids(json_object_get(c, "ids"), &n_want);
     tdm_token_t *got = NULL;
     size_t n_got = 0;
     tdm_error_t err = {0};
     int rc = tdm_tokenizer_encode(tok, text, len, false, parse_special, &got, &n_got, &err);
-    bool ok = rc == TDM_OK && ids_equal(want, n_want, got, n_got);
+    bool ok = rc == TDM_OK && tdm_test_ids_equal(want, n_want, got, n_got);
     if (!ok) {
         fprintf(stderr, "case %zu (parse_special=%d): ", i, parse_special);
-        print_escaped("text ", text, len, 200);
+        tdm_test_print_escaped("text ", text, len, 200);
         if (rc != TDM_OK) {
             fprintf(stderr, "  encode failed: %s\n", err.msg);
         } else {
-            print_ids("  want ", want, n_want);
-            print_ids("  got  ", got, n_got);
+            tdm_test_print_ids("  want ", want, n_want);
+            tdm_test_print_ids("  got  ", got, n_got);
         }
     }
     free(got);
@@ -212,7 +164,7 @@ static void test_decode_golden(void **state)
         const char *want = json_string_value(jw);
         size_t want_len = json_string_length(jw);
         size_t n;
-        tdm_token_t *ids = json_ids(json_object_get(c, "ids"), &n);
+        tdm_token_t *ids = tdm_test_json_ids(json_object_get(c, "ids"), &n);
         char *out = NULL;
         size_t out_len = 0;
         tdm_error_t err = {0};
@@ -220,9 +172,9 @@ static void test_decode_golden(void **state)
         if (rc != TDM_OK || out_len != want_len || memcmp(out, want, want_len) != 0) {
             failed++;
             fprintf(stderr, "case %zu: ", i);
-            print_escaped("want ", want, want_len, 200);
+            tdm_test_print_escaped("want ", want, want_len, 200);
             if (rc == TDM_OK)
-                print_escaped("  got  ", out, out_len, 200);
+                tdm_test_print_escaped("  got  ", out, out_len, 200);
             else
                 fprintf(stderr, "  decode failed: %s\n", err.msg);
         }
@@ -312,15 +264,15 @@ static void test_chat_golden_ids(void **state)
             tdm_chat_apply(TDM_CHAT_TEMPLATE_GEMMA, msgs, n, gen, NULL, &text, &len, &err), 0);
         /* the text itself is compared in test_chat.c; here its ids, as prompts get them */
         size_t n_want;
-        tdm_token_t *want = json_ids(json_object_get(c, "ids"), &n_want);
+        tdm_token_t *want = tdm_test_json_ids(json_object_get(c, "ids"), &n_want);
         tdm_token_t *ids = NULL;
         size_t n_ids = 0;
         int rc = tdm_tokenizer_encode(fx->tok, text, len, false, true, &ids, &n_ids, &err);
-        if (rc != TDM_OK || !ids_equal(want, n_want, ids, n_ids)) {
+        if (rc != TDM_OK || !tdm_test_ids_equal(want, n_want, ids, n_ids)) {
             failed++;
             fprintf(stderr, "chat %zu: token ids differ\n", i);
-            print_ids("  want ", want, n_want);
-            print_ids("  got  ", ids, n_ids);
+            tdm_test_print_ids("  want ", want, n_want);
+            tdm_test_print_ids("  got  ", ids, n_ids);
         }
         free(ids);
         free(want);

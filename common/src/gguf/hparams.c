@@ -267,19 +267,21 @@ static int check_layer(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, uint32_t l,
         TDM_CHECK_LAYER("attn_k.bias", kv_dim, 0, false);
         TDM_CHECK_LAYER("attn_v.bias", kv_dim, 0, false);
     }
-    if (hp->qk_norm) {
-        TDM_CHECK_LAYER("attn_q_norm.weight", hp->head_dim, 0, false);
-        if ((rc = require_f32(g, name, err)))
-            return rc;
-        TDM_CHECK_LAYER("attn_k_norm.weight", hp->head_dim, 0, false);
-        if ((rc = require_f32(g, name, err)))
-            return rc;
-    }
-    if (hp->post_norms) {
-        TDM_CHECK_LAYER("post_attention_norm.weight", hp->n_embd, 0, false);
-        if ((rc = require_f32(g, name, err)))
-            return rc;
-        TDM_CHECK_LAYER("post_ffw_norm.weight", hp->n_embd, 0, false);
+    /* the feature norms: [head_dim] QK-norms, [n_embd] post-norms, F32 like every norm */
+    const struct {
+        bool on;
+        const char *suffix;
+        uint64_t dim;
+    } norms[] = {
+        {hp->qk_norm, "attn_q_norm.weight", hp->head_dim},
+        {hp->qk_norm, "attn_k_norm.weight", hp->head_dim},
+        {hp->post_norms, "post_attention_norm.weight", hp->n_embd},
+        {hp->post_norms, "post_ffw_norm.weight", hp->n_embd},
+    };
+    for (size_t i = 0; i < sizeof norms / sizeof norms[0]; i++) {
+        if (!norms[i].on)
+            continue;
+        TDM_CHECK_LAYER(norms[i].suffix, norms[i].dim, 0, false);
         if ((rc = require_f32(g, name, err)))
             return rc;
     }

@@ -871,19 +871,6 @@ static int cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fw
 /* Element-wise ops go to the threads in chunks of this many values, from par_min values on. */
 #define TDM_ELEMWISE_CHUNK 4096
 
-static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
-{
-    cpu_be_t *be = vbe;
-    int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
-    for (int64_t c = 0; c < n_chunks; c++) {
-        size_t i = (size_t)c * TDM_ELEMWISE_CHUNK;
-        size_t m = count - i < TDM_ELEMWISE_CHUNK ? count - i : TDM_ELEMWISE_CHUNK;
-        be->isa->swiglu(out + i, gate + i, up + i, m);
-    }
-    return TDM_OK;
-}
-
 /* GELU with the tanh approximation as ggml_gelu_f32 spells it, in f32 with libm's tanhf. */
 static float gelu_tanh(float x)
 {
@@ -914,47 +901,65 @@ static inline float gelu_f16(float x)
     return gelu_f16_table[tdm_fp32_to_fp16(x)];
 }
 
-static int cpu_geglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
+typedef enum elem_op { ELEM_SWIGLU, ELEM_GEGLU, ELEM_SCALE, ELEM_ADD } elem_op_t;
+
+/* Values [i, i + m) of an element-wise op: out = act(a) * b (SwiGLU, GeGLU), out = a * s,
+ * out = a + b (out may be a). */
+static void elem_chunk(const cpu_be_t *be, elem_op_t op, float *out, const float *a, const float *b,
+                       float s, size_t i, size_t m)
 {
-    cpu_be_t *be = vbe;
-    pthread_once(&gelu_f16_once, gelu_f16_table_init);
+    out += i, a += i, b = b ? b + i : NULL;
+    switch (op) {
+    case ELEM_SWIGLU: be->isa->swiglu(out, a, b, m); break;
+    case ELEM_GEGLU:
+        for (size_t j = 0; j < m; j++)
+            out[j] = gelu_f16(a[j]) * b[j];
+        break;
+    case ELEM_SCALE:
+        for (size_t j = 0; j < m; j++)
+            out[j] = a[j] * s;
+        break;
+    case ELEM_ADD:
+        for (size_t j = 0; j < m; j++)
+            out[j] = a[j] + b[j];
+        break;
+    }
+}
+
+/* An element-wise op over count values, split among the threads in chunks of
+ * TDM_ELEMWISE_CHUNK from par_min values on (which thread computes a value never changes it). */
+static int cpu_elementwise(cpu_be_t *be, elem_op_t op, float *out, const float *a, const float *b,
+                           float s, size_t count)
+{
     int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
     for (int64_t c = 0; c < n_chunks; c++) {
-        size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
-        size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
-        for (size_t i = i0; i < i1; i++)
-            out[i] = gelu_f16(gate[i]) * up[i];
+        size_t i = (size_t)c * TDM_ELEMWISE_CHUNK;
+        elem_chunk(be, op, out, a, b, s, i,
+                   count - i < TDM_ELEMWISE_CHUNK ? count - i : TDM_ELEMWISE_CHUNK);
     }
     return TDM_OK;
+}
+
+static int cpu_swiglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
+{
+    return cpu_elementwise(vbe, ELEM_SWIGLU, out, gate, up, 0.0f, count);
+}
+
+static int cpu_geglu(void *vbe, const float *gate, const float *up, size_t count, float *out)
+{
+    pthread_once(&gelu_f16_once, gelu_f16_table_init);
+    return cpu_elementwise(vbe, ELEM_GEGLU, out, gate, up, 0.0f, count);
 }
 
 static int cpu_scale(void *vbe, float *x, float s, size_t count)
 {
-    cpu_be_t *be = vbe;
-    int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
-    for (int64_t c = 0; c < n_chunks; c++) {
-        size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
-        size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
-        for (size_t i = i0; i < i1; i++)
-            x[i] *= s;
-    }
-    return TDM_OK;
+    return cpu_elementwise(vbe, ELEM_SCALE, x, x, NULL, s, count);
 }
 
 static int cpu_add(void *vbe, float *x, const float *y, size_t count)
 {
-    cpu_be_t *be = vbe;
-    int64_t n_chunks = (int64_t)((count + TDM_ELEMWISE_CHUNK - 1) / TDM_ELEMWISE_CHUNK);
-#pragma omp parallel for schedule(static) num_threads(be->n_threads) if (count >= be->par_min)
-    for (int64_t c = 0; c < n_chunks; c++) {
-        size_t i0 = (size_t)c * TDM_ELEMWISE_CHUNK;
-        size_t i1 = count - i0 < TDM_ELEMWISE_CHUNK ? count : i0 + TDM_ELEMWISE_CHUNK;
-        for (size_t i = i0; i < i1; i++)
-            x[i] += y[i];
-    }
-    return TDM_OK;
+    return cpu_elementwise(vbe, ELEM_ADD, x, x, y, 0.0f, count);
 }
 
 static int cpu_gather_rows(void *vbe, const float *src, const uint32_t *rows, uint32_t n,

@@ -595,6 +595,21 @@ static int engine_op_failed(const tdm_engine_t *e, int rc, const char *call, tdm
             return engine_op_failed(e, rc_, #call, err);                                           \
     } while (0)
 
+/* x += the sub-layer's output in e->proj ([n][n_embd]), RMS-normed by post_norm first when
+ * the model has post-norms (Gemma 3). */
+static int forward_residual(tdm_engine_t *e, const tdm_weight_t *post_norm, uint32_t n,
+                            tdm_error_t *err)
+{
+    const tdm_llama_hparams_t *hp = &e->model->hp;
+    const float *y = e->proj;
+    if (hp->post_norms) {
+        TDM_TRY(e->ops->rmsnorm(e->be, e->proj, post_norm, n, hp->rms_norm_eps, e->xn));
+        y = e->xn;
+    }
+    TDM_TRY(e->ops->add(e->be, e->x, y, (size_t)n * hp->n_embd));
+    return TDM_OK;
+}
+
 /* The attention sub-layer of layer l: x += W_o · attn(...) (post-normed when the model has
  * post-norms). */
 static int forward_attention(tdm_engine_t *e, uint32_t l, const tdm_fwd_rows_t *rows,
@@ -626,13 +641,7 @@ static int forward_attention(tdm_engine_t *e, uint32_t l, const tdm_fwd_rows_t *
     const tdm_weight_t *wo[1] = {&lw->wo};
     float *proj[1] = {e->proj};
     TDM_TRY(ops->matmul(be, e->attn, n, 1, wo, proj));
-    if (hp->post_norms) {
-        TDM_TRY(ops->rmsnorm(be, e->proj, &lw->post_attn_norm, n, hp->rms_norm_eps, e->xn));
-        TDM_TRY(ops->add(be, e->x, e->xn, (size_t)n * hp->n_embd));
-    } else {
-        TDM_TRY(ops->add(be, e->x, e->proj, (size_t)n * hp->n_embd));
-    }
-    return TDM_OK;
+    return forward_residual(e, &lw->post_attn_norm, n, err);
 }
 
 /* The feed-forward sub-layer of layer l: x += W_down · (act(W_gate · h) ⊙ (W_up · h)). */
@@ -654,13 +663,7 @@ static int forward_ffn(tdm_engine_t *e, uint32_t l, uint32_t n, tdm_error_t *err
     const tdm_weight_t *wd[1] = {&lw->w_down};
     float *proj[1] = {e->proj};
     TDM_TRY(ops->matmul(be, e->gate, n, 1, wd, proj));
-    if (hp->post_norms) {
-        TDM_TRY(ops->rmsnorm(be, e->proj, &lw->post_ffn_norm, n, hp->rms_norm_eps, e->xn));
-        TDM_TRY(ops->add(be, e->x, e->xn, (size_t)n * hp->n_embd));
-    } else {
-        TDM_TRY(ops->add(be, e->x, e->proj, (size_t)n * hp->n_embd));
-    }
-    return TDM_OK;
+    return forward_residual(e, &lw->post_ffn_norm, n, err);
 }
 
 /* The logits of the n_logits asking rows into the caller's host array: final norm, output
