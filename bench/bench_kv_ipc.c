@@ -65,16 +65,14 @@ static int ipc_pool_open(ipc_pool_t *p, uint32_t n)
 }
 
 static int rx_lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
-                     const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
+                     const uint32_t **blocks, uint32_t *n_blocks, tdm_error_t *err)
 {
     const tdm_kv_seq_t *seq = user;
     (void)request_id;
     (void)attempt_id;
-    if (n_tokens != seq->n_blocks * shape8b.block_size) {
-        snprintf(msg, cap, "expected %u tokens, got %u", seq->n_blocks * shape8b.block_size,
-                 n_tokens);
-        return TDM_ENOTFOUND;
-    }
+    if (n_tokens != seq->n_blocks * shape8b.block_size)
+        return tdm_error_set(err, TDM_ENOTFOUND, "expected %u tokens, got %u",
+                             seq->n_blocks * shape8b.block_size, n_tokens);
     *blocks = seq->blocks;
     *n_blocks = seq->n_blocks;
     return 0;

@@ -85,13 +85,12 @@ typedef struct rx {
 } rx_t;
 
 static int rx_lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
-                     const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
+                     const uint32_t **blocks, uint32_t *n_blocks, tdm_error_t *err)
 {
     (void)request_id;
     (void)attempt_id;
     (void)n_tokens;
-    (void)msg;
-    (void)cap;
+    (void)err;
     rx_t *x = user;
     *blocks = x->seq.blocks;
     *n_blocks = x->seq.n_blocks;

@@ -327,23 +327,20 @@ static bool on_frame(void *h, const tdm_frame_t *f)
 
 /* The KV receiver asks which blocks were reserved for a request. */
 static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
-                  const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
+                  const uint32_t **blocks, uint32_t *n_blocks, tdm_error_t *err)
 {
     tdm_decode_t *d = user;
     dres_t *r = (dres_t *)tdm_node_req_find(d->node, attempt_id);
-    if (!r || r->in_worker) {
-        snprintf(msg, cap,
-                 "no reservation for attempt %016" PRIx64 " of request '%s' (cancelled, "
-                 "superseded or unknown)",
-                 attempt_id, request_id);
-        return TDM_ENOTFOUND;
-    }
-    if (n_tokens != r->n_prompt + r->n_output) {
-        snprintf(msg, cap,
-                 "transfer has %u tokens; the reservation is for %u prompt and %u output tokens",
-                 n_tokens, r->n_prompt, r->n_output);
-        return TDM_EINVALID;
-    }
+    if (!r || r->in_worker)
+        return tdm_error_set(err, TDM_ENOTFOUND,
+                             "no reservation for attempt %016" PRIx64 " of request '%s' "
+                             "(cancelled, superseded or unknown)",
+                             attempt_id, request_id);
+    if (n_tokens != r->n_prompt + r->n_output)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "transfer has %u tokens; the reservation is for %u prompt and %u "
+                             "output tokens",
+                             n_tokens, r->n_prompt, r->n_output);
     *blocks = r->seq.blocks;
     *n_blocks = r->seq.n_blocks;
     return 0;

@@ -162,13 +162,12 @@ typedef struct reserved {
 } reserved_t;
 
 static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
-                  const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
+                  const uint32_t **blocks, uint32_t *n_blocks, tdm_error_t *err)
 {
     reserved_t *r = user;
-    if (strcmp(request_id, "gpu-req") != 0 || attempt_id != 7 || n_tokens != N_TOKENS) {
-        snprintf(msg, cap, "unexpected request %s (%u tokens)", request_id, n_tokens);
-        return TDM_ENOTFOUND;
-    }
+    if (strcmp(request_id, "gpu-req") != 0 || attempt_id != 7 || n_tokens != N_TOKENS)
+        return tdm_error_set(err, TDM_ENOTFOUND, "unexpected request %s (%u tokens)", request_id,
+                             n_tokens);
     *blocks = r->seq->blocks;
     *n_blocks = r->seq->n_blocks;
     return 0;

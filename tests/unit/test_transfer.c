@@ -59,20 +59,16 @@ static uint64_t attempt_of(const char *request_id)
 }
 
 static int lookup_cb(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
-                     const uint32_t **blocks, uint32_t *n_blocks, char *msg, size_t cap)
+                     const uint32_t **blocks, uint32_t *n_blocks, tdm_error_t *err)
 {
     (void)n_tokens;
     reservation_t *r = user;
     r->calls++;
-    if (r->status != 0) {
-        snprintf(msg, cap, "%s", r->msg);
-        return r->status;
-    }
+    if (r->status != 0)
+        return tdm_error_set(err, r->status, "%s", r->msg);
     if (!r->request_id || strcmp(request_id, r->request_id) != 0 ||
-        attempt_id != attempt_of(r->request_id)) {
-        snprintf(msg, cap, "request %s unknown or cancelled", request_id);
-        return TDM_ENOTFOUND;
-    }
+        attempt_id != attempt_of(r->request_id))
+        return tdm_error_set(err, TDM_ENOTFOUND, "request %s unknown or cancelled", request_id);
     *blocks = r->blocks;
     *n_blocks = r->n_blocks;
     return 0;

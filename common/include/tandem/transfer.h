@@ -177,14 +177,17 @@ void *tdm_kv_receiver_zsock(tdm_kv_receiver_t *r);
 const char *tdm_kv_receiver_endpoint(const tdm_kv_receiver_t *r);
 
 /* Asked by the receiver for the blocks reserved for dispatch attempt attempt_id (request_id
- * is the client's id, for messages): sets *blocks (owned by the caller, valid until the
- * callback returns... and the transfer is processed) and *n_blocks and returns 0, or returns
- * a status to reject with (TDM_ENOTFOUND for an unknown or cancelled attempt, TDM_ERESOURCE
- * when no blocks can be had) and fills msg (cap bytes). Called only for a transfer whose
- * header checksum and block checksums verified. */
+ * is the client's id, for messages; n_tokens the tokens the transfer carries): sets *blocks
+ * (owned by the callee, valid until tdm_kv_receiver_recv returns) and *n_blocks and returns 0,
+ * or returns a status to reject with (TDM_ENOTFOUND for an unknown or cancelled attempt,
+ * TDM_EINVALID for a token count the reservation does not match, TDM_ERESOURCE when no blocks
+ * can be had) and says why in *err (tdm_error_set; never NULL). The returned status is the
+ * one the transfer is rejected with; when *err has no message, the reason is that status's
+ * text. Called only for a transfer whose header and header checksum verified (a tcp transfer's
+ * block checksums are verified after it, or while its blocks are copied). */
 typedef int (*tdm_kv_lookup_fn)(void *user, const char *request_id, uint64_t attempt_id,
                                 uint32_t n_tokens, const uint32_t **blocks, uint32_t *n_blocks,
-                                char *msg, size_t cap);
+                                tdm_error_t *err);
 
 /* A processed transfer. */
 typedef struct tdm_kv_received {

@@ -182,51 +182,51 @@ static void drop_peer_comms(tdm_kv_receiver_t *r, const uint8_t *peer, size_t pe
 }
 
 /* The KvHello's fields: an nccl hello, to a node with a device pool, with a whole NCCL
- * unique id. Returns 0 or the status with msg filled. */
-static int hello_check(const tdm_kv_receiver_t *r, const Tandem__V1__KvHello *h, char *msg,
-                       size_t cap)
+ * unique id. Returns 0 or the status to refuse it with, *err set. */
+static int hello_check(const tdm_kv_receiver_t *r, const Tandem__V1__KvHello *h, tdm_error_t *err)
 {
     if (!h)
-        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "KvHello does not decode");
+        return tdm_error_set(err, TDM_EINVALID, "KvHello does not decode");
     if (strcmp(h->backend, "nccl") != 0)
-        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                 "KvHello backend \"%.32s\": only nccl needs a hello", h->backend);
+        return tdm_error_set(err, TDM_EINVALID,
+                             "KvHello backend \"%.32s\": only nccl needs a hello", h->backend);
     if (!r->memory.device_base)
-        return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
-                                 "nccl needs a device pool; this node's pool is in host memory");
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "nccl needs a device pool; this node's pool is in host memory");
     if (h->nccl_unique_id.len != TDM_XFER_NCCL_ID_BYTES)
-        return tdm_kv_reject_msg(msg, cap, TDM_EINVALID, "nccl_unique_id is %zu bytes; expected %u",
-                                 h->nccl_unique_id.len, TDM_XFER_NCCL_ID_BYTES);
+        return tdm_error_set(err, TDM_EINVALID, "nccl_unique_id is %zu bytes; expected %u",
+                             h->nccl_unique_id.len, TDM_XFER_NCCL_ID_BYTES);
     return 0;
 }
 
 /* Forms the receiving side (rank 1) of the NCCL communicator the hello's sender started,
  * waiting at most the receiver's timeout, and keeps it for the sender's peer. Returns 0 or
- * the status with msg filled. */
+ * the status to refuse the hello with (TDM_EUNAVAILABLE, TDM_EDEADLINE, TDM_ERESOURCE), *err
+ * set. */
 static int hello_comm_new(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem__V1__KvHello *h,
-                          char *msg, size_t cap)
+                          tdm_error_t *err)
 {
     tdm_error_t e = {0};
     drop_peer_comms(r, f->peer, f->peer_len, h->sender_node_id);
     tdm_transfer_nccl_t *comm =
         tdm_transfer_nccl_new(r->memory.device, h->nccl_unique_id.data, 1, &e);
     if (!comm)
-        return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg);
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "%s", e.msg);
     double until = tdm_time_now() + r->timeout_ms / 1e3;
     int rc;
     while ((rc = tdm_transfer_nccl_ready(comm, &e)) == 0 && tdm_time_now() < until)
         sleep_us(1000);
     if (rc != 1) {
         tdm_transfer_nccl_destroy(&comm);
-        return rc < 0 ? tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg)
-                      : tdm_kv_reject_msg(msg, cap, TDM_EDEADLINE,
-                                          "NCCL communicator with %s not formed within %d ms",
-                                          h->sender_node_id, r->timeout_ms);
+        return rc < 0 ? tdm_error_set(err, TDM_EUNAVAILABLE, "%s", e.msg)
+                      : tdm_error_set(err, TDM_EDEADLINE,
+                                      "NCCL communicator with %s not formed within %d ms",
+                                      h->sender_node_id, r->timeout_ms);
     }
     tdm_kv_peer_comm_t *p = calloc(1, sizeof *p);
     if (!p) {
         tdm_transfer_nccl_destroy(&comm);
-        return tdm_kv_reject_msg(msg, cap, TDM_ERESOURCE, "out of memory");
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     }
     memcpy(p->peer, f->peer, f->peer_len);
     p->peer_len = f->peer_len;
@@ -241,25 +241,28 @@ void tdm_kv_dev_hello(tdm_kv_receiver_t *r, const tdm_frame_t *f)
 {
     Tandem__V1__KvHello *h =
         (Tandem__V1__KvHello *)tdm_frame_unpack(f, &tandem__v1__kv_hello__descriptor);
-    char msg[TDM_ERRMSG_MAX] = "";
-    int st = hello_check(r, h, msg, sizeof msg);
+    tdm_error_t e = {0};
+    int st = hello_check(r, h, &e);
     if (st == 0)
-        st = hello_comm_new(r, f, h, msg, sizeof msg);
+        st = hello_comm_new(r, f, h, &e);
     if (st == 0) {
         Tandem__V1__KvHelloAck ack = TANDEM__V1__KV_HELLO_ACK__INIT;
         ack.backend = "nccl";
         tdm_sock_reply(r->sock, f, &ack.base);
         TDM_LOG_INFOF(r->log, NULL, "KV NCCL communicator with %s formed", h->sender_node_id);
     } else {
-        tdm_sock_reply_error(r->sock, f, st, "%s", msg);
-        TDM_LOG_WARNF(r->log, NULL, "KV hello refused: %s %s", tdm_status_name(st), msg);
+        tdm_sock_reply_error(r->sock, f, st, "%s", e.msg);
+        TDM_LOG_WARNF(r->log, NULL, "KV hello refused: %s %s", tdm_status_name(st), e.msg);
     }
     if (h)
         protobuf_c_message_free_unpacked(&h->base, NULL);
 }
 
+/* The mapping of the pool of sender node_id whose IPC handle is handle: kept from an earlier
+ * transfer, or opened now (one of that sender's with another handle is closed: its pool
+ * changed). Returns NULL with *err set (TDM_ERESOURCE, TDM_EUNAVAILABLE). */
 static tdm_kv_peer_ipc_t *ipc_mapping(tdm_kv_receiver_t *r, const char *node_id,
-                                      const uint8_t *handle, char *msg, size_t cap, int *st)
+                                      const uint8_t *handle, tdm_error_t *err)
 {
     tdm_kv_peer_ipc_t **pp = &r->ipcs;
     while (*pp) {
@@ -277,13 +280,13 @@ static tdm_kv_peer_ipc_t *ipc_mapping(tdm_kv_receiver_t *r, const char *node_id,
     }
     tdm_kv_peer_ipc_t *p = calloc(1, sizeof *p);
     if (!p) {
-        *st = tdm_kv_reject_msg(msg, cap, TDM_ERESOURCE, "out of memory");
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
         return NULL;
     }
     tdm_error_t e = {0};
     if (tdm_transfer_cuda_ipc_open(r->memory.device, handle, &p->base, &e) != 0) {
         free(p);
-        *st = tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "cuda_ipc: %s", e.msg);
+        tdm_error_set(err, TDM_EUNAVAILABLE, "cuda_ipc: %s", e.msg);
         return NULL;
     }
     snprintf(p->sender_node_id, sizeof p->sender_node_id, "%s", node_id);
@@ -294,18 +297,17 @@ static tdm_kv_peer_ipc_t *ipc_mapping(tdm_kv_receiver_t *r, const char *node_id,
 }
 
 int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem__V1__KvTransfer *h,
-                       tdm_kv_backend_t backend, const uint32_t *blocks, char *msg, size_t cap)
+                       tdm_kv_backend_t backend, const uint32_t *blocks, tdm_error_t *err)
 {
     tdm_error_t e = {0};
     int st = 0;
     if (backend == TDM_KV_BACKEND_CUDA_IPC) {
-        tdm_kv_peer_ipc_t *p =
-            ipc_mapping(r, h->sender_node_id, h->ipc_handles[0].data, msg, cap, &st);
+        tdm_kv_peer_ipc_t *p = ipc_mapping(r, h->sender_node_id, h->ipc_handles[0].data, err);
         if (!p)
-            return st;
+            return err->code;
         if (tdm_transfer_cuda_copy_d2d(r->memory.device, r->memory.device_base, blocks, p->base,
                                        h->block_offsets, h->n_blocks, r->block_bytes, &e) != 0)
-            return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "cuda_ipc copy: %s", e.msg);
+            return tdm_error_set(err, TDM_EUNAVAILABLE, "cuda_ipc copy: %s", e.msg);
         return 0;
     }
     /* nccl */
@@ -313,11 +315,11 @@ int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
     while (p && !(p->peer_len == f->peer_len && memcmp(p->peer, f->peer, f->peer_len) == 0))
         p = p->next;
     if (!p)
-        return tdm_kv_reject_msg(msg, cap, TDM_EPRECONDITION,
-                                 "no NCCL communicator with this sender (KV_HELLO first)");
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "no NCCL communicator with this sender (KV_HELLO first)");
     if (tdm_transfer_nccl_start(p->comm, r->memory.device_base, blocks, h->n_blocks, r->block_bytes,
                                 &e) != 0) {
-        st = tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg);
+        st = tdm_error_set(err, TDM_EUNAVAILABLE, "%s", e.msg);
         goto out_drop;
     }
     tdm_send_t go;
@@ -328,8 +330,7 @@ int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
     go.method = TANDEM__V1__METHOD__METHOD_KV_TRANSFER;
     go.call_id = f->call_id;
     if (tdm_sock_send(r->sock, &go) != 0) {
-        st = tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "go not sent: %s",
-                               tdm_sock_errmsg(r->sock));
+        st = tdm_error_set(err, TDM_EUNAVAILABLE, "go not sent: %s", tdm_sock_errmsg(r->sock));
         goto out_drop;
     }
     double until = tdm_time_now() + r->timeout_ms / 1e3;
@@ -338,27 +339,27 @@ int tdm_kv_dev_receive(tdm_kv_receiver_t *r, const tdm_frame_t *f, const Tandem_
         sleep_us(100);
     if (rc == 1)
         return 0;
-    st = rc < 0 ? tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "%s", e.msg)
-                : tdm_kv_reject_msg(msg, cap, TDM_EDEADLINE,
-                                    "NCCL receive of %u blocks from %s not complete within %d ms",
-                                    h->n_blocks, h->sender_node_id, r->timeout_ms);
+    st = rc < 0 ? tdm_error_set(err, TDM_EUNAVAILABLE, "%s", e.msg)
+                : tdm_error_set(err, TDM_EDEADLINE,
+                                "NCCL receive of %u blocks from %s not complete within %d ms",
+                                h->n_blocks, h->sender_node_id, r->timeout_ms);
 out_drop:
     drop_peer_comms(r, f->peer, f->peer_len, NULL);
     return st;
 }
 
 int tdm_kv_dev_copy_h2d(tdm_kv_receiver_t *r, const uint8_t *const *src, const uint32_t *blocks,
-                        uint32_t n, char *msg, size_t cap)
+                        uint32_t n, tdm_error_t *err)
 {
     tdm_error_t e = {0};
     if (tdm_transfer_cuda_copy_h2d(r->memory.device, r->memory.device_base, blocks, src, n,
                                    r->block_bytes, &e) != 0)
-        return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "host-to-device copy: %s", e.msg);
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "host-to-device copy: %s", e.msg);
     return 0;
 }
 
 int tdm_kv_dev_verify(tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h, const uint32_t *blocks,
-                      char *msg, size_t cap)
+                      tdm_error_t *err)
 {
     tdm_error_t e = {0};
     uint32_t n = h->n_blocks;
@@ -366,13 +367,13 @@ int tdm_kv_dev_verify(tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h, con
         return 0;
     if (tdm_kv_device_checksums(r->memory.device, r->memory.device_base, blocks, n, r->block_bytes,
                                 r->sums, &e) != 0)
-        return tdm_kv_reject_msg(msg, cap, TDM_EUNAVAILABLE, "device checksums: %s", e.msg);
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "device checksums: %s", e.msg);
     for (uint32_t i = 0; i < n; i++)
         if (r->sums[i] != h->checksums[i])
-            return tdm_kv_reject_msg(msg, cap, TDM_EINVALID,
-                                     "block %u checksum mismatch after the %s transfer: the "
-                                     "device holds 0x%016" PRIx64 ", the sender sent 0x%016" PRIx64,
-                                     i, h->backend, r->sums[i], h->checksums[i]);
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "block %u checksum mismatch after the %s transfer: the "
+                                 "device holds 0x%016" PRIx64 ", the sender sent 0x%016" PRIx64,
+                                 i, h->backend, r->sums[i], h->checksums[i]);
     return 0;
 }
 
