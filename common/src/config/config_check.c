@@ -49,6 +49,7 @@ static int check_node_rows(tdm_config_loader_t *ld, const yaml_node_t *map, size
         const yaml_node_t *at = node_mark(ld, index, k->name);
         if ((k->flags & TDM_CONFIG_REQUIRED) && !at)
             return fail_required(ld, map, key, k);
+        /* decode-only rows are endpoints: set means a non-NULL string */
         if ((k->flags & TDM_CONFIG_DECODE_ONLY) && node->role != TDM_NODE_ROLE_DECODE &&
             *(char *const *)((const char *)node + k->offset))
             return tdm_config_fail(ld, at, key, "only decode nodes receive KV pages");
