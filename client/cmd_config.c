@@ -1,5 +1,6 @@
-/* cmd_config.c - `tandem config check [FILE]` and `tandem config defaults`: validate a cluster
- * config and print it resolved (every key, defaults filled in) as YAML. */
+/* cmd_config.c - `tandem config check [FILE]`, `tandem config defaults` and `tandem config keys
+ * [SECTION]`: validate a cluster config and print it resolved (every key, defaults filled in)
+ * as YAML, or print the key table as the Markdown tables of docs/operations.md. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,6 +14,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: tandem config check [FILE]\n"
             "       tandem config defaults\n"
+            "       tandem config keys [SECTION]\n"
             "\n"
             "check     loads FILE (a cluster config, see docs/operations.md) and prints the\n"
             "          resolved config as YAML: every key, defaults filled in. Errors go to\n"
@@ -22,6 +24,10 @@ static void usage(FILE *out)
             "          unless security.insecure) is an error too.\n"
             "          Without FILE it checks the defaults.\n"
             "defaults  prints the default config (one prefill and one decode node on the CPU).\n"
+            "keys      prints every key of SECTION (model, router, kv, log, security or nodes)\n"
+            "          as a Markdown table: type, default, range and meaning. Without SECTION,\n"
+            "          every section's table under its marker line, as docs/operations.md\n"
+            "          holds them.\n"
             "\n"
             "The model path defaults to $TANDEM_MODEL, else\n"
             "${XDG_CACHE_HOME:-$HOME/.cache}/tandem/models/" TDM_DEFAULT_MODEL_FILE ".\n"
@@ -52,6 +58,51 @@ static int print_config(const tdm_config_t *cfg)
     return 0;
 }
 
+/* `tandem config keys [SECTION]`: the key table as Markdown on stdout. */
+static int print_keys(const char *section)
+{
+    int rc = tdm_config_keys_markdown(section, stdout);
+    if (rc == TDM_ENOTFOUND) {
+        fprintf(stderr,
+                "tandem config keys: unknown section '%s' (model, router, kv, log, security or "
+                "nodes)\n",
+                section);
+        return 2;
+    }
+    if (rc != TDM_OK) {
+        fprintf(stderr, "tandem config: writing to stdout failed\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* `tandem config check [FILE]` and `tandem config defaults` (file NULL): loads FILE or the
+ * defaults and prints the resolved config; a load error or a bind the daemons would refuse
+ * goes to stderr. Returns the exit status. */
+static int check_config(const char *file)
+{
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    int rc = file ? tdm_config_load_file(file, &cfg, &err) : tdm_config_defaults(&cfg);
+    if (rc != TDM_OK && file) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    if (rc != TDM_OK) {
+        fprintf(stderr, "tandem config: cannot build the defaults: %s%s\n", tdm_strerror(rc),
+                rc == TDM_ENOTFOUND ? " (neither XDG_CACHE_HOME nor HOME is set)" : "");
+        return 1;
+    }
+    /* what the daemons would refuse at start is an error here too */
+    tdm_error_t problems[16];
+    size_t n_problems = tdm_config_bind_problems(&cfg, problems, 16);
+    for (size_t i = 0; i < n_problems; i++)
+        fprintf(stderr, "%s: %s\n", file ? file : "(defaults)", problems[i].msg);
+    int status = n_problems ? 1 : print_config(&cfg);
+    tdm_config_free(&cfg);
+    return status;
+}
+
 int tdm_cmd_config(int argc, char **argv)
 {
     if (argc < 2) {
@@ -63,7 +114,7 @@ int tdm_cmd_config(int argc, char **argv)
         return 0;
     }
     const char *action = argv[1];
-    const char *file = NULL;
+    const char *file = NULL; /* check: FILE; keys: SECTION */
     for (int i = 2; i < argc; i++) {
         if (is_help(argv[i])) {
             usage(stdout);
@@ -73,40 +124,18 @@ int tdm_cmd_config(int argc, char **argv)
             fprintf(stderr, "tandem config: unknown option '%s'\n", argv[i]);
             return 2;
         }
-        if (file || strcmp(action, "check") != 0) {
+        if (file || (strcmp(action, "check") != 0 && strcmp(action, "keys") != 0)) {
             fprintf(stderr, "tandem config %s: unexpected argument '%s'\n", action, argv[i]);
             return 2;
         }
         file = argv[i];
     }
 
-    tdm_config_t cfg;
-    tdm_error_t err = {0};
-    int rc;
-    if (strcmp(action, "defaults") == 0 || (strcmp(action, "check") == 0 && !file)) {
-        rc = tdm_config_defaults(&cfg);
-        if (rc != TDM_OK) {
-            fprintf(stderr, "tandem config: cannot build the defaults: %s%s\n", tdm_strerror(rc),
-                    rc == TDM_ENOTFOUND ? " (neither XDG_CACHE_HOME nor HOME is set)" : "");
-            return 1;
-        }
-    } else if (strcmp(action, "check") == 0) {
-        rc = tdm_config_load_file(file, &cfg, &err);
-        if (rc != TDM_OK) {
-            fprintf(stderr, "%s\n", err.msg);
-            return 1;
-        }
-    } else {
-        fprintf(stderr, "tandem config: unknown action '%s' (check or defaults)\n\n", action);
-        usage(stderr);
-        return 2;
-    }
-    /* what the daemons would refuse at start is an error here too */
-    tdm_error_t problems[16];
-    size_t n_problems = tdm_config_bind_problems(&cfg, problems, 16);
-    for (size_t i = 0; i < n_problems; i++)
-        fprintf(stderr, "%s: %s\n", file ? file : "(defaults)", problems[i].msg);
-    int status = n_problems ? 1 : print_config(&cfg);
-    tdm_config_free(&cfg);
-    return status;
+    if (strcmp(action, "keys") == 0)
+        return print_keys(file);
+    if (strcmp(action, "check") == 0 || strcmp(action, "defaults") == 0)
+        return check_config(file);
+    fprintf(stderr, "tandem config: unknown action '%s' (check, defaults or keys)\n\n", action);
+    usage(stderr);
+    return 2;
 }

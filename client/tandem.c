@@ -24,7 +24,7 @@ static const subcommand_t subcommands[] = {
      "export a Hugging Face tokenizer folder for a model's vocabulary"},
     {"model", tdm_cmd_model, "write a random-weight model of a real architecture's shape (synth)"},
     {"grammar", tdm_cmd_grammar, "check a GBNF grammar, and an instance against it"},
-    {"config", tdm_cmd_config, "check a cluster config file and print the resolved config"},
+    {"config", tdm_cmd_config, "check a cluster config file, print it resolved or list its keys"},
     {"keys", tdm_cmd_keys, "generate the CURVE key pairs of the router and every node"},
     {"kvcalc", tdm_cmd_kvcalc, "size the KV cache: bytes per token, per sequence, per budget"},
     {"version", tdm_cmd_version, "print the version and the build's features"},

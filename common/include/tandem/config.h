@@ -6,7 +6,9 @@
  * keys, duplicate keys, wrong types, out-of-range values, duplicate node ids and endpoints and
  * missing required fields are errors whose message starts with "FILE:LINE: key 'a.b': ".
  * A tdm_config_t is a plain value that owns its strings and arrays; nothing is global, so a
- * process may hold several. docs/operations.md lists every key.
+ * process may hold several. Every key is one row of the key table (common/src/config/
+ * config_keys.c: name, type, bounds, default, doc line) that the loader, the defaults, the
+ * dumper and docs/operations.md's tables (tdm_config_keys_markdown) all follow.
  */
 #ifndef TANDEM_CONFIG_H
 #define TANDEM_CONFIG_H
@@ -261,6 +263,14 @@ size_t tdm_config_bind_problems(const tdm_config_t *cfg, tdm_error_t *errs, size
  * tdm_config_load_string reads back into an identical config. Returns 0, or TDM_EUNAVAILABLE
  * when writing to out failed. */
 int tdm_config_dump(const tdm_config_t *cfg, FILE *out);
+
+/* Writes the Markdown table of the keys of one section ("model", "router", "kv", "log",
+ * "security" or "nodes": key, type, default, range and meaning, from the key table), the
+ * tables docs/operations.md holds. section NULL: every section's table, each after a line
+ * "<!-- tandem config keys SECTION -->" and the tables apart by a blank line. Returns 0,
+ * TDM_ENOTFOUND for another section name (nothing written), or TDM_EUNAVAILABLE when writing
+ * to out failed. */
+int tdm_config_keys_markdown(const char *section, FILE *out);
 
 /* Frees everything *cfg owns and zeroes it; accepts NULL and a zeroed config. */
 void tdm_config_free(tdm_config_t *cfg);
