@@ -235,8 +235,8 @@ def test_garbage_frames_do_not_hurt(cluster):
     cl = cluster.client()
     for parts in ([b"\x00garbage"], [b"\xff" * 100, b"junk"], [b""], [b"x"] * 20):
         cl.send_raw(parts)
-    h = pb.FrameHeader(version_major=2, kind=pb.FRAME_KIND_REQUEST, method=pb.METHOD_HEALTH,
-                       call_id=99)
+    h = pb.FrameHeader(version_major=PROTOCOL_MAJOR + 1, kind=pb.FRAME_KIND_REQUEST,
+                       method=pb.METHOD_HEALTH, call_id=99)
     cl.send_raw([h.SerializeToString()])
     got = cl.recv(5)
     while got is not None and got[0].call_id != 99:
