@@ -2898,7 +2898,7 @@ static void expected_prompt(char *buf, size_t cap, const char *system, const cha
 }
 
 /* For one template override (NULL: none) and system message (NULL: none), the router's
- * DecodeReserve.prompt_tokens, tdm_prompt_encode's ids, `tandem tokenize --chat`'s ids and
+ * SequenceSpec.prompt_tokens, tdm_prompt_encode's ids, `tandem tokenize --chat`'s ids and
  * `tandem generate -m`'s prompt token count are the same, and the ids decode to the rendering
  * the template must give. */
 static void prompt_case(const char *model, const char *tmpl, const char *system)

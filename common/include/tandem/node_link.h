@@ -69,7 +69,7 @@ uint64_t tdm_node_link_router_instance(tdm_node_link_t *l);
 
 /* Frames from the router the link dropped because they came from another router instance
  * than the registered one, since the link started; every heartbeat reports it
- * (Heartbeat.stale_router_frames, the router's tandem_node_stale_router_frames_total).
+ * (NodeLoad.stale_router_frames, the router's tandem_node_stale_router_frames_total).
  * Thread-safe. */
 uint64_t tdm_node_link_stale_frames(tdm_node_link_t *l);
 
