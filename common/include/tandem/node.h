@@ -134,7 +134,9 @@ void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_no
 /* Sends a worker TOKEN event of attempt a to the router as a TokenEvent (NOTIFY). */
 int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev);
 
-/* Answers a NODE_STATUS request with the node's live figures. */
+/* Answers a NODE_STATUS request f with the node's NodeStatus: its config entry and a NodeLoad
+ * of its figures now (tdm_node_load_collect from rt's worker and pool, the process figures,
+ * and link's stale router frames; link may be NULL: 0). Returns tdm_sock_reply's status. */
 int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_config_t *node,
                           const tdm_node_runtime_t *rt, tdm_node_link_t *link);
 
