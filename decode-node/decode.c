@@ -71,46 +71,18 @@ static void drop(void *h, tdm_node_req_t *base)
     free(r->prompt);
 }
 
-/* TDM_EINVALID naming what[i] when a token of ids[n] is outside the vocabulary, else 0. */
-static int check_tokens(const tdm_node_runtime_t *rt, const char *what, const int32_t *ids,
-                        size_t n, tdm_error_t *err)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || (uint32_t)ids[i] >= rt->n_vocab)
-            return tdm_error_set(err, TDM_EINVALID,
-                                 "%s[%zu]: token id %d is outside the vocabulary [0, %u)", what, i,
-                                 ids[i], rt->n_vocab);
-    return TDM_OK;
-}
-
-/* The DecodeReserve's fields, checked: TDM_EINVALID (TDM_EINTERNAL for an attempt held
- * already) with the message in *err. */
+/* The DecodeReserve's attempt and spec, checked (tdm_node_spec_check): TDM_EINVALID
+ * (TDM_EINTERNAL for an attempt held already) with the message in *err. */
 static int check_reserve(tdm_decode_t *d, const tdm_frame_t *f, const Tandem__V1__DecodeReserve *m,
                          tdm_node_attempt_t *att, tdm_sampling_params_t *sp, tdm_error_t *err)
 {
-    const tdm_node_runtime_t *rt = d->rt;
-    if (tdm_node_attempt_init(att, m->request_id, m->attempt_id, f->instance_id, err) != 0)
+    if (tdm_node_spec_attempt(m->spec, f->instance_id, att, err) != TDM_OK)
         return TDM_EINVALID;
     if (tdm_node_req_find(d->node, att->attempt_id))
         return tdm_error_set(err, TDM_EINTERNAL,
                              "attempt %s of request '%s' is already on this node", att->key,
                              att->label);
-    if (m->n_prompt_tokens == 0 || m->n_prompt_tokens + 1 > rt->n_ctx)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "prompt_tokens: %zu tokens; 1..%u fit the context of %u tokens",
-                             m->n_prompt_tokens, rt->n_ctx - 1, rt->n_ctx);
-    if (check_tokens(rt, "prompt_tokens", m->prompt_tokens, m->n_prompt_tokens, err) != TDM_OK)
-        return TDM_EINVALID;
-    if (tdm_node_sampling(m->sampling, m->max_tokens, rt->n_vocab, sp, err) != TDM_OK)
-        return TDM_EINVALID;
-    /* a migrated request: the output it resumes after is context, and output for max_tokens */
-    if (m->n_prompt_tokens + m->n_output_tokens + 1 > rt->n_ctx ||
-        m->n_output_tokens >= (size_t)m->max_tokens)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "output_tokens: %zu tokens after a prompt of %zu; the context holds "
-                             "%u and max_tokens is %d",
-                             m->n_output_tokens, m->n_prompt_tokens, rt->n_ctx, m->max_tokens);
-    return check_tokens(rt, "output_tokens", m->output_tokens, m->n_output_tokens, err);
+    return tdm_node_spec_check(m->spec, d->rt->n_ctx, d->rt->n_vocab, sp, err);
 }
 
 /* Local prefill: the prompt goes into the worker at once, if its blocks are free now. */
@@ -123,11 +95,11 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
     tdm_worker_req_t req = {.request_id = r->base.att.key,
-                            .prompt = m->prompt_tokens,
+                            .prompt = m->spec->prompt_tokens,
                             .n_prompt = r->n_prompt,
                             .sampling = &r->sp,
                             .user = r,
-                            .output = m->output_tokens,
+                            .output = m->spec->output_tokens,
                             .n_output = r->n_output,
                             .grammar = r->base.grammar,
                             .no_speculation = r->no_speculation};
@@ -147,9 +119,10 @@ static int reserve_remote(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRe
     r->prompt = malloc((size_t)n * sizeof *r->prompt);
     if (!r->prompt || tdm_kv_seq_prepare(d->rt->pool, &r->seq, n) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a reservation of %u tokens", n);
-    memcpy(r->prompt, m->prompt_tokens, (size_t)r->n_prompt * sizeof *r->prompt);
+    memcpy(r->prompt, m->spec->prompt_tokens, (size_t)r->n_prompt * sizeof *r->prompt);
     if (r->n_output)
-        memcpy(r->prompt + r->n_prompt, m->output_tokens, (size_t)r->n_output * sizeof *r->prompt);
+        memcpy(r->prompt + r->n_prompt, m->spec->output_tokens,
+               (size_t)r->n_output * sizeof *r->prompt);
     if (tdm_kv_seq_reserve(d->rt->pool, &r->seq, n) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free",
                              (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, n),
@@ -190,7 +163,7 @@ static int reserve_fork(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRese
     r->prompt = malloc((size_t)r->n_prompt * sizeof *r->prompt);
     if (!r->prompt)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a fork");
-    memcpy(r->prompt, m->prompt_tokens, (size_t)r->n_prompt * sizeof *r->prompt);
+    memcpy(r->prompt, m->spec->prompt_tokens, (size_t)r->n_prompt * sizeof *r->prompt);
     r->fork_of = m->fork_of;
     d->forks[d->n_forks++] = r;
     if (!r->base.deadline_ms)
@@ -266,14 +239,15 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     tdm_node_attempt_t att;
     tdm_sampling_params_t sp;
     tdm_error_t err = {0};
+    const char *label = m->spec ? m->spec->request_id : NULL;
     if (tdm_frame_expired(f, tdm_net_now_ms())) {
         /* The request's deadline passed while the reservation sat unread (this node was
          * paused): a reservation made now would hold blocks for nobody. One the router gave up
          * on earlier is freed by the NodeCancel it sends for the late answer. */
-        TDM_LOG_INFOF(d->log, m->request_id,
+        TDM_LOG_INFOF(d->log, label,
                       "reservation of attempt %016" PRIx64
                       " arrived after its deadline; not reserved",
-                      m->attempt_id);
+                      m->spec ? m->spec->attempt_id : 0);
         tdm_sock_reply_error(s, f, TDM_EDEADLINE, "the reservation arrived after its deadline");
         goto out_free;
     }
@@ -289,12 +263,12 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
         goto out_free;
     }
     r->sp = sp;
-    r->n_prompt = (uint32_t)m->n_prompt_tokens;
-    r->n_output = (uint32_t)m->n_output_tokens;
+    r->n_prompt = (uint32_t)m->spec->n_prompt_tokens;
+    r->n_output = (uint32_t)m->spec->n_output_tokens;
     r->no_speculation = m->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
-    r->base.deadline_ms = m->deadline_unix_ms;
+    r->base.deadline_ms = m->spec->deadline_unix_ms;
     r->t_reserved = tdm_time_now();
-    rc = tdm_node_constraint(d->rt->grammars, m->constraint, &r->base.grammar, &err);
+    rc = tdm_node_constraint(d->rt->grammars, m->spec->constraint, &r->base.grammar, &err);
     if (rc == TDM_OK)
         rc = reserve_kind(d, r, m, &err);
     if (rc != TDM_OK) {

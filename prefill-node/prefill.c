@@ -49,7 +49,8 @@ static void drop(void *h, tdm_node_req_t *r)
         tdm_kv_sender_cancel(p->senders[t->backend], r->att.attempt_id);
 }
 
-/* The PrefillTask's fields a node checks before taking it: TDM_EINVALID with the message. */
+/* The PrefillTask's fields a node checks before taking it (its spec: tdm_node_spec_check):
+ * TDM_EINVALID with the message. */
 static int check_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m, tdm_sampling_params_t *sp,
                       tdm_error_t *err)
 {
@@ -60,7 +61,7 @@ static int check_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m, tdm_sa
     if (m->kv_transport && m->kv_transport[0] &&
         tdm_kv_backend_parse(m->kv_transport, &b, err) != TDM_OK)
         return TDM_EINVALID;
-    return tdm_node_sampling(m->sampling, m->max_tokens, p->rt->n_vocab, sp, err);
+    return tdm_node_spec_check(m->spec, p->rt->n_ctx, p->rt->n_vocab, sp, err);
 }
 
 /* Takes a checked task: an entry, and its prompt into the worker. */
@@ -73,36 +74,36 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
         return;
     }
     tdm_error_t err = {0};
-    if (tdm_node_constraint(p->rt->grammars, m->constraint, &t->base.grammar, &err) != TDM_OK) {
+    const Tandem__V1__SequenceSpec *spec = m->spec;
+    if (tdm_node_constraint(p->rt->grammars, spec->constraint, &t->base.grammar, &err) != TDM_OK) {
         tdm_node_req_fail(p->node, &t->base, err.code, false, err.msg);
         return;
     }
     /* a migrated request resumes after output_tokens: the worker prefills them with the prompt
      * and samples the next output index */
     tdm_worker_req_t req = {.request_id = att->key,
-                            .prompt = m->prompt_tokens,
-                            .n_prompt = (uint32_t)m->n_prompt_tokens,
+                            .prompt = spec->prompt_tokens,
+                            .n_prompt = (uint32_t)spec->n_prompt_tokens,
                             .sampling = sp,
                             .user = t,
-                            .output = m->output_tokens,
-                            .n_output = (uint32_t)m->n_output_tokens,
+                            .output = spec->output_tokens,
+                            .n_output = (uint32_t)spec->n_output_tokens,
                             .grammar = t->base.grammar};
-    if (m->n_prompt_tokens > UINT32_MAX || m->n_output_tokens > UINT32_MAX ||
-        tdm_worker_add(p->rt->worker, &req, &err) != TDM_OK) {
-        tdm_node_req_fail(p->node, &t->base, err.code ? err.code : TDM_EINVALID,
-                          err.code == TDM_ERESOURCE, err.msg[0] ? err.msg : "prompt too long");
+    int rc = tdm_worker_add(p->rt->worker, &req, &err);
+    if (rc != TDM_OK) {
+        tdm_node_req_fail(p->node, &t->base, rc, rc == TDM_ERESOURCE, err.msg);
         return;
     }
     t->in_worker = true;
     snprintf(t->decode_ep, sizeof t->decode_ep, "%s", m->decode_kv_endpoint);
     snprintf(t->decode_id, sizeof t->decode_id, "%s", m->decode_node_id ? m->decode_node_id : "");
-    t->backend = TDM_KV_BACKEND_TCP; /* "" from an older router; check_task parsed the rest */
+    t->backend = TDM_KV_BACKEND_TCP; /* "" means tcp; check_task parsed the rest */
     if (m->kv_transport && m->kv_transport[0])
         tdm_kv_backend_parse(m->kv_transport, &t->backend, NULL);
-    t->base.deadline_ms = m->deadline_unix_ms;
+    t->base.deadline_ms = spec->deadline_unix_ms;
     TDM_LOG_DEBUGF(p->log, att->label,
                    "prefill task attempt=%s prompt_tokens=%zu output_tokens=%zu decode=%s",
-                   att->key, m->n_prompt_tokens, m->n_output_tokens, t->decode_id);
+                   att->key, spec->n_prompt_tokens, spec->n_output_tokens, t->decode_id);
 }
 
 static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
@@ -116,7 +117,7 @@ static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
     tdm_error_t err = {0};
     tdm_node_attempt_t att;
     tdm_sampling_params_t sp;
-    if (tdm_node_attempt_init(&att, m->request_id, m->attempt_id, f->instance_id, &err) != 0)
+    if (tdm_node_spec_attempt(m->spec, f->instance_id, &att, &err) != 0)
         TDM_LOG_WARNF(p->log, NULL, "dropped a PrefillTask: %s", err.msg);
     else if (tdm_node_req_find(p->node, att.attempt_id))
         /* the router never sends one attempt twice: a duplicate is dropped, the first runs */
@@ -183,18 +184,18 @@ static void on_event(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev)
 
 /* The decode node acknowledged the KV: the prefill node's part is done. The router gets the
  * sender's measured time (send until acknowledgement) for its KV-transfer histogram, in a
- * Finished of this attempt from this node (docs/protocol.md). */
+ * KvShipped of this attempt (docs/protocol.md). */
 static void report_shipped(tdm_prefill_t *p, const ptask_t *t, const tdm_kv_send_done_t *d)
 {
     TDM_LOG_DEBUGF(p->log, d->request_id, "KV shipped bytes=%" PRIu64 " seconds=%.4f", d->bytes,
                    d->seconds);
-    Tandem__V1__Finished fin = TANDEM__V1__FINISHED__INIT;
-    fin.request_id = (char *)(uintptr_t)t->base.att.label;
-    fin.attempt_id = t->base.att.attempt_id;
-    fin.kv_transfer_s = d->seconds;
-    fin.kv_transfer_bytes = d->bytes;
-    tdm_sock_notify(tdm_node_sock(p->node), NULL, 0, TANDEM__V1__METHOD__METHOD_FINISHED,
-                    &fin.base);
+    Tandem__V1__KvShipped ks = TANDEM__V1__KV_SHIPPED__INIT;
+    ks.request_id = (char *)(uintptr_t)t->base.att.label;
+    ks.attempt_id = t->base.att.attempt_id;
+    ks.kv_transfer_s = d->seconds;
+    ks.kv_transfer_bytes = d->bytes;
+    tdm_sock_notify(tdm_node_sock(p->node), NULL, 0, TANDEM__V1__METHOD__METHOD_KV_SHIPPED,
+                    &ks.base);
 }
 
 static void on_sent(tdm_prefill_t *p, const tdm_kv_send_done_t *d)

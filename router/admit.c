@@ -10,7 +10,7 @@
  * to go as the mean of the tracked ones, or as the new request's max_tokens when none is
  * tracked.
  *
- * The step times are the nodes' decode passes (Heartbeat.decode_step_s and
+ * The step times are the nodes' decode passes (NodeLoad.decode_step_s and
  * decode_batch_size: a pass of decode rows only); a node that prefills its own prompts also
  * runs passes of whole prompts, which are not what its decode tokens cost (taking them for
  * decode passes refused 55 of 64 requests of a 32-client load on a colocated node, each
@@ -141,7 +141,7 @@ static rt_admit_load_t node_load(const tdm_router_t *r, const rt_node_t *n, size
         l.n_ahead += share;
         l.tokens_ahead += queued_tokens / n_queued * share;
     }
-    uint32_t reported = n->running + n->waiting;
+    uint32_t reported = n->load.running + n->load.waiting;
     if (reported > l.n_ahead) {
         uint64_t mean = l.n_ahead ? l.tokens_ahead / l.n_ahead : tokens_left(self);
         l.tokens_ahead += (reported - l.n_ahead) * mean;

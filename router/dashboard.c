@@ -194,24 +194,26 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
     json_t *nodes = json_array();
     uint64_t used = 0, total = 0;
     for (size_t i = 0; nodes && i < cs->n_nodes; i++) {
+        static const Tandem__V1__NodeLoad no_load = TANDEM__V1__NODE_LOAD__INIT;
         const Tandem__V1__NodeStatus *n = cs->nodes[i];
+        const Tandem__V1__NodeLoad *ld = n->load ? n->load : &no_load;
         json_t *o = json_pack(
             "{s:o, s:o, s:o, s:b, s:b, s:I, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:f, "
             "s:f}",
             "node_id", http_json_str(n->node_id), "role", http_json_str(n->role), "device",
             http_json_str(n->device), "up", n->up && !n->suspect, "suspect", n->up && n->suspect,
             "kv_blocks_total", (json_int_t)n->kv_blocks_total, "kv_blocks_used",
-            (json_int_t)n->kv_blocks_used, "kv_blocks_cached", (json_int_t)n->kv_blocks_cached,
+            (json_int_t)ld->kv_blocks_used, "kv_blocks_cached", (json_int_t)ld->kv_blocks_cached,
             "reserved_blocks", (json_int_t)n->reserved_blocks, "kv_used_pct",
-            pct(n->kv_blocks_used, n->kv_blocks_total), "running", (json_int_t)n->running,
-            "waiting", (json_int_t)n->waiting, "batch_size", (json_int_t)n->batch_size,
-            "queued_prefill_tokens", (json_int_t)n->queued_prefill_tokens, "prefix_queries",
-            (json_int_t)n->prefix_queries, "prefix_hits", (json_int_t)n->prefix_hits,
-            "step_time_ms", n->step_time_s * 1e3, "last_heartbeat_age_s", n->last_heartbeat_age_s);
+            pct(ld->kv_blocks_used, n->kv_blocks_total), "running", (json_int_t)ld->running,
+            "waiting", (json_int_t)ld->waiting, "batch_size", (json_int_t)ld->batch_size,
+            "queued_prefill_tokens", (json_int_t)ld->queued_prefill_tokens, "prefix_queries",
+            (json_int_t)ld->prefix_queries, "prefix_hits", (json_int_t)ld->prefix_hits,
+            "step_time_ms", ld->step_s * 1e3, "last_heartbeat_age_s", n->last_heartbeat_age_s);
         if (o)
             json_array_append_new(nodes, o);
         if (n->up && strcmp(n->role, "decode") == 0) {
-            used += n->kv_blocks_used;
+            used += ld->kv_blocks_used;
             total += n->kv_blocks_total;
         }
     }

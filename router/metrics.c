@@ -184,26 +184,24 @@ static Tandem__V1__MetricFamily *histogram_iterations(mb_t *b, const char *name,
                             (double)m->iteration_tokens);
 }
 
-void rt_metrics_iterations(tdm_router_t *r, rt_node_t *n, const Tandem__V1__Heartbeat *h)
+void rt_metrics_iterations(tdm_router_t *r, rt_node_t *n, uint64_t instance_id)
 {
-    if (h->n_iteration_tokens_counts != TDM_WORKER_ITERATION_BUCKETS)
-        return;
-    if (n->iter_instance != h->instance_id) { /* a new process: it counts from 0 */
-        n->iter_instance = h->instance_id;
+    if (n->iter_instance != instance_id) { /* a new process: it counts from 0 */
+        n->iter_instance = instance_id;
         memset(n->iter_counts, 0, sizeof n->iter_counts);
         n->iter_tokens = 0;
     }
     tdm_router_metrics_t *m = &r->metrics;
     for (size_t i = 0; i < TDM_WORKER_ITERATION_BUCKETS; i++) {
-        uint64_t now = h->iteration_tokens_counts[i];
+        uint64_t now = n->load.iteration_counts[i];
         if (now > n->iter_counts[i]) { /* a counter only grows: an older beat adds nothing */
             m->iteration_counts[i] += now - n->iter_counts[i];
             n->iter_counts[i] = now;
         }
     }
-    if (h->iteration_tokens_sum > n->iter_tokens) {
-        m->iteration_tokens += h->iteration_tokens_sum - n->iter_tokens;
-        n->iter_tokens = h->iteration_tokens_sum;
+    if (n->load.iteration_tokens > n->iter_tokens) {
+        m->iteration_tokens += n->load.iteration_tokens - n->iter_tokens;
+        n->iter_tokens = n->load.iteration_tokens;
     }
 }
 
@@ -284,27 +282,27 @@ static double nv_failures(const rt_node_t *n)
 }
 static double nv_prefix_queries(const rt_node_t *n)
 {
-    return (double)n->prefix_queries;
+    return (double)n->load.prefix_queries;
 }
 static double nv_prefix_hits(const rt_node_t *n)
 {
-    return (double)n->prefix_hits;
+    return (double)n->load.prefix_hits;
 }
 static double nv_stale_router_frames(const rt_node_t *n)
 {
-    return (double)n->stale_router_frames;
+    return (double)n->load.stale_router_frames;
 }
 static double nv_running(const rt_node_t *n)
 {
-    return n->running;
+    return n->load.running;
 }
 static double nv_waiting(const rt_node_t *n)
 {
-    return n->waiting;
+    return n->load.waiting;
 }
 static double nv_kv_used(const rt_node_t *n)
 {
-    return n->kv_used;
+    return n->load.kv_blocks_used;
 }
 static double nv_kv_capacity(const rt_node_t *n)
 {
@@ -312,7 +310,7 @@ static double nv_kv_capacity(const rt_node_t *n)
 }
 static double nv_kv_cached(const rt_node_t *n)
 {
-    return n->kv_cached;
+    return n->load.kv_blocks_cached;
 }
 static double nv_kv_reserved(const rt_node_t *n)
 {
@@ -320,31 +318,31 @@ static double nv_kv_reserved(const rt_node_t *n)
 }
 static double nv_batch(const rt_node_t *n)
 {
-    return n->batch_size;
+    return n->load.batch_size;
 }
 static double nv_queued_prefill(const rt_node_t *n)
 {
-    return (double)n->queued_prefill_tokens;
+    return (double)n->load.queued_prefill_tokens;
 }
 static double nv_step(const rt_node_t *n)
 {
-    return n->step_time_s;
+    return n->load.step_s;
 }
 static double nv_proc_rss(const rt_node_t *n)
 {
-    return (double)n->proc_rss;
+    return (double)n->load.process_resident_bytes;
 }
 static double nv_proc_cpu(const rt_node_t *n)
 {
-    return n->proc_cpu_s;
+    return n->load.process_cpu_seconds;
 }
 static double nv_proc_fds(const rt_node_t *n)
 {
-    return n->proc_fds;
+    return n->load.process_open_fds;
 }
 static double nv_kv_usage(const rt_node_t *n)
 {
-    return n->kv_blocks_total ? (double)n->kv_used / n->kv_blocks_total : 0;
+    return n->kv_blocks_total ? (double)n->load.kv_blocks_used / n->kv_blocks_total : 0;
 }
 
 /* tandem_requests_total by status and finish reason. */
@@ -838,15 +836,15 @@ static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
 
 static double nv_spec_drafts(const rt_node_t *n)
 {
-    return (double)n->spec_drafts;
+    return (double)n->load.spec_drafts;
 }
 static double nv_spec_draft_tokens(const rt_node_t *n)
 {
-    return (double)n->spec_draft_tokens;
+    return (double)n->load.spec_draft_tokens;
 }
 static double nv_spec_accepted_tokens(const rt_node_t *n)
 {
-    return (double)n->spec_accepted_tokens;
+    return (double)n->load.spec_accepted_tokens;
 }
 
 /* tandem_spec_decode_*: drafts verified, draft tokens proposed and accepted, per decode node

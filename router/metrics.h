@@ -39,13 +39,13 @@ int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsRespon
  * TDM_ERESOURCE (out of memory; *text NULL). Caller frees *text with free(). */
 int tdm_router_metrics_text(const tdm_router_t *r, char **text, size_t *len);
 
-/* Adds what heartbeat h of node n says about its forward passes beyond what n's instance had
- * reported before (Heartbeat.iteration_tokens_counts, _sum: since the node process started)
- * to r->metrics.iteration_counts and iteration_tokens; a new instance starts from 0. A
- * heartbeat without the counts, or with another number of buckets than
- * TDM_WORKER_ITERATION_BUCKETS, adds nothing. Router thread. Cannot fail. */
+/* Adds what the load n just got from a heartbeat of instance instance_id says about its
+ * forward passes beyond what that instance had reported before (NodeLoad.iteration_tokens_counts,
+ * _sum: since the node process started) to r->metrics.iteration_counts and iteration_tokens; a
+ * new instance starts from 0. A load without the counts (all 0) adds nothing. Router thread.
+ * Cannot fail. */
 struct rt_node;
-void rt_metrics_iterations(tdm_router_t *r, struct rt_node *n, const Tandem__V1__Heartbeat *h);
+void rt_metrics_iterations(tdm_router_t *r, struct rt_node *n, uint64_t instance_id);
 
 /* Answers a METRICS REQUEST frame f on the router's client endpoint with
  * MetricsResponse{text}, or END RESOURCE_EXHAUSTED. Call it on the router's thread. */

@@ -102,6 +102,15 @@ void rt_node_notify(tdm_router_t *r, rt_node_t *n, int method, const ProtobufCMe
 
 /* ---- failures ---- */
 
+/* Zeroes the gauges of a load (KV blocks, sequences, queued tokens); its counters and step
+ * times stay, as the node's last word. */
+static void load_gauges_zero(tdm_node_load_t *l)
+{
+    l->kv_blocks_free = l->kv_blocks_used = l->kv_blocks_cached = 0;
+    l->running = l->waiting = l->batch_size = 0;
+    l->queued_prefill_tokens = 0;
+}
+
 static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
 {
     n->up = false;
@@ -116,8 +125,7 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
     tdm_log_write(&r->log, TDM_LOG_WARN, NULL, kv, "node down");
     /* A down node holds nothing: its last heartbeat's load figures no longer mean anything
      * (its process is gone or stopping), so Status and /metrics must not show them. */
-    n->kv_free = n->kv_used = n->kv_cached = n->running = n->waiting = n->batch_size = 0;
-    n->queued_prefill_tokens = 0;
+    load_gauges_zero(&n->load);
     rt_sched_node_down(r, n, reason);
 }
 
@@ -406,7 +414,6 @@ static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
     n->registered = true;
     n->up = true;
     n->instance_id = m->instance_id;
-    n->proto_minor = f->version_major == TDM_PROTOCOL_MAJOR ? f->version_minor : 0;
     node_seen(r, n);
     n->kv_blocks_total = m->kv_blocks_total;
     n->max_running = m->max_running;
@@ -415,9 +422,8 @@ static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
     snprintf(n->device, sizeof n->device, "%s", m->device);
     rt_place_from(&n->place, m);
     if (!again) {
-        n->kv_free = m->kv_blocks_total;
-        n->kv_used = n->kv_cached = n->running = n->waiting = n->batch_size = 0;
-        n->queued_prefill_tokens = 0;
+        load_gauges_zero(&n->load);
+        n->load.kv_blocks_free = m->kv_blocks_total;
         n->tokens_since_hb = 0;
         n->reserved_pending = n->reserved_acked = 0;
         n->n_pending = 0;
@@ -506,30 +512,10 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
         return;
     }
     node_seen(r, n);
-    rt_metrics_iterations(r, n, h);
-    n->kv_free = h->kv_blocks_free;
-    n->kv_used = h->kv_blocks_used;
-    n->kv_cached = h->kv_blocks_cached;
-    n->running = h->running;
-    n->waiting = h->waiting;
-    n->queued_prefill_tokens = h->queued_prefill_tokens;
-    n->prefix_queries = h->prefix_queries;
-    n->prefix_hits = h->prefix_hits;
-    n->spec_drafts = h->spec_drafts;
-    n->spec_draft_tokens = h->spec_draft_tokens;
-    n->spec_accepted_tokens = h->spec_accepted_tokens;
-    n->stale_router_frames = h->stale_router_frames;
-    n->batch_size = h->batch_size;
-    n->proc_rss = h->process_resident_bytes;
-    n->proc_cpu_s = h->process_cpu_seconds;
-    n->proc_fds = h->process_open_fds;
-    double sum = 0;
-    for (size_t i = 0; i < h->n_recent_step_s; i++)
-        sum += h->recent_step_s[i];
-    if (h->n_recent_step_s)
-        n->step_time_s = sum / (double)h->n_recent_step_s;
+    tdm_node_load_from_proto(h->load, &n->load);
+    rt_metrics_iterations(r, n, h->instance_id);
     /* admission's step-time line: decode passes only (a local prefill pass is not one) */
-    rt_admit_observe(&n->step_fit, h->decode_batch_size, h->decode_step_s);
+    rt_admit_observe(&n->step_fit, n->load.decode_batch_size, n->load.decode_step_s);
     n->tokens_since_hb = 0;
     n->reserved_acked = 0;
     protobuf_c_message_free_unpacked(&h->base, NULL);
@@ -554,6 +540,7 @@ static void node_frame(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         switch (f->method) {
         case TANDEM__V1__METHOD__METHOD_TOKEN_EVENT: rt_stream_on_token(r, n, f); break;
         case TANDEM__V1__METHOD__METHOD_FINISHED: rt_stream_on_finished(r, n, f); break;
+        case TANDEM__V1__METHOD__METHOD_KV_SHIPPED: rt_stream_on_kv_shipped(r, n, f); break;
         case TANDEM__V1__METHOD__METHOD_TASK_FAILED: rt_sched_task_failed(r, n, f); break;
         default:
             if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)

@@ -345,30 +345,24 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
     tdm_sock_reply(r->client, f, &resp.base);
 }
 
-/* Fills s with n's figures; dev (32 bytes) holds the device name s points to. */
+/* Fills s with n's figures; dev (32 bytes) holds the device name and *load the load s points
+ * to. */
 static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeStatus *s,
-                             char dev[32])
+                             char dev[32], Tandem__V1__NodeLoad *load)
 {
     tandem__v1__node_status__init(s);
     s->node_id = n->cfg->id;
     s->role = (char *)tdm_config_node_role_name(n->cfg->role);
     s->up = n->up;
     s->kv_blocks_total = n->kv_blocks_total;
-    s->kv_blocks_used = n->kv_used;
-    s->kv_blocks_cached = n->kv_cached;
-    s->running = n->running;
-    s->waiting = n->waiting;
-    s->queued_prefill_tokens = n->queued_prefill_tokens;
+    tdm_node_load_to_proto(&n->load, load);
+    s->load = load;
     s->last_heartbeat_age_s = rt_node_age(n, now);
-    s->prefix_queries = n->prefix_queries;
-    s->prefix_hits = n->prefix_hits;
-    s->step_time_s = n->step_time_s;
     if (n->device[0])
         snprintf(dev, 32, "%s", n->device);
     else
         tdm_config_device_format(n->cfg->device, dev, 32);
     s->device = dev;
-    s->batch_size = n->batch_size;
     s->reserved_blocks = n->reserved_pending + n->reserved_acked;
     /* also on a node that is up: another instance tried to take its id */
     if (n->refused_reason[0]) {
@@ -413,15 +407,16 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     Tandem__V1__NodeStatus *st = calloc(nn ? nn : 1, sizeof *st);
     Tandem__V1__NodeStatus **ptrs = calloc(nn ? nn : 1, sizeof *ptrs);
     char(*dev)[32] = calloc(nn ? nn : 1, sizeof *dev);
+    Tandem__V1__NodeLoad *loads = calloc(nn ? nn : 1, sizeof *loads);
     Tandem__V1__KvRoute *routes = calloc(nn ? nn * nn : 1, sizeof *routes);
     Tandem__V1__KvRoute **route_ptrs = calloc(nn ? nn * nn : 1, sizeof *route_ptrs);
-    if (!st || !ptrs || !dev || !routes || !route_ptrs) {
+    if (!st || !ptrs || !dev || !loads || !routes || !route_ptrs) {
         tdm_sock_reply_error(r->client, f, TDM_ERESOURCE, "out of memory");
         goto out_free;
     }
     double now = tdm_time_now();
     for (size_t i = 0; i < nn; i++) {
-        node_status_fill(&r->nodes[i], now, &st[i], dev[i]);
+        node_status_fill(&r->nodes[i], now, &st[i], dev[i], &loads[i]);
         ptrs[i] = &st[i];
     }
     Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];
@@ -443,6 +438,7 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
 out_free:
     free(route_ptrs);
     free(routes);
+    free(loads);
     free(dev);
     free(ptrs);
     free(st);

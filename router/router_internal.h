@@ -38,6 +38,7 @@
 #include "tandem/list.h"
 #include "tandem/model.h"
 #include "tandem/net.h"
+#include "tandem/node_load.h"
 #include "tandem/proto.h"
 #include "tandem/sampling.h"
 #include "tandem/tokenizer.h"
@@ -105,7 +106,6 @@ typedef struct rt_node {
     bool suspect;         /* up, but silent for more than the heartbeat timeout: no new work is
                              dispatched to it, its running work continues; any message clears it */
     uint64_t instance_id; /* the registered instance (FrameHeader.instance_id) */
-    uint32_t proto_minor; /* its protocol minor version (a decode node forks from 1.7 on) */
     uint8_t peer[TDM_NET_PEER_MAX]; /* routing id of the registered instance's connection:
                                        only messages from it are this node's */
     size_t peer_len;
@@ -123,18 +123,11 @@ typedef struct rt_node {
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
     char device[32];
     rt_place_t place; /* host and GPUs, for the KV transport choice (transport.c) */
-    /* last heartbeat (nodes.c; kv_blocks_free = kv_blocks_total right after registering;
-     * scheduler.c zeroes kv_free and kv_cached when a reservation is refused for room) */
-    uint32_t kv_free, kv_used, kv_cached, running, waiting, batch_size;
-    uint64_t proc_rss; /* the node process's resident bytes (last heartbeat; 0: older node) */
-    double proc_cpu_s; /* its CPU seconds */
-    uint32_t proc_fds; /* its open file descriptors */
-    uint64_t queued_prefill_tokens, prefix_queries, prefix_hits;
-    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* cumulative per node
-                                                                      process (heartbeats) */
-    uint64_t stale_router_frames; /* frames of another router instance the node dropped
-                                     (cumulative per node process, heartbeats) */
-    double step_time_s;
+    /* its last heartbeat's load (nodes.c; kv_blocks_free = kv_blocks_total right after
+     * registering, the gauges zeroed when it goes down; scheduler.c zeroes kv_blocks_free and
+     * kv_blocks_cached when a reservation is refused for room). Counters are cumulative per
+     * node process. */
+    tdm_node_load_t load;
     /* what its instance iter_instance last reported of its forward passes (heartbeats;
      * rt_metrics_iterations adds what is new to r->metrics) */
     uint64_t iter_instance;

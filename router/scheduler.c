@@ -96,12 +96,13 @@ static uint64_t next_attempt(tdm_router_t *r)
 /* Decode blocks the router believes free on n (heartbeat free + cached - reservations). */
 static int64_t decode_room(const rt_node_t *n)
 {
-    return (int64_t)n->kv_free + n->kv_cached - n->reserved_pending - n->reserved_acked;
+    return (int64_t)n->load.kv_blocks_free + n->load.kv_blocks_cached - n->reserved_pending -
+           n->reserved_acked;
 }
 
 static uint64_t prefill_load(const rt_node_t *n)
 {
-    return n->queued_prefill_tokens + n->tokens_since_hb;
+    return n->load.queued_prefill_tokens + n->tokens_since_hb;
 }
 
 /* A prefill node new work may go to (up and not suspect). */
@@ -407,7 +408,7 @@ static bool pending_room(rt_node_t *n)
  * for a stalled one). */
 static uint64_t reserve_timeout_ms(const tdm_router_t *r, const rt_node_t *n)
 {
-    double step_ms = n->step_time_s > 0 && n->step_time_s < 600 ? n->step_time_s * 1000.0 : 0;
+    double step_ms = n->load.step_s > 0 && n->load.step_s < 600 ? n->load.step_s * 1000.0 : 0;
     return r->hb_timeout_ms + (uint64_t)(2.0 * step_ms);
 }
 
@@ -422,6 +423,29 @@ static Tandem__V1__Constraint *constraint_of(const rt_req_t *q, Tandem__V1__Cons
     c->text = q->gbnf;
     c->hash = q->gbnf_hash;
     return c;
+}
+
+/* Attempt `attempt` of q as the nodes get it in *spec: the one SequenceSpec its DecodeReserve
+ * and its PrefillTask both carry (the same fields from the same function, so the two nodes
+ * see one request). n_output: the output tokens the attempt resumes after (q->next_index when
+ * it is reserved, which stays its q->resume_index). spec's pointers point into q, *sp and *c,
+ * filled here. Cannot fail. */
+static void spec_of(const rt_req_t *q, uint64_t attempt, uint32_t n_output,
+                    tdm_proto_sampling_t *sp, Tandem__V1__Constraint *c,
+                    Tandem__V1__SequenceSpec *spec)
+{
+    tdm_proto_sampling_to(&q->sp, sp);
+    tandem__v1__sequence_spec__init(spec);
+    spec->request_id = (char *)q->id;
+    spec->attempt_id = attempt;
+    spec->n_prompt_tokens = q->n_prompt;
+    spec->prompt_tokens = q->prompt;
+    spec->n_output_tokens = n_output; /* a migrated request resumes after them */
+    spec->output_tokens = n_output ? q->output : NULL;
+    spec->sampling = &sp->m;
+    spec->max_tokens = q->sp.max_tokens;
+    spec->constraint = constraint_of(q, c);
+    spec->deadline_unix_ms = q->deadline_ms;
 }
 
 /* q is RESERVING on n under attempt (DecodeReserve call `call`, need blocks). */
@@ -447,25 +471,17 @@ static void attempt_begin(rt_req_t *q, rt_node_t *n, uint64_t attempt, uint64_t 
 static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need, uint64_t fork_of)
 {
     bool local = fork_of || !any_prefill_up(r);
-    tdm_proto_sampling_t sp;
-    tdm_proto_sampling_to(&q->sp, &sp);
     uint64_t attempt = next_attempt(r);
+    tdm_proto_sampling_t sp;
+    Tandem__V1__Constraint c;
+    Tandem__V1__SequenceSpec spec;
+    spec_of(q, attempt, q->next_index, &sp, &c, &spec);
     Tandem__V1__DecodeReserve m = TANDEM__V1__DECODE_RESERVE__INIT;
-    m.request_id = q->id;
-    m.attempt_id = attempt;
-    m.n_prompt_tokens = q->n_prompt;
-    m.prompt_tokens = q->prompt;
-    m.n_output_tokens = q->next_index; /* a migrated request resumes after them */
-    m.output_tokens = q->next_index ? q->output : NULL;
-    m.sampling = &sp.m;
-    m.max_tokens = q->sp.max_tokens;
+    m.spec = &spec;
     m.local_prefill = local && !fork_of;
     m.fork_of = fork_of;
-    m.deadline_unix_ms = q->deadline_ms;
     m.speculative = q->no_speculation ? TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF
                                       : TANDEM__V1__SPECULATIVE__SPECULATIVE_AUTO;
-    Tandem__V1__Constraint c;
-    m.constraint = constraint_of(q, &c);
     if (!pending_room(n))
         return tdm_error_set(&r->err, TDM_ERESOURCE, "router out of memory");
     uint64_t call = r->next_call++;
@@ -507,8 +523,8 @@ static int dispatch_fork(tdm_router_t *r, rt_req_t *q)
 {
     const rt_req_t *p = q->group->kids[0];
     if (q->no_fork || q->next_index > 0 || !p || !p->decode || p->state == RT_QUEUED ||
-        p->resume_index > 0 || p->redispatches > 0 || p->fork || p->decode->proto_minor < 7 ||
-        !rt_node_dispatchable(p->decode) || q->tried[p->decode->index])
+        p->resume_index > 0 || p->redispatches > 0 || p->fork || !rt_node_dispatchable(p->decode) ||
+        q->tried[p->decode->index])
         return 1;
     /* its own blocks: the one holding the last prompt position, and the output after it */
     uint32_t need =
@@ -633,22 +649,14 @@ bool rt_redispatch(tdm_router_t *r, rt_req_t *q, bool count, int status, const c
 static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
 {
     tdm_proto_sampling_t sp;
-    tdm_proto_sampling_to(&q->sp, &sp);
+    Tandem__V1__Constraint c;
+    Tandem__V1__SequenceSpec spec;
+    spec_of(q, q->attempt_id, q->resume_index, &sp, &c, &spec);
     Tandem__V1__PrefillTask t = TANDEM__V1__PREFILL_TASK__INIT;
-    t.request_id = q->id;
-    t.attempt_id = q->attempt_id;
-    t.n_prompt_tokens = q->n_prompt;
-    t.prompt_tokens = q->prompt;
-    t.n_output_tokens = q->resume_index; /* a migrated request resumes after them */
-    t.output_tokens = q->resume_index ? q->output : NULL;
-    t.sampling = &sp.m;
-    t.max_tokens = q->sp.max_tokens;
+    t.spec = &spec;
     t.decode_node_id = (char *)q->decode->cfg->id;
     t.decode_kv_endpoint = q->decode->kv_endpoint ? q->decode->kv_endpoint : (char *)"";
     t.kv_transport = (char *)tdm_kv_backend_name(rt_transport_choose(&p->place, &q->decode->place));
-    t.deadline_unix_ms = q->deadline_ms;
-    Tandem__V1__Constraint c;
-    t.constraint = constraint_of(q, &c);
     rt_node_notify(r, p, TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base);
     q->prefill = p;
     p->tokens_since_hb += q->n_prompt + q->resume_index;
@@ -724,7 +732,8 @@ static void reserve_refused(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
 {
     if (f->status == TDM_ERESOURCE) {
         r->metrics.reserve_rejects++;
-        n->kv_free = n->kv_cached = 0; /* until its next heartbeat says otherwise */
+        n->load.kv_blocks_free = n->load.kv_blocks_cached =
+            0; /* until its next heartbeat says otherwise */
     }
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
                   "decode node %s refused the reservation (%s: %s); trying another", n->cfg->id,

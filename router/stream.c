@@ -695,13 +695,27 @@ void rt_stream_on_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         (Tandem__V1__Finished *)tdm_frame_unpack(f, &tandem__v1__finished__descriptor);
     if (!fin)
         return;
-    rt_req_t *q = rt_req_for_event(r, n, fin->request_id, fin->attempt_id, true, true, "Finished");
-    if (q && n == q->prefill) /* its KV acknowledged: the sender-measured transfer time */
-        q->kv_transfer_s = fin->kv_transfer_s;
-    else if (q && q->state != RT_RUNNING)
+    rt_req_t *q = rt_req_for_event(r, n, fin->request_id, fin->attempt_id, false, true, "Finished");
+    if (q && q->state != RT_RUNNING)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, fin->request_id, NULL,
                       "ignoring Finished from %s (request not running yet)", n->cfg->id);
     else if (q)
         finished(r, q, fin);
     protobuf_c_message_free_unpacked(&fin->base, NULL);
+}
+
+void rt_stream_on_kv_shipped(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
+{
+    Tandem__V1__KvShipped *ks =
+        (Tandem__V1__KvShipped *)tdm_frame_unpack(f, &tandem__v1__kv_shipped__descriptor);
+    if (!ks)
+        return;
+    rt_req_t *q = rt_req_for_event(r, n, ks->request_id, ks->attempt_id, true, false, "KvShipped");
+    if (q) { /* its KV acknowledged: the sender-measured transfer time */
+        q->kv_transfer_s = ks->kv_transfer_s;
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, ks->request_id, NULL,
+                      "KV shipped by %s bytes=%" PRIu64 " seconds=%.4f", n->cfg->id,
+                      ks->kv_transfer_bytes, ks->kv_transfer_s);
+    }
+    protobuf_c_message_free_unpacked(&ks->base, NULL);
 }

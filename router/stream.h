@@ -18,6 +18,11 @@ void rt_stream_on_token(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
  * Finished.completion_tokens is delivered (at once when they all are). */
 void rt_stream_on_finished(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
 
+/* A KvShipped frame from prefill node n: the decode node acknowledged the attempt's KV; its
+ * kv_transfer_s (sender-measured) replaces the decode node's estimate in the request's
+ * timings and the KV-transfer histogram. */
+void rt_stream_on_kv_shipped(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
+
 /* A streaming request that fails after tokens were delivered: sends the last GenerateChunk
  * with finish_reason ERROR (usage: the tokens delivered; timings), so a stream that breaks
  * says so in its last chunk before the END that carries the status (the caller sends it).

@@ -1371,17 +1371,19 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     d->instance_id = ns->instance_id;
     d->up = ns->up;
     d->suspect = ns->suspect;
+    static const Tandem__V1__NodeLoad no_load = TANDEM__V1__NODE_LOAD__INIT;
+    const Tandem__V1__NodeLoad *ld = ns->load ? ns->load : &no_load;
     d->kv_blocks_total = ns->kv_blocks_total;
-    d->kv_blocks_used = ns->kv_blocks_used;
-    d->kv_blocks_cached = ns->kv_blocks_cached;
+    d->kv_blocks_used = ld->kv_blocks_used;
+    d->kv_blocks_cached = ld->kv_blocks_cached;
     d->reserved_blocks = ns->reserved_blocks;
-    d->running = ns->running;
-    d->waiting = ns->waiting;
-    d->batch_size = ns->batch_size;
-    d->queued_prefill_tokens = ns->queued_prefill_tokens;
-    d->prefix_queries = ns->prefix_queries;
-    d->prefix_hits = ns->prefix_hits;
-    d->step_time_s = ns->step_time_s;
+    d->running = ld->running;
+    d->waiting = ld->waiting;
+    d->batch_size = ld->batch_size;
+    d->queued_prefill_tokens = ld->queued_prefill_tokens;
+    d->prefix_queries = ld->prefix_queries;
+    d->prefix_hits = ld->prefix_hits;
+    d->step_time_s = ld->step_s;
     d->last_heartbeat_age_s = ns->last_heartbeat_age_s;
     return TDM_OK;
 }

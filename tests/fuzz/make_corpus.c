@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem/net.h"
 #include "tandem/proto.h"
 
 #define K(x) TANDEM__V1__FRAME_KIND__FRAME_KIND_##x
@@ -82,7 +83,7 @@ int main(int argc, char **argv)
     /* ROUTER: REQUEST HEALTH with an empty body */
     start(&in, 1);
     part(&in, "client-1", 8);
-    header(&in, 1, K(REQUEST), M(HEALTH), 1, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR, K(REQUEST), M(HEALTH), 1, 0, NULL, 0);
     part(&in, "", 0);
     save(dir, "router-health-request", &in);
 
@@ -91,7 +92,7 @@ int main(int argc, char **argv)
     hr.live = hr.ready = true;
     hr.version = "0.1.0";
     start(&in, 0);
-    header(&in, 1, K(END), M(HEALTH), 1, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR, K(END), M(HEALTH), 1, 0, NULL, 0);
     part_msg(&in, &hr.base);
     save(dir, "dealer-health-end", &in);
 
@@ -121,7 +122,7 @@ int main(int argc, char **argv)
     gr.stream = true;
     start(&in, 1);
     part(&in, "\x00\x80\x00\x00\x29", 5); /* a ZMQ-made routing id */
-    header(&in, 1, K(REQUEST), M(GENERATE), 7, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR, K(REQUEST), M(GENERATE), 7, 0, NULL, 0);
     part_msg(&in, &gr.base);
     save(dir, "router-generate-chat", &in);
 
@@ -137,13 +138,13 @@ int main(int argc, char **argv)
     gc.logprobs = lps;
     gc.text = "abc";
     start(&in, 0);
-    header(&in, 1, K(STREAM), M(GENERATE), 7, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR, K(STREAM), M(GENERATE), 7, 0, NULL, 0);
     part_msg(&in, &gc.base);
     save(dir, "dealer-generate-stream", &in);
 
     /* DEALER: END with an error status and message */
     start(&in, 0);
-    header(&in, 1, K(END), M(GENERATE), 7, 3, "max_tokens must be >= 1, got 0", 0);
+    header(&in, TDM_PROTOCOL_MAJOR, K(END), M(GENERATE), 7, 3, "max_tokens must be >= 1, got 0", 0);
     save(dir, "dealer-error-end", &in);
 
     /* ROUTER: KV_TRANSFER header + two data frames */
@@ -169,29 +170,32 @@ int main(int argc, char **argv)
         block[i] = (uint8_t)i;
     start(&in, 1);
     part(&in, "prefill-0", 9);
-    header(&in, 1, K(REQUEST), M(KV_TRANSFER), 9, 0, NULL, 2);
+    header(&in, TDM_PROTOCOL_MAJOR, K(REQUEST), M(KV_TRANSFER), 9, 0, NULL, 2);
     part_msg(&in, &kt.base);
     part(&in, block, sizeof block);
     part(&in, block, sizeof block);
     save(dir, "router-kv-transfer", &in);
 
-    /* ROUTER: NOTIFY Heartbeat (repeated doubles) */
+    /* ROUTER: NOTIFY Heartbeat (a sub-message with a packed repeated field) */
     Tandem__V1__Heartbeat hb = TANDEM__V1__HEARTBEAT__INIT;
-    double steps[2] = {0.01, 0.02};
+    Tandem__V1__NodeLoad load = TANDEM__V1__NODE_LOAD__INIT;
+    uint64_t counts[3] = {4, 2, 1};
     hb.node_id = "decode-0";
-    hb.kv_blocks_free = 100;
-    hb.n_recent_step_s = 2;
-    hb.recent_step_s = steps;
+    load.kv_blocks_free = 100;
+    load.step_s = 0.015;
+    load.n_iteration_tokens_counts = 3;
+    load.iteration_tokens_counts = counts;
+    hb.load = &load;
     start(&in, 1);
     part(&in, "decode-0", 8);
-    header(&in, 1, K(NOTIFY), M(HEARTBEAT), 0, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR, K(NOTIFY), M(HEARTBEAT), 0, 0, NULL, 0);
     part_msg(&in, &hb.base);
     save(dir, "router-heartbeat-notify", &in);
 
     /* malformed: another major version */
     start(&in, 1);
     part(&in, "c", 1);
-    header(&in, 2, K(REQUEST), M(HEALTH), 4, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR - 1, K(REQUEST), M(HEALTH), 4, 0, NULL, 0);
     save(dir, "bad-version", &in);
 
     /* malformed: garbage header */
@@ -201,20 +205,20 @@ int main(int argc, char **argv)
 
     /* malformed: n_data_frames does not match */
     start(&in, 0);
-    header(&in, 1, K(REQUEST), M(KV_TRANSFER), 4, 0, NULL, 3);
+    header(&in, TDM_PROTOCOL_MAJOR, K(REQUEST), M(KV_TRANSFER), 4, 0, NULL, 3);
     part(&in, block, 4);
     save(dir, "bad-n-data", &in);
 
     /* malformed: unknown kind */
     start(&in, 1);
     part(&in, "c", 1);
-    header(&in, 1, 9, M(HEALTH), 4, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR, 9, M(HEALTH), 4, 0, NULL, 0);
     save(dir, "bad-kind", &in);
 
     /* malformed: too many parts (drained beyond those kept) */
     start(&in, 1 | (3 << 1));
     part(&in, "c", 1);
-    header(&in, 1, K(REQUEST), M(HEALTH), 4, 0, NULL, 0);
+    header(&in, TDM_PROTOCOL_MAJOR, K(REQUEST), M(HEALTH), 4, 0, NULL, 0);
     save(dir, "bad-too-many-parts", &in);
     return 0;
 }

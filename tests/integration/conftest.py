@@ -137,7 +137,7 @@ class Cluster:
             except TimeoutError:  # a Status call that a busy router answered late: ask again
                 nodes = None
             if nodes is not None:
-                used = {k: (v.kv_blocks_used, v.running, v.waiting)
+                used = {k: (v.load.kv_blocks_used, v.load.running, v.load.waiting)
                         for k, v in nodes.items() if v.up}
                 if all(u == (0, 0, 0) for u in used.values()):
                     return nodes

@@ -29,7 +29,7 @@ def wait_step_time(cluster, nid, timeout_s=60):
     end = time.time() + timeout_s
     while time.time() < end:
         n = cluster.nodes()[nid]
-        if n.step_time_s > 0:
+        if n.load.step_s > 0:
             return n
         time.sleep(0.1)
     raise AssertionError(f"{nid} reports no step time")

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import Cluster, reference
-from tandem_client import Result, pb, prompt_request
+from tandem_client import PROTOCOL_MAJOR, Result, pb, prompt_request
 
 PROMPTS = [
     "The capital of France is",
@@ -222,7 +222,7 @@ def test_bad_chat_and_utf8_are_invalid_argument(cluster):
     # invalid UTF-8 cannot be put in a proto3 string from Python: craft the bytes by hand
     req = prompt_request(prompt="XXXX", max_tokens=4)
     raw = req.SerializeToString().replace(b"XXXX", b"\xff\xfe\xfd\xfc")
-    h = pb.FrameHeader(version_major=1, kind=pb.FRAME_KIND_REQUEST, method=pb.METHOD_GENERATE,
+    h = pb.FrameHeader(version_major=PROTOCOL_MAJOR, kind=pb.FRAME_KIND_REQUEST, method=pb.METHOD_GENERATE,
                        call_id=777)
     cl.send_raw([h.SerializeToString(), raw])
     got = cl.recv(10)
@@ -235,8 +235,8 @@ def test_garbage_frames_do_not_hurt(cluster):
     cl = cluster.client()
     for parts in ([b"\x00garbage"], [b"\xff" * 100, b"junk"], [b""], [b"x"] * 20):
         cl.send_raw(parts)
-    h = pb.FrameHeader(version_major=2, kind=pb.FRAME_KIND_REQUEST, method=pb.METHOD_HEALTH,
-                       call_id=99)
+    h = pb.FrameHeader(version_major=PROTOCOL_MAJOR + 1, kind=pb.FRAME_KIND_REQUEST,
+                       method=pb.METHOD_HEALTH, call_id=99)
     cl.send_raw([h.SerializeToString()])
     got = cl.recv(5)
     while got is not None and got[0].call_id != 99:
@@ -251,8 +251,8 @@ def test_no_blocks_leaked_after_the_suite(cluster):
     nodes = cluster.wait_idle(2.0)
     for n in nodes.values():
         assert n.up
-        assert n.kv_blocks_used == 0
-        assert n.running == 0 and n.waiting == 0
+        assert n.load.kv_blocks_used == 0
+        assert n.load.running == 0 and n.load.waiting == 0
 
 
 def test_prefix_aware_routing_reuses_the_cache(tmp_path):
@@ -272,7 +272,7 @@ def test_prefix_aware_routing_reuses_the_cache(tmp_path):
         # the figures travel with the next heartbeat (250 ms; later on a busy machine)
         end = time.time() + 30.0
         while True:
-            hits = {k: v.prefix_hits for k, v in c.nodes().items() if v.role == "prefill"}
+            hits = {k: v.load.prefix_hits for k, v in c.nodes().items() if v.role == "prefill"}
             if max(hits.values()) > 0 or time.time() > end:
                 break
             time.sleep(0.05)
@@ -307,10 +307,10 @@ def test_kill_decode_node_migrates_its_requests(tmp_path):
         end = time.time() + 30.0
         while True:
             nodes = c.nodes()
-            if all(nodes[d].running > 0 for d in c.decode_ids) or time.time() > end:
+            if all(nodes[d].load.running > 0 for d in c.decode_ids) or time.time() > end:
                 break
             time.sleep(0.05)
-        assert all(nodes[d].running > 0 for d in c.decode_ids), {k: v.running for k, v in nodes.items()}
+        assert all(nodes[d].load.running > 0 for d in c.decode_ids), {k: v.load.running for k, v in nodes.items()}
         t_kill = time.time()
         c.kill("decode-0")
         cl.collect(calls, timeout_s=300)

@@ -47,7 +47,7 @@ def wait_freed(cluster, nid, timeout_s=60.0):
     while time.time() < end:
         nodes = wait_heard_since(cluster, nid, time.time(), timeout_s=max(end - time.time(), 1))
         n = nodes[nid]
-        figures = (n.kv_blocks_used, n.running, n.waiting)
+        figures = (n.load.kv_blocks_used, n.load.running, n.load.waiting)
         if figures == (0, 0, 0):
             return
     raise AssertionError(f"{nid} still holds (kv_blocks_used, running, waiting) {figures}")

@@ -407,7 +407,7 @@ def wait_for(pred, what, timeout_s=60):
 def wait_running_with_blocks(cluster):
     """Waits until the router runs one request and decode-0 reports KV blocks for it (the
     block figures come with its heartbeats, so they lag by one)."""
-    wait_for(lambda: running(cluster) == 1 and cluster.nodes()["decode-0"].kv_blocks_used > 0,
+    wait_for(lambda: running(cluster) == 1 and cluster.nodes()["decode-0"].load.kv_blocks_used > 0,
              "one running request holding KV blocks on decode-0")
 
 

@@ -277,10 +277,10 @@ def test_prefix_cache_counters_come_from_the_heartbeats(cluster):
     while True:
         after = native(cluster)
         st = cluster.nodes()["prefill-0"]
-        if after[h] == st.prefix_hits and after[q] == st.prefix_queries and \
+        if after[h] == st.load.prefix_hits and after[q] == st.load.prefix_queries and \
                 delta(after, before, h) > 0:
             break
-        assert time.time() < end, (after[q], after[h], st.prefix_queries, st.prefix_hits)
+        assert time.time() < end, (after[q], after[h], st.load.prefix_queries, st.load.prefix_hits)
         time.sleep(0.1)
     assert delta(after, before, q) >= delta(after, before, h) >= 2  # 2+ shared full blocks
     assert delta(after, before, "tandem_prompt_tokens_cached_total") >= 2 * BLOCK_SIZE

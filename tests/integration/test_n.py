@@ -59,7 +59,7 @@ def node(cluster, name):
 def wait_kv_free(cluster):
     """The decode node's heartbeats report every block free again (none used)."""
     end = time.time() + 30
-    while node(cluster, "decode-0").kv_blocks_used != 0:
+    while node(cluster, "decode-0").load.kv_blocks_used != 0:
         assert time.time() < end, node(cluster, "decode-0")
         time.sleep(0.1)
 
@@ -70,7 +70,7 @@ def settled_prefix(cluster):
     end = time.time() + 30
     while True:
         st = node(cluster, "prefill-0")
-        cur = (st.prefix_queries, st.prefix_hits)
+        cur = (st.load.prefix_queries, st.load.prefix_hits)
         if cur == last:
             return cur
         assert time.time() < end
@@ -329,7 +329,7 @@ def test_disconnect_cancels_every_choice(cluster):
     end = time.time() + 60
     while True:
         st = node(cluster, "decode-0")
-        if st.kv_blocks_used == 0 and st.running == 0:
+        if st.load.kv_blocks_used == 0 and st.load.running == 0:
             break
         assert time.time() < end, st
         time.sleep(0.1)

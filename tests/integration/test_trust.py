@@ -17,7 +17,7 @@ import urllib.request
 import zmq
 
 from conftest import BINARIES, Cluster, free_port, reference
-from tandem_client import pb, prompt_request
+from tandem_client import PROTOCOL_MAJOR, PROTOCOL_MINOR, pb, prompt_request
 
 PROMPT_A = "The capital of France is"
 PROMPT_B = "Name three rivers:"
@@ -82,8 +82,8 @@ class FakeNode:
         self.work = []  # DecodeReserve / PrefillTask frames the router sent us
 
     def send(self, kind, method, body):
-        h = pb.FrameHeader(version_major=1, version_minor=1, kind=kind, method=method,
-                           call_id=self.call, instance_id=self.instance)
+        h = pb.FrameHeader(version_major=PROTOCOL_MAJOR, version_minor=PROTOCOL_MINOR, kind=kind,
+                           method=method, call_id=self.call, instance_id=self.instance)
         self.call += 1
         self.sock.send_multipart([h.SerializeToString(), body.SerializeToString()])
 
@@ -102,7 +102,8 @@ class FakeNode:
         return self.wait_end(pb.METHOD_REGISTER, 30)
 
     def heartbeat(self, node_id):
-        hb = pb.Heartbeat(node_id=node_id, kv_blocks_free=1000000, instance_id=self.instance)
+        hb = pb.Heartbeat(node_id=node_id, instance_id=self.instance,
+                          load=pb.NodeLoad(kv_blocks_free=1000000))
         self.send(pb.FRAME_KIND_NOTIFY, pb.METHOD_HEARTBEAT, hb)
 
     def drain(self, timeout_s=0.0):
@@ -401,8 +402,8 @@ def test_router_restart_stops_its_orphans(tmp_path):
         c.wait_up(c.prefill_ids + c.decode_ids, 90)
         wait_for(lambda: log_has(c, "decode-0", r"dispatched by router instance [0-9a-f]+, "
                                  r"which is gone"), 60, "decode-0 to drop the orphan")
-        nodes = wait_for(lambda: (lambda n: n if n["decode-0"].running == 0 and
-                                  n["decode-0"].kv_blocks_used == 0 else None)(c.nodes()),
+        nodes = wait_for(lambda: (lambda n: n if n["decode-0"].load.running == 0 and
+                                  n["decode-0"].load.kv_blocks_used == 0 else None)(c.nodes()),
                          60, "decode-0 to be idle")
         assert nodes["decode-0"].up
         # the new router serves as before

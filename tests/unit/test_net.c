@@ -523,8 +523,8 @@ static void test_version_mismatch(void **state)
     assert_int_equal(zmq_connect(raw, "inproc://version"), 0);
 
     Tandem__V1__FrameHeader h = TANDEM__V1__FRAME_HEADER__INIT;
-    h.version_major = 2;
-    h.version_minor = 0;
+    h.version_major = 1; /* the protocol before 2.0 */
+    h.version_minor = 9;
     h.kind = K_REQUEST;
     h.method = M_HEALTH;
     h.call_id = 42;
@@ -546,7 +546,7 @@ static void test_version_mismatch(void **state)
     assert_int_equal(r->method, M_HEALTH);
     assert_int_equal(r->status, 9); /* FAILED_PRECONDITION on the wire */
     assert_int_equal(r->version_major, TDM_PROTOCOL_MAJOR);
-    assert_string_equal(r->message, "protocol version 2.0 not supported; this node speaks 1.x");
+    assert_string_equal(r->message, "protocol version 1.9 not supported; this node speaks 2.x");
     tandem__v1__frame_header__free_unpacked(r, NULL);
     assert_non_null(strstr(logger_text(&lg), "refused a request"));
     assert_non_null(strstr(logger_text(&lg), "status=FAILED_PRECONDITION"));
@@ -785,7 +785,7 @@ static void test_dealer_side_validation(void **state)
     assert_non_null(c);
     Tandem__V1__Heartbeat hb = TANDEM__V1__HEARTBEAT__INIT;
     hb.node_id = "node-1";
-    hb.kv_blocks_free = 12;
+    hb.instance_id = 12;
     assert_int_equal(tdm_sock_notify(c, NULL, 0, M_HEARTBEAT, &hb.base), 0);
     size_t n;
     Tandem__V1__FrameHeader *r = raw_recv_header(raw, true, &n);
@@ -797,7 +797,7 @@ static void test_dealer_side_validation(void **state)
 
     /* garbage, then an END with too many parts announced, then a valid NOTIFY */
     Tandem__V1__FrameHeader h = TANDEM__V1__FRAME_HEADER__INIT;
-    h.version_major = 1;
+    h.version_major = TDM_PROTOCOL_MAJOR;
     h.kind = K_END;
     h.call_id = 5;
     h.n_data_frames = 3;
@@ -847,7 +847,7 @@ static void test_parse_limits(void **state)
 {
     (void)state;
     Tandem__V1__FrameHeader h = TANDEM__V1__FRAME_HEADER__INIT;
-    h.version_major = 1;
+    h.version_major = TDM_PROTOCOL_MAJOR;
     h.kind = K_REQUEST;
     h.method = M_KV_TRANSFER;
     h.call_id = 3;

@@ -2,8 +2,9 @@
  * the engine sent has reached the router (not after a fixed sleep) and reports a router that
  * does not answer within its bound; a prefill node in-process (the serve loop with the prefill
  * handler) streams a task's first token, honours NODE_CANCEL by attempt, fails a task whose
- * deadline passed, and at shutdown reports what is in flight before it returns; a task's
- * constraint is taken through the grammar cache (tdm_node_constraint). */
+ * deadline passed, and at shutdown reports what is in flight before it returns; a task's spec
+ * is checked by one function (tdm_node_spec_check) and its constraint is taken through the
+ * grammar cache (tdm_node_constraint); a load crosses the wire as one NodeLoad. */
 #include "prefill.h"
 #include "tdm_test.h"
 #include "tiny_model.h"
@@ -349,17 +350,19 @@ static void send_task_resumed(prefill_rig_t *pr, uint64_t attempt, uint64_t dead
     static int32_t prompt[24];
     for (int i = 0; i < 24; i++)
         prompt[i] = 3 + i;
+    Tandem__V1__SequenceSpec spec = TANDEM__V1__SEQUENCE_SPEC__INIT;
+    spec.request_id = (char *)"req";
+    spec.attempt_id = attempt;
+    spec.prompt_tokens = prompt;
+    spec.n_prompt_tokens = 24;
+    spec.max_tokens = 4;
+    spec.deadline_unix_ms = deadline_ms ? deadline_ms : tdm_net_now_ms() + 3600 * 1000;
+    spec.output_tokens = output;
+    spec.n_output_tokens = n_output;
     Tandem__V1__PrefillTask t = TANDEM__V1__PREFILL_TASK__INIT;
-    t.request_id = (char *)"req";
-    t.attempt_id = attempt;
-    t.prompt_tokens = prompt;
-    t.n_prompt_tokens = 24;
-    t.max_tokens = 4;
+    t.spec = &spec;
     t.decode_node_id = (char *)"d0";
     t.decode_kv_endpoint = pr->sink_ep;
-    t.deadline_unix_ms = deadline_ms ? deadline_ms : tdm_net_now_ms() + 3600 * 1000;
-    t.output_tokens = output;
-    t.n_output_tokens = n_output;
     fake_router_t *fr = &pr->r.fr;
     assert_int_equal(tdm_sock_notify(fr->sock, fr->peer, fr->peer_len,
                                      TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base),
@@ -459,7 +462,7 @@ static void test_prefill_node_resumes(void **state)
     assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TASK_FAILED, 22, true, &h));
     assert_int_equal(h.status, 3);
     assert_false(h.retryable);
-    assert_non_null(strstr(h.message, "output: 4 tokens delivered already"));
+    assert_non_null(strstr(h.message, "output_tokens: 4 tokens after a prompt of 24"));
     assert_int_equal(count_heard(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, 22), 0);
     prefill_stop(&pr);
     prefill_close(&pr);
@@ -496,6 +499,106 @@ static void test_heartbeats_while_engine_busy(void **state)
     assert_int_equal(f.method, TANDEM__V1__METHOD__METHOD_NODE_CANCEL);
     tdm_frame_clear(&f);
     rig_close(&r);
+}
+
+/* A task's spec (tdm_node_spec_attempt, tdm_node_spec_check): the one check of both node roles
+ * names the field at fault and its limit; a good spec gives the attempt and the sampling
+ * parameters (max_tokens included). */
+static void test_node_spec_check(void **state)
+{
+    (void)state;
+    tdm_error_t err = {0};
+    tdm_node_attempt_t att;
+    tdm_sampling_params_t sp;
+    assert_int_equal(tdm_node_spec_attempt(NULL, 1, &att, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "spec: missing");
+    assert_int_equal(tdm_node_spec_check(NULL, 64, 100, &sp, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "spec: missing");
+    int32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8}, output[2] = {9, 10};
+    Tandem__V1__SequenceSpec spec = TANDEM__V1__SEQUENCE_SPEC__INIT;
+    spec.request_id = (char *)"req";
+    assert_int_equal(tdm_node_spec_attempt(&spec, 1, &att, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "attempt_id is 0");
+    spec.attempt_id = 0x2a;
+    assert_int_equal(tdm_node_spec_attempt(&spec, 7, &att, &err), 0);
+    assert_string_equal(att.key, "000000000000002a");
+    assert_string_equal(att.label, "req");
+    assert_int_equal(att.router_instance, 7);
+    spec.max_tokens = 4;
+    assert_int_equal(tdm_node_spec_check(&spec, 8, 100, &sp, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "prompt_tokens: 0 tokens; 1..7 fit the context of 8 tokens");
+    spec.prompt_tokens = prompt;
+    spec.n_prompt_tokens = 8;
+    assert_int_equal(tdm_node_spec_check(&spec, 8, 100, &sp, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "prompt_tokens: 8 tokens; 1..7 fit the context of 8 tokens");
+    spec.n_prompt_tokens = 4;
+    prompt[2] = 100;
+    assert_int_equal(tdm_node_spec_check(&spec, 8, 100, &sp, &err), TDM_EINVALID);
+    assert_string_equal(err.msg,
+                        "prompt_tokens[2]: token id 100 is outside the vocabulary [0, 100)");
+    prompt[2] = 3;
+    spec.max_tokens = 0;
+    assert_int_equal(tdm_node_spec_check(&spec, 8, 100, &sp, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "max_tokens must be >= 1, got 0");
+    spec.max_tokens = 2;
+    spec.output_tokens = output;
+    spec.n_output_tokens = 2;
+    assert_int_equal(tdm_node_spec_check(&spec, 8, 100, &sp, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "output_tokens: 2 tokens after a prompt of 4; the context holds 8 "
+                                 "and max_tokens is 2");
+    spec.max_tokens = 3;
+    assert_int_equal(tdm_node_spec_check(&spec, 6, 100, &sp, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "output_tokens: 2 tokens after a prompt of 4"));
+    output[1] = -1;
+    assert_int_equal(tdm_node_spec_check(&spec, 8, 100, &sp, &err), TDM_EINVALID);
+    assert_string_equal(err.msg,
+                        "output_tokens[1]: token id -1 is outside the vocabulary [0, 100)");
+    output[1] = 10;
+    assert_int_equal(tdm_node_spec_check(&spec, 8, 100, &sp, &err), 0);
+    assert_int_equal(sp.max_tokens, 3);
+}
+
+/* A load crosses the wire as one NodeLoad: every figure the node fills comes back as it was;
+ * a message without a load reads as zeros. */
+static void test_node_load_proto(void **state)
+{
+    (void)state;
+    tdm_node_load_t in, out;
+    memset(&in, 0, sizeof in);
+    in.kv_blocks_free = 1;
+    in.kv_blocks_used = 2;
+    in.kv_blocks_cached = 3;
+    in.running = 4;
+    in.waiting = 5;
+    in.queued_prefill_tokens = 6;
+    in.step_s = 0.25;
+    in.batch_size = 7;
+    in.decode_step_s = 0.125;
+    in.decode_batch_size = 8;
+    in.prefix_queries = 9;
+    in.prefix_hits = 10;
+    for (size_t i = 0; i < TDM_WORKER_ITERATION_BUCKETS; i++)
+        in.iteration_counts[i] = 100 + i;
+    in.iteration_tokens = 11;
+    in.spec_drafts = 12;
+    in.spec_draft_tokens = 13;
+    in.spec_accepted_tokens = 14;
+    in.process_resident_bytes = 15;
+    in.process_cpu_seconds = 1.5;
+    in.process_open_fds = 16;
+    in.stale_router_frames = 17;
+    Tandem__V1__NodeLoad m;
+    tdm_node_load_to_proto(&in, &m);
+    uint8_t buf[1024];
+    size_t n = tandem__v1__node_load__pack(&m, buf);
+    Tandem__V1__NodeLoad *back = tandem__v1__node_load__unpack(NULL, n, buf);
+    assert_non_null(back);
+    tdm_node_load_from_proto(back, &out);
+    tandem__v1__node_load__free_unpacked(back, NULL);
+    assert_memory_equal(&in, &out, sizeof in);
+    tdm_node_load_from_proto(NULL, &out);
+    assert_int_equal(out.kv_blocks_free, 0);
+    assert_int_equal(out.iteration_counts[0], 0);
 }
 
 /* A task's constraint (tdm_node_constraint): none for no message or kind NONE; only GRAMMAR
@@ -700,6 +803,8 @@ int main(void)
         cmocka_unit_test(test_heartbeats_while_engine_busy),
         cmocka_unit_test(test_prefill_node_serves),
         cmocka_unit_test(test_prefill_node_resumes),
+        cmocka_unit_test(test_node_spec_check),
+        cmocka_unit_test(test_node_load_proto),
         cmocka_unit_test(test_node_constraint),
         cmocka_unit_test(test_size_pool_device),
         cmocka_unit_test(test_size_pool_refuses),

@@ -341,15 +341,15 @@ static void fake_register(env_t *e, fake_t *n)
 static void fake_heartbeat(env_t *e, fake_t *n, uint32_t free_blocks, uint64_t queued)
 {
     Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    Tandem__V1__NodeLoad ld = TANDEM__V1__NODE_LOAD__INIT;
+    h.load = &ld;
     h.node_id = (char *)n->id;
-    h.kv_blocks_free = free_blocks;
-    h.kv_blocks_used = 100 - free_blocks;
-    h.queued_prefill_tokens = queued;
-    h.running = 1;
+    ld.kv_blocks_free = free_blocks;
+    ld.kv_blocks_used = 100 - free_blocks;
+    ld.queued_prefill_tokens = queued;
+    ld.running = 1;
     h.instance_id = n->instance ? n->instance : FAKE_INSTANCE;
-    double steps[2] = {0.01, 0.03};
-    h.n_recent_step_s = 2;
-    h.recent_step_s = steps;
+    ld.step_s = 0.02;
     assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
 }
 
@@ -431,7 +431,7 @@ static Tandem__V1__DecodeReserve *expect_reserve(env_t *e, fake_t *n, tdm_frame_
         (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
     assert_non_null(m);
     assert_int_equal(f->instance_id, tdm_router_instance(e->r));
-    attempt_note(m->request_id, m->attempt_id);
+    attempt_note(m->spec->request_id, m->spec->attempt_id);
     return m;
 }
 
@@ -441,7 +441,7 @@ static Tandem__V1__DecodeReserve *expect_reserve_for(env_t *e, fake_t *n, tdm_fr
 {
     for (;;) {
         Tandem__V1__DecodeReserve *m = expect_reserve(e, n, f);
-        if (strcmp(m->request_id, req) == 0)
+        if (strcmp(m->spec->request_id, req) == 0)
             return m;
         protobuf_c_message_free_unpacked(&m->base, NULL);
         tdm_frame_clear(f);
@@ -463,7 +463,7 @@ static Tandem__V1__DecodeReserve *reserve_and_ack(env_t *e, fake_t *d)
     tdm_frame_t f;
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *m = expect_reserve(e, d, &f);
-    reply_ack(d, &f, m->request_id, 1);
+    reply_ack(d, &f, m->spec->request_id, 1);
     tdm_frame_clear(&f);
     return m;
 }
@@ -479,7 +479,7 @@ static Tandem__V1__PrefillTask *expect_task(env_t *e, fake_t *p)
     Tandem__V1__PrefillTask *t =
         (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
     assert_non_null(t);
-    attempt_note(t->request_id, t->attempt_id);
+    attempt_note(t->spec->request_id, t->spec->attempt_id);
     tdm_frame_clear(&f);
     return t;
 }
@@ -504,8 +504,8 @@ static fake_t *expect_task_on_one(env_t *e, fake_t *a, fake_t *b, const char *re
     Tandem__V1__PrefillTask *t =
         (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
     assert_non_null(t);
-    assert_string_equal(t->request_id, req);
-    attempt_note(t->request_id, t->attempt_id);
+    assert_string_equal(t->spec->request_id, req);
+    attempt_note(t->spec->request_id, t->spec->attempt_id);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     tdm_frame_clear(&f);
     return got;
@@ -702,27 +702,27 @@ static void test_stream_in_order(void **state)
     uint64_t call = generate(e, &g);
 
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    assert_string_equal(rs->request_id, "r-order");
+    assert_string_equal(rs->spec->request_id, "r-order");
     int32_t *ids = NULL;
     size_t n = 0;
     assert_int_equal(tdm_tokenizer_encode(e->tok, "hello world", 11, false, true, &ids, &n, NULL),
                      0);
-    assert_int_equal(rs->n_prompt_tokens, n);
-    assert_memory_equal(rs->prompt_tokens, ids, n * sizeof *ids);
+    assert_int_equal(rs->spec->n_prompt_tokens, n);
+    assert_memory_equal(rs->spec->prompt_tokens, ids, n * sizeof *ids);
     free(ids);
     assert_false(rs->local_prefill);
-    assert_int_equal(rs->max_tokens, 8);
-    assert_true(rs->sampling->has_seed); /* the router drew one */
-    assert_int_equal(rs->sampling->set_mask, 0xffffffffu);
-    assert_float_equal(rs->sampling->temperature, 1.0, 1e-6);
-    assert_int_equal(rs->sampling->n_logprobs, 2);
-    assert_true(rs->deadline_unix_ms > tdm_net_now_ms());
+    assert_int_equal(rs->spec->max_tokens, 8);
+    assert_true(rs->spec->sampling->has_seed); /* the router drew one */
+    assert_int_equal(rs->spec->sampling->set_mask, 0xffffffffu);
+    assert_float_equal(rs->spec->sampling->temperature, 1.0, 1e-6);
+    assert_int_equal(rs->spec->sampling->n_logprobs, 2);
+    assert_true(rs->spec->deadline_unix_ms > tdm_net_now_ms());
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
-    assert_string_equal(t->request_id, "r-order");
+    assert_string_equal(t->spec->request_id, "r-order");
     assert_string_equal(t->decode_node_id, "decode-0");
     assert_string_equal(t->decode_kv_endpoint, "tcp://127.0.0.1:9999");
-    assert_int_equal(t->sampling->seed, rs->sampling->seed);
-    assert_int_equal(t->n_prompt_tokens, rs->n_prompt_tokens);
+    assert_int_equal(t->spec->sampling->seed, rs->spec->sampling->seed);
+    assert_int_equal(t->spec->n_prompt_tokens, rs->spec->n_prompt_tokens);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
 
@@ -905,7 +905,7 @@ static void test_deadline(void **state)
     prompt_req(&g, "r-late", "abc", 10, true);
     uint64_t call = send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 300);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    assert_true(rs->deadline_unix_ms > 0);
+    assert_true(rs->spec->deadline_unix_ms > 0);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
@@ -1087,8 +1087,8 @@ static void test_queue_and_local_prefill(void **state)
     tdm_frame_init(&f2);
     Tandem__V1__DecodeReserve *r1 = expect_reserve(e, &e->d0, &f1);
     Tandem__V1__DecodeReserve *r2 = expect_reserve(e, &e->d0, &f2);
-    assert_string_equal(r1->request_id, "q-1"); /* FIFO */
-    assert_string_equal(r2->request_id, "q-2");
+    assert_string_equal(r1->spec->request_id, "q-1"); /* FIFO */
+    assert_string_equal(r2->spec->request_id, "q-2");
     assert_true(r1->local_prefill);
     assert_true(r2->local_prefill);
     assert_int_equal(tdm_router_n_queued(e->r), 0);
@@ -1131,7 +1131,7 @@ static void test_reserve_rejected(void **state)
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
     rs = reserve_and_ack(e, &e->d1);
-    assert_string_equal(rs->request_id, "r-rej");
+    assert_string_equal(rs->spec->request_id, "r-rej");
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     assert_string_equal(t->decode_node_id, "decode-1");
@@ -1211,10 +1211,10 @@ static fake_t *chat_on(env_t *e, const char *id, const char *sys, const char *us
     g.stream = true;
     generate(e, &g);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    assert_true(rs->n_prompt_tokens > 80); /* more than TDM_ROUTER_PREFIX_KEY_BLOCKS blocks */
-    assert_true(rs->n_prompt_tokens < N_CTX - 4);
+    assert_true(rs->spec->n_prompt_tokens > 80); /* more than TDM_ROUTER_PREFIX_KEY_BLOCKS blocks */
+    assert_true(rs->spec->n_prompt_tokens < N_CTX - 4);
     /* the chat template was applied: the prompt starts with <|im_start|> (id 510) */
-    assert_int_equal(rs->prompt_tokens[0], 510);
+    assert_int_equal(rs->spec->prompt_tokens[0], 510);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     return expect_task_on_one(e, &e->p0, &e->p1, id);
 }
@@ -1314,7 +1314,7 @@ static void test_rejected_then_queued(void **state)
     expect_none(e, e->d0.s, 50);
     fake_heartbeat(e, &e->d0, 80, 0);
     rs = reserve_and_ack(e, &e->d0);
-    assert_string_equal(rs->request_id, "r-wait");
+    assert_string_equal(rs->spec->request_id, "r-wait");
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     assert_int_equal(tdm_router_n_queued(e->r), 0);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
@@ -1458,6 +1458,8 @@ static void test_decode_down(void **state)
     assert_true(tdm_router_node_up(e->r, "prefill-0"));
     /* a heartbeat from the node now gets NOT_FOUND (register again) */
     Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    Tandem__V1__NodeLoad ld = TANDEM__V1__NODE_LOAD__INIT;
+    h.load = &ld;
     h.node_id = (char *)"decode-0";
     tdm_send_t s = {0};
     s.kind = K_REQUEST;
@@ -1488,7 +1490,7 @@ static void test_prefill_down(void **state)
     prompt_req(&g, "r-pd", "abc", 8, true);
     uint64_t call = generate(e, &g);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    uint64_t seed = rs->sampling->seed;
+    uint64_t seed = rs->spec->sampling->seed;
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     fake_t *dead = expect_task_on_one(e, &e->p0, &e->p1, "r-pd");
     fake_t *alive = dead == &e->p0 ? &e->p1 : &e->p0;
@@ -1512,8 +1514,8 @@ static void test_prefill_down(void **state)
     tdm_frame_clear(&f);
     assert_false(tdm_router_node_up(e->r, dead->id));
     rs = reserve_and_ack(e, &e->d0); /* dispatched again, same seed */
-    assert_string_equal(rs->request_id, "r-pd");
-    assert_int_equal(rs->sampling->seed, seed);
+    assert_string_equal(rs->spec->request_id, "r-pd");
+    assert_int_equal(rs->spec->sampling->seed, seed);
     assert_false(rs->local_prefill);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     Tandem__V1__PrefillTask *t = expect_task(e, alive);
@@ -1622,7 +1624,7 @@ static Tandem__V1__DecodeReserve *expect_reserve_alive(env_t *e, fake_t *n, tdm_
     Tandem__V1__DecodeReserve *m =
         (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
     assert_non_null(m);
-    attempt_note(m->request_id, m->attempt_id);
+    attempt_note(m->spec->request_id, m->spec->attempt_id);
     return m;
 }
 
@@ -1638,7 +1640,7 @@ static void test_one_failure_one_retry(void **state)
     prompt_req(&g, "r-one", "abc", 4, true);
     uint64_t call = generate(e, &g);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    uint64_t first = rs->attempt_id;
+    uint64_t first = rs->spec->attempt_id;
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
@@ -1652,7 +1654,7 @@ static void test_one_failure_one_retry(void **state)
     tdm_frame_t f;
     tdm_frame_init(&f);
     rs = expect_reserve(e, &e->d0, &f);
-    uint64_t second = rs->attempt_id;
+    uint64_t second = rs->spec->attempt_id;
     assert_true(second != first);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     /* ... and the decode node's report of the same failure changes nothing */
@@ -1661,7 +1663,7 @@ static void test_one_failure_one_retry(void **state)
     reply_ack(&e->d0, &f, "r-one", 1);
     tdm_frame_clear(&f);
     t = expect_task(e, &e->p0);
-    assert_int_equal(t->attempt_id, second);
+    assert_int_equal(t->spec->attempt_id, second);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     fake_sync(e, &e->d0); /* nothing else came to d0: no second NodeCancel, no reserve */
     assert_int_equal(tdm_router_metrics(e->r)->stale_attempt_messages, stale + 1);
@@ -1695,13 +1697,13 @@ static void test_retry_budget_shared(void **state)
     tdm_frame_t f;
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *rs = expect_reserve_alive(e, &e->d0, &f, alive);
-    uint64_t lost = rs->attempt_id; /* never answered */
+    uint64_t lost = rs->spec->attempt_id; /* never answered */
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
     expect_cancel_of(e, &e->d0, lost, alive);
     for (int i = 0; i < 3; i++) {
         rs = expect_reserve_alive(e, &e->d0, &f, alive); /* the only decode node: again */
-        assert_true(rs->attempt_id != lost);
+        assert_true(rs->spec->attempt_id != lost);
         reply_ack(&e->d0, &f, "r-bud", 1);
         protobuf_c_message_free_unpacked(&rs->base, NULL);
         tdm_frame_clear(&f);
@@ -1743,15 +1745,15 @@ static void test_reserve_timeout(void **state)
     tdm_frame_t late;
     tdm_frame_init(&late);
     Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &late); /* most room */
-    uint64_t old = rs->attempt_id;
+    uint64_t old = rs->spec->attempt_id;
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     /* d0 stays up (it heartbeats) but its answer never comes */
     fake_t *all[] = {&e->p0, &e->d0, &e->d1, NULL};
     tdm_frame_t f;
     tdm_frame_init(&f);
     rs = expect_reserve_alive(e, &e->d1, &f, all);
-    assert_string_equal(rs->request_id, "r-rto");
-    assert_true(rs->attempt_id != old);
+    assert_string_equal(rs->spec->request_id, "r-rto");
+    assert_true(rs->spec->attempt_id != old);
     reply_ack(&e->d1, &f, "r-rto", 1);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
@@ -1802,7 +1804,7 @@ static Tandem__V1__DecodeReserve *expect_reserve_not_stalled(env_t *e, tdm_frame
     Tandem__V1__DecodeReserve *rs =
         (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
     assert_non_null(rs);
-    attempt_note(rs->request_id, rs->attempt_id);
+    attempt_note(rs->spec->request_id, rs->spec->attempt_id);
     return rs;
 }
 
@@ -1830,7 +1832,7 @@ static void test_reserve_timeout_avoids_node(void **state)
     tdm_frame_t f;
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f); /* never answered */
-    uint64_t old = rs->attempt_id;
+    uint64_t old = rs->spec->attempt_id;
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
     fake_t *all[] = {&e->p0, &e->d0, &e->d1, NULL};
@@ -1840,7 +1842,7 @@ static void test_reserve_timeout_avoids_node(void **state)
     tdm_frame_clear(&f);
     /* the heartbeats give both nodes room again, d0 the most: d1 is asked, not d0 */
     rs = expect_reserve_not_stalled(e, &f);
-    assert_string_equal(rs->request_id, "r-avoid");
+    assert_string_equal(rs->spec->request_id, "r-avoid");
     reply_ack(&e->d1, &f, "r-avoid", 1);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
@@ -1884,7 +1886,7 @@ static void test_reserve_node_paused(void **state)
     tdm_frame_init(&f);
     uint64_t before_ms = tdm_net_now_ms();
     Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
-    uint64_t old = rs->attempt_id;
+    uint64_t old = rs->spec->attempt_id;
     /* the frame carries the request's deadline (the router's request timeout), far beyond the
      * router's wait for the answer (the heartbeat timeout plus two forward passes) */
     assert_true(f.deadline_unix_ms == 0 || f.deadline_unix_ms > before_ms + 10 * e->hb_timeout_ms);
@@ -1892,7 +1894,7 @@ static void test_reserve_node_paused(void **state)
     tdm_frame_clear(&f);
     /* d0 is silent from now on */
     rs = expect_reserve_alive(e, &e->d1, &f, alive);
-    assert_true(rs->attempt_id != old);
+    assert_true(rs->spec->attempt_id != old);
     reply_ack(&e->d1, &f, "r-pause", 1);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
@@ -2004,8 +2006,10 @@ static void test_register(void **state)
     /* a heartbeat REQUEST is answered END OK once registered */
     fake_register(e, &e->d0);
     Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    Tandem__V1__NodeLoad ld = TANDEM__V1__NODE_LOAD__INIT;
+    h.load = &ld;
     h.node_id = (char *)"decode-0";
-    h.kv_blocks_free = 77;
+    ld.kv_blocks_free = 77;
     h.instance_id = 42;
     tdm_send_t s = {0};
     s.kind = K_REQUEST;
@@ -2065,7 +2069,7 @@ static void test_request_id_reuse(void **state)
     prompt_req(&gr, "r-reuse", "abc", 4, true);
     uint64_t call = generate(e, &gr);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    uint64_t old_attempt = rs->attempt_id;
+    uint64_t old_attempt = rs->spec->attempt_id;
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_send_t c = {0};
     c.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL;
@@ -2075,7 +2079,7 @@ static void test_request_id_reuse(void **state)
     /* the same id at once */
     uint64_t call2 = generate(e, &gr);
     rs = reserve_and_ack(e, &e->d0);
-    assert_true(rs->attempt_id != old_attempt);
+    assert_true(rs->spec->attempt_id != old_attempt);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     uint64_t new_attempt = attempt_for("r-reuse");
     uint64_t stale = tdm_router_metrics(e->r)->stale_attempt_messages;
@@ -2190,10 +2194,11 @@ static void test_status_health_models(void **state)
     assert_string_equal(d->node_id, "decode-0");
     assert_true(d->up);
     assert_int_equal(d->kv_blocks_total, 100);
-    assert_int_equal(d->kv_blocks_used, 40);
-    assert_int_equal(d->running, 1);
+    assert_non_null(d->load);
+    assert_int_equal(d->load->kv_blocks_used, 40);
+    assert_int_equal(d->load->running, 1);
     assert_int_equal(d->reserved_blocks, 1);
-    assert_float_equal(d->step_time_s, 0.02, 1e-9);
+    assert_float_equal(d->load->step_s, 0.02, 1e-9);
     assert_string_equal(d->device, "cpu");
     assert_true(d->last_heartbeat_age_s >= 0 && d->last_heartbeat_age_s < 5);
     assert_false(cs->nodes[3]->up);
@@ -2558,27 +2563,27 @@ static void check_process_series(const char *t)
 static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64_t hits)
 {
     Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    Tandem__V1__NodeLoad ld = TANDEM__V1__NODE_LOAD__INIT;
+    h.load = &ld;
     h.node_id = (char *)n->id;
-    h.kv_blocks_free = 100 - used;
-    h.kv_blocks_used = used;
-    h.kv_blocks_cached = 5;
-    h.running = 2;
-    h.waiting = 1;
-    h.batch_size = 3;
-    h.queued_prefill_tokens = 77;
-    h.prefix_queries = queries;
-    h.prefix_hits = hits;
+    ld.kv_blocks_free = 100 - used;
+    ld.kv_blocks_used = used;
+    ld.kv_blocks_cached = 5;
+    ld.running = 2;
+    ld.waiting = 1;
+    ld.batch_size = 3;
+    ld.queued_prefill_tokens = 77;
+    ld.prefix_queries = queries;
+    ld.prefix_hits = hits;
     h.instance_id = 42;
-    h.process_resident_bytes = 1000000 + used;
-    h.process_cpu_seconds = 1.5;
-    h.process_open_fds = 12;
-    h.spec_drafts = 3; /* from every node: the router exports them for decode nodes only */
-    h.spec_draft_tokens = 20;
-    h.spec_accepted_tokens = 11;
-    h.stale_router_frames = 4;
-    double steps[2] = {0.25, 0.75};
-    h.n_recent_step_s = 2;
-    h.recent_step_s = steps;
+    ld.process_resident_bytes = 1000000 + used;
+    ld.process_cpu_seconds = 1.5;
+    ld.process_open_fds = 12;
+    ld.spec_drafts = 3; /* from every node: the router exports them for decode nodes only */
+    ld.spec_draft_tokens = 20;
+    ld.spec_accepted_tokens = 11;
+    ld.stale_router_frames = 4;
+    ld.step_s = 0.5;
     assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
 }
 
@@ -2598,7 +2603,7 @@ static void metrics_finished(fake_t *n, const char *req, uint32_t completion, ui
 static uint32_t metrics_dispatch(env_t *e)
 {
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    uint32_t n = (uint32_t)rs->n_prompt_tokens;
+    uint32_t n = (uint32_t)rs->spec->n_prompt_tokens;
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
@@ -2893,7 +2898,7 @@ static void expected_prompt(char *buf, size_t cap, const char *system, const cha
 }
 
 /* For one template override (NULL: none) and system message (NULL: none), the router's
- * DecodeReserve.prompt_tokens, tdm_prompt_encode's ids, `tandem tokenize --chat`'s ids and
+ * SequenceSpec.prompt_tokens, tdm_prompt_encode's ids, `tandem tokenize --chat`'s ids and
  * `tandem generate -m`'s prompt token count are the same, and the ids decode to the rendering
  * the template must give. */
 static void prompt_case(const char *model, const char *tmpl, const char *system)
@@ -2927,8 +2932,8 @@ static void prompt_case(const char *model, const char *tmpl, const char *system)
     g.max_tokens = 1;
     generate(e, &g);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    const int32_t *ids = rs->prompt_tokens;
-    size_t n = rs->n_prompt_tokens;
+    const int32_t *ids = rs->spec->prompt_tokens;
+    size_t n = rs->spec->n_prompt_tokens;
     assert_true(n > 8);
 
     /* real values: the rendering, and BOS added only where the template does not write it */
@@ -3000,9 +3005,9 @@ static void test_max_tokens_unset(void **state)
     prompt_req(&g, "r-fit", "hello world", 0, true);
     uint64_t call = generate(e, &g);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    assert_string_equal(rs->request_id, "r-fit");
-    assert_true(rs->n_prompt_tokens > 0 && rs->n_prompt_tokens < N_CTX);
-    assert_int_equal(rs->max_tokens, N_CTX - rs->n_prompt_tokens);
+    assert_string_equal(rs->spec->request_id, "r-fit");
+    assert_true(rs->spec->n_prompt_tokens > 0 && rs->spec->n_prompt_tokens < N_CTX);
+    assert_int_equal(rs->spec->max_tokens, N_CTX - rs->spec->n_prompt_tokens);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     (void)call;
     env_free(e);
@@ -3169,16 +3174,17 @@ static void test_constraint(void **state)
                                             &want, &hash, NULL),
                      0);
     Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
-    assert_non_null(rs->constraint);
-    assert_int_equal(rs->constraint->kind, TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR);
-    assert_string_equal(rs->constraint->text, want.data);
-    assert_true(rs->constraint->hash == hash);
+    assert_non_null(rs->spec->constraint);
+    assert_int_equal(rs->spec->constraint->kind,
+                     TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR);
+    assert_string_equal(rs->spec->constraint->text, want.data);
+    assert_true(rs->spec->constraint->hash == hash);
     assert_true(hash == tdm_constraint_hash(want.data, want.len));
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
-    assert_non_null(t->constraint);
-    assert_string_equal(t->constraint->text, want.data);
-    assert_true(t->constraint->hash == hash);
+    assert_non_null(t->spec->constraint);
+    assert_string_equal(t->spec->constraint->text, want.data);
+    assert_true(t->spec->constraint->hash == hash);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     tdm_buf_free(&want);
     env_free(e);
@@ -3282,17 +3288,17 @@ static void node_heartbeat(env_t *e, fake_t *d, uint32_t running, uint32_t waiti
                            uint32_t batch, double decode_s, uint32_t decode_batch)
 {
     Tandem__V1__Heartbeat h = TANDEM__V1__HEARTBEAT__INIT;
+    Tandem__V1__NodeLoad ld = TANDEM__V1__NODE_LOAD__INIT;
+    h.load = &ld;
     h.node_id = (char *)d->id;
-    h.kv_blocks_free = 100;
-    h.running = running;
-    h.waiting = waiting;
+    ld.kv_blocks_free = 100;
+    ld.running = running;
+    ld.waiting = waiting;
     h.instance_id = d->instance ? d->instance : FAKE_INSTANCE;
-    double steps[1] = {step_s};
-    h.n_recent_step_s = 1;
-    h.recent_step_s = steps;
-    h.batch_size = batch;
-    h.decode_step_s = decode_s;
-    h.decode_batch_size = decode_batch;
+    ld.step_s = step_s;
+    ld.batch_size = batch;
+    ld.decode_step_s = decode_s;
+    ld.decode_batch_size = decode_batch;
     assert_int_equal(tdm_sock_notify(d->s, NULL, 0, M(HEARTBEAT), &h.base), 0);
     fake_sync(e, d);
 }
@@ -3353,7 +3359,8 @@ static void test_admission(void **state)
     tdm_frame_t f;
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
-    assert_string_equal(rs->request_id, "fits"); /* the first reserve: none for the shed ones */
+    assert_string_equal(rs->spec->request_id,
+                        "fits"); /* the first reserve: none for the shed ones */
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
     assert_int_equal(tdm_router_metrics(e->r)->shed, 2);
@@ -3385,7 +3392,7 @@ static void test_admission_decode_passes(void **state)
     tdm_frame_t f;
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
-    assert_string_equal(rs->request_id, "first");
+    assert_string_equal(rs->spec->request_id, "first");
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
     /* decode passes of 20 ms at 1 and 4 sequences beside 3 s prompt passes: 101 passes at
@@ -3397,7 +3404,7 @@ static void test_admission_decode_passes(void **state)
     prompt_req(&g, "second", "abc", 100, true);
     send_req(e, M(GENERATE), &g.base, NULL, tdm_net_now_ms() + 20000);
     rs = expect_reserve(e, &e->d0, &f);
-    assert_string_equal(rs->request_id, "second");
+    assert_string_equal(rs->spec->request_id, "second");
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     tdm_frame_clear(&f);
     assert_int_equal(tdm_router_metrics(e->r)->shed, 0);
@@ -3693,7 +3700,7 @@ static void test_node_suspect_then_down(void **state)
     tdm_frame_t f;
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *rs2 = expect_reserve(e, &e->d1, &f);
-    assert_string_equal(rs2->request_id, "r-new");
+    assert_string_equal(rs2->spec->request_id, "r-new");
     protobuf_c_message_free_unpacked(&rs2->base, NULL);
     tdm_frame_clear(&f);
 
@@ -3709,9 +3716,9 @@ static void test_node_suspect_then_down(void **state)
     assert_true(live_step_until(e, &t, alive, "decode-0", true));
     (void)call;
     Tandem__V1__DecodeReserve *rs3 = expect_reserve_for(e, &e->d1, &f, "r-sus");
-    assert_int_equal(rs3->n_output_tokens, 2);
-    assert_int_equal(rs3->output_tokens[0], B('a'));
-    assert_int_equal(rs3->output_tokens[1], B('b'));
+    assert_int_equal(rs3->spec->n_output_tokens, 2);
+    assert_int_equal(rs3->spec->output_tokens[0], B('a'));
+    assert_int_equal(rs3->spec->output_tokens[1], B('b'));
     protobuf_c_message_free_unpacked(&rs3->base, NULL);
     tdm_frame_clear(&f);
     text = metrics_call(e);
@@ -3751,9 +3758,9 @@ static uint64_t migrate_setup(env_t *e, double *t, const char *id, int max_token
     g.sampling = &sp;
     uint64_t call = generate(e, &g);
     *first = reserve_and_ack(e, &e->d0); /* equal room: the first */
-    assert_int_equal((*first)->n_output_tokens, 0);
+    assert_int_equal((*first)->spec->n_output_tokens, 0);
     Tandem__V1__PrefillTask *task = expect_task(e, &e->p0);
-    assert_int_equal(task->n_output_tokens, 0);
+    assert_int_equal(task->spec->n_output_tokens, 0);
     protobuf_c_message_free_unpacked(&task->base, NULL);
     memset(res, 0, sizeof *res);
     for (uint32_t i = 0; i < n_out; i++) {
@@ -3782,7 +3789,7 @@ static void test_migrate_decode_down(void **state)
     Tandem__V1__DecodeReserve *rs0;
     const int32_t out[2] = {B('a'), B('b')};
     uint64_t call = migrate_setup(e, &t, "r-mig", 8, out, 2, &res, &rs0);
-    uint64_t attempt0 = rs0->attempt_id;
+    uint64_t attempt0 = rs0->spec->attempt_id;
     fake_t *alive[] = {&e->p0, &e->d1, NULL};
     live_step_until(e, &t, alive, "decode-0", true);
     /* the old attempt ends on the prefill node (NodeCancel), the new one is reserved on d1 */
@@ -3790,27 +3797,27 @@ static void test_migrate_decode_down(void **state)
     tdm_frame_t f;
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *rs = expect_reserve_for(e, &e->d1, &f, "r-mig");
-    assert_int_not_equal(rs->attempt_id, attempt0);
-    assert_int_equal(rs->n_prompt_tokens, rs0->n_prompt_tokens);
-    assert_memory_equal(rs->prompt_tokens, rs0->prompt_tokens,
-                        rs0->n_prompt_tokens * sizeof *rs0->prompt_tokens);
-    assert_int_equal(rs->n_output_tokens, 2);
-    assert_int_equal(rs->output_tokens[0], B('a'));
-    assert_int_equal(rs->output_tokens[1], B('b'));
-    assert_int_equal(rs->max_tokens, 8); /* max_tokens counts the delivered output too */
-    assert_non_null(rs->sampling);
-    assert_true(rs->sampling->seed == 1234 && rs->sampling->has_seed);
-    assert_float_equal(rs->sampling->temperature, 0.8f, 1e-6);
+    assert_int_not_equal(rs->spec->attempt_id, attempt0);
+    assert_int_equal(rs->spec->n_prompt_tokens, rs0->spec->n_prompt_tokens);
+    assert_memory_equal(rs->spec->prompt_tokens, rs0->spec->prompt_tokens,
+                        rs0->spec->n_prompt_tokens * sizeof *rs0->spec->prompt_tokens);
+    assert_int_equal(rs->spec->n_output_tokens, 2);
+    assert_int_equal(rs->spec->output_tokens[0], B('a'));
+    assert_int_equal(rs->spec->output_tokens[1], B('b'));
+    assert_int_equal(rs->spec->max_tokens, 8); /* max_tokens counts the delivered output too */
+    assert_non_null(rs->spec->sampling);
+    assert_true(rs->spec->sampling->seed == 1234 && rs->spec->sampling->has_seed);
+    assert_float_equal(rs->spec->sampling->temperature, 0.8f, 1e-6);
     assert_false(rs->local_prefill);
     reply_ack(&e->d1, &f, "r-mig", 1);
     tdm_frame_clear(&f);
     Tandem__V1__PrefillTask *task = expect_task(e, &e->p0);
     assert_string_equal(task->decode_node_id, "decode-1");
-    assert_int_equal(task->n_prompt_tokens, rs0->n_prompt_tokens);
-    assert_int_equal(task->n_output_tokens, 2);
-    assert_int_equal(task->output_tokens[0], B('a'));
-    assert_int_equal(task->output_tokens[1], B('b'));
-    assert_int_equal(task->attempt_id, rs->attempt_id);
+    assert_int_equal(task->spec->n_prompt_tokens, rs0->spec->n_prompt_tokens);
+    assert_int_equal(task->spec->n_output_tokens, 2);
+    assert_int_equal(task->spec->output_tokens[0], B('a'));
+    assert_int_equal(task->spec->output_tokens[1], B('b'));
+    assert_int_equal(task->spec->attempt_id, rs->spec->attempt_id);
     protobuf_c_message_free_unpacked(&task->base, NULL);
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     /* the resumed prefill samples index 2, the new decode node goes on from 3 */
@@ -3826,7 +3833,7 @@ static void test_migrate_decode_down(void **state)
     assert_int_equal(rest.n_ids, 2);
     assert_int_equal(rest.finish, FIN(STOP));
     assert_int_equal(rest.usage.completion_tokens, 4);
-    assert_int_equal(rest.usage.prompt_tokens, rs0->n_prompt_tokens);
+    assert_int_equal(rest.usage.prompt_tokens, rs0->spec->n_prompt_tokens);
     assert_true(rest.timings.ttft_s > 0 && rest.timings.ttft_s <= rest.timings.e2e_s);
     assert_string_equal(res.text, "ab");
     char *text = metrics_call(e);
@@ -3898,8 +3905,8 @@ static void test_migrate_local_prefill(void **state)
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *rs = expect_reserve_for(e, &e->d1, &f, "r-loc");
     assert_true(rs->local_prefill);
-    assert_int_equal(rs->n_output_tokens, 1);
-    assert_int_equal(rs->output_tokens[0], B('a'));
+    assert_int_equal(rs->spec->n_output_tokens, 1);
+    assert_int_equal(rs->spec->output_tokens[0], B('a'));
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     reply_ack(&e->d1, &f, "r-loc", 1);
     tdm_frame_clear(&f);
@@ -3947,14 +3954,14 @@ static void test_migrate_budget(void **state)
         Tandem__V1__DecodeReserve *rs = (Tandem__V1__DecodeReserve *)tdm_frame_unpack(
             &f, &tandem__v1__decode_reserve__descriptor);
         assert_non_null(rs);
-        attempt_note(rs->request_id, rs->attempt_id);
-        assert_int_equal(rs->n_output_tokens, 2 + 2 * k);
-        assert_int_equal(rs->output_tokens[1 + 2 * k], B((char)('b' + k)));
+        attempt_note(rs->spec->request_id, rs->spec->attempt_id);
+        assert_int_equal(rs->spec->n_output_tokens, 2 + 2 * k);
+        assert_int_equal(rs->spec->output_tokens[1 + 2 * k], B((char)('b' + k)));
         protobuf_c_message_free_unpacked(&rs->base, NULL);
         reply_ack(next, &f, "r-bud", 1);
         tdm_frame_clear(&f);
         Tandem__V1__PrefillTask *task = expect_task(e, &e->p0);
-        assert_int_equal(task->n_output_tokens, 2 + 2 * k);
+        assert_int_equal(task->spec->n_output_tokens, 2 + 2 * k);
         protobuf_c_message_free_unpacked(&task->base, NULL);
         fake_token(&e->p0, "r-bud", 2 + 2 * k, B('-'));
         one_chunk(e, call, &res);
@@ -4029,11 +4036,11 @@ static void n_reserve_both(env_t *e, fake_t *d, uint64_t *a0, uint64_t *a1)
     Tandem__V1__DecodeReserve *m0 = expect_reserve(e, d, &f0);
     Tandem__V1__DecodeReserve *m1 = expect_reserve(e, d, &f1);
     assert_int_equal(m0->fork_of, 0);
-    assert_int_equal(m1->fork_of, m0->attempt_id);
+    assert_int_equal(m1->fork_of, m0->spec->attempt_id);
     assert_false(m1->local_prefill);
-    assert_int_equal(m1->sampling->seed, m0->sampling->seed + 1);
-    *a0 = m0->attempt_id;
-    *a1 = m1->attempt_id;
+    assert_int_equal(m1->spec->sampling->seed, m0->spec->sampling->seed + 1);
+    *a0 = m0->spec->attempt_id;
+    *a1 = m1->spec->attempt_id;
     attempt_note("r-n", *a0);
     reply_ack(d, &f0, "r-n", 1);
     attempt_note("r-n", *a1);
@@ -4087,7 +4094,7 @@ static void test_n_choices_fork_and_end_once(void **state)
     uint64_t a0, a1;
     n_reserve_both(e, &e->d0, &a0, &a1);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
-    assert_int_equal(t->attempt_id, a0);
+    assert_int_equal(t->spec->attempt_id, a0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     expect_none(e, e->p0.s, 100); /* the fork is not prefilled */
     attempt_note("r-n", a1);
@@ -4133,13 +4140,13 @@ static void test_n_fork_fallback_and_failure(void **state)
     tdm_frame_init(&f);
     Tandem__V1__DecodeReserve *m = expect_reserve(e, &e->d0, &f); /* choice 1, on its own */
     assert_int_equal(m->fork_of, 0);
-    uint64_t a1b = m->attempt_id;
+    uint64_t a1b = m->spec->attempt_id;
     assert_true(a1b != a1);
     reply_ack(&e->d0, &f, "r-n", 1);
     protobuf_c_message_free_unpacked(&m->base, NULL);
     tdm_frame_clear(&f);
     t = expect_task(e, &e->p0);
-    assert_int_equal(t->attempt_id, a1b);
+    assert_int_equal(t->spec->attempt_id, a1b);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     attempt_note("r-n", a1b);
     fake_token(&e->p0, "r-n", 0, B('x'));
@@ -4176,7 +4183,7 @@ static void test_n_cancel_forks_first(void **state)
     for (int i = 0; i < 3; i++) {
         tdm_frame_init(&f[i]);
         Tandem__V1__DecodeReserve *m = expect_reserve(e, &e->d0, &f[i]);
-        a[i] = m->attempt_id;
+        a[i] = m->spec->attempt_id;
         assert_int_equal(m->fork_of, i == 0 ? 0 : a[0]);
         protobuf_c_message_free_unpacked(&m->base, NULL);
     }
@@ -4186,7 +4193,7 @@ static void test_n_cancel_forks_first(void **state)
         tdm_frame_clear(&f[i]);
     }
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
-    assert_int_equal(t->attempt_id, a[0]);
+    assert_int_equal(t->spec->attempt_id, a[0]);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     tdm_send_t c = {0};
     c.kind = K_CANCEL;

@@ -845,11 +845,11 @@ static void test_garbage(void **state)
     m.call_id = 5;
     m.body = &hr.base;
     assert_int_equal(tdm_sock_send(d, &m), 0);
-    /* A KV_TRANSFER whose body is a (non-empty) DecodeReserve: decodes to garbage fields or
+    /* A KV_TRANSFER whose body is a (non-empty) TaskFailed: decodes to garbage fields or
      * fails; either way it is rejected, never crashes. */
-    Tandem__V1__ReserveReject rr = TANDEM__V1__RESERVE_REJECT__INIT;
+    Tandem__V1__TaskFailed rr = TANDEM__V1__TASK_FAILED__INIT;
     rr.request_id = "x";
-    rr.reason = "\xff\xff\xff";
+    rr.message = "\xff\xff\xff";
     m.method = TANDEM__V1__METHOD__METHOD_KV_TRANSFER;
     m.call_id = 6;
     m.body = &rr.base;

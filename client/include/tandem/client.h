@@ -411,7 +411,7 @@ typedef struct tdm_client_node_status {
     uint64_t queued_prefill_tokens;
     uint64_t prefix_queries; /* blocks looked up in the prefix cache */
     uint64_t prefix_hits;
-    double step_time_s; /* mean of recent forward passes, seconds */
+    double step_time_s; /* the last forward pass, seconds (NodeLoad.step_s) */
     double last_heartbeat_age_s;
     char *refused_reason; /* why the router last refused a registration with this id ("" when
                              none since it was last accepted) */

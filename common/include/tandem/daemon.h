@@ -12,7 +12,7 @@
 #include "tandem/config.h"
 #include "tandem/log.h"
 #include "tandem/net.h"
-#include "tandem/node.h"
+#include "tandem/node_link.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -128,7 +128,7 @@ typedef struct tdm_kv_plan_result {
  *   pool blocks           = floor((memory - weights - scratch) / block_bytes)
  *   max sequences         = floor(pool blocks / blocks per sequence)
  * Source: the standard KV-cache size formula (vLLM's CacheEngine.get_cache_block_size) and
- * the node's pool sizing (tandem/node.h, tdm_node_runtime_open; DESIGN.md "Paged KV cache";
+ * the node's pool sizing (tandem/node_runtime.h, tdm_node_runtime_open; DESIGN.md "Paged KV cache";
  * docs/capacity.md). Worked numbers: SmolLM2-135M at f16 (30 layers, 3 KV heads, head_dim 64)
  * is 23,040 B/token, 368,640 B per 16-token block and 94,371,840 B for a 4096-token sequence;
  * Llama-2-7B at f16 (32, 32, 128) is 524,288 B/token and 2 GiB for 4096 tokens.

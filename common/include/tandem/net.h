@@ -42,9 +42,11 @@ extern "C" {
 #endif
 
 /* Protocol version carried in every FrameHeader. A peer with another major version is
- * refused (FAILED_PRECONDITION, "protocol version 2.0 not supported; this node speaks 1.x"). */
-#define TDM_PROTOCOL_MAJOR 1u
-#define TDM_PROTOCOL_MINOR 9u
+ * refused (FAILED_PRECONDITION, "protocol version 1.9 not supported; this node speaks 2.x").
+ * docs/protocol.md "Versioning": a change older peers can ignore bumps the minor version, any
+ * other the major. */
+#define TDM_PROTOCOL_MAJOR 2u
+#define TDM_PROTOCOL_MINOR 0u
 
 /* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
 #define TDM_NET_MAX_HEADER_BYTES 4096u      /* FrameHeader frame */

@@ -11,7 +11,7 @@
 
 #include "tandem/daemon.h"
 #include "tandem/net.h"
-#include "tandem/node.h"
+#include "tandem/node_link.h"
 #include "tandem/notify.h"
 
 static volatile sig_atomic_t g_stop; /* set by the signal handler only */

@@ -12,7 +12,7 @@
  * and drops past them). So a long forward pass or tokenizer work delays no heartbeat
  * (tests/unit/test_node.c: test_heartbeats_while_engine_busy).
  */
-#include "tandem/node.h"
+#include "tandem/node_link.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -24,7 +24,6 @@
 #include <time.h>
 #include <zmq.h>
 
-#include "tandem/process.h"
 #include "tandem/proto.h"
 
 #define TDM_LINK_CALL_BIT (UINT64_C(1) << 63)
@@ -144,36 +143,14 @@ static void send_heartbeat_call(tdm_node_link_t *l, uint64_t call)
     pthread_mutex_lock(&l->mu);
     ld = l->load;
     pthread_mutex_unlock(&l->mu);
+    tdm_node_load_process(&ld);
+    ld.stale_router_frames = tdm_node_link_stale_frames(l);
+    Tandem__V1__NodeLoad load;
+    tdm_node_load_to_proto(&ld, &load);
     Tandem__V1__Heartbeat hb = TANDEM__V1__HEARTBEAT__INIT;
     hb.node_id = l->node_id;
-    hb.kv_blocks_free = ld.kv_blocks_free;
-    hb.kv_blocks_used = ld.kv_blocks_used;
-    hb.kv_blocks_cached = ld.kv_blocks_cached;
-    hb.running = ld.running;
-    hb.waiting = ld.waiting;
-    hb.queued_prefill_tokens = ld.queued_prefill_tokens;
-    double step = ld.step_s;
-    hb.n_recent_step_s = 1;
-    hb.recent_step_s = &step;
-    hb.prefix_queries = ld.prefix_queries;
-    hb.prefix_hits = ld.prefix_hits;
-    hb.batch_size = ld.batch_size;
-    hb.decode_step_s = ld.decode_step_s;
-    hb.decode_batch_size = ld.decode_batch_size;
-    hb.stale_router_frames = tdm_node_link_stale_frames(l);
-    hb.spec_drafts = ld.spec_drafts;
-    hb.spec_draft_tokens = ld.spec_draft_tokens;
-    hb.spec_accepted_tokens = ld.spec_accepted_tokens;
     hb.instance_id = l->instance;
-    hb.n_iteration_tokens_counts = TDM_WORKER_ITERATION_BUCKETS;
-    hb.iteration_tokens_counts = ld.iteration_counts;
-    hb.iteration_tokens_sum = ld.iteration_tokens;
-    tdm_process_stats_t ps;
-    if (tdm_process_stats(&ps)) {
-        hb.process_resident_bytes = ps.resident_bytes;
-        hb.process_cpu_seconds = ps.cpu_seconds;
-        hb.process_open_fds = ps.open_fds;
-    }
+    hb.load = &load;
     tdm_send_t m = {0};
     m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
     m.method = TANDEM__V1__METHOD__METHOD_HEARTBEAT;
@@ -593,30 +570,4 @@ int tdm_node_link_flush(tdm_node_link_t *l, int timeout_ms)
     bool done = l->flush_done >= seq;
     pthread_mutex_unlock(&l->mu);
     return done ? TDM_OK : TDM_EDEADLINE;
-}
-
-void tdm_node_load_collect(const tdm_worker_t *w, const tdm_kv_pool_t *pool, tdm_node_load_t *out)
-{
-    tdm_worker_stats_t ws;
-    tdm_worker_stats(w, &ws);
-    tdm_kv_stats_t ks;
-    tdm_kv_pool_stats(pool, &ks);
-    memset(out, 0, sizeof *out);
-    out->kv_blocks_free = ks.n_free;
-    out->kv_blocks_used = ks.n_used;
-    out->kv_blocks_cached = ks.n_cached;
-    out->running = ws.running;
-    out->waiting = ws.waiting;
-    out->queued_prefill_tokens = ws.queued_prefill_tokens;
-    out->step_s = ws.last_step_s;
-    out->batch_size = ws.batch_size;
-    out->decode_step_s = ws.decode_step_s;
-    out->decode_batch_size = ws.decode_batch_size;
-    out->prefix_queries = ks.prefix_queries;
-    out->prefix_hits = ks.prefix_hits;
-    memcpy(out->iteration_counts, ws.iteration_counts, sizeof out->iteration_counts);
-    out->iteration_tokens = ws.iteration_tokens;
-    out->spec_drafts = ws.spec_drafts;
-    out->spec_draft_tokens = ws.spec_draft_tokens;
-    out->spec_accepted_tokens = ws.spec_accepted_tokens;
 }

@@ -4,7 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tandem/node.h"
+#include "tandem/node_runtime.h"
+#include "tandem/serve.h"
 
 /* The engine's weights and scratch in the budget's memory for ep, measured with a one-block
  * pool, so that the KV pool gets exactly what the budget leaves: on the CPU the weights as

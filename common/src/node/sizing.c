@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "tandem/node.h"
+#include "tandem/node_runtime.h"
 
 static double mib(uint64_t b)
 {

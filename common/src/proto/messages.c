@@ -23,11 +23,12 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__kv_route__descriptor,         &tandem__v1__register_request__descriptor,
     &tandem__v1__register_ack__descriptor,     &tandem__v1__heartbeat__descriptor,
     &tandem__v1__heartbeat_ack__descriptor,    &tandem__v1__decode_reserve__descriptor,
-    &tandem__v1__reserve_ack__descriptor,      &tandem__v1__reserve_reject__descriptor,
+    &tandem__v1__reserve_ack__descriptor,      &tandem__v1__sequence_spec__descriptor,
     &tandem__v1__prefill_task__descriptor,     &tandem__v1__token_event__descriptor,
     &tandem__v1__finished__descriptor,         &tandem__v1__task_failed__descriptor,
     &tandem__v1__node_cancel__descriptor,      &tandem__v1__kv_transfer__descriptor,
     &tandem__v1__kv_hello__descriptor,         &tandem__v1__kv_hello_ack__descriptor,
+    &tandem__v1__node_load__descriptor,        &tandem__v1__kv_shipped__descriptor,
 };
 /* clang-format on */
 

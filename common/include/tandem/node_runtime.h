@@ -1,0 +1,128 @@
+/* node_runtime.h - what a node computes with: model, tokenizer, KV pool sized from its memory
+ * budget, engine, continuous-batching worker and grammar cache, opened and closed together;
+ * the sizing of its KV pool; which config entry it is. Owned by the engine thread. */
+#ifndef TANDEM_NODE_RUNTIME_H
+#define TANDEM_NODE_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem/base.h"
+#include "tandem/config.h"
+#include "tandem/constraint.h"
+#include "tandem/device.h"
+#include "tandem/kv.h"
+#include "tandem/model.h"
+#include "tandem/node_keys.h"
+#include "tandem/tokenizer.h"
+#include "tandem/worker.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* TDM_NODE_MAX_WAITING (limits.h): requests a node queues beyond its running batch
+ * (node.max_running), its worker's max_waiting; its request table holds max_running + that. */
+
+/* GPUs a node lists at registration, at most (the UUIDs of the first ones it sees). */
+#define TDM_NODE_MAX_GPUS 16
+
+typedef struct tdm_node_runtime {
+    tdm_model_t *model;
+    tdm_tokenizer_t *tok;
+    tdm_kv_pool_t *pool;
+    tdm_engine_t *engine;
+    tdm_worker_t *worker;
+    tdm_kv_layout_t layout;
+    uint32_t n_ctx; /* tokens per sequence at most */
+    uint32_t n_vocab;
+    uint64_t fingerprint;                           /* tdm_model_fingerprint */
+    uint64_t weight_bytes, scratch_bytes, kv_bytes; /* the budget's split (device bytes on
+                                                       a cuda node) */
+    uint64_t budget_bytes;                          /* what the split divides */
+    bool on_device;       /* device: cuda:N (the engine's backend is cuda, KV on the device) */
+    int device_index;     /* N of cuda:N */
+    void *kv_device_base; /* the engine's device copy of the pool (tdm_engine_kv_device_base);
+                             NULL on the CPU */
+    uint64_t device_total_bytes, device_free_bytes;         /* cudaMemGetInfo at start */
+    char gpu_uuid[TDM_DEVICE_UUID_MAX];                     /* the node's GPU ("" on the CPU) */
+    char gpu_uuids[TDM_NODE_MAX_GPUS][TDM_DEVICE_UUID_MAX]; /* every GPU it sees (cuda) */
+    uint32_t n_gpu_uuids;                                   /* 0 on the CPU */
+    tdm_node_keys_t keys; /* the node's CURVE keys, loaded before the model */
+
+    /* structured output */
+    tdm_grammar_vocab_t *grammar_vocab; /* the tokenizer's vocabulary for token masks, built
+                                           once at open; the worker's */
+    tdm_grammar_cache_t *grammars;      /* compiled grammars by hash (node.grammar_cache_bytes) */
+} tdm_node_runtime_t;
+
+/* What sizes a node's KV pool (tdm_node_size_pool). Bytes. */
+typedef struct tdm_node_sizing {
+    const char *node_id;           /* for the messages */
+    tdm_kv_layout_t layout;        /* the served model's KV layout */
+    uint32_t n_ctx;                /* tokens of one full-context sequence */
+    uint64_t weight_bytes;         /* weights in the budget's memory (device copies on cuda) */
+    uint64_t scratch_bytes;        /* engine scratch in that memory */
+    uint64_t memory_budget;        /* node.memory_budget; 0: gpu_memory_utilization */
+    bool on_device;                /* a cuda:N node: the figures below count */
+    int device_index;              /* N */
+    double gpu_memory_utilization; /* (0, 1] when memory_budget is 0 */
+    uint64_t device_total_bytes;   /* the device's memory (cudaMemGetInfo) */
+    uint64_t device_free_bytes;    /* free on it at start */
+} tdm_node_sizing_t;
+
+/* The pool tdm_node_size_pool chose. */
+typedef struct tdm_node_pool_size {
+    uint64_t budget_bytes; /* memory_budget, or floor(gpu_memory_utilization x total) */
+    uint64_t block_bytes;  /* tdm_kv_block_bytes(layout) */
+    uint32_t n_blocks;     /* tdm_kv_plan's pool_blocks, capped at 2^32 - 2 */
+} tdm_node_pool_size_t;
+
+/* Sizes a node's KV pool: budget = memory_budget, or on a device node without one
+ * floor(gpu_memory_utilization x device_total_bytes); a device node's budget must be at most
+ * device_free_bytes (two nodes on one GPU each take a share, e.g. 0.4). Blocks =
+ * tdm_kv_plan's pool_blocks for that budget after weight_bytes + scratch_bytes (the same
+ * arithmetic as `tandem kvcalc`). Pure: the device figures are given, not queried.
+ * Errors (*out zeroed, message in *err with every figure in bytes: total, free, budget,
+ * weights, scratch, blocks, one full-context sequence, the budget needed): TDM_ERESOURCE when
+ * the budget exceeds the free memory or holds less than one full-context sequence of KV;
+ * TDM_EINVALID for a bad layout or utilization (tdm_kv_plan's message). */
+int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, tdm_error_t *err);
+
+/* This host's id for transport choice: /proc/sys/kernel/random/boot_id without its newline
+ * into buf (cap >= 37), "" when it cannot be read (a node on another OS: then no pair is
+ * on the same host). Cannot fail. */
+void tdm_node_host_id(char *buf, size_t cap);
+
+/* Opens the runtime of node `node` of cluster cfg: loads its CURVE keys (tdm_node_keys_open,
+ * first, so that a bad key file fails at once), loads cfg->model.path, sizes the KV pool
+ * as (budget - weight bytes - engine scratch bytes) / block bytes (tdm_node_size_pool: the
+ * same sizing function as `tandem kvcalc`; on device cuda:N the budget is in device memory,
+ * the engine's backend is cuda on device N, and weights and scratch are the engine's device
+ * figures), creates the engine (node->threads,
+ * node->max_batch_tokens rows, node->max_running logit rows), the grammar vocabulary and
+ * cache (structured output) and a worker in `mode`.
+ * Errors (*err, message with the numbers): TDM_ENOTFOUND (model file), TDM_EINVALID (model,
+ * config), TDM_ERESOURCE when the budget does not hold the weights plus one full-context
+ * sequence (n_ctx tokens of KV), or a device budget exceeds its free memory, or out of
+ * memory; TDM_EPRECONDITION for a cuda device in a build without CUDA (the message names the
+ * build); TDM_EUNAVAILABLE / TDM_EINVALID for a device the CUDA runtime cannot use or does
+ * not have. On error nothing is left to close. */
+int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
+                          const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err);
+
+/* Frees everything the runtime holds; zeroes it. NULL-safe. */
+void tdm_node_runtime_close(tdm_node_runtime_t *rt);
+
+/* The node `node_id` of cfg, or (node_id NULL) its first node of `role`. NULL with *err:
+ * TDM_ENOTFOUND (no such node; the message lists the ids of that role), TDM_EINVALID (the
+ * node has another role). */
+const tdm_node_config_t *tdm_node_pick(const tdm_config_t *cfg, const char *node_id,
+                                       tdm_node_role_t role, tdm_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TANDEM_NODE_RUNTIME_H */
