@@ -276,13 +276,13 @@ int tdm_node_constraint(tdm_grammar_cache_t *cache, const Tandem__V1__Constraint
                         const tdm_grammar_t **g, tdm_error_t *err);
 
 /* One dispatch attempt held by a node (docs/protocol.md "Identities"). The router's attempt id
- * is the key of all node state: the worker's sequence id (key), the KV reservation and the
+ * is the key of all node state: the worker's sequence id, the KV reservation and the
  * transfer; the client's request id is only a label carried back on messages and logs, so a
  * request id reused by a client can never reach another attempt's state. */
 typedef struct tdm_node_attempt {
     uint64_t attempt_id;      /* never 0 */
     uint64_t router_instance; /* FrameHeader.instance_id of the router that dispatched it */
-    char key[17];             /* "%016" PRIx64 of attempt_id: the worker request id */
+    char key[17];             /* "%016" PRIx64 of attempt_id: its printable form, for logs */
     char label[TDM_REQUEST_ID_MAX + 1]; /* the client's request id */
 } tdm_node_attempt_t;
 
@@ -296,8 +296,8 @@ int tdm_node_attempt_init(tdm_node_attempt_t *a, const char *request_id, uint64_
 
 /* One attempt a node holds: the first member of each handler's request struct (the table's
  * entries are ops->req_size bytes). The router's attempt id is its key (O(1) lookup by a hash
- * of it); its worker sequence (att.key) carries the entry as tdm_worker_req_t.user, so worker
- * events reach it without a lookup. */
+ * of it); its worker sequence (seq_id att.attempt_id) carries the entry as
+ * tdm_worker_req_t.user, so worker events reach it without a lookup. */
 typedef struct tdm_node_req {
     tdm_node_attempt_t att;
     uint64_t deadline_ms; /* the task's deadline (unix ms); 0: none */

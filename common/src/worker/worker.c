@@ -3,11 +3,12 @@
  * Memory: tdm_worker_new allocates every table of the worker; tdm_worker_add allocates one
  * sequence's token array and block table, both sized for the sequence's longest possible
  * length (prompt + max_new tokens), so a step never allocates: preemption clears a block
- * table (tdm_kv_seq_clear) and keeps it for the recompute. Sequences are found by id through
- * a hash index (XXH3 of the id, chained through the slots), never by a scan.
+ * table (tdm_kv_seq_clear) and keeps it for the recompute. Sequences are found by their u64 id
+ * through a hash index (XXH3 of the id, chained through the slots), never by a scan.
  */
 #include "worker_internal.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,16 +16,16 @@
 
 /* ---- the id index ---- */
 
-static uint32_t *bucket_of(const tdm_worker_t *w, const char *id)
+static uint32_t *bucket_of(const tdm_worker_t *w, uint64_t id)
 {
-    uint64_t h = XXH3_64bits(id, strlen(id));
+    uint64_t h = XXH3_64bits(&id, sizeof id);
     return &w->buckets[h & (w->n_buckets - 1)];
 }
 
-static int find_slot(const tdm_worker_t *w, const char *id)
+static int find_slot(const tdm_worker_t *w, uint64_t id)
 {
     for (uint32_t i = *bucket_of(w, id); i != NO_SLOT; i = w->seqs[i].next)
-        if (strcmp(w->seqs[i].id, id) == 0)
+        if (w->seqs[i].id == id)
             return (int)i;
     return -1;
 }
@@ -248,12 +249,11 @@ static int check_resume(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_
 /* The checks of tdm_worker_add that need no allocation; TDM_EINVALID naming the field. */
 static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
-    if (!req->request_id || strlen(req->request_id) >= (TDM_REQUEST_ID_MAX + 1))
-        return tdm_error_set(err, TDM_EINVALID, "request_id: missing or longer than %u bytes",
-                             (TDM_REQUEST_ID_MAX + 1) - 1);
-    if (find_slot(w, req->request_id) >= 0)
-        return tdm_error_set(err, TDM_EINVALID, "request_id '%s' is already in the worker",
-                             req->request_id);
+    if (req->seq_id == 0)
+        return tdm_error_set(err, TDM_EINVALID, "seq_id: 0 is not a sequence id");
+    if (find_slot(w, req->seq_id) >= 0)
+        return tdm_error_set(err, TDM_EINVALID, "seq_id %016" PRIx64 " is already in the worker",
+                             req->seq_id);
     if (req->n_prompt == 0 || !req->prompt)
         return tdm_error_set(err, TDM_EINVALID, "prompt: empty (at least 1 token is needed)");
     if (req->n_prompt + 1 > w->o.n_ctx)
@@ -360,7 +360,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     wseq_t *s = &w->seqs[slot];
     memset(s, 0, sizeof *s);
     s->used = true;
-    snprintf(s->id, sizeof s->id, "%s", req->request_id);
+    s->id = req->seq_id;
     uint32_t *bucket = bucket_of(w, s->id);
     s->next = *bucket;
     *bucket = slot;
@@ -393,20 +393,22 @@ static int fork_check(const wseq_t *p, const tdm_worker_req_t *req, uint32_t k, 
         return tdm_error_set(err, TDM_EINVALID, "fork: prefilled KV or output given");
     if (req->n_prompt != p->n_prompt || !req->prompt ||
         memcmp(req->prompt, p->tokens, (size_t)p->n_prompt * sizeof *p->tokens) != 0)
-        return tdm_error_set(err, TDM_EINVALID, "fork: the prompt is not the parent '%s''s", p->id);
+        return tdm_error_set(err, TDM_EINVALID,
+                             "fork: the prompt is not the parent %016" PRIx64 "'s", p->id);
     if (p->n_computed < p->n_prompt || p->kv.n_blocks < k)
         return tdm_error_set(err, TDM_EPRECONDITION,
-                             "fork: the parent '%s' has %u of its %u prompt tokens computed", p->id,
-                             p->n_computed, p->n_prompt);
+                             "fork: the parent %016" PRIx64
+                             " has %u of its %u prompt tokens computed",
+                             p->id, p->n_computed, p->n_prompt);
     return TDM_OK;
 }
 
-int tdm_worker_fork(tdm_worker_t *w, const char *parent_id, const tdm_worker_req_t *req,
+int tdm_worker_fork(tdm_worker_t *w, uint64_t parent_id, const tdm_worker_req_t *req,
                     tdm_error_t *err)
 {
     int ps = find_slot(w, parent_id);
     if (ps < 0)
-        return tdm_error_set(err, TDM_ENOTFOUND, "fork: no sequence '%s'", parent_id);
+        return tdm_error_set(err, TDM_ENOTFOUND, "fork: no sequence %016" PRIx64, parent_id);
     const uint32_t bs = tdm_kv_pool_layout(w->pool)->block_size;
     const wseq_t *p = &w->seqs[ps];
     uint32_t k = (p->n_prompt - 1) / bs; /* blocks holding only positions < n_prompt - 1 */
@@ -415,7 +417,7 @@ int tdm_worker_fork(tdm_worker_t *w, const char *parent_id, const tdm_worker_req
         rc = tdm_worker_add(w, req, err);
     if (rc != TDM_OK)
         return rc;
-    wseq_t *s = &w->seqs[find_slot(w, req->request_id)];
+    wseq_t *s = &w->seqs[find_slot(w, req->seq_id)];
     p = &w->seqs[ps];
     uint64_t h = TDM_KV_HASH_SEED;
     for (uint32_t i = 0; i < k; i++) {
@@ -450,9 +452,9 @@ void tdm_worker_unlink(tdm_worker_t *w, uint32_t slot)
         }
 }
 
-int tdm_worker_cancel(tdm_worker_t *w, const char *request_id)
+int tdm_worker_cancel(tdm_worker_t *w, uint64_t seq_id)
 {
-    int slot = find_slot(w, request_id);
+    int slot = find_slot(w, seq_id);
     if (slot < 0)
         return TDM_ENOTFOUND;
     tdm_worker_unlink(w, (uint32_t)slot);
@@ -460,9 +462,9 @@ int tdm_worker_cancel(tdm_worker_t *w, const char *request_id)
     return 0;
 }
 
-bool tdm_worker_has(const tdm_worker_t *w, const char *request_id)
+bool tdm_worker_has(const tdm_worker_t *w, uint64_t seq_id)
 {
-    return find_slot(w, request_id) >= 0;
+    return find_slot(w, seq_id) >= 0;
 }
 
 bool tdm_worker_busy(const tdm_worker_t *w)
@@ -479,7 +481,7 @@ tdm_worker_event_t *tdm_worker_push_event(tdm_worker_t *w, tdm_worker_event_kind
     tdm_worker_event_t *ev = &w->events[w->n_events++];
     memset(ev, 0, offsetof(tdm_worker_event_t, sample));
     ev->kind = kind;
-    snprintf(ev->request_id, sizeof ev->request_id, "%s", s->id);
+    ev->seq_id = s->id;
     ev->user = s->user;
     ev->status = 0;
     ev->message[0] = '\0';

@@ -16,7 +16,7 @@ typedef struct wseq {
     bool running;
     bool finish_pending; /* a prefilled sequence whose first token already ends it */
     tdm_worker_finish_t pending_finish;
-    char id[(TDM_REQUEST_ID_MAX + 1)];
+    uint64_t id;     /* tdm_worker_req_t.seq_id */
     void *user;      /* tdm_worker_req_t.user, copied into each event */
     uint32_t next;   /* next slot in this id's hash bucket, NO_SLOT at the end */
     int32_t *tokens; /* [cap]: prompt then output */
