@@ -1,4 +1,6 @@
-/* cmd_cluster.c - `tandem cluster up|down`: start and stop a whole cluster on this host.
+/* cmd_cluster.c - `tandem cluster up|down`: start and stop a whole cluster on this host. This
+ * file holds the usage, the dispatch and `down`; `up` is in cmd_cluster_up.c, starting,
+ * reaping and stopping the daemons and the pid file in cmd_cluster_proc.c (cmd_cluster.h).
  *
  * `up` starts tandem-router and one tandem-prefill / tandem-decode per node of the config
  * (the default single-host cluster without --config; --model PATH serves another GGUF by
@@ -14,29 +16,17 @@
  * close-on-exec pipe reports an exec failure back to the parent.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli_common.h"
 #include "cmd_cluster.h"
 #include "commands.h"
-#include "tandem/client.h"
-#include "tandem/config.h"
-#include "tandem/gguf.h"
 
 void tdm_cluster_usage(FILE *out)
 {

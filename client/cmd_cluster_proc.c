@@ -10,16 +10,12 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -29,9 +25,6 @@
 #include "cli_common.h"
 #include "cmd_cluster.h"
 #include "commands.h"
-#include "tandem/client.h"
-#include "tandem/config.h"
-#include "tandem/gguf.h"
 
 void tdm_cluster_sleep_ms(long ms)
 {

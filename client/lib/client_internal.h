@@ -16,9 +16,6 @@
 #include "tandem/client.h"
 #include "tandem/proto.h"
 
-/* Frames handled per tdm_client_poll at most, so deadlines are looked at under a flood. */
-#define CLIENT_MAX_FRAMES_PER_POLL 4096
-
 typedef enum call_kind {
     CALL_GENERATE = 0,
     CALL_UNARY = 1,

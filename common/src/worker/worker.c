@@ -1,4 +1,6 @@
-/* worker.c - continuous batching over the paged KV cache (see worker.h for the rules).
+/* worker.c - the continuous-batching worker's sequences (worker.h has the rules): life cycle,
+ * the id index, admission, forks, cancel, events and stats. A step is built in worker_sched.c
+ * and worker_spec.c and run in worker_step.c.
  *
  * Memory: tdm_worker_new allocates every table of the worker; tdm_worker_add allocates one
  * sequence's token array and block table, both sized for the sequence's longest possible
