@@ -250,7 +250,7 @@ static bool run_pair(bench_t *b, const int32_t *ids, uint32_t n, int tokens, run
     sp.temperature = 0;
     sp.max_tokens = tokens;
     sp.ignore_eos = true;
-    tdm_worker_req_t req = {.request_id = "b", .prompt = ids, .n_prompt = n, .sampling = &sp};
+    tdm_worker_req_t req = {.seq_id = 1, .prompt = ids, .n_prompt = n, .sampling = &sp};
     tdm_error_t err = {0};
     off->w = b->w_off;
     on->w = b->w_on;

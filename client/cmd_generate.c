@@ -712,7 +712,7 @@ static void local_on_events(local_stream_t *st, const tdm_worker_event_t *ev, ui
 static int local_run(const local_gen_t *g, const tdm_sampling_params_t *sp)
 {
     tdm_error_t err = {0};
-    tdm_worker_req_t req = {.request_id = "generate",
+    tdm_worker_req_t req = {.seq_id = 1,
                             .prompt = g->prompt,
                             .n_prompt = (uint32_t)g->n_prompt,
                             .sampling = sp,

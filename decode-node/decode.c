@@ -21,7 +21,7 @@
 
 /* One request: the serve loop's entry, then what the decode node adds. */
 typedef struct dres {
-    tdm_node_req_t base; /* base.att.key: the worker's id for it */
+    tdm_node_req_t base; /* base.att.attempt_id: the worker's id for it */
     bool local;          /* local prefill: the sequence is in the worker already */
     bool in_worker;      /* KV arrived (or local): the worker owns the sequence */
     tdm_kv_seq_t seq;    /* reserved blocks until the KV arrives */
@@ -66,7 +66,7 @@ static void drop(void *h, tdm_node_req_t *base)
     if (r->fork_of && !r->in_worker)
         forks_remove(d, r);
     if (r->in_worker)
-        tdm_worker_cancel(d->rt->worker, base->att.key);
+        tdm_worker_cancel(d->rt->worker, base->att.attempt_id);
     tdm_kv_seq_release(d->rt->pool, &r->seq);
     free(r->prompt);
 }
@@ -94,7 +94,7 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
     if (need > tdm_kv_pool_available(d->rt->pool))
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
-    tdm_worker_req_t req = {.request_id = r->base.att.key,
+    tdm_worker_req_t req = {.seq_id = r->base.att.attempt_id,
                             .prompt = m->spec->prompt_tokens,
                             .n_prompt = r->n_prompt,
                             .sampling = &r->sp,
@@ -182,13 +182,13 @@ static bool fork_ready(tdm_decode_t *d, dres_t *r)
     if (p && !p->in_worker)
         return false; /* its KV pages are on their way */
     if (p) {
-        tdm_worker_req_t req = {.request_id = r->base.att.key,
+        tdm_worker_req_t req = {.seq_id = r->base.att.attempt_id,
                                 .prompt = r->prompt,
                                 .n_prompt = r->n_prompt,
                                 .sampling = &r->sp,
                                 .user = r,
                                 .grammar = r->base.grammar};
-        rc = tdm_worker_fork(d->rt->worker, p->base.att.key, &req, &err);
+        rc = tdm_worker_fork(d->rt->worker, p->base.att.attempt_id, &req, &err);
         if (rc == TDM_EPRECONDITION)
             return false; /* its local prefill has not reached the end of the prompt */
     }
@@ -328,7 +328,7 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
         r->kv_transfer_s = 0;
     r->kv_transfer_bytes = in->bytes;
     r->seq.n_tokens = r->n_prompt + r->n_output;
-    tdm_worker_req_t req = {.request_id = r->base.att.key,
+    tdm_worker_req_t req = {.seq_id = r->base.att.attempt_id,
                             .prompt = r->prompt,
                             .n_prompt = r->n_prompt,
                             .sampling = &r->sp,

@@ -16,7 +16,7 @@
 
 /* One task: the serve loop's entry, then what the prefill node adds. */
 typedef struct ptask {
-    tdm_node_req_t base; /* base.att.key: the worker's id for it */
+    tdm_node_req_t base; /* base.att.attempt_id: the worker's id for it */
     bool in_worker;      /* the worker holds its sequence (until PREFILLED or FAILED) */
     bool shipping;       /* KV handed to the sender */
     char decode_ep[256]; /* the decode node's KV endpoint */
@@ -44,7 +44,7 @@ static void drop(void *h, tdm_node_req_t *r)
     tdm_prefill_t *p = h;
     ptask_t *t = (ptask_t *)r;
     if (t->in_worker)
-        tdm_worker_cancel(p->rt->worker, r->att.key);
+        tdm_worker_cancel(p->rt->worker, r->att.attempt_id);
     if (t->shipping && p->senders[t->backend])
         tdm_kv_sender_cancel(p->senders[t->backend], r->att.attempt_id);
 }
@@ -81,7 +81,7 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
     }
     /* a migrated request resumes after output_tokens: the worker prefills them with the prompt
      * and samples the next output index */
-    tdm_worker_req_t req = {.request_id = att->key,
+    tdm_worker_req_t req = {.seq_id = att->attempt_id,
                             .prompt = spec->prompt_tokens,
                             .n_prompt = (uint32_t)spec->n_prompt_tokens,
                             .sampling = sp,

@@ -93,11 +93,11 @@ typedef struct req {
     bool no_spec;
 } req_t;
 
-/* The tokens of one step's events into outs[] (ids "r<k>"). */
+/* The tokens of one step's events into outs[] (request k has id k + 1). */
 static void record(const tdm_worker_event_t *ev, uint32_t n, out_t *outs)
 {
     for (uint32_t i = 0; i < n; i++) {
-        out_t *o = &outs[atoi(ev[i].request_id + 1)];
+        out_t *o = &outs[ev[i].seq_id - 1];
         switch (ev[i].kind) {
         case TDM_WORKER_EVENT_TOKEN:
             assert_int_equal(ev[i].index, o->n);
@@ -121,9 +121,7 @@ static void record(const tdm_worker_event_t *ev, uint32_t n, out_t *outs)
 static void run(rig_t *r, const req_t *reqs, uint32_t n, out_t *outs)
 {
     for (uint32_t k = 0; k < n; k++) {
-        char id[16];
-        snprintf(id, sizeof id, "r%u", k);
-        tdm_worker_req_t wr = {.request_id = id,
+        tdm_worker_req_t wr = {.seq_id = (uint64_t)k + 1,
                                .prompt = reqs[k].prompt,
                                .n_prompt = reqs[k].n_prompt,
                                .sampling = &reqs[k].sp,

@@ -129,12 +129,18 @@ typedef struct out {
     int failed;
 } out_t;
 
-static int id_index(const char *id)
+/* The worker's id of request k (a sequence id is never 0), and back. */
+static uint64_t seq_of(int k)
 {
-    return atoi(id + 1);
+    return (uint64_t)k + 1;
 }
 
-/* Steps until idle, recording events into outs[] (ids "r<k>"). */
+static int id_index(uint64_t seq_id)
+{
+    return (int)seq_id - 1;
+}
+
+/* Steps until idle, recording events into outs[] (request k has id seq_of(k)). */
 static uint64_t drain(rig_t *r, out_t *outs)
 {
     uint64_t steps = 0;
@@ -146,7 +152,7 @@ static uint64_t drain(rig_t *r, out_t *outs)
         steps++;
         assert_true(steps < 100000);
         for (uint32_t i = 0; i < n; i++) {
-            out_t *o = &outs[id_index(ev[i].request_id)];
+            out_t *o = &outs[id_index(ev[i].seq_id)];
             switch (ev[i].kind) {
             case TDM_WORKER_EVENT_TOKEN:
                 assert_int_equal(ev[i].index, o->n);
@@ -184,10 +190,9 @@ static void add_all(fixture_t *fx, rig_t *r, int32_t prompts[N_REQ][128], bool g
         sp.seed = 1234 + (uint64_t)k;
         sp.max_tokens = max_tokens[k];
         sp.ignore_eos = true;
-        char id[16];
-        snprintf(id, sizeof id, "r%d", k);
+        uint64_t id = seq_of(k);
         tdm_worker_req_t req = {
-            .request_id = id, .prompt = prompts[k], .n_prompt = prompt_len[k], .sampling = &sp};
+            .seq_id = id, .prompt = prompts[k], .n_prompt = prompt_len[k], .sampling = &sp};
         tdm_error_t err = {0};
         if (tdm_worker_add(r->w, &req, &err) != 0)
             fail_msg("%s", err.msg);
@@ -208,10 +213,9 @@ static void reference(fixture_t *fx, out_t *ref, bool greedy)
         sp.seed = 1234 + (uint64_t)k;
         sp.max_tokens = max_tokens[k];
         sp.ignore_eos = true;
-        char id[16];
-        snprintf(id, sizeof id, "r%d", k);
+        uint64_t id = seq_of(k);
         tdm_worker_req_t req = {
-            .request_id = id, .prompt = prompts[k], .n_prompt = prompt_len[k], .sampling = &sp};
+            .seq_id = id, .prompt = prompts[k], .n_prompt = prompt_len[k], .sampling = &sp};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, ref);
@@ -291,7 +295,7 @@ static void test_decode_step_stats(void **state)
     sp.temperature = 0.0f;
     sp.max_tokens = 3;
     sp.ignore_eos = true;
-    tdm_worker_req_t req = {.request_id = "r0", .prompt = prompt, .n_prompt = 10, .sampling = &sp};
+    tdm_worker_req_t req = {.seq_id = seq_of(0), .prompt = prompt, .n_prompt = 10, .sampling = &sp};
     tdm_error_t err = {0};
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     const tdm_worker_event_t *ev;
@@ -355,7 +359,7 @@ static void test_prefill_then_decode(void **state)
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_step(p.w, &ev, &n, &err), 0);
         for (uint32_t i = 0; i < n; i++) {
-            int k = id_index(ev[i].request_id);
+            int k = id_index(ev[i].seq_id);
             if (ev[i].kind == TDM_WORKER_EVENT_TOKEN) {
                 assert_int_equal(ev[i].index, 0);
                 got[k].tokens[got[k].n++] = ev[i].sample.token;
@@ -381,7 +385,7 @@ static void test_prefill_then_decode(void **state)
             sp.seed = 1234 + (uint64_t)k;
             sp.max_tokens = max_tokens[k];
             sp.ignore_eos = true;
-            tdm_worker_req_t req = {.request_id = ev[i].request_id,
+            tdm_worker_req_t req = {.seq_id = ev[i].seq_id,
                                     .prompt = prompts[k],
                                     .n_prompt = prompt_len[k],
                                     .sampling = &sp,
@@ -419,9 +423,8 @@ static void test_prefilled_finishes_at_once(void **state)
         sp.max_tokens = k == 0 ? 1 : 10;
         sp.stop_token_ids[0] = 42;
         sp.n_stop_token_ids = 1;
-        char id[8];
-        snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_req_t req = {.request_id = id,
+        uint64_t id = seq_of(k);
+        tdm_worker_req_t req = {.seq_id = id,
                                 .prompt = prompt,
                                 .n_prompt = 20,
                                 .sampling = &sp,
@@ -455,33 +458,33 @@ static void test_cancel_and_errors(void **state)
     tdm_error_t err = {0};
     for (int i = 0; i < 5; i++)
         assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
-    assert_int_equal(tdm_worker_cancel(r.w, "r1"), 0);
-    assert_int_equal(tdm_worker_cancel(r.w, "r1"), TDM_ENOTFOUND);
-    assert_false(tdm_worker_has(r.w, "r1"));
-    assert_true(tdm_worker_has(r.w, "r0"));
+    assert_int_equal(tdm_worker_cancel(r.w, seq_of(1)), 0);
+    assert_int_equal(tdm_worker_cancel(r.w, seq_of(1)), TDM_ENOTFOUND);
+    assert_false(tdm_worker_has(r.w, seq_of(1)));
+    assert_true(tdm_worker_has(r.w, seq_of(0)));
 
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     tdm_worker_req_t dup = {
-        .request_id = "r0", .prompt = prompts[0], .n_prompt = 5, .sampling = &sp};
+        .seq_id = seq_of(0), .prompt = prompts[0], .n_prompt = 5, .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &dup, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "already"));
-    tdm_worker_req_t empty = {.request_id = "x", .prompt = prompts[0], .sampling = &sp};
+    tdm_worker_req_t zero = {.seq_id = 0, .prompt = prompts[0], .n_prompt = 5, .sampling = &sp};
+    assert_int_equal(tdm_worker_add(r.w, &zero, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "seq_id"));
+    tdm_worker_req_t empty = {.seq_id = 'x', .prompt = prompts[0], .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &empty, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "prompt"));
     static int32_t big[600];
-    tdm_worker_req_t toolong = {.request_id = "y", .prompt = big, .n_prompt = 600, .sampling = &sp};
+    tdm_worker_req_t toolong = {.seq_id = 'y', .prompt = big, .n_prompt = 600, .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &toolong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context"));
     int32_t bad = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {.request_id = "z", .prompt = &bad, .n_prompt = 1, .sampling = &sp};
+    tdm_worker_req_t oov = {.seq_id = 'z', .prompt = &bad, .n_prompt = 1, .sampling = &sp};
     assert_int_equal(tdm_worker_add(r.w, &oov, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "vocabulary"));
-    for (int k = 0; k < N_REQ; k++) {
-        char id[8];
-        snprintf(id, sizeof id, "r%d", k);
-        tdm_worker_cancel(r.w, id);
-    }
+    for (int k = 0; k < N_REQ; k++)
+        tdm_worker_cancel(r.w, seq_of(k));
     assert_false(tdm_worker_busy(r.w));
     rig_close(&r);
 }
@@ -557,14 +560,14 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     sp.max_tokens = 4;
-    tdm_worker_req_t req = {.request_id = "a", .prompt = prompt, .n_prompt = 100, .sampling = &sp};
+    tdm_worker_req_t req = {.seq_id = 'a', .prompt = prompt, .n_prompt = 100, .sampling = &sp};
     tdm_error_t err = {0};
     alloc_watch(true);
     int rc = tdm_worker_add(r.w, &req, &err);
     assert_true(alloc_unwatch() > 0);
     assert_int_equal(rc, TDM_ERESOURCE);
     assert_non_null(strstr(err.msg, "out of memory"));
-    assert_false(tdm_worker_has(r.w, "a"));
+    assert_false(tdm_worker_has(r.w, 'a'));
     assert_false(tdm_worker_busy(r.w));
 
     /* a prefilled table that cannot be sized stays with the caller, blocks and all */
@@ -572,7 +575,7 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     tdm_kv_seq_init(&seq);
     assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 20), 0);
     seq.n_tokens = 20;
-    tdm_worker_req_t pre = {.request_id = "p",
+    tdm_worker_req_t pre = {.seq_id = 'p',
                             .prompt = prompt,
                             .n_prompt = 20,
                             .sampling = &sp,
@@ -615,14 +618,10 @@ static void test_events_carry_user(void **state)
         tdm_sampling_params_default(&sp);
         sp.max_tokens = 3 + k;
         sp.ignore_eos = true;
-        char id[8];
-        snprintf(id, sizeof id, "r%d", k);
+        uint64_t id = seq_of(k);
         tags[k] = k;
-        tdm_worker_req_t req = {.request_id = id,
-                                .prompt = prompt[k],
-                                .n_prompt = 10,
-                                .sampling = &sp,
-                                .user = &tags[k]};
+        tdm_worker_req_t req = {
+            .seq_id = id, .prompt = prompt[k], .n_prompt = 10, .sampling = &sp, .user = &tags[k]};
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     }
@@ -633,7 +632,7 @@ static void test_events_carry_user(void **state)
         tdm_error_t err = {0};
         assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
         for (uint32_t i = 0; i < n; i++) {
-            int k = id_index(ev[i].request_id);
+            int k = id_index(ev[i].seq_id);
             assert_ptr_equal(ev[i].user, &tags[k]);
             seen[k]++;
         }
@@ -660,7 +659,7 @@ static void resume_params(tdm_sampling_params_t *sp, bool greedy, int32_t max)
     sp->penalty_last_n = 8;
 }
 
-/* The sequence "r0" (prompt[n_prompt], resume_params) run alone from the start into *ref. */
+/* The sequence seq_of(0) (prompt[n_prompt], resume_params) run alone from the start into *ref. */
 static void resume_reference(fixture_t *fx, const int32_t *prompt, uint32_t n_prompt, bool greedy,
                              int32_t max, out_t *ref)
 {
@@ -669,7 +668,7 @@ static void resume_reference(fixture_t *fx, const int32_t *prompt, uint32_t n_pr
     tdm_sampling_params_t sp;
     resume_params(&sp, greedy, max);
     tdm_worker_req_t req = {
-        .request_id = "r0", .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp};
+        .seq_id = seq_of(0), .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp};
     tdm_error_t err = {0};
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     drain(&r, ref);
@@ -688,7 +687,7 @@ static void resume_local(fixture_t *fx, const int32_t *prompt, uint32_t n_prompt
     resume_params(&sp, greedy, max);
     memcpy(got->tokens, ref->tokens, cut * sizeof *ref->tokens);
     got->n = cut;
-    tdm_worker_req_t req = {.request_id = "r0",
+    tdm_worker_req_t req = {.seq_id = seq_of(0),
                             .prompt = prompt,
                             .n_prompt = n_prompt,
                             .sampling = &sp,
@@ -712,7 +711,7 @@ static void resume_remote(fixture_t *fx, const int32_t *prompt, uint32_t n_promp
     resume_params(&sp, greedy, max);
     memcpy(got->tokens, ref->tokens, cut * sizeof *ref->tokens);
     got->n = cut;
-    tdm_worker_req_t req = {.request_id = "r0",
+    tdm_worker_req_t req = {.seq_id = seq_of(0),
                             .prompt = prompt,
                             .n_prompt = n_prompt,
                             .sampling = &sp,
@@ -741,7 +740,7 @@ static void resume_remote(fixture_t *fx, const int32_t *prompt, uint32_t n_promp
     tdm_kv_seq_t src = ev[1].seq;
     int32_t first = ev[1].first_token;
     tdm_kv_seq_release(p.pool, &src);
-    tdm_worker_req_t dr = {.request_id = "r0",
+    tdm_worker_req_t dr = {.seq_id = seq_of(0),
                            .prompt = prompt,
                            .n_prompt = n_prompt,
                            .sampling = &sp,
@@ -799,7 +798,7 @@ static void test_resume_errors(void **state)
     tdm_sampling_params_t sp;
     resume_params(&sp, true, 4);
     tdm_error_t err = {0};
-    tdm_worker_req_t full = {.request_id = "a",
+    tdm_worker_req_t full = {.seq_id = 'a',
                              .prompt = prompt,
                              .n_prompt = 8,
                              .sampling = &sp,
@@ -808,7 +807,7 @@ static void test_resume_errors(void **state)
     assert_int_equal(tdm_worker_add(r.w, &full, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "max_tokens is 4"));
     sp.max_tokens = 600;
-    tdm_worker_req_t big = {.request_id = "b",
+    tdm_worker_req_t big = {.seq_id = 'b',
                             .prompt = prompt,
                             .n_prompt = 8,
                             .sampling = &sp,
@@ -817,7 +816,7 @@ static void test_resume_errors(void **state)
     assert_int_equal(tdm_worker_add(r.w, &big, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "context of 512"));
     out[2] = (int32_t)fx->f.n_vocab;
-    tdm_worker_req_t oov = {.request_id = "c",
+    tdm_worker_req_t oov = {.seq_id = 'c',
                             .prompt = prompt,
                             .n_prompt = 8,
                             .sampling = &sp,
@@ -830,7 +829,7 @@ static void test_resume_errors(void **state)
     tdm_kv_seq_init(&seq);
     assert_int_equal(tdm_kv_seq_reserve(r.pool, &seq, 8), 0);
     seq.n_tokens = 8; /* the prompt's KV only */
-    tdm_worker_req_t pre = {.request_id = "d",
+    tdm_worker_req_t pre = {.seq_id = 'd',
                             .prompt = prompt,
                             .n_prompt = 8,
                             .sampling = &sp,
@@ -891,10 +890,9 @@ static void add_constrained(fixture_t *fx, rig_t *r, int k, int32_t *prompt, con
     sp.temperature = greedy ? 0.0f : 1.0f;
     sp.seed = 77 + (uint64_t)k;
     sp.max_tokens = max_new;
-    char id[16];
-    snprintf(id, sizeof id, "r%d", k);
+    uint64_t id = seq_of(k);
     tdm_worker_req_t req = {
-        .request_id = id, .prompt = prompt, .n_prompt = 12, .sampling = &sp, .grammar = g};
+        .seq_id = id, .prompt = prompt, .n_prompt = 12, .sampling = &sp, .grammar = g};
     tdm_error_t err = {0};
     if (tdm_worker_add(r->w, &req, &err) != 0)
         fail_msg("%s", err.msg);
@@ -977,15 +975,14 @@ static void test_constrained_resume(void **state)
     sp.temperature = 1.0f;
     sp.seed = 77 + N_REQ + 1;
     sp.max_tokens = 36;
-    char id[16];
-    snprintf(id, sizeof id, "r%d", N_REQ + 1);
+    uint64_t id = seq_of(N_REQ + 1);
     for (uint32_t cut = 1; cut < want->n; cut += 3) {
         out_t got[N_REQ + 2] = {0};
         memcpy(got[N_REQ + 1].tokens, want->tokens, cut * sizeof *want->tokens);
         got[N_REQ + 1].n = cut;
         rig_t r;
         rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
-        tdm_worker_req_t req = {.request_id = id,
+        tdm_worker_req_t req = {.seq_id = id,
                                 .prompt = prompt,
                                 .n_prompt = 12,
                                 .sampling = &sp,
@@ -1002,7 +999,7 @@ static void test_constrained_resume(void **state)
     rig_t r;
     rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
     int32_t wrong[2] = {want->tokens[0], (int32_t)tdm_test_tiny_byte_token('x')};
-    tdm_worker_req_t bad = {.request_id = id,
+    tdm_worker_req_t bad = {.seq_id = id,
                             .prompt = prompt,
                             .n_prompt = 12,
                             .sampling = &sp,
@@ -1040,7 +1037,7 @@ static void test_constrained_ignore_eos(void **state)
         rig_t r;
         rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
         tdm_worker_req_t req = {
-            .request_id = "r0", .prompt = prompt, .n_prompt = 12, .sampling = &sp, .grammar = g};
+            .seq_id = seq_of(0), .prompt = prompt, .n_prompt = 12, .sampling = &sp, .grammar = g};
         assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
         drain(&r, got);
         rig_close(&r);
@@ -1094,7 +1091,7 @@ static void test_constrained_handoff(void **state)
     sp.seed = 77 + N_REQ + 1;
     sp.max_tokens = 36;
     int32_t bad = (int32_t)tdm_test_tiny_byte_token('x'); /* not "{" */
-    tdm_worker_req_t wrong = {.request_id = "r7",
+    tdm_worker_req_t wrong = {.seq_id = seq_of(7),
                               .prompt = prompt,
                               .n_prompt = 12,
                               .sampling = &sp,
@@ -1103,7 +1100,7 @@ static void test_constrained_handoff(void **state)
                               .grammar = g};
     assert_int_equal(tdm_worker_add(d.w, &wrong, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "constraint"));
-    tdm_worker_req_t req = {.request_id = "r7",
+    tdm_worker_req_t req = {.seq_id = seq_of(7),
                             .prompt = prompt,
                             .n_prompt = 12,
                             .sampling = &sp,
@@ -1141,10 +1138,8 @@ static void fork_reference(fixture_t *fx, const int32_t *prompt, uint32_t n_prom
     rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
     tdm_sampling_params_t sp;
     fork_params(&sp, seed);
-    char id[16];
-    snprintf(id, sizeof id, "r%d", k);
-    tdm_worker_req_t req = {
-        .request_id = id, .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp};
+    uint64_t id = seq_of(k);
+    tdm_worker_req_t req = {.seq_id = id, .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp};
     tdm_error_t err = {0};
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     out_t all[3] = {0};
@@ -1179,28 +1174,26 @@ static void fork_case(fixture_t *fx, uint32_t n_prompt)
     rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 4);
     tdm_sampling_params_t sp[3];
     tdm_worker_req_t req[3];
-    char ids[3][8];
     for (int k = 0; k < 3; k++) {
         fork_params(&sp[k], 500 + (uint64_t)k);
-        snprintf(ids[k], sizeof ids[k], "r%d", k);
         req[k] = (tdm_worker_req_t){
-            .request_id = ids[k], .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp[k]};
+            .seq_id = seq_of(k), .prompt = prompt, .n_prompt = n_prompt, .sampling = &sp[k]};
     }
     tdm_error_t err = {0};
     assert_int_equal(tdm_worker_add(r.w, &req[0], &err), 0);
-    assert_int_equal(tdm_worker_fork(r.w, "r0", &req[1], &err), TDM_EPRECONDITION);
+    assert_int_equal(tdm_worker_fork(r.w, seq_of(0), &req[1], &err), TDM_EPRECONDITION);
     out_t got[3] = {0};
     const tdm_worker_event_t *ev;
     uint32_t n_ev;
     assert_int_equal(tdm_worker_step(r.w, &ev, &n_ev, &err), 0); /* the prompt, token 0 */
     assert_int_equal(n_ev, 1);
     got[0].tokens[got[0].n++] = ev[0].sample.token;
-    assert_int_equal(tdm_worker_fork(r.w, "nope", &req[1], &err), TDM_ENOTFOUND);
+    assert_int_equal(tdm_worker_fork(r.w, 999, &req[1], &err), TDM_ENOTFOUND);
     req[1].n_prompt = n_prompt - 1;
-    assert_int_equal(tdm_worker_fork(r.w, "r0", &req[1], &err), TDM_EINVALID);
+    assert_int_equal(tdm_worker_fork(r.w, seq_of(0), &req[1], &err), TDM_EINVALID);
     req[1].n_prompt = n_prompt;
     for (int k = 1; k < 3; k++)
-        if (tdm_worker_fork(r.w, "r0", &req[k], &err) != 0)
+        if (tdm_worker_fork(r.w, seq_of(0), &req[k], &err) != 0)
             fail_msg("%s", err.msg);
     uint32_t shared = (n_prompt - 1) / 16;
     assert_int_equal(blocks_with_refs(r.pool, 3), shared);

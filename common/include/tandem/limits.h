@@ -17,7 +17,7 @@ extern "C" {
 #define TDM_REQUEST_ID_MAX 127u
 
 /* Most stop strings per request and the longest one, bytes. The router refuses more
- * (request.c); the client library and the tandem tool check before sending (client.c,
+ * (request.c); the client library and the tandem tool check before sending (client_start.c,
  * cmd_generate.c, cmd_chat.c). */
 #define TDM_MAX_STOP_STRINGS 16u
 #define TDM_MAX_STOP_STRING_BYTES 256u

@@ -26,8 +26,8 @@ extern "C" {
 
 /* One attempt a node holds: the first member of each handler's request struct (the table's
  * entries are ops->req_size bytes). The router's attempt id is its key (O(1) lookup by a hash
- * of it); its worker sequence (att.key) carries the entry as tdm_worker_req_t.user, so worker
- * events reach it without a lookup. */
+ * of it); its worker sequence (seq_id att.attempt_id) carries the entry as
+ * tdm_worker_req_t.user, so worker events reach it without a lookup. */
 typedef struct tdm_node_req {
     tdm_node_attempt_t att;
     uint64_t deadline_ms; /* the task's deadline (unix ms); 0: none */

@@ -25,13 +25,13 @@ int tdm_node_constraint(tdm_grammar_cache_t *cache, const Tandem__V1__Constraint
                         const tdm_grammar_t **g, tdm_error_t *err);
 
 /* One dispatch attempt held by a node (docs/protocol.md "Identities"). The router's attempt id
- * is the key of all node state: the worker's sequence id (key), the KV reservation and the
+ * is the key of all node state: the worker's sequence id, the KV reservation and the
  * transfer; the client's request id is only a label carried back on messages and logs, so a
  * request id reused by a client can never reach another attempt's state. */
 typedef struct tdm_node_attempt {
     uint64_t attempt_id;      /* never 0 */
     uint64_t router_instance; /* FrameHeader.instance_id of the router that dispatched it */
-    char key[17];             /* "%016" PRIx64 of attempt_id: the worker request id */
+    char key[17];             /* "%016" PRIx64 of attempt_id: its printable form, for logs */
     char label[TDM_REQUEST_ID_MAX + 1]; /* the client's request id */
 } tdm_node_attempt_t;
 

@@ -46,9 +46,10 @@
  * Memory: every table is allocated by tdm_worker_new; tdm_worker_add allocates the
  * sequence's token array and its KV block table, both sized for the longest the sequence can
  * get (prompt + min(max_tokens, n_ctx - prompt) tokens); tdm_worker_step allocates nothing
- * (preemption clears a block table and keeps it, tdm_kv_seq_clear). Sequences are found by id
- * through a hash index; each carries the caller's pointer (tdm_worker_req_t.user) into its
- * events, so a caller needs no table of its own to find its state for an event.
+ * (preemption clears a block table and keeps it, tdm_kv_seq_clear). Sequences are keyed by the
+ * caller's 64-bit id (nodes: the router's attempt id), found through a hash index; each carries
+ * the caller's pointer (tdm_worker_req_t.user) into its events, so a caller needs no table of
+ * its own to find its state for an event.
  */
 #ifndef TANDEM_WORKER_H
 #define TANDEM_WORKER_H
@@ -120,8 +121,9 @@ void tdm_worker_destroy(tdm_worker_t **self_p);
 
 /* A sequence to add. */
 typedef struct tdm_worker_req {
-    const char *request_id; /* < (TDM_REQUEST_ID_MAX + 1) bytes, unique in the worker */
-    const int32_t *prompt;  /* [n_prompt] token ids, n_prompt >= 1 */
+    uint64_t seq_id;       /* the caller's id of the sequence, not 0, unique in the worker
+                              (nodes: the router's attempt id, tdm_node_attempt_t) */
+    const int32_t *prompt; /* [n_prompt] token ids, n_prompt >= 1 */
     uint32_t n_prompt;
     const tdm_sampling_params_t *sampling; /* validated by the caller; max_tokens >= 1 */
     /* DECODE mode, KV received from a prefill node: the block table holding the KV of the
@@ -156,17 +158,17 @@ typedef struct tdm_worker_req {
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
  * token, max_tokens reached, a grammar it completes) finishes at the next step without a
- * forward pass. Returns 0; TDM_EINVALID (duplicate id, empty prompt, prompt + output + 1 >
- * n_ctx, n_output >= max_tokens, token out of the vocabulary, prefilled table not covering
- * n_prompt + n_output tokens, a grammar without opts.grammar_vocab, output or a first token
- * the grammar does not allow), TDM_ERESOURCE (max_waiting reached: the message says so; or out
- * of memory for the sequence's token array or block table: the message says "out of memory").
+ * forward pass. Returns 0; TDM_EINVALID (seq_id 0 or already in the worker, empty prompt, prompt +
+ * output + 1 > n_ctx, n_output >= max_tokens, token out of the vocabulary, prefilled table not
+ * covering n_prompt + n_output tokens, a grammar without opts.grammar_vocab, output or a first
+ * token the grammar does not allow), TDM_ERESOURCE (max_waiting reached: the message says so; or
+ * out of memory for the sequence's token array or block table: the message says "out of memory").
  * On error a prefilled table is left with the caller (its table may have been grown, its
  * blocks and contents are unchanged). */
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
 
 /* Forks sequence parent_id for one more choice of the same prompt (OpenAI's n > 1): adds a
- * new sequence req->request_id (req->sampling, user, grammar; req->prompt must be the
+ * new sequence req->seq_id (req->sampling, user, grammar; req->prompt must be the
  * parent's prompt) whose block table shares, by reference (tdm_kv_pool_ref), each block of the
  * parent's prompt KV that holds no position from n_prompt - 1 on: k = (n_prompt - 1) /
  * block_size full blocks. The fork recomputes the rest of the prompt itself (1..block_size
@@ -179,12 +181,12 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
  * TDM_EPRECONDITION (the parent's prompt KV is not computed yet, or it was preempted: retry
  * after a step); TDM_EINVALID (a prompt that is not the parent's, prefilled or output set)
  * and tdm_worker_add's errors. */
-int tdm_worker_fork(tdm_worker_t *w, const char *parent_id, const tdm_worker_req_t *req,
+int tdm_worker_fork(tdm_worker_t *w, uint64_t parent_id, const tdm_worker_req_t *req,
                     tdm_error_t *err);
 
-/* Removes a sequence wherever it is (waiting or running) and frees its blocks. Returns 0 or
- * TDM_ENOTFOUND. No event is produced for it. O(1) lookup (hash of the id). */
-int tdm_worker_cancel(tdm_worker_t *w, const char *request_id);
+/* Removes sequence seq_id wherever it is (waiting or running) and frees its blocks. Returns 0
+ * or TDM_ENOTFOUND. No event is produced for it. O(1) lookup (hash of the id). */
+int tdm_worker_cancel(tdm_worker_t *w, uint64_t seq_id);
 
 typedef enum tdm_worker_event_kind {
     TDM_WORKER_EVENT_TOKEN = 0,     /* a token was sampled */
@@ -200,8 +202,8 @@ typedef enum tdm_worker_finish {
 
 typedef struct tdm_worker_event {
     tdm_worker_event_kind_t kind;
-    char request_id[(TDM_REQUEST_ID_MAX + 1)];
-    void *user; /* the sequence's tdm_worker_req_t.user */
+    uint64_t seq_id; /* the sequence's tdm_worker_req_t.seq_id */
+    void *user;      /* the sequence's tdm_worker_req_t.user */
     /* TOKEN */
     uint32_t index;                /* output index (0 = first generated token) */
     tdm_sample_result_t sample;    /* token, logprob, top logprobs */
@@ -281,8 +283,8 @@ void tdm_worker_stats(const tdm_worker_t *w, tdm_worker_stats_t *out);
 bool tdm_worker_token_ends(const tdm_tokenizer_t *tok, const tdm_sampling_params_t *sp,
                            int32_t token);
 
-/* True when the worker holds request_id. */
-bool tdm_worker_has(const tdm_worker_t *w, const char *request_id);
+/* True when the worker holds sequence seq_id. Cannot fail. */
+bool tdm_worker_has(const tdm_worker_t *w, uint64_t seq_id);
 
 #ifdef __cplusplus
 }

@@ -97,4 +97,36 @@ void tdm_net_zap_unregister(tdm_net_t *net, const char *domain);
  * without cutting a UTF-8 character. Cannot fail. */
 size_t tdm_net_text_fit(const char *s, size_t cap);
 
+/* ---- sockets (sock.c, sock_send.c, sock_recv.c) ---- */
+
+#define SOCK_ENDPOINT_MAX 256
+
+struct tdm_sock {
+    tdm_net_t *net;
+    void *zs;
+    bool router;
+    int sndhwm;
+    char endpoint[SOCK_ENDPOINT_MAX];
+    char zap_domain[TDM_NET_ZAP_DOMAIN_MAX]; /* "" when not a CURVE server */
+    const tdm_logger_t *log;
+    uint64_t instance_id; /* stamped into every header sent */
+    tdm_sock_stats_t stats;
+    char errmsg[TDM_ERRMSG_MAX];
+    zmq_msg_t *scratch;    /* [scratch_cap] parts of the message being received */
+    tdm_net_part_t *views; /* [scratch_cap] their bytes, for tdm_net_parse */
+    size_t scratch_cap;
+    void *monitor;        /* watch_handshake: PAIR receiving the socket's handshake events */
+    bool hs_failed;       /* the last handshake event was a failure */
+    char hs_why[160];     /* what it said */
+    uint64_t disconnects; /* established connections the monitor saw drop */
+    uint64_t handshakes;  /* handshakes the monitor saw succeed */
+};
+
+/* Formats the socket's last error message (tdm_sock_errmsg). Cannot fail (truncates). */
+void tdm_sock_set_errmsg(tdm_sock_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Printable form of a routing id into buf (cap bytes with the NUL): the text when it is
+ * printable ASCII, else hex. Returns buf. Cannot fail (truncates). */
+const char *tdm_sock_peer_str(const uint8_t *peer, size_t len, char *buf, size_t cap);
+
 #endif /* TANDEM_NET_INTERNAL_H */

@@ -1,7 +1,7 @@
 // kv_store.cu - writes the rows' K and V into the device copy of the paged KV pool, in the
 // host pool's layout ([block][layer][K|V][kv_head] records of [slot][head_dim] values; q8: a
-// float scale, then int8 values) and with cpu.c's arithmetic (kv_put), so the bytes match the
-// CPU backend's for the same inputs.
+// float scale, then int8 values) and with cpu_attention.c's arithmetic (kv_put), so the bytes match
+// the CPU backend's for the same inputs.
 //
 // One thread block per (run, kv head, K|V), where a run is the rows of one sequence that
 // write one KV block, in position order (begin builds them). The rows of a run are stored one

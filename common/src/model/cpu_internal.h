@@ -1,0 +1,107 @@
+/* cpu_internal.h - what the CPU backend's files share: the backend record (cpu_be_t), the
+ * kernel record of a weight (cpu_wkernel_t) and the ops each file gives the vtable in cpu.c.
+ * Private to common/src/model/cpu*.c. */
+#ifndef TDM_MODEL_CPU_INTERNAL_H
+#define TDM_MODEL_CPU_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/backend.h"
+#include "model/cpu_kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TDM_X86 1
+#endif
+
+#define QK TDM_CPU_QK
+
+typedef struct cpu_be {
+    const tdm_model_t *model;
+    const tdm_llama_hparams_t *hp;
+    tdm_kv_pool_t *pool;
+    tdm_kv_layout_t kl;
+    uint64_t block_bytes, rec_bytes;
+    int n_threads;
+    uint32_t max_rows, n_ctx;
+    const tdm_cpu_isa_t *isa;    /* the kernels (cpu_kernels.h) */
+    const tdm_cpu_isa_t *scalar; /* the reference, for what isa leaves NULL */
+    const tdm_cpu_isa_t *narrow; /* 256-bit set over the same packed layout for a lone token
+                                    (isa's 512-bit tile holds two tokens per register), or NULL */
+    bool avx512;     /* AVX-512 F/BW/VL + VNNI kernels for Q4_0/Q4_1/Q8_0 (supersede isa's dots) */
+    bool amx;        /* isa is the AMX set (cpu_amx.c) */
+    bool kquant_f32; /* K-quants on the f32 path (TANDEM_CPU_KERNELS=f32k, for comparison) */
+    char name[32];
+    struct cpu_wkernel *wk; /* [n_wk] the kernel of each quantized matrix, chosen at load */
+    size_t n_wk;
+    uint64_t own_bytes; /* bytes of every buffer from cpu_alloc (scratch, packed weights) */
+    uint64_t released;  /* model file bytes released after repacking (tdm_gguf_release) */
+    void **allocs;      /* every buffer from cpu_alloc, freed at destroy */
+    size_t n_allocs, cap_allocs;
+    size_t par_min;   /* fewest values an op splits among threads (TDM_PAR_MIN_*) */
+    size_t max_in;    /* widest matmul input (elements) */
+    q8a_block_t *act; /* [max_rows][max_in / 32] quantized activations */
+    uint8_t *zact;    /* [max_rows][zact stride] activations in the AVX-512 layout */
+    uint8_t *zprep;   /* [n_threads][zprep stride] one weight row prepared for AVX-512 */
+    float *wrow;      /* [n_threads][max_in] dequantized weight rows */
+    float *scores;    /* [n_threads][heads per KV head][n_ctx] attention scores */
+    float *kvrow;     /* [n_threads][heads per KV head + 2][head_dim] K/V rows, queries */
+    float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
+    float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
+                         scales q itself (hparams.attn_q_scale) */
+} cpu_be_t;
+
+/* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the
+ * matrix in place or repacked (cpu_kernels.h), AVX-512's prepared rows, or the f32 path. */
+typedef struct cpu_wkernel {
+    const tdm_weight_t *w;
+    tdm_cpu_qmat_t m;      /* what gemm reads */
+    tdm_cpu_gemm_fn gemm;  /* NULL: f32 path (or zdot) */
+    tdm_cpu_gemm_fn gemm1; /* for the last token of an odd count (be->narrow's), or NULL */
+    bool zdot;             /* the AVX-512 kernels on the rows in place */
+} cpu_wkernel_t;
+
+static inline float dot_f32(const cpu_be_t *be, const float *x, const float *y, size_t n)
+{
+    return be->isa->dot_f32(x, y, n);
+}
+
+static inline void quantize_act(const cpu_be_t *be, const float *x, size_t n, q8a_block_t *out)
+{
+    be->isa->quantize_act(x, n, out);
+}
+
+/* The kernel record of w: the one chosen at load, or (for a weight the backend was not
+ * created with) one over the rows in place, which gives the same bits. */
+const cpu_wkernel_t *tdm_cpu_wkernel_for(const cpu_be_t *be, const tdm_weight_t *w,
+                                         cpu_wkernel_t *tmp);
+
+/* The ops, each the tdm_backend_ops_t entry of the same name (model/backend.h states what it
+ * computes, its shapes and errors); vbe is the cpu_be_t from cpu.c's create. */
+
+/* cpu_ops.c: the row-wise and element-wise ops. */
+int tdm_cpu_embed(void *vbe, const tdm_weight_t *emb, const int32_t *tokens, uint32_t n, float *x);
+int tdm_cpu_rmsnorm(void *vbe, const float *x, const tdm_weight_t *w, uint32_t n, float eps,
+                    float *out);
+int tdm_cpu_add_bias(void *vbe, float *x, const tdm_weight_t *b, uint32_t n);
+int tdm_cpu_rope(void *vbe, uint32_t layer, float *q, float *k, const tdm_fwd_rows_t *rows);
+int tdm_cpu_swiglu(void *vbe, const float *gate, const float *up, size_t count, float *out);
+int tdm_cpu_geglu(void *vbe, const float *gate, const float *up, size_t count, float *out);
+int tdm_cpu_scale(void *vbe, float *x, float s, size_t count);
+int tdm_cpu_add(void *vbe, float *x, const float *y, size_t count);
+int tdm_cpu_gather_rows(void *vbe, const float *src, const uint32_t *rows, uint32_t n, uint32_t dim,
+                        float *dst);
+int tdm_cpu_read(void *vbe, const float *src, size_t count, float *host_dst);
+
+/* cpu_matmul.c: the matmul driver. */
+int tdm_cpu_matmul(void *vbe, const float *x, uint32_t n, uint32_t n_w,
+                   const tdm_weight_t *const *w, float *const *out);
+
+/* cpu_attention.c: the KV cache writes and attention. */
+int tdm_cpu_kv_store(void *vbe, uint32_t layer, const float *k, const float *v,
+                     const tdm_fwd_rows_t *rows);
+int tdm_cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
+                      float *out);
+
+#endif
