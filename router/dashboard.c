@@ -616,7 +616,7 @@ static bool cap_bytes(cap_args_t *a, const char *name, uint64_t *out, bool *give
 static json_t *cap_error(cap_args_t *a, unsigned *http_status)
 {
     *http_status = 400;
-    return http_error_json(400, NULL, a->bad, a->msg);
+    return http_error_json(TDM_EINVALID, NULL, a->bad, a->msg);
 }
 
 /* The KV shape, n_heads, weights and context into in: the served model's (m), or the explicit

@@ -43,7 +43,6 @@
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
 #define HTTP_UNARY_TIMEOUT_S 5.0
 /* Room for a refusal's message in OpenAI's terms: the router's, translated, and a prompt's name. */
-#define HTTP_REFUSAL_MAX (TDM_ERRMSG_MAX + 128)
 /* Kernel send buffer of a streaming response (Linux doubles it). Autotuning would let a client
  * that stops reading park up to net.ipv4.tcp_wmem's maximum (4 MiB) in the kernel per stream;
  * with the cap the backlog waits in the call's queue, and a stream needs little: 64 KiB per
@@ -131,54 +130,6 @@ static void add_conv_headers(struct MHD_Connection *c, struct MHD_Response *resp
 
 /* ---- errors and responses ---- */
 
-unsigned http_status_of(int tdm_status)
-{
-    switch (tdm_status) {
-    case TDM_OK: return 200;
-    case TDM_EINVALID:
-    case TDM_EPRECONDITION: return 400;
-    case TDM_EUNAUTHENTICATED: return 401;
-    case TDM_ENOTFOUND: return 404;
-    case TDM_ERESOURCE: return 429;
-    case TDM_ECANCELLED: return 499;
-    case TDM_EUNAVAILABLE: return 503;
-    case TDM_EDEADLINE: return 408; /* DESIGN.md "Status codes" */
-    default: return 500;
-    }
-}
-
-static const char *error_type(unsigned status)
-{
-    switch (status) {
-    case 400:
-    case 413: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 405: return "invalid_request_error";
-    case 429: return "rate_limit_error";
-    case 499: return "cancelled";
-    case 408: return "timeout";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
-    }
-}
-
-static const char *status_code_name(unsigned status)
-{
-    switch (status) {
-    case 400: return "invalid_argument";
-    case 401: return "unauthenticated";
-    case 404: return "not_found";
-    case 405: return "method_not_allowed";
-    case 413: return "request_too_large";
-    case 429: return "resource_exhausted";
-    case 499: return "cancelled";
-    case 503: return "unavailable";
-    case 408: return "deadline_exceeded";
-    default: return "internal";
-    }
-}
-
 json_t *http_json_text(const char *s, size_t n)
 {
     if (!s)
@@ -215,17 +166,17 @@ json_t *http_json_str(const char *s)
     return http_json_text(s, s ? strlen(s) : 0);
 }
 
-json_t *http_error_json(unsigned http_status, const char *code, const char *param,
-                        const char *message)
+json_t *http_error_json(int status, const char *code, const char *param, const char *message)
 {
+    const tdm_status_info_t *row = tdm_status_info(status);
     /* the message may quote client input (a URL, a JSON parser's excerpt, a model name) */
     json_t *e = json_object();
     if (!e)
         return NULL;
     json_object_set_new(e, "message", http_json_str(message ? message : ""));
-    json_object_set_new(e, "type", json_string(error_type(http_status)));
+    json_object_set_new(e, "type", json_string(row->oai_type));
     json_object_set_new(e, "param", param && param[0] ? http_json_str(param) : json_null());
-    json_object_set_new(e, "code", http_json_str(code ? code : status_code_name(http_status)));
+    json_object_set_new(e, "code", http_json_str(code ? code : row->oai_code));
     if (json_object_size(e) != 4) { /* out of memory */
         json_decref(e);
         return NULL;
@@ -317,18 +268,46 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, jso
     return reply_json_retry(c, status, v, 0);
 }
 
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *code,
-                                   const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static enum MHD_Result reply_error(struct MHD_Connection *c, unsigned status, const char *code,
-                                   const char *param, const char *fmt, ...)
+/* Replies with OpenAI's error body for status (a tdm status) under the HTTP status the status
+ * table gives it (a refusal of the HTTP request itself, wrong method or too large, under
+ * http_status: 405, 413); code (NULL: the table's) and param (NULL: none) as given. */
+static enum MHD_Result reply_error_as(struct MHD_Connection *c, unsigned http_status, int status,
+                                      const char *code, const char *param, const char *fmt,
+                                      va_list ap) __attribute__((format(printf, 6, 0)));
+static enum MHD_Result reply_error_as(struct MHD_Connection *c, unsigned http_status, int status,
+                                      const char *code, const char *param, const char *fmt,
+                                      va_list ap)
 {
     char msg[TDM_ERRMSG_MAX + 64];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    return reply_json(c, http_status ? http_status : tdm_status_info(status)->http_status,
+                      http_error_json(status, code, param, msg));
+}
+
+static enum MHD_Result reply_error(struct MHD_Connection *c, int status, const char *code,
+                                   const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static enum MHD_Result reply_error(struct MHD_Connection *c, int status, const char *code,
+                                   const char *param, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    enum MHD_Result ret = reply_error_as(c, 0, status, code, param, fmt, ap);
     va_end(ap);
-    return reply_json(c, status, http_error_json(status, code, param, msg));
+    return ret;
+}
+
+static enum MHD_Result reply_bad_http(struct MHD_Connection *c, unsigned http_status,
+                                      const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static enum MHD_Result reply_bad_http(struct MHD_Connection *c, unsigned http_status,
+                                      const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    enum MHD_Result ret = reply_error_as(c, http_status, TDM_EINVALID, code, NULL, fmt, ap);
+    va_end(ap);
+    return ret;
 }
 
 /* ---- helpers ---- */
@@ -354,13 +333,14 @@ static bool check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *
         return true; /* no keys: whatever Authorization says (OpenAI clients always send one) */
     const char *key = bearer_key(c);
     if (!key) {
-        *ret = reply_error(c, 401, "invalid_api_key", NULL,
+        *ret = reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
                            "an API key is required: send the header 'Authorization: Bearer KEY'");
         return false;
     }
     /* one longer than any key can be is simply not one of them */
     if (strlen(key) >= TDM_NET_API_KEY_MAX || !tdm_config_api_key_ok(&h->cfg->router, key)) {
-        *ret = reply_error(c, 401, "invalid_api_key", NULL, "the API key is not accepted");
+        *ret = reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
+                           "the API key is not accepted");
         return false;
     }
     return true;
@@ -424,10 +404,11 @@ static bool check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Re
     bool missing;
     if (state_key_ok(h, c, &missing))
         return true;
-    *ret = missing ? reply_error(c, 401, "invalid_api_key", NULL,
+    *ret = missing ? reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
                                  "an API key is required: send the header 'Authorization: Bearer "
                                  "KEY' (a browser: the key as the password)")
-                   : reply_error(c, 401, "invalid_api_key", NULL, "the API key is not accepted");
+                   : reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
+                                 "the API key is not accepted");
     return false;
 }
 
@@ -513,79 +494,67 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
     }
 }
 
-/* Appends s to b with every whole-word `from` replaced by `to`. */
-static void replace_word(tdm_buf_t *b, const char *s, const char *from, const char *to)
+/* The limit on the output under the name the client gave it. */
+static const char *max_tokens_name(const oai_req_t *q)
 {
-    size_t n = strlen(from);
-    for (const char *at; (at = strstr(s, from));) {
-        bool word = (at == s || !(isalnum((unsigned char)at[-1]) || at[-1] == '_')) &&
-                    !(isalnum((unsigned char)at[n]) || at[n] == '_');
-        tdm_buf_append(b, s, (size_t)(at - s));
-        tdm_buf_puts(b, word ? to : from);
-        s = at + n;
-    }
-    tdm_buf_puts(b, s);
+    return uses_max_completion_tokens(q) ? "max_completion_tokens" : "max_tokens";
 }
 
-/* The router's message for a refused request in OpenAI's terms, into out (cap bytes): the
- * GenerateRequest's own names ("sampling: ", "chat.messages", tokens.ids, max_tokens for a
- * chat that sent max_completion_tokens, n_logprobs) become the request fields the client sent;
- * prompt is what the client calls the prompt ("prompt", or "prompt[2]" in a list). */
-static void oai_message(const oai_req_t *q, const char *prompt, const char *msg, char *out,
-                        size_t cap)
+/* The router's message of a refusal in OpenAI's terms, into out (cap bytes). A refusal for
+ * length is said from ErrorDetail's numbers, with prompt what the client calls the prompt
+ * ("prompt[2]" in a list) and the output limit under its own name; any other message that
+ * begins with its field (tdm_error_t's rule) begins with param, OpenAI's name of the field,
+ * instead; the rest of the message is never read. */
+static void oai_text(const oai_req_t *q, const gw_event_t *ev, const char *prompt,
+                     const char *param, char *out, size_t cap)
 {
-    struct {
-        const char *from, *to;
-    } words[] = {
-        {"chat.messages", "messages"},
-        {"tokens.ids", prompt},
-        {"max_tokens", uses_max_completion_tokens(q) ? "max_completion_tokens" : "max_tokens"},
-        {"n_logprobs", q->kind == OAI_CHAT ? "top_logprobs" : "logprobs"},
-        {"n_stop_token_ids", "stop_token_ids"},
-    };
-    if (strncmp(msg, "sampling: ", 10) == 0)
-        msg += 10;
-    tdm_buf_t a = TDM_BUF_INIT, b = TDM_BUF_INIT;
-    tdm_buf_puts(&a, msg);
-    for (size_t i = 0; i < sizeof words / sizeof words[0] && !a.oom; i++) {
-        tdm_buf_clear(&b);
-        replace_word(&b, a.data ? a.data : "", words[i].from, words[i].to);
-        tdm_buf_t t = a;
-        a = b;
-        b = t;
-    }
-    snprintf(out, cap, "%s", a.oom || !a.data ? msg : a.data);
-    tdm_buf_free(&a);
-    tdm_buf_free(&b);
+    const char *msg = ev->message[0] ? ev->message : tdm_strerror(ev->status);
+    const char *field = ev->detail.field;
+    size_t n = strlen(field);
+    if (ev->detail.n_ctx > 0 && ev->detail.max_tokens_fit > 0)
+        snprintf(out, cap,
+                 "%s: prompt (%" PRIu32 " tokens) + %s (%" PRId32
+                 ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
+                 " tokens can be generated for this prompt",
+                 max_tokens_name(q), ev->detail.prompt_tokens, max_tokens_name(q), q->g.max_tokens,
+                 ev->detail.n_ctx, ev->detail.max_tokens_fit);
+    else if (ev->detail.n_ctx > 0)
+        snprintf(out, cap,
+                 "%s has %" PRIu32 " tokens; the context is %" PRIu32
+                 " tokens (prompt + %s must fit)",
+                 prompt, ev->detail.prompt_tokens, ev->detail.n_ctx, max_tokens_name(q));
+    else if (n > 0 && param[0] && strncmp(msg, field, n) == 0 &&
+             !(isalnum((unsigned char)msg[n]) || msg[n] == '_'))
+        snprintf(out, cap, "%s%s", param, msg + n);
+    else
+        snprintf(out, cap, "%s", msg);
 }
 
-/* The message (msg, cap bytes) and OpenAI param (param, param_cap) of the error END ev of
- * call `call` of r, in OpenAI's terms (oai_message, param_of). A refusal of one prompt of a
- * list for the prompt itself (a field in it, or its length) names which: "prompt[1] is
- * empty", "prompt[1][3] = 60000 is out of the vocabulary ...", "prompt[1]: max_tokens: ...",
- * param "prompt[1]", "prompt[1][3]" (a field outside the prompt keeps its own param). */
-static void refusal_text(const http_req_t *r, size_t call, const gw_event_t *ev, char *msg,
-                         size_t cap, char *param, size_t param_cap)
+/* The error END ev of call `call` of r in OpenAI's terms (oai_text, param_of): *out gets its
+ * status, message and param (as out->field). A refusal of one prompt of a list for the prompt
+ * itself (a field in it, or its length) names which: "prompt[1] is empty", "prompt[1][3] =
+ * 60000 is out of the vocabulary ...", "prompt[1]: max_tokens: ...", param "prompt[1]",
+ * "prompt[1][3]" (a field outside the prompt keeps its own param). */
+static void refusal_error(const http_req_t *r, size_t call, const gw_event_t *ev, tdm_error_t *out)
 {
     bool list = r->q->n_prompts > 1;
     char name[32] = "prompt";
     if (list)
         snprintf(name, sizeof name, "prompt[%zu]", call);
-    char field[64];
+    char field[64], param[TDM_ERRFIELD_MAX];
     param_of(r->q, ev->detail.field, field, sizeof field);
     bool in_prompt = strncmp(field, "prompt", 6) == 0 && !isalnum((unsigned char)field[6]);
-    snprintf(param, param_cap, "%s%s", in_prompt ? name : field, in_prompt ? field + 6 : "");
+    snprintf(param, sizeof param, "%s%s", in_prompt ? name : field, in_prompt ? field + 6 : "");
     char text[TDM_ERRMSG_MAX + 64];
-    oai_message(r->q, name, ev->message[0] ? ev->message : tdm_strerror(ev->status), text,
-                sizeof text);
+    oai_text(r->q, ev, name, param, text, sizeof text);
     size_t n = strlen(name);
     if (!list || !(in_prompt || ev->detail.n_ctx > 0) || strncmp(text, name, n) == 0)
-        snprintf(msg, cap, "%s", text);
+        tdm_error_set_field(out, ev->status, param, "%s", text);
     else if (strncmp(text, "prompt", 6) == 0 &&
              !(isalnum((unsigned char)text[6]) || text[6] == '_' || text[6] == '['))
-        snprintf(msg, cap, "%s%s", name, text + 6); /* "prompt is empty" */
+        tdm_error_set_field(out, ev->status, param, "%s%s", name, text + 6); /* "prompt: ..." */
     else
-        snprintf(msg, cap, "%s: %s", name, text);
+        tdm_error_set_field(out, ev->status, param, "%s: %s", name, text);
 }
 
 static int client_fd(struct MHD_Connection *c)
@@ -698,12 +667,12 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
         calls_cancel(r); /* one failed: the answer failed */
     if (r->multi)
         oai_usage_sum(r->q, r->outs, &r->out);
-    char msg[HTTP_REFUSAL_MAX], param[64];
+    tdm_error_t end = {0};
     if (ev->status != TDM_OK && r->q->n_prompts > 1)
-        refusal_text(r, r->cur, ev, msg, sizeof msg, param, sizeof param); /* names the prompt */
+        refusal_error(r, r->cur, ev, &end); /* names the prompt */
     else
-        snprintf(msg, sizeof msg, "%s", ev->message);
-    oai_sse_end(r->q, &r->out, ev->status, msg, &r->sse);
+        tdm_error_set(&end, ev->status, "%s", ev->message);
+    oai_sse_end(r->q, &r->out, ev->status, end.msg, &r->sse);
     record(r, ev->status);
     r->sse_done = true;
     if (ev->status != TDM_OK)
@@ -814,17 +783,15 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     if (get_model(h, &m, &err) == TDM_OK)
         served = m.name;
     oai_req_t *q = malloc(sizeof *q);
-    char param[64];
     if (!q) {
-        *ret = reply_error(c, 500, NULL, NULL, "out of memory");
+        *ret = reply_error(c, TDM_EINTERNAL, NULL, NULL, "out of memory");
         return false;
     }
-    int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, q, param,
-                       sizeof param, &err);
+    int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, q, &err);
     if (rc != TDM_OK) {
         free(q);
-        tdm_http_count_refusal(param, rc);
-        *ret = reply_error(c, http_status_of(rc), NULL, param, "%s", err.msg);
+        tdm_http_count_refusal(err.field, rc);
+        *ret = reply_error(c, rc, NULL, err.field, "%s", err.msg);
         return false;
     }
     r->q = q;
@@ -833,12 +800,12 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     if (oai_prompt_requests(q) != TDM_OK || !multi_alloc(r, q)) {
         oai_req_destroy(q);
         r->q = NULL;
-        *ret = reply_error(c, 500, NULL, NULL, "out of memory");
+        *ret = reply_error(c, TDM_EINTERNAL, NULL, NULL, "out of memory");
         return false;
     }
     if (calls_start(h, r, q, &err) != TDM_OK) {
         r->q = NULL;
-        *ret = reply_error(c, http_status_of(err.code), NULL, NULL, "%s", err.msg);
+        *ret = reply_error(c, err.code, NULL, NULL, "%s", err.msg);
         return false;
     }
     pthread_mutex_lock(&h->mu);
@@ -848,19 +815,18 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
 }
 
 /* Answers call `call` of r, which the router refused (its first event is an error END):
- * OpenAI's error with the param the END's ErrorDetail names (refusal_text). */
+ * OpenAI's error with the param the END's ErrorDetail names (refusal_error). */
 static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, size_t call,
                                      const gw_event_t *ev)
 {
-    char param[64], msg[HTTP_REFUSAL_MAX];
-    refusal_text(r, call, ev, msg, sizeof msg, param, sizeof param);
+    tdm_error_t e = {0};
+    refusal_error(r, call, ev, &e);
     record(r, ev->status);
-    const char *code = ev->status == TDM_ENOTFOUND && strcmp(param, "model") == 0
-                           ? "model_not_found"
-                       : ev->status == TDM_EUNAUTHENTICATED ? "invalid_api_key"
-                                                            : NULL;
-    unsigned status = http_status_of(ev->status);
-    return reply_json_retry(c, status, http_error_json(status, code, param, msg),
+    const char *code = e.code == TDM_ENOTFOUND && strcmp(e.field, "model") == 0 ? "model_not_found"
+                       : e.code == TDM_EUNAUTHENTICATED                         ? "invalid_api_key"
+                                                                                : NULL;
+    return reply_json_retry(c, tdm_status_info(e.code)->http_status,
+                            http_error_json(e.code, code, e.field, e.msg),
                             ev->detail.retry_after_s);
 }
 
@@ -921,7 +887,8 @@ static enum MHD_Result reply_gathered(http_req_t *r, struct MHD_Connection *c)
         chs[i] = r->wholes[i] ? gw_event_chunk(r->wholes[i]) : NULL;
         if (!chs[i]) {
             record(r, TDM_EINTERNAL);
-            return reply_error(c, 500, NULL, NULL, "the router's answer lacks choice %zu", i);
+            return reply_error(c, TDM_EINTERNAL, NULL, NULL, "the router's answer lacks choice %zu",
+                               i);
         }
     }
     json_t *body = oai_response_multi(r->q, r->outs, chs, &r->out);
@@ -1018,7 +985,8 @@ static enum MHD_Result generate_step(tdm_http_t *h, struct MHD_Connection *c, ht
             gw_event_free(ev);
             gw_call_cancel(r->call);
             record(r, TDM_EINTERNAL);
-            return reply_error(c, 500, NULL, NULL, "the router's answer is not one GenerateChunk");
+            return reply_error(c, TDM_EINTERNAL, NULL, NULL,
+                               "the router's answer is not one GenerateChunk");
         }
         r->whole = ev; /* stream=false: the answer once the END after it has come */
     }
@@ -1051,8 +1019,7 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
                       &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, &err);
     if (rc != TDM_OK)
-        return reply_error(c, http_status_of(rc),
-                           rc == TDM_EUNAUTHENTICATED ? "invalid_api_key" : NULL, NULL, "%s",
+        return reply_error(c, rc, rc == TDM_EUNAUTHENTICATED ? "invalid_api_key" : NULL, NULL, "%s",
                            err.msg);
     Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
     json_t *data = json_array();
@@ -1073,8 +1040,8 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
     if (id) {
         json_decref(data);
         if (!found)
-            return reply_error(c, 404, "model_not_found", "model", "The model '%s' does not exist",
-                               id);
+            return reply_error(c, TDM_ENOTFOUND, "model_not_found", "model",
+                               "The model '%s' does not exist", id);
         return reply_json(c, 200, found);
     }
     return reply_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
@@ -1128,7 +1095,7 @@ static enum MHD_Result handle_metrics(tdm_http_t *h, struct MHD_Connection *c)
     if (rc != TDM_OK) {
         char msg[TDM_ERRMSG_MAX + 32];
         int n = snprintf(msg, sizeof msg, "metrics unavailable: %s\n", err.msg);
-        return reply(c, http_status_of(rc), "text/plain; charset=utf-8", msg,
+        return reply(c, tdm_status_info(rc)->http_status, "text/plain; charset=utf-8", msg,
                      n > 0 && (size_t)n < sizeof msg ? (size_t)n : strlen(msg));
     }
     /* the one place the metrics become text, with the gateway's own counters */
@@ -1158,7 +1125,7 @@ static enum MHD_Result handle_tokenize(tdm_http_t *h, struct MHD_Connection *c, 
     if (!check_key(h, c, &ret))
         return ret;
     if (!h->vocab.tok)
-        return reply_error(c, 503, NULL, NULL, "the router has no tokenizer");
+        return reply_error(c, TDM_EUNAVAILABLE, NULL, NULL, "the router has no tokenizer");
     http_model_t m;
     tdm_error_t err = {0};
     const char *served = h->cfg->model.name ? h->cfg->model.name : "";
@@ -1184,9 +1151,10 @@ static bool route_conv(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, c
     bool tok = strcmp(url, "/tokenize") == 0, detok = strcmp(url, "/detokenize") == 0;
     if (tok || detok) {
         if (strcmp(method, "POST") != 0)
-            *ret = reply_error(c, 405, NULL, NULL, "%s %s: use POST", method, url);
+            *ret = reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method, url);
         else if (r->too_large)
-            *ret = reply_error(c, 413, "request_too_large", NULL,
+            *ret =
+                reply_bad_http(c, 413, "request_too_large",
                                "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
         else
             *ret = handle_tokenize(h, c, r, detok);
@@ -1195,7 +1163,7 @@ static bool route_conv(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, c
     if (strcmp(url, "/version") != 0)
         return false;
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
-        *ret = reply_error(c, 405, NULL, NULL, "%s %s: use GET", method, url);
+        *ret = reply_bad_http(c, 405, "method_not_allowed", "%s %s: use GET", method, url);
     else
         *ret = reply_json(c, 200, json_pack("{s:s}", "version", TANDEM_VERSION));
     return true;
@@ -1213,25 +1181,26 @@ static enum MHD_Result route(tdm_http_t *h, struct MHD_Connection *c, http_req_t
         return ret;
     if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0) {
         if (!post)
-            return reply_error(c, 405, NULL, NULL, "%s %s: use POST", method, url);
+            return reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method, url);
         if (r->too_large)
-            return reply_error(c, 413, "request_too_large", NULL,
-                               "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
+            return reply_bad_http(c, 413, "request_too_large",
+                                  "the request body is larger than %u bytes",
+                                  TDM_HTTP_MAX_BODY_BYTES);
         return handle_generate(h, c, r,
                                strcmp(url, "/v1/completions") == 0 ? OAI_COMPLETION : OAI_CHAT);
     }
     if (r->too_large)
-        return reply_error(c, 413, "request_too_large", NULL,
-                           "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
+        return reply_bad_http(c, 413, "request_too_large",
+                              "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
     bool known = strcmp(url, "/") == 0 || strcmp(url, "/health") == 0 ||
                  strcmp(url, "/ready") == 0 || strcmp(url, "/metrics") == 0 ||
                  strcmp(url, "/api/status") == 0 || strcmp(url, "/api/capacity") == 0 ||
                  strcmp(url, "/v1/models") == 0 || strncmp(url, "/v1/models/", 11) == 0;
     if (!known)
-        return reply_error(c, 404, "not_found", NULL,
+        return reply_error(c, TDM_ENOTFOUND, "not_found", NULL,
                            "no such endpoint: %s %s (see docs/api.md, HTTP API)", method, url);
     if (!get)
-        return reply_error(c, 405, NULL, NULL, "%s %s: use GET", method, url);
+        return reply_bad_http(c, 405, "method_not_allowed", "%s %s: use GET", method, url);
     bool state = strcmp(url, "/") == 0 || strcmp(url, "/metrics") == 0 ||
                  strcmp(url, "/api/status") == 0 || strcmp(url, "/api/capacity") == 0;
     if (state && !check_state_key(h, c, &ret))
@@ -1270,19 +1239,19 @@ static bool framing_ok(struct MHD_Connection *c, enum MHD_Result *ret)
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (te && strcasecmp(te, "chunked") != 0) {
-        *ret = reply_error(c, 400, "bad_framing", NULL,
+        *ret = reply_error(c, TDM_EINVALID, "bad_framing", NULL,
                            "Transfer-Encoding '%.100s' is not supported: send 'chunked' or a "
                            "Content-Length",
                            te);
         return false;
     }
     if (te && cl) {
-        *ret = reply_error(c, 400, "bad_framing", NULL,
+        *ret = reply_error(c, TDM_EINVALID, "bad_framing", NULL,
                            "a request with both Transfer-Encoding and Content-Length is refused");
         return false;
     }
     if (cl && (!cl[0] || strspn(cl, "0123456789") != strlen(cl) || strlen(cl) > 19)) {
-        *ret = reply_error(c, 400, "bad_framing", NULL,
+        *ret = reply_error(c, TDM_EINVALID, "bad_framing", NULL,
                            "Content-Length '%.100s' is not a decimal byte count", cl);
         return false;
     }
@@ -1318,8 +1287,9 @@ static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, vo
         const char *expect =
             MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
         if (expect && strcasecmp(expect, "100-continue") == 0)
-            return reply_error(c, 413, "request_too_large", NULL,
-                               "the request body is larger than %u bytes", TDM_HTTP_MAX_BODY_BYTES);
+            return reply_bad_http(c, 413, "request_too_large",
+                                  "the request body is larger than %u bytes",
+                                  TDM_HTTP_MAX_BODY_BYTES);
     }
     return MHD_YES;
 }
@@ -1345,9 +1315,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
              * past HTTP_DISCARD_MAX the answer goes out at once and the connection closes */
             r->discarded += n;
             if (r->discarded > HTTP_DISCARD_MAX)
-                return reply_error(c, 413, "request_too_large", NULL,
-                                   "the request body is larger than %u bytes",
-                                   TDM_HTTP_MAX_BODY_BYTES);
+                return reply_bad_http(c, 413, "request_too_large",
+                                      "the request body is larger than %u bytes",
+                                      TDM_HTTP_MAX_BODY_BYTES);
             return MHD_YES;
         }
         if (tdm_buf_append(&r->body, upload_data, n) != TDM_OK)

@@ -139,18 +139,12 @@ void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m);
 
 /* ---- errors in OpenAI's shape ---- */
 
-/* The HTTP status for a tdm status: INVALID_ARGUMENT and FAILED_PRECONDITION 400,
- * UNAUTHENTICATED 401, NOT_FOUND 404, DEADLINE_EXCEEDED 408 (Request Timeout, as OpenAI-
- * compatible servers such as OpenRouter answer a request that ran out of time; 504 would blame
- * an upstream), RESOURCE_EXHAUSTED 429, CANCELLED 499, UNAVAILABLE 503, anything else 500. */
-unsigned http_status_of(int tdm_status);
-
-/* {"error": {"message", "type", "param", "code"}}: type from the HTTP status
- * ("invalid_request_error", "authentication_error", ...), code the given one or, when NULL,
- * the status's name in lower case ("invalid_argument"). param may be NULL. Returns a new
- * reference, NULL on out of memory. */
-json_t *http_error_json(unsigned http_status, const char *code, const char *param,
-                        const char *message);
+/* {"error": {"message", "type", "param", "code"}} for status (a tdm status): type from its row
+ * of the status table (tdm_status_info: "invalid_request_error", "authentication_error", ...),
+ * code the given one or, when NULL, the row's ("invalid_argument"). param may be NULL. The HTTP
+ * status to send it with is the row's http_status. Returns a new reference, NULL on out of
+ * memory. */
+json_t *http_error_json(int status, const char *code, const char *param, const char *message);
 
 /* ---- OpenAI request translation (http_openai.c) ---- */
 
@@ -208,36 +202,31 @@ typedef struct oai_req {
                                   "structured_outputs.regex"): error.param of its refusals */
 } oai_req_t;
 
-/* Sets param (when param_cap > 0) to the OpenAI field at fault and err to TDM_EINVALID with
- * the printf-formatted message; returns TDM_EINVALID. The one refusal helper of the gateway's
- * request parsers (http_openai.c, http_structured.c, http_tools.c). */
-int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
-                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
 /* "an object", "a string", "an integer", ...: the JSON type of v, as the gateway's type errors
  * say it ("temperature must be a number, got a string"). Cannot fail. */
 const char *oai_type_name(const json_t *v);
 
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
- * field (its name in *param, "" when none), n and best_of in range, defaults (completions
+ * field (err->field: the OpenAI name, "" when none), n and best_of in range, defaults (completions
  * max_tokens 16; chat none, so the router gives what the context leaves, at most 1024). served is
  * the model name used when the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with
  * *err set; q then holds nothing to free. On success free with oai_req_clear. */
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
-              char *param, size_t param_cap, tdm_error_t *err);
+              tdm_error_t *err);
 
 /* The logit_bias field of q->root into q->sp (http_logit_bias.c): an object of token ids (as
  * decimal strings) to biases in [-100, 100], at most TDM_SAMPLING_MAX_LOGIT_BIAS entries.
- * Returns 0, TDM_EINVALID naming the field (param "logit_bias" or logit_bias["<key>"]), or
+ * Returns 0, TDM_EINVALID naming the field (err->field "logit_bias" or logit_bias["<key>"]), or
  * TDM_ERESOURCE. The ids' upper bound (n_vocab) is the router's check. */
-int oai_parse_logit_bias(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err);
+int oai_parse_logit_bias(oai_req_t *q, tdm_error_t *err);
 
 /* The structured-output fields of q->root (response_format, guided_json / guided_regex /
  * guided_choice / guided_grammar, structured_outputs; docs/api.md "Structured output") into
  * q->creq's constraint, q->constraint_text and q->constraint_param (http_structured.c); nothing
  * when none asks for one. After q->creq is made. Returns 0, or TDM_EINVALID naming the field in
- * *param (a wrong type, an unknown response_format type, two sources at once), TDM_ERESOURCE. */
-int oai_parse_structured(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err);
+ * err->field (a wrong type, an unknown response_format type, two sources at once), TDM_ERESOURCE.
+ */
+int oai_parse_structured(oai_req_t *q, tdm_error_t *err);
 
 /* Frees what *q owns (q itself when heap-allocated is freed by oai_req_destroy). NULL-safe. */
 void oai_req_clear(oai_req_t *q);

@@ -317,26 +317,13 @@ void rt_req_shutdown_all(tdm_router_t *r)
 
 /* ---- GENERATE ---- */
 
-/* What a refused GENERATE says beyond its message: the END's ErrorDetail body. */
+/* What a refusal for length says beyond its message and field: the rest of the END's
+ * ErrorDetail body. */
 typedef struct refusal {
-    char field[64];          /* the GenerateRequest field at fault, as a path; "" = none */
     uint32_t prompt_tokens;  /* too long for the context: the prompt's tokens */
     uint32_t n_ctx;          /* ... the context length (0: not a length error) */
     uint32_t max_tokens_fit; /* ... output tokens that would fit */
 } refusal_t;
-
-/* Names the field at fault in *why (printf-style path) and returns status, so that a check
- * reads `return at_field(why, tdm_error_set(err, ...), "stop[%zu]", i)`. */
-static int at_field(refusal_t *why, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int at_field(refusal_t *why, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why->field, sizeof why->field, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 /* Offset of the first byte that does not start a valid UTF-8 character, or -1. */
 static long utf8_invalid_at(const char *s, size_t n)
@@ -431,48 +418,45 @@ static uint64_t random_u64(void)
 
 /* Raw-text input -> *ids. */
 static int tokenize_prompt(tdm_router_t *r, const char *prompt, const rt_req_t *q,
-                           tdm_token_t **ids, size_t *n_ids, refusal_t *why, tdm_error_t *err)
+                           tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
     size_t len = strlen(prompt);
     if (len == 0)
-        return at_field(why, tdm_error_set(err, TDM_EINVALID, "prompt is empty"), "prompt");
+        return tdm_error_set_field(err, TDM_EINVALID, "prompt", "prompt is empty");
     long bad = utf8_invalid_at(prompt, len);
     if (bad >= 0)
-        return at_field(
-            why,
-            tdm_error_set(err, TDM_EINVALID, "prompt is not valid UTF-8 (byte offset %ld)", bad),
-            "prompt");
+        return tdm_error_set_field(err, TDM_EINVALID, "prompt",
+                                   "prompt is not valid UTF-8 (byte offset %ld)", bad);
     tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "prompt: %s", prompt);
     tdm_prompt_input_t in = {.text = prompt, .text_len = len};
     int rc = tdm_prompt_encode(r->tok, NULL, &in, ids, n_ids, NULL, err);
-    if (rc != TDM_OK)
-        return at_field(why, tdm_error_prefix(err, rc, "prompt: "), "prompt");
+    if (rc != TDM_OK) {
+        tdm_error_prefix(err, rc, "prompt: ");
+        return tdm_error_field(err, "prompt");
+    }
     return TDM_OK;
 }
 
 /* Checks that every message's role and content is UTF-8 and points msgs[] at them. */
-static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs, refusal_t *why,
-                      tdm_error_t *err)
+static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs, tdm_error_t *err)
 {
     for (size_t i = 0; i < chat->n_messages; i++) {
         const Tandem__V1__ChatMessage *cm = chat->messages[i];
         long bad = utf8_invalid_at(cm->content, strlen(cm->content));
-        if (bad >= 0)
-            return at_field(why,
-                            tdm_error_set(err, TDM_EINVALID,
-                                          "chat.messages[%zu].content is not valid UTF-8 (byte "
-                                          "offset %ld)",
-                                          i, bad),
-                            "chat.messages[%zu].content", i);
+        if (bad >= 0) {
+            tdm_error_set(err, TDM_EINVALID,
+                          "chat.messages[%zu].content is not valid UTF-8 (byte offset %ld)", i,
+                          bad);
+            return tdm_error_field(err, "chat.messages[%zu].content", i);
+        }
         const char *const fields[] = {cm->role, cm->tool_calls, cm->tool_call_id, cm->name};
         const char *const names[] = {"role", "tool_calls", "tool_call_id", "name"};
         for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
-            if (fields[k] && utf8_invalid_at(fields[k], strlen(fields[k])) >= 0)
-                return at_field(why,
-                                tdm_error_set(err, TDM_EINVALID,
-                                              "chat.messages[%zu].%s is not valid UTF-8", i,
-                                              names[k]),
-                                "chat.messages[%zu].%s", i, names[k]);
+            if (fields[k] && utf8_invalid_at(fields[k], strlen(fields[k])) >= 0) {
+                tdm_error_set(err, TDM_EINVALID, "chat.messages[%zu].%s is not valid UTF-8", i,
+                              names[k]);
+                return tdm_error_field(err, "chat.messages[%zu].%s", i, names[k]);
+            }
         msgs[i] = (tdm_chat_message_t){.role = cm->role,
                                        .content = cm->content,
                                        .tool_calls = cm->tool_calls,
@@ -480,35 +464,34 @@ static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs
                                        .name = cm->name};
     }
     if (chat->tools && utf8_invalid_at(chat->tools, strlen(chat->tools)) >= 0)
-        return at_field(why, tdm_error_set(err, TDM_EINVALID, "chat.tools is not valid UTF-8"),
-                        "chat.tools");
+        return tdm_error_set_field(err, TDM_EINVALID, "chat.tools",
+                                   "chat.tools is not valid UTF-8");
     return TDM_OK;
 }
 
 /* Chat input -> *ids, rendered with the router's template. */
 static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, const rt_req_t *q,
-                         tdm_token_t **ids, size_t *n_ids, refusal_t *why, tdm_error_t *err)
+                         tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
     size_t n = chat ? chat->n_messages : 0;
     if (n == 0)
-        return at_field(why, tdm_error_set(err, TDM_EINVALID, "chat.messages is empty"),
-                        "chat.messages");
+        return tdm_error_set_field(err, TDM_EINVALID, "chat.messages", "chat.messages is empty");
     if (!r->have_template)
-        return at_field(why,
-                        tdm_error_set(err, TDM_EPRECONDITION,
-                                      "chat: the model has no chat template the router knows (%s)",
-                                      r->template_error),
-                        "chat");
+        return tdm_error_set_field(err, TDM_EPRECONDITION, "chat",
+                                   "chat: the model has no chat template the router knows (%s)",
+                                   r->template_error);
     tdm_chat_message_t *msgs = calloc(n, sizeof *msgs);
     if (!msgs)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     char *text = NULL;
-    int rc = chat_check(chat, msgs, why, err);
+    int rc = chat_check(chat, msgs, err);
     if (rc == TDM_OK) {
         tdm_prompt_input_t in = {.messages = msgs, .n_messages = n, .tools = chat->tools};
         rc = tdm_prompt_encode(r->tok, &r->chat, &in, ids, n_ids, &text, err);
-        if (rc != TDM_OK)
-            at_field(why, tdm_error_prefix(err, rc, "chat.messages: "), "chat.messages");
+        if (rc != TDM_OK) {
+            tdm_error_prefix(err, rc, "chat.messages: ");
+            tdm_error_field(err, "chat.messages");
+        }
     }
     free(msgs);
     if (rc == TDM_OK)
@@ -520,19 +503,18 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
 /* Token-id input -> *ids (a copy; left NULL when it cannot fit the context, with *n_ids
  * telling the length for the check after). */
 static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *tokens,
-                       tdm_token_t **ids, size_t *n_ids, refusal_t *why, tdm_error_t *err)
+                       tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
     size_t n = tokens ? tokens->n_ids : 0;
     if (n == 0)
-        return at_field(why, tdm_error_set(err, TDM_EINVALID, "tokens.ids is empty"), "tokens.ids");
+        return tdm_error_set_field(err, TDM_EINVALID, "tokens.ids", "tokens.ids is empty");
     for (size_t i = 0; i < n; i++)
-        if (tokens->ids[i] < 0 || (uint32_t)tokens->ids[i] >= r->n_vocab)
-            return at_field(why,
-                            tdm_error_set(err, TDM_EINVALID,
-                                          "tokens.ids[%zu] = %" PRId32
-                                          " is out of the vocabulary (0..%" PRIu32 ")",
-                                          i, tokens->ids[i], r->n_vocab - 1),
-                            "tokens.ids[%zu]", i);
+        if (tokens->ids[i] < 0 || (uint32_t)tokens->ids[i] >= r->n_vocab) {
+            tdm_error_set(err, TDM_EINVALID,
+                          "tokens.ids[%zu] = %" PRId32 " is out of the vocabulary (0..%" PRIu32 ")",
+                          i, tokens->ids[i], r->n_vocab - 1);
+            return tdm_error_field(err, "tokens.ids[%zu]", i);
+        }
     *n_ids = n;
     if (n >= r->n_ctx)
         return TDM_OK; /* the length check gives the message */
@@ -554,14 +536,14 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
     const char *field = "prompt";
     switch (g->input_case) {
     case TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT:
-        rc = tokenize_prompt(r, g->prompt, q, &ids, &n_ids, why, err);
+        rc = tokenize_prompt(r, g->prompt, q, &ids, &n_ids, err);
         break;
     case TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT:
-        rc = tokenize_chat(r, g->chat, q, &ids, &n_ids, why, err);
+        rc = tokenize_chat(r, g->chat, q, &ids, &n_ids, err);
         field = "chat.messages";
         break;
     case TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS:
-        rc = tokens_copy(r, g->tokens, &ids, &n_ids, why, err);
+        rc = tokens_copy(r, g->tokens, &ids, &n_ids, err);
         field = "tokens.ids";
         break;
     default:
@@ -572,20 +554,17 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
         return rc;
     if (n_ids == 0) {
         free(ids);
-        return at_field(why, tdm_error_set(err, TDM_EINVALID, "prompt: the input has no tokens"),
-                        "%s", field);
+        return tdm_error_set_field(err, TDM_EINVALID, field, "prompt: the input has no tokens");
     }
     if (n_ids >= r->n_ctx) {
         free(ids);
         why->prompt_tokens = n_ids > UINT32_MAX ? UINT32_MAX : (uint32_t)n_ids;
         why->n_ctx = r->n_ctx;
         why->max_tokens_fit = 0;
-        return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID,
-                                      "prompt has %zu tokens; the context is %" PRIu32
-                                      " tokens (prompt + max_tokens must fit)",
-                                      n_ids, r->n_ctx),
-                        "%s", field);
+        return tdm_error_set_field(err, TDM_EINVALID, field,
+                                   "prompt has %zu tokens; the context is %" PRIu32
+                                   " tokens (prompt + max_tokens must fit)",
+                                   n_ids, r->n_ctx);
     }
     q->prompt = ids;
     q->n_prompt = (uint32_t)n_ids;
@@ -594,7 +573,7 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
 
 /* q->id: the client's (checked, not in flight for this peer) or a new one. */
 static int request_id_assign(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
-                             size_t id_wire_len, rt_req_t *q, refusal_t *why, tdm_error_t *err)
+                             size_t id_wire_len, rt_req_t *q, tdm_error_t *err)
 {
     if (id_wire_len == 0) { /* unset or empty: the router makes one */
         do
@@ -604,27 +583,22 @@ static int request_id_assign(tdm_router_t *r, const Tandem__V1__GenerateRequest 
     }
     int rc = id_check(g->request_id, id_wire_len, err);
     if (rc != TDM_OK)
-        return at_field(why, rc, "request_id");
+        return tdm_error_field(err, "request_id");
     if (find_for_peer(r, g->request_id, q->peer, q->peer_len))
-        return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID,
-                                      "request_id '%s' is already in flight; use a new id",
-                                      g->request_id),
-                        "request_id");
+        return tdm_error_set_field(err, TDM_EINVALID, "request_id",
+                                   "request_id '%s' is already in flight; use a new id",
+                                   g->request_id);
     snprintf(q->id, sizeof q->id, "%s", g->request_id);
     return TDM_OK;
 }
 
 /* Checks the stop strings and copies them into q. */
-static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, refusal_t *why,
-                     tdm_error_t *err)
+static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, tdm_error_t *err)
 {
     if (g->n_stop > TDM_MAX_STOP_STRINGS)
-        return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID,
-                                      "stop: %zu strings given, at most %u allowed", g->n_stop,
-                                      TDM_MAX_STOP_STRINGS),
-                        "stop");
+        return tdm_error_set_field(err, TDM_EINVALID, "stop",
+                                   "stop: %zu strings given, at most %u allowed", g->n_stop,
+                                   TDM_MAX_STOP_STRINGS);
     for (size_t i = 0; i < g->n_stop; i++) {
         size_t len = strlen(g->stop[i]);
         long bad = utf8_invalid_at(g->stop[i], len);
@@ -638,7 +612,7 @@ static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, refusal_
                           bad);
         else
             continue;
-        return at_field(why, TDM_EINVALID, "stop[%zu]", i);
+        return tdm_error_field(err, "stop[%zu]", i);
     }
     if (g->n_stop == 0)
         return TDM_OK;
@@ -653,76 +627,30 @@ static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, refusal_
     return TDM_OK;
 }
 
-/* The sampling field tdm_sampling_params_validate refuses in p: each field is tried alone on
- * the defaults (which are valid), so the one validator decides. "" when none alone fails. */
-static const char *sampling_bad_field(const tdm_sampling_params_t *p, uint32_t n_vocab)
-{
-#define SP_FIELD(name)                                                                             \
-    {                                                                                              \
-#name, offsetof(tdm_sampling_params_t, name), sizeof p->name                               \
-    }
-    static const struct {
-        const char *name;
-        size_t off, size;
-    } fields[] = {
-        SP_FIELD(temperature),
-        SP_FIELD(top_k),
-        SP_FIELD(top_p),
-        SP_FIELD(min_p),
-        SP_FIELD(repetition_penalty),
-        SP_FIELD(presence_penalty),
-        SP_FIELD(frequency_penalty),
-        SP_FIELD(penalty_last_n),
-        SP_FIELD(n_stop_token_ids),
-        SP_FIELD(stop_token_ids),
-        SP_FIELD(n_logprobs),
-    };
-#undef SP_FIELD
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        tdm_sampling_params_t one;
-        tdm_sampling_params_default(&one);
-        memcpy((char *)&one + fields[i].off, (const char *)p + fields[i].off, fields[i].size);
-        if (fields[i].off == offsetof(tdm_sampling_params_t, stop_token_ids))
-            one.n_stop_token_ids = p->n_stop_token_ids; /* the ids in use */
-        if (tdm_sampling_params_validate(&one, n_vocab, NULL) != TDM_OK)
-            return fields[i].name;
-    }
-    return "";
-}
-
 /* q->sp from the request's sampling fields over Tandem's defaults; a seed drawn when the
  * client gave none. */
 static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
-                          refusal_t *why, tdm_error_t *err)
+                          tdm_error_t *err)
 {
     tdm_sampling_params_default(&q->sp);
     bool seeded = false;
     if (g->sampling) {
         int rc = tdm_proto_sampling_from(g->sampling, &q->sp, err);
         if (rc != TDM_OK)
-            return at_field(why, rc, "%s",
-                            (g->sampling->set_mask & TDM_PROTO_SET_LOGIT_BIAS) &&
-                                    g->sampling->n_logit_bias > TDM_SAMPLING_MAX_LOGIT_BIAS
-                                ? "sampling.logit_bias"
-                                : "sampling.stop_token_ids");
+            return tdm_error_field(err, "%s",
+                                   (g->sampling->set_mask & TDM_PROTO_SET_LOGIT_BIAS) &&
+                                           g->sampling->n_logit_bias > TDM_SAMPLING_MAX_LOGIT_BIAS
+                                       ? "sampling.logit_bias"
+                                       : "sampling.stop_token_ids");
         seeded = g->sampling->has_seed || (g->sampling->set_mask & TDM_PROTO_SET_SEED);
     }
     if (!seeded)
         q->sp.seed = random_u64();
     q->sp.max_tokens = 1; /* decided after tokenization (max_tokens_decide) */
-    uint32_t bad;
-    int rc = tdm_sampling_logit_bias_check(&q->sp, r->n_vocab, &bad, err);
-    if (rc != TDM_OK && bad < q->sp.n_logit_bias) /* OpenAI's name: logit_bias["<token id>"] */
-        return at_field(why, tdm_error_prefix(err, rc, "sampling: "), "sampling.logit_bias[\"%d\"]",
-                        q->sp.logit_bias[bad].token);
-    if (rc != TDM_OK)
-        return at_field(why, tdm_error_prefix(err, rc, "sampling: "), "sampling.logit_bias");
-    rc = tdm_sampling_params_validate(&q->sp, r->n_vocab, err);
-    if (rc != TDM_OK) {
-        const char *name = sampling_bad_field(&q->sp, r->n_vocab);
-        return at_field(why, tdm_error_prefix(err, rc, "sampling: "), "%s%s",
-                        name[0] ? "sampling." : "sampling", name);
-    }
+    /* the logit bias first: its entry is named by OpenAI's key, logit_bias["<token id>"] */
+    if (tdm_sampling_logit_bias_check(&q->sp, r->n_vocab, NULL, err) != TDM_OK ||
+        tdm_sampling_params_validate(&q->sp, r->n_vocab, err) != TDM_OK)
+        return tdm_error_nest(err, "sampling"); /* "sampling.top_p must be in (0, 1], ..." */
     return TDM_OK;
 }
 
@@ -741,14 +669,11 @@ static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRe
         why->prompt_tokens = q->n_prompt;
         why->n_ctx = r->n_ctx;
         why->max_tokens_fit = room;
-        return at_field(
-            why,
-            tdm_error_set(err, TDM_EINVALID,
-                          "max_tokens: prompt (%" PRIu32 " tokens) + max_tokens (%" PRId32
-                          ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
-                          " tokens can be generated for this prompt",
-                          q->n_prompt, g->max_tokens, r->n_ctx, room),
-            "max_tokens");
+        return tdm_error_set_field(err, TDM_EINVALID, "max_tokens",
+                                   "max_tokens: prompt (%" PRIu32 " tokens) + max_tokens (%" PRId32
+                                   ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
+                                   " tokens can be generated for this prompt",
+                                   q->n_prompt, g->max_tokens, r->n_ctx, room);
     }
     q->sp.max_tokens = g->max_tokens;
     return TDM_OK;
@@ -758,8 +683,7 @@ static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRe
  * `tandem generate -m` calls too), into q->gbnf and q->gbnf_hash; nothing for none. A bad one is
  * refused before anything is scheduled, INVALID_ARGUMENT with the compiler's message and
  * ErrorDetail.field "constraint". */
-static int constraint_build(const Tandem__V1__GenerateRequest *g, rt_req_t *q, refusal_t *why,
-                            tdm_error_t *err)
+static int constraint_build(const Tandem__V1__GenerateRequest *g, rt_req_t *q, tdm_error_t *err)
 {
     const Tandem__V1__Constraint *c = g->constraint;
     if (!c || c->kind == TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE)
@@ -772,64 +696,54 @@ static int constraint_build(const Tandem__V1__GenerateRequest *g, rt_req_t *q, r
     tdm_buf_free(&gbnf);
     if (rc == TDM_EINVALID)
         tdm_error_prefix(err, rc, "constraint (%s): ", tdm_constraint_kind_name((int)c->kind));
-    return rc == TDM_OK ? rc : at_field(why, rc, "constraint");
+    return rc == TDM_OK ? rc : tdm_error_field(err, "constraint");
 }
 
 /* n and best_of: n in [1, RT_MAX_CHOICES] (0 = 1), best_of in [n, RT_MAX_CHOICES] (0 = n). The
  * router streams every choice it makes, so best_of > n (pick the n best of best_of) is the HTTP
  * API's: refused here with the way to do it. */
-static int choices_check(const Tandem__V1__GenerateRequest *g, refusal_t *why, tdm_error_t *err)
+static int choices_check(const Tandem__V1__GenerateRequest *g, tdm_error_t *err)
 {
     uint32_t n = g->n ? g->n : 1;
     if (n > RT_MAX_CHOICES)
-        return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID, "n must be in [1, %d], got %" PRIu32,
-                                      RT_MAX_CHOICES, g->n),
-                        "n");
+        return tdm_error_set_field(err, TDM_EINVALID, "n", "n must be in [1, %d], got %" PRIu32,
+                                   RT_MAX_CHOICES, g->n);
     if (g->best_of && (g->best_of < n || g->best_of > RT_MAX_CHOICES))
-        return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID,
-                                      "best_of must be in [n, %d] (n is %" PRIu32 "), got %" PRIu32,
-                                      RT_MAX_CHOICES, n, g->best_of),
-                        "best_of");
+        return tdm_error_set_field(err, TDM_EINVALID, "best_of",
+                                   "best_of must be in [n, %d] (n is %" PRIu32 "), got %" PRIu32,
+                                   RT_MAX_CHOICES, n, g->best_of);
     if (g->best_of > n)
-        return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID,
-                                      "best_of > n is not served by the native API (it streams "
-                                      "every choice): ask n = %" PRIu32
-                                      " with sampling.n_logprobs >= 1 and keep the %" PRIu32
-                                      " with the highest sum of logprobs, as the HTTP API does",
-                                      g->best_of, n),
-                        "best_of");
+        return tdm_error_set_field(err, TDM_EINVALID, "best_of",
+                                   "best_of > n is not served by the native API (it streams "
+                                   "every choice): ask n = %" PRIu32
+                                   " with sampling.n_logprobs >= 1 and keep the %" PRIu32
+                                   " with the highest sum of logprobs, as the HTTP API does",
+                                   g->best_of, n);
     return TDM_OK;
 }
 
-/* Validates g and fills q. Returns 0 or the status with *err saying why and *why naming the
- * field. */
+/* Validates g and fills q. Returns 0 or the status with *err saying why and naming the field;
+ * a refusal for length also fills *why. */
 static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, size_t id_wire_len,
                          rt_req_t *q, refusal_t *why, tdm_error_t *err)
 {
-    int rc = request_id_assign(r, g, id_wire_len, q, why, err);
+    int rc = request_id_assign(r, g, id_wire_len, q, err);
     if (rc != TDM_OK)
         return rc;
     const char *served = r->cfg->model.name ? r->cfg->model.name : "";
     if (g->model[0] && strcmp(g->model, served) != 0)
-        return at_field(why,
-                        tdm_error_set(err, TDM_ENOTFOUND,
-                                      "model '%s' is not served here; this router serves '%s'",
-                                      g->model, served),
-                        "model");
+        return tdm_error_set_field(err, TDM_ENOTFOUND, "model",
+                                   "model '%s' is not served here; this router serves '%s'",
+                                   g->model, served);
     if (g->max_tokens < 0)
-        return at_field(why,
-                        tdm_error_set(err, TDM_EINVALID,
-                                      "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
-                                      g->max_tokens),
-                        "max_tokens");
-    if ((rc = choices_check(g, why, err)) != TDM_OK || (rc = stop_copy(g, q, why, err)) != TDM_OK ||
-        (rc = sampling_build(r, g, q, why, err)) != TDM_OK ||
+        return tdm_error_set_field(err, TDM_EINVALID, "max_tokens",
+                                   "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
+                                   g->max_tokens);
+    if ((rc = choices_check(g, err)) != TDM_OK || (rc = stop_copy(g, q, err)) != TDM_OK ||
+        (rc = sampling_build(r, g, q, err)) != TDM_OK ||
         (rc = tokenize_input(r, g, q, why, err)) != TDM_OK ||
         (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK ||
-        (rc = constraint_build(g, q, why, err)) != TDM_OK)
+        (rc = constraint_build(g, q, err)) != TDM_OK)
         return rc;
     q->stream = g->stream;
     q->include_stop_str = g->include_stop_str;
@@ -839,17 +753,18 @@ static int build_request(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, 
 }
 
 /* Ends a refused GENERATE call: counted, logged (id: the request's, NULL when it has none
- * yet), END with status and message and, when why names something, its ErrorDetail. */
-static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const char *id, int status,
-                          const refusal_t *why, const char *msg)
+ * yet), END with err's status and message and, when err names a field or why (NULL: none) a
+ * length, its ErrorDetail. */
+static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const char *id,
+                          const tdm_error_t *err, const refusal_t *why)
 {
     char kv[96];
-    snprintf(kv, sizeof kv, "status=%s", tdm_status_name(status));
-    tdm_log_write(&r->log, TDM_LOG_INFO, id, kv, "request refused: %s", msg);
-    rt_count_end(r, status, -1);
+    snprintf(kv, sizeof kv, "status=%s", tdm_status_name(err->code));
+    tdm_log_write(&r->log, TDM_LOG_INFO, id, kv, "request refused: %s", err->msg);
+    rt_count_end(r, err->code, -1);
     Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
+    d.field = (char *)err->field;
     if (why) {
-        d.field = (char *)why->field;
         d.prompt_tokens = why->prompt_tokens;
         d.n_ctx = why->n_ctx;
         d.max_tokens_fit = why->max_tokens_fit;
@@ -860,9 +775,9 @@ static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const char *id,
         .kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END,
         .method = f->method,
         .call_id = f->call_id,
-        .status = status,
-        .message = msg,
-        .body = why && (why->field[0] || why->n_ctx) ? &d.base : NULL,
+        .status = err->code,
+        .message = err->msg,
+        .body = err->field[0] || d.n_ctx ? &d.base : NULL,
     };
     if (tdm_sock_send(r->client, &m) != TDM_OK)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, id, NULL, "the refusal was not sent: %s",
@@ -911,7 +826,7 @@ static rt_req_t *req_from_call(tdm_router_t *r, const tdm_frame_t *f,
         q->timed_out = q->tried + (r->n_nodes ? r->n_nodes : 1);
     if (rc == TDM_OK)
         return q;
-    reply_refused(r, f, q && q->id[0] ? q->id : NULL, rc, &why, err.msg);
+    reply_refused(r, f, q && q->id[0] ? q->id : NULL, &err, &why);
     req_discard(q);
     return NULL;
 }
@@ -1056,16 +971,17 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     r->metrics.requests_total++;
     double now = tdm_time_now();
     uint64_t now_ms = tdm_net_now_ms();
+    tdm_error_t err = {0};
     if (tdm_frame_expired(f, now_ms)) {
-        reply_refused(r, f, NULL, TDM_EDEADLINE, NULL,
-                      "the request's deadline had passed when it arrived");
+        tdm_error_set(&err, TDM_EDEADLINE, "the request's deadline had passed when it arrived");
+        reply_refused(r, f, NULL, &err, NULL);
         return;
     }
     Tandem__V1__GenerateRequest *g = (Tandem__V1__GenerateRequest *)tdm_frame_unpack(
         f, &tandem__v1__generate_request__descriptor);
     if (!g) {
-        reply_refused(r, f, NULL, TDM_EINVALID, NULL,
-                      "the body does not decode as a GenerateRequest");
+        tdm_error_set(&err, TDM_EINVALID, "the body does not decode as a GenerateRequest");
+        reply_refused(r, f, NULL, &err, NULL);
         return;
     }
     rt_req_t *q = req_from_call(r, f, g, now, now_ms);
@@ -1074,7 +990,8 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     if (!q)
         return;
     if (!hash_insert(r, q)) {
-        reply_refused(r, f, q->id, TDM_ERESOURCE, NULL, "router out of memory");
+        tdm_error_set(&err, TDM_ERESOURCE, "router out of memory");
+        reply_refused(r, f, q->id, &err, NULL);
         req_discard(q);
         return;
     }
