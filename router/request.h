@@ -1,5 +1,5 @@
 /* request.h - the router's request table and a request's beginning and end: GENERATE intake
- * (validation, tokenization, admission), lookups by id, by client call and by deadline, and
+ * (validation: validate.h; admission), lookups by id, by client call and by deadline, and
  * every way a request ends other than completing (stream.h): failed, dropped, cancelled by
  * the client, past its deadline, router shutdown.
  */
@@ -28,6 +28,11 @@ void rt_client_cancel(tdm_router_t *r, const tdm_frame_t *f);
 int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
                 const char *message, const ProtobufCMessage *body);
 
+/* The request in flight with this id from this client connection, or NULL. Two clients may
+ * use the same id at once (it is their label); one client may not, or it could not tell its
+ * own replies apart. */
+rt_req_t *rt_req_find_for_peer(tdm_router_t *r, const char *id, const uint8_t *peer,
+                               size_t peer_len);
 /* The newest request in flight with this id, or NULL. */
 rt_req_t *rt_req_find(tdm_router_t *r, const char *id);
 /* The request with this id whose current attempt is `attempt`, or NULL; *id_known tells
