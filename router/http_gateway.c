@@ -28,7 +28,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "http_internal.h"
+#include "http_gateway.h"
 #include "tandem/log.h"
 
 #define GW_POLL_MS 100 /* longest wait of the gateway thread (cancel requests, shutdown) */
@@ -75,16 +75,6 @@ struct gw {
 };
 
 /* ---- buffers and events ---- */
-
-static int buf_dump_cb(const char *data, size_t size, void *user)
-{
-    return tdm_buf_append(user, data, size) == TDM_OK ? 0 : -1;
-}
-
-int http_json_append(tdm_buf_t *b, const json_t *v)
-{
-    return json_dump_callback(v, buf_dump_cb, b, JSON_COMPACT) == 0 ? TDM_OK : TDM_ERESOURCE;
-}
 
 /* A chunk owned by its event: the library's chunk is valid only during on_chunk. */
 struct gw_chunk {

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
 #include "tandem/sampling.h"
 
 /* The token id a logit_bias key names: decimal digits only (leading zeros allowed, as

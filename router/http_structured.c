@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
 
 /* What one field asks for. */
 typedef struct source {

@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
+#include "http_json.h"
+#include "http_tokenize.h"
 #include "tandem/prompt.h"
 
 /* The error body for code (a tdm status) naming param, *status its HTTP status. New

@@ -18,7 +18,8 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
+#include "http_json.h"
 #include "tandem/json_schema.h"
 
 #define TOOL_NAME_MAX 64 /* OpenAI: function names are [a-zA-Z0-9_-]{1,64} */

@@ -2,7 +2,7 @@
  * (tools, tool_choice, parallel_tool_calls, the legacy functions / function_call), the tool
  * fields of messages, and the parser that turns generated Hermes-style calls
  * ("<tool_call>\n{"name": …, "arguments": …}\n</tool_call>") into OpenAI tool_calls.
- * Included by http_internal.h; not installed. The format is documented in docs/api.md.
+ * Included by http_openai.h; not installed. The format is documented in docs/api.md.
  */
 #ifndef TANDEM_ROUTER_HTTP_TOOLS_H
 #define TANDEM_ROUTER_HTTP_TOOLS_H

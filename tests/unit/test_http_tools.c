@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
 
 /* ---- the parser ---- */
 
