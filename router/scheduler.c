@@ -26,6 +26,7 @@
 
 #include <xxhash.h>
 
+#include "lifecycle.h"
 #include "nodes.h"
 #include "request.h"
 #include "scheduler.h"
