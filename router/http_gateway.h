@@ -61,9 +61,11 @@ gw_call_t *gw_generate_start(gw_t *gw, const tdm_client_request_t *req, void (*r
                              void *req_owner, tdm_error_t *err);
 
 /* Takes the call's next event, waiting up to timeout_ms (< 0: without limit) for one. While
- * waiting it watches client_fd (>= 0: the HTTP client's socket) for a hang-up. Returns 1 with
- * *ev set (caller frees with gw_event_free; after the END event nothing more comes), 0 when
- * nothing arrived in time, -1 when the client hung up (the caller cancels the call). */
+ * waiting it watches client_fd (>= 0: the HTTP client's socket) for a hang-up. Returns 0 with
+ * *ev set (caller frees with gw_event_free; after the END event nothing more comes) or NULL
+ * when nothing arrived in time; TDM_ECANCELLED when the client hung up (the caller cancels the
+ * call), TDM_ERESOURCE when the call ended and its END could not be made (out of memory),
+ * TDM_EINTERNAL when waiting failed. */
 int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev);
 
 /* How gw_call_take parks its caller's connection while the call has no event: park runs at
@@ -75,11 +77,12 @@ typedef struct gw_parker {
     void *arg;
 } gw_parker_t;
 
-/* Takes the call's next event without waiting. Returns 1 with *ev set (caller frees with
- * gw_event_free; after the END event nothing more comes), or 0 when none is queued: then
- * pk->park has run and pk->unpark will run once, when an event is queued, the call ends, or
- * client_fd (>= 0: the HTTP client's socket, watched while parked) hangs up; the caller takes
- * again then and checks the socket itself. -1: out of memory (the call has ended). */
+/* Takes the call's next event without waiting. Returns 0 with *ev set (caller frees with
+ * gw_event_free; after the END event nothing more comes), or 0 with *ev NULL when none is
+ * queued: then pk->park has run and pk->unpark will run once, when an event is queued, the
+ * call ends, or client_fd (>= 0: the HTTP client's socket, watched while parked) hangs up; the
+ * caller takes again then and checks the socket itself. TDM_ERESOURCE: out of memory (the call
+ * has ended). */
 int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t **ev);
 
 /* Cancels the call if it has not ended: CANCEL goes to the router (which frees the request's

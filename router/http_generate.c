@@ -173,9 +173,6 @@ static bool client_gone(int fd)
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-/* The call's next event without blocking the thread: 1 with *ev; 0 when the connection is
- * parked until there is one (the handler returns and libmicrohttpd calls it again then); -1
- * when the client has hung up (the call is cancelled; when tells the log at what point). */
 /* Cancels every call of r that has not ended (CANCEL to the router). */
 static void calls_cancel(http_req_t *r)
 {
@@ -193,21 +190,26 @@ static bool calls_running(http_req_t *r)
     return false;
 }
 
+/* The call's next event without blocking the thread: 0 with *ev, or with *ev NULL when the
+ * connection is parked until there is one (the handler returns and libmicrohttpd calls it again
+ * then); TDM_ECANCELLED when the client has hung up or the gateway ran out of memory (the calls
+ * are cancelled; when tells the log at what point). */
 static int take_event(http_req_t *r, const char *when, gw_event_t **ev)
 {
-    int got = -1;
+    int rc = TDM_ECANCELLED;
+    *ev = NULL;
     if (!client_gone(r->fd)) {
         gw_parker_t pk = {park_conn, unpark_conn, r->conn};
-        got = gw_call_take(r->call, r->fd, &pk, ev);
+        rc = gw_call_take(r->call, r->fd, &pk, ev);
     }
-    if (got >= 0)
-        return got;
+    if (rc == TDM_OK)
+        return rc;
     tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
                   "http client disconnected %s: request cancelled", when);
     r->cancelled = true;
     calls_cancel(r);
     record(r, TDM_ECANCELLED);
-    return -1;
+    return TDM_ECANCELLED;
 }
 
 /* multi: the writer of the choice ch belongs to (the current call's prompt). */
@@ -272,11 +274,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         tdm_buf_clear(&r->sse);
         r->sse_off = 0;
         gw_event_t *ev = NULL;
-        int got = take_event(r, "mid-stream", &ev);
-        if (got < 0)
+        if (take_event(r, "mid-stream", &ev) != TDM_OK)
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (got == 0)
-            return 0;
+        if (!ev)
+            return 0; /* parked */
         stream_event(r, ev);
         gw_event_free(ev);
         if (r->sse_done) /* the rest is ours to send: a client that stops reading times out */
@@ -512,7 +513,7 @@ static gw_event_t *sibling_refusal(http_req_t *r, size_t *which)
         if (i == r->cur || !r->calls[i] || !gw_call_failed(r->calls[i]))
             continue;
         gw_event_t *ev = NULL;
-        while (gw_call_next(r->calls[i], -1, 0, &ev) == 1) {
+        while (gw_call_next(r->calls[i], -1, 0, &ev) == TDM_OK && ev) {
             if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
                 *which = i;
                 return ev;
@@ -531,11 +532,10 @@ enum MHD_Result http_generate_resume(tdm_http_t *h, struct MHD_Connection *c, ht
 {
     for (;;) {
         gw_event_t *ev = NULL;
-        int got = take_event(r, "before the answer", &ev);
-        if (got < 0)
+        if (take_event(r, "before the answer", &ev) != TDM_OK)
             return MHD_NO;
-        if (got == 0)
-            return MHD_YES;
+        if (!ev)
+            return MHD_YES; /* parked */
         enum MHD_Result ret;
         size_t which = 0;
         gw_event_t *refused = r->n_calls > 1 ? sibling_refusal(r, &which) : NULL;

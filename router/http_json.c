@@ -55,7 +55,7 @@ json_t *http_json_str(const char *s)
 
 json_t *http_error_json(int status, const char *code, const char *param, const char *message)
 {
-    const tdm_status_info_t *row = tdm_status_info(status);
+    const tdm_status_row_t *row = tdm_status_info(status);
     /* the message may quote client input (a URL, a JSON parser's excerpt, a model name) */
     json_t *e = json_object();
     if (!e)

@@ -90,7 +90,7 @@ static void test_error_field(void **state)
 static void test_status_table(void **state)
 {
     (void)state;
-    const tdm_status_info_t *s = tdm_status_info(TDM_EINVALID);
+    const tdm_status_row_t *s = tdm_status_info(TDM_EINVALID);
     assert_int_equal(s->code, TDM_EINVALID);
     assert_int_equal(s->http_status, 400);
     assert_string_equal(s->oai_type, "invalid_request_error");

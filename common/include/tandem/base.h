@@ -35,7 +35,7 @@ typedef enum tdm_status {
 /* Everything a status means outside the process, one row per gRPC code (DESIGN.md "Status
  * codes"): its wire name, its text, and how the HTTP gateway and the router's retry logic treat
  * it. The one table that maps statuses: nothing else switches on a status to name or place it. */
-typedef struct tdm_status_info {
+typedef struct tdm_status_row {
     int code;             /* TDM_OK or minus a gRPC code */
     const char *name;     /* gRPC name: "INVALID_ARGUMENT"; the status label of metrics and logs */
     const char *text;     /* human-readable text: "invalid argument" (tdm_strerror) */
@@ -46,11 +46,11 @@ typedef struct tdm_status_info {
                            * take it now (the router tries one) */
     bool server_fault;    /* a node reporting it for a request the router validated keeps it;
                            * any other status from a node is the cluster's fault (INTERNAL) */
-} tdm_status_info_t;
+} tdm_status_row_t;
 
 /* The row of a status code, 0 or minus any gRPC code; codes outside gRPC's get UNKNOWN's row
  * (HTTP 500, server_error). Never NULL, cannot fail. */
-const tdm_status_info_t *tdm_status_info(int code);
+const tdm_status_row_t *tdm_status_info(int code);
 
 /* Human-readable text of a status code ("invalid argument"); never NULL, cannot fail. */
 const char *tdm_strerror(int code);

@@ -10,7 +10,7 @@
 /* One row per gRPC code (grpc/status.h), indexed by minus the code. HTTP statuses after
  * DESIGN.md "Status codes"; OpenAI's error types and codes as its API returns them (CANCELLED
  * and DEADLINE_EXCEEDED have none there: Tandem's own "cancelled" and "timeout"). */
-static const tdm_status_info_t status_table[] = {
+static const tdm_status_row_t status_table[] = {
     {TDM_OK, "OK", "ok", 200, "", "", false, false},
     {TDM_ECANCELLED, "CANCELLED", "cancelled", 499, "cancelled", "cancelled", false, true},
     {-2, "UNKNOWN", "unknown error", 500, "server_error", "internal", false, false},
@@ -36,7 +36,7 @@ static const tdm_status_info_t status_table[] = {
      "unauthenticated", false, false},
 };
 
-const tdm_status_info_t *tdm_status_info(int code)
+const tdm_status_row_t *tdm_status_info(int code)
 {
     if (code > 0 || -(long)code >= (long)(sizeof status_table / sizeof status_table[0]))
         return &status_table[2]; /* UNKNOWN */
