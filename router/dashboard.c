@@ -31,7 +31,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "http_internal.h"
+#include "http_gateway.h"
+#include "http_json.h"
+#include "dashboard.h"
 #include "http_metrics.h"
 #include "tandem/config.h"
 #include "tandem/kv.h"
@@ -79,6 +81,7 @@ typedef struct dash_met {
 
 struct dash {
     gw_t *gw;
+    http_counters_t *counters; /* the gateway's: its refusals count in the error rate */
     pthread_t thread;
     bool started;
     pthread_mutex_t mu;
@@ -159,7 +162,7 @@ static bool fetch_metrics(dash_t *d, dash_met_t *v)
     if (rc != TDM_OK)
         return false;
     Tandem__V1__MetricsResponse *m = (Tandem__V1__MetricsResponse *)resp;
-    tdm_http_metrics_merge_refusals(m); /* the error rate counts the gateway's refusals */
+    http_counters_merge_refusals(d->counters, m); /* the error rate counts the gateway's refusals */
     v->gen_tokens = counter_of(m, "tandem_generation_tokens_total");
     v->prompt_tokens = counter_of(m, "tandem_prompt_tokens_total");
     requests_of(m, &v->ended, &v->failed);
@@ -218,7 +221,7 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
         }
     }
     *kv_pct = total ? pct(used, total) : NAN;
-    /* the strings come from the nodes and the router: valid UTF-8 or replaced (http.c) */
+    /* the strings come from the nodes and the router: valid UTF-8 or replaced (http_json_text) */
     return json_pack("{s:o, s:o, s:{s:i, s:i, s:I}, s:o}", "version", http_json_str(cs->version),
                      "model", http_json_str(cs->model), "requests", "running",
                      (int)cs->requests_running, "queued", (int)cs->requests_queued, "total",
@@ -375,7 +378,7 @@ static void *dash_main(void *arg)
     return NULL;
 }
 
-dash_t *dash_new(gw_t *gw, tdm_error_t *err)
+dash_t *dash_new(gw_t *gw, http_counters_t *counters, tdm_error_t *err)
 {
     dash_t *d = calloc(1, sizeof *d);
     if (!d) {
@@ -383,6 +386,7 @@ dash_t *dash_new(gw_t *gw, tdm_error_t *err)
         return NULL;
     }
     d->gw = gw;
+    d->counters = counters;
     pthread_mutex_init(&d->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -618,7 +622,7 @@ static bool cap_bytes(cap_args_t *a, const char *name, uint64_t *out, bool *give
 static json_t *cap_error(cap_args_t *a, unsigned *http_status)
 {
     *http_status = 400;
-    return http_error_json(400, NULL, a->bad, a->msg);
+    return http_error_json(TDM_EINVALID, NULL, a->bad, a->msg);
 }
 
 /* The KV shape, n_heads, weights and context into in: the served model's (m), or the explicit

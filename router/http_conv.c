@@ -13,7 +13,7 @@
 
 #include <microhttpd.h>
 
-#include "http_internal.h"
+#include "http_conv.h"
 #include "tandem/limits.h"
 
 /* What a browser may read of a cross-origin reply besides the CORS-safelisted headers. */

@@ -28,7 +28,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "http_internal.h"
+#include "http_gateway.h"
 #include "tandem/log.h"
 
 #define GW_POLL_MS 100 /* longest wait of the gateway thread (cancel requests, shutdown) */
@@ -75,16 +75,6 @@ struct gw {
 };
 
 /* ---- buffers and events ---- */
-
-static int buf_dump_cb(const char *data, size_t size, void *user)
-{
-    return tdm_buf_append(user, data, size) == TDM_OK ? 0 : -1;
-}
-
-int http_json_append(tdm_buf_t *b, const json_t *v)
-{
-    return json_dump_callback(v, buf_dump_cb, b, JSON_COMPACT) == 0 ? TDM_OK : TDM_ERESOURCE;
-}
 
 /* A chunk owned by its event: the library's chunk is valid only during on_chunk. */
 struct gw_chunk {
@@ -667,7 +657,7 @@ static int oom_end(gw_event_t **ev)
 {
     gw_event_t *x = end_event(TDM_ERESOURCE, "the HTTP gateway is out of memory");
     *ev = x;
-    return x ? 1 : -1;
+    return x ? TDM_OK : TDM_ERESOURCE;
 }
 
 int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
@@ -682,7 +672,7 @@ int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
         pthread_mutex_unlock(&gw->mu);
         if (e) {
             *ev = e;
-            return 1;
+            return TDM_OK;
         }
         if (ended)
             return oom_end(ev);
@@ -690,17 +680,17 @@ int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
         if (timeout_ms >= 0) {
             double left = end - tdm_time_now();
             if (left <= 0)
-                return 0;
+                return TDM_OK; /* nothing in time: *ev NULL */
             wait_ms = (int)(left * 1000.0) + 1;
         }
         struct pollfd p[2] = {{c->efd, POLLIN, 0}, {client_fd, POLLRDHUP, 0}};
         int n = poll(p, client_fd >= 0 ? 2 : 1, wait_ms);
         if (n < 0 && errno != EINTR)
-            return -1;
+            return TDM_EINTERNAL;
         if (n > 0 && (p[0].revents & POLLIN))
             drain_fd(c->efd);
         if (n > 0 && client_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
-            return -1;
+            return TDM_ECANCELLED;
     }
 }
 
@@ -724,9 +714,9 @@ int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t 
     pthread_mutex_unlock(&gw->mu);
     if (e) {
         *ev = e;
-        return 1;
+        return TDM_OK;
     }
-    return ended ? oom_end(ev) : 0;
+    return ended ? oom_end(ev) : TDM_OK; /* parked: *ev NULL */
 }
 
 void gw_call_cancel(gw_call_t *c)
@@ -797,12 +787,11 @@ int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
     int rc = TDM_OK;
     for (;;) {
         gw_event_t *ev = NULL;
-        int got = gw_call_next(c, -1, -1, &ev);
-        if (got < 0) {
+        if (gw_call_next(c, -1, -1, &ev) != TDM_OK) {
             rc = tdm_error_set(err, TDM_EINTERNAL, "waiting for the router failed");
             break;
         }
-        if (got == 0)
+        if (!ev)
             continue;
         if (ev->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
             gw_event_free(ev); /* a unary call has no stream; ignore */

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
 #include "tandem/sampling.h"
 
 /* The token id a logit_bias key names: decimal digits only (leading zeros allowed, as
@@ -64,20 +64,20 @@ static int bias_store(oai_req_t *q, const tdm_sampling_params_t *sp, tdm_error_t
     return TDM_OK;
 }
 
-int oai_parse_logit_bias(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+int oai_parse_logit_bias(oai_req_t *q, tdm_error_t *err)
 {
     json_t *v = json_object_get(q->root, "logit_bias");
     if (!v || json_is_null(v))
         return TDM_OK;
     if (!json_is_object(v))
-        return oai_bad_field(err, param, param_cap, "logit_bias",
-                             "logit_bias must be an object mapping token ids (as strings) to "
-                             "biases in [-100, 100], got %s",
-                             oai_type_name(v));
+        return tdm_error_set_field(err, TDM_EINVALID, "logit_bias",
+                                   "logit_bias must be an object mapping token ids (as strings) to "
+                                   "biases in [-100, 100], got %s",
+                                   oai_type_name(v));
     if (json_object_size(v) > TDM_SAMPLING_MAX_LOGIT_BIAS)
-        return oai_bad_field(err, param, param_cap, "logit_bias",
-                             "logit_bias must have at most %d entries, got %zu",
-                             TDM_SAMPLING_MAX_LOGIT_BIAS, json_object_size(v));
+        return tdm_error_set_field(err, TDM_EINVALID, "logit_bias",
+                                   "logit_bias must have at most %d entries, got %zu",
+                                   TDM_SAMPLING_MAX_LOGIT_BIAS, json_object_size(v));
     tdm_sampling_params_t sp;
     tdm_sampling_params_default(&sp);
     const char *key;
@@ -88,23 +88,25 @@ int oai_parse_logit_bias(oai_req_t *q, char *param, size_t param_cap, tdm_error_
         snprintf(name, sizeof name, "logit_bias[\"%.24s\"]", key);
         long long token = key_token(key);
         if (token < 0)
-            return oai_bad_field(err, param, param_cap, name,
-                                 "%s: the key must be a token id (a decimal integer in [0, %d]), "
-                                 "got \"%.24s\"",
-                                 name, INT32_MAX, key);
+            return tdm_error_set_field(
+                err, TDM_EINVALID, name,
+                "%s: the key must be a token id (a decimal integer in [0, %d]), "
+                "got \"%.24s\"",
+                name, INT32_MAX, key);
         if (!json_is_number(bias))
-            return oai_bad_field(err, param, param_cap, name,
-                                 "%s must be a number in [-100, 100], got %s", name,
-                                 oai_type_name(bias));
+            return tdm_error_set_field(err, TDM_EINVALID, name,
+                                       "%s must be a number in [-100, 100], got %s", name,
+                                       oai_type_name(bias));
         double d = json_number_value(bias);
         if (!(d >= -TDM_SAMPLING_MAX_BIAS && d <= TDM_SAMPLING_MAX_BIAS))
-            return oai_bad_field(err, param, param_cap, name, "%s must be in [-100, 100], got %g",
-                                 name, d);
+            return tdm_error_set_field(err, TDM_EINVALID, name, "%s must be in [-100, 100], got %g",
+                                       name, d);
         if (bias_has(&sp, (int32_t)token)) /* "5" and "05": the key as the client wrote it */
-            return oai_bad_field(err, param, param_cap, name,
-                                 "%s: each token id must appear once, got %lld twice", name, token);
+            return tdm_error_set_field(err, TDM_EINVALID, name,
+                                       "%s: each token id must appear once, got %lld twice", name,
+                                       token);
         if (tdm_sampling_logit_bias_add(&sp, (int32_t)token, (float)d, err) != TDM_OK)
-            return oai_bad_field(err, param, param_cap, name, "%s", err->msg);
+            return tdm_error_set_field(err, TDM_EINVALID, name, "%s", err->msg);
     }
     return bias_store(q, &sp, err);
 }

@@ -1,7 +1,8 @@
 /* http_metrics.c - the HTTP gateway's counters (http_metrics.h).
  *
- * Status codes index an array of atomics; refusal reasons fill a small table of slots whose
- * names are claimed once with a compare-and-swap (a name never changes after that), so
+ * The counters live on the gateway object (no globals, so several gateways may run in one
+ * process). Status codes index an array of atomics; refusal reasons fill a small table of slots
+ * whose names are claimed once with a compare-and-swap (a name never changes after that), so
  * counting takes no lock and the scrape reads a consistent-enough snapshot. Refusals are
  * also counted by their status, which the scrape adds to the router's tandem_requests_total.
  */
@@ -23,20 +24,35 @@ typedef struct reason_slot {
     atomic_uint_fast64_t n;
 } reason_slot_t;
 
-static atomic_uint_fast64_t by_code[600];
-static reason_slot_t reasons[TDM_HTTP_REFUSAL_REASONS + 1];  /* the last: "other" */
-static atomic_uint_fast64_t refused_by_status[STATUS_CODES]; /* [-status] */
+struct http_counters {
+    atomic_uint_fast64_t by_code[600];
+    reason_slot_t reasons[TDM_HTTP_REFUSAL_REASONS + 1];  /* the last: "other" */
+    atomic_uint_fast64_t refused_by_status[STATUS_CODES]; /* [-status] */
+};
 
-void tdm_http_count_response(unsigned status)
+http_counters_t *http_counters_new(void)
 {
-    atomic_fetch_add(&by_code[status >= 100 && status < 600 ? status : 0], 1);
+    return calloc(1, sizeof(http_counters_t)); /* zero: every count 0, every slot free */
+}
+
+void http_counters_destroy(http_counters_t **c_p)
+{
+    if (!c_p)
+        return;
+    free(*c_p);
+    *c_p = NULL;
+}
+
+void http_counters_response(http_counters_t *c, unsigned status)
+{
+    atomic_fetch_add(&c->by_code[status >= 100 && status < 600 ? status : 0], 1);
 }
 
 /* The slot named reason, claiming a free one when none is; the "other" slot when full. */
-static reason_slot_t *reason_slot(const char *reason)
+static reason_slot_t *reason_slot(http_counters_t *c, const char *reason)
 {
     for (size_t i = 0; i < TDM_HTTP_REFUSAL_REASONS; i++) {
-        reason_slot_t *s = &reasons[i];
+        reason_slot_t *s = &c->reasons[i];
         int st = atomic_load(&s->state);
         if (st == 0) {
             int want = 0;
@@ -52,18 +68,18 @@ static reason_slot_t *reason_slot(const char *reason)
         if (strncmp(s->name, reason, sizeof s->name - 1) == 0)
             return s;
     }
-    return &reasons[TDM_HTTP_REFUSAL_REASONS];
+    return &c->reasons[TDM_HTTP_REFUSAL_REASONS];
 }
 
-void tdm_http_count_refusal(const char *reason, int status)
+void http_counters_refusal(http_counters_t *c, const char *reason, int status)
 {
     /* The field without its index or key (messages[2] and logit_bias["7"] count as messages
      * and logit_bias): a client must not mint label values. */
-    char top[sizeof reasons[0].name];
+    char top[REASON_MAX];
     snprintf(top, sizeof top, "%.*s", reason ? (int)strcspn(reason, "[") : 0, reason ? reason : "");
-    atomic_fetch_add(&reason_slot(top[0] ? top : "request")->n, 1);
+    atomic_fetch_add(&reason_slot(c, top[0] ? top : "request")->n, 1);
     int s = status < 0 && status > -STATUS_CODES ? -status : 2; /* else gRPC's UNKNOWN */
-    atomic_fetch_add(&refused_by_status[s], 1);
+    atomic_fetch_add(&c->refused_by_status[s], 1);
 }
 
 /* Appends a family with n_samples slots (zeroed); NULL on out of memory. */
@@ -120,7 +136,7 @@ static bool add_sample(Tandem__V1__MetricFamily *f, const char *label, const cha
     return true;
 }
 
-static bool append_codes(Tandem__V1__MetricsResponse *m)
+static bool append_codes(http_counters_t *hc, Tandem__V1__MetricsResponse *m)
 {
     Tandem__V1__MetricFamily *f =
         add_family(m, "tandem_http_requests_total",
@@ -128,7 +144,7 @@ static bool append_codes(Tandem__V1__MetricsResponse *m)
                    "once, with the 200 that starts it).");
     bool ok = f != NULL;
     for (unsigned c = 0; ok && c < 600; c++) {
-        uint64_t n = atomic_load(&by_code[c]);
+        uint64_t n = atomic_load(&hc->by_code[c]);
         char code[8];
         snprintf(code, sizeof code, "%u", c);
         if (n || c == 200) /* 200 always exists, so rate() sees its first increase */
@@ -137,7 +153,7 @@ static bool append_codes(Tandem__V1__MetricsResponse *m)
     return ok;
 }
 
-static bool append_refusals(Tandem__V1__MetricsResponse *m)
+static bool append_refusals(http_counters_t *c, Tandem__V1__MetricsResponse *m)
 {
     Tandem__V1__MetricFamily *f =
         add_family(m, "tandem_http_requests_refused_total",
@@ -146,9 +162,10 @@ static bool append_refusals(Tandem__V1__MetricsResponse *m)
                    "first 64 distinct fields).");
     bool ok = f != NULL;
     for (size_t i = 0; ok && i < TDM_HTTP_REFUSAL_REASONS; i++)
-        if (atomic_load(&reasons[i].state) == 2)
-            ok = add_sample(f, "reason", reasons[i].name, NULL, NULL, atomic_load(&reasons[i].n));
-    uint64_t other = atomic_load(&reasons[TDM_HTTP_REFUSAL_REASONS].n);
+        if (atomic_load(&c->reasons[i].state) == 2)
+            ok = add_sample(f, "reason", c->reasons[i].name, NULL, NULL,
+                            atomic_load(&c->reasons[i].n));
+    uint64_t other = atomic_load(&c->reasons[TDM_HTTP_REFUSAL_REASONS].n);
     if (ok && other)
         ok = add_sample(f, "reason", "other", NULL, NULL, other);
     return ok;
@@ -163,7 +180,7 @@ static bool has_label(const Tandem__V1__MetricSample *s, const char *name, const
     return false;
 }
 
-int tdm_http_metrics_merge_refusals(Tandem__V1__MetricsResponse *m)
+int http_counters_merge_refusals(http_counters_t *c, Tandem__V1__MetricsResponse *m)
 {
     Tandem__V1__MetricFamily *f = NULL;
     for (size_t i = 0; i < m->n_families && !f; i++)
@@ -172,7 +189,7 @@ int tdm_http_metrics_merge_refusals(Tandem__V1__MetricsResponse *m)
     const char *none = tdm_proto_finish_name(TANDEM__V1__FINISH_REASON__FINISH_REASON_UNSPECIFIED);
     bool ok = true;
     for (int st = 0; f && ok && st < STATUS_CODES; st++) {
-        uint64_t n = atomic_load(&refused_by_status[st]);
+        uint64_t n = atomic_load(&c->refused_by_status[st]);
         const char *name = tdm_status_name(-st);
         Tandem__V1__MetricSample *s = NULL;
         for (size_t i = 0; n && i < f->n_samples && !s; i++)
@@ -187,9 +204,10 @@ int tdm_http_metrics_merge_refusals(Tandem__V1__MetricsResponse *m)
     return ok ? TDM_OK : TDM_ERESOURCE;
 }
 
-int tdm_http_metrics_append(Tandem__V1__MetricsResponse *m)
+int http_counters_append(http_counters_t *c, Tandem__V1__MetricsResponse *m)
 {
-    return tdm_http_metrics_merge_refusals(m) == TDM_OK && append_codes(m) && append_refusals(m)
+    return http_counters_merge_refusals(c, m) == TDM_OK && append_codes(c, m) &&
+                   append_refusals(c, m)
                ? TDM_OK
                : TDM_ERESOURCE;
 }

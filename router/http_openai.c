@@ -1,12 +1,11 @@
-/* http_openai.c - OpenAI's completions and chat completions APIs translated to the router's
- * GenerateRequest, and GenerateChunks translated back to OpenAI's JSON and SSE chunks.
+/* http_openai.c - OpenAI's completions and chat completions requests translated to the
+ * router's GenerateRequest (the answers are http_openai_out.c's).
  *
  * Request fields follow OpenAI's API reference (and vLLM's extensions: top_k, min_p,
  * repetition_penalty, stop_token_ids, ignore_eos, include_stop_str_in_output) and Tandem's
  * speculative ("auto" | "off"); unknown fields
  * are ignored as vLLM does. Type errors name the field; range checks are the router's, whose
- * messages name the field too. Responses have OpenAI's shapes ("text_completion",
- * "chat.completion", "chat.completion.chunk", usage with prompt_tokens_details.cached_tokens).
+ * messages name the field too (tdm_error_t's field, OpenAI's name).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -19,27 +18,14 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
+#include "http_json.h"
 #include "tandem/sampling.h"
 
 #define OAI_COMPLETION_DEFAULT_MAX_TOKENS 16
 #define OAI_MAX_LOGPROBS 20
 
 /* ---- parsing helpers ---- */
-
-/* Sets *err to an INVALID_ARGUMENT naming field (copied into param). */
-int oai_bad_field(tdm_error_t *err, char *param, size_t param_cap, const char *field,
-                  const char *fmt, ...)
-{
-    if (param && param_cap)
-        snprintf(param, param_cap, "%s", field ? field : "");
-    char msg[TDM_ERRMSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return tdm_error_set(err, TDM_EINVALID, "%s", msg);
-}
 
 const char *oai_type_name(const json_t *v)
 {
@@ -67,8 +53,6 @@ static json_t *field(json_t *root, const char *name)
 typedef struct parse_ctx {
     json_t *root;
     tdm_error_t *err;
-    char *param;
-    size_t param_cap;
     int rc;
 } parse_ctx_t;
 
@@ -78,8 +62,8 @@ static bool get_number(parse_ctx_t *p, const char *name, double *out)
     if (!v || p->rc)
         return false;
     if (!json_is_number(v)) {
-        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a number, got %s",
-                              name, oai_type_name(v));
+        p->rc = tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be a number, got %s", name,
+                                    oai_type_name(v));
         return false;
     }
     *out = json_number_value(v);
@@ -99,13 +83,13 @@ static bool get_int(parse_ctx_t *p, const char *name, long long lo, long long hi
                fabs(json_real_value(v)) < 9e15) {
         x = (long long)json_real_value(v);
     } else {
-        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be an integer, got %s",
-                              name, oai_type_name(v));
+        p->rc = tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be an integer, got %s",
+                                    name, oai_type_name(v));
         return false;
     }
     if (x < lo || x > hi) {
-        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name,
-                              "%s must be in %lld..%lld, got %lld", name, lo, hi, x);
+        p->rc = tdm_error_set_field(p->err, TDM_EINVALID, name,
+                                    "%s must be in %lld..%lld, got %lld", name, lo, hi, x);
         return false;
     }
     *out = x;
@@ -118,8 +102,8 @@ static bool get_bool(parse_ctx_t *p, const char *name, bool *out)
     if (!v || p->rc)
         return false;
     if (!json_is_boolean(v)) {
-        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a boolean, got %s",
-                              name, oai_type_name(v));
+        p->rc = tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be a boolean, got %s",
+                                    name, oai_type_name(v));
         return false;
     }
     *out = json_is_true(v);
@@ -132,8 +116,8 @@ static const char *get_string(parse_ctx_t *p, const char *name)
     if (!v || p->rc)
         return NULL;
     if (!json_is_string(v)) {
-        p->rc = oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a string, got %s",
-                              name, oai_type_name(v));
+        p->rc = tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be a string, got %s", name,
+                                    oai_type_name(v));
         return NULL;
     }
     return json_string_value(v);
@@ -158,16 +142,15 @@ static int prompt_ids(parse_ctx_t *p, json_t *v, const char *name, int32_t **ids
 {
     *n = json_array_size(v);
     if (*n == 0)
-        return oai_bad_field(p->err, p->param, p->param_cap, "prompt", "%s is an empty array",
-                             name);
+        return tdm_error_set_field(p->err, TDM_EINVALID, "prompt", "%s is an empty array", name);
     *ids = calloc(*n, sizeof **ids);
     if (!*ids)
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     for (size_t i = 0; i < *n; i++) {
         json_t *e = json_array_get(v, i);
         if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-            return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
-                                 "%s[%zu] must be a token id (an integer >= 0)", name, i);
+            return tdm_error_set_field(p->err, TDM_EINVALID, "prompt",
+                                       "%s[%zu] must be a token id (an integer >= 0)", name, i);
         (*ids)[i] = (int32_t)json_integer_value(e);
     }
     return TDM_OK;
@@ -179,10 +162,11 @@ static int parse_prompt_list(parse_ctx_t *p, oai_req_t *q, json_t *v)
 {
     size_t n = json_array_size(v);
     if (n > OAI_MAX_PROMPTS)
-        return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
-                             "prompt: a list of %zu prompts; at most %d (OAI_MAX_PROMPTS) per "
-                             "request",
-                             n, OAI_MAX_PROMPTS);
+        return tdm_error_set_field(
+            p->err, TDM_EINVALID, "prompt",
+            "prompt: a list of %zu prompts; at most %d (OAI_MAX_PROMPTS) per "
+            "request",
+            n, OAI_MAX_PROMPTS);
     q->list_ids = calloc(n, sizeof *q->list_ids);
     q->list_n_ids = calloc(n, sizeof *q->list_n_ids);
     if (!q->list_ids || !q->list_n_ids)
@@ -197,9 +181,9 @@ static int parse_prompt_list(parse_ctx_t *p, oai_req_t *q, json_t *v)
             if (rc != TDM_OK)
                 return rc;
         } else if (!json_is_string(e)) {
-            return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
-                                 "%s must be a string or an array of token ids, got %s", name,
-                                 oai_type_name(e));
+            return tdm_error_set_field(p->err, TDM_EINVALID, "prompt",
+                                       "%s must be a string or an array of token ids, got %s", name,
+                                       oai_type_name(e));
         }
     }
     return TDM_OK;
@@ -210,7 +194,7 @@ static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
     json_t *v = field(p->root, "prompt");
     q->n_prompts = 1;
     if (!v)
-        return oai_bad_field(p->err, p->param, p->param_cap, "prompt", "prompt is required");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "prompt", "prompt is required");
     if (json_is_array(v) && json_array_size(v) > 1 &&
         (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0)))) {
         int rc = parse_prompt_list(p, q, v);
@@ -226,10 +210,11 @@ static int parse_prompt(parse_ctx_t *p, oai_req_t *q)
         return TDM_OK;
     }
     if (!json_is_array(v))
-        return oai_bad_field(p->err, p->param, p->param_cap, "prompt",
-                             "prompt must be a string, an array of one string or an array of token "
-                             "ids, got %s",
-                             oai_type_name(v));
+        return tdm_error_set_field(
+            p->err, TDM_EINVALID, "prompt",
+            "prompt must be a string, an array of one string or an array of token "
+            "ids, got %s",
+            oai_type_name(v));
     size_t n;
     int rc = prompt_ids(p, v, "prompt", &q->ids, &n);
     if (rc != TDM_OK)
@@ -256,9 +241,9 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
         return TDM_OK;
     }
     if (!json_is_array(c))
-        return oai_bad_field(p->err, p->param, p->param_cap, name,
-                             "%s must be a string or an array of content parts, got %s", name,
-                             oai_type_name(c));
+        return tdm_error_set_field(p->err, TDM_EINVALID, name,
+                                   "%s must be a string or an array of content parts, got %s", name,
+                                   oai_type_name(c));
     tdm_buf_t b = TDM_BUF_INIT;
     size_t j;
     json_t *part;
@@ -268,19 +253,19 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
         const char *text = json_string_value(json_object_get(part, "text"));
         if (!json_is_object(part) || !type) {
             tdm_buf_free(&b);
-            return oai_bad_field(p->err, p->param, p->param_cap, name,
-                                 "%s[%zu] must be an object with a \"type\"", name, j);
+            return tdm_error_set_field(p->err, TDM_EINVALID, name,
+                                       "%s[%zu] must be an object with a \"type\"", name, j);
         }
         if (strcmp(type, "text") != 0) {
             tdm_buf_free(&b);
-            return oai_bad_field(p->err, p->param, p->param_cap, name,
-                                 "%s[%zu]: content of type '%s' is not supported; only text", name,
-                                 j, type);
+            return tdm_error_set_field(p->err, TDM_EINVALID, name,
+                                       "%s[%zu]: content of type '%s' is not supported; only text",
+                                       name, j, type);
         }
         if (!text) {
             tdm_buf_free(&b);
-            return oai_bad_field(p->err, p->param, p->param_cap, name,
-                                 "%s[%zu].text must be a string", name, j);
+            return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s[%zu].text must be a string",
+                                       name, j);
         }
         if ((j > 0 && tdm_buf_append(&b, "\n", 1) != TDM_OK) ||
             tdm_buf_append(&b, text, strlen(text)) != TDM_OK) {
@@ -299,13 +284,13 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
 {
     json_t *v = field(p->root, "messages");
     if (!v)
-        return oai_bad_field(p->err, p->param, p->param_cap, "messages", "messages is required");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "messages", "messages is required");
     if (!json_is_array(v))
-        return oai_bad_field(p->err, p->param, p->param_cap, "messages",
-                             "messages must be an array, got %s", oai_type_name(v));
+        return tdm_error_set_field(p->err, TDM_EINVALID, "messages",
+                                   "messages must be an array, got %s", oai_type_name(v));
     size_t n = json_array_size(v);
     if (n == 0)
-        return oai_bad_field(p->err, p->param, p->param_cap, "messages", "messages is empty");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "messages", "messages is empty");
     q->msgs = calloc(n, sizeof *q->msgs);
     q->msg_ptr = calloc(n, sizeof *q->msg_ptr);
     q->joined = calloc(n, sizeof *q->joined);
@@ -317,12 +302,12 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         char name[48];
         snprintf(name, sizeof name, "messages[%zu]", i);
         if (!json_is_object(m))
-            return oai_bad_field(p->err, p->param, p->param_cap, name,
-                                 "%s must be an object, got %s", name, oai_type_name(m));
+            return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be an object, got %s",
+                                       name, oai_type_name(m));
         json_t *role = json_object_get(m, "role");
         if (!json_is_string(role)) {
             snprintf(name, sizeof name, "messages[%zu].role", i);
-            return oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be a string", name);
+            return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be a string", name);
         }
         const char *r = json_string_value(role);
         if (strcmp(r, "developer") == 0)
@@ -331,10 +316,11 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         if ((!c || json_is_null(c)) && !json_object_get(m, "tool_calls") &&
             !json_object_get(m, "function_call")) {
             snprintf(name, sizeof name, "messages[%zu].content", i);
-            return oai_bad_field(p->err, p->param, p->param_cap, name,
-                                 "%s is required: a message has content (an assistant message may "
-                                 "have tool_calls instead)",
-                                 name);
+            return tdm_error_set_field(
+                p->err, TDM_EINVALID, name,
+                "%s is required: a message has content (an assistant message may "
+                "have tool_calls instead)",
+                name);
         }
         const char *content = "";
         int rc = parse_content(p, q, i, c, &content);
@@ -344,7 +330,7 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         q->msgs[i].role = (char *)r;
         q->msgs[i].content = (char *)content;
         q->msg_ptr[i] = &q->msgs[i];
-        rc = oai_tools_message(m, i, &q->msgs[i], &q->tools, p->param, p->param_cap, p->err);
+        rc = oai_tools_message(m, i, &q->msgs[i], &q->tools, p->err);
         if (rc != TDM_OK)
             return rc;
     }
@@ -373,15 +359,16 @@ static int parse_stop(parse_ctx_t *p, oai_req_t *q)
         for (size_t i = 0; i < n; i++) {
             json_t *e = json_array_get(v, i);
             if (!json_is_string(e))
-                return oai_bad_field(p->err, p->param, p->param_cap, "stop",
-                                     "stop[%zu] must be a string, got %s", i, oai_type_name(e));
+                return tdm_error_set_field(p->err, TDM_EINVALID, "stop",
+                                           "stop[%zu] must be a string, got %s", i,
+                                           oai_type_name(e));
             q->stop[i] = (char *)json_string_value(e);
         }
         q->g.n_stop = n;
     } else {
-        return oai_bad_field(p->err, p->param, p->param_cap, "stop",
-                             "stop must be a string or an array of strings, got %s",
-                             oai_type_name(v));
+        return tdm_error_set_field(p->err, TDM_EINVALID, "stop",
+                                   "stop must be a string or an array of strings, got %s",
+                                   oai_type_name(v));
     }
     q->g.stop = q->stop;
     return TDM_OK;
@@ -394,9 +381,9 @@ static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
     if (!ids || p->rc)
         return p->rc;
     if (!json_is_array(ids))
-        return oai_bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
-                             "stop_token_ids must be an array of token ids, got %s",
-                             oai_type_name(ids));
+        return tdm_error_set_field(p->err, TDM_EINVALID, "stop_token_ids",
+                                   "stop_token_ids must be an array of token ids, got %s",
+                                   oai_type_name(ids));
     size_t n = json_array_size(ids);
     q->stop_ids = calloc(n ? n : 1, sizeof *q->stop_ids);
     if (!q->stop_ids)
@@ -405,8 +392,8 @@ static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
         json_t *e = json_array_get(ids, k);
         if (!json_is_integer(e) || json_integer_value(e) < INT32_MIN ||
             json_integer_value(e) > INT32_MAX)
-            return oai_bad_field(p->err, p->param, p->param_cap, "stop_token_ids",
-                                 "stop_token_ids[%zu] must be a token id", k);
+            return tdm_error_set_field(p->err, TDM_EINVALID, "stop_token_ids",
+                                       "stop_token_ids[%zu] must be a token id", k);
         q->stop_ids[k] = (int32_t)json_integer_value(e);
     }
     q->sp.stop_token_ids = q->stop_ids;
@@ -458,7 +445,7 @@ static int parse_sampling(parse_ctx_t *p, oai_req_t *q)
         sp->set_mask |= TDM_PROTO_SET_IGNORE_EOS;
     }
     int rc = parse_stop_token_ids(p, q);
-    return rc != TDM_OK ? rc : oai_parse_logit_bias(q, p->param, p->param_cap, p->err);
+    return rc != TDM_OK ? rc : oai_parse_logit_bias(q, p->err);
 }
 
 static int parse_logprobs(parse_ctx_t *p, oai_req_t *q)
@@ -476,8 +463,8 @@ static int parse_logprobs(parse_ctx_t *p, oai_req_t *q)
         if (p->rc)
             return p->rc;
         if (have_top && !on && k > 0)
-            return oai_bad_field(p->err, p->param, p->param_cap, "top_logprobs",
-                                 "top_logprobs needs logprobs: true");
+            return tdm_error_set_field(p->err, TDM_EINVALID, "top_logprobs",
+                                       "top_logprobs needs logprobs: true");
         q->logprobs = on;
         q->top_logprobs = on ? (int)k : 0;
     }
@@ -502,29 +489,31 @@ static int parse_choices(parse_ctx_t *p, oai_req_t *q)
     json_t *bv = field(p->root, "best_of");
     bool best_given = bv && !json_is_null(bv);
     if (best_given && q->kind == OAI_CHAT)
-        return oai_bad_field(p->err, p->param, p->param_cap, "best_of",
-                             "best_of is only supported on /v1/completions");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "best_of",
+                                   "best_of is only supported on /v1/completions");
     if (best_given)
         get_int(p, "best_of", LLONG_MIN, LLONG_MAX, &best);
     if (p->rc)
         return p->rc;
     if (n < 1 || n > OAI_MAX_CHOICES)
-        return oai_bad_field(p->err, p->param, p->param_cap, "n",
-                             "n must be in [1, %d] (OAI_MAX_CHOICES), got %lld", OAI_MAX_CHOICES,
-                             n);
+        return tdm_error_set_field(p->err, TDM_EINVALID, "n",
+                                   "n must be in [1, %d] (OAI_MAX_CHOICES), got %lld",
+                                   OAI_MAX_CHOICES, n);
     if (!best_given)
         best = n;
     if (best < n || best > OAI_MAX_CHOICES)
-        return oai_bad_field(p->err, p->param, p->param_cap, "best_of",
-                             "best_of must be in [n, %d] (n is %lld, OAI_MAX_CHOICES %d), got %lld",
-                             OAI_MAX_CHOICES, n, OAI_MAX_CHOICES, best);
+        return tdm_error_set_field(
+            p->err, TDM_EINVALID, "best_of",
+            "best_of must be in [n, %d] (n is %lld, OAI_MAX_CHOICES %d), got %lld", OAI_MAX_CHOICES,
+            n, OAI_MAX_CHOICES, best);
     if (best > n && q->stream)
-        return oai_bad_field(p->err, p->param, p->param_cap, "best_of",
-                             "best_of > n is not supported with stream: true (the best are known "
-                             "only at the end)");
+        return tdm_error_set_field(
+            p->err, TDM_EINVALID, "best_of",
+            "best_of > n is not supported with stream: true (the best are known "
+            "only at the end)");
     if (n > 1 && q->tools.parse)
-        return oai_bad_field(p->err, p->param, p->param_cap, "n",
-                             "n > 1 is not supported together with tools");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "n",
+                                   "n > 1 is not supported together with tools");
     q->n = (uint32_t)n;
     q->best_of = (uint32_t)best;
     if (best > n && !q->logprobs) {
@@ -540,9 +529,9 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
 {
     json_t *v = field(p->root, "suffix");
     if (q->kind == OAI_COMPLETION && v && (!json_is_string(v) || json_string_length(v) > 0))
-        return oai_bad_field(p->err, p->param, p->param_cap, "suffix", "suffix is not supported");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "suffix", "suffix is not supported");
     if (q->kind == OAI_CHAT) {
-        int rc = oai_tools_parse(p->root, &q->tools, p->param, p->param_cap, p->err);
+        int rc = oai_tools_parse(p->root, &q->tools, p->err);
         if (rc != TDM_OK)
             return rc;
     }
@@ -551,7 +540,7 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
 
 /* q->creq, the client library's request, from the GenerateRequest the parser made (strings
  * and arrays point into q). */
-static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+static int client_request(oai_req_t *q, tdm_error_t *err)
 {
     tdm_client_request_t *c = &q->creq;
     tdm_client_request_init(c);
@@ -577,7 +566,7 @@ static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error
         c->n_messages = n;
     }
     if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK)
-        return oai_bad_field(err, param, param_cap, "stop_token_ids", "%s", err->msg);
+        return tdm_error_set_field(err, TDM_EINVALID, "stop_token_ids", "%s", err->msg);
     c->sampling_set = q->sp.set_mask;
     c->max_tokens = q->g.max_tokens;
     c->stop = (const char *const *)q->g.stop;
@@ -587,7 +576,7 @@ static int client_request(oai_req_t *q, char *param, size_t param_cap, tdm_error
     c->echo_token_text = q->g.echo_token_text;
     c->n = q->best_of;
     c->no_speculation = q->g.speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
-    return oai_tools_request(&q->tools, c, param, param_cap, err);
+    return oai_tools_request(&q->tools, c, err);
 }
 
 /* stream, stream_options, include_stop_str_in_output. */
@@ -597,16 +586,17 @@ static int parse_stream(parse_ctx_t *p, oai_req_t *q)
     json_t *so = field(q->root, "stream_options");
     if (!p->rc && so) {
         if (!json_is_object(so))
-            return oai_bad_field(p->err, p->param, p->param_cap, "stream_options",
-                                 "stream_options must be an object, got %s", oai_type_name(so));
+            return tdm_error_set_field(p->err, TDM_EINVALID, "stream_options",
+                                       "stream_options must be an object, got %s",
+                                       oai_type_name(so));
         if (!q->stream)
-            return oai_bad_field(p->err, p->param, p->param_cap, "stream_options",
-                                 "stream_options is only allowed with stream: true");
+            return tdm_error_set_field(p->err, TDM_EINVALID, "stream_options",
+                                       "stream_options is only allowed with stream: true");
         json_t *iu = json_object_get(so, "include_usage");
         if (iu && !json_is_null(iu) && !json_is_boolean(iu))
-            return oai_bad_field(p->err, p->param, p->param_cap, "stream_options.include_usage",
-                                 "stream_options.include_usage must be a boolean, got %s",
-                                 oai_type_name(iu));
+            return tdm_error_set_field(p->err, TDM_EINVALID, "stream_options.include_usage",
+                                       "stream_options.include_usage must be a boolean, got %s",
+                                       oai_type_name(iu));
         q->include_usage = json_is_true(iu);
     }
     q->g.stream = q->stream;
@@ -624,8 +614,8 @@ static int parse_speculative(parse_ctx_t *p, oai_req_t *q)
     if (!s || strcmp(s, "auto") == 0)
         return p->rc;
     if (strcmp(s, "off") != 0)
-        return oai_bad_field(p->err, p->param, p->param_cap, "speculative",
-                             "speculative must be \"auto\" or \"off\", got \"%.40s\"", s);
+        return tdm_error_set_field(p->err, TDM_EINVALID, "speculative",
+                                   "speculative must be \"auto\" or \"off\", got \"%.40s\"", s);
     q->g.speculative = TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return TDM_OK;
 }
@@ -642,8 +632,8 @@ static int parse_max_tokens(parse_ctx_t *p, oai_req_t *q)
     if (p->rc)
         return p->rc;
     if (have && (mt < 1 || mt > INT32_MAX))
-        return oai_bad_field(p->err, p->param, p->param_cap, name, "%s must be in 1..%d, got %lld",
-                             name, INT32_MAX, mt);
+        return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be in 1..%d, got %lld",
+                                   name, INT32_MAX, mt);
     if (have)
         q->g.max_tokens = (int32_t)mt;
     else if (q->kind == OAI_COMPLETION)
@@ -659,39 +649,39 @@ static int parse_echo(parse_ctx_t *p, oai_req_t *q)
     if (p->rc)
         return p->rc;
     if (echo && q->g.input_case != TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT)
-        return oai_bad_field(p->err, p->param, p->param_cap, "echo", "echo needs a text prompt");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "echo", "echo needs a text prompt");
     if (echo && q->n_prompts > 1)
-        return oai_bad_field(p->err, p->param, p->param_cap, "echo",
-                             "echo with a list of prompts is not supported");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
+                                   "echo with a list of prompts is not supported");
     if (echo && q->logprobs)
-        return oai_bad_field(p->err, p->param, p->param_cap, "echo",
-                             "echo with logprobs is not supported (no prompt logprobs)");
+        return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
+                                   "echo with logprobs is not supported (no prompt logprobs)");
     if (echo)
         q->echo = q->g.prompt;
     return TDM_OK;
 }
 
 /* The body as a JSON object in q->root. */
-static int parse_body(const char *body, size_t len, oai_req_t *q, char *param, size_t param_cap,
-                      tdm_error_t *err)
+static int parse_body(const char *body, size_t len, oai_req_t *q, tdm_error_t *err)
 {
     if (len == 0)
-        return oai_bad_field(err, param, param_cap, NULL,
-                             "the request body is empty; send a JSON object");
+        return tdm_error_set_field(err, TDM_EINVALID, "",
+                                   "the request body is empty; send a JSON object");
     json_error_t jerr;
     q->root = json_loadb(body, len, 0, &jerr);
     if (!q->root && json_error_code(&jerr) == json_error_null_character)
-        return oai_bad_field(err, param, param_cap, NULL,
-                             "a string of the body holds \\u0000 (line %d, column %d): prompts, "
-                             "messages and stop strings cannot contain NUL characters",
-                             jerr.line, jerr.column);
+        return tdm_error_set_field(
+            err, TDM_EINVALID, "",
+            "a string of the body holds \\u0000 (line %d, column %d): prompts, "
+            "messages and stop strings cannot contain NUL characters",
+            jerr.line, jerr.column);
     if (!q->root)
-        return oai_bad_field(err, param, param_cap, NULL,
-                             "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                             jerr.line, jerr.column);
+        return tdm_error_set_field(err, TDM_EINVALID, "",
+                                   "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                                   jerr.line, jerr.column);
     if (!json_is_object(q->root))
-        return oai_bad_field(err, param, param_cap, NULL, "the body must be a JSON object, got %s",
-                             oai_type_name(q->root));
+        return tdm_error_set_field(err, TDM_EINVALID, "", "the body must be a JSON object, got %s",
+                                   oai_type_name(q->root));
     return TDM_OK;
 }
 
@@ -710,11 +700,9 @@ static int parse_identity(parse_ctx_t *p, oai_req_t *q, const char *served)
 }
 
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
-              char *param, size_t param_cap, tdm_error_t *err)
+              tdm_error_t *err)
 {
     memset(q, 0, sizeof *q);
-    if (param && param_cap)
-        param[0] = '\0';
     q->kind = kind;
     tandem__v1__generate_request__init(&q->g);
     tandem__v1__sampling_params__init(&q->sp);
@@ -722,8 +710,8 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
     tandem__v1__token_list__init(&q->tokens);
     q->g.sampling = &q->sp;
     q->n_prompts = 1;
-    int rc = parse_body(body, len, q, param, param_cap, err);
-    parse_ctx_t p = {q->root, err, param, param_cap, 0};
+    int rc = parse_body(body, len, q, err);
+    parse_ctx_t p = {q->root, err, 0};
     if (rc != TDM_OK || (rc = parse_identity(&p, q, served)) != TDM_OK ||
         (rc = refuse_unsupported(&p, q)) != TDM_OK || (rc = parse_stream(&p, q)) != TDM_OK ||
         (rc = parse_speculative(&p, q)) != TDM_OK || (rc = parse_max_tokens(&p, q)) != TDM_OK ||
@@ -731,8 +719,7 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
         (rc = parse_logprobs(&p, q)) != TDM_OK || (rc = parse_choices(&p, q)) != TDM_OK ||
         (rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q)) != TDM_OK ||
         (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
-        (rc = client_request(q, param, param_cap, err)) != TDM_OK ||
-        (rc = oai_parse_structured(q, param, param_cap, err)) != TDM_OK) {
+        (rc = client_request(q, err)) != TDM_OK || (rc = oai_parse_structured(q, err)) != TDM_OK) {
         oai_req_clear(q);
         return rc;
     }
@@ -807,365 +794,4 @@ void oai_req_destroy(void *q)
 {
     oai_req_clear(q);
     free(q);
-}
-
-/* ---- responses ---- */
-
-/* A JSON string of n bytes of s, invalid UTF-8 replaced by U+FFFD (a token can be part of a
- * character). NULL on out of memory. */
-static json_t *str_utf8(const char *s, size_t n)
-{
-    return http_json_text(s, n);
-}
-
-static json_t *bytes_array(const char *s)
-{
-    json_t *a = json_array();
-    for (const unsigned char *c = (const unsigned char *)s; a && c && *c; c++)
-        json_array_append_new(a, json_integer(*c));
-    return a;
-}
-
-static uint64_t utf8_chars(const char *s)
-{
-    uint64_t n = 0;
-    for (const unsigned char *c = (const unsigned char *)s; c && *c; c++)
-        n += (*c & 0xC0) != 0x80;
-    return n;
-}
-
-static const char *token_text(const tdm_client_chunk_t *ch, size_t i)
-{
-    return i < ch->n_token_texts && ch->token_texts[i] ? ch->token_texts[i] : "";
-}
-
-/* logprobs of the tokens of ch in OpenAI's shape (completions or chat); NULL when not asked
- * for (json null is then used). */
-json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
-{
-    if (!q->logprobs)
-        return NULL;
-    size_t n = ch->n_tokens;
-    if (q->kind == OAI_CHAT) {
-        json_t *content = json_array();
-        for (size_t i = 0; content && i < n; i++) {
-            const char *t = token_text(ch, i);
-            json_t *top = json_array();
-            const tdm_client_token_top_t *tl = i < ch->n_top_logprobs ? &ch->top_logprobs[i] : NULL;
-            for (size_t k = 0; top && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
-                const tdm_client_top_logprob_t *e = &tl->entries[k];
-                json_array_append_new(
-                    top, json_pack("{s:o, s:f, s:o}", "token", str_utf8(e->text, strlen(e->text)),
-                                   "logprob", (double)e->logprob, "bytes", bytes_array(e->text)));
-            }
-            double lp = i < ch->n_logprobs ? ch->logprobs[i] : 0.0;
-            json_array_append_new(content,
-                                  json_pack("{s:o, s:f, s:o, s:o}", "token", str_utf8(t, strlen(t)),
-                                            "logprob", lp, "bytes", bytes_array(t), "top_logprobs",
-                                            top ? top : json_array()));
-        }
-        return json_pack("{s:o, s:n}", "content", content ? content : json_array(), "refusal");
-    }
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-    for (size_t i = 0; i < n && tokens && lps && tops && offs; i++) {
-        const char *t = token_text(ch, i);
-        json_array_append_new(tokens, str_utf8(t, strlen(t)));
-        json_array_append_new(lps, json_real(i < ch->n_logprobs ? ch->logprobs[i] : 0.0));
-        json_array_append_new(offs, json_integer((json_int_t)o->text_chars));
-        o->text_chars += utf8_chars(t);
-        if (q->top_logprobs > 0) {
-            json_t *d = json_object();
-            const tdm_client_token_top_t *tl = i < ch->n_top_logprobs ? &ch->top_logprobs[i] : NULL;
-            for (size_t k = 0; d && tl && k < tl->n_entries && (int)k < q->top_logprobs; k++) {
-                const tdm_client_top_logprob_t *e = &tl->entries[k];
-                json_t *key = str_utf8(e->text, strlen(e->text));
-                if (key && !json_object_get(d, json_string_value(key)))
-                    json_object_set_new(d, json_string_value(key), json_real(e->logprob));
-                json_decref(key);
-            }
-            json_array_append_new(tops, d);
-        }
-    }
-    if (q->top_logprobs == 0) {
-        json_decref(tops);
-        tops = json_null(); /* OpenAI: null when logprobs is 0 */
-    }
-    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens ? tokens : json_array(),
-                     "token_logprobs", lps ? lps : json_array(), "top_logprobs",
-                     tops ? tops : json_null(), "text_offset", offs ? offs : json_array());
-}
-
-static const char *finish_name(int reason)
-{
-    switch (reason) {
-    case TDM_CLIENT_FINISH_STOP: return "stop";
-    case TDM_CLIENT_FINISH_LENGTH: return "length";
-    case TDM_CLIENT_FINISH_CANCELLED: return "abort";
-    default: return "error";
-    }
-}
-
-static json_t *usage_json(const oai_out_t *o)
-{
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)o->prompt_tokens,
-                     "completion_tokens", (int)o->completion_tokens, "total_tokens",
-                     (int)(o->prompt_tokens + o->completion_tokens), "prompt_tokens_details",
-                     "cached_tokens", (int)o->cached_tokens);
-}
-
-static void take_final(oai_out_t *o, const tdm_client_chunk_t *ch)
-{
-    o->finish_reason = (int)ch->finish_reason;
-    if (ch->usage) {
-        o->prompt_tokens = ch->usage->prompt_tokens;
-        o->completion_tokens = ch->usage->completion_tokens;
-        o->cached_tokens = ch->usage->cached_prompt_tokens;
-    }
-    if (ch->timings) {
-        o->ttft_s = ch->timings->ttft_s;
-        o->tpot_s = ch->timings->tpot_s;
-    }
-}
-
-/* The common part of a streamed chunk; the caller adds "choices". */
-static json_t *chunk_base(const oai_req_t *q)
-{
-    json_t *c = json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
-                          q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion",
-                          "created", (json_int_t)q->created, "model", http_json_str(q->model));
-    if (c && q->include_usage)
-        json_object_set_new(c, "usage", json_null());
-    return c;
-}
-
-/* Appends "data: {chunk with one choice}\n\n". delta_or_text: the chat delta (consumed) or
- * the completion text; logprobs consumed (NULL = null); finish NULL = null. */
-int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
-                    size_t text_len, json_t *logprobs, const char *finish)
-{
-    return oai_emit_choice_at(q, 0, b, delta, text, text_len, logprobs, finish);
-}
-
-int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t *delta,
-                       const char *text, size_t text_len, json_t *logprobs, const char *finish)
-{
-    json_t *c = chunk_base(q);
-    json_t *choice = json_pack("{s:i}", "index", (int)index);
-    if (!c || !choice) {
-        json_decref(c);
-        json_decref(choice);
-        json_decref(delta);
-        json_decref(logprobs);
-        return TDM_ERESOURCE;
-    }
-    if (q->kind == OAI_CHAT)
-        json_object_set_new(choice, "delta", delta ? delta : json_object());
-    else
-        json_object_set_new(choice, "text", str_utf8(text ? text : "", text ? text_len : 0));
-    json_object_set_new(choice, "logprobs", logprobs ? logprobs : json_null());
-    json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
-    json_object_set_new(c, "choices", json_pack("[o]", choice));
-    int rc = tdm_buf_append(b, "data: ", 6);
-    if (rc == TDM_OK)
-        rc = http_json_append(b, c);
-    if (rc == TDM_OK)
-        rc = tdm_buf_append(b, "\n\n", 2);
-    json_decref(c);
-    return rc;
-}
-
-int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b)
-{
-    int rc = TDM_OK;
-    if (!o->started) {
-        o->started = true;
-        if (q->kind == OAI_CHAT)
-            rc = oai_emit_choice_at(q, o->index, b,
-                                    json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
-                                    NULL, 0, NULL, NULL);
-        else if (q->echo)
-            rc = oai_emit_choice_at(q, o->index, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
-    }
-    bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
-    if (rc == TDM_OK && q->tools.parse) {
-        rc = oai_tools_sse(q, o, ch, b);
-    } else if (rc == TDM_OK && has_content) {
-        json_t *lp = oai_logprobs_json(q, o, ch);
-        if (q->kind == OAI_CHAT)
-            rc = oai_emit_choice_at(
-                q, o->index, b, json_pack("{s:o}", "content", str_utf8(ch->text, strlen(ch->text))),
-                NULL, 0, lp, NULL);
-        else
-            rc = oai_emit_choice_at(q, o->index, b, NULL, ch->text, strlen(ch->text), lp, NULL);
-    }
-    if (rc == TDM_OK && ch->finish_reason != TDM_CLIENT_FINISH_NONE && !o->finished) {
-        o->finished = true;
-        take_final(o, ch);
-        const char *tools_finish = oai_tools_finish(o, ch->finish_reason);
-        rc = oai_emit_choice_at(q, o->index, b, NULL, "", 0, NULL,
-                                tools_finish ? tools_finish : finish_name(ch->finish_reason));
-    }
-    return rc;
-}
-
-int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, tdm_buf_t *b)
-{
-    int rc = TDM_OK;
-    if (status == TDM_OK && q->include_usage) {
-        json_t *c = chunk_base(q);
-        if (!c)
-            return TDM_ERESOURCE;
-        json_object_set_new(c, "choices", json_array());
-        json_object_set_new(c, "usage", usage_json(o));
-        rc = tdm_buf_append(b, "data: ", 6);
-        if (rc == TDM_OK)
-            rc = http_json_append(b, c);
-        if (rc == TDM_OK)
-            rc = tdm_buf_append(b, "\n\n", 2);
-        json_decref(c);
-    } else if (status != TDM_OK) {
-        json_t *e = http_error_json(http_status_of(status), NULL, NULL,
-                                    message && message[0] ? message : tdm_strerror(status));
-        if (!e)
-            return TDM_ERESOURCE;
-        rc = tdm_buf_append(b, "data: ", 6);
-        if (rc == TDM_OK)
-            rc = http_json_append(b, e);
-        if (rc == TDM_OK)
-            rc = tdm_buf_append(b, "\n\n", 2);
-        json_decref(e);
-    }
-    if (rc == TDM_OK)
-        rc = tdm_buf_append(b, "data: [DONE]\n\n", 14);
-    return rc;
-}
-
-/* The response object without choices and usage; NULL on out of memory. */
-static json_t *response_base(const oai_req_t *q)
-{
-    return json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
-                     q->kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)q->created, "model", http_json_str(q->model));
-}
-
-/* One choice of a non-streaming answer from its whole chunk ch, as choice `index`. */
-static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
-                           uint32_t index)
-{
-    json_t *choice = json_pack("{s:i}", "index", (int)index);
-    if (!choice)
-        return NULL;
-    json_t *lp = oai_logprobs_json(q, o, ch);
-    size_t n_calls = 0;
-    if (q->kind == OAI_CHAT && q->tools.parse) {
-        json_object_set_new(choice, "message", oai_tools_message_json(q, ch->text, &n_calls));
-    } else if (q->kind == OAI_CHAT) {
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
-                                      str_utf8(ch->text, strlen(ch->text)), "refusal"));
-    } else {
-        tdm_buf_t t = TDM_BUF_INIT;
-        if (q->echo)
-            tdm_buf_append(&t, q->echo, strlen(q->echo));
-        tdm_buf_append(&t, ch->text, strlen(ch->text));
-        json_object_set_new(choice, "text", str_utf8(t.data ? t.data : "", t.len));
-        tdm_buf_free(&t);
-    }
-    json_object_set_new(choice, "logprobs", lp ? lp : json_null());
-    bool called = n_calls > 0 && ch->finish_reason == TDM_CLIENT_FINISH_STOP;
-    json_object_set_new(choice, "finish_reason",
-                        json_string(called ? "tool_calls" : finish_name(ch->finish_reason)));
-    return choice;
-}
-
-json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
-{
-    take_final(o, ch);
-    json_t *r = response_base(q);
-    json_t *choice = r ? choice_json(q, o, ch, 0) : NULL;
-    if (!choice) {
-        json_decref(r);
-        return NULL;
-    }
-    json_object_set_new(r, "choices", json_pack("[o]", choice));
-    json_object_set_new(r, "usage", usage_json(o));
-    return r;
-}
-
-void oai_usage_sum(const oai_req_t *q, const oai_out_t *outs, oai_out_t *sum)
-{
-    sum->prompt_tokens = sum->completion_tokens = sum->cached_tokens = 0;
-    for (size_t i = 0; i < oai_candidates(q); i++) {
-        const oai_out_t *o = &outs[i];
-        sum->completion_tokens += o->completion_tokens;
-        if (i % q->best_of == 0) { /* the prompt's choices share its prefill */
-            sum->prompt_tokens += o->prompt_tokens;
-            sum->cached_tokens += o->cached_tokens;
-        }
-    }
-    sum->ttft_s = outs[0].ttft_s;
-    sum->tpot_s = outs[0].tpot_s;
-    sum->finish_reason = outs[0].finish_reason;
-}
-
-/* The sum of ch's sampled-token logprobs: best_of's ranking. */
-static double cumulative_logprob(const tdm_client_chunk_t *ch)
-{
-    double s = 0;
-    for (size_t i = 0; i < ch->n_logprobs; i++)
-        s += ch->logprobs[i];
-    return s;
-}
-
-/* order[n] := the n best of prompt p's candidates (indices into chs), highest cumulative
- * logprob first; candidate order when best_of == n. */
-static void pick_best(const oai_req_t *q, size_t p, const tdm_client_chunk_t **chs, size_t *order)
-{
-    size_t base = p * q->best_of;
-    bool taken[OAI_MAX_CHOICES] = {false};
-    for (uint32_t j = 0; j < q->n; j++) {
-        size_t best = SIZE_MAX;
-        for (uint32_t k = 0; k < q->best_of; k++) {
-            if (taken[k])
-                continue;
-            if (q->best_of == q->n || best == SIZE_MAX ||
-                cumulative_logprob(chs[base + k]) > cumulative_logprob(chs[base + best])) {
-                best = k;
-                if (q->best_of == q->n)
-                    break;
-            }
-        }
-        taken[best] = true;
-        order[j] = base + best;
-    }
-}
-
-json_t *oai_response_multi(const oai_req_t *q, oai_out_t *outs, const tdm_client_chunk_t **chs,
-                           oai_out_t *sum)
-{
-    for (size_t i = 0; i < oai_candidates(q); i++)
-        take_final(&outs[i], chs[i]);
-    oai_usage_sum(q, outs, sum);
-    json_t *r = response_base(q);
-    json_t *choices = json_array();
-    if (!r || !choices) {
-        json_decref(r);
-        json_decref(choices);
-        return NULL;
-    }
-    for (size_t p = 0; p < q->n_prompts; p++) {
-        size_t order[OAI_MAX_CHOICES];
-        pick_best(q, p, chs, order);
-        for (uint32_t j = 0; j < q->n; j++) {
-            json_t *c = choice_json(q, &outs[order[j]], chs[order[j]], (uint32_t)p * q->n + j);
-            if (!c || json_array_append_new(choices, c) != 0) {
-                json_decref(r);
-                json_decref(choices);
-                return NULL;
-            }
-        }
-    }
-    json_object_set_new(r, "choices", choices);
-    json_object_set_new(r, "usage", usage_json(sum));
-    return r;
 }

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
 
 /* What one field asks for. */
 typedef struct source {
@@ -35,43 +35,44 @@ static json_t *member(const json_t *obj, const char *name)
 /* Checks that v (the value of param) has the JSON type kind needs: a schema is an object (or a
  * string holding one, as vLLM takes guided_json), a regex or a grammar a non-empty string,
  * choices a non-empty array of strings. Returns 0 or a refusal naming param. */
-static int check_value(const source_t *s, char *param, size_t cap, tdm_error_t *err)
+static int check_value(const source_t *s, tdm_error_t *err)
 {
     const json_t *v = s->value;
     switch (s->kind) {
     case TDM_CLIENT_CONSTRAINT_JSON_SCHEMA:
         if (json_is_object(v) || (json_is_string(v) && json_string_length(v) > 0))
             return TDM_OK;
-        return oai_bad_field(err, param, cap, s->param, "%s must be a JSON Schema object",
-                             s->param);
+        return tdm_error_set_field(err, TDM_EINVALID, s->param, "%s must be a JSON Schema object",
+                                   s->param);
     case TDM_CLIENT_CONSTRAINT_REGEX:
     case TDM_CLIENT_CONSTRAINT_GRAMMAR:
         if (json_is_string(v) && json_string_length(v) > 0 &&
             strlen(json_string_value(v)) == json_string_length(v))
             return TDM_OK;
-        return oai_bad_field(err, param, cap, s->param, "%s must be a non-empty string", s->param);
+        return tdm_error_set_field(err, TDM_EINVALID, s->param, "%s must be a non-empty string",
+                                   s->param);
     case TDM_CLIENT_CONSTRAINT_CHOICE:
         if (!json_is_array(v) || json_array_size(v) == 0)
-            return oai_bad_field(err, param, cap, s->param,
-                                 "%s must be a non-empty array of strings", s->param);
+            return tdm_error_set_field(err, TDM_EINVALID, s->param,
+                                       "%s must be a non-empty array of strings", s->param);
         for (size_t i = 0; i < json_array_size(v); i++)
             if (!json_is_string(json_array_get(v, i)))
-                return oai_bad_field(err, param, cap, s->param, "%s[%zu] must be a string",
-                                     s->param, i);
+                return tdm_error_set_field(err, TDM_EINVALID, s->param, "%s[%zu] must be a string",
+                                           s->param, i);
         return TDM_OK;
     }
     return TDM_OK;
 }
 
 /* response_format: text (nothing), json_object, or json_schema with its schema. */
-static int from_response_format(json_t *rf, source_t *s, char *param, size_t cap, tdm_error_t *err)
+static int from_response_format(json_t *rf, source_t *s, tdm_error_t *err)
 {
     const char *p = "response_format";
     const char *type = json_is_object(rf) ? json_string_value(json_object_get(rf, "type")) : NULL;
     *s = (source_t){p, TDM_CLIENT_CONSTRAINT_NONE, NULL};
     if (!type)
-        return oai_bad_field(err, param, cap, p,
-                             "response_format must be an object with a string type");
+        return tdm_error_set_field(err, TDM_EINVALID, p,
+                                   "response_format must be an object with a string type");
     if (strcmp(type, "text") == 0)
         return TDM_OK;
     if (strcmp(type, "json_object") == 0) {
@@ -79,21 +80,22 @@ static int from_response_format(json_t *rf, source_t *s, char *param, size_t cap
         return TDM_OK;
     }
     if (strcmp(type, "json_schema") != 0)
-        return oai_bad_field(
-            err, param, cap, p,
+        return tdm_error_set_field(
+            err, TDM_EINVALID, p,
             "response_format.type must be text, json_object or json_schema, got '%s'", type);
     json_t *js = member(rf, "json_schema");
     if (!json_is_object(js))
-        return oai_bad_field(err, param, cap, p,
-                             "response_format.json_schema must be an object with the schema");
+        return tdm_error_set_field(err, TDM_EINVALID, p,
+                                   "response_format.json_schema must be an object with the schema");
     json_t *name = member(js, "name"), *strict = member(js, "strict");
     json_t *desc = member(js, "description");
     if ((name && !json_is_string(name)) || (desc && !json_is_string(desc)))
-        return oai_bad_field(err, param, cap, p,
-                             "response_format.json_schema.name and .description must be strings");
+        return tdm_error_set_field(
+            err, TDM_EINVALID, p,
+            "response_format.json_schema.name and .description must be strings");
     if (strict && !json_is_boolean(strict))
-        return oai_bad_field(err, param, cap, p,
-                             "response_format.json_schema.strict must be a boolean");
+        return tdm_error_set_field(err, TDM_EINVALID, p,
+                                   "response_format.json_schema.strict must be a boolean");
     s->kind = TDM_CLIENT_CONSTRAINT_JSON_SCHEMA;
     s->value = member(js, "schema");
     if (!s->value) /* OpenAI: no schema = any JSON object */
@@ -122,22 +124,22 @@ static const struct {
 };
 
 /* Adds s to the one source allowed in *have; a second one is refused naming both. */
-static int take(source_t *have, const source_t *s, char *param, size_t cap, tdm_error_t *err)
+static int take(source_t *have, const source_t *s, tdm_error_t *err)
 {
     if (s->kind == TDM_CLIENT_CONSTRAINT_NONE)
         return TDM_OK;
     if (have->kind != TDM_CLIENT_CONSTRAINT_NONE)
-        return oai_bad_field(err, param, cap, s->param,
-                             "%s conflicts with %s: give one structured-output field", s->param,
-                             have->param);
+        return tdm_error_set_field(err, TDM_EINVALID, s->param,
+                                   "%s conflicts with %s: give one structured-output field",
+                                   s->param, have->param);
     *have = *s;
-    return check_value(s, param, cap, err);
+    return check_value(s, err);
 }
 
 /* structured_outputs' members are the ones above, or vLLM's choice of backend (ignored: there
  * is one); any other member (a typo, or an option that would change the grammar) is refused
  * rather than leaving the output unconstrained, and so is an object with no constraint. */
-static int check_members(json_t *so, char *param, size_t cap, tdm_error_t *err)
+static int check_members(json_t *so, tdm_error_t *err)
 {
     static const char *const ignored[] = {"backend", "disable_fallback"};
     const char *key;
@@ -154,27 +156,27 @@ static int check_members(json_t *so, char *param, size_t cap, tdm_error_t *err)
         if (!known) {
             char name[96];
             snprintf(name, sizeof name, "structured_outputs.%.64s", key);
-            return oai_bad_field(err, param, cap, name,
-                                 "%s: not supported (give one of json, regex, choice, grammar, "
-                                 "json_object)",
-                                 name);
+            return tdm_error_set_field(
+                err, TDM_EINVALID, name,
+                "%s: not supported (give one of json, regex, choice, grammar, "
+                "json_object)",
+                name);
         }
     }
     if (!any)
-        return oai_bad_field(
-            err, param, cap, "structured_outputs",
+        return tdm_error_set_field(
+            err, TDM_EINVALID, "structured_outputs",
             "structured_outputs: give one of json, regex, choice, grammar, json_object");
     return TDM_OK;
 }
 
 /* structured_outputs: an object with one member. */
-static int from_structured_outputs(json_t *so, source_t *have, char *param, size_t cap,
-                                   tdm_error_t *err)
+static int from_structured_outputs(json_t *so, source_t *have, tdm_error_t *err)
 {
     if (!json_is_object(so))
-        return oai_bad_field(err, param, cap, "structured_outputs",
-                             "structured_outputs must be an object");
-    int rc = check_members(so, param, cap, err);
+        return tdm_error_set_field(err, TDM_EINVALID, "structured_outputs",
+                                   "structured_outputs must be an object");
+    int rc = check_members(so, err);
     if (rc != TDM_OK)
         return rc;
     for (size_t i = 0; i < sizeof members / sizeof members[0]; i++) {
@@ -183,10 +185,10 @@ static int from_structured_outputs(json_t *so, source_t *have, char *param, size
         if (!v || (members[i].kind == TDM_CLIENT_CONSTRAINT_JSON_OBJECT && json_is_false(v)))
             continue;
         if (members[i].kind == TDM_CLIENT_CONSTRAINT_JSON_OBJECT && !json_is_true(v))
-            return oai_bad_field(err, param, cap, members[i].name, "%s must be a boolean",
-                                 members[i].name);
+            return tdm_error_set_field(err, TDM_EINVALID, members[i].name, "%s must be a boolean",
+                                       members[i].name);
         source_t s = {members[i].name, members[i].kind, v};
-        rc = take(have, &s, param, cap, err);
+        rc = take(have, &s, err);
         if (rc != TDM_OK)
             return rc;
     }
@@ -208,22 +210,22 @@ static int source_text(const source_t *s, char **text, tdm_error_t *err)
     return *text ? TDM_OK : tdm_error_set(err, TDM_ERESOURCE, "out of memory");
 }
 
-int oai_parse_structured(oai_req_t *q, char *param, size_t param_cap, tdm_error_t *err)
+int oai_parse_structured(oai_req_t *q, tdm_error_t *err)
 {
     source_t have = {"", TDM_CLIENT_CONSTRAINT_NONE, NULL}, s;
     json_t *rf = member(q->root, "response_format");
-    int rc = rf ? from_response_format(rf, &s, param, param_cap, err) : TDM_OK;
+    int rc = rf ? from_response_format(rf, &s, err) : TDM_OK;
     if (rc == TDM_OK && rf)
-        rc = take(&have, &s, param, param_cap, err);
+        rc = take(&have, &s, err);
     for (size_t i = 0; rc == TDM_OK && i < sizeof guided / sizeof guided[0]; i++) {
         json_t *v = member(q->root, guided[i].name);
         s = (source_t){guided[i].name, guided[i].kind, v};
         if (v)
-            rc = take(&have, &s, param, param_cap, err);
+            rc = take(&have, &s, err);
     }
     json_t *so = member(q->root, "structured_outputs");
     if (rc == TDM_OK && so)
-        rc = from_structured_outputs(so, &have, param, param_cap, err);
+        rc = from_structured_outputs(so, &have, err);
     if (rc != TDM_OK || have.kind == TDM_CLIENT_CONSTRAINT_NONE)
         return rc;
     if ((rc = source_text(&have, &q->constraint_text, err)) != TDM_OK)

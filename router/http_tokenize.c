@@ -7,14 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
+#include "http_json.h"
+#include "http_tokenize.h"
 #include "tandem/prompt.h"
 
-/* A 400 (or status) error naming param. New reference. */
-static json_t *tok_error(unsigned *status, unsigned code, const char *param, const char *msg)
+/* The error body for code (a tdm status) naming param, *status its HTTP status. New
+ * reference. */
+static json_t *tok_error(unsigned *status, int code, const char *param, const char *msg)
 {
-    *status = code;
-    return http_error_json(code, code == 404 ? "model_not_found" : NULL, param, msg);
+    *status = tdm_status_info(code)->http_status;
+    return http_error_json(code, code == TDM_ENOTFOUND ? "model_not_found" : NULL, param, msg);
 }
 
 /* The boolean field name of root into *out (default kept when absent or null); false with the
@@ -27,7 +30,7 @@ static bool get_flag(json_t *root, const char *name, bool *out, unsigned *status
     if (!json_is_boolean(v)) {
         char msg[96];
         snprintf(msg, sizeof msg, "%s must be a boolean", name);
-        *bad = tok_error(status, 400, name, msg);
+        *bad = tok_error(status, TDM_EINVALID, name, msg);
         return false;
     }
     *out = json_is_true(v);
@@ -46,7 +49,7 @@ static json_t *tok_root(const char *body, size_t len, const char *served, unsign
         snprintf(msg, sizeof msg, "the body must be a JSON object%s%s", root ? "" : ": ",
                  root ? "" : je.text);
         json_decref(root);
-        *err = tok_error(status, 400, NULL, msg);
+        *err = tok_error(status, TDM_EINVALID, NULL, msg);
         return NULL;
     }
     json_t *model = json_object_get(root, "model");
@@ -55,7 +58,7 @@ static json_t *tok_root(const char *body, size_t len, const char *served, unsign
         snprintf(msg, sizeof msg, "The model '%.200s' does not exist",
                  json_is_string(model) ? json_string_value(model) : "(not a string)");
         json_decref(root);
-        *err = tok_error(status, 404, "model", msg);
+        *err = tok_error(status, TDM_ENOTFOUND, "model", msg);
         return NULL;
     }
     return root;
@@ -103,23 +106,21 @@ static bool tok_input(json_t *root, const char *body, size_t len, const char *se
     json_t *prompt = json_object_get(root, "prompt");
     json_t *messages = json_object_get(root, "messages");
     if (!prompt == !messages) {
-        *bad = tok_error(status, 400, prompt ? "messages" : "prompt",
+        *bad = tok_error(status, TDM_EINVALID, prompt ? "messages" : "prompt",
                          prompt ? "give prompt or messages, not both"
                                 : "prompt (a string) or messages is required");
         return false;
     }
     if (prompt && !json_is_string(prompt)) {
-        *bad = tok_error(status, 400, "prompt", "prompt must be a string");
+        *bad = tok_error(status, TDM_EINVALID, "prompt", "prompt must be a string");
         return false;
     }
     if (prompt)
         return true;
-    char param[64];
     tdm_error_t err = {0};
-    int rc = oai_parse(OAI_CHAT, body, len, served, q, param, sizeof param, &err);
+    int rc = oai_parse(OAI_CHAT, body, len, served, q, &err);
     if (rc != TDM_OK) {
-        *status = http_status_of(rc);
-        *bad = http_error_json(*status, NULL, param[0] ? param : "messages", err.msg);
+        *bad = tok_error(status, rc, err.field[0] ? err.field : "messages", err.msg);
         return false;
     }
     *have_q = true;
@@ -148,8 +149,7 @@ json_t *http_tokenize_json(const tdm_http_vocab_t *v, const char *served, const 
     tdm_error_t err = {0};
     int rc = tok_encode(v, root, have_q ? &q : NULL, special, gen_prompt, &ids, &n, &err);
     if (rc != TDM_OK) {
-        *status = http_status_of(rc);
-        out = http_error_json(*status, NULL, have_q ? "messages" : "prompt", err.msg);
+        out = tok_error(status, rc, have_q ? "messages" : "prompt", err.msg);
     } else {
         *status = 200;
         out = tok_response(v, ids, n, strs);
@@ -167,13 +167,13 @@ static bool detok_ids(const tdm_http_vocab_t *v, json_t *tokens, tdm_token_t **i
                       unsigned *status, json_t **bad)
 {
     if (!json_is_array(tokens)) {
-        *bad = tok_error(status, 400, "tokens", "tokens must be an array of token ids");
+        *bad = tok_error(status, TDM_EINVALID, "tokens", "tokens must be an array of token ids");
         return false;
     }
     size_t n = json_array_size(tokens);
     *ids = calloc(n ? n : 1, sizeof **ids);
     if (!*ids) {
-        *bad = tok_error(status, 500, NULL, "out of memory");
+        *bad = tok_error(status, TDM_EINTERNAL, NULL, "out of memory");
         return false;
     }
     uint32_t n_vocab = tdm_tokenizer_n_vocab(v->tok);
@@ -183,7 +183,7 @@ static bool detok_ids(const tdm_http_vocab_t *v, json_t *tokens, tdm_token_t **i
         if (id < 0 || id >= (json_int_t)n_vocab) {
             char msg[128];
             snprintf(msg, sizeof msg, "tokens[%zu] must be a token id in [0, %u)", i, n_vocab);
-            *bad = tok_error(status, 400, "tokens", msg);
+            *bad = tok_error(status, TDM_EINVALID, "tokens", msg);
             free(*ids);
             *ids = NULL;
             return false;
@@ -204,7 +204,8 @@ json_t *http_detokenize_json(const tdm_http_vocab_t *v, const char *served, cons
     json_t *tokens = json_object_get(root, "tokens");
     json_t *out;
     if (!tokens) {
-        out = tok_error(status, 400, "tokens", "tokens (an array of token ids) is required");
+        out =
+            tok_error(status, TDM_EINVALID, "tokens", "tokens (an array of token ids) is required");
     } else if (!detok_ids(v, tokens, &ids, status, &bad)) {
         out = bad;
     } else {
@@ -214,9 +215,9 @@ json_t *http_detokenize_json(const tdm_http_vocab_t *v, const char *served, cons
         /* special tokens rendered, as Hugging Face's decode does by default (vLLM's) */
         int rc = tdm_tokenizer_decode(v->tok, ids, json_array_size(tokens), true, &text, &text_len,
                                       &err);
-        *status = rc == TDM_OK ? 200 : http_status_of(rc);
+        *status = 200;
         out = rc == TDM_OK ? json_pack("{s:o}", "prompt", http_json_text(text, text_len))
-                           : http_error_json(*status, NULL, "tokens", err.msg);
+                           : tok_error(status, rc, "tokens", err.msg);
         free(text);
     }
     free(ids);

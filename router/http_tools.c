@@ -18,7 +18,8 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
+#include "http_json.h"
 #include "tandem/json_schema.h"
 
 #define TOOL_NAME_MAX 64 /* OpenAI: function names are [a-zA-Z0-9_-]{1,64} */
@@ -48,8 +49,6 @@ static bool valid_name(const char *s)
 
 typedef struct req_ctx {
     tdm_error_t *err;
-    char *param;
-    size_t cap;
 } req_ctx_t;
 
 /* The function object fn at path ("tools[1].function", "functions[0]") checked and, as
@@ -58,21 +57,21 @@ static int add_function(req_ctx_t *c, const json_t *fn, const char *path, json_t
 {
     char f[96];
     if (!json_is_object(fn))
-        return oai_bad_field(c->err, c->param, c->cap, path, "%s must be an object", path);
+        return tdm_error_set_field(c->err, TDM_EINVALID, path, "%s must be an object", path);
     const char *name = json_string_value(get(fn, "name"));
     snprintf(f, sizeof f, "%s.name", path);
     if (!name || !valid_name(name))
-        return oai_bad_field(c->err, c->param, c->cap, f,
-                             "%s must be a string of 1 to %d letters, digits, '_' or '-'", f,
-                             TOOL_NAME_MAX);
+        return tdm_error_set_field(c->err, TDM_EINVALID, f,
+                                   "%s must be a string of 1 to %d letters, digits, '_' or '-'", f,
+                                   TOOL_NAME_MAX);
     size_t i;
     json_t *tool;
     json_array_foreach(out, i, tool)
     {
         if (strcmp(json_string_value(json_object_get(json_object_get(tool, "function"), "name")),
                    name) == 0)
-            return oai_bad_field(c->err, c->param, c->cap, f,
-                                 "%s: the function '%s' is defined twice", f, name);
+            return tdm_error_set_field(c->err, TDM_EINVALID, f,
+                                       "%s: the function '%s' is defined twice", f, name);
     }
     static const struct {
         const char *key;
@@ -89,7 +88,7 @@ static int add_function(req_ctx_t *c, const json_t *fn, const char *path, json_t
         if (!ok) {
             json_decref(norm);
             snprintf(f, sizeof f, "%s.%s", path, opt[k].key);
-            return oai_bad_field(c->err, c->param, c->cap, f, "%s must be %s", f, opt[k].what);
+            return tdm_error_set_field(c->err, TDM_EINVALID, f, "%s must be %s", f, opt[k].what);
         }
         /* strict is not forwarded: required / named calls always match the schema (the
          * grammar), auto calls are only checked to be JSON (docs/api.md) */
@@ -107,14 +106,14 @@ static int parse_tool_list(req_ctx_t *c, json_t *root, json_t *out)
 {
     json_t *tools = get(root, "tools"), *fns = get(root, "functions");
     if (tools && fns)
-        return oai_bad_field(c->err, c->param, c->cap, "functions",
-                             "functions: give tools or the legacy functions, not both");
+        return tdm_error_set_field(c->err, TDM_EINVALID, "functions",
+                                   "functions: give tools or the legacy functions, not both");
     const char *name = tools ? "tools" : "functions";
     json_t *v = tools ? tools : fns;
     if (!v)
         return TDM_OK;
     if (!json_is_array(v))
-        return oai_bad_field(c->err, c->param, c->cap, name, "%s must be an array", name);
+        return tdm_error_set_field(c->err, TDM_EINVALID, name, "%s must be an array", name);
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e)
@@ -128,9 +127,9 @@ static int parse_tool_list(req_ctx_t *c, json_t *root, json_t *out)
             snprintf(path, sizeof path, "tools[%zu].type", i);
             const char *type = json_string_value(get(e, "type"));
             if (!json_is_object(e) || !type || strcmp(type, "function") != 0)
-                return oai_bad_field(c->err, c->param, c->cap, path,
-                                     "%s must be \"function\" (the only tool type Tandem serves)",
-                                     path);
+                return tdm_error_set_field(
+                    c->err, TDM_EINVALID, path,
+                    "%s must be \"function\" (the only tool type Tandem serves)", path);
             snprintf(path, sizeof path, "tools[%zu].function", i);
             rc = add_function(c, get(e, "function"), path, out);
         }
@@ -177,25 +176,26 @@ static int parse_choice(req_ctx_t *c, json_t *root, const json_t *tools, oai_too
         const char *name = json_string_value(get(fn, "name"));
         const char *type = json_string_value(get(v, "type"));
         if (!name || (strcmp(f, "tool_choice") == 0 && (!type || strcmp(type, "function") != 0)))
-            return oai_bad_field(
-                c->err, c->param, c->cap, f,
+            return tdm_error_set_field(
+                c->err, TDM_EINVALID, f,
                 "%s must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                 "\"function\": {\"name\": ...}}",
                 f);
         if (!has_tool(tools, name))
-            return oai_bad_field(c->err, c->param, c->cap, f,
-                                 "%s names the function '%.64s', which is not in tools", f, name);
+            return tdm_error_set_field(c->err, TDM_EINVALID, f,
+                                       "%s names the function '%.64s', which is not in tools", f,
+                                       name);
         snprintf(t->named, sizeof t->named, "%s", name);
         t->choice = OAI_TOOL_CHOICE_NAMED;
     } else {
-        return oai_bad_field(
-            c->err, c->param, c->cap, f,
+        return tdm_error_set_field(
+            c->err, TDM_EINVALID, f,
             "%s must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
             "\"function\": {\"name\": ...}}",
             f);
     }
     if (t->choice == OAI_TOOL_CHOICE_REQUIRED && json_array_size(tools) == 0)
-        return oai_bad_field(c->err, c->param, c->cap, f, "%s \"required\" needs tools", f);
+        return tdm_error_set_field(c->err, TDM_EINVALID, f, "%s \"required\" needs tools", f);
     return TDM_OK;
 }
 
@@ -206,23 +206,24 @@ static int check_conflicts(req_ctx_t *c, json_t *root)
     json_t *rf = get(root, "response_format");
     const char *type = json_string_value(get(rf, "type"));
     if (rf && (!type || strcmp(type, "text") != 0))
-        return oai_bad_field(c->err, c->param, c->cap, "response_format",
-                             "response_format %s cannot be combined with tools: both constrain the "
-                             "output (drop one, or set tool_choice to \"none\")",
-                             type ? type : "?");
+        return tdm_error_set_field(
+            c->err, TDM_EINVALID, "response_format",
+            "response_format %s cannot be combined with tools: both constrain the "
+            "output (drop one, or set tool_choice to \"none\")",
+            type ? type : "?");
     static const char *const guided[] = {"guided_json", "guided_regex", "guided_choice",
                                          "guided_grammar", "structured_outputs"};
     for (size_t k = 0; k < sizeof guided / sizeof guided[0]; k++)
         if (get(root, guided[k]))
-            return oai_bad_field(c->err, c->param, c->cap, guided[k],
-                                 "%s cannot be combined with tools: both constrain the output",
-                                 guided[k]);
+            return tdm_error_set_field(
+                c->err, TDM_EINVALID, guided[k],
+                "%s cannot be combined with tools: both constrain the output", guided[k]);
     return TDM_OK;
 }
 
-int oai_tools_parse(json_t *root, oai_tools_t *t, char *param, size_t param_cap, tdm_error_t *err)
+int oai_tools_parse(json_t *root, oai_tools_t *t, tdm_error_t *err)
 {
-    req_ctx_t c = {err, param, param_cap};
+    req_ctx_t c = {err};
     memset(t, 0, sizeof *t);
     t->parallel = true;
     json_t *tools = json_array();
@@ -233,8 +234,8 @@ int oai_tools_parse(json_t *root, oai_tools_t *t, char *param, size_t param_cap,
         rc = parse_choice(&c, root, tools, t);
     json_t *pc = get(root, "parallel_tool_calls");
     if (rc == TDM_OK && pc && !json_is_boolean(pc))
-        rc = oai_bad_field(err, param, param_cap, "parallel_tool_calls",
-                           "parallel_tool_calls must be a boolean");
+        rc = tdm_error_set_field(err, TDM_EINVALID, "parallel_tool_calls",
+                                 "parallel_tool_calls must be a boolean");
     t->parallel = !pc || json_is_true(pc);
     t->n_tools = json_array_size(tools);
     t->parse = t->n_tools > 0 && t->choice != OAI_TOOL_CHOICE_NONE;
@@ -267,7 +268,7 @@ static int check_calls(req_ctx_t *c, const json_t *calls, size_t i)
     char f[96];
     snprintf(f, sizeof f, "messages[%zu].tool_calls", i);
     if (!json_is_array(calls))
-        return oai_bad_field(c->err, c->param, c->cap, f, "%s must be an array", f);
+        return tdm_error_set_field(c->err, TDM_EINVALID, f, "%s must be an array", f);
     size_t j;
     json_t *call;
     json_array_foreach(calls, j, call)
@@ -275,14 +276,15 @@ static int check_calls(req_ctx_t *c, const json_t *calls, size_t i)
         const json_t *fn = get(call, "function");
         snprintf(f, sizeof f, "messages[%zu].tool_calls[%zu].function", i, j);
         if (!json_is_object(fn))
-            return oai_bad_field(c->err, c->param, c->cap, f, "%s must be an object", f);
+            return tdm_error_set_field(c->err, TDM_EINVALID, f, "%s must be an object", f);
         snprintf(f, sizeof f, "messages[%zu].tool_calls[%zu].function.name", i, j);
         if (!json_is_string(get(fn, "name")))
-            return oai_bad_field(c->err, c->param, c->cap, f, "%s must be a string", f);
+            return tdm_error_set_field(c->err, TDM_EINVALID, f, "%s must be a string", f);
         const json_t *args = get(fn, "arguments");
         snprintf(f, sizeof f, "messages[%zu].tool_calls[%zu].function.arguments", i, j);
         if (args && !json_is_string(args) && !json_is_object(args))
-            return oai_bad_field(c->err, c->param, c->cap, f, "%s must be a string (JSON text)", f);
+            return tdm_error_set_field(c->err, TDM_EINVALID, f, "%s must be a string (JSON text)",
+                                       f);
     }
     return TDM_OK;
 }
@@ -306,9 +308,9 @@ static int assistant_calls(req_ctx_t *c, json_t *m, size_t i, Tandem__V1__ChatMe
 }
 
 int oai_tools_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, oai_tools_t *t,
-                      char *param, size_t param_cap, tdm_error_t *err)
+                      tdm_error_t *err)
 {
-    req_ctx_t c = {err, param, param_cap};
+    req_ctx_t c = {err};
     char f[64];
     if (strcmp(msg->role, "function") == 0)
         msg->role = (char *)"tool"; /* the legacy function result */
@@ -316,21 +318,21 @@ int oai_tools_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, oai_too
         return assistant_calls(&c, m, i, msg, t);
     if (get(m, "tool_calls")) {
         snprintf(f, sizeof f, "messages[%zu].tool_calls", i);
-        return oai_bad_field(err, param, param_cap, f,
-                             "%s: only assistant messages have tool_calls", f);
+        return tdm_error_set_field(err, TDM_EINVALID, f,
+                                   "%s: only assistant messages have tool_calls", f);
     }
     if (strcmp(msg->role, "tool") != 0)
         return TDM_OK;
     json_t *id = get(m, "tool_call_id"), *name = get(m, "name");
     snprintf(f, sizeof f, "messages[%zu].tool_call_id", i);
     if (id && !json_is_string(id))
-        return oai_bad_field(err, param, param_cap, f, "%s must be a string", f);
+        return tdm_error_set_field(err, TDM_EINVALID, f, "%s must be a string", f);
     if (!id && !name)
-        return oai_bad_field(err, param, param_cap, f, "%s is required in a message with role tool",
-                             f);
+        return tdm_error_set_field(err, TDM_EINVALID, f,
+                                   "%s is required in a message with role tool", f);
     snprintf(f, sizeof f, "messages[%zu].name", i);
     if (name && !json_is_string(name))
-        return oai_bad_field(err, param, param_cap, f, "%s must be a string", f);
+        return tdm_error_set_field(err, TDM_EINVALID, f, "%s must be a string", f);
     if (id)
         msg->tool_call_id = (char *)json_string_value(id);
     if (name)
@@ -342,8 +344,7 @@ int oai_tools_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, oai_too
 
 /* Appends one function's rules: fn-K ::= "{\"name\": \"NAME\", \"arguments\": " fn-K-args "}"
  * and the rules of its parameters' schema (any object when it has none). */
-static int function_rules(const json_t *fn, size_t k, tdm_buf_t *g, char *param, size_t cap,
-                          tdm_error_t *err)
+static int function_rules(const json_t *fn, size_t k, tdm_buf_t *g, tdm_error_t *err)
 {
     char rule[32];
     snprintf(rule, sizeof rule, "fn-%zu-args", k);
@@ -361,14 +362,14 @@ static int function_rules(const json_t *fn, size_t k, tdm_buf_t *g, char *param,
         snprintf(f, sizeof f, "tools[%zu].function.parameters", k);
         char why[TDM_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", err->msg);
-        return oai_bad_field(err, param, cap, f, "%s: %s", f, why);
+        return tdm_error_set_field(err, TDM_EINVALID, f, "%s: %s", f, why);
     }
     return rc;
 }
 
 /* root ::= tool-call ("\n" tool-call)* (one call when parallel_tool_calls is false), each
  * call one of the allowed functions with arguments matching its parameters. */
-static int build_grammar(oai_tools_t *t, char *param, size_t cap, tdm_error_t *err)
+static int build_grammar(oai_tools_t *t, tdm_error_t *err)
 {
     json_t *tools = json_loads(t->text, 0, NULL);
     if (!tools)
@@ -394,7 +395,7 @@ static int build_grammar(oai_tools_t *t, char *param, size_t cap, tdm_error_t *e
         const json_t *fn = json_object_get(tool, "function");
         if (rc == TDM_OK && (t->choice != OAI_TOOL_CHOICE_NAMED ||
                              strcmp(json_string_value(json_object_get(fn, "name")), t->named) == 0))
-            rc = function_rules(fn, k, &g, param, cap, err);
+            rc = function_rules(fn, k, &g, err);
     }
     json_decref(tools);
     t->grammar = tdm_buf_take(&g);
@@ -403,13 +404,12 @@ static int build_grammar(oai_tools_t *t, char *param, size_t cap, tdm_error_t *e
     return rc;
 }
 
-int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, char *param, size_t param_cap,
-                      tdm_error_t *err)
+int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, tdm_error_t *err)
 {
     c->tools = t->text;
     if (t->choice != OAI_TOOL_CHOICE_REQUIRED && t->choice != OAI_TOOL_CHOICE_NAMED)
         return TDM_OK;
-    int rc = build_grammar(t, param, param_cap, err);
+    int rc = build_grammar(t, err);
     if (rc != TDM_OK)
         return rc;
     c->constraint_kind = TDM_CLIENT_CONSTRAINT_GRAMMAR;

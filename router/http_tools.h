@@ -2,7 +2,7 @@
  * (tools, tool_choice, parallel_tool_calls, the legacy functions / function_call), the tool
  * fields of messages, and the parser that turns generated Hermes-style calls
  * ("<tool_call>\n{"name": …, "arguments": …}\n</tool_call>") into OpenAI tool_calls.
- * Included by http_internal.h; not installed. The format is documented in docs/api.md.
+ * Included by http_openai.h; not installed. The format is documented in docs/api.md.
  */
 #ifndef TANDEM_ROUTER_HTTP_TOOLS_H
 #define TANDEM_ROUTER_HTTP_TOOLS_H
@@ -43,7 +43,7 @@ typedef struct oai_tools {
  * with the field at fault in param ("tools[1].function.name", "tool_choice",
  * "response_format") and *err set; TDM_ERESOURCE on out of memory. On error *t may hold
  * memory: oai_tools_clear frees it. */
-int oai_tools_parse(json_t *root, oai_tools_t *t, char *param, size_t param_cap, tdm_error_t *err);
+int oai_tools_parse(json_t *root, oai_tools_t *t, tdm_error_t *err);
 
 /* The tool fields of messages[i] (the JSON object m) into msg, whose role and content the
  * caller has set: an assistant's tool_calls (or legacy function_call), a tool message's
@@ -51,14 +51,13 @@ int oai_tools_parse(json_t *root, oai_tools_t *t, char *param, size_t param_cap,
  * into memory t owns. Returns 0, or TDM_EINVALID naming the field
  * ("messages[2].tool_call_id"), TDM_ERESOURCE. */
 int oai_tools_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, oai_tools_t *t,
-                      char *param, size_t param_cap, tdm_error_t *err);
+                      tdm_error_t *err);
 
 /* Sets the client request's tools and, for tool_choice required or a named function, its
  * grammar constraint (the tools' parameter schemas compiled by tdm_json_schema_to_gbnf_rule).
  * Returns 0, or TDM_EINVALID naming the tool whose parameters do not compile
  * ("tools[0].function.parameters"), TDM_ERESOURCE. */
-int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, char *param, size_t param_cap,
-                      tdm_error_t *err);
+int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, tdm_error_t *err);
 
 /* Frees what t owns and zeroes it. NULL-safe. */
 void oai_tools_clear(oai_tools_t *t);

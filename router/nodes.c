@@ -529,26 +529,39 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
 
 /* ---- routing ---- */
 
-/* Handles a frame from n, the registered and current instance of a node. */
+/* A frame a registered node sends, and who handles it: an END (the answer to the router's
+ * own call) or any other kind (the node's message), by method. REGISTER and HEARTBEAT come
+ * before (rt_node_message): they are how a connection becomes and stays a node. */
+typedef struct node_route {
+    bool end; /* matches END frames, else every other kind */
+    int method;
+    void (*handle)(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
+} node_route_t;
+
+static const node_route_t node_routes[] = {
+    {true, TANDEM__V1__METHOD__METHOD_DECODE_RESERVE, rt_sched_reserve_end},
+    {false, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, rt_stream_on_token},
+    {false, TANDEM__V1__METHOD__METHOD_FINISHED, rt_stream_on_finished},
+    {false, TANDEM__V1__METHOD__METHOD_KV_SHIPPED, rt_stream_on_kv_shipped},
+    {false, TANDEM__V1__METHOD__METHOD_TASK_FAILED, rt_sched_task_failed},
+};
+
+/* Handles a frame from n, the registered and current instance of a node: its row of
+ * node_routes; a REQUEST of another method is answered NOT_FOUND, anything else ignored. */
 static void node_frame(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 {
     bool was_suspect = node_seen(r, n);
-    if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
-        if (f->method == TANDEM__V1__METHOD__METHOD_DECODE_RESERVE)
-            rt_sched_reserve_end(r, n, f);
-    } else {
-        switch (f->method) {
-        case TANDEM__V1__METHOD__METHOD_TOKEN_EVENT: rt_stream_on_token(r, n, f); break;
-        case TANDEM__V1__METHOD__METHOD_FINISHED: rt_stream_on_finished(r, n, f); break;
-        case TANDEM__V1__METHOD__METHOD_KV_SHIPPED: rt_stream_on_kv_shipped(r, n, f); break;
-        case TANDEM__V1__METHOD__METHOD_TASK_FAILED: rt_sched_task_failed(r, n, f); break;
-        default:
-            if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
-                tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                                     "method %s is not served on the node endpoint",
-                                     tdm_net_method_name(f->method));
-        }
-    }
+    bool end = f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
+    const node_route_t *route = NULL;
+    for (size_t i = 0; i < sizeof node_routes / sizeof node_routes[0] && !route; i++)
+        if (node_routes[i].end == end && node_routes[i].method == f->method)
+            route = &node_routes[i];
+    if (route)
+        route->handle(r, n, f);
+    else if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
+        tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
+                             "method %s is not served on the node endpoint",
+                             tdm_net_method_name(f->method));
     /* healthy again: work that waited for a node may go to it now */
     if (was_suspect && n->up)
         rt_drain_queue(r);

@@ -1,7 +1,6 @@
-/* request.h - the router's request table and a request's beginning and end: GENERATE intake
- * (validation, tokenization, admission), lookups by id, by client call and by deadline, and
- * every way a request ends other than completing (stream.h): failed, dropped, cancelled by
- * the client, past its deadline, router shutdown.
+/* request.h - the router's request table and a request's beginning: GENERATE intake
+ * (validation: validate.h; admission), lookups by id, by client call and by deadline, and
+ * freeing. How a request ends is lifecycle.h's (completing: stream.h).
  */
 #ifndef TANDEM_ROUTER_REQUEST_H
 #define TANDEM_ROUTER_REQUEST_H
@@ -20,14 +19,14 @@ void rt_req_table_fini(tdm_router_t *r);
 
 /* Handles a GENERATE REQUEST frame (validation, tokenization, dispatch). */
 void rt_generate(tdm_router_t *r, const tdm_frame_t *f);
-/* Client CANCEL for (peer, call id). */
-void rt_client_cancel(tdm_router_t *r, const tdm_frame_t *f);
 
-/* Sends END(status, message) for a client call; returns tdm_sock_send's code. body may be
- * NULL; borrowed. */
-int rt_send_end(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id, int status,
-                const char *message, const ProtobufCMessage *body);
-
+/* The request of this client call, or NULL. */
+rt_req_t *rt_req_find_call(tdm_router_t *r, const uint8_t *peer, size_t peer_len, uint64_t call_id);
+/* The request in flight with this id from this client connection, or NULL. Two clients may
+ * use the same id at once (it is their label); one client may not, or it could not tell its
+ * own replies apart. */
+rt_req_t *rt_req_find_for_peer(tdm_router_t *r, const char *id, const uint8_t *peer,
+                               size_t peer_len);
 /* The newest request in flight with this id, or NULL. */
 rt_req_t *rt_req_find(tdm_router_t *r, const char *id);
 /* The request with this id whose current attempt is `attempt`, or NULL; *id_known tells
@@ -41,20 +40,8 @@ rt_req_t *rt_req_find_attempt(tdm_router_t *r, const char *id, uint64_t attempt,
 rt_req_t *rt_req_for_event(tdm_router_t *r, const rt_node_t *n, const char *id, uint64_t attempt,
                            bool from_prefill, bool from_decode, const char *what);
 
-/* Ends a request with an error: END status to the client, NodeCancel to its nodes (when
- * cancel_nodes), metrics, freed. */
-void rt_req_fail(tdm_router_t *r, rt_req_t *q, int status, bool cancel_nodes, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-/* Drops a request without telling the client (cancel / client gone): NodeCancel, freed. */
-void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why);
 /* Frees the request and takes it out of the table, the queue and its decode node's pending
  * reservations (no messages). NULL-safe. */
 void rt_req_free(tdm_router_t *r, rt_req_t *q);
-
-/* Fails every request whose deadline (unix ms) is at or before now_ms, earliest first; first
- * gives up on reservations whose answer is overdue (rt_sched_check_reserves). */
-void rt_req_check_deadlines(tdm_router_t *r, uint64_t now_ms);
-/* Frees every request with END UNAVAILABLE "router shutting down". */
-void rt_req_shutdown_all(tdm_router_t *r);
 
 #endif /* TANDEM_ROUTER_REQUEST_H */

@@ -17,6 +17,7 @@
 #include <zmq.h>
 
 #include "metrics.h"
+#include "lifecycle.h"
 #include "nodes.h"
 #include "request.h"
 #include "router_internal.h"

@@ -26,6 +26,7 @@
 
 #include <xxhash.h>
 
+#include "lifecycle.h"
 #include "nodes.h"
 #include "request.h"
 #include "scheduler.h"
@@ -774,17 +775,11 @@ static void reserve_late(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 /* The status a request fails with when a node reported `status` for it: the router validated
  * the request, so a node refusing it (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
  * UNAUTHENTICATED, ...) is the cluster's fault (INTERNAL, HTTP 500), never the client's;
- * UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, CANCELLED and INTERNAL stay. */
+ * the statuses the status table marks server_fault (UNAVAILABLE, RESOURCE_EXHAUSTED,
+ * DEADLINE_EXCEEDED, CANCELLED, INTERNAL) stay. */
 static int server_fault(int status)
 {
-    switch (status) {
-    case TDM_EUNAVAILABLE:
-    case TDM_ERESOURCE:
-    case TDM_EDEADLINE:
-    case TDM_ECANCELLED:
-    case TDM_EINTERNAL: return status;
-    default: return TDM_EINTERNAL;
-    }
+    return tdm_status_info(status)->server_fault ? status : TDM_EINTERNAL;
 }
 
 void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
@@ -814,7 +809,7 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
             rt_req_fail(r, q, rc, false, "%s", r->err.msg);
         return;
     }
-    if (f->status == TDM_ERESOURCE || f->status == TDM_EUNAVAILABLE || f->status == TDM_EDEADLINE)
+    if (tdm_status_info(f->status)->retryable)
         reserve_refused(r, n, f, q);
     else
         rt_req_fail(r, q, server_fault(f->status), true,

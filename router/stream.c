@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lifecycle.h"
 #include "request.h"
 #include "scheduler.h"
 #include "stats.h"

@@ -452,7 +452,7 @@ def test_disconnect_mid_stream_frees_blocks(cluster, model):
 def test_stalled_client_does_not_block_other_streams(cluster, oai, model):
     # A asks for a large stream (logprobs make each event ~1 KB, ~450 KB in all) and never
     # reads, with a tiny receive buffer: the gateway's writes to it block once the socket
-    # buffers are full (the gateway caps a stream's send buffer; see http.c)
+    # buffers are full (the gateway caps a stream's send buffer; see http_generate.c)
     stalled = open_stream(cluster.port, "/v1/chat/completions", {
         "model": model, "stream": True, "max_tokens": 400, "ignore_eos": True, "temperature": 0,
         "logprobs": True, "top_logprobs": 10,

@@ -56,6 +56,58 @@ static void test_error_set_and_prefix(void **state)
     assert_int_equal(strlen(err.msg), TDM_ERRMSG_MAX - 1);
 }
 
+/* The field travels with the error: set where the check happens, nested under the member it
+ * is in, kept by a prefix, cleared by a plain set. */
+static void test_error_field(void **state)
+{
+    (void)state;
+    tdm_error_t err;
+    tdm_error_clear(&err);
+    assert_string_equal(err.field, "");
+    tdm_error_set_field(&err, TDM_EINVALID, "top_p", "top_p must be in (0, 1], got %g", 1.5);
+    assert_string_equal(err.field, "top_p");
+    assert_int_equal(tdm_error_nest(&err, "sampling"), TDM_EINVALID);
+    assert_string_equal(err.field, "sampling.top_p");
+    assert_string_equal(err.msg, "sampling.top_p must be in (0, 1], got 1.5");
+    /* a message that does not begin with the field gets "parent: " */
+    tdm_error_set(&err, TDM_EINVALID, "too many");
+    assert_int_equal(tdm_error_field(&err, "stop[%d]", 2), TDM_EINVALID);
+    assert_string_equal(err.field, "stop[2]");
+    tdm_error_nest(&err, "x");
+    assert_string_equal(err.field, "x.stop[2]");
+    assert_string_equal(err.msg, "x: too many");
+    tdm_error_prefix(&err, TDM_EINVALID, "ctx");
+    assert_string_equal(err.field, "x.stop[2]");
+    tdm_error_set(&err, TDM_EINVALID, "other");
+    assert_string_equal(err.field, "");
+    /* the message's own text as an argument */
+    tdm_error_set_field(&err, TDM_EINVALID, "f", "%s!", err.msg);
+    assert_string_equal(err.msg, "other!");
+    assert_int_equal(tdm_error_set_field(NULL, TDM_ENOTFOUND, "f", "x"), TDM_ENOTFOUND);
+}
+
+/* One row per status says everything about it outside the process. */
+static void test_status_table(void **state)
+{
+    (void)state;
+    const tdm_status_row_t *s = tdm_status_info(TDM_EINVALID);
+    assert_int_equal(s->code, TDM_EINVALID);
+    assert_int_equal(s->http_status, 400);
+    assert_string_equal(s->oai_type, "invalid_request_error");
+    assert_string_equal(s->oai_code, "invalid_argument");
+    assert_int_equal(tdm_status_info(TDM_ERESOURCE)->http_status, 429);
+    assert_true(tdm_status_info(TDM_ERESOURCE)->retryable);
+    assert_int_equal(tdm_status_info(TDM_EDEADLINE)->http_status, 408);
+    assert_int_equal(tdm_status_info(TDM_ECANCELLED)->http_status, 499);
+    assert_false(tdm_status_info(TDM_EINVALID)->server_fault);
+    assert_true(tdm_status_info(TDM_EINTERNAL)->server_fault);
+    /* the rows sit at minus their code; codes outside gRPC's get UNKNOWN's */
+    for (int c = 0; c >= -16; c--)
+        assert_int_equal(tdm_status_info(c)->code, c);
+    assert_string_equal(tdm_status_info(-99)->name, "UNKNOWN");
+    assert_int_equal(tdm_status_info(7)->http_status, 500);
+}
+
 static void test_read_file(void **state)
 {
     (void)state;
@@ -210,6 +262,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_names),
         cmocka_unit_test(test_error_set_and_prefix),
+        cmocka_unit_test(test_error_field),
+        cmocka_unit_test(test_status_table),
         cmocka_unit_test(test_read_file),
         cmocka_unit_test(test_logfmt),
         cmocka_unit_test(test_log_levels_and_kv),

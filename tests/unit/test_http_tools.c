@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "http_internal.h"
+#include "http_openai.h"
 
 /* ---- the parser ---- */
 
@@ -246,19 +246,18 @@ static void test_parser_malformed_stays_text(void **state)
 
 /* ---- requests ---- */
 
-static int parse_chat(const char *body, oai_req_t *q, char *param, tdm_error_t *err)
+static int parse_chat(const char *body, oai_req_t *q, tdm_error_t *err)
 {
-    return oai_parse(OAI_CHAT, body, strlen(body), "m", q, param, 64, err);
+    return oai_parse(OAI_CHAT, body, strlen(body), "m", q, err);
 }
 
 static void expect_bad(const char *body, const char *want_param, const char *want_msg)
 {
     oai_req_t q;
-    char param[64];
     tdm_error_t err = {0};
-    int rc = parse_chat(body, &q, param, &err);
-    if (rc != TDM_EINVALID || strcmp(param, want_param) != 0 || !strstr(err.msg, want_msg))
-        fail_msg("%s: rc %d param '%s' message '%s'", body, rc, param, err.msg);
+    int rc = parse_chat(body, &q, &err);
+    if (rc != TDM_EINVALID || strcmp(err.field, want_param) != 0 || !strstr(err.msg, want_msg))
+        fail_msg("%s: rc %d param '%s' message '%s'", body, rc, err.field, err.msg);
 }
 
 #define USER "\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]"
@@ -313,9 +312,8 @@ static void test_request_fields(void **state)
         "\"w\", \"description\": \"d\", \"strict\": true, \"parameters\": {\"type\": "
         "\"object\"}}}], \"parallel_tool_calls\": false}";
     oai_req_t q;
-    char param[64];
     tdm_error_t err = {0};
-    assert_int_equal(parse_chat(body, &q, param, &err), TDM_OK);
+    assert_int_equal(parse_chat(body, &q, &err), TDM_OK);
     assert_true(q.tools.parse);
     assert_false(q.tools.parallel);
     assert_int_equal(q.tools.choice, OAI_TOOL_CHOICE_AUTO);
@@ -337,13 +335,13 @@ static void test_request_fields(void **state)
     /* tool_choice none: tools still rendered, nothing parsed; legacy functions map to tools */
     static const char legacy[] = "{" USER ", \"functions\": [{\"name\": \"f\"}], "
                                  "\"function_call\": \"none\"}";
-    assert_int_equal(parse_chat(legacy, &q, param, &err), TDM_OK);
+    assert_int_equal(parse_chat(legacy, &q, &err), TDM_OK);
     assert_false(q.tools.parse);
     assert_string_equal(q.creq.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
     oai_req_clear(&q);
 
     /* no tools: nothing changes */
-    assert_int_equal(parse_chat("{" USER "}", &q, param, &err), TDM_OK);
+    assert_int_equal(parse_chat("{" USER "}", &q, &err), TDM_OK);
     assert_false(q.tools.parse);
     assert_null(q.creq.tools);
     assert_string_equal(q.creq.messages[0].tool_calls, ""); /* the proto default */
@@ -358,9 +356,8 @@ static const char generated[] =
 static oai_req_t *tool_request(void)
 {
     static oai_req_t q;
-    char param[64];
     tdm_error_t err = {0};
-    assert_int_equal(parse_chat("{" USER ", \"tools\": [" TOOL_A "]}", &q, param, &err), TDM_OK);
+    assert_int_equal(parse_chat("{" USER ", \"tools\": [" TOOL_A "]}", &q, &err), TDM_OK);
     return &q;
 }
 

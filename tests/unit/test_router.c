@@ -3076,7 +3076,7 @@ static void test_refusal_detail(void **state)
     sp.n_stop_token_ids = 1;
     sp.stop_token_ids = stop_ids;
     sp.set_mask = TDM_PROTO_SET_STOP_TOKEN_IDS;
-    expect_detail(e, generate(e, &g), TDM_EINVALID, "sampling.stop_token_ids", 0, NULL);
+    expect_detail(e, generate(e, &g), TDM_EINVALID, "sampling.stop_token_ids[0]", 0, NULL);
 
     /* too long: max_tokens over what the prompt leaves of the 256-token context */
     uint32_t n_prompt = 0;

@@ -115,6 +115,9 @@ static void validate_fails(const tdm_sampling_params_t *p, uint32_t n_vocab, con
     assert_int_equal(tdm_sampling_params_validate(p, n_vocab, &err), TDM_EINVALID);
     assert_int_equal(err.code, TDM_EINVALID);
     assert_string_equal(err.msg, msg);
+    /* the field at fault is named, and the message begins with it (tdm_error_t's rule) */
+    assert_true(err.field[0] != '\0');
+    assert_int_equal(strncmp(err.msg, err.field, strlen(err.field)), 0);
 }
 
 /* ---- parameters ---- */

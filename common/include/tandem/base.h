@@ -32,6 +32,26 @@ typedef enum tdm_status {
     TDM_EUNAUTHENTICATED = -16, /* UNAUTHENTICATED: missing or wrong API key / CURVE key */
 } tdm_status_t;
 
+/* Everything a status means outside the process, one row per gRPC code (DESIGN.md "Status
+ * codes"): its wire name, its text, and how the HTTP gateway and the router's retry logic treat
+ * it. The one table that maps statuses: nothing else switches on a status to name or place it. */
+typedef struct tdm_status_row {
+    int code;             /* TDM_OK or minus a gRPC code */
+    const char *name;     /* gRPC name: "INVALID_ARGUMENT"; the status label of metrics and logs */
+    const char *text;     /* human-readable text: "invalid argument" (tdm_strerror) */
+    unsigned http_status; /* the HTTP gateway's reply status: 400 */
+    const char *oai_type; /* OpenAI error.type: "invalid_request_error" */
+    const char *oai_code; /* OpenAI error.code when the reply names no more precise one */
+    bool retryable;       /* a node refusing work with it may take it later; another node may
+                           * take it now (the router tries one) */
+    bool server_fault;    /* a node reporting it for a request the router validated keeps it;
+                           * any other status from a node is the cluster's fault (INTERNAL) */
+} tdm_status_row_t;
+
+/* The row of a status code, 0 or minus any gRPC code; codes outside gRPC's get UNKNOWN's row
+ * (HTTP 500, server_error). Never NULL, cannot fail. */
+const tdm_status_row_t *tdm_status_info(int code);
+
 /* Human-readable text of a status code ("invalid argument"); never NULL, cannot fail. */
 const char *tdm_strerror(int code);
 
@@ -43,27 +63,54 @@ const char *tdm_status_name(int code);
 /* Maximum length of a detailed error message, including the terminating NUL. */
 #define TDM_ERRMSG_MAX 512
 
-/* A status code with a detailed message. Embedded in long-lived objects (their _errmsg())
- * or passed by callers that want the detail; every function taking one accepts NULL. */
+/* Maximum length of an error's field path, including the terminating NUL. */
+#define TDM_ERRFIELD_MAX 96
+
+/* A status code with a detailed message and, for bad input, the field at fault. Embedded in
+ * long-lived objects (their _errmsg()) or passed by callers that want the detail; every
+ * function taking one accepts NULL.
+ *
+ * The field is a neutral path into the input the check read, set where the check happens:
+ * "top_p", "sampling.top_p", "stop[1]", "chat.messages[2].content", "logit_bias[\"5\"]". A
+ * message that names its field begins with that path, so a front end that calls the field
+ * otherwise (OpenAI's "messages" for "chat.messages") swaps the leading path for its own name
+ * and never reads the rest of the message. */
 typedef struct tdm_error {
-    int code;                 /* TDM_OK or a negative tdm_status_t */
-    char msg[TDM_ERRMSG_MAX]; /* "" when code is TDM_OK */
+    int code;                     /* TDM_OK or a negative tdm_status_t */
+    char field[TDM_ERRFIELD_MAX]; /* the path at fault; "" when no one field is */
+    char msg[TDM_ERRMSG_MAX];     /* "" when code is TDM_OK */
 } tdm_error_t;
 
-/* Sets *err (when not NULL) to code and the printf-formatted message; returns code, so
- * callers can write `return tdm_error_set(err, TDM_EINVALID, "...")`. Cannot fail
+/* Sets *err (when not NULL) to code and the printf-formatted message, with no field; returns
+ * code, so callers can write `return tdm_error_set(err, TDM_EINVALID, "...")`. Cannot fail
  * (a long message is truncated). */
 int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Like tdm_error_set, and names the field at fault (a path, see tdm_error_t; truncated at
+ * TDM_ERRFIELD_MAX - 1 bytes). A message that names the field begins with field. Returns code;
+ * cannot fail. */
+int tdm_error_set_field(tdm_error_t *err, int code, const char *field, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Names the field at fault of the error already in *err (the printf-formatted path), keeping
+ * its code and message. Returns err->code (TDM_EINVALID when err is NULL); cannot fail. */
+int tdm_error_field(tdm_error_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Places the error in *err inside the input member parent ("sampling"): the field becomes
+ * "parent.field" ("parent" when it had none), a message that began with the old field begins
+ * with the new path, any other message gets "parent: " in front. Keeps the code and returns it
+ * (TDM_EINVALID when err is NULL); cannot fail (a long message is truncated). */
+int tdm_error_nest(tdm_error_t *err, const char *parent);
+
 /* Like tdm_error_set but prepends the printf-formatted context to the message already in
  * *err, separated by ": " unless the context ends with it ("loading x.gguf: " + old message);
- * keeps the code. Returns err->code (or code when
+ * keeps the code and the field. Returns err->code (or code when
  * err is NULL). */
 int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Clears *err to TDM_OK with an empty message; accepts NULL. */
+/* Clears *err to TDM_OK with an empty message and field; accepts NULL. */
 void tdm_error_clear(tdm_error_t *err);
 
 /* Invariant check for programmer bugs only (never for input): prints the expression, file and

@@ -94,8 +94,9 @@ int tdm_sampling_preset(const char *name, tdm_sampling_params_t *p, tdm_error_t 
 
 /* Checks every field against its range (see the struct). n_vocab bounds top_k, n_logprobs,
  * the stop token ids and the logit bias's token ids; pass 0 when the vocabulary is not known
- * yet (those bounds are then not checked). Returns 0, or TDM_EINVALID with a message naming
- * the first bad field, its range and the value ("top_p must be in (0, 1], got 1.5"). NaN is
+ * yet (those bounds are then not checked). Returns 0, or TDM_EINVALID with err->field the
+ * first bad field ("top_p", "stop_token_ids[2]", "logit_bias[\"7\"]") and a message beginning
+ * with it, with its range and the value ("top_p must be in (0, 1], got 1.5"). NaN is
  * out of every range. O(fields + n_stop_token_ids + n_logit_bias). */
 int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_vocab,
                                  tdm_error_t *err);
@@ -103,15 +104,17 @@ int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_voca
 /* The logit bias part of tdm_sampling_params_validate: n_logit_bias <= 300, token ids in
  * [0, n_vocab) (n_vocab 0: >= 0) and strictly increasing, biases in [-100, 100]. Returns 0, or
  * TDM_EINVALID with *bad (when not NULL) the index of the entry at fault (n_logit_bias itself
- * for too many entries; the later one of a repeated token id) and a message naming it by
- * OpenAI's key, with the limit and the value ("logit_bias[\"49152\"]: the token id must be in
+ * for too many entries; the later one of a repeated token id), err->field the entry by
+ * OpenAI's key ("logit_bias[\"7\"]"; "logit_bias" for too many) and a message beginning with it,
+ * with the limit and the value ("logit_bias[\"49152\"]: the token id must be in
  * [0, 49152), got 49152"; "logit_bias[\"7\"] must be in [-100, 100], got 101"). */
 int tdm_sampling_logit_bias_check(const tdm_sampling_params_t *p, uint32_t n_vocab, uint32_t *bad,
                                   tdm_error_t *err);
 
 /* Adds (token, bias) to p->logit_bias, keeping the entries in increasing token id (O(n) per
- * call). Returns 0, or TDM_EINVALID: token < 0, bias outside [-100, 100] (or NaN), token
- * already there, or TDM_SAMPLING_MAX_LOGIT_BIAS entries already; *p is untouched then. The
+ * call). Returns 0, or TDM_EINVALID (err->field as tdm_sampling_logit_bias_check's): token < 0,
+ * bias outside [-100, 100] (or NaN), token already there, or TDM_SAMPLING_MAX_LOGIT_BIAS entries
+ * already; *p is untouched then. The
  * upper bound of the token id (n_vocab) is tdm_sampling_params_validate's. */
 int tdm_sampling_logit_bias_add(tdm_sampling_params_t *p, int32_t token, float bias,
                                 tdm_error_t *err);

@@ -7,49 +7,50 @@
 #include <string.h>
 #include <time.h>
 
-const char *tdm_strerror(int code)
+/* One row per gRPC code (grpc/status.h), indexed by minus the code. HTTP statuses after
+ * DESIGN.md "Status codes"; OpenAI's error types and codes as its API returns them (CANCELLED
+ * and DEADLINE_EXCEEDED have none there: Tandem's own "cancelled" and "timeout"). */
+static const tdm_status_row_t status_table[] = {
+    {TDM_OK, "OK", "ok", 200, "", "", false, false},
+    {TDM_ECANCELLED, "CANCELLED", "cancelled", 499, "cancelled", "cancelled", false, true},
+    {-2, "UNKNOWN", "unknown error", 500, "server_error", "internal", false, false},
+    {TDM_EINVALID, "INVALID_ARGUMENT", "invalid argument", 400, "invalid_request_error",
+     "invalid_argument", false, false},
+    {TDM_EDEADLINE, "DEADLINE_EXCEEDED", "deadline exceeded", 408, "timeout", "deadline_exceeded",
+     true, true},
+    {TDM_ENOTFOUND, "NOT_FOUND", "not found", 404, "not_found_error", "not_found", false, false},
+    {-6, "ALREADY_EXISTS", "unknown error", 500, "server_error", "internal", false, false},
+    {-7, "PERMISSION_DENIED", "unknown error", 500, "server_error", "internal", false, false},
+    {TDM_ERESOURCE, "RESOURCE_EXHAUSTED", "resource exhausted", 429, "rate_limit_error",
+     "resource_exhausted", true, true},
+    {TDM_EPRECONDITION, "FAILED_PRECONDITION", "failed precondition", 400, "invalid_request_error",
+     "invalid_argument", false, false},
+    {-10, "ABORTED", "unknown error", 500, "server_error", "internal", false, false},
+    {-11, "OUT_OF_RANGE", "unknown error", 500, "server_error", "internal", false, false},
+    {-12, "UNIMPLEMENTED", "unknown error", 500, "server_error", "internal", false, false},
+    {TDM_EINTERNAL, "INTERNAL", "internal error", 500, "server_error", "internal", false, true},
+    {TDM_EUNAVAILABLE, "UNAVAILABLE", "unavailable", 503, "server_error", "unavailable", true,
+     true},
+    {-15, "DATA_LOSS", "unknown error", 500, "server_error", "internal", false, false},
+    {TDM_EUNAUTHENTICATED, "UNAUTHENTICATED", "unauthenticated", 401, "authentication_error",
+     "unauthenticated", false, false},
+};
+
+const tdm_status_row_t *tdm_status_info(int code)
 {
-    switch (code) {
-    case TDM_OK: return "ok";
-    case TDM_ECANCELLED: return "cancelled";
-    case TDM_EINVALID: return "invalid argument";
-    case TDM_EDEADLINE: return "deadline exceeded";
-    case TDM_ENOTFOUND: return "not found";
-    case TDM_ERESOURCE: return "resource exhausted";
-    case TDM_EPRECONDITION: return "failed precondition";
-    case TDM_EINTERNAL: return "internal error";
-    case TDM_EUNAVAILABLE: return "unavailable";
-    case TDM_EUNAUTHENTICATED: return "unauthenticated";
-    default: return "unknown error";
-    }
+    if (code > 0 || -(long)code >= (long)(sizeof status_table / sizeof status_table[0]))
+        return &status_table[2]; /* UNKNOWN */
+    return &status_table[-code];
 }
 
-/* gRPC status names by code (grpc/status.h); a status code is minus its index. */
-static const char *const status_names[] = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-};
+const char *tdm_strerror(int code)
+{
+    return tdm_status_info(code)->text;
+}
 
 const char *tdm_status_name(int code)
 {
-    if (code > 0 || -(long)code >= (long)(sizeof status_names / sizeof status_names[0]))
-        return "UNKNOWN";
-    return status_names[-code];
+    return tdm_status_info(code)->name;
 }
 
 int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)
@@ -57,11 +58,53 @@ int tdm_error_set(tdm_error_t *err, int code, const char *fmt, ...)
     if (!err)
         return code;
     err->code = code;
+    err->field[0] = '\0';
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
     return code;
+}
+
+int tdm_error_set_field(tdm_error_t *err, int code, const char *field, const char *fmt, ...)
+{
+    if (!err)
+        return code;
+    char msg[TDM_ERRMSG_MAX]; /* the arguments may be err->msg itself ("%s", err->msg) */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    err->code = code;
+    snprintf(err->field, sizeof err->field, "%s", field);
+    memcpy(err->msg, msg, sizeof msg);
+    return code;
+}
+
+int tdm_error_field(tdm_error_t *err, const char *fmt, ...)
+{
+    if (!err)
+        return TDM_EINVALID;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->field, sizeof err->field, fmt, ap);
+    va_end(ap);
+    return err->code;
+}
+
+/* err->msg = prefix + sep + err->msg, built by hand: cut at TDM_ERRMSG_MAX by design. */
+static void msg_prepend(tdm_error_t *err, const char *prefix, const char *sep)
+{
+    char old[TDM_ERRMSG_MAX];
+    memcpy(old, err->msg, sizeof old);
+    const char *parts[] = {prefix, sep, old};
+    size_t pos = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        size_t l = strnlen(parts[i], sizeof err->msg - 1 - pos);
+        memcpy(err->msg + pos, parts[i], l);
+        pos += l;
+    }
+    err->msg[pos] = '\0';
 }
 
 int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
@@ -73,23 +116,25 @@ int tdm_error_prefix(tdm_error_t *err, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    char old[TDM_ERRMSG_MAX];
-    memcpy(old, err->msg, sizeof old);
-    /* build "prefix: old" by hand: the result is cut at TDM_ERRMSG_MAX by design */
-    size_t pl = strnlen(prefix, sizeof err->msg - 1);
-    memcpy(err->msg, prefix, pl);
-    size_t pos = pl;
     /* The separator ": ", unless the context already ends with one. */
+    size_t pl = strlen(prefix);
     bool has_sep = pl >= 2 && prefix[pl - 2] == ':' && prefix[pl - 1] == ' ';
-    if (!has_sep && pos + 2 < sizeof err->msg) {
-        err->msg[pos++] = ':';
-        err->msg[pos++] = ' ';
-    }
-    size_t ol = strnlen(old, sizeof err->msg - 1 - pos);
-    memcpy(err->msg + pos, old, ol);
-    err->msg[pos + ol] = '\0';
+    msg_prepend(err, prefix, has_sep ? "" : ": ");
     if (err->code == TDM_OK)
         err->code = code;
+    return err->code;
+}
+
+int tdm_error_nest(tdm_error_t *err, const char *parent)
+{
+    if (!err)
+        return TDM_EINVALID;
+    size_t n = strlen(err->field);
+    bool leads = n > 0 && strncmp(err->msg, err->field, n) == 0;
+    char old[TDM_ERRFIELD_MAX];
+    memcpy(old, err->field, sizeof old);
+    snprintf(err->field, sizeof err->field, "%s%s%s", parent, n ? "." : "", old);
+    msg_prepend(err, parent, leads ? "." : ": "); /* "sampling." + "top_p must be ..." */
     return err->code;
 }
 
@@ -98,6 +143,7 @@ void tdm_error_clear(tdm_error_t *err)
     if (!err)
         return;
     err->code = TDM_OK;
+    err->field[0] = '\0';
     err->msg[0] = '\0';
 }
 

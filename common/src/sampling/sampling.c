@@ -130,53 +130,63 @@ int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_voca
 {
     const int e = TDM_EINVALID;
     if (!in_closed(p->temperature, 0.0f, TDM_SAMPLING_MAX_TEMPERATURE))
-        return tdm_error_set(err, e, "temperature must be in [0, %g], got %g",
-                             (double)TDM_SAMPLING_MAX_TEMPERATURE, (double)p->temperature);
+        return tdm_error_set_field(err, e, "temperature", "temperature must be in [0, %g], got %g",
+                                   (double)TDM_SAMPLING_MAX_TEMPERATURE, (double)p->temperature);
     if (p->top_k < 0 || (n_vocab && (uint32_t)p->top_k > n_vocab)) {
         if (n_vocab)
-            return tdm_error_set(err, e, "top_k must be in [0, %u], got %d", n_vocab, p->top_k);
-        return tdm_error_set(err, e, "top_k must be >= 0, got %d", p->top_k);
+            return tdm_error_set_field(err, e, "top_k", "top_k must be in [0, %u], got %d", n_vocab,
+                                       p->top_k);
+        return tdm_error_set_field(err, e, "top_k", "top_k must be >= 0, got %d", p->top_k);
     }
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return tdm_error_set(err, e, "top_p must be in (0, 1], got %g", (double)p->top_p);
+        return tdm_error_set_field(err, e, "top_p", "top_p must be in (0, 1], got %g",
+                                   (double)p->top_p);
     if (!(p->min_p >= 0.0f && p->min_p < 1.0f))
-        return tdm_error_set(err, e, "min_p must be in [0, 1), got %g", (double)p->min_p);
+        return tdm_error_set_field(err, e, "min_p", "min_p must be in [0, 1), got %g",
+                                   (double)p->min_p);
     if (!(p->repetition_penalty > 0.0f &&
           p->repetition_penalty <= TDM_SAMPLING_MAX_REPETITION_PENALTY))
-        return tdm_error_set(err, e, "repetition_penalty must be in (0, %g], got %g",
-                             (double)TDM_SAMPLING_MAX_REPETITION_PENALTY,
-                             (double)p->repetition_penalty);
+        return tdm_error_set_field(
+            err, e, "repetition_penalty", "repetition_penalty must be in (0, %g], got %g",
+            (double)TDM_SAMPLING_MAX_REPETITION_PENALTY, (double)p->repetition_penalty);
     if (!in_closed(p->presence_penalty, -TDM_SAMPLING_MAX_PENALTY, TDM_SAMPLING_MAX_PENALTY))
-        return tdm_error_set(err, e, "presence_penalty must be in [-%g, %g], got %g",
-                             (double)TDM_SAMPLING_MAX_PENALTY, (double)TDM_SAMPLING_MAX_PENALTY,
-                             (double)p->presence_penalty);
+        return tdm_error_set_field(err, e, "presence_penalty",
+                                   "presence_penalty must be in [-%g, %g], got %g",
+                                   (double)TDM_SAMPLING_MAX_PENALTY,
+                                   (double)TDM_SAMPLING_MAX_PENALTY, (double)p->presence_penalty);
     if (!in_closed(p->frequency_penalty, -TDM_SAMPLING_MAX_PENALTY, TDM_SAMPLING_MAX_PENALTY))
-        return tdm_error_set(err, e, "frequency_penalty must be in [-%g, %g], got %g",
-                             (double)TDM_SAMPLING_MAX_PENALTY, (double)TDM_SAMPLING_MAX_PENALTY,
-                             (double)p->frequency_penalty);
+        return tdm_error_set_field(err, e, "frequency_penalty",
+                                   "frequency_penalty must be in [-%g, %g], got %g",
+                                   (double)TDM_SAMPLING_MAX_PENALTY,
+                                   (double)TDM_SAMPLING_MAX_PENALTY, (double)p->frequency_penalty);
     if (p->penalty_last_n < -1)
-        return tdm_error_set(err, e, "penalty_last_n must be >= -1 (-1 = all, 0 = off), got %d",
-                             p->penalty_last_n);
+        return tdm_error_set_field(err, e, "penalty_last_n",
+                                   "penalty_last_n must be >= -1 (-1 = all, 0 = off), got %d",
+                                   p->penalty_last_n);
     if (p->max_tokens < 1)
-        return tdm_error_set(err, e, "max_tokens must be >= 1, got %d", p->max_tokens);
+        return tdm_error_set_field(err, e, "max_tokens", "max_tokens must be >= 1, got %d",
+                                   p->max_tokens);
     if (p->n_stop_token_ids > TDM_SAMPLING_MAX_STOP)
-        return tdm_error_set(err, e, "n_stop_token_ids must be in [0, %d], got %u",
-                             TDM_SAMPLING_MAX_STOP, p->n_stop_token_ids);
+        return tdm_error_set_field(err, e, "n_stop_token_ids",
+                                   "n_stop_token_ids must be in [0, %d], got %u",
+                                   TDM_SAMPLING_MAX_STOP, p->n_stop_token_ids);
     for (uint32_t i = 0; i < p->n_stop_token_ids; i++) {
         int32_t t = p->stop_token_ids[i];
         if (t < 0 || (n_vocab && (uint32_t)t >= n_vocab)) {
             if (n_vocab)
-                return tdm_error_set(err, e, "stop_token_ids[%u] must be in [0, %u), got %d", i,
-                                     n_vocab, t);
-            return tdm_error_set(err, e, "stop_token_ids[%u] must be >= 0, got %d", i, t);
+                tdm_error_set(err, e, "stop_token_ids[%u] must be in [0, %u), got %d", i, n_vocab,
+                              t);
+            else
+                tdm_error_set(err, e, "stop_token_ids[%u] must be >= 0, got %d", i, t);
+            return tdm_error_field(err, "stop_token_ids[%u]", i);
         }
     }
     int32_t max_logprobs = TDM_SAMPLING_MAX_LOGPROBS;
     if (n_vocab && n_vocab < (uint32_t)max_logprobs)
         max_logprobs = (int32_t)n_vocab;
     if (p->n_logprobs < 0 || p->n_logprobs > max_logprobs)
-        return tdm_error_set(err, e, "n_logprobs must be in [0, %d], got %d", max_logprobs,
-                             p->n_logprobs);
+        return tdm_error_set_field(err, e, "n_logprobs", "n_logprobs must be in [0, %d], got %d",
+                                   max_logprobs, p->n_logprobs);
     return tdm_sampling_logit_bias_check(p, n_vocab, NULL, err);
 }
 
@@ -189,8 +199,9 @@ int tdm_sampling_logit_bias_check(const tdm_sampling_params_t *p, uint32_t n_voc
     if (bad)
         *bad = n;
     if (n > TDM_SAMPLING_MAX_LOGIT_BIAS)
-        return tdm_error_set(err, e, "logit_bias must have at most %d entries, got %u",
-                             TDM_SAMPLING_MAX_LOGIT_BIAS, n);
+        return tdm_error_set_field(err, e, "logit_bias",
+                                   "logit_bias must have at most %d entries, got %u",
+                                   TDM_SAMPLING_MAX_LOGIT_BIAS, n);
     for (uint32_t i = 0; i < n; i++) {
         const tdm_logit_bias_t *b = &p->logit_bias[i];
         int32_t t = b->token;
@@ -198,22 +209,25 @@ int tdm_sampling_logit_bias_check(const tdm_sampling_params_t *p, uint32_t n_voc
             *bad = i;
         if (t < 0 || (n_vocab && (uint32_t)t >= n_vocab)) {
             if (n_vocab)
-                return tdm_error_set(err, e,
-                                     "logit_bias[\"%d\"]: the token id must be in [0, %u), got %d",
-                                     t, n_vocab, t);
-            return tdm_error_set(err, e, "logit_bias[\"%d\"]: the token id must be >= 0, got %d", t,
-                                 t);
+                tdm_error_set(err, e, "logit_bias[\"%d\"]: the token id must be in [0, %u), got %d",
+                              t, n_vocab, t);
+            else
+                tdm_error_set(err, e, "logit_bias[\"%d\"]: the token id must be >= 0, got %d", t,
+                              t);
+        } else if (i > 0 && t == p->logit_bias[i - 1].token) {
+            tdm_error_set(err, e,
+                          "logit_bias[\"%d\"]: each token id must appear once, got %d twice", t, t);
+        } else if (i > 0 && t < p->logit_bias[i - 1].token) {
+            tdm_error_set(err, e,
+                          "logit_bias[\"%d\"]: the token ids must increase, got %d after %d", t, t,
+                          p->logit_bias[i - 1].token);
+        } else if (!in_closed(b->bias, -lim, lim)) {
+            tdm_error_set(err, e, "logit_bias[\"%d\"] must be in [-%g, %g], got %g", t, (double)lim,
+                          (double)lim, (double)b->bias);
+        } else {
+            continue;
         }
-        if (i > 0 && t == p->logit_bias[i - 1].token)
-            return tdm_error_set(
-                err, e, "logit_bias[\"%d\"]: each token id must appear once, got %d twice", t, t);
-        if (i > 0 && t < p->logit_bias[i - 1].token)
-            return tdm_error_set(err, e,
-                                 "logit_bias[\"%d\"]: the token ids must increase, got %d after %d",
-                                 t, t, p->logit_bias[i - 1].token);
-        if (!in_closed(b->bias, -lim, lim))
-            return tdm_error_set(err, e, "logit_bias[\"%d\"] must be in [-%g, %g], got %g", t,
-                                 (double)lim, (double)lim, (double)b->bias);
+        return tdm_error_field(err, "logit_bias[\"%d\"]", t);
     }
     if (bad)
         *bad = n;
@@ -224,24 +238,31 @@ int tdm_sampling_logit_bias_add(tdm_sampling_params_t *p, int32_t token, float b
                                 tdm_error_t *err)
 {
     const float lim = TDM_SAMPLING_MAX_BIAS;
-    if (token < 0)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "logit_bias[\"%d\"]: the token id must be >= 0, got %d", token, token);
-    if (!in_closed(bias, -lim, lim))
-        return tdm_error_set(err, TDM_EINVALID, "logit_bias[\"%d\"] must be in [-%g, %g], got %g",
-                             token, (double)lim, (double)lim, (double)bias);
+    if (token < 0) {
+        tdm_error_set(err, TDM_EINVALID, "logit_bias[\"%d\"]: the token id must be >= 0, got %d",
+                      token, token);
+        return tdm_error_field(err, "logit_bias[\"%d\"]", token);
+    }
+    if (!in_closed(bias, -lim, lim)) {
+        tdm_error_set(err, TDM_EINVALID, "logit_bias[\"%d\"] must be in [-%g, %g], got %g", token,
+                      (double)lim, (double)lim, (double)bias);
+        return tdm_error_field(err, "logit_bias[\"%d\"]", token);
+    }
     uint32_t n = p->n_logit_bias < TDM_SAMPLING_MAX_LOGIT_BIAS ? p->n_logit_bias
                                                                : TDM_SAMPLING_MAX_LOGIT_BIAS;
     uint32_t at = n;
     while (at > 0 && p->logit_bias[at - 1].token > token)
         at--;
-    if (at > 0 && p->logit_bias[at - 1].token == token)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "logit_bias[\"%d\"]: each token id must appear once, got %d twice",
-                             token, token);
+    if (at > 0 && p->logit_bias[at - 1].token == token) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "logit_bias[\"%d\"]: each token id must appear once, got %d twice", token,
+                      token);
+        return tdm_error_field(err, "logit_bias[\"%d\"]", token);
+    }
     if (n == TDM_SAMPLING_MAX_LOGIT_BIAS)
-        return tdm_error_set(err, TDM_EINVALID, "logit_bias must have at most %d entries, got %u",
-                             TDM_SAMPLING_MAX_LOGIT_BIAS, n + 1);
+        return tdm_error_set_field(err, TDM_EINVALID, "logit_bias",
+                                   "logit_bias must have at most %d entries, got %u",
+                                   TDM_SAMPLING_MAX_LOGIT_BIAS, n + 1);
     memmove(&p->logit_bias[at + 1], &p->logit_bias[at], (n - at) * sizeof p->logit_bias[0]);
     p->logit_bias[at] = (tdm_logit_bias_t){.token = token, .bias = bias};
     p->n_logit_bias = n + 1;

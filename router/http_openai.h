@@ -1,0 +1,184 @@
+/* http_openai.h - the OpenAI API's translation in the HTTP gateway: request bodies to
+ * GenerateRequests (http_openai.c, http_logit_bias.c, http_structured.c) and chunks back to
+ * OpenAI's JSON and server-sent events (http_openai_out.c).
+ */
+#ifndef TANDEM_ROUTER_HTTP_OPENAI_H
+#define TANDEM_ROUTER_HTTP_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "http_json.h"
+#include "http_tools.h"
+#include "tandem/client.h"
+#include "tandem/proto.h"
+
+typedef enum oai_kind {
+    OAI_COMPLETION = 0, /* POST /v1/completions */
+    OAI_CHAT = 1,       /* POST /v1/chat/completions */
+} oai_kind_t;
+
+/* An OpenAI request and the GenerateRequest made from it. Every string in the message points
+ * into root or into arrays owned here. */
+typedef struct oai_req {
+    oai_kind_t kind;
+    json_t *root;
+    Tandem__V1__GenerateRequest g;
+    Tandem__V1__SamplingParams sp;
+    Tandem__V1__ChatList chat;
+    Tandem__V1__ChatMessage *msgs;     /* [chat.n_messages] */
+    Tandem__V1__ChatMessage **msg_ptr; /* [chat.n_messages] */
+    char **joined;                     /* [chat.n_messages] content joined from parts, or NULL */
+    Tandem__V1__TokenList tokens;
+    int32_t *ids;
+    char **stop;
+    int32_t *stop_ids;
+    /* [sp.n_logit_bias] pointers, then the messages they point to: one block */
+    Tandem__V1__LogitBias **bias;
+    tdm_client_request_t creq; /* what the gateway sends: made from g */
+    tdm_chat_message_t *cmsgs; /* [chat.n_messages] creq.messages */
+    char id[64]; /* "cmpl-…" / "chatcmpl-…": the response id and the native request_id */
+    char native_id[128]; /* a client's X-Request-Id made unique: the native request_id; or "" */
+    char model[256];     /* the model name echoed in responses */
+    long long created;
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+    bool logprobs;      /* return logprobs */
+    int top_logprobs;   /* how many alternatives per token */
+    const char *echo;   /* completions with echo: the prompt text to put first; else NULL */
+    oai_tools_t tools;  /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
+
+    /* choices and prompt lists: the answer has n_prompts * n choices, choice p * n + j being
+     * the j-th of prompt p; each prompt is one GENERATE call (creqs[p]) asking best_of >= n
+     * choices, of which the n with the highest sum of token logprobs are kept */
+    uint32_t n;                  /* n (1..OAI_MAX_CHOICES) */
+    uint32_t best_of;            /* completions' best_of (n..OAI_MAX_CHOICES); n for chat */
+    size_t n_prompts;            /* completions' prompt list length (1..OAI_MAX_PROMPTS); 1 */
+    tdm_client_request_t *creqs; /* [n_prompts] the calls (oai_prompt_requests); creqs[0] may
+                                    be &creq */
+    int32_t **list_ids;          /* [n_prompts] a token-id list's ids (heap), else NULL */
+    size_t *list_n_ids;          /* [n_prompts] */
+    char (*list_rids)[TDM_REQUEST_ID_MAX + 1]; /* [n_prompts] request ids of calls 1.. */
+    int refs; /* the calls holding q (atomic; oai_req_unref frees it with the last) */
+
+    /* structured output (http_structured.c) */
+    char *constraint_text;     /* structured output: creq.constraint (heap), or NULL */
+    char constraint_param[40]; /* the field that carried it ("response_format", "guided_json",
+                                  "structured_outputs.regex"): error.param of its refusals */
+} oai_req_t;
+
+/* "an object", "a string", "an integer", ...: the JSON type of v, as the gateway's type errors
+ * say it ("temperature must be a number, got a string"). Cannot fail. */
+const char *oai_type_name(const json_t *v);
+
+/* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the
+ * field (err->field: the OpenAI name, "" when none), n and best_of in range, defaults (completions
+ * max_tokens 16; chat none, so the router gives what the context leaves, at most 1024). served is
+ * the model name used when the body names none. Returns 0, or TDM_EINVALID (or TDM_ERESOURCE) with
+ * *err set; q then holds nothing to free. On success free with oai_req_clear. */
+int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
+              tdm_error_t *err);
+
+/* The logit_bias field of q->root into q->sp (http_logit_bias.c): an object of token ids (as
+ * decimal strings) to biases in [-100, 100], at most TDM_SAMPLING_MAX_LOGIT_BIAS entries.
+ * Returns 0, TDM_EINVALID naming the field (err->field "logit_bias" or logit_bias["<key>"]), or
+ * TDM_ERESOURCE. The ids' upper bound (n_vocab) is the router's check. */
+int oai_parse_logit_bias(oai_req_t *q, tdm_error_t *err);
+
+/* The structured-output fields of q->root (response_format, guided_json / guided_regex /
+ * guided_choice / guided_grammar, structured_outputs; docs/api.md "Structured output") into
+ * q->creq's constraint, q->constraint_text and q->constraint_param (http_structured.c); nothing
+ * when none asks for one. After q->creq is made. Returns 0, or TDM_EINVALID naming the field in
+ * err->field (a wrong type, an unknown response_format type, two sources at once), TDM_ERESOURCE.
+ */
+int oai_parse_structured(oai_req_t *q, tdm_error_t *err);
+
+/* Frees what *q owns (q itself when heap-allocated is freed by oai_req_destroy). NULL-safe. */
+void oai_req_clear(oai_req_t *q);
+/* For gw_call_start's req_free: oai_req_clear and free a heap-allocated oai_req_t. */
+void oai_req_destroy(void *q);
+/* For gw_call_start's req_free when several calls share q: drops one of q->refs (atomically)
+ * and destroys q with the last. */
+void oai_req_unref(void *q);
+
+/* The most choices (n, best_of) and prompts (a completions prompt list) one request may ask
+ * for; the errors name them. */
+#define OAI_MAX_CHOICES 16
+#define OAI_MAX_PROMPTS 64
+
+/* After the request ids are final (q->creq.request_id): q->creqs, one call per prompt of a
+ * list (request ids "<id>-<p>" from p = 1), each asking best_of choices. 0 or TDM_ERESOURCE. */
+int oai_prompt_requests(oai_req_t *q);
+
+/* Choices the calls of q ask for in all: n_prompts * best_of. */
+static inline size_t oai_candidates(const oai_req_t *q)
+{
+    return q->n_prompts * q->best_of;
+}
+
+/* What the response writer keeps between chunks, per choice. Zero-initialise. */
+typedef struct oai_out {
+    uint32_t index; /* the choice's index in the answer */
+    bool started;   /* the first event (role chunk / echo) was written */
+    bool finished;  /* the finish chunk was written */
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    int finish_reason;   /* tdm_client_finish_t */
+    uint64_t text_chars; /* completions logprobs text_offset */
+    double ttft_s, tpot_s;
+    oai_tool_parser_t *tools; /* streamed chat with tools: the parser (http_tools.c), else NULL */
+} oai_out_t;
+
+/* Frees what o holds (the tool-call parser). NULL-safe. */
+void oai_out_clear(oai_out_t *o);
+
+/* Appends the SSE events ("data: {json}\n\n") for one streamed chunk to b. */
+int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b);
+
+/* Appends the end of a stream: on success the usage chunk (stream_options.include_usage) and
+ * "data: [DONE]"; after an error an event {"error": {...}} and "data: [DONE]". */
+int oai_sse_end(const oai_req_t *q, oai_out_t *o, int status, const char *message, tdm_buf_t *b);
+
+/* The non-streaming response body for the one chunk the router sent (stream=false). New
+ * reference, NULL on out of memory. Fills o's usage. */
+json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);
+
+/* The usage of the whole answer into *sum from the choices' outs[oai_candidates(q)]: the
+ * completion tokens of every choice made (best_of's unreturned ones too, as OpenAI bills
+ * them), each prompt's tokens once, and the first choice's timings. */
+void oai_usage_sum(const oai_req_t *q, const oai_out_t *outs, oai_out_t *sum);
+
+/* The non-streaming body of a request of several choices from each candidate's one chunk
+ * (chs[oai_candidates(q)], candidate p * best_of + k of prompt p; NULL: none came, an error):
+ * of each prompt's best_of candidates the n with the highest sum of sampled-token logprobs,
+ * highest first (in candidate order when best_of == n), as choices p * n + j; usage over all
+ * (oai_usage_sum, into *sum). New reference, NULL on out of memory. */
+json_t *oai_response_multi(const oai_req_t *q, oai_out_t *outs, const tdm_client_chunk_t **chs,
+                           oai_out_t *sum);
+
+/* Appends "data: {chunk with one choice}\n\n": the chat delta (consumed) or the completion's
+ * text[text_len]; logprobs consumed (NULL = null); finish NULL = null. 0 or TDM_ERESOURCE. */
+int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
+                    size_t text_len, json_t *logprobs, const char *finish);
+/* oai_emit_choice for the choice with this index. */
+int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t *delta,
+                       const char *text, size_t text_len, json_t *logprobs, const char *finish);
+
+/* The logprobs of ch's tokens in OpenAI's shape; NULL when the request asked for none. */
+json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);
+
+/* Tool calls in responses (http_tools.c). A streamed chat chunk of a request that parses tool
+ * calls: its content and the calls it completes as SSE events appended to b (the finish event is
+ * the caller's). 0 or TDM_ERESOURCE. */
+int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b);
+
+/* "tool_calls" when the streamed output held calls and ended with reason STOP, else NULL. */
+const char *oai_tools_finish(const oai_out_t *o, int reason);
+
+/* The non-streamed message of text: content (null when calls took all of it) and
+ * tool_calls; *n_calls tells how many. New reference, NULL on out of memory. */
+json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls);
+
+#endif /* TANDEM_ROUTER_HTTP_OPENAI_H */

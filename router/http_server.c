@@ -1,0 +1,670 @@
+/* http_server.c - the HTTP gateway's server: libmicrohttpd with a bounded thread pool,
+ * framing checks, API keys, replies (OpenAI-shaped errors from the status table), the
+ * per-request state's life, construction and shutdown. Routing and the endpoints are
+ * http_endpoints.c's, generation http_generate.c's; CORS and request ids come from http_conv.c.
+ *
+ * A pool of router.http_threads threads serves every connection (epoll), within
+ * router.http_max_connections in all and router.http_max_connections_per_client from one
+ * address, and closes a connection idle for router.http_connection_timeout_s. So no handler
+ * blocks on the router: a generate request whose next event has not come (its first, which
+ * decides the HTTP status: a refused request is a 4xx JSON error, not a 200 stream; the END
+ * after a stream=false answer; a stream's next chunk) parks its connection
+ * (MHD_suspend_connection, through gw_call_take) and the gateway thread resumes it when the
+ * event is queued. A client that hangs up while parked is resumed too (the gateway thread
+ * watches parked sockets) and gets its request cancelled at once (CANCEL to the router, which
+ * frees its KV blocks); the completion callback cancels whatever is still running when a
+ * connection ends any other way. Only the short unary calls (MODELS, HEALTH, METRICS) wait on
+ * a pool thread, for at most HTTP_UNARY_TIMEOUT_S.
+ * Structure is never re-parsed: a refused request's OpenAI `param` comes from the END's
+ * ErrorDetail (http_generate.c), and /metrics renders the METRICS message
+ * (tdm_proto_metrics_text).
+ */
+#define _GNU_SOURCE /* strcasestr-free: strncasecmp, getaddrinfo flags */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "http_gateway.h"
+#include "http_openai.h"
+#include "http_json.h"
+#include "http_conv.h"
+#include "dashboard.h"
+#include "http_metrics.h"
+#include "http_server.h"
+#include "tandem/limits.h"
+
+#define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
+
+/* Longest wait at shutdown for connections to write the answers of their ended calls, s. */
+#define HTTP_DRAIN_S 5
+
+/* Per connection (MHD's socket context): the request it serves now, so that every reply finds
+ * its request id from the connection alone. Requests on a connection come one at a time. */
+typedef struct http_conn {
+    tdm_http_t *h;
+    http_req_t *req;
+} http_conn_t;
+
+/* The request c serves now, or NULL. */
+static http_req_t *conn_req(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    http_conn_t *hc = ci ? ci->socket_context : NULL;
+    return hc ? hc->req : NULL;
+}
+
+/* Adds X-Request-Id (made now when the request has none yet) and the CORS headers. */
+void http_add_conv_headers(struct MHD_Connection *c, struct MHD_Response *resp)
+{
+    http_req_t *r = conn_req(c);
+    if (!r)
+        return;
+    if (!r->rid[0])
+        http_request_id_new(r->rid, sizeof r->rid);
+    http_conv_headers(r->h->cfg, c, resp, r->rid);
+}
+
+/* ---- errors and responses ---- */
+
+/* Replies with body. A 401 challenges Bearer (RFC 6750, for API clients) and Basic, so that a
+ * browser opening the dashboard asks for a user name and password and then sends them (the
+ * API key as the password, see http_state_key_ok) on the page's own fetches too. A 429 or 503
+ * carries Retry-After: retry_after_s (the router's ErrorDetail.retry_after_s), at least 1.
+ * Every reply has X-Request-Id and, for an allowed Origin, the CORS headers. */
+static enum MHD_Result reply_retry(struct MHD_Connection *c, unsigned status, const char *ctype,
+                                   const void *body, size_t len, uint32_t retry_after_s)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (status == 405)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, POST, OPTIONS");
+    if (status == 401) {
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"tandem\"");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                "Basic realm=\"tandem\", charset=\"UTF-8\"");
+    }
+    if (status == 429 || status == 503) {
+        char secs[16];
+        snprintf(secs, sizeof secs, "%" PRIu32, retry_after_s ? retry_after_s : 1);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, secs);
+    }
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    const http_conn_t *hc = ci ? ci->socket_context : NULL;
+    if (hc) /* none only when its allocation failed */
+        http_counters_response(hc->h->counters, status);
+    http_add_conv_headers(c, resp);
+    enum MHD_Result ret = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+enum MHD_Result http_reply(struct MHD_Connection *c, unsigned status, const char *ctype,
+                           const void *body, size_t len)
+{
+    return reply_retry(c, status, ctype, body, len, 0);
+}
+
+/* Replies with v as JSON (consumed); a 429 or 503 says Retry-After: retry_after_s (at least
+ * 1). */
+enum MHD_Result http_reply_json_retry(struct MHD_Connection *c, unsigned status, json_t *v,
+                                      uint32_t retry_after_s)
+{
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                              "\"server_error\",\"param\":null,\"code\":\"internal\"}}\n";
+    if (!v)
+        return http_reply(c, 500, "application/json", oom, sizeof oom - 1);
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc = http_json_append(&b, v);
+    json_decref(v);
+    if (rc == TDM_OK)
+        rc = tdm_buf_append(&b, "\n", 1);
+    enum MHD_Result ret =
+        rc == TDM_OK ? reply_retry(c, status, "application/json", b.data, b.len, retry_after_s)
+                     : MHD_NO;
+    tdm_buf_free(&b);
+    return ret;
+}
+
+enum MHD_Result http_reply_json(struct MHD_Connection *c, unsigned status, json_t *v)
+{
+    return http_reply_json_retry(c, status, v, 0);
+}
+
+/* Replies with OpenAI's error body for status (a tdm status) under the HTTP status the status
+ * table gives it (a refusal of the HTTP request itself, wrong method or too large, under
+ * http_status: 405, 413); code (NULL: the table's) and param (NULL: none) as given. */
+static enum MHD_Result reply_error_as(struct MHD_Connection *c, unsigned http_status, int status,
+                                      const char *code, const char *param, const char *fmt,
+                                      va_list ap) __attribute__((format(printf, 6, 0)));
+static enum MHD_Result reply_error_as(struct MHD_Connection *c, unsigned http_status, int status,
+                                      const char *code, const char *param, const char *fmt,
+                                      va_list ap)
+{
+    char msg[TDM_ERRMSG_MAX + 64];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    return http_reply_json(c, http_status ? http_status : tdm_status_info(status)->http_status,
+                           http_error_json(status, code, param, msg));
+}
+
+enum MHD_Result http_reply_error(struct MHD_Connection *c, int status, const char *code,
+                                 const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+enum MHD_Result http_reply_error(struct MHD_Connection *c, int status, const char *code,
+                                 const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    enum MHD_Result ret = reply_error_as(c, 0, status, code, param, fmt, ap);
+    va_end(ap);
+    return ret;
+}
+
+enum MHD_Result http_reply_bad_http(struct MHD_Connection *c, unsigned http_status,
+                                    const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+enum MHD_Result http_reply_bad_http(struct MHD_Connection *c, unsigned http_status,
+                                    const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    enum MHD_Result ret = reply_error_as(c, http_status, TDM_EINVALID, code, NULL, fmt, ap);
+    va_end(ap);
+    return ret;
+}
+
+/* ---- helpers ---- */
+
+/* The API key of "Authorization: Bearer KEY", or NULL. */
+static const char *bearer_key(struct MHD_Connection *c)
+{
+    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!a || strncasecmp(a, "Bearer ", 7) != 0)
+        return NULL;
+    a += 7;
+    while (*a == ' ')
+        a++;
+    return *a ? a : NULL;
+}
+
+/* Checks the API key of a /v1 request with tdm_config_api_key_ok, the check the router makes
+ * of native calls (the gateway's own calls carry the first configured key). Returns true when
+ * the request may go on; otherwise a 401 has been queued and *ret is its result. */
+bool http_check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret)
+{
+    if (h->cfg->router.n_api_keys == 0)
+        return true; /* no keys: whatever Authorization says (OpenAI clients always send one) */
+    const char *key = bearer_key(c);
+    if (!key) {
+        *ret =
+            http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
+                             "an API key is required: send the header 'Authorization: Bearer KEY'");
+        return false;
+    }
+    /* one longer than any key can be is simply not one of them */
+    if (strlen(key) >= TDM_NET_API_KEY_MAX || !tdm_config_api_key_ok(&h->cfg->router, key)) {
+        *ret = http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
+                                "the API key is not accepted");
+        return false;
+    }
+    return true;
+}
+
+/* Whether the cluster-state endpoints (/, /api/status, /api/capacity, /metrics) need an API
+ * key: router.api_keys is set and router.public_metrics is not. */
+static bool state_needs_key(const tdm_http_t *h)
+{
+    return h->cfg->router.n_api_keys > 0 && !h->cfg->router.public_metrics;
+}
+
+/* The password of "Authorization: Basic ..." copied into buf (cap bytes), or NULL when there is
+ * none or it does not fit. */
+static const char *basic_password(struct MHD_Connection *c, char *buf, size_t cap)
+{
+    char *pass = NULL;
+    /* deprecated from 0.9.77 on for ..._password3, which older releases (Debian 12's 0.9.75)
+     * lack; the old call stays in the library */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    char *user = MHD_basic_auth_get_username_password(c, &pass);
+#pragma GCC diagnostic pop
+    const char *out = NULL;
+    if (pass && strlen(pass) < cap) {
+        snprintf(buf, cap, "%s", pass);
+        out = buf;
+    }
+    if (pass)
+        MHD_free(pass);
+    if (user)
+        MHD_free(user);
+    return out;
+}
+
+/* Whether a request may see the cluster's state: no key is needed (state_needs_key), or it
+ * carries one that passes tdm_config_api_key_ok, the check the router applies to /v1 calls,
+ * as "Authorization: Bearer KEY" or as the password of HTTP Basic (what a browser sends after
+ * asking; the user name is ignored). *missing (may be NULL) tells a request with no key. */
+bool http_state_key_ok(const tdm_http_t *h, struct MHD_Connection *c, bool *missing)
+{
+    if (missing)
+        *missing = false;
+    if (!state_needs_key(h))
+        return true;
+    char buf[TDM_NET_API_KEY_MAX];
+    const char *key = bearer_key(c);
+    if (!key)
+        key = basic_password(c, buf, sizeof buf);
+    if (!key) {
+        if (missing)
+            *missing = true;
+        return false;
+    }
+    return strlen(key) < TDM_NET_API_KEY_MAX && tdm_config_api_key_ok(&h->cfg->router, key);
+}
+
+/* http_state_key_ok, or a 401 queued with *ret its result (false). */
+bool http_check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret)
+{
+    bool missing;
+    if (http_state_key_ok(h, c, &missing))
+        return true;
+    *ret = missing
+               ? http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
+                                  "an API key is required: send the header 'Authorization: Bearer "
+                                  "KEY' (a browser: the key as the password)")
+               : http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
+                                  "the API key is not accepted");
+    return false;
+}
+
+/* The served model (MODELS, cached after the first success). Returns 0 or the call's status. */
+int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
+{
+    pthread_mutex_lock(&h->mu);
+    bool have = h->have_model;
+    if (have)
+        *m = h->model;
+    pthread_mutex_unlock(&h->mu);
+    if (have)
+        return TDM_OK;
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
+    if (mr->n_models == 0) {
+        protobuf_c_message_free_unpacked(resp, NULL);
+        return tdm_error_set(err, TDM_EINTERNAL, "the router lists no model");
+    }
+    http_model_from_proto(mr->models[0], m);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    pthread_mutex_lock(&h->mu);
+    h->model = *m;
+    h->have_model = true;
+    pthread_mutex_unlock(&h->mu);
+    return TDM_OK;
+}
+
+/* Checks the body's framing before any of it is read (libmicrohttpd reads a body of an
+ * unknown Transfer-Encoding until the connection closes): only "chunked" or a decimal
+ * Content-Length, not both (RFC 9112 6.1, 6.3: a request with both is how requests are
+ * smuggled). Returns true, or false with a 400 queued and *ret its result. */
+static bool framing_ok(struct MHD_Connection *c, enum MHD_Result *ret)
+{
+    const char *te =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (te && strcasecmp(te, "chunked") != 0) {
+        *ret = http_reply_error(c, TDM_EINVALID, "bad_framing", NULL,
+                                "Transfer-Encoding '%.100s' is not supported: send 'chunked' or a "
+                                "Content-Length",
+                                te);
+        return false;
+    }
+    if (te && cl) {
+        *ret =
+            http_reply_error(c, TDM_EINVALID, "bad_framing", NULL,
+                             "a request with both Transfer-Encoding and Content-Length is refused");
+        return false;
+    }
+    if (cl && (!cl[0] || strspn(cl, "0123456789") != strlen(cl) || strlen(cl) > 19)) {
+        *ret = http_reply_error(c, TDM_EINVALID, "bad_framing", NULL,
+                                "Content-Length '%.100s' is not a decimal byte count", cl);
+        return false;
+    }
+    return true;
+}
+
+int http_client_fd(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* The first call of a request (its headers have arrived): its state, the framing checks, and
+ * an early 413 for a body announced too large to a client waiting for "100 Continue". */
+static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, void **con_cls)
+{
+    http_req_t *r = calloc(1, sizeof *r);
+    if (!r)
+        return MHD_NO;
+    r->h = h;
+    r->conn = c;
+    r->fd = http_client_fd(c);
+    *con_cls = r;
+    const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    if (http_request_id_ok(rid))
+        snprintf(r->rid, sizeof r->rid, "%s", rid);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context)
+        ((http_conn_t *)ci->socket_context)->req = r;
+    enum MHD_Result ret;
+    if (!framing_ok(c, &ret))
+        return ret;
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl && strtoull(cl, NULL, 10) > TDM_HTTP_MAX_BODY_BYTES) {
+        r->too_large = true;
+        /* a client waiting for "100 Continue" gets the 413 without sending the body */
+        const char *expect =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
+        if (expect && strcasecmp(expect, "100-continue") == 0)
+            return http_reply_bad_http(c, 413, "request_too_large",
+                                       "the request body is larger than %u bytes",
+                                       TDM_HTTP_MAX_BODY_BYTES);
+    }
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    tdm_http_t *h = cls;
+    http_req_t *r = *con_cls;
+    if (!r)
+        return request_begin(h, c, con_cls);
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (!r->too_large && r->body.len + n > TDM_HTTP_MAX_BODY_BYTES) {
+            r->too_large = true;
+            tdm_buf_free(&r->body);
+        }
+        if (r->too_large) {
+            /* read and drop it, so the client sees the 413 instead of a reset connection;
+             * past HTTP_DISCARD_MAX the answer goes out at once and the connection closes */
+            r->discarded += n;
+            if (r->discarded > HTTP_DISCARD_MAX)
+                return http_reply_bad_http(c, 413, "request_too_large",
+                                           "the request body is larger than %u bytes",
+                                           TDM_HTTP_MAX_BODY_BYTES);
+            return MHD_YES;
+        }
+        if (tdm_buf_append(&r->body, upload_data, n) != TDM_OK)
+            return MHD_NO;
+        return MHD_YES;
+    }
+    if (r->call) /* resumed: the call's next events */
+        return http_generate_resume(h, c, r);
+    return http_route(h, c, r, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    tdm_http_t *h = cls;
+    http_req_t *r = *con_cls;
+    if (!r)
+        return;
+    if (r->call)
+        http_generate_end(h, r, (int)toe);
+    if (r->streaming)
+        dash_streams(h->dash, -1);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context && ((http_conn_t *)ci->socket_context)->req == r)
+        ((http_conn_t *)ci->socket_context)->req = NULL;
+    gw_event_free(r->whole);
+    for (size_t i = 0; r->multi && r->q_candidates && i < r->q_candidates; i++) {
+        gw_event_free(r->wholes ? r->wholes[i] : NULL);
+        if (r->outs)
+            oai_out_clear(&r->outs[i]);
+    }
+    free(r->wholes);
+    free(r->outs);
+    free(r->calls);
+    tdm_buf_free(&r->body);
+    tdm_buf_free(&r->sse);
+    oai_out_clear(&r->out);
+    free(r);
+    *con_cls = NULL;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                              (unsigned)h->cfg->router.http_connection_timeout_s);
+}
+
+/* A connection's socket context (http_conn_t): made when it opens, freed when it closes. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)c;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        http_conn_t *hc = calloc(1, sizeof *hc); /* NULL: replies go without ids, uncounted */
+        if (hc)
+            hc->h = cls;
+        *socket_context = hc;
+    } else {
+        free(*socket_context);
+        *socket_context = NULL;
+    }
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    tdm_http_t *h = cls;
+    char msg[256];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    pthread_mutex_lock(&h->mu);
+    snprintf(h->mhd_error, sizeof h->mhd_error, "%s", msg);
+    pthread_mutex_unlock(&h->mu);
+    tdm_log_write(&h->log, TDM_LOG_DEBUG, NULL, NULL, "libmicrohttpd: %s", msg);
+}
+
+/* ---- construction ---- */
+
+/* The router's endpoint as a client reaches it: a wildcard host becomes 127.0.0.1. */
+static void connectable(const char *ep, char *out, size_t cap)
+{
+    static const char *const wild[] = {"tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:", "tcp://[::0]:"};
+    for (size_t i = 0; i < sizeof wild / sizeof wild[0]; i++) {
+        size_t n = strlen(wild[i]);
+        if (strncmp(ep, wild[i], n) == 0) {
+            snprintf(out, cap, "tcp://127.0.0.1:%s", ep + n);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", ep);
+}
+
+/* The socket address to serve on, from router.http_address (h->host, brackets removed) and
+ * router.http_port. TDM_EINVALID when it does not resolve. */
+static int listen_address(tdm_http_t *h, struct sockaddr_storage *sa, bool *v6, tdm_error_t *err)
+{
+    const tdm_config_t *cfg = h->cfg;
+    const char *addr = cfg->router.http_address ? cfg->router.http_address : "127.0.0.1";
+    snprintf(h->host, sizeof h->host, "%s", addr);
+    /* "[::1]" -> "::1" */
+    size_t hl = strlen(h->host);
+    if (hl >= 2 && h->host[0] == '[' && h->host[hl - 1] == ']') {
+        memmove(h->host, h->host + 1, hl - 2);
+        h->host[hl - 2] = '\0';
+    }
+    struct addrinfo hints = {0}, *ai = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char port_text[16];
+    snprintf(port_text, sizeof port_text, "%d", cfg->router.http_port);
+    int gai = getaddrinfo(h->host, port_text, &hints, &ai);
+    if (gai != 0 || !ai)
+        return tdm_error_set(err, TDM_EINVALID, "router.http_address '%s': %s", addr,
+                             gai_strerror(gai));
+    memset(sa, 0, sizeof *sa);
+    memcpy(sa, ai->ai_addr, ai->ai_addrlen <= sizeof *sa ? ai->ai_addrlen : sizeof *sa);
+    *v6 = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+    return TDM_OK;
+}
+
+/* Starts the gateway thread, the dashboard sampler and libmicrohttpd, with every signal
+ * blocked in their threads (SIGTERM/SIGINT belong to the main thread's zmq_poll). */
+static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage *sa, bool v6,
+                         tdm_error_t *err)
+{
+    const tdm_config_t *cfg = h->cfg;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    h->gw = gw_new(h->net, ep, h->internal_key, &h->log, err);
+    if (h->gw)
+        h->dash = dash_new(h->gw, h->counters, err);
+    if (h->dash) {
+        /* a pool of threads over epoll, connections parked while they wait for the router */
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                         MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+        const tdm_router_config_t *rc = &cfg->router;
+        h->mhd = MHD_start_daemon(
+            flags, (uint16_t)rc->http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+            (struct sockaddr *)sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_THREAD_POOL_SIZE,
+            (unsigned)rc->http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)rc->http_connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+            (unsigned)rc->http_max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+            (unsigned)rc->http_max_connections_per_client, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+            h, MHD_OPTION_END);
+        if (!h->mhd)
+            tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,
+                          cfg->router.http_port,
+                          h->mhd_error[0] ? h->mhd_error : "libmicrohttpd failed to start");
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return h->mhd ? TDM_OK : (err ? err->code : TDM_EUNAVAILABLE);
+}
+
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
+                         const tdm_http_vocab_t *vocab, tdm_net_t *net, const tdm_logger_t *log,
+                         tdm_error_t *err)
+{
+    tdm_http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    h->cfg = cfg;
+    h->net = net;
+    if (vocab)
+        h->vocab = *vocab;
+    if (log)
+        h->log = *log;
+    else
+        tdm_log_init(&h->log, "router");
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->idle, &ca);
+    pthread_condattr_destroy(&ca);
+    h->started = (long long)time(NULL);
+    h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
+    if (!(h->counters = http_counters_new())) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        goto out_free;
+    }
+    struct sockaddr_storage sa;
+    bool v6 = false;
+    char ep[512];
+    connectable(router_endpoint, ep, sizeof ep);
+    if (listen_address(h, &sa, &v6, err) != TDM_OK || start_threads(h, ep, &sa, v6, err) != TDM_OK)
+        goto out_free;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : (uint16_t)cfg->router.http_port;
+    char kv[640] = "", url[200];
+    snprintf(url, sizeof url, v6 ? "http://[%s]:%u" : "http://%s:%u", h->host, (unsigned)h->port);
+    tdm_log_kv_append(kv, sizeof kv, "url", url);
+    tdm_log_kv_append(kv, sizeof kv, "router", ep);
+    tdm_log_write(&h->log, TDM_LOG_INFO, NULL, kv, "http gateway ready");
+    return h;
+out_free:
+    tdm_http_destroy(&h);
+    return NULL;
+}
+
+/* Waits, at most HTTP_DRAIN_S seconds, until no connection holds a generate call: at SIGTERM
+ * the router has just ended every call (UNAVAILABLE "router shutting down"), and the
+ * connections must write that answer (a 503, or the stream's error event and [DONE]) before
+ * the daemon stops and closes them. */
+static void drain_calls(tdm_http_t *h)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += HTTP_DRAIN_S;
+    pthread_mutex_lock(&h->mu);
+    while (h->n_calls > 0)
+        if (pthread_cond_timedwait(&h->idle, &h->mu, &until) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&h->mu);
+}
+
+void tdm_http_destroy(tdm_http_t **self_p)
+{
+    if (!self_p || !*self_p)
+        return;
+    tdm_http_t *h = *self_p;
+    if (h->gw && h->mhd)
+        drain_calls(h);
+    /* end the calls left, so every connection thread finishes, then join them */
+    if (h->gw)
+        gw_shutdown(h->gw);
+    if (h->mhd)
+        MHD_stop_daemon(h->mhd);
+    dash_destroy(&h->dash);
+    gw_destroy(&h->gw);
+    http_counters_destroy(&h->counters);
+    pthread_cond_destroy(&h->idle);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+    *self_p = NULL;
+}
+
+uint16_t tdm_http_port(const tdm_http_t *h)
+{
+    return h->port;
+}

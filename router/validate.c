@@ -1,0 +1,444 @@
+/* validate.c - GENERATE validation in the router: a GenerateRequest checked field by field,
+ * tokenized and turned into a request's fields, or refused with a tdm_error_t naming the field
+ * at fault (ErrorDetail.field) where the check happens.
+ *
+ * Tokenization is tdm_prompt_encode (tandem/prompt.h) with the template tdm_chat_template_pick
+ * chose at start-up: the one implementation `tandem generate -m` and `tandem tokenize --chat`
+ * call too, so they make the same ids of the same input; token-id input is taken as it is.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "request.h"
+#include "validate.h"
+#include "tandem/constraint.h"
+#include "tandem/prompt.h"
+
+/* Offset of the first byte that does not start a valid UTF-8 character, or -1. */
+static long utf8_invalid_at(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t len = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (!len)
+            return (long)i;
+        i += len;
+    }
+    return -1;
+}
+
+/* Checks a client's request id (id_wire_len: its length on the wire, which a NUL inside
+ * makes longer than strlen): 1..TDM_REQUEST_ID_MAX printable ASCII characters without
+ * spaces. TDM_EINVALID naming the first bad byte, or the length, otherwise. */
+static int id_check(const char *id, size_t id_wire_len, tdm_error_t *err)
+{
+    size_t n = strlen(id);
+    for (size_t i = 0; i < id_wire_len && i <= TDM_REQUEST_ID_MAX; i++) {
+        unsigned char ch = i < n ? (unsigned char)id[i] : 0; /* past strlen: the NUL */
+        if (ch <= 0x20 || ch >= 0x7f)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "request_id: byte %zu is 0x%02x; request ids are 1..%u printable "
+                                 "ASCII characters without spaces",
+                                 i, ch, TDM_REQUEST_ID_MAX);
+    }
+    if (n > TDM_REQUEST_ID_MAX)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "request_id is %zu bytes; request ids are 1..%u printable ASCII "
+                             "characters without spaces",
+                             n, TDM_REQUEST_ID_MAX);
+    return TDM_OK;
+}
+
+/* Reads a base-128 varint at b[*i..n) into *v. False when it runs past n or 64 bits. */
+static bool wire_varint(const uint8_t *b, size_t n, size_t *i, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; *i < n && shift < 64; shift += 7) {
+        *v |= (uint64_t)(b[*i] & 0x7f) << shift;
+        if (!(b[(*i)++] & 0x80))
+            return true;
+    }
+    return false;
+}
+
+/* Length on the wire of the last top-level length-delimited field `field` of the protobuf
+ * message in b[n] (protobuf: the last occurrence wins), or 0 when absent or malformed. protobuf-c
+ * hands strings over NUL-terminated, so an embedded NUL would silently shorten them: comparing
+ * with this length catches it. Wire format: developers.google.com/protocol-buffers/docs/encoding.
+ */
+static size_t wire_field_len(const uint8_t *b, size_t n, uint32_t field)
+{
+    size_t i = 0, found = 0;
+    while (i < n) {
+        uint64_t key, len;
+        if (!wire_varint(b, n, &i, &key))
+            return found;
+        switch (key & 7) {
+        case 0: /* varint */
+            while (i < n && (b[i] & 0x80))
+                i++;
+            i++;
+            continue;
+        case 1: i += 8; continue;
+        case 5: i += 4; continue;
+        case 2:
+            if (!wire_varint(b, n, &i, &len) || len > n - i)
+                return found;
+            if (key >> 3 == field)
+                found = (size_t)len;
+            i += (size_t)len;
+            continue;
+        default: return found;
+        }
+    }
+    return found;
+}
+
+static uint64_t random_u64(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+        /* getrandom cannot fail for 8 bytes once the pool is initialised; mix the clock in
+         * anyway so two requests never share a seed */
+        v ^= (uint64_t)(tdm_time_now() * 1e9) * 0x9e3779b97f4a7c15ull;
+    }
+    return v;
+}
+
+/* Raw-text input -> *ids. */
+static int tokenize_prompt(tdm_router_t *r, const char *prompt, const rt_req_t *q,
+                           tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
+{
+    size_t len = strlen(prompt);
+    if (len == 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "prompt", "prompt is empty");
+    long bad = utf8_invalid_at(prompt, len);
+    if (bad >= 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "prompt",
+                                   "prompt is not valid UTF-8 (byte offset %ld)", bad);
+    tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "prompt: %s", prompt);
+    tdm_prompt_input_t in = {.text = prompt, .text_len = len};
+    int rc = tdm_prompt_encode(r->tok, NULL, &in, ids, n_ids, NULL, err);
+    if (rc != TDM_OK) {
+        tdm_error_prefix(err, rc, "prompt: ");
+        return tdm_error_field(err, "prompt");
+    }
+    return TDM_OK;
+}
+
+/* Checks that every message's role and content is UTF-8 and points msgs[] at them. */
+static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs, tdm_error_t *err)
+{
+    for (size_t i = 0; i < chat->n_messages; i++) {
+        const Tandem__V1__ChatMessage *cm = chat->messages[i];
+        long bad = utf8_invalid_at(cm->content, strlen(cm->content));
+        if (bad >= 0) {
+            tdm_error_set(err, TDM_EINVALID,
+                          "chat.messages[%zu].content is not valid UTF-8 (byte offset %ld)", i,
+                          bad);
+            return tdm_error_field(err, "chat.messages[%zu].content", i);
+        }
+        const char *const fields[] = {cm->role, cm->tool_calls, cm->tool_call_id, cm->name};
+        const char *const names[] = {"role", "tool_calls", "tool_call_id", "name"};
+        for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
+            if (fields[k] && utf8_invalid_at(fields[k], strlen(fields[k])) >= 0) {
+                tdm_error_set(err, TDM_EINVALID, "chat.messages[%zu].%s is not valid UTF-8", i,
+                              names[k]);
+                return tdm_error_field(err, "chat.messages[%zu].%s", i, names[k]);
+            }
+        msgs[i] = (tdm_chat_message_t){.role = cm->role,
+                                       .content = cm->content,
+                                       .tool_calls = cm->tool_calls,
+                                       .tool_call_id = cm->tool_call_id,
+                                       .name = cm->name};
+    }
+    if (chat->tools && utf8_invalid_at(chat->tools, strlen(chat->tools)) >= 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "chat.tools",
+                                   "chat.tools is not valid UTF-8");
+    return TDM_OK;
+}
+
+/* Chat input -> *ids, rendered with the router's template. */
+static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, const rt_req_t *q,
+                         tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
+{
+    size_t n = chat ? chat->n_messages : 0;
+    if (n == 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "chat.messages", "chat.messages is empty");
+    if (!r->have_template)
+        return tdm_error_set_field(err, TDM_EPRECONDITION, "chat",
+                                   "chat: the model has no chat template the router knows (%s)",
+                                   r->template_error);
+    tdm_chat_message_t *msgs = calloc(n, sizeof *msgs);
+    if (!msgs)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    char *text = NULL;
+    int rc = chat_check(chat, msgs, err);
+    if (rc == TDM_OK) {
+        tdm_prompt_input_t in = {.messages = msgs, .n_messages = n, .tools = chat->tools};
+        rc = tdm_prompt_encode(r->tok, &r->chat, &in, ids, n_ids, &text, err);
+        if (rc != TDM_OK) {
+            tdm_error_prefix(err, rc, "chat.messages: ");
+            tdm_error_field(err, "chat.messages");
+        }
+    }
+    free(msgs);
+    if (rc == TDM_OK)
+        tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "chat prompt: %s", text);
+    free(text);
+    return rc;
+}
+
+/* Token-id input -> *ids (a copy; left NULL when it cannot fit the context, with *n_ids
+ * telling the length for the check after). */
+static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *tokens,
+                       tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
+{
+    size_t n = tokens ? tokens->n_ids : 0;
+    if (n == 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "tokens.ids", "tokens.ids is empty");
+    for (size_t i = 0; i < n; i++)
+        if (tokens->ids[i] < 0 || (uint32_t)tokens->ids[i] >= r->n_vocab) {
+            tdm_error_set(err, TDM_EINVALID,
+                          "tokens.ids[%zu] = %" PRId32 " is out of the vocabulary (0..%" PRIu32 ")",
+                          i, tokens->ids[i], r->n_vocab - 1);
+            return tdm_error_field(err, "tokens.ids[%zu]", i);
+        }
+    *n_ids = n;
+    if (n >= r->n_ctx)
+        return TDM_OK; /* the length check gives the message */
+    *ids = malloc(n * sizeof **ids);
+    if (!*ids)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    memcpy(*ids, tokens->ids, n * sizeof **ids);
+    return TDM_OK;
+}
+
+/* Tokenizes the request's input into q->prompt and checks that it leaves room in the
+ * context. */
+static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
+                          rt_refusal_t *why, tdm_error_t *err)
+{
+    tdm_token_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc;
+    const char *field = "prompt";
+    switch (g->input_case) {
+    case TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT:
+        rc = tokenize_prompt(r, g->prompt, q, &ids, &n_ids, err);
+        break;
+    case TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT:
+        rc = tokenize_chat(r, g->chat, q, &ids, &n_ids, err);
+        field = "chat.messages";
+        break;
+    case TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS:
+        rc = tokens_copy(r, g->tokens, &ids, &n_ids, err);
+        field = "tokens.ids";
+        break;
+    default:
+        return tdm_error_set(err, TDM_EINVALID,
+                             "input: the request has none; set prompt, chat or tokens");
+    }
+    if (rc != TDM_OK)
+        return rc;
+    if (n_ids == 0) {
+        free(ids);
+        return tdm_error_set_field(err, TDM_EINVALID, field, "prompt: the input has no tokens");
+    }
+    if (n_ids >= r->n_ctx) {
+        free(ids);
+        why->prompt_tokens = n_ids > UINT32_MAX ? UINT32_MAX : (uint32_t)n_ids;
+        why->n_ctx = r->n_ctx;
+        why->max_tokens_fit = 0;
+        return tdm_error_set_field(err, TDM_EINVALID, field,
+                                   "prompt has %zu tokens; the context is %" PRIu32
+                                   " tokens (prompt + max_tokens must fit)",
+                                   n_ids, r->n_ctx);
+    }
+    q->prompt = ids;
+    q->n_prompt = (uint32_t)n_ids;
+    return TDM_OK;
+}
+
+/* q->id: the client's (checked, not in flight for this peer) or a new one. */
+static int request_id_assign(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
+                             size_t id_wire_len, rt_req_t *q, tdm_error_t *err)
+{
+    if (id_wire_len == 0) { /* unset or empty: the router makes one */
+        do
+            snprintf(q->id, sizeof q->id, "req-%016" PRIx64, random_u64());
+        while (rt_req_find(r, q->id));
+        return TDM_OK;
+    }
+    int rc = id_check(g->request_id, id_wire_len, err);
+    if (rc != TDM_OK)
+        return tdm_error_field(err, "request_id");
+    if (rt_req_find_for_peer(r, g->request_id, q->peer, q->peer_len))
+        return tdm_error_set_field(err, TDM_EINVALID, "request_id",
+                                   "request_id '%s' is already in flight; use a new id",
+                                   g->request_id);
+    snprintf(q->id, sizeof q->id, "%s", g->request_id);
+    return TDM_OK;
+}
+
+/* Checks the stop strings and copies them into q. */
+static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, tdm_error_t *err)
+{
+    if (g->n_stop > TDM_MAX_STOP_STRINGS)
+        return tdm_error_set_field(err, TDM_EINVALID, "stop",
+                                   "stop: %zu strings given, at most %u allowed", g->n_stop,
+                                   TDM_MAX_STOP_STRINGS);
+    for (size_t i = 0; i < g->n_stop; i++) {
+        size_t len = strlen(g->stop[i]);
+        long bad = utf8_invalid_at(g->stop[i], len);
+        if (len == 0)
+            tdm_error_set(err, TDM_EINVALID, "stop[%zu] is empty", i);
+        else if (len > TDM_MAX_STOP_STRING_BYTES)
+            tdm_error_set(err, TDM_EINVALID, "stop[%zu] is %zu bytes long, at most %u", i, len,
+                          TDM_MAX_STOP_STRING_BYTES);
+        else if (bad >= 0)
+            tdm_error_set(err, TDM_EINVALID, "stop[%zu] is not valid UTF-8 (byte offset %ld)", i,
+                          bad);
+        else
+            continue;
+        return tdm_error_field(err, "stop[%zu]", i);
+    }
+    if (g->n_stop == 0)
+        return TDM_OK;
+    q->stop = calloc(g->n_stop, sizeof *q->stop);
+    if (!q->stop)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    for (size_t i = 0; i < g->n_stop; i++) {
+        if (!(q->stop[i] = tdm_strdup(g->stop[i])))
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        q->n_stop = i + 1;
+    }
+    return TDM_OK;
+}
+
+/* q->sp from the request's sampling fields over Tandem's defaults; a seed drawn when the
+ * client gave none. */
+static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
+                          tdm_error_t *err)
+{
+    tdm_sampling_params_default(&q->sp);
+    bool seeded = false;
+    if (g->sampling) {
+        int rc = tdm_proto_sampling_from(g->sampling, &q->sp, err);
+        if (rc != TDM_OK)
+            return tdm_error_field(err, "%s",
+                                   (g->sampling->set_mask & TDM_PROTO_SET_LOGIT_BIAS) &&
+                                           g->sampling->n_logit_bias > TDM_SAMPLING_MAX_LOGIT_BIAS
+                                       ? "sampling.logit_bias"
+                                       : "sampling.stop_token_ids");
+        seeded = g->sampling->has_seed || (g->sampling->set_mask & TDM_PROTO_SET_SEED);
+    }
+    if (!seeded)
+        q->sp.seed = random_u64();
+    q->sp.max_tokens = 1; /* decided after tokenization (max_tokens_decide) */
+    /* the logit bias first: its entry is named by OpenAI's key, logit_bias["<token id>"] */
+    if (tdm_sampling_logit_bias_check(&q->sp, r->n_vocab, NULL, err) != TDM_OK ||
+        tdm_sampling_params_validate(&q->sp, r->n_vocab, err) != TDM_OK)
+        return tdm_error_nest(err, "sampling"); /* "sampling.top_p must be in (0, 1], ..." */
+    return TDM_OK;
+}
+
+/* q->sp.max_tokens from the request's max_tokens, which must fit the context the prompt
+ * leaves; unset (0): what fits, at most TDM_ROUTER_MAX_TOKENS_DEFAULT. */
+static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
+                             rt_req_t *q, rt_refusal_t *why, tdm_error_t *err)
+{
+    uint32_t room = r->n_ctx - q->n_prompt; /* > 0: tokenize_input checked */
+    if (g->max_tokens == 0) {
+        q->sp.max_tokens =
+            (int32_t)(room < TDM_ROUTER_MAX_TOKENS_DEFAULT ? room : TDM_ROUTER_MAX_TOKENS_DEFAULT);
+        return TDM_OK;
+    }
+    if ((uint32_t)g->max_tokens > room) {
+        why->prompt_tokens = q->n_prompt;
+        why->n_ctx = r->n_ctx;
+        why->max_tokens_fit = room;
+        return tdm_error_set_field(err, TDM_EINVALID, "max_tokens",
+                                   "max_tokens: prompt (%" PRIu32 " tokens) + max_tokens (%" PRId32
+                                   ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
+                                   " tokens can be generated for this prompt",
+                                   q->n_prompt, g->max_tokens, r->n_ctx, room);
+    }
+    q->sp.max_tokens = g->max_tokens;
+    return TDM_OK;
+}
+
+/* The request's constraint compiled once, here (tdm_constraint_compile: the function
+ * `tandem generate -m` calls too), into q->gbnf and q->gbnf_hash; nothing for none. A bad one is
+ * refused before anything is scheduled, INVALID_ARGUMENT with the compiler's message and
+ * ErrorDetail.field "constraint". */
+static int constraint_build(const Tandem__V1__GenerateRequest *g, rt_req_t *q, tdm_error_t *err)
+{
+    const Tandem__V1__Constraint *c = g->constraint;
+    if (!c || c->kind == TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE)
+        return TDM_OK;
+    tdm_buf_t gbnf = {0};
+    const char *text = c->text ? c->text : "";
+    int rc = tdm_constraint_compile((int)c->kind, text, strlen(text), &gbnf, &q->gbnf_hash, err);
+    if (rc == TDM_OK && !(q->gbnf = tdm_buf_take(&gbnf)))
+        rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    tdm_buf_free(&gbnf);
+    if (rc == TDM_EINVALID)
+        tdm_error_prefix(err, rc, "constraint (%s): ", tdm_constraint_kind_name((int)c->kind));
+    return rc == TDM_OK ? rc : tdm_error_field(err, "constraint");
+}
+
+/* n and best_of: n in [1, RT_MAX_CHOICES] (0 = 1), best_of in [n, RT_MAX_CHOICES] (0 = n). The
+ * router streams every choice it makes, so best_of > n (pick the n best of best_of) is the HTTP
+ * API's: refused here with the way to do it. */
+static int choices_check(const Tandem__V1__GenerateRequest *g, tdm_error_t *err)
+{
+    uint32_t n = g->n ? g->n : 1;
+    if (n > RT_MAX_CHOICES)
+        return tdm_error_set_field(err, TDM_EINVALID, "n", "n must be in [1, %d], got %" PRIu32,
+                                   RT_MAX_CHOICES, g->n);
+    if (g->best_of && (g->best_of < n || g->best_of > RT_MAX_CHOICES))
+        return tdm_error_set_field(err, TDM_EINVALID, "best_of",
+                                   "best_of must be in [n, %d] (n is %" PRIu32 "), got %" PRIu32,
+                                   RT_MAX_CHOICES, n, g->best_of);
+    if (g->best_of > n)
+        return tdm_error_set_field(err, TDM_EINVALID, "best_of",
+                                   "best_of > n is not served by the native API (it streams "
+                                   "every choice): ask n = %" PRIu32
+                                   " with sampling.n_logprobs >= 1 and keep the %" PRIu32
+                                   " with the highest sum of logprobs, as the HTTP API does",
+                                   g->best_of, n);
+    return TDM_OK;
+}
+
+int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__GenerateRequest *g,
+                    rt_req_t *q, rt_refusal_t *why, tdm_error_t *err)
+{
+    size_t id_wire_len = wire_field_len(f->body, f->body ? f->body_len : 0, 1);
+    int rc = request_id_assign(r, g, id_wire_len, q, err);
+    if (rc != TDM_OK)
+        return rc;
+    const char *served = r->cfg->model.name ? r->cfg->model.name : "";
+    if (g->model[0] && strcmp(g->model, served) != 0)
+        return tdm_error_set_field(err, TDM_ENOTFOUND, "model",
+                                   "model '%s' is not served here; this router serves '%s'",
+                                   g->model, served);
+    if (g->max_tokens < 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "max_tokens",
+                                   "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
+                                   g->max_tokens);
+    if ((rc = choices_check(g, err)) != TDM_OK || (rc = stop_copy(g, q, err)) != TDM_OK ||
+        (rc = sampling_build(r, g, q, err)) != TDM_OK ||
+        (rc = tokenize_input(r, g, q, why, err)) != TDM_OK ||
+        (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK ||
+        (rc = constraint_build(g, q, err)) != TDM_OK)
+        return rc;
+    q->stream = g->stream;
+    q->include_stop_str = g->include_stop_str;
+    q->echo = g->echo_token_text;
+    q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
+    return TDM_OK;
+}
