@@ -30,8 +30,9 @@ static void print_bytes(const char *label, uint64_t bytes)
     printf("%-26s %" PRIu64 " bytes (%.2f MiB)\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
 }
 
-/* The architecture's features beyond the Llama block (Gemma 3's sliding-window layers, QK-norm,
- * post-norms, GeGLU, scales, soft-cap), one line each, only those the model has. */
+/* The architecture's features beyond the Llama block (Gemma 3's sliding-window layers, Llama 3's
+ * RoPE frequency factors, QK-norm, post-norms, GeGLU, scales, soft-cap), one line each, only
+ * those the model has. */
 static void print_arch_features(const tdm_llama_hparams_t *hp)
 {
     if (hp->n_swa) {
@@ -42,6 +43,10 @@ static void print_arch_features(const tdm_llama_hparams_t *hp)
                " layers (theta %g there; the others global)\n",
                hp->n_swa, n_local, hp->n_layers, (double)hp->rope_freq_base_swa);
     }
+    if (hp->n_rope_freq_factors)
+        printf("RoPE frequency factors:    %" PRIu32 " (rope_freqs.weight, %g to %g)\n",
+               hp->n_rope_freq_factors, (double)hp->rope_freq_factors[0],
+               (double)hp->rope_freq_factors[hp->n_rope_freq_factors - 1]);
     if (hp->qk_norm || hp->post_norms)
         printf("norms:                     %s%s%s\n", hp->qk_norm ? "QK-norm" : "",
                hp->qk_norm && hp->post_norms ? ", " : "", hp->post_norms ? "post-norms" : "");

@@ -12,7 +12,7 @@
  * shapes, a miniature of one for tests). */
 typedef struct tdm_synth_shape {
     const char *name;    /* "llama-3.2-1b" */
-    const char *arch;    /* general.architecture: "llama" or "gemma3" */
+    const char *arch;    /* general.architecture: "llama", "qwen3" or "gemma3" */
     uint32_t n_vocab;    /* tokens (vocab_size) */
     uint32_t n_ctx;      /* max_position_embeddings */
     uint32_t n_embd;     /* hidden_size */
@@ -24,6 +24,9 @@ typedef struct tdm_synth_shape {
     float rope_theta;    /* rope_theta */
     bool tied;           /* tie_word_embeddings: no output.weight */
     uint32_t n_swa;      /* sliding_window of the local layers (gemma3); 0: none */
+    bool llama3_rope;    /* rope_scaling {"rope_type": "llama3", factor 8, low_freq_factor 1,
+                            high_freq_factor 4, original_max_position_embeddings 8192}: a
+                            rope_freqs.weight tensor, as llama.cpp's converter writes it */
 } tdm_synth_shape_t;
 
 /* The shape called name; NULL when synth does not know it. Cannot fail. */
@@ -34,7 +37,8 @@ const char *tdm_synth_shape_names(void);
 
 /* Adds the model's metadata (general.*, <arch>.*) and every weight tensor of shape s (n_vocab
  * rows in the embedding) to w: projections of type type, token_embd (and output) Q8_0 for the
- * quantized types, F16 for F16, norms F32 (for gemma3 also the Q/K norms and the post-norms).
+ * quantized types, F16 for F16, norms F32 (QK-norms for qwen3 and gemma3, post-norms for gemma3;
+ * rope_freqs.weight F32 for the Llama 3 shapes).
  * Values are uniform random from seed, scaled so the residual stream's RMS stays near 1 through
  * every layer (cmd_model_synth.c says how). Deterministic: the same arguments give the same bytes
  * whatever the thread count. Errors: TDM_ERESOURCE (message in err), TDM_EINVALID (a type the

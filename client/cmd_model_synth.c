@@ -33,17 +33,21 @@
 
 #include "cmd_model.h"
 
-/* Shapes from each model's config.json on the Hugging Face hub (Llama 3's rope scaling, a
- * rope_freqs tensor in llama.cpp's files, is left out: it changes no cost). */
+/* Shapes from each model's config.json on the Hugging Face hub. */
 static const tdm_synth_shape_t shapes[] = {
-    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0},
-    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0},
-    {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0},
-    {"llama-3.1-8b", "llama", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false, 0},
+    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0, false},
+    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0, false},
+    {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0, true},
+    {"llama-3.1-8b", "llama", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false, 0,
+     true},
+    /* a miniature of Llama 3.2 for tests (its RoPE frequency factors, SmolLM2's vocabulary) */
+    {"llama3-tiny", "llama", 49152, 2048, 128, 256, 4, 4, 2, 32, 500000.0f, true, 0, true},
+    {"qwen3-0.6b", "qwen3", 151936, 40960, 1024, 3072, 28, 16, 8, 128, 1e6f, true, 0, false},
+    {"qwen3-tiny", "qwen3", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false},
     /* Gemma 3 270M; local layers' rope theta 10000 (llama.cpp's default, not in the file) */
-    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512},
+    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512, false},
     /* a miniature for tests: layers 0-4 local with a 32-token window, layer 5 global */
-    {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32},
+    {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32, false},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -57,7 +61,8 @@ const tdm_synth_shape_t *tdm_synth_shape_find(const char *name)
 
 const char *tdm_synth_shape_names(void)
 {
-    return "smollm2-135m|smollm2-360m|llama-3.2-1b|llama-3.1-8b|gemma3-270m|gemma3-tiny";
+    return "smollm2-135m|smollm2-360m|llama-3.2-1b|llama-3.1-8b|llama3-tiny|qwen3-0.6b|"
+           "qwen3-tiny|gemma3-270m|gemma3-tiny";
 }
 
 /* splitmix64 (Steele, Lea, Flood 2014; S. Vigna's public-domain reference). */
@@ -149,28 +154,43 @@ static uint32_t file_type_of(tdm_ggml_type_t t)
     }
 }
 
-/* general.* and llama.* keys, in the order convert_hf_to_gguf.py writes them. */
+/* general.* and <arch>.* keys (llama, qwen3), in the order convert_hf_to_gguf.py writes them. */
 static int add_metadata(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32_t n_vocab,
                         tdm_ggml_type_t type)
 {
     char name[96];
     snprintf(name, sizeof name, "synth %s %s", s->name, tdm_ggml_type_get((uint32_t)type)->name);
-    int rc = tdm_gguf_writer_set_str(w, "general.architecture", "llama");
+    const bool qwen = strcmp(s->arch, "qwen3") == 0;
+    int rc = tdm_gguf_writer_set_str(w, "general.architecture", s->arch);
     rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.type", "model");
     rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.name", name);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.block_count", s->n_layers);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.context_length", s->n_ctx);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.embedding_length", s->n_embd);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.feed_forward_length", s->n_ff);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.head_count", s->n_heads);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.head_count_kv", s->n_kv_heads);
-    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "llama.rope.freq_base", s->rope_theta);
-    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.key_length", s->head_dim);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.attention.value_length", s->head_dim);
+    const struct {
+        const char *suffix;
+        uint32_t u;
+        float f; /* used when u is 0 */
+    } keys[] = {
+        {"block_count", s->n_layers, 0},
+        {"context_length", s->n_ctx, 0},
+        {"embedding_length", s->n_embd, 0},
+        {"feed_forward_length", s->n_ff, 0},
+        {"attention.head_count", s->n_heads, 0},
+        {"attention.head_count_kv", s->n_kv_heads, 0},
+        {"rope.freq_base", 0, s->rope_theta},
+        {"attention.layer_norm_rms_epsilon", 0, qwen ? 1e-6f : 1e-5f},
+        {"attention.key_length", s->head_dim, 0},
+        {"attention.value_length", s->head_dim, 0},
+        {"vocab_size", qwen ? 0 : n_vocab, 0}, /* Qwen's converter writes none */
+        {"rope.dimension_count", qwen ? 0 : s->head_dim, 0},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0] && rc == TDM_OK; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "%s.%s", s->arch, keys[i].suffix);
+        if (keys[i].u)
+            rc = tdm_gguf_writer_set_u32(w, key, keys[i].u);
+        else if (keys[i].f != 0.0f)
+            rc = tdm_gguf_writer_set_f32(w, key, keys[i].f);
+    }
     rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.file_type", file_type_of(type));
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.vocab_size", n_vocab);
-    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.rope.dimension_count", s->head_dim);
     rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.quantization_version", 2);
     return rc;
 }
@@ -207,7 +227,7 @@ static bool is_gemma3(const tdm_synth_shape_t *s)
     return strcmp(s->arch, "gemma3") == 0;
 }
 
-#define MAX_LAYER_TENSORS 13
+#define MAX_LAYER_TENSORS 13 /* Gemma 3's */
 
 /* Names ts[0..n) "blk.<l>.<name>.weight", into names. */
 static void name_layer(synth_tensor_t *ts, int n, uint32_t l, char names[][64])
@@ -246,17 +266,18 @@ static int layer_tensors_gemma3(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, 
     return 13;
 }
 
-/* The nine tensors of layer l into ts (names into names); returns 9. */
+/* The tensors of a Llama (nine) or Qwen3 (eleven: the QK-norms, weight 1 so that each head of
+ * q and k has RMS 1) layer l into ts (names into names); returns their count. */
 static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
                          synth_tensor_t *ts, char names[][64])
 {
     if (is_gemma3(s))
         return layer_tensors_gemma3(s, wt, l, ts, names);
     const uint64_t E = s->n_embd, F = s->n_ff, Q = (uint64_t)s->n_heads * s->head_dim;
-    const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim;
+    const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim, D = s->head_dim;
     const tdm_ggml_type_t f32 = TDM_GGML_TYPE_F32;
     const float in_e = 1.0f / sqrtf((float)E), alpha = 1.0f / sqrtf(2.0f * (float)s->n_layers);
-    const synth_tensor_t t[9] = {
+    const synth_tensor_t t[11] = {
         {"attn_norm", f32, E, 1, 0.0f, 1.0f},
         {"attn_q", wt, E, Q, in_e, 0.0f},
         {"attn_k", wt, E, KV, in_e, 0.0f},
@@ -266,10 +287,40 @@ static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_
         {"ffn_gate", wt, E, F, in_e, 0.0f},
         {"ffn_up", wt, E, F, in_e, 0.0f},
         {"ffn_down", wt, F, E, alpha / (0.6f * sqrtf((float)F)), 0.0f},
+        {"attn_q_norm", f32, D, 1, 0.0f, 1.0f},
+        {"attn_k_norm", f32, D, 1, 0.0f, 1.0f},
     };
-    memcpy(ts, t, sizeof t);
-    name_layer(ts, 9, l, names);
-    return 9;
+    const int n = strcmp(s->arch, "qwen3") == 0 ? 11 : 9;
+    memcpy(ts, t, (size_t)n * sizeof t[0]);
+    name_layer(ts, n, l, names);
+    return n;
+}
+
+/* Llama 3's RoPE frequency factors (rope_freqs.weight, [head_dim / 2] F32) as llama.cpp's
+ * converter computes them from rope_scaling (LlamaModel.generate_extra_tensors, after Meta's
+ * apply_scaling): wavelength 2 pi / freq_i under original_max_position_embeddings /
+ * high_freq_factor keeps factor 1, over original / low_freq_factor takes factor, and between
+ * the two the factor is interpolated smoothly. */
+static int add_llama3_rope_freqs(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, tdm_error_t *err)
+{
+    const double factor = 8.0, low = 1.0, high = 4.0, orig = 8192.0;
+    float f[TDM_GGUF_MAX_ROPE_FREQS];
+    const uint32_t half = s->head_dim / 2;
+    for (uint32_t i = 0; i < half && i < TDM_GGUF_MAX_ROPE_FREQS; i++) {
+        const double freq = 1.0 / pow((double)s->rope_theta, 2.0 * i / (double)s->head_dim);
+        const double wavelen = 2.0 * 3.14159265358979323846 / freq;
+        double ff = 1.0;
+        if (wavelen > orig / low)
+            ff = factor;
+        else if (wavelen >= orig / high) {
+            const double smooth = (orig / wavelen - low) / (high - low);
+            ff = 1.0 / ((1.0 - smooth) / factor + smooth);
+        }
+        f[i] = (float)ff;
+    }
+    const uint64_t ne[1] = {half};
+    int rc = tdm_gguf_writer_add_tensor(w, "rope_freqs.weight", TDM_GGML_TYPE_F32, 1, ne, f);
+    return rc == TDM_OK ? TDM_OK : tdm_error_set(err, rc, "cannot add rope_freqs.weight");
 }
 
 /* Embedding and output matrices: Q8_0 under a quantized type (as llama.cpp's quantize keeps
@@ -315,7 +366,8 @@ int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint
     const synth_tensor_t out_norm = {"output_norm.weight", f32, E, 1, 0, s->tied ? logit_gain : 1};
     const synth_tensor_t out = {"output.weight", et, E, n_vocab, 2.0f / sqrtf((float)E), 0.0f};
     uint64_t index = 0;
-    int rc = add_tensor(w, &embd, seed, index++, scratch, err);
+    int rc = s->llama3_rope ? add_llama3_rope_freqs(w, s, err) : TDM_OK;
+    rc = rc ? rc : add_tensor(w, &embd, seed, index++, scratch, err);
     rc = rc ? rc : add_layers(w, s, type, seed, &index, scratch, err);
     rc = rc ? rc : add_tensor(w, &out_norm, seed, index++, scratch, err);
     if (rc == TDM_OK && !s->tied)

@@ -37,7 +37,7 @@ import make_engine_golden as base  # noqa: E402
 import make_gemma3_engine_golden as gemma  # noqa: E402
 
 SHAPE = "gemma3-tiny"
-SEEDS = {"Q8_0": 1, "Q4_0": 2}
+SEEDS = {"Q8_0": 1, "Q4_0": 2, "F16": 3}
 VOCAB_FILE = "gemma-3-270m-q4_k_m.gguf"
 VOCAB_SHA256 = gemma.MODEL_SHA256
 N_CTX = 2048

@@ -6,7 +6,7 @@
 # cmake -DTANDEM=PATH -DGOLDEN=FILE.json -DOUT=FILE.gguf -P synth_model.cmake
 # The vocabulary file is looked for where test_golden looks for models: $TANDEM_GEMMA3_MODEL
 # (when the vocabulary is Gemma 3 270M's), else $XDG_CACHE_HOME/tandem/models, else
-# ~/.cache/tandem/models (scripts/setup --model gemma3-270m installs it).
+# ~/.cache/tandem/models (scripts/setup installs SmolLM2; --model gemma3-270m, Gemma 3 270M).
 cmake_minimum_required(VERSION 3.19) # string(JSON)
 
 foreach(var TANDEM GOLDEN OUT)
@@ -17,6 +17,7 @@ endforeach()
 
 file(READ "${GOLDEN}" doc)
 string(JSON want_sha GET "${doc}" model_sha256)
+string(JSON generator GET "${doc}" generator)
 foreach(key shape type seed vocab vocab_sha256)
   string(JSON ${key} GET "${doc}" synth ${key})
 endforeach()
@@ -31,7 +32,7 @@ else()
 endif()
 if(NOT EXISTS "${vocab_path}")
   message(FATAL_ERROR "${vocab_path} is missing: the synthetic model of ${GOLDEN} takes its "
-                      "vocabulary from it (run scripts/setup --model gemma3-270m)")
+                      "vocabulary from it (run scripts/setup; --model gemma3-270m for Gemma's)")
 endif()
 
 # the same file as the golden's: skip the work
@@ -63,6 +64,6 @@ if(NOT have_sha STREQUAL want_sha)
           "tandem model synth --shape ${shape} --type ${type} --seed ${seed} wrote a file with "
           "sha256 ${have_sha}, not the ${want_sha} that ${GOLDEN} was made from: synth's "
           "weights or metadata changed. If that was meant, regenerate the golden file with "
-          "tests/golden/make_gemma3_synth_golden.py; the logits of the new file are unknown.")
+          "${generator}; the logits of the new file are unknown.")
 endif()
 message(STATUS "${OUT}: sha256 ${have_sha}, as ${GOLDEN} records")

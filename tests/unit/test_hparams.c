@@ -76,9 +76,23 @@ static int add_matrix(tdm_gguf_writer_t *w, const char *name, uint64_t n_in, uin
     return rc;
 }
 
+/* rope_freqs.weight (Llama 3.x's frequency factors): g_rope_half values of g_rope_factor (the
+ * tiny model's rope_dim / 2, read from it first), or a shape that does not fit. */
+static uint64_t g_rope_half = 8;
+static float g_rope_factor;
+
 static int edit_rope_freqs(tdm_gguf_writer_t *w)
 {
-    return add_vector(w, "rope_freqs.weight", 8); /* Llama 3.1's frequency factors */
+    float v[TDM_GGUF_MAX_ROPE_FREQS];
+    for (uint64_t i = 0; i < g_rope_half; i++)
+        v[i] = g_rope_factor;
+    uint64_t ne[1] = {g_rope_half};
+    return tdm_gguf_writer_add_tensor(w, "rope_freqs.weight", TDM_GGML_TYPE_F32, 1, ne, v);
+}
+
+static int edit_rope_freqs_short(tdm_gguf_writer_t *w)
+{
+    return add_vector(w, "rope_freqs.weight", g_rope_half - 1);
 }
 
 static int edit_yarn(tdm_gguf_writer_t *w)
@@ -146,7 +160,16 @@ static int edit_qk_norm_on_llama(tdm_gguf_writer_t *w)
 static void test_refusals(void **state)
 {
     (void)state;
-    expect_refused(edit_rope_freqs, "tensor 'rope_freqs.weight'", "RoPE frequency factors");
+    tdm_error_t err = {0};
+    tdm_model_t *plain = load_edited(NULL, &err);
+    assert_non_null(plain);
+    g_rope_half = tdm_model_hparams(plain)->rope_dim / 2;
+    tdm_model_destroy(&plain);
+    g_rope_factor = 0.0f;
+    expect_refused(edit_rope_freqs, "tensor 'rope_freqs.weight'", "factor 0 is 0");
+    g_rope_factor = NAN;
+    expect_refused(edit_rope_freqs, "tensor 'rope_freqs.weight'", "finite");
+    expect_refused(edit_rope_freqs_short, "rope_freqs.weight", NULL);
     expect_refused(edit_yarn, "llama.rope.scaling.type", "'yarn'");
     expect_refused(edit_yarn_key, "llama.rope.scaling.yarn_beta_fast", "RoPE scaling");
     expect_refused(edit_attn_factor, "llama.rope.scaling.attn_factor", NULL);
@@ -205,7 +228,10 @@ static void run(tdm_model_t *m, uint32_t n, float *out)
 }
 
 /* Linear scaling loads, sets rope_freq_scale = 1 / factor and changes the logits of every
- * position but the first (position 0 rotates by 0 either way). Harmless keys load unchanged. */
+ * position but the first (position 0 rotates by 0 either way). Harmless keys load unchanged.
+ * RoPE frequency factors all 4 divide every angle by 4, which is what linear scaling by 4 does
+ * (multiplies it by 0.25; both exact in binary floating point): the logits are bitwise those of
+ * the linear x4 model; factors all 1 change nothing. */
 static void test_accepted(void **state)
 {
     (void)state;
@@ -220,20 +246,37 @@ static void test_accepted(void **state)
         fail_msg("%s", err.msg);
     assert_true(tdm_model_hparams(scaled)->rope_freq_scale == 0.25f);
     assert_true(tdm_model_hparams(plain)->rope_freq_scale == 1.0f);
+    g_rope_half = tdm_model_hparams(plain)->rope_dim / 2;
+    g_rope_factor = 4.0f;
+    tdm_model_t *factors4 = load_edited(edit_rope_freqs, &err);
+    if (!factors4)
+        fail_msg("%s", err.msg);
+    assert_int_equal(tdm_model_hparams(factors4)->n_rope_freq_factors, g_rope_half);
+    g_rope_factor = 1.0f;
+    tdm_model_t *factors1 = load_edited(edit_rope_freqs, &err);
+    if (!factors1)
+        fail_msg("%s", err.msg);
     uint32_t V = tdm_model_hparams(plain)->n_vocab, n = 6;
-    float *a = malloc((size_t)3 * n * V * sizeof *a);
+    size_t one = (size_t)n * V;
+    float *a = malloc(5 * one * sizeof *a);
     assert_non_null(a);
     run(plain, n, a);
-    run(harmless, n, a + (size_t)n * V);
-    run(scaled, n, a + (size_t)2 * n * V);
-    assert_memory_equal(a, a + (size_t)n * V, (size_t)n * V * sizeof *a);
-    assert_memory_equal(a, a + (size_t)2 * n * V, (size_t)V * sizeof *a); /* position 0 */
+    run(harmless, n, a + one);
+    run(scaled, n, a + 2 * one);
+    run(factors4, n, a + 3 * one);
+    run(factors1, n, a + 4 * one);
+    assert_memory_equal(a, a + one, one * sizeof *a);
+    assert_memory_equal(a, a + 2 * one, (size_t)V * sizeof *a); /* position 0 */
     for (uint32_t i = 1; i < n; i++)
-        assert_memory_not_equal(a + (size_t)i * V, a + (size_t)(2 * n + i) * V, V * sizeof *a);
+        assert_memory_not_equal(a + (size_t)i * V, a + 2 * one + (size_t)i * V, V * sizeof *a);
+    assert_memory_equal(a + 2 * one, a + 3 * one, one * sizeof *a);
+    assert_memory_equal(a, a + 4 * one, one * sizeof *a);
     free(a);
     tdm_model_destroy(&plain);
     tdm_model_destroy(&harmless);
     tdm_model_destroy(&scaled);
+    tdm_model_destroy(&factors4);
+    tdm_model_destroy(&factors1);
 }
 
 /* The layer helpers: sliding-window layers' first key and RoPE. */

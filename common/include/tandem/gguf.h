@@ -212,6 +212,8 @@ typedef enum tdm_rope_type {
 
 /* Most layers a model may have (llama.cpp's LLAMA_MAX_LAYERS). */
 #define TDM_GGUF_MAX_LAYERS 512
+/* Most RoPE frequency factors a model may carry (rope_dim / 2: head_dim 256). */
+#define TDM_GGUF_MAX_ROPE_FREQS 128
 
 typedef enum tdm_ffn_act {
     TDM_FFN_SILU = 0,      /* SwiGLU: silu(gate) * up (Shazeer 2020) */
@@ -237,9 +239,13 @@ typedef struct tdm_llama_hparams {
     bool has_qkv_bias;    /* blk.0.attn_q.bias present (Qwen2-style) */
     /* What sets the architectures apart (llama.cpp's src/models/<arch>.cpp): the plain Llama
      * block has rope_freq_scale 1, n_swa 0, attn_q_scale 0, final_logit_softcap 0,
-     * embd_scale 1, no QK-norm, no post-norms and SwiGLU. */
-    float rope_freq_scale;    /* 1 / <arch>.rope.scaling.factor (linear RoPE scaling: positions
-                                 are multiplied by it), 1 when absent */
+     * embd_scale 1, no RoPE frequency factors, no QK-norm, no post-norms and SwiGLU. */
+    float rope_freq_scale;        /* 1 / <arch>.rope.scaling.factor (linear RoPE scaling: positions
+                                     are multiplied by it), 1 when absent */
+    uint32_t n_rope_freq_factors; /* rope_dim / 2 when the file has rope_freqs.weight (Llama
+                                     3.x), else 0 */
+    float rope_freq_factors[TDM_GGUF_MAX_ROPE_FREQS]; /* [n_rope_freq_factors]: pair i's angle
+                                     is divided by factor i (ggml_rope_ext's freq_factors) */
     float rope_freq_base_swa; /* <arch>.rope.freq_base_swa: theta of sliding-window layers
                                  (which take no RoPE scaling), default 10000 */
     uint32_t n_swa;           /* <arch>.attention.sliding_window: in a sliding-window layer a
@@ -271,13 +277,14 @@ void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq
 uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos);
 
 /* Reads and validates the hyperparameters of a Llama-family model (architectures llama,
- * mistral, qwen2, gemma3). Checks every required key is present and consistent
+ * mistral, qwen2, qwen3, gemma3). Checks every required key is present and consistent
  * (n_heads divisible by n_kv_heads, head_dim * n_heads matches the Q projection, every
  * per-layer tensor present with the expected shape). Refuses what Tandem does not implement
  * rather than run a model wrong: a metadata key of the architecture that changes the forward
  * pass and is not implemented (RoPE scaling other than linear, sliding windows outside Gemma
  * 3, logit soft-capping of attention, experts, ...; any `<arch>.` key Tandem does not know)
- * and any tensor the forward pass would not read (rope_freqs.weight, expert tensors, ...).
+ * and any tensor the forward pass would not read (expert tensors, rope_freqs.weight outside
+ * llama/mistral, ...).
  * Errors: TDM_EINVALID (or TDM_ENOTFOUND for a missing key/tensor) naming the key or tensor
  * and the expected value. */
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err);

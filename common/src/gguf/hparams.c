@@ -16,19 +16,33 @@
 typedef struct arch_info {
     const char *name;
     tdm_rope_type_t rope_type;
-    bool gemma; /* the Gemma 3 block (llama.cpp's src/models/gemma3.cpp): embeddings scaled by
-                   sqrt(n_embd), QK-norm, post-norms, GeGLU, q scaled before attention,
-                   sliding-window layers */
+    bool qk_norm;    /* RMSNorm of each head of q and k before RoPE (Qwen3, Gemma 3) */
+    bool gemma;      /* the Gemma 3 block (llama.cpp's src/models/gemma3.cpp): embeddings scaled by
+                        sqrt(n_embd), post-norms, GeGLU, q scaled before attention, sliding-window
+                        layers */
+    bool rope_freqs; /* may carry rope_freqs.weight (Llama 3.x; llama.cpp's models/llama.cpp) */
 } arch_info_t;
 
 /* Architectures that share the Llama block (pre-norm, GQA attention with RoPE, gated FFN).
- * Rope type per llama.cpp's llama_model_rope_type(). */
+ * Rope type per llama.cpp's llama_model_rope_type(); qwen3 is qwen2's block with QK-norm and
+ * (in the released models) no q/k/v biases (llama.cpp's src/models/qwen3.cpp). */
 static const arch_info_t supported_archs[] = {
-    {"llama", TDM_ROPE_NORMAL, false},
-    {"mistral", TDM_ROPE_NORMAL, false},
-    {"qwen2", TDM_ROPE_NEOX, false},
-    {"gemma3", TDM_ROPE_NEOX, true},
+    {"llama", TDM_ROPE_NORMAL, false, false, true},
+    {"mistral", TDM_ROPE_NORMAL, false, false, true},
+    {"qwen2", TDM_ROPE_NEOX, false, false, false},
+    {"qwen3", TDM_ROPE_NEOX, true, false, false},
+    {"gemma3", TDM_ROPE_NEOX, true, true, false},
 };
+#define SUPPORTED_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma3"
+
+/* Whether architecture arch may carry RoPE frequency factors. */
+static bool arch_has_rope_freqs(const char *arch)
+{
+    for (size_t i = 0; i < sizeof supported_archs / sizeof supported_archs[0]; i++)
+        if (strcmp(arch, supported_archs[i].name) == 0)
+            return supported_archs[i].rope_freqs;
+    return false;
+}
 
 void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq_base,
                           float *freq_scale)
@@ -135,7 +149,7 @@ static int hparams_arch(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_
     if (!arch)
         return tdm_error_set(err, TDM_EINVALID,
                              "general.architecture '%.*s' is not supported "
-                             "(supported: llama, mistral, qwen2, gemma3)",
+                             "(supported: " SUPPORTED_ARCH_NAMES ")",
                              (int)(arch_s.len > 64 ? 64 : arch_s.len), arch_s.data);
     snprintf(hp->arch, sizeof hp->arch, "%s", arch->name);
     hp->rope_type = arch->rope_type;
@@ -143,8 +157,8 @@ static int hparams_arch(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_
     hp->rope_freq_base_swa = 10000.0f;
     hp->embd_scale = 1.0f;
     hp->ffn_act = TDM_FFN_SILU;
+    hp->qk_norm = arch->qk_norm;
     if (arch->gemma) {
-        hp->qk_norm = true;
         hp->post_norms = true;
         hp->ffn_act = TDM_FFN_GELU_TANH;
     }
@@ -393,12 +407,42 @@ static int hparams_gemma(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error
     return hparams_swa_pattern(g, hp, err);
 }
 
+/* Llama 3.x's RoPE frequency factors (rope_freqs.weight, [rope_dim / 2] F32, one tensor for
+ * every layer as llama.cpp's converter writes it): pair i's angle is divided by factor i
+ * (ggml_rope_ext's freq_factors). Absent: n_rope_freq_factors stays 0. Each factor must be
+ * finite and positive. */
+static int hparams_rope_freqs(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    static const char name[] = "rope_freqs.weight";
+    const tdm_gguf_tensor_t *t = tdm_gguf_find_tensor(g, name);
+    if (!t || !arch_has_rope_freqs(hp->arch))
+        return TDM_OK; /* absent, or refused as unread by tdm_gguf_refuse_unimplemented */
+    int rc;
+    if ((rc = check_tensor(g, name, hp->rope_dim / 2, 0, false, NULL, err)) ||
+        (rc = require_f32(g, name, err)))
+        return rc;
+    if (hp->rope_dim / 2 > TDM_GGUF_MAX_ROPE_FREQS)
+        return tdm_error_set(err, TDM_EINVALID, "tensor '%s': %" PRIu32 " factors exceed %d", name,
+                             hp->rope_dim / 2, TDM_GGUF_MAX_ROPE_FREQS);
+    const float *f = t->data;
+    for (uint32_t i = 0; i < hp->rope_dim / 2; i++) {
+        if (!isfinite(f[i]) || f[i] <= 0.0f)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "tensor '%s': factor %" PRIu32 " is %g (must be finite and > 0)",
+                                 name, i, (double)f[i]);
+        hp->rope_freq_factors[i] = f[i];
+    }
+    hp->n_rope_freq_factors = hp->rope_dim / 2;
+    return TDM_OK;
+}
+
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
 {
     memset(hp, 0, sizeof *hp);
     int rc;
     if ((rc = hparams_arch(g, hp, err)) || (rc = hparams_attention(g, hp, err)) ||
-        (rc = hparams_vocab(g, hp, err)) || (rc = hparams_rope_scaling(g, hp, err)))
+        (rc = hparams_vocab(g, hp, err)) || (rc = hparams_rope_scaling(g, hp, err)) ||
+        (rc = hparams_rope_freqs(g, hp, err)))
         return rc;
     if (strcmp(hp->arch, "gemma3") == 0 && (rc = hparams_gemma(g, hp, err)))
         return rc;

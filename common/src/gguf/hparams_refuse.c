@@ -2,7 +2,7 @@
  * engine does not do, rather than running it and answering slightly wrong.
  *
  * llama.cpp reads a key or tensor when its architecture's code asks for it and ignores the rest;
- * so a file converted for a feature Tandem lacks (Llama 3.1's rope_freqs.weight, YaRN, experts,
+ * so a file converted for a feature Tandem lacks (rope_freqs.weight on Qwen, YaRN, experts,
  * Gemma 2's attention soft-capping) would load and run as the plain block. Here every
  * `<arch>.` key must be in the table below and every tensor must be one the forward pass binds.
  * The table lists the keys Tandem reads (hparams.c) and those that do not change the forward
@@ -57,7 +57,7 @@ static const char *feature_hint(const char *name)
         {"expert", "mixture-of-experts layers"},
         {"_exps", "mixture-of-experts layers"},
         {"ffn_gate_inp", "mixture-of-experts routing"},
-        {"rope_freqs", "RoPE frequency factors (Llama 3.1-style RoPE scaling)"},
+        {"rope_freqs", "RoPE frequency factors (implemented for llama and mistral only)"},
         {"rope.scaling", "this kind of RoPE scaling"},
         {"sliding_window", "sliding-window attention (implemented for gemma3 only)"},
         {"softcapping", "logit soft-capping"},
@@ -135,7 +135,8 @@ static bool layer_suffix_used(const tdm_llama_hparams_t *hp, const char *suffix)
 static bool tensor_used(const tdm_llama_hparams_t *hp, const char *name)
 {
     if (strcmp(name, "token_embd.weight") == 0 || strcmp(name, "output_norm.weight") == 0 ||
-        (!hp->tied_embeddings && strcmp(name, "output.weight") == 0))
+        (!hp->tied_embeddings && strcmp(name, "output.weight") == 0) ||
+        (hp->n_rope_freq_factors > 0 && strcmp(name, "rope_freqs.weight") == 0))
         return true;
     unsigned layer;
     int used = 0;

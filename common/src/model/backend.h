@@ -128,7 +128,8 @@ typedef struct tdm_backend_ops {
      * 49k vocabulary). */
     bool host_memory;
     /* The backend implements every architecture feature of tdm_llama_hparams_t (sliding
-     * windows, the q scale, QK-norm, post-norms, RoPE scaling, per-layer RoPE bases); without
+     * windows, the q scale, QK-norm, post-norms, RoPE scaling and frequency factors, per-layer
+     * RoPE bases); without
      * it the engine refuses a model that uses one, naming the feature. */
     bool arch_features;
 } tdm_backend_ops_t;

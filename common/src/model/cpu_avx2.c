@@ -61,7 +61,7 @@ TDM_AVX2 static void quantize_act_avx2(const float *x, size_t n, q8a_block_t *ou
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         float amax = _mm_cvtss_f32(m4);
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         __m256 vid = _mm256_set1_ps(id);
         __m256i qi[4];
         for (int k = 0; k < 4; k++)

@@ -366,7 +366,7 @@ static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
         float amax = 0.0f;
         for (int j = 0; j < QK; j++)
             amax = fmaxf(amax, fabsf(xb[j]));
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < QK; j++) {
             int q = (int)nearbyintf(xb[j] * id);

@@ -141,6 +141,9 @@ static uint64_t model_fingerprint(const tdm_model_t *m)
         XXH3_64bits_update(st, hp->swa_layers,
                            hp->n_layers < TDM_GGUF_MAX_LAYERS ? hp->n_layers : TDM_GGUF_MAX_LAYERS);
     }
+    if (hp->n_rope_freq_factors) /* rope_freqs.weight is in the tensor table below too */
+        XXH3_64bits_update(st, hp->rope_freq_factors,
+                           hp->n_rope_freq_factors * sizeof hp->rope_freq_factors[0]);
     for (uint64_t i = 0; i < tdm_gguf_n_tensors(m->gguf); i++) {
         const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(m->gguf, i);
         XXH3_64bits_update(st, t->name, strlen(t->name));
@@ -365,6 +368,8 @@ static int engine_ops_check(const tdm_backend_ops_t *ops, const tdm_llama_hparam
             missing = "post-norms";
         else if (hp->rope_freq_scale != 1.0f)
             missing = "linear RoPE scaling";
+        else if (hp->n_rope_freq_factors)
+            missing = "RoPE frequency factors";
     }
     if (!missing && hp->ffn_act == TDM_FFN_GELU_TANH && !ops->geglu)
         missing = "GeGLU";

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Writes tests/golden/<arch>_synth_<type>.json: llama.cpp's logits and greedy continuations on
+small synthetic files of the architectures Tandem reads beyond the default model's plain Llama
+block, with SmolLM2's vocabulary (the default model, so nothing else is downloaded):
+
+* `qwen3-tiny` (general.architecture qwen3: QK-norm, NeoX RoPE, no q/k/v biases; 4 layers,
+  n_embd 128, head_dim 64, 4 heads over 2 KV heads, theta 1e6) -> qwen3_synth_<type>.json;
+* `llama3-tiny` (llama with Llama 3's rope_freqs.weight: RoPE frequency factors 8 / smooth / 1,
+  theta 500000, head_dim 32) -> llama3_synth_<type>.json.
+
+The procedure is make_engine_golden.py's (SmolLM2's prompts, tokenized without BOS as SmolLM2
+is; greedy continuation to EOS or 64 tokens; one-pass top-5 per position; llama.cpp against
+itself one token per pass as the yardstick that sets the bounds). The model files are not
+committed: the JSON's "synth" object is the recipe that tests/golden/synth_model.cmake runs
+(and checks the SHA-256 of) before test_golden compares Tandem with the file.
+
+Usage: python3 tests/golden/make_synth_golden.py [--tandem BUILD/client/tandem]
+       [--vocab SMOLLM2.gguf] [--shapes qwen3-tiny,llama3-tiny] [--types Q8_0]
+Pinned version: llama-cpp-python==0.3.36 (others print a warning).
+"""
+
+import argparse
+import hashlib
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import make_engine_golden as base  # noqa: E402
+
+# shape -> the golden file's prefix and the seed of each projection type
+SHAPES = {
+    "qwen3-tiny": ("qwen3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
+    "llama3-tiny": ("llama3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
+}
+VOCAB_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+N_CTX = 2048
+
+# the short prompts and one long one (the long essay, 470 tokens, takes RoPE's low-frequency
+# pairs, which Llama 3's factors scale, well past a few radians)
+CASES = [c for c in base.CASES if not c[0].startswith("long_")] + [
+    c for c in base.CASES if c[0] == "long_essay"]
+
+
+def synth_args(shape, typ, seed, vocab, out):
+    return ["model", "synth", "--shape", shape, "--type", typ, "--seed", str(seed),
+            "--vocab", str(vocab), "-o", str(out)]
+
+
+def make_one(tandem, vocab, vocab_sha, shape, typ, seed, out_json):
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / f"{out_json.stem}.gguf"
+        subprocess.run([str(tandem)] + synth_args(shape, typ, seed, vocab, model), check=True)
+        sha = hashlib.sha256(model.read_bytes()).hexdigest()
+        llm = base.open_llama(model, N_CTX)
+        eos = llm.token_eos()
+        cases, selfcheck = [], base.SelfCheck()
+        for name, text in CASES:
+            prompt = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            cases.append(base.run_case(llm, name, text, prompt, eos, selfcheck, N_CTX))
+        n_clear = sum(1 for c in cases for p in c["positions"] if p[0][1] - p[1][1] >= 0.25)
+        reference = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra "
+                     f"buffer types (AMX/repack), n_ctx {N_CTX}, n_threads 2; tokens "
+                     "add_bos=False special=True; greedy (argmax) continuation of up to "
+                     f"{base.MAX_NEW} tokens, EOS kept; logits of prompt+continuation in one pass")
+        recipe = {
+            "shape": shape, "type": typ, "seed": seed,
+            "vocab": VOCAB_FILE, "vocab_sha256": vocab_sha,
+            "command": "tandem " + " ".join(synth_args(shape, typ, seed, "MODELS/" + VOCAB_FILE,
+                                                       model.name)),
+        }
+        base.write_doc(out_json, model, sha, llm, "tests/golden/make_synth_golden.py", reference,
+                       eos, selfcheck, cases, {"clear_positions": n_clear, "synth": recipe})
+        del llm
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tandem", default=str(HERE.parent.parent / "build/client/tandem"))
+    ap.add_argument("--vocab", default=str(Path.home() / ".cache/tandem/models" / VOCAB_FILE))
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--types", default="Q8_0")
+    ap.add_argument("-o", "--outdir", default=str(HERE))
+    args = ap.parse_args()
+
+    base.check_versions()
+    vocab = Path(args.vocab)
+    if not vocab.exists():
+        sys.exit(f"{vocab}: not found (run scripts/setup)")
+    vocab_sha = base.model_sha256(vocab, base.MODEL_SHA256)
+    for shape in args.shapes.split(","):
+        prefix, seeds = SHAPES[shape]
+        for typ in args.types.split(","):
+            make_one(args.tandem, vocab, vocab_sha, shape, typ, seeds[typ],
+                     Path(args.outdir) / f"{prefix}_{typ.lower()}.json")
+
+
+if __name__ == "__main__":
+    main()
