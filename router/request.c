@@ -295,8 +295,9 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
         req_shed(r, q, &e, now_ms);
         return;
     }
-    int rc = rt_queue_first(r) ? 1 : rt_dispatch(r, q);
-    if (rc == 1) {
+    tdm_error_t err = {0};
+    rt_dispatch_result_t res = rt_queue_first(r) ? RT_DISPATCH_WAIT : rt_dispatch(r, q, &err);
+    if (res == RT_DISPATCH_WAIT) {
         if (r->n_queued >= (size_t)r->cfg->router.max_queue) {
             r->metrics.queue_full++;
             rt_req_fail(r, q, TDM_ERESOURCE, false, "queue full (%zu requests waiting)",
@@ -307,8 +308,8 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
         tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
                       "queued: no decode node up with room (%zu waiting)", r->n_queued);
         rt_drain_queue(r);
-    } else if (rc < 0) {
-        rt_req_fail(r, q, rc, false, "%s", r->err.msg);
+    } else if (res == RT_DISPATCH_FAILED) {
+        rt_req_fail(r, q, err.code, false, "%s", err.msg);
     }
 }
 

@@ -250,7 +250,7 @@ struct tdm_router {
     const tdm_config_t *cfg;
     tdm_net_t *net;
     tdm_logger_t log;
-    tdm_error_t err; /* also the message of a failed dispatch (scheduler.c) */
+    tdm_error_t err; /* the last failure of the router's own loop (tdm_router_errmsg) */
     tdm_sock_t *client, *nodesock;
     char client_ep[256], node_ep[256];
     char inproc_ep[64];   /* the client socket's second endpoint, for the in-process gateway */

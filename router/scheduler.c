@@ -467,9 +467,11 @@ static void attempt_begin(rt_req_t *q, rt_node_t *n, uint64_t attempt, uint64_t 
 
 /* Sends DecodeReserve for q (need blocks) to n under a new attempt; fork_of: the attempt of
  * choice 0 whose sequence on n q forks (no prefill: the decode node makes q's first token, as
- * for a local prefill), 0 for none. Returns 0 when sent (q is RESERVING on n), 1 when it could
- * not be sent (try another node), TDM_ERESOURCE with r->err set on out of memory. */
-static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need, uint64_t fork_of)
+ * for a local prefill), 0 for none. Returns RT_DISPATCH_SENT (q is RESERVING on n),
+ * RT_DISPATCH_WAIT when it could not be sent (try another node), RT_DISPATCH_FAILED with *err
+ * on out of memory. */
+static rt_dispatch_result_t reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need,
+                                       uint64_t fork_of, tdm_error_t *err)
 {
     bool local = fork_of || !any_prefill_up(r);
     uint64_t attempt = next_attempt(r);
@@ -483,8 +485,10 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need,
     m.fork_of = fork_of;
     m.speculative = q->no_speculation ? TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF
                                       : TANDEM__V1__SPECULATIVE__SPECULATIVE_AUTO;
-    if (!pending_room(n))
-        return tdm_error_set(&r->err, TDM_ERESOURCE, "router out of memory");
+    if (!pending_room(n)) {
+        tdm_error_set(err, TDM_ERESOURCE, "router out of memory");
+        return RT_DISPATCH_FAILED;
+    }
     uint64_t call = r->next_call++;
     tdm_send_t s = {0};
     s.peer = n->peer;
@@ -503,7 +507,7 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need,
         tdm_log_write(&r->log, TDM_LOG_WARN, q->id, NULL,
                       "DecodeReserve to %s could not be sent (%s); trying another node", n->cfg->id,
                       tdm_strerror(rc));
-        return 1;
+        return RT_DISPATCH_WAIT;
     }
     n->pending[n->n_pending++] = (rt_pending_t){call, need, q, attempt, tdm_time_now()};
     n->reserved_pending += need;
@@ -514,34 +518,34 @@ static int reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need,
              " fork_of=%016" PRIx64,
              n->cfg->id, need, local ? "true" : "false", attempt, fork_of);
     tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "reserve sent");
-    return 0;
+    return RT_DISPATCH_SENT;
 }
 
 /* A choice > 0 of n > 1 that has not run yet: a fork of choice 0's sequence on choice 0's
  * decode node while choice 0 holds its first attempt there (reserving or running). Returns
- * reserve_on's code, or 1 when q cannot fork (dispatched on its own then). */
-static int dispatch_fork(tdm_router_t *r, rt_req_t *q)
+ * reserve_on's result, RT_DISPATCH_WAIT when q cannot fork (dispatched on its own then). */
+static rt_dispatch_result_t dispatch_fork(tdm_router_t *r, rt_req_t *q, tdm_error_t *err)
 {
     const rt_req_t *p = q->group->kids[0];
     if (q->no_fork || q->next_index > 0 || !p || !p->decode || p->state == RT_QUEUED ||
         p->resume_index > 0 || p->redispatches > 0 || p->fork || !rt_node_dispatchable(p->decode) ||
         q->tried[p->decode->index])
-        return 1;
+        return RT_DISPATCH_WAIT;
     /* its own blocks: the one holding the last prompt position, and the output after it */
     uint32_t need =
         (q->n_prompt + 1 + r->block_size - 1) / r->block_size - (q->n_prompt - 1) / r->block_size;
-    int rc = reserve_on(r, q, p->decode, need, p->attempt_id);
-    if (rc == 1)
+    rt_dispatch_result_t res = reserve_on(r, q, p->decode, need, p->attempt_id, err);
+    if (res == RT_DISPATCH_WAIT)
         q->no_fork = true;
-    return rc;
+    return res;
 }
 
-int rt_dispatch(tdm_router_t *r, rt_req_t *q)
+rt_dispatch_result_t rt_dispatch(tdm_router_t *r, rt_req_t *q, tdm_error_t *err)
 {
     if (q->group && q->choice > 0) {
-        int rc = dispatch_fork(r, q);
-        if (rc != 1)
-            return rc;
+        rt_dispatch_result_t res = dispatch_fork(r, q, err);
+        if (res != RT_DISPATCH_WAIT)
+            return res;
     }
     /* the prompt, the output delivered (a migrated request resumes after it) and the next
      * output token */
@@ -551,19 +555,33 @@ int rt_dispatch(tdm_router_t *r, rt_req_t *q)
         uint32_t max_total;
         rt_node_t *best = pick_decode(r, q, need, &any_up, &max_total);
         if (!best) {
-            if (any_up && need > max_total)
-                return tdm_error_set(&r->err, TDM_ERESOURCE,
-                                     "the prompt%s needs %" PRIu32
-                                     " KV blocks; the largest decode node up has %" PRIu32,
-                                     q->next_index ? " and the output delivered" : "", need,
-                                     max_total);
-            return 1;
+            if (!any_up || need <= max_total)
+                return RT_DISPATCH_WAIT;
+            tdm_error_set(err, TDM_ERESOURCE,
+                          "the prompt%s needs %" PRIu32
+                          " KV blocks; the largest decode node up has %" PRIu32,
+                          q->next_index ? " and the output delivered" : "", need, max_total);
+            return RT_DISPATCH_FAILED;
         }
-        int rc = reserve_on(r, q, best, need, 0);
-        if (rc != 1)
-            return rc;
+        rt_dispatch_result_t res = reserve_on(r, q, best, need, 0, err);
+        if (res != RT_DISPATCH_WAIT)
+            return res;
         q->tried[best->index] = true;
     }
+}
+
+rt_dispatch_result_t rt_dispatch_or_queue(tdm_router_t *r, rt_req_t *q, bool requeued)
+{
+    tdm_error_t err = {0};
+    rt_dispatch_result_t res = rt_dispatch(r, q, &err);
+    if (res == RT_DISPATCH_WAIT) {
+        if (requeued)
+            memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
+        rt_queue_push(r, q, requeued);
+    } else if (res == RT_DISPATCH_FAILED) {
+        rt_req_fail(r, q, err.code, false, "%s", err.msg);
+    }
+    return res;
 }
 
 void rt_drain_queue(tdm_router_t *r)
@@ -573,13 +591,8 @@ void rt_drain_queue(tdm_router_t *r)
     while ((q = rt_queue_first(r))) {
         rt_queue_remove(r, q);
         memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
-        int rc = rt_dispatch(r, q);
-        if (rc == 1) {
-            rt_queue_push(r, q, true);
+        if (rt_dispatch_or_queue(r, q, true) == RT_DISPATCH_WAIT)
             return;
-        }
-        if (rc < 0)
-            rt_req_fail(r, q, rc, false, "%s", r->err.msg);
     }
 }
 
@@ -620,20 +633,21 @@ static bool redispatch_avoiding(tdm_router_t *r, rt_req_t *q, bool count, int st
     memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
     if (avoid)
         q->tried[avoid->index] = true;
-    int rc = rt_dispatch(r, q);
-    if (rc == 1 && q->t_dispatch > 0 && !any_decode_up(r)) {
+    tdm_error_t err = {0};
+    rt_dispatch_result_t res = rt_dispatch(r, q, &err);
+    if (res == RT_DISPATCH_WAIT && q->t_dispatch > 0 && !any_decode_up(r)) {
         /* it ran and lost its node, and none is left to run it again: the queue is for
          * waiting for room, not for a cluster without decode nodes */
         rt_req_fail(r, q, TDM_EUNAVAILABLE, false, "%s; no decode node is up to run it again", why);
         return true;
     }
-    if (rc == 1) {
+    if (res == RT_DISPATCH_WAIT) {
         memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
         rt_queue_push(r, q, true); /* it was admitted before: no queue limit */
         return false;
     }
-    if (rc < 0) {
-        rt_req_fail(r, q, rc, false, "%s", r->err.msg);
+    if (res == RT_DISPATCH_FAILED) {
+        rt_req_fail(r, q, err.code, false, "%s", err.msg);
         return true;
     }
     return false;
@@ -740,15 +754,9 @@ static void reserve_refused(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
                   "decode node %s refused the reservation (%s: %s); trying another", n->cfg->id,
                   tdm_status_name(f->status), f->message);
     q->tried[n->index] = true;
-    int rc = rt_dispatch(r, q);
-    if (rc == 1) {
-        memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
-        rt_queue_push(r, q, true);
+    if (rt_dispatch_or_queue(r, q, true) == RT_DISPATCH_WAIT)
         tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
                       "queued: no decode node has room (%zu waiting)", r->n_queued);
-    } else if (rc < 0) {
-        rt_req_fail(r, q, rc, false, "%s", r->err.msg);
-    }
 }
 
 /* An answer to a reservation the router gave up on (rt_sched_check_reserves): blocks granted
@@ -802,11 +810,7 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         q->fork = false;
         q->no_fork = true;
         q->tried[n->index] = false; /* which does not rule n out */
-        int rc = rt_dispatch(r, q);
-        if (rc == 1)
-            rt_queue_push(r, q, true);
-        else if (rc < 0)
-            rt_req_fail(r, q, rc, false, "%s", r->err.msg);
+        rt_dispatch_or_queue(r, q, true);
         return;
     }
     if (tdm_status_info(f->status)->retryable)

@@ -25,11 +25,24 @@ void rt_queue_remove(tdm_router_t *r, rt_req_t *q);
 /* The request first in the queue, or NULL when none waits. */
 rt_req_t *rt_queue_first(const tdm_router_t *r);
 
+/* What rt_dispatch did with a request. */
+typedef enum rt_dispatch_result {
+    RT_DISPATCH_SENT,  /* DecodeReserve sent: the request is RESERVING on a decode node */
+    RT_DISPATCH_WAIT,  /* no decode node is up or has room now: the caller queues it */
+    RT_DISPATCH_FAILED /* it can never be served here (or the router is out of memory): *err
+                          holds the status and why; the caller fails it */
+} rt_dispatch_result_t;
+
 /* Places q (not queued) on a decode node: sends DecodeReserve to the up decode node with
- * the most room that q has not tried this round. Returns 0 when sent, 1 when no decode node
- * is up or has room (the caller queues q), or a negative status when q can never be served
- * (the caller fails it with r->err's message). */
-int rt_dispatch(tdm_router_t *r, rt_req_t *q);
+ * the most room that q has not tried this round. Sets *err only when it returns
+ * RT_DISPATCH_FAILED: TDM_ERESOURCE when q needs more KV blocks than the largest decode node
+ * up has, or on out of memory. */
+rt_dispatch_result_t rt_dispatch(tdm_router_t *r, rt_req_t *q, tdm_error_t *err);
+
+/* rt_dispatch, then what its result asks: RT_DISPATCH_WAIT queues q (requeued: true for a
+ * request admitted before, which no queue limit refuses, with its wait restarted),
+ * RT_DISPATCH_FAILED fails q with the error (not retryable). Returns the result. */
+rt_dispatch_result_t rt_dispatch_or_queue(tdm_router_t *r, rt_req_t *q, bool requeued);
 /* Sends the NodeCancels owed to nodes that are back up (attempts the router left while they
  * were down or unreachable), then dispatches queued requests (FIFO) while decode nodes have
  * room. Called on every registration and heartbeat. */
