@@ -67,20 +67,34 @@ typedef struct up_opts {
     double timeout_s, stop_timeout_s;
 } up_opts_t;
 
-/* With --log-dir, where the reason of a daemon's exit is: its log's path and last line. */
+/* Whether a log line says why a daemon failed: a structured line of level error or fatal, or
+ * a daemon's own stderr line ("tandem-router: ..."), which is how a start-up error is told. */
+static bool log_line_is_error(const char *line)
+{
+    return strstr(line, "level=error") || strstr(line, "level=fatal") ||
+           strncmp(line, "tandem-", 7) == 0;
+}
+
+/* With --log-dir, where the reason of a daemon's exit is: its log's path and its last error
+ * line (the shutdown lines logged after an error would hide it), else its last line. */
 static void print_log_tail(const char *log_dir, const char *label)
 {
-    char path[PATH_MAX], line[1024], last[1024] = "";
+    char path[PATH_MAX], line[1024], last[1024] = "", last_error[1024] = "";
     snprintf(path, sizeof path, "%s/%s.log", log_dir, label);
     FILE *f = fopen(path, "r");
     if (!f)
         return;
-    while (fgets(line, sizeof line, f))
-        if (line[0] != '\n')
-            snprintf(last, sizeof last, "%s", line);
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '\n')
+            continue;
+        snprintf(last, sizeof last, "%s", line);
+        if (log_line_is_error(line))
+            snprintf(last_error, sizeof last_error, "%s", line);
+    }
     fclose(f);
-    last[strcspn(last, "\n")] = '\0';
-    fprintf(stderr, "tandem cluster: its log %s ends: %s\n", path, last[0] ? last : "(empty)");
+    const char *shown = last_error[0] ? last_error : last;
+    fprintf(stderr, "tandem cluster: its log %s %s: %.*s\n", path, last_error[0] ? "says" : "ends",
+            (int)strcspn(shown, "\n"), shown[0] ? shown : "(empty)");
 }
 
 /* When a daemon has exited (`when`: "before the cluster was ready", "unexpectedly"), says so

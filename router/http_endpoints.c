@@ -30,8 +30,7 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
     int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
                       &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, &err);
     if (rc != TDM_OK)
-        return http_reply_error(c, rc, rc == TDM_EUNAUTHENTICATED ? "invalid_api_key" : NULL, NULL,
-                                "%s", err.msg);
+        return http_reply_error(c, rc, NULL, NULL, "%s", err.msg);
     Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
     json_t *data = json_array();
     json_t *found = NULL;

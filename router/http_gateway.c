@@ -51,7 +51,9 @@ struct gw_call {
     gw_call_t *next_pending;   /* submission queue */
     void (*unpark)(void *arg); /* parked by gw_call_take: how to unpark it; else NULL */
     void *park_arg;
-    int watch_fd; /* the parked connection's socket in gw->ep, or -1 */
+    int watch_fd;         /* the parked connection's socket in gw->ep, or -1 */
+    gw_call_t *end_watch; /* a sibling parked by gw_call_take_watch: unparked when this call
+                             ends with an error (cleared by gw_call_unwatch) */
     /* gateway thread only: */
     gw_call_t *next_active;
     uint64_t call_id; /* the client library's, while it runs the call */
@@ -256,8 +258,11 @@ static void push_event_locked(gw_call_t *c, gw_event_t *ev)
     else
         c->head = ev;
     c->tail = ev;
-    if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END)
+    if (ev->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
         c->ended = true;
+        if (ev->status != 0 && c->end_watch)
+            unpark_locked(c->end_watch);
+    }
     notify_locked(c);
 }
 
@@ -694,14 +699,30 @@ int gw_call_next(gw_call_t *c, int client_fd, int timeout_ms, gw_event_t **ev)
     }
 }
 
-int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t **ev)
+/* Whether call s's END has been queued with an error status and not taken (gw->mu held). */
+static bool failed_locked(const gw_call_t *s)
+{
+    return s->ended && s->tail && s->tail->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END &&
+           s->tail->status != 0;
+}
+
+int gw_call_take_watch(gw_call_t *c, gw_call_t *const *siblings, size_t n, int client_fd,
+                       const gw_parker_t *pk, gw_event_t **ev, bool *sibling_failed)
 {
     gw_t *gw = c->gw;
     *ev = NULL;
+    *sibling_failed = false;
     pthread_mutex_lock(&gw->mu);
     gw_event_t *e = pop_locked(c);
     bool ended = c->ended;
-    if (!e && !ended) {
+    for (size_t i = 0; i < n && !e && !ended; i++) {
+        if (!siblings[i] || siblings[i] == c)
+            continue;
+        if (failed_locked(siblings[i]))
+            *sibling_failed = true;
+        siblings[i]->end_watch = c;
+    }
+    if (!e && !ended && !*sibling_failed) {
         /* park under the lock: the gateway thread cannot unpark before the park is done */
         c->unpark = pk->unpark;
         c->park_arg = pk->arg;
@@ -716,7 +737,22 @@ int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t 
         *ev = e;
         return TDM_OK;
     }
-    return ended ? oom_end(ev) : TDM_OK; /* parked: *ev NULL */
+    return ended ? oom_end(ev) : TDM_OK; /* parked (or a sibling failed): *ev NULL */
+}
+
+int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t **ev)
+{
+    bool sibling_failed;
+    return gw_call_take_watch(c, NULL, 0, client_fd, pk, ev, &sibling_failed);
+}
+
+void gw_call_unwatch(gw_call_t *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->gw->mu);
+    c->end_watch = NULL;
+    pthread_mutex_unlock(&c->gw->mu);
 }
 
 void gw_call_cancel(gw_call_t *c)
@@ -744,8 +780,7 @@ bool gw_call_ended(gw_call_t *c)
 bool gw_call_failed(gw_call_t *c)
 {
     pthread_mutex_lock(&c->gw->mu);
-    bool failed = c->ended && c->tail && c->tail->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END &&
-                  c->tail->status != 0;
+    bool failed = failed_locked(c);
     pthread_mutex_unlock(&c->gw->mu);
     return failed;
 }

@@ -85,6 +85,17 @@ typedef struct gw_parker {
  * has ended). */
 int gw_call_take(gw_call_t *c, int client_fd, const gw_parker_t *pk, gw_event_t **ev);
 
+/* gw_call_take for one call of a group (the prompts of one HTTP request, which fails as a
+ * whole): does not park when one of siblings[0..n) (c itself and NULLs skipped) has ended with
+ * an error (*sibling_failed true, *ev NULL, the caller answers with that error), and while c is
+ * parked an error END of a sibling unparks it too. Before the group's calls are released, every
+ * one must be passed to gw_call_unwatch. */
+int gw_call_take_watch(gw_call_t *c, gw_call_t *const *siblings, size_t n, int client_fd,
+                       const gw_parker_t *pk, gw_event_t **ev, bool *sibling_failed);
+
+/* Forgets the sibling c unparks on an error END (gw_call_take_watch). NULL-safe. */
+void gw_call_unwatch(gw_call_t *c);
+
 /* Cancels the call if it has not ended: CANCEL goes to the router (which frees the request's
  * KV blocks) and the call ends with CANCELLED. Any thread; idempotent. */
 void gw_call_cancel(gw_call_t *c);

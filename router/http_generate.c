@@ -193,15 +193,22 @@ static bool calls_running(http_req_t *r)
 /* The call's next event without blocking the thread: 0 with *ev, or with *ev NULL when the
  * connection is parked until there is one (the handler returns and libmicrohttpd calls it again
  * then); TDM_ECANCELLED when the client has hung up or the gateway ran out of memory (the calls
- * are cancelled; when tells the log at what point). */
-static int take_event(http_req_t *r, const char *when, gw_event_t **ev)
+ * are cancelled; when tells the log at what point). With sibling_failed (before the answer, a
+ * request of several calls): another call's error END also unparks it, and one already queued
+ * leaves it unparked with *ev NULL and *sibling_failed true. */
+static int take_event(http_req_t *r, const char *when, gw_event_t **ev, bool *sibling_failed)
 {
     int rc = TDM_ECANCELLED;
     *ev = NULL;
+    bool failed = false;
     if (!client_gone(r->fd)) {
         gw_parker_t pk = {park_conn, unpark_conn, r->conn};
-        rc = gw_call_take(r->call, r->fd, &pk, ev);
+        rc = sibling_failed && r->n_calls > 1
+                 ? gw_call_take_watch(r->call, r->calls, r->n_calls, r->fd, &pk, ev, &failed)
+                 : gw_call_take(r->call, r->fd, &pk, ev);
     }
+    if (sibling_failed)
+        *sibling_failed = failed;
     if (rc == TDM_OK)
         return rc;
     tdm_log_write(&r->h->log, TDM_LOG_INFO, r->q->id, NULL,
@@ -274,7 +281,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         tdm_buf_clear(&r->sse);
         r->sse_off = 0;
         gw_event_t *ev = NULL;
-        if (take_event(r, "mid-stream", &ev) != TDM_OK)
+        if (take_event(r, "mid-stream", &ev, NULL) != TDM_OK)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (!ev)
             return 0; /* parked */
@@ -403,9 +410,8 @@ static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, si
     tdm_error_t e = {0};
     refusal_error(r, call, ev, &e);
     record(r, ev->status);
-    const char *code = e.code == TDM_ENOTFOUND && strcmp(e.field, "model") == 0 ? "model_not_found"
-                       : e.code == TDM_EUNAUTHENTICATED                         ? "invalid_api_key"
-                                                                                : NULL;
+    const char *code =
+        e.code == TDM_ENOTFOUND && strcmp(e.field, "model") == 0 ? "model_not_found" : NULL;
     return http_reply_json_retry(c, tdm_status_info(e.code)->http_status,
                                  http_error_json(e.code, code, e.field, e.msg),
                                  ev->detail.retry_after_s);
@@ -532,20 +538,24 @@ enum MHD_Result http_generate_resume(tdm_http_t *h, struct MHD_Connection *c, ht
 {
     for (;;) {
         gw_event_t *ev = NULL;
-        if (take_event(r, "before the answer", &ev) != TDM_OK)
+        bool sibling_failed = false;
+        if (take_event(r, "before the answer", &ev, &sibling_failed) != TDM_OK)
             return MHD_NO;
-        if (!ev)
+        if (!ev && !sibling_failed)
             return MHD_YES; /* parked */
         enum MHD_Result ret;
         size_t which = 0;
         gw_event_t *refused = r->n_calls > 1 ? sibling_refusal(r, &which) : NULL;
         if (refused) {
-            gw_event_free(ev);
+            if (ev)
+                gw_event_free(ev);
             calls_cancel(r);
             ret = reply_refused(r, c, which, refused);
             gw_event_free(refused);
             return ret;
         }
+        if (!ev) /* the failed sibling's END was taken meanwhile: look again */
+            continue;
         if (r->multi && !r->q->stream) {
             if (gather_event(r, c, ev, &ret))
                 return ret;
@@ -595,6 +605,8 @@ void http_generate_end(tdm_http_t *h, http_req_t *r, int toe)
         record(r, TDM_ECANCELLED);
     }
     r->call = NULL;
+    for (size_t i = 0; i < r->n_calls; i++) /* none may unpark a call released before it */
+        gw_call_unwatch(r->calls[i]);
     for (size_t i = 0; i < r->n_calls; i++)
         gw_call_release(&r->calls[i]);
     pthread_mutex_lock(&h->mu);

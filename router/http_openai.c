@@ -496,16 +496,14 @@ static int parse_choices(parse_ctx_t *p, oai_req_t *q)
     if (p->rc)
         return p->rc;
     if (n < 1 || n > OAI_MAX_CHOICES)
-        return tdm_error_set_field(p->err, TDM_EINVALID, "n",
-                                   "n must be in [1, %d] (OAI_MAX_CHOICES), got %lld",
+        return tdm_error_set_field(p->err, TDM_EINVALID, "n", "n must be from 1 to %d, got %lld",
                                    OAI_MAX_CHOICES, n);
     if (!best_given)
         best = n;
     if (best < n || best > OAI_MAX_CHOICES)
-        return tdm_error_set_field(
-            p->err, TDM_EINVALID, "best_of",
-            "best_of must be in [n, %d] (n is %lld, OAI_MAX_CHOICES %d), got %lld", OAI_MAX_CHOICES,
-            n, OAI_MAX_CHOICES, best);
+        return tdm_error_set_field(p->err, TDM_EINVALID, "best_of",
+                                   "best_of must be from n (%lld) to %d, got %lld", n,
+                                   OAI_MAX_CHOICES, best);
     if (best > n && q->stream)
         return tdm_error_set_field(
             p->err, TDM_EINVALID, "best_of",
@@ -565,8 +563,16 @@ static int client_request(oai_req_t *q, tdm_error_t *err)
         c->messages = q->cmsgs;
         c->n_messages = n;
     }
-    if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK)
-        return tdm_error_set_field(err, TDM_EINVALID, "stop_token_ids", "%s", err->msg);
+    if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK) {
+        /* OpenAI's body has these at its top level: "sampling.X: ..." is said as "X: ..." */
+        static const char nest[] = "sampling.";
+        char field[TDM_ERRFIELD_MAX], msg[TDM_ERRMSG_MAX];
+        bool nested = strncmp(err->field, nest, sizeof nest - 1) == 0;
+        snprintf(field, sizeof field, "%s", err->field + (nested ? sizeof nest - 1 : 0));
+        snprintf(msg, sizeof msg, "%s",
+                 err->msg + (strncmp(err->msg, nest, sizeof nest - 1) == 0 ? sizeof nest - 1 : 0));
+        return tdm_error_set_field(err, TDM_EINVALID, field, "%s", msg);
+    }
     c->sampling_set = q->sp.set_mask;
     c->max_tokens = q->g.max_tokens;
     c->stop = (const char *const *)q->g.stop;

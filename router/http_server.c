@@ -216,14 +216,13 @@ bool http_check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *re
     const char *key = bearer_key(c);
     if (!key) {
         *ret =
-            http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
+            http_reply_error(c, TDM_EUNAUTHENTICATED, NULL, NULL,
                              "an API key is required: send the header 'Authorization: Bearer KEY'");
         return false;
     }
     /* one longer than any key can be is simply not one of them */
     if (strlen(key) >= TDM_NET_API_KEY_MAX || !tdm_config_api_key_ok(&h->cfg->router, key)) {
-        *ret = http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
-                                "the API key is not accepted");
+        *ret = http_reply_error(c, TDM_EUNAUTHENTICATED, NULL, NULL, "the API key is not accepted");
         return false;
     }
     return true;
@@ -287,12 +286,12 @@ bool http_check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Resu
     bool missing;
     if (http_state_key_ok(h, c, &missing))
         return true;
-    *ret = missing
-               ? http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
-                                  "an API key is required: send the header 'Authorization: Bearer "
-                                  "KEY' (a browser: the key as the password)")
-               : http_reply_error(c, TDM_EUNAUTHENTICATED, "invalid_api_key", NULL,
-                                  "the API key is not accepted");
+    *ret =
+        missing
+            ? http_reply_error(c, TDM_EUNAUTHENTICATED, NULL, NULL,
+                               "an API key is required: send the header 'Authorization: Bearer "
+                               "KEY' (a browser: the key as the password)")
+            : http_reply_error(c, TDM_EUNAUTHENTICATED, NULL, NULL, "the API key is not accepted");
     return false;
 }
 

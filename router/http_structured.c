@@ -7,7 +7,7 @@
  *
  * One source at a time: a second one is refused (400 naming it), never silently preferred. The
  * router compiles what is sent here (tdm_constraint_compile); its refusals name the field
- * "constraint", which http.c maps back to the OpenAI parameter recorded in
+ * "constraint", which http_generate.c maps back to the OpenAI parameter recorded in
  * oai_req_t.constraint_param.
  */
 #include <stdarg.h>

@@ -327,13 +327,9 @@ static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateReque
     tdm_sampling_params_default(&q->sp);
     bool seeded = false;
     if (g->sampling) {
-        int rc = tdm_proto_sampling_from(g->sampling, &q->sp, err);
+        int rc = tdm_proto_sampling_from(g->sampling, &q->sp, err); /* sets the field */
         if (rc != TDM_OK)
-            return tdm_error_field(err, "%s",
-                                   (g->sampling->set_mask & TDM_PROTO_SET_LOGIT_BIAS) &&
-                                           g->sampling->n_logit_bias > TDM_SAMPLING_MAX_LOGIT_BIAS
-                                       ? "sampling.logit_bias"
-                                       : "sampling.stop_token_ids");
+            return rc;
         seeded = g->sampling->has_seed || (g->sampling->set_mask & TDM_PROTO_SET_SEED);
     }
     if (!seeded)

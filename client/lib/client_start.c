@@ -92,15 +92,14 @@ static int input_check(tdm_client_t *c, const tdm_client_request_t *req)
                            "request: give exactly one of prompt, messages and token_ids (%d given)",
                            inputs);
     if (req->n_messages > 0 && !req->messages)
-        return bad_request(c, "chat.messages", "request: messages is NULL");
+        return bad_request(c, "chat.messages", "messages is NULL");
     for (size_t i = 0; i < req->n_messages; i++)
         if (!req->messages[i].role ||
             (!req->messages[i].content &&
              !(req->messages[i].tool_calls && req->messages[i].tool_calls[0])))
-            return bad_request(c, "chat.messages",
-                               "request: messages[%zu] has a NULL role or content", i);
+            return bad_request(c, "chat.messages", "messages[%zu] has a NULL role or content", i);
     if (req->n_token_ids > 0 && !req->token_ids)
-        return bad_request(c, "tokens.ids", "request: token_ids is NULL");
+        return bad_request(c, "tokens.ids", "token_ids is NULL");
     return TDM_OK;
 }
 
@@ -112,35 +111,35 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
         return rc;
     if (req->max_tokens < 0)
         return bad_request(c, "max_tokens",
-                           "request: max_tokens must be >= 0 (0 = what the context leaves), got %d",
+                           "max_tokens must be >= 0 (0 = what the context leaves), got %d",
                            (int)req->max_tokens);
     if (req->n_stop > TDM_MAX_STOP_STRINGS)
-        return bad_request(c, "stop", "request: %zu stop strings given, at most %d allowed",
-                           req->n_stop, TDM_MAX_STOP_STRINGS);
+        return bad_request(c, "stop", "stop: %zu strings given, at most %d allowed", req->n_stop,
+                           TDM_MAX_STOP_STRINGS);
     for (size_t i = 0; i < req->n_stop; i++) {
         size_t len = req->stop[i] ? strlen(req->stop[i]) : 0;
         if (len < 1 || len > TDM_MAX_STOP_STRING_BYTES) {
             char field[32];
             snprintf(field, sizeof field, "stop[%zu]", i);
-            return bad_request(c, field, "request: stop[%zu] must have 1..%d bytes, got %zu", i,
+            return bad_request(c, field, "stop[%zu] must have 1..%d bytes, got %zu", i,
                                TDM_MAX_STOP_STRING_BYTES, len);
         }
     }
     if (req->sampling.n_stop_token_ids > TDM_SAMPLING_MAX_STOP)
         return bad_request(c, "sampling.stop_token_ids",
-                           "request: sampling.n_stop_token_ids is %u, at most %d allowed",
+                           "sampling.stop_token_ids: %u ids given, at most %d allowed",
                            (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
     if (req->n > 16)
-        return bad_request(c, "n", "request: n must be in [1, 16], got %u", (unsigned)req->n);
+        return bad_request(c, "n", "n must be from 1 to 16, got %u", (unsigned)req->n);
     if (isnan(req->timeout_s))
-        return bad_request(c, "", "request: timeout_s is NaN");
+        return bad_request(c, "", "timeout_s is NaN");
     if ((int)req->constraint_kind < TDM_CLIENT_CONSTRAINT_NONE ||
         (int)req->constraint_kind > TDM_CLIENT_CONSTRAINT_CHOICE)
-        return bad_request(c, "constraint", "request: constraint_kind %d is not a constraint kind",
+        return bad_request(c, "constraint", "constraint: kind %d is not a constraint kind",
                            (int)req->constraint_kind);
     if (req->constraint_kind != TDM_CLIENT_CONSTRAINT_NONE &&
         req->constraint_kind != TDM_CLIENT_CONSTRAINT_JSON_OBJECT && !req->constraint)
-        return bad_request(c, "constraint", "request: constraint_kind %d needs constraint text",
+        return bad_request(c, "constraint", "constraint: kind %d needs constraint text",
                            (int)req->constraint_kind);
     return TDM_OK;
 }

@@ -196,11 +196,11 @@ def test_prompt_list_gives_prompt_times_n_choices(cluster):
 
 
 @pytest.mark.parametrize("body,param,words", [
-    ({"n": 17}, "n", "[1, 16]"),
-    ({"n": 0}, "n", "[1, 16]"),
-    ({"n": 3, "best_of": 2}, "best_of", "best_of must be in [n, 16]"),
-    ({"best_of": 17}, "best_of", "best_of must be in [n, 16]"),
-    ({"best_of": 0}, "best_of", "best_of must be in [n, 16]"),
+    ({"n": 17}, "n", "n must be from 1 to 16, got 17"),
+    ({"n": 0}, "n", "n must be from 1 to 16, got 0"),
+    ({"n": 3, "best_of": 2}, "best_of", "best_of must be from n (3) to 16, got 2"),
+    ({"best_of": 17}, "best_of", "best_of must be from n (1) to 16, got 17"),
+    ({"best_of": 0}, "best_of", "best_of must be from n (1) to 16, got 0"),
     ({"n": 1, "best_of": 2, "stream": True}, "best_of", "stream"),
     ({"prompt": []}, "prompt", "empty"),
     ({"prompt": ["a"] * 65}, "prompt", "at most 64"),

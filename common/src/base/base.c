@@ -33,7 +33,7 @@ static const tdm_status_row_t status_table[] = {
      true},
     {-15, "DATA_LOSS", "unknown error", 500, "server_error", "internal", false, false},
     {TDM_EUNAUTHENTICATED, "UNAUTHENTICATED", "unauthenticated", 401, "authentication_error",
-     "unauthenticated", false, false},
+     "invalid_api_key", false, false},
 };
 
 const tdm_status_row_t *tdm_status_info(int code)

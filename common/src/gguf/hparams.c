@@ -123,14 +123,15 @@ static int check_tensor(const tdm_gguf_t *g, const char *name, uint64_t ne0, uin
     return TDM_OK;
 }
 
-/* Norm weights and biases are used as f32 vectors by the engine. */
+/* Norm weights, biases and RoPE frequency factors are used as f32 vectors by the engine. */
 static int require_f32(const tdm_gguf_t *g, const char *name, tdm_error_t *err)
 {
     const tdm_gguf_tensor_t *t = tdm_gguf_find_tensor(g, name);
     if (t && t->type != TDM_GGML_TYPE_F32)
         return tdm_error_set(err, TDM_EINVALID,
-                             "tensor '%s' has type %s; norm weights and biases must be F32", name,
-                             tdm_ggml_type_get(t->type)->name);
+                             "tensor '%s' has type %s; norm weights, biases and RoPE frequency "
+                             "factors must be F32",
+                             name, tdm_ggml_type_get(t->type)->name);
     return TDM_OK;
 }
 

@@ -66,13 +66,13 @@ int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_pa
 {
     uint32_t set = m->set_mask;
     if (m->n_stop_token_ids > TDM_SAMPLING_MAX_STOP)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "sampling.stop_token_ids: %zu ids given, at most %d allowed",
-                             m->n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
+        return tdm_error_set_field(err, TDM_EINVALID, "sampling.stop_token_ids",
+                                   "sampling.stop_token_ids: %zu ids given, at most %d allowed",
+                                   m->n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
     if ((set & TDM_PROTO_SET_LOGIT_BIAS) && m->n_logit_bias > TDM_SAMPLING_MAX_LOGIT_BIAS)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "sampling.logit_bias: %zu entries given, at most %d allowed",
-                             m->n_logit_bias, TDM_SAMPLING_MAX_LOGIT_BIAS);
+        return tdm_error_set_field(err, TDM_EINVALID, "sampling.logit_bias",
+                                   "sampling.logit_bias: %zu entries given, at most %d allowed",
+                                   m->n_logit_bias, TDM_SAMPLING_MAX_LOGIT_BIAS);
     if (set & TDM_PROTO_SET_TEMPERATURE)
         p->temperature = m->temperature;
     if (set & TDM_PROTO_SET_TOP_K)
