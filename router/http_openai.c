@@ -142,15 +142,18 @@ static int prompt_ids(parse_ctx_t *p, json_t *v, const char *name, int32_t **ids
 {
     *n = json_array_size(v);
     if (*n == 0)
-        return tdm_error_set_field(p->err, TDM_EINVALID, "prompt", "%s is an empty array", name);
+        return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s is an empty array", name);
     *ids = calloc(*n, sizeof **ids);
     if (!*ids)
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     for (size_t i = 0; i < *n; i++) {
         json_t *e = json_array_get(v, i);
-        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX)
-            return tdm_error_set_field(p->err, TDM_EINVALID, "prompt",
-                                       "%s[%zu] must be a token id (an integer >= 0)", name, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) {
+            char field[48];
+            snprintf(field, sizeof field, "%s[%zu]", name, i);
+            return tdm_error_set_field(p->err, TDM_EINVALID, field,
+                                       "%s must be a token id (an integer >= 0)", field);
+        }
         (*ids)[i] = (int32_t)json_integer_value(e);
     }
     return TDM_OK;
@@ -162,11 +165,9 @@ static int parse_prompt_list(parse_ctx_t *p, oai_req_t *q, json_t *v)
 {
     size_t n = json_array_size(v);
     if (n > OAI_MAX_PROMPTS)
-        return tdm_error_set_field(
-            p->err, TDM_EINVALID, "prompt",
-            "prompt: a list of %zu prompts; at most %d (OAI_MAX_PROMPTS) per "
-            "request",
-            n, OAI_MAX_PROMPTS);
+        return tdm_error_set_field(p->err, TDM_EINVALID, "prompt",
+                                   "prompt: a list of %zu prompts; at most %d per request", n,
+                                   OAI_MAX_PROMPTS);
     q->list_ids = calloc(n, sizeof *q->list_ids);
     q->list_n_ids = calloc(n, sizeof *q->list_n_ids);
     if (!q->list_ids || !q->list_n_ids)
@@ -181,7 +182,7 @@ static int parse_prompt_list(parse_ctx_t *p, oai_req_t *q, json_t *v)
             if (rc != TDM_OK)
                 return rc;
         } else if (!json_is_string(e)) {
-            return tdm_error_set_field(p->err, TDM_EINVALID, "prompt",
+            return tdm_error_set_field(p->err, TDM_EINVALID, name,
                                        "%s must be a string or an array of token ids, got %s", name,
                                        oai_type_name(e));
         }

@@ -204,7 +204,9 @@ def test_prompt_list_gives_prompt_times_n_choices(cluster):
     ({"n": 1, "best_of": 2, "stream": True}, "best_of", "stream"),
     ({"prompt": []}, "prompt", "empty"),
     ({"prompt": ["a"] * 65}, "prompt", "at most 64"),
-    ({"prompt": ["a", 3]}, "prompt", "prompt[1]"),
+    ({"prompt": ["a", 3]}, "prompt[1]", "prompt[1] must be a string"),
+    ({"prompt": [[1, 2], [1, -1]]}, "prompt[1][1]", "prompt[1][1] must be a token id"),
+    ({"prompt": [[1, 2], []]}, "prompt[1]", "prompt[1] is an empty array"),
 ])
 def test_refused_with_the_field_named(cluster, body, param, words):
     st, err = request(cluster.port, dict({"prompt": PROMPT, "max_tokens": 2}, **body))
