@@ -1,0 +1,632 @@
+/* jinja_filters.c - jinja2's filters and tests that chat templates use, with jinja2 3.1's
+ * behaviour (and transformers' tojson). */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "jinja_int.h"
+
+typedef jj_value_t *(*filter_fn)(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at);
+
+static jj_value_t *str_of(jj_ctx_t *c, jj_value_t *v)
+{
+    return jv_to_str(c, v);
+}
+
+static bool arg_true(jj_args_t *a, size_t pos, const char *kw)
+{
+    jj_value_t *v = jj_arg(a, pos, kw);
+    return v && jv_truthy(v);
+}
+
+/* The first value inside v that JSON cannot hold (v itself when none inside is). */
+static const jj_value_t *unserializable(const jj_value_t *v)
+{
+    if (v->kind == JV_LIST && !v->is_gen)
+        for (size_t k = 0; k < v->u.list.n; k++)
+            if (v->u.list.items[k]->kind > JV_DICT || v->u.list.items[k]->kind == JV_UNDEF ||
+                v->u.list.items[k]->is_gen)
+                return unserializable(v->u.list.items[k]);
+    if (v->kind == JV_DICT)
+        for (size_t k = 0; k < v->u.dict.n; k++)
+            if (v->u.dict.vals[k]->kind > JV_DICT || v->u.dict.vals[k]->kind == JV_UNDEF ||
+                v->u.dict.vals[k]->is_gen)
+                return unserializable(v->u.dict.vals[k]);
+    return v;
+}
+
+static jj_value_t *f_tojson(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *ind = jj_arg(a, 99, "indent");
+    jj_buf_t b = {.c = c, .ascii = arg_true(a, 99, "ensure_ascii")};
+    jb_put(&b, "", 0);
+    int indent = ind && ind->kind == JV_INT ? (int)ind->u.i : -1;
+    if (jv_write_json(&b, v, indent, 0) != 0) {
+        const jj_value_t *bad = unserializable(v);
+        jj_fail(c, at, TDM_EINVALID, "TypeError: Object of type %s is not JSON serializable",
+                jv_type_name(bad));
+    }
+    return jb_value(&b);
+}
+
+static size_t utf8_len(const jj_value_t *s)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < s->u.str.n; i++)
+        if (((unsigned char)s->u.str.s[i] & 0xC0) != 0x80)
+            k++;
+    return k;
+}
+
+static jj_value_t *f_length(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    switch (v->kind) {
+    case JV_STR: return jv_int(c, (int64_t)utf8_len(v));
+    case JV_LIST:
+        if (v->is_gen)
+            break;
+        return jv_int(c, (int64_t)v->u.list.n);
+    case JV_DICT: return jv_int(c, (int64_t)v->u.dict.n);
+    case JV_UNDEF: return jv_int(c, 0);
+    default: break;
+    }
+    jj_fail(c, at, TDM_EINVALID, "TypeError: object of type '%s' has no len()", jv_type_name(v));
+}
+
+static jj_value_t *f_default(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)at;
+    jj_value_t *d = jj_arg(a, 0, "default_value");
+    bool boolean = arg_true(a, 1, "boolean");
+    if (v->kind == JV_UNDEF || (boolean && !jv_truthy(v)))
+        return d ? d : jv_str(c, "", 0);
+    return v;
+}
+
+static bool py_space(unsigned char ch)
+{
+    return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f);
+}
+
+jj_value_t *jj_strip(jj_ctx_t *c, jj_value_t *s, jj_value_t *chars, bool left, bool right)
+{
+    const char *p = s->u.str.s;
+    size_t lo = 0, hi = s->u.str.n;
+    bool ws = !chars || chars->kind != JV_STR;
+    while (left && lo < hi &&
+           (ws ? py_space((unsigned char)p[lo])
+               : memchr(chars->u.str.s, p[lo], chars->u.str.n) != NULL))
+        lo++;
+    while (right && hi > lo &&
+           (ws ? py_space((unsigned char)p[hi - 1])
+               : memchr(chars->u.str.s, p[hi - 1], chars->u.str.n) != NULL))
+        hi--;
+    return jv_str(c, p + lo, hi - lo);
+}
+
+static jj_value_t *f_trim(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)at;
+    return jj_strip(c, str_of(c, v), jj_arg(a, 0, "chars"), true, true);
+}
+
+static jj_value_t *f_string(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    return str_of(c, v);
+}
+
+static jj_value_t *f_safe(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    jj_value_t *s = str_of(c, v);
+    jj_value_t *r = jv_str(c, s->u.str.s, s->u.str.n);
+    r->is_safe = true;
+    return r;
+}
+
+static jj_value_t *case_map(jj_ctx_t *c, jj_value_t *v, int mode)
+{
+    jj_value_t *s = str_of(c, v);
+    jj_value_t *r = jv_str(c, s->u.str.s, s->u.str.n);
+    char *p = (char *)r->u.str.s;
+    bool word_start = true;
+    for (size_t i = 0; i < r->u.str.n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (mode == 'U')
+            p[i] = (char)toupper(ch);
+        else if (mode == 'L')
+            p[i] = (char)tolower(ch);
+        else if (mode == 'C')
+            p[i] = (char)(i == 0 ? toupper(ch) : tolower(ch));
+        else { /* title: a letter after a non-letter starts a word */
+            p[i] = (char)(word_start ? toupper(ch) : tolower(ch));
+            word_start = !isalpha(ch) && ch < 0x80;
+        }
+    }
+    return r;
+}
+
+static jj_value_t *f_upper(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    return case_map(c, v, 'U');
+}
+
+static jj_value_t *f_lower(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    return case_map(c, v, 'L');
+}
+
+static jj_value_t *f_capitalize(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    return case_map(c, v, 'C');
+}
+
+static jj_value_t *f_title(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    return case_map(c, v, 'T');
+}
+
+/* v's items to filter: attribute= picks each item's attribute (a dotted path). */
+static jj_value_t *attr_of(jj_ctx_t *c, jj_value_t *item, jj_value_t *attr, const jj_node_t *at)
+{
+    if (!attr)
+        return item;
+    if (attr->kind == JV_INT)
+        return jj_getitem(c, item, attr, at);
+    jj_value_t *s = str_of(c, attr);
+    return jj_getitem(c, item, s, at);
+}
+
+static jj_value_t *f_join(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *sep = jj_arg(a, 0, "d");
+    jj_value_t *attr = jj_arg(a, 1, "attribute");
+    jj_value_t *items = jj_iterable(c, v, at);
+    jj_buf_t b = {.c = c};
+    jb_put(&b, "", 0);
+    for (size_t k = 0; k < items->u.list.n; k++) {
+        if (k && sep)
+            jv_write_str(&b, sep);
+        jv_write_str(&b, attr_of(c, items->u.list.items[k], attr, at));
+    }
+    return jb_value(&b);
+}
+
+static jj_value_t *replace(jj_ctx_t *c, jj_value_t *s, jj_value_t *old, jj_value_t *new,
+                           int64_t count)
+{
+    jj_buf_t b = {.c = c};
+    jb_put(&b, "", 0);
+    const char *p = s->u.str.s;
+    size_t n = s->u.str.n, on = old->u.str.n, i = 0;
+    int64_t done = 0;
+    while (i <= n) {
+        if ((count < 0 || done < count) && i + on <= n && memcmp(p + i, old->u.str.s, on) == 0) {
+            jb_put(&b, new->u.str.s, new->u.str.n);
+            done++;
+            if (on == 0) {
+                if (i < n)
+                    jb_put(&b, p + i, 1);
+                i++;
+            } else {
+                i += on;
+            }
+        } else {
+            if (i < n)
+                jb_put(&b, p + i, 1);
+            i++;
+        }
+    }
+    return jb_value(&b);
+}
+
+static jj_value_t *f_replace(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *old = jj_arg(a, 0, "old"), *new = jj_arg(a, 1, "new"), *cnt = jj_arg(a, 2, "count");
+    if (!old || !new)
+        jj_fail(c, at, TDM_EINVALID, "replace() needs two arguments");
+    return replace(c, str_of(c, v), str_of(c, old), str_of(c, new),
+                   cnt && cnt->kind == JV_INT ? cnt->u.i : -1);
+}
+
+static jj_value_t *pair(jj_ctx_t *c, jj_value_t *k, jj_value_t *v)
+{
+    jj_value_t *t = jv_list(c);
+    t->is_tuple = true;
+    jv_push(c, t, k);
+    jv_push(c, t, v);
+    return t;
+}
+
+static jj_value_t *f_items(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    jj_value_t *l = jv_list(c);
+    if (v->kind == JV_UNDEF)
+        return l;
+    if (v->kind != JV_DICT)
+        jj_fail(c, at, TDM_EINVALID, "Can only get item pairs from a mapping.");
+    for (size_t k = 0; k < v->u.dict.n; k++)
+        jv_push(c, l, pair(c, v->u.dict.keys[k], v->u.dict.vals[k]));
+    return l;
+}
+
+/* Stable insertion sort by key (values are few); by_key picks pair[0]. */
+static void sort_values(jj_ctx_t *c, const jj_node_t *at, jj_value_t **items, jj_value_t **keys,
+                        size_t n, bool reverse)
+{
+    for (size_t i = 1; i < n; i++) {
+        jj_value_t *it = items[i], *key = keys[i];
+        size_t j = i;
+        while (j > 0) {
+            int r = jv_compare(c, at, keys[j - 1], key);
+            if (reverse ? r >= 0 : r <= 0)
+                break;
+            items[j] = items[j - 1];
+            keys[j] = keys[j - 1];
+            j--;
+        }
+        items[j] = it;
+        keys[j] = key;
+    }
+}
+
+static jj_value_t *fold_key(jj_ctx_t *c, jj_value_t *k, bool case_sensitive)
+{
+    return !case_sensitive && k->kind == JV_STR ? case_map(c, k, 'L') : k;
+}
+
+static jj_value_t *sorted(jj_ctx_t *c, jj_value_t *items, jj_value_t *attr, bool reverse,
+                          bool case_sensitive, int pair_index, const jj_node_t *at)
+{
+    size_t n = items->u.list.n;
+    jj_value_t *r = jv_list(c);
+    jj_value_t **keys = jj_alloc(&c->arena, (n + 1) * sizeof *keys);
+    if (!keys)
+        jj_fail(c, at, TDM_ERESOURCE, "out of memory");
+    for (size_t k = 0; k < n; k++) {
+        jj_value_t *it = items->u.list.items[k];
+        jv_push(c, r, it);
+        jj_value_t *key = pair_index >= 0 ? it->u.list.items[pair_index] : attr_of(c, it, attr, at);
+        keys[k] = fold_key(c, key, case_sensitive);
+    }
+    sort_values(c, at, r->u.list.items, keys, n, reverse);
+    return r;
+}
+
+static jj_value_t *f_dictsort(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *by = jj_arg(a, 1, "by");
+    int idx = by && jv_is_str(by, "value") ? 1 : 0;
+    return sorted(c, f_items(c, v, a, at), NULL, arg_true(a, 2, "reverse"),
+                  arg_true(a, 0, "case_sensitive"), idx, at);
+}
+
+static jj_value_t *f_sort(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    return sorted(c, jj_iterable(c, v, at), jj_arg(a, 2, "attribute"), arg_true(a, 0, "reverse"),
+                  arg_true(a, 1, "case_sensitive"), -1, at);
+}
+
+static jj_value_t *f_list(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    jj_value_t *items = jj_iterable(c, v, at), *l = jv_list(c);
+    for (size_t k = 0; k < items->u.list.n; k++)
+        jv_push(c, l, items->u.list.items[k]);
+    return l;
+}
+
+static jj_value_t *f_first(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    jj_value_t *items = jj_iterable(c, v, at);
+    return items->u.list.n ? items->u.list.items[0]
+                           : jv_undef(c, "No first item, sequence was empty.");
+}
+
+static jj_value_t *f_last(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    jj_value_t *items = jj_iterable(c, v, at);
+    return items->u.list.n ? items->u.list.items[items->u.list.n - 1]
+                           : jv_undef(c, "No last item, sequence was empty.");
+}
+
+static jj_value_t *f_reverse(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    if (v->kind == JV_STR) {
+        jj_value_t *chars = jj_iterable(c, v, at);
+        jj_buf_t b = {.c = c};
+        jb_put(&b, "", 0);
+        for (size_t k = chars->u.list.n; k-- > 0;)
+            jv_write_str(&b, chars->u.list.items[k]);
+        return jb_value(&b);
+    }
+    jj_value_t *items = jj_iterable(c, v, at), *l = jv_list(c);
+    for (size_t k = items->u.list.n; k-- > 0;)
+        jv_push(c, l, items->u.list.items[k]);
+    return l;
+}
+
+static jj_value_t *f_int(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)at;
+    jj_value_t *d = jj_arg(a, 0, "default");
+    switch (v->kind) {
+    case JV_INT: return v;
+    case JV_BOOL: return jv_int(c, v->u.b);
+    case JV_FLOAT: return jv_int(c, (int64_t)v->u.f);
+    case JV_STR: {
+        char *end;
+        long long i = strtoll(v->u.str.s, &end, 10);
+        if (end != v->u.str.s && *end == 0)
+            return jv_int(c, i);
+        double f = strtod(v->u.str.s, &end);
+        if (end != v->u.str.s && *end == 0)
+            return jv_int(c, (int64_t)f);
+        break;
+    }
+    default: break;
+    }
+    return d ? d : jv_int(c, 0);
+}
+
+static jj_value_t *f_float(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)at;
+    jj_value_t *d = jj_arg(a, 0, "default");
+    if (v->kind == JV_FLOAT)
+        return v;
+    if (v->kind == JV_INT || v->kind == JV_BOOL)
+        return jv_float(c, v->kind == JV_INT ? (double)v->u.i : v->u.b);
+    if (v->kind == JV_STR) {
+        char *end;
+        double f = strtod(v->u.str.s, &end);
+        if (end != v->u.str.s && *end == 0)
+            return jv_float(c, f);
+    }
+    return d ? d : jv_float(c, 0.0);
+}
+
+static jj_value_t *f_abs(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    if (v->kind == JV_INT)
+        return jv_int(c, v->u.i < 0 ? -v->u.i : v->u.i);
+    if (v->kind == JV_FLOAT)
+        return jv_float(c, fabs(v->u.f));
+    jj_fail(c, at, TDM_EINVALID, "TypeError: bad operand type for abs(): '%s'", jv_type_name(v));
+}
+
+static jj_value_t *f_round(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *p = jj_arg(a, 0, "precision");
+    double scale = pow(10.0, p && p->kind == JV_INT ? (double)p->u.i : 0.0);
+    if (v->kind != JV_INT && v->kind != JV_FLOAT)
+        jj_fail(c, at, TDM_EINVALID, "TypeError: round() needs a number");
+    double x = v->kind == JV_INT ? (double)v->u.i : v->u.f;
+    return jv_float(c, nearbyint(x * scale) / scale);
+}
+
+static jj_value_t *f_indent(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)at;
+    jj_value_t *w = jj_arg(a, 0, "width");
+    bool first = arg_true(a, 1, "first"), blank = arg_true(a, 2, "blank");
+    jj_buf_t pad = {.c = c};
+    jb_put(&pad, "", 0);
+    if (w && w->kind == JV_STR)
+        jv_write_str(&pad, w);
+    else
+        for (int64_t k = 0; k < (w && w->kind == JV_INT ? w->u.i : 4); k++)
+            jb_puts(&pad, " ");
+    jj_value_t *s = str_of(c, v);
+    jj_buf_t b = {.c = c};
+    jb_put(&b, "", 0);
+    const char *p = s->u.str.s, *end = p + s->u.str.n;
+    bool at_line_start = true, is_first = true;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (at_line_start && (is_first ? first : (blank || len > 0)))
+            jb_put(&b, pad.p, pad.n);
+        jb_put(&b, p, len);
+        if (nl)
+            jb_puts(&b, "\n");
+        p += len + (nl ? 1 : 0);
+        is_first = false;
+    }
+    return jb_value(&b);
+}
+
+static bool call_test(jj_ctx_t *c, jj_value_t *item, jj_args_t *a, size_t from, const jj_node_t *at)
+{
+    jj_value_t *name = jj_arg(a, from, NULL);
+    if (!name)
+        return jv_truthy(item);
+    jj_args_t rest = {.pos = a->pos + from + 1, .n_pos = a->n_pos - from - 1};
+    return jj_test(c, str_of(c, name)->u.str.s, item, &rest, at);
+}
+
+static jj_value_t *select_items(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at,
+                                bool by_attr, bool want)
+{
+    jj_value_t *l = jv_list(c);
+    l->is_gen = true;
+    if (!jv_truthy(v)) /* jinja2: "if value:" before iterating */
+        return l;
+    jj_value_t *items = jj_iterable(c, v, at);
+    for (size_t k = 0; k < items->u.list.n; k++) {
+        jj_value_t *it = items->u.list.items[k];
+        jj_value_t *x = by_attr ? attr_of(c, it, jj_arg(a, 0, NULL), at) : it;
+        if (call_test(c, x, a, by_attr ? 1 : 0, at) == want)
+            jv_push(c, l, it);
+    }
+    return l;
+}
+
+static jj_value_t *f_selectattr(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    return select_items(c, v, a, at, true, true);
+}
+
+static jj_value_t *f_rejectattr(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    return select_items(c, v, a, at, true, false);
+}
+
+static jj_value_t *f_select(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    return select_items(c, v, a, at, false, true);
+}
+
+static jj_value_t *f_reject(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    return select_items(c, v, a, at, false, false);
+}
+
+static jj_value_t *f_map(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *items = jj_iterable(c, v, at), *l = jv_list(c);
+    jj_value_t *attr = jj_arg(a, 99, "attribute"), *dflt = jj_arg(a, 99, "default");
+    jj_value_t *name = attr ? NULL : jj_arg(a, 0, NULL);
+    l->is_gen = true;
+    jj_args_t rest = {.pos = a->pos + (a->n_pos ? 1 : 0), .n_pos = a->n_pos ? a->n_pos - 1 : 0};
+    for (size_t k = 0; k < items->u.list.n; k++) {
+        jj_value_t *it = items->u.list.items[k];
+        if (attr) {
+            jj_value_t *x = attr_of(c, it, attr, at);
+            jv_push(c, l, x->kind == JV_UNDEF && dflt ? dflt : x);
+        } else if (name) {
+            jv_push(c, l, jj_filter(c, str_of(c, name)->u.str.s, it, &rest, at));
+        } else {
+            jv_push(c, l, it);
+        }
+    }
+    return l;
+}
+
+static jj_value_t *f_unique(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *items = jj_iterable(c, v, at), *l = jv_list(c);
+    jj_value_t *attr = jj_arg(a, 1, "attribute");
+    for (size_t k = 0; k < items->u.list.n; k++) {
+        jj_value_t *x = fold_key(c, attr_of(c, items->u.list.items[k], attr, at),
+                                 arg_true(a, 0, "case_sensitive"));
+        bool seen = false;
+        for (size_t j = 0; j < k && !seen; j++)
+            seen = jv_equal(fold_key(c, attr_of(c, items->u.list.items[j], attr, at),
+                                     arg_true(a, 0, "case_sensitive")),
+                            x);
+        if (!seen)
+            jv_push(c, l, items->u.list.items[k]);
+    }
+    return l;
+}
+
+static jj_value_t *min_max(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at, int sign)
+{
+    jj_value_t *items = jj_iterable(c, v, at);
+    if (!items->u.list.n)
+        return jv_undef(c, "No aggregated item, sequence was empty.");
+    jj_value_t *attr = jj_arg(a, 1, "attribute"), *best = items->u.list.items[0];
+    for (size_t k = 1; k < items->u.list.n; k++) {
+        jj_value_t *it = items->u.list.items[k];
+        if (jv_compare(c, at, attr_of(c, it, attr, at), attr_of(c, best, attr, at)) * sign > 0)
+            best = it;
+    }
+    return best;
+}
+
+static jj_value_t *f_min(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    return min_max(c, v, a, at, -1);
+}
+
+static jj_value_t *f_max(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    return min_max(c, v, a, at, 1);
+}
+
+static jj_value_t *f_wordcount(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    jj_value_t *s = str_of(c, v);
+    int64_t n = 0;
+    bool in_word = false;
+    for (size_t i = 0; i < s->u.str.n; i++) {
+        bool w = isalnum((unsigned char)s->u.str.s[i]) || s->u.str.s[i] == '_' ||
+                 (unsigned char)s->u.str.s[i] >= 0x80;
+        if (w && !in_word)
+            n++;
+        in_word = w;
+    }
+    return jv_int(c, n);
+}
+
+static const struct {
+    const char *name;
+    filter_fn fn;
+} FILTERS[] = {
+    {"tojson", f_tojson},
+    {"length", f_length},
+    {"count", f_length},
+    {"default", f_default},
+    {"d", f_default},
+    {"trim", f_trim},
+    {"string", f_string},
+    {"safe", f_safe},
+    {"upper", f_upper},
+    {"lower", f_lower},
+    {"capitalize", f_capitalize},
+    {"title", f_title},
+    {"join", f_join},
+    {"replace", f_replace},
+    {"items", f_items},
+    {"dictsort", f_dictsort},
+    {"sort", f_sort},
+    {"list", f_list},
+    {"first", f_first},
+    {"last", f_last},
+    {"reverse", f_reverse},
+    {"int", f_int},
+    {"float", f_float},
+    {"abs", f_abs},
+    {"round", f_round},
+    {"indent", f_indent},
+    {"selectattr", f_selectattr},
+    {"rejectattr", f_rejectattr},
+    {"select", f_select},
+    {"reject", f_reject},
+    {"map", f_map},
+    {"unique", f_unique},
+    {"min", f_min},
+    {"max", f_max},
+    {"wordcount", f_wordcount},
+};
+
+jj_value_t *jj_filter(jj_ctx_t *c, const char *name, jj_value_t *v, jj_args_t *args,
+                      const jj_node_t *at)
+{
+    for (size_t k = 0; k < sizeof FILTERS / sizeof FILTERS[0]; k++)
+        if (strcmp(FILTERS[k].name, name) == 0)
+            return FILTERS[k].fn(c, v, args, at);
+    jj_fail(c, at, TDM_EINVALID, "No filter named '%s'.", name);
+}
