@@ -150,6 +150,16 @@ static void test_errors(void **state)
     t = tdm_jinja_new("{% frob %}", 10, "t", &HF, &err);
     assert_null(t);
     assert_string_equal(err.msg, "1:4: Encountered unknown tag 'frob'.");
+    char deep[1000] = "{{ "; /* 300 parentheses deep: refused, not a stack overflow */
+    for (int k = 0; k < 300; k++)
+        strcat(deep, "(");
+    strcat(deep, "1");
+    for (int k = 0; k < 300; k++)
+        strcat(deep, ")");
+    strcat(deep, " }}");
+    t = tdm_jinja_new(deep, strlen(deep), "t", &HF, &err);
+    assert_null(t);
+    assert_non_null(strstr(err.msg, "nested too deeply"));
     expect_error("x\n{{ a.b }}", NULL, TDM_EINVALID, "2:5: 'a' is undefined");
     expect_error("{{ 1 + 'a' }}", NULL, TDM_EINVALID, "unsupported operand");
     expect_error("{% for i in range(100) %}abc{% endfor %}", NULL, TDM_ERESOURCE,

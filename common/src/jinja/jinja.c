@@ -87,17 +87,18 @@ int tdm_jinja_render(const tdm_jinja_t *self, const json_t *context,
     set_limits(c, opt);
     c->err = err;
     int rc = render(c, self, context);
-    if (rc == 0 && !c->out)
-        c->out = calloc(1, 1);
-    if (rc == 0 && !c->out)
-        rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     if (rc == 0) {
-        *out = c->out;
-        *out_len = c->out_len;
-    } else {
-        free(c->out);
-        if (raised)
-            *raised = c->raised;
+        *out = malloc(c->out_len + 1);
+        if (!*out) {
+            rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        } else {
+            if (c->out_len)
+                memcpy(*out, c->out, c->out_len);
+            (*out)[c->out_len] = 0;
+            *out_len = c->out_len;
+        }
+    } else if (raised) {
+        *raised = c->raised;
     }
     jj_arena_free(&c->arena);
     free(c);

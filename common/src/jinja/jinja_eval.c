@@ -32,6 +32,8 @@ static void step(jj_ctx_t *c, const jj_node_t *n)
                 (unsigned long long)c->limits.max_steps);
 }
 
+/* Output lives in the arena (so a failure inside a captured block leaks nothing); it grows by
+ * doubling, so the copies left behind add up to less than the output itself. */
 static void emit(jj_ctx_t *c, const jj_node_t *at, const char *s, size_t n)
 {
     if (c->out_len + n > c->limits.max_output_bytes)
@@ -41,9 +43,11 @@ static void emit(jj_ctx_t *c, const jj_node_t *at, const char *s, size_t n)
         size_t cap = c->out_cap ? c->out_cap : 4096;
         while (cap < c->out_len + n + 1)
             cap *= 2;
-        char *p = realloc(c->out, cap);
+        char *p = jj_alloc(&c->arena, cap);
         if (!p)
             jj_fail(c, at, TDM_ERESOURCE, "out of memory");
+        if (c->out_len)
+            memcpy(p, c->out, c->out_len);
         c->out = p;
         c->out_cap = cap;
     }
@@ -490,8 +494,9 @@ static jj_value_t *capture(jj_ctx_t *c, const jj_node_t *body)
     c->out = NULL;
     c->out_len = c->out_cap = 0;
     jj_exec(c, body);
-    jj_value_t *v = jv_str(c, c->out ? c->out : "", c->out_len);
-    free(c->out);
+    jj_value_t *v = jv_new(c, JV_STR);
+    v->u.str.s = c->out ? c->out : "";
+    v->u.str.n = c->out_len;
     c->out = out;
     c->out_len = len;
     c->out_cap = cap;

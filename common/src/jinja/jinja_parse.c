@@ -11,6 +11,7 @@ typedef struct parser {
     jj_arena_t *arena;
     jj_lex_t lx;
     size_t i;
+    unsigned depth; /* nesting of expressions and blocks now being parsed */
     jmp_buf fail;
     int code;
     tdm_error_t *err;
@@ -35,6 +36,15 @@ _Noreturn static void pfail(parser_t *p, const jj_token_t *t, const char *fmt, .
     jj_where(p->lx.src, t->off, &line, &col);
     p->code = tdm_error_set(p->err, TDM_EINVALID, "%d:%d: %s", line, col, msg);
     longjmp(p->fail, 1);
+}
+
+/* Nesting bound: the parser and the renderer recurse once per level. */
+#define JJ_MAX_NESTING 200
+
+static void enter(parser_t *p)
+{
+    if (++p->depth > JJ_MAX_NESTING)
+        pfail(p, cur(p), "template nested too deeply (more than %d levels)", JJ_MAX_NESTING);
 }
 
 static void *palloc(parser_t *p, size_t n)
@@ -491,7 +501,9 @@ static jj_node_t *parse_unary(parser_t *p, bool with_filter)
     jj_node_t *n;
     if (accept_op(p, "-") || accept_op(p, "+")) {
         n = node(p, t->s[0] == '-' ? JN_NEG : JN_POS, t);
+        enter(p);
         n->a = parse_unary(p, false);
+        p->depth--;
     } else {
         n = parse_primary(p);
     }
@@ -627,6 +639,7 @@ static jj_node_t *parse_or(parser_t *p)
 
 static jj_node_t *parse_expr(parser_t *p)
 {
+    enter(p);
     jj_node_t *n = parse_or(p);
     for (const jj_token_t *t = cur(p); accept_name(p, "if"); t = cur(p)) {
         jj_node_t *c = node(p, JN_COND, t);
@@ -636,6 +649,7 @@ static jj_node_t *parse_expr(parser_t *p)
             c->c = parse_expr(p);
         n = c;
     }
+    p->depth--;
     return n;
 }
 
@@ -840,6 +854,7 @@ static bool in_ends(const jj_token_t *t, const char *const *ends)
 /* Statements up to a block tag named in ends (left at its name) or the end of the source. */
 static jj_node_t *parse_body(parser_t *p, const char *const *ends)
 {
+    enter(p);
     jj_node_t *body = node(p, JN_BODY, cur(p));
     for (;;) {
         const jj_token_t *t = cur(p);
@@ -849,6 +864,7 @@ static jj_node_t *parse_body(parser_t *p, const char *const *ends)
                       "Unexpected end of template. Jinja was looking for the following "
                       "tags: '%s'.",
                       ends[0]);
+            p->depth--;
             return body;
         }
         p->i++;
@@ -866,8 +882,10 @@ static jj_node_t *parse_body(parser_t *p, const char *const *ends)
             p->i++;
             add_kid(p, body, n);
         } else if (t->kind == JT_BLOCK_BEGIN) {
-            if (in_ends(cur(p), ends))
+            if (in_ends(cur(p), ends)) {
+                p->depth--;
                 return body;
+            }
             add_kid(p, body, parse_statement(p));
         } else {
             pfail(p, t, "unexpected token");
