@@ -73,6 +73,10 @@ static void test_values(void **state)
     expect("{{ 'b' > 'a' }} {{ [] or 'x' }} {{ 0 and 1 }} {{ not '' }}", NULL, "True x 0 True");
     expect("{{ 'a' in 'cat' }} {{ 2 not in [1] }} {{ 'k' in {'k': 1} }}", NULL, "True True True");
     expect("{{ 'y' if 1 > 2 else 'n' }}{{ 'z' if false }}", NULL, "n");
+    expect("{{ 1 < 2 < 3 }} {{ 1 < 3 < 2 }} {{ '%s-%d%%' % ('a', 3) }} {{ [x] }}", NULL,
+           "True False a-3% [Undefined]");
+    expect("{{ '<a>' | e }} {{ ('<a>' | safe) + '<b>' }} {{ 'a,b,c'.rsplit(',', 1) }}", NULL,
+           "&lt;a&gt; <a>&lt;b&gt; ['a,b', 'c']");
 }
 
 static void test_statements(void **state)
@@ -82,6 +86,7 @@ static void test_statements(void **state)
            "{% endfor %}",
            NULL, "11,22,33");
     expect("{% for x in [] %}a{% else %}empty{% endfor %}", NULL, "empty");
+    expect("{% for x in 'abc' %}{{ loop.cycle('+', '-') }}{% endfor %}", NULL, "+-+");
     expect("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}",
            "{\"d\": {\"b\": 1, \"a\": 2}}", "b=1;a=2;");
     expect("{% for x in [1,2,3,4] if x is even %}{{ x }}{{ loop.length }}{% endfor %}", NULL,
@@ -146,7 +151,7 @@ static void test_errors(void **state)
     assert_non_null(strstr(err.msg, "2:"));
     t = tdm_jinja_new("{{ 1 + }}", 9, "t", &HF, &err);
     assert_null(t);
-    assert_string_equal(err.msg, "1:8: unexpected '}}'");
+    assert_string_equal(err.msg, "1:8: Expected an expression, got 'end of print statement'");
     t = tdm_jinja_new("{% frob %}", 10, "t", &HF, &err);
     assert_null(t);
     assert_string_equal(err.msg, "1:4: Encountered unknown tag 'frob'.");

@@ -207,6 +207,36 @@ static jj_value_t *m_split(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_no
     }
 }
 
+static jj_value_t *m_rsplit(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_node_t *at)
+{
+    jj_value_t *sep = jj_arg(a, 0, "sep"), *mx = jj_arg(a, 1, "maxsplit");
+    int64_t max = mx && mx->kind == JV_INT ? mx->u.i : -1;
+    if (max < 0) /* no bound: the same parts as split */
+        return m_split(c, s, a, at);
+    if (!sep || sep->kind == JV_NONE)
+        jj_fail(c, at, TDM_EINVALID, "rsplit() on whitespace with maxsplit is not supported");
+    need_str(c, sep, at);
+    jj_value_t *parts = jv_list(c);
+    const char *p = s->u.str.s, *end = p + s->u.str.n;
+    size_t sn = sep->u.str.n;
+    while (max > 0 && sn && (size_t)(end - p) >= sn) {
+        const char *hit = NULL;
+        for (const char *q = end - sn; q >= p && !hit; q--)
+            if (memcmp(q, sep->u.str.s, sn) == 0)
+                hit = q;
+        if (!hit)
+            break;
+        jv_push(c, parts, jv_str(c, hit + sn, (size_t)(end - hit - (ptrdiff_t)sn)));
+        end = hit;
+        max--;
+    }
+    jv_push(c, parts, jv_str(c, p, (size_t)(end - p)));
+    jj_value_t *l = jv_list(c);
+    for (size_t k = parts->u.list.n; k-- > 0;)
+        jv_push(c, l, parts->u.list.items[k]);
+    return l;
+}
+
 static bool affix(jj_value_t *s, jj_value_t *x, bool start)
 {
     if (x->kind != JV_STR || x->u.str.n > s->u.str.n)
@@ -364,9 +394,11 @@ static jj_value_t *m_format(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_n
             jj_fail(c, at, TDM_EINVALID, "ValueError: Single '{' encountered in format string");
         char field[64];
         snprintf(field, sizeof field, "%.*s", (int)(close - p - 1), p + 1);
-        char *colon = strchr(field, ':');
-        if (colon)
-            *colon = 0;
+        if (strchr(field, ':') || strchr(field, '!'))
+            jj_fail(c, at, TDM_EINVALID,
+                    "str.format: format specs and conversions ('%s') are "
+                    "not supported",
+                    field);
         jj_value_t *v = NULL;
         if (!field[0])
             v = jj_arg(a, auto_index++, NULL);
@@ -432,6 +464,7 @@ static const method_t METHODS[] = {
     {JV_STR, "lstrip", m_lstrip},
     {JV_STR, "rstrip", m_rstrip},
     {JV_STR, "split", m_split},
+    {JV_STR, "rsplit", m_rsplit},
     {JV_STR, "startswith", m_startswith},
     {JV_STR, "endswith", m_endswith},
     {JV_STR, "upper", m_upper},
@@ -550,6 +583,65 @@ static jj_value_t *g_dict(jj_ctx_t *c, jj_value_t *self, jj_args_t *a, const jj_
     (void)self;
     (void)at;
     return make_mapping(c, a, JV_DICT);
+}
+
+jj_value_t *jj_loop_cycle(jj_ctx_t *c, jj_value_t *self, jj_args_t *args, const jj_node_t *at)
+{
+    if (args->n_pos == 0)
+        jj_fail(c, at, TDM_EINVALID, "TypeError: no items for cycling given");
+    return args->pos[(size_t)self->u.i % args->n_pos];
+}
+
+/* One %-conversion of v into b. */
+static void percent_one(jj_ctx_t *c, jj_buf_t *b, char conv, jj_value_t *v, const jj_node_t *at)
+{
+    char num[64];
+    if (conv == 's') {
+        jv_write_str(b, v);
+    } else if (conv == 'r') {
+        jv_write_repr(b, v);
+    } else if ((conv == 'd' || conv == 'i') &&
+               (v->kind == JV_INT || v->kind == JV_BOOL || v->kind == JV_FLOAT)) {
+        long long i = v->kind == JV_FLOAT  ? (long long)v->u.f
+                      : v->kind == JV_BOOL ? v->u.b
+                                           : (long long)v->u.i;
+        snprintf(num, sizeof num, "%lld", i);
+        jb_puts(b, num);
+    } else if (conv == 'f' && (v->kind == JV_INT || v->kind == JV_FLOAT)) {
+        snprintf(num, sizeof num, "%f", v->kind == JV_INT ? (double)v->u.i : v->u.f);
+        jb_puts(b, num);
+    } else {
+        jj_fail(c, at, TDM_EINVALID, "TypeError: unsupported format character '%c' for %s", conv,
+                jv_type_name(v));
+    }
+}
+
+jj_value_t *jj_percent_format(jj_ctx_t *c, jj_value_t *fmt, jj_value_t *args, const jj_node_t *at)
+{
+    bool tuple = args->kind == JV_LIST && args->is_tuple;
+    size_t n = tuple ? args->u.list.n : 1, used = 0;
+    jj_buf_t b = {.c = c};
+    jb_put(&b, "", 0);
+    for (size_t i = 0; i < fmt->u.str.n; i++) {
+        char ch = fmt->u.str.s[i];
+        if (ch != '%' || i + 1 >= fmt->u.str.n) {
+            jb_put(&b, &ch, 1);
+            continue;
+        }
+        char conv = fmt->u.str.s[++i];
+        if (conv == '%') {
+            jb_put(&b, "%", 1);
+            continue;
+        }
+        if (used >= n)
+            jj_fail(c, at, TDM_EINVALID, "TypeError: not enough arguments for format string");
+        percent_one(c, &b, conv, tuple ? args->u.list.items[used] : args, at);
+        used++;
+    }
+    if (used < n)
+        jj_fail(c, at, TDM_EINVALID,
+                "TypeError: not all arguments converted during string formatting");
+    return jb_value(&b);
 }
 
 void jj_add_globals(jj_ctx_t *c, jj_value_t *globals)

@@ -290,7 +290,7 @@ static int64_t inum(const jj_value_t *v)
 }
 
 /* s as markupsafe's escape() writes it (& < > ' " as entities). */
-static void put_escaped(jj_buf_t *b, const jj_value_t *s)
+void jj_put_escaped(jj_buf_t *b, const jj_value_t *s)
 {
     for (size_t i = 0; i < s->u.str.n; i++) {
         char ch = s->u.str.s[i];
@@ -315,11 +315,11 @@ static jj_value_t *concat_seq(jj_ctx_t *c, jj_value_t *a, jj_value_t *b)
         jj_buf_t buf = {.c = c};
         jb_put(&buf, "", 0);
         if (safe && !a->is_safe)
-            put_escaped(&buf, a);
+            jj_put_escaped(&buf, a);
         else
             jb_put(&buf, a->u.str.s, a->u.str.n);
         if (safe && !b->is_safe)
-            put_escaped(&buf, b);
+            jj_put_escaped(&buf, b);
         else
             jb_put(&buf, b->u.str.s, b->u.str.n);
         jj_value_t *r = jb_value(&buf);
@@ -434,6 +434,8 @@ static jj_value_t *binop(jj_ctx_t *c, const jj_node_t *n, jj_value_t *a, jj_valu
         return repeat(c, a, b->u.i);
     if (op == '*' && (b->kind == JV_STR || b->kind == JV_LIST) && a->kind == JV_INT)
         return repeat(c, b, a->u.i);
+    if (op == '%' && a->kind == JV_STR)
+        return jj_percent_format(c, a, b, n);
     if (op == '+' && a->kind == JV_STR)
         jj_fail(c, n, TDM_EINVALID, "TypeError: can only concatenate str (not \"%s\") to str",
                 jv_type_name(b));
@@ -708,6 +710,11 @@ static void set_loop(jj_ctx_t *c, jj_value_t *items, size_t k)
             k ? items->u.list.items[k - 1] : jv_undef(c, "there is no previous item"));
     jv_setc(c, loop, "nextitem",
             k + 1 < n ? items->u.list.items[k + 1] : jv_undef(c, "there is no next item"));
+    jj_value_t *cycle = jv_new(c, JV_FUNC);
+    cycle->u.func.fn = jj_loop_cycle;
+    cycle->u.func.self = jv_int(c, (int64_t)k);
+    cycle->u.func.name = "cycle";
+    jv_setc(c, loop, "cycle", cycle);
     scope_set(c, "loop", loop);
 }
 

@@ -130,6 +130,20 @@ static jj_value_t *f_safe(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_nod
     return r;
 }
 
+static jj_value_t *f_escape(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
+{
+    (void)a;
+    (void)at;
+    if (v->kind == JV_STR && v->is_safe)
+        return v;
+    jj_buf_t b = {.c = c};
+    jb_put(&b, "", 0);
+    jj_put_escaped(&b, jv_to_str(c, v));
+    jj_value_t *r = jb_value(&b);
+    r->is_safe = true;
+    return r;
+}
+
 static jj_value_t *case_map(jj_ctx_t *c, jj_value_t *v, int mode)
 {
     jj_value_t *s = str_of(c, v);
@@ -593,6 +607,8 @@ static const struct {
     {"trim", f_trim},
     {"string", f_string},
     {"safe", f_safe},
+    {"e", f_escape},
+    {"escape", f_escape},
     {"upper", f_upper},
     {"lower", f_lower},
     {"capitalize", f_capitalize},

@@ -222,7 +222,14 @@ jj_value_t *jj_getattr(jj_ctx_t *c, jj_value_t *obj, const char *name, const jj_
 jj_value_t *jj_getitem(jj_ctx_t *c, jj_value_t *obj, jj_value_t *key, const jj_node_t *at);
 jj_value_t *jj_iterable(jj_ctx_t *c, jj_value_t *v, const jj_node_t *at); /* as a list */
 
+/* s as markupsafe's escape() writes it (& < > ' " as entities) into b. */
+void jj_put_escaped(jj_buf_t *b, const jj_value_t *s);
+
 /* builtins (jinja_builtins.c) */
+/* fmt % args (a tuple, or one value) with %s %r %d %i %f %%, as Python's str % formatting. */
+jj_value_t *jj_percent_format(jj_ctx_t *c, jj_value_t *fmt, jj_value_t *args, const jj_node_t *at);
+/* loop.cycle(a, b, ...): self is the loop's index0. */
+jj_value_t *jj_loop_cycle(jj_ctx_t *c, jj_value_t *self, jj_args_t *args, const jj_node_t *at);
 jj_value_t *jj_filter(jj_ctx_t *c, const char *name, jj_value_t *v, jj_args_t *args,
                       const jj_node_t *at);
 bool jj_test(jj_ctx_t *c, const char *name, jj_value_t *v, jj_args_t *args, const jj_node_t *at);

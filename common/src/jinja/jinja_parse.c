@@ -360,8 +360,8 @@ static jj_node_t *parse_primary(parser_t *p)
         return parse_seq(p, t, JN_LIST, "]");
     if (accept_op(p, "{"))
         return parse_seq(p, t, JN_DICT, "}");
-    if (t->kind == JT_VAR_END || t->kind == JT_BLOCK_END)
-        pfail(p, t, "unexpected '%s'", t->kind == JT_VAR_END ? "}}" : "%}");
+    if (t->kind == JT_VAR_END || t->kind == JT_BLOCK_END || t->kind == JT_EOF)
+        pfail(p, t, "Expected an expression, got '%s'", describe(t)); /* jinja2's words */
     pfail(p, t, "unexpected '%.*s'", t->s ? (int)t->n : (int)strlen(describe(t)),
           t->s ? t->s : describe(t));
 }
@@ -584,21 +584,30 @@ static int compare_op(parser_t *p, bool *negate)
     return 0;
 }
 
+/* a < b < c is (a < b) and (b < c), as in Python (b is evaluated twice here). */
 static jj_node_t *parse_compare(parser_t *p)
 {
-    jj_node_t *n = parse_math1(p);
+    jj_node_t *n = parse_math1(p), *chain = NULL, *left = n;
     for (;;) {
         const jj_token_t *t = cur(p);
         bool negate;
         int op = compare_op(p, &negate);
         if (!op)
-            return n;
+            return chain ? chain : n;
         jj_node_t *c = node(p, JN_CMP, t);
         c->op = op;
         c->negate = negate;
-        c->a = n;
+        c->a = left;
         c->b = parse_math1(p);
-        n = c;
+        left = c->b;
+        if (chain) {
+            jj_node_t *both = node(p, JN_AND, t);
+            both->a = chain;
+            both->b = c;
+            chain = both;
+        } else {
+            chain = c;
+        }
     }
 }
 

@@ -456,6 +456,7 @@ void jv_write_repr(jj_buf_t *b, const jj_value_t *v)
     case JV_STR: write_str_repr(b, v); return;
     case JV_LIST:
     case JV_DICT: write_container_repr(b, v); return;
+    case JV_UNDEF: jb_puts(b, "Undefined"); return;
     case JV_NS:
         jb_puts(b, "<Namespace ");
         write_container_repr(b, v);
