@@ -171,6 +171,10 @@ static void test_errors(void **state)
                  "1:26: template output limit (64 bytes) exceeded");
     expect_error("{% for i in range(100000) %}{% endfor %}", NULL, TDM_ERESOURCE,
                  "step limit (10000) exceeded");
+    expect_error("{{ 9223372036854775807 + 1 }}", NULL, TDM_EINVALID, "OverflowError");
+    expect_error("{{ 'ab' * 1000000000000 }}", NULL, TDM_ERESOURCE, "output limit");
+    expect_error("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", NULL, TDM_ERESOURCE,
+                 "nested too deeply");
     expect_error("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", NULL, TDM_ERESOURCE,
                  "recursion depth limit (20) exceeded");
     /* raise_exception: the message alone, and reported as raised */

@@ -348,12 +348,55 @@ static const char *op_name(int op)
     }
 }
 
+/* Python's integers are unbounded, Tandem's are 64-bit: a result that does not fit fails. */
+_Noreturn static void int_overflow(jj_ctx_t *c, const jj_node_t *n)
+{
+    jj_fail(c, n, TDM_EINVALID, "OverflowError: integer result out of 64-bit range");
+}
+
+static int64_t int_pow(jj_ctx_t *c, const jj_node_t *n, int64_t x, int64_t y)
+{
+    if (x == 0 || x == 1)
+        return y == 0 ? 1 : x;
+    if (x == -1)
+        return y % 2 ? -1 : 1;
+    int64_t r = 1;
+    for (int64_t k = 0; k < y; k++)
+        if (__builtin_mul_overflow(r, x, &r))
+            int_overflow(c, n);
+    return r;
+}
+
+static jj_value_t *int_divmod(jj_ctx_t *c, const jj_node_t *n, int op, int64_t x, int64_t y)
+{
+    if (y == 0)
+        jj_fail(c, n, TDM_EINVALID, "ZeroDivisionError: integer division or modulo by zero");
+    if (x == INT64_MIN && y == -1)
+        return op == 'F' ? (int_overflow(c, n), NULL) : jv_int(c, 0);
+    int64_t q = x / y, r = x % y;
+    if (r != 0 && ((r < 0) != (y < 0))) { /* Python floors */
+        q--;
+        r += y;
+    }
+    return jv_int(c, op == 'F' ? q : r);
+}
+
 static jj_value_t *int_op(jj_ctx_t *c, const jj_node_t *n, int op, int64_t x, int64_t y)
 {
+    int64_t r = 0;
     switch (op) {
-    case '+': return jv_int(c, x + y);
-    case '-': return jv_int(c, x - y);
-    case '*': return jv_int(c, x * y);
+    case '+':
+        if (__builtin_add_overflow(x, y, &r))
+            int_overflow(c, n);
+        return jv_int(c, r);
+    case '-':
+        if (__builtin_sub_overflow(x, y, &r))
+            int_overflow(c, n);
+        return jv_int(c, r);
+    case '*':
+        if (__builtin_mul_overflow(x, y, &r))
+            int_overflow(c, n);
+        return jv_int(c, r);
     case '/':
         if (y == 0)
             jj_fail(c, n, TDM_EINVALID, "ZeroDivisionError: division by zero");
@@ -361,23 +404,8 @@ static jj_value_t *int_op(jj_ctx_t *c, const jj_node_t *n, int op, int64_t x, in
     case 'P':
         if (y < 0)
             return jv_float(c, pow((double)x, (double)y));
-        {
-            int64_t r = 1;
-            for (int64_t k = 0; k < y && k < 64; k++)
-                r *= x;
-            return jv_int(c, r);
-        }
-    default:
-        if (y == 0)
-            jj_fail(c, n, TDM_EINVALID, "ZeroDivisionError: integer division or modulo by zero");
-        {
-            int64_t q = x / y, r = x % y;
-            if (r != 0 && ((r < 0) != (y < 0))) {
-                q--;
-                r += y;
-            }
-            return jv_int(c, op == 'F' ? q : r);
-        }
+        return jv_int(c, int_pow(c, n, x, y));
+    default: return int_divmod(c, n, op, x, y);
     }
 }
 
@@ -401,11 +429,26 @@ static jj_value_t *float_op(jj_ctx_t *c, const jj_node_t *n, int op, double x, d
     }
 }
 
-static jj_value_t *repeat(jj_ctx_t *c, jj_value_t *seq, int64_t times)
+/* seq * times, refused when the result would pass the output limit. */
+static jj_value_t *repeat(jj_ctx_t *c, const jj_node_t *n, jj_value_t *seq, int64_t times)
 {
-    jj_value_t *r = seq->kind == JV_STR ? jv_str(c, "", 0) : jv_list(c);
+    size_t len = seq->kind == JV_STR ? seq->u.str.n : seq->u.list.n, total;
+    if (times < 0)
+        times = 0;
+    if (__builtin_mul_overflow(len, (size_t)times, &total) || total > c->limits.max_output_bytes)
+        jj_fail(c, n, TDM_ERESOURCE, "template output limit (%zu bytes) exceeded",
+                c->limits.max_output_bytes);
+    if (seq->kind == JV_STR) {
+        jj_buf_t b = {.c = c};
+        jb_put(&b, "", 0);
+        for (int64_t k = 0; k < times; k++)
+            jb_put(&b, seq->u.str.s, seq->u.str.n);
+        return jb_value(&b);
+    }
+    jj_value_t *r = jv_list(c);
     for (int64_t k = 0; k < times; k++)
-        r = concat_seq(c, r, seq);
+        for (size_t i = 0; i < len; i++)
+            jv_push(c, r, seq->u.list.items[i]);
     return r;
 }
 
@@ -431,9 +474,9 @@ static jj_value_t *binop(jj_ctx_t *c, const jj_node_t *n, jj_value_t *a, jj_valu
     if (op == '+' && a->kind == b->kind && (a->kind == JV_STR || a->kind == JV_LIST))
         return concat_seq(c, a, b);
     if (op == '*' && (a->kind == JV_STR || a->kind == JV_LIST) && b->kind == JV_INT)
-        return repeat(c, a, b->u.i);
+        return repeat(c, n, a, b->u.i);
     if (op == '*' && (b->kind == JV_STR || b->kind == JV_LIST) && a->kind == JV_INT)
-        return repeat(c, b, a->u.i);
+        return repeat(c, n, b, a->u.i);
     if (op == '%' && a->kind == JV_STR)
         return jj_percent_format(c, a, b, n);
     if (op == '+' && a->kind == JV_STR)
@@ -601,7 +644,11 @@ static jj_value_t *eval_unary(jj_ctx_t *c, const jj_node_t *n)
                 n->kind == JN_NEG ? "-" : "+", jv_type_name(v));
     if (n->kind == JN_POS)
         return v->kind == JV_BOOL ? jv_int(c, v->u.b) : v;
-    return v->kind == JV_FLOAT ? jv_float(c, -v->u.f) : jv_int(c, -inum(v));
+    if (v->kind == JV_FLOAT)
+        return jv_float(c, -v->u.f);
+    if (inum(v) == INT64_MIN)
+        int_overflow(c, n);
+    return jv_int(c, -inum(v));
 }
 
 jj_value_t *jj_eval(jj_ctx_t *c, const jj_node_t *n)

@@ -202,7 +202,8 @@ typedef struct jj_buf {
     jj_ctx_t *c;
     char *p;
     size_t n, cap;
-    bool ascii; /* jv_write_json: ensure_ascii */
+    bool ascii;     /* jv_write_json: ensure_ascii */
+    unsigned depth; /* containers being written (a namespace may hold itself) */
 } jj_buf_t;
 
 void jb_put(jj_buf_t *b, const char *s, size_t n);

@@ -401,6 +401,8 @@ static jj_node_t *parse_subscript(parser_t *p, jj_node_t *obj, const jj_token_t 
         }
         break;
     }
+    if (!slice && !parts[0])
+        pfail(p, cur(p), "Expected an expression, got '%s'", describe(cur(p)));
     expect_op(p, "]");
     jj_node_t *n = node(p, slice ? JN_SLICE : JN_ITEM, t);
     n->a = obj;

@@ -427,8 +427,16 @@ static void write_str_repr(jj_buf_t *b, const jj_value_t *v)
     jb_put(b, &q, 1);
 }
 
+/* Enters one more container level of b; fails past 500 (a namespace holding itself). */
+static void nest(jj_buf_t *b)
+{
+    if (++b->depth > 500)
+        jj_fail(b->c, NULL, TDM_ERESOURCE, "value nested too deeply to write (over 500 levels)");
+}
+
 static void write_container_repr(jj_buf_t *b, const jj_value_t *v)
 {
+    nest(b);
     if (v->kind == JV_LIST) {
         jb_puts(b, v->is_tuple ? "(" : "[");
         for (size_t k = 0; k < v->u.list.n; k++) {
@@ -437,6 +445,7 @@ static void write_container_repr(jj_buf_t *b, const jj_value_t *v)
             jv_write_repr(b, v->u.list.items[k]);
         }
         jb_puts(b, v->is_tuple ? (v->u.list.n == 1 ? ",)" : ")") : "]");
+        b->depth--;
         return;
     }
     jb_puts(b, "{");
@@ -448,6 +457,7 @@ static void write_container_repr(jj_buf_t *b, const jj_value_t *v)
         jv_write_repr(b, v->u.dict.vals[k]);
     }
     jb_puts(b, "}");
+    b->depth--;
 }
 
 void jv_write_repr(jj_buf_t *b, const jj_value_t *v)
@@ -548,6 +558,8 @@ static void json_newline(jj_buf_t *b, int indent, int level)
 
 static int write_json_container(jj_buf_t *b, const jj_value_t *v, int indent, int level)
 {
+    if (level > 500)
+        jj_fail(b->c, NULL, TDM_ERESOURCE, "value nested too deeply to write (over 500 levels)");
     bool list = v->kind == JV_LIST;
     size_t n = list ? v->u.list.n : v->u.dict.n;
     jb_puts(b, list ? "[" : "{");
