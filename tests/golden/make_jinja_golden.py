@@ -58,6 +58,18 @@ CONVERSATIONS = [
          "reasoning_content": "17 has no divisors between 2 and 4."},
         {"role": "user", "content": "And 21?"}]}, [True]),
     ("user_only", {"messages": [{"role": "user", "content": "Hi"}]}, [True, False]),
+    ("content_parts", {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Describe"},
+                                     {"type": "text", "text": "this"}]}]}, [True]),
+    ("parallel_calls", {"messages": [
+        {"role": "user", "content": "Weather in Oslo and Rome?"},
+        {"role": "assistant", "content": "Checking both.", "tool_calls": [
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": {
+                "city": "Oslo", "days": 3, "scale": 1.5, "metric": True, "extra": [1, None]}}},
+            {"id": "call_3", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "snow"},
+        {"role": "tool", "tool_call_id": "call_3", "content": "sun"}], "tools": TOOLS}, [True]),
 ]
 
 

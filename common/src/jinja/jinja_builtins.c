@@ -108,7 +108,7 @@ bool jj_test(jj_ctx_t *c, const char *name, jj_value_t *v, jj_args_t *args, cons
         }
         return true;
     }
-    jj_fail(c, at, TDM_EINVALID, "No test named '%s'.", name);
+    jj_fail(c, at, TDM_EINVALID, "No test named '%s' found.", name);
 }
 
 /* ---- methods ---- */

@@ -186,6 +186,21 @@ static jj_value_t *eval_slice(jj_ctx_t *c, const jj_node_t *n)
     jj_fail(c, n, TDM_EINVALID, "TypeError: '%s' object is not subscriptable", jv_type_name(obj));
 }
 
+/* jinja2's Undefined hint for obj[key] with a key that is not a string. */
+static const char *no_element(jj_ctx_t *c, const jj_value_t *obj, const jj_value_t *key)
+{
+    jj_buf_t b = {.c = c};
+    if (obj->kind == JV_NONE) {
+        jb_puts(&b, "None");
+    } else {
+        jb_puts(&b, jv_type_name(obj));
+        jb_puts(&b, " object");
+    }
+    jb_puts(&b, " has no element ");
+    jv_write_repr(&b, key);
+    return b.p;
+}
+
 jj_value_t *jj_getitem(jj_ctx_t *c, jj_value_t *obj, jj_value_t *key, const jj_node_t *at)
 {
     if (obj->kind == JV_UNDEF)
@@ -196,26 +211,21 @@ jj_value_t *jj_getitem(jj_ctx_t *c, jj_value_t *obj, jj_value_t *key, const jj_n
             return v;
         if (key->kind == JV_STR)
             return jj_getattr(c, obj, key->u.str.s, at);
-        return jv_undef(c, "'dict object' has no attribute");
+        return jv_undef(c, no_element(c, obj, key));
     }
     if ((obj->kind == JV_LIST || obj->kind == JV_STR) && (key->kind == JV_INT)) {
         size_t *offs = NULL;
         size_t len = obj->kind == JV_LIST ? obj->u.list.n : utf8_offsets(c, obj, &offs);
         int64_t i = key->u.i < 0 ? key->u.i + (int64_t)len : key->u.i;
-        if (i < 0 || i >= (int64_t)len) {
-            jj_buf_t b = {.c = c};
-            jb_puts(&b, obj->kind == JV_LIST ? "list object has no element "
-                                             : "str object has no element ");
-            jv_write_str(&b, key);
-            return jv_undef(c, b.p);
-        }
+        if (i < 0 || i >= (int64_t)len)
+            return jv_undef(c, no_element(c, obj, key));
         if (obj->kind == JV_LIST)
             return obj->u.list.items[i];
         return jv_str(c, obj->u.str.s + offs[i], offs[i + 1] - offs[i]);
     }
     if (key->kind == JV_STR)
         return jj_getattr(c, obj, key->u.str.s, at);
-    return jv_undef(c, "no such element");
+    return jv_undef(c, no_element(c, obj, key));
 }
 
 jj_value_t *jj_iterable(jj_ctx_t *c, jj_value_t *v, const jj_node_t *at)

@@ -273,7 +273,7 @@ static jj_value_t *f_items(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_no
     if (v->kind == JV_UNDEF)
         return l;
     if (v->kind != JV_DICT)
-        jj_fail(c, at, TDM_EINVALID, "Can only get item pairs from a mapping.");
+        jj_fail(c, at, TDM_EINVALID, "TypeError: Can only get item pairs from a mapping.");
     for (size_t k = 0; k < v->u.dict.n; k++)
         jv_push(c, l, pair(c, v->u.dict.keys[k], v->u.dict.vals[k]));
     return l;
@@ -644,5 +644,5 @@ jj_value_t *jj_filter(jj_ctx_t *c, const char *name, jj_value_t *v, jj_args_t *a
     for (size_t k = 0; k < sizeof FILTERS / sizeof FILTERS[0]; k++)
         if (strcmp(FILTERS[k].name, name) == 0)
             return FILTERS[k].fn(c, v, args, at);
-    jj_fail(c, at, TDM_EINVALID, "No filter named '%s'.", name);
+    jj_fail(c, at, TDM_EINVALID, "No filter named '%s' found.", name);
 }
