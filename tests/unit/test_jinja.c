@@ -3,6 +3,7 @@
  * made by tests/golden/make_jinja_golden.py; the templates themselves come from scripts/setup's
  * cache, ${XDG_CACHE_HOME:-$HOME/.cache}/tandem/templates/, and the test skips without them). */
 #include <jansson.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +140,15 @@ static void test_filters_methods(void **state)
     expect("{{ d.get('a') }} {{ d.get('z', 0) }} {{ d.keys() | list }}", "{\"d\": {\"a\": 1}}",
            "1 0 ['a']");
     expect("{{ strftime_now('%Y-%m-%d') }}", NULL, "1970-01-01");
+    expect("{{ 'hello_world-x' | title }} {{ 'hello_world-x'.title() }}", NULL,
+           "Hello_world-X Hello_World-X");
+    /* beyond ASCII through the C.UTF-8 locale's mappings, where the system has it */
+    locale_t loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+    if (loc) {
+        expect("{{ 'héllo wörld' | title }} {{ 'ÉCOLE' | lower }} {{ 'ñu'.upper() }}", NULL,
+               "Héllo Wörld école ÑU");
+        freelocale(loc);
+    }
 }
 
 static void test_errors(void **state)

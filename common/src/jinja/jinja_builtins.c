@@ -272,34 +272,32 @@ static jj_value_t *m_endswith(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj
     return affix_method(c, s, a, at, false);
 }
 
-static jj_value_t *m_case(jj_ctx_t *c, jj_value_t *s, const char *filter, const jj_node_t *at)
-{
-    jj_args_t none = {0};
-    return jj_filter(c, filter, s, &none, at);
-}
-
 static jj_value_t *m_upper(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
-    return m_case(c, s, "upper", at);
+    (void)at;
+    return jj_case_map(c, s, 'U');
 }
 
 static jj_value_t *m_lower(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
-    return m_case(c, s, "lower", at);
+    (void)at;
+    return jj_case_map(c, s, 'L');
 }
 
 static jj_value_t *m_title(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
-    return m_case(c, s, "title", at);
+    (void)at;
+    return jj_case_map(c, s, 'T');
 }
 
 static jj_value_t *m_capitalize(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
-    return m_case(c, s, "capitalize", at);
+    (void)at;
+    return jj_case_map(c, s, 'C');
 }
 
 static jj_value_t *m_replace(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_node_t *at)

@@ -1,10 +1,12 @@
 /* jinja_filters.c - jinja2's filters and tests that chat templates use, with jinja2 3.1's
  * behaviour (and transformers' tojson). */
 #include <ctype.h>
+#include <locale.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <wctype.h>
 
 #include "jinja_int.h"
 
@@ -144,54 +146,119 @@ static jj_value_t *f_escape(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_n
     return r;
 }
 
-static jj_value_t *case_map(jj_ctx_t *c, jj_value_t *v, int mode)
+/* One UTF-8 code point at s (n > 0 bytes left) into *cp; returns its length (1 for a byte
+ * that starts no valid sequence, taken as itself). */
+static size_t utf8_get(const unsigned char *s, size_t n, uint32_t *cp)
+{
+    size_t len = s[0] >= 0xF0 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC0 ? 2 : 1;
+    if (len > n)
+        len = 1;
+    uint32_t v = len == 1 ? s[0] : s[0] & (0x3Fu >> (len - 1));
+    for (size_t k = 1; k < len; k++) {
+        if ((s[k] & 0xC0) != 0x80) {
+            *cp = s[0];
+            return 1;
+        }
+        v = (v << 6) | (s[k] & 0x3Fu);
+    }
+    *cp = v;
+    return len;
+}
+
+static void utf8_put_cp(jj_buf_t *b, uint32_t cp)
+{
+    char o[4];
+    size_t n;
+    if (cp < 0x80) {
+        o[0] = (char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        o[0] = (char)(0xC0 | (cp >> 6));
+        o[1] = (char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) {
+        o[0] = (char)(0xE0 | (cp >> 12));
+        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[2] = (char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        o[0] = (char)(0xF0 | (cp >> 18));
+        o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        o[3] = (char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    jb_put(b, o, n);
+}
+
+/* True when cp ends a word for jinja2's title filter (whitespace - ( { [ <). */
+static bool jinja_title_break(uint32_t cp)
+{
+    return cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || cp == ' ' ||
+           (cp >= '\t' && cp <= '\r');
+}
+
+/* Upper, lower, capitalize, Python's str.title ('T') or jinja2's title filter ('J') of v,
+ * code point by code point with the C.UTF-8 locale's simple case mappings (ASCII only where
+ * that locale is missing; Python's few one-to-many mappings such as ß -> SS are not made). */
+jj_value_t *jj_case_map(jj_ctx_t *c, jj_value_t *v, int mode)
 {
     jj_value_t *s = str_of(c, v);
-    jj_value_t *r = jv_str(c, s->u.str.s, s->u.str.n);
-    char *p = (char *)r->u.str.s;
-    bool word_start = true;
-    for (size_t i = 0; i < r->u.str.n; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        if (mode == 'U')
-            p[i] = (char)toupper(ch);
-        else if (mode == 'L')
-            p[i] = (char)tolower(ch);
+    locale_t loc = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0);
+    jj_buf_t b = {.c = c};
+    jb_put(&b, "", 0);
+    bool word_start = true, first = true;
+    const unsigned char *p = (const unsigned char *)s->u.str.s;
+    for (size_t i = 0; i < s->u.str.n;) {
+        uint32_t cp;
+        i += utf8_get(p + i, s->u.str.n - i, &cp);
+        bool ascii = cp < 0x80, up;
+        if (mode == 'U' || mode == 'L')
+            up = mode == 'U';
         else if (mode == 'C')
-            p[i] = (char)(i == 0 ? toupper(ch) : tolower(ch));
-        else { /* title: a letter after a non-letter starts a word */
-            p[i] = (char)(word_start ? toupper(ch) : tolower(ch));
-            word_start = !isalpha(ch) && ch < 0x80;
-        }
+            up = first;
+        else
+            up = word_start;
+        uint32_t out = cp;
+        if (ascii || loc)
+            out = (uint32_t)(up ? (loc ? towupper_l((wint_t)cp, loc) : toupper((int)cp))
+                                : (loc ? towlower_l((wint_t)cp, loc) : tolower((int)cp)));
+        utf8_put_cp(&b, out);
+        bool alpha = ascii ? isalpha((int)cp) != 0 : loc && iswalpha_l((wint_t)cp, loc);
+        word_start = mode == 'J' ? jinja_title_break(cp) : !alpha;
+        first = false;
     }
-    return r;
+    if (loc)
+        freelocale(loc);
+    return jb_value(&b);
 }
 
 static jj_value_t *f_upper(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
     (void)at;
-    return case_map(c, v, 'U');
+    return jj_case_map(c, v, 'U');
 }
 
 static jj_value_t *f_lower(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
     (void)at;
-    return case_map(c, v, 'L');
+    return jj_case_map(c, v, 'L');
 }
 
 static jj_value_t *f_capitalize(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
     (void)at;
-    return case_map(c, v, 'C');
+    return jj_case_map(c, v, 'C');
 }
 
 static jj_value_t *f_title(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
     (void)at;
-    return case_map(c, v, 'T');
+    return jj_case_map(c, v, 'J');
 }
 
 /* v's items to filter: attribute= picks each item's attribute (a dotted path). */
@@ -301,7 +368,7 @@ static void sort_values(jj_ctx_t *c, const jj_node_t *at, jj_value_t **items, jj
 
 static jj_value_t *fold_key(jj_ctx_t *c, jj_value_t *k, bool case_sensitive)
 {
-    return !case_sensitive && k->kind == JV_STR ? case_map(c, k, 'L') : k;
+    return !case_sensitive && k->kind == JV_STR ? jj_case_map(c, k, 'L') : k;
 }
 
 static jj_value_t *sorted(jj_ctx_t *c, jj_value_t *items, jj_value_t *attr, bool reverse,

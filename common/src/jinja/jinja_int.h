@@ -226,6 +226,10 @@ jj_value_t *jj_iterable(jj_ctx_t *c, jj_value_t *v, const jj_node_t *at); /* as 
 /* s as markupsafe's escape() writes it (& < > ' " as entities) into b. */
 void jj_put_escaped(jj_buf_t *b, const jj_value_t *s);
 
+/* v as a string in upper ('U') or lower ('L') case, capitalized ('C'), in Python's
+ * str.title ('T') or jinja2's title filter ('J'). */
+jj_value_t *jj_case_map(jj_ctx_t *c, jj_value_t *v, int mode);
+
 /* builtins (jinja_builtins.c) */
 /* fmt % args (a tuple, or one value) with %s %r %d %i %f %%, as Python's str % formatting. */
 jj_value_t *jj_percent_format(jj_ctx_t *c, jj_value_t *fmt, jj_value_t *args, const jj_node_t *at);
