@@ -10,6 +10,7 @@ its SHA-256, per conversation the output or the exception's message. tests/unit/
 renders the same with tandem/jinja.h and compares byte for byte.
 
 usage: make_jinja_golden.py TEMPLATE_DIR [OUT.json]
+(pip install 'Jinja2==3.1.6'; TEMPLATE_DIR: scripts/setup's ~/.cache/tandem/templates)
 """
 import datetime
 import hashlib
@@ -118,7 +119,15 @@ def render(env, source, context):
         return {"error": "%s: %s" % (type(e).__name__, e)}
 
 
+JINJA2_VERSION = "3.1.6"
+
+
 def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    if jinja2.__version__ != JINJA2_VERSION:
+        print("warning: jinja2 %s installed, the golden file is made with %s"
+              % (jinja2.__version__, JINJA2_VERSION), file=sys.stderr)
     tdir = sys.argv[1]
     out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__),
                                                               "jinja_chat.json")
