@@ -55,7 +55,9 @@ void tdm_jinja_destroy(tdm_jinja_t **self_p);
  * would raise, with "line:column: " and jinja2's message in err ("line:column: 'x' is
  * undefined"), except raise_exception(msg) whose message is msg exactly and which sets
  * *raised (when raised is not NULL); TDM_ERESOURCE when a limit is passed (naming it and the
- * line:column) or memory runs out. */
+ * line:column), when memory runs out (the rendering's values may take 64 times the output
+ * limit plus 64 MiB) or a value to print nests past 500 levels (these two without a place).
+ * Integers are 64-bit: a result outside that range is TDM_EINVALID ("OverflowError: ..."). */
 int tdm_jinja_render(const tdm_jinja_t *self, const json_t *context,
                      const tdm_jinja_render_options_t *opt, char **out, size_t *out_len,
                      bool *raised, tdm_error_t *err);
