@@ -111,6 +111,8 @@ static void test_whitespace(void **state)
     expect("a\n  {% if true %}\nb\n  {% endif %}\nc\n", NULL, "a\nb\nc");
     expect("a  {{- 'x' -}}  b", NULL, "axb");
     expect("a\n  {%+ if true %}b{% endif %}", NULL, "a\n  b");
+    expect("a\n  {% raw %}\n  b\n  {% endraw %}\nc", NULL, "a\n\n  b\nc");
+    expect("{{ '\\101\\x41\\u0041' }}", NULL, "AAA");
     tdm_error_t err = {0};
     char *out = render_opt("a\n  {% if true %}\nb{% endif %}\n", NULL, NULL, NULL, &err);
     assert_non_null(out);

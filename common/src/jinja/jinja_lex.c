@@ -158,7 +158,7 @@ static int lex_raw(lexer_t *L, size_t at)
             j++;
         if (j + 1 >= L->len || L->src[j] != '%' || L->src[j + 1] != '}')
             continue;
-        size_t tend = strip_text(L, L->pos, i, sign, false);
+        size_t tend = strip_text(L, L->pos, i, sign, true); /* lstrip_blocks applies */
         int rc = push_text(L, L->pos, tend - L->pos);
         L->pos = j + 2;
         after_tag_end(L, minus, true);
@@ -341,7 +341,7 @@ static int lex_run(lexer_t *L)
             bool minus;
             if (kind == '%' && is_raw(L, &rend, &minus)) {
                 L->pos = rend;
-                after_tag_end(L, minus, true);
+                after_tag_end(L, minus, false); /* jinja2: no trim_blocks after raw */
                 rc = lex_raw(L, at);
             } else {
                 if (!push(L, kind == '%' ? JT_BLOCK_BEGIN : JT_VAR_BEGIN, at))

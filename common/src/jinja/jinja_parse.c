@@ -204,7 +204,6 @@ static char simple_escape(char ch)
     case '\\': return '\\';
     case '\'': return '\'';
     case '"': return '"';
-    case '0': return '\0';
     case 'a': return '\a';
     case 'b': return '\b';
     case 'f': return '\f';
@@ -225,6 +224,15 @@ static size_t decode_string(const char *s, size_t n, char *o)
         char e = s[++i];
         unsigned long cp;
         size_t used = 0;
+        if (e >= '0' && e <= '7') { /* octal: up to three digits */
+            cp = 0;
+            size_t d = 0;
+            while (d < 3 && i + d < n && s[i + d] >= '0' && s[i + d] <= '7')
+                cp = cp * 8 + (unsigned long)(s[i + d++] - '0');
+            i += d - 1;
+            k += put_utf8(o + k, cp);
+            continue;
+        }
         if (e == 'u')
             used = hex_escape(s + i + 1, n - i - 1, 4, &cp);
         else if (e == 'U')
