@@ -128,6 +128,9 @@ static void test_filters_methods(void **state)
            "{\"b\": [1, \"é\"], \"a\": null}|{\n  \"b\": [\n    1,\n    \"é\"\n  ],\n  \"a\": "
            "null\n}");
     expect("{{ 'é' | tojson(ensure_ascii=true) }}", NULL, "\"\\u00e9\"");
+    expect("{{ d | tojson(separators=(',', ':'), sort_keys=true) }}",
+           "{\"d\": {\"b\": [1, 2], \"a\": {\"z\": 1, \"y\": 2}}}",
+           "{\"a\":{\"y\":2,\"z\":1},\"b\":[1,2]}");
     expect(
         "{{ ' x ' | trim }}{{ 'ab' | upper }}{{ [1,2] | length }}{{ [3,1,2] | sort | join(',') }}",
         NULL, "xAB21,2,3");

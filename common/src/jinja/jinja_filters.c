@@ -39,10 +39,26 @@ static const jj_value_t *unserializable(const jj_value_t *v)
     return v;
 }
 
+/* separators=(item, key): two strings, else the defaults (NULL). */
+static void json_separators(jj_buf_t *b, jj_value_t *seps)
+{
+    if (!seps || seps->kind != JV_LIST || seps->u.list.n != 2)
+        return;
+    jj_value_t *item = seps->u.list.items[0], *key = seps->u.list.items[1];
+    if (item->kind == JV_STR && key->kind == JV_STR) {
+        b->item_sep = item->u.str.s;
+        b->key_sep = key->u.str.s;
+    }
+}
+
+/* transformers' tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+ * json.dumps with those arguments. */
 static jj_value_t *f_tojson(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
-    jj_value_t *ind = jj_arg(a, 99, "indent");
-    jj_buf_t b = {.c = c, .ascii = arg_true(a, 99, "ensure_ascii")};
+    jj_value_t *ind = jj_arg(a, 1, "indent");
+    jj_buf_t b = {
+        .c = c, .ascii = arg_true(a, 0, "ensure_ascii"), .sort_keys = arg_true(a, 3, "sort_keys")};
+    json_separators(&b, jj_arg(a, 2, "separators"));
     jb_put(&b, "", 0);
     int indent = ind && ind->kind == JV_INT ? (int)ind->u.i : -1;
     if (jv_write_json(&b, v, indent, 0) != 0) {

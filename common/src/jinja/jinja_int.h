@@ -202,8 +202,11 @@ typedef struct jj_buf {
     jj_ctx_t *c;
     char *p;
     size_t n, cap;
-    bool ascii;     /* jv_write_json: ensure_ascii */
-    unsigned depth; /* containers being written (a namespace may hold itself) */
+    bool ascii;           /* jv_write_json: ensure_ascii */
+    bool sort_keys;       /* jv_write_json: sort_keys */
+    const char *item_sep; /* jv_write_json: separators[0]; NULL: ", " (no indent) or "," */
+    const char *key_sep;  /* jv_write_json: separators[1]; NULL: ": " */
+    unsigned depth;       /* containers being written (a namespace may hold itself) */
 } jj_buf_t;
 
 void jb_put(jj_buf_t *b, const char *s, size_t n);

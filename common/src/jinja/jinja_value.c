@@ -556,6 +556,38 @@ static void json_newline(jj_buf_t *b, int indent, int level)
         jb_puts(b, " ");
 }
 
+/* The order to write a dict's n entries in: as inserted, or by key (byte order, as Python
+ * orders str keys) with sort_keys. */
+static size_t *json_order(jj_buf_t *b, const jj_value_t *v, size_t n)
+{
+    size_t *ord = jj_alloc(&b->c->arena, (n + 1) * sizeof *ord);
+    if (!ord)
+        jj_fail(b->c, NULL, TDM_ERESOURCE, "out of memory");
+    for (size_t k = 0; k < n; k++) {
+        size_t j = k;
+        while (b->sort_keys && v->kind == JV_DICT && j > 0 &&
+               v->u.dict.keys[ord[j - 1]]->kind == JV_STR && v->u.dict.keys[k]->kind == JV_STR &&
+               jv_compare(b->c, NULL, v->u.dict.keys[ord[j - 1]], v->u.dict.keys[k]) > 0) {
+            ord[j] = ord[j - 1];
+            j--;
+        }
+        ord[j] = k;
+    }
+    return ord;
+}
+
+static void write_json_key(jj_buf_t *b, const jj_value_t *key)
+{
+    if (key->kind == JV_STR) {
+        write_json_string(b, key->u.str.s, key->u.str.n);
+    } else {
+        jj_buf_t t = {.c = b->c};
+        jv_write_str(&t, key);
+        write_json_string(b, t.p ? t.p : "", t.n);
+    }
+    jb_puts(b, b->key_sep ? b->key_sep : ": ");
+}
+
 static int write_json_container(jj_buf_t *b, const jj_value_t *v, int indent, int level)
 {
     if (level > 500)
@@ -567,23 +599,16 @@ static int write_json_container(jj_buf_t *b, const jj_value_t *v, int indent, in
         jb_puts(b, list ? "]" : "}");
         return 0;
     }
+    size_t *ord = json_order(b, v, n);
     for (size_t k = 0; k < n; k++) {
         if (k)
-            jb_puts(b, indent >= 0 ? "," : ", ");
+            jb_puts(b, b->item_sep ? b->item_sep : indent >= 0 ? "," : ", ");
         if (indent >= 0)
             json_newline(b, indent, level + 1);
-        if (!list) {
-            const jj_value_t *key = v->u.dict.keys[k];
-            if (key->kind == JV_STR) {
-                write_json_string(b, key->u.str.s, key->u.str.n);
-            } else {
-                jj_buf_t t = {.c = b->c};
-                jv_write_str(&t, key);
-                write_json_string(b, t.p, t.n);
-            }
-            jb_puts(b, ": ");
-        }
-        int rc = jv_write_json(b, list ? v->u.list.items[k] : v->u.dict.vals[k], indent, level + 1);
+        if (!list)
+            write_json_key(b, v->u.dict.keys[ord[k]]);
+        int rc =
+            jv_write_json(b, list ? v->u.list.items[k] : v->u.dict.vals[ord[k]], indent, level + 1);
         if (rc)
             return rc;
     }
