@@ -103,6 +103,9 @@ static void test_statements(void **state)
            NULL, "Hi A, Yo B");
     expect("{% set s %} x {% endset %}[{{ s }}]{% raw %}{{ y }}{% endraw %}", NULL, "[ x ]{{ y }}");
     expect("{# c #}{% filter upper %}ab{% endfilter %}", NULL, "AB");
+    expect("{% macro each(xs) %}{% for x in xs %}{{ caller(x) }}{% endfor %}{% endmacro %}"
+           "{% call(v) each([1, 2]) %}<{{ v }}>{% endcall %}",
+           NULL, "<1><2>");
 }
 
 static void test_whitespace(void **state)

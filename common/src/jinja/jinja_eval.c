@@ -255,11 +255,9 @@ jj_value_t *jj_iterable(jj_ctx_t *c, jj_value_t *v, const jj_node_t *at)
 static jj_value_t *eval_args(jj_ctx_t *c, const jj_node_t *n, jj_args_t *a)
 {
     memset(a, 0, sizeof *a);
-    if (!n->n_kids)
-        return NULL;
-    a->pos = jj_alloc(&c->arena, n->n_kids * sizeof *a->pos);
-    a->kw = jj_alloc(&c->arena, n->n_kids * sizeof *a->kw);
-    a->kw_names = jj_alloc(&c->arena, n->n_kids * sizeof *a->kw_names);
+    a->pos = jj_alloc(&c->arena, (n->n_kids + 1) * sizeof *a->pos);
+    a->kw = jj_alloc(&c->arena, (n->n_kids + 1) * sizeof *a->kw);
+    a->kw_names = jj_alloc(&c->arena, (n->n_kids + 1) * sizeof *a->kw_names);
     if (!a->pos || !a->kw || !a->kw_names)
         jj_fail(c, n, TDM_ERESOURCE, "out of memory");
     for (size_t k = 0; k < n->n_kids; k++) {
@@ -578,6 +576,9 @@ static jj_value_t *call_macro(jj_ctx_t *c, jj_value_t *f, jj_args_t *args, const
             v = p->a ? jj_eval(c, p->a) : jv_undef(c, "parameter was not provided");
         jv_setc(c, scope->vars, p->name, v);
     }
+    jj_value_t *caller = jj_arg(args, (size_t)-1, "caller");
+    if (caller)
+        jv_setc(c, scope->vars, "caller", caller);
     jj_value_t *r = capture(c, m->body);
     c->scope = saved;
     c->depth--;
@@ -799,6 +800,22 @@ static void exec_for(jj_ctx_t *c, const jj_node_t *n)
         jj_exec(c, n->orelse);
 }
 
+/* {% call %}: the called macro gets caller, a macro rendering this block's body. */
+static void exec_call_block(jj_ctx_t *c, const jj_node_t *n)
+{
+    jj_value_t *caller = jv_new(c, JV_FUNC);
+    caller->u.func.macro = n; /* its kids are the parameters, its body the body */
+    caller->u.func.name = "caller";
+    caller->u.func.closure = c->scope;
+    jj_value_t *f = jj_eval(c, n->a->a);
+    jj_args_t args;
+    eval_args(c, n->a, &args);
+    args.kw_names[args.n_kw] = "caller"; /* eval_args leaves room for one more */
+    args.kw[args.n_kw++] = caller;
+    jj_value_t *r = jv_to_str(c, jj_call_value(c, f, &args, n));
+    emit(c, n, r->u.str.s, r->u.str.n);
+}
+
 static void exec_macro(jj_ctx_t *c, const jj_node_t *n)
 {
     jj_value_t *f = jv_new(c, JV_FUNC);
@@ -832,6 +849,7 @@ void jj_exec(jj_ctx_t *c, const jj_node_t *n)
     case JN_SET: exec_set(c, n, jj_eval(c, n->b)); return;
     case JN_SET_BLOCK: exec_set(c, n, apply_filters(c, n->c, capture(c, n->body))); return;
     case JN_MACRO: exec_macro(c, n); return;
+    case JN_CALL_BLOCK: exec_call_block(c, n); return;
     case JN_FILTER_BLOCK: {
         jj_value_t *v = apply_filters(c, n->c, capture(c, n->body));
         emit(c, n, v->u.str.s, v->u.str.n);

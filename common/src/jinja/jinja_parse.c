@@ -836,6 +836,32 @@ static jj_node_t *parse_simple_body(parser_t *p, jj_node_kind_t kind, const jj_t
     return n;
 }
 
+/* {% call(params) macro(args) %}body{% endcall %}: a the call, kids caller's parameters. */
+static jj_node_t *parse_call_block(parser_t *p, const jj_token_t *at)
+{
+    static const char *const ends[] = {"endcall", NULL};
+    jj_node_t *n = node(p, JN_CALL_BLOCK, at);
+    if (accept_op(p, "(")) {
+        while (!accept_op(p, ")")) {
+            if (n->n_kids)
+                expect_op(p, ",");
+            jj_node_t *param = node(p, JN_KWARG, cur(p));
+            param->name = expect_name(p);
+            if (accept_op(p, "="))
+                param->a = parse_expr(p);
+            add_kid(p, n, param);
+        }
+    }
+    n->a = parse_expr(p);
+    if (n->a->kind != JN_CALL)
+        pfail(p, at, "expected a call after 'call'");
+    expect_block_end(p);
+    n->body = parse_body(p, ends);
+    p->i++;
+    expect_block_end(p);
+    return n;
+}
+
 static jj_node_t *parse_statement(parser_t *p)
 {
     const jj_token_t *at = cur(p);
@@ -848,6 +874,8 @@ static jj_node_t *parse_statement(parser_t *p)
         return parse_for(p, at);
     if (is_name(at, "set"))
         return parse_set(p, at);
+    if (is_name(at, "call"))
+        return parse_call_block(p, at);
     if (is_name(at, "macro"))
         return parse_macro(p, at);
     if (is_name(at, "filter"))
