@@ -138,6 +138,9 @@ static void test_filters_methods(void **state)
         "{{ ' x ' | trim }}{{ 'ab' | upper }}{{ [1,2] | length }}{{ [3,1,2] | sort | join(',') }}",
         NULL, "xAB21,2,3");
     expect("{{ x | default('d') }}{{ '' | default('e', true) }}", NULL, "de");
+    expect("{{ l | map(attribute='f.n') | join(',') }} {{ l | map(attribute='0') | list }}",
+           "{\"l\": [{\"f\": {\"n\": \"a\"}}, {\"f\": {\"n\": \"b\"}}]}",
+           "a,b [Undefined, Undefined]");
     expect("{{ l | selectattr('r', 'equalto', 'u') | map(attribute='c') | join }}",
            "{\"l\": [{\"r\": \"u\", \"c\": \"1\"}, {\"r\": \"a\", \"c\": \"2\"}]}", "1");
     expect("{{ 'a,b,,c'.split(',') }} {{ ' a b '.split() }} {{ 'xxaxx'.strip('x') }}", NULL,

@@ -277,7 +277,8 @@ static jj_value_t *f_title(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_no
     return jj_case_map(c, v, 'J');
 }
 
-/* v's items to filter: attribute= picks each item's attribute (a dotted path). */
+/* item's attribute attr as jinja2's attribute= takes it: a dotted path whose all-digit parts
+ * are indexes ("function.name", "0.a"); item itself when attr is NULL. */
 static jj_value_t *attr_of(jj_ctx_t *c, jj_value_t *item, jj_value_t *attr, const jj_node_t *at)
 {
     if (!attr)
@@ -285,7 +286,19 @@ static jj_value_t *attr_of(jj_ctx_t *c, jj_value_t *item, jj_value_t *attr, cons
     if (attr->kind == JV_INT)
         return jj_getitem(c, item, attr, at);
     jj_value_t *s = str_of(c, attr);
-    return jj_getitem(c, item, s, at);
+    const char *p = s->u.str.s, *end = p + s->u.str.n;
+    for (;;) {
+        const char *dot = memchr(p, '.', (size_t)(end - p));
+        size_t n = dot ? (size_t)(dot - p) : (size_t)(end - p);
+        bool digits = n > 0;
+        for (size_t i = 0; i < n; i++)
+            digits = digits && p[i] >= '0' && p[i] <= '9';
+        jj_value_t *key = digits ? jv_int(c, strtoll(p, NULL, 10)) : jv_str(c, p, n);
+        item = jj_getitem(c, item, key, at);
+        if (!dot)
+            return item;
+        p = dot + 1;
+    }
 }
 
 static jj_value_t *f_join(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
