@@ -138,6 +138,8 @@ static void test_filters_methods(void **state)
         "{{ ' x ' | trim }}{{ 'ab' | upper }}{{ [1,2] | length }}{{ [3,1,2] | sort | join(',') }}",
         NULL, "xAB21,2,3");
     expect("{{ x | default('d') }}{{ '' | default('e', true) }}", NULL, "de");
+    expect("{% set t = [1, 2, 3] | map('string') %}{{ t | first }}{{ t | list }}{{ t | list }}",
+           NULL, "1['2', '3'][]");
     expect("{{ l | map(attribute='f.n') | join(',') }} {{ l | map(attribute='0') | list }}",
            "{\"l\": [{\"f\": {\"n\": \"a\"}}, {\"f\": {\"n\": \"b\"}}]}",
            "a,b [Undefined, Undefined]");

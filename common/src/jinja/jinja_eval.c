@@ -231,7 +231,15 @@ jj_value_t *jj_getitem(jj_ctx_t *c, jj_value_t *obj, jj_value_t *key, const jj_n
 jj_value_t *jj_iterable(jj_ctx_t *c, jj_value_t *v, const jj_node_t *at)
 {
     switch (v->kind) {
-    case JV_LIST: return v;
+    case JV_LIST: {
+        if (!v->is_gen)
+            return v;
+        jj_value_t *items = jv_list(c); /* a generator is used up by one pass, as in Python */
+        items->u.list.items = v->u.list.items;
+        items->u.list.n = items->u.list.cap = v->u.list.n;
+        v->u.list.n = 0;
+        return items;
+    }
     case JV_UNDEF: return jv_list(c);
     case JV_DICT: {
         jj_value_t *l = jv_list(c);

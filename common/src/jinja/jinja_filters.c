@@ -444,6 +444,13 @@ static jj_value_t *f_list(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_nod
 static jj_value_t *f_first(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
+    if (v->kind == JV_LIST && v->is_gen) { /* next(): takes one item from the generator */
+        if (!v->u.list.n)
+            return jv_undef(c, "No first item, sequence was empty.");
+        v->u.list.n--;
+        v->u.list.cap--;
+        return *v->u.list.items++;
+    }
     jj_value_t *items = jj_iterable(c, v, at);
     return items->u.list.n ? items->u.list.items[0]
                            : jv_undef(c, "No first item, sequence was empty.");
@@ -452,6 +459,8 @@ static jj_value_t *f_first(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_no
 static jj_value_t *f_last(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
+    if (v->kind == JV_LIST && v->is_gen) /* jinja2 takes next(reversed(seq)) */
+        jj_fail(c, at, TDM_EINVALID, "TypeError: 'generator' object is not reversible");
     jj_value_t *items = jj_iterable(c, v, at);
     return items->u.list.n ? items->u.list.items[items->u.list.n - 1]
                            : jv_undef(c, "No last item, sequence was empty.");
