@@ -24,10 +24,7 @@ The vocabulary defaults to ~/.cache/tandem/models/gemma-3-270m-q4_k_m.gguf (scri
 """
 
 import argparse
-import hashlib
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +32,7 @@ sys.path.insert(0, str(HERE))
 
 import make_engine_golden as base  # noqa: E402
 import make_gemma3_engine_golden as gemma  # noqa: E402
+import make_synth_golden as synth  # noqa: E402
 
 SHAPE = "gemma3-tiny"
 SEEDS = {"Q8_0": 1, "Q4_0": 2, "F16": 3}
@@ -52,30 +50,14 @@ CASES = [c for c in gemma.CASES if c[0] in (
 ]
 
 
-def synth_args(typ, seed, vocab, out):
-    return ["model", "synth", "--shape", SHAPE, "--type", typ, "--seed", str(seed),
-            "--vocab", str(vocab), "-o", str(out)]
+def evaluate(llm):
+    cases, stops, selfcheck, n_clear = gemma.run_cases(llm, CASES)
+    return cases, selfcheck, {"stop_tokens": sorted(stops), "clear_positions": n_clear}
 
 
 def make_one(tandem, vocab, vocab_sha, typ, out_json):
-    seed = SEEDS[typ]
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / f"gemma3_synth_{typ.lower()}.gguf"
-        subprocess.run([str(tandem)] + synth_args(typ, seed, vocab, model), check=True)
-        sha = hashlib.sha256(model.read_bytes()).hexdigest()
-        llm = base.open_llama(model, N_CTX)
-        cases, stops, selfcheck, n_clear = gemma.run_cases(llm, CASES)
-        recipe = {
-            "shape": SHAPE, "type": typ, "seed": seed,
-            "vocab": VOCAB_FILE, "vocab_sha256": vocab_sha,
-            "command": "tandem " + " ".join(synth_args(typ, seed, "MODELS/" + VOCAB_FILE,
-                                                       model.name)),
-        }
-        base.write_doc(out_json, model, sha, llm, "tests/golden/make_gemma3_synth_golden.py",
-                       gemma.REFERENCE, llm.token_eos(), selfcheck, cases,
-                       {"stop_tokens": sorted(stops), "clear_positions": n_clear,
-                        "synth": recipe})
-        del llm
+    synth.synth_golden(tandem, SHAPE, typ, SEEDS[typ], vocab, vocab_sha, out_json, evaluate,
+                       "tests/golden/make_gemma3_synth_golden.py", gemma.REFERENCE)
 
 
 def main():

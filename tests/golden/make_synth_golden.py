@@ -50,31 +50,45 @@ def synth_args(shape, typ, seed, vocab, out):
             "--vocab", str(vocab), "-o", str(out)]
 
 
-def make_one(tandem, vocab, vocab_sha, shape, typ, seed, out_json):
+def synth_golden(tandem, shape, typ, seed, vocab, vocab_sha, out_json, evaluate, generator,
+                 reference):
+    """Makes the synth file of (shape, typ, seed) with vocab's tokenizer in a temporary folder,
+    runs evaluate(llm) -> (cases, selfcheck, extra keys) with llama.cpp on it and writes
+    out_json with the extra keys and the "synth" recipe that tests/golden/synth_model.cmake
+    makes the file again from. Shared with make_gemma3_synth_golden.py."""
+    vocab = Path(vocab)
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / f"{out_json.stem}.gguf"
         subprocess.run([str(tandem)] + synth_args(shape, typ, seed, vocab, model), check=True)
         sha = hashlib.sha256(model.read_bytes()).hexdigest()
         llm = base.open_llama(model, N_CTX)
-        eos = llm.token_eos()
-        cases, selfcheck = [], base.SelfCheck()
-        for name, text in CASES:
-            prompt = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-            cases.append(base.run_case(llm, name, text, prompt, eos, selfcheck, N_CTX))
-        n_clear = sum(1 for c in cases for p in c["positions"] if p[0][1] - p[1][1] >= 0.25)
-        reference = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra "
-                     f"buffer types (AMX/repack), n_ctx {N_CTX}, n_threads 2; tokens "
-                     "add_bos=False special=True; greedy (argmax) continuation of up to "
-                     f"{base.MAX_NEW} tokens, EOS kept; logits of prompt+continuation in one pass")
-        recipe = {
+        cases, selfcheck, extra = evaluate(llm)
+        extra["synth"] = {
             "shape": shape, "type": typ, "seed": seed,
-            "vocab": VOCAB_FILE, "vocab_sha256": vocab_sha,
-            "command": "tandem " + " ".join(synth_args(shape, typ, seed, "MODELS/" + VOCAB_FILE,
+            "vocab": vocab.name, "vocab_sha256": vocab_sha,
+            "command": "tandem " + " ".join(synth_args(shape, typ, seed, "MODELS/" + vocab.name,
                                                        model.name)),
         }
-        base.write_doc(out_json, model, sha, llm, "tests/golden/make_synth_golden.py", reference,
-                       eos, selfcheck, cases, {"clear_positions": n_clear, "synth": recipe})
+        base.write_doc(out_json, model, sha, llm, generator, reference, llm.token_eos(),
+                       selfcheck, cases, extra)
         del llm
+
+
+REFERENCE = ("llama.cpp (llama-cpp-python) CPU, f16 KV, no flash attention, no extra buffer "
+             f"types (AMX/repack), n_ctx {N_CTX}, n_threads 2; tokens add_bos=False "
+             f"special=True; greedy (argmax) continuation of up to {base.MAX_NEW} tokens, EOS "
+             "kept; logits of prompt+continuation in one pass")
+
+
+def evaluate_smollm2_prompts(llm):
+    """CASES as make_engine_golden.py runs SmolLM2's (no BOS, stop at EOS)."""
+    eos = llm.token_eos()
+    cases, selfcheck = [], base.SelfCheck()
+    for name, text in CASES:
+        prompt = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        cases.append(base.run_case(llm, name, text, prompt, eos, selfcheck, N_CTX))
+    n_clear = sum(1 for c in cases for p in c["positions"] if p[0][1] - p[1][1] >= 0.25)
+    return cases, selfcheck, {"clear_positions": n_clear}
 
 
 def main():
@@ -94,8 +108,10 @@ def main():
     for shape in args.shapes.split(","):
         prefix, seeds = SHAPES[shape]
         for typ in args.types.split(","):
-            make_one(args.tandem, vocab, vocab_sha, shape, typ, seeds[typ],
-                     Path(args.outdir) / f"{prefix}_{typ.lower()}.json")
+            synth_golden(args.tandem, shape, typ, seeds[typ], vocab, vocab_sha,
+                         Path(args.outdir) / f"{prefix}_{typ.lower()}.json",
+                         evaluate_smollm2_prompts, "tests/golden/make_synth_golden.py",
+                         REFERENCE)
 
 
 if __name__ == "__main__":
