@@ -27,6 +27,12 @@ static void load_fails(const char *text, const char *msg)
     assert_int_equal(rc, TDM_EINVALID);
     assert_int_equal(err.code, TDM_EINVALID);
     assert_string_equal(err.msg, msg);
+    /* the key a message names is the error's field */
+    const char *k = strstr(msg, "key '");
+    char key[TDM_ERRFIELD_MAX] = "";
+    if (k)
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(k + 5, "'"), k + 5);
+    assert_string_equal(err.field, key);
     /* A failed load leaves nothing to free. */
     assert_null(cfg.nodes);
     assert_null(cfg.model.path);

@@ -7,9 +7,10 @@
 #include <string.h>
 #include <time.h>
 
-/* One row per gRPC code (grpc/status.h), indexed by minus the code. HTTP statuses after
- * DESIGN.md "Status codes"; OpenAI's error types and codes as its API returns them (CANCELLED
- * and DEADLINE_EXCEEDED have none there: Tandem's own "cancelled" and "timeout"). */
+/* One row per gRPC code (grpc/status.h), indexed by minus the code (the codes Tandem never
+ * returns are here too: a peer's frame may carry one, and it reads as an internal error). HTTP
+ * statuses after DESIGN.md "Status codes"; OpenAI's error types and codes as its API returns them
+ * (CANCELLED and DEADLINE_EXCEEDED have none there: Tandem's own "cancelled" and "timeout"). */
 static const tdm_status_row_t status_table[] = {
     {TDM_OK, "OK", "ok", 200, "", "", false, false},
     {TDM_ECANCELLED, "CANCELLED", "cancelled", 499, "cancelled", "cancelled", false, true},
@@ -19,19 +20,19 @@ static const tdm_status_row_t status_table[] = {
     {TDM_EDEADLINE, "DEADLINE_EXCEEDED", "deadline exceeded", 408, "timeout", "deadline_exceeded",
      true, true},
     {TDM_ENOTFOUND, "NOT_FOUND", "not found", 404, "not_found_error", "not_found", false, false},
-    {-6, "ALREADY_EXISTS", "unknown error", 500, "server_error", "internal", false, false},
-    {-7, "PERMISSION_DENIED", "unknown error", 500, "server_error", "internal", false, false},
+    {-6, "ALREADY_EXISTS", "already exists", 500, "server_error", "internal", false, false},
+    {-7, "PERMISSION_DENIED", "permission denied", 500, "server_error", "internal", false, false},
     {TDM_ERESOURCE, "RESOURCE_EXHAUSTED", "resource exhausted", 429, "rate_limit_error",
      "resource_exhausted", true, true},
     {TDM_EPRECONDITION, "FAILED_PRECONDITION", "failed precondition", 400, "invalid_request_error",
      "invalid_argument", false, false},
-    {-10, "ABORTED", "unknown error", 500, "server_error", "internal", false, false},
-    {-11, "OUT_OF_RANGE", "unknown error", 500, "server_error", "internal", false, false},
-    {-12, "UNIMPLEMENTED", "unknown error", 500, "server_error", "internal", false, false},
+    {-10, "ABORTED", "aborted", 500, "server_error", "internal", false, false},
+    {-11, "OUT_OF_RANGE", "out of range", 500, "server_error", "internal", false, false},
+    {-12, "UNIMPLEMENTED", "unimplemented", 500, "server_error", "internal", false, false},
     {TDM_EINTERNAL, "INTERNAL", "internal error", 500, "server_error", "internal", false, true},
     {TDM_EUNAVAILABLE, "UNAVAILABLE", "unavailable", 503, "server_error", "unavailable", true,
      true},
-    {-15, "DATA_LOSS", "unknown error", 500, "server_error", "internal", false, false},
+    {-15, "DATA_LOSS", "data loss", 500, "server_error", "internal", false, false},
     {TDM_EUNAUTHENTICATED, "UNAUTHENTICATED", "unauthenticated", 401, "authentication_error",
      "invalid_api_key", false, false},
 };

@@ -159,8 +159,9 @@ typedef struct tdm_config_loader {
 const yaml_node_t *tdm_config_mark(const yaml_node_t *const *marks, tdm_config_section_t section,
                                    const char *name);
 
-/* Sets the error "NAME:LINE: key 'KEY': MESSAGE" ("NAME:LINE: MESSAGE" for key "") and
- * returns TDM_EINVALID. */
+/* Sets the error "NAME:LINE: key 'KEY': MESSAGE" ("NAME:LINE: MESSAGE" for key "") with KEY as
+ * its field (tdm_error_t.field: "router.max_queue", "nodes[1].endpoint") and returns
+ * TDM_EINVALID. */
 int tdm_config_fail(tdm_config_loader_t *ld, const yaml_node_t *at, const char *key,
                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 

@@ -34,8 +34,8 @@ int tdm_config_fail(tdm_config_loader_t *ld, const yaml_node_t *at, const char *
     if (!key[0]) /* a problem with the top level itself */
         return tdm_error_set(ld->err, TDM_EINVALID, "%s:%zu: %s", ld->name, tdm_config_line(at),
                              msg);
-    return tdm_error_set(ld->err, TDM_EINVALID, "%s:%zu: key '%s': %s", ld->name,
-                         tdm_config_line(at), key, msg);
+    return tdm_error_set_field(ld->err, TDM_EINVALID, key, "%s:%zu: key '%s': %s", ld->name,
+                               tdm_config_line(at), key, msg);
 }
 
 int tdm_config_fail_memory(tdm_config_loader_t *ld)
