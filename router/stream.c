@@ -13,6 +13,7 @@
  * order; the last message carries usage and timings.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,6 +671,13 @@ void rt_stream_on_token(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     protobuf_c_message_free_unpacked(&ev->base, NULL);
 }
 
+/* A node-reported KV transfer time, in seconds, or 0 where it is not a finite, non-negative
+ * value below a day (a faulty or hostile node must not poison the kv_transfer histogram). */
+static double node_seconds(double s)
+{
+    return isfinite(s) && s >= 0 && s < 86400.0 ? s : 0;
+}
+
 /* Finished for q. Returns true when q was freed. */
 static bool finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *fin)
 {
@@ -681,7 +689,7 @@ static bool finished(tdm_router_t *r, rt_req_t *q, const Tandem__V1__Finished *f
     q->completion_tokens = fin->completion_tokens;
     q->preemptions = fin->preemptions;
     if (q->kv_transfer_s == 0) /* the decode node's estimate, until the prefill node measured */
-        q->kv_transfer_s = fin->kv_transfer_s;
+        q->kv_transfer_s = node_seconds(fin->kv_transfer_s);
     r->metrics.kv_transfer_bytes += fin->kv_transfer_bytes;
     if (q->next_index >= q->completion_tokens) {
         complete(r, q, q->finish_reason, SIZE_MAX);
@@ -713,7 +721,7 @@ void rt_stream_on_kv_shipped(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
         return;
     rt_req_t *q = rt_req_for_event(r, n, ks->request_id, ks->attempt_id, true, false, "KvShipped");
     if (q) { /* its KV acknowledged: the sender-measured transfer time */
-        q->kv_transfer_s = ks->kv_transfer_s;
+        q->kv_transfer_s = node_seconds(ks->kv_transfer_s);
         tdm_log_write(&r->log, TDM_LOG_DEBUG, ks->request_id, NULL,
                       "KV shipped by %s bytes=%" PRIu64 " seconds=%.4f", n->cfg->id,
                       ks->kv_transfer_bytes, ks->kv_transfer_s);
