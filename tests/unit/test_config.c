@@ -828,6 +828,26 @@ static void test_error_duplicates(void **state)
                "    kv_endpoint: tcp://h:1\n",
                "cluster.yaml:7: key 'nodes[1].kv_endpoint': endpoint tcp://h:1 is also used by "
                "nodes[0].kv_endpoint");
+    /* the HTTP API's port against the ZMQ binds of the router's host */
+    load_fails("router:\n  http_port: 7600\n",
+               "cluster.yaml:2: key 'router.http_port': port 7600 on 127.0.0.1 is also "
+               "router.client_endpoint (tcp://127.0.0.1:7600), its default");
+    load_fails("nodes:\n  - {id: d, role: decode, kv_endpoint: 'tcp://127.0.0.1:8000'}\n",
+               "cluster.yaml:2: key 'nodes[0].kv_endpoint': endpoint tcp://127.0.0.1:8000 takes "
+               "the HTTP API's port (router.http_port 8000 on 127.0.0.1, its default)");
+    load_fails("security: {insecure: true}\n"
+               "router: {http_address: 0.0.0.0, node_endpoint: 'tcp://127.0.0.1:9000', "
+               "http_port: 9000}\n",
+               "cluster.yaml:2: key 'router.http_port': port 9000 on 0.0.0.0 is also "
+               "router.node_endpoint (tcp://127.0.0.1:9000)");
+    /* another host's endpoint, or another address, is no clash */
+    tdm_config_t cfg;
+    load_ok("router: {http_port: 7610, http_address: 127.0.0.2}\n", &cfg);
+    tdm_config_free(&cfg);
+    load_ok("nodes:\n  - {id: d, role: decode, kv_endpoint: 'tcp://10.0.0.5:8000'}\n"
+            "security: {insecure: true}\n",
+            &cfg);
+    tdm_config_free(&cfg);
 }
 
 static void test_error_missing_and_conflicts(void **state)

@@ -736,6 +736,19 @@ static void test_size_pool_refuses(void **state)
     cpu.memory_budget += UINT64_C(2097152);
     assert_int_equal(tdm_node_size_pool(&cpu, &ps, &err), TDM_OK);
     assert_int_equal(ps.n_blocks, 256);
+
+    /* a cpu budget past the host's memory (or cgroup limit) is refused with both figures;
+     * exactly the host's memory is taken; 0 (unknown) is not checked */
+    cpu.host_memory_bytes = cpu.memory_budget - 1;
+    assert_int_equal(tdm_node_size_pool(&cpu, &ps, &err), TDM_ERESOURCE);
+    assert_int_equal(ps.n_blocks, 0);
+    assert_string_equal(err.field, "memory_budget");
+    assert_non_null(strstr(err.msg, "memory_budget 18790481920 bytes"));
+    assert_non_null(strstr(err.msg, "host's memory, 18790481919 bytes"));
+    cpu.host_memory_bytes = cpu.memory_budget;
+    assert_int_equal(tdm_node_size_pool(&cpu, &ps, &err), TDM_OK);
+    assert_int_equal(ps.n_blocks, 256);
+    assert_true(tdm_node_host_memory() > 0);
 }
 
 /* device: cuda:0 in a build without CUDA is refused naming the build; with CUDA but no

@@ -70,6 +70,8 @@ typedef struct tdm_node_sizing {
     double gpu_memory_utilization; /* (0, 1] when memory_budget is 0 */
     uint64_t device_total_bytes;   /* the device's memory (cudaMemGetInfo) */
     uint64_t device_free_bytes;    /* free on it at start */
+    uint64_t host_memory_bytes;    /* a cpu node's memory: the host's, or its cgroup's limit
+                                      where lower (tdm_node_host_memory); 0: not checked */
 } tdm_node_sizing_t;
 
 /* The pool tdm_node_size_pool chose. */
@@ -83,12 +85,22 @@ typedef struct tdm_node_pool_size {
  * floor(gpu_memory_utilization x device_total_bytes); a device node's budget must be at most
  * device_free_bytes (two nodes on one GPU each take a share, e.g. 0.4). Blocks =
  * tdm_kv_plan's pool_blocks for that budget after weight_bytes + scratch_bytes (the same
- * arithmetic as `tandem kvcalc`). Pure: the device figures are given, not queried.
+ * arithmetic as `tandem kvcalc`). A cpu node's memory_budget must be at most
+ * host_memory_bytes where that is known (a budget past the host's memory would only fail
+ * later, or be taken by the kernel's OOM killer). Pure: the device and host figures are
+ * given, not queried.
  * Errors (*out zeroed, message in *err with every figure in bytes: total, free, budget,
  * weights, scratch, blocks, one full-context sequence, the budget needed): TDM_ERESOURCE when
- * the budget exceeds the free memory or holds less than one full-context sequence of KV;
- * TDM_EINVALID for a bad layout or utilization (tdm_kv_plan's message). */
+ * the budget exceeds the free memory (or a cpu node's, the host memory) or holds less than one
+ * full-context sequence of KV; TDM_EINVALID for a bad layout or utilization (tdm_kv_plan's
+ * message). */
 int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, tdm_error_t *err);
+
+/* The memory a cpu node's budget may use, in bytes: the host's physical memory
+ * (sysconf _SC_PHYS_PAGES x _SC_PAGESIZE), or the cgroup v2 limit (/sys/fs/cgroup/memory.max)
+ * where that is lower, as in a container with a memory limit. 0 when neither can be read.
+ * Cannot fail. */
+uint64_t tdm_node_host_memory(void);
 
 /* This host's id for transport choice: /proc/sys/kernel/random/boot_id without its newline
  * into buf (cap >= 37), "" when it cannot be read (a node on another OS: then no pair is

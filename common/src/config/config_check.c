@@ -150,6 +150,71 @@ static int check_endpoints(tdm_config_loader_t *ld, const tdm_config_t *cfg)
     return rc;
 }
 
+/* A wildcard bind host: every address of the host. */
+static bool host_is_wildcard(const char *h, size_t n)
+{
+    return (n == 1 && h[0] == '*') || (n == 7 && memcmp(h, "0.0.0.0", 7) == 0) ||
+           (n == 2 && memcmp(h, "::", 2) == 0) || (n == 4 && memcmp(h, "[::]", 4) == 0);
+}
+
+/* Whether ZMQ endpoint ep ("tcp://HOST:PORT") binds the HTTP API's address and port: the same
+ * port, and the same host or either one a wildcard. */
+static bool endpoint_takes_http(const char *ep, const char *http_address, long http_port)
+{
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return false;
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    if (!colon)
+        return false;
+    char *end = NULL;
+    long port = strtol(colon + 1, &end, 10);
+    if (end == colon + 1 || *end != '\0' || port != http_port)
+        return false;
+    size_t n = (size_t)(colon - h), an = strlen(http_address);
+    return host_is_wildcard(h, n) || host_is_wildcard(http_address, an) ||
+           (n == an && memcmp(h, http_address, n) == 0);
+}
+
+/* Whether endpoint ref is bound on the router's host: the router's own binds, and a node's
+ * loopback endpoint (loopback endpoints are one host's). A node's other endpoints may be
+ * another host's. */
+static bool endpoint_on_router_host(const endpoint_ref_t *e)
+{
+    if (strcmp(e->key, "router.client_endpoint") == 0 ||
+        strcmp(e->key, "router.node_endpoint") == 0)
+        return true;
+    return strncmp(e->key, "nodes[", 6) == 0 && tdm_config_address_is_loopback(e->value);
+}
+
+/* The HTTP API's port is not also a ZMQ endpoint bound on the same host and address (the
+ * second bind would fail at start with "address in use"). */
+static int check_http_port(tdm_config_loader_t *ld, const tdm_config_t *cfg)
+{
+    endpoint_ref_t *eps = calloc(3 + 2 * cfg->n_nodes, sizeof *eps);
+    if (!eps)
+        return tdm_config_fail_memory(ld);
+    size_t n = endpoints_list(ld, cfg, eps);
+    const char *addr = cfg->router.http_address ? cfg->router.http_address : "127.0.0.1";
+    const yaml_node_t *port_at = tdm_config_mark(ld->marks, TDM_CONFIG_SECTION_ROUTER, "http_port");
+    int rc = TDM_OK;
+    for (size_t i = 0; i < n && rc == TDM_OK; i++) {
+        if (!endpoint_on_router_host(&eps[i]) ||
+            !endpoint_takes_http(eps[i].value, addr, (long)cfg->router.http_port))
+            continue;
+        if (port_at || !eps[i].at)
+            rc = tdm_config_fail(ld, port_at ? port_at : eps[i].at, "router.http_port",
+                                 "port %d on %s is also %s (%s)%s", (int)cfg->router.http_port,
+                                 addr, eps[i].key, eps[i].value, eps[i].at ? "" : ", its default");
+        else
+            rc = tdm_config_fail(ld, eps[i].at, eps[i].key,
+                                 "endpoint %s takes the HTTP API's port (router.http_port %d on "
+                                 "%s, its default)",
+                                 eps[i].value, (int)cfg->router.http_port, addr);
+    }
+    free(eps);
+    return rc;
+}
+
 /* ---- CURVE ---- */
 
 /* Without router.curve_public_key, neither the router's secret key file nor any node key. */
@@ -236,6 +301,8 @@ static int check_curve(tdm_config_loader_t *ld, const tdm_config_t *cfg)
 int tdm_config_check_cross(tdm_config_loader_t *ld, const tdm_config_t *cfg)
 {
     int rc = check_endpoints(ld, cfg);
+    if (rc == TDM_OK)
+        rc = check_http_port(ld, cfg);
     if (rc == TDM_OK)
         rc = check_curve(ld, cfg);
     return rc;

@@ -281,7 +281,8 @@ static const tdm_config_key_t keys[] = {
     TEXT_KEY(ROUTER, "http_address", STRING, CFG(router.http_address), 0, "127.0.0.1", NULL,
              "bind address of the HTTP API (OpenAI-compatible, `/metrics`, `/health`)"),
     INT_KEY(ROUTER, "http_port", CFG(router.http_port), 0, 1, 65535, 8000, NULL,
-            "the HTTP API's TCP port"),
+            "the HTTP API's TCP port; not also the port of a ZMQ endpoint bound on the same "
+            "address of the router's host (`config check`)"),
     INT_KEY(ROUTER, "http_threads", CFG(router.http_threads), 0, 1, 256, 4, "threads",
             "the HTTP gateway's pool (epoll); requests waiting for the router hold no thread "
             "(\"HTTP limits\")"),
@@ -380,7 +381,9 @@ static const tdm_config_key_t keys[] = {
             "for the CPU compute; 0 is one per core"),
     BYTES_KEY(NODE, "memory_budget", NODE(memory_budget),
               TDM_CONFIG_DERIVED | TDM_CONFIG_DUMP_NONZERO, 1 << 20, (double)INT64_MAX, 0,
-              "`2GiB` on `cpu`", "for weights + KV cache on this node"),
+              "`2GiB` on `cpu`",
+              "for weights + KV cache on this node; a `cpu` node refuses to start with more than "
+              "its host's memory (or cgroup limit)"),
     NUMBER_KEY(NODE, "gpu_memory_utilization", NODE(gpu_memory_utilization),
                TDM_CONFIG_MIN_OPEN | TDM_CONFIG_DERIVED | TDM_CONFIG_DUMP_NONZERO, 0, 1, 0,
                "`0.9` on `cuda`", NULL,

@@ -84,7 +84,8 @@ static int size_pool(tdm_node_runtime_t *rt, const tdm_node_config_t *node, uint
                             rt->device_index,
                             node->gpu_memory_utilization,
                             rt->device_total_bytes,
-                            rt->device_free_bytes};
+                            rt->device_free_bytes,
+                            rt->on_device ? 0 : tdm_node_host_memory()};
     tdm_node_pool_size_t ps;
     int rc = tdm_node_size_pool(&in, &ps, err);
     if (rc != TDM_OK)

@@ -21,6 +21,14 @@ static int sizing_budget(const tdm_node_sizing_t *in, uint64_t *budget, tdm_erro
 {
     if (!in->on_device) {
         *budget = in->memory_budget;
+        if (in->host_memory_bytes && *budget > in->host_memory_bytes)
+            return tdm_error_set_field(
+                err, TDM_ERESOURCE, "memory_budget",
+                "memory_budget %" PRIu64 " bytes (%.1f MiB) of node '%s' is more than this "
+                "host's memory, %" PRIu64 " bytes (%.1f MiB; the cgroup limit where lower): "
+                "lower memory_budget",
+                *budget, mib(*budget), in->node_id, in->host_memory_bytes,
+                mib(in->host_memory_bytes));
         return TDM_OK;
     }
     if (in->memory_budget)

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "tandem/node.h"
 #include "tandem/node_load.h"
@@ -55,6 +56,26 @@ void tdm_node_host_id(char *buf, size_t cap)
         buf[0] = '\0';
     fclose(f);
     buf[strcspn(buf, "\r\n")] = '\0';
+}
+
+uint64_t tdm_node_host_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t total = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    /* cgroup v2: "max" or a byte count; a container's limit is what the node may use */
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        char line[64];
+        if (fgets(line, sizeof line, f)) {
+            char *end = NULL;
+            unsigned long long lim = strtoull(line, &end, 10);
+            if (end != line && (*end == '\n' || *end == '\0') && lim > 0 &&
+                (total == 0 || lim < total))
+                total = (uint64_t)lim;
+        }
+        fclose(f);
+    }
+    return total;
 }
 
 /* The registration's device fields: host id, the GPUs the node sees and its own, and the
