@@ -128,6 +128,10 @@ static void test_read_file(void **state)
     unlink(path);
     assert_int_equal(tdm_read_file(path, 1024, &data, &len, &err), TDM_ENOTFOUND);
     assert_non_null(strstr(err.msg, path));
+    /* a directory opens, but is no file */
+    assert_int_equal(tdm_read_file("/tmp", 1024, &data, &len, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "/tmp: is a directory, not a file");
+    assert_null(data);
 }
 
 /* Captures what a logger writes. */

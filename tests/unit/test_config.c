@@ -736,8 +736,8 @@ static void test_error_ranges(void **state)
     load_fails("router:\n  http_port: 70000\n",
                "cluster.yaml:2: key 'router.http_port': must be between 1 and 65535, got 70000");
     load_fails("router:\n  http_port: 99999999999999999999999\n",
-               "cluster.yaml:2: key 'router.http_port': must be an integer, got "
-               "'99999999999999999999999'");
+               "cluster.yaml:2: key 'router.http_port': must be between 1 and 65535, got "
+               "99999999999999999999999");
     load_fails(
         "router:\n  max_queue: 0\n",
         "cluster.yaml:2: key 'router.max_queue': must be between 1 and 1000000 requests, got 0");
@@ -771,7 +771,14 @@ static void test_error_ranges(void **state)
                "512KiB (524288 bytes)");
     load_fails("nodes:\n  - id: a\n    role: decode\n    memory_budget: lots\n",
                "cluster.yaml:4: key 'nodes[0].memory_budget': must be a byte size such as "
-               "512MiB, 2GiB or 1.5GB, got 'lots'");
+               "512MiB, 2GiB or 1.5GB, below 8EiB (2^63 bytes), got 'lots'");
+    load_fails("nodes:\n  - id: a\n    role: decode\n    memory_budget: 99999999TiB\n",
+               "cluster.yaml:4: key 'nodes[0].memory_budget': must be a byte size such as "
+               "512MiB, 2GiB or 1.5GB, below 8EiB (2^63 bytes), got '99999999TiB'");
+    /* an integer past 64 bits is out of range, not "not an integer" */
+    load_fails("router:\n  max_queue: 99999999999999999999999\n",
+               "cluster.yaml:2: key 'router.max_queue': must be between 1 and 1000000 requests, "
+               "got 99999999999999999999999");
     load_fails("nodes:\n  - id: a\n    role: decode\n    device: cuda:0\n"
                "    gpu_memory_utilization: 1.5\n",
                "cluster.yaml:5: key 'nodes[0].gpu_memory_utilization': must be more than 0 and "

@@ -153,8 +153,9 @@ char *tdm_strdup(const char *s);
 size_t tdm_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 
 /* Reads a whole file into a NUL-terminated heap buffer (the NUL is not counted in *len).
- * Caller frees *data with free(). Errors: TDM_ENOTFOUND (no such file), TDM_EUNAVAILABLE
- * (read error), TDM_ERESOURCE (out of memory or larger than max_bytes). */
+ * Caller frees *data with free(). Errors: TDM_ENOTFOUND (no such file), TDM_EINVALID (a
+ * directory), TDM_EUNAVAILABLE (read error, with strerror), TDM_ERESOURCE (out of memory or
+ * larger than max_bytes). */
 int tdm_read_file(const char *path, size_t max_bytes, char **data, size_t *len, tdm_error_t *err);
 
 /* A growable byte string (Redis's sds, SQLite's StrAccum): data is NUL-terminated after the

@@ -197,7 +197,11 @@ int tdm_read_file(const char *path, size_t max_bytes, char **data, size_t *len, 
     }
     b.data[b.len] = '\0';
     if (ferror(f)) {
-        rc = tdm_error_set(err, TDM_EUNAVAILABLE, "%s: read error", path);
+        /* fopen opens a directory; reading it fails with EISDIR */
+        int e = errno;
+        rc = e == EISDIR ? tdm_error_set(err, TDM_EINVALID, "%s: is a directory, not a file", path)
+                         : tdm_error_set(err, TDM_EUNAVAILABLE, "%s: read error: %s", path,
+                                         e ? strerror(e) : "unknown");
         goto out_close;
     }
     if (b.len > max_bytes)

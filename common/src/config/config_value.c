@@ -210,7 +210,7 @@ static const char *unit_suffix(const tdm_config_key_t *k, char *buf, size_t cap)
     return buf;
 }
 
-/* The plain scalar v as a decimal integer (integer: any value a long long holds, into *ix)
+/* The plain scalar v as a decimal integer (integer: into *ix, clamped to a long long's range)
  * or a finite number (into *dx); fails "must be an integer" / "a number". */
 static int get_plain_number(tdm_config_loader_t *ld, const yaml_node_t *v, const char *key,
                             bool integer, long long *ix, double *dx)
@@ -230,7 +230,10 @@ static int get_plain_number(tdm_config_loader_t *ld, const yaml_node_t *v, const
         *dx = strtod(s, &end);
         finite = isfinite(*dx);
     }
-    if (end == s || *end != '\0' || isspace((unsigned char)*s) || !finite || errno == ERANGE)
+    /* an integer past what a long long holds is still an integer: *ix is clamped
+     * (LLONG_MIN / LLONG_MAX), so the caller's bounds check names its range */
+    bool range = errno == ERANGE && !integer;
+    if (end == s || *end != '\0' || isspace((unsigned char)*s) || !finite || range)
         return tdm_config_fail(ld, v, key, "must be %s, got %s", what,
                                tdm_config_describe(v, got, sizeof got));
     return TDM_OK;
@@ -248,9 +251,9 @@ static int get_int(tdm_config_loader_t *ld, const tdm_config_key_t *k, const yam
     long long min = (long long)k->min, max = (long long)k->max;
     bool pow2 = k->flags & TDM_CONFIG_POW2;
     if (x < min || x > max || (pow2 && (x & (x - 1)) != 0))
-        return tdm_config_fail(ld, v, key, "must be %sbetween %lld and %lld%s, got %lld",
+        return tdm_config_fail(ld, v, key, "must be %sbetween %lld and %lld%s, got %s",
                                pow2 ? "a power of two " : "", min, max,
-                               unit_suffix(k, unit, sizeof unit), x);
+                               unit_suffix(k, unit, sizeof unit), scalar_text(v));
     *out = (int)x;
     return TDM_OK;
 }
@@ -281,7 +284,8 @@ static int get_bytes(tdm_config_loader_t *ld, const tdm_config_key_t *k, const y
     uint64_t x;
     if (v->type != YAML_SCALAR_NODE || tdm_config_parse_bytes(scalar_text(v), &x) != TDM_OK)
         return tdm_config_fail(ld, v, key,
-                               "must be a byte size such as 512MiB, 2GiB or 1.5GB, got %s",
+                               "must be a byte size such as 512MiB, 2GiB or 1.5GB, below 8EiB "
+                               "(2^63 bytes), got %s",
                                tdm_config_describe(v, got, sizeof got));
     uint64_t min = (uint64_t)k->min, max = (uint64_t)k->max;
     if (x >= min && x <= max) {
