@@ -5,13 +5,16 @@
  *
  * Where the figures come from: the request rate, requests running/queued and KV use are the
  * router's (requests_total deltas and node heartbeats, so every client counts, native ones
- * included). TTFT and TPOT (the interval's mean, p50 and p99), output and prompt tokens/s and
- * the error rate come from the router's METRICS message, read as data, never as text: the
- * deltas of the tandem_time_to_first_token_seconds and tandem_time_per_output_token_seconds
- * histograms (sum, count and buckets; percentiles interpolated inside a bucket as Prometheus'
- * histogram_quantile does), of tandem_generation_tokens_total and tandem_prompt_tokens_total,
- * and of tandem_requests_total (every status, and those not OK; with the gateway's own
- * refusals, as GET /metrics has them). When the router serves no
+ * included). TTFT and TPOT (the window's mean, and p50 / p99 where the window holds enough
+ * observations: DASH_MIN_P50, DASH_MIN_P99), output and prompt tokens/s, the error rate and
+ * the cancellation rate (client cancels and disconnects are not errors) come from the
+ * router's METRICS message, read as data, never as text: the deltas over the last
+ * DASH_RATE_WINDOW samples of the tandem_time_to_first_token_seconds and
+ * tandem_time_per_output_token_seconds histograms (sum, count and buckets; percentiles
+ * interpolated inside a bucket as Prometheus' histogram_quantile does), of
+ * tandem_generation_tokens_total and tandem_prompt_tokens_total, and of tandem_requests_total
+ * (every status, the CANCELLED ones, and the others not OK; with the gateway's own refusals,
+ * as GET /metrics has them). When the router serves no
  * such metrics, the means, output tokens and error rate come from the requests this gateway
  * proxied as the router measured them (the Timings of each final GenerateChunk), and there
  * are no percentiles or prompt tokens/s.
@@ -45,6 +48,11 @@
 #define DASH_MAX_USERS 1048576u
 
 #define DASH_RATE_WINDOW 5 /* samples the request rate and tokens/s are averaged over */
+/* Latency percentiles are drawn only from a window that holds this many observations: a p50
+ * of fewer than 10 requests, or a p99 of fewer than 100, is one or two requests interpolated
+ * inside a bucket (one 14.5 s TTFT would read p50 20 s, p99 29.8 s in the 10-30 s bucket). */
+#define DASH_MIN_P50 10
+#define DASH_MIN_P99 100
 
 #define DASH_MAX_BUCKETS 64 /* histogram buckets the percentiles read; more: no percentiles */
 
@@ -53,15 +61,20 @@ typedef struct dash_sample {
     double total;            /* the router's requests_total then; NAN when unknown */
     double tokens;           /* output tokens so far (router metrics or this gateway's) */
     double prompt_tokens;    /* prompt tokens so far (router metrics); NAN when unknown */
-    double ended, failed;    /* requests ended so far, and those not OK; NAN when unknown */
+    double ended, failed;    /* requests ended so far, and those failed (not OK, not
+                                cancelled); NAN when unknown */
+    double cancelled;        /* requests ended CANCELLED so far (client cancel or gone) */
     double rate;             /* requests/s over the last DASH_RATE_WINDOW s; NAN when unknown */
     double running, queued;  /* NAN when the status call failed */
     double kv_used_pct;      /* decode nodes: used / total blocks, percent; NAN when none */
-    double ttft_ms, tpot_ms; /* means over the requests finished in the interval; NAN */
-    double ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms; /* the interval's; NAN */
+    double ttft_ms, tpot_ms; /* means over the observations of the window; NAN */
+    double ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, tpot_p99_ms; /* the window's; NAN when it
+                                                                  holds too few (DASH_MIN_*) */
+    double ttft_n, tpot_n;      /* observations in the window (the percentiles' sample size) */
     double tokens_per_s;        /* output tokens/s over the last DASH_RATE_WINDOW s */
     double prompt_tokens_per_s; /* prompt tokens/s over the same window; NAN when unknown */
     double error_pct;           /* failed / ended over the window, percent; NAN when none ended */
+    double cancel_pct;          /* cancelled / ended over the window, percent; NAN likewise */
 } dash_sample_t;
 
 /* A histogram of the router's metrics as the sampler last saw it (cumulative figures). */
@@ -76,7 +89,9 @@ typedef struct dash_hist {
 typedef struct dash_met {
     dash_hist_t ttft, tpot;
     double gen_tokens, prompt_tokens;
-    double ended, failed; /* tandem_requests_total: every status, and the not-OK ones */
+    double ended, failed; /* tandem_requests_total: every status, and the failed ones (not OK
+                             and not CANCELLED) */
+    double cancelled;     /* its CANCELLED series (client cancel or disconnect) */
 } dash_met_t;
 
 struct dash {
@@ -92,11 +107,12 @@ struct dash {
     size_t n, next;             /* samples held, slot of the next one */
     json_t *status;             /* the last ClusterStatus as JSON (nodes, requests, ...), or NULL */
     char error[TDM_ERRMSG_MAX]; /* why the last status call failed, "" when it worked */
-    uint64_t http_total, http_ok, http_failed;
+    uint64_t http_total, http_ok, http_failed, http_cancelled;
     int streams;
-    /* the previous METRICS figures (sampler thread only) */
-    bool have_metrics;
-    dash_met_t prev;
+    /* the last METRICS figures, oldest first, for the window's latency figures (sampler
+     * thread only); n_prev 0 after a failed call: the window starts afresh */
+    dash_met_t prev[DASH_RATE_WINDOW];
+    size_t n_prev;
 };
 
 /* A histogram family's sum, count and buckets into *h; false when m has no such histogram. */
@@ -132,20 +148,25 @@ static double counter_of(const Tandem__V1__MetricsResponse *m, const char *name)
     return sample_value(f->samples[0]);
 }
 
-/* tandem_requests_total summed over its series into *ended, and over those whose status
- * label is not OK into *failed; both NAN when m has no such family. */
-static void requests_of(const Tandem__V1__MetricsResponse *m, double *ended, double *failed)
+/* tandem_requests_total summed over its series into v->ended, over those whose status is
+ * CANCELLED (a client that cancelled or went away: not the cluster's failure) into
+ * v->cancelled, and over the other not-OK ones into v->failed; NAN when m has no such family. */
+static void requests_of(const Tandem__V1__MetricsResponse *m, dash_met_t *v)
 {
     const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, "tandem_requests_total");
-    *ended = *failed = f ? 0 : NAN;
+    v->ended = v->failed = v->cancelled = f ? 0 : NAN;
     for (size_t i = 0; f && i < f->n_samples; i++) {
         const Tandem__V1__MetricSample *s = f->samples[i];
-        double v = sample_value(s);
-        *ended += v;
-        for (size_t k = 0; k < s->n_labels; k++)
-            if (strcmp(s->labels[k]->name, "status") == 0 &&
-                strcmp(s->labels[k]->value, tdm_status_name(TDM_OK)) != 0)
-                *failed += v;
+        double x = sample_value(s);
+        v->ended += x;
+        for (size_t k = 0; k < s->n_labels; k++) {
+            if (strcmp(s->labels[k]->name, "status") != 0)
+                continue;
+            if (strcmp(s->labels[k]->value, tdm_status_name(TDM_ECANCELLED)) == 0)
+                v->cancelled += x;
+            else if (strcmp(s->labels[k]->value, tdm_status_name(TDM_OK)) != 0)
+                v->failed += x;
+        }
     }
 }
 
@@ -165,7 +186,7 @@ static bool fetch_metrics(dash_t *d, dash_met_t *v)
     http_counters_merge_refusals(d->counters, m); /* the error rate counts the gateway's refusals */
     v->gen_tokens = counter_of(m, "tandem_generation_tokens_total");
     v->prompt_tokens = counter_of(m, "tandem_prompt_tokens_total");
-    requests_of(m, &v->ended, &v->failed);
+    requests_of(m, v);
     bool ok = histogram_of(m, "tandem_time_to_first_token_seconds", &v->ttft) &&
               histogram_of(m, "tandem_time_per_output_token_seconds", &v->tpot) &&
               isfinite(v->gen_tokens);
@@ -250,36 +271,50 @@ static double hist_quantile(const dash_hist_t *cur, const dash_hist_t *prev, dou
     return cur->bounds[n - 1];
 }
 
-/* The interval's mean, p50 and p99 of a latency histogram into *mean, *p50, *p99 (ms); left
- * as they are (NAN) when nothing was observed. */
-static void hist_figures(const dash_hist_t *cur, const dash_hist_t *prev, double *mean, double *p50,
-                         double *p99)
+/* The window's observation count *n, mean, p50 and p99 of a latency histogram (cur against
+ * the oldest sample of the window, prev) into *mean, *p50, *p99 (ms). The mean is exact
+ * (sum / count); each percentile is left as it is (NAN) below its DASH_MIN_* count; all are
+ * when nothing was observed. */
+static void hist_figures(const dash_hist_t *cur, const dash_hist_t *prev, double *n, double *mean,
+                         double *p50, double *p99)
 {
-    double n = cur->count - prev->count;
-    if (!(n > 0))
+    *n = cur->count - prev->count;
+    if (!(*n > 0))
         return;
-    *mean = (cur->sum - prev->sum) / n * 1e3;
-    *p50 = hist_quantile(cur, prev, 0.50) * 1e3;
-    *p99 = hist_quantile(cur, prev, 0.99) * 1e3;
+    *mean = (cur->sum - prev->sum) / *n * 1e3;
+    if (*n >= DASH_MIN_P50)
+        *p50 = hist_quantile(cur, prev, 0.50) * 1e3;
+    if (*n >= DASH_MIN_P99)
+        *p99 = hist_quantile(cur, prev, 0.99) * 1e3;
 }
 
-/* The interval's TTFT and TPOT (the router's latency histograms against the previous
- * sample's) and the cumulative token and request counts into *s (d->mu held). A METRICS call
- * that failed (met NULL) leaves them unknown (NAN); the next interval then starts afresh. */
+/* The window's TTFT and TPOT (the router's latency histograms now against the oldest METRICS
+ * answer held, at most DASH_RATE_WINDOW samples back) and the cumulative token and request
+ * counts into *s (d->mu held). A METRICS call that failed (met NULL) leaves them unknown
+ * (NAN) and empties the window: it then starts afresh. */
 static void latency_figures(dash_t *d, dash_sample_t *s, const dash_met_t *met)
 {
-    if (met && d->have_metrics) {
-        hist_figures(&met->ttft, &d->prev.ttft, &s->ttft_ms, &s->ttft_p50_ms, &s->ttft_p99_ms);
-        hist_figures(&met->tpot, &d->prev.tpot, &s->tpot_ms, &s->tpot_p50_ms, &s->tpot_p99_ms);
+    if (!met) {
+        d->n_prev = 0;
+        return;
     }
-    if (met) {
-        s->tokens = met->gen_tokens;
-        s->prompt_tokens = met->prompt_tokens;
-        s->ended = met->ended;
-        s->failed = met->failed;
-        d->prev = *met;
+    if (d->n_prev > 0) {
+        const dash_met_t *old = &d->prev[0];
+        hist_figures(&met->ttft, &old->ttft, &s->ttft_n, &s->ttft_ms, &s->ttft_p50_ms,
+                     &s->ttft_p99_ms);
+        hist_figures(&met->tpot, &old->tpot, &s->tpot_n, &s->tpot_ms, &s->tpot_p50_ms,
+                     &s->tpot_p99_ms);
     }
-    d->have_metrics = met != NULL;
+    s->tokens = met->gen_tokens;
+    s->prompt_tokens = met->prompt_tokens;
+    s->ended = met->ended;
+    s->failed = met->failed;
+    s->cancelled = met->cancelled;
+    if (d->n_prev == DASH_RATE_WINDOW) {
+        memmove(&d->prev[0], &d->prev[1], (DASH_RATE_WINDOW - 1) * sizeof d->prev[0]);
+        d->n_prev--;
+    }
+    d->prev[d->n_prev++] = *met;
 }
 
 /* Appends s to the ring (d->mu held), with the rates over the last DASH_RATE_WINDOW samples:
@@ -298,6 +333,8 @@ static void ring_push(dash_t *d, dash_sample_t *s)
             s->prompt_tokens_per_s = (s->prompt_tokens - o->prompt_tokens) / dt;
         if (ended > 0 && s->failed >= o->failed)
             s->error_pct = 100.0 * (s->failed - o->failed) / ended;
+        if (ended > 0 && s->cancelled >= o->cancelled)
+            s->cancel_pct = 100.0 * (s->cancelled - o->cancelled) / ended;
     }
     d->ring[d->next] = *s;
     d->next = (d->next + 1) % TDM_DASH_HISTORY;
@@ -310,11 +347,12 @@ static dash_sample_t dash_sample_empty(double t)
 {
     dash_sample_t s;
     s.t = t;
-    s.total = s.tokens = s.prompt_tokens = s.ended = s.failed = s.rate = NAN;
+    s.total = s.tokens = s.prompt_tokens = s.ended = s.failed = s.cancelled = s.rate = NAN;
     s.running = s.queued = s.kv_used_pct = NAN;
     s.ttft_ms = s.tpot_ms = s.ttft_p50_ms = s.ttft_p99_ms = s.tpot_p50_ms = s.tpot_p99_ms = NAN;
+    s.ttft_n = s.tpot_n = NAN;
     s.tokens_per_s = 0; /* the first sample has no window: 0, as before */
-    s.prompt_tokens_per_s = s.error_pct = NAN;
+    s.prompt_tokens_per_s = s.error_pct = s.cancel_pct = NAN;
     return s;
 }
 
@@ -428,6 +466,8 @@ void dash_record(dash_t *d, int status)
     d->http_total++;
     if (status == TDM_OK)
         d->http_ok++;
+    else if (status == TDM_ECANCELLED)
+        d->http_cancelled++;
     else
         d->http_failed++;
     pthread_mutex_unlock(&d->mu);
@@ -469,12 +509,15 @@ static const dash_series_t dash_series[] = {
     DASH_SERIES("t", t),
     DASH_SERIES("request_rate", rate),
     DASH_SERIES("error_pct", error_pct),
+    DASH_SERIES("cancel_pct", cancel_pct),
     DASH_SERIES("ttft_ms", ttft_ms),
     DASH_SERIES("ttft_p50_ms", ttft_p50_ms),
     DASH_SERIES("ttft_p99_ms", ttft_p99_ms),
+    DASH_SERIES("ttft_n", ttft_n),
     DASH_SERIES("tpot_ms", tpot_ms),
     DASH_SERIES("tpot_p50_ms", tpot_p50_ms),
     DASH_SERIES("tpot_p99_ms", tpot_p99_ms),
+    DASH_SERIES("tpot_n", tpot_n),
     DASH_SERIES("tokens_per_s", tokens_per_s),
     DASH_SERIES("prompt_tokens_per_s", prompt_tokens_per_s),
     DASH_SERIES("running", running),
@@ -488,12 +531,17 @@ static const dash_series_t dash_series[] = {
 static json_t *history_json(const dash_t *d)
 {
     json_t *h = json_pack(
-        "{s:f, s:{s:s, s:s, s:s, s:s, s:s}}", "interval_s", DASH_PERIOD_S, "sources",
-        "request_rate", "router requests_total, every client", "ttft_ms tpot_ms tokens_per_s",
-        "router /metrics histograms and tandem_generation_tokens_total, every client",
+        "{s:f, s:i, s:i, s:i, s:{s:s, s:s, s:s, s:s, s:s, s:s}}", "interval_s", DASH_PERIOD_S,
+        "window_samples", DASH_RATE_WINDOW, "min_p50_samples", DASH_MIN_P50, "min_p99_samples",
+        DASH_MIN_P99, "sources", "request_rate", "router requests_total, every client",
+        "ttft_ms tpot_ms tokens_per_s",
+        "router /metrics histograms and tandem_generation_tokens_total, every client; latency "
+        "figures over the window, percentiles only from enough observations (ttft_n, tpot_n)",
         "prompt_tokens_per_s", "router tandem_prompt_tokens_total, every client", "error_pct",
-        "router tandem_requests_total: ended with a status other than OK",
-        "running queued kv_used_pct", "router ClusterStatus (node heartbeats)");
+        "router tandem_requests_total: ended with a status other than OK and CANCELLED",
+        "cancel_pct",
+        "router tandem_requests_total: ended CANCELLED (the client cancelled or went away)",
+        "running queued kv_used_pct", "router ClusterStatus (node heartbeats; KV: decode nodes)");
     size_t first = (d->next + TDM_DASH_HISTORY - d->n) % TDM_DASH_HISTORY;
     for (size_t k = 0; h && k < DASH_N_SERIES; k++) {
         json_t *a = json_array();
@@ -547,11 +595,12 @@ json_t *dash_status_json(dash_t *d, const http_model_t *m)
     pthread_mutex_lock(&d->mu);
     json_t *hist = history_json(d);
     json_t *st = d->status ? json_deep_copy(d->status) : NULL;
-    json_t *r = json_pack("{s:f, s:b, s:s?, s:{s:I, s:I, s:I, s:i}}", "time", unix_now(), "ok",
-                          d->error[0] == '\0' && st != NULL, "error", d->error[0] ? d->error : NULL,
-                          "http", "requests_total", (json_int_t)d->http_total, "requests_ok",
-                          (json_int_t)d->http_ok, "requests_failed", (json_int_t)d->http_failed,
-                          "streams", d->streams);
+    json_t *r =
+        json_pack("{s:f, s:b, s:s?, s:{s:I, s:I, s:I, s:I, s:i}}", "time", unix_now(), "ok",
+                  d->error[0] == '\0' && st != NULL, "error", d->error[0] ? d->error : NULL, "http",
+                  "requests_total", (json_int_t)d->http_total, "requests_ok",
+                  (json_int_t)d->http_ok, "requests_failed", (json_int_t)d->http_failed,
+                  "requests_cancelled", (json_int_t)d->http_cancelled, "streams", d->streams);
     pthread_mutex_unlock(&d->mu);
     if (!r || !hist) {
         json_decref(r);

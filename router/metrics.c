@@ -184,13 +184,47 @@ static Tandem__V1__MetricFamily *histogram_iterations(mb_t *b, const char *name,
                             (double)m->iteration_tokens);
 }
 
+/* c's counters at least those of l (a counter only grows: an older beat lowers nothing). */
+static void counters_max(rt_node_counters_t *c, const tdm_node_load_t *l)
+{
+#define COUNTER_MAX(f)                                                                             \
+    do {                                                                                           \
+        if (l->f > c->f)                                                                           \
+            c->f = l->f;                                                                           \
+    } while (0)
+    COUNTER_MAX(prefix_queries);
+    COUNTER_MAX(prefix_hits);
+    COUNTER_MAX(spec_drafts);
+    COUNTER_MAX(spec_draft_tokens);
+    COUNTER_MAX(spec_accepted_tokens);
+    COUNTER_MAX(stale_router_frames);
+    COUNTER_MAX(process_cpu_seconds);
+#undef COUNTER_MAX
+}
+
+/* A node process ended: what it counted joins the sums of the earlier ones. */
+static void counters_retire(rt_node_t *n)
+{
+    rt_node_counters_t *d = &n->counters_done, *c = &n->counters_now;
+    d->prefix_queries += c->prefix_queries;
+    d->prefix_hits += c->prefix_hits;
+    d->spec_drafts += c->spec_drafts;
+    d->spec_draft_tokens += c->spec_draft_tokens;
+    d->spec_accepted_tokens += c->spec_accepted_tokens;
+    d->stale_router_frames += c->stale_router_frames;
+    d->process_cpu_seconds += c->process_cpu_seconds;
+    memset(c, 0, sizeof *c);
+}
+
 void rt_metrics_iterations(tdm_router_t *r, rt_node_t *n, uint64_t instance_id)
 {
     if (n->iter_instance != instance_id) { /* a new process: it counts from 0 */
         n->iter_instance = instance_id;
         memset(n->iter_counts, 0, sizeof n->iter_counts);
         n->iter_tokens = 0;
+        counters_retire(n);
     }
+    counters_max(&n->counters_now, &n->load);
     tdm_router_metrics_t *m = &r->metrics;
     for (size_t i = 0; i < TDM_WORKER_ITERATION_BUCKETS; i++) {
         uint64_t now = n->load.iteration_counts[i];
@@ -282,15 +316,15 @@ static double nv_failures(const rt_node_t *n)
 }
 static double nv_prefix_queries(const rt_node_t *n)
 {
-    return (double)n->load.prefix_queries;
+    return (double)(n->counters_done.prefix_queries + n->counters_now.prefix_queries);
 }
 static double nv_prefix_hits(const rt_node_t *n)
 {
-    return (double)n->load.prefix_hits;
+    return (double)(n->counters_done.prefix_hits + n->counters_now.prefix_hits);
 }
 static double nv_stale_router_frames(const rt_node_t *n)
 {
-    return (double)n->load.stale_router_frames;
+    return (double)(n->counters_done.stale_router_frames + n->counters_now.stale_router_frames);
 }
 static double nv_running(const rt_node_t *n)
 {
@@ -334,7 +368,7 @@ static double nv_proc_rss(const rt_node_t *n)
 }
 static double nv_proc_cpu(const rt_node_t *n)
 {
-    return n->load.process_cpu_seconds;
+    return n->counters_done.process_cpu_seconds + n->counters_now.process_cpu_seconds;
 }
 static double nv_proc_fds(const rt_node_t *n)
 {
@@ -690,9 +724,16 @@ static void vnode_family(vctx_t *v, const tdm_router_t *r, const char *name,
                          node_value_fn value)
 {
     Tandem__V1__MetricFamily *f = family(v->b, name, type, help);
-    for (size_t i = 0; i < r->n_nodes; i++)
-        if (node_in(&r->nodes[i], set))
-            set_float(vsample(v, f, r->nodes[i].cfg->id), value(&r->nodes[i]));
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        const rt_node_t *n = &r->nodes[i];
+        if (!node_in(n, set))
+            continue;
+        /* the role too, so that a prefill node's figures are not averaged into the decode
+         * pool's (vllm:kv_cache_usage_perc) */
+        Tandem__V1__MetricSample *s = vsample(v, f, n->cfg->id);
+        label(v->b, s, "role", tdm_config_node_role_name(n->cfg->role));
+        set_float(s, value(n));
+    }
 }
 
 /* vllm:request_success_total{finished_reason}: stop and length (completed), abort
@@ -730,9 +771,9 @@ static void vllm_labelled_counters(vctx_t *v, const tdm_router_metrics_t *m)
                "found in a prefill node's prefix cache).");
     Tandem__V1__MetricSample *s = vsample(v, f, "0");
     label(v->b, s, "source", "local_compute");
-    set_int(s,
-            m->prompt_tokens - (m->cached_prompt_tokens < m->prompt_tokens ? m->cached_prompt_tokens
-                                                                           : m->prompt_tokens));
+    /* counted when the first token arrives, as the cache hits are: prompt_tokens (counted at
+     * acceptance) minus the hits would go back whenever hits arrive between two scrapes */
+    set_int(s, m->computed_prompt_tokens);
     s = vsample(v, f, "0");
     label(v->b, s, "source", "local_cache_hit");
     set_int(s, m->cached_prompt_tokens);
@@ -777,7 +818,8 @@ static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
     vgauge(v, "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
            (double)r->n_queued);
     vnode_family(v, r, "vllm:kv_cache_usage_perc", METRIC_GAUGE,
-                 "KV-cache usage. 1 means 100 percent usage (per node up, last heartbeat).",
+                 "KV-cache usage. 1 means 100 percent usage (per node up, last heartbeat; the "
+                 "role label tells the decode pool from the prefill nodes' caches).",
                  NODES_UP, nv_kv_usage);
     const tdm_kv_config_t *kv = &r->cfg->kv;
     Tandem__V1__MetricFamily *f = family(v->b, "vllm:cache_config_info", METRIC_GAUGE,
@@ -836,15 +878,15 @@ static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
 
 static double nv_spec_drafts(const rt_node_t *n)
 {
-    return (double)n->load.spec_drafts;
+    return (double)(n->counters_done.spec_drafts + n->counters_now.spec_drafts);
 }
 static double nv_spec_draft_tokens(const rt_node_t *n)
 {
-    return (double)n->load.spec_draft_tokens;
+    return (double)(n->counters_done.spec_draft_tokens + n->counters_now.spec_draft_tokens);
 }
 static double nv_spec_accepted_tokens(const rt_node_t *n)
 {
-    return (double)n->load.spec_accepted_tokens;
+    return (double)(n->counters_done.spec_accepted_tokens + n->counters_now.spec_accepted_tokens);
 }
 
 /* tandem_spec_decode_*: drafts verified, draft tokens proposed and accepted, per decode node

@@ -42,8 +42,11 @@ int tdm_router_metrics_text(const tdm_router_t *r, char **text, size_t *len);
 /* Adds what the load n just got from a heartbeat of instance instance_id says about its
  * forward passes beyond what that instance had reported before (NodeLoad.iteration_tokens_counts,
  * _sum: since the node process started) to r->metrics.iteration_counts and iteration_tokens; a
- * new instance starts from 0. A load without the counts (all 0) adds nothing. Router thread.
- * Cannot fail. */
+ * new instance starts from 0. A load without the counts (all 0) adds nothing. Likewise the
+ * node's own counters /metrics shows (prefix cache, speculative decoding, stale router frames,
+ * CPU seconds) are summed over its processes into n->counters_done / counters_now, so that
+ * every counter series stays monotonic for the router's life across node restarts. Router
+ * thread. Cannot fail. */
 struct rt_node;
 void rt_metrics_iterations(tdm_router_t *r, struct rt_node *n, uint64_t instance_id);
 

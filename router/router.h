@@ -62,6 +62,9 @@ typedef struct tdm_router_metrics {
     uint64_t prompt_tokens;          /* prompt tokens of accepted requests */
     uint64_t generation_tokens;      /* output tokens delivered to clients */
     uint64_t cached_prompt_tokens;   /* prompt tokens the prefill nodes found cached */
+    uint64_t computed_prompt_tokens; /* prompt tokens the prefill nodes computed: counted with
+                                        cached_prompt_tokens when a request's first token
+                                        arrives, so both only grow */
     uint64_t redispatches;           /* requests dispatched again (TaskFailed, node loss) */
     uint64_t migrations;             /* of those, dispatches that resumed a request after
                                         output tokens already delivered (migration) */

@@ -96,6 +96,14 @@ typedef struct rt_step_fit {
 } rt_step_fit_t;
 
 /* One configured node and the router's view of it. */
+/* A node's own counters (NodeLoad: since its process started) that /metrics exposes. */
+typedef struct rt_node_counters {
+    uint64_t prefix_queries, prefix_hits;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t stale_router_frames;
+    double process_cpu_seconds;
+} rt_node_counters_t;
+
 typedef struct rt_node {
     /* fixed at start (nodes.c) */
     const tdm_node_config_t *cfg; /* into the router's config */
@@ -133,6 +141,10 @@ typedef struct rt_node {
     uint64_t iter_instance;
     uint64_t iter_counts[TDM_WORKER_ITERATION_BUCKETS];
     uint64_t iter_tokens;
+    /* its counters over every process it ran as, for /metrics, which must never go back
+     * (rt_metrics_iterations): counters_done holds the sums of the processes before
+     * iter_instance, counters_now the highest that instance has reported */
+    rt_node_counters_t counters_done, counters_now;
     rt_step_fit_t step_fit; /* decode: step time by batch size (admit.c; reset on registering) */
     /* the router's own load bookkeeping since the last heartbeat (scheduler.c; nodes.c resets
      * it on a heartbeat, a new registration and a failure) */

@@ -451,6 +451,8 @@ static void note_timing(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
         q->cached_prompt_tokens = ev->cached_prompt_tokens;
         q->prefill_s = ev->prefill_s;
         r->metrics.cached_prompt_tokens += ev->cached_prompt_tokens;
+        r->metrics.computed_prompt_tokens +=
+            q->n_prompt > ev->cached_prompt_tokens ? q->n_prompt - ev->cached_prompt_tokens : 0;
         if (ev->prefill_s > 0)
             rt_hist_observe(&r->metrics.prefill, ev->prefill_s);
     }

@@ -43,9 +43,11 @@ def request(port, method, path, body=None, timeout=60):
 
 
 CHART_SERIES = ("request_rate", "ttft_ms", "tpot_ms", "tokens_per_s", "running", "kv_used_pct",
-                "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "prompt_tokens_per_s")
-# every series of the history (error_pct: null in a window where no request ended)
-HISTORY_SERIES = CHART_SERIES + ("queued", "error_pct")
+                "prompt_tokens_per_s")
+# every series of the history (error_pct, cancel_pct: null in a window where no request
+# ended; the percentiles: null below their minimum count of observations, ttft_n / tpot_n)
+HISTORY_SERIES = CHART_SERIES + ("queued", "error_pct", "cancel_pct", "ttft_p50_ms",
+                                 "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "ttft_n", "tpot_n")
 
 
 def api_status(port):
@@ -196,13 +198,19 @@ def test_status_and_capacity_json(cluster):
     assert mi["kv_dtype"] == "f16" and mi["kv_block_size"] == 16 and mi["weight_bytes"] > 9e7
     h = s["history"]
     assert len(h["t"]) >= 2 and all(len(h[k]) == len(h["t"]) for k in HISTORY_SERIES)
-    # the traffic of the first test: latency percentiles in order, prompt tokens counted, and
-    # no request failed (every error_pct point 0)
-    for m, p50, p99 in zip(h["ttft_ms"], h["ttft_p50_ms"], h["ttft_p99_ms"]):
-        assert (m is None) == (p50 is None) == (p99 is None)
-        assert p50 is None or 0 < p50 <= p99
-    for p50, p99 in zip(h["tpot_p50_ms"], h["tpot_p99_ms"]):
-        assert p50 is None or 0 < p50 <= p99
+    # the traffic of the first test: a mean wherever the window holds observations, a
+    # percentile only from enough of them (never a p99 of a few requests), in order; prompt
+    # tokens counted, and no request failed (every error_pct point 0)
+    lo, hi = h["min_p50_samples"], h["min_p99_samples"]
+    assert (lo, hi, h["window_samples"]) == (10, 100, 5)
+    for kind in ("ttft", "tpot"):
+        for m, p50, p99, n in zip(h[f"{kind}_ms"], h[f"{kind}_p50_ms"], h[f"{kind}_p99_ms"],
+                                  h[f"{kind}_n"]):
+            assert (m is None) == (not n), (kind, m, n)
+            assert (p50 is not None) == (n is not None and n >= lo), (kind, p50, n)
+            assert (p99 is not None) == (n is not None and n >= hi), (kind, p99, n)
+            assert p99 is None or 0 < p50 <= p99
+    assert any(n for n in h["ttft_n"] if n) and any(m for m in h["ttft_ms"] if m)
     assert any(v for v in h["prompt_tokens_per_s"] if v is not None)
     assert {v for v in h["error_pct"] if v is not None} <= {0.0}
     assert "error_pct" in h["sources"] and "prompt_tokens_per_s" in h["sources"]
@@ -246,6 +254,25 @@ def test_status_and_capacity_json(cluster):
     assert st == 400 and json.loads(body)["error"]["param"] == "node"
 
 
+def test_client_disconnects_are_cancellations_not_errors(cluster):
+    """A client that goes away mid-stream ends CANCELLED: the dashboard draws it as a
+    cancellation, and the error rate stays 0."""
+    model = json.loads(request(cluster.port, "GET", "/v1/models")[2])["data"][0]["id"]
+    conn = http.client.HTTPConnection("127.0.0.1", cluster.port, timeout=120)
+    conn.request("POST", "/v1/completions", body=json.dumps({
+        "model": model, "prompt": "Count from one to a thousand:", "max_tokens": 2000,
+        "stream": True, "ignore_eos": True}), headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.readline().startswith(b"data: ")  # the first chunk (dechunked): the request runs
+    conn.sock.close()
+    conn.close()
+    s = wait_status(cluster.port, lambda d: any(v for v in d["history"]["cancel_pct"] if v),
+                    "the disconnect in the cancellation rate")
+    assert {v for v in s["history"]["error_pct"] if v is not None} <= {0.0}
+    assert s["http"]["requests_cancelled"] >= 1 and s["http"]["requests_failed"] == 0
+
+
 def static_status(now):
     """An /api/status document as dash_status_json writes it, for a static copy of the page:
     one decode node idle with cached blocks, and sparse traffic: one second with a TTFT and
@@ -260,13 +287,16 @@ def static_status(now):
             "kv_blocks_cached": 130, "reserved_blocks": 0, "kv_used_pct": 0.0, "running": 0,
             "waiting": 0, "batch_size": 0, "queued_prefill_tokens": 0, "prefix_queries": 0,
             "prefix_hits": 0, "step_time_ms": 0.0, "last_heartbeat_age_s": 0.3, "pool": pool}
-    hist = {"interval_s": 1.0, "t": t, "request_rate": two, "error_pct": [None, 0.0, 0.0, None, None],
+    hist = {"interval_s": 1.0, "window_samples": 5, "min_p50_samples": 10,
+            "min_p99_samples": 100, "t": t, "request_rate": two,
+            "error_pct": [None, 0.0, 0.0, None, None], "cancel_pct": [None, 0.0, 50.0, None, None],
+            "ttft_n": [None, None, 12, None, None], "tpot_n": [None, None, 12, None, None],
             "ttft_ms": one, "ttft_p50_ms": one, "ttft_p99_ms": [None, None, 20.0, None, None],
             "tpot_ms": one, "tpot_p50_ms": one, "tpot_p99_ms": one, "tokens_per_s": two,
             "prompt_tokens_per_s": two, "running": [0] * 5, "queued": [0] * 5,
             "kv_used_pct": [0.0] * 5, "sources": {}}
     return {"time": now, "ok": True, "http": {"requests_total": 1, "requests_ok": 1,
-            "requests_failed": 0, "streams": 0}, "version": "test", "model": "static",
+            "requests_failed": 0, "requests_cancelled": 0, "streams": 0}, "version": "test", "model": "static",
             "requests": {"running": 0, "queued": 0, "total": 2}, "nodes": [node],
             "model_info": None, "history": hist}
 
