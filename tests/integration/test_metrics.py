@@ -392,6 +392,17 @@ def test_dashboard_uses_only_exposed_metrics(cluster, tmp_path):
         if family not in types:
             missing.append(name)
     assert not missing, f"tandem.json uses metrics the router does not expose: {missing}"
+    # every query parses as PromQL: promtool checks them as the expressions of recording rules
+    # (Grafana's variables replaced by what they expand to; its label_values() variable
+    # queries are Grafana's, not PromQL)
+    rules = ["groups:", "  - name: dashboard", "    rules:"]
+    for i, e in enumerate(x for x in exprs if not x.startswith("label_values(")):
+        q = e.replace("$__rate_interval", "1m").replace("$instance", ".*")
+        rules += [f"      - record: dashboard:query_{i}", f"        expr: {json.dumps(q)}"]
+    (tmp_path / "rules.yml").write_text("\n".join(rules) + "\n")
+    out = subprocess.run([tool("promtool"), "check", "rules", str(tmp_path / "rules.yml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
     (tmp_path / "metrics-api-key").write_text("sk-metrics\n")
     out = subprocess.run([tool("promtool"), "check", "config",
                           str(shipped_scrape_config(tmp_path, "localhost:8000"))],
