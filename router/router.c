@@ -206,6 +206,7 @@ void tdm_router_destroy(tdm_router_t **self_p)
     rt_req_table_fini(r);
     rt_sched_fini(r);
     rt_nodes_fini(r);
+    rt_template_cache_fini(&r->templates);
     tdm_chat_pick_release(&r->chat);
     tdm_tokenizer_destroy(&r->tok);
     tdm_model_destroy(&r->model);

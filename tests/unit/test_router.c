@@ -19,6 +19,7 @@
 #include "index.h"
 #include "metrics.h"
 #include "router.h"
+#include "template_cache.h"
 #include "tandem/list.h"
 #include "tandem/config.h"
 #include "tandem/constraint.h"
@@ -3011,6 +3012,84 @@ static void test_max_tokens_unset(void **state)
     env_free(e);
 }
 
+/* A request's own chat_template, with its chat_template_kwargs, renders the prompt instead of
+ * the model's (bos_token's text cut and BOS added as for the model's template); a template
+ * that does not compile, kwargs that are no object and a raise_exception are refused naming the
+ * field, raise_exception with the template's own message. */
+static void test_request_chat_template(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__ChatMessage m0 = TANDEM__V1__CHAT_MESSAGE__INIT;
+    m0.role = (char *)"user";
+    m0.content = (char *)"hi";
+    Tandem__V1__ChatMessage *msgs[1] = {&m0};
+    Tandem__V1__ChatList chat = TANDEM__V1__CHAT_LIST__INIT;
+    chat.n_messages = 1;
+    chat.messages = msgs;
+    chat.chat_template =
+        (char *)"{{ bos_token }}{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}";
+    chat.chat_template_kwargs = (char *)"{\"greeting\": \"<|im_end|>\"}";
+    Tandem__V1__GenerateRequest g = TANDEM__V1__GENERATE_REQUEST__INIT;
+    g.request_id = (char *)"r-tpl";
+    g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    g.chat = &chat;
+    g.max_tokens = 1;
+    generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    int32_t *hi = NULL;
+    size_t n_hi = 0;
+    assert_int_equal(tdm_tokenizer_encode(e->tok, "hi", 2, false, true, &hi, &n_hi, NULL), 0);
+    assert_int_equal(rs->spec->n_prompt_tokens, 2 + n_hi); /* BOS once, <|im_end|>, "hi" */
+    assert_int_equal(rs->spec->prompt_tokens[0], 510);
+    assert_int_equal(rs->spec->prompt_tokens[1], 511);
+    assert_memory_equal(rs->spec->prompt_tokens + 2, hi, n_hi * sizeof *hi);
+    free(hi);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+
+    g.request_id = (char *)"r-tpl-bad";
+    chat.chat_template = (char *)"{{ x + }}";
+    bad(e, &g, TDM_EINVALID, "chat.chat_template: 1:");
+    chat.chat_template = (char *)"{{ raise_exception('no ' + messages[0].content) }}";
+    bad(e, &g, TDM_EINVALID, "chat.messages: no hi");
+    chat.chat_template = (char *)"{{ messages[0].content }}";
+    chat.chat_template_kwargs = (char *)"[1]";
+    bad(e, &g, TDM_EINVALID, "chat.chat_template_kwargs must be a JSON object");
+    env_free(e);
+}
+
+/* The cache compiles a text once, finds it by hash and bytes, evicts the least recently used
+ * when full, and passes compile errors through. */
+static void test_template_cache(void **state)
+{
+    (void)state;
+    rt_template_cache_t c;
+    memset(&c, 0, sizeof c);
+    tdm_error_t err = {0};
+    const tdm_jinja_t *a = rt_template_cache_get(&c, "A{{ 1 }}", 8, &err);
+    assert_non_null(a);
+    assert_ptr_equal(rt_template_cache_get(&c, "A{{ 1 }}", 8, &err), a);
+    assert_int_equal(c.compiles, 1);
+    char src[RT_TEMPLATE_CACHE_SIZE][16];
+    for (int i = 0; i < RT_TEMPLATE_CACHE_SIZE - 1; i++) {
+        snprintf(src[i], sizeof src[i], "t%d", i);
+        assert_non_null(rt_template_cache_get(&c, src[i], strlen(src[i]), &err));
+    }
+    assert_int_equal(c.compiles, RT_TEMPLATE_CACHE_SIZE);
+    assert_ptr_equal(rt_template_cache_get(&c, "A{{ 1 }}", 8, &err), a); /* now the most recent */
+    assert_non_null(rt_template_cache_get(&c, "new", 3, &err));          /* evicts "t0" */
+    assert_ptr_equal(rt_template_cache_get(&c, "A{{ 1 }}", 8, &err), a);
+    assert_int_equal(c.compiles, RT_TEMPLATE_CACHE_SIZE + 1);
+    assert_non_null(rt_template_cache_get(&c, "t0", 2, &err));
+    assert_int_equal(c.compiles, RT_TEMPLATE_CACHE_SIZE + 2);
+    assert_null(rt_template_cache_get(&c, "ok\n{% if %}", 11, &err));
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "2:"));
+    rt_template_cache_fini(&c);
+}
+
 /* Waits for the END of a refused call and checks its ErrorDetail body: the field at fault
  * and, for a length error, the prompt's tokens, the context and what fits. */
 static void expect_detail(env_t *e, uint64_t call, int status, const char *field, uint32_t n_ctx,
@@ -4240,6 +4319,8 @@ int main(void)
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_admission_decode_passes),
         cmocka_unit_test(test_max_tokens_unset),
+        cmocka_unit_test(test_request_chat_template),
+        cmocka_unit_test(test_template_cache),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
         cmocka_unit_test(test_round_robin),
