@@ -382,7 +382,8 @@ typedef struct tdm_client_model {
     uint64_t fingerprint;
     uint32_t n_ctx;
     uint32_t n_vocab;
-    char *chat_template; /* the template's name ("chatml"), "" if not told */
+    char *chat_template; /* the template: "gguf" (the model's own), "file" or a built-in name
+                            ("chatml"); "" if not told */
 } tdm_client_model_t;
 
 /* The models a router serves. Owns its arrays and strings. */
