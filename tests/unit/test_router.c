@@ -3012,6 +3012,72 @@ static void test_max_tokens_unset(void **state)
     env_free(e);
 }
 
+/* Starts a router on model with the model section's extra yaml; returns it (NULL with *err). */
+static tdm_router_t *router_on(const char *model, const char *extra, tdm_net_t *net,
+                               tdm_logger_t *log, tdm_config_t *cfg, tdm_error_t *err)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, "model:\n  path: %s\n%snodes:\n  - {id: d, role: decode}\n", model,
+             extra);
+    if (tdm_config_load_string(yaml, strlen(yaml), "t.yaml", cfg, err) != 0)
+        fail_msg("config: %s", err->msg);
+    free(cfg->router.client_endpoint); /* the OS picks the ports */
+    free(cfg->router.node_endpoint);
+    cfg->router.client_endpoint = tdm_strdup("tcp://127.0.0.1:*");
+    cfg->router.node_endpoint = tdm_strdup("tcp://127.0.0.1:*");
+    return tdm_router_new(cfg, net, log, err);
+}
+
+/* A model whose own template does not compile refuses the router's start, naming
+ * tokenizer.chat_template and the line:column; an override (a built-in name or a template file)
+ * serves it anyway. */
+static void test_broken_model_template(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tdm_router_tpl_XXXXXX", model[64], file[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(model, sizeof model, "%s/broken.gguf", dir);
+    snprintf(file, sizeof file, "%s/t.jinja", dir);
+    tdm_tiny_llama_spec_t spec = {.n_vocab = 512, .n_ctx = N_CTX, .seed = 7};
+    tdm_gguf_writer_t *w = NULL;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_test_tiny_llama_build(&spec, &w, &err), 0);
+    assert_int_equal(tdm_gguf_writer_set_str(w, "tokenizer.chat_template", "hi\n{% for %}"), 0);
+    assert_int_equal(tdm_gguf_writer_write_file(w, model, &err), 0);
+    tdm_gguf_writer_destroy(&w);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("{% for m in messages %}{{ m.content }}{% endfor %}", f);
+    fclose(f);
+    tdm_logger_t log;
+    tdm_log_init(&log, "router");
+    log.level = TDM_LOG_OFF;
+    tdm_net_t *net = tdm_net_new(1, &err);
+    assert_non_null(net);
+    tdm_config_t cfg;
+    tdm_router_t *r = router_on(model, "", net, &log, &cfg, &err);
+    assert_null(r);
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_string_equal(err.field, "tokenizer.chat_template");
+    assert_non_null(strstr(err.msg, "does not compile"));
+    assert_non_null(strstr(err.msg, ": 2:"));
+    tdm_config_free(&cfg);
+    char extra[128];
+    const char *const overrides[] = {"chatml", file};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(extra, sizeof extra, "  chat_template: %s\n", overrides[i]);
+        r = router_on(model, extra, net, &log, &cfg, &err);
+        if (!r)
+            fail_msg("override %s: %s", overrides[i], err.msg);
+        tdm_router_destroy(&r);
+        tdm_config_free(&cfg);
+    }
+    tdm_net_destroy(&net);
+    unlink(model);
+    unlink(file);
+    rmdir(dir);
+}
+
 /* A request's own chat_template, with its chat_template_kwargs, renders the prompt instead of
  * the model's (bos_token's text cut and BOS added as for the model's template); a template
  * that does not compile, kwargs that are no object and a raise_exception are refused naming the
@@ -4321,6 +4387,7 @@ int main(void)
         cmocka_unit_test(test_max_tokens_unset),
         cmocka_unit_test(test_request_chat_template),
         cmocka_unit_test(test_template_cache),
+        cmocka_unit_test(test_broken_model_template),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
         cmocka_unit_test(test_round_robin),
