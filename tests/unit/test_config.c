@@ -770,9 +770,9 @@ static void test_error_enums(void **state)
                "cluster.yaml:2: key 'log.level': must be one of debug, info, warn, error, off; "
                "got 'loud'");
     load_fails("model:\n  chat_template: vicuna\n",
-               "cluster.yaml:2: key 'model.chat_template': chat template file vicuna (not a "
-               "built-in name: chatml, llama3, llama2 or gemma; at most 262144 bytes): vicuna: No "
-               "such file or directory");
+               "cluster.yaml:2: key 'model.chat_template': chat template 'vicuna' is not a "
+               "built-in name (chatml, llama3, llama2 or gemma) nor a readable template file of "
+               "at most 262144 bytes: vicuna: No such file or directory");
     load_fails("nodes:\n  - id: a\n    role: both\n",
                "cluster.yaml:3: key 'nodes[0].role': must be one of prefill, decode; got 'both'");
     load_fails("nodes:\n  - id: a\n    role: decode\n    device: gpu\n",

@@ -50,8 +50,8 @@ static int pick_file(const char *path, tdm_chat_pick_t *out, tdm_error_t *err)
     int rc = tdm_read_file(path, TDM_CHAT_TEMPLATE_MAX_BYTES, &src, &len, err);
     if (rc != TDM_OK)
         return tdm_error_prefix(err, rc,
-                                "chat template file %s (not a built-in name: %s; at most %d "
-                                "bytes): ",
+                                "chat template '%s' is not a built-in name (%s) nor a readable "
+                                "template file of at most %d bytes: ",
                                 path, TDM_CHAT_TEMPLATE_NAMES, TDM_CHAT_TEMPLATE_MAX_BYTES);
     out->jinja = tdm_chat_jinja_compile(src, len, err);
     free(src);
