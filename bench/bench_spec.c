@@ -118,7 +118,7 @@ static int bench_open(bench_t *b, const bench_cfg_t *c)
     tdm_error_t err = {0};
     if (!(b->model = tdm_model_load(c->model_path, &err)) ||
         !(b->tok = tdm_tokenizer_new(tdm_model_gguf(b->model), &err)) ||
-        tdm_chat_template_pick(tdm_model_gguf(b->model), NULL, &b->pick, &err) != TDM_OK)
+        tdm_chat_template_pick(tdm_model_gguf(b->model), b->tok, NULL, &b->pick, &err) != TDM_OK)
         goto out_fail;
     const tdm_llama_hparams_t *hp = tdm_model_hparams(b->model);
     b->n_vocab = hp->n_vocab;
@@ -149,6 +149,7 @@ static void bench_close(bench_t *b)
     tdm_worker_destroy(&b->w_off);
     tdm_engine_destroy(&b->engine);
     tdm_kv_pool_destroy(&b->pool);
+    tdm_chat_pick_release(&b->pick);
     tdm_tokenizer_destroy(&b->tok);
     tdm_model_destroy(&b->model);
 }

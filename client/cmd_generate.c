@@ -32,60 +32,59 @@
 
 static void usage(FILE *out)
 {
-    fprintf(
-        out,
-        "usage: tandem generate [-m MODEL] (-p PROMPT | -f FILE | --chat MESSAGE) [options]\n"
-        "\n"
-        "With -m, runs the model in this process; without it, sends the request to the\n"
-        "router. Streams the generated text to stdout; prompt tokens, TTFT, TPOT and decode\n"
-        "speed go to stderr at the end.\n"
-        "\n"
-        "input:\n"
-        "  -m, --model FILE          GGUF model: run in this process (default: the router)\n"
-        "  -p, --prompt TEXT         raw prompt (special tokens like <|im_start|> are parsed)\n"
-        "  -f, --file FILE           read the raw prompt from FILE ('-' for stdin)\n"
-        "      --chat MESSAGE        a user message rendered with the chat template\n"
-        "      --system TEXT         system message for --chat (default: the template's)\n"
-        "      --tools FILE          with --chat: the functions the model may call, a JSON\n"
-        "                            array of OpenAI tools rendered by the template as given\n"
-        "      --chat-template NAME  chatml, llama3, llama2 or gemma (default: from the model;\n"
-        "                            -m only)\n"
-        "sampling (default: greedy):\n"
-        "  -n, --max-tokens N        tokens to generate at most (default 256)\n"
-        "      --preset NAME         precise, chat or creative; options below override it\n"
-        "      --temperature T       0 = greedy, up to 5\n"
-        "      --top-k K             0 = off\n"
-        "      --top-p P             (0, 1], 1 = off\n"
-        "      --min-p P             [0, 1), 0 = off\n"
-        "      --repetition-penalty R   (0, 10], 1 = off\n"
-        "      --presence-penalty X  [-2, 2]\n"
-        "      --frequency-penalty X [-2, 2]\n"
-        "      --seed S              random seed (default 0)\n"
-        "      --ignore-eos          keep generating after end-of-generation tokens\n"
-        "      --logit-bias ID:BIAS  add BIAS in [-100, 100] to token ID's logit\n"
-        "                            (-100 bans it, 100 forces it; repeatable, at most 300)\n"
-        "structured output (at most one; docs/api.md \"Structured output\"):\n"
-        "      --json-schema FILE    the output is JSON matching the JSON Schema in FILE\n"
-        "      --json-object         the output is a JSON object\n"
-        "      --grammar FILE        the output matches the GBNF grammar in FILE (rule root)\n"
-        "      --regex RE            the output matches the regular expression RE\n"
-        "      --choice A,B,...      the output is one of the comma-separated strings\n"
-        "router (without -m):\n"
-        "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
-        "                            " TDM_CLIENT_DEFAULT_ENDPOINT ")\n"
-        "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
-        "      --timeout SECONDS     deadline of the request (default 600)\n"
-        "      --stop STR            stop string (repeatable, at most 16)\n"
-        "      --choices N           N choices of the prompt (OpenAI's n, 1..16; seeds S + i,\n"
-        "                            one prefill), each printed whole under its label\n"
-        "engine (with -m):\n"
-        "  -t, --threads N           CPU threads (default: all)\n"
-        "  -c, --ctx N               context length (default: min(4096, model's))\n"
-        "      --batch N             prefill chunk, tokens per forward pass (default 512)\n"
-        "      --kv-dtype T          f16 (default), f32 or q8\n"
-        "      --device D            cpu (default), cuda or cuda:N (CUDA builds: the engine\n"
-        "                            and its KV on GPU N, as a node's device: cuda:N)\n"
-        "  -h, --help                this help\n");
+    fprintf(out,
+            "usage: tandem generate [-m MODEL] (-p PROMPT | -f FILE | --chat MESSAGE) [options]\n"
+            "\n"
+            "With -m, runs the model in this process; without it, sends the request to the\n"
+            "router. Streams the generated text to stdout; prompt tokens, TTFT, TPOT and decode\n"
+            "speed go to stderr at the end.\n"
+            "\n"
+            "input:\n"
+            "  -m, --model FILE          GGUF model: run in this process (default: the router)\n"
+            "  -p, --prompt TEXT         raw prompt (special tokens like <|im_start|> are parsed)\n"
+            "  -f, --file FILE           read the raw prompt from FILE ('-' for stdin)\n"
+            "      --chat MESSAGE        a user message rendered with the chat template\n"
+            "      --system TEXT         system message for --chat (default: the template's)\n"
+            "      --tools FILE          with --chat: the functions the model may call, a JSON\n"
+            "                            array of OpenAI tools rendered by the template as given\n"
+            "      --chat-template NAME|FILE  chatml, llama3, llama2, gemma or a Jinja template\n"
+            "                            file (default: the model's own; -m only)\n"
+            "sampling (default: greedy):\n"
+            "  -n, --max-tokens N        tokens to generate at most (default 256)\n"
+            "      --preset NAME         precise, chat or creative; options below override it\n"
+            "      --temperature T       0 = greedy, up to 5\n"
+            "      --top-k K             0 = off\n"
+            "      --top-p P             (0, 1], 1 = off\n"
+            "      --min-p P             [0, 1), 0 = off\n"
+            "      --repetition-penalty R   (0, 10], 1 = off\n"
+            "      --presence-penalty X  [-2, 2]\n"
+            "      --frequency-penalty X [-2, 2]\n"
+            "      --seed S              random seed (default 0)\n"
+            "      --ignore-eos          keep generating after end-of-generation tokens\n"
+            "      --logit-bias ID:BIAS  add BIAS in [-100, 100] to token ID's logit\n"
+            "                            (-100 bans it, 100 forces it; repeatable, at most 300)\n"
+            "structured output (at most one; docs/api.md \"Structured output\"):\n"
+            "      --json-schema FILE    the output is JSON matching the JSON Schema in FILE\n"
+            "      --json-object         the output is a JSON object\n"
+            "      --grammar FILE        the output matches the GBNF grammar in FILE (rule root)\n"
+            "      --regex RE            the output matches the regular expression RE\n"
+            "      --choice A,B,...      the output is one of the comma-separated strings\n"
+            "router (without -m):\n"
+            "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
+            "                            " TDM_CLIENT_DEFAULT_ENDPOINT ")\n"
+            "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
+            "      --timeout SECONDS     deadline of the request (default 600)\n"
+            "      --stop STR            stop string (repeatable, at most 16)\n"
+            "      --choices N           N choices of the prompt (OpenAI's n, 1..16; seeds S + i,\n"
+            "                            one prefill), each printed whole under its label\n"
+            "engine (with -m):\n"
+            "  -t, --threads N           CPU threads (default: all)\n"
+            "  -c, --ctx N               context length (default: min(4096, model's))\n"
+            "      --batch N             prefill chunk, tokens per forward pass (default 512)\n"
+            "      --kv-dtype T          f16 (default), f32 or q8\n"
+            "      --device D            cpu (default), cuda or cuda:N (CUDA builds: the engine\n"
+            "                            and its KV on GPU N, as a node's device: cuda:N)\n"
+            "  -h, --help                this help\n");
 }
 
 typedef struct gen_opts {
@@ -255,7 +254,7 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
 {
     char *file_text = NULL;
     tdm_prompt_input_t in = {0};
-    tdm_chat_pick_t pick;
+    tdm_chat_pick_t pick = {0};
     tdm_chat_message_t user = {.role = "user", .content = o->chat};
     int rc = TDM_OK;
     if (o->prompt) {
@@ -270,25 +269,22 @@ static int encode_prompt(const gen_opts_t *o, const tdm_gguf_t *g, const tdm_tok
             return rc;
         in.text = file_text;
     } else {
-        tdm_chat_template_t named;
-        if (o->chat_template) {
-            rc = tdm_chat_template_from_name(o->chat_template, &named, err);
-            if (rc != TDM_OK)
-                return rc;
-        }
-        rc = tdm_chat_template_pick(g, o->chat_template ? &named : NULL, &pick, err);
+        rc = tdm_chat_template_pick(g, tok, o->chat_template, &pick, err);
         if (rc != TDM_OK)
             return rc;
         in.messages = &user;
         in.n_messages = 1;
         in.system = o->system;
         size_t tools_len;
-        if (o->tools &&
-            (rc = tdm_read_file(o->tools, (size_t)1 << 24, &file_text, &tools_len, err)) != TDM_OK)
+        if (o->tools && (rc = tdm_read_file(o->tools, (size_t)1 << 24, &file_text, &tools_len,
+                                            err)) != TDM_OK) {
+            tdm_chat_pick_release(&pick);
             return rc;
+        }
         in.tools = file_text;
     }
     rc = tdm_prompt_encode(tok, o->chat ? &pick : NULL, &in, ids, n_ids, NULL, err);
+    tdm_chat_pick_release(&pick);
     free(file_text);
     return rc;
 }

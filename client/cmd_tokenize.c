@@ -49,16 +49,16 @@ static void usage(FILE *out)
             "                          prompt already starts with it)\n"
             "      --chat MESSAGE      render MESSAGE as a user turn through the chat template,\n"
             "                          with the assistant prompt after it, and tokenize the\n"
-            "                          result as a prompt: special tokens matched, BOS added\n"
-            "                          when the model's tokenizer adds one and the template\n"
-            "                          does not write it\n"
+            "                          result as a prompt: special tokens matched, one BOS\n"
+            "                          when the model's tokenizer adds one (docs/models.md)\n"
             "      --system TEXT       with --chat: the system message (default: the template's\n"
             "                          own default, if any)\n"
             "      --tools FILE        with --chat: tools (a JSON array of OpenAI tool objects)\n"
             "                          the template renders into the system message\n"
-            "      --chat-template NAME  with --chat: chatml, llama3, llama2 or gemma (default:\n"
-            "                          detected from the model's tokenizer.chat_template, or\n"
-            "                          gemma for a Gemma model without one)\n"
+            "      --chat-template NAME|FILE  with --chat: a built-in template (chatml, llama3,\n"
+            "                          llama2 or gemma) or a Jinja template file (default: the\n"
+            "                          model's tokenizer.chat_template, or gemma for a Gemma\n"
+            "                          model without one)\n"
             "  -h, --help              this help\n"
             "\n"
             "exit status: 0 success, 1 error (file, model, tokenizer), 2 bad usage\n",
@@ -110,20 +110,21 @@ static void print_quoted(const char *s, size_t n)
 }
 
 /* Tokenizes the --chat message as the router and `tandem generate -m` do
- * (tdm_chat_template_pick, tdm_prompt_encode) with the named template (NULL: the one the
- * model's tokenizer.chat_template names) and the tools of the file tools (NULL: none).
- * Returns 0 with a heap array in *ids, or 1 (message printed). */
-static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
-                       const tdm_chat_template_t *named, const char *system, const char *message,
-                       const char *tools, tdm_token_t **ids, size_t *n_ids)
+ * (tdm_chat_template_pick, tdm_prompt_encode) with the template override (a built-in name
+ * or a template file; NULL: the model's tokenizer.chat_template) and the tools of the file tools
+ * (NULL: none). Returns 0 with a heap array in *ids, or 1 (message printed). */
+static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok, const char *override,
+                       const char *system, const char *message, const char *tools,
+                       tdm_token_t **ids, size_t *n_ids)
 {
     tdm_error_t err = {0};
-    tdm_chat_pick_t pick;
+    tdm_chat_pick_t pick = {0};
     char *tools_text = NULL;
     size_t tools_len;
-    if (tdm_chat_template_pick(g, named, &pick, &err) != TDM_OK ||
+    if (tdm_chat_template_pick(g, tok, override, &pick, &err) != TDM_OK ||
         (tools && tdm_read_file(tools, (size_t)1 << 24, &tools_text, &tools_len, &err) != TDM_OK)) {
         fprintf(stderr, "tandem tokenize: %s\n", err.msg);
+        tdm_chat_pick_release(&pick);
         return 1;
     }
     tdm_chat_message_t user = {.role = "user", .content = message};
@@ -131,11 +132,10 @@ static int encode_chat(const tdm_gguf_t *g, const tdm_tokenizer_t *tok,
         .messages = &user, .n_messages = 1, .system = system, .tools = tools_text};
     int rc = tdm_prompt_encode(tok, &pick, &in, ids, n_ids, NULL, &err);
     free(tools_text);
-    if (rc != TDM_OK) {
-        fprintf(stderr, "tandem tokenize: chat template %s: %s\n",
-                tdm_chat_template_name(pick.tmpl), err.msg);
-        return 1;
-    }
+    if (rc != TDM_OK)
+        fprintf(stderr, "tandem tokenize: chat template %s: %s\n", pick.origin, err.msg);
+    tdm_chat_pick_release(&pick);
+    return rc != TDM_OK;
     return 0;
 }
 
@@ -144,7 +144,6 @@ typedef struct tok_opts {
     const char *model, *file, *chat, *system, *template_name, *tools;
     const char *text; /* the TEXT operand, or NULL */
     bool special, pieces, bos;
-    tdm_chat_template_t named; /* --chat-template, parsed */
 } tok_opts_t;
 
 /* Parses the command line into *o. Returns 0 to go on, or the exit status with *done set (0
@@ -185,8 +184,7 @@ static int parse_args(int argc, char **argv, tok_opts_t *o, bool *done)
     }
     o->text = n_text == 1 ? argv[optind] : NULL;
     tdm_error_t err = {0};
-    if (o->template_name &&
-        tdm_chat_template_from_name(o->template_name, &o->named, &err) != TDM_OK) {
+    if (o->template_name && tdm_chat_template_check(o->template_name, &err) != TDM_OK) {
         fprintf(stderr, "tandem tokenize: --chat-template: %s\n", err.msg);
         return 2;
     }
@@ -339,8 +337,7 @@ int tdm_cmd_tokenize(int argc, char **argv)
     size_t n_ids = 0;
     status = open_tokenizer(&o, &g, &tok);
     if (status == 0 && o.chat)
-        status = encode_chat(g, tok, o.template_name ? &o.named : NULL, o.system, o.chat, o.tools,
-                             &ids, &n_ids);
+        status = encode_chat(g, tok, o.template_name, o.system, o.chat, o.tools, &ids, &n_ids);
     else if (status == 0)
         status = encode_text(&o, tok, &ids, &n_ids);
     if (status == 0 && o.chat && o.bos)

@@ -53,6 +53,10 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
         snprintf(param, cap, "messages%s", field + 13);
         return;
     }
+    if (strncmp(field, "chat.chat_template", 18) == 0) { /* and chat.chat_template_kwargs */
+        snprintf(param, cap, "%s", field + 5);
+        return;
+    }
     if (strncmp(field, "tokens.ids", 10) == 0) { /* the token-id prompt's element: prompt[3] */
         snprintf(param, cap, "prompt%s", field + 10);
         return;

@@ -3,9 +3,9 @@
  *
  * Request fields follow OpenAI's API reference (and vLLM's extensions: top_k, min_p,
  * repetition_penalty, stop_token_ids, ignore_eos, include_stop_str_in_output) and Tandem's
- * speculative ("auto" | "off"); unknown fields
- * are ignored as vLLM does. Type errors name the field; range checks are the router's, whose
- * messages name the field too (tdm_error_t's field, OpenAI's name).
+ * speculative ("auto" | "off"), and on chat vLLM's chat_template and chat_template_kwargs;
+ * unknown fields are ignored as vLLM does. Type errors name the field; range checks are the
+ * router's, whose messages name the field too (tdm_error_t's field, OpenAI's name).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -20,6 +20,7 @@
 
 #include "http_openai.h"
 #include "http_json.h"
+#include "tandem/chat.h"
 #include "tandem/sampling.h"
 
 #define OAI_COMPLETION_DEFAULT_MAX_TOKENS 16
@@ -522,6 +523,46 @@ static int parse_choices(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* chat_template (a string of at most TDM_CHAT_TEMPLATE_MAX_BYTES: the Jinja source used
+ * instead of the model's) and chat_template_kwargs (an object of more template variables), as
+ * vLLM takes them. The router compiles and renders them (router/validate.c). */
+static int parse_chat_template(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *t = field(p->root, "chat_template");
+    if (t && !json_is_null(t)) {
+        if (!json_is_string(t))
+            return tdm_error_set_field(p->err, TDM_EINVALID, "chat_template",
+                                       "chat_template must be a string (Jinja source), got %s",
+                                       oai_type_name(t));
+        if (json_string_length(t) > TDM_CHAT_TEMPLATE_MAX_BYTES)
+            return tdm_error_set_field(p->err, TDM_EINVALID, "chat_template",
+                                       "chat_template has %zu bytes, more than the limit of %d",
+                                       json_string_length(t), TDM_CHAT_TEMPLATE_MAX_BYTES);
+        if (json_string_length(t) > 0)
+            q->chat_template = json_string_value(t);
+    }
+    json_t *kw = field(p->root, "chat_template_kwargs");
+    if (!kw || json_is_null(kw))
+        return TDM_OK;
+    if (!json_is_object(kw))
+        return tdm_error_set_field(p->err, TDM_EINVALID, "chat_template_kwargs",
+                                   "chat_template_kwargs must be an object, got %s",
+                                   oai_type_name(kw));
+    static const char *const reserved[] = {"messages", "tools"};
+    for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
+        if (json_object_get(kw, reserved[i]))
+            return tdm_error_set_field(p->err, TDM_EINVALID, "chat_template_kwargs",
+                                       "chat_template_kwargs.%s: is set by the request's own %s "
+                                       "field",
+                                       reserved[i], reserved[i]);
+    if (json_object_size(kw) == 0)
+        return TDM_OK;
+    q->chat_template_kwargs = json_dumps(kw, JSON_COMPACT);
+    if (!q->chat_template_kwargs)
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    return TDM_OK;
+}
+
 /* Fields Tandem does not implement: refused when they ask for something, so a client never
  * gets a silently different answer. */
 static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
@@ -533,6 +574,7 @@ static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
         int rc = oai_tools_parse(p->root, &q->tools, p->err);
         if (rc != TDM_OK)
             return rc;
+        return parse_chat_template(p, q);
     }
     return TDM_OK;
 }
@@ -563,6 +605,8 @@ static int client_request(oai_req_t *q, tdm_error_t *err)
                                                .name = q->chat.messages[i]->name};
         c->messages = q->cmsgs;
         c->n_messages = n;
+        c->chat_template = q->chat_template;
+        c->chat_template_kwargs = q->chat_template_kwargs;
     }
     if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK) {
         /* OpenAI's body has these at its top level: "sampling.X: ..." is said as "X: ..." */
@@ -756,6 +800,7 @@ void oai_req_clear(oai_req_t *q)
     if (q->creqs != &q->creq)
         free(q->creqs);
     oai_tools_clear(&q->tools);
+    free(q->chat_template_kwargs);
     free(q->constraint_text);
     if (q->root)
         json_decref(q->root);

@@ -45,11 +45,13 @@ typedef struct oai_req {
     char model[256];     /* the model name echoed in responses */
     long long created;
     bool stream;
-    bool include_usage; /* stream_options.include_usage */
-    bool logprobs;      /* return logprobs */
-    int top_logprobs;   /* how many alternatives per token */
-    const char *echo;   /* completions with echo: the prompt text to put first; else NULL */
-    oai_tools_t tools;  /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
+    bool include_usage;         /* stream_options.include_usage */
+    bool logprobs;              /* return logprobs */
+    int top_logprobs;           /* how many alternatives per token */
+    const char *echo;           /* completions with echo: the prompt text to put first; else NULL */
+    oai_tools_t tools;          /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
+    const char *chat_template;  /* chat: the request's chat_template (points into root), or NULL */
+    char *chat_template_kwargs; /* chat: chat_template_kwargs as JSON object text (heap), or NULL */
 
     /* choices and prompt lists: the answer has n_prompts * n choices, choice p * n + j being
      * the j-th of prompt p; each prompt is one GENERATE call (creqs[p]) asking best_of >= n

@@ -10,6 +10,7 @@
 #include "http_openai.h"
 #include "http_json.h"
 #include "http_tokenize.h"
+#include "tandem/chat.h"
 #include "tandem/prompt.h"
 
 /* The error body for code (a tdm status) naming param, *status its HTTP status. New
@@ -64,7 +65,10 @@ static json_t *tok_root(const char *body, size_t len, const char *served, unsign
     return root;
 }
 
-/* The ids of the prompt or messages of root (q holds the parsed chat when messages). */
+/* The ids of the prompt or messages of root (q holds the parsed chat when messages, with its
+ * tools, chat_template and chat_template_kwargs). A request's own chat_template is compiled
+ * here for this request (the gateway's threads share no cache; generation requests go through
+ * the router's, router/template_cache.h). */
 static int tok_encode(const tdm_http_vocab_t *v, json_t *root, const oai_req_t *q, bool special,
                       bool gen_prompt, tdm_token_t **ids, size_t *n, tdm_error_t *err)
 {
@@ -78,7 +82,21 @@ static int tok_encode(const tdm_http_vocab_t *v, json_t *root, const oai_req_t *
     in.messages = q->creq.messages;
     in.n_messages = q->creq.n_messages;
     in.tools = q->creq.tools;
-    return tdm_prompt_encode(v->tok, v->pick, &in, ids, n, NULL, err);
+    in.template_kwargs = json_object_get(root, "chat_template_kwargs");
+    if (json_is_null(in.template_kwargs))
+        in.template_kwargs = NULL;
+    tdm_jinja_t *own = NULL;
+    if (q->chat_template) {
+        own = tdm_chat_jinja_compile(q->chat_template, strlen(q->chat_template), err);
+        if (!own) {
+            tdm_error_prefix(err, err->code, "chat_template: ");
+            return tdm_error_field(err, "chat_template");
+        }
+        in.jinja = own;
+    }
+    int rc = tdm_prompt_encode(v->tok, v->pick, &in, ids, n, NULL, err);
+    tdm_jinja_destroy(&own);
+    return rc;
 }
 
 /* {"count", "max_model_len", "tokens", "token_strs"} of ids. */
@@ -149,7 +167,11 @@ json_t *http_tokenize_json(const tdm_http_vocab_t *v, const char *served, const 
     tdm_error_t err = {0};
     int rc = tok_encode(v, root, have_q ? &q : NULL, special, gen_prompt, &ids, &n, &err);
     if (rc != TDM_OK) {
-        out = tok_error(status, rc, have_q ? "messages" : "prompt", err.msg);
+        out = tok_error(status, rc,
+                        err.field[0] ? err.field
+                        : have_q     ? "messages"
+                                     : "prompt",
+                        err.msg);
     } else {
         *status = 200;
         out = tok_response(v, ids, n, strs);

@@ -48,13 +48,19 @@ static int load_model(tdm_router_t *r, tdm_error_t *err)
     r->fingerprint = sm.fingerprint;
     r->layout = sm.layout;
     r->block_size = sm.layout.block_size;
-    /* The template: the config's override, else the family the model names
-     * (tdm_chat_template_pick, the rule `tandem generate -m` and `tandem tokenize` share). */
+    /* The template: the config's override, else the model's tokenizer.chat_template compiled
+     * once here (tdm_chat_template_pick, the rule `tandem generate -m` and `tandem tokenize`
+     * share). A model template that does not compile refuses the model; one without a template
+     * Tandem can use only fails chat requests. */
     tdm_error_t terr = {0};
-    const tdm_chat_template_t *override =
-        cfg->model.chat_template_set ? &cfg->model.chat_template : NULL;
-    if (tdm_chat_template_pick(tdm_model_gguf(r->model), override, &r->chat, &terr) == TDM_OK) {
+    rc = tdm_chat_template_pick(tdm_model_gguf(r->model), r->tok, cfg->model.chat_template,
+                                &r->chat, &terr);
+    if (rc == TDM_OK) {
         r->have_template = true;
+    } else if (terr.field[0] || rc != TDM_EINVALID) {
+        if (err)
+            *err = terr;
+        return rc;
     } else {
         snprintf(r->template_error, sizeof r->template_error, "%s", terr.msg);
         tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL,
@@ -200,6 +206,8 @@ void tdm_router_destroy(tdm_router_t **self_p)
     rt_req_table_fini(r);
     rt_sched_fini(r);
     rt_nodes_fini(r);
+    rt_template_cache_fini(&r->templates);
+    tdm_chat_pick_release(&r->chat);
     tdm_tokenizer_destroy(&r->tok);
     tdm_model_destroy(&r->model);
     free(r);
@@ -327,8 +335,7 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
     info.fingerprint = r->fingerprint;
     info.n_ctx = r->n_ctx;
     info.n_vocab = r->n_vocab;
-    info.chat_template =
-        r->have_template ? (char *)tdm_chat_template_name(r->chat.tmpl) : (char *)"";
+    info.chat_template = r->have_template ? r->chat.origin : (char *)"";
     /* the shape, for capacity planning with the nodes' sizing functions (tandem/kv.h) */
     const tdm_llama_hparams_t *hp = tdm_model_hparams(r->model);
     info.n_layers = r->layout.n_layers;

@@ -30,6 +30,7 @@
 #include "heap.h"
 #include "index.h"
 #include "router.h"
+#include "template_cache.h"
 #include "transport.h"
 #include "tandem/base.h"
 #include "tandem/chat.h"
@@ -274,7 +275,8 @@ struct tdm_router {
     tdm_model_t *model;
     tdm_tokenizer_t *tok;
     bool have_template;
-    tdm_chat_pick_t chat; /* the template chat requests use; set when have_template */
+    tdm_chat_pick_t chat;          /* the template chat requests use; set when have_template */
+    rt_template_cache_t templates; /* requests' own chat_template, compiled (template_cache.h) */
     char template_error[TDM_ERRMSG_MAX];
     uint32_t n_ctx, n_vocab, block_size;
     uint64_t fingerprint;

@@ -7,6 +7,7 @@
  * call too, so they make the same ids of the same input; token-id input is taken as it is.
  */
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,14 +162,42 @@ static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs
     return TDM_OK;
 }
 
-/* Chat input -> *ids, rendered with the router's template. */
+/* The request's own chat_template (compiled through the router's cache) and
+ * chat_template_kwargs (parsed) into in; NULL/none when the request has none. */
+static int chat_template_of(tdm_router_t *r, const Tandem__V1__ChatList *chat,
+                            tdm_prompt_input_t *in, json_t **kwargs, tdm_error_t *err)
+{
+    *kwargs = NULL;
+    if (chat->chat_template && chat->chat_template[0]) {
+        in->jinja = rt_template_cache_get(&r->templates, chat->chat_template,
+                                          strlen(chat->chat_template), err);
+        if (!in->jinja) {
+            tdm_error_prefix(err, err->code, "chat.chat_template: ");
+            return tdm_error_field(err, "chat.chat_template");
+        }
+    }
+    if (!chat->chat_template_kwargs || !chat->chat_template_kwargs[0])
+        return TDM_OK;
+    *kwargs = json_loads(chat->chat_template_kwargs, 0, NULL);
+    if (!json_is_object(*kwargs)) {
+        json_decref(*kwargs);
+        *kwargs = NULL;
+        return tdm_error_set_field(err, TDM_EINVALID, "chat.chat_template_kwargs",
+                                   "chat.chat_template_kwargs must be a JSON object");
+    }
+    in->template_kwargs = *kwargs;
+    return TDM_OK;
+}
+
+/* Chat input -> *ids, rendered with the router's template (or the request's own). */
 static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, const rt_req_t *q,
                          tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
     size_t n = chat ? chat->n_messages : 0;
     if (n == 0)
         return tdm_error_set_field(err, TDM_EINVALID, "chat.messages", "chat.messages is empty");
-    if (!r->have_template)
+    bool own = chat->chat_template && chat->chat_template[0];
+    if (!r->have_template && !own)
         return tdm_error_set_field(err, TDM_EPRECONDITION, "chat",
                                    "chat: the model has no chat template the router knows (%s)",
                                    r->template_error);
@@ -176,15 +205,20 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
     if (!msgs)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     char *text = NULL;
+    json_t *kwargs = NULL;
+    tdm_prompt_input_t in = {.messages = msgs, .n_messages = n, .tools = chat->tools};
     int rc = chat_check(chat, msgs, err);
+    if (rc == TDM_OK)
+        rc = chat_template_of(r, chat, &in, &kwargs, err);
     if (rc == TDM_OK) {
-        tdm_prompt_input_t in = {.messages = msgs, .n_messages = n, .tools = chat->tools};
-        rc = tdm_prompt_encode(r->tok, &r->chat, &in, ids, n_ids, &text, err);
+        rc = tdm_prompt_encode(r->tok, r->have_template ? &r->chat : NULL, &in, ids, n_ids, &text,
+                               err);
         if (rc != TDM_OK) {
             tdm_error_prefix(err, rc, "chat.messages: ");
             tdm_error_field(err, "chat.messages");
         }
     }
+    json_decref(kwargs);
     free(msgs);
     if (rc == TDM_OK)
         tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "chat prompt: %s", text);

@@ -216,6 +216,8 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
         chat.n_messages = req->n_messages;
         chat.messages = msg_ptrs;
         chat.tools = (char *)(uintptr_t)str_or_empty(req->tools);
+        chat.chat_template = (char *)(uintptr_t)str_or_empty(req->chat_template);
+        chat.chat_template_kwargs = (char *)(uintptr_t)str_or_empty(req->chat_template_kwargs);
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
         m.chat = &chat;
     } else {

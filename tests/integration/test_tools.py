@@ -1,7 +1,9 @@
 """OpenAI tool calling through the router's HTTP gateway, driven by the unmodified `openai`
 package (and LangChain's ChatOpenAI when langchain-openai is in the venv) against a real
-cluster with the default model (SmolLM2-135M-Instruct, a ChatML model: tools are rendered in
-the Hermes format, docs/api.md "Tool calling").
+cluster with the default model (SmolLM2-135M-Instruct, a ChatML model) served with the
+built-in `chatml` template (`model.chat_template: chatml`): tools are rendered in the Hermes
+format, docs/api.md "Tool calling". (SmolLM2's own GGUF template, the default otherwise, has
+no tools section and renders none.)
 
 The prompt is checked token for token: the test renders the Hermes text itself and counts its
 tokens with `tandem tokenize --special`, and the greedy answer equals `tandem generate -m
@@ -53,7 +55,7 @@ TOOLS = [WEATHER, TIME]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    yield from http_cluster(tmp_path_factory, "tools")
+    yield from http_cluster(tmp_path_factory, "tools", chat_template="chatml")
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +180,8 @@ def test_auto_and_none_answer_as_the_single_process(oai, model, tmp_path):
     # the tools too (OpenAI / vLLM) and only skips the parsing
     tools_file = tmp_path / "tools.json"
     tools_file.write_text(json.dumps([json.loads(tool_json(t)) for t in TOOLS]))
-    ref = reference(chat=QUESTION, max_tokens=40, extra=["--tools", str(tools_file)])
+    ref = reference(chat=QUESTION, max_tokens=40,
+                    extra=["--tools", str(tools_file), "--chat-template", "chatml"])
     msgs = [{"role": "user", "content": QUESTION}]
     none = oai.chat.completions.create(model=model, messages=msgs, tools=TOOLS,
                                        tool_choice="none", max_tokens=40, temperature=0)

@@ -281,7 +281,7 @@ static void test_gemma_detect(void **state)
         assert_int_equal(t, TDM_CHAT_TEMPLATE_GEMMA);
         assert_string_equal(def, "");
         tdm_chat_pick_t pick;
-        assert_int_equal(tdm_chat_template_pick(g, NULL, &pick, NULL), TDM_OK);
+        assert_int_equal(tdm_chat_template_pick(g, NULL, NULL, &pick, NULL), TDM_OK);
         assert_int_equal(pick.tmpl, TDM_CHAT_TEMPLATE_GEMMA);
         tdm_gguf_destroy(&g);
         free(buf);
@@ -302,13 +302,106 @@ static void test_gemma_detect(void **state)
     free(buf);
 }
 
+/* Renders src (compiled as transformers compiles) with in; returns the heap output or NULL
+ * with *err set. */
+static char *jinja_render(const char *src, const tdm_chat_jinja_input_t *in, bool *raised,
+                          tdm_error_t *err)
+{
+    tdm_jinja_t *t = tdm_chat_jinja_compile(src, strlen(src), err);
+    assert_non_null(t);
+    char *out = NULL;
+    int rc = tdm_chat_apply_jinja(t, in, &out, NULL, raised, err);
+    tdm_jinja_destroy(&t);
+    assert_int_equal(rc == TDM_OK, out != NULL);
+    return out;
+}
+
+/* The variables a Jinja template sees: messages with tool-call arguments parsed into objects,
+ * tools, bos/eos, add_generation_prompt, kwargs merged over them; the errors. */
+static void test_jinja_inputs(void **state)
+{
+    (void)state;
+    const tdm_chat_message_t msgs[] = {
+        {.role = "user", .content = "Weather?"},
+        {.role = "assistant",
+         .tool_calls = "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": "
+                       "\"w\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\", \\\"n\\\": 3}\"}}]"},
+        {.role = "tool", .content = "snow", .tool_call_id = "c1"}};
+    json_t *kw = json_pack("{s:b, s:s}", "enable_thinking", 0, "bos_token", "<B>");
+    tdm_chat_jinja_input_t in = {.msgs = msgs,
+                                 .n = 3,
+                                 .tools =
+                                     "[{\"type\": \"function\", \"function\": {\"name\": \"w\"}}]",
+                                 .add_generation_prompt = true,
+                                 .bos_token = "<s>",
+                                 .eos_token = "</s>",
+                                 .kwargs = kw,
+                                 .now = 86400};
+    tdm_error_t err = {0};
+    bool raised = true;
+    char *out = jinja_render(
+        "{{ bos_token }}{% for m in messages %}{{ m.role }}:{{ m.content }}"
+        "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}"
+        "{{ m.tool_calls[0].function.arguments.city }}{% endif %}{{ m.tool_call_id }};"
+        "{% endfor %}{{ tools[0].function.name }}{{ eos_token }}{{ add_generation_prompt }}"
+        "{{ enable_thinking }}{{ documents is none }}{{ strftime_now('%d') }}",
+        &in, &raised, &err);
+    assert_non_null(out);
+    assert_false(raised);
+    assert_string_equal(out, "<B>user:Weather?;assistant:None{\"city\": \"Oslo\", \"n\": 3}Oslo;"
+                             "tool:snowc1;w</s>TrueFalseTrue02");
+    free(out);
+
+    /* raise_exception's message exactly; other failures with line:column */
+    in.kwargs = NULL;
+    assert_null(
+        jinja_render("{{ raise_exception('no ' + messages[0].role) }}", &in, &raised, &err));
+    assert_true(raised);
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_string_equal(err.msg, "no user");
+    assert_null(jinja_render("x\n{{ messages[0].content + 1 }}", &in, &raised, &err));
+    assert_false(raised);
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "chat template: 2:"));
+    /* a render limit is the template's fault too: 400, not 429 */
+    assert_null(
+        jinja_render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", &in, &raised, &err));
+    assert_int_equal(err.code, TDM_EINVALID);
+    if (!strstr(err.msg, "1:"))
+        fail_msg("%s", err.msg);
+
+    /* kwargs must be an object and may not replace messages or tools */
+    json_t *bad = json_pack("{s:[]}", "messages");
+    in.kwargs = bad;
+    assert_null(jinja_render("x", &in, NULL, &err));
+    assert_string_equal(err.msg, "chat_template_kwargs.messages: is set by the request's own "
+                                 "messages field");
+    json_decref(bad);
+    bad = json_array();
+    in.kwargs = bad;
+    assert_null(jinja_render("x", &in, NULL, &err));
+    assert_string_equal(err.msg, "chat_template_kwargs: must be a JSON object");
+    json_decref(bad);
+    in.kwargs = NULL;
+    in.tools = "{}";
+    assert_null(jinja_render("x", &in, NULL, &err));
+    assert_string_equal(err.msg, "tools: not a JSON array of tools");
+    in.tools = NULL;
+    const tdm_chat_message_t robot[] = {{.role = "robot", .content = "x"}};
+    in.msgs = robot;
+    in.n = 1;
+    assert_null(jinja_render("x", &in, NULL, &err));
+    assert_non_null(strstr(err.msg, "message 0 has role 'robot'"));
+    json_decref(kw);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chatml_tools), cmocka_unit_test(test_llama3_tools),
         cmocka_unit_test(test_tool_errors),  cmocka_unit_test(test_gemma_tools),
         cmocka_unit_test(test_gemma_golden), cmocka_unit_test(test_gemma_rules),
-        cmocka_unit_test(test_gemma_detect),
+        cmocka_unit_test(test_gemma_detect), cmocka_unit_test(test_jinja_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tandem/chat.h"
 #include "tandem/config.h"
 
 /* Loads text as "cluster.yaml" and expects success. */
@@ -63,9 +64,9 @@ static void assert_str_or_null_equal(const char *a, const char *b)
 static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
 {
     assert_string_equal(a->model.path, b->model.path);
-    assert_int_equal(a->model.chat_template_set, b->model.chat_template_set);
-    if (a->model.chat_template_set)
-        assert_int_equal(a->model.chat_template, b->model.chat_template);
+    assert_int_equal(a->model.chat_template == NULL, b->model.chat_template == NULL);
+    if (a->model.chat_template)
+        assert_string_equal(a->model.chat_template, b->model.chat_template);
     assert_string_equal(a->model.name, b->model.name);
     assert_string_equal(a->router.client_endpoint, b->router.client_endpoint);
     assert_string_equal(a->router.node_endpoint, b->router.node_endpoint);
@@ -144,7 +145,7 @@ static void test_defaults(void **state)
     assert_string_equal(cfg.model.path,
                         "/tmp/xdg-cache/tandem/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert_string_equal(cfg.model.name, "SmolLM2-135M-Instruct.Q4_1");
-    assert_false(cfg.model.chat_template_set);
+    assert_null(cfg.model.chat_template);
     assert_string_equal(cfg.router.client_endpoint, "tcp://127.0.0.1:7600");
     assert_string_equal(cfg.router.node_endpoint, "tcp://127.0.0.1:7601");
     assert_string_equal(cfg.router.http_address, "127.0.0.1");
@@ -324,8 +325,7 @@ static void test_full_file(void **state)
     tdm_config_t cfg;
     load_ok(full_yaml, &cfg);
     assert_string_equal(cfg.model.path, "/models/llama.gguf");
-    assert_true(cfg.model.chat_template_set);
-    assert_int_equal(cfg.model.chat_template, TDM_CHAT_TEMPLATE_LLAMA3);
+    assert_string_equal(cfg.model.chat_template, "llama3");
     assert_string_equal(cfg.model.name, "llama-3-8b");
     assert_string_equal(cfg.router.client_endpoint, "tcp://10.0.0.1:9600");
     assert_string_equal(cfg.router.node_endpoint, "tcp://10.0.0.1:9601");
@@ -403,13 +403,65 @@ static void test_full_file(void **state)
     tdm_config_free(&cfg);
 }
 
+/* Writes len bytes of text to a fresh temporary file whose path goes into path (cap bytes). */
+static void temp_file(const char *text, size_t len, char *path, size_t cap)
+{
+    snprintf(path, cap, "/tmp/tdm-test-config-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, len, f), len);
+    fclose(f);
+}
+
+/* model.chat_template naming a file: loaded when it compiles; refused, naming the path and the
+ * limit or the line:column, when it is too big or does not compile. */
+static void test_chat_template_file(void **state)
+{
+    (void)state;
+    char path[64], yaml[160];
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    temp_file("{% for m in messages %}{{ m.content }}{% endfor %}\n", 51, path, sizeof path);
+    snprintf(yaml, sizeof yaml, "model:\n  chat_template: %s\n", path);
+    load_ok(yaml, &cfg);
+    assert_string_equal(cfg.model.chat_template, path);
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+    unlink(path);
+
+    size_t big = TDM_CHAT_TEMPLATE_MAX_BYTES + 1;
+    char *text = malloc(big);
+    assert_non_null(text);
+    memset(text, 'x', big);
+    temp_file(text, big, path, sizeof path);
+    free(text);
+    snprintf(yaml, sizeof yaml, "model:\n  chat_template: %s\n", path);
+    assert_int_equal(tdm_config_load_string(yaml, strlen(yaml), "c.yaml", &cfg, &err),
+                     TDM_EINVALID);
+    assert_string_equal(err.field, "model.chat_template");
+    assert_non_null(strstr(err.msg, path));
+    assert_non_null(strstr(err.msg, "262144"));
+    unlink(path);
+
+    temp_file("ok\n{{ x + }}", 12, path, sizeof path);
+    snprintf(yaml, sizeof yaml, "model:\n  chat_template: %s\n", path);
+    assert_int_equal(tdm_config_load_string(yaml, strlen(yaml), "c.yaml", &cfg, &err),
+                     TDM_EINVALID);
+    char where[80];
+    snprintf(where, sizeof where, "%s: 2:", path);
+    if (!strstr(err.msg, where))
+        fail_msg("%s", err.msg);
+    unlink(path);
+}
+
 static void test_chat_template_gemma(void **state)
 {
     (void)state;
     tdm_config_t cfg;
     load_ok("model:\n  chat_template: gemma\n", &cfg);
-    assert_true(cfg.model.chat_template_set);
-    assert_int_equal(cfg.model.chat_template, TDM_CHAT_TEMPLATE_GEMMA);
+    assert_string_equal(cfg.model.chat_template, "gemma");
     assert_round_trip(&cfg);
     tdm_config_free(&cfg);
 }
@@ -718,8 +770,9 @@ static void test_error_enums(void **state)
                "cluster.yaml:2: key 'log.level': must be one of debug, info, warn, error, off; "
                "got 'loud'");
     load_fails("model:\n  chat_template: vicuna\n",
-               "cluster.yaml:2: key 'model.chat_template': must be one of chatml, llama3, "
-               "llama2, gemma; got 'vicuna'");
+               "cluster.yaml:2: key 'model.chat_template': chat template 'vicuna' is not a "
+               "built-in name (chatml, llama3, llama2 or gemma) nor a readable template file of "
+               "at most 262144 bytes: vicuna: No such file or directory");
     load_fails("nodes:\n  - id: a\n    role: both\n",
                "cluster.yaml:3: key 'nodes[0].role': must be one of prefill, decode; got 'both'");
     load_fails("nodes:\n  - id: a\n    role: decode\n    device: gpu\n",
@@ -1262,6 +1315,7 @@ int main(void)
         cmocka_unit_test(test_error_unknown_keys),
         cmocka_unit_test(test_error_wrong_types),
         cmocka_unit_test(test_error_enums),
+        cmocka_unit_test(test_chat_template_file),
         cmocka_unit_test(test_error_ranges),
         cmocka_unit_test(test_error_duplicates),
         cmocka_unit_test(test_error_missing_and_conflicts),

@@ -152,6 +152,9 @@ static void test_filters_methods(void **state)
            NULL, "True True 1 2");
     expect("{{ d.get('a') }} {{ d.get('z', 0) }} {{ d.keys() | list }}", "{\"d\": {\"a\": 1}}",
            "1 0 ['a']");
+    /* trim is Python's str.strip: Unicode whitespace too (U+3000, U+00A0), by code point */
+    expect("{{ '\xe3\x80\x80 x \xc2\xa0' | trim }}|{{ 'xy\xc3\xa9x' | trim('x\xc3\xa9') }}", NULL,
+           "x|y");
     expect("{{ strftime_now('%Y-%m-%d') }}", NULL, "1970-01-01");
     expect("{{ 'hello_world-x' | title }} {{ 'hello_world-x'.title() }}", NULL,
            "Hello_world-X Hello_World-X");

@@ -44,9 +44,10 @@ static void close_model(tdm_gguf_t **g, tdm_tokenizer_t **tok, void *data)
     free(data);
 }
 
-/* No override: the detected family and its default system message; an override of the same
- * family keeps the message, another family drops it; an unknown template is an error only
- * without an override. */
+/* No override: the model's tokenizer.chat_template compiled as Jinja; a built-in name picks
+ * that family, keeping the default system message only for the model's own family; a model
+ * template that does not compile is an error (field tokenizer.chat_template, line:column) that
+ * an override gets past; an override file must exist. */
 static void test_pick(void **state)
 {
     (void)state;
@@ -58,25 +59,38 @@ static void test_pick(void **state)
     open_model(tpl, false, &g, &tok, &data);
     tdm_chat_pick_t pick;
     tdm_error_t err = {0};
-    assert_int_equal(tdm_chat_template_pick(g, NULL, &pick, &err), 0);
+    assert_int_equal(tdm_chat_template_pick(g, tok, NULL, &pick, &err), 0);
+    assert_non_null(pick.jinja);
+    assert_string_equal(pick.origin, "gguf");
+    assert_string_equal(pick.bos_token, "<|im_start|>");
+    assert_string_equal(pick.eos_token, "<|im_end|>");
+    tdm_chat_pick_release(&pick);
+    assert_null(pick.jinja);
+    assert_int_equal(tdm_chat_template_pick(g, tok, "chatml", &pick, &err), 0);
+    assert_null(pick.jinja);
     assert_int_equal(pick.tmpl, TDM_CHAT_TEMPLATE_CHATML);
     assert_string_equal(pick.default_system, "Be kind.");
-    tdm_chat_template_t t = TDM_CHAT_TEMPLATE_CHATML;
-    assert_int_equal(tdm_chat_template_pick(g, &t, &pick, &err), 0);
-    assert_string_equal(pick.default_system, "Be kind.");
-    t = TDM_CHAT_TEMPLATE_LLAMA3;
-    assert_int_equal(tdm_chat_template_pick(g, &t, &pick, &err), 0);
+    assert_int_equal(tdm_chat_template_pick(g, tok, "llama3", &pick, &err), 0);
     assert_int_equal(pick.tmpl, TDM_CHAT_TEMPLATE_LLAMA3);
     assert_string_equal(pick.default_system, "");
+    assert_string_equal(pick.origin, "llama3");
     close_model(&g, &tok, data);
 
-    open_model("{{ messages }}", false, &g, &tok, &data);
-    assert_int_equal(tdm_chat_template_pick(g, NULL, &pick, &err), TDM_EINVALID);
-    assert_non_null(strstr(err.msg, "chat_template"));
-    t = TDM_CHAT_TEMPLATE_LLAMA2;
-    assert_int_equal(tdm_chat_template_pick(g, &t, &pick, &err), 0);
+    open_model("Hi\n{% if %}", false, &g, &tok, &data);
+    assert_int_equal(tdm_chat_template_pick(g, tok, NULL, &pick, &err), TDM_EINVALID);
+    assert_null(pick.jinja);
+    assert_string_equal(err.field, "tokenizer.chat_template");
+    assert_non_null(strstr(err.msg, "does not compile"));
+    assert_non_null(strstr(err.msg, ": 2:"));
+    assert_int_equal(tdm_chat_template_pick(g, tok, "llama2", &pick, &err), 0);
     assert_int_equal(pick.tmpl, TDM_CHAT_TEMPLATE_LLAMA2);
     assert_string_equal(pick.default_system, "");
+    assert_int_equal(tdm_chat_template_pick(g, tok, "/nonexistent/t.jinja", &pick, &err),
+                     TDM_ENOTFOUND);
+    assert_non_null(strstr(err.msg, "/nonexistent/t.jinja"));
+    assert_non_null(strstr(err.msg, "262144 bytes"));
+    assert_int_equal(tdm_chat_template_check("/nonexistent/t.jinja", &err), TDM_ENOTFOUND);
+    assert_int_equal(tdm_chat_template_check("gemma", &err), 0);
     close_model(&g, &tok, data);
 }
 

@@ -19,6 +19,7 @@
 #include "index.h"
 #include "metrics.h"
 #include "router.h"
+#include "template_cache.h"
 #include "tandem/list.h"
 #include "tandem/config.h"
 #include "tandem/constraint.h"
@@ -1025,12 +1026,9 @@ static void test_validation(void **state)
     m0.role = (char *)"robot";
     m0.content = (char *)"hi";
     bad(e, &g, TDM_EINVALID, "robot");
-    chat.n_messages = 2;
+    /* (a system message after the first is the template's business with a Jinja template, as
+     * in transformers; test_chat.c checks the built-in templates refuse it) */
     m0.role = (char *)"user";
-    m1.role = (char *)"system";
-    m1.content = (char *)"late";
-    bad(e, &g, TDM_EINVALID, "chat.messages: ");
-    chat.n_messages = 1;
     m0.content = (char *)"bad \xe2\x82";
     bad(e, &g, TDM_EINVALID, "chat.messages[0].content is not valid UTF-8");
 
@@ -1058,7 +1056,7 @@ static void test_validation(void **state)
     uint64_t hc = send_req(e, M(HEALTH), &hr.base, NULL, 0);
     expect_end(e, hc, 0, "not ready");
     const tdm_router_metrics_t *mt = tdm_router_metrics(e->r);
-    assert_int_equal(mt->requests_by_status[3], 24);
+    assert_int_equal(mt->requests_by_status[3], 23);
     assert_int_equal(mt->requests_by_status[5], 1);
     tdm_router_shutdown(e->r);
     expect_end(e, first, TDM_EUNAVAILABLE, "router shutting down");
@@ -2166,7 +2164,7 @@ static void test_status_health_models(void **state)
     assert_int_equal(mo->models[0]->n_ctx, 256);
     assert_int_equal(mo->models[0]->n_vocab, 512);
     assert_int_equal(mo->models[0]->fingerprint, tdm_router_fingerprint(e->r));
-    assert_string_equal(mo->models[0]->chat_template, "chatml");
+    assert_string_equal(mo->models[0]->chat_template, "gguf"); /* the model's own, compiled */
     protobuf_c_message_free_unpacked(&mo->base, NULL);
 
     fake_heartbeat(e, &e->d0, 60, 0);
@@ -2878,14 +2876,17 @@ static void chat_args(char *buf, size_t cap, const char *system, const char *tmp
              tmpl ? tmpl : "");
 }
 
-/* The prompt text the case must render, BOS included (decoded with special tokens). */
+/* The prompt text the case must render, BOS included (decoded with special tokens). The
+ * model's own Jinja template (tmpl NULL) writes "<|im_start|>", the BOS text, first: llama.cpp's
+ * rule cuts it and the tokenizer's BOS stands for it, so there is one; the built-in ChatML gets
+ * BOS added in front of its own "<|im_start|>". */
 static void expected_prompt(char *buf, size_t cap, const char *system, const char *tmpl)
 {
     if (!tmpl || strcmp(tmpl, "chatml") == 0)
         snprintf(buf, cap,
-                 "<|im_start|><|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n" PROMPT_USER
+                 "%s<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n" PROMPT_USER
                  "<|im_end|>\n<|im_start|>assistant\n",
-                 system ? system : PROMPT_SYSTEM);
+                 tmpl ? "<|im_start|>" : "", system ? system : PROMPT_SYSTEM);
     else if (strcmp(tmpl, "llama3") == 0)
         snprintf(buf, cap,
                  "<|begin_of_text|>%s%s%s<|start_header_id|>user<|end_header_id|>\n\n" PROMPT_USER
@@ -2943,22 +2944,20 @@ static void prompt_case(const char *model, const char *tmpl, const char *system)
     assert_int_equal(tdm_tokenizer_decode(e->tok, ids, n, true, &text, &text_len, NULL), 0);
     assert_string_equal(text, want);
     free(text);
-    bool chatml = !tmpl || strcmp(tmpl, "chatml") == 0;
+    bool chatml = tmpl && strcmp(tmpl, "chatml") == 0;
     assert_int_equal(ids[0] == 510 && ids[1] == 510, chatml);
 
     /* tdm_prompt_encode with the same pick, system message given explicitly */
-    tdm_chat_template_t named;
     tdm_error_t err = {0};
-    if (tmpl)
-        assert_int_equal(tdm_chat_template_from_name(tmpl, &named, &err), 0);
     tdm_chat_pick_t pick;
-    assert_int_equal(
-        tdm_chat_template_pick(tdm_model_gguf(e->model), tmpl ? &named : NULL, &pick, &err), 0);
+    assert_int_equal(tdm_chat_template_pick(tdm_model_gguf(e->model), e->tok, tmpl, &pick, &err),
+                     0);
     tdm_chat_message_t user = {.role = "user", .content = PROMPT_USER};
     tdm_prompt_input_t in = {.messages = &user, .n_messages = 1, .system = system};
     int32_t *mine = NULL;
     size_t n_mine = 0;
     assert_int_equal(tdm_prompt_encode(e->tok, &pick, &in, &mine, &n_mine, NULL, &err), 0);
+    tdm_chat_pick_release(&pick);
     assert_int_equal(n_mine, n);
     assert_memory_equal(mine, ids, n * sizeof *ids);
     free(mine);
@@ -3011,6 +3010,150 @@ static void test_max_tokens_unset(void **state)
     protobuf_c_message_free_unpacked(&rs->base, NULL);
     (void)call;
     env_free(e);
+}
+
+/* Starts a router on model with the model section's extra yaml; returns it (NULL with *err). */
+static tdm_router_t *router_on(const char *model, const char *extra, tdm_net_t *net,
+                               tdm_logger_t *log, tdm_config_t *cfg, tdm_error_t *err)
+{
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, "model:\n  path: %s\n%snodes:\n  - {id: d, role: decode}\n", model,
+             extra);
+    if (tdm_config_load_string(yaml, strlen(yaml), "t.yaml", cfg, err) != 0)
+        fail_msg("config: %s", err->msg);
+    free(cfg->router.client_endpoint); /* the OS picks the ports */
+    free(cfg->router.node_endpoint);
+    cfg->router.client_endpoint = tdm_strdup("tcp://127.0.0.1:*");
+    cfg->router.node_endpoint = tdm_strdup("tcp://127.0.0.1:*");
+    return tdm_router_new(cfg, net, log, err);
+}
+
+/* A model whose own template does not compile refuses the router's start, naming
+ * tokenizer.chat_template and the line:column; an override (a built-in name or a template file)
+ * serves it anyway. */
+static void test_broken_model_template(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/tdm_router_tpl_XXXXXX", model[64], file[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(model, sizeof model, "%s/broken.gguf", dir);
+    snprintf(file, sizeof file, "%s/t.jinja", dir);
+    tdm_tiny_llama_spec_t spec = {.n_vocab = 512, .n_ctx = N_CTX, .seed = 7};
+    tdm_gguf_writer_t *w = NULL;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_test_tiny_llama_build(&spec, &w, &err), 0);
+    assert_int_equal(tdm_gguf_writer_set_str(w, "tokenizer.chat_template", "hi\n{% for %}"), 0);
+    assert_int_equal(tdm_gguf_writer_write_file(w, model, &err), 0);
+    tdm_gguf_writer_destroy(&w);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("{% for m in messages %}{{ m.content }}{% endfor %}", f);
+    fclose(f);
+    tdm_logger_t log;
+    tdm_log_init(&log, "router");
+    log.level = TDM_LOG_OFF;
+    tdm_net_t *net = tdm_net_new(1, &err);
+    assert_non_null(net);
+    tdm_config_t cfg;
+    tdm_router_t *r = router_on(model, "", net, &log, &cfg, &err);
+    assert_null(r);
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_string_equal(err.field, "tokenizer.chat_template");
+    assert_non_null(strstr(err.msg, "does not compile"));
+    assert_non_null(strstr(err.msg, ": 2:"));
+    tdm_config_free(&cfg);
+    char extra[128];
+    const char *const overrides[] = {"chatml", file};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(extra, sizeof extra, "  chat_template: %s\n", overrides[i]);
+        r = router_on(model, extra, net, &log, &cfg, &err);
+        if (!r)
+            fail_msg("override %s: %s", overrides[i], err.msg);
+        tdm_router_destroy(&r);
+        tdm_config_free(&cfg);
+    }
+    tdm_net_destroy(&net);
+    unlink(model);
+    unlink(file);
+    rmdir(dir);
+}
+
+/* A request's own chat_template, with its chat_template_kwargs, renders the prompt instead of
+ * the model's (bos_token's text cut and BOS added as for the model's template); a template
+ * that does not compile, kwargs that are no object and a raise_exception are refused naming the
+ * field, raise_exception with the template's own message. */
+static void test_request_chat_template(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__ChatMessage m0 = TANDEM__V1__CHAT_MESSAGE__INIT;
+    m0.role = (char *)"user";
+    m0.content = (char *)"hi";
+    Tandem__V1__ChatMessage *msgs[1] = {&m0};
+    Tandem__V1__ChatList chat = TANDEM__V1__CHAT_LIST__INIT;
+    chat.n_messages = 1;
+    chat.messages = msgs;
+    chat.chat_template =
+        (char *)"{{ bos_token }}{{ greeting }}{% for m in messages %}{{ m.content }}{% endfor %}";
+    chat.chat_template_kwargs = (char *)"{\"greeting\": \"<|im_end|>\"}";
+    Tandem__V1__GenerateRequest g = TANDEM__V1__GENERATE_REQUEST__INIT;
+    g.request_id = (char *)"r-tpl";
+    g.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
+    g.chat = &chat;
+    g.max_tokens = 1;
+    generate(e, &g);
+    Tandem__V1__DecodeReserve *rs = reserve_and_ack(e, &e->d0);
+    int32_t *hi = NULL;
+    size_t n_hi = 0;
+    assert_int_equal(tdm_tokenizer_encode(e->tok, "hi", 2, false, true, &hi, &n_hi, NULL), 0);
+    assert_int_equal(rs->spec->n_prompt_tokens, 2 + n_hi); /* BOS once, <|im_end|>, "hi" */
+    assert_int_equal(rs->spec->prompt_tokens[0], 510);
+    assert_int_equal(rs->spec->prompt_tokens[1], 511);
+    assert_memory_equal(rs->spec->prompt_tokens + 2, hi, n_hi * sizeof *hi);
+    free(hi);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+
+    g.request_id = (char *)"r-tpl-bad";
+    chat.chat_template = (char *)"{{ x + }}";
+    bad(e, &g, TDM_EINVALID, "chat.chat_template: 1:");
+    chat.chat_template = (char *)"{{ raise_exception('no ' + messages[0].content) }}";
+    bad(e, &g, TDM_EINVALID, "chat.messages: no hi");
+    chat.chat_template = (char *)"{{ messages[0].content }}";
+    chat.chat_template_kwargs = (char *)"[1]";
+    bad(e, &g, TDM_EINVALID, "chat.chat_template_kwargs must be a JSON object");
+    env_free(e);
+}
+
+/* The cache compiles a text once, finds it by hash and bytes, evicts the least recently used
+ * when full, and passes compile errors through. */
+static void test_template_cache(void **state)
+{
+    (void)state;
+    rt_template_cache_t c;
+    memset(&c, 0, sizeof c);
+    tdm_error_t err = {0};
+    const tdm_jinja_t *a = rt_template_cache_get(&c, "A{{ 1 }}", 8, &err);
+    assert_non_null(a);
+    assert_ptr_equal(rt_template_cache_get(&c, "A{{ 1 }}", 8, &err), a);
+    assert_int_equal(c.compiles, 1);
+    char src[RT_TEMPLATE_CACHE_SIZE][16];
+    for (int i = 0; i < RT_TEMPLATE_CACHE_SIZE - 1; i++) {
+        snprintf(src[i], sizeof src[i], "t%d", i);
+        assert_non_null(rt_template_cache_get(&c, src[i], strlen(src[i]), &err));
+    }
+    assert_int_equal(c.compiles, RT_TEMPLATE_CACHE_SIZE);
+    assert_ptr_equal(rt_template_cache_get(&c, "A{{ 1 }}", 8, &err), a); /* now the most recent */
+    assert_non_null(rt_template_cache_get(&c, "new", 3, &err));          /* evicts "t0" */
+    assert_ptr_equal(rt_template_cache_get(&c, "A{{ 1 }}", 8, &err), a);
+    assert_int_equal(c.compiles, RT_TEMPLATE_CACHE_SIZE + 1);
+    assert_non_null(rt_template_cache_get(&c, "t0", 2, &err));
+    assert_int_equal(c.compiles, RT_TEMPLATE_CACHE_SIZE + 2);
+    assert_null(rt_template_cache_get(&c, "ok\n{% if %}", 11, &err));
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "2:"));
+    rt_template_cache_fini(&c);
 }
 
 /* Waits for the END of a refused call and checks its ErrorDetail body: the field at fault
@@ -4242,6 +4385,9 @@ int main(void)
         cmocka_unit_test(test_admission),
         cmocka_unit_test(test_admission_decode_passes),
         cmocka_unit_test(test_max_tokens_unset),
+        cmocka_unit_test(test_request_chat_template),
+        cmocka_unit_test(test_template_cache),
+        cmocka_unit_test(test_broken_model_template),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
         cmocka_unit_test(test_round_robin),

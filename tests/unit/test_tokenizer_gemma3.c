@@ -217,7 +217,7 @@ static void test_chat_pick_model(void **state)
                      TDM_ENOTFOUND);
     tdm_chat_pick_t pick;
     tdm_error_t err = {0};
-    if (tdm_chat_template_pick(fx->gguf, NULL, &pick, &err) != TDM_OK)
+    if (tdm_chat_template_pick(fx->gguf, fx->tok, NULL, &pick, &err) != TDM_OK)
         fail_msg("pick: %s", err.msg);
     assert_int_equal(pick.tmpl, TDM_CHAT_TEMPLATE_GEMMA);
     assert_string_equal(pick.default_system, "");
@@ -236,6 +236,71 @@ static void test_chat_pick_model(void **state)
     assert_int_equal(ids[1], 105);
     free(ids);
     free(text);
+}
+
+/* Gemma 3's own Jinja template (google/gemma-3-*-it's, tests/golden/gemma3_chat_template.jinja,
+ * given as a template file since the 270M GGUF carries none) and the built-in Gemma path give
+ * the same prompt ids as llama.cpp's golden ones for every golden chat: the template writes
+ * "<bos>" (bos_token), the prompt rule cuts it and the tokenizer adds BOS, so one BOS (id 2). */
+static void test_chat_jinja_equals_builtin(void **state)
+{
+    fixture_t *fx = require_fixture(state);
+    tdm_chat_pick_t jinja, builtin;
+    tdm_error_t err = {0};
+    if (tdm_chat_template_pick(fx->gguf, fx->tok,
+                               TDM_SOURCE_DIR "/tests/golden/gemma3_chat_template.jinja", &jinja,
+                               &err) != TDM_OK)
+        fail_msg("pick: %s", err.msg);
+    assert_non_null(jinja.jinja);
+    assert_string_equal(jinja.bos_token, "<bos>");
+    assert_int_equal(tdm_chat_template_pick(fx->gguf, fx->tok, NULL, &builtin, &err), 0);
+    assert_null(builtin.jinja);
+    const json_t *chats = json_object_get(fx->golden, "chat");
+    for (size_t i = 0; i < json_array_size(chats); i++) {
+        const json_t *c = json_array_get(chats, i);
+        const json_t *jm = json_object_get(c, "messages");
+        size_t n = json_array_size(jm);
+        tdm_chat_message_t msgs[8];
+        assert_true(n <= 8);
+        for (size_t k = 0; k < n; k++) {
+            const json_t *m = json_array_get(jm, k);
+            msgs[k] =
+                (tdm_chat_message_t){.role = json_string_value(json_object_get(m, "role")),
+                                     .content = json_string_value(json_object_get(m, "content"))};
+        }
+        tdm_prompt_input_t in = {.messages = msgs,
+                                 .n_messages = n,
+                                 .no_generation_prompt =
+                                     !json_is_true(json_object_get(c, "add_generation_prompt"))};
+        tdm_token_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        assert_int_equal(tdm_prompt_encode(fx->tok, &jinja, &in, &a, &na, NULL, &err), 0);
+        assert_int_equal(tdm_prompt_encode(fx->tok, &builtin, &in, &b, &nb, NULL, &err), 0);
+        size_t n_want;
+        tdm_token_t *want = tdm_test_json_ids(json_object_get(c, "ids"), &n_want);
+        if (!tdm_test_ids_equal(want, n_want, a, na) || !tdm_test_ids_equal(b, nb, a, na)) {
+            tdm_test_print_ids("  golden   ", want, n_want);
+            tdm_test_print_ids("  built-in ", b, nb);
+            tdm_test_print_ids("  jinja    ", a, na);
+            fail_msg("chat %zu: token ids differ", i);
+        }
+        assert_int_equal(a[0], 2);
+        assert_int_not_equal(a[1], 2);
+        free(a);
+        free(b);
+        free(want);
+    }
+    /* the template's own refusal comes back as jinja2's message, exactly */
+    const tdm_chat_message_t two[] = {{.role = "user", .content = "a"},
+                                      {.role = "user", .content = "b"}};
+    tdm_prompt_input_t in = {.messages = two, .n_messages = 2};
+    tdm_token_t *ids = NULL;
+    size_t n_ids = 0;
+    assert_int_equal(tdm_prompt_encode(fx->tok, &jinja, &in, &ids, &n_ids, NULL, &err),
+                     TDM_EINVALID);
+    assert_string_equal(err.msg,
+                        "Conversation roles must alternate user/assistant/user/assistant/...");
+    tdm_chat_pick_release(&jinja);
 }
 
 static void test_chat_golden_ids(void **state)
@@ -348,7 +413,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encode_golden),   cmocka_unit_test(test_decode_golden),
         cmocka_unit_test(test_special_tokens),  cmocka_unit_test(test_chat_pick_model),
-        cmocka_unit_test(test_chat_golden_ids), cmocka_unit_test(test_encode_speed),
+        cmocka_unit_test(test_chat_golden_ids), cmocka_unit_test(test_chat_jinja_equals_builtin),
+        cmocka_unit_test(test_encode_speed),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

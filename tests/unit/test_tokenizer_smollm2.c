@@ -20,6 +20,7 @@
 #include "tandem/chat.h"
 #include "tandem/config.h"
 #include "tandem/gguf.h"
+#include "tandem/prompt.h"
 #include "tandem/tokenizer.h"
 
 #define GOLDEN_PATH TDM_SOURCE_DIR "/tests/golden/smollm2_tokenizer.json"
@@ -190,6 +191,63 @@ static void test_chat_detect_model(void **state)
                      TDM_ERESOURCE);
     /* no buffer: only the family */
     assert_int_equal(tdm_chat_template_detect(fx->gguf, &t, NULL, 0, NULL), TDM_OK);
+}
+
+/* The model's own tokenizer.chat_template (compiled Jinja, the default now) and the built-in
+ * ChatML it replaced give the same prompt tokens for SmolLM2, conversation by conversation, with
+ * and without the generation prompt; and the ids are the real ones (<|im_start|> = 1, the default
+ * system message first when the chat has none). */
+static void test_chat_gguf_equals_builtin(void **state)
+{
+    fixture_t *fx = require_fixture(state);
+    static const tdm_chat_message_t c0[] = {{.role = "user", .content = "Hi"}};
+    static const tdm_chat_message_t c1[] = {{.role = "system", .content = "Be terse."},
+                                            {.role = "user", .content = "What is 2+2?"}};
+    static const tdm_chat_message_t c2[] = {
+        {.role = "user", .content = "What is 2+2?"},
+        {.role = "assistant", .content = "4."},
+        {.role = "user", .content = "And times 3 \xe2\x80\x94 in \xe2\x80\x9cwords\xe2\x80\x9d?"}};
+    static const tdm_chat_message_t c3[] = {{.role = "user", .content = "  spaced \n\n"},
+                                            {.role = "assistant", .content = ""},
+                                            {.role = "user", .content = "<|im_end|> inside"}};
+    static const struct {
+        const tdm_chat_message_t *msgs;
+        size_t n;
+    } chats[] = {{c0, 1}, {c1, 2}, {c2, 3}, {c3, 3}};
+    tdm_chat_pick_t gguf, builtin;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_chat_template_pick(fx->gguf, fx->tok, NULL, &gguf, &err), 0);
+    assert_non_null(gguf.jinja);
+    assert_string_equal(gguf.origin, "gguf");
+    assert_int_equal(tdm_chat_template_pick(fx->gguf, fx->tok, "chatml", &builtin, &err), 0);
+    assert_null(builtin.jinja);
+    for (size_t i = 0; i < sizeof chats / sizeof chats[0]; i++) {
+        for (int gen = 0; gen < 2; gen++) {
+            tdm_prompt_input_t in = {
+                .messages = chats[i].msgs, .n_messages = chats[i].n, .no_generation_prompt = !gen};
+            tdm_token_t *a = NULL, *b = NULL;
+            size_t na = 0, nb = 0;
+            char *ta = NULL, *tb = NULL;
+            assert_int_equal(tdm_prompt_encode(fx->tok, &gguf, &in, &a, &na, &ta, &err), 0);
+            assert_int_equal(tdm_prompt_encode(fx->tok, &builtin, &in, &b, &nb, &tb, &err), 0);
+            assert_string_equal(ta, tb);
+            if (!tdm_test_ids_equal(b, nb, a, na)) {
+                tdm_test_print_ids("  built-in ", b, nb);
+                tdm_test_print_ids("  gguf     ", a, na);
+                fail_msg("chat %zu (generation prompt %d): token ids differ", i, gen);
+            }
+            assert_int_equal(a[0], 1); /* <|im_start|>, no BOS added (add_bos_token false) */
+            if (chats[i].msgs[0].role[0] != 's')
+                assert_non_null(strstr(ta, "<|im_start|>system\nYou are a helpful AI assistant "
+                                           "named SmolLM, trained by Hugging Face<|im_end|>\n"));
+            free(a);
+            free(b);
+            free(ta);
+            free(tb);
+        }
+    }
+    tdm_chat_pick_release(&gguf);
+    tdm_chat_pick_release(&builtin);
 }
 
 static void test_chat_golden(void **state)
@@ -437,10 +495,14 @@ static void test_chat_validation(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_encode_golden),        cmocka_unit_test(test_decode_golden),
-        cmocka_unit_test(test_chat_detect_model),    cmocka_unit_test(test_chat_golden),
-        cmocka_unit_test(test_chat_detect_families), cmocka_unit_test(test_chat_names),
+        cmocka_unit_test(test_encode_golden),
+        cmocka_unit_test(test_decode_golden),
+        cmocka_unit_test(test_chat_detect_model),
+        cmocka_unit_test(test_chat_golden),
+        cmocka_unit_test(test_chat_detect_families),
+        cmocka_unit_test(test_chat_names),
         cmocka_unit_test(test_chat_validation),
+        cmocka_unit_test(test_chat_gguf_equals_builtin),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -158,6 +158,10 @@ typedef struct tdm_client_request {
                                default, < 0 = none */
     const char *tools;      /* chat only: NULL/"" or OpenAI's tools as a JSON array text, rendered
                                by the model's chat template (tdm_chat_apply_tools) */
+    const char *chat_template; /* chat only: NULL/"" = the model's; else Jinja source rendered
+                                  instead (at most TDM_CHAT_TEMPLATE_MAX_BYTES, 256 KiB) */
+    const char *chat_template_kwargs; /* chat only: NULL/"" or a JSON object text of more
+                                         template variables (a Jinja template's) */
     /* Choices of the prompt, 0 or 1 = one, at most 16: choice i is sampled with seed + i (the
      * router draws the seed when SEED is not set) and the choices share the prompt's one
      * prefill. Each chunk names its choice (tdm_client_chunk_t.choice); every choice ends with
@@ -378,7 +382,8 @@ typedef struct tdm_client_model {
     uint64_t fingerprint;
     uint32_t n_ctx;
     uint32_t n_vocab;
-    char *chat_template; /* the template's name ("chatml"), "" if not told */
+    char *chat_template; /* the template: "gguf" (the model's own), "file" or a built-in name
+                            ("chatml"); "" if not told */
 } tdm_client_model_t;
 
 /* The models a router serves. Owns its arrays and strings. */

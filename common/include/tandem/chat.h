@@ -38,8 +38,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <jansson.h>
+#include <stdint.h>
+
 #include "tandem/base.h"
 #include "tandem/gguf.h"
+#include "tandem/jinja.h"
+#include "tandem/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -107,28 +112,96 @@ int tdm_chat_template_detect(const tdm_gguf_t *g, tdm_chat_template_t *out, char
  * the caller must tokenize the result with add_bos = false. Cannot fail. */
 bool tdm_chat_template_writes_bos(tdm_chat_template_t t);
 
-/* The template a model's prompts are rendered with and the default system message that goes
- * with it: what tdm_chat_template_pick chooses, what tdm_prompt_encode (tandem/prompt.h)
- * renders with. A plain value (about 4 KiB); nothing to free. */
+/* The largest chat template accepted, in bytes: a template file (model.chat_template,
+ * --chat-template) and a request's chat_template. The largest of llama.cpp's 70 templates has
+ * about 20 KiB. */
+#define TDM_CHAT_TEMPLATE_MAX_BYTES (256 * 1024)
+
+/* A bos_token / eos_token text buffer size, in bytes with the NUL. */
+#define TDM_CHAT_TOKEN_TEXT_MAX 128
+
+/* The template a model's prompts are rendered with: what tdm_chat_template_pick chooses, what
+ * tdm_prompt_encode (tandem/prompt.h) renders with. Either a compiled Jinja template (jinja
+ * not NULL: the model's tokenizer.chat_template or a template file) or a built-in family
+ * (tmpl, with the default system message that goes with it). Owns jinja: release with
+ * tdm_chat_pick_release; do not copy a pick that holds one. */
 typedef struct tdm_chat_pick {
-    tdm_chat_template_t tmpl;
-    char default_system[TDM_CHAT_DEFAULT_SYSTEM_MAX]; /* NUL-terminated; "" when none */
+    tdm_chat_template_t tmpl;                         /* the built-in, when jinja is NULL */
+    char default_system[TDM_CHAT_DEFAULT_SYSTEM_MAX]; /* built-in only; "" when none */
+    tdm_jinja_t *jinja;                               /* owned; NULL: the built-in tmpl */
+    char bos_token[TDM_CHAT_TOKEN_TEXT_MAX]; /* the BOS token's text ("<s>"); "" when none */
+    char eos_token[TDM_CHAT_TOKEN_TEXT_MAX]; /* the EOS token's text; "" when none */
+    char origin[32]; /* "gguf" (the model's tokenizer.chat_template), "file", or the built-in
+                        name ("chatml"): what /v1/models and the logs show */
 } tdm_chat_pick_t;
 
-/* Picks the template for the prompts of the model g: *override when override is not NULL (the
- * config's model.chat_template, the CLI's --chat-template), else the family
- * tdm_chat_template_detect finds in g's tokenizer.chat_template. The model's default system
- * message is kept only when the picked template is the detected family, so an override naming
- * the model's own family keeps it and one naming another family drops it (the message was
- * written for the model's own template). The router, `tandem generate -m` and `tandem
- * tokenize --chat` all pick with this function, so they render the same prompt.
- * Returns 0 with *out set, or, when override is NULL, the errors of tdm_chat_template_detect
- * (TDM_EINVALID: no recognisable template, the message names the settings that choose one;
- * TDM_ERESOURCE). With an override it cannot fail: a model whose own template is missing,
- * unrecognised or has a default system message too long for the buffer just gives none.
- * On error *out is unspecified. Borrows g and override; keeps nothing. */
-int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_chat_template_t *override,
+/* Picks the template for the prompts of the model g (tok: its tokenizer, for the BOS and EOS
+ * texts the templates read as bos_token and eos_token; NULL: both ""). override (NULL: none) is
+ * the config's model.chat_template or the CLI's --chat-template: a built-in name
+ * (TDM_CHAT_TEMPLATE_NAMES) or the path of a Jinja template file. The choice:
+ *  - a file: read (at most TDM_CHAT_TEMPLATE_MAX_BYTES) and compiled as transformers compiles
+ *    (trim_blocks, lstrip_blocks);
+ *  - a built-in name: that family; the model's default system message is kept only when the
+ *    model's own template is of that family (tdm_chat_template_detect);
+ *  - no override: the model's tokenizer.chat_template compiled as Jinja; a model without one
+ *    gets the built-in family tdm_chat_template_detect finds (Gemma for gemma* files).
+ * The router, `tandem generate -m` and `tandem tokenize --chat` all pick with this function,
+ * so they render the same prompt. On success *out holds the pick (release it with
+ * tdm_chat_pick_release). Errors (*out released): TDM_EINVALID with field
+ * "tokenizer.chat_template" when the model's template does not compile (the message has its
+ * line:column and names the override settings), with field "chat_template" when the override's
+ * file does not compile (path:line:column), and without a field when the model has no
+ * template Tandem can use (the detect error); TDM_ENOTFOUND / TDM_EUNAVAILABLE /
+ * TDM_ERESOURCE for an override file that is missing / unreadable / larger than the limit
+ * (the message names the path and the limit); TDM_ERESOURCE on out of memory.
+ * Borrows g, tok and override; keeps nothing of them. */
+int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_tokenizer_t *tok, const char *override,
                            tdm_chat_pick_t *out, tdm_error_t *err);
+
+/* Frees the Jinja template a pick holds and sets pick->jinja to NULL; accepts NULL. */
+void tdm_chat_pick_release(tdm_chat_pick_t *pick);
+
+/* Checks a model.chat_template / --chat-template value without a model: a built-in name, or a
+ * file that exists, is readable and holds at most TDM_CHAT_TEMPLATE_MAX_BYTES (compiling it
+ * needs no model, and is done too). Returns 0, or the errors of tdm_chat_template_pick's
+ * override file (the message names the path and the limit). `tandem config check` runs it. */
+int tdm_chat_template_check(const char *override, tdm_error_t *err);
+
+/* Compiles len bytes of Jinja chat template source as transformers' apply_chat_template does
+ * (trim_blocks and lstrip_blocks on). Returns the template (caller frees with
+ * tdm_jinja_destroy) or NULL: TDM_EINVALID ("line:column: what"; more than
+ * TDM_CHAT_TEMPLATE_MAX_BYTES also), TDM_ERESOURCE (out of memory). */
+tdm_jinja_t *tdm_chat_jinja_compile(const char *src, size_t len, tdm_error_t *err);
+
+/* What a Jinja chat template is rendered with (tdm_chat_apply_jinja). Pointers are borrowed. */
+typedef struct tdm_chat_jinja_input {
+    const tdm_chat_message_t *msgs; /* n messages (NULL when 0) */
+    size_t n;
+    const char *tools;          /* NULL/"" or OpenAI's tools, a JSON array text */
+    bool add_generation_prompt; /* the template's add_generation_prompt variable */
+    const char *bos_token;      /* the template's bos_token (NULL: "") */
+    const char *eos_token;      /* the template's eos_token (NULL: "") */
+    const json_t *kwargs;       /* NULL or a JSON object of more variables (a request's
+                                   chat_template_kwargs); its members override bos_token,
+                                   eos_token and add_generation_prompt */
+    int64_t now;                /* strftime_now's time, seconds since the epoch; < 0: the clock */
+} tdm_chat_jinja_input_t;
+
+/* Renders a Jinja chat template with the variables transformers' apply_chat_template passes:
+ * messages (each message's role, content (null when NULL), and when set tool_calls (the JSON
+ * array, each call's function.arguments parsed from its JSON text into an object as
+ * transformers expects; kept a string when it does not parse), tool_call_id and name), tools
+ * (the parsed array, or null), documents (null), add_generation_prompt, bos_token, eos_token,
+ * then the members of kwargs. Render limits are tandem/jinja.h's defaults.
+ * On success *out is a NUL-terminated heap string of *out_len bytes (out_len may be NULL) that
+ * the caller frees with free(). Errors (*out NULL): TDM_EINVALID for tools or tool_calls that
+ * are not JSON arrays, kwargs that is not an object or sets messages or tools, and for every
+ * template failure: jinja2's message with the template's line:column, raise_exception's
+ * message exactly (then *raised is true when raised is not NULL), and a render limit passed
+ * (output bytes, steps, depth, memory: the message names the limit and the line:column);
+ * TDM_ERESOURCE when building the variables runs out of memory. */
+int tdm_chat_apply_jinja(const tdm_jinja_t *tmpl, const tdm_chat_jinja_input_t *in, char **out,
+                         size_t *out_len, bool *raised, tdm_error_t *err);
 
 /* Renders n messages (msgs may be NULL when n is 0) with template t. add_generation_prompt
  * appends the header that opens the assistant's reply (ChatML "<|im_start|>assistant\n",

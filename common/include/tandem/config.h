@@ -63,14 +63,13 @@ typedef struct tdm_node_device {
 
 /* model: which weights to serve and how to present them. */
 typedef struct tdm_model_config {
-    char *path;             /* GGUF file; default tdm_model_default_path(); a leading "~/" is
-                               expanded with $HOME; relative paths are taken from the cwd */
-    bool chat_template_set; /* false: use the template the model's
-                               tokenizer.chat_template names */
-    tdm_chat_template_t chat_template; /* the override when chat_template_set ("chatml",
-                                          "llama3", "llama2" or "gemma" in the file) */
-    char *name; /* model name clients use (/v1/models); default: path's file name
-                   without the .gguf suffix */
+    char *path;          /* GGUF file; default tdm_model_default_path(); a leading "~/" is
+                            expanded with $HOME; relative paths are taken from the cwd */
+    char *chat_template; /* NULL: the model's tokenizer.chat_template; else a built-in name
+                            ("chatml", "llama3", "llama2", "gemma") or a Jinja template file's
+                            path ("~/" expanded), checked at load (tdm_chat_template_check) */
+    char *name;          /* model name clients use (/v1/models); default: path's file name
+                            without the .gguf suffix */
 } tdm_model_config_t;
 
 /* router: the client-facing endpoints and the scheduler's knobs. */

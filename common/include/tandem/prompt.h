@@ -7,18 +7,30 @@
  * agree. The rule:
  *  - raw text: tokenized with parse_special (control tokens' texts such as "<|im_start|>" are
  *    matched) and BOS added when the tokenizer says so (tokenizer.ggml.add_bos_token);
- *  - chat: rendered by tdm_chat_apply_tools (with the input's tools) with the picked
- *    template, its default system message and the generation prompt, then tokenized with
- * parse_special and BOS added when the tokenizer says so and the template does not write BOS's text
- * itself (tdm_chat_template_writes_bos), which is Hugging Face's add_special_tokens=False for chat
- * prompts.
+ *  - chat with a Jinja template (the request's, else the picked one: the model's
+ *    tokenizer.chat_template or a template file): rendered by tdm_chat_apply_jinja with the
+ *    messages, tools, the generation prompt, the model's bos/eos texts and the request's
+ *    kwargs, then tokenized with parse_special as llama.cpp's server does with --jinja: when
+ *    the tokenizer adds BOS (tokenizer.ggml.add_bos_token) and the rendering begins with the
+ *    BOS text, that text is cut and the tokenizer adds the BOS token, so a template that writes
+ *    bos_token gives one BOS, not two; otherwise the text is tokenized as it is, with BOS added
+ *    when the tokenizer says so. (vLLM tokenizes with add_special_tokens=False instead; the
+ *    two differ only for a template that does not write BOS on a model that adds one.)
+ *  - chat with a built-in template (a model without tokenizer.chat_template, or an override
+ *    naming chatml|llama3|llama2|gemma): rendered by tdm_chat_apply_tools (with the input's
+ *    tools) with the picked template, its default system message and the generation prompt,
+ *    then tokenized with parse_special and BOS added when the tokenizer says so and the
+ *    template does not write BOS's text itself (tdm_chat_template_writes_bos), which is Hugging
+ *    Face's add_special_tokens=False for chat prompts.
  *
  * Pure: no state, safe from any thread for a tokenizer that is.
  */
 #ifndef TANDEM_PROMPT_H
 #define TANDEM_PROMPT_H
 
+#include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "tandem/base.h"
 #include "tandem/chat.h"
@@ -43,6 +55,12 @@ typedef struct tdm_prompt_input {
                                   add_generation_prompt: false); requests always have it */
     bool no_bos;               /* add no BOS whatever the rule says (/tokenize's
                                   add_special_tokens: false) */
+    const tdm_jinja_t *jinja;  /* chat: NULL, or a template used instead of the picked one (a
+                                  request's chat_template, compiled by tdm_chat_jinja_compile) */
+    const json_t *template_kwargs; /* chat: NULL or a JSON object of more template variables
+                                      (chat_template_kwargs); Jinja templates only, the built-in
+                                      ones have no variables to set */
+    int64_t now; /* chat: strftime_now's time in seconds since the epoch; 0: the clock */
 } tdm_prompt_input_t;
 
 /* Encodes in as the rule above says. pick is the template (tdm_chat_template_pick); it may be
@@ -52,9 +70,11 @@ typedef struct tdm_prompt_input {
  * On success *ids is a heap array of *n_ids token ids (0 <= id < the vocabulary size) that the
  * caller frees with free(); it may be empty (an empty raw text without BOS) but is not NULL.
  * Callers check the length against their context themselves.
- * Errors: TDM_EINVALID for a chat without a template (pick NULL) or one tdm_chat_apply refuses
- * (unknown role, misplaced system message, broken Llama-2 alternation: the message names the
- * message's index, counting an explicit system message as index 0); TDM_ERESOURCE (out of
+ * Errors: TDM_EINVALID for a chat without a template (pick NULL and no in->jinja), one
+ * tdm_chat_apply refuses (unknown role, misplaced system message, broken Llama-2 alternation:
+ * the message names the message's index, counting an explicit system message as index 0) or
+ * a Jinja rendering that fails (tdm_chat_apply_jinja: jinja2's message with line:column,
+ * raise_exception's message, a render limit); TDM_ERESOURCE (out of
  * memory); TDM_EINTERNAL (the tokenizer's PCRE2 failed). On error *ids is NULL and *n_ids 0. */
 int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
                       const tdm_prompt_input_t *in, tdm_token_t **ids, size_t *n_ids,

@@ -761,27 +761,3 @@ out_free_prepared:
     prepared_free(&pp, n);
     return rc;
 }
-
-int tdm_chat_template_pick(const tdm_gguf_t *g, const tdm_chat_template_t *override,
-                           tdm_chat_pick_t *out, tdm_error_t *err)
-{
-    tdm_chat_template_t detected;
-    out->default_system[0] = '\0';
-    if (!override) {
-        int rc = tdm_chat_template_detect(g, &detected, out->default_system,
-                                          sizeof out->default_system, err);
-        if (rc != TDM_OK)
-            return rc;
-        out->tmpl = detected;
-        return TDM_OK;
-    }
-    /* the model's own template only lends its default system message to its own family; its
-     * errors do not matter here, the override stands */
-    tdm_error_t ignored = {0};
-    out->tmpl = *override;
-    if (tdm_chat_template_detect(g, &detected, out->default_system, sizeof out->default_system,
-                                 &ignored) != TDM_OK ||
-        detected != *override)
-        out->default_system[0] = '\0';
-    return TDM_OK;
-}

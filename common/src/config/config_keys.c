@@ -10,8 +10,10 @@
 #include <ctype.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "tandem/chat.h"
 #include "tandem/constraint.h"
 
 #define CURVE_KEY_LEN 40 /* a 32-byte key in Z85 text (zmq_z85_encode) */
@@ -53,11 +55,6 @@ static const char *compat_name(int v)
     return (unsigned)v < TDM_CONFIG_N_OF(compat_names) ? compat_names[v] : "?";
 }
 
-static const char *chat_template_name(int v)
-{
-    return tdm_chat_template_name((tdm_chat_template_t)v);
-}
-
 static const char *kv_dtype_name(int v)
 {
     return tdm_kv_dtype_name((tdm_kv_dtype_t)v);
@@ -71,8 +68,6 @@ static const char *log_level_name(int v)
 static const tdm_config_enum_t roles = {role_name, 2, NULL, NULL};
 static const tdm_config_enum_t policies = {policy_name, 3, NULL, NULL};
 static const tdm_config_enum_t compat = {compat_name, 2, NULL, NULL};
-static const tdm_config_enum_t chat_templates = {chat_template_name, TDM_CHAT_TEMPLATE_GEMMA + 1,
-                                                 NULL, NULL};
 static const tdm_config_enum_t kv_dtypes = {kv_dtype_name, TDM_KV_Q8 + 1, NULL, NULL};
 static const tdm_config_enum_t log_levels = {log_level_name, TDM_LOG_OFF + 1, tdm_log_level_parse,
                                              "(`warning` = `warn`)"};
@@ -159,6 +154,25 @@ static bool api_key_refused(const char *k, const char *got, char *why, size_t ca
         }
     }
     return false;
+}
+
+/* model.chat_template: a built-in name, or a template file that exists, is readable, fits
+ * the limit and compiles (tdm_chat_template_check). A leading "~/" is expanded as the loader
+ * will. */
+static bool chat_template_refused(const char *s, const char *got, char *why, size_t cap)
+{
+    (void)got;
+    char path[4096];
+    const char *home = getenv("HOME");
+    if (strncmp(s, "~/", 2) == 0 && home)
+        snprintf(path, sizeof path, "%s/%s", home, s + 2);
+    else
+        snprintf(path, sizeof path, "%s", s);
+    tdm_error_t err = {0};
+    if (tdm_chat_template_check(path, &err) == TDM_OK)
+        return false;
+    snprintf(why, cap, "%s", err.msg);
+    return true;
 }
 
 /* An Origin as browsers send it: "*", or scheme://host[:port] without a path. */
@@ -260,10 +274,12 @@ static const tdm_config_key_t keys[] = {
              NULL,
              "the GGUF file served; a leading `~/` is expanded, a relative path is taken from the "
              "working directory"),
-    ENUM_KEY(MODEL, "chat_template", CFG(model.chat_template), TDM_CONFIG_OPTIONAL,
-             offsetof(tdm_config_t, model.chat_template_set), &chat_templates, 0,
-             "the chat template; `null` uses the one the model's `tokenizer.chat_template` names "
-             "(Gemma's for a `gemma`/`gemma2`/`gemma3` file without one)"),
+    TEXT_KEY(MODEL, "chat_template", PATH, CFG(model.chat_template), TDM_CONFIG_OPTIONAL, NULL,
+             chat_template_refused,
+             "the chat template: a built-in name (`chatml`, `llama3`, `llama2`, `gemma`) or a "
+             "Jinja template file (at most 256 KiB; it must compile); `null` uses the model's "
+             "`tokenizer.chat_template` (a built-in family for a file without one: "
+             "docs/models.md)"),
     TEXT_KEY(MODEL, "name", STRING, CFG(model.name), TDM_CONFIG_DERIVED,
              "the file name of `path` without `.gguf`", NULL,
              "the model name clients use (`/v1/models`)"),

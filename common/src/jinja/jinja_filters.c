@@ -104,24 +104,60 @@ static jj_value_t *f_default(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_
     return v;
 }
 
-static bool py_space(unsigned char ch)
+/* Python's str.isspace() for one code point: what str.strip() removes by default. */
+static bool py_space(uint32_t cp)
 {
-    return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f);
+    return cp == ' ' || (cp >= '\t' && cp <= '\r') || (cp >= 0x1c && cp <= 0x1f) || cp == 0x85 ||
+           cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }
 
+/* The code point of the character at p[i] (n bytes in all); a byte that begins no well-formed
+ * character stands for itself, length 1. */
+static uint32_t cp_at(const char *p, size_t i, size_t n, size_t *len)
+{
+    uint32_t cp;
+    *len = tdm_utf8_decode((const unsigned char *)p + i, n - i, &cp);
+    if (*len == 0) {
+        *len = 1;
+        cp = (unsigned char)p[i];
+    }
+    return cp;
+}
+
+/* Whether cp is stripped: whitespace, or one of the code points of chars. */
+static bool strip_this(uint32_t cp, const jj_value_t *chars)
+{
+    if (!chars)
+        return py_space(cp);
+    for (size_t i = 0, len; i < chars->u.str.n; i += len)
+        if (cp_at(chars->u.str.s, i, chars->u.str.n, &len) == cp)
+            return true;
+    return false;
+}
+
+/* Python's str.strip / lstrip / rstrip, by code point (jinja2's trim is str.strip). */
 jj_value_t *jj_strip(jj_ctx_t *c, jj_value_t *s, jj_value_t *chars, bool left, bool right)
 {
     const char *p = s->u.str.s;
-    size_t lo = 0, hi = s->u.str.n;
-    bool ws = !chars || chars->kind != JV_STR;
-    while (left && lo < hi &&
-           (ws ? py_space((unsigned char)p[lo])
-               : memchr(chars->u.str.s, p[lo], chars->u.str.n) != NULL))
-        lo++;
-    while (right && hi > lo &&
-           (ws ? py_space((unsigned char)p[hi - 1])
-               : memchr(chars->u.str.s, p[hi - 1], chars->u.str.n) != NULL))
-        hi--;
+    size_t lo = 0, hi = s->u.str.n, len;
+    if (chars && chars->kind != JV_STR)
+        chars = NULL;
+    while (left && lo < hi && strip_this(cp_at(p, lo, hi, &len), chars))
+        lo += len;
+    while (right && hi > lo) {
+        size_t start = hi - 1;
+        while (start > lo && hi - start < 4 && ((unsigned char)p[start] & 0xc0) == 0x80)
+            start--;
+        uint32_t cp = cp_at(p, start, hi, &len);
+        if (start + len != hi) { /* not one whole character: its last byte stands alone */
+            start = hi - 1;
+            cp = (unsigned char)p[start];
+        }
+        if (!strip_this(cp, chars))
+            break;
+        hi = start;
+    }
     return jv_str(c, p + lo, hi - lo);
 }
 

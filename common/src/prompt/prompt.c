@@ -4,11 +4,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Renders msgs with the Jinja template t (bos/eos texts from pick when there is one). */
+static int render_jinja(const tdm_jinja_t *t, const tdm_chat_pick_t *pick,
+                        const tdm_prompt_input_t *in, const tdm_chat_message_t *msgs, size_t n,
+                        char **text, size_t *len, tdm_error_t *err)
+{
+    tdm_chat_jinja_input_t ji = {.msgs = msgs,
+                                 .n = n,
+                                 .tools = in->tools,
+                                 .add_generation_prompt = !in->no_generation_prompt,
+                                 .bos_token = pick ? pick->bos_token : "",
+                                 .eos_token = pick ? pick->eos_token : "",
+                                 .kwargs = in->template_kwargs,
+                                 .now = in->now ? in->now : -1};
+    return tdm_chat_apply_jinja(t, &ji, text, len, NULL, err);
+}
+
+/* The Jinja template in is rendered with: the request's, else the picked one; NULL: built-in. */
+static const tdm_jinja_t *jinja_of(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in)
+{
+    return in->jinja ? in->jinja : pick ? pick->jinja : NULL;
+}
+
 /* Renders the chat of in with pick into *text (heap, *len bytes). */
 static int render_chat(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in, char **text,
                        size_t *len, tdm_error_t *err)
 {
-    if (!pick)
+    if (!pick && !in->jinja)
         return tdm_error_set(err, TDM_EINVALID, "chat: no chat template");
     const tdm_chat_message_t *msgs = in->messages;
     size_t n = in->n_messages;
@@ -21,9 +43,15 @@ static int render_chat(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in
             memcpy(all + 1, in->messages, in->n_messages * sizeof *all);
         msgs = all;
     }
-    const char *sys = pick->default_system[0] ? pick->default_system : NULL;
-    int rc = tdm_chat_apply_tools(pick->tmpl, msgs, n, in->tools, !in->no_generation_prompt, sys,
+    int rc;
+    const tdm_jinja_t *t = jinja_of(pick, in);
+    if (t) {
+        rc = render_jinja(t, pick, in, msgs, n, text, len, err);
+    } else {
+        const char *sys = pick->default_system[0] ? pick->default_system : NULL;
+        rc = tdm_chat_apply_tools(pick->tmpl, msgs, n, in->tools, !in->no_generation_prompt, sys,
                                   text, len, err);
+    }
     free(all);
     return rc;
 }
@@ -51,10 +79,18 @@ int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
     rc = render_chat(pick, in, &text, &len, err);
     if (rc != TDM_OK)
         return rc;
-    /* a template that writes BOS's text itself (Llama-3, Llama-2) must not get a second one */
-    bool add_bos =
-        tdm_tokenizer_add_bos(tok) && !tdm_chat_template_writes_bos(pick->tmpl) && !in->no_bos;
-    rc = tdm_tokenizer_encode(tok, text, len, add_bos, true, ids, n_ids, err);
+    bool add_bos = tdm_tokenizer_add_bos(tok) && !in->no_bos;
+    size_t skip = 0;
+    if (jinja_of(pick, in)) {
+        /* llama.cpp's --jinja rule: the tokenizer's BOS replaces the BOS text the template
+         * wrote, so there is exactly one */
+        size_t bl = pick ? strlen(pick->bos_token) : 0;
+        if (add_bos && bl && len >= bl && memcmp(text, pick->bos_token, bl) == 0)
+            skip = bl;
+    } else if (tdm_chat_template_writes_bos(pick->tmpl)) {
+        add_bos = false; /* the built-in wrote BOS's text itself (Llama-3, Llama-2, Gemma) */
+    }
+    rc = tdm_tokenizer_encode(tok, text + skip, len - skip, add_bos, true, ids, n_ids, err);
     if (rc != TDM_OK) {
         *ids = NULL;
         *n_ids = 0;

@@ -1,0 +1,121 @@
+"""Chat templates through a real cluster with the default model (SmolLM2-135M-Instruct), whose
+GGUF carries its own Jinja tokenizer.chat_template: the router renders chats with it (compiled
+once at start), and the tokens are those of the built-in ChatML path it replaced (`tandem
+tokenize --chat --chat-template chatml`). A request's own chat_template and
+chat_template_kwargs are applied (/v1/chat/completions and /tokenize), and a template's
+failures are HTTP 400 naming the field: a syntax error or a render limit with the template's
+line:column, raise_exception with the template's own message. docs/api.md "Chat templates".
+"""
+import json
+import re
+import subprocess
+
+import pytest
+
+from conftest import BINARIES, MODEL, http_cluster, reference
+from test_http import request
+
+CHATS = [
+    [{"role": "user", "content": "What is 2 + 2?"}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Name a color."}],
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+     {"role": "user", "content": "How are you? \u2014 \u201cfine\u201d"}],
+]
+
+CONTENT_ONLY = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    yield from http_cluster(tmp_path_factory, "chat_template")
+
+
+def post(cluster, path, body):
+    status, _, raw = request(cluster.port, "POST", path, body)
+    return status, json.loads(raw)
+
+
+def cli_tokenize(*args):
+    out = subprocess.run([BINARIES["tandem"], "tokenize", "-m", MODEL, *args],
+                         capture_output=True, check=True)
+    return [int(t) for t in out.stdout.split()]
+
+
+def builtin_chatml_ids(messages, tmp_path):
+    """The ids the built-in ChatML path gives: the rendering tdm_chat_apply writes (SmolLM2's
+    default system message when the chat has none), tokenized as a prompt."""
+    text = ""
+    if messages[0]["role"] != "system":
+        text += ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                 "Hugging Face<|im_end|>\n")
+    for m in messages:
+        text += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+    text += "<|im_start|>assistant\n"
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(text.encode("utf-8"))
+    return cli_tokenize("--special", "-f", str(path))
+
+
+def test_models_name_the_gguf_template(cluster):
+    status, _, raw = request(cluster.port, "GET", "/api/status")
+    assert status == 200
+    assert re.search(r'"chat_template":\s*"gguf"', raw.decode("utf-8")), raw
+
+
+def test_gguf_template_gives_the_builtin_chatml_tokens(cluster, tmp_path):
+    for messages in CHATS:
+        status, v = post(cluster, "/tokenize", {"messages": messages})
+        assert status == 200, v
+        assert v["tokens"] == builtin_chatml_ids(messages, tmp_path), messages
+        status, r = post(cluster, "/v1/chat/completions",
+                         {"messages": messages, "max_tokens": 4, "temperature": 0})
+        assert status == 200, r
+        assert r["usage"]["prompt_tokens"] == len(v["tokens"])
+    # the one-turn CLI path agrees too: the model's own template and the built-in name
+    assert cli_tokenize("--chat", "Hi") == cli_tokenize("--chat", "Hi", "--chat-template", "chatml")
+
+
+def test_greedy_answer_equals_the_single_process(cluster):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    status, r = post(cluster, "/v1/chat/completions",
+                     {"messages": msgs, "max_tokens": 12, "temperature": 0})
+    assert status == 200, r
+    ref = reference(chat=msgs[0]["content"], max_tokens=12)
+    assert r["choices"][0]["message"]["content"] == ref
+
+
+def test_request_template_and_kwargs(cluster):
+    msgs = [{"role": "user", "content": "Paris"}]
+    status, v = post(cluster, "/tokenize", {"messages": msgs, "chat_template": CONTENT_ONLY})
+    assert status == 200, v
+    assert v["tokens"] == cli_tokenize("--special", "Paris")
+    body = {"messages": msgs, "chat_template": "{{ greeting }}" + CONTENT_ONLY,
+            "chat_template_kwargs": {"greeting": "Hello "}}
+    status, v = post(cluster, "/tokenize", body)
+    assert status == 200, v
+    assert v["tokens"] == cli_tokenize("--special", "Hello Paris")
+    status, r = post(cluster, "/v1/chat/completions", dict(body, max_tokens=2, temperature=0))
+    assert status == 200, r
+    assert r["usage"]["prompt_tokens"] == len(v["tokens"])
+    # the same template again (the router's cache) gives the same prompt
+    status, r2 = post(cluster, "/v1/chat/completions", dict(body, max_tokens=2, temperature=0))
+    assert status == 200 and r2["usage"]["prompt_tokens"] == r["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize("extra,param,has", [
+    ({"chat_template_kwargs": [1]}, "chat_template_kwargs", "must be an object"),
+    ({"chat_template_kwargs": "x"}, "chat_template_kwargs", "must be an object"),
+    ({"chat_template": 3}, "chat_template", "must be a string"),
+    ({"chat_template": "x" * (256 * 1024 + 1)}, "chat_template", "262144"),
+    ({"chat_template": "ok\n{{ messages[0].content + }}"}, "chat_template", "chat_template: 2:"),
+    ({"chat_template": "{{ raise_exception('no thanks') }}"}, "messages", "no thanks"),
+    ({"chat_template": "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}\n{{ f(0) }}"}, "messages",
+     ":"),
+])
+def test_template_errors_are_400(cluster, path, extra, param, has):
+    body = dict({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, **extra)
+    status, v = post(cluster, path, body)
+    assert status == 400, v
+    assert v["error"]["param"] == param, v
+    assert has in v["error"]["message"], v
