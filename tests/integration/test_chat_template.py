@@ -75,6 +75,33 @@ def test_gguf_template_gives_the_builtin_chatml_tokens(cluster, tmp_path):
     assert cli_tokenize("--chat", "Hi") == cli_tokenize("--chat", "Hi", "--chat-template", "chatml")
 
 
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+def test_tools_reach_a_template_that_renders_none(cluster, tmp_path):
+    """SmolLM2's GGUF template never names `tools`: they are written into the system message
+    in the Hermes format, so with a system message the tokens are the built-in ChatML's."""
+    messages = [{"role": "system", "content": "Be terse."},
+                {"role": "user", "content": "Weather in Oslo?"}]
+    status, v = post(cluster, "/tokenize", {"messages": messages, "tools": TOOLS})
+    assert status == 200, v
+    tools_block = ("# Tools\n\nYou may call one or more functions to assist with the user "
+                   "query.\n\nYou are provided with function signatures within <tools></tools> "
+                   "XML tags:\n<tools>\n" + json.dumps(TOOLS[0]) + "\n</tools>\n\nFor each "
+                   "function call, return a json object with function name and arguments within "
+                   "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+                   "\"arguments\": <args-json-object>}\n</tool_call>")
+    hermes = [{"role": "system", "content": "Be terse.\n\n" + tools_block}, messages[1]]
+    assert v["tokens"] == builtin_chatml_ids(hermes, tmp_path)
+    status, r = post(cluster, "/v1/chat/completions",
+                     {"messages": messages, "tools": TOOLS, "max_tokens": 4, "temperature": 0})
+    assert status == 200, r
+    assert r["usage"]["prompt_tokens"] == len(v["tokens"])
+
+
 def test_greedy_answer_equals_the_single_process(cluster):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     status, r = post(cluster, "/v1/chat/completions",

@@ -2,8 +2,10 @@
 package (and LangChain's ChatOpenAI when langchain-openai is in the venv) against a real
 cluster with the default model (SmolLM2-135M-Instruct, a ChatML model) served with the
 built-in `chatml` template (`model.chat_template: chatml`): tools are rendered in the Hermes
-format, docs/api.md "Tool calling". (SmolLM2's own GGUF template, the default otherwise, has
-no tools section and renders none.)
+format, docs/api.md "Tool calling", with SmolLM2's default system message when a chat has
+none. (SmolLM2's own GGUF template, the default otherwise, never names `tools`: Tandem then
+writes them into the messages in the same format, without that default system message;
+test_chat_template.py checks it.)
 
 The prompt is checked token for token: the test renders the Hermes text itself and counts its
 tokens with `tandem tokenize --special`, and the greedy answer equals `tandem generate -m

@@ -250,6 +250,71 @@ static void test_chat_gguf_equals_builtin(void **state)
     tdm_chat_pick_release(&builtin);
 }
 
+/* SmolLM2's GGUF template renders no tools (it never reads `tools`): with tools, the Hermes
+ * text carries them (tdm_chat_tools_inline), so a chat with a system message, tool calls and
+ * tool results gives exactly the built-in ChatML's tokens; without a system message the tools
+ * block is the system message (the template's default one is then not used). */
+static void test_chat_gguf_tools_inline(void **state)
+{
+    fixture_t *fx = require_fixture(state);
+    static const char tools[] =
+        "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]";
+    static const tdm_chat_message_t c0[] = {
+        {.role = "system", .content = "Be terse."},
+        {.role = "user", .content = "Weather in Paris and Rome?"},
+        {.role = "assistant",
+         .content = NULL,
+         .tool_calls = "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": "
+                       "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}, "
+                       "{\"id\": \"c2\", \"type\": \"function\", \"function\": {\"name\": "
+                       "\"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Rome\\\"}\"}}]"},
+        {.role = "tool", .content = "18 C", .tool_call_id = "c1"},
+        {.role = "tool", .content = "22 C", .tool_call_id = "c2"},
+        {.role = "assistant",
+         .content = "Paris 18 C.",
+         .tool_calls = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                       "\"arguments\": {\"city\": \"Oslo\"}}}]"},
+        {.role = "user", .content = "Thanks."}};
+    static const tdm_chat_message_t c1[] = {{.role = "user", .content = "Weather in Oslo?"}};
+    tdm_chat_pick_t gguf, builtin;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_chat_template_pick(fx->gguf, fx->tok, NULL, &gguf, &err), 0);
+    assert_false(tdm_jinja_reads(gguf.jinja, "tools"));
+    assert_true(tdm_jinja_reads(gguf.jinja, "messages"));
+    assert_int_equal(tdm_chat_template_pick(fx->gguf, fx->tok, "chatml", &builtin, &err), 0);
+    tdm_prompt_input_t in = {.messages = c0, .n_messages = 7, .tools = tools};
+    char *ta = NULL, *tb = NULL;
+    tdm_token_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    assert_int_equal(tdm_prompt_encode(fx->tok, &gguf, &in, &a, &na, &ta, &err), 0);
+    assert_int_equal(tdm_prompt_encode(fx->tok, &builtin, &in, &b, &nb, &tb, &err), 0);
+    assert_string_equal(ta, tb);
+    assert_true(tdm_test_ids_equal(b, nb, a, na));
+    assert_non_null(strstr(ta, "<|im_start|>system\nBe terse.\n\n# Tools\n"));
+    assert_non_null(strstr(ta, "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", "
+                               "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>"));
+    assert_non_null(strstr(ta, "<|im_start|>user\n<tool_response>\n18 C\n</tool_response>\n"
+                               "<tool_response>\n22 C\n</tool_response><|im_end|>"));
+    free(a);
+    free(b);
+    free(ta);
+    free(tb);
+    /* no system message: the tools block is the system message */
+    in = (tdm_prompt_input_t){.messages = c1, .n_messages = 1, .tools = tools};
+    assert_int_equal(tdm_prompt_encode(fx->tok, &gguf, &in, &a, &na, &ta, &err), 0);
+    assert_true(strncmp(ta, "<|im_start|>system\n# Tools\n\nYou may call", 40) == 0);
+    assert_null(strstr(ta, "SmolLM"));
+    free(a);
+    free(ta);
+    /* bad tools are refused as with the built-in */
+    in.tools = "{}";
+    assert_int_equal(tdm_prompt_encode(fx->tok, &gguf, &in, &a, &na, &ta, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "tools must be a JSON array"));
+    tdm_chat_pick_release(&gguf);
+    tdm_chat_pick_release(&builtin);
+}
+
 static void test_chat_golden(void **state)
 {
     fixture_t *fx = require_fixture(state);
@@ -503,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_chat_names),
         cmocka_unit_test(test_chat_validation),
         cmocka_unit_test(test_chat_gguf_equals_builtin),
+        cmocka_unit_test(test_chat_gguf_tools_inline),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -258,6 +258,32 @@ int tdm_chat_apply_tools(tdm_chat_template_t t, const tdm_chat_message_t *msgs, 
                          const char *tools, bool add_generation_prompt, const char *default_system,
                          char **out, size_t *out_len, tdm_error_t *err);
 
+/* Messages rewritten by tdm_chat_tools_inline: msgs[n] point into texts (owned) and into the
+ * caller's messages (borrowed). Release with tdm_chat_inline_release. */
+typedef struct tdm_chat_inline {
+    tdm_chat_message_t *msgs;
+    size_t n;
+    char **texts;
+    size_t n_texts;
+} tdm_chat_inline_t;
+
+/* For a Jinja chat template that does not read `tools` (tdm_jinja_reads; SmolLM2's GGUF
+ * template, for one): msgs rewritten so that the model still sees the tools, in the Hermes
+ * format tdm_chat_apply_tools writes (as llama.cpp falls back to a generic tool format for
+ * such templates): the system message (msgs[0] when it is one, else a new one with the block
+ * alone; a template's own default system message is then not used) followed by "\n\n" and
+ * the tools block; an assistant message's tool_calls appended to its content as <tool_call>
+ * blocks (its tool_calls then dropped); each run of tool messages one user message of
+ * "<tool_response>\n" + content + "\n</tool_response>" blocks joined by "\n". With ChatML the
+ * rendering is then byte for byte the built-in one's, the system message aside. The other
+ * messages are copied as they are. Errors (*out zeroed): those of tdm_chat_apply_tools for
+ * tools and tool_calls, TDM_ERESOURCE. */
+int tdm_chat_tools_inline(const tdm_chat_message_t *msgs, size_t n, const char *tools,
+                          tdm_chat_inline_t *out, tdm_error_t *err);
+
+/* Frees what tdm_chat_tools_inline made and zeroes *in; accepts NULL. */
+void tdm_chat_inline_release(tdm_chat_inline_t *in);
+
 #ifdef __cplusplus
 }
 #endif

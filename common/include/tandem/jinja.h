@@ -49,6 +49,11 @@ tdm_jinja_t *tdm_jinja_new(const char *src, size_t len, const char *name,
 /* Frees the template and nulls *self_p; accepts NULL and *self_p NULL. */
 void tdm_jinja_destroy(tdm_jinja_t **self_p);
 
+/* Whether the template names the variable `name` anywhere (reads it, tests it, or assigns it),
+ * as jinja2.meta.find_undeclared_variables would list a variable the template reads: e.g.
+ * whether a chat template renders `tools` at all. False for NULL arguments. Cannot fail. */
+bool tdm_jinja_reads(const tdm_jinja_t *self, const char *name);
+
 /* Renders the template with context (a JSON object: its members are the template's variables;
  * NULL: none) and opt (NULL: defaults). On success *out is a NUL-terminated string of *out_len
  * bytes that the caller frees with free(). Errors (*out NULL): TDM_EINVALID for what jinja2

@@ -7,6 +7,8 @@
  */
 #include "chat_tools.h"
 
+#include "tandem/chat.h"
+
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,4 +130,121 @@ int chat_tool_calls_text(const char *tool_calls, size_t index, tdm_buf_t *sb, td
     if (rc == TDM_ERESOURCE)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering tool calls");
     return rc;
+}
+
+void tdm_chat_inline_release(tdm_chat_inline_t *in)
+{
+    if (!in)
+        return;
+    for (size_t i = 0; i < in->n_texts; i++)
+        free(in->texts[i]);
+    free(in->texts);
+    free(in->msgs);
+    memset(in, 0, sizeof *in);
+}
+
+/* Keeps text (heap, or NULL: out of memory) in out; returns it. */
+static const char *keep_text(tdm_chat_inline_t *out, char *text)
+{
+    if (text)
+        out->texts[out->n_texts++] = text;
+    return text;
+}
+
+/* The system message: its text (or none), "\n\n" when it is not empty, the tools block. */
+static const char *inline_system(const char *system, const char *tools, tdm_chat_inline_t *out,
+                                 tdm_error_t *err)
+{
+    tdm_buf_t sb = TDM_BUF_INIT;
+    if (system && system[0]) {
+        tdm_buf_puts(&sb, system);
+        tdm_buf_puts(&sb, "\n\n");
+    }
+    if (chat_tools_block(tools, &sb, err) != TDM_OK) {
+        tdm_buf_free(&sb);
+        return NULL;
+    }
+    const char *t = keep_text(out, tdm_buf_take(&sb));
+    if (!t)
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering the tools");
+    return t;
+}
+
+/* An assistant message's content with its tool calls after it (the calls' leading "\n"
+ * dropped when there is no content, as the Hermes template writes the turn). */
+static const char *inline_calls(const tdm_chat_message_t *m, size_t index, tdm_chat_inline_t *out,
+                                tdm_error_t *err)
+{
+    tdm_buf_t sb = TDM_BUF_INIT;
+    bool has_content = m->content && m->content[0];
+    if (has_content)
+        tdm_buf_puts(&sb, m->content);
+    if (chat_tool_calls_text(m->tool_calls, index, &sb, err) != TDM_OK) {
+        tdm_buf_free(&sb);
+        return NULL;
+    }
+    char *t = tdm_buf_take(&sb);
+    if (t && !has_content && t[0] == '\n')
+        memmove(t, t + 1, strlen(t));
+    if (!keep_text(out, t))
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering tool calls");
+    return t;
+}
+
+/* The run of tool messages msgs[*i..] as one user message's text; *i moves past it. */
+static const char *inline_results(const tdm_chat_message_t *msgs, size_t n, size_t *i,
+                                  tdm_chat_inline_t *out, tdm_error_t *err)
+{
+    tdm_buf_t sb = TDM_BUF_INIT;
+    for (bool first = true; *i < n && strcmp(msgs[*i].role, "tool") == 0; (*i)++, first = false) {
+        tdm_buf_puts(&sb, first ? "<tool_response>\n" : "\n<tool_response>\n");
+        tdm_buf_puts(&sb, msgs[*i].content ? msgs[*i].content : "");
+        tdm_buf_puts(&sb, "\n</tool_response>");
+    }
+    const char *t = keep_text(out, tdm_buf_take(&sb));
+    if (!t)
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory rendering tool results");
+    return t;
+}
+
+int tdm_chat_tools_inline(const tdm_chat_message_t *msgs, size_t n, const char *tools,
+                          tdm_chat_inline_t *out, tdm_error_t *err)
+{
+    memset(out, 0, sizeof *out);
+    /* at most n + 1 messages (a system message added) and as many texts */
+    out->msgs = calloc(n + 1, sizeof *out->msgs);
+    out->texts = calloc(n + 1, sizeof *out->texts);
+    if (!out->msgs || !out->texts) {
+        tdm_chat_inline_release(out);
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    }
+    size_t i = 0;
+    bool has_system = n > 0 && msgs[0].role && strcmp(msgs[0].role, "system") == 0;
+    const char *sys = inline_system(has_system ? msgs[0].content : NULL, tools, out, err);
+    if (!sys)
+        goto fail;
+    out->msgs[out->n++] = (tdm_chat_message_t){.role = "system", .content = sys};
+    i = has_system ? 1 : 0;
+    while (i < n) {
+        const tdm_chat_message_t *m = &msgs[i];
+        if (m->role && strcmp(m->role, "tool") == 0) {
+            const char *t = inline_results(msgs, n, &i, out, err);
+            if (!t)
+                goto fail;
+            out->msgs[out->n++] = (tdm_chat_message_t){.role = "user", .content = t};
+            continue;
+        }
+        tdm_chat_message_t copy = *m;
+        if (m->tool_calls && m->tool_calls[0]) {
+            if (!(copy.content = inline_calls(m, i, out, err)))
+                goto fail;
+            copy.tool_calls = NULL;
+        }
+        out->msgs[out->n++] = copy;
+        i++;
+    }
+    return TDM_OK;
+fail:
+    tdm_chat_inline_release(out);
+    return err ? err->code : TDM_EINVALID;
 }

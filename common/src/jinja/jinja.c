@@ -36,6 +36,29 @@ out_free:
     return NULL;
 }
 
+/* Whether the tree under n holds a JN_NAME node called name; depth bounds the recursion (the
+ * parser's nesting is bounded, this is a second guard). */
+static bool node_reads(const jj_node_t *n, const char *name, int depth)
+{
+    if (!n || depth > 10000)
+        return false;
+    if (n->kind == JN_NAME && n->name && strcmp(n->name, name) == 0)
+        return true;
+    if (node_reads(n->a, name, depth + 1) || node_reads(n->b, name, depth + 1) ||
+        node_reads(n->c, name, depth + 1) || node_reads(n->body, name, depth + 1) ||
+        node_reads(n->orelse, name, depth + 1))
+        return true;
+    for (size_t i = 0; i < n->n_kids; i++)
+        if (node_reads(n->kids[i], name, depth + 1))
+            return true;
+    return false;
+}
+
+bool tdm_jinja_reads(const tdm_jinja_t *self, const char *name)
+{
+    return self && name && node_reads(self->root, name, 0);
+}
+
 void tdm_jinja_destroy(tdm_jinja_t **self_p)
 {
     if (!self_p || !*self_p)

@@ -45,7 +45,14 @@ static int render_chat(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in
     }
     int rc;
     const tdm_jinja_t *t = jinja_of(pick, in);
-    if (t) {
+    if (t && in->tools && in->tools[0] && !tdm_jinja_reads(t, "tools")) {
+        /* a template that renders no tools: the Hermes text carries them (tandem/chat.h) */
+        tdm_chat_inline_t il;
+        rc = tdm_chat_tools_inline(msgs, n, in->tools, &il, err);
+        if (rc == TDM_OK)
+            rc = render_jinja(t, pick, in, il.msgs, il.n, text, len, err);
+        tdm_chat_inline_release(&il);
+    } else if (t) {
         rc = render_jinja(t, pick, in, msgs, n, text, len, err);
     } else {
         const char *sys = pick->default_system[0] ? pick->default_system : NULL;
