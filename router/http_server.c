@@ -329,8 +329,38 @@ int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
  * unknown Transfer-Encoding until the connection closes): only "chunked" or a decimal
  * Content-Length, not both (RFC 9112 6.1, 6.3: a request with both is how requests are
  * smuggled). Returns true, or false with a 400 queued and *ret its result. */
+/* Counts the request's Content-Length and Transfer-Encoding lines (MHD_get_connection_values
+ * sees every line; MHD_lookup_connection_value only the first). */
+typedef struct framing_count {
+    unsigned n_cl, n_te;
+} framing_count_t;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    (void)kind;
+    (void)value;
+    framing_count_t *n = cls;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        n->n_cl++;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        n->n_te++;
+    return MHD_YES;
+}
+
 static bool framing_ok(struct MHD_Connection *c, enum MHD_Result *ret)
 {
+    /* two lengths (even equal ones) or two codings: which one an intermediary used is how a
+     * request is smuggled past it (RFC 9112 6.3), so neither is chosen */
+    framing_count_t n = {0, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &n);
+    if (n.n_cl > 1 || n.n_te > 1) {
+        *ret = http_reply_error(c, TDM_EINVALID, "bad_framing", NULL,
+                                "the request has %u %s headers; send exactly one",
+                                n.n_cl > 1 ? n.n_cl : n.n_te,
+                                n.n_cl > 1 ? "Content-Length" : "Transfer-Encoding");
+        return false;
+    }
     const char *te =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
     const char *cl =
@@ -567,7 +597,8 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
             (unsigned)rc->http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
             (unsigned)rc->http_connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
             (unsigned)rc->http_max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-            (unsigned)rc->http_max_connections_per_client, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
+            (unsigned)rc->http_max_connections_per_client, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
             h, MHD_OPTION_END);
         if (!h->mhd)
             tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,

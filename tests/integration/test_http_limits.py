@@ -178,6 +178,45 @@ def test_malformed_framing_is_400(cluster, framing):
     assert request(cluster.port, "GET", "/health")[0] == 200
 
 
+def raw_all(port, data, timeout=60):
+    """Sends data on a fresh connection and reads until the server closes it (every framing
+    refusal closes). Returns everything read."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    buf = b""
+    try:
+        s.sendall(data)
+        while True:
+            try:
+                b = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not b:
+                break
+            buf += b
+    finally:
+        s.close()
+    return buf
+
+
+@pytest.mark.parametrize("framing,what", [
+    (b"Content-Length: 5\r\nContent-Length: 72\r\n", b"2 Content-Length headers"),
+    (b"Content-Length: 72\r\nContent-Length: 72\r\n", b"2 Content-Length headers"),
+    (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+     b"2 Transfer-Encoding headers"),
+    (b"Content-Length: 72\r\nTransfer-Encoding: chunked\r\n", b"both Transfer-Encoding"),
+])
+def test_ambiguous_framing_gets_exactly_one_400(cluster, framing, what):
+    # RFC 9112 6.3: a request whose length two parties could read differently is refused,
+    # with one answer, and the connection closes (nothing after it is read as a request)
+    buf = raw_all(cluster.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + framing +
+                  b"Content-Type: application/json\r\n\r\n" + BODY)
+    assert buf.count(b"HTTP/1.1 ") == 1, buf
+    head, _, body = buf.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), buf
+    err = strict_json(body)["error"]
+    assert err["code"] == "bad_framing" and what.decode() in err["message"], err
+
+
 def test_long_bearer_token_with_auth_off(cluster):
     auth = {"Authorization": "Bearer " + "t" * 300}
     st, _, body = request(cluster.port, "GET", "/v1/models", headers=auth)
