@@ -418,6 +418,12 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     if (rc != TDM_OK)
         return rc;
     const char *served = r->cfg->model.name ? r->cfg->model.name : "";
+    size_t at = 0;
+    if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at))
+        return tdm_error_set_field(err, TDM_EINVALID, "model",
+                                   "model: byte %zu is not printable UTF-8 or past %u bytes; a "
+                                   "model name is 1..%u bytes of printable UTF-8",
+                                   at, TDM_MODEL_NAME_MAX, TDM_MODEL_NAME_MAX);
     if (g->model[0] && strcmp(g->model, served) != 0)
         return tdm_error_set_field(err, TDM_ENOTFOUND, "model",
                                    "model '%s' is not served here; this router serves '%s'",

@@ -221,6 +221,10 @@ const char *tdm_config_router_advertise(const tdm_config_t *cfg);
  * else its kv_endpoint; NULL for a prefill node. Borrowed from node. Cannot fail. */
 const char *tdm_config_kv_advertise(const tdm_node_config_t *node);
 
+/* Whether id is a node id: 1..TDM_NODE_ID_MAX characters of A-Z a-z 0-9 . _ - (what a config
+ * may name, so what the router may be asked to register). Cannot fail. */
+bool tdm_config_node_id_ok(const char *id);
+
 /* Whether key (NUL-terminated; NULL or "" for none) is one of router->api_keys, compared in
  * constant time per configured key; true when no API keys are configured. The one check the
  * router's client endpoint and the HTTP gateway both use. Cannot fail. */

@@ -137,12 +137,18 @@ static bool curve_key_refused(const char *s, const char *got, char *why, size_t 
     return true;
 }
 
-static bool node_id_refused(const char *id, const char *got, char *why, size_t cap)
+bool tdm_config_node_id_ok(const char *id)
 {
     size_t n = strlen(id);
     bool ok = n > 0 && n <= TDM_NODE_ID_MAX;
     for (const char *c = id; ok && *c; c++)
         ok = isalnum((unsigned char)*c) || *c == '.' || *c == '_' || *c == '-';
+    return ok;
+}
+
+static bool node_id_refused(const char *id, const char *got, char *why, size_t cap)
+{
+    bool ok = tdm_config_node_id_ok(id);
     if (!ok)
         snprintf(why, cap, "must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %s",
                  TDM_NODE_ID_MAX, got);
