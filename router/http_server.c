@@ -57,7 +57,25 @@
 typedef struct http_conn {
     tdm_http_t *h;
     http_req_t *req;
+    int fd;       /* its socket, as the front door (http_accept.c) knows it */
+    uint32_t gen; /* the front door's generation of it */
 } http_conn_t;
+
+/* The connection's socket context; NULL only when its allocation failed. */
+static http_conn_t *conn_ctx(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Tells the front door what c does now (its deadlines and eviction depend on it). */
+static void conn_phase(struct MHD_Connection *c, http_acc_phase_t phase)
+{
+    http_conn_t *hc = conn_ctx(c);
+    if (hc)
+        http_acc_phase(hc->h->acc, hc->fd, hc->gen, phase);
+}
 
 /* The request c serves now, or NULL. */
 static http_req_t *conn_req(struct MHD_Connection *c)
@@ -355,10 +373,9 @@ static bool framing_ok(struct MHD_Connection *c, enum MHD_Result *ret)
     framing_count_t n = {0, 0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &n);
     if (n.n_cl > 1 || n.n_te > 1) {
-        *ret = http_reply_error(c, TDM_EINVALID, "bad_framing", NULL,
-                                "the request has %u %s headers; send exactly one",
-                                n.n_cl > 1 ? n.n_cl : n.n_te,
-                                n.n_cl > 1 ? "Content-Length" : "Transfer-Encoding");
+        *ret = http_reply_error(
+            c, TDM_EINVALID, "bad_framing", NULL, "the request has %u %s headers; send exactly one",
+            n.n_cl > 1 ? n.n_cl : n.n_te, n.n_cl > 1 ? "Content-Length" : "Transfer-Encoding");
         return false;
     }
     const char *te =
@@ -411,6 +428,7 @@ static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, vo
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     if (ci && ci->socket_context)
         ((http_conn_t *)ci->socket_context)->req = r;
+    conn_phase(c, HTTP_ACC_BODY);
     enum MHD_Result ret;
     if (!framing_ok(c, &ret))
         return ret;
@@ -441,6 +459,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
+        http_conn_t *hc = conn_ctx(c);
+        if (hc)
+            http_acc_body(h->acc, hc->fd, hc->gen, n);
         if (!r->too_large && r->body.len + n > TDM_HTTP_MAX_BODY_BYTES) {
             r->too_large = true;
             tdm_buf_free(&r->body);
@@ -459,6 +480,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         return MHD_YES;
     }
+    conn_phase(c, HTTP_ACC_BUSY);
     if (r->call) /* resumed: the call's next events */
         return http_generate_resume(h, c, r);
     return http_route(h, c, r, url, method);
@@ -493,6 +515,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     oai_out_clear(&r->out);
     free(r);
     *con_cls = NULL;
+    conn_phase(c, HTTP_ACC_IDLE);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
                               (unsigned)h->cfg->router.http_connection_timeout_s);
 }
@@ -501,14 +524,25 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    (void)c;
+    tdm_http_t *h = cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         http_conn_t *hc = calloc(1, sizeof *hc); /* NULL: replies go without ids, uncounted */
-        if (hc)
-            hc->h = cls;
+        if (hc) {
+            hc->h = h;
+            hc->fd = fd;
+            hc->gen = http_acc_started(h->acc, fd);
+        }
         *socket_context = hc;
     } else {
-        free(*socket_context);
+        http_conn_t *hc = *socket_context;
+        /* without a context (out of memory) the front door's sweep cannot tell it closed;
+         * its slot is found by fd when reused (generation check fails, slot stays) */
+        if (hc)
+            http_acc_closed(h->acc, hc->fd, hc->gen);
+        free(hc);
         *socket_context = NULL;
     }
 }
@@ -585,25 +619,34 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
     h->gw = gw_new(h->net, ep, h->internal_key, &h->log, err);
     if (h->gw)
         h->dash = dash_new(h->gw, h->counters, err);
-    if (h->dash) {
-        /* a pool of threads over epoll, connections parked while they wait for the router */
-        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                         MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-        const tdm_router_config_t *rc = &cfg->router;
-        h->mhd = MHD_start_daemon(
-            flags, (uint16_t)rc->http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_THREAD_POOL_SIZE,
-            (unsigned)rc->http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)rc->http_connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-            (unsigned)rc->http_max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-            (unsigned)rc->http_max_connections_per_client, MHD_OPTION_STRICT_FOR_CLIENT, 1,
-            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
-            h, MHD_OPTION_END);
+    const tdm_router_config_t *rc = &cfg->router;
+    socklen_t sa_len = v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (h->dash && http_acc_raise_nofile(rc->http_max_connections, err) == TDM_OK)
+        h->acc =
+            http_acc_new(cfg, (struct sockaddr *)sa, sa_len, h->host, h->counters, &h->log, err);
+    if (h->acc) {
+        /* a pool of threads over epoll, connections parked while they wait for the router; the
+         * front door (http_accept.c) accepts, enforces the limits and hands over connections
+         * whose headers are in, so libmicrohttpd listens on nothing and limits nothing itself
+         * (its limit only leaves room for connections being evicted) */
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC |
+                         MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+        unsigned limit = (unsigned)rc->http_max_connections * 2u + 64u;
+        h->mhd =
+            MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_NOTIFY_COMPLETED,
+                             on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)rc->http_threads,
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)rc->http_connection_timeout_s,
+                             MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
         if (!h->mhd)
             tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,
                           cfg->router.http_port,
                           h->mhd_error[0] ? h->mhd_error : "libmicrohttpd failed to start");
+    }
+    if (h->mhd && http_acc_start(h->acc, h->mhd, err) != TDM_OK) {
+        MHD_stop_daemon(h->mhd);
+        h->mhd = NULL;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return h->mhd ? TDM_OK : (err ? err->code : TDM_EUNAVAILABLE);
@@ -644,8 +687,7 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
     connectable(router_endpoint, ep, sizeof ep);
     if (listen_address(h, &sa, &v6, err) != TDM_OK || start_threads(h, ep, &sa, v6, err) != TDM_OK)
         goto out_free;
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = di ? di->port : (uint16_t)cfg->router.http_port;
+    h->port = http_acc_port(h->acc);
     char kv[640] = "", url[200];
     snprintf(url, sizeof url, v6 ? "http://[%s]:%u" : "http://%s:%u", h->host, (unsigned)h->port);
     tdm_log_kv_append(kv, sizeof kv, "url", url);
@@ -678,6 +720,7 @@ void tdm_http_destroy(tdm_http_t **self_p)
     if (!self_p || !*self_p)
         return;
     tdm_http_t *h = *self_p;
+    http_acc_stop(h->acc); /* no new connections */
     if (h->gw && h->mhd)
         drain_calls(h);
     /* end the calls left, so every connection thread finishes, then join them */
@@ -685,6 +728,7 @@ void tdm_http_destroy(tdm_http_t **self_p)
         gw_shutdown(h->gw);
     if (h->mhd)
         MHD_stop_daemon(h->mhd);
+    http_acc_destroy(&h->acc); /* after the daemon: its closing connections report to it */
     dash_destroy(&h->dash);
     gw_destroy(&h->gw);
     http_counters_destroy(&h->counters);

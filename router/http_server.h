@@ -11,6 +11,7 @@
 
 #include <microhttpd.h>
 
+#include "http_accept.h"
 #include "http_gateway.h"
 #include "http_openai.h"
 #include "http_json.h"
@@ -29,6 +30,7 @@ struct tdm_http {
     gw_t *gw;
     dash_t *dash;
     struct MHD_Daemon *mhd;
+    http_acc_t *acc; /* the front door: listening socket, limits, deadlines */
     uint16_t port;
     char host[128];
     const char *internal_key; /* the first configured API key, for the gateway's own calls */

@@ -542,8 +542,7 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
         char shown[TDM_NODE_ID_MAX + 1];
         shown_id(h->node_id, shown, sizeof shown);
         tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                             "node '%s' is not registered with this router; register again",
-                             shown);
+                             "node '%s' is not registered with this router; register again", shown);
         protobuf_c_message_free_unpacked(&h->base, NULL);
         return;
     }

@@ -283,16 +283,11 @@ static void test_buf(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names),
-        cmocka_unit_test(test_error_set_and_prefix),
-        cmocka_unit_test(test_error_field),
-        cmocka_unit_test(test_status_table),
-        cmocka_unit_test(test_read_file),
-        cmocka_unit_test(test_logfmt),
-        cmocka_unit_test(test_log_levels_and_kv),
-        cmocka_unit_test(test_utf8_decode),
-        cmocka_unit_test(test_text_printable),
-        cmocka_unit_test(test_buf),
+        cmocka_unit_test(test_status_names),      cmocka_unit_test(test_error_set_and_prefix),
+        cmocka_unit_test(test_error_field),       cmocka_unit_test(test_status_table),
+        cmocka_unit_test(test_read_file),         cmocka_unit_test(test_logfmt),
+        cmocka_unit_test(test_log_levels_and_kv), cmocka_unit_test(test_utf8_decode),
+        cmocka_unit_test(test_text_printable),    cmocka_unit_test(test_buf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

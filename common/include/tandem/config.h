@@ -89,6 +89,10 @@ typedef struct tdm_router_config {
     int http_max_connections;      /* open HTTP connections at most, 1..100000; default 1000 */
     int http_max_connections_per_client; /* from one client address at most, 0 (no limit)..
                                             100000; default 64 */
+    int http_header_timeout_s;           /* a request's headers must be complete this long after the
+                                            connection opened, 1..3600 s; default 10 */
+    int http_min_body_rate;              /* bytes/s a request body must average after the first
+                                            http_header_timeout_s, 0 (none)..1e9; default 1024 */
     tdm_prefill_policy_t prefill_policy; /* round_robin (default) */
     int max_queue;                       /* requests waiting for a node before RESOURCE_EXHAUSTED;
                                             1..1000000, default 1024 */

@@ -222,8 +222,8 @@ bool tdm_text_printable(const char *s, size_t max_bytes, size_t *bad_at)
     bool ok = n > 0;
     while (ok && at < n) {
         uint32_t cp = 0;
-        size_t len = at < max_bytes ? tdm_utf8_decode((const unsigned char *)s + at, n - at, &cp)
-                                    : 0;
+        size_t len =
+            at < max_bytes ? tdm_utf8_decode((const unsigned char *)s + at, n - at, &cp) : 0;
         ok = len > 0 && at + len <= max_bytes && cp >= 0x20 && cp != 0x7f &&
              !(cp >= 0x80 && cp < 0xa0);
         if (ok)
