@@ -7,11 +7,12 @@ import json
 import resource
 import select
 import socket
+import subprocess
 import time
 
 import pytest
 
-from conftest import Cluster, reference
+from conftest import BINARIES, Cluster, reference
 from test_http import http_port, open_stream, peek_until, request, running, wait_for
 
 PROMPT = "The capital of France is"
@@ -344,3 +345,78 @@ def test_replies_are_utf8_json_whatever_the_input(cluster):
     assert err["code"] == "model_not_found" and "caf\ufffd-\ufffd" in err["message"], err
     st, _, raw = request(cluster.port, "GET", "/no/such/%FF%FE")
     assert st == 404 and "\ufffd\ufffd" in strict_json(raw)["error"]["message"], raw
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    """A cluster with a table of 4 connections, 1 s for headers and 1,000 bytes/s for bodies."""
+    c = Cluster(str(tmp_path_factory.mktemp("http_tight")), n_prefill=0, n_decode=1,
+                extra_router="  http_max_connections: 4\n"
+                             "  http_max_connections_per_client: 0\n"
+                             "  http_header_timeout_s: 1\n"
+                             "  http_min_body_rate: 1000\n")
+    c.start()
+    c.port = http_port(c)
+    yield c
+    codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+
+
+def test_headers_late_get_408(tight):
+    s = socket.create_connection(("127.0.0.1", tight.port), timeout=60)
+    try:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        st, _, err = error_of(read_all(s))
+    finally:
+        s.close()
+    assert st == 408 and err["code"] == "request_timeout", err
+    assert "router.http_header_timeout_s" in err["message"], err
+
+
+def test_body_below_the_minimum_rate_is_closed(tight):
+    s = socket.create_connection(("127.0.0.1", tight.port), timeout=60)
+    try:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100000\r\n\r\n{\"model\": ")  # 10 of 100,000 bytes
+        assert read_all(s) == b""  # closed (its request never complete, so never answered)
+    finally:
+        s.close()
+    assert request(tight.port, "GET", "/health")[0] == 200
+
+
+def test_full_of_busy_connections_answers_503(tight):
+    # four streams in progress fill the table; none of them may be evicted, so a fifth
+    # connection is answered 503 with Retry-After
+    payload = {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": PROMPT, "max_tokens": 2000,
+               "ignore_eos": True, "stream": True}
+    streams = [open_stream(tight.port, "/v1/completions", payload, rcvbuf=4096)
+               for _ in range(4)]
+    try:
+        for s in streams:
+            peek_until(s, b"data: {")
+        s = socket.create_connection(("127.0.0.1", tight.port), timeout=60)
+        try:
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            st, headers, err = error_of(read_all(s))
+        finally:
+            s.close()
+        assert st == 503 and headers["retry-after"] == "1", (st, headers)
+        assert err["code"] == "server_busy" and "router.http_max_connections" in err["message"]
+    finally:
+        for s in streams:
+            s.close()
+    wait_for(lambda: request(tight.port, "GET", "/health")[0] == 200,
+             "the server answering again once the streams' clients left")
+
+
+def test_router_refuses_to_start_without_the_files_it_needs(tmp_path):
+    c = Cluster(str(tmp_path), n_prefill=0, n_decode=1,
+                extra_router="  http_max_connections: 100000\n")
+
+    def low_nofile():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    p = subprocess.run([BINARIES["router"], "--config", c.config], capture_output=True,
+                       text=True, timeout=120, preexec_fn=low_nofile)
+    assert p.returncode != 0
+    assert ("router.http_max_connections 100000 needs 200256 open files; RLIMIT_NOFILE allows "
+            "1024 (hard limit)") in p.stderr + p.stdout, p.stderr + p.stdout
