@@ -32,6 +32,15 @@ extern "C" {
 /* Largest request body accepted, bytes; a larger one is answered with 413. */
 #define TDM_HTTP_MAX_BODY_BYTES (4u << 20)
 
+/* Work budgets of one request, checked before it is sent to the router (so before any
+ * compilation), in units of work rather than time: tools at most (OpenAI's limit), and the
+ * bytes of a constraint: a regular expression; a JSON Schema, a grammar or a choice list; the
+ * grammar made of tool_choice "required" or a named function. Over one: 400 naming the field. */
+#define TDM_HTTP_MAX_TOOLS 128u
+#define TDM_HTTP_MAX_REGEX_BYTES (16u << 10)
+#define TDM_HTTP_MAX_CONSTRAINT_BYTES (256u << 10)
+#define TDM_HTTP_MAX_TOOL_GRAMMAR_BYTES (1u << 20)
+
 typedef struct tdm_http tdm_http_t;
 
 /* The router's tokenizer, chat template (NULL: none) and context length, for /tokenize and

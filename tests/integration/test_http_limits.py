@@ -420,3 +420,40 @@ def test_router_refuses_to_start_without_the_files_it_needs(tmp_path):
     assert p.returncode != 0
     assert ("router.http_max_connections 100000 needs 200256 open files; RLIMIT_NOFILE allows "
             "1024 (hard limit)") in p.stderr + p.stdout, p.stderr + p.stdout
+
+
+def chat(port, **extra):
+    body = {"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}], **extra}
+    st, _, raw = request(port, "POST", "/v1/chat/completions", body=body)
+    return st, strict_json(raw)
+
+
+def tool(i, n_props=1):
+    props = {f"p{k}": {"type": "string", "description": "d" * 40} for k in range(n_props)}
+    return {"type": "function", "function": {"name": f"f{i}", "description": "x",
+                                             "parameters": {"type": "object",
+                                                            "properties": props}}}
+
+
+def test_work_budgets_are_checked_before_any_work(cluster):
+    # counted in tools and bytes, refused with 400 naming the field before anything compiles
+    st, doc = chat(cluster.port, tools=[tool(i) for i in range(10000)], tool_choice="required")
+    assert st == 400 and doc["error"]["param"] == "tools", doc
+    assert "10000 entries; at most 128" in doc["error"]["message"], doc
+    st, doc = chat(cluster.port, functions=[tool(i)["function"] for i in range(129)])
+    assert st == 400 and doc["error"]["param"] == "functions", doc
+    st, doc = chat(cluster.port, guided_regex="a" * 20000)
+    assert st == 400 and doc["error"]["param"] == "guided_regex", doc
+    assert "20000 bytes; at most 16384" in doc["error"]["message"], doc
+    schema = {"type": "object", "properties": {f"p{k}": {"type": "string"} for k in range(12000)}}
+    st, doc = chat(cluster.port, response_format={"type": "json_schema",
+                                                  "json_schema": {"name": "x", "schema": schema}})
+    assert st == 400 and doc["error"]["param"] == "response_format", doc
+    assert "at most 262144" in doc["error"]["message"], doc
+    # 128 tools whose calls' grammar is over its budget: named as tools, and no internal name
+    # (the gateway's inproc:// link to the router) ever reaches the client
+    st, doc = chat(cluster.port, tools=[tool(i, 60) for i in range(128)], tool_choice="required")
+    assert st == 400 and doc["error"]["param"] == "tools", doc
+    assert "inproc" not in doc["error"]["message"], doc
+    assert request(cluster.port, "GET", "/health")[0] == 200
