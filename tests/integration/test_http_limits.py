@@ -457,3 +457,35 @@ def test_work_budgets_are_checked_before_any_work(cluster):
     assert st == 400 and doc["error"]["param"] == "tools", doc
     assert "inproc" not in doc["error"]["message"], doc
     assert request(cluster.port, "GET", "/health")[0] == 200
+
+
+def test_failed_stream_ends_with_an_error_event_not_a_finish_reason(tmp_path):
+    # its only decode node killed mid-stream: the stream ends with OpenAI's error event and
+    # [DONE], as vLLM's does; no choice says finish_reason "error", which is not one of
+    # OpenAI's values (typed clients refuse it)
+    c = Cluster(str(tmp_path), n_prefill=0, n_decode=1)
+    c.start()
+    try:
+        port = http_port(c)
+        payload = {"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": PROMPT, "max_tokens": 3000,
+                   "ignore_eos": True, "stream": True}
+        s = open_stream(port, "/v1/completions", payload)
+        try:
+            peek_until(s, b"data: {")
+            c.kill("decode-0")
+            s.settimeout(300)
+            buf = b""
+            while b"data: [DONE]" not in buf:
+                b = s.recv(65536)
+                assert b, buf[-500:]
+                buf += b
+        finally:
+            s.close()
+        events = [json.loads(ln[len(b"data: "):]) for ln in buf.split(b"\n")
+                  if ln.startswith(b"data: {")]
+        assert "error" in events[-1], events[-3:]
+        assert events[-1]["error"]["type"] == "server_error", events[-1]
+        finishes = [ev["choices"][0]["finish_reason"] for ev in events if ev.get("choices")]
+        assert "error" not in finishes and finishes[0] is None, finishes[-3:]
+    finally:
+        c.stop()
