@@ -62,6 +62,9 @@
 #define ACC_SWEEP_MS 250      /* deadlines are checked this often */
 #define ACC_ACCEPT_BURST 64   /* connections accepted per wake-up */
 #define ACC_FILES_RESERVE 256 /* open files of the router besides the connections' */
+#define ACC_LINGER_MAX 256    /* answered connections whose rest is read before closing */
+#define ACC_LINGER_S 2.0      /* how long that rest is read, s */
+#define ACC_LINGER_BYTES (64u << 20)
 
 enum { SLOT_FREE, SLOT_PENDING, SLOT_MHD };
 
@@ -92,12 +95,22 @@ typedef struct acc_list {
     int head, tail;
 } acc_list_t;
 
+/* A connection answered by the front door whose request is still arriving: what arrives is
+ * read and dropped until the client closes, so that closing does not reset the connection
+ * (and lose the answer) under a client still sending its body. */
+typedef struct acc_linger {
+    int fd; /* -1: free */
+    double until;
+    uint64_t bytes;
+} acc_linger_t;
+
 struct http_acc {
     const tdm_router_config_t *rc;
     http_counters_t *counters;
     tdm_logger_t log;
     int lfd, ep, wake_fd;
     bool lfd_watched; /* accept thread only: lfd is in ep (not while out of files) */
+    acc_linger_t linger[ACC_LINGER_MAX]; /* accept thread only */
     uint16_t port;
     struct MHD_Daemon *mhd;
     pthread_t thread;
@@ -277,11 +290,46 @@ static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status
             http_counters_response(a->counters, http_status);
     }
     tdm_buf_free(&body);
-    char junk[4096];
-    for (int k = 0; k < 16 && recv(fd, junk, sizeof junk, MSG_DONTWAIT) > 0; k++)
-        ;
     shutdown(fd, SHUT_WR);
+    /* read the rest of the request before closing (a lingering close), while there is room */
+    for (int i = 0; i < ACC_LINGER_MAX; i++)
+        if (a->linger[i].fd < 0) {
+            struct epoll_event ee = {.events = EPOLLIN | EPOLLRDHUP, .data = {.fd = fd}};
+            if (epoll_ctl(a->ep, EPOLL_CTL_ADD, fd, &ee) != 0 && errno != EEXIST)
+                break;
+            a->linger[i] = (acc_linger_t){fd, tdm_time_now() + ACC_LINGER_S, 0};
+            return;
+        }
     close(fd);
+}
+
+/* Reads and drops what arrived on lingering connection i; closes it at the client's end, past
+ * ACC_LINGER_BYTES or at its deadline (expired). */
+static void linger_read(http_acc_t *a, int i, bool expired)
+{
+    acc_linger_t *l = &a->linger[i];
+    char junk[16384];
+    ssize_t n = 0;
+    while (!expired && l->bytes < ACC_LINGER_BYTES &&
+           (n = recv(l->fd, junk, sizeof junk, MSG_DONTWAIT)) > 0)
+        l->bytes += (uint64_t)n;
+    bool wait = !expired && l->bytes < ACC_LINGER_BYTES && n < 0 &&
+                (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+    if (wait)
+        return;
+    close(l->fd); /* also leaves ep */
+    l->fd = -1;
+}
+
+/* True when fd is a lingering connection (its event handled). */
+static bool linger_event(http_acc_t *a, int fd)
+{
+    for (int i = 0; i < ACC_LINGER_MAX; i++)
+        if (a->linger[i].fd == fd) {
+            linger_read(a, i, false);
+            return true;
+        }
+    return false;
 }
 
 /* ---- the header block ---- */
@@ -621,6 +669,9 @@ static void sweep(http_acc_t *a, double now)
                          "(router.http_header_timeout_s)",
                          rc->http_header_timeout_s);
     }
+    for (int i = 0; i < ACC_LINGER_MAX; i++)
+        if (a->linger[i].fd >= 0 && now >= a->linger[i].until)
+            linger_read(a, i, true);
     if (!a->lfd_watched) {
         struct epoll_event ee = {.events = EPOLLIN, .data = {.fd = a->lfd}};
         a->lfd_watched = epoll_ctl(a->ep, EPOLL_CTL_ADD, a->lfd, &ee) == 0;
@@ -647,7 +698,7 @@ static void *acc_main(void *arg)
                 }
             } else if (fd == a->lfd) {
                 accept_burst(a);
-            } else {
+            } else if (!linger_event(a, fd)) {
                 gate_read(a, fd, evs[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR));
             }
         }
@@ -771,6 +822,8 @@ http_acc_t *http_acc_new(const tdm_config_t *cfg, const struct sockaddr *sa, soc
     a->counters = counters;
     a->log = *log;
     a->lfd = a->ep = a->wake_fd = -1;
+    for (int i = 0; i < ACC_LINGER_MAX; i++)
+        a->linger[i].fd = -1;
     a->pending = a->in_mhd = (acc_list_t){-1, -1};
     pthread_mutex_init(&a->mu, NULL);
     struct rlimit rl;
@@ -836,6 +889,11 @@ void http_acc_stop(http_acc_t *a)
         pthread_join(a->thread, NULL);
         a->started = false;
     }
+    for (int i = 0; i < ACC_LINGER_MAX; i++)
+        if (a->linger[i].fd >= 0) {
+            close(a->linger[i].fd);
+            a->linger[i].fd = -1;
+        }
     pthread_mutex_lock(&a->mu);
     while (a->pending.head >= 0) {
         int fd = a->pending.head;

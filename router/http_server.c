@@ -24,6 +24,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -48,6 +49,11 @@
 #include "tandem/limits.h"
 
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
+
+/* Request body bytes read after which the heap is trimmed when no request is in flight: the
+ * buffers of a burst of large bodies go back to the system (malloc_trim) instead of staying
+ * in the allocator's arenas, one per pool thread. */
+#define HTTP_TRIM_BYTES (8u << 20)
 
 /* Longest wait at shutdown for connections to write the answers of their ended calls, s. */
 #define HTTP_DRAIN_S 5
@@ -421,6 +427,10 @@ static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, vo
     r->conn = c;
     r->fd = http_client_fd(c);
     *con_cls = r;
+    pthread_mutex_lock(&h->mu);
+    h->n_requests++;
+    r->counted = true;
+    pthread_mutex_unlock(&h->mu);
     const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
     if (http_request_id_ok(rid))
         snprintf(r->rid, sizeof r->rid, "%s", rid);
@@ -462,6 +472,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         http_conn_t *hc = conn_ctx(c);
         if (hc)
             http_acc_body(h->acc, hc->fd, hc->gen, n);
+        pthread_mutex_lock(&h->mu);
+        h->body_bytes += n;
+        pthread_mutex_unlock(&h->mu);
         if (!r->too_large && r->body.len + n > TDM_HTTP_MAX_BODY_BYTES) {
             r->too_large = true;
             tdm_buf_free(&r->body);
@@ -513,8 +526,18 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     tdm_buf_free(&r->body);
     tdm_buf_free(&r->sse);
     oai_out_clear(&r->out);
+    bool trim = false;
+    if (r->counted) {
+        pthread_mutex_lock(&h->mu);
+        trim = --h->n_requests == 0 && h->body_bytes >= HTTP_TRIM_BYTES;
+        if (trim)
+            h->body_bytes = 0;
+        pthread_mutex_unlock(&h->mu);
+    }
     free(r);
     *con_cls = NULL;
+    if (trim) /* idle after large bodies: give their memory back (every arena) */
+        malloc_trim(0);
     conn_phase(c, HTTP_ACC_IDLE);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
                               (unsigned)h->cfg->router.http_connection_timeout_s);

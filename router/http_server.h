@@ -39,6 +39,8 @@ struct tdm_http {
     pthread_mutex_t mu;
     pthread_cond_t idle; /* signalled when n_calls drops to 0 */
     size_t n_calls;      /* under mu: connections holding a generate call */
+    size_t n_requests;   /* under mu: HTTP requests begun and not completed */
+    uint64_t body_bytes; /* under mu: request body bytes read since the heap was last trimmed */
     bool have_model;     /* under mu */
     http_model_t model;
     tdm_http_vocab_t vocab;    /* the router's tokenizer (/tokenize); tok NULL: none */
@@ -70,6 +72,7 @@ typedef struct http_req {
     size_t sse_off;
     bool sse_done;
     bool cancelled; /* this side cancelled the call (client gone) */
+    bool counted;   /* in h->n_requests */
     /* X-Request-Id of every reply: the client's own when valid, else the router's (the
      * generate call's id, or a new one made when a reply needs it) */
     char rid[TDM_REQUEST_ID_MAX + 1];
