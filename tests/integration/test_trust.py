@@ -263,6 +263,31 @@ def test_node_id_not_utf8_is_refused_and_status_still_parses(tmp_path):
         c.stop()
 
 
+def test_request_id_unique_per_connection_not_across(tmp_path):
+    """docs/api.md: a request id is unique among the requests in flight on one client
+    connection; another connection may use the same id at once (the id is a label, and
+    refusing it across connections would let one client probe or block another's ids)."""
+    c = Cluster(str(tmp_path), n_prefill=0).start()
+    a, b = c.client(), c.client()
+    try:
+        long = prompt_request(PROMPT_A, max_tokens=3000, temperature=0.0, ignore_eos=True)
+        long.request_id = "dup-1"
+        first = a.start(long)
+        assert wait_tokens(a, first, 1) >= 1  # in flight
+        short = prompt_request(PROMPT_A, max_tokens=2, temperature=0.0)
+        short.request_id = "dup-1"
+        r = b.generate(short, timeout_s=120)
+        assert r.status == "OK", (r.status, r.message)
+        r = a.generate(short, timeout_s=120)
+        assert r.status == "INVALID_ARGUMENT", (r.status, r.message)
+        assert "request_id 'dup-1' is already in flight" in r.message, r.message
+        a.cancel(first)
+    finally:
+        a.close()
+        b.close()
+        c.stop()
+
+
 def test_request_id_reused_right_after_cancel(tmp_path):
     """A request id reused right after cancelling it gets the new request's own text, 20 times
     out of 20: the old attempt's KV transfer, first token, withdrawal or TaskFailed never reach
