@@ -19,7 +19,9 @@
  * - when router.http_max_connections are open, a new one takes the place of the connection that
  *   has sent least for longest: the oldest still sending its headers here, else the one idle
  *   longest between two requests in libmicrohttpd; a connection with a request in progress is
- *   never chosen. With no such connection the new one gets 503 with Retry-After;
+ *   never chosen. With no such connection, up to ACC_PROBE_RESERVE more are taken for /health
+ *   and /ready only (anything else on them, and any connection past those, gets 503 with
+ *   Retry-After);
  * - in libmicrohttpd, a connection idle between requests longer than
  *   router.http_connection_timeout_s, or whose request body arrives slower than
  *   router.http_min_body_rate (averaged from the headers' end, after a grace of
@@ -62,11 +64,19 @@
 #define ACC_SWEEP_MS 250      /* deadlines are checked this often */
 #define ACC_ACCEPT_BURST 64   /* connections accepted per wake-up */
 #define ACC_FILES_RESERVE 256 /* open files of the router besides the connections' */
+#define ACC_PROBE_RESERVE 16  /* connections taken past the limit, for /health and /ready */
 #define ACC_LINGER_MAX 256    /* answered connections whose rest is read before closing */
 #define ACC_LINGER_S 2.0      /* how long that rest is read, s */
 #define ACC_LINGER_BYTES (64u << 20)
 
 enum { SLOT_FREE, SLOT_PENDING, SLOT_MHD };
+
+/* What a pending connection may do once its headers are in. */
+enum {
+    ADMIT_ANY,  /* any request */
+    ADMIT_OVER, /* over its address's cap: /health and /ready, else 429 */
+    ADMIT_BUSY, /* taken past a full table (ACC_PROBE_RESERVE): /health and /ready, else 503 */
+};
 
 /* One client address and its open connections. */
 typedef struct acc_addr {
@@ -78,7 +88,7 @@ typedef struct acc_addr {
 typedef struct acc_slot {
     uint8_t state; /* SLOT_* */
     uint8_t phase; /* SLOT_MHD: http_acc_phase_t */
-    bool over;     /* SLOT_PENDING: over its address's cap */
+    uint8_t admit; /* SLOT_PENDING: ADMIT_* */
     bool evicting; /* SLOT_MHD: shut down from here, its close not reported yet */
     uint32_t gen;  /* bumped when the slot is freed */
     ino_t ino;     /* the socket's inode */
@@ -124,6 +134,7 @@ struct http_acc {
     size_t n_buckets;
     acc_list_t pending, in_mhd;
     size_t n_open, n_evicting;
+    size_t n_busy; /* pending ADMIT_BUSY */
 };
 
 /* ---- the table (a->mu held) ---- */
@@ -203,6 +214,8 @@ static void slot_free(http_acc_t *a, int fd)
     acc_slot_t *s = &a->slots[fd];
     list_del(a->slots, s->state == SLOT_PENDING ? &a->pending : &a->in_mhd, fd);
     addr_put(a, s->addr);
+    if (s->admit == ADMIT_BUSY)
+        a->n_busy--;
     if (s->evicting)
         a->n_evicting--;
     a->n_open--;
@@ -225,14 +238,19 @@ static void slot_evict(http_acc_t *a, int fd)
 }
 
 /* The connection to close for a new one when the table is full: the oldest still sending its
- * headers (over-cap ones first), else the one idle longest between requests. -1: none. */
+ * headers (over-cap ones first; never one taken for a probe), else the one idle longest
+ * between requests. -1: none. */
 static int pick_victim(http_acc_t *a)
 {
-    for (int i = a->pending.head; i >= 0; i = a->slots[i].next)
-        if (a->slots[i].over)
+    int oldest = -1;
+    for (int i = a->pending.head; i >= 0; i = a->slots[i].next) {
+        if (a->slots[i].admit == ADMIT_OVER)
             return i;
-    if (a->pending.head >= 0)
-        return a->pending.head;
+        if (oldest < 0 && a->slots[i].admit == ADMIT_ANY)
+            oldest = i;
+    }
+    if (oldest >= 0)
+        return oldest;
     int best = -1;
     for (int i = a->in_mhd.head; i >= 0; i = a->slots[i].next) {
         const acc_slot_t *s = &a->slots[i];
@@ -476,6 +494,9 @@ static void hand_over(http_acc_t *a, int fd)
     pthread_mutex_lock(&a->mu);
     acc_slot_t *s = &a->slots[fd];
     list_del(a->slots, &a->pending, fd);
+    if (s->admit == ADMIT_BUSY)
+        a->n_busy--;
+    s->admit = ADMIT_ANY;
     s->state = SLOT_MHD;
     s->phase = HTTP_ACC_IDLE;
     s->t_phase = tdm_time_now();
@@ -494,6 +515,21 @@ static void hand_over(http_acc_t *a, int fd)
     pthread_mutex_unlock(&a->mu);
 }
 
+/* The answer to a request that is not a probe on a connection taken over a limit. */
+static void answer_limit(http_acc_t *a, int fd, int admit)
+{
+    if (admit == ADMIT_OVER)
+        answer_close(a, fd, 429, TDM_ERESOURCE, "too_many_connections",
+                     "too many connections from this address: at most %d at once "
+                     "(router.http_max_connections_per_client); retry when one has closed",
+                     a->rc->http_max_connections_per_client);
+    else
+        answer_close(a, fd, 503, TDM_EUNAVAILABLE, "server_busy",
+                     "the server has %d connections open (router.http_max_connections), all of "
+                     "them busy; retry later",
+                     a->rc->http_max_connections);
+}
+
 /* New bytes on pending fd (or its end: hup): once its header block is complete, refuse it or
  * hand it over; a client that has stopped sending before that is forgotten. */
 static void gate_read(http_acc_t *a, int fd, bool hup)
@@ -504,7 +540,7 @@ static void gate_read(http_acc_t *a, int fd, bool hup)
         return;
     pthread_mutex_lock(&a->mu);
     bool mine = (size_t)fd < a->n_slots && a->slots[fd].state == SLOT_PENDING;
-    bool over = mine && a->slots[fd].over;
+    int admit = mine ? a->slots[fd].admit : ADMIT_ANY;
     if (mine && n > 0)
         a->slots[fd].bytes = (uint64_t)n;
     pthread_mutex_unlock(&a->mu);
@@ -537,12 +573,9 @@ static void gate_read(http_acc_t *a, int fd, bool hup)
         return;
     }
     bool probe = strcmp(fr.path, "/health") == 0 || strcmp(fr.path, "/ready") == 0;
-    if (over && !probe) {
+    if (admit != ADMIT_ANY && !probe) {
         pending_drop(a, fd);
-        answer_close(a, fd, 429, TDM_ERESOURCE, "too_many_connections",
-                     "too many connections from this address: at most %d at once "
-                     "(router.http_max_connections_per_client); retry when one has closed",
-                     a->rc->http_max_connections_per_client);
+        answer_limit(a, fd, admit);
         return;
     }
     hand_over(a, fd);
@@ -556,13 +589,16 @@ static void admit(http_acc_t *a, int fd, const struct sockaddr_storage *sa, sock
     uint8_t key[16];
     addr_key(sa, key);
     double now = tdm_time_now();
-    int victim = -1;
+    int victim = -1, admit = ADMIT_ANY;
     bool full = fstat(fd, &st) != 0;
     pthread_mutex_lock(&a->mu);
     full = full || (size_t)fd >= a->n_slots;
     if (!full && a->n_open - a->n_evicting >= (size_t)a->rc->http_max_connections) {
         victim = pick_victim(a);
-        full = victim < 0;
+        /* none to close: a few more are taken, for probes (/health, /ready) only */
+        full = victim < 0 && a->n_busy >= ACC_PROBE_RESERVE;
+        if (victim < 0 && !full)
+            admit = ADMIT_BUSY;
         if (victim >= 0 && a->slots[victim].state == SLOT_MHD) {
             slot_evict(a, victim); /* still counted until libmicrohttpd reports its close */
             victim = -1;
@@ -579,8 +615,11 @@ static void admit(http_acc_t *a, int fd, const struct sockaddr_storage *sa, sock
         s->addr = e;
         s->ino = st.st_ino;
         s->t_open = now;
-        s->over = a->rc->http_max_connections_per_client > 0 &&
-                  e->count > (uint32_t)a->rc->http_max_connections_per_client;
+        if (admit == ADMIT_ANY && a->rc->http_max_connections_per_client > 0 &&
+            e->count > (uint32_t)a->rc->http_max_connections_per_client)
+            admit = ADMIT_OVER;
+        s->admit = (uint8_t)admit;
+        a->n_busy += admit == ADMIT_BUSY;
         s->sa = *sa;
         s->sa_len = len;
         list_add(a->slots, &a->pending, fd);
@@ -591,10 +630,7 @@ static void admit(http_acc_t *a, int fd, const struct sockaddr_storage *sa, sock
                      "the request headers were not complete when the server needed the "
                      "connection for another client");
     if (!e) {
-        answer_close(a, fd, 503, TDM_EUNAVAILABLE, "server_busy",
-                     "the server has %d connections open (router.http_max_connections), all of "
-                     "them busy; retry later",
-                     a->rc->http_max_connections);
+        answer_limit(a, fd, ADMIT_BUSY);
         return;
     }
     struct epoll_event ee = {.events = EPOLLIN | EPOLLRDHUP | EPOLLET, .data = {.fd = fd}};
@@ -628,7 +664,7 @@ static void accept_burst(http_acc_t *a)
 /* What the sweep closes outside the lock. */
 typedef struct acc_expired {
     int fd;
-    bool over;
+    int admit;
 } acc_expired_t;
 
 /* Enforces the deadlines: pending headers, idle keep-alive, body rate. */
@@ -640,10 +676,11 @@ static void sweep(http_acc_t *a, double now)
     pthread_mutex_lock(&a->mu);
     for (int i = a->pending.head, next; i >= 0 && n_exp < 256; i = next) {
         next = a->slots[i].next;
-        double limit = a->slots[i].over ? ACC_OVER_GRACE_S : (double)rc->http_header_timeout_s;
+        int admit = a->slots[i].admit;
+        double limit = admit != ADMIT_ANY ? ACC_OVER_GRACE_S : (double)rc->http_header_timeout_s;
         if (now - a->slots[i].t_open < limit)
             continue;
-        exp[n_exp++] = (acc_expired_t){i, a->slots[i].over};
+        exp[n_exp++] = (acc_expired_t){i, admit};
         slot_free(a, i);
     }
     for (int i = a->in_mhd.head; i >= 0; i = a->slots[i].next) {
@@ -658,11 +695,8 @@ static void sweep(http_acc_t *a, double now)
     }
     pthread_mutex_unlock(&a->mu);
     for (size_t k = 0; k < n_exp; k++) {
-        if (exp[k].over)
-            answer_close(a, exp[k].fd, 429, TDM_ERESOURCE, "too_many_connections",
-                         "too many connections from this address: at most %d at once "
-                         "(router.http_max_connections_per_client); retry when one has closed",
-                         rc->http_max_connections_per_client);
+        if (exp[k].admit != ADMIT_ANY)
+            answer_limit(a, exp[k].fd, exp[k].admit);
         else
             answer_close(a, exp[k].fd, 408, TDM_EDEADLINE, "request_timeout",
                          "the request headers did not arrive within %d s "
