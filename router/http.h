@@ -10,8 +10,10 @@
  * limits from router.http_*), and the two sides meet in per-call event queues: a connection
  * whose next event has not come is suspended, and the gateway thread resumes it. So the
  * router's single-threaded loop is never touched from an HTTP thread, no pool thread waits for
- * tokens, and a slow or stalled HTTP client holds up only its own stream. API keys of HTTP
- * requests are checked here.
+ * tokens, and a slow or stalled HTTP client holds up only its own stream. A front door of its
+ * own (http_accept.h) accepts connections and hands one to libmicrohttpd only once its request
+ * headers are complete; it enforces the connection limits with 429/503 answers, the header
+ * deadline, the body rate and eviction. API keys of HTTP requests are checked here.
  * docs/api.md "HTTP API (OpenAI-compatible)" describes the endpoints.
  */
 #ifndef TANDEM_ROUTER_HTTP_H

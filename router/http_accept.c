@@ -50,6 +50,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -292,13 +293,17 @@ static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status
     json_t *v = http_error_json(status, code, NULL, msg);
     bool ok = v && http_json_append(&body, v) == TDM_OK && tdm_buf_append(&body, "\n", 1) == 0;
     json_decref(v);
-    char rid[TDM_REQUEST_ID_MAX + 1], head[512];
+    char rid[TDM_REQUEST_ID_MAX + 1], head[512], date[64] = "";
     http_request_id_new(rid, sizeof rid);
+    time_t t = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&t, &tm)) /* RFC 9110 5.6.7 IMF-fixdate */
+        strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
     int hn = snprintf(head, sizeof head,
-                      "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\n"
+                      "HTTP/1.1 %u %s\r\nDate: %s\r\nContent-Type: application/json\r\n"
                       "Cache-Control: no-store\r\nConnection: close\r\nX-Request-Id: %s\r\n"
                       "%sContent-Length: %zu\r\n\r\n",
-                      http_status, reason_phrase(http_status), rid,
+                      http_status, reason_phrase(http_status), date, rid,
                       http_status == 429 || http_status == 503 ? "Retry-After: 1\r\n" : "",
                       ok ? body.len : 0);
     if (hn > 0 && (size_t)hn < sizeof head) {
