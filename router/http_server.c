@@ -3,9 +3,10 @@
  * per-request state's life, construction and shutdown. Routing and the endpoints are
  * http_endpoints.c's, generation http_generate.c's; CORS and request ids come from http_conv.c.
  *
- * A pool of router.http_threads threads serves every connection (epoll), within
- * router.http_max_connections in all and router.http_max_connections_per_client from one
- * address, and closes a connection idle for router.http_connection_timeout_s. So no handler
+ * A pool of router.http_threads threads serves every connection (epoll) that the front door
+ * (http_accept.c, which enforces the connection limits and deadlines) hands over once its
+ * headers are in, tells the front door what each connection does (request body, answer, idle)
+ * and trims the heap when no request is in flight after large bodies. So no handler
  * blocks on the router: a generate request whose next event has not come (its first, which
  * decides the HTTP status: a refused request is a 4xx JSON error, not a 200 stream; the END
  * after a stream=false answer; a stream's next chunk) parks its connection
