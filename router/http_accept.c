@@ -357,8 +357,7 @@ static bool linger_event(http_acc_t *a, int fd)
 
 /* ---- the header block ---- */
 
-/* Offset just past the blank line that ends the header block in b[0..n), or 0. */
-static size_t header_end(const char *b, size_t n)
+size_t http_acc_header_end(const char *b, size_t n)
 {
     const char *crlf = memmem(b, n, "\r\n\r\n", 4);
     const char *lf = memmem(b, n, "\n\n", 2);
@@ -367,19 +366,10 @@ static size_t header_end(const char *b, size_t n)
     return lf ? (size_t)(lf - b) + 2 : 0;
 }
 
-/* The framing of a request as the header block b[0..hlen) (followed by n - hlen more bytes
- * peeked) states it. */
-typedef struct acc_frame {
-    char path[64]; /* the target's path, cut at '?' (only /health and /ready matter) */
-    unsigned http_status;
-    const char *code;
-    char why[256]; /* a refusal ("" none) */
-} acc_frame_t;
-
-static void frame_refuse(acc_frame_t *fr, unsigned http_status, const char *code, const char *fmt,
-                         ...) __attribute__((format(printf, 4, 5)));
-static void frame_refuse(acc_frame_t *fr, unsigned http_status, const char *code, const char *fmt,
-                         ...)
+static void frame_refuse(http_acc_frame_t *fr, unsigned http_status, const char *code,
+                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void frame_refuse(http_acc_frame_t *fr, unsigned http_status, const char *code,
+                         const char *fmt, ...)
 {
     if (fr->why[0])
         return; /* the first refusal stands */
@@ -405,7 +395,7 @@ static void header_value(const char *v, const char *end, char *out, size_t cap)
 
 /* Checks a chunked body's first chunk size, when it has arrived with the headers: one larger
  * than the body limit is refused now (libmicrohttpd would wait for all of it). */
-static void check_first_chunk(acc_frame_t *fr, const char *p, const char *end)
+static void check_first_chunk(http_acc_frame_t *fr, const char *p, const char *end)
 {
     uint64_t size = 0;
     int digits = 0;
@@ -434,7 +424,7 @@ static void check_first_chunk(acc_frame_t *fr, const char *p, const char *end)
  * request to refuse): a method, one Content-Length of 1..19 digits or one Transfer-Encoding
  * "chunked", not both (RFC 9112 6.3: whatever two parties could read differently is how
  * requests are smuggled). */
-static void frame_read(const char *b, size_t hlen, size_t n, acc_frame_t *fr)
+void http_acc_frame_read(const char *b, size_t hlen, size_t n, http_acc_frame_t *fr)
 {
     memset(fr, 0, sizeof *fr);
     const char *end = b + hlen, *eol = memchr(b, '\n', hlen);
@@ -556,7 +546,7 @@ static void gate_read(http_acc_t *a, int fd, bool hup)
         close(fd);
         return;
     }
-    size_t hlen = header_end(buf, (size_t)n);
+    size_t hlen = http_acc_header_end(buf, (size_t)n);
     if (!hlen && hup) { /* half a request, and no more can come */
         pending_drop(a, fd);
         close(fd);
@@ -570,8 +560,8 @@ static void gate_read(http_acc_t *a, int fd, bool hup)
         }
         return;
     }
-    acc_frame_t fr;
-    frame_read(buf, hlen, (size_t)n, &fr);
+    http_acc_frame_t fr;
+    http_acc_frame_read(buf, hlen, (size_t)n, &fr);
     if (fr.why[0]) {
         pending_drop(a, fd);
         answer_close(a, fd, fr.http_status, TDM_EINVALID, fr.code, "%s", fr.why);

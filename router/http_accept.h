@@ -30,6 +30,26 @@ typedef enum http_acc_phase {
     HTTP_ACC_BUSY,
 } http_acc_phase_t;
 
+/* The framing of a request as its header block states it (http_acc_frame_read). */
+typedef struct http_acc_frame {
+    char path[64]; /* the target's path, cut at '?' (only /health and /ready matter) */
+    unsigned http_status;
+    const char *code; /* OpenAI's error code of the refusal (static) */
+    char why[256];    /* the refusal's message; "" when the request may go on */
+} http_acc_frame_t;
+
+/* Offset just past the blank line (CRLF CRLF, or LF LF) that ends the header block in b[0..n),
+ * or 0 while it is incomplete. Cannot fail. */
+size_t http_acc_header_end(const char *b, size_t n);
+
+/* Reads the request line and the framing headers of the header block b[0..hlen) (hlen from
+ * http_acc_header_end, followed by n - hlen more bytes already received) into *fr: refused
+ * (fr->why set, fr->http_status 400 or 413) without a method, with two Content-Length or two
+ * Transfer-Encoding lines, both, a Content-Length that is not 1..19 digits, a
+ * Transfer-Encoding other than chunked, or a first chunk (when received) over
+ * TDM_HTTP_MAX_BODY_BYTES. Cannot fail. */
+void http_acc_frame_read(const char *b, size_t hlen, size_t n, http_acc_frame_t *fr);
+
 /* Open files the gateway needs for router.http_max_connections connections: a socket and a
  * call's eventfd each, plus 256 for the router's own (ZMQ, logs, models). */
 uint64_t http_acc_files_needed(int max_connections);
