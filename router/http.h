@@ -39,9 +39,9 @@ extern "C" {
  * bytes of a constraint: a regular expression; a JSON Schema, a grammar or a choice list; the
  * grammar made of tool_choice "required" or a named function. Over one: 400 naming the field. */
 #define TDM_HTTP_MAX_TOOLS 128u
-#define TDM_HTTP_MAX_REGEX_BYTES (16u << 10)
+#define TDM_HTTP_MAX_REGEX_BYTES TDM_CONSTRAINT_MAX_REGEX_BYTES
 #define TDM_HTTP_MAX_CONSTRAINT_BYTES (256u << 10)
-#define TDM_HTTP_MAX_TOOL_GRAMMAR_BYTES (1u << 20)
+#define TDM_HTTP_MAX_TOOL_GRAMMAR_BYTES TDM_CONSTRAINT_MAX_BYTES
 
 typedef struct tdm_http tdm_http_t;
 

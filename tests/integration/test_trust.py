@@ -251,7 +251,14 @@ def test_node_id_not_utf8_is_refused_and_status_still_parses(tmp_path):
             req = prompt_request(PROMPT_A, max_tokens=2, temperature=0.0)
             req.model = "smol\x01lm"
             r = cl.generate(req, timeout_s=60)
-            assert r.status == "INVALID_ARGUMENT" and "model: byte 4" in r.message, r.message
+            assert r.status == "INVALID_ARGUMENT" and "byte 4 is not printable" in r.message, r.message
+            # a constraint over its budget in bytes is refused before it is compiled
+            req = prompt_request(PROMPT_A, max_tokens=2, temperature=0.0)
+            req.constraint.kind = pb.CONSTRAINT_KIND_REGEX
+            req.constraint.text = "a" * 20000
+            r = cl.generate(req, timeout_s=60)
+            assert r.status == "INVALID_ARGUMENT", (r.status, r.message)
+            assert "is 20000 bytes; at most 16384" in r.message, r.message
         finally:
             cl.close()
         out = subprocess.run([BINARIES["tandem"], "status", "--json", "--router", c.client_ep],
