@@ -555,3 +555,28 @@ def test_over_the_cap_a_large_body_still_reads_its_429(cluster):
     finally:
         for s in idle:
             s.close()
+
+
+def test_concurrent_requests_over_the_cap_are_all_answered(cluster):
+    # 3 x PER_CLIENT requests at once from one address: each gets an answer, 200 or 429 with
+    # Retry-After and the JSON error, none a silent close (libmicrohttpd's own cap closed them)
+    n = 3 * PER_CLIENT
+    barrier = threading.Barrier(n)
+    answers = [None] * n
+
+    def one(i):
+        barrier.wait()
+        try:
+            st, headers, raw = request(cluster.port, "GET", "/v1/models")
+            answers[i] = (st, headers.get("Retry-After"), raw)
+        except OSError as e:  # a reset or a close without an answer
+            answers[i] = (None, None, repr(e).encode())
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for st, retry, raw in answers:
+        assert st in (200, 429), (st, raw)
+        if st == 429:
+            assert retry == "1" and strict_json(raw)["error"]["code"] == "too_many_connections"
