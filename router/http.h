@@ -10,8 +10,10 @@
  * limits from router.http_*), and the two sides meet in per-call event queues: a connection
  * whose next event has not come is suspended, and the gateway thread resumes it. So the
  * router's single-threaded loop is never touched from an HTTP thread, no pool thread waits for
- * tokens, and a slow or stalled HTTP client holds up only its own stream. API keys of HTTP
- * requests are checked here.
+ * tokens, and a slow or stalled HTTP client holds up only its own stream. A front door of its
+ * own (http_accept.h) accepts connections and hands one to libmicrohttpd only once its request
+ * headers are complete; it enforces the connection limits with 429/503 answers, the header
+ * deadline, the body rate and eviction. API keys of HTTP requests are checked here.
  * docs/api.md "HTTP API (OpenAI-compatible)" describes the endpoints.
  */
 #ifndef TANDEM_ROUTER_HTTP_H
@@ -31,6 +33,15 @@ extern "C" {
 
 /* Largest request body accepted, bytes; a larger one is answered with 413. */
 #define TDM_HTTP_MAX_BODY_BYTES (4u << 20)
+
+/* Work budgets of one request, checked before it is sent to the router (so before any
+ * compilation), in units of work rather than time: tools at most (OpenAI's limit), and the
+ * bytes of a constraint: a regular expression; a JSON Schema, a grammar or a choice list; the
+ * grammar made of tool_choice "required" or a named function. Over one: 400 naming the field. */
+#define TDM_HTTP_MAX_TOOLS 128u
+#define TDM_HTTP_MAX_REGEX_BYTES TDM_CONSTRAINT_MAX_REGEX_BYTES
+#define TDM_HTTP_MAX_CONSTRAINT_BYTES (256u << 10)
+#define TDM_HTTP_MAX_TOOL_GRAMMAR_BYTES TDM_CONSTRAINT_MAX_BYTES
 
 typedef struct tdm_http tdm_http_t;
 

@@ -340,13 +340,30 @@ static int on_chunk(void *user, const tdm_client_chunk_t *ch)
 }
 
 /* The END event of a call that ended with status and message. */
+/* message with every inproc:// endpoint (the gateway's own link to the router, an internal
+ * name no HTTP client should see) replaced by "the router". Heap; NULL on out of memory. */
+static char *scrub_endpoints(const char *message)
+{
+    static const char inproc[] = "inproc://";
+    tdm_buf_t b = TDM_BUF_INIT;
+    const char *p = message, *at;
+    while ((at = strstr(p, inproc)) != NULL) {
+        (void)tdm_buf_append(&b, p, (size_t)(at - p));
+        (void)tdm_buf_puts(&b, "the router");
+        p = at + sizeof inproc - 1;
+        p += strspn(p, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-");
+    }
+    (void)tdm_buf_puts(&b, p);
+    return tdm_buf_take(&b);
+}
+
 static gw_event_t *end_event(int status, const char *message)
 {
     gw_event_t *ev = calloc(1, sizeof *ev);
     if (ev) {
         ev->kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_END;
         ev->status = status;
-        ev->message = tdm_strdup(message ? message : "");
+        ev->message = scrub_endpoints(message ? message : "");
     }
     if (ev && !ev->message) {
         free(ev);

@@ -98,13 +98,15 @@ json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chu
                      tops ? tops : json_null(), "text_offset", offs ? offs : json_array());
 }
 
+/* OpenAI's finish_reason for reason. Never "error", which is not among OpenAI's values (typed
+ * clients reject it): a failed stream sends no finish chunk and ends with its error event, as
+ * vLLM's does; vLLM's "abort" stands for a call that ended any other way. */
 static const char *finish_name(int reason)
 {
     switch (reason) {
     case TDM_CLIENT_FINISH_STOP: return "stop";
     case TDM_CLIENT_FINISH_LENGTH: return "length";
-    case TDM_CLIENT_FINISH_CANCELLED: return "abort";
-    default: return "error";
+    default: return "abort";
     }
 }
 
@@ -201,7 +203,10 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
         else
             rc = oai_emit_choice_at(q, o->index, b, NULL, ch->text, strlen(ch->text), lp, NULL);
     }
-    if (rc == TDM_OK && ch->finish_reason != TDM_CLIENT_FINISH_NONE && !o->finished) {
+    if (rc == TDM_OK && ch->finish_reason == TDM_CLIENT_FINISH_ERROR && !o->finished) {
+        o->finished = true; /* the error event that follows (oai_sse_end) ends the choice */
+        take_final(o, ch);
+    } else if (rc == TDM_OK && ch->finish_reason != TDM_CLIENT_FINISH_NONE && !o->finished) {
         o->finished = true;
         take_final(o, ch);
         const char *tools_finish = oai_tools_finish(o, ch->finish_reason);

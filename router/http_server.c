@@ -3,9 +3,10 @@
  * per-request state's life, construction and shutdown. Routing and the endpoints are
  * http_endpoints.c's, generation http_generate.c's; CORS and request ids come from http_conv.c.
  *
- * A pool of router.http_threads threads serves every connection (epoll), within
- * router.http_max_connections in all and router.http_max_connections_per_client from one
- * address, and closes a connection idle for router.http_connection_timeout_s. So no handler
+ * A pool of router.http_threads threads serves every connection (epoll) that the front door
+ * (http_accept.c, which enforces the connection limits and deadlines) hands over once its
+ * headers are in, tells the front door what each connection does (request body, answer, idle)
+ * and trims the heap when no request is in flight after large bodies. So no handler
  * blocks on the router: a generate request whose next event has not come (its first, which
  * decides the HTTP status: a refused request is a 4xx JSON error, not a 200 stream; the END
  * after a stream=false answer; a stream's next chunk) parks its connection
@@ -24,6 +25,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
@@ -49,6 +51,11 @@
 
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
 
+/* Request body bytes read after which the heap is trimmed when no request is in flight: the
+ * buffers of a burst of large bodies go back to the system (malloc_trim) instead of staying
+ * in the allocator's arenas, one per pool thread. */
+#define HTTP_TRIM_BYTES (8u << 20)
+
 /* Longest wait at shutdown for connections to write the answers of their ended calls, s. */
 #define HTTP_DRAIN_S 5
 
@@ -57,7 +64,25 @@
 typedef struct http_conn {
     tdm_http_t *h;
     http_req_t *req;
+    int fd;       /* its socket, as the front door (http_accept.c) knows it */
+    uint32_t gen; /* the front door's generation of it */
 } http_conn_t;
+
+/* The connection's socket context; NULL only when its allocation failed. */
+static http_conn_t *conn_ctx(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Tells the front door what c does now (its deadlines and eviction depend on it). */
+static void conn_phase(struct MHD_Connection *c, http_acc_phase_t phase)
+{
+    http_conn_t *hc = conn_ctx(c);
+    if (hc)
+        http_acc_phase(hc->h->acc, hc->fd, hc->gen, phase);
+}
 
 /* The request c serves now, or NULL. */
 static http_req_t *conn_req(struct MHD_Connection *c)
@@ -329,8 +354,37 @@ int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
  * unknown Transfer-Encoding until the connection closes): only "chunked" or a decimal
  * Content-Length, not both (RFC 9112 6.1, 6.3: a request with both is how requests are
  * smuggled). Returns true, or false with a 400 queued and *ret its result. */
+/* Counts the request's Content-Length and Transfer-Encoding lines (MHD_get_connection_values
+ * sees every line; MHD_lookup_connection_value only the first). */
+typedef struct framing_count {
+    unsigned n_cl, n_te;
+} framing_count_t;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value)
+{
+    (void)kind;
+    (void)value;
+    framing_count_t *n = cls;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        n->n_cl++;
+    if (key && strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        n->n_te++;
+    return MHD_YES;
+}
+
 static bool framing_ok(struct MHD_Connection *c, enum MHD_Result *ret)
 {
+    /* two lengths (even equal ones) or two codings: which one an intermediary used is how a
+     * request is smuggled past it (RFC 9112 6.3), so neither is chosen */
+    framing_count_t n = {0, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &n);
+    if (n.n_cl > 1 || n.n_te > 1) {
+        *ret = http_reply_error(
+            c, TDM_EINVALID, "bad_framing", NULL, "the request has %u %s headers; send exactly one",
+            n.n_cl > 1 ? n.n_cl : n.n_te, n.n_cl > 1 ? "Content-Length" : "Transfer-Encoding");
+        return false;
+    }
     const char *te =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
     const char *cl =
@@ -374,6 +428,10 @@ static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, vo
     r->conn = c;
     r->fd = http_client_fd(c);
     *con_cls = r;
+    pthread_mutex_lock(&h->mu);
+    h->n_requests++;
+    r->counted = true;
+    pthread_mutex_unlock(&h->mu);
     const char *rid = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
     if (http_request_id_ok(rid))
         snprintf(r->rid, sizeof r->rid, "%s", rid);
@@ -381,6 +439,7 @@ static enum MHD_Result request_begin(tdm_http_t *h, struct MHD_Connection *c, vo
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     if (ci && ci->socket_context)
         ((http_conn_t *)ci->socket_context)->req = r;
+    conn_phase(c, HTTP_ACC_BODY);
     enum MHD_Result ret;
     if (!framing_ok(c, &ret))
         return ret;
@@ -411,6 +470,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
+        http_conn_t *hc = conn_ctx(c);
+        if (hc)
+            http_acc_body(h->acc, hc->fd, hc->gen, n);
+        pthread_mutex_lock(&h->mu);
+        h->body_bytes += n;
+        pthread_mutex_unlock(&h->mu);
         if (!r->too_large && r->body.len + n > TDM_HTTP_MAX_BODY_BYTES) {
             r->too_large = true;
             tdm_buf_free(&r->body);
@@ -429,6 +494,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         return MHD_YES;
     }
+    conn_phase(c, HTTP_ACC_BUSY);
     if (r->call) /* resumed: the call's next events */
         return http_generate_resume(h, c, r);
     return http_route(h, c, r, url, method);
@@ -461,8 +527,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     tdm_buf_free(&r->body);
     tdm_buf_free(&r->sse);
     oai_out_clear(&r->out);
+    bool trim = false;
+    if (r->counted) {
+        pthread_mutex_lock(&h->mu);
+        trim = --h->n_requests == 0 && h->body_bytes >= HTTP_TRIM_BYTES;
+        if (trim)
+            h->body_bytes = 0;
+        pthread_mutex_unlock(&h->mu);
+    }
     free(r);
     *con_cls = NULL;
+    if (trim) /* idle after large bodies: give their memory back (every arena) */
+        malloc_trim(0);
+    conn_phase(c, HTTP_ACC_IDLE);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
                               (unsigned)h->cfg->router.http_connection_timeout_s);
 }
@@ -471,14 +548,25 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    (void)c;
+    tdm_http_t *h = cls;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    int fd = ci ? ci->connect_fd : -1;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         http_conn_t *hc = calloc(1, sizeof *hc); /* NULL: replies go without ids, uncounted */
-        if (hc)
-            hc->h = cls;
+        if (hc) {
+            hc->h = h;
+            hc->fd = fd;
+            hc->gen = http_acc_started(h->acc, fd);
+        }
         *socket_context = hc;
     } else {
-        free(*socket_context);
+        http_conn_t *hc = *socket_context;
+        /* without a context (out of memory) the front door's sweep cannot tell it closed;
+         * its slot is found by fd when reused (generation check fails, slot stays) */
+        if (hc)
+            http_acc_closed(h->acc, hc->fd, hc->gen);
+        free(hc);
         *socket_context = NULL;
     }
 }
@@ -555,24 +643,34 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
     h->gw = gw_new(h->net, ep, h->internal_key, &h->log, err);
     if (h->gw)
         h->dash = dash_new(h->gw, h->counters, err);
-    if (h->dash) {
-        /* a pool of threads over epoll, connections parked while they wait for the router */
-        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                         MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-        const tdm_router_config_t *rc = &cfg->router;
-        h->mhd = MHD_start_daemon(
-            flags, (uint16_t)rc->http_port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-            (struct sockaddr *)sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_THREAD_POOL_SIZE,
-            (unsigned)rc->http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
-            (unsigned)rc->http_connection_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-            (unsigned)rc->http_max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-            (unsigned)rc->http_max_connections_per_client, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log,
-            h, MHD_OPTION_END);
+    const tdm_router_config_t *rc = &cfg->router;
+    socklen_t sa_len = v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+    if (h->dash && http_acc_raise_nofile(rc->http_max_connections, err) == TDM_OK)
+        h->acc =
+            http_acc_new(cfg, (struct sockaddr *)sa, sa_len, h->host, h->counters, &h->log, err);
+    if (h->acc) {
+        /* a pool of threads over epoll, connections parked while they wait for the router; the
+         * front door (http_accept.c) accepts, enforces the limits and hands over connections
+         * whose headers are in, so libmicrohttpd listens on nothing and limits nothing itself
+         * (its limit only leaves room for connections being evicted) */
+        unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC |
+                         MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+        unsigned limit = (unsigned)rc->http_max_connections * 2u + 64u;
+        h->mhd =
+            MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_NOTIFY_COMPLETED,
+                             on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)rc->http_threads,
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)rc->http_connection_timeout_s,
+                             MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
         if (!h->mhd)
             tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,
                           cfg->router.http_port,
                           h->mhd_error[0] ? h->mhd_error : "libmicrohttpd failed to start");
+    }
+    if (h->mhd && http_acc_start(h->acc, h->mhd, err) != TDM_OK) {
+        MHD_stop_daemon(h->mhd);
+        h->mhd = NULL;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return h->mhd ? TDM_OK : (err ? err->code : TDM_EUNAVAILABLE);
@@ -613,8 +711,7 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
     connectable(router_endpoint, ep, sizeof ep);
     if (listen_address(h, &sa, &v6, err) != TDM_OK || start_threads(h, ep, &sa, v6, err) != TDM_OK)
         goto out_free;
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = di ? di->port : (uint16_t)cfg->router.http_port;
+    h->port = http_acc_port(h->acc);
     char kv[640] = "", url[200];
     snprintf(url, sizeof url, v6 ? "http://[%s]:%u" : "http://%s:%u", h->host, (unsigned)h->port);
     tdm_log_kv_append(kv, sizeof kv, "url", url);
@@ -647,6 +744,7 @@ void tdm_http_destroy(tdm_http_t **self_p)
     if (!self_p || !*self_p)
         return;
     tdm_http_t *h = *self_p;
+    http_acc_stop(h->acc); /* no new connections */
     if (h->gw && h->mhd)
         drain_calls(h);
     /* end the calls left, so every connection thread finishes, then join them */
@@ -654,6 +752,7 @@ void tdm_http_destroy(tdm_http_t **self_p)
         gw_shutdown(h->gw);
     if (h->mhd)
         MHD_stop_daemon(h->mhd);
+    http_acc_destroy(&h->acc); /* after the daemon: its closing connections report to it */
     dash_destroy(&h->dash);
     gw_destroy(&h->gw);
     http_counters_destroy(&h->counters);

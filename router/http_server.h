@@ -11,6 +11,7 @@
 
 #include <microhttpd.h>
 
+#include "http_accept.h"
 #include "http_gateway.h"
 #include "http_openai.h"
 #include "http_json.h"
@@ -29,6 +30,7 @@ struct tdm_http {
     gw_t *gw;
     dash_t *dash;
     struct MHD_Daemon *mhd;
+    http_acc_t *acc; /* the front door: listening socket, limits, deadlines */
     uint16_t port;
     char host[128];
     const char *internal_key; /* the first configured API key, for the gateway's own calls */
@@ -37,6 +39,8 @@ struct tdm_http {
     pthread_mutex_t mu;
     pthread_cond_t idle; /* signalled when n_calls drops to 0 */
     size_t n_calls;      /* under mu: connections holding a generate call */
+    size_t n_requests;   /* under mu: HTTP requests begun and not completed */
+    uint64_t body_bytes; /* under mu: request body bytes read since the heap was last trimmed */
     bool have_model;     /* under mu */
     http_model_t model;
     tdm_http_vocab_t vocab;    /* the router's tokenizer (/tokenize); tok NULL: none */
@@ -68,6 +72,7 @@ typedef struct http_req {
     size_t sse_off;
     bool sse_done;
     bool cancelled; /* this side cancelled the call (client gone) */
+    bool counted;   /* in h->n_requests */
     /* X-Request-Id of every reply: the client's own when valid, else the router's (the
      * generate call's id, or a new one made when a reply needs it) */
     char rid[TDM_REQUEST_ID_MAX + 1];

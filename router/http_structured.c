@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "http.h"
 #include "http_openai.h"
 
 /* What one field asks for. */
@@ -230,6 +231,13 @@ int oai_parse_structured(oai_req_t *q, tdm_error_t *err)
         return rc;
     if ((rc = source_text(&have, &q->constraint_text, err)) != TDM_OK)
         return rc;
+    size_t bytes = q->constraint_text ? strlen(q->constraint_text) : 0;
+    unsigned limit = have.kind == TDM_CLIENT_CONSTRAINT_REGEX ? TDM_HTTP_MAX_REGEX_BYTES
+                                                              : TDM_HTTP_MAX_CONSTRAINT_BYTES;
+    if (bytes > limit)
+        return tdm_error_set_field(err, TDM_EINVALID, have.param,
+                                   "%s is %zu bytes; at most %u are compiled", have.param, bytes,
+                                   limit);
     snprintf(q->constraint_param, sizeof q->constraint_param, "%s", have.param);
     q->creq.constraint_kind = (tdm_client_constraint_t)have.kind;
     q->creq.constraint = q->constraint_text;

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "http.h"
 #include "http_openai.h"
 #include "http_json.h"
 #include "tandem/json_schema.h"
@@ -114,6 +115,10 @@ static int parse_tool_list(req_ctx_t *c, json_t *root, json_t *out)
         return TDM_OK;
     if (!json_is_array(v))
         return tdm_error_set_field(c->err, TDM_EINVALID, name, "%s must be an array", name);
+    if (json_array_size(v) > TDM_HTTP_MAX_TOOLS)
+        return tdm_error_set_field(c->err, TDM_EINVALID, name,
+                                   "%s has %zu entries; at most %u are served (OpenAI's limit)",
+                                   name, json_array_size(v), TDM_HTTP_MAX_TOOLS);
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e)
@@ -398,9 +403,15 @@ static int build_grammar(oai_tools_t *t, tdm_error_t *err)
             rc = function_rules(fn, k, &g, err);
     }
     json_decref(tools);
+    size_t bytes = g.len;
     t->grammar = tdm_buf_take(&g);
     if (rc == TDM_OK && !t->grammar)
         rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    if (rc == TDM_OK && bytes > TDM_HTTP_MAX_TOOL_GRAMMAR_BYTES)
+        rc = tdm_error_set_field(err, TDM_EINVALID, "tools",
+                                 "tools: the grammar of the calls tool_choice allows is %zu bytes; "
+                                 "at most %u (fewer functions or smaller parameter schemas)",
+                                 bytes, TDM_HTTP_MAX_TOOL_GRAMMAR_BYTES);
     return rc;
 }
 

@@ -224,6 +224,19 @@ void rt_check_heartbeats(tdm_router_t *r, double now)
 
 /* ---- registration ---- */
 
+/* Longest kv_endpoint a registration may give, bytes. */
+#define RT_KV_ENDPOINT_MAX 255
+
+/* id as it may be shown (a log line, Status): its first cap - 1 bytes, each one that is not
+ * printable ASCII as '?' (a refused id may be anything a peer sent). */
+static void shown_id(const char *id, char *shown, size_t cap)
+{
+    size_t k = 0;
+    for (const char *c = id; *c && k < cap - 1; c++)
+        shown[k++] = (*c > 0x20 && *c < 0x7f) ? *c : '?';
+    shown[k] = '\0';
+}
+
 /* Keeps a refusal for Status and /ready: on the node when the id is configured (printable
  * ids only), else in the router's short list of unknown ids. Returns true when it repeats the
  * last refusal kept for that id (not worth another log line). */
@@ -240,10 +253,7 @@ static bool remember_refusal(tdm_router_t *r, const char *id, const char *msg)
         return same;
     }
     char shown[TDM_NODE_ID_MAX + 1];
-    size_t k = 0;
-    for (const char *c = id; *c && k < sizeof shown - 1; c++)
-        shown[k++] = (*c > 0x20 && *c < 0x7f) ? *c : '?';
-    shown[k] = '\0';
+    shown_id(id, shown, sizeof shown);
     for (size_t i = 0; i < r->n_refused; i++)
         if (strcmp(r->refused[i].node_id, shown) == 0) {
             bool same = strcmp(r->refused[i].reason, msg) == 0;
@@ -278,8 +288,9 @@ static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id,
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     bool again = remember_refusal(r, id, msg);
-    char kv[128] = "";
-    tdm_log_kv_append(kv, sizeof kv, "node_id", id);
+    char kv[128] = "", shown[TDM_NODE_ID_MAX + 1];
+    shown_id(id, shown, sizeof shown);
+    tdm_log_kv_append(kv, sizeof kv, "node_id", shown);
     tdm_log_write(&r->log, again ? TDM_LOG_DEBUG : TDM_LOG_WARN, NULL, kv,
                   "registration refused: %s", msg);
     tdm_sock_reply_error(r->nodesock, f, status, "%s", msg);
@@ -321,8 +332,20 @@ static bool register_identity_ok(tdm_router_t *r, const tdm_frame_t *f,
                                  tdm_node_role_t role)
 {
     const char *id = m->node_id;
-    if (!id[0]) {
-        refuse(r, f, id, "node_id is empty");
+    if (!tdm_config_node_id_ok(id)) {
+        /* before the id reaches a message, a log line or Status, none of which may carry bytes
+         * that are not UTF-8 (every STATUS reply would fail to parse) */
+        size_t at = strspn(id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-");
+        if (!id[0])
+            refuse(r, f, id, "node_id is empty");
+        else if (at > TDM_NODE_ID_MAX || !id[at])
+            refuse(r, f, id, "node_id is %zu bytes; node ids are 1..%d characters", strlen(id),
+                   TDM_NODE_ID_MAX);
+        else
+            refuse(r, f, id,
+                   "node_id: byte %zu is 0x%02x; node ids are 1..%d characters of A-Z a-z 0-9 . "
+                   "_ -",
+                   at, (unsigned char)id[at], TDM_NODE_ID_MAX);
         return false;
     }
     /* CURVE: the ZAP handler named the connection after the node whose key it holds */
@@ -379,6 +402,17 @@ static bool register_fit_ok(tdm_router_t *r, const tdm_frame_t *f,
     }
     if (check_layout(r, f, id, m->kv_layout) != TDM_OK)
         return false;
+    /* the strings Status shows: printable UTF-8 that fits its field whole */
+    size_t at = 0, dev_max = sizeof n->device - 1;
+    if (m->device[0] && !tdm_text_printable(m->device, dev_max, &at)) {
+        refuse(r, f, id, "device: byte %zu is not printable UTF-8 or past %zu bytes", at, dev_max);
+        return false;
+    }
+    if (m->kv_endpoint[0] && !tdm_text_printable(m->kv_endpoint, RT_KV_ENDPOINT_MAX, &at)) {
+        refuse(r, f, id, "kv_endpoint: byte %zu is not printable UTF-8 or past %d bytes", at,
+               RT_KV_ENDPOINT_MAX);
+        return false;
+    }
     if (m->n_ctx < r->n_ctx) {
         refuse(r, f, id,
                "n_ctx %" PRIu32 " is smaller than the router's context of %" PRIu32
@@ -505,9 +539,10 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
         strcmp(h->node_id, n->cfg->id) != 0) {
         if (n && n->up)
             r->metrics.stale_instance_messages++;
+        char shown[TDM_NODE_ID_MAX + 1];
+        shown_id(h->node_id, shown, sizeof shown);
         tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                             "node '%.*s' is not registered with this router; register again",
-                             (int)strnlen(h->node_id, TDM_NODE_ID_MAX), h->node_id);
+                             "node '%s' is not registered with this router; register again", shown);
         protobuf_c_message_free_unpacked(&h->base, NULL);
         return;
     }

@@ -412,6 +412,14 @@ static int constraint_build(const Tandem__V1__GenerateRequest *g, rt_req_t *q, t
         return TDM_OK;
     tdm_buf_t gbnf = {0};
     const char *text = c->text ? c->text : "";
+    /* a budget in bytes before any compiling, whose cost grows with the text */
+    size_t len = strlen(text);
+    bool regex = c->kind == TANDEM__V1__CONSTRAINT_KIND__CONSTRAINT_KIND_REGEX;
+    unsigned limit = regex ? TDM_CONSTRAINT_MAX_REGEX_BYTES : TDM_CONSTRAINT_MAX_BYTES;
+    if (len > limit)
+        return tdm_error_set_field(err, TDM_EINVALID, "constraint",
+                                   "constraint (%s) is %zu bytes; at most %u are compiled",
+                                   tdm_constraint_kind_name((int)c->kind), len, limit);
     int rc = tdm_constraint_compile((int)c->kind, text, strlen(text), &gbnf, &q->gbnf_hash, err);
     if (rc == TDM_OK && !(q->gbnf = tdm_buf_take(&gbnf)))
         rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
@@ -452,6 +460,14 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     if (rc != TDM_OK)
         return rc;
     const char *served = r->cfg->model.name ? r->cfg->model.name : "";
+    size_t at = 0;
+    if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at))
+        /* quoted as it came: every reply's text is made valid UTF-8 when it is sent
+         * (tdm_sock_reply_error, U+FFFD for each bad byte) and log lines escape controls */
+        return tdm_error_set_field(err, TDM_EINVALID, "model",
+                                   "model '%.64s': byte %zu is not printable UTF-8 or past %u "
+                                   "bytes; a model name is 1..%u bytes of printable UTF-8",
+                                   g->model, at, TDM_MODEL_NAME_MAX, TDM_MODEL_NAME_MAX);
     if (g->model[0] && strcmp(g->model, served) != 0)
         return tdm_error_set_field(err, TDM_ENOTFOUND, "model",
                                    "model '%s' is not served here; this router serves '%s'",

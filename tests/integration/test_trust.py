@@ -69,6 +69,16 @@ def models(cluster):
         c.close()
 
 
+class RawBody:
+    """Bytes sent as a message body as they are."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def SerializeToString(self):
+        return self.raw
+
+
 class FakeNode:
     """A stranger on the node endpoint speaking the node protocol well enough to register."""
 
@@ -87,7 +97,9 @@ class FakeNode:
         self.call += 1
         self.sock.send_multipart([h.SerializeToString(), body.SerializeToString()])
 
-    def register(self, node_id, model, role=pb.NODE_ROLE_DECODE):
+    def register(self, node_id, model, role=pb.NODE_ROLE_DECODE, patch=None):
+        """patch (old, new): byte strings of equal length replaced in the serialized body (a
+        node_id that is not UTF-8, which the protobuf library would not serialize)."""
         reg = pb.RegisterRequest(node_id=node_id, role=role, version="0.1.0",
                                  model_fingerprint=model.fingerprint, kv_blocks_total=1000000,
                                  kv_endpoint="tcp://127.0.0.1:9", device="cpu", max_running=64,
@@ -98,6 +110,10 @@ class FakeNode:
         reg.kv_layout.head_dim = model.head_dim
         reg.kv_layout.block_size = model.kv_block_size
         reg.kv_layout.dtype = model.kv_dtype
+        if patch:
+            raw = reg.SerializeToString()
+            assert len(patch[0]) == len(patch[1]) and patch[0] in raw
+            reg = RawBody(raw.replace(patch[0], patch[1]))
         self.send(pb.FRAME_KIND_REQUEST, pb.METHOD_REGISTER, reg)
         return self.wait_end(pb.METHOD_REGISTER, 30)
 
@@ -204,6 +220,78 @@ def test_unknown_node_id_refusal_is_reported(tmp_path):
         finally:
             client.close()
     finally:
+        c.stop()
+
+
+def test_node_id_not_utf8_is_refused_and_status_still_parses(tmp_path):
+    """A registration whose node_id is not UTF-8 (or has bytes no config id has) is refused
+    with a reason naming the byte, and every later STATUS reply still parses as protobuf and
+    as JSON (the raw id once reached the refusal list, and no client could read Status)."""
+    c = Cluster(str(tmp_path), n_prefill=0).start()
+    try:
+        model = models(c)
+        fake = FakeNode(c.node_ep, b"intruder.2")
+        try:
+            end = fake.register("decode-\u00ff\u00fe", model,
+                                patch=("decode-\u00ff\u00fe".encode(), b"decode-\xff\xfe\xfd\xfc"))
+            assert end.status == 9, (end.status, end.message)  # FAILED_PRECONDITION
+            assert "node_id: byte 7 is 0xff" in end.message, end.message
+            end = fake.register("decode 0", model)
+            assert end.status == 9 and "node_id: byte 6 is 0x20" in end.message, end.message
+            end = fake.register("d" * 64, model)
+            assert end.status == 9 and "node_id is 64 bytes" in end.message, end.message
+        finally:
+            fake.close()
+        cl = c.client()
+        try:
+            st, msg, resp = cl.unary(pb.METHOD_STATUS, pb.StatusRequest(), pb.ClusterStatus)
+            assert st == "OK", (st, msg)
+            assert any(r.node_id == "decode-????" for r in resp.refused), resp
+            # a model name gets the same rule before it is quoted back
+            req = prompt_request(PROMPT_A, max_tokens=2, temperature=0.0)
+            req.model = "smol\x01lm"
+            r = cl.generate(req, timeout_s=60)
+            assert r.status == "INVALID_ARGUMENT" and "byte 4 is not printable" in r.message, r.message
+            # a constraint over its budget in bytes is refused before it is compiled
+            req = prompt_request(PROMPT_A, max_tokens=2, temperature=0.0)
+            req.constraint.kind = pb.CONSTRAINT_KIND_REGEX
+            req.constraint.text = "a" * 20000
+            r = cl.generate(req, timeout_s=60)
+            assert r.status == "INVALID_ARGUMENT", (r.status, r.message)
+            assert "is 20000 bytes; at most 16384" in r.message, r.message
+        finally:
+            cl.close()
+        out = subprocess.run([BINARIES["tandem"], "status", "--json", "--router", c.client_ep],
+                             capture_output=True, check=True, text=True).stdout
+        doc = json.loads(out)
+        assert any(r["node_id"] == "decode-????" and "byte 7 is 0xff" in r["reason"]
+                   for r in doc["refused"]), doc
+    finally:
+        c.stop()
+
+
+def test_request_id_unique_per_connection_not_across(tmp_path):
+    """docs/api.md: a request id is unique among the requests in flight on one client
+    connection; another connection may use the same id at once (the id is a label, and
+    refusing it across connections would let one client probe or block another's ids)."""
+    c = Cluster(str(tmp_path), n_prefill=0).start()
+    a, b = c.client(), c.client()
+    try:
+        long = prompt_request(PROMPT_A, max_tokens=3000, temperature=0.0, ignore_eos=True)
+        long.request_id = "dup-1"
+        first = a.start(long)
+        assert wait_tokens(a, first, 1) >= 1  # in flight
+        short = prompt_request(PROMPT_A, max_tokens=2, temperature=0.0)
+        short.request_id = "dup-1"
+        r = b.generate(short, timeout_s=120)
+        assert r.status == "OK", (r.status, r.message)
+        r = a.generate(short, timeout_s=120)
+        assert r.status == "INVALID_ARGUMENT", (r.status, r.message)
+        assert "request_id 'dup-1' is already in flight" in r.message, r.message
+        a.cancel(first)
+    finally:
+        a.close()
+        b.close()
         c.stop()
 
 

@@ -216,6 +216,29 @@ static void test_utf8_decode(void **state)
     assert_int_equal(tdm_utf8_decode((const unsigned char *)"", 0, &cp), 0);
 }
 
+static void test_text_printable(void **state)
+{
+    (void)state;
+    size_t at = 99;
+    assert_true(tdm_text_printable("SmolLM2-135M caf\xc3\xa9 \xf0\x9f\x98\x80", 64, &at));
+    assert_int_equal(at, 99); /* untouched when true */
+    assert_false(tdm_text_printable("", 64, &at));
+    assert_int_equal(at, 0);
+    assert_false(tdm_text_printable("ab\xff", 64, &at)); /* not UTF-8 */
+    assert_int_equal(at, 2);
+    assert_false(tdm_text_printable("ab\x01", 64, &at)); /* C0 control */
+    assert_int_equal(at, 2);
+    assert_false(tdm_text_printable("a\x7f", 64, &at)); /* DEL */
+    assert_int_equal(at, 1);
+    assert_false(tdm_text_printable("a\xc2\x85", 64, &at)); /* C1 control (NEL) */
+    assert_int_equal(at, 1);
+    assert_true(tdm_text_printable("abcd", 4, &at));
+    assert_false(tdm_text_printable("abcde", 4, &at)); /* longer than max_bytes */
+    assert_int_equal(at, 4);
+    assert_false(tdm_text_printable("abc\xc3\xa9", 4, &at)); /* a character across the limit */
+    assert_int_equal(at, 3);
+}
+
 static void test_buf(void **state)
 {
     (void)state;
@@ -264,15 +287,11 @@ static void test_buf(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names),
-        cmocka_unit_test(test_error_set_and_prefix),
-        cmocka_unit_test(test_error_field),
-        cmocka_unit_test(test_status_table),
-        cmocka_unit_test(test_read_file),
-        cmocka_unit_test(test_logfmt),
-        cmocka_unit_test(test_log_levels_and_kv),
-        cmocka_unit_test(test_utf8_decode),
-        cmocka_unit_test(test_buf),
+        cmocka_unit_test(test_status_names),      cmocka_unit_test(test_error_set_and_prefix),
+        cmocka_unit_test(test_error_field),       cmocka_unit_test(test_status_table),
+        cmocka_unit_test(test_read_file),         cmocka_unit_test(test_logfmt),
+        cmocka_unit_test(test_log_levels_and_kv), cmocka_unit_test(test_utf8_decode),
+        cmocka_unit_test(test_text_printable),    cmocka_unit_test(test_buf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -667,7 +667,8 @@ static void test_error_unknown_keys(void **state)
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
                "client_endpoint, node_endpoint, node_advertise, http_address, http_port, "
                "http_threads, http_connection_timeout_s, http_max_connections, "
-               "http_max_connections_per_client, prefill_policy, max_queue, request_timeout_s, "
+               "http_max_connections_per_client, http_header_timeout_s, http_min_body_rate, "
+               "prefill_policy, max_queue, request_timeout_s, "
                "api_keys, public_metrics, curve_public_key, curve_secret_key_file, "
                "admission_control, metrics_compat, cors_origins)");
     /* a file name so long that the whole list does not fit: the key first, whole names
@@ -682,7 +683,7 @@ static void test_error_unknown_keys(void **state)
              "%s:2: key 'router.htp_port': unknown key (expected one of: client_endpoint, "
              "node_endpoint, node_advertise, http_address, http_port, http_threads, "
              "http_connection_timeout_s, http_max_connections, http_max_connections_per_client, "
-             "prefill_policy, max_queue, and 8 more: `tandem config defaults` lists them)",
+             "http_header_timeout_s, and 11 more: `tandem config defaults` lists them)",
              name);
     assert_string_equal(err.msg, want);
     load_fails("kv:\n  blocksize: 16\n",

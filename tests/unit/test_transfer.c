@@ -619,6 +619,7 @@ typedef struct crafted {
     int tamper;           /* after the header checksum: 1 first_token, 2 attempt_id, 3 a block
                              checksum; 0 none */
     bool shared;          /* the reserved blocks are shared (an extra pool reference each) */
+    bool no_body;         /* the KvTransfer header frame left out */
 } crafted_t;
 
 /* What a crafted transfer's verdict left in the reserved blocks rseq (their digest before
@@ -711,7 +712,7 @@ static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const c
     m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
     m.method = TANDEM__V1__METHOD__METHOD_KV_TRANSFER;
     m.call_id = 99;
-    m.body = &h.base;
+    m.body = cr->no_body ? NULL : &h.base;
     m.data = data;
     m.n_data = cr->n_frames;
     assert_int_equal(tdm_sock_send(d, &m), 0);
@@ -722,8 +723,8 @@ static void send_crafted(ctx_t *c, const crafted_t *cr, int want_status, const c
     assert_int_equal(got.status, want_status);
     if (!strstr(got.message, want_msg))
         fail_msg("receiver message \"%s\" does not contain \"%s\"", got.message, want_msg);
-    assert_string_equal(got.request_id, "req-crafted");
-    assert_string_equal(got.sender_node_id, "crafter");
+    assert_string_equal(got.request_id, cr->no_body ? "" : "req-crafted"); /* no header: unknown */
+    assert_string_equal(got.sender_node_id, cr->no_body ? "" : "crafter");
     check_crafted_blocks(c, cr, &rseq, &res, want_status, before, bufs);
 
     tdm_frame_t f;
@@ -822,6 +823,10 @@ static void test_truncated(void **state)
                      .short_block = -1,
                      .n_checksums = 3};
     send_crafted(c, &cr, TDM_EINVALID, "n_blocks is 3 but 49 tokens need 4 blocks of 16");
+    /* the header frame missing: said so, not read as an empty header ("request_id is empty") */
+    cr.n_tokens = 48;
+    cr.no_body = true;
+    send_crafted(c, &cr, TDM_EINVALID, "KvTransfer header frame is missing (3 data frames)");
     c->clean = true;
 }
 

@@ -88,6 +88,10 @@ typedef struct tdm_router_config {
     int http_max_connections;      /* open HTTP connections at most, 1..100000; default 1000 */
     int http_max_connections_per_client; /* from one client address at most, 0 (no limit)..
                                             100000; default 64 */
+    int http_header_timeout_s;           /* a request's headers must be complete this long after the
+                                            connection opened, 1..3600 s; default 10 */
+    int http_min_body_rate;              /* bytes/s a request body must average after the first
+                                            http_header_timeout_s, 0 (none)..1e9; default 1024 */
     tdm_prefill_policy_t prefill_policy; /* round_robin (default) */
     int max_queue;                       /* requests waiting for a node before RESOURCE_EXHAUSTED;
                                             1..1000000, default 1024 */
@@ -219,6 +223,10 @@ const char *tdm_config_router_advertise(const tdm_config_t *cfg);
 /* The KV endpoint prefill nodes connect to for decode node `node`: its kv_advertise when set,
  * else its kv_endpoint; NULL for a prefill node. Borrowed from node. Cannot fail. */
 const char *tdm_config_kv_advertise(const tdm_node_config_t *node);
+
+/* Whether id is a node id: 1..TDM_NODE_ID_MAX characters of A-Z a-z 0-9 . _ - (what a config
+ * may name, so what the router may be asked to register). Cannot fail. */
+bool tdm_config_node_id_ok(const char *id);
 
 /* Whether key (NUL-terminated; NULL or "" for none) is one of router->api_keys, compared in
  * constant time per configured key; true when no API keys are configured. The one check the

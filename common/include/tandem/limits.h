@@ -16,6 +16,16 @@ extern "C" {
  * buffers (worker.h, node.h, transfer.h). */
 #define TDM_REQUEST_ID_MAX 127u
 
+/* Longest model name a request may give, bytes (printable UTF-8, tdm_text_printable). The
+ * router refuses longer or unprintable names before they reach a message (validate.c). */
+#define TDM_MODEL_NAME_MAX 256u
+
+/* Longest constraint text a GENERATE may carry, bytes: a regular expression, and anything
+ * else (a JSON Schema, a grammar, a choice list). The router refuses longer ones before it
+ * compiles them (validate.c); the HTTP gateway's budgets stay within them (router/http.h). */
+#define TDM_CONSTRAINT_MAX_REGEX_BYTES (16u << 10)
+#define TDM_CONSTRAINT_MAX_BYTES (1u << 20)
+
 /* Most stop strings per request and the longest one, bytes. The router refuses more
  * (request.c); the client library and the tandem tool check before sending (client_start.c,
  * cmd_generate.c, cmd_chat.c). */

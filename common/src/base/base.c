@@ -220,6 +220,24 @@ out_close:
     return rc;
 }
 
+bool tdm_text_printable(const char *s, size_t max_bytes, size_t *bad_at)
+{
+    size_t at = 0, n = s ? strlen(s) : 0;
+    bool ok = n > 0;
+    while (ok && at < n) {
+        uint32_t cp = 0;
+        size_t len =
+            at < max_bytes ? tdm_utf8_decode((const unsigned char *)s + at, n - at, &cp) : 0;
+        ok = len > 0 && at + len <= max_bytes && cp >= 0x20 && cp != 0x7f &&
+             !(cp >= 0x80 && cp < 0xa0);
+        if (ok)
+            at += len;
+    }
+    if (!ok && bad_at)
+        *bad_at = at < max_bytes ? at : max_bytes;
+    return ok;
+}
+
 size_t tdm_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp)
 {
     if (n == 0)

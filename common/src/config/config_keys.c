@@ -132,12 +132,18 @@ static bool curve_key_refused(const char *s, const char *got, char *why, size_t 
     return true;
 }
 
-static bool node_id_refused(const char *id, const char *got, char *why, size_t cap)
+bool tdm_config_node_id_ok(const char *id)
 {
     size_t n = strlen(id);
     bool ok = n > 0 && n <= TDM_NODE_ID_MAX;
     for (const char *c = id; ok && *c; c++)
         ok = isalnum((unsigned char)*c) || *c == '.' || *c == '_' || *c == '-';
+    return ok;
+}
+
+static bool node_id_refused(const char *id, const char *got, char *why, size_t cap)
+{
+    bool ok = tdm_config_node_id_ok(id);
     if (!ok)
         snprintf(why, cap, "must be 1 to %d characters of A-Z a-z 0-9 . _ -, got %s",
                  TDM_NODE_ID_MAX, got);
@@ -307,10 +313,21 @@ static const tdm_config_key_t keys[] = {
             "an HTTP connection on which nothing arrives this long (headers, body, keep-alive) is "
             "closed"),
     INT_KEY(ROUTER, "http_max_connections", CFG(router.http_max_connections), 0, 1, 100000, 1000,
-            "connections", "open at once; more are closed when accepted"),
+            "connections",
+            "open at once; when full, a new one takes the place of the one that has sent least for "
+            "longest, else it is answered 503 (\"HTTP limits\")"),
     INT_KEY(ROUTER, "http_max_connections_per_client", CFG(router.http_max_connections_per_client),
             0, 0, 100000, 64, "connections",
-            "open from one client address (0: no limit); more are closed when accepted"),
+            "open from one client address (0: no limit); more are answered 429 with Retry-After "
+            "(`/health` and `/ready` are still served)"),
+    INT_KEY(ROUTER, "http_header_timeout_s", CFG(router.http_header_timeout_s), 0, 1, 3600, 10,
+            "seconds",
+            "a connection's request headers must be complete this long after it opened, else "
+            "408 and close (\"HTTP limits\")"),
+    INT_KEY(ROUTER, "http_min_body_rate", CFG(router.http_min_body_rate), 0, 0, 1000000000, 1024,
+            "bytes/s",
+            "a request body slower than this on average (after the first "
+            "`http_header_timeout_s`) closes its connection (0: no minimum)"),
     ENUM_KEY(ROUTER, "prefill_policy", CFG(router.prefill_policy), 0, 0, &policies,
              TDM_PREFILL_POLICY_ROUND_ROBIN,
              "how a prefill node is chosen: in turn; fewest queued prompt tokens; most cached "

@@ -278,9 +278,17 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
     tdm_error_t res = {0};
     tdm_kv_backend_t backend = TDM_KV_BACKEND_TCP;
     const uint32_t *blocks = NULL;
+    out->transfer_id = f->call_id;
+    if (!f->body || f->body_len == 0) {
+        /* an empty header would decode as one whose every field is unset ("request_id is
+         * empty"), which hides what went wrong */
+        int st = tdm_error_set(&res, TDM_EINVALID,
+                               "KvTransfer header frame is missing (%u data frames)", f->n_data);
+        transfer_reply(r, f, st, res.msg, backend, out);
+        return;
+    }
     Tandem__V1__KvTransfer *h =
         (Tandem__V1__KvTransfer *)tdm_frame_unpack(f, &tandem__v1__kv_transfer__descriptor);
-    out->transfer_id = f->call_id;
     if (!h) {
         int st = tdm_error_set(&res, TDM_EINVALID, "KvTransfer header does not decode (%zu bytes)",
                                f->body_len);
