@@ -2529,17 +2529,19 @@ static void check_vllm_series(const char *t, uint32_t prompt_tokens)
     assert_float_equal(sample_of(t, "vllm:request_generation_tokens_bucket" V ",le=\"5\"}"), 2, 0);
     assert_float_equal(sample_of(t, "vllm:request_prompt_tokens_count" V "}"), 2, 0);
     assert_float_equal(sample_of(t, "tandem_request_generation_tokens_sum"), 7, 0);
+    assert_float_equal(sample_of(t,
+                                 "vllm:kv_cache_usage_perc{model_name=\"tiny\",engine=\"decode-0\","
+                                 "role=\"decode\"}"),
+                       0.4, 1e-12);
     assert_float_equal(
-        sample_of(t, "vllm:kv_cache_usage_perc{model_name=\"tiny\",engine=\"decode-0\"}"), 0.4,
-        1e-12);
-    assert_float_equal(
-        sample_of(t, "vllm:prefix_cache_hits_total{model_name=\"tiny\",engine=\"prefill-0\"}"), 4,
-        0);
+        sample_of(t, "vllm:prefix_cache_hits_total{model_name=\"tiny\",engine=\"prefill-0\","
+                     "role=\"prefill\"}"),
+        4, 0);
     assert_float_equal(sample_of(t, "vllm:spec_decode_num_accepted_tokens_total{model_name="
-                                    "\"tiny\",engine=\"decode-0\"}"),
+                                    "\"tiny\",engine=\"decode-0\",role=\"decode\"}"),
                        11, 0);
     assert_false(has_series(t, "vllm:spec_decode_num_accepted_tokens_total{model_name=\"tiny\","
-                               "engine=\"prefill-0\"}"));
+                               "engine=\"prefill-0\",role=\"prefill\"}"));
     assert_float_equal(sample_of(t, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"f16\","
                                     "enable_prefix_caching=\"True\",engine=\"0\"}"),
                        1, 0);
