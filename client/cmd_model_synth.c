@@ -146,6 +146,8 @@ static uint32_t file_type_of(tdm_ggml_type_t t)
     case TDM_GGML_TYPE_Q8_0: return 7;  /* MOSTLY_Q8_0 */
     case TDM_GGML_TYPE_Q5_0: return 8;  /* MOSTLY_Q5_0 */
     case TDM_GGML_TYPE_Q5_1: return 9;  /* MOSTLY_Q5_1 */
+    case TDM_GGML_TYPE_Q2_K: return 10; /* MOSTLY_Q2_K */
+    case TDM_GGML_TYPE_Q3_K: return 12; /* MOSTLY_Q3_K_M */
     case TDM_GGML_TYPE_Q4_K: return 15; /* MOSTLY_Q4_K_M */
     case TDM_GGML_TYPE_Q5_K: return 17; /* MOSTLY_Q5_K_M */
     case TDM_GGML_TYPE_Q6_K: return 18; /* MOSTLY_Q6_K */

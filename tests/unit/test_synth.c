@@ -606,6 +606,8 @@ static void test_kquant(void **state)
     check_kquant("Q4_K");
     check_kquant("Q5_K");
     check_kquant("Q6_K");
+    check_kquant("Q2_K");
+    check_kquant("Q3_K");
 }
 
 static bool same_file(const char *a, const char *b)
@@ -644,7 +646,7 @@ static void test_usage(void **state)
     path_in(out, sizeof out, "bad.gguf");
     snprintf(args, sizeof args, "--shape gpt-5 --type Q4_1 -o '%s' 2>/dev/null", out);
     assert_int_equal(synth("", args), 2);
-    snprintf(args, sizeof args, "--shape smollm2-135m --type Q3_K -o '%s' 2>/dev/null", out);
+    snprintf(args, sizeof args, "--shape smollm2-135m --type Q8_K -o '%s' 2>/dev/null", out);
     assert_int_equal(synth("", args), 2);
     assert_int_equal(synth("", "--shape smollm2-135m --type Q4_1 2>/dev/null"), 2);
     snprintf(args, sizeof args, "--shape smollm2-135m --type Q4_K -o '%s' 2>/dev/null", out);

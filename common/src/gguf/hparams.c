@@ -116,10 +116,12 @@ static int check_tensor(const tdm_gguf_t *g, const char *name, uint64_t ne0, uin
                              want_dims == 1 ? "1-D " : "", ne0, ne1 ? ne1 : 1);
     const tdm_ggml_type_info_t *ti = tdm_ggml_type_get(t->type);
     if (!ti || !ti->supported)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "tensor '%s' has type %s, which Tandem cannot compute with "
-                             "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
-                             name, ti ? ti->name : "?");
+        return tdm_error_set(
+            err, TDM_EINVALID,
+            "tensor '%s' has type %s, which Tandem cannot compute with "
+            "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K "
+            "Q6_K)",
+            name, ti ? ti->name : "?");
     return TDM_OK;
 }
 
