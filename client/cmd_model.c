@@ -28,7 +28,7 @@ static void usage(FILE *out)
             "                          [--layers N] -o FILE\n"
             "       tandem model synth --vocab-only [-m MODEL] -o FILE\n"
             "\n"
-            "Writes a random-weight GGUF of the shape's architecture (llama, qwen3 or gemma3)\n"
+            "Writes a random-weight GGUF of the shape's architecture (llama, qwen3, gemma3, phi3)\n"
             "with SHAPE's real dimensions (embedding, FFN, layers, heads, KV heads, head_dim,\n"
             "rope theta, sliding window, Llama 3 RoPE factors, vocabulary size, context; the\n"
             "-tiny shapes are miniatures for tests) and the tokenizer of FILE (a vocabulary-only\n"

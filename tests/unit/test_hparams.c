@@ -111,6 +111,16 @@ static int edit_attn_factor(tdm_gguf_writer_t *w)
     return tdm_gguf_writer_set_f32(w, "llama.rope.scaling.attn_factor", 1.5f);
 }
 
+static int edit_attn_factor_zero(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_f32(w, "llama.rope.scaling.attn_factor", 0.0f);
+}
+
+static int edit_phi3_factors_on_llama(tdm_gguf_writer_t *w)
+{
+    return add_vector(w, "rope_factors_long.weight", 8);
+}
+
 static int edit_sliding_window(tdm_gguf_writer_t *w)
 {
     return tdm_gguf_writer_set_u32(w, "llama.attention.sliding_window", 64);
@@ -172,14 +182,17 @@ static void test_refusals(void **state)
     expect_refused(edit_rope_freqs_short, "rope_freqs.weight", NULL);
     expect_refused(edit_yarn, "llama.rope.scaling.type", "'yarn'");
     expect_refused(edit_yarn_key, "llama.rope.scaling.yarn_beta_fast", "RoPE scaling");
-    expect_refused(edit_attn_factor, "llama.rope.scaling.attn_factor", NULL);
+    expect_refused(edit_attn_factor_zero, "llama.rope.scaling.attn_factor", "positive");
+    expect_refused(edit_phi3_factors_on_llama, "rope_factors_long.weight", "phi3 only");
     expect_refused(edit_sliding_window, "llama.attention.sliding_window", "gemma3 only");
     expect_refused(edit_attn_softcap, "llama.attn_logit_softcapping", "soft-capping");
     expect_refused(edit_final_softcap, "llama.final_logit_softcapping", "soft-capping");
     expect_refused(edit_experts, "llama.expert_count", "mixture-of-experts");
     expect_refused(edit_expert_tensor, "blk.0.ffn_gate_inp.weight", "mixture-of-experts");
     expect_refused(edit_unknown_key, "llama.residual_scale", "refused rather than run wrong");
-    expect_refused(edit_fused_qkv, "blk.1.attn_qkv.weight", "fused QKV");
+    expect_refused(edit_fused_qkv, "blk.1.attn_qkv.weight",
+                   "fused QKV projection (implemented "
+                   "for phi3 only)");
     expect_refused(edit_layer_past_end, "blk.2.attn_norm.weight", NULL);
     expect_refused(edit_qk_norm_on_llama, "blk.0.attn_q_norm.weight", NULL);
 }
@@ -256,15 +269,26 @@ static void test_accepted(void **state)
     tdm_model_t *factors1 = load_edited(edit_rope_freqs, &err);
     if (!factors1)
         fail_msg("%s", err.msg);
+    tdm_model_t *mscaled = load_edited(edit_attn_factor, &err);
+    if (!mscaled)
+        fail_msg("%s", err.msg);
+    assert_true(tdm_model_hparams(mscaled)->rope_attn_factor == 1.5f);
+    assert_true(tdm_model_hparams(plain)->rope_attn_factor == 1.0f);
     uint32_t V = tdm_model_hparams(plain)->n_vocab, n = 6;
     size_t one = (size_t)n * V;
-    float *a = malloc(5 * one * sizeof *a);
+    float *a = malloc(6 * one * sizeof *a);
     assert_non_null(a);
     run(plain, n, a);
     run(harmless, n, a + one);
     run(scaled, n, a + 2 * one);
     run(factors4, n, a + 3 * one);
     run(factors1, n, a + 4 * one);
+    run(mscaled, n, a + 5 * one);
+    /* the attention factor scales q and k (the scores by its square): position 0 attends to
+     * itself only (the same output), every later one sees sharper scores */
+    assert_memory_equal(a, a + 5 * one, (size_t)V * sizeof *a);
+    for (uint32_t i = 1; i < n; i++)
+        assert_memory_not_equal(a + (size_t)i * V, a + 5 * one + (size_t)i * V, V * sizeof *a);
     assert_memory_equal(a, a + one, one * sizeof *a);
     assert_memory_equal(a, a + 2 * one, (size_t)V * sizeof *a); /* position 0 */
     for (uint32_t i = 1; i < n; i++)
@@ -277,6 +301,7 @@ static void test_accepted(void **state)
     tdm_model_destroy(&scaled);
     tdm_model_destroy(&factors4);
     tdm_model_destroy(&factors1);
+    tdm_model_destroy(&mscaled);
 }
 
 /* The layer helpers: sliding-window layers' first key and RoPE. */
