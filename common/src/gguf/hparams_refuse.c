@@ -61,6 +61,7 @@ static const char *feature_hint(const char *name)
         {"rope.scaling", "this kind of RoPE scaling"},
         {"sliding_window", "sliding-window attention (implemented for gemma3 only)"},
         {"softcapping", "logit soft-capping"},
+        {"attn_qkv.bias", "a fused QKV bias"},
         {"attn_qkv", "a fused QKV projection (implemented for phi3 only)"},
         {"rope_factors_", "Phi-3's long/short RoPE factors (implemented for phi3 only)"},
         {"ffn_up_exps", "mixture-of-experts layers"},
