@@ -47,6 +47,16 @@ static void print_arch_features(const tdm_llama_hparams_t *hp)
         printf("RoPE frequency factors:    %" PRIu32 " (rope_freqs.weight, %g to %g)\n",
                hp->n_rope_freq_factors, (double)hp->rope_freq_factors[0],
                (double)hp->rope_freq_factors[hp->n_rope_freq_factors - 1]);
+    if (hp->n_rope_long_short)
+        printf("RoPE long/short factors:   %" PRIu32 " each (rope_factors_long / _short.weight); "
+               "long above %" PRIu32 " tokens of context\n",
+               hp->n_rope_long_short, hp->n_ctx_orig);
+    if (hp->rope_attn_factor != 1.0f)
+        printf("RoPE attention factor:     %g\n", (double)hp->rope_attn_factor);
+    if (hp->fused_qkv || hp->fused_gate_up)
+        printf("fused projections:         %s%s%s\n", hp->fused_qkv ? "attn_qkv" : "",
+               hp->fused_qkv && hp->fused_gate_up ? ", " : "",
+               hp->fused_gate_up ? "ffn_up (gate and up)" : "");
     if (hp->qk_norm || hp->post_norms)
         printf("norms:                     %s%s%s\n", hp->qk_norm ? "QK-norm" : "",
                hp->qk_norm && hp->post_norms ? ", " : "", hp->post_norms ? "post-norms" : "");

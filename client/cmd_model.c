@@ -28,7 +28,7 @@ static void usage(FILE *out)
             "                          [--layers N] -o FILE\n"
             "       tandem model synth --vocab-only [-m MODEL] -o FILE\n"
             "\n"
-            "Writes a random-weight GGUF of the shape's architecture (llama, qwen3 or gemma3)\n"
+            "Writes a random-weight GGUF of the shape's architecture (llama, qwen3, gemma3, phi3)\n"
             "with SHAPE's real dimensions (embedding, FFN, layers, heads, KV heads, head_dim,\n"
             "rope theta, sliding window, Llama 3 RoPE factors, vocabulary size, context; the\n"
             "-tiny shapes are miniatures for tests) and the tokenizer of FILE (a vocabulary-only\n"
@@ -38,8 +38,9 @@ static void usage(FILE *out)
             "tests: the output is noise.\n"
             "\n"
             "  --shape SHAPE   %s\n"
-            "  --type TYPE     projection type: Q4_0, Q4_1, Q8_0, F16 (Q4_K, Q5_K, Q6_K where\n"
-            "                  the dims are multiples of 256); embeddings are Q8_0 (F16 for F16)\n"
+            "  --type TYPE     projection type: Q4_0, Q4_1, Q8_0, F16 (Q2_K, Q3_K, Q4_K, Q5_K,\n"
+            "                  Q6_K where the dims are multiples of 256); embeddings are Q8_0\n"
+            "                  (F16 for F16)\n"
             "  --vocab FILE    tokenizer source (default: the default model, %s)\n"
             "  --seed N        random seed (default 0); same seed, same bytes\n"
             "  --layers N      keep only the first N layers (quick runs, tests)\n"
@@ -75,7 +76,7 @@ static const tdm_ggml_type_info_t *parse_type(const char *name, tdm_ggml_type_t 
     }
     fprintf(stderr,
             "tandem model synth: --type %s is not one of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-            "Q4_K, Q5_K, Q6_K, F16, BF16\n",
+            "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F16, BF16\n",
             name);
     return NULL;
 }

@@ -12,7 +12,7 @@
  * shapes, a miniature of one for tests). */
 typedef struct tdm_synth_shape {
     const char *name;    /* "llama-3.2-1b" */
-    const char *arch;    /* general.architecture: "llama", "qwen3" or "gemma3" */
+    const char *arch;    /* general.architecture: "llama", "qwen3", "gemma3" or "phi3" */
     uint32_t n_vocab;    /* tokens (vocab_size) */
     uint32_t n_ctx;      /* max_position_embeddings */
     uint32_t n_embd;     /* hidden_size */
@@ -27,6 +27,9 @@ typedef struct tdm_synth_shape {
     bool llama3_rope;    /* rope_scaling {"rope_type": "llama3", factor 8, low_freq_factor 1,
                             high_freq_factor 4, original_max_position_embeddings 8192}: a
                             rope_freqs.weight tensor, as llama.cpp's converter writes it */
+    uint32_t n_ctx_orig; /* phi3: rope_scaling's original_max_position_embeddings; with a
+                            longer n_ctx, LongRoPE's long and short factors and attention
+                            factor as the converter writes them; 0: none */
 } tdm_synth_shape_t;
 
 /* The shape called name; NULL when synth does not know it. Cannot fail. */

@@ -35,19 +35,27 @@
 
 /* Shapes from each model's config.json on the Hugging Face hub. */
 static const tdm_synth_shape_t shapes[] = {
-    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0, false},
-    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0, false},
-    {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0, true},
+    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0, false, 0},
+    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0, false, 0},
+    {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0, true,
+     0},
     {"llama-3.1-8b", "llama", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false, 0,
-     true},
+     true, 0},
     /* a miniature of Llama 3.2 for tests (its RoPE frequency factors, SmolLM2's vocabulary) */
-    {"llama3-tiny", "llama", 49152, 2048, 128, 256, 4, 4, 2, 32, 500000.0f, true, 0, true},
-    {"qwen3-0.6b", "qwen3", 151936, 40960, 1024, 3072, 28, 16, 8, 128, 1e6f, true, 0, false},
-    {"qwen3-tiny", "qwen3", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false},
+    {"llama3-tiny", "llama", 49152, 2048, 128, 256, 4, 4, 2, 32, 500000.0f, true, 0, true, 0},
+    {"qwen3-0.6b", "qwen3", 151936, 40960, 1024, 3072, 28, 16, 8, 128, 1e6f, true, 0, false, 0},
+    {"qwen3-tiny", "qwen3", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false, 0},
     /* Gemma 3 270M; local layers' rope theta 10000 (llama.cpp's default, not in the file) */
-    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512, false},
+    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512, false, 0},
     /* a miniature for tests: layers 0-4 local with a 32-token window, layer 5 global */
-    {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32, false},
+    {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32, false, 0},
+    /* Phi-3-mini-128k-instruct (its sliding window, 262144, is written and ignored) */
+    {"phi3-mini", "phi3", 32064, 131072, 3072, 8192, 32, 32, 32, 96, 10000.0f, false, 262144, false,
+     4096},
+    /* a miniature for tests: its 1024-token original context is shorter than the 2048 the
+     * golden tests run at, so llama.cpp and Tandem take the long RoPE factors; a 64-token
+     * window that both must ignore */
+    {"phi3-tiny", "phi3", 49152, 8192, 128, 256, 4, 4, 2, 32, 10000.0f, false, 64, false, 1024},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -62,7 +70,7 @@ const tdm_synth_shape_t *tdm_synth_shape_find(const char *name)
 const char *tdm_synth_shape_names(void)
 {
     return "smollm2-135m|smollm2-360m|llama-3.2-1b|llama-3.1-8b|llama3-tiny|qwen3-0.6b|"
-           "qwen3-tiny|gemma3-270m|gemma3-tiny";
+           "qwen3-tiny|gemma3-270m|gemma3-tiny|phi3-mini|phi3-tiny";
 }
 
 /* splitmix64 (Steele, Lea, Flood 2014; S. Vigna's public-domain reference). */
@@ -146,6 +154,8 @@ static uint32_t file_type_of(tdm_ggml_type_t t)
     case TDM_GGML_TYPE_Q8_0: return 7;  /* MOSTLY_Q8_0 */
     case TDM_GGML_TYPE_Q5_0: return 8;  /* MOSTLY_Q5_0 */
     case TDM_GGML_TYPE_Q5_1: return 9;  /* MOSTLY_Q5_1 */
+    case TDM_GGML_TYPE_Q2_K: return 10; /* MOSTLY_Q2_K */
+    case TDM_GGML_TYPE_Q3_K: return 12; /* MOSTLY_Q3_K_M */
     case TDM_GGML_TYPE_Q4_K: return 15; /* MOSTLY_Q4_K_M */
     case TDM_GGML_TYPE_Q5_K: return 17; /* MOSTLY_Q5_K_M */
     case TDM_GGML_TYPE_Q6_K: return 18; /* MOSTLY_Q6_K */
@@ -238,6 +248,98 @@ static void name_layer(synth_tensor_t *ts, int n, uint32_t l, char names[][64])
     }
 }
 
+static bool is_phi3(const tdm_synth_shape_t *s)
+{
+    return strcmp(s->arch, "phi3") == 0;
+}
+
+/* LongRoPE's attention factor as llama.cpp's converter (conversion/phi.py, Phi3MiniModel)
+ * computes it: sqrt(1 + ln(scale) / ln(original)) with scale = n_ctx / original; 1 without
+ * LongRoPE. */
+static float phi3_attn_factor(const tdm_synth_shape_t *s)
+{
+    if (!s->n_ctx_orig || s->n_ctx <= s->n_ctx_orig)
+        return 1.0f;
+    const double scale = (double)s->n_ctx / s->n_ctx_orig;
+    return (float)sqrt(1.0 + log(scale) / log((double)s->n_ctx_orig));
+}
+
+/* general.* and phi3.* keys, in the order conversion/phi.py (Phi3MiniModel) writes them: the
+ * original context, the sliding window (which llama.cpp ignores) and, with LongRoPE, the
+ * attention factor. */
+static int add_metadata_phi3(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, tdm_ggml_type_t type)
+{
+    /* not "phi3" or "phi-3" in general.name: llama.cpp's vocabulary loader then gives the
+     * special tokens Phi-3's strip attributes and looks up "</s>", which SmolLM2's lacks */
+    char name[96];
+    snprintf(name, sizeof name, "synth Phi 3 %s %s", s->name + 5,
+             tdm_ggml_type_get((uint32_t)type)->name);
+    int rc = tdm_gguf_writer_set_str(w, "general.architecture", "phi3");
+    rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.type", "model");
+    rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.name", name);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.context_length", s->n_ctx);
+    rc = rc ? rc
+            : tdm_gguf_writer_set_u32(w, "phi3.rope.scaling.original_context_length",
+                                      s->n_ctx_orig ? s->n_ctx_orig : s->n_ctx);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.embedding_length", s->n_embd);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.feed_forward_length", s->n_ff);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.block_count", s->n_layers);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.attention.head_count", s->n_heads);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.attention.head_count_kv", s->n_kv_heads);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "phi3.attention.layer_norm_rms_epsilon", 1e-5f);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.rope.dimension_count", s->head_dim);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "phi3.rope.freq_base", s->rope_theta);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.file_type", file_type_of(type));
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.attention.sliding_window", s->n_swa);
+    if (phi3_attn_factor(s) != 1.0f)
+        rc = rc ? rc
+                : tdm_gguf_writer_set_f32(w, "phi3.rope.scaling.attn_factor", phi3_attn_factor(s));
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.quantization_version", 2);
+    return rc;
+}
+
+/* Phi-3's two sets of LongRoPE factors ([head_dim / 2] F32 each), smooth stand-ins for the
+ * released ones: short 1 + i / half (1 .. 2), long 40^(i / half) (1 .. ~40), the high
+ * frequencies barely scaled and the low ones most, as in the released models. */
+static int add_phi3_rope_factors(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, tdm_error_t *err)
+{
+    float lf[TDM_GGUF_MAX_ROPE_FREQS], sf[TDM_GGUF_MAX_ROPE_FREQS];
+    const uint32_t half = s->head_dim / 2;
+    for (uint32_t i = 0; i < half && i < TDM_GGUF_MAX_ROPE_FREQS; i++) {
+        sf[i] = 1.0f + (float)i / (float)half;
+        lf[i] = (float)pow(40.0, (double)i / half);
+    }
+    const uint64_t ne[1] = {half};
+    int rc =
+        tdm_gguf_writer_add_tensor(w, "rope_factors_long.weight", TDM_GGML_TYPE_F32, 1, ne, lf);
+    rc = rc ? rc
+            : tdm_gguf_writer_add_tensor(w, "rope_factors_short.weight", TDM_GGML_TYPE_F32, 1, ne,
+                                         sf);
+    return rc == TDM_OK ? TDM_OK : tdm_error_set(err, rc, "cannot add Phi-3's RoPE factors");
+}
+
+/* The six tensors of Phi-3 layer l (fused attn_qkv: q's rows, then k's, then v's; fused ffn_up:
+ * the gate's rows, then up's) into ts; returns 6. */
+static int layer_tensors_phi3(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
+                              synth_tensor_t *ts, char names[][64])
+{
+    const uint64_t E = s->n_embd, F = s->n_ff, Q = (uint64_t)s->n_heads * s->head_dim;
+    const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim;
+    const tdm_ggml_type_t f32 = TDM_GGML_TYPE_F32;
+    const float in_e = 1.0f / sqrtf((float)E), alpha = 1.0f / sqrtf(2.0f * (float)s->n_layers);
+    const synth_tensor_t t[6] = {
+        {"attn_norm", f32, E, 1, 0.0f, 1.0f},
+        {"attn_qkv", wt, E, Q + 2 * KV, in_e, 0.0f},
+        {"attn_output", wt, Q, E, alpha / sqrtf((float)Q), 0.0f},
+        {"ffn_norm", f32, E, 1, 0.0f, 1.0f},
+        {"ffn_up", wt, E, 2 * F, in_e, 0.0f},
+        {"ffn_down", wt, F, E, alpha / (0.6f * sqrtf((float)F)), 0.0f},
+    };
+    memcpy(ts, t, sizeof t);
+    name_layer(ts, 6, l, names);
+    return 6;
+}
+
 /* The thirteen tensors of Gemma 3 layer l into ts (names into names); returns 13. */
 static int layer_tensors_gemma3(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
                                 synth_tensor_t *ts, char names[][64])
@@ -273,6 +375,8 @@ static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_
 {
     if (is_gemma3(s))
         return layer_tensors_gemma3(s, wt, l, ts, names);
+    if (is_phi3(s))
+        return layer_tensors_phi3(s, wt, l, ts, names);
     const uint64_t E = s->n_embd, F = s->n_ff, Q = (uint64_t)s->n_heads * s->head_dim;
     const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim, D = s->head_dim;
     const tdm_ggml_type_t f32 = TDM_GGML_TYPE_F32;
@@ -351,7 +455,9 @@ int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint
                           tdm_ggml_type_t type, uint64_t seed, tdm_error_t *err)
 {
     const bool gemma = is_gemma3(s);
-    if ((gemma ? add_metadata_gemma3(w, s, type) : add_metadata(w, s, n_vocab, type)) != TDM_OK)
+    if ((gemma        ? add_metadata_gemma3(w, s, type)
+         : is_phi3(s) ? add_metadata_phi3(w, s, type)
+                      : add_metadata(w, s, n_vocab, type)) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for the metadata");
     const uint64_t E = s->n_embd, Q = (uint64_t)s->n_heads * s->head_dim;
     const uint64_t max_in = s->n_ff > E ? (s->n_ff > Q ? s->n_ff : Q) : (E > Q ? E : Q);
@@ -367,6 +473,8 @@ int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint
     const synth_tensor_t out = {"output.weight", et, E, n_vocab, 2.0f / sqrtf((float)E), 0.0f};
     uint64_t index = 0;
     int rc = s->llama3_rope ? add_llama3_rope_freqs(w, s, err) : TDM_OK;
+    if (rc == TDM_OK && is_phi3(s) && phi3_attn_factor(s) != 1.0f)
+        rc = add_phi3_rope_factors(w, s, err);
     rc = rc ? rc : add_tensor(w, &embd, seed, index++, scratch, err);
     rc = rc ? rc : add_layers(w, s, type, seed, &index, scratch, err);
     rc = rc ? rc : add_tensor(w, &out_norm, seed, index++, scratch, err);

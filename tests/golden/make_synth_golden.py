@@ -6,7 +6,12 @@ block, with SmolLM2's vocabulary (the default model, so nothing else is download
 * `qwen3-tiny` (general.architecture qwen3: QK-norm, NeoX RoPE, no q/k/v biases; 4 layers,
   n_embd 128, head_dim 64, 4 heads over 2 KV heads, theta 1e6) -> qwen3_synth_<type>.json;
 * `llama3-tiny` (llama with Llama 3's rope_freqs.weight: RoPE frequency factors 8 / smooth / 1,
-  theta 500000, head_dim 32) -> llama3_synth_<type>.json.
+  theta 500000, head_dim 32) -> llama3_synth_<type>.json;
+* `phi3-tiny` (general.architecture phi3: fused attn_qkv and gate/up ffn_up, NeoX RoPE with
+  LongRoPE's rope_factors_long/short and attention factor, original context 1024 against the
+  n_ctx 2048 used here, so llama.cpp takes the long factors (recorded in the JSON's
+  "rope_factors"), a 64-token sliding window that llama.cpp ignores; 4 layers, n_embd 128,
+  head_dim 32, 4 heads over 2 KV heads) -> phi3_synth_<type>.json.
 
 The procedure is make_engine_golden.py's (SmolLM2's prompts, tokenized without BOS as SmolLM2
 is; greedy continuation to EOS or 64 tokens; one-pass top-5 per position; llama.cpp against
@@ -35,6 +40,7 @@ import make_engine_golden as base  # noqa: E402
 SHAPES = {
     "qwen3-tiny": ("qwen3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
     "llama3-tiny": ("llama3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
+    "phi3-tiny": ("phi3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
 }
 VOCAB_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N_CTX = 2048
@@ -63,6 +69,14 @@ def synth_golden(tandem, shape, typ, seed, vocab, vocab_sha, out_json, evaluate,
         sha = hashlib.sha256(model.read_bytes()).hexdigest()
         llm = base.open_llama(model, N_CTX)
         cases, selfcheck, extra = evaluate(llm)
+        orig = llm.metadata.get("phi3.rope.scaling.original_context_length")
+        if orig is not None:
+            # llama_model::get_rope_factors: rope_long when n_ctx_seq (= n_ctx, one sequence)
+            # exceeds hparams.n_ctx_orig_yarn, else rope_short
+            extra["rope_factors"] = {
+                "n_ctx": N_CTX, "original_context_length": int(orig),
+                "attn_factor": float(llm.metadata.get("phi3.rope.scaling.attn_factor", 1.0)),
+                "chosen": "long" if N_CTX > int(orig) else "short"}
         extra["synth"] = {
             "shape": shape, "type": typ, "seed": seed,
             "vocab": vocab.name, "vocab_sha256": vocab_sha,

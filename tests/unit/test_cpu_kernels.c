@@ -1,6 +1,7 @@
 /* test_cpu_kernels.c - the CPU backend's kernel sets (common/src/model/cpu_kernels.h): every
  * SIMD set this CPU runs gives bitwise the scalar reference's results, for the activation
- * quantizer and for the quantized GEMM of every weight type (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) on
+ * quantizer and for the quantized GEMM of every weight type (Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K,
+ * Q5_K, Q6_K) on
  * random weights, any number of
  * tokens (1..70) and rows that do not fill the last 8-row group; the reference itself agrees
  * with a double-precision dot product of the dequantized operands. The f32 ops (attention's
@@ -32,7 +33,8 @@ static float uniform(uint64_t *s, float lo, float hi)
 
 static bool is_kquant(tdm_ggml_type_t type)
 {
-    return type == TDM_GGML_TYPE_Q4_K || type == TDM_GGML_TYPE_Q5_K || type == TDM_GGML_TYPE_Q6_K;
+    return type == TDM_GGML_TYPE_Q2_K || type == TDM_GGML_TYPE_Q3_K || type == TDM_GGML_TYPE_Q4_K ||
+           type == TDM_GGML_TYPE_Q5_K || type == TDM_GGML_TYPE_Q6_K;
 }
 
 /* GGUF bytes of a row of nb 32-value blocks (K-quants: nb / 8 super-blocks) */
@@ -44,12 +46,14 @@ static size_t row_bytes(tdm_ggml_type_t type, size_t nb)
     case TDM_GGML_TYPE_Q4_K: return nb / 8 * 144;
     case TDM_GGML_TYPE_Q5_K: return nb / 8 * 176;
     case TDM_GGML_TYPE_Q6_K: return nb / 8 * 210;
+    case TDM_GGML_TYPE_Q2_K: return nb / 8 * 84;
+    case TDM_GGML_TYPE_Q3_K: return nb / 8 * 110;
     default: return nb * 34;
     }
 }
 
 /* One random K-quant super-block: every byte random but the f16 scales (d in [0.001, 0.05],
- * Q4_K's / Q5_K's dmin in [0, 0.05]); Q6_K's int8 scales include -128. */
+ * Q2_K's, Q4_K's and Q5_K's dmin in [0, 0.05]); Q6_K's int8 scales include -128. */
 static void random_kquant(tdm_ggml_type_t type, uint8_t *p, uint64_t *seed)
 {
     size_t bsz = row_bytes(type, 8);
@@ -57,7 +61,12 @@ static void random_kquant(tdm_ggml_type_t type, uint8_t *p, uint64_t *seed)
         p[j] = (uint8_t)next_u64(seed);
     uint16_t d = tdm_fp32_to_fp16(uniform(seed, 0.001f, 0.05f));
     uint16_t m = tdm_fp32_to_fp16(uniform(seed, 0.0f, 0.05f));
-    if (type != TDM_GGML_TYPE_Q6_K) {
+    if (type == TDM_GGML_TYPE_Q2_K) {
+        memcpy(p + 80, &d, 2);
+        memcpy(p + 82, &m, 2);
+    } else if (type == TDM_GGML_TYPE_Q3_K) {
+        memcpy(p + 108, &d, 2);
+    } else if (type != TDM_GGML_TYPE_Q6_K) {
         memcpy(p, &d, 2);
         memcpy(p + 2, &m, 2);
     } else {
@@ -309,7 +318,9 @@ static void check_isa(const tdm_cpu_isa_t *isa)
     check_type(TDM_GGML_TYPE_Q4_K, isa, &seed);
     check_type(TDM_GGML_TYPE_Q5_K, isa, &seed);
     check_type(TDM_GGML_TYPE_Q6_K, isa, &seed);
-    /* the quantizer: same blocks, bit for bit */
+    check_type(TDM_GGML_TYPE_Q2_K, isa, &seed);
+    check_type(TDM_GGML_TYPE_Q3_K, isa, &seed);
+    /* the quantizer: same blocks, bit for bit (isum_lo included) */
     size_t K = 1536;
     float *x = malloc(K * sizeof *x);
     q8a_block_t *ra = malloc(K / 32 * sizeof *ra), *ga = malloc(K / 32 * sizeof *ga);
@@ -321,6 +332,12 @@ static void check_isa(const tdm_cpu_isa_t *isa)
     tdm_cpu_isa_scalar()->quantize_act(x, K, ra);
     isa->quantize_act(x, K, ga);
     assert_memory_equal(ra, ga, K / 32 * sizeof *ra);
+    for (size_t b = 0; b < K / 32; b++) {
+        int32_t lo = 0;
+        for (int j = 0; j < 16; j++)
+            lo += ra[b].q[j];
+        assert_int_equal(ra[b].isum_lo, lo);
+    }
     /* f16 rounding (attention over an f16 cache): magnitudes from subnormal halves to
      * overflow, scaled */
     float *rr = malloc(K * sizeof *rr), *gr = malloc(K * sizeof *gr);

@@ -731,7 +731,7 @@ static void test_tiny_model(void **state)
     assert_non_null(strstr(err.msg, "n_heads"));
     bad = (tdm_tiny_llama_spec_t){.n_embd = 64, .weight_type = TDM_GGML_TYPE_Q4_K};
     assert_int_equal(tdm_test_tiny_llama_to_memory(&bad, &buf, &size), TDM_EINVALID);
-    bad = (tdm_tiny_llama_spec_t){.weight_type = TDM_GGML_TYPE_Q2_K};
+    bad = (tdm_tiny_llama_spec_t){.weight_type = TDM_GGML_TYPE_Q8_K};
     assert_int_equal(tdm_test_tiny_llama_to_memory(&bad, &buf, &size), TDM_EINVALID);
     bad = (tdm_tiny_llama_spec_t){.n_vocab = 1000000};
     assert_int_equal(tdm_test_tiny_llama_to_memory(&bad, &buf, &size), TDM_EINVALID);

@@ -1,6 +1,7 @@
 /* test_hparams.c - a model whose metadata or tensors ask for what the engine does not compute
  * is refused at load, naming the key or tensor (common/src/gguf/hparams_refuse.c); what Tandem
- * implements (linear RoPE scaling, harmless keys) loads and changes the output as it should.
+ * implements (linear RoPE scaling, harmless keys, the RoPE attention factor, Phi-3's fused
+ * projections and factors) loads and changes the output as it should.
  *
  * Each case builds a tiny Llama GGUF in memory (tests/support/tiny_model.h), adds one key or
  * tensor, and loads it from a file as a node would.
@@ -111,6 +112,16 @@ static int edit_attn_factor(tdm_gguf_writer_t *w)
     return tdm_gguf_writer_set_f32(w, "llama.rope.scaling.attn_factor", 1.5f);
 }
 
+static int edit_attn_factor_zero(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_f32(w, "llama.rope.scaling.attn_factor", 0.0f);
+}
+
+static int edit_phi3_factors_on_llama(tdm_gguf_writer_t *w)
+{
+    return add_vector(w, "rope_factors_long.weight", 8);
+}
+
 static int edit_sliding_window(tdm_gguf_writer_t *w)
 {
     return tdm_gguf_writer_set_u32(w, "llama.attention.sliding_window", 64);
@@ -172,14 +183,17 @@ static void test_refusals(void **state)
     expect_refused(edit_rope_freqs_short, "rope_freqs.weight", NULL);
     expect_refused(edit_yarn, "llama.rope.scaling.type", "'yarn'");
     expect_refused(edit_yarn_key, "llama.rope.scaling.yarn_beta_fast", "RoPE scaling");
-    expect_refused(edit_attn_factor, "llama.rope.scaling.attn_factor", NULL);
+    expect_refused(edit_attn_factor_zero, "llama.rope.scaling.attn_factor", "positive");
+    expect_refused(edit_phi3_factors_on_llama, "rope_factors_long.weight", "phi3 only");
     expect_refused(edit_sliding_window, "llama.attention.sliding_window", "gemma3 only");
     expect_refused(edit_attn_softcap, "llama.attn_logit_softcapping", "soft-capping");
     expect_refused(edit_final_softcap, "llama.final_logit_softcapping", "soft-capping");
     expect_refused(edit_experts, "llama.expert_count", "mixture-of-experts");
     expect_refused(edit_expert_tensor, "blk.0.ffn_gate_inp.weight", "mixture-of-experts");
     expect_refused(edit_unknown_key, "llama.residual_scale", "refused rather than run wrong");
-    expect_refused(edit_fused_qkv, "blk.1.attn_qkv.weight", "fused QKV");
+    expect_refused(edit_fused_qkv, "blk.1.attn_qkv.weight",
+                   "fused QKV projection (implemented "
+                   "for phi3 only)");
     expect_refused(edit_layer_past_end, "blk.2.attn_norm.weight", NULL);
     expect_refused(edit_qk_norm_on_llama, "blk.0.attn_q_norm.weight", NULL);
 }
@@ -198,8 +212,9 @@ static int edit_linear_x4(tdm_gguf_writer_t *w)
            tdm_gguf_writer_set_f32(w, "llama.rope.scaling.factor", 4.0f);
 }
 
-/* Logits of tokens 1..n at positions 0..n-1 (one pass), into out[n][n_vocab]. */
-static void run(tdm_model_t *m, uint32_t n, float *out)
+/* Logits of tokens 1..n at positions 0..n-1 (one pass) on an engine of n_ctx tokens, into
+ * out[n][n_vocab]. */
+static void run_ctx(tdm_model_t *m, uint32_t n, float *out, uint32_t n_ctx)
 {
     const tdm_llama_hparams_t *hp = tdm_model_hparams(m);
     tdm_error_t err = {0};
@@ -208,7 +223,7 @@ static void run(tdm_model_t *m, uint32_t n, float *out)
     assert_non_null(pool);
     tdm_engine_params_t p;
     tdm_engine_params_default(&p);
-    p.n_ctx = 128;
+    p.n_ctx = n_ctx;
     p.max_logits = n;
     p.n_threads = 1;
     tdm_engine_t *e = tdm_engine_new(m, pool, &p, &err);
@@ -225,6 +240,11 @@ static void run(tdm_model_t *m, uint32_t n, float *out)
     assert_int_equal(tdm_engine_forward(e, &b, out, &err), TDM_OK);
     tdm_engine_destroy(&e);
     tdm_kv_pool_destroy(&pool);
+}
+
+static void run(tdm_model_t *m, uint32_t n, float *out)
+{
+    run_ctx(m, n, out, 128);
 }
 
 /* Linear scaling loads, sets rope_freq_scale = 1 / factor and changes the logits of every
@@ -256,15 +276,26 @@ static void test_accepted(void **state)
     tdm_model_t *factors1 = load_edited(edit_rope_freqs, &err);
     if (!factors1)
         fail_msg("%s", err.msg);
+    tdm_model_t *mscaled = load_edited(edit_attn_factor, &err);
+    if (!mscaled)
+        fail_msg("%s", err.msg);
+    assert_true(tdm_model_hparams(mscaled)->rope_attn_factor == 1.5f);
+    assert_true(tdm_model_hparams(plain)->rope_attn_factor == 1.0f);
     uint32_t V = tdm_model_hparams(plain)->n_vocab, n = 6;
     size_t one = (size_t)n * V;
-    float *a = malloc(5 * one * sizeof *a);
+    float *a = malloc(6 * one * sizeof *a);
     assert_non_null(a);
     run(plain, n, a);
     run(harmless, n, a + one);
     run(scaled, n, a + 2 * one);
     run(factors4, n, a + 3 * one);
     run(factors1, n, a + 4 * one);
+    run(mscaled, n, a + 5 * one);
+    /* the attention factor scales q and k (the scores by its square): position 0 attends to
+     * itself only (the same output), every later one sees sharper scores */
+    assert_memory_equal(a, a + 5 * one, (size_t)V * sizeof *a);
+    for (uint32_t i = 1; i < n; i++)
+        assert_memory_not_equal(a + (size_t)i * V, a + 5 * one + (size_t)i * V, V * sizeof *a);
     assert_memory_equal(a, a + one, one * sizeof *a);
     assert_memory_equal(a, a + 2 * one, (size_t)V * sizeof *a); /* position 0 */
     for (uint32_t i = 1; i < n; i++)
@@ -277,6 +308,7 @@ static void test_accepted(void **state)
     tdm_model_destroy(&scaled);
     tdm_model_destroy(&factors4);
     tdm_model_destroy(&factors1);
+    tdm_model_destroy(&mscaled);
 }
 
 /* The layer helpers: sliding-window layers' first key and RoPE. */
@@ -308,12 +340,170 @@ static void test_layer_helpers(void **state)
     assert_true(base == 1e6f);
 }
 
+/* ---- Phi-3 ---- */
+
+/* How the small Phi-3 file of phi3_file differs from the plain one. */
+typedef enum phi3_variant {
+    PHI3_FUSED,         /* attn_qkv and the fused ffn_up: the released files' form */
+    PHI3_SPLIT_QKV,     /* the same values as separate attn_q/k/v (llama.cpp accepts both) */
+    PHI3_LONG_ONLY,     /* rope_factors_long.weight without the short set */
+    PHI3_BAD_QKV_SHAPE, /* attn_qkv one row short */
+    PHI3_EXTRA_GATE,    /* an ffn_gate next to the fused ffn_up */
+} phi3_variant_t;
+
+#define P3_E 64  /* n_embd */
+#define P3_H 4   /* heads of 16 */
+#define P3_KV 2  /* KV heads */
+#define P3_F 96  /* n_ff */
+#define P3_V 256 /* vocabulary */
+
+/* n pseudo-random values in [-a, a) from seed (a linear congruential generator). */
+static float *p3_values(uint64_t n, uint32_t seed, float a)
+{
+    float *v = malloc(n * sizeof *v);
+    assert_non_null(v);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (uint64_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = a * ((float)(x >> 40) / (float)(1 << 23) - 1.0f);
+    }
+    return v;
+}
+
+static void p3_add(tdm_gguf_writer_t *w, const char *name, uint64_t n_in, uint64_t n_out,
+                   const float *v)
+{
+    uint64_t ne[2] = {n_in, n_out};
+    assert_int_equal(
+        tdm_gguf_writer_add_tensor(w, name, TDM_GGML_TYPE_F32, n_out > 1 ? 2 : 1, ne, v), TDM_OK);
+}
+
+/* Writes a one-layer Phi-3 file (F32, LongRoPE factors, an original context of 64 tokens, an
+ * attention factor of 1.2, a sliding window of 8 that must be ignored) to a temporary path and
+ * loads it; NULL with *err when the load fails. */
+static tdm_model_t *phi3_file(phi3_variant_t var, tdm_error_t *err)
+{
+    const uint64_t D = P3_E / P3_H, Q = P3_E, KV = P3_KV * D;
+    tdm_gguf_writer_t *w = tdm_gguf_writer_new();
+    assert_non_null(w);
+    int rc = tdm_gguf_writer_set_str(w, "general.architecture", "phi3");
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.context_length", 4096);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.rope.scaling.original_context_length", 64);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.embedding_length", P3_E);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.feed_forward_length", P3_F);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.block_count", 1);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.attention.head_count", P3_H);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.attention.head_count_kv", P3_KV);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "phi3.attention.layer_norm_rms_epsilon", 1e-5f);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.rope.dimension_count", (uint32_t)D);
+    rc = rc ? rc : tdm_gguf_writer_set_u32(w, "phi3.attention.sliding_window", 8);
+    rc = rc ? rc : tdm_gguf_writer_set_f32(w, "phi3.rope.scaling.attn_factor", 1.2f);
+    assert_int_equal(rc, TDM_OK);
+    float lf[8], sf[8];
+    for (int i = 0; i < 8; i++) {
+        lf[i] = 1.0f + 4.0f * (float)i;
+        sf[i] = 1.0f + 0.1f * (float)i;
+    }
+    p3_add(w, "rope_factors_long.weight", D / 2, 1, lf);
+    if (var != PHI3_LONG_ONLY)
+        p3_add(w, "rope_factors_short.weight", D / 2, 1, sf);
+    float *embd = p3_values(P3_E * P3_V, 1, 1.7f), *ones = p3_values(P3_F * 2, 0, 0.0f);
+    float *qkv = p3_values(P3_E * (Q + 2 * KV), 2, 0.2f), *wo = p3_values(Q * P3_E, 3, 0.1f);
+    float *up = p3_values(P3_E * 2 * P3_F, 4, 0.2f), *down = p3_values(P3_F * P3_E, 5, 0.1f);
+    float *out = p3_values(P3_E * P3_V, 6, 0.2f);
+    for (int i = 0; i < P3_F * 2; i++)
+        ones[i] = 1.0f;
+    p3_add(w, "token_embd.weight", P3_E, P3_V, embd);
+    p3_add(w, "blk.0.attn_norm.weight", P3_E, 1, ones);
+    if (var == PHI3_SPLIT_QKV) {
+        p3_add(w, "blk.0.attn_q.weight", P3_E, Q, qkv);
+        p3_add(w, "blk.0.attn_k.weight", P3_E, KV, qkv + P3_E * Q);
+        p3_add(w, "blk.0.attn_v.weight", P3_E, KV, qkv + P3_E * (Q + KV));
+    } else {
+        p3_add(w, "blk.0.attn_qkv.weight", P3_E, Q + 2 * KV - (var == PHI3_BAD_QKV_SHAPE), qkv);
+    }
+    p3_add(w, "blk.0.attn_output.weight", Q, P3_E, wo);
+    p3_add(w, "blk.0.ffn_norm.weight", P3_E, 1, ones);
+    p3_add(w, "blk.0.ffn_up.weight", P3_E, 2 * P3_F, up);
+    if (var == PHI3_EXTRA_GATE)
+        p3_add(w, "blk.0.ffn_gate.weight", P3_E, P3_F, up);
+    p3_add(w, "blk.0.ffn_down.weight", P3_F, P3_E, down);
+    p3_add(w, "output_norm.weight", P3_E, 1, ones);
+    p3_add(w, "output.weight", P3_E, P3_V, out);
+    free(embd), free(ones), free(qkv), free(wo), free(up), free(down), free(out);
+    char path[] = "/tmp/tandem-test-phi3-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(tdm_gguf_writer_write_file(w, path, err), TDM_OK);
+    tdm_gguf_writer_destroy(&w);
+    tdm_model_t *m = tdm_model_load(path, err);
+    unlink(path);
+    return m;
+}
+
+/* Phi-3: the fused file loads with its features (the window ignored, the factors read), gives
+ * bitwise the logits of the same values stored as separate attn_q/k/v (the fused matrix's row
+ * ranges are the three projections); an engine whose context passes the original 64 tokens
+ * takes the long factors (other logits past position 0); a lone factor set, a fused matrix of
+ * the wrong shape and an ffn_gate next to the fused ffn_up are refused, naming the tensor. */
+static void test_phi3(void **state)
+{
+    (void)state;
+    tdm_error_t err = {0};
+    tdm_model_t *fused = phi3_file(PHI3_FUSED, &err);
+    if (!fused)
+        fail_msg("%s", err.msg);
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(fused);
+    assert_true(hp->fused_qkv && hp->fused_gate_up && hp->n_swa == 0);
+    assert_int_equal(hp->n_ff, P3_F);
+    assert_int_equal(hp->n_rope_long_short, 8);
+    assert_true(hp->rope_attn_factor == 1.2f && hp->n_ctx_orig == 64);
+    assert_ptr_equal(tdm_llama_rope_factors(hp, 64), hp->rope_factors_short);
+    assert_ptr_equal(tdm_llama_rope_factors(hp, 65), hp->rope_factors_long);
+    tdm_model_t *split = phi3_file(PHI3_SPLIT_QKV, &err);
+    if (!split)
+        fail_msg("%s", err.msg);
+    assert_false(tdm_model_hparams(split)->fused_qkv);
+    const uint32_t n = 6;
+    float *a = malloc(3 * (size_t)n * P3_V * sizeof *a);
+    assert_non_null(a);
+    run(fused, n, a); /* n_ctx 128 > 64: the long factors */
+    run(split, n, a + n * P3_V);
+    assert_memory_equal(a, a + n * P3_V, (size_t)n * P3_V * sizeof *a);
+    run_ctx(fused, n, a + 2 * n * P3_V, 64);                    /* the short factors */
+    assert_memory_equal(a, a + 2 * n * P3_V, P3_V * sizeof *a); /* position 0: angle 0 */
+    for (uint32_t i = 1; i < n; i++)
+        assert_memory_not_equal(a + (size_t)i * P3_V, a + (2 * n + i) * (size_t)P3_V,
+                                P3_V * sizeof *a);
+    free(a);
+    tdm_model_destroy(&fused);
+    tdm_model_destroy(&split);
+    static const struct {
+        phi3_variant_t var;
+        const char *want1, *want2;
+    } bad[] = {
+        {PHI3_LONG_ONLY, "rope_factors_short.weight", "missing"},
+        {PHI3_BAD_QKV_SHAPE, "blk.0.attn_qkv.weight", "expected [64, 128]"},
+        {PHI3_EXTRA_GATE, "blk.0.ffn_gate.weight", "not implemented"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tdm_model_t *m = phi3_file(bad[i].var, &err);
+        if (m)
+            fail_msg("variant %d loaded", (int)bad[i].var);
+        if (!strstr(err.msg, bad[i].want1) || !strstr(err.msg, bad[i].want2))
+            fail_msg("variant %d: \"%s\" lacks '%s' or '%s'", (int)bad[i].var, err.msg,
+                     bad[i].want1, bad[i].want2);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_layer_helpers),
+        cmocka_unit_test(test_phi3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,6 +103,7 @@ static void test_invariance_kquants(void **state)
     (void)state;
     invariance_on_tiny(TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q6_K, 256, false, TDM_KV_F16);
     invariance_on_tiny(TDM_GGML_TYPE_Q5_K, TDM_GGML_TYPE_Q8_0, 256, true, TDM_KV_F16);
+    invariance_on_tiny(TDM_GGML_TYPE_Q2_K, TDM_GGML_TYPE_Q3_K, 256, false, TDM_KV_F16);
 }
 
 static void test_invariance_other_types(void **state)
@@ -161,6 +162,8 @@ static void test_families_bitwise(void **state)
         {TDM_GGML_TYPE_F16, TDM_GGML_TYPE_BF16, 108, 3, 1, TDM_KV_F16},
         {TDM_GGML_TYPE_Q5_1, TDM_GGML_TYPE_F32, 64, 4, 2, TDM_KV_Q8},
         {TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q6_K, 256, 8, 2, TDM_KV_F16},
+        {TDM_GGML_TYPE_Q2_K, TDM_GGML_TYPE_Q3_K, 256, 8, 2, TDM_KV_F16},
+        {TDM_GGML_TYPE_Q3_K, TDM_GGML_TYPE_Q2_K, 256, 4, 4, TDM_KV_F16},
     };
     static const char *const families[] = {"avx2", "vnni", "avx512", "amx"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {

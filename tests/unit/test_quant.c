@@ -2,6 +2,7 @@
  * hand-built blocks of every supported type, and quantize/dequantize round trips. */
 #include "tdm_test.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,8 +84,8 @@ static void test_type_table(void **state)
         {TDM_GGML_TYPE_Q5_1, "Q5_1", 32, 24, true},
         {TDM_GGML_TYPE_Q8_0, "Q8_0", 32, 34, true},
         {TDM_GGML_TYPE_Q8_1, "Q8_1", 32, 36, false},
-        {TDM_GGML_TYPE_Q2_K, "Q2_K", 256, 84, false},
-        {TDM_GGML_TYPE_Q3_K, "Q3_K", 256, 110, false},
+        {TDM_GGML_TYPE_Q2_K, "Q2_K", 256, 84, true},
+        {TDM_GGML_TYPE_Q3_K, "Q3_K", 256, 110, true},
         {TDM_GGML_TYPE_Q4_K, "Q4_K", 256, 144, true},
         {TDM_GGML_TYPE_Q5_K, "Q5_K", 256, 176, true},
         {TDM_GGML_TYPE_Q6_K, "Q6_K", 256, 210, true},
@@ -503,6 +504,62 @@ static void test_dequant_q6_k(void **state)
     assert_true(want[0] == -10.5f);
 }
 
+/* Bytes from a hex string of exactly 2 n digits; false when it is not one. */
+static bool unhex(const char *h, uint8_t *out, size_t n)
+{
+    if (!h || strlen(h) != 2 * n)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(h + 2 * i, "%2x", &v) != 1)
+            return false;
+        out[i] = (uint8_t)v;
+    }
+    return true;
+}
+
+/* Q2_K and Q3_K against llama.cpp's own dequantize_row_q2_K / q3_K, bit for bit: 16 blocks of
+ * each (8 of random bytes, 8 from quantize_row_q*_K_ref) in tests/golden/kquant_dequant.json
+ * (tests/golden/make_kquant_golden.py). Tandem's quantizer's blocks of the same data also come
+ * back within their error bound (test_round_trip). */
+static void test_dequant_kquant_llama(void **state)
+{
+    (void)state;
+    json_error_t jerr;
+    json_t *root = json_load_file(TDM_SOURCE_DIR "/tests/golden/kquant_dequant.json", 0, &jerr);
+    if (!root)
+        fail_msg("kquant_dequant.json:%d: %s", jerr.line, jerr.text);
+    json_t *types = json_object_get(root, "types"), *ty;
+    size_t i, n_types = 0;
+    json_array_foreach(types, i, ty)
+    {
+        const char *name = json_string_value(json_object_get(ty, "type"));
+        tdm_ggml_type_t t = strcmp(name, "Q2_K") == 0 ? TDM_GGML_TYPE_Q2_K : TDM_GGML_TYPE_Q3_K;
+        size_t bsz = tdm_ggml_type_get(t)->type_size, j, n_cases = 0;
+        assert_int_equal(json_integer_value(json_object_get(ty, "block_bytes")), bsz);
+        json_t *c;
+        json_array_foreach(json_object_get(ty, "cases"), j, c)
+        {
+            uint8_t blk[128];
+            float want[256], got[256];
+            assert_true(unhex(json_string_value(json_object_get(c, "block")), blk, bsz));
+            assert_true(unhex(json_string_value(json_object_get(c, "values_f32le")),
+                              (uint8_t *)want, sizeof want));
+            assert_int_equal(tdm_ggml_dequantize_row(t, blk, got, 256), TDM_OK);
+            if (memcmp(got, want, sizeof want) != 0)
+                for (int e = 0; e < 256; e++)
+                    if (memcmp(&got[e], &want[e], sizeof(float)) != 0)
+                        fail_msg("%s block %zu element %d: %.9g, llama.cpp %.9g", name, j, e,
+                                 (double)got[e], (double)want[e]);
+            n_cases++;
+        }
+        assert_int_equal(n_cases, 16);
+        n_types++;
+    }
+    assert_int_equal(n_types, 2);
+    json_decref(root);
+}
+
 /* Several blocks in one row, at an odd address: each block is decoded from its own bytes. */
 static void test_dequant_multi_block(void **state)
 {
@@ -527,17 +584,8 @@ static void test_unsupported(void **state)
     (void)state;
     uint8_t src[512] = {0};
     float dst[256];
-    static const int bad_types[] = {TDM_GGML_TYPE_Q8_1,
-                                    TDM_GGML_TYPE_Q2_K,
-                                    TDM_GGML_TYPE_Q3_K,
-                                    TDM_GGML_TYPE_Q8_K,
-                                    4,
-                                    16,
-                                    23,
-                                    39,
-                                    40,
-                                    200,
-                                    -1};
+    static const int bad_types[] = {
+        TDM_GGML_TYPE_Q8_1, TDM_GGML_TYPE_Q8_K, 4, 16, 23, 39, 40, 200, -1};
     for (size_t i = 0; i < sizeof bad_types / sizeof bad_types[0]; i++) {
         const tdm_ggml_type_t t = (tdm_ggml_type_t)bad_types[i];
         assert_int_equal(tdm_ggml_dequantize_row(t, src, dst, 256), TDM_EINVALID);
@@ -559,7 +607,8 @@ static void test_unsupported(void **state)
 static const tdm_ggml_type_t supported_types[] = {
     TDM_GGML_TYPE_F32,  TDM_GGML_TYPE_F16,  TDM_GGML_TYPE_BF16, TDM_GGML_TYPE_Q4_0,
     TDM_GGML_TYPE_Q4_1, TDM_GGML_TYPE_Q5_0, TDM_GGML_TYPE_Q5_1, TDM_GGML_TYPE_Q8_0,
-    TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q5_K, TDM_GGML_TYPE_Q6_K,
+    TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q5_K, TDM_GGML_TYPE_Q6_K, TDM_GGML_TYPE_Q2_K,
+    TDM_GGML_TYPE_Q3_K,
 };
 
 /* The most a round trip may move element i of x (a row of n), from the block it is in. */
@@ -591,6 +640,10 @@ static float error_bound(tdm_ggml_type_t t, const float *x, int64_t n, int64_t i
     case TDM_GGML_TYPE_Q4_K: return ((mx - lo0) + -lo0 / 63) / 15 * 0.55f + tiny;
     case TDM_GGML_TYPE_Q5_K: return ((mx - lo0) + -lo0 / 63) / 31 * 0.55f + tiny;
     case TDM_GGML_TYPE_Q6_K: return amax / 32 * 1.2f + tiny;
+    /* Q2_K: half a step of 4 levels over the sub-block's range plus a min unit (dmin = largest
+     * offset / 15), with room for the 4-bit step's clip; Q3_K: as Q6_K with 8 levels */
+    case TDM_GGML_TYPE_Q2_K: return ((mx - lo0) + -lo0 / 15) / 3 * 0.75f + tiny;
+    case TDM_GGML_TYPE_Q3_K: return amax / 4 * 1.2f + tiny;
     default: return 0.0f;
     }
 }
@@ -647,7 +700,8 @@ static void test_round_trip(void **state)
             {TDM_GGML_TYPE_F32, 0.0},   {TDM_GGML_TYPE_F16, 1e-3},  {TDM_GGML_TYPE_BF16, 4e-3},
             {TDM_GGML_TYPE_Q8_0, 0.01}, {TDM_GGML_TYPE_Q6_K, 0.02}, {TDM_GGML_TYPE_Q5_0, 0.04},
             {TDM_GGML_TYPE_Q5_1, 0.04}, {TDM_GGML_TYPE_Q5_K, 0.04}, {TDM_GGML_TYPE_Q4_0, 0.08},
-            {TDM_GGML_TYPE_Q4_1, 0.08}, {TDM_GGML_TYPE_Q4_K, 0.08},
+            {TDM_GGML_TYPE_Q4_1, 0.08}, {TDM_GGML_TYPE_Q4_K, 0.08}, {TDM_GGML_TYPE_Q3_K, 0.25},
+            {TDM_GGML_TYPE_Q2_K, 0.35},
         };
         for (size_t k = 0; k < sizeof rms_max / sizeof rms_max[0]; k++)
             if (rms_max[k].t == t && worst_rel_rms > rms_max[k].max)
@@ -741,6 +795,7 @@ int main(void)
         cmocka_unit_test(test_dequant_q4_k),
         cmocka_unit_test(test_dequant_q5_k),
         cmocka_unit_test(test_dequant_q6_k),
+        cmocka_unit_test(test_dequant_kquant_llama),
         cmocka_unit_test(test_dequant_multi_block),
         cmocka_unit_test(test_unsupported),
         cmocka_unit_test(test_round_trip),

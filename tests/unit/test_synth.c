@@ -256,6 +256,60 @@ static void ref_layer_gemma3(ref_t *r, uint32_t l)
     add_post_norm(r, tensor(r, "post_ffw_norm", l));
 }
 
+/* Phi-3's neox rope with LongRoPE: pair i's angle divided by factor ff[i] (the set the engine's
+ * context picks), cos and sin times the attention factor m. */
+static void rope_phi3(const ref_t *r, float *v, uint32_t n_heads, const float *ff, float m)
+{
+    const uint32_t d = r->hp->head_dim;
+    for (uint32_t t = 0; t < r->n; t++)
+        for (uint32_t h = 0; h < n_heads; h++)
+            for (uint32_t i = 0; i < d / 2; i++) {
+                const double a = t * pow(r->hp->rope_freq_base, -2.0 * i / d) / ff[i];
+                float *p = v + ((size_t)t * n_heads + h) * d + i;
+                const float x0 = p[0], x1 = p[d / 2];
+                p[0] = (float)(m * (x0 * cos(a) - x1 * sin(a)));
+                p[d / 2] = (float)(m * (x0 * sin(a) + x1 * cos(a)));
+            }
+}
+
+/* A Phi-3 layer (llama.cpp's src/models/phi3.cpp) from the fused tensors themselves: attn_qkv's
+ * output split into q, k and v; rope_phi3 with the short factors (the engine's 256-token
+ * context is under the 1024 original); attention scaled by 1/sqrt(head_dim) (llama.cpp scales
+ * q by it: the same product); ffn_up's output split into the gate and up halves. */
+static void ref_layer_phi3(ref_t *r, uint32_t l)
+{
+    const tdm_llama_hparams_t *hp = r->hp;
+    const size_t E = hp->n_embd, F = hp->n_ff, Q = (size_t)hp->n_heads * hp->head_dim;
+    const size_t KV = (size_t)hp->n_kv_heads * hp->head_dim, W = Q + 2 * KV;
+    assert_true(hp->n_ctx_orig >= 256 && hp->n_rope_long_short == hp->head_dim / 2);
+    float *qkv = malloc(r->n * (W > 2 * F ? W : 2 * F) * sizeof *qkv);
+    assert_non_null(qkv);
+    rmsnorm(r, r->x, tensor(r, "attn_norm", l), r->xn, r->n);
+    matmul(r, tensor(r, "attn_qkv", l), r->xn, r->n, qkv, 0);
+    for (uint32_t t = 0; t < r->n; t++) {
+        memcpy(r->q + t * Q, qkv + t * W, Q * sizeof *qkv);
+        memcpy(r->k + t * KV, qkv + t * W + Q, KV * sizeof *qkv);
+        memcpy(r->v + t * KV, qkv + t * W + Q + KV, KV * sizeof *qkv);
+    }
+    rope_phi3(r, r->q, hp->n_heads, hp->rope_factors_short, hp->rope_attn_factor);
+    rope_phi3(r, r->k, hp->n_kv_heads, hp->rope_factors_short, hp->rope_attn_factor);
+    attention(r);
+    matmul(r, tensor(r, "attn_output", l), r->att, r->n, r->tmp, 0);
+    for (size_t i = 0; i < r->n * E; i++)
+        r->x[i] += r->tmp[i];
+    rmsnorm(r, r->x, tensor(r, "ffn_norm", l), r->xn, r->n);
+    matmul(r, tensor(r, "ffn_up", l), r->xn, r->n, qkv, 0);
+    for (uint32_t t = 0; t < r->n; t++)
+        for (size_t i = 0; i < F; i++) {
+            const float g = qkv[t * 2 * F + i], u = qkv[t * 2 * F + F + i];
+            r->gate[t * F + i] = g / (1.0f + expf(-g)) * u;
+        }
+    matmul(r, tensor(r, "ffn_down", l), r->gate, r->n, r->tmp, 0);
+    for (size_t i = 0; i < r->n * E; i++)
+        r->x[i] += r->tmp[i];
+    free(qkv);
+}
+
 static void ref_alloc(ref_t *r, const tdm_model_t *m)
 {
     r->g = tdm_model_gguf(m);
@@ -294,6 +348,8 @@ static void ref_run(ref_t *r, const int32_t *tokens, float *logits)
     for (uint32_t l = 0; l < r->hp->n_layers; l++) {
         if (gemma)
             ref_layer_gemma3(r, l);
+        else if (strcmp(r->hp->arch, "phi3") == 0)
+            ref_layer_phi3(r, l);
         else
             ref_layer(r, l);
         char where[32];
@@ -502,6 +558,48 @@ static void test_gemma3_tiny(void **state)
     unlink(out);
 }
 
+/* phi3-tiny: the engine (fused QKV and gate/up as views of the file's rows, LongRoPE's factors
+ * and attention factor, q scaled) against the float reference that splits the fused outputs
+ * itself; the Phi-3 hyperparameters; the RoPE factor set each context picks (long only past
+ * the 1024-token original context, as llama.cpp's get_rope_factors). */
+static void test_phi3_tiny(void **state)
+{
+    (void)state;
+    char vocab[128], out[128], args[512];
+    path_in(vocab, sizeof vocab, "vocab.gguf");
+    path_in(out, sizeof out, "phi3tiny.gguf");
+    snprintf(args, sizeof args, "--shape phi3-tiny --type Q8_0 --vocab '%s' -o '%s'", vocab, out);
+    assert_int_equal(synth("", args), 0);
+    const tdm_llama_hparams_t want = {.n_vocab = 49152,
+                                      .n_ctx_train = 8192,
+                                      .n_embd = 128,
+                                      .n_layers = 4,
+                                      .n_heads = 4,
+                                      .n_kv_heads = 2,
+                                      .head_dim = 32,
+                                      .n_ff = 256,
+                                      .rope_freq_base = 10000.0f,
+                                      .tied_embeddings = false};
+    check_model(out, &want);
+    tdm_error_t err = {0};
+    tdm_model_t *m = tdm_model_load(out, &err);
+    assert_non_null(m);
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(m);
+    assert_true(hp->fused_qkv && hp->fused_gate_up);
+    assert_int_equal(hp->rope_type, TDM_ROPE_NEOX);
+    assert_int_equal(hp->n_ctx_orig, 1024);
+    assert_int_equal(hp->n_rope_long_short, 16);
+    assert_int_equal(hp->n_swa, 0); /* the file's 64-token window is ignored */
+    /* the converter's attention factor: sqrt(1 + ln(8192 / 1024) / ln(1024)) */
+    assert_true(fabsf(hp->rope_attn_factor - sqrtf(1.0f + logf(8.0f) / logf(1024.0f))) < 1e-6f);
+    assert_true(fabsf(hp->attn_q_scale - 1.0f / sqrtf(32.0f)) < 1e-7f);
+    assert_ptr_equal(tdm_llama_rope_factors(hp, 1024), hp->rope_factors_short);
+    assert_ptr_equal(tdm_llama_rope_factors(hp, 1025), hp->rope_factors_long);
+    assert_true(hp->rope_factors_short[0] == 1.0f && hp->rope_factors_long[15] > 30.0f);
+    tdm_model_destroy(&m);
+    unlink(out);
+}
+
 /* Gemma 3 270M's shape (head_dim 256 > n_embd / n_heads, window 512), 6 of its 18 layers,
  * Q5_0 as the published file's projections. */
 static void test_gemma3_270m_cut(void **state)
@@ -606,6 +704,8 @@ static void test_kquant(void **state)
     check_kquant("Q4_K");
     check_kquant("Q5_K");
     check_kquant("Q6_K");
+    check_kquant("Q2_K");
+    check_kquant("Q3_K");
 }
 
 static bool same_file(const char *a, const char *b)
@@ -644,7 +744,7 @@ static void test_usage(void **state)
     path_in(out, sizeof out, "bad.gguf");
     snprintf(args, sizeof args, "--shape gpt-5 --type Q4_1 -o '%s' 2>/dev/null", out);
     assert_int_equal(synth("", args), 2);
-    snprintf(args, sizeof args, "--shape smollm2-135m --type Q3_K -o '%s' 2>/dev/null", out);
+    snprintf(args, sizeof args, "--shape smollm2-135m --type Q8_K -o '%s' 2>/dev/null", out);
     assert_int_equal(synth("", args), 2);
     assert_int_equal(synth("", "--shape smollm2-135m --type Q4_1 2>/dev/null"), 2);
     snprintf(args, sizeof args, "--shape smollm2-135m --type Q4_K -o '%s' 2>/dev/null", out);
@@ -679,6 +779,7 @@ int main(void)
         cmocka_unit_test(test_llama_1b_cut), cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_usage),        cmocka_unit_test(test_kquant),
         cmocka_unit_test(test_gemma3_tiny),  cmocka_unit_test(test_gemma3_270m_cut),
+        cmocka_unit_test(test_phi3_tiny),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

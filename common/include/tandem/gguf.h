@@ -263,7 +263,27 @@ typedef struct tdm_llama_hparams {
     bool post_norms;           /* blk.N.post_attention_norm / post_ffw_norm: RMSNorm of each
                                   sub-layer's output before its residual add (Gemma 2/3) */
     tdm_ffn_act_t ffn_act;     /* the gated FFN's activation */
+    /* Phi-3 (llama.cpp's src/models/phi3.cpp) */
+    bool fused_qkv;         /* blk.N.attn_qkv.weight ([n_embd, (n_heads + 2 n_kv_heads) head_dim]:
+                               the rows of q, then k, then v) instead of attn_q/k/v */
+    bool fused_gate_up;     /* blk.N.ffn_up.weight holds [n_embd, 2 n_ff]: the gate's rows, then
+                               the up projection's; no ffn_gate */
+    float rope_attn_factor; /* <arch>.rope.scaling.attn_factor: RoPE's cos and sin are multiplied
+                               by it (ggml_rope_ext's attn_factor, so the scores by its square);
+                               1 when absent */
+    uint32_t n_ctx_orig;    /* <arch>.rope.scaling.original_context_length, default n_ctx_train */
+    uint32_t n_rope_long_short; /* rope_dim / 2 when the file has rope_factors_long.weight and
+                                   rope_factors_short.weight (Phi-3 128k), else 0 */
+    float rope_factors_long[TDM_GGUF_MAX_ROPE_FREQS];  /* [n_rope_long_short] */
+    float rope_factors_short[TDM_GGUF_MAX_ROPE_FREQS]; /* [n_rope_long_short] */
 } tdm_llama_hparams_t;
+
+/* The RoPE frequency factors an engine with a context of n_ctx tokens per sequence applies
+ * ([rope_dim / 2], pair i's angle divided by factor i), or NULL for none: rope_freqs.weight's
+ * when the model has it; else, with Phi-3's two sets, rope_factors_long when n_ctx exceeds
+ * n_ctx_orig and rope_factors_short otherwise (llama.cpp's llama_model::get_rope_factors with
+ * n_ctx_seq = n_ctx). Cannot fail. */
+const float *tdm_llama_rope_factors(const tdm_llama_hparams_t *hp, uint32_t n_ctx);
 
 /* RoPE of layer l: theta base and position scale (sliding-window layers take
  * rope_freq_base_swa and no scaling). Cannot fail. */
@@ -277,7 +297,7 @@ void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq
 uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos);
 
 /* Reads and validates the hyperparameters of a Llama-family model (architectures llama,
- * mistral, qwen2, qwen3, gemma3). Checks every required key is present and consistent
+ * mistral, qwen2, qwen3, gemma3, phi3). Checks every required key is present and consistent
  * (n_heads divisible by n_kv_heads, head_dim * n_heads matches the Q projection, every
  * per-layer tensor present with the expected shape). Refuses what Tandem does not implement
  * rather than run a model wrong: a metadata key of the architecture that changes the forward

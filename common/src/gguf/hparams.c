@@ -21,19 +21,23 @@ typedef struct arch_info {
                         sqrt(n_embd), post-norms, GeGLU, q scaled before attention, sliding-window
                         layers */
     bool rope_freqs; /* may carry rope_freqs.weight (Llama 3.x; llama.cpp's models/llama.cpp) */
+    bool phi3;       /* the Phi-3 block (llama.cpp's src/models/phi3.cpp): fused QKV (or separate
+                        q/k/v) and fused gate/up projections, q scaled by 1 / sqrt(head_dim)
+                        after RoPE, rope_factors_long/short, the sliding window ignored */
 } arch_info_t;
 
 /* Architectures that share the Llama block (pre-norm, GQA attention with RoPE, gated FFN).
  * Rope type per llama.cpp's llama_model_rope_type(); qwen3 is qwen2's block with QK-norm and
  * (in the released models) no q/k/v biases (llama.cpp's src/models/qwen3.cpp). */
 static const arch_info_t supported_archs[] = {
-    {"llama", TDM_ROPE_NORMAL, false, false, true},
-    {"mistral", TDM_ROPE_NORMAL, false, false, true},
-    {"qwen2", TDM_ROPE_NEOX, false, false, false},
-    {"qwen3", TDM_ROPE_NEOX, true, false, false},
-    {"gemma3", TDM_ROPE_NEOX, true, true, false},
+    {"llama", TDM_ROPE_NORMAL, false, false, true, false},
+    {"mistral", TDM_ROPE_NORMAL, false, false, true, false},
+    {"qwen2", TDM_ROPE_NEOX, false, false, false, false},
+    {"qwen3", TDM_ROPE_NEOX, true, false, false, false},
+    {"gemma3", TDM_ROPE_NEOX, true, true, false, false},
+    {"phi3", TDM_ROPE_NEOX, false, false, false, true},
 };
-#define SUPPORTED_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma3"
+#define SUPPORTED_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma3, phi3"
 
 /* Whether architecture arch may carry RoPE frequency factors. */
 static bool arch_has_rope_freqs(const char *arch)
@@ -50,6 +54,15 @@ void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq
     bool swa = hp->n_swa > 0 && l < TDM_GGUF_MAX_LAYERS && hp->swa_layers[l];
     *freq_base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base;
     *freq_scale = swa ? 1.0f : hp->rope_freq_scale;
+}
+
+const float *tdm_llama_rope_factors(const tdm_llama_hparams_t *hp, uint32_t n_ctx)
+{
+    if (hp->n_rope_freq_factors)
+        return hp->rope_freq_factors;
+    if (hp->n_rope_long_short)
+        return n_ctx > hp->n_ctx_orig ? hp->rope_factors_long : hp->rope_factors_short;
+    return NULL;
 }
 
 uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos)
@@ -116,10 +129,12 @@ static int check_tensor(const tdm_gguf_t *g, const char *name, uint64_t ne0, uin
                              want_dims == 1 ? "1-D " : "", ne0, ne1 ? ne1 : 1);
     const tdm_ggml_type_info_t *ti = tdm_ggml_type_get(t->type);
     if (!ti || !ti->supported)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "tensor '%s' has type %s, which Tandem cannot compute with "
-                             "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
-                             name, ti ? ti->name : "?");
+        return tdm_error_set(
+            err, TDM_EINVALID,
+            "tensor '%s' has type %s, which Tandem cannot compute with "
+            "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K "
+            "Q6_K)",
+            name, ti ? ti->name : "?");
     return TDM_OK;
 }
 
@@ -163,6 +178,7 @@ static int hparams_arch(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_
         hp->post_norms = true;
         hp->ffn_act = TDM_FFN_GELU_TANH;
     }
+    hp->fused_gate_up = arch->phi3;
     return TDM_OK;
 }
 
@@ -264,13 +280,26 @@ static int check_layer(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, uint32_t l,
             return rc;                                                                             \
     } while (0)
     TDM_CHECK_LAYER("attn_norm.weight", hp->n_embd, 0, false);
-    TDM_CHECK_LAYER("attn_q.weight", hp->n_embd, q_dim, false);
-    TDM_CHECK_LAYER("attn_k.weight", hp->n_embd, kv_dim, false);
-    TDM_CHECK_LAYER("attn_v.weight", hp->n_embd, kv_dim, false);
+    if (strcmp(hp->arch, "phi3") == 0) { /* Phi-3: fused QKV, or separate q/k/v (layer 0 says) */
+        TDM_CHECK_LAYER("attn_qkv.weight", hp->n_embd, q_dim + 2 * kv_dim, true);
+        if (l == 0)
+            hp->fused_qkv = found;
+        else if (found != hp->fused_qkv)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "tensor '%s' is %s but blk.0.attn_qkv.weight is %s", name,
+                                 found ? "present" : "missing", found ? "missing" : "present");
+    }
+    if (!hp->fused_qkv) {
+        TDM_CHECK_LAYER("attn_q.weight", hp->n_embd, q_dim, false);
+        TDM_CHECK_LAYER("attn_k.weight", hp->n_embd, kv_dim, false);
+        TDM_CHECK_LAYER("attn_v.weight", hp->n_embd, kv_dim, false);
+    }
     TDM_CHECK_LAYER("attn_output.weight", q_dim, hp->n_embd, false);
     TDM_CHECK_LAYER("ffn_norm.weight", hp->n_embd, 0, false);
-    TDM_CHECK_LAYER("ffn_gate.weight", hp->n_embd, hp->n_ff, false);
-    TDM_CHECK_LAYER("ffn_up.weight", hp->n_embd, hp->n_ff, false);
+    if (!hp->fused_gate_up)
+        TDM_CHECK_LAYER("ffn_gate.weight", hp->n_embd, hp->n_ff, false);
+    TDM_CHECK_LAYER("ffn_up.weight", hp->n_embd, (hp->fused_gate_up ? 2ull : 1ull) * hp->n_ff,
+                    false);
     TDM_CHECK_LAYER("ffn_down.weight", hp->n_ff, hp->n_embd, false);
     TDM_CHECK_LAYER("attn_q.bias", q_dim, 0, true);
     if (l == 0)
@@ -305,8 +334,10 @@ static int check_layer(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, uint32_t l,
 }
 
 /* Linear RoPE scaling (<arch>.rope.scaling.*, read as llama.cpp's llama_model_loader does: the
- * type defaults to linear and the factor, or the older rope.scale_linear, divides positions).
- * YaRN, LongRoPE and other types, and an attention factor other than 1, are refused. */
+ * type defaults to linear and the factor, or the older rope.scale_linear, divides positions),
+ * the attention factor (multiplies RoPE's cos and sin: llama.cpp's cparams.yarn_attn_factor *=
+ * hparams.rope_attn_factor, applied whatever the architecture) and the original context
+ * (Phi-3 chooses its RoPE factors by it). YaRN, LongRoPE and other types are refused. */
 static int hparams_rope_scaling(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
 {
     const char *a = hp->arch;
@@ -337,14 +368,14 @@ static int hparams_rope_scaling(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, td
         return tdm_error_set(err, TDM_EINVALID, "metadata '%s.rope.scaling.factor' must be finite",
                              a);
     hp->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
-    float attn_factor = 1.0f;
-    if ((rc = get_f32_key(g, a, "rope.scaling.attn_factor", false, 1.0f, &attn_factor, err)))
+    if ((rc = get_f32_key(g, a, "rope.scaling.attn_factor", false, 1.0f, &hp->rope_attn_factor,
+                          err)) ||
+        (rc = get_u32_key(g, a, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+                          &hp->n_ctx_orig, err)))
         return rc;
-    if (attn_factor != 1.0f)
+    if (!isfinite(hp->rope_attn_factor))
         return tdm_error_set(err, TDM_EINVALID,
-                             "metadata '%s.rope.scaling.attn_factor' is %g: RoPE attention "
-                             "factors other than 1 are not implemented",
-                             a, (double)attn_factor);
+                             "metadata '%s.rope.scaling.attn_factor' must be finite", a);
     return TDM_OK;
 }
 
@@ -437,6 +468,50 @@ static int hparams_rope_freqs(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_
     return TDM_OK;
 }
 
+/* rope_dim / 2 finite, positive F32 factors of tensor name into f. */
+static int read_rope_factors(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, const char *name,
+                             float *f, tdm_error_t *err)
+{
+    int rc;
+    if ((rc = check_tensor(g, name, hp->rope_dim / 2, 0, false, NULL, err)) ||
+        (rc = require_f32(g, name, err)))
+        return rc;
+    if (hp->rope_dim / 2 > TDM_GGUF_MAX_ROPE_FREQS)
+        return tdm_error_set(err, TDM_EINVALID, "tensor '%s': %" PRIu32 " factors exceed %d", name,
+                             hp->rope_dim / 2, TDM_GGUF_MAX_ROPE_FREQS);
+    const float *src = tdm_gguf_find_tensor(g, name)->data;
+    for (uint32_t i = 0; i < hp->rope_dim / 2; i++) {
+        if (!isfinite(src[i]) || src[i] <= 0.0f)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "tensor '%s': factor %" PRIu32 " is %g (must be finite and > 0)",
+                                 name, i, (double)src[i]);
+        f[i] = src[i];
+    }
+    return TDM_OK;
+}
+
+/* Phi-3 (llama.cpp's src/models/phi3.cpp and load_arch_hparams): q multiplied by
+ * 1 / sqrt(head_dim) after RoPE (the scores then unscaled), the 128k models' two sets of RoPE
+ * factors (rope_factors_long.weight and rope_factors_short.weight, [rope_dim / 2] F32, both or
+ * neither; tdm_llama_rope_factors picks one by the context), and
+ * <arch>.attention.sliding_window read and ignored, as llama.cpp disables Phi-3's window. */
+static int hparams_phi3(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    hp->attn_q_scale = 1.0f / sqrtf((float)hp->head_dim);
+    bool has_long = tdm_gguf_find_tensor(g, "rope_factors_long.weight") != NULL;
+    bool has_short = tdm_gguf_find_tensor(g, "rope_factors_short.weight") != NULL;
+    if (has_long != has_short)
+        return tdm_error_set(err, TDM_EINVALID, "tensor '%s' is missing (the other set is present)",
+                             has_long ? "rope_factors_short.weight" : "rope_factors_long.weight");
+    int rc;
+    if (has_long &&
+        ((rc = read_rope_factors(g, hp, "rope_factors_long.weight", hp->rope_factors_long, err)) ||
+         (rc = read_rope_factors(g, hp, "rope_factors_short.weight", hp->rope_factors_short, err))))
+        return rc;
+    hp->n_rope_long_short = has_long ? hp->rope_dim / 2 : 0;
+    return TDM_OK;
+}
+
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err)
 {
     memset(hp, 0, sizeof *hp);
@@ -447,10 +522,15 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
         return rc;
     if (strcmp(hp->arch, "gemma3") == 0 && (rc = hparams_gemma(g, hp, err)))
         return rc;
+    if (strcmp(hp->arch, "phi3") == 0 && (rc = hparams_phi3(g, hp, err)))
+        return rc;
     const char *a = hp->arch;
-    /* FFN size: from metadata, else from the gate projection */
-    const tdm_gguf_tensor_t *gate = tdm_gguf_find_tensor(g, "blk.0.ffn_gate.weight");
+    /* FFN size: from metadata, else from the gate projection (Phi-3: half the fused up's rows) */
+    const tdm_gguf_tensor_t *gate = tdm_gguf_find_tensor(
+        g, hp->fused_gate_up ? "blk.0.ffn_up.weight" : "blk.0.ffn_gate.weight");
     uint32_t dflt_ff = gate && gate->ne[1] <= UINT32_MAX ? (uint32_t)gate->ne[1] : 0;
+    if (hp->fused_gate_up)
+        dflt_ff /= 2;
     if ((rc = get_u32_key(g, a, "feed_forward_length", dflt_ff == 0, dflt_ff, &hp->n_ff, err)))
         return rc;
 

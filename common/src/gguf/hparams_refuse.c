@@ -61,7 +61,9 @@ static const char *feature_hint(const char *name)
         {"rope.scaling", "this kind of RoPE scaling"},
         {"sliding_window", "sliding-window attention (implemented for gemma3 only)"},
         {"softcapping", "logit soft-capping"},
-        {"attn_qkv", "a fused QKV projection"},
+        {"attn_qkv.bias", "a fused QKV bias"},
+        {"attn_qkv", "a fused QKV projection (implemented for phi3 only)"},
+        {"rope_factors_", "Phi-3's long/short RoPE factors (implemented for phi3 only)"},
         {"ffn_up_exps", "mixture-of-experts layers"},
         {"layer_norm_epsilon", "LayerNorm (Tandem implements RMSNorm)"},
     };
@@ -104,7 +106,10 @@ static int check_keys(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, tdm_er
         for (size_t j = 0; j < sizeof known_keys / sizeof known_keys[0] && !k; j++)
             if (strcmp(key + alen + 1, known_keys[j].suffix) == 0)
                 k = &known_keys[j];
-        if (!k || (k->gemma_only && !gemma) || !key_value_ok(g, k, key))
+        /* Phi-3's converter writes a sliding window that llama.cpp reads and disables */
+        bool phi3_swa = strcmp(hp->arch, "phi3") == 0 && k &&
+                        strcmp(k->suffix, "attention.sliding_window") == 0;
+        if (!k || (k->gemma_only && !gemma && !phi3_swa) || !key_value_ok(g, k, key))
             return refuse(err, hp, "metadata", key);
     }
     return TDM_OK;
@@ -114,13 +119,19 @@ static int check_keys(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, tdm_er
 static bool layer_suffix_used(const tdm_llama_hparams_t *hp, const char *suffix)
 {
     static const char *const always[] = {
-        "attn_norm.weight", "attn_q.weight",      "attn_k.weight",
-        "attn_v.weight",    "attn_output.weight", "ffn_norm.weight",
-        "ffn_gate.weight",  "ffn_up.weight",      "ffn_down.weight",
+        "attn_norm.weight", "attn_output.weight", "ffn_norm.weight",
+        "ffn_up.weight",    "ffn_down.weight",
     };
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (strcmp(suffix, always[i]) == 0)
             return true;
+    if (hp->fused_qkv
+            ? strcmp(suffix, "attn_qkv.weight") == 0
+            : (strcmp(suffix, "attn_q.weight") == 0 || strcmp(suffix, "attn_k.weight") == 0 ||
+               strcmp(suffix, "attn_v.weight") == 0))
+        return true;
+    if (!hp->fused_gate_up && strcmp(suffix, "ffn_gate.weight") == 0)
+        return true;
     if (hp->has_qkv_bias &&
         (strcmp(suffix, "attn_q.bias") == 0 || strcmp(suffix, "attn_k.bias") == 0 ||
          strcmp(suffix, "attn_v.bias") == 0))
@@ -136,7 +147,9 @@ static bool tensor_used(const tdm_llama_hparams_t *hp, const char *name)
 {
     if (strcmp(name, "token_embd.weight") == 0 || strcmp(name, "output_norm.weight") == 0 ||
         (!hp->tied_embeddings && strcmp(name, "output.weight") == 0) ||
-        (hp->n_rope_freq_factors > 0 && strcmp(name, "rope_freqs.weight") == 0))
+        (hp->n_rope_freq_factors > 0 && strcmp(name, "rope_freqs.weight") == 0) ||
+        (hp->n_rope_long_short > 0 && (strcmp(name, "rope_factors_long.weight") == 0 ||
+                                       strcmp(name, "rope_factors_short.weight") == 0)))
         return true;
     unsigned layer;
     int used = 0;

@@ -4,7 +4,8 @@
  * Block layouts and dequantization formulas follow ggml (ggml/src/ggml-common.h and
  * ggml-quants.c, dequantize_row_*); the quantizers are plain round-to-nearest per block like
  * ggml's quantize_row_*_ref (the K-quant ones pick covering scales and then try their
- * neighbours, a much smaller search than ggml's make_qkx2_quants, for the same layout). Blocks are
+ * neighbours, a much smaller search than ggml's make_qkx2_quants, for the same layout; Q2_K and
+ * Q3_K take covering scales per 16 values and round, without a search). Blocks are
  * read and written byte by byte (memcpy for the multi-byte fields), so rows may sit at any
  * alignment. Assumes a little-endian host, as the rest of the GGUF code does.
  */
@@ -25,6 +26,8 @@
 #define Q4_K_BYTES 144 /* half d, dmin; uint8 scales[12]; uint8 qs[128] */
 #define Q5_K_BYTES 176 /* half d, dmin; uint8 scales[12]; uint8 qh[32]; uint8 qs[128] */
 #define Q6_K_BYTES 210 /* uint8 ql[128]; uint8 qh[64]; int8 scales[16]; half d */
+#define Q2_K_BYTES 84  /* uint8 scales[16]; uint8 qs[64]; half d, dmin */
+#define Q3_K_BYTES 110 /* uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; half d */
 
 /* ggml's type_traits table (ggml.c): name, block size, block bytes. The numbers that ggml
  * has retired (4, 5, 31-33, 36-38) have no entry. Types beyond tdm_ggml_type_t's names are
@@ -39,8 +42,8 @@ static const tdm_ggml_type_info_t type_table[TDM_GGML_TYPE_COUNT] = {
     [7] = {"Q5_1", QK, Q5_1_BYTES, true},
     [8] = {"Q8_0", QK, Q8_0_BYTES, true},
     [9] = {"Q8_1", QK, 36, false},
-    [10] = {"Q2_K", QK_K, 84, false},
-    [11] = {"Q3_K", QK_K, 110, false},
+    [10] = {"Q2_K", QK_K, Q2_K_BYTES, true},
+    [11] = {"Q3_K", QK_K, Q3_K_BYTES, true},
     [12] = {"Q4_K", QK_K, Q4_K_BYTES, true},
     [13] = {"Q5_K", QK_K, Q5_K_BYTES, true},
     [14] = {"Q6_K", QK_K, Q6_K_BYTES, true},
@@ -341,6 +344,56 @@ static void dequant_q6_k(const uint8_t *restrict src, float *restrict dst, int64
     }
 }
 
+/* Sixteen sub-blocks of 16: x = d (sc_j & 15) q - dmin (sc_j >> 4), q 2-bit. Sub-block pair k
+ * (0..7, 32 elements) takes its quants from bits 2 (k % 4) .. 2 (k % 4) + 1 of qs[32 (k / 4) +
+ * l], l = 0..31, and scales[2k], scales[2k + 1] for its two halves (dequantize_row_q2_K). */
+static void dequant_q2_k(const uint8_t *restrict src, float *restrict dst, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, src += Q2_K_BYTES) {
+        const uint8_t *scales = src, *qs = src + 16;
+        const float d = rd_half(src + 80), dmin = rd_half(src + 82);
+        for (int k = 0; k < 8; k++, dst += 32) {
+            const uint8_t *q = qs + 32 * (k / 4);
+            const int shift = 2 * (k % 4);
+            for (int l = 0; l < 32; l++) {
+                const uint8_t sc = scales[2 * k + l / 16];
+                const float dl = d * (float)(sc & 0xf), ml = dmin * (float)(sc >> 4);
+                dst[l] = dl * (float)((q[l] >> shift) & 3) - ml;
+            }
+        }
+    }
+}
+
+/* Scale j (0..15) of a Q3_K block, 6 bits taken signed (- 32): the low 4 bits are the low
+ * (j < 8) or high (j >= 8) nibble of scales[j % 8], the top 2 bits bits 2 (j / 4) .. of
+ * scales[8 + j % 4] (the aux shuffle of dequantize_row_q3_K). */
+static inline int q3_k_scale(const uint8_t *scales, int j)
+{
+    const int lo = j < 8 ? scales[j] & 0xf : scales[j - 8] >> 4;
+    const int hi = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* Sixteen sub-blocks of 16: x = d scale_j q, q in -4..3: the 2 low bits as in Q2_K, and 4
+ * subtracted unless bit k of hmask[l] is set (sub-block pair k, element l; dequantize_row_q3_K). */
+static void dequant_q3_k(const uint8_t *restrict src, float *restrict dst, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, src += Q3_K_BYTES) {
+        const uint8_t *hmask = src, *qs = src + 32, *scales = src + 96;
+        const float d = rd_half(src + 108);
+        for (int k = 0; k < 8; k++, dst += 32) {
+            const uint8_t *q = qs + 32 * (k / 4);
+            const int shift = 2 * (k % 4);
+            const float dl[2] = {d * (float)q3_k_scale(scales, 2 * k),
+                                 d * (float)q3_k_scale(scales, 2 * k + 1)};
+            for (int l = 0; l < 32; l++) {
+                const int v = ((q[l] >> shift) & 3) - ((hmask[l] >> k) & 1 ? 0 : 4);
+                dst[l] = dl[l / 16] * (float)v;
+            }
+        }
+    }
+}
+
 /* Checks type and n for a row conversion; returns the number of blocks or a negative code. */
 static int64_t row_blocks(tdm_ggml_type_t type, const void *src, const void *dst, int64_t n)
 {
@@ -370,6 +423,8 @@ int tdm_ggml_dequantize_row(tdm_ggml_type_t type, const void *src, float *dst, i
     case TDM_GGML_TYPE_Q4_K: dequant_q4_k(s, dst, nb); break;
     case TDM_GGML_TYPE_Q5_K: dequant_q5_k(s, dst, nb); break;
     case TDM_GGML_TYPE_Q6_K: dequant_q6_k(s, dst, nb); break;
+    case TDM_GGML_TYPE_Q2_K: dequant_q2_k(s, dst, nb); break;
+    case TDM_GGML_TYPE_Q3_K: dequant_q3_k(s, dst, nb); break;
     default: return TDM_EINVALID; /* not reached: row_blocks checked `supported` */
     }
     return TDM_OK;
@@ -726,6 +781,90 @@ static void quant_q6_k(const float *restrict x, uint8_t *restrict y, int64_t nb)
     }
 }
 
+/* Q2_K: each sub-block of 16 gets an offset m_j = -min(0, min x) and a step s_j = (max x +
+ * m_j) / 3 (so [-m_j, -m_j + 3 s_j] covers it); the offsets are stored as 4-bit multiples of
+ * dmin = max m / 15 and the steps of d = max s / 15, both rounded UP (half_ceil, then ceil of
+ * each multiple) so nothing is clipped; then every element is rounded with its actual step and
+ * offset to 0..3. A plain version of quantize_row_q2_K_ref's layout (no make_qkx2 search). */
+static void quant_q2_k(const float *restrict x, uint8_t *restrict y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += QK_K, y += Q2_K_BYTES) {
+        float mins[16], maxs[16], need[16], max_min = 0.0f, max_need = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            min_max(x + 16 * j, 16, &mins[j], &maxs[j]);
+            mins[j] = mins[j] < 0.0f && mins[j] >= -3.0e38f ? -mins[j] : 0.0f;
+            need[j] = (maxs[j] + mins[j]) / 3.0f;
+            if (!(need[j] >= 0.0f && need[j] <= 3.0e38f))
+                need[j] = 0.0f;
+            max_min = mins[j] > max_min ? mins[j] : max_min;
+            max_need = need[j] > max_need ? need[j] : max_need;
+        }
+        uint16_t d_h, dmin_h;
+        const float dmin = half_ceil(max_min / 15.0f, &dmin_h);
+        const float d = half_ceil(max_need / 15.0f, &d_h);
+        memcpy(y + 80, &d_h, 2);
+        memcpy(y + 82, &dmin_h, 2);
+        uint8_t *qs = y + 16;
+        memset(qs, 0, 64);
+        for (int j = 0; j < 16; j++) {
+            const int lm = dmin > 0.0f ? clamp_trunc(ceilf(mins[j] / dmin), 0, 15) : 0;
+            const float off = dmin * (float)lm;
+            float nd = (maxs[j] + off) / 3.0f;
+            nd = nd >= 0.0f && nd <= 3.0e38f ? nd : 0.0f;
+            const int ls = d > 0.0f ? clamp_trunc(ceilf(nd / d), 0, 15) : 0;
+            y[j] = (uint8_t)(ls | (lm << 4));
+            const float step = d * (float)ls, istep = step > 0.0f ? 1.0f / step : 0.0f;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * j + l, k = e / 32;
+                const int q = clamp_round((x[e] + off) * istep, 0, 3);
+                qs[32 * (k / 4) + e % 32] |= (uint8_t)(q << (2 * (k % 4)));
+            }
+        }
+    }
+}
+
+/* Q3_K: each sub-block of 16 gets the signed step s_j = max_j / -4 (its extreme maps to -4);
+ * the steps are stored as 6-bit signed multiples (-32..31) of d = max_s / -32 (the largest
+ * step maps to -32, as quantize_row_q3_K_ref does), then every element is rounded with its
+ * actual step and clamped to -4..3. */
+static void quant_q3_k(const float *restrict x, uint8_t *restrict y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += QK_K, y += Q3_K_BYTES) {
+        float s[16], max_s = 0.0f, max_abs_s = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float max, amax;
+            abs_max(x + 16 * j, 16, &max, &amax);
+            s[j] = amax <= 3.0e38f ? max / -4.0f : 0.0f;
+            if (fabsf(s[j]) > max_abs_s) {
+                max_abs_s = fabsf(s[j]);
+                max_s = s[j];
+            }
+        }
+        int sc[16] = {0};
+        float d = 0.0f;
+        if (max_abs_s > 0.0f) {
+            const float iscale = -32.0f / max_s;
+            d = tdm_fp16_to_fp32(tdm_fp32_to_fp16(1.0f / iscale));
+            for (int j = 0; j < 16; j++)
+                sc[j] = clamp_round(iscale * s[j], -32, 31);
+        }
+        wr_half(y + 108, d);
+        uint8_t *hmask = y, *qs = y + 32, *scales = y + 96;
+        memset(y, 0, 108);
+        for (int j = 0; j < 16; j++) {
+            const unsigned u = (unsigned)(sc[j] + 32);
+            scales[j % 8] |= (uint8_t)((u & 0xf) << (j < 8 ? 0 : 4));
+            scales[8 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+            const float step = d * (float)sc[j], istep = step != 0.0f ? 1.0f / step : 0.0f;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * j + l, k = e / 32, q = clamp_round(x[e] * istep, -4, 3) + 4;
+                qs[32 * (k / 4) + e % 32] |= (uint8_t)((q & 3) << (2 * (k % 4)));
+                hmask[e % 32] |= (uint8_t)((q >> 2) << k);
+            }
+        }
+    }
+}
+
 int tdm_ggml_quantize_row(tdm_ggml_type_t type, const float *src, void *dst, int64_t n)
 {
     const int64_t nb = row_blocks(type, src, dst, n);
@@ -754,6 +893,8 @@ int tdm_ggml_quantize_row(tdm_ggml_type_t type, const float *src, void *dst, int
     case TDM_GGML_TYPE_Q4_K: quant_q4_k(src, y, nb); break;
     case TDM_GGML_TYPE_Q5_K: quant_q5_k(src, y, nb); break;
     case TDM_GGML_TYPE_Q6_K: quant_q6_k(src, y, nb); break;
+    case TDM_GGML_TYPE_Q2_K: quant_q2_k(src, y, nb); break;
+    case TDM_GGML_TYPE_Q3_K: quant_q3_k(src, y, nb); break;
     default: return TDM_EINVALID; /* not reached: row_blocks checked `supported` */
     }
     return TDM_OK;

@@ -36,6 +36,9 @@ typedef struct tdm_weight {
     void *dev;        /* the backend's own copy (GPU), NULL when it uses data */
 } tdm_weight_t;
 
+/* A layer's weights. With hparams.fused_qkv, wq, wk and wv are views of row ranges of the one
+ * attn_qkv matrix (their data point into it, name is attn_qkv's); with fused_gate_up, w_gate
+ * and w_up of ffn_up's two halves (model.c's bind_fused). */
 typedef struct tdm_layer_weights {
     tdm_weight_t attn_norm, wq, wk, wv, wo;
     tdm_weight_t bq, bk, bv;                    /* present when hparams.has_qkv_bias */

@@ -332,6 +332,15 @@ TDM_GEN_AGEMM(agemm_q4_k, 3, TDM_CPU_Q4_K)
 TDM_GEN_AGEMM(agemm_q6_k, 4, TDM_CPU_Q6_K)
 TDM_GEN_AGEMM(agemm_q5_k, 5, TDM_CPU_Q5_K)
 
+/* Q2_K has no tile kernel: its per-16 mins need the activations' half sums, which the tile
+ * multiply does not give; every batch takes the AVX-512 GEMM (the same bits). Q3_K is packed as
+ * Q6_K and runs agemm_q6_k. */
+TDM_AMX static void agemm_q2_k(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
+                               const q8a_block_t *act, uint32_t nt, float *out, size_t ldo)
+{
+    zgemm[TDM_CPU_Q2_K](w, g0, g1, act, nt, out, ldo);
+}
+
 /* CPUID.(EAX=7,ECX=0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and Linux's permission to use
  * the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+; without it the first tile
  * instruction faults). */
@@ -363,7 +372,8 @@ static void isa_amx_build(void)
         return;
     memcpy(zgemm, z->gemm, sizeof zgemm);
     static const tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES] = {agemm_q4_0, agemm_q4_1, agemm_q8_0,
-                                                           agemm_q4_k, agemm_q5_k, agemm_q6_k};
+                                                           agemm_q4_k, agemm_q5_k, agemm_q6_k,
+                                                           agemm_q2_k, agemm_q6_k /* Q3_K */};
     tdm_cpu_isa_derive(&isa_amx, z, "amx-int8", gemm);
     isa_amx_ptr = &isa_amx;
 }

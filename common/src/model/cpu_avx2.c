@@ -79,6 +79,12 @@ TDM_AVX2 static void quantize_act_avx2(const float *x, size_t n, q8a_block_t *ou
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)out[b].q, p);
         int isum = _mm_cvtsi128_si32(s4);
+        __m128i s2 = _mm_add_epi32(_mm256_castsi256_si128(qi[0]), _mm256_castsi256_si128(qi[1]));
+        s2 = _mm_add_epi32(s2, _mm256_extracti128_si256(qi[0], 1));
+        s2 = _mm_add_epi32(s2, _mm256_extracti128_si256(qi[1], 1));
+        s2 = _mm_hadd_epi32(s2, s2);
+        s2 = _mm_hadd_epi32(s2, s2);
+        out[b].isum_lo = _mm_cvtsi128_si32(s2); /* values 0..15: qi[0] and qi[1] */
         out[b].d = tdm_cpu_round_fp16(d);
         out[b].s = tdm_cpu_round_fp16(d * (float)isum);
         out[b].isum = isum;
@@ -373,7 +379,7 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .swiglu = swiglu_avx2,
     .packed = true,
     .gemm = {gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q8_0_avx2, gemm_q4_k_avx2, gemm_q5_k_avx2,
-             gemm_q6_k_avx2},
+             gemm_q6_k_avx2, gemm_q2_k_avx2, gemm_q6_k_avx2 /* Q3_K: packed as Q6_K */},
 };
 
 const tdm_cpu_isa_t *tdm_cpu_isa_avx2(void)

@@ -264,7 +264,7 @@ TDM_AVX512 static inline __m512 zdup_ps(const uint8_t *p)
 TDM_AVX512 static inline __attribute__((always_inline)) void
 zgemm_unpack(const uint8_t *p, const int kind, __m512 *d8, __m512 *m8, __m512i *u, __mmask64 *neg)
 {
-    const size_t qoff = kind >= 3 ? 64 : kind == 1 ? 32 : 16;
+    const size_t qoff = kind == 6 ? 128 : kind >= 3 ? 64 : kind == 1 ? 32 : 16;
     const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     *d8 = kind >= 3 ? zdup_ps(p) : zdup_ph(p);
     *m8 = kind >= 3 ? zdup_ps(p + 32) : kind == 1 ? zdup_ph(p + 16) : _mm512_setzero_ps();
@@ -274,6 +274,8 @@ zgemm_unpack(const uint8_t *p, const int kind, __m512 *d8, __m512 *m8, __m512i *
             __m512i w = zdup_si256(p + qoff + 32 * (size_t)k);
             if (kind == 2) {
                 u[k] = _mm512_xor_si512(w, flip);
+            } else if (kind == 6) {
+                u[k] = w; /* Q2_K's values 0..3 are unsigned already */
             } else {
                 u[k] = _mm512_abs_epi8(w);
                 neg[k] = _mm512_movepi8_mask(w);
@@ -306,13 +308,14 @@ zgemm_isum(const __m512i *u, const __mmask64 *neg, const bool q6k, const q8a_blo
     return isum;
 }
 
-/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0, 3 Q4_K, 4 Q6_K, 5 Q5_K: one group's nb packed blocks against np
+/* kind 0 Q4_0, 1 Q4_1, 2 Q8_0, 3 Q4_K, 4 Q6_K (and Q3_K), 5 Q5_K, 6 Q2_K (Q6_K's two half
+ * scales on unsigned values, then the two half mins): one group's nb packed blocks against np
  * token pairs (a0[j], a1[j] the two tokens' blocks; equal when the pair has one token). */
 TDM_AVX512 static inline __attribute__((always_inline)) void
 zgemm_tile(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *const *a0,
            const q8a_block_t *const *a1, __m512 *acc, const int np)
 {
-    static const size_t pbsz[6] = {144, 160, 272, 192, 320, 320};
+    static const size_t pbsz[7] = {144, 160, 272, 192, 320, 320, 384};
 #pragma GCC unroll 4
     for (int j = 0; j < np; j++)
         acc[j] = _mm512_setzero_ps();
@@ -325,11 +328,18 @@ zgemm_tile(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *const
         for (int j = 0; j < np; j++) {
             const q8a_block_t *x0 = a0[j] + b, *x1 = a1[j] + b;
             __m512 da = zpair_ps(x0->d, x1->d);
-            if (kind == 4) {
-                __m512i lo = zgemm_isum(u, neg, true, x0, x1, 0, 4);
-                __m512i hi = zgemm_isum(u, neg, true, x0, x1, 4, 4);
+            if (kind == 4 || kind == 6) {
+                __m512i lo = zgemm_isum(u, neg, kind == 4, x0, x1, 0, 4);
+                __m512i hi = zgemm_isum(u, neg, kind == 4, x0, x1, 4, 4);
                 acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(d8, da), _mm512_cvtepi32_ps(lo), acc[j]);
                 acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(m8, da), _mm512_cvtepi32_ps(hi), acc[j]);
+                if (kind == 6) {
+                    __m512 slo = zpair_ps(x0->d * (float)x0->isum_lo, x1->d * (float)x1->isum_lo);
+                    __m512 shi = zpair_ps(x0->d * (float)(x0->isum - x0->isum_lo),
+                                          x1->d * (float)(x1->isum - x1->isum_lo));
+                    acc[j] = _mm512_fmadd_ps(zdup_ps(p + 64), slo, acc[j]);
+                    acc[j] = _mm512_fmadd_ps(zdup_ps(p + 96), shi, acc[j]);
+                }
                 continue;
             }
             __m512i isum = zgemm_isum(u, neg, kind == 5, x0, x1, 0, 8);
@@ -393,6 +403,7 @@ TDM_GEN_ZGEMM(zgemm_q8_0, 2)
 TDM_GEN_ZGEMM(zgemm_q4_k, 3)
 TDM_GEN_ZGEMM(zgemm_q6_k, 4)
 TDM_GEN_ZGEMM(zgemm_q5_k, 5)
+TDM_GEN_ZGEMM(zgemm_q2_k, 6)
 
 /* ---- grouped-query attention over f16 rows (cpu_kernels.h: scores_f16, pv_f16) ---- */
 
@@ -539,7 +550,8 @@ static void isa_z_build(void)
     if (!avx2 || !tdm_cpu_has_avx512vnni())
         return;
     static const tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES] = {zgemm_q4_0, zgemm_q4_1, zgemm_q8_0,
-                                                           zgemm_q4_k, zgemm_q5_k, zgemm_q6_k};
+                                                           zgemm_q4_k, zgemm_q5_k, zgemm_q6_k,
+                                                           zgemm_q2_k, zgemm_q6_k /* Q3_K */};
     zavx2 = avx2;
     tdm_cpu_isa_derive(&isa_z, avx2, "avx512-vnni", gemm);
     isa_z.scores_f16 = zscores_f16;

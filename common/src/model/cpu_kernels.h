@@ -6,10 +6,10 @@
  * quantizer, the f32 dots and axpys of attention and of the f32 matmul path, f16 rounding,
  * softmax's exp and sum, SwiGLU), so nodes on different CPUs compute identical logits.
  *
- * Quantized matmuls (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K weights) run on activations quantized to 8
- * bits in blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is the reference:
- * every field of it is set. A SIMD set leaves NULL what it does not speed up, and cpu.c falls
- * back to the scalar kernel there.
+ * Quantized matmuls (Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights) run on activations
+ * quantized to 8 bits in blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is
+ * the reference: every field of it is set. A SIMD set leaves NULL what it does not speed up, and
+ * cpu.c falls back to the scalar kernel there.
  */
 #ifndef TANDEM_MODEL_CPU_KERNELS_H
 #define TANDEM_MODEL_CPU_KERNELS_H
@@ -79,13 +79,16 @@ static inline double tdm_cpu_fold_lanes(double *lane)
     return lane[0];
 }
 
-/* An activation block: 32 int8 values x ≈ d * q, s = d * sum(q) (for the Q4_1 min term) and
- * isum = sum(q) (for Q4_0's offset of 8, exact in int32). */
+/* An activation block: 32 int8 values x ≈ d * q, s = d * sum(q) (for the Q4_1 min term),
+ * isum = sum(q) (for Q4_0's offset of 8, exact in int32) and isum_lo = the sum of q[0..15]
+ * (Q2_K's per-16 mins: d * isum_lo and d * (isum - isum_lo) are exact in f32, d having f16's
+ * 11 significant bits and the sums at most 11). */
 typedef struct q8a_block {
     float d;
     float s;
     int32_t isum;
     int8_t q[TDM_CPU_QK];
+    int32_t isum_lo;
 } q8a_block_t;
 
 /* The weight types with q8a kernels, as indices into tdm_cpu_isa_t.gemm. */
@@ -96,6 +99,8 @@ typedef enum tdm_cpu_qtype {
     TDM_CPU_Q4_K,
     TDM_CPU_Q5_K,
     TDM_CPU_Q6_K,
+    TDM_CPU_Q2_K,
+    TDM_CPU_Q3_K,
     TDM_CPU_N_QTYPES
 } tdm_cpu_qtype_t;
 
@@ -125,7 +130,11 @@ typedef struct tdm_cpu_qmat {
  * mw = -(dmin * m); Q5_K likewise with the values taken signed (q - 16) and
  * mw = 16 * dw - dmin * m (rounded to f32 once, at load); Q6_K (values q - 32, an int8 scale
  * per 16) as two half-block integer dots, acc = fma(dlo * da, isum_lo, acc) then
- * acc = fma(dhi * da, isum_hi, acc). Tokens and rows never
+ * acc = fma(dhi * da, isum_hi, acc); Q3_K (values q in -4..3, a 6-bit scale per 16) exactly as
+ * Q6_K with dlo / dhi = d * (scale - 32); Q2_K (values 0..3, per 16 a 4-bit scale and a 4-bit
+ * min) as Q6_K with dlo / dhi = d * sc, then its two mins: acc = fma(mlo, da * asum_lo, acc),
+ * acc = fma(mhi, da * asum_hi, acc) with mlo / mhi = -(dmin * m) and asum_lo / asum_hi the
+ * activation block's isum_lo and isum - isum_lo. Tokens and rows never
  * share an accumulator, so no result depends on the batch, and the scalar reference and the SIMD
  * kernels give identical bits. */
 typedef void (*tdm_cpu_gemm_fn)(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
@@ -140,10 +149,13 @@ typedef void (*tdm_cpu_gemm_fn)(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,
  * are repacked per 32-value sub-block with f32 scales: Q4_K as dw[8], mw[8] (f32) then the
  * Q4 chunks of its nibbles in Q4_1's order (192 bytes, 4/3 of the GGUF bytes); Q6_K as
  * dlo[8], dhi[8] (f32) then the values q - 32 as Q8_0's chunks (320 bytes, 1.52x); Q5_K as
- * dw[8], mw[8] (f32) then the values q - 16 as Q8_0's chunks (320 bytes, 1.82x). */
+ * dw[8], mw[8] (f32) then the values q - 16 as Q8_0's chunks (320 bytes, 1.82x); Q3_K exactly
+ * as Q6_K (dlo[8], dhi[8], the values q in -4..3: 320 bytes, 2.9x; every Q6_K kernel runs it);
+ * Q2_K as dlo[8], dhi[8], mlo[8], mhi[8] (f32) then the values 0..3 as Q8_0's chunks (384
+ * bytes, 4.6x: the int8 kernels trade memory for speed on the 2-bit type). */
 size_t tdm_cpu_pack_bytes(tdm_ggml_type_t type, uint64_t n_out, size_t nb);
 /* Repacks n_out GGUF rows of nb 32-value blocks (src) into dst (tdm_cpu_pack_bytes bytes);
- * cannot fail for the six types. */
+ * cannot fail for the eight types. */
 void tdm_cpu_pack(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb,
                   uint8_t *dst);
 

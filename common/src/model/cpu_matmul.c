@@ -1,9 +1,9 @@
 /* cpu_matmul.c - the CPU backend's matmul driver: activations quantized once per call, the
  * weights' rows split among the threads, tokens taken in tiles.
  *
- * Matmuls with Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights (and Q5_0, rewritten as Q8_0 at
- * load) quantize each activation row to 8 bits in blocks of 32 (scale d = max|x| / 127 kept at
- * f16 precision, as ggml's Q8_0/Q8_1 activations) once per call and run a q8a GEMM. The SIMD
+ * Matmuls with Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights (and Q5_0, rewritten as
+ * Q8_0 at load) quantize each activation row to 8 bits in blocks of 32 (scale d = max|x| / 127 kept
+ * at f16 precision, as ggml's Q8_0/Q8_1 activations) once per call and run a q8a GEMM. The SIMD
  * sets repack each weight once, at load, into groups of 8 interleaved rows, and a
  * micro-kernel keeps 8 rows x up to 8 tokens of accumulators in registers across the K loop;
  * the scalar set reads the GGUF rows in place. The other weight types (F32, F16, BF16, Q5_1;

@@ -63,8 +63,10 @@ int tdm_cpu_add_bias(void *vbe, float *x, const tdm_weight_t *b, uint32_t n)
 
 /* RoPE (Su et al. 2021) as llama.cpp computes it: theta_i = pos * base^(-2i/rope_dim), with
  * the power taken iteratively in f32 (ggml_rope's theta_scale), divided by frequency factor i
- * when the model has them (Llama 3.x), pairs (2i, 2i+1) for the normal mode and
- * (i, i + rope_dim/2) for neox. Dimensions past rope_dim are unchanged. */
+ * when the model has them (Llama 3.x; Phi-3's long or short set by the engine's context:
+ * tdm_llama_rope_factors), cos and sin times the attention factor (ggml's rope_yarn mscale; 1
+ * leaves them as they are), pairs (2i, 2i+1) for the normal mode and (i, i + rope_dim/2) for
+ * neox. Dimensions past rope_dim are unchanged. */
 int tdm_cpu_rope(void *vbe, uint32_t layer, float *q, float *k, const tdm_fwd_rows_t *rows)
 {
     cpu_be_t *be = vbe;
@@ -74,7 +76,8 @@ int tdm_cpu_rope(void *vbe, uint32_t layer, float *q, float *k, const tdm_fwd_ro
     tdm_llama_layer_rope(hp, layer, &freq_base, &freq_scale);
     float theta_scale = powf(freq_base, -2.0f / (float)hp->rope_dim);
     bool neox = hp->rope_type == TDM_ROPE_NEOX;
-    const float *ff = hp->n_rope_freq_factors ? hp->rope_freq_factors : NULL;
+    const float *ff = tdm_llama_rope_factors(hp, be->n_ctx);
+    const float mscale = hp->rope_attn_factor;
     size_t rope_values = (size_t)rows->n * (hp->n_heads + hp->n_kv_heads) * D;
 #pragma omp parallel for schedule(static) num_threads(be->n_threads) if (rope_values >= be->par_min)
     for (uint32_t t = 0; t < rows->n; t++) {
@@ -82,8 +85,8 @@ int tdm_cpu_rope(void *vbe, uint32_t layer, float *q, float *k, const tdm_fwd_ro
         float theta = (float)rows->pos[t];
         for (uint32_t i = 0; i < half; i++) {
             float th = ff ? theta / ff[i] : theta;
-            cs[2 * i] = cosf(th * freq_scale);
-            cs[2 * i + 1] = sinf(th * freq_scale);
+            cs[2 * i] = cosf(th * freq_scale) * mscale;
+            cs[2 * i + 1] = sinf(th * freq_scale) * mscale;
             theta *= theta_scale;
         }
         for (int which = 0; which < 2; which++) {

@@ -16,6 +16,8 @@ int tdm_cpu_qtype_of(tdm_ggml_type_t type)
     case TDM_GGML_TYPE_Q4_K: return TDM_CPU_Q4_K;
     case TDM_GGML_TYPE_Q5_K: return TDM_CPU_Q5_K;
     case TDM_GGML_TYPE_Q6_K: return TDM_CPU_Q6_K;
+    case TDM_GGML_TYPE_Q2_K: return TDM_CPU_Q2_K;
+    case TDM_GGML_TYPE_Q3_K: return TDM_CPU_Q3_K;
     default: return -1;
     }
 }
@@ -142,16 +144,75 @@ static void kq_q6_k(const uint8_t *sb, int j, int8_t *v, float *sc, float *mw)
     *mw = 0.0f;
 }
 
-/* 32-value block b of a K-quant row: values v, scales of its halves, min term. */
+/* Sub-block j (0..7) of a Q2_K super-block (ggml's block_q2_K: scales[16], qs[64], f16 d, dmin;
+ * dequantize_row_q2_K): values 0..3 from bits 2 (j % 4) of qs[32 (j / 4) + l]; per half h
+ * (scales[2j + h]) dw = d * (sc & 15) and mw = -(dmin * (sc >> 4)), all exact in f32. */
+static void kq_q2_k(const uint8_t *sb, int j, int8_t *v, float *sc, float *mw)
+{
+    const uint8_t *q = sb + 16 + 32 * (j / 4);
+    for (int l = 0; l < 32; l++)
+        v[l] = (int8_t)((q[l] >> (2 * (j % 4))) & 3);
+    float d = kq_half(sb + 80), dmin = kq_half(sb + 82);
+    for (int h = 0; h < 2; h++) {
+        sc[h] = d * (float)(sb[2 * j + h] & 15);
+        mw[h] = -(dmin * (float)(sb[2 * j + h] >> 4));
+    }
+}
+
+/* Sub-block j (0..7) of a Q3_K super-block (block_q3_K: hmask[32], qs[64], scales[12], f16 d;
+ * dequantize_row_q3_K): values (2 bits of qs as Q2_K) - 4 unless bit j of hmask[l] is set, in
+ * -4..3; dlo / dhi = d * (scale - 32) of scales 2j and 2j + 1 (6 bits: the low nibble of
+ * scales[s % 8], low for s < 8, high after; the top 2 bits of scales[8 + s % 4] at 2 (s / 4)). */
+static void kq_q3_k(const uint8_t *sb, int j, int8_t *v, float *sc, float *mw)
+{
+    const uint8_t *q = sb + 32 + 32 * (j / 4), *scales = sb + 96;
+    for (int l = 0; l < 32; l++)
+        v[l] = (int8_t)(((q[l] >> (2 * (j % 4))) & 3) - ((sb[l] >> j) & 1 ? 0 : 4));
+    float d = kq_half(sb + 108);
+    for (int h = 0; h < 2; h++) {
+        int s = 2 * j + h;
+        int lo = s < 8 ? scales[s] & 15 : scales[s - 8] >> 4;
+        int hi = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        sc[h] = d * (float)((lo | (hi << 4)) - 32);
+    }
+    mw[0] = mw[1] = 0.0f;
+}
+
+/* GGUF bytes of a K-quant super-block */
+static size_t kq_bytes(tdm_ggml_type_t type)
+{
+    switch (type) {
+    case TDM_GGML_TYPE_Q2_K: return 84;
+    case TDM_GGML_TYPE_Q3_K: return 110;
+    case TDM_GGML_TYPE_Q4_K: return 144;
+    case TDM_GGML_TYPE_Q5_K: return 176;
+    default: return 210;
+    }
+}
+
+/* 32-value block b of a K-quant row: values v, scales of its halves, min terms (mw[1]: Q2_K's
+ * second half's min; the others have one min per block, in mw[0]). */
 static void kq_block(tdm_ggml_type_t type, const uint8_t *row, size_t b, int8_t *v, float *sc,
                      float *mw)
 {
+    const uint8_t *sb = row + (b / 8) * kq_bytes(type);
+    int j = (int)(b % 8);
     if (type == TDM_GGML_TYPE_Q4_K)
-        kq_q4_k(row + (b / 8) * 144, (int)(b % 8), v, sc, mw);
+        kq_q4_k(sb, j, v, sc, mw);
     else if (type == TDM_GGML_TYPE_Q5_K)
-        kq_q5_k(row + (b / 8) * 176, (int)(b % 8), v, sc, mw);
+        kq_q5_k(sb, j, v, sc, mw);
+    else if (type == TDM_GGML_TYPE_Q2_K)
+        kq_q2_k(sb, j, v, sc, mw);
+    else if (type == TDM_GGML_TYPE_Q3_K)
+        kq_q3_k(sb, j, v, sc, mw);
     else
-        kq_q6_k(row + (b / 8) * 210, (int)(b % 8), v, sc, mw);
+        kq_q6_k(sb, j, v, sc, mw);
+}
+
+/* The types whose 32-value blocks carry a scale per half (dlo, dhi) */
+static bool kq_halves(tdm_ggml_type_t type)
+{
+    return type == TDM_GGML_TYPE_Q6_K || type == TDM_GGML_TYPE_Q3_K || type == TDM_GGML_TYPE_Q2_K;
 }
 
 /* The canonical K-quant reduction over one row in place. */
@@ -161,19 +222,23 @@ static float dot_kq_scalar(tdm_ggml_type_t type, const uint8_t *row, const q8a_b
     float acc = 0.0f;
     for (size_t b = 0; b < nb; b++) {
         int8_t v[32];
-        float sc[2], mw;
-        kq_block(type, row, b, v, sc, &mw);
+        float sc[2], mw[2];
+        kq_block(type, row, b, v, sc, mw);
         int32_t lo = 0, hi = 0;
         for (int j = 0; j < 16; j++) {
             lo += v[j] * a[b].q[j];
             hi += v[j + 16] * a[b].q[j + 16];
         }
-        if (type != TDM_GGML_TYPE_Q6_K) {
+        if (!kq_halves(type)) {
             acc = fmaf(sc[0] * a[b].d, (float)(lo + hi), acc);
-            acc = fmaf(mw, a[b].s, acc);
+            acc = fmaf(mw[0], a[b].s, acc);
         } else {
             acc = fmaf(sc[0] * a[b].d, (float)lo, acc);
             acc = fmaf(sc[1] * a[b].d, (float)hi, acc);
+        }
+        if (type == TDM_GGML_TYPE_Q2_K) {
+            acc = fmaf(mw[0], a[b].d * (float)a[b].isum_lo, acc);
+            acc = fmaf(mw[1], a[b].d * (float)(a[b].isum - a[b].isum_lo), acc);
         }
     }
     return acc;
@@ -194,6 +259,16 @@ static float dot_q6_k_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
     return dot_kq_scalar(TDM_GGML_TYPE_Q6_K, p, a, nb);
 }
 
+static float dot_q2_k_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
+{
+    return dot_kq_scalar(TDM_GGML_TYPE_Q2_K, p, a, nb);
+}
+
+static float dot_q3_k_scalar(const uint8_t *p, const q8a_block_t *a, size_t nb)
+{
+    return dot_kq_scalar(TDM_GGML_TYPE_Q3_K, p, a, nb);
+}
+
 /* GEMM over GGUF rows in place: one (row, token) dot at a time. */
 #define TDM_GEN_SCALAR_GEMM(name)                                                                  \
     static void name##_gemm(const tdm_cpu_qmat_t *w, size_t g0, size_t g1, const q8a_block_t *act, \
@@ -211,6 +286,8 @@ TDM_GEN_SCALAR_GEMM(dot_q8_0_scalar)
 TDM_GEN_SCALAR_GEMM(dot_q4_k_scalar)
 TDM_GEN_SCALAR_GEMM(dot_q5_k_scalar)
 TDM_GEN_SCALAR_GEMM(dot_q6_k_scalar)
+TDM_GEN_SCALAR_GEMM(dot_q2_k_scalar)
+TDM_GEN_SCALAR_GEMM(dot_q3_k_scalar)
 
 /* ---- the packed layout (cpu_kernels.h) ---- */
 
@@ -221,7 +298,9 @@ static size_t pack_block_bytes(tdm_ggml_type_t type)
     case TDM_GGML_TYPE_Q4_1: return 160;
     case TDM_GGML_TYPE_Q4_K: return 192;
     case TDM_GGML_TYPE_Q5_K:
+    case TDM_GGML_TYPE_Q3_K:
     case TDM_GGML_TYPE_Q6_K: return 320;
+    case TDM_GGML_TYPE_Q2_K: return 384;
     default: return 272;
     }
 }
@@ -251,18 +330,22 @@ static void pack_block(tdm_ggml_type_t type, const uint8_t *const *rows, uint8_t
 /* One 32-value block of 8 K-quant rows (rows[r] NULL past n_out) into dst. */
 static void pack_kq_block(tdm_ggml_type_t type, const uint8_t *const *rows, size_t b, uint8_t *dst)
 {
-    bool q4 = type == TDM_GGML_TYPE_Q4_K;
+    bool q4 = type == TDM_GGML_TYPE_Q4_K, q2 = type == TDM_GGML_TYPE_Q2_K;
     float *s0 = (float *)(void *)dst, *s1 = s0 + 8;
-    uint8_t *q = dst + 64;
+    uint8_t *q = dst + (q2 ? 128 : 64);
     memset(dst, 0, pack_block_bytes(type));
     for (int r = 0; r < 8; r++) {
         if (!rows[r])
             continue;
         int8_t v[32];
-        float sc[2], mw;
-        kq_block(type, rows[r], b, v, sc, &mw);
+        float sc[2], mw[2];
+        kq_block(type, rows[r], b, v, sc, mw);
         s0[r] = sc[0];
-        s1[r] = type == TDM_GGML_TYPE_Q6_K ? sc[1] : mw;
+        s1[r] = kq_halves(type) ? sc[1] : mw[0];
+        if (q2) {
+            s0[16 + r] = mw[0];
+            s0[24 + r] = mw[1];
+        }
         for (int k = 0; k < (q4 ? 4 : 8); k++)
             for (int i = 0; i < 4; i++)
                 q[32 * k + 4 * r + i] =
@@ -273,10 +356,7 @@ static void pack_kq_block(tdm_ggml_type_t type, const uint8_t *const *rows, size
 static void pack_kq(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb,
                     uint8_t *dst)
 {
-    size_t row_bytes = nb / 8 *
-                       (type == TDM_GGML_TYPE_Q4_K   ? 144
-                        : type == TDM_GGML_TYPE_Q5_K ? 176
-                                                     : 210);
+    size_t row_bytes = nb / 8 * kq_bytes(type);
     for (uint64_t g = 0; g < (n_out + 7) / 8; g++) {
         const uint8_t *rows[8];
         for (uint64_t r = 0; r < 8; r++)
@@ -288,7 +368,7 @@ static void pack_kq(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, si
 
 void tdm_cpu_pack(tdm_ggml_type_t type, const uint8_t *src, uint64_t n_out, size_t nb, uint8_t *dst)
 {
-    if (type == TDM_GGML_TYPE_Q4_K || type == TDM_GGML_TYPE_Q5_K || type == TDM_GGML_TYPE_Q6_K) {
+    if (tdm_cpu_qtype_of(type) >= TDM_CPU_Q4_K) {
         pack_kq(type, src, n_out, nb, dst);
         return;
     }
@@ -372,6 +452,8 @@ static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
             int q = (int)nearbyintf(xb[j] * id);
             out[b].q[j] = (int8_t)q;
             sum += q;
+            if (j == QK / 2 - 1)
+                out[b].isum_lo = sum;
         }
         out[b].d = tdm_cpu_round_fp16(d);
         out[b].s = tdm_cpu_round_fp16(d * (float)sum);
@@ -440,7 +522,8 @@ static const tdm_cpu_isa_t isa_scalar = {
     .exp_sum = exp_sum_scalar,
     .swiglu = swiglu_scalar,
     .gemm = {dot_q4_0_scalar_gemm, dot_q4_1_scalar_gemm, dot_q8_0_scalar_gemm, dot_q4_k_scalar_gemm,
-             dot_q5_k_scalar_gemm, dot_q6_k_scalar_gemm}, /* tdm_cpu_qtype_t's order */
+             dot_q5_k_scalar_gemm, dot_q6_k_scalar_gemm, dot_q2_k_scalar_gemm,
+             dot_q3_k_scalar_gemm}, /* tdm_cpu_qtype_t's order */
 };
 
 const tdm_cpu_isa_t *tdm_cpu_isa_scalar(void)

@@ -42,9 +42,9 @@ static void isa_vnni_build(void)
     __builtin_cpu_init();
     if (!avx2 || !__builtin_cpu_supports("avxvnni"))
         return;
-    static const tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES] = {gemm_q4_0_vnni, gemm_q4_1_vnni,
-                                                           gemm_q8_0_vnni, gemm_q4_k_vnni,
-                                                           gemm_q5_k_vnni, gemm_q6_k_vnni};
+    static const tdm_cpu_gemm_fn gemm[TDM_CPU_N_QTYPES] = {
+        gemm_q4_0_vnni, gemm_q4_1_vnni, gemm_q8_0_vnni, gemm_q4_k_vnni,
+        gemm_q5_k_vnni, gemm_q6_k_vnni, gemm_q2_k_vnni, gemm_q6_k_vnni};
     tdm_cpu_isa_derive(&isa_vnni, avx2, "avx2+vnni", gemm);
     isa_vnni_ptr = &isa_vnni;
 }

@@ -77,6 +77,44 @@ static int bind_weight(const tdm_gguf_t *g, const char *name, tdm_weight_t *w, t
     return TDM_OK;
 }
 
+/* Rows [r0, r0 + n) of w as a weight of their own (a view: same data, no copy). */
+static tdm_weight_t weight_rows(const tdm_weight_t *w, uint64_t r0, uint64_t n)
+{
+    tdm_weight_t v = *w;
+    v.data = (const uint8_t *)w->data + r0 * w->row_bytes;
+    v.n_out = n;
+    return v;
+}
+
+/* Phi-3's fused projections as the separate weights the forward pass multiplies: attn_qkv's
+ * rows are q's, then k's, then v's; ffn_up's (fused) the gate's, then up's (ggml_swiglu's
+ * halves: silu of the first times the second). */
+static int bind_fused(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32_t l,
+                      tdm_layer_weights_t *lw, tdm_error_t *err)
+{
+    char name[96];
+    tdm_weight_t w;
+    int rc;
+    if (hp->fused_qkv) {
+        uint64_t q_dim = (uint64_t)hp->n_heads * hp->head_dim;
+        uint64_t kv_dim = (uint64_t)hp->n_kv_heads * hp->head_dim;
+        snprintf(name, sizeof name, "blk.%" PRIu32 ".attn_qkv.weight", l);
+        if ((rc = bind_weight(g, name, &w, err)))
+            return rc;
+        lw->wq = weight_rows(&w, 0, q_dim);
+        lw->wk = weight_rows(&w, q_dim, kv_dim);
+        lw->wv = weight_rows(&w, q_dim + kv_dim, kv_dim);
+    }
+    if (hp->fused_gate_up) {
+        snprintf(name, sizeof name, "blk.%" PRIu32 ".ffn_up.weight", l);
+        if ((rc = bind_weight(g, name, &w, err)))
+            return rc;
+        lw->w_gate = weight_rows(&w, 0, hp->n_ff);
+        lw->w_up = weight_rows(&w, hp->n_ff, hp->n_ff);
+    }
+    return TDM_OK;
+}
+
 static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32_t l,
                       tdm_layer_weights_t *lw, tdm_error_t *err)
 {
@@ -85,10 +123,13 @@ static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32
         size_t offset;
         bool bias, qk_norm, post_norm; /* present only with that feature */
     } names[] = {
-        {"attn_norm.weight", offsetof(tdm_layer_weights_t, attn_norm), false, false, false},
+        /* attn_q/k/v and ffn_gate/up first: bind_fused replaces them when fused */
         {"attn_q.weight", offsetof(tdm_layer_weights_t, wq), false, false, false},
         {"attn_k.weight", offsetof(tdm_layer_weights_t, wk), false, false, false},
         {"attn_v.weight", offsetof(tdm_layer_weights_t, wv), false, false, false},
+        {"ffn_gate.weight", offsetof(tdm_layer_weights_t, w_gate), false, false, false},
+        {"ffn_up.weight", offsetof(tdm_layer_weights_t, w_up), false, false, false},
+        {"attn_norm.weight", offsetof(tdm_layer_weights_t, attn_norm), false, false, false},
         {"attn_output.weight", offsetof(tdm_layer_weights_t, wo), false, false, false},
         {"attn_q.bias", offsetof(tdm_layer_weights_t, bq), true, false, false},
         {"attn_k.bias", offsetof(tdm_layer_weights_t, bk), true, false, false},
@@ -99,11 +140,11 @@ static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32
          true},
         {"post_ffw_norm.weight", offsetof(tdm_layer_weights_t, post_ffn_norm), false, false, true},
         {"ffn_norm.weight", offsetof(tdm_layer_weights_t, ffn_norm), false, false, false},
-        {"ffn_gate.weight", offsetof(tdm_layer_weights_t, w_gate), false, false, false},
-        {"ffn_up.weight", offsetof(tdm_layer_weights_t, w_up), false, false, false},
         {"ffn_down.weight", offsetof(tdm_layer_weights_t, w_down), false, false, false},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if ((i < 3 && hp->fused_qkv) || ((i == 3 || i == 4) && hp->fused_gate_up))
+            continue;
         if (names[i].bias && !hp->has_qkv_bias)
             continue;
         if ((names[i].qk_norm && !hp->qk_norm) || (names[i].post_norm && !hp->post_norms))
@@ -114,7 +155,7 @@ static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32
         if (rc != TDM_OK)
             return rc;
     }
-    return TDM_OK;
+    return bind_fused(g, hp, l, lw, err);
 }
 
 /* XXH3 over the hyperparameters, the tensor table and a sample of each tensor's bytes. */
@@ -144,6 +185,11 @@ static uint64_t model_fingerprint(const tdm_model_t *m)
     if (hp->n_rope_freq_factors) /* rope_freqs.weight is in the tensor table below too */
         XXH3_64bits_update(st, hp->rope_freq_factors,
                            hp->n_rope_freq_factors * sizeof hp->rope_freq_factors[0]);
+    /* Phi-3's features (its factors are in the tensor table) */
+    float phi3[] = {(float)hp->fused_qkv, (float)hp->fused_gate_up, hp->rope_attn_factor,
+                    (float)hp->n_ctx_orig};
+    if (hp->fused_qkv || hp->fused_gate_up || hp->rope_attn_factor != 1.0f || hp->n_rope_long_short)
+        XXH3_64bits_update(st, phi3, sizeof phi3);
     for (uint64_t i = 0; i < tdm_gguf_n_tensors(m->gguf); i++) {
         const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(m->gguf, i);
         XXH3_64bits_update(st, t->name, strlen(t->name));
@@ -358,7 +404,13 @@ static int engine_ops_check(const tdm_backend_ops_t *ops, const tdm_llama_hparam
 {
     const char *missing = NULL;
     if (!ops->arch_features) {
-        if (hp->n_swa)
+        if (hp->fused_qkv || hp->fused_gate_up)
+            missing = "fused QKV / gate-up projections";
+        else if (hp->rope_attn_factor != 1.0f)
+            missing = "the RoPE attention factor";
+        else if (hp->n_rope_long_short)
+            missing = "long/short RoPE factors";
+        else if (hp->n_swa)
             missing = "sliding-window attention";
         else if (hp->attn_q_scale > 0.0f)
             missing = "the query scale before attention";
