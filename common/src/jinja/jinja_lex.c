@@ -13,6 +13,8 @@ typedef struct lexer {
     size_t len, pos;
     const tdm_jinja_options_t *opt;
     bool line_starting; /* the last tag's end consumed a newline (or at the start) */
+    size_t w_off;       /* the last token's offset and its line and column (w_line 0: none) */
+    int w_line, w_col;
 } lexer_t;
 
 /* Line and column (1-based) of offset off. */
@@ -53,6 +55,24 @@ static jj_token_t *push(lexer_t *L, jj_tok_kind_t kind, size_t off)
     memset(t, 0, sizeof *t);
     t->kind = kind;
     t->off = off;
+    /* Line and column counted on from the last token's (tokens come in source order), so the
+     * parser's nodes and errors need no scan from the start each (quadratic in the template). */
+    if (L->w_line == 0 || off < L->w_off) {
+        L->w_off = 0;
+        L->w_line = 1;
+        L->w_col = 1;
+    }
+    for (size_t i = L->w_off; i < off; i++) {
+        if (L->src[i] == '\n') {
+            L->w_line++;
+            L->w_col = 1;
+        } else {
+            L->w_col++;
+        }
+    }
+    L->w_off = off;
+    t->line = L->w_line;
+    t->col = L->w_col;
     return t;
 }
 

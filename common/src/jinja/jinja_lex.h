@@ -21,6 +21,7 @@ typedef enum jj_tok_kind {
 typedef struct jj_token {
     jj_tok_kind_t kind;
     size_t off;    /* offset in the source */
+    int line, col; /* its line and column (1-based), as jj_where gives them */
     const char *s; /* JT_TEXT, JT_NAME, JT_STRING (undecoded), numbers, JT_OP */
     size_t n;
 } jj_token_t;

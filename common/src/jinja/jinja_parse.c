@@ -32,9 +32,7 @@ _Noreturn static void pfail(parser_t *p, const jj_token_t *t, const char *fmt, .
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    int line, col;
-    jj_where(p->lx.src, t->off, &line, &col);
-    p->code = tdm_error_set(p->err, TDM_EINVALID, "%d:%d: %s", line, col, msg);
+    p->code = tdm_error_set(p->err, TDM_EINVALID, "%d:%d: %s", t->line, t->col, msg);
     longjmp(p->fail, 1);
 }
 
@@ -61,7 +59,8 @@ static jj_node_t *node(parser_t *p, jj_node_kind_t kind, const jj_token_t *t)
 {
     jj_node_t *n = palloc(p, sizeof *n);
     n->kind = kind;
-    jj_where(p->lx.src, t->off, &n->line, &n->col);
+    n->line = t->line;
+    n->col = t->col;
     return n;
 }
 
