@@ -465,23 +465,47 @@ static Tandem__V1__DecodeReserve *reserve_and_ack(env_t *e, fake_t *d)
     Tandem__V1__DecodeReserve *m = expect_reserve(e, d, &f);
     reply_ack(d, &f, m->spec->request_id, 1);
     tdm_frame_clear(&f);
+    /* the PrefillTask went with the reservation: the ack is handled before what the test
+     * sends next from another node (the router reads its peers in no set order) */
+    fake_sync(e, d);
     return m;
+}
+
+/* The next PrefillTask on p of the attempt its request's last DecodeReserve noted. The
+ * PrefillTask goes with the DecodeReserve, so a reservation that was refused or timed out
+ * left p a task of its attempt and that attempt's NodeCancel: skipped (*n_withdrawn counts
+ * the tasks skipped, when not NULL). */
+static Tandem__V1__PrefillTask *expect_current_task(env_t *e, fake_t *p, int *n_withdrawn)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    for (;;) {
+        if (!recv_on(e, p->s, &f, WAIT_MS))
+            fail_msg("%s: no PrefillTask", p->id);
+        assert_int_equal(f.kind, K_NOTIFY);
+        if (f.method == M(NODE_CANCEL)) {
+            tdm_frame_clear(&f);
+            continue;
+        }
+        assert_int_equal(f.method, M(PREFILL_TASK));
+        Tandem__V1__PrefillTask *t =
+            (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
+        assert_non_null(t);
+        tdm_frame_clear(&f);
+        uint64_t want = attempt_for(t->spec->request_id);
+        if (want == 0 || t->spec->attempt_id == want) {
+            attempt_note(t->spec->request_id, t->spec->attempt_id);
+            return t;
+        }
+        if (n_withdrawn)
+            (*n_withdrawn)++;
+        protobuf_c_message_free_unpacked(&t->base, NULL);
+    }
 }
 
 static Tandem__V1__PrefillTask *expect_task(env_t *e, fake_t *p)
 {
-    tdm_frame_t f;
-    tdm_frame_init(&f);
-    if (!recv_on(e, p->s, &f, WAIT_MS))
-        fail_msg("%s: no PrefillTask", p->id);
-    assert_int_equal(f.kind, K_NOTIFY);
-    assert_int_equal(f.method, M(PREFILL_TASK));
-    Tandem__V1__PrefillTask *t =
-        (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
-    assert_non_null(t);
-    attempt_note(t->spec->request_id, t->spec->attempt_id);
-    tdm_frame_clear(&f);
-    return t;
+    return expect_current_task(e, p, NULL);
 }
 
 /* Which of a or b receives the next PrefillTask (the other gets nothing). */
@@ -3703,6 +3727,9 @@ static void test_node_suspect_then_down(void **state)
     assert_string_equal(rs2->spec->request_id, "r-new");
     protobuf_c_message_free_unpacked(&rs2->base, NULL);
     tdm_frame_clear(&f);
+    Tandem__V1__PrefillTask *t2 = expect_task(e, &e->p0); /* sent with the reservation */
+    assert_string_equal(t2->decode_node_id, "decode-1");
+    protobuf_c_message_free_unpacked(&t2->base, NULL);
 
     /* the running request goes on; the message makes decode-0 healthy again */
     fake_token(&e->d0, "r-sus", 1, B('b'));
@@ -4093,6 +4120,7 @@ static void test_n_choices_fork_and_end_once(void **state)
     uint64_t call = generate(e, &g);
     uint64_t a0, a1;
     n_reserve_both(e, &e->d0, &a0, &a1);
+    attempt_note("r-n", a0); /* choice 0's task (the fork has none) */
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     assert_int_equal(t->spec->attempt_id, a0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
@@ -4131,6 +4159,7 @@ static void test_n_fork_fallback_and_failure(void **state)
     uint64_t call = generate(e, &g);
     uint64_t a0, a1;
     n_reserve_both(e, &e->d0, &a0, &a1);
+    attempt_note("r-n", a0);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     attempt_note("r-n", a1);
@@ -4149,7 +4178,9 @@ static void test_n_fork_fallback_and_failure(void **state)
     assert_int_equal(t->spec->attempt_id, a1b);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     attempt_note("r-n", a1b);
+    fake_sync(e, &e->d0); /* its ack handled first: d0 and p0 are read in no set order */
     fake_token(&e->p0, "r-n", 0, B('x'));
+    fake_sync(e, &e->p0);
     attempt_note("r-n", a0);
     fake_task_failed(&e->d0, "r-n", TDM_EINTERNAL, "engine broke", false);
     char text[2][32] = {"", ""};
@@ -4192,6 +4223,7 @@ static void test_n_cancel_forks_first(void **state)
         reply_ack(&e->d0, &f[i], "r-n", 1);
         tdm_frame_clear(&f[i]);
     }
+    attempt_note("r-n", a[0]);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     assert_int_equal(t->spec->attempt_id, a[0]);
     protobuf_c_message_free_unpacked(&t->base, NULL);

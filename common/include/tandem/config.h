@@ -121,6 +121,11 @@ typedef struct tdm_kv_config {
     double transfer_timeout_s; /* a KV transfer not acknowledged within this many seconds
                                   fails (the prefill node reports it, the router retries);
                                   (0, 3600], default 10 */
+    uint64_t early_transfer_bytes; /* decode: KV transfers that arrive before their
+                                      reservation is decided are held up to this many bytes
+                                      in all (0: none held); default 256 MiB */
+    double early_transfer_s;       /* decode: and each at most this long; (0, 3600],
+                                      default 5 */
 } tdm_kv_config_t;
 
 typedef struct tdm_log_config {
