@@ -77,6 +77,8 @@ typedef struct tdm_router_metrics {
     tdm_router_hist_t e2e;           /* arrival -> final message */
     tdm_router_hist_t prefill;       /* node-measured prefill compute */
     tdm_router_hist_t kv_transfer;   /* node-measured KV transfer */
+    tdm_router_hist_t reserve;       /* DecodeReserve sent -> its answer (the round trip the
+                                        prefill no longer waits for) */
 
     /* The ended requests of requests_by_status again, by (final gRPC code, FinishReason);
      * FinishReason 0 (UNSPECIFIED) counts requests refused before they started (validation,

@@ -827,6 +827,7 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         reserve_late(r, n, f);
         return;
     }
+    rt_hist_observe(&r->metrics.reserve, tdm_time_now() - p.sent_at);
     if (f->status == TDM_OK) {
         reserve_ok(r, n, f, &p);
         return;

@@ -1178,6 +1178,96 @@ static void test_reserve_rejected(void **state)
     env_free(e);
 }
 
+/* The PrefillTask goes with the DecodeReserve: the prefill runs, and its first token reaches
+ * the client, while the reservation waits. A refusal then cancels the prefill (NodeCancel of
+ * that attempt to the prefill node) and the request is dispatched again resuming after the
+ * token delivered (output_tokens), which the client sees once; the withdrawn attempt's late
+ * messages are stale. A refusal is flow control: no re-dispatch is counted. When the token
+ * delivered already ends the request (max_tokens 1), it completes without another attempt. */
+static void test_reserve_refused_after_prefill(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    fake_heartbeat(e, &e->d0, 90, 0);
+    fake_heartbeat(e, &e->d1, 50, 0);
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->d1);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-early", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    uint64_t a1 = rs->spec->attempt_id;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0); /* before any answer */
+    assert_int_equal(t->spec->attempt_id, a1);
+    assert_string_equal(t->decode_node_id, "decode-0");
+    assert_int_equal(t->spec->n_output_tokens, 0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-early", 0, B('h'));
+    result_t first;
+    memset(&first, 0, sizeof first);
+    one_chunk(e, call, &first); /* the reservation is still unanswered */
+    assert_string_equal(first.text, "h");
+    assert_int_equal(tdm_sock_reply_error(e->d0.s, &f, TDM_ERESOURCE, "need 1 blocks, 0 free"), 0);
+    tdm_frame_clear(&f);
+    expect_cancel(e, &e->p0, "r-early", 1); /* the prefill of the refused attempt */
+    rs = expect_reserve(e, &e->d1, &f);
+    assert_true(rs->spec->attempt_id != a1);
+    assert_int_equal(rs->spec->n_output_tokens, 1); /* resumes after the token delivered */
+    assert_int_equal(rs->spec->output_tokens[0], B('h'));
+    reply_ack(&e->d1, &f, "r-early", 1);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    fake_sync(e, &e->d1);
+    t = expect_task(e, &e->p0);
+    assert_string_equal(t->decode_node_id, "decode-1");
+    assert_int_equal(t->spec->n_output_tokens, 1);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    uint64_t stale = tdm_router_metrics(e->r)->stale_attempt_messages;
+    uint64_t a2 = attempt_for("r-early");
+    attempt_note("r-early", a1); /* the withdrawn attempt's token, late */
+    fake_token(&e->p0, "r-early", 0, B('x'));
+    fake_sync(e, &e->p0);
+    assert_int_equal(tdm_router_metrics(e->r)->stale_attempt_messages, stale + 1);
+    attempt_note("r-early", a2);
+    fake_token(&e->p0, "r-early", 1, B('i'));
+    fake_token(&e->d1, "r-early", 2, B('j'));
+    fake_finished(&e->d1, "r-early", FIN(LENGTH), 3);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "ij");
+    assert_int_equal(res.usage.completion_tokens, 3); /* h, i, j: each once */
+    assert_int_equal(tdm_router_metrics(e->r)->reserve_rejects, 1);
+    assert_int_equal(tdm_router_metrics(e->r)->redispatches, 0);
+
+    /* max_tokens 1: the first token delivered is the whole answer */
+    fake_heartbeat(e, &e->d0, 90, 0);
+    fake_sync(e, &e->d0);
+    prompt_req(&g, "r-early-1", "abc", 1, true);
+    call = generate(e, &g);
+    rs = expect_reserve(e, &e->d0, &f);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-early-1", 0, B('k'));
+    fake_sync(e, &e->p0);
+    assert_int_equal(tdm_sock_reply_error(e->d0.s, &f, TDM_ERESOURCE, "need 1 blocks, 0 free"), 0);
+    tdm_frame_clear(&f);
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "k");
+    assert_int_equal(res.finish, TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+    expect_cancel(e, &e->p0, "r-early-1", 1);
+    expect_none(e, e->d1.s, 100); /* no other attempt */
+    env_free(e);
+}
+
 /* round_robin alternates between the prefill nodes. */
 static void test_round_robin(void **state)
 {
@@ -2469,7 +2559,7 @@ static void check_histograms(const char *text)
         "tandem_time_to_first_token_seconds",   "tandem_inter_token_latency_seconds",
         "tandem_time_per_output_token_seconds", "tandem_e2e_request_latency_seconds",
         "tandem_request_queue_time_seconds",    "tandem_request_prefill_time_seconds",
-        "tandem_kv_transfer_time_seconds"};
+        "tandem_kv_transfer_time_seconds",      "tandem_decode_reserve_seconds"};
     const double *bounds = tdm_router_hist_bounds();
     for (size_t h = 0; h < sizeof names / sizeof names[0]; h++) {
         char series[160];
@@ -4276,6 +4366,7 @@ int main(void)
         cmocka_unit_test(test_max_tokens_unset),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
+        cmocka_unit_test(test_reserve_refused_after_prefill),
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_prefix_aware),
         cmocka_unit_test(test_least_loaded),
