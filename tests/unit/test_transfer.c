@@ -1090,7 +1090,7 @@ static void test_early_transfer(void **state)
     assert_int_equal(e.waits, 1);
     tdm_kv_send_done_t none;
     assert_int_equal(tdm_kv_sender_poll(s, 0, &none, 1), 0); /* unanswered */
-    reserve(c->rpool, &rseq, 40); /* the reservation is made now */
+    reserve(c->rpool, &rseq, 40);                            /* the reservation is made now */
     e.decided = true;
     e.res.blocks = rseq.blocks;
     e.res.n_blocks = rseq.n_blocks;
