@@ -918,6 +918,44 @@ static void test_cancel(void **state)
     env_free(e);
 }
 
+/* A cancel between the reservation and the KV transfer: the prefill runs (its task went with
+ * the DecodeReserve) and the reservation is unanswered. Both nodes get NodeCancel; the late
+ * ReserveAck changes nothing (no new NodeCancel is owed: the request's went already), and the
+ * router's room accounting counts the acknowledged blocks until the node's next heartbeat. */
+static void test_cancel_while_reserving(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-cancel-rsv", "abc", 10, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_send_t c = {0};
+    c.kind = K_CANCEL;
+    c.method = M(GENERATE);
+    c.call_id = call;
+    assert_int_equal(tdm_sock_send(e->client, &c), 0);
+    expect_cancel(e, &e->p0, "r-cancel-rsv", 1);
+    expect_cancel(e, &e->d0, "r-cancel-rsv", 1);
+    reply_ack(&e->d0, &f, "r-cancel-rsv", 1); /* the answer comes after all */
+    tdm_frame_clear(&f);
+    fake_token(&e->p0, "r-cancel-rsv", 0, B('x')); /* late event: dropped */
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->p0);
+    expect_none(e, e->client, 100);
+    expect_none(e, e->d0.s, 100);
+    assert_int_equal(tdm_router_n_running(e->r), 0);
+    assert_int_equal(tdm_router_metrics(e->r)->requests_by_status[1], 1);
+    env_free(e);
+}
+
 /* The deadline passes while the request runs: DEADLINE_EXCEEDED and NodeCancel. */
 static void test_deadline(void **state)
 {
@@ -4367,6 +4405,7 @@ int main(void)
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
         cmocka_unit_test(test_reserve_refused_after_prefill),
+        cmocka_unit_test(test_cancel_while_reserving),
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_prefix_aware),
         cmocka_unit_test(test_least_loaded),
