@@ -465,7 +465,7 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
     histogram(b, "tandem_request_decode_time_seconds",
               "Per completed request: its first to its last token leaving the router.", &m->decode);
     histogram(b, "tandem_request_inference_time_seconds",
-              "Per completed request: from its dispatch (the prefill task sent) to its final "
+              "Per completed request: from its reservation's acknowledgement to its final "
               "message.",
               &m->inference);
     histogram_over(b, "tandem_request_prompt_tokens", "Prompt tokens of each completed request.",

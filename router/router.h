@@ -70,7 +70,7 @@ typedef struct tdm_router_metrics {
     uint64_t node_failures;          /* nodes marked down */
     uint64_t duplicate_events;       /* token events dropped as already delivered */
     uint64_t queue_full;             /* requests refused because the queue was full */
-    tdm_router_hist_t queue;         /* arrival -> prefill task sent */
+    tdm_router_hist_t queue;         /* arrival -> reservation acknowledged */
     tdm_router_hist_t ttft;          /* arrival -> first token out */
     tdm_router_hist_t itl;           /* between consecutive tokens out */
     tdm_router_hist_t tpot;          /* per request: decode_s / (completion - 1) */

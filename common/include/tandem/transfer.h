@@ -223,6 +223,10 @@ typedef struct tdm_kv_received {
  * request is rejected by the lookup), or TDM_EINTERNAL. Never crashes on what it receives.
  * A transfer whose CANCEL is already waiting right behind it is dropped unread: 1 with
  * out->status TDM_ECANCELLED and no reply (the lookup is not called).
+ * Early transfers: one the lookup answers TDM_KV_LOOKUP_WAIT for is held (no reply, no
+ * outcome: the call goes on with the next message) within opts' hold_bytes, else rejected
+ * TDM_ENOTFOUND; each call first refuses (TDM_ENOTFOUND, unreported) those held longer than
+ * hold_ms, and a CANCEL of a held transfer drops it unanswered.
  * Rejections leave the reserved blocks untouched, except with a device pool, whose data lands
  * in the blocks before the device checksums are verified, and nccl, where a failure while
  * receiving (timeout_ms passed, NCCL error) leaves them partly written. KV_HELLO requests
