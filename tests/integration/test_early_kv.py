@@ -7,13 +7,15 @@ while the prefill node's KV comes straight to its KV endpoint. The transfer is e
 time (a short prompt's prefill takes far less than the delay).
 
 Cases: the early transfer is held and installed once the reservation is read (the output is
-`tandem generate -m`'s, no re-dispatch, no block left on either node); with
+`tandem generate -m`'s, no re-dispatch, no block left on either node); a deadline that passes
+between the reservation and the transfer's use (both nodes cancelled, nothing left); with
 `kv.early_transfer_bytes: 0` it is refused at once as one without a reservation (NOT_FOUND,
 as before holding existed): the prefill node reports it, the router re-dispatches until its
 budget is spent, and no block is left.
 """
 import os
 import re
+import time
 
 from conftest import BINARIES, Cluster, free_port, reference
 from faultproxy import FaultProxy
@@ -91,6 +93,24 @@ def test_early_transfer_held_then_installed(tmp_path):
         assert counter(c, "tandem_decode_reserve_seconds_sum") >= 3 * 2 * DELAY_MS / 1000.0
         wait_freed(c, "decode-0", timeout_s=120)
         wait_freed(c, "prefill-0", timeout_s=120)
+
+        # the deadline passes between the reservation and the transfer's use: the router ends
+        # the request and cancels both nodes; the prefill node withdraws its transfer (held, or
+        # not sent yet), the DecodeReserve reaches the decode node after its deadline and is
+        # refused. Nothing is left on either node, and the cluster serves the next request.
+        cl = c.client()
+        try:
+            deadline = int(time.time() * 1000) + DELAY_MS // 2
+            r = cl.generate(prompt_request(prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0),
+                            deadline_ms=deadline)
+        finally:
+            cl.close()
+        assert r.status == "DEADLINE_EXCEEDED", (r.status, r.message)
+        wait_freed(c, "decode-0", timeout_s=120)
+        wait_freed(c, "prefill-0", timeout_s=120)
+        r = generate(c)
+        assert r.status == "OK" and r.text == ref, (r.status, r.message)
+        wait_freed(c, "decode-0", timeout_s=120)
     finally:
         stop(c)
 
