@@ -755,11 +755,6 @@ static void reserve_ok(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f, cons
  * decode node, else the queue's front. */
 static void reserve_refused(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f, rt_req_t *q)
 {
-    if (f->status == TDM_ERESOURCE) {
-        r->metrics.reserve_rejects++;
-        n->load.kv_blocks_free = n->load.kv_blocks_cached =
-            0; /* until its next heartbeat says otherwise */
-    }
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
                   "decode node %s refused the reservation (%s: %s); trying another", n->cfg->id,
                   tdm_status_name(f->status), f->message);
@@ -837,6 +832,11 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         return;
     q->decode = NULL;
     q->state = RT_QUEUED;
+    if (!q->fork && f->status == TDM_ERESOURCE) {
+        r->metrics.reserve_rejects++;
+        n->load.kv_blocks_free = n->load.kv_blocks_cached =
+            0; /* until its next heartbeat says otherwise */
+    }
     if (refused_prefill_withdraw(r, q))
         return;
     if (q->fork) { /* the decode node could not fork it: it runs on its own */
