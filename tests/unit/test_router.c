@@ -1302,7 +1302,7 @@ static void test_reserve_refused_after_prefill(void **state)
     assert_string_equal(res.text, "k");
     assert_int_equal(res.finish, TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH);
     expect_cancel(e, &e->p0, "r-early-1", 1);
-    expect_none(e, e->d1.s, 100); /* no other attempt */
+    expect_none(e, e->d1.s, 100);                                   /* no other attempt */
     assert_int_equal(tdm_router_metrics(e->r)->reserve_rejects, 2); /* counted all the same */
     env_free(e);
 }
