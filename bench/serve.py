@@ -22,6 +22,7 @@ Only the standard library (http.client in threads: aiohttp is not in the tests' 
 usage: bench/serve.py [--build build] [--model FILE] [-c 32] [-n 64] [--prompt-tokens 130]
                       [--output-tokens 64] [--threads 2] [--configs colocated,disagg,llama-server]
                       [--time-limit 900] [--llama-args "..."] [--json FILE]
+                      [--scrape PREFIX,...]
 """
 import argparse
 import datetime
@@ -269,9 +270,26 @@ def run_config(args, work, name, seed):
                      args.time_limit, server.stop)
         # the machine's 1-minute load average around the run: other processes' share of it
         r["loadavg_1m"] = [load_before, os.getloadavg()[0]]
+        if args.scrape and name != "llama-server":
+            r["metrics"] = scrape(server.port, args.scrape.split(","))
         return r
     finally:
         server.stop()
+
+
+def scrape(port, prefixes):
+    """The router's /metrics samples whose names start with one of prefixes, by series."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not any(line.startswith(p) for p in prefixes):
+            continue
+        series, _, value = line.rpartition(" ")
+        out[series] = float(value)
+    return out
 
 
 def print_table(runs):
@@ -303,6 +321,10 @@ def main():
                     help="seconds per configuration before the run is cut (default 900)")
     ap.add_argument("--llama-args", default="", help="more llama-server options")
     ap.add_argument("--json")
+    ap.add_argument("--scrape", default="",
+                    help="comma-separated metric name prefixes whose samples each Tandem run's "
+                    "JSON keeps (its router's /metrics after the load), e.g. "
+                    "tandem_decode_reserve_seconds")
     args = ap.parse_args()
     args.model = os.path.abspath(os.path.expanduser(args.model))
     args.build = os.path.abspath(args.build)

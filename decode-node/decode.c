@@ -39,6 +39,11 @@ typedef struct dres {
                                    (in_worker), r is on tdm_decode_t.forks and keeps prompt */
 } dres_t;
 
+/* Attempts whose reservation this node decided (refused, or held and dropped since) that it
+ * remembers, so that a KV transfer for one is refused at once instead of held as an early
+ * transfer (its DecodeReserve not read yet) until kv.early_transfer_s. */
+#define DECIDED_MAX 1024
+
 struct tdm_decode {
     tdm_node_t *node;
     tdm_node_runtime_t *rt; /* the node's */
@@ -46,7 +51,27 @@ struct tdm_decode {
     tdm_kv_receiver_t *receiver;
     dres_t **forks; /* [n_forks] reservations waiting for their parent's prompt KV */
     uint32_t n_forks, cap_forks;
+    uint64_t decided[DECIDED_MAX]; /* ring of attempts decided and gone (0: empty slot) */
+    uint32_t decided_next;
 };
+
+/* ---- attempts decided ---- */
+
+static void decided_add(tdm_decode_t *d, uint64_t attempt_id)
+{
+    if (attempt_id == 0)
+        return;
+    d->decided[d->decided_next] = attempt_id;
+    d->decided_next = (d->decided_next + 1) % DECIDED_MAX;
+}
+
+static bool decided_has(const tdm_decode_t *d, uint64_t attempt_id)
+{
+    for (uint32_t i = 0; i < DECIDED_MAX; i++)
+        if (d->decided[i] == attempt_id)
+            return true;
+    return false;
+}
 
 /* ---- DECODE_RESERVE ---- */
 
@@ -69,6 +94,10 @@ static void drop(void *h, tdm_node_req_t *base)
         tdm_worker_cancel(d->rt->worker, base->att.attempt_id);
     tdm_kv_seq_release(d->rt->pool, &r->seq);
     free(r->prompt);
+    decided_add(d, base->att.attempt_id);
+    /* an early transfer still held for it (the reservation failed before it was decided) */
+    tdm_kv_receiver_refuse(d->receiver, base->att.attempt_id, TDM_ENOTFOUND,
+                           "the request was dropped on the decode node");
 }
 
 /* The DecodeReserve's attempt and spec, checked (tdm_node_spec_check): TDM_EINVALID
@@ -226,6 +255,29 @@ static int reserve_kind(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRese
     return m->local_prefill ? reserve_local(d, r, m, err) : reserve_remote(d, r, m, err);
 }
 
+/* The reservation of attempt_id was refused with status and why (already answered to the
+ * router): an early KV transfer held for it is refused with the same reason, and one that
+ * comes later is refused at once. */
+static void reserve_refused(tdm_decode_t *d, uint64_t attempt_id, int status, const char *why)
+{
+    decided_add(d, attempt_id);
+    tdm_kv_receiver_refuse(d->receiver, attempt_id, status, why);
+}
+
+static void on_received(tdm_decode_t *d, const tdm_kv_received_t *in);
+static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
+                  const uint32_t **blocks, uint32_t *n_blocks, tdm_error_t *err);
+
+/* The reservation r was made and acknowledged: an early KV transfer held for it is installed
+ * now (or rejected by the lookup, as any transfer). */
+static void reserve_decided(tdm_decode_t *d, dres_t *r)
+{
+    tdm_kv_received_t in;
+    if (!r->local && !r->fork_of &&
+        tdm_kv_receiver_resume(d->receiver, r->base.att.attempt_id, lookup, d, &in) == 1)
+        on_received(d, &in);
+}
+
 /* DECODE_RESERVE: allocate blocks for the prompt (or start a local prefill) and answer. */
 static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
 {
@@ -249,17 +301,23 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
                       " arrived after its deadline; not reserved",
                       m->spec ? m->spec->attempt_id : 0);
         tdm_sock_reply_error(s, f, TDM_EDEADLINE, "the reservation arrived after its deadline");
+        reserve_refused(d, m->spec ? m->spec->attempt_id : 0, TDM_EDEADLINE,
+                        "the reservation arrived after its deadline");
         goto out_free;
     }
     int rc = check_reserve(d, f, m, &att, &sp, &err);
     if (rc != TDM_OK) {
         tdm_sock_reply_error(s, f, rc, "%s", err.msg);
+        if (!m->spec || !tdm_node_req_find(d->node, m->spec->attempt_id))
+            reserve_refused(d, m->spec ? m->spec->attempt_id : 0, rc, err.msg);
         goto out_free;
     }
     dres_t *r = (dres_t *)tdm_node_req_new(d->node, &att);
     if (!r) {
-        tdm_sock_reply_error(s, f, TDM_ERESOURCE, "decode node holds %u requests already",
-                             (uint32_t)tdm_node_cfg(d->node)->max_running + TDM_NODE_MAX_WAITING);
+        tdm_error_set(&err, TDM_ERESOURCE, "decode node holds %u requests already",
+                      (uint32_t)tdm_node_cfg(d->node)->max_running + TDM_NODE_MAX_WAITING);
+        tdm_sock_reply_error(s, f, TDM_ERESOURCE, "%s", err.msg);
+        reserve_refused(d, att.attempt_id, TDM_ERESOURCE, err.msg);
         goto out_free;
     }
     r->sp = sp;
@@ -273,6 +331,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
         rc = reserve_kind(d, r, m, &err);
     if (rc != TDM_OK) {
         tdm_sock_reply_error(s, f, rc, "%s", err.msg);
+        reserve_refused(d, att.attempt_id, rc, err.msg);
         tdm_node_req_drop(d->node, &r->base);
         goto out_free;
     }
@@ -285,6 +344,7 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
                    "reserved attempt=%s prompt_tokens=%u output_tokens=%u blocks=%u local=%d "
                    "fork_of=%016" PRIx64,
                    att.key, r->n_prompt, r->n_output, r->seq.n_blocks, r->local, r->fork_of);
+    reserve_decided(d, r);
 out_free:
     tandem__v1__decode_reserve__free_unpacked(m, NULL);
 }
@@ -305,6 +365,8 @@ static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint3
 {
     tdm_decode_t *d = user;
     dres_t *r = (dres_t *)tdm_node_req_find(d->node, attempt_id);
+    if (!r && !decided_has(d, attempt_id))
+        return TDM_KV_LOOKUP_WAIT; /* an early transfer: its DecodeReserve is not read yet */
     if (!r || r->in_worker)
         return tdm_error_set(err, TDM_ENOTFOUND,
                              "no reservation for attempt %016" PRIx64 " of request '%s' "
@@ -461,8 +523,10 @@ tdm_node_link_t *tdm_decode_link(tdm_decode_t *d)
     return tdm_node_router(d->node);
 }
 
-/* The KV receiver, bound at the node's kv_endpoint. */
-static tdm_kv_receiver_t *open_receiver(tdm_decode_t *d, tdm_net_t *net, tdm_error_t *err)
+/* The KV receiver, bound at the node's kv_endpoint, holding early transfers within cfg's
+ * kv.early_transfer_bytes and kv.early_transfer_s. */
+static tdm_kv_receiver_t *open_receiver(tdm_decode_t *d, const tdm_config_t *cfg, tdm_net_t *net,
+                                        tdm_error_t *err)
 {
     const tdm_node_config_t *node = tdm_node_cfg(d->node);
     tdm_curve_keys_t curve;
@@ -475,6 +539,8 @@ static tdm_kv_receiver_t *open_receiver(tdm_decode_t *d, tdm_net_t *net, tdm_err
     ro.memory.device = d->rt->device_index;
     ro.curve = tdm_node_curve_kv(&d->rt->keys, &curve);
     ro.threads = node->threads; /* no more OpenMP threads than the engine's */
+    ro.hold_bytes = cfg->kv.early_transfer_bytes;
+    ro.hold_ms = (int)(cfg->kv.early_transfer_s * 1000.0 + 0.5);
     ro.log = d->log;
     tdm_kv_receiver_t *rx = tdm_kv_receiver_new(net, d->rt->pool, &ro, err);
     if (!rx)
@@ -496,7 +562,7 @@ tdm_decode_t *tdm_decode_new(const tdm_config_t *cfg, const char *node_id, tdm_n
         goto out_destroy;
     d->rt = tdm_node_rt(d->node);
     d->log = tdm_node_log(d->node);
-    d->receiver = open_receiver(d, net, err);
+    d->receiver = open_receiver(d, cfg, net, err);
     if (!d->receiver)
         goto out_destroy;
     /* Prefill nodes connect to what is registered: kv_advertise when the bound endpoint is

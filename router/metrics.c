@@ -483,8 +483,8 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
     histogram(b, "tandem_e2e_request_latency_seconds",
               "From the request's arrival to its final message (completed or failed).", &m->e2e);
     histogram(b, "tandem_request_queue_time_seconds",
-              "From the request's arrival until a decode node acknowledged its reservation and "
-              "the prefill task was sent.",
+              "From the request's arrival until a decode node acknowledged its reservation (the "
+              "prefill task went with it).",
               &m->queue);
     histogram(b, "tandem_request_prefill_time_seconds",
               "Prefill compute time of a request, measured by its prefill node.", &m->prefill);
@@ -492,10 +492,14 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
               "KV transfer time of a completed request: the prefill node's send until the decode "
               "node acknowledged (the decode node's estimate when that did not arrive).",
               &m->kv_transfer);
+    histogram(b, "tandem_decode_reserve_seconds",
+              "From a DecodeReserve sent until its answer (acknowledged or refused) reached the "
+              "router; the prefill runs meanwhile.",
+              &m->reserve);
     histogram(b, "tandem_request_decode_time_seconds",
               "Per completed request: its first to its last token leaving the router.", &m->decode);
     histogram(b, "tandem_request_inference_time_seconds",
-              "Per completed request: from its dispatch (the prefill task sent) to its final "
+              "Per completed request: from its reservation's acknowledgement to its final "
               "message.",
               &m->inference);
     histogram_over(b, "tandem_request_prompt_tokens", "Prompt tokens of each completed request.",

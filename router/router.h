@@ -73,13 +73,15 @@ typedef struct tdm_router_metrics {
     uint64_t node_failures;          /* nodes marked down */
     uint64_t duplicate_events;       /* token events dropped as already delivered */
     uint64_t queue_full;             /* requests refused because the queue was full */
-    tdm_router_hist_t queue;         /* arrival -> prefill task sent */
+    tdm_router_hist_t queue;         /* arrival -> reservation acknowledged */
     tdm_router_hist_t ttft;          /* arrival -> first token out */
     tdm_router_hist_t itl;           /* between consecutive tokens out */
     tdm_router_hist_t tpot;          /* per request: decode_s / (completion - 1) */
     tdm_router_hist_t e2e;           /* arrival -> final message */
     tdm_router_hist_t prefill;       /* node-measured prefill compute */
     tdm_router_hist_t kv_transfer;   /* node-measured KV transfer */
+    tdm_router_hist_t reserve;       /* DecodeReserve sent -> its answer (the round trip the
+                                        prefill no longer waits for) */
 
     /* The ended requests of requests_by_status again, by (final gRPC code, FinishReason);
      * FinishReason 0 (UNSPECIFIED) counts requests refused before they started (validation,

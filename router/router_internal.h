@@ -14,8 +14,10 @@
  *   metrics.c   renders tdm_router_metrics_t and the node figures (read only)
  *
  * Request lifecycle (states, all written by scheduler.c): QUEUED (waiting for a decode node
- * with room) -> RESERVING (DecodeReserve sent, reply pending) -> RUNNING (reservation
- * acknowledged, PrefillTask sent or local prefill) -> freed (completed, failed, cancelled).
+ * with room) -> RESERVING (DecodeReserve sent, reply pending; the PrefillTask went right after
+ * it, so the prefill node's first token may come now) -> RUNNING (reservation acknowledged, or
+ * local prefill) -> freed (completed, failed, cancelled). A refused reservation cancels the
+ * attempt's prefill and dispatches again.
  * Re-dispatch puts a request back through dispatch with its delivered output kept: the new
  * attempt resumes at the next output index (migration: its nodes prefill prompt + the tokens
  * delivered, rt_req_t.output, and sample from index next_index on).

@@ -449,6 +449,8 @@ static void spec_of(const rt_req_t *q, uint64_t attempt, uint32_t n_output,
     spec->deadline_unix_ms = q->deadline_ms;
 }
 
+static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p);
+
 /* q is RESERVING on n under attempt (DecodeReserve call `call`, need blocks). */
 static void attempt_begin(rt_req_t *q, rt_node_t *n, uint64_t attempt, uint64_t call, uint32_t need,
                           bool local, uint64_t fork_of)
@@ -512,11 +514,18 @@ static rt_dispatch_result_t reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *
     n->pending[n->n_pending++] = (rt_pending_t){call, need, q, attempt, tdm_time_now()};
     n->reserved_pending += need;
     attempt_begin(q, n, attempt, call, need, local, fork_of);
-    char kv[160];
+    /* The prefill starts now, not after the reservation's answer: the decode node needs
+     * nothing from it before the KV transfer, which it holds while the reservation is
+     * undecided (docs/protocol.md "Reserve"). A refused reservation cancels it
+     * (rt_sched_reserve_end). With no prefill node to pick, the answer's handler tries again. */
+    rt_node_t *p = local ? NULL : pick_prefill(r, q);
+    if (p)
+        send_prefill_task(r, q, p);
+    char kv[200];
     snprintf(kv, sizeof kv,
-             "decode=%s blocks=%" PRIu32 " local_prefill=%s attempt=%016" PRIx64
+             "decode=%s prefill=%s blocks=%" PRIu32 " local_prefill=%s attempt=%016" PRIx64
              " fork_of=%016" PRIx64,
-             n->cfg->id, need, local ? "true" : "false", attempt, fork_of);
+             n->cfg->id, p ? p->cfg->id : "-", need, local ? "true" : "false", attempt, fork_of);
     tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, kv, "reserve sent");
     return RT_DISPATCH_SENT;
 }
@@ -677,12 +686,13 @@ static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p)
     p->tokens_since_hb += q->n_prompt + q->resume_index;
 }
 
-/* The reservation was acknowledged: start the prefill (or the decode node does it). */
+/* The reservation was acknowledged: the prefill sent with the reservation goes on (or the
+ * decode node prefills locally); one that could not be sent then is sent now. */
 static void reserve_acked(tdm_router_t *r, rt_req_t *q)
 {
     double now = tdm_time_now();
     q->state = RT_RUNNING;
-    if (!q->local_prefill) {
+    if (!q->local_prefill && !q->prefill) {
         rt_node_t *p = pick_prefill(r, q);
         if (!p) {
             rt_redispatch(r, q, false, TDM_EUNAVAILABLE,
@@ -745,11 +755,6 @@ static void reserve_ok(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f, cons
  * decode node, else the queue's front. */
 static void reserve_refused(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f, rt_req_t *q)
 {
-    if (f->status == TDM_ERESOURCE) {
-        r->metrics.reserve_rejects++;
-        n->load.kv_blocks_free = n->load.kv_blocks_cached =
-            0; /* until its next heartbeat says otherwise */
-    }
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL,
                   "decode node %s refused the reservation (%s: %s); trying another", n->cfg->id,
                   tdm_status_name(f->status), f->message);
@@ -790,6 +795,26 @@ static int server_fault(int status)
     return tdm_status_info(status)->server_fault ? status : TDM_EINTERNAL;
 }
 
+/* q's reservation was refused while its prefill ran (the PrefillTask goes with the
+ * DecodeReserve): the prefill node gets NodeCancel of the attempt (it drops the task, or
+ * withdraws its KV transfer, which the decode node also drops when it refused the
+ * reservation first), and the attempt's progress is reset. A first token the prefill node
+ * sent meanwhile was delivered and stays so: the next attempt resumes after it, as a
+ * migration does. Returns true when the output delivered already ends q (completed and
+ * freed, rt_stream_end_delivered). */
+static bool refused_prefill_withdraw(tdm_router_t *r, rt_req_t *q)
+{
+    if (q->prefill)
+        cancel_on(r, q->prefill, q, TDM_ECANCELLED);
+    q->prefill = NULL;
+    q->attempt_id = 0; /* over: its first token or TaskFailed, if still in flight, is stale */
+    q->n_buf = 0;
+    q->finished = false;
+    q->decode_started = false;
+    q->prefilled = false;
+    return q->next_index > 0 && rt_stream_end_delivered(r, q);
+}
+
 void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
 {
     rt_pending_t p;
@@ -797,6 +822,7 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         reserve_late(r, n, f);
         return;
     }
+    rt_hist_observe(&r->metrics.reserve, tdm_time_now() - p.sent_at);
     if (f->status == TDM_OK) {
         reserve_ok(r, n, f, &p);
         return;
@@ -806,6 +832,13 @@ void rt_sched_reserve_end(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         return;
     q->decode = NULL;
     q->state = RT_QUEUED;
+    if (!q->fork && f->status == TDM_ERESOURCE) {
+        r->metrics.reserve_rejects++;
+        n->load.kv_blocks_free = n->load.kv_blocks_cached =
+            0; /* until its next heartbeat says otherwise */
+    }
+    if (refused_prefill_withdraw(r, q))
+        return;
     if (q->fork) { /* the decode node could not fork it: it runs on its own */
         q->fork = false;
         q->no_fork = true;

@@ -659,7 +659,9 @@ void rt_stream_on_token(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     if (!ev)
         return;
     rt_req_t *q = rt_req_for_event(r, n, ev->request_id, ev->attempt_id, true, true, "token");
-    if (q && q->state != RT_RUNNING) {
+    /* the prefill node's first token may come before the reservation's answer: the
+     * PrefillTask goes with the DecodeReserve */
+    if (q && q->state != RT_RUNNING && !(q->state == RT_RESERVING && n == q->prefill)) {
         tdm_log_write(&r->log, TDM_LOG_DEBUG, ev->request_id, NULL,
                       "ignoring token %" PRIu32 " from %s (request not running yet)", ev->index,
                       n->cfg->id);

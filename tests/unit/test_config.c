@@ -688,7 +688,8 @@ static void test_error_unknown_keys(void **state)
     assert_string_equal(err.msg, want);
     load_fails("kv:\n  blocksize: 16\n",
                "cluster.yaml:2: key 'kv.blocksize': unknown key (expected one of: block_size, "
-               "dtype, prefix_caching, transfer_timeout_s)");
+               "dtype, prefix_caching, transfer_timeout_s, early_transfer_bytes, "
+               "early_transfer_s)");
     load_fails("kv:\n  transfer_timeout_s: 0\n",
                "cluster.yaml:2: key 'kv.transfer_timeout_s': must be more than 0 and at most 3600 "
                "seconds, got 0");

@@ -466,23 +466,47 @@ static Tandem__V1__DecodeReserve *reserve_and_ack(env_t *e, fake_t *d)
     Tandem__V1__DecodeReserve *m = expect_reserve(e, d, &f);
     reply_ack(d, &f, m->spec->request_id, 1);
     tdm_frame_clear(&f);
+    /* the PrefillTask went with the reservation: the ack is handled before what the test
+     * sends next from another node (the router reads its peers in no set order) */
+    fake_sync(e, d);
     return m;
+}
+
+/* The next PrefillTask on p of the attempt its request's last DecodeReserve noted. The
+ * PrefillTask goes with the DecodeReserve, so a reservation that was refused or timed out
+ * left p a task of its attempt and that attempt's NodeCancel: skipped (*n_withdrawn counts
+ * the tasks skipped, when not NULL). */
+static Tandem__V1__PrefillTask *expect_current_task(env_t *e, fake_t *p, int *n_withdrawn)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    for (;;) {
+        if (!recv_on(e, p->s, &f, WAIT_MS))
+            fail_msg("%s: no PrefillTask", p->id);
+        assert_int_equal(f.kind, K_NOTIFY);
+        if (f.method == M(NODE_CANCEL)) {
+            tdm_frame_clear(&f);
+            continue;
+        }
+        assert_int_equal(f.method, M(PREFILL_TASK));
+        Tandem__V1__PrefillTask *t =
+            (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
+        assert_non_null(t);
+        tdm_frame_clear(&f);
+        uint64_t want = attempt_for(t->spec->request_id);
+        if (want == 0 || t->spec->attempt_id == want) {
+            attempt_note(t->spec->request_id, t->spec->attempt_id);
+            return t;
+        }
+        if (n_withdrawn)
+            (*n_withdrawn)++;
+        protobuf_c_message_free_unpacked(&t->base, NULL);
+    }
 }
 
 static Tandem__V1__PrefillTask *expect_task(env_t *e, fake_t *p)
 {
-    tdm_frame_t f;
-    tdm_frame_init(&f);
-    if (!recv_on(e, p->s, &f, WAIT_MS))
-        fail_msg("%s: no PrefillTask", p->id);
-    assert_int_equal(f.kind, K_NOTIFY);
-    assert_int_equal(f.method, M(PREFILL_TASK));
-    Tandem__V1__PrefillTask *t =
-        (Tandem__V1__PrefillTask *)tdm_frame_unpack(&f, &tandem__v1__prefill_task__descriptor);
-    assert_non_null(t);
-    attempt_note(t->spec->request_id, t->spec->attempt_id);
-    tdm_frame_clear(&f);
-    return t;
+    return expect_current_task(e, p, NULL);
 }
 
 /* Which of a or b receives the next PrefillTask (the other gets nothing). */
@@ -895,6 +919,44 @@ static void test_cancel(void **state)
     env_free(e);
 }
 
+/* A cancel between the reservation and the KV transfer: the prefill runs (its task went with
+ * the DecodeReserve) and the reservation is unanswered. Both nodes get NodeCancel; the late
+ * ReserveAck changes nothing (no new NodeCancel is owed: the request's went already), and the
+ * router's room accounting counts the acknowledged blocks until the node's next heartbeat. */
+static void test_cancel_while_reserving(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-cancel-rsv", "abc", 10, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    tdm_send_t c = {0};
+    c.kind = K_CANCEL;
+    c.method = M(GENERATE);
+    c.call_id = call;
+    assert_int_equal(tdm_sock_send(e->client, &c), 0);
+    expect_cancel(e, &e->p0, "r-cancel-rsv", 1);
+    expect_cancel(e, &e->d0, "r-cancel-rsv", 1);
+    reply_ack(&e->d0, &f, "r-cancel-rsv", 1); /* the answer comes after all */
+    tdm_frame_clear(&f);
+    fake_token(&e->p0, "r-cancel-rsv", 0, B('x')); /* late event: dropped */
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->p0);
+    expect_none(e, e->client, 100);
+    expect_none(e, e->d0.s, 100);
+    assert_int_equal(tdm_router_n_running(e->r), 0);
+    assert_int_equal(tdm_router_metrics(e->r)->requests_by_status[1], 1);
+    env_free(e);
+}
+
 /* The deadline passes while the request runs: DEADLINE_EXCEEDED and NodeCancel. */
 static void test_deadline(void **state)
 {
@@ -1149,6 +1211,97 @@ static void test_reserve_rejected(void **state)
                "decode node 'decode-1' refused the request (INVALID_ARGUMENT): sampling.top_k "
                "too big");
     (void)call;
+    env_free(e);
+}
+
+/* The PrefillTask goes with the DecodeReserve: the prefill runs, and its first token reaches
+ * the client, while the reservation waits. A refusal then cancels the prefill (NodeCancel of
+ * that attempt to the prefill node) and the request is dispatched again resuming after the
+ * token delivered (output_tokens), which the client sees once; the withdrawn attempt's late
+ * messages are stale. A refusal is flow control: no re-dispatch is counted. When the token
+ * delivered already ends the request (max_tokens 1), it completes without another attempt. */
+static void test_reserve_refused_after_prefill(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    fake_register(e, &e->d1);
+    fake_heartbeat(e, &e->d0, 90, 0);
+    fake_heartbeat(e, &e->d1, 50, 0);
+    fake_sync(e, &e->d0);
+    fake_sync(e, &e->d1);
+    Tandem__V1__GenerateRequest g;
+    prompt_req(&g, "r-early", "abc", 4, true);
+    uint64_t call = generate(e, &g);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    Tandem__V1__DecodeReserve *rs = expect_reserve(e, &e->d0, &f);
+    uint64_t a1 = rs->spec->attempt_id;
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0); /* before any answer */
+    assert_int_equal(t->spec->attempt_id, a1);
+    assert_string_equal(t->decode_node_id, "decode-0");
+    assert_int_equal(t->spec->n_output_tokens, 0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-early", 0, B('h'));
+    result_t first;
+    memset(&first, 0, sizeof first);
+    one_chunk(e, call, &first); /* the reservation is still unanswered */
+    assert_string_equal(first.text, "h");
+    assert_int_equal(tdm_sock_reply_error(e->d0.s, &f, TDM_ERESOURCE, "need 1 blocks, 0 free"), 0);
+    tdm_frame_clear(&f);
+    expect_cancel(e, &e->p0, "r-early", 1); /* the prefill of the refused attempt */
+    rs = expect_reserve(e, &e->d1, &f);
+    assert_true(rs->spec->attempt_id != a1);
+    assert_int_equal(rs->spec->n_output_tokens, 1); /* resumes after the token delivered */
+    assert_int_equal(rs->spec->output_tokens[0], B('h'));
+    reply_ack(&e->d1, &f, "r-early", 1);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    tdm_frame_clear(&f);
+    fake_sync(e, &e->d1);
+    t = expect_task(e, &e->p0);
+    assert_string_equal(t->decode_node_id, "decode-1");
+    assert_int_equal(t->spec->n_output_tokens, 1);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    uint64_t stale = tdm_router_metrics(e->r)->stale_attempt_messages;
+    uint64_t a2 = attempt_for("r-early");
+    attempt_note("r-early", a1); /* the withdrawn attempt's token, late */
+    fake_token(&e->p0, "r-early", 0, B('x'));
+    fake_sync(e, &e->p0);
+    assert_int_equal(tdm_router_metrics(e->r)->stale_attempt_messages, stale + 1);
+    attempt_note("r-early", a2);
+    fake_token(&e->p0, "r-early", 1, B('i'));
+    fake_token(&e->d1, "r-early", 2, B('j'));
+    fake_finished(&e->d1, "r-early", FIN(LENGTH), 3);
+    result_t res;
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "ij");
+    assert_int_equal(res.usage.completion_tokens, 3); /* h, i, j: each once */
+    assert_int_equal(tdm_router_metrics(e->r)->reserve_rejects, 1);
+    assert_int_equal(tdm_router_metrics(e->r)->redispatches, 0);
+
+    /* max_tokens 1: the first token delivered is the whole answer */
+    fake_heartbeat(e, &e->d0, 90, 0);
+    fake_sync(e, &e->d0);
+    prompt_req(&g, "r-early-1", "abc", 1, true);
+    call = generate(e, &g);
+    rs = expect_reserve(e, &e->d0, &f);
+    protobuf_c_message_free_unpacked(&rs->base, NULL);
+    t = expect_task(e, &e->p0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "r-early-1", 0, B('k'));
+    fake_sync(e, &e->p0);
+    assert_int_equal(tdm_sock_reply_error(e->d0.s, &f, TDM_ERESOURCE, "need 1 blocks, 0 free"), 0);
+    tdm_frame_clear(&f);
+    collect(e, call, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "k");
+    assert_int_equal(res.finish, TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH);
+    expect_cancel(e, &e->p0, "r-early-1", 1);
+    expect_none(e, e->d1.s, 100);                                   /* no other attempt */
+    assert_int_equal(tdm_router_metrics(e->r)->reserve_rejects, 2); /* counted all the same */
     env_free(e);
 }
 
@@ -2443,7 +2596,7 @@ static void check_histograms(const char *text)
         "tandem_time_to_first_token_seconds",   "tandem_inter_token_latency_seconds",
         "tandem_time_per_output_token_seconds", "tandem_e2e_request_latency_seconds",
         "tandem_request_queue_time_seconds",    "tandem_request_prefill_time_seconds",
-        "tandem_kv_transfer_time_seconds"};
+        "tandem_kv_transfer_time_seconds",      "tandem_decode_reserve_seconds"};
     const double *bounds = tdm_router_hist_bounds();
     for (size_t h = 0; h < sizeof names / sizeof names[0]; h++) {
         char series[160];
@@ -3848,6 +4001,9 @@ static void test_node_suspect_then_down(void **state)
     assert_string_equal(rs2->spec->request_id, "r-new");
     protobuf_c_message_free_unpacked(&rs2->base, NULL);
     tdm_frame_clear(&f);
+    Tandem__V1__PrefillTask *t2 = expect_task(e, &e->p0); /* sent with the reservation */
+    assert_string_equal(t2->decode_node_id, "decode-1");
+    protobuf_c_message_free_unpacked(&t2->base, NULL);
 
     /* the running request goes on; the message makes decode-0 healthy again */
     fake_token(&e->d0, "r-sus", 1, B('b'));
@@ -4238,6 +4394,7 @@ static void test_n_choices_fork_and_end_once(void **state)
     uint64_t call = generate(e, &g);
     uint64_t a0, a1;
     n_reserve_both(e, &e->d0, &a0, &a1);
+    attempt_note("r-n", a0); /* choice 0's task (the fork has none) */
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     assert_int_equal(t->spec->attempt_id, a0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
@@ -4276,6 +4433,7 @@ static void test_n_fork_fallback_and_failure(void **state)
     uint64_t call = generate(e, &g);
     uint64_t a0, a1;
     n_reserve_both(e, &e->d0, &a0, &a1);
+    attempt_note("r-n", a0);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     attempt_note("r-n", a1);
@@ -4294,7 +4452,9 @@ static void test_n_fork_fallback_and_failure(void **state)
     assert_int_equal(t->spec->attempt_id, a1b);
     protobuf_c_message_free_unpacked(&t->base, NULL);
     attempt_note("r-n", a1b);
+    fake_sync(e, &e->d0); /* its ack handled first: d0 and p0 are read in no set order */
     fake_token(&e->p0, "r-n", 0, B('x'));
+    fake_sync(e, &e->p0);
     attempt_note("r-n", a0);
     fake_task_failed(&e->d0, "r-n", TDM_EINTERNAL, "engine broke", false);
     char text[2][32] = {"", ""};
@@ -4337,6 +4497,7 @@ static void test_n_cancel_forks_first(void **state)
         reply_ack(&e->d0, &f[i], "r-n", 1);
         tdm_frame_clear(&f[i]);
     }
+    attempt_note("r-n", a[0]);
     Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
     assert_int_equal(t->spec->attempt_id, a[0]);
     protobuf_c_message_free_unpacked(&t->base, NULL);
@@ -4392,6 +4553,8 @@ int main(void)
         cmocka_unit_test(test_broken_model_template),
         cmocka_unit_test(test_queue_and_local_prefill),
         cmocka_unit_test(test_reserve_rejected),
+        cmocka_unit_test(test_reserve_refused_after_prefill),
+        cmocka_unit_test(test_cancel_while_reserving),
         cmocka_unit_test(test_round_robin),
         cmocka_unit_test(test_prefix_aware),
         cmocka_unit_test(test_least_loaded),

@@ -1022,6 +1022,202 @@ static void test_receiver_gone(void **state)
     c->clean = true;
 }
 
+/* ---- early transfers: the reservation is not decided when the KV arrives ---- */
+
+/* A lookup whose reservation is undecided until `decided`: TDM_KV_LOOKUP_WAIT before. */
+typedef struct early {
+    reservation_t res;
+    bool decided;
+    int waits; /* lookups answered TDM_KV_LOOKUP_WAIT */
+} early_t;
+
+static int early_cb(void *user, const char *request_id, uint64_t attempt_id, uint32_t n_tokens,
+                    const uint32_t **blocks, uint32_t *n_blocks, tdm_error_t *err)
+{
+    early_t *e = user;
+    if (!e->decided) {
+        e->waits++;
+        return TDM_KV_LOOKUP_WAIT;
+    }
+    return lookup_cb(&e->res, request_id, attempt_id, n_tokens, blocks, n_blocks, err);
+}
+
+static tdm_kv_receiver_t *receiver_hold(ctx_t *c, uint64_t hold_bytes, int hold_ms)
+{
+    tdm_kv_receiver_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.endpoint = "tcp://127.0.0.1:*";
+    o.node_id = "decode-0";
+    o.model_fingerprint = FINGERPRINT;
+    o.hold_bytes = hold_bytes;
+    o.hold_ms = hold_ms;
+    o.log = &c->log;
+    tdm_error_t err = {0};
+    tdm_kv_receiver_t *r = tdm_kv_receiver_new(c->net, c->rpool, &o, &err);
+    if (!r)
+        fail_msg("tdm_kv_receiver_new: %s", err.msg);
+    return r;
+}
+
+/* Receives until n transfers are held (none may be processed meanwhile); fails after WAIT_MS. */
+static void wait_held(tdm_kv_receiver_t *r, early_t *e, uint32_t n)
+{
+    double until = tdm_time_now() + WAIT_MS / 1e3;
+    while (tdm_kv_receiver_held(r, NULL) != n && tdm_time_now() < until) {
+        tdm_kv_received_t got;
+        assert_int_equal(tdm_kv_receiver_recv(r, 50, early_cb, e, &got), 0);
+    }
+    assert_int_equal(tdm_kv_receiver_held(r, NULL), n);
+}
+
+/* A transfer that arrives before its reservation is decided is held unanswered; decided, it
+ * is installed (resume) or refused with the reservation's status (refuse); a CANCEL from its
+ * sender drops it while held. Every block goes back on both sides. */
+static void test_early_transfer(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_receiver_t *r = receiver_hold(c, 64ull << 20, WAIT_MS);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
+    const char *ep = tdm_kv_receiver_endpoint(r);
+    tdm_kv_seq_t sseq, rseq;
+
+    /* installed once decided */
+    reserve(c->spool, &sseq, 40);
+    fill_seq(c->spool, &sseq, 31);
+    uint64_t want = seq_digest(c->spool, &sseq);
+    uint64_t id = send_seq(s, ep, "req-early", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    early_t e = {.res = {.request_id = "req-early"}};
+    wait_held(r, &e, 1);
+    uint64_t bytes = 0;
+    assert_int_equal(tdm_kv_receiver_held(r, &bytes), 1);
+    assert_true(bytes >= 3 * 368640ull); /* its three blocks, and the header */
+    assert_int_equal(e.waits, 1);
+    tdm_kv_send_done_t none;
+    assert_int_equal(tdm_kv_sender_poll(s, 0, &none, 1), 0); /* unanswered */
+    reserve(c->rpool, &rseq, 40);                            /* the reservation is made now */
+    e.decided = true;
+    e.res.blocks = rseq.blocks;
+    e.res.n_blocks = rseq.n_blocks;
+    tdm_kv_received_t got;
+    assert_int_equal(tdm_kv_receiver_resume(r, attempt_of("req-other"), early_cb, &e, &got), 0);
+    assert_int_equal(tdm_kv_receiver_resume(r, attempt_of("req-early"), early_cb, &e, &got), 1);
+    assert_int_equal(got.status, 0);
+    assert_int_equal(got.transfer_id, id);
+    assert_int_equal(got.first_token, 4242);
+    assert_int_equal(seq_digest(c->rpool, &rseq), want);
+    assert_int_equal(tdm_kv_receiver_held(r, &bytes), 0);
+    assert_int_equal(bytes, 0);
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, 0);
+    assert_int_equal(d.transfer_id, id);
+    tdm_kv_seq_release(c->rpool, &rseq);
+    check_pool_empty(c->spool);
+    check_pool_empty(c->rpool);
+
+    /* refused once decided: the sender learns the reservation's status and reason */
+    reserve(c->spool, &sseq, 20);
+    fill_seq(c->spool, &sseq, 32);
+    id = send_seq(s, ep, "req-refused", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    e = (early_t){.res = {.request_id = "req-refused"}};
+    wait_held(r, &e, 1);
+    assert_int_equal(tdm_kv_receiver_refuse(r, attempt_of("req-other"), TDM_ERESOURCE, "x"), 0);
+    assert_int_equal(tdm_kv_receiver_refuse(r, attempt_of("req-refused"), TDM_ERESOURCE,
+                                            "need 2 KV blocks, 0 free"),
+                     1);
+    d = wait_done(s);
+    assert_int_equal(d.status, TDM_ERESOURCE);
+    assert_int_equal(d.transfer_id, id);
+    assert_string_equal(d.message, "reservation refused: need 2 KV blocks, 0 free");
+    assert_int_equal(tdm_kv_receiver_held(r, NULL), 0);
+    check_pool_empty(c->spool);
+
+    /* withdrawn by its sender while held: dropped unanswered, the lookup not asked again */
+    reserve(c->spool, &sseq, 20);
+    fill_seq(c->spool, &sseq, 33);
+    id = send_seq(s, ep, "req-withdrawn", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    e = (early_t){.res = {.request_id = "req-withdrawn"}};
+    wait_held(r, &e, 1);
+    assert_int_equal(tdm_kv_sender_cancel(s, attempt_of("req-withdrawn")), 1);
+    d = wait_done(s);
+    assert_int_equal(d.status, TDM_ECANCELLED);
+    assert_int_equal(d.transfer_id, id);
+    wait_held(r, &e, 0);
+    assert_int_equal(e.waits, 1);
+    e.decided = true;
+    assert_int_equal(tdm_kv_receiver_resume(r, attempt_of("req-withdrawn"), early_cb, &e, &got), 0);
+    check_pool_empty(c->spool);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
+/* Over the bound in bytes an early transfer is refused NOT_FOUND at once, as one without a
+ * reservation; held past the bound in time it is refused NOT_FOUND then. A receiver that
+ * holds nothing (hold_bytes 0) refuses it at once, as before early transfers. */
+static void test_early_transfer_bounds(void **state)
+{
+    ctx_t *c = *state;
+    /* room for two blocks: a three-block transfer does not fit */
+    tdm_kv_receiver_t *r = receiver_hold(c, 2 * 368640ull, WAIT_MS);
+    tdm_kv_sender_t *s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
+    tdm_kv_seq_t sseq;
+    reserve(c->spool, &sseq, 40);
+    fill_seq(c->spool, &sseq, 41);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-big", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    early_t e = {.res = {.request_id = "req-big"}};
+    tdm_kv_received_t got;
+    assert_int_equal(tdm_kv_receiver_recv(r, WAIT_MS, early_cb, &e, &got), 1);
+    assert_int_equal(got.status, TDM_ENOTFOUND);
+    assert_non_null(strstr(got.message, "no room to hold the transfer"));
+    assert_non_null(strstr(got.message, "bound of 737280"));
+    assert_int_equal(tdm_kv_receiver_held(r, NULL), 0);
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, TDM_ENOTFOUND);
+    check_pool_empty(c->spool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+
+    /* held 1 ms at most: refused by the next receive after that */
+    r = receiver_hold(c, 64ull << 20, 1);
+    s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
+    reserve(c->spool, &sseq, 16);
+    fill_seq(c->spool, &sseq, 42);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-late", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    e = (early_t){.res = {.request_id = "req-late"}};
+    wait_held(r, &e, 1);
+    wait_held(r, &e, 0); /* its time ran out */
+    d = wait_done(s);
+    assert_int_equal(d.status, TDM_ENOTFOUND);
+    assert_non_null(strstr(d.message, "within 1 ms of the transfer's arrival"));
+    check_pool_empty(c->spool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+
+    /* holds nothing */
+    r = receiver_hold(c, 0, 0);
+    s = sender_new(c, c->spool, FINGERPRINT, WAIT_MS);
+    reserve(c->spool, &sseq, 16);
+    fill_seq(c->spool, &sseq, 43);
+    send_seq(s, tdm_kv_receiver_endpoint(r), "req-none", &sseq);
+    tdm_kv_seq_release(c->spool, &sseq);
+    e = (early_t){.res = {.request_id = "req-none"}};
+    assert_int_equal(tdm_kv_receiver_recv(r, WAIT_MS, early_cb, &e, &got), 1);
+    assert_int_equal(got.status, TDM_ENOTFOUND);
+    d = wait_done(s);
+    assert_int_equal(d.status, TDM_ENOTFOUND);
+    check_pool_empty(c->spool);
+    check_pool_empty(c->rpool);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+    c->clean = true;
+}
+
 static void test_cancel(void **state)
 {
     ctx_t *c = *state;
@@ -1417,6 +1613,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_receiver_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_resend_after_lost_connection, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_early_transfer, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_early_transfer_bounds, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_destroy_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_curve, setup, teardown),

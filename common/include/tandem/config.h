@@ -118,12 +118,17 @@ typedef struct tdm_router_config {
 
 /* kv: the paged KV cache, identical on every node. */
 typedef struct tdm_kv_config {
-    int block_size;            /* tokens per block: a power of two in 1..256; default 16 */
-    tdm_kv_dtype_t dtype;      /* f16 (default) */
-    bool prefix_caching;       /* share blocks of identical prompt prefixes; default true */
-    double transfer_timeout_s; /* a KV transfer not acknowledged within this many seconds
-                                  fails (the prefill node reports it, the router retries);
-                                  (0, 3600], default 10 */
+    int block_size;                /* tokens per block: a power of two in 1..256; default 16 */
+    tdm_kv_dtype_t dtype;          /* f16 (default) */
+    bool prefix_caching;           /* share blocks of identical prompt prefixes; default true */
+    double transfer_timeout_s;     /* a KV transfer not acknowledged within this many seconds
+                                      fails (the prefill node reports it, the router retries);
+                                      (0, 3600], default 10 */
+    uint64_t early_transfer_bytes; /* decode: KV transfers that arrive before their
+                                      reservation is decided are held up to this many bytes
+                                      in all (0: none held); default 256 MiB */
+    double early_transfer_s;       /* decode: and each at most this long; (0, 3600],
+                                      default 5 */
 } tdm_kv_config_t;
 
 typedef struct tdm_log_config {

@@ -213,6 +213,10 @@ void tdm_frame_init(tdm_frame_t *f);
 /* Releases what the frame holds and empties it; the frame may be reused. NULL-safe. */
 void tdm_frame_clear(tdm_frame_t *f);
 
+/* Moves src's message into dst (cleared first): body and data stay where they are, owned by
+ * dst now; src is left empty. Cannot fail. */
+void tdm_frame_move(tdm_frame_t *dst, tdm_frame_t *src);
+
 /* Data frame i (< f->n_data): its bytes and length; valid until tdm_frame_clear. */
 const uint8_t *tdm_frame_data(const tdm_frame_t *f, uint32_t i, size_t *len);
 

@@ -160,6 +160,10 @@ typedef struct tdm_kv_receiver_opts {
                                       go, and for a communicator to form; 0 = 10000 */
     int threads;                   /* OpenMP threads that copy and checksum a large transfer
                                       (as the sender's); 0 = one per core */
+    uint64_t hold_bytes;           /* early transfers (the lookup said TDM_KV_LOOKUP_WAIT) held
+                                      in all, bytes of their messages; 0: none held */
+    int hold_ms;                   /* how long one is held before it is refused NOT_FOUND;
+                                      0 = 5000 */
     const tdm_logger_t *log;
 } tdm_kv_receiver_opts_t;
 
@@ -184,7 +188,12 @@ const char *tdm_kv_receiver_endpoint(const tdm_kv_receiver_t *r);
  * can be had) and says why in *err (tdm_error_set; never NULL). The returned status is the
  * one the transfer is rejected with; when *err has no message, the reason is that status's
  * text. Called only for a transfer whose header and header checksum verified (a tcp transfer's
- * block checksums are verified after it, or while its blocks are copied). */
+ * block checksums are verified after it, or while its blocks are copied).
+ * TDM_KV_LOOKUP_WAIT (positive) says the attempt's reservation is not decided yet (its
+ * DecodeReserve may come after the transfer): the receiver holds the transfer, unanswered,
+ * within opts' hold_bytes and hold_ms, until the node calls tdm_kv_receiver_resume or
+ * tdm_kv_receiver_refuse for the attempt; over those bounds it is refused TDM_ENOTFOUND. */
+#define TDM_KV_LOOKUP_WAIT 1
 typedef int (*tdm_kv_lookup_fn)(void *user, const char *request_id, uint64_t attempt_id,
                                 uint32_t n_tokens, const uint32_t **blocks, uint32_t *n_blocks,
                                 tdm_error_t *err);
@@ -214,6 +223,10 @@ typedef struct tdm_kv_received {
  * request is rejected by the lookup), or TDM_EINTERNAL. Never crashes on what it receives.
  * A transfer whose CANCEL is already waiting right behind it is dropped unread: 1 with
  * out->status TDM_ECANCELLED and no reply (the lookup is not called).
+ * Early transfers: one the lookup answers TDM_KV_LOOKUP_WAIT for is held (no reply, no
+ * outcome: the call goes on with the next message) within opts' hold_bytes, else rejected
+ * TDM_ENOTFOUND; each call first refuses (TDM_ENOTFOUND, unreported) those held longer than
+ * hold_ms, and a CANCEL of a held transfer drops it unanswered.
  * Rejections leave the reserved blocks untouched, except with a device pool, whose data lands
  * in the blocks before the device checksums are verified, and nccl, where a failure while
  * receiving (timeout_ms passed, NCCL error) leaves them partly written. KV_HELLO requests
@@ -221,6 +234,21 @@ typedef struct tdm_kv_received {
  * forms (at most timeout_ms), as it does while an nccl transfer's blocks arrive. */
 int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn lookup, void *user,
                          tdm_kv_received_t *out);
+
+/* The reservation of attempt_id is decided: a transfer held for it (the lookup answered
+ * TDM_KV_LOOKUP_WAIT) is processed now as tdm_kv_receiver_recv would, the lookup deciding
+ * (a TDM_KV_LOOKUP_WAIT now is TDM_ENOTFOUND). Returns 1 with *out filled when one was held,
+ * 0 when none was, TDM_EINTERNAL on bad arguments. */
+int tdm_kv_receiver_resume(tdm_kv_receiver_t *r, uint64_t attempt_id, tdm_kv_lookup_fn lookup,
+                           void *user, tdm_kv_received_t *out);
+
+/* The reservation of attempt_id was refused: a transfer held for it is rejected with status
+ * (a negative TDM_E code) and why ("reservation refused: " before it), and freed. Returns 1
+ * when one was held, else 0. Cannot fail. */
+int tdm_kv_receiver_refuse(tdm_kv_receiver_t *r, uint64_t attempt_id, int status, const char *why);
+
+/* Transfers held now, and their bytes (tests, logs). Cannot fail. */
+uint32_t tdm_kv_receiver_held(const tdm_kv_receiver_t *r, uint64_t *bytes);
 
 /* Checksum of one block as carried in KvTransfer.checksums: XXH3_64bits over block_bytes. */
 uint64_t tdm_kv_block_checksum(const void *block, uint64_t block_bytes);

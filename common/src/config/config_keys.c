@@ -378,6 +378,16 @@ static const tdm_config_key_t keys[] = {
                10, NULL, "seconds",
                "a KV transfer the decode node has not acknowledged within it fails (the prefill "
                "node reports it, the router retries the request; \"Timeouts and retries\")"),
+    BYTES_KEY(KV, "early_transfer_bytes", CFG(kv.early_transfer_bytes), 0, 0, 64ull << 30,
+              256ull << 20, NULL,
+              "a decode node holds KV transfers that arrive before it has decided their "
+              "reservation (the prefill starts with the reservation), up to this many bytes in "
+              "all, and installs or refuses each once the reservation is decided; a transfer "
+              "over it is refused as one without a reservation (`NOT_FOUND`); `0` holds none"),
+    NUMBER_KEY(KV, "early_transfer_s", CFG(kv.early_transfer_s), TDM_CONFIG_MIN_OPEN, 0, 3600, 5,
+               NULL, "seconds",
+               "a held early KV transfer whose reservation is still undecided after it is "
+               "refused (`NOT_FOUND`; the prefill node reports it, the router retries)"),
 
     ENUM_KEY(LOG, "level", CFG(log.level), 0, 0, &log_levels, TDM_LOG_INFO, "lowest level logged"),
 

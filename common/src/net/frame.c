@@ -83,6 +83,13 @@ void tdm_frame_clear(tdm_frame_t *f)
     memset(f, 0, sizeof *f);
 }
 
+void tdm_frame_move(tdm_frame_t *dst, tdm_frame_t *src)
+{
+    tdm_frame_clear(dst);
+    *dst = *src; /* the parts are on the heap (impl): their addresses do not change */
+    memset(src, 0, sizeof *src);
+}
+
 const uint8_t *tdm_frame_data(const tdm_frame_t *f, uint32_t i, size_t *len)
 {
     const tdm_net_frame_impl_t *impl = f ? f->impl : NULL;

@@ -2,7 +2,10 @@
  * socket, tdm_kv_receiver_recv (one transfer per call; KV_HELLO and CANCEL frames on the way),
  * the checks of a transfer in order (header.c's, the sender's identity, the header checksum,
  * the reserved blocks from the node's lookup, the block checksums), the write into the
- * reserved blocks (tcp.c, device.c) and the reply, which names what was wrong.
+ * reserved blocks (tcp.c, device.c) and the reply, which names what was wrong; and the early
+ * transfers, which came before the node decided their reservation (the router starts the
+ * prefill with the reservation): held unanswered in their ZMQ messages, within a bound in
+ * bytes and in time, until the node resumes or refuses them.
  */
 #include "transfer/transfer_internal.h"
 
@@ -42,10 +45,14 @@ static int receiver_opts_check(const tdm_kv_receiver_opts_t *opts, tdm_error_t *
         return tdm_error_set(err, TDM_EINVALID,
                              "KV receiver: a device pool needs a CUDA build (-DTANDEM_CUDA=ON)");
 #endif
-    if (opts->timeout_ms < 0 || opts->threads < 0)
+    if (opts->timeout_ms < 0 || opts->threads < 0 || opts->hold_ms < 0)
         return tdm_error_set(err, TDM_EINVALID, "KV receiver %s is %d; must be >= 0",
-                             opts->timeout_ms < 0 ? "timeout_ms" : "threads",
-                             opts->timeout_ms < 0 ? opts->timeout_ms : opts->threads);
+                             opts->timeout_ms < 0 ? "timeout_ms"
+                             : opts->threads < 0  ? "threads"
+                                                  : "hold_ms",
+                             opts->timeout_ms < 0 ? opts->timeout_ms
+                             : opts->threads < 0  ? opts->threads
+                                                  : opts->hold_ms);
     return 0;
 }
 
@@ -72,6 +79,8 @@ tdm_kv_receiver_t *tdm_kv_receiver_new(tdm_net_t *net, tdm_kv_pool_t *pool,
     r->model_fingerprint = opts->model_fingerprint;
     r->memory = opts->memory;
     r->timeout_ms = opts->timeout_ms ? opts->timeout_ms : TDM_KV_DEFAULT_TIMEOUT_MS;
+    r->hold_bytes = opts->hold_bytes;
+    r->hold_ms = opts->hold_ms > 0 ? opts->hold_ms : TDM_KV_DEFAULT_HOLD_MS;
     r->threads = tdm_kv_threads(opts->threads);
     if (opts->log) {
         r->log_store = *opts->log;
@@ -109,6 +118,8 @@ void tdm_kv_receiver_destroy(tdm_kv_receiver_t **self_p)
 #endif
     tdm_frame_clear(&r->frames[0]);
     tdm_frame_clear(&r->frames[1]);
+    for (uint32_t i = 0; i < r->n_held; i++) /* unanswered: their senders time out */
+        tdm_frame_clear(&r->held[i].f);
     tdm_sock_destroy(&r->sock);
     free(r->sums);
     free(r->src);
@@ -136,6 +147,8 @@ static int lookup_blocks(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfe
     *blocks = NULL;
     tdm_error_clear(err);
     int rc = lookup(user, h->request_id, h->attempt_id, h->n_tokens, blocks, &n, err);
+    if (rc == TDM_KV_LOOKUP_WAIT)
+        return rc; /* its reservation is not decided yet: the caller may hold it */
     if (rc != 0) {
         /* the returned status is the one the transfer is rejected with */
         if (rc > 0)
@@ -272,8 +285,50 @@ static void transfer_reply(tdm_kv_receiver_t *r, const tdm_frame_t *f, int st, c
                        out->transfer_id, out->n_blocks, out->bytes, tdm_kv_backend_name(backend));
 }
 
-static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_lookup_fn lookup,
-                            void *user, tdm_kv_received_t *out)
+/* The bytes of f's parts: what holding it keeps in memory. */
+static uint64_t frame_bytes(const tdm_frame_t *f)
+{
+    uint64_t bytes = f->body_len;
+    for (uint32_t i = 0; i < f->n_data; i++) {
+        size_t len = 0;
+        (void)tdm_frame_data(f, i, &len);
+        bytes += len;
+    }
+    return bytes;
+}
+
+/* Holds the transfer f (moved in) until its reservation of attempt is decided. Returns 0, or
+ * TDM_ENOTFOUND with *err set when the bound in bytes or count leaves no room (f untouched). */
+static int hold(tdm_kv_receiver_t *r, tdm_frame_t *f, const Tandem__V1__KvTransfer *h,
+                tdm_error_t *err)
+{
+    uint64_t bytes = frame_bytes(f);
+    if (r->n_held == TDM_KV_HELD_MAX || r->held_bytes + bytes > r->hold_bytes)
+        return tdm_error_set(err, TDM_ENOTFOUND,
+                             "no reservation for attempt %016" PRIx64 " of request '%s' yet, and "
+                             "no room to hold the transfer until it is decided (%u transfers, "
+                             "%" PRIu64 " + %" PRIu64 " bytes over the bound of %" PRIu64 ")",
+                             h->attempt_id, h->request_id, r->n_held, r->held_bytes, bytes,
+                             r->hold_bytes);
+    tdm_kv_held_t *e = &r->held[r->n_held++];
+    tdm_frame_init(&e->f);
+    tdm_frame_move(&e->f, f);
+    e->attempt_id = h->attempt_id;
+    e->bytes = bytes;
+    e->until = tdm_time_now() + r->hold_ms / 1e3;
+    r->held_bytes += bytes;
+    TDM_LOG_DEBUGF(r->log, h->request_id,
+                   "KV transfer %" PRIu64 " held: attempt %016" PRIx64 " not decided yet "
+                   "(%u held, %" PRIu64 " bytes)",
+                   h->transfer_id, h->attempt_id, r->n_held, r->held_bytes);
+    return 0;
+}
+
+/* Handles the transfer f: checks, lookup, write, reply, into *out. may_hold: a lookup that
+ * says TDM_KV_LOOKUP_WAIT holds it (moved out of f) within the bounds; else that answer is
+ * NOT_FOUND. Returns true with *out filled, false when it was held (no reply, no outcome). */
+static bool handle_transfer(tdm_kv_receiver_t *r, tdm_frame_t *f, tdm_kv_lookup_fn lookup,
+                            void *user, bool may_hold, tdm_kv_received_t *out)
 {
     tdm_error_t res = {0};
     tdm_kv_backend_t backend = TDM_KV_BACKEND_TCP;
@@ -293,10 +348,11 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
         int st = tdm_error_set(&res, TDM_EINVALID, "KvTransfer header does not decode (%zu bytes)",
                                f->body_len);
         transfer_reply(r, f, st, res.msg, backend, out);
-        return;
+        return true;
     }
     received_fill(r, h, out);
-    if (cancel_follows(r, f)) {
+    bool done = true;
+    if (may_hold && cancel_follows(r, f)) {
         out->status = TDM_ECANCELLED;
         snprintf(out->message, sizeof out->message,
                  "cancelled by the sender before it was handled");
@@ -306,11 +362,127 @@ static void handle_transfer(tdm_kv_receiver_t *r, const tdm_frame_t *f, tdm_kv_l
          * in blocks no one reads, freed with the reservation. Shared blocks and device pools
          * are written only after every check passed. */
         int st = transfer_check(r, f, h, lookup, user, &backend, &blocks, &res);
-        if (st == 0)
+        if (st == TDM_KV_LOOKUP_WAIT && may_hold && hold(r, f, h, &res) == 0)
+            done = false;
+        else if (st == TDM_KV_LOOKUP_WAIT && !res.msg[0])
+            st = tdm_error_set(&res, TDM_ENOTFOUND,
+                               "no reservation for attempt %016" PRIx64 " of request '%s' "
+                               "(its reservation was not decided)",
+                               h->attempt_id, h->request_id);
+        else if (st == TDM_KV_LOOKUP_WAIT)
+            st = TDM_ENOTFOUND; /* no room to hold it: res says so */
+        if (done && st == 0)
             st = transfer_write(r, f, h, backend, blocks, &res);
-        transfer_reply(r, f, st, res.msg, backend, out);
+        if (done)
+            transfer_reply(r, f, st, res.msg, backend, out);
     }
     protobuf_c_message_free_unpacked(&h->base, NULL);
+    return done;
+}
+
+/* Takes held transfer i off the list into *f (moved). */
+static void held_take(tdm_kv_receiver_t *r, uint32_t i, tdm_frame_t *f)
+{
+    tdm_frame_move(f, &r->held[i].f);
+    r->held_bytes -= r->held[i].bytes;
+    memmove(&r->held[i], &r->held[i + 1], (r->n_held - i - 1) * sizeof r->held[0]);
+    r->n_held--;
+}
+
+/* Refuses (NOT_FOUND) the held transfers whose time ran out. */
+static void held_expire(tdm_kv_receiver_t *r)
+{
+    double now = tdm_time_now();
+    for (uint32_t i = 0; i < r->n_held;) {
+        if (now <= r->held[i].until) {
+            i++;
+            continue;
+        }
+        uint64_t attempt = r->held[i].attempt_id;
+        tdm_frame_t f;
+        tdm_frame_init(&f);
+        held_take(r, i, &f);
+        TDM_LOG_WARNF(r->log, NULL,
+                      "KV transfer %" PRIu64 " for attempt %016" PRIx64 " refused: no reservation "
+                      "decided within %d ms",
+                      f.call_id, attempt, r->hold_ms);
+        tdm_sock_reply_error(r->sock, &f, TDM_ENOTFOUND,
+                             "no reservation for attempt %016" PRIx64 " within %d ms of the "
+                             "transfer's arrival (cancelled, superseded or unknown)",
+                             attempt, r->hold_ms);
+        tdm_frame_clear(&f);
+    }
+}
+
+/* A CANCEL of a held transfer (same sender, same call) drops it unanswered. Returns true when
+ * c was one. */
+static bool held_cancel(tdm_kv_receiver_t *r, const tdm_frame_t *c)
+{
+    for (uint32_t i = 0; i < r->n_held; i++) {
+        const tdm_frame_t *f = &r->held[i].f;
+        if (f->call_id != c->call_id || f->peer_len != c->peer_len ||
+            memcmp(f->peer, c->peer, c->peer_len) != 0)
+            continue;
+        tdm_frame_t g;
+        tdm_frame_init(&g);
+        held_take(r, i, &g);
+        TDM_LOG_DEBUGF(r->log, NULL, "KV: held transfer %" PRIu64 " withdrawn by its sender",
+                       g.call_id);
+        tdm_frame_clear(&g);
+        return true;
+    }
+    return false;
+}
+
+/* Index of the transfer held for attempt_id, or n_held. */
+static uint32_t held_find(const tdm_kv_receiver_t *r, uint64_t attempt_id)
+{
+    uint32_t i = 0;
+    while (i < r->n_held && r->held[i].attempt_id != attempt_id)
+        i++;
+    return i;
+}
+
+int tdm_kv_receiver_resume(tdm_kv_receiver_t *r, uint64_t attempt_id, tdm_kv_lookup_fn lookup,
+                           void *user, tdm_kv_received_t *out)
+{
+    if (!r || !out)
+        return TDM_EINTERNAL;
+    memset(out, 0, sizeof *out);
+    uint32_t i = held_find(r, attempt_id);
+    if (i == r->n_held)
+        return 0;
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    held_take(r, i, &f);
+    handle_transfer(r, &f, lookup, user, false, out);
+    tdm_frame_clear(&f);
+    return 1;
+}
+
+int tdm_kv_receiver_refuse(tdm_kv_receiver_t *r, uint64_t attempt_id, int status, const char *why)
+{
+    uint32_t i = r ? held_find(r, attempt_id) : 0;
+    if (!r || i == r->n_held)
+        return 0;
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    held_take(r, i, &f);
+    if (status >= 0)
+        status = TDM_EINTERNAL;
+    TDM_LOG_INFOF(r->log, NULL,
+                  "held KV transfer %" PRIu64 " for attempt %016" PRIx64 " refused: %s %s",
+                  f.call_id, attempt_id, tdm_status_name(status), why ? why : "");
+    tdm_sock_reply_error(r->sock, &f, status, "reservation refused: %s", why ? why : "");
+    tdm_frame_clear(&f);
+    return 1;
+}
+
+uint32_t tdm_kv_receiver_held(const tdm_kv_receiver_t *r, uint64_t *bytes)
+{
+    if (bytes)
+        *bytes = r ? r->held_bytes : 0;
+    return r ? r->n_held : 0;
 }
 
 int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn lookup, void *user,
@@ -319,6 +491,7 @@ int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn 
     if (!r || !out)
         return TDM_EINTERNAL;
     memset(out, 0, sizeof *out);
+    held_expire(r);
     double t_end = tdm_time_now() + (timeout_ms > 0 ? timeout_ms / 1e3 : 0);
     for (;;) {
         double left_ms = (t_end - tdm_time_now()) * 1e3;
@@ -332,9 +505,14 @@ int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn 
         tdm_frame_t *f = &r->frames[r->cur];
         bool request = f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
         if (request && f->method == TANDEM__V1__METHOD__METHOD_KV_TRANSFER) {
-            handle_transfer(r, f, lookup, user, out);
+            bool done = handle_transfer(r, f, lookup, user, true, out);
             tdm_frame_clear(f);
-            return 1;
+            if (done)
+                return 1;
+            memset(out, 0, sizeof *out); /* held: no outcome; go on with the next message */
+            if (tdm_time_now() >= t_end && !r->has_next)
+                return 0;
+            continue;
         }
         if (request && f->method == TANDEM__V1__METHOD__METHOD_KV_HELLO) {
 #ifdef TANDEM_HAVE_CUDA
@@ -348,8 +526,9 @@ int tdm_kv_receiver_recv(tdm_kv_receiver_t *r, int timeout_ms, tdm_kv_lookup_fn 
                                  "method %s is not served on a KV endpoint",
                                  tdm_net_method_name(f->method));
         } else if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL) {
-            TDM_LOG_DEBUGF(r->log, NULL, "KV: cancel of call %" PRIu64 " after it was handled",
-                           f->call_id);
+            if (!held_cancel(r, f))
+                TDM_LOG_DEBUGF(r->log, NULL, "KV: cancel of call %" PRIu64 " after it was handled",
+                               f->call_id);
         } else {
             TDM_LOG_DEBUGF(r->log, NULL, "KV: %s frame ignored", tdm_net_kind_name(f->kind));
         }

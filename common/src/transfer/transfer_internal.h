@@ -136,6 +136,18 @@ typedef struct tdm_kv_peer_ipc {
     void *base;
 } tdm_kv_peer_ipc_t;
 
+/* Most early transfers a receiver holds at once (receiver.c; as the socket's queue). */
+#define TDM_KV_HELD_MAX 64
+#define TDM_KV_DEFAULT_HOLD_MS 5000
+
+/* A transfer that came before its reservation was decided, held unanswered (receiver.c). */
+typedef struct tdm_kv_held {
+    tdm_frame_t f;       /* its message, in ZMQ's buffers */
+    uint64_t attempt_id; /* the reservation it waits for */
+    uint64_t bytes;      /* its parts' bytes, against hold_bytes */
+    double until;        /* monotonic s; refused NOT_FOUND after it */
+} tdm_kv_held_t;
+
 struct tdm_kv_receiver {
     tdm_net_t *net;
     tdm_kv_pool_t *pool;
@@ -157,6 +169,10 @@ struct tdm_kv_receiver {
     const uint8_t **src; /* [pool_blocks] scratch: data frame pointers (tcp into a device pool) */
     tdm_kv_peer_comm_t *comms;
     tdm_kv_peer_ipc_t *ipcs;
+    tdm_kv_held_t held[TDM_KV_HELD_MAX]; /* [n_held] early transfers, oldest first */
+    uint32_t n_held;
+    uint64_t held_bytes, hold_bytes; /* held now; the bound (0: none held) */
+    int hold_ms;
 };
 
 /* ---- shared constants and helpers ---- */
