@@ -6,7 +6,11 @@ block, with SmolLM2's vocabulary (the default model, so nothing else is download
 * `qwen3-tiny` (general.architecture qwen3: QK-norm, NeoX RoPE, no q/k/v biases; 4 layers,
   n_embd 128, head_dim 64, 4 heads over 2 KV heads, theta 1e6) -> qwen3_synth_<type>.json;
 * `llama3-tiny` (llama with Llama 3's rope_freqs.weight: RoPE frequency factors 8 / smooth / 1,
-  theta 500000, head_dim 32) -> llama3_synth_<type>.json.
+  theta 500000, head_dim 32) -> llama3_synth_<type>.json;
+* `qwen3moe-tiny` (qwen3moe: qwen3-tiny's attention, 8 experts of hidden size 128, 2 per token)
+  -> qwen3moe_synth_<type>.json;
+* `mixtral-tiny` (llama with experts as Mixtral: 8 experts of hidden size 256, 2 per token,
+  head_dim 32, theta 1e6, an output matrix) -> mixtral_synth_<type>.json.
 
 The procedure is make_engine_golden.py's (SmolLM2's prompts, tokenized without BOS as SmolLM2
 is; greedy continuation to EOS or 64 tokens; one-pass top-5 per position; llama.cpp against
@@ -35,6 +39,8 @@ import make_engine_golden as base  # noqa: E402
 SHAPES = {
     "qwen3-tiny": ("qwen3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
     "llama3-tiny": ("llama3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
+    "qwen3moe-tiny": ("qwen3moe_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
+    "mixtral-tiny": ("mixtral_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
 }
 VOCAB_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N_CTX = 2048
