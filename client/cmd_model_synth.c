@@ -308,8 +308,9 @@ static int layer_tensors_gemma3(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, 
 
 /* The tensors of a Llama (nine) or Qwen3 (eleven: the QK-norms, weight 1 so that each head of
  * q and k has RMS 1) layer l into ts (names into names); returns their count. With experts the
- * dense FFN's three are replaced by the router (F32, std 1/sqrt(n_embd): logits of RMS ~1, a
- * softmax neither flat nor one-hot) and the experts' three, scaled as the dense ones (the
+ * dense FFN's three are replaced by the router (F32, std 3/sqrt(n_embd): logits of RMS ~3, a
+ * softmax that favours a few experts clearly, so that the top-k choice rarely sits at a near-tie
+ * an ulp of difference between two implementations flips) and the experts' three, scaled as the dense ones (the
  * renormalised weights sum to 1, so the mixture adds RMS ~alpha or less); add_layers stacks
  * n_expert matrices into each "_exps" tensor. */
 static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
@@ -336,7 +337,7 @@ static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_
         {"ffn_down", wt, F, E, down_std, 0.0f},
         {"attn_q_norm", f32, D, 1, 0.0f, 1.0f},
         {"attn_k_norm", f32, D, 1, 0.0f, 1.0f},
-        {"ffn_gate_inp", f32, E, s->n_expert, in_e, 0.0f},
+        {"ffn_gate_inp", f32, E, s->n_expert, 3.0f * in_e, 0.0f},
     };
     const bool qwen = strncmp(s->arch, "qwen3", 5) == 0;
     int n = 0;
