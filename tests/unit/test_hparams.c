@@ -21,10 +21,11 @@
  * *err. */
 typedef int (*edit_fn)(tdm_gguf_writer_t *w);
 
-static tdm_model_t *load_edited(edit_fn edit, tdm_error_t *err)
+static tdm_model_t *load_edited_spec(const tdm_tiny_llama_spec_t *spec_in, edit_fn edit,
+                                    tdm_error_t *err)
 {
     tdm_gguf_writer_t *w = NULL;
-    tdm_tiny_llama_spec_t spec = {.n_layers = 2, .tied_embeddings = true};
+    tdm_tiny_llama_spec_t spec = *spec_in;
     assert_int_equal(tdm_test_tiny_llama_build(&spec, &w, err), TDM_OK);
     if (edit)
         assert_int_equal(edit(w), TDM_OK);
@@ -37,6 +38,29 @@ static tdm_model_t *load_edited(edit_fn edit, tdm_error_t *err)
     tdm_model_t *m = tdm_model_load(path, err);
     unlink(path);
     return m;
+}
+
+static tdm_model_t *load_edited(edit_fn edit, tdm_error_t *err)
+{
+    const tdm_tiny_llama_spec_t spec = {.n_layers = 2, .tied_embeddings = true};
+    return load_edited_spec(&spec, edit, err);
+}
+
+/* The load of spec's model edited by edit fails with code and a message holding want1 and
+ * want2 (when not NULL). */
+static void expect_error_spec(const tdm_tiny_llama_spec_t *spec, edit_fn edit, int code,
+                              const char *want1, const char *want2)
+{
+    tdm_error_t err = {0};
+    tdm_model_t *m = load_edited_spec(spec, edit, &err);
+    if (m) {
+        tdm_model_destroy(&m);
+        fail_msg("the model loaded; expected an error naming '%s'", want1);
+    }
+    assert_int_equal(err.code, code);
+    if (!strstr(err.msg, want1) || (want2 && !strstr(err.msg, want2)))
+        fail_msg("message \"%s\" lacks '%s'%s%s", err.msg, want1, want2 ? " or " : "",
+                 want2 ? want2 : "");
 }
 
 /* The load fails with TDM_EINVALID and a message holding every string of want. */
@@ -137,6 +161,82 @@ static int edit_expert_tensor(tdm_gguf_writer_t *w)
     return add_matrix(w, "blk.0.ffn_gate_inp.weight", 64, 8);
 }
 
+static int add_experts3(tdm_gguf_writer_t *w, const char *name, uint64_t n_in, uint64_t n_out,
+                        uint64_t n_expert)
+{
+    float *v = calloc(n_in * n_out * n_expert, sizeof *v);
+    if (!v)
+        return TDM_ERESOURCE;
+    uint64_t ne[3] = {n_in, n_out, n_expert};
+    int rc = tdm_gguf_writer_add_tensor(w, name, TDM_GGML_TYPE_F32, 3, ne, v);
+    free(v);
+    return rc;
+}
+
+static int edit_expert_used_0(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_used_count", 0);
+}
+
+static int edit_expert_used_9(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_used_count", 9);
+}
+
+static int edit_expert_count_600(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_count", 600);
+}
+
+static int edit_expert_used_only(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_used_count", 2);
+}
+
+/* experts declared, the router right, the gate experts stacked 4 deep instead of 8 */
+static int edit_experts_bad_shape(tdm_gguf_writer_t *w)
+{
+    return edit_experts(w) || add_matrix(w, "blk.0.ffn_gate_inp.weight", 64, 8) ||
+           add_experts3(w, "blk.0.ffn_gate_exps.weight", 64, 128, 4);
+}
+
+static int edit_moe_ffn_feed_key(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_feed_forward_length", 64);
+}
+
+/* Mixture-of-experts models (a tiny Mixtral-style llama, 8 experts, 2 used) with bad expert
+ * metadata or tensors fail naming the key or tensor; expert keys or tensors a dense model
+ * cannot use are refused (test_refusals). */
+static void test_expert_errors(void **state)
+{
+    (void)state;
+    const tdm_tiny_llama_spec_t moe = {.n_layers = 2, .n_expert = 8, .n_expert_used = 2};
+    const tdm_tiny_llama_spec_t dense = {.n_layers = 2, .tied_embeddings = true};
+    tdm_error_t err = {0};
+    tdm_model_t *m = load_edited_spec(&moe, NULL, &err);
+    assert_non_null(m);
+    assert_int_equal(tdm_model_hparams(m)->n_expert, 8);
+    assert_int_equal(tdm_model_hparams(m)->n_expert_used, 2);
+    assert_int_equal(tdm_model_hparams(m)->n_ff_exp, 128);
+    tdm_model_destroy(&m);
+    expect_error_spec(&moe, edit_expert_used_0, TDM_EINVALID, "'llama.expert_used_count'",
+                      "1..llama.expert_count (8), got 0");
+    expect_error_spec(&moe, edit_expert_used_9, TDM_EINVALID, "'llama.expert_used_count'",
+                      "got 9");
+    expect_error_spec(&moe, edit_expert_count_600, TDM_EINVALID, "'llama.expert_count'",
+                      "more than 512");
+    expect_error_spec(&moe, edit_moe_ffn_feed_key, TDM_EINVALID,
+                      "llama.expert_feed_forward_length", "refused rather than run wrong");
+    /* a dense file declaring experts: the router is missing */
+    expect_error_spec(&dense, edit_experts, TDM_ENOTFOUND, "'blk.0.ffn_gate_inp.weight'",
+                      "missing");
+    expect_error_spec(&dense, edit_experts_bad_shape, TDM_EINVALID, "'blk.0.ffn_gate_exps.weight'",
+                      "expected [64, 128, 8]");
+    expect_error_spec(&dense, edit_expert_used_only, TDM_EINVALID, "'llama.expert_used_count'",
+                      "expert_count is 0 or missing");
+}
+
 static int edit_unknown_key(tdm_gguf_writer_t *w)
 {
     return tdm_gguf_writer_set_f32(w, "llama.residual_scale", 0.5f);
@@ -176,8 +276,8 @@ static void test_refusals(void **state)
     expect_refused(edit_sliding_window, "llama.attention.sliding_window", "gemma3 only");
     expect_refused(edit_attn_softcap, "llama.attn_logit_softcapping", "soft-capping");
     expect_refused(edit_final_softcap, "llama.final_logit_softcapping", "soft-capping");
-    expect_refused(edit_experts, "llama.expert_count", "mixture-of-experts");
-    expect_refused(edit_expert_tensor, "blk.0.ffn_gate_inp.weight", "mixture-of-experts");
+    expect_refused(edit_expert_tensor, "blk.0.ffn_gate_inp.weight",
+                   "mixture-of-experts routing: llama or qwen3moe with expert_count > 0");
     expect_refused(edit_unknown_key, "llama.residual_scale", "refused rather than run wrong");
     expect_refused(edit_fused_qkv, "blk.1.attn_qkv.weight", "fused QKV");
     expect_refused(edit_layer_past_end, "blk.2.attn_norm.weight", NULL);
@@ -312,6 +412,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_expert_errors),
         cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_layer_helpers),
     };

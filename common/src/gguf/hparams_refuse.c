@@ -57,9 +57,9 @@ static const char *feature_hint(const char *name)
     static const struct {
         const char *part, *hint;
     } hints[] = {
-        {"expert", "mixture-of-experts layers (implemented for llama and qwen3moe)"},
-        {"_exps", "mixture-of-experts layers (implemented for llama and qwen3moe)"},
-        {"ffn_gate_inp", "mixture-of-experts routing (implemented for llama and qwen3moe)"},
+        {"expert", "mixture-of-experts layers: llama or qwen3moe with expert_count > 0"},
+        {"_exps", "mixture-of-experts layers: llama or qwen3moe with expert_count > 0"},
+        {"ffn_gate_inp", "mixture-of-experts routing: llama or qwen3moe with expert_count > 0"},
         {"rope_freqs", "RoPE frequency factors (implemented for llama and mistral only)"},
         {"rope.scaling", "this kind of RoPE scaling"},
         {"sliding_window", "sliding-window attention (implemented for gemma3 only)"},
