@@ -11,22 +11,22 @@
 /* A published architecture's shape, from its Hugging Face config.json (or, for the "-tiny"
  * shapes, a miniature of one for tests). */
 typedef struct tdm_synth_shape {
-    const char *name;    /* "llama-3.2-1b" */
-    const char *arch;    /* general.architecture: "llama", "qwen3", "qwen3moe" or "gemma3" */
-    uint32_t n_vocab;    /* tokens (vocab_size) */
-    uint32_t n_ctx;      /* max_position_embeddings */
-    uint32_t n_embd;     /* hidden_size */
-    uint32_t n_ff;       /* intermediate_size */
-    uint32_t n_layers;   /* num_hidden_layers */
-    uint32_t n_heads;    /* num_attention_heads */
-    uint32_t n_kv_heads; /* num_key_value_heads */
-    uint32_t head_dim;   /* hidden_size / num_attention_heads */
-    float rope_theta;    /* rope_theta */
-    bool tied;           /* tie_word_embeddings: no output.weight */
-    uint32_t n_swa;      /* sliding_window of the local layers (gemma3); 0: none */
-    bool llama3_rope;    /* rope_scaling {"rope_type": "llama3", factor 8, low_freq_factor 1,
-                            high_freq_factor 4, original_max_position_embeddings 8192}: a
-                            rope_freqs.weight tensor, as llama.cpp's converter writes it */
+    const char *name;       /* "llama-3.2-1b" */
+    const char *arch;       /* general.architecture: "llama", "qwen3", "qwen3moe" or "gemma3" */
+    uint32_t n_vocab;       /* tokens (vocab_size) */
+    uint32_t n_ctx;         /* max_position_embeddings */
+    uint32_t n_embd;        /* hidden_size */
+    uint32_t n_ff;          /* intermediate_size */
+    uint32_t n_layers;      /* num_hidden_layers */
+    uint32_t n_heads;       /* num_attention_heads */
+    uint32_t n_kv_heads;    /* num_key_value_heads */
+    uint32_t head_dim;      /* hidden_size / num_attention_heads */
+    float rope_theta;       /* rope_theta */
+    bool tied;              /* tie_word_embeddings: no output.weight */
+    uint32_t n_swa;         /* sliding_window of the local layers (gemma3); 0: none */
+    bool llama3_rope;       /* rope_scaling {"rope_type": "llama3", factor 8, low_freq_factor 1,
+                               high_freq_factor 4, original_max_position_embeddings 8192}: a
+                               rope_freqs.weight tensor, as llama.cpp's converter writes it */
     uint32_t n_expert;      /* num_experts / num_local_experts; 0: a dense FFN */
     uint32_t n_expert_used; /* num_experts_per_tok */
     uint32_t n_ff_exp;      /* moe_intermediate_size (qwen3moe); Mixtral's experts use n_ff */

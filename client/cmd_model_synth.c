@@ -35,22 +35,27 @@
 
 /* Shapes from each model's config.json on the Hugging Face hub. */
 static const tdm_synth_shape_t shapes[] = {
-    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0, false, 0, 0, 0},
-    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0, false, 0, 0, 0},
-    {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0, true, 0, 0, 0},
+    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0, false, 0, 0,
+     0},
+    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0, false, 0,
+     0, 0},
+    {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0, true,
+     0, 0, 0},
     {"llama-3.1-8b", "llama", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false, 0,
      true, 0, 0, 0},
     /* a miniature of Llama 3.2 for tests (its RoPE frequency factors, SmolLM2's vocabulary) */
     {"llama3-tiny", "llama", 49152, 2048, 128, 256, 4, 4, 2, 32, 500000.0f, true, 0, true, 0, 0, 0},
-    {"qwen3-0.6b", "qwen3", 151936, 40960, 1024, 3072, 28, 16, 8, 128, 1e6f, true, 0, false, 0, 0, 0},
+    {"qwen3-0.6b", "qwen3", 151936, 40960, 1024, 3072, 28, 16, 8, 128, 1e6f, true, 0, false, 0, 0,
+     0},
     {"qwen3-tiny", "qwen3", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false, 0, 0, 0},
     /* Gemma 3 270M; local layers' rope theta 10000 (llama.cpp's default, not in the file) */
-    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512, false, 0, 0, 0},
+    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512, false, 0, 0,
+     0},
     /* a miniature for tests: layers 0-4 local with a 32-token window, layer 5 global */
     {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32, false, 0, 0, 0},
     /* Qwen3-30B-A3B (128 experts, 8 per token, moe_intermediate_size 768) and a miniature */
-    {"qwen3-30b-a3b", "qwen3moe", 151936, 40960, 2048, 6144, 48, 32, 4, 128, 1e6f, false, 0,
-     false, 128, 8, 768},
+    {"qwen3-30b-a3b", "qwen3moe", 151936, 40960, 2048, 6144, 48, 32, 4, 128, 1e6f, false, 0, false,
+     128, 8, 768},
     {"qwen3moe-tiny", "qwen3moe", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false, 8, 2,
      128},
     /* Mixtral 8x7B (llama.cpp's `llama` with experts) and a miniature */
@@ -78,8 +83,8 @@ const char *tdm_synth_shape_names(void)
 const tdm_synth_shape_t *tdm_synth_arch_find(const char *arch)
 {
     static const char *const archs[][2] = {
-        {"llama3", "llama3-tiny"},     {"qwen3", "qwen3-tiny"},     {"qwen3moe", "qwen3moe-tiny"},
-        {"mixtral", "mixtral-tiny"},   {"gemma3", "gemma3-tiny"},
+        {"llama3", "llama3-tiny"},   {"qwen3", "qwen3-tiny"},   {"qwen3moe", "qwen3moe-tiny"},
+        {"mixtral", "mixtral-tiny"}, {"gemma3", "gemma3-tiny"},
     };
     for (size_t i = 0; arch && i < sizeof archs / sizeof archs[0]; i++)
         if (strcmp(archs[i][0], arch) == 0)
@@ -310,9 +315,9 @@ static int layer_tensors_gemma3(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, 
  * q and k has RMS 1) layer l into ts (names into names); returns their count. With experts the
  * dense FFN's three are replaced by the router (F32, std 3/sqrt(n_embd): logits of RMS ~3, a
  * softmax that favours a few experts clearly, so that the top-k choice rarely sits at a near-tie
- * an ulp of difference between two implementations flips) and the experts' three, scaled as the dense ones (the
- * renormalised weights sum to 1, so the mixture adds RMS ~alpha or less); add_layers stacks
- * n_expert matrices into each "_exps" tensor. */
+ * an ulp of difference between two implementations flips) and the experts' three, scaled as the
+ * dense ones (the renormalised weights sum to 1, so the mixture adds RMS ~alpha or less);
+ * add_layers stacks n_expert matrices into each "_exps" tensor. */
 static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
                          synth_tensor_t *ts, char names[][64])
 {

@@ -105,8 +105,8 @@ typedef struct bounds {
                          of the positions must keep; 0 otherwise */
 } bounds_t;
 
-static bounds_t g_bounds = {MIN_AGREEMENT, MIN_AGREEMENT_CLEAR, LOGIT_TOL, LOGIT_TOL_MEAN,
-                            LOGIT_TOL_CENTERED, 0.0};
+static bounds_t g_bounds = {MIN_AGREEMENT,  MIN_AGREEMENT_CLEAR, LOGIT_TOL,
+                            LOGIT_TOL_MEAN, LOGIT_TOL_CENTERED,  0.0};
 
 /* Models with experts (qwen3moe, Mixtral): a token's top-k experts are chosen by comparing
  * router probabilities, and where two of them are within an ulp the choice flips between any

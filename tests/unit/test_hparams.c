@@ -22,7 +22,7 @@
 typedef int (*edit_fn)(tdm_gguf_writer_t *w);
 
 static tdm_model_t *load_edited_spec(const tdm_tiny_llama_spec_t *spec_in, edit_fn edit,
-                                    tdm_error_t *err)
+                                     tdm_error_t *err)
 {
     tdm_gguf_writer_t *w = NULL;
     tdm_tiny_llama_spec_t spec = *spec_in;
@@ -222,12 +222,11 @@ static void test_expert_errors(void **state)
     tdm_model_destroy(&m);
     expect_error_spec(&moe, edit_expert_used_0, TDM_EINVALID, "'llama.expert_used_count'",
                       "1..llama.expert_count (8), got 0");
-    expect_error_spec(&moe, edit_expert_used_9, TDM_EINVALID, "'llama.expert_used_count'",
-                      "got 9");
+    expect_error_spec(&moe, edit_expert_used_9, TDM_EINVALID, "'llama.expert_used_count'", "got 9");
     expect_error_spec(&moe, edit_expert_count_600, TDM_EINVALID, "'llama.expert_count'",
                       "more than 512");
-    expect_error_spec(&moe, edit_moe_ffn_feed_key, TDM_EINVALID,
-                      "llama.expert_feed_forward_length", "refused rather than run wrong");
+    expect_error_spec(&moe, edit_moe_ffn_feed_key, TDM_EINVALID, "llama.expert_feed_forward_length",
+                      "refused rather than run wrong");
     /* a dense file declaring experts: the router is missing */
     expect_error_spec(&dense, edit_experts, TDM_ENOTFOUND, "'blk.0.ffn_gate_inp.weight'",
                       "missing");

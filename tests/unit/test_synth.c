@@ -691,12 +691,15 @@ static void test_moe(void **state)
     tdm_model_destroy(&m);
     unlink(out);
     /* flags that do not apply, and counts out of range, are usage errors (exit 2) */
-    const char *bad[] = {"--arch qwen3 --experts 4", "--shape llama3-tiny --experts-used 2",
-                         "--arch mixtral --experts 4 --experts-used 5", "--arch gpt-5",
-                         "--arch qwen3moe --shape qwen3moe-tiny", "--arch qwen3moe --experts 0"};
+    const char *bad[] = {"--arch qwen3 --experts 4",
+                         "--shape llama3-tiny --experts-used 2",
+                         "--arch mixtral --experts 4 --experts-used 5",
+                         "--arch gpt-5",
+                         "--arch qwen3moe --shape qwen3moe-tiny",
+                         "--arch qwen3moe --experts 0"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        snprintf(args, sizeof args, "%s --type F16 --vocab '%s' -o '%s' 2>/dev/null", bad[i],
-                 vocab, out);
+        snprintf(args, sizeof args, "%s --type F16 --vocab '%s' -o '%s' 2>/dev/null", bad[i], vocab,
+                 out);
         if (synth("", args) != 2)
             fail_msg("'%s' was not a usage error", bad[i]);
         assert_int_equal(access(out, F_OK), -1);

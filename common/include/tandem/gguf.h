@@ -287,17 +287,17 @@ void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq
 uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos);
 
 /* Reads and validates the hyperparameters of a Llama-family model (architectures llama,
- * mistral, qwen2, qwen3, qwen3moe, gemma3; experts for llama and qwen3moe). Checks every required key is present and consistent
- * (n_heads divisible by n_kv_heads, head_dim * n_heads matches the Q projection, every
- * per-layer tensor present with the expected shape). Refuses what Tandem does not implement
- * rather than run a model wrong: a metadata key of the architecture that changes the forward
- * pass and is not implemented (RoPE scaling other than linear, sliding windows outside Gemma
- * 3, logit soft-capping of attention, experts outside llama and qwen3moe, ...; any `<arch>.` key Tandem does not know)
- * and any tensor the forward pass would not read (expert tensors in a dense model,
- * rope_freqs.weight outside llama/mistral, ...). A model with experts needs expert_used_count in
- * 1..expert_count and every layer's ffn_gate_inp and ffn_{gate,up,down}_exps with their shapes.
- * Errors: TDM_EINVALID (or TDM_ENOTFOUND for a missing key/tensor) naming the key or tensor
- * and the expected value. */
+ * mistral, qwen2, qwen3, qwen3moe, gemma3; experts for llama and qwen3moe). Checks every required
+ * key is present and consistent (n_heads divisible by n_kv_heads, head_dim * n_heads matches the Q
+ * projection, every per-layer tensor present with the expected shape). Refuses what Tandem does not
+ * implement rather than run a model wrong: a metadata key of the architecture that changes the
+ * forward pass and is not implemented (RoPE scaling other than linear, sliding windows outside
+ * Gemma 3, logit soft-capping of attention, experts outside llama and qwen3moe, ...; any `<arch>.`
+ * key Tandem does not know) and any tensor the forward pass would not read (expert tensors in a
+ * dense model, rope_freqs.weight outside llama/mistral, ...). A model with experts needs
+ * expert_used_count in 1..expert_count and every layer's ffn_gate_inp and ffn_{gate,up,down}_exps
+ * with their shapes. Errors: TDM_EINVALID (or TDM_ENOTFOUND for a missing key/tensor) naming the
+ * key or tensor and the expected value. */
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err);
 
 /* ---- writer ---- */

@@ -82,8 +82,8 @@ int tdm_gguf_hparams_moe(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error
             hp->n_ff_exp = hp->n_ff / hp->n_expert_used;
     }
     if (hp->n_ff_exp == 0)
-        return tdm_error_set(err, TDM_EINVALID,
-                             "metadata '%s.%s' gives experts a hidden size of 0", a,
+        return tdm_error_set(err, TDM_EINVALID, "metadata '%s.%s' gives experts a hidden size of 0",
+                             a,
                              qwen && has_ff ? "expert_feed_forward_length" : "feed_forward_length");
     return TDM_OK;
 }

@@ -39,9 +39,9 @@ typedef struct tdm_weight {
 
 typedef struct tdm_layer_weights {
     tdm_weight_t attn_norm, wq, wk, wv, wo;
-    tdm_weight_t bq, bk, bv;                    /* present when hparams.has_qkv_bias */
-    tdm_weight_t q_norm, k_norm;                /* [head_dim], present when hparams.qk_norm */
-    tdm_weight_t post_attn_norm, post_ffn_norm; /* [n_embd], present when hparams.post_norms */
+    tdm_weight_t bq, bk, bv;                     /* present when hparams.has_qkv_bias */
+    tdm_weight_t q_norm, k_norm;                 /* [head_dim], present when hparams.qk_norm */
+    tdm_weight_t post_attn_norm, post_ffn_norm;  /* [n_embd], present when hparams.post_norms */
     tdm_weight_t ffn_norm, w_gate, w_up, w_down; /* w_*: dense FFN only (hparams.n_expert 0) */
     /* mixture of experts (hparams.n_expert > 0): the router, [n_embd] in, [n_expert] out, and
      * each expert's three matrices as 2-D slices of the file's 3-D ffn_*_exps tensors:

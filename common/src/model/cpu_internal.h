@@ -51,10 +51,10 @@ typedef struct cpu_be {
     float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
                          scales q itself (hparams.attn_q_scale) */
     /* mixture of experts (cpu_moe.c); R = max_rows, k = n_expert_used, X = n_expert */
-    const tdm_weight_t *exp_w;     /* the model's expert slices (tdm_model_experts) */
-    size_t n_exp_w;                /* their count, n_layers * X * 3 */
-    struct cpu_wkernel *exp_wk;    /* [n_exp_w] their kernel records, same order */
-    struct cpu_moe_scratch *moe;   /* NULL for a dense model */
+    const tdm_weight_t *exp_w;   /* the model's expert slices (tdm_model_experts) */
+    size_t n_exp_w;              /* their count, n_layers * X * 3 */
+    struct cpu_wkernel *exp_wk;  /* [n_exp_w] their kernel records, same order */
+    struct cpu_moe_scratch *moe; /* NULL for a dense model */
 } cpu_be_t;
 
 /* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the

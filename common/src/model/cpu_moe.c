@@ -42,7 +42,8 @@ int tdm_cpu_moe_scratch_new(cpu_be_t *be, tdm_error_t *err)
         return TDM_OK;
     size_t R = be->max_rows, K = hp->n_expert_used, X = hp->n_expert, E = hp->n_embd,
            F = hp->n_ff_exp, f = sizeof(float);
-    cpu_moe_scratch_t *s = (cpu_moe_scratch_t *)tdm_model_backend_cpu.alloc(be, (sizeof *s + f) / f);
+    cpu_moe_scratch_t *s =
+        (cpu_moe_scratch_t *)tdm_model_backend_cpu.alloc(be, (sizeof *s + f) / f);
     if (!s)
         goto out_of_memory;
     /* the index arrays are as many u32 as floats: one cpu_alloc size fits both */

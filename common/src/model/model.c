@@ -222,8 +222,8 @@ tdm_model_t *tdm_model_load(const char *path, tdm_error_t *err)
         if (bind_layer(g, &m->hp, l, &m->layers[l], err) != TDM_OK)
             goto out_free_layers;
         if (m->hp.n_expert > 0 &&
-            bind_experts(g, &m->hp, l, &m->layers[l],
-                         m->experts + (size_t)l * m->hp.n_expert * 3, err) != TDM_OK)
+            bind_experts(g, &m->hp, l, &m->layers[l], m->experts + (size_t)l * m->hp.n_expert * 3,
+                         err) != TDM_OK)
             goto out_free_layers;
     }
     m->weight_bytes = tdm_gguf_tensor_bytes(g);
