@@ -404,7 +404,9 @@ static int engine_ops_check(const tdm_backend_ops_t *ops, const tdm_llama_hparam
                             tdm_error_t *err)
 {
     const char *missing = NULL;
-    if (!ops->arch_features) {
+    if (hp->n_expert > 0 && !ops->moe_ffn) /* first: a MoE model may use other features too */
+        missing = "mixture-of-experts layers";
+    else if (!ops->arch_features) {
         if (hp->n_swa)
             missing = "sliding-window attention";
         else if (hp->attn_q_scale > 0.0f)
@@ -418,8 +420,6 @@ static int engine_ops_check(const tdm_backend_ops_t *ops, const tdm_llama_hparam
         else if (hp->n_rope_freq_factors)
             missing = "RoPE frequency factors";
     }
-    if (!missing && hp->n_expert > 0 && !ops->moe_ffn)
-        missing = "mixture-of-experts layers";
     if (!missing && hp->ffn_act == TDM_FFN_GELU_TANH && !ops->geglu)
         missing = "GeGLU";
     if (!missing && (hp->embd_scale != 1.0f || hp->attn_q_scale > 0.0f) && !ops->scale)
