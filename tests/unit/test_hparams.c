@@ -205,6 +205,95 @@ static int edit_moe_ffn_feed_key(tdm_gguf_writer_t *w)
     return tdm_gguf_writer_set_u32(w, "llama.expert_feed_forward_length", 64);
 }
 
+/* A tiny Mixtral-style llama turned into a qwen3moe file: the qwen3moe.* keys (the llama.*
+ * ones stay and are ignored, as llama.cpp ignores another architecture's keys) and the
+ * QK-norms; expert counts as the edit after it sets them. */
+static int edit_qwen3moe_base(tdm_gguf_writer_t *w)
+{
+    const struct {
+        const char *key;
+        uint32_t v;
+    } keys[] = {{"qwen3moe.context_length", 256},     {"qwen3moe.embedding_length", 64},
+                {"qwen3moe.block_count", 2},          {"qwen3moe.feed_forward_length", 512},
+                {"qwen3moe.attention.head_count", 4}, {"qwen3moe.attention.head_count_kv", 2}};
+    int rc = tdm_gguf_writer_set_str(w, "general.architecture", "qwen3moe") ||
+             tdm_gguf_writer_set_f32(w, "qwen3moe.attention.layer_norm_rms_epsilon", 1e-6f);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0] && rc == TDM_OK; i++)
+        rc = tdm_gguf_writer_set_u32(w, keys[i].key, keys[i].v);
+    for (int l = 0; l < 2 && rc == TDM_OK; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
+        rc = add_vector(w, name, 16);
+        snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", l);
+        rc = rc ? rc : add_vector(w, name, 16);
+    }
+    return rc;
+}
+
+static int edit_qwen3moe_ok(tdm_gguf_writer_t *w)
+{
+    /* n_ff_exp from feed_forward_length / expert_used_count = 512 / 4 = 128 (llama.cpp's
+     * default when expert_feed_forward_length is absent) */
+    return edit_qwen3moe_base(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_count", 8) ||
+           tdm_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", 4);
+}
+
+static int edit_qwen3moe_ffn_key(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_ok(w) ||
+           tdm_gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", 128);
+}
+
+static int edit_qwen3moe_ffn_key_bad(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_ok(w) ||
+           tdm_gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", 96);
+}
+
+static int edit_qwen3moe_no_count(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_base(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", 2);
+}
+
+static int edit_qwen3moe_count_0(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_no_count(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_count", 0);
+}
+
+static int edit_qwen3moe_no_used(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_base(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_count", 8);
+}
+
+/* qwen3moe: loads with its defaults; without experts, or without expert_used_count, it fails
+ * naming the key; an expert hidden size the tensors do not have fails naming the tensor. */
+static void test_qwen3moe_errors(void **state)
+{
+    (void)state;
+    const tdm_tiny_llama_spec_t moe = {.n_layers = 2, .n_expert = 8, .n_expert_used = 2};
+    tdm_error_t err = {0};
+    edit_fn ok[] = {edit_qwen3moe_ok, edit_qwen3moe_ffn_key};
+    for (size_t i = 0; i < 2; i++) {
+        tdm_model_t *m = load_edited_spec(&moe, ok[i], &err);
+        if (!m)
+            fail_msg("qwen3moe case %zu: %s", i, err.msg);
+        const tdm_llama_hparams_t *hp = tdm_model_hparams(m);
+        assert_string_equal(hp->arch, "qwen3moe");
+        assert_true(hp->qk_norm);
+        assert_int_equal(hp->n_expert, 8);
+        assert_int_equal(hp->n_expert_used, 4);
+        assert_int_equal(hp->n_ff_exp, 128);
+        tdm_model_destroy(&m);
+    }
+    expect_error_spec(&moe, edit_qwen3moe_no_count, TDM_ENOTFOUND, "'qwen3moe.expert_count'",
+                      "is missing: a qwen3moe model needs experts");
+    expect_error_spec(&moe, edit_qwen3moe_count_0, TDM_EINVALID, "'qwen3moe.expert_count'", "is 0");
+    expect_error_spec(&moe, edit_qwen3moe_no_used, TDM_ENOTFOUND, "'qwen3moe.expert_used_count'",
+                      "is missing");
+    expect_error_spec(&moe, edit_qwen3moe_ffn_key_bad, TDM_EINVALID, "'blk.0.ffn_gate_exps.weight'",
+                      "expected [64, 96, 8]");
+}
+
 /* Mixture-of-experts models (a tiny Mixtral-style llama, 8 experts, 2 used) with bad expert
  * metadata or tensors fail naming the key or tensor; expert keys or tensors a dense model
  * cannot use are refused (test_refusals). */
@@ -410,9 +499,8 @@ static void test_layer_helpers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_expert_errors),
-        cmocka_unit_test(test_accepted),
+        cmocka_unit_test(test_refusals),        cmocka_unit_test(test_expert_errors),
+        cmocka_unit_test(test_qwen3moe_errors), cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_layer_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
