@@ -32,7 +32,9 @@ typedef struct cpu_moe_scratch {
     float *xg;       /* [R k][E] input rows grouped by expert, in row order */
     float *gate;     /* [R k][F] */
     float *up;       /* [R k][F] */
-    float *y;        /* [R k][E] each (row, expert) pair's output, unweighted */
+    float *y;        /* [R k][E] each (row, expert) pair's output, unweighted: xg's memory
+                        (every expert's gate and up GEMMs have read xg before the first down
+                        GEMM writes y) */
 } cpu_moe_scratch_t;
 
 int tdm_cpu_moe_scratch_new(cpu_be_t *be, tdm_error_t *err)
@@ -55,9 +57,9 @@ int tdm_cpu_moe_scratch_new(cpu_be_t *be, tdm_error_t *err)
         !(s->fill = (uint32_t *)tdm_model_backend_cpu.alloc(be, X)) ||
         !(s->xg = tdm_model_backend_cpu.alloc(be, R * K * E)) ||
         !(s->gate = tdm_model_backend_cpu.alloc(be, R * K * F)) ||
-        !(s->up = tdm_model_backend_cpu.alloc(be, R * K * F)) ||
-        !(s->y = tdm_model_backend_cpu.alloc(be, R * K * E)))
+        !(s->up = tdm_model_backend_cpu.alloc(be, R * K * F)))
         goto out_of_memory;
+    s->y = s->xg;
     be->moe = s;
     return TDM_OK;
 out_of_memory: /* cpu_destroy frees what was allocated */
