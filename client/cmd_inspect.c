@@ -62,6 +62,10 @@ static void print_arch_features(const tdm_llama_hparams_t *hp)
                hp->qk_norm && hp->post_norms ? ", " : "", hp->post_norms ? "post-norms" : "");
     printf("ffn:                       %s\n",
            hp->ffn_act == TDM_FFN_GELU_TANH ? "GeGLU (tanh GELU)" : "SwiGLU");
+    if (hp->n_expert > 0)
+        printf("experts:                   %" PRIu32 " per layer, %" PRIu32
+               " per token, hidden %" PRIu32 " (softmax gating, weights renormalised)\n",
+               hp->n_expert, hp->n_expert_used, hp->n_ff_exp);
     if (hp->embd_scale != 1.0f || hp->attn_q_scale > 0.0f)
         printf("scales:                    embeddings x %g, q x %g\n", (double)hp->embd_scale,
                (double)(hp->attn_q_scale > 0.0f ? hp->attn_q_scale : 1.0f));

@@ -15,20 +15,22 @@
 #include "tandem/config.h"
 
 typedef struct synth_opts {
-    const char *shape, *type, *vocab, *model, *out;
+    const char *shape, *arch, *type, *vocab, *model, *out;
     uint64_t seed;
-    long layers;
+    long layers, experts, experts_used;
     bool vocab_only;
 } synth_opts_t;
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: tandem model synth --shape SHAPE --type TYPE [--vocab FILE] [--seed N]\n"
-            "                          [--layers N] -o FILE\n"
+            "usage: tandem model synth --shape SHAPE | --arch ARCH --type TYPE [--vocab FILE]\n"
+            "                          [--seed N] [--layers N] [--experts N --experts-used K]\n"
+            "                          -o FILE\n"
             "       tandem model synth --vocab-only [-m MODEL] -o FILE\n"
             "\n"
-            "Writes a random-weight GGUF of the shape's architecture (llama, qwen3, gemma3, phi3)\n"
+            "Writes a random-weight GGUF of the shape's architecture (llama, qwen3, qwen3moe,\n"
+            "gemma3 or phi3; the mixtral shapes are llama with experts)\n"
             "with SHAPE's real dimensions (embedding, FFN, layers, heads, KV heads, head_dim,\n"
             "rope theta, sliding window, Llama 3 RoPE factors, vocabulary size, context; the\n"
             "-tiny shapes are miniatures for tests) and the tokenizer of FILE (a vocabulary-only\n"
@@ -38,18 +40,21 @@ static void usage(FILE *out)
             "tests: the output is noise.\n"
             "\n"
             "  --shape SHAPE   %s\n"
+            "  --arch ARCH     the miniature (-tiny) shape of ARCH: %s\n"
             "  --type TYPE     projection type: Q4_0, Q4_1, Q8_0, F16 (Q2_K, Q3_K, Q4_K, Q5_K,\n"
             "                  Q6_K where the dims are multiples of 256); embeddings are Q8_0\n"
             "                  (F16 for F16)\n"
             "  --vocab FILE    tokenizer source (default: the default model, %s)\n"
             "  --seed N        random seed (default 0); same seed, same bytes\n"
             "  --layers N      keep only the first N layers (quick runs, tests)\n"
+            "  --experts N     experts per layer (shapes with experts only: qwen3moe, mixtral)\n"
+            "  --experts-used K  experts per token, 1..N\n"
             "  --vocab-only    write only -m MODEL's tokenizer (about 2 MB for SmolLM2)\n"
             "  -m, --model F   the model --vocab-only reads (default: the default model)\n"
             "  -o, --output F  the file to write\n"
             "\n"
             "exit status: 0 success, 1 error (reading, writing, out of memory), 2 bad usage\n",
-            tdm_synth_shape_names(), TDM_DEFAULT_MODEL_FILE);
+            tdm_synth_shape_names(), tdm_synth_arch_names(), TDM_DEFAULT_MODEL_FILE);
 }
 
 static void usage_hint(void)
@@ -175,6 +180,9 @@ static int parse_synth(int argc, char **argv, synth_opts_t *o, bool *done)
 {
     const tdm_cli_opt_t opts[] = {
         TDM_CLI_OPT_STR("shape", 0, &o->shape),
+        TDM_CLI_OPT_STR("arch", 0, &o->arch),
+        TDM_CLI_OPT_LONG("experts", 0, &o->experts, 1, TDM_GGUF_MAX_EXPERTS),
+        TDM_CLI_OPT_LONG("experts-used", 0, &o->experts_used, 1, TDM_GGUF_MAX_EXPERTS),
         TDM_CLI_OPT_STR("type", 0, &o->type),
         TDM_CLI_OPT_STR("vocab", 0, &o->vocab),
         TDM_CLI_OPT_STR("model", 'm', &o->model),
@@ -193,16 +201,44 @@ static int parse_synth(int argc, char **argv, synth_opts_t *o, bool *done)
         bad = "unexpected operand";
     else if (!o->out)
         bad = "-o FILE is required";
-    else if (o->vocab_only && (o->shape || o->type || o->vocab))
+    else if (o->vocab_only && (o->shape || o->arch || o->type || o->vocab))
         bad = "--vocab-only takes only -m MODEL and -o FILE";
-    else if (!o->vocab_only && (!o->shape || !o->type))
-        bad = "--shape and --type are required";
+    else if (o->shape && o->arch)
+        bad = "--shape and --arch exclude each other (--arch ARCH is the shape ARCH-tiny)";
+    else if (!o->vocab_only && ((!o->shape && !o->arch) || !o->type))
+        bad = "--shape (or --arch) and --type are required";
     else if (!o->vocab_only && o->model)
         bad = "-m goes with --vocab-only (the tokenizer of a synthetic model is --vocab)";
     *done = bad != NULL;
     if (bad) {
         fprintf(stderr, "tandem model synth: %s\n", bad);
         usage_hint();
+        return 2;
+    }
+    return 0;
+}
+
+/* Applies --experts / --experts-used to shape; 0, or 2 after a message naming the flag that
+ * does not apply (a dense shape) or is out of range. */
+static int synth_experts(const synth_opts_t *o, tdm_synth_shape_t *shape)
+{
+    const char *flag = o->experts > 0 ? "--experts" : o->experts_used > 0 ? "--experts-used" : NULL;
+    if (!flag)
+        return 0;
+    if (shape->n_expert == 0) {
+        fprintf(stderr,
+                "tandem model synth: %s does not apply to %s (a dense %s shape; shapes with "
+                "experts: qwen3-30b-a3b, qwen3moe-tiny, mixtral-8x7b, mixtral-tiny)\n",
+                flag, shape->name, shape->arch);
+        return 2;
+    }
+    if (o->experts > 0)
+        shape->n_expert = (uint32_t)o->experts;
+    if (o->experts_used > 0)
+        shape->n_expert_used = (uint32_t)o->experts_used;
+    if (shape->n_expert_used > shape->n_expert) {
+        fprintf(stderr, "tandem model synth: --experts-used %u exceeds --experts %u\n",
+                shape->n_expert_used, shape->n_expert);
         return 2;
     }
     return 0;
@@ -217,11 +253,13 @@ static int cmd_synth(int argc, char **argv)
         return status;
     if (o.vocab_only)
         return run_vocab_only(&o);
-    const tdm_synth_shape_t *s = tdm_synth_shape_find(o.shape);
+    const tdm_synth_shape_t *s =
+        o.arch ? tdm_synth_arch_find(o.arch) : tdm_synth_shape_find(o.shape);
     tdm_ggml_type_t type;
     if (!s) {
-        fprintf(stderr, "tandem model synth: unknown --shape %s (%s)\n", o.shape,
-                tdm_synth_shape_names());
+        fprintf(stderr, "tandem model synth: unknown --%s %s (known: %s)\n",
+                o.arch ? "arch" : "shape", o.arch ? o.arch : o.shape,
+                o.arch ? tdm_synth_arch_names() : tdm_synth_shape_names());
         return 2;
     }
     if (!parse_type(o.type, &type))
@@ -234,6 +272,8 @@ static int cmd_synth(int argc, char **argv)
     }
     if (o.layers > 0)
         shape.n_layers = (uint32_t)o.layers;
+    if (synth_experts(&o, &shape) != 0)
+        return 2;
     return run_synth(&o, shape, type);
 }
 

@@ -11,25 +11,29 @@
 /* A published architecture's shape, from its Hugging Face config.json (or, for the "-tiny"
  * shapes, a miniature of one for tests). */
 typedef struct tdm_synth_shape {
-    const char *name;    /* "llama-3.2-1b" */
-    const char *arch;    /* general.architecture: "llama", "qwen3", "gemma3" or "phi3" */
-    uint32_t n_vocab;    /* tokens (vocab_size) */
-    uint32_t n_ctx;      /* max_position_embeddings */
-    uint32_t n_embd;     /* hidden_size */
-    uint32_t n_ff;       /* intermediate_size */
-    uint32_t n_layers;   /* num_hidden_layers */
-    uint32_t n_heads;    /* num_attention_heads */
-    uint32_t n_kv_heads; /* num_key_value_heads */
-    uint32_t head_dim;   /* hidden_size / num_attention_heads */
-    float rope_theta;    /* rope_theta */
-    bool tied;           /* tie_word_embeddings: no output.weight */
-    uint32_t n_swa;      /* sliding_window of the local layers (gemma3); 0: none */
-    bool llama3_rope;    /* rope_scaling {"rope_type": "llama3", factor 8, low_freq_factor 1,
-                            high_freq_factor 4, original_max_position_embeddings 8192}: a
-                            rope_freqs.weight tensor, as llama.cpp's converter writes it */
-    uint32_t n_ctx_orig; /* phi3: rope_scaling's original_max_position_embeddings; with a
-                            longer n_ctx, LongRoPE's long and short factors and attention
-                            factor as the converter writes them; 0: none */
+    const char *name;       /* "llama-3.2-1b" */
+    const char *arch;       /* general.architecture: "llama", "qwen3", "qwen3moe", "gemma3" or
+                               "phi3" */
+    uint32_t n_vocab;       /* tokens (vocab_size) */
+    uint32_t n_ctx;         /* max_position_embeddings */
+    uint32_t n_embd;        /* hidden_size */
+    uint32_t n_ff;          /* intermediate_size */
+    uint32_t n_layers;      /* num_hidden_layers */
+    uint32_t n_heads;       /* num_attention_heads */
+    uint32_t n_kv_heads;    /* num_key_value_heads */
+    uint32_t head_dim;      /* hidden_size / num_attention_heads */
+    float rope_theta;       /* rope_theta */
+    bool tied;              /* tie_word_embeddings: no output.weight */
+    uint32_t n_swa;         /* sliding_window of the local layers (gemma3); 0: none */
+    bool llama3_rope;       /* rope_scaling {"rope_type": "llama3", factor 8, low_freq_factor 1,
+                               high_freq_factor 4, original_max_position_embeddings 8192}: a
+                               rope_freqs.weight tensor, as llama.cpp's converter writes it */
+    uint32_t n_ctx_orig;    /* phi3: rope_scaling's original_max_position_embeddings; with a
+                               longer n_ctx, LongRoPE's long and short factors and attention
+                               factor as the converter writes them; 0: none */
+    uint32_t n_expert;      /* num_experts / num_local_experts; 0: a dense FFN */
+    uint32_t n_expert_used; /* num_experts_per_tok */
+    uint32_t n_ff_exp;      /* moe_intermediate_size (qwen3moe); Mixtral's experts use n_ff */
 } tdm_synth_shape_t;
 
 /* The shape called name; NULL when synth does not know it. Cannot fail. */
@@ -38,10 +42,19 @@ const tdm_synth_shape_t *tdm_synth_shape_find(const char *name);
 /* The known shapes' names, "a|b|c", for messages. Cannot fail. */
 const char *tdm_synth_shape_names(void);
 
+/* The miniature shape of the architecture family called arch ("llama3", "qwen3", "qwen3moe",
+ * "mixtral", "gemma3": its "-tiny" shape), NULL when synth does not know it. Cannot fail. */
+const tdm_synth_shape_t *tdm_synth_arch_find(const char *arch);
+
+/* The known --arch names, "a|b|c", for messages. Cannot fail. */
+const char *tdm_synth_arch_names(void);
+
 /* Adds the model's metadata (general.*, <arch>.*) and every weight tensor of shape s (n_vocab
  * rows in the embedding) to w: projections of type type, token_embd (and output) Q8_0 for the
  * quantized types, F16 for F16, norms F32 (QK-norms for qwen3 and gemma3, post-norms for gemma3;
- * rope_freqs.weight F32 for the Llama 3 shapes).
+ * rope_freqs.weight F32 for the Llama 3 shapes; with experts, per layer an F32 router
+ * ffn_gate_inp [n_embd, n_expert] and 3-D ffn_{gate,up,down}_exps of type type, as llama.cpp's
+ * converter names and shapes them).
  * Values are uniform random from seed, scaled so the residual stream's RMS stays near 1 through
  * every layer (cmd_model_synth.c says how). Deterministic: the same arguments give the same bytes
  * whatever the thread count. Errors: TDM_ERESOURCE (message in err), TDM_EINVALID (a type the

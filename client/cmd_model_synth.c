@@ -35,27 +35,44 @@
 
 /* Shapes from each model's config.json on the Hugging Face hub. */
 static const tdm_synth_shape_t shapes[] = {
-    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0, false, 0},
-    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0, false, 0},
+    {"smollm2-135m", "llama", 49152, 8192, 576, 1536, 30, 9, 3, 64, 100000.0f, true, 0, false, 0, 0,
+     0, 0},
+    {"smollm2-360m", "llama", 49152, 8192, 960, 2560, 32, 15, 5, 64, 100000.0f, true, 0, false, 0,
+     0, 0, 0},
     {"llama-3.2-1b", "llama", 128256, 131072, 2048, 8192, 16, 32, 8, 64, 500000.0f, true, 0, true,
-     0},
+     0, 0, 0, 0},
     {"llama-3.1-8b", "llama", 128256, 131072, 4096, 14336, 32, 32, 8, 128, 500000.0f, false, 0,
-     true, 0},
+     true, 0, 0, 0, 0},
     /* a miniature of Llama 3.2 for tests (its RoPE frequency factors, SmolLM2's vocabulary) */
-    {"llama3-tiny", "llama", 49152, 2048, 128, 256, 4, 4, 2, 32, 500000.0f, true, 0, true, 0},
-    {"qwen3-0.6b", "qwen3", 151936, 40960, 1024, 3072, 28, 16, 8, 128, 1e6f, true, 0, false, 0},
-    {"qwen3-tiny", "qwen3", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false, 0},
+    {"llama3-tiny", "llama", 49152, 2048, 128, 256, 4, 4, 2, 32, 500000.0f, true, 0, true, 0, 0, 0,
+     0},
+    {"qwen3-0.6b", "qwen3", 151936, 40960, 1024, 3072, 28, 16, 8, 128, 1e6f, true, 0, false, 0, 0,
+     0, 0},
+    {"qwen3-tiny", "qwen3", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false, 0, 0, 0, 0},
     /* Gemma 3 270M; local layers' rope theta 10000 (llama.cpp's default, not in the file) */
-    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512, false, 0},
+    {"gemma3-270m", "gemma3", 262144, 32768, 640, 2048, 18, 4, 1, 256, 1e6f, true, 512, false, 0, 0,
+     0, 0},
     /* a miniature for tests: layers 0-4 local with a 32-token window, layer 5 global */
-    {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32, false, 0},
+    {"gemma3-tiny", "gemma3", 262144, 2048, 128, 256, 6, 2, 1, 64, 1e6f, true, 32, false, 0, 0, 0,
+     0},
     /* Phi-3-mini-128k-instruct (its sliding window, 262144, is written and ignored) */
     {"phi3-mini", "phi3", 32064, 131072, 3072, 8192, 32, 32, 32, 96, 10000.0f, false, 262144, false,
-     4096},
+     4096, 0, 0, 0},
     /* a miniature for tests: its 1024-token original context is shorter than the 2048 the
      * golden tests run at, so llama.cpp and Tandem take the long RoPE factors; a 64-token
      * window that both must ignore */
-    {"phi3-tiny", "phi3", 49152, 8192, 128, 256, 4, 4, 2, 32, 10000.0f, false, 64, false, 1024},
+    {"phi3-tiny", "phi3", 49152, 8192, 128, 256, 4, 4, 2, 32, 10000.0f, false, 64, false, 1024, 0,
+     0, 0},
+    /* Qwen3-30B-A3B (128 experts, 8 per token, moe_intermediate_size 768) and a miniature */
+    {"qwen3-30b-a3b", "qwen3moe", 151936, 40960, 2048, 6144, 48, 32, 4, 128, 1e6f, false, 0, false,
+     0, 128, 8, 768},
+    {"qwen3moe-tiny", "qwen3moe", 49152, 2048, 128, 256, 4, 4, 2, 64, 1e6f, true, 0, false, 0, 8, 2,
+     128},
+    /* Mixtral 8x7B (llama.cpp's `llama` with experts) and a miniature */
+    {"mixtral-8x7b", "llama", 32000, 32768, 4096, 14336, 32, 32, 8, 128, 1e6f, false, 0, false, 0,
+     8, 2, 14336},
+    {"mixtral-tiny", "llama", 49152, 2048, 128, 256, 4, 4, 2, 32, 1e6f, false, 0, false, 0, 8, 2,
+     256},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 
@@ -70,7 +87,25 @@ const tdm_synth_shape_t *tdm_synth_shape_find(const char *name)
 const char *tdm_synth_shape_names(void)
 {
     return "smollm2-135m|smollm2-360m|llama-3.2-1b|llama-3.1-8b|llama3-tiny|qwen3-0.6b|"
-           "qwen3-tiny|gemma3-270m|gemma3-tiny|phi3-mini|phi3-tiny";
+           "qwen3-tiny|gemma3-270m|gemma3-tiny|phi3-mini|phi3-tiny|qwen3-30b-a3b|qwen3moe-tiny|"
+           "mixtral-8x7b|mixtral-tiny";
+}
+
+const tdm_synth_shape_t *tdm_synth_arch_find(const char *arch)
+{
+    static const char *const archs[][2] = {
+        {"llama3", "llama3-tiny"},   {"qwen3", "qwen3-tiny"},   {"qwen3moe", "qwen3moe-tiny"},
+        {"mixtral", "mixtral-tiny"}, {"gemma3", "gemma3-tiny"}, {"phi3", "phi3-tiny"},
+    };
+    for (size_t i = 0; arch && i < sizeof archs / sizeof archs[0]; i++)
+        if (strcmp(archs[i][0], arch) == 0)
+            return tdm_synth_shape_find(archs[i][1]);
+    return NULL;
+}
+
+const char *tdm_synth_arch_names(void)
+{
+    return "llama3|qwen3|qwen3moe|mixtral|gemma3|phi3";
 }
 
 /* splitmix64 (Steele, Lea, Flood 2014; S. Vigna's public-domain reference). */
@@ -105,8 +140,10 @@ typedef struct synth_tensor {
     float std, mean;
 } synth_tensor_t;
 
-/* Generates t's rows in parallel into data (ne1 * row_bytes). scratch: [threads][ne0] f32. */
-static void fill_tensor(const synth_tensor_t *t, uint64_t stream, uint8_t *data, float *scratch)
+/* Generates t's rows (ne1 * n_mat of them: n_mat matrices stacked, the experts of a 3-D
+ * tensor) in parallel into data. scratch: [threads][ne0] f32. */
+static void fill_tensor(const synth_tensor_t *t, uint64_t n_mat, uint64_t stream, uint8_t *data,
+                        float *scratch)
 {
     const size_t row_bytes = tdm_ggml_row_size(t->type, t->ne0);
     const float a = t->std * 1.7320508f;
@@ -114,34 +151,42 @@ static void fill_tensor(const synth_tensor_t *t, uint64_t stream, uint8_t *data,
     {
         float *row = scratch + (size_t)omp_get_thread_num() * t->ne0;
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < (int64_t)t->ne1; i++) {
+        for (int64_t i = 0; i < (int64_t)(t->ne1 * n_mat); i++) {
             fill_row(row, t->ne0, stream, (uint64_t)i, a, t->mean);
             tdm_ggml_quantize_row(t->type, row, data + (size_t)i * row_bytes, (int64_t)t->ne0);
         }
     }
 }
 
-/* Adds tensor t, the index-th of the file, to w. */
-static int add_tensor(tdm_gguf_writer_t *w, const synth_tensor_t *t, uint64_t seed, uint64_t index,
-                      float *scratch, tdm_error_t *err)
+/* Adds tensor t, the index-th of the file, to w: n_mat > 1 stacks that many [ne0, ne1]
+ * matrices into a 3-D [ne0, ne1, n_mat] tensor (the experts of a layer). */
+static int add_tensor_n(tdm_gguf_writer_t *w, const synth_tensor_t *t, uint64_t n_mat,
+                        uint64_t seed, uint64_t index, float *scratch, tdm_error_t *err)
 {
     const size_t row_bytes = tdm_ggml_row_size(t->type, t->ne0);
     if (row_bytes == 0)
         return tdm_error_set(err, TDM_EINVALID, "%s: %llu is not a multiple of %s's block size",
                              t->name, (unsigned long long)t->ne0,
                              tdm_ggml_type_get((uint32_t)t->type)->name);
-    uint8_t *data = malloc(row_bytes * t->ne1);
+    uint8_t *data = malloc(row_bytes * t->ne1 * n_mat);
     if (!data)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for %s", t->name);
     uint64_t stream = seed ^ (index * 0x9e3779b97f4a7c15ull);
     splitmix64(&stream);
-    fill_tensor(t, stream, data, scratch);
-    const uint64_t ne[2] = {t->ne0, t->ne1};
-    int rc = tdm_gguf_writer_add_tensor(w, t->name, t->type, t->ne1 == 1 ? 1 : 2, ne, data);
+    fill_tensor(t, n_mat, stream, data, scratch);
+    const uint64_t ne[3] = {t->ne0, t->ne1, n_mat};
+    const uint32_t n_dims = n_mat > 1 ? 3 : t->ne1 == 1 ? 1 : 2;
+    int rc = tdm_gguf_writer_add_tensor(w, t->name, t->type, n_dims, ne, data);
     free(data);
     if (rc != TDM_OK)
         return tdm_error_set(err, rc, "cannot add %s", t->name);
     return TDM_OK;
+}
+
+static int add_tensor(tdm_gguf_writer_t *w, const synth_tensor_t *t, uint64_t seed, uint64_t index,
+                      float *scratch, tdm_error_t *err)
+{
+    return add_tensor_n(w, t, 1, seed, index, scratch, err);
 }
 
 /* llama.cpp's llama_ftype for projections of type t (general.file_type). */
@@ -170,7 +215,7 @@ static int add_metadata(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32
 {
     char name[96];
     snprintf(name, sizeof name, "synth %s %s", s->name, tdm_ggml_type_get((uint32_t)type)->name);
-    const bool qwen = strcmp(s->arch, "qwen3") == 0;
+    const bool qwen = strncmp(s->arch, "qwen3", 5) == 0;
     int rc = tdm_gguf_writer_set_str(w, "general.architecture", s->arch);
     rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.type", "model");
     rc = rc ? rc : tdm_gguf_writer_set_str(w, "general.name", name);
@@ -191,6 +236,9 @@ static int add_metadata(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint32
         {"attention.value_length", s->head_dim, 0},
         {"vocab_size", qwen ? 0 : n_vocab, 0}, /* Qwen's converter writes none */
         {"rope.dimension_count", qwen ? 0 : s->head_dim, 0},
+        {"expert_count", s->n_expert, 0},
+        {"expert_used_count", s->n_expert_used, 0},
+        {"expert_feed_forward_length", qwen ? s->n_ff_exp : 0, 0},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0] && rc == TDM_OK; i++) {
         char key[96];
@@ -369,7 +417,12 @@ static int layer_tensors_gemma3(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, 
 }
 
 /* The tensors of a Llama (nine) or Qwen3 (eleven: the QK-norms, weight 1 so that each head of
- * q and k has RMS 1) layer l into ts (names into names); returns their count. */
+ * q and k has RMS 1) layer l into ts (names into names); returns their count. With experts the
+ * dense FFN's three are replaced by the router (F32, std 3/sqrt(n_embd): logits of RMS ~3, a
+ * softmax that favours a few experts clearly, so that the top-k choice rarely sits at a near-tie
+ * an ulp of difference between two implementations flips) and the experts' three, scaled as the
+ * dense ones (the renormalised weights sum to 1, so the mixture adds RMS ~alpha or less);
+ * add_layers stacks n_expert matrices into each "_exps" tensor. */
 static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_t l,
                          synth_tensor_t *ts, char names[][64])
 {
@@ -377,11 +430,14 @@ static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_
         return layer_tensors_gemma3(s, wt, l, ts, names);
     if (is_phi3(s))
         return layer_tensors_phi3(s, wt, l, ts, names);
-    const uint64_t E = s->n_embd, F = s->n_ff, Q = (uint64_t)s->n_heads * s->head_dim;
+    const bool moe = s->n_expert > 0;
+    const uint64_t E = s->n_embd, F = moe ? s->n_ff_exp : s->n_ff;
+    const uint64_t Q = (uint64_t)s->n_heads * s->head_dim;
     const uint64_t KV = (uint64_t)s->n_kv_heads * s->head_dim, D = s->head_dim;
     const tdm_ggml_type_t f32 = TDM_GGML_TYPE_F32;
     const float in_e = 1.0f / sqrtf((float)E), alpha = 1.0f / sqrtf(2.0f * (float)s->n_layers);
-    const synth_tensor_t t[11] = {
+    const float down_std = alpha / (0.6f * sqrtf((float)F));
+    const synth_tensor_t t[12] = {
         {"attn_norm", f32, E, 1, 0.0f, 1.0f},
         {"attn_q", wt, E, Q, in_e, 0.0f},
         {"attn_k", wt, E, KV, in_e, 0.0f},
@@ -390,12 +446,22 @@ static int layer_tensors(const tdm_synth_shape_t *s, tdm_ggml_type_t wt, uint32_
         {"ffn_norm", f32, E, 1, 0.0f, 1.0f},
         {"ffn_gate", wt, E, F, in_e, 0.0f},
         {"ffn_up", wt, E, F, in_e, 0.0f},
-        {"ffn_down", wt, F, E, alpha / (0.6f * sqrtf((float)F)), 0.0f},
+        {"ffn_down", wt, F, E, down_std, 0.0f},
         {"attn_q_norm", f32, D, 1, 0.0f, 1.0f},
         {"attn_k_norm", f32, D, 1, 0.0f, 1.0f},
+        {"ffn_gate_inp", f32, E, s->n_expert, 3.0f * in_e, 0.0f},
     };
-    const int n = strcmp(s->arch, "qwen3") == 0 ? 11 : 9;
-    memcpy(ts, t, (size_t)n * sizeof t[0]);
+    const bool qwen = strncmp(s->arch, "qwen3", 5) == 0;
+    int n = 0;
+    for (int i = 0; i < 12; i++) {
+        const bool qk = i == 9 || i == 10, ffn = i >= 6 && i <= 8;
+        if ((qk && !qwen) || (i == 11 && !moe))
+            continue;
+        ts[n] = t[i];
+        if (ffn && moe) /* ffn_gate_exps, ffn_up_exps, ffn_down_exps */
+            ts[n].name = i == 6 ? "ffn_gate_exps" : i == 7 ? "ffn_up_exps" : "ffn_down_exps";
+        n++;
+    }
     name_layer(ts, n, l, names);
     return n;
 }
@@ -443,7 +509,8 @@ static int add_layers(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, tdm_ggml
         char names[MAX_LAYER_TENSORS][64];
         const int n = layer_tensors(s, type, l, ts, names);
         for (int i = 0; i < n; i++) {
-            int rc = add_tensor(w, &ts[i], seed, (*index)++, scratch, err);
+            const uint64_t n_mat = strstr(ts[i].name, "_exps") ? s->n_expert : 1;
+            int rc = add_tensor_n(w, &ts[i], n_mat, seed, (*index)++, scratch, err);
             if (rc != TDM_OK)
                 return rc;
         }
@@ -460,7 +527,8 @@ int tdm_synth_add_weights(tdm_gguf_writer_t *w, const tdm_synth_shape_t *s, uint
                       : add_metadata(w, s, n_vocab, type)) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for the metadata");
     const uint64_t E = s->n_embd, Q = (uint64_t)s->n_heads * s->head_dim;
-    const uint64_t max_in = s->n_ff > E ? (s->n_ff > Q ? s->n_ff : Q) : (E > Q ? E : Q);
+    const uint64_t F = s->n_ff > s->n_ff_exp ? s->n_ff : s->n_ff_exp;
+    const uint64_t max_in = F > E ? (F > Q ? F : Q) : (E > Q ? E : Q);
     float *scratch = malloc((size_t)omp_get_max_threads() * max_in * sizeof *scratch);
     if (!scratch)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");

@@ -11,7 +11,11 @@ block, with SmolLM2's vocabulary (the default model, so nothing else is download
   LongRoPE's rope_factors_long/short and attention factor, original context 1024 against the
   n_ctx 2048 used here, so llama.cpp takes the long factors (recorded in the JSON's
   "rope_factors"), a 64-token sliding window that llama.cpp ignores; 4 layers, n_embd 128,
-  head_dim 32, 4 heads over 2 KV heads) -> phi3_synth_<type>.json.
+  head_dim 32, 4 heads over 2 KV heads) -> phi3_synth_<type>.json;
+* `qwen3moe-tiny` (qwen3moe: qwen3-tiny's attention, 8 experts of hidden size 128, 2 per token)
+  -> qwen3moe_synth_<type>.json;
+* `mixtral-tiny` (llama with experts as Mixtral: 8 experts of hidden size 256, 2 per token,
+  head_dim 32, theta 1e6, an output matrix) -> mixtral_synth_<type>.json.
 
 The procedure is make_engine_golden.py's (SmolLM2's prompts, tokenized without BOS as SmolLM2
 is; greedy continuation to EOS or 64 tokens; one-pass top-5 per position; llama.cpp against
@@ -41,6 +45,8 @@ SHAPES = {
     "qwen3-tiny": ("qwen3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
     "llama3-tiny": ("llama3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
     "phi3-tiny": ("phi3_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
+    "qwen3moe-tiny": ("qwen3moe_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
+    "mixtral-tiny": ("mixtral_synth", {"Q8_0": 1, "Q4_0": 2, "F16": 3}),
 }
 VOCAB_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N_CTX = 2048

@@ -8,6 +8,7 @@
  */
 #include "tiny_model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +238,8 @@ static int spec_resolve(const tdm_tiny_llama_spec_t *in, tdm_tiny_llama_spec_t *
         s->rms_norm_eps = 1e-5f;
     if (s->weight_std == 0.0f)
         s->weight_std = 0.02f;
+    if (s->n_expert && !s->n_expert_used)
+        s->n_expert_used = s->n_expert < 2 ? s->n_expert : 2;
     if (s->n_vocab < TDM_TINY_MIN_VOCAB)
         return tdm_error_set(err, TDM_EINVALID, "tiny model: n_vocab %u < %d", s->n_vocab,
                              TDM_TINY_MIN_VOCAB);
@@ -266,33 +269,41 @@ static int spec_resolve(const tdm_tiny_llama_spec_t *in, tdm_tiny_llama_spec_t *
     return TDM_OK;
 }
 
-/* Adds a [ne0, ne1] (ne1 = 1: 1-D) tensor of type t with values mean + std * N(0, 1), drawn
- * row by row from r and converted to t. */
-static int add_random(tdm_gguf_writer_t *w, rng_t *r, const char *name, tdm_ggml_type_t t,
-                      uint64_t ne0, uint64_t ne1, float mean, float std, tdm_error_t *err)
+/* Adds a [ne0, ne1] (ne1 = 1: 1-D; ne2 > 1: 3-D [ne0, ne1, ne2], the experts of a layer)
+ * tensor of type t with values mean + std * N(0, 1), drawn row by row from r and converted
+ * to t. */
+static int add_random3(tdm_gguf_writer_t *w, rng_t *r, const char *name, tdm_ggml_type_t t,
+                       uint64_t ne0, uint64_t ne1, uint64_t ne2, float mean, float std,
+                       tdm_error_t *err)
 {
     const size_t row_bytes = tdm_ggml_row_size(t, ne0);
     float *row = malloc(ne0 * sizeof *row);
-    uint8_t *data = malloc(row_bytes * ne1);
+    uint8_t *data = malloc(row_bytes * ne1 * ne2);
     int rc = TDM_OK;
     if (!row || !data) {
         rc = tdm_error_set(err, TDM_ERESOURCE, "tiny model: out of memory for %s", name);
         goto out_free;
     }
-    for (uint64_t i = 0; i < ne1; i++) {
+    for (uint64_t i = 0; i < ne1 * ne2; i++) {
         for (uint64_t j = 0; j < ne0; j++)
             row[j] = mean + std * rng_normal(r);
         rc = tdm_ggml_quantize_row(t, row, data + i * row_bytes, (int64_t)ne0);
         TDM_ASSERT(rc == TDM_OK); /* the spec was checked */
     }
-    const uint64_t ne[2] = {ne0, ne1};
-    rc = tdm_gguf_writer_add_tensor(w, name, t, ne1 == 1 ? 1 : 2, ne, data);
+    const uint64_t ne[3] = {ne0, ne1, ne2};
+    rc = tdm_gguf_writer_add_tensor(w, name, t, ne2 > 1 ? 3 : ne1 == 1 ? 1 : 2, ne, data);
     if (rc != TDM_OK)
         tdm_error_set(err, rc, "tiny model: cannot add tensor %s", name);
 out_free:
     free(data);
     free(row);
     return rc;
+}
+
+static int add_random(tdm_gguf_writer_t *w, rng_t *r, const char *name, tdm_ggml_type_t t,
+                      uint64_t ne0, uint64_t ne1, float mean, float std, tdm_error_t *err)
+{
+    return add_random3(w, r, name, t, ne0, ne1, 1, mean, std, err);
 }
 
 static int add_metadata(tdm_gguf_writer_t *w, const tdm_tiny_llama_spec_t *s, const vocab_t *v)
@@ -327,6 +338,10 @@ static int add_metadata(tdm_gguf_writer_t *w, const tdm_tiny_llama_spec_t *s, co
     rc = rc ? rc : tdm_gguf_writer_set_u32(w, "general.file_type", file_type_of(s->weight_type));
     rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.vocab_size", s->n_vocab);
     rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.rope.dimension_count", head_dim);
+    if (s->n_expert > 0) {
+        rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.expert_count", s->n_expert);
+        rc = rc ? rc : tdm_gguf_writer_set_u32(w, "llama.expert_used_count", s->n_expert_used);
+    }
     rc = rc ? rc : tdm_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
     rc = rc ? rc : tdm_gguf_writer_set_str(w, "tokenizer.ggml.pre", "smollm");
     rc = rc ? rc : tdm_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", tokens, v->n_vocab);
@@ -366,7 +381,7 @@ int tdm_test_tiny_llama_build(const tdm_tiny_llama_spec_t *spec, tdm_gguf_writer
     }
 
     rng_t r = {.state = s.seed};
-    const uint64_t E = s.n_embd, F = s.n_ff, V = s.n_vocab;
+    const uint64_t E = s.n_embd, F = s.n_ff, V = s.n_vocab, X = s.n_expert;
     const uint64_t q_dim = s.n_heads * (uint64_t)(s.n_embd / s.n_heads);
     const uint64_t kv_dim = s.n_kv_heads * (uint64_t)(s.n_embd / s.n_heads);
     const float sd = s.weight_std;
@@ -384,12 +399,19 @@ int tdm_test_tiny_llama_build(const tdm_tiny_llama_spec_t *spec, tdm_gguf_writer
             {"attn_k", wt, E, kv_dim, 0.0f},  {"attn_v", wt, E, kv_dim, 0.0f},
             {"attn_output", wt, q_dim, E, 0}, {"ffn_norm", f32, E, 1, 1.0f},
             {"ffn_gate", wt, E, F, 0.0f},     {"ffn_up", wt, E, F, 0.0f},
-            {"ffn_down", wt, F, E, 0.0f},
+            {"ffn_down", wt, F, E, 0.0f},     {"ffn_gate_inp", f32, E, X, 0.0f},
         };
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            const bool ffn = i >= 6 && i <= 8, moe = X > 0;
+            if (i == 9 && !moe)
+                continue;
             char name[64];
-            snprintf(name, sizeof name, "blk.%u.%s.weight", l, ts[i].name);
-            rc = add_random(w, &r, name, ts[i].type, ts[i].ne0, ts[i].ne1, ts[i].mean, sd, err);
+            snprintf(name, sizeof name, "blk.%u.%s%s.weight", l, ts[i].name,
+                     ffn && moe ? "_exps" : "");
+            /* the router at std 1/sqrt(n_embd): logits of RMS ~1, routes that differ by token */
+            float std = i == 9 ? 1.0f / sqrtf((float)E) : sd;
+            rc = add_random3(w, &r, name, ts[i].type, ts[i].ne0, ts[i].ne1, ffn && moe ? X : 1,
+                             ts[i].mean, std, err);
             if (rc != TDM_OK)
                 goto out_destroy;
         }

@@ -45,6 +45,10 @@ typedef struct tdm_tiny_llama_spec {
     float rms_norm_eps;          /* llama.attention.layer_norm_rms_epsilon; 0: 1e-5 */
     float weight_std;            /* standard deviation of the projection and embedding
                                     weights; norms are 1 + N(0, std); 0: 0.02 */
+    uint32_t n_expert;           /* > 0: a Mixtral-style llama with experts (llama.expert_count;
+                                    ffn_gate_inp F32 and 3-D ffn_*_exps of weight_type, each
+                                    expert of hidden size n_ff); 0: the dense FFN */
+    uint32_t n_expert_used;      /* llama.expert_used_count with experts; 0: 2 (or n_expert) */
 } tdm_tiny_llama_spec_t;
 
 /* Builds the model into a new writer (*out; caller frees with tdm_gguf_writer_destroy), so a

@@ -101,10 +101,25 @@
 typedef struct bounds {
     double min_agreement, min_agreement_clear;
     double logit_tol, logit_tol_mean, logit_tol_centered;
+    double route_tol; /* models with experts: the file's max bound that all but MAX_ROUTED_OUT
+                         of the positions must keep; 0 otherwise */
 } bounds_t;
 
-static bounds_t g_bounds = {MIN_AGREEMENT, MIN_AGREEMENT_CLEAR, LOGIT_TOL, LOGIT_TOL_MEAN,
-                            LOGIT_TOL_CENTERED};
+static bounds_t g_bounds = {MIN_AGREEMENT,  MIN_AGREEMENT_CLEAR, LOGIT_TOL,
+                            LOGIT_TOL_MEAN, LOGIT_TOL_CENTERED,  0.0};
+
+/* Models with experts (qwen3moe, Mixtral): a token's top-k experts are chosen by comparing
+ * router probabilities, and where two of them are within an ulp the choice flips between any
+ * two implementations, llama.cpp's own two passes included (qwen3moe_synth_f16 plain_math
+ * position 70: 0.51 in llama.cpp against itself). Such a position moves by up to ~0.5 and its
+ * neighbours barely. So for these files: every position keeps the fixed bounds above (LOGIT_TOL,
+ * LOGIT_TOL_MEAN, LOGIT_TOL_CENTERED), at most MAX_ROUTED_OUT of the positions may exceed the
+ * file's bound (twice llama.cpp's own largest difference), and at least MIN_CONFIDENT
+ * positions must be confident (gap > CONFIDENT_GAP) and agree. Measured on the AVX-512 Xeon on
+ * 2026-12-05 (scalar family): qwen3moe 0 of 1,870 positions over 1.02 (its file records a flip in
+ * llama.cpp itself), mixtral 5 of 1,870 over 0.0052 (largest 0.50), 209 confident. */
+#define MAX_ROUTED_OUT 0.01
+#define MIN_CONFIDENT 200
 static char g_golden_path[1024] = GOLDEN_PATH;
 static const char *g_model_file; /* another model's file name, in the default model's folder,
                                      or an absolute path */
@@ -270,6 +285,12 @@ static int group_setup(void **state)
         return 0;
     }
     const tdm_llama_hparams_t *hp = tdm_model_hparams(fx->model);
+    if (g_bounds_from_file && hp->n_expert > 0) { /* see MAX_ROUTED_OUT */
+        g_bounds.route_tol = g_bounds.logit_tol;
+        g_bounds.logit_tol = LOGIT_TOL;
+        g_bounds.logit_tol_mean = LOGIT_TOL_MEAN;
+        g_bounds.logit_tol_centered = LOGIT_TOL_CENTERED;
+    }
     fx->n_vocab = hp->n_vocab;
     tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, BLOCK, TDM_KV_F16};
     fx->pool = tdm_kv_pool_new(&kl, pool_blocks(fx), &err);
@@ -392,6 +413,7 @@ typedef struct stats {
     uint64_t n_clear, n_clear_agree;  /* positions with gap >= CLEAR_GAP; agreeing */
     uint64_t n_confident, n_conf_bad; /* positions with gap > CONFIDENT_GAP; disagreeing */
     float max_gap_bad;                /* largest llama.cpp gap where we disagree */
+    uint64_t n_route_out;             /* positions whose worst diff exceeds route_tol */
     uint64_t n_logits;                /* logits compared (TOP_K per position) */
     double sum_abs, max_abs;          /* |ours - llama.cpp| */
     double sum_cen, max_cen;          /* the same, centered */
@@ -443,6 +465,12 @@ static void compare_position(fixture_t *fx, ref_case_t *c, uint32_t i, const flo
     }
     stats_add(st, c, i, agree, gap, d);
     stats_add(cs, c, i, agree, gap, d);
+    if (g_bounds.route_tol > 0 && worst > g_bounds.route_tol) {
+        st->n_route_out++;
+        printf("    %s pos %u: worst top-%d diff %.4f exceeds %.4f (an expert choice at a "
+               "near-tie)\n",
+               c->name, i, TOP_K, worst, g_bounds.route_tol);
+    }
     if (!agree || worst > PRINT_DIFF)
         printf("    %s pos %u%s: llama.cpp %d (%.4f) > %d (%.4f), gap %.4f; ours %d (%.4f), "
                "%.4f %.4f for llama.cpp's top-2, worst top-5 diff %.4f\n",
@@ -527,6 +555,18 @@ static void test_teacher_forced(void **state)
     if (st.n_conf_bad)
         fail_msg("%llu positions where llama.cpp leads by more than %.1f have another argmax",
                  (unsigned long long)st.n_conf_bad, (double)CONFIDENT_GAP);
+    if (bd->route_tol > 0) {
+        printf("experts: %llu positions over %.4f (at most %.0f%% may be), %llu confident (at "
+               "least %d)\n",
+               (unsigned long long)st.n_route_out, bd->route_tol, 100 * MAX_ROUTED_OUT,
+               (unsigned long long)st.n_confident, MIN_CONFIDENT);
+        if ((double)st.n_route_out > MAX_ROUTED_OUT * (double)st.n_pos)
+            fail_msg("%llu of %llu positions exceed %.4f", (unsigned long long)st.n_route_out,
+                     (unsigned long long)st.n_pos, bd->route_tol);
+        if (st.n_confident < MIN_CONFIDENT)
+            fail_msg("only %llu confident positions, fewer than %d",
+                     (unsigned long long)st.n_confident, MIN_CONFIDENT);
+    }
     if (st.max_abs > bd->logit_tol)
         fail_msg("logit difference %.4f at %s position %u exceeds %.4f", st.max_abs, st.max_case,
                  st.max_pos, bd->logit_tol);

@@ -22,10 +22,11 @@
  * *err. */
 typedef int (*edit_fn)(tdm_gguf_writer_t *w);
 
-static tdm_model_t *load_edited(edit_fn edit, tdm_error_t *err)
+static tdm_model_t *load_edited_spec(const tdm_tiny_llama_spec_t *spec_in, edit_fn edit,
+                                     tdm_error_t *err)
 {
     tdm_gguf_writer_t *w = NULL;
-    tdm_tiny_llama_spec_t spec = {.n_layers = 2, .tied_embeddings = true};
+    tdm_tiny_llama_spec_t spec = *spec_in;
     assert_int_equal(tdm_test_tiny_llama_build(&spec, &w, err), TDM_OK);
     if (edit)
         assert_int_equal(edit(w), TDM_OK);
@@ -38,6 +39,29 @@ static tdm_model_t *load_edited(edit_fn edit, tdm_error_t *err)
     tdm_model_t *m = tdm_model_load(path, err);
     unlink(path);
     return m;
+}
+
+static tdm_model_t *load_edited(edit_fn edit, tdm_error_t *err)
+{
+    const tdm_tiny_llama_spec_t spec = {.n_layers = 2, .tied_embeddings = true};
+    return load_edited_spec(&spec, edit, err);
+}
+
+/* The load of spec's model edited by edit fails with code and a message holding want1 and
+ * want2 (when not NULL). */
+static void expect_error_spec(const tdm_tiny_llama_spec_t *spec, edit_fn edit, int code,
+                              const char *want1, const char *want2)
+{
+    tdm_error_t err = {0};
+    tdm_model_t *m = load_edited_spec(spec, edit, &err);
+    if (m) {
+        tdm_model_destroy(&m);
+        fail_msg("the model loaded; expected an error naming '%s'", want1);
+    }
+    assert_int_equal(err.code, code);
+    if (!strstr(err.msg, want1) || (want2 && !strstr(err.msg, want2)))
+        fail_msg("message \"%s\" lacks '%s'%s%s", err.msg, want1, want2 ? " or " : "",
+                 want2 ? want2 : "");
 }
 
 /* The load fails with TDM_EINVALID and a message holding every string of want. */
@@ -148,6 +172,170 @@ static int edit_expert_tensor(tdm_gguf_writer_t *w)
     return add_matrix(w, "blk.0.ffn_gate_inp.weight", 64, 8);
 }
 
+static int add_experts3(tdm_gguf_writer_t *w, const char *name, uint64_t n_in, uint64_t n_out,
+                        uint64_t n_expert)
+{
+    float *v = calloc(n_in * n_out * n_expert, sizeof *v);
+    if (!v)
+        return TDM_ERESOURCE;
+    uint64_t ne[3] = {n_in, n_out, n_expert};
+    int rc = tdm_gguf_writer_add_tensor(w, name, TDM_GGML_TYPE_F32, 3, ne, v);
+    free(v);
+    return rc;
+}
+
+static int edit_expert_used_0(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_used_count", 0);
+}
+
+static int edit_expert_used_9(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_used_count", 9);
+}
+
+static int edit_expert_count_600(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_count", 600);
+}
+
+static int edit_expert_used_only(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_used_count", 2);
+}
+
+/* experts declared, the router right, the gate experts stacked 4 deep instead of 8 */
+static int edit_experts_bad_shape(tdm_gguf_writer_t *w)
+{
+    return edit_experts(w) || add_matrix(w, "blk.0.ffn_gate_inp.weight", 64, 8) ||
+           add_experts3(w, "blk.0.ffn_gate_exps.weight", 64, 128, 4);
+}
+
+static int edit_moe_ffn_feed_key(tdm_gguf_writer_t *w)
+{
+    return tdm_gguf_writer_set_u32(w, "llama.expert_feed_forward_length", 64);
+}
+
+/* A tiny Mixtral-style llama turned into a qwen3moe file: the qwen3moe.* keys (the llama.*
+ * ones stay and are ignored, as llama.cpp ignores another architecture's keys) and the
+ * QK-norms; expert counts as the edit after it sets them. */
+static int edit_qwen3moe_base(tdm_gguf_writer_t *w)
+{
+    const struct {
+        const char *key;
+        uint32_t v;
+    } keys[] = {{"qwen3moe.context_length", 256},     {"qwen3moe.embedding_length", 64},
+                {"qwen3moe.block_count", 2},          {"qwen3moe.feed_forward_length", 512},
+                {"qwen3moe.attention.head_count", 4}, {"qwen3moe.attention.head_count_kv", 2}};
+    int rc = tdm_gguf_writer_set_str(w, "general.architecture", "qwen3moe") ||
+             tdm_gguf_writer_set_f32(w, "qwen3moe.attention.layer_norm_rms_epsilon", 1e-6f);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0] && rc == TDM_OK; i++)
+        rc = tdm_gguf_writer_set_u32(w, keys[i].key, keys[i].v);
+    for (int l = 0; l < 2 && rc == TDM_OK; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_q_norm.weight", l);
+        rc = add_vector(w, name, 16);
+        snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", l);
+        rc = rc ? rc : add_vector(w, name, 16);
+    }
+    return rc;
+}
+
+static int edit_qwen3moe_ok(tdm_gguf_writer_t *w)
+{
+    /* n_ff_exp from feed_forward_length / expert_used_count = 512 / 4 = 128 (llama.cpp's
+     * default when expert_feed_forward_length is absent) */
+    return edit_qwen3moe_base(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_count", 8) ||
+           tdm_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", 4);
+}
+
+static int edit_qwen3moe_ffn_key(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_ok(w) ||
+           tdm_gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", 128);
+}
+
+static int edit_qwen3moe_ffn_key_bad(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_ok(w) ||
+           tdm_gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", 96);
+}
+
+static int edit_qwen3moe_no_count(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_base(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", 2);
+}
+
+static int edit_qwen3moe_count_0(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_no_count(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_count", 0);
+}
+
+static int edit_qwen3moe_no_used(tdm_gguf_writer_t *w)
+{
+    return edit_qwen3moe_base(w) || tdm_gguf_writer_set_u32(w, "qwen3moe.expert_count", 8);
+}
+
+/* qwen3moe: loads with its defaults; without experts, or without expert_used_count, it fails
+ * naming the key; an expert hidden size the tensors do not have fails naming the tensor. */
+static void test_qwen3moe_errors(void **state)
+{
+    (void)state;
+    const tdm_tiny_llama_spec_t moe = {.n_layers = 2, .n_expert = 8, .n_expert_used = 2};
+    tdm_error_t err = {0};
+    edit_fn ok[] = {edit_qwen3moe_ok, edit_qwen3moe_ffn_key};
+    for (size_t i = 0; i < 2; i++) {
+        tdm_model_t *m = load_edited_spec(&moe, ok[i], &err);
+        if (!m)
+            fail_msg("qwen3moe case %zu: %s", i, err.msg);
+        const tdm_llama_hparams_t *hp = tdm_model_hparams(m);
+        assert_string_equal(hp->arch, "qwen3moe");
+        assert_true(hp->qk_norm);
+        assert_int_equal(hp->n_expert, 8);
+        assert_int_equal(hp->n_expert_used, 4);
+        assert_int_equal(hp->n_ff_exp, 128);
+        tdm_model_destroy(&m);
+    }
+    expect_error_spec(&moe, edit_qwen3moe_no_count, TDM_ENOTFOUND, "'qwen3moe.expert_count'",
+                      "is missing: a qwen3moe model needs experts");
+    expect_error_spec(&moe, edit_qwen3moe_count_0, TDM_EINVALID, "'qwen3moe.expert_count'", "is 0");
+    expect_error_spec(&moe, edit_qwen3moe_no_used, TDM_ENOTFOUND, "'qwen3moe.expert_used_count'",
+                      "is missing");
+    expect_error_spec(&moe, edit_qwen3moe_ffn_key_bad, TDM_EINVALID, "'blk.0.ffn_gate_exps.weight'",
+                      "expected [64, 96, 8]");
+}
+
+/* Mixture-of-experts models (a tiny Mixtral-style llama, 8 experts, 2 used) with bad expert
+ * metadata or tensors fail naming the key or tensor; expert keys or tensors a dense model
+ * cannot use are refused (test_refusals). */
+static void test_expert_errors(void **state)
+{
+    (void)state;
+    const tdm_tiny_llama_spec_t moe = {.n_layers = 2, .n_expert = 8, .n_expert_used = 2};
+    const tdm_tiny_llama_spec_t dense = {.n_layers = 2, .tied_embeddings = true};
+    tdm_error_t err = {0};
+    tdm_model_t *m = load_edited_spec(&moe, NULL, &err);
+    assert_non_null(m);
+    assert_int_equal(tdm_model_hparams(m)->n_expert, 8);
+    assert_int_equal(tdm_model_hparams(m)->n_expert_used, 2);
+    assert_int_equal(tdm_model_hparams(m)->n_ff_exp, 128);
+    tdm_model_destroy(&m);
+    expect_error_spec(&moe, edit_expert_used_0, TDM_EINVALID, "'llama.expert_used_count'",
+                      "1..llama.expert_count (8), got 0");
+    expect_error_spec(&moe, edit_expert_used_9, TDM_EINVALID, "'llama.expert_used_count'", "got 9");
+    expect_error_spec(&moe, edit_expert_count_600, TDM_EINVALID, "'llama.expert_count'",
+                      "more than 512");
+    expect_error_spec(&moe, edit_moe_ffn_feed_key, TDM_EINVALID, "llama.expert_feed_forward_length",
+                      "refused rather than run wrong");
+    /* a dense file declaring experts: the router is missing */
+    expect_error_spec(&dense, edit_experts, TDM_ENOTFOUND, "'blk.0.ffn_gate_inp.weight'",
+                      "missing");
+    expect_error_spec(&dense, edit_experts_bad_shape, TDM_EINVALID, "'blk.0.ffn_gate_exps.weight'",
+                      "expected [64, 128, 8]");
+    expect_error_spec(&dense, edit_expert_used_only, TDM_EINVALID, "'llama.expert_used_count'",
+                      "expert_count is 0 or missing");
+}
+
 static int edit_unknown_key(tdm_gguf_writer_t *w)
 {
     return tdm_gguf_writer_set_f32(w, "llama.residual_scale", 0.5f);
@@ -188,8 +376,8 @@ static void test_refusals(void **state)
     expect_refused(edit_sliding_window, "llama.attention.sliding_window", "gemma3 only");
     expect_refused(edit_attn_softcap, "llama.attn_logit_softcapping", "soft-capping");
     expect_refused(edit_final_softcap, "llama.final_logit_softcapping", "soft-capping");
-    expect_refused(edit_experts, "llama.expert_count", "mixture-of-experts");
-    expect_refused(edit_expert_tensor, "blk.0.ffn_gate_inp.weight", "mixture-of-experts");
+    expect_refused(edit_expert_tensor, "blk.0.ffn_gate_inp.weight",
+                   "mixture-of-experts routing: llama or qwen3moe with expert_count > 0");
     expect_refused(edit_unknown_key, "llama.residual_scale", "refused rather than run wrong");
     expect_refused(edit_fused_qkv, "blk.1.attn_qkv.weight",
                    "fused QKV projection (implemented "
@@ -500,8 +688,8 @@ static void test_phi3(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_accepted),
+        cmocka_unit_test(test_refusals),        cmocka_unit_test(test_expert_errors),
+        cmocka_unit_test(test_qwen3moe_errors), cmocka_unit_test(test_accepted),
         cmocka_unit_test(test_layer_helpers),
         cmocka_unit_test(test_phi3),
     };

@@ -58,8 +58,9 @@ static void check_invariance(tdm_test_engine_t *f, const int32_t *const *prompts
         tdm_test_seq_end(f, &ref[i]);
 }
 
-static void invariance_on_tiny(tdm_ggml_type_t wtype, tdm_ggml_type_t etype, uint32_t n_embd,
-                               bool tied, tdm_kv_dtype_t dtype)
+static void invariance_on_moe(tdm_ggml_type_t wtype, tdm_ggml_type_t etype, uint32_t n_embd,
+                              bool tied, tdm_kv_dtype_t dtype, uint32_t n_expert,
+                              uint32_t n_expert_used)
 {
     tdm_test_engine_t f;
     tdm_tiny_llama_spec_t spec = {.n_embd = n_embd,
@@ -71,7 +72,9 @@ static void invariance_on_tiny(tdm_ggml_type_t wtype, tdm_ggml_type_t etype, uin
                                   .embd_type = etype,
                                   .tied_embeddings = tied,
                                   .seed = 7,
-                                  .weight_std = 0.05f};
+                                  .weight_std = 0.05f,
+                                  .n_expert = n_expert,
+                                  .n_expert_used = n_expert_used};
     tdm_test_engine_write_tiny(&f, &spec);
     tdm_test_engine_open(&f, f.path, dtype, 256);
     int32_t a[100], b[37], c[5];
@@ -84,6 +87,24 @@ static void invariance_on_tiny(tdm_ggml_type_t wtype, tdm_ggml_type_t etype, uin
     check_invariance(&f, prompts, lens, 3, dtype != TDM_KV_Q8);
     tdm_test_engine_close(&f);
     unlink(f.path);
+}
+
+static void invariance_on_tiny(tdm_ggml_type_t wtype, tdm_ggml_type_t etype, uint32_t n_embd,
+                               bool tied, tdm_kv_dtype_t dtype)
+{
+    invariance_on_moe(wtype, etype, n_embd, tied, dtype, 0, 0);
+}
+
+/* Mixture of experts (Mixtral-style llama): a row's experts, their GEMMs over the rows routed
+ * to them and the weighted sum give the same bits whatever else is in the batch and however
+ * the prompt is chunked: quantized experts (the repacked GEMMs), F16 ones (the f32 path), 8
+ * experts with 2 used and 4 with all 4 used, K-quants with 16 experts of which 3 are used. */
+static void test_invariance_moe(void **state)
+{
+    (void)state;
+    invariance_on_moe(TDM_GGML_TYPE_Q4_0, TDM_GGML_TYPE_Q8_0, 64, true, TDM_KV_F16, 8, 2);
+    invariance_on_moe(TDM_GGML_TYPE_F16, TDM_GGML_TYPE_F16, 64, false, TDM_KV_F32, 4, 4);
+    invariance_on_moe(TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q8_0, 256, false, TDM_KV_F16, 16, 3);
 }
 
 static void test_invariance_q4_1_q8_0(void **state)
@@ -148,7 +169,7 @@ static float *family_logits(const char *path, const char *family, tdm_kv_dtype_t
 /* Every kernel family this CPU runs gives the scalar reference's logits bit for bit, on every
  * path: the quantized GEMMs, the f32 matmul of F16/BF16/Q5 weights, attention over f16, f32
  * and q8 caches (head_dim 16, 32 and 36: a tail past the 8-lane chunks), GQA groups of 2, 3
- * and 4. */
+ * and 4, and mixture-of-experts layers (Q8_0 experts; Q5_0 ones, converted to Q8_0). */
 static void test_families_bitwise(void **state)
 {
     (void)state;
@@ -156,14 +177,17 @@ static void test_families_bitwise(void **state)
         tdm_ggml_type_t w, e;
         uint32_t n_embd, heads, kv_heads;
         tdm_kv_dtype_t dtype;
+        uint32_t n_expert; /* > 0: a Mixtral-style model with 2 experts used per token */
     } cases[] = {
-        {TDM_GGML_TYPE_Q4_1, TDM_GGML_TYPE_Q8_0, 64, 4, 2, TDM_KV_F16},
-        {TDM_GGML_TYPE_Q4_0, TDM_GGML_TYPE_F16, 64, 4, 2, TDM_KV_F32},
-        {TDM_GGML_TYPE_F16, TDM_GGML_TYPE_BF16, 108, 3, 1, TDM_KV_F16},
-        {TDM_GGML_TYPE_Q5_1, TDM_GGML_TYPE_F32, 64, 4, 2, TDM_KV_Q8},
-        {TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q6_K, 256, 8, 2, TDM_KV_F16},
-        {TDM_GGML_TYPE_Q2_K, TDM_GGML_TYPE_Q3_K, 256, 8, 2, TDM_KV_F16},
-        {TDM_GGML_TYPE_Q3_K, TDM_GGML_TYPE_Q2_K, 256, 4, 4, TDM_KV_F16},
+        {TDM_GGML_TYPE_Q4_1, TDM_GGML_TYPE_Q8_0, 64, 4, 2, TDM_KV_F16, 0},
+        {TDM_GGML_TYPE_Q4_0, TDM_GGML_TYPE_F16, 64, 4, 2, TDM_KV_F32, 0},
+        {TDM_GGML_TYPE_F16, TDM_GGML_TYPE_BF16, 108, 3, 1, TDM_KV_F16, 0},
+        {TDM_GGML_TYPE_Q5_1, TDM_GGML_TYPE_F32, 64, 4, 2, TDM_KV_Q8, 0},
+        {TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q6_K, 256, 8, 2, TDM_KV_F16, 0},
+        {TDM_GGML_TYPE_Q2_K, TDM_GGML_TYPE_Q3_K, 256, 8, 2, TDM_KV_F16, 0},
+        {TDM_GGML_TYPE_Q3_K, TDM_GGML_TYPE_Q2_K, 256, 4, 4, TDM_KV_F16, 0},
+        {TDM_GGML_TYPE_Q8_0, TDM_GGML_TYPE_Q8_0, 64, 4, 2, TDM_KV_F16, 8},
+        {TDM_GGML_TYPE_Q5_0, TDM_GGML_TYPE_F16, 64, 4, 2, TDM_KV_F16, 4},
     };
     static const char *const families[] = {"avx2", "vnni", "avx512", "amx"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -177,7 +201,8 @@ static void test_families_bitwise(void **state)
                                       .embd_type = cases[c].e,
                                       .tied_embeddings = c % 2 == 0,
                                       .seed = 31 + (uint32_t)c,
-                                      .weight_std = 0.05f};
+                                      .weight_std = 0.05f,
+                                      .n_expert = cases[c].n_expert};
         tdm_test_engine_write_tiny(&f, &spec);
         char ref_name[64], name[64], last[64];
         size_t n_ref, n;
@@ -473,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_invariance_q4_0_f16_untied),
         cmocka_unit_test(test_invariance_kquants),
         cmocka_unit_test(test_invariance_other_types),
+        cmocka_unit_test(test_invariance_moe),
         cmocka_unit_test(test_families_bitwise),
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),

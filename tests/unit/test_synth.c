@@ -737,6 +737,75 @@ static void test_deterministic(void **state)
     unlink(a), unlink(b), unlink(c);
 }
 
+/* The expert shapes: llama.cpp's tensor names, shapes and keys (qwen3moe with --experts and
+ * --experts-used; Mixtral as llama with experts), and the files load with those counts. */
+static void test_moe(void **state)
+{
+    (void)state;
+    char vocab[128], out[128], args[512];
+    path_in(vocab, sizeof vocab, "vocab.gguf");
+    path_in(out, sizeof out, "moe.gguf");
+    snprintf(args, sizeof args,
+             "--arch qwen3moe --experts 4 --experts-used 3 --type Q8_0 --vocab '%s' -o '%s'", vocab,
+             out);
+    assert_int_equal(synth("", args), 0);
+    tdm_error_t err = {0};
+    tdm_gguf_t *g = tdm_gguf_open(out, &err);
+    assert_non_null(g);
+    uint32_t v = 0;
+    assert_int_equal(tdm_gguf_get_u32(g, "qwen3moe.expert_count", &v, &err), TDM_OK);
+    assert_int_equal(v, 4);
+    assert_int_equal(tdm_gguf_get_u32(g, "qwen3moe.expert_used_count", &v, &err), TDM_OK);
+    assert_int_equal(v, 3);
+    assert_int_equal(tdm_gguf_get_u32(g, "qwen3moe.expert_feed_forward_length", &v, &err), TDM_OK);
+    assert_int_equal(v, 128);
+    const tdm_gguf_tensor_t *t = tdm_gguf_find_tensor(g, "blk.3.ffn_gate_inp.weight");
+    assert_non_null(t);
+    assert_int_equal(t->type, TDM_GGML_TYPE_F32);
+    assert_int_equal(t->ne[0], 128);
+    assert_int_equal(t->ne[1], 4);
+    t = tdm_gguf_find_tensor(g, "blk.3.ffn_down_exps.weight");
+    assert_non_null(t);
+    assert_int_equal(t->type, TDM_GGML_TYPE_Q8_0);
+    assert_int_equal(t->ne[0], 128);
+    assert_int_equal(t->ne[1], 128);
+    assert_int_equal(t->ne[2], 4);
+    assert_non_null(tdm_gguf_find_tensor(g, "blk.0.ffn_up_exps.weight"));
+    assert_null(tdm_gguf_find_tensor(g, "blk.0.ffn_gate.weight"));
+    tdm_gguf_destroy(&g);
+    tdm_model_t *m = tdm_model_load(out, &err);
+    assert_non_null(m);
+    assert_string_equal(tdm_model_hparams(m)->arch, "qwen3moe");
+    assert_int_equal(tdm_model_hparams(m)->n_expert_used, 3);
+    assert_int_equal(tdm_model_hparams(m)->n_ff_exp, 128);
+    tdm_model_destroy(&m);
+    snprintf(args, sizeof args, "--shape mixtral-tiny --type F16 --vocab '%s' -o '%s'", vocab, out);
+    assert_int_equal(synth("", args), 0);
+    m = tdm_model_load(out, &err);
+    assert_non_null(m);
+    assert_string_equal(tdm_model_hparams(m)->arch, "llama");
+    assert_int_equal(tdm_model_hparams(m)->n_expert, 8);
+    assert_int_equal(tdm_model_hparams(m)->n_expert_used, 2);
+    assert_int_equal(tdm_model_hparams(m)->n_ff_exp, 256);
+    assert_false(tdm_model_hparams(m)->tied_embeddings);
+    tdm_model_destroy(&m);
+    unlink(out);
+    /* flags that do not apply, and counts out of range, are usage errors (exit 2) */
+    const char *bad[] = {"--arch qwen3 --experts 4",
+                         "--shape llama3-tiny --experts-used 2",
+                         "--arch mixtral --experts 4 --experts-used 5",
+                         "--arch gpt-5",
+                         "--arch qwen3moe --shape qwen3moe-tiny",
+                         "--arch qwen3moe --experts 0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "%s --type F16 --vocab '%s' -o '%s' 2>/dev/null", bad[i], vocab,
+                 out);
+        if (synth("", args) != 2)
+            fail_msg("'%s' was not a usage error", bad[i]);
+        assert_int_equal(access(out, F_OK), -1);
+    }
+}
+
 static void test_usage(void **state)
 {
     (void)state;
@@ -779,7 +848,7 @@ int main(void)
         cmocka_unit_test(test_llama_1b_cut), cmocka_unit_test(test_deterministic),
         cmocka_unit_test(test_usage),        cmocka_unit_test(test_kquant),
         cmocka_unit_test(test_gemma3_tiny),  cmocka_unit_test(test_gemma3_270m_cut),
-        cmocka_unit_test(test_phi3_tiny),
+        cmocka_unit_test(test_phi3_tiny),    cmocka_unit_test(test_moe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -214,6 +214,8 @@ typedef enum tdm_rope_type {
 #define TDM_GGUF_MAX_LAYERS 512
 /* Most RoPE frequency factors a model may carry (rope_dim / 2: head_dim 256). */
 #define TDM_GGUF_MAX_ROPE_FREQS 128
+/* Most experts a mixture-of-experts layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
+#define TDM_GGUF_MAX_EXPERTS 512
 
 typedef enum tdm_ffn_act {
     TDM_FFN_SILU = 0,      /* SwiGLU: silu(gate) * up (Shazeer 2020) */
@@ -276,6 +278,14 @@ typedef struct tdm_llama_hparams {
                                    rope_factors_short.weight (Phi-3 128k), else 0 */
     float rope_factors_long[TDM_GGUF_MAX_ROPE_FREQS];  /* [n_rope_long_short] */
     float rope_factors_short[TDM_GGUF_MAX_ROPE_FREQS]; /* [n_rope_long_short] */
+    /* Mixture of experts (qwen3moe; llama files with experts, as Mixtral's): 0 experts = the
+     * dense FFN. With experts every layer's FFN is llama.cpp's build_moe_ffn (softmax gating,
+     * top n_expert_used, weights renormalised; docs/models.md). */
+    uint32_t n_expert;      /* <arch>.expert_count: experts per layer, 0..TDM_GGUF_MAX_EXPERTS */
+    uint32_t n_expert_used; /* <arch>.expert_used_count: experts per token, 1..n_expert */
+    uint32_t n_ff_exp;      /* an expert's FFN hidden size: <arch>.expert_feed_forward_length
+                               (qwen3moe; default n_ff / n_expert_used as llama.cpp), n_ff for
+                               llama */
 } tdm_llama_hparams_t;
 
 /* The RoPE frequency factors an engine with a context of n_ctx tokens per sequence applies
@@ -297,16 +307,18 @@ void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq
 uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos);
 
 /* Reads and validates the hyperparameters of a Llama-family model (architectures llama,
- * mistral, qwen2, qwen3, gemma3, phi3). Checks every required key is present and consistent
- * (n_heads divisible by n_kv_heads, head_dim * n_heads matches the Q projection, every
- * per-layer tensor present with the expected shape). Refuses what Tandem does not implement
- * rather than run a model wrong: a metadata key of the architecture that changes the forward
- * pass and is not implemented (RoPE scaling other than linear, sliding windows outside Gemma
- * 3, logit soft-capping of attention, experts, ...; any `<arch>.` key Tandem does not know)
- * and any tensor the forward pass would not read (expert tensors, rope_freqs.weight outside
- * llama/mistral, ...).
- * Errors: TDM_EINVALID (or TDM_ENOTFOUND for a missing key/tensor) naming the key or tensor
- * and the expected value. */
+ * mistral, qwen2, qwen3, qwen3moe, gemma3, phi3; experts for llama and qwen3moe). Checks every
+ * required key is present and consistent (n_heads divisible by n_kv_heads, head_dim * n_heads
+ * matches the Q projection, every per-layer tensor present with the expected shape). Refuses
+ * what Tandem does not implement rather than run a model wrong: a metadata key of the
+ * architecture that changes the forward pass and is not implemented (RoPE scaling other than
+ * linear, sliding windows outside Gemma 3, logit soft-capping of attention, experts outside
+ * llama and qwen3moe, ...; any `<arch>.` key Tandem does not know) and any tensor the forward
+ * pass would not read (expert tensors in a dense model, rope_freqs.weight outside
+ * llama/mistral, ...). A model with experts needs expert_used_count in 1..expert_count and
+ * every layer's ffn_gate_inp and ffn_{gate,up,down}_exps with their shapes. Errors:
+ * TDM_EINVALID (or TDM_ENOTFOUND for a missing key/tensor) naming the key or tensor and the
+ * expected value. */
 int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_error_t *err);
 
 /* ---- writer ---- */

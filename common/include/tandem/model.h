@@ -11,6 +11,9 @@
  * after it; each sub-layer's output is RMS-normed before its residual add; the FFN is GeGLU
  * (tanh GELU); five of every six layers attend to the last attention.sliding_window positions
  * only, with their own RoPE base; the logits may be soft-capped (c · tanh(logits / c)).
+ * Mixture of experts (qwen3moe; Mixtral as llama with experts; llama.cpp's build_moe_ffn): the
+ * FFN becomes sum over the top n_expert_used experts of softmax(W_gate_inp · h), weights
+ * renormalised, of w_e · W_down,e · (silu(W_gate,e · h) ⊙ (W_up,e · h)) (docs/models.md).
  * Sources: Touvron et al. 2023 (Llama 2), Zhang & Sennrich 2019 (RMSNorm), Su et al. 2021
  * (RoPE), Shazeer 2020 (SwiGLU, GeGLU), Ainslie et al. 2023 (GQA), Gemma Team 2025 (Gemma 3);
  * tensor names and RoPE modes as in llama.cpp's GGUF conversion.

@@ -34,10 +34,11 @@ static const arch_info_t supported_archs[] = {
     {"mistral", TDM_ROPE_NORMAL, false, false, true, false},
     {"qwen2", TDM_ROPE_NEOX, false, false, false, false},
     {"qwen3", TDM_ROPE_NEOX, true, false, false, false},
+    {"qwen3moe", TDM_ROPE_NEOX, true, false, false, false}, /* qwen3 with experts (hparams_moe.c) */
     {"gemma3", TDM_ROPE_NEOX, true, true, false, false},
     {"phi3", TDM_ROPE_NEOX, false, false, false, true},
 };
-#define SUPPORTED_ARCH_NAMES "llama, mistral, qwen2, qwen3, gemma3, phi3"
+#define SUPPORTED_ARCH_NAMES "llama, mistral, qwen2, qwen3, qwen3moe, gemma3, phi3"
 
 /* Whether architecture arch may carry RoPE frequency factors. */
 static bool arch_has_rope_freqs(const char *arch)
@@ -296,11 +297,16 @@ static int check_layer(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, uint32_t l,
     }
     TDM_CHECK_LAYER("attn_output.weight", q_dim, hp->n_embd, false);
     TDM_CHECK_LAYER("ffn_norm.weight", hp->n_embd, 0, false);
-    if (!hp->fused_gate_up)
-        TDM_CHECK_LAYER("ffn_gate.weight", hp->n_embd, hp->n_ff, false);
-    TDM_CHECK_LAYER("ffn_up.weight", hp->n_embd, (hp->fused_gate_up ? 2ull : 1ull) * hp->n_ff,
-                    false);
-    TDM_CHECK_LAYER("ffn_down.weight", hp->n_ff, hp->n_embd, false);
+    if (hp->n_expert > 0) {
+        if ((rc = tdm_gguf_check_moe_layer(g, hp, l, err)))
+            return rc;
+    } else {
+        if (!hp->fused_gate_up)
+            TDM_CHECK_LAYER("ffn_gate.weight", hp->n_embd, hp->n_ff, false);
+        TDM_CHECK_LAYER("ffn_up.weight", hp->n_embd, (hp->fused_gate_up ? 2ull : 1ull) * hp->n_ff,
+                        false);
+        TDM_CHECK_LAYER("ffn_down.weight", hp->n_ff, hp->n_embd, false);
+    }
     TDM_CHECK_LAYER("attn_q.bias", q_dim, 0, true);
     if (l == 0)
         hp->has_qkv_bias = found;
@@ -525,13 +531,17 @@ int tdm_gguf_llama_hparams(const tdm_gguf_t *g, tdm_llama_hparams_t *hp, tdm_err
     if (strcmp(hp->arch, "phi3") == 0 && (rc = hparams_phi3(g, hp, err)))
         return rc;
     const char *a = hp->arch;
-    /* FFN size: from metadata, else from the gate projection (Phi-3: half the fused up's rows) */
+    /* FFN size: from metadata, else from the gate projection (Phi-3: half the fused up's rows;
+     * a MoE model's experts') */
     const tdm_gguf_tensor_t *gate = tdm_gguf_find_tensor(
         g, hp->fused_gate_up ? "blk.0.ffn_up.weight" : "blk.0.ffn_gate.weight");
+    if (!gate)
+        gate = tdm_gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight");
     uint32_t dflt_ff = gate && gate->ne[1] <= UINT32_MAX ? (uint32_t)gate->ne[1] : 0;
     if (hp->fused_gate_up)
         dflt_ff /= 2;
-    if ((rc = get_u32_key(g, a, "feed_forward_length", dflt_ff == 0, dflt_ff, &hp->n_ff, err)))
+    if ((rc = get_u32_key(g, a, "feed_forward_length", dflt_ff == 0, dflt_ff, &hp->n_ff, err)) ||
+        (rc = tdm_gguf_hparams_moe(g, hp, err)))
         return rc;
 
     for (uint32_t l = 0; l < hp->n_layers; l++)

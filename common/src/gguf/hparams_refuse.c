@@ -7,7 +7,7 @@
  * `<arch>.` key must be in the table below and every tensor must be one the forward pass binds.
  * The table lists the keys Tandem reads (hparams.c) and those that do not change the forward
  * pass (vocab_size, which hparams.c checks; the original context of RoPE scaling; an expert
- * count of 0).
+ * count of 0 outside the architectures with experts, hparams_moe.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,34 +18,37 @@
 typedef struct known_key {
     const char *suffix; /* after "<arch>." */
     bool gemma_only;    /* read only for Gemma 3 */
-    bool zero_only;     /* allowed only with the value 0 (a count of absent features) */
+    bool zero_only;     /* allowed only with the value 0 (a count of absent features), except
+                           on an architecture with experts (tdm_gguf_arch_has_experts) */
+    bool qwen3moe_only; /* read only for qwen3moe */
 } known_key_t;
 
 static const known_key_t known_keys[] = {
-    {"context_length", false, false},
-    {"embedding_length", false, false},
-    {"block_count", false, false},
-    {"feed_forward_length", false, false},
-    {"vocab_size", false, false},
-    {"attention.head_count", false, false},
-    {"attention.head_count_kv", false, false},
-    {"attention.layer_norm_rms_epsilon", false, false},
-    {"attention.key_length", false, false},
-    {"attention.value_length", false, false},
-    {"rope.freq_base", false, false},
-    {"rope.dimension_count", false, false},
-    {"rope.scaling.type", false, false},
-    {"rope.scaling.factor", false, false},
-    {"rope.scale_linear", false, false},
-    {"rope.scaling.attn_factor", false, false},
-    {"rope.scaling.original_context_length", false, false},
-    {"rope.scaling.finetuned", false, false},
-    {"expert_count", false, true},
-    {"expert_used_count", false, true},
-    {"attention.sliding_window", true, false},
-    {"attention.sliding_window_pattern", true, false},
-    {"rope.freq_base_swa", true, false},
-    {"final_logit_softcapping", true, false},
+    {"context_length", false, false, false},
+    {"embedding_length", false, false, false},
+    {"block_count", false, false, false},
+    {"feed_forward_length", false, false, false},
+    {"vocab_size", false, false, false},
+    {"attention.head_count", false, false, false},
+    {"attention.head_count_kv", false, false, false},
+    {"attention.layer_norm_rms_epsilon", false, false, false},
+    {"attention.key_length", false, false, false},
+    {"attention.value_length", false, false, false},
+    {"rope.freq_base", false, false, false},
+    {"rope.dimension_count", false, false, false},
+    {"rope.scaling.type", false, false, false},
+    {"rope.scaling.factor", false, false, false},
+    {"rope.scale_linear", false, false, false},
+    {"rope.scaling.attn_factor", false, false, false},
+    {"rope.scaling.original_context_length", false, false, false},
+    {"rope.scaling.finetuned", false, false, false},
+    {"expert_count", false, true, false},
+    {"expert_used_count", false, true, false},
+    {"expert_feed_forward_length", false, false, true},
+    {"attention.sliding_window", true, false, false},
+    {"attention.sliding_window_pattern", true, false, false},
+    {"rope.freq_base_swa", true, false, false},
+    {"final_logit_softcapping", true, false, false},
 };
 
 /* What a refused key or tensor would need, for the message ("" when nothing specific). */
@@ -54,9 +57,9 @@ static const char *feature_hint(const char *name)
     static const struct {
         const char *part, *hint;
     } hints[] = {
-        {"expert", "mixture-of-experts layers"},
-        {"_exps", "mixture-of-experts layers"},
-        {"ffn_gate_inp", "mixture-of-experts routing"},
+        {"expert", "mixture-of-experts layers: llama or qwen3moe with expert_count > 0"},
+        {"_exps", "mixture-of-experts layers: llama or qwen3moe with expert_count > 0"},
+        {"ffn_gate_inp", "mixture-of-experts routing: llama or qwen3moe with expert_count > 0"},
         {"rope_freqs", "RoPE frequency factors (implemented for llama and mistral only)"},
         {"rope.scaling", "this kind of RoPE scaling"},
         {"sliding_window", "sliding-window attention (implemented for gemma3 only)"},
@@ -64,7 +67,6 @@ static const char *feature_hint(const char *name)
         {"attn_qkv.bias", "a fused QKV bias"},
         {"attn_qkv", "a fused QKV projection (implemented for phi3 only)"},
         {"rope_factors_", "Phi-3's long/short RoPE factors (implemented for phi3 only)"},
-        {"ffn_up_exps", "mixture-of-experts layers"},
         {"layer_norm_epsilon", "LayerNorm (Tandem implements RMSNorm)"},
     };
     for (size_t i = 0; i < sizeof hints / sizeof hints[0]; i++)
@@ -86,9 +88,10 @@ static int refuse(tdm_error_t *err, const tdm_llama_hparams_t *hp, const char *w
 }
 
 /* A known key's value is acceptable (zero_only keys must hold 0). */
-static bool key_value_ok(const tdm_gguf_t *g, const known_key_t *k, const char *key)
+static bool key_value_ok(const tdm_gguf_t *g, const known_key_t *k, const char *key,
+                         const char *hp_arch)
 {
-    if (!k->zero_only)
+    if (!k->zero_only || tdm_gguf_arch_has_experts(hp_arch))
         return true;
     uint64_t v = 1;
     return tdm_gguf_get_u64(g, key, &v, NULL) == TDM_OK && v == 0;
@@ -96,7 +99,7 @@ static bool key_value_ok(const tdm_gguf_t *g, const known_key_t *k, const char *
 
 static int check_keys(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, tdm_error_t *err)
 {
-    bool gemma = strcmp(hp->arch, "gemma3") == 0;
+    bool gemma = strcmp(hp->arch, "gemma3") == 0, qwen3moe = strcmp(hp->arch, "qwen3moe") == 0;
     size_t alen = strlen(hp->arch);
     for (uint64_t i = 0; i < tdm_gguf_n_kv(g); i++) {
         const char *key = tdm_gguf_kv_at(g, i)->key;
@@ -109,7 +112,8 @@ static int check_keys(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, tdm_er
         /* Phi-3's converter writes a sliding window that llama.cpp reads and disables */
         bool phi3_swa = strcmp(hp->arch, "phi3") == 0 && k &&
                         strcmp(k->suffix, "attention.sliding_window") == 0;
-        if (!k || (k->gemma_only && !gemma && !phi3_swa) || !key_value_ok(g, k, key))
+        if (!k || (k->gemma_only && !gemma && !phi3_swa) || (k->qwen3moe_only && !qwen3moe) ||
+            !key_value_ok(g, k, key, hp->arch))
             return refuse(err, hp, "metadata", key);
     }
     return TDM_OK;
@@ -119,9 +123,13 @@ static int check_keys(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, tdm_er
 static bool layer_suffix_used(const tdm_llama_hparams_t *hp, const char *suffix)
 {
     static const char *const always[] = {
-        "attn_norm.weight", "attn_output.weight", "ffn_norm.weight",
-        "ffn_up.weight",    "ffn_down.weight",
+        "attn_norm.weight",
+        "attn_output.weight",
+        "ffn_norm.weight",
     };
+    static const char *const dense[] = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    static const char *const moe[] = {"ffn_gate_inp.weight", "ffn_gate_exps.weight",
+                                      "ffn_up_exps.weight", "ffn_down_exps.weight"};
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (strcmp(suffix, always[i]) == 0)
             return true;
@@ -130,8 +138,14 @@ static bool layer_suffix_used(const tdm_llama_hparams_t *hp, const char *suffix)
             : (strcmp(suffix, "attn_q.weight") == 0 || strcmp(suffix, "attn_k.weight") == 0 ||
                strcmp(suffix, "attn_v.weight") == 0))
         return true;
-    if (!hp->fused_gate_up && strcmp(suffix, "ffn_gate.weight") == 0)
-        return true;
+    /* Phi-3's fused gate/up: ffn_up holds both halves, no ffn_gate */
+    for (size_t i = hp->fused_gate_up ? 1 : 0;
+         hp->n_expert == 0 && i < sizeof dense / sizeof dense[0]; i++)
+        if (strcmp(suffix, dense[i]) == 0)
+            return true;
+    for (size_t i = 0; hp->n_expert > 0 && i < sizeof moe / sizeof moe[0]; i++)
+        if (strcmp(suffix, moe[i]) == 0)
+            return true;
     if (hp->has_qkv_bias &&
         (strcmp(suffix, "attn_q.bias") == 0 || strcmp(suffix, "attn_k.bias") == 0 ||
          strcmp(suffix, "attn_v.bias") == 0))

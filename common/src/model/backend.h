@@ -18,6 +18,7 @@
 #define TANDEM_MODEL_BACKEND_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tandem/base.h"
@@ -41,10 +42,15 @@ typedef struct tdm_weight {
  * and w_up of ffn_up's two halves (model.c's bind_fused). */
 typedef struct tdm_layer_weights {
     tdm_weight_t attn_norm, wq, wk, wv, wo;
-    tdm_weight_t bq, bk, bv;                    /* present when hparams.has_qkv_bias */
-    tdm_weight_t q_norm, k_norm;                /* [head_dim], present when hparams.qk_norm */
-    tdm_weight_t post_attn_norm, post_ffn_norm; /* [n_embd], present when hparams.post_norms */
-    tdm_weight_t ffn_norm, w_gate, w_up, w_down;
+    tdm_weight_t bq, bk, bv;                     /* present when hparams.has_qkv_bias */
+    tdm_weight_t q_norm, k_norm;                 /* [head_dim], present when hparams.qk_norm */
+    tdm_weight_t post_attn_norm, post_ffn_norm;  /* [n_embd], present when hparams.post_norms */
+    tdm_weight_t ffn_norm, w_gate, w_up, w_down; /* w_*: dense FFN only (hparams.n_expert 0) */
+    /* mixture of experts (hparams.n_expert > 0): the router, [n_embd] in, [n_expert] out, and
+     * each expert's three matrices as 2-D slices of the file's 3-D ffn_*_exps tensors:
+     * exps[3 e + 0] gate, [3 e + 1] up ([n_embd] in, [n_ff_exp] out), [3 e + 2] down */
+    tdm_weight_t gate_inp;
+    const tdm_weight_t *exps; /* [3 * n_expert], owned by the model */
 } tdm_layer_weights_t;
 
 /* What attention and the KV store need to know about the rows of one forward pass. */
@@ -117,6 +123,14 @@ typedef struct tdm_backend_ops {
     /* Optional: out[i] = gelu(gate[i]) * up[i] for count values, GELU's tanh approximation
      * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016; ggml_gelu). */
     int (*geglu)(void *be, const float *gate, const float *up, size_t count, float *out);
+    /* Optional (a model with experts is refused without it): the mixture-of-experts FFN of
+     * layer, llama.cpp's build_moe_ffn with softmax gating and normalised weights
+     * (src/llama-graph.cpp): for each row t of x ([n][n_embd], already RMS-normed),
+     * p = softmax(W_gate_inp · x[t]) over the n_expert experts; the n_expert_used largest
+     * (descending, ties to the lower index) e_0, e_1, ... with weights w_j = p[e_j] /
+     * max(sum_j p[e_j], 2^-14); out[t] = sum over j in that order of
+     * w_j · (W_down,e_j · (silu(W_gate,e_j · x[t]) ⊙ (W_up,e_j · x[t]))). */
+    int (*moe_ffn)(void *be, uint32_t layer, const float *x, uint32_t n, float *out);
     /* Optional: x[i] *= s for count values. */
     int (*scale)(void *be, float *x, float s, size_t count);
     /* x[i] += y[i]. */
@@ -145,5 +159,8 @@ const tdm_weight_t *tdm_model_token_embd(const tdm_model_t *m);
 const tdm_weight_t *tdm_model_output(const tdm_model_t *m);
 const tdm_weight_t *tdm_model_output_norm(const tdm_model_t *m);
 const tdm_layer_weights_t *tdm_model_layer(const tdm_model_t *m, uint32_t layer);
+/* Every layer's expert slices in one array, layer-major ([n_layers][n_expert][3], the
+ * tdm_layer_weights_t.exps of each layer); NULL with *n 0 for a dense model. */
+const tdm_weight_t *tdm_model_experts(const tdm_model_t *m, size_t *n);
 
 #endif /* TANDEM_MODEL_BACKEND_H */

@@ -44,6 +44,8 @@
 const cpu_wkernel_t *tdm_cpu_wkernel_for(const cpu_be_t *be, const tdm_weight_t *w,
                                          cpu_wkernel_t *tmp)
 {
+    if (be->exp_wk && w >= be->exp_w && w < be->exp_w + be->n_exp_w) /* an expert: O(1) */
+        return &be->exp_wk[w - be->exp_w];
     for (size_t i = 0; i < be->n_wk; i++)
         if (be->wk[i].w == w)
             return &be->wk[i];
@@ -141,6 +143,8 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
         max_in = hp->n_ff;
     if ((size_t)hp->n_heads * hp->head_dim > max_in)
         max_in = (size_t)hp->n_heads * hp->head_dim;
+    if (hp->n_ff_exp > max_in)
+        max_in = hp->n_ff_exp;
     be->max_in = max_in;
     size_t nt = (size_t)be->n_threads;
     size_t act_blocks = (size_t)be->max_rows * ((max_in + QK - 1) / QK);
@@ -242,30 +246,49 @@ static int cpu_wkernel_init_q5_0(cpu_be_t *be, const tdm_weight_t *w, cpu_wkerne
     return TDM_OK;
 }
 
-/* Chooses the kernel of every matrix the forward pass multiplies (cpu_wkernel_init). */
+/* The kernel record of w (cpu_wkernel_init, or its Q5_0 variant). Fails only on out of memory. */
+static int cpu_wkernel_choose(cpu_be_t *be, const tdm_weight_t *w, cpu_wkernel_t *wk)
+{
+    bool q5_0 = w->type == TDM_GGML_TYPE_Q5_0 && w->n_in % QK == 0 && !be->avx512;
+    return q5_0 ? cpu_wkernel_init_q5_0(be, w, wk) : cpu_wkernel_init(be, w, wk);
+}
+
+/* Chooses the kernel of every matrix the forward pass multiplies (cpu_wkernel_init): per layer
+ * q, k, v, o and the dense FFN's three or the experts' router, then the output matrix; the
+ * experts' slices get their own table in tdm_model_experts' order (an O(1) lookup). */
 static int cpu_wkernels_new(cpu_be_t *be, tdm_error_t *err)
 {
     uint32_t n_layers = be->hp->n_layers;
-    size_t n = (size_t)n_layers * 7 + 1;
+    size_t n = (size_t)n_layers * 7 + 1, m = 0, n_exp = 0;
+    const tdm_weight_t *exp_w = tdm_model_experts(be->model, &n_exp);
     cpu_wkernel_t *wk = (cpu_wkernel_t *)cpu_alloc(be, n * sizeof *wk / sizeof(float) + 1);
     const tdm_weight_t **ws = (const tdm_weight_t **)cpu_alloc(be, n * 2);
-    if (!wk || !ws)
+    cpu_wkernel_t *ewk =
+        n_exp ? (cpu_wkernel_t *)cpu_alloc(be, n_exp * sizeof *ewk / sizeof(float) + 1) : NULL;
+    if (!wk || !ws || (n_exp && !ewk))
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating CPU kernel table");
     for (uint32_t l = 0; l < n_layers; l++) {
         const tdm_layer_weights_t *lw = tdm_model_layer(be->model, l);
         const tdm_weight_t *lws[7] = {&lw->wq,     &lw->wk,   &lw->wv,    &lw->wo,
                                       &lw->w_gate, &lw->w_up, &lw->w_down};
-        memcpy(ws + (size_t)l * 7, lws, sizeof lws);
+        if (be->hp->n_expert > 0)
+            lws[4] = &lw->gate_inp;
+        size_t k = be->hp->n_expert > 0 ? 5 : 7;
+        memcpy(ws + m, lws, k * sizeof lws[0]);
+        m += k;
     }
-    ws[n - 1] = tdm_model_output(be->model);
-    for (size_t i = 0; i < n; i++) {
-        bool q5_0 = ws[i]->type == TDM_GGML_TYPE_Q5_0 && ws[i]->n_in % QK == 0 && !be->avx512;
-        if ((q5_0 ? cpu_wkernel_init_q5_0(be, ws[i], &wk[i])
-                  : cpu_wkernel_init(be, ws[i], &wk[i])) != TDM_OK)
+    ws[m++] = tdm_model_output(be->model);
+    for (size_t i = 0; i < m; i++)
+        if (cpu_wkernel_choose(be, ws[i], &wk[i]) != TDM_OK)
             return tdm_error_set(err, TDM_ERESOURCE, "out of memory repacking weights");
-    }
+    for (size_t i = 0; i < n_exp; i++)
+        if (cpu_wkernel_choose(be, &exp_w[i], &ewk[i]) != TDM_OK)
+            return tdm_error_set(err, TDM_ERESOURCE, "out of memory repacking expert weights");
     be->wk = wk;
-    be->n_wk = n;
+    be->n_wk = m;
+    be->exp_w = exp_w;
+    be->n_exp_w = n_exp;
+    be->exp_wk = ewk;
     return TDM_OK;
 }
 
@@ -315,7 +338,7 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->kq_scale = be->hp->attn_q_scale > 0.0f ? 1.0f : 1.0f / sqrtf((float)be->hp->head_dim);
     cpu_pick_kernels(be);
     if (cpu_pick_par_min(be, err) != TDM_OK || cpu_scratch_new(be, err) != TDM_OK ||
-        cpu_wkernels_new(be, err) != TDM_OK) {
+        cpu_wkernels_new(be, err) != TDM_OK || tdm_cpu_moe_scratch_new(be, err) != TDM_OK) {
         cpu_destroy(be);
         return NULL;
     }
@@ -353,6 +376,7 @@ const tdm_backend_ops_t tdm_model_backend_cpu = {
     .kv_store = tdm_cpu_kv_store,
     .attention = tdm_cpu_attention,
     .swiglu = tdm_cpu_swiglu,
+    .moe_ffn = tdm_cpu_moe_ffn,
     .geglu = tdm_cpu_geglu,
     .scale = tdm_cpu_scale,
     .add = tdm_cpu_add,

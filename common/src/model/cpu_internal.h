@@ -50,6 +50,11 @@ typedef struct cpu_be {
     float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
     float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
                          scales q itself (hparams.attn_q_scale) */
+    /* mixture of experts (cpu_moe.c); R = max_rows, k = n_expert_used, X = n_expert */
+    const tdm_weight_t *exp_w;   /* the model's expert slices (tdm_model_experts) */
+    size_t n_exp_w;              /* their count, n_layers * X * 3 */
+    struct cpu_wkernel *exp_wk;  /* [n_exp_w] their kernel records, same order */
+    struct cpu_moe_scratch *moe; /* NULL for a dense model */
 } cpu_be_t;
 
 /* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the
@@ -97,6 +102,12 @@ int tdm_cpu_read(void *vbe, const float *src, size_t count, float *host_dst);
 /* cpu_matmul.c: the matmul driver. */
 int tdm_cpu_matmul(void *vbe, const float *x, uint32_t n, uint32_t n_w,
                    const tdm_weight_t *const *w, float *const *out);
+
+/* cpu_moe.c: the mixture-of-experts FFN and its scratch (allocated once, from cpu_alloc). */
+int tdm_cpu_moe_ffn(void *vbe, uint32_t layer, const float *x, uint32_t n, float *out);
+/* Allocates the experts' scratch for be->max_rows rows when the model has experts; TDM_OK
+ * (nothing to do for a dense model) or TDM_ERESOURCE with err set. */
+int tdm_cpu_moe_scratch_new(cpu_be_t *be, tdm_error_t *err);
 
 /* cpu_attention.c: the KV cache writes and attention. */
 int tdm_cpu_kv_store(void *vbe, uint32_t layer, const float *k, const float *v,

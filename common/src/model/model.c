@@ -27,6 +27,8 @@ struct tdm_model {
     tdm_weight_t output; /* = token_embd when tied */
     tdm_weight_t output_norm;
     tdm_layer_weights_t *layers; /* [n_layers] */
+    tdm_weight_t *experts;       /* [n_layers][n_expert][3] expert slices (gate, up, down); NULL
+                                    for a dense model */
     uint64_t weight_bytes;
     uint64_t fingerprint;
 };
@@ -142,8 +144,11 @@ static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32
         {"ffn_norm.weight", offsetof(tdm_layer_weights_t, ffn_norm), false, false, false},
         {"ffn_down.weight", offsetof(tdm_layer_weights_t, w_down), false, false, false},
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        if ((i < 3 && hp->fused_qkv) || ((i == 3 || i == 4) && hp->fused_gate_up))
+    const size_t n_names = sizeof names / sizeof names[0];
+    for (size_t i = 0; i < n_names; i++) {
+        bool dense_ffn = i == 3 || i == 4 || i == n_names - 1; /* ffn_gate, ffn_up, ffn_down */
+        if ((i < 3 && hp->fused_qkv) || ((i == 3 || i == 4) && hp->fused_gate_up) ||
+            (dense_ffn && hp->n_expert > 0))
             continue;
         if (names[i].bias && !hp->has_qkv_bias)
             continue;
@@ -156,6 +161,30 @@ static int bind_layer(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32
             return rc;
     }
     return bind_fused(g, hp, l, lw, err);
+}
+
+/* Layer l's router and expert slices (hparams.c checked the shapes): expert e of a 3-D tensor
+ * [n_in, n_out, n_expert] is the n_out rows starting at e * n_out. out: [n_expert][3]. */
+static int bind_experts(const tdm_gguf_t *g, const tdm_llama_hparams_t *hp, uint32_t l,
+                        tdm_layer_weights_t *lw, tdm_weight_t *out, tdm_error_t *err)
+{
+    static const char *const suffix[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    char name[96];
+    snprintf(name, sizeof name, "blk.%" PRIu32 ".ffn_gate_inp.weight", l);
+    int rc = bind_weight(g, name, &lw->gate_inp, err);
+    for (int k = 0; k < 3 && rc == TDM_OK; k++) {
+        snprintf(name, sizeof name, "blk.%" PRIu32 ".%s.weight", l, suffix[k]);
+        tdm_weight_t whole;
+        if ((rc = bind_weight(g, name, &whole, err)) != TDM_OK)
+            break;
+        for (uint32_t e = 0; e < hp->n_expert; e++) {
+            tdm_weight_t *w = &out[(size_t)e * 3 + (size_t)k];
+            *w = whole;
+            w->data = (const uint8_t *)whole.data + (size_t)e * whole.n_out * whole.row_bytes;
+        }
+    }
+    lw->exps = out;
+    return rc;
 }
 
 /* XXH3 over the hyperparameters, the tensor table and a sample of each tensor's bytes. */
@@ -225,19 +254,30 @@ tdm_model_t *tdm_model_load(const char *path, tdm_error_t *err)
         goto out_close_gguf;
     }
     const tdm_gguf_t *g = m->gguf;
+    size_t n_exp_w = (size_t)m->hp.n_layers * m->hp.n_expert * 3;
+    if (n_exp_w && !(m->experts = calloc(n_exp_w, sizeof *m->experts))) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        goto out_free_layers;
+    }
     if (bind_weight(g, "token_embd.weight", &m->token_embd, err) ||
         bind_weight(g, "output_norm.weight", &m->output_norm, err) ||
         (m->hp.tied_embeddings ? (m->output = m->token_embd, 0)
                                : bind_weight(g, "output.weight", &m->output, err)))
         goto out_free_layers;
-    for (uint32_t l = 0; l < m->hp.n_layers; l++)
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
         if (bind_layer(g, &m->hp, l, &m->layers[l], err) != TDM_OK)
             goto out_free_layers;
+        if (m->hp.n_expert > 0 &&
+            bind_experts(g, &m->hp, l, &m->layers[l], m->experts + (size_t)l * m->hp.n_expert * 3,
+                         err) != TDM_OK)
+            goto out_free_layers;
+    }
     m->weight_bytes = tdm_gguf_tensor_bytes(g);
     m->fingerprint = model_fingerprint(m);
     return m;
 
 out_free_layers:
+    free(m->experts);
     free(m->layers);
 out_close_gguf:
     tdm_gguf_destroy(&m->gguf);
@@ -251,6 +291,7 @@ void tdm_model_destroy(tdm_model_t **self_p)
     if (!self_p || !*self_p)
         return;
     tdm_model_t *m = *self_p;
+    free(m->experts);
     free(m->layers);
     tdm_gguf_destroy(&m->gguf);
     free(m);
@@ -300,6 +341,12 @@ const tdm_weight_t *tdm_model_output_norm(const tdm_model_t *m)
 const tdm_layer_weights_t *tdm_model_layer(const tdm_model_t *m, uint32_t layer)
 {
     return &m->layers[layer];
+}
+
+const tdm_weight_t *tdm_model_experts(const tdm_model_t *m, size_t *n)
+{
+    *n = m->experts ? (size_t)m->hp.n_layers * m->hp.n_expert * 3 : 0;
+    return m->experts;
 }
 
 /* ---- engine ---- */
@@ -403,7 +450,9 @@ static int engine_ops_check(const tdm_backend_ops_t *ops, const tdm_llama_hparam
                             tdm_error_t *err)
 {
     const char *missing = NULL;
-    if (!ops->arch_features) {
+    if (hp->n_expert > 0 && !ops->moe_ffn) /* first: a MoE model may use other features too */
+        missing = "mixture-of-experts layers";
+    else if (!ops->arch_features) {
         if (hp->fused_qkv || hp->fused_gate_up)
             missing = "fused QKV / gate-up projections";
         else if (hp->rope_attn_factor != 1.0f)
@@ -442,7 +491,8 @@ static int engine_scratch_new(tdm_engine_t *e, tdm_error_t *err)
     const tdm_llama_hparams_t *hp = &e->model->hp;
     size_t B = e->params.max_batch_tokens, L = e->params.max_logits;
     size_t E = hp->n_embd, QD = (size_t)hp->n_heads * hp->head_dim,
-           KD = (size_t)hp->n_kv_heads * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+           KD = (size_t)hp->n_kv_heads * hp->head_dim, V = hp->n_vocab;
+    size_t F = hp->n_expert ? 1 : hp->n_ff; /* the backend keeps the experts' own scratch */
     if (!(e->x = engine_alloc(e, B * E, err)) || !(e->xn = engine_alloc(e, B * E, err)) ||
         !(e->q = engine_alloc(e, B * QD, err)) || !(e->k = engine_alloc(e, B * KD, err)) ||
         !(e->v = engine_alloc(e, B * KD, err)) || !(e->attn = engine_alloc(e, B * QD, err)) ||
@@ -701,7 +751,8 @@ static int forward_attention(tdm_engine_t *e, uint32_t l, const tdm_fwd_rows_t *
     return forward_residual(e, &lw->post_attn_norm, n, err);
 }
 
-/* The feed-forward sub-layer of layer l: x += W_down · (act(W_gate · h) ⊙ (W_up · h)). */
+/* The feed-forward sub-layer of layer l: x += W_down · (act(W_gate · h) ⊙ (W_up · h)), or
+ * with experts x += the backend's moe_ffn of h (backend.h). */
 static int forward_ffn(tdm_engine_t *e, uint32_t l, uint32_t n, tdm_error_t *err)
 {
     const tdm_llama_hparams_t *hp = &e->model->hp;
@@ -710,6 +761,10 @@ static int forward_ffn(tdm_engine_t *e, uint32_t l, uint32_t n, tdm_error_t *err
     void *be = e->be;
     size_t F = (size_t)n * hp->n_ff;
     TDM_TRY(ops->rmsnorm(be, e->x, &lw->ffn_norm, n, hp->rms_norm_eps, e->xn));
+    if (hp->n_expert > 0) {
+        TDM_TRY(ops->moe_ffn(be, l, e->xn, n, e->proj));
+        return forward_residual(e, &lw->post_ffn_norm, n, err);
+    }
     const tdm_weight_t *gu_w[2] = {&lw->w_gate, &lw->w_up};
     float *gu_out[2] = {e->gate, e->up};
     TDM_TRY(ops->matmul(be, e->xn, n, 2, gu_w, gu_out));

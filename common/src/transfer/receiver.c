@@ -340,7 +340,7 @@ static bool handle_transfer(tdm_kv_receiver_t *r, tdm_frame_t *f, tdm_kv_lookup_
         int st = tdm_error_set(&res, TDM_EINVALID,
                                "KvTransfer header frame is missing (%u data frames)", f->n_data);
         transfer_reply(r, f, st, res.msg, backend, out);
-        return;
+        return true;
     }
     Tandem__V1__KvTransfer *h =
         (Tandem__V1__KvTransfer *)tdm_frame_unpack(f, &tandem__v1__kv_transfer__descriptor);
