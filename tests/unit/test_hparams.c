@@ -690,8 +690,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),        cmocka_unit_test(test_expert_errors),
         cmocka_unit_test(test_qwen3moe_errors), cmocka_unit_test(test_accepted),
-        cmocka_unit_test(test_layer_helpers),
-        cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_layer_helpers),   cmocka_unit_test(test_phi3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
