@@ -448,10 +448,19 @@ static void test_string_lengths_and_pattern(void **state)
           GOOD("\"a\"", "\"abcde\""), BAD("\"\"", "\"abcdef\"", "\"ab1\""));
     check("{\"type\":\"string\",\"pattern\":\"^id-[0-9a-f]*-x$\",\"minLength\":7,\"maxLength\":8}",
           GOOD("\"id-ab-x\"", "\"id-abc-x\""), BAD("\"id-a-x\"", "\"id-abcd-x\""));
-    refused("{\"type\":\"string\",\"pattern\":\"^[a-z]+[0-9]+$\",\"maxLength\":5}",
-            "/maxLength: not supported together with a pattern that allows other lengths");
-    refused("{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":5}",
-            "/maxLength: not supported together with a pattern that allows other lengths");
+    /* any other shape: the pattern's automaton times a length counter (exact) */
+    check("{\"type\":\"string\",\"pattern\":\"^[a-z]+[0-9]+$\",\"maxLength\":5}",
+          GOOD("\"a1\"", "\"abc12\"", "\"a1234\""), BAD("\"abc123\"", "\"a\"", "\"1\"", "\"a1b\""));
+    check("{\"type\":\"string\",\"pattern\":\"[a-z]+\",\"maxLength\":5}",
+          GOOD("\"a\"", "\"1a2\"", "\"\\\"a\\n\"", "\"1234a\""),
+          BAD("\"\"", "\"123\"", "\"123456\"", "\"abcdef\""));
+    check("{\"type\":\"string\",\"pattern\":\"^(ab|c)*$\",\"minLength\":3,\"maxLength\":4}",
+          GOOD("\"abc\"", "\"cab\"", "\"abab\"", "\"cccc\""),
+          BAD("\"ab\"", "\"ababc\"", "\"aba\"", "\"cc\""));
+    check("{\"type\":\"string\",\"pattern\":\"^x\",\"minLength\":3}",
+          GOOD("\"xyz\"", "\"x\\u0001\\\"\"", "\"xyzzzzzzz\""), BAD("\"xy\"", "\"axyz\""));
+    refused("{\"type\":\"string\",\"pattern\":\"^a{1,3}$\",\"minLength\":4}",
+            "/pattern: no string of the allowed lengths matches");
     refused(
         "{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
         "/properties/a/pattern: group kind not supported (lookahead, flags, ...) (at offset 2)");

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "json_schema_internal.h"
+#include "regex_internal.h"
 
 #define HOST_LABEL "[a-zA-Z0-9] ( [a-zA-Z0-9\\x2D]{0,61} [a-zA-Z0-9] )?"
 #define D28 "( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )"
@@ -133,6 +134,35 @@ static int format_content(js_ctx_t *c, json_t *s, const char *ptr, const char **
     return js_fail(c, ptr, "format", "'%s' not supported", json_string_value(f));
 }
 
+/* A pattern with length bounds it does not imply: its automaton times a counter of characters
+ * (exact), the start rule into body. */
+static int pattern_bounded(js_ctx_t *c, const char *ptr, const char *re, size_t lo, size_t hi,
+                           tdm_buf_t *body)
+{
+    js_dfa_t *d = NULL;
+    size_t bad;
+    tdm_error_t e;
+    char rule[JS_NAME_MAX];
+    int rc = js_dfa_new(&re, 1, NULL, 0, &d, &bad, &e);
+    if (rc == TDM_ERESOURCE)
+        return js_oom(c);
+    if (rc != 0)
+        return js_fail(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength",
+                       "with this pattern: %s", e.msg);
+    rc = js_dfa_emit(c, d, 1, lo, hi, rule);
+    js_dfa_free(&d);
+    if (rc == TDM_EINVALID) {
+        snprintf(e.msg, sizeof e.msg, "%s", c->err->msg);
+        return js_fail(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength",
+                       "with this pattern: %s", e.msg);
+    }
+    if (rc == 0 && !rule[0])
+        return js_fail_unsat(c, ptr, "pattern", "no string of the allowed lengths matches");
+    if (rc == 0)
+        tdm_buf_puts(body, rule);
+    return rc;
+}
+
 /* `pattern` with optional length bounds: the content expression into body. */
 static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi,
                            tdm_buf_t *body)
@@ -144,7 +174,7 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
     int rc = js_prim(c, JS_PRIM_CHAR, ch);
     if (rc != 0)
         return rc;
-    size_t min_len, max_len;
+    size_t min_len, max_len, start = body->len;
     tdm_error_t e;
     rc = js_regex_expr(json_string_value(p), json_string_length(p), true, ch, lo, hi, body,
                        &min_len, &max_len, &e);
@@ -152,10 +182,12 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
         return js_oom(c);
     if (rc != 0)
         return js_fail(c, ptr, "pattern", "%s", e.msg);
-    if (min_len < lo || max_len > hi)
-        return js_fail(c, ptr, min_len < lo ? "minLength" : "maxLength",
-                       "not supported together with a pattern that allows other lengths");
-    return 0;
+    if (min_len >= lo && max_len <= hi)
+        return 0;
+    body->len = start; /* the bounds are not implied: the automaton times a length counter */
+    if (body->data)
+        body->data[start] = 0;
+    return pattern_bounded(c, ptr, json_string_value(p), lo, hi, body);
 }
 
 int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
