@@ -187,18 +187,38 @@ static void test_pattern_properties(void **state)
     /* patterns that accept everything constrain nothing */
     check_q("{'patternProperties':{'^a':true},'properties':{'b':{'type':'string'}}}",
             GOOD("{'b':'s','a1':1,'z':2}"), BAD("{'b':1}"));
-    refused("{\"patternProperties\":{\"^a\":{\"type\":\"string\"}}}",
-            "/patternProperties: not supported unless additionalProperties is false");
-    refused("{\"patternProperties\":{\"^a\":{\"type\":\"string\"},\"^b\":{}},"
-            "\"additionalProperties\":false}",
-            "/patternProperties: patterns with different schemas not supported");
-    refused("{\"properties\":{\"ab\":{}},\"patternProperties\":{\"^a\":{}},"
-            "\"additionalProperties\":false}",
-            "/patternProperties/^a: matches the property 'ab' that properties defines (not "
-            "supported)");
+    /* beside additionalProperties absent: keys matching no pattern take any value */
+    check_q("{'patternProperties':{'^a':{'type':'string'}}}",
+            GOOD("{}", "{'ab':'x','b':1}", "{'b':1,'a':''}", "{'ba':[1]}"),
+            BAD("{'ab':1}", "{'b':1,'a':null}"));
+    /* patterns with different schemas; a key matching two satisfies both */
+    check_q("{'patternProperties':{'^a':{'type':'integer'},'b$':{'minimum':5}},"
+            "'additionalProperties':false}",
+            GOOD("{'ab':7,'a':1,'b':5.5}", "{'axb':5}"),
+            BAD("{'ab':3}", "{'ab':7.5}", "{'b':4}", "{'c':1}", "{'a':'s'}"));
+    /* a defined name matching a pattern: its value satisfies both schemas */
+    check_q("{'properties':{'ab':{'type':'integer'}},'patternProperties':{'^a':{'minimum':3}},"
+            "'additionalProperties':false}",
+            GOOD("{'ab':3}", "{'ab':3,'ac':4.5}", "{}"),
+            BAD("{'ab':2}", "{'ab':'x'}", "{'x':1}", "{'ac':1}"));
+    /* additionalProperties a schema: only for keys that match no pattern and no name */
+    check_q("{'properties':{'id':{}},'patternProperties':{'^x':{'type':'string'}},"
+            "'additionalProperties':{'type':'integer'}}",
+            GOOD("{'id':'q','xa':'s','y':1}", "{'id':[],'y':2}", "{'x':''}"),
+            BAD("{'y':'s'}", "{'xa':1}", "{'id':1,'idx':'s'}"));
+    /* every pattern accepting everything, additionalProperties false: only matching keys */
+    check_q("{'patternProperties':{'^[a-z]+$':true},'additionalProperties':false}",
+            GOOD("{'ab':[1,{}],'c':null}"), BAD("{'A':1}", "{'':1}"));
+    /* a pattern's schema false: keys matching it cannot appear */
+    check_q("{'patternProperties':{'^_':false},'additionalProperties':{'type':'string'}}",
+            GOOD("{'a':'x'}"), BAD("{'_a':'x'}", "{'a':1}"));
+    /* a required name that no pattern matches, beside additionalProperties false */
     refused("{\"required\":[\"b\"],\"patternProperties\":{\"^a\":{}},"
             "\"additionalProperties\":false}",
-            "/patternProperties: required 'b' matches no pattern");
+            "/required: 'b' is not in properties and additionalProperties is false");
+    refused("{\"patternProperties\":{\"(?=a)\":{\"type\":\"string\"}}}",
+            "/patternProperties/(?=a): group kind not supported (lookahead, flags, ...) (at "
+            "offset 2)");
     refused("{\"allOf\":[{\"patternProperties\":{\"^a\":{}},\"additionalProperties\":false},"
             "{\"properties\":{\"b\":{}}}]}",
             "/allOf/1: allOf: patternProperties cannot be merged with properties");
