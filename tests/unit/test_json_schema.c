@@ -480,7 +480,7 @@ static void test_string_lengths_and_pattern(void **state)
     check("{\"type\":\"string\",\"pattern\":\"^x\",\"minLength\":3}",
           GOOD("\"xyz\"", "\"x\\u0001\\\"\"", "\"xyzzzzzzz\""), BAD("\"xy\"", "\"axyz\""));
     refused("{\"type\":\"string\",\"pattern\":\"^a{1,3}$\",\"minLength\":4}",
-            "/pattern: no string of the allowed lengths matches");
+            "/minLength: no string matches (format, pattern and lengths)");
     refused(
         "{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
         "/properties/a/pattern: group kind not supported (lookahead, flags, ...) (at offset 2)");
@@ -520,16 +520,47 @@ static void test_formats(void **state)
                  "'P4W'", "'PT1M2S'"),
             BAD("'P'", "'PT'", "'P1D2M'", "'P1Y1D'", "'PT1H2S'", "'P1W1D'", "'P1.5D'", "'1D'",
                 "'P1DT'"));
-    refused("{\"type\":\"string\",\"format\":\"uri-reference\"}",
-            "/format: 'uri-reference' not supported");
+    refused("{\"type\":\"string\",\"format\":\"idn-hostname\"}",
+            "/format: 'idn-hostname' not supported");
     /* a custom format is an annotation: the schema compiles as without it */
     check_q("{'type':'string','format':'my-color','maxLength':3}", GOOD("'red'", "''"),
             BAD("'blue'", "1"));
     check_q("{'type':'integer','format':'int64'}", GOOD("12"), BAD("1.5"));
     check_q("{'allOf':[{'format':'date'},{'format':'x-custom'}]}", GOOD("'2024-01-01'"),
             BAD("'x'"));
-    refused("{\"format\":\"date\",\"maxLength\":3}",
-            "/maxLength: not supported together with format");
+    refused("{\"format\":\"date\",\"maxLength\":9}",
+            "/maxLength: no string matches (format, pattern and lengths)");
+}
+
+/* The formats compiled from their regexes, and formats beside pattern / lengths. */
+static void test_formats_regex(void **state)
+{
+    (void)state;
+    check_q("{'format':'json-pointer'}", GOOD("''", "'/a'", "'/a~0b/~1'", "'/'", "'/a\\\"'"),
+            BAD("'a'", "'/~2'", "'/~'"));
+    check_q("{'format':'relative-json-pointer'}", GOOD("'0'", "'1/a'", "'2#'", "'10/b~1'"),
+            BAD("'01'", "'#'", "'-1/a'", "'1#/a'"));
+    check_q("{'format':'uri-reference'}",
+            GOOD("''", "'a/b'", "'//host:80/p?q#f'", "'http://[::1]/x'", "'../x?y'", "'mailto:a@b'",
+                 "'#frag'", "'http://u:p@[v1.x]/'"),
+            BAD("'a b'", "':x'", "'http://[::g]/'", "'%zz'", "'a#b#c'", "'http://a/\\u00e9'"));
+    check_q("{'format':'iri'}",
+            GOOD("'http://\xe4\xbe\x8b\xe3\x81\x88.jp/\xe3\x83\x91\xe3\x82\xb9'", "'urn:x'"),
+            BAD("'//x'", "'http://a b'", "'a/b'"));
+    check_q("{'format':'iri-reference'}", GOOD("'\xe3\x83\x91\xe3\x82\xb9/x'", "''"), BAD("'a b'"));
+    check_q("{'format':'uri-template'}",
+            GOOD("'http://ex.com/{id}/{+path}{?q,lang}'", "'{x:3}'", "'{list*}'", "'plain'"),
+            BAD("'{'", "'{}'", "'{a b}'", "'a}'", "'{x:0}'"));
+    check_q("{'format':'host-name'}", GOOD("'a-b.c'"), BAD("'-a'", "'a..b'"));
+    check_q("{'format':'ip-address'}", GOOD("'1.2.3.4'"), BAD("'256.1.1.1'", "'1.2.3'"));
+    /* beside lengths and patterns: the intersection, exactly */
+    check_q("{'format':'email','maxLength':8}", GOOD("'a@b.cd'", "'ab@c.de'"),
+            BAD("'abcde@f.gh'", "'a@@b'"));
+    check_q("{'format':'ipv4','pattern':'^10\\\\.'}", GOOD("'10.1.2.3'"),
+            BAD("'11.1.2.3'", "'10.1.2.256'", "'10.1.2'"));
+    check_q("{'format':'hostname','minLength':3}", GOOD("'abc'", "'a.b'"), BAD("'ab'", "'a.'"));
+    check_q("{'format':'date','minLength':10,'pattern':'-02-'}", GOOD("'2024-02-29'"),
+            BAD("'2023-02-29'", "'2024-03-01'"));
 }
 
 static void test_integer_bounds(void **state)
@@ -874,6 +905,7 @@ int main(void)
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_formats_regex),
         cmocka_unit_test(test_bounds_random),
         cmocka_unit_test(test_dependent_required),
         cmocka_unit_test(test_not_type),

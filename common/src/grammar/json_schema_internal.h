@@ -118,6 +118,13 @@ int js_scalar_texts(json_t *v, tdm_buf_t t[2]);
  * does, then as a GBNF string literal (with quotes) into body. */
 int js_json_string_literal(const char *s, size_t n, bool with_quotes, tdm_buf_t *body);
 
+/* ---- json_schema_format.c: formats as regexes ---- */
+
+/* Appends the anchored regex (regex.c's subset) of format name to out: every format JSON Schema
+ * defines but idn-email, idn-hostname and regex. Returns 0, TDM_ENOTFOUND (no regex form), or
+ * TDM_ERESOURCE. */
+int js_format_regex(const char *name, tdm_buf_t *out);
+
 /* ---- json_schema_enum.c: enum / const values ---- */
 
 /* Appends a GBNF expression matching exactly the values vals[n] (as js_literal does): the

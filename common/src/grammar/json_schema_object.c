@@ -402,7 +402,12 @@ static int pattern_member(js_ctx_t *c, const pctx_t *p, objspec_t *o, uint32_t t
     } else {
         json_t *m;
         rc = pattern_schema(c, p, NULL, tag, &m);
-        rc = rc ? rc : js_compile(c, m, p->ptr, value);
+        char vp[JS_PTR_MAX]; /* one pattern: its pointer; several: patternProperties' */
+        snprintf(vp, sizeof vp, "%s", p->ptr);
+        for (size_t i = 0; i < p->n && (tag & (tag - 1)) == 0; i++)
+            if (tag == (1u << i))
+                js_ptr_join(vp, p->ptr, p->pats[i]);
+        rc = rc ? rc : js_compile(c, m, vp, value);
         if (rc == TDM_EINVALID && c->unsat) {
             drop_since(c, out_len, n_refs);
             memcpy(c->prim_done, prims, sizeof prims);

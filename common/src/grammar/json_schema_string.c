@@ -77,13 +77,15 @@ static const struct {
     {"duration", DURATION},
 };
 
-/* The other formats JSON Schema (drafts 4 to 2020-12) defines: refused, since a grammar for
- * them would be weaker or stricter than the definition. Any name in neither list is a custom
- * format, an annotation (2020-12 section 7.2.3): compiled as if `format` were absent. */
-static const char *const k_formats_refused[] = {
-    "idn-email",     "idn-hostname", "uri-reference", "iri",
-    "iri-reference", "uri-template", "json-pointer",  "relative-json-pointer",
-    "regex",         "host-name",    "ip-address",    NULL};
+/* The other formats JSON Schema (drafts 4 to 2020-12) defines: compiled from their regexes
+ * (json_schema_format.c) through the automaton, or refused (no exact grammar: IDNA's rules,
+ * ECMA-262's nested groups). Any name in neither list is a custom format, an annotation
+ * (2020-12 section 7.2.3): compiled as if `format` were absent. */
+static const char *const k_formats_regex[] = {
+    "uri-reference",         "iri",          "iri-reference",
+    "uri-template",          "json-pointer", "host-name",
+    "relative-json-pointer", "ip-address",   NULL};
+static const char *const k_formats_refused[] = {"idn-email", "idn-hostname", "regex", NULL};
 
 /* A non-negative integer keyword (minLength, ...) into *v; absent leaves *v. */
 static int get_count(js_ctx_t *c, json_t *s, const char *ptr, const char *key, size_t *v)
@@ -110,6 +112,9 @@ bool js_format_custom(json_t *f)
     for (size_t i = 0; k_formats_refused[i]; i++)
         if (strcmp(k_formats_refused[i], json_string_value(f)) == 0)
             return false;
+    for (size_t i = 0; k_formats_regex[i]; i++)
+        if (strcmp(k_formats_regex[i], json_string_value(f)) == 0)
+            return false;
     return true;
 }
 
@@ -131,35 +136,62 @@ static int format_content(js_ctx_t *c, json_t *s, const char *ptr, const char **
             return 0;
         }
     }
+    for (size_t i = 0; k_formats_regex[i]; i++) {
+        if (strcmp(k_formats_regex[i], json_string_value(f)) == 0) {
+            *content = ""; /* through its regex only */
+            return 0;
+        }
+    }
     return js_fail(c, ptr, "format", "'%s' not supported", json_string_value(f));
 }
 
-/* A pattern with length bounds it does not imply: its automaton times a counter of characters
- * (exact), the start rule into body. */
-static int pattern_bounded(js_ctx_t *c, const char *ptr, const char *re, size_t lo, size_t hi,
-                           tdm_buf_t *body)
+/* The strings matching every regex of res[n] (the format's, the pattern) with lo to hi
+ * characters: their automaton times a counter of characters (exact), the start rule into
+ * body. key names the keyword blamed when the automaton is too large. */
+static int string_dfa(js_ctx_t *c, const char *ptr, const char *key, const char *const *res,
+                      size_t n, size_t lo, size_t hi, tdm_buf_t *body)
 {
     js_dfa_t *d = NULL;
     size_t bad;
     tdm_error_t e;
     char rule[JS_NAME_MAX];
-    int rc = js_dfa_new(&re, 1, NULL, 0, &d, &bad, &e);
+    int rc = js_dfa_new(res, n, NULL, 0, &d, &bad, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
     if (rc != 0)
-        return js_fail(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength",
-                       "with this pattern: %s", e.msg);
-    rc = js_dfa_emit(c, d, 1, lo, hi, rule);
+        return js_fail(c, ptr, key, "%s", e.msg);
+    rc = js_dfa_emit(c, d, (1u << n) - 1, lo, hi, rule);
     js_dfa_free(&d);
     if (rc == TDM_EINVALID) {
         snprintf(e.msg, sizeof e.msg, "%s", c->err->msg);
-        return js_fail(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength",
-                       "with this pattern: %s", e.msg);
+        return js_fail(c, ptr, key, "%s", e.msg);
     }
     if (rc == 0 && !rule[0])
-        return js_fail_unsat(c, ptr, "pattern", "no string of the allowed lengths matches");
+        return js_fail_unsat(c, ptr, key, "no string matches (format, pattern and lengths)");
     if (rc == 0)
         tdm_buf_puts(body, rule);
+    return rc;
+}
+
+/* A format beside a pattern or length bounds, or a format with no GBNF form: through the
+ * automaton of its regex (and the pattern's). */
+static int format_dfa(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi,
+                      tdm_buf_t *body)
+{
+    json_t *p = json_object_get(s, "pattern");
+    if (p && !json_is_string(p))
+        return js_fail(c, ptr, "pattern", "must be a string");
+    tdm_buf_t rx = TDM_BUF_INIT;
+    int rc = js_format_regex(json_string_value(json_object_get(s, "format")), &rx);
+    if (rc == 0 && rx.oom)
+        rc = TDM_ERESOURCE;
+    const char *res[2] = {rx.data, p ? json_string_value(p) : NULL};
+    const char *key = p ? "pattern" : lo ? "minLength" : hi != JS_LEN_INF ? "maxLength" : "format";
+    if (rc == 0)
+        rc = string_dfa(c, ptr, key, res, p ? 2 : 1, lo, hi, body);
+    else
+        rc = rc == TDM_ERESOURCE ? js_oom(c) : js_fail(c, ptr, "format", "no regex form");
+    tdm_buf_free(&rx);
     return rc;
 }
 
@@ -187,7 +219,8 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
     body->len = start; /* the bounds are not implied: the automaton times a length counter */
     if (body->data)
         body->data[start] = 0;
-    return pattern_bounded(c, ptr, json_string_value(p), lo, hi, body);
+    const char *re = json_string_value(p);
+    return string_dfa(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength", &re, 1, lo, hi, body);
 }
 
 int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
@@ -204,18 +237,15 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     bool has_pattern = json_object_get(s, "pattern"), has_format = format != NULL;
     if (!has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
         return js_prim(c, JS_PRIM_STRING, name);
-    if (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF))
-        return js_fail(c, ptr,
-                       has_pattern ? "pattern"
-                       : lo        ? "minLength"
-                                   : "maxLength",
-                       "not supported together with format");
+    bool via_dfa = has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF || !format[0]);
     if (lo > hi)
         return js_fail(c, ptr, "minLength", "greater than maxLength");
     tdm_buf_t body = TDM_BUF_INIT;
     char ch[JS_NAME_MAX];
     tdm_buf_puts(&body, "\"\\\"\" ");
-    if (has_format) {
+    if (via_dfa) {
+        rc = format_dfa(c, s, ptr, lo, hi, &body);
+    } else if (has_format) {
         tdm_buf_printf(&body, "( %s )", format);
     } else if (has_pattern) {
         rc = pattern_content(c, s, ptr, lo, hi, &body);
