@@ -326,11 +326,21 @@ static void test_any_one_all_of(void **state)
     check("{\"type\":\"object\",\"oneOf\":[{\"properties\":{\"k\":{\"const\":\"a\"},\"x\":{}},"
           "\"required\":[\"k\"]},{\"properties\":{\"k\":{\"const\":\"b\"}},\"required\":[\"k\"]}]}",
           GOOD("{\"k\":\"a\",\"x\":1}", "{\"k\":\"b\"}"), BAD("{\"k\":\"c\"}", "{}"));
-    refused("{\"properties\":{\"a\":{},\"b\":{}},\"oneOf\":[{\"required\":[\"a\"]},{\"required\":["
-            "\"b\"]}]}",
-            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
+    /* overlapping branches: each with the complements of the others (exactly one matches) */
+    check_q("{'properties':{'a':{},'b':{}},'oneOf':[{'required':['a']},{'required':['b']}]}",
+            GOOD("{'a':1}", "{'b':1}"), BAD("{}", "{'a':1,'b':2}", "1"));
+    check_q("{'oneOf':[{'type':'object','properties':{'radius':{'type':'number'}},"
+            "'required':['radius']},{'type':'object','properties':{'length':{'type':'number'},"
+            "'width':{'type':'number'}},'required':['length','width']}]}",
+            GOOD("{'radius':1}", "{'length':1,'width':2}", "{'radius':1,'length':2}",
+                 "{'radius':1,'length':'x','width':2}"),
+            BAD("{'radius':1,'length':2,'width':3}", "{}", "{'radius':'x'}"));
+    check_q("{'oneOf':[{'type':'string'},{'type':'string','maxLength':2}]}", GOOD("'abc'"),
+            BAD("'ab'", "1"));
+    check_q("{'type':'integer','oneOf':[{'minimum':0},{'maximum':10}]}", GOOD("-1", "11"),
+            BAD("5", "0", "10"));
     refused("{\"oneOf\":[{\"type\":\"number\"},{\"type\":\"integer\"}]}",
-            "/oneOf: not supported: branches 0 and 1 may both match (use anyOf)");
+            "/oneOf/0/not: not supported: 'integer' excluded from 'number'");
     /* siblings merge into each branch */
     check("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{}},"
           "\"anyOf\":[{\"required\":[\"a\"]},{\"required\":[\"b\"]}]}",
@@ -480,7 +490,7 @@ static void test_string_lengths_and_pattern(void **state)
     check("{\"type\":\"string\",\"pattern\":\"^x\",\"minLength\":3}",
           GOOD("\"xyz\"", "\"x\\u0001\\\"\"", "\"xyzzzzzzz\""), BAD("\"xy\"", "\"axyz\""));
     refused("{\"type\":\"string\",\"pattern\":\"^a{1,3}$\",\"minLength\":4}",
-            "/minLength: no string matches (format, pattern and lengths)");
+            "/minLength: no string matches (format, pattern, lengths, not)");
     refused(
         "{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
         "/properties/a/pattern: group kind not supported (lookahead, flags, ...) (at offset 2)");
@@ -529,7 +539,7 @@ static void test_formats(void **state)
     check_q("{'allOf':[{'format':'date'},{'format':'x-custom'}]}", GOOD("'2024-01-01'"),
             BAD("'x'"));
     refused("{\"format\":\"date\",\"maxLength\":9}",
-            "/maxLength: no string matches (format, pattern and lengths)");
+            "/maxLength: no string matches (format, pattern, lengths, not)");
 }
 
 /* The formats compiled from their regexes, and formats beside pattern / lengths. */
@@ -747,12 +757,57 @@ static void test_not_type(void **state)
             "/allOf/1: allOf: two different 'not' cannot be merged");
 }
 
+/* not in other forms than {type}: the complement's cases merged with the rest */
+static void test_not_forms(void **state)
+{
+    (void)state;
+    check_q("{'not':{'enum':['a','b']}}", GOOD("'c'", "1", "null", "'ab'", "''", "true"),
+            BAD("'a'", "'b'"));
+    check_q("{'type':'string','not':{'const':'x'}}", GOOD("'y'", "'xx'", "''"), BAD("'x'", "1"));
+    check_q("{'type':['boolean','null'],'not':{'const':true}}", GOOD("false", "null"),
+            BAD("true", "1"));
+    check_q("{'enum':['a','b','c'],'not':{'enum':['b']}}", GOOD("'a'", "'c'"), BAD("'b'"));
+    check_q("{'enum':[1,2],'not':{'const':1.0}}", GOOD("2"), BAD("1", "1.0"));
+    check_q("{'type':'object','not':{'required':['a']}}", GOOD("{}", "{'b':1}"),
+            BAD("{'a':1}", "{'b':1,'a':2}"));
+    check_q("{'type':'integer','not':{'minimum':5}}", GOOD("4", "-1"), BAD("5", "6"));
+    check_q("{'not':{'minimum':1}}", GOOD("0.5", "-3"), BAD("1", "'a'", "null"));
+    check_q("{'type':'string','not':{'minLength':3}}", GOOD("'ab'", "''"), BAD("'abc'"));
+    check_q("{'type':'object','properties':{'k':{'type':'string'}},"
+            "'not':{'properties':{'k':{'type':'string','minLength':2}}}}",
+            GOOD("{'k':'a'}"), BAD("{}", "{'k':'ab'}", "{'k':1}"));
+    check_q("{'not':{'type':'string','enum':['a']}}", GOOD("1", "'b'"), BAD("'a'"));
+    check_q("{'not':{'allOf':[{'type':'integer'},{'minimum':3}]},'type':'integer'}", GOOD("2"),
+            BAD("3"));
+    check_q("{'type':'string','not':{'not':{'const':'a'}}}", GOOD("'a'"), BAD("'b'"));
+    refused("{\"type\":\"number\",\"not\":{\"enum\":[1]}}",
+            "/not: not supported (not: {enum} with numbers, objects or arrays)");
+}
+
+/* if / then / else: (if and then) or (not if and else) */
+static void test_if_then_else(void **state)
+{
+    (void)state;
+    check_q("{'type':'object','properties':{'kind':{'type':'string'},'n':{}},"
+            "'if':{'properties':{'kind':{'const':'num'}}},'then':{'properties':{'n':{'type':"
+            "'number'}}},'else':{'properties':{'n':{'type':'string'}}}}",
+            GOOD("{'kind':'num','n':1}", "{'kind':'str','n':'x'}", "{'n':1}"),
+            BAD("{'kind':'num','n':'x'}", "{'kind':'str','n':1}", "{'n':'x'}"));
+    check_q("{'if':{'type':'string'},'then':{'minLength':2}}", GOOD("'ab'", "1", "null"),
+            BAD("'a'"));
+    check_q("{'type':'integer','if':{'minimum':10},'else':{'maximum':3}}", GOOD("10", "3", "-5"),
+            BAD("4", "9"));
+    refused("{\"if\":{\"pattern\":\"a\"},\"then\":{}}",
+            "/if/pattern: not supported in a negation (oneOf, if, not)");
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
     refused("{\"properties\":{\"a\":{\"propertyNames\":{}}}}",
             "/properties/a/propertyNames: not supported");
-    refused("{\"not\":{\"minimum\":1}}", "/not: not supported (only not: {type: ...})");
+    refused("{\"not\":{\"pattern\":\"a\"}}",
+            "/not/pattern: not supported in a negation (oneOf, if, not)");
     refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
     refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
@@ -911,6 +966,8 @@ int main(void)
         cmocka_unit_test(test_not_type),
         cmocka_unit_test(test_integer_bounds),
         cmocka_unit_test(test_number_bounds),
+        cmocka_unit_test(test_not_forms),
+        cmocka_unit_test(test_if_then_else),
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_rule_prefix_and_json_object),
         cmocka_unit_test(test_regex),

@@ -46,29 +46,20 @@ static const char *const k_supported[] = {"type",
                                           "dependentRequired",
                                           "dependencies",
                                           "not",
+                                          "if",
+                                          "then",
+                                          "else",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {"propertyNames",
-                                        "dependentSchemas",
-                                        "maxProperties",
-                                        "if",
-                                        "then",
-                                        "else",
-                                        "uniqueItems",
-                                        "contains",
-                                        "minContains",
-                                        "maxContains",
-                                        "multipleOf",
-                                        "unevaluatedProperties",
-                                        "unevaluatedItems",
-                                        "$dynamicRef",
-                                        "$dynamicAnchor",
-                                        "$recursiveRef",
-                                        "$recursiveAnchor",
-                                        NULL};
+static const char *const k_refused[] = {
+    "propertyNames",    "dependentSchemas", "maxProperties",
+    "uniqueItems",      "contains",         "minContains",
+    "maxContains",      "multipleOf",       "unevaluatedProperties",
+    "unevaluatedItems", "$dynamicRef",      "$dynamicAnchor",
+    "$recursiveRef",    "$recursiveAnchor", NULL};
 
 static bool in_list(const char *const *list, const char *key)
 {
@@ -464,14 +455,16 @@ static int branch(js_ctx_t *c, json_t *b, json_t *rest, bool rest_constrains, co
     return rc != 0 ? rc : js_merge(c, rest, *m, bp, m);
 }
 
-/* oneOf compiles as anyOf only when no two branches can match the same value (different
- * types, different enum / const values, or a required property with different constants):
- * then exactly one matches whenever any does. Otherwise it is refused. */
-static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
+/* oneOf compiles as anyOf when no two branches can match the same value (different types,
+ * different enum / const values, or a required property with different constants): then
+ * exactly one matches whenever any does. *disjoint false: some pair may overlap (then each
+ * branch is compiled with the complements of the others, js_compile_one_of). */
+static int one_of_disjoint(js_ctx_t *c, json_t *branches, const char *ptr, bool *disjoint)
 {
     size_t n = json_array_size(branches);
-    for (size_t i = 0; i < n; i++) {
-        for (size_t j = i + 1; j < n; j++) {
+    *disjoint = true;
+    for (size_t i = 0; i < n && *disjoint; i++) {
+        for (size_t j = i + 1; j < n && *disjoint; j++) {
             json_t *a, *b;
             char bp[JS_PTR_MAX];
             js_ptr_index(bp, ptr, j);
@@ -479,10 +472,7 @@ static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
             rc = rc ? rc : js_resolve_top(c, json_array_get(branches, j), bp, &b);
             if (rc != 0)
                 return rc;
-            if (!js_disjoint(a, b))
-                return js_fail(c, ptr, NULL,
-                               "not supported: branches %zu and %zu may both match (use anyOf)", i,
-                               j);
+            *disjoint = js_disjoint(a, b);
         }
     }
     return 0;
@@ -510,8 +500,12 @@ static int compile_any_of(js_ctx_t *c, json_t *s, const char *ptr, const char *k
         if (rc == 0 && json_array_append(branches, m) != 0)
             rc = js_oom(c);
     }
-    if (rc == 0 && strcmp(key, "oneOf") == 0)
-        rc = check_one_of(c, branches, p);
+    if (rc == 0 && strcmp(key, "oneOf") == 0) {
+        bool disjoint = false;
+        rc = one_of_disjoint(c, branches, p, &disjoint);
+        if (rc == 0 && !disjoint)
+            return js_compile_one_of(c, branches, any, p, name);
+    }
     tdm_buf_t body = TDM_BUF_INIT;
     json_array_foreach(branches, i, m)
     {
@@ -622,6 +616,66 @@ static bool has_big(json_t *v)
 
 /* enum / const: the listed values of the allowed types, as literals. Other keywords beside
  * them are not checked against the values. */
+/* Whether JSON values a and b are equal as JSON Schema compares them (1 equals 1.0). */
+static bool values_equal(json_t *a, json_t *b)
+{
+    if (json_is_number(a) && json_is_number(b)) /* equal values give equal doubles */
+        return json_number_value(a) == json_number_value(b);
+    return json_equal(a, b);
+}
+
+/* The values of s's `not: {enum}` / `not: {const}` (NULL: none of that form). */
+static json_t *not_values(json_t *s, json_t **one)
+{
+    json_t *n = json_object_get(s, "not");
+    *one = json_object_get(n, "const");
+    return json_object_get(n, "enum");
+}
+
+/* Whether v is one of the values s's `not: {enum / const}` excludes. */
+static bool excluded_by_not(json_t *s, json_t *v)
+{
+    json_t *one, *vals = not_values(s, &one), *e;
+    size_t i;
+    if (one && values_equal(one, v))
+        return true;
+    json_array_foreach(vals, i, e) if (values_equal(e, v)) return true;
+    return false;
+}
+
+/* Whether n (a `not`'s schema) is `{enum}` or `{const}` beside annotations. */
+static bool not_enum_form(json_t *n)
+{
+    const char *key;
+    json_t *v;
+    bool any = false;
+    if (!json_is_object(n))
+        return false;
+    json_object_foreach(n, key, v)
+    {
+        bool e = strcmp(key, "enum") == 0 || strcmp(key, "const") == 0;
+        if (!e && (in_list(k_supported, key) || in_list(k_refused, key)))
+            return false;
+        any = any || e;
+    }
+    return any && (!json_object_get(n, "enum") || json_is_array(json_object_get(n, "enum")));
+}
+
+/* Whether n is `{type}` beside annotations (or has no validation keyword at all). */
+static bool not_type_form(json_t *n)
+{
+    const char *key;
+    json_t *v;
+    if (!json_is_object(n))
+        return true;
+    json_object_foreach(n, key, v)
+    {
+        if (strcmp(key, "type") != 0 && (in_list(k_supported, key) || in_list(k_refused, key)))
+            return false;
+    }
+    return true;
+}
+
 static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
 {
     json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"), *v;
@@ -633,7 +687,7 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
         return js_oom(c);
     for (i = 0; i < count; i++) {
         v = en ? json_array_get(en, i) : cn;
-        if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)))
+        if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)) && !excluded_by_not(s, v))
             vals[n++] = v;
     }
     tdm_buf_t body = TDM_BUF_INIT;
@@ -774,13 +828,87 @@ static int without_not(js_ctx_t *c, json_t *s, const char *ptr, json_t **out)
     return 0;
 }
 
+/* Whether every value `not: {enum / const}` lists is a string. */
+static bool not_strings_only(json_t *n)
+{
+    json_t *one = json_object_get(n, "const"), *vals = json_object_get(n, "enum"), *e;
+    size_t i;
+    if (one && !json_is_string(one))
+        return false;
+    json_array_foreach(vals, i, e) if (!json_is_string(e)) return false;
+    return true;
+}
+
+/* s with `not: {enum / const}` and no enum of its own: the types the listed values do not
+ * touch, the other boolean, and the strings but the listed ones (js_string), each merged with
+ * s without `not`. Numbers, objects and arrays among the values are refused where s allows
+ * their type. */
+static int not_enum_cases(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    json_t *n = json_object_get(s, "not"), *one = json_object_get(n, "const");
+    json_t *vals = json_pack("[]"), *strs = json_pack("[]"), *cases = json_pack("[]"), *e;
+    json_t *base = without(c, s, "not", NULL);
+    int types, seen = 0, rc = type_set(c, s, ptr, &types);
+    if (!vals || !strs || !cases || !base || json_array_append_new(c->keep, vals) ||
+        json_array_append_new(c->keep, strs) || json_array_append_new(c->keep, cases))
+        return js_oom(c);
+    if (one)
+        json_array_append(vals, one);
+    json_array_extend(vals, json_object_get(n, "enum"));
+    size_t i;
+    bool bools[2] = {false, false};
+    json_array_foreach(vals, i, e)
+    {
+        if (json_is_string(e))
+            json_array_append(strs, e);
+        else if (json_is_boolean(e))
+            bools[json_is_true(e)] = true;
+        seen |= json_is_null(e)      ? T_NULL
+                : json_is_boolean(e) ? 0
+                : json_is_string(e)  ? T_STRING
+                : json_is_object(e)  ? T_OBJECT
+                : json_is_array(e)   ? T_ARRAY
+                                     : T_NUMBER | T_INTEGER;
+    }
+    if (rc == 0 && (seen & types & (T_OBJECT | T_ARRAY | T_NUMBER | T_INTEGER)))
+        return js_fail(c, ptr, "not",
+                       "not supported (not: {enum} with numbers, objects or arrays)");
+    int rest = types & ~seen & ~((bools[0] || bools[1]) ? T_BOOLEAN : 0);
+    json_t *names = json_array();
+    for (int k = 0; names && k < 7; k++)
+        if (rest & (1 << k))
+            json_array_append_new(names, json_string(k_type_names[k]));
+    if (json_array_size(names) > 0)
+        json_array_append_new(cases, json_pack("{s:O}", "type", names));
+    json_decref(names);
+    if ((types & T_BOOLEAN) && bools[0] != bools[1])
+        json_array_append_new(cases, json_pack("{s:b}", "const", bools[0]));
+    if ((types & T_STRING) && json_array_size(strs) > 0)
+        json_array_append_new(cases,
+                              json_pack("{s:s,s:{s:O}}", "type", "string", "not", "enum", strs));
+    return rc ? rc : js_compile_union(c, base, cases, ptr, "not", name);
+}
+
 /* The body of js_compile for an object schema whose keywords passed the check. */
 static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
-    if (json_object_get(s, "not")) {
+    json_t *n = json_object_get(s, "not");
+    if (n && not_type_form(n)) {
         json_t *t = NULL;
         int rc = without_not(c, s, ptr, &t);
         return rc != 0 ? rc : js_compile(c, t, ptr, name);
+    }
+    if (n && !not_enum_form(n)) {
+        json_t *base = without(c, s, "not", NULL);
+        return base ? js_compile_negated(c, base, n, ptr, name) : js_oom(c);
+    }
+    if (n && json_object_get(s, "if")) /* one construction at a time: not first */
+        return not_enum_cases(c, s, ptr, name);
+    if (json_object_get(s, "if")) {
+        json_t *base = without(c, s, "if", "then");
+        if (base)
+            json_object_del(base, "else");
+        return base ? js_compile_if(c, base, s, ptr, name) : js_oom(c);
     }
     json_t *ref = json_object_get(s, "$ref");
     if (ref && has_siblings(s, "$ref")) {
@@ -809,8 +937,10 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
     if (rc != 0)
         return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))
-        return compile_enum(c, s, ptr, types, name);
-    return compile_types(c, s, ptr, types, name);
+        return compile_enum(c, s, ptr, types, name); /* drops the values a `not` excludes */
+    if (n && !(types == T_STRING && not_strings_only(n)))
+        return not_enum_cases(c, s, ptr, name);
+    return compile_types(c, s, ptr, types, name); /* strings: js_string excludes them */
 }
 
 int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name)

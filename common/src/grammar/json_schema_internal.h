@@ -160,6 +160,29 @@ void js_merge_free(js_ctx_t *c);
  * required by both whose enum / const values are disjoint. False means "maybe not". */
 bool js_disjoint(json_t *a, json_t *b);
 
+/* ---- json_schema_negate.c: complements, oneOf, if/then/else, not ---- */
+
+/* Appends to the array out schemas whose union is exactly the values s (found at ptr) rejects
+ * (none when s accepts everything); fails with the pointer of a keyword whose complement is not
+ * written (pattern, format, items, additionalProperties, anyOf, ...). */
+int js_negate(js_ctx_t *c, json_t *s, const char *ptr, json_t *out);
+/* The union of base merged with each schema of the array cases (cases no value fits left
+ * out; none left: refused as allowing no value, naming key). */
+int js_compile_union(js_ctx_t *c, json_t *base, json_t *cases, const char *ptr, const char *key,
+                     char *name);
+/* base (s without `not`) minus the values `not`'s schema n allows: the union of base merged
+ * with each case of n's complement (cases no value fits left out). */
+int js_compile_negated(js_ctx_t *c, json_t *base, json_t *n, const char *ptr, char *name);
+/* if / then / else of s over base (s without them): base and if and then, or base and a case
+ * of if's complement and else. */
+int js_compile_if(js_ctx_t *c, json_t *base, json_t *s, const char *ptr, char *name);
+/* oneOf over branches (already merged with the siblings; originals: as written), exactly: each
+ * branch merged with a case of the complement of every other branch it may overlap (the
+ * complement of the branch as written: the siblings are in every branch already); at most 256
+ * combinations. */
+int js_compile_one_of(js_ctx_t *c, json_t *branches, json_t *originals, const char *ptr,
+                      char *name);
+
 /* ---- gbnf text helpers (regex.c) ---- */
 
 /* Appends code point cp as it goes inside a GBNF string literal ("..."), escaped. */

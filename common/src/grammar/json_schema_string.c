@@ -149,13 +149,14 @@ static int format_content(js_ctx_t *c, json_t *s, const char *ptr, const char **
  * characters: their automaton times a counter of characters (exact), the start rule into
  * body. key names the keyword blamed when the automaton is too large. */
 static int string_dfa(js_ctx_t *c, const char *ptr, const char *key, const char *const *res,
-                      size_t n, size_t lo, size_t hi, tdm_buf_t *body)
+                      size_t n, const char *const *names, size_t n_names, size_t lo, size_t hi,
+                      tdm_buf_t *body)
 {
     js_dfa_t *d = NULL;
     size_t bad;
     tdm_error_t e;
     char rule[JS_NAME_MAX];
-    int rc = js_dfa_new(res, n, NULL, 0, &d, &bad, &e);
+    int rc = js_dfa_new(res, n, names, n_names, &d, &bad, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
     if (rc != 0)
@@ -167,30 +168,62 @@ static int string_dfa(js_ctx_t *c, const char *ptr, const char *key, const char 
         return js_fail(c, ptr, key, "%s", e.msg);
     }
     if (rc == 0 && !rule[0])
-        return js_fail_unsat(c, ptr, key, "no string matches (format, pattern and lengths)");
+        return js_fail_unsat(c, ptr, key, "no string matches (format, pattern, lengths, not)");
     if (rc == 0)
         tdm_buf_puts(body, rule);
     return rc;
 }
 
-/* A format beside a pattern or length bounds, or a format with no GBNF form: through the
- * automaton of its regex (and the pattern's). */
-static int format_dfa(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi,
-                      tdm_buf_t *body)
+/* The strings `not: {enum / const}` excludes (all strings: compile_object_schema sends only
+ * that form here) into names (caller frees); *n how many. */
+static const char **not_names(json_t *s, size_t *n)
 {
-    json_t *p = json_object_get(s, "pattern");
+    json_t *no = json_object_get(s, "not"), *vals = json_object_get(no, "enum"), *e;
+    json_t *one = json_object_get(no, "const");
+    const char **names = calloc(json_array_size(vals) + 2, sizeof *names);
+    size_t i;
+    *n = 0;
+    if (!names)
+        return NULL;
+    if (json_is_string(one))
+        names[(*n)++] = json_string_value(one);
+    json_array_foreach(vals, i, e) if (json_is_string(e)) names[(*n)++] = json_string_value(e);
+    return names;
+}
+
+/* A format beside a pattern or length bounds, a format with no GBNF form, or strings a `not`
+ * excludes: through the automaton of the format's regex, the pattern and the excluded names. */
+static int string_auto(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi,
+                       tdm_buf_t *body)
+{
+    json_t *p = json_object_get(s, "pattern"), *f = json_object_get(s, "format");
     if (p && !json_is_string(p))
         return js_fail(c, ptr, "pattern", "must be a string");
     tdm_buf_t rx = TDM_BUF_INIT;
-    int rc = js_format_regex(json_string_value(json_object_get(s, "format")), &rx);
-    if (rc == 0 && rx.oom)
+    const char *res[2];
+    size_t n = 0, n_names = 0;
+    int rc = 0;
+    if (json_is_string(f) && !js_format_custom(f)) {
+        rc = js_format_regex(json_string_value(f), &rx);
+        if (rc == 0 && rx.oom)
+            rc = TDM_ERESOURCE;
+        res[n++] = rx.data;
+    }
+    if (p)
+        res[n++] = json_string_value(p);
+    const char **names = not_names(s, &n_names);
+    const char *key = p                   ? "pattern"
+                      : lo                ? "minLength"
+                      : hi != JS_LEN_INF  ? "maxLength"
+                      : n_names && n == 0 ? "not"
+                                          : "format";
+    if (!names)
         rc = TDM_ERESOURCE;
-    const char *res[2] = {rx.data, p ? json_string_value(p) : NULL};
-    const char *key = p ? "pattern" : lo ? "minLength" : hi != JS_LEN_INF ? "maxLength" : "format";
     if (rc == 0)
-        rc = string_dfa(c, ptr, key, res, p ? 2 : 1, lo, hi, body);
+        rc = string_dfa(c, ptr, key, res, n, names, n_names, lo, hi, body);
     else
         rc = rc == TDM_ERESOURCE ? js_oom(c) : js_fail(c, ptr, "format", "no regex form");
+    free(names);
     tdm_buf_free(&rx);
     return rc;
 }
@@ -220,7 +253,8 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
     if (body->data)
         body->data[start] = 0;
     const char *re = json_string_value(p);
-    return string_dfa(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength", &re, 1, lo, hi, body);
+    return string_dfa(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength", &re, 1, NULL, 0, lo, hi,
+                      body);
 }
 
 int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
@@ -235,16 +269,18 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if ((rc = format_content(c, s, ptr, &format)) != 0)
         return rc;
     bool has_pattern = json_object_get(s, "pattern"), has_format = format != NULL;
-    if (!has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
+    bool excl = json_object_get(s, "not") != NULL; /* not: {enum} of strings */
+    if (!excl && !has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
         return js_prim(c, JS_PRIM_STRING, name);
-    bool via_dfa = has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF || !format[0]);
+    bool via_dfa =
+        excl || (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF || !format[0]));
     if (lo > hi)
         return js_fail(c, ptr, "minLength", "greater than maxLength");
     tdm_buf_t body = TDM_BUF_INIT;
     char ch[JS_NAME_MAX];
     tdm_buf_puts(&body, "\"\\\"\" ");
     if (via_dfa) {
-        rc = format_dfa(c, s, ptr, lo, hi, &body);
+        rc = string_auto(c, s, ptr, lo, hi, &body);
     } else if (has_format) {
         tdm_buf_printf(&body, "( %s )", format);
     } else if (has_pattern) {
