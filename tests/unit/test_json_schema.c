@@ -729,8 +729,17 @@ static void test_dependent_required(void **state)
             GOOD("{}", "{'b':1}", "{'b':1,'a':'x'}", "{'c':1}"), BAD("{'a':1}", "{'c':1,'a':1}"));
     check_q("{'properties':{'b':{}},'additionalProperties':false,'dependentRequired':{'a':['b']}}",
             GOOD("{}", "{'b':1}"), BAD("{'a':1}"));
-    refused("{\"dependencies\":{\"a\":{\"required\":[\"b\"]}}}",
-            "/dependencies: 'a' has a schema (not supported)");
+    /* schema dependencies: a present trigger's case merged with its schema */
+    check_q("{'properties':{'a':{},'b':{}},'dependencies':{'a':{'required':['b']}}}",
+            GOOD("{}", "{'b':1}", "{'a':1,'b':2}"), BAD("{'a':1}"));
+    check_q("{'type':'object','properties':{'card':{'type':'string'},'cvv':{}},"
+            "'dependentSchemas':{'card':{'properties':{'cvv':{'type':'integer'}},'required':"
+            "['cvv']}}}",
+            GOOD("{'card':'x','cvv':123}", "{'cvv':'any'}", "{}"),
+            BAD("{'card':'x'}", "{'card':'x','cvv':'1'}"));
+    check_q("{'required':['a'],'properties':{'a':{},'n':{}},'dependentSchemas':{'a':{'properties':"
+            "{'n':{'type':'integer'}}}}}",
+            GOOD("{'a':1,'n':2}", "{'a':1}"), BAD("{'a':1,'n':'x'}", "{'n':1}"));
     refused("{\"properties\":{\"a\":{},\"b\":{},\"c\":{},\"d\":{},\"e\":{}},"
             "\"dependentRequired\":{\"a\":[\"b\"],\"b\":[\"c\"],\"c\":[\"d\"],"
             "\"d\":[\"e\"],\"e\":[\"a\"]}}",

@@ -46,6 +46,7 @@ static const char *const k_supported[] = {"type",
                                           "dependentRequired",
                                           "dependencies",
                                           "not",
+                                          "dependentSchemas",
                                           "if",
                                           "then",
                                           "else",
@@ -54,12 +55,13 @@ static const char *const k_supported[] = {"type",
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {
-    "propertyNames",    "dependentSchemas", "maxProperties",
-    "uniqueItems",      "contains",         "minContains",
-    "maxContains",      "multipleOf",       "unevaluatedProperties",
-    "unevaluatedItems", "$dynamicRef",      "$dynamicAnchor",
-    "$recursiveRef",    "$recursiveAnchor", NULL};
+static const char *const k_refused[] = {"propertyNames",    "maxProperties",
+                                        "uniqueItems",      "contains",
+                                        "minContains",      "maxContains",
+                                        "multipleOf",       "unevaluatedProperties",
+                                        "unevaluatedItems", "$dynamicRef",
+                                        "$dynamicAnchor",   "$recursiveRef",
+                                        "$recursiveAnchor", NULL};
 
 static bool in_list(const char *const *list, const char *key)
 {

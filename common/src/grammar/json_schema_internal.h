@@ -152,6 +152,10 @@ int js_expand_dependent(js_ctx_t *c, json_t *s, const char *ptr, json_t **out);
  * exactly the values both allow, or fails naming ptr. *out is owned by c->keep. */
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out);
 
+/* Gives the properties object copy (kept alive by c->keep) the document positions of orig, the
+ * object it was copied from, so merges order its names as orig's. Returns 0 or TDM_ERESOURCE. */
+int js_merge_alias(js_ctx_t *c, json_t *copy, json_t *orig);
+
 /* Frees what the merges kept besides c->keep (the property positions). Cannot fail. */
 void js_merge_free(js_ctx_t *c);
 

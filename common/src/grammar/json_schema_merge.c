@@ -287,6 +287,32 @@ static json_t *sorted_props(js_ctx_t *c, named_pos_t *v, size_t n)
 }
 
 /* Puts m's properties, merged from pa and pb, in document order (see the file comment). */
+/* Builds c->prop_pos on first use. Returns 0 or TDM_ERESOURCE. */
+static int index_positions(js_ctx_t *c)
+{
+    if (c->prop_pos)
+        return 0;
+    json_int_t counter = 0;
+    c->prop_pos = json_object();
+    if (!c->prop_pos || index_node(c->prop_pos, c->root, false, &counter) != 0)
+        return js_oom(c);
+    return 0;
+}
+
+int js_merge_alias(js_ctx_t *c, json_t *copy, json_t *orig)
+{
+    char kc[32], ko[32];
+    int rc = index_positions(c);
+    if (rc != 0 || !json_is_object(orig))
+        return rc;
+    pos_key(copy, kc);
+    pos_key(orig, ko);
+    json_t *map = json_object_get(c->prop_pos, ko);
+    if (map && json_object_set(c->prop_pos, kc, map) != 0)
+        return js_oom(c);
+    return 0;
+}
+
 static int order_props(js_ctx_t *c, json_t *m, json_t *pa, json_t *pb)
 {
     json_t *props = json_object_get(m, "properties"), *v;
@@ -294,12 +320,8 @@ static int order_props(js_ctx_t *c, json_t *m, json_t *pa, json_t *pb)
     const char *key;
     if (!json_is_object(pa) || !json_is_object(pb) || n < 2)
         return 0;
-    if (!c->prop_pos) {
-        json_int_t counter = 0;
-        c->prop_pos = json_object();
-        if (!c->prop_pos || index_node(c->prop_pos, c->root, false, &counter) != 0)
-            return js_oom(c);
-    }
+    if (index_positions(c) != 0)
+        return TDM_ERESOURCE;
     named_pos_t *list = calloc(n, sizeof *list);
     if (!list)
         return js_oom(c);
