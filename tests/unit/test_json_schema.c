@@ -810,6 +810,26 @@ static void test_if_then_else(void **state)
             "/if/pattern: not supported in a negation (oneOf, if, not)");
 }
 
+/* A subschema whose grammar would pass the engine's 1 MiB text limit is refused at compile
+ * time with its own pointer (40,000 enum strings with distinct 30-byte tails). */
+static void test_grammar_size_limit(void **state)
+{
+    (void)state;
+    tdm_buf_t schema = TDM_BUF_INIT, out = TDM_BUF_INIT;
+    tdm_buf_puts(&schema, "{\"properties\":{\"b\":{},\"a\":{\"enum\":[");
+    for (int i = 0; i < 40000; i++)
+        tdm_buf_printf(&schema, "%s\"v%05d-abcdefghijklmnopqrstuvwxyz0123\"", i ? "," : "", i);
+    tdm_buf_puts(&schema, "]}}}");
+    assert_false(schema.oom);
+    tdm_error_t err;
+    assert_int_equal(tdm_json_schema_to_gbnf(schema.data, schema.len, &out, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "/properties/a: compiles to "));
+    assert_non_null(strstr(err.msg, "bytes of grammar, over the limit of 1048576"));
+    assert_true(out.len == 0);
+    tdm_buf_free(&schema);
+    tdm_buf_free(&out);
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
@@ -977,6 +997,7 @@ int main(void)
         cmocka_unit_test(test_number_bounds),
         cmocka_unit_test(test_not_forms),
         cmocka_unit_test(test_if_then_else),
+        cmocka_unit_test(test_grammar_size_limit),
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_rule_prefix_and_json_object),
         cmocka_unit_test(test_regex),

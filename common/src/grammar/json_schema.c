@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "json_schema_internal.h"
+#include "tandem/grammar.h"
 #include "tandem/json_schema.h"
 
 static const char *const k_supported[] = {"type",
@@ -973,11 +974,15 @@ int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         return js_fail(c, ptr, NULL, "subschemas nested too deep (over %d)", JS_MAX_DEPTH);
     }
     char body[JS_NAME_MAX];
+    size_t before = c->out->len;
     rc = merges ? memo_add(c, NULL, s, name) : 0;
     if (rc == 0)
         rc = compile_object_schema(c, s, ptr, merges ? body : name);
     if (rc == 0 && merges)
         rc = js_emit_rule(c, name, body);
+    if (rc == 0 && c->out->len - before > TDM_GRAMMAR_MAX_TEXT_BYTES) /* the innermost culprit */
+        rc = js_fail(c, ptr, NULL, "compiles to %zu bytes of grammar, over the limit of %u",
+                     c->out->len - before, TDM_GRAMMAR_MAX_TEXT_BYTES);
     c->depth--;
     return rc;
 }
