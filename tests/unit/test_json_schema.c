@@ -830,6 +830,31 @@ static void test_grammar_size_limit(void **state)
     tdm_buf_free(&out);
 }
 
+/* uniqueItems over a finite set of item values: no value twice, in any order */
+static void test_unique_items(void **state)
+{
+    (void)state;
+    check_q("{'type':'array','items':{'enum':['a','b','c']},'uniqueItems':true}",
+            GOOD("[]", "['a']", "['b','a']", "['a','b','c']", "[ 'c' , 'a' ]"),
+            BAD("['a','a']", "['a','b','a']", "['d']", "['a','b','c','a']"));
+    check_q("{'type':'array','items':{'enum':['a','b','c']},'uniqueItems':true,'minItems':2,"
+            "'maxItems':2}",
+            GOOD("['a','b']", "['c','a']"), BAD("['a']", "['a','b','c']", "['b','b']"));
+    check_q("{'items':{'type':'boolean'},'uniqueItems':true}", GOOD("[true,false]", "'x'", "[]"),
+            BAD("[true,true]", "[null]"));
+    check_q("{'items':{'enum':[1,1.0,2]},'uniqueItems':true,'type':'array'}",
+            GOOD("[1,2]", "[1.0]", "[2,1]"), BAD("[1,1.0]", "[1,1]", "[3]"));
+    check_q("{'items':{'type':'string'},'uniqueItems':true,'maxItems':1}", GOOD("['x']", "[]"),
+            BAD("['x','y']"));
+    check_q("{'enum':[[1,1],[1,2]],'uniqueItems':true}", GOOD("[1,2]"), BAD("[1,1]"));
+    check_q("{'allOf':[{'uniqueItems':false},{'uniqueItems':true,'items':{'const':'a'}}]}",
+            GOOD("['a']"), BAD("['a','a']"));
+    refused("{\"type\":\"array\",\"items\":{\"enum\":[\"a\"]},\"uniqueItems\":true,\"minItems\":2}",
+            "/minItems: more items than distinct values");
+    refused("{\"items\":{\"type\":\"string\"},\"uniqueItems\":true}",
+            "/items: uniqueItems: items must be an enum, a const, booleans or null");
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
@@ -837,7 +862,8 @@ static void test_refused_keywords(void **state)
             "/properties/a/propertyNames: not supported");
     refused("{\"not\":{\"pattern\":\"a\"}}",
             "/not/pattern: not supported in a negation (oneOf, if, not)");
-    refused("{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: not supported");
+    refused("{\"items\":{\"uniqueItems\":true}}",
+            "/items/uniqueItems: items must be an enum, a const, booleans or null");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
     refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
             "/$defs/a~1b/maxProperties: not supported");
@@ -998,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_not_forms),
         cmocka_unit_test(test_if_then_else),
         cmocka_unit_test(test_grammar_size_limit),
+        cmocka_unit_test(test_unique_items),
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_rule_prefix_and_json_object),
         cmocka_unit_test(test_regex),

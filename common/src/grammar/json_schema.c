@@ -48,6 +48,7 @@ static const char *const k_supported[] = {"type",
                                           "dependencies",
                                           "not",
                                           "dependentSchemas",
+                                          "uniqueItems",
                                           "if",
                                           "then",
                                           "else",
@@ -56,13 +57,19 @@ static const char *const k_supported[] = {"type",
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {"propertyNames",    "maxProperties",
-                                        "uniqueItems",      "contains",
-                                        "minContains",      "maxContains",
-                                        "multipleOf",       "unevaluatedProperties",
-                                        "unevaluatedItems", "$dynamicRef",
-                                        "$dynamicAnchor",   "$recursiveRef",
-                                        "$recursiveAnchor", NULL};
+static const char *const k_refused[] = {"propertyNames",
+                                        "maxProperties",
+                                        "contains",
+                                        "minContains",
+                                        "maxContains",
+                                        "multipleOf",
+                                        "unevaluatedProperties",
+                                        "unevaluatedItems",
+                                        "$dynamicRef",
+                                        "$dynamicAnchor",
+                                        "$recursiveRef",
+                                        "$recursiveAnchor",
+                                        NULL};
 
 static bool in_list(const char *const *list, const char *key)
 {
@@ -269,8 +276,6 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
     json_object_foreach(s, key, v)
     {
         if (in_list(k_refused, key)) {
-            if (strcmp(key, "uniqueItems") == 0 && json_is_false(v))
-                continue;
             return js_fail(c, ptr, key, "not supported");
         }
         if (strcmp(key, "minProperties") == 0 &&
@@ -281,6 +286,12 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
             *has_constraints = true;
     }
     return 0;
+}
+
+bool js_keyword_constrains(const char *key)
+{
+    return (in_list(k_supported, key) || in_list(k_refused, key)) && strcmp(key, "$defs") != 0 &&
+           strcmp(key, "definitions") != 0;
 }
 
 /* A copy of s without the named keys (owned by c->keep). */
@@ -619,6 +630,21 @@ static bool has_big(json_t *v)
 
 /* enum / const: the listed values of the allowed types, as literals. Other keywords beside
  * them are not checked against the values. */
+/* Whether array v has two equal items (uniqueItems; numbers compared as doubles, others as
+ * jansson compares them). */
+static bool has_duplicates(json_t *v)
+{
+    for (size_t i = 0; i < json_array_size(v); i++)
+        for (size_t j = i + 1; j < json_array_size(v); j++) {
+            json_t *a = json_array_get(v, i), *b = json_array_get(v, j);
+            if (json_is_number(a) && json_is_number(b)
+                    ? json_number_value(a) == json_number_value(b)
+                    : json_equal(a, b))
+                return true;
+        }
+    return false;
+}
+
 /* Whether JSON values a and b are equal as JSON Schema compares them (1 equals 1.0). */
 static bool values_equal(json_t *a, json_t *b)
 {
@@ -682,6 +708,7 @@ static bool not_type_form(json_t *n)
 static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
 {
     json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"), *v;
+    bool unique = json_is_true(json_object_get(s, "uniqueItems"));
     if (en && (!json_is_array(en) || json_array_size(en) == 0))
         return js_fail(c, ptr, "enum", "must be a non-empty array");
     size_t i, n = 0, count = en ? json_array_size(en) : 1;
@@ -690,7 +717,8 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
         return js_oom(c);
     for (i = 0; i < count; i++) {
         v = en ? json_array_get(en, i) : cn;
-        if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)) && !excluded_by_not(s, v))
+        if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)) &&
+            !excluded_by_not(s, v) && !(unique && json_is_array(v) && has_duplicates(v)))
             vals[n++] = v;
     }
     tdm_buf_t body = TDM_BUF_INIT;

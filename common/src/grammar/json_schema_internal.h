@@ -96,6 +96,9 @@ void js_ptr_join(char *out, const char *ptr, const char *key);
 /* Like js_ptr_join with an array index. */
 void js_ptr_index(char *out, const char *ptr, size_t i);
 
+/* Whether key is a validation keyword (constrains values), not an annotation or unknown. */
+bool js_keyword_constrains(const char *key);
+
 /* ---- json_schema_object.c: objects and arrays ---- */
 
 int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name);
@@ -117,6 +120,12 @@ int js_scalar_texts(json_t *v, tdm_buf_t t[2]);
 /* Writes the JSON encoding of string s[n] (without quotes) as json.dumps(ensure_ascii=False)
  * does, then as a GBNF string literal (with quotes) into body. */
 int js_json_string_literal(const char *s, size_t n, bool with_quotes, tdm_buf_t *body);
+
+/* ---- json_schema_unique.c: uniqueItems ---- */
+
+/* An array schema s with uniqueItems true and lo to hi items: its items must be from a finite
+ * set of at most 10 scalar values (enum, const, boolean, null), else refused with the pointer. */
+int js_array_unique(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi, char *name);
 
 /* ---- json_schema_format.c: formats as regexes ---- */
 

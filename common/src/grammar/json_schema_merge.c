@@ -136,6 +136,8 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         *out = merge_enum(x, y);
     } else if (strcmp(key, "format") == 0 && (js_format_custom(x) || js_format_custom(y))) {
         *out = json_incref(js_format_custom(x) ? y : x); /* a custom format constrains nothing */
+    } else if (strcmp(key, "uniqueItems") == 0) {
+        *out = json_incref(json_is_true(x) ? x : y); /* true on either side constrains */
     } else if (strcmp(key, "allOf") == 0 && json_is_array(x) && json_is_array(y)) {
         *out = json_copy(x);
         json_array_extend(*out, y);

@@ -609,6 +609,8 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     a.max = JS_LEN_INF;
     int rc = get_items_count(c, s, ptr, "minItems", &a.min);
     rc = rc ? rc : get_items_count(c, s, ptr, "maxItems", &a.max);
+    if (rc == 0 && json_is_true(json_object_get(s, "uniqueItems")) && a.max > 1)
+        return js_array_unique(c, s, ptr, a.min, a.max, name);
     if (rc == 0 && !json_object_get(s, "items") && !json_object_get(s, "prefixItems") &&
         a.min == 0 && a.max == JS_LEN_INF)
         return js_prim(c, JS_PRIM_ARRAY, name);
