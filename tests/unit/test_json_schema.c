@@ -762,7 +762,12 @@ static void test_not_type(void **state)
     refused("{\"type\":\"string\",\"not\":{\"type\":\"string\"}}",
             "/not: excludes every type allowed");
     refused("{\"not\":{}}", "/not: excludes every value");
-    refused("{\"allOf\":[{\"not\":{\"type\":\"null\"}},{\"not\":{\"type\":\"string\"}}]}",
+    /* two nots of one form merge into one: not (A or B) */
+    check_q("{'allOf':[{'not':{'type':'null'}},{'not':{'type':'string'}}]}", GOOD("1", "[]"),
+            BAD("null", "'a'"));
+    check_q("{'allOf':[{'not':{'enum':['a']}},{'not':{'const':'b'}}]}", GOOD("'c'", "1"),
+            BAD("'a'", "'b'"));
+    refused("{\"allOf\":[{\"not\":{\"type\":\"null\"}},{\"not\":{\"enum\":[\"a\"]}}]}",
             "/allOf/1: allOf: two different 'not' cannot be merged");
 }
 
@@ -789,6 +794,13 @@ static void test_not_forms(void **state)
     check_q("{'not':{'allOf':[{'type':'integer'},{'minimum':3}]},'type':'integer'}", GOOD("2"),
             BAD("3"));
     check_q("{'type':'string','not':{'not':{'const':'a'}}}", GOOD("'a'"), BAD("'b'"));
+    /* not: {pattern} / {format}: the strings that do not match (non-strings match them) */
+    check_q("{'not':{'pattern':'a'}}", GOOD("'b'", "''"), BAD("'xay'", "1", "null"));
+    check_q("{'type':'string','not':{'format':'ipv4'}}", GOOD("'1.2.3'", "'x'"), BAD("'1.2.3.4'"));
+    check_q("{'type':'string','pattern':'^[a-z]+$','not':{'pattern':'^ab'},'maxLength':3}",
+            GOOD("'acd'", "'b'"), BAD("'abc'", "'ab'", "'bcde'", "'B'"));
+    check_q("{'oneOf':[{'type':'string','pattern':'^a'},{'type':'string','pattern':'b$'}]}",
+            GOOD("'ax'", "'xb'"), BAD("'ab'", "'x'", "1"));
     refused("{\"type\":\"number\",\"not\":{\"enum\":[1]}}",
             "/not: not supported (not: {enum} with numbers, objects or arrays)");
 }
@@ -806,8 +818,10 @@ static void test_if_then_else(void **state)
             BAD("'a'"));
     check_q("{'type':'integer','if':{'minimum':10},'else':{'maximum':3}}", GOOD("10", "3", "-5"),
             BAD("4", "9"));
-    refused("{\"if\":{\"pattern\":\"a\"},\"then\":{}}",
-            "/if/pattern: not supported in a negation (oneOf, if, not)");
+    check_q("{'if':{'pattern':'^a'},'then':{'minLength':3}}", GOOD("'abc'", "'b'", "1"),
+            BAD("'ab'"));
+    refused("{\"if\":{\"items\":{\"type\":\"string\"}},\"then\":{}}",
+            "/if/items: not supported in a negation (oneOf, if, not)");
 }
 
 /* A subschema whose grammar would pass the engine's 1 MiB text limit is refused at compile
@@ -860,8 +874,8 @@ static void test_refused_keywords(void **state)
     (void)state;
     refused("{\"properties\":{\"a\":{\"propertyNames\":{}}}}",
             "/properties/a/propertyNames: not supported");
-    refused("{\"not\":{\"pattern\":\"a\"}}",
-            "/not/pattern: not supported in a negation (oneOf, if, not)");
+    refused("{\"not\":{\"items\":{\"type\":\"string\"}}}",
+            "/not/items: not supported in a negation (oneOf, if, not)");
     refused("{\"items\":{\"uniqueItems\":true}}",
             "/items/uniqueItems: items must be an enum, a const, booleans or null");
     refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");

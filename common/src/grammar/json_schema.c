@@ -690,6 +690,42 @@ static bool not_enum_form(json_t *n)
     return any && (!json_object_get(n, "enum") || json_is_array(json_object_get(n, "enum")));
 }
 
+/* Whether every value `not: {enum / const}` lists is a string. */
+static bool not_strings_only(json_t *n)
+{
+    json_t *one = json_object_get(n, "const"), *vals = json_object_get(n, "enum"), *e;
+    size_t i;
+    if (one && !json_is_string(one))
+        return false;
+    json_array_foreach(vals, i, e) if (!json_is_string(e)) return false;
+    return true;
+}
+
+/* Whether n (a `not`'s schema) is one `pattern` or one `format` with a regex form beside
+ * annotations: over strings, js_string excludes its matches through the automaton. */
+static bool not_string_form(json_t *n)
+{
+    const char *key;
+    json_t *v;
+    int found = 0;
+    if (!json_is_object(n))
+        return false;
+    json_object_foreach(n, key, v)
+    {
+        bool p = strcmp(key, "pattern") == 0 && json_is_string(v);
+        bool f = strcmp(key, "format") == 0 && json_is_string(v) && !js_format_custom(v);
+        if (f) {
+            tdm_buf_t rx = TDM_BUF_INIT;
+            f = js_format_regex(json_string_value(v), &rx) == 0;
+            tdm_buf_free(&rx);
+        }
+        if (!p && !f && (in_list(k_supported, key) || in_list(k_refused, key)))
+            return false;
+        found += p || f;
+    }
+    return found == 1 || (found == 0 && not_strings_only(n) && not_enum_form(n));
+}
+
 /* Whether n is `{type}` beside annotations (or has no validation keyword at all). */
 static bool not_type_form(json_t *n)
 {
@@ -859,17 +895,6 @@ static int without_not(js_ctx_t *c, json_t *s, const char *ptr, json_t **out)
     return 0;
 }
 
-/* Whether every value `not: {enum / const}` lists is a string. */
-static bool not_strings_only(json_t *n)
-{
-    json_t *one = json_object_get(n, "const"), *vals = json_object_get(n, "enum"), *e;
-    size_t i;
-    if (one && !json_is_string(one))
-        return false;
-    json_array_foreach(vals, i, e) if (!json_is_string(e)) return false;
-    return true;
-}
-
 /* s with `not: {enum / const}` and no enum of its own: the types the listed values do not
  * touch, the other boolean, and the strings but the listed ones (js_string), each merged with
  * s without `not`. Numbers, objects and arrays among the values are refused where s allows
@@ -929,12 +954,15 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
         int rc = without_not(c, s, ptr, &t);
         return rc != 0 ? rc : js_compile(c, t, ptr, name);
     }
-    if (n && !not_enum_form(n)) {
+    int types;
+    int rc = type_set(c, s, ptr, &types);
+    if (rc != 0)
+        return rc;
+    bool string_not = n && types == T_STRING && not_string_form(n); /* js_string's */
+    if (n && !not_enum_form(n) && !string_not) {
         json_t *base = without(c, s, "not", NULL);
         return base ? js_compile_negated(c, base, n, ptr, name) : js_oom(c);
     }
-    if (n && json_object_get(s, "if")) /* one construction at a time: not first */
-        return not_enum_cases(c, s, ptr, name);
     if (json_object_get(s, "if")) {
         json_t *base = without(c, s, "if", "then");
         if (base)
@@ -944,7 +972,7 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
     json_t *ref = json_object_get(s, "$ref");
     if (ref && has_siblings(s, "$ref")) {
         json_t *m;
-        int rc = js_resolve_top(c, s, ptr, &m);
+        rc = js_resolve_top(c, s, ptr, &m);
         return rc != 0 ? rc : js_compile(c, m, ptr, name);
     }
     if (ref) {
@@ -953,7 +981,7 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
         return compile_ref(c, json_string_value(ref), ptr, name);
     }
     json_t *cases;
-    int rc = js_expand_dependent(c, s, ptr, &cases);
+    rc = js_expand_dependent(c, s, ptr, &cases);
     if (rc != 0 || cases)
         return rc != 0 ? rc : compile_cases(c, cases, ptr, name);
     if (json_object_get(s, "allOf"))
@@ -963,13 +991,9 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
         return js_fail(c, ptr, "oneOf", "not supported together with anyOf");
     if (any || one)
         return compile_any_of(c, s, ptr, any ? "anyOf" : "oneOf", name);
-    int types;
-    rc = type_set(c, s, ptr, &types);
-    if (rc != 0)
-        return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))
         return compile_enum(c, s, ptr, types, name); /* drops the values a `not` excludes */
-    if (n && !(types == T_STRING && not_strings_only(n)))
+    if (n && !string_not && !(types == T_STRING && not_strings_only(n)))
         return not_enum_cases(c, s, ptr, name);
     return compile_types(c, s, ptr, types, name); /* strings: js_string excludes them */
 }

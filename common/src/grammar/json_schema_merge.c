@@ -113,6 +113,49 @@ static const char *const k_must_equal[] = {"pattern",         "format", "prefixI
                                            "additionalItems", "$ref",   "dependentRequired",
                                            "dependencies",    "not",    NULL};
 
+/* The values (kind "enum": enum and const) or the type names (kind "type") of a `not`'s schema
+ * x that has only that kind of keyword beside annotations, appended to out; false for any
+ * other form. */
+static bool not_values(json_t *x, const char *kind, json_t *out)
+{
+    const char *key;
+    json_t *v;
+    bool any = false;
+    if (!json_is_object(x))
+        return false;
+    json_object_foreach(x, key, v)
+    {
+        bool mine = strcmp(kind, "type") == 0
+                        ? strcmp(key, "type") == 0
+                        : strcmp(key, "enum") == 0 || strcmp(key, "const") == 0;
+        if (!mine && js_keyword_constrains(key))
+            return false;
+        if (mine && strcmp(key, "const") == 0)
+            json_array_append(out, v);
+        else if (mine && json_is_array(v))
+            json_array_extend(out, v);
+        else if (mine && json_is_string(v))
+            json_array_append(out, v);
+        else if (mine)
+            return false;
+        any = any || mine;
+    }
+    return any;
+}
+
+/* not A and not B as one `not`: A's and B's values (or types) together; NULL for other forms. */
+static json_t *merge_nots(json_t *x, json_t *y)
+{
+    static const char *const kinds[] = {"enum", "type"};
+    for (int k = 0; k < 2; k++) {
+        json_t *u = json_array();
+        if (u && not_values(x, kinds[k], u) && not_values(y, kinds[k], u))
+            return json_pack("{s:o}", kinds[k], u);
+        json_decref(u);
+    }
+    return NULL;
+}
+
 /* The merged value of one keyword both schemas have (*out new reference), or an error. */
 static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const char *ptr,
                      json_t **out)
@@ -136,6 +179,8 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         *out = merge_enum(x, y);
     } else if (strcmp(key, "format") == 0 && (js_format_custom(x) || js_format_custom(y))) {
         *out = json_incref(js_format_custom(x) ? y : x); /* a custom format constrains nothing */
+    } else if (strcmp(key, "not") == 0 && !json_equal(x, y) && (*out = merge_nots(x, y))) {
+        /* not A and not B: not (A or B), for two enum forms or two type forms */
     } else if (strcmp(key, "uniqueItems") == 0) {
         *out = json_incref(json_is_true(x) ? x : y); /* true on either side constrains */
     } else if (strcmp(key, "allOf") == 0 && json_is_array(x) && json_is_array(y)) {

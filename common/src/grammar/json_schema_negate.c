@@ -223,6 +223,16 @@ static int negate_key(js_ctx_t *c, json_t *s, const char *key, json_t *v, const 
         return 0;
     if (strcmp(key, "not") == 0)
         return add_case(c, out, json_incref(v));
+    if (strcmp(key, "format") == 0 && js_format_custom(v))
+        return 0; /* an annotation: rejects nothing */
+    if (strcmp(key, "pattern") == 0 || strcmp(key, "format") == 0) {
+        tdm_buf_t rx = TDM_BUF_INIT; /* a format without a regex form stays refused */
+        bool ok =
+            json_is_string(v) && (key[0] == 'p' || js_format_regex(json_string_value(v), &rx) == 0);
+        tdm_buf_free(&rx);
+        if (ok) /* the strings it does not match (js_string, through the automaton) */
+            return add_case(c, out, json_pack("{s:s,s:{s:O}}", "type", "string", "not", key, v));
+    }
     if (strcmp(key, "allOf") == 0 && json_is_array(v)) {
         char ap[JS_PTR_MAX];
         js_ptr_join(ap, ptr, "allOf");

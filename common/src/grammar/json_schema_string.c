@@ -145,12 +145,13 @@ static int format_content(js_ctx_t *c, json_t *s, const char *ptr, const char **
     return js_fail(c, ptr, "format", "'%s' not supported", json_string_value(f));
 }
 
-/* The strings matching every regex of res[n] (the format's, the pattern) with lo to hi
+/* The strings matching every regex of res[0..n_pos) (the format's, the pattern), none of
+ * res[n_pos..n) (a `not`'s pattern or format) and none of names[n_names], with lo to hi
  * characters: their automaton times a counter of characters (exact), the start rule into
  * body. key names the keyword blamed when the automaton is too large. */
 static int string_dfa(js_ctx_t *c, const char *ptr, const char *key, const char *const *res,
-                      size_t n, const char *const *names, size_t n_names, size_t lo, size_t hi,
-                      tdm_buf_t *body)
+                      size_t n, size_t n_pos, const char *const *names, size_t n_names, size_t lo,
+                      size_t hi, tdm_buf_t *body)
 {
     js_dfa_t *d = NULL;
     size_t bad;
@@ -161,7 +162,7 @@ static int string_dfa(js_ctx_t *c, const char *ptr, const char *key, const char 
         return js_oom(c);
     if (rc != 0)
         return js_fail(c, ptr, key, "%s", e.msg);
-    rc = js_dfa_emit(c, d, (1u << n) - 1, lo, hi, rule);
+    rc = js_dfa_emit(c, d, (1u << n_pos) - 1, lo, hi, rule); /* res[n_pos..n) must not match */
     js_dfa_free(&d);
     if (rc == TDM_EINVALID) {
         snprintf(e.msg, sizeof e.msg, "%s", c->err->msg);
@@ -200,7 +201,7 @@ static int string_auto(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_
     if (p && !json_is_string(p))
         return js_fail(c, ptr, "pattern", "must be a string");
     tdm_buf_t rx = TDM_BUF_INIT;
-    const char *res[2];
+    const char *res[3];
     size_t n = 0, n_names = 0;
     int rc = 0;
     if (json_is_string(f) && !js_format_custom(f)) {
@@ -211,6 +212,17 @@ static int string_auto(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_
     }
     if (p)
         res[n++] = json_string_value(p);
+    size_t n_pos = n; /* the regexes a string must match; then the one it must not */
+    json_t *no = json_object_get(s, "not"), *np = json_object_get(no, "pattern");
+    json_t *nf = json_object_get(no, "format");
+    tdm_buf_t nrx = TDM_BUF_INIT;
+    if (rc == 0 && json_is_string(np)) {
+        res[n++] = json_string_value(np);
+    } else if (rc == 0 && json_is_string(nf) && !js_format_custom(nf)) {
+        rc = js_format_regex(json_string_value(nf), &nrx);
+        rc = rc == 0 && nrx.oom ? TDM_ERESOURCE : rc;
+        res[n++] = nrx.data;
+    }
     const char **names = not_names(s, &n_names);
     const char *key = p                   ? "pattern"
                       : lo                ? "minLength"
@@ -220,11 +232,12 @@ static int string_auto(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_
     if (!names)
         rc = TDM_ERESOURCE;
     if (rc == 0)
-        rc = string_dfa(c, ptr, key, res, n, names, n_names, lo, hi, body);
+        rc = string_dfa(c, ptr, key, res, n, n_pos, names, n_names, lo, hi, body);
     else
         rc = rc == TDM_ERESOURCE ? js_oom(c) : js_fail(c, ptr, "format", "no regex form");
     free(names);
     tdm_buf_free(&rx);
+    tdm_buf_free(&nrx);
     return rc;
 }
 
@@ -253,8 +266,8 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
     if (body->data)
         body->data[start] = 0;
     const char *re = json_string_value(p);
-    return string_dfa(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength", &re, 1, NULL, 0, lo, hi,
-                      body);
+    return string_dfa(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength", &re, 1, 1, NULL, 0, lo,
+                      hi, body);
 }
 
 int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
