@@ -494,8 +494,16 @@ static void test_string_lengths_and_pattern(void **state)
     refused(
         "{\"properties\":{\"a\":{\"pattern\":\"(?=x)\"}}}",
         "/properties/a/pattern: group kind not supported (lookahead, flags, ...) (at offset 2)");
-    refused("{\"pattern\":\"a^b\"}",
-            "/pattern: anchors are supported only at the ends of the pattern (at offset 1)");
+    /* anchors inside and leading lookaheads: through the automaton */
+    check_q("{'type':'string','pattern':'(^a|b$)'}", GOOD("'ax'", "'xb'", "'ab'"),
+            BAD("'xa'", "'bx'"));
+    check_q("{'type':'string','pattern':'^(?=.*[A-Z])(?=.*\\\\d)(?!.*\\\\s).{8,}$'}",
+            GOOD("'Abcdefg1'", "'xxxxxxA9'"),
+            BAD("'abcdefg1'", "'Abcdefgh'", "'Abc defg1'", "'Ab1'"));
+    check_q("{'type':'string','pattern':'^(?!admin$)[a-z]+$','maxLength':6}",
+            GOOD("'admins'", "'bob'"), BAD("'admin'", "'toolong'", "'Bob'"));
+    refused("{\"pattern\":\"a^b\"}", "/pattern: no string matches (format, pattern, lengths, not)");
+    refused("{\"pattern\":\"(?<=a)b\"}", "/pattern: lookbehind not supported (at offset 2)");
     refused("{\"pattern\":\"(a)\\\\1\"}",
             "/pattern: escape not supported (backreference, \\p, \\B, ...) (at offset 5)");
 }

@@ -241,6 +241,77 @@ static int string_auto(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_
     return rc;
 }
 
+/* The end of the group that starts at re[i] ('('), or 0 when it does not close. */
+static size_t group_end(const char *re, size_t i)
+{
+    int depth = 0;
+    bool in_class = false;
+    for (; re[i]; i++) {
+        if (re[i] == '\\' && re[i + 1]) {
+            i++;
+        } else if (in_class) {
+            in_class = re[i] != ']';
+        } else if (re[i] == '[') {
+            in_class = true;
+        } else if (re[i] == '(') {
+            depth++;
+        } else if (re[i] == ')' && --depth == 0) {
+            return i;
+        }
+    }
+    return 0;
+}
+
+/* A pattern regex.c does not read, through the automaton: anchors anywhere, and lookaheads
+ * right after a leading ^ (`^(?=.*[A-Z])(?!x).{8,}$`), each one a regex of its own anchored
+ * there that the string must match (?=) or must not match (?!), the rest another. Refused
+ * with why_not (regex.c's message) when the automaton cannot read it either. */
+static int pattern_auto(js_ctx_t *c, const char *ptr, const char *re, size_t lo, size_t hi,
+                        tdm_buf_t *body, const char *why_not)
+{
+    tdm_buf_t part[8];
+    const char *pos[8], *neg[8], *res[8];
+    size_t n_pos = 0, n_neg = 0, i = 1, n = 0;
+    for (size_t k = 0; k < 8; k++)
+        part[k] = (tdm_buf_t)TDM_BUF_INIT;
+    while (re[0] == '^' && strncmp(re + i, "(?", 2) == 0 &&
+           (re[i + 2] == '=' || re[i + 2] == '!') && n < 7) {
+        size_t end = group_end(re, i);
+        if (end == 0)
+            break;
+        tdm_buf_printf(&part[n], "^(?:%.*s)", (int)(end - i - 3), re + i + 3);
+        if (re[i + 2] == '=')
+            pos[n_pos++] = part[n].data;
+        else
+            neg[n_neg++] = part[n].data;
+        n++;
+        i = end + 1;
+    }
+    tdm_buf_printf(&part[n], "%s%s", n ? "^" : "", n ? re + i : re);
+    pos[n_pos++] = part[n].data;
+    bool oom = false;
+    for (size_t k = 0; k <= n; k++)
+        oom = oom || part[k].oom;
+    for (size_t k = 0; k < n_pos; k++)
+        res[k] = pos[k];
+    for (size_t k = 0; k < n_neg; k++)
+        res[n_pos + k] = neg[k];
+    js_dfa_t *d = NULL;
+    size_t bad;
+    tdm_error_t e;
+    int rc = oom ? TDM_ERESOURCE : js_dfa_new(res, n_pos + n_neg, NULL, 0, &d, &bad, &e);
+    js_dfa_free(&d);
+    if (rc == 0)
+        rc = string_dfa(c, ptr, "pattern", res, n_pos + n_neg, n_pos, NULL, 0, lo, hi, body);
+    else if (rc == TDM_EINVALID)
+        rc = js_fail(c, ptr, "pattern", "%s", why_not);
+    else
+        rc = js_oom(c);
+    for (size_t k = 0; k <= n; k++)
+        tdm_buf_free(&part[k]);
+    return rc;
+}
+
 /* `pattern` with optional length bounds: the content expression into body. */
 static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi,
                            tdm_buf_t *body)
@@ -258,8 +329,11 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
                        &min_len, &max_len, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
-    if (rc != 0)
-        return js_fail(c, ptr, "pattern", "%s", e.msg);
+    if (rc != 0) { /* anchors inside, leading lookaheads: the automaton may read it */
+        if (body->data)
+            body->data[body->len = start] = 0;
+        return pattern_auto(c, ptr, json_string_value(p), lo, hi, body, e.msg);
+    }
     if (min_len >= lo && max_len <= hi)
         return 0;
     body->len = start; /* the bounds are not implied: the automaton times a length counter */

@@ -24,7 +24,7 @@ typedef struct nfa {
     uint32_t *tag;             /* [n] accept bits */
     int32_t *chr_to;           /* [n] target of the character edge, -1: none */
     uint32_t *set_off, *set_n; /* [n] the edge's ranges in rng */
-    uint32_t (*eps)[2];        /* [n_eps] epsilon edges (from, to) */
+    uint32_t (*eps)[3];        /* [n_eps] epsilon edges (from, to) */
     uint32_t n_eps, cap_eps;
     uint32_t (*rng)[2]; /* [n_rng] code point ranges (lo, hi) */
     uint32_t n_rng, cap_rng;
@@ -88,7 +88,10 @@ static uint32_t nfa_state(nfa_t *a)
     return a->n++;
 }
 
-static void nfa_eps(nfa_t *a, uint32_t from, uint32_t to)
+/* Epsilon edges: plain, or asserting the start (^) or the end ($) of the text. */
+enum { EPS_PLAIN = 0, EPS_BEGIN = 1, EPS_END = 2 };
+
+static void nfa_eps_if(nfa_t *a, uint32_t from, uint32_t to, uint32_t cond)
 {
     if (a->oom || a->big)
         return;
@@ -98,7 +101,13 @@ static void nfa_eps(nfa_t *a, uint32_t from, uint32_t to)
     }
     a->eps[a->n_eps][0] = from;
     a->eps[a->n_eps][1] = to;
+    a->eps[a->n_eps][2] = cond;
     a->n_eps++;
+}
+
+static void nfa_eps(nfa_t *a, uint32_t from, uint32_t to)
+{
+    nfa_eps_if(a, from, to, EPS_PLAIN);
 }
 
 /* A fragment s --set--> e. */
@@ -191,9 +200,13 @@ static int b_atom(build_t *b, frag_t *f)
     }
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{')
         return js_rx_fail(r, "nothing to repeat");
-    if (ch == '^' || ch == '$')
-        return js_rx_fail(r, "anchors are supported only at the ends of the pattern");
     r->i++;
+    if (ch == '^' || ch == '$') { /* an assertion: passable only at the start / the end */
+        f->s = nfa_state(b->a);
+        f->e = nfa_state(b->a);
+        nfa_eps_if(b->a, f->s, f->e, ch == '^' ? EPS_BEGIN : EPS_END);
+        return 0;
+    }
     if (ch == '[') {
         int rc = js_rx_class(r, &s);
         if (rc != 0)
@@ -409,6 +422,8 @@ static void nfa_free(nfa_t *a)
 typedef struct subset {
     const nfa_t *a;
     uint32_t *eoff, *eto;  /* epsilon edges by source: eto[eoff[x] .. eoff[x + 1]) */
+    uint8_t *econd;        /* their EPS_* conditions */
+    uint32_t *tbuf;        /* [a->n] scratch of the end closures */
     uint32_t *mark, gen;   /* [a->n] closure marks */
     uint32_t *stack, *buf; /* [a->n] scratch */
     uint32_t *pool;        /* the DFA states' NFA state lists, one after another */
@@ -431,8 +446,11 @@ static int cmp_pair(const void *x, const void *y)
     return a[0] != b[0] ? (a[0] > b[0]) - (a[0] < b[0]) : (a[1] > b[1]) - (a[1] < b[1]);
 }
 
-/* The epsilon closure of seeds[n] into ss->buf, sorted; returns its size. */
-static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n)
+/* The epsilon closure of seeds[n] into out (seeds may be out), sorted; returns its size.
+ * Plain edges are followed always, EPS_BEGIN ones when mode has EPS_BEGIN (the start of the
+ * text), EPS_END ones when it has EPS_END (the end). */
+static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n, uint32_t mode,
+                        uint32_t *out)
 {
     uint32_t sp = 0, k = 0;
     ss->gen++;
@@ -444,16 +462,16 @@ static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n)
     }
     while (sp > 0) {
         uint32_t x = ss->stack[--sp];
-        ss->buf[k++] = x;
+        out[k++] = x;
         for (uint32_t e = ss->eoff[x]; e < ss->eoff[x + 1]; e++) {
-            uint32_t y = ss->eto[e];
-            if (ss->mark[y] != ss->gen) {
+            uint32_t y = ss->eto[e], cond = ss->econd[e];
+            if (ss->mark[y] != ss->gen && (cond == EPS_PLAIN || (mode & cond))) {
                 ss->mark[y] = ss->gen;
                 ss->stack[sp++] = y;
             }
         }
     }
-    qsort(ss->buf, k, sizeof *ss->buf, cmp_u32);
+    qsort(out, k, sizeof *out, cmp_u32);
     return k;
 }
 
@@ -487,9 +505,10 @@ static uint32_t intern(subset_t *ss, js_dfa_t *d, uint32_t n)
             ss->off[d->n] = (uint32_t)ss->n_pool;
             ss->len[d->n] = n;
             ss->n_pool += n;
-            uint32_t tag = 0;
-            for (uint32_t i = 0; i < n; i++)
-                tag |= ss->a->tag[ss->buf[i]];
+            uint32_t tag = 0, m = closure(ss, ss->buf, n, EPS_END | (d->n == 0 ? EPS_BEGIN : 0),
+                                          ss->tbuf); /* accepted if the text ends here */
+            for (uint32_t i = 0; i < m; i++)
+                tag |= ss->a->tag[ss->tbuf[i]];
             d->tag[d->n] = tag;
             ss->ht[h] = d->n + 1;
             return d->n++;
@@ -578,7 +597,7 @@ static int expand_state(subset_t *ss, js_dfa_t *d, uint32_t st)
                 ss->buf[n++] = ss->pairs[p][1];
             p++;
         }
-        uint32_t len = closure(ss, ss->buf, n);
+        uint32_t len = closure(ss, ss->buf, n, 0, ss->buf);
         uint32_t t = intern(ss, d, len);
         if (t == UINT32_MAX)
             return TDM_EINVALID;
@@ -595,7 +614,8 @@ static int index_eps(subset_t *ss)
     const nfa_t *a = ss->a;
     ss->eoff = calloc((size_t)a->n + 1, sizeof *ss->eoff);
     ss->eto = malloc(((size_t)a->n_eps + 1) * sizeof *ss->eto);
-    if (!ss->eoff || !ss->eto)
+    ss->econd = malloc((size_t)a->n_eps + 1);
+    if (!ss->eoff || !ss->eto || !ss->econd)
         return TDM_ERESOURCE;
     for (uint32_t i = 0; i < a->n_eps; i++)
         ss->eoff[a->eps[i][0] + 1]++;
@@ -603,8 +623,10 @@ static int index_eps(subset_t *ss)
         ss->eoff[x + 1] += ss->eoff[x];
     uint32_t *fill = ss->mark; /* free until the first closure */
     memcpy(fill, ss->eoff, (size_t)a->n * sizeof *fill);
-    for (uint32_t i = 0; i < a->n_eps; i++)
+    for (uint32_t i = 0; i < a->n_eps; i++) {
+        ss->econd[fill[a->eps[i][0]]] = (uint8_t)a->eps[i][2];
         ss->eto[fill[a->eps[i][0]]++] = a->eps[i][1];
+    }
     memset(ss->mark, 0, (size_t)a->n * sizeof *ss->mark);
     return 0;
 }
@@ -615,17 +637,18 @@ static int subset_run(subset_t *ss, js_dfa_t *d, uint32_t start)
     ss->mark = calloc(a->n, sizeof *ss->mark);
     ss->stack = malloc((size_t)a->n * sizeof *ss->stack);
     ss->buf = malloc((size_t)a->n * sizeof *ss->buf);
+    ss->tbuf = malloc((size_t)a->n * sizeof *ss->tbuf);
     ss->off = malloc(DFA_MAX_STATES * sizeof *ss->off);
     ss->len = malloc(DFA_MAX_STATES * sizeof *ss->len);
     d->tag = malloc(DFA_MAX_STATES * sizeof *d->tag);
-    if (!ss->mark || !ss->stack || !ss->buf || !ss->off || !ss->len || !d->tag)
+    if (!ss->mark || !ss->stack || !ss->buf || !ss->tbuf || !ss->off || !ss->len || !d->tag)
         return TDM_ERESOURCE;
     int rc = index_eps(ss);
     rc = rc ? rc : make_intervals(a, d);
     if (rc != 0)
         return rc;
     ss->buf[0] = start;
-    if (intern(ss, d, closure(ss, ss->buf, 1)) != 0)
+    if (intern(ss, d, closure(ss, ss->buf, 1, EPS_BEGIN, ss->buf)) != 0)
         return TDM_ERESOURCE;
     size_t cap = 0;
     for (uint32_t st = 0; st < d->n && rc == 0; st++) {
@@ -646,6 +669,8 @@ static void subset_free(subset_t *ss)
 {
     free(ss->eoff);
     free(ss->eto);
+    free(ss->econd);
+    free(ss->tbuf);
     free(ss->mark);
     free(ss->stack);
     free(ss->buf);
