@@ -877,6 +877,29 @@ static void test_unique_items(void **state)
             "/items: uniqueItems: items must be an enum, a const, booleans or null");
 }
 
+/* multipleOf: the remainder automaton over the digits, or the multiples between two bounds */
+static void test_multiple_of(void **state)
+{
+    (void)state;
+    check_q("{'type':'integer','multipleOf':5}", GOOD("0", "5", "-10", "1234567890"),
+            BAD("3", "-7", "12", "5.5"));
+    check_q("{'type':'integer','multipleOf':3,'minimum':0}", GOOD("0", "3", "999", "123456"),
+            BAD("-3", "4", "1000"));
+    check_q("{'type':'integer','multipleOf':7,'exclusiveMinimum':0}", GOOD("7", "14", "700"),
+            BAD("0", "-7", "8"));
+    check_q("{'type':'integer','multipleOf':10,'minimum':5,'maximum':35}",
+            GOOD("10", "20", "30", "20.0"), BAD("0", "40", "15", "5"));
+    check_q("{'type':'integer','multipleOf':4,'minimum':-8}", GOOD("-8", "-4", "0", "400"),
+            BAD("-12", "-2", "6"));
+    check_q("{'type':'number','multipleOf':2}", GOOD("4", "-6"), BAD("3", "4.5"));
+    check_q("{'multipleOf':1,'type':'number'}", GOOD("4", "0"), BAD("0.5"));
+    refused("{\"type\":\"integer\",\"multipleOf\":2,\"maximum\":1e9}",
+            "/multipleOf: not supported beside these bounds (more than 1000 multiples, or a lower "
+            "bound above multipleOf)");
+    refused("{\"type\":\"integer\",\"multipleOf\":3,\"minimum\":1,\"maximum\":2}",
+            "/multipleOf: no multiple within the bounds");
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
@@ -886,7 +909,9 @@ static void test_refused_keywords(void **state)
             "/not/items: not supported in a negation (oneOf, if, not)");
     refused("{\"items\":{\"uniqueItems\":true}}",
             "/items/uniqueItems: items must be an enum, a const, booleans or null");
-    refused("{\"anyOf\":[{\"multipleOf\":2}]}", "/anyOf/0/multipleOf: not supported");
+    refused("{\"anyOf\":[{\"multipleOf\":0.5}]}",
+            "/anyOf/0/multipleOf: not supported (only integers up to 1000; a decimal one is "
+            "compared in floating point by validators)");
     refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
             "/$defs/a~1b/maxProperties: not supported");
     refused("{\"type\":\"strin\"}", "/type: unknown type 'strin'");
@@ -1047,6 +1072,7 @@ int main(void)
         cmocka_unit_test(test_if_then_else),
         cmocka_unit_test(test_grammar_size_limit),
         cmocka_unit_test(test_unique_items),
+        cmocka_unit_test(test_multiple_of),
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_rule_prefix_and_json_object),
         cmocka_unit_test(test_regex),

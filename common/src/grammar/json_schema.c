@@ -49,6 +49,7 @@ static const char *const k_supported[] = {"type",
                                           "not",
                                           "dependentSchemas",
                                           "uniqueItems",
+                                          "multipleOf",
                                           "if",
                                           "then",
                                           "else",
@@ -57,19 +58,12 @@ static const char *const k_supported[] = {"type",
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {"propertyNames",
-                                        "maxProperties",
-                                        "contains",
-                                        "minContains",
-                                        "maxContains",
-                                        "multipleOf",
-                                        "unevaluatedProperties",
-                                        "unevaluatedItems",
-                                        "$dynamicRef",
-                                        "$dynamicAnchor",
-                                        "$recursiveRef",
-                                        "$recursiveAnchor",
-                                        NULL};
+static const char *const k_refused[] = {
+    "propertyNames",         "maxProperties",    "contains",    "minContains",
+    "maxContains",
+
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
+    "$recursiveRef",         "$recursiveAnchor", NULL};
 
 static bool in_list(const char *const *list, const char *key)
 {

@@ -146,6 +146,12 @@ int js_enum_expr(js_ctx_t *c, json_t *const *vals, size_t n, tdm_buf_t *body);
 int js_integer(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 
+/* ---- json_schema_multiple.c: multipleOf ---- */
+
+/* An integer or number schema s with multipleOf: the integer multiples of an integer k (up to
+ * 1,000) within its bounds, or refused with the pointer (a decimal k, bounds it cannot meet). */
+int js_multiple(js_ctx_t *c, json_t *s, const char *ptr, char *name);
+
 /* ---- json_schema_depend.c: dependentRequired, dependencies ---- */
 
 /* s with dependentRequired / array-valued dependencies expanded into the cases, schemas without

@@ -109,9 +109,9 @@ static json_t *merge_required(json_t *a, json_t *b)
     return out;
 }
 
-static const char *const k_must_equal[] = {"pattern",         "format", "prefixItems",
-                                           "additionalItems", "$ref",   "dependentRequired",
-                                           "dependencies",    "not",    NULL};
+static const char *const k_must_equal[] = {
+    "pattern",      "format", "prefixItems", "additionalItems", "$ref", "dependentRequired",
+    "dependencies", "not",    "multipleOf",  "contains",        NULL};
 
 /* The values (kind "enum": enum and const) or the type names (kind "type") of a `not`'s schema
  * x that has only that kind of keyword beside annotations, appended to out; false for any
