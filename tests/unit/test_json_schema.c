@@ -828,8 +828,8 @@ static void test_if_then_else(void **state)
             BAD("4", "9"));
     check_q("{'if':{'pattern':'^a'},'then':{'minLength':3}}", GOOD("'abc'", "'b'", "1"),
             BAD("'ab'"));
-    refused("{\"if\":{\"items\":{\"type\":\"string\"}},\"then\":{}}",
-            "/if/items: not supported in a negation (oneOf, if, not)");
+    refused("{\"if\":{\"additionalProperties\":false},\"then\":{}}",
+            "/if/additionalProperties: not supported in a negation (oneOf, if, not)");
 }
 
 /* A subschema whose grammar would pass the engine's 1 MiB text limit is refused at compile
@@ -900,13 +900,32 @@ static void test_multiple_of(void **state)
             "/multipleOf: no multiple within the bounds");
 }
 
+/* contains, and the complements of items and contains it gives */
+static void test_contains(void **state)
+{
+    (void)state;
+    check_q("{'type':'array','contains':{'const':3}}", GOOD("[3]", "[1,3]", "[3,1,2]", "[ 1 , 3 ]"),
+            BAD("[]", "[1,2]"));
+    check_q("{'type':'array','items':{'type':'integer'},'contains':{'minimum':5}}",
+            GOOD("[1,5]", "[7]", "[9,1,2]"), BAD("[1,2]", "[5,'a']", "[]"));
+    check_q("{'type':'array','not':{'items':{'type':'string'}}}", GOOD("[1]", "['a',2]"),
+            BAD("[]", "['a']", "['a','b']"));
+    check_q("{'oneOf':[{'type':'array','items':{'type':'string'}},{'type':'array','items':{'type':"
+            "'integer'}}]}",
+            GOOD("['a']", "[1]"), BAD("[]", "['a',1]"));
+    check_q("{'type':'array','not':{'contains':{'const':'x'}}}", GOOD("['a']", "[]", "[1]"),
+            BAD("['x']", "['a','x']"));
+    refused("{\"contains\":{},\"maxItems\":3}",
+            "/contains: not supported beside tuple items, maxItems or minItems above 1");
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
     refused("{\"properties\":{\"a\":{\"propertyNames\":{}}}}",
             "/properties/a/propertyNames: not supported");
-    refused("{\"not\":{\"items\":{\"type\":\"string\"}}}",
-            "/not/items: not supported in a negation (oneOf, if, not)");
+    refused("{\"not\":{\"additionalProperties\":false}}",
+            "/not/additionalProperties: not supported in a negation (oneOf, if, not)");
     refused("{\"items\":{\"uniqueItems\":true}}",
             "/items/uniqueItems: items must be an enum, a const, booleans or null");
     refused("{\"anyOf\":[{\"multipleOf\":0.5}]}",
@@ -1073,6 +1092,7 @@ int main(void)
         cmocka_unit_test(test_grammar_size_limit),
         cmocka_unit_test(test_unique_items),
         cmocka_unit_test(test_multiple_of),
+        cmocka_unit_test(test_contains),
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_rule_prefix_and_json_object),
         cmocka_unit_test(test_regex),

@@ -50,6 +50,7 @@ static const char *const k_supported[] = {"type",
                                           "dependentSchemas",
                                           "uniqueItems",
                                           "multipleOf",
+                                          "contains",
                                           "if",
                                           "then",
                                           "else",
@@ -59,8 +60,7 @@ static const char *const k_supported[] = {"type",
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
 static const char *const k_refused[] = {
-    "propertyNames",         "maxProperties",    "contains",    "minContains",
-    "maxContains",
+    "propertyNames",         "maxProperties",    "minContains", "maxContains",
 
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
     "$recursiveRef",         "$recursiveAnchor", NULL};

@@ -118,6 +118,24 @@ static int negate_properties(js_ctx_t *c, json_t *props, const char *ptr, json_t
     return 0;
 }
 
+/* not {items: S}: the arrays with an item in the complement of S (contains). */
+static int negate_items(js_ctx_t *c, json_t *items, const char *ptr, json_t *out)
+{
+    char ip[JS_PTR_MAX];
+    js_ptr_join(ip, ptr, "items");
+    json_t *cases = json_array(), *v;
+    if (!cases || json_array_append_new(c->keep, cases) != 0)
+        return js_oom(c);
+    int rc = js_negate(c, items, ip, cases);
+    size_t i;
+    json_array_foreach(cases, i, v)
+    {
+        if (rc == 0)
+            rc = add_case(c, out, json_pack("{s:s,s:O}", "type", "array", "contains", v));
+    }
+    return rc;
+}
+
 /* A bound keyword's complement: the values of its type on the other side. */
 static int negate_bound(js_ctx_t *c, const char *key, json_t *v, const char *ptr, json_t *out)
 {
@@ -223,6 +241,20 @@ static int negate_key(js_ctx_t *c, json_t *s, const char *key, json_t *v, const 
         return 0;
     if (strcmp(key, "not") == 0)
         return add_case(c, out, json_incref(v));
+    if (strcmp(key, "items") == 0 && (json_is_object(v) || json_is_boolean(v)) &&
+        !json_object_get(s, "prefixItems"))
+        return negate_items(c, v, ptr, out);
+    if (strcmp(key, "contains") == 0) { /* arrays none of whose items match: items not it */
+        json_t *cases = json_array();
+        char cp[JS_PTR_MAX];
+        js_ptr_join(cp, ptr, "contains");
+        if (!cases || json_array_append_new(c->keep, cases) != 0)
+            return js_oom(c);
+        int rc = js_negate(c, v, cp, cases);
+        return rc ? rc
+                  : add_case(c, out,
+                             json_pack("{s:s,s:{s:O}}", "type", "array", "items", "anyOf", cases));
+    }
     if (strcmp(key, "format") == 0 && js_format_custom(v))
         return 0; /* an annotation: rejects nothing */
     if (strcmp(key, "pattern") == 0 || strcmp(key, "format") == 0) {

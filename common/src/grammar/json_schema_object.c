@@ -602,6 +602,31 @@ static void rest_text(tdm_buf_t *b, const arrspec_t *a)
     tdm_buf_puts(b, lo ? "" : " )?");
 }
 
+/* contains (minContains 1): items, at least one of them also matching contains (W):
+ * `[ (I ,)* W (, I)* ]`. Beside tuple items, maxItems or minItems above 1: refused. */
+static int array_contains(js_ctx_t *c, json_t *s, const char *ptr, size_t min, size_t max,
+                          char *name)
+{
+    json_t *items = json_object_get(s, "items"), *con = json_object_get(s, "contains"), *w;
+    if (json_object_get(s, "prefixItems") || json_is_array(items) || max != JS_LEN_INF || min > 1)
+        return js_fail(c, ptr, "contains",
+                       "not supported beside tuple items, maxItems or minItems above 1");
+    char ip[JS_PTR_MAX], cp[JS_PTR_MAX], ws[JS_NAME_MAX], item[JS_NAME_MAX], wit[JS_NAME_MAX];
+    js_ptr_join(ip, ptr, "items");
+    js_ptr_join(cp, ptr, "contains");
+    int rc = js_merge(c, items ? items : json_true(), con, cp, &w);
+    rc = rc ? rc : js_prim(c, JS_PRIM_WS, ws);
+    rc = rc ? rc : items ? js_compile(c, items, ip, item) : js_prim(c, JS_PRIM_VALUE, item);
+    rc = rc ? rc : js_compile(c, w, cp, wit);
+    if (rc != 0)
+        return rc;
+    char body[12 * JS_NAME_MAX];
+    snprintf(body, sizeof body, "\"[\" %s ( %s %s \",\" %s )* %s %s ( \",\" %s %s %s )* \"]\"", ws,
+             item, ws, ws, wit, ws, ws, item, ws);
+    js_new_name(c, name);
+    return js_emit_rule(c, name, body);
+}
+
 int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
     arrspec_t a;
@@ -609,8 +634,13 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     a.max = JS_LEN_INF;
     int rc = get_items_count(c, s, ptr, "minItems", &a.min);
     rc = rc ? rc : get_items_count(c, s, ptr, "maxItems", &a.max);
+    if (rc == 0 && json_is_true(json_object_get(s, "uniqueItems")) && a.max > 1 &&
+        json_object_get(s, "contains"))
+        return js_fail(c, ptr, "contains", "not supported beside uniqueItems");
     if (rc == 0 && json_is_true(json_object_get(s, "uniqueItems")) && a.max > 1)
         return js_array_unique(c, s, ptr, a.min, a.max, name);
+    if (rc == 0 && json_object_get(s, "contains"))
+        return array_contains(c, s, ptr, a.min, a.max, name);
     if (rc == 0 && !json_object_get(s, "items") && !json_object_get(s, "prefixItems") &&
         a.min == 0 && a.max == JS_LEN_INF)
         return js_prim(c, JS_PRIM_ARRAY, name);
