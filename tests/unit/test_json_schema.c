@@ -915,6 +915,13 @@ static void test_contains(void **state)
             GOOD("['a']", "[1]"), BAD("[]", "['a',1]"));
     check_q("{'type':'array','not':{'contains':{'const':'x'}}}", GOOD("['a']", "[]", "[1]"),
             BAD("['x']", "['a','x']"));
+    /* a merge that leaves no value (minLength above maxLength) drops that alternative; a schema
+     * with none left is refused */
+    refused("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":2},"
+            "\"contains\":{\"minLength\":3}}",
+            "/contains/minLength: greater than maxLength");
+    check_q("{'anyOf':[{'type':'string','maxLength':1,'minLength':2},{'type':'integer'}]}",
+            GOOD("1"), BAD("'a'"));
     refused("{\"contains\":{},\"maxItems\":3}",
             "/contains: not supported beside tuple items, maxItems or minItems above 1");
 }

@@ -514,18 +514,14 @@ static int compile_any_of(js_ctx_t *c, json_t *s, const char *ptr, const char *k
         if (rc == 0 && !disjoint)
             return js_compile_one_of(c, branches, any, p, name);
     }
-    tdm_buf_t body = TDM_BUF_INIT;
+    tdm_buf_t body = TDM_BUF_INIT; /* a branch no value fits is left out */
     json_array_foreach(branches, i, m)
     {
-        char bp[JS_PTR_MAX], sub[JS_NAME_MAX];
+        char bp[JS_PTR_MAX];
         js_ptr_index(bp, p, i);
-        rc = rc ? rc : js_compile(c, m, bp, sub);
-        tdm_buf_printf(&body, "%s%s", i ? " | " : "", sub);
+        rc = rc ? rc : js_union_add(c, m, bp, &body);
     }
-    if (rc == 0) {
-        js_new_name(c, name);
-        rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
-    }
+    rc = rc ? rc : js_union_emit(c, &body, ptr, key, name);
     tdm_buf_free(&body);
     return rc;
 }

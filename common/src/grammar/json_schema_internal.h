@@ -185,6 +185,12 @@ bool js_disjoint(json_t *a, json_t *b);
  * (none when s accepts everything); fails with the pointer of a keyword whose complement is not
  * written (pattern, format, items, additionalProperties, anyOf, ...). */
 int js_negate(js_ctx_t *c, json_t *s, const char *ptr, json_t *out);
+/* Compiles s (found at ptr) as one more alternative of body ("a | b"); an s that allows no
+ * value adds nothing (what it compiled is forgotten). Returns 0 or an error. */
+int js_union_add(js_ctx_t *c, json_t *s, const char *ptr, tdm_buf_t *body);
+/* Emits `name ::= body`; an empty body (no alternative allows a value) is refused as allowing
+ * no value, naming key. */
+int js_union_emit(js_ctx_t *c, tdm_buf_t *body, const char *ptr, const char *key, char *name);
 /* The union of base merged with each schema of the array cases (cases no value fits left
  * out; none left: refused as allowing no value, naming key). */
 int js_compile_union(js_ctx_t *c, json_t *base, json_t *cases, const char *ptr, const char *key,

@@ -368,8 +368,7 @@ static int merge_all(js_ctx_t *c, json_t *acc, json_t *const *parts, size_t n, c
     return 0;
 }
 
-/* Compiles s as one alternative of body; an s that allows no value adds nothing. */
-static int union_add(js_ctx_t *c, json_t *s, const char *ptr, tdm_buf_t *body)
+int js_union_add(js_ctx_t *c, json_t *s, const char *ptr, tdm_buf_t *body)
 {
     mark_t m;
     mark_set(c, &m);
@@ -384,7 +383,7 @@ static int union_add(js_ctx_t *c, json_t *s, const char *ptr, tdm_buf_t *body)
     return rc;
 }
 
-static int union_emit(js_ctx_t *c, tdm_buf_t *body, const char *ptr, const char *key, char *name)
+int js_union_emit(js_ctx_t *c, tdm_buf_t *body, const char *ptr, const char *key, char *name)
 {
     if (body->len == 0)
         return js_fail_unsat(c, ptr, key, "no value allowed");
@@ -402,11 +401,11 @@ int js_compile_union(js_ctx_t *c, json_t *base, json_t *cases, const char *ptr, 
     json_array_foreach(cases, i, v)
     {
         rc = merge_all(c, base, &v, 1, ptr, &m);
-        rc = rc == 1 ? 0 : rc ? rc : union_add(c, m, ptr, &body);
+        rc = rc == 1 ? 0 : rc ? rc : js_union_add(c, m, ptr, &body);
         if (rc != 0)
             break;
     }
-    rc = rc ? rc : union_emit(c, &body, ptr, key, name);
+    rc = rc ? rc : js_union_emit(c, &body, ptr, key, name);
     tdm_buf_free(&body);
     return rc;
 }
@@ -435,7 +434,7 @@ int js_compile_if(js_ctx_t *c, json_t *base, json_t *s, const char *ptr, char *n
     json_t *yes[2] = {cond, then};
     if (rc == 0)
         rc = merge_all(c, base, yes, 2, ptr, &m);
-    rc = rc == 1 ? 0 : rc ? rc : union_add(c, m, ptr, &body);
+    rc = rc == 1 ? 0 : rc ? rc : js_union_add(c, m, ptr, &body);
     size_t i;
     json_array_foreach(cases, i, v)
     {
@@ -443,9 +442,9 @@ int js_compile_if(js_ctx_t *c, json_t *base, json_t *s, const char *ptr, char *n
         if (rc != 0)
             break;
         rc = merge_all(c, base, no, 2, ptr, &m);
-        rc = rc == 1 ? 0 : rc ? rc : union_add(c, m, ptr, &body);
+        rc = rc == 1 ? 0 : rc ? rc : js_union_add(c, m, ptr, &body);
     }
-    rc = rc ? rc : union_emit(c, &body, ptr, "if", name);
+    rc = rc ? rc : js_union_emit(c, &body, ptr, "if", name);
     tdm_buf_free(&body);
     return rc;
 }
@@ -472,7 +471,7 @@ static int one_of_branch(js_ctx_t *c, json_t *branches, json_t *const *neg, size
             return js_fail(c, bp, NULL, "oneOf: more than %d cases not supported", JS_MAX_COMBOS);
         json_t *m;
         int rc = merge_all(c, json_array_get(branches, i), parts, n, bp, &m);
-        rc = rc == 1 ? 0 : rc ? rc : union_add(c, m, bp, body);
+        rc = rc == 1 ? 0 : rc ? rc : js_union_add(c, m, bp, body);
         if (rc != 0)
             return rc;
         size_t j = 0; /* next combination, odometer order */
@@ -521,7 +520,7 @@ int js_compile_one_of(js_ctx_t *c, json_t *branches, json_t *originals, const ch
         js_ptr_index(bp, ptr, i);
         rc = rc ? rc : one_of_branch(c, branches, own, i, bp, &body, &budget);
     }
-    rc = rc ? rc : union_emit(c, &body, ptr, NULL, name);
+    rc = rc ? rc : js_union_emit(c, &body, ptr, NULL, name);
     tdm_buf_free(&body);
     return rc;
 }

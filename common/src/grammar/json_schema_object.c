@@ -647,7 +647,7 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     rc = rc ? rc : js_prim(c, JS_PRIM_WS, a.ws);
     rc = rc ? rc : read_items(c, s, ptr, &a);
     if (rc == 0 && a.min > a.max)
-        rc = js_fail(c, ptr, "minItems", "greater than maxItems");
+        rc = js_fail_unsat(c, ptr, "minItems", "greater than maxItems");
     if (rc == 0 && !a.rest && a.min > a.k)
         rc = js_fail(c, ptr, "minItems", "more items than the schema allows");
     tdm_buf_t b = TDM_BUF_INIT;

@@ -362,7 +362,7 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     bool via_dfa =
         excl || (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF || !format[0]));
     if (lo > hi)
-        return js_fail(c, ptr, "minLength", "greater than maxLength");
+        return js_fail_unsat(c, ptr, "minLength", "greater than maxLength");
     tdm_buf_t body = TDM_BUF_INIT;
     char ch[JS_NAME_MAX];
     tdm_buf_puts(&body, "\"\\\"\" ");
