@@ -515,7 +515,10 @@ static void test_formats(void **state)
           GOOD("\"2024-02-29\"", "\"2000-02-29\"", "\"2023-12-31\"", "\"2023-04-30\""),
           BAD("\"2023-02-29\"", "\"1900-02-29\"", "\"2023-04-31\"", "\"2023-13-01\"",
               "\"23-01-01\""));
-    check("{\"format\":\"time\"}", GOOD("\"12:30:00Z\"", "\"23:59:60.5+01:00\""),
+    /* a leap second only at 23:59:60 UTC, i.e. with a zero offset (RFC 3339 5.7) */
+    check("{\"format\":\"time\"}", NULL,
+          BAD("\"23:59:60.5+01:00\"", "\"12:30:60Z\"", "\"23:58:60Z\""));
+    check("{\"format\":\"time\"}", GOOD("\"12:30:00Z\"", "\"23:59:60.5Z\"", "\"23:59:60-00:00\""),
           BAD("\"24:00:00Z\"", "\"12:30:00\""));
     check("{\"format\":\"date-time\"}",
           GOOD("\"2024-01-02T03:04:05Z\"", "\"2024-01-02t03:04:05.123-08:00\""),
@@ -745,6 +748,8 @@ static void test_dependent_required(void **state)
             "['cvv']}}}",
             GOOD("{'card':'x','cvv':123}", "{'cvv':'any'}", "{}"),
             BAD("{'card':'x'}", "{'card':'x','cvv':'1'}"));
+    check_q("{'dependentSchemas':{'foo':true,'bar':false}}", GOOD("{}", "{'foo':1}"),
+            BAD("{'bar':2}", "{'foo':1,'bar':2}"));
     check_q("{'required':['a'],'properties':{'a':{},'n':{}},'dependentSchemas':{'a':{'properties':"
             "{'n':{'type':'integer'}}}}}",
             GOOD("{'a':1,'n':2}", "{'a':1}"), BAD("{'a':1,'n':'x'}", "{'n':1}"));
@@ -926,6 +931,21 @@ static void test_contains(void **state)
             "/contains: not supported beside tuple items, maxItems or minItems above 1");
 }
 
+/* Additional-property keys in json.dumps's spelling only, defined names excluded whatever they
+ * need escaped; positional items are not merged with another schema's items. Both found by the
+ * JSON-Schema-Test-Suite (tests/cli/test_json_schema_suite.sh). */
+static void test_suite_regressions(void **state)
+{
+    (void)state;
+    check("{\"properties\":{\"foo\\nbar\":{\"type\":\"number\"},\"a\":{\"type\":\"number\"}}}",
+          GOOD("{\"foo\\nbar\":1}", "{\"x\":\"s\"}", "{\"a\":1,\"foo\\tbar\":\"s\"}"),
+          BAD("{\"foo\\nbar\":\"1\"}", "{\"a\":1,\"foo\\nbar\":\"1\"}", "{\"\\u0061\":\"s\"}"));
+    check("{\"dependentRequired\":{\"foo\\rbar\":[\"x\"]}}",
+          GOOD("{}", "{\"foo\\rbar\":1,\"x\":2}"), BAD("{\"foo\\rbar\":1}"));
+    refused("{\"allOf\":[{\"prefixItems\":[{\"minimum\":3}]}],\"items\":{\"minimum\":5}}",
+            "/allOf/0: allOf: positional items cannot be merged with items");
+}
+
 static void test_refused_keywords(void **state)
 {
     (void)state;
@@ -1100,6 +1120,7 @@ int main(void)
         cmocka_unit_test(test_unique_items),
         cmocka_unit_test(test_multiple_of),
         cmocka_unit_test(test_contains),
+        cmocka_unit_test(test_suite_regressions),
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_rule_prefix_and_json_object),
         cmocka_unit_test(test_regex),

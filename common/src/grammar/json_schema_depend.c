@@ -84,7 +84,8 @@ static int collect(js_ctx_t *c, json_t *s, const char *ptr, const char *key, jso
             if (!json_is_string(e))
                 return js_fail(c, ptr, key, "'%s' must have an array of property names", name);
         }
-        bool empty = schema ? json_is_true(v) || json_object_size(v) == 0 : json_array_size(v) == 0;
+        bool empty = schema ? json_is_true(v) || (json_is_object(v) && json_object_size(v) == 0)
+                            : json_array_size(v) == 0;
         if (empty || (!defined(s, name) && json_is_false(ap) && !pp))
             continue; /* nothing required, or the trigger can never appear */
         if (array_has(req, name)) {

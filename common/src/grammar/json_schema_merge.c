@@ -400,6 +400,18 @@ static bool patterns_clash(json_t *a, json_t *b)
             json_object_get(b, "patternProperties"));
 }
 
+/* Whether a has positional items (prefixItems, draft 4-7 array items) and b an items schema
+ * for every position (items, additionalItems) of its own: merged, b's items would apply only
+ * after a's positions, while each side's applies to all of its own (not exact). */
+static bool tuple_clash(json_t *a, json_t *b)
+{
+    json_t *ai = json_object_get(a, "items"), *bi = json_object_get(b, "items");
+    bool a_tuple = json_object_get(a, "prefixItems") || json_is_array(ai);
+    bool b_tuple = json_object_get(b, "prefixItems") || json_is_array(bi);
+    bool b_rest = (bi && !json_is_array(bi)) || json_object_get(b, "additionalItems");
+    return a_tuple && !b_tuple && b_rest;
+}
+
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
 {
     int rc = js_resolve_top(c, a, ptr, &a);
@@ -418,6 +430,8 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
     }
     if (!json_is_object(a) || !json_is_object(b))
         return js_fail(c, ptr, NULL, "a schema must be an object or a boolean");
+    if (tuple_clash(a, b) || tuple_clash(b, a))
+        return js_fail(c, ptr, NULL, "allOf: positional items cannot be merged with items");
     if (patterns_clash(a, b) || patterns_clash(b, a))
         return js_fail(c, ptr, NULL, "allOf: patternProperties cannot be merged with properties");
     json_t *m = json_object();

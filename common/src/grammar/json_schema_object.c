@@ -54,82 +54,30 @@ typedef struct pctx {
 static int compile_named(js_ctx_t *c, const pctx_t *p, const char *key, json_t *base,
                          const char *kp, char *rule);
 
-static bool name_is_plain(const char *k)
-{
-    for (; *k; k++)
-        if ((unsigned char)*k < 0x20 || *k == '"' || *k == '\\')
-            return false;
-    return true;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* The rest of a key (after its opening quote, up to and with its closing quote) that is not
- * one of names[0..n) (sorted, all sharing their first depth bytes). */
-static int key_excl(js_ctx_t *c, const char **names, size_t n, size_t depth, const char *ch,
-                    char *name)
-{
-    tdm_buf_t body = TDM_BUF_INIT, cls = TDM_BUF_INIT;
-    int alts = 0, rc = 0;
-    size_t i = 0;
-    if (strlen(names[0]) == depth) {
-        i = 1; /* a name ends here: the key may not */
-    } else {
-        tdm_buf_puts(&body, "\"\\\"\"");
-        alts++;
-    }
-    tdm_buf_puts(&cls, "[^\"\\\\\\x00-\\x1F");
-    while (i < n && rc == 0) {
-        uint32_t cp;
-        size_t k =
-            tdm_utf8_decode((const unsigned char *)names[i] + depth, strlen(names[i]) - depth, &cp);
-        if (k == 0)
-            k = 1, cp = (unsigned char)names[i][depth];
-        size_t j = i + 1;
-        while (j < n && strncmp(names[j], names[i], depth + k) == 0)
-            j++;
-        char child[JS_NAME_MAX];
-        rc = key_excl(c, names + i, j - i, depth + k, ch, child);
-        tdm_buf_printf(&body, "%s\"", alts++ ? " | " : "");
-        tdm_buf_append(&body, names[i] + depth, k);
-        tdm_buf_printf(&body, "\" %s", child);
-        js_gbnf_class_cp(&cls, cp);
-        i = j;
-    }
-    tdm_buf_printf(&cls, "]");
-    tdm_buf_printf(&body,
-                   "%s%s %s* \"\\\"\" | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) "
-                   "%s* \"\\\"\"",
-                   alts ? " | " : "", cls.data, ch, ch);
-    if (rc == 0) {
-        js_new_name(c, name);
-        rc = body.oom || cls.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
-    }
-    tdm_buf_free(&body);
-    tdm_buf_free(&cls);
-    return rc;
-}
-
-/* The key rule of the additional properties: any string but the defined names. */
+/* The key rule of the additional properties: any string but the defined names. With no names,
+ * any JSON string (every spelling). Otherwise the names' automaton (regex_dfa.c) with the names
+ * excluded, each key in json.dumps's spelling only: an escaped spelling of a defined name
+ * (`"\u0061"` for `a`) must not pass as an additional key, and a name that itself needs escapes
+ * (`"foo\nbar"`) is excluded like any other. */
 static int extra_key(js_ctx_t *c, objspec_t *o)
 {
-    bool plain = o->n_names > 0;
-    for (size_t i = 0; i < o->n_names && plain; i++)
-        plain = name_is_plain(o->names[i]);
-    if (!plain) /* no names, or names that need escapes: any key (documented) */
+    if (o->n_names == 0)
         return js_prim(c, JS_PRIM_STRING, o->extra_key);
-    char ch[JS_NAME_MAX], rest[JS_NAME_MAX];
-    int rc = js_prim(c, JS_PRIM_CHAR, ch);
-    qsort(o->names, o->n_names, sizeof *o->names, cmp_str);
-    if (rc == 0)
-        rc = key_excl(c, o->names, o->n_names, 0, ch, rest);
+    js_dfa_t *d = NULL;
+    size_t bad;
+    tdm_error_t e;
+    char rest[JS_NAME_MAX];
+    int rc = js_dfa_new(NULL, 0, o->names, o->n_names, &d, &bad, &e);
+    if (rc == TDM_ERESOURCE)
+        return js_oom(c);
+    if (rc != 0)
+        return js_fail(c, "", NULL, "%s", e.msg);
+    rc = js_dfa_emit(c, d, 0, 0, JS_LEN_INF, rest);
+    js_dfa_free(&d);
     if (rc != 0)
         return rc;
-    char body[2 * JS_NAME_MAX];
-    snprintf(body, sizeof body, "\"\\\"\" %s", rest);
+    char body[2 * JS_NAME_MAX + 16];
+    snprintf(body, sizeof body, "\"\\\"\" %s \"\\\"\"", rest);
     js_new_name(c, o->extra_key);
     return js_emit_rule(c, o->extra_key, body);
 }

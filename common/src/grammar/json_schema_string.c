@@ -30,9 +30,13 @@
 #define DATE                                                                                       \
     "( [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" " D31 " | ( \"0\" [469] | "           \
     "\"11\" ) \"-\" " D30 " | \"02-\" " D28 " ) | " LEAP " \"-02-29\" )"
+/* a leap second (:60) only where it is 23:59:60 UTC that can be read off the text alone: a zero
+ * offset (RFC 3339 5.7; other offsets would need the clock arithmetic, so they are rejected) */
 #define TIME                                                                                       \
-    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "       \
-    "[0-9]+ )? ( [zZ] | [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"
+    "( ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]+ )? ( [zZ] " \
+    "| [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] ) | \"23:59:60\" ( \".\" [0-9]+ "   \
+    ")? "                                                                                          \
+    "( [zZ] | [+\\x2D] \"00:00\" ) )"
 #define OCTET "( \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] )"
 #define IPV4 OCTET " \".\" " OCTET " \".\" " OCTET " \".\" " OCTET
 /* RFC 4291 section 2.2 as RFC 3986's IPv6address writes it: eight groups of 1-4 hex digits,

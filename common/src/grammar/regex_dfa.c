@@ -15,9 +15,9 @@
 #include "regex_internal.h"
 
 #define NFA_MAX_STATES 60000u
-#define DFA_MAX_STATES 3000u
+#define DFA_MAX_STATES 20000u
 #define PROD_MAX_STATES (1u << 20) /* automaton states times counter values */
-#define EMIT_MAX_RULES 6000u       /* rules js_dfa_emit writes for one string */
+#define EMIT_MAX_RULES 20000u      /* rules js_dfa_emit writes for one string */
 
 typedef struct nfa {
     uint32_t n, cap;
@@ -429,7 +429,7 @@ typedef struct subset {
     uint32_t *pool;        /* the DFA states' NFA state lists, one after another */
     size_t n_pool, cap_pool;
     uint32_t *off, *len;   /* [DFA_MAX_STATES] each state's list in pool */
-    uint32_t ht[2 * 4096]; /* hash of the lists: state + 1, 0 empty */
+    uint32_t ht[1u << 16]; /* hash of the lists: state + 1, 0 empty */
     uint32_t (*pairs)[2];  /* (interval, NFA target) of one state's edges */
     size_t n_pairs, cap_pairs;
 } subset_t;
