@@ -942,6 +942,12 @@ static void test_suite_regressions(void **state)
           BAD("{\"foo\\nbar\":\"1\"}", "{\"a\":1,\"foo\\nbar\":\"1\"}", "{\"\\u0061\":\"s\"}"));
     check("{\"dependentRequired\":{\"foo\\rbar\":[\"x\"]}}",
           GOOD("{}", "{\"foo\\rbar\":1,\"x\":2}"), BAD("{\"foo\\rbar\":1}"));
+    /* \s is ECMA-262's white space: U+00A0, U+2028, U+3000 too, so \S excludes them */
+    check("{\"pattern\":\"^\\\\S+$\"}", GOOD("\"ab\"", "\"\xc3\xa9\""),
+          BAD("\"a\xc2\xa0"
+              "b\"",
+              "\"a\xe2\x80\xa8\"", "\"\xe3\x80\x80\"", "\"a b\""));
+    check("{\"pattern\":\"^\\\\s$\"}", GOOD("\"\xc2\xa0\"", "\" \"", "\"\\n\""), BAD("\"a\""));
     refused("{\"allOf\":[{\"prefixItems\":[{\"minimum\":3}]}],\"items\":{\"minimum\":5}}",
             "/allOf/0: allOf: positional items cannot be merged with items");
 }

@@ -8,7 +8,8 @@
  * after them is accepted: it changes which match is found, not which strings match), and the
  * anchors `^` `$` only at the start / end of a top-level alternative. Everything else
  * (backreferences, lookaround, \b, flags, possessive quantifiers) is refused with its offset.
- * \d \w \s are the ASCII classes (ECMA-262 without the u flag, as JSON Schema says).
+ * \d \w are the ASCII classes (ECMA-262 without the u flag, as JSON Schema says); \s is
+ * ECMA-262's WhiteSpace and LineTerminator, which hold Unicode spaces (U+00A0, U+2028, ...).
  *
  * Two modes. Raw: the expression matches the text itself, whole (a regex constraint).
  * JSON: it matches the content of a JSON string (between the quotes) whose decoded text the
@@ -298,9 +299,17 @@ static bool class_escape(uint32_t ch, cpset_t *s)
         js_cpset_add(&t, 'a', 'z');
         js_cpset_add(&t, '_', '_');
         break;
-    case 's':
+    case 's': /* ECMA-262's WhiteSpace and LineTerminator, Unicode ones included */
         js_cpset_add(&t, '\t', '\r');
         js_cpset_add(&t, ' ', ' ');
+        js_cpset_add(&t, 0xA0, 0xA0);
+        js_cpset_add(&t, 0x1680, 0x1680);
+        js_cpset_add(&t, 0x2000, 0x200A);
+        js_cpset_add(&t, 0x2028, 0x2029);
+        js_cpset_add(&t, 0x202F, 0x202F);
+        js_cpset_add(&t, 0x205F, 0x205F);
+        js_cpset_add(&t, 0x3000, 0x3000);
+        js_cpset_add(&t, 0xFEFF, 0xFEFF);
         break;
     default: return false;
     }
