@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """json_schema_suite.py - the JSON-Schema-Test-Suite (as the `jsonschema` sdist vendors it under
 json/tests) through `tandem grammar check --schema`: every schema of the draft 2020-12 and draft 7
-files, and of draft 2020-12's optional format tests (formats asserted), is compiled; for each one that compiles, every test instance, written compactly as
+files, and of draft 2020-12's optional tests (ECMA-262 regexes, big numbers, formats asserted), is
+compiled; for each one that compiles, every test instance, written compactly as
 json.dumps(..., separators=(",", ":"), ensure_ascii=False) writes it, is fed to the grammar.
 
 The rule it checks is the one docs/structured-output.md states: a compiled schema never accepts an
@@ -59,7 +60,12 @@ def main():
     st = dict(groups=0, refused=0, tests=0, right=0, valid_rejected=0)
     bad = []
     with tempfile.TemporaryDirectory() as tmp:
-        for draft in ("draft2020-12", "draft7", "draft2020-12/optional/format"):
+        for draft in (
+            "draft2020-12",
+            "draft7",
+            "draft2020-12/optional",
+            "draft2020-12/optional/format",
+        ):
             d = os.path.join(suite, draft)
             for name in sorted(os.listdir(d)):
                 if name.endswith(".json") and name not in SKIP:
