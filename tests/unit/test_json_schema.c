@@ -335,6 +335,11 @@ static void test_any_one_all_of(void **state)
             GOOD("{'radius':1}", "{'length':1,'width':2}", "{'radius':1,'length':2}",
                  "{'radius':1,'length':'x','width':2}"),
             BAD("{'radius':1,'length':2,'width':3}", "{}", "{'radius':'x'}"));
+    /* closed objects that require a name the other does not define: disjoint, as anyOf */
+    check_q("{'oneOf':[{'type':'object','properties':{'a':{}},'required':['a'],"
+            "'additionalProperties':false},{'type':'object','properties':{'b':{}},'required':['b'],"
+            "'additionalProperties':false}]}",
+            GOOD("{'a':1}", "{'b':[2]}"), BAD("{'a':1,'b':2}", "{}", "1"));
     check_q("{'oneOf':[{'type':'string'},{'type':'string','maxLength':2}]}", GOOD("'abc'"),
             BAD("'ab'", "1"));
     check_q("{'type':'integer','oneOf':[{'minimum':0},{'maximum':10}]}", GOOD("-1", "11"),

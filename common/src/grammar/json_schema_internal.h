@@ -175,8 +175,9 @@ int js_merge_alias(js_ctx_t *c, json_t *copy, json_t *orig);
 void js_merge_free(js_ctx_t *c);
 
 /* True when no JSON value can match both schemas (already $ref-resolved at their top), by
- * a cheap sufficient test: disjoint types, disjoint enum / const values, or a property
- * required by both whose enum / const values are disjoint. False means "maybe not". */
+ * a cheap sufficient test: disjoint types, disjoint enum / const values, a property required
+ * by both whose enum / const values are disjoint, or (objects the only type they share) a
+ * property one requires and the other forbids. False means "maybe not". */
 bool js_disjoint(json_t *a, json_t *b);
 
 /* ---- json_schema_negate.c: complements, oneOf, if/then/else, not ---- */

@@ -541,11 +541,40 @@ static bool required_by(json_t *s, const char *key)
     return false;
 }
 
+/* Whether schema s forbids property key: its schema false, or additionalProperties false with
+ * key neither defined nor possibly matched by a pattern. */
+static bool forbids(json_t *s, const char *key)
+{
+    json_t *props = json_object_get(s, "properties"), *p = json_object_get(props, key);
+    if (p)
+        return json_is_false(p);
+    return json_is_false(json_object_get(s, "additionalProperties")) &&
+           !json_object_get(s, "patternProperties");
+}
+
+/* Whether a requires a property that b forbids, where objects are all they share (closed
+ * objects with different required names: `{"required": ["a"], "additionalProperties": false}`
+ * against one that does not define a). */
+static bool required_forbidden(json_t *a, json_t *b)
+{
+    if ((type_bits(a) & type_bits(b)) != 4)
+        return false; /* a shared non-object value satisfies both required and properties */
+    json_t *r;
+    size_t i;
+    json_array_foreach(json_object_get(a, "required"), i, r)
+    {
+        if (json_is_string(r) && forbids(b, json_string_value(r)))
+            return true;
+    }
+    return false;
+}
+
 bool js_disjoint(json_t *a, json_t *b)
 {
     if (!json_is_object(a) || !json_is_object(b))
         return json_is_false(a) || json_is_false(b);
-    if ((type_bits(a) & type_bits(b)) == 0 || values_disjoint(a, b))
+    if ((type_bits(a) & type_bits(b)) == 0 || values_disjoint(a, b) || required_forbidden(a, b) ||
+        required_forbidden(b, a))
         return true;
     json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties"), *x;
     const char *key;
