@@ -613,6 +613,32 @@ static void test_deep_nesting(void **state)
     tdm_grammar_destroy(&g);
 }
 
+/* tdm_grammar_check: limits on size and rules, and an exponentially ambiguous grammar found
+ * before any input (each "a" doubles the stacks, "b" or "c" to close it: 9 of them pass 1,024). */
+static void test_check_admission(void **state)
+{
+    (void)state;
+    tdm_error_t err;
+    tdm_grammar_t *g = parse_ok("root ::= \"a\" root \"b\" | \"a\" root \"c\" | \"x\"\n");
+    assert_int_equal(tdm_grammar_check(g, NULL, &err), TDM_EINVALID);
+    assert_string_equal(err.field, "grammar.stacks");
+    assert_non_null(strstr(err.msg, "a prefix of 9 bytes needs more than 1024 parse stacks"));
+    tdm_grammar_destroy(&g);
+    g = parse_ok(
+        "root ::= \"{\" item ( \",\" item )* \"}\"\nitem ::= [a-z]+ | \"[\" [0-9]* \"]\"\n");
+    assert_int_equal(tdm_grammar_check(g, NULL, &err), 0);
+    tdm_grammar_limits_t lim;
+    tdm_grammar_limits_default(&lim);
+    lim.max_rules = 1;
+    assert_int_equal(tdm_grammar_check(g, &lim, &err), TDM_EINVALID);
+    assert_string_equal(err.field, "grammar.rules");
+    tdm_grammar_limits_default(&lim);
+    lim.max_bytes = 16;
+    assert_int_equal(tdm_grammar_check(g, &lim, &err), TDM_EINVALID);
+    assert_string_equal(err.field, "grammar.size");
+    tdm_grammar_destroy(&g);
+}
+
 /* An ambiguous grammar whose stacks grow with the input: past TDM_GRAMMAR_MAX_STACKS the
  * byte is refused and errmsg says why (memory stays bounded). */
 static void test_ambiguity_bound(void **state)
@@ -792,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_eos),
         cmocka_unit_test(test_deep_nesting),
         cmocka_unit_test(test_ambiguity_bound),
+        cmocka_unit_test(test_check_admission),
         cmocka_unit_test(test_mask_tiny_vocab),
         cmocka_unit_test(test_mask_default_model),
     };

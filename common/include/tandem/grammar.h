@@ -65,6 +65,28 @@ size_t tdm_grammar_size_bytes(const tdm_grammar_t *g);
 /* Rules of the compiled grammar, those generated for groups and repetitions included. */
 uint32_t tdm_grammar_n_rules(const tdm_grammar_t *g);
 
+/* Limits of tdm_grammar_check, all in work units (bytes, rules, states, steps), never time. */
+typedef struct tdm_grammar_limits {
+    size_t max_bytes;    /* compiled size (tdm_grammar_size_bytes); default 64 MiB */
+    uint32_t max_rules;  /* rules, generated ones included; default 200,000 */
+    uint32_t max_states; /* parse states explored from the start; default 4,096 */
+    uint32_t max_steps;  /* byte steps explored (256 per state); default 1 Mi */
+} tdm_grammar_limits_t;
+
+/* Fills *lim with the defaults above. Cannot fail. */
+void tdm_grammar_limits_default(tdm_grammar_limits_t *lim);
+
+/* The check a router runs before admitting a request with grammar g (lim NULL: the defaults):
+ * its compiled size and rules against the limits, then its byte automaton explored breadth
+ * first from the start (each state's 256 successors) for up to max_states states and
+ * max_steps steps, looking for a prefix whose parse state needs more than
+ * TDM_GRAMMAR_MAX_STACKS stacks (the matcher would refuse a continuation of it). The verdict
+ * depends only on g and lim: the same on every machine and run. Returns 0; TDM_EINVALID with
+ * err->field "grammar.size", "grammar.rules" or "grammar.stacks" and the numbers in the
+ * message; TDM_ERESOURCE on out of memory. A grammar that passes can still meet the stack bound
+ * past the explored prefixes (see TDM_GRAMMAR_MAX_STACKS). Takes no reference to g. */
+int tdm_grammar_check(const tdm_grammar_t *g, const tdm_grammar_limits_t *lim, tdm_error_t *err);
+
 /* The vocabulary as the mask sees it: each token's decoded bytes
  * (tdm_tokenizer_token_bytes, render_special false) in a trie; control and unused tokens
  * are never allowed by a mask, except the end-of-generation tokens (tdm_tokenizer_is_eog),

@@ -2,7 +2,10 @@
  * GBNF grammar (tandem/grammar.h) that matches exactly the JSON texts the schema allows, in
  * the supported subset. Anything outside the subset is refused with the keyword's JSON
  * pointer, never weakened silently. Property order: the order of definition in `properties`
- * (as LLGuidance and XGrammar do). Whitespace: see docs/structured-output.md.
+ * (as LLGuidance and XGrammar do; merged schemas in document order). Whitespace: see
+ * docs/structured-output.md. A subschema whose grammar would pass TDM_GRAMMAR_MAX_TEXT_BYTES
+ * is refused with its pointer; a router also checks the parsed grammar with
+ * tdm_grammar_check (tandem/grammar.h) before admitting a request.
  *
  * The compilers are pure functions (no shared state: any thread may call them); subschemas
  * nest at most 64 deep (deeper is refused), which needs about 192 KiB of stack.
@@ -20,7 +23,7 @@ extern "C" {
 
 /* Compiles the schema in json[len] (UTF-8 JSON text) to GBNF text in *out (appended; start
  * rule `root`). Returns 0, or TDM_EINVALID with "<JSON pointer>: what" ("/properties/a/
- * patternProperties: not supported", "/minItems: must be a non-negative integer", "/$ref:
+ * propertyNames: not supported", "/minItems: must be a non-negative integer", "/$ref:
  * '#/$defs/x' not found", "invalid JSON at line L, column C: ..."), or TDM_ERESOURCE on out of
  * memory. On failure *out is left as it was. The caller owns *out (tdm_buf_free). */
 int tdm_json_schema_to_gbnf(const char *json, size_t len, tdm_buf_t *out, tdm_error_t *err);

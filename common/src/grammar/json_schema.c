@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "json_schema_internal.h"
+#include "tandem/grammar.h"
 #include "tandem/json_schema.h"
 
 static const char *const k_supported[] = {"type",
@@ -46,29 +47,23 @@ static const char *const k_supported[] = {"type",
                                           "dependentRequired",
                                           "dependencies",
                                           "not",
+                                          "dependentSchemas",
+                                          "uniqueItems",
+                                          "multipleOf",
+                                          "contains",
+                                          "if",
+                                          "then",
+                                          "else",
                                           NULL};
 
 /* Annotations ($schema, $id, id, title, description, examples, default, $comment, deprecated,
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
-static const char *const k_refused[] = {"propertyNames",
-                                        "dependentSchemas",
-                                        "maxProperties",
-                                        "if",
-                                        "then",
-                                        "else",
-                                        "uniqueItems",
-                                        "contains",
-                                        "minContains",
-                                        "maxContains",
-                                        "multipleOf",
-                                        "unevaluatedProperties",
-                                        "unevaluatedItems",
-                                        "$dynamicRef",
-                                        "$dynamicAnchor",
-                                        "$recursiveRef",
-                                        "$recursiveAnchor",
-                                        NULL};
+static const char *const k_refused[] = {
+    "propertyNames",         "maxProperties",    "minContains", "maxContains",
+
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
+    "$recursiveRef",         "$recursiveAnchor", NULL};
 
 static bool in_list(const char *const *list, const char *key)
 {
@@ -275,8 +270,6 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
     json_object_foreach(s, key, v)
     {
         if (in_list(k_refused, key)) {
-            if (strcmp(key, "uniqueItems") == 0 && json_is_false(v))
-                continue;
             return js_fail(c, ptr, key, "not supported");
         }
         if (strcmp(key, "minProperties") == 0 &&
@@ -287,6 +280,12 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
             *has_constraints = true;
     }
     return 0;
+}
+
+bool js_keyword_constrains(const char *key)
+{
+    return (in_list(k_supported, key) || in_list(k_refused, key)) && strcmp(key, "$defs") != 0 &&
+           strcmp(key, "definitions") != 0;
 }
 
 /* A copy of s without the named keys (owned by c->keep). */
@@ -464,14 +463,16 @@ static int branch(js_ctx_t *c, json_t *b, json_t *rest, bool rest_constrains, co
     return rc != 0 ? rc : js_merge(c, rest, *m, bp, m);
 }
 
-/* oneOf compiles as anyOf only when no two branches can match the same value (different
- * types, different enum / const values, or a required property with different constants):
- * then exactly one matches whenever any does. Otherwise it is refused. */
-static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
+/* oneOf compiles as anyOf when no two branches can match the same value (different types,
+ * different enum / const values, or a required property with different constants): then
+ * exactly one matches whenever any does. *disjoint false: some pair may overlap (then each
+ * branch is compiled with the complements of the others, js_compile_one_of). */
+static int one_of_disjoint(js_ctx_t *c, json_t *branches, const char *ptr, bool *disjoint)
 {
     size_t n = json_array_size(branches);
-    for (size_t i = 0; i < n; i++) {
-        for (size_t j = i + 1; j < n; j++) {
+    *disjoint = true;
+    for (size_t i = 0; i < n && *disjoint; i++) {
+        for (size_t j = i + 1; j < n && *disjoint; j++) {
             json_t *a, *b;
             char bp[JS_PTR_MAX];
             js_ptr_index(bp, ptr, j);
@@ -479,10 +480,7 @@ static int check_one_of(js_ctx_t *c, json_t *branches, const char *ptr)
             rc = rc ? rc : js_resolve_top(c, json_array_get(branches, j), bp, &b);
             if (rc != 0)
                 return rc;
-            if (!js_disjoint(a, b))
-                return js_fail(c, ptr, NULL,
-                               "not supported: branches %zu and %zu may both match (use anyOf)", i,
-                               j);
+            *disjoint = js_disjoint(a, b);
         }
     }
     return 0;
@@ -510,20 +508,20 @@ static int compile_any_of(js_ctx_t *c, json_t *s, const char *ptr, const char *k
         if (rc == 0 && json_array_append(branches, m) != 0)
             rc = js_oom(c);
     }
-    if (rc == 0 && strcmp(key, "oneOf") == 0)
-        rc = check_one_of(c, branches, p);
-    tdm_buf_t body = TDM_BUF_INIT;
+    if (rc == 0 && strcmp(key, "oneOf") == 0) {
+        bool disjoint = false;
+        rc = one_of_disjoint(c, branches, p, &disjoint);
+        if (rc == 0 && !disjoint)
+            return js_compile_one_of(c, branches, any, p, name);
+    }
+    tdm_buf_t body = TDM_BUF_INIT; /* a branch no value fits is left out */
     json_array_foreach(branches, i, m)
     {
-        char bp[JS_PTR_MAX], sub[JS_NAME_MAX];
+        char bp[JS_PTR_MAX];
         js_ptr_index(bp, p, i);
-        rc = rc ? rc : js_compile(c, m, bp, sub);
-        tdm_buf_printf(&body, "%s%s", i ? " | " : "", sub);
+        rc = rc ? rc : js_union_add(c, m, bp, &body);
     }
-    if (rc == 0) {
-        js_new_name(c, name);
-        rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
-    }
+    rc = rc ? rc : js_union_emit(c, &body, ptr, key, name);
     tdm_buf_free(&body);
     return rc;
 }
@@ -622,9 +620,121 @@ static bool has_big(json_t *v)
 
 /* enum / const: the listed values of the allowed types, as literals. Other keywords beside
  * them are not checked against the values. */
+/* Whether array v has two equal items (uniqueItems; numbers compared as doubles, others as
+ * jansson compares them). */
+static bool has_duplicates(json_t *v)
+{
+    for (size_t i = 0; i < json_array_size(v); i++)
+        for (size_t j = i + 1; j < json_array_size(v); j++) {
+            json_t *a = json_array_get(v, i), *b = json_array_get(v, j);
+            if (json_is_number(a) && json_is_number(b)
+                    ? json_number_value(a) == json_number_value(b)
+                    : json_equal(a, b))
+                return true;
+        }
+    return false;
+}
+
+/* Whether JSON values a and b are equal as JSON Schema compares them (1 equals 1.0). */
+static bool values_equal(json_t *a, json_t *b)
+{
+    if (json_is_number(a) && json_is_number(b)) /* equal values give equal doubles */
+        return json_number_value(a) == json_number_value(b);
+    return json_equal(a, b);
+}
+
+/* The values of s's `not: {enum}` / `not: {const}` (NULL: none of that form). */
+static json_t *not_values(json_t *s, json_t **one)
+{
+    json_t *n = json_object_get(s, "not");
+    *one = json_object_get(n, "const");
+    return json_object_get(n, "enum");
+}
+
+/* Whether v is one of the values s's `not: {enum / const}` excludes. */
+static bool excluded_by_not(json_t *s, json_t *v)
+{
+    json_t *one, *vals = not_values(s, &one), *e;
+    size_t i;
+    if (one && values_equal(one, v))
+        return true;
+    json_array_foreach(vals, i, e) if (values_equal(e, v)) return true;
+    return false;
+}
+
+/* Whether n (a `not`'s schema) is `{enum}` or `{const}` beside annotations. */
+static bool not_enum_form(json_t *n)
+{
+    const char *key;
+    json_t *v;
+    bool any = false;
+    if (!json_is_object(n))
+        return false;
+    json_object_foreach(n, key, v)
+    {
+        bool e = strcmp(key, "enum") == 0 || strcmp(key, "const") == 0;
+        if (!e && (in_list(k_supported, key) || in_list(k_refused, key)))
+            return false;
+        any = any || e;
+    }
+    return any && (!json_object_get(n, "enum") || json_is_array(json_object_get(n, "enum")));
+}
+
+/* Whether every value `not: {enum / const}` lists is a string. */
+static bool not_strings_only(json_t *n)
+{
+    json_t *one = json_object_get(n, "const"), *vals = json_object_get(n, "enum"), *e;
+    size_t i;
+    if (one && !json_is_string(one))
+        return false;
+    json_array_foreach(vals, i, e) if (!json_is_string(e)) return false;
+    return true;
+}
+
+/* Whether n (a `not`'s schema) is one `pattern` or one `format` with a regex form beside
+ * annotations: over strings, js_string excludes its matches through the automaton. */
+static bool not_string_form(json_t *n)
+{
+    const char *key;
+    json_t *v;
+    int found = 0;
+    if (!json_is_object(n))
+        return false;
+    json_object_foreach(n, key, v)
+    {
+        bool p = strcmp(key, "pattern") == 0 && json_is_string(v);
+        bool f = strcmp(key, "format") == 0 && json_is_string(v) && !js_format_custom(v);
+        if (f) {
+            tdm_buf_t rx = TDM_BUF_INIT;
+            f = js_format_regex(json_string_value(v), &rx) == 0;
+            tdm_buf_free(&rx);
+        }
+        if (!p && !f && (in_list(k_supported, key) || in_list(k_refused, key)))
+            return false;
+        found += p || f;
+    }
+    return found == 1 || (found == 0 && not_strings_only(n) && not_enum_form(n));
+}
+
+/* Whether n is `{type}` beside annotations (or has no validation keyword at all). */
+static bool not_type_form(json_t *n)
+{
+    const char *key;
+    json_t *v;
+    if (!json_is_object(n))
+        return true;
+    json_object_foreach(n, key, v)
+    {
+        if (strcmp(key, "type") != 0 && (in_list(k_supported, key) || in_list(k_refused, key)))
+            return false;
+    }
+    return true;
+}
+
 static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
 {
     json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"), *v;
+    bool unique = json_is_true(json_object_get(s, "uniqueItems"));
     if (en && (!json_is_array(en) || json_array_size(en) == 0))
         return js_fail(c, ptr, "enum", "must be a non-empty array");
     size_t i, n = 0, count = en ? json_array_size(en) : 1;
@@ -633,7 +743,8 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
         return js_oom(c);
     for (i = 0; i < count; i++) {
         v = en ? json_array_get(en, i) : cn;
-        if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)))
+        if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)) &&
+            !excluded_by_not(s, v) && !(unique && json_is_array(v) && has_duplicates(v)))
             vals[n++] = v;
     }
     tdm_buf_t body = TDM_BUF_INIT;
@@ -774,18 +885,84 @@ static int without_not(js_ctx_t *c, json_t *s, const char *ptr, json_t **out)
     return 0;
 }
 
+/* s with `not: {enum / const}` and no enum of its own: the types the listed values do not
+ * touch, the other boolean, and the strings but the listed ones (js_string), each merged with
+ * s without `not`. Numbers, objects and arrays among the values are refused where s allows
+ * their type. */
+static int not_enum_cases(js_ctx_t *c, json_t *s, const char *ptr, char *name)
+{
+    json_t *n = json_object_get(s, "not"), *one = json_object_get(n, "const");
+    json_t *vals = json_pack("[]"), *strs = json_pack("[]"), *cases = json_pack("[]"), *e;
+    json_t *base = without(c, s, "not", NULL);
+    int types, seen = 0, rc = type_set(c, s, ptr, &types);
+    if (!vals || !strs || !cases || !base || json_array_append_new(c->keep, vals) ||
+        json_array_append_new(c->keep, strs) || json_array_append_new(c->keep, cases))
+        return js_oom(c);
+    if (one)
+        json_array_append(vals, one);
+    json_array_extend(vals, json_object_get(n, "enum"));
+    size_t i;
+    bool bools[2] = {false, false};
+    json_array_foreach(vals, i, e)
+    {
+        if (json_is_string(e))
+            json_array_append(strs, e);
+        else if (json_is_boolean(e))
+            bools[json_is_true(e)] = true;
+        seen |= json_is_null(e)      ? T_NULL
+                : json_is_boolean(e) ? 0
+                : json_is_string(e)  ? T_STRING
+                : json_is_object(e)  ? T_OBJECT
+                : json_is_array(e)   ? T_ARRAY
+                                     : T_NUMBER | T_INTEGER;
+    }
+    if (rc == 0 && (seen & types & (T_OBJECT | T_ARRAY | T_NUMBER | T_INTEGER)))
+        return js_fail(c, ptr, "not",
+                       "not supported (not: {enum} with numbers, objects or arrays)");
+    int rest = types & ~seen & ~((bools[0] || bools[1]) ? T_BOOLEAN : 0);
+    json_t *names = json_array();
+    for (int k = 0; names && k < 7; k++)
+        if (rest & (1 << k))
+            json_array_append_new(names, json_string(k_type_names[k]));
+    if (json_array_size(names) > 0)
+        json_array_append_new(cases, json_pack("{s:O}", "type", names));
+    json_decref(names);
+    if ((types & T_BOOLEAN) && bools[0] != bools[1])
+        json_array_append_new(cases, json_pack("{s:b}", "const", bools[0]));
+    if ((types & T_STRING) && json_array_size(strs) > 0)
+        json_array_append_new(cases,
+                              json_pack("{s:s,s:{s:O}}", "type", "string", "not", "enum", strs));
+    return rc ? rc : js_compile_union(c, base, cases, ptr, "not", name);
+}
+
 /* The body of js_compile for an object schema whose keywords passed the check. */
 static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
-    if (json_object_get(s, "not")) {
+    json_t *n = json_object_get(s, "not");
+    if (n && not_type_form(n)) {
         json_t *t = NULL;
         int rc = without_not(c, s, ptr, &t);
         return rc != 0 ? rc : js_compile(c, t, ptr, name);
     }
+    int types;
+    int rc = type_set(c, s, ptr, &types);
+    if (rc != 0)
+        return rc;
+    bool string_not = n && types == T_STRING && not_string_form(n); /* js_string's */
+    if (n && !not_enum_form(n) && !string_not) {
+        json_t *base = without(c, s, "not", NULL);
+        return base ? js_compile_negated(c, base, n, ptr, name) : js_oom(c);
+    }
+    if (json_object_get(s, "if")) {
+        json_t *base = without(c, s, "if", "then");
+        if (base)
+            json_object_del(base, "else");
+        return base ? js_compile_if(c, base, s, ptr, name) : js_oom(c);
+    }
     json_t *ref = json_object_get(s, "$ref");
     if (ref && has_siblings(s, "$ref")) {
         json_t *m;
-        int rc = js_resolve_top(c, s, ptr, &m);
+        rc = js_resolve_top(c, s, ptr, &m);
         return rc != 0 ? rc : js_compile(c, m, ptr, name);
     }
     if (ref) {
@@ -794,7 +971,7 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
         return compile_ref(c, json_string_value(ref), ptr, name);
     }
     json_t *cases;
-    int rc = js_expand_dependent(c, s, ptr, &cases);
+    rc = js_expand_dependent(c, s, ptr, &cases);
     if (rc != 0 || cases)
         return rc != 0 ? rc : compile_cases(c, cases, ptr, name);
     if (json_object_get(s, "allOf"))
@@ -804,13 +981,11 @@ static int compile_object_schema(js_ctx_t *c, json_t *s, const char *ptr, char *
         return js_fail(c, ptr, "oneOf", "not supported together with anyOf");
     if (any || one)
         return compile_any_of(c, s, ptr, any ? "anyOf" : "oneOf", name);
-    int types;
-    rc = type_set(c, s, ptr, &types);
-    if (rc != 0)
-        return rc;
     if (json_object_get(s, "enum") || json_object_get(s, "const"))
-        return compile_enum(c, s, ptr, types, name);
-    return compile_types(c, s, ptr, types, name);
+        return compile_enum(c, s, ptr, types, name); /* drops the values a `not` excludes */
+    if (n && !string_not && !(types == T_STRING && not_strings_only(n)))
+        return not_enum_cases(c, s, ptr, name);
+    return compile_types(c, s, ptr, types, name); /* strings: js_string excludes them */
 }
 
 int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name)
@@ -841,11 +1016,15 @@ int js_compile(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         return js_fail(c, ptr, NULL, "subschemas nested too deep (over %d)", JS_MAX_DEPTH);
     }
     char body[JS_NAME_MAX];
+    size_t before = c->out->len;
     rc = merges ? memo_add(c, NULL, s, name) : 0;
     if (rc == 0)
         rc = compile_object_schema(c, s, ptr, merges ? body : name);
     if (rc == 0 && merges)
         rc = js_emit_rule(c, name, body);
+    if (rc == 0 && c->out->len - before > TDM_GRAMMAR_MAX_TEXT_BYTES) /* the innermost culprit */
+        rc = js_fail(c, ptr, NULL, "compiles to %zu bytes of grammar, over the limit of %u",
+                     c->out->len - before, TDM_GRAMMAR_MAX_TEXT_BYTES);
     c->depth--;
     return rc;
 }

@@ -96,6 +96,9 @@ void js_ptr_join(char *out, const char *ptr, const char *key);
 /* Like js_ptr_join with an array index. */
 void js_ptr_index(char *out, const char *ptr, size_t i);
 
+/* Whether key is a validation keyword (constrains values), not an annotation or unknown. */
+bool js_keyword_constrains(const char *key);
+
 /* ---- json_schema_object.c: objects and arrays ---- */
 
 int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name);
@@ -118,6 +121,19 @@ int js_scalar_texts(json_t *v, tdm_buf_t t[2]);
  * does, then as a GBNF string literal (with quotes) into body. */
 int js_json_string_literal(const char *s, size_t n, bool with_quotes, tdm_buf_t *body);
 
+/* ---- json_schema_unique.c: uniqueItems ---- */
+
+/* An array schema s with uniqueItems true and lo to hi items: its items must be from a finite
+ * set of at most 10 scalar values (enum, const, boolean, null), else refused with the pointer. */
+int js_array_unique(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi, char *name);
+
+/* ---- json_schema_format.c: formats as regexes ---- */
+
+/* Appends the anchored regex (regex.c's subset) of format name to out: every format JSON Schema
+ * defines but idn-email, idn-hostname and regex. Returns 0, TDM_ENOTFOUND (no regex form), or
+ * TDM_ERESOURCE. */
+int js_format_regex(const char *name, tdm_buf_t *out);
+
 /* ---- json_schema_enum.c: enum / const values ---- */
 
 /* Appends a GBNF expression matching exactly the values vals[n] (as js_literal does): the
@@ -129,6 +145,12 @@ int js_enum_expr(js_ctx_t *c, json_t *const *vals, size_t n, tdm_buf_t *body);
 
 int js_integer(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name);
+
+/* ---- json_schema_multiple.c: multipleOf ---- */
+
+/* An integer or number schema s with multipleOf: the integer multiples of an integer k (up to
+ * 1,000) within its bounds, or refused with the pointer (a decimal k, bounds it cannot meet). */
+int js_multiple(js_ctx_t *c, json_t *s, const char *ptr, char *name);
 
 /* ---- json_schema_depend.c: dependentRequired, dependencies ---- */
 
@@ -145,13 +167,47 @@ int js_expand_dependent(js_ctx_t *c, json_t *s, const char *ptr, json_t **out);
  * exactly the values both allow, or fails naming ptr. *out is owned by c->keep. */
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out);
 
+/* Gives the properties object copy (kept alive by c->keep) the document positions of orig, the
+ * object it was copied from, so merges order its names as orig's. Returns 0 or TDM_ERESOURCE. */
+int js_merge_alias(js_ctx_t *c, json_t *copy, json_t *orig);
+
 /* Frees what the merges kept besides c->keep (the property positions). Cannot fail. */
 void js_merge_free(js_ctx_t *c);
 
 /* True when no JSON value can match both schemas (already $ref-resolved at their top), by
- * a cheap sufficient test: disjoint types, disjoint enum / const values, or a property
- * required by both whose enum / const values are disjoint. False means "maybe not". */
+ * a cheap sufficient test: disjoint types, disjoint enum / const values, a property required
+ * by both whose enum / const values are disjoint, or (objects the only type they share) a
+ * property one requires and the other forbids. False means "maybe not". */
 bool js_disjoint(json_t *a, json_t *b);
+
+/* ---- json_schema_negate.c: complements, oneOf, if/then/else, not ---- */
+
+/* Appends to the array out schemas whose union is exactly the values s (found at ptr) rejects
+ * (none when s accepts everything); fails with the pointer of a keyword whose complement is not
+ * written (pattern, format, items, additionalProperties, anyOf, ...). */
+int js_negate(js_ctx_t *c, json_t *s, const char *ptr, json_t *out);
+/* Compiles s (found at ptr) as one more alternative of body ("a | b"); an s that allows no
+ * value adds nothing (what it compiled is forgotten). Returns 0 or an error. */
+int js_union_add(js_ctx_t *c, json_t *s, const char *ptr, tdm_buf_t *body);
+/* Emits `name ::= body`; an empty body (no alternative allows a value) is refused as allowing
+ * no value, naming key. */
+int js_union_emit(js_ctx_t *c, tdm_buf_t *body, const char *ptr, const char *key, char *name);
+/* The union of base merged with each schema of the array cases (cases no value fits left
+ * out; none left: refused as allowing no value, naming key). */
+int js_compile_union(js_ctx_t *c, json_t *base, json_t *cases, const char *ptr, const char *key,
+                     char *name);
+/* base (s without `not`) minus the values `not`'s schema n allows: the union of base merged
+ * with each case of n's complement (cases no value fits left out). */
+int js_compile_negated(js_ctx_t *c, json_t *base, json_t *n, const char *ptr, char *name);
+/* if / then / else of s over base (s without them): base and if and then, or base and a case
+ * of if's complement and else. */
+int js_compile_if(js_ctx_t *c, json_t *base, json_t *s, const char *ptr, char *name);
+/* oneOf over branches (already merged with the siblings; originals: as written), exactly: each
+ * branch merged with a case of the complement of every other branch it may overlap (the
+ * complement of the branch as written: the siblings are in every branch already); at most 256
+ * combinations. */
+int js_compile_one_of(js_ctx_t *c, json_t *branches, json_t *originals, const char *ptr,
+                      char *name);
 
 /* ---- gbnf text helpers (regex.c) ---- */
 

@@ -109,9 +109,52 @@ static json_t *merge_required(json_t *a, json_t *b)
     return out;
 }
 
-static const char *const k_must_equal[] = {"pattern",         "format", "prefixItems",
-                                           "additionalItems", "$ref",   "dependentRequired",
-                                           "dependencies",    "not",    NULL};
+static const char *const k_must_equal[] = {
+    "pattern",      "format", "prefixItems", "additionalItems", "$ref", "dependentRequired",
+    "dependencies", "not",    "multipleOf",  "contains",        NULL};
+
+/* The values (kind "enum": enum and const) or the type names (kind "type") of a `not`'s schema
+ * x that has only that kind of keyword beside annotations, appended to out; false for any
+ * other form. */
+static bool not_values(json_t *x, const char *kind, json_t *out)
+{
+    const char *key;
+    json_t *v;
+    bool any = false;
+    if (!json_is_object(x))
+        return false;
+    json_object_foreach(x, key, v)
+    {
+        bool mine = strcmp(kind, "type") == 0
+                        ? strcmp(key, "type") == 0
+                        : strcmp(key, "enum") == 0 || strcmp(key, "const") == 0;
+        if (!mine && js_keyword_constrains(key))
+            return false;
+        if (mine && strcmp(key, "const") == 0)
+            json_array_append(out, v);
+        else if (mine && json_is_array(v))
+            json_array_extend(out, v);
+        else if (mine && json_is_string(v))
+            json_array_append(out, v);
+        else if (mine)
+            return false;
+        any = any || mine;
+    }
+    return any;
+}
+
+/* not A and not B as one `not`: A's and B's values (or types) together; NULL for other forms. */
+static json_t *merge_nots(json_t *x, json_t *y)
+{
+    static const char *const kinds[] = {"enum", "type"};
+    for (int k = 0; k < 2; k++) {
+        json_t *u = json_array();
+        if (u && not_values(x, kinds[k], u) && not_values(y, kinds[k], u))
+            return json_pack("{s:o}", kinds[k], u);
+        json_decref(u);
+    }
+    return NULL;
+}
 
 /* The merged value of one keyword both schemas have (*out new reference), or an error. */
 static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const char *ptr,
@@ -136,6 +179,10 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         *out = merge_enum(x, y);
     } else if (strcmp(key, "format") == 0 && (js_format_custom(x) || js_format_custom(y))) {
         *out = json_incref(js_format_custom(x) ? y : x); /* a custom format constrains nothing */
+    } else if (strcmp(key, "not") == 0 && !json_equal(x, y) && (*out = merge_nots(x, y))) {
+        /* not A and not B: not (A or B), for two enum forms or two type forms */
+    } else if (strcmp(key, "uniqueItems") == 0) {
+        *out = json_incref(json_is_true(x) ? x : y); /* true on either side constrains */
     } else if (strcmp(key, "allOf") == 0 && json_is_array(x) && json_is_array(y)) {
         *out = json_copy(x);
         json_array_extend(*out, y);
@@ -287,6 +334,32 @@ static json_t *sorted_props(js_ctx_t *c, named_pos_t *v, size_t n)
 }
 
 /* Puts m's properties, merged from pa and pb, in document order (see the file comment). */
+/* Builds c->prop_pos on first use. Returns 0 or TDM_ERESOURCE. */
+static int index_positions(js_ctx_t *c)
+{
+    if (c->prop_pos)
+        return 0;
+    json_int_t counter = 0;
+    c->prop_pos = json_object();
+    if (!c->prop_pos || index_node(c->prop_pos, c->root, false, &counter) != 0)
+        return js_oom(c);
+    return 0;
+}
+
+int js_merge_alias(js_ctx_t *c, json_t *copy, json_t *orig)
+{
+    char kc[32], ko[32];
+    int rc = index_positions(c);
+    if (rc != 0 || !json_is_object(orig))
+        return rc;
+    pos_key(copy, kc);
+    pos_key(orig, ko);
+    json_t *map = json_object_get(c->prop_pos, ko);
+    if (map && json_object_set(c->prop_pos, kc, map) != 0)
+        return js_oom(c);
+    return 0;
+}
+
 static int order_props(js_ctx_t *c, json_t *m, json_t *pa, json_t *pb)
 {
     json_t *props = json_object_get(m, "properties"), *v;
@@ -294,12 +367,8 @@ static int order_props(js_ctx_t *c, json_t *m, json_t *pa, json_t *pb)
     const char *key;
     if (!json_is_object(pa) || !json_is_object(pb) || n < 2)
         return 0;
-    if (!c->prop_pos) {
-        json_int_t counter = 0;
-        c->prop_pos = json_object();
-        if (!c->prop_pos || index_node(c->prop_pos, c->root, false, &counter) != 0)
-            return js_oom(c);
-    }
+    if (index_positions(c) != 0)
+        return TDM_ERESOURCE;
     named_pos_t *list = calloc(n, sizeof *list);
     if (!list)
         return js_oom(c);
@@ -331,6 +400,18 @@ static bool patterns_clash(json_t *a, json_t *b)
             json_object_get(b, "patternProperties"));
 }
 
+/* Whether a has positional items (prefixItems, draft 4-7 array items) and b an items schema
+ * for every position (items, additionalItems) of its own: merged, b's items would apply only
+ * after a's positions, while each side's applies to all of its own (not exact). */
+static bool tuple_clash(json_t *a, json_t *b)
+{
+    json_t *ai = json_object_get(a, "items"), *bi = json_object_get(b, "items");
+    bool a_tuple = json_object_get(a, "prefixItems") || json_is_array(ai);
+    bool b_tuple = json_object_get(b, "prefixItems") || json_is_array(bi);
+    bool b_rest = (bi && !json_is_array(bi)) || json_object_get(b, "additionalItems");
+    return a_tuple && !b_tuple && b_rest;
+}
+
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
 {
     int rc = js_resolve_top(c, a, ptr, &a);
@@ -349,6 +430,8 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
     }
     if (!json_is_object(a) || !json_is_object(b))
         return js_fail(c, ptr, NULL, "a schema must be an object or a boolean");
+    if (tuple_clash(a, b) || tuple_clash(b, a))
+        return js_fail(c, ptr, NULL, "allOf: positional items cannot be merged with items");
     if (patterns_clash(a, b) || patterns_clash(b, a))
         return js_fail(c, ptr, NULL, "allOf: patternProperties cannot be merged with properties");
     json_t *m = json_object();
@@ -458,11 +541,40 @@ static bool required_by(json_t *s, const char *key)
     return false;
 }
 
+/* Whether schema s forbids property key: its schema false, or additionalProperties false with
+ * key neither defined nor possibly matched by a pattern. */
+static bool forbids(json_t *s, const char *key)
+{
+    json_t *props = json_object_get(s, "properties"), *p = json_object_get(props, key);
+    if (p)
+        return json_is_false(p);
+    return json_is_false(json_object_get(s, "additionalProperties")) &&
+           !json_object_get(s, "patternProperties");
+}
+
+/* Whether a requires a property that b forbids, where objects are all they share (closed
+ * objects with different required names: `{"required": ["a"], "additionalProperties": false}`
+ * against one that does not define a). */
+static bool required_forbidden(json_t *a, json_t *b)
+{
+    if ((type_bits(a) & type_bits(b)) != 4)
+        return false; /* a shared non-object value satisfies both required and properties */
+    json_t *r;
+    size_t i;
+    json_array_foreach(json_object_get(a, "required"), i, r)
+    {
+        if (json_is_string(r) && forbids(b, json_string_value(r)))
+            return true;
+    }
+    return false;
+}
+
 bool js_disjoint(json_t *a, json_t *b)
 {
     if (!json_is_object(a) || !json_is_object(b))
         return json_is_false(a) || json_is_false(b);
-    if ((type_bits(a) & type_bits(b)) == 0 || values_disjoint(a, b))
+    if ((type_bits(a) & type_bits(b)) == 0 || values_disjoint(a, b) || required_forbidden(a, b) ||
+        required_forbidden(b, a))
         return true;
     json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties"), *x;
     const char *key;

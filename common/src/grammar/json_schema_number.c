@@ -416,6 +416,8 @@ static void int_upper(const dec_t *d, bool excl, dec_t *r)
 
 int js_integer(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
+    if (json_object_get(s, "multipleOf"))
+        return js_multiple(c, s, ptr, name);
     bound_t lo, hi;
     int rc = read_bounds(c, s, ptr, &lo, &hi);
     if (rc != 0)
@@ -448,6 +450,8 @@ int js_integer(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 
 int js_number(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
+    if (json_object_get(s, "multipleOf"))
+        return js_multiple(c, s, ptr, name);
     bound_t lo, hi;
     int rc = read_bounds(c, s, ptr, &lo, &hi);
     if (rc != 0)

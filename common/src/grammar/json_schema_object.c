@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "json_schema_internal.h"
+#include "regex_internal.h"
 #include "tandem/grammar.h"
 #include "tandem/json_schema.h"
 
@@ -36,85 +37,47 @@ typedef struct objspec {
     size_t n_names;
     bool extras;
     char extra_key[JS_NAME_MAX], extra_value[JS_NAME_MAX];
+    char extra_member[JS_NAME_MAX]; /* when set: one whole extra member (patternProperties) */
     char ws[JS_NAME_MAX];
 } objspec_t;
 
-static bool name_is_plain(const char *k)
-{
-    for (; *k; k++)
-        if ((unsigned char)*k < 0x20 || *k == '"' || *k == '\\')
-            return false;
-    return true;
-}
+/* The patterns read into one automaton with the names the object defines or requires (tag bit
+ * n): a key's tag says which patterns it matches and whether it is a defined name. */
+typedef struct pctx {
+    js_dfa_t *dfa;
+    size_t n;
+    const char *pats[JS_DFA_MAX_PATTERNS];
+    json_t *schemas[JS_DFA_MAX_PATTERNS];
+    char ptr[JS_PTR_MAX]; /* of patternProperties */
+} pctx_t;
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
+static int compile_named(js_ctx_t *c, const pctx_t *p, const char *key, json_t *base,
+                         const char *kp, char *rule);
 
-/* The rest of a key (after its opening quote, up to and with its closing quote) that is not
- * one of names[0..n) (sorted, all sharing their first depth bytes). */
-static int key_excl(js_ctx_t *c, const char **names, size_t n, size_t depth, const char *ch,
-                    char *name)
-{
-    tdm_buf_t body = TDM_BUF_INIT, cls = TDM_BUF_INIT;
-    int alts = 0, rc = 0;
-    size_t i = 0;
-    if (strlen(names[0]) == depth) {
-        i = 1; /* a name ends here: the key may not */
-    } else {
-        tdm_buf_puts(&body, "\"\\\"\"");
-        alts++;
-    }
-    tdm_buf_puts(&cls, "[^\"\\\\\\x00-\\x1F");
-    while (i < n && rc == 0) {
-        uint32_t cp;
-        size_t k =
-            tdm_utf8_decode((const unsigned char *)names[i] + depth, strlen(names[i]) - depth, &cp);
-        if (k == 0)
-            k = 1, cp = (unsigned char)names[i][depth];
-        size_t j = i + 1;
-        while (j < n && strncmp(names[j], names[i], depth + k) == 0)
-            j++;
-        char child[JS_NAME_MAX];
-        rc = key_excl(c, names + i, j - i, depth + k, ch, child);
-        tdm_buf_printf(&body, "%s\"", alts++ ? " | " : "");
-        tdm_buf_append(&body, names[i] + depth, k);
-        tdm_buf_printf(&body, "\" %s", child);
-        js_gbnf_class_cp(&cls, cp);
-        i = j;
-    }
-    tdm_buf_printf(&cls, "]");
-    tdm_buf_printf(&body,
-                   "%s%s %s* \"\\\"\" | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} ) "
-                   "%s* \"\\\"\"",
-                   alts ? " | " : "", cls.data, ch, ch);
-    if (rc == 0) {
-        js_new_name(c, name);
-        rc = body.oom || cls.oom ? js_oom(c) : js_emit_rule(c, name, body.data);
-    }
-    tdm_buf_free(&body);
-    tdm_buf_free(&cls);
-    return rc;
-}
-
-/* The key rule of the additional properties: any string but the defined names. */
+/* The key rule of the additional properties: any string but the defined names. With no names,
+ * any JSON string (every spelling). Otherwise the names' automaton (regex_dfa.c) with the names
+ * excluded, each key in json.dumps's spelling only: an escaped spelling of a defined name
+ * (`"\u0061"` for `a`) must not pass as an additional key, and a name that itself needs escapes
+ * (`"foo\nbar"`) is excluded like any other. */
 static int extra_key(js_ctx_t *c, objspec_t *o)
 {
-    bool plain = o->n_names > 0;
-    for (size_t i = 0; i < o->n_names && plain; i++)
-        plain = name_is_plain(o->names[i]);
-    if (!plain) /* no names, or names that need escapes: any key (documented) */
+    if (o->n_names == 0)
         return js_prim(c, JS_PRIM_STRING, o->extra_key);
-    char ch[JS_NAME_MAX], rest[JS_NAME_MAX];
-    int rc = js_prim(c, JS_PRIM_CHAR, ch);
-    qsort(o->names, o->n_names, sizeof *o->names, cmp_str);
-    if (rc == 0)
-        rc = key_excl(c, o->names, o->n_names, 0, ch, rest);
+    js_dfa_t *d = NULL;
+    size_t bad;
+    tdm_error_t e;
+    char rest[JS_NAME_MAX];
+    int rc = js_dfa_new(NULL, 0, o->names, o->n_names, &d, &bad, &e);
+    if (rc == TDM_ERESOURCE)
+        return js_oom(c);
+    if (rc != 0)
+        return js_fail(c, "", NULL, "%s", e.msg);
+    rc = js_dfa_emit(c, d, 0, 0, JS_LEN_INF, rest);
+    js_dfa_free(&d);
     if (rc != 0)
         return rc;
-    char body[2 * JS_NAME_MAX];
-    snprintf(body, sizeof body, "\"\\\"\" %s", rest);
+    char body[2 * JS_NAME_MAX + 16];
+    snprintf(body, sizeof body, "\"\\\"\" %s \"\\\"\"", rest);
     js_new_name(c, o->extra_key);
     return js_emit_rule(c, o->extra_key, body);
 }
@@ -147,7 +110,8 @@ static void drop_since(js_ctx_t *c, size_t out_len, size_t n_refs)
 
 /* properties: the defined properties (compiled) and the excluded names. A property whose
  * schema allows no value is left out unless required. */
-static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, objspec_t *o)
+static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, objspec_t *o,
+                         const pctx_t *pc)
 {
     json_t *props = json_object_get(s, "properties"), *sub;
     const char *key;
@@ -172,7 +136,7 @@ static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, o
         size_t out_len = c->out->len, n_refs = c->n_refs;
         bool prims[JS_PRIM_COUNT];
         memcpy(prims, c->prim_done, sizeof prims);
-        int rc = js_compile(c, sub, kp, p->rule);
+        int rc = pc ? compile_named(c, pc, key, sub, kp, p->rule) : js_compile(c, sub, kp, p->rule);
         if (rc == TDM_EINVALID && c->unsat && !required) {
             drop_since(c, out_len, n_refs); /* no value fits: the property cannot appear */
             memcpy(c->prim_done, prims, sizeof prims);
@@ -188,7 +152,7 @@ static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, o
 /* required names that properties does not define: defined properties valued by
  * additionalProperties (or refused when that is false). */
 static int collect_required_extras(js_ctx_t *c, json_t *s, const char *ptr, json_t *req,
-                                   objspec_t *o)
+                                   objspec_t *o, const pctx_t *pc)
 {
     json_t *props = json_object_get(s, "properties"), *r;
     size_t i;
@@ -204,14 +168,23 @@ static int collect_required_extras(js_ctx_t *c, json_t *s, const char *ptr, json
             dup = strcmp(o->names[k], key) == 0;
         if (dup)
             continue;
-        if (!o->extras)
-            return js_fail(c, ptr, "required",
-                           "'%s' is not in properties and additionalProperties is false", key);
+        bool matched = pc && (js_dfa_tag(pc->dfa, key, strlen(key)) & ((1u << pc->n) - 1));
+        if (!o->extras && !matched)
+            return js_fail_unsat(c, ptr, "required",
+                                 "'%s' is not in properties and additionalProperties is false",
+                                 key);
         o->names[o->n_names++] = key;
         prop_t *p = &o->props[o->n++];
         p->key = key;
         p->required = true;
         snprintf(p->rule, JS_NAME_MAX, "%s", o->extra_value);
+        if (matched) {
+            char kp[JS_PTR_MAX];
+            js_ptr_join(kp, ptr, "required");
+            int rc = compile_named(c, pc, key, NULL, kp, p->rule);
+            if (rc != 0)
+                return rc;
+        }
     }
     return 0;
 }
@@ -230,8 +203,11 @@ static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX
 {
     tdm_buf_t b = TDM_BUF_INIT;
     char xkv[6 * JS_NAME_MAX];
-    snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws, o->extra_value,
-             o->ws);
+    if (o->extra_member[0])
+        snprintf(xkv, sizeof xkv, "%s", o->extra_member);
+    else
+        snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws,
+                 o->extra_value, o->ws);
     first[o->n][0] = after[o->n][0] = 0;
     int rc = 0;
     if (o->extras) {
@@ -270,126 +246,159 @@ static bool accepts_all(json_t *s)
     return json_is_true(s) || (json_is_object(s) && json_object_size(s) == 0);
 }
 
-/* *match: whether the property name matches pattern (search semantics, as `pattern`), by
- * running the name's JSON text through the grammar of {"type":"string","pattern":pattern}.
- * Returns 0, TDM_EINVALID (the pattern is refused; message in err) or TDM_ERESOURCE. */
-static int name_matches(json_t *pattern_schema, const char *name, bool *match, tdm_error_t *err)
+/* Whether patternProperties constrains anything: some pattern's schema does, or
+ * additionalProperties is there to apply to the keys that match no pattern. */
+static int patterns_apply(js_ctx_t *c, json_t *s, const char *ptr, bool *used)
 {
-    tdm_buf_t gbnf = TDM_BUF_INIT, t[2] = {TDM_BUF_INIT, TDM_BUF_INIT};
-    char *text = json_dumps(pattern_schema, JSON_COMPACT);
-    json_t *key = json_string(name);
-    int rc = text && key ? tdm_json_schema_to_gbnf(text, strlen(text), &gbnf, err) : TDM_ERESOURCE;
-    tdm_grammar_t *g = NULL;
-    tdm_grammar_matcher_t *m = NULL;
-    if (rc == 0 && js_scalar_texts(key, t) != 1)
-        rc = TDM_ERESOURCE;
-    if (rc == 0 && !(g = tdm_grammar_parse(gbnf.data, gbnf.len, NULL, err)))
-        rc = TDM_ERESOURCE;
-    if (rc == 0 && !(m = tdm_grammar_matcher_new(g, NULL, err)))
-        rc = TDM_ERESOURCE;
-    if (rc == 0)
-        *match = tdm_grammar_matcher_accept_bytes(m, t[0].data, t[0].len) &&
-                 tdm_grammar_matcher_is_accepting(m);
-    tdm_grammar_matcher_destroy(&m);
-    tdm_grammar_destroy(&g);
-    tdm_buf_free(&gbnf);
-    tdm_buf_free(&t[0]);
-    tdm_buf_free(&t[1]);
-    json_decref(key);
-    free(text);
-    return rc;
-}
-
-/* Checks the names against the patterns: a name properties defines must match none (its
- * value would have to satisfy both schemas, and the pattern's keys cannot exclude it); a
- * required name it does not define must match one (else no object is valid). */
-static int check_names(js_ctx_t *c, json_t *s, const char *pp_ptr, const objspec_t *o)
-{
-    json_t *pp = json_object_get(s, "patternProperties"), *props = json_object_get(s, "properties");
-    for (size_t i = 0; i < o->n_names; i++) {
-        bool any = false;
-        const char *pat;
-        json_t *sub;
-        json_object_foreach(pp, pat, sub)
-        {
-            json_t *ps = json_pack("{s:s,s:s}", "type", "string", "pattern", pat);
-            bool match = false;
-            tdm_error_t e;
-            int rc = ps ? name_matches(ps, o->names[i], &match, &e) : TDM_ERESOURCE;
-            json_decref(ps);
-            if (rc == TDM_EINVALID)
-                return js_fail(c, pp_ptr, pat, "%s", e.msg);
-            if (rc != 0)
-                return js_oom(c);
-            if (match && json_object_get(props, o->names[i]))
-                return js_fail(c, pp_ptr, pat,
-                               "matches the property '%s' that properties defines (not supported)",
-                               o->names[i]);
-            any = any || match;
-        }
-        if (!any && !json_object_get(props, o->names[i]))
-            return js_fail_unsat(c, pp_ptr, NULL, "required '%s' matches no pattern", o->names[i]);
-    }
-    return 0;
-}
-
-/* patternProperties beside additionalProperties false, every pattern with the same schema:
- * the additional keys are the strings that match a pattern, valued by that schema (exact:
- * check_names keeps them apart from the defined names). *used: patternProperties applies;
- * false when it constrains nothing (every pattern's schema accepts all, and
- * additionalProperties is not false). Anything else is refused. */
-static int read_patterns(js_ctx_t *c, json_t *s, const char *ptr, objspec_t *o, bool *used)
-{
-    json_t *pp = json_object_get(s, "patternProperties");
-    json_t *ap = json_object_get(s, "additionalProperties"), *sub, *first = NULL;
+    json_t *pp = json_object_get(s, "patternProperties"), *sub;
+    json_t *ap = json_object_get(s, "additionalProperties");
     const char *pat;
-    bool trivial = true, same = true;
     *used = false;
     if (!pp)
         return 0;
     if (!json_is_object(pp))
         return js_fail(c, ptr, "patternProperties", "must be an object");
+    bool trivial = true;
+    json_object_foreach(pp, pat, sub) trivial = trivial && accepts_all(sub);
+    *used = json_object_size(pp) > 0 && (!trivial || (ap && !json_is_true(ap)));
+    return 0;
+}
+
+/* The names of properties and required, for the automaton (caller frees the array). */
+static const char **object_names(json_t *s, size_t *n)
+{
+    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required"), *r;
+    const char **names = calloc(json_object_size(props) + json_array_size(req) + 1, sizeof *names);
+    const char *key;
+    json_t *sub;
+    size_t i;
+    *n = 0;
+    if (!names)
+        return NULL;
+    json_object_foreach(props, key, sub) names[(*n)++] = key;
+    json_array_foreach(req, i, r) if (json_is_string(r)) names[(*n)++] = json_string_value(r);
+    return names;
+}
+
+static int patterns_setup(js_ctx_t *c, json_t *s, const char *ptr, pctx_t *p)
+{
+    json_t *pp = json_object_get(s, "patternProperties"), *sub;
+    const char *pat;
+    js_ptr_join(p->ptr, ptr, "patternProperties");
+    if (json_object_size(pp) > JS_DFA_MAX_PATTERNS)
+        return js_fail(c, p->ptr, NULL, "more than %d patterns not supported", JS_DFA_MAX_PATTERNS);
     json_object_foreach(pp, pat, sub)
     {
-        trivial = trivial && accepts_all(sub);
-        same = same && (!first || json_equal(first, sub));
-        first = first ? first : sub;
+        p->pats[p->n] = pat;
+        p->schemas[p->n++] = sub;
     }
-    if (!first || (trivial && !json_is_false(ap)))
-        return 0;
-    if (!json_is_false(ap))
-        return js_fail(c, ptr, "patternProperties",
-                       "not supported unless additionalProperties is false");
-    if (!same)
-        return js_fail(c, ptr, "patternProperties",
-                       "patterns with different schemas not supported");
-    char pp_ptr[JS_PTR_MAX], vp[JS_PTR_MAX];
-    js_ptr_join(pp_ptr, ptr, "patternProperties");
-    tdm_buf_t body = TDM_BUF_INIT;
-    int rc = 0, n = 0;
-    json_object_foreach(pp, pat, sub)
-    {
-        char kp[JS_PTR_MAX], key[JS_NAME_MAX];
-        js_ptr_join(kp, pp_ptr, pat);
-        json_t *ks = json_pack("{s:s,s:s}", "type", "string", "pattern", pat);
-        if (!ks || json_array_append_new(c->keep, ks) != 0)
-            rc = js_oom(c);
-        rc = rc ? rc : js_compile(c, ks, kp, key);
+    size_t n_names, bad;
+    const char **names = object_names(s, &n_names);
+    if (!names)
+        return js_oom(c);
+    tdm_error_t e;
+    int rc = js_dfa_new(p->pats, p->n, names, n_names, &p->dfa, &bad, &e);
+    free(names);
+    if (rc == TDM_ERESOURCE)
+        return js_oom(c);
+    if (rc != 0)
+        return js_fail(c, p->ptr, bad < p->n ? p->pats[bad] : NULL, "%s", e.msg);
+    return 0;
+}
+
+/* The schema a value must satisfy when its key is tagged tag: base (the property's schema;
+ * NULL: none) merged with the schema of every pattern the key matches. */
+static int pattern_schema(js_ctx_t *c, const pctx_t *p, json_t *base, uint32_t tag, json_t **out)
+{
+    json_t *acc = base ? base : json_true();
+    for (size_t i = 0; i < p->n; i++) {
+        if (!(tag & (1u << i)))
+            continue;
+        char sp[JS_PTR_MAX];
+        js_ptr_join(sp, p->ptr, p->pats[i]);
+        int rc = js_merge(c, acc, p->schemas[i], sp, &acc);
         if (rc != 0)
-            break;
-        tdm_buf_printf(&body, "%s%s", n++ ? " | " : "", key);
+            return rc;
     }
-    if (rc == 0) {
-        js_new_name(c, o->extra_key);
-        rc = body.oom ? js_oom(c) : js_emit_rule(c, o->extra_key, body.data);
+    *out = acc;
+    return 0;
+}
+
+/* Compiles the value schema of the defined or required name key (base: its schema in
+ * properties, NULL when it has none) with the patterns it matches. */
+static int compile_named(js_ctx_t *c, const pctx_t *p, const char *key, json_t *base,
+                         const char *kp, char *rule)
+{
+    uint32_t tag = js_dfa_tag(p->dfa, key, strlen(key)) & ((1u << p->n) - 1);
+    json_t *m;
+    int rc = pattern_schema(c, p, base, tag, &m);
+    return rc ? rc : js_compile(c, m, kp, rule);
+}
+
+/* One member alternative for the keys tagged exactly tag (matching the patterns in it, none
+ * of the defined names): `"key" ws ":" ws value ws` appended to alts; nothing when no value
+ * fits (those keys cannot appear). */
+static int pattern_member(js_ctx_t *c, const pctx_t *p, objspec_t *o, uint32_t tag, tdm_buf_t *alts)
+{
+    char value[JS_NAME_MAX], key[JS_NAME_MAX];
+    size_t out_len = c->out->len, n_refs = c->n_refs;
+    bool prims[JS_PRIM_COUNT];
+    memcpy(prims, c->prim_done, sizeof prims);
+    int rc = 0;
+    if (tag == 0) {
+        snprintf(value, sizeof value, "%s", o->extra_value);
+    } else {
+        json_t *m;
+        rc = pattern_schema(c, p, NULL, tag, &m);
+        char vp[JS_PTR_MAX]; /* one pattern: its pointer; several: patternProperties' */
+        snprintf(vp, sizeof vp, "%s", p->ptr);
+        for (size_t i = 0; i < p->n && (tag & (tag - 1)) == 0; i++)
+            if (tag == (1u << i))
+                js_ptr_join(vp, p->ptr, p->pats[i]);
+        rc = rc ? rc : js_compile(c, m, vp, value);
+        if (rc == TDM_EINVALID && c->unsat) {
+            drop_since(c, out_len, n_refs);
+            memcpy(c->prim_done, prims, sizeof prims);
+            return 0;
+        }
     }
-    tdm_buf_free(&body);
-    js_ptr_join(vp, pp_ptr, json_object_iter_key(json_object_iter(pp)));
-    if (rc == 0)
-        rc = trivial ? js_prim(c, JS_PRIM_VALUE, o->extra_value)
-                     : js_compile(c, first, vp, o->extra_value);
-    o->extras = true;
-    *used = rc == 0;
+    if (rc != 0)
+        return rc;
+    rc = js_dfa_emit(c, p->dfa, tag, 0, JS_LEN_INF, key);
+    if (rc == TDM_EINVALID) {
+        char msg[TDM_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", c->err->msg);
+        return js_fail(c, p->ptr, NULL, "%s", msg);
+    }
+    if (rc == 0 && key[0])
+        tdm_buf_printf(alts, "%s\"\\\"\" %s \"\\\"\" %s \":\" %s %s %s", alts->len ? " | " : "",
+                       key, o->ws, o->ws, value, o->ws);
+    return rc;
+}
+
+/* The members besides the defined ones: one alternative per combination of patterns a key
+ * can match (its value satisfies all their schemas), and the keys matching none valued by
+ * additionalProperties (unless false). Exact: every key falls in exactly one alternative,
+ * and the defined names in none. */
+static int pattern_members(js_ctx_t *c, const pctx_t *p, objspec_t *o, bool ap_false)
+{
+    uint32_t tags[64];
+    size_t nt = js_dfa_tags(p->dfa, tags, 64);
+    if (nt > 64)
+        return js_fail(c, p->ptr, NULL, "more than 64 combinations of patterns not supported");
+    tdm_buf_t alts = TDM_BUF_INIT;
+    int rc = 0;
+    for (size_t i = 0; i < nt && rc == 0; i++) {
+        if ((tags[i] >> p->n) != 0 || (tags[i] == 0 && ap_false))
+            continue; /* a defined name, or no key of this kind allowed */
+        rc = pattern_member(c, p, o, tags[i], &alts);
+    }
+    o->extras = rc == 0 && alts.len > 0;
+    if (o->extras) {
+        js_new_name(c, o->extra_member);
+        rc = alts.oom ? js_oom(c) : js_emit_rule(c, o->extra_member, alts.data);
+    }
+    tdm_buf_free(&alts);
     return rc;
 }
 
@@ -427,16 +436,17 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     char(*after)[JS_NAME_MAX] = calloc(cap + 1, JS_NAME_MAX);
     int rc = (!o.props || !o.names || !first || !after) ? js_oom(c) : 0;
     bool patterns = false;
-    char pp_ptr[JS_PTR_MAX];
-    js_ptr_join(pp_ptr, ptr, "patternProperties");
+    pctx_t pc;
+    memset(&pc, 0, sizeof pc);
     rc = rc ? rc : js_prim(c, JS_PRIM_WS, o.ws);
-    rc = rc ? rc : read_patterns(c, s, ptr, &o, &patterns);
-    if (rc == 0 && !patterns)
-        rc = read_additional(c, s, ptr, &o);
-    rc = rc ? rc : collect_props(c, s, ptr, req, &o);
-    rc = rc ? rc : collect_required_extras(c, s, ptr, req, &o);
+    rc = rc ? rc : patterns_apply(c, s, ptr, &patterns);
     if (rc == 0 && patterns)
-        rc = check_names(c, s, pp_ptr, &o);
+        rc = patterns_setup(c, s, ptr, &pc);
+    rc = rc ? rc : read_additional(c, s, ptr, &o);
+    rc = rc ? rc : collect_props(c, s, ptr, req, &o, patterns ? &pc : NULL);
+    rc = rc ? rc : collect_required_extras(c, s, ptr, req, &o, patterns ? &pc : NULL);
+    if (rc == 0 && patterns)
+        rc = pattern_members(c, &pc, &o, json_is_false(ap));
     else if (rc == 0 && o.extras)
         rc = extra_key(c, &o);
     rc = rc ? rc : emit_chain(c, &o, first, after);
@@ -452,6 +462,7 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         js_new_name(c, name);
         rc = js_emit_rule(c, name, body);
     }
+    js_dfa_free(&pc.dfa);
     free(o.props);
     free(o.names);
     free(first);
@@ -539,6 +550,31 @@ static void rest_text(tdm_buf_t *b, const arrspec_t *a)
     tdm_buf_puts(b, lo ? "" : " )?");
 }
 
+/* contains (minContains 1): items, at least one of them also matching contains (W):
+ * `[ (I ,)* W (, I)* ]`. Beside tuple items, maxItems or minItems above 1: refused. */
+static int array_contains(js_ctx_t *c, json_t *s, const char *ptr, size_t min, size_t max,
+                          char *name)
+{
+    json_t *items = json_object_get(s, "items"), *con = json_object_get(s, "contains"), *w;
+    if (json_object_get(s, "prefixItems") || json_is_array(items) || max != JS_LEN_INF || min > 1)
+        return js_fail(c, ptr, "contains",
+                       "not supported beside tuple items, maxItems or minItems above 1");
+    char ip[JS_PTR_MAX], cp[JS_PTR_MAX], ws[JS_NAME_MAX], item[JS_NAME_MAX], wit[JS_NAME_MAX];
+    js_ptr_join(ip, ptr, "items");
+    js_ptr_join(cp, ptr, "contains");
+    int rc = js_merge(c, items ? items : json_true(), con, cp, &w);
+    rc = rc ? rc : js_prim(c, JS_PRIM_WS, ws);
+    rc = rc ? rc : items ? js_compile(c, items, ip, item) : js_prim(c, JS_PRIM_VALUE, item);
+    rc = rc ? rc : js_compile(c, w, cp, wit);
+    if (rc != 0)
+        return rc;
+    char body[12 * JS_NAME_MAX];
+    snprintf(body, sizeof body, "\"[\" %s ( %s %s \",\" %s )* %s %s ( \",\" %s %s %s )* \"]\"", ws,
+             item, ws, ws, wit, ws, ws, item, ws);
+    js_new_name(c, name);
+    return js_emit_rule(c, name, body);
+}
+
 int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
 {
     arrspec_t a;
@@ -546,13 +582,20 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     a.max = JS_LEN_INF;
     int rc = get_items_count(c, s, ptr, "minItems", &a.min);
     rc = rc ? rc : get_items_count(c, s, ptr, "maxItems", &a.max);
+    if (rc == 0 && json_is_true(json_object_get(s, "uniqueItems")) && a.max > 1 &&
+        json_object_get(s, "contains"))
+        return js_fail(c, ptr, "contains", "not supported beside uniqueItems");
+    if (rc == 0 && json_is_true(json_object_get(s, "uniqueItems")) && a.max > 1)
+        return js_array_unique(c, s, ptr, a.min, a.max, name);
+    if (rc == 0 && json_object_get(s, "contains"))
+        return array_contains(c, s, ptr, a.min, a.max, name);
     if (rc == 0 && !json_object_get(s, "items") && !json_object_get(s, "prefixItems") &&
         a.min == 0 && a.max == JS_LEN_INF)
         return js_prim(c, JS_PRIM_ARRAY, name);
     rc = rc ? rc : js_prim(c, JS_PRIM_WS, a.ws);
     rc = rc ? rc : read_items(c, s, ptr, &a);
     if (rc == 0 && a.min > a.max)
-        rc = js_fail(c, ptr, "minItems", "greater than maxItems");
+        rc = js_fail_unsat(c, ptr, "minItems", "greater than maxItems");
     if (rc == 0 && !a.rest && a.min > a.k)
         rc = js_fail(c, ptr, "minItems", "more items than the schema allows");
     tdm_buf_t b = TDM_BUF_INIT;

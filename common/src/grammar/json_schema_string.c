@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "json_schema_internal.h"
+#include "regex_internal.h"
 
 #define HOST_LABEL "[a-zA-Z0-9] ( [a-zA-Z0-9\\x2D]{0,61} [a-zA-Z0-9] )?"
 #define D28 "( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )"
@@ -29,9 +30,13 @@
 #define DATE                                                                                       \
     "( [0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" " D31 " | ( \"0\" [469] | "           \
     "\"11\" ) \"-\" " D30 " | \"02-\" " D28 " ) | " LEAP " \"-02-29\" )"
+/* a leap second (:60) only where it is 23:59:60 UTC that can be read off the text alone: a zero
+ * offset (RFC 3339 5.7; other offsets would need the clock arithmetic, so they are rejected) */
 #define TIME                                                                                       \
-    "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" ( [0-5] [0-9] | \"60\" ) ( \".\" "       \
-    "[0-9]+ )? ( [zZ] | [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )"
+    "( ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]+ )? ( [zZ] " \
+    "| [+\\x2D] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] ) | \"23:59:60\" ( \".\" [0-9]+ "   \
+    ")? "                                                                                          \
+    "( [zZ] | [+\\x2D] \"00:00\" ) )"
 #define OCTET "( \"25\" [0-5] | \"2\" [0-4] [0-9] | \"1\" [0-9] [0-9] | [1-9] [0-9] | [0-9] )"
 #define IPV4 OCTET " \".\" " OCTET " \".\" " OCTET " \".\" " OCTET
 /* RFC 4291 section 2.2 as RFC 3986's IPv6address writes it: eight groups of 1-4 hex digits,
@@ -76,13 +81,15 @@ static const struct {
     {"duration", DURATION},
 };
 
-/* The other formats JSON Schema (drafts 4 to 2020-12) defines: refused, since a grammar for
- * them would be weaker or stricter than the definition. Any name in neither list is a custom
- * format, an annotation (2020-12 section 7.2.3): compiled as if `format` were absent. */
-static const char *const k_formats_refused[] = {
-    "idn-email",     "idn-hostname", "uri-reference", "iri",
-    "iri-reference", "uri-template", "json-pointer",  "relative-json-pointer",
-    "regex",         "host-name",    "ip-address",    NULL};
+/* The other formats JSON Schema (drafts 4 to 2020-12) defines: compiled from their regexes
+ * (json_schema_format.c) through the automaton, or refused (no exact grammar: IDNA's rules,
+ * ECMA-262's nested groups). Any name in neither list is a custom format, an annotation
+ * (2020-12 section 7.2.3): compiled as if `format` were absent. */
+static const char *const k_formats_regex[] = {
+    "uri-reference",         "iri",          "iri-reference",
+    "uri-template",          "json-pointer", "host-name",
+    "relative-json-pointer", "ip-address",   NULL};
+static const char *const k_formats_refused[] = {"idn-email", "idn-hostname", "regex", NULL};
 
 /* A non-negative integer keyword (minLength, ...) into *v; absent leaves *v. */
 static int get_count(js_ctx_t *c, json_t *s, const char *ptr, const char *key, size_t *v)
@@ -109,6 +116,9 @@ bool js_format_custom(json_t *f)
     for (size_t i = 0; k_formats_refused[i]; i++)
         if (strcmp(k_formats_refused[i], json_string_value(f)) == 0)
             return false;
+    for (size_t i = 0; k_formats_regex[i]; i++)
+        if (strcmp(k_formats_regex[i], json_string_value(f)) == 0)
+            return false;
     return true;
 }
 
@@ -130,7 +140,180 @@ static int format_content(js_ctx_t *c, json_t *s, const char *ptr, const char **
             return 0;
         }
     }
+    for (size_t i = 0; k_formats_regex[i]; i++) {
+        if (strcmp(k_formats_regex[i], json_string_value(f)) == 0) {
+            *content = ""; /* through its regex only */
+            return 0;
+        }
+    }
     return js_fail(c, ptr, "format", "'%s' not supported", json_string_value(f));
+}
+
+/* The strings matching every regex of res[0..n_pos) (the format's, the pattern), none of
+ * res[n_pos..n) (a `not`'s pattern or format) and none of names[n_names], with lo to hi
+ * characters: their automaton times a counter of characters (exact), the start rule into
+ * body. key names the keyword blamed when the automaton is too large. */
+static int string_dfa(js_ctx_t *c, const char *ptr, const char *key, const char *const *res,
+                      size_t n, size_t n_pos, const char *const *names, size_t n_names, size_t lo,
+                      size_t hi, tdm_buf_t *body)
+{
+    js_dfa_t *d = NULL;
+    size_t bad;
+    tdm_error_t e;
+    char rule[JS_NAME_MAX];
+    int rc = js_dfa_new(res, n, names, n_names, &d, &bad, &e);
+    if (rc == TDM_ERESOURCE)
+        return js_oom(c);
+    if (rc != 0)
+        return js_fail(c, ptr, key, "%s", e.msg);
+    rc = js_dfa_emit(c, d, (1u << n_pos) - 1, lo, hi, rule); /* res[n_pos..n) must not match */
+    js_dfa_free(&d);
+    if (rc == TDM_EINVALID) {
+        snprintf(e.msg, sizeof e.msg, "%s", c->err->msg);
+        return js_fail(c, ptr, key, "%s", e.msg);
+    }
+    if (rc == 0 && !rule[0])
+        return js_fail_unsat(c, ptr, key, "no string matches (format, pattern, lengths, not)");
+    if (rc == 0)
+        tdm_buf_puts(body, rule);
+    return rc;
+}
+
+/* The strings `not: {enum / const}` excludes (all strings: compile_object_schema sends only
+ * that form here) into names (caller frees); *n how many. */
+static const char **not_names(json_t *s, size_t *n)
+{
+    json_t *no = json_object_get(s, "not"), *vals = json_object_get(no, "enum"), *e;
+    json_t *one = json_object_get(no, "const");
+    const char **names = calloc(json_array_size(vals) + 2, sizeof *names);
+    size_t i;
+    *n = 0;
+    if (!names)
+        return NULL;
+    if (json_is_string(one))
+        names[(*n)++] = json_string_value(one);
+    json_array_foreach(vals, i, e) if (json_is_string(e)) names[(*n)++] = json_string_value(e);
+    return names;
+}
+
+/* A format beside a pattern or length bounds, a format with no GBNF form, or strings a `not`
+ * excludes: through the automaton of the format's regex, the pattern and the excluded names. */
+static int string_auto(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, size_t hi,
+                       tdm_buf_t *body)
+{
+    json_t *p = json_object_get(s, "pattern"), *f = json_object_get(s, "format");
+    if (p && !json_is_string(p))
+        return js_fail(c, ptr, "pattern", "must be a string");
+    tdm_buf_t rx = TDM_BUF_INIT;
+    const char *res[3];
+    size_t n = 0, n_names = 0;
+    int rc = 0;
+    if (json_is_string(f) && !js_format_custom(f)) {
+        rc = js_format_regex(json_string_value(f), &rx);
+        if (rc == 0 && rx.oom)
+            rc = TDM_ERESOURCE;
+        res[n++] = rx.data;
+    }
+    if (p)
+        res[n++] = json_string_value(p);
+    size_t n_pos = n; /* the regexes a string must match; then the one it must not */
+    json_t *no = json_object_get(s, "not"), *np = json_object_get(no, "pattern");
+    json_t *nf = json_object_get(no, "format");
+    tdm_buf_t nrx = TDM_BUF_INIT;
+    if (rc == 0 && json_is_string(np)) {
+        res[n++] = json_string_value(np);
+    } else if (rc == 0 && json_is_string(nf) && !js_format_custom(nf)) {
+        rc = js_format_regex(json_string_value(nf), &nrx);
+        rc = rc == 0 && nrx.oom ? TDM_ERESOURCE : rc;
+        res[n++] = nrx.data;
+    }
+    const char **names = not_names(s, &n_names);
+    const char *key = p                   ? "pattern"
+                      : lo                ? "minLength"
+                      : hi != JS_LEN_INF  ? "maxLength"
+                      : n_names && n == 0 ? "not"
+                                          : "format";
+    if (!names)
+        rc = TDM_ERESOURCE;
+    if (rc == 0)
+        rc = string_dfa(c, ptr, key, res, n, n_pos, names, n_names, lo, hi, body);
+    else
+        rc = rc == TDM_ERESOURCE ? js_oom(c) : js_fail(c, ptr, "format", "no regex form");
+    free(names);
+    tdm_buf_free(&rx);
+    tdm_buf_free(&nrx);
+    return rc;
+}
+
+/* The end of the group that starts at re[i] ('('), or 0 when it does not close. */
+static size_t group_end(const char *re, size_t i)
+{
+    int depth = 0;
+    bool in_class = false;
+    for (; re[i]; i++) {
+        if (re[i] == '\\' && re[i + 1]) {
+            i++;
+        } else if (in_class) {
+            in_class = re[i] != ']';
+        } else if (re[i] == '[') {
+            in_class = true;
+        } else if (re[i] == '(') {
+            depth++;
+        } else if (re[i] == ')' && --depth == 0) {
+            return i;
+        }
+    }
+    return 0;
+}
+
+/* A pattern regex.c does not read, through the automaton: anchors anywhere, and lookaheads
+ * right after a leading ^ (`^(?=.*[A-Z])(?!x).{8,}$`), each one a regex of its own anchored
+ * there that the string must match (?=) or must not match (?!), the rest another. Refused
+ * with why_not (regex.c's message) when the automaton cannot read it either. */
+static int pattern_auto(js_ctx_t *c, const char *ptr, const char *re, size_t lo, size_t hi,
+                        tdm_buf_t *body, const char *why_not)
+{
+    tdm_buf_t part[8];
+    const char *pos[8], *neg[8], *res[8];
+    size_t n_pos = 0, n_neg = 0, i = 1, n = 0;
+    for (size_t k = 0; k < 8; k++)
+        part[k] = (tdm_buf_t)TDM_BUF_INIT;
+    while (re[0] == '^' && strncmp(re + i, "(?", 2) == 0 &&
+           (re[i + 2] == '=' || re[i + 2] == '!') && n < 7) {
+        size_t end = group_end(re, i);
+        if (end == 0)
+            break;
+        tdm_buf_printf(&part[n], "^(?:%.*s)", (int)(end - i - 3), re + i + 3);
+        if (re[i + 2] == '=')
+            pos[n_pos++] = part[n].data;
+        else
+            neg[n_neg++] = part[n].data;
+        n++;
+        i = end + 1;
+    }
+    tdm_buf_printf(&part[n], "%s%s", n ? "^" : "", n ? re + i : re);
+    pos[n_pos++] = part[n].data;
+    bool oom = false;
+    for (size_t k = 0; k <= n; k++)
+        oom = oom || part[k].oom;
+    for (size_t k = 0; k < n_pos; k++)
+        res[k] = pos[k];
+    for (size_t k = 0; k < n_neg; k++)
+        res[n_pos + k] = neg[k];
+    js_dfa_t *d = NULL;
+    size_t bad;
+    tdm_error_t e;
+    int rc = oom ? TDM_ERESOURCE : js_dfa_new(res, n_pos + n_neg, NULL, 0, &d, &bad, &e);
+    js_dfa_free(&d);
+    if (rc == 0)
+        rc = string_dfa(c, ptr, "pattern", res, n_pos + n_neg, n_pos, NULL, 0, lo, hi, body);
+    else if (rc == TDM_EINVALID)
+        rc = js_fail(c, ptr, "pattern", "%s", why_not);
+    else
+        rc = js_oom(c);
+    for (size_t k = 0; k <= n; k++)
+        tdm_buf_free(&part[k]);
+    return rc;
 }
 
 /* `pattern` with optional length bounds: the content expression into body. */
@@ -144,18 +327,25 @@ static int pattern_content(js_ctx_t *c, json_t *s, const char *ptr, size_t lo, s
     int rc = js_prim(c, JS_PRIM_CHAR, ch);
     if (rc != 0)
         return rc;
-    size_t min_len, max_len;
+    size_t min_len, max_len, start = body->len;
     tdm_error_t e;
     rc = js_regex_expr(json_string_value(p), json_string_length(p), true, ch, lo, hi, body,
                        &min_len, &max_len, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
-    if (rc != 0)
-        return js_fail(c, ptr, "pattern", "%s", e.msg);
-    if (min_len < lo || max_len > hi)
-        return js_fail(c, ptr, min_len < lo ? "minLength" : "maxLength",
-                       "not supported together with a pattern that allows other lengths");
-    return 0;
+    if (rc != 0) { /* anchors inside, leading lookaheads: the automaton may read it */
+        if (body->data)
+            body->data[body->len = start] = 0;
+        return pattern_auto(c, ptr, json_string_value(p), lo, hi, body, e.msg);
+    }
+    if (min_len >= lo && max_len <= hi)
+        return 0;
+    body->len = start; /* the bounds are not implied: the automaton times a length counter */
+    if (body->data)
+        body->data[start] = 0;
+    const char *re = json_string_value(p);
+    return string_dfa(c, ptr, hi != JS_LEN_INF ? "maxLength" : "minLength", &re, 1, 1, NULL, 0, lo,
+                      hi, body);
 }
 
 int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
@@ -170,20 +360,19 @@ int js_string(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if ((rc = format_content(c, s, ptr, &format)) != 0)
         return rc;
     bool has_pattern = json_object_get(s, "pattern"), has_format = format != NULL;
-    if (!has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
+    bool excl = json_object_get(s, "not") != NULL; /* not: {enum} of strings */
+    if (!excl && !has_pattern && !has_format && lo == 0 && hi == JS_LEN_INF)
         return js_prim(c, JS_PRIM_STRING, name);
-    if (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF))
-        return js_fail(c, ptr,
-                       has_pattern ? "pattern"
-                       : lo        ? "minLength"
-                                   : "maxLength",
-                       "not supported together with format");
+    bool via_dfa =
+        excl || (has_format && (has_pattern || lo != 0 || hi != JS_LEN_INF || !format[0]));
     if (lo > hi)
-        return js_fail(c, ptr, "minLength", "greater than maxLength");
+        return js_fail_unsat(c, ptr, "minLength", "greater than maxLength");
     tdm_buf_t body = TDM_BUF_INIT;
     char ch[JS_NAME_MAX];
     tdm_buf_puts(&body, "\"\\\"\" ");
-    if (has_format) {
+    if (via_dfa) {
+        rc = string_auto(c, s, ptr, lo, hi, &body);
+    } else if (has_format) {
         tdm_buf_printf(&body, "( %s )", format);
     } else if (has_pattern) {
         rc = pattern_content(c, s, ptr, lo, hi, &body);

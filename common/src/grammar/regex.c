@@ -8,7 +8,8 @@
  * after them is accepted: it changes which match is found, not which strings match), and the
  * anchors `^` `$` only at the start / end of a top-level alternative. Everything else
  * (backreferences, lookaround, \b, flags, possessive quantifiers) is refused with its offset.
- * \d \w \s are the ASCII classes (ECMA-262 without the u flag, as JSON Schema says).
+ * \d \w are the ASCII classes (ECMA-262 without the u flag, as JSON Schema says); \s is
+ * ECMA-262's WhiteSpace and LineTerminator, which hold Unicode spaces (U+00A0, U+2028, ...).
  *
  * Two modes. Raw: the expression matches the text itself, whole (a regex constraint).
  * JSON: it matches the content of a JSON string (between the quotes) whose decoded text the
@@ -20,26 +21,8 @@
 #include <string.h>
 
 #include "json_schema_internal.h"
+#include "regex_internal.h"
 #include "tandem/json_schema.h"
-
-#define CPSET_MAX 512 /* ranges in one character class */
-#define CP_MAX 0x10FFFFu
-#define RX_MAX_DEPTH 64
-
-typedef struct cpset {
-    size_t n;
-    uint32_t lo[CPSET_MAX], hi[CPSET_MAX];
-} cpset_t;
-
-typedef struct rx {
-    const char *s;
-    size_t n, i;
-    bool json;
-    const char *char_rule; /* any string character (JSON mode's unanchored sides) */
-    tdm_error_t *err;
-    int depth;
-    size_t want_lo, want_hi; /* JSON mode: the length bounds to build in (minLength ...) */
-} rx_t;
 
 /* ---- GBNF text ---- */
 
@@ -104,7 +87,7 @@ static int cmp_range(const void *a, const void *b)
     return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
-static bool set_add(cpset_t *s, uint32_t lo, uint32_t hi)
+bool js_cpset_add(cpset_t *s, uint32_t lo, uint32_t hi)
 {
     if (s->n == CPSET_MAX)
         return false;
@@ -115,7 +98,7 @@ static bool set_add(cpset_t *s, uint32_t lo, uint32_t hi)
 }
 
 /* Sorts and merges overlapping or touching ranges. */
-static void set_normalize(cpset_t *s)
+void js_cpset_normalize(cpset_t *s)
 {
     uint32_t pairs[CPSET_MAX][2];
     for (size_t i = 0; i < s->n; i++) {
@@ -138,21 +121,21 @@ static void set_normalize(cpset_t *s)
 }
 
 /* Complement within [0, CP_MAX] of a normalized set. */
-static void set_negate(cpset_t *s)
+void js_cpset_negate(cpset_t *s)
 {
     cpset_t t = {0};
     uint32_t next = 0;
     for (size_t i = 0; i < s->n; i++) {
         if (s->lo[i] > next)
-            set_add(&t, next, s->lo[i] - 1);
+            js_cpset_add(&t, next, s->lo[i] - 1);
         next = s->hi[i] + 1;
     }
     if (next <= CP_MAX && (s->n == 0 || s->hi[s->n - 1] < CP_MAX))
-        set_add(&t, next, CP_MAX);
+        js_cpset_add(&t, next, CP_MAX);
     *s = t;
 }
 
-static bool set_has(const cpset_t *s, uint32_t cp)
+bool js_cpset_has(const cpset_t *s, uint32_t cp)
 {
     for (size_t i = 0; i < s->n; i++)
         if (cp >= s->lo[i] && cp <= s->hi[i])
@@ -161,18 +144,18 @@ static bool set_has(const cpset_t *s, uint32_t cp)
 }
 
 /* Removes [lo, hi] from a normalized set. */
-static void set_remove(cpset_t *s, uint32_t lo, uint32_t hi)
+void js_cpset_remove(cpset_t *s, uint32_t lo, uint32_t hi)
 {
     cpset_t t = {0};
     for (size_t i = 0; i < s->n; i++) {
         if (s->hi[i] < lo || s->lo[i] > hi) {
-            set_add(&t, s->lo[i], s->hi[i]);
+            js_cpset_add(&t, s->lo[i], s->hi[i]);
             continue;
         }
         if (s->lo[i] < lo)
-            set_add(&t, s->lo[i], lo - 1);
+            js_cpset_add(&t, s->lo[i], lo - 1);
         if (s->hi[i] > hi)
-            set_add(&t, hi + 1, s->hi[i]);
+            js_cpset_add(&t, hi + 1, s->hi[i]);
     }
     *s = t;
 }
@@ -189,7 +172,7 @@ static void set_emit_class(tdm_buf_t *b, const cpset_t *s)
     cpset_t t = *s;
     bool neg = t.n > 0 && t.hi[t.n - 1] == CP_MAX;
     if (neg)
-        set_negate(&t);
+        js_cpset_negate(&t);
     tdm_buf_puts(b, neg ? "[^" : "[");
     for (size_t i = 0; i < t.n; i++) {
         js_gbnf_class_cp(b, t.lo[i]);
@@ -215,12 +198,12 @@ static void json_escape_lit(tdm_buf_t *b, uint32_t cp)
 }
 
 /* JSON mode: the set's characters as they appear inside a JSON string. */
-static void set_emit_json(tdm_buf_t *b, const cpset_t *s)
+void js_cpset_emit_json(tdm_buf_t *b, const cpset_t *s)
 {
     cpset_t plain = *s;
-    set_remove(&plain, 0, 0x1F);
-    set_remove(&plain, '"', '"');
-    set_remove(&plain, '\\', '\\');
+    js_cpset_remove(&plain, 0, 0x1F);
+    js_cpset_remove(&plain, '"', '"');
+    js_cpset_remove(&plain, '\\', '\\');
     tdm_buf_t alts = TDM_BUF_INIT;
     int n_alts = 0;
     if (plain.n > 0) {
@@ -229,14 +212,14 @@ static void set_emit_json(tdm_buf_t *b, const cpset_t *s)
     }
     bool all_ctl = true;
     for (uint32_t cp = 0; cp < 0x20; cp++)
-        all_ctl = all_ctl && set_has(s, cp);
+        all_ctl = all_ctl && js_cpset_has(s, cp);
     if (all_ctl) {
         tdm_buf_printf(&alts, "%s\"\\\\\" [bfnrt] | \"\\\\u00\" [01] [0-9a-fA-F]",
                        n_alts ? " | " : "");
         n_alts += 2;
     }
     for (uint32_t cp = all_ctl ? 0x20 : 0; cp <= '\\'; cp++) {
-        if ((cp < 0x20 || cp == '"' || cp == '\\') && set_has(s, cp)) {
+        if ((cp < 0x20 || cp == '"' || cp == '\\') && js_cpset_has(s, cp)) {
             tdm_buf_puts(&alts, n_alts ? " | " : "");
             json_escape_lit(&alts, cp);
             n_alts++;
@@ -271,27 +254,17 @@ static size_t len_mul(size_t a, size_t k)
     return a * k;
 }
 
-static int rx_fail(rx_t *r, const char *what)
+int js_rx_fail(rx_t *r, const char *what)
 {
     return tdm_error_set(r->err, TDM_EINVALID, "%s (at offset %zu)", what, r->i);
 }
 
-static bool rx_eof(const rx_t *r)
-{
-    return r->i >= r->n;
-}
-
-static uint32_t rx_peek(const rx_t *r)
-{
-    return rx_eof(r) ? 0 : (unsigned char)r->s[r->i];
-}
-
 /* Reads one UTF-8 character (a byte that is not UTF-8 is refused). */
-static int rx_char(rx_t *r, uint32_t *cp)
+int js_rx_char(rx_t *r, uint32_t *cp)
 {
     size_t k = tdm_utf8_decode((const unsigned char *)r->s + r->i, r->n - r->i, cp);
     if (k == 0)
-        return rx_fail(r, "invalid UTF-8");
+        return js_rx_fail(r, "invalid UTF-8");
     r->i += k;
     return 0;
 }
@@ -300,13 +273,13 @@ static int rx_hex(rx_t *r, int digits, uint32_t *cp)
 {
     uint32_t v = 0;
     for (int k = 0; k < digits; k++) {
-        uint32_t ch = rx_peek(r);
+        uint32_t ch = js_rx_peek(r);
         int d = ch >= '0' && ch <= '9'   ? (int)(ch - '0')
                 : ch >= 'a' && ch <= 'f' ? (int)(ch - 'a' + 10)
                 : ch >= 'A' && ch <= 'F' ? (int)(ch - 'A' + 10)
                                          : -1;
         if (d < 0)
-            return rx_fail(r, "bad hexadecimal escape");
+            return js_rx_fail(r, "bad hexadecimal escape");
         v = v * 16 + (uint32_t)d;
         r->i++;
     }
@@ -319,34 +292,42 @@ static bool class_escape(uint32_t ch, cpset_t *s)
 {
     cpset_t t = {0};
     switch (ch | 0x20) {
-    case 'd': set_add(&t, '0', '9'); break;
+    case 'd': js_cpset_add(&t, '0', '9'); break;
     case 'w':
-        set_add(&t, '0', '9');
-        set_add(&t, 'A', 'Z');
-        set_add(&t, 'a', 'z');
-        set_add(&t, '_', '_');
+        js_cpset_add(&t, '0', '9');
+        js_cpset_add(&t, 'A', 'Z');
+        js_cpset_add(&t, 'a', 'z');
+        js_cpset_add(&t, '_', '_');
         break;
-    case 's':
-        set_add(&t, '\t', '\r');
-        set_add(&t, ' ', ' ');
+    case 's': /* ECMA-262's WhiteSpace and LineTerminator, Unicode ones included */
+        js_cpset_add(&t, '\t', '\r');
+        js_cpset_add(&t, ' ', ' ');
+        js_cpset_add(&t, 0xA0, 0xA0);
+        js_cpset_add(&t, 0x1680, 0x1680);
+        js_cpset_add(&t, 0x2000, 0x200A);
+        js_cpset_add(&t, 0x2028, 0x2029);
+        js_cpset_add(&t, 0x202F, 0x202F);
+        js_cpset_add(&t, 0x205F, 0x205F);
+        js_cpset_add(&t, 0x3000, 0x3000);
+        js_cpset_add(&t, 0xFEFF, 0xFEFF);
         break;
     default: return false;
     }
-    set_normalize(&t);
+    js_cpset_normalize(&t);
     if (ch >= 'A' && ch <= 'Z')
-        set_negate(&t);
+        js_cpset_negate(&t);
     for (size_t i = 0; i < t.n; i++)
-        set_add(s, t.lo[i], t.hi[i]);
+        js_cpset_add(s, t.lo[i], t.hi[i]);
     return true;
 }
 
 /* After a backslash: one character (*cp) or a class added to *s (*is_class). */
-static int rx_escape(rx_t *r, bool in_class, uint32_t *cp, cpset_t *s, bool *is_class)
+int js_rx_escape(rx_t *r, bool in_class, uint32_t *cp, cpset_t *s, bool *is_class)
 {
     *is_class = false;
-    if (rx_eof(r))
-        return rx_fail(r, "trailing backslash");
-    uint32_t ch = rx_peek(r);
+    if (js_rx_eof(r))
+        return js_rx_fail(r, "trailing backslash");
+    uint32_t ch = js_rx_peek(r);
     r->i++;
     if (class_escape(ch, s)) {
         *is_class = true;
@@ -366,13 +347,13 @@ static int rx_escape(rx_t *r, bool in_class, uint32_t *cp, cpset_t *s, bool *is_
             *cp = '\b';
             return 0;
         }
-        return rx_fail(r, "\\b (word boundary) not supported");
+        return js_rx_fail(r, "\\b (word boundary) not supported");
     default: break;
     }
     if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '1' && ch <= '9'))
-        return rx_fail(r, "escape not supported (backreference, \\p, \\B, ...)");
+        return js_rx_fail(r, "escape not supported (backreference, \\p, \\B, ...)");
     r->i--;
-    return rx_char(r, cp);
+    return js_rx_char(r, cp);
 }
 
 /* One member of a class: a character, a range a-b, or an escape class. */
@@ -380,54 +361,56 @@ static int class_item(rx_t *r, cpset_t *s)
 {
     uint32_t lo, hi;
     bool is_class = false;
-    int rc = rx_peek(r) == '\\' ? (r->i++, rx_escape(r, true, &lo, s, &is_class)) : rx_char(r, &lo);
+    int rc = js_rx_peek(r) == '\\' ? (r->i++, js_rx_escape(r, true, &lo, s, &is_class))
+                                   : js_rx_char(r, &lo);
     if (rc != 0 || is_class)
         return rc;
     hi = lo;
-    if (rx_peek(r) == '-' && r->i + 1 < r->n && r->s[r->i + 1] != ']') {
+    if (js_rx_peek(r) == '-' && r->i + 1 < r->n && r->s[r->i + 1] != ']') {
         r->i++;
         bool hi_class = false;
-        rc = rx_peek(r) == '\\' ? (r->i++, rx_escape(r, true, &hi, s, &hi_class)) : rx_char(r, &hi);
+        rc = js_rx_peek(r) == '\\' ? (r->i++, js_rx_escape(r, true, &hi, s, &hi_class))
+                                   : js_rx_char(r, &hi);
         if (rc != 0)
             return rc;
         if (hi_class || hi < lo)
-            return rx_fail(r, "bad range in character class");
+            return js_rx_fail(r, "bad range in character class");
     }
-    if (!set_add(s, lo, hi))
-        return rx_fail(r, "character class too large");
+    if (!js_cpset_add(s, lo, hi))
+        return js_rx_fail(r, "character class too large");
     return 0;
 }
 
 /* After '[': the class up to its ']'. */
-static int parse_class(rx_t *r, cpset_t *s)
+int js_rx_class(rx_t *r, cpset_t *s)
 {
-    bool neg = rx_peek(r) == '^';
+    bool neg = js_rx_peek(r) == '^';
     if (neg)
         r->i++;
     bool first = true;
-    while (!rx_eof(r) && (rx_peek(r) != ']' || first)) {
-        if (rx_peek(r) == '[' && r->i + 1 < r->n && r->s[r->i + 1] == ':')
-            return rx_fail(r, "POSIX classes ([:alpha:]) not supported");
+    while (!js_rx_eof(r) && (js_rx_peek(r) != ']' || first)) {
+        if (js_rx_peek(r) == '[' && r->i + 1 < r->n && r->s[r->i + 1] == ':')
+            return js_rx_fail(r, "POSIX classes ([:alpha:]) not supported");
         int rc = class_item(r, s);
         if (rc != 0)
             return rc;
         first = false;
     }
-    if (rx_eof(r))
-        return rx_fail(r, "unterminated character class");
+    if (js_rx_eof(r))
+        return js_rx_fail(r, "unterminated character class");
     r->i++;
-    set_normalize(s);
+    js_cpset_normalize(s);
     if (neg)
-        set_negate(s);
+        js_cpset_negate(s);
     if (s->n == 0)
-        return rx_fail(r, "character class matches nothing");
+        return js_rx_fail(r, "character class matches nothing");
     return 0;
 }
 
 static void set_emit(const rx_t *r, tdm_buf_t *b, const cpset_t *s)
 {
     if (r->json)
-        set_emit_json(b, s);
+        js_cpset_emit_json(b, s);
     else
         set_emit_class(b, s);
 }
@@ -437,34 +420,34 @@ static int parse_alt(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top);
 /* A group after '(' (its kind prefix), up to its ')'. */
 static int parse_group(rx_t *r, tdm_buf_t *b, rx_len_t *len)
 {
-    if (rx_peek(r) == '?') {
+    if (js_rx_peek(r) == '?') {
         r->i++;
-        if (rx_peek(r) == ':') {
+        if (js_rx_peek(r) == ':') {
             r->i++;
-        } else if (rx_peek(r) == '<' || rx_peek(r) == 'P') {
-            if (rx_peek(r) == 'P')
+        } else if (js_rx_peek(r) == '<' || js_rx_peek(r) == 'P') {
+            if (js_rx_peek(r) == 'P')
                 r->i++;
-            if (rx_peek(r) != '<' ||
+            if (js_rx_peek(r) != '<' ||
                 (r->i + 1 < r->n && (r->s[r->i + 1] == '=' || r->s[r->i + 1] == '!')))
-                return rx_fail(r, "lookbehind not supported");
-            while (!rx_eof(r) && rx_peek(r) != '>')
+                return js_rx_fail(r, "lookbehind not supported");
+            while (!js_rx_eof(r) && js_rx_peek(r) != '>')
                 r->i++;
-            if (rx_eof(r))
-                return rx_fail(r, "unterminated group name");
+            if (js_rx_eof(r))
+                return js_rx_fail(r, "unterminated group name");
             r->i++;
         } else {
-            return rx_fail(r, "group kind not supported (lookahead, flags, ...)");
+            return js_rx_fail(r, "group kind not supported (lookahead, flags, ...)");
         }
     }
     if (++r->depth > RX_MAX_DEPTH)
-        return rx_fail(r, "groups nested too deep");
+        return js_rx_fail(r, "groups nested too deep");
     tdm_buf_puts(b, "( ");
     int rc = parse_alt(r, b, len, false);
     r->depth--;
     if (rc != 0)
         return rc;
-    if (rx_peek(r) != ')')
-        return rx_fail(r, "missing )");
+    if (js_rx_peek(r) != ')')
+        return js_rx_fail(r, "missing )");
     r->i++;
     tdm_buf_puts(b, " )");
     return 0;
@@ -473,7 +456,7 @@ static int parse_group(rx_t *r, tdm_buf_t *b, rx_len_t *len)
 /* One atom: a character, class, '.', or group. */
 static int parse_atom(rx_t *r, tdm_buf_t *b, rx_len_t *len)
 {
-    uint32_t ch = rx_peek(r);
+    uint32_t ch = js_rx_peek(r);
     cpset_t s;
     s.n = 0;
     len->min = len->max = 1;
@@ -482,36 +465,37 @@ static int parse_atom(rx_t *r, tdm_buf_t *b, rx_len_t *len)
         return parse_group(r, b, len);
     }
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{')
-        return rx_fail(r, "nothing to repeat");
+        return js_rx_fail(r, "nothing to repeat");
     if (ch == '^' || ch == '$')
-        return rx_fail(r, "anchors are supported only at the ends of the pattern");
+        return js_rx_fail(r, "anchors are supported only at the ends of the pattern");
     r->i++;
     if (ch == '[') {
-        int rc = parse_class(r, &s);
+        int rc = js_rx_class(r, &s);
         if (rc != 0)
             return rc;
     } else if (ch == '.') {
-        set_add(&s, 0, CP_MAX);
-        set_remove(&s, '\n', '\n');
+        js_cpset_add(&s, 0, CP_MAX);
+        js_cpset_remove(&s, '\n', '\n');
     } else {
         uint32_t cp = ch;
         bool is_class = false;
-        int rc = ch == '\\' ? rx_escape(r, false, &cp, &s, &is_class) : (r->i--, rx_char(r, &cp));
+        int rc =
+            ch == '\\' ? js_rx_escape(r, false, &cp, &s, &is_class) : (r->i--, js_rx_char(r, &cp));
         if (rc != 0)
             return rc;
         if (!is_class)
-            set_add(&s, cp, cp);
-        set_normalize(&s);
+            js_cpset_add(&s, cp, cp);
+        js_cpset_normalize(&s);
     }
     set_emit(r, b, &s);
     return 0;
 }
 
-static bool rx_number(rx_t *r, size_t *v)
+bool js_rx_number(rx_t *r, size_t *v)
 {
     size_t start = r->i, x = 0;
-    while (rx_peek(r) >= '0' && rx_peek(r) <= '9' && r->i - start < 6) {
-        x = x * 10 + (rx_peek(r) - '0');
+    while (js_rx_peek(r) >= '0' && js_rx_peek(r) <= '9' && r->i - start < 6) {
+        x = x * 10 + (js_rx_peek(r) - '0');
         r->i++;
     }
     *v = x;
@@ -521,7 +505,7 @@ static bool rx_number(rx_t *r, size_t *v)
 /* A quantifier after an atom, if any: sets *lo / *hi (JS_LEN_INF) and appends its GBNF. */
 static int parse_quant(rx_t *r, tdm_buf_t *b, size_t *lo, size_t *hi)
 {
-    uint32_t ch = rx_peek(r);
+    uint32_t ch = js_rx_peek(r);
     *lo = *hi = 1;
     if (ch == '*' || ch == '+' || ch == '?') {
         r->i++;
@@ -531,15 +515,15 @@ static int parse_quant(rx_t *r, tdm_buf_t *b, size_t *lo, size_t *hi)
         tdm_buf_puts(b, q);
     } else if (ch == '{') {
         r->i++;
-        if (!rx_number(r, lo))
-            return rx_fail(r, "bad {m,n} quantifier");
+        if (!js_rx_number(r, lo))
+            return js_rx_fail(r, "bad {m,n} quantifier");
         *hi = *lo;
-        if (rx_peek(r) == ',') {
+        if (js_rx_peek(r) == ',') {
             r->i++;
-            *hi = rx_number(r, hi) ? *hi : JS_LEN_INF;
+            *hi = js_rx_number(r, hi) ? *hi : JS_LEN_INF;
         }
-        if (rx_peek(r) != '}' || *hi < *lo)
-            return rx_fail(r, "bad {m,n} quantifier");
+        if (js_rx_peek(r) != '}' || *hi < *lo)
+            return js_rx_fail(r, "bad {m,n} quantifier");
         r->i++;
         if (*hi == JS_LEN_INF)
             tdm_buf_printf(b, "{%zu,}", *lo);
@@ -550,12 +534,13 @@ static int parse_quant(rx_t *r, tdm_buf_t *b, size_t *lo, size_t *hi)
     } else {
         return 0;
     }
-    if (rx_peek(r) == '?')
+    if (js_rx_peek(r) == '?')
         r->i++; /* lazy: same strings */
-    else if (rx_peek(r) == '+')
-        return rx_fail(r, "possessive quantifiers not supported");
-    if (rx_peek(r) == '*' || rx_peek(r) == '+' || rx_peek(r) == '?' || rx_peek(r) == '{')
-        return rx_fail(r, "nothing to repeat");
+    else if (js_rx_peek(r) == '+')
+        return js_rx_fail(r, "possessive quantifiers not supported");
+    if (js_rx_peek(r) == '*' || js_rx_peek(r) == '+' || js_rx_peek(r) == '?' ||
+        js_rx_peek(r) == '{')
+        return js_rx_fail(r, "nothing to repeat");
     return 0;
 }
 
@@ -581,13 +566,13 @@ static int parse_seq(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top, bool *at_st
 {
     len->min = len->max = 0;
     *at_start = *at_end = false;
-    if (top && rx_peek(r) == '^') {
+    if (top && js_rx_peek(r) == '^') {
         r->i++;
         *at_start = true;
     }
     bool any = false;
-    while (!rx_eof(r) && rx_peek(r) != '|' && rx_peek(r) != ')') {
-        if (top && rx_peek(r) == '$' && (r->i + 1 == r->n || r->s[r->i + 1] == '|')) {
+    while (!js_rx_eof(r) && js_rx_peek(r) != '|' && js_rx_peek(r) != ')') {
+        if (top && js_rx_peek(r) == '$' && (r->i + 1 == r->n || r->s[r->i + 1] == '|')) {
             r->i++;
             *at_end = true;
             break;
@@ -694,7 +679,7 @@ static int parse_alt(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top)
         int rc = parse_seq(r, &seq, &l, top, &at_start, &at_end, top ? &q : NULL);
         tdm_buf_puts(b, first ? "" : " | ");
         if (top)
-            emit_branch(r, b, &seq, &q, first && rx_peek(r) != '|', at_start, at_end, &l);
+            emit_branch(r, b, &seq, &q, first && js_rx_peek(r) != '|', at_start, at_end, &l);
         else
             tdm_buf_puts(b, seq.data ? seq.data : "");
         tdm_buf_free(&seq);
@@ -703,7 +688,7 @@ static int parse_alt(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top)
         len->min = l.min < len->min ? l.min : len->min;
         len->max = l.max > len->max ? l.max : len->max;
         first = false;
-        if (rx_peek(r) != '|')
+        if (js_rx_peek(r) != '|')
             return 0;
         r->i++;
     }
@@ -717,8 +702,8 @@ int js_regex_expr(const char *re, size_t len, bool json_mode, const char *char_r
     rx_len_t l;
     tdm_buf_puts(expr, "( ");
     int rc = parse_alt(&r, expr, &l, true);
-    if (rc == 0 && !rx_eof(&r))
-        rc = rx_fail(&r, "unmatched )");
+    if (rc == 0 && !js_rx_eof(&r))
+        rc = js_rx_fail(&r, "unmatched )");
     if (rc != 0)
         return rc;
     tdm_buf_puts(expr, " )");
