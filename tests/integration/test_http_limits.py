@@ -460,6 +460,15 @@ def test_work_budgets_are_checked_before_any_work(cluster):
     st, doc = chat(cluster.port, tools=[tool(i, 60) for i in range(128)], tool_choice="required")
     assert st == 400 and doc["error"]["param"] == "tools", doc
     assert "inproc" not in doc["error"]["message"], doc
+    # a grammar too ambiguous for the matcher (within the byte budgets) is the client's error,
+    # found by the router's admission check (counted in parse states), never a node's 500
+    st, doc = chat(cluster.port, guided_regex="(" + "|".join(["a"] * 5000) + ")+b")
+    assert st == 400 and doc["error"]["param"] == "guided_regex", doc
+    assert "too ambiguous" in doc["error"]["message"], doc
+    chain = "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} | "x"\n' for i in range(3000))
+    st, doc = chat(cluster.port, guided_grammar=chain + 'r3000 ::= "y"\n')
+    assert st == 400 and doc["error"]["param"] == "guided_grammar", doc
+    assert "too ambiguous" in doc["error"]["message"], doc
     assert request(cluster.port, "GET", "/health")[0] == 200
 
 

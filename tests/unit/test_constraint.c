@@ -58,6 +58,22 @@ static void test_compile(void **state)
     compile_bad(TDM_CONSTRAINT_CHOICE, "[\"a\", 2]", "choice[1]");
     compile_bad(TDM_CONSTRAINT_CHOICE, "{\"a\":1}", "choice");
     compile_bad(TDM_CONSTRAINT_CHOICE, "[\"a\"", "choice: not JSON");
+    /* too ambiguous for the matcher from the first byte: refused here, not on a node */
+    tdm_buf_t re = TDM_BUF_INIT;
+    tdm_buf_puts(&re, "(a");
+    for (int i = 1; i < 10000; i++)
+        tdm_buf_puts(&re, "|a");
+    tdm_buf_puts(&re, ")+b");
+    compile_bad(TDM_CONSTRAINT_REGEX, re.data,
+                "regex: grammar.stacks: a prefix of 1 bytes needs "
+                "more than 1024 parse stacks");
+    tdm_buf_clear(&re);
+    tdm_buf_puts(&re, "root ::= r0\n");
+    for (int i = 0; i < 10000; i++)
+        tdm_buf_printf(&re, "r%d ::= r%d | \"x\"\n", i, i + 1);
+    tdm_buf_puts(&re, "r10000 ::= \"y\"\n");
+    compile_bad(TDM_CONSTRAINT_GRAMMAR, re.data, "the grammar is too ambiguous");
+    tdm_buf_free(&re);
     compile_bad(TDM_CONSTRAINT_NONE, "x", "not a constraint");
     compile_bad(7, "x", "not a constraint");
     assert_string_equal(tdm_constraint_kind_name(TDM_CONSTRAINT_JSON_SCHEMA), "json_schema");

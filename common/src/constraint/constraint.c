@@ -105,7 +105,18 @@ int tdm_constraint_compile(int kind, const char *text, size_t len, tdm_buf_t *gb
     tdm_grammar_t *parsed = tdm_grammar_parse(g, n, NULL, err);
     if (!parsed)
         return err ? err->code : TDM_EINVALID;
+    /* the admission check (work units, never time): a grammar too big or too ambiguous for the
+     * matcher is the client's error here, not a node's failure later */
+    tdm_grammar_limits_t lim;
+    tdm_grammar_limits_default(&lim);
+    lim.max_states = TDM_CONSTRAINT_CHECK_STATES;
+    lim.max_steps = TDM_CONSTRAINT_CHECK_STATES * 256u;
+    rc = tdm_grammar_check(parsed, &lim, err);
     tdm_grammar_destroy(&parsed);
+    if (rc == TDM_EINVALID)
+        return tdm_error_prefix(err, rc, "%s: ", tdm_constraint_kind_name(kind));
+    if (rc != TDM_OK)
+        return rc;
     *hash = tdm_constraint_hash(g, n);
     return TDM_OK;
 }

@@ -90,7 +90,7 @@ int tdm_grammar_check(const tdm_grammar_t *g, const tdm_grammar_limits_t *lim, t
     if (ambiguous)
         return tdm_error_set_field(err, TDM_EINVALID, "grammar.stacks",
                                    "grammar.stacks: a prefix of %u bytes needs more than %u parse "
-                                   "stacks (TDM_GRAMMAR_MAX_STACKS): the grammar is too ambiguous",
+                                   "stacks (the matcher's limit): the grammar is too ambiguous",
                                    depth + 1, TDM_GRAMMAR_MAX_STACKS);
     (void)n_states;
     return 0;
