@@ -146,3 +146,26 @@ def test_template_errors_are_400(cluster, path, extra, param, has):
     assert status == 400, v
     assert v["error"]["param"] == param, v
     assert has in v["error"]["message"], v
+
+
+# Templates that once overflowed the router's stack (long operator chains; filter arguments
+# nested inside recursive macro calls): each is a 400, and the router keeps answering.
+DEEP = [
+    ("{{ 1" + "+1" * 80000 + " }}", "chat_template", "nested too deeply"),
+    ("{{ 1" + "|abs" * 20000 + " }}", "chat_template", "nested too deeply"),
+    ("{% macro f(n) %}{{ " + "x|default(" * 190 + "f(n+1)" + ")" * 190
+     + " }}{% endmacro %}{{ f(0) }}", "messages", "recursion limit"),
+]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize("template,param,has", DEEP)
+def test_deep_templates_are_400_and_the_router_survives(cluster, path, template, param, has):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "chat_template": template}
+    status, v = post(cluster, path, body)
+    assert status == 400, v
+    assert v["error"]["param"] == param, v
+    assert has in v["error"]["message"], v
+    status, v = post(cluster, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 200, v

@@ -345,6 +345,62 @@ static void golden_template(const json_t *doc, const json_t *tp, const char *dir
     tdm_jinja_destroy(&t);
 }
 
+/* src (n bytes at most, built by the caller) repeated: head, then link times count, then tail. */
+static char *chain(const char *head, const char *link, size_t count, const char *tail)
+{
+    size_t n = strlen(head) + strlen(link) * count + strlen(tail) + 1;
+    char *s = malloc(n);
+    assert_non_null(s);
+    strcpy(s, head);
+    size_t at = strlen(head);
+    for (size_t k = 0; k < count; k++, at += strlen(link))
+        memcpy(s + at, link, strlen(link));
+    strcpy(s + at, tail);
+    return s;
+}
+
+/* src fails, with default limits, at compile or render time with code and want in the message. */
+static void expect_refused(char *src, int code, const char *want)
+{
+    tdm_error_t err = {0};
+    char *out = render_opt(src, NULL, &HF, NULL, &err);
+    if (out)
+        fail_msg("%.60s...: rendered, want error %s", src, want);
+    if (err.code != code || strstr(err.msg, want) == NULL)
+        fail_msg("%.60s...: error %d [%s], want %d [%s]", src, err.code, err.msg, code, want);
+    free(src);
+}
+
+/* Long chains of operators, filters, subscripts and attributes, and deep recursion through
+ * macros and filter arguments: an error naming the place, never a stack overflow. */
+static void test_deep_nesting(void **state)
+{
+    (void)state;
+    static const char *const links[] = {"+1", "~1", " or 0", " and 1", "|abs", "[0]", "*1",
+                                        " == 1", ".a", "(1)", "|default(1)"};
+    for (size_t k = 0; k < sizeof links / sizeof links[0]; k++)
+        expect_refused(chain("{{ 1", links[k], 80000, " }}"), TDM_EINVALID,
+                       "expression nested too deeply (more than 256 levels)");
+    expect_refused(chain("{{ ", "-", 80000, "1 }}"), TDM_EINVALID, "1:");
+    expect_refused(chain("{{ ", "not ", 80000, "1 }}"), TDM_EINVALID, "nested too deeply");
+    expect_refused(chain("{{ 1", " if 1 else 1", 80000, " }}"), TDM_EINVALID, "nested too deeply");
+    char *open = chain("{{ ", "[", 80000, "1");
+    expect_refused(chain(open, "]", 80000, " }}"), TDM_EINVALID, "nested too deeply");
+    free(open);
+    expect_refused(chain("{% if 0 %}", "{% elif 0 %}", 80000, "{% endif %}"), TDM_EINVALID,
+                   "nested too deeply");
+    expect_refused(chain("{{ 1", "+1", 300, " }}"), TDM_EINVALID, "1:");
+    /* 190 levels of filter arguments in each of up to 200 nested macro calls */
+    char *inner = chain("{% macro f(n) %}{{ ", "x|default(", 190, "f(n+1)");
+    expect_refused(chain(inner, ")", 190, " }}{% endmacro %}{{ f(0) }}"), TDM_ERESOURCE,
+                   "template recursion limit (3000 frames) exceeded");
+    free(inner);
+    /* within the bounds, chains still render */
+    char *ok = chain("{{ 0", "+1", 200, " }}");
+    expect(ok, NULL, "200");
+    free(ok);
+}
+
 static void test_golden_templates(void **state)
 {
     (void)state;
@@ -373,7 +429,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values),     cmocka_unit_test(test_statements),
         cmocka_unit_test(test_whitespace), cmocka_unit_test(test_filters_methods),
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_golden_templates),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_deep_nesting),
+        cmocka_unit_test(test_golden_templates),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     return failed ? failed : golden_skipped ? 77 : 0;

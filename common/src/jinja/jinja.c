@@ -109,6 +109,8 @@ int tdm_jinja_render(const tdm_jinja_t *self, const json_t *context,
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     set_limits(c, opt);
     c->err = err;
+    char base;
+    c->stack_base = (uintptr_t)&base;
     int rc = render(c, self, context);
     if (rc == 0) {
         *out = malloc(c->out_len + 1);

@@ -32,6 +32,19 @@ static void step(jj_ctx_t *c, const jj_node_t *n)
                 (unsigned long long)c->limits.max_steps);
 }
 
+/* Enters one recursive frame of the renderer (jj_eval, jj_exec, a filter chain): fails when
+ * the frames now open pass JJ_MAX_FRAMES, or, as a net under that count (builtins add frames
+ * of their own), when the stack used since the rendering began passes JJ_MAX_STACK_BYTES. */
+static void enter_frame(jj_ctx_t *c, const jj_node_t *n)
+{
+    char here;
+    uintptr_t at = (uintptr_t)&here;
+    uintptr_t used = at < c->stack_base ? c->stack_base - at : at - c->stack_base;
+    if (++c->frames > JJ_MAX_FRAMES || used > JJ_MAX_STACK_BYTES)
+        jj_fail(c, n, TDM_ERESOURCE, "template recursion limit (%d frames) exceeded",
+                JJ_MAX_FRAMES);
+}
+
 /* Output lives in the arena (so a failure inside a captured block leaks nothing); it grows by
  * doubling, so the copies left behind add up to less than the output itself. */
 static void emit(jj_ctx_t *c, const jj_node_t *at, const char *s, size_t n)
@@ -670,9 +683,8 @@ static jj_value_t *eval_unary(jj_ctx_t *c, const jj_node_t *n)
     return jv_int(c, -inum(v));
 }
 
-jj_value_t *jj_eval(jj_ctx_t *c, const jj_node_t *n)
+static jj_value_t *eval_node(jj_ctx_t *c, const jj_node_t *n)
 {
-    step(c, n);
     switch (n->kind) {
     case JN_CONST: return n->value;
     case JN_NAME: return jj_lookup(c, n->name);
@@ -702,6 +714,15 @@ jj_value_t *jj_eval(jj_ctx_t *c, const jj_node_t *n)
     case JN_POS: return eval_unary(c, n);
     default: return eval_logic(c, n);
     }
+}
+
+jj_value_t *jj_eval(jj_ctx_t *c, const jj_node_t *n)
+{
+    step(c, n);
+    enter_frame(c, n);
+    jj_value_t *v = eval_node(c, n);
+    c->frames--;
+    return v;
 }
 
 /* ---- statements ---- */
@@ -742,8 +763,11 @@ static jj_value_t *apply_filters(jj_ctx_t *c, const jj_node_t *f, jj_value_t *v)
 {
     if (!f)
         return v;
+    enter_frame(c, f);
     v = apply_filters(c, f->a, v);
-    return eval_filter(c, f, v);
+    v = eval_filter(c, f, v);
+    c->frames--;
+    return v;
 }
 
 static jj_value_t *filtered_items(jj_ctx_t *c, const jj_node_t *n, jj_value_t *items)
@@ -833,9 +857,8 @@ static void exec_macro(jj_ctx_t *c, const jj_node_t *n)
     scope_set(c, n->name, f);
 }
 
-void jj_exec(jj_ctx_t *c, const jj_node_t *n)
+static void exec_node(jj_ctx_t *c, const jj_node_t *n)
 {
-    step(c, n);
     switch (n->kind) {
     case JN_BODY:
         for (size_t k = 0; k < n->n_kids && c->loop_ctl == LOOP_NONE; k++)
@@ -867,4 +890,12 @@ void jj_exec(jj_ctx_t *c, const jj_node_t *n)
     case JN_CONTINUE: c->loop_ctl = LOOP_CONTINUE; return;
     default: jj_fail(c, n, TDM_EINTERNAL, "not a statement");
     }
+}
+
+void jj_exec(jj_ctx_t *c, const jj_node_t *n)
+{
+    step(c, n);
+    enter_frame(c, n);
+    exec_node(c, n);
+    c->frames--;
 }

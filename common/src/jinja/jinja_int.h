@@ -73,6 +73,7 @@ typedef struct jj_node {
     size_t n_kids;
     struct jj_node *body, *orelse; /* JN_IF, JN_FOR, JN_MACRO, ... */
     bool negate;                   /* JN_TEST: is not; JN_CMP: not in */
+    unsigned height;               /* expressions: 1 + the tallest operand (parser bounds it) */
 } jj_node_t;
 
 /* Parses source into a JN_BODY; NULL with err set. The tree lives in arena. */
@@ -151,7 +152,9 @@ typedef struct jj_ctx {
     size_t out_len, out_cap;
     tdm_jinja_limits_t limits;
     uint64_t steps;
-    unsigned depth;
+    unsigned depth;          /* nested macro calls */
+    unsigned frames;         /* jj_eval / jj_exec calls now on the stack */
+    uintptr_t stack_base;    /* a local's address where the rendering began */
     int64_t now;
     jmp_buf fail;
     int code;
@@ -161,6 +164,15 @@ typedef struct jj_ctx {
     jj_value_t *globals;
     int loop_ctl; /* a break or continue on its way to its loop */
 } jj_ctx_t;
+
+/* The renderer's recursion bound: jj_eval and jj_exec calls open at once, across macro calls
+ * and expressions (jinja2 stops at Python's 1000 frames, about 250 to 500 links of a chain).
+ * 3000 frames used 0.67 MiB of stack (about 225 bytes a frame with the helpers between them;
+ * RelWithDebInfo, x86-64, test_jinja's deep_nesting), well inside the 8 MiB stacks the
+ * router's loop, its HTTP threads and the nodes' threads run on (pthread defaults);
+ * JJ_MAX_STACK_BYTES backs the count up where frames are bigger (sanitizers, builtins). */
+#define JJ_MAX_FRAMES 3000
+#define JJ_MAX_STACK_BYTES (3u << 19)
 
 _Noreturn void jj_fail(jj_ctx_t *c, const jj_node_t *at, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
