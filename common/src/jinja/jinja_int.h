@@ -14,6 +14,7 @@
 typedef struct jj_arena {
     struct jj_chunk *head;
     size_t used_bytes; /* all chunks together */
+    size_t given_bytes; /* handed out by jj_alloc */
     size_t max_bytes;  /* 0: no bound */
 } jj_arena_t;
 
@@ -155,6 +156,8 @@ typedef struct jj_ctx {
     unsigned depth;          /* nested macro calls */
     unsigned frames;         /* jj_eval / jj_exec calls now on the stack */
     uintptr_t stack_base;    /* a local's address where the rendering began */
+    size_t arena_base;       /* arena bytes the globals and the context took */
+    const jj_node_t *at;     /* the node being evaluated or run (for errors without one) */
     int64_t now;
     jmp_buf fail;
     int code;
@@ -176,15 +179,30 @@ typedef struct jj_ctx {
 
 _Noreturn void jj_fail(jj_ctx_t *c, const jj_node_t *at, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* An allocation failed: the memory limit, named with at's place (NULL: the node being
+ * evaluated), or the machine's memory. */
+_Noreturn void jj_fail_memory(jj_ctx_t *c, const jj_node_t *at);
 
-/* The first occurrence of needle (nn bytes, > 0) in hay (hn bytes); NULL when none. */
-static inline const char *jj_find(const char *hay, size_t hn, const char *needle, size_t nn)
-{
-    for (size_t i = 0; nn && i + nn <= hn; i++)
-        if (hay[i] == needle[0] && memcmp(hay + i, needle, nn) == 0)
-            return hay + i;
-    return NULL;
-}
+/* The first occurrence of needle (nn bytes, > 0) in hay (hn bytes); NULL when none. Linear in
+ * hn + nn (glibc's two-way memmem), so a scan costs what jj_cost charges for it. */
+const char *jj_find(const char *hay, size_t hn, const char *needle, size_t nn);
+
+/* The cost model (docs/api.md "Render limits"): a step is one expression evaluated or one
+ * statement run, and an operation that scans, copies or builds a value also pays for what it
+ * touches: one step per JJ_BYTES_PER_STEP bytes of a string and one per item of a list or
+ * dict (jj_cost), for its operands and its result. So max_steps bounds the CPU time. */
+#define JJ_BYTES_PER_STEP 16
+/* and every JJ_ALLOC_BYTES_PER_STEP bytes of values the rendering allocates count as a step:
+ * building values is where a runaway template spends its time (about 2.6 ms a MiB). */
+#define JJ_ALLOC_BYTES_PER_STEP 4
+
+/* Adds steps to the rendering's count; fails at at (TDM_ERESOURCE) past max_steps. */
+void jj_charge(jj_ctx_t *c, const jj_node_t *at, uint64_t steps);
+/* What touching v costs, in steps (not nested values: those pay when they are touched). */
+uint64_t jj_cost(const jj_value_t *v);
+/* a == b as jv_equal, charging the rendering for every value and byte compared and bounded in
+ * depth like the renderer's frames. */
+bool jj_equal(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b);
 
 /* values (jinja_value.c) */
 jj_value_t *jv_new(jj_ctx_t *c, jj_kind_t kind);
