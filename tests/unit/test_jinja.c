@@ -446,6 +446,39 @@ static void test_cost_model(void **state)
                    TDM_ERESOURCE, "template recursion limit (3000 frames) exceeded");
 }
 
+/* Syntax errors in jinja2 3.1.6's words (checked with it), with the line. */
+static void test_syntax_messages(void **state)
+{
+    (void)state;
+    static const char *const cases[][2] = {
+        {"{% for x in y %}abc",
+         "1:20: Unexpected end of template. Jinja was looking for the following tags: 'endfor' "
+         "or 'else'. The innermost block that needs to be closed is 'for'."},
+        {"{% if x %}abc",
+         "1:14: Unexpected end of template. Jinja was looking for the following tags: 'elif' or "
+         "'else' or 'endif'. The innermost block that needs to be closed is 'if'."},
+        {"{% if x %}{% else %}",
+         "1:21: Unexpected end of template. Jinja was looking for the following tags: 'endif'. "
+         "The innermost block that needs to be closed is 'if'."},
+        {"{% macro f() %}x",
+         "1:17: Unexpected end of template. Jinja was looking for the following tags: "
+         "'endmacro'. The innermost block that needs to be closed is 'macro'."},
+        {"ab\n{{ x }", "2:6: unexpected '}'"},
+        {"{% if x }", "1:9: unexpected '}'"},
+        {"{% if x %}\n{{ [1) }}{% endif %}", "2:6: unexpected ')', expected ']'"},
+        {"{{ (1", "1:6: unexpected end of template, expected ')'."},
+        {"{{ x", "1:5: unexpected end of template, expected 'end of print statement'."},
+        {"{% if x", "1:8: unexpected end of template, expected 'end of statement block'."},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        tdm_error_t err = {0};
+        tdm_jinja_t *t = tdm_jinja_new(cases[k][0], strlen(cases[k][0]), "t", &HF, &err);
+        assert_null(t);
+        if (strcmp(err.msg, cases[k][1]) != 0)
+            fail_msg("%s: [%s], want [%s]", cases[k][0], err.msg, cases[k][1]);
+    }
+}
+
 static void test_golden_templates(void **state)
 {
     (void)state;
@@ -475,7 +508,8 @@ int main(void)
         cmocka_unit_test(test_values),     cmocka_unit_test(test_statements),
         cmocka_unit_test(test_whitespace), cmocka_unit_test(test_filters_methods),
         cmocka_unit_test(test_errors),     cmocka_unit_test(test_deep_nesting),
-        cmocka_unit_test(test_cost_model), cmocka_unit_test(test_golden_templates),
+        cmocka_unit_test(test_cost_model), cmocka_unit_test(test_syntax_messages),
+        cmocka_unit_test(test_golden_templates),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     return failed ? failed : golden_skipped ? 77 : 0;

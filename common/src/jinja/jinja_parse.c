@@ -782,7 +782,7 @@ static jj_node_t *parse_target(parser_t *p)
 
 static jj_node_t *parse_for(parser_t *p, const jj_token_t *at)
 {
-    static const char *const ends[] = {"else", "endfor", NULL};
+    static const char *const ends[] = {"endfor", "else", NULL}; /* jinja2's order */
     static const char *const endfor[] = {"endfor", NULL};
     jj_node_t *n = node(p, JN_FOR, at);
     n->a = parse_target(p);
@@ -940,6 +940,23 @@ static bool in_ends(const jj_token_t *t, const char *const *ends)
     return false;
 }
 
+/* The end of the source inside a block: jinja2's message, naming the tags in ends (in the
+ * order jinja2 gives them) and the block ("endfor" closes "for"). */
+_Noreturn static void unclosed(parser_t *p, const jj_token_t *t, const char *const *ends)
+{
+    char tags[128] = "", *o = tags;
+    const char *block = "";
+    for (size_t k = 0; ends[k]; k++) {
+        o += snprintf(o, (size_t)(tags + sizeof tags - o), "%s'%s'", k ? " or " : "", ends[k]);
+        if (strncmp(ends[k], "end", 3) == 0)
+            block = ends[k] + 3;
+    }
+    pfail(p, t,
+          "Unexpected end of template. Jinja was looking for the following tags: %s. The "
+          "innermost block that needs to be closed is '%s'.",
+          tags, block);
+}
+
 /* Statements up to a block tag named in ends (left at its name) or the end of the source. */
 static jj_node_t *parse_body(parser_t *p, const char *const *ends)
 {
@@ -949,10 +966,7 @@ static jj_node_t *parse_body(parser_t *p, const char *const *ends)
         const jj_token_t *t = cur(p);
         if (t->kind == JT_EOF) {
             if (ends && ends[0])
-                pfail(p, t,
-                      "Unexpected end of template. Jinja was looking for the following "
-                      "tags: '%s'.",
-                      ends[0]);
+                unclosed(p, t, ends);
             leave(p);
             return body;
         }
