@@ -169,3 +169,16 @@ def test_deep_templates_are_400_and_the_router_survives(cluster, path, template,
     assert has in v["error"]["message"], v
     status, v = post(cluster, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]})
     assert status == 200, v
+
+
+def test_raise_exception_and_empty_prompt_read_the_same_on_both_paths(cluster):
+    msgs = [{"role": "user", "content": "Hi"}]
+    for path in ["/v1/chat/completions", "/tokenize"]:
+        status, v = post(cluster, path, {"messages": msgs, "max_tokens": 2,
+                                         "chat_template": "{{ raise_exception('no way') }}"})
+        assert status == 400 and v["error"]["param"] == "messages", v
+        assert v["error"]["message"] == "no way", v
+    status, v = post(cluster, "/v1/chat/completions",
+                     {"messages": msgs, "max_tokens": 2, "chat_template": "{% if 0 %}x{% endif %}"})
+    assert status == 400 and v["error"]["param"] == "messages", v
+    assert "chat template rendered an empty prompt" in v["error"]["message"], v
