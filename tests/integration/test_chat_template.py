@@ -149,12 +149,16 @@ def test_template_errors_are_400(cluster, path, extra, param, has):
 
 
 # Templates that once overflowed the router's stack (long operator chains; filter arguments
-# nested inside recursive macro calls): each is a 400, and the router keeps answering.
+# nested inside recursive macro calls) or held its loop: each is a 400, and the router keeps
+# answering.
 DEEP = [
     ("{{ 1" + "+1" * 80000 + " }}", "chat_template", "nested too deeply"),
     ("{{ 1" + "|abs" * 20000 + " }}", "chat_template", "nested too deeply"),
     ("{% macro f(n) %}{{ " + "x|default(" * 190 + "f(n+1)" + ")" * 190
      + " }}{% endmacro %}{{ f(0) }}", "messages", "recursion limit"),
+    # and one that blocked the router's loop for minutes: work on big values costs steps
+    ("{% set s='x'*1000000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}"
+     "{% endfor %}ok", "messages", "step limit"),
 ]
 
 
