@@ -377,8 +377,8 @@ static void expect_refused(char *src, int code, const char *want)
 static void test_deep_nesting(void **state)
 {
     (void)state;
-    static const char *const links[] = {"+1", "~1", " or 0", " and 1", "|abs", "[0]", "*1",
-                                        " == 1", ".a", "(1)", "|default(1)"};
+    static const char *const links[] = {"+1", "~1",    " or 0", " and 1", "|abs",       "[0]",
+                                        "*1", " == 1", ".a",    "(1)",    "|default(1)"};
     for (size_t k = 0; k < sizeof links / sizeof links[0]; k++)
         expect_refused(chain("{{ 1", links[k], 80000, " }}"), TDM_EINVALID,
                        "expression nested too deeply (more than 256 levels)");
@@ -505,10 +505,10 @@ static void test_golden_templates(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_values),     cmocka_unit_test(test_statements),
-        cmocka_unit_test(test_whitespace), cmocka_unit_test(test_filters_methods),
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_deep_nesting),
-        cmocka_unit_test(test_cost_model), cmocka_unit_test(test_syntax_messages),
+        cmocka_unit_test(test_values),           cmocka_unit_test(test_statements),
+        cmocka_unit_test(test_whitespace),       cmocka_unit_test(test_filters_methods),
+        cmocka_unit_test(test_errors),           cmocka_unit_test(test_deep_nesting),
+        cmocka_unit_test(test_cost_model),       cmocka_unit_test(test_syntax_messages),
         cmocka_unit_test(test_golden_templates),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);

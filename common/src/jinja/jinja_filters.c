@@ -686,7 +686,8 @@ static jj_value_t *f_unique(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_n
                                  arg_true(a, 0, "case_sensitive"));
         bool seen = false;
         for (size_t j = 0; j < k && !seen; j++)
-            seen = jj_equal(c, at, fold_key(c, attr_of(c, items->u.list.items[j], attr, at),
+            seen = jj_equal(c, at,
+                            fold_key(c, attr_of(c, items->u.list.items[j], attr, at),
                                      arg_true(a, 0, "case_sensitive")),
                             x);
         if (!seen)

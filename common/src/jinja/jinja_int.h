@@ -13,9 +13,9 @@
 /* Bump allocator: a template's tree and a rendering's values live and die together. */
 typedef struct jj_arena {
     struct jj_chunk *head;
-    size_t used_bytes; /* all chunks together */
+    size_t used_bytes;  /* all chunks together */
     size_t given_bytes; /* handed out by jj_alloc */
-    size_t max_bytes;  /* 0: no bound */
+    size_t max_bytes;   /* 0: no bound */
 } jj_arena_t;
 
 void *jj_alloc(jj_arena_t *a, size_t n); /* zeroed; NULL when out of memory or over bound */
@@ -153,11 +153,11 @@ typedef struct jj_ctx {
     size_t out_len, out_cap;
     tdm_jinja_limits_t limits;
     uint64_t steps;
-    unsigned depth;          /* nested macro calls */
-    unsigned frames;         /* jj_eval / jj_exec calls now on the stack */
-    uintptr_t stack_base;    /* a local's address where the rendering began */
-    size_t arena_base;       /* arena bytes the globals and the context took */
-    const jj_node_t *at;     /* the node being evaluated or run (for errors without one) */
+    unsigned depth;       /* nested macro calls */
+    unsigned frames;      /* jj_eval / jj_exec calls now on the stack */
+    uintptr_t stack_base; /* a local's address where the rendering began */
+    size_t arena_base;    /* arena bytes the globals and the context took */
+    const jj_node_t *at;  /* the node being evaluated or run (for errors without one) */
     int64_t now;
     jmp_buf fail;
     int code;

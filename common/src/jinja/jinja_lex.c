@@ -350,8 +350,7 @@ static int lex_tag(lexer_t *L, size_t at, bool block)
         char ch = t->s[0];
         if (ch == '(' || ch == '[' || ch == '{') {
             if (depth == JJ_MAX_BRACKETS)
-                return lex_fail(L, start,
-                                "template nested too deeply (more than 512 brackets)");
+                return lex_fail(L, start, "template nested too deeply (more than 512 brackets)");
             want[depth++] = ch == '(' ? ')' : ch == '[' ? ']' : '}';
         } else if (ch == ')' || ch == ']' || ch == '}') {
             if (depth == 0 || want[depth - 1] != ch) {

@@ -338,8 +338,7 @@ const char *jv_type_name(const jj_value_t *v)
 }
 
 /* <0, 0, >0 as Python orders a and b; TypeError for types Python does not order. */
-static int compare_body(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a,
-                        const jj_value_t *b);
+static int compare_body(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b);
 
 int jv_compare(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b)
 {
@@ -353,8 +352,7 @@ int jv_compare(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_v
     return r;
 }
 
-static int compare_body(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a,
-                        const jj_value_t *b)
+static int compare_body(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b)
 {
     if (is_number(a) && is_number(b)) {
         double x = num(a), y = num(b);
