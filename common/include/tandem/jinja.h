@@ -30,10 +30,10 @@ typedef struct tdm_jinja_options {
  *
  * Steps bound the CPU time (templates may come from a request). The cost model: each expression
  * evaluated and each statement run is one step; on top, an operation pays for what it scans,
- * copies or builds: one step per 16 bytes of a string and one per item of a list or dict among
+ * copies or builds: one step per 4 bytes of a string and one per item of a list or dict among
  * its operands and its result (comparisons, 'in', concatenation and repetition, slices, every
  * filter, test and method call); a lookup in a dict of n keys n/8; each value compared inside a
- * list or dict 1 more; output 1 per 16 bytes; and every 4 bytes of values the rendering
+ * list or dict 1 more; output 1 per 4 bytes; and every 4 bytes of values the rendering
  * allocates (besides the context) one. A rendering that reaches the default limit has spent
  * at most about 0.1 s of CPU (x86-64, measured on 1 MB strings and 100 000-item lists); the
  * chat templates of docs/models.md use well under 5% of it.

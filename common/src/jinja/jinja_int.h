@@ -191,7 +191,7 @@ const char *jj_find(const char *hay, size_t hn, const char *needle, size_t nn);
  * statement run, and an operation that scans, copies or builds a value also pays for what it
  * touches: one step per JJ_BYTES_PER_STEP bytes of a string and one per item of a list or
  * dict (jj_cost), for its operands and its result. So max_steps bounds the CPU time. */
-#define JJ_BYTES_PER_STEP 16
+#define JJ_BYTES_PER_STEP 4
 /* and every JJ_ALLOC_BYTES_PER_STEP bytes of values the rendering allocates count as a step:
  * building values is where a runaway template spends its time (about 2.6 ms a MiB). */
 #define JJ_ALLOC_BYTES_PER_STEP 4
