@@ -206,7 +206,9 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     char *text = NULL;
     json_t *kwargs = NULL;
-    tdm_prompt_input_t in = {.messages = msgs, .n_messages = n, .tools = chat->tools};
+    bool raised = false;
+    tdm_prompt_input_t in = {
+        .messages = msgs, .n_messages = n, .tools = chat->tools, .raised = &raised};
     int rc = chat_check(chat, msgs, err);
     if (rc == TDM_OK)
         rc = chat_template_of(r, chat, &in, &kwargs, err);
@@ -214,7 +216,8 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
         rc = tdm_prompt_encode(r->tok, r->have_template ? &r->chat : NULL, &in, ids, n_ids, &text,
                                err);
         if (rc != TDM_OK) {
-            tdm_error_prefix(err, rc, "chat.messages: ");
+            if (!raised) /* raise_exception's message stays the template's, as on /tokenize */
+                tdm_error_prefix(err, rc, "chat.messages: ");
             tdm_error_field(err, "chat.messages");
         }
     }
@@ -280,6 +283,9 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
         return rc;
     if (n_ids == 0) {
         free(ids);
+        if (g->input_case == TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT)
+            return tdm_error_set_field(err, TDM_EINVALID, field,
+                                       "the chat template rendered an empty prompt");
         return tdm_error_set_field(err, TDM_EINVALID, field, "prompt: the input has no tokens");
     }
     if (n_ids >= r->n_ctx) {

@@ -146,3 +146,43 @@ def test_template_errors_are_400(cluster, path, extra, param, has):
     assert status == 400, v
     assert v["error"]["param"] == param, v
     assert has in v["error"]["message"], v
+
+
+# Templates that once overflowed the router's stack (long operator chains; filter arguments
+# nested inside recursive macro calls) or held its loop: each is a 400, and the router keeps
+# answering.
+DEEP = [
+    ("{{ 1" + "+1" * 80000 + " }}", "chat_template", "nested too deeply"),
+    ("{{ 1" + "|abs" * 20000 + " }}", "chat_template", "nested too deeply"),
+    ("{% macro f(n) %}{{ " + "x|default(" * 190 + "f(n+1)" + ")" * 190
+     + " }}{% endmacro %}{{ f(0) }}", "messages", "recursion limit"),
+    # and one that blocked the router's loop for minutes: work on big values costs steps
+    ("{% set s='x'*1000000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}"
+     "{% endfor %}ok", "messages", "step limit"),
+]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+@pytest.mark.parametrize("template,param,has", DEEP)
+def test_deep_templates_are_400_and_the_router_survives(cluster, path, template, param, has):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "chat_template": template}
+    status, v = post(cluster, path, body)
+    assert status == 400, v
+    assert v["error"]["param"] == param, v
+    assert has in v["error"]["message"], v
+    status, v = post(cluster, "/tokenize", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert status == 200, v
+
+
+def test_raise_exception_and_empty_prompt_read_the_same_on_both_paths(cluster):
+    msgs = [{"role": "user", "content": "Hi"}]
+    for path in ["/v1/chat/completions", "/tokenize"]:
+        status, v = post(cluster, path, {"messages": msgs, "max_tokens": 2,
+                                         "chat_template": "{{ raise_exception('no way') }}"})
+        assert status == 400 and v["error"]["param"] == "messages", v
+        assert v["error"]["message"] == "no way", v
+    status, v = post(cluster, "/v1/chat/completions",
+                     {"messages": msgs, "max_tokens": 2, "chat_template": "{% if 0 %}x{% endif %}"})
+    assert status == 400 and v["error"]["param"] == "messages", v
+    assert "chat template rendered an empty prompt" in v["error"]["message"], v

@@ -3274,7 +3274,9 @@ static void test_request_chat_template(void **state)
     chat.chat_template = (char *)"{{ x + }}";
     bad(e, &g, TDM_EINVALID, "chat.chat_template: 1:");
     chat.chat_template = (char *)"{{ raise_exception('no ' + messages[0].content) }}";
-    bad(e, &g, TDM_EINVALID, "chat.messages: no hi");
+    bad(e, &g, TDM_EINVALID, "no hi");
+    chat.chat_template = (char *)"{% if false %}x{% endif %}";
+    bad(e, &g, TDM_EINVALID, "the chat template rendered an empty prompt");
     chat.chat_template = (char *)"{{ messages[0].content }}";
     chat.chat_template_kwargs = (char *)"[1]";
     bad(e, &g, TDM_EINVALID, "chat.chat_template_kwargs must be a JSON object");

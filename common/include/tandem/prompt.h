@@ -60,7 +60,9 @@ typedef struct tdm_prompt_input {
     const json_t *template_kwargs; /* chat: NULL or a JSON object of more template variables
                                       (chat_template_kwargs); Jinja templates only, the built-in
                                       ones have no variables to set */
-    int64_t now; /* chat: strftime_now's time in seconds since the epoch; 0: the clock */
+    int64_t now;  /* chat: strftime_now's time in seconds since the epoch; 0: the clock */
+    bool *raised; /* chat: NULL, or set to whether a failed rendering was the template's own
+                     raise_exception (its message is then the template's alone) */
 } tdm_prompt_input_t;
 
 /* Encodes in as the rule above says. pick is the template (tdm_chat_template_pick); it may be

@@ -89,9 +89,10 @@ static int render(jj_ctx_t *c, const tdm_jinja_t *self, const json_t *context)
     jj_add_globals(c, c->globals);
     jj_scope_t *root = jj_alloc(&c->arena, sizeof *root);
     if (!root)
-        jj_fail(c, NULL, TDM_ERESOURCE, "out of memory");
+        jj_fail_memory(c, NULL);
     root->vars = context && json_is_object(context) ? jv_from_json(c, context) : jv_dict(c);
     c->scope = root;
+    c->arena_base = c->arena.given_bytes;
     jj_exec(c, self->root);
     return 0;
 }
@@ -109,6 +110,8 @@ int tdm_jinja_render(const tdm_jinja_t *self, const json_t *context,
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     set_limits(c, opt);
     c->err = err;
+    char base;
+    c->stack_base = (uintptr_t)&base;
     int rc = render(c, self, context);
     if (rc == 0) {
         *out = malloc(c->out_len + 1);

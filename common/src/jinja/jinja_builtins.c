@@ -52,9 +52,9 @@ static bool compare_test(jj_ctx_t *c, const char *name, jj_value_t *v, jj_value_
 {
     if (!strcmp(name, "equalto") || !strcmp(name, "eq") || !strcmp(name, "==") ||
         !strcmp(name, "sameas")) {
-        *r = jv_equal(v, o);
+        *r = jj_equal(c, at, v, o);
     } else if (!strcmp(name, "ne") || !strcmp(name, "!=")) {
-        *r = !jv_equal(v, o);
+        *r = !jj_equal(c, at, v, o);
     } else if (!strcmp(name, "lt") || !strcmp(name, "lessthan")) {
         *r = jv_compare(c, at, v, o) < 0;
     } else if (!strcmp(name, "gt") || !strcmp(name, "greaterthan")) {
@@ -67,7 +67,7 @@ static bool compare_test(jj_ctx_t *c, const char *name, jj_value_t *v, jj_value_
         *r = false;
         if (o->kind == JV_LIST) {
             for (size_t k = 0; k < o->u.list.n && !*r; k++)
-                *r = jv_equal(o->u.list.items[k], v);
+                *r = jj_equal(c, at, o->u.list.items[k], v);
         } else if (o->kind == JV_DICT) {
             *r = jv_get(o, v) != NULL;
         } else if (o->kind == JV_STR && v->kind == JV_STR) {
@@ -325,7 +325,7 @@ static jj_value_t *m_count(jj_ctx_t *c, jj_value_t *s, jj_args_t *a, const jj_no
     int64_t n = 0;
     if (s->kind == JV_LIST) {
         for (size_t k = 0; x && k < s->u.list.n; k++)
-            n += jv_equal(s->u.list.items[k], x);
+            n += jj_equal(c, at, s->u.list.items[k], x);
         return jv_int(c, n);
     }
     need_str(c, x, at);
@@ -446,7 +446,7 @@ static jj_value_t *m_index(jj_ctx_t *c, jj_value_t *l, jj_args_t *a, const jj_no
 {
     jj_value_t *x = jj_arg(a, 0, NULL);
     for (size_t k = 0; x && k < l->u.list.n; k++)
-        if (jv_equal(l->u.list.items[k], x))
+        if (jj_equal(c, at, l->u.list.items[k], x))
             return jv_int(c, (int64_t)k);
     jj_fail(c, at, TDM_EINVALID, "ValueError: value is not in list");
 }

@@ -25,17 +25,65 @@ _Noreturn void jj_fail(jj_ctx_t *c, const jj_node_t *at, int code, const char *f
     longjmp(c->fail, 1);
 }
 
+_Noreturn void jj_fail_memory(jj_ctx_t *c, const jj_node_t *at)
+{
+    if (c->arena.used_bytes + 65536 + 4096 > c->arena.max_bytes) /* a chunk did not fit */
+        jj_fail(c, at ? at : c->at, TDM_ERESOURCE, "template memory limit (%zu bytes) exceeded",
+                c->arena.max_bytes);
+    jj_fail(c, at ? at : c->at, TDM_ERESOURCE, "out of memory");
+}
+
+void jj_charge(jj_ctx_t *c, const jj_node_t *at, uint64_t steps)
+{
+    c->steps += steps;
+    if (!at)
+        return; /* no place to name: the next charge with one checks */
+    size_t built = c->arena.given_bytes - c->arena_base;
+    if (c->steps + built / JJ_ALLOC_BYTES_PER_STEP > c->limits.max_steps)
+        jj_fail(c, at, TDM_ERESOURCE, "template step limit (%llu) exceeded",
+                (unsigned long long)c->limits.max_steps);
+}
+
 static void step(jj_ctx_t *c, const jj_node_t *n)
 {
-    if (++c->steps > c->limits.max_steps)
-        jj_fail(c, n, TDM_ERESOURCE, "template step limit (%llu) exceeded",
-                (unsigned long long)c->limits.max_steps);
+    jj_charge(c, n, 1);
+}
+
+/* A lookup in a dict scans its keys: one step per 8. */
+static void charge_lookup(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *dict)
+{
+    jj_charge(c, at, dict->u.dict.n / 8);
+}
+
+/* An operation's arguments: what it may scan. */
+static void charge_args(jj_ctx_t *c, const jj_node_t *at, const jj_args_t *a)
+{
+    uint64_t cost = 0;
+    for (size_t k = 0; k < a->n_pos; k++)
+        cost += jj_cost(a->pos[k]);
+    for (size_t k = 0; k < a->n_kw; k++)
+        cost += jj_cost(a->kw[k]);
+    jj_charge(c, at, cost);
+}
+
+/* Enters one recursive frame of the renderer (jj_eval, jj_exec, a filter chain): fails when
+ * the frames now open pass JJ_MAX_FRAMES, or, as a net under that count (builtins add frames
+ * of their own), when the stack used since the rendering began passes JJ_MAX_STACK_BYTES. */
+static void enter_frame(jj_ctx_t *c, const jj_node_t *n)
+{
+    char here;
+    uintptr_t at = (uintptr_t)&here;
+    uintptr_t used = at < c->stack_base ? c->stack_base - at : at - c->stack_base;
+    if (++c->frames > JJ_MAX_FRAMES || used > JJ_MAX_STACK_BYTES)
+        jj_fail(c, n, TDM_ERESOURCE, "template recursion limit (%d frames) exceeded",
+                JJ_MAX_FRAMES);
 }
 
 /* Output lives in the arena (so a failure inside a captured block leaks nothing); it grows by
  * doubling, so the copies left behind add up to less than the output itself. */
 static void emit(jj_ctx_t *c, const jj_node_t *at, const char *s, size_t n)
 {
+    jj_charge(c, at, n / JJ_BYTES_PER_STEP);
     if (c->out_len + n > c->limits.max_output_bytes)
         jj_fail(c, at, TDM_ERESOURCE, "template output limit (%zu bytes) exceeded",
                 c->limits.max_output_bytes);
@@ -45,7 +93,7 @@ static void emit(jj_ctx_t *c, const jj_node_t *at, const char *s, size_t n)
             cap *= 2;
         char *p = jj_alloc(&c->arena, cap);
         if (!p)
-            jj_fail(c, at, TDM_ERESOURCE, "out of memory");
+            jj_fail_memory(c, at);
         if (c->out_len)
             memcpy(p, c->out, c->out_len);
         c->out = p;
@@ -64,6 +112,7 @@ static void undefined_fail(jj_ctx_t *c, const jj_value_t *v, const jj_node_t *at
 jj_value_t *jj_lookup(jj_ctx_t *c, const char *name)
 {
     for (jj_scope_t *s = c->scope; s; s = s->parent) {
+        charge_lookup(c, NULL, s->vars);
         jj_value_t *v = jv_getc(s->vars, name);
         if (v)
             return v;
@@ -101,6 +150,7 @@ jj_value_t *jj_getattr(jj_ctx_t *c, jj_value_t *obj, const char *name, const jj_
         jj_value_t *m = obj->kind == JV_DICT ? jj_method(c, obj, name, at) : NULL;
         if (m)
             return m;
+        charge_lookup(c, at, obj);
         jj_value_t *v = jv_getc(obj, name);
         if (v)
             return v;
@@ -147,7 +197,7 @@ static size_t utf8_offsets(jj_ctx_t *c, const jj_value_t *s, size_t **offs)
 {
     size_t *o = jj_alloc(&c->arena, (s->u.str.n + 1) * sizeof *o);
     if (!o)
-        jj_fail(c, NULL, TDM_ERESOURCE, "out of memory");
+        jj_fail_memory(c, NULL);
     size_t k = 0;
     for (size_t i = 0; i < s->u.str.n; i++)
         if (((unsigned char)s->u.str.s[i] & 0xC0) != 0x80)
@@ -160,6 +210,7 @@ static size_t utf8_offsets(jj_ctx_t *c, const jj_value_t *s, size_t **offs)
 static jj_value_t *eval_slice(jj_ctx_t *c, const jj_node_t *n)
 {
     jj_value_t *obj = jj_eval(c, n->a);
+    jj_charge(c, n, jj_cost(obj));
     int64_t first, stride;
     if (obj->kind == JV_LIST) {
         size_t cnt = slice_range(c, n, obj->u.list.n, &first, &stride);
@@ -206,6 +257,7 @@ jj_value_t *jj_getitem(jj_ctx_t *c, jj_value_t *obj, jj_value_t *key, const jj_n
     if (obj->kind == JV_UNDEF)
         undefined_fail(c, obj, at);
     if (obj->kind == JV_DICT || obj->kind == JV_NS) {
+        charge_lookup(c, at, obj);
         jj_value_t *v = jv_get(obj, key);
         if (v)
             return v;
@@ -215,6 +267,8 @@ jj_value_t *jj_getitem(jj_ctx_t *c, jj_value_t *obj, jj_value_t *key, const jj_n
     }
     if ((obj->kind == JV_LIST || obj->kind == JV_STR) && (key->kind == JV_INT)) {
         size_t *offs = NULL;
+        if (obj->kind == JV_STR)
+            jj_charge(c, at, jj_cost(obj));
         size_t len = obj->kind == JV_LIST ? obj->u.list.n : utf8_offsets(c, obj, &offs);
         int64_t i = key->u.i < 0 ? key->u.i + (int64_t)len : key->u.i;
         if (i < 0 || i >= (int64_t)len)
@@ -267,7 +321,7 @@ static jj_value_t *eval_args(jj_ctx_t *c, const jj_node_t *n, jj_args_t *a)
     a->kw = jj_alloc(&c->arena, (n->n_kids + 1) * sizeof *a->kw);
     a->kw_names = jj_alloc(&c->arena, (n->n_kids + 1) * sizeof *a->kw_names);
     if (!a->pos || !a->kw || !a->kw_names)
-        jj_fail(c, n, TDM_ERESOURCE, "out of memory");
+        jj_fail_memory(c, n);
     for (size_t k = 0; k < n->n_kids; k++) {
         const jj_node_t *arg = n->kids[k];
         if (arg->kind == JN_KWARG) {
@@ -511,19 +565,16 @@ static bool contains(jj_ctx_t *c, const jj_node_t *n, jj_value_t *item, jj_value
                     "TypeError: 'in <string>' requires string as left "
                     "operand, not %s",
                     jv_type_name(item));
-        if (item->u.str.n == 0)
-            return true;
-        for (size_t i = 0; i + item->u.str.n <= seq->u.str.n; i++)
-            if (memcmp(seq->u.str.s + i, item->u.str.s, item->u.str.n) == 0)
-                return true;
-        return false;
+        jj_charge(c, n, jj_cost(seq) + jj_cost(item));
+        return item->u.str.n == 0 ||
+               jj_find(seq->u.str.s, seq->u.str.n, item->u.str.s, item->u.str.n) != NULL;
     case JV_LIST:
         for (size_t k = 0; k < seq->u.list.n; k++)
-            if (jv_equal(seq->u.list.items[k], item))
+            if (jj_equal(c, n, seq->u.list.items[k], item))
                 return true;
         return false;
     case JV_DICT:
-    case JV_NS: return jv_get(seq, item) != NULL;
+    case JV_NS: charge_lookup(c, n, seq); return jv_get(seq, item) != NULL;
     case JV_UNDEF: return false;
     default:
         jj_fail(c, n, TDM_EINVALID, "TypeError: argument of type '%s' is not iterable",
@@ -536,8 +587,8 @@ static jj_value_t *compare(jj_ctx_t *c, const jj_node_t *n)
     jj_value_t *a = jj_eval(c, n->a), *b = jj_eval(c, n->b);
     bool r;
     switch (n->op) {
-    case 'E': r = jv_equal(a, b); break;
-    case 'N': r = !jv_equal(a, b); break;
+    case 'E': r = jj_equal(c, n, a, b); break;
+    case 'N': r = !jj_equal(c, n, a, b); break;
     case 'I': r = contains(c, n, a, b) != n->negate; break;
     case '<': r = jv_compare(c, n, a, b) < 0; break;
     case '>': r = jv_compare(c, n, a, b) > 0; break;
@@ -572,7 +623,7 @@ static jj_value_t *call_macro(jj_ctx_t *c, jj_value_t *f, jj_args_t *args, const
                 c->limits.max_depth);
     jj_scope_t *scope = jj_alloc(&c->arena, sizeof *scope);
     if (!scope)
-        jj_fail(c, at, TDM_ERESOURCE, "out of memory");
+        jj_fail_memory(c, at);
     scope->parent = f->u.func.closure;
     scope->vars = jv_dict(c);
     jj_scope_t *saved = c->scope;
@@ -624,14 +675,23 @@ static jj_value_t *eval_call(jj_ctx_t *c, const jj_node_t *n)
     jj_value_t *f = jj_eval(c, n->a);
     jj_args_t args;
     eval_args(c, n, &args);
-    return jj_call_value(c, f, &args, n);
+    charge_args(c, n, &args);
+    if (f->kind == JV_FUNC && f->u.func.self) /* a method scans its object */
+        jj_charge(c, n, jj_cost(f->u.func.self));
+    jj_value_t *r = jj_call_value(c, f, &args, n);
+    jj_charge(c, n, jj_cost(r));
+    return r;
 }
 
 static jj_value_t *eval_filter(jj_ctx_t *c, const jj_node_t *n, jj_value_t *v)
 {
     jj_args_t args;
     eval_args(c, n, &args);
-    return jj_filter(c, n->name, v, &args, n);
+    charge_args(c, n, &args);
+    jj_charge(c, n, jj_cost(v));
+    jj_value_t *r = jj_filter(c, n->name, v, &args, n);
+    jj_charge(c, n, jj_cost(r));
+    return r;
 }
 
 static jj_value_t *eval_logic(jj_ctx_t *c, const jj_node_t *n)
@@ -670,9 +730,8 @@ static jj_value_t *eval_unary(jj_ctx_t *c, const jj_node_t *n)
     return jv_int(c, -inum(v));
 }
 
-jj_value_t *jj_eval(jj_ctx_t *c, const jj_node_t *n)
+static jj_value_t *eval_node(jj_ctx_t *c, const jj_node_t *n)
 {
-    step(c, n);
     switch (n->kind) {
     case JN_CONST: return n->value;
     case JN_NAME: return jj_lookup(c, n->name);
@@ -691,17 +750,33 @@ jj_value_t *jj_eval(jj_ctx_t *c, const jj_node_t *n)
         jj_value_t *v = jj_eval(c, n->a);
         jj_args_t args;
         eval_args(c, n, &args);
+        charge_args(c, n, &args);
+        jj_charge(c, n, jj_cost(v));
         return jv_bool(c, jj_test(c, n->name, v, &args, n) != n->negate);
     }
     case JN_BINOP: {
         jj_value_t *a = jj_eval(c, n->a);
-        return binop(c, n, a, jj_eval(c, n->b));
+        jj_value_t *r = binop(c, n, a, jj_eval(c, n->b));
+        jj_charge(c, n, jj_cost(r)); /* what concatenation, repetition or % built */
+        return r;
     }
     case JN_CMP: return compare(c, n);
     case JN_NEG:
     case JN_POS: return eval_unary(c, n);
     default: return eval_logic(c, n);
     }
+}
+
+jj_value_t *jj_eval(jj_ctx_t *c, const jj_node_t *n)
+{
+    step(c, n);
+    enter_frame(c, n);
+    const jj_node_t *outer = c->at;
+    c->at = n;
+    jj_value_t *v = eval_node(c, n);
+    c->at = outer;
+    c->frames--;
+    return v;
 }
 
 /* ---- statements ---- */
@@ -742,8 +817,11 @@ static jj_value_t *apply_filters(jj_ctx_t *c, const jj_node_t *f, jj_value_t *v)
 {
     if (!f)
         return v;
+    enter_frame(c, f);
     v = apply_filters(c, f->a, v);
-    return eval_filter(c, f, v);
+    v = eval_filter(c, f, v);
+    c->frames--;
+    return v;
 }
 
 static jj_value_t *filtered_items(jj_ctx_t *c, const jj_node_t *n, jj_value_t *items)
@@ -789,7 +867,7 @@ static void exec_for(jj_ctx_t *c, const jj_node_t *n)
     jj_value_t *items = jj_iterable(c, jj_eval(c, n->b), n->b);
     jj_scope_t *scope = jj_alloc(&c->arena, sizeof *scope);
     if (!scope)
-        jj_fail(c, n, TDM_ERESOURCE, "out of memory");
+        jj_fail_memory(c, n);
     scope->parent = c->scope;
     scope->vars = jv_dict(c);
     c->scope = scope;
@@ -833,9 +911,8 @@ static void exec_macro(jj_ctx_t *c, const jj_node_t *n)
     scope_set(c, n->name, f);
 }
 
-void jj_exec(jj_ctx_t *c, const jj_node_t *n)
+static void exec_node(jj_ctx_t *c, const jj_node_t *n)
 {
-    step(c, n);
     switch (n->kind) {
     case JN_BODY:
         for (size_t k = 0; k < n->n_kids && c->loop_ctl == LOOP_NONE; k++)
@@ -867,4 +944,15 @@ void jj_exec(jj_ctx_t *c, const jj_node_t *n)
     case JN_CONTINUE: c->loop_ctl = LOOP_CONTINUE; return;
     default: jj_fail(c, n, TDM_EINTERNAL, "not a statement");
     }
+}
+
+void jj_exec(jj_ctx_t *c, const jj_node_t *n)
+{
+    step(c, n);
+    enter_frame(c, n);
+    const jj_node_t *outer = c->at;
+    c->at = n;
+    exec_node(c, n);
+    c->at = outer;
+    c->frames--;
 }

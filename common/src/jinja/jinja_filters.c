@@ -443,7 +443,7 @@ static jj_value_t *sorted(jj_ctx_t *c, jj_value_t *items, jj_value_t *attr, bool
     jj_value_t *r = jv_list(c);
     jj_value_t **keys = jj_alloc(&c->arena, (n + 1) * sizeof *keys);
     if (!keys)
-        jj_fail(c, at, TDM_ERESOURCE, "out of memory");
+        jj_fail_memory(c, at);
     for (size_t k = 0; k < n; k++) {
         jj_value_t *it = items->u.list.items[k];
         jv_push(c, r, it);
@@ -686,7 +686,8 @@ static jj_value_t *f_unique(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_n
                                  arg_true(a, 0, "case_sensitive"));
         bool seen = false;
         for (size_t j = 0; j < k && !seen; j++)
-            seen = jv_equal(fold_key(c, attr_of(c, items->u.list.items[j], attr, at),
+            seen = jj_equal(c, at,
+                            fold_key(c, attr_of(c, items->u.list.items[j], attr, at),
                                      arg_true(a, 0, "case_sensitive")),
                             x);
         if (!seen)

@@ -13,8 +13,9 @@
 /* Bump allocator: a template's tree and a rendering's values live and die together. */
 typedef struct jj_arena {
     struct jj_chunk *head;
-    size_t used_bytes; /* all chunks together */
-    size_t max_bytes;  /* 0: no bound */
+    size_t used_bytes;  /* all chunks together */
+    size_t given_bytes; /* handed out by jj_alloc */
+    size_t max_bytes;   /* 0: no bound */
 } jj_arena_t;
 
 void *jj_alloc(jj_arena_t *a, size_t n); /* zeroed; NULL when out of memory or over bound */
@@ -73,6 +74,7 @@ typedef struct jj_node {
     size_t n_kids;
     struct jj_node *body, *orelse; /* JN_IF, JN_FOR, JN_MACRO, ... */
     bool negate;                   /* JN_TEST: is not; JN_CMP: not in */
+    unsigned height;               /* expressions: 1 + the tallest operand (parser bounds it) */
 } jj_node_t;
 
 /* Parses source into a JN_BODY; NULL with err set. The tree lives in arena. */
@@ -151,7 +153,11 @@ typedef struct jj_ctx {
     size_t out_len, out_cap;
     tdm_jinja_limits_t limits;
     uint64_t steps;
-    unsigned depth;
+    unsigned depth;       /* nested macro calls */
+    unsigned frames;      /* jj_eval / jj_exec calls now on the stack */
+    uintptr_t stack_base; /* a local's address where the rendering began */
+    size_t arena_base;    /* arena bytes the globals and the context took */
+    const jj_node_t *at;  /* the node being evaluated or run (for errors without one) */
     int64_t now;
     jmp_buf fail;
     int code;
@@ -162,17 +168,41 @@ typedef struct jj_ctx {
     int loop_ctl; /* a break or continue on its way to its loop */
 } jj_ctx_t;
 
+/* The renderer's recursion bound: jj_eval and jj_exec calls open at once, across macro calls
+ * and expressions (jinja2 stops at Python's 1000 frames, about 250 to 500 links of a chain).
+ * 3000 frames used 0.67 MiB of stack (about 225 bytes a frame with the helpers between them;
+ * RelWithDebInfo, x86-64, test_jinja's deep_nesting), well inside the 8 MiB stacks the
+ * router's loop, its HTTP threads and the nodes' threads run on (pthread defaults);
+ * JJ_MAX_STACK_BYTES backs the count up where frames are bigger (sanitizers, builtins). */
+#define JJ_MAX_FRAMES 3000
+#define JJ_MAX_STACK_BYTES (3u << 19)
+
 _Noreturn void jj_fail(jj_ctx_t *c, const jj_node_t *at, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* An allocation failed: the memory limit, named with at's place (NULL: the node being
+ * evaluated), or the machine's memory. */
+_Noreturn void jj_fail_memory(jj_ctx_t *c, const jj_node_t *at);
 
-/* The first occurrence of needle (nn bytes, > 0) in hay (hn bytes); NULL when none. */
-static inline const char *jj_find(const char *hay, size_t hn, const char *needle, size_t nn)
-{
-    for (size_t i = 0; nn && i + nn <= hn; i++)
-        if (hay[i] == needle[0] && memcmp(hay + i, needle, nn) == 0)
-            return hay + i;
-    return NULL;
-}
+/* The first occurrence of needle (nn bytes, > 0) in hay (hn bytes); NULL when none. Linear in
+ * hn + nn (glibc's two-way memmem), so a scan costs what jj_cost charges for it. */
+const char *jj_find(const char *hay, size_t hn, const char *needle, size_t nn);
+
+/* The cost model (docs/api.md "Render limits"): a step is one expression evaluated or one
+ * statement run, and an operation that scans, copies or builds a value also pays for what it
+ * touches: one step per JJ_BYTES_PER_STEP bytes of a string and one per item of a list or
+ * dict (jj_cost), for its operands and its result. So max_steps bounds the CPU time. */
+#define JJ_BYTES_PER_STEP 4
+/* and every JJ_ALLOC_BYTES_PER_STEP bytes of values the rendering allocates count as a step:
+ * building values is where a runaway template spends its time (about 2.6 ms a MiB). */
+#define JJ_ALLOC_BYTES_PER_STEP 4
+
+/* Adds steps to the rendering's count; fails at at (TDM_ERESOURCE) past max_steps. */
+void jj_charge(jj_ctx_t *c, const jj_node_t *at, uint64_t steps);
+/* What touching v costs, in steps (not nested values: those pay when they are touched). */
+uint64_t jj_cost(const jj_value_t *v);
+/* a == b as jv_equal, charging the rendering for every value and byte compared and bounded in
+ * depth like the renderer's frames. */
+bool jj_equal(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b);
 
 /* values (jinja_value.c) */
 jj_value_t *jv_new(jj_ctx_t *c, jj_kind_t kind);

@@ -307,17 +307,29 @@ static bool at_end(const lexer_t *L, bool block, bool *minus)
     return L->len - p >= 2 && memcmp(L->src + p, end, 2) == 0;
 }
 
-/* The tokens of a tag from L->pos to its end, then the end token. */
+/* Brackets open at once in one tag: the parser refuses 200 levels anyway. */
+#define JJ_MAX_BRACKETS 512
+
+/* The tokens of a tag from L->pos to its end, then the end token. Brackets must balance within
+ * the tag, with jinja2's lexer's messages ("unexpected ')', expected ']'"). */
 static int lex_tag(lexer_t *L, size_t at, bool block)
 {
+    (void)at;
+    char want[JJ_MAX_BRACKETS]; /* the closing bracket each open one expects */
     int depth = 0;
+    char msg[64];
     for (;;) {
         while (L->pos < L->len && is_ws(L->src[L->pos]))
             L->pos++;
-        if (L->pos >= L->len)
-            return lex_fail(L, at,
-                            block ? "unexpected end of template, expected '%}'"
-                                  : "unexpected end of template, expected '}}'");
+        if (L->pos >= L->len) {
+            if (depth)
+                snprintf(msg, sizeof msg, "unexpected end of template, expected '%c'.",
+                         want[depth - 1]);
+            else
+                snprintf(msg, sizeof msg, "unexpected end of template, expected '%s'.",
+                         block ? "end of statement block" : "end of print statement");
+            return lex_fail(L, L->len, msg);
+        }
         bool minus;
         if (depth == 0 && at_end(L, block, &minus)) {
             if (!push(L, block ? JT_BLOCK_END : JT_VAR_END, L->pos))
@@ -326,16 +338,31 @@ static int lex_tag(lexer_t *L, size_t at, bool block)
             after_tag_end(L, minus, block);
             return 0;
         }
+        size_t start = L->pos;
         jj_token_t *t = push(L, JT_OP, L->pos);
         if (!t)
             return tdm_error_set(L->lx->err, TDM_ERESOURCE, "out of memory");
         int rc = lex_one(L, t);
         if (rc)
             return rc;
-        if (t->kind == JT_OP && strchr("([{", t->s[0]) && t->n == 1)
-            depth++;
-        else if (t->kind == JT_OP && strchr(")]}", t->s[0]) && t->n == 1 && depth > 0)
+        if (t->kind != JT_OP || t->n != 1)
+            continue;
+        char ch = t->s[0];
+        if (ch == '(' || ch == '[' || ch == '{') {
+            if (depth == JJ_MAX_BRACKETS)
+                return lex_fail(L, start, "template nested too deeply (more than 512 brackets)");
+            want[depth++] = ch == '(' ? ')' : ch == '[' ? ']' : '}';
+        } else if (ch == ')' || ch == ']' || ch == '}') {
+            if (depth == 0 || want[depth - 1] != ch) {
+                if (depth == 0)
+                    snprintf(msg, sizeof msg, "unexpected '%c'", ch);
+                else
+                    snprintf(msg, sizeof msg, "unexpected '%c', expected '%c'", ch,
+                             want[depth - 1]);
+                return lex_fail(L, start, msg);
+            }
             depth--;
+        }
     }
 }
 

@@ -45,6 +45,43 @@ static void enter(parser_t *p)
         pfail(p, cur(p), "template nested too deeply (more than %d levels)", JJ_MAX_NESTING);
 }
 
+static void leave(parser_t *p)
+{
+    p->depth--;
+}
+
+/* Height bound of an expression's tree: the renderer recurses once per level, as jinja2's
+ * compiled code does (Python gives up at about 250 to 500 links of a chain). */
+#define JJ_MAX_HEIGHT 256
+
+static unsigned height_of(const jj_node_t *n)
+{
+    return n ? n->height : 0;
+}
+
+/* n, complete, with its height set from its operands; fails past JJ_MAX_HEIGHT so that no chain
+ * of operators, filters, subscripts or attributes builds a tree deeper than the renderer may
+ * walk. */
+static jj_node_t *seal(parser_t *p, jj_node_t *n)
+{
+    unsigned h = height_of(n->a);
+    const jj_node_t *more[] = {n->b, n->c, n->orelse};
+    for (size_t k = 0; k < 3; k++)
+        if (height_of(more[k]) > h)
+            h = height_of(more[k]);
+    for (size_t k = 0; k < n->n_kids; k++)
+        if (height_of(n->kids[k]) > h)
+            h = height_of(n->kids[k]);
+    n->height = h + 1;
+    if (n->height > JJ_MAX_HEIGHT) {
+        p->code = tdm_error_set(p->err, TDM_EINVALID,
+                                "%d:%d: expression nested too deeply (more than %d levels)",
+                                n->line, n->col, JJ_MAX_HEIGHT);
+        longjmp(p->fail, 1);
+    }
+    return n;
+}
+
 static void *palloc(parser_t *p, size_t n)
 {
     void *m = jj_alloc(p->arena, n);
@@ -332,12 +369,12 @@ static jj_node_t *parse_seq(parser_t *p, const jj_token_t *t, jj_node_kind_t kin
             kv->a = parse_expr(p);
             expect_op(p, ":");
             kv->b = parse_expr(p);
-            add_kid(p, n, kv);
+            add_kid(p, n, seal(p, kv));
         } else {
             add_kid(p, n, parse_expr(p));
         }
     }
-    return n;
+    return seal(p, n);
 }
 
 static jj_node_t *parse_primary(parser_t *p)
@@ -358,7 +395,7 @@ static jj_node_t *parse_primary(parser_t *p)
             add_kid(p, tup, e);
             while (accept_op(p, ",") && !is_op(cur(p), ")"))
                 add_kid(p, tup, parse_expr(p));
-            e = tup;
+            e = seal(p, tup);
         }
         expect_op(p, ")");
         return e;
@@ -386,7 +423,7 @@ static void parse_args(parser_t *p, jj_node_t *n)
             kw->name = expect_name(p);
             p->i++;
             kw->a = parse_expr(p);
-            add_kid(p, n, kw);
+            add_kid(p, n, seal(p, kw));
         } else {
             add_kid(p, n, parse_expr(p));
         }
@@ -418,7 +455,7 @@ static jj_node_t *parse_subscript(parser_t *p, jj_node_t *obj, const jj_token_t 
         n->c = parts[1];
         n->orelse = parts[2];
     }
-    return n;
+    return seal(p, n);
 }
 
 static jj_node_t *parse_postfix(parser_t *p, jj_node_t *n)
@@ -434,14 +471,14 @@ static jj_node_t *parse_postfix(parser_t *p, jj_node_t *n)
             } else {
                 a->name = expect_name(p);
             }
-            n = a;
+            n = seal(p, a);
         } else if (accept_op(p, "[")) {
             n = parse_subscript(p, n, t);
         } else if (accept_op(p, "(")) {
             jj_node_t *call = node(p, JN_CALL, t);
             call->a = n;
             parse_args(p, call);
-            n = call;
+            n = seal(p, call);
         } else {
             return n;
         }
@@ -461,7 +498,7 @@ static jj_node_t *parse_filter(parser_t *p, jj_node_t *base)
     }
     if (accept_op(p, "("))
         parse_args(p, f);
-    return f;
+    return seal(p, f);
 }
 
 static bool starts_test_arg(const jj_token_t *t)
@@ -482,7 +519,7 @@ static jj_node_t *parse_test(parser_t *p, jj_node_t *base)
         parse_args(p, n);
     else if (starts_test_arg(cur(p)))
         add_kid(p, n, parse_postfix(p, parse_primary(p)));
-    return n;
+    return seal(p, n);
 }
 
 static jj_node_t *parse_filter_expr(parser_t *p, jj_node_t *n)
@@ -497,7 +534,7 @@ static jj_node_t *parse_filter_expr(parser_t *p, jj_node_t *n)
             jj_node_t *call = node(p, JN_CALL, t);
             call->a = n;
             parse_args(p, call);
-            n = call;
+            n = seal(p, call);
         } else {
             return n;
         }
@@ -512,7 +549,8 @@ static jj_node_t *parse_unary(parser_t *p, bool with_filter)
         n = node(p, t->s[0] == '-' ? JN_NEG : JN_POS, t);
         enter(p);
         n->a = parse_unary(p, false);
-        p->depth--;
+        leave(p);
+        seal(p, n);
     } else {
         n = parse_primary(p);
     }
@@ -526,7 +564,7 @@ static jj_node_t *binop(parser_t *p, const jj_token_t *t, int op, jj_node_t *a, 
     n->op = op;
     n->a = a;
     n->b = b;
-    return n;
+    return seal(p, n);
 }
 
 static jj_node_t *parse_pow(parser_t *p)
@@ -609,11 +647,12 @@ static jj_node_t *parse_compare(parser_t *p)
         c->a = left;
         c->b = parse_math1(p);
         left = c->b;
+        seal(p, c);
         if (chain) {
             jj_node_t *both = node(p, JN_AND, t);
             both->a = chain;
             both->b = c;
-            chain = both;
+            chain = seal(p, both);
         } else {
             chain = c;
         }
@@ -625,8 +664,10 @@ static jj_node_t *parse_not(parser_t *p)
     const jj_token_t *t = cur(p);
     if (accept_name(p, "not")) {
         jj_node_t *n = node(p, JN_NOT, t);
+        enter(p);
         n->a = parse_not(p);
-        return n;
+        leave(p);
+        return seal(p, n);
     }
     return parse_compare(p);
 }
@@ -638,7 +679,7 @@ static jj_node_t *parse_and(parser_t *p)
         jj_node_t *a = node(p, JN_AND, t);
         a->a = n;
         a->b = parse_not(p);
-        n = a;
+        n = seal(p, a);
     }
     return n;
 }
@@ -650,7 +691,7 @@ static jj_node_t *parse_or(parser_t *p)
         jj_node_t *o = node(p, JN_OR, t);
         o->a = n;
         o->b = parse_and(p);
-        n = o;
+        n = seal(p, o);
     }
     return n;
 }
@@ -665,9 +706,9 @@ static jj_node_t *parse_expr(parser_t *p)
         c->b = parse_or(p);
         if (accept_name(p, "else"))
             c->c = parse_expr(p);
-        n = c;
+        n = seal(p, c);
     }
-    p->depth--;
+    leave(p);
     return n;
 }
 
@@ -690,7 +731,7 @@ static jj_node_t *parse_tuple(parser_t *p, bool with_condexpr)
     add_kid(p, tup, e);
     while (accept_op(p, ",") && !ends_tuple(cur(p)))
         add_kid(p, tup, with_condexpr ? parse_expr(p) : parse_or(p));
-    return tup;
+    return seal(p, tup);
 }
 
 /* ---- statements ---- */
@@ -706,7 +747,9 @@ static jj_node_t *parse_if(parser_t *p, const jj_token_t *at)
     n->body = parse_body(p, ends);
     const jj_token_t *t = cur(p);
     if (accept_name(p, "elif")) {
+        enter(p); /* each elif nests one level deeper in the tree */
         n->orelse = parse_if(p, t);
+        leave(p);
         return n;
     }
     if (accept_name(p, "else")) {
@@ -739,7 +782,7 @@ static jj_node_t *parse_target(parser_t *p)
 
 static jj_node_t *parse_for(parser_t *p, const jj_token_t *at)
 {
-    static const char *const ends[] = {"else", "endfor", NULL};
+    static const char *const ends[] = {"endfor", "else", NULL}; /* jinja2's order */
     static const char *const endfor[] = {"endfor", NULL};
     jj_node_t *n = node(p, JN_FOR, at);
     n->a = parse_target(p);
@@ -897,6 +940,23 @@ static bool in_ends(const jj_token_t *t, const char *const *ends)
     return false;
 }
 
+/* The end of the source inside a block: jinja2's message, naming the tags in ends (in the
+ * order jinja2 gives them) and the block ("endfor" closes "for"). */
+_Noreturn static void unclosed(parser_t *p, const jj_token_t *t, const char *const *ends)
+{
+    char tags[128] = "", *o = tags;
+    const char *block = "";
+    for (size_t k = 0; ends[k]; k++) {
+        o += snprintf(o, (size_t)(tags + sizeof tags - o), "%s'%s'", k ? " or " : "", ends[k]);
+        if (strncmp(ends[k], "end", 3) == 0)
+            block = ends[k] + 3;
+    }
+    pfail(p, t,
+          "Unexpected end of template. Jinja was looking for the following tags: %s. The "
+          "innermost block that needs to be closed is '%s'.",
+          tags, block);
+}
+
 /* Statements up to a block tag named in ends (left at its name) or the end of the source. */
 static jj_node_t *parse_body(parser_t *p, const char *const *ends)
 {
@@ -906,11 +966,8 @@ static jj_node_t *parse_body(parser_t *p, const char *const *ends)
         const jj_token_t *t = cur(p);
         if (t->kind == JT_EOF) {
             if (ends && ends[0])
-                pfail(p, t,
-                      "Unexpected end of template. Jinja was looking for the following "
-                      "tags: '%s'.",
-                      ends[0]);
-            p->depth--;
+                unclosed(p, t, ends);
+            leave(p);
             return body;
         }
         p->i++;
@@ -929,7 +986,7 @@ static jj_node_t *parse_body(parser_t *p, const char *const *ends)
             add_kid(p, body, n);
         } else if (t->kind == JT_BLOCK_BEGIN) {
             if (in_ends(cur(p), ends)) {
-                p->depth--;
+                leave(p);
                 return body;
             }
             add_kid(p, body, parse_statement(p));

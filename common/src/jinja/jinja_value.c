@@ -1,5 +1,6 @@
 /* jinja_value.c - the renderer's values with Python's semantics: str(), repr(), json.dumps,
  * truthiness, equality and order. */
+#define _GNU_SOURCE /* memmem */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@ void *jj_alloc(jj_arena_t *a, size_t n)
     }
     void *p = c->data + c->used;
     c->used += n;
+    a->given_bytes += n;
     memset(p, 0, n);
     return p;
 }
@@ -51,7 +53,7 @@ static void *calloc_or_fail(jj_ctx_t *c, size_t n)
 {
     void *p = jj_alloc(&c->arena, n);
     if (!p)
-        jj_fail(c, NULL, TDM_ERESOURCE, "out of memory (rendering's values)");
+        jj_fail_memory(c, NULL);
     return p;
 }
 
@@ -144,6 +146,7 @@ static size_t dict_find(const jj_value_t *d, const jj_value_t *key)
 
 void jv_set(jj_ctx_t *c, jj_value_t *dict, jj_value_t *key, jj_value_t *v)
 {
+    jj_charge(c, NULL, dict->u.dict.n / 8); /* the keys it scans */
     size_t k = dict_find(dict, key);
     if (k != (size_t)-1) {
         dict->u.dict.vals[k] = v;
@@ -243,7 +246,10 @@ static double num(const jj_value_t *v)
     return v->kind == JV_FLOAT ? v->u.f : v->kind == JV_BOOL ? (double)v->u.b : (double)v->u.i;
 }
 
-bool jv_equal(const jj_value_t *a, const jj_value_t *b)
+static bool eq(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b);
+
+/* eq's body: jv_equal's rule, recursing through eq with the same c. */
+static bool eq_body(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b)
 {
     if (is_number(a) && is_number(b)) {
         if (a->kind != JV_FLOAT && b->kind != JV_FLOAT)
@@ -258,21 +264,65 @@ bool jv_equal(const jj_value_t *a, const jj_value_t *b)
         if (a->is_tuple != b->is_tuple || a->u.list.n != b->u.list.n)
             return false;
         for (size_t k = 0; k < a->u.list.n; k++)
-            if (!jv_equal(a->u.list.items[k], b->u.list.items[k]))
+            if (!eq(c, at, a->u.list.items[k], b->u.list.items[k]))
                 return false;
         return true;
     case JV_DICT:
         if (a->u.dict.n != b->u.dict.n)
             return false;
         for (size_t k = 0; k < a->u.dict.n; k++) {
+            if (c)
+                jj_charge(c, at, b->u.dict.n);
             jj_value_t *o = jv_get(b, a->u.dict.keys[k]);
-            if (!o || !jv_equal(a->u.dict.vals[k], o))
+            if (!o || !eq(c, at, a->u.dict.vals[k], o))
                 return false;
         }
         return true;
     case JV_UNDEF:
     case JV_NONE: return true;
     default: return a == b;
+    }
+}
+
+/* a == b; with c (not NULL) each value compared costs 1 + jj_cost steps and nesting counts as
+ * the renderer's frames (a list may be nested 100 000 deep by a loop). */
+static bool eq(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b)
+{
+    if (!c)
+        return eq_body(NULL, at, a, b);
+    uint64_t ca = jj_cost(a), cb = jj_cost(b);
+    jj_charge(c, at, 1 + (ca < cb ? ca : cb));
+    if (++c->frames > JJ_MAX_FRAMES)
+        jj_fail(c, at, TDM_ERESOURCE, "template recursion limit (%d frames) exceeded",
+                JJ_MAX_FRAMES);
+    bool r = eq_body(c, at, a, b);
+    c->frames--;
+    return r;
+}
+
+bool jv_equal(const jj_value_t *a, const jj_value_t *b)
+{
+    return eq(NULL, NULL, a, b);
+}
+
+bool jj_equal(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b)
+{
+    return eq(c, at, a, b);
+}
+
+const char *jj_find(const char *hay, size_t hn, const char *needle, size_t nn)
+{
+    return nn ? memmem(hay, hn, needle, nn) : NULL;
+}
+
+uint64_t jj_cost(const jj_value_t *v)
+{
+    switch (v->kind) {
+    case JV_STR: return v->u.str.n / JJ_BYTES_PER_STEP;
+    case JV_LIST: return v->u.list.n;
+    case JV_DICT:
+    case JV_NS: return v->u.dict.n;
+    default: return 0;
     }
 }
 
@@ -288,7 +338,21 @@ const char *jv_type_name(const jj_value_t *v)
 }
 
 /* <0, 0, >0 as Python orders a and b; TypeError for types Python does not order. */
+static int compare_body(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b);
+
 int jv_compare(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b)
+{
+    uint64_t ca = jj_cost(a), cb = jj_cost(b);
+    jj_charge(c, at, 1 + (ca < cb ? ca : cb));
+    if (++c->frames > JJ_MAX_FRAMES)
+        jj_fail(c, at, TDM_ERESOURCE, "template recursion limit (%d frames) exceeded",
+                JJ_MAX_FRAMES);
+    int r = compare_body(c, at, a, b);
+    c->frames--;
+    return r;
+}
+
+static int compare_body(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_value_t *b)
 {
     if (is_number(a) && is_number(b)) {
         double x = num(a), y = num(b);
@@ -303,7 +367,7 @@ int jv_compare(jj_ctx_t *c, const jj_node_t *at, const jj_value_t *a, const jj_v
     }
     if (a->kind == JV_LIST && b->kind == JV_LIST) {
         for (size_t k = 0; k < a->u.list.n && k < b->u.list.n; k++) {
-            if (!jv_equal(a->u.list.items[k], b->u.list.items[k]))
+            if (!eq(c, at, a->u.list.items[k], b->u.list.items[k]))
                 return jv_compare(c, at, a->u.list.items[k], b->u.list.items[k]);
         }
         return a->u.list.n < b->u.list.n ? -1 : a->u.list.n > b->u.list.n ? 1 : 0;
@@ -562,7 +626,7 @@ static size_t *json_order(jj_buf_t *b, const jj_value_t *v, size_t n)
 {
     size_t *ord = jj_alloc(&b->c->arena, (n + 1) * sizeof *ord);
     if (!ord)
-        jj_fail(b->c, NULL, TDM_ERESOURCE, "out of memory");
+        jj_fail_memory(b->c, NULL);
     for (size_t k = 0; k < n; k++) {
         size_t j = k;
         while (b->sort_keys && v->kind == JV_DICT && j > 0 &&

@@ -17,7 +17,7 @@ static int render_jinja(const tdm_jinja_t *t, const tdm_chat_pick_t *pick,
                                  .eos_token = pick ? pick->eos_token : "",
                                  .kwargs = in->template_kwargs,
                                  .now = in->now ? in->now : -1};
-    return tdm_chat_apply_jinja(t, &ji, text, len, NULL, err);
+    return tdm_chat_apply_jinja(t, &ji, text, len, in->raised, err);
 }
 
 /* The Jinja template in is rendered with: the request's, else the picked one; NULL: built-in. */
