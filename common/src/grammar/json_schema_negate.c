@@ -108,9 +108,11 @@ static int negate_properties(js_ctx_t *c, json_t *props, const char *ptr, json_t
         json_t *v;
         json_array_foreach(cases, i, v)
         {
-            json_t *s = json_pack("{s:s,s:[s],s:{s:O}}", "type", "object", "required", key,
-                                  "properties", key, v);
-            rc = rc ? rc : add_case(c, out, s);
+            if (rc != 0)
+                break; /* nothing more is packed, so nothing is left unowned */
+            rc = add_case(c, out,
+                          json_pack("{s:s,s:[s],s:{s:O}}", "type", "object", "required", key,
+                                    "properties", key, v));
         }
         if (rc != 0)
             return rc;
