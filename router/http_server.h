@@ -40,7 +40,8 @@ struct tdm_http {
     pthread_cond_t idle; /* signalled when n_calls drops to 0 */
     size_t n_calls;      /* under mu: connections holding a generate call */
     size_t n_requests;   /* under mu: HTTP requests begun and not completed */
-    uint64_t body_bytes; /* under mu: request body bytes read since the heap was last trimmed */
+    uint64_t body_bytes; /* under mu: request body bytes read, plus HTTP_TRIM_CONN_BYTES per
+                            closed connection, since the heap was last trimmed */
     bool have_model;     /* under mu */
     http_model_t model;
     tdm_http_vocab_t vocab;    /* the router's tokenizer (/tokenize); tok NULL: none */
