@@ -45,6 +45,13 @@ static int load_model(tdm_router_t *r, tdm_error_t *err)
     r->tok = sm.tok;
     r->n_vocab = sm.n_vocab;
     r->n_ctx = sm.n_ctx;
+    r->max_token_bytes = 1;
+    for (uint32_t id = 0; id < r->n_vocab; id++) {
+        char piece[8];
+        int n = tdm_tokenizer_token_bytes(r->tok, (tdm_token_t)id, true, piece, sizeof piece);
+        if (n > 0 && (uint32_t)n > r->max_token_bytes)
+            r->max_token_bytes = (uint32_t)n;
+    }
     r->fingerprint = sm.fingerprint;
     r->layout = sm.layout;
     r->block_size = sm.layout.block_size;

@@ -281,6 +281,9 @@ struct tdm_router {
     rt_template_cache_t templates; /* requests' own chat_template, compiled (template_cache.h) */
     char template_error[TDM_ERRMSG_MAX];
     uint32_t n_ctx, n_vocab, block_size;
+    uint32_t max_token_bytes; /* the longest text one token stands for (special ones included):
+                                 a prompt of more than n_ctx times this many bytes cannot fit,
+                                 so it is refused before it is tokenized (validate.c) */
     uint64_t fingerprint;
     tdm_kv_layout_t layout;
     /* the nodes (nodes.c; router.c's tdm_router_set_heartbeat sets the figures) */

@@ -116,6 +116,15 @@ static int tokenize_prompt(tdm_router_t *r, const char *prompt, const rt_req_t *
     size_t len = strlen(prompt);
     if (len == 0)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt", "prompt is empty");
+    /* a token stands for at most max_token_bytes bytes, so this prompt has more tokens than
+     * the context holds: refused in O(1), before tokenizing megabytes on the router's loop */
+    if (len / r->max_token_bytes >= r->n_ctx)
+        return tdm_error_set_field(err, TDM_EINVALID, "prompt",
+                                   "prompt is %zu bytes, so at least %zu tokens (a token of this "
+                                   "model stands for at most %" PRIu32
+                                   " bytes); the context is %" PRIu32
+                                   " tokens (prompt + max_tokens must fit)",
+                                   len, len / r->max_token_bytes, r->max_token_bytes, r->n_ctx);
     long bad = utf8_invalid_at(prompt, len);
     if (bad >= 0)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt",

@@ -469,6 +469,14 @@ def test_work_budgets_are_checked_before_any_work(cluster):
     st, doc = chat(cluster.port, guided_grammar=chain + 'r3000 ::= "y"\n')
     assert st == 400 and doc["error"]["param"] == "guided_grammar", doc
     assert "too ambiguous" in doc["error"]["message"], doc
+    # a prompt whose bytes alone prove it longer than the context is refused before it is
+    # tokenized (megabytes of it cost the router's loop seconds before)
+    st, _, raw = request(cluster.port, "POST", "/v1/completions",
+                         body={"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 1,
+                               "prompt": "x" * 3_000_000})
+    doc = strict_json(raw)
+    assert st == 400 and doc["error"]["param"] == "prompt", doc
+    assert "prompt is 3000000 bytes, so at least" in doc["error"]["message"], doc
     assert request(cluster.port, "GET", "/health")[0] == 200
 
 
