@@ -417,8 +417,7 @@ static void set_emit(const rx_t *r, tdm_buf_t *b, const cpset_t *s)
 
 static int parse_alt(rx_t *r, tdm_buf_t *b, rx_len_t *len, bool top);
 
-/* A group after '(' (its kind prefix), up to its ')'. */
-static int parse_group(rx_t *r, tdm_buf_t *b, rx_len_t *len)
+int js_rx_group_open(rx_t *r)
 {
     if (js_rx_peek(r) == '?') {
         r->i++;
@@ -441,6 +440,15 @@ static int parse_group(rx_t *r, tdm_buf_t *b, rx_len_t *len)
     }
     if (++r->depth > RX_MAX_DEPTH)
         return js_rx_fail(r, "groups nested too deep");
+    return 0;
+}
+
+/* A group after '(' (its kind prefix), up to its ')'. */
+static int parse_group(rx_t *r, tdm_buf_t *b, rx_len_t *len)
+{
+    int rc0 = js_rx_group_open(r);
+    if (rc0 != 0)
+        return rc0;
     tdm_buf_puts(b, "( ");
     int rc = parse_alt(r, b, len, false);
     r->depth--;

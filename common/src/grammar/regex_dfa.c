@@ -157,27 +157,9 @@ static int b_alt(build_t *b, frag_t *f, bool top);
 static int b_group(build_t *b, frag_t *f)
 {
     rx_t *r = b->r;
-    if (js_rx_peek(r) == '?') {
-        r->i++;
-        if (js_rx_peek(r) == ':') {
-            r->i++;
-        } else if (js_rx_peek(r) == '<' || js_rx_peek(r) == 'P') {
-            if (js_rx_peek(r) == 'P')
-                r->i++;
-            if (js_rx_peek(r) != '<' ||
-                (r->i + 1 < r->n && (r->s[r->i + 1] == '=' || r->s[r->i + 1] == '!')))
-                return js_rx_fail(r, "lookbehind not supported");
-            while (!js_rx_eof(r) && js_rx_peek(r) != '>')
-                r->i++;
-            if (js_rx_eof(r))
-                return js_rx_fail(r, "unterminated group name");
-            r->i++;
-        } else {
-            return js_rx_fail(r, "group kind not supported (lookahead, flags, ...)");
-        }
-    }
-    if (++r->depth > RX_MAX_DEPTH)
-        return js_rx_fail(r, "groups nested too deep");
+    int rc0 = js_rx_group_open(r);
+    if (rc0 != 0)
+        return rc0;
     int rc = b_alt(b, f, false);
     r->depth--;
     if (rc != 0)

@@ -57,6 +57,11 @@ static inline uint32_t js_rx_peek(const rx_t *r)
 
 /* Sets r->err to "what (at offset N)" and returns TDM_EINVALID. */
 int js_rx_fail(rx_t *r, const char *what);
+
+/* Reads a group's kind prefix after '(' ("?:", a named group "?<name>" / "?P<name>"; other
+ * kinds refused) and enters it (r->depth, at most RX_MAX_DEPTH): the rule both regex compilers
+ * (regex.c to GBNF, regex_dfa.c to an automaton) share. 0, or js_rx_fail's code. */
+int js_rx_group_open(rx_t *r);
 /* Reads one UTF-8 character (a byte that is not UTF-8 is refused). */
 int js_rx_char(rx_t *r, uint32_t *cp);
 /* After a backslash: one character (*cp) or a class added to *s (*is_class). */
