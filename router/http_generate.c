@@ -53,7 +53,8 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
         snprintf(param, cap, "messages%s", field + 13);
         return;
     }
-    if (strncmp(field, "chat.chat_template", 18) == 0) { /* and chat.chat_template_kwargs */
+    if (strncmp(field, "chat.chat_template", 18) == 0 || /* and chat.chat_template_kwargs */
+        strcmp(field, "chat.continue_final_message") == 0) {
         snprintf(param, cap, "%s", field + 5);
         return;
     }

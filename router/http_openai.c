@@ -607,7 +607,10 @@ static int client_request(oai_req_t *q, tdm_error_t *err)
         c->n_messages = n;
         c->chat_template = q->chat_template;
         c->chat_template_kwargs = q->chat_template_kwargs;
+        c->no_generation_prompt = !q->add_generation_prompt;
+        c->continue_final_message = q->continue_final_message;
     }
+    c->continuous_usage = q->continuous_usage;
     if (tdm_proto_sampling_from(&q->sp, &c->sampling, err) != TDM_OK) {
         /* OpenAI's body has these at its top level: "sampling.X: ..." is said as "X: ..." */
         static const char nest[] = "sampling.";
@@ -649,6 +652,17 @@ static int parse_stream(parse_ctx_t *p, oai_req_t *q)
                                        "stream_options.include_usage must be a boolean, got %s",
                                        oai_type_name(iu));
         q->include_usage = json_is_true(iu);
+        json_t *cu = json_object_get(so, "continuous_usage_stats");
+        if (cu && !json_is_null(cu) && !json_is_boolean(cu))
+            return tdm_error_set_field(p->err, TDM_EINVALID,
+                                       "stream_options.continuous_usage_stats",
+                                       "stream_options.continuous_usage_stats must be a boolean, "
+                                       "got %s",
+                                       oai_type_name(cu));
+        /* vLLM: running usage on every chunk only together with include_usage */
+        q->continuous_usage = q->include_usage && json_is_true(cu);
+        if (q->continuous_usage && !(q->usage_now = calloc(1, sizeof *q->usage_now)))
+            return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     }
     q->g.stream = q->stream;
     bool include_stop = false;
@@ -689,6 +703,46 @@ static int parse_max_tokens(parse_ctx_t *p, oai_req_t *q)
         q->g.max_tokens = (int32_t)mt;
     else if (q->kind == OAI_COMPLETION)
         q->g.max_tokens = OAI_COMPLETION_DEFAULT_MAX_TOKENS;
+    return TDM_OK;
+}
+
+/* Chat's add_generation_prompt (default true) and continue_final_message (default false), as
+ * vLLM takes them: not both true; continue_final_message needs an assistant message last. After
+ * parse_messages. */
+static int parse_chat_flags(parse_ctx_t *p, oai_req_t *q)
+{
+    q->add_generation_prompt = true;
+    get_bool(p, "add_generation_prompt", &q->add_generation_prompt);
+    get_bool(p, "continue_final_message", &q->continue_final_message);
+    if (p->rc)
+        return p->rc;
+    if (q->continue_final_message && q->add_generation_prompt)
+        return tdm_error_set_field(p->err, TDM_EINVALID, "continue_final_message",
+                                   "continue_final_message and add_generation_prompt cannot both "
+                                   "be true (add_generation_prompt defaults to true: set it to "
+                                   "false)");
+    size_t last = q->chat.n_messages - 1;
+    if (q->continue_final_message && strcmp(q->msgs[last].role, "assistant") != 0)
+        return tdm_error_set_field(p->err, TDM_EINVALID, "continue_final_message",
+                                   "continue_final_message needs the last message to be an "
+                                   "assistant message; messages[%zu] has role \"%.32s\"",
+                                   last, q->msgs[last].role);
+    return TDM_OK;
+}
+
+/* Chat's echo (vLLM): the last message's content goes first in the answer when that message has
+ * the answer's role: "assistant", or with add_generation_prompt false the last message's own
+ * role (vLLM answers in it), so then always. After parse_chat_flags. */
+static int parse_chat_echo(parse_ctx_t *p, oai_req_t *q)
+{
+    bool echo = false;
+    get_bool(p, "echo", &echo);
+    if (p->rc || !echo)
+        return p->rc;
+    const Tandem__V1__ChatMessage *m = &q->msgs[q->chat.n_messages - 1];
+    if ((!q->add_generation_prompt || strcmp(m->role, "assistant") == 0) && m->content &&
+        m->content[0])
+        q->chat_echo = m->content;
     return TDM_OK;
 }
 
@@ -770,6 +824,8 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
         (rc = parse_logprobs(&p, q)) != TDM_OK || (rc = parse_choices(&p, q)) != TDM_OK ||
         (rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q)) != TDM_OK ||
         (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
+        (kind == OAI_CHAT && ((rc = parse_chat_flags(&p, q)) != TDM_OK ||
+                              (rc = parse_chat_echo(&p, q)) != TDM_OK)) ||
         (rc = client_request(q, err)) != TDM_OK || (rc = oai_parse_structured(q, err)) != TDM_OK) {
         oai_req_clear(q);
         return rc;
@@ -802,6 +858,7 @@ void oai_req_clear(oai_req_t *q)
     oai_tools_clear(&q->tools);
     free(q->chat_template_kwargs);
     free(q->constraint_text);
+    free(q->usage_now);
     if (q->root)
         json_decref(q->root);
     memset(q, 0, sizeof *q);

@@ -21,6 +21,12 @@ typedef enum oai_kind {
     OAI_CHAT = 1,       /* POST /v1/chat/completions */
 } oai_kind_t;
 
+/* The usage a streamed chunk carries under continuous_usage (the counts as of the chunk). */
+typedef struct oai_usage_now {
+    bool set;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+} oai_usage_now_t;
+
 /* An OpenAI request and the GenerateRequest made from it. Every string in the message points
  * into root or into arrays owned here. */
 typedef struct oai_req {
@@ -46,6 +52,14 @@ typedef struct oai_req {
     long long created;
     bool stream;
     bool include_usage;         /* stream_options.include_usage */
+    bool continuous_usage;      /* stream_options.continuous_usage_stats with include_usage (vLLM
+                                   needs both): every streamed chunk carries usage so far */
+    oai_usage_now_t *usage_now; /* continuous_usage: the counts the next chunk written carries
+                                   (heap, set by oai_sse_chunk before it writes); else NULL */
+    bool add_generation_prompt;  /* chat: add_generation_prompt (default true) */
+    bool continue_final_message; /* chat: continue_final_message (default false) */
+    const char *chat_echo; /* chat with echo: the last message's content, put before the answer's
+                              (vLLM: when the last message has the answer's role); else NULL */
     bool logprobs;              /* return logprobs */
     int top_logprobs;           /* how many alternatives per token */
     const char *echo;           /* completions with echo: the prompt text to put first; else NULL */

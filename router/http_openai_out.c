@@ -138,8 +138,16 @@ static json_t *chunk_base(const oai_req_t *q)
     json_t *c = json_pack("{s:s, s:s, s:I, s:o}", "id", q->id, "object",
                           q->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion",
                           "created", (json_int_t)q->created, "model", http_json_str(q->model));
-    if (c && q->include_usage)
+    if (c && q->usage_now && q->usage_now->set) {
+        const oai_usage_now_t *u = q->usage_now;
+        json_object_set_new(c, "usage",
+                            json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)u->prompt_tokens,
+                                      "completion_tokens", (int)u->completion_tokens,
+                                      "total_tokens",
+                                      (int)(u->prompt_tokens + u->completion_tokens)));
+    } else if (c && q->include_usage) {
         json_object_set_new(c, "usage", json_null());
+    }
     return c;
 }
 
@@ -179,18 +187,37 @@ int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t 
     return rc;
 }
 
+/* continuous_usage: the counts the chunks written next carry (completion_tokens: completion of
+ * them, 0 before the first token). */
+static void usage_now_set(const oai_req_t *q, const tdm_client_chunk_t *ch, bool completion)
+{
+    if (!q->usage_now || !ch->usage)
+        return;
+    q->usage_now->set = true;
+    q->usage_now->prompt_tokens = ch->usage->prompt_tokens;
+    q->usage_now->completion_tokens = completion ? ch->usage->completion_tokens : 0;
+    q->usage_now->cached_tokens = ch->usage->cached_prompt_tokens;
+}
+
 int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b)
 {
     int rc = TDM_OK;
     if (!o->started) {
         o->started = true;
+        usage_now_set(q, ch, false);
         if (q->kind == OAI_CHAT)
             rc = oai_emit_choice_at(q, o->index, b,
                                     json_pack("{s:s, s:s}", "role", "assistant", "content", ""),
                                     NULL, 0, NULL, NULL);
-        else if (q->echo)
+        if (rc == TDM_OK && q->kind == OAI_CHAT && q->chat_echo)
+            rc = oai_emit_choice_at(
+                q, o->index, b,
+                json_pack("{s:o}", "content", str_utf8(q->chat_echo, strlen(q->chat_echo))), NULL,
+                0, NULL, NULL);
+        else if (q->kind == OAI_COMPLETION && q->echo)
             rc = oai_emit_choice_at(q, o->index, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
     }
+    usage_now_set(q, ch, true);
     bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
     if (rc == TDM_OK && q->tools.parse) {
         rc = oai_tools_sse(q, o, ch, b);
@@ -266,11 +293,26 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
     json_t *lp = oai_logprobs_json(q, o, ch);
     size_t n_calls = 0;
     if (q->kind == OAI_CHAT && q->tools.parse) {
-        json_object_set_new(choice, "message", oai_tools_message_json(q, ch->text, &n_calls));
+        json_t *m = oai_tools_message_json(q, ch->text, &n_calls);
+        json_t *c = m ? json_object_get(m, "content") : NULL;
+        if (q->chat_echo && m) { /* vLLM: the echo goes before the parsed content */
+            tdm_buf_t t = TDM_BUF_INIT;
+            tdm_buf_append(&t, q->chat_echo, strlen(q->chat_echo));
+            if (json_is_string(c))
+                tdm_buf_append(&t, json_string_value(c), json_string_length(c));
+            json_object_set_new(m, "content", str_utf8(t.data ? t.data : "", t.len));
+            tdm_buf_free(&t);
+        }
+        json_object_set_new(choice, "message", m);
     } else if (q->kind == OAI_CHAT) {
+        tdm_buf_t t = TDM_BUF_INIT;
+        if (q->chat_echo)
+            tdm_buf_append(&t, q->chat_echo, strlen(q->chat_echo));
+        tdm_buf_append(&t, ch->text, strlen(ch->text));
         json_object_set_new(choice, "message",
                             json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
-                                      str_utf8(ch->text, strlen(ch->text)), "refusal"));
+                                      str_utf8(t.data ? t.data : "", t.len), "refusal"));
+        tdm_buf_free(&t);
     } else {
         tdm_buf_t t = TDM_BUF_INIT;
         if (q->echo)

@@ -82,6 +82,7 @@ static int tok_encode(const tdm_http_vocab_t *v, json_t *root, const oai_req_t *
     in.messages = q->creq.messages;
     in.n_messages = q->creq.n_messages;
     in.tools = q->creq.tools;
+    in.continue_final_message = q->continue_final_message; /* checked by oai_parse */
     in.template_kwargs = json_object_get(root, "chat_template_kwargs");
     if (json_is_null(in.template_kwargs))
         in.template_kwargs = NULL;

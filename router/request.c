@@ -327,6 +327,7 @@ static rt_req_t *req_clone(const tdm_router_t *r, const rt_req_t *q, uint32_t i)
     c->stream = q->stream;
     c->include_stop_str = q->include_stop_str;
     c->echo = q->echo;
+    c->continuous_usage = q->continuous_usage;
     c->sp = q->sp;
     c->sp.seed = q->sp.seed + i;
     c->deadline_ms = q->deadline_ms;

@@ -198,6 +198,7 @@ struct rt_req {
     uint64_t call_id;
     bool stream, include_stop_str, echo;
     bool no_speculation; /* GenerateRequest.speculative OFF, passed on in DecodeReserve */
+    bool continuous_usage; /* GenerateRequest.continuous_usage: usage on every chunk */
     int32_t *prompt;     /* [n_prompt] heap */
     uint32_t n_prompt;
     tdm_sampling_params_t sp; /* validated; seed drawn when the client gave none */

@@ -286,6 +286,14 @@ static int send_chunk(tdm_router_t *r, rt_req_t *q)
 {
     Tandem__V1__GenerateChunk m;
     chunk_to_msg(q, &m);
+    Tandem__V1__Usage usage;
+    if (q->continuous_usage) { /* the counts as of this chunk (vLLM's continuous_usage_stats) */
+        tandem__v1__usage__init(&usage);
+        usage.prompt_tokens = q->n_prompt;
+        usage.completion_tokens = q->next_index;
+        usage.cached_prompt_tokens = q->cached_prompt_tokens;
+        m.usage = &usage;
+    }
     int rc = send_stream(r, q, &m);
     chunk_reset(&q->chunk, q->next_index);
     return rc == TDM_EUNAVAILABLE ? rc : TDM_OK;

@@ -168,6 +168,21 @@ static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs
     if (chat->tools && utf8_invalid_at(chat->tools, strlen(chat->tools)) >= 0)
         return tdm_error_set_field(err, TDM_EINVALID, "chat.tools",
                                    "chat.tools is not valid UTF-8");
+    if (chat->continue_final_message && !chat->no_generation_prompt)
+        return tdm_error_set_field(err, TDM_EINVALID, "chat.continue_final_message",
+                                   "chat.continue_final_message and add_generation_prompt cannot "
+                                   "both be true (set no_generation_prompt)");
+    if (chat->continue_final_message && chat->n_messages > 0) {
+        size_t last = chat->n_messages - 1;
+        const char *role = chat->messages[last]->role;
+        if (!role || strcmp(role, "assistant") != 0) {
+            tdm_error_set(err, TDM_EINVALID,
+                          "chat.continue_final_message needs the last message to be an "
+                          "assistant message; chat.messages[%zu] has role \"%.32s\"",
+                          last, role ? role : "");
+            return tdm_error_field(err, "chat.messages[%zu].role", last);
+        }
+    }
     return TDM_OK;
 }
 
@@ -216,8 +231,12 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
     char *text = NULL;
     json_t *kwargs = NULL;
     bool raised = false;
-    tdm_prompt_input_t in = {
-        .messages = msgs, .n_messages = n, .tools = chat->tools, .raised = &raised};
+    tdm_prompt_input_t in = {.messages = msgs,
+                             .n_messages = n,
+                             .tools = chat->tools,
+                             .no_generation_prompt = chat->no_generation_prompt,
+                             .continue_final_message = chat->continue_final_message,
+                             .raised = &raised};
     int rc = chat_check(chat, msgs, err);
     if (rc == TDM_OK)
         rc = chat_template_of(r, chat, &in, &kwargs, err);
@@ -500,6 +519,7 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     q->stream = g->stream;
     q->include_stop_str = g->include_stop_str;
     q->echo = g->echo_token_text;
+    q->continuous_usage = g->continuous_usage;
     q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return TDM_OK;
 }

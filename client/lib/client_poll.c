@@ -161,7 +161,7 @@ static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__
         .last = last,
         .finish_reason = last ? r->finish_reason : TDM_CLIENT_FINISH_NONE,
         .stop_reason = last ? r->stop_reason : "",
-        .usage = last ? &usage : NULL,
+        .usage = last || m->usage ? &usage : NULL,
         .timings = last ? &timings : NULL,
     };
     c->depth++;

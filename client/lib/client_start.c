@@ -218,6 +218,8 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
         chat.tools = (char *)(uintptr_t)str_or_empty(req->tools);
         chat.chat_template = (char *)(uintptr_t)str_or_empty(req->chat_template);
         chat.chat_template_kwargs = (char *)(uintptr_t)str_or_empty(req->chat_template_kwargs);
+        chat.no_generation_prompt = req->no_generation_prompt;
+        chat.continue_final_message = req->continue_final_message;
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT;
         m.chat = &chat;
     } else {
@@ -234,6 +236,7 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
     m.n = req->n;
     m.include_stop_str = req->include_stop_str;
     m.echo_token_text = req->echo_token_text;
+    m.continuous_usage = req->continuous_usage;
     m.speculative = req->no_speculation ? TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF
                                         : TANDEM__V1__SPECULATIVE__SPECULATIVE_AUTO;
     Tandem__V1__Constraint cons;

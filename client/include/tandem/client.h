@@ -162,6 +162,14 @@ typedef struct tdm_client_request {
                                   instead (at most TDM_CHAT_TEMPLATE_MAX_BYTES, 256 KiB) */
     const char *chat_template_kwargs; /* chat only: NULL/"" or a JSON object text of more
                                          template variables (a Jinja template's) */
+    bool no_generation_prompt;        /* chat only: render without the generation prompt
+                                         (vLLM's add_generation_prompt: false) */
+    bool continue_final_message;      /* chat only: the rendering ends after the last message's
+                                         content (an assistant message), so the model continues
+                                         it; needs no_generation_prompt */
+    bool continuous_usage;            /* every chunk's usage holds the counts so far (vLLM's
+                                         stream_options.continuous_usage_stats), not only the
+                                         last one's */
     /* Choices of the prompt, 0 or 1 = one, at most 16: choice i is sampled with seed + i (the
      * router draws the seed when SEED is not set) and the choices share the prompt's one
      * prefill. Each chunk names its choice (tdm_client_chunk_t.choice); every choice ends with
@@ -243,7 +251,10 @@ typedef struct tdm_client_chunk {
     bool last;                           /* the final chunk: the fields below are set */
     tdm_client_finish_t finish_reason;   /* NONE unless last */
     const char *stop_reason;             /* the stop string that matched, "" if none */
-    const tdm_client_usage_t *usage;     /* NULL unless last */
+    const tdm_client_usage_t *usage;     /* NULL unless last, or the request asked for
+                                            continuous_usage: then on every chunk, the counts
+                                            as of it (completion_tokens: output tokens up to
+                                            and including this chunk's) */
     const tdm_client_timings_t *timings; /* router's; NULL unless last */
 } tdm_client_chunk_t;
 

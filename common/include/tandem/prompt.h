@@ -53,6 +53,14 @@ typedef struct tdm_prompt_input {
                                   tdm_chat_apply_tools (the Hermes format) */
     bool no_generation_prompt; /* chat: leave out the generation prompt (the /tokenize endpoint's
                                   add_generation_prompt: false); requests always have it */
+    bool continue_final_message; /* chat: the rendering (without the generation prompt,
+                                    whatever no_generation_prompt says) is cut right after the
+                                    last message's content, so the model continues that message
+                                    (transformers' apply_chat_template(continue_final_message=True):
+                                    the last occurrence of the content with leading and trailing
+                                    ASCII whitespace stripped, its trailing whitespace kept when
+                                    the rendering kept it). The caller checks the last message is
+                                    an assistant's. */
     bool no_bos;               /* add no BOS whatever the rule says (/tokenize's
                                   add_special_tokens: false) */
     const tdm_jinja_t *jinja;  /* chat: NULL, or a template used instead of the picked one (a
@@ -76,7 +84,8 @@ typedef struct tdm_prompt_input {
  * tdm_chat_apply refuses (unknown role, misplaced system message, broken Llama-2 alternation:
  * the message names the message's index, counting an explicit system message as index 0) or
  * a Jinja rendering that fails (tdm_chat_apply_jinja: jinja2's message with line:column,
- * raise_exception's message, a render limit); TDM_ERESOURCE (out of
+ * raise_exception's message, a render limit), continue_final_message with a last message whose
+ * content the rendering does not hold (the template changed it); TDM_ERESOURCE (out of
  * memory); TDM_EINTERNAL (the tokenizer's PCRE2 failed). On error *ids is NULL and *n_ids 0. */
 int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
                       const tdm_prompt_input_t *in, tdm_token_t **ids, size_t *n_ids,

@@ -12,7 +12,8 @@ static int render_jinja(const tdm_jinja_t *t, const tdm_chat_pick_t *pick,
     tdm_chat_jinja_input_t ji = {.msgs = msgs,
                                  .n = n,
                                  .tools = in->tools,
-                                 .add_generation_prompt = !in->no_generation_prompt,
+                                 .add_generation_prompt =
+                                     !in->no_generation_prompt && !in->continue_final_message,
                                  .bos_token = pick ? pick->bos_token : "",
                                  .eos_token = pick ? pick->eos_token : "",
                                  .kwargs = in->template_kwargs,
@@ -24,6 +25,51 @@ static int render_jinja(const tdm_jinja_t *t, const tdm_chat_pick_t *pick,
 static const tdm_jinja_t *jinja_of(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in)
 {
     return in->jinja ? in->jinja : pick ? pick->jinja : NULL;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* The last occurrence of needle[m] in hay[n], or -1 (m > 0). */
+static long last_index(const char *hay, size_t n, const char *needle, size_t m)
+{
+    if (m > n)
+        return -1;
+    for (size_t i = n - m + 1; i-- > 0;)
+        if (memcmp(hay + i, needle, m) == 0)
+            return (long)i;
+    return -1;
+}
+
+/* continue_final_message: cuts the rendering text[*len] right after the content of last, as
+ * transformers' apply_chat_template does: the content stripped of surrounding whitespace is
+ * looked up from the end; the cut keeps the content's trailing whitespace when the rendering
+ * holds the content unchanged there. An empty content keeps the whole rendering. */
+static int cut_after_final(char *text, size_t *len, const tdm_chat_message_t *last,
+                           tdm_error_t *err)
+{
+    const char *c = last->content ? last->content : "";
+    size_t cl = strlen(c), a = 0, b = cl;
+    while (a < b && is_space(c[a]))
+        a++;
+    while (b > a && is_space(c[b - 1]))
+        b--;
+    if (a == b)
+        return TDM_OK; /* Python's rindex("") is the end */
+    long at = last_index(text, *len, c + a, b - a);
+    if (at < 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "continue_final_message: the final message's content does not "
+                             "appear in the rendered chat template (the template changes it)");
+    size_t keep = (size_t)at + (b - a);
+    size_t lstripped = cl - a;
+    if ((size_t)at + lstripped <= *len && lstripped == cl && memcmp(text + at, c, cl) == 0)
+        keep = (size_t)at + lstripped;
+    text[keep] = '\0';
+    *len = keep;
+    return TDM_OK;
 }
 
 /* Renders the chat of in with pick into *text (heap, *len bytes). */
@@ -56,10 +102,18 @@ static int render_chat(const tdm_chat_pick_t *pick, const tdm_prompt_input_t *in
         rc = render_jinja(t, pick, in, msgs, n, text, len, err);
     } else {
         const char *sys = pick->default_system[0] ? pick->default_system : NULL;
-        rc = tdm_chat_apply_tools(pick->tmpl, msgs, n, in->tools, !in->no_generation_prompt, sys,
+        rc = tdm_chat_apply_tools(pick->tmpl, msgs, n, in->tools,
+                                  !in->no_generation_prompt && !in->continue_final_message, sys,
                                   text, len, err);
     }
     free(all);
+    if (rc == TDM_OK && in->continue_final_message && in->n_messages > 0) {
+        rc = cut_after_final(*text, len, &in->messages[in->n_messages - 1], err);
+        if (rc != TDM_OK) {
+            free(*text);
+            *text = NULL;
+        }
+    }
     return rc;
 }
 
