@@ -824,8 +824,8 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
         (rc = parse_logprobs(&p, q)) != TDM_OK || (rc = parse_choices(&p, q)) != TDM_OK ||
         (rc = kind == OAI_CHAT ? parse_messages(&p, q) : parse_prompt(&p, q)) != TDM_OK ||
         (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
-        (kind == OAI_CHAT && ((rc = parse_chat_flags(&p, q)) != TDM_OK ||
-                              (rc = parse_chat_echo(&p, q)) != TDM_OK)) ||
+        (kind == OAI_CHAT &&
+         ((rc = parse_chat_flags(&p, q)) != TDM_OK || (rc = parse_chat_echo(&p, q)) != TDM_OK)) ||
         (rc = client_request(q, err)) != TDM_OK || (rc = oai_parse_structured(q, err)) != TDM_OK) {
         oai_req_clear(q);
         return rc;

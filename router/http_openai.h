@@ -51,19 +51,19 @@ typedef struct oai_req {
     char model[256];     /* the model name echoed in responses */
     long long created;
     bool stream;
-    bool include_usage;         /* stream_options.include_usage */
-    bool continuous_usage;      /* stream_options.continuous_usage_stats with include_usage (vLLM
-                                   needs both): every streamed chunk carries usage so far */
-    oai_usage_now_t *usage_now; /* continuous_usage: the counts the next chunk written carries
-                                   (heap, set by oai_sse_chunk before it writes); else NULL */
+    bool include_usage;          /* stream_options.include_usage */
+    bool continuous_usage;       /* stream_options.continuous_usage_stats with include_usage (vLLM
+                                    needs both): every streamed chunk carries usage so far */
+    oai_usage_now_t *usage_now;  /* continuous_usage: the counts the next chunk written carries
+                                    (heap, set by oai_sse_chunk before it writes); else NULL */
     bool add_generation_prompt;  /* chat: add_generation_prompt (default true) */
     bool continue_final_message; /* chat: continue_final_message (default false) */
     const char *chat_echo; /* chat with echo: the last message's content, put before the answer's
                               (vLLM: when the last message has the answer's role); else NULL */
-    bool logprobs;              /* return logprobs */
-    int top_logprobs;           /* how many alternatives per token */
-    const char *echo;           /* completions with echo: the prompt text to put first; else NULL */
-    oai_tools_t tools;          /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
+    bool logprobs;         /* return logprobs */
+    int top_logprobs;      /* how many alternatives per token */
+    const char *echo;      /* completions with echo: the prompt text to put first; else NULL */
+    oai_tools_t tools;     /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
     const char *chat_template;  /* chat: the request's chat_template (points into root), or NULL */
     char *chat_template_kwargs; /* chat: chat_template_kwargs as JSON object text (heap), or NULL */
 

@@ -197,9 +197,9 @@ struct rt_req {
     size_t peer_len;
     uint64_t call_id;
     bool stream, include_stop_str, echo;
-    bool no_speculation; /* GenerateRequest.speculative OFF, passed on in DecodeReserve */
+    bool no_speculation;   /* GenerateRequest.speculative OFF, passed on in DecodeReserve */
     bool continuous_usage; /* GenerateRequest.continuous_usage: usage on every chunk */
-    int32_t *prompt;     /* [n_prompt] heap */
+    int32_t *prompt;       /* [n_prompt] heap */
     uint32_t n_prompt;
     tdm_sampling_params_t sp; /* validated; seed drawn when the client gave none */
     char **stop;              /* [n_stop] heap strings */

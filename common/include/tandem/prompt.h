@@ -53,18 +53,18 @@ typedef struct tdm_prompt_input {
                                   tdm_chat_apply_tools (the Hermes format) */
     bool no_generation_prompt; /* chat: leave out the generation prompt (the /tokenize endpoint's
                                   add_generation_prompt: false); requests always have it */
-    bool continue_final_message; /* chat: the rendering (without the generation prompt,
-                                    whatever no_generation_prompt says) is cut right after the
-                                    last message's content, so the model continues that message
-                                    (transformers' apply_chat_template(continue_final_message=True):
-                                    the last occurrence of the content with leading and trailing
-                                    ASCII whitespace stripped, its trailing whitespace kept when
-                                    the rendering kept it). The caller checks the last message is
-                                    an assistant's. */
-    bool no_bos;               /* add no BOS whatever the rule says (/tokenize's
-                                  add_special_tokens: false) */
-    const tdm_jinja_t *jinja;  /* chat: NULL, or a template used instead of the picked one (a
-                                  request's chat_template, compiled by tdm_chat_jinja_compile) */
+    bool continue_final_message;   /* chat: the rendering (without the generation prompt,
+                                      whatever no_generation_prompt says) is cut right after the
+                                      last message's content, so the model continues that message
+                                      (transformers' apply_chat_template(continue_final_message=True):
+                                      the last occurrence of the content with leading and trailing
+                                      ASCII whitespace stripped, its trailing whitespace kept when
+                                      the rendering kept it). The caller checks the last message is
+                                      an assistant's. */
+    bool no_bos;                   /* add no BOS whatever the rule says (/tokenize's
+                                      add_special_tokens: false) */
+    const tdm_jinja_t *jinja;      /* chat: NULL, or a template used instead of the picked one (a
+                                      request's chat_template, compiled by tdm_chat_jinja_compile) */
     const json_t *template_kwargs; /* chat: NULL or a JSON object of more template variables
                                       (chat_template_kwargs); Jinja templates only, the built-in
                                       ones have no variables to set */
