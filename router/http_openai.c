@@ -563,13 +563,90 @@ static int parse_chat_template(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* The value of a vLLM field Tandem cannot apply that asks for nothing (so it is accepted). */
+typedef enum neutral {
+    NEUTRAL_NONE,  /* null, absent, or an empty array/object/string */
+    NEUTRAL_FALSE, /* false */
+    NEUTRAL_TRUE,  /* true */
+    NEUTRAL_ZERO,  /* 0 */
+    NEUTRAL_LEFT,  /* "left" (vLLM's truncation side when truncate_prompt_tokens cuts) */
+} neutral_t;
+
+#define ON_COMPLETION 1u
+#define ON_CHAT 2u
+
+/* vLLM request fields (tests/vllm_request_fields.tsv) that would change the answer and that
+ * Tandem cannot do: refused (400 naming the field) unless their value asks for nothing. */
+static const struct {
+    const char *name;
+    unsigned on; /* ON_COMPLETION | ON_CHAT */
+    neutral_t neutral;
+    const char *why;
+} unsupported[] = {
+    {"suffix", ON_COMPLETION, NEUTRAL_NONE, "no fill-in-the-middle"},
+    {"use_beam_search", ON_COMPLETION | ON_CHAT, NEUTRAL_FALSE, "no beam search"},
+    {"watermarking", ON_COMPLETION | ON_CHAT, NEUTRAL_FALSE, "no watermarking"},
+    {"skip_special_tokens", ON_COMPLETION | ON_CHAT, NEUTRAL_TRUE,
+     "special tokens are always left out of the text"},
+    {"truncation_side", ON_COMPLETION | ON_CHAT, NEUTRAL_LEFT,
+     "truncate_prompt_tokens keeps the prompt's last tokens"},
+    {"prompt_logprobs", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no prompt logprobs"},
+    {"logprob_token_ids", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE,
+     "logprobs are of the sampled and top tokens only"},
+    {"documents", ON_CHAT, NEUTRAL_NONE, "templates are rendered without documents"},
+    {"add_special_tokens", ON_CHAT, NEUTRAL_FALSE,
+     "a chat prompt's BOS follows the template and the tokenizer"},
+    {"add_special_tokens", ON_COMPLETION, NEUTRAL_TRUE,
+     "a text prompt's BOS follows the tokenizer"},
+    {"prompt_embeds", ON_COMPLETION, NEUTRAL_NONE, "prompts are text or token ids"},
+    {"priority", ON_COMPLETION | ON_CHAT, NEUTRAL_ZERO, "no priority scheduling"},
+    {"return_tokens_as_token_ids", ON_COMPLETION | ON_CHAT, NEUTRAL_FALSE,
+     "logprobs name tokens by their text"},
+    {"return_token_ids", ON_COMPLETION | ON_CHAT, NEUTRAL_FALSE, "answers carry no token ids"},
+    {"return_weight_versions", ON_COMPLETION | ON_CHAT, NEUTRAL_FALSE, "no weight versions"},
+    {"return_prompt_text", ON_CHAT, NEUTRAL_FALSE, "answers carry no prompt text"},
+    {"cache_salt", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE,
+     "the prefix cache is shared by every request"},
+    {"kv_transfer_params", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE,
+     "KV transfer is the cluster's own (docs/protocol.md)"},
+    {"ec_transfer_params", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no encoder cache"},
+    {"vllm_xargs", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no vLLM extensions"},
+    {"repetition_detection", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no repetition detection"},
+    {"thinking_token_budget", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no thinking budget"},
+    {"include_reasoning", ON_CHAT, NEUTRAL_TRUE, "reasoning is never left out"},
+};
+
+static bool is_neutral(const json_t *v, neutral_t n)
+{
+    switch (n) {
+    case NEUTRAL_NONE:
+        return (json_is_array(v) && json_array_size(v) == 0) ||
+               (json_is_object(v) && json_object_size(v) == 0) ||
+               (json_is_string(v) && json_string_length(v) == 0);
+    case NEUTRAL_FALSE: return json_is_false(v);
+    case NEUTRAL_TRUE: return json_is_true(v);
+    case NEUTRAL_ZERO: return json_is_number(v) && json_number_value(v) == 0;
+    case NEUTRAL_LEFT: return json_is_string(v) && strcmp(json_string_value(v), "left") == 0;
+    }
+    return false;
+}
+
 /* Fields Tandem does not implement: refused when they ask for something, so a client never
  * gets a silently different answer. */
 static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
 {
-    json_t *v = field(p->root, "suffix");
-    if (q->kind == OAI_COMPLETION && v && (!json_is_string(v) || json_string_length(v) > 0))
-        return tdm_error_set_field(p->err, TDM_EINVALID, "suffix", "suffix is not supported");
+    unsigned on = q->kind == OAI_CHAT ? ON_CHAT : ON_COMPLETION;
+    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+        json_t *v = (unsupported[i].on & on) ? field(p->root, unsupported[i].name) : NULL;
+        if (v && !is_neutral(v, unsupported[i].neutral)) {
+            char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            tdm_error_set_field(p->err, TDM_EINVALID, unsupported[i].name,
+                                "%s: %.40s is not supported (%s)", unsupported[i].name,
+                                text ? text : "this value", unsupported[i].why);
+            free(text);
+            return TDM_EINVALID;
+        }
+    }
     if (q->kind == OAI_CHAT) {
         int rc = oai_tools_parse(p->root, &q->tools, p->err);
         if (rc != TDM_OK)
