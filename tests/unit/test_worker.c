@@ -1215,10 +1215,127 @@ static void test_fork_shares_prompt_blocks(void **state)
     fork_case(fx, 5);  /* nothing shared */
 }
 
+/* ---- prompt logprobs ---- */
+
+#define PLP_N 30
+#define PLP_TOP 5
+
+/* The first token's event of seq_of(0) (its sample and prompt logprobs copied), stepping r
+ * until idle. */
+static void plp_drain(rig_t *r, uint64_t want, tdm_token_logprobs_t *plp,
+                      tdm_sample_result_t *first, uint32_t *cached)
+{
+    bool seen = false;
+    for (int steps = 0; tdm_worker_busy(r->w); steps++) {
+        assert_true(steps < 10000);
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_step(r->w, &ev, &n, &err), 0);
+        for (uint32_t i = 0; i < n; i++) {
+            assert_int_not_equal(ev[i].kind, TDM_WORKER_EVENT_FAILED);
+            if (ev[i].kind == TDM_WORKER_EVENT_PREFILLED) {
+                tdm_kv_seq_t seq = ev[i].seq;
+                tdm_kv_seq_release(r->pool, &seq);
+            }
+            if (ev[i].kind != TDM_WORKER_EVENT_TOKEN || ev[i].seq_id != want || ev[i].index != 0)
+                continue;
+            seen = true;
+            *first = ev[i].sample;
+            *cached = ev[i].cached_prompt_tokens;
+            if (plp) {
+                assert_non_null(ev[i].prompt_logprobs);
+                assert_int_equal(ev[i].n_prompt_logprobs, PLP_N);
+                memcpy(plp, ev[i].prompt_logprobs, PLP_N * sizeof *plp);
+            } else {
+                assert_null(ev[i].prompt_logprobs);
+            }
+        }
+    }
+    assert_true(seen);
+}
+
+/* Prompt logprobs from a chunked prefill, batched with another sequence and with the prompt
+ * in the prefix cache, equal bitwise the logprobs greedy decoding reports for the token after
+ * each prefix computed alone; the prefix cache is not used for them. */
+static void test_prompt_logprobs(void **state)
+{
+    fixture_t *fx = *state;
+    int32_t prompt[PLP_N], other[PLP_N];
+    make_prompt(prompt, PLP_N, fx->f.n_vocab, 77);
+    make_prompt(other, PLP_N, fx->f.n_vocab, 78);
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.temperature = 0.0f;
+    sp.max_tokens = 2;
+    tdm_error_t err = {0};
+    for (int mode = 0; mode < 2; mode++) {
+        rig_t r; /* 3 logit rows, 8 rows a step: the prompt goes in chunks of at most 3 */
+        rig_open(fx, &r, mode ? TDM_WORKER_MODE_PREFILL : TDM_WORKER_MODE_DECODE, 64, 8, 3);
+        tdm_worker_req_t warm = {
+            .seq_id = seq_of(1), .prompt = prompt, .n_prompt = PLP_N, .sampling = &sp};
+        assert_int_equal(tdm_worker_add(r.w, &warm, &err), 0); /* fills the prefix cache */
+        tdm_token_logprobs_t plp[PLP_N];
+        tdm_sample_result_t first, alone;
+        uint32_t cached = 1;
+        plp_drain(&r, seq_of(1), NULL, &first, &cached);
+        tdm_worker_req_t req = {.seq_id = seq_of(0),
+                                .prompt = prompt,
+                                .n_prompt = PLP_N,
+                                .sampling = &sp,
+                                .prompt_logprobs = true,
+                                .prompt_logprobs_top = PLP_TOP};
+        tdm_worker_req_t req2 = {
+            .seq_id = seq_of(2), .prompt = other, .n_prompt = PLP_N, .sampling = &sp};
+        assert_int_equal(tdm_worker_add(r.w, &req2, &err), 0);
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+        plp_drain(&r, seq_of(0), plp, &first, &cached);
+        assert_int_equal(cached, 0);
+        tdm_worker_req_t again = warm; /* without prompt logprobs the cache is hit */
+        again.seq_id = seq_of(3);
+        assert_int_equal(tdm_worker_add(r.w, &again, &err), 0);
+        plp_drain(&r, seq_of(3), NULL, &alone, &cached);
+        assert_true(cached > 0);
+        rig_close(&r);
+
+        tdm_sampling_params_t ref = sp;
+        ref.n_logprobs = TDM_SAMPLING_MAX_LOGPROBS;
+        for (uint32_t i = 1; i < PLP_N; i++) {
+            rig_t a;
+            rig_open(fx, &a, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+            tdm_worker_req_t q = {
+                .seq_id = seq_of(0), .prompt = prompt, .n_prompt = i, .sampling = &ref};
+            assert_int_equal(tdm_worker_add(a.w, &q, &err), 0);
+            plp_drain(&a, seq_of(0), NULL, &alone, &cached);
+            rig_close(&a);
+            assert_int_equal(plp[i].token, prompt[i]);
+            assert_int_equal(plp[i].n_top, PLP_TOP);
+            assert_memory_equal(plp[i].top, alone.top, PLP_TOP * sizeof *alone.top);
+            for (uint32_t j = 0; j < alone.n_top; j++)
+                if (alone.top[j].token == prompt[i]) {
+                    assert_memory_equal(&plp[i].logprob, &alone.top[j].logprob, sizeof(float));
+                    assert_true(plp[i].rank >= j + 1);
+                }
+            assert_true(plp[i].rank >= 1 && plp[i].rank <= fx->f.n_vocab);
+            assert_true(plp[i].logprob <= 0.0f);
+        }
+        /* the first output token is the one the whole prompt alone gives */
+        rig_t a;
+        rig_open(fx, &a, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+        tdm_worker_req_t q = {
+            .seq_id = seq_of(0), .prompt = prompt, .n_prompt = PLP_N, .sampling = &sp};
+        assert_int_equal(tdm_worker_add(a.w, &q, &err), 0);
+        plp_drain(&a, seq_of(0), NULL, &alone, &cached);
+        rig_close(&a);
+        assert_int_equal(first.token, alone.token);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
+        cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_preemption_keeps_outputs),
         cmocka_unit_test(test_prefill_chunk_limit),
         cmocka_unit_test(test_decode_step_stats),

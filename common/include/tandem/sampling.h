@@ -200,6 +200,26 @@ int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, 
                               const uint32_t *mask, const int32_t *history, size_t n_history,
                               uint64_t output_index, tdm_sample_result_t *out);
 
+/* The logprob of one given token under a row of logits, with its rank and the n_top most
+ * likely tokens: a prompt token's logprob given its prefix (vLLM's prompt_logprobs). */
+typedef struct tdm_token_logprobs {
+    int32_t token;  /* the token asked about */
+    float logprob;  /* its logprob: the log-softmax of the raw logits */
+    uint32_t rank;  /* 1 + the tokens more likely than it; ties count as more likely (vLLM) */
+    uint32_t n_top; /* entries of top[] in use */
+    tdm_token_logprob_t top[TDM_SAMPLING_MAX_LOGPROBS]; /* most likely first; ties by id */
+} tdm_token_logprobs_t;
+
+/* The log-softmax of logits [n_vocab] (the model's raw row: no bias, penalties, mask or
+ * temperature, as vLLM's prompt logprobs) at token, its rank, and the n_top most likely tokens
+ * (n_top <= TDM_SAMPLING_MAX_LOGPROBS), into *out. Computed exactly as tdm_sampler_sample
+ * computes its logprobs, so for a request without bias and penalties the numbers are bitwise
+ * those it reports for the same row. Allocates nothing. Errors (message in
+ * tdm_sampler_errmsg): TDM_EINVALID for a token outside [0, n_vocab), n_top over the limit, a
+ * NaN or +inf logit, or logits that are all -inf. */
+int tdm_sampler_token_logprobs(tdm_sampler_t *s, const float *logits, int32_t token, uint32_t n_top,
+                               tdm_token_logprobs_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -154,6 +154,14 @@ typedef struct tdm_worker_req {
     const tdm_grammar_t *grammar;
     bool no_speculation; /* true: never draft for this sequence (GenerateRequest.speculative
                             OFF); false: as the worker's max_draft says */
+    /* Prompt logprobs (vLLM's prompt_logprobs): when prompt_logprobs is set, the logprob of
+     * every prompt token after the first given its prefix, with its rank and the
+     * prompt_logprobs_top (<= TDM_SAMPLING_MAX_LOGPROBS) most likely tokens, from the prompt's own
+     * forward pass (every prompt row asks for logits, so a chunk takes at most the logit rows the
+     * batch has left, and the prefix cache is not looked up for the sequence). They come with the
+     * TOKEN event of output index 0. Ignored (none) for a resumed or prefilled sequence. */
+    bool prompt_logprobs;
+    uint32_t prompt_logprobs_top;
 } tdm_worker_req_t;
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
@@ -209,6 +217,12 @@ typedef struct tdm_worker_event {
     tdm_sample_result_t sample;    /* token, logprob, top logprobs */
     uint32_t cached_prompt_tokens; /* index 0: prompt tokens reused from the prefix cache */
     double prefill_s;              /* index 0: first scheduled until sampled, seconds */
+    /* index 0 of a sequence that asked for prompt_logprobs: [n_prompt_logprobs] = n_prompt
+     * entries, entry i the logprobs of prompt token i given tokens 0..i-1 (entry 0 unused: the
+     * first token has no prefix); owned by the worker, valid until the next tdm_worker_step.
+     * NULL / 0 otherwise. */
+    const tdm_token_logprobs_t *prompt_logprobs;
+    uint32_t n_prompt_logprobs;
     /* FINISHED */
     tdm_worker_finish_t finish;
     uint32_t completion_tokens; /* output tokens, index 0 included */

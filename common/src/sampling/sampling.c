@@ -826,3 +826,42 @@ int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, 
     out->logprob = (float)((double)l[token] - log_z);
     return TDM_OK;
 }
+
+int tdm_sampler_token_logprobs(tdm_sampler_t *s, const float *logits, int32_t token, uint32_t n_top,
+                               tdm_token_logprobs_t *out)
+{
+    TDM_ASSERT(s && logits && out);
+    tdm_error_clear(&s->err);
+    if (token < 0 || (uint32_t)token >= s->n_vocab)
+        return tdm_error_set(&s->err, TDM_EINVALID, "token %d is outside the vocabulary (%u)",
+                             (int)token, s->n_vocab);
+    if (n_top > TDM_SAMPLING_MAX_LOGPROBS || n_top > s->n_vocab)
+        return tdm_error_set(&s->err, TDM_EINVALID, "n_top must be at most %d, got %u",
+                             TDM_SAMPLING_MAX_LOGPROBS, n_top);
+    int rc = load_logits(s, logits);
+    if (rc != TDM_OK)
+        return rc;
+    const float *l = s->logits;
+    size_t n = s->n_vocab;
+    uint32_t kmax = 0; /* as tdm_sampler_sample_masked, so the numbers are bitwise its own */
+    TDM_SIMD_REDUCE(max, kmax)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = logit_key(l[i]);
+        kmax = k > kmax ? k : kmax;
+    }
+    float lmax = key_logit(kmax);
+    if (lmax == -INFINITY)
+        return tdm_error_set(&s->err, TDM_EINVALID, "all %zu logits are -inf", n);
+    fill_weights(l, s->w, n, lmax, 1.0f);
+    double log_z = (double)lmax + log(sum_blocks(s->w, n, s->block_sum));
+    out->n_top = n_top;
+    top_logprobs(l, n, n_top, log_z, out->top);
+    out->token = token;
+    out->logprob = (float)((double)l[token] - log_z);
+    uint32_t rank = 0; /* vLLM's: the tokens at least as likely, itself included */
+    float x = l[token];
+    for (size_t i = 0; i < n; i++)
+        rank += l[i] >= x;
+    out->rank = rank;
+    return TDM_OK;
+}

@@ -48,6 +48,7 @@ void tdm_worker_seq_free(tdm_worker_t *w, uint32_t slot)
     tdm_kv_seq_release(w->pool, &s->kv);
     tdm_grammar_matcher_destroy(&s->matcher);
     free(s->tokens);
+    free(s->plp);
     memset(s, 0, sizeof *s);
     w->free_slots[w->n_free++] = slot;
 }
@@ -164,6 +165,7 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
         for (uint32_t i = 0; i < w->n_slots; i++)
             if (w->seqs[i].used)
                 tdm_worker_seq_free(w, i);
+    tdm_worker_events_release(w);
     tdm_sampler_destroy(&w->sampler);
     free(w->seqs);
     free(w->buckets);
@@ -264,6 +266,10 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
                              req->n_prompt, w->o.n_ctx - 1, w->o.n_ctx);
     if (check_vocab(w, "prompt", req->prompt, req->n_prompt, err) != TDM_OK)
         return TDM_EINVALID;
+    if (req->prompt_logprobs && (req->prompt_logprobs_top > TDM_SAMPLING_MAX_LOGPROBS ||
+                                 req->prompt_logprobs_top > w->n_vocab))
+        return tdm_error_set(err, TDM_EINVALID, "prompt_logprobs must be in [0, %d], got %u",
+                             TDM_SAMPLING_MAX_LOGPROBS, req->prompt_logprobs_top);
     if (req->sampling->max_tokens < 1)
         return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %d",
                              req->sampling->max_tokens);
@@ -351,9 +357,12 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     tdm_kv_seq_t kv;
     tdm_kv_seq_init(&kv);
     int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
+    bool plp = req->prompt_logprobs && !req->prefilled && req->n_output == 0;
+    tdm_token_logprobs_t *plps = plp ? calloc(req->n_prompt, sizeof *plps) : NULL;
     tdm_kv_seq_t *table = req->prefilled ? req->prefilled : &kv;
-    if (!tokens || tdm_kv_seq_prepare(w->pool, table, cap) != TDM_OK) {
+    if (!tokens || (plp && !plps) || tdm_kv_seq_prepare(w->pool, table, cap) != TDM_OK) {
         free(tokens);
+        free(plps);
         tdm_grammar_matcher_destroy(&matcher);
         return tdm_error_set(err, TDM_ERESOURCE,
                              "worker: out of memory for a sequence of %u tokens", cap);
@@ -380,6 +389,8 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->matcher = matcher;
     s->no_spec = req->no_speculation;
     s->spec_rate = SPEC_RATE_PRIOR;
+    s->plp = plps;
+    s->plp_top = plp ? req->prompt_logprobs_top : 0;
     if (req->prefilled)
         take_prefilled(w, s, req);
     w->waiting[w->n_waiting++] = slot;
@@ -487,6 +498,8 @@ tdm_worker_event_t *tdm_worker_push_event(tdm_worker_t *w, tdm_worker_event_kind
     ev->user = s->user;
     ev->status = 0;
     ev->message[0] = '\0';
+    ev->prompt_logprobs = NULL;
+    ev->n_prompt_logprobs = 0;
     tdm_kv_seq_init(&ev->seq);
     return ev;
 }

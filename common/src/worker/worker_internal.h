@@ -37,6 +37,9 @@ typedef struct wseq {
     float spec_rate;    /* estimated chance that a draft token is accepted (moving average) */
     uint32_t spec_miss; /* decisions in a row not to draft (the wait doubles with each) */
     uint32_t spec_wait; /* steps left without drafting */
+    tdm_token_logprobs_t *plp; /* [n_prompt] prompt logprobs being computed (prompt_logprobs >=
+                                  0, until the first token's event takes them), else NULL */
+    uint32_t plp_top;          /* alternatives per prompt token (prompt_logprobs) */
 } wseq_t;
 
 struct tdm_worker {
@@ -81,6 +84,7 @@ struct tdm_worker {
                                     WORKER_MAX_EOG), masked for ignore_eos */
     uint32_t n_eog;
     uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
+    uint32_t want_left;              /* ... and the logit rows it has left */
 
     tdm_worker_event_t *events; /* [cap_events] */
     uint32_t n_events;
@@ -152,5 +156,14 @@ bool tdm_worker_sample_next(tdm_worker_t *w, uint32_t slot, const float *row, do
 
 /* Records that s's first n_computed tokens have their KV in its blocks. */
 void tdm_worker_commit_kv(tdm_worker_t *w, wseq_t *s);
+
+/* Frees what the last step's events own (their prompt logprobs). */
+void tdm_worker_events_release(tdm_worker_t *w);
+
+/* Whether the next rows of s still owe prompt logprobs: all its prompt rows ask for logits. */
+static inline bool tdm_worker_plp_active(const wseq_t *s)
+{
+    return s->plp && s->n_computed + 1 < s->n_prompt;
+}
 
 #endif

@@ -41,12 +41,14 @@ static void add_rows(tdm_worker_t *w, uint32_t slot, uint32_t chunk, uint32_t n_
     wseq_t *s = &w->seqs[slot];
     uint32_t k = w->n_bseq++;
     bool logits = s->n_computed + chunk == s->n_tokens;
+    bool plp = tdm_worker_plp_active(s); /* every prompt row asks (prompt logprobs) */
     for (uint32_t i = 0; i < chunk + n_draft; i++) {
         uint32_t r = w->n_rows++;
         w->b_tokens[r] = s->tokens[s->n_computed + i];
         w->b_pos[r] = s->n_computed + i;
         w->b_seq[r] = k;
-        w->b_want[r] = logits && i + 1 >= chunk;
+        w->b_want[r] = (logits && i + 1 >= chunk) || (plp && i < chunk);
+        w->want_left -= w->b_want[r];
     }
     w->b_slot[k] = slot;
     w->b_chunk[k] = chunk;
@@ -57,12 +59,19 @@ static void add_rows(tdm_worker_t *w, uint32_t slot, uint32_t chunk, uint32_t n_
         s->t_first_sched = tdm_time_now();
 }
 
-/* Rows a sequence with `remaining` rows to compute gets this step. */
-static uint32_t prefill_chunk(const tdm_worker_t *w, uint32_t remaining)
+/* Rows the prompt chunk of s gets this step: under the token budget and max_prefill_chunk,
+ * and within the logit rows the batch has left (a sequence owing prompt logprobs asks for
+ * every row's; a chunk that ends the prompt asks for its last row's). 0: none this step. */
+static uint32_t prefill_chunk(const tdm_worker_t *w, const wseq_t *s)
 {
+    uint32_t remaining = s->n_tokens - s->n_computed;
     uint32_t chunk = remaining < w->budget ? remaining : w->budget;
     if (w->o.max_prefill_chunk && chunk > w->o.max_prefill_chunk && w->n_running > 0)
         chunk = w->o.max_prefill_chunk;
+    if (tdm_worker_plp_active(s))
+        return chunk < w->want_left ? chunk : w->want_left;
+    if (chunk == remaining && w->want_left == 0)
+        chunk--; /* stop one row short: the last one, asking for logits, waits a step */
     return chunk;
 }
 
@@ -132,8 +141,8 @@ static void schedule_prefill(tdm_worker_t *w)
         uint32_t remaining = s->n_tokens - s->n_computed;
         if (remaining <= 1 || in_batch(w, slot))
             continue;
-        uint32_t chunk = prefill_chunk(w, remaining);
-        if (!tdm_worker_reserve(w, s, s->n_computed + chunk))
+        uint32_t chunk = prefill_chunk(w, s);
+        if (chunk == 0 || !tdm_worker_reserve(w, s, s->n_computed + chunk))
             continue; /* waits for blocks; decode rows free them as sequences finish */
         add_rows(w, slot, chunk, 0);
     }
@@ -143,14 +152,15 @@ static void schedule_prefill(tdm_worker_t *w)
  * 0 when the pool cannot hold them (its blocks are cleared again). */
 static uint32_t admit_reserve(tdm_worker_t *w, wseq_t *s)
 {
-    if (s->n_computed == 0 && s->kv.n_blocks == 0 && w->o.prefix_caching) {
+    /* no prefix-cache hit for a sequence owing prompt logprobs: its rows must be computed */
+    if (s->n_computed == 0 && s->kv.n_blocks == 0 && w->o.prefix_caching && !s->plp) {
         uint32_t matched = tdm_kv_seq_match_prefix(w->pool, &s->kv, s->tokens, s->n_tokens);
         s->n_computed = matched;
         if (!s->admitted_once)
             s->cached_prompt_tokens = matched < s->n_prompt ? matched : s->n_prompt;
     }
-    uint32_t chunk = prefill_chunk(w, s->n_tokens - s->n_computed);
-    return tdm_worker_reserve(w, s, s->n_computed + chunk) ? chunk : 0;
+    uint32_t chunk = prefill_chunk(w, s);
+    return chunk > 0 && tdm_worker_reserve(w, s, s->n_computed + chunk) ? chunk : 0;
 }
 
 /* 3. Admits waiting sequences, FIFO, while the budget, max_running and the pool allow. */
@@ -166,7 +176,7 @@ static void schedule_admit(tdm_worker_t *w)
                 char msg[160];
                 snprintf(msg, sizeof msg,
                          "KV pool exhausted: %u tokens need more blocks than the %u available",
-                         s->n_computed + prefill_chunk(w, s->n_tokens - s->n_computed),
+                         s->n_computed + prefill_chunk(w, s),
                          tdm_kv_pool_available(w->pool) + s->kv.n_blocks);
                 tdm_worker_seq_fail(w, slot, TDM_ERESOURCE, msg);
                 continue;
@@ -193,6 +203,7 @@ void tdm_worker_schedule(tdm_worker_t *w)
     finish_pending(w);
     w->budget = w->o.max_batch_tokens;
     w->draft_left = w->logit_rows - w->o.max_running;
+    w->want_left = w->logit_rows;
     w->n_rows = w->n_bseq = 0;
     schedule_decode(w);
     schedule_prefill(w);

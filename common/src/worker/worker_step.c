@@ -3,7 +3,9 @@
  * sequence that asked, ending sequences and handing prefilled KV over (PREFILL mode). */
 #include "worker_internal.h"
 
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* True when the batch built holds decode rows (and drafts) only, no prefill chunk. */
@@ -117,6 +119,11 @@ bool tdm_worker_sample_next(tdm_worker_t *w, uint32_t slot, const float *row, do
     if (index == 0) {
         ev->cached_prompt_tokens = s->cached_prompt_tokens;
         ev->prefill_s = t_end - s->t_first_sched;
+        if (s->plp) { /* the event owns them now (tdm_worker_events_release) */
+            ev->prompt_logprobs = s->plp;
+            ev->n_prompt_logprobs = s->n_prompt;
+            s->plp = NULL;
+        }
     }
     int32_t token = ev->sample.token;
     if (s->matcher && tdm_grammar_matcher_accept_token(s->matcher, token) != TDM_OK) {
@@ -145,6 +152,35 @@ void tdm_worker_commit_kv(tdm_worker_t *w, wseq_t *s)
         s->kv.n_tokens = s->n_computed;
 }
 
+void tdm_worker_events_release(tdm_worker_t *w)
+{
+    for (uint32_t i = 0; i < w->n_events; i++) {
+        free((void *)(uintptr_t)w->events[i].prompt_logprobs);
+        w->events[i].prompt_logprobs = NULL;
+        w->events[i].n_prompt_logprobs = 0;
+    }
+}
+
+/* Prompt logprobs from the rows of a chunk of s that began at position pos0: row j (position
+ * pos0 + j) is the distribution of the token at pos0 + j + 1. A failure fails the sequence
+ * (false). */
+static bool prompt_logprobs(tdm_worker_t *w, uint32_t slot, uint32_t pos0, uint32_t chunk,
+                            const float *rows)
+{
+    wseq_t *s = &w->seqs[slot];
+    for (uint32_t j = 0; j < chunk && pos0 + j + 1 < s->n_prompt; j++) {
+        uint32_t at = pos0 + j + 1;
+        if (tdm_sampler_token_logprobs(w->sampler, rows + (size_t)j * w->n_vocab, s->tokens[at],
+                                       s->plp_top, &s->plp[at]) != TDM_OK) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "prompt logprobs: %.220s", tdm_sampler_errmsg(w->sampler));
+            tdm_worker_seq_fail(w, slot, TDM_EINVALID, msg);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* 5. Results, in batch order: KV committed, then a token for each sequence that asked. */
 static void collect(tdm_worker_t *w, double t_end)
 {
@@ -152,6 +188,16 @@ static void collect(tdm_worker_t *w, double t_end)
     for (uint32_t k = 0; k < w->n_bseq; k++) {
         uint32_t slot = w->b_slot[k];
         wseq_t *s = &w->seqs[slot];
+        if (tdm_worker_plp_active(s)) { /* every row of the chunk has logits */
+            uint32_t pos0 = s->n_computed, chunk = w->b_chunk[k];
+            const float *rows = w->logits + (size_t)li * w->n_vocab;
+            li += chunk;
+            s->n_computed += chunk;
+            tdm_worker_commit_kv(w, s);
+            if (prompt_logprobs(w, slot, pos0, chunk, rows) && w->b_logits[k])
+                tdm_worker_sample_next(w, slot, rows + (size_t)(chunk - 1) * w->n_vocab, t_end);
+            continue;
+        }
         s->n_computed += w->b_chunk[k];
         tdm_worker_commit_kv(w, s);
         if (w->b_draft[k] > 0) {
@@ -167,6 +213,7 @@ static void collect(tdm_worker_t *w, double t_end)
 int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
                     tdm_error_t *err)
 {
+    tdm_worker_events_release(w);
     w->n_events = 0;
     *events = w->events;
     tdm_worker_schedule(w);
