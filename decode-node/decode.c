@@ -131,7 +131,10 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
                             .output = m->spec->output_tokens,
                             .n_output = r->n_output,
                             .grammar = r->base.grammar,
-                            .no_speculation = r->no_speculation};
+                            .no_speculation = r->no_speculation,
+                            .prompt_logprobs = m->spec->prompt_logprobs != NULL,
+                            .prompt_logprobs_top =
+                                m->spec->prompt_logprobs ? m->spec->prompt_logprobs->top : 0};
     int rc = tdm_worker_add(d->rt->worker, &req, err);
     if (rc != TDM_OK)
         return rc;

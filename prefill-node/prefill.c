@@ -88,7 +88,10 @@ static void start_task(tdm_prefill_t *p, const Tandem__V1__PrefillTask *m,
                             .user = t,
                             .output = spec->output_tokens,
                             .n_output = (uint32_t)spec->n_output_tokens,
-                            .grammar = t->base.grammar};
+                            .grammar = t->base.grammar,
+                            .prompt_logprobs = spec->prompt_logprobs != NULL,
+                            .prompt_logprobs_top =
+                                spec->prompt_logprobs ? spec->prompt_logprobs->top : 0};
     int rc = tdm_worker_add(p->rt->worker, &req, &err);
     if (rc != TDM_OK) {
         tdm_node_req_fail(p->node, &t->base, rc, rc == TDM_ERESOURCE, err.msg);

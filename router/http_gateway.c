@@ -89,6 +89,8 @@ struct gw_chunk {
     char **strings; /* [n_strings]: top texts, token texts, stop reason */
     size_t n_strings;
     char **token_texts;
+    tdm_client_prompt_logprob_t *plps;     /* [view.n_prompt_logprobs] */
+    tdm_client_top_logprob_t *plp_entries; /* their top entries */
     tdm_client_usage_t usage;
     tdm_client_timings_t timings;
 };
@@ -106,6 +108,8 @@ static void chunk_free(gw_chunk_t *k)
     free(k->tops);
     free(k->entries);
     free(k->token_texts);
+    free(k->plps);
+    free(k->plp_entries);
     free(k);
 }
 
@@ -150,6 +154,39 @@ static bool chunk_copy_tops(gw_chunk_t *k, const tdm_client_chunk_t *ch)
     return true;
 }
 
+/* The number of strings the prompt logprobs of ch hold (each token's text and its tops'). */
+static size_t plp_strings(const tdm_client_chunk_t *ch)
+{
+    size_t n = ch->n_prompt_logprobs;
+    for (size_t i = 0; i < ch->n_prompt_logprobs; i++)
+        n += ch->prompt_logprobs[i].top.n_entries;
+    return n;
+}
+
+/* Copies the prompt logprobs of ch into k. False on out of memory. */
+static bool chunk_copy_plps(gw_chunk_t *k, const tdm_client_chunk_t *ch)
+{
+    size_t n = ch->n_prompt_logprobs, n_entries = plp_strings(ch) - n;
+    k->plps = calloc(n ? n : 1, sizeof *k->plps);
+    k->plp_entries = calloc(n_entries ? n_entries : 1, sizeof *k->plp_entries);
+    if (!k->plps || !k->plp_entries)
+        return false;
+    size_t e = 0;
+    for (size_t i = 0; i < n; i++) {
+        const tdm_client_prompt_logprob_t *p = &ch->prompt_logprobs[i];
+        k->plps[i] = *p;
+        if (!(k->plps[i].text = chunk_str(k, p->text)))
+            return false;
+        k->plps[i].top.entries = k->plp_entries + e;
+        for (size_t j = 0; j < p->top.n_entries; j++, e++) {
+            k->plp_entries[e] = p->top.entries[j];
+            if (!(k->plp_entries[e].text = chunk_str(k, p->top.entries[j].text)))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* A deep copy of ch; NULL on out of memory. */
 static gw_chunk_t *chunk_copy(const tdm_client_chunk_t *ch)
 {
@@ -159,13 +196,13 @@ static gw_chunk_t *chunk_copy(const tdm_client_chunk_t *ch)
     size_t n_entries = 0;
     for (size_t i = 0; i < ch->n_top_logprobs; i++)
         n_entries += ch->top_logprobs[i].n_entries;
-    k->strings = calloc(n_entries + ch->n_token_texts + 2, sizeof *k->strings);
+    k->strings = calloc(n_entries + ch->n_token_texts + plp_strings(ch) + 2, sizeof *k->strings);
     k->token_ids = dup_array(ch->token_ids, ch->n_tokens, sizeof *ch->token_ids);
     k->text = malloc(ch->text_len + 1);
     k->logprobs = dup_array(ch->logprobs, ch->n_logprobs, sizeof *ch->logprobs);
     k->token_texts = calloc(ch->n_token_texts ? ch->n_token_texts : 1, sizeof *k->token_texts);
     bool ok = k->strings && k->token_ids && k->text && k->logprobs && k->token_texts &&
-              chunk_copy_tops(k, ch);
+              chunk_copy_tops(k, ch) && chunk_copy_plps(k, ch);
     for (size_t i = 0; ok && i < ch->n_token_texts; i++)
         ok = (k->token_texts[i] = (char *)chunk_str(k, ch->token_texts[i])) != NULL;
     const char *stop = ok ? chunk_str(k, ch->stop_reason) : NULL;
@@ -183,6 +220,7 @@ static gw_chunk_t *chunk_copy(const tdm_client_chunk_t *ch)
     k->view.top_logprobs = k->tops;
     k->view.token_texts = (const char *const *)k->token_texts;
     k->view.stop_reason = stop;
+    k->view.prompt_logprobs = ch->n_prompt_logprobs ? k->plps : NULL;
     if (ch->usage)
         k->usage = *ch->usage;
     if (ch->timings)

@@ -590,7 +590,6 @@ static const struct {
      "special tokens are always left out of the text"},
     {"truncation_side", ON_COMPLETION | ON_CHAT, NEUTRAL_LEFT,
      "truncate_prompt_tokens keeps the prompt's last tokens"},
-    {"prompt_logprobs", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no prompt logprobs"},
     {"logprob_token_ids", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE,
      "logprobs are of the sampled and top tokens only"},
     {"documents", ON_CHAT, NEUTRAL_NONE, "templates are rendered without documents"},
@@ -823,6 +822,27 @@ static int parse_chat_echo(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* prompt_logprobs (0..OAI_MAX_LOGPROBS alternatives per prompt token; vLLM's -1, the whole
+ * vocabulary, is refused by the range): computed in the prefill pass; refused with stream
+ * as vLLM does unless 0 (which then returns nothing, as vLLM's stream does). After
+ * client_request. */
+static int parse_prompt_logprobs(parse_ctx_t *p, oai_req_t *q)
+{
+    long long k = 0;
+    q->prompt_logprobs = -1;
+    if (!get_int(p, "prompt_logprobs", 0, OAI_MAX_LOGPROBS, &k))
+        return p->rc;
+    if (q->stream && k > 0)
+        return tdm_error_set_field(p->err, TDM_EINVALID, "prompt_logprobs",
+                                   "prompt_logprobs is not available with stream: true");
+    if (q->stream)
+        return TDM_OK;
+    q->prompt_logprobs = (int)k;
+    q->creq.prompt_logprobs = true;
+    q->creq.prompt_logprobs_top = (uint32_t)k;
+    return TDM_OK;
+}
+
 /* Completions' echo: the prompt text goes first in the answer. */
 static int parse_echo(parse_ctx_t *p, oai_req_t *q)
 {
@@ -903,7 +923,8 @@ int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served,
         (kind == OAI_COMPLETION && (rc = parse_echo(&p, q)) != TDM_OK) ||
         (kind == OAI_CHAT &&
          ((rc = parse_chat_flags(&p, q)) != TDM_OK || (rc = parse_chat_echo(&p, q)) != TDM_OK)) ||
-        (rc = client_request(q, err)) != TDM_OK || (rc = oai_parse_structured(q, err)) != TDM_OK) {
+        (rc = client_request(q, err)) != TDM_OK || (rc = oai_parse_structured(q, err)) != TDM_OK ||
+        (rc = parse_prompt_logprobs(&p, q)) != TDM_OK) {
         oai_req_clear(q);
         return rc;
     }

@@ -52,6 +52,7 @@ typedef struct oai_req {
     long long created;
     bool stream;
     bool include_usage;          /* stream_options.include_usage */
+    int prompt_logprobs;         /* prompt_logprobs (0..20); -1 when not asked (or streamed) */
     bool continuous_usage;       /* stream_options.continuous_usage_stats with include_usage (vLLM
                                     needs both): every streamed chunk carries usage so far */
     oai_usage_now_t *usage_now;  /* continuous_usage: the counts the next chunk written carries

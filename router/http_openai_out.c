@@ -98,6 +98,54 @@ json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chu
                      tops ? tops : json_null(), "text_offset", offs ? offs : json_array());
 }
 
+/* vLLM's Logprob object {logprob, rank, decoded_token}; -inf is written -9999.0 as vLLM's
+ * clamp_prompt_logprobs does (JSON has no infinity). */
+static json_t *vllm_logprob(float logprob, uint32_t rank, const char *text)
+{
+    double lp = isinf(logprob) ? -9999.0 : (double)logprob;
+    return json_pack("{s:f, s:I, s:o}", "logprob", lp, "rank", (json_int_t)rank, "decoded_token",
+                     str_utf8(text, strlen(text)));
+}
+
+/* vLLM's prompt_logprobs of ch: [null, {"<id>": {logprob, rank, decoded_token}, ...}, ...], one
+ * entry per prompt token: the first null (it has no prefix), then the token itself and the
+ * q->prompt_logprobs most likely (ranked 1..k, as vLLM ranks them). NULL when the request did
+ * not ask (json null is then used) or ch has none. */
+static json_t *prompt_logprobs_json(const oai_req_t *q, const tdm_client_chunk_t *ch)
+{
+    if (q->prompt_logprobs < 0 || !ch || ch->n_prompt_logprobs == 0)
+        return NULL;
+    json_t *a = json_array();
+    if (a)
+        json_array_append_new(a, json_null());
+    for (size_t i = 0; a && i < ch->n_prompt_logprobs; i++) {
+        const tdm_client_prompt_logprob_t *p = &ch->prompt_logprobs[i];
+        json_t *d = json_object();
+        char key[16];
+        snprintf(key, sizeof key, "%" PRId32, p->token_id);
+        if (d)
+            json_object_set_new(d, key, vllm_logprob(p->logprob, p->rank, p->text));
+        for (size_t j = 0; d && j < p->top.n_entries; j++) {
+            const tdm_client_top_logprob_t *e = &p->top.entries[j];
+            snprintf(key, sizeof key, "%" PRId32, e->token_id);
+            if (!json_object_get(d, key))
+                json_object_set_new(d, key, vllm_logprob(e->logprob, (uint32_t)j + 1, e->text));
+        }
+        json_array_append_new(a, d ? d : json_null());
+    }
+    return a;
+}
+
+/* The chunk of prompt p's candidates that carries its prompt logprobs (choice 0's), or NULL. */
+static const tdm_client_chunk_t *plp_chunk(const oai_req_t *q, const tdm_client_chunk_t **chs,
+                                           size_t p)
+{
+    for (uint32_t k = 0; k < q->best_of; k++)
+        if (chs[p * q->best_of + k] && chs[p * q->best_of + k]->n_prompt_logprobs > 0)
+            return chs[p * q->best_of + k];
+    return NULL;
+}
+
 /* OpenAI's finish_reason for reason. Never "error", which is not among OpenAI's values (typed
  * clients reject it): a failed stream sends no finish chunk and ends with its error event, as
  * vLLM's does; vLLM's "abort" stands for a call that ended any other way. */
@@ -285,7 +333,7 @@ static json_t *response_base(const oai_req_t *q)
 
 /* One choice of a non-streaming answer from its whole chunk ch, as choice `index`. */
 static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
-                           uint32_t index)
+                           uint32_t index, const tdm_client_chunk_t *plp)
 {
     json_t *choice = json_pack("{s:i}", "index", (int)index);
     if (!choice)
@@ -322,6 +370,10 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         tdm_buf_free(&t);
     }
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
+    if (q->kind == OAI_COMPLETION && q->prompt_logprobs >= 0) { /* vLLM: on each choice */
+        json_t *pl = prompt_logprobs_json(q, plp);
+        json_object_set_new(choice, "prompt_logprobs", pl ? pl : json_null());
+    }
     bool called = n_calls > 0 && ch->finish_reason == TDM_CLIENT_FINISH_STOP;
     json_object_set_new(choice, "finish_reason",
                         json_string(called ? "tool_calls" : finish_name(ch->finish_reason)));
@@ -332,12 +384,16 @@ json_t *oai_response(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t 
 {
     take_final(o, ch);
     json_t *r = response_base(q);
-    json_t *choice = r ? choice_json(q, o, ch, 0) : NULL;
+    json_t *choice = r ? choice_json(q, o, ch, 0, ch) : NULL;
     if (!choice) {
         json_decref(r);
         return NULL;
     }
     json_object_set_new(r, "choices", json_pack("[o]", choice));
+    if (q->kind == OAI_CHAT && q->prompt_logprobs >= 0) { /* vLLM: on the response */
+        json_t *pl = prompt_logprobs_json(q, ch);
+        json_object_set_new(r, "prompt_logprobs", pl ? pl : json_null());
+    }
     json_object_set_new(r, "usage", usage_json(o));
     return r;
 }
@@ -407,7 +463,8 @@ json_t *oai_response_multi(const oai_req_t *q, oai_out_t *outs, const tdm_client
         size_t order[OAI_MAX_CHOICES];
         pick_best(q, p, chs, order);
         for (uint32_t j = 0; j < q->n; j++) {
-            json_t *c = choice_json(q, &outs[order[j]], chs[order[j]], (uint32_t)p * q->n + j);
+            json_t *c = choice_json(q, &outs[order[j]], chs[order[j]], (uint32_t)p * q->n + j,
+                                    plp_chunk(q, chs, p));
             if (!c || json_array_append_new(choices, c) != 0) {
                 json_decref(r);
                 json_decref(choices);
@@ -416,6 +473,10 @@ json_t *oai_response_multi(const oai_req_t *q, oai_out_t *outs, const tdm_client
         }
     }
     json_object_set_new(r, "choices", choices);
+    if (q->kind == OAI_CHAT && q->prompt_logprobs >= 0) {
+        json_t *pl = prompt_logprobs_json(q, plp_chunk(q, chs, 0));
+        json_object_set_new(r, "prompt_logprobs", pl ? pl : json_null());
+    }
     json_object_set_new(r, "usage", usage_json(sum));
     return r;
 }

@@ -199,7 +199,19 @@ struct rt_req {
     bool stream, include_stop_str, echo;
     bool no_speculation;   /* GenerateRequest.speculative OFF, passed on in DecodeReserve */
     bool continuous_usage; /* GenerateRequest.continuous_usage: usage on every chunk */
-    int32_t *prompt;       /* [n_prompt] heap */
+    /* GenerateRequest.prompt_logprobs: asked (top alternatives in plp_ask.top) by choice 0's
+     * first attempt; what the index-0 TokenEvent brought, texts filled, until the first chunk
+     * carries it (heap: plp[n_plp] pointing into plp_tops, owned by the request) */
+    bool want_plp;
+    Tandem__V1__PromptLogprobsAsk plp_ask;
+    Tandem__V1__PromptLogprob **plp; /* [n_plp] into plp_msgs */
+    size_t n_plp;
+    Tandem__V1__PromptLogprob *plp_msgs; /* [n_plp] */
+    Tandem__V1__TopLogprob *plp_tops;    /* [n_plp_tops] every entry's top, in order */
+    Tandem__V1__TopLogprob **plp_topp;   /* [n_plp_tops] */
+    size_t n_plp_tops;
+    bool plp_sent;
+    int32_t *prompt; /* [n_prompt] heap */
     uint32_t n_prompt;
     tdm_sampling_params_t sp; /* validated; seed drawn when the client gave none */
     char **stop;              /* [n_stop] heap strings */

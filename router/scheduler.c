@@ -447,6 +447,8 @@ static void spec_of(const rt_req_t *q, uint64_t attempt, uint32_t n_output,
     spec->max_tokens = q->sp.max_tokens;
     spec->constraint = constraint_of(q, c);
     spec->deadline_unix_ms = q->deadline_ms;
+    if (q->want_plp && n_output == 0 && !q->plp_sent) /* once, from the prefill pass */
+        spec->prompt_logprobs = (Tandem__V1__PromptLogprobsAsk *)&q->plp_ask;
 }
 
 static void send_prefill_task(tdm_router_t *r, rt_req_t *q, rt_node_t *p);

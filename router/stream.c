@@ -60,8 +60,27 @@ static void chunk_free(rt_chunk_t *c)
     memset(c, 0, sizeof *c);
 }
 
+/* Frees q's prompt logprobs (plp_take's). */
+static void plp_free(rt_req_t *q)
+{
+    for (size_t i = 0; q->plp_msgs && i < q->n_plp; i++)
+        free(q->plp_msgs[i].text);
+    for (size_t k = 0; q->plp_tops && k < q->n_plp_tops; k++)
+        free(q->plp_tops[k].text);
+    free(q->plp);
+    free(q->plp_msgs);
+    free(q->plp_tops);
+    free(q->plp_topp);
+    q->plp = NULL;
+    q->plp_msgs = NULL;
+    q->plp_tops = NULL;
+    q->plp_topp = NULL;
+    q->n_plp = q->n_plp_tops = 0;
+}
+
 void rt_stream_free(rt_req_t *q)
 {
+    plp_free(q);
     free(q->output);
     q->output = NULL;
     q->cap_output = 0;
@@ -192,6 +211,10 @@ static void chunk_to_msg(const rt_req_t *q, Tandem__V1__GenerateChunk *m)
         m->n_token_texts = c->n;
         m->token_texts = c->texts;
     }
+    if (q->plp && !q->plp_sent && c->index == 0) { /* the call's first chunk */
+        m->n_prompt_logprobs = q->n_plp;
+        m->prompt_logprobs = q->plp;
+    }
 }
 
 /* ---- stop strings ---- */
@@ -286,6 +309,7 @@ static int send_chunk(tdm_router_t *r, rt_req_t *q)
 {
     Tandem__V1__GenerateChunk m;
     chunk_to_msg(q, &m);
+    bool plp = m.n_prompt_logprobs > 0;
     Tandem__V1__Usage usage;
     if (q->continuous_usage) { /* the counts as of this chunk (vLLM's continuous_usage_stats) */
         tandem__v1__usage__init(&usage);
@@ -296,6 +320,10 @@ static int send_chunk(tdm_router_t *r, rt_req_t *q)
     }
     int rc = send_stream(r, q, &m);
     chunk_reset(&q->chunk, q->next_index);
+    if (plp) { /* sent once: the first chunk */
+        q->plp_sent = true;
+        plp_free(q);
+    }
     return rc == TDM_EUNAVAILABLE ? rc : TDM_OK;
 }
 
@@ -640,6 +668,44 @@ static bool buffer_event(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
     return false;
 }
 
+/* The prompt logprobs of q's index-0 event p, with each token's text, into q->plp (kept until
+ * the first chunk carries them). Out of memory leaves none (the answer then has none). */
+static void plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEvent *p)
+{
+    size_t n = p->n_prompt_logprobs, n_top = 0;
+    for (size_t i = 0; i < n; i++)
+        n_top += p->prompt_logprobs[i]->n_top;
+    Tandem__V1__PromptLogprob *m = q->plp_msgs = calloc(n, sizeof *m);
+    Tandem__V1__TopLogprob *tops = q->plp_tops = calloc(n_top + 1, sizeof *tops);
+    Tandem__V1__TopLogprob **topp = q->plp_topp = calloc(n_top + 1, sizeof *topp);
+    q->plp = calloc(n, sizeof *q->plp);
+    q->n_plp = n; /* plp_free frees the texts of n entries and n_top tops (calloc'd: NULL) */
+    q->n_plp_tops = n_top;
+    if (!m || !tops || !topp || !q->plp) {
+        plp_free(q);
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Tandem__V1__PromptLogprob *e = p->prompt_logprobs[i];
+        tandem__v1__prompt_logprob__init(&m[i]);
+        m[i].token_id = e->token_id;
+        m[i].logprob = e->logprob;
+        m[i].rank = e->rank;
+        m[i].text = token_text(r, e->token_id);
+        m[i].top = topp + k;
+        m[i].n_top = e->n_top;
+        for (size_t j = 0; j < e->n_top; j++, k++) {
+            tandem__v1__top_logprob__init(&tops[k]);
+            tops[k].token_id = e->top[j]->token_id;
+            tops[k].logprob = e->top[j]->logprob;
+            tops[k].text = token_text(r, e->top[j]->token_id);
+            topp[k] = &tops[k];
+        }
+        q->plp[i] = &m[i];
+    }
+}
+
 /* A token event for q (from its prefill or decode node). Returns true when q was freed. */
 static bool token_event(tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEvent *p)
 {
@@ -653,6 +719,8 @@ static bool token_event(tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEve
         r->metrics.duplicate_events++;
         return false;
     }
+    if (p->index == 0 && q->want_plp && !q->plp && !q->plp_sent && p->n_prompt_logprobs > 0)
+        plp_take(r, q, p);
     rt_event_t ev;
     event_from_proto(p, &ev);
     if (p->index > q->next_index)

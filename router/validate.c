@@ -520,6 +520,15 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     q->include_stop_str = g->include_stop_str;
     q->echo = g->echo_token_text;
     q->continuous_usage = g->continuous_usage;
+    tandem__v1__prompt_logprobs_ask__init(&q->plp_ask);
+    if (g->prompt_logprobs) {
+        if (g->prompt_logprobs->top > TDM_SAMPLING_MAX_LOGPROBS)
+            return tdm_error_set_field(err, TDM_EINVALID, "prompt_logprobs",
+                                       "prompt_logprobs must be in 0..%d, got %u",
+                                       TDM_SAMPLING_MAX_LOGPROBS, g->prompt_logprobs->top);
+        q->want_plp = true;
+        q->plp_ask.top = g->prompt_logprobs->top;
+    }
     q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return TDM_OK;
 }

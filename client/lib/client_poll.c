@@ -126,6 +126,45 @@ static int tops_from_proto(const Tandem__V1__GenerateChunk *m, tdm_client_token_
     return TDM_OK;
 }
 
+/* The message's prompt logprobs as the callback's structs: *plps [m->n_prompt_logprobs]
+ * pointing into *entries; both NULL when there are none. The caller frees both.
+ * TDM_ERESOURCE on out of memory. */
+static int plps_from_proto(const Tandem__V1__GenerateChunk *m, tdm_client_prompt_logprob_t **plps,
+                           tdm_client_top_logprob_t **entries)
+{
+    *plps = NULL;
+    *entries = NULL;
+    if (m->n_prompt_logprobs == 0)
+        return TDM_OK;
+    size_t n_entries = 0;
+    for (size_t i = 0; i < m->n_prompt_logprobs; i++)
+        n_entries += m->prompt_logprobs[i]->n_top;
+    *plps = calloc(m->n_prompt_logprobs, sizeof **plps);
+    *entries = calloc(n_entries ? n_entries : 1, sizeof **entries);
+    if (!*plps || !*entries) {
+        free(*plps);
+        free(*entries);
+        return TDM_ERESOURCE;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < m->n_prompt_logprobs; i++) {
+        const Tandem__V1__PromptLogprob *p = m->prompt_logprobs[i];
+        tdm_client_prompt_logprob_t *o = &(*plps)[i];
+        o->token_id = p->token_id;
+        o->logprob = p->logprob;
+        o->rank = p->rank;
+        o->text = str_or_empty(p->text);
+        o->top.entries = *entries + k;
+        o->top.n_entries = p->n_top;
+        for (size_t j = 0; j < p->n_top; j++, k++) {
+            (*entries)[k].token_id = p->top[j]->token_id;
+            (*entries)[k].logprob = p->top[j]->logprob;
+            (*entries)[k].text = str_or_empty(p->top[j]->text);
+        }
+    }
+    return TDM_OK;
+}
+
 /* Runs the call's on_chunk with m (the final fields from the result when last). Returns 0 to
  * go on, 1 when the callback asked to cancel, TDM_ERESOURCE on out of memory. */
 static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__GenerateChunk *m,
@@ -136,6 +175,13 @@ static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__
     tdm_client_top_logprob_t *entries;
     if (tops_from_proto(m, &tops, &entries) != TDM_OK)
         return TDM_ERESOURCE;
+    tdm_client_prompt_logprob_t *plps;
+    tdm_client_top_logprob_t *plp_entries;
+    if (plps_from_proto(m, &plps, &plp_entries) != TDM_OK) {
+        free(tops);
+        free(entries);
+        return TDM_ERESOURCE;
+    }
     tdm_client_usage_t usage = r->usage;
     if (m->usage) { /* this choice's own (the result sums the choices of n > 1) */
         usage.prompt_tokens = m->usage->prompt_tokens;
@@ -161,6 +207,8 @@ static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__
         .last = last,
         .finish_reason = last ? r->finish_reason : TDM_CLIENT_FINISH_NONE,
         .stop_reason = last ? r->stop_reason : "",
+        .prompt_logprobs = plps,
+        .n_prompt_logprobs = m->n_prompt_logprobs,
         .usage = last || m->usage ? &usage : NULL,
         .timings = last ? &timings : NULL,
     };
@@ -171,6 +219,8 @@ static int run_on_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1__
     c->depth--;
     free(tops);
     free(entries);
+    free(plps);
+    free(plp_entries);
     return stop != 0 ? 1 : 0;
 }
 

@@ -237,6 +237,10 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
     m.include_stop_str = req->include_stop_str;
     m.echo_token_text = req->echo_token_text;
     m.continuous_usage = req->continuous_usage;
+    Tandem__V1__PromptLogprobsAsk plp = TANDEM__V1__PROMPT_LOGPROBS_ASK__INIT;
+    plp.top = req->prompt_logprobs_top;
+    if (req->prompt_logprobs)
+        m.prompt_logprobs = &plp;
     m.speculative = req->no_speculation ? TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF
                                         : TANDEM__V1__SPECULATIVE__SPECULATIVE_AUTO;
     Tandem__V1__Constraint cons;

@@ -72,7 +72,7 @@ def test_field(cluster, served, endpoint, name, status, body, note):
 
 
 NEUTRAL = {"use_beam_search": False, "watermarking": False, "skip_special_tokens": True,
-           "truncation_side": "left", "prompt_logprobs": None, "priority": 0,
+           "truncation_side": "left", "priority": 0,
            "return_token_ids": False, "cache_salt": None, "kv_transfer_params": None,
            "include_reasoning": True, "documents": [], "add_special_tokens": False}
 

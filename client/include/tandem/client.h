@@ -167,6 +167,10 @@ typedef struct tdm_client_request {
     bool continue_final_message;      /* chat only: the rendering ends after the last message's
                                          content (an assistant message), so the model continues
                                          it; needs no_generation_prompt */
+    bool prompt_logprobs;             /* the prompt tokens' logprobs (vLLM's prompt_logprobs),
+                                         computed in the prefill pass (no prefix-cache hit),
+                                         on the call's first chunk */
+    uint32_t prompt_logprobs_top;     /* ... each with this many most likely tokens, 0..20 */
     bool continuous_usage;            /* every chunk's usage holds the counts so far (vLLM's
                                          stream_options.continuous_usage_stats), not only the
                                          last one's */
@@ -208,6 +212,15 @@ typedef struct tdm_client_token_top {
     size_t n_entries;
 } tdm_client_token_top_t;
 
+/* The logprob of one prompt token given the tokens before it (prompt_logprobs). */
+typedef struct tdm_client_prompt_logprob {
+    int32_t token_id;           /* the prompt token */
+    float logprob;              /* natural log, of the model's raw logits */
+    uint32_t rank;              /* 1 + the tokens at least as likely, other than itself */
+    const char *text;           /* its text */
+    tdm_client_token_top_t top; /* the prompt_logprobs_top most likely, most likely first */
+} tdm_client_prompt_logprob_t;
+
 /* Token counts of a finished request. */
 typedef struct tdm_client_usage {
     uint32_t prompt_tokens;
@@ -248,9 +261,13 @@ typedef struct tdm_client_chunk {
     size_t n_top_logprobs;
     const char *const *token_texts; /* [n_token_texts] when echo_token_text was asked */
     size_t n_token_texts;
-    bool last;                           /* the final chunk: the fields below are set */
-    tdm_client_finish_t finish_reason;   /* NONE unless last */
-    const char *stop_reason;             /* the stop string that matched, "" if none */
+    bool last;                         /* the final chunk: the fields below are set */
+    tdm_client_finish_t finish_reason; /* NONE unless last */
+    const char *stop_reason;           /* the stop string that matched, "" if none */
+    /* prompt_logprobs: on the first chunk of choice 0, [n_prompt_logprobs] one per prompt token
+     * after the first (entry i is prompt token i + 1); else NULL / 0 */
+    const tdm_client_prompt_logprob_t *prompt_logprobs;
+    size_t n_prompt_logprobs;
     const tdm_client_usage_t *usage;     /* NULL unless last, or the request asked for
                                             continuous_usage: then on every chunk, the counts
                                             as of it (completion_tokens: output tokens up to

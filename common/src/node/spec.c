@@ -93,6 +93,10 @@ int tdm_node_spec_check(const Tandem__V1__SequenceSpec *spec, uint32_t n_ctx, ui
         return TDM_EINVALID;
     if (sampling_of(spec->sampling, spec->max_tokens, n_vocab, sp, err) != TDM_OK)
         return TDM_EINVALID;
+    if (spec->prompt_logprobs && (spec->prompt_logprobs->top > TDM_SAMPLING_MAX_LOGPROBS ||
+                                  spec->prompt_logprobs->top > n_vocab))
+        return tdm_error_set(err, TDM_EINVALID, "prompt_logprobs.top: %u; at most %d",
+                             spec->prompt_logprobs->top, TDM_SAMPLING_MAX_LOGPROBS);
     /* a migrated request: the output it resumes after is context, and output for max_tokens */
     if (n_prompt + n_output + 1 > n_ctx || n_output >= (size_t)spec->max_tokens)
         return tdm_error_set(err, TDM_EINVALID,

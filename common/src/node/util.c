@@ -156,6 +156,48 @@ void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_no
                   tdm_status_name(status), retryable, msg);
 }
 
+/* Sends te with ev's prompt logprobs (entries 1..n-1: entry 0 has no prefix). Their messages
+ * take one allocation, freed here. TDM_ERESOURCE on out of memory, else as tdm_sock_notify. */
+static int send_token_plp(tdm_sock_t *s, Tandem__V1__TokenEvent *te, const tdm_worker_event_t *ev)
+{
+    size_t n = ev->n_prompt_logprobs - 1, n_top = 0;
+    for (size_t i = 1; i <= n; i++)
+        n_top += ev->prompt_logprobs[i].n_top;
+    Tandem__V1__PromptLogprob *m = calloc(n, sizeof *m);
+    Tandem__V1__PromptLogprob **mp = calloc(n, sizeof *mp);
+    Tandem__V1__TopLogprob *tops = calloc(n_top ? n_top : 1, sizeof *tops);
+    Tandem__V1__TopLogprob **topp = calloc(n_top ? n_top : 1, sizeof *topp);
+    int rc = TDM_ERESOURCE;
+    if (!m || !mp || !tops || !topp)
+        goto out_free;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const tdm_token_logprobs_t *e = &ev->prompt_logprobs[i + 1];
+        tandem__v1__prompt_logprob__init(&m[i]);
+        m[i].token_id = e->token;
+        m[i].logprob = e->logprob;
+        m[i].rank = e->rank;
+        m[i].n_top = e->n_top;
+        m[i].top = topp + k;
+        for (uint32_t j = 0; j < e->n_top; j++, k++) {
+            tandem__v1__top_logprob__init(&tops[k]);
+            tops[k].token_id = e->top[j].token;
+            tops[k].logprob = e->top[j].logprob;
+            topp[k] = &tops[k];
+        }
+        mp[i] = &m[i];
+    }
+    te->n_prompt_logprobs = n;
+    te->prompt_logprobs = mp;
+    rc = tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, &te->base);
+out_free:
+    free(m);
+    free(mp);
+    free(tops);
+    free(topp);
+    return rc;
+}
+
 int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev)
 {
     Tandem__V1__TokenEvent te = TANDEM__V1__TOKEN_EVENT__INIT;
@@ -179,7 +221,9 @@ int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_wo
         te.cached_prompt_tokens = ev->cached_prompt_tokens;
         te.prefill_s = ev->prefill_s;
     }
-    return tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, &te.base);
+    if (ev->n_prompt_logprobs <= 1)
+        return tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, &te.base);
+    return send_token_plp(s, &te, ev);
 }
 
 int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_config_t *node,

@@ -29,6 +29,7 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__node_cancel__descriptor,      &tandem__v1__kv_transfer__descriptor,
     &tandem__v1__kv_hello__descriptor,         &tandem__v1__kv_hello_ack__descriptor,
     &tandem__v1__node_load__descriptor,        &tandem__v1__kv_shipped__descriptor,
+    &tandem__v1__prompt_logprobs_ask__descriptor, &tandem__v1__prompt_logprob__descriptor,
 };
 /* clang-format on */
 
