@@ -673,8 +673,17 @@ static bool buffer_event(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
 static void plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEvent *p)
 {
     size_t n = p->n_prompt_logprobs, n_top = 0;
-    for (size_t i = 0; i < n; i++)
-        n_top += p->prompt_logprobs[i]->n_top;
+    bool ok = n + 1 == q->n_prompt; /* a node's message is checked, never trusted */
+    for (size_t i = 0; ok && i < n; i++) {
+        const Tandem__V1__PromptLogprob *e = p->prompt_logprobs[i];
+        ok = e->n_top <= q->plp_ask.top && e->token_id == q->prompt[i + 1];
+        n_top += e->n_top;
+    }
+    if (!ok) {
+        tdm_log_write(&r->log, TDM_LOG_WARN, q->id, NULL,
+                      "ignoring prompt logprobs that do not match the prompt (%zu entries)", n);
+        return;
+    }
     Tandem__V1__PromptLogprob *m = q->plp_msgs = calloc(n, sizeof *m);
     Tandem__V1__TopLogprob *tops = q->plp_tops = calloc(n_top + 1, sizeof *tops);
     Tandem__V1__TopLogprob **topp = q->plp_topp = calloc(n_top + 1, sizeof *topp);

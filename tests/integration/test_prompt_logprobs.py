@@ -1,6 +1,6 @@
 """vLLM's prompt_logprobs through a real cluster with the default model, disaggregated (a
-prefill node computes them in its chunked prefill pass) and colocated (the decode node
-prefills): one entry per prompt token, the first null, then {token id: {logprob, rank,
+prefill node computes them in its prefill pass) and colocated (the decode node prefills;
+also with 2 logit rows a pass, so the prompt goes in chunks of 2 tokens): one entry per prompt token, the first null, then {token id: {logprob, rank,
 decoded_token}} for the token and the k most likely; each prompt token's logprob equals the
 one greedy decoding reports when the prompt's prefix is generated from; a request asking for
 them takes no prefix-cache hit; the limits are 400s naming the field. docs/api.md, sampling.md.
@@ -16,10 +16,17 @@ PROMPT = ("The capital of France is Paris. The capital of Italy is Rome. The cap
           "is Madrid. The capital of Germany is Berlin. The capital of Portugal is")
 
 
-@pytest.fixture(scope="module", params=["disaggregated", "colocated"])
+# chunked: a decode node prefilling with 2 logit rows a pass (max_running 2, no draft rows), so
+# a prompt asking for its logprobs goes in chunks of 2 tokens
+CHUNKED = "    max_running: 2\n    speculative:\n      max_draft: 0\n"
+
+
+@pytest.fixture(scope="module", params=["disaggregated", "colocated", "colocated-chunked"])
 def cluster(request, tmp_path_factory):
     n_prefill = 1 if request.param == "disaggregated" else 0
-    yield from http_cluster(tmp_path_factory, "plp_" + request.param, n_prefill=n_prefill)
+    extra = CHUNKED if request.param == "colocated-chunked" else ""
+    yield from http_cluster(tmp_path_factory, "plp_" + request.param, n_prefill=n_prefill,
+                            extra_decode=extra)
 
 
 def post(cluster, path, body):
