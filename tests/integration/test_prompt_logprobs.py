@@ -1,9 +1,10 @@
 """vLLM's prompt_logprobs through a real cluster with the default model, disaggregated (a
-prefill node computes them in its prefill pass) and colocated (the decode node prefills;
-also with 2 logit rows a pass, so the prompt goes in chunks of 2 tokens): one entry per prompt token, the first null, then {token id: {logprob, rank,
-decoded_token}} for the token and the k most likely; each prompt token's logprob equals the
-one greedy decoding reports when the prompt's prefix is generated from; a request asking for
-them takes no prefix-cache hit; the limits are 400s naming the field. docs/api.md, sampling.md.
+prefill node computes them in its prefill pass) and colocated (the decode node prefills; also
+with 2 logit rows a pass, so the prompt goes in chunks of 2 tokens): one entry per prompt
+token, the first null, then {token id: {logprob, rank, decoded_token}} for the token and the k
+most likely; each prompt token's logprob equals the one greedy decoding reports when the
+prompt's prefix is generated from; a request asking for them takes no prefix-cache hit; the
+limits are 400s naming the field. docs/api.md, docs/sampling.md.
 """
 import json
 
