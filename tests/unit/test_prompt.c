@@ -166,11 +166,77 @@ static void test_errors(void **state)
     close_model(&g, &tok, data);
 }
 
+/* continue_final_message: the rendering ends right after the last message's content, without
+ * the generation prompt, for the built-in templates and a Jinja one (transformers' cut: the
+ * stripped content's last occurrence, its trailing whitespace kept where the rendering kept
+ * it); a template that changes the content is an error; an empty content keeps it all. */
+static void test_continue_final_message(void **state)
+{
+    (void)state;
+    tdm_gguf_t *g;
+    tdm_tokenizer_t *tok;
+    void *data;
+    tdm_error_t err = {0};
+    tdm_token_t *ids = NULL;
+    size_t n = 0;
+    char *text = NULL;
+    open_model(NULL, false, &g, &tok, &data);
+    tdm_chat_message_t msgs[2] = {{.role = "user", .content = "Hel"},
+                                  {.role = "assistant", .content = "Hel lo"}};
+    tdm_prompt_input_t in = {.messages = msgs, .n_messages = 2, .continue_final_message = true};
+    static const tdm_chat_template_t builtins[] = {
+        TDM_CHAT_TEMPLATE_CHATML, TDM_CHAT_TEMPLATE_LLAMA3, TDM_CHAT_TEMPLATE_LLAMA2};
+    for (size_t i = 0; i < sizeof builtins / sizeof builtins[0]; i++) {
+        tdm_chat_pick_t pick = {.tmpl = builtins[i]};
+        assert_int_equal(tdm_prompt_encode(tok, &pick, &in, &ids, &n, &text, &err), 0);
+        size_t len = strlen(text);
+        assert_true(len > 6);
+        assert_string_equal(text + len - 6, "Hel lo");
+        free(ids);
+        free(text);
+    }
+    /* trailing whitespace: kept where the rendering keeps it (ChatML writes the content as is) */
+    tdm_chat_pick_t chatml = {.tmpl = TDM_CHAT_TEMPLATE_CHATML};
+    msgs[1].content = "Hel lo  ";
+    assert_int_equal(tdm_prompt_encode(tok, &chatml, &in, &ids, &n, &text, &err), 0);
+    assert_string_equal(text, "<|im_start|>user\nHel<|im_end|>\n<|im_start|>assistant\nHel lo  ");
+    free(ids);
+    free(text);
+    /* a Jinja template that trims the content: cut after the stripped content */
+    static const char trim_tpl[] =
+        "{% for m in messages %}[{{ m.role }}] {{ m.content | trim }}|"
+        "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}";
+    tdm_jinja_t *j = tdm_chat_jinja_compile(trim_tpl, sizeof trim_tpl - 1, &err);
+    assert_non_null(j);
+    in.jinja = j;
+    assert_int_equal(tdm_prompt_encode(tok, NULL, &in, &ids, &n, &text, &err), 0);
+    assert_string_equal(text, "[user] Hel|[assistant] Hel lo");
+    free(ids);
+    free(text);
+    msgs[1].content = "";
+    assert_int_equal(tdm_prompt_encode(tok, NULL, &in, &ids, &n, &text, &err), 0);
+    assert_string_equal(text, "[user] Hel|[assistant] |");
+    free(ids);
+    free(text);
+    tdm_jinja_destroy(&j);
+    static const char upper_tpl[] = "{% for m in messages %}{{ m.content | upper }}{% endfor %}";
+    j = tdm_chat_jinja_compile(upper_tpl, sizeof upper_tpl - 1, &err);
+    assert_non_null(j);
+    in.jinja = j;
+    msgs[1].content = "Hel lo";
+    assert_int_equal(tdm_prompt_encode(tok, NULL, &in, &ids, &n, &text, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "continue_final_message"));
+    assert_null(ids);
+    tdm_jinja_destroy(&j);
+    close_model(&g, &tok, data);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pick),
         cmocka_unit_test(test_encode),
+        cmocka_unit_test(test_continue_final_message),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
