@@ -830,8 +830,14 @@ static int parse_prompt_logprobs(parse_ctx_t *p, oai_req_t *q)
 {
     long long k = 0;
     q->prompt_logprobs = -1;
-    if (!get_int(p, "prompt_logprobs", 0, OAI_MAX_LOGPROBS, &k))
-        return p->rc;
+    bool echo_lp = q->echo && q->logprobs; /* vLLM: the prompt's logprobs head the logprobs */
+    if (!get_int(p, "prompt_logprobs", 0, OAI_MAX_LOGPROBS, &k)) {
+        if (p->rc || !echo_lp)
+            return p->rc;
+        q->creq.prompt_logprobs = true;
+        q->creq.prompt_logprobs_top = (uint32_t)q->top_logprobs;
+        return TDM_OK;
+    }
     if (q->stream && k > 0)
         return tdm_error_set_field(p->err, TDM_EINVALID, "prompt_logprobs",
                                    "prompt_logprobs is not available with stream: true");
@@ -839,7 +845,7 @@ static int parse_prompt_logprobs(parse_ctx_t *p, oai_req_t *q)
         return TDM_OK;
     q->prompt_logprobs = (int)k;
     q->creq.prompt_logprobs = true;
-    q->creq.prompt_logprobs_top = (uint32_t)k;
+    q->creq.prompt_logprobs_top = (uint32_t)(echo_lp && q->top_logprobs > k ? q->top_logprobs : k);
     return TDM_OK;
 }
 
@@ -855,9 +861,10 @@ static int parse_echo(parse_ctx_t *p, oai_req_t *q)
     if (echo && q->n_prompts > 1)
         return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
                                    "echo with a list of prompts is not supported");
-    if (echo && q->logprobs)
+    if (echo && q->logprobs && q->stream)
         return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
-                                   "echo with logprobs is not supported (no prompt logprobs)");
+                                   "echo with logprobs is not supported with stream: true (the "
+                                   "prompt's logprobs are not streamed)");
     if (echo)
         q->echo = q->g.prompt;
     return TDM_OK;

@@ -44,7 +44,18 @@ static const char *token_text(const tdm_client_chunk_t *ch, size_t i)
 
 /* logprobs of the tokens of ch in OpenAI's shape (completions or chat); NULL when not asked
  * for (json null is then used). */
+static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
+                             const tdm_client_chunk_t *plp);
+
 json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
+{
+    return logprobs_json(q, o, ch, ch);
+}
+
+/* oai_logprobs_json, the prompt's entries (completions with echo) taken from plp's prompt
+ * logprobs (choice 0's chunk; NULL: none). */
+static json_t *logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
+                             const tdm_client_chunk_t *plp)
 {
     if (!q->logprobs)
         return NULL;
@@ -70,6 +81,24 @@ json_t *oai_logprobs_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chu
         return json_pack("{s:o, s:n}", "content", content ? content : json_array(), "refusal");
     }
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    /* echo (vLLM): the prompt's tokens first, from its prompt logprobs (the first: null) */
+    size_t n_plp = q->echo && plp ? plp->n_prompt_logprobs : 0;
+    for (size_t i = 0; i < n_plp && tokens && lps && tops && offs; i++) {
+        const tdm_client_prompt_logprob_t *p = &plp->prompt_logprobs[i];
+        json_array_append_new(tokens, str_utf8(p->text, strlen(p->text)));
+        json_array_append_new(lps, p->rank ? json_real(p->logprob) : json_null());
+        json_array_append_new(offs, json_integer((json_int_t)o->text_chars));
+        o->text_chars += utf8_chars(p->text);
+        json_t *d = p->rank ? json_object() : json_null();
+        for (size_t k = 0; p->rank && d && k < p->top.n_entries && (int)k < q->top_logprobs; k++) {
+            const tdm_client_top_logprob_t *e = &p->top.entries[k];
+            json_t *key = str_utf8(e->text, strlen(e->text));
+            if (key && !json_object_get(d, json_string_value(key)))
+                json_object_set_new(d, json_string_value(key), json_real(e->logprob));
+            json_decref(key);
+        }
+        json_array_append_new(tops, d);
+    }
     for (size_t i = 0; i < n && tokens && lps && tops && offs; i++) {
         const char *t = token_text(ch, i);
         json_array_append_new(tokens, str_utf8(t, strlen(t)));
@@ -116,10 +145,12 @@ static json_t *prompt_logprobs_json(const oai_req_t *q, const tdm_client_chunk_t
     if (q->prompt_logprobs < 0 || !ch || ch->n_prompt_logprobs == 0)
         return NULL;
     json_t *a = json_array();
-    if (a)
-        json_array_append_new(a, json_null());
     for (size_t i = 0; a && i < ch->n_prompt_logprobs; i++) {
         const tdm_client_prompt_logprob_t *p = &ch->prompt_logprobs[i];
+        if (p->rank == 0) { /* the first token: no prefix */
+            json_array_append_new(a, json_null());
+            continue;
+        }
         json_t *d = json_object();
         char key[16];
         snprintf(key, sizeof key, "%" PRId32, p->token_id);
@@ -338,7 +369,7 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
     json_t *choice = json_pack("{s:i}", "index", (int)index);
     if (!choice)
         return NULL;
-    json_t *lp = oai_logprobs_json(q, o, ch);
+    json_t *lp = logprobs_json(q, o, ch, plp);
     size_t n_calls = 0;
     if (q->kind == OAI_CHAT && q->tools.parse) {
         json_t *m = oai_tools_message_json(q, ch->text, &n_calls);

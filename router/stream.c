@@ -684,19 +684,24 @@ static void plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__Token
                       "ignoring prompt logprobs that do not match the prompt (%zu entries)", n);
         return;
     }
-    Tandem__V1__PromptLogprob *m = q->plp_msgs = calloc(n, sizeof *m);
+    /* the client's list has the first prompt token too (rank 0: no logprob), for its text */
+    Tandem__V1__PromptLogprob *m = q->plp_msgs = calloc(n + 1, sizeof *m);
     Tandem__V1__TopLogprob *tops = q->plp_tops = calloc(n_top + 1, sizeof *tops);
     Tandem__V1__TopLogprob **topp = q->plp_topp = calloc(n_top + 1, sizeof *topp);
-    q->plp = calloc(n, sizeof *q->plp);
-    q->n_plp = n; /* plp_free frees the texts of n entries and n_top tops (calloc'd: NULL) */
+    q->plp = calloc(n + 1, sizeof *q->plp);
+    q->n_plp = n + 1; /* plp_free frees the texts of n_plp entries, n_top tops (calloc'd: NULL) */
     q->n_plp_tops = n_top;
     if (!m || !tops || !topp || !q->plp) {
         plp_free(q);
         return;
     }
+    tandem__v1__prompt_logprob__init(&m[0]);
+    m[0].token_id = q->prompt[0];
+    m[0].text = token_text(r, q->prompt[0]);
+    q->plp[0] = &m[0];
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const Tandem__V1__PromptLogprob *e = p->prompt_logprobs[i];
+    for (size_t i = 1; i <= n; i++) {
+        const Tandem__V1__PromptLogprob *e = p->prompt_logprobs[i - 1];
         tandem__v1__prompt_logprob__init(&m[i]);
         m[i].token_id = e->token_id;
         m[i].logprob = e->logprob;

@@ -133,3 +133,28 @@ def test_stream(cluster):
     assert status == 400 and json.loads(raw)["error"]["param"] == "prompt_logprobs"
     status, _, raw = request(cluster.port, "POST", "/v1/completions", dict(body, prompt_logprobs=0))
     assert status == 200, raw
+
+
+def test_echo_with_logprobs(cluster):
+    """vLLM: with echo, the prompt's tokens head the completion's logprobs (the first null)."""
+    ids = prompt_ids(cluster)
+    plp = completion_plp(cluster, 2)["choices"][0]["prompt_logprobs"]
+    body = {"prompt": PROMPT, "echo": True, "logprobs": 2, "max_tokens": 3, "temperature": 0}
+    status, r = post(cluster, "/v1/completions", body)
+    assert status == 200, r
+    c = r["choices"][0]
+    assert "prompt_logprobs" not in c  # not asked for
+    lp = c["logprobs"]
+    n = len(ids)
+    assert len(lp["tokens"]) == n + 3 == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
+    assert "".join(lp["tokens"]) == c["text"] and c["text"].startswith(PROMPT)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    for i in range(1, n):
+        assert lp["token_logprobs"][i] == plp[i][str(ids[i])]["logprob"], i
+        want = sorted(e["logprob"] for e in plp[i].values() if e["rank"] <= 2)
+        got = sorted(lp["top_logprobs"][i].values())  # keyed by text: equal texts collapse
+        assert got == want or (len(got) < 2 and set(got) <= set(want)), (i, got, want)
+    offs = lp["text_offset"]
+    assert offs[0] == 0 and offs == sorted(offs) and offs[n] == len(PROMPT)
+    status, e = post(cluster, "/v1/completions", dict(body, stream=True))
+    assert status == 400 and e["error"]["param"] == "echo", e

@@ -216,7 +216,8 @@ typedef struct tdm_client_token_top {
 typedef struct tdm_client_prompt_logprob {
     int32_t token_id;           /* the prompt token */
     float logprob;              /* natural log, of the model's raw logits */
-    uint32_t rank;              /* 1 + the tokens at least as likely, other than itself */
+    uint32_t rank;              /* 1 + the tokens at least as likely, other than itself; 0:
+                                   none (the first prompt token) */
     const char *text;           /* its text */
     tdm_client_token_top_t top; /* the prompt_logprobs_top most likely, most likely first */
 } tdm_client_prompt_logprob_t;
@@ -265,7 +266,8 @@ typedef struct tdm_client_chunk {
     tdm_client_finish_t finish_reason; /* NONE unless last */
     const char *stop_reason;           /* the stop string that matched, "" if none */
     /* prompt_logprobs: on the first chunk of choice 0, [n_prompt_logprobs] one per prompt token
-     * after the first (entry i is prompt token i + 1); else NULL / 0 */
+     * (entry i is prompt token i; entry 0, which has no prefix, has rank 0, logprob 0 and no
+     * top); else NULL / 0 */
     const tdm_client_prompt_logprob_t *prompt_logprobs;
     size_t n_prompt_logprobs;
     const tdm_client_usage_t *usage;     /* NULL unless last, or the request asked for
