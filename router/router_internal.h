@@ -190,6 +190,12 @@ typedef struct rt_chunk {
     tdm_buf_t text; /* text delta */
 } rt_chunk_t;
 
+/* Prompt logprobs one request may ask for: prompt tokens x (alternatives + 1). They travel in
+ * one TokenEvent and one GenerateChunk, at most TDM_NET_MAX_BODY_BYTES (16 MiB) each, and an
+ * entry with its text takes about 30 bytes: 400,000 fit with room (a 19,000-token prompt with
+ * 20 alternatives, any prompt with none). */
+#define RT_PROMPT_LOGPROBS_MAX_ENTRIES 400000u
+
 struct rt_req {
     /* what the client asked (request.c, set at intake and not changed after) */
     char id[TDM_REQUEST_ID_MAX + 1];

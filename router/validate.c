@@ -526,6 +526,14 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
             return tdm_error_set_field(err, TDM_EINVALID, "prompt_logprobs",
                                        "prompt_logprobs must be in 0..%d, got %u",
                                        TDM_SAMPLING_MAX_LOGPROBS, g->prompt_logprobs->top);
+        /* the values travel in one message (TDM_NET_MAX_BODY_BYTES): about 30 bytes an entry */
+        uint64_t entries = (uint64_t)q->n_prompt * (g->prompt_logprobs->top + 1);
+        if (entries > RT_PROMPT_LOGPROBS_MAX_ENTRIES)
+            return tdm_error_set_field(
+                err, TDM_EINVALID, "prompt_logprobs",
+                "prompt_logprobs: %" PRIu32 " prompt tokens x %u entries each = %" PRIu64
+                " entries, more than the limit of %u (ask fewer alternatives or a shorter prompt)",
+                q->n_prompt, g->prompt_logprobs->top + 1, entries, RT_PROMPT_LOGPROBS_MAX_ENTRIES);
         q->want_plp = true;
         q->plp_ask.top = g->prompt_logprobs->top;
     }
