@@ -156,8 +156,9 @@ void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_no
                   tdm_status_name(status), retryable, msg);
 }
 
-/* Sends te with ev's prompt logprobs (entries 1..n-1: entry 0 has no prefix). Their messages
- * take one allocation, freed here. TDM_ERESOURCE on out of memory, else as tdm_sock_notify. */
+/* Sends te with ev's prompt logprobs (entries 1..n-1: entry 0 has no prefix); their messages
+ * are allocated and freed here. Out of memory sends te without them (the token still goes:
+ * the answer lacks only the prompt logprobs). Returns as tdm_sock_notify. */
 static int send_token_plp(tdm_sock_t *s, Tandem__V1__TokenEvent *te, const tdm_worker_event_t *ev)
 {
     size_t n = ev->n_prompt_logprobs - 1, n_top = 0;
@@ -167,9 +168,11 @@ static int send_token_plp(tdm_sock_t *s, Tandem__V1__TokenEvent *te, const tdm_w
     Tandem__V1__PromptLogprob **mp = calloc(n, sizeof *mp);
     Tandem__V1__TopLogprob *tops = calloc(n_top ? n_top : 1, sizeof *tops);
     Tandem__V1__TopLogprob **topp = calloc(n_top ? n_top : 1, sizeof *topp);
-    int rc = TDM_ERESOURCE;
-    if (!m || !mp || !tops || !topp)
+    int rc;
+    if (!m || !mp || !tops || !topp) {
+        rc = tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, &te->base);
         goto out_free;
+    }
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const tdm_token_logprobs_t *e = &ev->prompt_logprobs[i + 1];
