@@ -631,11 +631,12 @@ static bool is_neutral(const json_t *v, neutral_t n)
 }
 
 /* Fields Tandem does not implement: refused when they ask for something, so a client never
- * gets a silently different answer. */
+ * gets a silently different answer (not for /tokenize, whose own add_special_tokens means
+ * something else and which generates nothing). */
 static int refuse_unsupported(parse_ctx_t *p, oai_req_t *q)
 {
     unsigned on = q->kind == OAI_CHAT ? ON_CHAT : ON_COMPLETION;
-    for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+    for (size_t i = 0; !q->for_tokenize && i < sizeof unsupported / sizeof unsupported[0]; i++) {
         json_t *v = (unsupported[i].on & on) ? field(p->root, unsupported[i].name) : NULL;
         if (v && !is_neutral(v, unsupported[i].neutral)) {
             char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
@@ -908,11 +909,27 @@ static int parse_identity(parse_ctx_t *p, oai_req_t *q, const char *served)
     return TDM_OK;
 }
 
+static int parse_all(oai_kind_t kind, bool for_tokenize, const char *body, size_t len,
+                     const char *served, oai_req_t *q, tdm_error_t *err);
+
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
               tdm_error_t *err)
 {
+    return parse_all(kind, false, body, len, served, q, err);
+}
+
+int oai_parse_tokenize(const char *body, size_t len, const char *served, oai_req_t *q,
+                       tdm_error_t *err)
+{
+    return parse_all(OAI_CHAT, true, body, len, served, q, err);
+}
+
+static int parse_all(oai_kind_t kind, bool for_tokenize, const char *body, size_t len,
+                     const char *served, oai_req_t *q, tdm_error_t *err)
+{
     memset(q, 0, sizeof *q);
     q->kind = kind;
+    q->for_tokenize = for_tokenize;
     tandem__v1__generate_request__init(&q->g);
     tandem__v1__sampling_params__init(&q->sp);
     tandem__v1__chat_list__init(&q->chat);

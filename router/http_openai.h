@@ -31,6 +31,7 @@ typedef struct oai_usage_now {
  * into root or into arrays owned here. */
 typedef struct oai_req {
     oai_kind_t kind;
+    bool for_tokenize; /* parsed for /tokenize (oai_parse_tokenize) */
     json_t *root;
     Tandem__V1__GenerateRequest g;
     Tandem__V1__SamplingParams sp;
@@ -98,6 +99,12 @@ const char *oai_type_name(const json_t *v);
  * *err set; q then holds nothing to free. On success free with oai_req_clear. */
 int oai_parse(oai_kind_t kind, const char *body, size_t len, const char *served, oai_req_t *q,
               tdm_error_t *err);
+
+/* oai_parse of a /tokenize body with messages (a chat): the same checks, except that vLLM's
+ * generation fields Tandem refuses are not looked at (/tokenize generates nothing and its own
+ * add_special_tokens is the BOS switch). */
+int oai_parse_tokenize(const char *body, size_t len, const char *served, oai_req_t *q,
+                       tdm_error_t *err);
 
 /* The logit_bias field of q->root into q->sp (http_logit_bias.c): an object of token ids (as
  * decimal strings) to biases in [-100, 100], at most TDM_SAMPLING_MAX_LOGIT_BIAS entries.

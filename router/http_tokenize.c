@@ -137,7 +137,7 @@ static bool tok_input(json_t *root, const char *body, size_t len, const char *se
     if (prompt)
         return true;
     tdm_error_t err = {0};
-    int rc = oai_parse(OAI_CHAT, body, len, served, q, &err);
+    int rc = oai_parse_tokenize(body, len, served, q, &err);
     if (rc != TDM_OK) {
         *bad = tok_error(status, rc, err.field[0] ? err.field : "messages", err.msg);
         return false;

@@ -153,3 +153,15 @@ def test_continuous_usage_stats(cluster):
     status, e = post(cluster, "/v1/chat/completions",
                      dict(body, stream_options={"continuous_usage_stats": 1}))
     assert status == 400 and e["error"]["param"] == "stream_options.continuous_usage_stats", e
+
+
+def test_tokenize_keeps_its_own_add_special_tokens(cluster):
+    """/tokenize's add_special_tokens is its BOS switch, not vLLM's chat generation field that
+    /v1/chat/completions refuses when true."""
+    msgs = [{"role": "user", "content": USER}]
+    for flag in (True, False):
+        status, v = post(cluster, "/tokenize", {"messages": msgs, "add_special_tokens": flag})
+        assert status == 200, v
+    status, e = post(cluster, "/v1/chat/completions",
+                     {"messages": msgs, "max_tokens": 1, "add_special_tokens": True})
+    assert status == 400 and e["error"]["param"] == "add_special_tokens", e
