@@ -131,6 +131,24 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
                            (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
     if (req->n > 16)
         return bad_request(c, "n", "n must be from 1 to 16, got %u", (unsigned)req->n);
+    if (req->n_bad_words > TDM_SAMPLING_MAX_BAD_WORDS)
+        return bad_request(c, "sampling.bad_words",
+                           "sampling.bad_words: %zu words given, at most %d allowed",
+                           req->n_bad_words, TDM_SAMPLING_MAX_BAD_WORDS);
+    for (size_t i = 0; i < req->n_bad_words; i++) {
+        size_t len = req->bad_words && req->bad_words[i] ? strlen(req->bad_words[i]) : 0;
+        if (len < 1 || len > TDM_SAMPLING_MAX_BAD_WORD_BYTES) {
+            char field[40];
+            snprintf(field, sizeof field, "sampling.bad_words[%zu]", i);
+            return bad_request(c, field, "sampling.bad_words[%zu] must have 1..%d bytes, got %zu",
+                               i, TDM_SAMPLING_MAX_BAD_WORD_BYTES, len);
+        }
+    }
+    if ((req->sampling_set & TDM_PROTO_SET_ALLOWED_TOKEN_IDS) &&
+        req->sampling.n_allowed > TDM_SAMPLING_MAX_ALLOWED)
+        return bad_request(c, "sampling.allowed_token_ids",
+                           "sampling.allowed_token_ids: %u ids given, at most %d allowed",
+                           (unsigned)req->sampling.n_allowed, TDM_SAMPLING_MAX_ALLOWED);
     if (isnan(req->timeout_s))
         return bad_request(c, "", "timeout_s is NaN");
     if ((int)req->constraint_kind < TDM_CLIENT_CONSTRAINT_NONE ||
@@ -168,10 +186,18 @@ static Tandem__V1__Constraint *constraint_of(const tdm_client_request_t *req,
     return c;
 }
 
-/* The SamplingParams of req in *out (pointing into req and out): only the fields named in
- * req->sampling_set; the router uses its defaults for the others. */
+/* The bad_words entries of a request: its words (text), then sampling's token sequences. */
+typedef struct client_bad_words {
+    Tandem__V1__BadWord words[TDM_SAMPLING_MAX_BAD_WORDS];
+    Tandem__V1__BadWord *ptr[TDM_SAMPLING_MAX_BAD_WORDS + TDM_SAMPLING_MAX_BAD_SEQS];
+} client_bad_words_t;
+
+/* The SamplingParams of req in *out (pointing into req, out and bw): only the fields named in
+ * req->sampling_set; the router uses its defaults for the others. req->bad_words are sent
+ * (as text) whenever there are any. */
 static Tandem__V1__SamplingParams *sampling_to_proto(const tdm_client_request_t *req,
-                                                     tdm_proto_sampling_t *out)
+                                                     tdm_proto_sampling_t *out,
+                                                     client_bad_words_t *bw)
 {
     tdm_proto_sampling_to(&req->sampling, out);
     Tandem__V1__SamplingParams *sp = &out->m;
@@ -181,6 +207,21 @@ static Tandem__V1__SamplingParams *sampling_to_proto(const tdm_client_request_t 
         sp->n_stop_token_ids = 0;
     if (!(sp->set_mask & TDM_PROTO_SET_LOGIT_BIAS))
         sp->n_logit_bias = 0;
+    if (!(sp->set_mask & TDM_PROTO_SET_ALLOWED_TOKEN_IDS))
+        sp->n_allowed_token_ids = 0;
+    size_t n_seqs = (sp->set_mask & TDM_PROTO_SET_BAD_WORDS) ? sp->n_bad_words : 0;
+    size_t n = 0; /* request_check: n_bad_words <= TDM_SAMPLING_MAX_BAD_WORDS */
+    for (size_t i = 0; i < req->n_bad_words && i < TDM_SAMPLING_MAX_BAD_WORDS; i++) {
+        tandem__v1__bad_word__init(&bw->words[i]);
+        bw->words[i].text = (char *)(uintptr_t)req->bad_words[i];
+        bw->ptr[n++] = &bw->words[i];
+    }
+    for (size_t i = 0; i < n_seqs; i++)
+        bw->ptr[n++] = sp->bad_words[i];
+    sp->n_bad_words = n;
+    sp->bad_words = n ? bw->ptr : NULL;
+    if (n)
+        sp->set_mask |= TDM_PROTO_SET_BAD_WORDS;
     return sp;
 }
 
@@ -226,7 +267,9 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
         m.tokens = &tokens;
     }
-    m.sampling = sampling_to_proto(req, &sps);
+    client_bad_words_t bw;
+    m.sampling = sampling_to_proto(req, &sps, &bw);
+    m.truncate_prompt_tokens = req->truncate_prompt_tokens;
     m.max_tokens = req->max_tokens;
     m.n_stop = req->n_stop;
     m.stop = (char **)(uintptr_t)req->stop;

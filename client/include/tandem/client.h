@@ -66,7 +66,8 @@ extern "C" {
      TDM_PROTO_SET_REPETITION_PENALTY | TDM_PROTO_SET_PRESENCE_PENALTY |                           \
      TDM_PROTO_SET_FREQUENCY_PENALTY | TDM_PROTO_SET_PENALTY_LAST_N | TDM_PROTO_SET_SEED |         \
      TDM_PROTO_SET_STOP_TOKEN_IDS | TDM_PROTO_SET_IGNORE_EOS | TDM_PROTO_SET_N_LOGPROBS |          \
-     TDM_PROTO_SET_LOGIT_BIAS)
+     TDM_PROTO_SET_LOGIT_BIAS | TDM_PROTO_SET_MIN_TOKENS | TDM_PROTO_SET_BAD_WORDS |             \
+     TDM_PROTO_SET_ALLOWED_TOKEN_IDS)
 
 typedef struct tdm_client tdm_client_t;
 
@@ -170,6 +171,14 @@ typedef struct tdm_client_request {
      * join the choices in arrival order, its usage sums their completion tokens: read the
      * chunks to tell the choices apart. */
     uint32_t n;
+    /* vLLM's bad_words: [n_bad_words] words (1..256 bytes of UTF-8 each, at most 128), sent
+     * as text for the router to tokenize (docs/sampling.md); sent whenever n_bad_words > 0,
+     * with any token sequences of sampling (bad_tokens) when sampling_set has BAD_WORDS. */
+    const char *const *bad_words;
+    size_t n_bad_words;
+    /* vLLM's truncate_prompt_tokens: keep the last k tokens of the tokenized (or rendered)
+     * prompt; 0 = off, -1 = the context length, else 1..n_ctx (the router checks) */
+    int32_t truncate_prompt_tokens;
 } tdm_client_request_t;
 
 /* Fills *req with an empty request: no input, sampling from tdm_sampling_params_default with
