@@ -24,7 +24,7 @@ subprocess.run(
 sys.path.insert(0, _GEN)
 pb = importlib.import_module("tandem_pb2")
 
-PROTOCOL_MAJOR, PROTOCOL_MINOR = 2, 0
+PROTOCOL_MAJOR, PROTOCOL_MINOR = 2, 1
 
 # SamplingParams.set_mask bits (field number - 1)
 SET = {
