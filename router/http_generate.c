@@ -44,8 +44,12 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
     static const struct {
         const char *native, *param;
     } map[] = {
-        {"prompt", "prompt"}, {"tokens", "prompt"}, {"chat", "messages"},
-        {"stop", "stop"},     {"model", "model"},   {"max_tokens", "max_tokens"},
+        {"prompt", "prompt"},
+        {"tokens", "prompt"},
+        {"chat", "messages"},
+        {"stop", "stop"},
+        {"model", "model"},
+        {"max_tokens", "max_tokens"},
         {"truncate_prompt_tokens", "truncate_prompt_tokens"},
     };
     size_t top = strcspn(field, ".[");

@@ -446,10 +446,9 @@ static int parse_request_masks(parse_ctx_t *p, oai_req_t *q)
                 json_integer_value(e) > INT32_MAX) {
                 char name[40];
                 snprintf(name, sizeof name, "allowed_token_ids[%zu]", i);
-                return tdm_error_set_field(p->err, TDM_EINVALID, name,
-                                           "%s must be a token id (an integer >= 0), got %s", name,
-                                           json_is_integer(e) ? "a negative integer"
-                                                              : oai_type_name(e));
+                return tdm_error_set_field(
+                    p->err, TDM_EINVALID, name, "%s must be a token id (an integer >= 0), got %s",
+                    name, json_is_integer(e) ? "a negative integer" : oai_type_name(e));
             }
             q->allowed_ids[i] = (int32_t)json_integer_value(e);
         }

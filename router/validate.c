@@ -406,8 +406,8 @@ static size_t lstrip_at(const char *s)
  * without leading spaces, tokenized as it is (without BOS, special tokens not parsed), and
  * " " + that word when it tokenizes to as many tokens with a different first one (the word
  * inside text, where the tokenizer joins the space to it). */
-static int bad_word_add(const tdm_router_t *r, const char *text, size_t i, tdm_sampling_params_t *sp,
-                        tdm_error_t *err)
+static int bad_word_add(const tdm_router_t *r, const char *text, size_t i,
+                        tdm_sampling_params_t *sp, tdm_error_t *err)
 {
     size_t len = strlen(text);
     const char *word = text + lstrip_at(text);

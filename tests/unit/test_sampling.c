@@ -1179,8 +1179,8 @@ static tdm_sample_result_t sample_req(tdm_sampler_t *s, const tdm_sampling_param
     memset(mask, 0xff, sizeof mask);
     bool on = tdm_sampling_request_mask(p, n, eog, n_eog, output, n_output, mask);
     tdm_sample_result_t r;
-    int rc = tdm_sampler_sample_masked(s, p, logits, on ? mask : NULL, output, n_output, n_output,
-                                       &r);
+    int rc =
+        tdm_sampler_sample_masked(s, p, logits, on ? mask : NULL, output, n_output, n_output, &r);
     if (rc != TDM_OK)
         fail_msg("sample: %s", tdm_sampler_errmsg(s));
     return r;
@@ -1352,7 +1352,6 @@ static void test_request_mask_off(void **state)
     assert_true(tdm_sampling_request_mask(&p, 64, eog, 1, out, 1, mask));
     assert_int_equal(mask[0], 0x12345678u & ~(1u << 3));
 }
-
 
 int main(void)
 {

@@ -40,8 +40,8 @@ extern "C" {
 #define TDM_SAMPLING_MAX_BIAS 100.0f    /* |bias| of a logit_bias entry (OpenAI's range) */
 #define TDM_SAMPLING_MAX_BAD_WORDS 128  /* most bad_words strings per request */
 #define TDM_SAMPLING_MAX_BAD_WORD_BYTES 256 /* bytes of one bad_words string */
-#define TDM_SAMPLING_MAX_BAD_SEQS 256   /* token sequences of the bad words (each word as is and
-                                           with a leading space: 2 per word) */
+/* token sequences of the bad words (each word as is and with a leading space: 2 per word) */
+#define TDM_SAMPLING_MAX_BAD_SEQS 256
 #define TDM_SAMPLING_MAX_BAD_TOKENS 1024 /* token ids of all bad-word sequences together */
 #define TDM_SAMPLING_MAX_ALLOWED 1024    /* most allowed_token_ids entries per request */
 
@@ -91,13 +91,13 @@ typedef struct tdm_sampling_params {
      * bad_tokens[i ? bad_end[i - 1] : 0 .. bad_end[i]), 1..TDM_SAMPLING_MAX_BAD_TOKENS
      * tokens; its last token is masked whenever the output so far ends with the rest of it
      * (a one-token sequence: always). bad_end increases strictly. */
-    uint32_t n_bad_seqs;                           /* [0, 256] */
-    uint16_t bad_end[TDM_SAMPLING_MAX_BAD_SEQS];   /* end offsets into bad_tokens */
+    uint32_t n_bad_seqs;                             /* [0, 256] */
+    uint16_t bad_end[TDM_SAMPLING_MAX_BAD_SEQS];     /* end offsets into bad_tokens */
     int32_t bad_tokens[TDM_SAMPLING_MAX_BAD_TOKENS]; /* [0, n_vocab) */
     /* vLLM's allowed_token_ids: when n_allowed > 0 only these tokens can be sampled (in the
      * client's order; a repeated id is harmless). 0 = no restriction */
-    uint32_t n_allowed;                            /* [0, 1024] */
-    int32_t allowed[TDM_SAMPLING_MAX_ALLOWED];     /* [0, n_vocab) */
+    uint32_t n_allowed;                        /* [0, 1024] */
+    int32_t allowed[TDM_SAMPLING_MAX_ALLOWED]; /* [0, n_vocab) */
 } tdm_sampling_params_t;
 
 /* Fills *p with the defaults: temperature 1, top_k 0, top_p 1, min_p 0, repetition_penalty 1,
@@ -160,9 +160,9 @@ int tdm_sampling_bad_seq_add(tdm_sampling_params_t *p, const int32_t *ids, uint3
  * caller validated them). Returns true when it cleared any bit (the caller then passes mask),
  * false when the request has none of these masks active at this step (mask untouched).
  * O(n_vocab / 32 + n_allowed + n_bad_tokens + n_eog); allocates nothing. */
-bool tdm_sampling_request_mask(const tdm_sampling_params_t *p, uint32_t n_vocab,
-                               const int32_t *eog, uint32_t n_eog, const int32_t *output,
-                               size_t n_output, uint32_t *mask);
+bool tdm_sampling_request_mask(const tdm_sampling_params_t *p, uint32_t n_vocab, const int32_t *eog,
+                               uint32_t n_eog, const int32_t *output, size_t n_output,
+                               uint32_t *mask);
 
 /* Whether the request has a mask tdm_sampling_request_mask may apply at some step (min_tokens,
  * bad words or allowed ids). Cannot fail. */

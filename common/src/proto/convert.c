@@ -40,8 +40,8 @@ void tdm_proto_sampling_to(const tdm_sampling_params_t *p, tdm_proto_sampling_t 
     m->n_logprobs = p->n_logprobs;
     logit_bias_to(p, out);
     m->min_tokens = p->min_tokens;
-    uint32_t n_seqs = p->n_bad_seqs < TDM_SAMPLING_MAX_BAD_SEQS ? p->n_bad_seqs
-                                                                : TDM_SAMPLING_MAX_BAD_SEQS;
+    uint32_t n_seqs =
+        p->n_bad_seqs < TDM_SAMPLING_MAX_BAD_SEQS ? p->n_bad_seqs : TDM_SAMPLING_MAX_BAD_SEQS;
     uint32_t start = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         uint32_t end = p->bad_end[i] < TDM_SAMPLING_MAX_BAD_TOKENS ? p->bad_end[i]
@@ -152,8 +152,7 @@ int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_pa
                 tdm_error_set(err, TDM_EINVALID,
                               "sampling.bad_words[%zu]: %zu token ids; at most %d sequences of "
                               "1..%d ids in all",
-                              i, b->n_ids, TDM_SAMPLING_MAX_BAD_SEQS,
-                              TDM_SAMPLING_MAX_BAD_TOKENS);
+                              i, b->n_ids, TDM_SAMPLING_MAX_BAD_SEQS, TDM_SAMPLING_MAX_BAD_TOKENS);
                 return tdm_error_field(err, "sampling.bad_words[%zu]", i);
             }
         }

@@ -360,14 +360,14 @@ static bool mask_clear(uint32_t *mask, uint32_t n_vocab, int32_t t)
     return was;
 }
 
-bool tdm_sampling_request_mask(const tdm_sampling_params_t *p, uint32_t n_vocab,
-                               const int32_t *eog, uint32_t n_eog, const int32_t *output,
-                               size_t n_output, uint32_t *mask)
+bool tdm_sampling_request_mask(const tdm_sampling_params_t *p, uint32_t n_vocab, const int32_t *eog,
+                               uint32_t n_eog, const int32_t *output, size_t n_output,
+                               uint32_t *mask)
 {
     bool any = false;
     size_t words = ((size_t)n_vocab + 31) / 32;
-    uint32_t n_allowed = p->n_allowed < TDM_SAMPLING_MAX_ALLOWED ? p->n_allowed
-                                                                 : TDM_SAMPLING_MAX_ALLOWED;
+    uint32_t n_allowed =
+        p->n_allowed < TDM_SAMPLING_MAX_ALLOWED ? p->n_allowed : TDM_SAMPLING_MAX_ALLOWED;
     if (n_allowed > 0) {
         /* keep only the listed tokens' bits: the list's bits of mask, then mask = them */
         uint32_t keep[TDM_SAMPLING_MAX_ALLOWED];
@@ -393,8 +393,8 @@ bool tdm_sampling_request_mask(const tdm_sampling_params_t *p, uint32_t n_vocab,
             mask_clear(mask, n_vocab, p->stop_token_ids[i]);
         any = true;
     }
-    uint32_t n_seqs = p->n_bad_seqs < TDM_SAMPLING_MAX_BAD_SEQS ? p->n_bad_seqs
-                                                                : TDM_SAMPLING_MAX_BAD_SEQS;
+    uint32_t n_seqs =
+        p->n_bad_seqs < TDM_SAMPLING_MAX_BAD_SEQS ? p->n_bad_seqs : TDM_SAMPLING_MAX_BAD_SEQS;
     uint32_t start = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         uint32_t end = p->bad_end[i];

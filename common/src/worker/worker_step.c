@@ -105,8 +105,8 @@ static const uint32_t *next_mask(tdm_worker_t *w, wseq_t *s)
         memset(w->mask, 0xff, ((size_t)w->n_vocab + 31) / 32 * sizeof *w->mask);
     const int32_t *out = s->tokens + s->n_prompt;
     size_t n_out = s->n_tokens - s->n_prompt;
-    bool masked = own && tdm_sampling_request_mask(&s->sp, w->n_vocab, w->eog, w->n_eog, out,
-                                                   n_out, w->mask);
+    bool masked =
+        own && tdm_sampling_request_mask(&s->sp, w->n_vocab, w->eog, w->n_eog, out, n_out, w->mask);
     if (masked && s->matcher && (int64_t)n_out < (int64_t)s->sp.min_tokens && !mask_any(w)) {
         grammar_mask(w, s);
         int32_t min_tokens = s->sp.min_tokens;
