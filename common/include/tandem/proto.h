@@ -39,9 +39,9 @@ extern "C" {
 #define TDM_PROTO_SET_BAD_WORDS (1u << 16)
 #define TDM_PROTO_SET_ALLOWED_TOKEN_IDS (1u << 17)
 
-/* A SamplingParams message with the storage of its logit_bias entries, so that filling it
- * allocates nothing: use .m (its pointers point into the struct and into the source
- * tdm_sampling_params_t). About 12 KB; a caller's local. */
+/* A SamplingParams message with the storage of its logit_bias and bad_words entries, so that
+ * filling it allocates nothing: use .m (its pointers point into the struct and into the source
+ * tdm_sampling_params_t). About 26 KB; a caller's local. */
 typedef struct tdm_proto_sampling {
     Tandem__V1__SamplingParams m;
     Tandem__V1__LogitBias bias[TDM_SAMPLING_MAX_LOGIT_BIAS];

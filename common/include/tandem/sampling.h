@@ -53,10 +53,11 @@ typedef struct tdm_logit_bias {
 
 /* A request's sampling parameters: a plain struct with no pointers, copied freely by value (it
  * travels with the request from router to prefill to decode node), so a copy is always valid
- * and owns nothing. The logit bias therefore lives in a fixed-capacity array inside the struct
- * (TDM_SAMPLING_MAX_LOGIT_BIAS entries, 2.4 KB of the struct's 2.5 KB); only its first
- * n_logit_bias entries are used. Start from tdm_sampling_params_default() or a preset, then
- * set fields (logit bias through tdm_sampling_logit_bias_add); check with
+ * and owns nothing. The logit bias, the bad-word sequences and the allowed ids therefore live
+ * in fixed-capacity arrays inside the struct (2.4 KB, 4.5 KB and 4 KB of its 11 KB); only
+ * their first n_logit_bias / n_bad_seqs / n_allowed entries are used. Start from
+ * tdm_sampling_params_default() or a preset, then set fields (logit bias through
+ * tdm_sampling_logit_bias_add, bad words through tdm_sampling_bad_seq_add); check with
  * tdm_sampling_params_validate(). */
 typedef struct tdm_sampling_params {
     float temperature;        /* [0, 5]; 0 = greedy (argmax, ties -> lowest token id) */
