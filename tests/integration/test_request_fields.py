@@ -133,6 +133,19 @@ def test_min_tokens_with_n_and_seed_is_deterministic(cluster):
     assert a["usage"]["completion_tokens"] >= 3 * 30, a
 
 
+def test_min_tokens_under_a_constraint(cluster):
+    # a complete constraint ends the output even before min_tokens (min_tokens yields to the
+    # grammar rather than leave no token); before that, the end is masked as usual
+    v = completion(cluster, prompt="Is the sky blue? Answer:", max_tokens=10, min_tokens=5,
+                   guided_choice=["yes", "no"])
+    assert v["choices"][0]["text"] in ("yes", "no"), v
+    assert v["choices"][0]["finish_reason"] == "stop", v
+    v = chat(cluster, max_tokens=60, min_tokens=20, response_format={"type": "json_object"})
+    assert v["usage"]["completion_tokens"] >= 1, v
+    if v["choices"][0]["finish_reason"] == "stop":
+        json.loads(v["choices"][0]["message"]["content"])
+
+
 # ---- bad_words ----
 
 def test_bad_words_bans_a_word_the_answer_had(cluster):
