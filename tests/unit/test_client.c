@@ -1173,6 +1173,25 @@ static void test_async_unary_and_wake_fd(void **state)
                      TDM_EINVALID);
     assert_string_equal(tdm_client_errfield(fx->c), "stop[1]");
     req.n_stop = 0;
+    /* bad words: 1..256 bytes each, at most 128 */
+    char big[300];
+    memset(big, 'w', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    const char *words[129];
+    for (int i = 0; i < 129; i++)
+        words[i] = "w";
+    words[1] = big;
+    req.bad_words = words;
+    req.n_bad_words = 2;
+    assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, NULL),
+                     TDM_EINVALID);
+    assert_string_equal(tdm_client_errfield(fx->c), "sampling.bad_words[1]");
+    words[1] = "w";
+    req.n_bad_words = 129;
+    assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, NULL),
+                     TDM_EINVALID);
+    assert_string_equal(tdm_client_errfield(fx->c), "sampling.bad_words");
+    req.n_bad_words = 0;
     uint64_t gid;
     assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, &gid),
                      TDM_OK);
