@@ -245,7 +245,10 @@ def test_refused_with_the_field_and_limit(cluster, path, body, param, words):
 
 def test_native_refusals_name_the_field(native):
     r = native.generate(tc.prompt_request(prompt=PROMPT, max_tokens=4, min_tokens=5))
-    assert r.status == "INVALID_ARGUMENT" and "sampling.min_tokens" in r.message, r
+    assert r.status == "INVALID_ARGUMENT", r
+    assert r.message == "sampling.min_tokens must be at most max_tokens (4), got 5", r
+    r = native.generate(tc.prompt_request(prompt=PROMPT, max_tokens=4, min_tokens=-1))
+    assert r.message == "sampling.min_tokens must be >= 0 (0 = off), got -1", r
     r = native.generate(tc.prompt_request(prompt=PROMPT, max_tokens=4,
                                           allowed_token_ids=[5, N_VOCAB]))
     assert r.status == "INVALID_ARGUMENT", r

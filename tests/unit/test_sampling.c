@@ -1231,9 +1231,9 @@ static void test_min_tokens(void **state)
     }
     /* the range: [0, max_tokens] */
     p.max_tokens = 2;
-    validate_fails(&p, N, "min_tokens must be in [0, max_tokens = 2], got 3");
+    validate_fails(&p, N, "min_tokens must be at most max_tokens (2), got 3");
     p.min_tokens = -1;
-    validate_fails(&p, N, "min_tokens must be in [0, max_tokens = 2], got -1");
+    validate_fails(&p, N, "min_tokens must be >= 0 (0 = off), got -1");
     tdm_sampler_destroy(&s);
 }
 

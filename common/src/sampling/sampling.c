@@ -233,9 +233,12 @@ int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_voca
     if (p->n_logprobs < 0 || p->n_logprobs > max_logprobs)
         return tdm_error_set_field(err, e, "n_logprobs", "n_logprobs must be in [0, %d], got %d",
                                    max_logprobs, p->n_logprobs);
-    if (p->min_tokens < 0 || p->min_tokens > p->max_tokens)
+    if (p->min_tokens < 0)
         return tdm_error_set_field(err, e, "min_tokens",
-                                   "min_tokens must be in [0, max_tokens = %d], got %d",
+                                   "min_tokens must be >= 0 (0 = off), got %d", p->min_tokens);
+    if (p->min_tokens > p->max_tokens)
+        return tdm_error_set_field(err, e, "min_tokens",
+                                   "min_tokens must be at most max_tokens (%d), got %d",
                                    p->max_tokens, p->min_tokens);
     int rc = request_lists_check(p, n_vocab, err);
     if (rc != TDM_OK)
