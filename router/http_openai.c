@@ -810,6 +810,9 @@ static int parse_echo(parse_ctx_t *p, oai_req_t *q)
     if (echo && q->logprobs)
         return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
                                    "echo with logprobs is not supported (no prompt logprobs)");
+    if (echo && q->g.truncate_prompt_tokens != 0) /* the echo would not be the prompt used */
+        return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
+                                   "echo with truncate_prompt_tokens is not supported");
     if (echo)
         q->echo = q->g.prompt;
     return TDM_OK;

@@ -238,6 +238,8 @@ def test_truncate_prompt_tokens(cluster):
      [f"[1, {N_CTX}]", f"got {N_CTX + 1}"]),
     ("/v1/chat/completions", {"messages": CHAT, "truncate_prompt_tokens": 0},
      "truncate_prompt_tokens", ["-1"]),
+    ("/v1/completions", {"truncate_prompt_tokens": 3, "echo": True}, "echo",
+     ["echo with truncate_prompt_tokens is not supported"]),
 ])
 def test_refused_with_the_field_and_limit(cluster, path, body, param, words):
     refused(cluster, path, body, param, words)
