@@ -116,10 +116,10 @@ static int tokenize_prompt(tdm_router_t *r, const char *prompt, bool truncate, c
     size_t len = strlen(prompt);
     if (len == 0)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt", "prompt is empty");
-    /* a prompt to truncate may be longer than the context; what the router tokenizes is
-     * still bounded by the frame size */
     /* a token stands for at most max_token_bytes bytes, so this prompt has more tokens than
-     * the context holds: refused in O(1), before tokenizing megabytes on the router's loop */
+     * the context holds: refused in O(1), before tokenizing megabytes on the router's loop.
+     * Not when it is to be truncated: then it may be longer than the context (vLLM tokenizes
+     * it whole too; the frame and body limits bound it) */
     if (!truncate && len / r->max_token_bytes >= r->n_ctx)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt",
                                    "prompt is %zu bytes, so at least %zu tokens (a token of this "
