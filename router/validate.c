@@ -391,58 +391,6 @@ static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, tdm_erro
     return TDM_OK;
 }
 
-/* Offset of the first byte of s that is not a space (Python's str.lstrip over ASCII
- * whitespace). */
-static size_t lstrip_at(const char *s)
-{
-    size_t i = 0;
-    while (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\v' ||
-           s[i] == '\f')
-        i++;
-    return i;
-}
-
-/* One bad word (entry i) into sp's token sequences, as vLLM's SamplingParams does: the word
- * without leading spaces, tokenized as it is (without BOS, special tokens not parsed), and
- * " " + that word when it tokenizes to as many tokens with a different first one (the word
- * inside text, where the tokenizer joins the space to it). */
-static int bad_word_add(const tdm_router_t *r, const char *text, size_t i,
-                        tdm_sampling_params_t *sp, tdm_error_t *err)
-{
-    size_t len = strlen(text);
-    const char *word = text + lstrip_at(text);
-    char field[40];
-    snprintf(field, sizeof field, "sampling.bad_words[%zu]", i);
-    if (len > TDM_SAMPLING_MAX_BAD_WORD_BYTES)
-        return tdm_error_set_field(err, TDM_EINVALID, field, "%s is %zu bytes, at most %d", field,
-                                   len, TDM_SAMPLING_MAX_BAD_WORD_BYTES);
-    if (utf8_invalid_at(text, len) >= 0)
-        return tdm_error_set_field(err, TDM_EINVALID, field, "%s is not valid UTF-8", field);
-    if (!word[0])
-        return tdm_error_set_field(err, TDM_EINVALID, field,
-                                   "%s must have 1..%d bytes besides leading spaces", field,
-                                   TDM_SAMPLING_MAX_BAD_WORD_BYTES);
-    char spaced[TDM_SAMPLING_MAX_BAD_WORD_BYTES + 2];
-    snprintf(spaced, sizeof spaced, " %s", word);
-    tdm_token_t *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    int rc = tdm_tokenizer_encode(r->tok, word, strlen(word), false, false, &a, &na, err);
-    if (rc == TDM_OK)
-        rc = tdm_tokenizer_encode(r->tok, spaced, strlen(spaced), false, false, &b, &nb, err);
-    if (rc == TDM_OK && na == 0)
-        rc = tdm_error_set_field(err, TDM_EINVALID, field, "%s has no tokens", field);
-    if (rc == TDM_OK && tdm_sampling_bad_seq_add(sp, a, (uint32_t)na, err) != TDM_OK)
-        rc = TDM_EINVALID;
-    if (rc == TDM_OK && nb == na && b[0] != a[0] &&
-        tdm_sampling_bad_seq_add(sp, b, (uint32_t)nb, err) != TDM_OK)
-        rc = TDM_EINVALID;
-    free(a);
-    free(b);
-    if (rc == TDM_EINVALID && strcmp(err->field, "bad_words") == 0)
-        tdm_error_nest(err, "sampling"); /* "sampling.bad_words: the words take more ..." */
-    return rc;
-}
-
 /* The words of the request's bad_words (entries with text) tokenized into sp after the token
  * sequences tdm_proto_sampling_from took: at most TDM_SAMPLING_MAX_BAD_WORDS words. */
 static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingParams *m,
@@ -460,7 +408,9 @@ static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingPara
     for (size_t i = 0; i < m->n_bad_words; i++) {
         const char *t = m->bad_words[i]->text;
         if (t && t[0]) {
-            int rc = bad_word_add(r, t, i, sp, err);
+            int rc = tdm_prompt_bad_word(r->tok, t, i, sp, err);
+            if (rc == TDM_EINVALID)
+                return tdm_error_nest(err, "sampling"); /* "sampling.bad_words[2] is ..." */
             if (rc != TDM_OK)
                 return rc;
         }

@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import litellm  # noqa: E402  pinned by scripts/setup; missing, the module fails (never skips)
 
-from conftest import http_cluster
+from conftest import http_cluster, reference
 import tandem_client as tc
 from test_http import request
 
@@ -170,6 +170,19 @@ def test_bad_words_native_sequences(cluster, native):
     assert b.status == "OK", b
     assert b.token_ids[:3] == r.token_ids[:3]  # the prefix is allowed ...
     assert b.token_ids[3] != r.token_ids[3]    # ... its last token after it is not
+
+
+def test_cli_in_process_equals_the_cluster(cluster):
+    """`tandem generate -m` tokenizes bad words by the router's rule (tdm_prompt_bad_word) and
+    masks in the same worker: the same text as the cluster for the same request."""
+    body = dict(max_tokens=10, bad_words=["Paris", "capital"], min_tokens=10,
+                allowed_token_ids=list(range(200, 1200)))
+    want = completion(cluster, **body)["choices"][0]["text"]
+    got = reference(prompt=PROMPT, max_tokens=10,
+                    extra=["--bad-word", "Paris", "--bad-word", "capital", "--min-tokens", "10",
+                           "--allowed-token-ids", ",".join(str(i) for i in range(200, 1200))])
+    assert got == want
+    assert "Paris" not in got and "capital" not in got
 
 
 # ---- allowed_token_ids ----
