@@ -393,6 +393,23 @@ static void log_quiet_router(tdm_node_link_t *l, tdm_node_link_state_t st, doubl
     }
 }
 
+/* The registered router has been silent for TDM_NODE_LINK_LOST_TIMEOUTS heartbeat timeouts
+ * (the time after which it marks this node down too): its instance is forgotten, so the
+ * engine drops the requests it dispatched (tdm_node_link_router_instance is 0 until the next
+ * RegisterAck), and the link registers again. */
+static void router_lost(tdm_node_link_t *l, double now)
+{
+    uint64_t gone = atomic_exchange(&l->router_instance, 0);
+    TDM_LOG_WARNF(l->log, NULL,
+                  "the router at %s (instance %016" PRIx64
+                  ") has not answered for %.1f s: it is taken for gone and its requests are "
+                  "dropped; registering again",
+                  l->router_ep, gone, now - l->last_router_reply);
+    set_state(l, TDM_NODE_LINK_CONNECTING, "");
+    if (l->register_call == 0)
+        send_register(l);
+}
+
 static void *io_main(void *arg)
 {
     tdm_node_link_t *l = arg;
@@ -432,12 +449,16 @@ static void *io_main(void *arg)
         if (st == TDM_NODE_LINK_REGISTERED &&
             (now - l->last_heartbeat) * 1000.0 >= (double)l->hb_interval_ms)
             send_heartbeat(l);
+        double silent_ms = (now - l->last_router_reply) * 1000.0;
         if (st == TDM_NODE_LINK_REGISTERED && !l->router_lost_logged &&
-            (now - l->last_router_reply) * 1000.0 > (double)l->hb_timeout_ms) {
-            TDM_LOG_WARNF(l->log, NULL, "no answer from the router for %.1f s; still trying",
-                          now - l->last_router_reply);
+            silent_ms > (double)l->hb_timeout_ms) {
+            TDM_LOG_WARNF(l->log, NULL, "no answer from the router at %s for %.1f s; still trying",
+                          l->router_ep, now - l->last_router_reply);
             l->router_lost_logged = true;
         }
+        if (st == TDM_NODE_LINK_REGISTERED &&
+            silent_ms > TDM_NODE_LINK_LOST_TIMEOUTS * (double)l->hb_timeout_ms)
+            router_lost(l, now);
         log_quiet_router(l, st, now);
     }
     return NULL;
