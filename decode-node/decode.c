@@ -479,8 +479,9 @@ static void on_event(void *h, tdm_node_req_t *base, const tdm_worker_event_t *ev
     tdm_decode_t *d = h;
     dres_t *r = (dres_t *)base;
     switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(tdm_node_sock(d->node, base->att.router_instance), &base->att,
-                            ev); break;
+    case TDM_WORKER_EVENT_TOKEN:
+        tdm_node_send_token(tdm_node_sock(d->node, base->att.router_instance), &base->att, ev);
+        break;
     case TDM_WORKER_EVENT_FINISHED:
         send_finished(d, r, ev);
         r->in_worker = false; /* the worker freed it already */
@@ -522,9 +523,9 @@ void tdm_decode_destroy(tdm_decode_t **self_p)
     *self_p = NULL;
 }
 
-tdm_node_link_t *tdm_decode_link(tdm_decode_t *d)
+tdm_node_link_t *tdm_decode_link(tdm_decode_t *d, size_t i)
 {
-    return tdm_node_router(d->node);
+    return tdm_node_router_at(d->node, i);
 }
 
 /* The KV receiver, bound at the node's kv_endpoint, holding early transfers within cfg's

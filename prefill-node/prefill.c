@@ -172,7 +172,9 @@ static void on_event(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev)
 {
     tdm_prefill_t *p = h;
     switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(tdm_node_sock(p->node, r->att.router_instance), &r->att, ev); break;
+    case TDM_WORKER_EVENT_TOKEN:
+        tdm_node_send_token(tdm_node_sock(p->node, r->att.router_instance), &r->att, ev);
+        break;
     case TDM_WORKER_EVENT_PREFILLED: ship(p, (ptask_t *)r, ev); break;
     case TDM_WORKER_EVENT_FAILED:
         ((ptask_t *)r)->in_worker = false; /* the worker freed it already */
@@ -274,9 +276,9 @@ void tdm_prefill_destroy(tdm_prefill_t **self_p)
     *self_p = NULL;
 }
 
-tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p)
+tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p, size_t i)
 {
-    return tdm_node_router(p->node);
+    return tdm_node_router_at(p->node, i);
 }
 
 /* A KV sender over `backend`, a client of each decode node's receiver; from the engine's

@@ -45,10 +45,10 @@ typedef struct client_call {
     const ProtobufCMessageDescriptor *resp_desc; /* unary: the response type */
     ProtobufCMessage *resp;                      /* unary: the decoded response (owned) */
     /* several routers (tdm_client_t.n_routers > 1): where the call went and what to resend */
-    size_t router;        /* index of the router that has the call; NO_ROUTER: none yet */
-    uint32_t tries;       /* routers it was sent to */
-    bool delivered;       /* a chunk reached the caller: never sent again */
-    uint8_t *body;        /* packed request body, kept to send it again (owned) */
+    size_t router;  /* index of the router that has the call; NO_ROUTER: none yet */
+    uint32_t tries; /* routers it was sent to */
+    bool delivered; /* a chunk reached the caller: never sent again */
+    uint8_t *body;  /* packed request body, kept to send it again (owned) */
     const ProtobufCMessageDescriptor *req_desc; /* the body's type */
     size_t body_len;
     uint64_t deadline_ms; /* the REQUEST's deadline (unix ms; 0 = none) */

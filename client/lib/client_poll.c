@@ -262,10 +262,10 @@ static bool retry(tdm_client_t *c, client_call_t *call, const char *why)
     (void)tdm_client_call_resend(c, call);
     if (call->router == NO_ROUTER && call->tries >= c->n_routers)
         return false;
-    TDM_LOG_DEBUGF(c->log, NULL, "client: call %llu sent again to %s: %s on %s",
-                   (unsigned long long)call->id,
-                   call->router == NO_ROUTER ? "the next router up" : c->routers[call->router].endpoint,
-                   why, from == NO_ROUTER ? "?" : c->routers[from].endpoint);
+    TDM_LOG_DEBUGF(
+        c->log, NULL, "client: call %llu sent again to %s: %s on %s", (unsigned long long)call->id,
+        call->router == NO_ROUTER ? "the next router up" : c->routers[call->router].endpoint, why,
+        from == NO_ROUTER ? "?" : c->routers[from].endpoint);
     return true;
 }
 
@@ -275,9 +275,11 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f, size_t router)
     client_call_t *call = tdm_client_call_find(c, f->call_id);
     if (call && call->router != router) {
         /* a late frame from a router the call has left */
-        TDM_LOG_DEBUGF(c->log, NULL, "client: dropped a %s frame of call %llu from %s (sent "
-                       "again elsewhere)", tdm_net_kind_name(f->kind),
-                       (unsigned long long)f->call_id, c->routers[router].endpoint);
+        TDM_LOG_DEBUGF(c->log, NULL,
+                       "client: dropped a %s frame of call %llu from %s (sent "
+                       "again elsewhere)",
+                       tdm_net_kind_name(f->kind), (unsigned long long)f->call_id,
+                       c->routers[router].endpoint);
         return;
     }
     if (!call) {

@@ -51,8 +51,8 @@ static int send_to(tdm_client_t *c, client_call_t *call, size_t i, const Protobu
         m.body = given;
         return tdm_sock_send(c->routers[i].sock, &m);
     }
-    ProtobufCMessage *body = protobuf_c_message_unpack(call->req_desc, NULL, call->body_len,
-                                                       call->body);
+    ProtobufCMessage *body =
+        protobuf_c_message_unpack(call->req_desc, NULL, call->body_len, call->body);
     if (!body)
         return TDM_ERESOURCE; /* it was packed here: only memory can fail */
     m.body = body;

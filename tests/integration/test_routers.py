@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import zmq
@@ -26,7 +27,7 @@ class Routers:
     """Routers A and B (each its own config: client, node and HTTP endpoints) and one prefill
     and one decode node that register with both (router.node_endpoints in every config)."""
 
-    def __init__(self, tmp_dir, decode_extra=""):
+    def __init__(self, tmp_dir, decode_budget="768MiB"):
         self.dir = tmp_dir
         self.procs, self.logs = {}, {}
         self.killed = set()  # what the test killed on purpose
@@ -47,7 +48,7 @@ class Routers:
                         "  - id: prefill-0\n    role: prefill\n    threads: 1\n"
                         "    memory_budget: 768MiB\n"
                         "  - id: decode-0\n    role: decode\n    threads: 1\n"
-                        f"    memory_budget: 768MiB\n    kv_endpoint: {kv}\n{decode_extra}")
+                        f"    memory_budget: {decode_budget}\n    kv_endpoint: {kv}\n")
 
     def spawn(self, name, argv):
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
@@ -262,3 +263,79 @@ def test_native_client_sends_a_request_not_yet_started_to_the_next_router(tmp_pa
         if not fake.closed:
             fake.close(linger=0)
         rs.stop()
+
+
+def metric_sum(port, name):
+    """The sum of every sample of counter `name` on the router's /metrics at port."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            total += float(m.group(2))
+    return total
+
+
+def test_two_routers_reserving_at_once_never_over_commit_the_decode_pool(tmp_path):
+    """Both routers see the whole decode pool free in the heartbeats and dispatch more prompt
+    blocks than it holds at once: the decode node refuses what does not fit
+    (RESOURCE_EXHAUSTED, counted by the routers), never holds more blocks than it has, and every
+    request still completes (the routers queue and retry)."""
+    # a pool of one full context and a little more (~600 blocks): few prompts fill it
+    rs = Routers(str(tmp_path), decode_budget="340MiB").start()
+    try:
+        total = rs.nodes("A")["decode-0"].kv_blocks_total
+        prompt_tokens = 480  # about: 30 blocks of 16 tokens each
+        n = min(64, (3 * total) // (2 * (prompt_tokens // 16 + 2)) + 2)
+        clients = {r: Client(rs.client_ep[r]) for r in "AB"}
+        results = {r: {} for r in "AB"}
+        for i in range(n):
+            r = "AB"[i % 2]
+            # a distinct first word: no prefix shared between the prompts' blocks
+            prompt = f"{i} " + "apple banana cherry " * (prompt_tokens // 3)
+            call = clients[r].start(prompt_request(prompt, max_tokens=8, ignore_eos=True,
+                                                   temperature=0.0))
+            results[r][call] = Result()
+        peak = {"used": 0}
+        done = {"stop": False}
+
+        def watch():
+            while not done["stop"]:
+                try:
+                    d = rs.nodes("B")["decode-0"]
+                    peak["used"] = max(peak["used"], d.load.kv_blocks_used)
+                    assert d.load.kv_blocks_used <= d.kv_blocks_total
+                except TimeoutError:
+                    pass
+                time.sleep(0.02)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        try:
+            for r in "AB":
+                clients[r].collect(results[r], timeout_s=600)
+        finally:
+            done["stop"] = True
+            t.join(timeout=60)
+        for c in clients.values():
+            c.close()
+        for r in "AB":
+            for res in results[r].values():
+                assert res.status == "OK", (r, res)
+                assert len(res.token_ids) == 8, (r, res)
+        assert peak["used"] <= total
+        refused = sum(metric_sum(rs.http[r], "tandem_decode_reserve_rejections_total")
+                      for r in "AB")
+        print(f"pool {total} blocks, {n} requests, peak {peak['used']} blocks in use, "
+              f"{refused:.0f} reservations refused")
+        assert refused > 0, (f"{n} requests of ~{prompt_tokens} tokens through two routers "
+                             f"never filled a pool of {total} blocks")
+        rs.wait_nodes("A", idle, 90)
+    finally:
+        codes = rs.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [rs.tail(n) for n in codes])

@@ -1384,9 +1384,9 @@ static void test_two_routers(void **state)
     tdm_client_request_init(&req);
     req.prompt = "silent";
     st.calls[1].order_ok = true;
-    assert_int_equal(tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[1],
-                                               &st.calls[1].id),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[1], &st.calls[1].id),
+        TDM_OK);
     int got = -1; /* the router that has it */
     for (double until = now_s() + WAIT_S; got < 0 && now_s() < until;) {
         assert_true(tdm_client_poll(c, 20) >= 0);
@@ -1409,9 +1409,9 @@ static void test_two_routers(void **state)
     /* a stream under way on the router left, then that router goes too */
     req.prompt = "slow";
     st.calls[0].order_ok = true;
-    assert_int_equal(tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[0],
-                                               &st.calls[0].id),
-                     TDM_OK);
+    assert_int_equal(
+        tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[0], &st.calls[0].id),
+        TDM_OK);
     for (double until = now_s() + WAIT_S; st.n_seen < 2 && now_s() < until;)
         assert_true(tdm_client_poll(c, 100) >= 0);
     assert_true(st.n_seen >= 2);

@@ -582,7 +582,7 @@ static void test_advertise(void **state)
 }
 
 /* deploy/config/compose.yaml (docker compose) and the cluster configs of deploy/k8s (base,
- * cuda) load, and bind wildcards while advertising service names. */
+ * cuda) load, and bind wildcards while advertising service names (every router's). */
 static void test_deploy_configs(void **state)
 {
     (void)state;
@@ -592,7 +592,11 @@ static void test_deploy_configs(void **state)
     if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
         fail_msg("%s", err.msg);
     assert_string_equal(cfg.router.node_endpoint, "tcp://0.0.0.0:7601");
-    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://router:7601");
+    size_t n_eps;
+    const char *const *eps = tdm_config_router_endpoints(&cfg, &n_eps);
+    assert_int_equal(n_eps, 2); /* two routers: the services router and router-1 */
+    assert_string_equal(eps[0], "tcp://router:7601");
+    assert_string_equal(eps[1], "tcp://router-1:7601");
     assert_string_equal(cfg.router.http_address, "0.0.0.0");
     const tdm_node_config_t *d = tdm_config_find_node(&cfg, "decode-0");
     assert_non_null(d);
@@ -605,7 +609,10 @@ static void test_deploy_configs(void **state)
     path = TDM_SOURCE_DIR "/deploy/k8s/base/cluster.yaml";
     if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
         fail_msg("%s", err.msg);
-    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://tandem-router:7601");
+    eps = tdm_config_router_endpoints(&cfg, &n_eps);
+    assert_int_equal(n_eps, 2); /* the router StatefulSet's pods, through its headless Service */
+    assert_string_equal(eps[0], "tcp://tandem-router-0.tandem-router-nodes:7601");
+    assert_string_equal(eps[1], "tcp://tandem-router-1.tandem-router-nodes:7601");
     d = tdm_config_find_node(&cfg, "tandem-decode-0");
     assert_non_null(d);
     assert_string_equal(tdm_config_kv_advertise(d), "tcp://tandem-decode-0.tandem-decode-kv:7610");

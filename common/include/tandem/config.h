@@ -88,9 +88,9 @@ typedef struct tdm_router_config {
                               none (NULL, 0): the one of tdm_config_router_advertise. See
                               tdm_config_router_endpoints */
     size_t n_node_endpoints;
-    char *http_address;    /* HTTP gateway bind address; "127.0.0.1" */
-    int http_port;         /* 1..65535; 8000 */
-    int http_threads;      /* the HTTP gateway's thread pool, 1..256; default 4 */
+    char *http_address;            /* HTTP gateway bind address; "127.0.0.1" */
+    int http_port;                 /* 1..65535; 8000 */
+    int http_threads;              /* the HTTP gateway's thread pool, 1..256; default 4 */
     int http_connection_timeout_s; /* an HTTP connection idle this long (headers or body not
                                       arriving, keep-alive) is closed, 1..3600 s; default 30 */
     int http_max_connections;      /* open HTTP connections at most, 1..100000; default 1000 */

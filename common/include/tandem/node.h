@@ -106,6 +106,7 @@ const tdm_logger_t *tdm_node_log(const tdm_node_t *n);
 tdm_node_link_t *tdm_node_router(tdm_node_t *n); /* the first router's link; NULL before
                                                     tdm_node_connect */
 size_t tdm_node_n_routers(const tdm_node_t *n);  /* links (tdm_config_router_endpoints) */
+tdm_node_link_t *tdm_node_router_at(tdm_node_t *n, size_t i); /* link i; NULL past the last */
 
 /* The engine socket of the link registered with router instance router_instance (a frame's
  * FrameHeader.instance_id, a request's tdm_node_attempt_t.router_instance): what answers,

@@ -91,8 +91,7 @@ uint64_t tdm_node_instance_new(void);
 tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                      const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
                                      const char *kv_endpoint, const char *router_endpoint,
-                                     uint64_t instance, const tdm_logger_t *log,
-                                     tdm_error_t *err);
+                                     uint64_t instance, const tdm_logger_t *log, tdm_error_t *err);
 
 /* Waits until everything the engine thread sent on tdm_node_link_sock before this call has
  * reached the router, or timeout_ms passed. The I/O thread relays what is queued, then sends

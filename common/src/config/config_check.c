@@ -309,9 +309,8 @@ static int check_router_endpoints(tdm_config_loader_t *ld, const tdm_config_t *c
     if (r->n_node_endpoints == 0)
         return TDM_OK;
     if (r->n_node_endpoints > TDM_CONFIG_MAX_ROUTERS)
-        return tdm_config_fail(ld, at, "router.node_endpoints",
-                               "lists %zu routers; at most %d", r->n_node_endpoints,
-                               TDM_CONFIG_MAX_ROUTERS);
+        return tdm_config_fail(ld, at, "router.node_endpoints", "lists %zu routers; at most %d",
+                               r->n_node_endpoints, TDM_CONFIG_MAX_ROUTERS);
     if (r->node_advertise)
         return tdm_config_fail(ld, at, "router.node_endpoints",
                                "set router.node_endpoints (every router the nodes register with) "

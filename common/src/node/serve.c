@@ -227,6 +227,11 @@ tdm_node_link_t *tdm_node_router(tdm_node_t *n)
     return n->n_links ? n->links[0] : NULL;
 }
 
+tdm_node_link_t *tdm_node_router_at(tdm_node_t *n, size_t i)
+{
+    return i < n->n_links ? n->links[i] : NULL;
+}
+
 size_t tdm_node_n_routers(const tdm_node_t *n)
 {
     return n->n_links;
@@ -286,8 +291,8 @@ static bool wait_input(tdm_node_t *n)
     zmq_pollitem_t items[TDM_CONFIG_MAX_ROUTERS + 1];
     int n_items = 0;
     for (size_t i = 0; i < n->n_links; i++)
-        items[n_items++] = (zmq_pollitem_t){
-            tdm_sock_zsock(tdm_node_link_sock(n->links[i])), 0, ZMQ_POLLIN, 0};
+        items[n_items++] =
+            (zmq_pollitem_t){tdm_sock_zsock(tdm_node_link_sock(n->links[i])), 0, ZMQ_POLLIN, 0};
     if (extra)
         items[n_items++] = (zmq_pollitem_t){extra, 0, ZMQ_POLLIN, 0};
     int timeout = tdm_worker_busy(n->rt.worker) ? 0 : idle_ms;

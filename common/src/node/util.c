@@ -111,8 +111,7 @@ uint64_t tdm_node_instance_new(void)
 tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                      const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
                                      const char *kv_endpoint, const char *router_endpoint,
-                                     uint64_t instance, const tdm_logger_t *log,
-                                     tdm_error_t *err)
+                                     uint64_t instance, const tdm_logger_t *log, tdm_error_t *err)
 {
     Tandem__V1__RegisterRequest reg = TANDEM__V1__REGISTER_REQUEST__INIT;
     Tandem__V1__KvLayout layout;
@@ -141,8 +140,8 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     tdm_node_load_collect(rt->worker, rt->pool, &load);
     if (cfg->security.insecure)
         TDM_LOG_WARNF(log, NULL, "%s", TDM_CONFIG_INSECURE_WARNING);
-    tdm_node_link_opts_t lo = {router_endpoint,
-                               tdm_node_curve_router(&rt->keys, &keys), &reg, log, &load};
+    tdm_node_link_opts_t lo = {router_endpoint, tdm_node_curve_router(&rt->keys, &keys), &reg, log,
+                               &load};
     return tdm_node_link_new(net, &lo, err);
 }
 
