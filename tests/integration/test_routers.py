@@ -1,9 +1,10 @@
 """Two routers sharing one prefill and one decode node (router.node_endpoints): both serve the
 whole pool; kill -9 of one under load leaves the other's requests untouched, closes the dead
 router's HTTP streams at once, and the nodes free the dead router's requests once they take it
-for gone (twice the heartbeat timeout of silence: 5 s), with no KV block leaked. The native
-client (libtandem-client through `tandem generate --router A,B`) sends a request whose router
-went before its first token to the next router.
+for gone (twice the heartbeat timeout of silence, the connection down: 5 s), with no KV block
+leaked. The native client (libtandem-client through `tandem generate --router A,B`) sends a
+request whose router went before its first token to the next router. Two routers reserving
+at once never over-commit the decode node's KV pool.
 
 Events, not sleeps: every wait is on an outcome (a chunk read, a process ended, a socket
 closed, a node's figures) with a generous deadline for a busy 2-core CI box.

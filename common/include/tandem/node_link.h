@@ -62,14 +62,16 @@ void tdm_node_link_set_load(tdm_node_link_t *l, const tdm_node_load_t *load);
 /* The registration state; with REJECTED, msg (cap bytes) gets the router's reason. */
 tdm_node_link_state_t tdm_node_link_state(tdm_node_link_t *l, char *msg, size_t cap);
 
-/* A registered router silent this many heartbeat timeouts (RegisterAck.heartbeat_timeout_ms,
+/* A registered router silent, with the connection to it down (closed, refused, or silent past
+ * the ZMTP heartbeat timeout), this many heartbeat timeouts (RegisterAck.heartbeat_timeout_ms,
  * 2.5 s by default: 5 s) is taken for gone: the same time after which a router marks a silent
- * node down. */
+ * node down. A router that is only slow to answer (its loop stalled) keeps the connection up
+ * and is not given up. */
 #define TDM_NODE_LINK_LOST_TIMEOUTS 2
 
 /* The instance id of the router this link is registered with (RegisterAck); 0 before the
- * first registration, and again from when the router was silent TDM_NODE_LINK_LOST_TIMEOUTS
- * heartbeat timeouts (it is gone; the link registers again) until it answers a registration.
+ * first registration, and again from when the router was taken for gone
+ * (TDM_NODE_LINK_LOST_TIMEOUTS; the link registers again) until it answers a registration.
  * When it changes or becomes 0, work dispatched by the older instance is orphaned and the
  * engine drops it. Thread-safe. */
 uint64_t tdm_node_link_router_instance(tdm_node_link_t *l);
