@@ -21,7 +21,7 @@ import time
 import zmq
 
 from conftest import BINARIES, MODEL, free_port
-from tandem_client import Client, Result, prompt_request
+from tandem_client import Client, Result, pb, prompt_request
 
 
 class Routers:
@@ -227,9 +227,11 @@ def test_two_routers_serve_the_pool_and_survive_kill_of_one(tmp_path):
 
 
 def test_native_client_sends_a_request_not_yet_started_to_the_next_router(tmp_path):
-    """`tandem generate --router B,X` where X is a stand-in router that takes the request and
-    then closes its socket without answering (what a router killed before the first token
-    looks like to the client): the call goes to B and completes there."""
+    """`tandem chat --router B,X` with two turns, where X is a stand-in router that answers the
+    health probe and takes the first Generate it gets, then closes its socket without answering
+    (what a router killed before the first token looks like to the client): that turn goes to B
+    and completes there, and so does the chat. Round robin sends one of the two turns to X
+    whichever router the probe went to (each went out once the one before had ended)."""
     rs = Routers(str(tmp_path))
     rs.spawn("router-B", [BINARIES["router"], "--config", rs.config["B"]])
     rs.spawn("prefill-0", [BINARIES["prefill"], "--config", rs.config["B"], "--node-id",
@@ -245,18 +247,33 @@ def test_native_client_sends_a_request_not_yet_started_to_the_next_router(tmp_pa
     try:
         rs.wait_nodes("B", lambda n: all(n.get(i) and n[i].up
                                          for i in ("prefill-0", "decode-0")), 120)
-        # the health probe goes to the first router (B), the request to the next (X)
-        p = subprocess.Popen([BINARIES["tandem"], "generate", "--router",
-                              f"{rs.client_ep['B']},{fake_ep}", "--timeout", "120", "-n", "8",
-                              "--temperature", "0", "-p", "The capital of France is"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert fake.poll(120 * 1000), "the request never reached the second router"
-        parts = fake.recv_multipart()
-        assert len(parts) >= 2
-        fake.close(linger=0)  # the connection drops: nothing was delivered
-        out, err = p.communicate(timeout=120)
+        lines = os.path.join(str(tmp_path), "chat.txt")
+        with open(lines, "w") as f:
+            f.write("What is the capital of France?\nAnd of Italy?\n")
+        with open(lines) as stdin:
+            p = subprocess.Popen([BINARIES["tandem"], "chat", "--router",
+                                  f"{rs.client_ep['B']},{fake_ep}", "--timeout", "120", "-n",
+                                  "8", "--temperature", "0"],
+                                 stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        while True:
+            assert fake.poll(120 * 1000), "no Generate reached the second router"
+            parts = fake.recv_multipart()  # [identity, header, body]
+            h = pb.FrameHeader()
+            h.ParseFromString(parts[1])
+            if h.method == pb.METHOD_GENERATE:
+                break
+            # the health probe, had B's connection not been up yet when it went: answered
+            assert h.method == pb.METHOD_HEALTH, h
+            end = pb.FrameHeader()
+            end.version_major, end.version_minor = h.version_major, h.version_minor
+            end.kind, end.method, end.call_id = pb.FRAME_KIND_END, h.method, h.call_id
+            fake.send_multipart([parts[0], end.SerializeToString(),
+                                 pb.HealthResponse(live=True, ready=True).SerializeToString()])
+        fake.close(linger=0)  # the connection drops: nothing of that turn was delivered
+        out, err = p.communicate(timeout=240)
         assert p.returncode == 0, err.decode()
-        assert out.strip(), err.decode()
+        answers = [ln for ln in out.decode().splitlines() if ln.strip()]
+        assert len(answers) >= 2, (out.decode(), err.decode())
     finally:
         if p is not None and p.poll() is None:
             p.kill()
