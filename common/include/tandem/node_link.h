@@ -1,5 +1,8 @@
 /* node_link.h - a node's link to the router: an I/O thread that registers the node, sends
- * heartbeats and relays messages.
+ * heartbeats and relays messages. A node that shares its pool between several routers
+ * (router.node_endpoints) has one link per router, each with its own registration,
+ * heartbeats, liveness and router instance (tandem/node.h: tdm_node_sock picks the link of a
+ * request's router).
  *
  * Threads (DESIGN.md "Processes and sockets"): the engine thread talks to the router through
  * tdm_node_link_sock(), a DEALER connected over inproc:// to the link's I/O thread; the I/O

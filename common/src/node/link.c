@@ -73,8 +73,9 @@ struct tdm_node_link {
     uint64_t flush_call; /* call id of the heartbeat that proves a flush, 0 when none */
     uint64_t flush_seq;  /* the flush it proves */
     char router_ep[256];
-    double last_quiet_log; /* when "still no answer" / handshake failures were last logged */
+    double last_quiet_log;     /* when "still no answer" / handshake failures were last logged */
     double disconnected_since; /* when the connection to the router dropped; 0: it is up */
+    bool curve;                /* the link uses CURVE */
 };
 
 static void set_state(tdm_node_link_t *l, tdm_node_link_state_t st, const char *msg)
@@ -375,7 +376,9 @@ static void relay(tdm_node_link_t *l, void *src, bool router_side)
 static void log_quiet_router(tdm_node_link_t *l, tdm_node_link_state_t st, double now)
 {
     char why[200];
-    bool failed = tdm_sock_handshake(l->up, why, sizeof why) != TDM_OK;
+    /* a failed handshake says something only of CURVE keys (the link watches handshakes
+     * without CURVE too, for the connection's state) */
+    bool failed = l->curve && tdm_sock_handshake(l->up, why, sizeof why) != TDM_OK;
     bool due = l->last_quiet_log == 0 || now - l->last_quiet_log >= 30.0;
     if (failed && due) {
         TDM_LOG_ERRORF(l->log, NULL,
@@ -485,6 +488,7 @@ static int open_sockets(tdm_node_link_t *l, tdm_net_t *net, const tdm_node_link_
     tdm_sock_opts_t so = {0};
     so.curve = o->curve;
     so.watch_handshake = true; /* a key mismatch is logged, not silent; a lost router is seen */
+    l->curve = o->curve != NULL;
     so.identity = l->identity;
     so.log = o->log;
     so.instance_id = l->instance;
