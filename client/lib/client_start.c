@@ -37,33 +37,95 @@ client_call_t *tdm_client_call_new(tdm_client_t *c, int method, call_kind_t kind
     return call;
 }
 
+/* Sends call's REQUEST to router i with body, or (NULL) the body it kept. Returns
+ * tdm_sock_send's status. */
+static int send_to(tdm_client_t *c, client_call_t *call, size_t i, const ProtobufCMessage *given)
+{
+    tdm_send_t m = {0};
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    m.method = call->method;
+    m.call_id = call->id;
+    m.deadline_unix_ms = call->deadline_ms;
+    m.api_key = c->api_key[0] ? c->api_key : NULL;
+    if (given) {
+        m.body = given;
+        return tdm_sock_send(c->routers[i].sock, &m);
+    }
+    ProtobufCMessage *body =
+        protobuf_c_message_unpack(call->req_desc, NULL, call->body_len, call->body);
+    if (!body)
+        return TDM_ERESOURCE; /* it was packed here: only memory can fail */
+    m.body = body;
+    int rc = tdm_sock_send(c->routers[i].sock, &m);
+    protobuf_c_message_free_unpacked(body, NULL);
+    return rc;
+}
+
+int tdm_client_call_resend(tdm_client_t *c, client_call_t *call)
+{
+    /* the routers in turn, from the one after the call's (or the round robin's next), each
+     * once per call (tries counts them); a router with no connection up refuses at once
+     * (ZMQ_IMMEDIATE) */
+    size_t start = call->router == NO_ROUTER ? c->next_router : call->router + 1;
+    for (size_t k = 0; k < c->n_routers && call->tries < c->n_routers; k++) {
+        size_t i = (start + k) % c->n_routers;
+        if (send_to(c, call, i, NULL) == TDM_OK) {
+            c->n_retried += call->tries > 0;
+            call->router = i;
+            call->tries++;
+            c->next_router = (i + 1) % c->n_routers;
+            return TDM_OK;
+        }
+    }
+    call->router = NO_ROUTER;
+    return TDM_EUNAVAILABLE;
+}
+
+void tdm_client_resend_waiting(tdm_client_t *c)
+{
+    for (size_t i = 0; i < c->n_calls; i++)
+        if (c->calls[i]->router == NO_ROUTER && c->calls[i]->tries < c->n_routers)
+            (void)tdm_client_call_resend(c, c->calls[i]);
+}
+
 /* Sends the REQUEST of call with body and registers it. On failure the call is freed and the
- * error is in c->err. */
+ * error is in c->err. With several routers the packed body is kept for sending again, and a
+ * call no router can take now waits in the table (tdm_client_call_resend). */
 int tdm_client_call_send(tdm_client_t *c, client_call_t *call, const ProtobufCMessage *body,
                          double timeout_s)
 {
     double now = tdm_time_now();
     uint64_t deadline_ms;
     call_deadline(c, timeout_s, now, &call->deadline, &deadline_ms);
-    int rc = tdm_client_call_add(c, call);
+    call->deadline_ms = deadline_ms;
+    bool keep = c->n_routers > 1; /* one router: nothing is ever sent again */
+    if (keep) {
+        call->req_desc = body->descriptor;
+        call->body_len = protobuf_c_message_get_packed_size(body);
+        call->body = malloc(call->body_len ? call->body_len : 1);
+    }
+    int rc = !keep || call->body ? tdm_client_call_add(c, call) : TDM_ERESOURCE;
     if (rc != TDM_OK) {
         tdm_client_call_free(call);
         return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
     }
-    tdm_send_t m = {0};
-    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
-    m.method = call->method;
-    m.call_id = call->id;
-    m.deadline_unix_ms = deadline_ms;
-    m.api_key = c->api_key[0] ? c->api_key : NULL;
-    m.body = body;
+    if (keep)
+        protobuf_c_message_pack(body, call->body);
     call->t_start = now;
-    rc = tdm_sock_send(c->sock, &m);
+    if (c->n_routers > 1) {
+        call->router = NO_ROUTER;
+        (void)tdm_client_call_resend(c, call); /* else it waits for a router */
+        return TDM_OK;
+    }
+    call->router = 0;
+    call->tries = 1;
+    rc = send_to(c, call, 0, body);
     if (rc != TDM_OK) {
         tdm_client_call_remove(c, call);
         tdm_client_call_free(call);
         return tdm_error_set(&c->err, rc, "client: sending the %s request to %s failed: %s",
-                             tdm_net_method_name(m.method), c->endpoint, tdm_sock_errmsg(c->sock));
+                             tdm_net_method_name(call->method), c->endpoint,
+                             tdm_sock_errmsg(c->routers[0].sock));
     }
     return TDM_OK;
 }

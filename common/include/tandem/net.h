@@ -114,6 +114,10 @@ typedef struct tdm_sock_opts {
                                       "Identities"); 0 = none */
     bool watch_handshake;          /* DEALER: follow the outcome of each connection's
                                       handshake (tdm_sock_handshake) */
+    bool immediate;                /* DEALER: queue messages only on completed connections
+                                      (ZMQ_IMMEDIATE): with no connection up, a send fails at
+                                      once (TDM_EUNAVAILABLE) instead of waiting for one; the
+                                      multi-router client tries its next router then */
     bool no_handover;              /* ROUTER: a second connection with a routing id in use
                                       does not take it over (node endpoint: a peer cannot
                                       steal a registered node's connection) */
