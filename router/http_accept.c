@@ -226,18 +226,6 @@ static void slot_free(http_acc_t *a, int fd)
     s->prev = s->next = -1;
 }
 
-/* Shuts down the socket of in_mhd slot fd when it is still the one accepted (libmicrohttpd
- * then closes it and reports). */
-static void slot_evict(http_acc_t *a, int fd)
-{
-    acc_slot_t *s = &a->slots[fd];
-    struct stat st;
-    if (fstat(fd, &st) == 0 && st.st_ino == s->ino)
-        shutdown(fd, SHUT_RDWR);
-    s->evicting = true;
-    a->n_evicting++;
-}
-
 /* The connection to close for a new one when the table is full: the oldest still sending its
  * headers (over-cap ones first; never one taken for a probe), else the one idle longest
  * between requests. -1: none. */
@@ -276,19 +264,12 @@ static const char *reason_phrase(unsigned code)
     }
 }
 
-/* Writes one answer (OpenAI's error body for status, Connection: close, Retry-After: 1 on a 429
- * or 503) to a socket of the front door, reads what has arrived (so that closing does not reset
- * the connection under the answer) and closes it. */
-static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
-                         const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
-                         const char *fmt, ...)
+/* Writes one answer (OpenAI's error body for status with msg, Connection: close, Retry-After: 1
+ * on a 429 or 503) to socket fd without blocking; what does not fit the socket's buffer is
+ * lost (an error answer is far smaller). */
+static void answer_send(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
+                        const char *msg)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     tdm_buf_t body = TDM_BUF_INIT;
     json_t *v = http_error_json(status, code, NULL, msg);
     bool ok = v && http_json_append(&body, v) == TDM_OK && tdm_buf_append(&body, "\n", 1) == 0;
@@ -313,6 +294,21 @@ static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status
             http_counters_response(a->counters, http_status);
     }
     tdm_buf_free(&body);
+}
+
+/* Writes one answer (answer_send) to a socket of the front door, reads what has arrived (so
+ * that closing does not reset the connection under the answer) and closes it. */
+static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
+                         const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
+                         const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    answer_send(a, fd, http_status, status, code, msg);
     shutdown(fd, SHUT_WR);
     /* read the rest of the request before closing (a lingering close), while there is room */
     for (int i = 0; i < ACC_LINGER_MAX; i++)
@@ -324,6 +320,24 @@ static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status
             return;
         }
     close(fd);
+}
+
+/* Shuts down the socket of in_mhd slot fd when it is still the one accepted (libmicrohttpd
+ * then closes it and reports), first writing a 408 that says why (msg) when msg is not NULL.
+ * Only a connection waiting for its headers or body gets an answer: nothing has been written
+ * on it since its last answer, and a handler about to answer it reports HTTP_ACC_BUSY under
+ * a->mu first, which is held here, so the two never both write (a->mu held). */
+static void slot_evict(http_acc_t *a, int fd, const char *msg)
+{
+    acc_slot_t *s = &a->slots[fd];
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_ino == s->ino) {
+        if (msg)
+            answer_send(a, fd, 408, TDM_EDEADLINE, "request_timeout", msg);
+        shutdown(fd, SHUT_RDWR);
+    }
+    s->evicting = true;
+    a->n_evicting++;
 }
 
 /* Reads and drops what arrived on lingering connection i; closes it at the client's end, past
@@ -687,7 +701,7 @@ static void admit(http_acc_t *a, int fd, const struct sockaddr_storage *sa, sock
         if (victim < 0 && !full)
             admit = ADMIT_BUSY;
         if (victim >= 0 && a->slots[victim].state == SLOT_MHD) {
-            slot_evict(a, victim); /* still counted until libmicrohttpd reports its close */
+            slot_evict(a, victim, NULL); /* counted until libmicrohttpd reports its close */
             victim = -1;
         } else if (victim >= 0) {
             slot_free(a, victim); /* pending: ours to close below */
@@ -774,11 +788,23 @@ static void sweep(http_acc_t *a, double now)
         acc_slot_t *s = &a->slots[i];
         double t = now - s->t_phase;
         bool idle_out = s->phase == HTTP_ACC_IDLE && t > (double)rc->http_connection_timeout_s;
+        bool late_headers = s->phase == HTTP_ACC_HEADERS && t > (double)rc->http_header_timeout_s;
         bool slow_body = s->phase == HTTP_ACC_BODY && rc->http_min_body_rate > 0 &&
                          t > (double)rc->http_header_timeout_s &&
                          (double)s->bytes < (double)rc->http_min_body_rate * t;
-        if (!s->evicting && (idle_out || slow_body))
-            slot_evict(a, i);
+        char msg[256];
+        if (late_headers)
+            snprintf(msg, sizeof msg,
+                     "the request headers did not arrive within %d s "
+                     "(router.http_header_timeout_s)",
+                     rc->http_header_timeout_s);
+        if (slow_body)
+            snprintf(msg, sizeof msg,
+                     "the request body arrived at %.0f bytes/s on average, below "
+                     "router.http_min_body_rate (%d bytes/s)",
+                     (double)s->bytes / t, rc->http_min_body_rate);
+        if (!s->evicting && (idle_out || late_headers || slow_body))
+            slot_evict(a, i, idle_out ? NULL : msg);
     }
     pthread_mutex_unlock(&a->mu);
     for (size_t k = 0; k < n_exp; k++) {

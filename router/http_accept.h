@@ -22,11 +22,13 @@
 
 typedef struct http_acc http_acc_t;
 
-/* What a connection handed to libmicrohttpd is doing: waiting for its next request's headers
- * (keep-alive), receiving a request body, or being answered (handler running, parked or
- * streaming). Only the first two are ever closed by the front door. */
+/* What a connection handed to libmicrohttpd is doing: waiting for its next request
+ * (keep-alive), receiving the headers of one whose request line has arrived, receiving a
+ * request body, or being answered (handler running, parked or streaming). Only the first three
+ * are ever closed by the front door; the second and third with a 408 that says why. */
 typedef enum http_acc_phase {
     HTTP_ACC_IDLE,
+    HTTP_ACC_HEADERS,
     HTTP_ACC_BODY,
     HTTP_ACC_BUSY,
 } http_acc_phase_t;
@@ -98,8 +100,9 @@ void http_acc_destroy(http_acc_t **a_p);
 uint32_t http_acc_started(http_acc_t *a, int fd);
 /* It has closed: its slot and its address's count are freed. */
 void http_acc_closed(http_acc_t *a, int fd, uint32_t gen);
-/* It entered phase (BODY: a request's headers were read; BUSY: it is being answered; IDLE: the
- * answer is done). */
+/* It entered phase (HEADERS: a request line was read; BODY: a request's headers were read;
+ * BUSY: it is being answered, reported before any answer is queued; IDLE: the answer is
+ * done). */
 void http_acc_phase(http_acc_t *a, int fd, uint32_t gen, http_acc_phase_t phase);
 /* n more body bytes arrived. */
 void http_acc_body(http_acc_t *a, int fd, uint32_t gen, uint64_t n);

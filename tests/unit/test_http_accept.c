@@ -43,8 +43,9 @@ static void test_frame_ok(void **state)
     read_frame("POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-length:  72\r\n\r\n{", &fr);
     assert_string_equal(fr.why, "");
     assert_string_equal(fr.path, "/v1/completions");
-    read_frame("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n400000\r\n",
-               &fr); /* exactly the 4 MiB limit */
+    read_frame(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n400000\r\n",
+        &fr); /* exactly the 4 MiB limit */
     assert_string_equal(fr.why, "");
     /* a short chunk extension passes; a first chunk line not all here yet is waited for */
     read_frame("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2;a=b\r\n{}\r\n"
@@ -111,8 +112,8 @@ static void test_frame_refused_lines(void **state)
     static const char nul[] = "GET /v1/mo\0dels HTTP/1.1\r\nHost: x\r\n\r\n";
     http_acc_frame_t fr;
     http_acc_frame_read(nul, sizeof nul - 1, sizeof nul - 1, &fr);
-    assert_string_equal(fr.why,
-                        "the request path has a NUL byte (raw) at byte 6; paths may not contain NUL");
+    assert_string_equal(
+        fr.why, "the request path has a NUL byte (raw) at byte 6; paths may not contain NUL");
     /* chunk extensions: up to HTTP_ACC_CHUNK_LINE_MAX bytes of line, whether whole or not */
     const char *raw = long_extension(HTTP_ACC_CHUNK_LINE_MAX - 2);
     http_acc_frame_read(raw, http_acc_header_end(raw, strlen(raw)), strlen(raw), &fr);
@@ -122,7 +123,8 @@ static void test_frame_refused_lines(void **state)
     http_acc_frame_read(raw, http_acc_header_end(raw, strlen(raw)), strlen(raw), &fr);
     assert_int_equal(fr.http_status, 400);
     assert_string_equal(fr.code, "bad_framing");
-    assert_string_equal(fr.why, "a chunk line (size and chunk extension) is longer than 4096 bytes");
+    assert_string_equal(fr.why,
+                        "a chunk line (size and chunk extension) is longer than 4096 bytes");
 }
 
 static void test_frame_refused(void **state)
@@ -133,24 +135,25 @@ static void test_frame_refused(void **state)
         unsigned status;
         const char *code, *why;
     } cases[] = {
-        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400, "bad_framing",
-         "the request has 2 Content-Length headers; send exactly one"},
-        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", 400, "bad_framing",
-         "the request has 2 Content-Length headers; send exactly one"},
-        {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", 400,
-         "bad_framing", "the request has 2 Transfer-Encoding headers; send exactly one"},
-        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", 400,
-         "bad_framing", "a request with both Transfer-Encoding and Content-Length is refused"},
+        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400,
+         "bad_framing", "the request has 2 Content-Length headers; send exactly one"},
+        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", 400,
+         "bad_framing", "the request has 2 Content-Length headers; send exactly one"},
+        {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: "
+         "chunked\r\n\r\n",
+         400, "bad_framing", "the request has 2 Transfer-Encoding headers; send exactly one"},
+        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+         400, "bad_framing", "a request with both Transfer-Encoding and Content-Length is refused"},
         {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400, "bad_framing",
          "Content-Length 'abc' is not a decimal byte count"},
-        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 12345678901234567890\r\n\r\n", 400, "bad_framing",
-         "Content-Length '12345678901234567890' is not a decimal byte count"},
+        {"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 12345678901234567890\r\n\r\n", 400,
+         "bad_framing", "Content-Length '12345678901234567890' is not a decimal byte count"},
         {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400, "bad_framing",
          "Transfer-Encoding 'gzip' is not supported: send 'chunked' or a Content-Length"},
         {" /health HTTP/1.1\r\nHost: x\r\n\r\n", 400, "bad_request",
          "the request line has no method"},
-        {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc", 413,
-         "request_too_large",
+        {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc",
+         413, "request_too_large",
          "a chunk of more than 4194304 bytes: the request body is limited to 4194304 bytes"},
         {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n400001\r\n", 413,
          "request_too_large",
@@ -175,10 +178,8 @@ static void test_files_needed(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_header_end),
-        cmocka_unit_test(test_frame_ok),
-        cmocka_unit_test(test_frame_refused),
-        cmocka_unit_test(test_frame_refused_lines),
+        cmocka_unit_test(test_header_end),    cmocka_unit_test(test_frame_ok),
+        cmocka_unit_test(test_frame_refused), cmocka_unit_test(test_frame_refused_lines),
         cmocka_unit_test(test_files_needed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
