@@ -471,6 +471,16 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
         return rc;
     const char *served = r->cfg->model.name ? r->cfg->model.name : "";
     size_t at = 0;
+    uint32_t cp = 0;
+    if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at) &&
+        tdm_utf8_decode((const unsigned char *)g->model + at, strlen(g->model + at), &cp) &&
+        tdm_unicode_is_format(cp))
+        /* not quoted: the character would reorder or hide what the message says */
+        return tdm_error_set_field(err, TDM_EINVALID, "model",
+                                   "model: byte %zu is U+%04" PRIX32 ", an invisible format "
+                                   "character (Unicode category Cf: a bidi control, a zero-width "
+                                   "character); a model name is 1..%u bytes of printable UTF-8",
+                                   at, cp, TDM_MODEL_NAME_MAX);
     if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at))
         /* quoted as it came: every reply's text is made valid UTF-8 when it is sent
          * (tdm_sock_reply_error, U+FFFD for each bad byte) and log lines escape controls */

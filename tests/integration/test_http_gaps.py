@@ -198,3 +198,25 @@ def test_invisible_format_characters_in_a_model_name_are_400(cluster, name):
                          "/v1/models/" + "".join("%%%02X" % b for b in name.encode()))
     assert st == 400, raw
     assert "U+" in json.loads(raw)["error"]["message"], raw
+
+
+def test_request_id_with_a_format_character_is_not_taken(cluster):
+    # request ids are printable ASCII: an X-Request-Id with U+202E is not echoed (the router's
+    # own id is used), and a native request_id with one is refused naming the field
+    rid = "abc\u202edef"
+    st, headers, raw = request(cluster.port, "GET", "/health",
+                               headers={"X-Request-Id": rid.encode().decode("latin-1")})
+    assert st == 200 and headers["X-Request-Id"].startswith("req-"), headers
+    from tandem_client import prompt_request
+    cl = cluster.client()
+    try:
+        req = prompt_request("hi", max_tokens=1, temperature=0.0)
+        req.request_id = rid
+        r = cl.generate(req, timeout_s=60)
+        assert r.status == "INVALID_ARGUMENT" and "request_id: byte 3 is 0xe2" in r.message, r
+        req = prompt_request("hi", max_tokens=1, temperature=0.0)
+        req.model = "Smol\u202eLM"
+        r = cl.generate(req, timeout_s=60)
+        assert r.status == "INVALID_ARGUMENT" and "U+202E" in r.message, r
+    finally:
+        cl.close()
