@@ -227,8 +227,8 @@ static void slot_free(http_acc_t *a, int fd)
 }
 
 /* The connection to close for a new one when the table is full: the oldest still sending its
- * headers (over-cap ones first; never one taken for a probe), else the one idle longest
- * between requests. -1: none. */
+ * headers (over-cap ones first; never one taken for a probe), else, in libmicrohttpd, the one
+ * idle longest between requests or waiting longest for a later request's headers. -1: none. */
 static int pick_victim(http_acc_t *a)
 {
     int oldest = -1;
@@ -243,7 +243,7 @@ static int pick_victim(http_acc_t *a)
     int best = -1;
     for (int i = a->in_mhd.head; i >= 0; i = a->slots[i].next) {
         const acc_slot_t *s = &a->slots[i];
-        if (!s->evicting && s->phase == HTTP_ACC_IDLE &&
+        if (!s->evicting && (s->phase == HTTP_ACC_IDLE || s->phase == HTTP_ACC_HEADERS) &&
             (best < 0 || s->t_phase < a->slots[best].t_phase))
             best = i;
     }
@@ -701,7 +701,12 @@ static void admit(http_acc_t *a, int fd, const struct sockaddr_storage *sa, sock
         if (victim < 0 && !full)
             admit = ADMIT_BUSY;
         if (victim >= 0 && a->slots[victim].state == SLOT_MHD) {
-            slot_evict(a, victim, NULL); /* counted until libmicrohttpd reports its close */
+            /* counted until libmicrohttpd reports its close; one sending headers is told why */
+            slot_evict(a, victim,
+                       a->slots[victim].phase == HTTP_ACC_HEADERS
+                           ? "the request headers were not complete when the server needed the "
+                             "connection for another client"
+                           : NULL);
             victim = -1;
         } else if (victim >= 0) {
             slot_free(a, victim); /* pending: ours to close below */
