@@ -236,7 +236,9 @@ static void test_text_printable(void **state)
     assert_int_equal(at, 4);
     assert_false(tdm_text_printable("a\xe2\x80\x8b", 64, &at)); /* U+200B ZWSP */
     assert_int_equal(at, 1);
-    assert_false(tdm_text_printable("\xef\xbb\xbf" "a", 64, &at)); /* U+FEFF BOM */
+    assert_false(tdm_text_printable("\xef\xbb\xbf"
+                                    "a",
+                                    64, &at)); /* U+FEFF BOM */
     assert_int_equal(at, 0);
     assert_false(tdm_text_printable("a\xf3\xa0\x80\x81", 64, &at)); /* U+E0001 tag */
     assert_true(tdm_unicode_is_format(0x00AD) && tdm_unicode_is_format(0x2066) &&
