@@ -307,8 +307,9 @@ static void print_table(const kvcalc_t *k)
     }
     printf("memory budget:            %s bytes (%s)\n", fmt_count(k->in.memory_bytes, a),
            fmt_human(k->in.memory_bytes, b));
-    printf("pool blocks for budget:   %s (%s bytes of budget after the weights)\n",
-           fmt_count(k->plan.pool_blocks, a), fmt_count(k->plan.pool_budget_bytes, b));
+    printf("pool blocks for budget:   %s (%s bytes of budget after the weights%s)\n",
+           fmt_count(k->plan.pool_blocks, a), fmt_count(k->plan.pool_budget_bytes, b),
+           k->in.scratch_bytes ? " and scratch" : "");
     if (k->plan.fits)
         printf("fits:                     yes (%s bytes to spare)\n",
                fmt_count(k->plan.spare_bytes, a));
