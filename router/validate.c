@@ -65,12 +65,7 @@ static bool wire_varint(const uint8_t *b, size_t n, size_t *i, uint64_t *v)
     return false;
 }
 
-/* Length on the wire of the last top-level length-delimited field `field` of the protobuf
- * message in b[n] (protobuf: the last occurrence wins), or 0 when absent or malformed. protobuf-c
- * hands strings over NUL-terminated, so an embedded NUL would silently shorten them: comparing
- * with this length catches it. Wire format: developers.google.com/protocol-buffers/docs/encoding.
- */
-static size_t wire_field_len(const uint8_t *b, size_t n, uint32_t field)
+size_t rt_wire_field_len(const uint8_t *b, size_t n, uint32_t field)
 {
     size_t i = 0, found = 0;
     while (i < n) {
@@ -537,12 +532,22 @@ static int choices_check(const Tandem__V1__GenerateRequest *g, tdm_error_t *err)
 int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__GenerateRequest *g,
                     rt_req_t *q, rt_refusal_t *why, tdm_error_t *err)
 {
-    size_t id_wire_len = wire_field_len(f->body, f->body ? f->body_len : 0, 1);
+    size_t id_wire_len = rt_wire_field_len(f->body, f->body ? f->body_len : 0, 1);
     int rc = request_id_assign(r, g, id_wire_len, q, err);
     if (rc != TDM_OK)
         return rc;
     const char *served = r->cfg->model.name ? r->cfg->model.name : "";
     size_t at = 0;
+    uint32_t cp = 0;
+    if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at) &&
+        tdm_utf8_decode((const unsigned char *)g->model + at, strlen(g->model + at), &cp) &&
+        tdm_unicode_is_format(cp))
+        /* not quoted: the character would reorder or hide what the message says */
+        return tdm_error_set_field(err, TDM_EINVALID, "model",
+                                   "model: byte %zu is U+%04" PRIX32 ", an invisible format "
+                                   "character (Unicode category Cf: a bidi control, a zero-width "
+                                   "character); a model name is 1..%u bytes of printable UTF-8",
+                                   at, cp, TDM_MODEL_NAME_MAX);
     if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at))
         /* quoted as it came: every reply's text is made valid UTF-8 when it is sent
          * (tdm_sock_reply_error, U+FFFD for each bad byte) and log lines escape controls */

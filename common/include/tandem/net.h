@@ -258,6 +258,8 @@ typedef struct tdm_send {
     const ProtobufCMessage *body; /* NULL = no body frame */
     const tdm_net_data_t *data;   /* n_data raw frames */
     uint32_t n_data;
+    bool anonymous; /* FrameHeader.instance_id 0, not the socket's: for a peer that has not
+                       authenticated (registered) and must not learn the sender's instance */
 } tdm_send_t;
 
 /* Sends one message without blocking. If sending fails part-way (peer gone, queue full),
@@ -272,6 +274,11 @@ int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m);
 /* Shorthands over tdm_sock_send. `to` is the frame being answered (its peer and call id). */
 int tdm_sock_reply(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body);
 int tdm_sock_reply_error(tdm_sock_t *s, const tdm_frame_t *to, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* tdm_sock_reply_error for a peer that has not authenticated (a refused registration, a frame
+ * from a connection that is no registered node): the END's header carries instance_id 0, so
+ * that only a registered peer learns the sender's instance. Same returns. */
+int tdm_sock_refuse(tdm_sock_t *s, const tdm_frame_t *to, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int tdm_sock_stream(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body);
 /* A one-way message to peer (ROUTER; NULL/0 on DEALER). */

@@ -343,12 +343,13 @@ static const tdm_config_key_t keys[] = {
             "(`/health` and `/ready` are still served)"),
     INT_KEY(ROUTER, "http_header_timeout_s", CFG(router.http_header_timeout_s), 0, 1, 3600, 10,
             "seconds",
-            "a connection's request headers must be complete this long after it opened, else "
-            "408 and close (\"HTTP limits\")"),
+            "a connection's request headers must be complete this long after it opened (a "
+            "keep-alive connection's later request: after its request line), else 408 and close "
+            "(\"HTTP limits\")"),
     INT_KEY(ROUTER, "http_min_body_rate", CFG(router.http_min_body_rate), 0, 0, 1000000000, 1024,
             "bytes/s",
             "a request body slower than this on average (after the first "
-            "`http_header_timeout_s`) closes its connection (0: no minimum)"),
+            "`http_header_timeout_s`) is answered 408 and its connection closed (0: no minimum)"),
     ENUM_KEY(ROUTER, "prefill_policy", CFG(router.prefill_policy), 0, 0, &policies,
              TDM_PREFILL_POLICY_ROUND_ROBIN,
              "how a prefill node is chosen: in turn; fewest queued prompt tokens; most cached "
