@@ -257,8 +257,7 @@ static bool api_key_ok(const tdm_router_t *r, const tdm_frame_t *f)
  * has no node id; shown as CURVE_REFUSED_ID with the last one's reason, kept in curve_why),
  * then those of configured ids when with_nodes, then the unknown ids, most recent first.
  * Returns the count; the strings point into r and curve_why. */
-static size_t refused_list(tdm_router_t *r, bool with_nodes,
-                           Tandem__V1__RefusedRegistration *ref,
+static size_t refused_list(tdm_router_t *r, bool with_nodes, Tandem__V1__RefusedRegistration *ref,
                            Tandem__V1__RefusedRegistration **refp, char curve_why[TDM_ERRMSG_MAX])
 {
     size_t n_ref = 0;

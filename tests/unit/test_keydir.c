@@ -83,9 +83,9 @@ static void test_apply_makes_and_reads_back(void **state)
         assert_string_not_equal(a.nodes[i].curve_public_key, a.router.curve_public_key);
         /* each daemon's own read of its secret accepts the file and the derived key */
         char secret[41];
-        assert_int_equal(tdm_net_curve_secret_read(path, a.nodes[i].curve_public_key, "k",
-                                                   secret, &err),
-                         TDM_OK);
+        assert_int_equal(
+            tdm_net_curve_secret_read(path, a.nodes[i].curve_public_key, "k", secret, &err),
+            TDM_OK);
         tdm_net_curve_wipe(secret, sizeof secret);
     }
     /* a second start reads the same pairs */

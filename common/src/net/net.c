@@ -31,9 +31,9 @@ typedef struct zap_entry {
     tdm_net_zap_key_t *keys; /* [n_keys] admitted clients (owned) */
     size_t n_keys;
     const tdm_logger_t *log;
-    uint64_t refused;       /* handshakes refused (tdm_net_zap_refusals) */
-    double refused_at;      /* tdm_time_now of the last */
-    char refused_why[160];  /* the last one's reason */
+    uint64_t refused;      /* handshakes refused (tdm_net_zap_refusals) */
+    double refused_at;     /* tdm_time_now of the last */
+    char refused_why[160]; /* the last one's reason */
 } zap_entry_t;
 
 struct tdm_net {
@@ -455,8 +455,7 @@ out_close:
     return rc;
 }
 
-uint64_t tdm_net_zap_refusals(tdm_net_t *net, const char *domain, char *why, size_t cap,
-                              double *at)
+uint64_t tdm_net_zap_refusals(tdm_net_t *net, const char *domain, char *why, size_t cap, double *at)
 {
     uint64_t n = 0;
     if (why && cap)

@@ -177,8 +177,7 @@ static int load_node(const daemon_args_t *a, tdm_node_role_t role, tdm_config_t 
         return 2;
     }
     if (keydir[0])
-        tdm_log_write(log, TDM_LOG_INFO, NULL, NULL, "keys by default: CURVE keys from %s",
-                      keydir);
+        tdm_log_write(log, TDM_LOG_INFO, NULL, NULL, "keys by default: CURVE keys from %s", keydir);
     return 0;
 }
 

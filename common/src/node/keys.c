@@ -104,8 +104,10 @@ int tdm_keydir_path(char *out, size_t cap, tdm_error_t *err)
                              "path, so there is no key directory (set one, configure keys with "
                              "tandem keys generate, or set security.default_keys: false)");
     if (n < 0 || (size_t)n >= cap)
-        return tdm_error_set(err, TDM_EINVALID, "keys by default: the key directory path is "
-                                                "longer than %zu bytes", cap - 1);
+        return tdm_error_set(err, TDM_EINVALID,
+                             "keys by default: the key directory path is "
+                             "longer than %zu bytes",
+                             cap - 1);
     return TDM_OK;
 }
 
@@ -177,8 +179,7 @@ static int check_dir(const char *dir, tdm_error_t *err)
 
 /* Reads the secret key at path (the whole file, one trailing newline allowed) and derives
  * its public key. TDM_ENOTFOUND when the file does not exist. */
-static int read_pair(const char *path, char public_key[41], char secret_key[41],
-                     tdm_error_t *err)
+static int read_pair(const char *path, char public_key[41], char secret_key[41], tdm_error_t *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
@@ -264,8 +265,10 @@ static int keydir_pair(const char *dir, const char *id, char **public_slot, char
     char path[PATH_MAX], public_key[41], secret_key[41];
     int n = snprintf(path, sizeof path, "%s/%s.key", dir, id);
     if (n < 0 || (size_t)n >= sizeof path)
-        return tdm_error_set(err, TDM_EINVALID, "keys by default: the path of %s's key in %s "
-                                                "is too long", id, dir);
+        return tdm_error_set(err, TDM_EINVALID,
+                             "keys by default: the path of %s's key in %s "
+                             "is too long",
+                             id, dir);
     int rc = read_pair(path, public_key, secret_key, err);
     if (rc == TDM_ENOTFOUND) {
         if ((rc = create_pair(path, err)) != TDM_OK)
