@@ -18,10 +18,12 @@ router (slot + k) mod R: round-robin over the routers given. Counts only HTTP 20
 a choice; anything else is an error (by status).
 
 Figures: requests/s over the measured window; latency p50/p99; and, when the routers' PIDs
-are known (its own cluster, or --router-pid), each router's CPU seconds per request from
-/proc/PID/stat, with ceiling = 1 / (CPU s per request) for one core: what one router would
-sustain with a core to itself, the figure that does not depend on how busy the machine is
-(the client processes and the nodes share its cores).
+are known (its own cluster, or --router-pid), the routers' CPU seconds per request from
+/proc/PID/stat, with ceiling = 1 / (CPU s per request): what one router would sustain with a
+core to itself; and its busiest thread's CPU seconds per request (per router: its share of
+the requests), whose inverse bounds one router however many cores it has (the router's loop
+is one thread). These do not depend on how busy the machine is (the client processes and the
+nodes share its cores), unlike requests/s.
 
 Without --router it starts its own cluster (`tandem cluster up --detach`: one router, one
 prefill node and one decode node, or --colocated: one decode node that prefills) in a
@@ -68,6 +70,21 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid):
+    """{thread id: (name, utime + stime seconds)} of every thread of pid."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
 
 
 def cpu_name():
@@ -280,7 +297,9 @@ def main():
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps({k: doc[k] for k in ("requests_per_s", "router_cpu_ms_per_request",
-                                          "router_ceiling_requests_per_s", "errors")}))
+                                          "router_ceiling_requests_per_s",
+                                          "router_busiest_thread_ms_per_request",
+                                          "router_serial_ceiling_requests_per_s", "errors")}))
     print(f"wrote {out}")
 
 
@@ -300,12 +319,20 @@ def run(args, routers, rpids, npids):
         first += n
     time.sleep(max(0.0, measure_from - time.time()))
     r0 = [cpu_seconds(p) for p in rpids]
+    th0 = [thread_cpu_seconds(p) for p in rpids]
     n0 = [cpu_seconds(p) for p in npids]
     t0 = time.time()
     time.sleep(max(0.0, stop_at - time.time()))
     r1 = [cpu_seconds(p) for p in rpids]
+    th1 = [thread_cpu_seconds(p) for p in rpids]
     n1 = [cpu_seconds(p) for p in npids]
     t1 = time.time()
+    # the busiest thread of each router over the window: a serial part (the router's loop)
+    # bounds the rate however many cores the router has
+    busiest = []
+    for a, b in zip(th0, th1):
+        per = sorted(((b[t][1] - a.get(t, (None, 0.0))[1], b[t][0]) for t in b), reverse=True)
+        busiest.append({"thread": per[0][1], "cpu_s": per[0][0]} if per else None)
     lat, errors = [], {}
     for _ in procs:
         pl, pe = q.get()
@@ -319,6 +346,9 @@ def run(args, routers, rpids, npids):
     router_cpu = [b - a for a, b in zip(r0, r1)]
     node_cpu = sum(b - a for a, b in zip(n0, n1))
     ms_per_req = 1000 * sum(router_cpu) / n if n and rpids else None
+    # per router: its requests are about n / R (round-robin)
+    serial_ms = (1000 * max(b["cpu_s"] for b in busiest if b) / (n / len(rpids))
+                 if n and rpids and any(busiest) else None)
     return {
         "bench": "router-throughput",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -333,6 +363,9 @@ def run(args, routers, rpids, npids):
         "router_cpu_s": router_cpu,
         "router_cpu_ms_per_request": ms_per_req,
         "router_ceiling_requests_per_s": 1000 / ms_per_req if ms_per_req else None,
+        "router_busiest_thread": busiest,
+        "router_busiest_thread_ms_per_request": serial_ms,
+        "router_serial_ceiling_requests_per_s": 1000 / serial_ms if serial_ms else None,
         "router_cores_busy": sum(router_cpu) / (t1 - t0) if rpids else None,
         "node_cpu_ms_per_request": 1000 * node_cpu / n if n and npids else None,
     }
@@ -345,11 +378,14 @@ def print_table(d):
           f"({d['machine']['cpus']} CPUs, {d['machine']['isa']}, load {d['machine']['loadavg_1m']:.1f})")
     print(f"{'routers':>8} {'in flight':>9} {'requests/s':>11} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'errors':>7} {'router CPU ms/req':>18} {'ceiling req/s/core':>19} "
+          f"{'busiest thread ms/req':>22} {'its ceiling req/s':>18} "
           f"{'router cores':>13} {'node CPU ms/req':>16}")
     print(f"{len(d['routers']):>8} {d['concurrency']:>9} {d['requests_per_s']:>11.0f} "
           f"{d['latency_ms']['p50']:>8.2f} {d['latency_ms']['p99']:>8.2f} "
           f"{sum(d['errors'].values()):>7} {f(d['router_cpu_ms_per_request'], '.3f'):>18} "
           f"{f(d['router_ceiling_requests_per_s'], '.0f'):>19} "
+          f"{f(d['router_busiest_thread_ms_per_request'], '.3f'):>22} "
+          f"{f(d['router_serial_ceiling_requests_per_s'], '.0f'):>18} "
           f"{f(d['router_cores_busy'], '.2f'):>13} {f(d['node_cpu_ms_per_request'], '.3f'):>16}")
 
 
