@@ -296,6 +296,7 @@ int tdm_net_zap_register(tdm_net_t *net, const tdm_net_zap_key_t *keys, size_t n
         net->cap_zap = cap;
     }
     zap_entry_t *e = &net->zap[net->n_zap++];
+    memset(e, 0, sizeof *e); /* no refusals yet (realloc'ed memory is not zeroed) */
     snprintf(e->domain, sizeof e->domain, "tdm.%llu", (unsigned long long)net->next_domain++);
     e->keys = copy;
     e->n_keys = n_keys;
