@@ -1,17 +1,20 @@
 /* test_keydir.c - keys by default (tdm_keydir_apply, common/src/node/keys.c): when they apply,
  * the key directory and files they make and their modes, the keys they put in the config,
- * the refusals (loose mode, symbolic link, a file that is not a key), and concurrent first
- * starts (forked processes at once) agreeing on one pair per id. */
+ * the refusals (loose mode, symbolic link, a file that is not a key), concurrent first
+ * starts (forked processes at once) agreeing on one pair per id, and the CURVE handshakes a
+ * server socket refused, which the router lists in Status (tdm_sock_curve_refusals). */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tdm_test.h"
 #include "tandem/config.h"
+#include "tandem/net.h"
 #include "tandem/node_keys.h"
 
 static char g_root[64];
@@ -223,16 +226,76 @@ static void test_concurrent_first_start(void **state)
     }
 }
 
+/* Waits (10 ms steps, 30 s at most) until s has refused at least n handshakes. */
+static uint64_t wait_refusals(tdm_sock_t *s, uint64_t n, char *why, size_t cap)
+{
+    uint64_t got = 0;
+    for (int i = 0; i < 3000 && (got = tdm_sock_curve_refusals(s, why, cap, NULL)) < n; i++)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    return got;
+}
+
+/* The refusals a CURVE server socket counts for Status: none on fresh sockets (several, so
+ * that the ZAP table grows), a client key it does not admit (ZAP, the key named), a client
+ * without the server's key (the handshake fails before ZAP; counted with watch_handshake). */
+static void test_curve_refusals(void **state)
+{
+    (void)state;
+    tdm_error_t err = {0};
+    tdm_net_t *net = tdm_net_new(1, &err);
+    assert_non_null(net);
+    char spub[41], ssec[41], apub[41], asec[41], xpub[41], xsec[41];
+    assert_int_equal(tdm_net_curve_keypair(spub, ssec), TDM_OK);
+    assert_int_equal(tdm_net_curve_keypair(apub, asec), TDM_OK);
+    assert_int_equal(tdm_net_curve_keypair(xpub, xsec), TDM_OK);
+    tdm_curve_peer_t peer = {apub, "decode-0"};
+    tdm_curve_keys_t keys = {
+        .server_public = spub, .server_secret = ssec, .clients = &peer, .n_clients = 1};
+    tdm_sock_opts_t o = {0};
+    o.curve = &keys;
+    o.watch_handshake = true;
+    tdm_sock_t *srv[6];
+    char why[TDM_ERRMSG_MAX];
+    for (int i = 0; i < 6; i++) {
+        srv[i] = tdm_sock_bind(net, "tcp://127.0.0.1:*", &o, &err);
+        assert_non_null(srv[i]);
+        assert_int_equal(tdm_sock_curve_refusals(srv[i], why, sizeof why, NULL), 0);
+        assert_string_equal(why, "");
+    }
+    /* a key the server does not admit */
+    tdm_curve_keys_t ck = {.server_public = spub, .client_public = xpub, .client_secret = xsec};
+    tdm_sock_opts_t co = {0};
+    co.curve = &ck;
+    tdm_sock_t *c1 = tdm_sock_connect(net, tdm_sock_endpoint(srv[5]), &co, &err);
+    assert_non_null(c1);
+    assert_true(wait_refusals(srv[5], 1, why, sizeof why) >= 1);
+    assert_non_null(strstr(why, xpub));
+    assert_non_null(strstr(why, "no node's key"));
+    /* a client that does not hold the server's public key */
+    tdm_curve_keys_t wk = {.server_public = xpub, .client_public = apub, .client_secret = asec};
+    co.curve = &wk;
+    tdm_sock_t *c2 = tdm_sock_connect(net, tdm_sock_endpoint(srv[4]), &co, &err);
+    assert_non_null(c2);
+    assert_true(wait_refusals(srv[4], 1, why, sizeof why) >= 1);
+    assert_non_null(strstr(why, "does not hold this server's public key"));
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(tdm_sock_curve_refusals(srv[i], NULL, 0, NULL), 0);
+    tdm_sock_destroy(&c1);
+    tdm_sock_destroy(&c2);
+    for (int i = 0; i < 6; i++)
+        tdm_sock_destroy(&srv[i]);
+    tdm_net_destroy(&net);
+}
+
 int main(void)
 {
     snprintf(g_root, sizeof g_root, "/tmp/tdm-keydir-XXXXXX");
     if (!mkdtemp(g_root))
         return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_applies),
-        cmocka_unit_test(test_apply_makes_and_reads_back),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_concurrent_first_start),
+        cmocka_unit_test(test_applies),        cmocka_unit_test(test_apply_makes_and_reads_back),
+        cmocka_unit_test(test_refusals),       cmocka_unit_test(test_concurrent_first_start),
+        cmocka_unit_test(test_curve_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[PATH_MAX + 16];
