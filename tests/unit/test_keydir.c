@@ -144,6 +144,20 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err.msg, path));
     tdm_config_free(&cfg);
 
+    /* a parent others may write: they could swap the key directory */
+    fresh_state("wide", dir, sizeof dir);
+    assert_int_equal(tdm_config_defaults(&cfg), TDM_OK);
+    assert_int_equal(tdm_keydir_apply(&cfg, NULL, 0, &err), TDM_OK);
+    tdm_config_free(&cfg);
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    *strrchr(parent, '/') = '\0';
+    assert_int_equal(chmod(parent, 0777), 0);
+    assert_int_equal(tdm_config_defaults(&cfg), TDM_OK);
+    assert_int_equal(tdm_keydir_apply(&cfg, NULL, 0, &err), TDM_EPRECONDITION);
+    assert_non_null(strstr(err.msg, "is writable by group or others"));
+    tdm_config_free(&cfg);
+
     /* a symbolic link in place of the directory */
     char tdir[PATH_MAX], target[PATH_MAX + 16];
     snprintf(tdir, sizeof tdir, "%s/linked/tandem", g_root);

@@ -177,6 +177,31 @@ static int check_dir(const char *dir, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* The directory holding the key directory ($XDG_STATE_HOME/tandem) is this user's and
+ * nobody else may write it: whoever can rename entries there can swap the key directory. */
+static int check_parent(const char *dir, tdm_error_t *err)
+{
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (!slash || slash == parent)
+        return TDM_OK;
+    *slash = '\0';
+    struct stat st;
+    if (stat(parent, &st) != 0)
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "keys by default: %s: %s", parent,
+                             strerror(errno));
+    if (st.st_uid != geteuid() || (st.st_mode & 022))
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "keys by default: %s, which holds the key directory, %s: another "
+                             "user could swap the keys; use a directory of your own "
+                             "(XDG_STATE_HOME) with mode 0700",
+                             parent,
+                             st.st_uid != geteuid() ? "belongs to another user"
+                                                    : "is writable by group or others");
+    return TDM_OK;
+}
+
 /* Reads the secret key at path (the whole file, one trailing newline allowed) and derives
  * its public key. TDM_ENOTFOUND when the file does not exist. */
 static int read_pair(const char *path, char public_key[41], char secret_key[41], tdm_error_t *err)
@@ -299,6 +324,8 @@ int tdm_keydir_apply(tdm_config_t *cfg, char *dir, size_t cap, tdm_error_t *err)
     int rc = tdm_keydir_path(path, sizeof path, err);
     if (rc == TDM_OK)
         rc = make_dirs(path, err);
+    if (rc == TDM_OK)
+        rc = check_parent(path, err);
     if (rc == TDM_OK)
         rc = check_dir(path, err);
     /* the nodes first: router.curve_public_key is what turns CURVE on */
