@@ -66,7 +66,8 @@ bool tdm_keydir_applies(const tdm_config_t *cfg);
 
 /* When tdm_keydir_applies(cfg): makes the key directory (mode 0700, parents too) unless it
  * exists, refuses one that is not a directory, is a symbolic link, belongs to another user or
- * has any group/other permission bit; makes the missing pairs of the router ("router.key")
+ * has any group/other permission bit, or whose parent belongs to another user or is writable by
+ * group or others; makes the missing pairs of the router ("router.key")
  * and every node ("<id>.key": the 40-character Z85 secret, mode 0600; the public key is
  * derived from it), each created whole under a temporary name and linked into place, so
  * daemons starting at once all end up reading the one pair that won; then sets
