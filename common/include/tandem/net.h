@@ -46,7 +46,7 @@ extern "C" {
  * docs/protocol.md "Versioning": a change older peers can ignore bumps the minor version, any
  * other the major. */
 #define TDM_PROTOCOL_MAJOR 2u
-#define TDM_PROTOCOL_MINOR 0u
+#define TDM_PROTOCOL_MINOR 1u
 
 /* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
 #define TDM_NET_MAX_HEADER_BYTES 4096u      /* FrameHeader frame */
@@ -117,6 +117,10 @@ typedef struct tdm_sock_opts {
                                       the handshakes that fail before ZAP is asked (a client
                                       without the server's key, or without CURVE) in
                                       tdm_sock_curve_refusals */
+    bool immediate;                /* DEALER: queue messages only on completed connections
+                                      (ZMQ_IMMEDIATE): with no connection up, a send fails at
+                                      once (TDM_EUNAVAILABLE) instead of waiting for one; the
+                                      multi-router client tries its next router then */
     bool no_handover;              /* ROUTER: a second connection with a routing id in use
                                       does not take it over (node endpoint: a peer cannot
                                       steal a registered node's connection) */

@@ -60,8 +60,9 @@ int tdm_keydir_path(char *out, size_t cap, tdm_error_t *err);
 
 /* True when cfg takes its CURVE keys from the key directory: security.default_keys is true,
  * the config sets no CURVE key (router.curve_public_key unset), and every address a node or
- * KV endpoint is bound or reached at (router.node_endpoint and its advertised address, each
- * decode node's kv_endpoint and kv_advertise) is loopback or ipc:// - one host. */
+ * KV endpoint is bound or reached at (router.node_endpoint and its advertised address, every
+ * endpoint of router.node_endpoints, each decode node's kv_endpoint and kv_advertise) is
+ * loopback or ipc:// - one host. */
 bool tdm_keydir_applies(const tdm_config_t *cfg);
 
 /* When tdm_keydir_applies(cfg): makes the key directory (mode 0700, parents too) unless it

@@ -118,6 +118,19 @@ static bool advertise_refused(const char *s, const char *got, char *why, size_t 
     return false;
 }
 
+/* An item of router.node_endpoints: a ZeroMQ endpoint the nodes connect to, so a tcp:// one
+ * names a host (advertise_refused). */
+static bool router_endpoint_refused(const char *s, const char *got, char *why, size_t cap)
+{
+    if (!tdm_config_endpoint_valid(s)) {
+        snprintf(why, cap,
+                 "must be a ZeroMQ endpoint tcp://HOST:PORT, ipc://PATH or inproc://NAME, got %s",
+                 got);
+        return true;
+    }
+    return advertise_refused(s, got, why, cap);
+}
+
 static bool curve_key_refused(const char *s, const char *got, char *why, size_t cap)
 {
     static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -300,6 +313,14 @@ static const tdm_config_key_t keys[] = {
         advertise_refused,
         "what the nodes connect to when it is not `node_endpoint`: e.g. bind `tcp://0.0.0.0:7601`, "
         "advertise `tcp://router:7601`; not a wildcard address (\"Deployment\")"),
+    LIST_KEY(ROUTER, "node_endpoints", CFG(router.node_endpoints),
+             offsetof(tdm_config_t, router.n_node_endpoints), "router endpoint",
+             router_endpoint_refused,
+             "several routers sharing the node pools: the node endpoint of each router process "
+             "(as the nodes reach it), at most 16, no repeats; every node registers with each "
+             "and every router serves the whole pool (\"Several routers\"); not with "
+             "`node_advertise`. Empty: the nodes register with the one router at `node_advertise` "
+             "or `node_endpoint`"),
     TEXT_KEY(ROUTER, "http_address", STRING, CFG(router.http_address), 0, "127.0.0.1", NULL,
              "bind address of the HTTP API (OpenAI-compatible, `/metrics`, `/health`)"),
     INT_KEY(ROUTER, "http_port", CFG(router.http_port), 0, 1, 65535, 8000, NULL,

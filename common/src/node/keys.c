@@ -122,6 +122,11 @@ bool tdm_keydir_applies(const tdm_config_t *cfg)
         return false;
     if (!one_host(cfg->router.node_endpoint) || !one_host(tdm_config_router_advertise(cfg)))
         return false;
+    size_t n_routers;
+    const char *const *routers = tdm_config_router_endpoints(cfg, &n_routers);
+    for (size_t i = 0; i < n_routers; i++)
+        if (!one_host(routers[i]))
+            return false;
     for (size_t i = 0; i < cfg->n_nodes; i++) {
         const tdm_node_config_t *n = &cfg->nodes[i];
         if (n->role == TDM_NODE_ROLE_DECODE &&
