@@ -12,7 +12,11 @@ Configurations (each started, warmed up with 4 requests whose prompts no run use
 stopped):
   colocated     one decode node with all THREADS threads that prefills its own prompts
                 (no prefill node: the router sends local_prefill reservations)
-  disagg        one prefill node and one decode node, THREADS/2 threads each
+  disagg        one prefill node and one decode node, THREADS/2 threads each, with keys by
+                default (the config sets no keys: CURVE on the node and KV channels, pairs
+                from $XDG_STATE_HOME/tandem/keys)
+  disagg-nokeys the same with security.default_keys: false (no CURVE: plain ZMTP), to measure
+                what keys by default cost
   llama-server  llama.cpp's server, `-np C -t THREADS` (continuous batching is its default),
                 `-c C * (P + O + 64)` so every slot holds a request (bench/llama-cpp.sh builds it)
 
@@ -20,7 +24,7 @@ Prints a table and the ratios to llama-server, writes JSON to bench/results/serv
 Only the standard library (http.client in threads: aiohttp is not in the tests' venv).
 
 usage: bench/serve.py [--build build] [--model FILE] [-c 32] [-n 64] [--prompt-tokens 130]
-                      [--output-tokens 64] [--threads 2] [--configs colocated,disagg,llama-server]
+                      [--output-tokens 64] [--threads 2] [--configs colocated,disagg,disagg-nokeys,llama-server]
                       [--time-limit 900] [--llama-args "..."] [--json FILE]
                       [--scrape PREFIX,...]
 """
@@ -205,7 +209,10 @@ class TandemCluster:
             f.write(f"model:\n  path: {args.model}\n  name: bench\n")
             f.write(f"router:\n  client_endpoint: tcp://127.0.0.1:{free_port()}\n")
             f.write(f"  node_endpoint: tcp://127.0.0.1:{free_port()}\n  http_port: {self.port}\n")
-            f.write("  http_threads: 8\n  http_max_connections_per_client: 0\nnodes:\n")
+            f.write("  http_threads: 8\n  http_max_connections_per_client: 0\n")
+            if name.endswith("-nokeys"):
+                f.write("security:\n  default_keys: false\n")
+            f.write("nodes:\n")
             if disagg:
                 f.write(f"  - {{id: prefill-0, role: prefill, threads: {half}, "
                         f"memory_budget: {budget}}}\n")
@@ -259,7 +266,7 @@ def run_config(args, work, name, seed):
     if name == "llama-server":
         server = LlamaServer(args, work)
     else:
-        server = TandemCluster(args, work, name, disagg=(name == "disagg"))
+        server = TandemCluster(args, work, name, disagg=name.startswith("disagg"))
     try:
         warm = make_prompts(4, args.prompt_tokens, 10_000 + seed)
         run_load(server.port, "bench", [f"warm-up {p}" for p in warm], 2, 8)

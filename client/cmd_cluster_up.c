@@ -22,6 +22,7 @@
 #include "tandem/client.h"
 #include "tandem/config.h"
 #include "tandem/gguf.h"
+#include "tandem/node_keys.h"
 
 static void client_endpoint_for(const char *bound, char *buf, size_t cap)
 {
@@ -305,11 +306,22 @@ static int load_config(const up_opts_t *o, tdm_config_t *cfg)
     tdm_error_t err = {0};
     int rc =
         o->config_path ? tdm_config_load_file(o->config_path, cfg, &err) : tdm_config_defaults(cfg);
-    if (rc == TDM_OK)
-        return 0;
-    fprintf(stderr, CMD_UP ": %s\n",
-            err.msg[0] ? err.msg : "cannot form the default config (is $HOME set?)");
-    return o->config_path ? 2 : 1;
+    if (rc != TDM_OK) {
+        fprintf(stderr, CMD_UP ": %s\n",
+                err.msg[0] ? err.msg : "cannot form the default config (is $HOME set?)");
+        return o->config_path ? 2 : 1;
+    }
+    /* keys by default: make the pairs before the daemons start (each would make the missing
+     * ones too, safely at once), so a key directory with the wrong owner or mode fails here */
+    char keydir[PATH_MAX];
+    if (tdm_keydir_apply(cfg, keydir, sizeof keydir, &err) != TDM_OK) {
+        fprintf(stderr, CMD_UP ": %s\n", err.msg);
+        tdm_config_free(cfg);
+        return 1;
+    }
+    if (keydir[0])
+        fprintf(stderr, "tandem cluster: keys by default: CURVE keys in %s\n", keydir);
+    return 0;
 }
 
 /* Starts the daemons in order, the router first. Returns 0, or the exit status (1, or 128 +

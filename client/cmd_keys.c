@@ -1,6 +1,8 @@
 /* cmd_keys.c - `tandem keys generate`: one CURVE key pair for the router and for every node of a
  * cluster config, written as DIR/<id>.key (the Z85 secret, mode 0600) and DIR/<id>.pub (the
- * public key), with the YAML lines that put them into the config.
+ * public key), with the YAML lines that put them into the config. And `tandem keys default`:
+ * the keys by default of a one-host config without keys (tdm_keydir_apply), made when missing
+ * and listed.
  *
  * Each daemon reads only its own secret key file (DESIGN.md "Security and identity"), so the
  * files can be handed out one per host. Nothing is written unless every file can be: existing
@@ -21,6 +23,7 @@
 #include "commands.h"
 #include "tandem/config.h"
 #include "tandem/net.h"
+#include "tandem/node_keys.h"
 
 #define ROUTER_ID "router" /* file name stem of the router's pair */
 
@@ -28,7 +31,17 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: tandem keys generate --config FILE --out DIR [--force]\n"
+            "       tandem keys default [--config FILE]\n"
             "\n"
+            "default: the keys by default of FILE (without --config, the default cluster):\n"
+            "when FILE sets no CURVE keys, security.default_keys is true and every node and\n"
+            "KV endpoint is on this host, each daemon takes its pair from the user's key\n"
+            "directory ($XDG_STATE_HOME/tandem/keys, else ~/.local/state/tandem/keys, mode\n"
+            "0700). This makes the missing pairs, as the daemons would at their first start,\n"
+            "and prints the directory and each id's public key; otherwise it says why no keys\n"
+            "by default apply.\n"
+            "\n"
+            "generate:\n"
             "Makes a CURVE key pair for the router and for each node of the cluster config FILE\n"
             "and writes, for each id (\"" ROUTER_ID "\" for the router):\n"
             "  DIR/<id>.key   the secret key (40 Z85 characters), mode 0600: give it to that\n"
@@ -243,6 +256,42 @@ out_config:
     return status;
 }
 
+/* `tandem keys default`: makes the missing pairs of the keys by default and lists them. */
+static int show_default(const char *config)
+{
+    tdm_config_t cfg;
+    tdm_error_t err = {0};
+    int rc = config ? tdm_config_load_file(config, &cfg, &err) : tdm_config_defaults(&cfg);
+    if (rc != TDM_OK) {
+        fprintf(stderr, "tandem keys: %s\n",
+                err.msg[0] ? err.msg : "cannot form the default config (is $HOME set?)");
+        return 1;
+    }
+    bool configured = tdm_config_curve_on(&cfg);
+    char dir[PATH_MAX];
+    rc = tdm_keydir_apply(&cfg, dir, sizeof dir, &err);
+    int status = 1;
+    if (rc != TDM_OK) {
+        fprintf(stderr, "tandem keys: %s\n", err.msg);
+    } else if (!dir[0]) {
+        fprintf(stderr, "tandem keys: no keys by default for %s: %s\n",
+                config ? config : "the default cluster",
+                configured ? "the config sets CURVE keys (router.curve_public_key)"
+                : !cfg.security.default_keys
+                    ? "security.default_keys is false (CURVE is off)"
+                    : "a node or KV endpoint is not on this host (loopback or ipc://); give "
+                      "such a cluster its keys with tandem keys generate");
+    } else {
+        printf("key directory: %s\n", dir);
+        printf("%-20s %s\n", ROUTER_ID, cfg.router.curve_public_key);
+        for (size_t i = 0; i < cfg.n_nodes; i++)
+            printf("%-20s %s\n", cfg.nodes[i].id, cfg.nodes[i].curve_public_key);
+        status = 0;
+    }
+    tdm_config_free(&cfg);
+    return status;
+}
+
 int tdm_cmd_keys(int argc, char **argv)
 {
     if (argc < 2) {
@@ -253,8 +302,9 @@ int tdm_cmd_keys(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    if (strcmp(argv[1], "generate") != 0)
-        return bad_usage("unknown action '%s' (generate)", argv[1]);
+    bool is_default = strcmp(argv[1], "default") == 0;
+    if (strcmp(argv[1], "generate") != 0 && !is_default)
+        return bad_usage("unknown action '%s' (generate, default)", argv[1]);
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
         {"out", required_argument, NULL, 'o'},
@@ -277,6 +327,11 @@ int tdm_cmd_keys(int argc, char **argv)
     }
     if (optind < argc - 1)
         return bad_usage("unexpected argument '%s'", argv[1 + optind]);
+    if (is_default) {
+        if (out_dir || force)
+            return bad_usage("%s applies to generate only", out_dir ? "--out" : "--force");
+        return show_default(config);
+    }
     if (!config)
         return bad_usage("--config FILE is required");
     if (!out_dir)

@@ -25,7 +25,8 @@ static const subcommand_t subcommands[] = {
     {"model", tdm_cmd_model, "write a random-weight model of a real architecture's shape (synth)"},
     {"grammar", tdm_cmd_grammar, "check a GBNF grammar, and an instance against it"},
     {"config", tdm_cmd_config, "check a cluster config file, print it resolved or list its keys"},
-    {"keys", tdm_cmd_keys, "generate the CURVE key pairs of the router and every node"},
+    {"keys", tdm_cmd_keys,
+     "generate the CURVE key pairs of a cluster, or show its keys by default"},
     {"kvcalc", tdm_cmd_kvcalc, "size the KV cache: bytes per token, per sequence, per budget"},
     {"version", tdm_cmd_version, "print the version and the build's features"},
 };

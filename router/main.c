@@ -5,6 +5,7 @@
  * UNAVAILABLE "router shutting down", its nodes get NodeCancel, and the process exits 0.
  */
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "tandem/config.h"
 #include "tandem/log.h"
 #include "tandem/net.h"
+#include "tandem/node_keys.h"
 #include "tandem/notify.h"
 
 static void usage(FILE *out)
@@ -169,6 +171,14 @@ int main(int argc, char **argv)
     log.level = level >= 0 ? (tdm_log_level_t)level : cfg.log.level;
 
     status = 1;
+    char keydir[PATH_MAX];
+    if (tdm_keydir_apply(&cfg, keydir, sizeof keydir, &err) != TDM_OK) {
+        fprintf(stderr, "tandem-router: %s\n", err.msg);
+        goto out_config;
+    }
+    if (keydir[0])
+        tdm_log_write(&log, TDM_LOG_INFO, NULL, NULL,
+                      "keys by default: CURVE keys of the router and every node in %s", keydir);
     tdm_net_t *net = tdm_net_new(1, &err);
     if (!net) {
         fprintf(stderr, "tandem-router: %s\n", err.msg);

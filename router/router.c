@@ -158,6 +158,7 @@ static int bind_sockets(tdm_router_t *r, const char *secret, tdm_error_t *err)
     nopts.instance_id = r->instance_id; /* in every frame to nodes: they drop other routers' */
     nopts.no_handover = true;           /* a registered node's connection is never taken over */
     nopts.curve = peers ? &keys : NULL;
+    nopts.watch_handshake = peers != NULL; /* failed CURVE handshakes, for Status */
     r->nodesock = tdm_sock_bind(r->net, cfg->router.node_endpoint, &nopts, err);
     free(peers);
     if (!r->nodesock)
@@ -274,15 +275,31 @@ static bool api_key_ok(const tdm_router_t *r, const tdm_frame_t *f)
 
 #define REFUSED_MAX 16 /* refusals one HEALTH or STATUS answer lists */
 
-/* Fills ref/refp (REFUSED_MAX entries) with the refused registrations: those of configured
- * ids first when with_nodes, then the unknown ids, most recent first. Returns the count;
- * the strings point into r. */
-static size_t refused_list(const tdm_router_t *r, bool with_nodes,
-                           Tandem__V1__RefusedRegistration *ref,
-                           Tandem__V1__RefusedRegistration **refp)
+#define CURVE_REFUSED_ID "(unknown key)" /* the node id shown for CURVE handshakes refused */
+
+/* Fills ref/refp (REFUSED_MAX entries) with the refused registrations: the CURVE handshakes
+ * the node endpoint refused (a key that is no node's: it never reaches a registration, so it
+ * has no node id; shown as CURVE_REFUSED_ID with the last one's reason, kept in curve_why),
+ * then those of configured ids when with_nodes, then the unknown ids, most recent first.
+ * Returns the count; the strings point into r and curve_why. */
+static size_t refused_list(tdm_router_t *r, bool with_nodes, Tandem__V1__RefusedRegistration *ref,
+                           Tandem__V1__RefusedRegistration **refp, char curve_why[TDM_ERRMSG_MAX])
 {
     size_t n_ref = 0;
     double now = tdm_time_now();
+    double curve_at;
+    uint64_t curve_n =
+        r->nodesock ? tdm_sock_curve_refusals(r->nodesock, curve_why, TDM_ERRMSG_MAX, &curve_at)
+                    : 0;
+    if (curve_n) {
+        tandem__v1__refused_registration__init(&ref[n_ref]);
+        ref[n_ref].node_id = (char *)CURVE_REFUSED_ID;
+        ref[n_ref].reason = curve_why;
+        ref[n_ref].age_s = now - curve_at;
+        ref[n_ref].count = curve_n;
+        refp[n_ref] = &ref[n_ref];
+        n_ref++;
+    }
     for (size_t i = 0; with_nodes && i < r->n_nodes && n_ref < REFUSED_MAX; i++) {
         const rt_node_t *n = &r->nodes[i];
         if (!n->refused_reason[0])
@@ -346,7 +363,8 @@ static void client_health(tdm_router_t *r, const tdm_frame_t *f)
     Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];
     bool may_see =
         r->cfg->router.public_metrics || tdm_config_api_key_ok(&r->cfg->router, f->api_key);
-    size_t n_ref = may_see ? refused_list(r, true, ref, refp) : 0;
+    char curve_why[TDM_ERRMSG_MAX];
+    size_t n_ref = may_see ? refused_list(r, true, ref, refp, curve_why) : 0;
     h.n_refused = n_ref;
     h.refused = n_ref ? refp : NULL;
     tdm_send_t m = {0};
@@ -460,7 +478,8 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
         ptrs[i] = &st[i];
     }
     Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];
-    size_t n_ref = refused_list(r, false, ref, refp); /* configured ids are in nodes[] */
+    char curve_why[TDM_ERRMSG_MAX];
+    size_t n_ref = refused_list(r, false, ref, refp, curve_why); /* ids in nodes[] are not */
     Tandem__V1__ClusterStatus cs = TANDEM__V1__CLUSTER_STATUS__INIT;
     cs.version = (char *)TANDEM_VERSION;
     cs.model = r->cfg->model.name ? r->cfg->model.name : (char *)"";

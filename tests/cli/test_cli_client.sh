@@ -10,6 +10,8 @@ set -u
 tandem=${1:?usage: test_cli_client.sh /path/to/tandem}
 test_client=${TDM_TEST_CLIENT:-$(dirname "$tandem")/../tests/test_client}
 tmp=$(mktemp -d)
+# keys by default: the daemons make their CURVE pairs here, not in ~/.local/state
+export XDG_STATE_HOME=$tmp/state
 pids_to_kill=()
 cleanup() {
     local p

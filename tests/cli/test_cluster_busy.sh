@@ -8,6 +8,8 @@ set -u
 tandem=${1:?usage: test_cluster_busy.sh /path/to/tandem}
 tmp=$(mktemp -d)
 trap 'kill "$listener" 2>/dev/null; rm -rf "$tmp"' EXIT
+# keys by default: the daemons make their CURVE pairs here, not in ~/.local/state
+export XDG_STATE_HOME=$tmp/state
 
 # a listener on a free port, which it writes to $tmp/port once it listens
 python3 -c '

@@ -12,6 +12,8 @@ tandem=${1:?usage: test_cluster_model.sh /path/to/tandem}
 tandem=$(cd "$(dirname "$tandem")" && pwd)/$(basename "$tandem") # the test changes directory
 test_client=${TDM_TEST_CLIENT:-$(dirname "$tandem")/../tests/test_client}
 tmp=$(mktemp -d)
+# keys by default: the daemons make their CURVE pairs here, not in ~/.local/state
+export XDG_STATE_HOME=$tmp/state
 cleanup() {
     [ -s "$tmp/cluster.pids" ] && "$tandem" cluster down --pid-file "$tmp/cluster.pids" \
         --stop-timeout 2 >/dev/null 2>&1

@@ -14,6 +14,9 @@ decode=$bin/decode-node/tandem-decode
 prefill=$bin/prefill-node/tandem-prefill
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# keys by default: the daemons started below with loopback configs without keys make their
+# pairs here, not in the user's ~/.local/state
+export XDG_STATE_HOME=$tmp/state
 pass=0
 fail=0
 
@@ -72,6 +75,16 @@ check "help text" grep -qF "tandem keys generate --config FILE --out DIR" "$tmp/
 expect "no action" 2 "usage: tandem keys" "$tandem" keys
 expect "unknown action" 2 "unknown action 'make'" "$tandem" keys make
 expect "no config" 2 "--config FILE is required" "$tandem" keys generate --out "$keys"
+# ---- keys by default ----
+expect "default takes no --out" 2 "--out applies to generate only" "$tandem" keys default --out x
+expect "default of the default cluster" 0 "" "$tandem" keys default
+check "default names the key directory" grep -qxF "key directory: $tmp/state/tandem/keys" "$tmp/out"
+check "default lists the router and the default nodes" \
+    test "$(awk 'NR > 1 {print $1}' "$tmp/out" | tr '\n' ' ')" = "router prefill-0 decode-0 "
+check "default key files are 0600" \
+    test "$(stat -c %a "$tmp/state/tandem/keys/router.key")" = 600
+expect "default of a config with keys by default" 0 "" "$tandem" keys default --config "$tmp/plain.yaml"
+check "default lists decode-1 too" grep -q "^decode-1 " "$tmp/out"
 expect "no out" 2 "--out DIR is required" "$tandem" keys generate --config "$tmp/plain.yaml"
 expect "bad config" 1 "no-such.yaml" "$tandem" keys generate --config "$tmp/no-such.yaml" --out "$keys"
 

@@ -4,11 +4,14 @@ daemons as separate processes on loopback, from a generated config, and stops th
 Environment: TDM_BUILD_DIR (the CMake build tree; ctest sets it), TDM_SOURCE_DIR, and the
 default model from scripts/setup (or $TANDEM_MODEL).
 """
+import atexit
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -35,6 +38,14 @@ def default_model():
 
 MODEL = default_model()
 
+# Keys by default (docs/operations.md): every daemon of a config without CURVE keys takes its
+# pair from $XDG_STATE_HOME/tandem/keys, making the missing ones at first start. The tests get
+# a key directory of their own (so they neither read nor write the user's), shared by every
+# cluster of the session: each cluster's daemons start at once and agree on one pair per id.
+STATE_HOME = tempfile.mkdtemp(prefix="tandem-test-state-")
+os.environ["XDG_STATE_HOME"] = STATE_HOME
+atexit.register(shutil.rmtree, STATE_HOME, True)
+
 
 def free_port():
     s = socket.socket()
@@ -45,11 +56,15 @@ def free_port():
 
 
 class Cluster:
-    """1 router + n_prefill prefill nodes + n_decode decode nodes, each its own process."""
+    """1 router + n_prefill prefill nodes + n_decode decode nodes, each its own process.
+    default_keys: CURVE with keys by default, as a user's cluster runs (the node and KV
+    channels encrypted); False writes security.default_keys: false, for the tests that speak
+    ZMTP to the router as a node themselves or change KV bytes in flight (test_trust.py,
+    test_kv_faults.py): CURVE would refuse or drop those before the checks they test."""
 
     def __init__(self, tmp_dir, n_prefill=1, n_decode=1, policy="round_robin",
                  memory_budget="768MiB", extra_router="", threads=1, extra_decode="",
-                 model=None, chat_template=None):
+                 model=None, chat_template=None, default_keys=True):
         self.dir = tmp_dir
         os.makedirs(tmp_dir, exist_ok=True)
         self.client_ep = f"tcp://127.0.0.1:{free_port()}"
@@ -74,7 +89,8 @@ class Cluster:
                     f"  node_endpoint: {self.node_ep}\n"
                     f"  http_port: {free_port()}\n"
                     f"  prefill_policy: {policy}\n{extra_router}"
-                    f"nodes:\n" + "".join(nodes))
+                    + ("" if default_keys else "security:\n  default_keys: false\n") +
+                    "nodes:\n" + "".join(nodes))
 
     def _spawn(self, name, argv):
         log = open(os.path.join(self.dir, f"{name}.log"), "w")

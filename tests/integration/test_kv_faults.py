@@ -1,6 +1,6 @@
 """Faults on the prefill-to-decode KV link (issue 13), through the fault-injecting proxy
 (faultproxy.py) on loopback: decode-0 advertises the proxy's port as its KV endpoint, so every
-transfer crosses it. Plain ZMTP (no CURVE on loopback), so a corrupted byte reaches the
+transfer crosses it. Plain ZMTP (security.default_keys: false), so a corrupted byte reaches the
 receiver's checksums instead of failing a CURVE box.
 
 Cases: one byte of a block corrupted in flight (refused by the checksum and retried; never a
@@ -27,7 +27,7 @@ OFFSET = 200_000
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("kv_faults"))
-    c = Cluster(tmp, n_prefill=1, n_decode=1)
+    c = Cluster(tmp, n_prefill=1, n_decode=1, default_keys=False)
     proxy_port = free_port()
     with open(c.config) as f:
         text = f.read()

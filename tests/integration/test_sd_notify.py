@@ -163,8 +163,14 @@ def test_rejected_node_reports_why(cluster, tmp_path):
     lr = Listener(str(tmp_path / "router.sock"))
     ld = Listener(str(tmp_path / "decode.sock"))
     other = os.path.join(cluster.dir, "other.yaml")
+    # Without keys by default: with them, the router's CURVE handshake refuses decode-x's key
+    # (no node of its config) before any registration, and the node keeps retrying, as with
+    # configured keys (test_keys_default.py covers that); this test is about the refused
+    # registration.
     with open(cluster.config) as f:
-        text = f.read()
+        text = f.read() + "security:\n  default_keys: false\n"
+    with open(cluster.config, "w") as f:
+        f.write(text)
     # The same cluster with a node id the router does not know.
     with open(other, "w") as f:
         f.write(text.replace("id: decode-0", "id: decode-x"))

@@ -152,7 +152,7 @@ def test_hijack_of_a_live_node_id_is_refused(tmp_path):
     """A stranger that registers with a live decode node's id (and heartbeats as it, as the
     real node's heartbeats once kept a fake registration alive) is refused; it never gets a
     prompt, and the real node goes on serving the reference text."""
-    c = Cluster(str(tmp_path)).start()
+    c = Cluster(str(tmp_path), default_keys=False).start()
     try:
         ref = reference(prompt=PROMPT_A, max_tokens=16)
         model = models(c)
@@ -193,7 +193,7 @@ def test_hijack_of_a_live_node_id_is_refused(tmp_path):
 def test_unknown_node_id_refusal_is_reported(tmp_path):
     """A registration for an id the config does not have is refused and listed with its
     reason in Status (tandem status --json) and /ready."""
-    c = Cluster(str(tmp_path)).start()
+    c = Cluster(str(tmp_path), default_keys=False).start()
     try:
         model = models(c)
         fake = FakeNode(c.node_ep, b"intruder.1")
@@ -227,7 +227,7 @@ def test_node_id_not_utf8_is_refused_and_status_still_parses(tmp_path):
     """A registration whose node_id is not UTF-8 (or has bytes no config id has) is refused
     with a reason naming the byte, and every later STATUS reply still parses as protobuf and
     as JSON (the raw id once reached the refusal list, and no client could read Status)."""
-    c = Cluster(str(tmp_path), n_prefill=0).start()
+    c = Cluster(str(tmp_path), n_prefill=0, default_keys=False).start()
     try:
         model = models(c)
         fake = FakeNode(c.node_ep, b"intruder.2")
@@ -311,7 +311,7 @@ def test_request_id_unique_per_connection_not_across(tmp_path):
     """docs/api.md: a request id is unique among the requests in flight on one client
     connection; another connection may use the same id at once (the id is a label, and
     refusing it across connections would let one client probe or block another's ids)."""
-    c = Cluster(str(tmp_path), n_prefill=0).start()
+    c = Cluster(str(tmp_path), n_prefill=0, default_keys=False).start()
     a, b = c.client(), c.client()
     try:
         long = prompt_request(PROMPT_A, max_tokens=3000, temperature=0.0, ignore_eos=True)
@@ -336,7 +336,7 @@ def test_request_id_reused_right_after_cancel(tmp_path):
     """A request id reused right after cancelling it gets the new request's own text, 20 times
     out of 20: the old attempt's KV transfer, first token, withdrawal or TaskFailed never reach
     the new one (node state is keyed by attempt, not by the client's id)."""
-    c = Cluster(str(tmp_path)).start()
+    c = Cluster(str(tmp_path), default_keys=False).start()
     try:
         ref_b = reference(prompt=PROMPT_B, max_tokens=12)
         client = c.client()
@@ -425,7 +425,7 @@ def test_first_token_rewritten_in_flight_is_rejected(tmp_path):
     """KvTransfer.first_token is covered by the header checksum chain: rewritten in flight,
     the transfer is rejected (logged with the reason), the request is retried, and the client
     gets the reference text, never another continuation."""
-    c = Cluster(str(tmp_path))
+    c = Cluster(str(tmp_path), default_keys=False)
     proxy_port = free_port()
     with open(c.config) as f:
         cfg = f.read()
@@ -459,7 +459,7 @@ def test_first_token_rewritten_in_flight_is_rejected(tmp_path):
 def test_refused_decode_node_says_why(tmp_path):
     """A decode node refused for a config mismatch shows the reason in tandem status --json,
     and a request waiting for a decode node says in its error that one was refused."""
-    c = Cluster(str(tmp_path))
+    c = Cluster(str(tmp_path), default_keys=False)
     bad = os.path.join(str(tmp_path), "bad.yaml")
     with open(c.config) as f:
         cfg = f.read()
@@ -515,7 +515,7 @@ def test_refused_decode_node_says_why(tmp_path):
 def test_router_restart_stops_its_orphans(tmp_path):
     """After the router restarts, the nodes drop the work of the router instance that is gone
     at once, instead of generating its orphaned requests to max_tokens."""
-    c = Cluster(str(tmp_path)).start()
+    c = Cluster(str(tmp_path), default_keys=False).start()
     try:
         client = c.client()
         req = prompt_request(PROMPT_A, max_tokens=3000, ignore_eos=True, temperature=0.0)

@@ -147,9 +147,12 @@ typedef struct tdm_log_config {
  * router.curve_public_key turns it on, and then every node has its own pair
  * (nodes[].curve_public_key, nodes[].curve_secret_key_file). */
 typedef struct tdm_security_config {
-    bool insecure; /* allow non-loopback binds without CURVE (node and KV endpoints) or without
-                      API keys (client endpoint, HTTP); every daemon logs a warning at start.
-                      Default false */
+    bool insecure;     /* allow non-loopback binds without CURVE (node and KV endpoints) or without
+                          API keys (client endpoint, HTTP); every daemon logs a warning at start.
+                          Default false */
+    bool default_keys; /* a config without CURVE keys whose node and KV endpoints are all on
+                          this host takes per-node keys from the user's key directory
+                          (tdm_keydir_apply, tandem/node_keys.h). Default true */
 } tdm_security_config_t;
 
 /* One entry of nodes:. */

@@ -113,7 +113,10 @@ typedef struct tdm_sock_opts {
                                       sending daemon's instance, docs/protocol.md
                                       "Identities"); 0 = none */
     bool watch_handshake;          /* DEALER: follow the outcome of each connection's
-                                      handshake (tdm_sock_handshake) */
+                                      handshake (tdm_sock_handshake). ROUTER with CURVE: count
+                                      the handshakes that fail before ZAP is asked (a client
+                                      without the server's key, or without CURVE) in
+                                      tdm_sock_curve_refusals */
     bool immediate;                /* DEALER: queue messages only on completed connections
                                       (ZMQ_IMMEDIATE): with no connection up, a send fails at
                                       once (TDM_EUNAVAILABLE) instead of waiting for one; the
@@ -183,6 +186,15 @@ void *tdm_sock_zsock(tdm_sock_t *s);
 const char *tdm_sock_endpoint(const tdm_sock_t *s);
 
 void tdm_sock_stats(const tdm_sock_t *s, tdm_sock_stats_t *out);
+
+/* CURVE handshakes a CURVE server socket (tdm_sock_bind with curve keys) refused since it was
+ * bound: a client key it does not admit (ZAP: the reason names the key and the address), a
+ * peer without CURVE (ZAP), and, when bound with watch_handshake, handshakes that failed
+ * before ZAP (the client does not hold this server's public key, or speaks no CURVE). The
+ * most recent refusal's reason goes to why (cap bytes, "" when none; may be NULL), its
+ * tdm_time_now to *at (may be NULL). 0 for a socket without CURVE. Reads the monitor without
+ * blocking; call from the socket's thread. */
+uint64_t tdm_sock_curve_refusals(tdm_sock_t *s, char *why, size_t cap, double *at);
 
 /* Last error message of the socket ("" if none). */
 const char *tdm_sock_errmsg(const tdm_sock_t *s);

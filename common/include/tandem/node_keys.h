@@ -51,6 +51,35 @@ const tdm_curve_keys_t *tdm_node_curve_router(const tdm_node_keys_t *k, tdm_curv
  * *out points into k. Cannot fail. */
 const tdm_curve_keys_t *tdm_node_curve_kv(const tdm_node_keys_t *k, tdm_curve_keys_t *out);
 
+/* ---- keys by default (docs/operations.md "Keys by default") ---- */
+
+/* The per-user key directory in out (cap bytes): $XDG_STATE_HOME/tandem/keys when
+ * XDG_STATE_HOME is an absolute path, else $HOME/.local/state/tandem/keys. Returns 0;
+ * TDM_EPRECONDITION (neither variable usable), TDM_EINVALID (the path is longer than cap). */
+int tdm_keydir_path(char *out, size_t cap, tdm_error_t *err);
+
+/* True when cfg takes its CURVE keys from the key directory: security.default_keys is true,
+ * the config sets no CURVE key (router.curve_public_key unset), and every address a node or
+ * KV endpoint is bound or reached at (router.node_endpoint and its advertised address, every
+ * endpoint of router.node_endpoints, each decode node's kv_endpoint and kv_advertise) is
+ * loopback or ipc:// - one host. */
+bool tdm_keydir_applies(const tdm_config_t *cfg);
+
+/* When tdm_keydir_applies(cfg): makes the key directory (mode 0700, parents too) unless it
+ * exists, refuses one that is not a directory, is a symbolic link, belongs to another user or
+ * has any group/other permission bit, or whose parent belongs to another user or is writable by
+ * group or others; makes the missing pairs of the router ("router.key")
+ * and every node ("<id>.key": the 40-character Z85 secret, mode 0600; the public key is
+ * derived from it), each created whole under a temporary name and linked into place, so
+ * daemons starting at once all end up reading the one pair that won; then sets
+ * router.curve_public_key / curve_secret_key_file and every node's pair in cfg, which turns
+ * CURVE on (tdm_config_curve_on). dir (cap bytes, may be NULL) receives the directory, ""
+ * when the keys do not apply. Returns 0 (also when they do not apply: cfg unchanged);
+ * TDM_EPRECONDITION (no usable directory, wrong owner or mode: the message names the path
+ * and the fix), TDM_EUNAVAILABLE (a file cannot be created or read), TDM_EINVALID (a key
+ * file that does not hold a Z85 secret key: the message names it), TDM_ERESOURCE. */
+int tdm_keydir_apply(tdm_config_t *cfg, char *dir, size_t cap, tdm_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -418,6 +418,13 @@ static const tdm_config_key_t keys[] = {
              "KV endpoints without CURVE, the client endpoint and HTTP without `router.api_keys`. "
              "Every daemon then logs a warning at every start. Only for a network on which every "
              "host is trusted"),
+    BOOL_KEY(SECURITY, "default_keys", CFG(security.default_keys), true,
+             "with no CURVE keys in the config and the node and KV endpoints all on this host "
+             "(loopback or `ipc://`): every daemon takes its CURVE pair from the user's key "
+             "directory (`$XDG_STATE_HOME/tandem/keys`, else `~/.local/state/tandem/keys`), "
+             "making the missing pairs on first start, so CURVE is on and only this user's "
+             "processes can register as nodes or send KV (\"Keys by default\"). `false`: such a "
+             "cluster runs without CURVE, and any local user can pose as a node"),
     REMOVED_KEY(SECURITY, "curve_server_public_key", SHARED_KEYS_REMOVED),
     REMOVED_KEY(SECURITY, "curve_server_secret_key", SHARED_KEYS_REMOVED),
     REMOVED_KEY(SECURITY, "curve_client_public_key", SHARED_KEYS_REMOVED),

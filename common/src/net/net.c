@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,9 @@ typedef struct zap_entry {
     tdm_net_zap_key_t *keys; /* [n_keys] admitted clients (owned) */
     size_t n_keys;
     const tdm_logger_t *log;
+    uint64_t refused;      /* handshakes refused (tdm_net_zap_refusals) */
+    double refused_at;     /* tdm_time_now of the last */
+    char refused_why[160]; /* the last one's reason */
 } zap_entry_t;
 
 struct tdm_net {
@@ -121,6 +125,18 @@ static bool part_is(zmq_msg_t *m, const char *s)
     return zmq_msg_size(m) == n && memcmp(zmq_msg_data(m), s, n) == 0;
 }
 
+/* Counts a refusal on e and keeps its reason (lock held). */
+static void zap_note(zap_entry_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void zap_note(zap_entry_t *e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->refused_why, sizeof e->refused_why, fmt, ap);
+    va_end(ap);
+    e->refused++;
+    e->refused_at = tdm_time_now();
+}
+
 /* Decides one request: true to admit, with the admitted key's name in user (cap
  * TDM_NET_USER_ID_MAX). Logs a refusal through the socket's logger. */
 static bool zap_decide(tdm_net_t *net, zmq_msg_t *p, size_t n, const char **why, char *user)
@@ -143,7 +159,7 @@ static bool zap_decide(tdm_net_t *net, zmq_msg_t *p, size_t n, const char **why,
 
     bool ok = false;
     pthread_mutex_lock(&net->lock);
-    const zap_entry_t *e = NULL;
+    zap_entry_t *e = NULL;
     for (size_t i = 0; i < net->n_zap; i++)
         if (strcmp(net->zap[i].domain, domain) == 0)
             e = &net->zap[i];
@@ -153,6 +169,7 @@ static bool zap_decide(tdm_net_t *net, zmq_msg_t *p, size_t n, const char **why,
         *why = "CURVE required";
         tdm_log_write(e->log, TDM_LOG_WARN, NULL, NULL,
                       "refused a peer without CURVE security from %s", addr);
+        zap_note(e, "refused a peer without CURVE security from %s", addr);
     } else {
         const tdm_net_zap_key_t *k = NULL;
         for (size_t i = 0; zmq_msg_size(&p[6]) == 32 && i < e->n_keys && !k; i++)
@@ -166,6 +183,10 @@ static bool zap_decide(tdm_net_t *net, zmq_msg_t *p, size_t n, const char **why,
             tdm_log_write(e->log, TDM_LOG_WARN, NULL, NULL,
                           "refused a CURVE client with an unknown public key %s from %s", z85,
                           addr);
+            zap_note(e,
+                     "refused a CURVE client from %s: its public key %s is no node's key in "
+                     "the cluster config",
+                     addr, z85);
         } else {
             ok = true;
             *why = "OK";
@@ -275,6 +296,7 @@ int tdm_net_zap_register(tdm_net_t *net, const tdm_net_zap_key_t *keys, size_t n
         net->cap_zap = cap;
     }
     zap_entry_t *e = &net->zap[net->n_zap++];
+    memset(e, 0, sizeof *e); /* no refusals yet (realloc'ed memory is not zeroed) */
     snprintf(e->domain, sizeof e->domain, "tdm.%llu", (unsigned long long)net->next_domain++);
     e->keys = copy;
     e->n_keys = n_keys;
@@ -432,4 +454,24 @@ out_wipe:
 out_close:
     close(fd);
     return rc;
+}
+
+uint64_t tdm_net_zap_refusals(tdm_net_t *net, const char *domain, char *why, size_t cap, double *at)
+{
+    uint64_t n = 0;
+    if (why && cap)
+        why[0] = '\0';
+    if (at)
+        *at = 0;
+    pthread_mutex_lock(&net->lock);
+    for (size_t i = 0; i < net->n_zap; i++)
+        if (strcmp(net->zap[i].domain, domain) == 0) {
+            n = net->zap[i].refused;
+            if (why && cap)
+                snprintf(why, cap, "%s", net->zap[i].refused_why);
+            if (at)
+                *at = net->zap[i].refused_at;
+        }
+    pthread_mutex_unlock(&net->lock);
+    return n;
 }

@@ -93,6 +93,11 @@ int tdm_net_zap_register(tdm_net_t *net, const tdm_net_zap_key_t *keys, size_t n
 /* Forgets a domain: later handshakes on it are refused. Cannot fail. */
 void tdm_net_zap_unregister(tdm_net_t *net, const char *domain);
 
+/* Handshakes refused on domain so far; the last one's reason in why (cap bytes, "" when none;
+ * may be NULL) and its tdm_time_now in *at (may be NULL). 0 for an unknown domain. */
+uint64_t tdm_net_zap_refusals(tdm_net_t *net, const char *domain, char *why, size_t cap,
+                              double *at);
+
 /* Length of the longest prefix of s that fits in a buffer of cap bytes (>= 1) with its NUL
  * without cutting a UTF-8 character. Cannot fail. */
 size_t tdm_net_text_fit(const char *s, size_t cap);
@@ -120,6 +125,8 @@ struct tdm_sock {
     char hs_why[160];     /* what it said */
     uint64_t disconnects; /* established connections the monitor saw drop */
     uint64_t handshakes;  /* handshakes the monitor saw succeed */
+    uint64_t hs_failures; /* handshakes the monitor saw fail before ZAP (protocol, no detail) */
+    double hs_failed_at;  /* tdm_time_now of the last */
 };
 
 /* Formats the socket's last error message (tdm_sock_errmsg). Cannot fail (truncates). */

@@ -13,6 +13,8 @@
 
 #include "net/net_internal.h"
 
+static int handshake_monitor_new(tdm_sock_t *s, const char *endpoint, tdm_error_t *err);
+
 void tdm_sock_set_errmsg(tdm_sock_t *s, const char *fmt, ...)
 {
     va_list ap;
@@ -259,6 +261,8 @@ tdm_sock_t *tdm_sock_bind(tdm_net_t *net, const char *endpoint, const tdm_sock_o
         if (zrc != 0)
             goto out_destroy;
     }
+    if (!curve_none(k) && opts->watch_handshake && handshake_monitor_new(s, endpoint, err) != 0)
+        goto out_destroy;
     if (sock_bind_endpoint(s, endpoint, err) != 0)
         goto out_destroy;
     return s;
@@ -395,6 +399,8 @@ static void monitor_drain(tdm_sock_t *s)
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            s->hs_failures++;
+            s->hs_failed_at = tdm_time_now();
             s->hs_failed = true;
             snprintf(s->hs_why, sizeof s->hs_why,
                      "the CURVE handshake failed: the peer's public key is not the one "
@@ -404,6 +410,31 @@ static void monitor_drain(tdm_sock_t *s)
         default: break;
         }
     }
+}
+
+uint64_t tdm_sock_curve_refusals(tdm_sock_t *s, char *why, size_t cap, double *at)
+{
+    double zap_at = 0;
+    uint64_t n = 0;
+    if (why && cap)
+        why[0] = '\0';
+    if (s->zap_domain[0])
+        n = tdm_net_zap_refusals(s->net, s->zap_domain, why, cap, &zap_at);
+    if (s->zap_domain[0] && s->monitor) {
+        monitor_drain(s);
+        n += s->hs_failures;
+        if (s->hs_failures && s->hs_failed_at > zap_at) {
+            zap_at = s->hs_failed_at;
+            if (why && cap)
+                snprintf(why, cap,
+                         "a CURVE handshake failed before the key check: the client does not "
+                         "hold this server's public key, or speaks no CURVE (a process without "
+                         "the cluster's keys)");
+        }
+    }
+    if (at)
+        *at = zap_at;
+    return n;
 }
 
 uint64_t tdm_sock_disconnects(tdm_sock_t *s)

@@ -1,5 +1,6 @@
 /* daemon.c - command line, config, signals and lifetime of tandem-prefill / tandem-decode. */
 #include <getopt.h>
+#include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 
 #include "tandem/daemon.h"
 #include "tandem/net.h"
+#include "tandem/node_keys.h"
 #include "tandem/node_link.h"
 #include "tandem/notify.h"
 
@@ -197,6 +199,16 @@ static int load_node(const daemon_args_t *a, tdm_node_role_t role, tdm_config_t 
         }
         log->level = (tdm_log_level_t)lv;
     }
+    /* before tdm_node_runtime_open reads the node's keys: a one-host config without keys
+     * takes them from the user's key directory */
+    char keydir[PATH_MAX];
+    if (tdm_keydir_apply(cfg, keydir, sizeof keydir, &err) != TDM_OK) {
+        fprintf(stderr, "%s: %s\n", a->prog, err.msg);
+        tdm_config_free(cfg);
+        return 2;
+    }
+    if (keydir[0])
+        tdm_log_write(log, TDM_LOG_INFO, NULL, NULL, "keys by default: CURVE keys from %s", keydir);
     return 0;
 }
 

@@ -384,7 +384,9 @@ static void log_quiet_router(tdm_node_link_t *l, tdm_node_link_state_t st, doubl
         TDM_LOG_ERRORF(l->log, NULL,
                        "cannot authenticate with the router at %s: %s; check "
                        "router.curve_public_key and this node's curve_public_key / "
-                       "curve_secret_key_file (tandem keys generate)",
+                       "curve_secret_key_file (tandem keys generate), or, with keys by "
+                       "default, that the router and this node read the same key directory "
+                       "(the same user and XDG_STATE_HOME: tandem keys default shows it)",
                        l->router_ep, why);
         l->last_quiet_log = now;
     } else if (!failed && st == TDM_NODE_LINK_CONNECTING && now - l->last_router_reply >= 10.0 &&
