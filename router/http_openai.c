@@ -802,6 +802,7 @@ void oai_req_clear(oai_req_t *q)
     oai_tools_clear(&q->tools);
     free(q->chat_template_kwargs);
     free(q->constraint_text);
+    free(q->reason_grammar);
     if (q->root)
         json_decref(q->root);
     memset(q, 0, sizeof *q);

@@ -179,6 +179,29 @@ int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t 
     return rc;
 }
 
+/* A streamed chat chunk through the reasoning parser (o->reason, made at the first): the
+ * reasoning it settles goes out as delta.reasoning_content (unless include_reasoning is false),
+ * the answer's text into *answer for the content and tool-call path. */
+static int reasoning_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
+                         tdm_buf_t *b, tdm_buf_t *answer)
+{
+    if (!o->reason) {
+        if (!(o->reason = calloc(1, sizeof *o->reason)))
+            return TDM_ERESOURCE;
+        oai_reason_init(o->reason, q->reasoning);
+    }
+    tdm_buf_t thought = TDM_BUF_INIT;
+    int rc = oai_reason_feed(o->reason, ch->text, strlen(ch->text),
+                             ch->finish_reason != TDM_CLIENT_FINISH_NONE, &thought, answer);
+    if (rc == TDM_OK && thought.len > 0 && !q->hide_reasoning)
+        rc = oai_emit_choice_at(
+            q, o->index, b,
+            json_pack("{s:o}", "reasoning_content", str_utf8(thought.data, thought.len)), NULL, 0,
+            NULL, NULL);
+    tdm_buf_free(&thought);
+    return rc == TDM_OK && answer->oom ? TDM_ERESOURCE : rc;
+}
+
 int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b)
 {
     int rc = TDM_OK;
@@ -190,6 +213,14 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
                                     NULL, 0, NULL, NULL);
         else if (q->echo)
             rc = oai_emit_choice_at(q, o->index, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
+    }
+    tdm_client_chunk_t split;
+    tdm_buf_t answer = TDM_BUF_INIT;
+    if (rc == TDM_OK && q->kind == OAI_CHAT && q->reasoning != OAI_REASONING_NONE) {
+        rc = reasoning_sse(q, o, ch, b, &answer);
+        split = *ch;
+        split.text = answer.data ? answer.data : "";
+        ch = &split;
     }
     bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
     if (rc == TDM_OK && q->tools.parse) {
@@ -213,6 +244,7 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
         rc = oai_emit_choice_at(q, o->index, b, NULL, "", 0, NULL,
                                 tools_finish ? tools_finish : finish_name(ch->finish_reason));
     }
+    tdm_buf_free(&answer);
     return rc;
 }
 
@@ -265,12 +297,24 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         return NULL;
     json_t *lp = oai_logprobs_json(q, o, ch);
     size_t n_calls = 0;
+    const char *text = ch->text;
+    tdm_buf_t thought = TDM_BUF_INIT, answer = TDM_BUF_INIT;
+    bool reasons = q->kind == OAI_CHAT && q->reasoning != OAI_REASONING_NONE;
+    if (reasons) {
+        oai_reason_t rp;
+        oai_reason_init(&rp, q->reasoning);
+        (void)oai_reason_feed(&rp, ch->text, strlen(ch->text), true, &thought, &answer);
+        oai_reason_free(&rp);
+        text = answer.data ? answer.data : "";
+    }
     if (q->kind == OAI_CHAT && q->tools.parse) {
-        json_object_set_new(choice, "message", oai_tools_message_json(q, ch->text, &n_calls));
+        json_object_set_new(choice, "message", oai_tools_message_json(q, text, &n_calls));
     } else if (q->kind == OAI_CHAT) {
+        bool empty = reasons && text[0] == '\0' && thought.len > 0;
         json_object_set_new(choice, "message",
                             json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
-                                      str_utf8(ch->text, strlen(ch->text)), "refusal"));
+                                      empty ? json_null() : str_utf8(text, strlen(text)),
+                                      "refusal"));
     } else {
         tdm_buf_t t = TDM_BUF_INIT;
         if (q->echo)
@@ -279,6 +323,14 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         json_object_set_new(choice, "text", str_utf8(t.data ? t.data : "", t.len));
         tdm_buf_free(&t);
     }
+    json_t *msg = json_object_get(choice, "message");
+    if (reasons && msg)
+        json_object_set_new(msg, "reasoning_content",
+                            thought.len > 0 && !q->hide_reasoning
+                                ? str_utf8(thought.data, thought.len)
+                                : json_null());
+    tdm_buf_free(&thought);
+    tdm_buf_free(&answer);
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
     bool called = n_calls > 0 && ch->finish_reason == TDM_CLIENT_FINISH_STOP;
     json_object_set_new(choice, "finish_reason",
