@@ -643,9 +643,19 @@ static oai_tool_call_t *add_call(oai_tool_parser_t *p, char *name, char *argumen
     uint8_t r[12] = {0};
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
         memcpy(r, &p->n_calls, sizeof p->n_calls);
-    int off = snprintf(c->id, sizeof c->id, "call_");
-    for (size_t k = 0; k < sizeof r; k++)
-        off += snprintf(c->id + off, sizeof c->id - (size_t)off, "%02x", r[k]);
+    if (p->format == OAI_TOOL_FORMAT_MISTRAL || p->format == OAI_TOOL_FORMAT_MISTRAL_ARGS) {
+        /* Mistral's templates refuse a call id that is not 9 letters and digits when the
+         * call comes back in the history (vLLM's mistral parser makes such ids too) */
+        static const char alnum[] =
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        for (size_t k = 0; k < 9; k++)
+            c->id[k] = alnum[r[k] % (sizeof alnum - 1)];
+        c->id[9] = '\0';
+    } else {
+        int off = snprintf(c->id, sizeof c->id, "call_");
+        for (size_t k = 0; k < sizeof r; k++)
+            off += snprintf(c->id + off, sizeof c->id - (size_t)off, "%02x", r[k]);
+    }
     c->name = name;
     c->arguments = arguments;
     return c;

@@ -79,7 +79,7 @@ void oai_tools_clear(oai_tools_t *t);
 
 /* One parsed call. */
 typedef struct oai_tool_call {
-    char id[40];     /* "call_" + 24 hex digits */
+    char id[40];     /* "call_" + 24 hex digits; Mistral formats: 9 letters and digits */
     char *name;      /* function.name */
     char *arguments; /* function.arguments: the arguments' JSON text as generated (so far,
                         while an incremental call is open) */
