@@ -103,6 +103,27 @@ oai_reasoning_t oai_family_reasoning(const oai_family_t *f, const tdm_jinja_t *t
     return inside ? OAI_REASONING_INSIDE : OAI_REASONING_OPTIONAL;
 }
 
+int oai_reasoning_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, tdm_error_t *err)
+{
+    const char *key = "reasoning_content";
+    json_t *v = json_object_get(m, key);
+    if (!v || json_is_null(v)) {
+        key = "reasoning";
+        v = json_object_get(m, key);
+    }
+    if (!v || json_is_null(v))
+        return TDM_OK;
+    char f[64];
+    snprintf(f, sizeof f, "messages[%zu].%s", i, key);
+    if (!json_is_string(v))
+        return tdm_error_set_field(err, TDM_EINVALID, f, "%s must be a string", f);
+    if (strcmp(msg->role, "assistant") != 0)
+        return tdm_error_set_field(err, TDM_EINVALID, f,
+                                   "%s: only assistant messages have reasoning", f);
+    msg->reasoning_content = (char *)json_string_value(v);
+    return TDM_OK;
+}
+
 /* ---- the reasoning parser ---- */
 
 enum {

@@ -16,6 +16,7 @@
 #include "tandem/chat.h"
 #include "tandem/config.h"
 #include "tandem/jinja.h"
+#include "tandem/proto.h"
 
 /* How a request's output begins with respect to reasoning. */
 typedef enum oai_reasoning {
@@ -70,6 +71,13 @@ oai_family_t oai_family_detect(const tdm_jinja_t *t, tdm_reasoning_parser_t reas
  * template that does not render gives OPTIONAL. */
 oai_reasoning_t oai_family_reasoning(const oai_family_t *f, const tdm_jinja_t *t,
                                      const tdm_chat_pick_t *pick, const json_t *kwargs);
+
+/* An assistant message's reasoning (messages[i], the JSON object m: "reasoning_content", or
+ * "reasoning" as newer vLLM writes it) into msg->reasoning_content (pointing into m), so a
+ * template that reads message.reasoning_content (Qwen3's) renders it. Returns 0, or
+ * TDM_EINVALID naming the field ("messages[2].reasoning_content": not a string, or on a message
+ * that is not the assistant's). */
+int oai_reasoning_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, tdm_error_t *err);
 
 /* ---- the reasoning parser ---- */
 

@@ -154,6 +154,7 @@ static void chat_message_to_proto(const tdm_chat_message_t *cm, Tandem__V1__Chat
     m->tool_calls = (char *)(uintptr_t)str_or_empty(cm->tool_calls);
     m->tool_call_id = (char *)(uintptr_t)str_or_empty(cm->tool_call_id);
     m->name = (char *)(uintptr_t)str_or_empty(cm->name);
+    m->reasoning_content = (char *)(uintptr_t)str_or_empty(cm->reasoning_content);
 }
 
 /* req's constraint in *c (its text points into req), or NULL for none. */

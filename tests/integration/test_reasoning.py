@@ -306,3 +306,23 @@ def test_langchain_round_trip_per_family(cluster, model, family):
                                           ToolMessage(content="22 C, sunny",
                                                       tool_call_id=call["id"])])
     assert isinstance(reply, AIMessage)
+
+
+def test_reasoning_of_past_turns_reaches_the_template(oai, model):
+    # an assistant message's reasoning_content goes to the template (protocol 2.1): a template
+    # that renders it sees more prompt tokens; the Qwen3 template drops it for past turns
+    reads = ("{% for m in messages %}{{ m.content }}{{ m.reasoning_content or '' }}\n{% endfor %}")
+    msgs = [{"role": "user", "content": "Say A."},
+            {"role": "assistant", "content": "A", "reasoning_content": "The user wants A."},
+            {"role": "user", "content": "Say B."}]
+    bare = [dict(m) for m in msgs]
+    del bare[1]["reasoning_content"]
+    with_r = oai.chat.completions.create(model=model, messages=msgs, max_tokens=1,
+                                         extra_body={"chat_template": reads})
+    without = oai.chat.completions.create(model=model, messages=bare, max_tokens=1,
+                                          extra_body={"chat_template": reads})
+    assert with_r.usage.prompt_tokens > without.usage.prompt_tokens + 3
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=model, max_tokens=1, messages=[
+            {"role": "user", "content": "x", "reasoning_content": "y"}])
+    assert e.value.body["param"] == "messages[0].reasoning_content"

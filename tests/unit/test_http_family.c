@@ -400,6 +400,39 @@ static void test_reasoning_effort(void **state)
     tdm_jinja_destroy(&ignores);
 }
 
+static void test_reasoning_in_history(void **state)
+{
+    (void)state;
+    static const char body[] =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+        "\"assistant\", \"content\": \"a\", \"reasoning_content\": \"because\"}, {\"role\": "
+        "\"user\", \"content\": \"q2\"}]}";
+    oai_req_t q;
+    tdm_error_t err = {0};
+    assert_int_equal(oai_parse(OAI_CHAT, body, strlen(body), "m", &q, &err), TDM_OK);
+    assert_string_equal(q.creq.messages[1].reasoning_content, "because");
+    /* a template that reads it renders it */
+    tdm_jinja_t *t = compile("{% for m in messages %}[{{ m.content }}|{{ m.reasoning_content }}]"
+                             "{% endfor %}");
+    tdm_chat_jinja_input_t in = {.msgs = q.creq.messages, .n = q.creq.n_messages, .now = -1};
+    char *out = NULL;
+    assert_int_equal(tdm_chat_apply_jinja(t, &in, &out, NULL, NULL, &err), TDM_OK);
+    assert_string_equal(out, "[q|][a|because][q2|]");
+    free(out);
+    tdm_jinja_destroy(&t);
+    oai_req_clear(&q);
+    static const char on_user[] =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"q\", \"reasoning\": \"x\"}]}";
+    assert_int_equal(oai_parse(OAI_CHAT, on_user, strlen(on_user), "m", &q, &err), TDM_EINVALID);
+    assert_string_equal(err.field, "messages[0].reasoning");
+    static const char not_string[] =
+        "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\", "
+        "\"reasoning_content\": 1}]}";
+    assert_int_equal(oai_parse(OAI_CHAT, not_string, strlen(not_string), "m", &q, &err),
+                     TDM_EINVALID);
+    assert_string_equal(err.field, "messages[0].reasoning_content");
+}
+
 /* ---- responses ---- */
 
 static const char thought_and_call[] =
@@ -505,6 +538,7 @@ int main(void)
         cmocka_unit_test(test_grammar_after_reasoning),
         cmocka_unit_test(test_reasoning_effort),
         cmocka_unit_test(test_reasoning_responses),
+        cmocka_unit_test(test_reasoning_in_history),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
