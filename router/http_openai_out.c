@@ -324,6 +324,9 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         tdm_buf_free(&t);
     }
     json_t *msg = json_object_get(choice, "message");
+    const char *answer_text = json_string_value(json_object_get(msg, "content"));
+    if (reasons && msg && answer_text && !answer_text[0] && thought.len > 0)
+        json_object_set_new(msg, "content", json_null()); /* all of it was reasoning */
     if (reasons && msg)
         json_object_set_new(msg, "reasoning_content",
                             thought.len > 0 && !q->hide_reasoning

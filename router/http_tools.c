@@ -11,6 +11,10 @@
  * content; streamed, such calls arrive whole (a delta with id and name, then one with the
  * arguments). Constrained output (required / a named function) can only be calls, so there
  * the arguments stream as they are generated.
+ *
+ * Other families (http_family.h: Llama 3.x JSON, Mistral's [TOOL_CALLS] array and [ARGS]
+ * forms) are parsed when the output ends, and their required / named grammars are written in
+ * their own markup; every required grammar ends after OAI_TOOL_MAX_CALLS calls at most.
  */
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,7 +1,8 @@
 /* http_tools.h - OpenAI tool calling in the HTTP gateway (http_tools.c): the request fields
  * (tools, tool_choice, parallel_tool_calls, the legacy functions / function_call), the tool
- * fields of messages, and the parser that turns generated Hermes-style calls
- * ("<tool_call>\n{"name": …, "arguments": …}\n</tool_call>") into OpenAI tool_calls.
+ * fields of messages, and the parser that turns generated calls into OpenAI tool_calls: the
+ * Hermes style ("<tool_call>\n{"name": …, "arguments": …}\n</tool_call>") and the other
+ * families' formats of http_family.h (Llama 3.x JSON, Mistral's [TOOL_CALLS]).
  * Included by http_openai.h; not installed. The format is documented in docs/api.md.
  */
 #ifndef TANDEM_ROUTER_HTTP_TOOLS_H
