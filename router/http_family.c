@@ -402,7 +402,8 @@ int oai_apply_family(oai_req_t *q, const oai_family_ctx_t *ctx, tdm_error_t *err
                                  "include_reasoning must be a boolean");
     q->hide_reasoning = json_is_false(ir);
     if (rc == TDM_OK) {
-        q->reasoning = oai_family_reasoning(&fam, t, ctx->pick, kwargs);
+        q->reasoning =
+            own || kwargs ? oai_family_reasoning(&fam, t, ctx->pick, kwargs) : ctx->plain_mode;
         if (q->tools.parse)
             rc = oai_tools_set_format(&q->tools, fam.tools, &q->creq, err);
     }

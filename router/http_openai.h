@@ -105,8 +105,10 @@ int oai_parse_structured(oai_req_t *q, tdm_error_t *err);
 
 /* What the gateway knows of the model's chat template, for oai_apply_family. Borrowed. */
 typedef struct oai_family_ctx {
-    const tdm_chat_pick_t *pick;          /* the model's template (NULL: none) */
-    oai_family_t family;                  /* its family under the config (oai_family_detect) */
+    const tdm_chat_pick_t *pick; /* the model's template (NULL: none) */
+    oai_family_t family;         /* its family under the config (oai_family_detect) */
+    oai_reasoning_t plain_mode;  /* oai_family_reasoning for a request without a template or
+                                    chat_template_kwargs of its own (rendered once at start) */
     tdm_reasoning_parser_t reasoning_cfg; /* model.reasoning_parser */
     tdm_tool_call_parser_t tools_cfg;     /* model.tool_call_parser */
 } oai_family_ctx_t;

@@ -707,6 +707,8 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
     h->family.tools_cfg = cfg->model.tool_call_parser;
     h->family.family = oai_family_detect(h->vocab.pick ? h->vocab.pick->jinja : NULL,
                                          cfg->model.reasoning_parser, cfg->model.tool_call_parser);
+    h->family.plain_mode = oai_family_reasoning(
+        &h->family.family, h->vocab.pick ? h->vocab.pick->jinja : NULL, h->vocab.pick, NULL);
     if (log)
         h->log = *log;
     else

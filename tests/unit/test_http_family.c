@@ -238,6 +238,7 @@ static void fitted(const char *body, oai_tool_format_t f, oai_reasoning_t mode, 
     ctx.family.tools = f;
     ctx.family.thinks = mode != OAI_REASONING_NONE;
     ctx.family.forced = mode;
+    ctx.plain_mode = mode;
     if (oai_apply_family(q, &ctx, &err) != TDM_OK)
         fail_msg("%s: %s", body, err.msg);
 }
