@@ -406,6 +406,10 @@ int oai_apply_family(oai_req_t *q, const oai_family_ctx_t *ctx, tdm_error_t *err
             own || kwargs ? oai_family_reasoning(&fam, t, ctx->pick, kwargs) : ctx->plain_mode;
         if (q->tools.parse)
             rc = oai_tools_set_format(&q->tools, fam.tools, &q->creq, err);
+        /* Mistral's [TOOL_CALLS] and [ARGS] are control tokens of its vocabulary: their text
+         * must reach the parser (vLLM turns skip_special_tokens off for it too) */
+        q->creq.render_special = q->tools.parse && (fam.tools == OAI_TOOL_FORMAT_MISTRAL ||
+                                                    fam.tools == OAI_TOOL_FORMAT_MISTRAL_ARGS);
     }
     if (rc == TDM_OK && q->reasoning != OAI_REASONING_NONE &&
         q->creq.constraint_kind != TDM_CLIENT_CONSTRAINT_NONE)

@@ -197,6 +197,7 @@ struct rt_req {
     size_t peer_len;
     uint64_t call_id;
     bool stream, include_stop_str, echo;
+    bool render_special; /* GenerateRequest.render_special: control tokens' text is output */
     bool no_speculation; /* GenerateRequest.speculative OFF, passed on in DecodeReserve */
     int32_t *prompt;     /* [n_prompt] heap */
     uint32_t n_prompt;

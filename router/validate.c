@@ -503,6 +503,8 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     q->stream = g->stream;
     q->include_stop_str = g->include_stop_str;
     q->echo = g->echo_token_text;
+    q->render_special = g->render_special;
+    tdm_detok_init(&q->detok, r->tok, q->render_special);
     q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return TDM_OK;
 }

@@ -234,6 +234,7 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
     m.stream = req->stream;
     m.n = req->n;
     m.include_stop_str = req->include_stop_str;
+    m.render_special = req->render_special;
     m.echo_token_text = req->echo_token_text;
     m.speculative = req->no_speculation ? TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF
                                         : TANDEM__V1__SPECULATIVE__SPECULATIVE_AUTO;

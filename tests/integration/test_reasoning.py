@@ -326,3 +326,18 @@ def test_reasoning_of_past_turns_reaches_the_template(oai, model):
         oai.chat.completions.create(model=model, max_tokens=1, messages=[
             {"role": "user", "content": "x", "reasoning_content": "y"}])
     assert e.value.body["param"] == "messages[0].reasoning_content"
+
+
+def test_mistral_format_keeps_control_tokens_text(oai, model):
+    # Mistral's [TOOL_CALLS] is a control token in its own vocabulary, so with its format the
+    # gateway asks for control tokens' text (GenerateRequest.render_special); SmolLM2's
+    # <|im_start|> (id 1, a control token) shows the plumbing: forced by logit_bias, its text is
+    # kept with Mistral tools and left out otherwise; the end of generation adds none either way
+    kw = dict(model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=3,
+              temperature=0, logit_bias={"1": 100})
+    nemo = template("mistralai-Mistral-Nemo-Instruct-2407.jinja")
+    r = oai.chat.completions.create(tools=TOOLS, extra_body={"chat_template": nemo}, **kw)
+    assert r.choices[0].message.content == "<|im_start|>" * 3, r
+    assert not r.choices[0].message.tool_calls
+    r = oai.chat.completions.create(extra_body={"chat_template": nemo}, **kw)
+    assert r.choices[0].message.content == "", r

@@ -283,6 +283,9 @@ static void test_required_grammars(void **state)
         fitted("{" USER ", " TOOLS ", \"tool_choice\": \"required\"}", cases[k].f,
                OAI_REASONING_NONE, &q);
         assert_int_equal(q.creq.constraint_kind, TDM_CLIENT_CONSTRAINT_GRAMMAR);
+        /* Mistral's markers are control tokens: their text is asked for */
+        assert_int_equal(q.creq.render_special, cases[k].f == OAI_TOOL_FORMAT_MISTRAL ||
+                                                    cases[k].f == OAI_TOOL_FORMAT_MISTRAL_ARGS);
         const char *g = q.creq.constraint;
         char *one = repeat(cases[k].open, cases[k].call, cases[k].sep, cases[k].close, 1);
         char *most =
