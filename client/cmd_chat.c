@@ -38,8 +38,10 @@ static void usage(FILE *out)
             "                            as for `tandem generate`\n"
             "      --stop STR            stop string (repeatable, at most 16)\n"
             "      --stats               print each answer's usage figures to stderr\n"
-            "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
-            "                            " TDM_CLIENT_DEFAULT_ENDPOINT ")\n"
+            "      --router EP[,EP...]   router client endpoint (default $TANDEM_ROUTER or\n"
+            "                            " TDM_CLIENT_DEFAULT_ENDPOINT "); several: each request\n"
+            "                            goes to the next in turn, and to the one after when its\n"
+            "                            router fails before the first token\n"
             "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
             "      --timeout SECONDS     deadline of each answer (default 600)\n"
             "  -h, --help                this help\n");

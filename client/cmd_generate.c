@@ -63,6 +63,12 @@ static void usage(FILE *out)
             "      --ignore-eos          keep generating after end-of-generation tokens\n"
             "      --logit-bias ID:BIAS  add BIAS in [-100, 100] to token ID's logit\n"
             "                            (-100 bans it, 100 forces it; repeatable, at most 300)\n"
+            "      --min-tokens N        no end-of-generation token, stop token or stop string\n"
+            "                            before N output tokens (vLLM's min_tokens)\n"
+            "      --bad-word WORD       never generate WORD (vLLM's bad_words; repeatable, at\n"
+            "                            most 128 of 1..256 bytes)\n"
+            "      --allowed-token-ids ID,ID,...  sample only these token ids (repeatable,\n"
+            "                            at most 1024 in all)\n"
             "structured output (at most one; docs/api.md \"Structured output\"):\n"
             "      --json-schema FILE    the output is JSON matching the JSON Schema in FILE\n"
             "      --json-object         the output is a JSON object\n"
@@ -70,8 +76,10 @@ static void usage(FILE *out)
             "      --regex RE            the output matches the regular expression RE\n"
             "      --choice A,B,...      the output is one of the comma-separated strings\n"
             "router (without -m):\n"
-            "      --router ENDPOINT     router client endpoint (default $TANDEM_ROUTER or\n"
-            "                            " TDM_CLIENT_DEFAULT_ENDPOINT ")\n"
+            "      --router EP[,EP...]   router client endpoint (default $TANDEM_ROUTER or\n"
+            "                            " TDM_CLIENT_DEFAULT_ENDPOINT "); several: each request\n"
+            "                            goes to the next in turn, and to the one after when its\n"
+            "                            router fails before the first token\n"
             "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
             "      --timeout SECONDS     deadline of the request (default 600)\n"
             "      --stop STR            stop string (repeatable, at most 16)\n"
@@ -92,7 +100,11 @@ typedef struct gen_opts {
     long max_tokens, threads, ctx, batch, choices;
     const char *kv_dtype, *device;
     tdm_cli_sampling_t sampling; /* the preset and the overrides applied after it */
-    tdm_sampling_params_t bias;  /* --logit-bias entries (only its logit_bias is used) */
+    tdm_sampling_params_t bias;  /* --logit-bias and --allowed-token-ids entries (only its
+                                    logit_bias and allowed are used) */
+    long min_tokens;
+    const char *bad_words[TDM_SAMPLING_MAX_BAD_WORDS]; /* --bad-word */
+    size_t n_bad_words;
     /* router path */
     const char *router, *api_key;
     double timeout_s;
@@ -142,14 +154,60 @@ static bool opt_logit_bias(const char *cmd, const char *value, void *target)
     return true;
 }
 
-/* The sampling parameters of o (tdm_cli_sampling_build, then the --logit-bias entries). Returns
- * false after printing why. */
+/* --bad-word WORD: one more word into the gen_opts_t at target (tokenized by the router, or
+ * with -m by tdm_prompt_bad_word once the model is loaded). */
+static bool opt_bad_word(const char *cmd, const char *value, void *target)
+{
+    gen_opts_t *o = target;
+    if (o->n_bad_words == TDM_SAMPLING_MAX_BAD_WORDS) {
+        fprintf(stderr, "%s: --bad-word: at most %d words\n", cmd, TDM_SAMPLING_MAX_BAD_WORDS);
+        return false;
+    }
+    if (!value[0] || strlen(value) > TDM_SAMPLING_MAX_BAD_WORD_BYTES) {
+        fprintf(stderr, "%s: --bad-word: a word has 1..%d bytes\n", cmd,
+                TDM_SAMPLING_MAX_BAD_WORD_BYTES);
+        return false;
+    }
+    o->bad_words[o->n_bad_words++] = value;
+    return true;
+}
+
+/* --allowed-token-ids ID,ID,...: more allowed token ids into the gen_opts_t at target. */
+static bool opt_allowed(const char *cmd, const char *value, void *target)
+{
+    gen_opts_t *o = target;
+    const char *at = value;
+    for (;;) {
+        char *end;
+        long id = strtol(at, &end, 10);
+        if (end == at || (*end && *end != ',') || id < 0 || id > INT32_MAX) {
+            fprintf(stderr, "%s: --allowed-token-ids: expected ID,ID,... (e.g. 28,29), got '%s'\n",
+                    cmd, value);
+            return false;
+        }
+        if (o->bias.n_allowed == TDM_SAMPLING_MAX_ALLOWED) {
+            fprintf(stderr, "%s: --allowed-token-ids: at most %d ids\n", cmd,
+                    TDM_SAMPLING_MAX_ALLOWED);
+            return false;
+        }
+        o->bias.allowed[o->bias.n_allowed++] = (int32_t)id;
+        if (!*end)
+            return true;
+        at = end + 1;
+    }
+}
+
+/* The sampling parameters of o (tdm_cli_sampling_build, then the --logit-bias entries,
+ * --min-tokens and --allowed-token-ids). Returns false after printing why. */
 static bool build_sampling(const gen_opts_t *o, tdm_sampling_params_t *sp)
 {
     if (!tdm_cli_sampling_build("tandem generate", &o->sampling, o->max_tokens, sp))
         return false;
     sp->n_logit_bias = o->bias.n_logit_bias;
     memcpy(sp->logit_bias, o->bias.logit_bias, sp->n_logit_bias * sizeof sp->logit_bias[0]);
+    sp->min_tokens = (int32_t)o->min_tokens;
+    sp->n_allowed = o->bias.n_allowed;
+    memcpy(sp->allowed, o->bias.allowed, sp->n_allowed * sizeof sp->allowed[0]);
     return true;
 }
 
@@ -209,6 +267,9 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         TDM_CLI_OPT_LONG("max-tokens", 'n', &o->max_tokens, 1, 1 << 20),
         TDM_CLI_SAMPLING_OPTS(&o->sampling),
         TDM_CLI_OPT_FN("logit-bias", 0, opt_logit_bias, o),
+        TDM_CLI_OPT_LONG("min-tokens", 0, &o->min_tokens, 0, 1 << 20),
+        TDM_CLI_OPT_FN("bad-word", 0, opt_bad_word, o),
+        TDM_CLI_OPT_FN("allowed-token-ids", 0, opt_allowed, o),
         TDM_CLI_OPT_LONG("threads", 't', &o->threads, 1, 1024, .mark = local,
                          .label = "-t/--threads"),
         TDM_CLI_OPT_LONG("ctx", 'c', &o->ctx, 16, 1 << 20, .mark = local, .label = "-c/--ctx"),
@@ -477,6 +538,8 @@ static int generate_router(const gen_opts_t *o)
     req.max_tokens = (int32_t)o->max_tokens;
     req.stop = o->stop;
     req.n_stop = o->n_stop;
+    req.bad_words = o->bad_words;
+    req.n_bad_words = o->n_bad_words;
     req.stream = o->choices <= 1; /* several: each choice whole, labelled */
     req.n = o->choices > 1 ? (uint32_t)o->choices : 1;
     int kind;
@@ -556,10 +619,11 @@ static int local_context(const gen_opts_t *o, local_gen_t *g)
     return 0;
 }
 
-/* Loads the model and tokenizer, validates *sp against the vocabulary and encodes the prompt.
+/* Loads the model and tokenizer, validates *sp against the vocabulary, adds the --bad-word
+ * sequences to *sp (tdm_prompt_bad_word, as the router does) and encodes the prompt.
  * Returns 0 or the exit status (2 for bad input, 1 otherwise) after printing why; the caller
  * releases g with local_close either way. */
-static int local_open_model(const gen_opts_t *o, const tdm_sampling_params_t *sp, local_gen_t *g)
+static int local_open_model(const gen_opts_t *o, tdm_sampling_params_t *sp, local_gen_t *g)
 {
     tdm_error_t err = {0};
     g->model = tdm_model_load(o->model, &err);
@@ -575,6 +639,13 @@ static int local_open_model(const gen_opts_t *o, const tdm_sampling_params_t *sp
     if (!g->tok) {
         fprintf(stderr, "tandem generate: %s\n", err.msg);
         return 1;
+    }
+    for (size_t i = 0; i < o->n_bad_words; i++) { /* the router's rule (tandem/prompt.h) */
+        int rc = tdm_prompt_bad_word(g->tok, o->bad_words[i], i, sp, &err);
+        if (rc != TDM_OK) {
+            fprintf(stderr, "tandem generate: --bad-word: %s\n", err.msg);
+            return rc == TDM_EINVALID ? 2 : 1;
+        }
     }
     if (encode_prompt(o, tdm_model_gguf(g->model), g->tok, &g->prompt, &g->n_prompt, &err) !=
         TDM_OK) {

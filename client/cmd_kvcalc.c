@@ -17,6 +17,9 @@
 #include "tandem/config.h"
 #include "tandem/gguf.h"
 #include "tandem/kv.h"
+#include "tandem/model.h"
+#include "tandem/node_runtime.h"
+#include "tandem/worker.h"
 
 #define MAX_DIM 65536        /* layers, heads, head_dim */
 #define MAX_CONTEXT 16777216 /* tokens (2^24) */
@@ -33,7 +36,8 @@ static void usage(FILE *out)
             "everything fits. Same arithmetic as the nodes' KV pools.\n"
             "\n"
             "model (a GGUF file, or its shape given explicitly):\n"
-            "  -m, --model FILE      read layers, heads, head_dim, context and weight bytes\n"
+            "  -m, --model FILE      read layers, heads, head_dim and context, and measure the\n"
+            "                        weights and engine scratch as a CPU node holds them\n"
             "  --layers N            transformer blocks (1..%d)\n"
             "  --kv-heads N          KV heads (1..%d)\n"
             "  --head-dim N          values per head (4..%d, a multiple of 4)\n"
@@ -44,10 +48,12 @@ static void usage(FILE *out)
             "options:\n"
             "  --dtype f32|f16|q8    KV dtype (default f16)\n"
             "  --block-size N        tokens per block, a power of two in 1..256 (default 16)\n"
-            "  --context N           tokens per sequence, 1..%d (default: the model's\n"
-            "                        context length, else 4096)\n"
+            "  --context N           tokens per sequence, 1..%d (default: the context a\n"
+            "                        cluster serves the model with, else 4096)\n"
             "  --users N             concurrent full-context sequences, 1..%d (default 1)\n"
             "  --memory SIZE         memory for weights + KV: 80GiB, 512MiB, 1.5GB or bytes\n"
+            "  --threads N           -m: the engine threads of the node measured (default:\n"
+            "                        the node default, 0 = all cores)\n"
             "  --json                print JSON instead of a table\n"
             "  -h, --help            this help\n",
             MAX_DIM, MAX_DIM, MAX_DIM, MAX_CONTEXT, MAX_USERS);
@@ -55,10 +61,12 @@ static void usage(FILE *out)
 
 /* Everything the report shows: the question (tdm_kv_plan's input) and its plan. */
 typedef struct kvcalc {
-    const char *model;   /* path, or NULL for an explicit shape */
-    char arch[32];       /* the model's architecture, "" for explicit */
-    tdm_kv_plan_in_t in; /* layout, n_heads, n_ctx, n_users, weight_bytes, memory */
-    tdm_kv_plan_t plan;  /* every derived figure */
+    const char *model;             /* path, or NULL for an explicit shape */
+    uint64_t file_weight_bytes;    /* -m: the file's tensor bytes (in.weight_bytes: resident) */
+    const tdm_node_config_t *node; /* -m: the default decode node whose engine was measured */
+    char arch[32];                 /* the model's architecture, "" for explicit */
+    tdm_kv_plan_in_t in;           /* layout, n_heads, n_ctx, n_users, weight_bytes, memory */
+    tdm_kv_plan_t plan;            /* every derived figure */
 } kvcalc_t;
 
 /* Prints "tandem kvcalc: <message>" and returns 2 (bad usage). */
@@ -153,7 +161,7 @@ static int load_model(kvcalc_t *k, uint64_t *n_ctx)
     k->in.layout.head_dim = hp.head_dim;
     k->in.n_heads = hp.n_heads;
     k->in.weight_bytes = tdm_gguf_tensor_bytes(g);
-    *n_ctx = hp.n_ctx_train;
+    *n_ctx = tdm_model_serve_n_ctx(&hp); /* the context a cluster serves the model with */
     tdm_gguf_destroy(&g);
     return 0;
 }
@@ -207,6 +215,48 @@ static int compute(kvcalc_t *k)
     return 0;
 }
 
+/* -m without --weights-bytes: the memory a node's engine takes for the model, measured the way
+ * the node measures it before sizing its pool (tdm_node_measure_engine: the CPU engine repacks
+ * quantized matrices, K-quants among them, into copies that may be larger than the file's
+ * bytes), with the engine settings of the default config's decode node (cfg, loaded by the
+ * caller), its threads replaced by threads when >= 0 (--threads). Returns 0, or 1 after printing
+ * why the model cannot be measured. */
+static int measure(kvcalc_t *k, tdm_config_t *cfg, long threads)
+{
+    tdm_node_config_t *node = NULL;
+    for (size_t i = 0; i < cfg->n_nodes && !node; i++)
+        if (cfg->nodes[i].role == TDM_NODE_ROLE_DECODE)
+            node = &cfg->nodes[i];
+    tdm_error_t err = {0};
+    tdm_model_t *m = node ? tdm_model_load(k->model, &err) : NULL;
+    if (!m) {
+        fprintf(stderr, "tandem kvcalc: %s: %s\n", k->model,
+                node ? err.msg : "the default config has no decode node");
+        return 1;
+    }
+    if (threads >= 0)
+        node->threads = (int)threads;
+    tdm_worker_opts_t rows = {.mode = TDM_WORKER_MODE_DECODE,
+                              .max_running = (uint32_t)node->max_running,
+                              .max_draft = (uint32_t)node->spec_max_draft};
+    tdm_engine_params_t ep; /* as tdm_node_runtime_open sets them */
+    tdm_engine_params_default(&ep);
+    ep.n_threads = node->threads;
+    ep.n_ctx = tdm_model_serve_n_ctx(tdm_model_hparams(m)); /* a node's, whatever --context */
+    ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
+    ep.max_logits = tdm_worker_logit_rows(&rows);
+    k->file_weight_bytes = k->in.weight_bytes;
+    int rc = tdm_node_measure_engine(m, &k->in.layout, &ep, false, &k->in.weight_bytes,
+                                     &k->in.scratch_bytes, &err);
+    tdm_model_destroy(&m);
+    if (rc != TDM_OK) {
+        fprintf(stderr, "tandem kvcalc: %s: %s\n", k->model, err.msg);
+        return 1;
+    }
+    k->node = node;
+    return 0;
+}
+
 static void print_table(const kvcalc_t *k)
 {
     char a[32], b[32], c[32], d[32];
@@ -218,6 +268,18 @@ static void print_table(const kvcalc_t *k)
            l->n_layers, l->n_kv_heads, l->head_dim, tdm_kv_dtype_name(l->dtype), l->block_size);
     printf("weights:                  %s bytes (%s)\n", fmt_count(k->in.weight_bytes, a),
            fmt_human(k->in.weight_bytes, b));
+    if (k->node) {
+        printf("  as a CPU node holds them: the file's tensors are %s bytes; the engine's "
+               "repacked copies are in its scratch\n",
+               fmt_count(k->file_weight_bytes, a));
+        char threads[24] = "all cores";
+        if (k->node->threads > 0)
+            snprintf(threads, sizeof threads, "%d", k->node->threads);
+        printf("engine scratch:           %s bytes (%s; node defaults: threads %s, "
+               "max_batch_tokens %d, max_running %d)\n",
+               fmt_count(k->in.scratch_bytes, b), fmt_human(k->in.scratch_bytes, c), threads,
+               k->node->max_batch_tokens, k->node->max_running);
+    }
     printf("KV per token:             %s bytes (%s)%s\n", fmt_count(k->plan.bytes_per_token, a),
            fmt_human(k->plan.bytes_per_token, b), l->dtype == TDM_KV_Q8 ? ", plus q8 scales" : "");
     printf("KV per block:             %s bytes (%" PRIu32 " tokens%s)\n",
@@ -231,8 +293,9 @@ static void print_table(const kvcalc_t *k)
              k->in.n_users == 1 ? "" : "s");
     printf("%-25s %s bytes (%s blocks, %s)\n", label, fmt_count(k->plan.bytes_total, a),
            fmt_count(k->plan.blocks_total, b), fmt_human(k->plan.bytes_total, c));
-    printf("weights + KV:             %s bytes (%s)\n", fmt_count(k->plan.need_bytes, a),
-           fmt_human(k->plan.need_bytes, b));
+    printf("%-25s %s bytes (%s)\n",
+           k->in.scratch_bytes ? "weights + scratch + KV:" : "weights + KV:",
+           fmt_count(k->plan.need_bytes, a), fmt_human(k->plan.need_bytes, b));
     if (k->in.n_heads > l->n_kv_heads)
         printf("GQA:                      %" PRIu32 " KV heads vs %" PRIu32
                " heads → %.1f× less KV (full MHA: %s bytes per token)\n",
@@ -244,8 +307,9 @@ static void print_table(const kvcalc_t *k)
     }
     printf("memory budget:            %s bytes (%s)\n", fmt_count(k->in.memory_bytes, a),
            fmt_human(k->in.memory_bytes, b));
-    printf("pool blocks for budget:   %s (%s bytes of budget after the weights)\n",
-           fmt_count(k->plan.pool_blocks, a), fmt_count(k->plan.pool_budget_bytes, b));
+    printf("pool blocks for budget:   %s (%s bytes of budget after the weights%s)\n",
+           fmt_count(k->plan.pool_blocks, a), fmt_count(k->plan.pool_budget_bytes, b),
+           k->in.scratch_bytes ? " and scratch" : "");
     if (k->plan.fits)
         printf("fits:                     yes (%s bytes to spare)\n",
                fmt_count(k->plan.spare_bytes, a));
@@ -286,8 +350,8 @@ static void print_json(const kvcalc_t *k)
            l->n_layers, l->n_kv_heads, k->in.n_heads, l->head_dim, tdm_kv_dtype_name(l->dtype),
            l->block_size);
     printf("  \"context\": %" PRIu64 ",\n  \"users\": %" PRIu64 ",\n  \"weights_bytes\": %" PRIu64
-           ",\n",
-           k->in.n_ctx, k->in.n_users, k->in.weight_bytes);
+           ",\n  \"scratch_bytes\": %" PRIu64 ",\n",
+           k->in.n_ctx, k->in.n_users, k->in.weight_bytes, k->in.scratch_bytes);
     printf("  \"kv_bytes_per_token\": %" PRIu64 ",\n  \"block_bytes\": %" PRIu64
            ",\n  \"blocks_per_sequence\": %" PRIu64 ",\n  \"kv_bytes_per_sequence\": %" PRIu64
            ",\n  \"kv_blocks_total\": %" PRIu64 ",\n  \"kv_bytes_total\": %" PRIu64
@@ -310,6 +374,7 @@ static void print_json(const kvcalc_t *k)
 typedef struct kvcalc_args {
     const char *layers, *kv_heads, *head_dim, *heads, *weights, *context;
     bool json;
+    long threads; /* -m: the engine's threads (-1: the default node's) */
 } kvcalc_args_t;
 
 /* --dtype into the tdm_kv_dtype_t at target. */
@@ -373,6 +438,7 @@ static int parse_args(int argc, char **argv, kvcalc_t *k, kvcalc_args_t *a, bool
         TDM_CLI_OPT_FN("users", 0, opt_users, &k->in.n_users),
         TDM_CLI_OPT_FN("memory", 0, opt_memory, &k->in),
         TDM_CLI_OPT_TRUE("json", 0, &a->json),
+        TDM_CLI_OPT_LONG("threads", 0, &a->threads, 0, 1024),
         TDM_CLI_OPT_END,
     };
     const tdm_cli_spec_t spec = {"tandem kvcalc", usage, NULL, opts};
@@ -409,19 +475,28 @@ static int resolve(kvcalc_t *k, const kvcalc_args_t *a)
 int tdm_cmd_kvcalc(int argc, char **argv)
 {
     kvcalc_t k = {.in = {.layout = {.block_size = 16, .dtype = TDM_KV_F16}, .n_users = 1}};
-    kvcalc_args_t a = {0};
+    kvcalc_args_t a = {.threads = -1};
     bool done;
     int rc = parse_args(argc, argv, &k, &a, &done);
     if (done)
         return rc;
     rc = resolve(&k, &a);
+    tdm_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    bool have_cfg = false;
+    if (rc == 0 && k.model && !a.weights) { /* the resident weights and scratch, as a node's */
+        have_cfg = tdm_config_defaults(&cfg) == TDM_OK;
+        rc = have_cfg ? measure(&k, &cfg, a.threads) : 1;
+        if (!have_cfg)
+            fprintf(stderr, "tandem kvcalc: out of memory\n");
+    }
     if (rc == 0)
         rc = compute(&k);
-    if (rc != 0)
-        return rc;
-    if (a.json)
+    if (rc == 0 && a.json)
         print_json(&k);
-    else
+    else if (rc == 0)
         print_table(&k);
-    return 0;
+    if (have_cfg)
+        tdm_config_free(&cfg);
+    return rc;
 }

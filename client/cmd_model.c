@@ -160,8 +160,18 @@ static int run_synth(const synth_opts_t *o, tdm_synth_shape_t s, tdm_ggml_type_t
     const uint32_t n_tok = tdm_synth_vocab_size(g);
     const uint32_t n_vocab = n_tok > s.n_vocab ? n_tok : s.n_vocab;
     uint32_t n = 0;
-    if (tdm_synth_add_weights(w, &s, n_vocab, type, o->seed, &err) != TDM_OK ||
-        tdm_synth_copy_vocab(w, g, n_vocab, &n, &err) != TDM_OK) {
+    int rc = tdm_synth_add_weights(w, &s, n_vocab, type, o->seed, &err);
+    if (rc == TDM_EINVALID) { /* the type does not fit the shape: bad usage */
+        fprintf(stderr,
+                "tandem model synth: --type %s does not fit %s: %s (%u values per block); "
+                "choose a type or a shape that fits\n",
+                tdm_ggml_type_get((uint32_t)type)->name, s.name, err.msg,
+                tdm_ggml_type_get((uint32_t)type)->block_size);
+        usage_hint();
+        status = 2;
+        goto out;
+    }
+    if (rc != TDM_OK || tdm_synth_copy_vocab(w, g, n_vocab, &n, &err) != TDM_OK) {
         fprintf(stderr, "tandem model synth: %s\n", err.msg);
         goto out;
     }

@@ -281,7 +281,9 @@ static void reserve_decided(tdm_decode_t *d, dres_t *r)
 /* DECODE_RESERVE: allocate blocks for the prompt (or start a local prefill) and answer. */
 static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
 {
-    tdm_sock_t *s = tdm_node_sock(d->node);
+    tdm_sock_t *s = tdm_node_sock(d->node, f->instance_id);
+    if (!s) /* its router went away since the frame was relayed: nobody to reserve for */
+        return;
     Tandem__V1__DecodeReserve *m =
         (Tandem__V1__DecodeReserve *)tdm_frame_unpack(f, &tandem__v1__decode_reserve__descriptor);
     if (!m) {
@@ -467,8 +469,9 @@ static void send_finished(tdm_decode_t *d, const dres_t *r, const tdm_worker_eve
     fin.kv_transfer_s = r->kv_transfer_s; /* the router prefers the prefill node's measure */
     fin.kv_transfer_bytes = r->kv_transfer_bytes;
     fin.preemptions = ev->preemptions;
-    tdm_sock_notify(tdm_node_sock(d->node), NULL, 0, TANDEM__V1__METHOD__METHOD_FINISHED,
-                    &fin.base);
+    tdm_sock_t *s = tdm_node_sock(d->node, r->base.att.router_instance);
+    if (s) /* else its router is gone */
+        tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_FINISHED, &fin.base);
 }
 
 static void on_event(void *h, tdm_node_req_t *base, const tdm_worker_event_t *ev)
@@ -476,7 +479,9 @@ static void on_event(void *h, tdm_node_req_t *base, const tdm_worker_event_t *ev
     tdm_decode_t *d = h;
     dres_t *r = (dres_t *)base;
     switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(tdm_node_sock(d->node), &base->att, ev); break;
+    case TDM_WORKER_EVENT_TOKEN:
+        tdm_node_send_token(tdm_node_sock(d->node, base->att.router_instance), &base->att, ev);
+        break;
     case TDM_WORKER_EVENT_FINISHED:
         send_finished(d, r, ev);
         r->in_worker = false; /* the worker freed it already */
@@ -518,9 +523,9 @@ void tdm_decode_destroy(tdm_decode_t **self_p)
     *self_p = NULL;
 }
 
-tdm_node_link_t *tdm_decode_link(tdm_decode_t *d)
+tdm_node_link_t *tdm_decode_link(tdm_decode_t *d, size_t i)
 {
-    return tdm_node_router(d->node);
+    return tdm_node_router_at(d->node, i);
 }
 
 /* The KV receiver, bound at the node's kv_endpoint, holding early transfers within cfg's

@@ -35,9 +35,9 @@ int tdm_decode_run(tdm_decode_t *d, volatile sig_atomic_t *stop, tdm_error_t *er
 /* Frees the node. NULL-safe, nulls *self_p. */
 void tdm_decode_destroy(tdm_decode_t **self_p);
 
-/* The node's link to the router (owned by the node; valid until tdm_decode_destroy). Cannot
- * fail. */
-tdm_node_link_t *tdm_decode_link(tdm_decode_t *d);
+/* The node's link to router i of tdm_config_router_endpoints (owned by the node; valid until
+ * tdm_decode_destroy); NULL past the last. Cannot fail. */
+tdm_node_link_t *tdm_decode_link(tdm_decode_t *d, size_t i);
 
 #ifdef __cplusplus
 }

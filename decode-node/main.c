@@ -20,9 +20,9 @@ static void destroy(void *node)
     tdm_decode_destroy(&n);
 }
 
-static tdm_node_link_t *link_of(void *node)
+static tdm_node_link_t *link_of(void *node, size_t i)
 {
-    return tdm_decode_link(node);
+    return tdm_decode_link(node, i);
 }
 
 int main(int argc, char **argv)

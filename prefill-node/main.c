@@ -20,9 +20,9 @@ static void destroy(void *node)
     tdm_prefill_destroy(&n);
 }
 
-static tdm_node_link_t *link_of(void *node)
+static tdm_node_link_t *link_of(void *node, size_t i)
 {
-    return tdm_prefill_link(node);
+    return tdm_prefill_link(node, i);
 }
 
 int main(int argc, char **argv)

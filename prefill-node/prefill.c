@@ -172,7 +172,9 @@ static void on_event(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev)
 {
     tdm_prefill_t *p = h;
     switch (ev->kind) {
-    case TDM_WORKER_EVENT_TOKEN: tdm_node_send_token(tdm_node_sock(p->node), &r->att, ev); break;
+    case TDM_WORKER_EVENT_TOKEN:
+        tdm_node_send_token(tdm_node_sock(p->node, r->att.router_instance), &r->att, ev);
+        break;
     case TDM_WORKER_EVENT_PREFILLED: ship(p, (ptask_t *)r, ev); break;
     case TDM_WORKER_EVENT_FAILED:
         ((ptask_t *)r)->in_worker = false; /* the worker freed it already */
@@ -194,8 +196,9 @@ static void report_shipped(tdm_prefill_t *p, const ptask_t *t, const tdm_kv_send
     ks.attempt_id = t->base.att.attempt_id;
     ks.kv_transfer_s = d->seconds;
     ks.kv_transfer_bytes = d->bytes;
-    tdm_sock_notify(tdm_node_sock(p->node), NULL, 0, TANDEM__V1__METHOD__METHOD_KV_SHIPPED,
-                    &ks.base);
+    tdm_sock_t *s = tdm_node_sock(p->node, t->base.att.router_instance);
+    if (s) /* else its router is gone */
+        tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_KV_SHIPPED, &ks.base);
 }
 
 static void on_sent(tdm_prefill_t *p, const tdm_kv_send_done_t *d)
@@ -273,9 +276,9 @@ void tdm_prefill_destroy(tdm_prefill_t **self_p)
     *self_p = NULL;
 }
 
-tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p)
+tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p, size_t i)
 {
-    return tdm_node_router(p->node);
+    return tdm_node_router_at(p->node, i);
 }
 
 /* A KV sender over `backend`, a client of each decode node's receiver; from the engine's

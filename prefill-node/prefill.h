@@ -38,9 +38,10 @@ int tdm_prefill_run(tdm_prefill_t *p, volatile sig_atomic_t *stop, tdm_error_t *
 /* Frees the node. NULL-safe, nulls *self_p. */
 void tdm_prefill_destroy(tdm_prefill_t **self_p);
 
-/* The node's link to the router (owned by the node; valid until tdm_prefill_destroy), e.g. to
- * watch its registration state (tdm_node_link_state) from another thread. Cannot fail. */
-tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p);
+/* The node's link to router i of tdm_config_router_endpoints (owned by the node; valid until
+ * tdm_prefill_destroy), e.g. to watch its registration state (tdm_node_link_state) from
+ * another thread; NULL past the last. Cannot fail. */
+tdm_node_link_t *tdm_prefill_link(tdm_prefill_t *p, size_t i);
 
 #ifdef __cplusplus
 }

@@ -226,21 +226,9 @@ static void slot_free(http_acc_t *a, int fd)
     s->prev = s->next = -1;
 }
 
-/* Shuts down the socket of in_mhd slot fd when it is still the one accepted (libmicrohttpd
- * then closes it and reports). */
-static void slot_evict(http_acc_t *a, int fd)
-{
-    acc_slot_t *s = &a->slots[fd];
-    struct stat st;
-    if (fstat(fd, &st) == 0 && st.st_ino == s->ino)
-        shutdown(fd, SHUT_RDWR);
-    s->evicting = true;
-    a->n_evicting++;
-}
-
 /* The connection to close for a new one when the table is full: the oldest still sending its
- * headers (over-cap ones first; never one taken for a probe), else the one idle longest
- * between requests. -1: none. */
+ * headers (over-cap ones first; never one taken for a probe), else, in libmicrohttpd, the one
+ * idle longest between requests or waiting longest for a later request's headers. -1: none. */
 static int pick_victim(http_acc_t *a)
 {
     int oldest = -1;
@@ -255,7 +243,7 @@ static int pick_victim(http_acc_t *a)
     int best = -1;
     for (int i = a->in_mhd.head; i >= 0; i = a->slots[i].next) {
         const acc_slot_t *s = &a->slots[i];
-        if (!s->evicting && s->phase == HTTP_ACC_IDLE &&
+        if (!s->evicting && (s->phase == HTTP_ACC_IDLE || s->phase == HTTP_ACC_HEADERS) &&
             (best < 0 || s->t_phase < a->slots[best].t_phase))
             best = i;
     }
@@ -276,19 +264,12 @@ static const char *reason_phrase(unsigned code)
     }
 }
 
-/* Writes one answer (OpenAI's error body for status, Connection: close, Retry-After: 1 on a 429
- * or 503) to a socket of the front door, reads what has arrived (so that closing does not reset
- * the connection under the answer) and closes it. */
-static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
-                         const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
-                         const char *fmt, ...)
+/* Writes one answer (OpenAI's error body for status with msg, Connection: close, Retry-After: 1
+ * on a 429 or 503) to socket fd without blocking; what does not fit the socket's buffer is
+ * lost (an error answer is far smaller). */
+static void answer_send(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
+                        const char *msg)
 {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     tdm_buf_t body = TDM_BUF_INIT;
     json_t *v = http_error_json(status, code, NULL, msg);
     bool ok = v && http_json_append(&body, v) == TDM_OK && tdm_buf_append(&body, "\n", 1) == 0;
@@ -313,6 +294,21 @@ static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status
             http_counters_response(a->counters, http_status);
     }
     tdm_buf_free(&body);
+}
+
+/* Writes one answer (answer_send) to a socket of the front door, reads what has arrived (so
+ * that closing does not reset the connection under the answer) and closes it. */
+static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
+                         const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status, const char *code,
+                         const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    answer_send(a, fd, http_status, status, code, msg);
     shutdown(fd, SHUT_WR);
     /* read the rest of the request before closing (a lingering close), while there is room */
     for (int i = 0; i < ACC_LINGER_MAX; i++)
@@ -324,6 +320,24 @@ static void answer_close(http_acc_t *a, int fd, unsigned http_status, int status
             return;
         }
     close(fd);
+}
+
+/* Shuts down the socket of in_mhd slot fd when it is still the one accepted (libmicrohttpd
+ * then closes it and reports), first writing a 408 that says why (msg) when msg is not NULL.
+ * Only a connection waiting for its headers or body gets an answer: nothing has been written
+ * on it since its last answer, and a handler about to answer it reports HTTP_ACC_BUSY under
+ * a->mu first, which is held here, so the two never both write (a->mu held). */
+static void slot_evict(http_acc_t *a, int fd, const char *msg)
+{
+    acc_slot_t *s = &a->slots[fd];
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_ino == s->ino) {
+        if (msg)
+            answer_send(a, fd, 408, TDM_EDEADLINE, "request_timeout", msg);
+        shutdown(fd, SHUT_RDWR);
+    }
+    s->evicting = true;
+    a->n_evicting++;
 }
 
 /* Reads and drops what arrived on lingering connection i; closes it at the client's end, past
@@ -393,37 +407,106 @@ static void header_value(const char *v, const char *end, char *out, size_t cap)
     out[n] = '\0';
 }
 
-/* Checks a chunked body's first chunk size, when it has arrived with the headers: one larger
- * than the body limit is refused now (libmicrohttpd would wait for all of it). */
-static void check_first_chunk(http_acc_frame_t *fr, const char *p, const char *end)
+/* Checks the chunk lines (size, then extensions) of a chunked body in p[0..end), the part of it
+ * that arrived with the headers: a first chunk larger than the body limit is refused now
+ * (libmicrohttpd would wait for all of it), and so is a chunk line longer than
+ * HTTP_ACC_CHUNK_LINE_MAX (libmicrohttpd answers one longer than its buffer with its own HTML
+ * 500; RFC 9112 7.1.1 lets a server limit extensions). fr->need_more when the first chunk line
+ * is still incomplete and the client is not waiting for "100 Continue" (expect). */
+static void check_chunks(http_acc_frame_t *fr, const char *p, const char *end, bool expect)
 {
-    uint64_t size = 0;
-    int digits = 0;
-    for (; p < end; p++, digits++) {
-        int d = *p >= '0' && *p <= '9'   ? *p - '0'
-                : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
-                : *p >= 'A' && *p <= 'F' ? *p - 'A' + 10
-                                         : -1;
-        if (d < 0)
-            break;
-        if (digits >= 15 || size > TDM_HTTP_MAX_BODY_BYTES) {
-            frame_refuse(fr, 413, "request_too_large",
-                         "a chunk of more than %u bytes: the request body is limited to %u bytes",
-                         TDM_HTTP_MAX_BODY_BYTES, TDM_HTTP_MAX_BODY_BYTES);
+    for (bool first = true; p < end; first = false) {
+        const char *lf = memchr(p, '\n', (size_t)(end - p));
+        size_t line = (size_t)((lf ? lf : end) - p);
+        if (line > HTTP_ACC_CHUNK_LINE_MAX) {
+            frame_refuse(fr, 400, "bad_framing",
+                         "a chunk line (size and chunk extension) is longer than %d bytes",
+                         HTTP_ACC_CHUNK_LINE_MAX);
             return;
         }
-        size = size * 16 + (uint64_t)d;
+        uint64_t size = 0;
+        int digits = 0;
+        for (const char *q = p; q < p + line; q++, digits++) {
+            int d = *q >= '0' && *q <= '9'   ? *q - '0'
+                    : *q >= 'a' && *q <= 'f' ? *q - 'a' + 10
+                    : *q >= 'A' && *q <= 'F' ? *q - 'A' + 10
+                                             : -1;
+            if (d < 0)
+                break;
+            if (digits >= 15 || size > TDM_HTTP_MAX_BODY_BYTES) {
+                frame_refuse(fr, 413, "request_too_large",
+                             "a chunk of more than %u bytes: the request body is limited to %u "
+                             "bytes",
+                             TDM_HTTP_MAX_BODY_BYTES, TDM_HTTP_MAX_BODY_BYTES);
+                return;
+            }
+            size = size * 16 + (uint64_t)d;
+        }
+        if (size > TDM_HTTP_MAX_BODY_BYTES) {
+            frame_refuse(fr, 413, "request_too_large",
+                         "a chunk of %" PRIu64 " bytes: the request body is limited to %u bytes",
+                         size, TDM_HTTP_MAX_BODY_BYTES);
+            return;
+        }
+        if (!lf) {
+            fr->need_more = first && !expect;
+            return;
+        }
+        if (size == 0 || size + 2 > (uint64_t)(end - (lf + 1)))
+            return; /* the last chunk (trailers follow), or a chunk not all here yet */
+        p = lf + 1 + size + 2;
     }
-    if (size > TDM_HTTP_MAX_BODY_BYTES)
-        frame_refuse(fr, 413, "request_too_large",
-                     "a chunk of %" PRIu64 " bytes: the request body is limited to %u bytes", size,
-                     TDM_HTTP_MAX_BODY_BYTES);
+}
+
+/* Checks header line [line, le) (le at its '\n') of the block: RFC 9112 5.1 and 5.2 refuse
+ * blanks before the colon and a line folded onto the previous one (obs-fold); a line without a
+ * colon is no field at all. Returns whether it is the Host line. */
+static bool check_field_line(http_acc_frame_t *fr, unsigned no, const char *line, const char *le)
+{
+    if (le > line && le[-1] == '\r')
+        le--;
+    if (le == line)
+        return false; /* the blank line that ends the block */
+    const char *colon = memchr(line, ':', (size_t)(le - line));
+    if (*line == ' ' || *line == '\t')
+        frame_refuse(fr, 400, "bad_request",
+                     "header line %u begins with a blank (obs-fold, RFC 9112 5.2): send each "
+                     "header field on one line",
+                     no);
+    else if (!colon)
+        frame_refuse(fr, 400, "bad_request", "header line %u has no colon: '%.*s'", no,
+                     (int)(le - line < 60 ? le - line : 60), line);
+    else if (colon > line && (colon[-1] == ' ' || colon[-1] == '\t'))
+        frame_refuse(fr, 400, "bad_request",
+                     "header line %u has a blank between the header name and the colon "
+                     "(RFC 9112 5.1): '%.*s'",
+                     no, (int)(colon - line < 60 ? colon - line + 1 : 60), line);
+    else if (memchr(line, '\0', (size_t)(le - line)))
+        frame_refuse(fr, 400, "bad_request", "header line %u has a NUL byte", no);
+    return colon && colon - line == 4 && strncasecmp(line, "host", 4) == 0;
+}
+
+/* Checks the request target t[0..n) (raw bytes up to the version): no NUL, raw or as %00, in
+ * its path. */
+static void check_target(http_acc_frame_t *fr, const char *t, size_t n)
+{
+    const char *nul = memchr(t, '\0', n);
+    const char *q = memchr(t, '?', n);
+    size_t pn = q ? (size_t)(q - t) : n;
+    for (size_t i = 0; !nul && i + 2 < pn; i++)
+        if (t[i] == '%' && t[i + 1] == '0' && t[i + 2] == '0')
+            nul = t + i;
+    if (nul)
+        frame_refuse(fr, 400, "bad_request",
+                     "the request path has a NUL byte (%s) at byte %zu; paths may not contain NUL",
+                     *nul ? "%00" : "raw", (size_t)(nul - t));
 }
 
 /* Reads the request line and the framing headers of b[0..hlen) into *fr (fr->why set for a
  * request to refuse): a method, one Content-Length of 1..19 digits or one Transfer-Encoding
  * "chunked", not both (RFC 9112 6.3: whatever two parties could read differently is how
- * requests are smuggled). */
+ * requests are smuggled), header lines as RFC 9112 5 has them, a Host line in an HTTP/1.1
+ * request (RFC 9112 3.2), no NUL in the path. */
 void http_acc_frame_read(const char *b, size_t hlen, size_t n, http_acc_frame_t *fr)
 {
     memset(fr, 0, sizeof *fr);
@@ -438,18 +521,30 @@ void http_acc_frame_read(const char *b, size_t hlen, size_t n, http_acc_frame_t 
         q++;
     size_t pl = (size_t)(q - t) < sizeof fr->path - 1 ? (size_t)(q - t) : sizeof fr->path - 1;
     memcpy(fr->path, t, pl);
-    unsigned n_cl = 0, n_te = 0;
-    char cl[128] = "", te[128] = "";
-    for (const char *line = eol + 1; line < end;) {
+    const char *tend = memchr(t, ' ', (size_t)(eol - t));
+    check_target(fr, t, (size_t)((tend ? tend : eol) - t));
+    bool http11 = tend && (size_t)(eol - tend) >= 9 && memcmp(tend + 1, "HTTP/1.1", 8) == 0;
+    unsigned n_cl = 0, n_te = 0, n_host = 0, no = 1;
+    char cl[128] = "", te[128] = "", expect[32] = "";
+    bool cl_blank = false;
+    for (const char *line = eol + 1; line < end; no++) {
         const char *le = memchr(line, '\n', (size_t)(end - line));
         if (!le)
             le = end;
+        n_host += check_field_line(fr, no, line, le);
         const char *colon = memchr(line, ':', (size_t)(le - line));
-        if (colon && (size_t)(colon - line) == 14 && strncasecmp(line, "content-length", 14) == 0)
+        if (colon && (size_t)(colon - line) == 14 && strncasecmp(line, "content-length", 14) == 0) {
             n_cl++, header_value(colon + 1, le, cl, sizeof cl);
+            /* libmicrohttpd 0.9.75 cannot read a length followed by blanks and would answer
+             * with its own page */
+            const char *v = le > colon && le[-1] == '\r' ? le - 1 : le;
+            cl_blank = cl_blank || (v > colon + 1 && (v[-1] == ' ' || v[-1] == '\t'));
+        }
         if (colon && (size_t)(colon - line) == 17 &&
             strncasecmp(line, "transfer-encoding", 17) == 0)
             n_te++, header_value(colon + 1, le, te, sizeof te);
+        if (colon && (size_t)(colon - line) == 6 && strncasecmp(line, "expect", 6) == 0)
+            header_value(colon + 1, le, expect, sizeof expect);
         line = le + 1;
     }
     if (n_cl > 1 || n_te > 1)
@@ -462,13 +557,22 @@ void http_acc_frame_read(const char *b, size_t hlen, size_t n, http_acc_frame_t 
     if (n_cl && (!cl_len || cl_len > 19 || strspn(cl, "0123456789") != cl_len))
         frame_refuse(fr, 400, "bad_framing", "Content-Length '%.100s' is not a decimal byte count",
                      cl);
+    if (n_cl && cl_blank)
+        frame_refuse(fr, 400, "bad_framing",
+                     "Content-Length '%.100s ' ends with a blank; send the digits alone", cl);
     if (n_te && strcasecmp(te, "chunked") != 0)
         frame_refuse(fr, 400, "bad_framing",
                      "Transfer-Encoding '%.100s' is not supported: send 'chunked' or a "
                      "Content-Length",
                      te);
-    if (n_te && n > hlen)
-        check_first_chunk(fr, end, b + n);
+    if (http11 && n_host == 0)
+        frame_refuse(fr, 400, "bad_request",
+                     "the request has no Host header; HTTP/1.1 requires one (RFC 9112 3.2)");
+    if (n_host > 1)
+        frame_refuse(fr, 400, "bad_request", "the request has %u Host headers; send exactly one",
+                     n_host);
+    if (n_te && !fr->why[0])
+        check_chunks(fr, end, b + n, strcasecmp(expect, "100-continue") == 0);
 }
 
 /* ---- the accept thread ---- */
@@ -562,6 +666,8 @@ static void gate_read(http_acc_t *a, int fd, bool hup)
     }
     http_acc_frame_t fr;
     http_acc_frame_read(buf, hlen, (size_t)n, &fr);
+    if (!fr.why[0] && fr.need_more && !hup && (size_t)n < sizeof buf)
+        return; /* the first chunk line is on its way: checked when whole */
     if (fr.why[0]) {
         pending_drop(a, fd);
         answer_close(a, fd, fr.http_status, TDM_EINVALID, fr.code, "%s", fr.why);
@@ -595,7 +701,12 @@ static void admit(http_acc_t *a, int fd, const struct sockaddr_storage *sa, sock
         if (victim < 0 && !full)
             admit = ADMIT_BUSY;
         if (victim >= 0 && a->slots[victim].state == SLOT_MHD) {
-            slot_evict(a, victim); /* still counted until libmicrohttpd reports its close */
+            /* counted until libmicrohttpd reports its close; one sending headers is told why */
+            slot_evict(a, victim,
+                       a->slots[victim].phase == HTTP_ACC_HEADERS
+                           ? "the request headers were not complete when the server needed the "
+                             "connection for another client"
+                           : NULL);
             victim = -1;
         } else if (victim >= 0) {
             slot_free(a, victim); /* pending: ours to close below */
@@ -682,11 +793,23 @@ static void sweep(http_acc_t *a, double now)
         acc_slot_t *s = &a->slots[i];
         double t = now - s->t_phase;
         bool idle_out = s->phase == HTTP_ACC_IDLE && t > (double)rc->http_connection_timeout_s;
+        bool late_headers = s->phase == HTTP_ACC_HEADERS && t > (double)rc->http_header_timeout_s;
         bool slow_body = s->phase == HTTP_ACC_BODY && rc->http_min_body_rate > 0 &&
                          t > (double)rc->http_header_timeout_s &&
                          (double)s->bytes < (double)rc->http_min_body_rate * t;
-        if (!s->evicting && (idle_out || slow_body))
-            slot_evict(a, i);
+        char msg[256];
+        if (late_headers)
+            snprintf(msg, sizeof msg,
+                     "the request headers did not arrive within %d s "
+                     "(router.http_header_timeout_s)",
+                     rc->http_header_timeout_s);
+        if (slow_body)
+            snprintf(msg, sizeof msg,
+                     "the request body arrived at %.0f bytes/s on average, below "
+                     "router.http_min_body_rate (%d bytes/s)",
+                     (double)s->bytes / t, rc->http_min_body_rate);
+        if (!s->evicting && (idle_out || late_headers || slow_body))
+            slot_evict(a, i, idle_out ? NULL : msg);
     }
     pthread_mutex_unlock(&a->mu);
     for (size_t k = 0; k < n_exp; k++) {

@@ -9,6 +9,7 @@
 #ifndef TANDEM_ROUTER_HTTP_ACCEPT_H
 #define TANDEM_ROUTER_HTTP_ACCEPT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -21,11 +22,13 @@
 
 typedef struct http_acc http_acc_t;
 
-/* What a connection handed to libmicrohttpd is doing: waiting for its next request's headers
- * (keep-alive), receiving a request body, or being answered (handler running, parked or
- * streaming). Only the first two are ever closed by the front door. */
+/* What a connection handed to libmicrohttpd is doing: waiting for its next request
+ * (keep-alive), receiving the headers of one whose request line has arrived, receiving a
+ * request body, or being answered (handler running, parked or streaming). Only the first three
+ * are ever closed by the front door; the second and third with a 408 that says why. */
 typedef enum http_acc_phase {
     HTTP_ACC_IDLE,
+    HTTP_ACC_HEADERS,
     HTTP_ACC_BODY,
     HTTP_ACC_BUSY,
 } http_acc_phase_t;
@@ -36,7 +39,11 @@ typedef struct http_acc_frame {
     unsigned http_status;
     const char *code; /* OpenAI's error code of the refusal (static) */
     char why[256];    /* the refusal's message; "" when the request may go on */
+    bool need_more;   /* a chunked body's first chunk line is not whole yet: wait for it */
 } http_acc_frame_t;
+
+/* Longest chunk line (hex size, then chunk extensions) the front door lets through, bytes. */
+#define HTTP_ACC_CHUNK_LINE_MAX 4096
 
 /* Offset just past the blank line (CRLF CRLF, or LF LF) that ends the header block in b[0..n),
  * or 0 while it is incomplete. Cannot fail. */
@@ -44,10 +51,14 @@ size_t http_acc_header_end(const char *b, size_t n);
 
 /* Reads the request line and the framing headers of the header block b[0..hlen) (hlen from
  * http_acc_header_end, followed by n - hlen more bytes already received) into *fr: refused
- * (fr->why set, fr->http_status 400 or 413) without a method, with two Content-Length or two
- * Transfer-Encoding lines, both, a Content-Length that is not 1..19 digits, a
- * Transfer-Encoding other than chunked, or a first chunk (when received) over
- * TDM_HTTP_MAX_BODY_BYTES. Cannot fail. */
+ * (fr->why set, fr->http_status 400 or 413) without a method, with a NUL (raw or %00) in the
+ * path, a header line with a blank before its colon, beginning with a blank (obs-fold) or
+ * without a colon, an HTTP/1.1 request without exactly one Host line, two Content-Length or
+ * two Transfer-Encoding lines, both, a Content-Length that is not 1..19 digits (or is followed
+ * by blanks), a Transfer-Encoding other than chunked, a chunk line received over
+ * HTTP_ACC_CHUNK_LINE_MAX bytes or a first chunk over TDM_HTTP_MAX_BODY_BYTES. fr->need_more
+ * when the first chunk line has not all arrived (and no "Expect: 100-continue"). Cannot
+ * fail. */
 void http_acc_frame_read(const char *b, size_t hlen, size_t n, http_acc_frame_t *fr);
 
 /* Open files the gateway needs for router.http_max_connections connections: a socket and a
@@ -89,8 +100,9 @@ void http_acc_destroy(http_acc_t **a_p);
 uint32_t http_acc_started(http_acc_t *a, int fd);
 /* It has closed: its slot and its address's count are freed. */
 void http_acc_closed(http_acc_t *a, int fd, uint32_t gen);
-/* It entered phase (BODY: a request's headers were read; BUSY: it is being answered; IDLE: the
- * answer is done). */
+/* It entered phase (HEADERS: a request line was read; BODY: a request's headers were read;
+ * BUSY: it is being answered, reported before any answer is queued; IDLE: the answer is
+ * done). */
 void http_acc_phase(http_acc_t *a, int fd, uint32_t gen, http_acc_phase_t phase);
 /* n more body bytes arrived. */
 void http_acc_body(http_acc_t *a, int fd, uint32_t gen, uint64_t n);

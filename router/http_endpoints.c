@@ -3,6 +3,7 @@
  * /detokenize, /version and OPTIONS. Each answers from one short unary call to the router
  * (HTTP_UNARY_TIMEOUT_S at most) or from the gateway's own state.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,22 @@
 #include "http_metrics.h"
 #include "http_server.h"
 #include "tandem/limits.h"
+
+/* Whether s has a Unicode format character (tdm_unicode_is_format) among its well-formed UTF-8
+ * characters: *at its byte offset, *cp the character. */
+static bool format_char_at(const char *s, size_t *at, uint32_t *cp)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        size_t len = tdm_utf8_decode((const unsigned char *)s + i, n - i, cp);
+        if (len && tdm_unicode_is_format(*cp)) {
+            *at = i;
+            return true;
+        }
+        i += len ? len : 1;
+    }
+    return false;
+}
 
 static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, const char *id)
 {
@@ -49,6 +66,14 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
     protobuf_c_message_free_unpacked(resp, NULL);
     if (id) {
         json_decref(data);
+        size_t at = 0;
+        uint32_t cp = 0;
+        if (!found && format_char_at(id, &at, &cp))
+            return http_reply_error(c, TDM_EINVALID, NULL, "model",
+                                    "model: byte %zu is U+%04" PRIX32 ", an invisible format "
+                                    "character (Unicode category Cf: a bidi control, a zero-width "
+                                    "character); a model name is printable UTF-8",
+                                    at, cp);
         if (!found)
             return http_reply_error(c, TDM_ENOTFOUND, "model_not_found", "model",
                                     "The model '%s' does not exist", id);

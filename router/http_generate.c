@@ -44,8 +44,13 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
     static const struct {
         const char *native, *param;
     } map[] = {
-        {"prompt", "prompt"}, {"tokens", "prompt"}, {"chat", "messages"},
-        {"stop", "stop"},     {"model", "model"},   {"max_tokens", "max_tokens"},
+        {"prompt", "prompt"},
+        {"tokens", "prompt"},
+        {"chat", "messages"},
+        {"stop", "stop"},
+        {"model", "model"},
+        {"max_tokens", "max_tokens"},
+        {"truncate_prompt_tokens", "truncate_prompt_tokens"},
     };
     size_t top = strcspn(field, ".[");
     param[0] = '\0';
@@ -85,35 +90,34 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
     }
 }
 
-/* The limit on the output under the name the client gave it. */
-static const char *max_tokens_name(const oai_req_t *q)
-{
-    return uses_max_completion_tokens(q) ? "max_completion_tokens" : "max_tokens";
-}
-
 /* The router's message of a refusal in OpenAI's terms, into out (cap bytes). A refusal for
- * length is said from ErrorDetail's numbers, with prompt what the client calls the prompt
- * ("prompt[2]" in a list) and the output limit under its own name; any other message that
+ * length is said from ErrorDetail's numbers in vLLM's words (the caller names the prompt of
+ * a list); any other message that
  * begins with its field (tdm_error_t's rule) begins with param, OpenAI's name of the field,
  * instead; the rest of the message is never read. */
-static void oai_text(const oai_req_t *q, const gw_event_t *ev, const char *prompt,
-                     const char *param, char *out, size_t cap)
+static void oai_text(const oai_req_t *q, const gw_event_t *ev, const char *param, char *out,
+                     size_t cap)
 {
     const char *msg = ev->message[0] ? ev->message : tdm_strerror(ev->status);
     const char *field = ev->detail.field;
     size_t n = strlen(field);
-    if (ev->detail.n_ctx > 0 && ev->detail.max_tokens_fit > 0)
+    /* a request too long for the context: vLLM's wording (serving_engine's input check), which
+     * clients such as litellm read to raise their context-window error */
+    uint32_t completion = q->g.max_tokens > 0 ? (uint32_t)q->g.max_tokens : 0;
+    if (ev->detail.n_ctx > 0 && completion > 0)
         snprintf(out, cap,
-                 "%s: prompt (%" PRIu32 " tokens) + %s (%" PRId32
-                 ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
-                 " tokens can be generated for this prompt",
-                 max_tokens_name(q), ev->detail.prompt_tokens, max_tokens_name(q), q->g.max_tokens,
-                 ev->detail.n_ctx, ev->detail.max_tokens_fit);
+                 "This model's maximum context length is %" PRIu32
+                 " tokens. However, you requested %" PRIu64 " tokens (%" PRIu32
+                 " in the messages, %" PRIu32
+                 " in the completion). Please reduce the length of the messages or completion.",
+                 ev->detail.n_ctx, (uint64_t)ev->detail.prompt_tokens + completion,
+                 ev->detail.prompt_tokens, completion);
     else if (ev->detail.n_ctx > 0)
         snprintf(out, cap,
-                 "%s has %" PRIu32 " tokens; the context is %" PRIu32
-                 " tokens (prompt + %s must fit)",
-                 prompt, ev->detail.prompt_tokens, ev->detail.n_ctx, max_tokens_name(q));
+                 "This model's maximum context length is %" PRIu32
+                 " tokens. However, your request has %" PRIu32
+                 " input tokens. Please reduce the length of the input messages.",
+                 ev->detail.n_ctx, ev->detail.prompt_tokens);
     else if (n > 0 && param[0] && strncmp(msg, field, n) == 0 &&
              !(isalnum((unsigned char)msg[n]) || msg[n] == '_'))
         snprintf(out, cap, "%s%s", param, msg + n);
@@ -137,7 +141,7 @@ static void refusal_error(const http_req_t *r, size_t call, const gw_event_t *ev
     bool in_prompt = strncmp(field, "prompt", 6) == 0 && !isalnum((unsigned char)field[6]);
     snprintf(param, sizeof param, "%s%s", in_prompt ? name : field, in_prompt ? field + 6 : "");
     char text[TDM_ERRMSG_MAX + 64];
-    oai_text(r->q, ev, name, param, text, sizeof text);
+    oai_text(r->q, ev, param, text, sizeof text);
     size_t n = strlen(name);
     if (!list || !(in_prompt || ev->detail.n_ctx > 0) || strncmp(text, name, n) == 0)
         tdm_error_set_field(out, ev->status, param, "%s", text);
@@ -418,6 +422,8 @@ static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, si
     record(r, ev->status);
     const char *code =
         e.code == TDM_ENOTFOUND && strcmp(e.field, "model") == 0 ? "model_not_found" : NULL;
+    if (ev->detail.n_ctx > 0)
+        code = "context_length_exceeded"; /* OpenAI's code for a request over the context */
     return http_reply_json_retry(c, tdm_status_info(e.code)->http_status,
                                  http_error_json(e.code, code, e.field, e.msg),
                                  ev->detail.retry_after_s);

@@ -406,6 +406,104 @@ static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* allowed_token_ids: a non-empty array of at most TDM_SAMPLING_MAX_ALLOWED token ids (the
+ * vocabulary bound is the router's), into q->sp. */
+static int parse_allowed_ids(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *a = field(p->root, "allowed_token_ids");
+    if (!a)
+        return TDM_OK;
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    if (!json_is_array(a) || n == 0)
+        return tdm_error_set_field(p->err, TDM_EINVALID, "allowed_token_ids",
+                                   "allowed_token_ids must be a non-empty array of token ids, "
+                                   "got %s",
+                                   json_is_array(a) ? "an empty array" : oai_type_name(a));
+    if (n > TDM_SAMPLING_MAX_ALLOWED)
+        return tdm_error_set_field(p->err, TDM_EINVALID, "allowed_token_ids",
+                                   "allowed_token_ids has %zu ids, at most %d allowed", n,
+                                   TDM_SAMPLING_MAX_ALLOWED);
+    if (!(q->allowed_ids = calloc(n, sizeof *q->allowed_ids)))
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(a, i);
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) {
+            char name[40];
+            snprintf(name, sizeof name, "allowed_token_ids[%zu]", i);
+            return tdm_error_set_field(
+                p->err, TDM_EINVALID, name, "%s must be a token id (an integer >= 0), got %s", name,
+                json_is_integer(e) ? "a negative integer" : oai_type_name(e));
+        }
+        q->allowed_ids[i] = (int32_t)json_integer_value(e);
+    }
+    q->sp.allowed_token_ids = q->allowed_ids;
+    q->sp.n_allowed_token_ids = n;
+    q->sp.set_mask |= TDM_PROTO_SET_ALLOWED_TOKEN_IDS;
+    return TDM_OK;
+}
+
+/* bad_words: an array of at most TDM_SAMPLING_MAX_BAD_WORDS strings of 1..256 bytes (the
+ * router tokenizes them), into q->bad_words. */
+static int parse_bad_words(parse_ctx_t *p, oai_req_t *q)
+{
+    json_t *b = field(p->root, "bad_words");
+    if (!b)
+        return TDM_OK;
+    if (!json_is_array(b))
+        return tdm_error_set_field(p->err, TDM_EINVALID, "bad_words",
+                                   "bad_words must be an array of strings, got %s",
+                                   oai_type_name(b));
+    size_t n = json_array_size(b);
+    if (n > TDM_SAMPLING_MAX_BAD_WORDS)
+        return tdm_error_set_field(p->err, TDM_EINVALID, "bad_words",
+                                   "bad_words has %zu words, at most %d allowed", n,
+                                   TDM_SAMPLING_MAX_BAD_WORDS);
+    if (n && !(q->bad_words = calloc(n, sizeof *q->bad_words)))
+        return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_array_get(b, i);
+        char name[32];
+        snprintf(name, sizeof name, "bad_words[%zu]", i);
+        if (!json_is_string(e))
+            return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be a string, got %s",
+                                       name, oai_type_name(e));
+        size_t len = json_string_length(e);
+        if (len < 1 || len > TDM_SAMPLING_MAX_BAD_WORD_BYTES)
+            return tdm_error_set_field(p->err, TDM_EINVALID, name,
+                                       "%s must have 1..%d bytes, got %zu", name,
+                                       TDM_SAMPLING_MAX_BAD_WORD_BYTES, len);
+        q->bad_words[i] = json_string_value(e);
+    }
+    q->n_bad_words = n;
+    return TDM_OK;
+}
+
+/* vLLM's min_tokens (>= 0; at most max_tokens: the router's check), allowed_token_ids (a
+ * non-empty array of at most TDM_SAMPLING_MAX_ALLOWED token ids; the vocabulary bound is the
+ * router's), bad_words (an array of at most TDM_SAMPLING_MAX_BAD_WORDS strings of 1..256
+ * bytes; the router tokenizes them) and truncate_prompt_tokens (-1 or >= 1; the context
+ * bound is the router's). */
+static int parse_request_masks(parse_ctx_t *p, oai_req_t *q)
+{
+    long long k;
+    if (get_int(p, "min_tokens", 0, INT32_MAX, &k)) {
+        q->sp.min_tokens = (int32_t)k;
+        q->sp.set_mask |= TDM_PROTO_SET_MIN_TOKENS;
+    }
+    if (get_int(p, "truncate_prompt_tokens", INT32_MIN, INT32_MAX, &k)) {
+        if (k == 0 || k < -1)
+            return tdm_error_set_field(p->err, TDM_EINVALID, "truncate_prompt_tokens",
+                                       "truncate_prompt_tokens must be -1 (the context length) or "
+                                       ">= 1 (the last tokens of the prompt kept), got %lld",
+                                       k);
+        q->g.truncate_prompt_tokens = (int32_t)k;
+    }
+    if (p->rc)
+        return p->rc;
+    int rc = parse_allowed_ids(p, q);
+    return rc != TDM_OK ? rc : parse_bad_words(p, q);
+}
+
 /* The float sampling fields, by their OpenAI/vLLM names. */
 static const struct {
     const char *name;
@@ -449,6 +547,8 @@ static int parse_sampling(parse_ctx_t *p, oai_req_t *q)
         sp->set_mask |= TDM_PROTO_SET_IGNORE_EOS;
     }
     int rc = parse_stop_token_ids(p, q);
+    if (rc == TDM_OK)
+        rc = parse_request_masks(p, q);
     return rc != TDM_OK ? rc : oai_parse_logit_bias(q, p->err);
 }
 
@@ -631,6 +731,9 @@ static int client_request(oai_req_t *q, tdm_error_t *err)
     c->echo_token_text = q->g.echo_token_text;
     c->n = q->best_of;
     c->no_speculation = q->g.speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
+    c->bad_words = q->bad_words;
+    c->n_bad_words = q->n_bad_words;
+    c->truncate_prompt_tokens = q->g.truncate_prompt_tokens;
     return oai_tools_request(&q->tools, c, err);
 }
 
@@ -711,6 +814,9 @@ static int parse_echo(parse_ctx_t *p, oai_req_t *q)
     if (echo && q->logprobs)
         return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
                                    "echo with logprobs is not supported (no prompt logprobs)");
+    if (echo && q->g.truncate_prompt_tokens != 0) /* the echo would not be the prompt used */
+        return tdm_error_set_field(p->err, TDM_EINVALID, "echo",
+                                   "echo with truncate_prompt_tokens is not supported");
     if (echo)
         q->echo = q->g.prompt;
     return TDM_OK;
@@ -795,6 +901,8 @@ void oai_req_clear(oai_req_t *q)
     free(q->stop);
     free(q->stop_ids);
     free(q->bias);
+    free(q->allowed_ids);
+    free(q->bad_words);
     free(q->cmsgs);
     for (size_t i = 0; q->list_ids && i < q->n_prompts; i++)
         free(q->list_ids[i]);

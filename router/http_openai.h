@@ -38,6 +38,9 @@ typedef struct oai_req {
     int32_t *stop_ids;
     /* [sp.n_logit_bias] pointers, then the messages they point to: one block */
     Tandem__V1__LogitBias **bias;
+    int32_t *allowed_ids;   /* [sp.n_allowed_token_ids] allowed_token_ids, or NULL */
+    const char **bad_words; /* [n_bad_words] bad_words (strings of root), or NULL */
+    size_t n_bad_words;
     tdm_client_request_t creq; /* what the gateway sends: made from g */
     tdm_chat_message_t *cmsgs; /* [chat.n_messages] creq.messages */
     char id[64]; /* "cmpl-…" / "chatcmpl-…": the response id and the native request_id */

@@ -142,6 +142,7 @@ static enum MHD_Result reply_retry(struct MHD_Connection *c, unsigned status, co
     const http_conn_t *hc = ci ? ci->socket_context : NULL;
     if (hc) /* none only when its allocation failed */
         http_counters_response(hc->h->counters, status);
+    conn_phase(c, HTTP_ACC_BUSY); /* before the answer: the front door no longer writes one */
     http_add_conv_headers(c, resp);
     enum MHD_Result ret = MHD_queue_response(c, status, resp);
     MHD_destroy_response(resp);
@@ -549,6 +550,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                               (unsigned)h->cfg->router.http_connection_timeout_s);
 }
 
+/* A request line has arrived on c (MHD_OPTION_URI_LOG_CALLBACK): its headers are due within
+ * router.http_header_timeout_s, on a keep-alive connection's later requests too (the front
+ * door saw only the first). Returns the request's initial *con_cls: none. */
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *c)
+{
+    (void)cls;
+    (void)uri;
+    conn_phase(c, HTTP_ACC_HEADERS);
+    return NULL;
+}
+
 /* A connection's socket context (http_conn_t): made when it opens, freed when it closes. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
@@ -669,13 +681,13 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
         unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ITC |
                          MHD_USE_NO_LISTEN_SOCKET | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
         unsigned limit = (unsigned)rc->http_max_connections * 2u + 64u;
-        h->mhd =
-            MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_NOTIFY_COMPLETED,
-                             on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
-                             MHD_OPTION_THREAD_POOL_SIZE, (unsigned)rc->http_threads,
-                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)rc->http_connection_timeout_s,
-                             MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_STRICT_FOR_CLIENT, 1,
-                             MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
+        h->mhd = MHD_start_daemon(
+            flags, 0, NULL, NULL, on_request, h, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_URI_LOG_CALLBACK,
+            on_request_line, h, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)rc->http_threads,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)rc->http_connection_timeout_s,
+            MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_STRICT_FOR_CLIENT, 1,
+            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_END);
         if (!h->mhd)
             tdm_error_set(err, TDM_EUNAVAILABLE, "cannot serve HTTP on %s port %d: %s", h->host,
                           cfg->router.http_port,

@@ -17,6 +17,7 @@
 #include "nodes.h"
 #include "scheduler.h"
 #include "stream.h"
+#include "validate.h"
 
 int rt_nodes_init(tdm_router_t *r)
 {
@@ -293,7 +294,7 @@ static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id,
     tdm_log_kv_append(kv, sizeof kv, "node_id", shown);
     tdm_log_write(&r->log, again ? TDM_LOG_DEBUG : TDM_LOG_WARN, NULL, kv,
                   "registration refused: %s", msg);
-    tdm_sock_reply_error(r->nodesock, f, status, "%s", msg);
+    tdm_sock_refuse(r->nodesock, f, status, "%s", msg);
 }
 
 #define refuse(r, f, id, ...) refuse_status(r, f, id, TDM_EPRECONDITION, __VA_ARGS__)
@@ -332,6 +333,17 @@ static bool register_identity_ok(tdm_router_t *r, const tdm_frame_t *f,
                                  tdm_node_role_t role)
 {
     const char *id = m->node_id;
+    /* protobuf-c ends strings at a NUL: "decode-0\0x" would pass as "decode-0" */
+    size_t wire_len = rt_wire_field_len(f->body, f->body ? f->body_len : 0, 1 /* node_id */);
+    if (wire_len > strlen(id)) {
+        /* kept as "<id before the NUL>?", never under the configured node it would shorten to */
+        char shown[TDM_NODE_ID_MAX + 2];
+        snprintf(shown, sizeof shown, "%.*s?", TDM_NODE_ID_MAX, id);
+        refuse(r, f, shown,
+               "node_id: byte %zu is 0x00; node ids are 1..%d characters of A-Z a-z 0-9 . _ -",
+               strlen(id), TDM_NODE_ID_MAX);
+        return false;
+    }
     if (!tdm_config_node_id_ok(id)) {
         /* before the id reaches a message, a log line or Status, none of which may carry bytes
          * that are not UTF-8 (every STATUS reply would fail to parse) */
@@ -375,10 +387,9 @@ static bool register_identity_ok(tdm_router_t *r, const tdm_frame_t *f,
         /* A live node's id is never taken over: a restarted node waits until the router has
          * seen its old instance go (heartbeat timeout); an impostor waits forever. */
         refuse_status(r, f, id, TDM_EUNAVAILABLE,
-                      "node '%s' is registered by a live instance (%016" PRIx64
-                      "); another instance is refused until that one is down (no heartbeat "
-                      "for %" PRIu32 " ms)",
-                      id, n->instance_id, r->hb_timeout_ms);
+                      "node '%s' is registered by a live instance; another instance is "
+                      "refused until that one is down (no heartbeat for %" PRIu32 " ms)",
+                      id, r->hb_timeout_ms);
         return false;
     }
     return true;
@@ -501,7 +512,7 @@ static void register_node(tdm_router_t *r, const tdm_frame_t *f,
         return;
     char *ep = kv_ep ? tdm_strdup(kv_ep) : NULL;
     if (kv_ep && !ep) {
-        tdm_sock_reply_error(r->nodesock, f, TDM_ERESOURCE, "router out of memory");
+        tdm_sock_refuse(r->nodesock, f, TDM_ERESOURCE, "router out of memory");
         return;
     }
     bool again = register_apply(r, n, f, m, ep);
@@ -514,8 +525,8 @@ static void handle_register(tdm_router_t *r, const tdm_frame_t *f)
     Tandem__V1__RegisterRequest *m = (Tandem__V1__RegisterRequest *)tdm_frame_unpack(
         f, &tandem__v1__register_request__descriptor);
     if (!m) {
-        tdm_sock_reply_error(r->nodesock, f, TDM_EINVALID,
-                             "the body does not decode as a RegisterRequest");
+        tdm_sock_refuse(r->nodesock, f, TDM_EINVALID,
+                        "the body does not decode as a RegisterRequest");
         return;
     }
     register_node(r, f, m);
@@ -531,8 +542,8 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
         (Tandem__V1__Heartbeat *)tdm_frame_unpack(f, &tandem__v1__heartbeat__descriptor);
     if (!h) {
         if (is_req)
-            tdm_sock_reply_error(r->nodesock, f, TDM_EINVALID,
-                                 "the body does not decode as a Heartbeat");
+            tdm_sock_refuse(r->nodesock, f, TDM_EINVALID,
+                            "the body does not decode as a Heartbeat");
         return;
     }
     if (!n || !n->up || h->instance_id != n->instance_id || f->instance_id != n->instance_id ||
@@ -541,8 +552,8 @@ static void handle_heartbeat(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f
             r->metrics.stale_instance_messages++;
         char shown[TDM_NODE_ID_MAX + 1];
         shown_id(h->node_id, shown, sizeof shown);
-        tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                             "node '%s' is not registered with this router; register again", shown);
+        tdm_sock_refuse(r->nodesock, f, TDM_ENOTFOUND,
+                        "node '%s' is not registered with this router; register again", shown);
         protobuf_c_message_free_unpacked(&h->base, NULL);
         return;
     }
@@ -624,9 +635,9 @@ void rt_node_message(tdm_router_t *r, const tdm_frame_t *f)
         if (n || f->instance_id)
             r->metrics.stale_instance_messages++;
         if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
-            tdm_sock_reply_error(r->nodesock, f, TDM_ENOTFOUND,
-                                 "this connection is not a registered node of this router; "
-                                 "register again");
+            tdm_sock_refuse(r->nodesock, f, TDM_ENOTFOUND,
+                            "this connection is not a registered node of this router; "
+                            "register again");
         else
             tdm_log_write(&r->log, TDM_LOG_DEBUG, NULL, NULL,
                           "ignoring %s %s from a connection that is not a registered node",

@@ -108,6 +108,30 @@ static int check_security(tdm_router_t *r, char secret[41], tdm_error_t *err)
 
 /* Binds the client endpoint and the node endpoint, the latter over CURVE with the router's
  * pair (secret) admitting every node's key under its node id when CURVE is on. */
+/* Several routers (router.node_endpoints): warns when no listed endpoint can be this router's,
+ * i.e. none has the port of the node endpoint it binds (tcp://; the host may differ, a bind
+ * being a wildcard or an address where the list has names) nor is it (ipc://): the nodes
+ * would register with the others but not here. Only a warning: a port mapping (a container's
+ * published port) may make another port reach this one. */
+static void check_listed(tdm_router_t *r, const tdm_config_t *cfg)
+{
+    const tdm_router_config_t *rc = &cfg->router;
+    if (rc->n_node_endpoints == 0)
+        return;
+    const char *bind = rc->node_endpoint;
+    const char *port = strncmp(bind, "tcp://", 6) == 0 ? strrchr(bind, ':') : NULL;
+    for (size_t i = 0; i < rc->n_node_endpoints; i++) {
+        const char *ep = rc->node_endpoints[i];
+        if (strcmp(ep, bind) == 0 ||
+            (port && strncmp(ep, "tcp://", 6) == 0 && strcmp(strrchr(ep, ':'), port) == 0))
+            return;
+    }
+    TDM_LOG_WARNF(&r->log, NULL,
+                  "router.node_endpoints lists no endpoint on this router's node endpoint %s "
+                  "(its port): the nodes register with the routers listed, perhaps not this one",
+                  bind);
+}
+
 static int bind_sockets(tdm_router_t *r, const char *secret, tdm_error_t *err)
 {
     const tdm_config_t *cfg = r->cfg;
@@ -141,6 +165,7 @@ static int bind_sockets(tdm_router_t *r, const char *secret, tdm_error_t *err)
                                 "node endpoint %s: ", cfg->router.node_endpoint);
     snprintf(r->client_ep, sizeof r->client_ep, "%s", tdm_sock_endpoint(r->client));
     snprintf(r->node_ep, sizeof r->node_ep, "%s", tdm_sock_endpoint(r->nodesock));
+    check_listed(r, r->cfg);
     /* the in-process HTTP gateway's way in: the same socket, named by this instance */
     snprintf(r->inproc_ep, sizeof r->inproc_ep, "inproc://tandem-router-%016" PRIx64,
              r->instance_id);

@@ -237,13 +237,16 @@ static size_t stop_prefix_held(const rt_req_t *q)
 /* Moves the held text that cannot be (the start of) a stop string to the chunk. Returns 1
  * and sets *which when a stop string matched (text cut there; the rest is dropped), 0
  * otherwise, TDM_ERESOURCE on out of memory. final: nothing more will come, so nothing is
- * held. */
+ * held. While the output has at most min_tokens tokens no stop string is matched (vLLM's
+ * min_tokens), though the text that may begin one is still held, so one the next tokens
+ * complete matches. */
 static int stop_scan(rt_req_t *q, bool final, size_t *which)
 {
     tdm_buf_t *h = &q->hold;
     long best = -1;
     size_t best_i = 0;
-    for (size_t i = 0; i < q->n_stop; i++) {
+    size_t n_stop = q->next_index > (uint32_t)q->sp.min_tokens ? q->n_stop : 0;
+    for (size_t i = 0; i < n_stop; i++) {
         long p = find_bytes(h->data, h->len, q->stop[i], strlen(q->stop[i]));
         if (p >= 0 && (best < 0 || p < best)) {
             best = p;

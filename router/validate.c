@@ -65,12 +65,7 @@ static bool wire_varint(const uint8_t *b, size_t n, size_t *i, uint64_t *v)
     return false;
 }
 
-/* Length on the wire of the last top-level length-delimited field `field` of the protobuf
- * message in b[n] (protobuf: the last occurrence wins), or 0 when absent or malformed. protobuf-c
- * hands strings over NUL-terminated, so an embedded NUL would silently shorten them: comparing
- * with this length catches it. Wire format: developers.google.com/protocol-buffers/docs/encoding.
- */
-static size_t wire_field_len(const uint8_t *b, size_t n, uint32_t field)
+size_t rt_wire_field_len(const uint8_t *b, size_t n, uint32_t field)
 {
     size_t i = 0, found = 0;
     while (i < n) {
@@ -110,15 +105,17 @@ static uint64_t random_u64(void)
 }
 
 /* Raw-text input -> *ids. */
-static int tokenize_prompt(tdm_router_t *r, const char *prompt, const rt_req_t *q,
+static int tokenize_prompt(tdm_router_t *r, const char *prompt, bool truncate, const rt_req_t *q,
                            tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
     size_t len = strlen(prompt);
     if (len == 0)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt", "prompt is empty");
     /* a token stands for at most max_token_bytes bytes, so this prompt has more tokens than
-     * the context holds: refused in O(1), before tokenizing megabytes on the router's loop */
-    if (len / r->max_token_bytes >= r->n_ctx)
+     * the context holds: refused in O(1), before tokenizing megabytes on the router's loop.
+     * Not when it is to be truncated: then it may be longer than the context (vLLM tokenizes
+     * it whole too; the frame and body limits bound it) */
+    if (!truncate && len / r->max_token_bytes >= r->n_ctx)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt",
                                    "prompt is %zu bytes, so at least %zu tokens (a token of this "
                                    "model stands for at most %" PRIu32
@@ -243,7 +240,7 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
 
 /* Token-id input -> *ids (a copy; left NULL when it cannot fit the context, with *n_ids
  * telling the length for the check after). */
-static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *tokens,
+static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *tokens, bool truncate,
                        tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
     size_t n = tokens ? tokens->n_ids : 0;
@@ -257,7 +254,7 @@ static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *token
             return tdm_error_field(err, "tokens.ids[%zu]", i);
         }
     *n_ids = n;
-    if (n >= r->n_ctx)
+    if (n >= r->n_ctx && !truncate)
         return TDM_OK; /* the length check gives the message */
     *ids = malloc(n * sizeof **ids);
     if (!*ids)
@@ -266,8 +263,21 @@ static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *token
     return TDM_OK;
 }
 
-/* Tokenizes the request's input into q->prompt and checks that it leaves room in the
- * context. */
+/* truncate_prompt_tokens: 0 (off), -1 (the context length) or 1..n_ctx. */
+static int truncate_check(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
+                          tdm_error_t *err)
+{
+    int32_t k = g->truncate_prompt_tokens;
+    if (k == 0 || k == -1 || (k >= 1 && (uint32_t)k <= r->n_ctx))
+        return TDM_OK;
+    return tdm_error_set_field(err, TDM_EINVALID, "truncate_prompt_tokens",
+                               "truncate_prompt_tokens must be -1 (the context length) or in "
+                               "[1, %" PRIu32 "] (the context length), got %" PRId32,
+                               r->n_ctx, k);
+}
+
+/* Tokenizes the request's input into q->prompt (its last truncate_prompt_tokens tokens when
+ * set) and checks that it leaves room in the context. */
 static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
                           rt_refusal_t *why, tdm_error_t *err)
 {
@@ -277,14 +287,14 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
     const char *field = "prompt";
     switch (g->input_case) {
     case TANDEM__V1__GENERATE_REQUEST__INPUT_PROMPT:
-        rc = tokenize_prompt(r, g->prompt, q, &ids, &n_ids, err);
+        rc = tokenize_prompt(r, g->prompt, g->truncate_prompt_tokens != 0, q, &ids, &n_ids, err);
         break;
     case TANDEM__V1__GENERATE_REQUEST__INPUT_CHAT:
         rc = tokenize_chat(r, g->chat, q, &ids, &n_ids, err);
         field = "chat.messages";
         break;
     case TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS:
-        rc = tokens_copy(r, g->tokens, &ids, &n_ids, err);
+        rc = tokens_copy(r, g->tokens, g->truncate_prompt_tokens != 0, &ids, &n_ids, err);
         field = "tokens.ids";
         break;
     default:
@@ -299,6 +309,14 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
             return tdm_error_set_field(err, TDM_EINVALID, field,
                                        "the chat template rendered an empty prompt");
         return tdm_error_set_field(err, TDM_EINVALID, field, "prompt: the input has no tokens");
+    }
+    if (g->truncate_prompt_tokens != 0) {
+        /* vLLM: keep the last k tokens; -1 = the context length (the length check follows) */
+        size_t k = g->truncate_prompt_tokens < 0 ? r->n_ctx : (size_t)g->truncate_prompt_tokens;
+        if (n_ids > k) {
+            memmove(ids, ids + (n_ids - k), k * sizeof *ids);
+            n_ids = k;
+        }
     }
     if (n_ids >= r->n_ctx) {
         free(ids);
@@ -371,27 +389,71 @@ static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, tdm_erro
     return TDM_OK;
 }
 
+/* The words of the request's bad_words (entries with text) tokenized into sp after the token
+ * sequences tdm_proto_sampling_from took: at most TDM_SAMPLING_MAX_BAD_WORDS words. */
+static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingParams *m,
+                           tdm_sampling_params_t *sp, tdm_error_t *err)
+{
+    if (!m || !(m->set_mask & TDM_PROTO_SET_BAD_WORDS))
+        return TDM_OK;
+    size_t words = 0;
+    for (size_t i = 0; i < m->n_bad_words; i++)
+        words += m->bad_words[i]->text && m->bad_words[i]->text[0];
+    if (words > TDM_SAMPLING_MAX_BAD_WORDS)
+        return tdm_error_set_field(err, TDM_EINVALID, "sampling.bad_words",
+                                   "sampling.bad_words: %zu words given, at most %d allowed", words,
+                                   TDM_SAMPLING_MAX_BAD_WORDS);
+    for (size_t i = 0; i < m->n_bad_words; i++) {
+        const char *t = m->bad_words[i]->text;
+        if (t && t[0]) {
+            int rc = tdm_prompt_bad_word(r->tok, t, i, sp, err);
+            if (rc == TDM_EINVALID)
+                return tdm_error_nest(err, "sampling"); /* "sampling.bad_words[2] is ..." */
+            if (rc != TDM_OK)
+                return rc;
+        }
+    }
+    return TDM_OK;
+}
+
 /* q->sp from the request's sampling fields over Tandem's defaults; a seed drawn when the
  * client gave none. */
 static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
                           tdm_error_t *err)
 {
+    int rc;
     tdm_sampling_params_default(&q->sp);
     bool seeded = false;
     if (g->sampling) {
-        int rc = tdm_proto_sampling_from(g->sampling, &q->sp, err); /* sets the field */
+        rc = tdm_proto_sampling_from(g->sampling, &q->sp, err); /* sets the field */
         if (rc != TDM_OK)
             return rc;
         seeded = g->sampling->has_seed || (g->sampling->set_mask & TDM_PROTO_SET_SEED);
     }
     if (!seeded)
         q->sp.seed = random_u64();
-    q->sp.max_tokens = 1; /* decided after tokenization (max_tokens_decide) */
+    rc = bad_words_build(r, g->sampling, &q->sp, err);
+    if (rc != TDM_OK)
+        return rc;
+    /* decided after tokenization (max_tokens_decide), which checks min_tokens against it */
+    q->sp.max_tokens = INT32_MAX;
     /* the logit bias first: its entry is named by OpenAI's key, logit_bias["<token id>"] */
     if (tdm_sampling_logit_bias_check(&q->sp, r->n_vocab, NULL, err) != TDM_OK ||
         tdm_sampling_params_validate(&q->sp, r->n_vocab, err) != TDM_OK)
         return tdm_error_nest(err, "sampling"); /* "sampling.top_p must be in (0, 1], ..." */
+    q->sp.max_tokens = 1;
     return TDM_OK;
+}
+
+/* min_tokens must not exceed the max_tokens decided (vLLM refuses it too). */
+static int min_tokens_check(const rt_req_t *q, tdm_error_t *err)
+{
+    if (q->sp.min_tokens <= q->sp.max_tokens)
+        return TDM_OK;
+    return tdm_error_set_field(err, TDM_EINVALID, "sampling.min_tokens",
+                               "sampling.min_tokens must be at most max_tokens (%" PRId32
+                               "), got %" PRId32,
+                               q->sp.max_tokens, q->sp.min_tokens);
 }
 
 /* q->sp.max_tokens from the request's max_tokens, which must fit the context the prompt
@@ -403,7 +465,7 @@ static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRe
     if (g->max_tokens == 0) {
         q->sp.max_tokens =
             (int32_t)(room < TDM_ROUTER_MAX_TOKENS_DEFAULT ? room : TDM_ROUTER_MAX_TOKENS_DEFAULT);
-        return TDM_OK;
+        return min_tokens_check(q, err);
     }
     if ((uint32_t)g->max_tokens > room) {
         why->prompt_tokens = q->n_prompt;
@@ -416,7 +478,7 @@ static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRe
                                    q->n_prompt, g->max_tokens, r->n_ctx, room);
     }
     q->sp.max_tokens = g->max_tokens;
-    return TDM_OK;
+    return min_tokens_check(q, err);
 }
 
 /* The request's constraint compiled once, here (tdm_constraint_compile: the function
@@ -473,12 +535,22 @@ static int choices_check(const Tandem__V1__GenerateRequest *g, tdm_error_t *err)
 int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__GenerateRequest *g,
                     rt_req_t *q, rt_refusal_t *why, tdm_error_t *err)
 {
-    size_t id_wire_len = wire_field_len(f->body, f->body ? f->body_len : 0, 1);
+    size_t id_wire_len = rt_wire_field_len(f->body, f->body ? f->body_len : 0, 1);
     int rc = request_id_assign(r, g, id_wire_len, q, err);
     if (rc != TDM_OK)
         return rc;
     const char *served = r->cfg->model.name ? r->cfg->model.name : "";
     size_t at = 0;
+    uint32_t cp = 0;
+    if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at) &&
+        tdm_utf8_decode((const unsigned char *)g->model + at, strlen(g->model + at), &cp) &&
+        tdm_unicode_is_format(cp))
+        /* not quoted: the character would reorder or hide what the message says */
+        return tdm_error_set_field(err, TDM_EINVALID, "model",
+                                   "model: byte %zu is U+%04" PRIX32 ", an invisible format "
+                                   "character (Unicode category Cf: a bidi control, a zero-width "
+                                   "character); a model name is 1..%u bytes of printable UTF-8",
+                                   at, cp, TDM_MODEL_NAME_MAX);
     if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at))
         /* quoted as it came: every reply's text is made valid UTF-8 when it is sent
          * (tdm_sock_reply_error, U+FFFD for each bad byte) and log lines escape controls */
@@ -495,6 +567,7 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
                                    "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
                                    g->max_tokens);
     if ((rc = choices_check(g, err)) != TDM_OK || (rc = stop_copy(g, q, err)) != TDM_OK ||
+        (rc = truncate_check(r, g, err)) != TDM_OK ||
         (rc = sampling_build(r, g, q, err)) != TDM_OK ||
         (rc = tokenize_input(r, g, q, why, err)) != TDM_OK ||
         (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK ||

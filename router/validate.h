@@ -4,6 +4,7 @@
 #ifndef TANDEM_ROUTER_VALIDATE_H
 #define TANDEM_ROUTER_VALIDATE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "router_internal.h"
@@ -26,5 +27,12 @@ typedef struct rt_refusal {
  * template), RESOURCE_EXHAUSTED (out of memory). What q holds on failure is freed with it. */
 int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__GenerateRequest *g,
                     rt_req_t *q, rt_refusal_t *why, tdm_error_t *err);
+
+/* Length in bytes on the wire of the last top-level length-delimited field `field` of the
+ * protobuf message in b[0..n) (protobuf: the last occurrence wins), or 0 when absent or
+ * malformed. protobuf-c hands strings over NUL-terminated, so an embedded NUL would silently
+ * shorten them: comparing strlen with this length catches it. b may be NULL when n is 0.
+ * Cannot fail. Wire format: developers.google.com/protocol-buffers/docs/encoding. */
+size_t rt_wire_field_len(const uint8_t *b, size_t n, uint32_t field);
 
 #endif /* TANDEM_ROUTER_VALIDATE_H */

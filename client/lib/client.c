@@ -59,6 +59,11 @@ const char *tdm_client_errfield(const tdm_client_t *c)
     return c->err_field;
 }
 
+uint64_t tdm_client_retried(const tdm_client_t *c)
+{
+    return c->n_retried;
+}
+
 size_t tdm_client_pending(const tdm_client_t *c)
 {
     return c->n_calls;
@@ -75,13 +80,14 @@ static void sleep_s(double s)
 
 /* ---- construction ---- */
 
-/* Stops the monitor and closes its socket. NULL-safe. */
-static void monitor_close(tdm_client_t *c)
+/* Stops router's monitor and closes its socket. NULL-safe. */
+static void monitor_close(client_router_t *r)
 {
-    zmq_socket_monitor(tdm_sock_zsock(c->sock), NULL, 0);
-    if (c->monitor)
-        zmq_close(c->monitor);
-    c->monitor = NULL;
+    if (r->sock)
+        zmq_socket_monitor(tdm_sock_zsock(r->sock), NULL, 0);
+    if (r->monitor)
+        zmq_close(r->monitor);
+    r->monitor = NULL;
 }
 
 /* Watches the DEALER's connection (zmq_socket_monitor(3)): a DISCONNECTED event means the
@@ -89,9 +95,9 @@ static void monitor_close(tdm_client_t *c)
  * whatever it had of the calls in flight, so they end at once instead of at their deadlines
  * (connection_lost). An inproc endpoint (the HTTP gateway inside the router) cannot lose its
  * peer without the process and is not watched. Returns 0 or TDM_EINTERNAL. */
-static int monitor_new(tdm_client_t *c, tdm_error_t *err)
+static int monitor_new(tdm_client_t *c, client_router_t *r, tdm_error_t *err)
 {
-    if (strncmp(c->endpoint, "inproc://", 9) == 0)
+    if (strncmp(r->endpoint, "inproc://", 9) == 0)
         return TDM_OK;
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://tdm-client-monitor-%llu",
@@ -101,14 +107,14 @@ static int monitor_new(tdm_client_t *c, tdm_error_t *err)
                  ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                  ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
     /* the first handshake may be over before the monitor is attached: count it as done */
-    c->connected = true;
-    if (zmq_socket_monitor(tdm_sock_zsock(c->sock), ep, events) != 0 ||
-        !(c->monitor = zmq_socket(tdm_net_zctx(c->net), ZMQ_PAIR)) ||
-        zmq_setsockopt(c->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
-        zmq_connect(c->monitor, ep) != 0) {
-        tdm_error_set(err, TDM_EINTERNAL, "client: monitor of %s: %s", c->endpoint,
+    r->connected = true;
+    if (zmq_socket_monitor(tdm_sock_zsock(r->sock), ep, events) != 0 ||
+        !(r->monitor = zmq_socket(tdm_net_zctx(c->net), ZMQ_PAIR)) ||
+        zmq_setsockopt(r->monitor, ZMQ_LINGER, &zero, sizeof zero) != 0 ||
+        zmq_connect(r->monitor, ep) != 0) {
+        tdm_error_set(err, TDM_EINTERNAL, "client: monitor of %s: %s", r->endpoint,
                       zmq_strerror(errno));
-        monitor_close(c);
+        monitor_close(r);
         return TDM_EINTERNAL;
     }
     return TDM_OK;
@@ -118,13 +124,14 @@ static int monitor_new(tdm_client_t *c, tdm_error_t *err)
  * connections dropped: a DISCONNECTED not preceded by a failed handshake (libzmq reports a
  * failed handshake, a CURVE key mismatch say, as HANDSHAKE_FAILED_* and then DISCONNECTED; no
  * call went out over that connection, and they keep waiting for one that works). */
-int tdm_client_monitor_read(tdm_client_t *c)
+int tdm_client_monitor_read(tdm_client_t *c, size_t router)
 {
+    client_router_t *r = &c->routers[router];
     int lost = 0;
-    while (c->monitor) {
+    while (r->monitor) {
         zmq_msg_t ev;
         zmq_msg_init(&ev);
-        if (zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT) < 0) {
+        if (zmq_msg_recv(&ev, r->monitor, ZMQ_DONTWAIT) < 0) {
             zmq_msg_close(&ev);
             break;
         }
@@ -136,18 +143,18 @@ int tdm_client_monitor_read(tdm_client_t *c)
         zmq_msg_close(&ev);
         if (more) {
             zmq_msg_init(&ev);
-            zmq_msg_recv(&ev, c->monitor, ZMQ_DONTWAIT);
+            zmq_msg_recv(&ev, r->monitor, ZMQ_DONTWAIT);
             zmq_msg_close(&ev);
         }
-        if (event == ZMQ_EVENT_DISCONNECTED && c->connected) {
-            c->connected = false;
+        if (event == ZMQ_EVENT_DISCONNECTED && r->connected) {
+            r->connected = false;
             lost++;
         } else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-            c->connected = true;
+            r->connected = true;
             if (c->n_lost)
-                TDM_LOG_DEBUGF(c->log, NULL, "client: connected to %s again", c->endpoint);
+                TDM_LOG_DEBUGF(c->log, NULL, "client: connected to %s again", r->endpoint);
         } else if (event != ZMQ_EVENT_DISCONNECTED) {
-            c->connected = false; /* a handshake failed: its DISCONNECTED loses nothing */
+            r->connected = false; /* a handshake failed: its DISCONNECTED loses nothing */
         }
     }
     return lost;
@@ -164,6 +171,61 @@ static int opts_check(const char *endpoint, const tdm_client_opts_t *opts, tdm_e
                              strlen(opts->api_key), TDM_NET_API_KEY_MAX - 1);
     if (isnan(opts->timeout_s))
         return tdm_error_set(err, TDM_EINVALID, "client: timeout_s is NaN");
+    return TDM_OK;
+}
+
+/* Closes every router's monitor and socket and frees its endpoint. */
+static void routers_close(tdm_client_t *c)
+{
+    for (size_t i = 0; i < c->n_routers; i++) {
+        monitor_close(&c->routers[i]);
+        tdm_sock_destroy(&c->routers[i].sock);
+        free(c->routers[i].endpoint);
+    }
+    c->n_routers = 0;
+}
+
+/* Splits c->endpoint at commas and connects a DEALER (and its monitor) to each router; several
+ * routers' sockets queue only on connections that are up (so a call goes to a router that
+ * can take it). Returns 0, or TDM_EINVALID (an empty item, a repeat, more than
+ * TDM_CLIENT_MAX_ROUTERS, inproc:// among several, or tdm_sock_connect's refusal),
+ * TDM_ERESOURCE, TDM_EINTERNAL with *err set; what was opened is closed by routers_close. */
+static int routers_open(tdm_client_t *c, tdm_sock_opts_t *so, tdm_error_t *err)
+{
+    size_t n = 1;
+    for (const char *p = c->endpoint; *p; p++)
+        n += *p == ',';
+    if (n > TDM_CLIENT_MAX_ROUTERS)
+        return tdm_error_set(err, TDM_EINVALID, "client: %zu router endpoints; at most %d", n,
+                             TDM_CLIENT_MAX_ROUTERS);
+    so->immediate = n > 1;
+    const char *p = c->endpoint;
+    for (size_t i = 0; i < n; i++) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        client_router_t *r = &c->routers[c->n_routers];
+        if (len == 0)
+            return tdm_error_set(err, TDM_EINVALID, "client: router endpoint %zu of '%s' is empty",
+                                 i + 1, c->endpoint);
+        if (!(r->endpoint = malloc(len + 1)))
+            return tdm_error_set(err, TDM_ERESOURCE, "client: out of memory");
+        memcpy(r->endpoint, p, len);
+        r->endpoint[len] = '\0';
+        c->n_routers++;
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(c->routers[j].endpoint, r->endpoint) == 0)
+                return tdm_error_set(err, TDM_EINVALID,
+                                     "client: router endpoint %s is listed twice", r->endpoint);
+        if (n > 1 && strncmp(r->endpoint, "inproc://", 9) == 0)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "client: %s: an inproc:// router cannot be one of several",
+                                 r->endpoint);
+        if (!(r->sock = tdm_sock_connect(c->net, r->endpoint, so, err)))
+            return err && err->code ? err->code : TDM_EINVALID;
+        if (monitor_new(c, r, err) != TDM_OK)
+            return TDM_EINTERNAL;
+        p = end ? end + 1 : p + len;
+    }
     return TDM_OK;
 }
 
@@ -202,16 +264,12 @@ tdm_client_t *tdm_client_new(const char *endpoint, const tdm_client_opts_t *opts
     tdm_sock_opts_t so = {0};
     so.curve = opts->curve;
     so.log = opts->log;
-    c->sock = tdm_sock_connect(c->net, endpoint, &so, err);
-    if (!c->sock)
-        goto out_net;
-    if (monitor_new(c, err) != TDM_OK)
-        goto out_sock;
+    if (routers_open(c, &so, err) != TDM_OK)
+        goto out_routers;
     return c;
 
-out_sock:
-    tdm_sock_destroy(&c->sock);
-out_net:
+out_routers:
+    routers_close(c);
     if (c->own_net)
         tdm_net_destroy(&c->net);
 out_endpoint:
@@ -271,6 +329,7 @@ void tdm_client_call_free(client_call_t *call)
     tdm_client_result_clear(&call->result);
     if (call->resp)
         protobuf_c_message_free_unpacked(call->resp, NULL);
+    free(call->body);
     free(call);
 }
 
@@ -283,11 +342,14 @@ void tdm_client_send_cancel(tdm_client_t *c, const client_call_t *call)
     m.method = call->method;
     m.call_id = call->id;
     m.api_key = c->api_key[0] ? c->api_key : NULL;
-    if (tdm_sock_send(c->sock, &m) == TDM_OK)
+    if (call->router == NO_ROUTER) /* no router has it */
+        return;
+    tdm_sock_t *s = c->routers[call->router].sock;
+    if (tdm_sock_send(s, &m) == TDM_OK)
         c->last_cancel_t = tdm_time_now();
     else
         TDM_LOG_DEBUGF(c->log, NULL, "client: CANCEL of call %llu not sent: %s",
-                       (unsigned long long)call->id, tdm_sock_errmsg(c->sock));
+                       (unsigned long long)call->id, tdm_sock_errmsg(s));
 }
 
 /* Ends a call: fills the final fields, takes it out of the table and either hands it to its
@@ -365,8 +427,7 @@ void tdm_client_destroy(tdm_client_t **self_p)
         sleep_s(left);
     }
     tdm_frame_clear(&c->frame);
-    monitor_close(c);
-    tdm_sock_destroy(&c->sock);
+    routers_close(c);
     if (c->own_net)
         tdm_net_destroy(&c->net);
     free(c->calls);

@@ -44,13 +44,33 @@ typedef struct client_call {
     size_t tokens_cap;                           /* entries allocated for result.token_ids */
     const ProtobufCMessageDescriptor *resp_desc; /* unary: the response type */
     ProtobufCMessage *resp;                      /* unary: the decoded response (owned) */
+    /* several routers (tdm_client_t.n_routers > 1): where the call went and what to resend */
+    size_t router;  /* index of the router that has the call; NO_ROUTER: none yet */
+    uint32_t tries; /* routers it was sent to */
+    bool delivered; /* a chunk reached the caller: never sent again */
+    uint8_t *body;  /* packed request body, kept to send it again (owned) */
+    const ProtobufCMessageDescriptor *req_desc; /* the body's type */
+    size_t body_len;
+    uint64_t deadline_ms; /* the REQUEST's deadline (unix ms; 0 = none) */
 } client_call_t;
+
+#define NO_ROUTER ((size_t)-1)
+
+/* One router of a client: its DEALER and the monitor of its connection. */
+typedef struct client_router {
+    tdm_sock_t *sock;
+    char *endpoint;
+    void *monitor;  /* PAIR receiving the DEALER's connection events (NULL: inproc) */
+    bool connected; /* a handshake succeeded and its connection has not dropped since */
+} client_router_t;
 
 struct tdm_client {
     tdm_net_t *net;
     bool own_net;
-    tdm_sock_t *sock;
-    char *endpoint;
+    client_router_t routers[TDM_CLIENT_MAX_ROUTERS]; /* [n_routers] */
+    size_t n_routers;
+    size_t next_router; /* round robin over the routers for new calls */
+    char *endpoint;     /* as given: every router's endpoint, comma-separated */
     char api_key[TDM_NET_API_KEY_MAX];
     double timeout_s; /* default deadline; < 0 = none */
     const volatile sig_atomic_t *cancel_flag;
@@ -61,9 +81,8 @@ struct tdm_client {
     uint64_t n_ended;     /* calls ended so far (tdm_client_poll's return value) */
     int depth;            /* > 0 while a callback runs */
     double last_cancel_t; /* when the last CANCEL was sent (monotonic); 0 = never */
-    void *monitor;        /* PAIR receiving the DEALER's connection events (NULL: inproc) */
-    bool connected;       /* a handshake succeeded and its connection has not dropped since */
-    uint64_t n_lost;      /* connections to the router lost so far */
+    uint64_t n_lost;      /* connections to a router lost so far */
+    uint64_t n_retried;   /* calls sent again to another router */
     tdm_frame_t frame;    /* receive buffer */
     tdm_error_t err;
     char err_field[64]; /* the request field the last refused start named; "" if none */
@@ -108,7 +127,16 @@ bool tdm_client_cancel_requested(const tdm_client_t *c);
  * connections dropped: a DISCONNECTED not preceded by a failed handshake (libzmq reports a
  * failed handshake, a CURVE key mismatch say, as HANDSHAKE_FAILED_* and then DISCONNECTED; no
  * call went out over that connection, and they keep waiting for one that works). */
-int tdm_client_monitor_read(tdm_client_t *c);
+int tdm_client_monitor_read(tdm_client_t *c, size_t router);
+
+/* Sends call (already in the table, its body kept) to the next router that takes it, after
+ * the one it is on (several routers). Returns 0, or TDM_EUNAVAILABLE when no router has a
+ * connection up now: the call stays in the table unsent (router NO_ROUTER) and the poll loop
+ * tries again (tdm_client_resend_waiting) until its deadline. */
+int tdm_client_call_resend(tdm_client_t *c, client_call_t *call);
+
+/* Tries again to send every call that no router took yet. Cannot fail. */
+void tdm_client_resend_waiting(tdm_client_t *c);
 
 /* ---- starting calls (client_start.c) ---- */
 

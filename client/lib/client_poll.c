@@ -13,6 +13,7 @@
 
 /* Frames handled per tdm_client_poll at most, so deadlines are looked at under a flood. */
 #define CLIENT_MAX_FRAMES_PER_POLL 4096
+#define CLIENT_WAITING_POLL_MS 20 /* poll period while a call waits for a router */
 
 static tdm_client_finish_t finish_from_proto(Tandem__V1__FinishReason r)
 {
@@ -184,6 +185,7 @@ static int deliver_chunk(tdm_client_t *c, client_call_t *call, const Tandem__V1_
     if (result_append(call, m, text_len) != TDM_OK)
         return TDM_ERESOURCE;
     r->n_chunks++;
+    call->delivered = true; /* from now on it is never sent to another router */
     if (m->n_token_ids > 0 || text_len > 0) {
         double now = tdm_time_now();
         if (call->t_first == 0)
@@ -215,7 +217,7 @@ static bool handle_chunk_body(tdm_client_t *c, client_call_t *call, const tdm_fr
         tdm_client_call_end(c, call, TDM_EINTERNAL,
                             "client: call %llu: a GenerateChunk from %s does not "
                             "decode",
-                            (unsigned long long)call->id, c->endpoint);
+                            (unsigned long long)call->id, c->routers[call->router].endpoint);
         return false;
     }
     int rc = deliver_chunk(c, call, m);
@@ -249,10 +251,37 @@ static void error_detail_read(const tdm_frame_t *f, tdm_client_error_detail_t *d
     protobuf_c_message_free_unpacked(&m->base, NULL);
 }
 
-/* Handles one received frame. */
-static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
+/* Several routers: sends call again to the next router when nothing of it reached the caller
+ * and a router is left that has not had it; true when it went (or waits for a router to come
+ * up), false when the caller must end it. */
+static bool retry(tdm_client_t *c, client_call_t *call, const char *why)
+{
+    if (c->n_routers < 2 || call->delivered || call->tries >= c->n_routers)
+        return false;
+    size_t from = call->router;
+    (void)tdm_client_call_resend(c, call);
+    if (call->router == NO_ROUTER && call->tries >= c->n_routers)
+        return false;
+    TDM_LOG_DEBUGF(
+        c->log, NULL, "client: call %llu sent again to %s: %s on %s", (unsigned long long)call->id,
+        call->router == NO_ROUTER ? "the next router up" : c->routers[call->router].endpoint, why,
+        from == NO_ROUTER ? "?" : c->routers[from].endpoint);
+    return true;
+}
+
+/* Handles one received frame, from router `router`. */
+static void dispatch(tdm_client_t *c, const tdm_frame_t *f, size_t router)
 {
     client_call_t *call = tdm_client_call_find(c, f->call_id);
+    if (call && call->router != router) {
+        /* a late frame from a router the call has left */
+        TDM_LOG_DEBUGF(c->log, NULL,
+                       "client: dropped a %s frame of call %llu from %s (sent "
+                       "again elsewhere)",
+                       tdm_net_kind_name(f->kind), (unsigned long long)f->call_id,
+                       c->routers[router].endpoint);
+        return;
+    }
     if (!call) {
         /* a call that ended (cancelled, deadline) or a stray frame */
         TDM_LOG_DEBUGF(c->log, NULL, "client: dropped a %s frame of call %llu (not running)",
@@ -274,6 +303,8 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
         return;
     }
     if (f->status != TDM_OK) {
+        if (f->status == TDM_EUNAVAILABLE && retry(c, call, f->message))
+            return;
         if (call->kind == CALL_GENERATE && f->body && f->body_len > 0)
             error_detail_read(f, &call->result.error);
         tdm_client_call_end(c, call, f->status, "%s",
@@ -292,7 +323,7 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f)
     if (!call->resp) {
         tdm_client_call_end(c, call, TDM_EINTERNAL,
                             "client: the %s response from %s does not decode",
-                            tdm_net_method_name(call->method), c->endpoint);
+                            tdm_net_method_name(call->method), c->routers[router].endpoint);
         return;
     }
     tdm_client_call_end(c, call, TDM_OK, "%s", "");
@@ -330,45 +361,65 @@ static long ms_to_nearest_deadline(const tdm_client_t *c, double now)
     return ms < 0 ? 0 : ms > 1e9 ? 1000000000L : (long)ms;
 }
 
-/* Receives and dispatches the frames waiting (CLIENT_MAX_FRAMES_PER_POLL at most). Returns 0,
- * or the receive error after ending every call with it. */
-static int receive_frames(tdm_client_t *c)
+/* Receives and dispatches the frames waiting from router `router` (CLIENT_MAX_FRAMES_PER_POLL
+ * at most). Returns 0, or the receive error after ending every call with it. */
+static int receive_frames(tdm_client_t *c, size_t router)
 {
+    tdm_sock_t *sock = c->routers[router].sock;
     for (int i = 0; i < CLIENT_MAX_FRAMES_PER_POLL; i++) {
-        int rc = tdm_sock_recv(c->sock, &c->frame, 0);
+        int rc = tdm_sock_recv(sock, &c->frame, 0);
         if (rc == TDM_EDEADLINE || rc == TDM_ECANCELLED)
             break; /* nothing more now; or interrupted (looked at by the caller) */
         if (rc != TDM_OK) {
-            tdm_error_set(&c->err, rc, "client: receiving from %s failed: %s", c->endpoint,
-                          tdm_sock_errmsg(c->sock));
+            tdm_error_set(&c->err, rc, "client: receiving from %s failed: %s",
+                          c->routers[router].endpoint, tdm_sock_errmsg(sock));
             tdm_frame_clear(&c->frame);
             tdm_client_end_all(c, rc, c->err.msg);
             return rc;
         }
-        dispatch(c, &c->frame);
+        dispatch(c, &c->frame, router);
         tdm_frame_clear(&c->frame);
     }
     return TDM_OK;
 }
 
-/* The connection to the router was lost: what the router sent before it went is handled,
- * then every call still running ends with UNAVAILABLE (the router that had them is gone; a
- * restarted one does not know them). Later calls go out over the socket's reconnection: a
- * call id is never reused and the table is empty, so nothing of the old connection remains. */
-static void connection_lost(tdm_client_t *c)
+/* The connection to router `router` was lost: what it sent before it went is handled, then
+ * every call still running on it is sent to the next router (several routers, nothing of the
+ * call delivered yet; see retry) or ends with UNAVAILABLE (the router that had it is gone; a
+ * restarted one does not know it). Later calls go out over the socket's reconnection: a call
+ * id is never reused, so nothing of the old connection remains. */
+static void connection_lost(tdm_client_t *c, size_t router)
 {
     c->n_lost++;
-    int rc = receive_frames(c);
+    int rc = receive_frames(c, router);
     if (rc != TDM_OK || c->n_calls == 0)
         return;
-    TDM_LOG_DEBUGF(c->log, NULL, "client: connection to %s lost; ending %zu call(s)", c->endpoint,
-                   c->n_calls);
+    const char *ep = c->routers[router].endpoint;
+    TDM_LOG_DEBUGF(c->log, NULL, "client: connection to %s lost", ep);
     char why[TDM_ERRMSG_MAX];
     snprintf(why, sizeof why,
              "router connection lost: %s closed the connection (router stopped or restarted); "
              "the call may or may not have run",
-             c->endpoint);
-    tdm_client_end_all(c, TDM_EUNAVAILABLE, why);
+             ep);
+    for (size_t i = 0; i < c->n_calls;) {
+        client_call_t *call = c->calls[i];
+        if (call->router != router || retry(c, call, "connection lost")) {
+            i++;
+            continue;
+        }
+        tdm_client_send_cancel(c, call);
+        tdm_client_call_end(c, call, TDM_EUNAVAILABLE, "%s", why);
+        /* tdm_client_call_end removed it: the same index holds the next call */
+    }
+}
+
+/* True when some call waits for a router to take it. */
+static bool any_waiting(const tdm_client_t *c)
+{
+    for (size_t i = 0; i < c->n_calls; i++)
+        if (c->calls[i]->router == NO_ROUTER)
+            return true;
+    return false;
 }
 
 int tdm_client_poll_impl(tdm_client_t *c, int timeout_ms, int fd)
@@ -382,10 +433,15 @@ int tdm_client_poll_impl(tdm_client_t *c, int timeout_ms, int fd)
     long to_deadline = ms_to_nearest_deadline(c, tdm_time_now());
     if (to_deadline >= 0 && (wait < 0 || to_deadline < wait))
         wait = to_deadline;
-    zmq_pollitem_t items[3] = {{tdm_sock_zsock(c->sock), 0, ZMQ_POLLIN, 0}};
-    int n_items = 1;
-    if (c->monitor)
-        items[n_items++] = (zmq_pollitem_t){c->monitor, 0, ZMQ_POLLIN, 0};
+    if (any_waiting(c) && (wait < 0 || wait > CLIENT_WAITING_POLL_MS))
+        wait = CLIENT_WAITING_POLL_MS; /* look for a router to take it again soon */
+    zmq_pollitem_t items[2 * TDM_CLIENT_MAX_ROUTERS + 1];
+    int n_items = 0;
+    for (size_t i = 0; i < c->n_routers; i++) {
+        items[n_items++] = (zmq_pollitem_t){tdm_sock_zsock(c->routers[i].sock), 0, ZMQ_POLLIN, 0};
+        if (c->routers[i].monitor)
+            items[n_items++] = (zmq_pollitem_t){c->routers[i].monitor, 0, ZMQ_POLLIN, 0};
+    }
     if (fd >= 0)
         items[n_items++] = (zmq_pollitem_t){NULL, fd, ZMQ_POLLIN, 0};
     int n = zmq_poll(items, n_items, wait);
@@ -397,13 +453,19 @@ int tdm_client_poll_impl(tdm_client_t *c, int timeout_ms, int fd)
         tdm_client_end_all(c, status, c->err.msg);
         return status;
     }
-    if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
-        int rc = receive_frames(c);
-        if (rc != TDM_OK)
-            return rc;
+    for (size_t i = 0, k = 0; n > 0 && i < c->n_routers; i++) {
+        if (items[k].revents & ZMQ_POLLIN) {
+            int rc = receive_frames(c, i);
+            if (rc != TDM_OK)
+                return rc;
+        }
+        k += c->routers[i].monitor ? 2 : 1;
     }
-    if (tdm_client_monitor_read(c) > 0)
-        connection_lost(c);
+    for (size_t i = 0; i < c->n_routers; i++)
+        if (tdm_client_monitor_read(c, i) > 0)
+            connection_lost(c, i);
+    if (c->n_routers > 1)
+        tdm_client_resend_waiting(c);
     if (tdm_client_cancel_requested(c)) {
         tdm_client_end_all(c, TDM_ECANCELLED, "cancelled (interrupted)");
         return TDM_ECANCELLED;

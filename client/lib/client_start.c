@@ -37,33 +37,95 @@ client_call_t *tdm_client_call_new(tdm_client_t *c, int method, call_kind_t kind
     return call;
 }
 
+/* Sends call's REQUEST to router i with body, or (NULL) the body it kept. Returns
+ * tdm_sock_send's status. */
+static int send_to(tdm_client_t *c, client_call_t *call, size_t i, const ProtobufCMessage *given)
+{
+    tdm_send_t m = {0};
+    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
+    m.method = call->method;
+    m.call_id = call->id;
+    m.deadline_unix_ms = call->deadline_ms;
+    m.api_key = c->api_key[0] ? c->api_key : NULL;
+    if (given) {
+        m.body = given;
+        return tdm_sock_send(c->routers[i].sock, &m);
+    }
+    ProtobufCMessage *body =
+        protobuf_c_message_unpack(call->req_desc, NULL, call->body_len, call->body);
+    if (!body)
+        return TDM_ERESOURCE; /* it was packed here: only memory can fail */
+    m.body = body;
+    int rc = tdm_sock_send(c->routers[i].sock, &m);
+    protobuf_c_message_free_unpacked(body, NULL);
+    return rc;
+}
+
+int tdm_client_call_resend(tdm_client_t *c, client_call_t *call)
+{
+    /* the routers in turn, from the one after the call's (or the round robin's next), each
+     * once per call (tries counts them); a router with no connection up refuses at once
+     * (ZMQ_IMMEDIATE) */
+    size_t start = call->router == NO_ROUTER ? c->next_router : call->router + 1;
+    for (size_t k = 0; k < c->n_routers && call->tries < c->n_routers; k++) {
+        size_t i = (start + k) % c->n_routers;
+        if (send_to(c, call, i, NULL) == TDM_OK) {
+            c->n_retried += call->tries > 0;
+            call->router = i;
+            call->tries++;
+            c->next_router = (i + 1) % c->n_routers;
+            return TDM_OK;
+        }
+    }
+    call->router = NO_ROUTER;
+    return TDM_EUNAVAILABLE;
+}
+
+void tdm_client_resend_waiting(tdm_client_t *c)
+{
+    for (size_t i = 0; i < c->n_calls; i++)
+        if (c->calls[i]->router == NO_ROUTER && c->calls[i]->tries < c->n_routers)
+            (void)tdm_client_call_resend(c, c->calls[i]);
+}
+
 /* Sends the REQUEST of call with body and registers it. On failure the call is freed and the
- * error is in c->err. */
+ * error is in c->err. With several routers the packed body is kept for sending again, and a
+ * call no router can take now waits in the table (tdm_client_call_resend). */
 int tdm_client_call_send(tdm_client_t *c, client_call_t *call, const ProtobufCMessage *body,
                          double timeout_s)
 {
     double now = tdm_time_now();
     uint64_t deadline_ms;
     call_deadline(c, timeout_s, now, &call->deadline, &deadline_ms);
-    int rc = tdm_client_call_add(c, call);
+    call->deadline_ms = deadline_ms;
+    bool keep = c->n_routers > 1; /* one router: nothing is ever sent again */
+    if (keep) {
+        call->req_desc = body->descriptor;
+        call->body_len = protobuf_c_message_get_packed_size(body);
+        call->body = malloc(call->body_len ? call->body_len : 1);
+    }
+    int rc = !keep || call->body ? tdm_client_call_add(c, call) : TDM_ERESOURCE;
     if (rc != TDM_OK) {
         tdm_client_call_free(call);
         return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
     }
-    tdm_send_t m = {0};
-    m.kind = TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST;
-    m.method = call->method;
-    m.call_id = call->id;
-    m.deadline_unix_ms = deadline_ms;
-    m.api_key = c->api_key[0] ? c->api_key : NULL;
-    m.body = body;
+    if (keep)
+        protobuf_c_message_pack(body, call->body);
     call->t_start = now;
-    rc = tdm_sock_send(c->sock, &m);
+    if (c->n_routers > 1) {
+        call->router = NO_ROUTER;
+        (void)tdm_client_call_resend(c, call); /* else it waits for a router */
+        return TDM_OK;
+    }
+    call->router = 0;
+    call->tries = 1;
+    rc = send_to(c, call, 0, body);
     if (rc != TDM_OK) {
         tdm_client_call_remove(c, call);
         tdm_client_call_free(call);
         return tdm_error_set(&c->err, rc, "client: sending the %s request to %s failed: %s",
-                             tdm_net_method_name(m.method), c->endpoint, tdm_sock_errmsg(c->sock));
+                             tdm_net_method_name(call->method), c->endpoint,
+                             tdm_sock_errmsg(c->routers[0].sock));
     }
     return TDM_OK;
 }
@@ -131,6 +193,24 @@ static int request_check(tdm_client_t *c, const tdm_client_request_t *req)
                            (unsigned)req->sampling.n_stop_token_ids, TDM_SAMPLING_MAX_STOP);
     if (req->n > 16)
         return bad_request(c, "n", "n must be from 1 to 16, got %u", (unsigned)req->n);
+    if (req->n_bad_words > TDM_SAMPLING_MAX_BAD_WORDS)
+        return bad_request(c, "sampling.bad_words",
+                           "sampling.bad_words: %zu words given, at most %d allowed",
+                           req->n_bad_words, TDM_SAMPLING_MAX_BAD_WORDS);
+    for (size_t i = 0; i < req->n_bad_words; i++) {
+        size_t len = req->bad_words && req->bad_words[i] ? strlen(req->bad_words[i]) : 0;
+        if (len < 1 || len > TDM_SAMPLING_MAX_BAD_WORD_BYTES) {
+            char field[40];
+            snprintf(field, sizeof field, "sampling.bad_words[%zu]", i);
+            return bad_request(c, field, "sampling.bad_words[%zu] must have 1..%d bytes, got %zu",
+                               i, TDM_SAMPLING_MAX_BAD_WORD_BYTES, len);
+        }
+    }
+    if ((req->sampling_set & TDM_PROTO_SET_ALLOWED_TOKEN_IDS) &&
+        req->sampling.n_allowed > TDM_SAMPLING_MAX_ALLOWED)
+        return bad_request(c, "sampling.allowed_token_ids",
+                           "sampling.allowed_token_ids: %u ids given, at most %d allowed",
+                           (unsigned)req->sampling.n_allowed, TDM_SAMPLING_MAX_ALLOWED);
     if (isnan(req->timeout_s))
         return bad_request(c, "", "timeout_s is NaN");
     if ((int)req->constraint_kind < TDM_CLIENT_CONSTRAINT_NONE ||
@@ -169,10 +249,18 @@ static Tandem__V1__Constraint *constraint_of(const tdm_client_request_t *req,
     return c;
 }
 
-/* The SamplingParams of req in *out (pointing into req and out): only the fields named in
- * req->sampling_set; the router uses its defaults for the others. */
+/* The bad_words entries of a request: its words (text), then sampling's token sequences. */
+typedef struct client_bad_words {
+    Tandem__V1__BadWord words[TDM_SAMPLING_MAX_BAD_WORDS];
+    Tandem__V1__BadWord *ptr[TDM_SAMPLING_MAX_BAD_WORDS + TDM_SAMPLING_MAX_BAD_SEQS];
+} client_bad_words_t;
+
+/* The SamplingParams of req in *out (pointing into req, out and bw): only the fields named in
+ * req->sampling_set; the router uses its defaults for the others. req->bad_words are sent
+ * (as text) whenever there are any. */
 static Tandem__V1__SamplingParams *sampling_to_proto(const tdm_client_request_t *req,
-                                                     tdm_proto_sampling_t *out)
+                                                     tdm_proto_sampling_t *out,
+                                                     client_bad_words_t *bw)
 {
     tdm_proto_sampling_to(&req->sampling, out);
     Tandem__V1__SamplingParams *sp = &out->m;
@@ -182,6 +270,21 @@ static Tandem__V1__SamplingParams *sampling_to_proto(const tdm_client_request_t 
         sp->n_stop_token_ids = 0;
     if (!(sp->set_mask & TDM_PROTO_SET_LOGIT_BIAS))
         sp->n_logit_bias = 0;
+    if (!(sp->set_mask & TDM_PROTO_SET_ALLOWED_TOKEN_IDS))
+        sp->n_allowed_token_ids = 0;
+    size_t n_seqs = (sp->set_mask & TDM_PROTO_SET_BAD_WORDS) ? sp->n_bad_words : 0;
+    size_t n = 0; /* request_check: n_bad_words <= TDM_SAMPLING_MAX_BAD_WORDS */
+    for (size_t i = 0; i < req->n_bad_words && i < TDM_SAMPLING_MAX_BAD_WORDS; i++) {
+        tandem__v1__bad_word__init(&bw->words[i]);
+        bw->words[i].text = (char *)(uintptr_t)req->bad_words[i];
+        bw->ptr[n++] = &bw->words[i];
+    }
+    for (size_t i = 0; i < n_seqs; i++)
+        bw->ptr[n++] = sp->bad_words[i];
+    sp->n_bad_words = n;
+    sp->bad_words = n ? bw->ptr : NULL;
+    if (n)
+        sp->set_mask |= TDM_PROTO_SET_BAD_WORDS;
     return sp;
 }
 
@@ -227,7 +330,9 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
         m.input_case = TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS;
         m.tokens = &tokens;
     }
-    m.sampling = sampling_to_proto(req, &sps);
+    client_bad_words_t bw;
+    m.sampling = sampling_to_proto(req, &sps, &bw);
+    m.truncate_prompt_tokens = req->truncate_prompt_tokens;
     m.max_tokens = req->max_tokens;
     m.n_stop = req->n_stop;
     m.stop = (char **)(uintptr_t)req->stop;

@@ -123,6 +123,16 @@ check "generate: stdout is only the text" cmp -s "$tmp/out" "$tmp/want"
 check "generate: usage on stderr" grep -qF "prompt tokens: 5 (cached 2), generated tokens: 4, finish: stop" "$tmp/err"
 check "generate: timings on stderr" grep -qF "TTFT: 10.0 ms" "$tmp/err"
 check "generate: TPOT on stderr" grep -qF "decode: 100.00 tokens/s (TPOT 10.0 ms)" "$tmp/err"
+
+# several routers: a router that is not running is skipped (nothing is queued for it), a
+# repeated one is a usage error naming it
+down=tcp://127.0.0.1:$(free_port)
+run generate --router "$ep,$down" -p hello --timeout 30
+check "generate, two routers, one down: exit 0" [ "$rc" -eq 0 ]
+check "generate, two routers, one down: the text" cmp -s "$tmp/out" "$tmp/want"
+run generate --router "$down,$ep" -p hello --timeout 30
+check "generate, two routers, the first down: the text" cmp -s "$tmp/out" "$tmp/want"
+expect "generate, a router listed twice" 2 "router endpoint $ep is listed twice" generate --router "$ep,$ep" -p hello
 run generate --router "$ep" -p "one two three" -n 5 --stop zz --seed 3 --temperature 0.5
 check "generate -n 5: five streamed tokens" grep -qx "w0 w1 w2 w3 w4 " "$tmp/out"
 check "generate -n 5: finish length" grep -qF "prompt tokens: 3 (cached 0), generated tokens: 5, finish: length" "$tmp/err"

@@ -99,6 +99,8 @@ printf 'root ::= (' >"$tmp/bad.gbnf"
 expect_err "bad grammar" "line 1" -m "$model" -p hi --grammar "$tmp/bad.gbnf"
 printf '{"type":"object","propertyNames":{"maxLength":3}}' >"$tmp/bad.json"
 expect_err "unsupported schema keyword" "propertyNames" -m "$model" -p hi --json-schema "$tmp/bad.json"
+TANDEM_CPU_KERNELS=bogus gen -m "$model" -p hi -n 1
+check "unknown TANDEM_CPU_KERNELS refused, naming the values" $([ $rc -ne 0 ] && grep -q "TANDEM_CPU_KERNELS='bogus' is not one of auto, scalar, avx2" "$tmp/err"; echo $?)
 gen -m /nonexistent.gguf -p hi
 check "missing model file: exit 1 with the path" $([ $rc -eq 1 ] && grep -q "/nonexistent.gguf" "$tmp/err"; echo $?)
 

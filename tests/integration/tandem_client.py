@@ -24,7 +24,7 @@ subprocess.run(
 sys.path.insert(0, _GEN)
 pb = importlib.import_module("tandem_pb2")
 
-PROTOCOL_MAJOR, PROTOCOL_MINOR = 2, 0
+PROTOCOL_MAJOR, PROTOCOL_MINOR = 2, 1
 
 # SamplingParams.set_mask bits (field number - 1)
 SET = {
@@ -40,6 +40,10 @@ SET = {
     "stop_token_ids": 1 << 10,
     "ignore_eos": 1 << 11,
     "n_logprobs": 1 << 12,
+    "logit_bias": 1 << 14,
+    "min_tokens": 1 << 15,
+    "bad_words": 1 << 16,
+    "allowed_token_ids": 1 << 17,
 }
 
 # gRPC status codes by name
@@ -56,8 +60,15 @@ def sampling(**kw):
     sp = pb.SamplingParams()
     mask = 0
     for k, v in kw.items():
-        if k == "stop_token_ids":
-            sp.stop_token_ids.extend(v)
+        if k in ("stop_token_ids", "allowed_token_ids"):
+            getattr(sp, k).extend(v)
+        elif k == "bad_words":  # words (str) or token sequences (lists of ids)
+            for w in v:
+                e = sp.bad_words.add()
+                if isinstance(w, str):
+                    e.text = w
+                else:
+                    e.ids.extend(w)
         else:
             setattr(sp, k, v)
         if k == "seed":

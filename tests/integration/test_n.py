@@ -222,10 +222,13 @@ def test_refused_with_the_field_named(cluster, body, param, words):
      "prompt[1][1] = 99999999 is out of the vocabulary (0..49151)"),
     ({"prompt": [1, 60000]}, "prompt[1]", "prompt[1] = 60000 is out of the vocabulary (0..49151)"),
     ({"prompt": ["a", "x" * 40000]}, "prompt[1]",
-     "prompt[1] has 10000 tokens; the context is 4096 tokens (prompt + max_tokens must fit)"),
+     "prompt[1]: This model's maximum context length is 4096 tokens. However, you requested "
+     "10002 tokens (10000 in the messages, 2 in the completion). Please reduce the length of "
+     "the messages or completion."),
     ({"prompt": ["a", "x" * 4000], "max_tokens": 3500}, "max_tokens",
-     "prompt[1]: max_tokens: prompt (1000 tokens) + max_tokens (3500) exceeds the context of "
-     "4096 tokens; at most 3096 tokens can be generated for this prompt"),
+     "prompt[1]: This model's maximum context length is 4096 tokens. However, you requested "
+     "4500 tokens (1000 in the messages, 3500 in the completion). Please reduce the length of "
+     "the messages or completion."),
     ({"prompt": ["a", ""], "stream": True}, "prompt[1]", "prompt[1] is empty"),
     # a field of the whole request is not one prompt's
     ({"prompt": ["a", "b"], "temperature": 9}, "temperature", "temperature must be in [0, 5], got 9"),

@@ -309,7 +309,7 @@ def test_langchain_round_trip_per_family(cluster, model, family):
 
 
 def test_reasoning_of_past_turns_reaches_the_template(oai, model):
-    # an assistant message's reasoning_content goes to the template (protocol 2.1): a template
+    # an assistant message's reasoning_content goes to the template (protocol 2.2): a template
     # that renders it sees more prompt tokens; the Qwen3 template drops it for past turns
     reads = ("{% for m in messages %}{{ m.content }}{{ m.reasoning_content or '' }}\n{% endfor %}")
     msgs = [{"role": "user", "content": "Say A."},

@@ -57,9 +57,9 @@ def metrics(port):
     return out
 
 
-def chat(port, speculative, max_tokens=48):
+def chat(port, speculative, max_tokens=48, **extra):
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": CHAT}],
-            "max_tokens": max_tokens, "temperature": 0}
+            "max_tokens": max_tokens, "temperature": 0, **extra}
     if speculative is not None:
         body["speculative"] = speculative
     st, raw = post(port, "/v1/chat/completions", body)
@@ -92,6 +92,22 @@ def test_same_text_with_speculation_on_and_off(cluster):
     assert series(m, "tandem_spec_decode_drafts_total") > 0
     assert series(m, "vllm:spec_decode_num_accepted_tokens_total") == acc
     assert series(m, "vllm:spec_decode_num_draft_tokens_total") == drafted
+
+
+def test_same_text_with_request_masks(cluster):
+    """min_tokens and bad_words are masks the draft verification applies at each position as
+    plain decoding does: the text is the same with speculation on and off, and drafts ran."""
+    before = series(metrics(cluster.port), "tandem_spec_decode_draft_tokens_total")
+    plain = chat(cluster.port, "off")
+    word = plain.split()[2].strip(".,!?")
+    extra = {"bad_words": [word], "min_tokens": 40}
+    off = chat(cluster.port, "off", **extra)
+    assert word not in off.split(), (word, off)
+    assert chat(cluster.port, "auto", **extra) == off
+    end = time.time() + 30  # the counters come with the next heartbeat
+    while series(metrics(cluster.port), "tandem_spec_decode_draft_tokens_total") <= before:
+        assert time.time() < end
+        time.sleep(0.2)
 
 
 def heartbeat_after(port, t_wall):

@@ -270,6 +270,43 @@ def test_node_id_not_utf8_is_refused_and_status_still_parses(tmp_path):
         c.stop()
 
 
+def test_refused_registration_learns_nothing_and_nul_is_refused(tmp_path):
+    """A node_id with a NUL inside is refused naming the byte (protobuf-c would have cut it to
+    "decode-0", a configured id), and no answer to a connection that has not registered carries
+    the router's instance id (FrameHeader.instance_id 0)."""
+    c = Cluster(str(tmp_path), n_prefill=0).start()
+    try:
+        model = models(c)
+        fake = FakeNode(c.node_ep, b"intruder.3")
+        try:
+            end = fake.register("decode-0Zx", model, patch=(b"decode-0Zx", b"decode-0\x00x"))
+            assert end.status == 9, (end.status, end.message)  # FAILED_PRECONDITION
+            assert "node_id: byte 8 is 0x00" in end.message, end.message
+            assert end.instance_id == 0, end
+            end = fake.register("decode-0", model)  # a live id: refused, retryably
+            assert end.status == 14 and "registered by a live instance" in end.message, end
+            assert end.instance_id == 0 and "%016x" % fake.instance not in end.message, end
+            fake.send(pb.FRAME_KIND_REQUEST, pb.METHOD_HEARTBEAT,
+                      pb.Heartbeat(node_id="decode-0", instance_id=fake.instance))
+            end = fake.wait_end(pb.METHOD_HEARTBEAT, 30)
+            assert end.status == 5 and end.instance_id == 0, end  # NOT_FOUND
+        finally:
+            fake.close()
+        # the real decode-0 is untouched by the refusals and still serves
+        st = c.client()
+        try:
+            r = st.generate(prompt_request(PROMPT_A, max_tokens=2, temperature=0.0), timeout_s=120)
+            assert r.status == "OK", (r.status, r.message)
+        finally:
+            st.close()
+        out = subprocess.run([BINARIES["tandem"], "status", "--json", "--router", c.client_ep],
+                             capture_output=True, check=True, text=True).stdout
+        doc = json.loads(out)
+        assert any(r["node_id"] == "decode-0?" and "0x00" in r["reason"] for r in doc["refused"]), doc
+    finally:
+        c.stop()
+
+
 def test_request_id_unique_per_connection_not_across(tmp_path):
     """docs/api.md: a request id is unique among the requests in flight on one client
     connection; another connection may use the same id at once (the id is a label, and

@@ -231,6 +231,21 @@ static void test_text_printable(void **state)
     assert_false(tdm_text_printable("a\x7f", 64, &at)); /* DEL */
     assert_int_equal(at, 1);
     assert_false(tdm_text_printable("a\xc2\x85", 64, &at)); /* C1 control (NEL) */
+    /* format characters (Cf): invisible, or reordering what follows */
+    assert_false(tdm_text_printable("Smol\xe2\x80\xaeLM", 64, &at)); /* U+202E RLO */
+    assert_int_equal(at, 4);
+    assert_false(tdm_text_printable("a\xe2\x80\x8b", 64, &at)); /* U+200B ZWSP */
+    assert_int_equal(at, 1);
+    assert_false(tdm_text_printable("\xef\xbb\xbf"
+                                    "a",
+                                    64, &at)); /* U+FEFF BOM */
+    assert_int_equal(at, 0);
+    assert_false(tdm_text_printable("a\xf3\xa0\x80\x81", 64, &at)); /* U+E0001 tag */
+    assert_true(tdm_unicode_is_format(0x00AD) && tdm_unicode_is_format(0x2066) &&
+                tdm_unicode_is_format(0xE007F));
+    assert_false(tdm_unicode_is_format('a') || tdm_unicode_is_format(0x200A) ||
+                 tdm_unicode_is_format(0x2010) || tdm_unicode_is_format(0xE0080) ||
+                 tdm_unicode_is_format(0x00E9));
     assert_int_equal(at, 1);
     assert_true(tdm_text_printable("abcd", 4, &at));
     assert_false(tdm_text_printable("abcde", 4, &at)); /* longer than max_bytes */

@@ -1173,6 +1173,25 @@ static void test_async_unary_and_wake_fd(void **state)
                      TDM_EINVALID);
     assert_string_equal(tdm_client_errfield(fx->c), "stop[1]");
     req.n_stop = 0;
+    /* bad words: 1..256 bytes each, at most 128 */
+    char big[300];
+    memset(big, 'w', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    const char *words[129];
+    for (int i = 0; i < 129; i++)
+        words[i] = "w";
+    words[1] = big;
+    req.bad_words = words;
+    req.n_bad_words = 2;
+    assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, NULL),
+                     TDM_EINVALID);
+    assert_string_equal(tdm_client_errfield(fx->c), "sampling.bad_words[1]");
+    words[1] = "w";
+    req.n_bad_words = 129;
+    assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, NULL),
+                     TDM_EINVALID);
+    assert_string_equal(tdm_client_errfield(fx->c), "sampling.bad_words");
+    req.n_bad_words = 0;
     uint64_t gid;
     assert_int_equal(tdm_client_generate_start(fx->c, &req, NULL, on_done_noop, NULL, &gid),
                      TDM_OK);
@@ -1349,6 +1368,97 @@ static void test_router_lost_and_back(void **state)
     fake_stop(&fr);
 }
 
+/* fr's request count (every REQUEST it read). */
+static int fake_requests(fake_router_t *fr)
+{
+    pthread_mutex_lock(&fr->mu);
+    int n = fr->n_requests;
+    pthread_mutex_unlock(&fr->mu);
+    return n;
+}
+
+/* Two routers: a call that had no answer when its router went is sent to the other one (and
+ * waits there: "silent"), counted by tdm_client_retried; a stream that had delivered chunks is
+ * never sent again: it ends UNAVAILABLE when its router goes, as does a call that every router
+ * has had. Bad lists are refused. */
+static void test_two_routers(void **state)
+{
+    (void)state;
+    fake_router_t *fr[2] = {fake_start(), fake_start()};
+    char eps[600];
+    snprintf(eps, sizeof eps, "%s,%s", fr[0]->endpoint, fr[1]->endpoint);
+    tdm_client_opts_t o = {0};
+    o.timeout_s = 60;
+    tdm_error_t err = {0};
+    tdm_client_t *c = tdm_client_new(eps, &o, &err);
+    if (!c)
+        fail_msg("client: %s", err.msg);
+    tdm_client_health_t h;
+    assert_int_equal(tdm_client_health(c, WAIT_S, &h), TDM_OK);
+
+    async_state_t st = {0};
+    async_ctx_t ctx[2] = {{&st, &st.calls[0]}, {&st, &st.calls[1]}};
+    int before[2] = {fake_requests(fr[0]), fake_requests(fr[1])};
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    req.prompt = "silent";
+    st.calls[1].order_ok = true;
+    assert_int_equal(
+        tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[1], &st.calls[1].id),
+        TDM_OK);
+    int got = -1; /* the router that has it */
+    for (double until = now_s() + WAIT_S; got < 0 && now_s() < until;) {
+        assert_true(tdm_client_poll(c, 20) >= 0);
+        for (int k = 0; k < 2; k++)
+            if (fake_requests(fr[k]) > before[k])
+                got = k;
+    }
+    assert_true(got >= 0);
+    int other = 1 - got;
+    int other_before = fake_requests(fr[other]);
+    fake_stop(&fr[got]); /* its router goes before any answer: the call moves */
+    for (double until = now_s() + WAIT_S;
+         fake_requests(fr[other]) == other_before && now_s() < until;)
+        assert_true(tdm_client_poll(c, 20) >= 0);
+    assert_int_equal(fake_requests(fr[other]), other_before + 1);
+    assert_int_equal(tdm_client_retried(c), 1);
+    assert_int_equal(tdm_client_pending(c), 1);
+    assert_int_equal(st.calls[1].n_done, 0);
+
+    /* a stream under way on the router left, then that router goes too */
+    req.prompt = "slow";
+    st.calls[0].order_ok = true;
+    assert_int_equal(
+        tdm_client_generate_start(c, &req, async_chunk, async_done, &ctx[0], &st.calls[0].id),
+        TDM_OK);
+    for (double until = now_s() + WAIT_S; st.n_seen < 2 && now_s() < until;)
+        assert_true(tdm_client_poll(c, 100) >= 0);
+    assert_true(st.n_seen >= 2);
+    fake_stop(&fr[other]);
+    int ended = 0;
+    for (double until = now_s() + WAIT_S; ended < 2 && now_s() < until;) {
+        int rc = tdm_client_poll(c, 100);
+        assert_true(rc >= 0);
+        ended += rc;
+    }
+    assert_int_equal(ended, 2);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(st.calls[k].n_done, 1);
+        assert_int_equal(st.calls[k].status, TDM_EUNAVAILABLE);
+        assert_non_null(strstr(st.calls[k].message, "router connection lost"));
+    }
+    assert_true(st.calls[0].n_tokens >= 2);
+    assert_int_equal(tdm_client_retried(c), 1); /* the stream was not sent again */
+    tdm_client_destroy(&c);
+
+    assert_null(tdm_client_new("tcp://127.0.0.1:7,tcp://127.0.0.1:7", NULL, &err));
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "listed twice"));
+    assert_null(tdm_client_new("tcp://127.0.0.1:7,", NULL, &err));
+    assert_int_equal(err.code, TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "is empty"));
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -1436,6 +1546,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_async_unary_and_wake_fd, setup, teardown),
         cmocka_unit_test(test_router_down),
         cmocka_unit_test(test_router_lost_and_back),
+        cmocka_unit_test(test_two_routers),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -582,7 +582,7 @@ static void test_advertise(void **state)
 }
 
 /* deploy/config/compose.yaml (docker compose) and the cluster configs of deploy/k8s (base,
- * cuda) load, and bind wildcards while advertising service names. */
+ * cuda) load, and bind wildcards while advertising service names (every router's). */
 static void test_deploy_configs(void **state)
 {
     (void)state;
@@ -592,7 +592,11 @@ static void test_deploy_configs(void **state)
     if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
         fail_msg("%s", err.msg);
     assert_string_equal(cfg.router.node_endpoint, "tcp://0.0.0.0:7601");
-    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://router:7601");
+    size_t n_eps;
+    const char *const *eps = tdm_config_router_endpoints(&cfg, &n_eps);
+    assert_int_equal(n_eps, 2); /* two routers: the services router and router-1 */
+    assert_string_equal(eps[0], "tcp://router:7601");
+    assert_string_equal(eps[1], "tcp://router-1:7601");
     assert_string_equal(cfg.router.http_address, "0.0.0.0");
     const tdm_node_config_t *d = tdm_config_find_node(&cfg, "decode-0");
     assert_non_null(d);
@@ -605,7 +609,10 @@ static void test_deploy_configs(void **state)
     path = TDM_SOURCE_DIR "/deploy/k8s/base/cluster.yaml";
     if (tdm_config_load_file(path, &cfg, &err) != TDM_OK)
         fail_msg("%s", err.msg);
-    assert_string_equal(tdm_config_router_advertise(&cfg), "tcp://tandem-router:7601");
+    eps = tdm_config_router_endpoints(&cfg, &n_eps);
+    assert_int_equal(n_eps, 2); /* the router StatefulSet's pods, through its headless Service */
+    assert_string_equal(eps[0], "tcp://tandem-router-0.tandem-router-nodes:7601");
+    assert_string_equal(eps[1], "tcp://tandem-router-1.tandem-router-nodes:7601");
     d = tdm_config_find_node(&cfg, "tandem-decode-0");
     assert_non_null(d);
     assert_string_equal(tdm_config_kv_advertise(d), "tcp://tandem-decode-0.tandem-decode-kv:7610");
@@ -665,12 +672,12 @@ static void test_error_unknown_keys(void **state)
                "log, security, nodes)");
     load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
-               "client_endpoint, node_endpoint, node_advertise, http_address, http_port, "
-               "http_threads, http_connection_timeout_s, http_max_connections, "
+               "client_endpoint, node_endpoint, node_advertise, node_endpoints, http_address, "
+               "http_port, http_threads, http_connection_timeout_s, http_max_connections, "
                "http_max_connections_per_client, http_header_timeout_s, http_min_body_rate, "
                "prefill_policy, max_queue, request_timeout_s, "
                "api_keys, public_metrics, curve_public_key, curve_secret_key_file, "
-               "admission_control, metrics_compat, cors_origins)");
+               "admission_control, and 2 more: `tandem config defaults` lists them)");
     /* a file name so long that the whole list does not fit: the key first, whole names
      * only, the rest counted */
     char name[200], want[TDM_ERRMSG_MAX];
@@ -681,9 +688,10 @@ static void test_error_unknown_keys(void **state)
     assert_int_equal(tdm_config_load_string(yaml, strlen(yaml), name, &cfg, &err), TDM_EINVALID);
     snprintf(want, sizeof want,
              "%s:2: key 'router.htp_port': unknown key (expected one of: client_endpoint, "
-             "node_endpoint, node_advertise, http_address, http_port, http_threads, "
-             "http_connection_timeout_s, http_max_connections, http_max_connections_per_client, "
-             "http_header_timeout_s, and 11 more: `tandem config defaults` lists them)",
+             "node_endpoint, node_advertise, node_endpoints, http_address, http_port, "
+             "http_threads, http_connection_timeout_s, http_max_connections, "
+             "http_max_connections_per_client, and 12 more: `tandem config defaults` lists "
+             "them)",
              name);
     assert_string_equal(err.msg, want);
     load_fails("kv:\n  blocksize: 16\n",
@@ -858,6 +866,33 @@ static void test_error_ranges(void **state)
     load_fails("model:\n  name: ''\n", "cluster.yaml:2: key 'model.name': must not be empty");
 }
 
+/* The routers a node registers with: router.node_endpoints in order, else the one router. */
+static void test_router_endpoints(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    size_t n = 0;
+    load_ok("router:\n  node_endpoint: 'tcp://0.0.0.0:7601'\n"
+            "  node_endpoints: [tcp://r0:7601, tcp://r1:7601]\n"
+            "security: {insecure: true}\n",
+            &cfg);
+    const char *const *eps = tdm_config_router_endpoints(&cfg, &n);
+    assert_int_equal(n, 2);
+    assert_string_equal(eps[0], "tcp://r0:7601");
+    assert_string_equal(eps[1], "tcp://r1:7601");
+    tdm_config_free(&cfg);
+    load_ok("router:\n  node_advertise: tcp://r0:7601\n", &cfg);
+    eps = tdm_config_router_endpoints(&cfg, &n);
+    assert_int_equal(n, 1);
+    assert_string_equal(eps[0], "tcp://r0:7601");
+    tdm_config_free(&cfg);
+    load_ok("", &cfg);
+    eps = tdm_config_router_endpoints(&cfg, &n);
+    assert_int_equal(n, 1);
+    assert_string_equal(eps[0], "tcp://127.0.0.1:7601");
+    tdm_config_free(&cfg);
+}
+
 static void test_error_duplicates(void **state)
 {
     (void)state;
@@ -877,6 +912,26 @@ static void test_error_duplicates(void **state)
     load_fails("router:\n  api_keys: [a, b, a]\n",
                "cluster.yaml:2: key 'router.api_keys[2]': duplicate API key (same as "
                "router.api_keys[0])");
+    /* several routers: router.node_endpoints, each a distinct endpoint of its own */
+    load_fails("router:\n  node_endpoints: [tcp://r0:7601, tcp://r1:7601, tcp://r0:7601]\n",
+               "cluster.yaml:2: key 'router.node_endpoints[2]': duplicate router endpoint (same "
+               "as router.node_endpoints[0])");
+    load_fails("router:\n  node_endpoints:\n    - tcp://r0:7601\n    - r1:7601\n",
+               "cluster.yaml:4: key 'router.node_endpoints[1]': must be a ZeroMQ endpoint "
+               "tcp://HOST:PORT, ipc://PATH or inproc://NAME, got 'r1:7601'");
+    load_fails("router:\n  node_endpoints: ['tcp://0.0.0.0:7601']\n",
+               "cluster.yaml:2: key 'router.node_endpoints[0]': must name a host the other nodes "
+               "can reach, not the wildcard address '0.0.0.0' (a wildcard belongs in the "
+               "endpoint that is bound)");
+    load_fails("router:\n  node_advertise: tcp://r0:7601\n"
+               "  node_endpoints: [tcp://r0:7601, tcp://r1:7601]\n",
+               "cluster.yaml:3: key 'router.node_endpoints': set router.node_endpoints (every "
+               "router the nodes register with) or router.node_advertise (the one router), not "
+               "both");
+    load_fails("router:\n  node_endpoints: [tcp://r0:7601, 'tcp://127.0.0.1:7600']\n",
+               "cluster.yaml:2: key 'router.node_endpoints[1]': tcp://127.0.0.1:7600 is also "
+               "the endpoint of router.client_endpoint; a router node endpoint must be one of "
+               "its own");
     load_fails("router:\n  node_endpoint: tcp://127.0.0.1:7610\n"
                "nodes:\n  - {id: d, role: decode}\n",
                "cluster.yaml:2: key 'router.node_endpoint': endpoint tcp://127.0.0.1:7610 is "
@@ -1320,6 +1375,7 @@ int main(void)
         cmocka_unit_test(test_chat_template_file),
         cmocka_unit_test(test_error_ranges),
         cmocka_unit_test(test_error_duplicates),
+        cmocka_unit_test(test_router_endpoints),
         cmocka_unit_test(test_error_missing_and_conflicts),
         cmocka_unit_test(test_error_syntax),
         cmocka_unit_test(test_load_file),

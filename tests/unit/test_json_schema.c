@@ -973,6 +973,13 @@ static void test_refused_keywords(void **state)
             "/$defs/a~1b/maxProperties: not supported");
     refused("{\"type\":\"strin\"}", "/type: unknown type 'strin'");
     refused("{\"minItems\":-1}", "/minItems: must be a non-negative integer");
+    /* counts over the grammar's repetition limit: named by pointer, never by a generated rule */
+    refused("{\"type\":\"array\",\"minItems\":20000000}",
+            "/minItems: 20000000 is above the limit of 10000000");
+    refused("{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":900000000}}",
+            "/items/maxLength: 900000000 is above the limit of 10000000");
+    refused("{\"type\":\"string\",\"pattern\":\"a{20000}\"}",
+            "/pattern: repetition count 20000 is above the limit of 10000 (at offset 7)");
     refused("false", "/: the schema false allows no value");
     refused("{\"type\":", "invalid JSON at line 1, column 8: unexpected token near end of file");
     /* annotations and unknown keywords are ignored */

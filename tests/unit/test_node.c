@@ -322,7 +322,7 @@ static void prefill_open(prefill_rig_t *pr)
     pr->p = tdm_prefill_new(&pr->cfg, "p0", pr->r.net, NULL, &err);
     if (!pr->p)
         fail_msg("%s", err.msg);
-    wait_registered(tdm_prefill_link(pr->p));
+    wait_registered(tdm_prefill_link(pr->p, 0));
     assert_int_equal(pthread_create(&pr->thread, NULL, prefill_main, pr), 0);
 }
 

@@ -467,6 +467,54 @@ static void from_refused(const Tandem__V1__SamplingParams *m, const char *msg)
     assert_memory_equal(&q, &before, sizeof q); /* nothing copied */
 }
 
+/* min_tokens, bad-word token sequences and allowed_token_ids through the message and back;
+ * a bad_words entry with text is the router's (skipped), one with both is refused by index. */
+static void test_sampling_request_masks_round_trip(void **state)
+{
+    (void)state;
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    tdm_error_t err = {0};
+    p.min_tokens = 7;
+    int32_t a[1] = {42}, b[3] = {5, 6, 7};
+    assert_int_equal(tdm_sampling_bad_seq_add(&p, a, 1, &err), 0);
+    assert_int_equal(tdm_sampling_bad_seq_add(&p, b, 3, &err), 0);
+    p.allowed[0] = 9;
+    p.allowed[1] = 3;
+    p.n_allowed = 2;
+    tdm_proto_sampling_t pm;
+    tdm_proto_sampling_to(&p, &pm);
+    uint8_t buf[256];
+    size_t n = tandem__v1__sampling_params__pack(&pm.m, buf);
+    assert_true(n < sizeof buf);
+    Tandem__V1__SamplingParams *u = tandem__v1__sampling_params__unpack(NULL, n, buf);
+    assert_non_null(u);
+    assert_int_equal(u->n_bad_words, 2);
+    tdm_sampling_params_t q;
+    tdm_sampling_params_default(&q);
+    assert_int_equal(tdm_proto_sampling_from(u, &q, &err), 0);
+    assert_int_equal(q.min_tokens, 7);
+    assert_int_equal(q.n_bad_seqs, 2);
+    assert_int_equal(q.bad_end[0], 1);
+    assert_int_equal(q.bad_end[1], 4);
+    assert_int_equal(q.bad_tokens[0], 42);
+    assert_int_equal(q.bad_tokens[3], 7);
+    assert_int_equal(q.n_allowed, 2);
+    assert_int_equal(q.allowed[0], 9); /* the client's order */
+    assert_int_equal(q.allowed[1], 3);
+    /* a word (text) is skipped; text and ids together are refused, naming the entry */
+    char *text = u->bad_words[0]->text; /* restored before freeing: protobuf-c owns it */
+    u->bad_words[0]->text = (char *)"word";
+    u->bad_words[0]->n_ids = 0;
+    assert_int_equal(tdm_proto_sampling_from(u, &q, &err), 0);
+    assert_int_equal(q.n_bad_seqs, 1);
+    u->bad_words[0]->n_ids = 1;
+    assert_int_equal(tdm_proto_sampling_from(u, &q, &err), TDM_EINVALID);
+    assert_string_equal(err.field, "sampling.bad_words[0]");
+    u->bad_words[0]->text = text;
+    tandem__v1__sampling_params__free_unpacked(u, NULL);
+}
+
 /* logit_bias through the message and back: entries in any order arrive sorted by token id,
  * with their biases bit for bit; the validator then accepts them. */
 static void test_sampling_logit_bias_round_trip(void **state)
@@ -779,6 +827,7 @@ int main(void)
         cmocka_unit_test(test_sampling_round_trip),
         cmocka_unit_test(test_sampling_set_mask),
         cmocka_unit_test(test_sampling_logit_bias_round_trip),
+        cmocka_unit_test(test_sampling_request_masks_round_trip),
         cmocka_unit_test(test_sampling_logit_bias_refused),
         cmocka_unit_test(test_sampling_too_many_stop_ids),
         cmocka_unit_test(test_layout),

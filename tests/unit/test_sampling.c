@@ -1168,6 +1168,191 @@ static void test_speed(void **state)
     tdm_sampler_destroy(&s);
 }
 
+/* Samples under the request's own masks (tdm_sampling_request_mask over output[n_output], eog
+ * the end-of-generation ids), as the worker does; expects success. */
+static tdm_sample_result_t sample_req(tdm_sampler_t *s, const tdm_sampling_params_t *p,
+                                      const float *logits, uint32_t n, const int32_t *eog,
+                                      uint32_t n_eog, const int32_t *output, size_t n_output)
+{
+    uint32_t mask[64];
+    assert_true(n <= 64 * 32);
+    memset(mask, 0xff, sizeof mask);
+    bool on = tdm_sampling_request_mask(p, n, eog, n_eog, output, n_output, mask);
+    tdm_sample_result_t r;
+    int rc =
+        tdm_sampler_sample_masked(s, p, logits, on ? mask : NULL, output, n_output, n_output, &r);
+    if (rc != TDM_OK)
+        fail_msg("sample: %s", tdm_sampler_errmsg(s));
+    return r;
+}
+
+/* min_tokens: EOG and stop ids masked while the output is shorter, not after; not with
+ * ignore_eos for EOG (vLLM); validation against max_tokens. */
+static void test_min_tokens(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    tdm_sampler_t *s = sampler_new(N);
+    float logits[N];
+    for (int i = 0; i < N; i++)
+        logits[i] = (float)(i % 10) * 0.1f;
+    logits[7] = 9.0f; /* EOG, the argmax */
+    logits[8] = 8.0f; /* a stop token id, next */
+    logits[3] = 7.0f; /* the best ordinary token */
+    int32_t eog[1] = {7};
+    int32_t out[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.temperature = 0.0f;
+    p.n_logprobs = 3;
+    p.stop_token_ids[0] = 8;
+    p.n_stop_token_ids = 1;
+    p.min_tokens = 3;
+    assert_true(tdm_sampling_has_request_mask(&p));
+    for (size_t n_out = 0; n_out < 3; n_out++) {
+        tdm_sample_result_t r = sample_req(s, &p, logits, N, eog, 1, out, n_out);
+        assert_int_equal(r.token, 3);
+        for (uint32_t k = 0; k < r.n_top; k++) /* masked tokens are not among the top */
+            assert_true(r.top[k].token != 7 && r.top[k].token != 8);
+    }
+    assert_int_equal(sample_req(s, &p, logits, N, eog, 1, out, 3).token, 7);
+    /* with ignore_eos the EOG is not an end, so not masked; the stop id still is */
+    p.ignore_eos = true;
+    assert_int_equal(sample_req(s, &p, logits, N, eog, 1, out, 0).token, 7);
+    logits[7] = 0.0f;
+    assert_int_equal(sample_req(s, &p, logits, N, eog, 1, out, 0).token, 3);
+    /* sampled: over many draws never a masked token */
+    p.temperature = 1.0f;
+    p.ignore_eos = false;
+    logits[7] = 9.0f;
+    for (uint64_t i = 0; i < 200; i++) {
+        int32_t t = sample_req(s, &p, logits, N, eog, 1, out, 1).token;
+        assert_true(t != 7 && t != 8);
+    }
+    /* the range: [0, max_tokens] */
+    p.max_tokens = 2;
+    validate_fails(&p, N, "min_tokens must be at most max_tokens (2), got 3");
+    p.min_tokens = -1;
+    validate_fails(&p, N, "min_tokens must be >= 0 (0 = off), got -1");
+    tdm_sampler_destroy(&s);
+}
+
+/* bad_words: a one-token word is always banned; a longer one's last token only after its
+ * prefix, as vLLM's bad-words processor. */
+static void test_bad_words(void **state)
+{
+    (void)state;
+    enum { N = 64 };
+    tdm_sampler_t *s = sampler_new(N);
+    float logits[N];
+    for (int i = 0; i < N; i++)
+        logits[i] = (float)i * 0.01f;
+    logits[10] = 5.0f;
+    logits[11] = 4.0f;
+    logits[12] = 3.0f;
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.temperature = 0.0f;
+    tdm_error_t err = {0};
+    int32_t one[1] = {10};
+    int32_t two[3] = {20, 21, 11};
+    assert_int_equal(tdm_sampling_bad_seq_add(&p, one, 1, &err), 0);
+    assert_int_equal(tdm_sampling_bad_seq_add(&p, two, 3, &err), 0);
+    assert_int_equal(p.n_bad_seqs, 2);
+    assert_int_equal(tdm_sampling_params_validate(&p, N, &err), 0);
+    int32_t out[4] = {5, 20, 21, 9};
+    /* no prefix yet: 10 banned, 11 allowed */
+    assert_int_equal(sample_req(s, &p, logits, N, NULL, 0, out, 1).token, 11);
+    /* the output ends with 20 21: 11 banned too */
+    assert_int_equal(sample_req(s, &p, logits, N, NULL, 0, out, 3).token, 12);
+    /* ... and not once another token follows */
+    assert_int_equal(sample_req(s, &p, logits, N, NULL, 0, out, 4).token, 11);
+    /* a partial prefix (only 21 at the end of a shorter output) does not ban */
+    int32_t out2[1] = {21};
+    assert_int_equal(sample_req(s, &p, logits, N, NULL, 0, out2, 1).token, 11);
+    /* limits */
+    assert_int_equal(tdm_sampling_bad_seq_add(&p, one, 0, &err), TDM_EINVALID);
+    assert_string_equal(err.field, "bad_words");
+    int32_t big[TDM_SAMPLING_MAX_BAD_TOKENS] = {0};
+    assert_int_equal(tdm_sampling_bad_seq_add(&p, big, TDM_SAMPLING_MAX_BAD_TOKENS, &err),
+                     TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "more than 1024 tokens"));
+    assert_int_equal(p.n_bad_seqs, 2); /* untouched */
+    p.bad_tokens[0] = N;
+    validate_fails(&p, N, "bad_words: token id 64 is outside the vocabulary [0, 64)");
+    tdm_sampler_destroy(&s);
+}
+
+/* allowed_token_ids: only the listed tokens, greedy and sampled; logprobs over them; the
+ * index named for an id out of the vocabulary; an AND with a grammar-like mask. */
+static void test_allowed_token_ids(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    tdm_sampler_t *s = sampler_new(N);
+    float logits[N];
+    uint64_t rng = 7;
+    for (int i = 0; i < N; i++)
+        logits[i] = rng_logit(&rng, -5.0f, 5.0f, 0.0f);
+    int32_t *order = rank_order(logits, N);
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    p.temperature = 0.0f;
+    p.n_logprobs = 5;
+    p.allowed[0] = order[50];
+    p.allowed[1] = order[120];
+    p.allowed[2] = order[50]; /* repeated: harmless */
+    p.n_allowed = 3;
+    tdm_sample_result_t r = sample_req(s, &p, logits, N, NULL, 0, NULL, 0);
+    assert_int_equal(r.token, order[50]);
+    assert_int_equal(r.n_top, 2); /* only the allowed tokens are reported */
+    assert_int_equal(r.top[1].token, order[120]);
+    p.temperature = 1.5f;
+    for (uint64_t i = 0; i < 300; i++) {
+        tdm_sampling_params_t q = p;
+        q.seed = i;
+        int32_t t = sample_req(s, &q, logits, N, NULL, 0, NULL, 0).token;
+        assert_true(t == order[50] || t == order[120]);
+    }
+    /* with another mask that drops one of them: the other */
+    uint32_t mask[(N + 31) / 32];
+    memset(mask, 0xff, sizeof mask);
+    mask[order[50] / 32] &= ~(1u << (order[50] % 32));
+    assert_true(tdm_sampling_request_mask(&p, N, NULL, 0, NULL, 0, mask));
+    p.temperature = 0.0f;
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 0, &r), 0);
+    assert_int_equal(r.token, order[120]);
+    /* validation names the index */
+    p.allowed[1] = N;
+    validate_fails(&p, N, "allowed_token_ids[1]: 200 is not below the vocabulary size 200");
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_sampling_params_validate(&p, N, &err), TDM_EINVALID);
+    assert_string_equal(err.field, "allowed_token_ids[1]");
+    free(order);
+    tdm_sampler_destroy(&s);
+}
+
+/* No request mask: tdm_sampling_request_mask leaves the mask alone and says so, so the sampler
+ * runs unmasked (bitwise the old path). */
+static void test_request_mask_off(void **state)
+{
+    (void)state;
+    tdm_sampling_params_t p;
+    tdm_sampling_params_default(&p);
+    assert_false(tdm_sampling_has_request_mask(&p));
+    uint32_t mask[2] = {0x12345678u, 0x9abcdef0u};
+    int32_t eog[1] = {3};
+    assert_false(tdm_sampling_request_mask(&p, 64, eog, 1, NULL, 0, mask));
+    assert_int_equal(mask[0], 0x12345678u);
+    assert_int_equal(mask[1], 0x9abcdef0u);
+    /* min_tokens reached: off at this step */
+    p.min_tokens = 2;
+    int32_t out[2] = {1, 2};
+    assert_false(tdm_sampling_request_mask(&p, 64, eog, 1, out, 2, mask));
+    assert_true(tdm_sampling_request_mask(&p, 64, eog, 1, out, 1, mask));
+    assert_int_equal(mask[0], 0x12345678u & ~(1u << 3));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1193,6 +1378,10 @@ int main(void)
         cmocka_unit_test(test_logit_bias_equals_edited_logits),
         cmocka_unit_test(test_logit_bias_masked),
         cmocka_unit_test(test_pipeline_order),
+        cmocka_unit_test(test_min_tokens),
+        cmocka_unit_test(test_bad_words),
+        cmocka_unit_test(test_allowed_token_ids),
+        cmocka_unit_test(test_request_mask_off),
         cmocka_unit_test(test_bad_logits),
         cmocka_unit_test(test_no_allocation),
         cmocka_unit_test(test_speed),

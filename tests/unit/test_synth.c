@@ -804,6 +804,11 @@ static void test_moe(void **state)
             fail_msg("'%s' was not a usage error", bad[i]);
         assert_int_equal(access(out, F_OK), -1);
     }
+    /* a type whose blocks do not fit the shape's rows (K-quants: 256 values) is one too */
+    snprintf(args, sizeof args, "--arch qwen3 --type Q2_K --vocab '%s' -o '%s' 2>/dev/null", vocab,
+             out);
+    assert_int_equal(synth("", args), 2);
+    assert_int_equal(access(out, F_OK), -1);
 }
 
 static void test_usage(void **state)
@@ -817,7 +822,7 @@ static void test_usage(void **state)
     assert_int_equal(synth("", args), 2);
     assert_int_equal(synth("", "--shape smollm2-135m --type Q4_1 2>/dev/null"), 2);
     snprintf(args, sizeof args, "--shape smollm2-135m --type Q4_K -o '%s' 2>/dev/null", out);
-    assert_int_equal(synth("", args), 1); /* 576 is not a multiple of 256 */
+    assert_int_equal(synth("", args), 2); /* 576 is not a multiple of 256: bad usage */
     snprintf(args, sizeof args,
              "--shape smollm2-135m --type Q4_1 --vocab /nonexistent -o '%s' "
              "2>/dev/null",

@@ -645,7 +645,9 @@ static void test_events_carry_user(void **state)
 /* ---- resuming a request after output delivered (migration) ---- */
 
 /* The sampling of the resume tests: greedy, or seeded with every penalty on over a window
- * short enough that it slides over the resumed output. */
+ * short enough that it slides over the resumed output, and the request masks on at every step
+ * (allowed_token_ids: the byte tokens below 200; bad_words: token 7, and t + 1 right after t),
+ * which read the output so far: the resumed tokens must count as output. */
 static void resume_params(tdm_sampling_params_t *sp, bool greedy, int32_t max)
 {
     tdm_sampling_params_default(sp);
@@ -657,6 +659,16 @@ static void resume_params(tdm_sampling_params_t *sp, bool greedy, int32_t max)
     sp->frequency_penalty = 0.4f;
     sp->presence_penalty = 0.2f;
     sp->penalty_last_n = 8;
+    for (int32_t t = 0; t < 200; t++)
+        sp->allowed[t] = t;
+    sp->n_allowed = 200;
+    tdm_error_t err = {0};
+    int32_t seven = 7;
+    assert_int_equal(tdm_sampling_bad_seq_add(sp, &seven, 1, &err), 0);
+    for (int32_t t = 0; t < 199; t++) {
+        int32_t seq[2] = {t, t + 1};
+        assert_int_equal(tdm_sampling_bad_seq_add(sp, seq, 2, &err), 0);
+    }
 }
 
 /* The sequence seq_of(0) (prompt[n_prompt], resume_params) run alone from the start into *ref. */
@@ -673,6 +685,10 @@ static void resume_reference(fixture_t *fx, const int32_t *prompt, uint32_t n_pr
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
     drain(&r, ref);
     assert_int_equal(ref->n, (uint32_t)max);
+    for (uint32_t i = 0; i < ref->n; i++) { /* the masks held */
+        assert_true(ref->tokens[i] >= 0 && ref->tokens[i] < 200 && ref->tokens[i] != 7);
+        assert_true(i == 0 || ref->tokens[i] != ref->tokens[i - 1] + 1);
+    }
     rig_close(&r);
 }
 

@@ -56,6 +56,9 @@ extern "C" {
 /* Default router client endpoint (config router.client_endpoint's default). */
 #define TDM_CLIENT_DEFAULT_ENDPOINT "tcp://127.0.0.1:7600"
 
+/* Routers one client connects to at most (a comma-separated endpoint list). */
+#define TDM_CLIENT_MAX_ROUTERS 16
+
 /* Default deadline of a call, seconds (the router's default request timeout). */
 #define TDM_CLIENT_DEFAULT_TIMEOUT_S 600.0
 
@@ -66,7 +69,8 @@ extern "C" {
      TDM_PROTO_SET_REPETITION_PENALTY | TDM_PROTO_SET_PRESENCE_PENALTY |                           \
      TDM_PROTO_SET_FREQUENCY_PENALTY | TDM_PROTO_SET_PENALTY_LAST_N | TDM_PROTO_SET_SEED |         \
      TDM_PROTO_SET_STOP_TOKEN_IDS | TDM_PROTO_SET_IGNORE_EOS | TDM_PROTO_SET_N_LOGPROBS |          \
-     TDM_PROTO_SET_LOGIT_BIAS)
+     TDM_PROTO_SET_LOGIT_BIAS | TDM_PROTO_SET_MIN_TOKENS | TDM_PROTO_SET_BAD_WORDS |               \
+     TDM_PROTO_SET_ALLOWED_TOKEN_IDS)
 
 typedef struct tdm_client tdm_client_t;
 
@@ -104,7 +108,19 @@ typedef struct tdm_client_opts {
  * in the background: this does not wait for the router, and a router that is down shows up
  * as calls ending with TDM_EDEADLINE (a quick tdm_client_health tells). opts may be NULL
  * (defaults). Returns NULL with *err set: TDM_EINVALID (bad endpoint, CURVE keys or API key),
- * TDM_ERESOURCE (out of memory, no ZMQ context). Caller frees with tdm_client_destroy. */
+ * TDM_ERESOURCE (out of memory, no ZMQ context). Caller frees with tdm_client_destroy.
+ *
+ * Several routers: endpoint may list up to TDM_CLIENT_MAX_ROUTERS endpoints separated by commas
+ * ("tcp://r0:7600,tcp://r1:7600"; no repeats; not inproc://), routers that serve the same node
+ * pools (docs/operations.md "Several routers"). The client then keeps one connection to each
+ * (ZMQ_IMMEDIATE: a message only goes out on a connection that is up) and sends each new call
+ * to the next router in turn that has one. A call is sent again, under the same call id, to the
+ * next router when its router's connection is lost, or its router ends it with
+ * TDM_EUNAVAILABLE, before any chunk of it reached the caller: a Generate call whose first
+ * token was delivered is never sent again (it ends TDM_EUNAVAILABLE as with one router); each
+ * router gets a call once at most. A call no router can take now (none connected yet, or all
+ * down) waits in the table, sent as soon as a connection comes up, until its deadline
+ * (TDM_EDEADLINE). tdm_client_retried counts the calls sent again. */
 tdm_client_t *tdm_client_new(const char *endpoint, const tdm_client_opts_t *opts, tdm_error_t *err);
 
 /* Cancels every running call (CANCEL sent; each on_done runs with TDM_ECANCELLED), closes the
@@ -172,6 +188,14 @@ typedef struct tdm_client_request {
      * join the choices in arrival order, its usage sums their completion tokens: read the
      * chunks to tell the choices apart. */
     uint32_t n;
+    /* vLLM's bad_words: [n_bad_words] words (1..256 bytes of UTF-8 each, at most 128), sent
+     * as text for the router to tokenize (docs/sampling.md); sent whenever n_bad_words > 0,
+     * with any token sequences of sampling (bad_tokens) when sampling_set has BAD_WORDS. */
+    const char *const *bad_words;
+    size_t n_bad_words;
+    /* vLLM's truncate_prompt_tokens: keep the last k tokens of the tokenized (or rendered)
+     * prompt; 0 = off, -1 = the context length, else 1..n_ctx (the router checks) */
+    int32_t truncate_prompt_tokens;
 } tdm_client_request_t;
 
 /* Fills *req with an empty request: no input, sampling from tdm_sampling_params_default with
@@ -360,6 +384,10 @@ typedef void (*tdm_client_unary_fn)(void *user, int status, const char *message,
 int tdm_client_call_start(tdm_client_t *c, int method, const ProtobufCMessage *req,
                           const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
                           tdm_client_unary_fn on_done, void *user, uint64_t *call_id);
+
+/* Calls sent again to another router (several routers; see tdm_client_new) since the client
+ * was made. Cannot fail. */
+uint64_t tdm_client_retried(const tdm_client_t *c);
 
 /* Number of calls started and not yet ended. Cannot fail. */
 size_t tdm_client_pending(const tdm_client_t *c);

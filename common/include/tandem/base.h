@@ -152,11 +152,18 @@ char *tdm_strdup(const char *s);
  * overlong forms, no surrogates, nothing above U+10FFFF). Cannot fail otherwise. */
 size_t tdm_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 
+/* Whether code point cp is a Unicode format character (general category Cf: bidi controls
+ * such as U+202E RIGHT-TO-LEFT OVERRIDE, zero-width characters such as U+200B, U+FEFF, soft
+ * hyphen, tag characters): invisible, or reordering what follows, so a name holding one can
+ * pass for another. Source: Unicode 15.1, UCD DerivedGeneralCategory.txt. Cannot fail. */
+bool tdm_unicode_is_format(uint32_t cp);
+
 /* Whether s is 1..max_bytes bytes of printable UTF-8: well-formed (tdm_utf8_decode), with no
- * C0 or C1 control character and no DEL. The rule for an identity string that reaches a table,
- * a log line or a status reply (a model name, a node's device), so that a strict UTF-8 reader
- * (protobuf, JSON) of those never fails. *bad_at (may be NULL) is set when false: the offset of
- * the first byte at fault, max_bytes when s is longer, 0 for an empty s. Cannot fail. */
+ * C0 or C1 control character, no DEL and no format character (tdm_unicode_is_format). The rule for
+ * an identity string that reaches a table, a log line or a status reply (a model name, a node's
+ * device), so that a strict UTF-8 reader (protobuf, JSON) of those never fails. *bad_at (may be
+ * NULL) is set when false: the offset of the first byte at fault, max_bytes when s is longer, 0 for
+ * an empty s. Cannot fail. */
 bool tdm_text_printable(const char *s, size_t max_bytes, size_t *bad_at);
 
 /* Reads a whole file into a NUL-terminated heap buffer (the NUL is not counted in *len).

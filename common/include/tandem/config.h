@@ -90,6 +90,9 @@ typedef struct tdm_model_config {
     tdm_tool_call_parser_t tool_call_parser; /* auto (default) */
 } tdm_model_config_t;
 
+/* Routers a node registers with at most (router.node_endpoints). */
+#define TDM_CONFIG_MAX_ROUTERS 16
+
 /* router: the client-facing endpoints and the scheduler's knobs. */
 typedef struct tdm_router_config {
     char *client_endpoint; /* ZMQ ROUTER for clients; "tcp://127.0.0.1:7600" */
@@ -98,9 +101,14 @@ typedef struct tdm_router_config {
                               router binds): e.g. bind tcp://0.0.0.0:7601, advertise
                               tcp://router:7601 (ZeroMQ binds no host names). NULL: node_endpoint;
                               see tdm_config_router_advertise */
-    char *http_address;    /* HTTP gateway bind address; "127.0.0.1" */
-    int http_port;         /* 1..65535; 8000 */
-    int http_threads;      /* the HTTP gateway's thread pool, 1..256; default 4 */
+    char **node_endpoints; /* n_node_endpoints router node endpoints every node registers with,
+                              one per router process (several routers sharing the node pools);
+                              none (NULL, 0): the one of tdm_config_router_advertise. See
+                              tdm_config_router_endpoints */
+    size_t n_node_endpoints;
+    char *http_address;            /* HTTP gateway bind address; "127.0.0.1" */
+    int http_port;                 /* 1..65535; 8000 */
+    int http_threads;              /* the HTTP gateway's thread pool, 1..256; default 4 */
     int http_connection_timeout_s; /* an HTTP connection idle this long (headers or body not
                                       arriving, keep-alive) is closed, 1..3600 s; default 30 */
     int http_max_connections;      /* open HTTP connections at most, 1..100000; default 1000 */
@@ -242,6 +250,11 @@ const tdm_node_config_t *tdm_config_find_node(const tdm_config_t *cfg, const cha
 /* The endpoint nodes connect to: router.node_advertise when set, else router.node_endpoint.
  * Borrowed from cfg. Cannot fail. */
 const char *tdm_config_router_advertise(const tdm_config_t *cfg);
+
+/* The router endpoints a node registers with, one link each: router.node_endpoints when set
+ * (1..TDM_CONFIG_MAX_ROUTERS distinct endpoints), else the single tdm_config_router_advertise.
+ * *n gets the count (>= 1). Borrowed from cfg. Cannot fail. */
+const char *const *tdm_config_router_endpoints(const tdm_config_t *cfg, size_t *n);
 
 /* The KV endpoint prefill nodes connect to for decode node `node`: its kv_advertise when set,
  * else its kv_endpoint; NULL for a prefill node. Borrowed from node. Cannot fail. */

@@ -27,10 +27,12 @@ typedef struct tdm_daemon_ops {
                     const tdm_logger_t *log, tdm_error_t *err);
     int (*run)(void *node, volatile sig_atomic_t *stop, tdm_error_t *err);
     void (*destroy)(void *node);
-    /* Optional (NULL: the daemon never reports READY=1): the node's router link. With it and a
-     * service manager listening ($NOTIFY_SOCKET, tandem/notify.h), tdm_daemon_main reports
-     * READY=1 once the link is REGISTERED, STATUS= on each change and STOPPING=1 at the end. */
-    tdm_node_link_t *(*link)(void *node);
+    /* Optional (NULL: the daemon never reports READY=1): the node's link to router i (of
+     * tdm_config_router_endpoints), NULL past the last. With it and a service manager
+     * listening ($NOTIFY_SOCKET, tandem/notify.h), tdm_daemon_main reports READY=1 once a link
+     * is REGISTERED (one router serves the node), STATUS= on each change and STOPPING=1 at the
+     * end. */
+    tdm_node_link_t *(*link)(void *node, size_t i);
 } tdm_daemon_ops_t;
 
 /* Parses the command line of tandem-prefill / tandem-decode, loads the config (defaults when

@@ -42,6 +42,11 @@ extern "C" {
 #endif
 
 #define TDM_GRAMMAR_MAX_TEXT_BYTES (1u << 20) /* longest GBNF text accepted (1 MiB) */
+/* Limits of the compiled form (the parser refuses what would exceed them; the regex and JSON
+ * Schema compilers check their own counts against them first, so that a refusal names the
+ * user's quantifier or keyword, never a generated rule). */
+#define TDM_GRAMMAR_MAX_REPEAT 10000u       /* largest m or n in x{m,n} */
+#define TDM_GRAMMAR_MAX_ELEMENTS (1u << 22) /* elements after expanding repetitions */
 /* Ambiguity bound: a matcher state holds at most this many parse stacks. A continuation that
  * would need more is refused (treated as leaving the grammar) and errmsg says why; memory
  * stays bounded whatever the grammar. Unambiguous grammars (JSON, schemas) use a handful. */

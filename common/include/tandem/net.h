@@ -46,7 +46,7 @@ extern "C" {
  * docs/protocol.md "Versioning": a change older peers can ignore bumps the minor version, any
  * other the major. */
 #define TDM_PROTOCOL_MAJOR 2u
-#define TDM_PROTOCOL_MINOR 1u
+#define TDM_PROTOCOL_MINOR 2u
 
 /* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
 #define TDM_NET_MAX_HEADER_BYTES 4096u      /* FrameHeader frame */
@@ -114,6 +114,10 @@ typedef struct tdm_sock_opts {
                                       "Identities"); 0 = none */
     bool watch_handshake;          /* DEALER: follow the outcome of each connection's
                                       handshake (tdm_sock_handshake) */
+    bool immediate;                /* DEALER: queue messages only on completed connections
+                                      (ZMQ_IMMEDIATE): with no connection up, a send fails at
+                                      once (TDM_EUNAVAILABLE) instead of waiting for one; the
+                                      multi-router client tries its next router then */
     bool no_handover;              /* ROUTER: a second connection with a routing id in use
                                       does not take it over (node endpoint: a peer cannot
                                       steal a registered node's connection) */
@@ -254,6 +258,8 @@ typedef struct tdm_send {
     const ProtobufCMessage *body; /* NULL = no body frame */
     const tdm_net_data_t *data;   /* n_data raw frames */
     uint32_t n_data;
+    bool anonymous; /* FrameHeader.instance_id 0, not the socket's: for a peer that has not
+                       authenticated (registered) and must not learn the sender's instance */
 } tdm_send_t;
 
 /* Sends one message without blocking. If sending fails part-way (peer gone, queue full),
@@ -268,6 +274,11 @@ int tdm_sock_send(tdm_sock_t *s, const tdm_send_t *m);
 /* Shorthands over tdm_sock_send. `to` is the frame being answered (its peer and call id). */
 int tdm_sock_reply(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body);
 int tdm_sock_reply_error(tdm_sock_t *s, const tdm_frame_t *to, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* tdm_sock_reply_error for a peer that has not authenticated (a refused registration, a frame
+ * from a connection that is no registered node): the END's header carries instance_id 0, so
+ * that only a registered peer learns the sender's instance. Same returns. */
+int tdm_sock_refuse(tdm_sock_t *s, const tdm_frame_t *to, int status, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 int tdm_sock_stream(tdm_sock_t *s, const tdm_frame_t *to, const ProtobufCMessage *body);
 /* A one-way message to peer (ROUTER; NULL/0 on DEALER). */

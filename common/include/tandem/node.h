@@ -103,8 +103,16 @@ int tdm_node_serve(tdm_node_t *n, volatile sig_atomic_t *stop, tdm_error_t *err)
 tdm_node_runtime_t *tdm_node_rt(tdm_node_t *n);
 const tdm_node_config_t *tdm_node_cfg(const tdm_node_t *n);
 const tdm_logger_t *tdm_node_log(const tdm_node_t *n);
-tdm_node_link_t *tdm_node_router(tdm_node_t *n); /* NULL before tdm_node_connect */
-tdm_sock_t *tdm_node_sock(tdm_node_t *n);        /* tdm_node_link_sock of the link */
+tdm_node_link_t *tdm_node_router(tdm_node_t *n); /* the first router's link; NULL before
+                                                    tdm_node_connect */
+size_t tdm_node_n_routers(const tdm_node_t *n);  /* links (tdm_config_router_endpoints) */
+tdm_node_link_t *tdm_node_router_at(tdm_node_t *n, size_t i); /* link i; NULL past the last */
+
+/* The engine socket of the link registered with router instance router_instance (a frame's
+ * FrameHeader.instance_id, a request's tdm_node_attempt_t.router_instance): what answers,
+ * token events and reports of that router's requests go on. NULL when no link is registered
+ * with it (the router is gone): then there is nobody to tell. Cannot fail. */
+tdm_sock_t *tdm_node_sock(tdm_node_t *n, uint64_t router_instance);
 
 /* A new zeroed entry (ops->req_size bytes) for attempt a, or NULL when the table is full. The
  * caller has checked that the attempt is not held yet (tdm_node_req_find). */
@@ -120,18 +128,19 @@ void tdm_node_req_drop(tdm_node_t *n, tdm_node_req_t *r);
 void tdm_node_req_fail(tdm_node_t *n, tdm_node_req_t *r, int status, bool retryable,
                        const char *msg);
 
-/* Reports attempt a failed on this node's link (an attempt with no entry, e.g. a task refused
- * before it got one). */
+/* Reports attempt a failed on the link of the router that dispatched it (an attempt with no
+ * entry, e.g. a task refused before it got one); nothing when that router is gone. */
 void tdm_node_fail(tdm_node_t *n, const tdm_node_attempt_t *a, int status, bool retryable,
                    const char *msg);
 
 /* Tells the router attempt a failed on this node (NOTIFY TaskFailed: request and attempt,
  * status, message, whether the router may re-dispatch it) and logs it as a warning under the
- * request id. */
+ * request id. s NULL (the router is gone): only the log. */
 void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_node_attempt_t *a,
                             int status, bool retryable, const char *msg);
 
-/* Sends a worker TOKEN event of attempt a to the router as a TokenEvent (NOTIFY). */
+/* Sends a worker TOKEN event of attempt a to the router as a TokenEvent (NOTIFY).
+ * TDM_EUNAVAILABLE when s is NULL (the router is gone). */
 int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev);
 
 /* Answers a NODE_STATUS request f with the node's NodeStatus: its config entry and a NodeLoad

@@ -1,5 +1,8 @@
 /* node_link.h - a node's link to the router: an I/O thread that registers the node, sends
- * heartbeats and relays messages.
+ * heartbeats and relays messages. A node that shares its pool between several routers
+ * (router.node_endpoints) has one link per router, each with its own registration,
+ * heartbeats, liveness and router instance (tandem/node.h: tdm_node_sock picks the link of a
+ * request's router).
  *
  * Threads (DESIGN.md "Processes and sockets"): the engine thread talks to the router through
  * tdm_node_link_sock(), a DEALER connected over inproc:// to the link's I/O thread; the I/O
@@ -62,9 +65,18 @@ void tdm_node_link_set_load(tdm_node_link_t *l, const tdm_node_load_t *load);
 /* The registration state; with REJECTED, msg (cap bytes) gets the router's reason. */
 tdm_node_link_state_t tdm_node_link_state(tdm_node_link_t *l, char *msg, size_t cap);
 
-/* The instance id of the router this node is registered with (RegisterAck), 0 before the
- * first registration. When it changes the router restarted: work dispatched by an older
- * instance is orphaned and the engine drops it. Thread-safe. */
+/* A registered router silent, with the connection to it down (closed, refused, or silent past
+ * the ZMTP heartbeat timeout), this many heartbeat timeouts (RegisterAck.heartbeat_timeout_ms,
+ * 2.5 s by default: 5 s) is taken for gone: the same time after which a router marks a silent
+ * node down. A router that is only slow to answer (its loop stalled) keeps the connection up
+ * and is not given up. */
+#define TDM_NODE_LINK_LOST_TIMEOUTS 2
+
+/* The instance id of the router this link is registered with (RegisterAck); 0 before the
+ * first registration, and again from when the router was taken for gone
+ * (TDM_NODE_LINK_LOST_TIMEOUTS; the link registers again) until it answers a registration.
+ * When it changes or becomes 0, work dispatched by the older instance is orphaned and the
+ * engine drops it. Thread-safe. */
 uint64_t tdm_node_link_router_instance(tdm_node_link_t *l);
 
 /* Frames from the router the link dropped because they came from another router instance
@@ -73,14 +85,18 @@ uint64_t tdm_node_link_router_instance(tdm_node_link_t *l);
  * Thread-safe. */
 uint64_t tdm_node_link_stale_frames(tdm_node_link_t *l);
 
+/* A random instance id for one start of a node (getrandom; never 0). Cannot fail. */
+uint64_t tdm_node_instance_new(void);
+
 /* Builds the node's RegisterRequest (id, role, version, model fingerprint, KV layout and
- * blocks, kv_endpoint (decode nodes; NULL otherwise), transports, device, limits, n_ctx, a
- * random instance id) and starts the link to cfg->router.node_endpoint, over CURVE with
+ * blocks, kv_endpoint (decode nodes; NULL otherwise), transports, device, limits, n_ctx, the
+ * node's instance id (tdm_node_instance_new; the same for every router of one start)) and
+ * starts the link to router_endpoint (one of tdm_config_router_endpoints), over CURVE with
  * rt->keys when CURVE is on. Logs a warning when security.insecure is true. */
 tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                      const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
-                                     const char *kv_endpoint, const tdm_logger_t *log,
-                                     tdm_error_t *err);
+                                     const char *kv_endpoint, const char *router_endpoint,
+                                     uint64_t instance, const tdm_logger_t *log, tdm_error_t *err);
 
 /* Waits until everything the engine thread sent on tdm_node_link_sock before this call has
  * reached the router, or timeout_ms passed. The I/O thread relays what is queued, then sends

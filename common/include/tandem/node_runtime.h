@@ -96,6 +96,18 @@ typedef struct tdm_node_pool_size {
  * message). */
 int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, tdm_error_t *err);
 
+/* The memory an engine for model (borrowed) with params ep takes besides its KV pool, measured
+ * by creating one over a one-block pool of layout (what a node does before sizing its pool,
+ * and what `tandem kvcalc -m` reports): on the CPU (on_device false), *weight_bytes is the
+ * model's tensor bytes less those the engine repacked and released the file's pages of
+ * (tdm_engine_released_weight_bytes), and *scratch_bytes the engine's scratch, repacked copies
+ * included (tdm_engine_scratch_bytes); on a device, the engine's device figures
+ * (tdm_engine_device_bytes). Costs what creating the engine costs (the repack). Errors: those
+ * of tdm_kv_pool_new and tdm_engine_new (TDM_EINVALID, TDM_ERESOURCE, ...), message in *err. */
+int tdm_node_measure_engine(const tdm_model_t *model, const tdm_kv_layout_t *layout,
+                            const tdm_engine_params_t *ep, bool on_device, uint64_t *weight_bytes,
+                            uint64_t *scratch_bytes, tdm_error_t *err);
+
 /* The memory a cpu node's budget may use, in bytes: the host's physical memory
  * (sysconf _SC_PHYS_PAGES x _SC_PAGESIZE), or the cgroup v2 limit (/sys/fs/cgroup/memory.max)
  * where that is lower, as in a container with a memory limit. 0 when neither can be read.

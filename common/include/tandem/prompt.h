@@ -34,6 +34,7 @@
 
 #include "tandem/base.h"
 #include "tandem/chat.h"
+#include "tandem/sampling.h"
 #include "tandem/tokenizer.h"
 
 #ifdef __cplusplus
@@ -81,6 +82,21 @@ typedef struct tdm_prompt_input {
 int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
                       const tdm_prompt_input_t *in, tdm_token_t **ids, size_t *n_ids,
                       char **rendered, tdm_error_t *err);
+
+/* The rule that turns one of vLLM's bad_words into the token sequences the sampler masks by
+ * (vLLM's SamplingParams): the word without leading ASCII whitespace, tokenized as it is
+ * (without BOS, special tokens not parsed), then " " + that word when it tokenizes to as many
+ * tokens with a different first one (the word inside text, where the tokenizer joins the space
+ * to it). Both are appended to sp (tdm_sampling_bad_seq_add). The router and `tandem generate
+ * -m` both call this. index names the word in messages ("bad_words[2]").
+ * Errors: TDM_EINVALID with err->field "bad_words[<index>]" for a word over
+ * TDM_SAMPLING_MAX_BAD_WORD_BYTES bytes, not valid UTF-8, or only whitespace, and with
+ * err->field "bad_words" when the sequences pass their limits (TDM_SAMPLING_MAX_BAD_SEQS,
+ * TDM_SAMPLING_MAX_BAD_TOKENS); the message begins with the field. TDM_ERESOURCE,
+ * TDM_EINTERNAL as tdm_tokenizer_encode. sp is left with the sequences added before the
+ * failure. */
+int tdm_prompt_bad_word(const tdm_tokenizer_t *tok, const char *word, size_t index,
+                        tdm_sampling_params_t *sp, tdm_error_t *err);
 
 #ifdef __cplusplus
 }

@@ -35,19 +35,26 @@ extern "C" {
 #define TDM_PROTO_SET_IGNORE_EOS (1u << 11)
 #define TDM_PROTO_SET_N_LOGPROBS (1u << 12)
 #define TDM_PROTO_SET_LOGIT_BIAS (1u << 14)
+#define TDM_PROTO_SET_MIN_TOKENS (1u << 15)
+#define TDM_PROTO_SET_BAD_WORDS (1u << 16)
+#define TDM_PROTO_SET_ALLOWED_TOKEN_IDS (1u << 17)
 
-/* A SamplingParams message with the storage of its logit_bias entries, so that filling it
- * allocates nothing: use .m (its pointers point into the struct and into the source
- * tdm_sampling_params_t). About 12 KB; a caller's local. */
+/* A SamplingParams message with the storage of its logit_bias and bad_words entries, so that
+ * filling it allocates nothing: use .m (its pointers point into the struct and into the source
+ * tdm_sampling_params_t). About 26 KB; a caller's local. */
 typedef struct tdm_proto_sampling {
     Tandem__V1__SamplingParams m;
     Tandem__V1__LogitBias bias[TDM_SAMPLING_MAX_LOGIT_BIAS];
     Tandem__V1__LogitBias *bias_ptr[TDM_SAMPLING_MAX_LOGIT_BIAS];
+    Tandem__V1__BadWord bad[TDM_SAMPLING_MAX_BAD_SEQS]; /* token sequences (ids point into
+                                                           the source's bad_tokens) */
+    Tandem__V1__BadWord *bad_ptr[TDM_SAMPLING_MAX_BAD_SEQS];
 } tdm_proto_sampling_t;
 
 /* Fills out->m (initialised here) from *p; every field set, set_mask all ones, has_seed true.
  * out->m.stop_token_ids points into p->stop_token_ids and out->m.logit_bias into out, so out
- * is valid while both *p and *out are. Cannot fail. */
+ * is valid while both *p and *out are; bad_words go as token sequences (ids, no text) and
+ * allowed_token_ids point into p->allowed. Cannot fail. */
 void tdm_proto_sampling_to(const tdm_sampling_params_t *p, tdm_proto_sampling_t *out);
 
 /* Copies m into *p. Fields whose set_mask bit is clear keep the value *p has on entry
@@ -56,8 +63,12 @@ void tdm_proto_sampling_to(const tdm_sampling_params_t *p, tdm_proto_sampling_t 
  * (the order tdm_sampling_params_validate requires; a repeated id stays repeated, for the
  * validator to name). Returns 0, or TDM_EINVALID naming the field when more than
  * TDM_SAMPLING_MAX_STOP stop token ids ("sampling.stop_token_ids: ...") or more than
- * TDM_SAMPLING_MAX_LOGIT_BIAS logit_bias entries ("sampling.logit_bias: ...") are given. Range
- * checks are tdm_sampling_params_validate's job. */
+ * TDM_SAMPLING_MAX_LOGIT_BIAS logit_bias entries ("sampling.logit_bias: ...") are given, more
+ * than TDM_SAMPLING_MAX_ALLOWED allowed_token_ids ("sampling.allowed_token_ids"), or bad-word
+ * token sequences over tdm_sampling_bad_seq_add's limits or with both text and ids
+ * ("sampling.bad_words[2]"). bad_words entries with text are skipped: words are the router's
+ * to tokenize (router/validate.c); only token sequences (ids) are taken. Range checks are
+ * tdm_sampling_params_validate's job. */
 int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_params_t *p,
                             tdm_error_t *err);
 

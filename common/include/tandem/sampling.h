@@ -38,6 +38,12 @@ extern "C" {
 #define TDM_SAMPLING_DEFAULT_MAX_TOKENS 16 /* vLLM's and the OpenAI completions API's default */
 #define TDM_SAMPLING_MAX_LOGIT_BIAS 300 /* most logit_bias entries per request (OpenAI's limit) */
 #define TDM_SAMPLING_MAX_BIAS 100.0f    /* |bias| of a logit_bias entry (OpenAI's range) */
+#define TDM_SAMPLING_MAX_BAD_WORDS 128  /* most bad_words strings per request */
+#define TDM_SAMPLING_MAX_BAD_WORD_BYTES 256 /* bytes of one bad_words string */
+/* token sequences of the bad words (each word as is and with a leading space: 2 per word) */
+#define TDM_SAMPLING_MAX_BAD_SEQS 256
+#define TDM_SAMPLING_MAX_BAD_TOKENS 1024 /* token ids of all bad-word sequences together */
+#define TDM_SAMPLING_MAX_ALLOWED 1024    /* most allowed_token_ids entries per request */
 
 /* One logit_bias entry: bias is added to token's logit before every other sampling step. */
 typedef struct tdm_logit_bias {
@@ -47,10 +53,11 @@ typedef struct tdm_logit_bias {
 
 /* A request's sampling parameters: a plain struct with no pointers, copied freely by value (it
  * travels with the request from router to prefill to decode node), so a copy is always valid
- * and owns nothing. The logit bias therefore lives in a fixed-capacity array inside the struct
- * (TDM_SAMPLING_MAX_LOGIT_BIAS entries, 2.4 KB of the struct's 2.5 KB); only its first
- * n_logit_bias entries are used. Start from tdm_sampling_params_default() or a preset, then
- * set fields (logit bias through tdm_sampling_logit_bias_add); check with
+ * and owns nothing. The logit bias, the bad-word sequences and the allowed ids therefore live
+ * in fixed-capacity arrays inside the struct (2.4 KB, 4.5 KB and 4 KB of its 11 KB); only
+ * their first n_logit_bias / n_bad_seqs / n_allowed entries are used. Start from
+ * tdm_sampling_params_default() or a preset, then set fields (logit bias through
+ * tdm_sampling_logit_bias_add, bad words through tdm_sampling_bad_seq_add); check with
  * tdm_sampling_params_validate(). */
 typedef struct tdm_sampling_params {
     float temperature;        /* [0, 5]; 0 = greedy (argmax, ties -> lowest token id) */
@@ -76,6 +83,22 @@ typedef struct tdm_sampling_params {
     /* The logit bias: entries [0, n_logit_bias) in strictly increasing token id, so one per id */
     uint32_t n_logit_bias; /* [0, 300] */
     tdm_logit_bias_t logit_bias[TDM_SAMPLING_MAX_LOGIT_BIAS];
+
+    /* vLLM's min_tokens: while fewer than min_tokens output tokens exist, end-of-generation
+     * tokens (unless ignore_eos) and stop_token_ids are masked and stop strings are not
+     * matched. [0, max_tokens]; 0 = off */
+    int32_t min_tokens;
+    /* vLLM's bad_words as token sequences (the router tokenizes the words): sequence i is
+     * bad_tokens[i ? bad_end[i - 1] : 0 .. bad_end[i]), 1..TDM_SAMPLING_MAX_BAD_TOKENS
+     * tokens; its last token is masked whenever the output so far ends with the rest of it
+     * (a one-token sequence: always). bad_end increases strictly. */
+    uint32_t n_bad_seqs;                             /* [0, 256] */
+    uint16_t bad_end[TDM_SAMPLING_MAX_BAD_SEQS];     /* end offsets into bad_tokens */
+    int32_t bad_tokens[TDM_SAMPLING_MAX_BAD_TOKENS]; /* [0, n_vocab) */
+    /* vLLM's allowed_token_ids: when n_allowed > 0 only these tokens can be sampled (in the
+     * client's order; a repeated id is harmless). 0 = no restriction */
+    uint32_t n_allowed;                        /* [0, 1024] */
+    int32_t allowed[TDM_SAMPLING_MAX_ALLOWED]; /* [0, n_vocab) */
 } tdm_sampling_params_t;
 
 /* Fills *p with the defaults: temperature 1, top_k 0, top_p 1, min_p 0, repetition_penalty 1,
@@ -118,6 +141,33 @@ int tdm_sampling_logit_bias_check(const tdm_sampling_params_t *p, uint32_t n_voc
  * upper bound of the token id (n_vocab) is tdm_sampling_params_validate's. */
 int tdm_sampling_logit_bias_add(tdm_sampling_params_t *p, int32_t token, float bias,
                                 tdm_error_t *err);
+
+/* Appends the token sequence ids[n] (n >= 1) to p's bad-word sequences. Returns 0, or
+ * TDM_EINVALID with err->field "bad_words" when n is 0, TDM_SAMPLING_MAX_BAD_SEQS sequences
+ * are there already, or the sequences would take more than TDM_SAMPLING_MAX_BAD_TOKENS token
+ * ids ("bad_words: the words take more than 1024 tokens"); *p is untouched then. Token ids
+ * are tdm_sampling_params_validate's to check. */
+int tdm_sampling_bad_seq_add(tdm_sampling_params_t *p, const int32_t *ids, uint32_t n,
+                             tdm_error_t *err);
+
+/* The request masks of one sampling step into mask ((n_vocab + 31) / 32 words; bit t % 32 of
+ * word t / 32 set = token t allowed), clearing bits only (the caller fills it first, all ones
+ * or a grammar's mask): allowed_token_ids (every token not in the list), min_tokens (while
+ * n_output < p->min_tokens: eog[n_eog] unless ignore_eos, and the stop_token_ids), and
+ * bad_words (the last token of each sequence whose other tokens end output[n_output]; one
+ * token: always). vLLM's order and semantics (its MinTokens, bad-words and allowed-token-ids
+ * logits processors), as a mask so all of them apply after the logit bias and the penalties
+ * and count as -inf (tdm_sampler_sample_masked). Ids outside [0, n_vocab) are skipped (the
+ * caller validated them). Returns true when it cleared any bit (the caller then passes mask),
+ * false when the request has none of these masks active at this step (mask untouched).
+ * O(n_vocab / 32 + n_allowed + n_bad_tokens + n_eog); allocates nothing. */
+bool tdm_sampling_request_mask(const tdm_sampling_params_t *p, uint32_t n_vocab, const int32_t *eog,
+                               uint32_t n_eog, const int32_t *output, size_t n_output,
+                               uint32_t *mask);
+
+/* Whether the request has a mask tdm_sampling_request_mask may apply at some step (min_tokens,
+ * bad words or allowed ids). Cannot fail. */
+bool tdm_sampling_has_request_mask(const tdm_sampling_params_t *p);
 
 /* True when token is one of p->stop_token_ids. EOS is the caller's business (tokenizer's
  * is_eog, unless p->ignore_eos). Cannot fail. */
@@ -195,7 +245,9 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
  * tokens (the distribution the token was drawn from at temperature 1), and out->n_top is
  * min(n_logprobs, allowed tokens), so no -inf is ever reported (docs/sampling.md). Allocates
  * nothing; one more pass over n_vocab. Errors as tdm_sampler_sample, and TDM_EINVALID when the
- * mask allows no token (or only tokens whose logits are -inf). */
+ * mask allows no token (or only tokens whose logits are -inf). The request's own masks
+ * (min_tokens, bad_words, allowed_token_ids) come in the same mask, ANDed in by the caller
+ * (tdm_sampling_request_mask). */
 int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,
                               const uint32_t *mask, const int32_t *history, size_t n_history,
                               uint64_t output_index, tdm_sample_result_t *out);

@@ -220,6 +220,23 @@ out_close:
     return rc;
 }
 
+bool tdm_unicode_is_format(uint32_t cp)
+{
+    /* General category Cf, Unicode 15.1 (UCD extracted/DerivedGeneralCategory.txt) */
+    static const uint32_t ranges[][2] = {
+        {0x00AD, 0x00AD},   {0x0600, 0x0605},   {0x061C, 0x061C},   {0x06DD, 0x06DD},
+        {0x070F, 0x070F},   {0x0890, 0x0891},   {0x08E2, 0x08E2},   {0x180E, 0x180E},
+        {0x200B, 0x200F},   {0x202A, 0x202E},   {0x2060, 0x2064},   {0x2066, 0x206F},
+        {0xFEFF, 0xFEFF},   {0xFFF9, 0xFFFB},   {0x110BD, 0x110BD}, {0x110CD, 0x110CD},
+        {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A}, {0xE0001, 0xE0001},
+        {0xE0020, 0xE007F},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0] && cp >= ranges[i][0]; i++)
+        if (cp <= ranges[i][1])
+            return true;
+    return false;
+}
+
 bool tdm_text_printable(const char *s, size_t max_bytes, size_t *bad_at)
 {
     size_t at = 0, n = s ? strlen(s) : 0;
@@ -229,7 +246,7 @@ bool tdm_text_printable(const char *s, size_t max_bytes, size_t *bad_at)
         size_t len =
             at < max_bytes ? tdm_utf8_decode((const unsigned char *)s + at, n - at, &cp) : 0;
         ok = len > 0 && at + len <= max_bytes && cp >= 0x20 && cp != 0x7f &&
-             !(cp >= 0x80 && cp < 0xa0);
+             !(cp >= 0x80 && cp < 0xa0) && !tdm_unicode_is_format(cp);
         if (ok)
             at += len;
     }

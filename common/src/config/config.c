@@ -358,6 +358,17 @@ const char *tdm_config_router_advertise(const tdm_config_t *cfg)
     return cfg->router.node_advertise ? cfg->router.node_advertise : cfg->router.node_endpoint;
 }
 
+const char *const *tdm_config_router_endpoints(const tdm_config_t *cfg, size_t *n)
+{
+    if (cfg->router.n_node_endpoints > 0) {
+        *n = cfg->router.n_node_endpoints;
+        return (const char *const *)cfg->router.node_endpoints;
+    }
+    *n = 1;
+    return cfg->router.node_advertise ? (const char *const *)&cfg->router.node_advertise
+                                      : (const char *const *)&cfg->router.node_endpoint;
+}
+
 const char *tdm_config_kv_advertise(const tdm_node_config_t *node)
 {
     if (node->role != TDM_NODE_ROLE_DECODE)

@@ -298,9 +298,50 @@ static int check_curve(tdm_config_loader_t *ld, const tdm_config_t *cfg)
     return TDM_OK;
 }
 
+/* router.node_endpoints: at most TDM_CONFIG_MAX_ROUTERS, not beside router.node_advertise
+ * (which names the one router nodes connect to), none a node's own endpoint or KV endpoint or
+ * the router's client endpoint (each item was checked as an endpoint, and against the others
+ * for repeats, as it was read). */
+static int check_router_endpoints(tdm_config_loader_t *ld, const tdm_config_t *cfg)
+{
+    const tdm_router_config_t *r = &cfg->router;
+    const yaml_node_t *at = tdm_config_mark(ld->marks, TDM_CONFIG_SECTION_ROUTER, "node_endpoints");
+    if (r->n_node_endpoints == 0)
+        return TDM_OK;
+    if (r->n_node_endpoints > TDM_CONFIG_MAX_ROUTERS)
+        return tdm_config_fail(ld, at, "router.node_endpoints", "lists %zu routers; at most %d",
+                               r->n_node_endpoints, TDM_CONFIG_MAX_ROUTERS);
+    if (r->node_advertise)
+        return tdm_config_fail(ld, at, "router.node_endpoints",
+                               "set router.node_endpoints (every router the nodes register with) "
+                               "or router.node_advertise (the one router), not both");
+    for (size_t i = 0; i < r->n_node_endpoints; i++) {
+        const char *ep = r->node_endpoints[i];
+        const char *clash = strcmp(ep, r->client_endpoint) == 0 ? "router.client_endpoint" : NULL;
+        for (size_t j = 0; !clash && j < cfg->n_nodes; j++) {
+            const tdm_node_config_t *node = &cfg->nodes[j];
+            if ((node->endpoint && strcmp(ep, node->endpoint) == 0) ||
+                (node->kv_endpoint && strcmp(ep, node->kv_endpoint) == 0) ||
+                (node->kv_advertise && strcmp(ep, node->kv_advertise) == 0))
+                clash = node->id;
+        }
+        if (clash) {
+            char key[TDM_CONFIG_KEY_MAX];
+            snprintf(key, sizeof key, "router.node_endpoints[%zu]", i);
+            return tdm_config_fail(ld, at, key,
+                                   "%s is also the endpoint of %s; a router node endpoint must be "
+                                   "one of its own",
+                                   ep, clash);
+        }
+    }
+    return TDM_OK;
+}
+
 int tdm_config_check_cross(tdm_config_loader_t *ld, const tdm_config_t *cfg)
 {
-    int rc = check_endpoints(ld, cfg);
+    int rc = check_router_endpoints(ld, cfg);
+    if (rc == TDM_OK)
+        rc = check_endpoints(ld, cfg);
     if (rc == TDM_OK)
         rc = check_http_port(ld, cfg);
     if (rc == TDM_OK)

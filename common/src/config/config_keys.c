@@ -132,6 +132,19 @@ static bool advertise_refused(const char *s, const char *got, char *why, size_t 
     return false;
 }
 
+/* An item of router.node_endpoints: a ZeroMQ endpoint the nodes connect to, so a tcp:// one
+ * names a host (advertise_refused). */
+static bool router_endpoint_refused(const char *s, const char *got, char *why, size_t cap)
+{
+    if (!tdm_config_endpoint_valid(s)) {
+        snprintf(why, cap,
+                 "must be a ZeroMQ endpoint tcp://HOST:PORT, ipc://PATH or inproc://NAME, got %s",
+                 got);
+        return true;
+    }
+    return advertise_refused(s, got, why, cap);
+}
+
 static bool curve_key_refused(const char *s, const char *got, char *why, size_t cap)
 {
     static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -325,6 +338,14 @@ static const tdm_config_key_t keys[] = {
         advertise_refused,
         "what the nodes connect to when it is not `node_endpoint`: e.g. bind `tcp://0.0.0.0:7601`, "
         "advertise `tcp://router:7601`; not a wildcard address (\"Deployment\")"),
+    LIST_KEY(ROUTER, "node_endpoints", CFG(router.node_endpoints),
+             offsetof(tdm_config_t, router.n_node_endpoints), "router endpoint",
+             router_endpoint_refused,
+             "several routers sharing the node pools: the node endpoint of each router process "
+             "(as the nodes reach it), at most 16, no repeats; every node registers with each "
+             "and every router serves the whole pool (\"Several routers\"); not with "
+             "`node_advertise`. Empty: the nodes register with the one router at `node_advertise` "
+             "or `node_endpoint`"),
     TEXT_KEY(ROUTER, "http_address", STRING, CFG(router.http_address), 0, "127.0.0.1", NULL,
              "bind address of the HTTP API (OpenAI-compatible, `/metrics`, `/health`)"),
     INT_KEY(ROUTER, "http_port", CFG(router.http_port), 0, 1, 65535, 8000, NULL,
@@ -347,12 +368,13 @@ static const tdm_config_key_t keys[] = {
             "(`/health` and `/ready` are still served)"),
     INT_KEY(ROUTER, "http_header_timeout_s", CFG(router.http_header_timeout_s), 0, 1, 3600, 10,
             "seconds",
-            "a connection's request headers must be complete this long after it opened, else "
-            "408 and close (\"HTTP limits\")"),
+            "a connection's request headers must be complete this long after it opened (a "
+            "keep-alive connection's later request: after its request line), else 408 and close "
+            "(\"HTTP limits\")"),
     INT_KEY(ROUTER, "http_min_body_rate", CFG(router.http_min_body_rate), 0, 0, 1000000000, 1024,
             "bytes/s",
             "a request body slower than this on average (after the first "
-            "`http_header_timeout_s`) closes its connection (0: no minimum)"),
+            "`http_header_timeout_s`) is answered 408 and its connection closed (0: no minimum)"),
     ENUM_KEY(ROUTER, "prefill_policy", CFG(router.prefill_policy), 0, 0, &policies,
              TDM_PREFILL_POLICY_ROUND_ROBIN,
              "how a prefill node is chosen: in turn; fewest queued prompt tokens; most cached "

@@ -38,10 +38,6 @@ enum {
 #define GRAM_MAX_CP 0x10FFFFu
 #define GRAM_UTF8_ANY (1u << 26)
 
-/* Limits of the compiled form (the parser refuses what would exceed them). */
-#define TDM_GRAMMAR_MAX_REPEAT 10000u       /* largest m or n in x{m,n} */
-#define TDM_GRAMMAR_MAX_ELEMENTS (1u << 22) /* elements after expanding repetitions */
-
 struct tdm_grammar {
     uint32_t *elems; /* [n_elems] encoded elements, all rules back to back */
     uint32_t n_elems;

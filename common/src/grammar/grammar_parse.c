@@ -169,8 +169,8 @@ static int emit(parser_t *p, uint32_t rule, uint32_t elem)
     gram_rule_t *r = &p->ir->rules[rule];
     if (++p->ir->n_elems_total > TDM_GRAMMAR_MAX_ELEMENTS)
         return tdm_gram_error_at(p->ir, p->pos, p->rule, p->err,
-                                 "grammar expands to more than %u elements "
-                                 "(TDM_GRAMMAR_MAX_ELEMENTS)",
+                                 "the grammar expands to more than %u elements once its "
+                                 "repetitions are unrolled; use smaller repetition counts",
                                  TDM_GRAMMAR_MAX_ELEMENTS);
     if (!tdm_gram_grow((void **)&r->elems, &r->cap, r->n_elems + 1, sizeof *r->elems))
         return oom(p);
@@ -456,13 +456,14 @@ static int parse_count(parser_t *p, uint32_t *out)
     size_t at = p->pos;
     uint64_t v = 0;
     while (p->pos < p->len && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
-        v = v * 10 + (uint64_t)(p->s[p->pos++] - '0');
-        if (v > TDM_GRAMMAR_MAX_REPEAT)
-            return tdm_gram_error_at(p->ir, at, p->rule, p->err,
-                                     "repetition count above the limit of %u "
-                                     "(TDM_GRAMMAR_MAX_REPEAT)",
-                                     TDM_GRAMMAR_MAX_REPEAT);
+        if (v <= TDM_GRAMMAR_MAX_REPEAT) /* saturates past the limit: the digits say the rest */
+            v = v * 10 + (uint64_t)(p->s[p->pos] - '0');
+        p->pos++;
     }
+    if (v > TDM_GRAMMAR_MAX_REPEAT)
+        return tdm_gram_error_at(
+            p->ir, at, p->rule, p->err, "repetition count %.*s is above the limit of %u",
+            (int)(p->pos - at < 24 ? p->pos - at : 24), p->s + at, TDM_GRAMMAR_MAX_REPEAT);
     if (p->pos == at)
         return fail(p, at, "expecting a number in '{'");
     *out = (uint32_t)v;

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "tandem/base.h"
+#include "tandem/grammar.h"
 
 #define JS_NAME_MAX 96      /* longest rule name we generate, with the NUL */
 #define JS_PREFIX_MAX 48    /* longest caller-given rule name */
@@ -22,6 +23,9 @@
 #define JS_PTR_MAX 512      /* longest JSON pointer kept for messages */
 #define JS_LEN_INF SIZE_MAX /* "no upper bound" for lengths and counts */
 #define JS_REP_CHUNK 1000u  /* larger repetition counts are written as nested ones */
+/* Largest minLength, maxLength, minItems or maxItems: nested once, a count is at most
+ * TDM_GRAMMAR_MAX_REPEAT chunks of JS_REP_CHUNK (tandem/grammar.h). */
+#define JS_COUNT_MAX (TDM_GRAMMAR_MAX_REPEAT * JS_REP_CHUNK)
 
 /* The primitives every schema may use, emitted once each on first use. */
 typedef enum js_prim {

@@ -488,6 +488,9 @@ static int get_items_count(js_ctx_t *c, json_t *s, const char *ptr, const char *
         return 0;
     if (!json_is_integer(x) || json_integer_value(x) < 0)
         return js_fail(c, ptr, key, "must be a non-negative integer");
+    if (json_integer_value(x) > JS_COUNT_MAX)
+        return js_fail(c, ptr, key, "%" JSON_INTEGER_FORMAT " is above the limit of %u",
+                       json_integer_value(x), JS_COUNT_MAX);
     *v = (size_t)json_integer_value(x);
     return 0;
 }

@@ -102,6 +102,8 @@ static int get_count(js_ctx_t *c, json_t *s, const char *ptr, const char *key, s
                                   : -1;
     if (d < 0 || d != floor(d) || d > 1e9)
         return js_fail(c, ptr, key, "must be a non-negative integer");
+    if (d > JS_COUNT_MAX)
+        return js_fail(c, ptr, key, "%.0f is above the limit of %u", d, JS_COUNT_MAX);
     *v = (size_t)d;
     return 0;
 }

@@ -22,6 +22,7 @@
 
 #include "json_schema_internal.h"
 #include "regex_internal.h"
+#include "tandem/grammar.h"
 #include "tandem/json_schema.h"
 
 /* ---- GBNF text ---- */
@@ -532,6 +533,12 @@ static int parse_quant(rx_t *r, tdm_buf_t *b, size_t *lo, size_t *hi)
         }
         if (js_rx_peek(r) != '}' || *hi < *lo)
             return js_rx_fail(r, "bad {m,n} quantifier");
+        if (*lo > TDM_GRAMMAR_MAX_REPEAT || (*hi != JS_LEN_INF && *hi > TDM_GRAMMAR_MAX_REPEAT)) {
+            char what[96];
+            snprintf(what, sizeof what, "repetition count %zu is above the limit of %u",
+                     *lo > TDM_GRAMMAR_MAX_REPEAT ? *lo : *hi, TDM_GRAMMAR_MAX_REPEAT);
+            return js_rx_fail(r, what);
+        }
         r->i++;
         if (*hi == JS_LEN_INF)
             tdm_buf_printf(b, "{%zu,}", *lo);

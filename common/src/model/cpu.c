@@ -97,15 +97,25 @@ static void cpu_destroy(void *vbe)
  * TANDEM_CPU_KERNELS=scalar|avx2|vnni|avx512|amx caps the GEMM family (tests compare them; every
  * family gives the same bits); "zdot" selects the older AVX-512 per-row kernels, kept for
  * comparison (not bitwise equal to the others); "f32k" is the best with the K-quants on the
- * older f32 path (dequantized rows, for comparison); unset or "auto" is the best. */
-static void cpu_pick_kernels(cpu_be_t *be)
+ * older f32 path (dequantized rows, for comparison); unset, empty or "auto" is the best.
+ * TDM_EINVALID naming the variable and its values for anything else (a typo would otherwise
+ * run, and measure, other kernels than the ones asked for). */
+static int cpu_pick_kernels(cpu_be_t *be, tdm_error_t *err)
 {
     const char *cap = getenv("TANDEM_CPU_KERNELS");
+    if (cap && !cap[0])
+        cap = NULL;
     int level = 5; /* 0 scalar, 1 avx2, 2 vnni, 3 avx512, 4 amx, 5 auto */
     static const char *const names[] = {"scalar", "avx2", "vnni", "avx512", "amx"};
     for (int i = 0; cap && i < 5; i++)
         if (strcmp(cap, names[i]) == 0)
             level = i;
+    if (cap && level == 5 && strcmp(cap, "auto") != 0 && strcmp(cap, "zdot") != 0 &&
+        strcmp(cap, "f32k") != 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "TANDEM_CPU_KERNELS='%.64s' is not one of auto, scalar, avx2, vnni, "
+                             "avx512, amx, zdot, f32k (unset it for the best the CPU has)",
+                             cap);
     be->kquant_f32 = cap && strcmp(cap, "f32k") == 0;
     const tdm_cpu_isa_t *isa = NULL;
     if (level >= 4)
@@ -132,6 +142,7 @@ static void cpu_pick_kernels(cpu_be_t *be)
     be->narrow = wide && n256 && n256->packed && isa->packed ? n256 : NULL;
     snprintf(be->name, sizeof be->name, "cpu/%s%s", be->avx512 ? "avx512-zdot" : be->isa->name,
              be->kquant_f32 ? "+f32k" : "");
+    return TDM_OK;
 }
 
 /* The per-thread and per-row scratch, sized for the largest matmul input (max_in). */
@@ -336,9 +347,9 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->max_rows = p->max_batch_tokens;
     be->n_ctx = p->n_ctx;
     be->kq_scale = be->hp->attn_q_scale > 0.0f ? 1.0f : 1.0f / sqrtf((float)be->hp->head_dim);
-    cpu_pick_kernels(be);
-    if (cpu_pick_par_min(be, err) != TDM_OK || cpu_scratch_new(be, err) != TDM_OK ||
-        cpu_wkernels_new(be, err) != TDM_OK || tdm_cpu_moe_scratch_new(be, err) != TDM_OK) {
+    if (cpu_pick_kernels(be, err) != TDM_OK || cpu_pick_par_min(be, err) != TDM_OK ||
+        cpu_scratch_new(be, err) != TDM_OK || cpu_wkernels_new(be, err) != TDM_OK ||
+        tdm_cpu_moe_scratch_new(be, err) != TDM_OK) {
         cpu_destroy(be);
         return NULL;
     }

@@ -313,7 +313,8 @@ tdm_sock_t *tdm_sock_connect(tdm_net_t *net, const char *endpoint, const tdm_soc
     if (ivl_max < ivl)
         ivl_max = ivl;
     if (setopt_int(s->zs, ZMQ_RECONNECT_IVL, ivl, "reconnect_ms", err) ||
-        setopt_int(s->zs, ZMQ_RECONNECT_IVL_MAX, ivl_max, "reconnect_max_ms", err))
+        setopt_int(s->zs, ZMQ_RECONNECT_IVL_MAX, ivl_max, "reconnect_max_ms", err) ||
+        (opts && opts->immediate && setopt_int(s->zs, ZMQ_IMMEDIATE, 1, "immediate", err)))
         goto out_destroy;
     if (id && zmq_setsockopt(s->zs, ZMQ_ROUTING_ID, id, strlen(id)) != 0) {
         tdm_error_set(err, TDM_EINVALID, "identity '%s': %s", id, zmq_strerror(errno));

@@ -128,7 +128,7 @@ static int pack_header(tdm_sock_t *s, const tdm_send_t *m, uint8_t *hbuf, size_t
     h.deadline_unix_ms = m->deadline_unix_ms;
     h.api_key = (char *)(uintptr_t)(m->api_key ? m->api_key : "");
     h.n_data_frames = m->n_data;
-    h.instance_id = s->instance_id;
+    h.instance_id = m->anonymous ? 0 : s->instance_id;
     *hlen = tandem__v1__frame_header__get_packed_size(&h);
     if (*hlen >
         TDM_NET_MAX_HEADER_BYTES) { /* cannot happen with the limits; checked all the same */
@@ -263,6 +263,20 @@ int tdm_sock_reply_error(tdm_sock_t *s, const tdm_frame_t *to, int status, const
     tdm_send_t m = send_to(to, TANDEM__V1__FRAME_KIND__FRAME_KIND_END);
     m.status = status;
     m.message = text;
+    return tdm_sock_send(s, &m);
+}
+
+int tdm_sock_refuse(tdm_sock_t *s, const tdm_frame_t *to, int status, const char *fmt, ...)
+{
+    char text[2 * TDM_ERRMSG_MAX]; /* as tdm_sock_reply_error */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    tdm_send_t m = send_to(to, TANDEM__V1__FRAME_KIND__FRAME_KIND_END);
+    m.status = status;
+    m.message = text;
+    m.anonymous = true;
     return tdm_sock_send(s, &m);
 }
 

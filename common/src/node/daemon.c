@@ -42,11 +42,12 @@ static void usage(FILE *out, const char *prog, tdm_node_role_t role)
 }
 
 /* Readiness for the service manager (tandem/notify.h). The engine thread stays in ops->run
- * until shutdown, so a small thread watches the node's link to the router instead: READY=1
- * once the router acknowledged the registration, STATUS= whenever the link state changes. */
+ * until shutdown, so a small thread watches the node's links to the routers instead: READY=1
+ * once a router acknowledged the registration, STATUS= whenever the links' states change. */
 typedef struct ready_watch {
-    tdm_node_link_t *link;
-    const char *router; /* endpoint the node connects to, for STATUS= */
+    tdm_node_link_t *links[TDM_CONFIG_MAX_ROUTERS];
+    size_t n_links;
+    const char *router; /* the first endpoint the node connects to, for STATUS= */
     const tdm_logger_t *log;
     atomic_bool done; /* set by the main thread once ops->run returned */
     pthread_t thread;
@@ -62,31 +63,61 @@ static void watch_notify(const ready_watch_t *w, bool *warned, const char *state
     }
 }
 
+/* The links' states together: REJECTED when one router refused the node (why gets its
+ * reason), REGISTERED when one or more serve it (*n_registered of them), else CONNECTING. */
+static tdm_node_link_state_t watch_state(const ready_watch_t *w, char *why, size_t cap,
+                                         size_t *n_registered)
+{
+    bool rejected = false;
+    *n_registered = 0;
+    for (size_t i = 0; i < w->n_links; i++) {
+        char msg[TDM_ERRMSG_MAX];
+        tdm_node_link_state_t st = tdm_node_link_state(w->links[i], msg, sizeof msg);
+        if (st == TDM_NODE_LINK_REJECTED && !rejected) {
+            rejected = true;
+            snprintf(why, cap, "%s", msg);
+        }
+        *n_registered += st == TDM_NODE_LINK_REGISTERED;
+    }
+    if (rejected)
+        return TDM_NODE_LINK_REJECTED;
+    return *n_registered ? TDM_NODE_LINK_REGISTERED : TDM_NODE_LINK_CONNECTING;
+}
+
 static void *ready_watch_main(void *arg)
 {
     ready_watch_t *w = arg;
     bool ready = false, warned = false;
     int last = -1;
+    size_t last_n = 0;
     char msg[TDM_ERRMSG_MAX + 128];
     for (;;) {
         /* one more look after ops->run returned, so a refusal that ended it is reported */
         bool last_round = atomic_load(&w->done);
-        char why[TDM_ERRMSG_MAX];
-        tdm_node_link_state_t st = tdm_node_link_state(w->link, why, sizeof why);
-        if ((int)st != last) {
+        char why[TDM_ERRMSG_MAX] = "";
+        size_t n_reg;
+        tdm_node_link_state_t st = watch_state(w, why, sizeof why, &n_reg);
+        if ((int)st != last || n_reg != last_n) {
             last = (int)st;
+            last_n = n_reg;
             switch (st) {
             case TDM_NODE_LINK_REGISTERED:
-                snprintf(msg, sizeof msg, "%sSTATUS=serving, registered with the router at %s",
-                         ready ? "" : "READY=1\n", w->router);
+                if (w->n_links > 1)
+                    snprintf(msg, sizeof msg,
+                             "%sSTATUS=serving, registered with %zu of %zu routers",
+                             ready ? "" : "READY=1\n", n_reg, w->n_links);
+                else
+                    snprintf(msg, sizeof msg, "%sSTATUS=serving, registered with the router at %s",
+                             ready ? "" : "READY=1\n", w->router);
                 ready = true;
                 break;
             case TDM_NODE_LINK_REJECTED:
                 snprintf(msg, sizeof msg, "STATUS=refused by the router: %s", why);
                 break;
             default:
-                snprintf(msg, sizeof msg, "STATUS=%s the router at %s",
-                         ready ? "lost; registering again with" : "registering with", w->router);
+                snprintf(msg, sizeof msg, "STATUS=%s the router at %s%s",
+                         ready ? "lost; registering again with" : "registering with", w->router,
+                         w->n_links > 1 ? " and the others" : "");
                 break;
             }
             watch_notify(w, &warned, msg);
@@ -193,11 +224,14 @@ static void setup_process(void)
 static int run_watched(const tdm_daemon_ops_t *ops, void *obj, const tdm_config_t *cfg,
                        const tdm_logger_t *log, tdm_error_t *err)
 {
-    ready_watch_t watch = {.router = tdm_config_router_advertise(cfg), .log = log};
+    size_t n_eps;
+    ready_watch_t watch = {.router = tdm_config_router_endpoints(cfg, &n_eps)[0], .log = log};
     atomic_init(&watch.done, false);
     bool watching = false;
     if (ops->link && tdm_notify_enabled()) {
-        watch.link = ops->link(obj);
+        while (watch.n_links < TDM_CONFIG_MAX_ROUTERS &&
+               (watch.links[watch.n_links] = ops->link(obj, watch.n_links)) != NULL)
+            watch.n_links++;
         watching = pthread_create(&watch.thread, NULL, ready_watch_main, &watch) == 0;
         if (!watching)
             TDM_LOG_WARNF(log, NULL, "cannot start the readiness thread: no sd_notify READY=1");

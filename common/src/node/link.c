@@ -73,7 +73,9 @@ struct tdm_node_link {
     uint64_t flush_call; /* call id of the heartbeat that proves a flush, 0 when none */
     uint64_t flush_seq;  /* the flush it proves */
     char router_ep[256];
-    double last_quiet_log; /* when "still no answer" / handshake failures were last logged */
+    double last_quiet_log;     /* when "still no answer" / handshake failures were last logged */
+    double disconnected_since; /* when the connection to the router dropped; 0: it is up */
+    bool curve;                /* the link uses CURVE */
 };
 
 static void set_state(tdm_node_link_t *l, tdm_node_link_state_t st, const char *msg)
@@ -374,7 +376,9 @@ static void relay(tdm_node_link_t *l, void *src, bool router_side)
 static void log_quiet_router(tdm_node_link_t *l, tdm_node_link_state_t st, double now)
 {
     char why[200];
-    bool failed = tdm_sock_handshake(l->up, why, sizeof why) != TDM_OK;
+    /* a failed handshake says something only of CURVE keys (the link watches handshakes
+     * without CURVE too, for the connection's state) */
+    bool failed = l->curve && tdm_sock_handshake(l->up, why, sizeof why) != TDM_OK;
     bool due = l->last_quiet_log == 0 || now - l->last_quiet_log >= 30.0;
     if (failed && due) {
         TDM_LOG_ERRORF(l->log, NULL,
@@ -391,6 +395,26 @@ static void log_quiet_router(tdm_node_link_t *l, tdm_node_link_state_t st, doubl
                       l->router_ep, now - l->last_router_reply);
         l->last_quiet_log = now;
     }
+}
+
+/* The registered router has been silent, and the connection to it down, for
+ * TDM_NODE_LINK_LOST_TIMEOUTS heartbeat timeouts (the time after which a router marks a silent
+ * node down): the router is gone (killed, or its host). Its instance is forgotten, so the
+ * engine drops the requests it dispatched (tdm_node_link_router_instance is 0 until the next
+ * RegisterAck), and the link registers again. A router whose loop stalls keeps the connection
+ * up (ZeroMQ's I/O thread answers the ZMTP heartbeats) and is waited for, as it waits for its
+ * nodes (its liveness clock leaves its own stalls out): its requests are still its own. */
+static void router_lost(tdm_node_link_t *l, double now)
+{
+    uint64_t gone = atomic_exchange(&l->router_instance, 0);
+    TDM_LOG_WARNF(l->log, NULL,
+                  "the router at %s (instance %016" PRIx64
+                  ") has not answered for %.1f s: it is taken for gone and its requests are "
+                  "dropped; registering again",
+                  l->router_ep, gone, now - l->last_router_reply);
+    set_state(l, TDM_NODE_LINK_CONNECTING, "");
+    if (l->register_call == 0)
+        send_register(l);
 }
 
 static void *io_main(void *arg)
@@ -432,12 +456,23 @@ static void *io_main(void *arg)
         if (st == TDM_NODE_LINK_REGISTERED &&
             (now - l->last_heartbeat) * 1000.0 >= (double)l->hb_interval_ms)
             send_heartbeat(l);
+        double silent_ms = (now - l->last_router_reply) * 1000.0;
+        /* connected: a handshake succeeded since the last connection dropped */
+        bool connected = tdm_sock_handshakes(l->up) > tdm_sock_disconnects(l->up);
+        if (connected)
+            l->disconnected_since = 0;
+        else if (l->disconnected_since == 0)
+            l->disconnected_since = now;
+        double lost_ms = TDM_NODE_LINK_LOST_TIMEOUTS * (double)l->hb_timeout_ms;
         if (st == TDM_NODE_LINK_REGISTERED && !l->router_lost_logged &&
-            (now - l->last_router_reply) * 1000.0 > (double)l->hb_timeout_ms) {
-            TDM_LOG_WARNF(l->log, NULL, "no answer from the router for %.1f s; still trying",
-                          now - l->last_router_reply);
+            silent_ms > (double)l->hb_timeout_ms) {
+            TDM_LOG_WARNF(l->log, NULL, "no answer from the router at %s for %.1f s; still trying",
+                          l->router_ep, now - l->last_router_reply);
             l->router_lost_logged = true;
         }
+        if (st == TDM_NODE_LINK_REGISTERED && silent_ms > lost_ms && l->disconnected_since > 0 &&
+            (now - l->disconnected_since) * 1000.0 > lost_ms)
+            router_lost(l, now);
         log_quiet_router(l, st, now);
     }
     return NULL;
@@ -452,7 +487,8 @@ static int open_sockets(tdm_node_link_t *l, tdm_net_t *net, const tdm_node_link_
     snprintf(l->identity, sizeof l->identity, "%s.%016" PRIx64, l->node_id, l->instance);
     tdm_sock_opts_t so = {0};
     so.curve = o->curve;
-    so.watch_handshake = o->curve != NULL; /* a key mismatch is logged, not silent */
+    so.watch_handshake = true; /* a key mismatch is logged, not silent; a lost router is seen */
+    l->curve = o->curve != NULL;
     so.identity = l->identity;
     so.log = o->log;
     so.instance_id = l->instance;

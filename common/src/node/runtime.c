@@ -7,30 +7,37 @@
 #include "tandem/node_runtime.h"
 #include "tandem/serve.h"
 
-/* The engine's weights and scratch in the budget's memory for ep, measured with a one-block
- * pool, so that the KV pool gets exactly what the budget leaves: on the CPU the weights as
- * stored less those the engine repacked and released the file's pages of (the copies are in
- * its scratch), and the engine's scratch; on a device what the engine allocated there. */
-static int measure_engine(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep, tdm_error_t *err)
+int tdm_node_measure_engine(const tdm_model_t *model, const tdm_kv_layout_t *layout,
+                            const tdm_engine_params_t *ep, bool on_device, uint64_t *weight_bytes,
+                            uint64_t *scratch_bytes, tdm_error_t *err)
 {
-    tdm_kv_pool_t *probe_pool = tdm_kv_pool_new(&rt->layout, 1, err);
+    tdm_kv_pool_t *probe_pool = tdm_kv_pool_new(layout, 1, err);
     if (!probe_pool)
         return err ? err->code : TDM_ERESOURCE;
-    tdm_engine_t *probe = tdm_engine_new(rt->model, probe_pool, ep, err);
+    tdm_engine_t *probe = tdm_engine_new(model, probe_pool, ep, err);
     if (!probe) {
         tdm_kv_pool_destroy(&probe_pool);
         return err ? err->code : TDM_EINVALID;
     }
-    if (rt->on_device)
-        tdm_engine_device_bytes(probe, &rt->weight_bytes, &rt->scratch_bytes);
-    else {
-        rt->scratch_bytes = tdm_engine_scratch_bytes(probe);
+    if (on_device) {
+        tdm_engine_device_bytes(probe, weight_bytes, scratch_bytes);
+    } else {
+        uint64_t w = tdm_model_weight_bytes(model);
         uint64_t released = tdm_engine_released_weight_bytes(probe);
-        rt->weight_bytes -= released < rt->weight_bytes ? released : rt->weight_bytes;
+        *weight_bytes = w - (released < w ? released : w);
+        *scratch_bytes = tdm_engine_scratch_bytes(probe);
     }
     tdm_engine_destroy(&probe);
     tdm_kv_pool_destroy(&probe_pool);
     return TDM_OK;
+}
+
+/* The engine's weights and scratch in the budget's memory for ep, measured with a one-block
+ * pool, so that the KV pool gets exactly what the budget leaves (tdm_node_measure_engine). */
+static int measure_engine(tdm_node_runtime_t *rt, const tdm_engine_params_t *ep, tdm_error_t *err)
+{
+    return tdm_node_measure_engine(rt->model, &rt->layout, ep, rt->on_device, &rt->weight_bytes,
+                                   &rt->scratch_bytes, err);
 }
 
 /* The UUIDs of the GPUs this process sees (for the router's transport choice). */

@@ -32,7 +32,8 @@ struct tdm_node {
     tdm_logger_t log;
     tdm_net_t *net;
     tdm_node_runtime_t rt;
-    tdm_node_link_t *link;
+    tdm_node_link_t *links[TDM_CONFIG_MAX_ROUTERS]; /* one per router (router.node_endpoints) */
+    size_t n_links;
 
     unsigned char *reqs; /* [n_reqs][ops->req_size] entries */
     uint32_t n_reqs;
@@ -120,7 +121,8 @@ void tdm_node_req_drop(tdm_node_t *n, tdm_node_req_t *r)
 void tdm_node_fail(tdm_node_t *n, const tdm_node_attempt_t *a, int status, bool retryable,
                    const char *msg)
 {
-    tdm_node_report_failed(tdm_node_sock(n), &n->log, a, status, retryable, msg);
+    tdm_node_report_failed(tdm_node_sock(n, a->router_instance), &n->log, a, status, retryable,
+                           msg);
 }
 
 void tdm_node_req_fail(tdm_node_t *n, tdm_node_req_t *r, int status, bool retryable,
@@ -163,8 +165,22 @@ tdm_node_t *tdm_node_new(const tdm_config_t *cfg, const char *node_id, const tdm
 
 int tdm_node_connect(tdm_node_t *n, const char *kv_endpoint, tdm_error_t *err)
 {
-    n->link = tdm_node_link_start(n->net, n->cfg, n->node, &n->rt, kv_endpoint, &n->log, err);
-    return n->link ? TDM_OK : (err && err->code ? err->code : TDM_EINTERNAL);
+    size_t n_eps;
+    const char *const *eps = tdm_config_router_endpoints(n->cfg, &n_eps);
+    uint64_t instance = tdm_node_instance_new(); /* one identity towards every router */
+    for (size_t i = 0; i < n_eps && i < TDM_CONFIG_MAX_ROUTERS; i++) {
+        n->links[i] = tdm_node_link_start(n->net, n->cfg, n->node, &n->rt, kv_endpoint, eps[i],
+                                          instance, &n->log, err);
+        if (!n->links[i]) {
+            while (n->n_links > 0)
+                tdm_node_link_destroy(&n->links[--n->n_links]);
+            return err && err->code ? err->code : TDM_EINTERNAL;
+        }
+        n->n_links++;
+    }
+    if (n->n_links > 1)
+        TDM_LOG_INFOF(&n->log, NULL, "registering with %zu routers", n->n_links);
+    return TDM_OK;
 }
 
 void tdm_node_drop_all(tdm_node_t *n)
@@ -181,7 +197,8 @@ void tdm_node_destroy(tdm_node_t **self_p)
         return;
     tdm_node_t *n = *self_p;
     tdm_node_drop_all(n);
-    tdm_node_link_destroy(&n->link);
+    for (size_t i = 0; i < n->n_links; i++)
+        tdm_node_link_destroy(&n->links[i]);
     tdm_node_runtime_close(&n->rt);
     free(n->reqs);
     free(n->buckets);
@@ -207,12 +224,32 @@ const tdm_logger_t *tdm_node_log(const tdm_node_t *n)
 
 tdm_node_link_t *tdm_node_router(tdm_node_t *n)
 {
-    return n->link;
+    return n->n_links ? n->links[0] : NULL;
 }
 
-tdm_sock_t *tdm_node_sock(tdm_node_t *n)
+tdm_node_link_t *tdm_node_router_at(tdm_node_t *n, size_t i)
 {
-    return tdm_node_link_sock(n->link);
+    return i < n->n_links ? n->links[i] : NULL;
+}
+
+size_t tdm_node_n_routers(const tdm_node_t *n)
+{
+    return n->n_links;
+}
+
+/* The link registered with router instance `router`, NULL when none is (gone or 0). */
+static tdm_node_link_t *link_of(tdm_node_t *n, uint64_t router)
+{
+    for (size_t i = 0; router && i < n->n_links; i++)
+        if (tdm_node_link_router_instance(n->links[i]) == router)
+            return n->links[i];
+    return NULL;
+}
+
+tdm_sock_t *tdm_node_sock(tdm_node_t *n, uint64_t router_instance)
+{
+    tdm_node_link_t *l = link_of(n, router_instance);
+    return l ? tdm_node_link_sock(l) : NULL;
 }
 
 /* ---- the loop ---- */
@@ -232,13 +269,15 @@ static void on_cancel(tdm_node_t *n, const tdm_frame_t *f)
     tandem__v1__node_cancel__free_unpacked(m, NULL);
 }
 
-static void on_frame(tdm_node_t *n, const tdm_frame_t *f)
+/* A frame from the router of link l (its instance is f->instance_id: the link forwards no
+ * other); answers go back on the same link. */
+static void on_frame(tdm_node_t *n, tdm_node_link_t *l, const tdm_frame_t *f)
 {
-    tdm_sock_t *s = tdm_node_sock(n);
+    tdm_sock_t *s = tdm_node_link_sock(l);
     if (f->method == TANDEM__V1__METHOD__METHOD_NODE_CANCEL)
         on_cancel(n, f);
     else if (f->method == TANDEM__V1__METHOD__METHOD_NODE_STATUS)
-        tdm_node_reply_status(s, f, n->node, &n->rt, n->link);
+        tdm_node_reply_status(s, f, n->node, &n->rt, l);
     else if (!n->ops->frame(n->h, f) && f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
         tdm_sock_reply_error(s, f, TDM_EINVALID, "unknown method %d on a %s node", f->method,
                              tdm_config_node_role_name(n->ops->role));
@@ -249,10 +288,15 @@ static bool wait_input(tdm_node_t *n)
 {
     void *extra = NULL;
     int idle_ms = n->ops->wait(n->h, &extra);
-    zmq_pollitem_t items[2] = {{tdm_sock_zsock(tdm_node_sock(n)), 0, ZMQ_POLLIN, 0},
-                               {extra, 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t items[TDM_CONFIG_MAX_ROUTERS + 1];
+    int n_items = 0;
+    for (size_t i = 0; i < n->n_links; i++)
+        items[n_items++] =
+            (zmq_pollitem_t){tdm_sock_zsock(tdm_node_link_sock(n->links[i])), 0, ZMQ_POLLIN, 0};
+    if (extra)
+        items[n_items++] = (zmq_pollitem_t){extra, 0, ZMQ_POLLIN, 0};
     int timeout = tdm_worker_busy(n->rt.worker) ? 0 : idle_ms;
-    return zmq_poll(items, extra ? 2 : 1, timeout) >= 0 || zmq_errno() == EINTR;
+    return zmq_poll(items, n_items, timeout) >= 0 || zmq_errno() == EINTR;
 }
 
 /* One forward pass when there is work; its events go to the handler. */
@@ -270,11 +314,17 @@ static void step(tdm_node_t *n)
             n->ops->event(n->h, ev[i].user, &ev[i]);
 }
 
-/* Ends r when its router is gone (no report: nobody would read it), its deadline passed or
- * the handler's wait for it ran out. */
-static void expire(tdm_node_t *n, tdm_node_req_t *r, uint64_t router, uint64_t now_ms, double now)
+/* Ends r when its router is gone (no link is registered with the instance that dispatched
+ * it: the router restarted, or was silent TDM_NODE_LINK_LOST_TIMEOUTS heartbeat timeouts; no
+ * report: nobody would read it), its deadline passed or the handler's wait for it ran out.
+ * routers[n_routers]: the instances the links are registered with now. */
+static void expire(tdm_node_t *n, tdm_node_req_t *r, const uint64_t *routers, size_t n_routers,
+                   uint64_t now_ms, double now)
 {
-    if (router && r->att.router_instance != router) {
+    bool router_live = false;
+    for (size_t i = 0; i < n_routers; i++)
+        router_live |= routers[i] == r->att.router_instance;
+    if (!router_live) {
         TDM_LOG_INFOF(&n->log, r->att.label,
                       "dropped: dispatched by router instance %016" PRIx64 ", which is gone",
                       r->att.router_instance);
@@ -294,13 +344,16 @@ static void timers(tdm_node_t *n)
         return;
     n->last_timers = now;
     uint64_t now_ms = tdm_net_now_ms();
-    uint64_t router = tdm_node_link_router_instance(n->link);
+    uint64_t routers[TDM_CONFIG_MAX_ROUTERS];
+    for (size_t i = 0; i < n->n_links; i++)
+        routers[i] = tdm_node_link_router_instance(n->links[i]);
     for (uint32_t i = 0; i < n->n_reqs; i++)
         if (entry(n, i)->used)
-            expire(n, entry(n, i), router, now_ms, now);
+            expire(n, entry(n, i), routers, n->n_links, now_ms, now);
     tdm_node_load_t ld;
     tdm_node_load_collect(n->rt.worker, n->rt.pool, &ld);
-    tdm_node_link_set_load(n->link, &ld);
+    for (size_t i = 0; i < n->n_links; i++)
+        tdm_node_link_set_load(n->links[i], &ld);
 }
 
 /* Fails what is in flight so the router re-dispatches it, frees every block, and gives the
@@ -312,29 +365,36 @@ static void shut_down(tdm_node_t *n)
     for (uint32_t i = 0; i < n->n_reqs; i++)
         if (entry(n, i)->used)
             tdm_node_req_fail(n, entry(n, i), TDM_EUNAVAILABLE, n->ops->shutdown_retryable, msg);
-    if (tdm_node_link_flush(n->link, SHUTDOWN_FLUSH_MS) != TDM_OK)
-        TDM_LOG_DEBUGF(&n->log, NULL, "the router did not confirm the last messages within %d ms",
-                       SHUTDOWN_FLUSH_MS);
+    for (size_t i = 0; i < n->n_links; i++)
+        if (tdm_node_link_flush(n->links[i], SHUTDOWN_FLUSH_MS) != TDM_OK)
+            TDM_LOG_DEBUGF(&n->log, NULL,
+                           "router %zu did not confirm the last messages within %d ms", i,
+                           SHUTDOWN_FLUSH_MS);
     TDM_LOG_INFOF(&n->log, NULL, "%s node stopped", tdm_config_node_role_name(n->ops->role));
 }
 
 int tdm_node_serve(tdm_node_t *n, volatile sig_atomic_t *stop, tdm_error_t *err)
 {
-    tdm_sock_t *s = tdm_node_sock(n);
     tdm_frame_t f;
     tdm_frame_init(&f);
     int rc = 0;
     while (!*stop) {
         char why[TDM_ERRMSG_MAX];
-        if (tdm_node_link_state(n->link, why, sizeof why) == TDM_NODE_LINK_REJECTED) {
+        bool rejected = false;
+        for (size_t i = 0; !rejected && i < n->n_links; i++)
+            rejected = tdm_node_link_state(n->links[i], why, sizeof why) == TDM_NODE_LINK_REJECTED;
+        if (rejected) {
             rc = tdm_error_set(err, TDM_EPRECONDITION, "the router refused this node: %s", why);
             break;
         }
         if (!wait_input(n))
             break;
-        while (tdm_sock_recv(s, &f, 0) == 0) {
-            on_frame(n, &f);
-            tdm_frame_clear(&f);
+        for (size_t i = 0; i < n->n_links; i++) {
+            tdm_sock_t *s = tdm_node_link_sock(n->links[i]);
+            while (tdm_sock_recv(s, &f, 0) == 0) {
+                on_frame(n, n->links[i], &f);
+                tdm_frame_clear(&f);
+            }
         }
         n->ops->tick(n->h);
         step(n);

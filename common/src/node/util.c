@@ -100,10 +100,18 @@ static void reg_devices(Tandem__V1__RegisterRequest *reg, const tdm_node_runtime
     reg->gpu_uuid = (char *)(uintptr_t)rt->gpu_uuid;
 }
 
+uint64_t tdm_node_instance_new(void)
+{
+    uint64_t instance = 0;
+    if (getrandom(&instance, sizeof instance, 0) != (ssize_t)sizeof instance)
+        instance = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)&instance;
+    return instance ? instance : 1; /* 0 means "none" on the wire */
+}
+
 tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                      const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
-                                     const char *kv_endpoint, const tdm_logger_t *log,
-                                     tdm_error_t *err)
+                                     const char *kv_endpoint, const char *router_endpoint,
+                                     uint64_t instance, const tdm_logger_t *log, tdm_error_t *err)
 {
     Tandem__V1__RegisterRequest reg = TANDEM__V1__REGISTER_REQUEST__INIT;
     Tandem__V1__KvLayout layout;
@@ -114,11 +122,6 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     tdm_config_device_format(node->device, device, sizeof device);
     tdm_kv_stats_t ks;
     tdm_kv_pool_stats(rt->pool, &ks);
-    uint64_t instance = 0;
-    if (getrandom(&instance, sizeof instance, 0) != (ssize_t)sizeof instance)
-        instance = (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)rt;
-    if (instance == 0) /* 0 means "none" on the wire */
-        instance = 1;
     reg.node_id = node->id;
     reg.role = node->role == TDM_NODE_ROLE_PREFILL ? TANDEM__V1__NODE_ROLE__NODE_ROLE_PREFILL
                                                    : TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE;
@@ -137,8 +140,8 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     tdm_node_load_collect(rt->worker, rt->pool, &load);
     if (cfg->security.insecure)
         TDM_LOG_WARNF(log, NULL, "%s", TDM_CONFIG_INSECURE_WARNING);
-    tdm_node_link_opts_t lo = {tdm_config_router_advertise(cfg),
-                               tdm_node_curve_router(&rt->keys, &keys), &reg, log, &load};
+    tdm_node_link_opts_t lo = {router_endpoint, tdm_node_curve_router(&rt->keys, &keys), &reg, log,
+                               &load};
     return tdm_node_link_new(net, &lo, err);
 }
 
@@ -151,13 +154,16 @@ void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_no
     tf.status = tdm_proto_status_to_wire(status);
     tf.message = (char *)(uintptr_t)msg;
     tf.retryable = retryable;
-    tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TASK_FAILED, &tf.base);
+    if (s)
+        tdm_sock_notify(s, NULL, 0, TANDEM__V1__METHOD__METHOD_TASK_FAILED, &tf.base);
     TDM_LOG_WARNF(log, a->label, "request failed attempt=%s status=%s retryable=%d: %s", a->key,
                   tdm_status_name(status), retryable, msg);
 }
 
 int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev)
 {
+    if (!s)
+        return TDM_EUNAVAILABLE;
     Tandem__V1__TokenEvent te = TANDEM__V1__TOKEN_EVENT__INIT;
     Tandem__V1__TopLogprob tops[TDM_SAMPLING_MAX_LOGPROBS];
     Tandem__V1__TopLogprob *topp[TDM_SAMPLING_MAX_LOGPROBS];

@@ -1,6 +1,7 @@
 /* prompt.c - the prompt rule (tandem/prompt.h): raw text or chat messages -> token ids. */
 #include "tandem/prompt.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,5 +107,62 @@ int tdm_prompt_encode(const tdm_tokenizer_t *tok, const tdm_chat_pick_t *pick,
         *rendered = text;
     else
         free(text);
+    return rc;
+}
+
+/* Offset of the first byte of s that is not ASCII whitespace (Python's str.lstrip for ASCII). */
+static size_t lstrip_at(const char *s)
+{
+    size_t i = 0;
+    while (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\v' ||
+           s[i] == '\f')
+        i++;
+    return i;
+}
+
+/* Whether s[n] is well-formed UTF-8. */
+static bool utf8_valid(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t len = tdm_utf8_decode((const unsigned char *)s + i, n - i, &cp);
+        if (!len)
+            return false;
+        i += len;
+    }
+    return true;
+}
+
+int tdm_prompt_bad_word(const tdm_tokenizer_t *tok, const char *text, size_t index,
+                        tdm_sampling_params_t *sp, tdm_error_t *err)
+{
+    size_t len = strlen(text);
+    const char *word = text + lstrip_at(text);
+    char field[40];
+    snprintf(field, sizeof field, "bad_words[%zu]", index);
+    if (len > TDM_SAMPLING_MAX_BAD_WORD_BYTES)
+        return tdm_error_set_field(err, TDM_EINVALID, field, "%s is %zu bytes, at most %d", field,
+                                   len, TDM_SAMPLING_MAX_BAD_WORD_BYTES);
+    if (!utf8_valid(text, len))
+        return tdm_error_set_field(err, TDM_EINVALID, field, "%s is not valid UTF-8", field);
+    if (!word[0])
+        return tdm_error_set_field(err, TDM_EINVALID, field,
+                                   "%s must have 1..%d bytes besides leading spaces", field,
+                                   TDM_SAMPLING_MAX_BAD_WORD_BYTES);
+    char spaced[TDM_SAMPLING_MAX_BAD_WORD_BYTES + 2];
+    snprintf(spaced, sizeof spaced, " %s", word);
+    tdm_token_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    int rc = tdm_tokenizer_encode(tok, word, strlen(word), false, false, &a, &na, err);
+    if (rc == TDM_OK)
+        rc = tdm_tokenizer_encode(tok, spaced, strlen(spaced), false, false, &b, &nb, err);
+    if (rc == TDM_OK && na == 0)
+        rc = tdm_error_set_field(err, TDM_EINVALID, field, "%s has no tokens", field);
+    if (rc == TDM_OK)
+        rc = tdm_sampling_bad_seq_add(sp, a, (uint32_t)na, err);
+    if (rc == TDM_OK && nb == na && b[0] != a[0])
+        rc = tdm_sampling_bad_seq_add(sp, b, (uint32_t)nb, err);
+    free(a);
+    free(b);
     return rc;
 }

@@ -39,6 +39,24 @@ void tdm_proto_sampling_to(const tdm_sampling_params_t *p, tdm_proto_sampling_t 
     m->ignore_eos = p->ignore_eos;
     m->n_logprobs = p->n_logprobs;
     logit_bias_to(p, out);
+    m->min_tokens = p->min_tokens;
+    uint32_t n_seqs =
+        p->n_bad_seqs < TDM_SAMPLING_MAX_BAD_SEQS ? p->n_bad_seqs : TDM_SAMPLING_MAX_BAD_SEQS;
+    uint32_t start = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        uint32_t end = p->bad_end[i] < TDM_SAMPLING_MAX_BAD_TOKENS ? p->bad_end[i]
+                                                                   : TDM_SAMPLING_MAX_BAD_TOKENS;
+        tandem__v1__bad_word__init(&out->bad[i]);
+        out->bad[i].n_ids = end > start ? end - start : 0;
+        out->bad[i].ids = (int32_t *)(uintptr_t)&p->bad_tokens[start];
+        out->bad_ptr[i] = &out->bad[i];
+        start = end > start ? end : start;
+    }
+    m->n_bad_words = n_seqs;
+    m->bad_words = n_seqs ? out->bad_ptr : NULL;
+    m->n_allowed_token_ids =
+        p->n_allowed < TDM_SAMPLING_MAX_ALLOWED ? p->n_allowed : TDM_SAMPLING_MAX_ALLOWED;
+    m->allowed_token_ids = (int32_t *)(uintptr_t)p->allowed;
     m->set_mask = 0xffffffffu;
 }
 
@@ -103,6 +121,42 @@ int tdm_proto_sampling_from(const Tandem__V1__SamplingParams *m, tdm_sampling_pa
         p->n_logprobs = m->n_logprobs;
     if (set & TDM_PROTO_SET_LOGIT_BIAS)
         logit_bias_from(m, p);
+    if (set & TDM_PROTO_SET_MIN_TOKENS)
+        p->min_tokens = m->min_tokens;
+    if (set & TDM_PROTO_SET_ALLOWED_TOKEN_IDS) {
+        if (m->n_allowed_token_ids > TDM_SAMPLING_MAX_ALLOWED)
+            return tdm_error_set_field(err, TDM_EINVALID, "sampling.allowed_token_ids",
+                                       "sampling.allowed_token_ids: %zu ids given, at most %d "
+                                       "allowed",
+                                       m->n_allowed_token_ids, TDM_SAMPLING_MAX_ALLOWED);
+        p->n_allowed = (uint32_t)m->n_allowed_token_ids;
+        if (m->n_allowed_token_ids)
+            memcpy(p->allowed, m->allowed_token_ids, m->n_allowed_token_ids * sizeof *p->allowed);
+    }
+    if (set & TDM_PROTO_SET_BAD_WORDS) {
+        p->n_bad_seqs = 0;
+        for (size_t i = 0; i < m->n_bad_words; i++) {
+            const Tandem__V1__BadWord *b = m->bad_words[i];
+            bool text = b->text && b->text[0];
+            if (text && b->n_ids > 0) {
+                tdm_error_set(err, TDM_EINVALID,
+                              "sampling.bad_words[%zu]: give a word (text) or a token sequence "
+                              "(ids), not both",
+                              i);
+                return tdm_error_field(err, "sampling.bad_words[%zu]", i);
+            }
+            if (text)
+                continue; /* a word: the router's to tokenize */
+            if (b->n_ids > UINT32_MAX ||
+                tdm_sampling_bad_seq_add(p, b->ids, (uint32_t)b->n_ids, err) != TDM_OK) {
+                tdm_error_set(err, TDM_EINVALID,
+                              "sampling.bad_words[%zu]: %zu token ids; at most %d sequences of "
+                              "1..%d ids in all",
+                              i, b->n_ids, TDM_SAMPLING_MAX_BAD_SEQS, TDM_SAMPLING_MAX_BAD_TOKENS);
+                return tdm_error_field(err, "sampling.bad_words[%zu]", i);
+            }
+        }
+    }
     return 0;
 }
 

@@ -6,7 +6,8 @@
 /* clang-format off */
 static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__frame_header__descriptor,     &tandem__v1__sampling_params__descriptor,
-    &tandem__v1__logit_bias__descriptor,       &tandem__v1__kv_layout__descriptor,
+    &tandem__v1__logit_bias__descriptor,       &tandem__v1__bad_word__descriptor,
+    &tandem__v1__kv_layout__descriptor,
     &tandem__v1__top_logprob__descriptor,      &tandem__v1__usage__descriptor,
     &tandem__v1__timings__descriptor,          &tandem__v1__chat_message__descriptor,
     &tandem__v1__generate_request__descriptor, &tandem__v1__constraint__descriptor,

@@ -93,6 +93,9 @@ void tdm_sampling_params_default(tdm_sampling_params_t *p)
     p->ignore_eos = false;
     p->n_logprobs = 0;
     p->n_logit_bias = 0;
+    p->min_tokens = 0;
+    p->n_bad_seqs = 0;
+    p->n_allowed = 0;
 }
 
 /* Presets: only temperature and top_p; immutable. */
@@ -124,6 +127,49 @@ int tdm_sampling_preset(const char *name, tdm_sampling_params_t *p, tdm_error_t 
 static bool in_closed(float x, float lo, float hi)
 {
     return x >= lo && x <= hi;
+}
+
+/* The bad-word sequences and the allowed token ids: counts, offsets and ids in range. */
+static int request_lists_check(const tdm_sampling_params_t *p, uint32_t n_vocab, tdm_error_t *err)
+{
+    const int e = TDM_EINVALID;
+    if (p->n_bad_seqs > TDM_SAMPLING_MAX_BAD_SEQS)
+        return tdm_error_set_field(err, e, "bad_words",
+                                   "bad_words: %u token sequences, at most %d allowed",
+                                   p->n_bad_seqs, TDM_SAMPLING_MAX_BAD_SEQS);
+    uint32_t start = 0;
+    for (uint32_t i = 0; i < p->n_bad_seqs; i++) {
+        uint32_t end = p->bad_end[i];
+        if (end <= start || end > TDM_SAMPLING_MAX_BAD_TOKENS)
+            return tdm_error_set_field(err, e, "bad_words",
+                                       "bad_words: sequence %u ends at %u, after %u and at most %d",
+                                       i, end, start, TDM_SAMPLING_MAX_BAD_TOKENS);
+        for (uint32_t j = start; j < end; j++) {
+            int32_t t = p->bad_tokens[j];
+            if (t < 0 || (n_vocab && (uint32_t)t >= n_vocab))
+                return tdm_error_set_field(err, e, "bad_words",
+                                           "bad_words: token id %d is outside the vocabulary "
+                                           "[0, %u)",
+                                           t, n_vocab);
+        }
+        start = end;
+    }
+    if (p->n_allowed > TDM_SAMPLING_MAX_ALLOWED)
+        return tdm_error_set_field(err, e, "allowed_token_ids",
+                                   "allowed_token_ids has %u entries, at most %d allowed",
+                                   p->n_allowed, TDM_SAMPLING_MAX_ALLOWED);
+    for (uint32_t i = 0; i < p->n_allowed; i++) {
+        int32_t t = p->allowed[i];
+        if (t >= 0 && !(n_vocab && (uint32_t)t >= n_vocab))
+            continue;
+        if (t < 0)
+            tdm_error_set(err, e, "allowed_token_ids[%u]: %d is not a token id (negative)", i, t);
+        else
+            tdm_error_set(err, e, "allowed_token_ids[%u]: %d is not below the vocabulary size %u",
+                          i, t, n_vocab);
+        return tdm_error_field(err, "allowed_token_ids[%u]", i);
+    }
+    return TDM_OK;
 }
 
 int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_vocab, tdm_error_t *err)
@@ -187,6 +233,16 @@ int tdm_sampling_params_validate(const tdm_sampling_params_t *p, uint32_t n_voca
     if (p->n_logprobs < 0 || p->n_logprobs > max_logprobs)
         return tdm_error_set_field(err, e, "n_logprobs", "n_logprobs must be in [0, %d], got %d",
                                    max_logprobs, p->n_logprobs);
+    if (p->min_tokens < 0)
+        return tdm_error_set_field(err, e, "min_tokens",
+                                   "min_tokens must be >= 0 (0 = off), got %d", p->min_tokens);
+    if (p->min_tokens > p->max_tokens)
+        return tdm_error_set_field(err, e, "min_tokens",
+                                   "min_tokens must be at most max_tokens (%d), got %d",
+                                   p->max_tokens, p->min_tokens);
+    int rc = request_lists_check(p, n_vocab, err);
+    if (rc != TDM_OK)
+        return rc;
     return tdm_sampling_logit_bias_check(p, n_vocab, NULL, err);
 }
 
@@ -267,6 +323,96 @@ int tdm_sampling_logit_bias_add(tdm_sampling_params_t *p, int32_t token, float b
     p->logit_bias[at] = (tdm_logit_bias_t){.token = token, .bias = bias};
     p->n_logit_bias = n + 1;
     return TDM_OK;
+}
+
+int tdm_sampling_bad_seq_add(tdm_sampling_params_t *p, const int32_t *ids, uint32_t n,
+                             tdm_error_t *err)
+{
+    uint32_t k = p->n_bad_seqs;
+    uint32_t used = k ? p->bad_end[k - 1] : 0;
+    if (n == 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "bad_words",
+                                   "bad_words: a word has no tokens");
+    if (k >= TDM_SAMPLING_MAX_BAD_SEQS)
+        return tdm_error_set_field(err, TDM_EINVALID, "bad_words",
+                                   "bad_words: more than %d token sequences",
+                                   TDM_SAMPLING_MAX_BAD_SEQS);
+    if (used > TDM_SAMPLING_MAX_BAD_TOKENS || n > TDM_SAMPLING_MAX_BAD_TOKENS - used)
+        return tdm_error_set_field(err, TDM_EINVALID, "bad_words",
+                                   "bad_words: the words take more than %d tokens",
+                                   TDM_SAMPLING_MAX_BAD_TOKENS);
+    memcpy(&p->bad_tokens[used], ids, n * sizeof *ids);
+    p->bad_end[k] = (uint16_t)(used + n);
+    p->n_bad_seqs = k + 1;
+    return TDM_OK;
+}
+
+bool tdm_sampling_has_request_mask(const tdm_sampling_params_t *p)
+{
+    return p->min_tokens > 0 || p->n_bad_seqs > 0 || p->n_allowed > 0;
+}
+
+/* Clears token t's bit (t outside [0, n_vocab) is skipped); true when it was set. */
+static bool mask_clear(uint32_t *mask, uint32_t n_vocab, int32_t t)
+{
+    if (t < 0 || (uint32_t)t >= n_vocab)
+        return false;
+    uint32_t bit = 1u << ((uint32_t)t % 32);
+    bool was = (mask[(uint32_t)t / 32] & bit) != 0;
+    mask[(uint32_t)t / 32] &= ~bit;
+    return was;
+}
+
+bool tdm_sampling_request_mask(const tdm_sampling_params_t *p, uint32_t n_vocab, const int32_t *eog,
+                               uint32_t n_eog, const int32_t *output, size_t n_output,
+                               uint32_t *mask)
+{
+    bool any = false;
+    size_t words = ((size_t)n_vocab + 31) / 32;
+    uint32_t n_allowed =
+        p->n_allowed < TDM_SAMPLING_MAX_ALLOWED ? p->n_allowed : TDM_SAMPLING_MAX_ALLOWED;
+    if (n_allowed > 0) {
+        /* keep only the listed tokens' bits: the list's bits of mask, then mask = them */
+        uint32_t keep[TDM_SAMPLING_MAX_ALLOWED];
+        for (uint32_t i = 0; i < n_allowed; i++) {
+            int32_t t = p->allowed[i];
+            keep[i] = t >= 0 && (uint32_t)t < n_vocab
+                          ? mask[(uint32_t)t / 32] & (1u << ((uint32_t)t % 32))
+                          : 0;
+        }
+        memset(mask, 0, words * sizeof *mask);
+        for (uint32_t i = 0; i < n_allowed; i++)
+            if (keep[i])
+                mask[(uint32_t)p->allowed[i] / 32] |= keep[i];
+        any = true;
+    }
+    if ((int64_t)n_output < (int64_t)p->min_tokens) {
+        if (!p->ignore_eos)
+            for (uint32_t i = 0; i < n_eog; i++)
+                mask_clear(mask, n_vocab, eog[i]);
+        uint32_t n_stop = p->n_stop_token_ids < TDM_SAMPLING_MAX_STOP ? p->n_stop_token_ids
+                                                                      : TDM_SAMPLING_MAX_STOP;
+        for (uint32_t i = 0; i < n_stop; i++)
+            mask_clear(mask, n_vocab, p->stop_token_ids[i]);
+        any = true;
+    }
+    uint32_t n_seqs =
+        p->n_bad_seqs < TDM_SAMPLING_MAX_BAD_SEQS ? p->n_bad_seqs : TDM_SAMPLING_MAX_BAD_SEQS;
+    uint32_t start = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        uint32_t end = p->bad_end[i];
+        if (end <= start || end > TDM_SAMPLING_MAX_BAD_TOKENS)
+            break; /* validated by the caller; never read past the array */
+        size_t prefix = end - start - 1;
+        if (prefix <= n_output &&
+            (prefix == 0 || memcmp(output + n_output - prefix, &p->bad_tokens[start],
+                                   prefix * sizeof *output) == 0)) {
+            mask_clear(mask, n_vocab, p->bad_tokens[end - 1]);
+            any = true;
+        }
+        start = end;
+    }
+    return any;
 }
 
 bool tdm_sampling_is_stop(const tdm_sampling_params_t *p, int32_t token)

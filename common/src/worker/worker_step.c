@@ -63,24 +63,59 @@ static void hand_over(tdm_worker_t *w, uint32_t slot, int32_t token, double t_en
     tdm_worker_seq_free(w, slot);
 }
 
-/* The mask of a constrained sequence's next token in w->mask (tokens past the grammar's
- * vocabulary stay masked); NULL for free text. With ignore_eos, end-of-generation tokens are
- * masked too while the grammar allows anything else (when it allows nothing else, the output
- * is complete and may only end). */
-static const uint32_t *next_mask(tdm_worker_t *w, wseq_t *s)
+/* The grammar's mask of s's next token in w->mask (tokens past the grammar's vocabulary stay
+ * masked). With ignore_eos, end-of-generation tokens are masked too while the grammar allows
+ * anything else (when it allows nothing else, the output is complete and may only end). */
+static void grammar_mask(tdm_worker_t *w, wseq_t *s)
 {
-    if (!s->matcher)
-        return NULL;
     memset(w->mask, 0, ((size_t)w->n_vocab + 31) / 32 * sizeof *w->mask);
     uint32_t n_allowed = tdm_grammar_matcher_fill_mask(s->matcher, w->mask);
     if (!s->sp.ignore_eos)
-        return w->mask;
+        return;
     uint32_t n_eog = 0;
     for (uint32_t i = 0; i < w->n_eog; i++)
         n_eog += (w->mask[w->eog[i] / 32] >> (w->eog[i] % 32)) & 1u;
     if (n_eog < n_allowed)
         for (uint32_t i = 0; i < w->n_eog; i++)
             w->mask[w->eog[i] / 32] &= ~(1u << (w->eog[i] % 32));
+}
+
+/* Whether w->mask allows any token. */
+static bool mask_any(const tdm_worker_t *w)
+{
+    size_t words = ((size_t)w->n_vocab + 31) / 32;
+    for (size_t i = 0; i < words; i++)
+        if (w->mask[i])
+            return true;
+    return false;
+}
+
+/* The mask of s's next token in w->mask: its grammar's (grammar_mask) and the request's own
+ * masks (min_tokens, bad_words, allowed_token_ids: tdm_sampling_request_mask, over the output
+ * so far); NULL when neither restricts this step. A grammar that allows only the end while
+ * min_tokens masks it is complete: min_tokens then yields to it rather than leave no token. */
+static const uint32_t *next_mask(tdm_worker_t *w, wseq_t *s)
+{
+    bool own = tdm_sampling_has_request_mask(&s->sp);
+    if (!s->matcher && !own)
+        return NULL;
+    if (s->matcher)
+        grammar_mask(w, s);
+    else
+        memset(w->mask, 0xff, ((size_t)w->n_vocab + 31) / 32 * sizeof *w->mask);
+    const int32_t *out = s->tokens + s->n_prompt;
+    size_t n_out = s->n_tokens - s->n_prompt;
+    bool masked =
+        own && tdm_sampling_request_mask(&s->sp, w->n_vocab, w->eog, w->n_eog, out, n_out, w->mask);
+    if (masked && s->matcher && (int64_t)n_out < (int64_t)s->sp.min_tokens && !mask_any(w)) {
+        grammar_mask(w, s);
+        int32_t min_tokens = s->sp.min_tokens;
+        s->sp.min_tokens = 0; /* for this step only */
+        tdm_sampling_request_mask(&s->sp, w->n_vocab, w->eog, w->n_eog, out, n_out, w->mask);
+        s->sp.min_tokens = min_tokens;
+    }
+    if (!s->matcher && !masked)
+        return NULL;
     return w->mask;
 }
 
