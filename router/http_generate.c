@@ -385,6 +385,8 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
         return false;
     }
     int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, q, &err);
+    if (rc == TDM_OK && (rc = oai_apply_family(q, &h->family, &err)) != TDM_OK)
+        oai_req_clear(q);
     if (rc != TDM_OK) {
         free(q);
         http_counters_refusal(h->counters, err.field, rc);

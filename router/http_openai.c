@@ -333,6 +333,8 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         q->msgs[i].content = (char *)content;
         q->msg_ptr[i] = &q->msgs[i];
         rc = oai_tools_message(m, i, &q->msgs[i], &q->tools, p->err);
+        if (rc == TDM_OK)
+            rc = oai_reasoning_message(m, i, &q->msgs[i], p->err);
         if (rc != TDM_OK)
             return rc;
     }
@@ -712,7 +714,6 @@ static const struct {
     {"vllm_xargs", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no vLLM extensions"},
     {"repetition_detection", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no repetition detection"},
     {"thinking_token_budget", ON_COMPLETION | ON_CHAT, NEUTRAL_NONE, "no thinking budget"},
-    {"include_reasoning", ON_CHAT, NEUTRAL_TRUE, "reasoning is never left out"},
 };
 
 static bool is_neutral(const json_t *v, neutral_t n)
@@ -775,11 +776,13 @@ static int client_request(oai_req_t *q, tdm_error_t *err)
         if (!q->cmsgs)
             return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
         for (size_t i = 0; i < n; i++)
-            q->cmsgs[i] = (tdm_chat_message_t){.role = q->chat.messages[i]->role,
-                                               .content = q->chat.messages[i]->content,
-                                               .tool_calls = q->chat.messages[i]->tool_calls,
-                                               .tool_call_id = q->chat.messages[i]->tool_call_id,
-                                               .name = q->chat.messages[i]->name};
+            q->cmsgs[i] =
+                (tdm_chat_message_t){.role = q->chat.messages[i]->role,
+                                     .content = q->chat.messages[i]->content,
+                                     .tool_calls = q->chat.messages[i]->tool_calls,
+                                     .tool_call_id = q->chat.messages[i]->tool_call_id,
+                                     .name = q->chat.messages[i]->name,
+                                     .reasoning_content = q->chat.messages[i]->reasoning_content};
         c->messages = q->cmsgs;
         c->n_messages = n;
         c->chat_template = q->chat_template;
@@ -1089,6 +1092,7 @@ void oai_req_clear(oai_req_t *q)
     free(q->chat_template_kwargs);
     free(q->constraint_text);
     free(q->usage_now);
+    free(q->reason_grammar);
     if (q->root)
         json_decref(q->root);
     memset(q, 0, sizeof *q);

@@ -71,6 +71,11 @@ typedef struct oai_req {
     oai_tools_t tools;     /* chat: tools, tool_choice, parallel_tool_calls (http_tools.c) */
     const char *chat_template;  /* chat: the request's chat_template (points into root), or NULL */
     char *chat_template_kwargs; /* chat: chat_template_kwargs as JSON object text (heap), or NULL */
+    oai_reasoning_t reasoning;  /* chat: how the output begins (http_family.c); NONE: no
+                                   reasoning parsed (oai_apply_family) */
+    bool hide_reasoning;        /* chat: vLLM's include_reasoning false: reasoning is dropped */
+    char *reason_grammar;       /* the constraint with the free reasoning before it (heap), or
+                                   NULL */
 
     /* choices and prompt lists: the answer has n_prompts * n choices, choice p * n + j being
      * the j-th of prompt p; each prompt is one GENERATE call (creqs[p]) asking best_of >= n
@@ -123,6 +128,26 @@ int oai_parse_logit_bias(oai_req_t *q, tdm_error_t *err);
  */
 int oai_parse_structured(oai_req_t *q, tdm_error_t *err);
 
+/* What the gateway knows of the model's chat template, for oai_apply_family. Borrowed. */
+typedef struct oai_family_ctx {
+    const tdm_chat_pick_t *pick; /* the model's template (NULL: none) */
+    oai_family_t family;         /* its family under the config (oai_family_detect) */
+    oai_reasoning_t plain_mode;  /* oai_family_reasoning for a request without a template or
+                                    chat_template_kwargs of its own (rendered once at start) */
+    tdm_reasoning_parser_t reasoning_cfg; /* model.reasoning_parser */
+    tdm_tool_call_parser_t tools_cfg;     /* model.tool_call_parser */
+} oai_family_ctx_t;
+
+/* The chat request q (parsed by oai_parse, before oai_prompt_requests) fitted to its
+ * template's family (http_family.h): the tool-call format and its grammar, the reasoning mode
+ * (q->reasoning), vLLM's include_reasoning, reasoning_effort (passed to a template that reads
+ * it as the variable reasoning_effort, else refused), and a constraint made to follow the
+ * reasoning. The template is the request's chat_template (compiled here) or ctx's. Nothing for
+ * completions. Returns 0, or TDM_EINVALID naming the field ("reasoning_effort",
+ * "include_reasoning", "chat_template", the constraint's field), TDM_ERESOURCE; q then still
+ * needs oai_req_clear. */
+int oai_apply_family(oai_req_t *q, const oai_family_ctx_t *ctx, tdm_error_t *err);
+
 /* Frees what *q owns (q itself when heap-allocated is freed by oai_req_destroy). NULL-safe. */
 void oai_req_clear(oai_req_t *q);
 /* For gw_call_start's req_free: oai_req_clear and free a heap-allocated oai_req_t. */
@@ -156,6 +181,7 @@ typedef struct oai_out {
     uint64_t text_chars; /* completions logprobs text_offset */
     double ttft_s, tpot_s;
     oai_tool_parser_t *tools; /* streamed chat with tools: the parser (http_tools.c), else NULL */
+    oai_reason_t *reason;     /* streamed chat with reasoning: the parser (http_family.c) */
 } oai_out_t;
 
 /* Frees what o holds (the tool-call parser). NULL-safe. */

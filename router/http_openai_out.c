@@ -278,6 +278,29 @@ static void usage_now_set(const oai_req_t *q, const tdm_client_chunk_t *ch, bool
     q->usage_now->cached_tokens = ch->usage->cached_prompt_tokens;
 }
 
+/* A streamed chat chunk through the reasoning parser (o->reason, made at the first): the
+ * reasoning it settles goes out as delta.reasoning_content (unless include_reasoning is false),
+ * the answer's text into *answer for the content and tool-call path. */
+static int reasoning_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
+                         tdm_buf_t *b, tdm_buf_t *answer)
+{
+    if (!o->reason) {
+        if (!(o->reason = calloc(1, sizeof *o->reason)))
+            return TDM_ERESOURCE;
+        oai_reason_init(o->reason, q->reasoning);
+    }
+    tdm_buf_t thought = TDM_BUF_INIT;
+    int rc = oai_reason_feed(o->reason, ch->text, strlen(ch->text),
+                             ch->finish_reason != TDM_CLIENT_FINISH_NONE, &thought, answer);
+    if (rc == TDM_OK && thought.len > 0 && !q->hide_reasoning)
+        rc = oai_emit_choice_at(
+            q, o->index, b,
+            json_pack("{s:o}", "reasoning_content", str_utf8(thought.data, thought.len)), NULL, 0,
+            NULL, NULL);
+    tdm_buf_free(&thought);
+    return rc == TDM_OK && answer->oom ? TDM_ERESOURCE : rc;
+}
+
 int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b)
 {
     int rc = TDM_OK;
@@ -297,6 +320,14 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
             rc = oai_emit_choice_at(q, o->index, b, NULL, q->echo, strlen(q->echo), NULL, NULL);
     }
     usage_now_set(q, ch, true);
+    tdm_client_chunk_t split;
+    tdm_buf_t answer = TDM_BUF_INIT;
+    if (rc == TDM_OK && q->kind == OAI_CHAT && q->reasoning != OAI_REASONING_NONE) {
+        rc = reasoning_sse(q, o, ch, b, &answer);
+        split = *ch;
+        split.text = answer.data ? answer.data : "";
+        ch = &split;
+    }
     bool has_content = ch->text[0] != '\0' || (q->logprobs && ch->n_tokens > 0);
     if (rc == TDM_OK && q->tools.parse) {
         rc = oai_tools_sse(q, o, ch, b);
@@ -319,6 +350,7 @@ int oai_sse_chunk(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
         rc = oai_emit_choice_at(q, o->index, b, NULL, "", 0, NULL,
                                 tools_finish ? tools_finish : finish_name(ch->finish_reason));
     }
+    tdm_buf_free(&answer);
     return rc;
 }
 
@@ -371,8 +403,18 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         return NULL;
     json_t *lp = logprobs_json(q, o, ch, plp);
     size_t n_calls = 0;
+    const char *text = ch->text;
+    tdm_buf_t thought = TDM_BUF_INIT, answer = TDM_BUF_INIT;
+    bool reasons = q->kind == OAI_CHAT && q->reasoning != OAI_REASONING_NONE;
+    if (reasons) {
+        oai_reason_t rp;
+        oai_reason_init(&rp, q->reasoning);
+        (void)oai_reason_feed(&rp, ch->text, strlen(ch->text), true, &thought, &answer);
+        oai_reason_free(&rp);
+        text = answer.data ? answer.data : "";
+    }
     if (q->kind == OAI_CHAT && q->tools.parse) {
-        json_t *m = oai_tools_message_json(q, ch->text, &n_calls);
+        json_t *m = oai_tools_message_json(q, text, &n_calls);
         json_t *c = m ? json_object_get(m, "content") : NULL;
         if (q->chat_echo && m) { /* vLLM: the echo goes before the parsed content */
             tdm_buf_t t = TDM_BUF_INIT;
@@ -387,7 +429,7 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         tdm_buf_t t = TDM_BUF_INIT;
         if (q->chat_echo)
             tdm_buf_append(&t, q->chat_echo, strlen(q->chat_echo));
-        tdm_buf_append(&t, ch->text, strlen(ch->text));
+        tdm_buf_append(&t, text, strlen(text));
         json_object_set_new(choice, "message",
                             json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
                                       str_utf8(t.data ? t.data : "", t.len), "refusal"));
@@ -400,6 +442,17 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         json_object_set_new(choice, "text", str_utf8(t.data ? t.data : "", t.len));
         tdm_buf_free(&t);
     }
+    json_t *msg = json_object_get(choice, "message");
+    const char *answer_text = json_string_value(json_object_get(msg, "content"));
+    if (reasons && msg && answer_text && !answer_text[0] && thought.len > 0)
+        json_object_set_new(msg, "content", json_null()); /* all of it was reasoning */
+    if (reasons && msg)
+        json_object_set_new(msg, "reasoning_content",
+                            thought.len > 0 && !q->hide_reasoning
+                                ? str_utf8(thought.data, thought.len)
+                                : json_null());
+    tdm_buf_free(&thought);
+    tdm_buf_free(&answer);
     json_object_set_new(choice, "logprobs", lp ? lp : json_null());
     if (q->kind == OAI_COMPLETION && q->prompt_logprobs >= 0) { /* vLLM: on each choice */
         json_t *pl = prompt_logprobs_json(q, plp);

@@ -714,6 +714,13 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
     h->net = net;
     if (vocab)
         h->vocab = *vocab;
+    h->family.pick = h->vocab.pick;
+    h->family.reasoning_cfg = cfg->model.reasoning_parser;
+    h->family.tools_cfg = cfg->model.tool_call_parser;
+    h->family.family = oai_family_detect(h->vocab.pick ? h->vocab.pick->jinja : NULL,
+                                         cfg->model.reasoning_parser, cfg->model.tool_call_parser);
+    h->family.plain_mode = oai_family_reasoning(
+        &h->family.family, h->vocab.pick ? h->vocab.pick->jinja : NULL, h->vocab.pick, NULL);
     if (log)
         h->log = *log;
     else

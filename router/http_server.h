@@ -45,6 +45,7 @@ struct tdm_http {
     bool have_model;     /* under mu */
     http_model_t model;
     tdm_http_vocab_t vocab;    /* the router's tokenizer (/tokenize); tok NULL: none */
+    oai_family_ctx_t family;   /* the model template's family (http_family.c) */
     http_counters_t *counters; /* responses by code, the gateway's own refusals */
 };
 

@@ -11,6 +11,10 @@
  * content; streamed, such calls arrive whole (a delta with id and name, then one with the
  * arguments). Constrained output (required / a named function) can only be calls, so there
  * the arguments stream as they are generated.
+ *
+ * Other families (http_family.h: Llama 3.x JSON, Mistral's [TOOL_CALLS] array and [ARGS]
+ * forms) are parsed when the output ends, and their required / named grammars are written in
+ * their own markup; every required grammar ends after OAI_TOOL_MAX_CALLS calls at most.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -347,15 +351,22 @@ int oai_tools_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, oai_too
 
 /* ---- the grammar of required / named calls ---- */
 
-/* Appends one function's rules: fn-K ::= "{\"name\": \"NAME\", \"arguments\": " fn-K-args "}"
- * and the rules of its parameters' schema (any object when it has none). */
-static int function_rules(const json_t *fn, size_t k, tdm_buf_t *g, tdm_error_t *err)
+/* Appends one function's rules in format f: fn-K ::= the call of function NAME with
+ * fn-K-args, the rules of its parameters' schema (any object when it has none). Hermes and
+ * Mistral's array: {"name": "NAME", "arguments": ARGS}; Llama 3: {"name": "NAME",
+ * "parameters": ARGS}; Mistral's [ARGS] form: NAME[ARGS]ARGS. */
+static int function_rules(const json_t *fn, size_t k, oai_tool_format_t f, tdm_buf_t *g,
+                          tdm_error_t *err)
 {
     char rule[32];
+    const char *name = json_string_value(json_object_get(fn, "name"));
     snprintf(rule, sizeof rule, "fn-%zu-args", k);
-    (void)tdm_buf_printf(g,
-                         "fn-%zu ::= \"{\\\"name\\\": \\\"%s\\\", \\\"arguments\\\": \" %s \"}\"\n",
-                         k, json_string_value(json_object_get(fn, "name")), rule);
+    if (f == OAI_TOOL_FORMAT_MISTRAL_ARGS)
+        (void)tdm_buf_printf(g, "fn-%zu ::= \"%s[ARGS]\" %s\n", k, name, rule);
+    else
+        (void)tdm_buf_printf(g, "fn-%zu ::= \"{\\\"name\\\": \\\"%s\\\", \\\"%s\\\": \" %s \"}\"\n",
+                             k, name, f == OAI_TOOL_FORMAT_LLAMA3_JSON ? "parameters" : "arguments",
+                             rule);
     const json_t *params = get(fn, "parameters");
     char *schema = params ? json_dumps(params, JSON_COMPACT) : strdup("{\"type\":\"object\"}");
     if (!schema)
@@ -363,26 +374,57 @@ static int function_rules(const json_t *fn, size_t k, tdm_buf_t *g, tdm_error_t 
     int rc = tdm_json_schema_to_gbnf_rule(schema, strlen(schema), rule, g, err);
     free(schema);
     if (rc == TDM_EINVALID) {
-        char f[64];
-        snprintf(f, sizeof f, "tools[%zu].function.parameters", k);
+        char fld[64];
+        snprintf(fld, sizeof fld, "tools[%zu].function.parameters", k);
         char why[TDM_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", err->msg);
-        return tdm_error_set_field(err, TDM_EINVALID, f, "%s: %s", f, why);
+        return tdm_error_set_field(err, TDM_EINVALID, fld, "%s: %s", fld, why);
     }
     return rc;
 }
 
-/* root ::= tool-call ("\n" tool-call)* (one call when parallel_tool_calls is false), each
- * call one of the allowed functions with arguments matching its parameters. */
+/* The calls' start rule in t->format: one call, or (parallel_tool_calls and tool_choice
+ * required) 1 to OAI_TOOL_MAX_CALLS of them with the format's separator, then the end. */
+static void calls_rule(const oai_tools_t *t, tdm_buf_t *g)
+{
+    unsigned more =
+        t->parallel && t->choice == OAI_TOOL_CHOICE_REQUIRED ? OAI_TOOL_MAX_CALLS - 1 : 0;
+    const char *open = "", *sep = "", *close = "";
+    switch (t->format) {
+    case OAI_TOOL_FORMAT_HERMES:
+        (void)tdm_buf_puts(g, "tool-call ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n");
+        sep = "\\n";
+        break;
+    case OAI_TOOL_FORMAT_LLAMA3_JSON:
+        (void)tdm_buf_puts(g, "tool-call ::= call\n");
+        sep = "; ";
+        break;
+    case OAI_TOOL_FORMAT_MISTRAL:
+        (void)tdm_buf_puts(g, "tool-call ::= call\n");
+        open = "[TOOL_CALLS][";
+        sep = ", ";
+        close = "]";
+        break;
+    case OAI_TOOL_FORMAT_MISTRAL_ARGS:
+        (void)tdm_buf_puts(g, "tool-call ::= \"[TOOL_CALLS]\" call\n");
+        break;
+    }
+    (void)tdm_buf_printf(g, "root ::= \"%s\" tool-call", open);
+    if (more)
+        (void)tdm_buf_printf(g, " (\"%s\" tool-call){0,%u}", sep, more);
+    (void)tdm_buf_printf(g, " \"%s\"\n", close);
+}
+
+/* The grammar of required / named calls in t->format (calls_rule), each call one of the
+ * allowed functions with arguments matching its parameters. */
 static int build_grammar(oai_tools_t *t, tdm_error_t *err)
 {
     json_t *tools = json_loads(t->text, 0, NULL);
     if (!tools)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     tdm_buf_t g = TDM_BUF_INIT;
-    (void)tdm_buf_puts(&g, t->parallel ? "root ::= tool-call (\"\\n\" tool-call)*\n"
-                                       : "root ::= tool-call\n");
-    (void)tdm_buf_puts(&g, "tool-call ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall ::=");
+    calls_rule(t, &g);
+    (void)tdm_buf_puts(&g, "call ::=");
     size_t k, n = 0;
     json_t *tool;
     int rc = TDM_OK;
@@ -400,10 +442,11 @@ static int build_grammar(oai_tools_t *t, tdm_error_t *err)
         const json_t *fn = json_object_get(tool, "function");
         if (rc == TDM_OK && (t->choice != OAI_TOOL_CHOICE_NAMED ||
                              strcmp(json_string_value(json_object_get(fn, "name")), t->named) == 0))
-            rc = function_rules(fn, k, &g, err);
+            rc = function_rules(fn, k, t->format, &g, err);
     }
     json_decref(tools);
     size_t bytes = g.len;
+    free(t->grammar);
     t->grammar = tdm_buf_take(&g);
     if (rc == TDM_OK && !t->grammar)
         rc = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
@@ -428,6 +471,15 @@ int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, tdm_error_t *err)
     return TDM_OK;
 }
 
+int oai_tools_set_format(oai_tools_t *t, oai_tool_format_t format, tdm_client_request_t *c,
+                         tdm_error_t *err)
+{
+    t->format = format;
+    if (format == OAI_TOOL_FORMAT_HERMES || !t->grammar)
+        return TDM_OK;
+    return oai_tools_request(t, c, err);
+}
+
 void oai_tools_clear(oai_tools_t *t)
 {
     if (!t)
@@ -449,9 +501,16 @@ static const char close_tag[] = "</tool_call>";
 
 void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel, bool incremental)
 {
+    oai_tool_parser_init_format(p, OAI_TOOL_FORMAT_HERMES, parallel, incremental);
+}
+
+void oai_tool_parser_init_format(oai_tool_parser_t *p, oai_tool_format_t format, bool parallel,
+                                 bool incremental)
+{
     memset(p, 0, sizeof *p);
+    p->format = format;
     p->parallel = parallel;
-    p->incremental = incremental;
+    p->incremental = incremental && format == OAI_TOOL_FORMAT_HERMES;
 }
 
 void oai_tool_parser_free(oai_tool_parser_t *p)
@@ -588,9 +647,19 @@ static oai_tool_call_t *add_call(oai_tool_parser_t *p, char *name, char *argumen
     uint8_t r[12] = {0};
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
         memcpy(r, &p->n_calls, sizeof p->n_calls);
-    int off = snprintf(c->id, sizeof c->id, "call_");
-    for (size_t k = 0; k < sizeof r; k++)
-        off += snprintf(c->id + off, sizeof c->id - (size_t)off, "%02x", r[k]);
+    if (p->format == OAI_TOOL_FORMAT_MISTRAL || p->format == OAI_TOOL_FORMAT_MISTRAL_ARGS) {
+        /* Mistral's templates refuse a call id that is not 9 letters and digits when the
+         * call comes back in the history (vLLM's mistral parser makes such ids too) */
+        static const char alnum[] =
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        for (size_t k = 0; k < 9; k++)
+            c->id[k] = alnum[r[k] % (sizeof alnum - 1)];
+        c->id[9] = '\0';
+    } else {
+        int off = snprintf(c->id, sizeof c->id, "call_");
+        for (size_t k = 0; k < sizeof r; k++)
+            off += snprintf(c->id + off, sizeof c->id - (size_t)off, "%02x", r[k]);
+    }
     c->name = name;
     c->arguments = arguments;
     return c;
@@ -751,9 +820,206 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
     return true;
 }
 
+/* ---- the other families' formats ---- */
+
+static const char mistral_tag[] = "[TOOL_CALLS]";
+static const char python_tag[] = "<|python_tag|>";
+#define MISTRAL_TAG_LEN (sizeof mistral_tag - 1)
+#define PYTHON_TAG_LEN (sizeof python_tag - 1)
+
+static size_t skip_ws(const char *s, size_t n, size_t i)
+{
+    while (i < n && is_ws(s[i]))
+        i++;
+    return i;
+}
+
+static bool starts(const char *s, size_t n, size_t i, const char *lit, size_t m)
+{
+    return n - i >= m && memcmp(s + i, lit, m) == 0;
+}
+
+/* A call from a parsed object: "name" (a string) and args_key's value (an object, or a
+ * string of JSON text; absent: {}). Appended with the arguments as compact JSON text. */
+static bool object_call(oai_tool_parser_t *p, const json_t *v, const char *args_key)
+{
+    const char *name = json_string_value(json_object_get(v, "name"));
+    json_t *args = json_object_get(v, args_key);
+    if (!args && strcmp(args_key, "parameters") == 0)
+        args = json_object_get(v, "arguments"); /* Llama 3.x models write either */
+    if (!json_is_object(v) || !name || !name[0] ||
+        (args && !json_is_object(args) && !json_is_string(args)))
+        return false;
+    char *a = !args                  ? strdup("{}")
+              : json_is_string(args) ? strdup(json_string_value(args))
+                                     : json_dumps(args, JSON_COMPACT);
+    return add_call(p, strdup(name), a) != NULL;
+}
+
+/* Parses the JSON value at s[i..n) (ending where skip_value says) into *v; returns the index
+ * after it, or 0 when it is not JSON. */
+static size_t json_at(const char *s, size_t n, size_t i, json_t **v)
+{
+    size_t end = skip_value(s, n, i);
+    *v = end > i ? json_loadb(s + i, end - i, 0, NULL) : NULL;
+    return *v ? end : 0;
+}
+
+/* Llama 3.x: [<|python_tag|>] OBJ (";" OBJ)* with whitespace around. */
+static bool parse_llama3(oai_tool_parser_t *p, const char *s, size_t n)
+{
+    size_t i = skip_ws(s, n, 0);
+    if (starts(s, n, i, python_tag, PYTHON_TAG_LEN))
+        i = skip_ws(s, n, i + PYTHON_TAG_LEN);
+    do {
+        json_t *v = NULL;
+        if (i >= n || s[i] != '{' || !(i = json_at(s, n, i, &v)) ||
+            !object_call(p, v, "parameters")) {
+            json_decref(v);
+            return false;
+        }
+        json_decref(v);
+        i = skip_ws(s, n, i);
+        if (i < n && s[i] == ';')
+            i = skip_ws(s, n, i + 1);
+    } while (i < n);
+    return true;
+}
+
+/* Mistral, after the first [TOOL_CALLS]: an array of {"name", "arguments"} objects, or
+ * NAME[ARGS]OBJ; either repeated after further [TOOL_CALLS] markers. */
+static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n)
+{
+    size_t i = skip_ws(s, n, 0);
+    do {
+        json_t *v = NULL;
+        if (i < n && s[i] == '[') {
+            if (!(i = json_at(s, n, i, &v)) || !json_is_array(v) || json_array_size(v) == 0) {
+                json_decref(v);
+                return false;
+            }
+            size_t k;
+            json_t *e;
+            json_array_foreach(v, k, e)
+            {
+                if (!object_call(p, e, "arguments")) {
+                    json_decref(v);
+                    return false;
+                }
+            }
+        } else {
+            size_t name = i;
+            while (i < n && i - name <= TOOL_NAME_MAX &&
+                   (s[i] == '_' || s[i] == '-' || (s[i] >= '0' && s[i] <= '9') ||
+                    (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
+                i++;
+            size_t name_len = i - name;
+            if (name_len == 0 || name_len > TOOL_NAME_MAX || !starts(s, n, i, "[ARGS]", 6))
+                return false;
+            i = skip_ws(s, n, i + 6);
+            if (i >= n || s[i] != '{' || !(i = json_at(s, n, i, &v))) {
+                json_decref(v);
+                return false;
+            }
+            char *a = json_dumps(v, JSON_COMPACT);
+            if (!add_call(p, strndup(s + name, name_len), a)) {
+                json_decref(v);
+                return false;
+            }
+        }
+        json_decref(v);
+        i = skip_ws(s, n, i);
+        if (starts(s, n, i, mistral_tag, MISTRAL_TAG_LEN))
+            i = skip_ws(s, n, i + MISTRAL_TAG_LEN);
+        else if (i < n)
+            return false;
+    } while (i < n);
+    return true;
+}
+
+/* The length of the longest tail of s[0..n) that begins lit (shorter than lit). */
+static size_t lit_tail(const char *s, size_t n, const char *lit, size_t m)
+{
+    for (size_t k = n < m - 1 ? n : m - 1; k > 0; k--)
+        if (memcmp(s + n - k, lit, k) == 0)
+            return k;
+    return 0;
+}
+
+/* The other formats: content until the calls begin (Llama 3: the output's first non-space
+ * byte is "{" or "<|python_tag|>"; Mistral: "[TOOL_CALLS]" anywhere), then everything is held
+ * and parsed at the end; calls that do not parse are given out as content, marker
+ * included. */
+static void other_feed(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
+{
+    const char *h = p->hold.data ? p->hold.data : "";
+    size_t n = p->hold.len;
+    bool llama = p->format == OAI_TOOL_FORMAT_LLAMA3_JSON;
+    if (p->fstate == 0 && llama) {
+        size_t i = skip_ws(h, n, 0), rest = n - i;
+        bool brace = rest > 0 && h[i] == '{';
+        size_t cmp = rest < PYTHON_TAG_LEN ? rest : PYTHON_TAG_LEN;
+        bool tag = memcmp(h + i, python_tag, cmp) == 0;
+        if (brace || (tag && rest >= PYTHON_TAG_LEN))
+            p->fstate = 1;
+        else if (rest > 0 && (!tag || final))
+            p->fstate = 2;
+        else if (!final)
+            return; /* whitespace or a beginning of the tag so far */
+        else
+            p->fstate = 2;
+    } else if (p->fstate == 0) {
+        const char *at = find(h, n, mistral_tag, MISTRAL_TAG_LEN);
+        size_t keep = at || final ? 0 : lit_tail(h, n, mistral_tag, MISTRAL_TAG_LEN);
+        size_t give = at ? (size_t)(at - h) : n - keep;
+        content_out(p, h, give, out);
+        hold_drop(p, at ? give + MISTRAL_TAG_LEN : give);
+        if (!at)
+            return;
+        p->fstate = 1;
+        h = p->hold.data;
+        n = p->hold.len;
+    }
+    if (p->fstate == 2) {
+        content_out(p, h, n, out);
+        hold_drop(p, n);
+        return;
+    }
+    if (!final)
+        return;
+    size_t before = p->n_calls;
+    bool ok = llama ? parse_llama3(p, h, n) : parse_mistral(p, h, n);
+    if (ok && p->n_calls > before) {
+        tdm_buf_clear(&p->ws);
+        p->after_call = true;
+    } else {
+        for (size_t k = before; k < p->n_calls; k++) {
+            free(p->calls[k].name);
+            free(p->calls[k].arguments);
+        }
+        p->n_calls = before;
+        p->oom = false;
+        if (!llama)
+            content_out(p, mistral_tag, MISTRAL_TAG_LEN, out);
+        content_out(p, h, n, out);
+    }
+    hold_drop(p, n);
+    p->fstate = 2;
+}
+
 int oai_tool_parser_feed(oai_tool_parser_t *p, const char *s, size_t n, bool final,
                          tdm_buf_t *content)
 {
+    if (p->format != OAI_TOOL_FORMAT_HERMES) {
+        if (tdm_buf_append(&p->hold, s, n) != TDM_OK || tdm_buf_reserve(&p->hold, 0) != TDM_OK)
+            return TDM_ERESOURCE;
+        other_feed(p, final, content);
+        if (final && p->n_calls == 0) {
+            (void)tdm_buf_append(content, p->ws.data ? p->ws.data : "", p->ws.len);
+            tdm_buf_clear(&p->ws);
+        }
+        return content->oom || p->ws.oom || p->oom ? TDM_ERESOURCE : TDM_OK;
+    }
     if (tdm_buf_append(&p->hold, s, n) != TDM_OK || tdm_buf_reserve(&p->hold, 0) != TDM_OK)
         return TDM_ERESOURCE;
     while (parse_step(p, final, content))
@@ -804,7 +1070,8 @@ int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
         o->tools = calloc(1, sizeof *o->tools);
         if (!o->tools)
             return TDM_ERESOURCE;
-        oai_tool_parser_init(o->tools, q->tools.parallel, q->tools.grammar != NULL);
+        oai_tool_parser_init_format(o->tools, q->tools.format, q->tools.parallel,
+                                    q->tools.grammar != NULL);
     }
     tdm_buf_t content = TDM_BUF_INIT;
     int rc = oai_tool_parser_feed(o->tools, ch->text, strlen(ch->text),
@@ -829,7 +1096,7 @@ const char *oai_tools_finish(const oai_out_t *o, int reason)
 json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls)
 {
     oai_tool_parser_t p;
-    oai_tool_parser_init(&p, q->tools.parallel, false);
+    oai_tool_parser_init_format(&p, q->tools.format, q->tools.parallel, false);
     tdm_buf_t content = TDM_BUF_INIT;
     json_t *msg = NULL;
     *n_calls = 0;
@@ -854,9 +1121,16 @@ out_free:
 
 void oai_out_clear(oai_out_t *o)
 {
-    if (!o || !o->tools)
+    if (!o)
         return;
-    oai_tool_parser_free(o->tools);
-    free(o->tools);
-    o->tools = NULL;
+    if (o->tools) {
+        oai_tool_parser_free(o->tools);
+        free(o->tools);
+        o->tools = NULL;
+    }
+    if (o->reason) {
+        oai_reason_free(o->reason);
+        free(o->reason);
+        o->reason = NULL;
+    }
 }

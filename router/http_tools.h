@@ -1,7 +1,8 @@
 /* http_tools.h - OpenAI tool calling in the HTTP gateway (http_tools.c): the request fields
  * (tools, tool_choice, parallel_tool_calls, the legacy functions / function_call), the tool
- * fields of messages, and the parser that turns generated Hermes-style calls
- * ("<tool_call>\n{"name": …, "arguments": …}\n</tool_call>") into OpenAI tool_calls.
+ * fields of messages, and the parser that turns generated calls into OpenAI tool_calls: the
+ * Hermes style ("<tool_call>\n{"name": …, "arguments": …}\n</tool_call>") and the other
+ * families' formats of http_family.h (Llama 3.x JSON, Mistral's [TOOL_CALLS]).
  * Included by http_openai.h; not installed. The format is documented in docs/api.md.
  */
 #ifndef TANDEM_ROUTER_HTTP_TOOLS_H
@@ -12,6 +13,7 @@
 
 #include <jansson.h>
 
+#include "http_family.h"
 #include "tandem/base.h"
 #include "tandem/client.h"
 #include "tandem/proto.h"
@@ -32,8 +34,10 @@ typedef struct oai_tools {
     char named[72]; /* OAI_TOOL_CHOICE_NAMED: the function's name */
     bool parallel;  /* parallel_tool_calls (default true): several calls may be made */
     bool parse;     /* the output is parsed into tool_calls (tools given, choice not none) */
-    char *grammar;  /* required / named: the GBNF the output is constrained to, else NULL */
-    char **owned;   /* [n_owned] strings made for the messages (tool_calls JSON text) */
+    oai_tool_format_t format; /* the family's call format (http_family.h); HERMES until
+                                 oai_tools_set_format */
+    char *grammar; /* required / named: the GBNF the output is constrained to, else NULL */
+    char **owned;  /* [n_owned] strings made for the messages (tool_calls JSON text) */
     size_t n_owned;
 } oai_tools_t;
 
@@ -59,6 +63,16 @@ int oai_tools_message(json_t *m, size_t i, Tandem__V1__ChatMessage *msg, oai_too
  * ("tools[0].function.parameters"), TDM_ERESOURCE. */
 int oai_tools_request(oai_tools_t *t, tdm_client_request_t *c, tdm_error_t *err);
 
+/* The most calls a required grammar allows (parallel_tool_calls true); with parallel_tool_calls
+ * false or a named function it allows exactly one. The grammar ends after them, so a model
+ * that would repeat a call cannot loop until max_tokens. */
+#define OAI_TOOL_MAX_CALLS 8
+
+/* Sets the call format of t (the template's family) and, when c has the grammar of
+ * required / named calls, rebuilds it in that format's markup. Returns as oai_tools_request. */
+int oai_tools_set_format(oai_tools_t *t, oai_tool_format_t format, tdm_client_request_t *c,
+                         tdm_error_t *err);
+
 /* Frees what t owns and zeroes it. NULL-safe. */
 void oai_tools_clear(oai_tools_t *t);
 
@@ -66,7 +80,7 @@ void oai_tools_clear(oai_tools_t *t);
 
 /* One parsed call. */
 typedef struct oai_tool_call {
-    char id[40];     /* "call_" + 24 hex digits */
+    char id[40];     /* "call_" + 24 hex digits; Mistral formats: 9 letters and digits */
     char *name;      /* function.name */
     char *arguments; /* function.arguments: the arguments' JSON text as generated (so far,
                         while an incremental call is open) */
@@ -85,6 +99,12 @@ typedef struct oai_tool_call {
  * dropped), all but the last bytes that could be the call's end; a call of another form is
  * parsed whole. Zero-initialise, then oai_tool_parser_init. */
 typedef struct oai_tool_parser {
+    oai_tool_format_t format; /* HERMES (the above); the other formats (http_family.h) are
+                                 found at the start (llama3_json) or at "[TOOL_CALLS]" and
+                                 parsed when the output ends: streamed, their calls arrive
+                                 whole in the last deltas; text that does not parse as calls
+                                 stays content, markers included */
+    int fstate;               /* the other formats: 0 content, 1 calls held, 2 plain content */
     bool parallel;
     bool in_call;           /* inside <tool_call>: hold is the call's BODY so far */
     bool after_call;        /* the last thing seen was a call: leading whitespace is dropped */
@@ -99,6 +119,9 @@ typedef struct oai_tool_parser {
 } oai_tool_parser_t;
 
 void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel, bool incremental);
+/* As oai_tool_parser_init, for calls in format (incremental applies to HERMES only). */
+void oai_tool_parser_init_format(oai_tool_parser_t *p, oai_tool_format_t format, bool parallel,
+                                 bool incremental);
 
 /* Feeds n bytes of text; final says it is the last piece (what is held is then decided).
  * Appends the content this piece settles to *content; calls completed (or, incremental,

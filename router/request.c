@@ -326,6 +326,7 @@ static rt_req_t *req_clone(const tdm_router_t *r, const rt_req_t *q, uint32_t i)
     c->call_id = q->call_id;
     c->stream = q->stream;
     c->include_stop_str = q->include_stop_str;
+    c->render_special = q->render_special;
     c->echo = q->echo;
     c->continuous_usage = q->continuous_usage;
     c->sp = q->sp;
@@ -334,7 +335,7 @@ static rt_req_t *req_clone(const tdm_router_t *r, const rt_req_t *q, uint32_t i)
     c->t_arrival = q->t_arrival;
     c->gbnf_hash = q->gbnf_hash;
     c->choice = i;
-    tdm_detok_init(&c->detok, r->tok, false);
+    tdm_detok_init(&c->detok, r->tok, q->render_special);
     size_t nn = r->n_nodes ? r->n_nodes : 1;
     bool ok = (c->prompt = malloc((size_t)q->n_prompt * sizeof *c->prompt)) != NULL &&
               (!q->gbnf || (c->gbnf = tdm_strdup(q->gbnf)) != NULL) &&

@@ -203,6 +203,7 @@ struct rt_req {
     size_t peer_len;
     uint64_t call_id;
     bool stream, include_stop_str, echo;
+    bool render_special;   /* GenerateRequest.render_special: control tokens' text is output */
     bool no_speculation;   /* GenerateRequest.speculative OFF, passed on in DecodeReserve */
     bool continuous_usage; /* GenerateRequest.continuous_usage: usage on every chunk */
     /* GenerateRequest.prompt_logprobs: asked (top alternatives in plp_ask.top) by choice 0's

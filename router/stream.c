@@ -532,11 +532,13 @@ static bool chunk_add(const tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
  * text. Returns false on out of memory. */
 static bool detok_push(const tdm_router_t *r, rt_req_t *q, int32_t token)
 {
+    if (q->render_special && tdm_tokenizer_is_eog(r->tok, token))
+        return true; /* an end of generation adds no text, whatever render_special says */
     char piece[256];
     size_t plen = 0;
     int rc = tdm_detok_push(&q->detok, token, piece, sizeof piece, &plen);
     if (rc == TDM_ERESOURCE) { /* a long token: a buffer its size */
-        int need = tdm_tokenizer_token_bytes(r->tok, token, false, NULL, 0);
+        int need = tdm_tokenizer_token_bytes(r->tok, token, q->render_special, NULL, 0);
         size_t cap = (size_t)(need > 0 ? need : 0) * 3 + 64;
         char *big = malloc(cap);
         if (!big)

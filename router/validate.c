@@ -148,8 +148,10 @@ static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs
                           bad);
             return tdm_error_field(err, "chat.messages[%zu].content", i);
         }
-        const char *const fields[] = {cm->role, cm->tool_calls, cm->tool_call_id, cm->name};
-        const char *const names[] = {"role", "tool_calls", "tool_call_id", "name"};
+        const char *const fields[] = {cm->role, cm->tool_calls, cm->tool_call_id, cm->name,
+                                      cm->reasoning_content};
+        const char *const names[] = {"role", "tool_calls", "tool_call_id", "name",
+                                     "reasoning_content"};
         for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++)
             if (fields[k] && utf8_invalid_at(fields[k], strlen(fields[k])) >= 0) {
                 tdm_error_set(err, TDM_EINVALID, "chat.messages[%zu].%s is not valid UTF-8", i,
@@ -160,7 +162,8 @@ static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs
                                        .content = cm->content,
                                        .tool_calls = cm->tool_calls,
                                        .tool_call_id = cm->tool_call_id,
-                                       .name = cm->name};
+                                       .name = cm->name,
+                                       .reasoning_content = cm->reasoning_content};
     }
     if (chat->tools && utf8_invalid_at(chat->tools, strlen(chat->tools)) >= 0)
         return tdm_error_set_field(err, TDM_EINVALID, "chat.tools",
@@ -610,6 +613,8 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
         q->want_plp = true;
         q->plp_ask.top = g->prompt_logprobs->top;
     }
+    q->render_special = g->render_special;
+    tdm_detok_init(&q->detok, r->tok, q->render_special);
     q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return TDM_OK;
 }

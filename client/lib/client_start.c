@@ -234,6 +234,7 @@ static void chat_message_to_proto(const tdm_chat_message_t *cm, Tandem__V1__Chat
     m->tool_calls = (char *)(uintptr_t)str_or_empty(cm->tool_calls);
     m->tool_call_id = (char *)(uintptr_t)str_or_empty(cm->tool_call_id);
     m->name = (char *)(uintptr_t)str_or_empty(cm->name);
+    m->reasoning_content = (char *)(uintptr_t)str_or_empty(cm->reasoning_content);
 }
 
 /* req's constraint in *c (its text points into req), or NULL for none. */
@@ -340,6 +341,7 @@ static int generate_send(tdm_client_t *c, client_call_t *call, const tdm_client_
     m.stream = req->stream;
     m.n = req->n;
     m.include_stop_str = req->include_stop_str;
+    m.render_special = req->render_special;
     m.echo_token_text = req->echo_token_text;
     m.continuous_usage = req->continuous_usage;
     Tandem__V1__PromptLogprobsAsk plp = TANDEM__V1__PROMPT_LOGPROBS_ASK__INIT;

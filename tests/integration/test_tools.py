@@ -264,9 +264,14 @@ def test_required_and_named_calls_are_constrained(oai, model, grammar):
         r = oai.chat.completions.create(model=model, messages=msgs, tools=TOOLS,
                                         tool_choice="required", max_tokens=200, **kw)
         c = r.choices[0]
+        # the grammar ends after at most 8 calls: greedy SmolLM2 used to repeat its call until
+        # max_tokens and now ends with the calls (sampled runs may still be cut inside a call:
+        # get_weather's schema allows any extra property)
         assert c.finish_reason in ("tool_calls", "length"), c
+        if seed is None:
+            assert c.finish_reason == "tool_calls", c
         if c.finish_reason == "tool_calls":
-            assert c.message.tool_calls and c.message.content is None
+            assert 1 <= len(c.message.tool_calls) <= 8 and c.message.content is None
         # every call returned, also before a cut at max_tokens, is whole and valid
         for call in c.message.tool_calls or []:
             check_call(call, TOOLS)

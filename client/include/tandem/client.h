@@ -163,6 +163,8 @@ typedef struct tdm_client_request {
                               end with everything */
     bool include_stop_str; /* keep a matched stop string in the text */
     bool echo_token_text;  /* fill tdm_client_chunk_t.token_texts */
+    bool render_special;   /* control tokens' text stays in the output (not end-of-generation
+                              ones): GenerateRequest.render_special */
     bool no_speculation;   /* GenerateRequest.speculative OFF: no prompt-lookup drafts for this
                               request (false: the decode node's config; outputs are the same) */
     tdm_client_constraint_t constraint_kind; /* structured output; TDM_CLIENT_CONSTRAINT_NONE

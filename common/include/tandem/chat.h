@@ -67,12 +67,14 @@ typedef enum tdm_chat_template {
  * ({.role = "user", .content = "hi"}) so the tool fields stay NULL. */
 typedef struct tdm_chat_message {
     const char *role;
-    const char *content;      /* may be NULL only for an assistant message with tool_calls */
-    const char *tool_calls;   /* assistant: NULL/"" or OpenAI's tool_calls, a JSON array text
-                                 [{"id", "type": "function", "function": {"name", "arguments"}}]
-                                 (arguments a JSON text in a string, or an object) */
-    const char *tool_call_id; /* tool: NULL/"" or the id of the call this result answers */
-    const char *name;         /* tool: NULL/"" or the function's name (not rendered) */
+    const char *content;           /* may be NULL only for an assistant message with tool_calls */
+    const char *tool_calls;        /* assistant: NULL/"" or OpenAI's tool_calls, a JSON array text
+                                      [{"id", "type": "function", "function": {"name", "arguments"}}]
+                                      (arguments a JSON text in a string, or an object) */
+    const char *tool_call_id;      /* tool: NULL/"" or the id of the call this result answers */
+    const char *name;              /* tool: NULL/"" or the function's name (not rendered) */
+    const char *reasoning_content; /* assistant: NULL/"" or its reasoning (a Jinja template's
+                                      message.reasoning_content) */
 } tdm_chat_message_t;
 
 /* A default_system buffer size, in bytes with the NUL, that holds the default system message
@@ -190,7 +192,8 @@ typedef struct tdm_chat_jinja_input {
 /* Renders a Jinja chat template with the variables transformers' apply_chat_template passes:
  * messages (each message's role, content (null when NULL), and when set tool_calls (the JSON
  * array, each call's function.arguments parsed from its JSON text into an object as
- * transformers expects; kept a string when it does not parse), tool_call_id and name), tools
+ * transformers expects; kept a string when it does not parse), tool_call_id, name and
+ * reasoning_content), tools
  * (the parsed array, or null), documents (null), add_generation_prompt, bos_token, eos_token,
  * then the members of kwargs. Render limits are tandem/jinja.h's defaults.
  * On success *out is a NUL-terminated heap string of *out_len bytes (out_len may be NULL) that

@@ -61,6 +61,22 @@ typedef struct tdm_node_device {
     int index; /* CUDA device ordinal 0..63; 0 for the CPU */
 } tdm_node_device_t;
 
+/* model.reasoning_parser: how the gateway finds reasoning in chat output (docs/models.md). */
+typedef enum tdm_reasoning_parser {
+    TDM_REASONING_PARSER_AUTO = 0,        /* from the chat template */
+    TDM_REASONING_PARSER_NONE = 1,        /* no reasoning: all output is content */
+    TDM_REASONING_PARSER_DEEPSEEK_R1 = 2, /* output begins inside <think>…</think> */
+    TDM_REASONING_PARSER_QWEN3 = 3,       /* a leading <think> opens the reasoning */
+} tdm_reasoning_parser_t;
+
+/* model.tool_call_parser: the format of generated tool calls (docs/models.md). */
+typedef enum tdm_tool_call_parser {
+    TDM_TOOL_CALL_PARSER_AUTO = 0,        /* from the chat template */
+    TDM_TOOL_CALL_PARSER_HERMES = 1,      /* <tool_call>{…}</tool_call> */
+    TDM_TOOL_CALL_PARSER_LLAMA3_JSON = 2, /* {"name": …, "parameters": …} */
+    TDM_TOOL_CALL_PARSER_MISTRAL = 3,     /* [TOOL_CALLS]… */
+} tdm_tool_call_parser_t;
+
 /* model: which weights to serve and how to present them. */
 typedef struct tdm_model_config {
     char *path;          /* GGUF file; default tdm_model_default_path(); a leading "~/" is
@@ -70,6 +86,8 @@ typedef struct tdm_model_config {
                             path ("~/" expanded), checked at load (tdm_chat_template_check) */
     char *name;          /* model name clients use (/v1/models); default: path's file name
                             without the .gguf suffix */
+    tdm_reasoning_parser_t reasoning_parser; /* auto (default) */
+    tdm_tool_call_parser_t tool_call_parser; /* auto (default) */
 } tdm_model_config_t;
 
 /* Routers a node registers with at most (router.node_endpoints). */

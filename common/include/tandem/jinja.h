@@ -70,6 +70,12 @@ void tdm_jinja_destroy(tdm_jinja_t **self_p);
  * whether a chat template renders `tools` at all. False for NULL arguments. Cannot fail. */
 bool tdm_jinja_reads(const tdm_jinja_t *self, const char *name);
 
+/* Whether the template's source holds the bytes of text anywhere (in its literal text, a
+ * string literal or a comment): how the gateway tells a template's tool-call and reasoning
+ * markup ("<think>", "[TOOL_CALLS]", docs/models.md). False for NULL or empty arguments.
+ * Cannot fail. */
+bool tdm_jinja_source_has(const tdm_jinja_t *self, const char *text);
+
 /* Renders the template with context (a JSON object: its members are the template's variables;
  * NULL: none) and opt (NULL: defaults). On success *out is a NUL-terminated string of *out_len
  * bytes that the caller frees with free(). Errors (*out NULL): TDM_EINVALID for what jinja2

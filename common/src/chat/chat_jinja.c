@@ -209,6 +209,8 @@ static int message_json(const tdm_chat_message_t *m, size_t i, json_t **out, tdm
         bad |= json_object_set_new(o, "tool_call_id", json_string(m->tool_call_id));
     if (m->name && m->name[0])
         bad |= json_object_set_new(o, "name", json_string(m->name));
+    if (m->reasoning_content && m->reasoning_content[0])
+        bad |= json_object_set_new(o, "reasoning_content", json_string(m->reasoning_content));
     if (bad) {
         json_decref(o);
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");

@@ -65,6 +65,20 @@ static const char *log_level_name(int v)
     return tdm_log_level_name((tdm_log_level_t)v);
 }
 
+static const char *reasoning_parser_name(int v)
+{
+    static const char *const names[] = {"auto", "none", "deepseek_r1", "qwen3"};
+    return (unsigned)v < TDM_CONFIG_N_OF(names) ? names[v] : "?";
+}
+
+static const char *tool_call_parser_name(int v)
+{
+    static const char *const names[] = {"auto", "hermes", "llama3_json", "mistral"};
+    return (unsigned)v < TDM_CONFIG_N_OF(names) ? names[v] : "?";
+}
+
+static const tdm_config_enum_t reasoning_parsers = {reasoning_parser_name, 4, NULL, NULL};
+static const tdm_config_enum_t tool_call_parsers = {tool_call_parser_name, 4, NULL, NULL};
 static const tdm_config_enum_t roles = {role_name, 2, NULL, NULL};
 static const tdm_config_enum_t policies = {policy_name, 3, NULL, NULL};
 static const tdm_config_enum_t compat = {compat_name, 2, NULL, NULL};
@@ -302,6 +316,17 @@ static const tdm_config_key_t keys[] = {
     TEXT_KEY(MODEL, "name", STRING, CFG(model.name), TDM_CONFIG_DERIVED,
              "the file name of `path` without `.gguf`", NULL,
              "the model name clients use (`/v1/models`)"),
+    ENUM_KEY(MODEL, "reasoning_parser", CFG(model.reasoning_parser), 0, 0, &reasoning_parsers,
+             TDM_REASONING_PARSER_AUTO,
+             "how chat output is split into `reasoning_content` and `content`: `auto` from the "
+             "chat template (docs/models.md, \"Reasoning and tool-call formats\"); `none`; "
+             "`deepseek_r1` (output begins inside `<think>`); `qwen3` (a leading `<think>` opens "
+             "the reasoning)"),
+    ENUM_KEY(MODEL, "tool_call_parser", CFG(model.tool_call_parser), 0, 0, &tool_call_parsers,
+             TDM_TOOL_CALL_PARSER_AUTO,
+             "the format tool calls are parsed from and constrained to: `auto` from the chat "
+             "template (docs/models.md); `hermes` (`<tool_call>`); `llama3_json`; `mistral` "
+             "(`[TOOL_CALLS]`)"),
 
     TEXT_KEY(ROUTER, "client_endpoint", ENDPOINT, CFG(router.client_endpoint), 0,
              "tcp://127.0.0.1:7600", NULL, "client API (ZeroMQ, protobuf)"),

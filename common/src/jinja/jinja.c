@@ -9,6 +9,8 @@ struct tdm_jinja {
     jj_arena_t arena; /* the source copy and the tree */
     jj_node_t *root;
     char *name;
+    const char *src; /* the source copy (in arena), src_len bytes */
+    size_t src_len;
 };
 
 tdm_jinja_t *tdm_jinja_new(const char *src, size_t len, const char *name,
@@ -27,6 +29,9 @@ tdm_jinja_t *tdm_jinja_new(const char *src, size_t len, const char *name,
     }
     if (len)
         memcpy(copy, src, len);
+    copy[len] = '\0';
+    t->src = copy;
+    t->src_len = len;
     t->root = jj_parse(&t->arena, copy, len, opt, err);
     if (!t->root)
         goto out_free;
@@ -57,6 +62,17 @@ static bool node_reads(const jj_node_t *n, const char *name, int depth)
 bool tdm_jinja_reads(const tdm_jinja_t *self, const char *name)
 {
     return self && name && node_reads(self->root, name, 0);
+}
+
+bool tdm_jinja_source_has(const tdm_jinja_t *self, const char *text)
+{
+    if (!self || !text || !text[0])
+        return false;
+    size_t m = strlen(text);
+    for (size_t i = 0; i + m <= self->src_len; i++)
+        if (memcmp(self->src + i, text, m) == 0)
+            return true;
+    return false;
 }
 
 void tdm_jinja_destroy(tdm_jinja_t **self_p)
