@@ -435,6 +435,52 @@ static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingPara
     return TDM_OK;
 }
 
+/* allowed_token_ids every one of which the first step's other masks exclude (a one-token
+ * bad word; before min_tokens an end-of-generation token unless ignore_eos, or a stop token
+ * id) would leave the sampler no token at all: refused here, naming the fields, instead of
+ * failing on the node ("the mask allows no token", which the router reports as its own
+ * fault). The first step's mask is tdm_sampling_request_mask's, the node's own; only the
+ * listed ids' bits are looked at, so the end-of-generation ids passed are those among them. */
+static int allowed_ids_check(const tdm_router_t *r, const tdm_sampling_params_t *sp,
+                             tdm_error_t *err)
+{
+    uint32_t n =
+        sp->n_allowed < TDM_SAMPLING_MAX_ALLOWED ? sp->n_allowed : TDM_SAMPLING_MAX_ALLOWED;
+    if (n == 0)
+        return TDM_OK;
+    int32_t eog[TDM_SAMPLING_MAX_ALLOWED];
+    uint32_t n_eog = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (tdm_tokenizer_is_eog(r->tok, sp->allowed[i]))
+            eog[n_eog++] = sp->allowed[i];
+    size_t words = ((size_t)r->n_vocab + 31) / 32;
+    uint32_t *mask = malloc(words * sizeof *mask);
+    if (!mask)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    memset(mask, 0xff, words * sizeof *mask);
+    (void)tdm_sampling_request_mask(sp, r->n_vocab, eog, n_eog, NULL, 0, mask);
+    bool any = false;
+    for (uint32_t i = 0; i < n && !any; i++) {
+        uint32_t t = (uint32_t)sp->allowed[i]; /* in [0, n_vocab): validated */
+        any = (mask[t / 32] >> (t % 32)) & 1u;
+    }
+    free(mask);
+    if (any)
+        return TDM_OK;
+    if (sp->min_tokens > 0)
+        return tdm_error_set_field(
+            err, TDM_EINVALID, "sampling.allowed_token_ids",
+            "sampling.allowed_token_ids: none of the %" PRIu32 " listed tokens can be the first "
+            "token: each is a one-token bad_words entry, or an end-of-generation token or a "
+            "stop_token_ids entry, which min_tokens (%" PRId32 ") rules out until then",
+            n, sp->min_tokens);
+    return tdm_error_set_field(err, TDM_EINVALID, "sampling.allowed_token_ids",
+                               "sampling.allowed_token_ids: none of the %" PRIu32
+                               " listed tokens can be sampled: each is a one-token bad_words "
+                               "entry",
+                               n);
+}
+
 /* q->sp from the request's sampling fields over Tandem's defaults; a seed drawn when the
  * client gave none. */
 static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
@@ -460,6 +506,9 @@ static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateReque
     if (tdm_sampling_logit_bias_check(&q->sp, r->n_vocab, NULL, err) != TDM_OK ||
         tdm_sampling_params_validate(&q->sp, r->n_vocab, err) != TDM_OK)
         return tdm_error_nest(err, "sampling"); /* "sampling.top_p must be in (0, 1], ..." */
+    rc = allowed_ids_check(r, &q->sp, err);
+    if (rc != TDM_OK)
+        return rc;
     q->sp.max_tokens = 1;
     return TDM_OK;
 }

@@ -241,6 +241,15 @@ def test_truncate_prompt_tokens(cluster):
     ("/v1/completions", {"allowed_token_ids": []}, "allowed_token_ids", ["non-empty"]),
     ("/v1/completions", {"allowed_token_ids": list(range(1025))}, "allowed_token_ids",
      ["at most 1024"]),
+    # every allowed token ruled out at the first step: 400 at the router, not a node's 500
+    # "the mask allows no token" (0 and 2 are SmolLM2's <|endoftext|> and <|im_end|>)
+    ("/v1/completions", {"allowed_token_ids": [0, 2], "min_tokens": 2}, "allowed_token_ids",
+     ["none of the 2 listed tokens can be the first token", "min_tokens (2)"]),
+    ("/v1/chat/completions", {"messages": CHAT, "allowed_token_ids": [5], "stop_token_ids": [5],
+                              "min_tokens": 1}, "allowed_token_ids",
+     ["none of the 1 listed tokens can be the first token"]),
+    ("/v1/completions", {"allowed_token_ids": [504], "bad_words": ["The"]}, "allowed_token_ids",
+     ["none of the 1 listed tokens can be sampled: each is a one-token bad_words entry"]),
     ("/v1/completions", {"bad_words": ["w"] * 129}, "bad_words", ["at most 128"]),
     ("/v1/completions", {"bad_words": ["ok", "x" * 257]}, "bad_words[1]", ["1..256 bytes"]),
     ("/v1/completions", {"bad_words": ["ok", "   "]}, "bad_words[1]", ["besides leading spaces"]),
@@ -256,6 +265,20 @@ def test_truncate_prompt_tokens(cluster):
 ])
 def test_refused_with_the_field_and_limit(cluster, path, body, param, words):
     refused(cluster, path, body, param, words)
+
+
+def test_allowed_token_ids_left_by_the_other_masks_are_served(cluster, native):
+    # ignore_eos keeps the end-of-generation ids under min_tokens; one id not banned is enough
+    v = completion(cluster, max_tokens=3, allowed_token_ids=[0, 2], min_tokens=2, ignore_eos=True)
+    assert v["usage"]["completion_tokens"] == 3, v
+    r = native.generate(tc.prompt_request(prompt=PROMPT, max_tokens=3, temperature=0.0,
+                                          min_tokens=3, stop_token_ids=[5],
+                                          allowed_token_ids=[5, 314]))
+    assert r.status == "OK" and r.token_ids == [314] * 3, r
+    r = native.generate(tc.prompt_request(prompt=PROMPT, max_tokens=3, min_tokens=3,
+                                          stop_token_ids=[5], allowed_token_ids=[5]))
+    assert r.status == "INVALID_ARGUMENT", r
+    assert r.message.startswith("sampling.allowed_token_ids: none of the 1 listed tokens"), r
 
 
 def test_native_refusals_name_the_field(native):
