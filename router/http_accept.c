@@ -407,6 +407,17 @@ static void header_value(const char *v, const char *end, char *out, size_t cap)
     out[n] = '\0';
 }
 
+/* Whether the whole chunk line p[0..line) (its '\n' excluded) whose first `digits` bytes are hex
+ * digits is a size then, optionally, a ';' extension (RFC 9112 7.1 and 7.1.1), as
+ * libmicrohttpd reads it: it answers any other line (blanks before the ';' too) with its own
+ * HTML 400. */
+static bool chunk_line_ok(const char *p, size_t digits, size_t line)
+{
+    if (line > 0 && p[line - 1] == '\r')
+        line--;
+    return digits > 0 && (digits == line || p[digits] == ';');
+}
+
 /* Checks the chunk lines (size, then extensions) of a chunked body in p[0..end), the part of it
  * that arrived with the headers: a first chunk larger than the body limit is refused now
  * (libmicrohttpd would wait for all of it), and so is a chunk line longer than
@@ -415,8 +426,10 @@ static void header_value(const char *v, const char *end, char *out, size_t cap)
  * is still incomplete and the client is not waiting for "100 Continue" (expect). */
 static void check_chunks(http_acc_frame_t *fr, const char *p, const char *end, bool expect)
 {
+    unsigned n_line = 0;
     for (bool first = true; p < end; first = false) {
         const char *lf = memchr(p, '\n', (size_t)(end - p));
+        n_line++;
         size_t line = (size_t)((lf ? lf : end) - p);
         if (line > HTTP_ACC_CHUNK_LINE_MAX) {
             frame_refuse(fr, 400, "bad_framing",
@@ -452,9 +465,26 @@ static void check_chunks(http_acc_frame_t *fr, const char *p, const char *end, b
             fr->need_more = first && !expect;
             return;
         }
-        if (size == 0 || size + 2 > (uint64_t)(end - (lf + 1)))
+        if (!chunk_line_ok(p, (size_t)digits, line)) {
+            frame_refuse(fr, 400, "bad_framing",
+                         "chunk line %u is not a chunk size in hexadecimal (then optionally "
+                         "';' and a chunk extension)",
+                         n_line);
+            return;
+        }
+        if (size == 0 || size + 1 > (uint64_t)(end - (lf + 1)))
             return; /* the last chunk (trailers follow), or a chunk not all here yet */
-        p = lf + 1 + size + 2;
+        const char *after = lf + 1 + size; /* the chunk's data ends with CRLF */
+        if (*after != '\n' && (*after != '\r' || (after + 1 < end && after[1] != '\n'))) {
+            frame_refuse(fr, 400, "bad_framing",
+                         "a chunk of %" PRIu64 " bytes is not followed by CRLF: the chunk size "
+                         "must be the length of the data after its line",
+                         size);
+            return;
+        }
+        if (*after == '\r' && after + 1 == end)
+            return; /* its '\n' is not here yet */
+        p = after + (*after == '\r' ? 2 : 1);
     }
 }
 

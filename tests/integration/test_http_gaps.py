@@ -118,6 +118,36 @@ def test_long_chunk_extension_is_a_json_error(cluster):
     assert len(got) == 1 and got[0][0] == 200, got
 
 
+CHUNKED = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+
+
+@pytest.mark.parametrize("body,words", [
+    # libmicrohttpd answered each of these with its own HTML 400 ("Your HTTP chunked encoding
+    # was syntactically incorrect")
+    (b"zz\r\n" + BODY + b"\r\n0\r\n\r\n", "chunk line 1 is not a chunk size in hexadecimal"),
+    (b"%xg\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n", "chunk line 1 is not a chunk size"),
+    (b"%x ;a=b\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n", "chunk line 1 is not a chunk size"),
+    (b"5\r\n" + BODY[:5] + b"\r\nq\r\n" + BODY[5:] + b"\r\n0\r\n\r\n",
+     "chunk line 2 is not a chunk size"),
+    (b"%x\r\n" % (len(BODY) - 3) + BODY + b"\r\n0\r\n\r\n",
+     "a chunk of %d bytes is not followed by CRLF" % (len(BODY) - 3)),
+])
+def test_malformed_chunks_are_json_errors(cluster, body, words):
+    st, err = one_error(raw_all(cluster.port, CHUNKED + body))
+    assert st == 400 and err["code"] == "bad_framing", err
+    assert words in err["message"], err
+
+
+@pytest.mark.parametrize("body", [
+    b"5\r\n" + BODY[:5] + b"\r\n%X\r\n" % (len(BODY) - 5) + BODY[5:] + b"\r\n0\r\n\r\n",
+    b"%x\n" % len(BODY) + BODY + b"\n0\n\n",  # bare LF line ends, as libmicrohttpd reads them
+])
+def test_well_formed_chunks_are_served(cluster, body):
+    got = answers(raw_all(cluster.port, CHUNKED + body))
+    assert len(got) == 1 and got[0][0] == 200, got
+
+
 def test_header_deadline_applies_to_the_second_request(cluster):
     s = socket.create_connection(("127.0.0.1", cluster.port), timeout=60)
     try:
