@@ -260,6 +260,7 @@ static const char *reason_phrase(unsigned code)
     case 413: return "Content Too Large";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
+    case 505: return "HTTP Version Not Supported";
     default: return "Service Unavailable";
     }
 }
@@ -532,6 +533,34 @@ static void check_target(http_acc_frame_t *fr, const char *t, size_t n)
                      *nul ? "%00" : "raw", (size_t)(nul - t));
 }
 
+/* Checks the request line's HTTP version, the text after its last space up to eol (RFC 9112
+ * 2.3: "HTTP/" DIGIT "." DIGIT): libmicrohttpd answers a missing or malformed one, and a major
+ * version other than 1, with its own HTML page. Major version 1 passes (libmicrohttpd serves
+ * HTTP/1.2 as 1.1). */
+static void check_version(http_acc_frame_t *fr, const char *t, const char *eol)
+{
+    const char *v = eol;
+    while (v > t && v[-1] != ' ')
+        v--;
+    size_t n = (size_t)(eol - v);
+    if (n > 0 && v[n - 1] == '\r')
+        n--;
+    if (v == t) {
+        frame_refuse(fr, 400, "bad_request",
+                     "the request line has no HTTP version: send METHOD PATH HTTP/1.1");
+        return;
+    }
+    bool form = n == 8 && memcmp(v, "HTTP/", 5) == 0 && v[5] >= '0' && v[5] <= '9' && v[6] == '.' &&
+                v[7] >= '0' && v[7] <= '9';
+    if (!form)
+        frame_refuse(fr, 400, "bad_request",
+                     "the request line's HTTP version is malformed: send HTTP/1.1 (or "
+                     "HTTP/1.0) after the path");
+    else if (v[5] != '1')
+        frame_refuse(fr, 505, "http_version_not_supported",
+                     "HTTP/%c.%c is not supported here: send HTTP/1.1 (or HTTP/1.0)", v[5], v[7]);
+}
+
 /* Reads the request line and the framing headers of b[0..hlen) into *fr (fr->why set for a
  * request to refuse): a method, one Content-Length of 1..19 digits or one Transfer-Encoding
  * "chunked", not both (RFC 9112 6.3: whatever two parties could read differently is how
@@ -553,6 +582,7 @@ void http_acc_frame_read(const char *b, size_t hlen, size_t n, http_acc_frame_t 
     memcpy(fr->path, t, pl);
     const char *tend = memchr(t, ' ', (size_t)(eol - t));
     check_target(fr, t, (size_t)((tend ? tend : eol) - t));
+    check_version(fr, t, eol);
     bool http11 = tend && (size_t)(eol - tend) >= 9 && memcmp(tend + 1, "HTTP/1.1", 8) == 0;
     unsigned n_cl = 0, n_te = 0, n_host = 0, no = 1;
     char cl[128] = "", te[128] = "", expect[32] = "";

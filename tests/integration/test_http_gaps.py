@@ -148,6 +148,29 @@ def test_well_formed_chunks_are_served(cluster, body):
     assert len(got) == 1 and got[0][0] == 200, got
 
 
+@pytest.mark.parametrize("version,status,code,words", [
+    # libmicrohttpd answered each of these with its own HTML page
+    (b" HTTP/2.0", 505, "http_version_not_supported", "HTTP/2.0 is not supported here"),
+    (b" HTTP/0.9", 505, "http_version_not_supported", "HTTP/0.9 is not supported here"),
+    (b" HTTP/3", 400, "bad_request", "HTTP version is malformed"),
+    (b" http/1.1", 400, "bad_request", "HTTP version is malformed"),
+    (b" HTTP/1.1 extra", 400, "bad_request", "HTTP version is malformed"),
+    (b"", 400, "bad_request", "the request line has no HTTP version"),
+])
+def test_bad_http_versions_are_json_errors(cluster, version, status, code, words):
+    raw = b"GET /health" + version + b"\r\nHost: x\r\nConnection: close\r\n\r\n"
+    st, err = one_error(raw_all(cluster.port, raw))
+    assert st == status and err["code"] == code, err
+    assert words in err["message"], err
+
+
+@pytest.mark.parametrize("line", [b"GET /health HTTP/1.0", b"GET /health HTTP/1.2",
+                                  b"GET  /health HTTP/1.1"])
+def test_versions_libmicrohttpd_serves_still_pass(cluster, line):
+    got = answers(raw_all(cluster.port, line + b"\r\nHost: x\r\nConnection: close\r\n\r\n"))
+    assert len(got) == 1 and got[0][0] == 200, got
+
+
 def test_header_deadline_applies_to_the_second_request(cluster):
     s = socket.create_connection(("127.0.0.1", cluster.port), timeout=60)
     try:
