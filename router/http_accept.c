@@ -419,6 +419,30 @@ static bool chunk_line_ok(const char *p, size_t digits, size_t line)
     return digits > 0 && (digits == line || p[digits] == ';');
 }
 
+/* Checks the trailer lines in p[0..end) (after the last chunk's line) that are whole: each a
+ * header field, NAME ":" value, up to the blank line that ends the body; libmicrohttpd answers
+ * any other line with its own HTML 400. */
+static void check_trailers(http_acc_frame_t *fr, const char *p, const char *end)
+{
+    for (unsigned no = 1; p < end; no++) {
+        const char *lf = memchr(p, '\n', (size_t)(end - p));
+        if (!lf)
+            return;
+        const char *le = lf > p && lf[-1] == '\r' ? lf - 1 : lf;
+        if (le == p)
+            return; /* the blank line that ends the body */
+        const char *colon = memchr(p, ':', (size_t)(le - p));
+        if (!colon || colon == p || *p == ' ' || *p == '\t') {
+            frame_refuse(fr, 400, "bad_framing",
+                         "trailer line %u after the last chunk is not a header field (NAME: "
+                         "value)",
+                         no);
+            return;
+        }
+        p = lf + 1;
+    }
+}
+
 /* Checks the chunk lines (size, then extensions) of a chunked body in p[0..end), the part of it
  * that arrived with the headers: a first chunk larger than the body limit is refused now
  * (libmicrohttpd would wait for all of it), and so is a chunk line longer than
@@ -473,8 +497,12 @@ static void check_chunks(http_acc_frame_t *fr, const char *p, const char *end, b
                          n_line);
             return;
         }
-        if (size == 0 || size + 1 > (uint64_t)(end - (lf + 1)))
-            return; /* the last chunk (trailers follow), or a chunk not all here yet */
+        if (size == 0) {
+            check_trailers(fr, lf + 1, end);
+            return;
+        }
+        if (size + 1 > (uint64_t)(end - (lf + 1)))
+            return;                        /* a chunk not all here yet */
         const char *after = lf + 1 + size; /* the chunk's data ends with CRLF */
         if (*after != '\n' && (*after != '\r' || (after + 1 < end && after[1] != '\n'))) {
             frame_refuse(fr, 400, "bad_framing",
@@ -507,7 +535,10 @@ static bool check_field_line(http_acc_frame_t *fr, unsigned no, const char *line
     else if (!colon)
         frame_refuse(fr, 400, "bad_request", "header line %u has no colon: '%.*s'", no,
                      (int)(le - line < 60 ? le - line : 60), line);
-    else if (colon > line && (colon[-1] == ' ' || colon[-1] == '\t'))
+    else if (colon == line)
+        frame_refuse(fr, 400, "bad_request",
+                     "header line %u has no header name before its colon (RFC 9112 5.1)", no);
+    else if (colon[-1] == ' ' || colon[-1] == '\t')
         frame_refuse(fr, 400, "bad_request",
                      "header line %u has a blank between the header name and the colon "
                      "(RFC 9112 5.1): '%.*s'",

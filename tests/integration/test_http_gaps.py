@@ -132,6 +132,10 @@ CHUNKED = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: applicati
      "chunk line 2 is not a chunk size"),
     (b"%x\r\n" % (len(BODY) - 3) + BODY + b"\r\n0\r\n\r\n",
      "a chunk of %d bytes is not followed by CRLF" % (len(BODY) - 3)),
+    (b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\nbad trailer\r\n\r\n",
+     "trailer line 1 after the last chunk is not a header field"),
+    (b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\nX-A: 1\r\n: x\r\n\r\n",
+     "trailer line 2 after the last chunk is not a header field"),
 ])
 def test_malformed_chunks_are_json_errors(cluster, body, words):
     st, err = one_error(raw_all(cluster.port, CHUNKED + body))
@@ -142,6 +146,7 @@ def test_malformed_chunks_are_json_errors(cluster, body, words):
 @pytest.mark.parametrize("body", [
     b"5\r\n" + BODY[:5] + b"\r\n%X\r\n" % (len(BODY) - 5) + BODY[5:] + b"\r\n0\r\n\r\n",
     b"%x\n" % len(BODY) + BODY + b"\n0\n\n",  # bare LF line ends, as libmicrohttpd reads them
+    b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\nX-A: 1\r\nY: 2\r\n\r\n",  # trailers
 ])
 def test_well_formed_chunks_are_served(cluster, body):
     got = answers(raw_all(cluster.port, CHUNKED + body))
@@ -169,6 +174,14 @@ def test_bad_http_versions_are_json_errors(cluster, version, status, code, words
 def test_versions_libmicrohttpd_serves_still_pass(cluster, line):
     got = answers(raw_all(cluster.port, line + b"\r\nHost: x\r\nConnection: close\r\n\r\n"))
     assert len(got) == 1 and got[0][0] == 200, got
+
+
+def test_header_without_a_name_is_one_json_error(cluster):
+    # libmicrohttpd answered this request 200 and then a second answer, its HTML 400
+    raw = b"GET /health HTTP/1.1\r\nHost: x\r\n: novalue\r\nConnection: close\r\n\r\n"
+    st, err = one_error(raw_all(cluster.port, raw))
+    assert st == 400 and err["code"] == "bad_request", err
+    assert "header line 2 has no header name before its colon" in err["message"], err
 
 
 def test_header_deadline_applies_to_the_second_request(cluster):
