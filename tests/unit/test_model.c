@@ -136,6 +136,45 @@ static void test_invariance_other_types(void **state)
     invariance_on_tiny(TDM_GGML_TYPE_Q8_0, TDM_GGML_TYPE_Q8_0, 64, true, TDM_KV_Q8);
 }
 
+/* Sliding windows over an f16 cache: the attention takes consecutive rows of a prompt together
+ * (cpu_attention.c, runs of TDM_ATTN_QTILE) and splits each row's keys into its own window
+ * start, the keys the run shares and its causal tail; every row must still get the bits it
+ * has alone. Windows shorter than, equal to and longer than the run, on the tiny model with
+ * every layer but the last made a sliding-window one (the hyperparameters set after load, as
+ * a Gemma 3 file sets them; rope_freq_base_swa equal to the base so only the mask changes). */
+static void test_invariance_sliding_window(void **state)
+{
+    (void)state;
+    static const uint32_t windows[] = {3, 4, 6, 29};
+    for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+        tdm_test_engine_t f;
+        tdm_tiny_llama_spec_t spec = {.n_embd = 64,
+                                      .n_layers = 2,
+                                      .n_heads = 4,
+                                      .n_kv_heads = 2,
+                                      .n_vocab = 512,
+                                      .weight_type = TDM_GGML_TYPE_Q8_0,
+                                      .embd_type = TDM_GGML_TYPE_Q8_0,
+                                      .seed = 11,
+                                      .weight_std = 0.05f};
+        tdm_test_engine_write_tiny(&f, &spec);
+        tdm_test_engine_open(&f, f.path, TDM_KV_F16, 256);
+        tdm_llama_hparams_t *hp = (tdm_llama_hparams_t *)tdm_model_hparams(f.model);
+        hp->n_swa = windows[w];
+        hp->swa_layers[0] = 1;
+        hp->rope_freq_base_swa = hp->rope_freq_base;
+        int32_t a[100], b[37], c[5];
+        tdm_test_random_tokens(a, 100, f.n_vocab, 4);
+        tdm_test_random_tokens(b, 37, f.n_vocab, 5);
+        tdm_test_random_tokens(c, 5, f.n_vocab, 6);
+        const int32_t *prompts[3] = {a, b, c};
+        uint32_t lens[3] = {100, 37, 5};
+        check_invariance(&f, prompts, lens, 3, true);
+        tdm_test_engine_close(&f);
+        unlink(f.path);
+    }
+}
+
 /* Logits of a 70-token prompt and a 9-token prompt run together (chunks 23 and 4) on path's
  * engine with TANDEM_CPU_KERNELS=family; the engine's backend name goes to name. */
 static float *family_logits(const char *path, const char *family, tdm_kv_dtype_t dtype, char *name,
@@ -499,6 +538,7 @@ int main(void)
         cmocka_unit_test(test_invariance_kquants),
         cmocka_unit_test(test_invariance_other_types),
         cmocka_unit_test(test_invariance_moe),
+        cmocka_unit_test(test_invariance_sliding_window),
         cmocka_unit_test(test_families_bitwise),
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),
