@@ -81,7 +81,7 @@ typedef struct bench {
     tdm_kv_pool_t *pool;
     tdm_engine_t *engine;
     uint32_t n_vocab;
-    uint32_t decode_ctx; /* DECODE_CTX_CPU or DECODE_CTX_CUDA */
+    uint32_t decode_ctx;     /* DECODE_CTX_CPU or DECODE_CTX_CUDA */
     tdm_kv_dtype_t kv_dtype; /* the pool's value type (--kv) */
     float *logits;
 } bench_t;
@@ -203,14 +203,14 @@ typedef struct bench_cfg {
     const uint32_t *batches;   /* [n_batches] decode batch sizes */
     int n_batches;
     uint32_t max_batch;
-    uint32_t n_ctx;       /* the engine's context, tokens */
-    const char *kernels;  /* --kernels: comma-separated TANDEM_CPU_KERNELS values to compare */
-    int rounds;           /* --rounds: interleaved rounds of the comparison (best kept) */
-    uint32_t decode_only; /* --decode-only B: only decode steps at batch B (for profilers) */
+    uint32_t n_ctx;            /* the engine's context, tokens */
+    const char *kernels;       /* --kernels: comma-separated TANDEM_CPU_KERNELS values to compare */
+    int rounds;                /* --rounds: interleaved rounds of the comparison (best kept) */
+    uint32_t decode_only;      /* --decode-only B: only decode steps at batch B (for profilers) */
     uint32_t depth[DEPTH_MAX]; /* --depth: context lengths for the long-context measures */
     int n_depth;
-    uint32_t ubatch; /* --ubatch: tokens per prefill pass at depth (llama.cpp's n_ubatch) */
-    int reps;        /* --reps: repetitions of each long prefill (median kept) */
+    uint32_t ubatch;     /* --ubatch: tokens per prefill pass at depth (llama.cpp's n_ubatch) */
+    int reps;            /* --reps: repetitions of each long prefill (median kept) */
     const char *kv_name; /* --kv f16|q8: the KV cache's type */
 } bench_cfg_t;
 
@@ -322,8 +322,9 @@ static int run_depth(bench_t *b, const bench_cfg_t *c)
         step8[i] = decode_at_depth(b, seqs, DEPTH_BATCH, depth, c->steps);
         for (int s = 0; s < DEPTH_BATCH; s++)
             tdm_kv_seq_release(b->pool, &seqs[s]);
-        fprintf(stderr, "depth %5u: prefill %8.1f tokens/s (%.2f s), decode batch 1 %7.2f tokens/s"
-                        " (%.2f ms/step), batch %d %7.2f tokens/s (%.2f ms/step)\n",
+        fprintf(stderr,
+                "depth %5u: prefill %8.1f tokens/s (%.2f s), decode batch 1 %7.2f tokens/s"
+                " (%.2f ms/step), batch %d %7.2f tokens/s (%.2f ms/step)\n",
                 depth, depth / pre[i], pre[i], 1.0 / step1[i], step1[i] * 1e3, DEPTH_BATCH,
                 DEPTH_BATCH / step8[i], step8[i] * 1e3);
     }
@@ -332,8 +333,9 @@ static int run_depth(bench_t *b, const bench_cfg_t *c)
         fprintf(stderr, "bench: cannot write %s\n", c->json_path);
         return 1;
     }
-    fprintf(out, "{\"backend\": \"%s\", \"threads\": %d, \"ubatch\": %u, \"kv\": \"%s\", "
-                 "\"steps\": %d, \"depth\": {",
+    fprintf(out,
+            "{\"backend\": \"%s\", \"threads\": %d, \"ubatch\": %u, \"kv\": \"%s\", "
+            "\"steps\": %d, \"depth\": {",
             tdm_engine_backend_name(b->engine), c->threads, c->ubatch, c->kv_name, c->steps);
     for (int i = 0; i < c->n_depth; i++)
         fprintf(out,
@@ -374,7 +376,8 @@ static int parse_depths(const char *arg, bench_cfg_t *c)
         char *end;
         unsigned long v = strtoul(tok, &end, 10);
         if (*end || v < 1 || v > 1048576 || c->n_depth == DEPTH_MAX) {
-            fprintf(stderr, "bench: --depth takes at most %d lengths in 1..1048576 tokens (got %s)\n",
+            fprintf(stderr,
+                    "bench: --depth takes at most %d lengths in 1..1048576 tokens (got %s)\n",
                     DEPTH_MAX, arg);
             return -1;
         }
