@@ -51,12 +51,18 @@ def loadavg():
         return " ".join(f.read().split()[:3])
 
 
-def run(cmd, env=None):
+def run(cmd, env=None, fatal=True):
+    """stdout and stderr of cmd; exits when it fails, or with fatal False warns and returns
+    empty output (a llama.cpp tool failing leaves its cells blank, the rest still runs)."""
     print("+", " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if p.returncode != 0:
-        sys.exit(f"longctx: {cmd[0]} failed ({p.returncode}):\n{p.stderr[-2000:]}")
+        msg = f"longctx: {cmd[0]} failed ({p.returncode}):\n{p.stderr[-2000:]}"
+        if fatal:
+            sys.exit(msg)
+        print(msg, file=sys.stderr, flush=True)
+        return "", p.stderr
     print(f"  ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     return p.stdout, p.stderr
 
@@ -80,13 +86,14 @@ def llama(bindir, model, threads, depths, steps):
     dl = ",".join(map(str, depths))
     common = ["-m", model, "-t", str(threads), "-fa", "0,1", "--repack", "0", "-r", "1",
               "-o", "json"]
-    js, _ = run([f"{bindir}/llama-bench", "-p", dl, "-n", "0"] + common)
-    for r in json.loads(js):
+    js, _ = run([f"{bindir}/llama-bench", "-p", dl, "-n", "0"] + common, fatal=False)
+    for r in json.loads(js or "[]"):
         k = f"pp{r['n_prompt']}"
         out[k] = max(out.get(k, 0), r["avg_ts"])
         out[k + "_fa" + str(int(bool(r.get("flash_attn"))))] = r["avg_ts"]
-    js, _ = run([f"{bindir}/llama-bench", "-p", "0", "-n", str(steps), "-d", dl] + common)
-    for r in json.loads(js):
+    js, _ = run([f"{bindir}/llama-bench", "-p", "0", "-n", str(steps), "-d", dl] + common,
+                fatal=False)
+    for r in json.loads(js or "[]"):
         k = f"tg{r['n_depth']}b1"
         out[k] = max(out.get(k, 0), r["avg_ts"])
         out[k + "_fa" + str(int(bool(r.get("flash_attn"))))] = r["avg_ts"]
@@ -97,7 +104,7 @@ def llama(bindir, model, threads, depths, steps):
                 txt, _ = run([bb, "-m", model, "-t", str(threads), "-c", str(8 * (d + steps) + 64),
                               "-b", "2048", "-ub", "512", "-npp", str(d), "-ntg", str(steps),
                               "-npl", "8", "-pps", "-fa", fa, "--no-repack",
-                              "--output-format", "jsonl"])
+                              "--output-format", "jsonl"], fatal=False)
                 for line in txt.splitlines():
                     if line.startswith("{"):
                         r = json.loads(line)
