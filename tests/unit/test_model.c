@@ -175,13 +175,11 @@ static void test_invariance_sliding_window(void **state)
     }
 }
 
-/* Rows over long contexts with few rows in the batch: the threads split each row's keys and
- * output columns (cpu_attention.c's split path: fewer than 2 (row, KV head) items per thread
- * and at least 256 keys per thread). Two 900-token prompts fed a token at a time, alone and
- * together (1 and 2 rows a pass), must give the logits of the same prompts in 64-token chunks
- * (the tiled path) bit for bit, with 2 and 3 threads, without and with a sliding window
- * (head_dim 32: two 16-column slices). */
-static void test_invariance_long_context_split(void **state)
+/* Long contexts (900 tokens) with 2 and 3 threads, without and with a sliding window
+ * (head_dim 32): two prompts fed a token at a time, alone and together (1 and 2 rows a pass),
+ * must give the logits of the same prompts in 64-token chunks (query runs of
+ * TDM_ATTN_QTILE rows sharing each K/V block read) bit for bit. */
+static void test_invariance_long_context(void **state)
 {
     (void)state;
     enum { N = 900 };
@@ -610,7 +608,7 @@ int main(void)
         cmocka_unit_test(test_invariance_other_types),
         cmocka_unit_test(test_invariance_moe),
         cmocka_unit_test(test_invariance_sliding_window),
-        cmocka_unit_test(test_invariance_long_context_split),
+        cmocka_unit_test(test_invariance_long_context),
         cmocka_unit_test(test_families_bitwise),
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),

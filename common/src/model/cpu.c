@@ -153,14 +153,13 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
     size_t group = hp->n_heads / hp->n_kv_heads;
     be->scores = cpu_alloc(be, nt * TDM_ATTN_QTILE * group * be->n_ctx);
     be->kvrow = cpu_alloc(be, nt * (2 * TDM_ATTN_QTILE * group + 2) * hp->head_dim);
-    be->attn_max = cpu_alloc(be, nt * TDM_ATTN_QTILE * group * (be->n_ctx / TDM_ATTN_CHUNK + 3));
     be->rope_cs = cpu_alloc(be, (size_t)be->max_rows * hp->rope_dim);
     size_t znb = (max_in + QK - 1) / QK;
     be->zact =
         (uint8_t *)cpu_alloc(be, (size_t)be->max_rows * tdm_cpu_zact_stride(znb) / sizeof(float));
     be->zprep = (uint8_t *)cpu_alloc(be, nt * tdm_cpu_zprep_stride(znb) / sizeof(float));
-    if (!be->act || !be->wrow || !be->scores || !be->kvrow || !be->attn_max || !be->rope_cs ||
-        !be->zact || !be->zprep) {
+    if (!be->act || !be->wrow || !be->scores || !be->kvrow || !be->rope_cs || !be->zact ||
+        !be->zprep) {
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating CPU backend scratch");
     }
     return TDM_OK;

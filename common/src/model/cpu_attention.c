@@ -153,25 +153,17 @@ static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t 
  * at a time, for nh heads (o: [nh][head_dim], p: nh rows ld apart whose index 0 is key lo).
  * pv_f16 is bit for bit one axpy_f16 per key, so any split of a key range into consecutive
  * calls gives the same bits. */
-static void attn_pv_cols(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
+static void attn_pv_keys(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
                          float *o, uint32_t nh, const float *p, size_t ld, uint32_t lo, uint32_t j0,
-                         uint32_t j1, size_t c0, size_t c1)
+                         uint32_t j1)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
     while (j0 < j1) {
         uint32_t slot = j0 % bs, nv = j1 - j0 < bs - slot ? j1 - j0 : bs - slot;
         const uint16_t *v = (const uint16_t *)kv_record(be, sq, j0, layer, 1, g) + slot * D;
-        be->isa->pv_f16(o, nh, p + (j0 - lo), ld, v, nv, D, c0, c1);
+        be->isa->pv_f16(o, nh, p + (j0 - lo), ld, v, nv, D);
         j0 += nv;
     }
-}
-
-/* attn_pv_cols on every column */
-static void attn_pv_keys(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
-                         float *o, uint32_t nh, const float *p, size_t ld, uint32_t lo, uint32_t j0,
-                         uint32_t j1)
-{
-    attn_pv_cols(be, layer, sq, g, o, nh, p, ld, lo, j0, j1, 0, be->kl.head_dim);
 }
 
 /* A run of m <= TDM_ATTN_QTILE consecutive query rows of one sequence (positions p0 ..
@@ -219,129 +211,6 @@ static void attn_run_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
                      ch > first[i] ? ch : first[i], p0 + i + 1);
 }
 
-/* The softmax denominator of n exponentials in exp_sum's canonical order (cpu_kernels.h:
- * TDM_EXP_LANES double lanes, lane l summing elements l, l + TDM_EXP_LANES, ... in order,
- * then tdm_cpu_fold_lanes), for exponentials computed elsewhere. */
-static double attn_exp_total(const float *x, size_t n)
-{
-    double lane[TDM_EXP_LANES] = {0};
-    size_t j = 0;
-    for (; j + TDM_EXP_LANES <= n; j += TDM_EXP_LANES)
-        for (int l = 0; l < TDM_EXP_LANES; l++)
-            lane[l] += (double)x[j + l];
-    for (int l = 0; j + (size_t)l < n; l++)
-        lane[l] += (double)x[j + (size_t)l];
-    return tdm_cpu_fold_lanes(lane);
-}
-
-/* Few rows over long contexts (a batch-1 decode at depth: one item per KV head leaves threads
- * idle) with the grouped f16 kernels, the threads splitting each row's keys in chunks of
- * TDM_ATTN_CHUNK and its output columns, in five steps with a barrier after each: the f16
- * queries; the scores and each chunk's scaled maximum; the exponentials of each chunk (x -
- * the head's maximum, the maximum being exact whatever the chunks); each head's sum in
- * exp_sum's canonical order from the stored exponentials; the f16-rounded probabilities; then
- * the V rows accumulated over all keys in order for a slice of the columns. Every value is
- * the one attn_run_f16 computes for the row alone, so the result is the same bits for any
- * thread count and whichever path a batch takes. Needs rows->n * n_heads <= n_threads *
- * TDM_ATTN_QTILE * heads per KV head (the scratch; the caller checks). */
-static void attn_split_f16(const cpu_be_t *be, uint32_t layer, const float *q,
-                           const tdm_fwd_rows_t *rows, float *out)
-{
-    const tdm_llama_hparams_t *hp = be->hp;
-    uint32_t H = hp->n_heads, KVH = hp->n_kv_heads, D = hp->head_dim, group = H / KVH;
-    uint32_t bs = be->kl.block_size, n_pairs = rows->n * KVH, n_heads = n_pairs * group;
-    size_t ld = be->n_ctx, ncm = be->n_ctx / TDM_ATTN_CHUNK + 1;   /* chunks a row may have */
-    float *qr = be->kvrow, *pmax = be->attn_max;                   /* qr: [rows->n][H][D] */
-    float *mx = pmax + (size_t)n_heads * ncm, *inv = mx + n_heads; /* [n_heads] each */
-    uint32_t col_tiles = D % 16 ? 1 : D / 16, cw = D / col_tiles;
-    int64_t n_key_items = (int64_t)n_pairs * (int64_t)ncm;
-#pragma omp parallel num_threads(be->n_threads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < rows->n; t++)
-            be->isa->round_f16(qr + (size_t)t * H * D, q + (size_t)t * H * D, 1.0f, (size_t)H * D);
-            /* scores and chunk maxima (a chunk past the row's keys: -inf, never the maximum) */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_key_items; it++) {
-            uint32_t pair = (uint32_t)(it / (int64_t)ncm), c = (uint32_t)(it % (int64_t)ncm);
-            uint32_t t = pair / KVH, g = pair % KVH, n_pos = rows->pos[t] + 1;
-            uint32_t first = tdm_llama_layer_first_key(hp, layer, rows->pos[t]);
-            uint32_t j0 = first + c * TDM_ATTN_CHUNK;
-            float *s = be->scores + (size_t)pair * group * ld,
-                  *pm = pmax + (size_t)pair * group * ncm;
-            if (j0 >= n_pos) {
-                for (uint32_t h = 0; h < group; h++)
-                    pm[h * ncm + c] = -INFINITY;
-                continue;
-            }
-            uint32_t j1 = n_pos - j0 < TDM_ATTN_CHUNK ? n_pos : j0 + TDM_ATTN_CHUNK;
-            const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
-            for (uint32_t j = j0; j < j1;) {
-                uint32_t slot = j % bs, nk = j1 - j < bs - slot ? j1 - j : bs - slot;
-                const uint16_t *k = (const uint16_t *)kv_record(be, sq, j, layer, 0, g) + slot * D;
-                be->isa->scores_f16(qr + ((size_t)t * H + (size_t)g * group) * D, group, k, nk, D,
-                                    s + (j - first), ld);
-                j += nk;
-            }
-            for (uint32_t h = 0; h < group; h++)
-                pm[h * ncm + c] =
-                    be->isa->scale_max(s + h * ld + (j0 - first), j1 - j0, be->kq_scale);
-        }
-#pragma omp for schedule(static)
-        for (int64_t hh = 0; hh < n_heads; hh++) {
-            float m = -INFINITY;
-            for (size_t c = 0; c < ncm; c++)
-                m = pmax[(size_t)hh * ncm + c] > m ? pmax[(size_t)hh * ncm + c] : m;
-            mx[hh] = m;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_key_items; it++) {
-            uint32_t pair = (uint32_t)(it / (int64_t)ncm), c = (uint32_t)(it % (int64_t)ncm);
-            uint32_t t = pair / KVH, n_pos = rows->pos[t] + 1;
-            uint32_t first = tdm_llama_layer_first_key(hp, layer, rows->pos[t]);
-            uint32_t j0 = first + c * TDM_ATTN_CHUNK;
-            if (j0 >= n_pos)
-                continue;
-            uint32_t n = n_pos - j0 < TDM_ATTN_CHUNK ? n_pos - j0 : TDM_ATTN_CHUNK;
-            for (uint32_t h = 0; h < group; h++)
-                (void)be->isa->exp_sum(be->scores + (size_t)(pair * group + h) * ld + (j0 - first),
-                                       n, mx[pair * group + h]);
-        }
-#pragma omp for schedule(static)
-        for (int64_t hh = 0; hh < n_heads; hh++) {
-            uint32_t t = (uint32_t)hh / (KVH * group), n_pos = rows->pos[t] + 1;
-            uint32_t n = n_pos - tdm_llama_layer_first_key(hp, layer, rows->pos[t]);
-            inv[hh] = (float)(1.0 / attn_exp_total(be->scores + (size_t)hh * ld, n));
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < n_key_items; it++) {
-            uint32_t pair = (uint32_t)(it / (int64_t)ncm), c = (uint32_t)(it % (int64_t)ncm);
-            uint32_t t = pair / KVH, n_pos = rows->pos[t] + 1;
-            uint32_t first = tdm_llama_layer_first_key(hp, layer, rows->pos[t]);
-            uint32_t j0 = first + c * TDM_ATTN_CHUNK;
-            if (j0 >= n_pos)
-                continue;
-            uint32_t n = n_pos - j0 < TDM_ATTN_CHUNK ? n_pos - j0 : TDM_ATTN_CHUNK;
-            for (uint32_t h = 0; h < group; h++) {
-                float *x = be->scores + (size_t)(pair * group + h) * ld + (j0 - first);
-                be->isa->round_f16(x, x, inv[pair * group + h], n);
-            }
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < (int64_t)n_pairs * col_tiles; it++) {
-            uint32_t pair = (uint32_t)(it / col_tiles), ct = (uint32_t)(it % col_tiles);
-            uint32_t t = pair / KVH, g = pair % KVH, n_pos = rows->pos[t] + 1;
-            uint32_t first = tdm_llama_layer_first_key(hp, layer, rows->pos[t]);
-            size_t c0 = (size_t)ct * cw, c1 = c0 + cw;
-            float *o = out + ((size_t)t * H + (size_t)g * group) * D;
-            for (uint32_t h = 0; h < group; h++)
-                memset(o + (size_t)h * D + c0, 0, cw * sizeof(float));
-            attn_pv_cols(be, layer, &rows->seqs[rows->seq[t]], g, o, group,
-                         be->scores + (size_t)pair * group * ld, ld, first, first, n_pos, c0, c1);
-        }
-    }
-}
-
 /* Causal scaled dot-product attention (Vaswani et al. 2017) with GQA: query head h reads KV
  * head h / (n_heads / n_kv_heads). Scores over positions 0..pos in order (from
  * pos + 1 - n_swa in a sliding-window layer: the keys llama.cpp's SWA mask leaves; a masked
@@ -366,14 +235,6 @@ int tdm_cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_r
                              element-wise op's (one fma per head of the group, f16 loads) */
     for (uint32_t t = 0; t < rows->n; t++)
         kv_values += ((size_t)rows->pos[t] + 1) * KVH * D * 2;
-    /* a row's keys split among the threads when there are too few (row, KV head) items to go
-     * round and enough keys to share (TDM_ATTN_CHUNK per thread at least) */
-    if (grouped && be->n_threads > 1 && n_items < 2 * (int64_t)be->n_threads &&
-        rows->n * KVH <= (uint32_t)be->n_threads * TDM_ATTN_QTILE &&
-        kv_values >= (size_t)be->n_threads * TDM_ATTN_CHUNK * KVH * D * 2) {
-        attn_split_f16(be, layer, q, rows, out);
-        return TDM_OK;
-    }
 #pragma omp parallel for schedule(dynamic, 1)                                                      \
     num_threads(be->n_threads) if (kv_values >= 4 * be->par_min)
     for (int64_t it = 0; it < n_items; it++) {

@@ -221,23 +221,22 @@ pv_tile_avx2(float *o, const int nh, const float *p, size_t ldp, const uint16_t 
 /* tdm_cpu_isa_t.pv_f16: heads in tiles of 4, 16 columns at a time held in registers over all
  * the rows */
 TDM_AVX2 static void pv_f16_avx2(float *o, uint32_t nh, const float *p, size_t ldp,
-                                 const uint16_t *v, uint32_t nv, size_t d, size_t c0, size_t c1)
+                                 const uint16_t *v, uint32_t nv, size_t d)
 {
-    if (d % 8 || c0 % 8 || c1 % 8) {
+    if (d % 8) {
         for (uint32_t h = 0; h < nh; h++)
             for (uint32_t j = 0; j < nv; j++)
-                axpy_f16_avx2(o + (size_t)h * d + c0, p[(size_t)h * ldp + j],
-                              v + (size_t)j * d + c0, c1 - c0);
+                axpy_f16_avx2(o + (size_t)h * d, p[(size_t)h * ldp + j], v + (size_t)j * d, d);
         return;
     }
     for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
         uint32_t th = nh - h0 < 4 ? nh - h0 : 4;
         float *oh = o + (size_t)h0 * d;
         const float *ph = p + (size_t)h0 * ldp;
-        size_t c = c0;
-        for (; c + 16 <= c1; c += 16)
+        size_t c = 0;
+        for (; c + 16 <= d; c += 16)
             PV_TILE(2)
-        if (c < c1)
+        if (c < d)
             PV_TILE(1)
     }
 }

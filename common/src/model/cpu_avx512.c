@@ -521,20 +521,20 @@ zpv_tile(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, 
 /* tdm_cpu_isa_t.pv_f16: heads in tiles of 4, 64 columns at a time held in registers over all
  * the rows; d not a multiple of 16 through the 256-bit kernel */
 TDM_AVX512 static void zpv_f16(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
-                               uint32_t nv, size_t d, size_t c0, size_t c1)
+                               uint32_t nv, size_t d)
 {
-    if (d % 16 || c0 % 16 || c1 % 16) {
-        zavx2->pv_f16(o, nh, p, ldp, v, nv, d, c0, c1);
+    if (d % 16) {
+        zavx2->pv_f16(o, nh, p, ldp, v, nv, d);
         return;
     }
     for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
         uint32_t th = nh - h0 < 4 ? nh - h0 : 4;
         float *oh = o + (size_t)h0 * d;
         const float *ph = p + (size_t)h0 * ldp;
-        size_t c = c0;
-        for (; c + 64 <= c1; c += 64)
+        size_t c = 0;
+        for (; c + 64 <= d; c += 64)
             ZPV_TILE(4)
-        for (; c + 16 <= c1; c += 16)
+        for (; c + 16 <= d; c += 16)
             ZPV_TILE(1)
     }
 }

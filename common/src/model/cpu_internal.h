@@ -49,9 +49,6 @@ typedef struct cpu_be {
                          scores */
     float *kvrow;     /* [n_threads][2 * TDM_ATTN_QTILE * heads per KV head + 2][head_dim]
                          K/V rows, queries, outputs */
-    float *attn_max;  /* [n_threads * TDM_ATTN_QTILE * heads per KV head][n_ctx / TDM_ATTN_CHUNK
-                         + 3] per-chunk score maxima, then each head's maximum and 1 / sum
-                         (cpu_attention.c's split path) */
     float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
     float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
                          scales q itself (hparams.attn_q_scale) */
@@ -65,8 +62,6 @@ typedef struct cpu_be {
 /* Query rows attention takes together (cpu_attention.c): up to this many consecutive positions
  * of one sequence share each K and V block read */
 #define TDM_ATTN_QTILE 4
-/* Keys per work item when threads split the keys of a few rows (a batch-1 decode at depth) */
-#define TDM_ATTN_CHUNK 256
 
 /* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the
  * matrix in place or repacked (cpu_kernels.h), AVX-512's prepared rows, or the f32 path. */

@@ -181,12 +181,11 @@ typedef struct tdm_cpu_isa {
      * the heads of one KV head's group). scores_f16: sc[h * ldsc + j] = q_h . k_j for h < nh
      * (q_h = q + h * d, f32) and j < nk (k_j = k + j * d, f16), each bit for bit
      * dot_f32_f16(q_h, k_j, d). pv_f16: o_h += sum_j p[h * ldp + j] * v_j over j = 0 .. nv - 1
-     * in order (o_h = o + h * d), bit for bit nv calls of axpy_f16, on the columns c0 .. c1 - 1
-     * only (0 <= c0 <= c1 <= d; each column's sum is its own, so threads may split them). */
+     * in order (o_h = o + h * d), bit for bit nv calls of axpy_f16. */
     void (*scores_f16)(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk, size_t d,
                        float *sc, size_t ldsc);
     void (*pv_f16)(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
-                   uint32_t nv, size_t d, size_t c0, size_t c1);
+                   uint32_t nv, size_t d);
     /* dst = src rounded to f16 */
     void (*store_f16)(uint16_t *dst, const float *src, size_t n);
     /* dst[i] = tdm_cpu_round_fp16(src[i] * scale) (dst may be src) */

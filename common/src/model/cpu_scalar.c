@@ -432,12 +432,11 @@ static void scores_f16_scalar(const float *q, uint32_t nh, const uint16_t *k, ui
 }
 
 static void pv_f16_scalar(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
-                          uint32_t nv, size_t d, size_t c0, size_t c1)
+                          uint32_t nv, size_t d)
 {
     for (uint32_t h = 0; h < nh; h++)
         for (uint32_t j = 0; j < nv; j++)
-            axpy_f16_scalar(o + (size_t)h * d + c0, p[(size_t)h * ldp + j], v + (size_t)j * d + c0,
-                            c1 - c0);
+            axpy_f16_scalar(o + (size_t)h * d, p[(size_t)h * ldp + j], v + (size_t)j * d, d);
 }
 
 static void quantize_act_scalar(const float *x, size_t n, q8a_block_t *out)
