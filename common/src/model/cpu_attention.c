@@ -216,11 +216,11 @@ static void attn_run_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
  * pos + 1 - n_swa in a sliding-window layer: the keys llama.cpp's SWA mask leaves; a masked
  * key's exp is an exact 0 there, so skipping it sums the same terms), softmax with the
  * max subtracted, then the weighted sum of V rows in order. Work items are (tile of
- * TDM_ATTN_QTILE rows, KV head): the heads of a group run together, and with an f16 cache
- * through the grouped kernels, consecutive positions of one sequence within the tile as one
- * run (attn_run_f16), which gives each row the bits it has alone (batch invariance). With
- * an f16 cache the query and the probabilities are rounded to f16 too, as llama.cpp's f16
- * mat-muls of KQ and KQV do, so the two engines round alike. */
+ * TDM_ATTN_QTILE rows, or one row when no two rows are consecutive positions, KV head): the heads
+ * of a group run together, and with an f16 cache through the grouped kernels, consecutive positions
+ * of one sequence within the tile as one run (attn_run_f16), which gives each row the bits it has
+ * alone (batch invariance). With an f16 cache the query and the probabilities are rounded to f16
+ * too, as llama.cpp's f16 mat-muls of KQ and KQV do, so the two engines round alike. */
 int tdm_cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
                       float *out)
 {
@@ -229,7 +229,13 @@ int tdm_cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_r
     uint32_t H = hp->n_heads, KVH = hp->n_kv_heads, D = hp->head_dim, group = H / KVH;
     bool f16 = be->kl.dtype == TDM_KV_F16;
     bool grouped = f16 && be->isa->scores_f16 && be->isa->pv_f16;
-    uint32_t n_tiles = (rows->n + TDM_ATTN_QTILE - 1) / TDM_ATTN_QTILE;
+    /* rows in tiles of TDM_ATTN_QTILE when some are consecutive positions of one sequence (a
+     * prefill chunk), else one row an item (a decode batch keeps its finer items) */
+    uint32_t qtile = 1;
+    for (uint32_t t = 1; t < rows->n && qtile == 1; t++)
+        if (rows->seq[t] == rows->seq[t - 1] && rows->pos[t] == rows->pos[t - 1] + 1)
+            qtile = TDM_ATTN_QTILE;
+    uint32_t n_tiles = (rows->n + qtile - 1) / qtile;
     int64_t n_items = (int64_t)n_tiles * KVH;
     size_t kv_values = 0; /* K and V values the pass reads: a K or V value costs ~1/4 of an
                              element-wise op's (one fma per head of the group, f16 loads) */
@@ -238,8 +244,8 @@ int tdm_cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_r
 #pragma omp parallel for schedule(dynamic, 1)                                                      \
     num_threads(be->n_threads) if (kv_values >= 4 * be->par_min)
     for (int64_t it = 0; it < n_items; it++) {
-        uint32_t r0 = (uint32_t)(it / KVH) * TDM_ATTN_QTILE, g = (uint32_t)(it % KVH);
-        uint32_t r1 = r0 + TDM_ATTN_QTILE < rows->n ? r0 + TDM_ATTN_QTILE : rows->n;
+        uint32_t r0 = (uint32_t)(it / KVH) * qtile, g = (uint32_t)(it % KVH);
+        uint32_t r1 = r0 + qtile < rows->n ? r0 + qtile : rows->n;
         int tid = omp_get_thread_num();
         float *sc = be->scores + (size_t)tid * TDM_ATTN_QTILE * group * be->n_ctx;
         float *tmp = be->kvrow + (size_t)tid * (2 * TDM_ATTN_QTILE * group + 2) * D;
