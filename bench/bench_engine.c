@@ -28,6 +28,8 @@
 #define MAX_BATCH 128
 #define DECODE_CTX_CPU 128   /* prompt tokens each decoding sequence starts from (CPU) */
 #define DECODE_CTX_CUDA 1024 /* the same on the GPU (the GPU issue: 1,024 tokens of context) */
+#define DEPTH_MAX 4          /* context lengths one --depth run takes */
+#define DEPTH_BATCH 8        /* the larger decode batch at depth (batch 1 and 8) */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -79,7 +81,8 @@ typedef struct bench {
     tdm_kv_pool_t *pool;
     tdm_engine_t *engine;
     uint32_t n_vocab;
-    uint32_t decode_ctx; /* DECODE_CTX_CPU or DECODE_CTX_CUDA */
+    uint32_t decode_ctx;     /* DECODE_CTX_CPU or DECODE_CTX_CUDA */
+    tdm_kv_dtype_t kv_dtype; /* the pool's value type (--kv) */
     float *logits;
 } bench_t;
 
@@ -200,10 +203,15 @@ typedef struct bench_cfg {
     const uint32_t *batches;   /* [n_batches] decode batch sizes */
     int n_batches;
     uint32_t max_batch;
-    uint32_t n_ctx;       /* the engine's context, tokens */
-    const char *kernels;  /* --kernels: comma-separated TANDEM_CPU_KERNELS values to compare */
-    int rounds;           /* --rounds: interleaved rounds of the comparison (best kept) */
-    uint32_t decode_only; /* --decode-only B: only decode steps at batch B (for profilers) */
+    uint32_t n_ctx;            /* the engine's context, tokens */
+    const char *kernels;       /* --kernels: comma-separated TANDEM_CPU_KERNELS values to compare */
+    int rounds;                /* --rounds: interleaved rounds of the comparison (best kept) */
+    uint32_t decode_only;      /* --decode-only B: only decode steps at batch B (for profilers) */
+    uint32_t depth[DEPTH_MAX]; /* --depth: context lengths for the long-context measures */
+    int n_depth;
+    uint32_t ubatch;     /* --ubatch: tokens per prefill pass at depth (llama.cpp's n_ubatch) */
+    int reps;            /* --reps: repetitions of each long prefill (median kept) */
+    const char *kv_name; /* --kv f16|q8: the KV cache's type */
 } bench_cfg_t;
 
 /* What was measured. */
@@ -220,6 +228,126 @@ typedef struct bench_result {
     const char *bw_name;
 } bench_result_t;
 
+/* Prefills `n` tokens (random ids from `seed`) of the reserved sequence s in passes of at most
+ * `ubatch` tokens (chunked prefill, as a server runs a long prompt and as llama.cpp runs one in
+ * n_ubatch pieces), logits for the last token only. Returns the seconds it took; exits after
+ * printing why when a pass fails. */
+static double prefill_chunked(bench_t *b, tdm_kv_seq_t *s, uint32_t n, uint32_t ubatch,
+                              uint64_t seed)
+{
+    int32_t *tok = malloc(n * sizeof *tok);
+    uint32_t *pos = malloc(ubatch * sizeof *pos), *seq = calloc(ubatch, sizeof *seq);
+    bool *want = calloc(ubatch, sizeof *want);
+    if (!tok || !pos || !seq || !want) {
+        fprintf(stderr, "bench: out of memory for a %u-token prefill\n", n);
+        exit(1);
+    }
+    random_tokens(tok, n, b->n_vocab, seed);
+    double t0 = tdm_time_now();
+    for (uint32_t c0 = 0; c0 < n; c0 += ubatch) {
+        uint32_t m = n - c0 < ubatch ? n - c0 : ubatch;
+        for (uint32_t i = 0; i < m; i++)
+            pos[i] = c0 + i, want[i] = c0 + i == n - 1;
+        if (forward_seqs(b, s, 1, tok + c0, pos, seq, m, want) != TDM_OK)
+            exit(1);
+    }
+    double dt = tdm_time_now() - t0;
+    free(tok), free(pos), free(seq), free(want);
+    return dt;
+}
+
+/* Median seconds per decode step of `batch` sequences (seqs[0 .. batch - 1], each holding
+ * `depth` tokens of context) over `steps` steps at positions depth - steps .. depth - 1: each
+ * step rewrites one slot of the context's tail and attends to everything before it, so the
+ * step at position p reads p + 1 keys (the mean context is depth - steps / 2; llama-bench's
+ * -d D -n N runs at D .. D + N - 1, 0.2% deeper at D = 8192, N = 16, and past a model's trained
+ * context where the engine refuses to go). */
+static double decode_at_depth(bench_t *b, tdm_kv_seq_t *seqs, uint32_t batch, uint32_t depth,
+                              int steps)
+{
+    int32_t tok[MAX_BATCH];
+    uint32_t pos[MAX_BATCH], seq[MAX_BATCH];
+    bool want[MAX_BATCH];
+    double *t = malloc((size_t)steps * sizeof *t);
+    for (int st = 0; st < steps; st++) {
+        for (uint32_t s = 0; s < batch; s++) {
+            random_tokens(&tok[s], 1, b->n_vocab, (uint64_t)st * 977 + s);
+            pos[s] = depth - (uint32_t)steps + (uint32_t)st;
+            seq[s] = s;
+            want[s] = true;
+        }
+        double t0 = tdm_time_now();
+        if (forward_seqs(b, seqs, batch, tok, pos, seq, batch, want) != TDM_OK)
+            exit(1);
+        t[st] = tdm_time_now() - t0;
+    }
+    double m = median(t, steps);
+    free(t);
+    return m;
+}
+
+/* The long-context measures at each --depth D: a chunked prefill of D tokens (median of
+ * --reps), then decode at depth D with batch 1 (that sequence) and batch DEPTH_BATCH (its KV
+ * blocks copied into DEPTH_BATCH - 1 more sequences: the same work per step as distinct
+ * prompts of that length, without DEPTH_BATCH long prefills). Prints a table to stderr and
+ * JSON to stdout (or --json FILE). Returns 0, or 1 after printing why. */
+static int run_depth(bench_t *b, const bench_cfg_t *c)
+{
+    tdm_kv_seq_t seqs[DEPTH_BATCH];
+    double pre[DEPTH_MAX], step1[DEPTH_MAX], step8[DEPTH_MAX];
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(b->model);
+    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, b->kv_dtype};
+    uint64_t block_bytes = tdm_kv_block_bytes(&kl);
+    uint8_t *base = tdm_kv_pool_base(b->pool);
+    for (int i = 0; i < c->n_depth; i++) {
+        uint32_t depth = c->depth[i];
+        for (int s = 0; s < DEPTH_BATCH; s++) {
+            tdm_kv_seq_init(&seqs[s]);
+            if (tdm_kv_seq_reserve(b->pool, &seqs[s], depth) != TDM_OK) {
+                fprintf(stderr, "bench: KV pool too small for %d x %u tokens\n", DEPTH_BATCH,
+                        depth);
+                return 1;
+            }
+        }
+        double *t = malloc((size_t)c->reps * sizeof *t);
+        for (int r = 0; r < c->reps; r++)
+            t[r] = prefill_chunked(b, &seqs[0], depth, c->ubatch, depth + (uint64_t)r);
+        pre[i] = median(t, c->reps);
+        free(t);
+        for (int s = 1; s < DEPTH_BATCH; s++)
+            for (uint32_t k = 0; k < seqs[0].n_blocks; k++)
+                memcpy(base + (uint64_t)seqs[s].blocks[k] * block_bytes,
+                       base + (uint64_t)seqs[0].blocks[k] * block_bytes, block_bytes);
+        step1[i] = decode_at_depth(b, seqs, 1, depth, c->steps);
+        step8[i] = decode_at_depth(b, seqs, DEPTH_BATCH, depth, c->steps);
+        for (int s = 0; s < DEPTH_BATCH; s++)
+            tdm_kv_seq_release(b->pool, &seqs[s]);
+        fprintf(stderr,
+                "depth %5u: prefill %8.1f tokens/s (%.2f s), decode batch 1 %7.2f tokens/s"
+                " (%.2f ms/step), batch %d %7.2f tokens/s (%.2f ms/step)\n",
+                depth, depth / pre[i], pre[i], 1.0 / step1[i], step1[i] * 1e3, DEPTH_BATCH,
+                DEPTH_BATCH / step8[i], step8[i] * 1e3);
+    }
+    FILE *out = c->json_path ? fopen(c->json_path, "w") : stdout;
+    if (!out) {
+        fprintf(stderr, "bench: cannot write %s\n", c->json_path);
+        return 1;
+    }
+    fprintf(out,
+            "{\"backend\": \"%s\", \"threads\": %d, \"ubatch\": %u, \"kv\": \"%s\", "
+            "\"steps\": %d, \"depth\": {",
+            tdm_engine_backend_name(b->engine), c->threads, c->ubatch, c->kv_name, c->steps);
+    for (int i = 0; i < c->n_depth; i++)
+        fprintf(out,
+                "%s\n  \"%u\": {\"prefill_tokens_per_s\": %.2f, \"decode_step_s\": {\"1\": "
+                "%.6f, \"%d\": %.6f}}",
+                i ? "," : "", c->depth[i], c->depth[i] / pre[i], step1[i], DEPTH_BATCH, step8[i]);
+    fprintf(out, "}}\n");
+    if (c->json_path)
+        fclose(out);
+    return 0;
+}
+
 static void print_usage(void)
 {
     printf("usage: tandem-bench-engine [-m MODEL] [-t THREADS] [--steps N] [--json FILE]\n"
@@ -229,7 +357,33 @@ static void print_usage(void)
            "process: --rounds interleaved rounds, best time of each kept; prefill 128\n"
            "and 512, decode batch 1, 8 and 32.\n"
            "--decode-only B runs only --steps decode steps at batch B over 128-token\n"
-           "contexts (not prefilled), for a profiler.\n");
+           "contexts (not prefilled), for a profiler.\n"
+           "--depth D1,D2,... runs only the long-context measures: at each depth D a\n"
+           "prefill of D tokens in passes of --ubatch tokens (default 512; median of\n"
+           "--reps, default 1), then decode at batch 1 and 8 with D tokens of context\n"
+           "(--steps steps); --kv f16|q8 picks the KV cache type (default f16).\n");
+}
+
+/* --depth's comma-separated list into c->depth (at most DEPTH_MAX values, each in
+ * 1..1048576 tokens). Returns 0, or -1 after printing what is wrong. */
+static int parse_depths(const char *arg, bench_cfg_t *c)
+{
+    char list[256];
+    snprintf(list, sizeof list, "%s", arg);
+    c->n_depth = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        unsigned long v = strtoul(tok, &end, 10);
+        if (*end || v < 1 || v > 1048576 || c->n_depth == DEPTH_MAX) {
+            fprintf(stderr,
+                    "bench: --depth takes at most %d lengths in 1..1048576 tokens (got %s)\n",
+                    DEPTH_MAX, arg);
+            return -1;
+        }
+        c->depth[c->n_depth++] = (uint32_t)v;
+    }
+    return c->n_depth ? 0 : -1;
 }
 
 /* Parses the command line into *c. Returns 0 to go on, or the exit status with *done set. */
@@ -240,13 +394,18 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
         {"json", required_argument, NULL, 'j'},    {"steps", required_argument, NULL, 's'},
         {"backend", required_argument, NULL, 'b'}, {"kernels", required_argument, NULL, 'k'},
         {"rounds", required_argument, NULL, 'r'},  {"decode-only", required_argument, NULL, 'd'},
+        {"depth", required_argument, NULL, 'D'},   {"ubatch", required_argument, NULL, 'u'},
+        {"reps", required_argument, NULL, 'R'},    {"kv", required_argument, NULL, 'K'},
         {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
     c->backend = "cpu";
     c->steps = 16;
     c->rounds = 3;
+    c->ubatch = 512;
+    c->reps = 1;
+    c->kv_name = "f16";
     *done = true;
     int ch;
-    while ((ch = getopt_long(argc, argv, "m:t:j:s:b:k:r:d:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "m:t:j:s:b:k:r:d:D:u:R:K:h", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': snprintf(c->model_path, sizeof c->model_path, "%s", optarg); break;
         case 't': c->threads = atoi(optarg); break;
@@ -256,16 +415,33 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
         case 'k': c->kernels = optarg; break;
         case 'r': c->rounds = atoi(optarg); break;
         case 'd': c->decode_only = (uint32_t)atoi(optarg); break;
+        case 'D':
+            if (parse_depths(optarg, c) != 0)
+                return 2;
+            break;
+        case 'u': c->ubatch = (uint32_t)atoi(optarg); break;
+        case 'R': c->reps = atoi(optarg); break;
+        case 'K': c->kv_name = optarg; break;
         case 'h': print_usage(); return 0;
         default: return 2;
         }
     }
     if (!c->model_path[0])
         tdm_model_default_path(c->model_path, sizeof c->model_path);
-    if (c->threads < 0 || c->steps < 1 || c->rounds < 1) {
-        fprintf(stderr, "bench: --threads must be >= 0, --steps and --rounds >= 1\n");
+    if (c->threads < 0 || c->steps < 1 || c->rounds < 1 || c->reps < 1) {
+        fprintf(stderr, "bench: --threads must be >= 0, --steps, --rounds and --reps >= 1\n");
         return 2;
     }
+    if (c->ubatch < 1 || c->ubatch > 8192) {
+        fprintf(stderr, "bench: --ubatch must be in 1..8192 tokens (got %u)\n", c->ubatch);
+        return 2;
+    }
+    for (int i = 0; i < c->n_depth; i++)
+        if (c->depth[i] <= (uint32_t)c->steps) {
+            fprintf(stderr, "bench: each --depth must exceed --steps (%d): got %u\n", c->steps,
+                    c->depth[i]);
+            return 2;
+        }
     c->cuda = strncmp(c->backend, "cuda", 4) == 0;
 #ifndef TANDEM_HAVE_CUDA
     if (c->cuda) {
@@ -283,6 +459,8 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
     c->n_batches = c->cuda ? 3 : 4;
     c->max_batch = c->cuda ? 128 : 64;
     c->n_ctx = c->cuda ? 4096 : 1024;
+    for (int i = 0; i < c->n_depth; i++)
+        c->n_ctx = c->depth[i] > c->n_ctx ? c->depth[i] : c->n_ctx;
     *done = false;
     return 0;
 }
@@ -294,7 +472,7 @@ static tdm_engine_t *bench_engine_new(bench_t *b, const bench_cfg_t *c, tdm_erro
     tdm_engine_params_default(&ep);
     ep.backend = c->backend;
     ep.n_threads = c->threads;
-    ep.max_batch_tokens = c->n_large;
+    ep.max_batch_tokens = c->n_depth && c->ubatch > c->n_large ? c->ubatch : c->n_large;
     ep.max_logits = c->max_batch;
     ep.n_ctx = c->n_ctx;
     return tdm_engine_new(b->model, b->pool, &ep, err);
@@ -318,11 +496,17 @@ static int bench_open(bench_t *b, const bench_cfg_t *c, uint64_t *pool_bytes)
                 hp->n_ctx_train);
         return 1;
     }
-    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F16};
+    if (tdm_kv_dtype_parse(c->kv_name, &b->kv_dtype, &err) != TDM_OK) {
+        fprintf(stderr, "bench: --kv: %s\n", err.msg);
+        return 1;
+    }
+    tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, b->kv_dtype};
     b->decode_ctx = c->cuda ? DECODE_CTX_CUDA : DECODE_CTX_CPU;
     uint32_t decode_ctx = b->decode_ctx + (c->cuda ? (uint32_t)c->steps : 64) + 16;
     uint32_t n_blocks = (uint32_t)tdm_kv_blocks_for_tokens(&kl, c->n_large) +
                         c->max_batch * (uint32_t)tdm_kv_blocks_for_tokens(&kl, decode_ctx);
+    if (c->n_depth) /* the depth measures run alone: DEPTH_BATCH sequences of the longest */
+        n_blocks = DEPTH_BATCH * (uint32_t)tdm_kv_blocks_for_tokens(&kl, c->n_ctx);
     *pool_bytes = (uint64_t)n_blocks * tdm_kv_block_bytes(&kl);
     b->pool = tdm_kv_pool_new(&kl, n_blocks, &err);
     b->engine = b->pool ? bench_engine_new(b, c, &err) : NULL;
@@ -560,6 +744,11 @@ int main(int argc, char **argv)
                 c.decode_only / step);
         bench_close(&b);
         return 0;
+    }
+    if (status == 0 && c.n_depth) {
+        status = run_depth(&b, &c);
+        bench_close(&b);
+        return status;
     }
     if (status == 0 && c.kernels) {
         status = run_compare(&b, &c);

@@ -40,13 +40,14 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.parse
 import urllib.request
+
+from benchutil import cpu_name, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -55,14 +56,6 @@ WORDS = ("time people year way day man thing woman life child world school state
          "question work government number night point home water room mother area money "
          "story fact month lot right study book eye job word business issue side kind head "
          "house service friend father power hour game line end member law car city").split()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def cpu_seconds(pid):
@@ -85,17 +78,6 @@ def thread_cpu_seconds(pid):
         fields = text.rsplit(")", 1)[1].split()
         out[tid] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
     return out
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
 
 
 def cpu_isa():

@@ -34,13 +34,14 @@ import http.client
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from benchutil import cpu_name, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -56,12 +57,6 @@ study book eye job word business issue side kind head house service friend fathe
 game line end member law car city community name president team minute idea kid body
 information back parent face others level office door health person art war history party
 result change morning reason research girl guy moment air teacher force education""".split()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_prompts(n, n_words, seed):
@@ -365,17 +360,6 @@ def main():
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {out}")
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
 
 
 if __name__ == "__main__":

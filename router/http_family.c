@@ -162,8 +162,7 @@ static void give(oai_reason_t *r, const char *s, size_t n, tdm_buf_t *out)
     }
 }
 
-/* The length of the longest tail of s[0..n) that begins tag (shorter than the tag). */
-static size_t tag_tail(const char *s, size_t n, const char *tag, size_t tag_len)
+size_t oai_tag_tail(const char *s, size_t n, const char *tag, size_t tag_len)
 {
     for (size_t k = n < tag_len - 1 ? n : tag_len - 1; k > 0; k--)
         if (memcmp(s + n - k, tag, k) == 0)
@@ -171,7 +170,7 @@ static size_t tag_tail(const char *s, size_t n, const char *tag, size_t tag_len)
     return 0;
 }
 
-static const char *find(const char *s, size_t n, const char *needle, size_t m)
+const char *oai_find(const char *s, size_t n, const char *needle, size_t m)
 {
     for (size_t i = 0; i + m <= n; i++)
         if (memcmp(s + i, needle, m) == 0)
@@ -207,14 +206,14 @@ int oai_reason_feed(oai_reason_t *r, const char *s, size_t n, bool final, tdm_bu
             r->state = RS_REASONING;
             r->skip_ws = true;
         } else if (r->state == RS_REASONING) {
-            const char *end = find(h, len, think_close, THINK_CLOSE_LEN);
+            const char *end = oai_find(h, len, think_close, THINK_CLOSE_LEN);
             if (end) {
                 give(r, h, (size_t)(end - h), reasoning);
                 used = (size_t)(end - h) + THINK_CLOSE_LEN;
                 r->state = RS_CONTENT;
                 r->skip_ws = true;
             } else {
-                size_t keep = final ? 0 : tag_tail(h, len, think_close, THINK_CLOSE_LEN);
+                size_t keep = final ? 0 : oai_tag_tail(h, len, think_close, THINK_CLOSE_LEN);
                 give(r, h, len - keep, reasoning);
                 used = len - keep;
                 memmove(r->hold.data, h + used, len - used);

@@ -93,6 +93,15 @@ typedef struct oai_reason {
 
 void oai_reason_init(oai_reason_t *r, oai_reasoning_t mode);
 
+/* The first needle[0..m) in s[0..n), NULL when there is none (s when m is 0); s may be NULL
+ * when n is 0. Cannot fail. */
+const char *oai_find(const char *s, size_t n, const char *needle, size_t m);
+
+/* The length (0..tag_len - 1 bytes) of the longest tail of s[0..n) that begins tag[0..tag_len)
+ * without being all of it: what a streaming parser holds back because the next piece may
+ * complete the tag. Cannot fail. */
+size_t oai_tag_tail(const char *s, size_t n, const char *tag, size_t tag_len);
+
 /* Feeds n bytes; final: the last piece (what is held is then given out). Appends what this
  * piece settles to *reasoning and *content. Returns 0 or TDM_ERESOURCE (out of memory). */
 int oai_reason_feed(oai_reason_t *r, const char *s, size_t n, bool final, tdm_buf_t *reasoning,

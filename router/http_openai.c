@@ -378,17 +378,37 @@ static int parse_stop(parse_ctx_t *p, oai_req_t *q)
     return TDM_OK;
 }
 
+/* The array field name of the request into *a, with its *n entries (*a NULL when the field is
+ * absent or null). of says what the entries are and unit what one is counted as, for the
+ * errors ("token ids", "ids"); non_empty refuses an empty array; max is the most entries
+ * allowed. Returns TDM_OK, or TDM_EINVALID naming the field. */
+static int get_array(parse_ctx_t *p, const char *name, const char *of, const char *unit,
+                     bool non_empty, size_t max, json_t **a, size_t *n)
+{
+    *a = field(p->root, name);
+    *n = *a && json_is_array(*a) ? json_array_size(*a) : 0;
+    if (!*a)
+        return TDM_OK;
+    if (!json_is_array(*a) || (non_empty && *n == 0))
+        return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be %s array of %s, got %s",
+                                   name, non_empty ? "a non-empty" : "an", of,
+                                   json_is_array(*a) ? "an empty array" : oai_type_name(*a));
+    if (*n > max)
+        return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s has %zu %s, at most %zu allowed",
+                                   name, *n, unit, max);
+    return TDM_OK;
+}
+
 /* stop_token_ids: an array of token ids (range checks are the router's). */
 static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
 {
-    json_t *ids = field(p->root, "stop_token_ids");
-    if (!ids || p->rc)
+    if (p->rc)
         return p->rc;
-    if (!json_is_array(ids))
-        return tdm_error_set_field(p->err, TDM_EINVALID, "stop_token_ids",
-                                   "stop_token_ids must be an array of token ids, got %s",
-                                   oai_type_name(ids));
-    size_t n = json_array_size(ids);
+    json_t *ids;
+    size_t n;
+    int rc = get_array(p, "stop_token_ids", "token ids", "ids", false, SIZE_MAX, &ids, &n);
+    if (rc != TDM_OK || !ids)
+        return rc;
     q->stop_ids = calloc(n ? n : 1, sizeof *q->stop_ids);
     if (!q->stop_ids)
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
@@ -410,19 +430,12 @@ static int parse_stop_token_ids(parse_ctx_t *p, oai_req_t *q)
  * vocabulary bound is the router's), into q->sp. */
 static int parse_allowed_ids(parse_ctx_t *p, oai_req_t *q)
 {
-    json_t *a = field(p->root, "allowed_token_ids");
-    if (!a)
-        return TDM_OK;
-    size_t n = json_is_array(a) ? json_array_size(a) : 0;
-    if (!json_is_array(a) || n == 0)
-        return tdm_error_set_field(p->err, TDM_EINVALID, "allowed_token_ids",
-                                   "allowed_token_ids must be a non-empty array of token ids, "
-                                   "got %s",
-                                   json_is_array(a) ? "an empty array" : oai_type_name(a));
-    if (n > TDM_SAMPLING_MAX_ALLOWED)
-        return tdm_error_set_field(p->err, TDM_EINVALID, "allowed_token_ids",
-                                   "allowed_token_ids has %zu ids, at most %d allowed", n,
-                                   TDM_SAMPLING_MAX_ALLOWED);
+    json_t *a;
+    size_t n;
+    int rc = get_array(p, "allowed_token_ids", "token ids", "ids", true, TDM_SAMPLING_MAX_ALLOWED,
+                       &a, &n);
+    if (rc != TDM_OK || !a)
+        return rc;
     if (!(q->allowed_ids = calloc(n, sizeof *q->allowed_ids)))
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -446,18 +459,12 @@ static int parse_allowed_ids(parse_ctx_t *p, oai_req_t *q)
  * router tokenizes them), into q->bad_words. */
 static int parse_bad_words(parse_ctx_t *p, oai_req_t *q)
 {
-    json_t *b = field(p->root, "bad_words");
-    if (!b)
-        return TDM_OK;
-    if (!json_is_array(b))
-        return tdm_error_set_field(p->err, TDM_EINVALID, "bad_words",
-                                   "bad_words must be an array of strings, got %s",
-                                   oai_type_name(b));
-    size_t n = json_array_size(b);
-    if (n > TDM_SAMPLING_MAX_BAD_WORDS)
-        return tdm_error_set_field(p->err, TDM_EINVALID, "bad_words",
-                                   "bad_words has %zu words, at most %d allowed", n,
-                                   TDM_SAMPLING_MAX_BAD_WORDS);
+    json_t *b;
+    size_t n;
+    int rc =
+        get_array(p, "bad_words", "strings", "words", false, TDM_SAMPLING_MAX_BAD_WORDS, &b, &n);
+    if (rc != TDM_OK || !b)
+        return rc;
     if (n && !(q->bad_words = calloc(n, sizeof *q->bad_words)))
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     for (size_t i = 0; i < n; i++) {

@@ -609,23 +609,6 @@ static size_t member_text(const char *s, size_t n, const char *key, size_t *at)
     return 0;
 }
 
-static const char *find(const char *s, size_t n, const char *needle, size_t m)
-{
-    for (size_t i = 0; i + m <= n; i++)
-        if (memcmp(s + i, needle, m) == 0)
-            return s + i;
-    return NULL;
-}
-
-/* The length of the longest tail of s[0..n) that begins the open tag. */
-static size_t tag_prefix_tail(const char *s, size_t n)
-{
-    for (size_t k = n < OPEN_LEN - 1 ? n : OPEN_LEN - 1; k > 0; k--)
-        if (memcmp(s + n - k, open_tag, k) == 0)
-            return k;
-    return 0;
-}
-
 /* Appends a call named name with the given arguments (both heap strings, taken; freed on
  * failure) and a fresh id. Returns the call, NULL on out of memory. */
 static oai_tool_call_t *add_call(oai_tool_parser_t *p, char *name, char *arguments)
@@ -752,7 +735,7 @@ static bool stream_arguments(oai_tool_parser_t *p, bool final)
 {
     const char *h = p->hold.data;
     size_t n = p->hold.len;
-    const char *end = find(h, n, close_tag, CLOSE_LEN);
+    const char *end = oai_find(h, n, close_tag, CLOSE_LEN);
     if (!end) {
         size_t give = final ? n : n > ARGS_TAIL ? n - ARGS_TAIL : 0;
         append_arguments(p, h, give);
@@ -781,8 +764,8 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
     size_t n = p->hold.len;
     bool closed_to_calls = !p->parallel && p->n_calls > 0;
     if (!p->in_call) {
-        const char *at = closed_to_calls ? NULL : find(h, n, open_tag, OPEN_LEN);
-        size_t keep = at || final || closed_to_calls ? 0 : tag_prefix_tail(h, n);
+        const char *at = closed_to_calls ? NULL : oai_find(h, n, open_tag, OPEN_LEN);
+        size_t keep = at || final || closed_to_calls ? 0 : oai_tag_tail(h, n, open_tag, OPEN_LEN);
         size_t give = at ? (size_t)(at - h) : n - keep;
         content_out(p, h, give, out);
         hold_drop(p, at ? give + OPEN_LEN : give);
@@ -803,7 +786,7 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
     }
     if (p->streaming)
         return stream_arguments(p, final);
-    const char *end = find(h, n, close_tag, CLOSE_LEN);
+    const char *end = oai_find(h, n, close_tag, CLOSE_LEN);
     if (!end && !final)
         return false;
     size_t body = end ? (size_t)(end - h) : n;
@@ -937,15 +920,6 @@ static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n)
     return true;
 }
 
-/* The length of the longest tail of s[0..n) that begins lit (shorter than lit). */
-static size_t lit_tail(const char *s, size_t n, const char *lit, size_t m)
-{
-    for (size_t k = n < m - 1 ? n : m - 1; k > 0; k--)
-        if (memcmp(s + n - k, lit, k) == 0)
-            return k;
-    return 0;
-}
-
 /* The other formats: content until the calls begin (Llama 3: the output's first non-space
  * byte is "{" or "<|python_tag|>"; Mistral: "[TOOL_CALLS]" anywhere), then everything is held
  * and parsed at the end; calls that do not parse are given out as content, marker
@@ -969,8 +943,8 @@ static void other_feed(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
         else
             p->fstate = 2;
     } else if (p->fstate == 0) {
-        const char *at = find(h, n, mistral_tag, MISTRAL_TAG_LEN);
-        size_t keep = at || final ? 0 : lit_tail(h, n, mistral_tag, MISTRAL_TAG_LEN);
+        const char *at = oai_find(h, n, mistral_tag, MISTRAL_TAG_LEN);
+        size_t keep = at || final ? 0 : oai_tag_tail(h, n, mistral_tag, MISTRAL_TAG_LEN);
         size_t give = at ? (size_t)(at - h) : n - keep;
         content_out(p, h, give, out);
         hold_drop(p, at ? give + MISTRAL_TAG_LEN : give);

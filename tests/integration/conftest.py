@@ -212,6 +212,17 @@ def http_cluster(tmp_path_factory, name, **kw):
     assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
 
 
+def openai_client(cluster, timeout):
+    """An `openai` package client of cluster's HTTP gateway (cluster.port, as http_cluster sets
+    it) that never retries and gives up after timeout seconds per request, for a module-scoped
+    fixture to yield from; closed at the end."""
+    import openai  # only the tests that use the client need the package
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.port}/v1", api_key="unused",
+                           max_retries=0, timeout=timeout)
+    yield client
+    client.close()
+
+
 def reference(prompt=None, chat=None, max_tokens=16, temperature=0.0, seed=None, extra=(),
               model=None):
     """The in-process output of `tandem generate -m MODEL` for the same request (stdout)."""

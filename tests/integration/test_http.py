@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import BINARIES, Cluster, http_cluster, http_port, reference
+from conftest import BINARIES, Cluster, http_cluster, http_port, openai_client, reference
 import tandem_client as tc
 
 try:
@@ -65,10 +65,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oai(cluster):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.port}/v1", api_key="unused",
-                           max_retries=0, timeout=120)
-    yield client
-    client.close()
+    yield from openai_client(cluster, timeout=120)
 
 
 @pytest.fixture(scope="module")

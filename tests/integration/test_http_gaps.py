@@ -10,8 +10,9 @@ import socket
 
 import pytest
 
-from conftest import Cluster
-from test_http import http_port, request
+from conftest import http_cluster
+from rawhttp import raw_all, read_all
+from test_http import request
 
 HEADER_S = 2  # router.http_header_timeout_s in this cluster
 BODY = b'{"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "hi", "max_tokens": 1}'
@@ -20,39 +21,10 @@ BODY = b'{"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "hi", "max_tokens": 1
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     # a long idle timeout, so that only the header deadline and the body rate can close
-    c = Cluster(str(tmp_path_factory.mktemp("http_gaps")), n_prefill=0, n_decode=1,
-                extra_router="  http_connection_timeout_s: 600\n"
-                             f"  http_header_timeout_s: {HEADER_S}\n"
-                             "  http_min_body_rate: 1000\n")
-    c.start()
-    c.port = http_port(c)
-    yield c
-    codes = c.stop()
-    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
-
-
-def read_all(s):
-    """Everything s receives until the server closes it (or resets it)."""
-    buf = b""
-    while True:
-        try:
-            b = s.recv(65536)
-        except ConnectionResetError:
-            break
-        if not b:
-            break
-        buf += b
-    return buf
-
-
-def raw_all(port, data, timeout=60):
-    """Sends data on a fresh connection and reads until the server closes it."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    try:
-        s.sendall(data)
-        return read_all(s)
-    finally:
-        s.close()
+    yield from http_cluster(tmp_path_factory, "http_gaps", n_prefill=0,
+                            extra_router="  http_connection_timeout_s: 600\n"
+                                         f"  http_header_timeout_s: {HEADER_S}\n"
+                                         "  http_min_body_rate: 1000\n")
 
 
 def read_one(s):

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from conftest import BINARIES, Cluster, reference
+from conftest import BINARIES, Cluster, http_cluster, reference
+from rawhttp import raw_all, read_all
 from test_http import http_port, open_stream, peek_until, request, running, wait_for
 
 PROMPT = "The capital of France is"
@@ -24,16 +25,11 @@ THREADS = 2      # router.http_threads
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     # a long idle timeout, so that the idle connections below stay open for the whole test
-    c = Cluster(str(tmp_path_factory.mktemp("http_limits")), n_prefill=0, n_decode=1,
-                extra_router=f"  http_threads: {THREADS}\n"
-                             f"  http_max_connections_per_client: {PER_CLIENT}\n"
-                             "  http_connection_timeout_s: 600\n"
-                             "  http_header_timeout_s: 600\n")
-    c.start()
-    c.port = http_port(c)
-    yield c
-    codes = c.stop()
-    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+    yield from http_cluster(tmp_path_factory, "http_limits", n_prefill=0,
+                            extra_router=f"  http_threads: {THREADS}\n"
+                                         f"  http_max_connections_per_client: {PER_CLIENT}\n"
+                                         "  http_connection_timeout_s: 600\n"
+                                         "  http_header_timeout_s: 600\n")
 
 
 def probe_from(port, source, path="/health", timeout=60):
@@ -45,15 +41,7 @@ def probe_from(port, source, path="/health", timeout=60):
         s.bind((source, 0))
         s.connect(("127.0.0.1", port))
         s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        buf = b""
-        while True:
-            try:
-                b = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not b:
-                break
-            buf += b
+        buf = read_all(s)
     finally:
         s.close()
     if not buf:
@@ -92,20 +80,6 @@ def raw_exchange(port, data, timeout=60):
 def strict_json(body):
     """The body as JSON, decoded as strict UTF-8 (a strict protobuf or JSON client's view)."""
     return json.loads(body.decode("utf-8", errors="strict"))
-
-
-def read_all(s):
-    """Everything s receives until the server closes it (or resets it)."""
-    buf = b""
-    while True:
-        try:
-            b = s.recv(65536)
-        except ConnectionResetError:
-            break
-        if not b:
-            break
-        buf += b
-    return buf
 
 
 def error_of(buf):
@@ -261,26 +235,6 @@ def test_malformed_framing_is_400(cluster, framing):
     assert request(cluster.port, "GET", "/health")[0] == 200
 
 
-def raw_all(port, data, timeout=60):
-    """Sends data on a fresh connection and reads until the server closes it (every framing
-    refusal closes). Returns everything read."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    buf = b""
-    try:
-        s.sendall(data)
-        while True:
-            try:
-                b = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not b:
-                break
-            buf += b
-    finally:
-        s.close()
-    return buf
-
-
 @pytest.mark.parametrize("framing,what", [
     (b"Content-Length: 5\r\nContent-Length: 72\r\n", b"2 Content-Length headers"),
     (b"Content-Length: 72\r\nContent-Length: 72\r\n", b"2 Content-Length headers"),
@@ -351,16 +305,11 @@ def test_replies_are_utf8_json_whatever_the_input(cluster):
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory):
     """A cluster with a table of 4 connections, 1 s for headers and 1,000 bytes/s for bodies."""
-    c = Cluster(str(tmp_path_factory.mktemp("http_tight")), n_prefill=0, n_decode=1,
-                extra_router="  http_max_connections: 4\n"
-                             "  http_max_connections_per_client: 0\n"
-                             "  http_header_timeout_s: 1\n"
-                             "  http_min_body_rate: 1000\n")
-    c.start()
-    c.port = http_port(c)
-    yield c
-    codes = c.stop()
-    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+    yield from http_cluster(tmp_path_factory, "http_tight", n_prefill=0,
+                            extra_router="  http_max_connections: 4\n"
+                                         "  http_max_connections_per_client: 0\n"
+                                         "  http_header_timeout_s: 1\n"
+                                         "  http_min_body_rate: 1000\n")
 
 
 def test_headers_late_get_408(tight):

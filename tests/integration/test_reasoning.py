@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from conftest import http_cluster
+from conftest import http_cluster, openai_client
 
 import openai
 import jsonschema
@@ -86,10 +86,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oai(cluster):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.port}/v1", api_key="unused",
-                           max_retries=0, timeout=300)
-    yield client
-    client.close()
+    yield from openai_client(cluster, timeout=300)
 
 
 @pytest.fixture(scope="module")

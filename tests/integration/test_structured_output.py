@@ -20,7 +20,7 @@ from typing import List, Literal, Optional, Union
 
 import pytest
 
-from conftest import BINARIES, MODEL, http_cluster
+from conftest import BINARIES, MODEL, http_cluster, openai_client
 from test_http import request
 
 try:
@@ -131,10 +131,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oai(cluster):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.port}/v1", api_key="unused",
-                           max_retries=0, timeout=600)
-    yield client
-    client.close()
+    yield from openai_client(cluster, timeout=600)
 
 
 def messages(what):

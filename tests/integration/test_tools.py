@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from conftest import BINARIES, MODEL, http_cluster, reference
+from conftest import BINARIES, MODEL, http_cluster, openai_client, reference
 
 try:
     import openai
@@ -62,10 +62,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oai(cluster):
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{cluster.port}/v1", api_key="unused",
-                           max_retries=0, timeout=300)
-    yield client
-    client.close()
+    yield from openai_client(cluster, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -136,6 +136,114 @@ static void test_invariance_other_types(void **state)
     invariance_on_tiny(TDM_GGML_TYPE_Q8_0, TDM_GGML_TYPE_Q8_0, 64, true, TDM_KV_Q8);
 }
 
+/* Sliding windows over an f16 cache: the attention takes consecutive rows of a prompt together
+ * (cpu_attention.c, runs of TDM_ATTN_QTILE) and splits each row's keys into its own window
+ * start, the keys the run shares and its causal tail; every row must still get the bits it
+ * has alone. Windows shorter than, equal to and longer than the run, on the tiny model with
+ * every layer but the last made a sliding-window one (the hyperparameters set after load, as
+ * a Gemma 3 file sets them; rope_freq_base_swa equal to the base so only the mask changes). */
+static void test_invariance_sliding_window(void **state)
+{
+    (void)state;
+    static const uint32_t windows[] = {3, 4, 6, 29};
+    for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+        tdm_test_engine_t f;
+        tdm_tiny_llama_spec_t spec = {.n_embd = 64,
+                                      .n_layers = 2,
+                                      .n_heads = 4,
+                                      .n_kv_heads = 2,
+                                      .n_vocab = 512,
+                                      .weight_type = TDM_GGML_TYPE_Q8_0,
+                                      .embd_type = TDM_GGML_TYPE_Q8_0,
+                                      .seed = 11,
+                                      .weight_std = 0.05f};
+        tdm_test_engine_write_tiny(&f, &spec);
+        tdm_test_engine_open(&f, f.path, TDM_KV_F16, 256);
+        tdm_llama_hparams_t *hp = (tdm_llama_hparams_t *)tdm_model_hparams(f.model);
+        hp->n_swa = windows[w];
+        hp->swa_layers[0] = 1;
+        hp->rope_freq_base_swa = hp->rope_freq_base;
+        int32_t a[100], b[37], c[5];
+        tdm_test_random_tokens(a, 100, f.n_vocab, 4);
+        tdm_test_random_tokens(b, 37, f.n_vocab, 5);
+        tdm_test_random_tokens(c, 5, f.n_vocab, 6);
+        const int32_t *prompts[3] = {a, b, c};
+        uint32_t lens[3] = {100, 37, 5};
+        check_invariance(&f, prompts, lens, 3, true);
+        tdm_test_engine_close(&f);
+        unlink(f.path);
+    }
+}
+
+/* Long contexts (900 tokens) with 2 and 3 threads, without and with a sliding window
+ * (head_dim 32): two prompts fed a token at a time, alone and together (1 and 2 rows a pass),
+ * must give the logits of the same prompts in 64-token chunks (query runs of
+ * TDM_ATTN_QTILE rows sharing each K/V block read) bit for bit. */
+static void test_invariance_long_context(void **state)
+{
+    (void)state;
+    enum { N = 900 };
+    static int32_t a[N], b[N];
+    static const uint32_t threads[] = {2, 3}, windows[] = {0, 700};
+    tdm_test_random_tokens(a, N, 512, 8);
+    tdm_test_random_tokens(b, N, 512, 9);
+    for (size_t w = 0; w < 2; w++)
+        for (size_t th = 0; th < 2; th++) {
+            tdm_test_engine_t f;
+            tdm_tiny_llama_spec_t spec = {.n_embd = 128,
+                                          .n_layers = 2,
+                                          .n_heads = 4,
+                                          .n_kv_heads = 2,
+                                          .n_vocab = 512,
+                                          .weight_type = TDM_GGML_TYPE_Q8_0,
+                                          .embd_type = TDM_GGML_TYPE_Q8_0,
+                                          .n_ctx = 1024,
+                                          .seed = 12,
+                                          .weight_std = 0.05f};
+            tdm_test_engine_write_tiny(&f, &spec);
+            tdm_test_engine_open(&f, f.path, TDM_KV_F16, 1024);
+            tdm_llama_hparams_t *hp = (tdm_llama_hparams_t *)tdm_model_hparams(f.model);
+            if (windows[w]) {
+                hp->n_swa = windows[w];
+                hp->swa_layers[0] = 1;
+                hp->rope_freq_base_swa = hp->rope_freq_base;
+            }
+            tdm_engine_destroy(&f.engine);
+            tdm_engine_params_t p;
+            tdm_engine_params_default(&p);
+            p.max_batch_tokens = TDM_TEST_MAX_ROWS;
+            p.max_logits = TDM_TEST_MAX_LOGITS;
+            p.n_ctx = 1024;
+            p.n_threads = (int)threads[th];
+            tdm_error_t err = {0};
+            f.engine = tdm_engine_new(f.model, f.pool, &p, &err);
+            assert_non_null(f.engine);
+            tdm_test_seq_t ref[2], s[2];
+            const uint32_t c64[2] = {64, 64}, c1[2] = {1, 1};
+            tdm_test_seq_start(&f, &ref[0], a, N);
+            tdm_test_seq_start(&f, &ref[1], b, N);
+            tdm_test_run_together(&f, &ref[0], 1, c64);
+            tdm_test_run_together(&f, &ref[1], 1, c64);
+            tdm_test_seq_start(&f, &s[0], a, N);
+            tdm_test_run_together(&f, s, 1, c1);
+            if (memcmp(s[0].logits, ref[0].logits, (size_t)N * f.n_vocab * 4) != 0)
+                fail_msg("window %u, %u threads: one row a pass differs", windows[w], threads[th]);
+            tdm_test_seq_end(&f, &s[0]);
+            tdm_test_seq_start(&f, &s[0], a, N);
+            tdm_test_seq_start(&f, &s[1], b, N);
+            tdm_test_run_together(&f, s, 2, c1);
+            for (int i = 0; i < 2; i++) {
+                if (memcmp(s[i].logits, ref[i].logits, (size_t)N * f.n_vocab * 4) != 0)
+                    fail_msg("window %u, %u threads: prompt %d of two rows a pass differs",
+                             windows[w], threads[th], i);
+                tdm_test_seq_end(&f, &s[i]);
+                tdm_test_seq_end(&f, &ref[i]);
+            }
+            tdm_test_engine_close(&f);
+            unlink(f.path);
+        }
+}
+
 /* Logits of a 70-token prompt and a 9-token prompt run together (chunks 23 and 4) on path's
  * engine with TANDEM_CPU_KERNELS=family; the engine's backend name goes to name. */
 static float *family_logits(const char *path, const char *family, tdm_kv_dtype_t dtype, char *name,
@@ -499,6 +607,8 @@ int main(void)
         cmocka_unit_test(test_invariance_kquants),
         cmocka_unit_test(test_invariance_other_types),
         cmocka_unit_test(test_invariance_moe),
+        cmocka_unit_test(test_invariance_sliding_window),
+        cmocka_unit_test(test_invariance_long_context),
         cmocka_unit_test(test_families_bitwise),
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),

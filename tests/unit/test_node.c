@@ -60,6 +60,11 @@ typedef struct fake_router {
     int n_log;
     uint8_t peer[TDM_NET_PEER_MAX]; /* the node's routing id (from its REGISTER) */
     size_t peer_len;
+    /* A ZeroMQ socket belongs to one thread: the test's own messages to the node are handed to
+     * the router's thread, which sends them (fr_send waits until it has). */
+    const ProtobufCMessage *outbox; /* under mu; NULL: nothing to send */
+    int outbox_method;
+    int outbox_rc;
 } fake_router_t;
 
 static void hear(fake_router_t *fr, const tdm_frame_t *f)
@@ -154,13 +159,47 @@ static void answer(fake_router_t *fr, const tdm_frame_t *f)
     }
 }
 
+/* The router thread: sends what the test handed over (fr_send). */
+static void send_outbox(fake_router_t *fr)
+{
+    pthread_mutex_lock(&fr->mu);
+    if (fr->outbox) {
+        fr->outbox_rc =
+            tdm_sock_notify(fr->sock, fr->peer, fr->peer_len, fr->outbox_method, fr->outbox);
+        fr->outbox = NULL;
+    }
+    pthread_mutex_unlock(&fr->mu);
+}
+
+/* The test's thread: has the router's thread send msg to the node, waiting up to 60 s for it
+ * to be sent; the send's return code. */
+static int fr_send(fake_router_t *fr, int method, const ProtobufCMessage *msg)
+{
+    pthread_mutex_lock(&fr->mu);
+    fr->outbox_method = method;
+    fr->outbox_rc = -1;
+    fr->outbox = msg;
+    pthread_mutex_unlock(&fr->mu);
+    for (int i = 0; i < 60000; i++) {
+        pthread_mutex_lock(&fr->mu);
+        bool sent = fr->outbox == NULL;
+        int rc = fr->outbox_rc;
+        pthread_mutex_unlock(&fr->mu);
+        if (sent)
+            return rc;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
 static void *router_main(void *arg)
 {
     fake_router_t *fr = arg;
     tdm_frame_t f;
     tdm_frame_init(&f);
-    while (!atomic_load(&fr->stop))
-        if (tdm_sock_recv(fr->sock, &f, 20) == 0) {
+    while (!atomic_load(&fr->stop) && (send_outbox(fr), true))
+        if (tdm_sock_recv(fr->sock, &f, 5) == 0) {
             answer(fr, &f);
             tdm_frame_clear(&f);
         }
@@ -364,9 +403,7 @@ static void send_task_resumed(prefill_rig_t *pr, uint64_t attempt, uint64_t dead
     t.decode_node_id = (char *)"d0";
     t.decode_kv_endpoint = pr->sink_ep;
     fake_router_t *fr = &pr->r.fr;
-    assert_int_equal(tdm_sock_notify(fr->sock, fr->peer, fr->peer_len,
-                                     TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base),
-                     0);
+    assert_int_equal(fr_send(fr, TANDEM__V1__METHOD__METHOD_PREFILL_TASK, &t.base), 0);
 }
 
 static void send_task(prefill_rig_t *pr, uint64_t attempt, uint64_t deadline_ms)
@@ -400,9 +437,7 @@ static void send_cancel(prefill_rig_t *pr, uint64_t attempt)
     c.request_id = (char *)"req";
     c.attempt_id = attempt;
     fake_router_t *fr = &pr->r.fr;
-    assert_int_equal(tdm_sock_notify(fr->sock, fr->peer, fr->peer_len,
-                                     TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base),
-                     0);
+    assert_int_equal(fr_send(fr, TANDEM__V1__METHOD__METHOD_NODE_CANCEL, &c.base), 0);
 }
 
 /* The serve loop with the prefill handler: tasks found by attempt, worker events reach their

@@ -162,8 +162,8 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
     be->act = (q8a_block_t *)cpu_alloc(be, act_blocks * sizeof(q8a_block_t) / sizeof(float));
     be->wrow = cpu_alloc(be, nt * max_in);
     size_t group = hp->n_heads / hp->n_kv_heads;
-    be->scores = cpu_alloc(be, nt * group * be->n_ctx);
-    be->kvrow = cpu_alloc(be, nt * (group + 2) * hp->head_dim);
+    be->scores = cpu_alloc(be, nt * TDM_ATTN_QTILE * group * be->n_ctx);
+    be->kvrow = cpu_alloc(be, nt * (2 * TDM_ATTN_QTILE * group + 2) * hp->head_dim);
     be->rope_cs = cpu_alloc(be, (size_t)be->max_rows * hp->rope_dim);
     size_t znb = (max_in + QK - 1) / QK;
     be->zact =

@@ -45,8 +45,10 @@ typedef struct cpu_be {
     uint8_t *zact;    /* [max_rows][zact stride] activations in the AVX-512 layout */
     uint8_t *zprep;   /* [n_threads][zprep stride] one weight row prepared for AVX-512 */
     float *wrow;      /* [n_threads][max_in] dequantized weight rows */
-    float *scores;    /* [n_threads][heads per KV head][n_ctx] attention scores */
-    float *kvrow;     /* [n_threads][heads per KV head + 2][head_dim] K/V rows, queries */
+    float *scores;    /* [n_threads][TDM_ATTN_QTILE * heads per KV head][n_ctx] attention
+                         scores */
+    float *kvrow;     /* [n_threads][2 * TDM_ATTN_QTILE * heads per KV head + 2][head_dim]
+                         K/V rows, queries, outputs */
     float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
     float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
                          scales q itself (hparams.attn_q_scale) */
@@ -56,6 +58,10 @@ typedef struct cpu_be {
     struct cpu_wkernel *exp_wk;  /* [n_exp_w] their kernel records, same order */
     struct cpu_moe_scratch *moe; /* NULL for a dense model */
 } cpu_be_t;
+
+/* Query rows attention takes together (cpu_attention.c): up to this many consecutive positions
+ * of one sequence share each K and V block read */
+#define TDM_ATTN_QTILE 4
 
 /* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the
  * matrix in place or repacked (cpu_kernels.h), AVX-512's prepared rows, or the f32 path. */

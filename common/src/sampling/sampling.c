@@ -913,6 +913,28 @@ static uint32_t apply_mask(tdm_sampler_t *s, const uint32_t *mask)
     return allowed;
 }
 
+/* The largest of the n logits l (-inf when all are), found by key: integer lanes vectorize
+ * where floats do not. */
+static float max_logit(const float *l, size_t n)
+{
+    uint32_t kmax = 0;
+    TDM_SIMD_REDUCE(max, kmax)
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = logit_key(l[i]);
+        kmax = k > kmax ? k : kmax;
+    }
+    return key_logit(kmax);
+}
+
+/* The log of the softmax denominator of s's n_vocab logits at temperature 1, lmax (finite)
+ * their maximum; the weights are left in s->w. The sampler's reported logprobs and
+ * tdm_sampler_token_logprobs both take it from here, so their numbers are bitwise the same. */
+static double log_partition(tdm_sampler_t *s, float lmax)
+{
+    fill_weights(s->logits, s->w, s->n_vocab, lmax, 1.0f);
+    return (double)lmax + log(sum_blocks(s->w, s->n_vocab, s->block_sum));
+}
+
 int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,
                        const int32_t *history, size_t n_history, uint64_t output_index,
                        tdm_sample_result_t *out)
@@ -942,20 +964,13 @@ int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, 
 
     const float *l = s->logits;
     size_t n = s->n_vocab;
-    uint32_t kmax = 0; /* the maximum by key: integer lanes vectorize where floats do not */
-    TDM_SIMD_REDUCE(max, kmax)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t k = logit_key(l[i]);
-        kmax = k > kmax ? k : kmax;
-    }
-    float lmax = key_logit(kmax);
+    float lmax = max_logit(l, n);
     if (lmax == -INFINITY)
         return tdm_error_set(&s->err, TDM_EINVALID, "all %zu %slogits are -inf", n,
                              mask ? "allowed " : "");
 
     /* Log-softmax of the penalized (and masked) logits, for the reported logprobs. */
-    fill_weights(l, s->w, n, lmax, 1.0f);
-    double log_z = (double)lmax + log(sum_blocks(s->w, n, s->block_sum));
+    double log_z = log_partition(s, lmax);
     out->n_top = (uint32_t)p->n_logprobs < allowed ? (uint32_t)p->n_logprobs : allowed;
     top_logprobs(l, n, out->n_top, log_z, out->top);
 
@@ -989,17 +1004,10 @@ int tdm_sampler_token_logprobs(tdm_sampler_t *s, const float *logits, int32_t to
         return rc;
     const float *l = s->logits;
     size_t n = s->n_vocab;
-    uint32_t kmax = 0; /* as tdm_sampler_sample_masked, so the numbers are bitwise its own */
-    TDM_SIMD_REDUCE(max, kmax)
-    for (size_t i = 0; i < n; i++) {
-        uint32_t k = logit_key(l[i]);
-        kmax = k > kmax ? k : kmax;
-    }
-    float lmax = key_logit(kmax);
+    float lmax = max_logit(l, n);
     if (lmax == -INFINITY)
         return tdm_error_set(&s->err, TDM_EINVALID, "all %zu logits are -inf", n);
-    fill_weights(l, s->w, n, lmax, 1.0f);
-    double log_z = (double)lmax + log(sum_blocks(s->w, n, s->block_sum));
+    double log_z = log_partition(s, lmax);
     out->n_top = n_top;
     top_logprobs(l, n, n_top, log_z, out->top);
     out->token = token;
