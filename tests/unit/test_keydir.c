@@ -157,6 +157,15 @@ static void test_refusals(void **state)
     assert_int_equal(tdm_keydir_apply(&cfg, NULL, 0, &err), TDM_EPRECONDITION);
     assert_non_null(strstr(err.msg, "is writable by group or others"));
     tdm_config_free(&cfg);
+    /* refused before anything is made in it: a fresh key directory under a wide parent */
+    char rm[PATH_MAX + 16];
+    snprintf(rm, sizeof rm, "rm -r '%s'", dir);
+    assert_int_equal(system(rm), 0);
+    assert_int_equal(tdm_config_defaults(&cfg), TDM_OK);
+    assert_int_equal(tdm_keydir_apply(&cfg, NULL, 0, &err), TDM_EPRECONDITION);
+    struct stat gone;
+    assert_int_not_equal(lstat(dir, &gone), 0);
+    tdm_config_free(&cfg);
 
     /* a symbolic link in place of the directory */
     char tdir[PATH_MAX], target[PATH_MAX + 16];

@@ -327,10 +327,17 @@ int tdm_keydir_apply(tdm_config_t *cfg, char *dir, size_t cap, tdm_error_t *err)
                                  i, KEYDIR_ROUTER);
     char path[PATH_MAX];
     int rc = tdm_keydir_path(path, sizeof path, err);
-    if (rc == TDM_OK)
+    /* the parents first, checked before the key directory itself is made in one of them */
+    char *slash = rc == TDM_OK ? strrchr(path, '/') : NULL;
+    if (slash && slash != path) {
+        *slash = '\0';
         rc = make_dirs(path, err);
+        *slash = '/';
+    }
     if (rc == TDM_OK)
         rc = check_parent(path, err);
+    if (rc == TDM_OK)
+        rc = make_dirs(path, err);
     if (rc == TDM_OK)
         rc = check_dir(path, err);
     /* the nodes first: router.curve_public_key is what turns CURVE on */
