@@ -848,8 +848,15 @@ static size_t json_at(const char *s, size_t n, size_t i, json_t **v)
     return *v ? end : 0;
 }
 
+/* How far a parse of held calls got: the text index after the last whole call (or array of
+ * calls), the number of calls then, and whether a separator after it began another call. */
+typedef struct parse_mark {
+    size_t at, calls;
+    bool next;
+} parse_mark_t;
+
 /* Llama 3.x: [<|python_tag|>] OBJ (";" OBJ)* with whitespace around. */
-static bool parse_llama3(oai_tool_parser_t *p, const char *s, size_t n)
+static bool parse_llama3(oai_tool_parser_t *p, const char *s, size_t n, parse_mark_t *m)
 {
     size_t i = skip_ws(s, n, 0);
     if (starts(s, n, i, python_tag, PYTHON_TAG_LEN))
@@ -862,16 +869,19 @@ static bool parse_llama3(oai_tool_parser_t *p, const char *s, size_t n)
             return false;
         }
         json_decref(v);
+        *m = (parse_mark_t){i, p->n_calls, false};
         i = skip_ws(s, n, i);
-        if (i < n && s[i] == ';')
+        if (i < n && s[i] == ';') {
             i = skip_ws(s, n, i + 1);
+            m->next = true;
+        }
     } while (i < n);
     return true;
 }
 
 /* Mistral, after the first [TOOL_CALLS]: an array of {"name", "arguments"} objects, or
  * NAME[ARGS]OBJ; either repeated after further [TOOL_CALLS] markers. */
-static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n)
+static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n, parse_mark_t *m)
 {
     size_t i = skip_ws(s, n, 0);
     do {
@@ -911,9 +921,12 @@ static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n)
             }
         }
         json_decref(v);
+        *m = (parse_mark_t){i, p->n_calls, false};
         i = skip_ws(s, n, i);
-        if (starts(s, n, i, mistral_tag, MISTRAL_TAG_LEN))
+        if (starts(s, n, i, mistral_tag, MISTRAL_TAG_LEN)) {
             i = skip_ws(s, n, i + MISTRAL_TAG_LEN);
+            m->next = true;
+        }
         else if (i < n)
             return false;
     } while (i < n);
@@ -962,17 +975,25 @@ static void other_feed(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
     if (!final)
         return;
     size_t before = p->n_calls;
-    bool ok = llama ? parse_llama3(p, h, n) : parse_mistral(p, h, n);
-    if (ok && p->n_calls > before) {
+    parse_mark_t m = {0, before, false};
+    bool ok = llama ? parse_llama3(p, h, n, &m) : parse_mistral(p, h, n, &m);
+    if (p->oom || (!ok && !m.next))
+        m = (parse_mark_t){0, before, false};
+    /* whole calls are kept when the next call after them does not parse (an answer cut by
+     * max_tokens inside it): that rest is content, as the <tool_call> format gives it; text
+     * after the calls without a separator makes it all content */
+    for (size_t k = m.calls; k < p->n_calls; k++) {
+        free(p->calls[k].name);
+        free(p->calls[k].arguments);
+    }
+    p->n_calls = m.calls;
+    p->oom = false;
+    if (m.calls > before) {
         tdm_buf_clear(&p->ws);
         p->after_call = true;
+        if (!ok)
+            content_out(p, h + m.at, n - m.at, out);
     } else {
-        for (size_t k = before; k < p->n_calls; k++) {
-            free(p->calls[k].name);
-            free(p->calls[k].arguments);
-        }
-        p->n_calls = before;
-        p->oom = false;
         if (!llama)
             content_out(p, mistral_tag, MISTRAL_TAG_LEN, out);
         content_out(p, h, n, out);

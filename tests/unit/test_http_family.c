@@ -141,6 +141,16 @@ static void test_tool_formats(void **state)
                NULL, 0);
     tools_case(OAI_TOOL_FORMAT_MISTRAL, "no calls here [TOOL_CALL", "no calls here [TOOL_CALL",
                NULL, 0);
+    /* cut by max_tokens inside the next call: the whole calls are kept, the rest is content */
+    static const want_call_t one_a[] = {{"a", "{\"x\":1}"}};
+    tools_case(OAI_TOOL_FORMAT_MISTRAL_ARGS, "[TOOL_CALLS]a[ARGS]{\"x\":1}[TOOL_CALLS]b[ARGS]{\"y",
+               "[TOOL_CALLS]b[ARGS]{\"y", one_a, 1);
+    tools_case(OAI_TOOL_FORMAT_LLAMA3_JSON,
+               "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"param",
+               "; {\"name\": \"b\", \"param", one_a, 1);
+    tools_case(OAI_TOOL_FORMAT_MISTRAL,
+               "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}][TOOL_CALLS][{\"na",
+               "[TOOL_CALLS][{\"na", one_a, 1);
 }
 
 /* ---- detection ---- */
