@@ -926,8 +926,7 @@ static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n, parse_m
         if (starts(s, n, i, mistral_tag, MISTRAL_TAG_LEN)) {
             i = skip_ws(s, n, i + MISTRAL_TAG_LEN);
             m->next = true;
-        }
-        else if (i < n)
+        } else if (i < n)
             return false;
     } while (i < n);
     return true;
