@@ -394,6 +394,33 @@ static json_t *response_base(const oai_req_t *q)
                      (json_int_t)q->created, "model", http_json_str(q->model));
 }
 
+/* A chat answer's message from its text (the answer after any reasoning): tool calls parsed
+ * when the request has tools (*n_calls), the echoed last message first (vLLM). */
+static json_t *chat_message_json(const oai_req_t *q, const char *text, size_t *n_calls)
+{
+    if (q->tools.parse) {
+        json_t *m = oai_tools_message_json(q, text, n_calls);
+        json_t *c = m ? json_object_get(m, "content") : NULL;
+        if (q->chat_echo && m) { /* vLLM: the echo goes before the parsed content */
+            tdm_buf_t t = TDM_BUF_INIT;
+            tdm_buf_append(&t, q->chat_echo, strlen(q->chat_echo));
+            if (json_is_string(c))
+                tdm_buf_append(&t, json_string_value(c), json_string_length(c));
+            json_object_set_new(m, "content", str_utf8(t.data ? t.data : "", t.len));
+            tdm_buf_free(&t);
+        }
+        return m;
+    }
+    tdm_buf_t t = TDM_BUF_INIT;
+    if (q->chat_echo)
+        tdm_buf_append(&t, q->chat_echo, strlen(q->chat_echo));
+    tdm_buf_append(&t, text, strlen(text));
+    json_t *m = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
+                          str_utf8(t.data ? t.data : "", t.len), "refusal");
+    tdm_buf_free(&t);
+    return m;
+}
+
 /* One choice of a non-streaming answer from its whole chunk ch, as choice `index`. */
 static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch,
                            uint32_t index, const tdm_client_chunk_t *plp)
@@ -413,27 +440,8 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         oai_reason_free(&rp);
         text = answer.data ? answer.data : "";
     }
-    if (q->kind == OAI_CHAT && q->tools.parse) {
-        json_t *m = oai_tools_message_json(q, text, &n_calls);
-        json_t *c = m ? json_object_get(m, "content") : NULL;
-        if (q->chat_echo && m) { /* vLLM: the echo goes before the parsed content */
-            tdm_buf_t t = TDM_BUF_INIT;
-            tdm_buf_append(&t, q->chat_echo, strlen(q->chat_echo));
-            if (json_is_string(c))
-                tdm_buf_append(&t, json_string_value(c), json_string_length(c));
-            json_object_set_new(m, "content", str_utf8(t.data ? t.data : "", t.len));
-            tdm_buf_free(&t);
-        }
-        json_object_set_new(choice, "message", m);
-    } else if (q->kind == OAI_CHAT) {
-        tdm_buf_t t = TDM_BUF_INIT;
-        if (q->chat_echo)
-            tdm_buf_append(&t, q->chat_echo, strlen(q->chat_echo));
-        tdm_buf_append(&t, text, strlen(text));
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s, s:o, s:n}", "role", "assistant", "content",
-                                      str_utf8(t.data ? t.data : "", t.len), "refusal"));
-        tdm_buf_free(&t);
+    if (q->kind == OAI_CHAT) {
+        json_object_set_new(choice, "message", chat_message_json(q, text, &n_calls));
     } else {
         tdm_buf_t t = TDM_BUF_INIT;
         if (q->echo)

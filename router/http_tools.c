@@ -932,6 +932,39 @@ static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n, parse_m
     return true;
 }
 
+/* The end of an answer in the other formats: the held calls h[n] (after the first marker)
+ * parsed into p's calls; what is not a whole call is given out as content. Whole calls are
+ * kept when the next call after them does not parse (an answer cut by max_tokens inside it):
+ * that rest is content, as the <tool_call> format gives it; text after the calls without a
+ * separator makes it all content. */
+static void other_parse_held(oai_tool_parser_t *p, const char *h, size_t n, bool llama,
+                             tdm_buf_t *out)
+{
+    size_t before = p->n_calls;
+    parse_mark_t m = {0, before, false};
+    bool ok = llama ? parse_llama3(p, h, n, &m) : parse_mistral(p, h, n, &m);
+    if (p->oom || (!ok && !m.next))
+        m = (parse_mark_t){0, before, false};
+    for (size_t k = m.calls; k < p->n_calls; k++) {
+        free(p->calls[k].name);
+        free(p->calls[k].arguments);
+    }
+    p->n_calls = m.calls;
+    p->oom = false;
+    if (m.calls > before) {
+        tdm_buf_clear(&p->ws);
+        p->after_call = true;
+        if (!ok)
+            content_out(p, h + m.at, n - m.at, out);
+    } else {
+        if (!llama)
+            content_out(p, mistral_tag, MISTRAL_TAG_LEN, out);
+        content_out(p, h, n, out);
+    }
+    hold_drop(p, n);
+    p->fstate = 2;
+}
+
 /* The other formats: content until the calls begin (Llama 3: the output's first non-space
  * byte is "{" or "<|python_tag|>"; Mistral: "[TOOL_CALLS]" anywhere), then everything is held
  * and parsed at the end; calls that do not parse are given out as content, marker
@@ -971,34 +1004,8 @@ static void other_feed(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
         hold_drop(p, n);
         return;
     }
-    if (!final)
-        return;
-    size_t before = p->n_calls;
-    parse_mark_t m = {0, before, false};
-    bool ok = llama ? parse_llama3(p, h, n, &m) : parse_mistral(p, h, n, &m);
-    if (p->oom || (!ok && !m.next))
-        m = (parse_mark_t){0, before, false};
-    /* whole calls are kept when the next call after them does not parse (an answer cut by
-     * max_tokens inside it): that rest is content, as the <tool_call> format gives it; text
-     * after the calls without a separator makes it all content */
-    for (size_t k = m.calls; k < p->n_calls; k++) {
-        free(p->calls[k].name);
-        free(p->calls[k].arguments);
-    }
-    p->n_calls = m.calls;
-    p->oom = false;
-    if (m.calls > before) {
-        tdm_buf_clear(&p->ws);
-        p->after_call = true;
-        if (!ok)
-            content_out(p, h + m.at, n - m.at, out);
-    } else {
-        if (!llama)
-            content_out(p, mistral_tag, MISTRAL_TAG_LEN, out);
-        content_out(p, h, n, out);
-    }
-    hold_drop(p, n);
-    p->fstate = 2;
+    if (final)
+        other_parse_held(p, h, n, llama, out);
 }
 
 int oai_tool_parser_feed(oai_tool_parser_t *p, const char *s, size_t n, bool final,

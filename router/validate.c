@@ -600,6 +600,30 @@ static int choices_check(const Tandem__V1__GenerateRequest *g, tdm_error_t *err)
     return TDM_OK;
 }
 
+/* GenerateRequest.prompt_logprobs into q (want_plp, plp_ask), q's prompt known. */
+static int validate_prompt_logprobs(const Tandem__V1__GenerateRequest *g, rt_req_t *q,
+                                    tdm_error_t *err)
+{
+    tandem__v1__prompt_logprobs_ask__init(&q->plp_ask);
+    if (!g->prompt_logprobs)
+        return TDM_OK;
+    if (g->prompt_logprobs->top > TDM_SAMPLING_MAX_LOGPROBS)
+        return tdm_error_set_field(err, TDM_EINVALID, "prompt_logprobs",
+                                   "prompt_logprobs must be in 0..%d, got %u",
+                                   TDM_SAMPLING_MAX_LOGPROBS, g->prompt_logprobs->top);
+    /* the values travel in one message (TDM_NET_MAX_BODY_BYTES): about 30 bytes an entry */
+    uint64_t entries = (uint64_t)q->n_prompt * (g->prompt_logprobs->top + 1);
+    if (entries > RT_PROMPT_LOGPROBS_MAX_ENTRIES)
+        return tdm_error_set_field(
+            err, TDM_EINVALID, "prompt_logprobs",
+            "prompt_logprobs: %" PRIu32 " prompt tokens x %u entries each = %" PRIu64
+            " entries, more than the limit of %u (ask fewer alternatives or a shorter prompt)",
+            q->n_prompt, g->prompt_logprobs->top + 1, entries, RT_PROMPT_LOGPROBS_MAX_ENTRIES);
+    q->want_plp = true;
+    q->plp_ask.top = g->prompt_logprobs->top;
+    return TDM_OK;
+}
+
 int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__GenerateRequest *g,
                     rt_req_t *q, rt_refusal_t *why, tdm_error_t *err)
 {
@@ -645,23 +669,9 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     q->include_stop_str = g->include_stop_str;
     q->echo = g->echo_token_text;
     q->continuous_usage = g->continuous_usage;
-    tandem__v1__prompt_logprobs_ask__init(&q->plp_ask);
-    if (g->prompt_logprobs) {
-        if (g->prompt_logprobs->top > TDM_SAMPLING_MAX_LOGPROBS)
-            return tdm_error_set_field(err, TDM_EINVALID, "prompt_logprobs",
-                                       "prompt_logprobs must be in 0..%d, got %u",
-                                       TDM_SAMPLING_MAX_LOGPROBS, g->prompt_logprobs->top);
-        /* the values travel in one message (TDM_NET_MAX_BODY_BYTES): about 30 bytes an entry */
-        uint64_t entries = (uint64_t)q->n_prompt * (g->prompt_logprobs->top + 1);
-        if (entries > RT_PROMPT_LOGPROBS_MAX_ENTRIES)
-            return tdm_error_set_field(
-                err, TDM_EINVALID, "prompt_logprobs",
-                "prompt_logprobs: %" PRIu32 " prompt tokens x %u entries each = %" PRIu64
-                " entries, more than the limit of %u (ask fewer alternatives or a shorter prompt)",
-                q->n_prompt, g->prompt_logprobs->top + 1, entries, RT_PROMPT_LOGPROBS_MAX_ENTRIES);
-        q->want_plp = true;
-        q->plp_ask.top = g->prompt_logprobs->top;
-    }
+    int plp_rc = validate_prompt_logprobs(g, q, err);
+    if (plp_rc != TDM_OK)
+        return plp_rc;
     q->render_special = g->render_special;
     tdm_detok_init(&q->detok, r->tok, q->render_special);
     q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
