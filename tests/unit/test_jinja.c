@@ -216,6 +216,16 @@ static void test_errors(void **state)
     assert_null(out);
     tdm_jinja_destroy(&t);
     tdm_jinja_destroy(&t);
+    /* a message that is empty or starts with NUL bytes (found by fuzz_jinja) still says
+     * something: NULs written as \x00 */
+    expect_error("{{ raise_exception('') }}", NULL, TDM_EINVALID,
+                 "raise_exception() with an empty message");
+    static const char nul_src[] = "{{ raise_exception('\0\0x') }}";
+    t = tdm_jinja_new(nul_src, sizeof nul_src - 1, "t", &HF, &err);
+    assert_non_null(t);
+    assert_int_equal(tdm_jinja_render(t, NULL, NULL, &out, &len, &raised, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "\\x00\\x00x");
+    tdm_jinja_destroy(&t);
 }
 
 /* Renderings known to differ from jinja2, each with why; one that starts matching fails the

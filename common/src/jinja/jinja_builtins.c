@@ -518,7 +518,20 @@ static jj_value_t *g_raise(jj_ctx_t *c, jj_value_t *self, jj_args_t *a, const jj
     jj_value_t *m = jj_arg(a, 0, NULL);
     jj_value_t *s = m ? jv_to_str(c, m) : jv_str(c, "", 0);
     c->raised = true;
-    jj_fail(c, NULL, TDM_EINVALID, "%s", s->u.str.s);
+    /* the template's message as the error's text: NUL bytes written as \x00 (they would end
+     * it), an empty one named, so the error always says something */
+    char msg[TDM_ERRMSG_MAX];
+    size_t k = 0;
+    for (size_t i = 0; i < s->u.str.n && k + 5 < sizeof msg; i++) {
+        if (s->u.str.s[i] == '\0') {
+            memcpy(msg + k, "\\x00", 4);
+            k += 4;
+        } else {
+            msg[k++] = s->u.str.s[i];
+        }
+    }
+    msg[k] = '\0';
+    jj_fail(c, NULL, TDM_EINVALID, "%s", k ? msg : "raise_exception() with an empty message");
 }
 
 static jj_value_t *g_strftime_now(jj_ctx_t *c, jj_value_t *self, jj_args_t *a, const jj_node_t *at)
