@@ -285,8 +285,7 @@ def test_required_calls_per_family(oai, model, family):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_langchain_round_trip_per_family(cluster, model, family):
-    lc = pytest.importorskip("langchain_openai",
-                             reason="langchain-openai is not in the venv (scripts/setup pins it)")
+    import langchain_openai as lc  # pinned by scripts/setup; missing, the test fails (never skips)
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
     extra = {"chat_template": template(FAMILIES[family])} if FAMILIES[family] else {}
     llm = lc.ChatOpenAI(base_url=f"http://127.0.0.1:{cluster.port}/v1", api_key="unused",
