@@ -274,7 +274,7 @@ def test_refused_registration_learns_nothing_and_nul_is_refused(tmp_path):
     """A node_id with a NUL inside is refused naming the byte (protobuf-c would have cut it to
     "decode-0", a configured id), and no answer to a connection that has not registered carries
     the router's instance id (FrameHeader.instance_id 0)."""
-    c = Cluster(str(tmp_path), n_prefill=0).start()
+    c = Cluster(str(tmp_path), n_prefill=0, default_keys=False).start()
     try:
         model = models(c)
         fake = FakeNode(c.node_ep, b"intruder.3")
