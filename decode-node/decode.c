@@ -492,7 +492,7 @@ static void on_event(void *h, tdm_node_req_t *base, const tdm_worker_event_t *ev
         break;
     case TDM_WORKER_EVENT_FAILED:
         r->in_worker = false;
-        tdm_node_req_fail(d->node, base, ev->status, false, ev->message);
+        tdm_node_req_fail_event(d->node, base, ev);
         break;
     default: break;
     }

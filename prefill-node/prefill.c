@@ -181,7 +181,7 @@ static void on_event(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev)
     case TDM_WORKER_EVENT_PREFILLED: ship(p, (ptask_t *)r, ev); break;
     case TDM_WORKER_EVENT_FAILED:
         ((ptask_t *)r)->in_worker = false; /* the worker freed it already */
-        tdm_node_req_fail(p->node, r, ev->status, false, ev->message);
+        tdm_node_req_fail_event(p->node, r, ev);
         break;
     default: break;
     }

@@ -902,7 +902,11 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         return;
     rt_req_t *q = rt_req_for_event(r, n, tf->request_id, tf->attempt_id, true, true, "TaskFailed");
     if (q) {
-        int status = server_fault(tdm_proto_status_from_wire(tf->status));
+        /* request_fault: the request's own constraints left no token; its INVALID_ARGUMENT is
+         * the client's (400), not the cluster's */
+        int status = tdm_proto_status_from_wire(tf->status);
+        if (!(tf->request_fault && status == TDM_EINVALID))
+            status = server_fault(status);
         char why[TDM_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s node '%s' failed: %s",
                  tdm_config_node_role_name(n->cfg->role), n->cfg->id, tf->message);

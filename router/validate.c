@@ -437,10 +437,11 @@ static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingPara
 
 /* allowed_token_ids every one of which the first step's other masks exclude (a one-token
  * bad word; before min_tokens an end-of-generation token unless ignore_eos, or a stop token
- * id) would leave the sampler no token at all: refused here, naming the fields, instead of
- * failing on the node ("the mask allows no token", which the router reports as its own
- * fault). The first step's mask is tdm_sampling_request_mask's, the node's own; only the
- * listed ids' bits are looked at, so the end-of-generation ids passed are those among them. */
+ * id) would leave the sampler no token at all: refused here, naming the fields and before
+ * any work, instead of failing on the node (a 400 too, TaskFailed.request_fault, but after a
+ * prefill and without the field). The first step's mask is tdm_sampling_request_mask's, the node's
+ * own; only the listed ids' bits are looked at, so the end-of-generation ids passed are those among
+ * them. */
 static int allowed_ids_check(const tdm_router_t *r, const tdm_sampling_params_t *sp,
                              tdm_error_t *err)
 {

@@ -242,7 +242,7 @@ def test_truncate_prompt_tokens(cluster):
     ("/v1/completions", {"allowed_token_ids": list(range(1025))}, "allowed_token_ids",
      ["at most 1024"]),
     # every allowed token ruled out at the first step: 400 at the router, not a node's 500
-    # "the mask allows no token" (0 and 2 are SmolLM2's <|endoftext|> and <|im_end|>)
+    # "no token satisfies the request's constraints" (0 and 2 are SmolLM2's <|endoftext|> and <|im_end|>)
     ("/v1/completions", {"allowed_token_ids": [0, 2], "min_tokens": 2}, "allowed_token_ids",
      ["none of the 2 listed tokens can be the first token", "min_tokens (2)"]),
     ("/v1/chat/completions", {"messages": CHAT, "allowed_token_ids": [5], "stop_token_ids": [5],
@@ -265,6 +265,25 @@ def test_truncate_prompt_tokens(cluster):
 ])
 def test_refused_with_the_field_and_limit(cluster, path, body, param, words):
     refused(cluster, path, body, param, words)
+
+
+def test_constraints_leaving_no_token_later_are_the_clients_error(cluster):
+    """allowed_token_ids = ["{"] with a JSON grammar: the first token passes (the router's
+    first-token check cannot refuse it), the second has none left. The node fails the request
+    with TaskFailed.request_fault, so it is a 400 naming the step, never a 500."""
+    status, v = post(cluster, "/tokenize", {"model": MODEL_NAME, "prompt": "{",
+                                            "add_special_tokens": False})
+    assert status == 200 and len(v["tokens"]) == 1, v
+    brace = v["tokens"][0]
+    status, v = post(cluster, "/v1/chat/completions",
+                     dict(model=MODEL_NAME, messages=CHAT, max_tokens=8, temperature=0,
+                          allowed_token_ids=[brace], response_format={"type": "json_object"}))
+    assert status == 400, v
+    assert v["error"]["type"] == "invalid_request_error", v
+    assert "no token satisfies the request's constraints at output token 1" in \
+        v["error"]["message"], v
+    # the cluster goes on serving
+    assert completion(cluster)["choices"][0]["text"]
 
 
 def test_allowed_token_ids_left_by_the_other_masks_are_served(cluster, native):

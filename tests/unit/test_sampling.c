@@ -800,8 +800,13 @@ static void test_masked(void **state)
     }
     /* nothing allowed */
     mask[0] = mask[1] = 0;
-    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 0, &r), TDM_EINVALID);
-    assert_non_null(strstr(tdm_sampler_errmsg(s), "allows no token"));
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, mask, NULL, 0, 3, &r), TDM_EINVALID);
+    assert_non_null(strstr(tdm_sampler_errmsg(s), "no token satisfies the request's constraints "
+                                                  "at output token 3"));
+    assert_true(tdm_sampler_masked_out(s)); /* the request's fault */
+    /* a success, and any other failure, clear it */
+    assert_int_equal(tdm_sampler_sample_masked(s, &p, logits, NULL, NULL, 0, 0, &r), TDM_OK);
+    assert_false(tdm_sampler_masked_out(s));
     tdm_sampler_destroy(&s);
 }
 

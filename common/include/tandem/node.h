@@ -128,6 +128,10 @@ void tdm_node_req_drop(tdm_node_t *n, tdm_node_req_t *r);
 void tdm_node_req_fail(tdm_node_t *n, tdm_node_req_t *r, int status, bool retryable,
                        const char *msg);
 
+/* Reports r failed with a worker FAILED event's status, message and request_fault (never
+ * retryable: a failure the worker saw recurs elsewhere) and drops it. */
+void tdm_node_req_fail_event(tdm_node_t *n, tdm_node_req_t *r, const tdm_worker_event_t *ev);
+
 /* Reports attempt a failed on the link of the router that dispatched it (an attempt with no
  * entry, e.g. a task refused before it got one); nothing when that router is gone. */
 void tdm_node_fail(tdm_node_t *n, const tdm_node_attempt_t *a, int status, bool retryable,
@@ -138,6 +142,12 @@ void tdm_node_fail(tdm_node_t *n, const tdm_node_attempt_t *a, int status, bool 
  * request id. s NULL (the router is gone): only the log. */
 void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_node_attempt_t *a,
                             int status, bool retryable, const char *msg);
+
+/* tdm_node_report_failed with TaskFailed.request_fault: true when the request's own
+ * constraints caused the failure (tdm_worker_event_t.request_fault), so the router keeps
+ * status (a 400) instead of reporting INTERNAL. */
+void tdm_node_report_failed_ex(tdm_sock_t *s, const tdm_logger_t *log, const tdm_node_attempt_t *a,
+                               int status, bool retryable, bool request_fault, const char *msg);
 
 /* Sends a worker TOKEN event of attempt a to the router as a TokenEvent (NOTIFY).
  * TDM_EUNAVAILABLE when s is NULL (the router is gone). */

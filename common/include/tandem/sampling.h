@@ -211,6 +211,12 @@ void tdm_sampler_destroy(tdm_sampler_t **self_p);
  * valid until its next call. */
 const char *tdm_sampler_errmsg(const tdm_sampler_t *s);
 
+/* True when the last tdm_sampler_sample_masked failed because its mask allowed no token: the
+ * request's own constraints (grammar, allowed_token_ids, bad_words, min_tokens) leave nothing
+ * to draw, the client's error rather than the engine's. False after a success or any other
+ * failure. */
+bool tdm_sampler_masked_out(const tdm_sampler_t *s);
+
 /* Samples one token from logits [n_vocab] (float32, the model's raw output row; not
  * modified) for output index output_index (0 for the first generated token) of a request
  * with parameters p. history [n_history] is the request's tokens so far, prompt then output;
@@ -245,7 +251,8 @@ int tdm_sampler_sample(tdm_sampler_t *s, const tdm_sampling_params_t *p, const f
  * tokens (the distribution the token was drawn from at temperature 1), and out->n_top is
  * min(n_logprobs, allowed tokens), so no -inf is ever reported (docs/sampling.md). Allocates
  * nothing; one more pass over n_vocab. Errors as tdm_sampler_sample, and TDM_EINVALID when the
- * mask allows no token (or only tokens whose logits are -inf). The request's own masks
+ * mask allows no token (tdm_sampler_masked_out then says so) or only tokens whose logits are
+ * -inf. The request's own masks
  * (min_tokens, bad_words, allowed_token_ids) come in the same mask, ANDed in by the caller
  * (tdm_sampling_request_mask). */
 int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, const float *logits,

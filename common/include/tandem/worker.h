@@ -236,6 +236,7 @@ typedef struct tdm_worker_event {
     /* FAILED */
     int status;
     char message[256];
+    bool request_fault; /* the request's own constraints left no token (TaskFailed.request_fault) */
 } tdm_worker_event_t;
 
 /* Runs one forward pass over whatever is scheduled (nothing when idle) and returns the events

@@ -132,6 +132,13 @@ void tdm_node_req_fail(tdm_node_t *n, tdm_node_req_t *r, int status, bool retrya
     tdm_node_req_drop(n, r);
 }
 
+void tdm_node_req_fail_event(tdm_node_t *n, tdm_node_req_t *r, const tdm_worker_event_t *ev)
+{
+    tdm_node_report_failed_ex(tdm_node_sock(n, r->att.router_instance), &n->log, &r->att,
+                              ev->status, false, ev->request_fault, ev->message);
+    tdm_node_req_drop(n, r);
+}
+
 /* ---- life cycle ---- */
 
 tdm_node_t *tdm_node_new(const tdm_config_t *cfg, const char *node_id, const tdm_node_ops_t *ops,

@@ -148,7 +148,14 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
 void tdm_node_report_failed(tdm_sock_t *s, const tdm_logger_t *log, const tdm_node_attempt_t *a,
                             int status, bool retryable, const char *msg)
 {
+    tdm_node_report_failed_ex(s, log, a, status, retryable, false, msg);
+}
+
+void tdm_node_report_failed_ex(tdm_sock_t *s, const tdm_logger_t *log, const tdm_node_attempt_t *a,
+                               int status, bool retryable, bool request_fault, const char *msg)
+{
     Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
+    tf.request_fault = request_fault;
     tf.request_id = (char *)(uintptr_t)a->label;
     tf.attempt_id = a->attempt_id;
     tf.status = tdm_proto_status_to_wire(status);

@@ -19,6 +19,7 @@
 #include "tandem/sampling.h"
 
 #include <float.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,7 @@ struct tdm_sampler {
     uint32_t bin_n[RADIX_SUB][RADIX_BINS]; /* tokens per radix bucket (sub-histograms) */
     double bin_w[RADIX_SUB][RADIX_BINS];   /* weight per radix bucket (top-p) */
     tdm_error_t err;                       /* last failure of tdm_sampler_sample */
+    bool masked_out; /* that failure was a mask leaving no token (tdm_sampler_masked_out) */
 };
 
 /* ---- parameters ---- */
@@ -779,6 +781,11 @@ const char *tdm_sampler_errmsg(const tdm_sampler_t *s)
     return s->err.msg;
 }
 
+bool tdm_sampler_masked_out(const tdm_sampler_t *s)
+{
+    return s->masked_out;
+}
+
 /* Copies logits into s->logits with zeros made +0; TDM_EINVALID on NaN or +inf. */
 static int load_logits(tdm_sampler_t *s, const float *restrict logits)
 {
@@ -948,6 +955,7 @@ int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, 
 {
     TDM_ASSERT(s && p && logits && out && (history || n_history == 0));
     tdm_error_clear(&s->err);
+    s->masked_out = false;
     int rc = tdm_sampling_params_validate(p, s->n_vocab, &s->err);
     if (rc != TDM_OK)
         return rc;
@@ -959,8 +967,14 @@ int tdm_sampler_sample_masked(tdm_sampler_t *s, const tdm_sampling_params_t *p, 
     if (rc != TDM_OK)
         return rc;
     uint32_t allowed = mask ? apply_mask(s, mask) : s->n_vocab;
-    if (allowed == 0)
-        return tdm_error_set(&s->err, TDM_EINVALID, "the mask allows no token");
+    if (allowed == 0) {
+        s->masked_out = true;
+        return tdm_error_set(&s->err, TDM_EINVALID,
+                             "no token satisfies the request's constraints at output token %" PRIu64
+                             " (its grammar, allowed_token_ids, bad_words and min_tokens together "
+                             "allow none)",
+                             output_index);
+    }
 
     const float *l = s->logits;
     size_t n = s->n_vocab;

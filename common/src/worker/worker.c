@@ -498,6 +498,7 @@ tdm_worker_event_t *tdm_worker_push_event(tdm_worker_t *w, tdm_worker_event_kind
     ev->user = s->user;
     ev->status = 0;
     ev->message[0] = '\0';
+    ev->request_fault = false;
     ev->prompt_logprobs = NULL;
     ev->n_prompt_logprobs = 0;
     tdm_kv_seq_init(&ev->seq);
@@ -515,7 +516,7 @@ void tdm_worker_seq_finish(tdm_worker_t *w, uint32_t slot, tdm_worker_finish_t w
     tdm_worker_seq_free(w, slot);
 }
 
-void tdm_worker_seq_fail(tdm_worker_t *w, uint32_t slot, int status, const char *msg)
+tdm_worker_event_t *tdm_worker_seq_fail(tdm_worker_t *w, uint32_t slot, int status, const char *msg)
 {
     wseq_t *s = &w->seqs[slot];
     tdm_worker_event_t *ev = tdm_worker_push_event(w, TDM_WORKER_EVENT_FAILED, s);
@@ -523,6 +524,7 @@ void tdm_worker_seq_fail(tdm_worker_t *w, uint32_t slot, int status, const char 
     snprintf(ev->message, sizeof ev->message, "%s", msg);
     tdm_worker_unlink(w, slot);
     tdm_worker_seq_free(w, slot);
+    return ev;
 }
 
 const double *tdm_worker_iteration_bounds(void)

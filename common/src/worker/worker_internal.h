@@ -111,8 +111,10 @@ tdm_worker_event_t *tdm_worker_push_event(tdm_worker_t *w, tdm_worker_event_kind
 /* Ends slot with a FINISHED event (why) and frees it. */
 void tdm_worker_seq_finish(tdm_worker_t *w, uint32_t slot, tdm_worker_finish_t why);
 
-/* Ends slot with a FAILED event (status, msg) and frees it. */
-void tdm_worker_seq_fail(tdm_worker_t *w, uint32_t slot, int status, const char *msg);
+/* Ends slot with a FAILED event (status, msg), frees it and returns the event (valid until the
+ * next step), whose other fields the caller may still set. */
+tdm_worker_event_t *tdm_worker_seq_fail(tdm_worker_t *w, uint32_t slot, int status,
+                                        const char *msg);
 
 /* ---- scheduling (worker_sched.c) ---- */
 

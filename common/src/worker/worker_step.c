@@ -147,7 +147,8 @@ bool tdm_worker_sample_next(tdm_worker_t *w, uint32_t slot, const float *row, do
         w->n_events--; /* replace the token event by a failure */
         char msg[256];
         snprintf(msg, sizeof msg, "sampling: %.230s", tdm_sampler_errmsg(w->sampler));
-        tdm_worker_seq_fail(w, slot, TDM_EINVALID, msg);
+        tdm_worker_seq_fail(w, slot, TDM_EINVALID, msg)->request_fault =
+            tdm_sampler_masked_out(w->sampler);
         return false;
     }
     ev->index = index;
