@@ -3,6 +3,7 @@
  * ZMQ sockets), deadlines and CANCEL, gone peers, zero-copy release, reconnection, CURVE. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1334,6 +1335,75 @@ static void test_reconnect(void **state)
     tdm_net_destroy(&net);
 }
 
+/* tdm_sock_connected follows the connection, not a count: a connection dropped before its
+ * handshake (a listener that closes at once: a restarting router) is a DISCONNECTED with no
+ * HANDSHAKE_SUCCEEDED, so once a later connection succeeds the socket has seen as many
+ * disconnects as handshakes while it is up (the node link once compared the two and took a
+ * live router for lost). */
+static void test_connected_after_dropped_connection(void **state)
+{
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(lfd >= 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    socklen_t alen = sizeof a;
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
+
+    tdm_error_t err = {0};
+    tdm_net_t *net = tdm_net_new(1, &err);
+    tdm_sock_opts_t co = {.watch_handshake = true, .reconnect_ms = 20, .reconnect_max_ms = 100};
+    tdm_sock_t *c = tdm_sock_connect(net, ep, &co, &err);
+    assert_non_null(c);
+    assert_false(tdm_sock_connected(c));
+    /* every connection is accepted and closed before a byte of ZMTP */
+    double until = tdm_time_now() + WAIT_MS / 1e3;
+    while (tdm_sock_disconnects(c) == 0) {
+        assert_true(tdm_time_now() < until);
+        struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+        if (poll(&pfd, 1, 10) == 1) {
+            int fd = accept(lfd, NULL, NULL);
+            if (fd >= 0)
+                close(fd);
+        }
+    }
+    assert_false(tdm_sock_connected(c));
+    assert_int_equal(tdm_sock_handshakes(c), 0);
+    close(lfd);
+    /* a real server on the same port: the socket's next attempt gets through */
+    tdm_sock_t *srv = tdm_sock_bind(net, ep, NULL, &err);
+    assert_non_null(srv);
+    until = tdm_time_now() + WAIT_MS / 1e3;
+    while (!tdm_sock_connected(c)) {
+        assert_true(tdm_time_now() < until);
+        sleep_ms(10);
+    }
+    assert_true(tdm_sock_handshakes(c) >= 1);
+    assert_true(tdm_sock_disconnects(c) >= tdm_sock_handshakes(c)); /* counts cannot tell */
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_int_equal(tdm_sock_send(c, &(tdm_send_t){.kind = K_NOTIFY, .method = M_HEARTBEAT}), 0);
+    assert_int_equal(tdm_sock_recv(srv, &f, WAIT_MS), 0);
+    /* the server goes away: not connected any more */
+    tdm_sock_destroy(&srv);
+    until = tdm_time_now() + WAIT_MS / 1e3;
+    while (tdm_sock_connected(c)) {
+        assert_true(tdm_time_now() < until);
+        sleep_ms(10);
+    }
+    tdm_frame_clear(&f);
+    tdm_sock_destroy(&c);
+    tdm_net_destroy(&net);
+}
+
 /* A CURVE server admitting a set of keys, each under a name: every message carries the name of
  * the key its connection authenticated with (tdm_frame_t.user_id); an unknown key is refused;
  * a connection without CURVE has user_id "". */
@@ -1588,6 +1658,7 @@ int main(void)
         cmocka_unit_test(test_gone_peer),
         cmocka_unit_test(test_zero_copy),
         cmocka_unit_test(test_reconnect),
+        cmocka_unit_test(test_connected_after_dropped_connection),
         cmocka_unit_test(test_curve),
         cmocka_unit_test(test_curve_identity),
         cmocka_unit_test(test_curve_secret_read),

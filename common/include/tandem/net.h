@@ -179,6 +179,14 @@ uint64_t tdm_sock_disconnects(tdm_sock_t *s);
  * watch. Monotonic. Reads the monitor without blocking; call from the socket's thread. */
 uint64_t tdm_sock_handshakes(tdm_sock_t *s);
 
+/* Whether a connecting socket made with watch_handshake (one peer) has a connection up now: its
+ * monitor's last connection event was a handshake success, not a DISCONNECTED. (Counting
+ * handshakes against disconnects does not tell it: libzmq also reports DISCONNECTED after a
+ * failed handshake, so one failure leaves the counts even while a later connection is up.)
+ * false for a socket that does not watch. Reads the monitor without blocking; call from the
+ * socket's thread. */
+bool tdm_sock_connected(tdm_sock_t *s);
+
 /* The ZMQ socket, for zmq_poll (ZMQ_POLLIN). Do not send or receive on it directly. */
 void *tdm_sock_zsock(tdm_sock_t *s);
 

@@ -124,7 +124,8 @@ struct tdm_sock {
     bool hs_failed;       /* the last handshake event was a failure */
     char hs_why[160];     /* what it said */
     uint64_t disconnects; /* established connections the monitor saw drop */
-    uint64_t handshakes;  /* handshakes the monitor saw succeed */
+    bool up;             /* the last connection event was a handshake success, not a DISCONNECTED */
+    uint64_t handshakes; /* handshakes the monitor saw succeed */
     uint64_t hs_failures; /* handshakes the monitor saw fail before ZAP (protocol, no detail) */
     double hs_failed_at;  /* tdm_time_now of the last */
 };

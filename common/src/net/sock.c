@@ -389,6 +389,7 @@ static void monitor_drain(tdm_sock_t *s)
         case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
             s->hs_failed = false;
             s->handshakes++;
+            s->up = true;
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
             s->hs_failed = true;
@@ -406,7 +407,11 @@ static void monitor_drain(tdm_sock_t *s)
                      "the CURVE handshake failed: the peer's public key is not the one "
                      "configured for it (or it does not speak CURVE)");
             break;
-        case ZMQ_EVENT_DISCONNECTED: s->disconnects++; break;
+        case ZMQ_EVENT_DISCONNECTED: /* also after a failed handshake: count, but only
+                                      * tdm_sock_connected tells whether one is up */
+            s->disconnects++;
+            s->up = false;
+            break;
         default: break;
         }
     }
@@ -443,6 +448,14 @@ uint64_t tdm_sock_disconnects(tdm_sock_t *s)
         return 0;
     monitor_drain(s);
     return s->disconnects;
+}
+
+bool tdm_sock_connected(tdm_sock_t *s)
+{
+    if (!s || !s->monitor)
+        return false;
+    monitor_drain(s);
+    return s->up;
 }
 
 uint64_t tdm_sock_handshakes(tdm_sock_t *s)

@@ -459,8 +459,8 @@ static void *io_main(void *arg)
             (now - l->last_heartbeat) * 1000.0 >= (double)l->hb_interval_ms)
             send_heartbeat(l);
         double silent_ms = (now - l->last_router_reply) * 1000.0;
-        /* connected: a handshake succeeded since the last connection dropped */
-        bool connected = tdm_sock_handshakes(l->up) > tdm_sock_disconnects(l->up);
+        /* connected: the last connection event was a handshake success */
+        bool connected = tdm_sock_connected(l->up);
         if (connected)
             l->disconnected_since = 0;
         else if (l->disconnected_since == 0)
