@@ -127,7 +127,8 @@ def test_percentiles_need_enough_observations_and_show_their_count(name, tmp_pat
     qs = quantile_targets(name)
     assert qs, f"{name} draws no percentile"
     for p, t, q, fam, n in qs:
-        assert n >= MIN_N[q], f"{name} '{p['title']}' {t['legendFormat']}: p{q} from {n} observations"
+        assert n >= MIN_N[q], \
+            f"{name} '{p['title']}' {t['legendFormat']}: p{q} from {n} observations"
         counts = [x for x in p["targets"]
                   if x["expr"].startswith(f"sum(increase({fam}_count{{")
                   and "histogram_quantile" not in x["expr"]]
@@ -146,7 +147,7 @@ def test_percentiles_need_enough_observations_and_show_their_count(name, tmp_pat
         exprs_many.append((f"count({e})", [("{}", 1)]))
         for x in p["targets"]:
             c = promql(x["expr"])
-            if x["expr"].startswith(f"sum(increase({fam}_count{{")  and c not in seen:
+            if x["expr"].startswith(f"sum(increase({fam}_count{{") and c not in seen:
                 seen.add(c)
                 exprs_one.append((c, [("{}", 1)]))
                 exprs_many.append((c, [("{}", 200)]))
