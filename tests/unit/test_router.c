@@ -2728,7 +2728,7 @@ static void metrics_heartbeat(fake_t *n, uint32_t used, uint64_t queries, uint64
     ld.queued_prefill_tokens = 77;
     ld.prefix_queries = queries;
     ld.prefix_hits = hits;
-    h.instance_id = 42;
+    h.instance_id = n->instance ? n->instance : FAKE_INSTANCE;
     ld.process_resident_bytes = 1000000 + used;
     ld.process_cpu_seconds = 1.5;
     ld.process_open_fds = 12;
@@ -2977,6 +2977,33 @@ static void test_metrics(void **state)
     assert_non_null(strstr(t, "# TYPE tandem_node_kv_blocks_used gauge\n"));
     promtool_check(e, t);
     free(t);
+
+    /* prefill-0 restarted (a new instance, its own counters from 0): the router's series add
+     * the new process's figures to the old one's, so none goes back (issue 37) */
+    tdm_router_set_heartbeat(e->r, 0, e->hb_timeout_ms);
+    fake_t p0b = {"prefill-0", NULL, NULL, 43};
+    fake_connect(e, &p0b);
+    fake_register(e, &p0b);
+    metrics_heartbeat(&p0b, 0, 3, 1);
+    fake_sync(e, &p0b);
+    t = metrics_call(e);
+#define P0 "{node=\"prefill-0\",role=\"prefill\"}"
+    assert_float_equal(sample_of(t, "tandem_prefix_cache_queries_total" P0), 13, 0);
+    assert_float_equal(sample_of(t, "tandem_prefix_cache_hits_total" P0), 5, 0);
+    assert_float_equal(sample_of(t, "tandem_node_stale_router_frames_total" P0), 8, 0);
+    assert_float_equal(sample_of(t, "tandem_node_process_cpu_seconds_total" P0), 3, 0);
+#undef P0
+    /* a beat with lower figures than an earlier one of the same process lowers nothing */
+    metrics_heartbeat(&p0b, 0, 2, 0);
+    fake_sync(e, &p0b);
+    char *t2 = metrics_call(e);
+    assert_float_equal(
+        sample_of(t2, "tandem_prefix_cache_queries_total{node=\"prefill-0\",role=\"prefill\"}"), 13,
+        0);
+    promtool_check(e, t2);
+    free(t2);
+    free(t);
+    tdm_sock_destroy(&p0b.s);
     env_free(e);
 }
 
