@@ -51,6 +51,7 @@ static void param_of(const oai_req_t *q, const char *field, char *param, size_t 
         {"model", "model"},
         {"max_tokens", "max_tokens"},
         {"truncate_prompt_tokens", "truncate_prompt_tokens"},
+        {"prompt_logprobs", "prompt_logprobs"},
     };
     size_t top = strcspn(field, ".[");
     param[0] = '\0';

@@ -874,9 +874,22 @@ static bool parse_llama3(oai_tool_parser_t *p, const char *s, size_t n, parse_ma
         if (i < n && s[i] == ';') {
             i = skip_ws(s, n, i + 1);
             m->next = true;
+            if (!p->parallel) /* one call: the next is content */
+                return false;
         }
     } while (i < n);
     return true;
+}
+
+/* Frees p's calls from index k on. */
+static void drop_calls_from(oai_tool_parser_t *p, size_t k)
+{
+    for (size_t j = k; j < p->n_calls; j++) {
+        free(p->calls[j].name);
+        free(p->calls[j].arguments);
+    }
+    if (k < p->n_calls)
+        p->n_calls = k;
 }
 
 /* Mistral, after the first [TOOL_CALLS]: an array of {"name", "arguments"} objects, or
@@ -921,11 +934,15 @@ static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n, parse_m
             }
         }
         json_decref(v);
+        if (!p->parallel) /* one call: an array's first; what follows it is content */
+            drop_calls_from(p, m->calls + 1);
         *m = (parse_mark_t){i, p->n_calls, false};
         i = skip_ws(s, n, i);
         if (starts(s, n, i, mistral_tag, MISTRAL_TAG_LEN)) {
             i = skip_ws(s, n, i + MISTRAL_TAG_LEN);
             m->next = true;
+            if (!p->parallel) /* one call: the next is content */
+                return false;
         } else if (i < n)
             return false;
     } while (i < n);
@@ -945,11 +962,7 @@ static void other_parse_held(oai_tool_parser_t *p, const char *h, size_t n, bool
     bool ok = llama ? parse_llama3(p, h, n, &m) : parse_mistral(p, h, n, &m);
     if (p->oom || (!ok && !m.next))
         m = (parse_mark_t){0, before, false};
-    for (size_t k = m.calls; k < p->n_calls; k++) {
-        free(p->calls[k].name);
-        free(p->calls[k].arguments);
-    }
-    p->n_calls = m.calls;
+    drop_calls_from(p, m.calls);
     p->oom = false;
     if (m.calls > before) {
         tdm_buf_clear(&p->ws);

@@ -195,6 +195,11 @@ typedef struct rt_chunk {
  * entry with its text takes about 30 bytes: 400,000 fit with room (a 19,000-token prompt with
  * 20 alternatives, any prompt with none). */
 #define RT_PROMPT_LOGPROBS_MAX_ENTRIES 400000u
+/* The packed bytes of one request's prompt logprobs with their texts: long token texts can
+ * make fewer entries than the limit above too large for one message; such a request fails
+ * INVALID_ARGUMENT (field prompt_logprobs) when its prompt logprobs arrive. 1 MiB of the
+ * message is left for the rest of the chunk. */
+#define RT_PROMPT_LOGPROBS_MAX_BYTES (TDM_NET_MAX_BODY_BYTES - (1u << 20))
 
 struct rt_req {
     /* what the client asked (request.c, set at intake and not changed after) */

@@ -674,8 +674,11 @@ static bool buffer_event(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
 }
 
 /* The prompt logprobs of q's index-0 event p, with each token's text, into q->plp (kept until
- * the first chunk carries them). Out of memory leaves none (the answer then has none). */
-static void plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEvent *p)
+ * the first chunk carries them). Out of memory leaves none (the answer then has none). Returns
+ * false, with none and *too_big their packed bytes, when they would not fit in one message
+ * (RT_PROMPT_LOGPROBS_MAX_BYTES); the caller fails q. */
+static bool plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEvent *p,
+                     size_t *too_big)
 {
     size_t n = p->n_prompt_logprobs, n_top = 0;
     bool ok = n + 1 == q->n_prompt; /* a node's message is checked, never trusted */
@@ -687,7 +690,7 @@ static void plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__Token
     if (!ok) {
         tdm_log_write(&r->log, TDM_LOG_WARN, q->id, NULL,
                       "ignoring prompt logprobs that do not match the prompt (%zu entries)", n);
-        return;
+        return true;
     }
     /* the client's list has the first prompt token too (rank 0: no logprob), for its text */
     Tandem__V1__PromptLogprob *m = q->plp_msgs = calloc(n + 1, sizeof *m);
@@ -698,7 +701,7 @@ static void plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__Token
     q->n_plp_tops = n_top;
     if (!m || !tops || !topp || !q->plp) {
         plp_free(q);
-        return;
+        return true;
     }
     tandem__v1__prompt_logprob__init(&m[0]);
     m[0].token_id = q->prompt[0];
@@ -723,6 +726,16 @@ static void plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__Token
         }
         q->plp[i] = &m[i];
     }
+    /* the entries with their texts travel in the call's first chunk: one message */
+    size_t bytes = 0;
+    for (size_t i = 0; i <= n; i++)
+        bytes += protobuf_c_message_get_packed_size(&m[i].base) + 8;
+    if (bytes > RT_PROMPT_LOGPROBS_MAX_BYTES) {
+        plp_free(q);
+        *too_big = bytes;
+        return false;
+    }
+    return true;
 }
 
 /* A token event for q (from its prefill or decode node). Returns true when q was freed. */
@@ -738,8 +751,20 @@ static bool token_event(tdm_router_t *r, rt_req_t *q, const Tandem__V1__TokenEve
         r->metrics.duplicate_events++;
         return false;
     }
-    if (p->index == 0 && q->want_plp && !q->plp && !q->plp_sent && p->n_prompt_logprobs > 0)
-        plp_take(r, q, p);
+    size_t plp_bytes = 0;
+    if (p->index == 0 && q->want_plp && !q->plp && !q->plp_sent && p->n_prompt_logprobs > 0 &&
+        !plp_take(r, q, p, &plp_bytes)) {
+        char msg[TDM_ERRMSG_MAX];
+        snprintf(msg, sizeof msg,
+                 "prompt_logprobs: the prompt's logprobs with their token texts take %zu bytes, "
+                 "more than the %u a message may carry (ask fewer alternatives or a shorter "
+                 "prompt)",
+                 plp_bytes, RT_PROMPT_LOGPROBS_MAX_BYTES);
+        Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
+        d.field = "prompt_logprobs";
+        rt_req_fail_body(r, q, TDM_EINVALID, true, &d.base, msg);
+        return true;
+    }
     rt_event_t ev;
     event_from_proto(p, &ev);
     if (p->index > q->next_index)

@@ -74,13 +74,13 @@ typedef struct want_call {
 } want_call_t;
 
 /* Parses text in format f at every cut (and byte by byte) and checks content and calls. */
-static void tools_case(oai_tool_format_t f, const char *text, const char *want_content,
-                       const want_call_t *want, size_t n_want)
+static void tools_case_par(oai_tool_format_t f, bool parallel, const char *text,
+                           const char *want_content, const want_call_t *want, size_t n_want)
 {
     size_t len = strlen(text);
     for (size_t cut = 0; cut <= len + 1; cut++) {
         oai_tool_parser_t p;
-        oai_tool_parser_init_format(&p, f, true, false);
+        oai_tool_parser_init_format(&p, f, parallel, false);
         tdm_buf_t ct = TDM_BUF_INIT;
         if (cut == len + 1) {
             for (size_t i = 0; i < len; i++)
@@ -100,6 +100,12 @@ static void tools_case(oai_tool_format_t f, const char *text, const char *want_c
         tdm_buf_free(&ct);
         oai_tool_parser_free(&p);
     }
+}
+
+static void tools_case(oai_tool_format_t f, const char *text, const char *want_content,
+                       const want_call_t *want, size_t n_want)
+{
+    tools_case_par(f, true, text, want_content, want, n_want);
 }
 
 static void test_tool_formats(void **state)
@@ -151,6 +157,22 @@ static void test_tool_formats(void **state)
     tools_case(OAI_TOOL_FORMAT_MISTRAL,
                "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}][TOOL_CALLS][{\"na",
                "[TOOL_CALLS][{\"na", one_a, 1);
+    /* parallel_tool_calls false: one call, as the <tool_call> format; the next is content (an
+     * array's later elements are dropped with it) */
+    tools_case_par(OAI_TOOL_FORMAT_LLAMA3_JSON, false,
+                   "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", "
+                   "\"parameters\": {}}",
+                   "; {\"name\": \"b\", \"parameters\": {}}", one_a, 1);
+    tools_case_par(OAI_TOOL_FORMAT_LLAMA3_JSON, false,
+                   "{\"name\": \"a\", \"parameters\": {\"x\": 1}} and",
+                   "{\"name\": \"a\", \"parameters\": {\"x\": 1}} and", NULL, 0);
+    tools_case_par(OAI_TOOL_FORMAT_MISTRAL_ARGS, false,
+                   "[TOOL_CALLS]a[ARGS]{\"x\":1}[TOOL_CALLS]b[ARGS]{}", "[TOOL_CALLS]b[ARGS]{}",
+                   one_a, 1);
+    tools_case_par(OAI_TOOL_FORMAT_MISTRAL, false,
+                   "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", "
+                   "\"arguments\": \"{}\"}]",
+                   "", one_a, 1);
 }
 
 /* ---- detection ---- */

@@ -163,6 +163,8 @@ bool tdm_worker_sample_next(tdm_worker_t *w, uint32_t slot, const float *row, do
     }
     int32_t token = ev->sample.token;
     if (s->matcher && tdm_grammar_matcher_accept_token(s->matcher, token) != TDM_OK) {
+        free((void *)(uintptr_t)ev->prompt_logprobs); /* index 0's, the event's now */
+        ev->prompt_logprobs = NULL;
         w->n_events--; /* the mask allowed a token the matcher refuses: the grammar's bug */
         char msg[256];
         snprintf(msg, sizeof msg, "constraint: the masked token %d was refused: %.190s", token,
