@@ -443,6 +443,11 @@ static int parse_allowed_ids(parse_ctx_t *p, oai_req_t *q)
         if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > INT32_MAX) {
             char name[40];
             snprintf(name, sizeof name, "allowed_token_ids[%zu]", i);
+            if (json_is_integer(e) && json_integer_value(e) > INT32_MAX)
+                return tdm_error_set_field(p->err, TDM_EINVALID, name,
+                                           "%s: %" JSON_INTEGER_FORMAT
+                                           " is not a token id (above 2147483647)",
+                                           name, json_integer_value(e));
             return tdm_error_set_field(
                 p->err, TDM_EINVALID, name, "%s must be a token id (an integer >= 0), got %s", name,
                 json_is_integer(e) ? "a negative integer" : oai_type_name(e));

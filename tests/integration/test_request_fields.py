@@ -239,6 +239,8 @@ def test_truncate_prompt_tokens(cluster):
     ("/v1/completions", {"allowed_token_ids": [1, 2, 3, 99999]}, "allowed_token_ids[3]",
      ["allowed_token_ids[3]: 99999 is not below the vocabulary size 49152"]),
     ("/v1/completions", {"allowed_token_ids": []}, "allowed_token_ids", ["non-empty"]),
+    ("/v1/completions", {"allowed_token_ids": [5, 3000000000]}, "allowed_token_ids[1]",
+     ["allowed_token_ids[1]: 3000000000 is not a token id (above 2147483647)"]),
     ("/v1/completions", {"allowed_token_ids": list(range(1025))}, "allowed_token_ids",
      ["at most 1024"]),
     # every allowed token ruled out at the first step: 400 at the router, not a node's 500

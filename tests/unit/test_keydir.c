@@ -182,6 +182,21 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err.msg, "symbolic link"));
     tdm_config_free(&cfg);
 
+    /* a symbolic link in place of the directory holding it ($XDG_STATE_HOME/tandem), even to a
+     * directory of ours with mode 0700 (in /tmp, another user's link could be re-pointed) */
+    char ptarget[PATH_MAX + 16], plink[PATH_MAX + 16];
+    fresh_state("plinked", dir, sizeof dir);
+    snprintf(ptarget, sizeof ptarget, "%s/preal", g_root);
+    assert_int_equal(mkdir(ptarget, 0700), 0);
+    snprintf(path, sizeof path, "%s/plinked", g_root);
+    assert_int_equal(mkdir(path, 0700), 0);
+    snprintf(plink, sizeof plink, "%s/plinked/tandem", g_root);
+    assert_int_equal(symlink(ptarget, plink), 0);
+    assert_int_equal(tdm_config_defaults(&cfg), TDM_OK);
+    assert_int_equal(tdm_keydir_apply(&cfg, NULL, 0, &err), TDM_EPRECONDITION);
+    assert_non_null(strstr(err.msg, "which holds the key directory, is a symbolic link"));
+    tdm_config_free(&cfg);
+
     /* no usable directory at all */
     assert_int_equal(tdm_config_defaults(&cfg), TDM_OK); /* its model path needs HOME */
     assert_int_equal(setenv("XDG_STATE_HOME", "relative", 1), 0);

@@ -182,8 +182,10 @@ static int check_dir(const char *dir, tdm_error_t *err)
     return TDM_OK;
 }
 
-/* The directory holding the key directory ($XDG_STATE_HOME/tandem) is this user's and
- * nobody else may write it: whoever can rename entries there can swap the key directory. */
+/* The directory holding the key directory ($XDG_STATE_HOME/tandem) is this user's, a real
+ * directory (not a symbolic link: in a shared sticky directory such as /tmp another user's
+ * link could point at a directory of ours, then elsewhere), and nobody else may write it:
+ * whoever can rename entries there can swap the key directory. */
 static int check_parent(const char *dir, tdm_error_t *err)
 {
     char parent[PATH_MAX];
@@ -193,9 +195,14 @@ static int check_parent(const char *dir, tdm_error_t *err)
         return TDM_OK;
     *slash = '\0';
     struct stat st;
-    if (stat(parent, &st) != 0)
+    if (lstat(parent, &st) != 0)
         return tdm_error_set(err, TDM_EUNAVAILABLE, "keys by default: %s: %s", parent,
                              strerror(errno));
+    if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode))
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "keys by default: %s, which holds the key directory, is %s; use a "
+                             "directory of your own (XDG_STATE_HOME) with mode 0700",
+                             parent, S_ISLNK(st.st_mode) ? "a symbolic link" : "not a directory");
     if (st.st_uid != geteuid() || (st.st_mode & 022))
         return tdm_error_set(err, TDM_EPRECONDITION,
                              "keys by default: %s, which holds the key directory, %s: another "
