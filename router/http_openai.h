@@ -211,11 +211,9 @@ void oai_usage_sum(const oai_req_t *q, const oai_out_t *outs, oai_out_t *sum);
 json_t *oai_response_multi(const oai_req_t *q, oai_out_t *outs, const tdm_client_chunk_t **chs,
                            oai_out_t *sum);
 
-/* Appends "data: {chunk with one choice}\n\n": the chat delta (consumed) or the completion's
- * text[text_len]; logprobs consumed (NULL = null); finish NULL = null. 0 or TDM_ERESOURCE. */
-int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
-                    size_t text_len, json_t *logprobs, const char *finish);
-/* oai_emit_choice for the choice with this index. */
+/* Appends "data: {chunk with one choice}\n\n" for the choice with this index: the chat delta
+ * (consumed) or the completion's text[text_len]; logprobs consumed (NULL = null); finish NULL =
+ * null. 0 or TDM_ERESOURCE. */
 int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t *delta,
                        const char *text, size_t text_len, json_t *logprobs, const char *finish);
 

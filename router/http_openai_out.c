@@ -232,12 +232,6 @@ static json_t *chunk_base(const oai_req_t *q)
 
 /* Appends "data: {chunk with one choice}\n\n". delta_or_text: the chat delta (consumed) or
  * the completion text; logprobs consumed (NULL = null); finish NULL = null. */
-int oai_emit_choice(const oai_req_t *q, tdm_buf_t *b, json_t *delta, const char *text,
-                    size_t text_len, json_t *logprobs, const char *finish)
-{
-    return oai_emit_choice_at(q, 0, b, delta, text, text_len, logprobs, finish);
-}
-
 int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t *delta,
                        const char *text, size_t text_len, json_t *logprobs, const char *finish)
 {

@@ -1059,21 +1059,22 @@ static json_t *call_json(const oai_tool_call_t *c, long index, bool whole)
 
 /* The deltas of call k not sent yet: index, id, type and name (arguments "") once, then the
  * arguments that came since the last delta. */
-static int emit_call(const oai_req_t *q, tdm_buf_t *b, size_t k, oai_tool_call_t *c)
+static int emit_call(const oai_req_t *q, uint32_t index, tdm_buf_t *b, size_t k, oai_tool_call_t *c)
 {
     int rc = TDM_OK;
     if (!c->announced) {
         c->announced = true;
-        rc = oai_emit_choice(q, b, json_pack("{s:[o]}", "tool_calls", call_json(c, (long)k, false)),
-                             NULL, 0, NULL, NULL);
+        rc = oai_emit_choice_at(q, index, b,
+                                json_pack("{s:[o]}", "tool_calls", call_json(c, (long)k, false)),
+                                NULL, 0, NULL, NULL);
     }
     size_t len = strlen(c->arguments);
     if (rc == TDM_OK && c->sent < len)
-        rc = oai_emit_choice(q, b,
-                             json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", (int)k,
-                                       "function", "arguments",
-                                       http_json_text(c->arguments + c->sent, len - c->sent)),
-                             NULL, 0, NULL, NULL);
+        rc = oai_emit_choice_at(q, index, b,
+                                json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", (int)k,
+                                          "function", "arguments",
+                                          http_json_text(c->arguments + c->sent, len - c->sent)),
+                                NULL, 0, NULL, NULL);
     c->sent = len;
     return rc;
 }
@@ -1092,11 +1093,12 @@ int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
                                   ch->finish_reason != TDM_CLIENT_FINISH_NONE, &content);
     bool lp_wanted = q->logprobs && ch->n_tokens > 0;
     if (rc == TDM_OK && (content.len > 0 || lp_wanted))
-        rc = oai_emit_choice(
-            q, b, json_pack("{s:o}", "content", http_json_text(content.data, content.len)), NULL, 0,
+        rc = oai_emit_choice_at(
+            q, o->index, b,
+            json_pack("{s:o}", "content", http_json_text(content.data, content.len)), NULL, 0,
             oai_logprobs_json(q, o, ch), NULL);
     for (size_t k = 0; rc == TDM_OK && k < o->tools->n_calls; k++)
-        rc = emit_call(q, b, k, &o->tools->calls[k]);
+        rc = emit_call(q, o->index, b, k, &o->tools->calls[k]);
     tdm_buf_free(&content);
     return rc;
 }
