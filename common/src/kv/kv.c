@@ -560,6 +560,32 @@ static void pool_ref_found(tdm_kv_pool_t *pool, uint32_t b)
     pool->refcount[b]++;
 }
 
+void tdm_kv_pool_acquire(tdm_kv_pool_t *pool, uint32_t block)
+{
+    TDM_ASSERT(block < pool->n_blocks);
+    TDM_ASSERT(pool->registered[block] || pool->refcount[block] > 0);
+    TDM_ASSERT(pool->refcount[block] < UINT32_MAX);
+    pool_ref_found(pool, block);
+}
+
+void tdm_kv_pool_count_prefix(tdm_kv_pool_t *pool, uint64_t queried, uint64_t hit)
+{
+    TDM_ASSERT(hit <= queried);
+    pool->stats.prefix_queries += queried;
+    pool->stats.prefix_hits += hit;
+}
+
+bool tdm_kv_pool_register(tdm_kv_pool_t *pool, uint32_t block, uint64_t hash)
+{
+    TDM_ASSERT(block < pool->n_blocks);
+    TDM_ASSERT(pool->refcount[block] > 0 && !pool->registered[block]);
+    if (index_find(pool, hash) != TDM_KV_NO_BLOCK)
+        return false;
+    pool->hash[block] = hash;
+    index_insert(pool, block);
+    return true;
+}
+
 int tdm_kv_pool_check(const tdm_kv_pool_t *pool, tdm_error_t *err)
 {
     const tdm_kv_stats_t *s = &pool->stats;
@@ -710,8 +736,8 @@ void tdm_kv_seq_commit(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const int32_t *to
 
 void tdm_kv_seq_clear(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq)
 {
-    /* Last block first: see tdm_kv_seq_release. */
-    for (uint32_t i = seq->n_blocks; i-- > 0;)
+    /* Last block first: see tdm_kv_seq_release. Entries before n_dropped were given back. */
+    for (uint32_t i = seq->n_blocks; i-- > seq->n_dropped;)
         tdm_kv_pool_unref(pool, seq->blocks[i]);
     uint32_t *blocks = seq->blocks, cap = seq->cap;
     tdm_kv_seq_init(seq);
