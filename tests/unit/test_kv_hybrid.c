@@ -197,6 +197,74 @@ static void test_peak_brute_force(void **state)
         }
 }
 
+/* ---- capacity plans ---- */
+
+static tdm_kv_plan_t plan_ok(const tdm_kv_plan_in_t *in)
+{
+    tdm_kv_plan_t out;
+    tdm_error_t err = {0};
+    if (tdm_kv_plan(in, &out, &err) != TDM_OK)
+        fail_msg("tdm_kv_plan: %s", err.msg);
+    return out;
+}
+
+/* Gemma 3 270M Q4_K_M as a CPU node measures it (weights 178,995,712 B, scratch 368,475,584 B)
+ * in a 2 GiB budget: 10 concurrent 8k sequences with every layer holding every token, 48 with
+ * per-group allocation (14 instead of 2 at 32k). One group plans exactly as no groups. */
+static void test_plan_groups(void **state)
+{
+    (void)state;
+    uint32_t w[18];
+    gemma3_windows(w, 18, 512);
+    tdm_kv_groups_t g, one;
+    groups_ok(&g, 18, w);
+    groups_ok(&one, 18, NULL);
+    tdm_kv_plan_in_t in = {.layout = {18, 1, 256, 16, TDM_KV_F16},
+                           .n_heads = 4,
+                           .n_ctx = 8192,
+                           .n_users = 1,
+                           .weight_bytes = 178995712,
+                           .scratch_bytes = 368475584,
+                           .have_memory = true,
+                           .memory_bytes = 2147483648u};
+    tdm_kv_plan_t before = plan_ok(&in);
+    assert_int_equal(before.block_bytes, 294912);
+    assert_int_equal(before.blocks_per_seq, 512);
+    assert_int_equal(before.pool_blocks, 5425);
+    assert_int_equal(before.max_seqs, 10);
+    in.groups = &one;
+    tdm_kv_plan_t same = plan_ok(&in);
+    assert_memory_equal(&same, &before, sizeof same);
+    in.groups = &g;
+    tdm_kv_plan_t after = plan_ok(&in);
+    assert_int_equal(after.bytes_per_token, 18432); /* every layer's, as before */
+    assert_int_equal(after.block_bytes, 49152);
+    assert_int_equal(after.blocks_per_seq, 677);
+    assert_int_equal(after.bytes_per_seq, 33275904);
+    assert_int_equal(after.pool_budget_bytes, 1600012352);
+    assert_int_equal(after.pool_blocks, 32552);
+    assert_int_equal(after.pool_tokens, 32552 / 6 * 16);
+    assert_int_equal(after.max_seqs, 48);
+    in.n_ctx = 32768;
+    after = plan_ok(&in);
+    assert_int_equal(after.blocks_per_seq, 2048 + 5 * 33);
+    assert_int_equal(after.max_seqs, 14);
+    in.groups = NULL;
+    assert_int_equal(plan_ok(&in).max_seqs, 2);
+    /* the budget a node needs for a pool inverts the plan with the group layout */
+    tdm_kv_layout_t gl = tdm_kv_group_layout(&in.layout, &g);
+    uint64_t budget;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_kv_plan_budget(&gl, 32552, 178995712 + 368475584, &budget, &err), TDM_OK);
+    assert_true(budget <= 2147483648u && 2147483648u - budget < 49152);
+    /* groups of another model are refused */
+    groups_ok(&one, 30, NULL);
+    in.groups = &one;
+    tdm_kv_plan_t bad;
+    assert_int_equal(tdm_kv_plan(&in, &bad, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "n_layers 18"));
+}
+
 /* ---- the allocator follows the formula ---- */
 
 /* Prefill in chunks, then decode: after every reserve and every commit each group holds
@@ -488,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_groups_single_and_errors),
         cmocka_unit_test(test_formula_gemma3),
         cmocka_unit_test(test_peak_brute_force),
+        cmocka_unit_test(test_plan_groups),
         cmocka_unit_test(test_blocks_follow_formula),
         cmocka_unit_test(test_reserve_all_or_nothing_and_clear),
         cmocka_unit_test(test_prefix_window_rule),

@@ -97,13 +97,17 @@ typedef struct tdm_kv_plan_in {
     uint64_t scratch_bytes; /* engine scratch, bytes (tdm_engine_scratch_bytes); 0 if unknown */
     bool have_memory;       /* memory_bytes is given: size a pool */
     uint64_t memory_bytes;  /* budget for weights + scratch + KV, bytes */
+    const struct tdm_kv_groups *groups; /* layer groups (hybrid allocation, "layer groups"
+                                           below); NULL: one full-attention group */
 } tdm_kv_plan_in_t;
 
 /* Every figure of a capacity plan. Bytes unless said otherwise. */
 typedef struct tdm_kv_plan_result {
     uint64_t bytes_per_token;     /* tdm_kv_bytes_per_token (q8 scales not included) */
-    uint64_t block_bytes;         /* tdm_kv_block_bytes (q8 scales included) */
-    uint64_t blocks_per_seq;      /* ceil(n_ctx / block_size), blocks */
+    uint64_t block_bytes;         /* tdm_kv_block_bytes (q8 scales included); with groups, of
+                                     tdm_kv_group_layout (one group's layers) */
+    uint64_t blocks_per_seq;      /* ceil(n_ctx / block_size), blocks; with groups
+                                     tdm_kv_groups_blocks_per_seq */
     uint64_t bytes_per_seq;       /* blocks_per_seq * block_bytes */
     uint64_t blocks_total;        /* n_users * blocks_per_seq, blocks */
     uint64_t bytes_total;         /* n_users * bytes_per_seq: KV for every user */
@@ -113,7 +117,8 @@ typedef struct tdm_kv_plan_result {
     /* with have_memory only; 0 and false otherwise: */
     uint64_t pool_budget_bytes; /* memory - weights - scratch, 0 when they do not fit */
     uint64_t pool_blocks;       /* pool_budget_bytes / block_bytes, blocks */
-    uint64_t pool_tokens;       /* pool_blocks * block_size, tokens */
+    uint64_t pool_tokens;       /* pool_blocks * block_size, tokens (with groups: of every
+                                   layer, floor(pool_blocks / n_groups) * block_size) */
     uint64_t max_seqs;          /* pool_blocks / blocks_per_seq: full-context sequences at once */
     bool fits;                  /* need_bytes <= memory_bytes */
     uint64_t spare_bytes;       /* memory_bytes - need_bytes when it fits, else 0 */
@@ -132,6 +137,9 @@ typedef struct tdm_kv_plan_result {
  * docs/capacity.md). Worked numbers: SmolLM2-135M at f16 (30 layers, 3 KV heads, head_dim 64)
  * is 23,040 B/token, 368,640 B per 16-token block and 94,371,840 B for a 4096-token sequence;
  * Llama-2-7B at f16 (32, 32, 128) is 524,288 B/token and 2 GiB for 4096 tokens.
+ * With in->groups (hybrid allocation), blocks are tdm_kv_group_layout's and a sequence takes
+ * tdm_kv_groups_blocks_per_seq of them: Gemma 3 270M at f16, 8,192 tokens: 677 blocks of
+ * 49,152 B (33,275,904 B) instead of 512 of 294,912 B (150,994,944 B).
  * pool_blocks is not capped at the pool's 2^32 - 1 blocks a node can address.
  * Errors (*out zeroed, message in *err): TDM_EINVALID for a bad layout (tdm_kv_layout_check's
  * message), n_ctx or n_users 0, or n_heads not a multiple of n_kv_heads; TDM_ERESOURCE when

@@ -180,8 +180,14 @@ static bool plan_kv(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out)
 {
     const tdm_kv_layout_t *l = &in->layout;
     out->bytes_per_token = tdm_kv_bytes_per_token(l);
-    out->block_bytes = tdm_kv_block_bytes(l);
-    out->blocks_per_seq = tdm_kv_blocks_for_tokens(l, in->n_ctx);
+    if (in->groups) {
+        tdm_kv_layout_t gl = tdm_kv_group_layout(l, in->groups);
+        out->block_bytes = tdm_kv_block_bytes(&gl);
+        out->blocks_per_seq = tdm_kv_groups_blocks_per_seq(in->groups, l->block_size, in->n_ctx);
+    } else {
+        out->block_bytes = tdm_kv_block_bytes(l);
+        out->blocks_per_seq = tdm_kv_blocks_for_tokens(l, in->n_ctx);
+    }
     tdm_kv_layout_t mha = *l;
     mha.n_kv_heads = in->n_heads ? in->n_heads : l->n_kv_heads;
     out->mha_bytes_per_token = tdm_kv_bytes_per_token(&mha);
@@ -201,7 +207,8 @@ static void plan_memory(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out)
     uint64_t fixed = in->weight_bytes + in->scratch_bytes; /* <= need_bytes: no overflow */
     out->pool_budget_bytes = m > fixed ? m - fixed : 0;
     out->pool_blocks = out->pool_budget_bytes / out->block_bytes;
-    out->pool_tokens = out->pool_blocks * in->layout.block_size; /* block_bytes >= 8 * it */
+    out->pool_tokens = out->pool_blocks / (in->groups ? in->groups->n_groups : 1) *
+                       in->layout.block_size; /* block_bytes >= 8 * block_size */
     out->max_seqs = out->pool_blocks / out->blocks_per_seq;
     out->fits = out->need_bytes <= m;
     out->spare_bytes = out->fits ? m - out->need_bytes : 0;
@@ -218,6 +225,10 @@ int tdm_kv_plan(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out, tdm_error_t *err
     if (in->n_ctx == 0 || in->n_users == 0)
         return tdm_error_set(err, TDM_EINVALID, "kv plan: %s must be positive, got 0",
                              in->n_ctx == 0 ? "n_ctx" : "n_users");
+    if (in->groups && in->groups->n_layers != l->n_layers)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "kv plan: groups cover %u layers, the layout has n_layers %u",
+                             (unsigned)in->groups->n_layers, (unsigned)l->n_layers);
     if (in->n_heads % l->n_kv_heads != 0)
         return tdm_error_set(err, TDM_EINVALID,
                              "kv plan: n_heads must be a multiple of n_kv_heads (%u), got %u",
