@@ -387,6 +387,19 @@ typedef struct tdm_kv_hseq {
 /* Empty sequence with one table per group. TDM_ERESOURCE when out of memory. */
 int tdm_kv_hseq_init(tdm_kv_hseq_t *hs, const tdm_kv_groups_t *groups, tdm_error_t *err);
 
+/* A pool whose blocks hold one group's layers (tdm_kv_group_layout(layout, groups)), for
+ * sequences with one table per group (tdm_kv_hseq_*); the pool keeps a copy of groups, which
+ * the engine reads to address a layer's record (tdm_kv_pool_groups). One full-attention group
+ * gives the plain pool (tdm_kv_pool_new(layout)), byte for byte. Errors as tdm_kv_pool_new,
+ * and TDM_EINVALID when groups->n_layers is not layout->n_layers. */
+tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout,
+                                       const tdm_kv_groups_t *groups, uint32_t n_blocks,
+                                       tdm_error_t *err);
+
+/* The pool's layer groups: NULL for a plain pool (every block holds every layer, one table a
+ * sequence), else those it was made with (several groups, or one group with a window). */
+const tdm_kv_groups_t *tdm_kv_pool_groups(const tdm_kv_pool_t *pool);
+
 /* Sizes every table for max_tokens (as tdm_kv_seq_prepare). 0 or TDM_ERESOURCE. */
 int tdm_kv_hseq_prepare(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t max_tokens);
 

@@ -53,6 +53,8 @@ struct tdm_kv_pool {
     uint32_t n_indexed;  /* registered blocks */
 
     tdm_kv_stats_t stats;
+    tdm_kv_groups_t *groups; /* tdm_kv_pool_new_grouped with windows or several groups; NULL
+                                otherwise */
 };
 
 /* ---- dtypes, layout and sizing ---- */
@@ -464,6 +466,35 @@ out_oom:
     return NULL;
 }
 
+tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout,
+                                       const tdm_kv_groups_t *groups, uint32_t n_blocks,
+                                       tdm_error_t *err)
+{
+    if (groups->n_layers != layout->n_layers) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "kv pool: the layer groups cover %u layers, the layout has n_layers %u",
+                      (unsigned)groups->n_layers, (unsigned)layout->n_layers);
+        return NULL;
+    }
+    tdm_kv_layout_t gl = tdm_kv_group_layout(layout, groups);
+    tdm_kv_pool_t *pool = tdm_kv_pool_new(&gl, n_blocks, err);
+    if (!pool || (groups->n_groups == 1 && groups->window[0] == 0))
+        return pool; /* one full-attention group: the plain pool */
+    pool->groups = malloc(sizeof *pool->groups);
+    if (!pool->groups) {
+        tdm_kv_pool_destroy(&pool);
+        tdm_error_set(err, TDM_ERESOURCE, "kv pool: out of memory for the layer groups");
+        return NULL;
+    }
+    *pool->groups = *groups;
+    return pool;
+}
+
+const tdm_kv_groups_t *tdm_kv_pool_groups(const tdm_kv_pool_t *pool)
+{
+    return pool->groups;
+}
+
 void tdm_kv_pool_destroy(tdm_kv_pool_t **self_p)
 {
     if (!self_p || !*self_p)
@@ -477,6 +508,7 @@ void tdm_kv_pool_destroy(tdm_kv_pool_t **self_p)
     free(pool->registered);
     free(pool->hash);
     free(pool->refcount);
+    free(pool->groups);
     free(pool);
     *self_p = NULL;
 }
