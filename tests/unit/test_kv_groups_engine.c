@@ -112,8 +112,8 @@ static int teardown(void **state)
  * pass ([n_pass][n_vocab]). */
 typedef struct run {
     bool grouped;
-    tdm_kv_seq_t kv;    /* plain */
-    tdm_kv_hseq_t hkv;  /* grouped */
+    tdm_kv_seq_t kv;   /* plain */
+    tdm_kv_hseq_t hkv; /* grouped */
     const uint32_t *gb[TDM_KV_MAX_LAYERS];
     int32_t tokens[N_PROMPT + N_GEN + 1];
     uint32_t n_tokens, n_done;
@@ -202,8 +202,8 @@ static void pass(run_t **runs, uint32_t n_runs, const uint32_t *chunk)
         if (ends[i] == r->n_done)
             continue; /* no rows this pass */
         assert_true(r->n_out < 64);
-        memcpy(r->out + (size_t)r->n_out++ * F.hp->n_vocab,
-               F.logits + (size_t)k++ * F.hp->n_vocab, F.hp->n_vocab * sizeof(float));
+        memcpy(r->out + (size_t)r->n_out++ * F.hp->n_vocab, F.logits + (size_t)k++ * F.hp->n_vocab,
+               F.hp->n_vocab * sizeof(float));
         run_commit(r, ends[i]);
     }
 }
@@ -272,9 +272,8 @@ static void test_single_sequence(void **state)
     generate(&b, 1);
     assert_same_logits(a, b);
     uint32_t n = N_PROMPT + N_GEN;
-    assert_int_equal(tdm_kv_hseq_held(&b->hkv),
-                     tdm_kv_group_live(&F.groups, 0, BS, n, n) +
-                         5 * tdm_kv_group_live(&F.groups, 1, BS, n, n));
+    assert_int_equal(tdm_kv_hseq_held(&b->hkv), tdm_kv_group_live(&F.groups, 0, BS, n, n) +
+                                                    5 * tdm_kv_group_live(&F.groups, 1, BS, n, n));
     assert_int_equal(tdm_kv_hseq_held(&b->hkv), 44 + 5 * 9);
     assert_true(b->max_held < 6 * 44);
     run_free(a);

@@ -164,10 +164,10 @@ static void test_formula_gemma3(void **state)
     assert_int_equal(677 * tdm_kv_block_bytes(&gl), 33275904);
     assert_int_equal(tdm_kv_blocks_for_tokens(&l, 8192) * tdm_kv_block_bytes(&l), 150994944);
     /* live: n computed, m reserved */
-    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 511, 512), 32);  /* nothing given back */
-    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 512, 513), 33);  /* key 1 .. 512 */
-    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 527, 528), 32);  /* key 16 .. 527 */
-    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 528, 529), 33);  /* key 17: block 1 on */
+    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 511, 512), 32);   /* nothing given back */
+    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 512, 513), 33);   /* key 1 .. 512 */
+    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 527, 528), 32);   /* key 16 .. 527 */
+    assert_int_equal(tdm_kv_group_live(&g, 1, 16, 528, 529), 33);   /* key 17: block 1 on */
     assert_int_equal(tdm_kv_group_live(&g, 1, 16, 1000, 1000), 33); /* blocks 30 .. 62 */
     assert_int_equal(tdm_kv_group_live(&g, 0, 16, 1000, 1001), 63);
 }

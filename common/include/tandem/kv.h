@@ -333,13 +333,13 @@ void tdm_kv_seq_release(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq);
 #define TDM_KV_MAX_LAYERS 512
 
 typedef struct tdm_kv_groups {
-    uint32_t n_layers;                     /* layers of the model */
-    uint32_t n_groups;                     /* 1 .. n_layers */
-    uint32_t layers_per_group;             /* layers whose KV one block holds */
-    uint32_t n_full;                       /* groups 0 .. n_full - 1 attend to every key */
-    uint32_t window[TDM_KV_MAX_LAYERS];    /* [n_groups] keys a query reads, tokens; 0 = all */
-    uint16_t group_of[TDM_KV_MAX_LAYERS];  /* [n_layers] the layer's group */
-    uint16_t slot_of[TDM_KV_MAX_LAYERS];   /* [n_layers] its layer slot inside a group block */
+    uint32_t n_layers;                    /* layers of the model */
+    uint32_t n_groups;                    /* 1 .. n_layers */
+    uint32_t layers_per_group;            /* layers whose KV one block holds */
+    uint32_t n_full;                      /* groups 0 .. n_full - 1 attend to every key */
+    uint32_t window[TDM_KV_MAX_LAYERS];   /* [n_groups] keys a query reads, tokens; 0 = all */
+    uint16_t group_of[TDM_KV_MAX_LAYERS]; /* [n_layers] the layer's group */
+    uint16_t slot_of[TDM_KV_MAX_LAYERS];  /* [n_layers] its layer slot inside a group block */
 } tdm_kv_groups_t;
 
 /* Splits n_layers layers by their windows (windows[l]: tokens a query of layer l reads, the
@@ -359,8 +359,8 @@ uint64_t tdm_kv_group_hash(uint64_t h, uint32_t gi);
 
 /* Blocks group gi holds for a sequence with n tokens computed and its table reserved for m
  * (the formula above; m >= n). */
-uint64_t tdm_kv_group_live(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size,
-                           uint64_t n, uint64_t m);
+uint64_t tdm_kv_group_live(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size, uint64_t n,
+                           uint64_t m);
 
 /* Most blocks group gi holds at once for a sequence decoding one token a step up to n_ctx
  * tokens (the maximum of tdm_kv_group_live(n, n + 1) for n < n_ctx). */
@@ -392,9 +392,8 @@ int tdm_kv_hseq_init(tdm_kv_hseq_t *hs, const tdm_kv_groups_t *groups, tdm_error
  * the engine reads to address a layer's record (tdm_kv_pool_groups). One full-attention group
  * gives the plain pool (tdm_kv_pool_new(layout)), byte for byte. Errors as tdm_kv_pool_new,
  * and TDM_EINVALID when groups->n_layers is not layout->n_layers. */
-tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout,
-                                       const tdm_kv_groups_t *groups, uint32_t n_blocks,
-                                       tdm_error_t *err);
+tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout, const tdm_kv_groups_t *groups,
+                                       uint32_t n_blocks, tdm_error_t *err);
 
 /* The pool's layer groups: NULL for a plain pool (every block holds every layer, one table a
  * sequence), else those it was made with (several groups, or one group with a window). */

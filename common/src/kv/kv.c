@@ -466,9 +466,8 @@ out_oom:
     return NULL;
 }
 
-tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout,
-                                       const tdm_kv_groups_t *groups, uint32_t n_blocks,
-                                       tdm_error_t *err)
+tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout, const tdm_kv_groups_t *groups,
+                                       uint32_t n_blocks, tdm_error_t *err)
 {
     if (groups->n_layers != layout->n_layers) {
         tdm_error_set(err, TDM_EINVALID,

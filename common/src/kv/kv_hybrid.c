@@ -105,8 +105,8 @@ static uint64_t blocks_for(uint64_t tokens, uint32_t block_size)
     return tokens / block_size + (tokens % block_size != 0);
 }
 
-uint64_t tdm_kv_group_live(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size,
-                           uint64_t n, uint64_t m)
+uint64_t tdm_kv_group_live(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size, uint64_t n,
+                           uint64_t m)
 {
     uint64_t have = blocks_for(m, block_size);
     uint64_t first = first_needed(g->window[gi], block_size, n);
@@ -133,8 +133,7 @@ uint64_t tdm_kv_group_peak(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block
     return peak;
 }
 
-uint64_t tdm_kv_groups_blocks_per_seq(const tdm_kv_groups_t *g, uint32_t block_size,
-                                      uint64_t n_ctx)
+uint64_t tdm_kv_groups_blocks_per_seq(const tdm_kv_groups_t *g, uint32_t block_size, uint64_t n_ctx)
 {
     uint64_t sum = 0;
     for (uint32_t gi = 0; gi < g->n_groups; gi++)

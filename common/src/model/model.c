@@ -422,11 +422,11 @@ static int pool_groups_check(const tdm_kv_groups_t *g, const tdm_kv_layout_t *kl
     if (g->n_layers != hp->n_layers || kl->n_layers != g->layers_per_group ||
         kl->n_kv_heads != hp->n_kv_heads || kl->head_dim != hp->head_dim)
         return tdm_error_set(err, TDM_EINVALID,
-                             "KV pool layout (%" PRIu32 " layers in groups of %" PRIu32
-                             ", %" PRIu32 " KV heads, head_dim %" PRIu32
-                             ") does not match the model (%" PRIu32 ", %" PRIu32 ", %" PRIu32 ")",
-                             g->n_layers, kl->n_layers, kl->n_kv_heads, kl->head_dim,
-                             hp->n_layers, hp->n_kv_heads, hp->head_dim);
+                             "KV pool layout (%" PRIu32 " layers in groups of %" PRIu32 ", %" PRIu32
+                             " KV heads, head_dim %" PRIu32 ") does not match the model (%" PRIu32
+                             ", %" PRIu32 ", %" PRIu32 ")",
+                             g->n_layers, kl->n_layers, kl->n_kv_heads, kl->head_dim, hp->n_layers,
+                             hp->n_kv_heads, hp->head_dim);
     for (uint32_t l = 0; l < hp->n_layers; l++)
         if (g->window[g->group_of[l]] != tdm_llama_layer_window(hp, l))
             return tdm_error_set(err, TDM_EINVALID,
