@@ -123,6 +123,16 @@ static void test_groups_single_and_errors(void **state)
     const tdm_kv_layout_t smol = {30, 3, 64, 16, TDM_KV_F16};
     tdm_kv_layout_t gl = tdm_kv_group_layout(&smol, &g);
     assert_memory_equal(&gl, &smol, sizeof gl); /* one group: the same blocks */
+    tdm_error_t perr = {0};
+    tdm_kv_pool_t *plain = tdm_kv_pool_new_grouped(&smol, &g, 4, &perr);
+    assert_non_null(plain);
+    assert_null(tdm_kv_pool_groups(plain)); /* the plain pool */
+    assert_int_equal(tdm_kv_pool_block_bytes(plain), tdm_kv_block_bytes(&smol));
+    tdm_kv_pool_destroy(&plain);
+    const tdm_kv_layout_t other = {12, 3, 64, 16, TDM_KV_F16};
+    assert_null(tdm_kv_pool_new_grouped(&other, &g, 4, &perr));
+    assert_int_equal(perr.code, TDM_EINVALID);
+    assert_non_null(strstr(perr.msg, "n_layers 12"));
     uint32_t all[4] = {4096, 4096, 4096, 4096}; /* one window everywhere (Mistral-style) */
     groups_ok(&g, 4, all);
     assert_int_equal(g.n_groups, 1);
