@@ -91,7 +91,7 @@ static int forward_seqs(bench_t *b, tdm_kv_seq_t *seqs, uint32_t n_seqs, const i
 {
     tdm_batch_seq_t bs[MAX_BATCH];
     for (uint32_t i = 0; i < n_seqs; i++)
-        bs[i] = (tdm_batch_seq_t){seqs[i].blocks, seqs[i].n_blocks};
+        bs[i] = (tdm_batch_seq_t){seqs[i].blocks, seqs[i].n_blocks, NULL};
     tdm_batch_t batch = {n, tokens, pos, seq, want, n_seqs, bs};
     tdm_error_t err = {0};
     int rc = tdm_engine_forward(b->engine, &batch, b->logits, &err);

@@ -166,7 +166,7 @@ static double rows_time(bench_t *b, tdm_kv_seq_t *seq, uint32_t ctx, uint32_t ro
         pos[i] = ctx + i;
         sidx[i] = 0;
     }
-    tdm_batch_seq_t bs = {seq->blocks, seq->n_blocks};
+    tdm_batch_seq_t bs = {seq->blocks, seq->n_blocks, NULL};
     tdm_batch_t batch = {rows, tokens, pos, sidx, NULL, 1, &bs};
     static float logits[16 * 65536];
     double best = 1e30;

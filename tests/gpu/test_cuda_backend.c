@@ -245,7 +245,7 @@ static void check_dense_ops(ops_fx_t *f)
     static const uint32_t blocks[3] = {0, 1, 2};
     static const uint32_t logit_rows[3] = {1, 5, 39};
     test_rows_t r = {0};
-    r.seqs[0] = (tdm_batch_seq_t){blocks, 3};
+    r.seqs[0] = (tdm_batch_seq_t){blocks, 3, NULL};
     for (uint32_t i = 0; i < n; i++)
         rows_add(&r, 0, i);
     gpu_begin(f, &r, logit_rows, 3);
@@ -371,7 +371,7 @@ static void check_rope(ops_fx_t *f)
         table[j] = j % 300;
     test_rows_t r = {0};
     for (uint32_t i = 0; i < n; i++) {
-        r.seqs[i] = (tdm_batch_seq_t){table, 256};
+        r.seqs[i] = (tdm_batch_seq_t){table, 256, NULL};
         rows_add(&r, i, positions[i]);
     }
     gpu_begin(f, &r, NULL, 0);
@@ -451,9 +451,9 @@ static void check_kv_attention(ops_fx_t *f)
     static const uint32_t b0[3] = {0, 1, 2}, b1[5] = {3, 4, 5, 6, 7}, b2[3] = {8, 9, 10};
     for (uint32_t layer = 0; layer < 2; layer++) {
         test_rows_t ra = {0};
-        ra.seqs[0] = (tdm_batch_seq_t){b0, 3};
-        ra.seqs[1] = (tdm_batch_seq_t){b1, 5};
-        ra.seqs[2] = (tdm_batch_seq_t){b2, 3};
+        ra.seqs[0] = (tdm_batch_seq_t){b0, 3, NULL};
+        ra.seqs[1] = (tdm_batch_seq_t){b1, 5, NULL};
+        ra.seqs[2] = (tdm_batch_seq_t){b2, 3, NULL};
         for (uint32_t i = 0; i < 70; i++) {
             rows_add(&ra, 1, i);
             if (i < 10)
@@ -566,7 +566,7 @@ static void test_engine_params(void **state)
     /* input errors are still caught before the GPU sees them, and a good pass follows */
     uint32_t blocks[1];
     assert_int_equal(tdm_kv_pool_alloc(pool, 1, blocks), TDM_OK);
-    tdm_batch_seq_t bs = {blocks, 1};
+    tdm_batch_seq_t bs = {blocks, 1, NULL};
     int32_t tok[2] = {5, 100000};
     uint32_t pos[2] = {0, 1}, sq[2] = {0, 0};
     tdm_batch_t b = {2, tok, pos, sq, NULL, 1, &bs};
@@ -834,7 +834,7 @@ static void decode_consistency(tdm_model_t *m, const char *label)
             for (uint32_t p = 0; p < plen[i]; p++)
                 pos[p] = p;
             want[plen[i] - 1] = true;
-            tdm_batch_seq_t bs = {s->blocks, s->n_blocks};
+            tdm_batch_seq_t bs = {s->blocks, s->n_blocks, NULL};
             tdm_batch_t b1 = {half, prompt[i], pos, sq, want, 1, &bs};
             if (half > 0 && tdm_engine_forward(e, &b1, buf, &err) != TDM_OK)
                 fail_msg("prefill: %s", err.msg);
@@ -847,7 +847,7 @@ static void decode_consistency(tdm_model_t *m, const char *label)
     for (uint32_t st = 0; st < STEPS; st++) {
         for (uint32_t i = 0; i < NS; i++) {
             uint32_t pos = plen[i] + st, sq = 0;
-            tdm_batch_seq_t bs = {sa[i].blocks, sa[i].n_blocks};
+            tdm_batch_seq_t bs = {sa[i].blocks, sa[i].n_blocks, NULL};
             tdm_batch_t b = {1, &next[i][st], &pos, &sq, NULL, 1, &bs};
             if (tdm_engine_forward(e, &b, la + ((size_t)st * NS + i) * V, &err) != TDM_OK)
                 fail_msg("decode (batch 1): %s", err.msg);
@@ -859,7 +859,7 @@ static void decode_consistency(tdm_model_t *m, const char *label)
             tk[i] = next[i][st];
             pos[i] = plen[i] + st;
             sq[i] = i;
-            bs[i] = (tdm_batch_seq_t){sb[i].blocks, sb[i].n_blocks};
+            bs[i] = (tdm_batch_seq_t){sb[i].blocks, sb[i].n_blocks, NULL};
         }
         tdm_batch_t b = {NS, tk, pos, sq, NULL, NS, bs};
         if (tdm_engine_forward(e, &b, lb + (size_t)st * NS * V, &err) != TDM_OK)

@@ -80,7 +80,7 @@ void tdm_test_run_together(tdm_test_engine_t *f, tdm_test_seq_t *seqs, uint32_t 
     for (;;) {
         uint32_t n = 0;
         for (uint32_t i = 0; i < n_seqs; i++) {
-            bseq[i] = (tdm_batch_seq_t){seqs[i].kv.blocks, seqs[i].kv.n_blocks};
+            bseq[i] = (tdm_batch_seq_t){seqs[i].kv.blocks, seqs[i].kv.n_blocks, NULL};
             for (uint32_t k = 0; k < chunk[i] && done[i] + k < seqs[i].n; k++) {
                 tokens[n] = seqs[i].tokens[done[i] + k];
                 pos[n] = done[i] + k;

@@ -370,7 +370,7 @@ static void forward(fixture_t *fx, tdm_kv_seq_t *kv, const int32_t *tokens, uint
         pos[r] = start + r;
         seq[r] = 0;
     }
-    tdm_batch_seq_t bs = {kv->blocks, kv->n_blocks};
+    tdm_batch_seq_t bs = {kv->blocks, kv->n_blocks, NULL};
     tdm_batch_t b = {n, tokens + start, pos, seq, want, 1, &bs};
     tdm_error_t err = {0};
     if (tdm_engine_forward(fx->engine, &b, fx->logits, &err) != TDM_OK)

@@ -423,7 +423,7 @@ static void run_ctx(tdm_model_t *m, uint32_t n, float *out, uint32_t n_ctx)
         pos[i] = i;
         seq[i] = 0;
     }
-    tdm_batch_seq_t bs = {blocks, 1};
+    tdm_batch_seq_t bs = {blocks, 1, NULL};
     tdm_batch_t b = {n, tokens, pos, seq, NULL, 1, &bs};
     assert_int_equal(tdm_engine_forward(e, &b, out, &err), TDM_OK);
     tdm_engine_destroy(&e);

@@ -495,7 +495,7 @@ static void test_prefix_cache_reuse(void **state)
         pos[i] = 64 + i;
         sq[i] = 0;
     }
-    tdm_batch_seq_t bs = {kv.blocks, kv.n_blocks};
+    tdm_batch_seq_t bs = {kv.blocks, kv.n_blocks, NULL};
     tdm_batch_t b = {26, tokens, pos, sq, NULL, 1, &bs};
     float *logits = malloc((size_t)26 * f.n_vocab * sizeof(float));
     tdm_error_t err = {0};
@@ -523,7 +523,7 @@ static void test_forward_errors(void **state)
     tdm_kv_seq_t kv;
     tdm_kv_seq_init(&kv);
     assert_int_equal(tdm_kv_seq_reserve(f.pool, &kv, 20), TDM_OK);
-    tdm_batch_seq_t bs = {kv.blocks, kv.n_blocks};
+    tdm_batch_seq_t bs = {kv.blocks, kv.n_blocks, NULL};
     float *logits = malloc((size_t)4 * f.n_vocab * sizeof(float));
     tdm_error_t err = {0};
     int32_t tok[2] = {5, 300};
@@ -548,7 +548,7 @@ static void test_forward_errors(void **state)
     assert_non_null(strstr(err.msg, "n_seqs"));
     sq[1] = 0;
     uint32_t bad_block = 100000;
-    tdm_batch_seq_t bad = {&bad_block, 1};
+    tdm_batch_seq_t bad = {&bad_block, 1, NULL};
     tdm_batch_t b2 = {2, tok, pos, sq, NULL, 1, &bad};
     assert_int_equal(tdm_engine_forward(f.engine, &b2, logits, &err), TDM_EINVALID);
     assert_non_null(strstr(err.msg, "outside the pool"));

@@ -306,6 +306,10 @@ void tdm_llama_layer_rope(const tdm_llama_hparams_t *hp, uint32_t l, float *freq
  * for a query at p1 when p1 - p0 >= n_swa). Cannot fail. */
 uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, uint32_t pos);
 
+/* Keys a query of layer l reads back (its window, tokens): n_swa in a sliding-window layer,
+ * 0 (every key) otherwise; the per-layer windows tdm_kv_groups_init takes. Cannot fail. */
+uint32_t tdm_llama_layer_window(const tdm_llama_hparams_t *hp, uint32_t l);
+
 /* Reads and validates the hyperparameters of a Llama-family model (architectures llama,
  * mistral, qwen2, qwen3, qwen3moe, gemma3, phi3; experts for llama and qwen3moe). Checks every
  * required key is present and consistent (n_heads divisible by n_kv_heads, head_dim * n_heads

@@ -97,13 +97,17 @@ typedef struct tdm_kv_plan_in {
     uint64_t scratch_bytes; /* engine scratch, bytes (tdm_engine_scratch_bytes); 0 if unknown */
     bool have_memory;       /* memory_bytes is given: size a pool */
     uint64_t memory_bytes;  /* budget for weights + scratch + KV, bytes */
+    const struct tdm_kv_groups *groups; /* layer groups (hybrid allocation, "layer groups"
+                                           below); NULL: one full-attention group */
 } tdm_kv_plan_in_t;
 
 /* Every figure of a capacity plan. Bytes unless said otherwise. */
 typedef struct tdm_kv_plan_result {
     uint64_t bytes_per_token;     /* tdm_kv_bytes_per_token (q8 scales not included) */
-    uint64_t block_bytes;         /* tdm_kv_block_bytes (q8 scales included) */
-    uint64_t blocks_per_seq;      /* ceil(n_ctx / block_size), blocks */
+    uint64_t block_bytes;         /* tdm_kv_block_bytes (q8 scales included); with groups, of
+                                     tdm_kv_group_layout (one group's layers) */
+    uint64_t blocks_per_seq;      /* ceil(n_ctx / block_size), blocks; with groups
+                                     tdm_kv_groups_blocks_per_seq */
     uint64_t bytes_per_seq;       /* blocks_per_seq * block_bytes */
     uint64_t blocks_total;        /* n_users * blocks_per_seq, blocks */
     uint64_t bytes_total;         /* n_users * bytes_per_seq: KV for every user */
@@ -113,7 +117,8 @@ typedef struct tdm_kv_plan_result {
     /* with have_memory only; 0 and false otherwise: */
     uint64_t pool_budget_bytes; /* memory - weights - scratch, 0 when they do not fit */
     uint64_t pool_blocks;       /* pool_budget_bytes / block_bytes, blocks */
-    uint64_t pool_tokens;       /* pool_blocks * block_size, tokens */
+    uint64_t pool_tokens;       /* pool_blocks * block_size, tokens (with groups: of every
+                                   layer, floor(pool_blocks / n_groups) * block_size) */
     uint64_t max_seqs;          /* pool_blocks / blocks_per_seq: full-context sequences at once */
     bool fits;                  /* need_bytes <= memory_bytes */
     uint64_t spare_bytes;       /* memory_bytes - need_bytes when it fits, else 0 */
@@ -132,6 +137,9 @@ typedef struct tdm_kv_plan_result {
  * docs/capacity.md). Worked numbers: SmolLM2-135M at f16 (30 layers, 3 KV heads, head_dim 64)
  * is 23,040 B/token, 368,640 B per 16-token block and 94,371,840 B for a 4096-token sequence;
  * Llama-2-7B at f16 (32, 32, 128) is 524,288 B/token and 2 GiB for 4096 tokens.
+ * With in->groups (hybrid allocation), blocks are tdm_kv_group_layout's and a sequence takes
+ * tdm_kv_groups_blocks_per_seq of them: Gemma 3 270M at f16, 8,192 tokens: 677 blocks of
+ * 49,152 B (33,275,904 B) instead of 512 of 294,912 B (150,994,944 B).
  * pool_blocks is not capped at the pool's 2^32 - 1 blocks a node can address.
  * Errors (*out zeroed, message in *err): TDM_EINVALID for a bad layout (tdm_kv_layout_check's
  * message), n_ctx or n_users 0, or n_heads not a multiple of n_kv_heads; TDM_ERESOURCE when
@@ -217,6 +225,20 @@ int tdm_kv_pool_alloc(tdm_kv_pool_t *pool, uint32_t n, uint32_t *blocks_out);
 /* Adds a reference to a used block. */
 void tdm_kv_pool_ref(tdm_kv_pool_t *pool, uint32_t block);
 
+/* Takes a reference to a block found by tdm_kv_pool_find: revives a cached block (it leaves
+ * the LRU and is used again) or adds a reference to a used one. */
+void tdm_kv_pool_acquire(tdm_kv_pool_t *pool, uint32_t block);
+
+/* Adds to the prefix counters (prefix_queries, prefix_hits) a lookup of `queried` prefix
+ * blocks of which `hit` (<= queried) were reused: for matchers outside this file
+ * (tdm_kv_hseq_match_prefix). */
+void tdm_kv_pool_count_prefix(tdm_kv_pool_t *pool, uint64_t queried, uint64_t hit);
+
+/* Registers a used, unregistered block under hash (its chained prefix key) unless another
+ * block is registered under it: true when registered, false when the hash was taken (the
+ * block stays unregistered and goes back to the free list when released). */
+bool tdm_kv_pool_register(tdm_kv_pool_t *pool, uint32_t block, uint64_t hash);
+
 /* Drops a reference; at 0 the block becomes cached (if it has a hash) or free. */
 void tdm_kv_pool_unref(tdm_kv_pool_t *pool, uint32_t block);
 
@@ -231,6 +253,8 @@ typedef struct tdm_kv_seq {
     uint32_t n_tokens;  /* tokens whose KV is in the blocks (computed or reused) */
     uint32_t n_hashed;  /* leading full blocks whose hash is registered */
     uint64_t last_hash; /* hash of block n_hashed - 1 (the chain's parent) */
+    uint32_t n_dropped; /* leading entries given back (window groups, tdm_kv_hseq_*):
+                           blocks[0..n_dropped) are TDM_KV_NO_BLOCK; 0 otherwise */
 } tdm_kv_seq_t;
 
 void tdm_kv_seq_init(tdm_kv_seq_t *seq);
@@ -266,6 +290,143 @@ void tdm_kv_seq_clear(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq);
 /* Drops the sequence's references to its blocks and frees its table; the sequence is empty
  * afterwards (it may be reused). */
 void tdm_kv_seq_release(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq);
+
+/* ---- layer groups: KV allocation that follows the architecture ----
+ *
+ * In a model with sliding-window layers (Gemma 3: five of every six layers attend to the last
+ * 512 positions only), a query at position p of a window-W layer reads keys
+ * max(0, p + 1 - W) .. p. Keeping every token's KV in those layers wastes most of the pool on
+ * long sequences. Hybrid allocation (vLLM's hybrid KV-cache manager) splits the layers into
+ * groups of equal size, each of one attention kind (full, or one window W), gives every group
+ * its own block table over one shared pool of equal-size blocks (a block holds one group's
+ * layers for block_size tokens), and gives back a window group's blocks wholly before the
+ * oldest key the next query can read.
+ *
+ * Partition (tdm_kv_groups_init): layers_per_group = gcd of the layer counts of every kind, so
+ * no block has a padding layer; groups are numbered full-attention kind first, then windows
+ * ascending, each kind's layers in increasing order. Gemma 3 270M (18 layers, full layers 5,
+ * 11, 17, window 512): 3 layers per group, group 0 full {5, 11, 17}, groups 1..5 window 512
+ * {0, 1, 2}, {3, 4, 6}, ... A model without windows (or with one window on every layer) is one
+ * group of all its layers: the pool, its blocks and its block tables are exactly the
+ * single-group ones (tdm_kv_seq_*), byte for byte.
+ *
+ * Blocks a sequence holds (the formula the allocator follows exactly, tdm_kv_group_live): once
+ * its first n tokens are computed (committed) and its table reserved for m >= n tokens,
+ *   full group:     ceil(m / block_size)
+ *   window group W: max(0, ceil(m / block_size) - floor(max(0, n + 1 - W) / block_size))
+ * Peak over a sequence decoding one token a step to a context of C tokens
+ * (tdm_kv_group_peak): full ceil(C / block_size); window W at most
+ * min(ceil(C / block_size), ceil((W - 1) / block_size) + 1). A prefill chunk of P rows holds up
+ * to ceil((W + P - 2) / block_size) + 1 blocks of a window group while it runs.
+ *
+ * Prefix caching: every group registers its full blocks under the same chained hash as the
+ * single-group cache (tdm_kv_block_hash), salted by the group (tdm_kv_group_hash; group 0
+ * unsalted, so the router's prefix hashes keep naming group 0). A cached prefix of k blocks is
+ * reusable only where every full-attention group still has blocks 0..k-1 cached and every
+ * window group W still has the blocks that the first query after the prefix (position
+ * k * block_size) reads: floor(max(0, k * block_size + 1 - W) / block_size) .. k - 1. Blocks a
+ * window group gave back as a sequence grew are cached like any other, so a later prompt
+ * ending its shared prefix inside a window still held (or still cached) hits.
+ */
+
+/* Most layers (as TDM_GGUF_MAX_LAYERS) and so most groups (one layer each). */
+#define TDM_KV_MAX_LAYERS 512
+
+typedef struct tdm_kv_groups {
+    uint32_t n_layers;                    /* layers of the model */
+    uint32_t n_groups;                    /* 1 .. n_layers */
+    uint32_t layers_per_group;            /* layers whose KV one block holds */
+    uint32_t n_full;                      /* groups 0 .. n_full - 1 attend to every key */
+    uint32_t window[TDM_KV_MAX_LAYERS];   /* [n_groups] keys a query reads, tokens; 0 = all */
+    uint16_t group_of[TDM_KV_MAX_LAYERS]; /* [n_layers] the layer's group */
+    uint16_t slot_of[TDM_KV_MAX_LAYERS];  /* [n_layers] its layer slot inside a group block */
+} tdm_kv_groups_t;
+
+/* Splits n_layers layers by their windows (windows[l]: tokens a query of layer l reads, the
+ * key at p + 1 - W being the oldest, 0 for full attention; windows NULL: all full) into
+ * groups as above. TDM_EINVALID naming the field when n_layers is 0 or over
+ * TDM_KV_MAX_LAYERS. */
+int tdm_kv_groups_init(tdm_kv_groups_t *g, uint32_t n_layers, const uint32_t *windows,
+                       tdm_error_t *err);
+
+/* The layout of one block of a group: l with n_layers = layers_per_group (the pool's layout;
+ * records inside it are addressed by slot_of[layer]). l itself when there is one group. */
+tdm_kv_layout_t tdm_kv_group_layout(const tdm_kv_layout_t *l, const tdm_kv_groups_t *g);
+
+/* The prefix key of group gi for chained hash h: h for group 0, h XOR a per-group constant
+ * otherwise. Cannot fail. */
+uint64_t tdm_kv_group_hash(uint64_t h, uint32_t gi);
+
+/* Blocks group gi holds for a sequence with n tokens computed and its table reserved for m
+ * (the formula above; m >= n). */
+uint64_t tdm_kv_group_live(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size, uint64_t n,
+                           uint64_t m);
+
+/* Most blocks group gi holds at once for a sequence decoding one token a step up to n_ctx
+ * tokens (the maximum of tdm_kv_group_live(n, n + 1) for n < n_ctx). */
+uint64_t tdm_kv_group_peak(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size,
+                           uint64_t n_ctx);
+
+/* Sum of tdm_kv_group_peak over the groups: blocks of tdm_kv_group_layout size an n_ctx-token
+ * sequence needs. With one full group, ceil(n_ctx / block_size). */
+uint64_t tdm_kv_groups_blocks_per_seq(const tdm_kv_groups_t *g, uint32_t block_size,
+                                      uint64_t n_ctx);
+
+/* A sequence over a grouped pool: one block table per group. The tables' n_tokens, n_hashed
+ * and last_hash are unused (the sequence's own fields hold them); a window group's
+ * tab[gi].blocks[0 .. tab[gi].n_dropped) are TDM_KV_NO_BLOCK (given back). Init with
+ * tdm_kv_hseq_init, release with tdm_kv_hseq_release. */
+typedef struct tdm_kv_hseq {
+    const tdm_kv_groups_t *groups; /* not owned; outlives the sequence */
+    tdm_kv_seq_t *tab;             /* [groups->n_groups] */
+    uint32_t n_tokens;             /* tokens whose KV is computed (or reused) */
+    uint32_t n_hashed;             /* leading full blocks registered (every group holding them) */
+    uint64_t last_hash;            /* chained hash of block n_hashed - 1 */
+} tdm_kv_hseq_t;
+
+/* Empty sequence with one table per group. TDM_ERESOURCE when out of memory. */
+int tdm_kv_hseq_init(tdm_kv_hseq_t *hs, const tdm_kv_groups_t *groups, tdm_error_t *err);
+
+/* A pool whose blocks hold one group's layers (tdm_kv_group_layout(layout, groups)), for
+ * sequences with one table per group (tdm_kv_hseq_*); the pool keeps a copy of groups, which
+ * the engine reads to address a layer's record (tdm_kv_pool_groups). One full-attention group
+ * gives the plain pool (tdm_kv_pool_new(layout)), byte for byte. Errors as tdm_kv_pool_new,
+ * and TDM_EINVALID when groups->n_layers is not layout->n_layers. */
+tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout, const tdm_kv_groups_t *groups,
+                                       uint32_t n_blocks, tdm_error_t *err);
+
+/* The pool's layer groups: NULL for a plain pool (every block holds every layer, one table a
+ * sequence), else those it was made with (several groups, or one group with a window). */
+const tdm_kv_groups_t *tdm_kv_pool_groups(const tdm_kv_pool_t *pool);
+
+/* Sizes every table for max_tokens (as tdm_kv_seq_prepare). 0 or TDM_ERESOURCE. */
+int tdm_kv_hseq_prepare(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t max_tokens);
+
+/* Makes every group's table cover n_tokens (>= hs->n_tokens) tokens. All or nothing:
+ * TDM_ERESOURCE when the pool lacks the blocks (or a table cannot grow); nothing taken. */
+int tdm_kv_hseq_reserve(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t n_tokens);
+
+/* For a new sequence: reuses the longest cached prefix of whole blocks of tokens[0..n) (never
+ * all n) that every group can serve under the rule above. Returns the tokens covered (a
+ * multiple of block_size; 0 when nothing matches or on out of memory) and sets hs->n_tokens.
+ * Counts the prefix blocks looked up in prefix_queries and those reused in prefix_hits. */
+uint32_t tdm_kv_hseq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *tokens,
+                                  uint32_t n);
+
+/* After the forward pass wrote KV for tokens[0..n_tokens): records n_tokens, registers every
+ * newly full block of every group, then gives back the window groups' blocks wholly before
+ * n_tokens + 1 - W (no later query reads them). */
+void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *tokens,
+                        uint32_t n_tokens);
+
+/* Blocks the sequence holds now, over every group. */
+uint64_t tdm_kv_hseq_held(const tdm_kv_hseq_t *hs);
+
+/* Drops every reference, keeps the tables (preemption; tdm_kv_seq_clear per group). */
+void tdm_kv_hseq_clear(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs);
+
+/* Drops every reference and frees the tables. */
+void tdm_kv_hseq_release(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs);
 
 #ifdef __cplusplus
 }

@@ -128,10 +128,15 @@ void tdm_engine_device_bytes(const tdm_engine_t *e, uint64_t *weight_bytes,
  * fail. */
 void *tdm_engine_kv_device_base(const tdm_engine_t *e);
 
-/* A sequence's view for one forward pass: its block table in the engine's pool. */
+/* A sequence's view for one forward pass: its block table in the engine's pool. Over a pool
+ * with layer groups (tdm_kv_pool_new_grouped) the tables are per group instead: group_blocks
+ * [g] is group g's table of n_blocks entries (a tdm_kv_hseq's tab[g].blocks), whose entries
+ * before the block of the oldest key the sequence's first row reads may be TDM_KV_NO_BLOCK
+ * (given back), and blocks is unused. */
 typedef struct tdm_batch_seq {
     const uint32_t *blocks; /* [n_blocks] pool block ids covering positions 0..max pos */
     uint32_t n_blocks;
+    const uint32_t *const *group_blocks; /* [n_groups][n_blocks]; NULL over a plain pool */
 } tdm_batch_seq_t;
 
 /* One forward pass: n_tokens rows, each a (sequence, position, token). Rows of one

@@ -73,6 +73,11 @@ uint32_t tdm_llama_layer_first_key(const tdm_llama_hparams_t *hp, uint32_t l, ui
     return pos + 1 - hp->n_swa;
 }
 
+uint32_t tdm_llama_layer_window(const tdm_llama_hparams_t *hp, uint32_t l)
+{
+    return hp->n_swa != 0 && l < TDM_GGUF_MAX_LAYERS && hp->swa_layers[l] ? hp->n_swa : 0;
+}
+
 static int get_u32_key(const tdm_gguf_t *g, const char *arch, const char *suffix, bool required,
                        uint32_t dflt, uint32_t *out, tdm_error_t *err)
 {

@@ -53,6 +53,8 @@ struct tdm_kv_pool {
     uint32_t n_indexed;  /* registered blocks */
 
     tdm_kv_stats_t stats;
+    tdm_kv_groups_t *groups; /* tdm_kv_pool_new_grouped with windows or several groups; NULL
+                                otherwise */
 };
 
 /* ---- dtypes, layout and sizing ---- */
@@ -180,8 +182,14 @@ static bool plan_kv(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out)
 {
     const tdm_kv_layout_t *l = &in->layout;
     out->bytes_per_token = tdm_kv_bytes_per_token(l);
-    out->block_bytes = tdm_kv_block_bytes(l);
-    out->blocks_per_seq = tdm_kv_blocks_for_tokens(l, in->n_ctx);
+    if (in->groups) {
+        tdm_kv_layout_t gl = tdm_kv_group_layout(l, in->groups);
+        out->block_bytes = tdm_kv_block_bytes(&gl);
+        out->blocks_per_seq = tdm_kv_groups_blocks_per_seq(in->groups, l->block_size, in->n_ctx);
+    } else {
+        out->block_bytes = tdm_kv_block_bytes(l);
+        out->blocks_per_seq = tdm_kv_blocks_for_tokens(l, in->n_ctx);
+    }
     tdm_kv_layout_t mha = *l;
     mha.n_kv_heads = in->n_heads ? in->n_heads : l->n_kv_heads;
     out->mha_bytes_per_token = tdm_kv_bytes_per_token(&mha);
@@ -201,7 +209,8 @@ static void plan_memory(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out)
     uint64_t fixed = in->weight_bytes + in->scratch_bytes; /* <= need_bytes: no overflow */
     out->pool_budget_bytes = m > fixed ? m - fixed : 0;
     out->pool_blocks = out->pool_budget_bytes / out->block_bytes;
-    out->pool_tokens = out->pool_blocks * in->layout.block_size; /* block_bytes >= 8 * it */
+    out->pool_tokens = out->pool_blocks / (in->groups ? in->groups->n_groups : 1) *
+                       in->layout.block_size; /* block_bytes >= 8 * block_size */
     out->max_seqs = out->pool_blocks / out->blocks_per_seq;
     out->fits = out->need_bytes <= m;
     out->spare_bytes = out->fits ? m - out->need_bytes : 0;
@@ -218,6 +227,10 @@ int tdm_kv_plan(const tdm_kv_plan_in_t *in, tdm_kv_plan_t *out, tdm_error_t *err
     if (in->n_ctx == 0 || in->n_users == 0)
         return tdm_error_set(err, TDM_EINVALID, "kv plan: %s must be positive, got 0",
                              in->n_ctx == 0 ? "n_ctx" : "n_users");
+    if (in->groups && in->groups->n_layers != l->n_layers)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "kv plan: groups cover %u layers, the layout has n_layers %u",
+                             (unsigned)in->groups->n_layers, (unsigned)l->n_layers);
     if (in->n_heads % l->n_kv_heads != 0)
         return tdm_error_set(err, TDM_EINVALID,
                              "kv plan: n_heads must be a multiple of n_kv_heads (%u), got %u",
@@ -453,6 +466,34 @@ out_oom:
     return NULL;
 }
 
+tdm_kv_pool_t *tdm_kv_pool_new_grouped(const tdm_kv_layout_t *layout, const tdm_kv_groups_t *groups,
+                                       uint32_t n_blocks, tdm_error_t *err)
+{
+    if (groups->n_layers != layout->n_layers) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "kv pool: the layer groups cover %u layers, the layout has n_layers %u",
+                      (unsigned)groups->n_layers, (unsigned)layout->n_layers);
+        return NULL;
+    }
+    tdm_kv_layout_t gl = tdm_kv_group_layout(layout, groups);
+    tdm_kv_pool_t *pool = tdm_kv_pool_new(&gl, n_blocks, err);
+    if (!pool || (groups->n_groups == 1 && groups->window[0] == 0))
+        return pool; /* one full-attention group: the plain pool */
+    pool->groups = malloc(sizeof *pool->groups);
+    if (!pool->groups) {
+        tdm_kv_pool_destroy(&pool);
+        tdm_error_set(err, TDM_ERESOURCE, "kv pool: out of memory for the layer groups");
+        return NULL;
+    }
+    *pool->groups = *groups;
+    return pool;
+}
+
+const tdm_kv_groups_t *tdm_kv_pool_groups(const tdm_kv_pool_t *pool)
+{
+    return pool->groups;
+}
+
 void tdm_kv_pool_destroy(tdm_kv_pool_t **self_p)
 {
     if (!self_p || !*self_p)
@@ -466,6 +507,7 @@ void tdm_kv_pool_destroy(tdm_kv_pool_t **self_p)
     free(pool->registered);
     free(pool->hash);
     free(pool->refcount);
+    free(pool->groups);
     free(pool);
     *self_p = NULL;
 }
@@ -558,6 +600,32 @@ static void pool_ref_found(tdm_kv_pool_t *pool, uint32_t b)
         pool->stats.n_used++;
     }
     pool->refcount[b]++;
+}
+
+void tdm_kv_pool_acquire(tdm_kv_pool_t *pool, uint32_t block)
+{
+    TDM_ASSERT(block < pool->n_blocks);
+    TDM_ASSERT(pool->registered[block] || pool->refcount[block] > 0);
+    TDM_ASSERT(pool->refcount[block] < UINT32_MAX);
+    pool_ref_found(pool, block);
+}
+
+void tdm_kv_pool_count_prefix(tdm_kv_pool_t *pool, uint64_t queried, uint64_t hit)
+{
+    TDM_ASSERT(hit <= queried);
+    pool->stats.prefix_queries += queried;
+    pool->stats.prefix_hits += hit;
+}
+
+bool tdm_kv_pool_register(tdm_kv_pool_t *pool, uint32_t block, uint64_t hash)
+{
+    TDM_ASSERT(block < pool->n_blocks);
+    TDM_ASSERT(pool->refcount[block] > 0 && !pool->registered[block]);
+    if (index_find(pool, hash) != TDM_KV_NO_BLOCK)
+        return false;
+    pool->hash[block] = hash;
+    index_insert(pool, block);
+    return true;
 }
 
 int tdm_kv_pool_check(const tdm_kv_pool_t *pool, tdm_error_t *err)
@@ -710,8 +778,8 @@ void tdm_kv_seq_commit(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq, const int32_t *to
 
 void tdm_kv_seq_clear(tdm_kv_pool_t *pool, tdm_kv_seq_t *seq)
 {
-    /* Last block first: see tdm_kv_seq_release. */
-    for (uint32_t i = seq->n_blocks; i-- > 0;)
+    /* Last block first: see tdm_kv_seq_release. Entries before n_dropped were given back. */
+    for (uint32_t i = seq->n_blocks; i-- > seq->n_dropped;)
         tdm_kv_pool_unref(pool, seq->blocks[i]);
     uint32_t *blocks = seq->blocks, cap = seq->cap;
     tdm_kv_seq_init(seq);

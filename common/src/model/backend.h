@@ -149,6 +149,10 @@ typedef struct tdm_backend_ops {
      * RoPE bases); without
      * it the engine refuses a model that uses one, naming the feature. */
     bool arch_features;
+    /* The backend addresses pools with layer groups (tdm_kv_pool_new_grouped: a layer's
+     * records in its group's blocks, through tdm_batch_seq_t.group_blocks); without it the
+     * engine refuses such a pool. */
+    bool kv_groups;
 } tdm_backend_ops_t;
 
 /* The CPU backend (cpu.c). */

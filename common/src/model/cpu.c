@@ -341,6 +341,7 @@ static void *cpu_create(const tdm_model_t *m, const tdm_engine_params_t *p, tdm_
     be->hp = tdm_model_hparams(m);
     be->pool = pool;
     be->kl = *tdm_kv_pool_layout(pool);
+    be->groups = tdm_kv_pool_groups(pool);
     be->block_bytes = tdm_kv_block_bytes(&be->kl);
     be->rec_bytes = tdm_kv_record_bytes(&be->kl);
     be->n_threads = p->n_threads > 0 ? p->n_threads : omp_get_max_threads();
@@ -395,4 +396,5 @@ const tdm_backend_ops_t tdm_model_backend_cpu = {
     .read = tdm_cpu_read,
     .host_memory = true,
     .arch_features = true,
+    .kv_groups = true,
 };

@@ -8,11 +8,18 @@
 
 #include "model/cpu_internal.h"
 
-/* Address of the record (layer, kv, head) of the block holding position pos of a sequence. */
+/* Address of the record (layer, kv, head) of the block holding position pos of a sequence
+ * (over a pool with layer groups, of the layer's group's block). */
 static uint8_t *kv_record(const cpu_be_t *be, const tdm_batch_seq_t *sq, uint32_t pos,
                           uint32_t layer, uint32_t kv, uint32_t head)
 {
     uint8_t *base = tdm_kv_pool_base(be->pool);
+    const tdm_kv_groups_t *g = be->groups;
+    if (g) { /* the layer's records are in its group's blocks, at its slot */
+        uint32_t block = sq->group_blocks[g->group_of[layer]][pos / be->kl.block_size];
+        return base + (uint64_t)block * be->block_bytes +
+               tdm_kv_record_offset(&be->kl, be->rec_bytes, g->slot_of[layer], kv, head);
+    }
     uint32_t block = sq->blocks[pos / be->kl.block_size];
     return base + (uint64_t)block * be->block_bytes +
            tdm_kv_record_offset(&be->kl, be->rec_bytes, layer, kv, head);

@@ -21,7 +21,8 @@ typedef struct cpu_be {
     const tdm_model_t *model;
     const tdm_llama_hparams_t *hp;
     tdm_kv_pool_t *pool;
-    tdm_kv_layout_t kl;
+    tdm_kv_layout_t kl;            /* the pool's: with layer groups, one group's layers a block */
+    const tdm_kv_groups_t *groups; /* the pool's layer groups (tdm_kv_pool_groups), or NULL */
     uint64_t block_bytes, rec_bytes;
     int n_threads;
     uint32_t max_rows, n_ctx;

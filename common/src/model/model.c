@@ -58,6 +58,7 @@ struct tdm_engine {
     /* host scratch */
     uint32_t *logit_rows; /* [L] */
     uint32_t *last_pos;   /* [B] per sequence: last position seen + 1 (0 = none yet) */
+    uint32_t *first_pos;  /* [B] per sequence: position of its first row */
 };
 
 /* ---- model ---- */
@@ -413,6 +414,29 @@ static float *engine_alloc(tdm_engine_t *e, size_t n, tdm_error_t *err)
     return p;
 }
 
+/* A pool with layer groups against the model: the groups cover its layers, each layer's
+ * group has the layer's window (tdm_llama_layer_window), the blocks its KV heads. */
+static int pool_groups_check(const tdm_kv_groups_t *g, const tdm_kv_layout_t *kl,
+                             const tdm_llama_hparams_t *hp, tdm_error_t *err)
+{
+    if (g->n_layers != hp->n_layers || kl->n_layers != g->layers_per_group ||
+        kl->n_kv_heads != hp->n_kv_heads || kl->head_dim != hp->head_dim)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "KV pool layout (%" PRIu32 " layers in groups of %" PRIu32 ", %" PRIu32
+                             " KV heads, head_dim %" PRIu32 ") does not match the model (%" PRIu32
+                             ", %" PRIu32 ", %" PRIu32 ")",
+                             g->n_layers, kl->n_layers, kl->n_kv_heads, kl->head_dim, hp->n_layers,
+                             hp->n_kv_heads, hp->head_dim);
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if (g->window[g->group_of[l]] != tdm_llama_layer_window(hp, l))
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "KV pool layer groups: layer %" PRIu32 " is in a group of window "
+                                 "%" PRIu32 ", the model's layer attends to %" PRIu32
+                                 " keys (0 = all)",
+                                 l, g->window[g->group_of[l]], tdm_llama_layer_window(hp, l));
+    return TDM_OK;
+}
+
 /* Checks the engine parameters against the model and the pool's layout against the model. */
 static int engine_params_check(const tdm_engine_params_t *p, const tdm_llama_hparams_t *hp,
                                const tdm_kv_pool_t *pool, tdm_error_t *err)
@@ -435,6 +459,9 @@ static int engine_params_check(const tdm_engine_params_t *p, const tdm_llama_hpa
         return tdm_error_set(err, TDM_EINVALID, "n_threads must be in 0..1024 (0 = all), got %d",
                              p->n_threads);
     const tdm_kv_layout_t *kl = tdm_kv_pool_layout(pool);
+    const tdm_kv_groups_t *g = tdm_kv_pool_groups(pool);
+    if (g)
+        return pool_groups_check(g, kl, hp, err);
     if (kl->n_layers != hp->n_layers || kl->n_kv_heads != hp->n_kv_heads ||
         kl->head_dim != hp->head_dim)
         return tdm_error_set(
@@ -503,11 +530,14 @@ static int engine_scratch_new(tdm_engine_t *e, tdm_error_t *err)
         return TDM_ERESOURCE; /* engine_alloc set err */
     e->logit_rows = calloc(L, sizeof *e->logit_rows);
     e->last_pos = calloc(B, sizeof *e->last_pos);
-    if (!e->logit_rows || !e->last_pos) {
+    e->first_pos = calloc(B, sizeof *e->first_pos);
+    if (!e->logit_rows || !e->last_pos || !e->first_pos) {
         free(e->logit_rows);
         free(e->last_pos);
+        free(e->first_pos);
         e->logit_rows = NULL;
         e->last_pos = NULL;
+        e->first_pos = NULL;
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     }
     return TDM_OK;
@@ -530,6 +560,11 @@ tdm_engine_t *tdm_engine_new(const tdm_model_t *m, tdm_kv_pool_t *pool,
     if (engine_params_check(&p, hp, pool, err) != TDM_OK ||
         engine_ops_check(ops, hp, err) != TDM_OK)
         return NULL;
+    if (tdm_kv_pool_groups(pool) && !ops->kv_groups) {
+        tdm_error_set(err, TDM_EINVALID,
+                      "the %s backend does not address KV pools with layer groups", ops->name);
+        return NULL;
+    }
 
     tdm_engine_t *e = calloc(1, sizeof *e);
     if (!e) {
@@ -567,6 +602,7 @@ void tdm_engine_destroy(tdm_engine_t **self_p)
     e->ops->destroy(e->be); /* frees every buffer it allocated */
     free(e->logit_rows);
     free(e->last_pos);
+    free(e->first_pos);
     free(e);
     *self_p = NULL;
 }
@@ -631,6 +667,8 @@ static int batch_check_row(tdm_engine_t *e, const tdm_batch_t *b, uint32_t i,
                              "row %" PRIu32 ": position %" PRIu32 " of seq %" PRIu32
                              " does not follow its previous row (%" PRIu32 ")",
                              i, pos, s, e->last_pos[s] - 1);
+    if (e->last_pos[s] == 0)
+        e->first_pos[s] = pos;
     e->last_pos[s] = pos + 1;
     const tdm_batch_seq_t *sq = &b->seqs[s];
     if (pos / kl->block_size >= sq->n_blocks)
@@ -644,6 +682,42 @@ static int batch_check_row(tdm_engine_t *e, const tdm_batch_t *b, uint32_t i,
                                  "more than max_logits (%" PRIu32 ") rows ask for logits",
                                  e->params.max_logits);
         e->logit_rows[(*nl)++] = i;
+    }
+    return TDM_OK;
+}
+
+/* Entries j0 .. need - 1 of a block table of seq s are blocks of the pool. */
+static int batch_check_table(const uint32_t *blocks, uint32_t s, uint32_t j0, uint32_t need,
+                             uint32_t n_blocks, tdm_error_t *err)
+{
+    for (uint32_t j = j0; j < need; j++)
+        if (blocks[j] >= n_blocks)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "seq %" PRIu32 ": block %" PRIu32 " (entry %" PRIu32
+                                 ") is outside the pool (%" PRIu32 " blocks)",
+                                 s, blocks[j], j, n_blocks);
+    return TDM_OK;
+}
+
+/* Over a pool with layer groups: seq s has its group tables, and each group's entries from
+ * the block of the oldest key its first row (position first) reads up to need - 1 are blocks
+ * of the pool (earlier entries of a window group may have been given back). */
+static int batch_check_groups(const tdm_engine_t *e, const tdm_batch_t *b, uint32_t s,
+                              uint32_t first, uint32_t need, uint32_t n_blocks, tdm_error_t *err)
+{
+    const tdm_kv_groups_t *g = tdm_kv_pool_groups(e->pool);
+    const uint32_t bs = tdm_kv_pool_layout(e->pool)->block_size;
+    if (!b->seqs[s].group_blocks)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "seq %" PRIu32 ": the KV pool has %" PRIu32 " layer groups, "
+                             "group_blocks is required",
+                             s, g->n_groups);
+    for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+        uint32_t w = g->window[gi];
+        uint32_t j0 = w == 0 || first + 1 <= w ? 0 : (first + 1 - w) / bs;
+        int rc = batch_check_table(b->seqs[s].group_blocks[gi], s, j0, need, n_blocks, err);
+        if (rc != TDM_OK)
+            return rc;
     }
     return TDM_OK;
 }
@@ -674,12 +748,11 @@ static int batch_check(tdm_engine_t *e, const tdm_batch_t *b, uint32_t *n_logits
         if (e->last_pos[s] == 0)
             continue;
         uint32_t need = (e->last_pos[s] - 1) / kl->block_size + 1;
-        for (uint32_t j = 0; j < need; j++)
-            if (b->seqs[s].blocks[j] >= st.n_blocks)
-                return tdm_error_set(err, TDM_EINVALID,
-                                     "seq %" PRIu32 ": block %" PRIu32 " is outside the pool "
-                                     "(%" PRIu32 " blocks)",
-                                     s, b->seqs[s].blocks[j], st.n_blocks);
+        int rc = tdm_kv_pool_groups(e->pool)
+                     ? batch_check_groups(e, b, s, e->first_pos[s], need, st.n_blocks, err)
+                     : batch_check_table(b->seqs[s].blocks, s, 0, need, st.n_blocks, err);
+        if (rc != TDM_OK)
+            return rc;
     }
     *n_logits = nl;
     return TDM_OK;

@@ -89,8 +89,14 @@ int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, t
     int rc = sizing_budget(in, &budget, err);
     if (rc != TDM_OK)
         return rc;
-    tdm_kv_plan_in_t pin = {in->layout,        0,    in->n_ctx, 1, in->weight_bytes,
-                            in->scratch_bytes, true, budget};
+    tdm_kv_plan_in_t pin = {.layout = in->layout,
+                            .n_ctx = in->n_ctx,
+                            .n_users = 1,
+                            .weight_bytes = in->weight_bytes,
+                            .scratch_bytes = in->scratch_bytes,
+                            .have_memory = true,
+                            .memory_bytes = budget,
+                            .groups = NULL}; /* nodes allocate one group (issue 39) */
     tdm_kv_plan_t plan;
     if ((rc = tdm_kv_plan(&pin, &plan, err)) != TDM_OK)
         return rc;

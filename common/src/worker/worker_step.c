@@ -22,7 +22,7 @@ static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
 {
     for (uint32_t k = 0; k < w->n_bseq; k++) {
         const wseq_t *s = &w->seqs[w->b_slot[k]];
-        w->b_seqs[k] = (tdm_batch_seq_t){s->kv.blocks, s->kv.n_blocks};
+        w->b_seqs[k] = (tdm_batch_seq_t){s->kv.blocks, s->kv.n_blocks, NULL};
     }
     tdm_batch_t batch = {w->n_rows, w->b_tokens, w->b_pos, w->b_seq,
                          w->b_want, w->n_bseq,   w->b_seqs};
