@@ -59,7 +59,17 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
                       "root", http_json_str(mi->name), "parent", "max_model_len", (int)mi->n_ctx);
         if (!o)
             continue;
-        if (id && strcmp(id, mi->name) == 0)
+        /* Tandem's own: the model's other served names, and whether a decode node of it is up
+         * ("ready") or none is ("unavailable": its requests wait) */
+        json_t *aliases = json_array();
+        bool named = id && strcmp(id, mi->name) == 0;
+        for (size_t j = 0; aliases && j < mi->n_aliases; j++) {
+            json_array_append_new(aliases, http_json_str(mi->aliases[j]));
+            named = named || (id && strcmp(id, mi->aliases[j]) == 0);
+        }
+        json_object_set_new(o, "aliases", aliases ? aliases : json_array());
+        json_object_set_new(o, "state", http_json_str(mi->state[0] ? mi->state : "ready"));
+        if (named)
             found = json_incref(o);
         json_array_append_new(data, o);
     }

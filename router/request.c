@@ -244,7 +244,8 @@ static rt_req_t *req_from_call(tdm_router_t *r, const tdm_frame_t *f,
         q->deadline_ms = f->deadline_unix_ms
                              ? f->deadline_unix_ms
                              : now_ms + (uint64_t)(r->cfg->router.request_timeout_s * 1000.0 + 0.5);
-        tdm_detok_init(&q->detok, r->tok, false);
+        q->model = &r->models[0]; /* rt_req_validate sets the request's own */
+        tdm_detok_init(&q->detok, q->model->tok, false);
         rc = rt_req_validate(r, f, g, q, &why, &err);
     }
     /* tried and timed_out share one allocation */
@@ -335,7 +336,8 @@ static rt_req_t *req_clone(const tdm_router_t *r, const rt_req_t *q, uint32_t i)
     c->t_arrival = q->t_arrival;
     c->gbnf_hash = q->gbnf_hash;
     c->choice = i;
-    tdm_detok_init(&c->detok, r->tok, q->render_special);
+    c->model = q->model;
+    tdm_detok_init(&c->detok, q->model->tok, q->render_special);
     size_t nn = r->n_nodes ? r->n_nodes : 1;
     bool ok = (c->prompt = malloc((size_t)q->n_prompt * sizeof *c->prompt)) != NULL &&
               (!q->gbnf || (c->gbnf = tdm_strdup(q->gbnf)) != NULL) &&

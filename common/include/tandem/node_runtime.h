@@ -120,7 +120,7 @@ uint64_t tdm_node_host_memory(void);
 void tdm_node_host_id(char *buf, size_t cap);
 
 /* Opens the runtime of node `node` of cluster cfg: loads its CURVE keys (tdm_node_keys_open,
- * first, so that a bad key file fails at once), loads cfg->model.path, sizes the KV pool
+ * first, so that a bad key file fails at once), loads the node's model (tdm_config_node_model), sizes the KV pool
  * as (budget - weight bytes - engine scratch bytes) / block bytes (tdm_node_size_pool: the
  * same sizing function as `tandem kvcalc`; on device cuda:N the budget is in device memory,
  * the engine's backend is cuda on device N, and weights and scratch are the engine's device

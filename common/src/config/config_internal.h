@@ -53,6 +53,7 @@ typedef enum tdm_config_type {
     TDM_CONFIG_TYPE_LIST,      /* char ** of strings, owned, with a size_t count at aux_offset */
     TDM_CONFIG_TYPE_MAPPING,   /* a nested section (sub) */
     TDM_CONFIG_TYPE_NODES,     /* the list of nodes (config_load.c reads it) */
+    TDM_CONFIG_TYPE_MODELS,    /* the list of models, entries of section MODEL (config_load.c) */
     TDM_CONFIG_TYPE_REMOVED,   /* a key of earlier versions: refused, doc says what replaced it */
 } tdm_config_type_t;
 
@@ -141,7 +142,7 @@ int tdm_config_node_defaults(tdm_node_config_t *node);
 /* Fills what the file left out and what depends on other keys: the model path and name, the
  * default nodes (when nodes_given is false), decode nodes' KV endpoints and each node's
  * memory budget by device. Errors: TDM_ERESOURCE, TDM_ENOTFOUND (no default model path). */
-int tdm_config_finish(tdm_config_t *cfg, bool nodes_given);
+int tdm_config_finish(tdm_config_t *cfg, bool nodes_given, bool models_given);
 
 /* ---- the loader ---- */
 
@@ -151,6 +152,8 @@ typedef struct tdm_config_loader {
     tdm_error_t *err;
     const yaml_node_t **marks;      /* [n_keys]: where each global key was written, or NULL */
     const yaml_node_t **node_marks; /* [n_nodes][n_keys]: the same for each node entry */
+    const yaml_node_t **model_marks; /* [n_models][n_keys]: the same for each models: entry
+                                        (NULL without models:) */
     size_t n_keys;
 } tdm_config_loader_t;
 
@@ -194,6 +197,17 @@ int tdm_config_read_section(tdm_config_loader_t *ld, const yaml_node_t *map, con
  * its marks in ld->node_marks, then its own checks (tdm_config_check_node) and distinct ids. */
 int tdm_config_read_nodes(tdm_config_loader_t *ld, const yaml_node_t *v, tdm_config_t *cfg);
 
+/* Reads the models: list v into cfg->models (config_load.c): each entry a mapping of the model
+ * section's keys over its defaults, its marks in ld->model_marks. */
+int tdm_config_read_models(tdm_config_loader_t *ld, const yaml_node_t *v, tdm_config_t *cfg);
+
+/* Copies src into *dst (every string and list duplicated). Returns 0 or TDM_ERESOURCE (then
+ * *dst holds what was copied, for tdm_config_model_free). */
+int tdm_config_model_copy(tdm_model_config_t *dst, const tdm_model_config_t *src);
+
+/* Frees what *m owns and zeroes it. NULL-safe. */
+void tdm_config_model_free(tdm_model_config_t *m);
+
 /* ---- the checks across keys (config_check.c) ---- */
 
 /* The checks of nodes[index] that involve several of its keys: required keys, decode-only
@@ -202,7 +216,8 @@ int tdm_config_check_node(tdm_config_loader_t *ld, const yaml_node_t *map, size_
                           const tdm_node_config_t *node);
 
 /* The checks across sections, once every section is read and the derived defaults are
- * filled: ZeroMQ endpoints are distinct, CURVE keys all or nothing and distinct. The default
+ * filled: served model names distinct across models, every node's model listed, ZeroMQ
+ * endpoints are distinct, CURVE keys all or nothing and distinct. The default
  * nodes (ld->node_marks NULL) have no marks. */
 int tdm_config_check_cross(tdm_config_loader_t *ld, const tdm_config_t *cfg);
 
