@@ -176,6 +176,7 @@ void tdm_client_cluster_status_clear(tdm_client_cluster_status_t *s)
         free(s->nodes[i].refused_reason);
         free(s->nodes[i].host_id);
         free(s->nodes[i].gpu_uuid);
+        free(s->nodes[i].model);
     }
     free(s->nodes);
     for (size_t i = 0; i < s->n_kv_routes; i++) {
@@ -204,7 +205,9 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
     d->host_id = tdm_strdup(str_or_empty(ns->host_id));
     d->gpu_uuid = tdm_strdup(str_or_empty(ns->gpu_uuid));
-    if (!d->node_id || !d->role || !d->device || !d->refused_reason || !d->host_id || !d->gpu_uuid)
+    d->model = tdm_strdup(str_or_empty(ns->model));
+    if (!d->node_id || !d->role || !d->device || !d->refused_reason || !d->host_id || !d->gpu_uuid ||
+        !d->model)
         return TDM_ERESOURCE;
     d->refused_age_s = ns->refused_age_s;
     d->instance_id = ns->instance_id;

@@ -486,6 +486,7 @@ typedef struct tdm_client_node_status {
                              work until it is heard from again (down after twice the timeout) */
     char *host_id;        /* the host it registered (boot id; "" unknown) */
     char *gpu_uuid;       /* the GPU it computes on ("" on the CPU) */
+    char *model;          /* the model it serves (the router's config; "" from a 2.3 router) */
 } tdm_client_node_status_t;
 
 /* The KV transport the router chooses for a (prefill, decode) pair of up nodes. */
