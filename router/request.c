@@ -190,7 +190,7 @@ static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const char *id,
     char kv[96];
     snprintf(kv, sizeof kv, "status=%s", tdm_status_name(err->code));
     tdm_log_write(&r->log, TDM_LOG_INFO, id, kv, "request refused: %s", err->msg);
-    rt_count_end(r, err->code, -1);
+    rt_count_end(r, NULL, err->code, -1);
     Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
     d.field = (char *)err->field;
     if (why) {
@@ -283,6 +283,7 @@ static void req_shed(tdm_router_t *r, rt_req_t *q, const rt_admit_estimate_t *e,
                    : "retry after",
              d.retry_after_s);
     r->metrics.shed++;
+    q->model->metrics.shed++;
     rt_req_fail_body(r, q, TDM_ERESOURCE, false, &d.base, msg);
 }
 
@@ -301,6 +302,7 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
     if (res == RT_DISPATCH_WAIT) {
         if (r->n_queued >= (size_t)r->cfg->router.max_queue) {
             r->metrics.queue_full++;
+            q->model->metrics.queue_full++;
             rt_req_fail(r, q, TDM_ERESOURCE, false, "queue full (%zu requests waiting)",
                         r->n_queued);
             return;
@@ -430,6 +432,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     }
     q->chunk.index = 0;
     r->metrics.prompt_tokens += q->n_prompt;
+    q->model->metrics.prompt_tokens += q->n_prompt;
     char kv[200];
     snprintf(kv, sizeof kv,
              "prompt_tokens=%" PRIu32 " max_tokens=%" PRId32
@@ -438,6 +441,8 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request accepted");
     rt_hist_observe_count(&r->metrics.params_n, n_choices);
     rt_hist_observe_count(&r->metrics.params_max_tokens, (uint32_t)q->sp.max_tokens);
+    rt_hist_observe_count(&q->model->metrics.params_n, n_choices);
+    rt_hist_observe_count(&q->model->metrics.params_max_tokens, (uint32_t)q->sp.max_tokens);
     if (n_choices > 1)
         group_admit(r, q, n_choices);
     else

@@ -584,7 +584,7 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
     if (!api_key_ok(r, f)) {
         if (f->method == TANDEM__V1__METHOD__METHOD_GENERATE) {
             r->metrics.requests_total++;
-            rt_count_end(r, TDM_EUNAUTHENTICATED, -1);
+            rt_count_end(r, NULL, TDM_EUNAUTHENTICATED, -1);
         }
         tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL, "%s refused: %s API key",
                       tdm_net_method_name(f->method), f->api_key[0] ? "unknown" : "no");

@@ -115,6 +115,10 @@ typedef struct rt_model {
                                  so it is refused before it is tokenized (validate.c) */
     uint64_t fingerprint;
     tdm_kv_layout_t layout;
+    /* the figures of this model's requests and nodes that the vLLM-compatible series report
+     * with its model_name (the files that write r->metrics write these too; metrics.c renders
+     * them); r->metrics stays the whole cluster's */
+    tdm_router_metrics_t metrics;
 } rt_model_t;
 
 /* One configured node and the router's view of it. */

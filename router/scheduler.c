@@ -723,8 +723,10 @@ static void reserve_acked(tdm_router_t *r, rt_req_t *q)
         }
         send_prefill_task(r, q, p);
     }
-    if (q->t_dispatch == 0)
+    if (q->t_dispatch == 0) {
         rt_hist_observe(&r->metrics.queue, now - q->t_arrival);
+        rt_hist_observe(&q->model->metrics.queue, now - q->t_arrival);
+    }
     q->t_dispatch = now;
     char kv[200];
     snprintf(kv, sizeof kv, "decode=%s prefill=%s", q->decode->cfg->id,

@@ -409,7 +409,7 @@ static void last_chunk(const rt_req_t *q, int reason, Tandem__V1__GenerateChunk 
 
 /* The per-request figures of a completed request (the vLLM-compatible histograms). */
 static void count_completed(tdm_router_metrics_t *m, const rt_req_t *q,
-                            const Tandem__V1__Timings *t)
+                            const Tandem__V1__Timings *t, bool again)
 {
     rt_hist_observe(&m->decode, t->decode_s);
     rt_hist_observe(&m->inference, t->e2e_s - t->queue_s);
@@ -418,7 +418,7 @@ static void count_completed(tdm_router_metrics_t *m, const rt_req_t *q,
     if (!q->group) {
         rt_hist_observe_count(&m->max_generation_len, q->next_index);
     } else {
-        if (q->next_index > q->group->max_generated)
+        if (!again && q->next_index > q->group->max_generated)
             q->group->max_generated = q->next_index;
         if (q->group->n_live == 1) /* the call's last choice */
             rt_hist_observe_count(&m->max_generation_len, q->group->max_generated);
@@ -441,13 +441,16 @@ static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
         m.stop_reason = q->stop[stop];
     int rc = send_final(r, q, &m);
     log_finished(r, q, reason, &t, rc != TDM_OK);
-    rt_count_end(r, TDM_OK, reason);
-    rt_hist_observe(&r->metrics.e2e, t.e2e_s);
-    if (q->next_index > 1)
-        rt_hist_observe(&r->metrics.tpot, t.tpot_s);
-    if (q->kv_transfer_s > 0)
-        rt_hist_observe(&r->metrics.kv_transfer, q->kv_transfer_s);
-    count_completed(&r->metrics, q, &t);
+    rt_count_end(r, q->model, TDM_OK, reason);
+    tdm_router_metrics_t *ms[2] = {&r->metrics, &q->model->metrics};
+    for (size_t i = 0; i < 2; i++) {
+        rt_hist_observe(&ms[i]->e2e, t.e2e_s);
+        if (q->next_index > 1)
+            rt_hist_observe(&ms[i]->tpot, t.tpot_s);
+        if (q->kv_transfer_s > 0)
+            rt_hist_observe(&ms[i]->kv_transfer, q->kv_transfer_s);
+        count_completed(ms[i], q, &t, i == 1);
+    }
     rt_req_free(r, q);
 }
 
@@ -486,21 +489,28 @@ void rt_stream_fail(tdm_router_t *r, const rt_req_t *q)
 static void note_timing(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
 {
     double now = tdm_time_now();
+    tdm_router_metrics_t *ms[2] = {&r->metrics, &q->model->metrics};
+    for (size_t i = 0; i < 2; i++) {
+        tdm_router_metrics_t *m = ms[i];
+        if (ev->index == 0) {
+            m->cached_prompt_tokens += ev->cached_prompt_tokens;
+            m->computed_prompt_tokens += q->n_prompt > ev->cached_prompt_tokens
+                                             ? q->n_prompt - ev->cached_prompt_tokens
+                                             : 0;
+            if (ev->prefill_s > 0)
+                rt_hist_observe(&m->prefill, ev->prefill_s);
+        }
+        if (q->t_first == 0)
+            rt_hist_observe(&m->ttft, now - q->t_arrival);
+        else
+            rt_hist_observe(&m->itl, now - q->t_last);
+    }
     if (ev->index == 0) {
         q->cached_prompt_tokens = ev->cached_prompt_tokens;
         q->prefill_s = ev->prefill_s;
-        r->metrics.cached_prompt_tokens += ev->cached_prompt_tokens;
-        r->metrics.computed_prompt_tokens +=
-            q->n_prompt > ev->cached_prompt_tokens ? q->n_prompt - ev->cached_prompt_tokens : 0;
-        if (ev->prefill_s > 0)
-            rt_hist_observe(&r->metrics.prefill, ev->prefill_s);
     }
-    if (q->t_first == 0) {
+    if (q->t_first == 0)
         q->t_first = now;
-        rt_hist_observe(&r->metrics.ttft, now - q->t_arrival);
-    } else {
-        rt_hist_observe(&r->metrics.itl, now - q->t_last);
-    }
     q->t_last = now;
 }
 
@@ -579,6 +589,7 @@ static int deliver(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev, size_t *w
         return TDM_ERESOURCE;
     q->next_index++;
     r->metrics.generation_tokens++;
+    q->model->metrics.generation_tokens++;
     if (!detok_push(r, q, ev->token))
         return TDM_ERESOURCE;
     return stop_scan(q, false, which);

@@ -142,6 +142,47 @@ def test_both_models_at_once_match_single_process(cluster):
     assert nodes["decode-0"].model == "smol" and nodes["prefill-1"].model == "gemma3"
 
 
+def scrape(port):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return resp.read().decode()
+    finally:
+        conn.close()
+
+
+def sample_value(text, name, **labels):
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    for line in text.splitlines():
+        if (line.startswith(name + "{") and all(w in line for w in want)) or \
+                (not labels and line.startswith(name + " ")):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sample {name}{{{want}}}")
+
+
+def test_metrics_per_model_name(cluster):
+    # after test_both_models_at_once_match_single_process: 4 calls of each model answered
+    text = scrape(cluster.port)
+    for family in ("vllm:generation_tokens_total", "vllm:time_to_first_token_seconds",
+                   "vllm:request_success_total"):
+        assert text.count(f"# TYPE {family} ") == 1, family  # one family, a series per model
+    for m in ("smol", "gemma3"):
+        assert sample_value(text, "vllm:generation_tokens_total", model_name=m) > 0
+        assert sample_value(text, "vllm:time_to_first_token_seconds_count", model_name=m) >= 6
+        assert sample_value(text, "vllm:prompt_tokens_total", model_name=m) > 0
+    assert sample_value(text, "vllm:generation_tokens_total", model_name="idle") == 0
+    assert sample_value(text, "vllm:kv_cache_usage_perc", model_name="gemma3",
+                        engine="decode-1") >= 0
+    assert sample_value(text, "vllm:kv_cache_usage_perc", model_name="smol",
+                        engine="decode-0") >= 0
+    # the per-model counts add up to the cluster's own
+    total = sum(sample_value(text, "vllm:generation_tokens_total", model_name=m)
+                for m in ("smol", "gemma3", "idle"))
+    assert total == sample_value(text, "tandem_generation_tokens_total")
+
+
 def test_models_listed_with_max_model_len_and_state(cluster):
     cl = cluster.client()
     st, msg, resp = cl.unary(pb.METHOD_MODELS, pb.ModelsRequest(), pb.ModelsResponse)
