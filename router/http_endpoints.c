@@ -169,17 +169,27 @@ static enum MHD_Result handle_tokenize(tdm_http_t *h, struct MHD_Connection *c, 
     enum MHD_Result ret;
     if (!http_check_key(h, c, &ret))
         return ret;
-    if (!h->vocab.tok)
-        return http_reply_error(c, TDM_EUNAVAILABLE, NULL, NULL, "the router has no tokenizer");
-    http_model_t m;
-    tdm_error_t err = {0};
-    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
-    if (http_model_get(h, &m, &err) == TDM_OK)
-        served = m.name;
     const char *body = r->body.data ? r->body.data : "";
+    /* the model the body names, when it is one of the served names (else the first model's
+     * name, which the body's model then fails to match: 404) */
+    const char *served = h->cfg->models[0].name;
+    size_t mi = 0;
+    json_t *root = json_loadb(body, r->body.len, 0, NULL);
+    const char *asked = json_string_value(json_object_get(root, "model"));
+    int found = asked ? tdm_config_model_index(h->cfg, asked) : -1;
+    char name[TDM_MODEL_NAME_MAX + 1];
+    if (found >= 0) {
+        mi = (size_t)found;
+        snprintf(name, sizeof name, "%s", asked);
+        served = name;
+    }
+    json_decref(root);
+    const tdm_http_vocab_t *voc = &h->vocabs[mi];
+    if (!voc->tok)
+        return http_reply_error(c, TDM_EUNAVAILABLE, NULL, NULL, "the router has no tokenizer");
     unsigned status = 500;
-    json_t *v = detokenize ? http_detokenize_json(&h->vocab, served, body, r->body.len, &status)
-                           : http_tokenize_json(&h->vocab, served, body, r->body.len, &status);
+    json_t *v = detokenize ? http_detokenize_json(voc, served, body, r->body.len, &status)
+                           : http_tokenize_json(voc, served, body, r->body.len, &status);
     return http_reply_json(c, status, v);
 }
 

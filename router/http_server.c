@@ -702,8 +702,8 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
 }
 
 tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
-                         const tdm_http_vocab_t *vocab, tdm_net_t *net, const tdm_logger_t *log,
-                         tdm_error_t *err)
+                         const tdm_http_vocab_t *vocabs, size_t n_vocabs, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err)
 {
     tdm_http_t *h = calloc(1, sizeof *h);
     if (!h) {
@@ -712,15 +712,21 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
     }
     h->cfg = cfg;
     h->net = net;
-    if (vocab)
-        h->vocab = *vocab;
-    h->family.pick = h->vocab.pick;
-    h->family.reasoning_cfg = cfg->model.reasoning_parser;
-    h->family.tools_cfg = cfg->model.tool_call_parser;
-    h->family.family = oai_family_detect(h->vocab.pick ? h->vocab.pick->jinja : NULL,
-                                         cfg->model.reasoning_parser, cfg->model.tool_call_parser);
-    h->family.plain_mode = oai_family_reasoning(
-        &h->family.family, h->vocab.pick ? h->vocab.pick->jinja : NULL, h->vocab.pick, NULL);
+    h->n_models = cfg->n_models;
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const tdm_model_config_t *mc = &cfg->models[i];
+        tdm_http_vocab_t *v = &h->vocabs[i];
+        oai_family_ctx_t *fam = &h->families[i];
+        if (vocabs && i < n_vocabs)
+            *v = vocabs[i];
+        fam->pick = v->pick;
+        fam->reasoning_cfg = mc->reasoning_parser;
+        fam->tools_cfg = mc->tool_call_parser;
+        fam->family = oai_family_detect(v->pick ? v->pick->jinja : NULL, mc->reasoning_parser,
+                                        mc->tool_call_parser);
+        fam->plain_mode =
+            oai_family_reasoning(&fam->family, v->pick ? v->pick->jinja : NULL, v->pick, NULL);
+    }
     if (log)
         h->log = *log;
     else

@@ -44,8 +44,11 @@ struct tdm_http {
                             closed connection, since the heap was last trimmed */
     bool have_model;     /* under mu */
     http_model_t model;
-    tdm_http_vocab_t vocab;    /* the router's tokenizer (/tokenize); tok NULL: none */
-    oai_family_ctx_t family;   /* the model template's family (http_family.c) */
+    /* per served model (cfg->models order): its tokenizer (/tokenize; tok NULL: none) and its
+     * template's family (http_family.c) */
+    tdm_http_vocab_t vocabs[TDM_CONFIG_MAX_MODELS];
+    oai_family_ctx_t families[TDM_CONFIG_MAX_MODELS];
+    size_t n_models;
     http_counters_t *counters; /* responses by code, the gateway's own refusals */
 };
 

@@ -745,10 +745,18 @@ const char *tdm_router_inproc_endpoint(const tdm_router_t *r)
 void tdm_router_vocab(const tdm_router_t *r, const tdm_tokenizer_t **tok,
                       const tdm_chat_pick_t **pick, uint32_t *n_ctx)
 {
-    const rt_model_t *m = &r->models[0];
+    (void)tdm_router_model_vocab(r, 0, tok, pick, n_ctx);
+}
+bool tdm_router_model_vocab(const tdm_router_t *r, size_t index, const tdm_tokenizer_t **tok,
+                            const tdm_chat_pick_t **pick, uint32_t *n_ctx)
+{
+    if (index >= r->n_models)
+        return false;
+    const rt_model_t *m = &r->models[index];
     *tok = m->tok;
     *pick = m->have_template ? &m->chat : NULL;
     *n_ctx = m->n_ctx;
+    return true;
 }
 const char *tdm_router_node_endpoint(const tdm_router_t *r)
 {

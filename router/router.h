@@ -190,6 +190,10 @@ const char *tdm_router_inproc_endpoint(const tdm_router_t *r);
  * the router. */
 void tdm_router_vocab(const tdm_router_t *r, const tdm_tokenizer_t **tok,
                       const tdm_chat_pick_t **pick, uint32_t *n_ctx);
+/* The same for served model index (cfg->models[index]); false (nothing written) for an index
+ * past the models. */
+bool tdm_router_model_vocab(const tdm_router_t *r, size_t index, const tdm_tokenizer_t **tok,
+                            const tdm_chat_pick_t **pick, uint32_t *n_ctx);
 const char *tdm_router_node_endpoint(const tdm_router_t *r);
 
 /* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard

@@ -211,6 +211,23 @@ def test_models_listed_with_max_model_len_and_state(cluster):
     assert st == 200 and one["id"] == "gemma3"
 
 
+def cli_ids(path, *args):
+    out = subprocess.run([BINARIES["tandem"], "tokenize", "-m", path, *args],
+                         capture_output=True, check=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def test_tokenize_per_model(cluster):
+    # /tokenize with each model's own tokenizer and chat template, by name or alias
+    for name, path in (("smol", MODEL), ("g3", GEMMA)):
+        st, out = http_call(cluster.port, "POST", "/tokenize",
+                            {"model": name, "messages": [{"role": "user", "content": "Hi there"}]})
+        assert st == 200, out
+        assert out["tokens"] == cli_ids(path, "--chat", "Hi there"), (name, out)
+    st, out = http_call(cluster.port, "POST", "/tokenize", {"model": "nope", "prompt": "x"})
+    assert st == 404, out
+
+
 def test_unknown_model_is_404(cluster):
     st, body = http_call(cluster.port, "POST", "/v1/completions",
                     {"model": "no-such-model", "prompt": "hi", "max_tokens": 2})
