@@ -281,6 +281,20 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     bool have = http_model_get(h, &m, &err) == TDM_OK;
     if (strcmp(url, "/api/status") == 0)
         return http_reply_json(c, 200, dash_status_json(h->dash, have ? &m : NULL));
+    /* several models: the plan of ?model=NAME, else of the model ?node=ID serves, else the
+     * first model's */
+    const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+    const char *node = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "node");
+    char node_model[TDM_MODEL_NAME_MAX + 1] = "";
+    if (!want && node && h->cfg->n_models > 1 &&
+        http_node_model(h, node, node_model, sizeof node_model, &err) == TDM_OK && node_model[0])
+        want = node_model;
+    if (want && want[0]) {
+        int rc = http_model_named(h, want, &m, &err);
+        if (rc == TDM_ENOTFOUND)
+            return http_reply_error(c, rc, "model_not_found", "model", "%s", err.msg);
+        have = rc == TDM_OK;
+    }
     unsigned status = 200;
     json_t *v = dash_capacity_json(h->dash, have ? &m : NULL, query_get, c, &status);
     return http_reply_json(c, status, v);

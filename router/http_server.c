@@ -356,6 +356,52 @@ int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     return TDM_OK;
 }
 
+int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error_t *err)
+{
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
+    rc = tdm_error_set_field(err, TDM_ENOTFOUND, "model", "model '%.256s' is not served here",
+                             name);
+    for (size_t i = 0; i < mr->n_models && rc != TDM_OK; i++) {
+        const Tandem__V1__ModelInfo *mi = mr->models[i];
+        bool named = strcmp(mi->name, name) == 0;
+        for (size_t j = 0; j < mi->n_aliases && !named; j++)
+            named = strcmp(mi->aliases[j], name) == 0;
+        if (named) {
+            http_model_from_proto(mi, m);
+            rc = TDM_OK;
+            tdm_error_clear(err);
+        }
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
+int http_node_model(tdm_http_t *h, const char *id, char *buf, size_t cap, tdm_error_t *err)
+{
+    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
+                      &tandem__v1__cluster_status__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
+    rc = tdm_error_set_field(err, TDM_ENOTFOUND, "node", "node '%.64s' is not in the cluster", id);
+    for (size_t i = 0; i < cs->n_nodes && rc != TDM_OK; i++)
+        if (strcmp(cs->nodes[i]->node_id, id) == 0) {
+            snprintf(buf, cap, "%s", cs->nodes[i]->model);
+            rc = TDM_OK;
+            tdm_error_clear(err);
+        }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
 /* Checks the body's framing before any of it is read (libmicrohttpd reads a body of an
  * unknown Transfer-Encoding until the connection closes): only "chunked" or a decimal
  * Content-Length, not both (RFC 9112 6.1, 6.3: a request with both is how requests are

@@ -125,6 +125,14 @@ bool http_check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Resu
  * or the call's status with *err set. */
 int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err);
 
+/* The served model named (name or alias) into *m, from a MODELS call. Returns 0, TDM_ENOTFOUND
+ * (*err: "model 'X' is not served here", field "model") or the call's status. */
+int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error_t *err);
+
+/* The name of the model node id serves (the router's STATUS) into buf (cap bytes). Returns 0,
+ * TDM_ENOTFOUND (no such node, field "node") or the call's status. */
+int http_node_model(tdm_http_t *h, const char *id, char *buf, size_t cap, tdm_error_t *err);
+
 /* Answers a request on the generation endpoints (http_generate.c): kind from the URL; r->body
  * holds the whole body. */
 enum MHD_Result http_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,

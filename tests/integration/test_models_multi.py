@@ -228,6 +228,24 @@ def test_tokenize_per_model(cluster):
     assert st == 404, out
 
 
+def test_capacity_per_model(cluster):
+    cl = cluster.client()
+    st, msg, resp = cl.unary(pb.METHOD_MODELS, pb.ModelsRequest(), pb.ModelsResponse)
+    cl.close()
+    assert st == "OK", msg
+    native = {m.name: m for m in resp.models}
+    for query, name in (("model=g3", "gemma3"), ("model=smol", "smol"), ("", "smol"),
+                        ("node=decode-1", "gemma3"), ("node=decode-0", "smol")):
+        st, plan = http_call(cluster.port, "GET", "/api/capacity?" + query)
+        assert st == 200, (query, plan)
+        assert plan["model"] == name, (query, plan)
+        m = native[name]
+        assert (plan["n_layers"], plan["n_kv_heads"], plan["head_dim"]) == \
+            (m.n_layers, m.n_kv_heads, m.head_dim), (query, plan)
+    st, body = http_call(cluster.port, "GET", "/api/capacity?model=nope")
+    assert st == 404 and body["error"]["code"] == "model_not_found", body
+
+
 def test_unknown_model_is_404(cluster):
     st, body = http_call(cluster.port, "POST", "/v1/completions",
                     {"model": "no-such-model", "prompt": "hi", "max_tokens": 2})
