@@ -279,8 +279,17 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     http_model_t m;
     tdm_error_t err = {0};
     bool have = http_model_get(h, &m, &err) == TDM_OK;
-    if (strcmp(url, "/api/status") == 0)
-        return http_reply_json(c, 200, dash_status_json(h->dash, have ? &m : NULL));
+    if (strcmp(url, "/api/status") == 0) {
+        static const size_t cap = TDM_CONFIG_MAX_MODELS;
+        http_model_t *all = malloc(cap * sizeof *all);
+        size_t n_all = 0;
+        if (all && http_models_all(h, all, cap, &n_all, &err) != TDM_OK)
+            n_all = 0;
+        json_t *v = dash_status_json(h->dash, n_all ? all : (have ? &m : NULL),
+                                     n_all ? n_all : (have ? 1 : 0));
+        free(all);
+        return http_reply_json(c, 200, v);
+    }
     /* several models: the plan of ?model=NAME, else of the model ?node=ID serves, else the
      * first model's */
     const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");

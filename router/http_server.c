@@ -356,6 +356,22 @@ int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     return TDM_OK;
 }
 
+int http_models_all(tdm_http_t *h, http_model_t *out, size_t cap, size_t *n, tdm_error_t *err)
+{
+    *n = 0;
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    const Tandem__V1__ModelsResponse *mr = (const Tandem__V1__ModelsResponse *)resp;
+    for (size_t i = 0; i < mr->n_models && *n < cap; i++)
+        http_model_from_proto(mr->models[i], &out[(*n)++]);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return TDM_OK;
+}
+
 int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error_t *err)
 {
     Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;

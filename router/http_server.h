@@ -125,6 +125,10 @@ bool http_check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Resu
  * or the call's status with *err set. */
 int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err);
 
+/* Every served model, in the router's order, into out[0..cap) and *n. Returns 0 or the MODELS
+ * call's status. */
+int http_models_all(tdm_http_t *h, http_model_t *out, size_t cap, size_t *n, tdm_error_t *err);
+
 /* The served model named (name or alias) into *m, from a MODELS call. Returns 0, TDM_ENOTFOUND
  * (*err: "model 'X' is not served here", field "model") or the call's status. */
 int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error_t *err);

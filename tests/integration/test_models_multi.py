@@ -246,6 +246,22 @@ def test_capacity_per_model(cluster):
     assert st == 404 and body["error"]["code"] == "model_not_found", body
 
 
+def test_dashboard_status_per_model(cluster):
+    st, body = http_call(cluster.port, "GET", "/api/status")
+    assert st == 200, body
+    assert [m["name"] for m in body["models"]] == ["smol", "gemma3", "idle"]
+    assert body["model_info"]["name"] == "smol"
+    nodes = {n["node_id"]: n for n in body["nodes"]}
+    assert nodes["decode-1"]["model"] == "gemma3" and nodes["decode-0"]["model"] == "smol"
+    # each node's pool as its own model's plan sees it (the same figures /api/capacity gives)
+    for nid in ("decode-0", "decode-1"):
+        st, plan = http_call(cluster.port, "GET", f"/api/capacity?node={nid}")
+        assert st == 200, plan
+        assert nodes[nid]["pool"]["block_bytes"] == plan["block_bytes"], (nid, plan)
+        assert nodes[nid]["pool"]["context"] == plan["context"], (nid, plan)
+    assert nodes["decode-0"]["pool"]["block_bytes"] != nodes["decode-1"]["pool"]["block_bytes"]
+
+
 def test_unknown_model_is_404(cluster):
     st, body = http_call(cluster.port, "POST", "/v1/completions",
                     {"model": "no-such-model", "prompt": "hi", "max_tokens": 2})
