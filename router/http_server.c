@@ -381,8 +381,8 @@ int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error
     if (rc != TDM_OK)
         return rc;
     Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
-    rc = tdm_error_set_field(err, TDM_ENOTFOUND, "model", "model '%.256s' is not served here",
-                             name);
+    rc =
+        tdm_error_set_field(err, TDM_ENOTFOUND, "model", "model '%.256s' is not served here", name);
     for (size_t i = 0; i < mr->n_models && rc != TDM_OK; i++) {
         const Tandem__V1__ModelInfo *mi = mr->models[i];
         bool named = strcmp(mi->name, name) == 0;

@@ -139,8 +139,7 @@ void rt_req_shutdown_all(tdm_router_t *r)
         rt_stream_fail(r, q);
         rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_EUNAVAILABLE, "router shutting down",
                     NULL);
-        rt_count_end(r, q->model, TDM_EUNAVAILABLE,
-                     TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
+        rt_count_end(r, q->model, TDM_EUNAVAILABLE, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
         rt_req_free(r, q);
     }
 }

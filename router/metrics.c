@@ -691,8 +691,7 @@ static Tandem__V1__MetricSample *vsample(vctx_t *v, Tandem__V1__MetricFamily *f,
 /* The uint64_t counter at offset off of a tdm_router_metrics_t. */
 #define METRIC_U64(m, off) (*(const uint64_t *)(const void *)((const char *)(m) + (off)))
 /* The tdm_router_hist_t at offset off of a tdm_router_metrics_t. */
-#define METRIC_HIST(m, off)                                                                        \
-    ((const tdm_router_hist_t *)(const void *)((const char *)(m) + (off)))
+#define METRIC_HIST(m, off) ((const tdm_router_hist_t *)(const void *)((const char *)(m) + (off)))
 
 /* One counter family, a sample per model (its figure at offset off of the model's metrics). */
 static void vcounter(vctx_t *v, const tdm_router_t *r, const char *name, const char *help,
@@ -858,9 +857,8 @@ static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
         else
             running[q->model->index]++;
     }
-    Tandem__V1__MetricFamily *fr =
-        family(v->b, "vllm:num_requests_running", METRIC_GAUGE,
-               "Number of requests in model execution batches.");
+    Tandem__V1__MetricFamily *fr = family(v->b, "vllm:num_requests_running", METRIC_GAUGE,
+                                          "Number of requests in model execution batches.");
     for (size_t i = 0; i < r->n_models; i++) {
         v->model = r->models[i].cfg->name;
         set_float(vsample(v, fr, "0"), (double)running[i]);
@@ -920,16 +918,15 @@ static void vllm_histograms(vctx_t *v, const tdm_router_t *r)
           "Histogram of the number of times a request was preempted.",
           HIST(preemptions_per_request), tok);
     for (size_t i = 0; i < r->n_models; i++) {
-        Tandem__V1__MetricFamily *f =
-            histogram_iterations(v->b, "vllm:iteration_tokens_total",
-                                 "Histogram of number of tokens per engine_step.",
-                                 &r->models[i].metrics);
+        Tandem__V1__MetricFamily *f = histogram_iterations(
+            v->b, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            &r->models[i].metrics);
         hlabel(v->b, f, "model_name", r->models[i].cfg->name);
         hlabel(v->b, f, "engine", "0");
     }
     /* vLLM's REQUEST_PARAMS_N_BUCKETS (1, 2, 5, 10, 20) are the first five token bounds */
-    vhist_n(v, r, "vllm:request_params_n", "Histogram of the n request parameter.",
-            HIST(params_n), tok, 5);
+    vhist_n(v, r, "vllm:request_params_n", "Histogram of the n request parameter.", HIST(params_n),
+            tok, 5);
     vhist(v, r, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
           HIST(params_max_tokens), tok);
 }

@@ -429,8 +429,7 @@ static uint32_t model_nodes_up(const tdm_router_t *r, const rt_model_t *m, tdm_n
 }
 
 /* Fills info with model m's figures (strings borrowed from the router). */
-static void model_info_fill(const tdm_router_t *r, const rt_model_t *m,
-                            Tandem__V1__ModelInfo *info)
+static void model_info_fill(const tdm_router_t *r, const rt_model_t *m, Tandem__V1__ModelInfo *info)
 {
     tandem__v1__model_info__init(info);
     info->name = m->cfg->name ? m->cfg->name : (char *)"";

@@ -144,14 +144,13 @@ typedef struct tdm_router tdm_router_t;
 
 /* Creates a router: loads every model of cfg->models (tdm_model_load: mmap, no engine), builds
  * each one's tokenizer and picks its chat template (config override or the model's, with its
- * default system message), binds the client endpoint and the node endpoint (CURVE server keys on the
- * node endpoint when cfg->security has them), and logs
- * "router ready client=ENDPOINT nodes=ENDPOINT" with the endpoints actually bound (a
- * "tcp://HOST:*" endpoint reports its port). A model without a recognised chat template is
- * accepted; chat requests then fail with FAILED_PRECONDITION.
- * cfg, net and log are borrowed and must outlive the router (log may be NULL: stderr).
- * Returns NULL with *err set: TDM_ENOTFOUND / TDM_EINVALID (model or tokenizer; the message
- * names the file), TDM_EUNAVAILABLE (endpoint in use), TDM_EINVALID (bad endpoint or keys),
+ * default system message), binds the client endpoint and the node endpoint (CURVE server keys on
+ * the node endpoint when cfg->security has them), and logs "router ready client=ENDPOINT
+ * nodes=ENDPOINT" with the endpoints actually bound (a "tcp://HOST:*" endpoint reports its port). A
+ * model without a recognised chat template is accepted; chat requests then fail with
+ * FAILED_PRECONDITION. cfg, net and log are borrowed and must outlive the router (log may be NULL:
+ * stderr). Returns NULL with *err set: TDM_ENOTFOUND / TDM_EINVALID (model or tokenizer; the
+ * message names the file), TDM_EUNAVAILABLE (endpoint in use), TDM_EINVALID (bad endpoint or keys),
  * TDM_ERESOURCE (out of memory). Caller frees with tdm_router_destroy. */
 tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_logger_t *log,
                              tdm_error_t *err);
@@ -185,9 +184,9 @@ const char *tdm_router_client_endpoint(const tdm_router_t *r);
  * that a client in this process on the router's tdm_net_t (the HTTP gateway) needs no TCP. */
 const char *tdm_router_inproc_endpoint(const tdm_router_t *r);
 /* The router's tokenizer of its first model, its chat template (NULL when the model has none
- * the router knows) and the context length in tokens: immutable for the router's life, so other threads (the
- * HTTP gateway's /tokenize) may use them with tdm_prompt_encode while the router runs. Owned by
- * the router. */
+ * the router knows) and the context length in tokens: immutable for the router's life, so other
+ * threads (the HTTP gateway's /tokenize) may use them with tdm_prompt_encode while the router runs.
+ * Owned by the router. */
 void tdm_router_vocab(const tdm_router_t *r, const tdm_tokenizer_t **tok,
                       const tdm_chat_pick_t **pick, uint32_t *n_ctx);
 /* The same for served model index (cfg->models[index]); false (nothing written) for an index

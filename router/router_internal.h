@@ -244,7 +244,7 @@ struct rt_req {
     bool plp_sent;
     rt_model_t *model; /* the model the request's model field named (the first when none):
                           its tokenizer and nodes serve it */
-    int32_t *prompt; /* [n_prompt] heap */
+    int32_t *prompt;   /* [n_prompt] heap */
     uint32_t n_prompt;
     tdm_sampling_params_t sp; /* validated; seed drawn when the client gave none */
     char **stop;              /* [n_stop] heap strings */

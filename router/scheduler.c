@@ -942,9 +942,9 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     protobuf_c_message_free_unpacked(&tf->base, NULL);
 }
 
-/* The last decode node up of its model, n, is down: requests of that model that ran before and wait in the queue to run
- * again (their transfer failed with n's connection before n was seen down) fail as n's own
- * requests do; requests never dispatched keep waiting for a decode node. */
+/* The last decode node up of its model, n, is down: requests of that model that ran before and wait
+ * in the queue to run again (their transfer failed with n's connection before n was seen down) fail
+ * as n's own requests do; requests never dispatched keep waiting for a decode node. */
 static void fail_rerun_waiting(tdm_router_t *r, const rt_node_t *n, const char *reason)
 {
     tdm_list_t *pos, *tmp;

@@ -457,7 +457,8 @@ static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
 bool rt_stream_end_delivered(tdm_router_t *r, rt_req_t *q)
 {
     int reason;
-    if (q->next_index > 0 && tdm_worker_token_ends(q->model->tok, &q->sp, q->output[q->next_index - 1]))
+    if (q->next_index > 0 &&
+        tdm_worker_token_ends(q->model->tok, &q->sp, q->output[q->next_index - 1]))
         reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
     else if (q->next_index >= (uint32_t)q->sp.max_tokens)
         reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
@@ -494,9 +495,8 @@ static void note_timing(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
         tdm_router_metrics_t *m = ms[i];
         if (ev->index == 0) {
             m->cached_prompt_tokens += ev->cached_prompt_tokens;
-            m->computed_prompt_tokens += q->n_prompt > ev->cached_prompt_tokens
-                                             ? q->n_prompt - ev->cached_prompt_tokens
-                                             : 0;
+            m->computed_prompt_tokens +=
+                q->n_prompt > ev->cached_prompt_tokens ? q->n_prompt - ev->cached_prompt_tokens : 0;
             if (ev->prefill_s > 0)
                 rt_hist_observe(&m->prefill, ev->prefill_s);
         }

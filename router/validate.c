@@ -243,8 +243,8 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
     if (rc == TDM_OK)
         rc = chat_template_of(md, chat, &in, &kwargs, err);
     if (rc == TDM_OK) {
-        rc = tdm_prompt_encode(md->tok, md->have_template ? &md->chat : NULL, &in, ids, n_ids, &text,
-                               err);
+        rc = tdm_prompt_encode(md->tok, md->have_template ? &md->chat : NULL, &in, ids, n_ids,
+                               &text, err);
         if (rc != TDM_OK) {
             if (!raised) /* raise_exception's message stays the template's, as on /tokenize */
                 tdm_error_prefix(err, rc, "chat.messages: ");
@@ -662,8 +662,8 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
                                     r->models[i].cfg->name);
         q->model = &r->models[0]; /* the request is freed with a tokenizer set */
         return tdm_error_set_field(err, TDM_ENOTFOUND, "model",
-                                   "model '%s' is not served here; this router serves %s",
-                                   g->model, names);
+                                   "model '%s' is not served here; this router serves %s", g->model,
+                                   names);
     }
     if (g->max_tokens < 0)
         return tdm_error_set_field(err, TDM_EINVALID, "max_tokens",

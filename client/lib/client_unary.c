@@ -206,8 +206,8 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     d->host_id = tdm_strdup(str_or_empty(ns->host_id));
     d->gpu_uuid = tdm_strdup(str_or_empty(ns->gpu_uuid));
     d->model = tdm_strdup(str_or_empty(ns->model));
-    if (!d->node_id || !d->role || !d->device || !d->refused_reason || !d->host_id || !d->gpu_uuid ||
-        !d->model)
+    if (!d->node_id || !d->role || !d->device || !d->refused_reason || !d->host_id ||
+        !d->gpu_uuid || !d->model)
         return TDM_ERESOURCE;
     d->refused_age_s = ns->refused_age_s;
     d->instance_id = ns->instance_id;

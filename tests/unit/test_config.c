@@ -680,9 +680,10 @@ static void test_error_block_size(void **state)
 static void test_error_unknown_keys(void **state)
 {
     (void)state;
-    load_fails("modle:\n  path: x\n",
-               "cluster.yaml:1: key 'modle': unknown key (expected one of: model, models, router, kv, "
-               "log, security, nodes)");
+    load_fails(
+        "modle:\n  path: x\n",
+        "cluster.yaml:1: key 'modle': unknown key (expected one of: model, models, router, kv, "
+        "log, security, nodes)");
     load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
                "client_endpoint, node_endpoint, node_advertise, node_endpoints, http_address, "

@@ -340,8 +340,8 @@ static int check_router_endpoints(tdm_config_loader_t *ld, const tdm_config_t *c
 /* Where key name of model i was written: its models: entry, or the model: section. */
 static const yaml_node_t *model_mark(const tdm_config_loader_t *ld, size_t i, const char *name)
 {
-    const yaml_node_t *const *marks = ld->model_marks ? ld->model_marks + i * ld->n_keys
-                                                      : (i == 0 ? ld->marks : NULL);
+    const yaml_node_t *const *marks =
+        ld->model_marks ? ld->model_marks + i * ld->n_keys : (i == 0 ? ld->marks : NULL);
     return tdm_config_mark(marks, TDM_CONFIG_SECTION_MODEL, name);
 }
 

@@ -53,7 +53,8 @@ static bool dump_skips(const tdm_config_key_t *k, const char *base)
         return true;
     /* several models are dumped as the models: list (tdm_config_dump), not as model: */
     if (k->section == TDM_CONFIG_SECTION_TOP && k->type == TDM_CONFIG_TYPE_MAPPING &&
-        k->sub == TDM_CONFIG_SECTION_MODEL && ((const tdm_config_t *)(const void *)base)->n_models > 1)
+        k->sub == TDM_CONFIG_SECTION_MODEL &&
+        ((const tdm_config_t *)(const void *)base)->n_models > 1)
         return true;
     if ((k->flags & TDM_CONFIG_DECODE_ONLY) &&
         ((const tdm_node_config_t *)(const void *)base)->role != TDM_NODE_ROLE_DECODE)

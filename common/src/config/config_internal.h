@@ -150,8 +150,8 @@ typedef struct tdm_config_loader {
     const char *name; /* file name for messages */
     yaml_document_t *doc;
     tdm_error_t *err;
-    const yaml_node_t **marks;      /* [n_keys]: where each global key was written, or NULL */
-    const yaml_node_t **node_marks; /* [n_nodes][n_keys]: the same for each node entry */
+    const yaml_node_t **marks;       /* [n_keys]: where each global key was written, or NULL */
+    const yaml_node_t **node_marks;  /* [n_nodes][n_keys]: the same for each node entry */
     const yaml_node_t **model_marks; /* [n_models][n_keys]: the same for each models: entry
                                         (NULL without models:) */
     size_t n_keys;

@@ -300,7 +300,8 @@ static bool cors_origin_refused(const char *o, const char *got, char *why, size_
 
 static const tdm_config_key_t keys[] = {
     MAPPING_KEY(TOP, "model", MODEL, "the model served"),
-    MODELS_KEY(TOP, "models", "several models served: a list of `model` sections (not with `model`)"),
+    MODELS_KEY(TOP, "models",
+               "several models served: a list of `model` sections (not with `model`)"),
     MAPPING_KEY(TOP, "router", ROUTER, "the router's endpoints and scheduler"),
     MAPPING_KEY(TOP, "kv", KV, "the paged KV cache, the same on every node"),
     MAPPING_KEY(TOP, "log", LOG, "logging"),

@@ -92,7 +92,8 @@ int tdm_config_read_models(tdm_config_loader_t *ld, const yaml_node_t *seq, tdm_
     if (!cfg->models || !ld->model_marks)
         return tdm_config_fail_memory(ld);
     for (size_t i = 0; i < n; i++) {
-        const yaml_node_t *item = yaml_document_get_node(ld->doc, seq->data.sequence.items.start[i]);
+        const yaml_node_t *item =
+            yaml_document_get_node(ld->doc, seq->data.sequence.items.start[i]);
         /* the model rows are fields of a tdm_config_t's model: read into a scratch one */
         tdm_config_t one;
         memset(&one, 0, sizeof one);
