@@ -262,6 +262,21 @@ def test_dashboard_status_per_model(cluster):
     assert nodes["decode-0"]["pool"]["block_bytes"] != nodes["decode-1"]["pool"]["block_bytes"]
 
 
+def test_cli_generate_by_served_model(cluster):
+    # `tandem generate` through the router names the model with --served-model
+    for name, path in (("g3", GEMMA), ("smol-2", MODEL)):
+        out = subprocess.run([BINARIES["tandem"], "generate", "--router", cluster.client_ep,
+                              "--served-model", name, "-p", "The capital of France is", "-n",
+                              "8", "--temperature", "0"],
+                             capture_output=True, check=True, text=True)
+        assert out.stdout[:-1] == reference(prompt="The capital of France is", max_tokens=8,
+                                            model=path), (name, out.stdout, out.stderr)
+    out = subprocess.run([BINARIES["tandem"], "generate", "--router", cluster.client_ep,
+                          "--served-model", "nope", "-p", "x", "-n", "2"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "model 'nope' is not served here" in out.stderr, out.stderr
+
+
 def test_unknown_model_is_404(cluster):
     st, body = http_call(cluster.port, "POST", "/v1/completions",
                     {"model": "no-such-model", "prompt": "hi", "max_tokens": 2})
