@@ -492,6 +492,12 @@ static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateReque
     const rt_model_t *md = q->model;
     int rc;
     tdm_sampling_params_default(&q->sp);
+    /* the model's defaults (model.defaults) under what the request sets */
+    const tdm_model_defaults_t *d = &md->cfg->defaults;
+    q->sp.temperature = (float)d->temperature;
+    q->sp.top_p = (float)d->top_p;
+    q->sp.top_k = d->top_k;
+    q->sp.repetition_penalty = (float)d->repetition_penalty;
     bool seeded = false;
     if (g->sampling) {
         rc = tdm_proto_sampling_from(g->sampling, &q->sp, err); /* sets the field */
@@ -536,8 +542,9 @@ static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRe
     const rt_model_t *md = q->model;
     uint32_t room = md->n_ctx - q->n_prompt; /* > 0: tokenize_input checked */
     if (g->max_tokens == 0) {
-        q->sp.max_tokens =
-            (int32_t)(room < TDM_ROUTER_MAX_TOKENS_DEFAULT ? room : TDM_ROUTER_MAX_TOKENS_DEFAULT);
+        uint32_t dflt = md->cfg->defaults.max_tokens > 0 ? (uint32_t)md->cfg->defaults.max_tokens
+                                                         : TDM_ROUTER_MAX_TOKENS_DEFAULT;
+        q->sp.max_tokens = (int32_t)(room < dflt ? room : dflt);
         return min_tokens_check(q, err);
     }
     if ((uint32_t)g->max_tokens > room) {

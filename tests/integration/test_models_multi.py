@@ -60,6 +60,7 @@ def cluster(tmp_path_factory):
     c.port = free_port()
     models = (f"models:\n"
               f"  - path: {MODEL}\n    name: smol\n    aliases: [smol-2]\n"
+              f"    defaults: {{temperature: 0, max_tokens: 6}}\n"
               f"  - path: {GEMMA}\n    name: gemma3\n    aliases: [g3]\n"
               f"  - path: {MODEL}\n    name: idle\n")
     # decode-x is configured for smol but started below with a config of its own whose model
@@ -275,6 +276,29 @@ def test_cli_generate_by_served_model(cluster):
                           "--served-model", "nope", "-p", "x", "-n", "2"],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "model 'nope' is not served here" in out.stderr, out.stderr
+
+
+def test_model_defaults(cluster):
+    # smol's defaults (greedy, 6 tokens) fill what a request leaves unset; gemma3 keeps
+    # Tandem's (max_tokens: what fits, at most 1024; here its EOS or a stop comes first)
+    cl = cluster.client()
+    req = prompt_request(prompt="The capital of France is", max_tokens=0)
+    req.model = "smol"
+    res = cl.generate(req, 300)
+    assert res.status == "OK", res
+    assert res.final.usage.completion_tokens == 6
+    assert res.text == reference(prompt="The capital of France is", max_tokens=6)
+    # a field the request sets wins over the model's default
+    req = prompt_request(prompt="The capital of France is", max_tokens=3)
+    req.model = "smol"
+    res = cl.generate(req, 300)
+    cl.close()
+    assert res.status == "OK" and res.final.usage.completion_tokens == 3, res
+    st, out = http_call(cluster.port, "POST", "/v1/chat/completions",
+                        {"model": "smol", "messages": [{"role": "user", "content": "Hi"}]})
+    assert st == 200, out
+    assert out["usage"]["completion_tokens"] <= 6
+    assert out["choices"][0]["message"]["content"] == reference(chat="Hi", max_tokens=6)
 
 
 def test_unknown_model_is_404(cluster):

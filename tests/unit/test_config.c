@@ -107,6 +107,7 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
         assert_int_equal(x->reasoning_parser, y->reasoning_parser);
         assert_int_equal(x->tool_call_parser, y->tool_call_parser);
         assert_int_equal(x->n_aliases, y->n_aliases);
+        assert_memory_equal(&x->defaults, &y->defaults, sizeof x->defaults);
         for (size_t j = 0; j < x->n_aliases; j++)
             assert_string_equal(x->aliases[j], y->aliases[j]);
     }
@@ -1455,7 +1456,25 @@ static void test_models(void **state)
                "serves)");
     load_fails("models:\n  - path: /m/a.gguf\n    nmae: x\n",
                "cluster.yaml:3: key 'models[0].nmae': unknown key (expected one of: path, "
-               "chat_template, name, aliases, reasoning_parser, tool_call_parser)");
+               "chat_template, name, aliases, reasoning_parser, tool_call_parser, defaults)");
+    /* per-model sampling defaults, Tandem's own when unset */
+    load_ok("models:\n"
+            "  - path: /m/a.gguf\n"
+            "    defaults: {temperature: 0, max_tokens: 8}\n"
+            "  - path: /m/b.gguf\n",
+            &cfg);
+    assert_true(cfg.models[0].defaults.temperature == 0.0);
+    assert_int_equal(cfg.models[0].defaults.max_tokens, 8);
+    assert_true(cfg.models[0].defaults.top_p == 1.0);
+    assert_true(cfg.models[1].defaults.temperature == 1.0);
+    assert_true(cfg.models[1].defaults.repetition_penalty == 1.0);
+    assert_int_equal(cfg.models[1].defaults.max_tokens, 0);
+    assert_true(cfg.model.defaults.temperature == 0.0); /* model is models[0] */
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+    load_fails("models:\n  - path: /m/a.gguf\n    defaults: {top_p: 0}\n",
+               "cluster.yaml:3: key 'models[0].defaults.top_p': must be more than 0 and at most "
+               "1, got 0");
     load_fails("models: x\n", "cluster.yaml:1: key 'models': must be a list of models, got 'x'");
 }
 

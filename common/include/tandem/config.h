@@ -80,6 +80,20 @@ typedef enum tdm_tool_call_parser {
     TDM_TOOL_CALL_PARSER_MISTRAL = 3,     /* [TOOL_CALLS]… */
 } tdm_tool_call_parser_t;
 
+/* model.defaults: the sampling a request of this model gets for what it leaves unset (vLLM's
+ * per-model generation defaults). The defaults of these defaults are Tandem's own
+ * (tdm_sampling_params_default, TDM_ROUTER_MAX_TOKENS_DEFAULT), so a config without them
+ * changes nothing. */
+typedef struct tdm_model_defaults {
+    double temperature;        /* [0, 5]; 1 */
+    double top_p;              /* (0, 1]; 1 */
+    int top_k;                 /* 0..1048576 (at most the vocabulary, checked per request); 0 */
+    double repetition_penalty; /* (0, 10]; 1 */
+    int max_tokens; /* 0..1048576: output tokens of a request that sets none (native max_tokens
+                       0, /v1/chat/completions without it), at most what the context leaves;
+                       0 = what the context leaves, at most 1024 */
+} tdm_model_defaults_t;
+
 /* model: which weights to serve and how to present them. */
 typedef struct tdm_model_config {
     char *path;          /* GGUF file; default tdm_model_default_path(); a leading "~/" is
@@ -94,6 +108,7 @@ typedef struct tdm_model_config {
     size_t n_aliases;
     tdm_reasoning_parser_t reasoning_parser; /* auto (default) */
     tdm_tool_call_parser_t tool_call_parser; /* auto (default) */
+    tdm_model_defaults_t defaults;           /* its requests' sampling defaults */
 } tdm_model_config_t;
 
 /* Routers a node registers with at most (router.node_endpoints). */

@@ -28,14 +28,15 @@
 /* The mappings of a config file. Rows of TDM_CONFIG_SECTION_NODE and _SPECULATIVE are fields
  * of a tdm_node_config_t; all others of the tdm_config_t. */
 typedef enum tdm_config_section {
-    TDM_CONFIG_SECTION_TOP = 0,     /* the file's top level: the sections and nodes */
-    TDM_CONFIG_SECTION_MODEL,       /* model: */
-    TDM_CONFIG_SECTION_ROUTER,      /* router: */
-    TDM_CONFIG_SECTION_KV,          /* kv: */
-    TDM_CONFIG_SECTION_LOG,         /* log: */
-    TDM_CONFIG_SECTION_SECURITY,    /* security: */
-    TDM_CONFIG_SECTION_NODE,        /* one entry of nodes: */
-    TDM_CONFIG_SECTION_SPECULATIVE, /* nodes[].speculative: */
+    TDM_CONFIG_SECTION_TOP = 0,        /* the file's top level: the sections and nodes */
+    TDM_CONFIG_SECTION_MODEL,          /* model: */
+    TDM_CONFIG_SECTION_MODEL_DEFAULTS, /* model.defaults: (models[].defaults:) */
+    TDM_CONFIG_SECTION_ROUTER,         /* router: */
+    TDM_CONFIG_SECTION_KV,             /* kv: */
+    TDM_CONFIG_SECTION_LOG,            /* log: */
+    TDM_CONFIG_SECTION_SECURITY,       /* security: */
+    TDM_CONFIG_SECTION_NODE,           /* one entry of nodes: */
+    TDM_CONFIG_SECTION_SPECULATIVE,    /* nodes[].speculative: */
     TDM_CONFIG_N_SECTIONS,
 } tdm_config_section_t;
 

@@ -338,6 +338,24 @@ static const tdm_config_key_t keys[] = {
              "the format tool calls are parsed from and constrained to: `auto` from the chat "
              "template (docs/models.md); `hermes` (`<tool_call>`); `llama3_json`; `mistral` "
              "(`[TOOL_CALLS]`)"),
+    MAPPING_KEY(MODEL, "defaults", MODEL_DEFAULTS,
+                "the sampling this model's requests get for the fields they leave unset (as "
+                "vLLM's per-model generation config); the defaults are Tandem's own"),
+    NUMBER_KEY(MODEL_DEFAULTS, "temperature", CFG(model.defaults.temperature), 0, 0, 5, 1, NULL,
+               NULL, "a request's `temperature` when it sets none"),
+    NUMBER_KEY(MODEL_DEFAULTS, "top_p", CFG(model.defaults.top_p), TDM_CONFIG_MIN_OPEN, 0, 1, 1,
+               NULL, NULL, "a request's `top_p` when it sets none"),
+    INT_KEY(MODEL_DEFAULTS, "top_k", CFG(model.defaults.top_k), 0, 0, 1048576, 0, "tokens",
+            "a request's `top_k` when it sets none (0: off; more than the vocabulary fails the "
+            "request)"),
+    NUMBER_KEY(MODEL_DEFAULTS, "repetition_penalty", CFG(model.defaults.repetition_penalty),
+               TDM_CONFIG_MIN_OPEN, 0, 10, 1, NULL, NULL,
+               "a request's `repetition_penalty` when it sets none"),
+    INT_KEY(MODEL_DEFAULTS, "max_tokens", CFG(model.defaults.max_tokens), 0, 0, 1048576, 0,
+            "tokens",
+            "output tokens of a request that sets none (native `max_tokens` 0, "
+            "`/v1/chat/completions` without it; `/v1/completions` keeps OpenAI's 16), at most "
+            "what the context leaves; 0: what the context leaves, at most 1,024"),
 
     TEXT_KEY(ROUTER, "client_endpoint", ENDPOINT, CFG(router.client_endpoint), 0,
              "tcp://127.0.0.1:7600", NULL, "client API (ZeroMQ, protobuf)"),
