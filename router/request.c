@@ -298,7 +298,8 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
         return;
     }
     tdm_error_t err = {0};
-    rt_dispatch_result_t res = rt_queue_first(r) ? RT_DISPATCH_WAIT : rt_dispatch(r, q, &err);
+    rt_dispatch_result_t res =
+        rt_queue_has_model(r, q->model) ? RT_DISPATCH_WAIT : rt_dispatch(r, q, &err);
     if (res == RT_DISPATCH_WAIT) {
         if (r->n_queued >= (size_t)r->cfg->router.max_queue) {
             r->metrics.queue_full++;

@@ -83,6 +83,14 @@ rt_req_t *rt_queue_first(const tdm_router_t *r)
     return l ? TDM_LIST_ENTRY(l, rt_req_t, queue_link) : NULL;
 }
 
+bool rt_queue_has_model(const tdm_router_t *r, const rt_model_t *m)
+{
+    for (tdm_list_t *l = tdm_list_first(&r->queue); l; l = tdm_list_next(&r->queue, l))
+        if (TDM_LIST_ENTRY(l, rt_req_t, queue_link)->model == m)
+            return true;
+    return false;
+}
+
 /* ---- small helpers ---- */
 
 /* A new dispatch attempt id (never 0, never repeated by this router instance). */
