@@ -2326,6 +2326,9 @@ static void test_status_health_models(void **state)
     assert_int_equal(mo->models[0]->n_vocab, 512);
     assert_int_equal(mo->models[0]->fingerprint, tdm_router_fingerprint(e->r));
     assert_string_equal(mo->models[0]->chat_template, "gguf"); /* the model's own, compiled */
+    assert_int_equal(mo->models[0]->n_aliases, 0);
+    assert_string_equal(mo->models[0]->state, "ready"); /* decode-0 is up */
+    assert_int_equal(mo->models[0]->decode_nodes_up, 1);
     protobuf_c_message_free_unpacked(&mo->base, NULL);
 
     fake_heartbeat(e, &e->d0, 60, 0);

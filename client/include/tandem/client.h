@@ -444,6 +444,9 @@ typedef struct tdm_client_model {
     uint32_t n_vocab;
     char *chat_template; /* the template: "gguf" (the model's own), "file" or a built-in name
                             ("chatml"); "" if not told */
+    char *state;         /* "ready" (a decode node of it is up), "unavailable" (none is: its
+                            requests wait); "" from a router before 2.4 */
+    uint32_t prefill_nodes_up, decode_nodes_up;
 } tdm_client_model_t;
 
 /* The models a router serves. Owns its arrays and strings. */
