@@ -143,7 +143,8 @@ const char *tdm_client_errfield(const tdm_client_t *c);
  * need. Every pointer is the caller's and is only read during tdm_client_generate(_start). */
 typedef struct tdm_client_request {
     const char *request_id; /* NULL or "": the router makes one */
-    const char *model;      /* NULL or "": the served model; else must name it */
+    const char *model;      /* NULL or "": the router's first model; else a served name or
+                               alias (NOT_FOUND for another) */
     /* input: exactly one of prompt, messages and token_ids */
     const char *prompt;                 /* raw UTF-8 text; special tokens are parsed */
     const tdm_chat_message_t *messages; /* [n_messages] rendered with the model's template */
