@@ -272,6 +272,12 @@ def test_cli_generate_by_served_model(cluster):
                              capture_output=True, check=True, text=True)
         assert out.stdout[:-1] == reference(prompt="The capital of France is", max_tokens=8,
                                             model=path), (name, out.stdout, out.stderr)
+    # and `tandem chat` the same way: the answer is the chat reference of that model
+    out = subprocess.run([BINARIES["tandem"], "chat", "--router", cluster.client_ep,
+                          "--served-model", "g3", "-n", "6", "--temperature", "0"],
+                         input="Hi\n", capture_output=True, check=True, text=True)
+    ref = reference(chat="Hi", max_tokens=6, model=GEMMA)
+    assert ref.strip() and ref in out.stdout, (ref, out.stdout, out.stderr)
     out = subprocess.run([BINARIES["tandem"], "generate", "--router", cluster.client_ep,
                           "--served-model", "nope", "-p", "x", "-n", "2"],
                          capture_output=True, text=True)
