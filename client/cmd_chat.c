@@ -43,6 +43,8 @@ static void usage(FILE *out)
             "                            goes to the next in turn, and to the one after when its\n"
             "                            router fails before the first token\n"
             "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
+            "      --served-model NAME   the served model to chat with (a name or alias;\n"
+            "                            default: the router's first)\n"
             "      --timeout SECONDS     deadline of each answer (default 600)\n"
             "  -h, --help                this help\n");
 }
@@ -101,6 +103,7 @@ static int chat_on_chunk(void *user, const tdm_client_chunk_t *ch)
 /* The command line of `tandem chat`. */
 typedef struct chat_opts {
     const char *system, *router, *api_key;
+    const char *served_model; /* --served-model: GenerateRequest.model */
     const char *stop[TDM_MAX_STOP_STRINGS];
     size_t n_stop;
     long max_tokens;
@@ -133,6 +136,7 @@ static int parse_args(int argc, char **argv, chat_opts_t *o, tdm_sampling_params
         TDM_CLI_SAMPLING_OPTS(&o->sampling),
         TDM_CLI_OPT_FN("stop", 0, opt_stop, o),
         TDM_CLI_OPT_TRUE("stats", 0, &o->stats),
+        TDM_CLI_OPT_STR("served-model", 0, &o->served_model),
         TDM_CLI_ROUTER_OPTS(&o->router, &o->api_key, &o->timeout_s),
         TDM_CLI_OPT_END,
     };
@@ -208,6 +212,7 @@ static bool chat_turn(chat_t *ch, int *status)
     req.sampling = *ch->sp;
     req.sampling_set = TDM_CLIENT_SAMPLING_ALL;
     req.max_tokens = (int32_t)ch->o->max_tokens;
+    req.model = ch->o->served_model;
     req.stop = ch->o->stop;
     req.n_stop = ch->o->n_stop;
     tdm_client_result_t res;

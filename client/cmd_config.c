@@ -49,10 +49,13 @@ static int print_config(const tdm_config_t *cfg)
         return 1;
     }
     struct stat st;
-    if (stat(cfg->model.path, &st) != 0) {
-        size_t n = strlen(cfg->model.path), m = strlen(TDM_DEFAULT_MODEL_FILE);
-        bool is_default = n >= m && strcmp(cfg->model.path + n - m, TDM_DEFAULT_MODEL_FILE) == 0;
-        fprintf(stderr, "tandem config: note: model file %s does not exist%s\n", cfg->model.path,
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const char *path = cfg->models[i].path;
+        if (stat(path, &st) == 0)
+            continue;
+        size_t n = strlen(path), m = strlen(TDM_DEFAULT_MODEL_FILE);
+        bool is_default = n >= m && strcmp(path + n - m, TDM_DEFAULT_MODEL_FILE) == 0;
+        fprintf(stderr, "tandem config: note: model file %s does not exist%s\n", path,
                 is_default ? " yet (scripts/setup installs it)" : "");
     }
     return 0;

@@ -81,6 +81,8 @@ static void usage(FILE *out)
             "                            goes to the next in turn, and to the one after when its\n"
             "                            router fails before the first token\n"
             "      --api-key KEY         API key (default $TANDEM_API_KEY)\n"
+            "      --served-model NAME   the served model (a name or alias; default: the\n"
+            "                            router's first)\n"
             "      --timeout SECONDS     deadline of the request (default 600)\n"
             "      --stop STR            stop string (repeatable, at most 16)\n"
             "      --choices N           N choices of the prompt (OpenAI's n, 1..16; seeds S + i,\n"
@@ -107,6 +109,7 @@ typedef struct gen_opts {
     size_t n_bad_words;
     /* router path */
     const char *router, *api_key;
+    const char *served_model; /* --served-model: GenerateRequest.model (router only) */
     double timeout_s;
     const char *stop[TDM_MAX_STOP_STRINGS];
     size_t n_stop;
@@ -278,6 +281,8 @@ static int parse_args(int argc, char **argv, gen_opts_t *o, bool *done)
         TDM_CLI_OPT_STR("device", 0, &o->device, .mark = local, .label = "--device"),
         TDM_CLI_OPT_STR("router", 0, &o->router, .mark = routed, .label = "--router"),
         TDM_CLI_OPT_STR("api-key", 0, &o->api_key, .mark = routed, .label = "--api-key"),
+        TDM_CLI_OPT_STR("served-model", 0, &o->served_model, .mark = routed,
+                        .label = "--served-model"),
         TDM_CLI_OPT_DOUBLE("timeout", 0, &o->timeout_s, 0.001, 86400, .mark = routed,
                            .label = "--timeout"),
         TDM_CLI_OPT_FN("stop", 0, opt_stop, o, .mark = routed, .label = "--stop"),
@@ -536,6 +541,7 @@ static int generate_router(const gen_opts_t *o)
     req.sampling = sp;
     req.sampling_set = TDM_CLIENT_SAMPLING_ALL; /* the same parameters as -m would use */
     req.max_tokens = (int32_t)o->max_tokens;
+    req.model = o->served_model;
     req.stop = o->stop;
     req.n_stop = o->n_stop;
     req.bad_words = o->bad_words;

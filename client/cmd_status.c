@@ -83,6 +83,14 @@ static void print_table(const char *endpoint, const tdm_client_cluster_status_t 
     }
     if (s->n_nodes == 0)
         printf("(no nodes registered)\n");
+    bool several = false;
+    for (size_t i = 1; i < s->n_nodes; i++)
+        several = several || strcmp(s->nodes[i].model, s->nodes[0].model) != 0;
+    if (several) {
+        printf("\n%-16s %s\n", "NODE", "MODEL");
+        for (size_t i = 0; i < s->n_nodes; i++)
+            printf("%-16s %s\n", s->nodes[i].node_id, s->nodes[i].model);
+    }
     bool any = s->n_refused > 0;
     for (size_t i = 0; i < s->n_nodes; i++)
         any = any || s->nodes[i].refused_reason[0];
@@ -159,7 +167,8 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
                   json_object_set_new(o, "refused_reason", json_string(n->refused_reason)) ||
                   json_object_set_new(o, "refused_age_s", json_real(n->refused_age_s)) ||
                   json_object_set_new(o, "host_id", json_string(n->host_id)) ||
-                  json_object_set_new(o, "gpu_uuid", json_string(n->gpu_uuid)))) {
+                  json_object_set_new(o, "gpu_uuid", json_string(n->gpu_uuid)) ||
+                  json_object_set_new(o, "model", json_string(n->model)))) {
             json_decref(o);
             o = NULL;
         }

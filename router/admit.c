@@ -102,9 +102,10 @@ bool rt_admit_step_model(const rt_step_fit_t *f, double *step_s, double *batch, 
     return true;
 }
 
-static bool is_decode_up(const rt_node_t *n)
+/* A decode node up serving model m. */
+static bool is_decode_up(const rt_node_t *n, const rt_model_t *m)
 {
-    return n->up && n->cfg->role == TDM_NODE_ROLE_DECODE;
+    return n->up && n->cfg->role == TDM_NODE_ROLE_DECODE && n->model == m;
 }
 
 /* Output tokens q may still produce. */
@@ -126,7 +127,7 @@ static rt_admit_load_t node_load(const tdm_router_t *r, const rt_node_t *n, size
     uint64_t queued_tokens = 0;
     for (tdm_list_t *e = tdm_list_first(&r->requests); e; e = tdm_list_next(&r->requests, e)) {
         const rt_req_t *q = TDM_LIST_ENTRY(e, rt_req_t, all_link);
-        if (q == self)
+        if (q == self || q->model != self->model)
             continue;
         if (q->state == RT_QUEUED) {
             n_queued++;
@@ -155,7 +156,7 @@ bool rt_admit_ok(const tdm_router_t *r, const rt_req_t *q, uint64_t now_ms,
 {
     size_t n_up = 0;
     for (size_t i = 0; i < r->n_nodes; i++)
-        n_up += is_decode_up(&r->nodes[i]);
+        n_up += is_decode_up(&r->nodes[i], q->model);
     if (!n_up)
         return true;
     double left_s = q->deadline_ms > now_ms ? (double)(q->deadline_ms - now_ms) / 1000.0 : 0;
@@ -163,7 +164,7 @@ bool rt_admit_ok(const tdm_router_t *r, const rt_req_t *q, uint64_t now_ms,
     bool have = false;
     for (size_t i = 0; i < r->n_nodes; i++) {
         const rt_node_t *n = &r->nodes[i];
-        if (!is_decode_up(n))
+        if (!is_decode_up(n, q->model))
             continue;
         rt_admit_load_t l = node_load(r, n, n_up, q);
         rt_admit_estimate_t e = rt_admit_estimate(&l, q->n_prompt, max_tokens);

@@ -234,8 +234,10 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
             "queued_prefill_tokens", (json_int_t)ld->queued_prefill_tokens, "prefix_queries",
             (json_int_t)ld->prefix_queries, "prefix_hits", (json_int_t)ld->prefix_hits,
             "step_time_ms", ld->step_s * 1e3, "last_heartbeat_age_s", n->last_heartbeat_age_s);
-        if (o)
+        if (o) {
+            json_object_set_new(o, "model", http_json_str(n->model)); /* the model it serves */
             json_array_append_new(nodes, o);
+        }
         if (n->up && strcmp(n->role, "decode") == 0) {
             used += ld->kv_blocks_used;
             total += n->kv_blocks_total;
@@ -590,8 +592,9 @@ static void node_pool_json(json_t *node, const http_model_t *m)
     json_object_set_new(node, "pool", pool ? pool : json_null());
 }
 
-json_t *dash_status_json(dash_t *d, const http_model_t *m)
+json_t *dash_status_json(dash_t *d, const http_model_t *models, size_t n_models)
 {
+    const http_model_t *m = n_models ? &models[0] : NULL;
     pthread_mutex_lock(&d->mu);
     json_t *hist = history_json(d);
     json_t *st = d->status ? json_deep_copy(d->status) : NULL;
@@ -616,8 +619,21 @@ json_t *dash_status_json(dash_t *d, const http_model_t *m)
     }
     size_t i;
     json_t *n;
-    json_array_foreach(json_object_get(r, "nodes"), i, n) node_pool_json(n, m);
+    json_array_foreach(json_object_get(r, "nodes"), i, n)
+    {
+        /* each node's pool as the model it serves sees it */
+        const char *name = json_string_value(json_object_get(n, "model"));
+        const http_model_t *own = m;
+        for (size_t k = 0; name && name[0] && k < n_models; k++)
+            if (strcmp(models[k].name, name) == 0)
+                own = &models[k];
+        node_pool_json(n, own);
+    }
     json_object_set_new(r, "model_info", model_json(m));
+    json_t *all = json_array();
+    for (size_t k = 0; all && k < n_models; k++)
+        json_array_append_new(all, model_json(&models[k]));
+    json_object_set_new(r, "models", all ? all : json_array());
     json_object_set_new(r, "history", hist);
     return r;
 }

@@ -28,9 +28,11 @@ void dash_record(dash_t *d, int status);
 /* Counts streams in flight (+1 when one starts, -1 when it ends). Any thread. */
 void dash_streams(dash_t *d, int delta);
 
-/* GET /api/status: the last ClusterStatus as JSON, the history and the model (m may be NULL).
- * New reference, NULL on out of memory. */
-json_t *dash_status_json(dash_t *d, const http_model_t *m);
+/* GET /api/status: the last ClusterStatus as JSON (each node with the model it serves and its
+ * pool as that model's plan sees it), the history, the first model (model_info) and every
+ * model (models), from models[n_models] (none: NULL, 0). New reference, NULL on out of
+ * memory. */
+json_t *dash_status_json(dash_t *d, const http_model_t *models, size_t n_models);
 
 /* GET /api/capacity: get(ctx, NAME) returns the query parameter NAME or NULL. Returns the
  * JSON (new reference) with *http_status 200, or an OpenAI-shaped error with 400 naming the

@@ -45,8 +45,9 @@ extern "C" {
 
 typedef struct tdm_http tdm_http_t;
 
-/* The router's tokenizer, chat template (NULL: none) and context length, for /tokenize and
- * /detokenize (tdm_router_vocab). Borrowed: they must outlive the gateway. */
+/* A served model's tokenizer, chat template (NULL: none) and context length, for /tokenize,
+ * /detokenize and the chat output parsers (tdm_router_model_vocab). Borrowed: they must outlive
+ * the gateway. */
 typedef struct tdm_http_vocab {
     const tdm_tokenizer_t *tok; /* NULL: /tokenize and /detokenize answer 503 */
     const tdm_chat_pick_t *pick;
@@ -60,13 +61,14 @@ typedef struct tdm_http_vocab {
  * "http gateway ready url=http://HOST:PORT router=ENDPOINT". API keys (cfg->router.api_keys)
  * are required on /v1/... as "Authorization: Bearer KEY" and checked here with
  * tdm_config_api_key_ok (without keys any Authorization is ignored); every call to the router
- * carries the first configured key. cfg, vocab (may be NULL), net and log are borrowed and must
+ * carries the first configured key. vocabs[n_vocabs]: one per cfg->models entry, in order (NULL,
+ * 0: none; models past n_vocabs have none). cfg, vocabs, net and log are borrowed and must
  * outlive the gateway (log NULL: stderr). Returns NULL with *err set: TDM_EINVALID (bad address or
  * endpoint), TDM_EUNAVAILABLE (the port is in use or cannot be bound; the message names address and
  * port), TDM_ERESOURCE (out of memory, no thread). Caller frees with tdm_http_destroy. */
 tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
-                         const tdm_http_vocab_t *vocab, tdm_net_t *net, const tdm_logger_t *log,
-                         tdm_error_t *err);
+                         const tdm_http_vocab_t *vocabs, size_t n_vocabs, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err);
 
 /* Stops the gateway: calls in flight end (their HTTP clients get 503, or an error event on a
  * stream that has started; the router gets CANCEL for them), the HTTP threads are joined,

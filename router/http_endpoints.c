@@ -59,7 +59,17 @@ static enum MHD_Result handle_models(tdm_http_t *h, struct MHD_Connection *c, co
                       "root", http_json_str(mi->name), "parent", "max_model_len", (int)mi->n_ctx);
         if (!o)
             continue;
-        if (id && strcmp(id, mi->name) == 0)
+        /* Tandem's own: the model's other served names, and whether a decode node of it is up
+         * ("ready") or none is ("unavailable": its requests wait) */
+        json_t *aliases = json_array();
+        bool named = id && strcmp(id, mi->name) == 0;
+        for (size_t j = 0; aliases && j < mi->n_aliases; j++) {
+            json_array_append_new(aliases, http_json_str(mi->aliases[j]));
+            named = named || (id && strcmp(id, mi->aliases[j]) == 0);
+        }
+        json_object_set_new(o, "aliases", aliases ? aliases : json_array());
+        json_object_set_new(o, "state", http_json_str(mi->state[0] ? mi->state : "ready"));
+        if (named)
             found = json_incref(o);
         json_array_append_new(data, o);
     }
@@ -159,17 +169,27 @@ static enum MHD_Result handle_tokenize(tdm_http_t *h, struct MHD_Connection *c, 
     enum MHD_Result ret;
     if (!http_check_key(h, c, &ret))
         return ret;
-    if (!h->vocab.tok)
-        return http_reply_error(c, TDM_EUNAVAILABLE, NULL, NULL, "the router has no tokenizer");
-    http_model_t m;
-    tdm_error_t err = {0};
-    const char *served = h->cfg->model.name ? h->cfg->model.name : "";
-    if (http_model_get(h, &m, &err) == TDM_OK)
-        served = m.name;
     const char *body = r->body.data ? r->body.data : "";
+    /* the model the body names, when it is one of the served names (else the first model's
+     * name, which the body's model then fails to match: 404) */
+    const char *served = h->cfg->models[0].name;
+    size_t mi = 0;
+    json_t *root = json_loadb(body, r->body.len, 0, NULL);
+    const char *asked = json_string_value(json_object_get(root, "model"));
+    int found = asked ? tdm_config_model_index(h->cfg, asked) : -1;
+    char name[TDM_MODEL_NAME_MAX + 1];
+    if (found >= 0) {
+        mi = (size_t)found;
+        snprintf(name, sizeof name, "%s", asked);
+        served = name;
+    }
+    json_decref(root);
+    const tdm_http_vocab_t *voc = &h->vocabs[mi];
+    if (!voc->tok)
+        return http_reply_error(c, TDM_EUNAVAILABLE, NULL, NULL, "the router has no tokenizer");
     unsigned status = 500;
-    json_t *v = detokenize ? http_detokenize_json(&h->vocab, served, body, r->body.len, &status)
-                           : http_tokenize_json(&h->vocab, served, body, r->body.len, &status);
+    json_t *v = detokenize ? http_detokenize_json(voc, served, body, r->body.len, &status)
+                           : http_tokenize_json(voc, served, body, r->body.len, &status);
     return http_reply_json(c, status, v);
 }
 
@@ -259,8 +279,31 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     http_model_t m;
     tdm_error_t err = {0};
     bool have = http_model_get(h, &m, &err) == TDM_OK;
-    if (strcmp(url, "/api/status") == 0)
-        return http_reply_json(c, 200, dash_status_json(h->dash, have ? &m : NULL));
+    if (strcmp(url, "/api/status") == 0) {
+        static const size_t cap = TDM_CONFIG_MAX_MODELS;
+        http_model_t *all = malloc(cap * sizeof *all);
+        size_t n_all = 0;
+        if (all && http_models_all(h, all, cap, &n_all, &err) != TDM_OK)
+            n_all = 0;
+        json_t *v = dash_status_json(h->dash, n_all ? all : (have ? &m : NULL),
+                                     n_all ? n_all : (have ? 1 : 0));
+        free(all);
+        return http_reply_json(c, 200, v);
+    }
+    /* several models: the plan of ?model=NAME, else of the model ?node=ID serves, else the
+     * first model's */
+    const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+    const char *node = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "node");
+    char node_model[TDM_MODEL_NAME_MAX + 1] = "";
+    if (!want && node && h->cfg->n_models > 1 &&
+        http_node_model(h, node, node_model, sizeof node_model, &err) == TDM_OK && node_model[0])
+        want = node_model;
+    if (want && want[0]) {
+        int rc = http_model_named(h, want, &m, &err);
+        if (rc == TDM_ENOTFOUND)
+            return http_reply_error(c, rc, "model_not_found", "model", "%s", err.msg);
+        have = rc == TDM_OK;
+    }
     unsigned status = 200;
     json_t *v = dash_capacity_json(h->dash, have ? &m : NULL, query_get, c, &status);
     return http_reply_json(c, status, v);

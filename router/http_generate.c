@@ -386,7 +386,9 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
         return false;
     }
     int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, q, &err);
-    if (rc == TDM_OK && (rc = oai_apply_family(q, &h->family, &err)) != TDM_OK)
+    /* the family of the model asked for (an unknown one: the router answers 404 for it) */
+    int mi = rc == TDM_OK ? tdm_config_model_index(h->cfg, q->g.model) : -1;
+    if (rc == TDM_OK && (rc = oai_apply_family(q, &h->families[mi < 0 ? 0 : mi], &err)) != TDM_OK)
         oai_req_clear(q);
     if (rc != TDM_OK) {
         free(q);

@@ -356,6 +356,68 @@ int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     return TDM_OK;
 }
 
+int http_models_all(tdm_http_t *h, http_model_t *out, size_t cap, size_t *n, tdm_error_t *err)
+{
+    *n = 0;
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    const Tandem__V1__ModelsResponse *mr = (const Tandem__V1__ModelsResponse *)resp;
+    for (size_t i = 0; i < mr->n_models && *n < cap; i++)
+        http_model_from_proto(mr->models[i], &out[(*n)++]);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return TDM_OK;
+}
+
+int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error_t *err)
+{
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
+    rc =
+        tdm_error_set_field(err, TDM_ENOTFOUND, "model", "model '%.256s' is not served here", name);
+    for (size_t i = 0; i < mr->n_models && rc != TDM_OK; i++) {
+        const Tandem__V1__ModelInfo *mi = mr->models[i];
+        bool named = strcmp(mi->name, name) == 0;
+        for (size_t j = 0; j < mi->n_aliases && !named; j++)
+            named = strcmp(mi->aliases[j], name) == 0;
+        if (named) {
+            http_model_from_proto(mi, m);
+            rc = TDM_OK;
+            tdm_error_clear(err);
+        }
+    }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
+int http_node_model(tdm_http_t *h, const char *id, char *buf, size_t cap, tdm_error_t *err)
+{
+    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_STATUS, &req.base,
+                      &tandem__v1__cluster_status__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    if (rc != TDM_OK)
+        return rc;
+    const Tandem__V1__ClusterStatus *cs = (const Tandem__V1__ClusterStatus *)resp;
+    rc = tdm_error_set_field(err, TDM_ENOTFOUND, "node", "node '%.64s' is not in the cluster", id);
+    for (size_t i = 0; i < cs->n_nodes && rc != TDM_OK; i++)
+        if (strcmp(cs->nodes[i]->node_id, id) == 0) {
+            snprintf(buf, cap, "%s", cs->nodes[i]->model);
+            rc = TDM_OK;
+            tdm_error_clear(err);
+        }
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}
+
 /* Checks the body's framing before any of it is read (libmicrohttpd reads a body of an
  * unknown Transfer-Encoding until the connection closes): only "chunked" or a decimal
  * Content-Length, not both (RFC 9112 6.1, 6.3: a request with both is how requests are
@@ -702,8 +764,8 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
 }
 
 tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
-                         const tdm_http_vocab_t *vocab, tdm_net_t *net, const tdm_logger_t *log,
-                         tdm_error_t *err)
+                         const tdm_http_vocab_t *vocabs, size_t n_vocabs, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err)
 {
     tdm_http_t *h = calloc(1, sizeof *h);
     if (!h) {
@@ -712,15 +774,21 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
     }
     h->cfg = cfg;
     h->net = net;
-    if (vocab)
-        h->vocab = *vocab;
-    h->family.pick = h->vocab.pick;
-    h->family.reasoning_cfg = cfg->model.reasoning_parser;
-    h->family.tools_cfg = cfg->model.tool_call_parser;
-    h->family.family = oai_family_detect(h->vocab.pick ? h->vocab.pick->jinja : NULL,
-                                         cfg->model.reasoning_parser, cfg->model.tool_call_parser);
-    h->family.plain_mode = oai_family_reasoning(
-        &h->family.family, h->vocab.pick ? h->vocab.pick->jinja : NULL, h->vocab.pick, NULL);
+    h->n_models = cfg->n_models;
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const tdm_model_config_t *mc = &cfg->models[i];
+        tdm_http_vocab_t *v = &h->vocabs[i];
+        oai_family_ctx_t *fam = &h->families[i];
+        if (vocabs && i < n_vocabs)
+            *v = vocabs[i];
+        fam->pick = v->pick;
+        fam->reasoning_cfg = mc->reasoning_parser;
+        fam->tools_cfg = mc->tool_call_parser;
+        fam->family = oai_family_detect(v->pick ? v->pick->jinja : NULL, mc->reasoning_parser,
+                                        mc->tool_call_parser);
+        fam->plain_mode =
+            oai_family_reasoning(&fam->family, v->pick ? v->pick->jinja : NULL, v->pick, NULL);
+    }
     if (log)
         h->log = *log;
     else

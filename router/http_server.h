@@ -44,8 +44,11 @@ struct tdm_http {
                             closed connection, since the heap was last trimmed */
     bool have_model;     /* under mu */
     http_model_t model;
-    tdm_http_vocab_t vocab;    /* the router's tokenizer (/tokenize); tok NULL: none */
-    oai_family_ctx_t family;   /* the model template's family (http_family.c) */
+    /* per served model (cfg->models order): its tokenizer (/tokenize; tok NULL: none) and its
+     * template's family (http_family.c) */
+    tdm_http_vocab_t vocabs[TDM_CONFIG_MAX_MODELS];
+    oai_family_ctx_t families[TDM_CONFIG_MAX_MODELS];
+    size_t n_models;
     http_counters_t *counters; /* responses by code, the gateway's own refusals */
 };
 
@@ -121,6 +124,18 @@ bool http_check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Resu
 /* The served model into *m, asked of the router (MODELS) the first time and kept. Returns 0
  * or the call's status with *err set. */
 int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err);
+
+/* Every served model, in the router's order, into out[0..cap) and *n. Returns 0 or the MODELS
+ * call's status. */
+int http_models_all(tdm_http_t *h, http_model_t *out, size_t cap, size_t *n, tdm_error_t *err);
+
+/* The served model named (name or alias) into *m, from a MODELS call. Returns 0, TDM_ENOTFOUND
+ * (*err: "model 'X' is not served here", field "model") or the call's status. */
+int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error_t *err);
+
+/* The name of the model node id serves (the router's STATUS) into buf (cap bytes). Returns 0,
+ * TDM_ENOTFOUND (no such node, field "node") or the call's status. */
+int http_node_model(tdm_http_t *h, const char *id, char *buf, size_t cap, tdm_error_t *err);
 
 /* Answers a request on the generation endpoints (http_generate.c): kind from the URL; r->body
  * holds the whole body. */

@@ -36,7 +36,7 @@ static void group_end_siblings(tdm_router_t *r, rt_req_t *q, int status, bool fa
         rt_release_nodes(r, s, status);
         if (fail)
             rt_stream_fail(r, s);
-        rt_count_end(r, status,
+        rt_count_end(r, s->model, status,
                      fail ? TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR
                           : TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
         rt_req_free(r, s);
@@ -68,8 +68,10 @@ void rt_req_fail_body(tdm_router_t *r, rt_req_t *q, int status, bool cancel_node
     group_end_siblings(r, q, status, true, cancel_nodes);
     rt_stream_fail(r, q);
     rt_send_end(r, q->peer, q->peer_len, q->call_id, status, msg, body);
-    rt_count_end(r, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
-    rt_hist_observe(&r->metrics.e2e, tdm_time_now() - q->t_arrival);
+    rt_count_end(r, q->model, status, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
+    double e2e = tdm_time_now() - q->t_arrival;
+    rt_hist_observe(&r->metrics.e2e, e2e);
+    rt_hist_observe(&q->model->metrics.e2e, e2e);
     rt_req_free(r, q);
 }
 
@@ -87,7 +89,7 @@ void rt_req_drop(tdm_router_t *r, rt_req_t *q, const char *why)
 {
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, NULL, "request dropped: %s", why);
     group_end_siblings(r, q, TDM_ECANCELLED, false, true);
-    rt_count_end(r, TDM_ECANCELLED, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
+    rt_count_end(r, q->model, TDM_ECANCELLED, TANDEM__V1__FINISH_REASON__FINISH_REASON_CANCELLED);
     rt_req_free(r, q);
 }
 
@@ -137,7 +139,7 @@ void rt_req_shutdown_all(tdm_router_t *r)
         rt_stream_fail(r, q);
         rt_send_end(r, q->peer, q->peer_len, q->call_id, TDM_EUNAVAILABLE, "router shutting down",
                     NULL);
-        rt_count_end(r, TDM_EUNAVAILABLE, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
+        rt_count_end(r, q->model, TDM_EUNAVAILABLE, TANDEM__V1__FINISH_REASON__FINISH_REASON_ERROR);
         rt_req_free(r, q);
     }
 }

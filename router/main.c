@@ -107,9 +107,11 @@ static bool start(const tdm_config_t *cfg, tdm_net_t *net, const tdm_logger_t *l
         start_failed(log, "router", err.msg);
         return false;
     }
-    tdm_http_vocab_t vocab;
-    tdm_router_vocab(*r, &vocab.tok, &vocab.pick, &vocab.n_ctx);
-    if (!(*http = tdm_http_new(cfg, tdm_router_inproc_endpoint(*r), &vocab, net, log, &err))) {
+    tdm_http_vocab_t vocabs[TDM_CONFIG_MAX_MODELS];
+    for (size_t i = 0; i < cfg->n_models; i++)
+        tdm_router_model_vocab(*r, i, &vocabs[i].tok, &vocabs[i].pick, &vocabs[i].n_ctx);
+    if (!(*http = tdm_http_new(cfg, tdm_router_inproc_endpoint(*r), vocabs, cfg->n_models, net, log,
+                               &err))) {
         start_failed(log, "http gateway", err.msg);
         tdm_router_destroy(r);
         return false;

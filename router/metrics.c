@@ -225,16 +225,18 @@ void rt_metrics_iterations(tdm_router_t *r, rt_node_t *n, uint64_t instance_id)
         counters_retire(n);
     }
     counters_max(&n->counters_now, &n->load);
-    tdm_router_metrics_t *m = &r->metrics;
+    tdm_router_metrics_t *m = &r->metrics, *mm = &n->model->metrics;
     for (size_t i = 0; i < TDM_WORKER_ITERATION_BUCKETS; i++) {
         uint64_t now = n->load.iteration_counts[i];
         if (now > n->iter_counts[i]) { /* a counter only grows: an older beat adds nothing */
             m->iteration_counts[i] += now - n->iter_counts[i];
+            mm->iteration_counts[i] += now - n->iter_counts[i];
             n->iter_counts[i] = now;
         }
     }
     if (n->load.iteration_tokens > n->iter_tokens) {
         m->iteration_tokens += n->load.iteration_tokens - n->iter_tokens;
+        mm->iteration_tokens += n->load.iteration_tokens - n->iter_tokens;
         n->iter_tokens = n->load.iteration_tokens;
     }
 }
@@ -626,15 +628,19 @@ static void render_loop(mb_t *b, const tdm_router_t *r)
     set_float(sample(b, f), m->loop_stall_s);
 }
 
-/* tandem_build_info{version, model} 1 */
+/* tandem_build_info{version, model} 1, a sample per served model. */
 static void render_build_info(mb_t *b, const tdm_router_t *r)
 {
-    Tandem__V1__MetricSample *s =
-        sample(b, family(b, "tandem_build_info", TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE,
-                         "Always 1; the labels carry the router's version and the served model."));
-    label(b, s, "version", TANDEM_VERSION);
-    label(b, s, "model", r->cfg->model.name ? r->cfg->model.name : "");
-    set_int(s, 1);
+    Tandem__V1__MetricFamily *f =
+        family(b, "tandem_build_info", TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE,
+               "Always 1; the labels carry the router's version and a served model (one sample "
+               "per model).");
+    for (size_t i = 0; i < r->n_models; i++) {
+        Tandem__V1__MetricSample *s = sample(b, f);
+        label(b, s, "version", TANDEM_VERSION);
+        label(b, s, "model", r->models[i].cfg->name);
+        set_int(s, 1);
+    }
 }
 
 /* ---- process metrics (the router's own process, from /proc/self) ---- */
@@ -670,7 +676,7 @@ static void render_process(mb_t *b)
 
 typedef struct vctx {
     mb_t *b;
-    const char *model;
+    const char *model; /* the model_name label of the samples made now */
 } vctx_t;
 
 /* A sample of f labelled {model_name, engine}. */
@@ -682,14 +688,20 @@ static Tandem__V1__MetricSample *vsample(vctx_t *v, Tandem__V1__MetricFamily *f,
     return s;
 }
 
-static void vcounter(vctx_t *v, const char *name, const char *help, uint64_t n)
-{
-    set_int(vsample(v, family(v->b, name, METRIC_COUNTER, help), "0"), n);
-}
+/* The uint64_t counter at offset off of a tdm_router_metrics_t. */
+#define METRIC_U64(m, off) (*(const uint64_t *)(const void *)((const char *)(m) + (off)))
+/* The tdm_router_hist_t at offset off of a tdm_router_metrics_t. */
+#define METRIC_HIST(m, off) ((const tdm_router_hist_t *)(const void *)((const char *)(m) + (off)))
 
-static void vgauge(vctx_t *v, const char *name, const char *help, double x)
+/* One counter family, a sample per model (its figure at offset off of the model's metrics). */
+static void vcounter(vctx_t *v, const tdm_router_t *r, const char *name, const char *help,
+                     size_t off)
 {
-    set_float(vsample(v, family(v->b, name, METRIC_GAUGE, help), "0"), x);
+    Tandem__V1__MetricFamily *f = family(v->b, name, METRIC_COUNTER, help);
+    for (size_t i = 0; i < r->n_models; i++) {
+        v->model = r->models[i].cfg->name;
+        set_int(vsample(v, f, "0"), METRIC_U64(&r->models[i].metrics, off));
+    }
 }
 
 static void hlabel(mb_t *b, Tandem__V1__MetricFamily *f, const char *name, const char *value)
@@ -708,21 +720,27 @@ static void hlabel(mb_t *b, Tandem__V1__MetricFamily *f, const char *name, const
     l->value = mb_strdup(b, value);
 }
 
-static void vhist_n(vctx_t *v, const char *name, const char *help, const tdm_router_hist_t *h,
-                    const double *bounds, size_t n)
+/* One histogram per model over the first n of bounds, each its own MetricFamily of the same
+ * name one after the other (tdm_proto_metrics_text writes them as one family). */
+static void vhist_n(vctx_t *v, const tdm_router_t *r, const char *name, const char *help,
+                    size_t off, const double *bounds, size_t n)
 {
-    Tandem__V1__MetricFamily *f = histogram_over_n(v->b, name, help, h, bounds, n);
-    hlabel(v->b, f, "model_name", v->model);
-    hlabel(v->b, f, "engine", "0");
+    for (size_t i = 0; i < r->n_models; i++) {
+        Tandem__V1__MetricFamily *f =
+            histogram_over_n(v->b, name, help, METRIC_HIST(&r->models[i].metrics, off), bounds, n);
+        hlabel(v->b, f, "model_name", r->models[i].cfg->name);
+        hlabel(v->b, f, "engine", "0");
+    }
 }
 
-static void vhist(vctx_t *v, const char *name, const char *help, const tdm_router_hist_t *h,
+static void vhist(vctx_t *v, const tdm_router_t *r, const char *name, const char *help, size_t off,
                   const double *bounds)
 {
-    vhist_n(v, name, help, h, bounds, TDM_ROUTER_HIST_BUCKETS - 1);
+    vhist_n(v, r, name, help, off, bounds, TDM_ROUTER_HIST_BUCKETS - 1);
 }
 
-/* A per-node family labelled {model_name, engine=node id} over the nodes of set. */
+/* A per-node family labelled {model_name: the node's model, engine: node id, role} over the
+ * nodes of set. */
 static void vnode_family(vctx_t *v, const tdm_router_t *r, const char *name,
                          Tandem__V1__MetricType type, const char *help, node_set_t set,
                          node_value_fn value)
@@ -734,6 +752,7 @@ static void vnode_family(vctx_t *v, const tdm_router_t *r, const char *name,
             continue;
         /* the role too, so that a prefill node's figures are not averaged into the decode
          * pool's (vllm:kv_cache_usage_perc) */
+        v->model = n->model->cfg->name;
         Tandem__V1__MetricSample *s = vsample(v, f, n->cfg->id);
         label(v->b, s, "role", tdm_config_node_role_name(n->cfg->role));
         set_float(s, value(n));
@@ -741,8 +760,8 @@ static void vnode_family(vctx_t *v, const tdm_router_t *r, const char *name,
 }
 
 /* vllm:request_success_total{finished_reason}: stop and length (completed), abort
- * (cancelled), error (failed); vLLM's "repetition" has no counterpart. */
-static void vllm_success(vctx_t *v, const tdm_router_metrics_t *m)
+ * (cancelled), error (failed); vLLM's "repetition" has no counterpart. Per model. */
+static void vllm_success(vctx_t *v, const tdm_router_t *r)
 {
     static const struct {
         const char *name;
@@ -755,58 +774,70 @@ static void vllm_success(vctx_t *v, const tdm_router_metrics_t *m)
     };
     Tandem__V1__MetricFamily *f = family(v->b, "vllm:request_success_total", METRIC_COUNTER,
                                          "Count of finished requests by finished_reason.");
-    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++) {
-        uint64_t n = 0;
-        for (int s = 0; s < 17; s++)
-            if (reasons[i].status == -1 || s == reasons[i].status)
-                n += m->requests_by_status_finish[s][reasons[i].finish];
-        Tandem__V1__MetricSample *smp = vsample(v, f, "0");
-        label(v->b, smp, "finished_reason", reasons[i].name);
-        set_int(smp, n);
+    for (size_t k = 0; k < r->n_models; k++) {
+        const tdm_router_metrics_t *m = &r->models[k].metrics;
+        v->model = r->models[k].cfg->name;
+        for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++) {
+            uint64_t n = 0;
+            for (int s = 0; s < 17; s++)
+                if (reasons[i].status == -1 || s == reasons[i].status)
+                    n += m->requests_by_status_finish[s][reasons[i].finish];
+            Tandem__V1__MetricSample *smp = vsample(v, f, "0");
+            label(v->b, smp, "finished_reason", reasons[i].name);
+            set_int(smp, n);
+        }
     }
 }
 
-/* The counters by source and the refusals by reason. */
-static void vllm_labelled_counters(vctx_t *v, const tdm_router_metrics_t *m)
+/* The counters by source and the refusals by reason, per model. */
+static void vllm_labelled_counters(vctx_t *v, const tdm_router_t *r)
 {
     Tandem__V1__MetricFamily *f =
         family(v->b, "vllm:prompt_tokens_by_source_total", METRIC_COUNTER,
                "Number of prompt tokens by source (local_compute: prefilled, local_cache_hit: "
                "found in a prefill node's prefix cache).");
-    Tandem__V1__MetricSample *s = vsample(v, f, "0");
-    label(v->b, s, "source", "local_compute");
-    /* counted when the first token arrives, as the cache hits are: prompt_tokens (counted at
-     * acceptance) minus the hits would go back whenever hits arrive between two scrapes */
-    set_int(s, m->computed_prompt_tokens);
-    s = vsample(v, f, "0");
-    label(v->b, s, "source", "local_cache_hit");
-    set_int(s, m->cached_prompt_tokens);
+    for (size_t k = 0; k < r->n_models; k++) {
+        const tdm_router_metrics_t *m = &r->models[k].metrics;
+        v->model = r->models[k].cfg->name;
+        Tandem__V1__MetricSample *s = vsample(v, f, "0");
+        label(v->b, s, "source", "local_compute");
+        /* counted when the first token arrives, as the cache hits are: prompt_tokens (counted
+         * at acceptance) minus the hits would go back whenever hits arrive between two
+         * scrapes */
+        set_int(s, m->computed_prompt_tokens);
+        s = vsample(v, f, "0");
+        label(v->b, s, "source", "local_cache_hit");
+        set_int(s, m->cached_prompt_tokens);
+    }
     f = family(v->b, "vllm:admission_rejections_total", METRIC_COUNTER,
                "Requests refused before they ran, by reason (queue_full: the router's queue, "
                "deadline: admission control).");
-    s = sample(v->b, f);
-    label(v->b, s, "model_name", v->model);
-    label(v->b, s, "reason", "queue_full");
-    set_int(s, m->queue_full);
-    s = sample(v->b, f);
-    label(v->b, s, "model_name", v->model);
-    label(v->b, s, "reason", "deadline");
-    set_int(s, m->shed);
+    for (size_t k = 0; k < r->n_models; k++) {
+        const tdm_router_metrics_t *m = &r->models[k].metrics;
+        Tandem__V1__MetricSample *s = sample(v->b, f);
+        label(v->b, s, "model_name", r->models[k].cfg->name);
+        label(v->b, s, "reason", "queue_full");
+        set_int(s, m->queue_full);
+        s = sample(v->b, f);
+        label(v->b, s, "model_name", r->models[k].cfg->name);
+        label(v->b, s, "reason", "deadline");
+        set_int(s, m->shed);
+    }
 }
 
 static void vllm_counters(vctx_t *v, const tdm_router_t *r)
 {
-    const tdm_router_metrics_t *m = &r->metrics;
-    vcounter(v, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
-             m->preemptions);
-    vcounter(v, "vllm:prompt_tokens_total", "Number of prefill tokens processed.",
-             m->prompt_tokens);
-    vcounter(v, "vllm:prompt_tokens_cached_total",
-             "Number of cached prompt tokens (local prefix cache).", m->cached_prompt_tokens);
-    vcounter(v, "vllm:generation_tokens_total", "Number of generation tokens processed.",
-             m->generation_tokens);
-    vllm_success(v, m);
-    vllm_labelled_counters(v, m);
+    vcounter(v, r, "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.",
+             offsetof(tdm_router_metrics_t, preemptions));
+    vcounter(v, r, "vllm:prompt_tokens_total", "Number of prefill tokens processed.",
+             offsetof(tdm_router_metrics_t, prompt_tokens));
+    vcounter(v, r, "vllm:prompt_tokens_cached_total",
+             "Number of cached prompt tokens (local prefix cache).",
+             offsetof(tdm_router_metrics_t, cached_prompt_tokens));
+    vcounter(v, r, "vllm:generation_tokens_total", "Number of generation tokens processed.",
+             offsetof(tdm_router_metrics_t, generation_tokens));
+    vllm_success(v, r);
+    vllm_labelled_counters(v, r);
     vnode_family(v, r, "vllm:prefix_cache_queries_total", METRIC_COUNTER,
                  "Prefix cache queries, in KV blocks (vLLM counts tokens), per node.",
                  NODES_REGISTERED, nv_prefix_queries);
@@ -817,10 +848,27 @@ static void vllm_counters(vctx_t *v, const tdm_router_t *r)
 
 static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
 {
-    vgauge(v, "vllm:num_requests_running", "Number of requests in model execution batches.",
-           (double)(r->n_reqs - r->n_queued));
-    vgauge(v, "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-           (double)r->n_queued);
+    /* requests per model: queued ones wait, the others run (reserving or running) */
+    size_t running[TDM_CONFIG_MAX_MODELS] = {0}, waiting[TDM_CONFIG_MAX_MODELS] = {0};
+    for (tdm_list_t *e = tdm_list_first(&r->requests); e; e = tdm_list_next(&r->requests, e)) {
+        const rt_req_t *q = TDM_LIST_ENTRY(e, rt_req_t, all_link);
+        if (q->state == RT_QUEUED && tdm_list_is_linked(&q->queue_link))
+            waiting[q->model->index]++;
+        else
+            running[q->model->index]++;
+    }
+    Tandem__V1__MetricFamily *fr = family(v->b, "vllm:num_requests_running", METRIC_GAUGE,
+                                          "Number of requests in model execution batches.");
+    for (size_t i = 0; i < r->n_models; i++) {
+        v->model = r->models[i].cfg->name;
+        set_float(vsample(v, fr, "0"), (double)running[i]);
+    }
+    Tandem__V1__MetricFamily *fw = family(v->b, "vllm:num_requests_waiting", METRIC_GAUGE,
+                                          "Number of requests waiting to be processed.");
+    for (size_t i = 0; i < r->n_models; i++) {
+        v->model = r->models[i].cfg->name;
+        set_float(vsample(v, fw, "0"), (double)waiting[i]);
+    }
     vnode_family(v, r, "vllm:kv_cache_usage_perc", METRIC_GAUGE,
                  "KV-cache usage. 1 means 100 percent usage (per node up, last heartbeat; the "
                  "role label tells the decode pool from the prefill nodes' caches).",
@@ -838,45 +886,52 @@ static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
     set_int(s, 1);
 }
 
-static void vllm_histograms(vctx_t *v, const tdm_router_metrics_t *m)
+#define HIST(field) offsetof(tdm_router_metrics_t, field)
+
+static void vllm_histograms(vctx_t *v, const tdm_router_t *r)
 {
     const double *sec = tdm_router_hist_bounds(), *tok = tdm_router_token_bounds();
-    vhist(v, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-          &m->ttft, sec);
-    vhist(v, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-          &m->itl, sec);
-    vhist(v, "vllm:request_time_per_output_token_seconds",
-          "Histogram of time_per_output_token_seconds per request.", &m->tpot, sec);
-    vhist(v, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-          &m->e2e, sec);
-    vhist(v, "vllm:request_queue_time_seconds",
-          "Histogram of time spent in WAITING phase for request.", &m->queue, sec);
-    vhist(v, "vllm:request_inference_time_seconds",
-          "Histogram of time spent in RUNNING phase for request.", &m->inference, sec);
-    vhist(v, "vllm:request_prefill_time_seconds",
-          "Histogram of time spent in PREFILL phase for request.", &m->prefill, sec);
-    vhist(v, "vllm:request_decode_time_seconds",
-          "Histogram of time spent in DECODE phase for request.", &m->decode, sec);
-    vhist(v, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", &m->prompt_len,
+    vhist(v, r, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+          HIST(ttft), sec);
+    vhist(v, r, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+          HIST(itl), sec);
+    vhist(v, r, "vllm:request_time_per_output_token_seconds",
+          "Histogram of time_per_output_token_seconds per request.", HIST(tpot), sec);
+    vhist(v, r, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+          HIST(e2e), sec);
+    vhist(v, r, "vllm:request_queue_time_seconds",
+          "Histogram of time spent in WAITING phase for request.", HIST(queue), sec);
+    vhist(v, r, "vllm:request_inference_time_seconds",
+          "Histogram of time spent in RUNNING phase for request.", HIST(inference), sec);
+    vhist(v, r, "vllm:request_prefill_time_seconds",
+          "Histogram of time spent in PREFILL phase for request.", HIST(prefill), sec);
+    vhist(v, r, "vllm:request_decode_time_seconds",
+          "Histogram of time spent in DECODE phase for request.", HIST(decode), sec);
+    vhist(v, r, "vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+          HIST(prompt_len), tok);
+    vhist(v, r, "vllm:request_generation_tokens", "Number of generation tokens processed.",
+          HIST(generation_len), tok);
+    vhist(v, r, "vllm:request_max_num_generation_tokens",
+          "Histogram of maximum number of requested generation tokens.", HIST(max_generation_len),
           tok);
-    vhist(v, "vllm:request_generation_tokens", "Number of generation tokens processed.",
-          &m->generation_len, tok);
-    vhist(v, "vllm:request_max_num_generation_tokens",
-          "Histogram of maximum number of requested generation tokens.", &m->max_generation_len,
-          tok);
-    vhist(v, "vllm:request_num_preemptions",
-          "Histogram of the number of times a request was preempted.", &m->preemptions_per_request,
-          tok);
-    Tandem__V1__MetricFamily *f = histogram_iterations(
-        v->b, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", m);
-    hlabel(v->b, f, "model_name", v->model);
-    hlabel(v->b, f, "engine", "0");
+    vhist(v, r, "vllm:request_num_preemptions",
+          "Histogram of the number of times a request was preempted.",
+          HIST(preemptions_per_request), tok);
+    for (size_t i = 0; i < r->n_models; i++) {
+        Tandem__V1__MetricFamily *f = histogram_iterations(
+            v->b, "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+            &r->models[i].metrics);
+        hlabel(v->b, f, "model_name", r->models[i].cfg->name);
+        hlabel(v->b, f, "engine", "0");
+    }
     /* vLLM's REQUEST_PARAMS_N_BUCKETS (1, 2, 5, 10, 20) are the first five token bounds */
-    vhist_n(v, "vllm:request_params_n", "Histogram of the n request parameter.", &m->params_n, tok,
-            5);
-    vhist(v, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-          &m->params_max_tokens, tok);
+    vhist_n(v, r, "vllm:request_params_n", "Histogram of the n request parameter.", HIST(params_n),
+            tok, 5);
+    vhist(v, r, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+          HIST(params_max_tokens), tok);
 }
+
+#undef HIST
 
 /* ---- speculative decoding (the decode nodes' worker counters, from heartbeats) ---- */
 
@@ -923,11 +978,11 @@ static void vllm_spec(vctx_t *v, const tdm_router_t *r)
 
 static void render_vllm(mb_t *b, const tdm_router_t *r)
 {
-    vctx_t v = {b, r->cfg->model.name ? r->cfg->model.name : ""};
+    vctx_t v = {b, ""};
     vllm_gauges(&v, r);
     vllm_counters(&v, r);
     vllm_spec(&v, r);
-    vllm_histograms(&v, &r->metrics);
+    vllm_histograms(&v, r);
 }
 
 int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsResponse **out)

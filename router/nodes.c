@@ -28,6 +28,7 @@ int rt_nodes_init(tdm_router_t *r)
     for (size_t i = 0; i < r->n_nodes; i++) {
         r->nodes[i].cfg = &r->cfg->nodes[i];
         r->nodes[i].index = i;
+        r->nodes[i].model = &r->models[tdm_config_node_model_index(r->cfg, &r->cfg->nodes[i])];
     }
     r->live_checked = r->live_clock = tdm_time_now();
     return TDM_OK;
@@ -300,7 +301,7 @@ static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id,
 #define refuse(r, f, id, ...) refuse_status(r, f, id, TDM_EPRECONDITION, __VA_ARGS__)
 
 static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
-                        const Tandem__V1__KvLayout *l)
+                        const rt_model_t *model, const Tandem__V1__KvLayout *l)
 {
     if (!l) {
         refuse(r, f, id, "kv_layout is missing from the registration");
@@ -309,7 +310,7 @@ static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
     tdm_kv_layout_t theirs = {l->n_layers, l->n_kv_heads, l->head_dim, l->block_size,
                               (tdm_kv_dtype_t)l->dtype};
     uint32_t got = 0, want = 0;
-    const char *field = tdm_kv_layout_mismatch(&theirs, &r->layout, &got, &want);
+    const char *field = tdm_kv_layout_mismatch(&theirs, &model->layout, &got, &want);
     if (field && strcmp(field, "dtype") == 0) {
         refuse(r, f, id, "kv_layout.dtype is %s; the cluster config's kv.dtype is %s",
                tdm_kv_dtype_name((tdm_kv_dtype_t)got), tdm_kv_dtype_name((tdm_kv_dtype_t)want));
@@ -318,8 +319,8 @@ static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
     if (field) {
         refuse(r, f, id,
                "kv_layout.%s is %" PRIu32 "; the router expects %" PRIu32
-               " (model %s, config kv.block_size)",
-               field, got, want, r->cfg->model.path);
+               " (model %s at %s, config kv.block_size)",
+               field, got, want, model->cfg->name, model->cfg->path);
         return TDM_EPRECONDITION;
     }
     return TDM_OK;
@@ -404,14 +405,36 @@ static bool register_fit_ok(tdm_router_t *r, const tdm_frame_t *f,
                             tdm_node_role_t role, const char **kv_ep)
 {
     const char *id = m->node_id;
-    if (m->model_fingerprint != r->fingerprint) {
+    const rt_model_t *model = n->model;
+    if (m->model[0]) {
+        /* a 2.5 node says which model it serves: one of the router's, and the one the
+         * router's config gives this node id (a node started with another config) */
+        const rt_model_t *named = rt_model_find(r, m->model);
+        if (!named) {
+            char names[256] = "";
+            for (size_t i = 0, len = 0; i < r->n_models && len < sizeof names; i++)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", i ? ", " : "",
+                                        r->models[i].cfg->name);
+            refuse(r, f, id, "model '%.64s' is not served by this router (its models: %s)",
+                   m->model, names);
+            return false;
+        }
+        if (named != model) {
+            refuse(r, f, id,
+                   "model '%.64s': the router's config gives node '%s' model '%s' "
+                   "(nodes[].model)",
+                   m->model, id, model->cfg->name);
+            return false;
+        }
+    }
+    if (m->model_fingerprint != model->fingerprint) {
         refuse(r, f, id,
                "model fingerprint 0x%016" PRIx64 " differs from the router's 0x%016" PRIx64
-               " (model path %s)",
-               m->model_fingerprint, r->fingerprint, r->cfg->model.path);
+               " (model %s, path %s)",
+               m->model_fingerprint, model->fingerprint, model->cfg->name, model->cfg->path);
         return false;
     }
-    if (check_layout(r, f, id, m->kv_layout) != TDM_OK)
+    if (check_layout(r, f, id, model, m->kv_layout) != TDM_OK)
         return false;
     /* the strings Status shows: printable UTF-8 that fits its field whole */
     size_t at = 0, dev_max = sizeof n->device - 1;
@@ -424,11 +447,11 @@ static bool register_fit_ok(tdm_router_t *r, const tdm_frame_t *f,
                RT_KV_ENDPOINT_MAX);
         return false;
     }
-    if (m->n_ctx < r->n_ctx) {
+    if (m->n_ctx < model->n_ctx) {
         refuse(r, f, id,
                "n_ctx %" PRIu32 " is smaller than the router's context of %" PRIu32
-               " tokens; run the node with n_ctx >= %" PRIu32,
-               m->n_ctx, r->n_ctx, r->n_ctx);
+               " tokens for model %s; run the node with n_ctx >= %" PRIu32,
+               m->n_ctx, model->n_ctx, model->cfg->name, model->n_ctx);
         return false;
     }
     if (role == TDM_NODE_ROLE_DECODE && m->kv_blocks_total == 0) {

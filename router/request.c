@@ -190,7 +190,7 @@ static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const char *id,
     char kv[96];
     snprintf(kv, sizeof kv, "status=%s", tdm_status_name(err->code));
     tdm_log_write(&r->log, TDM_LOG_INFO, id, kv, "request refused: %s", err->msg);
-    rt_count_end(r, err->code, -1);
+    rt_count_end(r, NULL, err->code, -1);
     Tandem__V1__ErrorDetail d = TANDEM__V1__ERROR_DETAIL__INIT;
     d.field = (char *)err->field;
     if (why) {
@@ -244,7 +244,8 @@ static rt_req_t *req_from_call(tdm_router_t *r, const tdm_frame_t *f,
         q->deadline_ms = f->deadline_unix_ms
                              ? f->deadline_unix_ms
                              : now_ms + (uint64_t)(r->cfg->router.request_timeout_s * 1000.0 + 0.5);
-        tdm_detok_init(&q->detok, r->tok, false);
+        q->model = &r->models[0]; /* rt_req_validate sets the request's own */
+        tdm_detok_init(&q->detok, q->model->tok, false);
         rc = rt_req_validate(r, f, g, q, &why, &err);
     }
     /* tried and timed_out share one allocation */
@@ -282,6 +283,7 @@ static void req_shed(tdm_router_t *r, rt_req_t *q, const rt_admit_estimate_t *e,
                    : "retry after",
              d.retry_after_s);
     r->metrics.shed++;
+    q->model->metrics.shed++;
     rt_req_fail_body(r, q, TDM_ERESOURCE, false, &d.base, msg);
 }
 
@@ -296,10 +298,12 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
         return;
     }
     tdm_error_t err = {0};
-    rt_dispatch_result_t res = rt_queue_first(r) ? RT_DISPATCH_WAIT : rt_dispatch(r, q, &err);
+    rt_dispatch_result_t res =
+        rt_queue_has_model(r, q->model) ? RT_DISPATCH_WAIT : rt_dispatch(r, q, &err);
     if (res == RT_DISPATCH_WAIT) {
         if (r->n_queued >= (size_t)r->cfg->router.max_queue) {
             r->metrics.queue_full++;
+            q->model->metrics.queue_full++;
             rt_req_fail(r, q, TDM_ERESOURCE, false, "queue full (%zu requests waiting)",
                         r->n_queued);
             return;
@@ -335,7 +339,8 @@ static rt_req_t *req_clone(const tdm_router_t *r, const rt_req_t *q, uint32_t i)
     c->t_arrival = q->t_arrival;
     c->gbnf_hash = q->gbnf_hash;
     c->choice = i;
-    tdm_detok_init(&c->detok, r->tok, q->render_special);
+    c->model = q->model;
+    tdm_detok_init(&c->detok, q->model->tok, q->render_special);
     size_t nn = r->n_nodes ? r->n_nodes : 1;
     bool ok = (c->prompt = malloc((size_t)q->n_prompt * sizeof *c->prompt)) != NULL &&
               (!q->gbnf || (c->gbnf = tdm_strdup(q->gbnf)) != NULL) &&
@@ -428,6 +433,7 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     }
     q->chunk.index = 0;
     r->metrics.prompt_tokens += q->n_prompt;
+    q->model->metrics.prompt_tokens += q->n_prompt;
     char kv[200];
     snprintf(kv, sizeof kv,
              "prompt_tokens=%" PRIu32 " max_tokens=%" PRId32
@@ -436,6 +442,8 @@ void rt_generate(tdm_router_t *r, const tdm_frame_t *f)
     tdm_log_write(&r->log, TDM_LOG_INFO, q->id, kv, "request accepted");
     rt_hist_observe_count(&r->metrics.params_n, n_choices);
     rt_hist_observe_count(&r->metrics.params_max_tokens, (uint32_t)q->sp.max_tokens);
+    rt_hist_observe_count(&q->model->metrics.params_n, n_choices);
+    rt_hist_observe_count(&q->model->metrics.params_max_tokens, (uint32_t)q->sp.max_tokens);
     if (n_choices > 1)
         group_admit(r, q, n_choices);
     else

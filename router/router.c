@@ -33,47 +33,87 @@
 
 /* ---- construction ---- */
 
-static int load_model(tdm_router_t *r, tdm_error_t *err)
+/* Opens model m (cfg->models[m->index]): tokenizer, figures, chat template. */
+static int load_model(tdm_router_t *r, rt_model_t *m, tdm_error_t *err)
 {
     const tdm_config_t *cfg = r->cfg;
     /* the same loader as the nodes': context, vocabulary, fingerprint and layout agree */
     tdm_served_model_t sm;
-    int rc = tdm_served_model_open(&sm, cfg, err);
+    int rc = tdm_served_model_open_at(&sm, cfg, m->index, err);
     if (rc != TDM_OK)
         return rc;
-    r->model = sm.model; /* the router owns them from here (tdm_router_destroy) */
-    r->tok = sm.tok;
-    r->n_vocab = sm.n_vocab;
-    r->n_ctx = sm.n_ctx;
-    r->max_token_bytes = 1;
-    for (uint32_t id = 0; id < r->n_vocab; id++) {
+    m->cfg = &cfg->models[m->index];
+    m->model = sm.model; /* the router owns them from here (tdm_router_destroy) */
+    m->tok = sm.tok;
+    m->n_vocab = sm.n_vocab;
+    m->n_ctx = sm.n_ctx;
+    m->max_token_bytes = 1;
+    for (uint32_t id = 0; id < m->n_vocab; id++) {
         char piece[8];
-        int n = tdm_tokenizer_token_bytes(r->tok, (tdm_token_t)id, true, piece, sizeof piece);
-        if (n > 0 && (uint32_t)n > r->max_token_bytes)
-            r->max_token_bytes = (uint32_t)n;
+        int n = tdm_tokenizer_token_bytes(m->tok, (tdm_token_t)id, true, piece, sizeof piece);
+        if (n > 0 && (uint32_t)n > m->max_token_bytes)
+            m->max_token_bytes = (uint32_t)n;
     }
-    r->fingerprint = sm.fingerprint;
-    r->layout = sm.layout;
-    r->block_size = sm.layout.block_size;
+    m->fingerprint = sm.fingerprint;
+    m->layout = sm.layout;
     /* The template: the config's override, else the model's tokenizer.chat_template compiled
      * once here (tdm_chat_template_pick, the rule `tandem generate -m` and `tandem tokenize`
      * share). A model template that does not compile refuses the model; one without a template
      * Tandem can use only fails chat requests. */
     tdm_error_t terr = {0};
-    rc = tdm_chat_template_pick(tdm_model_gguf(r->model), r->tok, cfg->model.chat_template,
-                                &r->chat, &terr);
+    rc = tdm_chat_template_pick(tdm_model_gguf(m->model), m->tok, m->cfg->chat_template, &m->chat,
+                                &terr);
     if (rc == TDM_OK) {
-        r->have_template = true;
+        m->have_template = true;
     } else if (terr.field[0] || rc != TDM_EINVALID) {
         if (err)
             *err = terr;
         return rc;
     } else {
-        snprintf(r->template_error, sizeof r->template_error, "%s", terr.msg);
+        snprintf(m->template_error, sizeof m->template_error, "%s", terr.msg);
         tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL,
-                      "no chat template: chat requests will fail: %s", terr.msg);
+                      "model %s has no chat template: its chat requests will fail: %s",
+                      m->cfg->name, terr.msg);
     }
     return TDM_OK;
+}
+
+/* Opens every model of the config (r->models). */
+static int load_models(tdm_router_t *r, tdm_error_t *err)
+{
+    r->block_size = (uint32_t)r->cfg->kv.block_size;
+    r->models = calloc(r->cfg->n_models, sizeof *r->models);
+    if (!r->models)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    for (size_t i = 0; i < r->cfg->n_models; i++) {
+        r->models[i].index = i;
+        r->n_models = i + 1;
+        int rc = load_model(r, &r->models[i], err);
+        if (rc != TDM_OK)
+            return rc;
+    }
+    return TDM_OK;
+}
+
+static void free_models(tdm_router_t *r)
+{
+    for (size_t i = 0; i < r->n_models; i++) {
+        rt_model_t *m = &r->models[i];
+        rt_template_cache_fini(&m->templates);
+        if (m->have_template)
+            tdm_chat_pick_release(&m->chat);
+        tdm_tokenizer_destroy(&m->tok);
+        tdm_model_destroy(&m->model);
+    }
+    free(r->models);
+    r->models = NULL;
+    r->n_models = 0;
+}
+
+rt_model_t *rt_model_find(tdm_router_t *r, const char *served)
+{
+    int i = tdm_config_model_index(r->cfg, served);
+    return i < 0 ? NULL : &r->models[i];
 }
 
 /* The router's tables: nodes, scheduler, requests. */
@@ -204,7 +244,7 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
     r->next_attempt = rnd[1] ? rnd[1] : 1;
     char secret[41];
     int rc = check_security(r, secret, err);
-    if (rc == TDM_OK && (load_model(r, err) != TDM_OK || make_tables(r, err) != TDM_OK ||
+    if (rc == TDM_OK && (load_models(r, err) != TDM_OK || make_tables(r, err) != TDM_OK ||
                          bind_sockets(r, secret, err) != TDM_OK))
         rc = TDM_EINVALID;
     tdm_net_curve_wipe(secret, sizeof secret);
@@ -217,8 +257,12 @@ tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_
     char num[32];
     tdm_log_kv_append(kv, sizeof kv, "client", r->client_ep);
     tdm_log_kv_append(kv, sizeof kv, "nodes", r->node_ep);
-    tdm_log_kv_append(kv, sizeof kv, "model", cfg->model.name ? cfg->model.name : "");
-    snprintf(num, sizeof num, "%" PRIu32, r->n_ctx);
+    char names[512] = "";
+    for (size_t i = 0, len = 0; i < r->n_models && len < sizeof names; i++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? "," : "",
+                                r->models[i].cfg->name);
+    tdm_log_kv_append(kv, sizeof kv, r->n_models > 1 ? "models" : "model", names);
+    snprintf(num, sizeof num, "%" PRIu32, r->models[0].n_ctx);
     tdm_log_kv_append(kv, sizeof kv, "n_ctx", num);
     tdm_log_kv_append(kv, sizeof kv, "prefill_policy",
                       tdm_config_prefill_policy_name(cfg->router.prefill_policy));
@@ -239,10 +283,7 @@ void tdm_router_destroy(tdm_router_t **self_p)
     rt_req_table_fini(r);
     rt_sched_fini(r);
     rt_nodes_fini(r);
-    rt_template_cache_fini(&r->templates);
-    tdm_chat_pick_release(&r->chat);
-    tdm_tokenizer_destroy(&r->tok);
-    tdm_model_destroy(&r->model);
+    free_models(r);
     free(r);
     *self_p = NULL;
 }
@@ -378,27 +419,50 @@ static void client_health(tdm_router_t *r, const tdm_frame_t *f)
     tdm_sock_send(r->client, &m);
 }
 
+/* Decode (role decode) or prefill nodes of model m up. */
+static uint32_t model_nodes_up(const tdm_router_t *r, const rt_model_t *m, tdm_node_role_t role)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < r->n_nodes; i++)
+        n += r->nodes[i].up && r->nodes[i].model == m && r->nodes[i].cfg->role == role;
+    return n;
+}
+
+/* Fills info with model m's figures (strings borrowed from the router). */
+static void model_info_fill(const tdm_router_t *r, const rt_model_t *m, Tandem__V1__ModelInfo *info)
+{
+    tandem__v1__model_info__init(info);
+    info->name = m->cfg->name ? m->cfg->name : (char *)"";
+    info->n_aliases = m->cfg->n_aliases;
+    info->aliases = m->cfg->aliases;
+    info->fingerprint = m->fingerprint;
+    info->n_ctx = m->n_ctx;
+    info->n_vocab = m->n_vocab;
+    info->chat_template = m->have_template ? (char *)(uintptr_t)m->chat.origin : (char *)"";
+    /* the shape, for capacity planning with the nodes' sizing functions (tandem/kv.h) */
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(m->model);
+    info->n_layers = m->layout.n_layers;
+    info->n_kv_heads = m->layout.n_kv_heads;
+    info->head_dim = m->layout.head_dim;
+    info->n_heads = hp->n_heads;
+    info->n_embd = hp->n_embd;
+    info->weight_bytes = tdm_gguf_tensor_bytes(tdm_model_gguf(m->model));
+    info->kv_block_size = m->layout.block_size;
+    info->kv_dtype = (Tandem__V1__KvDtype)m->layout.dtype;
+    info->prefill_nodes_up = model_nodes_up(r, m, TDM_NODE_ROLE_PREFILL);
+    info->decode_nodes_up = model_nodes_up(r, m, TDM_NODE_ROLE_DECODE);
+    info->state = info->decode_nodes_up ? (char *)"ready" : (char *)"unavailable";
+}
+
 static void client_models(tdm_router_t *r, const tdm_frame_t *f)
 {
-    Tandem__V1__ModelInfo info = TANDEM__V1__MODEL_INFO__INIT;
-    info.name = r->cfg->model.name ? r->cfg->model.name : (char *)"";
-    info.fingerprint = r->fingerprint;
-    info.n_ctx = r->n_ctx;
-    info.n_vocab = r->n_vocab;
-    info.chat_template = r->have_template ? r->chat.origin : (char *)"";
-    /* the shape, for capacity planning with the nodes' sizing functions (tandem/kv.h) */
-    const tdm_llama_hparams_t *hp = tdm_model_hparams(r->model);
-    info.n_layers = r->layout.n_layers;
-    info.n_kv_heads = r->layout.n_kv_heads;
-    info.head_dim = r->layout.head_dim;
-    info.n_heads = hp->n_heads;
-    info.n_embd = hp->n_embd;
-    info.weight_bytes = tdm_gguf_tensor_bytes(tdm_model_gguf(r->model));
-    info.kv_block_size = r->layout.block_size;
-    info.kv_dtype = (Tandem__V1__KvDtype)r->layout.dtype;
-    Tandem__V1__ModelInfo *list[1] = {&info};
+    Tandem__V1__ModelInfo infos[TDM_CONFIG_MAX_MODELS], *list[TDM_CONFIG_MAX_MODELS];
+    for (size_t i = 0; i < r->n_models; i++) {
+        model_info_fill(r, &r->models[i], &infos[i]);
+        list[i] = &infos[i];
+    }
     Tandem__V1__ModelsResponse resp = TANDEM__V1__MODELS_RESPONSE__INIT;
-    resp.n_models = 1;
+    resp.n_models = r->n_models;
     resp.models = list;
     tdm_sock_reply(r->client, f, &resp.base);
 }
@@ -411,6 +475,7 @@ static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeSta
     tandem__v1__node_status__init(s);
     s->node_id = n->cfg->id;
     s->role = (char *)tdm_config_node_role_name(n->cfg->role);
+    s->model = n->model->cfg->name;
     s->up = n->up;
     s->kv_blocks_total = n->kv_blocks_total;
     tdm_node_load_to_proto(&n->load, load);
@@ -445,8 +510,8 @@ static size_t kv_routes_fill(const tdm_router_t *r, Tandem__V1__KvRoute *routes,
             continue;
         for (size_t j = 0; j < r->n_nodes; j++) {
             const rt_node_t *d = &r->nodes[j];
-            if (!d->up || d->cfg->role != TDM_NODE_ROLE_DECODE)
-                continue;
+            if (!d->up || d->cfg->role != TDM_NODE_ROLE_DECODE || d->model != p->model)
+                continue; /* KV moves only between nodes of one model */
             tandem__v1__kv_route__init(&routes[n]);
             routes[n].prefill_node_id = p->cfg->id;
             routes[n].decode_node_id = d->cfg->id;
@@ -518,7 +583,7 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
     if (!api_key_ok(r, f)) {
         if (f->method == TANDEM__V1__METHOD__METHOD_GENERATE) {
             r->metrics.requests_total++;
-            rt_count_end(r, TDM_EUNAUTHENTICATED, -1);
+            rt_count_end(r, NULL, TDM_EUNAUTHENTICATED, -1);
         }
         tdm_log_write(&r->log, TDM_LOG_WARN, NULL, NULL, "%s refused: %s API key",
                       tdm_net_method_name(f->method), f->api_key[0] ? "unknown" : "no");
@@ -679,9 +744,18 @@ const char *tdm_router_inproc_endpoint(const tdm_router_t *r)
 void tdm_router_vocab(const tdm_router_t *r, const tdm_tokenizer_t **tok,
                       const tdm_chat_pick_t **pick, uint32_t *n_ctx)
 {
-    *tok = r->tok;
-    *pick = r->have_template ? &r->chat : NULL;
-    *n_ctx = r->n_ctx;
+    (void)tdm_router_model_vocab(r, 0, tok, pick, n_ctx);
+}
+bool tdm_router_model_vocab(const tdm_router_t *r, size_t index, const tdm_tokenizer_t **tok,
+                            const tdm_chat_pick_t **pick, uint32_t *n_ctx)
+{
+    if (index >= r->n_models)
+        return false;
+    const rt_model_t *m = &r->models[index];
+    *tok = m->tok;
+    *pick = m->have_template ? &m->chat : NULL;
+    *n_ctx = m->n_ctx;
+    return true;
 }
 const char *tdm_router_node_endpoint(const tdm_router_t *r)
 {
@@ -698,15 +772,15 @@ void tdm_router_set_heartbeat(tdm_router_t *r, uint32_t interval_ms, uint32_t ti
 
 uint32_t tdm_router_n_ctx(const tdm_router_t *r)
 {
-    return r->n_ctx;
+    return r->models[0].n_ctx;
 }
 uint32_t tdm_router_n_vocab(const tdm_router_t *r)
 {
-    return r->n_vocab;
+    return r->models[0].n_vocab;
 }
 uint64_t tdm_router_fingerprint(const tdm_router_t *r)
 {
-    return r->fingerprint;
+    return r->models[0].fingerprint;
 }
 
 uint64_t tdm_router_instance(const tdm_router_t *r)

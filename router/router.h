@@ -142,16 +142,15 @@ typedef struct tdm_router tdm_router_t;
 /* A node silent for this many heartbeat timeouts is down; after one it is suspect. */
 #define TDM_ROUTER_DOWN_TIMEOUTS 2u
 
-/* Creates a router: loads cfg->model.path (tdm_model_load: mmap, no engine), builds the
- * tokenizer and picks the chat template (config override or the model's, with its default
- * system message), binds the client endpoint and the node endpoint (CURVE server keys on the
- * node endpoint when cfg->security has them), and logs
- * "router ready client=ENDPOINT nodes=ENDPOINT" with the endpoints actually bound (a
- * "tcp://HOST:*" endpoint reports its port). A model without a recognised chat template is
- * accepted; chat requests then fail with FAILED_PRECONDITION.
- * cfg, net and log are borrowed and must outlive the router (log may be NULL: stderr).
- * Returns NULL with *err set: TDM_ENOTFOUND / TDM_EINVALID (model or tokenizer; the message
- * names the file), TDM_EUNAVAILABLE (endpoint in use), TDM_EINVALID (bad endpoint or keys),
+/* Creates a router: loads every model of cfg->models (tdm_model_load: mmap, no engine), builds
+ * each one's tokenizer and picks its chat template (config override or the model's, with its
+ * default system message), binds the client endpoint and the node endpoint (CURVE server keys on
+ * the node endpoint when cfg->security has them), and logs "router ready client=ENDPOINT
+ * nodes=ENDPOINT" with the endpoints actually bound (a "tcp://HOST:*" endpoint reports its port). A
+ * model without a recognised chat template is accepted; chat requests then fail with
+ * FAILED_PRECONDITION. cfg, net and log are borrowed and must outlive the router (log may be NULL:
+ * stderr). Returns NULL with *err set: TDM_ENOTFOUND / TDM_EINVALID (model or tokenizer; the
+ * message names the file), TDM_EUNAVAILABLE (endpoint in use), TDM_EINVALID (bad endpoint or keys),
  * TDM_ERESOURCE (out of memory). Caller frees with tdm_router_destroy. */
 tdm_router_t *tdm_router_new(const tdm_config_t *cfg, tdm_net_t *net, const tdm_logger_t *log,
                              tdm_error_t *err);
@@ -184,12 +183,16 @@ const char *tdm_router_client_endpoint(const tdm_router_t *r);
 /* The client socket's in-process endpoint ("inproc://tandem-router-<instance>"), bound too so
  * that a client in this process on the router's tdm_net_t (the HTTP gateway) needs no TCP. */
 const char *tdm_router_inproc_endpoint(const tdm_router_t *r);
-/* The router's tokenizer, its chat template (NULL when the model has none the router knows)
- * and the context length in tokens: immutable for the router's life, so other threads (the
- * HTTP gateway's /tokenize) may use them with tdm_prompt_encode while the router runs. Owned by
- * the router. */
+/* The router's tokenizer of its first model, its chat template (NULL when the model has none
+ * the router knows) and the context length in tokens: immutable for the router's life, so other
+ * threads (the HTTP gateway's /tokenize) may use them with tdm_prompt_encode while the router runs.
+ * Owned by the router. */
 void tdm_router_vocab(const tdm_router_t *r, const tdm_tokenizer_t **tok,
                       const tdm_chat_pick_t **pick, uint32_t *n_ctx);
+/* The same for served model index (cfg->models[index]); false (nothing written) for an index
+ * past the models. */
+bool tdm_router_model_vocab(const tdm_router_t *r, size_t index, const tdm_tokenizer_t **tok,
+                            const tdm_chat_pick_t **pick, uint32_t *n_ctx);
 const char *tdm_router_node_endpoint(const tdm_router_t *r);
 
 /* Heartbeat figures sent to nodes in RegisterAck and used for liveness: a node not heard
@@ -201,7 +204,7 @@ const char *tdm_router_node_endpoint(const tdm_router_t *r);
  * after the call and to the liveness check at once. 0 keeps the current value. */
 void tdm_router_set_heartbeat(tdm_router_t *r, uint32_t interval_ms, uint32_t timeout_ms);
 
-/* The served model's figures: context length (tokens), vocabulary size, fingerprint. */
+/* The first served model's figures: context length (tokens), vocabulary size, fingerprint. */
 uint32_t tdm_router_n_ctx(const tdm_router_t *r);
 uint32_t tdm_router_n_vocab(const tdm_router_t *r);
 uint64_t tdm_router_fingerprint(const tdm_router_t *r);

@@ -98,6 +98,29 @@ typedef struct rt_step_fit {
     double w, sb, sbb, st, sbt; /* sums of weights, w*b, w*b^2, w*t, w*b*t */
 } rt_step_fit_t;
 
+/* One served model (cfg->models[index]) as the router holds it (router.c at start; read only
+ * after): its tokenizer, chat template and the figures its nodes must match at registration. */
+typedef struct rt_model {
+    size_t index;                  /* in r->models and cfg->models */
+    const tdm_model_config_t *cfg; /* into the router's config */
+    tdm_model_t *model;            /* mmap'd, no engine */
+    tdm_tokenizer_t *tok;
+    bool have_template;
+    tdm_chat_pick_t chat;          /* the template chat requests use; set when have_template */
+    rt_template_cache_t templates; /* requests' own chat_template, compiled (template_cache.h) */
+    char template_error[TDM_ERRMSG_MAX];
+    uint32_t n_ctx, n_vocab;
+    uint32_t max_token_bytes; /* the longest text one token stands for (special ones included):
+                                 a prompt of more than n_ctx times this many bytes cannot fit,
+                                 so it is refused before it is tokenized (validate.c) */
+    uint64_t fingerprint;
+    tdm_kv_layout_t layout;
+    /* the figures of this model's requests and nodes that the vLLM-compatible series report
+     * with its model_name (the files that write r->metrics write these too; metrics.c renders
+     * them); r->metrics stays the whole cluster's */
+    tdm_router_metrics_t metrics;
+} rt_model_t;
+
 /* One configured node and the router's view of it. */
 /* A node's own counters (NodeLoad: since its process started) that /metrics exposes. */
 typedef struct rt_node_counters {
@@ -111,6 +134,7 @@ typedef struct rt_node {
     /* fixed at start (nodes.c) */
     const tdm_node_config_t *cfg; /* into the router's config */
     size_t index;                 /* position in r->nodes */
+    rt_model_t *model;            /* the model it serves (nodes[].model), in r->models */
     /* registration and liveness (nodes.c) */
     bool registered;      /* registered at least once */
     bool up;              /* registered and not declared down */
@@ -223,7 +247,9 @@ struct rt_req {
     Tandem__V1__TopLogprob **plp_topp;   /* [n_plp_tops] */
     size_t n_plp_tops;
     bool plp_sent;
-    int32_t *prompt; /* [n_prompt] heap */
+    rt_model_t *model; /* the model the request's model field named (the first when none):
+                          its tokenizer and nodes serve it */
+    int32_t *prompt;   /* [n_prompt] heap */
     uint32_t n_prompt;
     tdm_sampling_params_t sp; /* validated; seed drawn when the client gave none */
     char **stop;              /* [n_stop] heap strings */
@@ -298,19 +324,11 @@ struct tdm_router {
     double next_timers;
     bool shut;
     double loop_t0; /* monotonic s when the current loop iteration began (its poll returned) */
-    /* the served model (router.c at start; read only after) */
-    tdm_model_t *model;
-    tdm_tokenizer_t *tok;
-    bool have_template;
-    tdm_chat_pick_t chat;          /* the template chat requests use; set when have_template */
-    rt_template_cache_t templates; /* requests' own chat_template, compiled (template_cache.h) */
-    char template_error[TDM_ERRMSG_MAX];
-    uint32_t n_ctx, n_vocab, block_size;
-    uint32_t max_token_bytes; /* the longest text one token stands for (special ones included):
-                                 a prompt of more than n_ctx times this many bytes cannot fit,
-                                 so it is refused before it is tokenized (validate.c) */
-    uint64_t fingerprint;
-    tdm_kv_layout_t layout;
+    /* the served models (router.c at start; read only after): models[n_models], one per
+     * cfg->models entry, in that order */
+    rt_model_t *models;
+    size_t n_models;
+    uint32_t block_size; /* kv.block_size, every model's */
     /* the nodes (nodes.c; router.c's tdm_router_set_heartbeat sets the figures) */
     uint32_t hb_interval_ms, hb_timeout_ms;
     /* the liveness clock (nodes.c): monotonic seconds with the router loop's own stalls taken
@@ -348,5 +366,8 @@ struct tdm_router {
     /* counters: each written by the file that sees the event */
     tdm_router_metrics_t metrics;
 };
+
+/* The model whose name or alias is served (router.c), or NULL (none; served NULL or ""). */
+rt_model_t *rt_model_find(tdm_router_t *r, const char *served);
 
 #endif /* TANDEM_ROUTER_INTERNAL_H */

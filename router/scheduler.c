@@ -83,6 +83,14 @@ rt_req_t *rt_queue_first(const tdm_router_t *r)
     return l ? TDM_LIST_ENTRY(l, rt_req_t, queue_link) : NULL;
 }
 
+bool rt_queue_has_model(const tdm_router_t *r, const rt_model_t *m)
+{
+    for (tdm_list_t *l = tdm_list_first(&r->queue); l; l = tdm_list_next(&r->queue, l))
+        if (TDM_LIST_ENTRY(l, rt_req_t, queue_link)->model == m)
+            return true;
+    return false;
+}
+
 /* ---- small helpers ---- */
 
 /* A new dispatch attempt id (never 0, never repeated by this router instance). */
@@ -106,24 +114,25 @@ static uint64_t prefill_load(const rt_node_t *n)
     return n->load.queued_prefill_tokens + n->tokens_since_hb;
 }
 
-/* A prefill node new work may go to (up and not suspect). */
-static bool is_prefill_up(const rt_node_t *n)
+/* A prefill node of model m new work may go to (up and not suspect). */
+static bool is_prefill_up(const rt_node_t *n, const rt_model_t *m)
 {
-    return rt_node_dispatchable(n) && n->cfg->role == TDM_NODE_ROLE_PREFILL;
+    return rt_node_dispatchable(n) && n->cfg->role == TDM_NODE_ROLE_PREFILL && n->model == m;
 }
 
-static bool any_prefill_up(const tdm_router_t *r)
+static bool any_prefill_up(const tdm_router_t *r, const rt_model_t *m)
 {
     for (size_t i = 0; i < r->n_nodes; i++)
-        if (is_prefill_up(&r->nodes[i]))
+        if (is_prefill_up(&r->nodes[i], m))
             return true;
     return false;
 }
 
-static bool any_decode_up(const tdm_router_t *r)
+static bool any_decode_up(const tdm_router_t *r, const rt_model_t *m)
 {
     for (size_t i = 0; i < r->n_nodes; i++)
-        if (r->nodes[i].up && r->nodes[i].cfg->role == TDM_NODE_ROLE_DECODE)
+        if (r->nodes[i].up && r->nodes[i].cfg->role == TDM_NODE_ROLE_DECODE &&
+            r->nodes[i].model == m)
             return true;
     return false;
 }
@@ -222,12 +231,12 @@ void rt_release_nodes(tdm_router_t *r, rt_req_t *q, int status)
 
 /* ---- prefill policies ---- */
 
-static rt_node_t *pick_round_robin(tdm_router_t *r)
+static rt_node_t *pick_round_robin(tdm_router_t *r, const rt_model_t *m)
 {
     for (size_t k = 0; k < r->n_nodes; k++) {
         size_t i = (r->rr_next + k) % r->n_nodes;
         rt_node_t *n = &r->nodes[i];
-        if (is_prefill_up(n)) {
+        if (is_prefill_up(n, m)) {
             r->rr_next = i + 1;
             return n;
         }
@@ -235,14 +244,14 @@ static rt_node_t *pick_round_robin(tdm_router_t *r)
     return NULL;
 }
 
-static rt_node_t *pick_least_loaded(tdm_router_t *r)
+static rt_node_t *pick_least_loaded(tdm_router_t *r, const rt_model_t *m)
 {
     rt_node_t *best = NULL;
     size_t best_k = 0;
     /* ties go to the first node after the round robin cursor, so equal nodes share work */
     for (size_t k = 0; k < r->n_nodes; k++) {
         rt_node_t *n = &r->nodes[(r->rr_next + k) % r->n_nodes];
-        if (!is_prefill_up(n))
+        if (!is_prefill_up(n, m))
             continue;
         if (!best || prefill_load(n) < prefill_load(best)) {
             best = n;
@@ -262,7 +271,7 @@ static bool overloaded(const tdm_router_t *r, const rt_node_t *n)
     uint64_t sum = 0, cnt = 0;
     for (size_t i = 0; i < r->n_nodes; i++) {
         const rt_node_t *m = &r->nodes[i];
-        if (m != n && is_prefill_up(m)) {
+        if (m != n && is_prefill_up(m, n->model)) {
             sum += prefill_load(m);
             cnt++;
         }
@@ -272,14 +281,14 @@ static bool overloaded(const tdm_router_t *r, const rt_node_t *n)
 }
 
 /* The prefill node up that last got the deepest of hashes[key_blocks - 1 .. nb - 1], or NULL. */
-static rt_node_t *prefix_known(tdm_router_t *r, const uint64_t *hashes, uint32_t nb,
-                               uint32_t key_blocks)
+static rt_node_t *prefix_known(tdm_router_t *r, const rt_model_t *m, const uint64_t *hashes,
+                               uint32_t nb, uint32_t key_blocks)
 {
     for (uint32_t i = nb; i-- > key_blocks - 1;) {
         size_t slot = (size_t)hashes[i] & r->prefix_mask;
         if (r->prefix_keys[slot] == hashes[i] && r->prefix_nodes[slot]) {
             rt_node_t *n = &r->nodes[r->prefix_nodes[slot] - 1];
-            if (is_prefill_up(n))
+            if (is_prefill_up(n, m))
                 return n;
         }
     }
@@ -287,13 +296,13 @@ static rt_node_t *prefix_known(tdm_router_t *r, const uint64_t *hashes, uint32_t
 }
 
 /* Rendezvous hashing: the prefill node up with the highest XXH3(node id, seed key), or NULL. */
-static rt_node_t *prefix_rendezvous(tdm_router_t *r, uint64_t key)
+static rt_node_t *prefix_rendezvous(tdm_router_t *r, const rt_model_t *m, uint64_t key)
 {
     rt_node_t *pick = NULL;
     uint64_t best_w = 0;
     for (size_t i = 0; i < r->n_nodes; i++) {
         rt_node_t *n = &r->nodes[i];
-        if (!is_prefill_up(n))
+        if (!is_prefill_up(n, m))
             continue;
         uint64_t w = XXH3_64bits_withSeed(n->cfg->id, strlen(n->cfg->id), key);
         if (!pick || w > best_w) {
@@ -311,22 +320,24 @@ static rt_node_t *pick_prefix_aware(tdm_router_t *r, const rt_req_t *q)
     if (nb > PREFIX_MAX_BLOCKS)
         nb = PREFIX_MAX_BLOCKS;
     if (nb == 0)
-        return pick_least_loaded(r);
+        return pick_least_loaded(r, q->model);
     uint64_t hashes[PREFIX_MAX_BLOCKS];
-    uint64_t parent = TDM_KV_HASH_SEED;
+    /* per model: the same token ids of two models are different prompts (their table
+     * entries never match the other model's) */
+    uint64_t parent = TDM_KV_HASH_SEED ^ (uint64_t)q->model->index;
     for (uint32_t i = 0; i < nb; i++)
         parent = hashes[i] = tdm_kv_block_hash(parent, q->prompt + (size_t)i * bs, bs);
     /* a shared first block or two (a chat template's header) says little: history counts
      * only when it matches at least the key's blocks */
     uint32_t key_blocks = nb < TDM_ROUTER_PREFIX_KEY_BLOCKS ? nb : TDM_ROUTER_PREFIX_KEY_BLOCKS;
-    rt_node_t *pick = prefix_known(r, hashes, nb, key_blocks);
+    rt_node_t *pick = prefix_known(r, q->model, hashes, nb, key_blocks);
     if (!pick)
-        pick = prefix_rendezvous(r, hashes[key_blocks - 1]);
+        pick = prefix_rendezvous(r, q->model, hashes[key_blocks - 1]);
     if (pick && overloaded(r, pick)) {
         tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL,
                       "prefix_aware: node %s is over the load bound; least_loaded instead",
                       pick->cfg->id);
-        pick = pick_least_loaded(r);
+        pick = pick_least_loaded(r, q->model);
     }
     if (pick)
         for (uint32_t i = 0; i < nb; i++) {
@@ -340,10 +351,10 @@ static rt_node_t *pick_prefix_aware(tdm_router_t *r, const rt_req_t *q)
 static rt_node_t *pick_prefill(tdm_router_t *r, const rt_req_t *q)
 {
     switch (r->cfg->router.prefill_policy) {
-    case TDM_PREFILL_POLICY_LEAST_LOADED: return pick_least_loaded(r);
+    case TDM_PREFILL_POLICY_LEAST_LOADED: return pick_least_loaded(r, q->model);
     case TDM_PREFILL_POLICY_PREFIX_AWARE: return pick_prefix_aware(r, q);
     case TDM_PREFILL_POLICY_ROUND_ROBIN:
-    default: return pick_round_robin(r);
+    default: return pick_round_robin(r, q->model);
     }
 }
 
@@ -358,7 +369,8 @@ static bool avoided(const tdm_router_t *r, const rt_req_t *q, const rt_node_t *n
         return false;
     for (size_t i = 0; i < r->n_nodes; i++) {
         const rt_node_t *o = &r->nodes[i];
-        if (o->cfg->role == TDM_NODE_ROLE_DECODE && !q->timed_out[i] && rt_node_dispatchable(o))
+        if (o->cfg->role == TDM_NODE_ROLE_DECODE && o->model == q->model && !q->timed_out[i] &&
+            rt_node_dispatchable(o))
             return true;
     }
     return false;
@@ -375,7 +387,7 @@ static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t need,
     *max_total = 0;
     for (size_t i = 0; i < r->n_nodes; i++) {
         rt_node_t *n = &r->nodes[i];
-        if (!n->up || n->cfg->role != TDM_NODE_ROLE_DECODE)
+        if (!n->up || n->cfg->role != TDM_NODE_ROLE_DECODE || n->model != q->model)
             continue;
         *any_up = true;
         if (n->kv_blocks_total > *max_total)
@@ -477,7 +489,7 @@ static void attempt_begin(rt_req_t *q, rt_node_t *n, uint64_t attempt, uint64_t 
 static rt_dispatch_result_t reserve_on(tdm_router_t *r, rt_req_t *q, rt_node_t *n, uint32_t need,
                                        uint64_t fork_of, tdm_error_t *err)
 {
-    bool local = fork_of || !any_prefill_up(r);
+    bool local = fork_of || !any_prefill_up(r, q->model);
     uint64_t attempt = next_attempt(r);
     tdm_proto_sampling_t sp;
     Tandem__V1__Constraint c;
@@ -598,12 +610,28 @@ rt_dispatch_result_t rt_dispatch_or_queue(tdm_router_t *r, rt_req_t *q, bool req
 void rt_drain_queue(tdm_router_t *r)
 {
     orphans_flush(r, tdm_time_now());
-    rt_req_t *q;
-    while ((q = rt_queue_first(r))) {
+    /* FIFO per model: the first request of a model that must wait holds back that model's
+     * later ones (it went back to the front), not those of the other models */
+    bool blocked[TDM_CONFIG_MAX_MODELS] = {false};
+    size_t n_blocked = 0;
+    tdm_list_t *pos, *tmp;
+restart:
+    TDM_LIST_FOR_EACH_SAFE(pos, tmp, &r->queue)
+    {
+        if (n_blocked == r->n_models)
+            return;
+        rt_req_t *q = TDM_LIST_ENTRY(pos, rt_req_t, queue_link);
+        if (blocked[q->model->index])
+            continue;
+        uint64_t frees = r->sibling_frees;
         rt_queue_remove(r, q);
         memset(q->tried, 0, r->n_nodes * sizeof *q->tried);
-        if (rt_dispatch_or_queue(r, q, true) == RT_DISPATCH_WAIT)
-            return;
+        if (rt_dispatch_or_queue(r, q, true) == RT_DISPATCH_WAIT) {
+            blocked[q->model->index] = true;
+            n_blocked++;
+        }
+        if (r->sibling_frees != frees)
+            goto restart; /* siblings went with it: tmp may be gone */
     }
 }
 
@@ -646,7 +674,7 @@ static bool redispatch_avoiding(tdm_router_t *r, rt_req_t *q, bool count, int st
         q->tried[avoid->index] = true;
     tdm_error_t err = {0};
     rt_dispatch_result_t res = rt_dispatch(r, q, &err);
-    if (res == RT_DISPATCH_WAIT && q->t_dispatch > 0 && !any_decode_up(r)) {
+    if (res == RT_DISPATCH_WAIT && q->t_dispatch > 0 && !any_decode_up(r, q->model)) {
         /* it ran and lost its node, and none is left to run it again: the queue is for
          * waiting for room, not for a cluster without decode nodes */
         rt_req_fail(r, q, TDM_EUNAVAILABLE, false, "%s; no decode node is up to run it again", why);
@@ -703,8 +731,10 @@ static void reserve_acked(tdm_router_t *r, rt_req_t *q)
         }
         send_prefill_task(r, q, p);
     }
-    if (q->t_dispatch == 0)
+    if (q->t_dispatch == 0) {
         rt_hist_observe(&r->metrics.queue, now - q->t_arrival);
+        rt_hist_observe(&q->model->metrics.queue, now - q->t_arrival);
+    }
     q->t_dispatch = now;
     char kv[200];
     snprintf(kv, sizeof kv, "decode=%s prefill=%s", q->decode->cfg->id,
@@ -924,9 +954,9 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     protobuf_c_message_free_unpacked(&tf->base, NULL);
 }
 
-/* The last decode node up, n, is down: requests that ran before and wait in the queue to run
- * again (their transfer failed with n's connection before n was seen down) fail as n's own
- * requests do; requests never dispatched keep waiting for a decode node. */
+/* The last decode node up of its model, n, is down: requests of that model that ran before and wait
+ * in the queue to run again (their transfer failed with n's connection before n was seen down) fail
+ * as n's own requests do; requests never dispatched keep waiting for a decode node. */
 static void fail_rerun_waiting(tdm_router_t *r, const rt_node_t *n, const char *reason)
 {
     tdm_list_t *pos, *tmp;
@@ -935,7 +965,7 @@ restart:
     {
         rt_req_t *q = TDM_LIST_ENTRY(pos, rt_req_t, queue_link);
         uint64_t frees = r->sibling_frees;
-        if (q->t_dispatch > 0)
+        if (q->t_dispatch > 0 && q->model == n->model)
             rt_req_fail(r, q, TDM_EUNAVAILABLE, true,
                         "decode node '%s' is down (%s); no decode node is up to run the request "
                         "again",
@@ -982,6 +1012,6 @@ restart:
         if (r->sibling_frees != frees)
             goto restart;
     }
-    if (n->cfg->role == TDM_NODE_ROLE_DECODE && !any_decode_up(r))
+    if (n->cfg->role == TDM_NODE_ROLE_DECODE && !any_decode_up(r, n->model))
         fail_rerun_waiting(r, n, reason);
 }

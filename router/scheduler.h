@@ -24,6 +24,9 @@ void rt_queue_push(tdm_router_t *r, rt_req_t *q, bool front);
 void rt_queue_remove(tdm_router_t *r, rt_req_t *q);
 /* The request first in the queue, or NULL when none waits. */
 rt_req_t *rt_queue_first(const tdm_router_t *r);
+/* Whether a request of model m waits in the queue (a new one of m goes behind it: FIFO per
+ * model). Cannot fail. */
+bool rt_queue_has_model(const tdm_router_t *r, const rt_model_t *m);
 
 /* What rt_dispatch did with a request. */
 typedef enum rt_dispatch_result {

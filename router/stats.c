@@ -44,14 +44,22 @@ void rt_hist_observe_count(tdm_router_hist_t *h, double n)
     observe(h, token_bounds, n);
 }
 
-void rt_count_end(tdm_router_t *r, int status, int finish)
+/* The end counters of m. */
+static void count_end(tdm_router_metrics_t *m, int status, int finish)
 {
     int code = -status;
     bool known = finish >= 0 && finish < 5;
     if (code >= 0 && code < 17) {
-        r->metrics.requests_by_status[code]++;
-        r->metrics.requests_by_status_finish[code][known ? finish : 0]++;
+        m->requests_by_status[code]++;
+        m->requests_by_status_finish[code][known ? finish : 0]++;
     }
     if (known)
-        r->metrics.requests_by_finish[finish]++;
+        m->requests_by_finish[finish]++;
+}
+
+void rt_count_end(tdm_router_t *r, rt_model_t *model, int status, int finish)
+{
+    count_end(&r->metrics, status, finish);
+    if (model)
+        count_end(&model->metrics, status, finish);
 }

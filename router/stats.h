@@ -12,8 +12,9 @@ void rt_hist_observe(tdm_router_hist_t *h, double seconds);
 /* Counts one observation of a count (tokens, preemptions) over tdm_router_token_bounds. */
 void rt_hist_observe_count(tdm_router_hist_t *h, double n);
 
-/* Counts an ended GENERATE request: final status (0 or a negative TDM_E code) and
- * FinishReason (-1: refused before it started). Cannot fail. */
-void rt_count_end(tdm_router_t *r, int status, int finish);
+/* Counts an ended GENERATE request of model (NULL: refused before its model was known; the
+ * cluster's counters only): final status (0 or a negative TDM_E code) and FinishReason (-1:
+ * refused before it started). Cannot fail. */
+void rt_count_end(tdm_router_t *r, rt_model_t *model, int status, int finish);
 
 #endif /* TANDEM_ROUTER_STATS_H */

@@ -146,10 +146,10 @@ static char *utf8_sanitize(const char *s, size_t n)
 }
 
 /* The text of one token (special tokens spelled out) as valid UTF-8; heap, NULL on OOM. */
-static char *token_text(const tdm_router_t *r, int32_t id)
+static char *token_text(const rt_model_t *md, int32_t id)
 {
     char small[128];
-    int len = tdm_tokenizer_token_bytes(r->tok, id, true, small, sizeof small);
+    int len = tdm_tokenizer_token_bytes(md->tok, id, true, small, sizeof small);
     if (len < 0)
         return tdm_strdup("");
     if ((size_t)len <= sizeof small)
@@ -157,13 +157,13 @@ static char *token_text(const tdm_router_t *r, int32_t id)
     char *big = malloc((size_t)len);
     if (!big)
         return NULL;
-    tdm_tokenizer_token_bytes(r->tok, id, true, big, (size_t)len);
+    tdm_tokenizer_token_bytes(md->tok, id, true, big, (size_t)len);
     char *out = utf8_sanitize(big, (size_t)len);
     free(big);
     return out;
 }
 
-static Tandem__V1__TopLogprobs *top_make(const tdm_router_t *r, const rt_event_t *ev)
+static Tandem__V1__TopLogprobs *top_make(const rt_model_t *md, const rt_event_t *ev)
 {
     typedef struct holder {
         Tandem__V1__TopLogprobs m; /* first: the holder is freed through &m */
@@ -179,7 +179,7 @@ static Tandem__V1__TopLogprobs *top_make(const tdm_router_t *r, const rt_event_t
         tandem__v1__top_logprob__init(&h->e[i]);
         h->e[i].token_id = ev->top[i].token;
         h->e[i].logprob = ev->top[i].logprob;
-        h->e[i].text = token_text(r, ev->top[i].token);
+        h->e[i].text = token_text(md, ev->top[i].token);
         h->ptrs[i] = &h->e[i];
         h->m.n_entries = i + 1;
         if (!h->e[i].text) {
@@ -409,7 +409,7 @@ static void last_chunk(const rt_req_t *q, int reason, Tandem__V1__GenerateChunk 
 
 /* The per-request figures of a completed request (the vLLM-compatible histograms). */
 static void count_completed(tdm_router_metrics_t *m, const rt_req_t *q,
-                            const Tandem__V1__Timings *t)
+                            const Tandem__V1__Timings *t, bool again)
 {
     rt_hist_observe(&m->decode, t->decode_s);
     rt_hist_observe(&m->inference, t->e2e_s - t->queue_s);
@@ -418,7 +418,7 @@ static void count_completed(tdm_router_metrics_t *m, const rt_req_t *q,
     if (!q->group) {
         rt_hist_observe_count(&m->max_generation_len, q->next_index);
     } else {
-        if (q->next_index > q->group->max_generated)
+        if (!again && q->next_index > q->group->max_generated)
             q->group->max_generated = q->next_index;
         if (q->group->n_live == 1) /* the call's last choice */
             rt_hist_observe_count(&m->max_generation_len, q->group->max_generated);
@@ -441,20 +441,24 @@ static void complete(tdm_router_t *r, rt_req_t *q, int reason, size_t stop)
         m.stop_reason = q->stop[stop];
     int rc = send_final(r, q, &m);
     log_finished(r, q, reason, &t, rc != TDM_OK);
-    rt_count_end(r, TDM_OK, reason);
-    rt_hist_observe(&r->metrics.e2e, t.e2e_s);
-    if (q->next_index > 1)
-        rt_hist_observe(&r->metrics.tpot, t.tpot_s);
-    if (q->kv_transfer_s > 0)
-        rt_hist_observe(&r->metrics.kv_transfer, q->kv_transfer_s);
-    count_completed(&r->metrics, q, &t);
+    rt_count_end(r, q->model, TDM_OK, reason);
+    tdm_router_metrics_t *ms[2] = {&r->metrics, &q->model->metrics};
+    for (size_t i = 0; i < 2; i++) {
+        rt_hist_observe(&ms[i]->e2e, t.e2e_s);
+        if (q->next_index > 1)
+            rt_hist_observe(&ms[i]->tpot, t.tpot_s);
+        if (q->kv_transfer_s > 0)
+            rt_hist_observe(&ms[i]->kv_transfer, q->kv_transfer_s);
+        count_completed(ms[i], q, &t, i == 1);
+    }
     rt_req_free(r, q);
 }
 
 bool rt_stream_end_delivered(tdm_router_t *r, rt_req_t *q)
 {
     int reason;
-    if (q->next_index > 0 && tdm_worker_token_ends(r->tok, &q->sp, q->output[q->next_index - 1]))
+    if (q->next_index > 0 &&
+        tdm_worker_token_ends(q->model->tok, &q->sp, q->output[q->next_index - 1]))
         reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_STOP;
     else if (q->next_index >= (uint32_t)q->sp.max_tokens)
         reason = TANDEM__V1__FINISH_REASON__FINISH_REASON_LENGTH;
@@ -486,21 +490,27 @@ void rt_stream_fail(tdm_router_t *r, const rt_req_t *q)
 static void note_timing(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
 {
     double now = tdm_time_now();
+    tdm_router_metrics_t *ms[2] = {&r->metrics, &q->model->metrics};
+    for (size_t i = 0; i < 2; i++) {
+        tdm_router_metrics_t *m = ms[i];
+        if (ev->index == 0) {
+            m->cached_prompt_tokens += ev->cached_prompt_tokens;
+            m->computed_prompt_tokens +=
+                q->n_prompt > ev->cached_prompt_tokens ? q->n_prompt - ev->cached_prompt_tokens : 0;
+            if (ev->prefill_s > 0)
+                rt_hist_observe(&m->prefill, ev->prefill_s);
+        }
+        if (q->t_first == 0)
+            rt_hist_observe(&m->ttft, now - q->t_arrival);
+        else
+            rt_hist_observe(&m->itl, now - q->t_last);
+    }
     if (ev->index == 0) {
         q->cached_prompt_tokens = ev->cached_prompt_tokens;
         q->prefill_s = ev->prefill_s;
-        r->metrics.cached_prompt_tokens += ev->cached_prompt_tokens;
-        r->metrics.computed_prompt_tokens +=
-            q->n_prompt > ev->cached_prompt_tokens ? q->n_prompt - ev->cached_prompt_tokens : 0;
-        if (ev->prefill_s > 0)
-            rt_hist_observe(&r->metrics.prefill, ev->prefill_s);
     }
-    if (q->t_first == 0) {
+    if (q->t_first == 0)
         q->t_first = now;
-        rt_hist_observe(&r->metrics.ttft, now - q->t_arrival);
-    } else {
-        rt_hist_observe(&r->metrics.itl, now - q->t_last);
-    }
     q->t_last = now;
 }
 
@@ -514,11 +524,11 @@ static bool chunk_add(const tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
     c->ids[c->n] = ev->token;
     if (lp) {
         c->logprobs[c->n] = ev->logprob;
-        if (!(c->tops[c->n] = top_make(r, ev)))
+        if (!(c->tops[c->n] = top_make(q->model, ev)))
             return false;
     }
     if (q->echo) {
-        if (!(c->texts[c->n] = token_text(r, ev->token))) {
+        if (!(c->texts[c->n] = token_text(q->model, ev->token))) {
             if (lp)
                 top_free(c->tops[c->n]);
             return false;
@@ -532,13 +542,13 @@ static bool chunk_add(const tdm_router_t *r, rt_req_t *q, const rt_event_t *ev)
  * text. Returns false on out of memory. */
 static bool detok_push(const tdm_router_t *r, rt_req_t *q, int32_t token)
 {
-    if (q->render_special && tdm_tokenizer_is_eog(r->tok, token))
+    if (q->render_special && tdm_tokenizer_is_eog(q->model->tok, token))
         return true; /* an end of generation adds no text, whatever render_special says */
     char piece[256];
     size_t plen = 0;
     int rc = tdm_detok_push(&q->detok, token, piece, sizeof piece, &plen);
     if (rc == TDM_ERESOURCE) { /* a long token: a buffer its size */
-        int need = tdm_tokenizer_token_bytes(r->tok, token, q->render_special, NULL, 0);
+        int need = tdm_tokenizer_token_bytes(q->model->tok, token, q->render_special, NULL, 0);
         size_t cap = (size_t)(need > 0 ? need : 0) * 3 + 64;
         char *big = malloc(cap);
         if (!big)
@@ -572,13 +582,14 @@ static bool output_add(rt_req_t *q, int32_t token)
  * outside the vocabulary (a node's fault). */
 static int deliver(tdm_router_t *r, rt_req_t *q, const rt_event_t *ev, size_t *which)
 {
-    if (ev->token < 0 || (uint32_t)ev->token >= r->n_vocab)
+    if (ev->token < 0 || (uint32_t)ev->token >= q->model->n_vocab)
         return TDM_EINTERNAL;
     note_timing(r, q, ev);
     if (!output_add(q, ev->token) || !chunk_add(r, q, ev))
         return TDM_ERESOURCE;
     q->next_index++;
     r->metrics.generation_tokens++;
+    q->model->metrics.generation_tokens++;
     if (!detok_push(r, q, ev->token))
         return TDM_ERESOURCE;
     return stop_scan(q, false, which);
@@ -630,7 +641,7 @@ static bool flush_in_order(tdm_router_t *r, rt_req_t *q, const rt_event_t *first
     if (rc == TDM_EINTERNAL) {
         rt_req_fail(r, q, TDM_EINTERNAL, true,
                     "a node sent token %" PRIu32 " outside the vocabulary (0..%" PRIu32 ")",
-                    q->next_index, r->n_vocab - 1);
+                    q->next_index, q->model->n_vocab - 1);
         return true;
     }
     if (rc == 1) {
@@ -705,7 +716,7 @@ static bool plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__Token
     }
     tandem__v1__prompt_logprob__init(&m[0]);
     m[0].token_id = q->prompt[0];
-    m[0].text = token_text(r, q->prompt[0]);
+    m[0].text = token_text(q->model, q->prompt[0]);
     q->plp[0] = &m[0];
     size_t k = 0;
     for (size_t i = 1; i <= n; i++) {
@@ -714,14 +725,14 @@ static bool plp_take(const tdm_router_t *r, rt_req_t *q, const Tandem__V1__Token
         m[i].token_id = e->token_id;
         m[i].logprob = e->logprob;
         m[i].rank = e->rank;
-        m[i].text = token_text(r, e->token_id);
+        m[i].text = token_text(q->model, e->token_id);
         m[i].top = topp + k;
         m[i].n_top = e->n_top;
         for (size_t j = 0; j < e->n_top; j++, k++) {
             tandem__v1__top_logprob__init(&tops[k]);
             tops[k].token_id = e->top[j]->token_id;
             tops[k].logprob = e->top[j]->logprob;
-            tops[k].text = token_text(r, e->top[j]->token_id);
+            tops[k].text = token_text(q->model, e->top[j]->token_id);
             topp[k] = &tops[k];
         }
         q->plp[i] = &m[i];

@@ -108,6 +108,7 @@ static uint64_t random_u64(void)
 static int tokenize_prompt(tdm_router_t *r, const char *prompt, bool truncate, const rt_req_t *q,
                            tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
+    const rt_model_t *md = q->model;
     size_t len = strlen(prompt);
     if (len == 0)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt", "prompt is empty");
@@ -115,20 +116,20 @@ static int tokenize_prompt(tdm_router_t *r, const char *prompt, bool truncate, c
      * the context holds: refused in O(1), before tokenizing megabytes on the router's loop.
      * Not when it is to be truncated: then it may be longer than the context (vLLM tokenizes
      * it whole too; the frame and body limits bound it) */
-    if (!truncate && len / r->max_token_bytes >= r->n_ctx)
+    if (!truncate && len / md->max_token_bytes >= md->n_ctx)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt",
                                    "prompt is %zu bytes, so at least %zu tokens (a token of this "
                                    "model stands for at most %" PRIu32
                                    " bytes); the context is %" PRIu32
                                    " tokens (prompt + max_tokens must fit)",
-                                   len, len / r->max_token_bytes, r->max_token_bytes, r->n_ctx);
+                                   len, len / md->max_token_bytes, md->max_token_bytes, md->n_ctx);
     long bad = utf8_invalid_at(prompt, len);
     if (bad >= 0)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt",
                                    "prompt is not valid UTF-8 (byte offset %ld)", bad);
     tdm_log_write(&r->log, TDM_LOG_DEBUG, q->id, NULL, "prompt: %s", prompt);
     tdm_prompt_input_t in = {.text = prompt, .text_len = len};
-    int rc = tdm_prompt_encode(r->tok, NULL, &in, ids, n_ids, NULL, err);
+    int rc = tdm_prompt_encode(md->tok, NULL, &in, ids, n_ids, NULL, err);
     if (rc != TDM_OK) {
         tdm_error_prefix(err, rc, "prompt: ");
         return tdm_error_field(err, "prompt");
@@ -188,12 +189,12 @@ static int chat_check(const Tandem__V1__ChatList *chat, tdm_chat_message_t *msgs
 
 /* The request's own chat_template (compiled through the router's cache) and
  * chat_template_kwargs (parsed) into in; NULL/none when the request has none. */
-static int chat_template_of(tdm_router_t *r, const Tandem__V1__ChatList *chat,
+static int chat_template_of(rt_model_t *md, const Tandem__V1__ChatList *chat,
                             tdm_prompt_input_t *in, json_t **kwargs, tdm_error_t *err)
 {
     *kwargs = NULL;
     if (chat->chat_template && chat->chat_template[0]) {
-        in->jinja = rt_template_cache_get(&r->templates, chat->chat_template,
+        in->jinja = rt_template_cache_get(&md->templates, chat->chat_template,
                                           strlen(chat->chat_template), err);
         if (!in->jinja) {
             tdm_error_prefix(err, err->code, "chat.chat_template: ");
@@ -217,14 +218,15 @@ static int chat_template_of(tdm_router_t *r, const Tandem__V1__ChatList *chat,
 static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, const rt_req_t *q,
                          tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
+    rt_model_t *md = q->model;
     size_t n = chat ? chat->n_messages : 0;
     if (n == 0)
         return tdm_error_set_field(err, TDM_EINVALID, "chat.messages", "chat.messages is empty");
     bool own = chat->chat_template && chat->chat_template[0];
-    if (!r->have_template && !own)
+    if (!md->have_template && !own)
         return tdm_error_set_field(err, TDM_EPRECONDITION, "chat",
                                    "chat: the model has no chat template the router knows (%s)",
-                                   r->template_error);
+                                   md->template_error);
     tdm_chat_message_t *msgs = calloc(n, sizeof *msgs);
     if (!msgs)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
@@ -239,10 +241,10 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
                              .raised = &raised};
     int rc = chat_check(chat, msgs, err);
     if (rc == TDM_OK)
-        rc = chat_template_of(r, chat, &in, &kwargs, err);
+        rc = chat_template_of(md, chat, &in, &kwargs, err);
     if (rc == TDM_OK) {
-        rc = tdm_prompt_encode(r->tok, r->have_template ? &r->chat : NULL, &in, ids, n_ids, &text,
-                               err);
+        rc = tdm_prompt_encode(md->tok, md->have_template ? &md->chat : NULL, &in, ids, n_ids,
+                               &text, err);
         if (rc != TDM_OK) {
             if (!raised) /* raise_exception's message stays the template's, as on /tokenize */
                 tdm_error_prefix(err, rc, "chat.messages: ");
@@ -259,21 +261,21 @@ static int tokenize_chat(tdm_router_t *r, const Tandem__V1__ChatList *chat, cons
 
 /* Token-id input -> *ids (a copy; left NULL when it cannot fit the context, with *n_ids
  * telling the length for the check after). */
-static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *tokens, bool truncate,
+static int tokens_copy(const rt_model_t *md, const Tandem__V1__TokenList *tokens, bool truncate,
                        tdm_token_t **ids, size_t *n_ids, tdm_error_t *err)
 {
     size_t n = tokens ? tokens->n_ids : 0;
     if (n == 0)
         return tdm_error_set_field(err, TDM_EINVALID, "tokens.ids", "tokens.ids is empty");
     for (size_t i = 0; i < n; i++)
-        if (tokens->ids[i] < 0 || (uint32_t)tokens->ids[i] >= r->n_vocab) {
+        if (tokens->ids[i] < 0 || (uint32_t)tokens->ids[i] >= md->n_vocab) {
             tdm_error_set(err, TDM_EINVALID,
                           "tokens.ids[%zu] = %" PRId32 " is out of the vocabulary (0..%" PRIu32 ")",
-                          i, tokens->ids[i], r->n_vocab - 1);
+                          i, tokens->ids[i], md->n_vocab - 1);
             return tdm_error_field(err, "tokens.ids[%zu]", i);
         }
     *n_ids = n;
-    if (n >= r->n_ctx && !truncate)
+    if (n >= md->n_ctx && !truncate)
         return TDM_OK; /* the length check gives the message */
     *ids = malloc(n * sizeof **ids);
     if (!*ids)
@@ -283,16 +285,16 @@ static int tokens_copy(const tdm_router_t *r, const Tandem__V1__TokenList *token
 }
 
 /* truncate_prompt_tokens: 0 (off), -1 (the context length) or 1..n_ctx. */
-static int truncate_check(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
+static int truncate_check(const rt_model_t *md, const Tandem__V1__GenerateRequest *g,
                           tdm_error_t *err)
 {
     int32_t k = g->truncate_prompt_tokens;
-    if (k == 0 || k == -1 || (k >= 1 && (uint32_t)k <= r->n_ctx))
+    if (k == 0 || k == -1 || (k >= 1 && (uint32_t)k <= md->n_ctx))
         return TDM_OK;
     return tdm_error_set_field(err, TDM_EINVALID, "truncate_prompt_tokens",
                                "truncate_prompt_tokens must be -1 (the context length) or in "
                                "[1, %" PRIu32 "] (the context length), got %" PRId32,
-                               r->n_ctx, k);
+                               md->n_ctx, k);
 }
 
 /* Tokenizes the request's input into q->prompt (its last truncate_prompt_tokens tokens when
@@ -300,6 +302,7 @@ static int truncate_check(const tdm_router_t *r, const Tandem__V1__GenerateReque
 static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
                           rt_refusal_t *why, tdm_error_t *err)
 {
+    const rt_model_t *md = q->model;
     tdm_token_t *ids = NULL;
     size_t n_ids = 0;
     int rc;
@@ -313,7 +316,7 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
         field = "chat.messages";
         break;
     case TANDEM__V1__GENERATE_REQUEST__INPUT_TOKENS:
-        rc = tokens_copy(r, g->tokens, g->truncate_prompt_tokens != 0, &ids, &n_ids, err);
+        rc = tokens_copy(md, g->tokens, g->truncate_prompt_tokens != 0, &ids, &n_ids, err);
         field = "tokens.ids";
         break;
     default:
@@ -331,21 +334,21 @@ static int tokenize_input(tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
     }
     if (g->truncate_prompt_tokens != 0) {
         /* vLLM: keep the last k tokens; -1 = the context length (the length check follows) */
-        size_t k = g->truncate_prompt_tokens < 0 ? r->n_ctx : (size_t)g->truncate_prompt_tokens;
+        size_t k = g->truncate_prompt_tokens < 0 ? md->n_ctx : (size_t)g->truncate_prompt_tokens;
         if (n_ids > k) {
             memmove(ids, ids + (n_ids - k), k * sizeof *ids);
             n_ids = k;
         }
     }
-    if (n_ids >= r->n_ctx) {
+    if (n_ids >= md->n_ctx) {
         free(ids);
         why->prompt_tokens = n_ids > UINT32_MAX ? UINT32_MAX : (uint32_t)n_ids;
-        why->n_ctx = r->n_ctx;
+        why->n_ctx = md->n_ctx;
         why->max_tokens_fit = 0;
         return tdm_error_set_field(err, TDM_EINVALID, field,
                                    "prompt has %zu tokens; the context is %" PRIu32
                                    " tokens (prompt + max_tokens must fit)",
-                                   n_ids, r->n_ctx);
+                                   n_ids, md->n_ctx);
     }
     q->prompt = ids;
     q->n_prompt = (uint32_t)n_ids;
@@ -410,7 +413,7 @@ static int stop_copy(const Tandem__V1__GenerateRequest *g, rt_req_t *q, tdm_erro
 
 /* The words of the request's bad_words (entries with text) tokenized into sp after the token
  * sequences tdm_proto_sampling_from took: at most TDM_SAMPLING_MAX_BAD_WORDS words. */
-static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingParams *m,
+static int bad_words_build(const rt_model_t *md, const Tandem__V1__SamplingParams *m,
                            tdm_sampling_params_t *sp, tdm_error_t *err)
 {
     if (!m || !(m->set_mask & TDM_PROTO_SET_BAD_WORDS))
@@ -425,7 +428,7 @@ static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingPara
     for (size_t i = 0; i < m->n_bad_words; i++) {
         const char *t = m->bad_words[i]->text;
         if (t && t[0]) {
-            int rc = tdm_prompt_bad_word(r->tok, t, i, sp, err);
+            int rc = tdm_prompt_bad_word(md->tok, t, i, sp, err);
             if (rc == TDM_EINVALID)
                 return tdm_error_nest(err, "sampling"); /* "sampling.bad_words[2] is ..." */
             if (rc != TDM_OK)
@@ -442,7 +445,7 @@ static int bad_words_build(const tdm_router_t *r, const Tandem__V1__SamplingPara
  * prefill and without the field). The first step's mask is tdm_sampling_request_mask's, the node's
  * own; only the listed ids' bits are looked at, so the end-of-generation ids passed are those among
  * them. */
-static int allowed_ids_check(const tdm_router_t *r, const tdm_sampling_params_t *sp,
+static int allowed_ids_check(const rt_model_t *md, const tdm_sampling_params_t *sp,
                              tdm_error_t *err)
 {
     uint32_t n =
@@ -452,14 +455,14 @@ static int allowed_ids_check(const tdm_router_t *r, const tdm_sampling_params_t 
     int32_t eog[TDM_SAMPLING_MAX_ALLOWED];
     uint32_t n_eog = 0;
     for (uint32_t i = 0; i < n; i++)
-        if (tdm_tokenizer_is_eog(r->tok, sp->allowed[i]))
+        if (tdm_tokenizer_is_eog(md->tok, sp->allowed[i]))
             eog[n_eog++] = sp->allowed[i];
-    size_t words = ((size_t)r->n_vocab + 31) / 32;
+    size_t words = ((size_t)md->n_vocab + 31) / 32;
     uint32_t *mask = malloc(words * sizeof *mask);
     if (!mask)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     memset(mask, 0xff, words * sizeof *mask);
-    (void)tdm_sampling_request_mask(sp, r->n_vocab, eog, n_eog, NULL, 0, mask);
+    (void)tdm_sampling_request_mask(sp, md->n_vocab, eog, n_eog, NULL, 0, mask);
     bool any = false;
     for (uint32_t i = 0; i < n && !any; i++) {
         uint32_t t = (uint32_t)sp->allowed[i]; /* in [0, n_vocab): validated */
@@ -487,8 +490,15 @@ static int allowed_ids_check(const tdm_router_t *r, const tdm_sampling_params_t 
 static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g, rt_req_t *q,
                           tdm_error_t *err)
 {
+    const rt_model_t *md = q->model;
     int rc;
     tdm_sampling_params_default(&q->sp);
+    /* the model's defaults (model.defaults) under what the request sets */
+    const tdm_model_defaults_t *d = &md->cfg->defaults;
+    q->sp.temperature = (float)d->temperature;
+    q->sp.top_p = (float)d->top_p;
+    q->sp.top_k = d->top_k;
+    q->sp.repetition_penalty = (float)d->repetition_penalty;
     bool seeded = false;
     if (g->sampling) {
         rc = tdm_proto_sampling_from(g->sampling, &q->sp, err); /* sets the field */
@@ -498,16 +508,16 @@ static int sampling_build(const tdm_router_t *r, const Tandem__V1__GenerateReque
     }
     if (!seeded)
         q->sp.seed = random_u64();
-    rc = bad_words_build(r, g->sampling, &q->sp, err);
+    rc = bad_words_build(md, g->sampling, &q->sp, err);
     if (rc != TDM_OK)
         return rc;
     /* decided after tokenization (max_tokens_decide), which checks min_tokens against it */
     q->sp.max_tokens = INT32_MAX;
     /* the logit bias first: its entry is named by OpenAI's key, logit_bias["<token id>"] */
-    if (tdm_sampling_logit_bias_check(&q->sp, r->n_vocab, NULL, err) != TDM_OK ||
-        tdm_sampling_params_validate(&q->sp, r->n_vocab, err) != TDM_OK)
+    if (tdm_sampling_logit_bias_check(&q->sp, md->n_vocab, NULL, err) != TDM_OK ||
+        tdm_sampling_params_validate(&q->sp, md->n_vocab, err) != TDM_OK)
         return tdm_error_nest(err, "sampling"); /* "sampling.top_p must be in (0, 1], ..." */
-    rc = allowed_ids_check(r, &q->sp, err);
+    rc = allowed_ids_check(md, &q->sp, err);
     if (rc != TDM_OK)
         return rc;
     q->sp.max_tokens = 1;
@@ -530,21 +540,23 @@ static int min_tokens_check(const rt_req_t *q, tdm_error_t *err)
 static int max_tokens_decide(const tdm_router_t *r, const Tandem__V1__GenerateRequest *g,
                              rt_req_t *q, rt_refusal_t *why, tdm_error_t *err)
 {
-    uint32_t room = r->n_ctx - q->n_prompt; /* > 0: tokenize_input checked */
+    const rt_model_t *md = q->model;
+    uint32_t room = md->n_ctx - q->n_prompt; /* > 0: tokenize_input checked */
     if (g->max_tokens == 0) {
-        q->sp.max_tokens =
-            (int32_t)(room < TDM_ROUTER_MAX_TOKENS_DEFAULT ? room : TDM_ROUTER_MAX_TOKENS_DEFAULT);
+        uint32_t dflt = md->cfg->defaults.max_tokens > 0 ? (uint32_t)md->cfg->defaults.max_tokens
+                                                         : TDM_ROUTER_MAX_TOKENS_DEFAULT;
+        q->sp.max_tokens = (int32_t)(room < dflt ? room : dflt);
         return min_tokens_check(q, err);
     }
     if ((uint32_t)g->max_tokens > room) {
         why->prompt_tokens = q->n_prompt;
-        why->n_ctx = r->n_ctx;
+        why->n_ctx = md->n_ctx;
         why->max_tokens_fit = room;
         return tdm_error_set_field(err, TDM_EINVALID, "max_tokens",
                                    "max_tokens: prompt (%" PRIu32 " tokens) + max_tokens (%" PRId32
                                    ") exceeds the context of %" PRIu32 " tokens; at most %" PRIu32
                                    " tokens can be generated for this prompt",
-                                   q->n_prompt, g->max_tokens, r->n_ctx, room);
+                                   q->n_prompt, g->max_tokens, md->n_ctx, room);
     }
     q->sp.max_tokens = g->max_tokens;
     return min_tokens_check(q, err);
@@ -632,7 +644,6 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     int rc = request_id_assign(r, g, id_wire_len, q, err);
     if (rc != TDM_OK)
         return rc;
-    const char *served = r->cfg->model.name ? r->cfg->model.name : "";
     size_t at = 0;
     uint32_t cp = 0;
     if (g->model[0] && !tdm_text_printable(g->model, TDM_MODEL_NAME_MAX, &at) &&
@@ -651,16 +662,23 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
                                    "model '%.64s': byte %zu is not printable UTF-8 or past %u "
                                    "bytes; a model name is 1..%u bytes of printable UTF-8",
                                    g->model, at, TDM_MODEL_NAME_MAX, TDM_MODEL_NAME_MAX);
-    if (g->model[0] && strcmp(g->model, served) != 0)
+    q->model = g->model[0] ? rt_model_find(r, g->model) : &r->models[0];
+    if (!q->model) {
+        char names[256] = "";
+        for (size_t i = 0, len = 0; i < r->n_models && len < sizeof names; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", i ? ", " : "",
+                                    r->models[i].cfg->name);
+        q->model = &r->models[0]; /* the request is freed with a tokenizer set */
         return tdm_error_set_field(err, TDM_ENOTFOUND, "model",
-                                   "model '%s' is not served here; this router serves '%s'",
-                                   g->model, served);
+                                   "model '%s' is not served here; this router serves %s", g->model,
+                                   names);
+    }
     if (g->max_tokens < 0)
         return tdm_error_set_field(err, TDM_EINVALID, "max_tokens",
                                    "max_tokens must be >= 1 (or 0: what fits), got %" PRId32,
                                    g->max_tokens);
     if ((rc = choices_check(g, err)) != TDM_OK || (rc = stop_copy(g, q, err)) != TDM_OK ||
-        (rc = truncate_check(r, g, err)) != TDM_OK ||
+        (rc = truncate_check(q->model, g, err)) != TDM_OK ||
         (rc = sampling_build(r, g, q, err)) != TDM_OK ||
         (rc = tokenize_input(r, g, q, why, err)) != TDM_OK ||
         (rc = max_tokens_decide(r, g, q, why, err)) != TDM_OK ||
@@ -674,7 +692,7 @@ int rt_req_validate(tdm_router_t *r, const tdm_frame_t *f, const Tandem__V1__Gen
     if (plp_rc != TDM_OK)
         return plp_rc;
     q->render_special = g->render_special;
-    tdm_detok_init(&q->detok, r->tok, q->render_special);
+    tdm_detok_init(&q->detok, q->model->tok, q->render_special);
     q->no_speculation = g->speculative == TANDEM__V1__SPECULATIVE__SPECULATIVE_OFF;
     return TDM_OK;
 }

@@ -123,6 +123,7 @@ void tdm_client_models_clear(tdm_client_models_t *m)
     for (size_t i = 0; i < m->n_models; i++) {
         free(m->models[i].name);
         free(m->models[i].chat_template);
+        free(m->models[i].state);
     }
     free(m->models);
     m->models = NULL;
@@ -150,8 +151,11 @@ int tdm_client_models(tdm_client_t *c, double timeout_s, tdm_client_models_t *ou
         out->n_models = i + 1;
         dst->name = tdm_strdup(str_or_empty(mi->name));
         dst->chat_template = tdm_strdup(str_or_empty(mi->chat_template));
-        if (!dst->name || !dst->chat_template)
+        dst->state = tdm_strdup(str_or_empty(mi->state));
+        if (!dst->name || !dst->chat_template || !dst->state)
             goto out_oom;
+        dst->prefill_nodes_up = mi->prefill_nodes_up;
+        dst->decode_nodes_up = mi->decode_nodes_up;
         dst->fingerprint = mi->fingerprint;
         dst->n_ctx = mi->n_ctx;
         dst->n_vocab = mi->n_vocab;
@@ -176,6 +180,7 @@ void tdm_client_cluster_status_clear(tdm_client_cluster_status_t *s)
         free(s->nodes[i].refused_reason);
         free(s->nodes[i].host_id);
         free(s->nodes[i].gpu_uuid);
+        free(s->nodes[i].model);
     }
     free(s->nodes);
     for (size_t i = 0; i < s->n_kv_routes; i++) {
@@ -204,7 +209,9 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     d->refused_reason = tdm_strdup(str_or_empty(ns->refused_reason));
     d->host_id = tdm_strdup(str_or_empty(ns->host_id));
     d->gpu_uuid = tdm_strdup(str_or_empty(ns->gpu_uuid));
-    if (!d->node_id || !d->role || !d->device || !d->refused_reason || !d->host_id || !d->gpu_uuid)
+    d->model = tdm_strdup(str_or_empty(ns->model));
+    if (!d->node_id || !d->role || !d->device || !d->refused_reason || !d->host_id ||
+        !d->gpu_uuid || !d->model)
         return TDM_ERESOURCE;
     d->refused_age_s = ns->refused_age_s;
     d->instance_id = ns->instance_id;

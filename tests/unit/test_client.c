@@ -384,6 +384,9 @@ static void fake_unary(fake_router_t *fr, const tdm_frame_t *f)
         mi.n_ctx = 8192;
         mi.n_vocab = 49152;
         mi.chat_template = "chatml";
+        mi.state = "ready";
+        mi.decode_nodes_up = 2;
+        mi.prefill_nodes_up = 1;
         r.n_models = 1;
         r.models = mis;
         FAKE_OK(fr, tdm_sock_reply(fr->sock, f, &r.base));
@@ -1219,6 +1222,9 @@ static void test_health_models_status(void **state)
     assert_int_equal(m.models[0].n_ctx, 8192);
     assert_int_equal(m.models[0].n_vocab, 49152);
     assert_string_equal(m.models[0].chat_template, "chatml");
+    assert_string_equal(m.models[0].state, "ready");
+    assert_int_equal(m.models[0].decode_nodes_up, 2);
+    assert_int_equal(m.models[0].prefill_nodes_up, 1);
     tdm_client_models_clear(&m);
     assert_null(m.models);
 

@@ -98,10 +98,24 @@ static void assert_config_equal(const tdm_config_t *a, const tdm_config_t *b)
     assert_str_or_null_equal(a->router.curve_public_key, b->router.curve_public_key);
     assert_str_or_null_equal(a->router.curve_secret_key_file, b->router.curve_secret_key_file);
     assert_int_equal(a->security.insecure, b->security.insecure);
+    assert_int_equal(a->n_models, b->n_models);
+    for (size_t i = 0; i < a->n_models; i++) {
+        const tdm_model_config_t *x = &a->models[i], *y = &b->models[i];
+        assert_string_equal(x->path, y->path);
+        assert_string_equal(x->name, y->name);
+        assert_str_or_null_equal(x->chat_template, y->chat_template);
+        assert_int_equal(x->reasoning_parser, y->reasoning_parser);
+        assert_int_equal(x->tool_call_parser, y->tool_call_parser);
+        assert_int_equal(x->n_aliases, y->n_aliases);
+        assert_memory_equal(&x->defaults, &y->defaults, sizeof x->defaults);
+        for (size_t j = 0; j < x->n_aliases; j++)
+            assert_string_equal(x->aliases[j], y->aliases[j]);
+    }
     assert_int_equal(a->n_nodes, b->n_nodes);
     for (size_t i = 0; i < a->n_nodes; i++) {
         const tdm_node_config_t *x = &a->nodes[i], *y = &b->nodes[i];
         assert_string_equal(x->id, y->id);
+        assert_str_or_null_equal(x->model, y->model);
         assert_int_equal(x->role, y->role);
         assert_str_or_null_equal(x->endpoint, y->endpoint);
         assert_str_or_null_equal(x->kv_endpoint, y->kv_endpoint);
@@ -667,9 +681,10 @@ static void test_error_block_size(void **state)
 static void test_error_unknown_keys(void **state)
 {
     (void)state;
-    load_fails("modle:\n  path: x\n",
-               "cluster.yaml:1: key 'modle': unknown key (expected one of: model, router, kv, "
-               "log, security, nodes)");
+    load_fails(
+        "modle:\n  path: x\n",
+        "cluster.yaml:1: key 'modle': unknown key (expected one of: model, models, router, kv, "
+        "log, security, nodes)");
     load_fails("router:\n  http_port: 1\n  htp_port: 2\n",
                "cluster.yaml:3: key 'router.htp_port': unknown key (expected one of: "
                "client_endpoint, node_endpoint, node_advertise, node_endpoints, http_address, "
@@ -709,7 +724,7 @@ static void test_error_unknown_keys(void **state)
                "cluster.yaml:4: key 'nodes[0].gpu': unknown key (expected one of: id, role, "
                "endpoint, kv_endpoint, kv_advertise, device, threads, memory_budget, "
                "gpu_memory_utilization, max_batch_tokens, max_running, grammar_cache_bytes, "
-               "speculative, curve_public_key, curve_secret_key_file)");
+               "speculative, model, curve_public_key, curve_secret_key_file)");
     load_fails("log:\n  level: info\n  format: json\n",
                "cluster.yaml:3: key 'log.format': unknown key (expected one of: level)");
 }
@@ -1360,6 +1375,109 @@ static void test_example_file(void **state)
     tdm_config_free(&cfg);
 }
 
+/* Several models: the models: list, names and aliases, nodes[].model, and the single model:
+ * form as a list of one. */
+static void test_models(void **state)
+{
+    (void)state;
+    tdm_config_t cfg;
+    /* the single form: a list of one, model == models[0] */
+    load_ok("model:\n  path: /m/smol.gguf\n  aliases: [small, tiny]\n", &cfg);
+    assert_int_equal(cfg.n_models, 1);
+    assert_string_equal(cfg.models[0].path, "/m/smol.gguf");
+    assert_string_equal(cfg.models[0].name, "smol");
+    assert_string_equal(cfg.model.name, "smol");
+    assert_int_equal(cfg.models[0].n_aliases, 2);
+    assert_int_equal(tdm_config_model_index(&cfg, "tiny"), 0);
+    assert_int_equal(tdm_config_model_index(&cfg, "other"), -1);
+    assert_int_equal(tdm_config_model_index(&cfg, ""), -1);
+    assert_int_equal(tdm_config_node_model_index(&cfg, &cfg.nodes[0]), 0);
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+
+    /* two models, nodes naming theirs by name or alias; an unset one serves the first */
+    load_ok("models:\n"
+            "  - path: /m/SmolLM2.gguf\n"
+            "    name: smol\n"
+            "  - path: /m/gemma-3-270m.gguf\n"
+            "    aliases: [gemma, g3]\n"
+            "    chat_template: gemma\n"
+            "nodes:\n"
+            "  - {id: p0, role: prefill}\n"
+            "  - {id: d0, role: decode, model: smol}\n"
+            "  - {id: p1, role: prefill, model: g3}\n"
+            "  - {id: d1, role: decode, model: gemma-3-270m}\n",
+            &cfg);
+    assert_int_equal(cfg.n_models, 2);
+    assert_string_equal(cfg.model.name, "smol");
+    assert_string_equal(cfg.model.path, "/m/SmolLM2.gguf");
+    assert_string_equal(cfg.models[1].name, "gemma-3-270m"); /* from the path */
+    assert_string_equal(cfg.models[1].chat_template, "gemma");
+    assert_int_equal(tdm_config_model_index(&cfg, "gemma"), 1);
+    assert_int_equal(tdm_config_model_index(&cfg, "smol"), 0);
+    assert_int_equal(tdm_config_node_model_index(&cfg, &cfg.nodes[0]), 0);
+    assert_int_equal(tdm_config_node_model_index(&cfg, &cfg.nodes[1]), 0);
+    assert_int_equal(tdm_config_node_model_index(&cfg, &cfg.nodes[2]), 1);
+    assert_ptr_equal(tdm_config_node_model(&cfg, &cfg.nodes[3]), &cfg.models[1]);
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+
+    /* duplicate served names across models, naming both */
+    load_fails("models:\n"
+               "  - path: /m/a.gguf\n"
+               "    name: chat\n"
+               "  - path: /m/b.gguf\n"
+               "    aliases: [bee, chat]\n",
+               "cluster.yaml:5: key 'models[1].aliases': duplicate served model name 'chat': "
+               "models[1].aliases (path /m/b.gguf) and models[0].name (path /m/a.gguf) both "
+               "serve it; each name and alias must name one model");
+    load_fails("models:\n"
+               "  - path: /m/a.gguf\n"
+               "  - path: /x/a.gguf\n",
+               "cluster.yaml:3: key 'models[1].name': duplicate served model name 'a': "
+               "models[1].name (path /x/a.gguf) and models[0].name (path /m/a.gguf) both serve "
+               "it; each name and alias must name one model");
+    load_fails("model:\n  path: /m/a.gguf\n  aliases: [a]\n",
+               "cluster.yaml:3: key 'model.aliases': duplicate served model name 'a': "
+               "model.aliases (path /m/a.gguf) and model.name (path /m/a.gguf) both serve it; "
+               "each name and alias must name one model");
+    /* a node's model must be listed */
+    load_fails("models:\n  - path: /m/a.gguf\n  - path: /m/b.gguf\n"
+               "nodes:\n  - {id: d0, role: decode, model: c}\n",
+               "cluster.yaml:5: key 'nodes[0].model': 'c' is not a served name of any model "
+               "(models: 'a', 'b')");
+    /* the list's own shape */
+    load_fails("model:\n  path: /m/a.gguf\nmodels:\n  - path: /m/b.gguf\n",
+               "cluster.yaml:4: key 'models': give model (one model) or models (a list), not "
+               "both");
+    load_fails("models: []\n", "cluster.yaml:1: key 'models': must list at least one model");
+    load_fails("models:\n  - name: x\n",
+               "cluster.yaml:2: key 'models[0].path': is required (the GGUF file this model "
+               "serves)");
+    load_fails("models:\n  - path: /m/a.gguf\n    nmae: x\n",
+               "cluster.yaml:3: key 'models[0].nmae': unknown key (expected one of: path, "
+               "chat_template, name, aliases, reasoning_parser, tool_call_parser, defaults)");
+    /* per-model sampling defaults, Tandem's own when unset */
+    load_ok("models:\n"
+            "  - path: /m/a.gguf\n"
+            "    defaults: {temperature: 0, max_tokens: 8}\n"
+            "  - path: /m/b.gguf\n",
+            &cfg);
+    assert_true(cfg.models[0].defaults.temperature == 0.0);
+    assert_int_equal(cfg.models[0].defaults.max_tokens, 8);
+    assert_true(cfg.models[0].defaults.top_p == 1.0);
+    assert_true(cfg.models[1].defaults.temperature == 1.0);
+    assert_true(cfg.models[1].defaults.repetition_penalty == 1.0);
+    assert_int_equal(cfg.models[1].defaults.max_tokens, 0);
+    assert_true(cfg.model.defaults.temperature == 0.0); /* model is models[0] */
+    assert_round_trip(&cfg);
+    tdm_config_free(&cfg);
+    load_fails("models:\n  - path: /m/a.gguf\n    defaults: {top_p: 0}\n",
+               "cluster.yaml:3: key 'models[0].defaults.top_p': must be more than 0 and at most "
+               "1, got 0");
+    load_fails("models: x\n", "cluster.yaml:1: key 'models': must be a list of models, got 'x'");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1387,6 +1505,7 @@ int main(void)
         cmocka_unit_test(test_deploy_configs),
         cmocka_unit_test(test_curve_keys),
         cmocka_unit_test(test_bind_check),
+        cmocka_unit_test(test_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

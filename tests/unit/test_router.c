@@ -59,7 +59,7 @@ typedef struct fake {
 static struct {
     char id[TDM_REQUEST_ID_MAX + 1];
     uint64_t attempt;
-} attempts[64];
+} attempts[128];
 static size_t n_attempts;
 
 static void attempt_note(const char *id, uint64_t attempt)
@@ -70,7 +70,7 @@ static void attempt_note(const char *id, uint64_t attempt)
             attempts[i].attempt = attempt;
             return;
         }
-    assert_true(n_attempts < 64);
+    assert_true(n_attempts < sizeof attempts / sizeof attempts[0]);
     snprintf(attempts[n_attempts].id, sizeof attempts[0].id, "%s", id);
     attempts[n_attempts++].attempt = attempt;
 }
@@ -104,6 +104,9 @@ static const char *env_nodes_yaml;
  * instead of writing the default tiny model, with env_model_yaml under model:. */
 static const char *env_model_file;
 static const char *env_model_yaml;
+/* When set, the next env_new_with serves a models: list: the tiny model (name tiny), then
+ * these entries. */
+static const char *env_more_models;
 
 /* A router over the tiny model with four configured nodes; router_yaml goes under router:,
  * extra_yaml at the top level. */
@@ -120,15 +123,20 @@ static env_t *env_new_with(const char *router_yaml, const char *extra_yaml)
         snprintf(e->model_path, sizeof e->model_path, "%s", env_model_file);
     else
         assert_int_equal(tdm_test_write_tiny_llama(e->model_path, &spec, &err), 0);
-    char yaml[4096];
+    char yaml[4096], models[1024];
+    if (env_more_models)
+        snprintf(models, sizeof models, "models:\n  - path: %s\n    name: tiny\n%s", e->model_path,
+                 env_more_models);
+    else
+        snprintf(models, sizeof models, "model:\n  path: %s\n  name: tiny\n%s", e->model_path,
+                 env_model_yaml ? env_model_yaml : "");
     snprintf(yaml, sizeof yaml,
-             "model:\n  path: %s\n  name: tiny\n%s"
+             "%s"
              "router:\n%s"
              "%s"
              "kv:\n  block_size: 16\n"
              "nodes:\n%s",
-             e->model_path, env_model_yaml ? env_model_yaml : "",
-             router_yaml ? router_yaml : "  max_queue: 16\n", extra_yaml ? extra_yaml : "",
+             models, router_yaml ? router_yaml : "  max_queue: 16\n", extra_yaml ? extra_yaml : "",
              env_nodes_yaml ? env_nodes_yaml
                             : "  - {id: prefill-0, role: prefill}\n"
                               "  - {id: prefill-1, role: prefill}\n"
@@ -2318,6 +2326,9 @@ static void test_status_health_models(void **state)
     assert_int_equal(mo->models[0]->n_vocab, 512);
     assert_int_equal(mo->models[0]->fingerprint, tdm_router_fingerprint(e->r));
     assert_string_equal(mo->models[0]->chat_template, "gguf"); /* the model's own, compiled */
+    assert_int_equal(mo->models[0]->n_aliases, 0);
+    assert_string_equal(mo->models[0]->state, "ready"); /* decode-0 is up */
+    assert_int_equal(mo->models[0]->decode_nodes_up, 1);
     protobuf_c_message_free_unpacked(&mo->base, NULL);
 
     fake_heartbeat(e, &e->d0, 60, 0);
@@ -4558,6 +4569,115 @@ static void test_n_cancel_forks_first(void **state)
     env_free(e);
 }
 
+/* Several models: two tiny models of different weights (fingerprints), each with a prefill
+ * and a decode node. A node registers only as the model the router's config gives it (with
+ * that model's fingerprint); a request runs on its model's nodes only; a model without a decode
+ * node up holds back its own requests, not the other model's. */
+static void test_several_models(void **state)
+{
+    (void)state;
+    char other[64];
+    snprintf(other, sizeof other, "/tmp/tdm_router_other_%d.gguf", (int)getpid());
+    tdm_error_t err = {0};
+    tdm_tiny_llama_spec_t spec = {.n_vocab = 512, .n_ctx = N_CTX, .seed = 9};
+    assert_int_equal(tdm_test_write_tiny_llama(other, &spec, &err), 0);
+    tdm_model_t *om = tdm_model_load(other, &err);
+    assert_non_null(om);
+    uint64_t other_fp = tdm_model_fingerprint(om);
+    tdm_model_destroy(&om);
+    char models[512];
+    snprintf(models, sizeof models, "  - path: %s\n    name: other\n    aliases: [o2]\n", other);
+    env_more_models = models;
+    env_nodes_yaml = "  - {id: prefill-0, role: prefill, model: tiny}\n"
+                     "  - {id: prefill-1, role: prefill, model: other}\n"
+                     "  - {id: decode-0, role: decode, model: tiny}\n"
+                     "  - {id: decode-1, role: decode, model: o2}\n";
+    env_t *e = env_new("  prefill_policy: round_robin\n");
+    env_more_models = NULL;
+    env_nodes_yaml = NULL;
+    assert_int_not_equal(other_fp, tdm_router_fingerprint(e->r));
+
+    fake_register(e, &e->p0);
+    fake_register(e, &e->d0);
+    /* decode-1 serves "other": not as tiny, not as a model the router lacks, not with tiny's
+     * weights */
+    reg_t g;
+    char msg[512];
+    reg_default(e, &e->d1, &g);
+    g.m.model = (char *)"tiny";
+    assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_string_equal(msg, "model 'tiny': the router's config gives node 'decode-1' model "
+                             "'other' (nodes[].model)");
+    g.m.model = (char *)"nope";
+    assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_string_equal(msg,
+                        "model 'nope' is not served by this router (its models: 'tiny', 'other')");
+    g.m.model = (char *)"other";
+    assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_non_null(strstr(msg, "differs from the router's"));
+    assert_false(tdm_router_node_up(e->r, "decode-1"));
+
+    /* "other" has no decode node up: its request waits, tiny's runs past it */
+    Tandem__V1__GenerateRequest gr;
+    prompt_req(&gr, "o-1", "hi", 2, false);
+    gr.model = (char *)"o2";
+    uint64_t c_other = generate(e, &gr);
+    pump_until_queued(e, 1);
+    prompt_req(&gr, "t-1", "hi", 2, false);
+    gr.model = (char *)"tiny";
+    uint64_t c_tiny = generate(e, &gr);
+    Tandem__V1__DecodeReserve *rv = reserve_and_ack(e, &e->d0);
+    assert_string_equal(rv->spec->request_id, "t-1");
+    protobuf_c_message_free_unpacked(&rv->base, NULL);
+    Tandem__V1__PrefillTask *t = expect_task(e, &e->p0);
+    assert_string_equal(t->spec->request_id, "t-1");
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    fake_token(&e->p0, "t-1", 0, B('o'));
+    fake_token(&e->d0, "t-1", 1, B('k'));
+    fake_finished(&e->d0, "t-1", FIN(LENGTH), 2);
+    result_t res;
+    collect(e, c_tiny, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "ok");
+    assert_int_equal(tdm_router_n_queued(e->r), 1); /* o-1 still waits */
+
+    /* its prefill node and decode node come up (with its fingerprint): o-1 runs there */
+    reg_default(e, &e->p1, &g);
+    g.m.model_fingerprint = other_fp; /* a 2.3 node: no model field, checked as its config's */
+    assert_int_equal(fake_register_with(e, &e->p1, &g, msg, sizeof msg), 0);
+    reg_default(e, &e->d1, &g);
+    g.m.model = (char *)"other";
+    g.m.model_fingerprint = other_fp;
+    assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), 0);
+    rv = reserve_and_ack(e, &e->d1);
+    assert_string_equal(rv->spec->request_id, "o-1");
+    protobuf_c_message_free_unpacked(&rv->base, NULL);
+    t = expect_task(e, &e->p1);
+    assert_string_equal(t->spec->request_id, "o-1");
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    expect_none(e, e->p0.s, 50);
+    fake_token(&e->p1, "o-1", 0, B('y'));
+    fake_token(&e->d1, "o-1", 1, B('o'));
+    fake_finished(&e->d1, "o-1", FIN(LENGTH), 2);
+    collect(e, c_other, &res);
+    assert_int_equal(res.status, 0);
+    assert_string_equal(res.text, "yo");
+
+    /* the vLLM series carry each request's model */
+    char *text = NULL;
+    assert_int_equal(tdm_router_metrics_text(e->r, &text, NULL), 0);
+    assert_non_null(
+        strstr(text, "vllm:generation_tokens_total{model_name=\"tiny\",engine=\"0\"} 2"));
+    assert_non_null(
+        strstr(text, "vllm:generation_tokens_total{model_name=\"other\",engine=\"0\"} 2"));
+    const char *ttft = "# TYPE vllm:time_to_first_token_seconds histogram";
+    assert_non_null(strstr(text, ttft));
+    assert_null(strstr(strstr(text, ttft) + 1, ttft)); /* one family for both models */
+    free(text);
+    env_free(e);
+    unlink(other);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -4570,6 +4690,7 @@ int main(void)
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_several_models),
         cmocka_unit_test(test_refusal_detail),
         cmocka_unit_test(test_constraint),
         cmocka_unit_test(test_admit_estimate),

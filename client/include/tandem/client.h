@@ -143,7 +143,8 @@ const char *tdm_client_errfield(const tdm_client_t *c);
  * need. Every pointer is the caller's and is only read during tdm_client_generate(_start). */
 typedef struct tdm_client_request {
     const char *request_id; /* NULL or "": the router makes one */
-    const char *model;      /* NULL or "": the served model; else must name it */
+    const char *model;      /* NULL or "": the router's first model; else a served name or
+                               alias (NOT_FOUND for another) */
     /* input: exactly one of prompt, messages and token_ids */
     const char *prompt;                 /* raw UTF-8 text; special tokens are parsed */
     const tdm_chat_message_t *messages; /* [n_messages] rendered with the model's template */
@@ -444,6 +445,9 @@ typedef struct tdm_client_model {
     uint32_t n_vocab;
     char *chat_template; /* the template: "gguf" (the model's own), "file" or a built-in name
                             ("chatml"); "" if not told */
+    char *state;         /* "ready" (a decode node of it is up), "unavailable" (none is: its
+                            requests wait); "" from a router before 2.5 */
+    uint32_t prefill_nodes_up, decode_nodes_up;
 } tdm_client_model_t;
 
 /* The models a router serves. Owns its arrays and strings. */
@@ -486,6 +490,7 @@ typedef struct tdm_client_node_status {
                              work until it is heard from again (down after twice the timeout) */
     char *host_id;        /* the host it registered (boot id; "" unknown) */
     char *gpu_uuid;       /* the GPU it computes on ("" on the CPU) */
+    char *model;          /* the model it serves (the router's config; "" from a 2.3 router) */
 } tdm_client_node_status_t;
 
 /* The KV transport the router chooses for a (prefill, decode) pair of up nodes. */

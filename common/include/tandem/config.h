@@ -33,6 +33,9 @@ extern "C" {
 /* Largest config file accepted, in bytes. */
 #define TDM_CONFIG_MAX_FILE_BYTES (1u << 20)
 
+/* Most models one config may list (models:). */
+#define TDM_CONFIG_MAX_MODELS 64
+
 /* Most nodes one config may list. */
 #define TDM_CONFIG_MAX_NODES 1024
 
@@ -77,6 +80,20 @@ typedef enum tdm_tool_call_parser {
     TDM_TOOL_CALL_PARSER_MISTRAL = 3,     /* [TOOL_CALLS]… */
 } tdm_tool_call_parser_t;
 
+/* model.defaults: the sampling a request of this model gets for what it leaves unset (vLLM's
+ * per-model generation defaults). The defaults of these defaults are Tandem's own
+ * (tdm_sampling_params_default, TDM_ROUTER_MAX_TOKENS_DEFAULT), so a config without them
+ * changes nothing. */
+typedef struct tdm_model_defaults {
+    double temperature;        /* [0, 5]; 1 */
+    double top_p;              /* (0, 1]; 1 */
+    int top_k;                 /* 0..1048576 (at most the vocabulary, checked per request); 0 */
+    double repetition_penalty; /* (0, 10]; 1 */
+    int max_tokens; /* 0..1048576: output tokens of a request that sets none (native max_tokens
+                       0, /v1/chat/completions without it), at most what the context leaves;
+                       0 = what the context leaves, at most 1024 */
+} tdm_model_defaults_t;
+
 /* model: which weights to serve and how to present them. */
 typedef struct tdm_model_config {
     char *path;          /* GGUF file; default tdm_model_default_path(); a leading "~/" is
@@ -86,8 +103,12 @@ typedef struct tdm_model_config {
                             path ("~/" expanded), checked at load (tdm_chat_template_check) */
     char *name;          /* model name clients use (/v1/models); default: path's file name
                             without the .gguf suffix */
+    char **aliases;      /* n_aliases more names clients may use for this model (vLLM's
+                            several --served-model-name); none: NULL, 0 */
+    size_t n_aliases;
     tdm_reasoning_parser_t reasoning_parser; /* auto (default) */
     tdm_tool_call_parser_t tool_call_parser; /* auto (default) */
+    tdm_model_defaults_t defaults;           /* its requests' sampling defaults */
 } tdm_model_config_t;
 
 /* Routers a node registers with at most (router.node_endpoints). */
@@ -208,6 +229,9 @@ typedef struct tdm_node_config {
     double spec_row_cost;          /* speculative.row_cost: a draft row's cost relative to a
                                       decode step, [0, 10]; 0 (default) = fitted from the
                                       node's own step times (tdm_worker_opts_t.spec_row_cost) */
+    char *model;                   /* the served name (name or alias) of the model this node
+                                      serves, one of the config's models; NULL: the first
+                                      (tdm_config_node_model) */
     char *curve_public_key;        /* this node's CURVE public key (Z85, 40 characters); required
                                       and distinct per node when CURVE is on, NULL otherwise */
     char *curve_secret_key_file;   /* file with this node's secret key, read only by this node's
@@ -216,7 +240,12 @@ typedef struct tdm_node_config {
 
 /* The whole cluster. Owns every string and array in it; release with tdm_config_free. */
 typedef struct tdm_config {
-    tdm_model_config_t model;
+    tdm_model_config_t model;   /* the first served model (models[0], copied): what code that
+                                   serves one model reads */
+    tdm_model_config_t *models; /* n_models >= 1 served models, in file order: the models: list,
+                                   or the one model: section; their names and aliases are
+                                   distinct across the list */
+    size_t n_models;
     tdm_router_config_t router;
     tdm_kv_config_t kv;
     tdm_log_config_t log;
@@ -249,6 +278,18 @@ int tdm_config_load_string(const char *text, size_t len, const char *name, tdm_c
 /* The node with the given id, or NULL. The pointer is into cfg->nodes (valid until
  * tdm_config_free). Cannot fail. */
 const tdm_node_config_t *tdm_config_find_node(const tdm_config_t *cfg, const char *id);
+
+/* The index in cfg->models of the model whose name or one of whose aliases is served, or -1
+ * (none; served NULL or ""). Cannot fail. */
+int tdm_config_model_index(const tdm_config_t *cfg, const char *served);
+
+/* The index in cfg->models of the model node serves (nodes[].model; 0 when it names none).
+ * A loaded config's nodes always name a listed model. Cannot fail. */
+size_t tdm_config_node_model_index(const tdm_config_t *cfg, const tdm_node_config_t *node);
+
+/* The model node serves: &cfg->models[tdm_config_node_model_index]. Borrowed from cfg. */
+const tdm_model_config_t *tdm_config_node_model(const tdm_config_t *cfg,
+                                                const tdm_node_config_t *node);
 
 /* The endpoint nodes connect to: router.node_advertise when set, else router.node_endpoint.
  * Borrowed from cfg. Cannot fail. */

@@ -120,15 +120,14 @@ uint64_t tdm_node_host_memory(void);
 void tdm_node_host_id(char *buf, size_t cap);
 
 /* Opens the runtime of node `node` of cluster cfg: loads its CURVE keys (tdm_node_keys_open,
- * first, so that a bad key file fails at once), loads cfg->model.path, sizes the KV pool
- * as (budget - weight bytes - engine scratch bytes) / block bytes (tdm_node_size_pool: the
- * same sizing function as `tandem kvcalc`; on device cuda:N the budget is in device memory,
- * the engine's backend is cuda on device N, and weights and scratch are the engine's device
- * figures), creates the engine (node->threads,
- * node->max_batch_tokens rows, node->max_running logit rows), the grammar vocabulary and
- * cache (structured output) and a worker in `mode`.
- * Errors (*err, message with the numbers): TDM_ENOTFOUND (model file), TDM_EINVALID (model,
- * config), TDM_ERESOURCE when the budget does not hold the weights plus one full-context
+ * first, so that a bad key file fails at once), loads the node's model (tdm_config_node_model),
+ * sizes the KV pool as (budget - weight bytes - engine scratch bytes) / block bytes
+ * (tdm_node_size_pool: the same sizing function as `tandem kvcalc`; on device cuda:N the budget is
+ * in device memory, the engine's backend is cuda on device N, and weights and scratch are the
+ * engine's device figures), creates the engine (node->threads, node->max_batch_tokens rows,
+ * node->max_running logit rows), the grammar vocabulary and cache (structured output) and a worker
+ * in `mode`. Errors (*err, message with the numbers): TDM_ENOTFOUND (model file), TDM_EINVALID
+ * (model, config), TDM_ERESOURCE when the budget does not hold the weights plus one full-context
  * sequence (n_ctx tokens of KV), or a device budget exceeds its free memory, or out of
  * memory; TDM_EPRECONDITION for a cuda device in a build without CUDA (the message names the
  * build); TDM_EUNAVAILABLE / TDM_EINVALID for a device the CUDA runtime cannot use or does

@@ -78,9 +78,10 @@ void tdm_proto_layout_to(const tdm_kv_layout_t *l, Tandem__V1__KvLayout *m);
 int tdm_proto_layout_from(const Tandem__V1__KvLayout *m, tdm_kv_layout_t *l, tdm_error_t *err);
 
 /* Appends m as Prometheus text exposition format 0.0.4 to *out: "# HELP" and "# TYPE" per
- * family, one sample per line, histograms as cumulative _bucket{le=...}, _sum and _count,
- * label values escaped (backslash, quote, line feed), '\n' line ends. The one renderer of the
- * router's metrics (GET /metrics; native clients that show text). Returns 0, or TDM_ERESOURCE
+ * family (once for consecutive families of one name: a histogram with several label sets, one
+ * MetricFamily each), one sample per line, histograms as cumulative _bucket{le=...}, _sum and
+ * _count, label values escaped (backslash, quote, line feed), '\n' line ends. The one renderer of
+ * the router's metrics (GET /metrics; native clients that show text). Returns 0, or TDM_ERESOURCE
  * when out holds an out-of-memory (tdm_buf_t.oom). Borrows m. */
 int tdm_proto_metrics_text(const Tandem__V1__MetricsResponse *m, tdm_buf_t *out);
 

@@ -28,12 +28,17 @@ typedef struct tdm_served_model {
                                kv.block_size and kv.dtype, checked (tdm_kv_layout_check) */
 } tdm_served_model_t;
 
-/* Opens cfg's model and tokenizer into *sm and derives the figures above. Errors (*err, the
+/* Opens cfg's (first) model and tokenizer into *sm and derives the figures above. Errors (*err, the
  * message starting with "model PATH: " or "tokenizer of PATH: "): TDM_ENOTFOUND (no file),
  * TDM_EINVALID (a malformed or unsupported model or tokenizer, a layout the KV cache cannot
  * hold, a context shorter than 2 tokens), TDM_ERESOURCE. On error nothing is left open and
  * *sm is zeroed. Caller closes with tdm_served_model_close. */
 int tdm_served_model_open(tdm_served_model_t *sm, const tdm_config_t *cfg, tdm_error_t *err);
+
+/* Like tdm_served_model_open for cfg->models[index] (the KV layout from cfg->kv); TDM_EINVALID
+ * for an index past cfg->n_models. */
+int tdm_served_model_open_at(tdm_served_model_t *sm, const tdm_config_t *cfg, size_t index,
+                             tdm_error_t *err);
 
 /* Frees what *sm holds and zeroes it. NULL-safe. */
 void tdm_served_model_close(tdm_served_model_t *sm);

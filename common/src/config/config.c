@@ -213,10 +213,46 @@ static void section_free(tdm_config_section_t section, char *base)
     }
 }
 
+void tdm_config_model_free(tdm_model_config_t *m)
+{
+    if (!m)
+        return;
+    tdm_config_t one; /* the model rows are fields of a tdm_config_t's model */
+    memset(&one, 0, sizeof one);
+    one.model = *m;
+    section_free(TDM_CONFIG_SECTION_MODEL, (char *)&one);
+    memset(m, 0, sizeof *m);
+}
+
+int tdm_config_model_copy(tdm_model_config_t *dst, const tdm_model_config_t *src)
+{
+    *dst = *src;
+    dst->path = dst->chat_template = dst->name = NULL;
+    dst->aliases = NULL;
+    dst->n_aliases = 0;
+    if ((src->path && !(dst->path = tdm_strdup(src->path))) ||
+        (src->chat_template && !(dst->chat_template = tdm_strdup(src->chat_template))) ||
+        (src->name && !(dst->name = tdm_strdup(src->name))))
+        return TDM_ERESOURCE;
+    if (src->n_aliases) {
+        if (!(dst->aliases = calloc(src->n_aliases, sizeof *dst->aliases)))
+            return TDM_ERESOURCE;
+        for (size_t i = 0; i < src->n_aliases; i++) {
+            dst->n_aliases = i + 1;
+            if (!(dst->aliases[i] = tdm_strdup(src->aliases[i])))
+                return TDM_ERESOURCE;
+        }
+    }
+    return TDM_OK;
+}
+
 void tdm_config_free(tdm_config_t *cfg)
 {
     if (!cfg)
         return;
+    for (size_t i = 0; i < cfg->n_models; i++)
+        tdm_config_model_free(&cfg->models[i]);
+    free(cfg->models);
     section_free(TDM_CONFIG_SECTION_TOP, (char *)cfg);
     for (size_t i = 0; i < cfg->n_nodes; i++)
         section_free(TDM_CONFIG_SECTION_NODE, (char *)&cfg->nodes[i]);
@@ -276,18 +312,74 @@ static int default_nodes(tdm_config_t *cfg)
     return TDM_OK;
 }
 
-int tdm_config_finish(tdm_config_t *cfg, bool nodes_given)
+/* The derived defaults of one model: the default path, the name from the path. */
+static int model_finish(tdm_model_config_t *m)
 {
-    if (!cfg->model.path) {
+    if (!m->path) {
         char path[4096];
         int rc = tdm_model_default_path(path, sizeof path);
         if (rc != TDM_OK)
             return rc;
-        if (!(cfg->model.path = tdm_strdup(path)))
+        if (!(m->path = tdm_strdup(path)))
             return TDM_ERESOURCE;
     }
-    if (!cfg->model.name && !(cfg->model.name = model_name_from_path(cfg->model.path)))
+    if (!m->name && !(m->name = model_name_from_path(m->path)))
         return TDM_ERESOURCE;
+    return TDM_OK;
+}
+
+/* cfg->models and cfg->model made the same: the model: section as a list of one, or the
+ * first of the models: list copied into model. Errors: TDM_ERESOURCE, TDM_ENOTFOUND. */
+static int models_finish(tdm_config_t *cfg, bool models_given)
+{
+    int rc;
+    if (!models_given) {
+        if ((rc = model_finish(&cfg->model)) != TDM_OK)
+            return rc;
+        if (!(cfg->models = calloc(1, sizeof *cfg->models)))
+            return TDM_ERESOURCE;
+        cfg->n_models = 1;
+        return tdm_config_model_copy(&cfg->models[0], &cfg->model);
+    }
+    for (size_t i = 0; i < cfg->n_models; i++)
+        if ((rc = model_finish(&cfg->models[i])) != TDM_OK)
+            return rc;
+    tdm_config_model_free(&cfg->model);
+    return tdm_config_model_copy(&cfg->model, &cfg->models[0]);
+}
+
+int tdm_config_model_index(const tdm_config_t *cfg, const char *served)
+{
+    if (!cfg || !served || !served[0])
+        return -1;
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const tdm_model_config_t *m = &cfg->models[i];
+        if (m->name && strcmp(m->name, served) == 0)
+            return (int)i;
+        for (size_t j = 0; j < m->n_aliases; j++)
+            if (strcmp(m->aliases[j], served) == 0)
+                return (int)i;
+    }
+    return -1;
+}
+
+size_t tdm_config_node_model_index(const tdm_config_t *cfg, const tdm_node_config_t *node)
+{
+    int i = node ? tdm_config_model_index(cfg, node->model) : -1;
+    return i < 0 ? 0 : (size_t)i;
+}
+
+const tdm_model_config_t *tdm_config_node_model(const tdm_config_t *cfg,
+                                                const tdm_node_config_t *node)
+{
+    return &cfg->models[tdm_config_node_model_index(cfg, node)];
+}
+
+int tdm_config_finish(tdm_config_t *cfg, bool nodes_given, bool models_given)
+{
+    int rc = models_finish(cfg, models_given);
+    if (rc != TDM_OK)
+        return rc;
     if (!nodes_given && default_nodes(cfg) != TDM_OK)
         return TDM_ERESOURCE;
     int n_decode = 0;
@@ -317,7 +409,7 @@ int tdm_config_defaults(tdm_config_t *cfg)
     int rc = tdm_config_init(cfg);
     if (rc != TDM_OK)
         return rc;
-    rc = tdm_config_finish(cfg, false);
+    rc = tdm_config_finish(cfg, false, false);
     if (rc != TDM_OK)
         tdm_config_free(cfg);
     return rc;

@@ -337,9 +337,93 @@ static int check_router_endpoints(tdm_config_loader_t *ld, const tdm_config_t *c
     return TDM_OK;
 }
 
+/* Where key name of model i was written: its models: entry, or the model: section. */
+static const yaml_node_t *model_mark(const tdm_config_loader_t *ld, size_t i, const char *name)
+{
+    const yaml_node_t *const *marks =
+        ld->model_marks ? ld->model_marks + i * ld->n_keys : (i == 0 ? ld->marks : NULL);
+    return tdm_config_mark(marks, TDM_CONFIG_SECTION_MODEL, name);
+}
+
+/* Served name j of model m: its name (j 0) or alias j - 1. */
+static const char *served_name(const tdm_model_config_t *m, size_t j)
+{
+    return j == 0 ? m->name : m->aliases[j - 1];
+}
+
+/* The key a served name was written under: "models[1].name", "model.aliases". */
+static void served_key(const tdm_config_loader_t *ld, size_t i, size_t j, char *key, size_t cap)
+{
+    if (ld->model_marks)
+        snprintf(key, cap, "models[%zu].%s", i, j == 0 ? "name" : "aliases");
+    else
+        snprintf(key, cap, "model.%s", j == 0 ? "name" : "aliases");
+}
+
+/* Every served name (each model's name and aliases) belongs to one model only, once: a request's
+ * model field must pick one model. */
+static int check_model_names(tdm_config_loader_t *ld, const tdm_config_t *cfg)
+{
+    char key[TDM_CONFIG_KEY_MAX], other[TDM_CONFIG_KEY_MAX];
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        const tdm_model_config_t *m = &cfg->models[i];
+        for (size_t j = 0; j <= m->n_aliases; j++) {
+            const char *name = served_name(m, j);
+            if (!name[0]) {
+                served_key(ld, i, j, key, sizeof key);
+                return tdm_config_fail(ld, model_mark(ld, i, j ? "aliases" : "name"), key,
+                                       "a served model name must not be empty");
+            }
+            for (size_t a = 0; a <= i; a++) {
+                const tdm_model_config_t *o = &cfg->models[a];
+                for (size_t b = 0; b <= o->n_aliases && (a < i || b < j); b++) {
+                    if (strcmp(served_name(o, b), name) != 0)
+                        continue;
+                    served_key(ld, i, j, key, sizeof key);
+                    served_key(ld, a, b, other, sizeof other);
+                    const yaml_node_t *at = model_mark(ld, i, j ? "aliases" : "name");
+                    if (!at) /* a name derived from the path */
+                        at = model_mark(ld, i, "path");
+                    return tdm_config_fail(
+                        ld, at, key,
+                        "duplicate served model name '%s': %s (path %s) and %s (path %s) both "
+                        "serve it; each name and alias must name one model",
+                        name, key, m->path, other, o->path);
+                }
+            }
+        }
+    }
+    return TDM_OK;
+}
+
+/* Every node's model: names a listed model. */
+static int check_node_models(tdm_config_loader_t *ld, const tdm_config_t *cfg)
+{
+    char key[TDM_CONFIG_KEY_MAX], names[256];
+    for (size_t i = 0; i < cfg->n_nodes; i++) {
+        const tdm_node_config_t *node = &cfg->nodes[i];
+        if (!node->model || tdm_config_model_index(cfg, node->model) >= 0)
+            continue;
+        size_t len = 0;
+        names[0] = '\0';
+        for (size_t m = 0; m < cfg->n_models && len < sizeof names; m++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", m ? ", " : "",
+                                    cfg->models[m].name);
+        snprintf(key, sizeof key, "nodes[%zu].model", i);
+        return tdm_config_fail(ld, node_mark(ld, i, "model"), key,
+                               "'%s' is not a served name of any model (models: %s)", node->model,
+                               names);
+    }
+    return TDM_OK;
+}
+
 int tdm_config_check_cross(tdm_config_loader_t *ld, const tdm_config_t *cfg)
 {
-    int rc = check_router_endpoints(ld, cfg);
+    int rc = check_model_names(ld, cfg);
+    if (rc == TDM_OK)
+        rc = check_node_models(ld, cfg);
+    if (rc == TDM_OK)
+        rc = check_router_endpoints(ld, cfg);
     if (rc == TDM_OK)
         rc = check_endpoints(ld, cfg);
     if (rc == TDM_OK)

@@ -48,7 +48,13 @@ static void dump_section(tdm_config_section_t section, const char *base, int ind
 static bool dump_skips(const tdm_config_key_t *k, const char *base)
 {
     const void *field = base + k->offset;
-    if (k->type == TDM_CONFIG_TYPE_REMOVED || k->type == TDM_CONFIG_TYPE_NODES)
+    if (k->type == TDM_CONFIG_TYPE_REMOVED || k->type == TDM_CONFIG_TYPE_NODES ||
+        k->type == TDM_CONFIG_TYPE_MODELS)
+        return true;
+    /* several models are dumped as the models: list (tdm_config_dump), not as model: */
+    if (k->section == TDM_CONFIG_SECTION_TOP && k->type == TDM_CONFIG_TYPE_MAPPING &&
+        k->sub == TDM_CONFIG_SECTION_MODEL &&
+        ((const tdm_config_t *)(const void *)base)->n_models > 1)
         return true;
     if ((k->flags & TDM_CONFIG_DECODE_ONLY) &&
         ((const tdm_node_config_t *)(const void *)base)->role != TDM_NODE_ROLE_DECODE)
@@ -132,6 +138,16 @@ int tdm_config_dump(const tdm_config_t *cfg, FILE *out)
 {
     fprintf(out, "# Tandem cluster configuration, resolved (defaults included).\n");
     dump_section(TDM_CONFIG_SECTION_TOP, (const char *)cfg, 0, false, out);
+    if (cfg->n_models > 1) {
+        /* each entry's rows are fields of a tdm_config_t's model: dumped from a shallow copy */
+        fprintf(out, "models:\n");
+        for (size_t i = 0; i < cfg->n_models; i++) {
+            tdm_config_t one;
+            memset(&one, 0, sizeof one);
+            one.model = cfg->models[i];
+            dump_section(TDM_CONFIG_SECTION_MODEL, (const char *)&one, 4, true, out);
+        }
+    }
     fprintf(out, "nodes:\n");
     for (size_t i = 0; i < cfg->n_nodes; i++)
         dump_section(TDM_CONFIG_SECTION_NODE, (const char *)&cfg->nodes[i], 4, true, out);
@@ -303,6 +319,8 @@ int tdm_config_keys_markdown(const char *section, FILE *out)
     bool found = false;
     for (size_t i = 0; i < n_keys && keys[i].section == TDM_CONFIG_SECTION_TOP; i++) {
         const tdm_config_key_t *k = &keys[i];
+        if (k->type == TDM_CONFIG_TYPE_MODELS) /* entries of the model table */
+            continue;
         if (section && strcmp(section, k->name) != 0)
             continue;
         tdm_config_section_t sub =

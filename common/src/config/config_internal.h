@@ -28,14 +28,15 @@
 /* The mappings of a config file. Rows of TDM_CONFIG_SECTION_NODE and _SPECULATIVE are fields
  * of a tdm_node_config_t; all others of the tdm_config_t. */
 typedef enum tdm_config_section {
-    TDM_CONFIG_SECTION_TOP = 0,     /* the file's top level: the sections and nodes */
-    TDM_CONFIG_SECTION_MODEL,       /* model: */
-    TDM_CONFIG_SECTION_ROUTER,      /* router: */
-    TDM_CONFIG_SECTION_KV,          /* kv: */
-    TDM_CONFIG_SECTION_LOG,         /* log: */
-    TDM_CONFIG_SECTION_SECURITY,    /* security: */
-    TDM_CONFIG_SECTION_NODE,        /* one entry of nodes: */
-    TDM_CONFIG_SECTION_SPECULATIVE, /* nodes[].speculative: */
+    TDM_CONFIG_SECTION_TOP = 0,        /* the file's top level: the sections and nodes */
+    TDM_CONFIG_SECTION_MODEL,          /* model: */
+    TDM_CONFIG_SECTION_MODEL_DEFAULTS, /* model.defaults: (models[].defaults:) */
+    TDM_CONFIG_SECTION_ROUTER,         /* router: */
+    TDM_CONFIG_SECTION_KV,             /* kv: */
+    TDM_CONFIG_SECTION_LOG,            /* log: */
+    TDM_CONFIG_SECTION_SECURITY,       /* security: */
+    TDM_CONFIG_SECTION_NODE,           /* one entry of nodes: */
+    TDM_CONFIG_SECTION_SPECULATIVE,    /* nodes[].speculative: */
     TDM_CONFIG_N_SECTIONS,
 } tdm_config_section_t;
 
@@ -53,6 +54,7 @@ typedef enum tdm_config_type {
     TDM_CONFIG_TYPE_LIST,      /* char ** of strings, owned, with a size_t count at aux_offset */
     TDM_CONFIG_TYPE_MAPPING,   /* a nested section (sub) */
     TDM_CONFIG_TYPE_NODES,     /* the list of nodes (config_load.c reads it) */
+    TDM_CONFIG_TYPE_MODELS,    /* the list of models, entries of section MODEL (config_load.c) */
     TDM_CONFIG_TYPE_REMOVED,   /* a key of earlier versions: refused, doc says what replaced it */
 } tdm_config_type_t;
 
@@ -141,7 +143,7 @@ int tdm_config_node_defaults(tdm_node_config_t *node);
 /* Fills what the file left out and what depends on other keys: the model path and name, the
  * default nodes (when nodes_given is false), decode nodes' KV endpoints and each node's
  * memory budget by device. Errors: TDM_ERESOURCE, TDM_ENOTFOUND (no default model path). */
-int tdm_config_finish(tdm_config_t *cfg, bool nodes_given);
+int tdm_config_finish(tdm_config_t *cfg, bool nodes_given, bool models_given);
 
 /* ---- the loader ---- */
 
@@ -149,8 +151,10 @@ typedef struct tdm_config_loader {
     const char *name; /* file name for messages */
     yaml_document_t *doc;
     tdm_error_t *err;
-    const yaml_node_t **marks;      /* [n_keys]: where each global key was written, or NULL */
-    const yaml_node_t **node_marks; /* [n_nodes][n_keys]: the same for each node entry */
+    const yaml_node_t **marks;       /* [n_keys]: where each global key was written, or NULL */
+    const yaml_node_t **node_marks;  /* [n_nodes][n_keys]: the same for each node entry */
+    const yaml_node_t **model_marks; /* [n_models][n_keys]: the same for each models: entry
+                                        (NULL without models:) */
     size_t n_keys;
 } tdm_config_loader_t;
 
@@ -194,6 +198,17 @@ int tdm_config_read_section(tdm_config_loader_t *ld, const yaml_node_t *map, con
  * its marks in ld->node_marks, then its own checks (tdm_config_check_node) and distinct ids. */
 int tdm_config_read_nodes(tdm_config_loader_t *ld, const yaml_node_t *v, tdm_config_t *cfg);
 
+/* Reads the models: list v into cfg->models (config_load.c): each entry a mapping of the model
+ * section's keys over its defaults, its marks in ld->model_marks. */
+int tdm_config_read_models(tdm_config_loader_t *ld, const yaml_node_t *v, tdm_config_t *cfg);
+
+/* Copies src into *dst (every string and list duplicated). Returns 0 or TDM_ERESOURCE (then
+ * *dst holds what was copied, for tdm_config_model_free). */
+int tdm_config_model_copy(tdm_model_config_t *dst, const tdm_model_config_t *src);
+
+/* Frees what *m owns and zeroes it. NULL-safe. */
+void tdm_config_model_free(tdm_model_config_t *m);
+
 /* ---- the checks across keys (config_check.c) ---- */
 
 /* The checks of nodes[index] that involve several of its keys: required keys, decode-only
@@ -202,7 +217,8 @@ int tdm_config_check_node(tdm_config_loader_t *ld, const yaml_node_t *map, size_
                           const tdm_node_config_t *node);
 
 /* The checks across sections, once every section is read and the derived defaults are
- * filled: ZeroMQ endpoints are distinct, CURVE keys all or nothing and distinct. The default
+ * filled: served model names distinct across models, every node's model listed, ZeroMQ
+ * endpoints are distinct, CURVE keys all or nothing and distinct. The default
  * nodes (ld->node_marks NULL) have no marks. */
 int tdm_config_check_cross(tdm_config_loader_t *ld, const tdm_config_t *cfg);
 

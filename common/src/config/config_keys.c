@@ -282,6 +282,11 @@ static bool cors_origin_refused(const char *o, const char *got, char *why, size_
         .section = TDM_CONFIG_SECTION_##sec, .name = nm, .type = TDM_CONFIG_TYPE_NODES,            \
         .doc = text                                                                                \
     }
+#define MODELS_KEY(sec, nm, text)                                                                  \
+    {                                                                                              \
+        .section = TDM_CONFIG_SECTION_##sec, .name = nm, .type = TDM_CONFIG_TYPE_MODELS,           \
+        .sub = TDM_CONFIG_SECTION_MODEL, .doc = text                                               \
+    }
 #define REMOVED_KEY(sec, nm, text)                                                                 \
     {                                                                                              \
         .section = TDM_CONFIG_SECTION_##sec, .name = nm, .type = TDM_CONFIG_TYPE_REMOVED,          \
@@ -295,6 +300,8 @@ static bool cors_origin_refused(const char *o, const char *got, char *why, size_
 
 static const tdm_config_key_t keys[] = {
     MAPPING_KEY(TOP, "model", MODEL, "the model served"),
+    MODELS_KEY(TOP, "models",
+               "several models served: a list of `model` sections (not with `model`)"),
     MAPPING_KEY(TOP, "router", ROUTER, "the router's endpoints and scheduler"),
     MAPPING_KEY(TOP, "kv", KV, "the paged KV cache, the same on every node"),
     MAPPING_KEY(TOP, "log", LOG, "logging"),
@@ -316,6 +323,10 @@ static const tdm_config_key_t keys[] = {
     TEXT_KEY(MODEL, "name", STRING, CFG(model.name), TDM_CONFIG_DERIVED,
              "the file name of `path` without `.gguf`", NULL,
              "the model name clients use (`/v1/models`)"),
+    LIST_KEY(MODEL, "aliases", CFG(model.aliases), offsetof(tdm_config_t, model.n_aliases),
+             "model name", NULL,
+             "more names clients may use for this model (the `model` field of a request); names "
+             "and aliases are distinct across `models`"),
     ENUM_KEY(MODEL, "reasoning_parser", CFG(model.reasoning_parser), 0, 0, &reasoning_parsers,
              TDM_REASONING_PARSER_AUTO,
              "how chat output is split into `reasoning_content` and `content`: `auto` from the "
@@ -327,6 +338,24 @@ static const tdm_config_key_t keys[] = {
              "the format tool calls are parsed from and constrained to: `auto` from the chat "
              "template (docs/models.md); `hermes` (`<tool_call>`); `llama3_json`; `mistral` "
              "(`[TOOL_CALLS]`)"),
+    MAPPING_KEY(MODEL, "defaults", MODEL_DEFAULTS,
+                "the sampling this model's requests get for the fields they leave unset (as "
+                "vLLM's per-model generation config); the defaults are Tandem's own"),
+    NUMBER_KEY(MODEL_DEFAULTS, "temperature", CFG(model.defaults.temperature), 0, 0, 5, 1, NULL,
+               NULL, "a request's `temperature` when it sets none"),
+    NUMBER_KEY(MODEL_DEFAULTS, "top_p", CFG(model.defaults.top_p), TDM_CONFIG_MIN_OPEN, 0, 1, 1,
+               NULL, NULL, "a request's `top_p` when it sets none"),
+    INT_KEY(MODEL_DEFAULTS, "top_k", CFG(model.defaults.top_k), 0, 0, 1048576, 0, "tokens",
+            "a request's `top_k` when it sets none (0: off; more than the vocabulary fails the "
+            "request)"),
+    NUMBER_KEY(MODEL_DEFAULTS, "repetition_penalty", CFG(model.defaults.repetition_penalty),
+               TDM_CONFIG_MIN_OPEN, 0, 10, 1, NULL, NULL,
+               "a request's `repetition_penalty` when it sets none"),
+    INT_KEY(MODEL_DEFAULTS, "max_tokens", CFG(model.defaults.max_tokens), 0, 0, 1048576, 0,
+            "tokens",
+            "output tokens of a request that sets none (native `max_tokens` 0, "
+            "`/v1/chat/completions` without it; `/v1/completions` keeps OpenAI's 16), at most "
+            "what the context leaves; 0: what the context leaves, at most 1,024"),
 
     TEXT_KEY(ROUTER, "client_endpoint", ENDPOINT, CFG(router.client_endpoint), 0,
              "tcp://127.0.0.1:7600", NULL, "client API (ZeroMQ, protobuf)"),
@@ -504,6 +533,10 @@ static const tdm_config_key_t keys[] = {
                 "sequences run on the node. Per request: `speculative: \"auto\"` (default) or "
                 "`\"off\"` on `/v1/completions` and `/v1/chat/completions`, "
                 "`GenerateRequest.speculative`, the client library's `no_speculation`"),
+    TEXT_KEY(NODE, "model", STRING, NODE(model), TDM_CONFIG_OPTIONAL | TDM_CONFIG_DERIVED,
+             "the first model", NULL,
+             "the model this node serves: a `name` or alias of one of `models` (\"Several "
+             "models\"); a node serves one model and exchanges KV only with nodes of that model"),
     TEXT_KEY(NODE, "curve_public_key", CURVE_KEY, NODE(curve_public_key), TDM_CONFIG_OPTIONAL, NULL,
              curve_key_refused,
              "this node's CURVE public key: required, and distinct from every other key, when "

@@ -75,6 +75,51 @@ int tdm_config_read_nodes(tdm_config_loader_t *ld, const yaml_node_t *seq, tdm_c
     return TDM_OK;
 }
 
+int tdm_config_read_models(tdm_config_loader_t *ld, const yaml_node_t *seq, tdm_config_t *cfg)
+{
+    char got[96], path[TDM_CONFIG_KEY_MAX];
+    if (seq->type != YAML_SEQUENCE_NODE)
+        return tdm_config_fail(ld, seq, "models", "must be a list of models, got %s",
+                               tdm_config_describe(seq, got, sizeof got));
+    size_t n = (size_t)(seq->data.sequence.items.top - seq->data.sequence.items.start);
+    if (n == 0)
+        return tdm_config_fail(ld, seq, "models", "must list at least one model");
+    if (n > TDM_CONFIG_MAX_MODELS)
+        return tdm_config_fail(ld, seq, "models", "lists %zu models; at most %d are supported", n,
+                               TDM_CONFIG_MAX_MODELS);
+    cfg->models = calloc(n, sizeof *cfg->models);
+    ld->model_marks = calloc(n * ld->n_keys, sizeof *ld->model_marks);
+    if (!cfg->models || !ld->model_marks)
+        return tdm_config_fail_memory(ld);
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *item =
+            yaml_document_get_node(ld->doc, seq->data.sequence.items.start[i]);
+        /* the model rows are fields of a tdm_config_t's model: read into a scratch one */
+        tdm_config_t one;
+        memset(&one, 0, sizeof one);
+        int rc = tdm_config_section_defaults(TDM_CONFIG_SECTION_MODEL, &one);
+        cfg->models[i] = one.model;
+        cfg->n_models = i + 1;
+        if (rc != TDM_OK)
+            return tdm_config_fail_memory(ld);
+        snprintf(path, sizeof path, "models[%zu]", i);
+        if (tdm_config_is_null(item) || item->type != YAML_MAPPING_NODE)
+            return tdm_config_fail(ld, item, path, "must be a mapping with at least path, got %s",
+                                   tdm_config_describe(item, got, sizeof got));
+        rc = tdm_config_read_section(ld, item, path, TDM_CONFIG_SECTION_MODEL, &one,
+                                     ld->model_marks + i * ld->n_keys);
+        cfg->models[i] = one.model;
+        if (rc != TDM_OK)
+            return rc;
+        if (!tdm_config_mark(ld->model_marks + i * ld->n_keys, TDM_CONFIG_SECTION_MODEL, "path")) {
+            char key[TDM_CONFIG_KEY_MAX];
+            snprintf(key, sizeof key, "models[%zu].path", i);
+            return tdm_config_fail(ld, item, key, "is required (the GGUF file this model serves)");
+        }
+    }
+    return TDM_OK;
+}
+
 /* The whole document (NULL or null: none): the sections over the defaults, the derived
  * defaults, the checks across keys. */
 static int read_root(tdm_config_loader_t *ld, const yaml_node_t *root, tdm_config_t *cfg)
@@ -89,7 +134,16 @@ static int read_root(tdm_config_loader_t *ld, const yaml_node_t *root, tdm_confi
                    : tdm_config_read_section(ld, root, "", TDM_CONFIG_SECTION_TOP, cfg, ld->marks);
     if (rc != TDM_OK)
         return rc;
-    rc = tdm_config_finish(cfg, tdm_config_mark(ld->marks, TDM_CONFIG_SECTION_TOP, "nodes"));
+    const yaml_node_t *model_at = tdm_config_mark(ld->marks, TDM_CONFIG_SECTION_TOP, "model");
+    const yaml_node_t *models_at = tdm_config_mark(ld->marks, TDM_CONFIG_SECTION_TOP, "models");
+    if (model_at && models_at) {
+        bool models_later = tdm_config_line(models_at) > tdm_config_line(model_at);
+        return tdm_config_fail(ld, models_later ? models_at : model_at,
+                               models_later ? "models" : "model",
+                               "give model (one model) or models (a list), not both");
+    }
+    rc = tdm_config_finish(cfg, tdm_config_mark(ld->marks, TDM_CONFIG_SECTION_TOP, "nodes"),
+                           models_at != NULL);
     if (rc != TDM_OK)
         return tdm_error_set(ld->err, rc, "%s: %s", ld->name,
                              rc == TDM_ENOTFOUND ? "cannot form the default model path: neither "
@@ -171,6 +225,7 @@ out_delete_parser:
     yaml_parser_delete(&parser);
 out_free_marks:
     free(ld.node_marks);
+    free(ld.model_marks);
     free(ld.marks);
     if (rc != TDM_OK)
         tdm_config_free(cfg);

@@ -497,6 +497,7 @@ int tdm_config_read_value(tdm_config_loader_t *ld, const tdm_config_key_t *k, co
                                        tdm_config_section_is_node(k->sub) ? NULL : ld->marks);
     case TDM_CONFIG_TYPE_REMOVED: return tdm_config_fail(ld, v, key, "was removed: %s", k->doc);
     case TDM_CONFIG_TYPE_NODES: return tdm_config_read_nodes(ld, v, (tdm_config_t *)base);
+    case TDM_CONFIG_TYPE_MODELS: return tdm_config_read_models(ld, v, (tdm_config_t *)base);
     default: return get_text(ld, k, v, key, field);
     }
 }

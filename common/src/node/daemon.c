@@ -277,7 +277,7 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
         fprintf(stderr, "%s: %s\n", a.prog, err.msg);
         goto out_config;
     }
-    tdm_notify_sendf("STATUS=loading the model %s", cfg.model.path);
+    tdm_notify_sendf("STATUS=loading the model %s", tdm_config_node_model(&cfg, node)->path);
     void *obj = ops->create(&cfg, node->id, net, &log, &err);
     if (!obj) {
         TDM_LOG_ERRORF(&log, NULL, "cannot start: %s", err.msg);

@@ -161,7 +161,8 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
             return rc;
     /* the same loader as the router's: context, vocabulary, fingerprint and layout agree */
     tdm_served_model_t sm;
-    if ((rc = tdm_served_model_open(&sm, cfg, err)) != TDM_OK)
+    if ((rc = tdm_served_model_open_at(&sm, cfg, tdm_config_node_model_index(cfg, node), err)) !=
+        TDM_OK)
         goto out_close;
     rt->model = sm.model; /* the runtime owns them from here (tdm_node_runtime_close) */
     rt->tok = sm.tok;

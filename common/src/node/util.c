@@ -127,6 +127,7 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                                    : TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE;
     reg.version = (char *)TANDEM_VERSION;
     reg.model_fingerprint = rt->fingerprint;
+    reg.model = tdm_config_node_model(cfg, node)->name;
     reg.kv_layout = &layout;
     reg.kv_blocks_total = ks.n_blocks;
     reg.kv_endpoint = (char *)(uintptr_t)(kv_endpoint ? kv_endpoint : "");

@@ -117,7 +117,10 @@ int tdm_proto_metrics_text(const Tandem__V1__MetricsResponse *m, tdm_buf_t *out)
     for (size_t i = 0; i < m->n_families; i++) {
         const Tandem__V1__MetricFamily *f = m->families[i];
         const char *type = type_name(f->type);
-        tdm_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, type);
+        /* a histogram with several label sets (one per model) comes as consecutive families of
+         * one name: one HELP and TYPE for them all */
+        if (i == 0 || strcmp(m->families[i - 1]->name, f->name) != 0)
+            tdm_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, type);
         if (f->type == TANDEM__V1__METRIC_TYPE__METRIC_TYPE_HISTOGRAM) {
             if (f->histogram)
                 histogram(out, f);

@@ -7,8 +7,17 @@
 
 int tdm_served_model_open(tdm_served_model_t *sm, const tdm_config_t *cfg, tdm_error_t *err)
 {
+    return tdm_served_model_open_at(sm, cfg, 0, err);
+}
+
+int tdm_served_model_open_at(tdm_served_model_t *sm, const tdm_config_t *cfg, size_t index,
+                             tdm_error_t *err)
+{
     memset(sm, 0, sizeof *sm);
-    const char *path = cfg->model.path;
+    if (index >= cfg->n_models)
+        return tdm_error_set(err, TDM_EINVALID, "model index %zu: the config lists %zu models",
+                             index, cfg->n_models);
+    const char *path = cfg->models[index].path;
     int rc;
     sm->model = tdm_model_load(path, err);
     if (!sm->model) {
