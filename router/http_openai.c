@@ -282,6 +282,46 @@ static int parse_content(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *c, cons
     return TDM_OK;
 }
 
+/* messages[i] (a JSON object m) into q->msgs[i]: role ("developer" read as "system"), content
+ * (or tool_calls), the tool fields and past reasoning. */
+static int parse_message(parse_ctx_t *p, oai_req_t *q, size_t i, json_t *m)
+{
+    char name[48];
+    snprintf(name, sizeof name, "messages[%zu]", i);
+    if (!json_is_object(m))
+        return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be an object, got %s", name,
+                                   oai_type_name(m));
+    json_t *role = json_object_get(m, "role");
+    if (!json_is_string(role)) {
+        snprintf(name, sizeof name, "messages[%zu].role", i);
+        return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be a string", name);
+    }
+    const char *r = json_string_value(role);
+    if (strcmp(r, "developer") == 0)
+        r = "system"; /* OpenAI's newer name for system instructions */
+    json_t *c = json_object_get(m, "content");
+    if ((!c || json_is_null(c)) && !json_object_get(m, "tool_calls") &&
+        !json_object_get(m, "function_call")) {
+        snprintf(name, sizeof name, "messages[%zu].content", i);
+        return tdm_error_set_field(p->err, TDM_EINVALID, name,
+                                   "%s is required: a message has content (an assistant message "
+                                   "may have tool_calls instead)",
+                                   name);
+    }
+    const char *content = "";
+    int rc = parse_content(p, q, i, c, &content);
+    if (rc != TDM_OK)
+        return rc;
+    tandem__v1__chat_message__init(&q->msgs[i]);
+    q->msgs[i].role = (char *)r;
+    q->msgs[i].content = (char *)content;
+    q->msg_ptr[i] = &q->msgs[i];
+    rc = oai_tools_message(m, i, &q->msgs[i], &q->tools, p->err);
+    if (rc == TDM_OK)
+        rc = oai_reasoning_message(m, i, &q->msgs[i], p->err);
+    return rc;
+}
+
 static int parse_messages(parse_ctx_t *p, oai_req_t *q)
 {
     json_t *v = field(p->root, "messages");
@@ -300,41 +340,7 @@ static int parse_messages(parse_ctx_t *p, oai_req_t *q)
         return tdm_error_set(p->err, TDM_ERESOURCE, "out of memory");
     q->chat.n_messages = n; /* so oai_req_clear frees what was joined so far */
     for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(v, i);
-        char name[48];
-        snprintf(name, sizeof name, "messages[%zu]", i);
-        if (!json_is_object(m))
-            return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be an object, got %s",
-                                       name, oai_type_name(m));
-        json_t *role = json_object_get(m, "role");
-        if (!json_is_string(role)) {
-            snprintf(name, sizeof name, "messages[%zu].role", i);
-            return tdm_error_set_field(p->err, TDM_EINVALID, name, "%s must be a string", name);
-        }
-        const char *r = json_string_value(role);
-        if (strcmp(r, "developer") == 0)
-            r = "system"; /* OpenAI's newer name for system instructions */
-        json_t *c = json_object_get(m, "content");
-        if ((!c || json_is_null(c)) && !json_object_get(m, "tool_calls") &&
-            !json_object_get(m, "function_call")) {
-            snprintf(name, sizeof name, "messages[%zu].content", i);
-            return tdm_error_set_field(
-                p->err, TDM_EINVALID, name,
-                "%s is required: a message has content (an assistant message may "
-                "have tool_calls instead)",
-                name);
-        }
-        const char *content = "";
-        int rc = parse_content(p, q, i, c, &content);
-        if (rc != TDM_OK)
-            return rc;
-        tandem__v1__chat_message__init(&q->msgs[i]);
-        q->msgs[i].role = (char *)r;
-        q->msgs[i].content = (char *)content;
-        q->msg_ptr[i] = &q->msgs[i];
-        rc = oai_tools_message(m, i, &q->msgs[i], &q->tools, p->err);
-        if (rc == TDM_OK)
-            rc = oai_reasoning_message(m, i, &q->msgs[i], p->err);
+        int rc = parse_message(p, q, i, json_array_get(v, i));
         if (rc != TDM_OK)
             return rc;
     }
