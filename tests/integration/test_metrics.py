@@ -452,7 +452,10 @@ def test_prometheus_scrapes_with_the_metrics_api_key(tmp_path):
         gen = run_prometheus(cfg, tmp_path)
         base = next(gen)
         try:
-            wait_value(base, 'up{job="tandem-router"}', lambda v: v == 1)
+            # the shipped config also lists router-1:8000 (compose's second router), which
+            # does not resolve here: its up series is 0 once Prometheus has tried it
+            wait_value(base, f'up{{job="tandem-router",instance="127.0.0.1:{port}"}}',
+                       lambda v: v == 1)
             wait_value(base, 'tandem_node_up{job="tandem-router",node="decode-0"}',
                        lambda v: v == 1)
         finally:
