@@ -415,7 +415,8 @@ uint32_t tdm_kv_hseq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const 
 
 /* After the forward pass wrote KV for tokens[0..n_tokens): records n_tokens, registers every
  * newly full block of every group, then gives back the window groups' blocks wholly before
- * n_tokens + 1 - W (no later query reads them). */
+ * n_tokens + 1 - W (no later query reads them). tokens NULL (prefix caching off): registers
+ * nothing, only records n_tokens and gives back. */
 void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *tokens,
                         uint32_t n_tokens);
 

@@ -286,9 +286,10 @@ void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *t
     const tdm_kv_groups_t *g = hs->groups;
     const uint32_t bs = tdm_kv_pool_layout(pool)->block_size;
     const uint32_t full = n_tokens / bs;
-    TDM_ASSERT(full >= hs->n_hashed && n_tokens >= hs->n_tokens); /* KV is never taken back */
+    TDM_ASSERT(n_tokens >= hs->n_tokens); /* KV is never taken back */
+    TDM_ASSERT(!tokens || full >= hs->n_hashed);
     uint64_t h = hs->n_hashed > 0 ? hs->last_hash : TDM_KV_HASH_SEED;
-    for (uint32_t i = hs->n_hashed; i < full; i++) {
+    for (uint32_t i = hs->n_hashed; tokens && i < full; i++) {
         h = tdm_kv_block_hash(h, tokens + (size_t)i * bs, bs);
         for (uint32_t gi = 0; gi < g->n_groups; gi++) {
             TDM_ASSERT(i < hs->tab[gi].n_blocks);
@@ -297,7 +298,7 @@ void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *t
                 (void)tdm_kv_pool_register(pool, b, tdm_kv_group_hash(h, gi));
         }
     }
-    if (full > hs->n_hashed) {
+    if (tokens && full > hs->n_hashed) {
         hs->n_hashed = full;
         hs->last_hash = h;
     }
