@@ -8,10 +8,11 @@ import subprocess
 
 import pytest
 
-from conftest import BINARIES, MODEL, Cluster
-from tandem_client import pb
+from conftest import BINARIES, MODEL, Cluster, reference
+from tandem_client import pb, prompt_request
 
 MODELS = os.path.dirname(MODEL)
+GEMMA = os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf")
 
 
 @pytest.mark.parametrize("model", [MODEL, os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf")])
@@ -35,3 +36,51 @@ def test_kvcalc_pool_blocks_equal_the_nodes(tmp_path, model):
         assert node.kv_blocks_total == plan["pool_blocks"], (node.kv_blocks_total, plan)
     finally:
         c.stop()
+
+
+def kvcalc(model, *args):
+    out = subprocess.run([BINARIES["tandem"], "kvcalc", "-m", model, "--memory", "768MiB",
+                          "--threads", "1", "--json", *args], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout)
+
+
+def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp_path):
+    """Gemma 3 (five of every six layers see the last 512 tokens) on a decode node without
+    prefill nodes: the node allocates KV per layer group, and `tandem kvcalc` at 8k and 32k
+    contexts plans exactly its pool (blocks of one group's 3 layers); a prompt past the window,
+    greedy and seeded, gives the single-process full-allocation output (`tandem generate`)."""
+    if not os.path.exists(GEMMA):
+        pytest.skip(f"{GEMMA} is not in the model cache (scripts/setup)")
+    p8, p32 = kvcalc(GEMMA, "--context", "8192"), kvcalc(GEMMA, "--context", "32768")
+    full = kvcalc(GEMMA, "--context", "8192", "--all-layers")
+    assert p8["layer_groups"] == p32["layer_groups"] == 6, p8
+    assert full["layer_groups"] == 1, full
+    # 1 full-attention group of 512 blocks + 5 window groups of 33 at 8k; 2048 + 5 x 33 at 32k
+    assert p8["blocks_per_sequence"] == 512 + 5 * 33, p8
+    assert p32["blocks_per_sequence"] == 2048 + 5 * 33, p32
+    assert p8["block_bytes"] * 6 == full["block_bytes"], (p8, full)
+    assert p8["pool_blocks"] == p32["pool_blocks"], (p8, p32)
+    assert p8["max_sequences"] > full["max_sequences"], (p8, full)
+    c = Cluster(str(tmp_path), n_prefill=0, n_decode=1, memory_budget="768MiB", threads=1,
+                model=GEMMA).start()
+    try:
+        node = c.nodes()["decode-0"]
+        assert node.kv_blocks_total == p8["pool_blocks"], (node.kv_blocks_total, p8)
+        # about 700 tokens: past the 512-token window
+        prompt = " ".join(f"item {i} is {'red' if i % 3 else 'blue'};" for i in range(120))
+        cl = c.client()
+        try:
+            for sp in ({"temperature": 0.0}, {"temperature": 0.8, "seed": 7}):
+                res = cl.generate(prompt_request(prompt=prompt, max_tokens=12, **sp),
+                                  timeout_s=600)
+                assert res.status == "OK", (res.status, res.message)
+                assert res.final.usage.prompt_tokens > 512, res.final.usage
+                ref = reference(prompt=prompt, max_tokens=12, model=GEMMA,
+                                temperature=sp["temperature"], seed=sp.get("seed"))
+                assert res.text == ref, (sp, res.text, ref)
+        finally:
+            cl.close()
+    finally:
+        codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), codes
