@@ -23,6 +23,7 @@
 #include "router_internal.h"
 #include "scheduler.h"
 #include "stats.h"
+#include "tandem/node_runtime.h"
 #include "tandem/serve.h"
 
 #define TIMER_PERIOD_S 0.01
@@ -55,6 +56,7 @@ static int load_model(tdm_router_t *r, tdm_error_t *err)
     r->fingerprint = sm.fingerprint;
     r->layout = sm.layout;
     r->block_size = sm.layout.block_size;
+    r->have_kv_groups = tdm_model_kv_groups(tdm_model_hparams(r->model), &r->kv_groups);
     /* The template: the config's override, else the model's tokenizer.chat_template compiled
      * once here (tdm_chat_template_pick, the rule `tandem generate -m` and `tandem tokenize`
      * share). A model template that does not compile refuses the model; one without a template
@@ -396,6 +398,13 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
     info.weight_bytes = tdm_gguf_tensor_bytes(tdm_model_gguf(r->model));
     info.kv_block_size = r->layout.block_size;
     info.kv_dtype = (Tandem__V1__KvDtype)r->layout.dtype;
+    uint32_t windows[TDM_KV_MAX_LAYERS];
+    if (r->have_kv_groups) { /* (2.5) per layer */
+        for (uint32_t l = 0; l < hp->n_layers && l < TDM_KV_MAX_LAYERS; l++)
+            windows[l] = tdm_llama_layer_window(hp, l);
+        info.n_layer_windows = hp->n_layers < TDM_KV_MAX_LAYERS ? hp->n_layers : TDM_KV_MAX_LAYERS;
+        info.layer_windows = windows;
+    }
     Tandem__V1__ModelInfo *list[1] = {&info};
     Tandem__V1__ModelsResponse resp = TANDEM__V1__MODELS_RESPONSE__INIT;
     resp.n_models = 1;
@@ -405,14 +414,15 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
 
 /* Fills s with n's figures; dev (32 bytes) holds the device name and *load the load s points
  * to. */
-static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeStatus *s,
-                             char dev[32], Tandem__V1__NodeLoad *load)
+static void node_status_fill(const tdm_router_t *r, const rt_node_t *n, double now,
+                             Tandem__V1__NodeStatus *s, char dev[32], Tandem__V1__NodeLoad *load)
 {
     tandem__v1__node_status__init(s);
     s->node_id = n->cfg->id;
     s->role = (char *)tdm_config_node_role_name(n->cfg->role);
     s->up = n->up;
     s->kv_blocks_total = n->kv_blocks_total;
+    s->kv_layer_groups = !n->registered ? 0 : n->kv_grouped ? r->kv_groups.n_groups : 1;
     tdm_node_load_to_proto(&n->load, load);
     s->load = load;
     s->last_heartbeat_age_s = rt_node_age(n, now);
@@ -474,7 +484,7 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     }
     double now = tdm_time_now();
     for (size_t i = 0; i < nn; i++) {
-        node_status_fill(&r->nodes[i], now, &st[i], dev[i], &loads[i]);
+        node_status_fill(r, &r->nodes[i], now, &st[i], dev[i], &loads[i]);
         ptrs[i] = &st[i];
     }
     Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];

@@ -131,6 +131,8 @@ typedef struct rt_node {
     uint64_t suspicions;                 /* times marked suspect (metrics) */
     /* from RegisterRequest (nodes.c) */
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
+    bool kv_grouped;   /* its pool allocates per layer group (r->kv_groups; kv_layout's
+                          group_windows): kv_blocks_* count blocks of one group's layers */
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
     char device[32];
     rt_place_t place; /* host and GPUs, for the KV transport choice (transport.c) */
@@ -311,6 +313,9 @@ struct tdm_router {
                                  so it is refused before it is tokenized (validate.c) */
     uint64_t fingerprint;
     tdm_kv_layout_t layout;
+    tdm_kv_groups_t kv_groups; /* the model's layer groups (tdm_model_kv_groups), for the nodes
+                                  that allocate per group (tdm_node_kv_groups) */
+    bool have_kv_groups;       /* the model has sliding-window layers */
     /* the nodes (nodes.c; router.c's tdm_router_set_heartbeat sets the figures) */
     uint32_t hb_interval_ms, hb_timeout_ms;
     /* the liveness clock (nodes.c): monotonic seconds with the router loop's own stalls taken

@@ -5,10 +5,12 @@ K-quant repack (copies larger than the file's bytes) counts in both."""
 import json
 import os
 import subprocess
+import time
+import urllib.request
 
 import pytest
 
-from conftest import BINARIES, MODEL, Cluster, reference
+from conftest import BINARIES, MODEL, Cluster, http_port, reference
 from tandem_client import pb, prompt_request
 
 MODELS = os.path.dirname(MODEL)
@@ -67,6 +69,30 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
     try:
         node = c.nodes()["decode-0"]
         assert node.kv_blocks_total == p8["pool_blocks"], (node.kv_blocks_total, p8)
+        assert node.kv_layer_groups == 6, node
+        # the dashboard's plan of the node's own pool: the same blocks, the groups' formula,
+        # once the dashboard's status (polled every second) has the node registered
+        base = f"http://127.0.0.1:{http_port(c)}"
+        end = time.time() + 120
+        while True:
+            with urllib.request.urlopen(base + "/api/status", timeout=30) as resp:
+                st = json.loads(resp.read())
+            seen = [n for n in st["nodes"] if n["node_id"] == "decode-0"]
+            if seen and seen[0]["kv_layer_groups"] == 6:
+                break
+            assert time.time() < end, st["nodes"]
+            time.sleep(0.2)
+        assert seen[0]["pool"]["kv_blocks"] == node.kv_blocks_total, seen[0]
+        assert seen[0]["pool"]["layer_groups"] == 6, seen[0]
+        for ctx, plan in ((8192, p8), (32768, p32)):
+            url = f"{base}/api/capacity?node=decode-0&context={ctx}"
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                cap = json.loads(resp.read())
+            assert cap["layer_groups"] == 6, cap
+            assert cap["pool_blocks"] == node.kv_blocks_total, cap
+            assert cap["block_bytes"] == plan["block_bytes"], (cap, plan)
+            assert cap["blocks_per_sequence"] == plan["blocks_per_sequence"], (cap, plan)
+            assert cap["max_sequences"] == plan["max_sequences"], (cap, plan)
         # about 700 tokens: past the 512-token window
         prompt = " ".join(f"item {i} is {'red' if i % 3 else 'blue'};" for i in range(120))
         cl = c.client()
@@ -84,3 +110,40 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
     finally:
         codes = c.stop()
     assert all(rc == 0 for rc in codes.values()), codes
+
+
+def test_node_allocating_per_layer_group_is_refused_by_a_disaggregated_router(tmp_path):
+    """A decode node started with a config without prefill nodes allocates per layer group;
+    a router whose config has a prefill node (so KV transfers come to its decode nodes) refuses
+    its registration and says why in tandem status."""
+    if not os.path.exists(GEMMA):
+        pytest.skip(f"{GEMMA} is not in the model cache (scripts/setup)")
+    c = Cluster(str(tmp_path), n_prefill=1, n_decode=1, memory_budget="768MiB", threads=1,
+                model=GEMMA, default_keys=False)
+    alone = os.path.join(str(tmp_path), "colocated.yaml")
+    with open(c.config) as f:
+        cfg = f.read()
+    prefill = ("  - id: prefill-0\n    role: prefill\n    threads: 1\n"
+               "    memory_budget: 768MiB\n")
+    assert prefill in cfg
+    with open(alone, "w") as f:
+        f.write(cfg.replace(prefill, ""))
+    try:
+        c._spawn("router", [BINARIES["router"], "--config", c.config])
+        c._spawn("decode-0", [BINARIES["decode"], "--config", alone, "--node-id", "decode-0"])
+        end = time.time() + 300
+        node = None
+        while time.time() < end:
+            try:
+                node = c.nodes().get("decode-0")
+            except Exception:  # the router not listening yet
+                node = None
+            if node is not None and node.refused_reason:
+                break
+            time.sleep(0.5)
+        assert node is not None and node.refused_reason, "no refusal in 300 s"
+        assert not node.up
+        assert "allocates KV in 6 layer groups" in node.refused_reason, node.refused_reason
+        assert "the router expects every layer in every block" in node.refused_reason
+    finally:
+        c.stop()

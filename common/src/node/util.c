@@ -127,6 +127,14 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
                                                    : TANDEM__V1__NODE_ROLE__NODE_ROLE_DECODE;
     reg.version = (char *)TANDEM_VERSION;
     reg.model_fingerprint = rt->fingerprint;
+    uint32_t windows[TDM_KV_MAX_LAYERS];
+    if (rt->kv_grouped) { /* (2.5) its pool's layer groups */
+        for (uint32_t g = 0; g < rt->groups.n_groups; g++)
+            windows[g] = rt->groups.window[g];
+        layout.layers_per_group = rt->groups.layers_per_group;
+        layout.n_group_windows = rt->groups.n_groups;
+        layout.group_windows = windows;
+    }
     reg.kv_layout = &layout;
     reg.kv_blocks_total = ks.n_blocks;
     reg.kv_endpoint = (char *)(uintptr_t)(kv_endpoint ? kv_endpoint : "");
