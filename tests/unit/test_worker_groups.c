@@ -4,10 +4,12 @@
  * far past the window, greedy and seeded, batched with chunked prefill, speculative decoding,
  * prefix-cache hits under the window rule, a fork (n > 1) and, in a pool too small for the
  * batch, preemption and recompute. After every step each running sequence holds exactly the
- * blocks of the per-group formula (tdm_kv_group_live), and the peak pool memory is below the
- * plain pool's. Then the refusals: PREFILL mode and prefilled KV over a grouped pool. */
+ * blocks of the per-group formula (tdm_kv_group_live), no step allocates, and the peak pool
+ * memory is below the plain pool's. Then the refusals: PREFILL mode and prefilled KV over a grouped
+ * pool. */
 #include "tdm_test.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,41 @@
 #include "tandem/tokenizer.h"
 #include "engine_runner.h"
 #include "tiny_model.h"
+
+/* Allocation counting, as in test_worker.c: tests/CMakeLists.txt links this test with
+ * -Wl,--wrap for the allocator, so that a step can be checked to allocate nothing (the
+ * linker's names, __wrap_x and __real_x, break the house rule on "__" unavoidably). */
+static atomic_int g_alloc_watch, g_allocs;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t k, size_t n);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t k, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+
+static void alloc_seen(void)
+{
+    if (atomic_load(&g_alloc_watch))
+        atomic_fetch_add(&g_allocs, 1);
+}
+
+void *__wrap_malloc(size_t n)
+{
+    alloc_seen();
+    return __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t k, size_t n)
+{
+    alloc_seen();
+    return __real_calloc(k, n);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    alloc_seen();
+    return __real_realloc(p, n);
+}
 
 enum { BS = 4, N_CTX = 512, MAX_BATCH = 64, MAX_RUNNING = 4, CHUNK = 48, MAX_DRAFT = 4 };
 enum { N_REQ = 9, N_LONG = 4, N_ALL = N_REQ + N_LONG, MAX_PROMPT = 200, MAX_OUT = 128 };
@@ -185,7 +222,12 @@ static void step(rig_t *r, out_t *outs)
     const tdm_worker_event_t *ev;
     uint32_t n;
     tdm_error_t err = {0};
-    assert_int_equal(tdm_worker_step(r->w, &ev, &n, &err), 0);
+    atomic_store(&g_allocs, 0);
+    atomic_store(&g_alloc_watch, 1);
+    int rc = tdm_worker_step(r->w, &ev, &n, &err);
+    atomic_store(&g_alloc_watch, 0);
+    assert_int_equal(rc, 0);
+    assert_int_equal(atomic_load(&g_allocs), 0); /* a step allocates nothing */
     assert_true(++r->steps < 100000);
     for (uint32_t i = 0; i < n; i++) {
         out_t *o = &outs[ev[i].seq_id - 1];

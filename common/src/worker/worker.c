@@ -112,7 +112,9 @@ static bool alloc_tables(tdm_worker_t *w)
     w->mask = calloc(((size_t)w->n_vocab + 31) / 32, sizeof *w->mask);
     w->cap_events = 2 * w->n_slots + w->o.max_running * w->o.max_draft;
     w->events = calloc(w->cap_events, sizeof *w->events);
-    if (w->groups && !(w->b_gb = calloc(mr * w->groups->n_groups, sizeof *w->b_gb)))
+    if (w->groups && (!(w->b_gb = calloc(mr * w->groups->n_groups, sizeof *w->b_gb)) ||
+                      !(w->match_scratch = malloc(tdm_kv_hseq_match_scratch_bytes(
+                            tdm_kv_pool_layout(w->pool)->block_size, w->o.n_ctx)))))
         return false;
     if (!w->seqs || !w->buckets || !w->free_slots || !w->running || !w->waiting || !w->b_tokens ||
         !w->b_pos || !w->b_seq || !w->b_want || !w->b_seqs || !w->b_slot || !w->b_chunk ||
@@ -193,6 +195,7 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     free(w->mask);
     free(w->events);
     free(w->b_gb);
+    free(w->match_scratch);
     free(w);
     *self_p = NULL;
 }

@@ -53,6 +53,8 @@ struct tdm_worker {
                                       plain pool */
     const uint32_t **b_gb;         /* [max_running][n_groups] group tables of batch
                                       sequence k (grouped pools only) */
+    void *match_scratch;           /* prefix matching's scratch for n_ctx tokens
+                                      (tdm_kv_hseq_match_scratch_bytes; grouped pools only) */
     const tdm_tokenizer_t *tok;
     uint32_t n_vocab;
     tdm_worker_opts_t o;

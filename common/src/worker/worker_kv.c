@@ -42,7 +42,9 @@ uint32_t tdm_worker_kv_match_prefix(tdm_worker_t *w, wseq_t *s)
 {
     if (!w->groups)
         return tdm_kv_seq_match_prefix(w->pool, &s->kv, s->tokens, s->n_tokens);
-    return tdm_kv_hseq_match_prefix(w->pool, &s->hkv, s->tokens, s->n_tokens);
+    /* s->n_tokens <= n_ctx, what the scratch was sized for */
+    return tdm_kv_hseq_match_prefix_with(w->pool, &s->hkv, s->tokens, s->n_tokens,
+                                         w->match_scratch);
 }
 
 void tdm_worker_kv_clear(tdm_worker_t *w, wseq_t *s)
