@@ -3,7 +3,10 @@
  *
  * Every figure comes from tdm_kv_plan (tandem/kv.h), built on the nodes' own sizing functions and
  * shared with the dashboard's /api/capacity, so the plan and the running system agree to the
- * byte: a sequence of C tokens takes ceil(C / block_size) blocks of tdm_kv_block_bytes() each.
+ * byte: a sequence of C tokens takes ceil(C / block_size) blocks of tdm_kv_block_bytes() each,
+ * or with -m on a model with sliding-window layers (unless --all-layers) the per-layer-group
+ * formula (tdm_kv_groups_blocks_per_seq) in blocks of one group's layers, as a colocated CPU
+ * decode node allocates (tdm_node_kv_groups).
  * docs/capacity.md explains the formula with worked examples. */
 #include <errno.h>
 #include <inttypes.h>

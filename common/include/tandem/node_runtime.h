@@ -90,7 +90,8 @@ typedef struct tdm_node_pool_size {
  * floor(gpu_memory_utilization x device_total_bytes); a device node's budget must be at most
  * device_free_bytes (two nodes on one GPU each take a share, e.g. 0.4). Blocks =
  * tdm_kv_plan's pool_blocks for that budget after weight_bytes + scratch_bytes (the same
- * arithmetic as `tandem kvcalc`). A cpu node's memory_budget must be at most
+ * arithmetic as `tandem kvcalc`); with in->groups, blocks of one group's layers and a
+ * full-context sequence of tdm_kv_groups_blocks_per_seq of them. A cpu node's memory_budget must be at most
  * host_memory_bytes where that is known (a budget past the host's memory would only fail
  * later, or be taken by the kernel's OOM killer). Pure: the device and host figures are
  * given, not queried.
