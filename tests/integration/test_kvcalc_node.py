@@ -70,6 +70,10 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
         node = c.nodes()["decode-0"]
         assert node.kv_blocks_total == p8["pool_blocks"], (node.kv_blocks_total, p8)
         assert node.kv_layer_groups == 6, node
+        doc = json.loads(subprocess.run([BINARIES["tandem"], "status", "--json", "--router",
+                                         c.client_ep], capture_output=True, text=True,
+                                        check=True).stdout)
+        assert [n["kv_layer_groups"] for n in doc["nodes"]] == [6], doc["nodes"]
         # the dashboard's plan of the node's own pool: the same blocks, the groups' formula,
         # once the dashboard's status (polled every second) has the node registered
         base = f"http://127.0.0.1:{http_port(c)}"

@@ -266,6 +266,7 @@ int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_co
     ns.role = (char *)(uintptr_t)tdm_config_node_role_name(node->role);
     ns.up = true;
     ns.kv_blocks_total = ld.kv_blocks_free + ld.kv_blocks_used + ld.kv_blocks_cached;
+    ns.kv_layer_groups = rt->kv_grouped ? rt->groups.n_groups : 1;
     ns.device = device;
     ns.load = &load;
     return tdm_sock_reply(s, f, &ns.base);
