@@ -2,11 +2,11 @@
  * (tdm_kv_pool_new_grouped) gives bitwise the outputs of a plain pool: a gemma3-tiny made by
  * `tandem model synth` (6 layers, one of full attention, window 32, 4-token blocks) with prompts
  * far past the window, greedy and seeded, batched with chunked prefill, speculative decoding,
- * prefix-cache hits under the window rule, a fork (n > 1) and, in a pool too small for the
- * batch, preemption and recompute. After every step each running sequence holds exactly the
- * blocks of the per-group formula (tdm_kv_group_live), no step allocates, and the peak pool
- * memory is below the plain pool's. Then the refusals: PREFILL mode and prefilled KV over a grouped
- * pool. */
+ * prefix-cache hits under the window rule, forks (n > 1), a resumed (migrated) request and,
+ * in a pool too small for the batch, preemption and recompute. After every step each running
+ * sequence holds exactly the blocks of the per-group formula (tdm_kv_group_live), no step
+ * allocates, and the peak pool memory is below the plain pool's. Then the refusals: PREFILL mode
+ * and prefilled KV over a grouped pool. */
 #include "tdm_test.h"
 
 #include <stdatomic.h>
@@ -59,7 +59,8 @@ void *__wrap_realloc(void *p, size_t n)
 }
 
 enum { BS = 4, N_CTX = 512, MAX_BATCH = 64, MAX_RUNNING = 4, CHUNK = 48, MAX_DRAFT = 4 };
-enum { N_REQ = 9, N_LONG = 4, N_ALL = N_REQ + N_LONG, MAX_PROMPT = 200, MAX_OUT = 128 };
+enum { N_REQ = 9, N_LONG = 4, N_RESUMED = N_REQ + N_LONG, N_ALL = N_RESUMED + 1 };
+enum { MAX_PROMPT = 200, MAX_OUT = 128, N_DELIVERED = 60 };
 
 typedef struct fx {
     char dir[64], path[128];
@@ -346,12 +347,28 @@ static void scenario(rig_t *r, out_t *outs)
 }
 
 /* Four 40-token prompts decoding 120 tokens each: their full-attention group grows to 40
- * blocks, so a small pool preempts. */
+ * blocks, so a small pool preempts; with them a resumed request (a migrated one: 60 output
+ * tokens delivered, recomputed with its prompt past the window, then 60 more). */
 static void scenario_long(rig_t *r, out_t *outs)
 {
-    memset(outs + N_REQ, 0, N_LONG * sizeof *outs);
-    for (int k = N_REQ; k < N_ALL; k++)
+    memset(outs + N_REQ, 0, (N_LONG + 1) * sizeof *outs);
+    for (int k = N_REQ; k < N_RESUMED; k++)
         add(r, k);
+    int32_t p[MAX_PROMPT];
+    uint32_t n = prompt_of(N_RESUMED, p);
+    out_t *o = &outs[N_RESUMED];
+    tdm_test_random_tokens(o->tokens, N_DELIVERED, F.n_vocab, 900);
+    o->n = N_DELIVERED;
+    tdm_sampling_params_t sp = sampling_of(N_RESUMED);
+    tdm_worker_req_t req = {.seq_id = N_RESUMED + 1,
+                            .prompt = p,
+                            .n_prompt = n,
+                            .sampling = &sp,
+                            .output = o->tokens,
+                            .n_output = N_DELIVERED};
+    tdm_error_t err = {0};
+    if (tdm_worker_add(r->w, &req, &err) != TDM_OK)
+        fail_msg("add resumed: %s", err.msg);
     drain(r, outs);
     for (int k = N_REQ; k < N_ALL; k++) {
         assert_true(outs[k].finished);
