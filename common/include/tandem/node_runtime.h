@@ -91,10 +91,10 @@ typedef struct tdm_node_pool_size {
  * device_free_bytes (two nodes on one GPU each take a share, e.g. 0.4). Blocks =
  * tdm_kv_plan's pool_blocks for that budget after weight_bytes + scratch_bytes (the same
  * arithmetic as `tandem kvcalc`); with in->groups, blocks of one group's layers and a
- * full-context sequence of tdm_kv_groups_blocks_per_seq of them. A cpu node's memory_budget must be at most
- * host_memory_bytes where that is known (a budget past the host's memory would only fail
- * later, or be taken by the kernel's OOM killer). Pure: the device and host figures are
- * given, not queried.
+ * full-context sequence of tdm_kv_groups_blocks_per_seq of them. A cpu node's memory_budget
+ * must be at most host_memory_bytes where that is known (a budget past the host's memory
+ * would only fail later, or be taken by the kernel's OOM killer). Pure: the device and host
+ * figures are given, not queried.
  * Errors (*out zeroed, message in *err with every figure in bytes: total, free, budget,
  * weights, scratch, blocks, one full-context sequence, the budget needed): TDM_ERESOURCE when
  * the budget exceeds the free memory (or a cpu node's, the host memory) or holds less than one
