@@ -3,7 +3,10 @@
  *
  * Every figure comes from tdm_kv_plan (tandem/kv.h), built on the nodes' own sizing functions and
  * shared with the dashboard's /api/capacity, so the plan and the running system agree to the
- * byte: a sequence of C tokens takes ceil(C / block_size) blocks of tdm_kv_block_bytes() each.
+ * byte: a sequence of C tokens takes ceil(C / block_size) blocks of tdm_kv_block_bytes() each,
+ * or with -m on a model with sliding-window layers (unless --all-layers) the per-layer-group
+ * formula (tdm_kv_groups_blocks_per_seq) in blocks of one group's layers, as a colocated CPU
+ * decode node allocates (tdm_node_kv_groups).
  * docs/capacity.md explains the formula with worked examples. */
 #include <errno.h>
 #include <inttypes.h>
@@ -54,6 +57,11 @@ static void usage(FILE *out)
             "  --memory SIZE         memory for weights + KV: 80GiB, 512MiB, 1.5GB or bytes\n"
             "  --threads N           -m: the engine threads of the node measured (default:\n"
             "                        the node default, 0 = all cores)\n"
+            "  --all-layers          -m: every block holds every layer, as prefill nodes, decode\n"
+            "                        nodes of a cluster with prefill nodes and CUDA nodes\n"
+            "                        allocate; default for a model with sliding-window layers:\n"
+            "                        per layer group, as a CPU decode node of a cluster without\n"
+            "                        prefill nodes does (windows keep only their blocks)\n"
             "  --json                print JSON instead of a table\n"
             "  -h, --help            this help\n",
             MAX_DIM, MAX_DIM, MAX_DIM, MAX_CONTEXT, MAX_USERS);
@@ -65,7 +73,10 @@ typedef struct kvcalc {
     uint64_t file_weight_bytes;    /* -m: the file's tensor bytes (in.weight_bytes: resident) */
     const tdm_node_config_t *node; /* -m: the default decode node whose engine was measured */
     char arch[32];                 /* the model's architecture, "" for explicit */
-    tdm_kv_plan_in_t in;           /* layout, n_heads, n_ctx, n_users, weight_bytes, memory */
+    tdm_kv_plan_in_t in;           /* layout, n_heads, n_ctx, n_users, weight_bytes, memory,
+                                      groups (&groups or NULL) */
+    tdm_kv_groups_t groups;        /* -m: the model's layer groups (tdm_model_kv_groups) */
+    bool have_groups;              /* the model has sliding-window layers */
     tdm_kv_plan_t plan;            /* every derived figure */
 } kvcalc_t;
 
@@ -160,6 +171,7 @@ static int load_model(kvcalc_t *k, uint64_t *n_ctx)
     k->in.layout.n_kv_heads = hp.n_kv_heads;
     k->in.layout.head_dim = hp.head_dim;
     k->in.n_heads = hp.n_heads;
+    k->have_groups = tdm_model_kv_groups(&hp, &k->groups);
     k->in.weight_bytes = tdm_gguf_tensor_bytes(g);
     *n_ctx = tdm_model_serve_n_ctx(&hp); /* the context a cluster serves the model with */
     tdm_gguf_destroy(&g);
@@ -280,6 +292,17 @@ static void print_table(const kvcalc_t *k)
                fmt_count(k->in.scratch_bytes, b), fmt_human(k->in.scratch_bytes, c), threads,
                k->node->max_batch_tokens, k->node->max_running);
     }
+    if (k->in.groups) {
+        const tdm_kv_groups_t *g = k->in.groups;
+        printf("layer groups:             %" PRIu32 " of %" PRIu32 " layers (%" PRIu32
+               " full attention, %" PRIu32 " sliding window of %" PRIu32
+               " tokens); a block holds one group's layers (as a CPU decode node of a cluster "
+               "without prefill nodes allocates; --all-layers for the others)\n",
+               g->n_groups, g->layers_per_group, g->n_full, g->n_groups - g->n_full,
+               g->window[g->n_groups - 1]);
+    } else if (k->have_groups) {
+        printf("layer groups:             none (--all-layers: every block holds every layer)\n");
+    }
     printf("KV per token:             %s bytes (%s)%s\n", fmt_count(k->plan.bytes_per_token, a),
            fmt_human(k->plan.bytes_per_token, b), l->dtype == TDM_KV_Q8 ? ", plus q8 scales" : "");
     printf("KV per block:             %s bytes (%" PRIu32 " tokens%s)\n",
@@ -349,6 +372,7 @@ static void print_json(const kvcalc_t *k)
            ",\n  \"dtype\": \"%s\",\n  \"block_size\": %" PRIu32 ",\n",
            l->n_layers, l->n_kv_heads, k->in.n_heads, l->head_dim, tdm_kv_dtype_name(l->dtype),
            l->block_size);
+    printf("  \"layer_groups\": %" PRIu32 ",\n", k->in.groups ? k->in.groups->n_groups : 1);
     printf("  \"context\": %" PRIu64 ",\n  \"users\": %" PRIu64 ",\n  \"weights_bytes\": %" PRIu64
            ",\n  \"scratch_bytes\": %" PRIu64 ",\n",
            k->in.n_ctx, k->in.n_users, k->in.weight_bytes, k->in.scratch_bytes);
@@ -374,7 +398,8 @@ static void print_json(const kvcalc_t *k)
 typedef struct kvcalc_args {
     const char *layers, *kv_heads, *head_dim, *heads, *weights, *context;
     bool json;
-    long threads; /* -m: the engine's threads (-1: the default node's) */
+    bool all_layers; /* --all-layers: plan without layer groups */
+    long threads;    /* -m: the engine's threads (-1: the default node's) */
 } kvcalc_args_t;
 
 /* --dtype into the tdm_kv_dtype_t at target. */
@@ -438,6 +463,7 @@ static int parse_args(int argc, char **argv, kvcalc_t *k, kvcalc_args_t *a, bool
         TDM_CLI_OPT_FN("users", 0, opt_users, &k->in.n_users),
         TDM_CLI_OPT_FN("memory", 0, opt_memory, &k->in),
         TDM_CLI_OPT_TRUE("json", 0, &a->json),
+        TDM_CLI_OPT_TRUE("all-layers", 0, &a->all_layers),
         TDM_CLI_OPT_LONG("threads", 0, &a->threads, 0, 1024),
         TDM_CLI_OPT_END,
     };
@@ -467,6 +493,8 @@ static int resolve(kvcalc_t *k, const kvcalc_args_t *a)
                          "got '%s'",
                          a->weights);
     k->in.n_ctx = model_ctx ? model_ctx : 4096;
+    if (k->have_groups && !a->all_layers) /* the node's rule: tdm_node_kv_groups */
+        k->in.groups = &k->groups;
     if (a->context && !opt_uint("context", a->context, 1, MAX_CONTEXT, &k->in.n_ctx))
         return 2;
     return 0;

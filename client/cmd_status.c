@@ -164,6 +164,8 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
         snprintf(inst, sizeof inst, "%016" PRIx64, n->instance_id);
         if (o && (json_object_set_new(o, "instance_id", json_string(n->instance_id ? inst : "")) ||
                   json_object_set_new(o, "suspect", json_boolean(n->suspect)) ||
+                  json_object_set_new(o, "kv_layer_groups",
+                                      json_integer((json_int_t)n->kv_layer_groups)) ||
                   json_object_set_new(o, "refused_reason", json_string(n->refused_reason)) ||
                   json_object_set_new(o, "refused_age_s", json_real(n->refused_age_s)) ||
                   json_object_set_new(o, "host_id", json_string(n->host_id)) ||

@@ -114,12 +114,22 @@ static int check_reserve(tdm_decode_t *d, const tdm_frame_t *f, const Tandem__V1
     return tdm_node_spec_check(m->spec, d->rt->n_ctx, d->rt->n_vocab, sp, err);
 }
 
+/* Pool blocks a sequence of n_tokens holds at most: ceil(n_tokens / block_size), or over a
+ * pool with layer groups the per-group peak of decoding to n_tokens
+ * (tdm_kv_groups_blocks_per_seq). */
+static uint32_t blocks_for(const tdm_decode_t *d, uint32_t n_tokens)
+{
+    if (d->rt->kv_grouped)
+        return (uint32_t)tdm_kv_groups_blocks_per_seq(&d->rt->groups, d->rt->layout.block_size,
+                                                      n_tokens);
+    return (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, n_tokens);
+}
+
 /* Local prefill: the prompt goes into the worker at once, if its blocks are free now. */
 static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeReserve *m,
                          tdm_error_t *err)
 {
-    uint32_t need =
-        (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, r->n_prompt + r->n_output + 1);
+    uint32_t need = blocks_for(d, r->n_prompt + r->n_output + 1);
     if (need > tdm_kv_pool_available(d->rt->pool))
         return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
                              tdm_kv_pool_available(d->rt->pool));
@@ -148,6 +158,10 @@ static int reserve_remote(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRe
                           tdm_error_t *err)
 {
     uint32_t n = r->n_prompt + r->n_output;
+    if (d->rt->kv_grouped)
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "this decode node allocates KV per layer group (its config has no "
+                             "prefill node) and takes no KV transfer; prefill locally");
     r->prompt = malloc((size_t)n * sizeof *r->prompt);
     if (!r->prompt || tdm_kv_seq_prepare(d->rt->pool, &r->seq, n) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a reservation of %u tokens", n);
@@ -173,8 +187,10 @@ static int reserve_fork(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRese
                         tdm_error_t *err)
 {
     const uint32_t bs = d->rt->layout.block_size;
-    uint32_t need = (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, r->n_prompt + 1) -
-                    (r->n_prompt - 1) / bs;
+    uint32_t need = d->rt->kv_grouped
+                        ? blocks_for(d, r->n_prompt + 1)
+                        : (uint32_t)tdm_kv_blocks_for_tokens(&d->rt->layout, r->n_prompt + 1) -
+                              (r->n_prompt - 1) / bs;
     dres_t *p = (dres_t *)tdm_node_req_find(d->node, m->fork_of);
     if (!p || p->fork_of || p->n_prompt != r->n_prompt || r->n_output || p->n_output)
         return tdm_error_set(err, TDM_EUNAVAILABLE,

@@ -236,6 +236,7 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
             "step_time_ms", ld->step_s * 1e3, "last_heartbeat_age_s", n->last_heartbeat_age_s);
         if (o) {
             json_object_set_new(o, "model", http_json_str(n->model)); /* the model it serves */
+            json_object_set_new(o, "kv_layer_groups", json_integer((json_int_t)n->kv_layer_groups));
             json_array_append_new(nodes, o);
         }
         if (n->up && strcmp(n->role, "decode") == 0) {
@@ -566,6 +567,14 @@ static json_t *history_json(const dash_t *d)
  * their bytes, and how many sequences of the model's full context they hold at once
  * (tdm_kv_plan, the same arithmetic as /api/capacity?node=ID and `tandem kvcalc`). null
  * when the model's shape is not known. */
+/* The layer groups node (its status entry) allocates per: the model's when its
+ * kv_layer_groups says it allocates per group, else NULL (every block holds every layer). */
+static const tdm_kv_groups_t *node_groups(const json_t *node, const http_model_t *m)
+{
+    json_int_t g = json_integer_value(json_object_get(node, "kv_layer_groups"));
+    return m && m->have_groups && g > 1 && (uint32_t)g == m->groups.n_groups ? &m->groups : NULL;
+}
+
 static void node_pool_json(json_t *node, const http_model_t *m)
 {
     json_t *pool = NULL;
@@ -580,14 +589,16 @@ static void node_pool_json(json_t *node, const http_model_t *m)
         in.n_ctx = m->n_ctx ? m->n_ctx : 4096;
         in.weight_bytes = m->weight_bytes;
         in.have_memory = true;
-        if (tdm_kv_plan_budget(&in.layout, blocks, m->weight_bytes, &in.memory_bytes, NULL) ==
-                TDM_OK &&
+        in.groups = node_groups(node, m);
+        tdm_kv_layout_t bl = in.groups ? tdm_kv_group_layout(&in.layout, in.groups) : in.layout;
+        if (tdm_kv_plan_budget(&bl, blocks, m->weight_bytes, &in.memory_bytes, NULL) == TDM_OK &&
             tdm_kv_plan(&in, &p, NULL) == TDM_OK)
-            pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "kv_blocks", (json_int_t)blocks,
+            pool = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "kv_blocks", (json_int_t)blocks,
                              "block_bytes", (json_int_t)p.block_bytes, "kv_bytes",
                              (json_int_t)(blocks * p.block_bytes), "context", (json_int_t)in.n_ctx,
                              "blocks_per_sequence", (json_int_t)p.blocks_per_seq, "max_sequences",
-                             (json_int_t)p.max_seqs);
+                             (json_int_t)p.max_seqs, "layer_groups",
+                             (json_int_t)(in.groups ? in.groups->n_groups : 1));
     }
     json_object_set_new(node, "pool", pool ? pool : json_null());
 }
@@ -802,6 +813,13 @@ static json_t *cap_node(cap_args_t *a, dash_t *d, const http_model_t *m, const c
     tdm_kv_layout_t cl = {m->n_layers, m->n_kv_heads, m->head_dim,
                           m->kv_block_size ? m->kv_block_size : 16, (tdm_kv_dtype_t)m->kv_dtype};
     uint64_t blocks = (uint64_t)json_integer_value(json_object_get(node_info, "kv_blocks_total"));
+    /* a node that allocates per layer group: its blocks hold one group's layers */
+    in->groups = in->layout.n_layers == m->n_layers && in->layout.block_size == cl.block_size &&
+                         in->layout.dtype == cl.dtype
+                     ? node_groups(node_info, m)
+                     : NULL;
+    if (in->groups)
+        cl = tdm_kv_group_layout(&cl, in->groups);
     if (tdm_kv_plan_budget(&cl, blocks, m->weight_bytes, &in->memory_bytes, NULL) != TDM_OK) {
         json_decref(node_info);
         snprintf(a->msg, sizeof a->msg, "node '%s' reports an impossible pool", node_id);
@@ -835,6 +853,8 @@ static json_t *cap_result(const char *source, const char *model, const tdm_kv_pl
         return NULL;
     }
     json_object_set_new(r, "node", node_info ? node_info : json_null());
+    json_object_set_new(r, "layer_groups",
+                        json_integer((json_int_t)(in->groups ? in->groups->n_groups : 1)));
     bool h = in->have_memory;
     json_object_set_new(r, "memory_bytes",
                         h ? json_integer((json_int_t)in->memory_bytes) : json_null());

@@ -88,4 +88,7 @@ void http_model_from_proto(const Tandem__V1__ModelInfo *mi, http_model_t *m)
     m->weight_bytes = mi->weight_bytes;
     m->kv_block_size = mi->kv_block_size;
     m->kv_dtype = (int)mi->kv_dtype;
+    m->have_groups =
+        mi->n_layer_windows > 0 && mi->n_layer_windows == mi->n_layers &&
+        tdm_kv_groups_init(&m->groups, mi->n_layers, mi->layer_windows, NULL) == TDM_OK;
 }

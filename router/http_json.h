@@ -4,12 +4,14 @@
 #ifndef TANDEM_ROUTER_HTTP_JSON_H
 #define TANDEM_ROUTER_HTTP_JSON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
 
 #include "tandem/base.h"
+#include "tandem/kv.h"
 #include "tandem/proto.h"
 
 /* Appends the compact JSON text of v (not consumed) to b. TDM_ERESOURCE on out of memory. */
@@ -30,7 +32,10 @@ typedef struct http_model {
     uint32_t n_layers, n_kv_heads, head_dim, n_heads, n_embd;
     uint64_t weight_bytes;
     uint32_t kv_block_size;
-    int kv_dtype; /* tdm_kv_dtype_t */
+    int kv_dtype;           /* tdm_kv_dtype_t */
+    bool have_groups;       /* the model has sliding-window layers (ModelInfo.layer_windows) */
+    tdm_kv_groups_t groups; /* their layer groups (tdm_kv_groups_init), for the nodes that
+                               allocate per group (NodeStatus.kv_layer_groups > 1) */
 } http_model_t;
 
 /* Fills *m from a ModelInfo. Cannot fail. */

@@ -18,6 +18,7 @@
 #include "scheduler.h"
 #include "stream.h"
 #include "validate.h"
+#include "tandem/node_runtime.h"
 
 int rt_nodes_init(tdm_router_t *r)
 {
@@ -300,7 +301,42 @@ static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id,
 
 #define refuse(r, f, id, ...) refuse_status(r, f, id, TDM_EPRECONDITION, __VA_ARGS__)
 
-static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
+/* The registered group layout (kv_layout.layers_per_group, group_windows) against the one the
+ * node's config entry gives it (tdm_node_kv_groups: per layer group only for a CPU decode node
+ * of a config without prefill nodes, over the model's windows). Refuses and returns
+ * TDM_EPRECONDITION on a mismatch: a node allocating per group would refuse every KV transfer
+ * the router routes to it, one allocating every layer would be planned wrong. */
+static int check_groups(tdm_router_t *r, const tdm_frame_t *f, const char *id, const rt_node_t *n,
+                        const rt_model_t *model, const Tandem__V1__KvLayout *l)
+{
+    tdm_kv_groups_t want;
+    bool grouped = n && tdm_node_kv_groups(r->cfg, n->cfg, tdm_model_hparams(model->model), &want);
+    uint32_t want_groups = grouped ? want.n_groups : 0;
+    bool same = l->n_group_windows == want_groups &&
+                (!grouped || l->layers_per_group == want.layers_per_group);
+    for (uint32_t g = 0; same && g < want_groups; g++)
+        same = l->group_windows[g] == want.window[g];
+    if (same)
+        return TDM_OK;
+    if (grouped)
+        refuse(r, f, id,
+               "kv_layout: the node allocates KV in %zu layer groups of %" PRIu32
+               " layers; the router expects %" PRIu32 " groups of %" PRIu32
+               " (a CPU decode node of a config without prefill nodes allocates per layer "
+               "group: docs/capacity.md); start it with the router's config",
+               l->n_group_windows, l->layers_per_group, want.n_groups, want.layers_per_group);
+    else
+        refuse(r, f, id,
+               "kv_layout: the node allocates KV in %zu layer groups; the router expects every "
+               "layer in every block (%s): start it with the router's config",
+               l->n_group_windows,
+               !model->have_kv_groups ? "the model has no sliding-window layers"
+                                      : "only a CPU decode node of a config without prefill nodes "
+                                        "allocates per layer group: docs/capacity.md");
+    return TDM_EPRECONDITION;
+}
+
+static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id, const rt_node_t *n,
                         const rt_model_t *model, const Tandem__V1__KvLayout *l)
 {
     if (!l) {
@@ -323,7 +359,7 @@ static int check_layout(tdm_router_t *r, const tdm_frame_t *f, const char *id,
                field, got, want, model->cfg->name, model->cfg->path);
         return TDM_EPRECONDITION;
     }
-    return TDM_OK;
+    return check_groups(r, f, id, n, model, l);
 }
 
 /* Who may register as n: a non-empty id of the config with its own key (CURVE), the role
@@ -434,7 +470,7 @@ static bool register_fit_ok(tdm_router_t *r, const tdm_frame_t *f,
                m->model_fingerprint, model->fingerprint, model->cfg->name, model->cfg->path);
         return false;
     }
-    if (check_layout(r, f, id, model, m->kv_layout) != TDM_OK)
+    if (check_layout(r, f, id, n, model, m->kv_layout) != TDM_OK)
         return false;
     /* the strings Status shows: printable UTF-8 that fits its field whole */
     size_t at = 0, dev_max = sizeof n->device - 1;
@@ -484,6 +520,7 @@ static bool register_apply(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f,
     n->instance_id = m->instance_id;
     node_seen(r, n);
     n->kv_blocks_total = m->kv_blocks_total;
+    n->kv_grouped = m->kv_layout->n_group_windows > 0; /* as check_groups expects */
     n->max_running = m->max_running;
     n->max_batch_tokens = m->max_batch_tokens;
     n->n_ctx = m->n_ctx;

@@ -23,6 +23,7 @@
 #include "router_internal.h"
 #include "scheduler.h"
 #include "stats.h"
+#include "tandem/node_runtime.h"
 #include "tandem/serve.h"
 
 #define TIMER_PERIOD_S 0.01
@@ -56,6 +57,13 @@ static int load_model(tdm_router_t *r, rt_model_t *m, tdm_error_t *err)
     }
     m->fingerprint = sm.fingerprint;
     m->layout = sm.layout;
+    const tdm_llama_hparams_t *hp = tdm_model_hparams(m->model);
+    m->have_kv_groups = tdm_model_kv_groups(hp, &m->kv_groups);
+    if (m->have_kv_groups) {
+        m->n_layer_windows = hp->n_layers < TDM_KV_MAX_LAYERS ? hp->n_layers : TDM_KV_MAX_LAYERS;
+        for (uint32_t l = 0; l < m->n_layer_windows; l++)
+            m->layer_windows[l] = tdm_llama_layer_window(hp, l);
+    }
     /* The template: the config's override, else the model's tokenizer.chat_template compiled
      * once here (tdm_chat_template_pick, the rule `tandem generate -m` and `tandem tokenize`
      * share). A model template that does not compile refuses the model; one without a template
@@ -452,6 +460,10 @@ static void model_info_fill(const tdm_router_t *r, const rt_model_t *m, Tandem__
     info->prefill_nodes_up = model_nodes_up(r, m, TDM_NODE_ROLE_PREFILL);
     info->decode_nodes_up = model_nodes_up(r, m, TDM_NODE_ROLE_DECODE);
     info->state = info->decode_nodes_up ? (char *)"ready" : (char *)"unavailable";
+    if (m->have_kv_groups) { /* (2.6) per layer */
+        info->n_layer_windows = m->n_layer_windows;
+        info->layer_windows = (uint32_t *)m->layer_windows;
+    }
 }
 
 static void client_models(tdm_router_t *r, const tdm_frame_t *f)
@@ -469,8 +481,8 @@ static void client_models(tdm_router_t *r, const tdm_frame_t *f)
 
 /* Fills s with n's figures; dev (32 bytes) holds the device name and *load the load s points
  * to. */
-static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeStatus *s,
-                             char dev[32], Tandem__V1__NodeLoad *load)
+static void node_status_fill(const tdm_router_t *r, const rt_node_t *n, double now,
+                             Tandem__V1__NodeStatus *s, char dev[32], Tandem__V1__NodeLoad *load)
 {
     tandem__v1__node_status__init(s);
     s->node_id = n->cfg->id;
@@ -478,6 +490,7 @@ static void node_status_fill(const rt_node_t *n, double now, Tandem__V1__NodeSta
     s->model = n->model->cfg->name;
     s->up = n->up;
     s->kv_blocks_total = n->kv_blocks_total;
+    s->kv_layer_groups = !n->registered ? 0 : n->kv_grouped ? n->model->kv_groups.n_groups : 1;
     tdm_node_load_to_proto(&n->load, load);
     s->load = load;
     s->last_heartbeat_age_s = rt_node_age(n, now);
@@ -539,7 +552,7 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     }
     double now = tdm_time_now();
     for (size_t i = 0; i < nn; i++) {
-        node_status_fill(&r->nodes[i], now, &st[i], dev[i], &loads[i]);
+        node_status_fill(r, &r->nodes[i], now, &st[i], dev[i], &loads[i]);
         ptrs[i] = &st[i];
     }
     Tandem__V1__RefusedRegistration ref[REFUSED_MAX], *refp[REFUSED_MAX];

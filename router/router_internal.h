@@ -115,6 +115,11 @@ typedef struct rt_model {
                                  so it is refused before it is tokenized (validate.c) */
     uint64_t fingerprint;
     tdm_kv_layout_t layout;
+    tdm_kv_groups_t kv_groups; /* the model's layer groups (tdm_model_kv_groups), for the nodes
+                                  that allocate per group (tdm_node_kv_groups) */
+    bool have_kv_groups;       /* the model has sliding-window layers */
+    uint32_t n_layer_windows;  /* with have_kv_groups: each layer's window (0 = every key), */
+    uint32_t layer_windows[TDM_KV_MAX_LAYERS]; /* ModelInfo.layer_windows */
     /* the figures of this model's requests and nodes that the vLLM-compatible series report
      * with its model_name (the files that write r->metrics write these too; metrics.c renders
      * them); r->metrics stays the whole cluster's */
@@ -155,6 +160,8 @@ typedef struct rt_node {
     uint64_t suspicions;                 /* times marked suspect (metrics) */
     /* from RegisterRequest (nodes.c) */
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
+    bool kv_grouped;   /* its pool allocates per layer group (r->kv_groups; kv_layout's
+                          group_windows): kv_blocks_* count blocks of one group's layers */
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
     char device[32];
     rt_place_t place; /* host and GPUs, for the KV transport choice (transport.c) */

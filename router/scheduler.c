@@ -379,20 +379,37 @@ static bool avoided(const tdm_router_t *r, const rt_req_t *q, const rt_node_t *n
 /* The decode node up, not suspect, not avoided, with room for need blocks and the most of it
  * that q has not tried this round, or NULL. *any_up: some decode node is up (suspect ones
  * too: q waits for them); *max_total: the largest one's blocks. */
-static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t need, bool *any_up,
-                              uint32_t *max_total)
+/* Blocks a sequence of n_tokens tokens takes on decode node n: ceil(n_tokens / block_size), or
+ * on a node that allocates per layer group the groups' most at once while it decodes
+ * (tdm_kv_groups_blocks_per_seq, in blocks of one group's layers). */
+static uint32_t node_blocks(const tdm_router_t *r, const rt_node_t *n, uint32_t n_tokens)
+{
+    if (n->kv_grouped)
+        return (uint32_t)tdm_kv_groups_blocks_per_seq(&n->model->kv_groups, r->block_size,
+                                                      n_tokens);
+    return (n_tokens + r->block_size - 1) / r->block_size;
+}
+
+/* The decode node with the most room for n_tokens tokens; *any_up: a decode node is up; *need,
+ * *max_total: the blocks they take on the largest node up and its kv_blocks_total (0: none
+ * up). */
+static rt_node_t *pick_decode(tdm_router_t *r, const rt_req_t *q, uint32_t n_tokens, bool *any_up,
+                              uint32_t *need, uint32_t *max_total)
 {
     rt_node_t *best = NULL;
     *any_up = false;
-    *max_total = 0;
+    *max_total = *need = 0;
     for (size_t i = 0; i < r->n_nodes; i++) {
         rt_node_t *n = &r->nodes[i];
         if (!n->up || n->cfg->role != TDM_NODE_ROLE_DECODE || n->model != q->model)
             continue;
         *any_up = true;
-        if (n->kv_blocks_total > *max_total)
+        uint32_t nn = node_blocks(r, n, n_tokens);
+        if (n->kv_blocks_total > *max_total || (n->kv_blocks_total == *max_total && nn < *need)) {
             *max_total = n->kv_blocks_total;
-        if (q->tried[i] || !rt_node_dispatchable(n) || decode_room(n) < (int64_t)need ||
+            *need = nn;
+        }
+        if (q->tried[i] || !rt_node_dispatchable(n) || decode_room(n) < (int64_t)nn ||
             avoided(r, q, n))
             continue;
         if (!best || decode_room(n) > decode_room(best))
@@ -554,9 +571,11 @@ static rt_dispatch_result_t dispatch_fork(tdm_router_t *r, rt_req_t *q, tdm_erro
         p->resume_index > 0 || p->redispatches > 0 || p->fork || !rt_node_dispatchable(p->decode) ||
         q->tried[p->decode->index])
         return RT_DISPATCH_WAIT;
-    /* its own blocks: the one holding the last prompt position, and the output after it */
-    uint32_t need =
-        (q->n_prompt + 1 + r->block_size - 1) / r->block_size - (q->n_prompt - 1) / r->block_size;
+    /* its own blocks: the one holding the last prompt position, and the output after it (a
+     * node allocating per layer group: a sequence's, since a window group may share none) */
+    uint32_t need = p->decode->kv_grouped ? node_blocks(r, p->decode, q->n_prompt + 1)
+                                          : (q->n_prompt + 1 + r->block_size - 1) / r->block_size -
+                                                (q->n_prompt - 1) / r->block_size;
     rt_dispatch_result_t res = reserve_on(r, q, p->decode, need, p->attempt_id, err);
     if (res == RT_DISPATCH_WAIT)
         q->no_fork = true;
@@ -572,11 +591,11 @@ rt_dispatch_result_t rt_dispatch(tdm_router_t *r, rt_req_t *q, tdm_error_t *err)
     }
     /* the prompt, the output delivered (a migrated request resumes after it) and the next
      * output token */
-    uint32_t need = (q->n_prompt + q->next_index + 1 + r->block_size - 1) / r->block_size;
+    uint32_t n_tokens = q->n_prompt + q->next_index + 1;
     for (;;) {
         bool any_up;
-        uint32_t max_total;
-        rt_node_t *best = pick_decode(r, q, need, &any_up, &max_total);
+        uint32_t need, max_total;
+        rt_node_t *best = pick_decode(r, q, n_tokens, &any_up, &need, &max_total);
         if (!best) {
             if (!any_up || need <= max_total)
                 return RT_DISPATCH_WAIT;
@@ -586,7 +605,7 @@ rt_dispatch_result_t rt_dispatch(tdm_router_t *r, rt_req_t *q, tdm_error_t *err)
                           q->next_index ? " and the output delivered" : "", need, max_total);
             return RT_DISPATCH_FAILED;
         }
-        rt_dispatch_result_t res = reserve_on(r, q, best, need, 0, err);
+        rt_dispatch_result_t res = reserve_on(r, q, best, node_blocks(r, best, n_tokens), 0, err);
         if (res != RT_DISPATCH_WAIT)
             return res;
         q->tried[best->index] = true;

@@ -220,6 +220,7 @@ static int node_status_from_proto(const Tandem__V1__NodeStatus *ns, tdm_client_n
     static const Tandem__V1__NodeLoad no_load = TANDEM__V1__NODE_LOAD__INIT;
     const Tandem__V1__NodeLoad *ld = ns->load ? ns->load : &no_load;
     d->kv_blocks_total = ns->kv_blocks_total;
+    d->kv_layer_groups = ns->kv_layer_groups;
     d->kv_blocks_used = ld->kv_blocks_used;
     d->kv_blocks_cached = ld->kv_blocks_cached;
     d->reserved_blocks = ns->reserved_blocks;

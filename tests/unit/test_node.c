@@ -786,6 +786,71 @@ static void test_size_pool_refuses(void **state)
     assert_true(tdm_node_host_memory() > 0);
 }
 
+/* Gemma 3 270M's shape (18 layers, every sixth of full attention, window 512) sized per layer
+ * group on a CPU decode node of a config without prefill nodes, and the rule of which nodes do
+ * (tdm_node_kv_groups): not a prefill node, not a CUDA node, not in a config with a prefill
+ * node, not a model without windows. */
+static void test_size_pool_layer_groups(void **state)
+{
+    (void)state;
+    tdm_llama_hparams_t hp;
+    memset(&hp, 0, sizeof hp);
+    hp.n_layers = 18;
+    hp.n_swa = 512;
+    for (uint32_t l = 0; l < 18; l++)
+        hp.swa_layers[l] = l % 6 != 5;
+    tdm_node_config_t nodes[2];
+    memset(nodes, 0, sizeof nodes);
+    nodes[0].id = "d0";
+    nodes[0].role = TDM_NODE_ROLE_DECODE;
+    nodes[0].device.kind = TDM_NODE_DEVICE_CPU;
+    nodes[1] = nodes[0];
+    nodes[1].id = "d1";
+    tdm_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.nodes = nodes;
+    cfg.n_nodes = 2;
+    tdm_kv_groups_t g;
+    assert_true(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    assert_int_equal(g.n_groups, 6);
+    assert_int_equal(g.layers_per_group, 3);
+    assert_int_equal(g.n_full, 1);
+
+    tdm_node_sizing_t in;
+    memset(&in, 0, sizeof in);
+    in.node_id = "d0";
+    in.layout = (tdm_kv_layout_t){18, 1, 256, 16, TDM_KV_F16};
+    in.n_ctx = 8192;
+    in.weight_bytes = 178995712;
+    in.scratch_bytes = 368475584;
+    in.memory_budget = 2 * GIB;
+    in.groups = &g;
+    tdm_node_pool_size_t ps;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_OK);
+    assert_int_equal(ps.block_bytes, 49152);
+    assert_int_equal(ps.n_blocks, 32552); /* docs/capacity.md's table */
+    in.groups = NULL;
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_OK);
+    assert_int_equal(ps.block_bytes, 294912);
+    assert_int_equal(ps.n_blocks, 5425);
+    /* a grouped budget too small for one 8k sequence: 677 blocks of 49,152 bytes */
+    in.groups = &g;
+    in.memory_budget = in.weight_bytes + in.scratch_bytes + 676 * UINT64_C(49152);
+    assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "needs 677 blocks"));
+
+    nodes[1].role = TDM_NODE_ROLE_PREFILL; /* KV crosses nodes: every layer in every block */
+    assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+    nodes[1].role = TDM_NODE_ROLE_DECODE;
+    nodes[0].device.kind = TDM_NODE_DEVICE_CUDA;
+    assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    assert_true(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+    hp.n_swa = 0; /* no windows */
+    assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+}
+
 /* device: cuda:0 in a build without CUDA is refused naming the build; with CUDA but no
  * usable GPU (this machine), refused with the CUDA runtime's error; neither loads a pool. */
 static void test_runtime_cuda_refused(void **state)
@@ -856,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_node_constraint),
         cmocka_unit_test(test_size_pool_device),
         cmocka_unit_test(test_size_pool_refuses),
+        cmocka_unit_test(test_size_pool_layer_groups),
         cmocka_unit_test(test_runtime_cuda_refused),
         cmocka_unit_test(test_host_id),
     };

@@ -471,6 +471,8 @@ typedef struct tdm_client_node_status {
     char *device; /* "cpu" | "cuda:N" */
     bool up;
     uint32_t kv_blocks_total;
+    uint32_t kv_layer_groups; /* groups its pool allocates per (blocks of one group's layers);
+                                 1: every layer in every block; 0: not registered (2.5) */
     uint32_t kv_blocks_used;
     uint32_t kv_blocks_cached; /* free blocks kept for the prefix cache */
     uint32_t reserved_blocks;  /* the router's outstanding reservations */

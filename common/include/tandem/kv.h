@@ -413,9 +413,20 @@ int tdm_kv_hseq_reserve(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t n_token
 uint32_t tdm_kv_hseq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *tokens,
                                   uint32_t n);
 
+/* Bytes of scratch tdm_kv_hseq_match_prefix_with needs for a prompt of up to n tokens in blocks
+ * of block_size: 13 bytes per whole block before the last token, plus 1. Cannot fail. */
+size_t tdm_kv_hseq_match_scratch_bytes(uint32_t block_size, uint32_t n);
+
+/* tdm_kv_hseq_match_prefix with caller-owned scratch of tdm_kv_hseq_match_scratch_bytes(n)
+ * bytes (8-byte aligned; NULL: allocated and freed here), so that a caller's step allocates
+ * nothing (the worker's). */
+uint32_t tdm_kv_hseq_match_prefix_with(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs,
+                                       const int32_t *tokens, uint32_t n, void *scratch);
+
 /* After the forward pass wrote KV for tokens[0..n_tokens): records n_tokens, registers every
  * newly full block of every group, then gives back the window groups' blocks wholly before
- * n_tokens + 1 - W (no later query reads them). */
+ * n_tokens + 1 - W (no later query reads them). tokens NULL (prefix caching off): registers
+ * nothing, only records n_tokens and gives back. */
 void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *tokens,
                         uint32_t n_tokens);
 

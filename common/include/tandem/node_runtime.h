@@ -41,10 +41,12 @@ typedef struct tdm_node_runtime {
     uint64_t weight_bytes, scratch_bytes, kv_bytes; /* the budget's split (device bytes on
                                                        a cuda node) */
     uint64_t budget_bytes;                          /* what the split divides */
-    bool on_device;       /* device: cuda:N (the engine's backend is cuda, KV on the device) */
-    int device_index;     /* N of cuda:N */
-    void *kv_device_base; /* the engine's device copy of the pool (tdm_engine_kv_device_base);
-                             NULL on the CPU */
+    bool kv_grouped;        /* the pool allocates per layer group (tdm_node_kv_groups) */
+    tdm_kv_groups_t groups; /* those groups (kv_grouped only); the pool keeps its own copy */
+    bool on_device;         /* device: cuda:N (the engine's backend is cuda, KV on the device) */
+    int device_index;       /* N of cuda:N */
+    void *kv_device_base;   /* the engine's device copy of the pool (tdm_engine_kv_device_base);
+                               NULL on the CPU */
     uint64_t device_total_bytes, device_free_bytes;         /* cudaMemGetInfo at start */
     char gpu_uuid[TDM_DEVICE_UUID_MAX];                     /* the node's GPU ("" on the CPU) */
     char gpu_uuids[TDM_NODE_MAX_GPUS][TDM_DEVICE_UUID_MAX]; /* every GPU it sees (cuda) */
@@ -72,12 +74,15 @@ typedef struct tdm_node_sizing {
     uint64_t device_free_bytes;    /* free on it at start */
     uint64_t host_memory_bytes;    /* a cpu node's memory: the host's, or its cgroup's limit
                                       where lower (tdm_node_host_memory); 0: not checked */
+    const tdm_kv_groups_t *groups; /* the layer groups the node allocates per
+                                      (tdm_node_kv_groups), NULL: every block holds every
+                                      layer */
 } tdm_node_sizing_t;
 
 /* The pool tdm_node_size_pool chose. */
 typedef struct tdm_node_pool_size {
     uint64_t budget_bytes; /* memory_budget, or floor(gpu_memory_utilization x total) */
-    uint64_t block_bytes;  /* tdm_kv_block_bytes(layout) */
+    uint64_t block_bytes;  /* tdm_kv_block_bytes(layout), with groups of tdm_kv_group_layout */
     uint32_t n_blocks;     /* tdm_kv_plan's pool_blocks, capped at 2^32 - 2 */
 } tdm_node_pool_size_t;
 
@@ -85,10 +90,11 @@ typedef struct tdm_node_pool_size {
  * floor(gpu_memory_utilization x device_total_bytes); a device node's budget must be at most
  * device_free_bytes (two nodes on one GPU each take a share, e.g. 0.4). Blocks =
  * tdm_kv_plan's pool_blocks for that budget after weight_bytes + scratch_bytes (the same
- * arithmetic as `tandem kvcalc`). A cpu node's memory_budget must be at most
- * host_memory_bytes where that is known (a budget past the host's memory would only fail
- * later, or be taken by the kernel's OOM killer). Pure: the device and host figures are
- * given, not queried.
+ * arithmetic as `tandem kvcalc`); with in->groups, blocks of one group's layers and a
+ * full-context sequence of tdm_kv_groups_blocks_per_seq of them. A cpu node's memory_budget
+ * must be at most host_memory_bytes where that is known (a budget past the host's memory
+ * would only fail later, or be taken by the kernel's OOM killer). Pure: the device and host
+ * figures are given, not queried.
  * Errors (*out zeroed, message in *err with every figure in bytes: total, free, budget,
  * weights, scratch, blocks, one full-context sequence, the budget needed): TDM_ERESOURCE when
  * the budget exceeds the free memory (or a cpu node's, the host memory) or holds less than one
@@ -107,6 +113,22 @@ int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, t
 int tdm_node_measure_engine(const tdm_model_t *model, const tdm_kv_layout_t *layout,
                             const tdm_engine_params_t *ep, bool on_device, uint64_t *weight_bytes,
                             uint64_t *scratch_bytes, tdm_error_t *err);
+
+/* Whether node allocates its KV per layer group of a model with sliding-window layers
+ * (tandem/kv.h "layer groups": a window layer keeps only its window's blocks), and those groups
+ * in *groups when so. Only where no KV crosses nodes: a decode node (it prefills locally) on
+ * the CPU (the CUDA engine reads one table of every layer) in a config without prefill nodes
+ * (a KV transfer, and so a migration, ships one table of every layer). The model's layer windows
+ * come from hp (tdm_llama_layer_window); a model without windows allocates the plain way
+ * (false). The one rule for the node's pool, its sizing, `tandem kvcalc` and the dashboard.
+ * Cannot fail. */
+bool tdm_node_kv_groups(const tdm_config_t *cfg, const tdm_node_config_t *node,
+                        const tdm_llama_hparams_t *hp, tdm_kv_groups_t *groups);
+
+/* The layer groups of a model's windows (tdm_kv_groups_init over tdm_llama_layer_window of
+ * every layer); false for a model without sliding-window layers or a layer count out of range
+ * (then one plain group). Cannot fail. */
+bool tdm_model_kv_groups(const tdm_llama_hparams_t *hp, tdm_kv_groups_t *groups);
 
 /* The memory a cpu node's budget may use, in bytes: the host's physical memory
  * (sysconf _SC_PHYS_PAGES x _SC_PAGESIZE), or the cgroup v2 limit (/sys/fs/cgroup/memory.max)

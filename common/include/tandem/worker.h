@@ -42,6 +42,14 @@
  * block table to the caller to ship; DECODE (decode node) runs sequences to EOS, a stop
  * token, max_tokens or the context limit.
  *
+ * Layer groups: over a pool with layer groups (tdm_kv_pool_new_grouped, a model with
+ * sliding-window layers) each sequence has one block table per group (tdm_kv_hseq_*), whose
+ * window groups give back the blocks no later query reads as its KV is committed; admission,
+ * preemption and recompute, prefix caching (under the window rule of tandem/kv.h), speculative
+ * decoding and forks all follow the groups, and outputs are bitwise those of a plain pool. Such
+ * a worker runs in DECODE mode only and takes no prefilled KV (the KV transfer ships one table
+ * of every layer): tdm_worker_new and tdm_worker_add refuse them with TDM_EINVALID.
+ *
  * A worker belongs to one thread (the engine thread) together with its pool and engine.
  * Memory: every table is allocated by tdm_worker_new; tdm_worker_add allocates the
  * sequence's token array and its KV block table, both sized for the longest the sequence can
@@ -112,7 +120,7 @@ typedef struct tdm_worker tdm_worker_t;
 /* Makes a worker over an engine, its pool and the model's tokenizer (for end-of-generation
  * tokens); all must outlive it. Returns NULL with *err: TDM_EINVALID (an option out of range,
  * max_batch_tokens above what the engine takes is not checked here: the forward pass names
- * it), TDM_ERESOURCE. */
+ * it, or PREFILL mode over a pool with layer groups), TDM_ERESOURCE. */
 tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const tdm_tokenizer_t *tok,
                              uint32_t n_vocab, const tdm_worker_opts_t *opts, tdm_error_t *err);
 
@@ -168,7 +176,8 @@ typedef struct tdm_worker_req {
  * token, max_tokens reached, a grammar it completes) finishes at the next step without a
  * forward pass. Returns 0; TDM_EINVALID (seq_id 0 or already in the worker, empty prompt, prompt +
  * output + 1 > n_ctx, n_output >= max_tokens, token out of the vocabulary, prefilled table not
- * covering n_prompt + n_output tokens, a grammar without opts.grammar_vocab, output or a first
+ * covering n_prompt + n_output tokens or given to a worker over a pool with layer groups, a
+ * grammar without opts.grammar_vocab, output or a first
  * token the grammar does not allow), TDM_ERESOURCE (max_waiting reached: the message says so; or
  * out of memory for the sequence's token array or block table: the message says "out of memory").
  * On error a prefilled table is left with the caller (its table may have been grown, its
@@ -184,6 +193,9 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
  * device copy is needed) and samples its first token from its own seed; the engine is
  * batch-invariant, so those rows and logits are bitwise the parent's. The parent is
  * unchanged and either may finish first: a shared block is freed with its last reference.
+ * Over a pool with layer groups a window group shares only the blocks the fork's first query
+ * reads; when the parent already gave back one of those (it decoded past the window), nothing
+ * is shared and the fork computes its prompt (or finds it in the prefix cache).
  * Like any sequence, a fork preempted later recomputes its whole prompt. req->prefilled and
  * req->output must be NULL / 0. Returns 0; TDM_ENOTFOUND (no sequence parent_id);
  * TDM_EPRECONDITION (the parent's prompt KV is not computed yet, or it was preempted: retry

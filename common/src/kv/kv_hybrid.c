@@ -249,8 +249,20 @@ static void take_prefix(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const uint64_t *
     hs->last_hash = h[k - 1];
 }
 
+size_t tdm_kv_hseq_match_scratch_bytes(uint32_t block_size, uint32_t n)
+{
+    uint32_t max_blocks = n == 0 ? 0 : (n - 1) / block_size;
+    return (size_t)max_blocks * (sizeof(uint64_t) + sizeof(uint32_t) + sizeof(bool)) + sizeof(bool);
+}
+
 uint32_t tdm_kv_hseq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *tokens,
                                   uint32_t n)
+{
+    return tdm_kv_hseq_match_prefix_with(pool, hs, tokens, n, NULL);
+}
+
+uint32_t tdm_kv_hseq_match_prefix_with(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs,
+                                       const int32_t *tokens, uint32_t n, void *scratch)
 {
     TDM_ASSERT(hs->n_tokens == 0 && tdm_kv_hseq_held(hs) == 0); /* a new sequence */
     const tdm_kv_groups_t *g = hs->groups;
@@ -258,8 +270,7 @@ uint32_t tdm_kv_hseq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const 
     uint32_t max_blocks = n == 0 ? 0 : (n - 1) / bs; /* never all n: logits need a row */
     if (max_blocks == 0 || tdm_kv_hseq_prepare(pool, hs, max_blocks * bs) != TDM_OK)
         return 0;
-    size_t each = sizeof(uint64_t) + sizeof(uint32_t) + sizeof(bool);
-    uint64_t *h = malloc((size_t)max_blocks * each + sizeof(bool));
+    uint64_t *h = scratch ? scratch : malloc(tdm_kv_hseq_match_scratch_bytes(bs, n));
     if (!h)
         return 0; /* out of memory: compute everything */
     uint32_t *run = (uint32_t *)(h + max_blocks);
@@ -276,7 +287,8 @@ uint32_t tdm_kv_hseq_match_prefix(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const 
     tdm_kv_pool_count_prefix(pool, l < max_blocks ? l + 1 : l, k);
     if (k > 0)
         take_prefix(pool, hs, h, k, bs);
-    free(h);
+    if (h != scratch)
+        free(h);
     return hs->n_tokens;
 }
 
@@ -286,9 +298,10 @@ void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *t
     const tdm_kv_groups_t *g = hs->groups;
     const uint32_t bs = tdm_kv_pool_layout(pool)->block_size;
     const uint32_t full = n_tokens / bs;
-    TDM_ASSERT(full >= hs->n_hashed && n_tokens >= hs->n_tokens); /* KV is never taken back */
+    TDM_ASSERT(n_tokens >= hs->n_tokens); /* KV is never taken back */
+    TDM_ASSERT(!tokens || full >= hs->n_hashed);
     uint64_t h = hs->n_hashed > 0 ? hs->last_hash : TDM_KV_HASH_SEED;
-    for (uint32_t i = hs->n_hashed; i < full; i++) {
+    for (uint32_t i = hs->n_hashed; tokens && i < full; i++) {
         h = tdm_kv_block_hash(h, tokens + (size_t)i * bs, bs);
         for (uint32_t gi = 0; gi < g->n_groups; gi++) {
             TDM_ASSERT(i < hs->tab[gi].n_blocks);
@@ -297,7 +310,7 @@ void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *t
                 (void)tdm_kv_pool_register(pool, b, tdm_kv_group_hash(h, gi));
         }
     }
-    if (full > hs->n_hashed) {
+    if (tokens && full > hs->n_hashed) {
         hs->n_hashed = full;
         hs->last_hash = h;
     }

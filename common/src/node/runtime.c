@@ -92,7 +92,8 @@ static int size_pool(tdm_node_runtime_t *rt, const tdm_node_config_t *node, uint
                             node->gpu_memory_utilization,
                             rt->device_total_bytes,
                             rt->device_free_bytes,
-                            rt->on_device ? 0 : tdm_node_host_memory()};
+                            rt->on_device ? 0 : tdm_node_host_memory(),
+                            rt->kv_grouped ? &rt->groups : NULL};
     tdm_node_pool_size_t ps;
     int rc = tdm_node_size_pool(&in, &ps, err);
     if (rc != TDM_OK)
@@ -119,7 +120,8 @@ static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                        const tdm_node_config_t *node, const tdm_engine_params_t *ep,
                        tdm_worker_mode_t mode, uint32_t n_blocks, tdm_error_t *err)
 {
-    rt->pool = tdm_kv_pool_new(&rt->layout, n_blocks, err);
+    rt->pool = rt->kv_grouped ? tdm_kv_pool_new_grouped(&rt->layout, &rt->groups, n_blocks, err)
+                              : tdm_kv_pool_new(&rt->layout, n_blocks, err);
     if (!rt->pool)
         return err ? err->code : TDM_ERESOURCE;
     rt->engine = tdm_engine_new(rt->model, rt->pool, ep, err);
@@ -171,6 +173,8 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     rt->fingerprint = sm.fingerprint;
     rt->layout = sm.layout;
     rt->weight_bytes = tdm_model_weight_bytes(rt->model);
+    /* a colocated decode node on the CPU keeps only the windows of sliding-window layers */
+    rt->kv_grouped = tdm_node_kv_groups(cfg, node, tdm_model_hparams(rt->model), &rt->groups);
 
     ep.n_threads = node->threads;
     ep.n_ctx = rt->n_ctx;

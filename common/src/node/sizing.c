@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tandem/gguf.h"
 #include "tandem/node_runtime.h"
 
 static double mib(uint64_t b)
@@ -96,7 +97,7 @@ int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, t
                             .scratch_bytes = in->scratch_bytes,
                             .have_memory = true,
                             .memory_bytes = budget,
-                            .groups = NULL}; /* nodes allocate one group (issue 39) */
+                            .groups = in->groups};
     tdm_kv_plan_t plan;
     if ((rc = tdm_kv_plan(&pin, &plan, err)) != TDM_OK)
         return rc;
@@ -107,4 +108,26 @@ int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, t
     /* a pool addresses at most 2^32 - 2 blocks (TDM_KV_NO_BLOCK is "none") */
     out->n_blocks = plan.pool_blocks > UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)plan.pool_blocks;
     return TDM_OK;
+}
+
+bool tdm_model_kv_groups(const tdm_llama_hparams_t *hp, tdm_kv_groups_t *groups)
+{
+    if (hp->n_layers == 0 || hp->n_layers > TDM_KV_MAX_LAYERS)
+        return false;
+    uint32_t windows[TDM_KV_MAX_LAYERS];
+    bool any = false;
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        any |= (windows[l] = tdm_llama_layer_window(hp, l)) != 0;
+    return any && tdm_kv_groups_init(groups, hp->n_layers, windows, NULL) == TDM_OK;
+}
+
+bool tdm_node_kv_groups(const tdm_config_t *cfg, const tdm_node_config_t *node,
+                        const tdm_llama_hparams_t *hp, tdm_kv_groups_t *groups)
+{
+    if (node->role != TDM_NODE_ROLE_DECODE || node->device.kind != TDM_NODE_DEVICE_CPU)
+        return false;
+    for (size_t i = 0; i < cfg->n_nodes; i++)
+        if (cfg->nodes[i].role == TDM_NODE_ROLE_PREFILL)
+            return false;
+    return tdm_model_kv_groups(hp, groups);
 }

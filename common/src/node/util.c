@@ -128,6 +128,14 @@ tdm_node_link_t *tdm_node_link_start(tdm_net_t *net, const tdm_config_t *cfg,
     reg.version = (char *)TANDEM_VERSION;
     reg.model_fingerprint = rt->fingerprint;
     reg.model = tdm_config_node_model(cfg, node)->name;
+    uint32_t windows[TDM_KV_MAX_LAYERS];
+    if (rt->kv_grouped) { /* (2.6) its pool's layer groups */
+        for (uint32_t g = 0; g < rt->groups.n_groups; g++)
+            windows[g] = rt->groups.window[g];
+        layout.layers_per_group = rt->groups.layers_per_group;
+        layout.n_group_windows = rt->groups.n_groups;
+        layout.group_windows = windows;
+    }
     reg.kv_layout = &layout;
     reg.kv_blocks_total = ks.n_blocks;
     reg.kv_endpoint = (char *)(uintptr_t)(kv_endpoint ? kv_endpoint : "");
@@ -259,6 +267,7 @@ int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_co
     ns.role = (char *)(uintptr_t)tdm_config_node_role_name(node->role);
     ns.up = true;
     ns.kv_blocks_total = ld.kv_blocks_free + ld.kv_blocks_used + ld.kv_blocks_cached;
+    ns.kv_layer_groups = rt->kv_grouped ? rt->groups.n_groups : 1;
     ns.device = device;
     ns.load = &load;
     return tdm_sock_reply(s, f, &ns.base);

@@ -5,8 +5,9 @@
  * Memory: tdm_worker_new allocates every table of the worker; tdm_worker_add allocates one
  * sequence's token array and block table, both sized for the sequence's longest possible
  * length (prompt + max_new tokens), so a step never allocates: preemption clears a block
- * table (tdm_kv_seq_clear) and keeps it for the recompute. Sequences are found by their u64 id
- * through a hash index (XXH3 of the id, chained through the slots), never by a scan.
+ * table (or a grouped pool's tables, worker_kv.c) and keeps it for the recompute. Sequences are
+ * found by their u64 id through a hash index (XXH3 of the id, chained through the slots), never by
+ * a scan.
  */
 #include "worker_internal.h"
 
@@ -45,7 +46,7 @@ void tdm_worker_seq_free(tdm_worker_t *w, uint32_t slot)
 {
     wseq_t *s = &w->seqs[slot];
     index_remove(w, slot);
-    tdm_kv_seq_release(w->pool, &s->kv);
+    tdm_worker_kv_release(w, s);
     tdm_grammar_matcher_destroy(&s->matcher);
     free(s->tokens);
     free(s->plp);
@@ -77,6 +78,10 @@ static int check_opts(const tdm_engine_t *engine, const tdm_kv_pool_t *pool,
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: the grammar vocabulary has %u tokens, the model %u",
                              tdm_grammar_vocab_n_vocab(opts->grammar_vocab), n_vocab);
+    if (opts->mode == TDM_WORKER_MODE_PREFILL && tdm_kv_pool_groups(pool))
+        return tdm_error_set(err, TDM_EINVALID,
+                             "worker: PREFILL mode hands over one block table of every layer; "
+                             "the pool has layer groups (use a plain pool)");
     return TDM_OK;
 }
 
@@ -107,6 +112,10 @@ static bool alloc_tables(tdm_worker_t *w)
     w->mask = calloc(((size_t)w->n_vocab + 31) / 32, sizeof *w->mask);
     w->cap_events = 2 * w->n_slots + w->o.max_running * w->o.max_draft;
     w->events = calloc(w->cap_events, sizeof *w->events);
+    if (w->groups && (!(w->b_gb = calloc(mr * w->groups->n_groups, sizeof *w->b_gb)) ||
+                      !(w->match_scratch = malloc(tdm_kv_hseq_match_scratch_bytes(
+                            tdm_kv_pool_layout(w->pool)->block_size, w->o.n_ctx)))))
+        return false;
     if (!w->seqs || !w->buckets || !w->free_slots || !w->running || !w->waiting || !w->b_tokens ||
         !w->b_pos || !w->b_seq || !w->b_want || !w->b_seqs || !w->b_slot || !w->b_chunk ||
         !w->b_draft || !w->b_logits || !w->logits || !w->mask || !w->events)
@@ -129,6 +138,7 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
         goto out_oom;
     w->engine = engine;
     w->pool = pool;
+    w->groups = tdm_kv_pool_groups(pool);
     w->tok = tok;
     w->n_vocab = n_vocab;
     w->o = *opts;
@@ -184,6 +194,8 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     free(w->logits);
     free(w->mask);
     free(w->events);
+    free(w->b_gb);
+    free(w->match_scratch);
     free(w);
     *self_p = NULL;
 }
@@ -273,9 +285,14 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
     if (req->sampling->max_tokens < 1)
         return tdm_error_set(err, TDM_EINVALID, "max_tokens must be >= 1, got %d",
                              req->sampling->max_tokens);
+    const tdm_kv_seq_t *pre = req->prefilled;
+    if (pre && w->groups)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prefilled: this worker's KV pool has %u layer groups; prefilled KV "
+                             "comes in one table of every layer (a plain pool)",
+                             w->groups->n_groups);
     if (check_resume(w, req, err) != TDM_OK)
         return TDM_EINVALID;
-    const tdm_kv_seq_t *pre = req->prefilled;
     if (req->grammar && !w->o.grammar_vocab)
         return tdm_error_set(err, TDM_EINVALID,
                              "constraint: this worker has no grammar vocabulary");
@@ -354,13 +371,15 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
         max_new = w->o.n_ctx - req->n_prompt;
     uint32_t cap = req->n_prompt + max_new;
     /* Everything the sequence will ever hold, now: the step path never allocates. */
-    tdm_kv_seq_t kv;
-    tdm_kv_seq_init(&kv);
+    wseq_t tables; /* the new sequence's block table(s) */
+    memset(&tables, 0, sizeof tables);
     int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
     bool plp = req->prompt_logprobs && !req->prefilled && req->n_output == 0;
     tdm_token_logprobs_t *plps = plp ? calloc(req->n_prompt, sizeof *plps) : NULL;
-    tdm_kv_seq_t *table = req->prefilled ? req->prefilled : &kv;
-    if (!tokens || (plp && !plps) || tdm_kv_seq_prepare(w->pool, table, cap) != TDM_OK) {
+    bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
+                                   : tdm_worker_kv_prepare(w, &tables, cap);
+    if (!tokens || (plp && !plps) || !prepared) {
+        tdm_worker_kv_release(w, &tables);
         free(tokens);
         free(plps);
         tdm_grammar_matcher_destroy(&matcher);
@@ -385,7 +404,8 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->n_tokens = req->n_prompt + req->n_output;
     s->max_new = max_new;
     s->sp = *req->sampling;
-    s->kv = kv;
+    s->kv = tables.kv;
+    s->hkv = tables.hkv;
     s->matcher = matcher;
     s->no_spec = req->no_speculation;
     s->spec_rate = SPEC_RATE_PRIOR;
@@ -400,7 +420,8 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
 /* ---- forks (n > 1) ---- */
 
 /* The checks of tdm_worker_fork against the parent p: TDM_EINVALID or TDM_EPRECONDITION. */
-static int fork_check(const wseq_t *p, const tdm_worker_req_t *req, uint32_t k, tdm_error_t *err)
+static int fork_check(const tdm_worker_t *w, const wseq_t *p, const tdm_worker_req_t *req,
+                      uint32_t k, tdm_error_t *err)
 {
     if (req->prefilled || req->n_output)
         return tdm_error_set(err, TDM_EINVALID, "fork: prefilled KV or output given");
@@ -408,7 +429,7 @@ static int fork_check(const wseq_t *p, const tdm_worker_req_t *req, uint32_t k, 
         memcmp(req->prompt, p->tokens, (size_t)p->n_prompt * sizeof *p->tokens) != 0)
         return tdm_error_set(err, TDM_EINVALID,
                              "fork: the prompt is not the parent %016" PRIx64 "'s", p->id);
-    if (p->n_computed < p->n_prompt || p->kv.n_blocks < k)
+    if (p->n_computed < p->n_prompt || tdm_worker_kv_entries(w, p) < k)
         return tdm_error_set(err, TDM_EPRECONDITION,
                              "fork: the parent %016" PRIx64
                              " has %u of its %u prompt tokens computed",
@@ -425,24 +446,16 @@ int tdm_worker_fork(tdm_worker_t *w, uint64_t parent_id, const tdm_worker_req_t 
     const uint32_t bs = tdm_kv_pool_layout(w->pool)->block_size;
     const wseq_t *p = &w->seqs[ps];
     uint32_t k = (p->n_prompt - 1) / bs; /* blocks holding only positions < n_prompt - 1 */
-    int rc = fork_check(p, req, k, err);
+    int rc = fork_check(w, p, req, k, err);
     if (rc == TDM_OK)
         rc = tdm_worker_add(w, req, err);
     if (rc != TDM_OK)
         return rc;
     wseq_t *s = &w->seqs[find_slot(w, req->seq_id)];
     p = &w->seqs[ps];
-    uint64_t h = TDM_KV_HASH_SEED;
-    for (uint32_t i = 0; i < k; i++) {
-        s->kv.blocks[i] = p->kv.blocks[i];
-        tdm_kv_pool_ref(w->pool, p->kv.blocks[i]);
-        h = tdm_kv_block_hash(h, p->tokens + (size_t)i * bs, bs);
-    }
     /* The shared blocks count as hashed for the fork: registering is the parent's business
-     * (tdm_kv_seq_commit registers only blocks past n_hashed). */
-    s->kv.n_blocks = s->kv.n_hashed = k;
-    s->kv.last_hash = k > 0 ? h : 0;
-    s->kv.n_tokens = s->n_computed = s->cached_prompt_tokens = k * bs;
+     * (the commit registers only blocks past n_hashed). */
+    s->n_computed = s->cached_prompt_tokens = tdm_worker_kv_share(w, s, p, k);
     return TDM_OK;
 }
 

@@ -26,7 +26,11 @@ typedef struct wseq {
     uint32_t n_computed; /* tokens whose KV is in kv's blocks */
     uint32_t max_new;    /* output tokens at most: min(max_tokens, n_ctx - n_prompt) */
     tdm_sampling_params_t sp;
-    tdm_kv_seq_t kv; /* table prepared for cap tokens at admission (tdm_kv_seq_prepare) */
+    tdm_kv_seq_t kv;   /* table prepared for cap tokens at admission (tdm_kv_seq_prepare);
+                          unused over a pool with layer groups */
+    tdm_kv_hseq_t hkv; /* over a pool with layer groups (w->groups): one table per group,
+                          prepared likewise; kv is then empty. Reach either through the
+                          tdm_worker_kv_* calls below */
     bool admitted_once;
     uint32_t cached_prompt_tokens;
     double t_first_sched;
@@ -45,6 +49,12 @@ typedef struct wseq {
 struct tdm_worker {
     tdm_engine_t *engine;
     tdm_kv_pool_t *pool;
+    const tdm_kv_groups_t *groups; /* the pool's layer groups (tdm_kv_pool_groups), NULL for a
+                                      plain pool */
+    const uint32_t **b_gb;         /* [max_running][n_groups] group tables of batch
+                                      sequence k (grouped pools only) */
+    void *match_scratch;           /* prefix matching's scratch for n_ctx tokens
+                                      (tdm_kv_hseq_match_scratch_bytes; grouped pools only) */
     const tdm_tokenizer_t *tok;
     uint32_t n_vocab;
     tdm_worker_opts_t o;
@@ -127,6 +137,51 @@ void tdm_worker_schedule(tdm_worker_t *w);
  * token the sequence can hold, so a failure here means the pool is short of blocks, never
  * that memory ran out. */
 bool tdm_worker_reserve(tdm_worker_t *w, wseq_t *s, uint32_t n_tokens);
+
+/* ---- a sequence's KV tables (worker_kv.c): one table, or one per layer group ----
+ *
+ * Over a plain pool a sequence has one block table (s->kv, tdm_kv_seq_*); over a pool with
+ * layer groups one per group (s->hkv, tdm_kv_hseq_*), whose window groups give back the blocks
+ * no later query reads as the KV is committed. These calls hide which. */
+
+/* Sizes s's table(s) for cap tokens (admission: a step then allocates nothing). false on out
+ * of memory (nothing kept). */
+bool tdm_worker_kv_prepare(tdm_worker_t *w, wseq_t *s, uint32_t cap);
+
+/* Entries of s's table(s): blocks covering positions 0 .. entries * block_size - 1 (given-back
+ * entries of window groups included). */
+uint32_t tdm_worker_kv_entries(const tdm_worker_t *w, const wseq_t *s);
+
+/* Blocks s holds now, over every group. */
+uint32_t tdm_worker_kv_held(const tdm_worker_t *w, const wseq_t *s);
+
+/* Pool blocks that taking table entries for n_tokens tokens would cost s (one per group and
+ * missing entry). */
+uint32_t tdm_worker_kv_cost(const tdm_worker_t *w, const wseq_t *s, uint32_t n_tokens);
+
+/* For a sequence holding nothing: reuses the longest cached prefix of its tokens (never all),
+ * under the window rule over a grouped pool. Returns the tokens covered. */
+uint32_t tdm_worker_kv_match_prefix(tdm_worker_t *w, wseq_t *s);
+
+/* Drops s's references (its tables stay: preemption, or an admission that did not fit). */
+void tdm_worker_kv_clear(tdm_worker_t *w, wseq_t *s);
+
+/* Drops s's references and frees its tables. */
+void tdm_worker_kv_release(tdm_worker_t *w, wseq_t *s);
+
+/* Gives back the entries of s past the first keep (blocks taken for rejected drafts: no
+ * committed token, no hash). */
+void tdm_worker_kv_trim(tdm_worker_t *w, wseq_t *s, uint32_t keep);
+
+/* Shares the parent p's first k prompt blocks with s (a fork holding nothing; the shared blocks
+ * count as hashed for it, registering is the parent's business). Over a grouped pool a window
+ * group shares only the blocks a query at k * block_size reads; when p gave back one of those,
+ * nothing is shared (0 returned: the fork computes its prompt, or finds it in the prefix
+ * cache). Returns the tokens now covered: k * block_size, or 0. */
+uint32_t tdm_worker_kv_share(tdm_worker_t *w, wseq_t *s, const wseq_t *p, uint32_t k);
+
+/* Batch sequence k's view of s's tables for the forward pass. */
+tdm_batch_seq_t tdm_worker_kv_view(tdm_worker_t *w, const wseq_t *s, uint32_t k);
 
 /* ---- speculative decoding (worker_spec.c) ---- */
 

@@ -14,7 +14,7 @@ static void preempt_newest(tdm_worker_t *w)
     TDM_ASSERT(w->n_running > 0);
     uint32_t slot = w->running[--w->n_running];
     wseq_t *s = &w->seqs[slot];
-    tdm_kv_seq_clear(w->pool, &s->kv);
+    tdm_worker_kv_clear(w, s);
     s->n_computed = 0;
     s->running = false;
     s->preemptions++;
@@ -30,6 +30,8 @@ static void preempt_newest(tdm_worker_t *w)
 bool tdm_worker_reserve(tdm_worker_t *w, wseq_t *s, uint32_t n_tokens)
 {
     TDM_ASSERT(n_tokens <= s->cap);
+    if (w->groups)
+        return tdm_kv_hseq_reserve(w->pool, &s->hkv, n_tokens) == TDM_OK;
     return tdm_kv_seq_reserve(w->pool, &s->kv, n_tokens) == TDM_OK;
 }
 
@@ -153,8 +155,8 @@ static void schedule_prefill(tdm_worker_t *w)
 static uint32_t admit_reserve(tdm_worker_t *w, wseq_t *s)
 {
     /* no prefix-cache hit for a sequence owing prompt logprobs: its rows must be computed */
-    if (s->n_computed == 0 && s->kv.n_blocks == 0 && w->o.prefix_caching && !s->plp) {
-        uint32_t matched = tdm_kv_seq_match_prefix(w->pool, &s->kv, s->tokens, s->n_tokens);
+    if (s->n_computed == 0 && tdm_worker_kv_held(w, s) == 0 && w->o.prefix_caching && !s->plp) {
+        uint32_t matched = tdm_worker_kv_match_prefix(w, s);
         s->n_computed = matched;
         if (!s->admitted_once)
             s->cached_prompt_tokens = matched < s->n_prompt ? matched : s->n_prompt;
@@ -177,11 +179,11 @@ static void schedule_admit(tdm_worker_t *w)
                 snprintf(msg, sizeof msg,
                          "KV pool exhausted: %u tokens need more blocks than the %u available",
                          s->n_computed + prefill_chunk(w, s),
-                         tdm_kv_pool_available(w->pool) + s->kv.n_blocks);
+                         tdm_kv_pool_available(w->pool) + tdm_worker_kv_held(w, s));
                 tdm_worker_seq_fail(w, slot, TDM_ERESOURCE, msg);
                 continue;
             }
-            tdm_kv_seq_clear(w->pool, &s->kv);
+            tdm_worker_kv_clear(w, s);
             s->n_computed = 0;
             break;
         }

@@ -106,10 +106,9 @@ static uint32_t spec_best_k(double rate, double cost, uint32_t m)
  * decoding preempt. false when not taken. */
 static bool spec_reserve(tdm_worker_t *w, wseq_t *s, uint32_t i, uint32_t k)
 {
-    uint32_t need =
-        (uint32_t)tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), s->n_computed + 1 + k);
-    uint32_t more = need > s->kv.n_blocks ? need - s->kv.n_blocks : 0;
-    if (more > 0 && tdm_kv_pool_available(w->pool) < more + (w->n_running - i - 1))
+    uint32_t more = tdm_worker_kv_cost(w, s, s->n_computed + 1 + k);
+    uint32_t per_seq = w->groups ? w->groups->n_groups : 1; /* a decode row's new entry */
+    if (more > 0 && tdm_kv_pool_available(w->pool) < more + (w->n_running - i - 1) * per_seq)
         return false;
     return tdm_worker_reserve(w, s, s->n_computed + 1 + k);
 }
@@ -140,7 +139,7 @@ uint32_t tdm_worker_spec_drafts(tdm_worker_t *w, wseq_t *s, uint32_t i)
     if (best > 0)
         s->spec_miss = 0;
     if (!spec_reserve(w, s, i, k)) {
-        uint32_t covered = s->kv.n_blocks * tdm_kv_pool_layout(w->pool)->block_size;
+        uint32_t covered = tdm_worker_kv_entries(w, s) * tdm_kv_pool_layout(w->pool)->block_size;
         k = covered - (s->n_computed + 1) < k ? covered - (s->n_computed + 1) : k;
     }
     w->draft_left -= k;
@@ -161,8 +160,7 @@ static void spec_adapt(wseq_t *s, uint32_t accepted, uint32_t n_draft)
 static void spec_trim(tdm_worker_t *w, wseq_t *s)
 {
     uint32_t keep = (uint32_t)tdm_kv_blocks_for_tokens(tdm_kv_pool_layout(w->pool), s->n_computed);
-    while (s->kv.n_blocks > keep)
-        tdm_kv_pool_unref(w->pool, s->kv.blocks[--s->kv.n_blocks]);
+    tdm_worker_kv_trim(w, s, keep);
 }
 
 /* 5. Verifies the n_draft drafts of slot against logits rows [1 + n_draft] (the decode row's,

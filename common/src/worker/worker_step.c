@@ -22,7 +22,7 @@ static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
 {
     for (uint32_t k = 0; k < w->n_bseq; k++) {
         const wseq_t *s = &w->seqs[w->b_slot[k]];
-        w->b_seqs[k] = (tdm_batch_seq_t){s->kv.blocks, s->kv.n_blocks, NULL};
+        w->b_seqs[k] = tdm_worker_kv_view(w, s, k);
     }
     tdm_batch_t batch = {w->n_rows, w->b_tokens, w->b_pos, w->b_seq,
                          w->b_want, w->n_bseq,   w->b_seqs};
@@ -184,7 +184,9 @@ bool tdm_worker_sample_next(tdm_worker_t *w, uint32_t slot, const float *row, do
 /* Records that s's first n_computed tokens have their KV in its blocks. */
 void tdm_worker_commit_kv(tdm_worker_t *w, wseq_t *s)
 {
-    if (w->o.prefix_caching)
+    if (w->groups) /* gives back what the window groups no longer read */
+        tdm_kv_hseq_commit(w->pool, &s->hkv, w->o.prefix_caching ? s->tokens : NULL, s->n_computed);
+    else if (w->o.prefix_caching)
         tdm_kv_seq_commit(w->pool, &s->kv, s->tokens, s->n_computed);
     else
         s->kv.n_tokens = s->n_computed;
