@@ -269,17 +269,10 @@ static int measure(kvcalc_t *k, tdm_config_t *cfg, long threads)
     return 0;
 }
 
-static void print_table(const kvcalc_t *k)
+/* The table's lines on how a CPU node holds the weights (-m) and on layer groups. */
+static void print_node_and_groups(const kvcalc_t *k)
 {
-    char a[32], b[32], c[32], d[32];
-    const tdm_kv_layout_t *l = &k->in.layout;
-    if (k->model)
-        printf("model:                    %s (%s)\n", k->model, k->arch);
-    printf("layout:                   %" PRIu32 " layers, %" PRIu32 " KV heads, head_dim %" PRIu32
-           ", %s, block_size %" PRIu32 "\n",
-           l->n_layers, l->n_kv_heads, l->head_dim, tdm_kv_dtype_name(l->dtype), l->block_size);
-    printf("weights:                  %s bytes (%s)\n", fmt_count(k->in.weight_bytes, a),
-           fmt_human(k->in.weight_bytes, b));
+    char a[32], b[32], c[32];
     if (k->node) {
         printf("  as a CPU node holds them: the file's tensors are %s bytes; the engine's "
                "repacked copies are in its scratch\n",
@@ -303,6 +296,20 @@ static void print_table(const kvcalc_t *k)
     } else if (k->have_groups) {
         printf("layer groups:             none (--all-layers: every block holds every layer)\n");
     }
+}
+
+static void print_table(const kvcalc_t *k)
+{
+    char a[32], b[32], c[32], d[32];
+    const tdm_kv_layout_t *l = &k->in.layout;
+    if (k->model)
+        printf("model:                    %s (%s)\n", k->model, k->arch);
+    printf("layout:                   %" PRIu32 " layers, %" PRIu32 " KV heads, head_dim %" PRIu32
+           ", %s, block_size %" PRIu32 "\n",
+           l->n_layers, l->n_kv_heads, l->head_dim, tdm_kv_dtype_name(l->dtype), l->block_size);
+    printf("weights:                  %s bytes (%s)\n", fmt_count(k->in.weight_bytes, a),
+           fmt_human(k->in.weight_bytes, b));
+    print_node_and_groups(k);
     printf("KV per token:             %s bytes (%s)%s\n", fmt_count(k->plan.bytes_per_token, a),
            fmt_human(k->plan.bytes_per_token, b), l->dtype == TDM_KV_Q8 ? ", plus q8 scales" : "");
     printf("KV per block:             %s bytes (%" PRIu32 " tokens%s)\n",

@@ -227,6 +227,47 @@ static bool route_conv(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, c
 
 /* ---- the access handler ---- */
 
+/* GET /api/status: the dashboard's status with every served model's shape. */
+static enum MHD_Result handle_api_status(tdm_http_t *h, struct MHD_Connection *c)
+{
+    http_model_t m;
+    tdm_error_t err = {0};
+    bool have = http_model_get(h, &m, &err) == TDM_OK;
+    static const size_t cap = TDM_CONFIG_MAX_MODELS;
+    http_model_t *all = malloc(cap * sizeof *all);
+    size_t n_all = 0;
+    if (all && http_models_all(h, all, cap, &n_all, &err) != TDM_OK)
+        n_all = 0;
+    json_t *v =
+        dash_status_json(h->dash, n_all ? all : (have ? &m : NULL), n_all ? n_all : (have ? 1 : 0));
+    free(all);
+    return http_reply_json(c, 200, v);
+}
+
+/* GET /api/capacity: the plan of ?model=NAME, else (several models) of the model ?node=ID
+ * serves, else the first model's. */
+static enum MHD_Result handle_api_capacity(tdm_http_t *h, struct MHD_Connection *c)
+{
+    http_model_t m;
+    tdm_error_t err = {0};
+    bool have = http_model_get(h, &m, &err) == TDM_OK;
+    const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+    const char *node = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "node");
+    char node_model[TDM_MODEL_NAME_MAX + 1] = "";
+    if (!want && node && h->cfg->n_models > 1 &&
+        http_node_model(h, node, node_model, sizeof node_model, &err) == TDM_OK && node_model[0])
+        want = node_model;
+    if (want && want[0]) {
+        int rc = http_model_named(h, want, &m, &err);
+        if (rc == TDM_ENOTFOUND)
+            return http_reply_error(c, rc, "model_not_found", "model", "%s", err.msg);
+        have = rc == TDM_OK;
+    }
+    unsigned status = 200;
+    json_t *v = dash_capacity_json(h->dash, have ? &m : NULL, query_get, c, &status);
+    return http_reply_json(c, status, v);
+}
+
 enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, const char *url,
                            const char *method)
 {
@@ -276,35 +317,7 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
         return handle_models(h, c, NULL);
     if (strncmp(url, "/v1/models/", 11) == 0)
         return handle_models(h, c, url + 11);
-    http_model_t m;
-    tdm_error_t err = {0};
-    bool have = http_model_get(h, &m, &err) == TDM_OK;
-    if (strcmp(url, "/api/status") == 0) {
-        static const size_t cap = TDM_CONFIG_MAX_MODELS;
-        http_model_t *all = malloc(cap * sizeof *all);
-        size_t n_all = 0;
-        if (all && http_models_all(h, all, cap, &n_all, &err) != TDM_OK)
-            n_all = 0;
-        json_t *v = dash_status_json(h->dash, n_all ? all : (have ? &m : NULL),
-                                     n_all ? n_all : (have ? 1 : 0));
-        free(all);
-        return http_reply_json(c, 200, v);
-    }
-    /* several models: the plan of ?model=NAME, else of the model ?node=ID serves, else the
-     * first model's */
-    const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
-    const char *node = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "node");
-    char node_model[TDM_MODEL_NAME_MAX + 1] = "";
-    if (!want && node && h->cfg->n_models > 1 &&
-        http_node_model(h, node, node_model, sizeof node_model, &err) == TDM_OK && node_model[0])
-        want = node_model;
-    if (want && want[0]) {
-        int rc = http_model_named(h, want, &m, &err);
-        if (rc == TDM_ENOTFOUND)
-            return http_reply_error(c, rc, "model_not_found", "model", "%s", err.msg);
-        have = rc == TDM_OK;
-    }
-    unsigned status = 200;
-    json_t *v = dash_capacity_json(h->dash, have ? &m : NULL, query_get, c, &status);
-    return http_reply_json(c, status, v);
+    if (strcmp(url, "/api/status") == 0)
+        return handle_api_status(h, c);
+    return handle_api_capacity(h, c);
 }
