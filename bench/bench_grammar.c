@@ -46,11 +46,11 @@ typedef struct cfg {
     const char *dir, *cache, *json_path, *vocab_path, *peer_path;
     const char *files_path;  /* --files: only the names listed there (one a line) */
     const char *digest_path; /* --mask-digest: one line per file, the hash of its masks */
-    int every;       /* take every N-th file (sorted by name) */
-    int limit;       /* at most this many files; 0: all */
-    bool check;      /* exit 1 on invalidation errors or passing below min_pass */
-    bool verbose;    /* print every refusal and every instance judged wrong */
-    double min_pass; /* fraction of compiled schemas that must pass */
+    int every;               /* take every N-th file (sorted by name) */
+    int limit;               /* at most this many files; 0: all */
+    bool check;              /* exit 1 on invalidation errors or passing below min_pass */
+    bool verbose;            /* print every refusal and every instance judged wrong */
+    double min_pass;         /* fraction of compiled schemas that must pass */
 } cfg_t;
 
 typedef struct dvec {
@@ -79,10 +79,10 @@ typedef struct bench {
     tdm_grammar_vocab_t *vocab;
     uint32_t n_vocab;
     tdm_token_t eos;
-    uint32_t *mask; /* [(n_vocab + 31) / 32] */
-    json_t *index;  /* CACHE/index.json */
-    FILE *dump;     /* --dump-vocab */
-    FILE *digest;   /* --mask-digest */
+    uint32_t *mask;    /* [(n_vocab + 31) / 32] */
+    json_t *index;     /* CACHE/index.json */
+    FILE *dump;        /* --dump-vocab */
+    FILE *digest;      /* --mask-digest */
     XXH3_state_t *xxh; /* the current file's masks, in order */
     int n_dumped;
     char cpu[128];
@@ -445,8 +445,7 @@ static int load_instances(bench_t *b, const cfg_t *c, const char *name, instance
 }
 
 /* Compiles the schema of dir/name into *g (timed); NULL with the refusal counted. */
-static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name,
-                                   size_t *gbnf_len)
+static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name, size_t *gbnf_len)
 {
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", c->dir, name);

@@ -217,8 +217,7 @@ tdm_grammar_vocab_t *tdm_grammar_vocab_new(const tdm_tokenizer_t *tok, tdm_error
         if (v->kind[t] == GRAM_TOK_BYTES) {
             v->tok_ids[n++] = t;
             v->trie_bits[t >> 5] |= 1u << (t & 31);
-        }
-        else if (v->kind[t] == GRAM_TOK_EOG)
+        } else if (v->kind[t] == GRAM_TOK_EOG)
             v->eog[v->n_eog++] = t;
         if (len > v->max_depth)
             v->max_depth = len;
