@@ -434,7 +434,40 @@ static void test_refs(void **state)
           BAD("{\"kids\":[{}]}", "{\"kids\":[{\"n\":1,\"kids\":[{}]}]}"));
     refused("{\"$ref\":\"#/$defs/missing\"}", "/$ref: '#/$defs/missing' not found");
     refused("{\"$ref\":\"other.json#/a\"}",
-            "/$ref: 'other.json#/a' not supported (only JSON pointers within the document)");
+            "/$ref: 'other.json#/a' not supported (only JSON pointers and anchors within the "
+            "document)");
+}
+
+/* $ref "#name": the schema declaring that plain-name anchor ($anchor, $dynamicAnchor, or an
+ * id / $id "#name" of drafts 4 to 7), when exactly one does and no embedded resource scopes it. */
+static void test_ref_anchors(void **state)
+{
+    (void)state;
+    check_q("{'definitions':{'s':{'id':'#sid','type':'integer','minimum':0},'l':{'$anchor':'lst',"
+            "'type':'array','items':{'$ref':'#sid'}}},'type':'object','properties':{'a':{'$ref':"
+            "'#lst'},'b':{'$ref':'#sid'}},'required':['a','b'],'additionalProperties':false}",
+            GOOD("{'a':[1,2],'b':3}", "{'a':[],'b':0}"),
+            BAD("{'a':[1,-2],'b':3}", "{'a':[1],'b':-1}", "{'a':1,'b':1}"));
+    /* recursive, through an anchor on the root; an $id '#name' (drafts 6, 7) */
+    check_q("{'$anchor':'node','type':'array','items':{'$ref':'#node'}}",
+            GOOD("[]", "[[],[[]]]"), BAD("[1]"));
+    check_q("{'$defs':{'n':{'$id':'#num','type':'number'}},'items':{'$ref':'#num'}}", GOOD("[1.5]"),
+            BAD("['x']"));
+    /* anchors in data (const, enum, default, examples) name nothing */
+    refused("{\"properties\":{\"a\":{\"$ref\":\"#x\"}},\"$defs\":{\"d\":{\"const\":"
+            "{\"$anchor\":\"x\"}}}}",
+            "/properties/a/$ref: '#x' not found (no $anchor or id of that name)");
+    refused("{\"properties\":{\"a\":{\"$ref\":\"#x\"}},\"$defs\":{\"d\":{\"$anchor\":"
+            "\"x\"},\"e\":{\"$anchor\":\"x\"}}}",
+            "/properties/a/$ref: '#x' is ambiguous (2 schemas declare that anchor)");
+    refused("{\"properties\":{\"a\":{\"$ref\":\"#x\"}},\"$defs\":{\"d\":{\"$id\":"
+            "\"http://example.com/d\",\"$anchor\":\"x\"}}}",
+            "/properties/a/$ref: '#x' not supported (an anchor in a document with embedded "
+            "resources, $id)");
+    /* an error inside the target names the target's pointer */
+    refused("{\"$defs\":{\"t\":{\"$anchor\":\"t\",\"type\":\"string\",\"enum\":[1]}},"
+            "\"items\":{\"$ref\":\"#t\"}}",
+            "/$defs/t/enum: no value allowed (type, enum and const)");
 }
 
 static void test_string_lengths_and_pattern(void **state)
@@ -1124,6 +1157,7 @@ int main(void)
         cmocka_unit_test(test_any_one_all_of),
         cmocka_unit_test(test_merged_property_order),
         cmocka_unit_test(test_refs),
+        cmocka_unit_test(test_ref_anchors),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_formats_regex),

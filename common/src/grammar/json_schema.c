@@ -8,6 +8,7 @@
  * this compiler ignores them too. oneOf compiles as anyOf when its branches are provably
  * disjoint (so exclusivity holds by construction), and is refused otherwise.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -323,10 +324,153 @@ static bool ptr_token(const char *p, size_t n, char *tok, size_t cap)
     return k + 1 < cap || n == 0;
 }
 
+/* ---- plain-name anchors ($ref "#name") ---- */
+
+/* The keywords whose values are data, not schemas: an "$anchor" there names nothing. */
+static const char *const k_data[] = {"enum", "const", "default", "examples", NULL};
+
+typedef struct anchor_find {
+    const char *name;     /* the anchor looked for */
+    json_t *found;        /* the schema it names (the first) */
+    int n_found;          /* schemas naming it */
+    bool other_resource;  /* a schema below the root has an $id / id of another resource */
+    char ptr[JS_PTR_MAX]; /* the JSON pointer of the node being searched */
+    char found_ptr[JS_PTR_MAX];
+} anchor_find_t;
+
+/* True when schema object s declares the plain-name anchor name: "$anchor" or "$dynamicAnchor"
+ * (2019-09 and later; a $ref names a dynamic anchor statically), or an "$id" / "id" that is
+ * the bare fragment "#name" (drafts 4 to 7). Notes an $id / id naming another resource. */
+static bool declares_anchor(anchor_find_t *f, const json_t *s, bool is_root)
+{
+    bool hit = false;
+    const char *keys[] = {"$anchor", "$dynamicAnchor", "$id", "id"};
+    for (int k = 0; k < 4; k++) {
+        const char *v = json_string_value(json_object_get(s, keys[k]));
+        if (!v)
+            continue;
+        if (k < 2)
+            hit = hit || strcmp(v, f->name) == 0;
+        else if (v[0] == '#')
+            hit = hit || strcmp(v + 1, f->name) == 0;
+        else if (!is_root)
+            f->other_resource = true; /* anchors below it are that resource's */
+    }
+    return hit;
+}
+
+/* Appends "/" and key (~ and / escaped) to the pointer ptr[JS_PTR_MAX] of length len, cut at
+ * the buffer's end (it names the schema in messages only); returns the new length. */
+static size_t ptr_append(char *ptr, size_t len, const char *key)
+{
+    size_t n = len;
+    if (n + 1 < JS_PTR_MAX)
+        ptr[n++] = '/';
+    for (const char *p = key; *p && n + 2 < JS_PTR_MAX; p++) {
+        if (*p == '~' || *p == '/') {
+            ptr[n++] = '~';
+            ptr[n++] = *p == '~' ? '0' : '1';
+        } else {
+            ptr[n++] = *p;
+        }
+    }
+    ptr[n] = 0;
+    return n;
+}
+
+/* Searches node (at f->ptr, of length len) and everything below it that can be a schema. */
+static void anchor_search(anchor_find_t *f, json_t *node, size_t len, int depth)
+{
+    if (depth > 2 * JS_MAX_DEPTH) {
+        f->other_resource = true; /* too deep to search: refuse rather than guess */
+        return;
+    }
+    if (json_is_object(node) && declares_anchor(f, node, depth == 0) && f->n_found++ == 0) {
+        f->found = node;
+        memcpy(f->found_ptr, f->ptr, len + 1);
+    }
+    const char *key;
+    json_t *v;
+    size_t i;
+    if (json_is_array(node)) {
+        json_array_foreach(node, i, v)
+        {
+            char tok[24];
+            snprintf(tok, sizeof tok, "%zu", i);
+            anchor_search(f, v, ptr_append(f->ptr, len, tok), depth + 1);
+            f->ptr[len] = 0;
+        }
+        return;
+    }
+    json_object_foreach(node, key, v)
+    {
+        if (in_list(k_data, key) || (!json_is_object(v) && !json_is_array(v)))
+            continue;
+        size_t n = ptr_append(f->ptr, len, key);
+        anchor_search(f, v, n, depth + 1);
+        f->ptr[len] = 0;
+    }
+}
+
+/* The schema "#name" names: the one schema of the document declaring that anchor, with no $id
+ * of another resource below the root (whose anchors would be scoped to it). NULL (refused,
+ * naming the reason) otherwise; *target gets its JSON pointer. */
+static json_t *resolve_anchor(js_ctx_t *c, const char *ref, const char *ptr, char *target)
+{
+    anchor_find_t *f = calloc(1, sizeof *f);
+    if (!f) {
+        js_oom(c);
+        return NULL;
+    }
+    f->name = ref + 1;
+    anchor_search(f, c->root, 0, 0);
+    json_t *t = NULL;
+    if (f->other_resource)
+        js_fail(c, ptr, "$ref",
+                "'%s' not supported (an anchor in a document with embedded resources, $id)", ref);
+    else if (f->n_found == 0)
+        js_fail(c, ptr, "$ref", "'%s' not found (no $anchor or id of that name)", ref);
+    else if (f->n_found > 1)
+        js_fail(c, ptr, "$ref", "'%s' is ambiguous (%d schemas declare that anchor)", ref,
+                f->n_found);
+    else
+        t = f->found;
+    if (t && target)
+        snprintf(target, JS_PTR_MAX, "%s", f->found_ptr);
+    free(f);
+    return t;
+}
+
+/* True when ref is "#" followed by a plain name (an anchor: a letter or '_', then letters,
+ * digits, '-', '_', '.', ':'). */
+static bool is_anchor_ref(const char *ref)
+{
+    if (ref[0] != '#' || !(isalpha((unsigned char)ref[1]) || ref[1] == '_'))
+        return false;
+    for (const char *p = ref + 2; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("-_.:", *p))
+            return false;
+    return true;
+}
+
+/* The schema ref names and its JSON pointer in target[JS_PTR_MAX] (may be NULL). */
+static json_t *resolve_ref_at(js_ctx_t *c, const char *ref, const char *ptr, char *target)
+{
+    if (is_anchor_ref(ref))
+        return resolve_anchor(c, ref, ptr, target);
+    json_t *t = js_resolve_ref(c, ref, ptr);
+    if (t && target)
+        snprintf(target, JS_PTR_MAX, "%s", ref + 1);
+    return t;
+}
+
 json_t *js_resolve_ref(js_ctx_t *c, const char *ref, const char *ptr)
 {
+    if (is_anchor_ref(ref))
+        return resolve_anchor(c, ref, ptr, NULL);
     if (ref[0] != '#' || (ref[1] != 0 && ref[1] != '/')) {
-        js_fail(c, ptr, "$ref", "'%s' not supported (only JSON pointers within the document)", ref);
+        js_fail(c, ptr, "$ref",
+                "'%s' not supported (only JSON pointers and anchors within the document)", ref);
         return NULL;
     }
     json_t *t = c->root;
@@ -391,11 +535,12 @@ static int compile_ref(js_ctx_t *c, const char *ref, const char *ptr, char *name
         snprintf(name, JS_NAME_MAX, "%s", known->name);
         return 0;
     }
-    json_t *t = js_resolve_ref(c, ref, ptr);
+    char target[JS_PTR_MAX];
+    json_t *t = resolve_ref_at(c, ref, ptr, target);
     int rc = t ? memo_add(c, ref, NULL, name) : TDM_EINVALID;
     char target_name[JS_NAME_MAX];
     if (rc == 0)
-        rc = js_compile(c, t, ref + 1, target_name);
+        rc = js_compile(c, t, target, target_name);
     return rc != 0 ? rc : js_emit_rule(c, name, target_name);
 }
 
