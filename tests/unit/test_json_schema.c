@@ -158,8 +158,33 @@ static void test_additional_properties(void **state)
     check("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,"
           "\"minProperties\":1}",
           GOOD("{\"a\":1}"), BAD("{}"));
+    /* counts: a rule per defined property and members so far, optional ones counted */
+    check_q("{'type':'object','properties':{'a':{},'b':{},'c':{}},'additionalProperties':false,"
+            "'minProperties':2}",
+            GOOD("{'a':1,'b':2}", "{'b':1,'c':2}", "{'a':1,'b':2,'c':3}"),
+            BAD("{}", "{'a':1}", "{'c':1}"));
+    check_q("{'type':'object','properties':{'a':{},'b':{}},'required':['a'],'maxProperties':2}",
+            GOOD("{'a':1}", "{'a':1,'b':2}", "{'a':1,'x':2}"),
+            BAD("{'a':1,'b':2,'x':3}", "{'a':1,'x':2,'y':3}", "{'b':1}"));
+    check_q("{'properties':{'n':{'type':'string'}},'required':['n'],'minProperties':2,"
+            "'maxProperties':3,'additionalProperties':{'type':'integer'}}",
+            GOOD("{'n':'a','x':1}", "{'n':'a','x':1,'y':2}", "5", "[]"),
+            BAD("{'n':'a'}", "{'n':'a','x':1,'y':2,'z':3}", "{'n':'a','x':'s'}"));
+    check_q("{'maxProperties':0}", GOOD("{}", "1"), BAD("{'a':1}"));
+    /* in an allOf, the smaller maximum */
+    check_q("{'allOf':[{'maxProperties':3},{'maxProperties':1}]}", GOOD("{'a':1}"),
+            BAD("{'a':1,'b':2}"));
     refused("{\"type\":\"object\",\"minProperties\":2}",
-            "/minProperties: not supported (only 0 and 1)");
+            "/minProperties: not supported: 2 members where 0 properties are required and the "
+            "others may be additional ones (a key written twice would count twice)");
+    refused("{\"type\":\"object\",\"minProperties\":3,\"maxProperties\":2}",
+            "/minProperties: greater than maxProperties");
+    refused("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,"
+            "\"minProperties\":2}",
+            "/minProperties: no object has a member count in range");
+    refused("{\"type\":\"object\",\"maxProperties\":5000}",
+            "/maxProperties: not supported: counting 5000 members over 0 properties needs over "
+            "4096 rules");
     /* an optional property no value fits is left out (a required one is refused) */
     check("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{}}}",
           GOOD("{\"b\":1}", "{}"), BAD("{\"a\":\"x\"}", "{\"a\":{}}"));
@@ -449,8 +474,8 @@ static void test_ref_anchors(void **state)
             GOOD("{'a':[1,2],'b':3}", "{'a':[],'b':0}"),
             BAD("{'a':[1,-2],'b':3}", "{'a':[1],'b':-1}", "{'a':1,'b':1}"));
     /* recursive, through an anchor on the root; an $id '#name' (drafts 6, 7) */
-    check_q("{'$anchor':'node','type':'array','items':{'$ref':'#node'}}",
-            GOOD("[]", "[[],[[]]]"), BAD("[1]"));
+    check_q("{'$anchor':'node','type':'array','items':{'$ref':'#node'}}", GOOD("[]", "[[],[[]]]"),
+            BAD("[1]"));
     check_q("{'$defs':{'n':{'$id':'#num','type':'number'}},'items':{'$ref':'#num'}}", GOOD("[1.5]"),
             BAD("['x']"));
     /* anchors in data (const, enum, default, examples) name nothing */
@@ -1002,8 +1027,8 @@ static void test_refused_keywords(void **state)
     refused("{\"anyOf\":[{\"multipleOf\":0.5}]}",
             "/anyOf/0/multipleOf: not supported (only integers up to 1000; a decimal one is "
             "compared in floating point by validators)");
-    refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
-            "/$defs/a~1b/maxProperties: not supported");
+    refused("{\"$defs\":{\"a/b\":{\"minContains\":1}},\"$ref\":\"#/$defs/a~1b\"}",
+            "/$defs/a~1b/minContains: not supported");
     refused("{\"type\":\"strin\"}", "/type: unknown type 'strin'");
     refused("{\"minItems\":-1}", "/minItems: must be a non-negative integer");
     /* counts over the grammar's repetition limit: named by pointer, never by a generated rule */

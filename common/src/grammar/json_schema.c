@@ -44,6 +44,7 @@ static const char *const k_supported[] = {"type",
                                           "exclusiveMinimum",
                                           "exclusiveMaximum",
                                           "minProperties",
+                                          "maxProperties",
                                           "patternProperties",
                                           "dependentRequired",
                                           "dependencies",
@@ -61,7 +62,7 @@ static const char *const k_supported[] = {"type",
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
 static const char *const k_refused[] = {
-    "propertyNames",         "maxProperties",    "minContains", "maxContains",
+    "propertyNames",         "minContains",      "maxContains",
 
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
     "$recursiveRef",         "$recursiveAnchor", NULL};
@@ -273,9 +274,6 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
         if (in_list(k_refused, key)) {
             return js_fail(c, ptr, key, "not supported");
         }
-        if (strcmp(key, "minProperties") == 0 &&
-            !(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 1))
-            return js_fail(c, ptr, key, "not supported (only 0 and 1)");
         if (in_list(k_supported, key) && strcmp(key, "$defs") != 0 &&
             strcmp(key, "definitions") != 0)
             *has_constraints = true;
