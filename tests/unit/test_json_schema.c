@@ -130,8 +130,17 @@ static void test_properties_required_order(void **state)
     check(s,
           GOOD("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",\"c\":true}",
                "{\"b\":\"x\",\"c\":false}"),
-          BAD("{}", "{\"a\":1}", "{\"b\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"d\":1}",
-              "{\"a\":1,,\"b\":\"x\"}", "{\"b\":\"x\",}"));
+          BAD("{}", "{\"a\":1}", "{\"b\":1}", "{\"b\":\"x\",\"d\":1}", "{\"a\":1,,\"b\":\"x\"}",
+              "{\"b\":\"x\",}", "{\"b\":\"x\",\"b\":\"y\"}", "{\"a\":1,\"b\":\"x\",\"a\":2}"));
+    /* up to four defined properties in any order (each once), the additional ones after them */
+    check_q("{'properties':{'a':{'type':'integer'},'b':{'type':'string'},'c':{}},'required':['b']}",
+            GOOD("{'b':'x','a':1}", "{'c':0,'b':'x','a':1}", "{'c':0,'a':1,'b':'x','z':2}",
+                 "{'b':'x','z':1}"),
+            BAD("{'a':1,'c':0}", "{'b':'x','a':1,'b':'y'}", "{'b':'x','z':1,'a':1}",
+                "{'b':'x','a':'s'}"));
+    /* five or more: the definition order */
+    check_q("{'properties':{'a':{},'b':{},'c':{},'d':{},'e':{}},'required':['b']}",
+            GOOD("{'a':1,'b':2,'e':3}", "{'b':2}"), BAD("{'b':2,'a':1}", "{'e':1,'b':2}"));
 }
 
 static void test_additional_properties(void **state)
@@ -406,30 +415,31 @@ static void test_any_one_all_of(void **state)
 static void test_merged_property_order(void **state)
 {
     (void)state;
-    /* allOf: a oneOf branch's properties come before the later branch's */
+    /* allOf: a oneOf branch's properties come before the later branch's (five or more
+     * properties: up to four come in any order) */
     check_q("{'allOf':[{'oneOf':[{'properties':{'state':{'const':'idle'}},'required':['state']},"
             "{'properties':{'current':{'type':'number'},'state':{'const':'run'},"
             "'total':{'type':'number'}},'required':['state']}],'type':'object'},"
             "{'properties':{'builder':{'type':'object'},'id':{'type':'number'}},"
             "'required':['builder','id']}]}",
             GOOD("{'current':50,'state':'run','total':100,'builder':{},'id':1}",
-                 "{'state':'idle','builder':{},'id':1}"),
+                 "{'state':'idle','builder':{},'id':1}", "{'id':1,'state':'idle','builder':{}}"),
             BAD("{'builder':{},'id':1,'current':50,'state':'run'}", "{'state':'run','id':1}"));
     /* $ref: siblings written before the $ref's target come first */
-    check_q("{'properties':{'c':{'type':'integer'}},'$ref':'#/$defs/b',"
+    check_q("{'properties':{'c':{'type':'integer'},'d':{},'e':{}},'$ref':'#/$defs/b',"
             "'$defs':{'b':{'properties':{'a':{},'b':{}},'required':['a']}}}",
-            GOOD("{'c':1,'a':2,'b':3}", "{'a':2}", "{'c':1,'a':2}"),
+            GOOD("{'c':1,'a':2,'b':3}", "{'a':2}", "{'c':1,'a':2}", "{'e':1,'a':2}"),
             BAD("{'a':2,'b':3,'c':1}", "{'c':'x','a':2}"));
-    check_q("{'$defs':{'b':{'properties':{'a':{},'b':{}}}},'$ref':'#/$defs/b',"
-            "'properties':{'c':{'type':'integer'}}}",
+    check_q("{'$defs':{'b':{'properties':{'a':{},'b':{},'d':{}}}},'$ref':'#/$defs/b',"
+            "'properties':{'c':{'type':'integer'},'e':{}}}",
             GOOD("{'a':2,'b':3,'c':1}", "{'b':3}"), BAD("{'c':1,'a':2,'b':3}", "{'c':'x'}"));
-    /* anyOf branches written before the sibling properties */
+    /* anyOf branches written before the sibling properties; four or fewer in any order */
     check_q("{'anyOf':[{'properties':{'x':{'type':'string'}},'required':['x']}],"
             "'properties':{'y':{'type':'integer'}},'required':['y']}",
-            GOOD("{'x':'s','y':1}"), BAD("{'y':1,'x':'s'}", "{'x':'s'}"));
+            GOOD("{'x':'s','y':1}", "{'y':1,'x':'s'}"), BAD("{'x':'s'}", "{'y':1,'x':2}"));
     /* a name both sides define sits at its first definition */
-    check_q("{'allOf':[{'properties':{'b':{},'a':{}}},"
-            "{'properties':{'c':{},'a':{'type':'integer'}}}]}",
+    check_q("{'allOf':[{'properties':{'b':{},'a':{},'d':{}}},"
+            "{'properties':{'c':{},'a':{'type':'integer'},'e':{}}}]}",
             GOOD("{'b':1,'a':2,'c':3}", "{'a':2,'c':3}"), BAD("{'b':1,'c':3,'a':2}", "{'a':'x'}"));
 }
 

@@ -245,6 +245,66 @@ static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX
     return rc;
 }
 
+/* Objects of at most JS_ANY_ORDER_MAX defined properties take them in any order (then the
+ * additional members): one rule per set of properties written so far, 2^n of them. */
+#define JS_ANY_ORDER_MAX 4u
+
+/* The members of o in any order, nothing written yet, into first (as emit_chain's first[0]). */
+static int emit_any_order(js_ctx_t *c, const objspec_t *o, char *first)
+{
+    uint32_t full = (1u << o->n) - 1, req = 0;
+    for (size_t i = 0; i < o->n; i++)
+        req |= o->props[i].required ? 1u << i : 0;
+    char(*after)[JS_NAME_MAX] = calloc((size_t)full + 1, JS_NAME_MAX);
+    char xkv[6 * JS_NAME_MAX], xafter[JS_NAME_MAX] = "";
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc = after ? 0 : js_oom(c);
+    extra_text(o, xkv);
+    if (rc == 0 && o->extras) { /* the additional members after the defined ones */
+        tdm_buf_printf(&b, "( \",\" %s %s )*", o->ws, xkv);
+        js_new_name(c, xafter);
+        rc = js_emit_rule(c, xafter, b.data);
+    }
+    /* after[S]: the members after those of S (a superset of S is a larger number: made first) */
+    for (uint32_t set = full + 1; set-- > 0 && rc == 0;) {
+        bool done = (set & req) == req;
+        tdm_buf_clear(&b);
+        for (size_t i = 0; i < o->n; i++) {
+            if (set & (1u << i))
+                continue;
+            tdm_buf_printf(&b, "%s", b.len ? " | " : "");
+            if (set)
+                tdm_buf_printf(&b, "\",\" %s ", o->ws);
+            kv_text(&b, o, &o->props[i]);
+            tdm_buf_printf(&b, " %s", after[set | 1u << i]);
+        }
+        if (set == 0) { /* the first member: a defined one, or an additional one when none is
+                           required */
+            if (done && o->extras)
+                tdm_buf_printf(&b, " | %s %s", xkv, xafter);
+        } else if (done && b.len && !o->extras) {
+            tdm_buf_t t = TDM_BUF_INIT; /* or nothing more */
+            tdm_buf_printf(&t, "( %s )?", b.data);
+            tdm_buf_clear(&b);
+            tdm_buf_puts(&b, t.oom ? "" : t.data);
+            rc = t.oom ? js_oom(c) : 0;
+            tdm_buf_free(&t);
+        } else if (done && o->extras) {
+            tdm_buf_printf(&b, "%s%s", b.len ? " | " : "", xafter);
+        }
+        if (rc == 0 && b.len == 0) {
+            after[set][0] = 0; /* nothing more can come */
+            continue;
+        }
+        char *name = set ? after[set] : first;
+        js_new_name(c, name);
+        rc = rc ? rc : (b.oom ? js_oom(c) : js_emit_rule(c, name, b.data));
+    }
+    tdm_buf_free(&b);
+    free(after);
+    return rc;
+}
+
 /* ---- minProperties / maxProperties ---- */
 
 /* The member count bounds of an object: lo..hi members (hi JS_LEN_INF: no bound). */
@@ -629,7 +689,10 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         rc = object_counted(c, &o, ptr, lo, hi, name);
         goto out_free;
     }
-    rc = rc ? rc : emit_chain(c, &o, first, after);
+    if (o.n >= 2 && o.n <= JS_ANY_ORDER_MAX)
+        rc = rc ? rc : emit_any_order(c, &o, first[0]);
+    else
+        rc = rc ? rc : emit_chain(c, &o, first, after);
     if (rc == 0 && non_empty && !first[0][0])
         rc = js_fail_unsat(c, ptr, "minProperties", "no property can appear");
     if (rc == 0) {
