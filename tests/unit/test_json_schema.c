@@ -861,6 +861,12 @@ static void test_not_type(void **state)
 static void test_not_forms(void **state)
 {
     (void)state;
+    /* member counts: not {minProperties: n} is the objects of fewer than n members, not
+     * {maxProperties: n} those of more (other types pass the count, so fail the not) */
+    check_q("{'not':{'minProperties':2}}", GOOD("{}", "{'a':1}"), BAD("{'a':1,'b':2}", "1"));
+    check_q("{'oneOf':[{'maxProperties':1},{'required':['a']}],'properties':{'a':{},'b':{}},"
+            "'additionalProperties':false}",
+            GOOD("{}", "{'b':1}", "{'a':1,'b':2}"), BAD("{'a':1}"));
     check_q("{'not':{'enum':['a','b']}}", GOOD("'c'", "1", "null", "'ab'", "''", "true"),
             BAD("'a'", "'b'"));
     check_q("{'type':'string','not':{'const':'x'}}", GOOD("'y'", "'xx'", "''"), BAD("'x'", "1"));

@@ -141,11 +141,16 @@ static int negate_items(js_ctx_t *c, json_t *items, const char *ptr, json_t *out
 /* A bound keyword's complement: the values of its type on the other side. */
 static int negate_bound(js_ctx_t *c, const char *key, json_t *v, const char *ptr, json_t *out)
 {
-    static const char *const pairs[][3] = {
-        {"minimum", "exclusiveMaximum", "number"}, {"maximum", "exclusiveMinimum", "number"},
-        {"exclusiveMinimum", "maximum", "number"}, {"exclusiveMaximum", "minimum", "number"},
-        {"minLength", "maxLength", "string"},      {"maxLength", "minLength", "string"},
-        {"minItems", "maxItems", "array"},         {"maxItems", "minItems", "array"}};
+    static const char *const pairs[][3] = {{"minimum", "exclusiveMaximum", "number"},
+                                           {"maximum", "exclusiveMinimum", "number"},
+                                           {"exclusiveMinimum", "maximum", "number"},
+                                           {"exclusiveMaximum", "minimum", "number"},
+                                           {"minLength", "maxLength", "string"},
+                                           {"maxLength", "minLength", "string"},
+                                           {"minItems", "maxItems", "array"},
+                                           {"maxItems", "minItems", "array"},
+                                           {"minProperties", "maxProperties", "object"},
+                                           {"maxProperties", "minProperties", "object"}};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         if (strcmp(pairs[i][0], key) != 0)
             continue;
@@ -238,8 +243,6 @@ static int negate_key(js_ctx_t *c, json_t *s, const char *key, json_t *v, const 
     if (strcmp(key, "additionalProperties") == 0 && json_is_true(v))
         return 0;
     if (strcmp(key, "uniqueItems") == 0 && json_is_false(v))
-        return 0;
-    if (strcmp(key, "minProperties") == 0 && json_is_integer(v) && json_integer_value(v) == 0)
         return 0;
     if (strcmp(key, "not") == 0)
         return add_case(c, out, json_incref(v));
