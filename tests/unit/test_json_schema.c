@@ -279,6 +279,16 @@ static void test_arrays(void **state)
 static void test_enum_const(void **state)
 {
     (void)state;
+    /* the values are checked against the keywords beside them that apply to their type */
+    check_q("{'enum':['a','bb',1,5],'minLength':2,'minimum':2}", GOOD("'bb'", "5"),
+            BAD("'a'", "1"));
+    check_q("{'enum':[[1],[1,2],{'a':1},{}],'minItems':2,'required':['a']}",
+            GOOD("[1,2]", "{'a':1}"), BAD("[1]", "{}"));
+    check_q("{'enum':[1,2,3],'minimum':1,'exclusiveMinimum':true,'multipleOf':3}", GOOD("3"),
+            BAD("1", "2"));
+    refused("{\"const\":\"x\",\"maxLength\":0}", "/const: no value allowed (type, enum and const)");
+    refused("{\"enum\":[\"a\",\"bb\"],\"pattern\":\"b\"}",
+            "/pattern: not supported beside enum / const (values not checked against it)");
     check("{\"enum\":[\"a\\\"b\",1,2.5,null,[1,{\"k\":true}],1e-05]}",
           GOOD("\"a\\\"b\"", "1", "1.0", "2.5", "null", "[1,{\"k\":true}]", "[ 1, {\"k\": true} ]",
                "1e-05"),

@@ -761,8 +761,6 @@ static bool has_big(json_t *v)
     return false;
 }
 
-/* enum / const: the listed values of the allowed types, as literals. Other keywords beside
- * them are not checked against the values. */
 /* Whether array v has two equal items (uniqueItems; numbers compared as doubles, others as
  * jansson compares them). */
 static bool has_duplicates(json_t *v)
@@ -874,6 +872,122 @@ static bool not_type_form(json_t *n)
     return true;
 }
 
+/* ---- enum / const beside other keywords: each value checked against them ---- */
+
+/* The JSON type a keyword applies to (T_*), or 0 for one that applies to every value. */
+static int keyword_type(const char *key)
+{
+    static const char *const str[] = {"minLength", "maxLength", "pattern", "format", NULL};
+    static const char *const num[] = {"minimum",          "maximum",    "exclusiveMinimum",
+                                      "exclusiveMaximum", "multipleOf", NULL};
+    static const char *const arr[] = {"items",    "prefixItems", "additionalItems", "minItems",
+                                      "maxItems", "uniqueItems", "contains",        NULL};
+    if (in_list(str, key))
+        return T_STRING;
+    if (in_list(num, key))
+        return T_NUMBER | T_INTEGER;
+    if (in_list(arr, key))
+        return T_ARRAY;
+    static const char *const obj[] = {"properties",           "required",
+                                      "additionalProperties", "patternProperties",
+                                      "minProperties",        "maxProperties",
+                                      "dependentRequired",    "dependencies",
+                                      "dependentSchemas",     NULL};
+    return in_list(obj, key) ? T_OBJECT : 0;
+}
+
+/* The number of code points of UTF-8 text s. */
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* x (a number keyword's value) against the value d: the comparison key asks for. */
+static bool number_ok(const char *key, json_t *x, json_t *v, json_t *s)
+{
+    double d = json_number_value(v), b = json_number_value(x);
+    bool both_int = json_is_integer(v) && json_is_integer(x);
+    json_int_t iv = json_integer_value(v), ib = json_integer_value(x);
+    if (json_is_boolean(x)) /* draft 4: exclusiveMinimum / exclusiveMaximum beside the bound */
+        return true;
+    bool strict_min = json_is_true(json_object_get(s, "exclusiveMinimum"));
+    bool strict_max = json_is_true(json_object_get(s, "exclusiveMaximum"));
+    if (strcmp(key, "minimum") == 0)
+        return both_int ? (strict_min ? iv > ib : iv >= ib) : (strict_min ? d > b : d >= b);
+    if (strcmp(key, "maximum") == 0)
+        return both_int ? (strict_max ? iv < ib : iv <= ib) : (strict_max ? d < b : d <= b);
+    if (strcmp(key, "exclusiveMinimum") == 0)
+        return both_int ? iv > ib : d > b;
+    return both_int ? iv < ib : d < b; /* exclusiveMaximum */
+}
+
+/* Whether value v satisfies the keyword key: x of s: 1 yes, 0 no; TDM_EINVALID (refused with
+ * the keyword's pointer) for a keyword this check does not evaluate. */
+static int value_meets(js_ctx_t *c, json_t *s, const char *key, json_t *x, json_t *v,
+                       const char *ptr)
+{
+    if (json_is_string(v) && (strcmp(key, "minLength") == 0 || strcmp(key, "maxLength") == 0) &&
+        json_is_integer(x)) {
+        json_int_t n = (json_int_t)utf8_chars(json_string_value(v));
+        return key[1] == 'i' ? n >= json_integer_value(x) : n <= json_integer_value(x);
+    }
+    if (json_is_number(v) && json_is_number(x) && strcmp(key, "multipleOf") != 0)
+        return number_ok(key, x, v, s);
+    if (json_is_number(v) && json_is_boolean(x))
+        return 1; /* draft 4's exclusive flags: read with the bound */
+    if (json_is_integer(v) && json_is_integer(x) && json_integer_value(x) > 0 &&
+        strcmp(key, "multipleOf") == 0)
+        return json_integer_value(v) % json_integer_value(x) == 0;
+    bool items = strcmp(key, "minItems") == 0 || strcmp(key, "maxItems") == 0;
+    bool props = strcmp(key, "minProperties") == 0 || strcmp(key, "maxProperties") == 0;
+    if ((items && json_is_array(v)) || (props && json_is_object(v))) {
+        json_int_t n = (json_int_t)(items ? json_array_size(v) : json_object_size(v));
+        return json_is_integer(x) &&
+               (key[1] == 'i' ? n >= json_integer_value(x) : n <= json_integer_value(x));
+    }
+    if (strcmp(key, "required") == 0 && json_is_object(v) && json_is_array(x)) {
+        size_t i;
+        json_t *k;
+        json_array_foreach(x, i, k) if (!json_is_string(k) ||
+                                        !json_object_get(v, json_string_value(k))) return 0;
+        return 1;
+    }
+    if (strcmp(key, "uniqueItems") == 0)
+        return 1; /* checked by compile_enum */
+    return js_fail(c, ptr, key,
+                   "not supported beside enum / const (values not checked against it)");
+}
+
+/* Whether enum value v satisfies the other keywords of s that apply to its type (type, not
+ * and uniqueItems are checked by compile_enum): 1, 0, or TDM_EINVALID with the refusal. */
+static int value_fits(js_ctx_t *c, json_t *s, json_t *v, const char *ptr)
+{
+    const char *key;
+    json_t *x;
+    int vt = json_is_string(v)   ? T_STRING
+             : json_is_number(v) ? T_NUMBER | T_INTEGER
+             : json_is_array(v)  ? T_ARRAY
+             : json_is_object(v) ? T_OBJECT
+                                 : T_NULL | T_BOOLEAN;
+    json_object_foreach(s, key, x)
+    {
+        static const char *const skip[] = {"type",  "enum",        "const", "not",
+                                           "$defs", "definitions", NULL};
+        if (!in_list(k_supported, key) || in_list(skip, key))
+            continue;
+        int kt = keyword_type(key);
+        if (kt != 0 && !(kt & vt))
+            continue; /* applies to another type */
+        int rc = value_meets(c, s, key, x, v, ptr);
+        if (rc != 1)
+            return rc;
+    }
+    return 1;
+}
+
 static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
 {
     json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"), *v;
@@ -884,14 +998,18 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     json_t **vals = calloc(count, sizeof *vals);
     if (!vals)
         return js_oom(c);
-    for (i = 0; i < count; i++) {
+    int rc = 0;
+    for (i = 0; i < count && rc == 0; i++) {
         v = en ? json_array_get(en, i) : cn;
         if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)) &&
-            !excluded_by_not(s, v) && !(unique && json_is_array(v) && has_duplicates(v)))
-            vals[n++] = v;
+            !excluded_by_not(s, v) && !(unique && json_is_array(v) && has_duplicates(v))) {
+            rc = value_fits(c, s, v, ptr);
+            if (rc == 1)
+                vals[n++] = v;
+            rc = rc == 1 || rc == 0 ? 0 : rc;
+        }
     }
     tdm_buf_t body = TDM_BUF_INIT;
-    int rc = 0;
     for (i = 0; i < n && c->bigints; i++)
         if (has_big(vals[i]))
             rc = js_fail(c, ptr, en ? "enum" : "const",
