@@ -957,6 +957,8 @@ static int value_meets(js_ctx_t *c, json_t *s, const char *key, json_t *x, json_
     }
     if (strcmp(key, "uniqueItems") == 0)
         return 1; /* checked by compile_enum */
+    if (strcmp(key, "format") == 0 && js_format_custom(x))
+        return 1; /* an annotation */
     return js_fail(c, ptr, key,
                    "not supported beside enum / const (values not checked against it)");
 }
