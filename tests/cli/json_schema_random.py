@@ -25,8 +25,9 @@ VALUES = [None, 0, 1, 2, 3, -1, 1.5, "a", "", "ab", "abc", True, [], [1], [1, 2]
 
 
 def leaf(r):
-    return r.choice([{"type": "integer"}, {"type": "string"}, {"const": 1}, {"enum": [1, "a", None]},
-                     {"minimum": 2}, {"type": "string", "maxLength": 1}, {"type": "null"},
+    return r.choice([{"type": "integer"}, {"type": "string"}, {"const": 1},
+                     {"enum": [1, "a", None]}, {"minimum": 2},
+                     {"type": "string", "maxLength": 1}, {"type": "null"},
                      {"maximum": 0}, {"enum": [1, 5, "a", "bb", [1], [1, 2]], "minimum": 2,
                                       "minLength": 2, "minItems": 2},
                      {"minItems": 1}, {"type": "array", "items": {"type": "integer"}}])
