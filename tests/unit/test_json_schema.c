@@ -871,6 +871,14 @@ static void test_not_type(void **state)
 static void test_not_forms(void **state)
 {
     (void)state;
+    /* nested anyOf / oneOf complemented: not anyOf is every branch's complement at once; not
+     * oneOf adds the values two branches match */
+    check_q("{'not':{'anyOf':[{'type':'string'},{'minimum':2}]}}", GOOD("1", "-5", "1.5"),
+            BAD("'a'", "3", "null", "[]"));
+    check_q("{'oneOf':[{'anyOf':[{'const':'a'},{'const':'b'}]},{'enum':['b','c']}]}",
+            GOOD("'a'", "'c'"), BAD("'b'", "'d'", "1"));
+    check_q("{'not':{'oneOf':[{'type':'string'},{'minLength':2}]}}", GOOD("'ab'", "'abc'"),
+            BAD("'a'", "null", "1"));
     /* member counts: not {minProperties: n} is the objects of fewer than n members, not
      * {maxProperties: n} those of more (other types pass the count, so fail the not) */
     check_q("{'not':{'minProperties':2}}", GOOD("{}", "{'a':1}"), BAD("{'a':1,'b':2}", "1"));
