@@ -16,7 +16,10 @@
  * bench/grammar_llg.py runs llguidance on the same tokens; --peer FILE (its JSON) prints the
  * ratios. --check exits 1 on any invalidation error or a passing rate under --min-pass (a
  * schema whose only misses are valid instances flagged out of definition order counts as
- * passing there: the documented departure).
+ * passing there: the documented departure). --files LIST keeps only the names LIST holds (one
+ * a line: a subset such as the Github files, for the peer too through --dump-vocab);
+ * --mask-digest FILE writes, per compiled schema, an XXH3 of every mask (count and bits) in
+ * order with its GBNF size and mask times, so two builds can be shown to give identical masks.
  * One thread; times are wall-clock on a shared machine: compare ratios measured in one run.
  */
 #include <dirent.h>
@@ -27,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include "tandem/base.h"
 #include "tandem/config.h"
@@ -40,11 +44,13 @@
 typedef struct cfg {
     char model_path[1024];
     const char *dir, *cache, *json_path, *vocab_path, *peer_path;
-    int every;       /* take every N-th file (sorted by name) */
-    int limit;       /* at most this many files; 0: all */
-    bool check;      /* exit 1 on invalidation errors or passing below min_pass */
-    bool verbose;    /* print every refusal and every instance judged wrong */
-    double min_pass; /* fraction of compiled schemas that must pass */
+    const char *files_path;  /* --files: only the names listed there (one a line) */
+    const char *digest_path; /* --mask-digest: one line per file, the hash of its masks */
+    int every;               /* take every N-th file (sorted by name) */
+    int limit;               /* at most this many files; 0: all */
+    bool check;              /* exit 1 on invalidation errors or passing below min_pass */
+    bool verbose;            /* print every refusal and every instance judged wrong */
+    double min_pass;         /* fraction of compiled schemas that must pass */
 } cfg_t;
 
 typedef struct dvec {
@@ -73,9 +79,11 @@ typedef struct bench {
     tdm_grammar_vocab_t *vocab;
     uint32_t n_vocab;
     tdm_token_t eos;
-    uint32_t *mask; /* [(n_vocab + 31) / 32] */
-    json_t *index;  /* CACHE/index.json */
-    FILE *dump;     /* --dump-vocab */
+    uint32_t *mask;    /* [(n_vocab + 31) / 32] */
+    json_t *index;     /* CACHE/index.json */
+    FILE *dump;        /* --dump-vocab */
+    FILE *digest;      /* --mask-digest */
+    XXH3_state_t *xxh; /* the current file's masks, in order */
     int n_dumped;
     char cpu[128];
 } bench_t;
@@ -109,6 +117,15 @@ static bool dvec_push(dvec_t *d, double x)
 static double quantile(const dvec_t *d, double p)
 {
     return d->n ? d->v[(size_t)(p * (double)(d->n - 1) + 0.5)] : 0;
+}
+
+/* The mean of d; 0 when empty. */
+static double mean(const dvec_t *d)
+{
+    double sum = 0;
+    for (size_t i = 0; i < d->n; i++)
+        sum += d->v[i];
+    return d->n ? sum / (double)d->n : 0;
 }
 
 /* The CPU's model name (/proc/cpuinfo), or "unknown". */
@@ -220,11 +237,35 @@ static void bench_close(bench_t *b)
     tdm_gguf_destroy(&b->gguf);
     if (b->dump)
         fclose(b->dump);
+    if (b->digest)
+        fclose(b->digest);
+    XXH3_freeState(b->xxh);
 }
 
-/* The sorted *.json names of dir (every N-th, at most limit); caller frees each and *names. */
+/* True when name is a line of the --files list (or there is none). */
+static bool listed(const char *list, const char *name)
+{
+    if (!list)
+        return true;
+    size_t len = strlen(name);
+    for (const char *p = strstr(list, name); p; p = strstr(p + 1, name))
+        if ((p == list || p[-1] == '\n') && (p[len] == '\n' || p[len] == '\0'))
+            return true;
+    return false;
+}
+
+/* The sorted *.json names of dir (those --files lists, then every N-th, at most limit);
+ * caller frees each and *names. */
 static int list_files(const cfg_t *c, char ***names, size_t *n)
 {
+    char *list = NULL;
+    size_t list_len;
+    tdm_error_t err;
+    if (c->files_path &&
+        tdm_read_file(c->files_path, (size_t)1 << 24, &list, &list_len, &err) != 0) {
+        fprintf(stderr, "bench: --files %s: %s\n", c->files_path, err.msg);
+        return 1;
+    }
     DIR *d = opendir(c->dir);
     if (!d) {
         fprintf(stderr, "bench: cannot open %s\n", c->dir);
@@ -235,7 +276,7 @@ static int list_files(const cfg_t *c, char ***names, size_t *n)
     struct dirent *e;
     while ((e = readdir(d))) {
         size_t len = strlen(e->d_name);
-        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0)
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0 || !listed(list, e->d_name))
             continue;
         if (k == cap) {
             cap = cap ? 2 * cap : 1024;
@@ -247,6 +288,7 @@ static int list_files(const cfg_t *c, char ***names, size_t *n)
         v[k++] = tdm_strdup(e->d_name);
     }
     closedir(d);
+    free(list);
     qsort(v, k, sizeof *v, cmp_str);
     size_t m = 0;
     for (size_t i = 0; i < k; i++) {
@@ -347,8 +389,12 @@ static bool judge(bench_t *b, stats_t *st, tdm_grammar_matcher_t *m, const insta
     tdm_grammar_matcher_reset(m);
     for (size_t i = 0; i <= in->n; i++) {
         double t0 = tdm_time_now();
-        tdm_grammar_matcher_fill_mask(m, b->mask);
+        uint32_t count = tdm_grammar_matcher_fill_mask(m, b->mask);
         dvec_push(&st->mask_s, tdm_time_now() - t0);
+        if (b->digest) {
+            XXH3_64bits_update(b->xxh, &count, sizeof count);
+            XXH3_64bits_update(b->xxh, b->mask, (b->n_vocab + 31) / 32 * sizeof *b->mask);
+        }
         uint32_t t = i < in->n ? (uint32_t)in->ids[i] : (uint32_t)b->eos;
         bool allowed = t < b->n_vocab && (b->mask[t / 32] >> (t % 32) & 1u);
         if (!allowed || i == in->n)
@@ -399,7 +445,7 @@ static int load_instances(bench_t *b, const cfg_t *c, const char *name, instance
 }
 
 /* Compiles the schema of dir/name into *g (timed); NULL with the refusal counted. */
-static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name)
+static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name, size_t *gbnf_len)
 {
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", c->dir, name);
@@ -429,6 +475,7 @@ static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name
         count_refusal(st, err.msg);
     if (!g && c->verbose)
         fprintf(stderr, "bench: %s refused: %s\n", name, err.msg);
+    *gbnf_len = gbnf.len;
     tdm_buf_free(&gbnf);
     free(schema);
     return g;
@@ -445,10 +492,10 @@ static void free_instances(instance_t *v, size_t n)
 static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
 {
     instance_t *in = NULL;
-    size_t n = 0;
+    size_t n = 0, gbnf_len = 0, first_mask = st->mask_s.n;
     int rc = load_instances(b, c, name, &in, &n);
     st->files++;
-    tdm_grammar_t *g = rc == 0 ? compile_file(c, st, name) : NULL;
+    tdm_grammar_t *g = rc == 0 ? compile_file(c, st, name, &gbnf_len) : NULL;
     tdm_error_t err;
     tdm_grammar_matcher_t *m = g ? tdm_grammar_matcher_new(g, b->vocab, &err) : NULL;
     if (g && !m) { /* the engine refused the start state (too ambiguous) */
@@ -458,6 +505,8 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
             fprintf(stderr, "bench: %s refused: %s\n", name, err.msg);
     }
     bool all_right = m != NULL, only_order = m != NULL; /* only_order: every miss is flagged */
+    if (b->digest)
+        XXH3_64bits_reset(b->xxh);
     for (size_t i = 0; m && i < n; i++) {
         bool acc = judge(b, st, m, &in[i]);
         st->instances++;
@@ -478,6 +527,14 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
             st->invalidation_err++;
             fprintf(stderr, "bench: %s test %zu: invalid instance accepted\n", name, i);
         }
+    }
+    if (b->digest && m) {
+        double sum = 0, max = 0;
+        for (size_t i = first_mask; i < st->mask_s.n; i++)
+            sum += st->mask_s.v[i], max = st->mask_s.v[i] > max ? st->mask_s.v[i] : max;
+        fprintf(b->digest, "%s %016" PRIx64 " %zu %zu %.1f %.1f\n", name,
+                (uint64_t)XXH3_64bits_digest(b->xxh), gbnf_len, st->mask_s.n - first_mask,
+                sum * 1e6, max * 1e6);
     }
     st->compiled += m != NULL;
     st->passing += all_right;
@@ -524,6 +581,7 @@ static void print_table(const bench_t *b, const cfg_t *c, const stats_t *st)
             "mask time p50/p75/p95/p99/max", quantile(&st->mask_s, 0.5) * 1e6,
             quantile(&st->mask_s, 0.75) * 1e6, quantile(&st->mask_s, 0.95) * 1e6,
             quantile(&st->mask_s, 0.99) * 1e6, quantile(&st->mask_s, 1.0) * 1e6, st->mask_s.n);
+    fprintf(stderr, "%-34s %8.2f us\n", "mask time mean", mean(&st->mask_s) * 1e6);
 }
 
 static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
@@ -547,12 +605,12 @@ static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
         "\"valid_out_of_order\": %d, \"invalidation_errors\": %d, \"tokens\": %zu,\n"
         " \"compile_s\": {\"p50\": %.6f, \"p90\": %.6f},\n"
         " \"mask_s\": {\"p50\": %.7f, \"p75\": %.7f, \"p95\": %.7f, \"p99\": %.7f, \"max\": %.7f, "
-        "\"n\": %zu}}\n",
+        "\"mean\": %.7f, \"n\": %zu}}\n",
         st->passing, pct(st->passing, st->files), st->instances, st->right, st->validation_err,
         st->ooo_rejected, st->ooo_total, st->invalidation_err, st->tokens,
         quantile(&st->compile_s, 0.5), quantile(&st->compile_s, 0.9), quantile(&st->mask_s, 0.5),
         quantile(&st->mask_s, 0.75), quantile(&st->mask_s, 0.95), quantile(&st->mask_s, 0.99),
-        quantile(&st->mask_s, 1.0), st->mask_s.n);
+        quantile(&st->mask_s, 1.0), mean(&st->mask_s), st->mask_s.n);
     if (c->json_path)
         fclose(out);
     return 0;
@@ -569,7 +627,9 @@ static void print_ratios(const cfg_t *c, const stats_t *st)
     }
     json_t *pm = json_object_get(p, "mask_s"), *pc = json_object_get(p, "compile_s");
     double mp50 = json_number_value(json_object_get(pm, "p50")),
-           mp99 = json_number_value(json_object_get(pm, "p99"));
+           mp95 = json_number_value(json_object_get(pm, "p95")),
+           mp99 = json_number_value(json_object_get(pm, "p99")),
+           mmean = json_number_value(json_object_get(pm, "mean"));
     double cp90 = json_number_value(json_object_get(pc, "p90"));
     double ppass = json_number_value(json_object_get(p, "passing_pct"));
     fprintf(stderr, "vs %s (%s):\n", json_string_value(json_object_get(p, "engine")), c->peer_path);
@@ -579,6 +639,10 @@ static void print_ratios(const cfg_t *c, const stats_t *st)
             (int)json_integer_value(json_object_get(p, "invalidation_errors")));
     fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p50 ratio",
             mp50 > 0 ? quantile(&st->mask_s, 0.5) / mp50 : 0);
+    fprintf(stderr, "%-34s %8.2f x (target <= 1)\n", "mask time p95 ratio",
+            mp95 > 0 ? quantile(&st->mask_s, 0.95) / mp95 : 0);
+    fprintf(stderr, "%-34s %8.2f x (target <= 1)\n", "mask time mean ratio",
+            mmean > 0 ? mean(&st->mask_s) / mmean : 0);
     fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "mask time p99 ratio",
             mp99 > 0 ? quantile(&st->mask_s, 0.99) / mp99 : 0);
     fprintf(stderr, "%-34s %8.2f x (target <= 2)\n", "compile time p90 ratio",
@@ -594,6 +658,11 @@ static void usage(void)
            "                            [--limit N] [--json FILE] [--dump-vocab FILE]\n"
            "                            [--peer LLG_JSON] [--check [--min-pass FRACTION]] "
            "[--verbose]\n"
+           "                            [--files LIST] [--mask-digest FILE]\n"
+           "--files LIST: only the file names LIST holds, one a line; --mask-digest FILE: one\n"
+           "line per compiled schema: name, XXH3 of every mask computed for it in order (two\n"
+           "builds' masks are identical when these agree), GBNF bytes, masks, their total and\n"
+           "largest time in us\n"
            "CACHE comes from: python3 bench/grammar_setup.py MASKBENCH_DIR CACHE\n");
 }
 
@@ -611,12 +680,14 @@ static int parse_args(int argc, char **argv, cfg_t *c, bool *done)
                                          {"check", no_argument, NULL, 'k'},
                                          {"min-pass", required_argument, NULL, 'P'},
                                          {"verbose", no_argument, NULL, 'V'},
+                                         {"files", required_argument, NULL, 'F'},
+                                         {"mask-digest", required_argument, NULL, 'D'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     c->every = 1;
     *done = true;
     int ch;
-    while ((ch = getopt_long(argc, argv, "m:d:c:e:l:j:v:p:kP:Vh", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "m:d:c:e:l:j:v:p:kP:VhF:D:", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': snprintf(c->model_path, sizeof c->model_path, "%s", optarg); break;
         case 'd': c->dir = optarg; break;
@@ -629,6 +700,8 @@ static int parse_args(int argc, char **argv, cfg_t *c, bool *done)
         case 'k': c->check = true; break;
         case 'P': c->min_pass = atof(optarg); break;
         case 'V': c->verbose = true; break;
+        case 'F': c->files_path = optarg; break;
+        case 'D': c->digest_path = optarg; break;
         case 'h': usage(); return 0;
         default: return 2;
         }
@@ -659,6 +732,11 @@ int main(int argc, char **argv)
         status = list_files(&c, &names, &n);
     if (status == 0 && c.vocab_path)
         status = dump_open(&b, c.vocab_path, names, n);
+    if (status == 0 && c.digest_path &&
+        (!(b.digest = fopen(c.digest_path, "w")) || !(b.xxh = XXH3_createState()))) {
+        fprintf(stderr, "bench: cannot write %s\n", c.digest_path);
+        status = 1;
+    }
     for (size_t i = 0; i < n && status == 0; i++)
         status = run_file(&b, &c, &st, names[i]);
     if (b.dump)

@@ -188,11 +188,14 @@ def main():
         "mask time p50/p75/p95/p99/max", quantile(mask_s, 0.5) * 1e6, quantile(mask_s, 0.75) * 1e6,
         quantile(mask_s, 0.95) * 1e6, quantile(mask_s, 0.99) * 1e6, quantile(mask_s, 1.0) * 1e6,
         len(mask_s)), file=e)
+    mean_s = sum(mask_s) / len(mask_s) if mask_s else 0.0
+    print("%-34s %8.2f us" % ("mask time mean", mean_s * 1e6), file=e)
     doc = dict(engine="llguidance", threads=1, n_vocab=n_vocab, refused_by_keyword=dict(kws),
                passing_pct=round(pct(st["passing"], st["files"]), 2),
                compile_s=dict(p50=quantile(compile_s, 0.5), p90=quantile(compile_s, 0.9)),
                mask_s=dict(p50=quantile(mask_s, 0.5), p75=quantile(mask_s, 0.75),
-                           p95=quantile(mask_s, 0.95), p99=quantile(mask_s, 0.99), max=quantile(mask_s, 1.0), n=len(mask_s)),
+                           p95=quantile(mask_s, 0.95), p99=quantile(mask_s, 0.99), max=quantile(mask_s, 1.0),
+                           mean=mean_s, n=len(mask_s)),
                **st)
     text = json.dumps(doc, indent=1)
     if args.json:

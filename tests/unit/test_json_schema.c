@@ -130,8 +130,17 @@ static void test_properties_required_order(void **state)
     check(s,
           GOOD("{\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\",\"c\":true}",
                "{\"b\":\"x\",\"c\":false}"),
-          BAD("{}", "{\"a\":1}", "{\"b\":1}", "{\"b\":\"x\",\"a\":1}", "{\"b\":\"x\",\"d\":1}",
-              "{\"a\":1,,\"b\":\"x\"}", "{\"b\":\"x\",}"));
+          BAD("{}", "{\"a\":1}", "{\"b\":1}", "{\"b\":\"x\",\"d\":1}", "{\"a\":1,,\"b\":\"x\"}",
+              "{\"b\":\"x\",}", "{\"b\":\"x\",\"b\":\"y\"}", "{\"a\":1,\"b\":\"x\",\"a\":2}"));
+    /* up to four defined properties in any order (each once), the additional ones after them */
+    check_q("{'properties':{'a':{'type':'integer'},'b':{'type':'string'},'c':{}},'required':['b']}",
+            GOOD("{'b':'x','a':1}", "{'c':0,'b':'x','a':1}", "{'c':0,'a':1,'b':'x','z':2}",
+                 "{'b':'x','z':1}"),
+            BAD("{'a':1,'c':0}", "{'b':'x','a':1,'b':'y'}", "{'b':'x','z':1,'a':1}",
+                "{'b':'x','a':'s'}"));
+    /* five or more: the definition order */
+    check_q("{'properties':{'a':{},'b':{},'c':{},'d':{},'e':{}},'required':['b']}",
+            GOOD("{'a':1,'b':2,'e':3}", "{'b':2}"), BAD("{'b':2,'a':1}", "{'e':1,'b':2}"));
 }
 
 static void test_additional_properties(void **state)
@@ -158,8 +167,33 @@ static void test_additional_properties(void **state)
     check("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,"
           "\"minProperties\":1}",
           GOOD("{\"a\":1}"), BAD("{}"));
+    /* counts: a rule per defined property and members so far, optional ones counted */
+    check_q("{'type':'object','properties':{'a':{},'b':{},'c':{}},'additionalProperties':false,"
+            "'minProperties':2}",
+            GOOD("{'a':1,'b':2}", "{'b':1,'c':2}", "{'a':1,'b':2,'c':3}"),
+            BAD("{}", "{'a':1}", "{'c':1}"));
+    check_q("{'type':'object','properties':{'a':{},'b':{}},'required':['a'],'maxProperties':2}",
+            GOOD("{'a':1}", "{'a':1,'b':2}", "{'a':1,'x':2}"),
+            BAD("{'a':1,'b':2,'x':3}", "{'a':1,'x':2,'y':3}", "{'b':1}"));
+    check_q("{'properties':{'n':{'type':'string'}},'required':['n'],'minProperties':2,"
+            "'maxProperties':3,'additionalProperties':{'type':'integer'}}",
+            GOOD("{'n':'a','x':1}", "{'n':'a','x':1,'y':2}", "5", "[]"),
+            BAD("{'n':'a'}", "{'n':'a','x':1,'y':2,'z':3}", "{'n':'a','x':'s'}"));
+    check_q("{'maxProperties':0}", GOOD("{}", "1"), BAD("{'a':1}"));
+    /* in an allOf, the smaller maximum */
+    check_q("{'allOf':[{'maxProperties':3},{'maxProperties':1}]}", GOOD("{'a':1}"),
+            BAD("{'a':1,'b':2}"));
     refused("{\"type\":\"object\",\"minProperties\":2}",
-            "/minProperties: not supported (only 0 and 1)");
+            "/minProperties: not supported: 2 members where 0 properties are required and the "
+            "others may be additional ones (a key written twice would count twice)");
+    refused("{\"type\":\"object\",\"minProperties\":3,\"maxProperties\":2}",
+            "/minProperties: greater than maxProperties");
+    refused("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":false,"
+            "\"minProperties\":2}",
+            "/minProperties: no object has a member count in range");
+    refused("{\"type\":\"object\",\"maxProperties\":5000}",
+            "/maxProperties: not supported: counting 5000 members over 0 properties needs over "
+            "4096 rules");
     /* an optional property no value fits is left out (a required one is refused) */
     check("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{}}}",
           GOOD("{\"b\":1}", "{}"), BAD("{\"a\":\"x\"}", "{\"a\":{}}"));
@@ -245,6 +279,16 @@ static void test_arrays(void **state)
 static void test_enum_const(void **state)
 {
     (void)state;
+    /* the values are checked against the keywords beside them that apply to their type */
+    check_q("{'enum':['a','bb',1,5],'minLength':2,'minimum':2}", GOOD("'bb'", "5"),
+            BAD("'a'", "1"));
+    check_q("{'enum':[[1],[1,2],{'a':1},{}],'minItems':2,'required':['a']}",
+            GOOD("[1,2]", "{'a':1}"), BAD("[1]", "{}"));
+    check_q("{'enum':[1,2,3],'minimum':1,'exclusiveMinimum':true,'multipleOf':3}", GOOD("3"),
+            BAD("1", "2"));
+    refused("{\"const\":\"x\",\"maxLength\":0}", "/const: no value allowed (type, enum and const)");
+    refused("{\"enum\":[\"a\",\"bb\"],\"pattern\":\"b\"}",
+            "/pattern: not supported beside enum / const (values not checked against it)");
     check("{\"enum\":[\"a\\\"b\",1,2.5,null,[1,{\"k\":true}],1e-05]}",
           GOOD("\"a\\\"b\"", "1", "1.0", "2.5", "null", "[1,{\"k\":true}]", "[ 1, {\"k\": true} ]",
                "1e-05"),
@@ -381,30 +425,31 @@ static void test_any_one_all_of(void **state)
 static void test_merged_property_order(void **state)
 {
     (void)state;
-    /* allOf: a oneOf branch's properties come before the later branch's */
+    /* allOf: a oneOf branch's properties come before the later branch's (five or more
+     * properties: up to four come in any order) */
     check_q("{'allOf':[{'oneOf':[{'properties':{'state':{'const':'idle'}},'required':['state']},"
             "{'properties':{'current':{'type':'number'},'state':{'const':'run'},"
             "'total':{'type':'number'}},'required':['state']}],'type':'object'},"
             "{'properties':{'builder':{'type':'object'},'id':{'type':'number'}},"
             "'required':['builder','id']}]}",
             GOOD("{'current':50,'state':'run','total':100,'builder':{},'id':1}",
-                 "{'state':'idle','builder':{},'id':1}"),
+                 "{'state':'idle','builder':{},'id':1}", "{'id':1,'state':'idle','builder':{}}"),
             BAD("{'builder':{},'id':1,'current':50,'state':'run'}", "{'state':'run','id':1}"));
     /* $ref: siblings written before the $ref's target come first */
-    check_q("{'properties':{'c':{'type':'integer'}},'$ref':'#/$defs/b',"
+    check_q("{'properties':{'c':{'type':'integer'},'d':{},'e':{}},'$ref':'#/$defs/b',"
             "'$defs':{'b':{'properties':{'a':{},'b':{}},'required':['a']}}}",
-            GOOD("{'c':1,'a':2,'b':3}", "{'a':2}", "{'c':1,'a':2}"),
+            GOOD("{'c':1,'a':2,'b':3}", "{'a':2}", "{'c':1,'a':2}", "{'e':1,'a':2}"),
             BAD("{'a':2,'b':3,'c':1}", "{'c':'x','a':2}"));
-    check_q("{'$defs':{'b':{'properties':{'a':{},'b':{}}}},'$ref':'#/$defs/b',"
-            "'properties':{'c':{'type':'integer'}}}",
+    check_q("{'$defs':{'b':{'properties':{'a':{},'b':{},'d':{}}}},'$ref':'#/$defs/b',"
+            "'properties':{'c':{'type':'integer'},'e':{}}}",
             GOOD("{'a':2,'b':3,'c':1}", "{'b':3}"), BAD("{'c':1,'a':2,'b':3}", "{'c':'x'}"));
-    /* anyOf branches written before the sibling properties */
+    /* anyOf branches written before the sibling properties; four or fewer in any order */
     check_q("{'anyOf':[{'properties':{'x':{'type':'string'}},'required':['x']}],"
             "'properties':{'y':{'type':'integer'}},'required':['y']}",
-            GOOD("{'x':'s','y':1}"), BAD("{'y':1,'x':'s'}", "{'x':'s'}"));
+            GOOD("{'x':'s','y':1}", "{'y':1,'x':'s'}"), BAD("{'x':'s'}", "{'y':1,'x':2}"));
     /* a name both sides define sits at its first definition */
-    check_q("{'allOf':[{'properties':{'b':{},'a':{}}},"
-            "{'properties':{'c':{},'a':{'type':'integer'}}}]}",
+    check_q("{'allOf':[{'properties':{'b':{},'a':{},'d':{}}},"
+            "{'properties':{'c':{},'a':{'type':'integer'},'e':{}}}]}",
             GOOD("{'b':1,'a':2,'c':3}", "{'a':2,'c':3}"), BAD("{'b':1,'c':3,'a':2}", "{'a':'x'}"));
 }
 
@@ -434,7 +479,40 @@ static void test_refs(void **state)
           BAD("{\"kids\":[{}]}", "{\"kids\":[{\"n\":1,\"kids\":[{}]}]}"));
     refused("{\"$ref\":\"#/$defs/missing\"}", "/$ref: '#/$defs/missing' not found");
     refused("{\"$ref\":\"other.json#/a\"}",
-            "/$ref: 'other.json#/a' not supported (only JSON pointers within the document)");
+            "/$ref: 'other.json#/a' not supported (only JSON pointers and anchors within the "
+            "document)");
+}
+
+/* $ref "#name": the schema declaring that plain-name anchor ($anchor, $dynamicAnchor, or an
+ * id / $id "#name" of drafts 4 to 7), when exactly one does and no embedded resource scopes it. */
+static void test_ref_anchors(void **state)
+{
+    (void)state;
+    check_q("{'definitions':{'s':{'id':'#sid','type':'integer','minimum':0},'l':{'$anchor':'lst',"
+            "'type':'array','items':{'$ref':'#sid'}}},'type':'object','properties':{'a':{'$ref':"
+            "'#lst'},'b':{'$ref':'#sid'}},'required':['a','b'],'additionalProperties':false}",
+            GOOD("{'a':[1,2],'b':3}", "{'a':[],'b':0}"),
+            BAD("{'a':[1,-2],'b':3}", "{'a':[1],'b':-1}", "{'a':1,'b':1}"));
+    /* recursive, through an anchor on the root; an $id '#name' (drafts 6, 7) */
+    check_q("{'$anchor':'node','type':'array','items':{'$ref':'#node'}}", GOOD("[]", "[[],[[]]]"),
+            BAD("[1]"));
+    check_q("{'$defs':{'n':{'$id':'#num','type':'number'}},'items':{'$ref':'#num'}}", GOOD("[1.5]"),
+            BAD("['x']"));
+    /* anchors in data (const, enum, default, examples) name nothing */
+    refused("{\"properties\":{\"a\":{\"$ref\":\"#x\"}},\"$defs\":{\"d\":{\"const\":"
+            "{\"$anchor\":\"x\"}}}}",
+            "/properties/a/$ref: '#x' not found (no $anchor or id of that name)");
+    refused("{\"properties\":{\"a\":{\"$ref\":\"#x\"}},\"$defs\":{\"d\":{\"$anchor\":"
+            "\"x\"},\"e\":{\"$anchor\":\"x\"}}}",
+            "/properties/a/$ref: '#x' is ambiguous (2 schemas declare that anchor)");
+    refused("{\"properties\":{\"a\":{\"$ref\":\"#x\"}},\"$defs\":{\"d\":{\"$id\":"
+            "\"http://example.com/d\",\"$anchor\":\"x\"}}}",
+            "/properties/a/$ref: '#x' not supported (an anchor in a document with embedded "
+            "resources, $id)");
+    /* an error inside the target names the target's pointer */
+    refused("{\"$defs\":{\"t\":{\"$anchor\":\"t\",\"type\":\"string\",\"enum\":[1]}},"
+            "\"items\":{\"$ref\":\"#t\"}}",
+            "/$defs/t/enum: no value allowed (type, enum and const)");
 }
 
 static void test_string_lengths_and_pattern(void **state)
@@ -793,6 +871,20 @@ static void test_not_type(void **state)
 static void test_not_forms(void **state)
 {
     (void)state;
+    /* nested anyOf / oneOf complemented: not anyOf is every branch's complement at once; not
+     * oneOf adds the values two branches match */
+    check_q("{'not':{'anyOf':[{'type':'string'},{'minimum':2}]}}", GOOD("1", "-5", "1.5"),
+            BAD("'a'", "3", "null", "[]"));
+    check_q("{'oneOf':[{'anyOf':[{'const':'a'},{'const':'b'}]},{'enum':['b','c']}]}",
+            GOOD("'a'", "'c'"), BAD("'b'", "'d'", "1"));
+    check_q("{'not':{'oneOf':[{'type':'string'},{'minLength':2}]}}", GOOD("'ab'", "'abc'"),
+            BAD("'a'", "null", "1"));
+    /* member counts: not {minProperties: n} is the objects of fewer than n members, not
+     * {maxProperties: n} those of more (other types pass the count, so fail the not) */
+    check_q("{'not':{'minProperties':2}}", GOOD("{}", "{'a':1}"), BAD("{'a':1,'b':2}", "1"));
+    check_q("{'oneOf':[{'maxProperties':1},{'required':['a']}],'properties':{'a':{},'b':{}},"
+            "'additionalProperties':false}",
+            GOOD("{}", "{'b':1}", "{'a':1,'b':2}"), BAD("{'a':1}"));
     check_q("{'not':{'enum':['a','b']}}", GOOD("'c'", "1", "null", "'ab'", "''", "true"),
             BAD("'a'", "'b'"));
     check_q("{'type':'string','not':{'const':'x'}}", GOOD("'y'", "'xx'", "''"), BAD("'x'", "1"));
@@ -969,8 +1061,8 @@ static void test_refused_keywords(void **state)
     refused("{\"anyOf\":[{\"multipleOf\":0.5}]}",
             "/anyOf/0/multipleOf: not supported (only integers up to 1000; a decimal one is "
             "compared in floating point by validators)");
-    refused("{\"$defs\":{\"a/b\":{\"maxProperties\":1}},\"$ref\":\"#/$defs/a~1b\"}",
-            "/$defs/a~1b/maxProperties: not supported");
+    refused("{\"$defs\":{\"a/b\":{\"minContains\":1}},\"$ref\":\"#/$defs/a~1b\"}",
+            "/$defs/a~1b/minContains: not supported");
     refused("{\"type\":\"strin\"}", "/type: unknown type 'strin'");
     refused("{\"minItems\":-1}", "/minItems: must be a non-negative integer");
     /* counts over the grammar's repetition limit: named by pointer, never by a generated rule */
@@ -1124,6 +1216,7 @@ int main(void)
         cmocka_unit_test(test_any_one_all_of),
         cmocka_unit_test(test_merged_property_order),
         cmocka_unit_test(test_refs),
+        cmocka_unit_test(test_ref_anchors),
         cmocka_unit_test(test_string_lengths_and_pattern),
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_formats_regex),

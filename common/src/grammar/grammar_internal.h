@@ -128,7 +128,8 @@ struct tdm_grammar_vocab {
     uint32_t *tok_ids; /* tokens in byte-sorted order */
     uint32_t *eog;     /* [n_eog] end-of-generation tokens */
     uint32_t n_eog;
-    uint32_t max_depth; /* longest token, bytes */
+    uint32_t max_depth;  /* longest token, bytes */
+    uint32_t *trie_bits; /* [(n_vocab + 31) / 32] bitmap of the tokens in the trie (token ids) */
 };
 
 /* ---- the state space (grammar_state.c) ---- */

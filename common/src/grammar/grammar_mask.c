@@ -42,6 +42,56 @@ static uint32_t set_tokens(const tdm_grammar_vocab_t *v, uint32_t begin, uint32_
     return end - begin;
 }
 
+/* Deny mode: once most of the tokens walked so far are allowed (a string's content, where
+ * nearly the whole vocabulary is), the walk stops setting allowed tokens one by one and
+ * records the denied ones instead; the mask is then the trie's tokens less those. The switch
+ * can happen at any node, as the tokens before a node in preorder are all decided there; it
+ * is checked every GRAM_DENY_CHECK tokens, once GRAM_DENY_MIN are decided, and taken when at
+ * least half of them were allowed. Either mode gives the same mask. */
+#define GRAM_DENY_MIN 1024u
+#define GRAM_DENY_CHECK 1024u
+
+static void deny_tokens(const tdm_grammar_vocab_t *v, uint32_t begin, uint32_t end, uint32_t *deny)
+{
+    for (uint32_t k = begin; k < end; k++) {
+        uint32_t t = v->tok_ids[k];
+        deny[t >> 5] |= 1u << (t & 31);
+    }
+}
+
+/* Enters deny mode at sorted position p: the tokens before p that mask does not allow are
+ * denied. */
+static void deny_begin(const tdm_grammar_matcher_t *m, const uint32_t *mask, uint32_t p)
+{
+    const tdm_grammar_vocab_t *v = m->v;
+    memset(m->deny, 0, (size_t)m->n_words * sizeof *m->deny);
+    for (uint32_t k = 0; k < p; k++) {
+        uint32_t t = v->tok_ids[k];
+        if (!(mask[t >> 5] >> (t & 31) & 1u))
+            m->deny[t >> 5] |= 1u << (t & 31);
+    }
+}
+
+/* The set bits of x (portable: the build targets no popcnt instruction). */
+static uint32_t bits_set(uint32_t x)
+{
+    x = x - ((x >> 1) & 0x55555555u);
+    x = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);
+    return (((x + (x >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24;
+}
+
+/* Leaves deny mode: mask = the trie's tokens not denied; returns their number. */
+static uint32_t deny_end(const tdm_grammar_matcher_t *m, uint32_t *mask)
+{
+    const uint32_t *all = m->v->trie_bits, *deny = m->deny;
+    uint32_t count = 0;
+    for (uint32_t w = 0; w < m->n_words; w++) {
+        mask[w] = all[w] & ~deny[w];
+        count += bits_set(mask[w]);
+    }
+    return count;
+}
+
 /* Walks the trie from state s0, setting the bits of the tokens whose bytes stay inside the
  * grammar; returns their number. */
 static uint32_t walk(tdm_grammar_matcher_t *m, uint32_t s0, uint32_t *mask)
@@ -49,28 +99,40 @@ static uint32_t walk(tdm_grammar_matcher_t *m, uint32_t s0, uint32_t *mask)
     const tdm_grammar_vocab_t *v = m->v;
     const gram_trie_node_t *nodes = v->nodes;
     gram_space_t *sp = &m->sp;
-    uint32_t *st = m->walk_state, count = 0;
+    uint32_t *st = m->walk_state, count = 0, check = GRAM_DENY_MIN;
+    bool deny = false;
     st[0] = s0;
     for (uint32_t i = 0; i < v->n_nodes;) {
         const gram_trie_node_t *nd = &nodes[i];
+        if (!deny && nd->tok_begin >= check) {
+            check = nd->tok_begin + GRAM_DENY_CHECK;
+            if (2 * count >= nd->tok_begin) {
+                deny_begin(m, mask, nd->tok_begin);
+                deny = true;
+            }
+        }
         uint32_t s = st[nd->depth];
         if (subtree_covered(v, i, &sp->states[s])) {
-            count += set_tokens(v, nd->tok_begin, nd->sub_tok_end, mask);
+            if (!deny)
+                count += set_tokens(v, nd->tok_begin, nd->sub_tok_end, mask);
             i = nd->end;
             continue;
         }
         uint32_t ns = tdm_gram_space_step_fast(sp, s, nd->byte);
         if (ns == GRAM_DEAD) {
+            if (deny)
+                deny_tokens(v, nd->tok_begin, nd->sub_tok_end, m->deny);
             i = nd->end;
             continue;
         }
         if (++sp->states[s].hits == GRAM_HITS_FOR_COVER)
             tdm_gram_space_cover(sp, s);
-        count += set_tokens(v, nd->tok_begin, nd->tok_end, mask);
+        if (!deny)
+            count += set_tokens(v, nd->tok_begin, nd->tok_end, mask);
         st[nd->depth + 1] = ns;
         i++;
     }
-    return count;
+    return deny ? deny_end(m, mask) : count;
 }
 
 /* The end-of-generation tokens, allowed when state s accepts. */

@@ -67,7 +67,8 @@ tdm_grammar_matcher_t *tdm_grammar_matcher_new(const tdm_grammar_t *g, const tdm
     m->v = v;
     m->n_words = v ? (v->n_vocab + 31) / 32 : 0;
     m->walk_state = malloc(((size_t)(v ? v->max_depth : 0) + 2) * sizeof *m->walk_state);
-    if (!m->walk_state)
+    m->deny = malloc(((size_t)m->n_words + 1) * sizeof *m->deny);
+    if (!m->walk_state || !m->deny)
         goto out_oom;
     tdm_gram_mask_cache_clear(m);
     m->cur = tdm_gram_space_start(&m->sp);
@@ -98,6 +99,7 @@ void tdm_grammar_matcher_destroy(tdm_grammar_matcher_t **self_p)
     for (uint32_t i = 0; i < TDM_GRAMMAR_MASK_CACHE; i++)
         free(m->cache[i].bits);
     free(m->walk_state);
+    free(m->deny);
     free(m->saved.pos);
     free(m->orig.pos);
     free(m);

@@ -24,6 +24,7 @@ struct tdm_grammar_matcher {
     gram_mask_slot_t cache[TDM_GRAMMAR_MASK_CACHE];
     uint32_t next_victim; /* round-robin replacement */
     uint32_t *walk_state; /* [max_depth + 2] state at each trie depth */
+    uint32_t *deny;       /* [n_words] scratch of the mask walk's deny mode (grammar_mask.c) */
     gram_saved_t saved;   /* scratch for rebuilds and copies */
     gram_saved_t orig;    /* the state before an accept_bytes that had to rebuild */
     uint32_t floor_nodes; /* nodes right after the last rebuild */

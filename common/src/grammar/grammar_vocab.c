@@ -19,6 +19,7 @@ void tdm_grammar_vocab_destroy(tdm_grammar_vocab_t **self_p)
     free(v->node_ascii);
     free(v->tok_ids);
     free(v->eog);
+    free(v->trie_bits);
     free(v);
     *self_p = NULL;
 }
@@ -206,14 +207,17 @@ tdm_grammar_vocab_t *tdm_grammar_vocab_new(const tdm_tokenizer_t *tok, tdm_error
     v->bytes_off = calloc((size_t)v->n_vocab + 1, sizeof *v->bytes_off);
     v->tok_ids = malloc(((size_t)v->n_vocab + 1) * sizeof *v->tok_ids);
     v->eog = malloc(((size_t)v->n_vocab + 1) * sizeof *v->eog);
-    if (!v->kind || !v->bytes_off || !v->tok_ids || !v->eog || read_tokens(v, tok) != TDM_OK)
+    v->trie_bits = calloc(((size_t)v->n_vocab + 31) / 32 + 1, sizeof *v->trie_bits);
+    if (!v->kind || !v->bytes_off || !v->tok_ids || !v->eog || !v->trie_bits ||
+        read_tokens(v, tok) != TDM_OK)
         goto out_oom;
     uint32_t n = 0;
     for (uint32_t t = 0; t < v->n_vocab; t++) {
         uint32_t len = v->bytes_off[t + 1] - v->bytes_off[t];
-        if (v->kind[t] == GRAM_TOK_BYTES)
+        if (v->kind[t] == GRAM_TOK_BYTES) {
             v->tok_ids[n++] = t;
-        else if (v->kind[t] == GRAM_TOK_EOG)
+            v->trie_bits[t >> 5] |= 1u << (t & 31);
+        } else if (v->kind[t] == GRAM_TOK_EOG)
             v->eog[v->n_eog++] = t;
         if (len > v->max_depth)
             v->max_depth = len;

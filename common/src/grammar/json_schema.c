@@ -8,6 +8,7 @@
  * this compiler ignores them too. oneOf compiles as anyOf when its branches are provably
  * disjoint (so exclusivity holds by construction), and is refused otherwise.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,7 @@ static const char *const k_supported[] = {"type",
                                           "exclusiveMinimum",
                                           "exclusiveMaximum",
                                           "minProperties",
+                                          "maxProperties",
                                           "patternProperties",
                                           "dependentRequired",
                                           "dependencies",
@@ -60,7 +62,7 @@ static const char *const k_supported[] = {"type",
  * readOnly, writeOnly, content*, $anchor, $vocabulary) and unknown keywords are not listed:
  * both are ignored. */
 static const char *const k_refused[] = {
-    "propertyNames",         "maxProperties",    "minContains", "maxContains",
+    "propertyNames",         "minContains",      "maxContains",
 
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
     "$recursiveRef",         "$recursiveAnchor", NULL};
@@ -272,9 +274,6 @@ static int check_keywords(js_ctx_t *c, json_t *s, const char *ptr, bool *has_con
         if (in_list(k_refused, key)) {
             return js_fail(c, ptr, key, "not supported");
         }
-        if (strcmp(key, "minProperties") == 0 &&
-            !(json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) <= 1))
-            return js_fail(c, ptr, key, "not supported (only 0 and 1)");
         if (in_list(k_supported, key) && strcmp(key, "$defs") != 0 &&
             strcmp(key, "definitions") != 0)
             *has_constraints = true;
@@ -323,10 +322,153 @@ static bool ptr_token(const char *p, size_t n, char *tok, size_t cap)
     return k + 1 < cap || n == 0;
 }
 
+/* ---- plain-name anchors ($ref "#name") ---- */
+
+/* The keywords whose values are data, not schemas: an "$anchor" there names nothing. */
+static const char *const k_data[] = {"enum", "const", "default", "examples", NULL};
+
+typedef struct anchor_find {
+    const char *name;     /* the anchor looked for */
+    json_t *found;        /* the schema it names (the first) */
+    int n_found;          /* schemas naming it */
+    bool other_resource;  /* a schema below the root has an $id / id of another resource */
+    char ptr[JS_PTR_MAX]; /* the JSON pointer of the node being searched */
+    char found_ptr[JS_PTR_MAX];
+} anchor_find_t;
+
+/* True when schema object s declares the plain-name anchor name: "$anchor" or "$dynamicAnchor"
+ * (2019-09 and later; a $ref names a dynamic anchor statically), or an "$id" / "id" that is
+ * the bare fragment "#name" (drafts 4 to 7). Notes an $id / id naming another resource. */
+static bool declares_anchor(anchor_find_t *f, const json_t *s, bool is_root)
+{
+    bool hit = false;
+    const char *keys[] = {"$anchor", "$dynamicAnchor", "$id", "id"};
+    for (int k = 0; k < 4; k++) {
+        const char *v = json_string_value(json_object_get(s, keys[k]));
+        if (!v)
+            continue;
+        if (k < 2)
+            hit = hit || strcmp(v, f->name) == 0;
+        else if (v[0] == '#')
+            hit = hit || strcmp(v + 1, f->name) == 0;
+        else if (!is_root)
+            f->other_resource = true; /* anchors below it are that resource's */
+    }
+    return hit;
+}
+
+/* Appends "/" and key (~ and / escaped) to the pointer ptr[JS_PTR_MAX] of length len, cut at
+ * the buffer's end (it names the schema in messages only); returns the new length. */
+static size_t ptr_append(char *ptr, size_t len, const char *key)
+{
+    size_t n = len;
+    if (n + 1 < JS_PTR_MAX)
+        ptr[n++] = '/';
+    for (const char *p = key; *p && n + 2 < JS_PTR_MAX; p++) {
+        if (*p == '~' || *p == '/') {
+            ptr[n++] = '~';
+            ptr[n++] = *p == '~' ? '0' : '1';
+        } else {
+            ptr[n++] = *p;
+        }
+    }
+    ptr[n] = 0;
+    return n;
+}
+
+/* Searches node (at f->ptr, of length len) and everything below it that can be a schema. */
+static void anchor_search(anchor_find_t *f, json_t *node, size_t len, int depth)
+{
+    if (depth > 2 * JS_MAX_DEPTH) {
+        f->other_resource = true; /* too deep to search: refuse rather than guess */
+        return;
+    }
+    if (json_is_object(node) && declares_anchor(f, node, depth == 0) && f->n_found++ == 0) {
+        f->found = node;
+        memcpy(f->found_ptr, f->ptr, len + 1);
+    }
+    const char *key;
+    json_t *v;
+    size_t i;
+    if (json_is_array(node)) {
+        json_array_foreach(node, i, v)
+        {
+            char tok[24];
+            snprintf(tok, sizeof tok, "%zu", i);
+            anchor_search(f, v, ptr_append(f->ptr, len, tok), depth + 1);
+            f->ptr[len] = 0;
+        }
+        return;
+    }
+    json_object_foreach(node, key, v)
+    {
+        if (in_list(k_data, key) || (!json_is_object(v) && !json_is_array(v)))
+            continue;
+        size_t n = ptr_append(f->ptr, len, key);
+        anchor_search(f, v, n, depth + 1);
+        f->ptr[len] = 0;
+    }
+}
+
+/* The schema "#name" names: the one schema of the document declaring that anchor, with no $id
+ * of another resource below the root (whose anchors would be scoped to it). NULL (refused,
+ * naming the reason) otherwise; *target gets its JSON pointer. */
+static json_t *resolve_anchor(js_ctx_t *c, const char *ref, const char *ptr, char *target)
+{
+    anchor_find_t *f = calloc(1, sizeof *f);
+    if (!f) {
+        js_oom(c);
+        return NULL;
+    }
+    f->name = ref + 1;
+    anchor_search(f, c->root, 0, 0);
+    json_t *t = NULL;
+    if (f->other_resource)
+        js_fail(c, ptr, "$ref",
+                "'%s' not supported (an anchor in a document with embedded resources, $id)", ref);
+    else if (f->n_found == 0)
+        js_fail(c, ptr, "$ref", "'%s' not found (no $anchor or id of that name)", ref);
+    else if (f->n_found > 1)
+        js_fail(c, ptr, "$ref", "'%s' is ambiguous (%d schemas declare that anchor)", ref,
+                f->n_found);
+    else
+        t = f->found;
+    if (t && target)
+        snprintf(target, JS_PTR_MAX, "%s", f->found_ptr);
+    free(f);
+    return t;
+}
+
+/* True when ref is "#" followed by a plain name (an anchor: a letter or '_', then letters,
+ * digits, '-', '_', '.', ':'). */
+static bool is_anchor_ref(const char *ref)
+{
+    if (ref[0] != '#' || !(isalpha((unsigned char)ref[1]) || ref[1] == '_'))
+        return false;
+    for (const char *p = ref + 2; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("-_.:", *p))
+            return false;
+    return true;
+}
+
+/* The schema ref names and its JSON pointer in target[JS_PTR_MAX] (may be NULL). */
+static json_t *resolve_ref_at(js_ctx_t *c, const char *ref, const char *ptr, char *target)
+{
+    if (is_anchor_ref(ref))
+        return resolve_anchor(c, ref, ptr, target);
+    json_t *t = js_resolve_ref(c, ref, ptr);
+    if (t && target)
+        snprintf(target, JS_PTR_MAX, "%s", ref + 1);
+    return t;
+}
+
 json_t *js_resolve_ref(js_ctx_t *c, const char *ref, const char *ptr)
 {
+    if (is_anchor_ref(ref))
+        return resolve_anchor(c, ref, ptr, NULL);
     if (ref[0] != '#' || (ref[1] != 0 && ref[1] != '/')) {
-        js_fail(c, ptr, "$ref", "'%s' not supported (only JSON pointers within the document)", ref);
+        js_fail(c, ptr, "$ref",
+                "'%s' not supported (only JSON pointers and anchors within the document)", ref);
         return NULL;
     }
     json_t *t = c->root;
@@ -391,11 +533,12 @@ static int compile_ref(js_ctx_t *c, const char *ref, const char *ptr, char *name
         snprintf(name, JS_NAME_MAX, "%s", known->name);
         return 0;
     }
-    json_t *t = js_resolve_ref(c, ref, ptr);
+    char target[JS_PTR_MAX];
+    json_t *t = resolve_ref_at(c, ref, ptr, target);
     int rc = t ? memo_add(c, ref, NULL, name) : TDM_EINVALID;
     char target_name[JS_NAME_MAX];
     if (rc == 0)
-        rc = js_compile(c, t, ref + 1, target_name);
+        rc = js_compile(c, t, target, target_name);
     return rc != 0 ? rc : js_emit_rule(c, name, target_name);
 }
 
@@ -618,8 +761,6 @@ static bool has_big(json_t *v)
     return false;
 }
 
-/* enum / const: the listed values of the allowed types, as literals. Other keywords beside
- * them are not checked against the values. */
 /* Whether array v has two equal items (uniqueItems; numbers compared as doubles, others as
  * jansson compares them). */
 static bool has_duplicates(json_t *v)
@@ -731,6 +872,124 @@ static bool not_type_form(json_t *n)
     return true;
 }
 
+/* ---- enum / const beside other keywords: each value checked against them ---- */
+
+/* The JSON type a keyword applies to (T_*), or 0 for one that applies to every value. */
+static int keyword_type(const char *key)
+{
+    static const char *const str[] = {"minLength", "maxLength", "pattern", "format", NULL};
+    static const char *const num[] = {"minimum",          "maximum",    "exclusiveMinimum",
+                                      "exclusiveMaximum", "multipleOf", NULL};
+    static const char *const arr[] = {"items",    "prefixItems", "additionalItems", "minItems",
+                                      "maxItems", "uniqueItems", "contains",        NULL};
+    if (in_list(str, key))
+        return T_STRING;
+    if (in_list(num, key))
+        return T_NUMBER | T_INTEGER;
+    if (in_list(arr, key))
+        return T_ARRAY;
+    static const char *const obj[] = {"properties",           "required",
+                                      "additionalProperties", "patternProperties",
+                                      "minProperties",        "maxProperties",
+                                      "dependentRequired",    "dependencies",
+                                      "dependentSchemas",     NULL};
+    return in_list(obj, key) ? T_OBJECT : 0;
+}
+
+/* The number of code points of UTF-8 text s. */
+static size_t utf8_chars(const char *s)
+{
+    size_t n = 0;
+    for (; *s; s++)
+        n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* x (a number keyword's value) against the value d: the comparison key asks for. */
+static bool number_ok(const char *key, json_t *x, json_t *v, json_t *s)
+{
+    double d = json_number_value(v), b = json_number_value(x);
+    bool both_int = json_is_integer(v) && json_is_integer(x);
+    json_int_t iv = json_integer_value(v), ib = json_integer_value(x);
+    if (json_is_boolean(x)) /* draft 4: exclusiveMinimum / exclusiveMaximum beside the bound */
+        return true;
+    bool strict_min = json_is_true(json_object_get(s, "exclusiveMinimum"));
+    bool strict_max = json_is_true(json_object_get(s, "exclusiveMaximum"));
+    if (strcmp(key, "minimum") == 0)
+        return both_int ? (strict_min ? iv > ib : iv >= ib) : (strict_min ? d > b : d >= b);
+    if (strcmp(key, "maximum") == 0)
+        return both_int ? (strict_max ? iv < ib : iv <= ib) : (strict_max ? d < b : d <= b);
+    if (strcmp(key, "exclusiveMinimum") == 0)
+        return both_int ? iv > ib : d > b;
+    return both_int ? iv < ib : d < b; /* exclusiveMaximum */
+}
+
+/* Whether value v satisfies the keyword key: x of s: 1 yes, 0 no; TDM_EINVALID (refused with
+ * the keyword's pointer) for a keyword this check does not evaluate. */
+static int value_meets(js_ctx_t *c, json_t *s, const char *key, json_t *x, json_t *v,
+                       const char *ptr)
+{
+    if (json_is_string(v) && (strcmp(key, "minLength") == 0 || strcmp(key, "maxLength") == 0) &&
+        json_is_integer(x)) {
+        json_int_t n = (json_int_t)utf8_chars(json_string_value(v));
+        return key[1] == 'i' ? n >= json_integer_value(x) : n <= json_integer_value(x);
+    }
+    if (json_is_number(v) && json_is_number(x) && strcmp(key, "multipleOf") != 0)
+        return number_ok(key, x, v, s);
+    if (json_is_number(v) && json_is_boolean(x))
+        return 1; /* draft 4's exclusive flags: read with the bound */
+    if (json_is_integer(v) && json_is_integer(x) && json_integer_value(x) > 0 &&
+        strcmp(key, "multipleOf") == 0)
+        return json_integer_value(v) % json_integer_value(x) == 0;
+    bool items = strcmp(key, "minItems") == 0 || strcmp(key, "maxItems") == 0;
+    bool props = strcmp(key, "minProperties") == 0 || strcmp(key, "maxProperties") == 0;
+    if ((items && json_is_array(v)) || (props && json_is_object(v))) {
+        json_int_t n = (json_int_t)(items ? json_array_size(v) : json_object_size(v));
+        return json_is_integer(x) &&
+               (key[1] == 'i' ? n >= json_integer_value(x) : n <= json_integer_value(x));
+    }
+    if (strcmp(key, "required") == 0 && json_is_object(v) && json_is_array(x)) {
+        size_t i;
+        json_t *k;
+        json_array_foreach(x, i, k) if (!json_is_string(k) ||
+                                        !json_object_get(v, json_string_value(k))) return 0;
+        return 1;
+    }
+    if (strcmp(key, "uniqueItems") == 0)
+        return 1; /* checked by compile_enum */
+    if (strcmp(key, "format") == 0 && js_format_custom(x))
+        return 1; /* an annotation */
+    return js_fail(c, ptr, key,
+                   "not supported beside enum / const (values not checked against it)");
+}
+
+/* Whether enum value v satisfies the other keywords of s that apply to its type (type, not
+ * and uniqueItems are checked by compile_enum): 1, 0, or TDM_EINVALID with the refusal. */
+static int value_fits(js_ctx_t *c, json_t *s, json_t *v, const char *ptr)
+{
+    const char *key;
+    json_t *x;
+    int vt = json_is_string(v)   ? T_STRING
+             : json_is_number(v) ? T_NUMBER | T_INTEGER
+             : json_is_array(v)  ? T_ARRAY
+             : json_is_object(v) ? T_OBJECT
+                                 : T_NULL | T_BOOLEAN;
+    json_object_foreach(s, key, x)
+    {
+        static const char *const skip[] = {"type",  "enum",        "const", "not",
+                                           "$defs", "definitions", NULL};
+        if (!in_list(k_supported, key) || in_list(skip, key))
+            continue;
+        int kt = keyword_type(key);
+        if (kt != 0 && !(kt & vt))
+            continue; /* applies to another type */
+        int rc = value_meets(c, s, key, x, v, ptr);
+        if (rc != 1)
+            return rc;
+    }
+    return 1;
+}
+
 static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
 {
     json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"), *v;
@@ -741,14 +1000,18 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     json_t **vals = calloc(count, sizeof *vals);
     if (!vals)
         return js_oom(c);
-    for (i = 0; i < count; i++) {
+    int rc = 0;
+    for (i = 0; i < count && rc == 0; i++) {
         v = en ? json_array_get(en, i) : cn;
         if (value_has_type(v, types) && !(en && cn && !json_equal(v, cn)) &&
-            !excluded_by_not(s, v) && !(unique && json_is_array(v) && has_duplicates(v)))
-            vals[n++] = v;
+            !excluded_by_not(s, v) && !(unique && json_is_array(v) && has_duplicates(v))) {
+            rc = value_fits(c, s, v, ptr);
+            if (rc == 1)
+                vals[n++] = v;
+            rc = rc == 1 || rc == 0 ? 0 : rc;
+        }
     }
     tdm_buf_t body = TDM_BUF_INIT;
-    int rc = 0;
     for (i = 0; i < n && c->bigints; i++)
         if (has_big(vals[i]))
             rc = js_fail(c, ptr, en ? "enum" : "const",

@@ -22,7 +22,8 @@
 
 static const char *const k_lower[] = {"minimum",  "exclusiveMinimum", "minLength",
                                       "minItems", "minProperties",    NULL};
-static const char *const k_upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", NULL};
+static const char *const k_upper[] = {"maximum",  "exclusiveMaximum", "maxLength",
+                                      "maxItems", "maxProperties",    NULL};
 
 static bool in(const char *const *list, const char *key)
 {

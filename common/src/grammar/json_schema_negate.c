@@ -141,11 +141,16 @@ static int negate_items(js_ctx_t *c, json_t *items, const char *ptr, json_t *out
 /* A bound keyword's complement: the values of its type on the other side. */
 static int negate_bound(js_ctx_t *c, const char *key, json_t *v, const char *ptr, json_t *out)
 {
-    static const char *const pairs[][3] = {
-        {"minimum", "exclusiveMaximum", "number"}, {"maximum", "exclusiveMinimum", "number"},
-        {"exclusiveMinimum", "maximum", "number"}, {"exclusiveMaximum", "minimum", "number"},
-        {"minLength", "maxLength", "string"},      {"maxLength", "minLength", "string"},
-        {"minItems", "maxItems", "array"},         {"maxItems", "minItems", "array"}};
+    static const char *const pairs[][3] = {{"minimum", "exclusiveMaximum", "number"},
+                                           {"maximum", "exclusiveMinimum", "number"},
+                                           {"exclusiveMinimum", "maximum", "number"},
+                                           {"exclusiveMaximum", "minimum", "number"},
+                                           {"minLength", "maxLength", "string"},
+                                           {"maxLength", "minLength", "string"},
+                                           {"minItems", "maxItems", "array"},
+                                           {"maxItems", "minItems", "array"},
+                                           {"minProperties", "maxProperties", "object"},
+                                           {"maxProperties", "minProperties", "object"}};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         if (strcmp(pairs[i][0], key) != 0)
             continue;
@@ -219,6 +224,60 @@ static bool is_annotation_or_unknown(const char *key)
     return true;
 }
 
+/* not {anyOf: [A, B, ...]}: the values no branch matches, (not A) and (not B) and ...: every
+ * combination of one case of each branch's complement, their allOf; not {oneOf: ...} adds the
+ * values two branches match, A and B for each pair. At most JS_MAX_COMBOS cases. */
+static int negate_any_one(js_ctx_t *c, const char *key, json_t *v, const char *ptr, json_t *out)
+{
+    char kp[JS_PTR_MAX], bp[JS_PTR_MAX];
+    js_ptr_join(kp, ptr, key);
+    json_t *acc = json_pack("[b]", 1), *b, *x, *y;
+    if (!acc || json_array_append_new(c->keep, acc) != 0)
+        return js_oom(c);
+    size_t i, j, k;
+    json_array_foreach(v, i, b)
+    {
+        json_t *cases = json_array(), *next = json_array();
+        if (!cases || json_array_append_new(c->keep, cases) != 0 || !next ||
+            json_array_append_new(c->keep, next) != 0)
+            return js_oom(c);
+        js_ptr_index(bp, kp, i);
+        int rc = js_negate(c, b, bp, cases);
+        if (rc != 0)
+            return rc;
+        json_array_foreach(acc, j, x) json_array_foreach(cases, k, y)
+        {
+            if (json_array_size(next) >= JS_MAX_COMBOS)
+                return js_fail(c, ptr, key, "not supported in a negation (over %d cases)",
+                               JS_MAX_COMBOS);
+            rc = add_case(c, next,
+                          json_is_true(x) ? json_incref(y) : json_pack("{s:[OO]}", "allOf", x, y));
+            if (rc != 0)
+                return rc;
+        }
+        acc = next;
+    }
+    json_array_foreach(acc, j, x)
+    {
+        int rc = add_case(c, out, json_incref(x));
+        if (rc != 0)
+            return rc;
+    }
+    if (strcmp(key, "oneOf") != 0)
+        return 0;
+    for (i = 0; i < json_array_size(v); i++)
+        for (j = i + 1; j < json_array_size(v); j++) {
+            if (json_array_size(out) >= 4 * JS_MAX_COMBOS)
+                return js_fail(c, ptr, key, "not supported in a negation (over %d cases)",
+                               4 * JS_MAX_COMBOS);
+            int rc = add_case(
+                c, out, json_pack("{s:[OO]}", "allOf", json_array_get(v, i), json_array_get(v, j)));
+            if (rc != 0)
+                return rc;
+        }
+    return 0;
+}
+
 /* One keyword of a schema being negated: its failing values appended to out. */
 static int negate_key(js_ctx_t *c, json_t *s, const char *key, json_t *v, const char *ptr,
                       json_t *out)
@@ -238,8 +297,6 @@ static int negate_key(js_ctx_t *c, json_t *s, const char *key, json_t *v, const 
     if (strcmp(key, "additionalProperties") == 0 && json_is_true(v))
         return 0;
     if (strcmp(key, "uniqueItems") == 0 && json_is_false(v))
-        return 0;
-    if (strcmp(key, "minProperties") == 0 && json_is_integer(v) && json_integer_value(v) == 0)
         return 0;
     if (strcmp(key, "not") == 0)
         return add_case(c, out, json_incref(v));
@@ -267,6 +324,9 @@ static int negate_key(js_ctx_t *c, json_t *s, const char *key, json_t *v, const 
         if (ok) /* the strings it does not match (js_string, through the automaton) */
             return add_case(c, out, json_pack("{s:s,s:{s:O}}", "type", "string", "not", key, v));
     }
+    if ((strcmp(key, "anyOf") == 0 || strcmp(key, "oneOf") == 0) && json_is_array(v) &&
+        json_array_size(v) > 0)
+        return negate_any_one(c, key, v, ptr, out);
     if (strcmp(key, "allOf") == 0 && json_is_array(v)) {
         char ap[JS_PTR_MAX];
         js_ptr_join(ap, ptr, "allOf");

@@ -196,6 +196,16 @@ static void kv_text(tdm_buf_t *b, const objspec_t *o, const prop_t *p)
     tdm_buf_printf(b, " %s \":\" %s %s %s", o->ws, o->ws, p->rule, o->ws);
 }
 
+/* One additional member, `key ws ":" ws value ws`, into xkv[6 * JS_NAME_MAX]. */
+static void extra_text(const objspec_t *o, char *xkv)
+{
+    if (o->extra_member[0])
+        snprintf(xkv, 6 * JS_NAME_MAX, "%s", o->extra_member);
+    else
+        snprintf(xkv, 6 * JS_NAME_MAX, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws,
+                 o->extra_value, o->ws);
+}
+
 /* Rules for the members from property k on: *first (nothing written before; "" when there
  * is nothing that can come) and *after (something written before; "" when empty). */
 static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX],
@@ -203,11 +213,7 @@ static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX
 {
     tdm_buf_t b = TDM_BUF_INIT;
     char xkv[6 * JS_NAME_MAX];
-    if (o->extra_member[0])
-        snprintf(xkv, sizeof xkv, "%s", o->extra_member);
-    else
-        snprintf(xkv, sizeof xkv, "%s %s \":\" %s %s %s", o->extra_key, o->ws, o->ws,
-                 o->extra_value, o->ws);
+    extra_text(o, xkv);
     first[o->n][0] = after[o->n][0] = 0;
     int rc = 0;
     if (o->extras) {
@@ -236,6 +242,232 @@ static int emit_chain(js_ctx_t *c, const objspec_t *o, char (*first)[JS_NAME_MAX
         rc = rc ? rc : (b.oom ? js_oom(c) : js_emit_rule(c, first[k], b.data));
     }
     tdm_buf_free(&b);
+    return rc;
+}
+
+/* Objects of at most JS_ANY_ORDER_MAX defined properties take them in any order (then the
+ * additional members): one rule per set of properties written so far, 2^n of them. */
+#define JS_ANY_ORDER_MAX 4u
+
+/* The members of o in any order, nothing written yet, into first (as emit_chain's first[0]). */
+static int emit_any_order(js_ctx_t *c, const objspec_t *o, char *first)
+{
+    uint32_t full = (1u << o->n) - 1, req = 0;
+    for (size_t i = 0; i < o->n; i++)
+        req |= o->props[i].required ? 1u << i : 0;
+    char(*after)[JS_NAME_MAX] = calloc((size_t)full + 1, JS_NAME_MAX);
+    char xkv[6 * JS_NAME_MAX], xafter[JS_NAME_MAX] = "";
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc = after ? 0 : js_oom(c);
+    extra_text(o, xkv);
+    if (rc == 0 && o->extras) { /* the additional members after the defined ones */
+        tdm_buf_printf(&b, "( \",\" %s %s )*", o->ws, xkv);
+        js_new_name(c, xafter);
+        rc = js_emit_rule(c, xafter, b.data);
+    }
+    /* after[S]: the members after those of S (a superset of S is a larger number: made first) */
+    for (uint32_t set = full + 1; set-- > 0 && rc == 0;) {
+        bool done = (set & req) == req;
+        tdm_buf_clear(&b);
+        for (size_t i = 0; i < o->n; i++) {
+            if (set & (1u << i))
+                continue;
+            tdm_buf_printf(&b, "%s", b.len ? " | " : "");
+            if (set)
+                tdm_buf_printf(&b, "\",\" %s ", o->ws);
+            kv_text(&b, o, &o->props[i]);
+            tdm_buf_printf(&b, " %s", after[set | 1u << i]);
+        }
+        if (set == 0) { /* the first member: a defined one, or an additional one when none is
+                           required */
+            if (done && o->extras)
+                tdm_buf_printf(&b, " | %s %s", xkv, xafter);
+        } else if (done && b.len && !o->extras) {
+            tdm_buf_t t = TDM_BUF_INIT; /* or nothing more */
+            tdm_buf_printf(&t, "( %s )?", b.data);
+            tdm_buf_clear(&b);
+            tdm_buf_puts(&b, t.oom ? "" : t.data);
+            rc = t.oom ? js_oom(c) : 0;
+            tdm_buf_free(&t);
+        } else if (done && o->extras) {
+            tdm_buf_printf(&b, "%s%s", b.len ? " | " : "", xafter);
+        }
+        if (rc == 0 && b.len == 0) {
+            after[set][0] = 0; /* nothing more can come */
+            continue;
+        }
+        char *name = set ? after[set] : first;
+        js_new_name(c, name);
+        rc = rc ? rc : (b.oom ? js_oom(c) : js_emit_rule(c, name, b.data));
+    }
+    tdm_buf_free(&b);
+    free(after);
+    return rc;
+}
+
+/* ---- minProperties / maxProperties ---- */
+
+/* The member count bounds of an object: lo..hi members (hi JS_LEN_INF: no bound). */
+typedef struct counts {
+    size_t lo, hi;
+    size_t cap; /* counts tracked: hi, or lo when there is no upper bound (then lo means "lo or
+                   more") */
+    char (*after)[JS_NAME_MAX]; /* [(n + 1) * (cap + 1)] rule of members k.. after j written */
+    bool *live;                 /* [(n + 1) * (cap + 1)] whether that rule allows anything */
+} counts_t;
+
+#define JS_COUNT_RULES 4096u /* most (property, count) pairs a counted object may need */
+
+static size_t count_next(const counts_t *k, size_t j)
+{
+    return k->hi == JS_LEN_INF && j + 1 > k->cap ? k->cap : j + 1;
+}
+
+/* The members from property k on after j written (j >= 1): into k->after / live. Required:
+ * `"," kv` at count j + 1; optional: that or nothing; past the defined ones, the additional
+ * members that bring the count into lo..hi (or nothing when there are none and j >= lo). */
+static int emit_after(js_ctx_t *c, const objspec_t *o, counts_t *k, size_t i, size_t j,
+                      tdm_buf_t *b)
+{
+    size_t at = i * (k->cap + 1) + j;
+    char *name = k->after[at];
+    tdm_buf_clear(b);
+    if (i == o->n) {
+        size_t more = k->lo > j ? k->lo - j : 0,
+               room = k->hi == JS_LEN_INF ? JS_LEN_INF : k->hi - j;
+        k->live[at] = o->extras ? more <= room : more == 0;
+        if (!k->live[at] || (room == 0 || !o->extras)) {
+            name[0] = 0; /* dead, or nothing more */
+            return 0;
+        }
+        char xkv[6 * JS_NAME_MAX], x[8 * JS_NAME_MAX];
+        extra_text(o, xkv);
+        snprintf(x, sizeof x, "( \",\" %s %s )", o->ws, xkv);
+        js_rep(b, x, more, room);
+    } else {
+        const prop_t *p = &o->props[i];
+        size_t nat = (i + 1) * (k->cap + 1) + count_next(k, j), sat = at + k->cap + 1;
+        bool take = j + 1 <= k->hi && k->live[nat], skip = !p->required && k->live[sat];
+        k->live[at] = take || skip;
+        if (!take) { /* left out, or dead: the same rule as without property i */
+            snprintf(name, JS_NAME_MAX, "%s", k->live[at] ? k->after[sat] : "");
+            return 0;
+        }
+        tdm_buf_printf(b, "%s\",\" %s ", skip && !k->after[sat][0] ? "( " : "", o->ws);
+        kv_text(b, o, p);
+        tdm_buf_printf(b, " %s", k->after[nat]);
+        if (skip)
+            tdm_buf_printf(b, "%s%s", k->after[sat][0] ? " | " : " )?", k->after[sat]);
+    }
+    js_new_name(c, name);
+    return b->oom ? js_oom(c) : js_emit_rule(c, name, b->data);
+}
+
+/* The members of an object with count bounds (nothing written yet) into first (dead: *live
+ * false): one rule per defined property and count so far, at most JS_COUNT_RULES. */
+static int emit_counted(js_ctx_t *c, const objspec_t *o, counts_t *k, char *first, bool *live)
+{
+    tdm_buf_t b = TDM_BUF_INIT;
+    int rc = 0;
+    for (size_t i = o->n + 1; i-- > 0 && rc == 0;)
+        for (size_t j = 1; j <= k->cap && rc == 0; j++)
+            rc = emit_after(c, o, k, i, j, &b);
+    /* the first member: property i (i < n) then after[i + 1][1], or an extra then after[n][1];
+     * written as a chain of alternatives first_i = kv_i after | first_{i+1} */
+    char next[JS_NAME_MAX] = "";
+    bool next_live = false;
+    for (size_t i = o->n + 1; i-- > 0 && rc == 0;) {
+        size_t nat = (i == o->n ? i : i + 1) * (k->cap + 1) + count_next(k, 0);
+        bool take = k->hi >= 1 && k->live[nat] && (i < o->n || o->extras);
+        bool skip = i < o->n && !o->props[i].required && next_live;
+        if (!take) {
+            next_live = skip; /* left out: the same as from property i + 1 on */
+            continue;
+        }
+        tdm_buf_clear(&b);
+        if (i == o->n) {
+            char xkv[6 * JS_NAME_MAX];
+            extra_text(o, xkv);
+            tdm_buf_printf(&b, "%s %s", xkv, k->after[nat]);
+        } else {
+            kv_text(&b, o, &o->props[i]);
+            tdm_buf_printf(&b, " %s", k->after[nat]);
+        }
+        if (skip)
+            tdm_buf_printf(&b, " | %s", next);
+        char name[JS_NAME_MAX];
+        js_new_name(c, name);
+        rc = b.oom ? js_oom(c) : js_emit_rule(c, name, b.data);
+        snprintf(next, sizeof next, "%s", name);
+        next_live = true;
+    }
+    snprintf(first, JS_NAME_MAX, "%s", next);
+    *live = next_live;
+    tdm_buf_free(&b);
+    return rc;
+}
+
+/* minProperties / maxProperties into lo / hi. */
+static int read_counts(js_ctx_t *c, json_t *s, const char *ptr, size_t *lo, size_t *hi)
+{
+    const char *keys[2] = {"minProperties", "maxProperties"};
+    size_t *out[2] = {lo, hi};
+    *lo = 0;
+    *hi = JS_LEN_INF;
+    for (int i = 0; i < 2; i++) {
+        json_t *x = json_object_get(s, keys[i]);
+        if (!x)
+            continue;
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            return js_fail(c, ptr, keys[i], "must be a non-negative integer");
+        *out[i] = json_integer_value(x) > JS_COUNT_MAX ? (i ? JS_LEN_INF : JS_COUNT_MAX + 1)
+                                                       : (size_t)json_integer_value(x);
+    }
+    return 0;
+}
+
+/* The object's members counted: `"{" ws members "}"` into name, with members allowing lo..hi
+ * of them. Refused when that needs over JS_COUNT_RULES rules, and when minProperties needs
+ * two or more additional members (written members are counted: a key written twice would
+ * count twice, and the object it parses to has fewer). */
+static int object_counted(js_ctx_t *c, const objspec_t *o, const char *ptr, size_t lo, size_t hi,
+                          char *name)
+{
+    size_t n_req = 0;
+    for (size_t i = 0; i < o->n; i++)
+        n_req += o->props[i].required;
+    if (lo > hi)
+        return js_fail_unsat(c, ptr, "minProperties", "greater than maxProperties");
+    if (o->extras && lo >= n_req + 2)
+        return js_fail(c, ptr, "minProperties",
+                       "not supported: %zu members where %zu properties are required and the "
+                       "others may be additional ones (a key written twice would count twice)",
+                       lo, n_req);
+    counts_t k = {.lo = lo, .hi = hi, .cap = hi == JS_LEN_INF ? lo : hi};
+    if (k.cap > JS_COUNT_RULES || (o->n + 1) * (k.cap + 1) > JS_COUNT_RULES)
+        return js_fail(c, ptr, hi == JS_LEN_INF ? "minProperties" : "maxProperties",
+                       "not supported: counting %zu members over %zu properties needs over %u "
+                       "rules",
+                       k.cap, o->n, JS_COUNT_RULES);
+    k.after = calloc((o->n + 1) * (k.cap + 1), JS_NAME_MAX);
+    k.live = calloc((o->n + 1) * (k.cap + 1), sizeof *k.live);
+    char first[JS_NAME_MAX];
+    bool live = false, empty_ok = lo == 0;
+    int rc = !k.after || !k.live ? js_oom(c) : emit_counted(c, o, &k, first, &live);
+    for (size_t i = 0; i < o->n; i++)
+        empty_ok = empty_ok && !o->props[i].required;
+    if (rc == 0 && !live && !empty_ok)
+        rc = js_fail_unsat(c, ptr, hi == JS_LEN_INF ? "minProperties" : "maxProperties",
+                           "no object has a member count in range");
+    if (rc == 0) {
+        char body[2 * JS_NAME_MAX + 64];
+        snprintf(body, sizeof body, "\"{\" %s %s%s \"}\"", o->ws, live ? first : "",
+                 live && empty_ok ? "?" : "");
+        js_new_name(c, name);
+        rc = js_emit_rule(c, name, body);
+    }
+    free(k.after);
+    free(k.live);
     return rc;
 }
 
@@ -422,10 +654,14 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     json_t *ap = json_object_get(s, "additionalProperties");
     if (req && !json_is_array(req))
         return js_fail(c, ptr, "required", "must be an array of strings");
-    bool non_empty = json_integer_value(json_object_get(s, "minProperties")) >= 1;
+    size_t lo, hi;
+    int rc0 = read_counts(c, s, ptr, &lo, &hi);
+    if (rc0 != 0)
+        return rc0;
+    bool non_empty = lo >= 1, counted = lo >= 2 || hi != JS_LEN_INF;
     json_t *pp = json_object_get(s, "patternProperties");
     if (!props && json_array_size(req) == 0 && (!ap || json_is_true(ap)) && !non_empty &&
-        (!pp || json_object_size(pp) == 0))
+        !counted && (!pp || json_object_size(pp) == 0))
         return js_prim(c, JS_PRIM_OBJECT, name);
     objspec_t o;
     memset(&o, 0, sizeof o);
@@ -449,7 +685,14 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         rc = pattern_members(c, &pc, &o, json_is_false(ap));
     else if (rc == 0 && o.extras)
         rc = extra_key(c, &o);
-    rc = rc ? rc : emit_chain(c, &o, first, after);
+    if (rc == 0 && counted) {
+        rc = object_counted(c, &o, ptr, lo, hi, name);
+        goto out_free;
+    }
+    if (o.n >= 2 && o.n <= JS_ANY_ORDER_MAX)
+        rc = rc ? rc : emit_any_order(c, &o, first[0]);
+    else
+        rc = rc ? rc : emit_chain(c, &o, first, after);
     if (rc == 0 && non_empty && !first[0][0])
         rc = js_fail_unsat(c, ptr, "minProperties", "no property can appear");
     if (rc == 0) {
@@ -462,6 +705,7 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         js_new_name(c, name);
         rc = js_emit_rule(c, name, body);
     }
+out_free:
     js_dfa_free(&pc.dfa);
     free(o.props);
     free(o.names);
