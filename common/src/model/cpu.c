@@ -169,7 +169,9 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
     size_t per_row = (size_t)hp->n_kv_heads * be->max_spans * group *
                      (hp->head_dim * sizeof(float) + 2 * sizeof(double));
     size_t split = TDM_ATTN_SPLIT_BYTES / per_row;
-    be->split_rows = nt < 2 ? 0 : split < TDM_ATTN_SPLIT_ROWS ? (uint32_t)split : TDM_ATTN_SPLIT_ROWS;
+    be->split_rows = nt < 2                        ? 0
+                     : split < TDM_ATTN_SPLIT_ROWS ? (uint32_t)split
+                                                   : TDM_ATTN_SPLIT_ROWS;
     size_t n_part = (size_t)be->split_rows * hp->n_kv_heads * be->max_spans * group;
     be->span_o = cpu_alloc(be, n_part * hp->head_dim);
     be->span_ml = (double *)cpu_alloc(be, n_part * 4);

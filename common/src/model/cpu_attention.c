@@ -255,7 +255,7 @@ static void attn_run_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
  * multiples of TDM_ATTN_SPAN positions (a window's first span may start inside one). Per span
  * and query head: the scaled scores' maximum m_s, the exponentials e_j = exp(s_j - m_s) with
  * their sum l_s (exp_sum's order, in double; with an f16 cache the e_j then rounded to f16, as
- * llama.cpp's flash path keeps its V weights in f16), and o_s = sum e_j V_j in key order from
+ * the short rows' probabilities are before their f16 P.V), and o_s = sum e_j V_j in key order from
  * zero. span_fold combines the spans in span order (Milakov & Gimelshein 2018, "Online
  * normalizer calculation for softmax"; Dao et al. 2023, "Flash-Decoding"), span_finish divides
  * by the sum. What a span computes and the fold's order depend only on the row's own position
@@ -349,8 +349,8 @@ static void attn_run_span(const cpu_be_t *be, uint32_t layer, const tdm_batch_se
                 continue;
             for (uint32_t k = i * nh; k < (i + 1) * nh; k++) {
                 float mx = (float)mrun[k]; /* a float held in a double: exact both ways */
-                span_fold(&mx, &lrun[k], o + (size_t)k * D, (float)pm[k], pl[k],
-                          os + (size_t)k * D, D, r0 == first[i]);
+                span_fold(&mx, &lrun[k], o + (size_t)k * D, (float)pm[k], pl[k], os + (size_t)k * D,
+                          D, r0 == first[i]);
                 mrun[k] = mx;
             }
         }
@@ -414,8 +414,9 @@ static bool attn_row_long(const cpu_be_t *be, uint32_t layer, uint32_t pos)
 /* Rows t .. t + m - 1 of the pass against KV head g (m > 1 only for consecutive positions of
  * one sequence on the grouped path): the short rows as a run (attn_run_f16), the long ones as a
  * run of spans (attn_run_span), or on the other caches head by head. Scratch: thread tid's. */
-static void attn_rows(const cpu_be_t *be, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
-                      uint32_t t, uint32_t m, uint32_t g, int tid, bool grouped, float *out)
+static void attn_rows(const cpu_be_t *be, uint32_t layer, const float *q,
+                      const tdm_fwd_rows_t *rows, uint32_t t, uint32_t m, uint32_t g, int tid,
+                      bool grouped, float *out)
 {
     const tdm_llama_hparams_t *hp = be->hp;
     uint32_t H = hp->n_heads, D = hp->head_dim, group = H / hp->n_kv_heads;

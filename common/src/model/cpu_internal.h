@@ -60,9 +60,9 @@ typedef struct cpu_be {
     atomic_uint *span_left; /* [P][n_kv_heads] spans of a split row not yet done */
     double *run_ml;         /* [n_threads][4 * TDM_ATTN_QTILE * G] a run's span max and sum, and
                                its running max and sum */
-    float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
-    float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
-                         scales q itself (hparams.attn_q_scale) */
+    float *rope_cs;         /* [max_rows][rope_dim] cos, sin pairs */
+    float kq_scale;         /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
+                               scales q itself (hparams.attn_q_scale) */
     /* mixture of experts (cpu_moe.c); R = max_rows, k = n_expert_used, X = n_expert */
     const tdm_weight_t *exp_w;   /* the model's expert slices (tdm_model_experts) */
     size_t n_exp_w;              /* their count, n_layers * X * 3 */
