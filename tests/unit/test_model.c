@@ -244,6 +244,112 @@ static void test_invariance_long_context(void **state)
         }
 }
 
+/* Replaces f's engine with one of n_threads threads and n_ctx positions. */
+static void engine_with_threads(tdm_test_engine_t *f, int n_threads, uint32_t n_ctx)
+{
+    tdm_engine_destroy(&f->engine);
+    tdm_engine_params_t p;
+    tdm_engine_params_default(&p);
+    p.max_batch_tokens = TDM_TEST_MAX_ROWS;
+    p.max_logits = TDM_TEST_MAX_LOGITS;
+    p.n_ctx = n_ctx;
+    p.n_threads = n_threads;
+    tdm_error_t err = {0};
+    f->engine = tdm_engine_new(f->model, f->pool, &p, &err);
+    if (!f->engine)
+        fail_msg("engine with %d threads: %s", n_threads, err.msg);
+}
+
+/* Decode at depth split over threads (cpu_attention.c: a row with more than TDM_ATTN_SPAN = 256
+ * keys reduces them in spans, and a decode pass runs each (KV head, span) as its own work item,
+ * folded in span order): a 1,000-token prompt fed one token a pass (up to 4 spans a row, 63 KV
+ * blocks) gives the same logits bit for bit on 1 thread (spans folded in one item), 2 and 3
+ * threads (spans split); with 3 threads also when a second sequence decodes in the same passes,
+ * and, except for a q8 cache (its blocks are requantized as tokens arrive, so the cache itself
+ * depends on the chunking), as the same prompt prefilled in 64-token chunks (query runs that
+ * fold their spans as they go). Over f16, f32 and q8 caches, head_dim 64, 128 and 256, GQA
+ * groups of 1 to 3, and a 300-key sliding window (spans that start inside a span). */
+static void depth_split_case(uint32_t head_dim, uint32_t heads, uint32_t kv_heads,
+                             tdm_kv_dtype_t dtype, uint32_t window)
+{
+    enum { N = 1000, CTX = 1024 };
+    static int32_t a[N], b[N];
+    tdm_test_random_tokens(a, N, 512, 41);
+    tdm_test_random_tokens(b, N, 512, 42);
+    tdm_test_engine_t f;
+    tdm_tiny_llama_spec_t spec = {.n_embd = heads * head_dim,
+                                  .n_layers = 2,
+                                  .n_heads = heads,
+                                  .n_kv_heads = kv_heads,
+                                  .n_vocab = 512,
+                                  .weight_type = TDM_GGML_TYPE_Q8_0,
+                                  .embd_type = TDM_GGML_TYPE_Q8_0,
+                                  .n_ctx = CTX,
+                                  .seed = 50 + head_dim + heads,
+                                  .weight_std = 0.05f};
+    tdm_test_engine_write_tiny(&f, &spec);
+    tdm_test_engine_open(&f, f.path, dtype, CTX);
+    if (window) {
+        tdm_llama_hparams_t *hp = (tdm_llama_hparams_t *)tdm_model_hparams(f.model);
+        hp->n_swa = window;
+        hp->swa_layers[0] = 1;
+        hp->rope_freq_base_swa = hp->rope_freq_base;
+    }
+    /* every op parallel (the split's path) whatever the wait policy; the old value put back */
+    const char *pm = getenv("TANDEM_CPU_PAR_MIN");
+    char *saved = pm ? strdup(pm) : NULL;
+    setenv("TANDEM_CPU_PAR_MIN", "1", 1);
+    const uint32_t c1[2] = {1, 1}, c64 = 64;
+    size_t bytes = (size_t)N * f.n_vocab * sizeof(float);
+    tdm_test_seq_t ref, s[2];
+    engine_with_threads(&f, 1, CTX);
+    tdm_test_seq_start(&f, &ref, a, N);
+    tdm_test_run_together(&f, &ref, 1, c1);
+    for (int th = 2; th <= 3; th++) {
+        engine_with_threads(&f, th, CTX);
+        tdm_test_seq_start(&f, &s[0], a, N);
+        tdm_test_run_together(&f, s, 1, c1);
+        if (memcmp(s[0].logits, ref.logits, bytes) != 0)
+            fail_msg("head_dim %u, dtype %d, window %u: %d threads differ from 1", head_dim,
+                     (int)dtype, window, th);
+        tdm_test_seq_end(&f, &s[0]);
+    }
+    tdm_test_seq_start(&f, &s[0], a, N); /* 3 threads, two rows a pass */
+    tdm_test_seq_start(&f, &s[1], b, N);
+    tdm_test_run_together(&f, s, 2, c1);
+    if (memcmp(s[0].logits, ref.logits, bytes) != 0)
+        fail_msg("head_dim %u, dtype %d, window %u: two rows a pass differ", head_dim, (int)dtype,
+                 window);
+    tdm_test_seq_end(&f, &s[0]);
+    tdm_test_seq_end(&f, &s[1]);
+    if (dtype != TDM_KV_Q8) {
+        tdm_test_seq_start(&f, &s[0], a, N);
+        tdm_test_run_together(&f, s, 1, &c64);
+        if (memcmp(s[0].logits, ref.logits, bytes) != 0)
+            fail_msg("head_dim %u, dtype %d, window %u: 64-token chunks differ", head_dim,
+                     (int)dtype, window);
+        tdm_test_seq_end(&f, &s[0]);
+    }
+    tdm_test_seq_end(&f, &ref);
+    tdm_test_engine_close(&f);
+    unlink(f.path);
+    if (saved)
+        setenv("TANDEM_CPU_PAR_MIN", saved, 1);
+    else
+        unsetenv("TANDEM_CPU_PAR_MIN");
+    free(saved);
+}
+
+static void test_depth_split_threads(void **state)
+{
+    (void)state;
+    depth_split_case(64, 4, 2, TDM_KV_F16, 0);
+    depth_split_case(64, 6, 2, TDM_KV_Q8, 0);
+    depth_split_case(128, 2, 1, TDM_KV_F32, 300);
+    depth_split_case(256, 2, 1, TDM_KV_F16, 300);
+    depth_split_case(64, 6, 2, TDM_KV_F16, 300);
+}
+
 /* Logits of a 70-token prompt and a 9-token prompt run together (chunks 23 and 4) on path's
  * engine with TANDEM_CPU_KERNELS=family; the engine's backend name goes to name. */
 static float *family_logits(const char *path, const char *family, tdm_kv_dtype_t dtype, char *name,
@@ -609,6 +715,7 @@ int main(void)
         cmocka_unit_test(test_invariance_moe),
         cmocka_unit_test(test_invariance_sliding_window),
         cmocka_unit_test(test_invariance_long_context),
+        cmocka_unit_test(test_depth_split_threads),
         cmocka_unit_test(test_families_bitwise),
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),

@@ -163,14 +163,26 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
     be->wrow = cpu_alloc(be, nt * max_in);
     size_t group = hp->n_heads / hp->n_kv_heads;
     be->scores = cpu_alloc(be, nt * TDM_ATTN_QTILE * group * be->n_ctx);
-    be->kvrow = cpu_alloc(be, nt * (2 * TDM_ATTN_QTILE * group + 2) * hp->head_dim);
+    be->kvrow = cpu_alloc(be, nt * (3 * TDM_ATTN_QTILE * group + 2) * hp->head_dim);
+    be->run_ml = (double *)cpu_alloc(be, nt * 8 * TDM_ATTN_QTILE * group);
+    be->max_spans = be->n_ctx / TDM_ATTN_SPAN + 2;
+    size_t per_row = (size_t)hp->n_kv_heads * be->max_spans * group *
+                     (hp->head_dim * sizeof(float) + 2 * sizeof(double));
+    size_t split = TDM_ATTN_SPLIT_BYTES / per_row;
+    be->split_rows = nt < 2                        ? 0
+                     : split < TDM_ATTN_SPLIT_ROWS ? (uint32_t)split
+                                                   : TDM_ATTN_SPLIT_ROWS;
+    size_t n_part = (size_t)be->split_rows * hp->n_kv_heads * be->max_spans * group;
+    be->span_o = cpu_alloc(be, n_part * hp->head_dim);
+    be->span_ml = (double *)cpu_alloc(be, n_part * 4);
+    be->span_left = (atomic_uint *)cpu_alloc(be, (size_t)be->split_rows * hp->n_kv_heads);
     be->rope_cs = cpu_alloc(be, (size_t)be->max_rows * hp->rope_dim);
     size_t znb = (max_in + QK - 1) / QK;
     be->zact =
         (uint8_t *)cpu_alloc(be, (size_t)be->max_rows * tdm_cpu_zact_stride(znb) / sizeof(float));
     be->zprep = (uint8_t *)cpu_alloc(be, nt * tdm_cpu_zprep_stride(znb) / sizeof(float));
     if (!be->act || !be->wrow || !be->scores || !be->kvrow || !be->rope_cs || !be->zact ||
-        !be->zprep) {
+        !be->zprep || !be->run_ml || !be->span_o || !be->span_ml || !be->span_left) {
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory allocating CPU backend scratch");
     }
     return TDM_OK;

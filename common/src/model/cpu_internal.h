@@ -4,6 +4,7 @@
 #ifndef TDM_MODEL_CPU_INTERNAL_H
 #define TDM_MODEL_CPU_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -48,11 +49,21 @@ typedef struct cpu_be {
     float *wrow;      /* [n_threads][max_in] dequantized weight rows */
     float *scores;    /* [n_threads][TDM_ATTN_QTILE * heads per KV head][n_ctx] attention
                          scores */
-    float *kvrow;     /* [n_threads][2 * TDM_ATTN_QTILE * heads per KV head + 2][head_dim]
-                         K/V rows, queries, outputs */
-    float *rope_cs;   /* [max_rows][rope_dim] cos, sin pairs */
-    float kq_scale;   /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
-                         scales q itself (hparams.attn_q_scale) */
+    float *kvrow;     /* [n_threads][3 * TDM_ATTN_QTILE * heads per KV head + 2][head_dim]
+                         K/V rows, queries, outputs, span outputs */
+    /* a long row's attention in spans (cpu_attention.c); S = TDM_ATTN_SPAN, G = heads per KV
+       head, P = split_rows, N = max_spans */
+    uint32_t max_spans;     /* most spans one row's keys cover: n_ctx / S + 2 */
+    uint32_t split_rows;    /* P: most decode rows a pass splits over threads (their partials
+                               fit span_o; <= TDM_ATTN_SPLIT_ROWS, 0: never split) */
+    float *span_o;          /* [P][n_kv_heads][N][G][head_dim] span partial outputs */
+    double *span_ml;        /* [P][n_kv_heads][N][G][2] span partial max and sum */
+    atomic_uint *span_left; /* [P][n_kv_heads] spans of a split row not yet done */
+    double *run_ml;         /* [n_threads][4 * TDM_ATTN_QTILE * G] a run's span max and sum, and
+                               its running max and sum */
+    float *rope_cs;         /* [max_rows][rope_dim] cos, sin pairs */
+    float kq_scale;         /* attention scores' scale: 1 / sqrt(head_dim), or 1 when the model
+                               scales q itself (hparams.attn_q_scale) */
     /* mixture of experts (cpu_moe.c); R = max_rows, k = n_expert_used, X = n_expert */
     const tdm_weight_t *exp_w;   /* the model's expert slices (tdm_model_experts) */
     size_t n_exp_w;              /* their count, n_layers * X * 3 */
@@ -63,6 +74,16 @@ typedef struct cpu_be {
 /* Query rows attention takes together (cpu_attention.c): up to this many consecutive positions
  * of one sequence share each K and V block read */
 #define TDM_ATTN_QTILE 4
+
+/* A row with more keys than this (a long context) reduces them in spans of this many keys, at
+ * positions aligned to multiples of it: a partial softmax and P.V per span, folded in span order
+ * (cpu_attention.c). Part of the arithmetic's definition: changing it changes the bits. */
+#define TDM_ATTN_SPAN 256
+/* Most rows of a decode pass whose spans run as separate work items (flash-decoding); the
+ * partials' buffer is sized for them */
+#define TDM_ATTN_SPLIT_ROWS 16
+/* Bytes the split partials may take at most (split_rows shrinks to fit) */
+#define TDM_ATTN_SPLIT_BYTES (64u << 20)
 
 /* How one weight is multiplied, chosen once when the backend is created: a q8a GEMM over the
  * matrix in place or repacked (cpu_kernels.h), AVX-512's prepared rows, or the f32 path. */
