@@ -4663,9 +4663,52 @@ static void test_several_models(void **state)
     assert_int_equal(res.status, 0);
     assert_string_equal(res.text, "yo");
 
+    /* a request for a model not served ends before its model is known */
+    prompt_req(&gr, "n-1", "hi", 2, false);
+    gr.model = (char *)"nope";
+    uint64_t c_nope = generate(e, &gr);
+    collect(e, c_nope, &res);
+    assert_int_equal(res.status, TDM_ENOTFOUND);
+
     /* the vLLM series carry each request's model */
     char *text = NULL;
     assert_int_equal(tdm_router_metrics_text(e->r, &text, NULL), 0);
+    /* so do the tandem_ request families (several models), the nodes' their node's model; a
+     * request refused before its model was known has a series without model_name */
+    assert_float_equal(sample_of(text, "tandem_generation_tokens_total{model_name=\"tiny\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(text, "tandem_generation_tokens_total{model_name=\"other\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(text, "tandem_requests_total{model_name=\"other\",status=\"OK\","
+                                       "finish_reason=\"length\"}"),
+                       1, 0);
+    assert_float_equal(sample_of(text, "tandem_requests_total{model_name=\"tiny\",status=\"OK\","
+                                       "finish_reason=\"length\"}"),
+                       1, 0);
+    assert_float_equal(
+        sample_of(text, "tandem_requests_total{status=\"NOT_FOUND\",finish_reason=\"none\"}"), 1,
+        0);
+    assert_false(has_series(text, "tandem_requests_total{model_name=\"tiny\",status=\"NOT_FOUND\","
+                                  "finish_reason=\"none\"}"));
+    assert_float_equal(sample_of(text, "tandem_requests_received_total"), 3, 0);
+    assert_float_equal(
+        sample_of(text, "tandem_time_to_first_token_seconds_count{model_name=\"other\"}"), 1, 0);
+    assert_float_equal(
+        sample_of(text, "tandem_time_to_first_token_seconds_count{model_name=\"tiny\"}"), 1, 0);
+    assert_float_equal(sample_of(text, "tandem_request_prompt_tokens_bucket{model_name=\"other\","
+                                       "le=\"+Inf\"}"),
+                       1, 0);
+    assert_float_equal(sample_of(text, "tandem_requests_queued{model_name=\"other\"}"), 0, 0);
+    assert_float_equal(sample_of(text, "tandem_requests_running{model_name=\"tiny\"}"), 0, 0);
+    assert_float_equal(sample_of(text, "tandem_node_up{node=\"decode-1\",role=\"decode\","
+                                       "model_name=\"other\"}"),
+                       1, 0);
+    assert_float_equal(sample_of(text, "tandem_node_up{node=\"prefill-0\",role=\"prefill\","
+                                       "model_name=\"tiny\"}"),
+                       1, 0);
+    const char *t_ttft = "# TYPE tandem_time_to_first_token_seconds histogram";
+    assert_non_null(strstr(text, t_ttft));
+    assert_null(strstr(strstr(text, t_ttft) + 1, t_ttft));
     assert_non_null(
         strstr(text, "vllm:generation_tokens_total{model_name=\"tiny\",engine=\"0\"} 2"));
     assert_non_null(
