@@ -4640,6 +4640,27 @@ static void test_several_models(void **state)
     assert_int_equal(res.status, 0);
     assert_string_equal(res.text, "ok");
     assert_int_equal(tdm_router_n_queued(e->r), 1); /* o-1 still waits */
+    /* MODELS: each model's state, nodes up and requests (2.6) */
+    Tandem__V1__ModelsRequest mr = TANDEM__V1__MODELS_REQUEST__INIT;
+    send_req(e, M(MODELS), &mr.base, NULL, 0);
+    tdm_frame_t mf;
+    tdm_frame_init(&mf);
+    assert_true(recv_on(e, e->client, &mf, WAIT_MS));
+    Tandem__V1__ModelsResponse *mo = (Tandem__V1__ModelsResponse *)tdm_frame_unpack(
+        &mf, &tandem__v1__models_response__descriptor);
+    assert_non_null(mo);
+    assert_int_equal(mo->n_models, 2);
+    assert_string_equal(mo->models[0]->name, "tiny");
+    assert_string_equal(mo->models[0]->state, "ready");
+    assert_int_equal(mo->models[0]->requests_running, 0);
+    assert_int_equal(mo->models[0]->requests_queued, 0);
+    assert_string_equal(mo->models[1]->name, "other");
+    assert_string_equal(mo->models[1]->state, "unavailable");
+    assert_int_equal(mo->models[1]->decode_nodes_up, 0);
+    assert_int_equal(mo->models[1]->requests_running, 0);
+    assert_int_equal(mo->models[1]->requests_queued, 1);
+    protobuf_c_message_free_unpacked(&mo->base, NULL);
+    tdm_frame_clear(&mf);
 
     /* its prefill node and decode node come up (with its fingerprint): o-1 runs there */
     reg_default(e, &e->p1, &g);
