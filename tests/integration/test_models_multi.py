@@ -203,11 +203,17 @@ def test_metrics_per_model_name(cluster):
     st, body = http_call(cluster.port, "POST", "/v1/completions",
                          {"model": "not-a-model", "prompt": "hi", "max_tokens": 2})
     assert st == 404, body
+    # and one the HTTP gateway refuses itself (a field of the wrong type), merged into the
+    # router's series without model_name on GET /metrics
+    st, body = http_call(cluster.port, "POST", "/v1/completions",
+                         {"model": "smol", "prompt": "hi", "max_tokens": "two"})
+    assert st == 400 and body["error"]["param"] == "max_tokens", body
     text = scrape(cluster.port)
-    refused = [line for line in text.splitlines()
-               if line.startswith("tandem_requests_total{") and 'status="NOT_FOUND"' in line]
-    assert len(refused) == 1 and "model_name" not in refused[0], refused
-    assert float(refused[0].rsplit(" ", 1)[1]) >= 1
+    for status in ("NOT_FOUND", "INVALID_ARGUMENT"):
+        refused = [line for line in text.splitlines()
+                   if line.startswith("tandem_requests_total{") and f'status="{status}"' in line]
+        assert len(refused) == 1 and "model_name" not in refused[0], refused
+        assert float(refused[0].rsplit(" ", 1)[1]) >= 1
     ok = sum(sample_value(text, "tandem_requests_total", model_name=m, status="OK",
                           finish_reason=f) for m in ("smol", "gemma3") for f in ("stop", "length"))
     assert ok == sum(sample_value(text, "vllm:request_success_total", model_name=m,
