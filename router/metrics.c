@@ -633,6 +633,11 @@ static void render_histograms(mb_t *b, const tdm_router_t *r)
           "Per completed request: from its reservation's acknowledgement to its final "
           "message.",
           MOFF(inference));
+}
+
+/* The histograms of token counts per request and call. */
+static void render_token_histograms(mb_t *b, const tdm_router_t *r)
+{
     mhist_tokens(b, r, "tandem_request_prompt_tokens", "Prompt tokens of each completed request.",
                  MOFF(prompt_len));
     mhist_tokens(b, r, "tandem_request_generation_tokens",
@@ -1113,6 +1118,7 @@ int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsRespon
     tandem__v1__metrics_response__init(b.m);
     render_requests(&b, r);
     render_histograms(&b, r);
+    render_token_histograms(&b, r);
     render_nodes(&b, r);
     render_spec(&b, r);
     render_node_processes(&b, r);
