@@ -387,18 +387,20 @@ def test_dashboard_capacity_per_model(tmp_path):
     s["models"] = [dict(shape, name="smol", n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9,
                         weight_bytes=96576768),
                    dict(shape, name="gemma3", n_layers=18, n_kv_heads=1, head_dim=256, n_heads=4,
-                        weight_bytes=246587904, n_ctx=2048)]
+                        weight_bytes=246587904, n_ctx=2048),
+                   dict(shape, name="idle", n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9,
+                        weight_bytes=96576768)]  # no node serves it
     s["model_info"] = s["models"][0]
     html = static_page(tmp_path, s)
     assert re.search(r'id="model-label">models<', html)
-    assert re.search(r'id="model">smol, gemma3<', html)
+    assert re.search(r'id="model">smol, gemma3, idle \(unavailable\)<', html)
     sums = dict(re.findall(r'<tr class="sum" data-model="([^"]+)" data-max-sequences="(\d+)"',
                            html))
-    assert sums == {"smol": "1", "gemma3": "15"}, sums
+    assert sums == {"smol": "1", "gemma3": "15", "idle": "0"}, sums
     assert re.search(r'<td>decode-1</td><td>gemma3</td><td>decode</td>', html)
     assert re.search(r'15 of 2,048 tokens</td><td class="n">2</td>', html)
     opts = re.findall(r'<option value="(model:[^"]+|node:[^"]+)"', html)
-    assert opts[:3] == ["model:smol", "model:gemma3", "node:decode-0"], opts
+    assert opts[:4] == ["model:smol", "model:gemma3", "model:idle", "node:decode-0"], opts
     assert re.search(r'<option value="node:decode-1">node decode-1 \(its KV pool, gemma3\)', html)
     # the first source is the first model: the planner asks for it by name with its shape
     asked = re.search(r'<p class="err">asked (/api/capacity\?[^<]*)</p>', html)
