@@ -245,7 +245,7 @@ static int plan(cluster_t *cl, const tdm_config_t *cfg, const up_opts_t *o)
 static int parse_up(int argc, char **argv, up_opts_t *o, bool *done)
 {
     const tdm_cli_opt_t opts[] = {
-        TDM_CLI_OPT_STR("config", 0, &o->config_path),
+        TDM_CLI_OPT_STR("config", 'c', &o->config_path),
         TDM_CLI_OPT_STR("model", 0, &o->model),
         TDM_CLI_OPT_STR("bin-dir", 0, &o->bin_dir),
         TDM_CLI_OPT_STR("log-dir", 0, &o->log_dir),
@@ -478,9 +478,20 @@ static int use_model(const char *path, char *abs)
 }
 
 /* With --model and --config: the config's model path must be --model's file, i.e. the config
- * left model.path out (or names the same file). Returns 0, or 2 after printing the conflict. */
+ * left model.path out (or names the same file). A config of several models (models:, each
+ * with its own path) has no default for --model to fill, so it is refused whatever the file.
+ * Returns 0, or 2 after printing the conflict. */
 static int check_model_path(const up_opts_t *o, const tdm_config_t *cfg, const char *abs)
 {
+    if (cfg->n_models > 1) {
+        fprintf(stderr,
+                CMD_UP ": --model %s: %s serves %zu models (models:), each from its own path:",
+                o->model, o->config_path, cfg->n_models);
+        for (size_t i = 0; i < cfg->n_models; i++)
+            fprintf(stderr, "%s %s (%s)", i ? "," : "", cfg->models[i].name, cfg->models[i].path);
+        fprintf(stderr, "; drop --model and change models[].path in the config instead\n");
+        return 2;
+    }
     struct stat a, b;
     if (strcmp(cfg->model.path, abs) == 0 ||
         (stat(cfg->model.path, &a) == 0 && stat(abs, &b) == 0 && a.st_dev == b.st_dev &&

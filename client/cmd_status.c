@@ -56,12 +56,34 @@ static void print_kv_routes(const tdm_client_cluster_status_t *s)
                    s->nodes[i].host_id[0] ? s->nodes[i].host_id : "?");
 }
 
-static void print_table(const char *endpoint, const tdm_client_cluster_status_t *s)
+/* With several models, a line per model: its state, nodes up and requests (MODELS). */
+static void print_models(const tdm_client_models_t *m)
 {
-    printf("router %s, version %s, model %s\n", endpoint, s->version[0] ? s->version : "?",
-           s->model[0] ? s->model : "?");
+    if (m->n_models < 2)
+        return;
+    printf("%-16s %-12s %10s %10s %8s %8s %8s\n", "MODEL", "STATE", "PREFILL UP", "DECODE UP",
+           "CONTEXT", "RUNNING", "QUEUED");
+    for (size_t i = 0; i < m->n_models; i++) {
+        const tdm_client_model_t *x = &m->models[i];
+        printf("%-16s %-12s %10" PRIu32 " %10" PRIu32 " %8" PRIu32 " %8" PRIu32 " %8" PRIu32 "\n",
+               x->name, x->state[0] ? x->state : "?", x->prefill_nodes_up, x->decode_nodes_up,
+               x->n_ctx, x->requests_running, x->requests_queued);
+    }
+    putchar('\n');
+}
+
+static void print_table(const char *endpoint, const tdm_client_cluster_status_t *s,
+                        const tdm_client_models_t *m)
+{
+    if (m->n_models > 1)
+        printf("router %s, version %s, %zu models (default %s)\n", endpoint,
+               s->version[0] ? s->version : "?", m->n_models, s->model[0] ? s->model : "?");
+    else
+        printf("router %s, version %s, model %s\n", endpoint, s->version[0] ? s->version : "?",
+               s->model[0] ? s->model : "?");
     printf("requests: %" PRIu32 " running, %" PRIu32 " queued, %" PRIu64 " total\n\n",
            s->requests_running, s->requests_queued, s->requests_total);
+    print_models(m);
     printf("%-16s %-8s %-7s %-8s %-22s %8s %8s %8s %15s %9s %10s\n", "NODE", "ROLE", "UP", "DEVICE",
            "KV USED/TOTAL", "CACHED", "RUNNING", "WAITING", "QUEUED PREFILL", "STEP ms",
            "HEARTBEAT");
@@ -140,7 +162,29 @@ static json_t *routes_json(const tdm_client_cluster_status_t *s)
 }
 
 /* Builds the JSON document; NULL on out of memory. */
-static json_t *status_json(const char *endpoint, const tdm_client_cluster_status_t *s)
+/* The served models as a JSON array (MODELS; empty when that call failed); NULL on out of
+ * memory. */
+static json_t *models_json(const tdm_client_models_t *m)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < m->n_models; i++) {
+        const tdm_client_model_t *x = &m->models[i];
+        json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "name", x->name, "state",
+                              x->state, "max_model_len", (json_int_t)x->n_ctx, "prefill_nodes_up",
+                              (json_int_t)x->prefill_nodes_up, "decode_nodes_up",
+                              (json_int_t)x->decode_nodes_up, "requests_running",
+                              (json_int_t)x->requests_running, "requests_queued",
+                              (json_int_t)x->requests_queued);
+        if (!o || json_array_append_new(a, o) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static json_t *status_json(const char *endpoint, const tdm_client_cluster_status_t *s,
+                           const tdm_client_models_t *m)
 {
     json_t *nodes = json_array();
     if (!nodes)
@@ -179,29 +223,32 @@ static json_t *status_json(const char *endpoint, const tdm_client_cluster_status
             return NULL;
         }
     }
-    json_t *refused = refused_json(s), *routes = routes_json(s);
-    if (!refused || !routes) {
+    json_t *refused = refused_json(s), *routes = routes_json(s), *models = models_json(m);
+    if (!refused || !routes || !models) {
         json_decref(nodes);
         json_decref(refused);
         json_decref(routes);
+        json_decref(models);
         return NULL;
     }
-    return json_pack(
-        "{s:s, s:s, s:s, s:I, s:I, s:I, s:o, s:o, s:o}", "router", endpoint, "version", s->version,
-        "model", s->model, "requests_running", (json_int_t)s->requests_running, "requests_queued",
-        (json_int_t)s->requests_queued, "requests_total", (json_int_t)s->requests_total, "nodes",
-        nodes, "refused", refused, "kv_routes", routes);
+    return json_pack("{s:s, s:s, s:s, s:o, s:I, s:I, s:I, s:o, s:o, s:o}", "router", endpoint,
+                     "version", s->version, "model", s->model, "models", models, "requests_running",
+                     (json_int_t)s->requests_running, "requests_queued",
+                     (json_int_t)s->requests_queued, "requests_total",
+                     (json_int_t)s->requests_total, "nodes", nodes, "refused", refused, "kv_routes",
+                     routes);
 }
 
 /* Prints s as JSON (--json) or as the table. Returns 0, or 1 when writing the JSON failed. */
-static int print_status(const char *endpoint, const tdm_client_cluster_status_t *s, bool json)
+static int print_status(const char *endpoint, const tdm_client_cluster_status_t *s,
+                        const tdm_client_models_t *m, bool json)
 {
     if (!json) {
-        print_table(endpoint, s);
+        print_table(endpoint, s, m);
         return 0;
     }
     int status = 0;
-    json_t *doc = status_json(endpoint, s);
+    json_t *doc = status_json(endpoint, s, m);
     if (!doc || json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
         fprintf(stderr, CMD ": writing JSON failed\n");
         status = 1;
@@ -243,7 +290,13 @@ int tdm_cmd_status(int argc, char **argv)
         tdm_client_destroy(&client);
         return tdm_cli_exit_status(rc);
     }
-    status = print_status(endpoint, &s, json);
+    /* the models and their state: a router that cannot answer (out of memory) leaves the
+     * list empty, the rest of the status still printed */
+    tdm_client_models_t models;
+    if (tdm_client_models(client, timeout_s, &models) != TDM_OK)
+        memset(&models, 0, sizeof models);
+    status = print_status(endpoint, &s, &models, json);
+    tdm_client_models_clear(&models);
     tdm_client_cluster_status_clear(&s);
     tdm_client_destroy(&client);
     return status;

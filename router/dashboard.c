@@ -14,7 +14,8 @@
  * interpolated inside a bucket as Prometheus' histogram_quantile does), of
  * tandem_generation_tokens_total and tandem_prompt_tokens_total, and of tandem_requests_total
  * (every status, the CANCELLED ones, and the others not OK; with the gateway's own refusals,
- * as GET /metrics has them). When the router serves no
+ * as GET /metrics has them); summed over the models' series when the router serves several
+ * (one per model_name), so the charts are the cluster's. When the router serves no
  * such metrics, the means, output tokens and error rate come from the requests this gateway
  * proxied as the router measured them (the Timings of each final GenerateChunk), and there
  * are no percentiles or prompt tokens/s.
@@ -115,22 +116,41 @@ struct dash {
     size_t n_prev;
 };
 
-/* A histogram family's sum, count and buckets into *h; false when m has no such histogram. */
+/* A histogram's sum, count and buckets into *h, summed over every family of that name (a
+ * router serving several models has one per model_name, over the same bounds); false when m
+ * has no such histogram. Buckets that do not line up leave h without buckets (n_bounds 0). */
 static bool histogram_of(const Tandem__V1__MetricsResponse *m, const char *name, dash_hist_t *h)
 {
-    const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
-    if (!f || !f->histogram)
-        return false;
-    const Tandem__V1__MetricHistogram *hg = f->histogram;
-    h->sum = hg->sum;
-    h->count = (double)hg->count;
-    h->n_bounds =
-        hg->n_bounds == hg->n_counts && hg->n_bounds <= DASH_MAX_BUCKETS ? hg->n_bounds : 0;
-    for (size_t i = 0; i < h->n_bounds; i++) {
-        h->bounds[i] = hg->bounds[i];
-        h->counts[i] = (double)hg->counts[i];
+    bool found = false;
+    for (size_t k = 0; k < m->n_families; k++) {
+        const Tandem__V1__MetricFamily *f = m->families[k];
+        if (strcmp(f->name, name) != 0 || !f->histogram)
+            continue;
+        const Tandem__V1__MetricHistogram *hg = f->histogram;
+        bool fits = hg->n_bounds == hg->n_counts && hg->n_bounds <= DASH_MAX_BUCKETS;
+        if (!found) {
+            h->sum = 0;
+            h->count = 0;
+            h->n_bounds = fits ? hg->n_bounds : 0;
+            for (size_t i = 0; i < h->n_bounds; i++) {
+                h->bounds[i] = hg->bounds[i];
+                h->counts[i] = 0;
+            }
+            found = true;
+        }
+        h->sum += hg->sum;
+        h->count += (double)hg->count;
+        if (!fits || hg->n_bounds != h->n_bounds)
+            h->n_bounds = 0;
+        for (size_t i = 0; i < h->n_bounds; i++) {
+            if (hg->bounds[i] != h->bounds[i]) {
+                h->n_bounds = 0;
+                break;
+            }
+            h->counts[i] += (double)hg->counts[i];
+        }
     }
-    return true;
+    return found;
 }
 
 static double sample_value(const Tandem__V1__MetricSample *s)
@@ -139,13 +159,17 @@ static double sample_value(const Tandem__V1__MetricSample *s)
                                                                          : (double)s->int_value;
 }
 
-/* The value of an unlabelled integer family (a counter); NAN when absent. */
+/* A counter family summed over its series (one, or one per model_name when the router serves
+ * several models); NAN when absent or without samples. */
 static double counter_of(const Tandem__V1__MetricsResponse *m, const char *name)
 {
     const Tandem__V1__MetricFamily *f = tdm_proto_metrics_find(m, name);
-    if (!f || f->n_samples != 1 || f->samples[0]->n_labels != 0)
+    if (!f || f->n_samples == 0)
         return NAN;
-    return sample_value(f->samples[0]);
+    double v = 0;
+    for (size_t i = 0; i < f->n_samples; i++)
+        v += sample_value(f->samples[i]);
+    return v;
 }
 
 /* tandem_requests_total summed over its series into v->ended, over those whose status is

@@ -180,6 +180,15 @@ static bool has_label(const Tandem__V1__MetricSample *s, const char *name, const
     return false;
 }
 
+/* Whether sample s has a label called name. */
+static bool has_label_named(const Tandem__V1__MetricSample *s, const char *name)
+{
+    for (size_t i = 0; i < s->n_labels; i++)
+        if (strcmp(s->labels[i]->name, name) == 0)
+            return true;
+    return false;
+}
+
 int http_counters_merge_refusals(http_counters_t *c, Tandem__V1__MetricsResponse *m)
 {
     Tandem__V1__MetricFamily *f = NULL;
@@ -193,8 +202,10 @@ int http_counters_merge_refusals(http_counters_t *c, Tandem__V1__MetricsResponse
         const char *name = tdm_status_name(-st);
         Tandem__V1__MetricSample *s = NULL;
         for (size_t i = 0; n && i < f->n_samples && !s; i++)
+            /* not a model's series: the gateway refused these before any model was chosen */
             if (has_label(f->samples[i], "status", name) &&
-                has_label(f->samples[i], "finish_reason", none))
+                has_label(f->samples[i], "finish_reason", none) &&
+                !has_label_named(f->samples[i], "model_name"))
                 s = f->samples[i];
         if (s)
             s->int_value += n;

@@ -27,7 +27,8 @@ void http_counters_response(http_counters_t *c, unsigned status);
 void http_counters_refusal(http_counters_t *c, const char *reason, int status);
 
 /* Adds the refusals by status to the router's tandem_requests_total{status,
- * finish_reason="none"} in m (its own refusals' series, or a new one), so that family counts
+ * finish_reason="none"} in m (its own refusals' series without model_name, or a new one: the
+ * gateway refused them before a model was chosen), so that family counts
  * every GENERATE refused, the gateway's included; nothing when m has no such family. m is a
  * message protobuf_c_message_free_unpacked(…, NULL) frees (malloc'd parts). Returns TDM_OK or
  * TDM_ERESOURCE (m stays valid, perhaps without some). */

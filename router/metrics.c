@@ -9,6 +9,7 @@
  * while no node is up).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +22,12 @@
 
 #define METRIC_COUNTER TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER
 #define METRIC_GAUGE TANDEM__V1__METRIC_TYPE__METRIC_TYPE_GAUGE
+
+/* The uint64_t counter at offset off of a tdm_router_metrics_t. */
+#define METRIC_U64(m, off) (*(const uint64_t *)(const void *)((const char *)(m) + (off)))
+/* The tdm_router_hist_t at offset off of a tdm_router_metrics_t. */
+#define METRIC_HIST(m, off) ((const tdm_router_hist_t *)(const void *)((const char *)(m) + (off)))
+#define MOFF(field) offsetof(tdm_router_metrics_t, field)
 
 /* ---- building the message ----
  * Everything is malloc'd, so protobuf_c_message_free_unpacked(&m->base, NULL) frees it. An
@@ -256,6 +263,76 @@ static void histogram(mb_t *b, const char *name, const char *help, const tdm_rou
     histogram_over(b, name, help, h, tdm_router_hist_bounds());
 }
 
+static void hlabel(mb_t *b, Tandem__V1__MetricFamily *f, const char *name, const char *value);
+
+/* ---- the tandem_ request families per model ----
+ * A cluster of one model keeps the series it always had (no model_name label: the figures are
+ * the cluster's). With several models the request, token and latency families have one series
+ * per model labelled model_name (the request's model; each model's figures are written with
+ * the cluster's, so the model series sum to the cluster's), as vLLM's do; a node family gets
+ * the node's model. Families counted before a request's model is known (received, refused at
+ * intake) stay cluster-wide. */
+
+/* The requests of each model (by rt_model_t.index) now: queued ones wait, the others run
+ * (reserving or running). */
+static void count_model_requests(const tdm_router_t *r, size_t *running, size_t *waiting)
+{
+    for (tdm_list_t *e = tdm_list_first(&r->requests); e; e = tdm_list_next(&r->requests, e)) {
+        const rt_req_t *q = TDM_LIST_ENTRY(e, rt_req_t, all_link);
+        if (q->state == RT_QUEUED && tdm_list_is_linked(&q->queue_link))
+            waiting[q->model->index]++;
+        else
+            running[q->model->index]++;
+    }
+}
+
+/* Whether the tandem_ families carry model_name. */
+static bool per_model(const tdm_router_t *r)
+{
+    return r->n_models > 1;
+}
+
+/* A counter family at offset off of the metrics: one sample, or one per model. */
+static void mcounter(mb_t *b, const tdm_router_t *r, const char *name, const char *help, size_t off)
+{
+    if (!per_model(r)) {
+        counter(b, name, help, METRIC_U64(&r->metrics, off));
+        return;
+    }
+    Tandem__V1__MetricFamily *f = family(b, name, METRIC_COUNTER, help);
+    for (size_t i = 0; i < r->n_models; i++) {
+        Tandem__V1__MetricSample *s = sample(b, f);
+        label(b, s, "model_name", r->models[i].cfg->name);
+        set_int(s, METRIC_U64(&r->models[i].metrics, off));
+    }
+}
+
+/* A histogram at offset off over the first n of bound: one, or one per model (each its own
+ * MetricFamily of the same name, one after the other; the text format joins them). */
+static void mhist_n(mb_t *b, const tdm_router_t *r, const char *name, const char *help, size_t off,
+                    const double *bound, size_t n)
+{
+    if (!per_model(r)) {
+        histogram_over_n(b, name, help, METRIC_HIST(&r->metrics, off), bound, n);
+        return;
+    }
+    for (size_t i = 0; i < r->n_models; i++)
+        hlabel(b,
+               histogram_over_n(b, name, help, METRIC_HIST(&r->models[i].metrics, off), bound, n),
+               "model_name", r->models[i].cfg->name);
+}
+
+static void mhist(mb_t *b, const tdm_router_t *r, const char *name, const char *help, size_t off)
+{
+    mhist_n(b, r, name, help, off, tdm_router_hist_bounds(), TDM_ROUTER_HIST_BUCKETS - 1);
+}
+
+static void mhist_tokens(mb_t *b, const tdm_router_t *r, const char *name, const char *help,
+                         size_t off)
+{
+    mhist_n(b, r, name, help, off, tdm_router_token_bounds(), TDM_ROUTER_HIST_BUCKETS - 1);
+}
+
 typedef enum node_set {
     NODES_ALL,               /* every configured node */
     NODES_REGISTERED,        /* nodes that registered at least once (their counters exist) */
@@ -277,7 +354,8 @@ static bool node_in(const rt_node_t *n, node_set_t set)
 
 typedef double (*node_value_fn)(const rt_node_t *n);
 
-/* One per-node family: a sample labelled {node, role} for each node of the set. */
+/* One per-node family: a sample labelled {node, role} (and model_name, the node's model, when
+ * the cluster serves several) for each node of the set. */
 static void node_family(mb_t *b, const tdm_router_t *r, const char *name,
                         Tandem__V1__MetricType type, const char *help, node_set_t set,
                         node_value_fn value)
@@ -290,6 +368,8 @@ static void node_family(mb_t *b, const tdm_router_t *r, const char *name,
         Tandem__V1__MetricSample *s = sample(b, f);
         label(b, s, "node", n->cfg->id);
         label(b, s, "role", tdm_config_node_role_name(n->cfg->role));
+        if (per_model(r))
+            label(b, s, "model_name", n->model->cfg->name);
         set_float(s, value(n));
     }
 }
@@ -381,37 +461,64 @@ static double nv_kv_usage(const rt_node_t *n)
     return n->kv_blocks_total ? (double)n->load.kv_blocks_used / n->kv_blocks_total : 0;
 }
 
-/* tandem_requests_total by status and finish reason. */
-static void render_requests_by_status(mb_t *b, const tdm_router_metrics_t *m)
+/* The tandem_requests_total samples of m (model: its model_name label, NULL none). */
+static void requests_by_status(mb_t *b, Tandem__V1__MetricFamily *f, const tdm_router_metrics_t *m,
+                               const char *model, bool always_ok)
 {
-    Tandem__V1__MetricFamily *f =
-        family(b, "tandem_requests_total", TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER,
-               "Generate requests that ended, by final gRPC status and finish reason (none: "
-               "refused before it started).");
     for (size_t s = 0; s < 17; s++)
         for (size_t fr = 0; fr < 5; fr++) {
             uint64_t v = m->requests_by_status_finish[s][fr];
             /* the successful series always exist, so rate() sees their first increase */
-            bool always = s == 0 && (fr == 1 || fr == 2);
+            bool always = always_ok && s == 0 && (fr == 1 || fr == 2);
             if (v == 0 && !always)
                 continue;
             Tandem__V1__MetricSample *smp = sample(b, f);
+            if (model)
+                label(b, smp, "model_name", model);
             label(b, smp, "status", tdm_status_name(-(int)s));
             label(b, smp, "finish_reason", tdm_proto_finish_name((int)fr));
             set_int(smp, v);
         }
 }
 
-/* The token, KV transfer and dropped-message counters. */
-static void render_traffic(mb_t *b, const tdm_router_metrics_t *m)
+/* tandem_requests_total by status and finish reason; with several models per model_name,
+ * and the requests that ended before their model was known (an unknown model, a malformed
+ * request) in series without model_name: the cluster's count less the models'. */
+static void render_requests_by_status(mb_t *b, const tdm_router_t *r)
 {
-    counter(b, "tandem_prompt_tokens_total", "Prompt tokens of the requests the router accepted.",
-            m->prompt_tokens);
-    counter(b, "tandem_prompt_tokens_cached_total",
-            "Prompt tokens the prefill nodes found in their prefix caches.",
-            m->cached_prompt_tokens);
-    counter(b, "tandem_generation_tokens_total", "Output tokens delivered to clients.",
-            m->generation_tokens);
+    Tandem__V1__MetricFamily *f =
+        family(b, "tandem_requests_total", TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER,
+               "Generate requests that ended, by final gRPC status and finish reason (none: "
+               "refused before it started).");
+    if (!per_model(r)) {
+        requests_by_status(b, f, &r->metrics, NULL, true);
+        return;
+    }
+    for (size_t i = 0; i < r->n_models; i++)
+        requests_by_status(b, f, &r->models[i].metrics, r->models[i].cfg->name, true);
+    tdm_router_metrics_t rest; /* only requests_by_status_finish is read */
+    memset(&rest, 0, sizeof rest);
+    for (size_t s = 0; s < 17; s++)
+        for (size_t fr = 0; fr < 5; fr++) {
+            uint64_t v = r->metrics.requests_by_status_finish[s][fr];
+            for (size_t i = 0; i < r->n_models; i++)
+                v -= r->models[i].metrics.requests_by_status_finish[s][fr];
+            rest.requests_by_status_finish[s][fr] = v;
+        }
+    requests_by_status(b, f, &rest, NULL, false);
+}
+
+/* The token, KV transfer and dropped-message counters. */
+static void render_traffic(mb_t *b, const tdm_router_t *r)
+{
+    const tdm_router_metrics_t *m = &r->metrics;
+    mcounter(b, r, "tandem_prompt_tokens_total",
+             "Prompt tokens of the requests the router accepted.", MOFF(prompt_tokens));
+    mcounter(b, r, "tandem_prompt_tokens_cached_total",
+             "Prompt tokens the prefill nodes found in their prefix caches.",
+             MOFF(cached_prompt_tokens));
+    mcounter(b, r, "tandem_generation_tokens_total", "Output tokens delivered to clients.",
+             MOFF(generation_tokens));
     counter(b, "tandem_kv_transfer_bytes_total",
             "KV cache bytes the decode nodes received from prefill nodes for requests that "
             "finished.",
@@ -439,7 +546,7 @@ static void render_requests(mb_t *b, const tdm_router_t *r)
     const tdm_router_metrics_t *m = &r->metrics;
     counter(b, "tandem_requests_received_total",
             "Generate requests received by the router, valid or not.", m->requests_total);
-    render_requests_by_status(b, m);
+    render_requests_by_status(b, r);
     counter(b, "tandem_requests_redispatched_total",
             "Requests dispatched again after a retryable node failure or the loss of their "
             "prefill node.",
@@ -449,13 +556,13 @@ static void render_requests(mb_t *b, const tdm_router_t *r)
             "(its decode node was lost mid-stream): the new attempt prefills prompt + delivered "
             "output and continues at the next token index.",
             m->migrations);
-    counter(b, "tandem_requests_queue_full_total",
-            "Requests refused with RESOURCE_EXHAUSTED because the router's queue was full.",
-            m->queue_full);
-    counter(b, "tandem_requests_shed_total",
-            "Requests refused with RESOURCE_EXHAUSTED before dispatch because no decode node up "
-            "could finish them before their deadline (admission control).",
-            m->shed);
+    mcounter(b, r, "tandem_requests_queue_full_total",
+             "Requests refused with RESOURCE_EXHAUSTED because the router's queue was full.",
+             MOFF(queue_full));
+    mcounter(b, r, "tandem_requests_shed_total",
+             "Requests refused with RESOURCE_EXHAUSTED before dispatch because no decode node up "
+             "could finish them before their deadline (admission control).",
+             MOFF(shed));
     counter(b, "tandem_decode_reserve_rejections_total",
             "KV reservations a decode node refused for lack of blocks (the router then tries "
             "another node or queues the request).",
@@ -463,73 +570,102 @@ static void render_requests(mb_t *b, const tdm_router_t *r)
     counter(b, "tandem_duplicate_token_events_total",
             "Token events dropped because their index had already been delivered.",
             m->duplicate_events);
-    render_traffic(b, m);
-    gauge(b, "tandem_requests_running",
-          "Requests dispatched to nodes (reserving KV blocks or running).",
-          (uint64_t)(r->n_reqs - r->n_queued));
-    gauge(b, "tandem_requests_queued", "Requests waiting in the router's queue for a decode node.",
-          (uint64_t)r->n_queued);
+    render_traffic(b, r);
+    if (!per_model(r)) {
+        gauge(b, "tandem_requests_running",
+              "Requests dispatched to nodes (reserving KV blocks or running).",
+              (uint64_t)(r->n_reqs - r->n_queued));
+        gauge(b, "tandem_requests_queued",
+              "Requests waiting in the router's queue for a decode node.", (uint64_t)r->n_queued);
+        return;
+    }
+    size_t running[TDM_CONFIG_MAX_MODELS] = {0}, waiting[TDM_CONFIG_MAX_MODELS] = {0};
+    count_model_requests(r, running, waiting);
+    Tandem__V1__MetricFamily *fr =
+        family(b, "tandem_requests_running", METRIC_GAUGE,
+               "Requests dispatched to nodes (reserving KV blocks or running).");
+    Tandem__V1__MetricFamily *fq =
+        family(b, "tandem_requests_queued", METRIC_GAUGE,
+               "Requests waiting in the router's queue for a decode node.");
+    for (size_t i = 0; i < r->n_models; i++) {
+        Tandem__V1__MetricSample *s = sample(b, fr);
+        label(b, s, "model_name", r->models[i].cfg->name);
+        set_int(s, running[i]);
+        s = sample(b, fq);
+        label(b, s, "model_name", r->models[i].cfg->name);
+        set_int(s, waiting[i]);
+    }
 }
+
+#define ITERATION_HELP                                                                             \
+    "Tokens (rows) per forward pass over every node, prompt chunks and decode steps alike (from "  \
+    "the nodes' heartbeats)."
 
 static void render_histograms(mb_t *b, const tdm_router_t *r)
 {
-    const tdm_router_metrics_t *m = &r->metrics;
-    histogram(b, "tandem_time_to_first_token_seconds",
-              "From the request's arrival to its first token leaving the router.", &m->ttft);
-    histogram(b, "tandem_inter_token_latency_seconds",
-              "Between consecutive tokens of a request as the router forwards them.", &m->itl);
-    histogram(b, "tandem_time_per_output_token_seconds",
-              "Per completed request with 2 or more tokens: first to last token divided by the "
-              "tokens after the first.",
-              &m->tpot);
-    histogram(b, "tandem_e2e_request_latency_seconds",
-              "From the request's arrival to its final message (completed or failed).", &m->e2e);
-    histogram(b, "tandem_request_queue_time_seconds",
-              "From the request's arrival until a decode node acknowledged its reservation (the "
-              "prefill task went with it).",
-              &m->queue);
-    histogram(b, "tandem_request_prefill_time_seconds",
-              "Prefill compute time of a request, measured by its prefill node.", &m->prefill);
-    histogram(b, "tandem_kv_transfer_time_seconds",
-              "KV transfer time of a completed request: the prefill node's send until the decode "
-              "node acknowledged (the decode node's estimate when that did not arrive).",
-              &m->kv_transfer);
+    mhist(b, r, "tandem_time_to_first_token_seconds",
+          "From the request's arrival to its first token leaving the router.", MOFF(ttft));
+    mhist(b, r, "tandem_inter_token_latency_seconds",
+          "Between consecutive tokens of a request as the router forwards them.", MOFF(itl));
+    mhist(b, r, "tandem_time_per_output_token_seconds",
+          "Per completed request with 2 or more tokens: first to last token divided by the "
+          "tokens after the first.",
+          MOFF(tpot));
+    mhist(b, r, "tandem_e2e_request_latency_seconds",
+          "From the request's arrival to its final message (completed or failed).", MOFF(e2e));
+    mhist(b, r, "tandem_request_queue_time_seconds",
+          "From the request's arrival until a decode node acknowledged its reservation (the "
+          "prefill task went with it).",
+          MOFF(queue));
+    mhist(b, r, "tandem_request_prefill_time_seconds",
+          "Prefill compute time of a request, measured by its prefill node.", MOFF(prefill));
+    mhist(b, r, "tandem_kv_transfer_time_seconds",
+          "KV transfer time of a completed request: the prefill node's send until the decode "
+          "node acknowledged (the decode node's estimate when that did not arrive).",
+          MOFF(kv_transfer));
     histogram(b, "tandem_decode_reserve_seconds",
               "From a DecodeReserve sent until its answer (acknowledged or refused) reached the "
               "router; the prefill runs meanwhile.",
-              &m->reserve);
-    histogram(b, "tandem_request_decode_time_seconds",
-              "Per completed request: its first to its last token leaving the router.", &m->decode);
-    histogram(b, "tandem_request_inference_time_seconds",
-              "Per completed request: from its reservation's acknowledgement to its final "
-              "message.",
-              &m->inference);
-    histogram_over(b, "tandem_request_prompt_tokens", "Prompt tokens of each completed request.",
-                   &m->prompt_len, tdm_router_token_bounds());
-    histogram_over(b, "tandem_request_generation_tokens",
-                   "Output tokens of each completed request.", &m->generation_len,
-                   tdm_router_token_bounds());
-    histogram_over(b, "tandem_request_max_generation_tokens",
-                   "The most output tokens of any choice of each completed call (n > 1: the "
-                   "longest choice).",
-                   &m->max_generation_len, tdm_router_token_bounds());
-    histogram_over(b, "tandem_request_preemptions",
-                   "Times each completed request was preempted on its decode node.",
-                   &m->preemptions_per_request, tdm_router_token_bounds());
-    histogram_iterations(b, "tandem_iteration_tokens",
-                         "Tokens (rows) per forward pass over every node, prompt chunks and decode "
-                         "steps alike (from the nodes' heartbeats).",
-                         m);
-    histogram_over_n(b, "tandem_request_params_n",
-                     "Choices (n) of each accepted GENERATE call; each choice is a request.",
-                     &m->params_n, tdm_router_token_bounds(), 5);
-    histogram_over(b, "tandem_request_params_max_tokens",
-                   "max_tokens of each accepted GENERATE call, as the router resolved it.",
-                   &m->params_max_tokens, tdm_router_token_bounds());
-    counter(b, "tandem_preemptions_total",
-            "Preemptions of completed requests on their decode nodes (a sequence set aside for "
-            "lack of KV blocks and resumed later).",
-            m->preemptions);
+              &r->metrics.reserve);
+    mhist(b, r, "tandem_request_decode_time_seconds",
+          "Per completed request: its first to its last token leaving the router.", MOFF(decode));
+    mhist(b, r, "tandem_request_inference_time_seconds",
+          "Per completed request: from its reservation's acknowledgement to its final "
+          "message.",
+          MOFF(inference));
+}
+
+/* The histograms of token counts per request and call. */
+static void render_token_histograms(mb_t *b, const tdm_router_t *r)
+{
+    mhist_tokens(b, r, "tandem_request_prompt_tokens", "Prompt tokens of each completed request.",
+                 MOFF(prompt_len));
+    mhist_tokens(b, r, "tandem_request_generation_tokens",
+                 "Output tokens of each completed request.", MOFF(generation_len));
+    mhist_tokens(b, r, "tandem_request_max_generation_tokens",
+                 "The most output tokens of any choice of each completed call (n > 1: the "
+                 "longest choice).",
+                 MOFF(max_generation_len));
+    mhist_tokens(b, r, "tandem_request_preemptions",
+                 "Times each completed request was preempted on its decode node.",
+                 MOFF(preemptions_per_request));
+    if (!per_model(r))
+        histogram_iterations(b, "tandem_iteration_tokens", ITERATION_HELP, &r->metrics);
+    for (size_t i = 0; per_model(r) && i < r->n_models; i++)
+        hlabel(b,
+               histogram_iterations(b, "tandem_iteration_tokens", ITERATION_HELP,
+                                    &r->models[i].metrics),
+               "model_name", r->models[i].cfg->name);
+    mhist_n(b, r, "tandem_request_params_n",
+            "Choices (n) of each accepted GENERATE call; each choice is a request.", MOFF(params_n),
+            tdm_router_token_bounds(), 5);
+    mhist_tokens(b, r, "tandem_request_params_max_tokens",
+                 "max_tokens of each accepted GENERATE call, as the router resolved it.",
+                 MOFF(params_max_tokens));
+    mcounter(b, r, "tandem_preemptions_total",
+             "Preemptions of completed requests on their decode nodes (a sequence set aside for "
+             "lack of KV blocks and resumed later).",
+             MOFF(preemptions));
 }
 
 /* The node processes' own figures, from their heartbeats (protocol 1.6). */
@@ -688,11 +824,6 @@ static Tandem__V1__MetricSample *vsample(vctx_t *v, Tandem__V1__MetricFamily *f,
     return s;
 }
 
-/* The uint64_t counter at offset off of a tdm_router_metrics_t. */
-#define METRIC_U64(m, off) (*(const uint64_t *)(const void *)((const char *)(m) + (off)))
-/* The tdm_router_hist_t at offset off of a tdm_router_metrics_t. */
-#define METRIC_HIST(m, off) ((const tdm_router_hist_t *)(const void *)((const char *)(m) + (off)))
-
 /* One counter family, a sample per model (its figure at offset off of the model's metrics). */
 static void vcounter(vctx_t *v, const tdm_router_t *r, const char *name, const char *help,
                      size_t off)
@@ -848,15 +979,8 @@ static void vllm_counters(vctx_t *v, const tdm_router_t *r)
 
 static void vllm_gauges(vctx_t *v, const tdm_router_t *r)
 {
-    /* requests per model: queued ones wait, the others run (reserving or running) */
     size_t running[TDM_CONFIG_MAX_MODELS] = {0}, waiting[TDM_CONFIG_MAX_MODELS] = {0};
-    for (tdm_list_t *e = tdm_list_first(&r->requests); e; e = tdm_list_next(&r->requests, e)) {
-        const rt_req_t *q = TDM_LIST_ENTRY(e, rt_req_t, all_link);
-        if (q->state == RT_QUEUED && tdm_list_is_linked(&q->queue_link))
-            waiting[q->model->index]++;
-        else
-            running[q->model->index]++;
-    }
+    count_model_requests(r, running, waiting);
     Tandem__V1__MetricFamily *fr = family(v->b, "vllm:num_requests_running", METRIC_GAUGE,
                                           "Number of requests in model execution batches.");
     for (size_t i = 0; i < r->n_models; i++) {
@@ -994,6 +1118,7 @@ int tdm_router_metrics_snapshot(const tdm_router_t *r, Tandem__V1__MetricsRespon
     tandem__v1__metrics_response__init(b.m);
     render_requests(&b, r);
     render_histograms(&b, r);
+    render_token_histograms(&b, r);
     render_nodes(&b, r);
     render_spec(&b, r);
     render_node_processes(&b, r);

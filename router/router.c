@@ -464,6 +464,15 @@ static void model_info_fill(const tdm_router_t *r, const rt_model_t *m, Tandem__
         info->n_layer_windows = m->n_layer_windows;
         info->layer_windows = (uint32_t *)m->layer_windows;
     }
+    for (tdm_list_t *e = tdm_list_first(&r->requests); e; e = tdm_list_next(&r->requests, e)) {
+        const rt_req_t *q = TDM_LIST_ENTRY(e, rt_req_t, all_link);
+        if (q->model != m)
+            continue;
+        if (q->state == RT_QUEUED && tdm_list_is_linked(&q->queue_link))
+            info->requests_queued++;
+        else
+            info->requests_running++;
+    }
 }
 
 static void client_models(tdm_router_t *r, const tdm_frame_t *f)

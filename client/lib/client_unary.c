@@ -156,6 +156,8 @@ int tdm_client_models(tdm_client_t *c, double timeout_s, tdm_client_models_t *ou
             goto out_oom;
         dst->prefill_nodes_up = mi->prefill_nodes_up;
         dst->decode_nodes_up = mi->decode_nodes_up;
+        dst->requests_running = mi->requests_running;
+        dst->requests_queued = mi->requests_queued;
         dst->fingerprint = mi->fingerprint;
         dst->n_ctx = mi->n_ctx;
         dst->n_vocab = mi->n_vocab;

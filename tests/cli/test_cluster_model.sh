@@ -96,6 +96,13 @@ expect "not a GGUF" 2 "not a GGUF file" \
 expect "config names another model" 2 \
     "--model $tmp/models/tiny.gguf conflicts with model.path $tmp/models/other.gguf in $tmp/other.yaml" \
     cluster up --bin-dir "$bin" --config "$tmp/other.yaml" --model "$tmp/models/tiny.gguf"
+# a config of several models (models:, each with its own path) has no model for --model to
+# replace, even when --model is one of its files; -c is --config
+printf 'models:\n  - {path: %s, name: a}\n  - {path: %s, name: b}\n%s\n' \
+    "$tmp/models/tiny.gguf" "$tmp/models/other.gguf" "$nodes" >"$tmp/two.yaml"
+expect "several models" 2 \
+    "--model $tmp/models/tiny.gguf: $tmp/two.yaml serves 2 models (models:), each from its own path: a ($tmp/models/tiny.gguf), b ($tmp/models/other.gguf); drop --model" \
+    cluster up --bin-dir "$bin" -c "$tmp/two.yaml" --model "$tmp/models/tiny.gguf"
 check "nothing started by the refused runs" [ ! -s "$FAKE_LOG" ]
 
 # a relative --model, with a config that names no model: every daemon gets the absolute path

@@ -349,3 +349,59 @@ def test_dashboard_draws_a_single_point(tmp_path):
     m = re.search(r'<tr data-node-id="decode-0" data-max-sequences="(\d+)">', html)
     assert m and m.group(1) == "1"
     assert re.search(r'id="pool-max">1<', html)
+
+
+def static_page(tmp_path, status):
+    """Renders a static copy of the page whose /api/status answers status; returns the DOM."""
+    with open(os.path.join(SOURCE_DIR, "router", "dashboard.html"), encoding="utf-8") as f:
+        page = f.read()
+    doc = json.dumps(status)
+    stub = ("<script>window.fetch = async (u) => ({status: 200, json: async () => "
+            f"(String(u).startsWith('/api/status') ? {doc} : "
+            "{error: {message: 'asked ' + String(u)}})});</script>")
+    path = tmp_path / "dashboard.html"
+    path.write_text(page.replace("<head>", "<head>" + stub, 1), encoding="utf-8")
+    dom = chromium(["--virtual-time-budget=2500", "--dump-dom", path.as_uri()], tmp_path,
+                   timeout=60)
+    html = dom.stdout.decode("utf-8")
+    assert dom.returncode == 0 and "</html>" in html, dom.stderr.decode()[-2000:]
+    return html
+
+
+def test_dashboard_capacity_per_model(tmp_path):
+    """Two models (a static copy of the page): the header names both, the pools table has a
+    model column and one decode pool total per model (KV never moves between models, so the
+    pools do not add up), and the capacity planner offers each model's shape."""
+    if not CHROMIUM:
+        pytest.skip("chromium is not installed (Debian package chromium; scripts/setup installs it)")
+    s = static_status(time.time())
+    d0 = s["nodes"][0]
+    d0["model"] = "smol"
+    d1 = dict(d0, node_id="decode-1", model="gemma3", running=2,
+              pool={"kv_blocks": 2000, "block_bytes": 294912, "kv_bytes": 589824000,
+                    "context": 2048, "blocks_per_sequence": 128, "max_sequences": 15})
+    d2 = dict(d1, node_id="decode-2", up=False)  # not up: not in the pool's total
+    s["nodes"] = [d0, d1, d2]
+    s["model"] = "smol"
+    shape = {"kv_block_size": 16, "kv_dtype": "f16", "n_ctx": 8192}
+    s["models"] = [dict(shape, name="smol", n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9,
+                        weight_bytes=96576768),
+                   dict(shape, name="gemma3", n_layers=18, n_kv_heads=1, head_dim=256, n_heads=4,
+                        weight_bytes=246587904, n_ctx=2048),
+                   dict(shape, name="idle", n_layers=30, n_kv_heads=3, head_dim=64, n_heads=9,
+                        weight_bytes=96576768)]  # no node serves it
+    s["model_info"] = s["models"][0]
+    html = static_page(tmp_path, s)
+    assert re.search(r'id="model-label">models<', html)
+    assert re.search(r'id="model">smol, gemma3, idle \(unavailable\)<', html)
+    sums = dict(re.findall(r'<tr class="sum" data-model="([^"]+)" data-max-sequences="(\d+)"',
+                           html))
+    assert sums == {"smol": "1", "gemma3": "15", "idle": "0"}, sums
+    assert re.search(r'<td>decode-1</td><td>gemma3</td><td>decode</td>', html)
+    assert re.search(r'15 of 2,048 tokens</td><td class="n">2</td>', html)
+    opts = re.findall(r'<option value="(model:[^"]+|node:[^"]+)"', html)
+    assert opts[:4] == ["model:smol", "model:gemma3", "model:idle", "node:decode-0"], opts
+    assert re.search(r'<option value="node:decode-1">node decode-1 \(its KV pool, gemma3\)', html)
+    # the first source is the first model: the planner asks for it by name with its shape
+    asked = re.search(r'<p class="err">asked (/api/capacity\?[^<]*)</p>', html)
+    assert asked and "model=smol" in asked.group(1) and "layers=" not in asked.group(1), asked

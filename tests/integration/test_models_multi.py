@@ -178,10 +178,85 @@ def test_metrics_per_model_name(cluster):
                         engine="decode-1") >= 0
     assert sample_value(text, "vllm:kv_cache_usage_perc", model_name="smol",
                         engine="decode-0") >= 0
-    # the per-model counts add up to the cluster's own
-    total = sum(sample_value(text, "vllm:generation_tokens_total", model_name=m)
-                for m in ("smol", "gemma3", "idle"))
-    assert total == sample_value(text, "tandem_generation_tokens_total")
+    # the tandem_ request families are per model too (several models), with the same figures
+    # as the vllm: ones of the same scrape; a node's series carry its model
+    for m in ("smol", "gemma3", "idle"):
+        for tandem, vllm in (("tandem_generation_tokens_total", "vllm:generation_tokens_total"),
+                             ("tandem_prompt_tokens_total", "vllm:prompt_tokens_total"),
+                             ("tandem_time_to_first_token_seconds_count",
+                              "vllm:time_to_first_token_seconds_count"),
+                             ("tandem_e2e_request_latency_seconds_sum",
+                              "vllm:e2e_request_latency_seconds_sum")):
+            assert sample_value(text, tandem, model_name=m) == \
+                sample_value(text, vllm, model_name=m), (tandem, m)
+        assert sample_value(text, "tandem_requests_queued", model_name=m) == 0
+    assert text.count("# TYPE tandem_time_to_first_token_seconds ") == 1
+    assert sample_value(text, "tandem_node_up", node="decode-1", model_name="gemma3") == 1
+    assert sample_value(text, "tandem_node_kv_blocks_capacity", node="decode-0",
+                        model_name="smol") > 0
+    assert sample_value(text, "tandem_time_to_first_token_seconds_count", model_name="smol") >= 6
+    assert sample_value(text, "tandem_time_to_first_token_seconds_count", model_name="idle") == 0
+    assert not any(line.startswith("tandem_generation_tokens_total ")
+                   for line in text.splitlines())  # no unlabelled series beside the models'
+    # a request for a model not served ends before its model is known: counted without
+    # model_name (only there), so the families still sum to the cluster's figures
+    st, body = http_call(cluster.port, "POST", "/v1/completions",
+                         {"model": "not-a-model", "prompt": "hi", "max_tokens": 2})
+    assert st == 404, body
+    # and one the HTTP gateway refuses itself (a field of the wrong type), merged into the
+    # router's series without model_name on GET /metrics
+    st, body = http_call(cluster.port, "POST", "/v1/completions",
+                         {"model": "smol", "prompt": "hi", "max_tokens": "two"})
+    assert st == 400 and body["error"]["param"] == "max_tokens", body
+    text = scrape(cluster.port)
+    for status in ("NOT_FOUND", "INVALID_ARGUMENT"):
+        refused = [line for line in text.splitlines()
+                   if line.startswith("tandem_requests_total{") and f'status="{status}"' in line]
+        assert len(refused) == 1 and "model_name" not in refused[0], refused
+        assert float(refused[0].rsplit(" ", 1)[1]) >= 1
+    ok = sum(sample_value(text, "tandem_requests_total", model_name=m, status="OK",
+                          finish_reason=f) for m in ("smol", "gemma3") for f in ("stop", "length"))
+    assert ok == sum(sample_value(text, "vllm:request_success_total", model_name=m,
+                                  finished_reason=f)
+                     for m in ("smol", "gemma3") for f in ("stop", "length"))
+
+
+def test_status_lists_each_model(cluster):
+    # `tandem status`: the default model in the header, then a line per model with its state,
+    # nodes up, context and requests (MODELS, protocol 2.6)
+    cl = cluster.client()
+    waiting = cl.start(to_request("idle", dict(prompt="hi", max_tokens=2)),
+                       deadline_ms=int(time.time() * 1000) + 120000)
+    try:
+        end = time.time() + 60
+        while True:
+            out = subprocess.run([BINARIES["tandem"], "status", "--json", "--router",
+                                  cluster.client_ep], capture_output=True, check=True)
+            doc = json.loads(out.stdout)
+            models = {m["name"]: m for m in doc["models"]}
+            if models["idle"]["requests_queued"] == 1 or time.time() > end:
+                break
+            time.sleep(0.2)
+        assert doc["model"] == "smol"
+        assert list(models) == ["smol", "gemma3", "idle"]
+        assert models["idle"]["requests_queued"] == 1, models
+        assert models["idle"]["state"] == "unavailable" and models["idle"]["decode_nodes_up"] == 0
+        for m in ("smol", "gemma3"):
+            assert models[m]["state"] == "ready", models
+            assert (models[m]["prefill_nodes_up"], models[m]["decode_nodes_up"]) == (1, 1)
+            assert models[m]["max_model_len"] > 0 and models[m]["requests_queued"] == 0
+        table = subprocess.run([BINARIES["tandem"], "status", "--router", cluster.client_ep],
+                               capture_output=True, check=True, text=True).stdout.splitlines()
+        assert table[0].endswith(", 3 models (default smol)"), table[0]
+        rows = {line.split()[0]: line.split() for line in table if line.split()}
+        assert rows["MODEL"] == ["MODEL", "STATE", "PREFILL", "UP", "DECODE", "UP", "CONTEXT",
+                                 "RUNNING", "QUEUED"]
+        assert rows["idle"][1:4] == ["unavailable", "0", "0"] and rows["idle"][-1] == "1"
+        assert rows["gemma3"][1:4] == ["ready", "1", "1"]
+        assert rows["gemma3"][4] == str(models["gemma3"]["max_model_len"])
+    finally:
+        cl.cancel(waiting)
+        cl.close()
 
 
 def test_models_listed_with_max_model_len_and_state(cluster):
@@ -261,6 +336,21 @@ def test_dashboard_status_per_model(cluster):
         assert nodes[nid]["pool"]["block_bytes"] == plan["block_bytes"], (nid, plan)
         assert nodes[nid]["pool"]["context"] == plan["context"], (nid, plan)
     assert nodes["decode-0"]["pool"]["block_bytes"] != nodes["decode-1"]["pool"]["block_bytes"]
+    # the charts read the tandem_ series of every model summed (the cluster's figures): a
+    # request of each model shows in the output tokens/s and TTFT
+    for m in ("gemma3", "smol"):
+        st, out = http_call(cluster.port, "POST", "/v1/completions",
+                            {"model": m, "prompt": "Tell me a story.", "max_tokens": 8})
+        assert st == 200, out
+    end = time.time() + 120
+    while True:
+        st, body = http_call(cluster.port, "GET", "/api/status")
+        h = body["history"]
+        if (any(v for v in h["tokens_per_s"] if v) and any(h["ttft_n"])) or time.time() > end:
+            break
+        time.sleep(0.5)
+    assert any(v for v in h["tokens_per_s"] if v), h
+    assert sum(n for n in h["ttft_n"] if n) >= 1, h
 
 
 def test_cli_generate_by_served_model(cluster):

@@ -387,6 +387,8 @@ static void fake_unary(fake_router_t *fr, const tdm_frame_t *f)
         mi.state = "ready";
         mi.decode_nodes_up = 2;
         mi.prefill_nodes_up = 1;
+        mi.requests_running = 4;
+        mi.requests_queued = 3;
         r.n_models = 1;
         r.models = mis;
         FAKE_OK(fr, tdm_sock_reply(fr->sock, f, &r.base));
@@ -1225,6 +1227,8 @@ static void test_health_models_status(void **state)
     assert_string_equal(m.models[0].state, "ready");
     assert_int_equal(m.models[0].decode_nodes_up, 2);
     assert_int_equal(m.models[0].prefill_nodes_up, 1);
+    assert_int_equal(m.models[0].requests_running, 4);
+    assert_int_equal(m.models[0].requests_queued, 3);
     tdm_client_models_clear(&m);
     assert_null(m.models);
 

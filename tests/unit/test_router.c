@@ -4640,6 +4640,27 @@ static void test_several_models(void **state)
     assert_int_equal(res.status, 0);
     assert_string_equal(res.text, "ok");
     assert_int_equal(tdm_router_n_queued(e->r), 1); /* o-1 still waits */
+    /* MODELS: each model's state, nodes up and requests (2.6) */
+    Tandem__V1__ModelsRequest mr = TANDEM__V1__MODELS_REQUEST__INIT;
+    send_req(e, M(MODELS), &mr.base, NULL, 0);
+    tdm_frame_t mf;
+    tdm_frame_init(&mf);
+    assert_true(recv_on(e, e->client, &mf, WAIT_MS));
+    Tandem__V1__ModelsResponse *mo = (Tandem__V1__ModelsResponse *)tdm_frame_unpack(
+        &mf, &tandem__v1__models_response__descriptor);
+    assert_non_null(mo);
+    assert_int_equal(mo->n_models, 2);
+    assert_string_equal(mo->models[0]->name, "tiny");
+    assert_string_equal(mo->models[0]->state, "ready");
+    assert_int_equal(mo->models[0]->requests_running, 0);
+    assert_int_equal(mo->models[0]->requests_queued, 0);
+    assert_string_equal(mo->models[1]->name, "other");
+    assert_string_equal(mo->models[1]->state, "unavailable");
+    assert_int_equal(mo->models[1]->decode_nodes_up, 0);
+    assert_int_equal(mo->models[1]->requests_running, 0);
+    assert_int_equal(mo->models[1]->requests_queued, 1);
+    protobuf_c_message_free_unpacked(&mo->base, NULL);
+    tdm_frame_clear(&mf);
 
     /* its prefill node and decode node come up (with its fingerprint): o-1 runs there */
     reg_default(e, &e->p1, &g);
@@ -4663,9 +4684,52 @@ static void test_several_models(void **state)
     assert_int_equal(res.status, 0);
     assert_string_equal(res.text, "yo");
 
+    /* a request for a model not served ends before its model is known */
+    prompt_req(&gr, "n-1", "hi", 2, false);
+    gr.model = (char *)"nope";
+    uint64_t c_nope = generate(e, &gr);
+    collect(e, c_nope, &res);
+    assert_int_equal(res.status, TDM_ENOTFOUND);
+
     /* the vLLM series carry each request's model */
     char *text = NULL;
     assert_int_equal(tdm_router_metrics_text(e->r, &text, NULL), 0);
+    /* so do the tandem_ request families (several models), the nodes' their node's model; a
+     * request refused before its model was known has a series without model_name */
+    assert_float_equal(sample_of(text, "tandem_generation_tokens_total{model_name=\"tiny\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(text, "tandem_generation_tokens_total{model_name=\"other\"}"), 2,
+                       0);
+    assert_float_equal(sample_of(text, "tandem_requests_total{model_name=\"other\",status=\"OK\","
+                                       "finish_reason=\"length\"}"),
+                       1, 0);
+    assert_float_equal(sample_of(text, "tandem_requests_total{model_name=\"tiny\",status=\"OK\","
+                                       "finish_reason=\"length\"}"),
+                       1, 0);
+    assert_float_equal(
+        sample_of(text, "tandem_requests_total{status=\"NOT_FOUND\",finish_reason=\"none\"}"), 1,
+        0);
+    assert_false(has_series(text, "tandem_requests_total{model_name=\"tiny\",status=\"NOT_FOUND\","
+                                  "finish_reason=\"none\"}"));
+    assert_float_equal(sample_of(text, "tandem_requests_received_total"), 3, 0);
+    assert_float_equal(
+        sample_of(text, "tandem_time_to_first_token_seconds_count{model_name=\"other\"}"), 1, 0);
+    assert_float_equal(
+        sample_of(text, "tandem_time_to_first_token_seconds_count{model_name=\"tiny\"}"), 1, 0);
+    assert_float_equal(sample_of(text, "tandem_request_prompt_tokens_bucket{model_name=\"other\","
+                                       "le=\"+Inf\"}"),
+                       1, 0);
+    assert_float_equal(sample_of(text, "tandem_requests_queued{model_name=\"other\"}"), 0, 0);
+    assert_float_equal(sample_of(text, "tandem_requests_running{model_name=\"tiny\"}"), 0, 0);
+    assert_float_equal(sample_of(text, "tandem_node_up{node=\"decode-1\",role=\"decode\","
+                                       "model_name=\"other\"}"),
+                       1, 0);
+    assert_float_equal(sample_of(text, "tandem_node_up{node=\"prefill-0\",role=\"prefill\","
+                                       "model_name=\"tiny\"}"),
+                       1, 0);
+    const char *t_ttft = "# TYPE tandem_time_to_first_token_seconds histogram";
+    assert_non_null(strstr(text, t_ttft));
+    assert_null(strstr(strstr(text, t_ttft) + 1, t_ttft));
     assert_non_null(
         strstr(text, "vllm:generation_tokens_total{model_name=\"tiny\",engine=\"0\"} 2"));
     assert_non_null(

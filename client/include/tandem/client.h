@@ -448,6 +448,9 @@ typedef struct tdm_client_model {
     char *state;         /* "ready" (a decode node of it is up), "unavailable" (none is: its
                             requests wait); "" from a router before 2.5 */
     uint32_t prefill_nodes_up, decode_nodes_up;
+    uint32_t requests_running; /* its requests dispatched to its nodes (0 from a router before
+                                  2.6) */
+    uint32_t requests_queued;  /* its requests waiting for one of its decode nodes (0 before 2.7) */
 } tdm_client_model_t;
 
 /* The models a router serves. Owns its arrays and strings. */
