@@ -244,8 +244,8 @@ static enum MHD_Result handle_api_status(tdm_http_t *h, struct MHD_Connection *c
     return http_reply_json(c, 200, v);
 }
 
-/* GET /api/capacity: the plan of ?model=NAME, else (several models) of the model ?node=ID
- * serves, else the first model's. */
+/* GET /api/capacity: the plan of the model ?node=ID serves (several models; a different
+ * ?model= is a 400), else of ?model=NAME, else the first model's. */
 static enum MHD_Result handle_api_capacity(tdm_http_t *h, struct MHD_Connection *c)
 {
     http_model_t m;
@@ -254,9 +254,17 @@ static enum MHD_Result handle_api_capacity(tdm_http_t *h, struct MHD_Connection 
     const char *want = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
     const char *node = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "node");
     char node_model[TDM_MODEL_NAME_MAX + 1] = "";
-    if (!want && node && h->cfg->n_models > 1 &&
-        http_node_model(h, node, node_model, sizeof node_model, &err) == TDM_OK && node_model[0])
+    if (node && h->cfg->n_models > 1 &&
+        http_node_model(h, node, node_model, sizeof node_model, &err) == TDM_OK && node_model[0]) {
+        /* a node's pool is planned with the shape of the model it serves */
+        if (want && want[0] && tdm_config_model_index(h->cfg, want) >= 0 &&
+            tdm_config_model_index(h->cfg, want) != tdm_config_model_index(h->cfg, node_model))
+            return http_reply_error(c, TDM_EINVALID, NULL, "model",
+                                    "model: node %.64s serves %.64s, not %.64s (give one of "
+                                    "node and model, or the node's own model)",
+                                    node, node_model, want);
         want = node_model;
+    }
     if (want && want[0]) {
         int rc = http_model_named(h, want, &m, &err);
         if (rc == TDM_ENOTFOUND)

@@ -160,7 +160,7 @@ typedef struct rt_node {
     uint64_t suspicions;                 /* times marked suspect (metrics) */
     /* from RegisterRequest (nodes.c) */
     uint32_t kv_blocks_total, max_running, max_batch_tokens, n_ctx;
-    bool kv_grouped;   /* its pool allocates per layer group (r->kv_groups; kv_layout's
+    bool kv_grouped;   /* its pool allocates per layer group (model->kv_groups; kv_layout's
                           group_windows): kv_blocks_* count blocks of one group's layers */
     char *kv_endpoint; /* decode: where prefill nodes send KV pages (heap) */
     char device[32];

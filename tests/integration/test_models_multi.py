@@ -223,7 +223,7 @@ def test_metrics_per_model_name(cluster):
 
 def test_status_lists_each_model(cluster):
     # `tandem status`: the default model in the header, then a line per model with its state,
-    # nodes up, context and requests (MODELS, protocol 2.6)
+    # nodes up, context and requests (MODELS, protocol 2.7)
     cl = cluster.client()
     waiting = cl.start(to_request("idle", dict(prompt="hi", max_tokens=2)),
                        deadline_ms=int(time.time() * 1000) + 120000)
@@ -320,6 +320,13 @@ def test_capacity_per_model(cluster):
             (m.n_layers, m.n_kv_heads, m.head_dim), (query, plan)
     st, body = http_call(cluster.port, "GET", "/api/capacity?model=nope")
     assert st == 404 and body["error"]["code"] == "model_not_found", body
+    # a node with its own model (or an alias of it) is fine; with another model it is a 400:
+    # the node's pool would be planned with a shape it does not hold
+    st, plan = http_call(cluster.port, "GET", "/api/capacity?node=decode-1&model=g3")
+    assert st == 200 and plan["model"] == "gemma3", plan
+    st, body = http_call(cluster.port, "GET", "/api/capacity?node=decode-1&model=smol")
+    assert st == 400 and body["error"]["param"] == "model", body
+    assert "node decode-1 serves gemma3, not smol" in body["error"]["message"], body
 
 
 def test_dashboard_status_per_model(cluster):

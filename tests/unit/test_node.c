@@ -843,6 +843,21 @@ static void test_size_pool_layer_groups(void **state)
     nodes[1].role = TDM_NODE_ROLE_PREFILL; /* KV crosses nodes: every layer in every block */
     assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
     assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+    /* several models: only a prefill node of the decode node's own model ships it KV */
+    tdm_model_config_t models[2];
+    memset(models, 0, sizeof models);
+    models[0].name = "smol";
+    models[1].name = "gemma";
+    cfg.models = models;
+    cfg.n_models = 2;
+    nodes[0].model = "gemma";
+    nodes[1].model = "smol";
+    assert_true(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    nodes[1].model = "gemma";
+    assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    nodes[0].model = nodes[1].model = NULL;
+    cfg.models = NULL;
+    cfg.n_models = 0;
     nodes[1].role = TDM_NODE_ROLE_DECODE;
     nodes[0].device.kind = TDM_NODE_DEVICE_CUDA;
     assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));

@@ -449,7 +449,7 @@ typedef struct tdm_client_model {
                             requests wait); "" from a router before 2.5 */
     uint32_t prefill_nodes_up, decode_nodes_up;
     uint32_t requests_running; /* its requests dispatched to its nodes (0 from a router before
-                                  2.6) */
+                                  2.7) */
     uint32_t requests_queued;  /* its requests waiting for one of its decode nodes (0 before 2.7) */
 } tdm_client_model_t;
 
@@ -475,7 +475,7 @@ typedef struct tdm_client_node_status {
     bool up;
     uint32_t kv_blocks_total;
     uint32_t kv_layer_groups; /* groups its pool allocates per (blocks of one group's layers);
-                                 1: every layer in every block; 0: not registered (2.5) */
+                                 1: every layer in every block; 0: not registered (2.6) */
     uint32_t kv_blocks_used;
     uint32_t kv_blocks_cached; /* free blocks kept for the prefix cache */
     uint32_t reserved_blocks;  /* the router's outstanding reservations */

@@ -126,8 +126,11 @@ bool tdm_node_kv_groups(const tdm_config_t *cfg, const tdm_node_config_t *node,
 {
     if (node->role != TDM_NODE_ROLE_DECODE || node->device.kind != TDM_NODE_DEVICE_CPU)
         return false;
+    /* a prefill node of the same model could ship it KV; other models' never do */
+    size_t model = tdm_config_node_model_index(cfg, node);
     for (size_t i = 0; i < cfg->n_nodes; i++)
-        if (cfg->nodes[i].role == TDM_NODE_ROLE_PREFILL)
+        if (cfg->nodes[i].role == TDM_NODE_ROLE_PREFILL &&
+            tdm_config_node_model_index(cfg, &cfg->nodes[i]) == model)
             return false;
     return tdm_model_kv_groups(hp, groups);
 }
