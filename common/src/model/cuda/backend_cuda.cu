@@ -853,4 +853,5 @@ const tdm_backend_ops_t tdm_model_backend_cuda = {
     .read = cuda_read,
     .host_memory = false,   /* device buffers: logits come back through read */
     .arch_features = false, /* no sliding windows, QK-norm, post-norms or RoPE scaling yet */
+    .kv_groups = false,     /* one block table of every layer (grouped pools are refused) */
 };
