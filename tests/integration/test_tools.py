@@ -257,9 +257,12 @@ def check_call(call, tools):
 def test_required_and_named_calls_are_constrained(oai, model, grammar):
     msgs = [{"role": "user", "content": QUESTION}]
     for seed in (None, 1, 2):
-        kw = dict(temperature=0) if seed is None else dict(temperature=1.0, seed=seed)
+        # greedy: room for the 8 calls the grammar allows at most (SmolLM2 repeats its call;
+        # 8 take about 460 tokens)
+        kw = dict(temperature=0, max_tokens=1000) if seed is None else \
+            dict(temperature=1.0, seed=seed, max_tokens=200)
         r = oai.chat.completions.create(model=model, messages=msgs, tools=TOOLS,
-                                        tool_choice="required", max_tokens=200, **kw)
+                                        tool_choice="required", **kw)
         c = r.choices[0]
         # the grammar ends after at most 8 calls: greedy SmolLM2 used to repeat its call until
         # max_tokens and now ends with the calls (sampled runs may still be cut inside a call:
