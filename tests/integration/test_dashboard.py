@@ -312,7 +312,7 @@ def test_dashboard_draws_a_single_point(tmp_path):
     series with one value in a second that has no neighbour draws a dot, two adjacent ones a
     line; the KV bar has its legend and the capacity panel shows the live pool."""
     if not CHROMIUM:
-        pytest.skip("chromium is not installed (Debian package chromium; scripts/setup installs it)")
+        pytest.fail("chromium is not installed: run scripts/setup (Debian package chromium)")
     with open(os.path.join(SOURCE_DIR, "router", "dashboard.html"), encoding="utf-8") as f:
         page = f.read()
     doc = json.dumps(static_status(time.time()))
@@ -373,7 +373,7 @@ def test_dashboard_capacity_per_model(tmp_path):
     model column and one decode pool total per model (KV never moves between models, so the
     pools do not add up), and the capacity planner offers each model's shape."""
     if not CHROMIUM:
-        pytest.skip("chromium is not installed (Debian package chromium; scripts/setup installs it)")
+        pytest.fail("chromium is not installed: run scripts/setup (Debian package chromium)")
     s = static_status(time.time())
     d0 = s["nodes"][0]
     d0["model"] = "smol"
