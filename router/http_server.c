@@ -326,6 +326,18 @@ bool http_check_state_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Resu
     return false;
 }
 
+/* The router's MODELS answer into *mr (the caller frees it with
+ * protobuf_c_message_free_unpacked). Returns 0 or the call's status. */
+static int models_fetch(tdm_http_t *h, Tandem__V1__ModelsResponse **mr, tdm_error_t *err)
+{
+    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
+                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    *mr = (Tandem__V1__ModelsResponse *)resp;
+    return rc;
+}
+
 /* The served model (MODELS, cached after the first success). Returns 0 or the call's status. */
 int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
 {
@@ -336,19 +348,16 @@ int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
     pthread_mutex_unlock(&h->mu);
     if (have)
         return TDM_OK;
-    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
-                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    Tandem__V1__ModelsResponse *mr;
+    int rc = models_fetch(h, &mr, err);
     if (rc != TDM_OK)
         return rc;
-    Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
     if (mr->n_models == 0) {
-        protobuf_c_message_free_unpacked(resp, NULL);
+        protobuf_c_message_free_unpacked(&mr->base, NULL);
         return tdm_error_set(err, TDM_EINTERNAL, "the router lists no model");
     }
     http_model_from_proto(mr->models[0], m);
-    protobuf_c_message_free_unpacked(resp, NULL);
+    protobuf_c_message_free_unpacked(&mr->base, NULL);
     pthread_mutex_lock(&h->mu);
     h->model = *m;
     h->have_model = true;
@@ -359,28 +368,22 @@ int http_model_get(tdm_http_t *h, http_model_t *m, tdm_error_t *err)
 int http_models_all(tdm_http_t *h, http_model_t *out, size_t cap, size_t *n, tdm_error_t *err)
 {
     *n = 0;
-    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
-                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    Tandem__V1__ModelsResponse *mr;
+    int rc = models_fetch(h, &mr, err);
     if (rc != TDM_OK)
         return rc;
-    const Tandem__V1__ModelsResponse *mr = (const Tandem__V1__ModelsResponse *)resp;
     for (size_t i = 0; i < mr->n_models && *n < cap; i++)
         http_model_from_proto(mr->models[i], &out[(*n)++]);
-    protobuf_c_message_free_unpacked(resp, NULL);
+    protobuf_c_message_free_unpacked(&mr->base, NULL);
     return TDM_OK;
 }
 
 int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error_t *err)
 {
-    Tandem__V1__ModelsRequest req = TANDEM__V1__MODELS_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_MODELS, &req.base,
-                      &tandem__v1__models_response__descriptor, HTTP_UNARY_TIMEOUT_S, &resp, err);
+    Tandem__V1__ModelsResponse *mr;
+    int rc = models_fetch(h, &mr, err);
     if (rc != TDM_OK)
         return rc;
-    Tandem__V1__ModelsResponse *mr = (Tandem__V1__ModelsResponse *)resp;
     rc =
         tdm_error_set_field(err, TDM_ENOTFOUND, "model", "model '%.256s' is not served here", name);
     for (size_t i = 0; i < mr->n_models && rc != TDM_OK; i++) {
@@ -394,7 +397,7 @@ int http_model_named(tdm_http_t *h, const char *name, http_model_t *m, tdm_error
             tdm_error_clear(err);
         }
     }
-    protobuf_c_message_free_unpacked(resp, NULL);
+    protobuf_c_message_free_unpacked(&mr->base, NULL);
     return rc;
 }
 
