@@ -9,9 +9,11 @@
 #include "tiny_model.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #define TOKEN_MAX 16 /* bytes per token text, NUL included ("Ġ" + 3 letters is 6) */
 #define MERGE_MAX 24 /* bytes per merge rule, NUL included */
@@ -451,4 +453,36 @@ int tdm_test_tiny_llama_to_memory(const tdm_tiny_llama_spec_t *spec, void **data
     rc = tdm_gguf_writer_to_memory(w, data, size);
     tdm_gguf_writer_destroy(&w);
     return rc;
+}
+
+/* `cli model synth ARGS`, quiet; whether it exited 0. */
+static bool synth_ok(const char *cli, const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' model synth %s >/dev/null", cli, args);
+    int st = system(cmd);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int tdm_test_synth_gemma3_tiny(const char *cli, char *dir_template, char *path, size_t cap,
+                               tdm_error_t *err)
+{
+    if (!mkdtemp(dir_template))
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "mkdtemp %s failed", dir_template);
+    char tiny[256], vocab[256], args[1024];
+    snprintf(tiny, sizeof tiny, "%s/tiny.gguf", dir_template);
+    snprintf(vocab, sizeof vocab, "%s/vocab.gguf", dir_template);
+    snprintf(path, cap, "%s/gemma3tiny.gguf", dir_template);
+    int rc = tdm_test_write_tiny_llama(tiny, NULL, err);
+    if (rc != TDM_OK)
+        return rc;
+    snprintf(args, sizeof args, "--vocab-only -m '%s' -o '%s'", tiny, vocab);
+    if (!synth_ok(cli, args))
+        return tdm_error_set(err, TDM_EUNAVAILABLE, "tandem model synth --vocab-only failed");
+    snprintf(args, sizeof args, "--shape gemma3-tiny --type Q8_0 --vocab '%s' -o '%s'", vocab,
+             path);
+    if (!synth_ok(cli, args))
+        return tdm_error_set(err, TDM_EUNAVAILABLE,
+                             "tandem model synth --shape gemma3-tiny failed");
+    return TDM_OK;
 }

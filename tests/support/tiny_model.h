@@ -62,6 +62,13 @@ int tdm_test_tiny_llama_build(const tdm_tiny_llama_spec_t *spec, tdm_gguf_writer
 int tdm_test_write_tiny_llama(const char *path, const tdm_tiny_llama_spec_t *spec,
                               tdm_error_t *err);
 
+/* Makes gemma3-tiny (6 layers, one full-attention, sliding window 32; Q8_0) with `tandem model
+ * synth` over the tiny llama's vocabulary, in a new directory made from dir_template (mkdtemp,
+ * ending in XXXXXX; rewritten in place), as dir_template/gemma3tiny.gguf written to path[cap].
+ * cli: the tandem binary. TDM_OK, or TDM_EUNAVAILABLE naming the step that failed. */
+int tdm_test_synth_gemma3_tiny(const char *cli, char *dir_template, char *path, size_t cap,
+                               tdm_error_t *err);
+
 /* Serialises the model to a heap buffer (*data, *size bytes; caller frees *data with free()).
  * Errors as tdm_test_tiny_llama_build (without the message). */
 int tdm_test_tiny_llama_to_memory(const tdm_tiny_llama_spec_t *spec, void **data, size_t *size);

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tandem/gguf.h"
@@ -31,14 +30,6 @@ typedef struct fx {
 
 static fx_t F;
 
-static int synth(const char *args)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' model synth %s >/dev/null", TDM_CLI_PATH, args);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static tdm_engine_t *engine_ok(tdm_kv_pool_t *pool)
 {
     tdm_engine_params_t p;
@@ -58,18 +49,9 @@ static int setup(void **state)
 {
     (void)state;
     snprintf(F.dir, sizeof F.dir, "/tmp/tdm-kvg-XXXXXX");
-    assert_non_null(mkdtemp(F.dir));
-    char tiny[128], vocab[128], args[512];
-    snprintf(tiny, sizeof tiny, "%s/tiny.gguf", F.dir);
-    snprintf(vocab, sizeof vocab, "%s/vocab.gguf", F.dir);
-    snprintf(F.path, sizeof F.path, "%s/gemma3tiny.gguf", F.dir);
     tdm_error_t err = {0};
-    assert_int_equal(tdm_test_write_tiny_llama(tiny, NULL, &err), TDM_OK);
-    snprintf(args, sizeof args, "--vocab-only -m '%s' -o '%s'", tiny, vocab);
-    assert_int_equal(synth(args), 0);
-    snprintf(args, sizeof args, "--shape gemma3-tiny --type Q8_0 --vocab '%s' -o '%s'", vocab,
-             F.path);
-    assert_int_equal(synth(args), 0);
+    if (tdm_test_synth_gemma3_tiny(TDM_CLI_PATH, F.dir, F.path, sizeof F.path, &err) != TDM_OK)
+        fail_msg("gemma3-tiny: %s", err.msg);
     F.model = tdm_model_load(F.path, &err);
     if (!F.model)
         fail_msg("load: %s", err.msg);
