@@ -45,18 +45,31 @@ static int read_node(tdm_config_loader_t *ld, const yaml_node_t *item, size_t i,
     return TDM_OK;
 }
 
-int tdm_config_read_nodes(tdm_config_loader_t *ld, const yaml_node_t *seq, tdm_config_t *cfg)
+/* The length of the list under key (a YAML sequence of 1..max entries) into *n; else the
+ * failure naming key ("must be a list of PLURAL", "must list at least one LEAST", "lists N
+ * PLURAL; at most MAX ..."). */
+static int list_length(tdm_config_loader_t *ld, const yaml_node_t *seq, const char *key,
+                       const char *plural, const char *least, size_t max, size_t *n)
 {
     char got[96];
     if (seq->type != YAML_SEQUENCE_NODE)
-        return tdm_config_fail(ld, seq, "nodes", "must be a list of nodes, got %s",
+        return tdm_config_fail(ld, seq, key, "must be a list of %s, got %s", plural,
                                tdm_config_describe(seq, got, sizeof got));
-    size_t n = (size_t)(seq->data.sequence.items.top - seq->data.sequence.items.start);
-    if (n == 0)
-        return tdm_config_fail(ld, seq, "nodes", "must list at least one decode node");
-    if (n > TDM_CONFIG_MAX_NODES)
-        return tdm_config_fail(ld, seq, "nodes", "lists %zu nodes; at most %d are supported", n,
-                               TDM_CONFIG_MAX_NODES);
+    *n = (size_t)(seq->data.sequence.items.top - seq->data.sequence.items.start);
+    if (*n == 0)
+        return tdm_config_fail(ld, seq, key, "must list at least one %s", least);
+    if (*n > max)
+        return tdm_config_fail(ld, seq, key, "lists %zu %s; at most %zu are supported", *n, plural,
+                               max);
+    return TDM_OK;
+}
+
+int tdm_config_read_nodes(tdm_config_loader_t *ld, const yaml_node_t *seq, tdm_config_t *cfg)
+{
+    size_t n;
+    int rc0 = list_length(ld, seq, "nodes", "nodes", "decode node", TDM_CONFIG_MAX_NODES, &n);
+    if (rc0 != TDM_OK)
+        return rc0;
     cfg->nodes = calloc(n, sizeof *cfg->nodes);
     ld->node_marks = calloc(n * ld->n_keys, sizeof *ld->node_marks);
     if (!cfg->nodes || !ld->node_marks)
@@ -78,15 +91,10 @@ int tdm_config_read_nodes(tdm_config_loader_t *ld, const yaml_node_t *seq, tdm_c
 int tdm_config_read_models(tdm_config_loader_t *ld, const yaml_node_t *seq, tdm_config_t *cfg)
 {
     char got[96], path[TDM_CONFIG_KEY_MAX];
-    if (seq->type != YAML_SEQUENCE_NODE)
-        return tdm_config_fail(ld, seq, "models", "must be a list of models, got %s",
-                               tdm_config_describe(seq, got, sizeof got));
-    size_t n = (size_t)(seq->data.sequence.items.top - seq->data.sequence.items.start);
-    if (n == 0)
-        return tdm_config_fail(ld, seq, "models", "must list at least one model");
-    if (n > TDM_CONFIG_MAX_MODELS)
-        return tdm_config_fail(ld, seq, "models", "lists %zu models; at most %d are supported", n,
-                               TDM_CONFIG_MAX_MODELS);
+    size_t n;
+    int rc0 = list_length(ld, seq, "models", "models", "model", TDM_CONFIG_MAX_MODELS, &n);
+    if (rc0 != TDM_OK)
+        return rc0;
     cfg->models = calloc(n, sizeof *cfg->models);
     ld->model_marks = calloc(n * ld->n_keys, sizeof *ld->model_marks);
     if (!cfg->models || !ld->model_marks)
