@@ -444,6 +444,12 @@ static bool register_fit_ok(tdm_router_t *r, const tdm_frame_t *f,
 {
     const char *id = m->node_id;
     const rt_model_t *model = n->model;
+    size_t at = 0;
+    if (m->model[0] && !tdm_text_printable(m->model, TDM_MODEL_NAME_MAX, &at)) {
+        refuse(r, f, id, "model: byte %zu is not printable UTF-8 or past %u bytes", at,
+               TDM_MODEL_NAME_MAX);
+        return false;
+    }
     if (m->model[0]) {
         /* a 2.5 node says which model it serves: one of the router's, and the one the
          * router's config gives this node id (a node started with another config) */
@@ -475,7 +481,7 @@ static bool register_fit_ok(tdm_router_t *r, const tdm_frame_t *f,
     if (check_layout(r, f, id, n, model, m->kv_layout) != TDM_OK)
         return false;
     /* the strings Status shows: printable UTF-8 that fits its field whole */
-    size_t at = 0, dev_max = sizeof n->device - 1;
+    size_t dev_max = sizeof n->device - 1;
     if (m->device[0] && !tdm_text_printable(m->device, dev_max, &at)) {
         refuse(r, f, id, "device: byte %zu is not printable UTF-8 or past %zu bytes", at, dev_max);
         return false;

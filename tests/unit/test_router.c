@@ -4608,6 +4608,9 @@ static void test_several_models(void **state)
     assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), TDM_EPRECONDITION);
     assert_string_equal(msg, "model 'tiny': the router's config gives node 'decode-1' model "
                              "'other' (nodes[].model)");
+    g.m.model = (char *)"oth\x1b[2Jer"; /* a terminal escape never reaches `tandem status` */
+    assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), TDM_EPRECONDITION);
+    assert_string_equal(msg, "model: byte 3 is not printable UTF-8 or past 256 bytes");
     g.m.model = (char *)"nope";
     assert_int_equal(fake_register_with(e, &e->d1, &g, msg, sizeof msg), TDM_EPRECONDITION);
     assert_string_equal(msg,
