@@ -114,9 +114,18 @@ static int tokenize_prompt(tdm_router_t *r, const char *prompt, bool truncate, c
         return tdm_error_set_field(err, TDM_EINVALID, "prompt", "prompt is empty");
     /* a token stands for at most max_token_bytes bytes, so this prompt has more tokens than
      * the context holds: refused in O(1), before tokenizing megabytes on the router's loop.
-     * Not when it is to be truncated: then it may be longer than the context (vLLM tokenizes
-     * it whole too; the frame and body limits bound it) */
-    if (!truncate && len / md->max_token_bytes >= md->n_ctx)
+     * To be truncated it may hold more tokens than the context, but the router still tokenizes
+     * it whole (a tail's tokens are not provably the whole text's for every pre-tokenizer), so
+     * it gets the same byte bound: tokenizing costs no more than for a prompt that fits. */
+    size_t max_len = (size_t)md->n_ctx * md->max_token_bytes - 1;
+    if (truncate && len > max_len)
+        return tdm_error_set_field(err, TDM_EINVALID, "prompt",
+                                   "prompt is %zu bytes; with truncate_prompt_tokens it may be at "
+                                   "most %zu bytes (the context, %" PRIu32
+                                   " tokens, times %" PRIu32
+                                   " bytes, the longest token of this model)",
+                                   len, max_len, md->n_ctx, md->max_token_bytes);
+    if (!truncate && len > max_len)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt",
                                    "prompt is %zu bytes, so at least %zu tokens (a token of this "
                                    "model stands for at most %" PRIu32

@@ -228,6 +228,38 @@ def test_truncate_prompt_tokens(cluster):
     assert v["usage"]["prompt_tokens"] == 100, v
 
 
+def test_truncated_prompt_is_bounded_in_bytes(cluster):
+    """A prompt to be truncated is still tokenized whole on the router's loop, so it gets the
+    byte bound a prompt that fits has (the context times the longest token's bytes): a 4 MiB
+    one is refused at once naming the field and the limit, and one of exactly the limit is
+    served with the same tokens as the whole prompt cut to its last k."""
+    v = refused(cluster, "/v1/completions",
+                {"prompt": "x " * (3 << 19), "truncate_prompt_tokens": 10},
+                "prompt", ["with truncate_prompt_tokens it may be at most", f"{N_CTX} tokens"])
+    limit = int(v["error"]["message"].split("at most ")[1].split(" ")[0])
+    assert 2 * N_CTX <= limit < (4 << 20), v
+    # a tail that starts mid-word and mid-character ("é" is 2 bytes): the limit is in bytes
+    unit = "héllo wörld, "
+    text = (unit * (limit // len(unit.encode()) + 1)).encode()[:limit].decode("utf-8", "ignore")
+    text = text + "x" * (limit - len(text.encode()))
+    assert len(text.encode()) == limit
+    status, tok = post(cluster, "/tokenize", {"model": MODEL_NAME, "prompt": text})
+    assert status == 200, tok
+    ids = tok["tokens"]
+    assert len(ids) > N_CTX
+    v = completion(cluster, prompt=text, truncate_prompt_tokens=9, max_tokens=6,
+                   ignore_eos=True)
+    assert v["usage"]["prompt_tokens"] == 9, v
+    # the same answer as the whole prompt's last 9 token ids given as the prompt
+    cut = completion(cluster, prompt=ids[-9:], max_tokens=6, ignore_eos=True)
+    assert cut["usage"]["prompt_tokens"] == 9, cut
+    assert v["choices"][0]["text"] == cut["choices"][0]["text"], (v, cut)
+    status, v = post(cluster, "/v1/completions",
+                     dict(model=MODEL_NAME, prompt=text + "x", truncate_prompt_tokens=9,
+                          max_tokens=1))
+    assert status == 400 and v["error"]["param"] == "prompt", v
+
+
 # ---- refusals ----
 
 @pytest.mark.parametrize("path,body,param,words", [
