@@ -68,6 +68,7 @@ typedef tdm_test_tok_engine_t fixture_t; /* engine_runner.h */
 
 /* Prefill rows per sequence per step in the rigs below (0: no limit). */
 static uint32_t g_prefill_chunk;
+static uint64_t g_plp_reserve; /* rig_open's opts.plp_reserve_bytes (0: the default) */
 /* The grammar vocabulary of the rigs below (NULL: constrained sequences are refused). */
 static const tdm_grammar_vocab_t *g_grammar_vocab;
 
@@ -101,7 +102,8 @@ static void rig_open(fixture_t *fx, rig_t *r, tdm_worker_mode_t mode, uint32_t n
                            .n_ctx = 512,
                            .prefix_caching = true,
                            .max_prefill_chunk = g_prefill_chunk,
-                           .grammar_vocab = g_grammar_vocab};
+                           .grammar_vocab = g_grammar_vocab,
+                           .plp_reserve_bytes = g_plp_reserve};
     r->w = tdm_worker_new(r->engine, r->pool, fx->tok, fx->f.n_vocab, &o, &err);
     if (!r->w)
         fail_msg("%s", err.msg);
@@ -1262,7 +1264,18 @@ static void plp_drain(rig_t *r, uint64_t want, tdm_token_logprobs_t *plp,
             if (plp) {
                 assert_non_null(ev[i].prompt_logprobs);
                 assert_int_equal(ev[i].n_prompt_logprobs, PLP_N);
-                memcpy(plp, ev[i].prompt_logprobs, PLP_N * sizeof *plp);
+                /* sized by the request's top, not the most alternatives */
+                assert_int_equal(ev[i].prompt_logprobs_bytes, tdm_worker_plp_bytes(PLP_N, PLP_TOP));
+                for (uint32_t k = 0; k < PLP_N; k++) {
+                    const tdm_prompt_logprob_t *e = &ev[i].prompt_logprobs[k];
+                    memset(&plp[k], 0, sizeof plp[k]);
+                    plp[k].token = e->token;
+                    plp[k].logprob = e->logprob;
+                    plp[k].rank = e->rank;
+                    plp[k].n_top = e->n_top;
+                    assert_true(e->n_top <= PLP_TOP);
+                    memcpy(plp[k].top, e->top, e->n_top * sizeof *e->top);
+                }
             } else {
                 assert_null(ev[i].prompt_logprobs);
             }
@@ -1347,11 +1360,104 @@ static void test_prompt_logprobs(void **state)
     }
 }
 
+/* Steps r until idle, releasing PREFILLED tables; no sequence fails. */
+static void plp_run(rig_t *r)
+{
+    for (int steps = 0; tdm_worker_busy(r->w); steps++) {
+        assert_true(steps < 10000);
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_step(r->w, &ev, &n, &err), 0);
+        for (uint32_t i = 0; i < n; i++) {
+            assert_int_not_equal(ev[i].kind, TDM_WORKER_EVENT_FAILED);
+            if (ev[i].kind == TDM_WORKER_EVENT_PREFILLED) {
+                tdm_kv_seq_t seq = ev[i].seq;
+                tdm_kv_seq_release(r->pool, &seq);
+            }
+        }
+    }
+}
+
+/* Prompt logprobs take tdm_worker_plp_bytes of the worker's reserve from add until their
+ * event is released: a request that would overflow it waits (TDM_ERESOURCE) while another
+ * holds it and is admitted after; one larger than the whole reserve is refused
+ * (TDM_EINVALID); the default reserve is one whole context at the most alternatives. */
+static void test_prompt_logprobs_reserve(void **state)
+{
+    fixture_t *fx = *state;
+    assert_int_equal(tdm_worker_plp_bytes(10, 0), 10 * sizeof(tdm_prompt_logprob_t));
+    assert_int_equal(tdm_worker_plp_bytes(10, 20),
+                     10 * (sizeof(tdm_prompt_logprob_t) + 20 * sizeof(tdm_token_logprob_t)));
+    assert_int_equal(tdm_worker_plp_reserve(512), tdm_worker_plp_bytes(511, 20));
+    enum { N_BIG = 500 };
+    static int32_t big[N_BIG];
+    int32_t small[PLP_N];
+    make_prompt(big, N_BIG, fx->f.n_vocab, 91);
+    make_prompt(small, PLP_N, fx->f.n_vocab, 92);
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.temperature = 0.0f;
+    sp.max_tokens = 1;
+    tdm_error_t err = {0};
+    for (int mode = 0; mode < 2; mode++) {
+        rig_t r; /* n_ctx 512: the default reserve is 511 x 184 bytes */
+        rig_open(fx, &r, mode ? TDM_WORKER_MODE_PREFILL : TDM_WORKER_MODE_DECODE, 128, 64, 32);
+        tdm_worker_req_t a = {.seq_id = seq_of(0),
+                              .prompt = big,
+                              .n_prompt = N_BIG,
+                              .sampling = &sp,
+                              .prompt_logprobs = true,
+                              .prompt_logprobs_top = 20};
+        tdm_worker_req_t b = a;
+        b.seq_id = seq_of(1);
+        b.prompt = small;
+        b.n_prompt = PLP_N;
+        assert_int_equal(tdm_worker_add(r.w, &a, &err), 0);
+        /* 500 x 184 + 30 x 184 > 511 x 184: b waits for a's to go */
+        assert_int_equal(tdm_worker_add(r.w, &b, &err), TDM_ERESOURCE);
+        assert_non_null(strstr(err.msg, "reserve"));
+        b.prompt_logprobs_top = 0; /* 30 x 24 bytes fit beside a's */
+        assert_int_equal(tdm_worker_add(r.w, &b, &err), 0);
+        plp_run(&r);
+        b.seq_id = seq_of(2);
+        b.prompt_logprobs_top = 20;
+        assert_int_equal(tdm_worker_add(r.w, &b, &err), 0); /* a's were released */
+        plp_run(&r);
+        /* b's are held by the last step's event until the caller is done with it */
+        assert_int_equal(tdm_worker_add(r.w, &a, &err), TDM_ERESOURCE);
+        tdm_worker_events_done(r.w);
+        /* a cancelled sequence gives its bytes back too */
+        assert_int_equal(tdm_worker_add(r.w, &a, &err), 0);
+        assert_int_equal(tdm_worker_cancel(r.w, a.seq_id), 0);
+        assert_int_equal(tdm_worker_add(r.w, &a, &err), 0);
+        plp_run(&r);
+        rig_close(&r);
+    }
+    g_plp_reserve = tdm_worker_plp_bytes(PLP_N, 20) - 1;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 64, 4);
+    g_plp_reserve = 0;
+    tdm_worker_req_t c = {.seq_id = seq_of(0),
+                          .prompt = small,
+                          .n_prompt = PLP_N,
+                          .sampling = &sp,
+                          .prompt_logprobs = true,
+                          .prompt_logprobs_top = 20};
+    assert_int_equal(tdm_worker_add(r.w, &c, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "prompt_logprobs"));
+    c.prompt_logprobs_top = 19;
+    assert_int_equal(tdm_worker_add(r.w, &c, &err), 0);
+    plp_run(&r);
+    rig_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone),
         cmocka_unit_test(test_prompt_logprobs),
+        cmocka_unit_test(test_prompt_logprobs_reserve),
         cmocka_unit_test(test_preemption_keeps_outputs),
         cmocka_unit_test(test_prefill_chunk_limit),
         cmocka_unit_test(test_decode_step_stats),

@@ -107,7 +107,8 @@ int tdm_node_size_pool(const tdm_node_sizing_t *in, tdm_node_pool_size_t *out, t
  * and what `tandem kvcalc -m` reports): on the CPU (on_device false), *weight_bytes is the
  * model's tensor bytes less those the engine repacked and released the file's pages of
  * (tdm_engine_released_weight_bytes), and *scratch_bytes the engine's scratch, repacked copies
- * included (tdm_engine_scratch_bytes); on a device, the engine's device figures
+ * included (tdm_engine_scratch_bytes), plus the worker's prompt-logprobs reserve
+ * (tdm_worker_plp_reserve of ep->n_ctx); on a device, the engine's device figures
  * (tdm_engine_device_bytes). Costs what creating the engine costs (the repack). Errors: those
  * of tdm_kv_pool_new and tdm_engine_new (TDM_EINVALID, TDM_ERESOURCE, ...), message in *err. */
 int tdm_node_measure_engine(const tdm_model_t *model, const tdm_kv_layout_t *layout,

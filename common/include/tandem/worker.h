@@ -103,7 +103,34 @@ typedef struct tdm_worker_opts {
     double spec_row_cost; /* a draft row's cost relative to a decode step, [0, 10]; 0 = fitted
                              from the worker's own step times (nodes). A fixed value makes the
                              draft lengths a function of the outputs alone (tests) */
+    uint64_t plp_reserve_bytes; /* bytes the prompt logprobs of all sequences may hold at once
+                                   (tdm_worker_plp_bytes each); 0 = tdm_worker_plp_reserve(n_ctx),
+                                   the figure nodes count in their memory budget */
 } tdm_worker_opts_t;
+
+/* One prompt token's logprobs (tdm_worker_event_t.prompt_logprobs): the logprob of the token
+ * given its prefix, its rank and its n_top most likely alternatives. */
+typedef struct tdm_prompt_logprob {
+    int32_t token;                  /* the prompt token */
+    float logprob;                  /* its logprob: the log-softmax of the raw logits */
+    uint32_t rank;                  /* 1 + the tokens more likely than it (ties count) */
+    uint32_t n_top;                 /* entries of top[] (the request's prompt_logprobs_top) */
+    tdm_token_logprob_t *top; /* [n_top] most likely first, ties by id; in the same
+                                 allocation as the entries */
+} tdm_prompt_logprob_t;
+
+/* Bytes the prompt logprobs of a prompt of n_prompt tokens with top alternatives each take:
+ * n_prompt x (sizeof(tdm_prompt_logprob_t) + top x sizeof(tdm_token_logprob_t)), 24 + 8 x top
+ * bytes a token on LP64 (top 0: 24 B, top 20: 184 B). The one formula for the allocation, the
+ * worker's reserve and the node's memory budget. Cannot fail. */
+uint64_t tdm_worker_plp_bytes(uint32_t n_prompt, uint32_t top);
+
+/* The default prompt-logprobs reserve of a worker with context n_ctx: one prompt of the whole
+ * context (n_ctx - 1 tokens) at the most alternatives (TDM_SAMPLING_MAX_LOGPROBS), so any one
+ * request fits alone; 754 KB at n_ctx 4096, 23 MiB at 128k. A node counts it in its engine
+ * scratch (tdm_node_measure_engine), so it comes out of the KV pool's share of the budget.
+ * Cannot fail. */
+uint64_t tdm_worker_plp_reserve(uint32_t n_ctx);
 
 #define TDM_WORKER_MAX_DRAFT 16u
 /* Sequences per step that may carry drafts: speculation pays at small batches, where a step
@@ -167,7 +194,11 @@ typedef struct tdm_worker_req {
      * prompt_logprobs_top (<= TDM_SAMPLING_MAX_LOGPROBS) most likely tokens, from the prompt's own
      * forward pass (every prompt row asks for logits, so a chunk takes at most the logit rows the
      * batch has left, and the prefix cache is not looked up for the sequence). They come with the
-     * TOKEN event of output index 0. Ignored (none) for a resumed or prefilled sequence. */
+     * TOKEN event of output index 0. Ignored (none) for a resumed or prefilled sequence. Their
+     * tdm_worker_plp_bytes are held from tdm_worker_add until the event is released, within
+     * opts.plp_reserve_bytes: tdm_worker_add refuses with TDM_ERESOURCE (retry later) while
+     * the reserve has too little room left, and with TDM_EINVALID when the whole reserve is too
+     * small. */
     bool prompt_logprobs;
     uint32_t prompt_logprobs_top;
 } tdm_worker_req_t;
@@ -178,8 +209,10 @@ typedef struct tdm_worker_req {
  * output + 1 > n_ctx, n_output >= max_tokens, token out of the vocabulary, prefilled table not
  * covering n_prompt + n_output tokens or given to a worker over a pool with layer groups, a
  * grammar without opts.grammar_vocab, output or a first
- * token the grammar does not allow), TDM_ERESOURCE (max_waiting reached: the message says so; or
- * out of memory for the sequence's token array or block table: the message says "out of memory").
+ * token the grammar does not allow; prompt logprobs larger than opts.plp_reserve_bytes),
+ * TDM_ERESOURCE (max_waiting reached: the message says so; the prompt-logprobs reserve has too
+ * little room left now: the message says "reserve"; or out of memory for the sequence's token
+ * array or block table: the message says "out of memory").
  * On error a prefilled table is left with the caller (its table may have been grown, its
  * blocks and contents are unchanged). */
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
@@ -233,8 +266,9 @@ typedef struct tdm_worker_event {
      * entries, entry i the logprobs of prompt token i given tokens 0..i-1 (entry 0 unused: the
      * first token has no prefix); owned by the worker, valid until the next tdm_worker_step.
      * NULL / 0 otherwise. */
-    const tdm_token_logprobs_t *prompt_logprobs;
+    const tdm_prompt_logprob_t *prompt_logprobs;
     uint32_t n_prompt_logprobs;
+    uint64_t prompt_logprobs_bytes; /* what they hold of the worker's reserve (until released) */
     /* FINISHED */
     tdm_worker_finish_t finish;
     uint32_t completion_tokens; /* output tokens, index 0 included */
@@ -261,6 +295,12 @@ typedef struct tdm_worker_event {
  * exhausted") only when the pool could never hold it. */
 int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
                     tdm_error_t *err);
+
+/* The caller is done with the last step's events: the prompt logprobs they carry are freed
+ * and given back to the reserve now rather than at the next step (which an idle node may not
+ * take for a long time). The events' other fields stay readable until the next step. Cannot
+ * fail. */
+void tdm_worker_events_done(tdm_worker_t *w);
 
 /* True when a step would do work. */
 bool tdm_worker_busy(const tdm_worker_t *w);

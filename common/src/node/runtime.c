@@ -25,7 +25,9 @@ int tdm_node_measure_engine(const tdm_model_t *model, const tdm_kv_layout_t *lay
         uint64_t w = tdm_model_weight_bytes(model);
         uint64_t released = tdm_engine_released_weight_bytes(probe);
         *weight_bytes = w - (released < w ? released : w);
-        *scratch_bytes = tdm_engine_scratch_bytes(probe);
+        /* the worker's prompt-logprobs reserve is host memory the node holds besides its
+         * KV: in the budget of a CPU node (a device node's budget is device memory) */
+        *scratch_bytes = tdm_engine_scratch_bytes(probe) + tdm_worker_plp_reserve(ep->n_ctx);
     }
     tdm_engine_destroy(&probe);
     tdm_kv_pool_destroy(&probe_pool);

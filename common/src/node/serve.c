@@ -319,6 +319,7 @@ static void step(tdm_node_t *n)
     for (uint32_t i = 0; i < n_ev; i++)
         if (ev[i].user) /* every sequence of a node carries its entry */
             n->ops->event(n->h, ev[i].user, &ev[i]);
+    tdm_worker_events_done(n->rt.worker); /* their prompt logprobs are sent: free the reserve */
 }
 
 /* Ends r when its router is gone (no link is registered with the instance that dispatched

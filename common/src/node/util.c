@@ -195,7 +195,7 @@ static int send_token_plp(tdm_sock_t *s, Tandem__V1__TokenEvent *te, const tdm_w
     }
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        const tdm_token_logprobs_t *e = &ev->prompt_logprobs[i + 1];
+        const tdm_prompt_logprob_t *e = &ev->prompt_logprobs[i + 1];
         tandem__v1__prompt_logprob__init(&m[i]);
         m[i].token_id = e->token;
         m[i].logprob = e->logprob;

@@ -50,6 +50,7 @@ void tdm_worker_seq_free(tdm_worker_t *w, uint32_t slot)
     tdm_grammar_matcher_destroy(&s->matcher);
     free(s->tokens);
     free(s->plp);
+    w->plp_held -= s->plp_bytes;
     memset(s, 0, sizeof *s);
     w->free_slots[w->n_free++] = slot;
 }
@@ -142,6 +143,8 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
     w->tok = tok;
     w->n_vocab = n_vocab;
     w->o = *opts;
+    if (w->o.plp_reserve_bytes == 0)
+        w->o.plp_reserve_bytes = tdm_worker_plp_reserve(w->o.n_ctx);
     if (w->o.mode != TDM_WORKER_MODE_DECODE)
         w->o.max_draft = 0;
     /* exact only where a row's logits do not depend on the batch: the CPU engine (whose KV is
@@ -198,6 +201,17 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     free(w->match_scratch);
     free(w);
     *self_p = NULL;
+}
+
+uint64_t tdm_worker_plp_bytes(uint32_t n_prompt, uint32_t top)
+{
+    return (uint64_t)n_prompt *
+           (sizeof(tdm_prompt_logprob_t) + (uint64_t)top * sizeof(tdm_token_logprob_t));
+}
+
+uint64_t tdm_worker_plp_reserve(uint32_t n_ctx)
+{
+    return tdm_worker_plp_bytes(n_ctx > 0 ? n_ctx - 1 : 0, TDM_SAMPLING_MAX_LOGPROBS);
 }
 
 uint32_t tdm_worker_logit_rows(const tdm_worker_opts_t *opts)
@@ -353,6 +367,40 @@ static int matcher_open(const tdm_worker_t *w, const tdm_worker_req_t *req,
     return TDM_OK;
 }
 
+/* Whether n bytes of prompt logprobs fit the worker's reserve: TDM_EINVALID when they never
+ * can, TDM_ERESOURCE while other sequences hold too much of it. */
+static int plp_admit(const tdm_worker_t *w, const tdm_worker_req_t *req, uint64_t n,
+                     tdm_error_t *err)
+{
+    uint64_t reserve = w->o.plp_reserve_bytes;
+    if (n > reserve)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prompt_logprobs: %u prompt tokens with %u alternatives take %" PRIu64
+                             " bytes; the node's prompt-logprobs reserve is %" PRIu64 " bytes",
+                             req->n_prompt, req->prompt_logprobs_top, n, reserve);
+    if (n > reserve - w->plp_held)
+        return tdm_error_set(err, TDM_ERESOURCE,
+                             "prompt_logprobs: %u prompt tokens with %u alternatives take %" PRIu64
+                             " bytes; %" PRIu64 " of the node's %" PRIu64
+                             "-byte reserve are free now",
+                             req->n_prompt, req->prompt_logprobs_top, n, reserve - w->plp_held,
+                             reserve);
+    return TDM_OK;
+}
+
+/* [n_prompt] zeroed entries, each top[] pointing at its top alternatives, which follow the
+ * entries in the same allocation (tdm_worker_plp_bytes); NULL on out of memory. */
+static tdm_prompt_logprob_t *plp_alloc(uint32_t n_prompt, uint32_t top)
+{
+    tdm_prompt_logprob_t *e = calloc(1, tdm_worker_plp_bytes(n_prompt, top));
+    if (!e)
+        return NULL;
+    tdm_token_logprob_t *alt = (tdm_token_logprob_t *)(e + n_prompt);
+    for (uint32_t i = 0; i < n_prompt; i++)
+        e[i].top = alt + (size_t)i * top;
+    return e;
+}
+
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
     int rc = check_req(w, req, err);
@@ -375,7 +423,12 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     memset(&tables, 0, sizeof tables);
     int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
     bool plp = req->prompt_logprobs && !req->prefilled && req->n_output == 0;
-    tdm_token_logprobs_t *plps = plp ? calloc(req->n_prompt, sizeof *plps) : NULL;
+    uint64_t plp_bytes = plp ? tdm_worker_plp_bytes(req->n_prompt, req->prompt_logprobs_top) : 0;
+    if (plp && (rc = plp_admit(w, req, plp_bytes, err)) != TDM_OK) {
+        tdm_grammar_matcher_destroy(&matcher);
+        return rc;
+    }
+    tdm_prompt_logprob_t *plps = plp ? plp_alloc(req->n_prompt, req->prompt_logprobs_top) : NULL;
     bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
                                    : tdm_worker_kv_prepare(w, &tables, cap);
     if (!tokens || (plp && !plps) || !prepared) {
@@ -411,6 +464,8 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->spec_rate = SPEC_RATE_PRIOR;
     s->plp = plps;
     s->plp_top = plp ? req->prompt_logprobs_top : 0;
+    s->plp_bytes = plp_bytes;
+    w->plp_held += plp_bytes;
     if (req->prefilled)
         take_prefilled(w, s, req);
     w->waiting[w->n_waiting++] = slot;
@@ -514,6 +569,7 @@ tdm_worker_event_t *tdm_worker_push_event(tdm_worker_t *w, tdm_worker_event_kind
     ev->request_fault = false;
     ev->prompt_logprobs = NULL;
     ev->n_prompt_logprobs = 0;
+    ev->prompt_logprobs_bytes = 0;
     tdm_kv_seq_init(&ev->seq);
     return ev;
 }

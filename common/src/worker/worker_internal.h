@@ -41,9 +41,11 @@ typedef struct wseq {
     float spec_rate;    /* estimated chance that a draft token is accepted (moving average) */
     uint32_t spec_miss; /* decisions in a row not to draft (the wait doubles with each) */
     uint32_t spec_wait; /* steps left without drafting */
-    tdm_token_logprobs_t *plp; /* [n_prompt] prompt logprobs being computed (prompt_logprobs >=
-                                  0, until the first token's event takes them), else NULL */
+    tdm_prompt_logprob_t *plp; /* [n_prompt] prompt logprobs being computed (prompt_logprobs >=
+                                  0, until the first token's event takes them), else NULL;
+                                  their top[] follow in the same allocation */
     uint32_t plp_top;          /* alternatives per prompt token (prompt_logprobs) */
+    uint64_t plp_bytes;        /* tdm_worker_plp_bytes of plp, held of plp_reserve_bytes */
 } wseq_t;
 
 struct tdm_worker {
@@ -99,6 +101,8 @@ struct tdm_worker {
     tdm_worker_event_t *events; /* [cap_events] */
     uint32_t n_events;
     uint32_t cap_events; /* 2 * n_slots + max_running * max_draft: a token for each draft */
+    uint64_t plp_held;   /* bytes of prompt logprobs allocated (sequences' and events'), at
+                            most o.plp_reserve_bytes */
     tdm_worker_stats_t stats;
 };
 

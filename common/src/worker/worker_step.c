@@ -158,13 +158,17 @@ bool tdm_worker_sample_next(tdm_worker_t *w, uint32_t slot, const float *row, do
         if (s->plp) { /* the event owns them now (tdm_worker_events_release) */
             ev->prompt_logprobs = s->plp;
             ev->n_prompt_logprobs = s->n_prompt;
+            ev->prompt_logprobs_bytes = s->plp_bytes; /* still held, now by the event */
             s->plp = NULL;
+            s->plp_bytes = 0;
         }
     }
     int32_t token = ev->sample.token;
     if (s->matcher && tdm_grammar_matcher_accept_token(s->matcher, token) != TDM_OK) {
         free((void *)(uintptr_t)ev->prompt_logprobs); /* index 0's, the event's now */
         ev->prompt_logprobs = NULL;
+        w->plp_held -= ev->prompt_logprobs_bytes;
+        ev->prompt_logprobs_bytes = 0;
         w->n_events--; /* the mask allowed a token the matcher refuses: the grammar's bug */
         char msg[256];
         snprintf(msg, sizeof msg, "constraint: the masked token %d was refused: %.190s", token,
@@ -192,12 +196,19 @@ void tdm_worker_commit_kv(tdm_worker_t *w, wseq_t *s)
         s->kv.n_tokens = s->n_computed;
 }
 
+void tdm_worker_events_done(tdm_worker_t *w)
+{
+    tdm_worker_events_release(w);
+}
+
 void tdm_worker_events_release(tdm_worker_t *w)
 {
     for (uint32_t i = 0; i < w->n_events; i++) {
         free((void *)(uintptr_t)w->events[i].prompt_logprobs);
+        w->plp_held -= w->events[i].prompt_logprobs_bytes;
         w->events[i].prompt_logprobs = NULL;
         w->events[i].n_prompt_logprobs = 0;
+        w->events[i].prompt_logprobs_bytes = 0;
     }
 }
 
@@ -210,8 +221,16 @@ static bool prompt_logprobs(tdm_worker_t *w, uint32_t slot, uint32_t pos0, uint3
     wseq_t *s = &w->seqs[slot];
     for (uint32_t j = 0; j < chunk && pos0 + j + 1 < s->n_prompt; j++) {
         uint32_t at = pos0 + j + 1;
+        tdm_token_logprobs_t lp; /* the sampler's full-width answer, kept at plp_top wide */
         if (tdm_sampler_token_logprobs(w->sampler, rows + (size_t)j * w->n_vocab, s->tokens[at],
-                                       s->plp_top, &s->plp[at]) != TDM_OK) {
+                                       s->plp_top, &lp) == TDM_OK) {
+            tdm_prompt_logprob_t *e = &s->plp[at];
+            e->token = lp.token;
+            e->logprob = lp.logprob;
+            e->rank = lp.rank;
+            e->n_top = lp.n_top <= s->plp_top ? lp.n_top : s->plp_top;
+            memcpy(e->top, lp.top, e->n_top * sizeof *lp.top);
+        } else {
             char msg[256];
             snprintf(msg, sizeof msg, "prompt logprobs: %.220s", tdm_sampler_errmsg(w->sampler));
             tdm_worker_seq_fail(w, slot, TDM_EINVALID, msg);
