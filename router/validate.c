@@ -121,8 +121,7 @@ static int tokenize_prompt(tdm_router_t *r, const char *prompt, bool truncate, c
     if (truncate && len > max_len)
         return tdm_error_set_field(err, TDM_EINVALID, "prompt",
                                    "prompt is %zu bytes; with truncate_prompt_tokens it may be at "
-                                   "most %zu bytes (the context, %" PRIu32
-                                   " tokens, times %" PRIu32
+                                   "most %zu bytes (the context, %" PRIu32 " tokens, times %" PRIu32
                                    " bytes, the longest token of this model)",
                                    len, max_len, md->n_ctx, md->max_token_bytes);
     if (!truncate && len > max_len)

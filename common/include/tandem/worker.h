@@ -97,12 +97,12 @@ typedef struct tdm_worker_opts {
                                                  over (tandem/grammar.h; at most n_vocab tokens;
                                                  must outlive the worker); NULL: a sequence with
                                                  a grammar is refused */
-    uint32_t max_draft;   /* DECODE mode: most draft tokens per sequence and step (speculative
-                             decoding, at most TDM_WORKER_MAX_DRAFT); 0 = off. The engine
-                             must take tdm_worker_logit_rows(opts) logit rows */
-    double spec_row_cost; /* a draft row's cost relative to a decode step, [0, 10]; 0 = fitted
-                             from the worker's own step times (nodes). A fixed value makes the
-                             draft lengths a function of the outputs alone (tests) */
+    uint32_t max_draft;         /* DECODE mode: most draft tokens per sequence and step (speculative
+                                   decoding, at most TDM_WORKER_MAX_DRAFT); 0 = off. The engine
+                                   must take tdm_worker_logit_rows(opts) logit rows */
+    double spec_row_cost;       /* a draft row's cost relative to a decode step, [0, 10]; 0 = fitted
+                                   from the worker's own step times (nodes). A fixed value makes the
+                                   draft lengths a function of the outputs alone (tests) */
     uint64_t plp_reserve_bytes; /* bytes the prompt logprobs of all sequences may hold at once
                                    (tdm_worker_plp_bytes each); 0 = tdm_worker_plp_reserve(n_ctx),
                                    the figure nodes count in their memory budget */
@@ -111,10 +111,10 @@ typedef struct tdm_worker_opts {
 /* One prompt token's logprobs (tdm_worker_event_t.prompt_logprobs): the logprob of the token
  * given its prefix, its rank and its n_top most likely alternatives. */
 typedef struct tdm_prompt_logprob {
-    int32_t token;                  /* the prompt token */
-    float logprob;                  /* its logprob: the log-softmax of the raw logits */
-    uint32_t rank;                  /* 1 + the tokens more likely than it (ties count) */
-    uint32_t n_top;                 /* entries of top[] (the request's prompt_logprobs_top) */
+    int32_t token;            /* the prompt token */
+    float logprob;            /* its logprob: the log-softmax of the raw logits */
+    uint32_t rank;            /* 1 + the tokens more likely than it (ties count) */
+    uint32_t n_top;           /* entries of top[] (the request's prompt_logprobs_top) */
     tdm_token_logprob_t *top; /* [n_top] most likely first, ties by id; in the same
                                  allocation as the entries */
 } tdm_prompt_logprob_t;

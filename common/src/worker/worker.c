@@ -379,12 +379,11 @@ static int plp_admit(const tdm_worker_t *w, const tdm_worker_req_t *req, uint64_
                              " bytes; the node's prompt-logprobs reserve is %" PRIu64 " bytes",
                              req->n_prompt, req->prompt_logprobs_top, n, reserve);
     if (n > reserve - w->plp_held)
-        return tdm_error_set(err, TDM_ERESOURCE,
-                             "prompt_logprobs: %u prompt tokens with %u alternatives take %" PRIu64
-                             " bytes; %" PRIu64 " of the node's %" PRIu64
-                             "-byte reserve are free now",
-                             req->n_prompt, req->prompt_logprobs_top, n, reserve - w->plp_held,
-                             reserve);
+        return tdm_error_set(
+            err, TDM_ERESOURCE,
+            "prompt_logprobs: %u prompt tokens with %u alternatives take %" PRIu64
+            " bytes; %" PRIu64 " of the node's %" PRIu64 "-byte reserve are free now",
+            req->n_prompt, req->prompt_logprobs_top, n, reserve - w->plp_held, reserve);
     return TDM_OK;
 }
 
