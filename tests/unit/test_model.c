@@ -350,6 +350,41 @@ static void test_depth_split_threads(void **state)
     depth_split_case(64, 6, 2, TDM_KV_F16, 300);
 }
 
+/* The attention scores scratch does not grow with threads x context: long rows take their
+ * scores span by span (cpu_attention.c), so 6 more threads at a 64k context cost only their
+ * buffers of one span (the scores were 4 rows x group 2 x 65,536 floats, 2 MiB a thread), and a
+ * 64k context costs the 1k one's scratch plus the span partials (capped by
+ * TDM_ATTN_SPLIT_BYTES) only. */
+static void test_scores_scratch_bounded(void **state)
+{
+    (void)state;
+    tdm_test_engine_t f;
+    tdm_tiny_llama_spec_t spec = {.n_embd = 64,
+                                  .n_layers = 1,
+                                  .n_heads = 4,
+                                  .n_kv_heads = 2,
+                                  .n_vocab = 512,
+                                  .weight_type = TDM_GGML_TYPE_Q8_0,
+                                  .embd_type = TDM_GGML_TYPE_Q8_0,
+                                  .n_ctx = 65536,
+                                  .seed = 5};
+    tdm_test_engine_write_tiny(&f, &spec);
+    tdm_test_engine_open(&f, f.path, TDM_KV_F16, 16);
+    engine_with_threads(&f, 2, 65536);
+    uint64_t two = tdm_engine_scratch_bytes(f.engine);
+    engine_with_threads(&f, 8, 65536);
+    uint64_t eight = tdm_engine_scratch_bytes(f.engine);
+    engine_with_threads(&f, 8, 1024);
+    uint64_t short_ctx = tdm_engine_scratch_bytes(f.engine);
+    tdm_test_engine_close(&f);
+    unlink(f.path);
+    if (eight - two >= (1u << 20))
+        fail_msg("6 more threads at a 64k context take %" PRIu64 " more scratch bytes",
+                 eight - two);
+    if (eight - short_ctx >= (4u << 20))
+        fail_msg("a 64k context takes %" PRIu64 " more scratch bytes than 1k", eight - short_ctx);
+}
+
 /* Logits of a 70-token prompt and a 9-token prompt run together (chunks 23 and 4) on path's
  * engine with TANDEM_CPU_KERNELS=family; the engine's backend name goes to name. */
 static float *family_logits(const char *path, const char *family, tdm_kv_dtype_t dtype, char *name,
@@ -716,6 +751,7 @@ int main(void)
         cmocka_unit_test(test_invariance_sliding_window),
         cmocka_unit_test(test_invariance_long_context),
         cmocka_unit_test(test_depth_split_threads),
+        cmocka_unit_test(test_scores_scratch_bounded),
         cmocka_unit_test(test_families_bitwise),
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),

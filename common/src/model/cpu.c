@@ -162,7 +162,9 @@ static int cpu_scratch_new(cpu_be_t *be, tdm_error_t *err)
     be->act = (q8a_block_t *)cpu_alloc(be, act_blocks * sizeof(q8a_block_t) / sizeof(float));
     be->wrow = cpu_alloc(be, nt * max_in);
     size_t group = hp->n_heads / hp->n_kv_heads;
-    be->scores = cpu_alloc(be, nt * TDM_ATTN_QTILE * group * be->n_ctx);
+    be->sc_ld = be->n_ctx < TDM_ATTN_SPAN + TDM_ATTN_QTILE - 1 ? be->n_ctx
+                                                               : TDM_ATTN_SPAN + TDM_ATTN_QTILE - 1;
+    be->scores = cpu_alloc(be, nt * TDM_ATTN_QTILE * group * be->sc_ld);
     be->kvrow = cpu_alloc(be, nt * (3 * TDM_ATTN_QTILE * group + 2) * hp->head_dim);
     be->run_ml = (double *)cpu_alloc(be, nt * 8 * TDM_ATTN_QTILE * group);
     be->max_spans = be->n_ctx / TDM_ATTN_SPAN + 2;

@@ -181,6 +181,7 @@ static void run_scores_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_s
                            float *sc, size_t ld)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
+    TDM_ASSERT(hi - lo <= ld); /* sc's rows are ld wide (cpu_be_t.sc_ld) */
     for (uint32_t j0 = lo; j0 < hi;) {
         uint32_t slot = j0 % bs, nk = hi - j0 < bs - slot ? hi - j0 : bs - slot;
         const uint16_t *k = (const uint16_t *)kv_record(be, sq, j0, layer, 0, g) + slot * D;
@@ -330,9 +331,11 @@ static uint32_t span_end(uint32_t a, uint32_t hi)
     return b < hi ? b : hi;
 }
 
-/* attn_run_f16 for rows with more than TDM_ATTN_SPAN keys each: the scores of every key any row
- * sees at once, then span by span the partial softmax, P.V (one read of each V block for the
- * run's m * nh heads) and the fold. os: [m * nh][head_dim] scratch, ml: 4 * m * nh doubles. */
+/* attn_run_f16 for rows with more than TDM_ATTN_SPAN keys each: span by span the scores of the
+ * span's keys (each score's bits do not depend on the range it is computed in, so sc holds one
+ * span, ld >= TDM_ATTN_SPAN, not the whole context), the partial softmax, P.V (one read of each
+ * V block for the run's m * nh heads) and the fold. os: [m * nh][head_dim] scratch, ml:
+ * 4 * m * nh doubles. */
 static void attn_run_span(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
                           const float *q, uint32_t nh, uint32_t m, uint32_t p0, float *sc,
                           size_t ld, float *o, float *os, double *ml)
@@ -342,13 +345,13 @@ static void attn_run_span(const cpu_be_t *be, uint32_t layer, const tdm_batch_se
     for (uint32_t i = 0; i < m; i++)
         first[i] = tdm_llama_layer_first_key(be->hp, layer, p0 + i);
     uint32_t lo = first[0], hi = p0 + m;
-    run_scores_f16(be, layer, sq, g, q, nq, lo, hi, sc, ld);
     double *pm = ml, *pl = ml + nq, *lrun = ml + 2 * nq, *mrun = ml + 3 * nq; /* each [nq] */
     for (uint32_t a = lo; a < hi;) {
         uint32_t b = span_end(a, hi);
-        span_softmax_f16(be, nh, m, p0, first, sc, ld, lo, a, b, pm, pl);
+        run_scores_f16(be, layer, sq, g, q, nq, a, b, sc, ld); /* index 0 = key a */
+        span_softmax_f16(be, nh, m, p0, first, sc, ld, a, a, b, pm, pl);
         memset(os, 0, (size_t)nq * D * sizeof(float));
-        run_pv_f16(be, layer, sq, g, os, nh, m, p0, first, sc, ld, lo, a, b);
+        run_pv_f16(be, layer, sq, g, os, nh, m, p0, first, sc, ld, a, a, b);
         for (uint32_t i = 0; i < m; i++) {
             uint32_t r0, r1;
             run_row_keys(first, p0, i, a, b, &r0, &r1);
@@ -428,7 +431,7 @@ static void attn_rows(const cpu_be_t *be, uint32_t layer, const float *q,
     const tdm_llama_hparams_t *hp = be->hp;
     uint32_t H = hp->n_heads, D = hp->head_dim, group = H / hp->n_kv_heads;
     const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
-    float *sc = be->scores + (size_t)tid * TDM_ATTN_QTILE * group * be->n_ctx;
+    float *sc = be->scores + (size_t)tid * TDM_ATTN_QTILE * group * be->sc_ld;
     float *tmp = be->kvrow + (size_t)tid * (3 * TDM_ATTN_QTILE * group + 2) * D;
     float *qr = tmp + 2 * D, *ob = qr + (size_t)TDM_ATTN_QTILE * group * D;
     float *os = ob + (size_t)TDM_ATTN_QTILE * group * D;
@@ -443,10 +446,10 @@ static void attn_rows(const cpu_be_t *be, uint32_t layer, const float *q,
                                    q + ((size_t)(t + i0 + i) * H + (size_t)g * group) * D, 1.0f,
                                    (size_t)group * D);
             if (lng)
-                attn_run_span(be, layer, sq, g, qr, group, n, rows->pos[t + i0], sc, be->n_ctx, ob,
+                attn_run_span(be, layer, sq, g, qr, group, n, rows->pos[t + i0], sc, be->sc_ld, ob,
                               os, be->run_ml + (size_t)tid * 4 * TDM_ATTN_QTILE * group);
             else
-                attn_run_f16(be, layer, sq, g, qr, group, n, rows->pos[t + i0], sc, be->n_ctx, ob);
+                attn_run_f16(be, layer, sq, g, qr, group, n, rows->pos[t + i0], sc, be->sc_ld, ob);
             for (uint32_t i = 0; i < n; i++)
                 memcpy(out + ((size_t)(t + i0 + i) * H + (size_t)g * group) * D,
                        ob + (size_t)i * group * D, (size_t)group * D * sizeof(float));
@@ -483,7 +486,7 @@ static void attn_split_span(const cpu_be_t *be, uint32_t layer, const float *q,
     const tdm_llama_hparams_t *hp = be->hp;
     uint32_t H = hp->n_heads, D = hp->head_dim, group = H / hp->n_kv_heads;
     const tdm_batch_seq_t *sq = &rows->seqs[rows->seq[t]];
-    float *sc = be->scores + (size_t)tid * TDM_ATTN_QTILE * group * be->n_ctx;
+    float *sc = be->scores + (size_t)tid * TDM_ATTN_QTILE * group * be->sc_ld;
     float *tmp = be->kvrow + (size_t)tid * (3 * TDM_ATTN_QTILE * group + 2) * D;
     float *qr = tmp + 2 * D;
     double *ml = be->run_ml + (size_t)tid * 4 * TDM_ATTN_QTILE * group;
@@ -495,11 +498,11 @@ static void attn_split_span(const cpu_be_t *be, uint32_t layer, const float *q,
         qg = qr;
     }
     if (grouped) {
-        run_scores_f16(be, layer, sq, g, qg, group, a, b, sc, be->n_ctx);
-        span_softmax_f16(be, group, 1, rows->pos[t], &first, sc, be->n_ctx, a, a, b, ml,
+        run_scores_f16(be, layer, sq, g, qg, group, a, b, sc, be->sc_ld);
+        span_softmax_f16(be, group, 1, rows->pos[t], &first, sc, be->sc_ld, a, a, b, ml,
                          ml + group);
         memset(os, 0, (size_t)group * D * sizeof(float));
-        run_pv_f16(be, layer, sq, g, os, group, 1, rows->pos[t], &first, sc, be->n_ctx, a, a, b);
+        run_pv_f16(be, layer, sq, g, os, group, 1, rows->pos[t], &first, sc, be->sc_ld, a, a, b);
         for (uint32_t h = 0; h < group; h++) {
             pml[2 * h] = ml[h];
             pml[2 * h + 1] = ml[group + h];

@@ -47,8 +47,11 @@ typedef struct cpu_be {
     uint8_t *zact;    /* [max_rows][zact stride] activations in the AVX-512 layout */
     uint8_t *zprep;   /* [n_threads][zprep stride] one weight row prepared for AVX-512 */
     float *wrow;      /* [n_threads][max_in] dequantized weight rows */
-    float *scores;    /* [n_threads][TDM_ATTN_QTILE * heads per KV head][n_ctx] attention
+    float *scores;    /* [n_threads][TDM_ATTN_QTILE * heads per KV head][sc_ld] attention
                          scores */
+    uint32_t sc_ld;   /* keys one scores call covers at most: min(n_ctx, TDM_ATTN_SPAN +
+                         TDM_ATTN_QTILE - 1), a run of short rows' keys or one span's; long rows
+                         go span by span, so the scratch does not grow with the context */
     float *kvrow;     /* [n_threads][3 * TDM_ATTN_QTILE * heads per KV head + 2][head_dim]
                          K/V rows, queries, outputs, span outputs */
     /* a long row's attention in spans (cpu_attention.c); S = TDM_ATTN_SPAN, G = heads per KV
