@@ -256,9 +256,14 @@ static bool name_char(char c)
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
 }
 
-/* Copies gbnf[0..len) to out with the rule name `root` (as a name, outside literals, classes
- * and comments) renamed to `to`. */
-static void rename_root(const char *s, size_t len, const char *to, tdm_buf_t *out)
+/* The prefix of every rule name of the user's grammar inside the wrapper: the wrapper's own
+ * rules (root, think-tN) never begin with it, so no user name can collide with them. */
+#define USER_RULE_PREFIX "u-"
+
+/* Copies gbnf[0..len) to out with every rule name (a run of name characters outside literals,
+ * classes, comments and {m,n} counts: a definition or a reference) prefixed by
+ * USER_RULE_PREFIX; `root` becomes USER_RULE_PREFIX "root". */
+static void prefix_names(const char *s, size_t len, tdm_buf_t *out)
 {
     size_t i = 0;
     while (i < len) {
@@ -275,14 +280,14 @@ static void rename_root(const char *s, size_t len, const char *to, tdm_buf_t *ou
         } else if (c == '#') {
             while (j < len && s[j] != '\n')
                 j++;
+        } else if (c == '{') { /* a repetition count: digits, not a name */
+            while (j < len && s[j] != '}')
+                j++;
+            j = j < len ? j + 1 : len;
         } else if (name_char(c)) {
             while (j < len && name_char(s[j]))
                 j++;
-            if (j - i == 4 && memcmp(s + i, "root", 4) == 0) {
-                (void)tdm_buf_puts(out, to);
-                i = j;
-                continue;
-            }
+            (void)tdm_buf_puts(out, USER_RULE_PREFIX);
         }
         (void)tdm_buf_append(out, s + i, j - i);
         i = j;
@@ -295,12 +300,14 @@ int oai_reason_grammar(oai_reasoning_t mode, const char *gbnf, size_t len, tdm_b
     if (mode == OAI_REASONING_NONE)
         return tdm_error_set(err, TDM_EINVALID, "no reasoning to put before the grammar");
     if (mode == OAI_REASONING_INSIDE)
-        (void)tdm_buf_puts(out, "root ::= think-t0 \"</think>\" [ \\t\\r\\n]* think-answer\n");
+        (void)tdm_buf_puts(out, "root ::= think-t0 \"</think>\" [ \\t\\r\\n]* " USER_RULE_PREFIX
+                                "root\n");
     else
         (void)tdm_buf_puts(
-            out, "root ::= (\"<think>\" think-t0 \"</think>\" [ \\t\\r\\n]*)? think-answer\n");
+            out, "root ::= (\"<think>\" think-t0 \"</think>\" [ \\t\\r\\n]*)? " USER_RULE_PREFIX
+                 "root\n");
     think_text_rules(out);
-    rename_root(gbnf, len, "think-answer", out);
+    prefix_names(gbnf, len, out);
     (void)tdm_buf_puts(out, "\n");
     return out->oom ? tdm_error_set(err, TDM_ERESOURCE, "out of memory") : TDM_OK;
 }

@@ -114,8 +114,9 @@ void oai_reason_free(oai_reason_t *r);
 
 /* Appends to out a GBNF whose start rule `root` lets the reasoning run free (any text without
  * "</think>", then "</think>" and whitespace; for OPTIONAL all of it optional and opened by
- * "<think>") and then matches the grammar gbnf[0..len) (start rule root, renamed; its other
- * rules keep their names). Returns 0, TDM_EINVALID when mode is NONE, TDM_ERESOURCE. */
+ * "<think>") and then matches the grammar gbnf[0..len) (start rule root). Every rule of gbnf is
+ * renamed "u-<name>", so none collides with the wrapper's own (root, think-t0..7) whatever
+ * the user named them. Returns 0, TDM_EINVALID when mode is NONE, TDM_ERESOURCE. */
 int oai_reason_grammar(oai_reasoning_t mode, const char *gbnf, size_t len, tdm_buf_t *out,
                        tdm_error_t *err);
 

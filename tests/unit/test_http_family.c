@@ -387,6 +387,28 @@ static void test_grammar_after_reasoning(void **state)
     assert_true(accepts(q.creq.constraint, "{\"root\": 1}"));
     assert_false(accepts(q.creq.constraint, "plain text"));
     oai_req_clear(&q);
+    /* a user grammar whose rules have the wrapper's names (and a count, {1,2}, whose digits
+     * are no names): the user's rules are its own */
+    for (int mode = 0; mode < 2; mode++) {
+        fitted("{" USER ", \"structured_outputs\": {\"grammar\": \"root ::= think-answer think-t0 "
+               "u-root\\nthink-answer ::= \\\"A\\\"\\nthink-t0 ::= \\\"B\\\"{1,2}\\nthink-t7 ::= "
+               "\\\"C\\\"\\nu-root ::= think-t7 | \\\"D\\\" # think-t1\\n\"}}",
+               OAI_TOOL_FORMAT_HERMES, mode ? OAI_REASONING_INSIDE : OAI_REASONING_OPTIONAL, &q);
+        assert_int_equal(q.creq.constraint_kind, TDM_CLIENT_CONSTRAINT_GRAMMAR);
+        const char *g = q.creq.constraint;
+        const char *pre = mode ? "x</think>\n" : "<think>\nx</think>\n";
+        char t[64];
+        snprintf(t, sizeof t, "%sABC", pre);
+        assert_true(accepts(g, t));
+        snprintf(t, sizeof t, "%sABBD", pre);
+        assert_true(accepts(g, t));
+        snprintf(t, sizeof t, "%sAC", pre); /* think-t0 is the user's "B"{1,2} */
+        assert_false(accepts(g, t));
+        snprintf(t, sizeof t, "%sABBBC", pre);
+        assert_false(accepts(g, t));
+        assert_true(accepts(g, "ABBC") == !mode); /* the reasoning is optional, or not */
+        oai_req_clear(&q);
+    }
 }
 
 /* ---- requests ---- */
