@@ -727,6 +727,7 @@ static void hold_drop(oai_tool_parser_t *p, size_t n)
     memmove(p->hold.data, p->hold.data + n, p->hold.len - n);
     p->hold.len -= n;
     p->hold.data[p->hold.len] = '\0';
+    p->close_scan = 0;
 }
 
 /* A streamed call's arguments: what cannot be the call's end goes to the open call; at the
@@ -786,9 +787,14 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
     }
     if (p->streaming)
         return stream_arguments(p, final);
-    const char *end = oai_find(h, n, close_tag, CLOSE_LEN);
-    if (!end && !final)
+    /* only what came since the last search, and the CLOSE_LEN - 1 bytes before it that a tag
+     * split across chunks may begin in */
+    size_t from = p->close_scan < n ? p->close_scan : n;
+    const char *end = oai_find(h + from, n - from, close_tag, CLOSE_LEN);
+    if (!end && !final) {
+        p->close_scan = n > CLOSE_LEN - 1 ? n - (CLOSE_LEN - 1) : 0;
         return false;
+    }
     size_t body = end ? (size_t)(end - h) : n;
     size_t used = end ? body + CLOSE_LEN : n;
     if (parse_call(p, h, body)) {

@@ -113,6 +113,9 @@ typedef struct oai_tool_parser {
     bool whole_call;        /* in a call not of the constrained form: parsed at its close */
     bool oom;               /* an allocation failed */
     tdm_buf_t hold;         /* outside a call: a tail that may begin "<tool_call>" */
+    size_t close_scan;      /* in a whole call: hold[0..close_scan) holds no start of
+                               "</tool_call>" (searched already; a chunk's search starts
+                               there, so a long call costs linear, not quadratic, time) */
     tdm_buf_t ws;           /* whitespace outside calls not yet given out */
     oai_tool_call_t *calls; /* [n_calls] */
     size_t n_calls, cap;

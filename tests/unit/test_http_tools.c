@@ -165,6 +165,53 @@ static void test_parser_split_points(void **state)
     }
 }
 
+/* A long call (64 KiB of arguments, the unconstrained form, parsed at its close) fed in small
+ * chunks gives the calls and content it gives whole, and each chunk's search for the close tag
+ * starts where the last one stopped (less the bytes a split tag may begin in), so the held call
+ * is not searched again from its start on every chunk; a close tag split across two chunks,
+ * "</tool" + "_call>", is found. */
+static void test_parser_long_call_scans_once(void **state)
+{
+    (void)state;
+    tdm_buf_t text = TDM_BUF_INIT;
+    tdm_buf_puts(&text, "Sure.\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"s\": \"");
+    for (int i = 0; i < 8192; i++)
+        tdm_buf_puts(&text, "a</tool ");
+    tdm_buf_puts(&text, "\"}}\n</tool_call> done");
+    assert_false(text.oom);
+    parsed_t whole;
+    parse_whole(&whole, text.data, true);
+    assert_int_equal(whole.p.n_calls, 1);
+    assert_int_equal(strlen(whole.p.calls[0].arguments), 7 + 8192 * 8 + 2);
+    assert_string_equal(content_of(&whole), "Sure.done"); /* whitespace around calls goes */
+    for (size_t step = 5; step <= 7; step++) {            /* 7: the tag's "</tool" ends a chunk */
+        parsed_t r;
+        memset(&r, 0, sizeof r);
+        oai_tool_parser_init(&r.p, true, false);
+        size_t len = text.len, at = 0, in_call_fed = 0;
+        while (at < len) {
+            size_t n = len - at < step ? len - at : step;
+            bool last = at + n == len;
+            assert_int_equal(oai_tool_parser_feed(&r.p, text.data + at, n, last, &r.content),
+                             TDM_OK);
+            at += n;
+            if (r.p.in_call && !last) {
+                in_call_fed += n;
+                /* what is held is searched up to its last 11 bytes, no further back */
+                assert_int_equal(r.p.close_scan, r.p.hold.len > 11 ? r.p.hold.len - 11 : 0);
+            }
+        }
+        assert_true(in_call_fed > 8192 * 8);
+        assert_int_equal(r.p.n_calls, 1);
+        assert_string_equal(r.p.calls[0].name, "w");
+        assert_string_equal(r.p.calls[0].arguments, whole.p.calls[0].arguments);
+        assert_string_equal(content_of(&r), content_of(&whole));
+        parsed_free(&r);
+    }
+    parsed_free(&whole);
+    tdm_buf_free(&text);
+}
+
 /* Incremental (constrained output): the same calls at every pair of split points as parsed
  * whole, and the open call's arguments grow before its close tag arrives. */
 static void test_parser_incremental(void **state)
@@ -497,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_parser_several_calls),
         cmocka_unit_test(test_parser_close_tag_in_string),
         cmocka_unit_test(test_parser_split_points),
+        cmocka_unit_test(test_parser_long_call_scans_once),
         cmocka_unit_test(test_parser_incremental),
         cmocka_unit_test(test_parser_malformed_stays_text),
         cmocka_unit_test(test_request_validation),
