@@ -297,6 +297,19 @@ client_call_t *tdm_client_call_find(const tdm_client_t *c, uint64_t id)
     return NULL;
 }
 
+client_call_t *tdm_client_call_after(const tdm_client_t *c, uint64_t id)
+{
+    size_t lo = 0, hi = c->n_calls; /* the calls are in id order */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->calls[mid]->id <= id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < c->n_calls ? c->calls[lo] : NULL;
+}
+
 /* Appends call (its id is larger than every id in the table). */
 int tdm_client_call_add(tdm_client_t *c, client_call_t *call)
 {

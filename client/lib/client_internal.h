@@ -98,6 +98,13 @@ static inline const char *str_or_empty(const char *s)
 /* The running call with id, or NULL. Cannot fail. */
 client_call_t *tdm_client_call_find(const tdm_client_t *c, uint64_t id);
 
+/* The running call with the smallest id above id (0: the first call), or NULL. A walk over the
+ * calls that may end calls (whose callbacks may start and cancel others) steps with it from the
+ * last id it saw, so no call is skipped or visited twice whatever the callbacks did; it stops
+ * past the largest id it set out with, so calls started during the walk are left alone.
+ * Cannot fail. */
+client_call_t *tdm_client_call_after(const tdm_client_t *c, uint64_t id);
+
 /* Appends call (its id is larger than every id in the table). Returns 0 or TDM_ERESOURCE. */
 int tdm_client_call_add(tdm_client_t *c, client_call_t *call);
 

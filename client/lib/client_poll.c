@@ -379,20 +379,27 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f, size_t router)
     tdm_client_call_end(c, call, TDM_OK, "%s", "");
 }
 
-/* Ends the calls whose deadline is at or before now. */
+/* The largest id of the running calls (0: none): where a walk stops (tdm_client_call_after). */
+static uint64_t last_call_id(const tdm_client_t *c)
+{
+    return c->n_calls ? c->calls[c->n_calls - 1]->id : 0;
+}
+
+/* Ends the calls whose deadline is at or before now. By id (tdm_client_call_after): their
+ * on_done may start or cancel calls. */
 static void expire(tdm_client_t *c, double now)
 {
-    for (size_t i = 0; i < c->n_calls;) {
-        client_call_t *call = c->calls[i];
+    uint64_t last = last_call_id(c);
+    client_call_t *call;
+    for (uint64_t seen = 0; (call = tdm_client_call_after(c, seen)) && call->id <= last;) {
+        seen = call->id;
         if (call->deadline > 0 && call->deadline <= now) {
             tdm_client_send_cancel(c, call);
             tdm_client_call_end(c, call, TDM_EDEADLINE,
                                 "deadline exceeded: the %s call to %s did not end within %.3g s",
                                 tdm_net_method_name(call->method), c->endpoint,
                                 call->deadline - call->t_start);
-            continue; /* tdm_client_call_end removed it: the same index holds the next call */
         }
-        i++;
     }
 }
 
@@ -451,15 +458,16 @@ static void connection_lost(tdm_client_t *c, size_t router)
              "router connection lost: %s closed the connection (router stopped or restarted); "
              "the call may or may not have run",
              ep);
-    for (size_t i = 0; i < c->n_calls;) {
-        client_call_t *call = c->calls[i];
-        if (call->router != router || retry(c, call, "connection lost")) {
-            i++;
+    /* by id (tdm_client_call_after): an on_done may cancel calls or start new ones, which go
+     * out over the reconnection and are not this loss's */
+    uint64_t last = last_call_id(c);
+    client_call_t *call;
+    for (uint64_t seen = 0; (call = tdm_client_call_after(c, seen)) && call->id <= last;) {
+        seen = call->id;
+        if (call->router != router || retry(c, call, "connection lost"))
             continue;
-        }
         tdm_client_send_cancel(c, call);
         tdm_client_call_end(c, call, TDM_EUNAVAILABLE, "%s", why);
-        /* tdm_client_call_end removed it: the same index holds the next call */
     }
 }
 

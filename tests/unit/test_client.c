@@ -1387,6 +1387,81 @@ static int fake_requests(fake_router_t *fr)
     return n;
 }
 
+/* The state of test_router_lost_callbacks: calls[0..2] the calls the loss ends, calls[3] the
+ * one calls[0]'s on_done starts. */
+typedef struct lost_state {
+    async_state_t st;
+    async_ctx_t ctx[4];
+    tdm_client_t *c;
+    int start_rc, cancel_rc;
+} lost_state_t;
+
+/* calls[0]'s on_done: records it, then cancels calls[2] (later in the table) and starts
+ * calls[3] (after every call the loss walks). */
+static void lost_first_done(void *user, const tdm_client_result_t *r)
+{
+    lost_state_t *ls = (lost_state_t *)((async_ctx_t *)user)->st;
+    async_done(user, r);
+    ls->cancel_rc = tdm_client_cancel(ls->c, ls->st.calls[2].id);
+    tdm_client_request_t req;
+    tdm_client_request_init(&req);
+    req.prompt = "silent";
+    ls->start_rc = tdm_client_generate_start(ls->c, &req, async_chunk, async_done, &ls->ctx[3],
+                                             &ls->st.calls[3].id);
+}
+
+/* The router goes away and the first lost call's on_done cancels a later call and starts a new
+ * one: every call ends exactly once (the cancelled one with CANCELLED, the others with
+ * UNAVAILABLE "router connection lost"), and the new call, which went out after the loss, is
+ * not ended by it: it runs until it is cancelled. */
+static void test_router_lost_callbacks(void **state)
+{
+    (void)state;
+    fake_router_t *fr = fake_start();
+    tdm_client_opts_t o = {0};
+    o.timeout_s = 60;
+    tdm_error_t err = {0};
+    lost_state_t ls;
+    memset(&ls, 0, sizeof ls);
+    ls.c = tdm_client_new(fr->endpoint, &o, &err);
+    if (!ls.c)
+        fail_msg("client: %s", err.msg);
+    tdm_client_health_t h;
+    assert_int_equal(tdm_client_health(ls.c, WAIT_S, &h), TDM_OK);
+    for (int k = 0; k < 4; k++)
+        ls.ctx[k] = (async_ctx_t){&ls.st, &ls.st.calls[k]};
+    for (int k = 0; k < 3; k++) {
+        tdm_client_request_t req;
+        tdm_client_request_init(&req);
+        req.prompt = "silent";
+        assert_int_equal(tdm_client_generate_start(ls.c, &req, async_chunk,
+                                                   k == 0 ? lost_first_done : async_done,
+                                                   &ls.ctx[k], &ls.st.calls[k].id),
+                         TDM_OK);
+    }
+    for (double until = now_s() + WAIT_S; fake_requests(fr) < 3 && now_s() < until;)
+        assert_true(tdm_client_poll(ls.c, 50) >= 0);
+    assert_int_equal(fake_requests(fr), 3);
+    fake_stop(&fr);
+    for (double until = now_s() + WAIT_S; ls.st.calls[1].n_done == 0 && now_s() < until;)
+        assert_true(tdm_client_poll(ls.c, 100) >= 0);
+    assert_int_equal(ls.cancel_rc, TDM_OK);
+    assert_int_equal(ls.start_rc, TDM_OK);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(ls.st.calls[k].n_done, 1);
+    assert_int_equal(ls.st.calls[0].status, TDM_EUNAVAILABLE);
+    assert_int_equal(ls.st.calls[1].status, TDM_EUNAVAILABLE);
+    assert_non_null(strstr(ls.st.calls[1].message, "router connection lost"));
+    assert_int_equal(ls.st.calls[2].status, TDM_ECANCELLED);
+    /* the new call is not the loss's */
+    assert_int_equal(ls.st.calls[3].n_done, 0);
+    assert_int_equal(tdm_client_pending(ls.c), 1);
+    assert_int_equal(tdm_client_cancel(ls.c, ls.st.calls[3].id), TDM_OK);
+    assert_int_equal(ls.st.calls[3].n_done, 1);
+    assert_int_equal(ls.st.calls[3].status, TDM_ECANCELLED);
+    tdm_client_destroy(&ls.c);
+}
+
 /* Two routers: a call that had no answer when its router went is sent to the other one (and
  * waits there: "silent"), counted by tdm_client_retried; a stream that had delivered chunks is
  * never sent again: it ends UNAVAILABLE when its router goes, as does a call that every router
@@ -1556,6 +1631,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_async_unary_and_wake_fd, setup, teardown),
         cmocka_unit_test(test_router_down),
         cmocka_unit_test(test_router_lost_and_back),
+        cmocka_unit_test(test_router_lost_callbacks),
         cmocka_unit_test(test_two_routers),
         cmocka_unit_test(test_names),
     };

@@ -28,8 +28,10 @@
  * ended are dropped.
  * Callbacks: on_done runs exactly once for every call that tdm_client_generate_start accepted
  * (also when the client is destroyed with the call still running); no callback runs for a call
- * whose start failed (libuv's rule). Callbacks may start and cancel other calls; they must not
- * poll or make blocking calls (TDM_EPRECONDITION).
+ * whose start failed (libuv's rule). Callbacks may start and cancel other calls, also while a
+ * lost connection or passed deadlines end several calls (each still ends once; a call started
+ * then is not ended by that loss or sweep); they must not poll or make blocking calls
+ * (TDM_EPRECONDITION).
  * Unary calls (Health, Models, Status, Metrics) can be async too (tdm_client_call_start), and a
  * thread that serves a client and a queue other threads fill waits on both with
  * tdm_client_poll_fd: the router's HTTP gateway works that way, over the router's inproc://
