@@ -65,6 +65,9 @@ typedef struct fake_router {
     const ProtobufCMessage *outbox; /* under mu; NULL: nothing to send */
     int outbox_method;
     int outbox_rc;
+    /* the node's last NodeStatus answer (under mu) */
+    bool status_seen;
+    char status_node[64], status_model[256];
 } fake_router_t;
 
 static void hear(fake_router_t *fr, const tdm_frame_t *f)
@@ -156,6 +159,16 @@ static void answer(fake_router_t *fr, const tdm_frame_t *f)
         hear(fr, f);
     } else if (f->method == TANDEM__V1__METHOD__METHOD_TASK_FAILED) {
         hear(fr, f);
+    } else if (f->method == TANDEM__V1__METHOD__METHOD_NODE_STATUS) {
+        Tandem__V1__NodeStatus *ns =
+            (Tandem__V1__NodeStatus *)tdm_frame_unpack(f, &tandem__v1__node_status__descriptor);
+        assert_non_null(ns);
+        pthread_mutex_lock(&fr->mu);
+        snprintf(fr->status_node, sizeof fr->status_node, "%s", ns->node_id);
+        snprintf(fr->status_model, sizeof fr->status_model, "%s", ns->model);
+        fr->status_seen = true;
+        pthread_mutex_unlock(&fr->mu);
+        tandem__v1__node_status__free_unpacked(ns, NULL);
     }
 }
 
@@ -472,6 +485,31 @@ static void test_prefill_node_serves(void **state)
     assert_int_equal(h.status, 14);
     assert_true(h.retryable);
     assert_string_equal(h.message, "prefill node shutting down");
+    prefill_close(&pr);
+}
+
+/* A node's own NODE_STATUS answer names the model it serves, as its REGISTER did. */
+static void test_node_status_names_model(void **state)
+{
+    (void)state;
+    prefill_rig_t pr;
+    prefill_open(&pr);
+    Tandem__V1__StatusRequest req = TANDEM__V1__STATUS_REQUEST__INIT;
+    assert_int_equal(fr_send(&pr.r.fr, TANDEM__V1__METHOD__METHOD_NODE_STATUS, &req.base), 0);
+    bool seen = false;
+    for (int i = 0; i < 60000 && !seen; i++) {
+        pthread_mutex_lock(&pr.r.fr.mu);
+        seen = pr.r.fr.status_seen;
+        pthread_mutex_unlock(&pr.r.fr.mu);
+        if (!seen)
+            sleep_ms(1);
+    }
+    assert_true(seen);
+    const char *want = tdm_config_node_model(&pr.cfg, &pr.cfg.nodes[0])->name;
+    assert_true(want && want[0]);
+    assert_string_equal(pr.r.fr.status_node, "p0");
+    assert_string_equal(pr.r.fr.status_model, want);
+    prefill_stop(&pr);
     prefill_close(&pr);
 }
 
@@ -930,6 +968,7 @@ int main(void)
         cmocka_unit_test(test_flush_bounded),
         cmocka_unit_test(test_heartbeats_while_engine_busy),
         cmocka_unit_test(test_prefill_node_serves),
+        cmocka_unit_test(test_node_status_names_model),
         cmocka_unit_test(test_prefill_node_resumes),
         cmocka_unit_test(test_node_spec_check),
         cmocka_unit_test(test_node_load_proto),

@@ -153,11 +153,13 @@ void tdm_node_report_failed_ex(tdm_sock_t *s, const tdm_logger_t *log, const tdm
  * TDM_EUNAVAILABLE when s is NULL (the router is gone). */
 int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev);
 
-/* Answers a NODE_STATUS request f with the node's NodeStatus: its config entry and a NodeLoad
- * of its figures now (tdm_node_load_collect from rt's worker and pool, the process figures,
- * and link's stale router frames; link may be NULL: 0). Returns tdm_sock_reply's status. */
-int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_config_t *node,
-                          const tdm_node_runtime_t *rt, tdm_node_link_t *link);
+/* Answers a NODE_STATUS request f with the node's NodeStatus: its config entry, the name of the
+ * model it serves (cfg's, as in its REGISTER) and a NodeLoad of its figures now
+ * (tdm_node_load_collect from rt's worker and pool, the process figures, and link's stale
+ * router frames; link may be NULL: 0). Returns tdm_sock_reply's status. */
+int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_config_t *cfg,
+                          const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
+                          tdm_node_link_t *link);
 
 #ifdef __cplusplus
 }

@@ -284,7 +284,7 @@ static void on_frame(tdm_node_t *n, tdm_node_link_t *l, const tdm_frame_t *f)
     if (f->method == TANDEM__V1__METHOD__METHOD_NODE_CANCEL)
         on_cancel(n, f);
     else if (f->method == TANDEM__V1__METHOD__METHOD_NODE_STATUS)
-        tdm_node_reply_status(s, f, n->node, &n->rt, l);
+        tdm_node_reply_status(s, f, n->cfg, n->node, &n->rt, l);
     else if (!n->ops->frame(n->h, f) && f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST)
         tdm_sock_reply_error(s, f, TDM_EINVALID, "unknown method %d on a %s node", f->method,
                              tdm_config_node_role_name(n->ops->role));

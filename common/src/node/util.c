@@ -251,8 +251,9 @@ int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_wo
     return send_token_plp(s, &te, ev);
 }
 
-int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_config_t *node,
-                          const tdm_node_runtime_t *rt, tdm_node_link_t *link)
+int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_config_t *cfg,
+                          const tdm_node_config_t *node, const tdm_node_runtime_t *rt,
+                          tdm_node_link_t *link)
 {
     tdm_node_load_t ld;
     tdm_node_load_collect(rt->worker, rt->pool, &ld);
@@ -270,5 +271,6 @@ int tdm_node_reply_status(tdm_sock_t *s, const tdm_frame_t *f, const tdm_node_co
     ns.kv_layer_groups = rt->kv_grouped ? rt->groups.n_groups : 1;
     ns.device = device;
     ns.load = &load;
+    ns.model = tdm_config_node_model(cfg, node)->name; /* the name it registered with */
     return tdm_sock_reply(s, f, &ns.base);
 }
