@@ -18,6 +18,7 @@
 #include "dashboard.h"
 #include "http_metrics.h"
 #include "http_server.h"
+#include "http_responses.h"
 #include "tandem/limits.h"
 
 /* Whether s has a Unicode format character (tdm_unicode_is_format) among its well-formed UTF-8
@@ -294,6 +295,23 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
                                        TDM_HTTP_MAX_BODY_BYTES);
         return http_generate(h, c, r,
                              strcmp(url, "/v1/completions") == 0 ? OAI_COMPLETION : OAI_CHAT);
+    }
+    if (strcmp(url, "/v1/responses") == 0) {
+        if (!post)
+            return http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method,
+                                       url);
+        if (r->too_large)
+            return http_reply_bad_http(c, 413, "request_too_large",
+                                       "the request body is larger than %u bytes",
+                                       TDM_HTTP_MAX_BODY_BYTES);
+        return http_responses(h, c, r);
+    }
+    if (strncmp(url, "/v1/responses/", 14) == 0 && url[14]) {
+        bool del = strcmp(method, "DELETE") == 0;
+        if (!get && !del)
+            return http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use GET or DELETE",
+                                       method, url);
+        return http_responses_item(h, c, url + 14, del);
     }
     if (r->too_large)
         return http_reply_bad_http(c, 413, "request_too_large",
