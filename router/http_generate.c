@@ -262,8 +262,7 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
             resp_sse_end(r->resp, r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory",
                          &r->sse);
         else
-            oai_sse_end(r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory",
-                        &r->sse);
+            oai_sse_end(r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory", &r->sse);
         record(r, TDM_EINTERNAL);
         r->sse_done = true;
         return;

@@ -51,7 +51,7 @@ struct tdm_http {
     oai_family_ctx_t families[TDM_CONFIG_MAX_MODELS];
     size_t n_models;
     http_counters_t *counters; /* responses by code, the gateway's own refusals */
-    resp_store_t *responses;   /* /v1/responses answers with store true (router.responses_store_*) */
+    resp_store_t *responses; /* /v1/responses answers with store true (router.responses_store_*) */
 };
 
 /* Per request (MHD's con_cls). */
@@ -78,8 +78,8 @@ typedef struct http_req {
     tdm_buf_t sse;
     size_t sse_off;
     bool sse_done;
-    bool cancelled; /* this side cancelled the call (client gone) */
-    bool counted;   /* in h->n_requests */
+    bool cancelled;         /* this side cancelled the call (client gone) */
+    bool counted;           /* in h->n_requests */
     struct resp_call *resp; /* a /v1/responses request (http_responses.c), else NULL */
     /* X-Request-Id of every reply: the client's own when valid, else the router's (the
      * generate call's id, or a new one made when a reply needs it) */
