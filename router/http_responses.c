@@ -16,6 +16,7 @@
 
 #include "http_responses.h"
 #include "responses_store.h"
+#include "tandem/tokenizer.h"
 
 /* OpenAI's limits on metadata: pairs, key and value lengths (characters; bytes here). */
 #define RESP_METADATA_MAX_PAIRS 16
@@ -57,7 +58,8 @@ struct resp_call {
     tdm_buf_t open_text;       /* its text so far */
     resp_stream_call_t *calls; /* [n_calls] by chat tool-call index */
     size_t n_calls;
-    size_t open_call; /* RESP_OPEN_CALL: which */
+    size_t open_call;  /* RESP_OPEN_CALL: which */
+    tdm_buf_t thought; /* all reasoning text streamed, for reasoning_tokens */
     int oom;
 };
 
@@ -577,6 +579,7 @@ void resp_call_free(resp_call_t **rc_p)
     json_decref(rc->output);
     json_decref(rc->open_item);
     tdm_buf_free(&rc->open_text);
+    tdm_buf_free(&rc->thought);
     for (size_t k = 0; k < rc->n_calls; k++)
         json_decref(rc->calls[k].item);
     free(rc->calls);
@@ -737,6 +740,25 @@ static json_t *call_item(const resp_call_t *rc, size_t index, const char *call_i
                      http_json_str(args), "status", status);
 }
 
+/* output_tokens_details.reasoning_tokens: the reasoning text re-encoded with the model's
+ * tokenizer (its think tags not counted; at most the output tokens), 0 without a tokenizer.
+ * The engine counts tokens, not where the reasoning ends, so this is the count of the text. */
+static uint32_t reasoning_tokens(const resp_call_t *rc, const oai_req_t *q, const oai_out_t *o,
+                                 const char *text, size_t len)
+{
+    if (!len)
+        return 0;
+    int mi = tdm_config_model_index(rc->h->cfg, q->g.model);
+    const tdm_tokenizer_t *tok = rc->h->vocabs[mi < 0 ? 0 : mi].tok;
+    tdm_token_t *ids = NULL;
+    size_t n = 0;
+    tdm_error_t err = {0};
+    if (!tok || tdm_tokenizer_encode(tok, text, len, false, false, &ids, &n, &err) != TDM_OK)
+        return 0;
+    free(ids);
+    return n < o->completion_tokens ? (uint32_t)n : o->completion_tokens;
+}
+
 static json_t *usage_json(const oai_out_t *o, uint32_t reasoning_tokens)
 {
     return json_pack("{s:i, s:{s:i}, s:i, s:{s:i}, s:i}", "input_tokens", (int)o->prompt_tokens,
@@ -871,9 +893,13 @@ json_t *resp_whole(resp_call_t *rc, const oai_req_t *q, oai_out_t *o, const tdm_
                                                 json_string_value(json_object_get(fn, "arguments")),
                                                 "completed"));
     }
+    uint32_t n_thought =
+        json_is_string(thought)
+            ? reasoning_tokens(rc, q, o, json_string_value(thought), json_string_length(thought))
+            : 0;
     json_decref(chat);
     json_t *v = response_json(rc, q, incomplete ? "incomplete" : "completed", output,
-                              usage_json(o, 0), NULL);
+                              usage_json(o, n_thought), NULL);
     store_response(rc, v);
     return v;
 }
@@ -1001,6 +1027,8 @@ static int text_delta(resp_call_t *rc, tdm_buf_t *b, resp_open_t kind, json_t *s
     if (st != TDM_OK)
         return st;
     tdm_buf_append(&rc->open_text, json_string_value(s), json_string_length(s));
+    if (kind == RESP_OPEN_REASONING)
+        tdm_buf_append(&rc->thought, json_string_value(s), json_string_length(s));
     bool msg = kind == RESP_OPEN_MESSAGE;
     json_t *ev = json_pack("{s:s, s:i, s:i, s:O}", "item_id", item_id(rc->open_item),
                            "output_index", (int)rc->open_index, "content_index", 0, "delta", s);
@@ -1126,8 +1154,9 @@ int resp_sse_end(resp_call_t *rc, const oai_req_t *q, const oai_out_t *o, int st
     if (st != TDM_OK)
         return st;
     bool incomplete = finished_by_length(rc);
+    uint32_t n_thought = reasoning_tokens(rc, q, o, rc->thought.data, rc->thought.len);
     json_t *v = response_json(rc, q, incomplete ? "incomplete" : "completed",
-                              json_deep_copy(rc->output), usage_json(o, 0), NULL);
+                              json_deep_copy(rc->output), usage_json(o, n_thought), NULL);
     store_response(rc, v);
     return emit(rc, b, incomplete ? "response.incomplete" : "response.completed",
                 v ? json_pack("{s:o}", "response", v) : NULL);

@@ -344,3 +344,102 @@ def test_agents_sdk_runs_a_function_tool(cluster, model):
     assert len(seen) == 1 and isinstance(seen[0], str) and seen[0]
     assert result.final_output == f"22 C and sunny in {seen[0]}"
     assert agents.__version__
+
+
+def test_response_ids_are_per_router(tmp_path):
+    """Two routers sharing the node pools (test_routers.py's Routers): a response stored by
+    router A is unknown to router B, which answers 404 saying that ids are per router; A still
+    continues it."""
+    from test_routers import Routers
+
+    rs = Routers(str(tmp_path)).start()
+    clients = {r: openai.OpenAI(base_url=f"http://127.0.0.1:{rs.http[r]}/v1", api_key="unused",
+                                max_retries=0, timeout=300) for r in "AB"}
+    try:
+        model = clients["A"].models.list().data[0].id
+        first = clients["A"].responses.create(model=model, input="My name is Ann.",
+                                              max_output_tokens=4, temperature=0)
+        with pytest.raises(openai.NotFoundError) as e:
+            clients["B"].responses.create(model=model, previous_response_id=first.id,
+                                          input="What is my name?", max_output_tokens=4)
+        assert e.value.body["param"] == "previous_response_id"
+        assert first.id in e.value.body["message"]
+        assert "per router" in e.value.body["message"]
+        with pytest.raises(openai.NotFoundError) as e:
+            clients["B"].responses.retrieve(first.id)
+        assert "per router" in e.value.body["message"]
+        follow = clients["A"].responses.create(model=model, previous_response_id=first.id,
+                                               input="What is my name?", max_output_tokens=4,
+                                               temperature=0)
+        assert follow.status in ("completed", "incomplete")
+        assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        assert clients["A"].responses.retrieve(first.id).id == first.id
+    finally:
+        for c in clients.values():
+            c.close()
+        codes = rs.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [rs.tail(n) for n in codes])
+
+
+# ChatML as SmolLM2 writes it, with a comment naming the think tags: the chat path then parses
+# reasoning (test_reasoning.py's THINKING), and a few-shot chat makes the model write it
+THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+            "{# <think> </think> #}")
+FEW_SHOT = [
+    {"role": "user", "content": "Say A."},
+    {"role": "assistant", "content": "<think>\nThe user wants the letter A.\n</think>\n\nA"},
+    {"role": "user", "content": "Say B."},
+    {"role": "assistant", "content": "<think>\nThe user wants the letter B.\n</think>\n\nB"},
+    {"role": "user", "content": "Say C."},
+]
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tpl") / "thinking.jinja"
+    path.write_text(THINKING)
+    yield from http_cluster(tmp_path_factory, "responses-thinking", chat_template=str(path))
+
+
+def test_reasoning_items_as_chat_reasoning(thinking):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{thinking.port}/v1", api_key="unused",
+                           max_retries=0, timeout=300)
+    try:
+        model = client.models.list().data[0].id
+        c = client.chat.completions.create(model=model, messages=FEW_SHOT, max_tokens=40,
+                                           temperature=0)
+        msg = c.choices[0].message
+        want_r = (msg.model_extra or {}).get("reasoning_content")
+        assert want_r, msg  # the few-shot pattern is followed
+        r = client.responses.create(model=model, input=FEW_SHOT, max_output_tokens=40,
+                                    temperature=0)
+        assert [o.type for o in r.output] == ["reasoning", "message"]
+        assert r.output[0].id.startswith("rs_")
+        assert "".join(p.text for p in r.output[0].content) == want_r
+        assert r.output_text == (msg.content or "")
+        assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+        # streamed: reasoning_text deltas, then output_text deltas, the same split
+        events = collect(client.responses.create(model=model, input=FEW_SHOT,
+                                                 max_output_tokens=40, temperature=0,
+                                                 stream=True))
+        got_r = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+        got_c = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert (got_r, got_c) == (want_r, msg.content or "")
+        added = [e.item.type for e in events if e.type == "response.output_item.added"]
+        assert added == ["reasoning", "message"]
+        final = events[-1].response
+        assert final.usage.output_tokens_details.reasoning_tokens == \
+            r.usage.output_tokens_details.reasoning_tokens
+        # the reasoning item goes back as the assistant message's reasoning_content
+        follow = client.responses.create(model=model, previous_response_id=r.id,
+                                         input="Say D.", max_output_tokens=4, temperature=0)
+        chat = client.chat.completions.create(
+            model=model, max_tokens=4, temperature=0,
+            messages=FEW_SHOT + [{"role": "assistant", "content": msg.content or "",
+                                  "reasoning_content": want_r},
+                                 {"role": "user", "content": "Say D."}])
+        assert follow.usage.input_tokens == chat.usage.prompt_tokens
+        assert follow.output_text == (chat.choices[0].message.content or "")
+    finally:
+        client.close()
