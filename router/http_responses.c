@@ -142,7 +142,154 @@ static int item_string(json_t *item, const char *name, const char *key, json_t *
                                *out ? "" : " (it is required)");
 }
 
-/* The items (a JSON array; name "input" or "previous_response_id" for the stored ones) into
+/* The walk of a list of items into chat messages (items_to_messages). */
+typedef struct item_walk {
+    resp_call_t *rc;
+    json_t *msgs;
+    json_t *last_assistant;   /* the message function calls join, or NULL */
+    json_t *reasoning;        /* a reasoning item's text waiting for its message, or NULL */
+    char f[TDM_ERRFIELD_MAX]; /* the item's field: "input[3]" */
+    const char *label;        /* the field chat errors about its message name */
+    tdm_error_t *err;
+} item_walk_t;
+
+/* An assistant message takes the reasoning waiting for it. */
+static void take_reasoning(item_walk_t *w, json_t *m)
+{
+    if (m && w->reasoning) {
+        json_object_set_new(m, "reasoning_content", w->reasoning);
+        w->reasoning = NULL;
+    }
+}
+
+/* A message item: {role, content}. */
+static int item_message(item_walk_t *w, json_t *item)
+{
+    json_t *role;
+    int st = item_string(item, w->f, "role", &role, w->err);
+    if (st != TDM_OK)
+        return st;
+    const char *r = json_string_value(role);
+    char f[TDM_ERRFIELD_MAX + 16];
+    if (strcmp(r, "user") != 0 && strcmp(r, "system") != 0 && strcmp(r, "developer") != 0 &&
+        strcmp(r, "assistant") != 0) {
+        snprintf(f, sizeof f, "%s.role", w->f);
+        return tdm_error_set_field(w->err, TDM_EINVALID, f,
+                                   "%s '%.32s' is not one of user, system, developer, assistant", f,
+                                   r);
+    }
+    snprintf(f, sizeof f, "%s.content", w->f);
+    json_t *text = NULL;
+    if ((st = content_text(json_object_get(item, "content"), f, &text, w->err)) != TDM_OK)
+        return st;
+    json_t *m = json_pack("{s:s, s:o}", "role", strcmp(r, "developer") == 0 ? "system" : r,
+                          "content", text);
+    bool assistant = strcmp(r, "assistant") == 0;
+    if (assistant)
+        take_reasoning(w, m);
+    w->last_assistant = assistant ? m : NULL;
+    return add_message(w->rc, w->msgs, m, w->label);
+}
+
+/* A function_call item: a tool call of the assistant message before it, or of a new one. */
+static int item_function_call(item_walk_t *w, json_t *item)
+{
+    json_t *call_id, *fname, *args;
+    int st;
+    if ((st = item_string(item, w->f, "call_id", &call_id, w->err)) != TDM_OK ||
+        (st = item_string(item, w->f, "name", &fname, w->err)) != TDM_OK ||
+        (st = item_string(item, w->f, "arguments", &args, w->err)) != TDM_OK)
+        return st;
+    if (!w->last_assistant) {
+        json_t *m = json_pack("{s:s, s:n}", "role", "assistant", "content");
+        take_reasoning(w, m);
+        if ((st = add_message(w->rc, w->msgs, m, w->label)) != TDM_OK)
+            return st;
+        w->last_assistant = m;
+    }
+    json_t *calls = json_object_get(w->last_assistant, "tool_calls");
+    if (!calls) {
+        calls = json_array();
+        json_object_set_new(w->last_assistant, "tool_calls", calls);
+    }
+    json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
+                             "function", "name", fname, "arguments", args);
+    return call && json_array_append_new(calls, call) == 0 ? TDM_OK : TDM_ERESOURCE;
+}
+
+/* A function_call_output item: a tool message. */
+static int item_function_output(item_walk_t *w, json_t *item)
+{
+    json_t *call_id, *text = NULL;
+    int st = item_string(item, w->f, "call_id", &call_id, w->err);
+    if (st != TDM_OK)
+        return st;
+    char f[TDM_ERRFIELD_MAX + 16];
+    snprintf(f, sizeof f, "%s.output", w->f);
+    if ((st = content_text(json_object_get(item, "output"), f, &text, w->err)) != TDM_OK)
+        return st;
+    w->last_assistant = NULL;
+    return add_message(
+        w->rc, w->msgs,
+        json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id, "content", text),
+        w->label);
+}
+
+/* A reasoning item: its text (content, else the summary) goes with the assistant message after
+ * it, as a chat request's reasoning_content; the template decides what it keeps. */
+static int item_reasoning(item_walk_t *w, json_t *item)
+{
+    tdm_buf_t t = TDM_BUF_INIT;
+    json_t *parts = get(item, "content");
+    if (!json_array_size(parts))
+        parts = get(item, "summary");
+    size_t j;
+    json_t *p;
+    json_array_foreach(parts, j, p)
+    {
+        json_t *s = json_object_get(p, "text");
+        if (json_is_string(s))
+            tdm_buf_append(&t, json_string_value(s), json_string_length(s));
+    }
+    json_decref(w->reasoning);
+    w->reasoning = t.len ? http_json_text(t.data, t.len) : NULL;
+    tdm_buf_free(&t);
+    w->last_assistant = NULL;
+    return TDM_OK;
+}
+
+/* One item of the walk by its type ({role, content} without one is a message). */
+static int walk_item(item_walk_t *w, json_t *item)
+{
+    if (!json_is_object(item))
+        return tdm_error_set_field(w->err, TDM_EINVALID, w->f, "%s must be an object, got %s", w->f,
+                                   oai_type_name(item));
+    const char *ty = json_string_value(json_object_get(item, "type"));
+    if (!ty && json_object_get(item, "role"))
+        ty = "message"; /* the easy input message */
+    char f[TDM_ERRFIELD_MAX + 16];
+    snprintf(f, sizeof f, "%s.type", w->f);
+    if (!ty)
+        return tdm_error_set_field(w->err, TDM_EINVALID, f,
+                                   "%s is required (message, function_call, "
+                                   "function_call_output or reasoning)",
+                                   f);
+    if (strcmp(ty, "message") == 0)
+        return item_message(w, item);
+    if (strcmp(ty, "function_call") == 0)
+        return item_function_call(w, item);
+    if (strcmp(ty, "function_call_output") == 0)
+        return item_function_output(w, item);
+    if (strcmp(ty, "reasoning") == 0)
+        return item_reasoning(w, item);
+    return tdm_error_set_field(w->err, TDM_EINVALID, f,
+                               "%s '%.64s' is not supported: the items Tandem reads are message, "
+                               "function_call, function_call_output and reasoning (no hosted "
+                               "tools)",
+                               f, ty);
+}
+
+/* The items (a JSON array; name "input", or "previous_response_id" for the stored ones) into
  * chat messages: message items as messages (developer read as system), function_call items as
  * the tool_calls of an assistant message (consecutive ones together, after the assistant's text
  * when it came just before), function_call_output items as tool messages, reasoning items as
@@ -150,138 +297,22 @@ static int item_string(json_t *item, const char *name, const char *key, json_t *
 static int items_to_messages(resp_call_t *rc, json_t *items, const char *name, json_t *msgs,
                              tdm_error_t *err)
 {
-    json_t *last_assistant = NULL; /* the message function calls join, or NULL */
-    json_t *reasoning = NULL;      /* a reasoning item's text waiting for its message */
+    item_walk_t w = {.rc = rc, .msgs = msgs, .err = err};
+    bool stored = strcmp(name, "previous_response_id") == 0;
     size_t i;
     json_t *item;
-    int rc_ = TDM_OK;
+    int st = TDM_OK;
     json_array_foreach(items, i, item)
     {
-        char f[TDM_ERRFIELD_MAX], label[TDM_ERRFIELD_MAX];
-        snprintf(label, sizeof label, "%s[%zu]", name, i);
-        if (strcmp(name, "previous_response_id") == 0)
-            snprintf(label, sizeof label, "previous_response_id");
-        snprintf(f, sizeof f, "%s[%zu]", name, i);
-        if (!json_is_object(item)) {
-            rc_ = tdm_error_set_field(err, TDM_EINVALID, f, "%s must be an object, got %s", f,
-                                      oai_type_name(item));
+        snprintf(w.f, sizeof w.f, "%s[%zu]", name, i);
+        w.label = stored ? name : w.f;
+        if ((st = walk_item(&w, item)) != TDM_OK)
             break;
-        }
-        const char *ty = json_string_value(json_object_get(item, "type"));
-        if (!ty && json_object_get(item, "role"))
-            ty = "message"; /* the easy input message: {role, content} */
-        if (!ty) {
-            snprintf(f, sizeof f, "%s[%zu].type", name, i);
-            rc_ = tdm_error_set_field(err, TDM_EINVALID, f,
-                                      "%s is required (message, function_call, "
-                                      "function_call_output or reasoning)",
-                                      f);
-            break;
-        }
-        if (strcmp(ty, "message") == 0) {
-            json_t *role;
-            if ((rc_ = item_string(item, f, "role", &role, err)) != TDM_OK)
-                break;
-            const char *r = json_string_value(role);
-            if (strcmp(r, "user") != 0 && strcmp(r, "system") != 0 && strcmp(r, "developer") != 0 &&
-                strcmp(r, "assistant") != 0) {
-                snprintf(f, sizeof f, "%s[%zu].role", name, i);
-                rc_ = tdm_error_set_field(err, TDM_EINVALID, f,
-                                          "%s '%.32s' is not one of user, system, developer, "
-                                          "assistant",
-                                          f, r);
-                break;
-            }
-            char cf[TDM_ERRFIELD_MAX];
-            snprintf(cf, sizeof cf, "%s[%zu].content", name, i);
-            json_t *text = NULL;
-            if ((rc_ = content_text(json_object_get(item, "content"), cf, &text, err)) != TDM_OK)
-                break;
-            json_t *m = json_pack("{s:s, s:o}", "role", strcmp(r, "developer") == 0 ? "system" : r,
-                                  "content", text);
-            bool assistant = strcmp(r, "assistant") == 0;
-            if (m && assistant && reasoning) {
-                json_object_set_new(m, "reasoning_content", reasoning);
-                reasoning = NULL;
-            }
-            if ((rc_ = add_message(rc, msgs, m, label)) != TDM_OK)
-                break;
-            last_assistant = assistant ? m : NULL;
-        } else if (strcmp(ty, "function_call") == 0) {
-            json_t *call_id, *fname, *args;
-            if ((rc_ = item_string(item, f, "call_id", &call_id, err)) != TDM_OK ||
-                (rc_ = item_string(item, f, "name", &fname, err)) != TDM_OK ||
-                (rc_ = item_string(item, f, "arguments", &args, err)) != TDM_OK)
-                break;
-            json_t *call = json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", call_id, "type", "function",
-                                     "function", "name", fname, "arguments", args);
-            if (!last_assistant) {
-                json_t *m = json_pack("{s:s, s:n}", "role", "assistant", "content");
-                if (m && reasoning) {
-                    json_object_set_new(m, "reasoning_content", reasoning);
-                    reasoning = NULL;
-                }
-                if ((rc_ = add_message(rc, msgs, m, label)) != TDM_OK) {
-                    json_decref(call);
-                    break;
-                }
-                last_assistant = m;
-            }
-            json_t *calls = json_object_get(last_assistant, "tool_calls");
-            if (!calls) {
-                calls = json_array();
-                json_object_set_new(last_assistant, "tool_calls", calls);
-            }
-            if (!call || json_array_append_new(calls, call) != 0) {
-                rc_ = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-                break;
-            }
-        } else if (strcmp(ty, "function_call_output") == 0) {
-            json_t *call_id, *text = NULL;
-            if ((rc_ = item_string(item, f, "call_id", &call_id, err)) != TDM_OK)
-                break;
-            char of[TDM_ERRFIELD_MAX];
-            snprintf(of, sizeof of, "%s[%zu].output", name, i);
-            if ((rc_ = content_text(json_object_get(item, "output"), of, &text, err)) != TDM_OK)
-                break;
-            json_t *m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id,
-                                  "content", text);
-            if ((rc_ = add_message(rc, msgs, m, label)) != TDM_OK)
-                break;
-            last_assistant = NULL;
-        } else if (strcmp(ty, "reasoning") == 0) {
-            /* its text (content, else the summary) goes with the assistant message after it,
-             * as a chat request's reasoning_content; the template decides what it keeps */
-            tdm_buf_t t = TDM_BUF_INIT;
-            json_t *parts = get(item, "content");
-            if (!json_array_size(parts))
-                parts = get(item, "summary");
-            size_t j;
-            json_t *p;
-            json_array_foreach(parts, j, p)
-            {
-                json_t *s = json_object_get(p, "text");
-                if (json_is_string(s))
-                    tdm_buf_append(&t, json_string_value(s), json_string_length(s));
-            }
-            json_decref(reasoning);
-            reasoning = t.len ? http_json_text(t.data, t.len) : NULL;
-            tdm_buf_free(&t);
-            last_assistant = NULL;
-        } else {
-            snprintf(f, sizeof f, "%s[%zu].type", name, i);
-            rc_ = tdm_error_set_field(err, TDM_EINVALID, f,
-                                      "%s '%.64s' is not supported: the items Tandem reads are "
-                                      "message, function_call, function_call_output and "
-                                      "reasoning (no hosted tools)",
-                                      f, ty);
-            break;
-        }
     }
-    json_decref(reasoning);
-    if (rc_ == TDM_ERESOURCE && !err->code)
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-    return rc_;
+    json_decref(w.reasoning);
+    if (st != TDM_OK && !err->code)
+        tdm_error_set(err, st, "out of memory");
+    return st;
 }
 
 /* input: a string (one user message) or an array of items, as the items of this turn (rc->conv
@@ -306,75 +337,87 @@ static int input_items(resp_call_t *rc, json_t **items, tdm_error_t *err)
     return TDM_OK;
 }
 
-/* tools: flat function tools ({type, name, description, parameters, strict}) into chat tools. */
+/* tools[i] (t), a flat function tool, as a chat tool into *out. */
+static int tool_to_chat(json_t *t, size_t i, json_t **out, tdm_error_t *err)
+{
+    char f[TDM_ERRFIELD_MAX];
+    snprintf(f, sizeof f, "tools[%zu].type", i);
+    const char *ty = json_string_value(json_object_get(t, "type"));
+    if (!json_is_object(t) || !ty)
+        return tdm_error_set_field(err, TDM_EINVALID, f,
+                                   "%s is required: a tool is an object with a type", f);
+    if (strcmp(ty, "function") != 0)
+        return tdm_error_set_field(err, TDM_EINVALID, f,
+                                   "%s '%.64s' is not supported: Tandem runs no hosted tools; "
+                                   "give function tools",
+                                   f, ty);
+    if (json_object_get(t, "function") && !json_object_get(t, "name")) {
+        snprintf(f, sizeof f, "tools[%zu].name", i);
+        return tdm_error_set_field(err, TDM_EINVALID, f,
+                                   "%s is required (the Responses API's function tools are flat: "
+                                   "{type, name, description, parameters, strict}, not chat's "
+                                   "{type, function})",
+                                   f);
+    }
+    json_t *fn = json_object();
+    static const char *keys[] = {"name", "description", "parameters", "strict"};
+    for (size_t k = 0; fn && k < sizeof keys / sizeof keys[0]; k++) {
+        json_t *v = json_object_get(t, keys[k]);
+        if (v && !(json_is_null(v) && strcmp(keys[k], "name") != 0))
+            json_object_set(fn, keys[k], v);
+    }
+    *out = fn ? json_pack("{s:s, s:o}", "type", "function", "function", fn) : NULL;
+    return *out ? TDM_OK : tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+}
+
+/* tool_choice: a string as it is, {type: "function", name} as chat's {type, function: {name}}. */
+static int tool_choice_to_chat(resp_call_t *rc, tdm_error_t *err)
+{
+    json_t *tc = get(rc->root, "tool_choice");
+    if (!json_is_object(tc)) {
+        if (tc)
+            json_object_set(rc->chat, "tool_choice", tc);
+        return TDM_OK;
+    }
+    const char *ty = json_string_value(json_object_get(tc, "type"));
+    if (!ty || strcmp(ty, "function") != 0)
+        return tdm_error_set_field(err, TDM_EINVALID, "tool_choice.type",
+                                   "tool_choice.type '%.64s' is not supported: give \"auto\", "
+                                   "\"none\", \"required\" or {\"type\": \"function\", \"name\": "
+                                   "...}",
+                                   ty ? ty : "(none)");
+    json_t *name = json_object_get(tc, "name");
+    json_object_set_new(rc->chat, "tool_choice",
+                        json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
+                                  name ? name : json_null()));
+    return TDM_OK;
+}
+
+/* tools: flat function tools ({type, name, description, parameters, strict}) into chat tools,
+ * and tool_choice. */
 static int tools_to_chat(resp_call_t *rc, tdm_error_t *err)
 {
     json_t *tools = get(rc->root, "tools");
-    if (!tools)
-        return TDM_OK;
-    if (!json_is_array(tools))
+    if (tools && !json_is_array(tools))
         return tdm_error_set_field(err, TDM_EINVALID, "tools", "tools must be an array, got %s",
                                    oai_type_name(tools));
-    json_t *out = json_array();
+    json_t *out = tools ? json_array() : NULL;
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t)
     {
-        char f[TDM_ERRFIELD_MAX];
-        snprintf(f, sizeof f, "tools[%zu].type", i);
-        const char *ty = json_string_value(json_object_get(t, "type"));
-        if (!json_is_object(t) || !ty) {
+        json_t *ct = NULL;
+        int st = tool_to_chat(t, i, &ct, err);
+        if (st == TDM_OK && json_array_append_new(out, ct) != 0)
+            st = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        if (st != TDM_OK) {
             json_decref(out);
-            return tdm_error_set_field(err, TDM_EINVALID, f,
-                                       "%s is required: a tool is an object with a type", f);
-        }
-        if (strcmp(ty, "function") != 0) {
-            json_decref(out);
-            return tdm_error_set_field(err, TDM_EINVALID, f,
-                                       "%s '%.64s' is not supported: Tandem runs no hosted "
-                                       "tools; give function tools",
-                                       f, ty);
-        }
-        if (json_object_get(t, "function") && !json_object_get(t, "name")) {
-            json_decref(out);
-            snprintf(f, sizeof f, "tools[%zu].name", i);
-            return tdm_error_set_field(err, TDM_EINVALID, f,
-                                       "%s is required (the Responses API's function tools are "
-                                       "flat: {type, name, description, parameters, strict}, "
-                                       "not chat's {type, function})",
-                                       f);
-        }
-        json_t *fn = json_object();
-        static const char *keys[] = {"name", "description", "parameters", "strict"};
-        for (size_t k = 0; fn && k < sizeof keys / sizeof keys[0]; k++) {
-            json_t *v = json_object_get(t, keys[k]);
-            if (v && !(json_is_null(v) && strcmp(keys[k], "name") != 0))
-                json_object_set(fn, keys[k], v);
-        }
-        if (!fn || json_array_append_new(
-                       out, json_pack("{s:s, s:o}", "type", "function", "function", fn)) != 0) {
-            json_decref(out);
-            return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+            return st;
         }
     }
-    json_object_set_new(rc->chat, "tools", out);
-    json_t *tc = get(rc->root, "tool_choice");
-    if (json_is_object(tc)) {
-        const char *ty = json_string_value(json_object_get(tc, "type"));
-        if (!ty || strcmp(ty, "function") != 0)
-            return tdm_error_set_field(err, TDM_EINVALID, "tool_choice.type",
-                                       "tool_choice.type '%.64s' is not supported: give \"auto\", "
-                                       "\"none\", \"required\" or {\"type\": \"function\", "
-                                       "\"name\": ...}",
-                                       ty ? ty : "(none)");
-        json_t *name = json_object_get(tc, "name");
-        json_object_set_new(rc->chat, "tool_choice",
-                            json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
-                                      name ? name : json_null()));
-    } else if (tc) {
-        json_object_set(rc->chat, "tool_choice", tc);
-    }
-    return TDM_OK;
+    if (out)
+        json_object_set_new(rc->chat, "tools", out);
+    return tool_choice_to_chat(rc, err);
 }
 
 /* text.format into response_format. */
