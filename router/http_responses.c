@@ -1014,7 +1014,7 @@ static int close_open(resp_call_t *rc, tdm_buf_t *b)
         json_decref(part);
     } else if (rc->open == RESP_OPEN_CALL) {
         json_t *c = rc->calls[rc->open_call].item;
-        json_object_set_new(c, "status", json_string("completed"));
+        json_object_set_new(c, "status", json_string(status));
         st = emit(rc, b, "response.function_call_arguments.done",
                   json_pack("{s:s, s:i, s:O, s:O}", "item_id", item_id(c), "output_index", (int)idx,
                             "arguments", json_object_get(c, "arguments"), "name",
