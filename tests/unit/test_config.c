@@ -705,7 +705,7 @@ static void test_error_unknown_keys(void **state)
              "%s:2: key 'router.htp_port': unknown key (expected one of: client_endpoint, "
              "node_endpoint, node_advertise, node_endpoints, http_address, http_port, "
              "http_threads, http_connection_timeout_s, http_max_connections, "
-             "http_max_connections_per_client, and 12 more: `tandem config defaults` lists "
+             "http_max_connections_per_client, and 14 more: `tandem config defaults` lists "
              "them)",
              name);
     assert_string_equal(err.msg, want);
