@@ -875,8 +875,8 @@ oom:
 /* Stores the response v and the conversation it ends, when the request asked for it. */
 static void store_response(resp_call_t *rc, json_t *v)
 {
-    if (!rc->store || !v)
-        return;
+    if (!rc->store || !v || rc->h->cfg->router.responses_store_max == 0)
+        return; /* router.responses_store_max 0: the operator keeps none */
     json_t *conv = json_copy(rc->conv);
     if (conv)
         json_array_extend(conv, json_object_get(v, "output"));

@@ -443,3 +443,30 @@ def test_reasoning_items_as_chat_reasoning(thinking):
         assert follow.output_text == (chat.choices[0].message.content or "")
     finally:
         client.close()
+
+
+def test_store_evicts_the_least_recently_used(tmp_path_factory):
+    """router.responses_store_max 2: a third stored response evicts the least recently used
+    one (a GET counts as a use), whose id is then 404; store false takes no room."""
+    for c in http_cluster(tmp_path_factory, "responses-store",
+                          extra_router="  responses_store_max: 2\n"):
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{c.port}/v1", api_key="unused",
+                               max_retries=0, timeout=300)
+        try:
+            model = client.models.list().data[0].id
+            ids = [client.responses.create(model=model, input=f"Say {w}.", max_output_tokens=2,
+                                           temperature=0).id for w in ("one", "two")]
+            client.responses.retrieve(ids[0])  # ids[1] is now the least recently used
+            client.responses.create(model=model, input="hi", max_output_tokens=2, store=False)
+            ids.append(client.responses.create(model=model, input="Say three.",
+                                               max_output_tokens=2, temperature=0).id)
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(ids[1])
+            assert client.responses.retrieve(ids[0]).id == ids[0]
+            assert client.responses.retrieve(ids[2]).id == ids[2]
+            with pytest.raises(openai.NotFoundError) as e:
+                client.responses.create(model=model, previous_response_id=ids[1], input="hi",
+                                        max_output_tokens=2)
+            assert "evicted" in e.value.body["message"]
+        finally:
+            client.close()
