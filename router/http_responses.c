@@ -80,10 +80,10 @@ static int add_message(resp_call_t *rc, json_t *msgs, json_t *m, const char *lab
     return TDM_OK;
 }
 
-/* The text of a content value of item field name: a string, or an array of text parts
- * (input_text, output_text; refusal's refusal), joined. Other parts are refused naming
- * name[j].type. *out is a new string. */
-static int content_text(json_t *c, const char *name, json_t **out, tdm_error_t *err)
+/* A content value of item field name for the chat message: a string as it is, an array of
+ * text parts (input_text, output_text; refusal's refusal) as chat's text parts (the chat path
+ * joins them). Other parts are refused naming name[j].type. *out is a new reference. */
+static int content_parts(json_t *c, const char *name, json_t **out, tdm_error_t *err)
 {
     if (json_is_string(c)) {
         *out = json_incref(c);
@@ -93,7 +93,7 @@ static int content_text(json_t *c, const char *name, json_t **out, tdm_error_t *
         return tdm_error_set_field(err, TDM_EINVALID, name,
                                    "%s must be a string or an array of content parts, got %s", name,
                                    oai_type_name(c));
-    tdm_buf_t t = TDM_BUF_INIT;
+    json_t *parts = json_array();
     size_t j;
     json_t *p;
     json_array_foreach(c, j, p)
@@ -101,32 +101,32 @@ static int content_text(json_t *c, const char *name, json_t **out, tdm_error_t *
         char f[TDM_ERRFIELD_MAX];
         snprintf(f, sizeof f, "%s[%zu].type", name, j);
         const char *ty = json_string_value(json_object_get(p, "type"));
-        if (!json_is_object(p) || !ty) {
-            tdm_buf_free(&t);
-            return tdm_error_set_field(
-                err, TDM_EINVALID, f, "%s is required: a content part is an object with a type", f);
-        }
-        const char *key = strcmp(ty, "refusal") == 0 ? "refusal" : "text";
-        if (strcmp(ty, "input_text") != 0 && strcmp(ty, "output_text") != 0 &&
-            strcmp(ty, "refusal") != 0 && strcmp(ty, "text") != 0) {
-            tdm_buf_free(&t);
-            return tdm_error_set_field(err, TDM_EINVALID, f,
-                                       "%s '%.64s' is not supported: Tandem serves text models; "
-                                       "the parts it reads are input_text and output_text",
-                                       f, ty);
-        }
-        json_t *s = json_object_get(p, key);
-        if (!json_is_string(s)) {
-            tdm_buf_free(&t);
+        int st = TDM_OK;
+        if (!json_is_object(p) || !ty)
+            st = tdm_error_set_field(err, TDM_EINVALID, f,
+                                     "%s is required: a content part is an object with a type", f);
+        else if (strcmp(ty, "input_text") != 0 && strcmp(ty, "output_text") != 0 &&
+                 strcmp(ty, "refusal") != 0 && strcmp(ty, "text") != 0)
+            st = tdm_error_set_field(err, TDM_EINVALID, f,
+                                     "%s '%.64s' is not supported: Tandem serves text models; "
+                                     "the parts it reads are input_text and output_text",
+                                     f, ty);
+        const char *key = ty && strcmp(ty, "refusal") == 0 ? "refusal" : "text";
+        json_t *text = json_object_get(p, key);
+        if (st == TDM_OK && !json_is_string(text)) {
             snprintf(f, sizeof f, "%s[%zu].%s", name, j, key);
-            return tdm_error_set_field(err, TDM_EINVALID, f, "%s must be a string", f);
+            st = tdm_error_set_field(err, TDM_EINVALID, f, "%s must be a string", f);
         }
-        tdm_buf_append(&t, json_string_value(s), json_string_length(s));
+        if (st == TDM_OK &&
+            json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", text)))
+            st = tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        if (st != TDM_OK) {
+            json_decref(parts);
+            return st;
+        }
     }
-    *out = http_json_text(t.data ? t.data : "", t.len);
-    int oom = t.oom;
-    tdm_buf_free(&t);
-    return *out && !oom ? TDM_OK : tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    *out = parts;
+    return parts ? TDM_OK : tdm_error_set(err, TDM_ERESOURCE, "out of memory");
 }
 
 /* The string member key of item (named name), required. */
@@ -180,7 +180,7 @@ static int item_message(item_walk_t *w, json_t *item)
     }
     snprintf(f, sizeof f, "%s.content", w->f);
     json_t *text = NULL;
-    if ((st = content_text(json_object_get(item, "content"), f, &text, w->err)) != TDM_OK)
+    if ((st = content_parts(json_object_get(item, "content"), f, &text, w->err)) != TDM_OK)
         return st;
     json_t *m = json_pack("{s:s, s:o}", "role", strcmp(r, "developer") == 0 ? "system" : r,
                           "content", text);
@@ -226,7 +226,7 @@ static int item_function_output(item_walk_t *w, json_t *item)
         return st;
     char f[TDM_ERRFIELD_MAX + 16];
     snprintf(f, sizeof f, "%s.output", w->f);
-    if ((st = content_text(json_object_get(item, "output"), f, &text, w->err)) != TDM_OK)
+    if ((st = content_parts(json_object_get(item, "output"), f, &text, w->err)) != TDM_OK)
         return st;
     w->last_assistant = NULL;
     return add_message(
@@ -827,10 +827,8 @@ static json_t *echo(const resp_call_t *rc, const char *key, json_t *dflt)
 static json_t *response_json(const resp_call_t *rc, const oai_req_t *q, const char *status,
                              json_t *output, json_t *usage, json_t *error)
 {
-    json_t *reasoning = json_pack(
-        "{s:o, s:n}", "effort",
-        json_deep_copy(json_object_get(get(rc->root, "reasoning"), "effort")) ?: json_null(),
-        "summary");
+    json_t *effort = json_object_get(get(rc->root, "reasoning"), "effort");
+    json_t *reasoning = json_pack("{s:O, s:n}", "effort", effort ? effort : json_null(), "summary");
     json_t *text = get(rc->root, "text") ? json_deep_copy(get(rc->root, "text"))
                                          : json_pack("{s:{s:s}}", "format", "type", "text");
     json_t *v = json_object();
@@ -908,8 +906,8 @@ json_t *resp_whole(resp_call_t *rc, const oai_req_t *q, oai_out_t *o, const tdm_
         json_decref(chat);
         return NULL;
     }
-    snprintf(rc->finish, sizeof rc->finish, "%s",
-             json_string_value(json_object_get(choice, "finish_reason")) ?: "");
+    const char *finish = json_string_value(json_object_get(choice, "finish_reason"));
+    snprintf(rc->finish, sizeof rc->finish, "%s", finish ? finish : "");
     bool incomplete = finished_by_length(rc);
     const char *item_status = incomplete ? "incomplete" : "completed";
     json_t *output = json_array();
@@ -923,7 +921,7 @@ json_t *resp_whole(resp_call_t *rc, const oai_req_t *q, oai_out_t *o, const tdm_
     bool text = json_is_string(content) && json_string_length(content) > 0;
     if (text || json_array_size(calls) == 0)
         json_array_append_new(output, message_item(rc, json_array_size(output),
-                                                   json_string_value(content) ?: "",
+                                                   text ? json_string_value(content) : "",
                                                    json_string_length(content), item_status));
     size_t k;
     json_t *call;

@@ -107,6 +107,15 @@ def test_items_and_instructions_answer_as_chat(oai, model):
     assert r.output_text == c.choices[0].message.content
     assert r.usage.input_tokens == c.usage.prompt_tokens
     assert r.instructions == "You are a kind robot."
+    # several parts: joined as the chat path joins chat's text parts
+    parts = [{"type": "input_text", "text": "My name is Ann."},
+             {"type": "input_text", "text": "What is my name?"}]
+    r = oai.responses.create(model=model, input=[{"role": "user", "content": parts}],
+                             max_output_tokens=10, temperature=0)
+    c = chat_text(oai, model, [{"role": "user", "content": [
+        {"type": "text", "text": p["text"]} for p in parts]}], 10)
+    assert r.output_text == c.choices[0].message.content
+    assert r.usage.input_tokens == c.usage.prompt_tokens
 
 
 def collect(stream):
