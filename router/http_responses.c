@@ -60,7 +60,6 @@ struct resp_call {
     size_t n_calls;
     size_t open_call;  /* RESP_OPEN_CALL: which */
     tdm_buf_t thought; /* all reasoning text streamed, for reasoning_tokens */
-    int oom;
 };
 
 /* ---- the request ---- */
@@ -950,10 +949,8 @@ json_t *resp_whole(resp_call_t *rc, const oai_req_t *q, oai_out_t *o, const tdm_
 /* Appends "event: TYPE\ndata: {…, "type", "sequence_number"}\n\n" of ev (consumed). */
 static int emit(resp_call_t *rc, tdm_buf_t *b, const char *type, json_t *ev)
 {
-    if (!ev) {
-        rc->oom = 1;
+    if (!ev)
         return TDM_ERESOURCE;
-    }
     json_object_set_new(ev, "type", json_string(type));
     json_object_set_new(ev, "sequence_number", json_integer((json_int_t)rc->seq++));
     int st = tdm_buf_append(b, "event: ", 7);
@@ -974,10 +971,11 @@ static const char *item_id(json_t *item)
     return json_string_value(json_object_get(item, "id"));
 }
 
-/* output_item.added of item (a reference kept by the caller) at the next output index. */
+/* output_item.added of item (a reference kept by the caller) at the next output index, once
+ * the item before it is closed. */
 static int item_added(resp_call_t *rc, tdm_buf_t *b, json_t *item, size_t *index)
 {
-    *index = json_array_size(rc->output) + (rc->open != RESP_OPEN_NONE ? 1 : 0);
+    *index = json_array_size(rc->output); /* none is open: the one before is closed */
     return emit(rc, b, "response.output_item.added",
                 json_pack("{s:i, s:O}", "output_index", (int)*index, "item", item));
 }
