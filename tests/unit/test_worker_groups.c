@@ -444,11 +444,47 @@ static void test_refusals(void **state)
     rig_close(&r);
 }
 
+/* A sequence the grouped pool could never hold alone is refused at tdm_worker_add with the
+ * groups' peak (tdm_kv_groups_blocks_per_seq); one that just fits runs alone in it to the end,
+ * its prompt chunks shrunk to what the pool holds (a window group holds a whole chunk's blocks
+ * while it runs), and gives the plain pool's tokens. */
+static void test_pool_too_small(void **state)
+{
+    (void)state;
+    int32_t p[MAX_PROMPT];
+    uint32_t n = prompt_of(1, p); /* 97 tokens */
+    tdm_sampling_params_t sp = sampling_of(1);
+    tdm_worker_req_t req = {.seq_id = 1, .prompt = p, .n_prompt = n, .sampling = &sp};
+    tdm_error_t err = {0};
+    rig_t r;
+    /* 96 blocks: KV of K tokens peaks at ceil(K / 4) + 5 * 9 blocks, so K <= 204 fits */
+    rig_open(&r, true, 16);
+    sp.max_tokens = 109; /* 97 + 109 - 1 = 205 tokens' KV: 52 + 45 = 97 blocks */
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_ERESOURCE);
+    assert_string_equal(err.msg, "KV pool too small for the sequence: the prompt (97 tokens) and "
+                                 "up to 109 output tokens need the KV of 205 tokens, 97 blocks of "
+                                 "4 tokens at their peak; the pool has 96 blocks");
+    assert_false(tdm_worker_has(r.w, 1));
+    sp.max_tokens = 108;
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_OK);
+    out_t got[1] = {0}, ref[1] = {0};
+    drain(&r, got);
+    assert_true(got[0].finished);
+    assert_int_equal(got[0].n, 108);
+    rig_close(&r);
+    rig_open(&r, false, 1024);
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_OK);
+    drain(&r, ref);
+    rig_close(&r);
+    assert_memory_equal(got[0].tokens, ref[0].tokens, 108 * sizeof(int32_t));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_outputs_equal_plain),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_pool_too_small),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

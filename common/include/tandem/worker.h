@@ -16,9 +16,14 @@
  * Order within a step: decode rows of running sequences first (oldest first), then prefill
  * chunks of running sequences, then waiting sequences are admitted (FIFO) while the budget,
  * max_running and the pool allow. A decode row that needs a new block when the pool is empty
- * preempts the newest running sequence (LIFO, like vLLM's recompute preemption). Only an empty
- * pool preempts: running out of memory is an error (TDM_ERESOURCE naming memory) of
- * tdm_worker_add, the one place a sequence's memory is allocated.
+ * preempts the newest running sequence (LIFO, like vLLM's recompute preemption). A prompt chunk
+ * that finds no blocks waits while decode rows run (they free blocks as sequences end), and
+ * then no sequence is admitted that would take blocks for a prompt of its own; when every
+ * running sequence waits so and nothing is in the batch, the oldest goes on alone (the others
+ * preempted) with its chunk shrunk to what the pool holds. Only an empty pool preempts: running
+ * out of memory is an error (TDM_ERESOURCE naming memory) of tdm_worker_add, the one place a
+ * sequence's memory is allocated, and so is a sequence the pool could never hold even alone
+ * (TDM_ERESOURCE naming its tokens, its peak blocks and the pool's).
  *
  * Speculative decoding (prompt lookup, no draft model): in DECODE mode with opts.max_draft > 0,
  * a decoding sequence whose last n-gram (3, then 2 tokens) occurred earlier in its own context
@@ -178,8 +183,13 @@ typedef struct tdm_worker_req {
  * output + 1 > n_ctx, n_output >= max_tokens, token out of the vocabulary, prefilled table not
  * covering n_prompt + n_output tokens or given to a worker over a pool with layer groups, a
  * grammar without opts.grammar_vocab, output or a first
- * token the grammar does not allow), TDM_ERESOURCE (max_waiting reached: the message says so; or
- * out of memory for the sequence's token array or block table: the message says "out of memory").
+ * token the grammar does not allow), TDM_ERESOURCE (max_waiting reached: the message says so;
+ * out of memory for the sequence's token array or block table: the message says "out of memory";
+ * or a pool that could never hold the sequence even alone: "KV pool too small", naming the
+ * tokens whose KV it holds at its peak (DECODE: prompt + min(max_tokens, n_ctx - n_prompt) - 1,
+ * the last token sampled is never computed; PREFILL: prompt + output), those blocks
+ * (ceil(tokens / block_size), or tdm_kv_groups_blocks_per_seq of them over layer groups) and
+ * the pool's total. Nodes never see it: their pool holds a full-context sequence).
  * On error a prefilled table is left with the caller (its table may have been grown, its
  * blocks and contents are unchanged). */
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
@@ -258,7 +268,8 @@ typedef struct tdm_worker_event {
  * the worker stays usable. Allocates nothing (tests/unit/test_worker.c counts; a constrained
  * sequence's matcher may fill its bounded caches during its first steps, tandem/grammar.h): a
  * sequence that cannot get blocks waits or is preempted, a FAILED event (TDM_ERESOURCE, "KV pool
- * exhausted") only when the pool could never hold it. */
+ * exhausted", naming the tokens and blocks) only when, running alone, it finds not even one
+ * row's blocks (queued prefilled sequences hold the rest). */
 int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
                     tdm_error_t *err);
 

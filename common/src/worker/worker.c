@@ -302,6 +302,33 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
     return TDM_OK;
 }
 
+/* Refuses a sequence the pool could never hold even alone, before it takes a block: at its
+ * peak it holds the KV of cap - 1 tokens (the last token sampled is never computed) in DECODE
+ * mode, of its prompt and resumed output in PREFILL mode (what it hands over); that is
+ * ceil(tokens / block_size) blocks of a plain pool, or the layer groups' peak
+ * (tdm_kv_groups_blocks_per_seq). Admitted, it would compute part of its prompt and then wait
+ * for blocks that never come. TDM_ERESOURCE naming the tokens, the blocks and the pool's. */
+static int check_fits(const tdm_worker_t *w, const tdm_worker_req_t *req, uint32_t cap,
+                      tdm_error_t *err)
+{
+    const tdm_kv_layout_t *l = tdm_kv_pool_layout(w->pool);
+    bool prefill = w->o.mode == TDM_WORKER_MODE_PREFILL;
+    uint32_t kv_tokens = prefill ? req->n_prompt + req->n_output : cap - 1;
+    uint64_t need = w->groups ? tdm_kv_groups_blocks_per_seq(w->groups, l->block_size, kv_tokens)
+                              : tdm_kv_blocks_for_tokens(l, kv_tokens);
+    tdm_kv_stats_t st;
+    tdm_kv_pool_stats(w->pool, &st);
+    if (need <= st.n_blocks)
+        return TDM_OK;
+    return tdm_error_set(err, TDM_ERESOURCE,
+                         "KV pool too small for the sequence: the prompt (%u tokens) and %s%u "
+                         "output tokens need the KV of %u tokens, %" PRIu64
+                         " blocks of %u tokens at their peak; the pool has %u blocks",
+                         req->n_prompt, prefill ? "" : "up to ",
+                         prefill ? req->n_output : cap - req->n_prompt, kv_tokens, need,
+                         l->block_size, st.n_blocks);
+}
+
 /* Takes over a prefilled table (its KV and the first token) into s. */
 static void take_prefilled(tdm_worker_t *w, wseq_t *s, const tdm_worker_req_t *req)
 {
@@ -378,13 +405,17 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     tdm_token_logprobs_t *plps = plp ? calloc(req->n_prompt, sizeof *plps) : NULL;
     bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
                                    : tdm_worker_kv_prepare(w, &tables, cap);
-    if (!tokens || (plp && !plps) || !prepared) {
+    if (!tokens || (plp && !plps) || !prepared)
+        rc = tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for a sequence of %u tokens",
+                           cap);
+    else
+        rc = check_fits(w, req, cap, err);
+    if (rc != TDM_OK) {
         tdm_worker_kv_release(w, &tables);
         free(tokens);
         free(plps);
         tdm_grammar_matcher_destroy(&matcher);
-        return tdm_error_set(err, TDM_ERESOURCE,
-                             "worker: out of memory for a sequence of %u tokens", cap);
+        return rc;
     }
     uint32_t slot = w->free_slots[--w->n_free];
     wseq_t *s = &w->seqs[slot];
