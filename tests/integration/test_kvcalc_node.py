@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from conftest import BINARIES, MODEL, Cluster, http_port, reference
-from tandem_client import pb, prompt_request
+from tandem_client import Result, pb, prompt_request
 
 MODELS = os.path.dirname(MODEL)
 GEMMA = os.path.join(MODELS, "gemma-3-270m-q4_k_m.gguf")
@@ -116,25 +116,26 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
     assert all(rc == 0 for rc in codes.values()), codes
 
 
-def test_node_allocating_per_layer_group_is_refused_by_a_disaggregated_router(tmp_path):
-    """A decode node started with a config without prefill nodes allocates per layer group;
-    a router whose config has a prefill node (so KV transfers come to its decode nodes) refuses
-    its registration and says why in tandem status."""
+def test_node_allocating_per_layer_group_is_refused_by_a_router_expecting_every_layer(tmp_path):
+    """A CPU decode node of a config whose Gemma nodes are all on the CPU allocates per layer
+    group; a router whose config puts the prefill node on a GPU (so that every node of the model
+    allocates every layer: their KV could not travel to a grouped pool) refuses its
+    registration and says why in tandem status."""
     if not os.path.exists(GEMMA):
         pytest.skip(f"{GEMMA} is not in the model cache (scripts/setup)")
     c = Cluster(str(tmp_path), n_prefill=1, n_decode=1, memory_budget="768MiB", threads=1,
                 model=GEMMA, default_keys=False)
-    alone = os.path.join(str(tmp_path), "colocated.yaml")
+    gpu = os.path.join(str(tmp_path), "gpu-prefill.yaml")
     with open(c.config) as f:
         cfg = f.read()
     prefill = ("  - id: prefill-0\n    role: prefill\n    threads: 1\n"
                "    memory_budget: 768MiB\n")
     assert prefill in cfg
-    with open(alone, "w") as f:
-        f.write(cfg.replace(prefill, ""))
+    with open(gpu, "w") as f:
+        f.write(cfg.replace(prefill, prefill + "    device: cuda:0\n"))
     try:
-        c._spawn("router", [BINARIES["router"], "--config", c.config])
-        c._spawn("decode-0", [BINARIES["decode"], "--config", alone, "--node-id", "decode-0"])
+        c._spawn("router", [BINARIES["router"], "--config", gpu])
+        c._spawn("decode-0", [BINARIES["decode"], "--config", c.config, "--node-id", "decode-0"])
         end = time.time() + 300
         node = None
         while time.time() < end:
@@ -149,5 +150,57 @@ def test_node_allocating_per_layer_group_is_refused_by_a_disaggregated_router(tm
         assert not node.up
         assert "allocates KV in 6 layer groups" in node.refused_reason, node.refused_reason
         assert "the router expects every layer in every block" in node.refused_reason
+        assert "no CUDA node in the config" in node.refused_reason, node.refused_reason
+    finally:
+        c.stop()
+
+
+def test_gemma_disaggregated_per_layer_group_equals_single_process(tmp_path):
+    """A CPU prefill node and two CPU decode nodes of Gemma 3 270M all allocate per layer group
+    (protocol 2.9: the KV transfer ships each group's live blocks); a prompt past the 512-token
+    window gives `tandem generate`'s tokens, greedy and seeded, and so do two streams of which
+    one is migrated when its decode node is killed (its prompt and the output so far prefilled
+    again and shipped, per group, to the other decode node)."""
+    if not os.path.exists(GEMMA):
+        pytest.skip(f"{GEMMA} is not in the model cache (scripts/setup)")
+    c = Cluster(str(tmp_path), n_prefill=1, n_decode=2, memory_budget="768MiB", threads=1,
+                model=GEMMA).start(timeout_s=300)
+    try:
+        nodes = c.nodes()
+        assert [nodes[n].kv_layer_groups for n in ("prefill-0", "decode-0", "decode-1")] == \
+            [6, 6, 6], nodes
+        prompt = " ".join(f"item {i} is {'red' if i % 3 else 'blue'};" for i in range(120))
+        cl = c.client()
+        try:
+            for sp in ({"temperature": 0.0}, {"temperature": 0.8, "seed": 7}):
+                res = cl.generate(prompt_request(prompt=prompt, max_tokens=12, **sp),
+                                  timeout_s=600)
+                assert res.status == "OK", (res.status, res.message)
+                assert res.final.usage.prompt_tokens > 512, res.final.usage
+                ref = reference(prompt=prompt, max_tokens=12, model=GEMMA,
+                                temperature=sp["temperature"], seed=sp.get("seed"))
+                assert res.text == ref, (sp, res.text, ref)
+            # migration: one stream on each decode node, then decode-0 dies
+            n_out = 200
+            calls = {cl.start(prompt_request(prompt=prompt, max_tokens=n_out, temperature=0.0,
+                                             ignore_eos=True)): Result() for _ in range(2)}
+            end = time.time() + 600
+            while time.time() < end:
+                nodes = c.nodes()
+                if all(nodes[d].load.running > 0 for d in c.decode_ids):
+                    break
+                time.sleep(0.05)
+            assert all(nodes[d].load.running > 0 for d in c.decode_ids), \
+                {d: nodes[d].load.running for d in c.decode_ids}
+            c.kill("decode-0")
+            cl.collect(calls, timeout_s=600)
+            ref = reference(prompt=prompt, max_tokens=n_out, model=GEMMA,
+                            extra=("--ignore-eos",))
+            for r in calls.values():
+                assert r.status == "OK", (r.status, r.message)
+                assert len(r.token_ids) == n_out, len(r.token_ids)
+                assert r.text == ref, (r.text, ref)
+        finally:
+            cl.close()
     finally:
         c.stop()

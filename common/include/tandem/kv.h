@@ -446,6 +446,17 @@ void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *t
 int tdm_kv_hseq_check_handover(const tdm_kv_hseq_t *hs, const tdm_kv_groups_t *groups,
                                uint32_t block_size, uint32_t n, tdm_error_t *err);
 
+/* For an empty sequence that is to receive the KV of n_tokens tokens (a decode node's
+ * reservation for a KV transfer): every group's table gets ceil(n_tokens / block_size) entries,
+ * of which those before tdm_kv_group_first_needed(n_tokens) are given back (TDM_KV_NO_BLOCK)
+ * and the rest are allocated; hs->n_tokens = n_tokens. All or nothing: TDM_ERESOURCE when the
+ * pool lacks the blocks or a table cannot grow (nothing taken). */
+int tdm_kv_hseq_reserve_handover(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t n_tokens);
+
+/* The blocks hs holds, group by group in table order (the order of a KV transfer), into
+ * out[tdm_kv_hseq_held(hs)]. Returns how many. Cannot fail. */
+uint32_t tdm_kv_hseq_live(const tdm_kv_hseq_t *hs, uint32_t *out);
+
 /* Blocks the sequence holds now, over every group. */
 uint64_t tdm_kv_hseq_held(const tdm_kv_hseq_t *hs);
 

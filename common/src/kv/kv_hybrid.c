@@ -355,6 +355,41 @@ int tdm_kv_hseq_check_handover(const tdm_kv_hseq_t *hs, const tdm_kv_groups_t *g
     return TDM_OK;
 }
 
+int tdm_kv_hseq_reserve_handover(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t n_tokens)
+{
+    TDM_ASSERT(tdm_kv_hseq_held(hs) == 0);
+    const tdm_kv_groups_t *g = hs->groups;
+    const uint32_t bs = tdm_kv_pool_layout(pool)->block_size;
+    const uint32_t entries = (uint32_t)blocks_for(n_tokens, bs);
+    uint64_t need = 0;
+    for (uint32_t gi = 0; gi < g->n_groups; gi++)
+        need += tdm_kv_group_live(g, gi, bs, n_tokens, n_tokens);
+    if (need > tdm_kv_pool_available(pool) || tdm_kv_hseq_prepare(pool, hs, n_tokens) != TDM_OK)
+        return TDM_ERESOURCE;
+    for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+        tdm_kv_seq_t *t = &hs->tab[gi];
+        uint32_t first = (uint32_t)first_needed(g->window[gi], bs, n_tokens);
+        for (uint32_t i = 0; i < first; i++)
+            t->blocks[i] = TDM_KV_NO_BLOCK;
+        int rc = tdm_kv_pool_alloc(pool, entries - first, t->blocks + first);
+        TDM_ASSERT(rc == TDM_OK); /* counted available above */
+        (void)rc;
+        t->n_blocks = entries;
+        t->n_dropped = first;
+    }
+    hs->n_tokens = n_tokens;
+    return TDM_OK;
+}
+
+uint32_t tdm_kv_hseq_live(const tdm_kv_hseq_t *hs, uint32_t *out)
+{
+    uint32_t k = 0;
+    for (uint32_t gi = 0; hs->tab && gi < hs->groups->n_groups; gi++)
+        for (uint32_t i = hs->tab[gi].n_dropped; i < hs->tab[gi].n_blocks; i++)
+            out[k++] = hs->tab[gi].blocks[i];
+    return k;
+}
+
 uint64_t tdm_kv_hseq_held(const tdm_kv_hseq_t *hs)
 {
     uint64_t n = 0;
