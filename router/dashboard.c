@@ -808,6 +808,23 @@ static bool cap_options(cap_args_t *a, tdm_kv_plan_in_t *in)
            cap_bytes(a, "memory", &in->memory_bytes, &in->have_memory);
 }
 
+/* all_layers: 1 / true plans every layer in every block, 0 / false (or absent) per layer group
+ * where the model has windows. false with a->bad and a->msg set for another value. */
+static bool cap_all_layers(cap_args_t *a, bool *out)
+{
+    const char *t = a->get(a->ctx, "all_layers");
+    *out = false;
+    if (!t || !*t || strcmp(t, "0") == 0 || strcmp(t, "false") == 0)
+        return true;
+    if (strcmp(t, "1") == 0 || strcmp(t, "true") == 0) {
+        *out = true;
+        return true;
+    }
+    a->bad = "all_layers";
+    snprintf(a->msg, sizeof a->msg, "all_layers must be 1, true, 0 or false, got '%s'", t);
+    return false;
+}
+
 /* node=ID without memory: the node's real pool (kv_blocks_total blocks of the cluster's
  * layout) plus the weights is the memory (tdm_kv_plan_budget). Returns a copy of the node's
  * entry in the last status (caller decrefs), or NULL with a->bad and a->msg set. */
@@ -900,8 +917,14 @@ json_t *dash_capacity_json(dash_t *d, const http_model_t *m,
     const char *node_id = get(ctx, "node");
     bool explicit_shape = get(ctx, "layers") || get(ctx, "kv_heads") || get(ctx, "head_dim");
     const char *source = explicit_shape ? "shape" : node_id ? "node" : "model";
-    if (!cap_shape(&a, m, explicit_shape, &in) || !cap_options(&a, &in))
+    bool all_layers = false;
+    if (!cap_shape(&a, m, explicit_shape, &in) || !cap_options(&a, &in) ||
+        !cap_all_layers(&a, &all_layers))
         return cap_error(&a, http_status);
+    /* the served model with windows: per layer group, as its CPU nodes allocate and as
+     * `tandem kvcalc -m` plans (tdm_node_kv_groups; all_layers for a model with a GPU node) */
+    if (!explicit_shape && !node_id && m && m->have_groups && !all_layers)
+        in.groups = &m->groups;
     tdm_error_t err = {0};
     if (tdm_kv_layout_check(&in.layout, &err) != TDM_OK) {
         a.bad = NULL;

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -97,6 +98,21 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
             assert cap["block_bytes"] == plan["block_bytes"], (cap, plan)
             assert cap["blocks_per_sequence"] == plan["blocks_per_sequence"], (cap, plan)
             assert cap["max_sequences"] == plan["max_sequences"], (cap, plan)
+        # without node=: the served model, per layer group as kvcalc -m (all_layers: every
+        # layer in every block, as kvcalc --all-layers)
+        for q, plan, groups in (("", p8, 6), ("&all_layers=1", full, 1)):
+            url = f"{base}/api/capacity?context=8192&memory=768MiB{q}"
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                cap = json.loads(resp.read())
+            assert cap["source"] == "model" and cap["layer_groups"] == groups, cap
+            assert cap["block_bytes"] == plan["block_bytes"], (cap, plan)
+            assert cap["blocks_per_sequence"] == plan["blocks_per_sequence"], (cap, plan)
+        try:
+            urllib.request.urlopen(f"{base}/api/capacity?all_layers=maybe", timeout=30)
+            raise AssertionError("all_layers=maybe accepted")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400, e.code
+            assert "all_layers must be 1, true, 0 or false" in e.read().decode(), e
         # about 700 tokens: past the 512-token window
         prompt = " ".join(f"item {i} is {'red' if i % 3 else 'blue'};" for i in range(120))
         cl = c.client()
