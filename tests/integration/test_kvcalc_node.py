@@ -89,6 +89,8 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
             time.sleep(0.2)
         assert seen[0]["pool"]["kv_blocks"] == node.kv_blocks_total, seen[0]
         assert seen[0]["pool"]["layer_groups"] == 6, seen[0]
+        # its blocks hold one group's 3 layers: 3 * 2 * 256 * 16 * 2 = 49,152 B (2.9)
+        assert seen[0]["kv_block_bytes"] == p8["block_bytes"] == 49152, seen[0]
         for ctx, plan in ((8192, p8), (32768, p32)):
             url = f"{base}/api/capacity?node=decode-0&context={ctx}"
             with urllib.request.urlopen(url, timeout=30) as resp:
