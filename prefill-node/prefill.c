@@ -144,13 +144,26 @@ static bool on_frame(void *h, const tdm_frame_t *f)
 static void ship(tdm_prefill_t *p, ptask_t *t, const tdm_worker_event_t *ev)
 {
     tdm_kv_seq_t seq = ev->seq;
-    t->in_worker = false; /* the worker handed the sequence over */
+    tdm_kv_hseq_t hseq = ev->hseq; /* a pool with layer groups: one table per group */
+    t->in_worker = false;          /* the worker handed the sequence over */
     tdm_kv_send_req_t sr = {0};
     sr.request_id = t->base.att.label;
     sr.attempt_id = t->base.att.attempt_id;
     sr.endpoint = t->decode_ep;
     sr.blocks = seq.blocks;
     sr.n_blocks = seq.n_blocks;
+    uint32_t *live = NULL; /* layer groups: each group's live blocks, group by group */
+    if (hseq.tab) {
+        live = malloc((size_t)tdm_kv_hseq_held(&hseq) * sizeof *live + 1);
+        if (!live) {
+            tdm_kv_hseq_release(p->rt->pool, &hseq);
+            tdm_node_req_fail(p->node, &t->base, TDM_ERESOURCE, true,
+                              "out of memory for the block list of a KV transfer");
+            return;
+        }
+        sr.blocks = live;
+        sr.n_blocks = tdm_kv_hseq_live(&hseq, live);
+    }
     sr.n_tokens = ev->n_tokens;
     sr.first_token = ev->first_token;
     sr.prefill_s = ev->prefill_s;
@@ -165,6 +178,8 @@ static void ship(tdm_prefill_t *p, ptask_t *t, const tdm_worker_event_t *ev)
     int rc = sender ? tdm_kv_sender_send(sender, &sr, &xid, &err) : err.code;
     /* The sender holds its own references; ours go now (into the prefix cache). */
     tdm_kv_seq_release(p->rt->pool, &seq);
+    tdm_kv_hseq_release(p->rt->pool, &hseq);
+    free(live);
     if (rc != TDM_OK)
         tdm_node_req_fail(p->node, &t->base, rc, true, err.msg);
     else

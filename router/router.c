@@ -500,6 +500,12 @@ static void node_status_fill(const tdm_router_t *r, const rt_node_t *n, double n
     s->up = n->up;
     s->kv_blocks_total = n->kv_blocks_total;
     s->kv_layer_groups = !n->registered ? 0 : n->kv_grouped ? n->model->kv_groups.n_groups : 1;
+    if (n->registered) {
+        tdm_kv_layout_t bl = n->kv_grouped
+                                 ? tdm_kv_group_layout(&n->model->layout, &n->model->kv_groups)
+                                 : n->model->layout;
+        s->kv_block_bytes = tdm_kv_block_bytes(&bl);
+    }
     tdm_node_load_to_proto(&n->load, load);
     s->load = load;
     s->last_heartbeat_age_s = rt_node_age(n, now);

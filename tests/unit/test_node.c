@@ -787,9 +787,10 @@ static void test_size_pool_refuses(void **state)
 }
 
 /* Gemma 3 270M's shape (18 layers, every sixth of full attention, window 512) sized per layer
- * group on a CPU decode node of a config without prefill nodes, and the rule of which nodes do
- * (tdm_node_kv_groups): not a prefill node, not a CUDA node, not in a config with a prefill
- * node, not a model without windows. */
+ * group on a CPU node, and the rule of which nodes do (tdm_node_kv_groups): CPU prefill and
+ * decode nodes alike (KV travels between them per group, protocol 2.9), not a CUDA node nor any
+ * node of a model that has one (its KV would meet a pool of every layer), not a model without
+ * windows. */
 static void test_size_pool_layer_groups(void **state)
 {
     (void)state;
@@ -840,10 +841,13 @@ static void test_size_pool_layer_groups(void **state)
     assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_ERESOURCE);
     assert_non_null(strstr(err.msg, "needs 677 blocks"));
 
-    nodes[1].role = TDM_NODE_ROLE_PREFILL; /* KV crosses nodes: every layer in every block */
+    nodes[1].role = TDM_NODE_ROLE_PREFILL; /* a CPU pair: KV crosses nodes per group */
+    assert_true(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    assert_true(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+    nodes[1].device.kind = TDM_NODE_DEVICE_CUDA; /* a CUDA prefill node: all of its model's */
     assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
     assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
-    /* several models: only a prefill node of the decode node's own model ships it KV */
+    /* several models: only a CUDA node of the node's own model counts */
     tdm_model_config_t models[2];
     memset(models, 0, sizeof models);
     models[0].name = "smol";
@@ -859,8 +863,11 @@ static void test_size_pool_layer_groups(void **state)
     cfg.models = NULL;
     cfg.n_models = 0;
     nodes[1].role = TDM_NODE_ROLE_DECODE;
-    nodes[0].device.kind = TDM_NODE_DEVICE_CUDA;
+    nodes[1].device.kind = TDM_NODE_DEVICE_CPU;
+    nodes[0].device.kind = TDM_NODE_DEVICE_CUDA; /* a CUDA decode node beside a CPU one */
     assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+    nodes[0].device.kind = TDM_NODE_DEVICE_CPU;
     assert_true(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
     hp.n_swa = 0; /* no windows */
     assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));

@@ -548,8 +548,8 @@ static void test_prefill_step_allocates_nothing(void **state)
 }
 
 /* Out of memory is an error of tdm_worker_add, named as memory, with nothing left behind;
- * an empty pool is not: the sequence is admitted and, when the pool can never hold it, fails
- * at a step with "KV pool exhausted". */
+ * an empty pool is not, and a pool that could never hold the sequence even alone is
+ * refused by tdm_worker_add too, naming the tokens and the blocks, before it takes any. */
 static void test_oom_is_not_pool_exhaustion(void **state)
 {
     fixture_t *fx = *state;
@@ -590,17 +590,75 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     assert_int_equal(seq.n_blocks, 2);
     tdm_kv_seq_release(r.pool, &seq);
 
-    /* the pool (2 blocks, 32 tokens) can never hold 100 tokens: admitted, then failed */
+    /* the pool (2 blocks, 32 tokens) can never hold 100 tokens: refused at once */
     sp.max_tokens = 4;
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_ERESOURCE);
+    assert_string_equal(err.msg, "KV pool too small for the sequence: the prompt (100 tokens) and "
+                                 "up to 4 output tokens need the KV of 103 tokens, 7 blocks of 16 "
+                                 "tokens at their peak; the pool has 2 blocks");
+    assert_false(tdm_worker_has(r.w, 'a'));
+    /* the last token sampled is never computed: 20 + 13 tokens need 32 tokens' KV, 2 blocks */
+    req.n_prompt = 20;
+    sp.max_tokens = 14;
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "the KV of 33 tokens, 3 blocks"));
+    sp.max_tokens = 13;
+    sp.ignore_eos = true;
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
-    const tdm_worker_event_t *ev;
-    uint32_t n;
-    assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
-    assert_int_equal(n, 1);
-    assert_int_equal(ev[0].kind, TDM_WORKER_EVENT_FAILED);
-    assert_int_equal(ev[0].status, TDM_ERESOURCE);
-    assert_non_null(strstr(ev[0].message, "KV pool exhausted"));
+    out_t outs['a'] = {0};
+    drain(&r, outs);
+    assert_true(outs[id_index('a')].finished);
+    assert_int_equal(outs[id_index('a')].n, 13);
     assert_false(tdm_worker_busy(r.w));
+    rig_close(&r);
+}
+
+/* Two long prompts chunked side by side in a pool that holds either alone but not both: each
+ * takes blocks for its chunks until neither can get its next one, and nothing runs that could
+ * free any. The worker goes on with the oldest alone (the other preempted, recomputed later)
+ * instead of waiting forever, and both outputs are those of a run alone. */
+static void test_prefill_stall_preempts(void **state)
+{
+    fixture_t *fx = *state;
+    enum { N = 2, LEN = 100, OUT = 8 };
+    int32_t prompts[N][LEN];
+    out_t ref[N] = {0}, got[N] = {0};
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.temperature = 0.0f;
+    sp.max_tokens = OUT;
+    sp.ignore_eos = true;
+    tdm_error_t err = {0};
+    for (int k = 0; k < N; k++) {
+        make_prompt(prompts[k], LEN, fx->f.n_vocab, 900 + (uint64_t)k);
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+        tdm_worker_req_t req = {
+            .seq_id = seq_of(k), .prompt = prompts[k], .n_prompt = LEN, .sampling = &sp};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+        drain(&r, ref);
+        rig_close(&r);
+    }
+    /* 9 blocks of 16: each needs 7 (107 tokens' KV); chunks of 16 rows, 32 per step: at 96
+     * and 64 tokens (6 + 4 blocks) neither gets its next chunk */
+    g_prefill_chunk = 16;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 9, 32, 4);
+    for (int k = 0; k < N; k++) {
+        tdm_worker_req_t req = {
+            .seq_id = seq_of(k), .prompt = prompts[k], .n_prompt = LEN, .sampling = &sp};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    }
+    drain(&r, got);
+    g_prefill_chunk = 0;
+    for (int k = 0; k < N; k++) {
+        assert_true(got[k].finished);
+        assert_int_equal(got[k].failed, 0);
+        assert_int_equal(got[k].n, OUT);
+        assert_memory_equal(got[k].tokens, ref[k].tokens, OUT * sizeof(int32_t));
+    }
+    assert_int_equal(got[0].preemptions, 0); /* the oldest went on */
+    assert_true(got[1].preemptions >= 1);
     rig_close(&r);
 }
 
@@ -1361,6 +1419,7 @@ int main(void)
         cmocka_unit_test(test_step_allocates_nothing),
         cmocka_unit_test(test_prefill_step_allocates_nothing),
         cmocka_unit_test(test_oom_is_not_pool_exhaustion),
+        cmocka_unit_test(test_prefill_stall_preempts),
         cmocka_unit_test(test_events_carry_user),
         cmocka_unit_test(test_resume_equals_undisturbed),
         cmocka_unit_test(test_resume_errors),

@@ -78,10 +78,6 @@ static int check_opts(const tdm_engine_t *engine, const tdm_kv_pool_t *pool,
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: the grammar vocabulary has %u tokens, the model %u",
                              tdm_grammar_vocab_n_vocab(opts->grammar_vocab), n_vocab);
-    if (opts->mode == TDM_WORKER_MODE_PREFILL && tdm_kv_pool_groups(pool))
-        return tdm_error_set(err, TDM_EINVALID,
-                             "worker: PREFILL mode hands over one block table of every layer; "
-                             "the pool has layer groups (use a plain pool)");
     return TDM_OK;
 }
 
@@ -289,24 +285,72 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
     if (pre && w->groups)
         return tdm_error_set(err, TDM_EINVALID,
                              "prefilled: this worker's KV pool has %u layer groups; prefilled KV "
-                             "comes in one table of every layer (a plain pool)",
+                             "comes in one table per group (prefilled_groups)",
                              w->groups->n_groups);
+    if (req->prefilled_groups && !w->groups)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prefilled_groups: this worker's KV pool has no layer groups; "
+                             "prefilled KV comes in one table of every layer (prefilled)");
+    if (req->prefilled_groups &&
+        tdm_kv_hseq_check_handover(req->prefilled_groups, w->groups,
+                                   tdm_kv_pool_layout(w->pool)->block_size,
+                                   req->n_prompt + req->n_output, err) != TDM_OK)
+        return TDM_EINVALID;
+    if ((pre || req->prefilled_groups) && w->o.mode == TDM_WORKER_MODE_PREFILL)
+        return tdm_error_set(err, TDM_EINVALID, "prefilled: a PREFILL worker computes the KV");
     if (check_resume(w, req, err) != TDM_OK)
         return TDM_EINVALID;
     if (req->grammar && !w->o.grammar_vocab)
         return tdm_error_set(err, TDM_EINVALID,
                              "constraint: this worker has no grammar vocabulary");
-    if (pre && (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab))
+    if ((pre || req->prefilled_groups) &&
+        (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab))
         return tdm_error_set(err, TDM_EINVALID, "first_token %d is outside the vocabulary [0, %u)",
                              req->first_token, w->n_vocab);
     return TDM_OK;
 }
 
+/* Refuses a sequence the pool could never hold even alone, before it takes a block: at its
+ * peak it holds the KV of cap - 1 tokens (the last token sampled is never computed) in DECODE
+ * mode, of its prompt and resumed output in PREFILL mode (what it hands over); that is
+ * ceil(tokens / block_size) blocks of a plain pool, or the layer groups' peak
+ * (tdm_kv_groups_blocks_per_seq). Admitted, it would compute part of its prompt and then wait
+ * for blocks that never come. TDM_ERESOURCE naming the tokens, the blocks and the pool's. */
+static int check_fits(const tdm_worker_t *w, const tdm_worker_req_t *req, uint32_t cap,
+                      tdm_error_t *err)
+{
+    const tdm_kv_layout_t *l = tdm_kv_pool_layout(w->pool);
+    bool prefill = w->o.mode == TDM_WORKER_MODE_PREFILL;
+    uint32_t kv_tokens = prefill ? req->n_prompt + req->n_output : cap - 1;
+    uint64_t need = w->groups ? tdm_kv_groups_blocks_per_seq(w->groups, l->block_size, kv_tokens)
+                              : tdm_kv_blocks_for_tokens(l, kv_tokens);
+    tdm_kv_stats_t st;
+    tdm_kv_pool_stats(w->pool, &st);
+    if (need <= st.n_blocks)
+        return TDM_OK;
+    return tdm_error_set(err, TDM_ERESOURCE,
+                         "KV pool too small for the sequence: the prompt (%u tokens) and %s%u "
+                         "output tokens need the KV of %u tokens, %" PRIu64
+                         " blocks of %u tokens at their peak; the pool has %u blocks",
+                         req->n_prompt, prefill ? "" : "up to ",
+                         prefill ? req->n_output : cap - req->n_prompt, kv_tokens, need,
+                         l->block_size, st.n_blocks);
+}
+
 /* Takes over a prefilled table (its KV and the first token) into s. */
 static void take_prefilled(tdm_worker_t *w, wseq_t *s, const tdm_worker_req_t *req)
 {
-    s->kv = *req->prefilled;
-    tdm_kv_seq_init(req->prefilled);
+    if (req->prefilled_groups) {
+        s->hkv = *req->prefilled_groups;
+        memset(req->prefilled_groups, 0, sizeof *req->prefilled_groups);
+        s->hkv.groups = w->groups;
+        s->hkv.n_tokens = s->n_tokens;
+        s->hkv.n_hashed = 0; /* registered in this pool from the first commit on */
+        s->hkv.last_hash = 0;
+    } else {
+        s->kv = *req->prefilled;
+        tdm_kv_seq_init(req->prefilled);
+    }
     s->kv.n_tokens = s->n_tokens; /* the prompt and the resumed output */
     s->n_computed = s->n_tokens;
     s->tokens[s->n_tokens++] = req->first_token;
@@ -345,7 +389,8 @@ static int matcher_open(const tdm_worker_t *w, const tdm_worker_req_t *req,
     if (!m)
         return err ? err->code : TDM_ERESOURCE;
     if (matcher_replay(m, req->output, req->n_output, 0, err) != TDM_OK ||
-        (req->prefilled && matcher_replay(m, &req->first_token, 1, req->n_output, err) != TDM_OK)) {
+        ((req->prefilled || req->prefilled_groups) &&
+         matcher_replay(m, &req->first_token, 1, req->n_output, err) != TDM_OK)) {
         tdm_grammar_matcher_destroy(&m);
         return TDM_EINVALID;
     }
@@ -374,17 +419,24 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     wseq_t tables; /* the new sequence's block table(s) */
     memset(&tables, 0, sizeof tables);
     int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
-    bool plp = req->prompt_logprobs && !req->prefilled && req->n_output == 0;
+    bool plp =
+        req->prompt_logprobs && !req->prefilled && !req->prefilled_groups && req->n_output == 0;
     tdm_token_logprobs_t *plps = plp ? calloc(req->n_prompt, sizeof *plps) : NULL;
     bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
-                                   : tdm_worker_kv_prepare(w, &tables, cap);
-    if (!tokens || (plp && !plps) || !prepared) {
+                    : req->prefilled_groups
+                        ? tdm_kv_hseq_prepare(w->pool, req->prefilled_groups, cap) == TDM_OK
+                        : tdm_worker_kv_prepare(w, &tables, cap);
+    if (!tokens || (plp && !plps) || !prepared)
+        rc = tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for a sequence of %u tokens",
+                           cap);
+    else
+        rc = check_fits(w, req, cap, err);
+    if (rc != TDM_OK) {
         tdm_worker_kv_release(w, &tables);
         free(tokens);
         free(plps);
         tdm_grammar_matcher_destroy(&matcher);
-        return tdm_error_set(err, TDM_ERESOURCE,
-                             "worker: out of memory for a sequence of %u tokens", cap);
+        return rc;
     }
     uint32_t slot = w->free_slots[--w->n_free];
     wseq_t *s = &w->seqs[slot];
@@ -411,7 +463,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->spec_rate = SPEC_RATE_PRIOR;
     s->plp = plps;
     s->plp_top = plp ? req->prompt_logprobs_top : 0;
-    if (req->prefilled)
+    if (req->prefilled || req->prefilled_groups)
         take_prefilled(w, s, req);
     w->waiting[w->n_waiting++] = slot;
     return 0;
@@ -423,7 +475,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
 static int fork_check(const tdm_worker_t *w, const wseq_t *p, const tdm_worker_req_t *req,
                       uint32_t k, tdm_error_t *err)
 {
-    if (req->prefilled || req->n_output)
+    if (req->prefilled || req->prefilled_groups || req->n_output)
         return tdm_error_set(err, TDM_EINVALID, "fork: prefilled KV or output given");
     if (req->n_prompt != p->n_prompt || !req->prompt ||
         memcmp(req->prompt, p->tokens, (size_t)p->n_prompt * sizeof *p->tokens) != 0)

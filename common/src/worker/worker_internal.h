@@ -95,6 +95,7 @@ struct tdm_worker {
     uint32_t n_eog;
     uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
     uint32_t want_left;              /* ... and the logit rows it has left */
+    bool starved; /* a running sequence's prompt chunk found no blocks in this batch */
 
     tdm_worker_event_t *events; /* [cap_events] */
     uint32_t n_events;

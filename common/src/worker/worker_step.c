@@ -55,8 +55,13 @@ static void hand_over(tdm_worker_t *w, uint32_t slot, int32_t token, double t_en
 {
     wseq_t *s = &w->seqs[slot];
     tdm_worker_event_t *pe = tdm_worker_push_event(w, TDM_WORKER_EVENT_PREFILLED, s);
-    pe->seq = s->kv;
-    tdm_kv_seq_init(&s->kv);
+    if (w->groups) { /* the live blocks of each group: the window groups gave back the rest */
+        pe->hseq = s->hkv;
+        memset(&s->hkv, 0, sizeof s->hkv);
+    } else {
+        pe->seq = s->kv;
+        tdm_kv_seq_init(&s->kv);
+    }
     pe->n_tokens = s->n_computed; /* the prompt and any resumed output */
     pe->first_token = token;
     pe->cached_prompt_tokens = s->cached_prompt_tokens;
