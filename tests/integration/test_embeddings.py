@@ -9,6 +9,7 @@ import json
 import math
 import os
 import struct
+import subprocess
 
 import pytest
 
@@ -172,3 +173,44 @@ def test_decode_only_pool_same_bits(cluster, decode_only, oai, model):
                        max_retries=0, timeout=300) as other:
         got = embed(other, model, [c["tokens"] for c in cases]).data
     assert [d.embedding for d in got] == [d.embedding for d in want]
+
+
+def f32(values):
+    """values rounded to float32 (what both sides computed), as Python floats."""
+    return list(struct.unpack(f"<{len(values)}f", struct.pack(f"<{len(values)}f", *values)))
+
+
+def cli_embed(*args):
+    from conftest import BINARIES
+    out = subprocess.run([BINARIES["tandem"], "embed", *args], capture_output=True, check=True,
+                         env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+    return [json.loads(line) for line in out.stdout.decode().splitlines()]
+
+
+def test_single_process_and_native_api_same_bits(cluster, oai, model):
+    """`tandem embed -m MODEL` (this process, no cluster) and `tandem embed` through the
+    router's native EMBED call give the bits the HTTP API gives."""
+    from conftest import MODEL
+    cases = [c for c in golden_cases() if c["name"] in ("short", "para")]
+    for pooling in ("last", "mean"):
+        want = embed(oai, model, [c["tokens"] for c in cases], pooling).data
+        args = ["--pooling", pooling]
+        for c in cases:
+            args += ["--tokens", ",".join(map(str, c["tokens"]))]
+        local = cli_embed("-m", MODEL, "-t", "1", *args)
+        routed = cli_embed("--router", cluster.client_ep, *args)
+        for w, lo, ro, c in zip(want, local, routed, cases):
+            assert lo["prompt_tokens"] == ro["prompt_tokens"] == len(c["tokens"])
+            assert f32(lo["embedding"]) == w.embedding, (c["name"], pooling)
+            assert f32(ro["embedding"]) == w.embedding, (c["name"], pooling)
+    # texts go through the same tokenization on every path
+    text = cli_embed("-m", MODEL, "-t", "1", "Hello world")[0]["embedding"]
+    assert f32(text) == embed(oai, model, "Hello world").data[0].embedding
+
+
+def test_native_api_refusal_names_field(cluster):
+    from conftest import BINARIES
+    r = subprocess.run([BINARIES["tandem"], "embed", "--router", cluster.client_ep, "--tokens",
+                        "1,2,999999999"], capture_output=True)
+    assert r.returncode == 2, r
+    assert b"token_inputs[0].ids[2]: token id 999999999 is outside the vocabulary" in r.stderr
