@@ -573,7 +573,11 @@ void rt_embed(tdm_router_t *r, const tdm_frame_t *f)
     c->call_id = f->call_id;
     memcpy(c->peer, f->peer, f->peer_len);
     c->peer_len = f->peer_len;
-    c->deadline_ms = f->deadline_unix_ms;
+    /* none given: router.request_timeout_s, as for GENERATE */
+    c->deadline_ms = f->deadline_unix_ms
+                         ? f->deadline_unix_ms
+                         : tdm_net_now_ms() +
+                               (uint64_t)(r->cfg->router.request_timeout_s * 1000.0 + 0.5);
     c->t_arrival = tdm_time_now();
     if (q->request_id && q->request_id[0])
         snprintf(c->id, sizeof c->id, "%s", q->request_id);
