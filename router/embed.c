@@ -334,8 +334,8 @@ void rt_embed_on_result(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     if (er->n_embedding != c->n_embd || er->prompt_tokens != it->n) {
         char why[160];
         snprintf(why, sizeof why,
-                 "node '%s' answered %zu values for %u tokens; the model has %u for %u",
-                 n->cfg->id, er->n_embedding, er->prompt_tokens, c->n_embd, it->n);
+                 "node '%s' answered %zu values for %u tokens; the model has %u for %u", n->cfg->id,
+                 er->n_embedding, er->prompt_tokens, c->n_embd, it->n);
         item_retry(r, it, false, TDM_EINTERNAL, why);
         goto out_free;
     }
@@ -494,8 +494,8 @@ static int check_request(tdm_router_t *r, const Tandem__V1__EmbedRequest *q, rt_
 {
     *model = q->model && q->model[0] ? rt_model_find(r, q->model) : &r->models[0];
     if (!*model)
-        return tdm_error_set_field(err, TDM_ENOTFOUND, "model",
-                                   "model '%.200s' is not served here", q->model);
+        return tdm_error_set_field(err, TDM_ENOTFOUND, "model", "model '%.200s' is not served here",
+                                   q->model);
     if (q->n_texts && q->n_token_inputs)
         return tdm_error_set_field(err, TDM_EINVALID, "token_inputs",
                                    "token_inputs: give texts or token_inputs, not both");
@@ -574,10 +574,10 @@ void rt_embed(tdm_router_t *r, const tdm_frame_t *f)
     memcpy(c->peer, f->peer, f->peer_len);
     c->peer_len = f->peer_len;
     /* none given: router.request_timeout_s, as for GENERATE */
-    c->deadline_ms = f->deadline_unix_ms
-                         ? f->deadline_unix_ms
-                         : tdm_net_now_ms() +
-                               (uint64_t)(r->cfg->router.request_timeout_s * 1000.0 + 0.5);
+    c->deadline_ms =
+        f->deadline_unix_ms
+            ? f->deadline_unix_ms
+            : tdm_net_now_ms() + (uint64_t)(r->cfg->router.request_timeout_s * 1000.0 + 0.5);
     c->t_arrival = tdm_time_now();
     if (q->request_id && q->request_id[0])
         snprintf(c->id, sizeof c->id, "%s", q->request_id);

@@ -114,8 +114,8 @@ static bool take_input(struct MHD_Connection *c, const tdm_http_vocab_t *voc, co
                        emb_body_t *b, enum MHD_Result *ret)
 {
     bool one_string = json_is_string(in);
-    bool one_tokens = json_is_array(in) && json_array_size(in) > 0 &&
-                      json_is_integer(json_array_get(in, 0));
+    bool one_tokens =
+        json_is_array(in) && json_array_size(in) > 0 && json_is_integer(json_array_get(in, 0));
     if (!in || (!one_string && !json_is_array(in))) {
         *ret = REFUSE(c, TDM_EINVALID, NULL, "input",
                       "input: required, a string, an array of strings, an array of token ids or "
@@ -139,8 +139,7 @@ static bool take_input(struct MHD_Connection *c, const tdm_http_vocab_t *voc, co
         b->listp[i] = &b->lists[i];
     }
     if (one_string)
-        return take_text(c, voc, json_string_value(in), json_string_length(in), "input", b, 0,
-                         ret);
+        return take_text(c, voc, json_string_value(in), json_string_length(in), "input", b, 0, ret);
     if (one_tokens)
         return take_ids(c, voc, in, "input", b, 0, ret);
     /* a list: every element a string, or every element an array of ids */
@@ -155,17 +154,17 @@ static bool take_input(struct MHD_Connection *c, const tdm_http_vocab_t *voc, co
                           strings ? "string" : "array of token ids");
             return false;
         }
-        if (strings ? !take_text(c, voc, json_string_value(e), json_string_length(e), what, b, i,
-                                 ret)
-                    : !take_ids(c, voc, e, what, b, i, ret))
+        if (strings
+                ? !take_text(c, voc, json_string_value(e), json_string_length(e), what, b, i, ret)
+                : !take_ids(c, voc, e, what, b, i, ret))
             return false;
     }
     return true;
 }
 
 /* The body's fields other than input; false with the reply in *ret. */
-static bool take_fields(tdm_http_t *h, struct MHD_Connection *c, const json_t *root,
-                        emb_body_t *b, enum MHD_Result *ret)
+static bool take_fields(tdm_http_t *h, struct MHD_Connection *c, const json_t *root, emb_body_t *b,
+                        enum MHD_Result *ret)
 {
     const tdm_config_t *cfg = h->cfg;
     const json_t *model = json_object_get(root, "model");
@@ -183,7 +182,8 @@ static bool take_fields(tdm_http_t *h, struct MHD_Connection *c, const json_t *r
     }
     const json_t *fmt = json_object_get(root, "encoding_format");
     const char *f = json_string_value(fmt);
-    if (fmt && !json_is_null(fmt) && (!f || (strcmp(f, "float") != 0 && strcmp(f, "base64") != 0))) {
+    if (fmt && !json_is_null(fmt) &&
+        (!f || (strcmp(f, "float") != 0 && strcmp(f, "base64") != 0))) {
         *ret = REFUSE(c, TDM_EINVALID, NULL, "encoding_format",
                       "encoding_format: '%.64s' is not one of 'float', 'base64'",
                       f ? f : "(not a string)");
@@ -211,9 +211,9 @@ static bool take_fields(tdm_http_t *h, struct MHD_Connection *c, const json_t *r
         if (p && strcmp(p, "mean") == 0)
             b->pooling = TANDEM__V1__POOLING__POOLING_MEAN;
         else if (!p || strcmp(p, "last") != 0) {
-            *ret = REFUSE(c, TDM_EINVALID, NULL, "pooling",
-                          "pooling: '%.64s' is not one of 'last', 'mean'",
-                          p ? p : "(not a string)");
+            *ret =
+                REFUSE(c, TDM_EINVALID, NULL, "pooling",
+                       "pooling: '%.64s' is not one of 'last', 'mean'", p ? p : "(not a string)");
             return false;
         }
     }
@@ -254,9 +254,9 @@ static json_t *answer_json(const Tandem__V1__EmbedResponse *resp, const emb_body
     json_t *data = json_array();
     for (size_t i = 0; data && i < resp->n_data; i++) {
         const Tandem__V1__Embedding *e = resp->data[i];
-        json_array_append_new(data, json_pack("{s:s, s:I, s:o}", "object", "embedding", "index",
-                                              (json_int_t)e->index, "embedding",
-                                              vector_json(e->embedding, e->n_embedding, b->base64)));
+        json_array_append_new(
+            data, json_pack("{s:s, s:I, s:o}", "object", "embedding", "index", (json_int_t)e->index,
+                            "embedding", vector_json(e->embedding, e->n_embedding, b->base64)));
     }
     return json_pack("{s:s, s:o, s:s, s:{s:I, s:I}}", "object", "list", "data", data, "model",
                      b->served, "usage", "prompt_tokens", (json_int_t)resp->prompt_tokens,

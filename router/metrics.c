@@ -536,9 +536,10 @@ static void render_traffic(mb_t *b, const tdm_router_t *r)
             label(b, smp, "status", tdm_status_name(-(int)s));
             set_int(smp, m->embed_requests_by_status[s]);
         }
-    counter(b, "tandem_embedding_prompt_tokens_total",
-            "Prompt tokens of the embedding requests answered (also in tandem_prompt_tokens_total).",
-            m->embed_prompt_tokens);
+    counter(
+        b, "tandem_embedding_prompt_tokens_total",
+        "Prompt tokens of the embedding requests answered (also in tandem_prompt_tokens_total).",
+        m->embed_prompt_tokens);
     counter(b, "tandem_stale_attempt_messages_total",
             "Node messages dropped because they belong to a dispatch attempt that is not the "
             "request's current one (a reused request id, a superseded dispatch).",

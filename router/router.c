@@ -128,8 +128,8 @@ rt_model_t *rt_model_find(tdm_router_t *r, const char *served)
 /* The router's tables: nodes, scheduler, requests. */
 static int make_tables(tdm_router_t *r, tdm_error_t *err)
 {
-    if (rt_nodes_init(r) != TDM_OK || rt_sched_init(r) != TDM_OK || rt_req_table_init(r) != TDM_OK ||
-        rt_embed_init(r) != TDM_OK)
+    if (rt_nodes_init(r) != TDM_OK || rt_sched_init(r) != TDM_OK ||
+        rt_req_table_init(r) != TDM_OK || rt_embed_init(r) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     return TDM_OK;
 }

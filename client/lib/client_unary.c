@@ -363,10 +363,10 @@ int tdm_client_embed(tdm_client_t *c, const tdm_client_embed_req_t *req, double 
 {
     memset(out, 0, sizeof *out);
     size_t n = req->n_texts + req->n_token_inputs;
-    Tandem__V1__TokenList *lists = calloc(req->n_token_inputs ? req->n_token_inputs : 1,
-                                          sizeof *lists);
-    Tandem__V1__TokenList **listp = calloc(req->n_token_inputs ? req->n_token_inputs : 1,
-                                           sizeof *listp);
+    Tandem__V1__TokenList *lists =
+        calloc(req->n_token_inputs ? req->n_token_inputs : 1, sizeof *lists);
+    Tandem__V1__TokenList **listp =
+        calloc(req->n_token_inputs ? req->n_token_inputs : 1, sizeof *listp);
     if (!lists || !listp) {
         free(lists);
         free(listp);

@@ -97,9 +97,9 @@ static void fixture_open(fixture_t *fx, const char *name, const char *file)
             const json_t *jc = json_array_get(cases, i);
             ecase_t *c = &fx->cases[fx->n_cases++];
             c->name = json_string_value(json_object_get(jc, "name"));
-            assert_int_equal(tdm_pooling_parse(
-                                 json_string_value(json_object_get(jc, "pooling")), &c->pooling),
-                             TDM_OK);
+            assert_int_equal(
+                tdm_pooling_parse(json_string_value(json_object_get(jc, "pooling")), &c->pooling),
+                TDM_OK);
             const json_t *toks = json_object_get(jc, "tokens");
             const json_t *emb = json_object_get(jc, "embedding");
             c->n = (uint32_t)json_array_size(toks);

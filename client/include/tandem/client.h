@@ -472,9 +472,9 @@ void tdm_client_models_clear(tdm_client_models_t *m);
 /* The inputs of an EMBED call: texts (tokenized by the router as a raw prompt is) or token id
  * lists, not both; 1..2048 inputs, each 1..n_ctx tokens (docs/api.md "Embeddings"). */
 typedef struct tdm_client_embed_req {
-    const char *model;              /* served name or alias; NULL/"": the router's first */
-    const char *request_id;         /* NULL/"": the router makes one */
-    const char *const *texts;       /* [n_texts] UTF-8 */
+    const char *model;        /* served name or alias; NULL/"": the router's first */
+    const char *request_id;   /* NULL/"": the router makes one */
+    const char *const *texts; /* [n_texts] UTF-8 */
     size_t n_texts;
     const int32_t *const *token_ids; /* [n_token_inputs] lists of token ids ... */
     const size_t *n_token_ids;       /* [n_token_inputs] ... of these lengths */

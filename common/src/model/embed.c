@@ -10,10 +10,8 @@
 const char *tdm_pooling_name(tdm_pooling_t p)
 {
     switch (p) {
-    case TDM_POOLING_LAST:
-        return "last";
-    case TDM_POOLING_MEAN:
-        return "mean";
+    case TDM_POOLING_LAST: return "last";
+    case TDM_POOLING_MEAN: return "mean";
     }
     return "?";
 }

@@ -63,8 +63,9 @@ static tdm_node_req_t *embed_start(tdm_node_t *n, const Tandem__V1__EmbedTask *m
         return NULL;
     }
     r->deadline_ms = m->spec->deadline_unix_ms;
-    TDM_LOG_DEBUGF(tdm_node_log(n), att->label, "embed task attempt=%s prompt_tokens=%zu pooling=%s",
-                   att->key, m->spec->n_prompt_tokens, tdm_pooling_name(req.pooling));
+    TDM_LOG_DEBUGF(tdm_node_log(n), att->label,
+                   "embed task attempt=%s prompt_tokens=%zu pooling=%s", att->key,
+                   m->spec->n_prompt_tokens, tdm_pooling_name(req.pooling));
     return r;
 }
 

@@ -100,11 +100,11 @@ struct tdm_worker {
     uint32_t want_left;              /* ... and the logit rows it has left */
 
     /* embeddings (allocated with the first embedding sequence) */
-    uint32_t n_embd;  /* tdm_engine_n_embd */
-    float *hidden;    /* [max_batch_tokens][n_embd] final hidden states of a step's rows */
-    float *emb_out;   /* [max_running][n_embd] the vectors of a step's EMBEDDING events */
+    uint32_t n_embd; /* tdm_engine_n_embd */
+    float *hidden;   /* [max_batch_tokens][n_embd] final hidden states of a step's rows */
+    float *emb_out;  /* [max_running][n_embd] the vectors of a step's EMBEDDING events */
     uint32_t n_emb_out;
-    bool b_hidden;    /* the batch being built holds rows of an embedding sequence */
+    bool b_hidden; /* the batch being built holds rows of an embedding sequence */
 
     tdm_worker_event_t *events; /* [cap_events] */
     uint32_t n_events;
