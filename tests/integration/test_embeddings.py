@@ -214,3 +214,53 @@ def test_native_api_refusal_names_field(cluster):
                         "1,2,999999999"], capture_output=True)
     assert r.returncode == 2, r
     assert b"token_inputs[0].ids[2]: token id 999999999 is outside the vocabulary" in r.stderr
+
+
+GEMMA = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ["HOME"], ".cache"),
+                     "tandem", "models", "gemma-3-270m-q4_k_m.gguf")
+MIN_COSINE_GEMMA3 = 0.995  # tests/unit/test_embed.c: Gemma 3's lowest is 0.9974
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    """SmolLM2 on a prefill + decode pair, Gemma 3 (alias g3) on one decode node alone: its
+    embeddings run on that decode node, whose pool keeps KV per layer group."""
+    if not os.path.exists(GEMMA):
+        pytest.skip(f"{GEMMA} is missing: run scripts/setup --model gemma3-270m")
+    from conftest import MODEL, Cluster, free_port
+    from test_models_multi import config_text, node
+    c = Cluster(str(tmp_path_factory.mktemp("embed-models")), n_prefill=0, n_decode=0)
+    c.port = free_port()
+    models = (f"models:\n  - path: {MODEL}\n    name: smol\n"
+              f"  - path: {GEMMA}\n    name: gemma3\n    aliases: [g3]\n")
+    nodes = [node("prefill-0", "prefill", "smol", "768MiB"),
+             node("decode-0", "decode", "smol", "768MiB"),
+             node("decode-1", "decode", "gemma3", "1GiB")]
+    with open(c.config, "w") as f:
+        f.write(config_text(c, models, nodes))
+    c.prefill_ids = ["prefill-0"]
+    c.decode_ids = ["decode-0", "decode-1"]
+    c.start(timeout_s=240)
+    yield c
+    codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+
+
+def test_two_models(two_models, oai, model):
+    import openai
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{two_models.port}/v1", api_key="unused",
+                       max_retries=0, timeout=300) as cl:
+        for pooling in ("last", "mean"):
+            cases = [c for c in golden_cases("gemma3") if c["pooling"] == pooling]
+            r = embed(cl, "g3", [c["tokens"] for c in cases], pooling)
+            assert r.model == "g3"
+            for c, d in zip(cases, r.data):
+                assert len(d.embedding) == 640
+                assert cosine(d.embedding, c["embedding"]) >= MIN_COSINE_GEMMA3, c["name"]
+            local = cli_embed("-m", GEMMA, "-t", "1", "--pooling", pooling,
+                              *sum((["--tokens", ",".join(map(str, c["tokens"]))]
+                                    for c in cases), []))
+            assert [f32(x["embedding"]) for x in local] == [d.embedding for d in r.data]
+        # the other model's vectors are its own: 576 wide, the first cluster's bits
+        smol = embed(cl, "smol", "Hello world").data[0].embedding
+        assert smol == embed(oai, model, "Hello world").data[0].embedding
