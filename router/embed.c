@@ -110,6 +110,7 @@ static void count_end(tdm_router_t *r, rt_model_t *model, int status, uint64_t p
         ms[i]->embed_requests_by_status[s]++;
         ms[i]->embed_prompt_tokens += prompt_tokens;
         ms[i]->prompt_tokens += prompt_tokens;
+        ms[i]->computed_prompt_tokens += prompt_tokens; /* never from the prefix cache */
     }
 }
 
