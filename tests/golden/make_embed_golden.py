@@ -13,7 +13,11 @@ llama.cpp (the model's own BOS rule, no special-token parsing) and evaluated alo
 
 llama.cpp is used through llama-cpp-python on the CPU as in make_engine_golden.py (flash
 attention off, ggml's extra weight buffer types off, two threads). Pinned version:
-llama-cpp-python==0.3.36.
+llama-cpp-python==0.3.36. As a yardstick, each case is computed again with flash attention on
+(another attention kernel of llama.cpp's, with its own rounding): `llama_cpp_self_cosine` is the
+cosine between the two, and a model's `llama_cpp_self_min` the lowest (SmolLM2: 0.9995;
+Gemma 3, whose hidden states carry a few very large channels: 0.9970), from which
+tests/unit/test_embed.c sets its bound.
 
 Usage: python3 tests/golden/make_embed_golden.py [-o OUT.json]
 Models from $TANDEM_MODEL_DIR or ~/.cache/tandem/models.
@@ -48,7 +52,7 @@ TEXTS = [
 POOLINGS = [("last", 3), ("mean", 1)]  # llama_cpp.LLAMA_POOLING_TYPE_LAST / _MEAN
 
 
-def open_llama(path, pooling_type):
+def open_llama(path, pooling_type, flash_attn=False):
     import llama_cpp
     import llama_cpp.llama_cpp as llama_c
 
@@ -63,6 +67,7 @@ def open_llama(path, pooling_type):
     try:
         return llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX,
                                embedding=True, pooling_type=pooling_type, n_threads=2,
+                               flash_attn=flash_attn,
                                n_threads_batch=2, seed=0, verbose=False)
     finally:
         llama_c.llama_model_default_params = default_params
@@ -78,6 +83,13 @@ def embed_tokens(llm, tokens):
     llm._ctx.decode(llm._batch)
     ptr = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)
     return [float(v) for v in ptr[:llm.n_embd()]]
+
+
+def cosine(a, b):
+    import math
+
+    return sum(x * y for x, y in zip(a, b)) / math.sqrt(sum(x * x for x in a) *
+                                                         sum(y * y for y in b))
 
 
 def l2(v):
@@ -103,15 +115,19 @@ def main():
         tokens_of = {}
         for pool_name, pool_type in POOLINGS:
             llm = open_llama(model_dir / file, pool_type)
+            fa = open_llama(model_dir / file, pool_type, flash_attn=True)
             for case, text in TEXTS:
                 if case not in tokens_of:
                     tokens_of[case] = llm.tokenize(text.encode("utf-8"), add_bos=True,
                                                    special=False)
                 vec = l2(embed_tokens(llm, tokens_of[case]))
+                self_cos = cosine(vec, l2(embed_tokens(fa, tokens_of[case])))
                 entry["cases"].append({"name": case, "pooling": pool_name, "text": text,
                                        "tokens": tokens_of[case],
+                                       "llama_cpp_self_cosine": round(self_cos, 6),
                                        "embedding": [round(x, 7) for x in vec]})
-            del llm
+            del llm, fa
+        entry["llama_cpp_self_min"] = min(c["llama_cpp_self_cosine"] for c in entry["cases"])
         doc["models"].append(entry)
     Path(args.out).write_text(json.dumps(doc, ensure_ascii=True) + "\n", encoding="ascii")
     print(f"wrote {args.out}")

@@ -1,5 +1,6 @@
 """/v1/embeddings (issue 38) against a real cluster, with the official `openai` client and
 LangChain's OpenAIEmbeddings: vectors within cosine 0.999 of llama.cpp's on the same GGUF
+(Gemma 3: twice llama.cpp's own spread, 0.994)
 (tests/golden/embed_golden.json, pooling last and mean), bitwise equal whatever else shares the
 request or which node computes them (a prefill node, or a decode node in a pool without prefill
 nodes), base64 equal to float, usage, and every refusal naming its param.
@@ -20,10 +21,20 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden", "embed_golden.j
 MIN_COSINE = 0.999
 
 
-def golden_cases(model="smollm2"):
+def golden_model(model):
     with open(GOLDEN) as f:
         doc = json.load(f)
-    return next(m for m in doc["models"] if m["name"] == model)["cases"]
+    return next(m for m in doc["models"] if m["name"] == model)
+
+
+def golden_cases(model="smollm2"):
+    return golden_model(model)["cases"]
+
+
+def min_cosine(model):
+    """0.999, or twice llama.cpp's own distance between two of its attention kernels where
+    that is larger (tests/unit/test_embed.c): Gemma 3's bound is 0.994."""
+    return min(MIN_COSINE, 1.0 - 2.0 * (1.0 - golden_model(model)["llama_cpp_self_min"]))
 
 
 def cosine(a, b):
@@ -64,7 +75,7 @@ def test_golden_cosine(oai, model):
             assert len(d.embedding) == len(c["embedding"]) == 576
             assert abs(math.sqrt(sum(x * x for x in d.embedding)) - 1.0) < 1e-5
             cs = cosine(d.embedding, c["embedding"])
-            assert cs >= MIN_COSINE, (c["name"], pooling, cs)
+            assert cs >= min_cosine("smollm2") == MIN_COSINE, (c["name"], pooling, cs)
 
 
 def test_text_equals_tokens_and_batch_invariant(oai, model):
@@ -218,7 +229,6 @@ def test_native_api_refusal_names_field(cluster):
 
 GEMMA = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ["HOME"], ".cache"),
                      "tandem", "models", "gemma-3-270m-q4_k_m.gguf")
-MIN_COSINE_GEMMA3 = 0.995  # tests/unit/test_embed.c: Gemma 3's lowest is 0.9974
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +266,7 @@ def test_two_models(two_models, oai, model):
             assert r.model == "g3"
             for c, d in zip(cases, r.data):
                 assert len(d.embedding) == 640
-                assert cosine(d.embedding, c["embedding"]) >= MIN_COSINE_GEMMA3, c["name"]
+                assert cosine(d.embedding, c["embedding"]) >= min_cosine("gemma3"), c["name"]
             local = cli_embed("-m", GEMMA, "-t", "1", "--pooling", pooling,
                               *sum((["--tokens", ",".join(map(str, c["tokens"]))]
                                     for c in cases), []))

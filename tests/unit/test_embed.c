@@ -18,13 +18,15 @@
 #include "tandem/worker.h"
 
 #define GOLDEN_PATH TDM_SOURCE_DIR "/tests/golden/embed_golden.json"
-/* SmolLM2-135M Q4_1: every case >= 0.999 (lowest 0.99963, measured 2026-12-05 on this CPU).
- * Gemma 3 270M Q4_K_M: 0.9974 .. 0.9999 (last pooling of the short prompts lowest). Gemma's
- * hidden states carry a few very large channels, and its logits already differ from
- * llama.cpp's about twice as much as SmolLM2's do (test_golden.c's table), so its bound is
- * 0.995 until llama.cpp's own run-to-run spread on it is measured. */
+/* The bound on the cosine to llama.cpp's vector: 0.999 (issue #38), or, where llama.cpp itself
+ * differs more between two of its own attention kernels (the file's llama_cpp_self_min: flash
+ * attention on against off), 1 - 2 * (1 - llama_cpp_self_min), twice its own distance, as
+ * test_golden.c bounds logits. Measured 2026-12-05 on this CPU: SmolLM2-135M Q4_1 lowest
+ * 0.99963 (llama.cpp self 0.99950: bound 0.999); Gemma 3 270M Q4_K_M lowest 0.99739, last
+ * pooling of the short prompts (llama.cpp self 0.99703 on the same cases: bound 0.99407).
+ * Gemma's hidden states carry a few very large channels, which every implementation rounds
+ * differently. */
 #define MIN_COSINE 0.999
-#define MIN_COSINE_GEMMA3 0.995
 #define N_CTX 1024u
 #define MAX_ROWS 256u
 #define MAX_RUNNING 8u
@@ -40,6 +42,7 @@ typedef struct ecase {
 
 typedef struct fixture {
     json_t *doc;
+    double min_cosine; /* the bound for this model (MIN_COSINE above) */
     tdm_model_t *model;
     tdm_kv_pool_t *pool;
     tdm_engine_t *engine;
@@ -92,6 +95,11 @@ static void fixture_open(fixture_t *fx, const char *name, const char *file)
         const json_t *jm = json_array_get(models, m);
         if (strcmp(json_string_value(json_object_get(jm, "name")), name) != 0)
             continue;
+        double self = json_number_value(json_object_get(jm, "llama_cpp_self_min"));
+        assert_true(self > 0.9 && self <= 1.0);
+        fx->min_cosine = 1.0 - 2.0 * (1.0 - self);
+        if (fx->min_cosine > MIN_COSINE)
+            fx->min_cosine = MIN_COSINE;
         const json_t *cases = json_object_get(jm, "cases");
         for (size_t i = 0; i < json_array_size(cases) && fx->n_cases < MAX_CASES; i++) {
             const json_t *jc = json_array_get(cases, i);
@@ -237,7 +245,7 @@ static double cosine(const float *a, const float *b, uint32_t n)
 }
 
 /* Golden cosine, then the three paths bit for bit. */
-static void check_model(const char *name, const char *file, double min_cosine)
+static void check_model(const char *name, const char *file)
 {
     fixture_t fx;
     fixture_open(&fx, name, file);
@@ -261,8 +269,8 @@ static void check_model(const char *name, const char *file, double min_cosine)
         run_direct(&fx, &fx.cases[i], direct);
         assert_memory_equal(direct, alone + (size_t)i * d, d * sizeof(float));
     }
-    print_message("%s: lowest cosine vs llama.cpp %.6f (bound %.3f)\n", name, worst, min_cosine);
-    assert_true(worst >= min_cosine);
+    print_message("%s: lowest cosine vs llama.cpp %.6f (bound %.5f)\n", name, worst, fx.min_cosine);
+    assert_true(worst >= fx.min_cosine);
     /* every case at once, in reverse order, 48 rows a step (the long prompt in chunks), next to
      * a generating sequence: identical bits */
     uint32_t rev[MAX_CASES] = {0};
@@ -281,13 +289,13 @@ static void check_model(const char *name, const char *file, double min_cosine)
 static void test_smollm2(void **state)
 {
     (void)state;
-    check_model("smollm2", NULL, MIN_COSINE);
+    check_model("smollm2", NULL);
 }
 
 static void test_gemma3(void **state)
 {
     (void)state;
-    check_model("gemma3", TDM_TEST_GEMMA3_FILE, MIN_COSINE_GEMMA3);
+    check_model("gemma3", TDM_TEST_GEMMA3_FILE);
 }
 
 /* Pooling arithmetic on a hand example: mean of (3, 0) and (0, 4) is (1.5, 2) -> (0.6, 0.8);
