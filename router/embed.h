@@ -46,8 +46,9 @@ bool rt_embed_task_failed(tdm_router_t *r, rt_node_t *n, const Tandem__V1__TaskF
 /* Node n is down: its embeddings go to another node (or their calls fail UNAVAILABLE). */
 void rt_embed_node_down(tdm_router_t *r, rt_node_t *n);
 
-/* Calls past their deadline end DEADLINE_EXCEEDED (the timers, every TIMER_PERIOD_S); calls
- * waiting for a node dispatch when one is up. */
+/* Calls past their deadline end DEADLINE_EXCEEDED, NodeCancel to their nodes (the timers,
+ * every TIMER_PERIOD_S). No call waits for a node: one whose inputs find none up fails at once
+ * (UNAVAILABLE). */
 void rt_embed_timers(tdm_router_t *r, uint64_t now_ms);
 
 /* Router shutdown: every call ends UNAVAILABLE "router shutting down". */
