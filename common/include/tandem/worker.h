@@ -258,7 +258,8 @@ typedef struct tdm_worker_event {
     uint32_t n_tokens;
     int32_t first_token;
     /* EMBEDDING: embedding[n_embd] (f32, L2-normalised; owned by the worker, valid until the
-     * next tdm_worker_step), n_tokens = the prompt's tokens, prefill_s as for TOKEN */
+     * next tdm_worker_step), n_tokens = the prompt's tokens, prefill_s as for TOKEN,
+     * preemptions as for FINISHED */
     const float *embedding;
     uint32_t n_embd;
     /* FAILED */

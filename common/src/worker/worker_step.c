@@ -242,6 +242,7 @@ static void embed_rows(tdm_worker_t *w, uint32_t slot, uint32_t r0, uint32_t chu
     ev->n_embd = w->n_embd;
     ev->n_tokens = s->n_tokens;
     ev->prefill_s = t_end - s->t_first_sched;
+    ev->preemptions = s->preemptions;
     tdm_worker_unlink(w, slot);
     tdm_worker_seq_free(w, slot);
 }
