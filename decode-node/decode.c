@@ -412,6 +412,14 @@ out_free:
 
 static bool on_frame(void *h, const tdm_frame_t *f)
 {
+    tdm_decode_t *d = h;
+    if (f->method == TANDEM__V1__METHOD__METHOD_EMBED_TASK) {
+        /* a pool without prefill nodes: embeddings run here, batched with decode steps */
+        dres_t *r = (dres_t *)tdm_node_embed_start(d->node, f);
+        if (r)
+            r->in_worker = true; /* until its EMBEDDING or FAILED event */
+        return true;
+    }
     if (f->method != TANDEM__V1__METHOD__METHOD_DECODE_RESERVE)
         return false;
     on_reserve(h, f);
@@ -550,6 +558,11 @@ static void on_event(void *h, tdm_node_req_t *base, const tdm_worker_event_t *ev
     case TDM_WORKER_EVENT_FAILED:
         r->in_worker = false;
         tdm_node_req_fail_event(d->node, base, ev);
+        break;
+    case TDM_WORKER_EVENT_EMBEDDING: /* the worker freed its blocks: the task is done */
+        r->in_worker = false;
+        tdm_node_send_embedding(tdm_node_sock(d->node, base->att.router_instance), &base->att, ev);
+        tdm_node_req_drop(d->node, base);
         break;
     default: break;
     }

@@ -2,6 +2,7 @@
  * forward passes (chunked under max_batch_tokens), reports each first token at once, ships
  * the KV pages to the decode node the task names, reports the sender's measured transfer time
  * when the decode node acknowledged them, and reports failures so the router can re-dispatch.
+ * EmbedTasks (common/src/node/embed.c) share the same forward passes and keep no KV.
  * A handler of the node serve loop (common/src/node/serve.c), which runs it on one thread
  * (the engine thread); the router link has its own. */
 #include "prefill.h"
@@ -134,6 +135,13 @@ static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
 
 static bool on_frame(void *h, const tdm_frame_t *f)
 {
+    tdm_prefill_t *p = h;
+    if (f->method == TANDEM__V1__METHOD__METHOD_EMBED_TASK) {
+        ptask_t *t = (ptask_t *)tdm_node_embed_start(p->node, f);
+        if (t)
+            t->in_worker = true; /* until its EMBEDDING or FAILED event */
+        return true;
+    }
     if (f->method != TANDEM__V1__METHOD__METHOD_PREFILL_TASK)
         return false;
     on_prefill_task(h, f);
@@ -194,6 +202,11 @@ static void on_event(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev)
         tdm_node_send_token(tdm_node_sock(p->node, r->att.router_instance), &r->att, ev);
         break;
     case TDM_WORKER_EVENT_PREFILLED: ship(p, (ptask_t *)r, ev); break;
+    case TDM_WORKER_EVENT_EMBEDDING: /* the worker freed its blocks: the task is done */
+        ((ptask_t *)r)->in_worker = false;
+        tdm_node_send_embedding(tdm_node_sock(p->node, r->att.router_instance), &r->att, ev);
+        tdm_node_req_drop(p->node, r);
+        break;
     case TDM_WORKER_EVENT_FAILED:
         ((ptask_t *)r)->in_worker = false; /* the worker freed it already */
         tdm_node_req_fail_event(p->node, r, ev);

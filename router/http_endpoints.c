@@ -326,6 +326,16 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     }
     if (route_responses(h, c, r, url, method, &ret))
         return ret;
+    if (strcmp(url, "/v1/embeddings") == 0) {
+        if (!post)
+            return http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method,
+                                       url);
+        if (r->too_large)
+            return http_reply_bad_http(c, 413, "request_too_large",
+                                       "the request body is larger than %u bytes",
+                                       TDM_HTTP_MAX_BODY_BYTES);
+        return http_embeddings(h, c, r);
+    }
     if (r->too_large)
         return http_reply_bad_http(c, 413, "request_too_large",
                                    "the request body is larger than %u bytes",

@@ -145,6 +145,9 @@ int http_node_model(tdm_http_t *h, const char *id, char *buf, size_t cap, tdm_er
 enum MHD_Result http_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
                               oai_kind_t kind);
 
+/* POST /v1/embeddings (http_embeddings.c): r->body holds the whole body. */
+enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r);
+
 /* Continues r's generate request when its parked connection is resumed: the calls' next
  * events (http_generate.c). */
 enum MHD_Result http_generate_resume(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r);

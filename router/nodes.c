@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "admit.h"
+#include "embed.h"
 #include "metrics.h"
 #include "nodes.h"
 #include "scheduler.h"
@@ -130,6 +131,8 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
      * (its process is gone or stopping), so Status and /metrics must not show them. */
     load_gauges_zero(&n->load);
     rt_sched_node_down(r, n, reason);
+    rt_embed_node_down(r, n);
+    n->embed_tokens = 0;
 }
 
 /* ---- liveness ----
@@ -657,6 +660,7 @@ static const node_route_t node_routes[] = {
     {false, TANDEM__V1__METHOD__METHOD_FINISHED, rt_stream_on_finished},
     {false, TANDEM__V1__METHOD__METHOD_KV_SHIPPED, rt_stream_on_kv_shipped},
     {false, TANDEM__V1__METHOD__METHOD_TASK_FAILED, rt_sched_task_failed},
+    {false, TANDEM__V1__METHOD__METHOD_EMBEDDING, rt_embed_on_result},
 };
 
 /* Handles a frame from n, the registered and current instance of a node: its row of

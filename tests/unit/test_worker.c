@@ -5,6 +5,7 @@
 
 #include "tandem/worker.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -545,6 +546,119 @@ static void test_prefill_step_allocates_nothing(void **state)
     }
     assert_int_equal(handed, N_REQ);
     rig_close(&p);
+}
+
+/* Embedding sequences (worker.h tdm_worker_req_t.embed) in a tight pool next to generating
+ * ones, in chunks of a small budget with preemptions: each EMBEDDING event comes once, unit
+ * norm, bitwise the vector of the same prompt computed alone, the generating sequences' outputs
+ * are unchanged, no step allocates, and every block is back at the end. */
+#define N_EMB 3
+static void test_embed_in_batch_under_preemption(void **state)
+{
+    fixture_t *fx = *state;
+    static const uint32_t emb_len[N_EMB] = {70, 3, 33};
+    static const tdm_pooling_t emb_pool[N_EMB] = {TDM_POOLING_MEAN, TDM_POOLING_LAST,
+                                                  TDM_POOLING_MEAN};
+    int32_t emb_prompt[N_EMB][70];
+    uint32_t n_embd = 0; /* the engine's, set below */
+    float alone[N_EMB][256], mixed[N_EMB][256];
+    for (int k = 0; k < N_EMB; k++)
+        make_prompt(emb_prompt[k], emb_len[k], fx->f.n_vocab, 900 + (uint64_t)k);
+    /* alone, each in a roomy pool */
+    for (int k = 0; k < N_EMB; k++) {
+        rig_t a;
+        rig_open(fx, &a, TDM_WORKER_MODE_DECODE, 64, 128, 8);
+        n_embd = tdm_engine_n_embd(a.engine);
+        assert_true(n_embd <= 256);
+        tdm_worker_req_t req = {.seq_id = 500,
+                                .prompt = emb_prompt[k],
+                                .n_prompt = emb_len[k],
+                                .embed = true,
+                                .pooling = emb_pool[k]};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(a.w, &req, &err), 0);
+        int got = 0;
+        while (tdm_worker_busy(a.w)) {
+            const tdm_worker_event_t *ev;
+            uint32_t n;
+            assert_int_equal(tdm_worker_step(a.w, &ev, &n, &err), 0);
+            for (uint32_t i = 0; i < n; i++) {
+                assert_int_equal(ev[i].kind, TDM_WORKER_EVENT_EMBEDDING);
+                assert_int_equal(ev[i].n_tokens, emb_len[k]);
+                memcpy(alone[k], ev[i].embedding, n_embd * sizeof(float));
+                got++;
+            }
+        }
+        assert_int_equal(got, 1);
+        double norm = 0;
+        for (uint32_t d = 0; d < n_embd; d++)
+            norm += (double)alone[k][d] * alone[k][d];
+        assert_true(fabs(norm - 1.0) < 1e-5);
+        rig_close(&a);
+    }
+    out_t ref[N_REQ] = {0};
+    reference(fx, ref, false);
+    /* together with the generating sequences: 9 blocks, 8 rows a step */
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 9, 8, 8);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &r, prompts, false);
+    for (int k = 0; k < N_EMB; k++) {
+        tdm_worker_req_t req = {.seq_id = 500 + (uint64_t)k,
+                                .prompt = emb_prompt[k],
+                                .n_prompt = emb_len[k],
+                                .embed = true,
+                                .pooling = emb_pool[k]};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    }
+    out_t got[N_REQ] = {0};
+    int n_emb = 0;
+    uint32_t emb_preempted = 0;
+    for (int steps = 0; tdm_worker_busy(r.w); steps++) {
+        assert_true(steps < 100000);
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        alloc_watch(false);
+        int rc = tdm_worker_step(r.w, &ev, &n, &err);
+        assert_int_equal(alloc_unwatch(), 0);
+        assert_int_equal(rc, 0);
+        for (uint32_t i = 0; i < n; i++) {
+            if (ev[i].kind == TDM_WORKER_EVENT_EMBEDDING) {
+                int k = (int)(ev[i].seq_id - 500);
+                assert_true(k >= 0 && k < N_EMB);
+                memcpy(mixed[k], ev[i].embedding, n_embd * sizeof(float));
+                emb_preempted += ev[i].preemptions;
+                n_emb++;
+                continue;
+            }
+            out_t *o = &got[id_index(ev[i].seq_id)];
+            if (ev[i].kind == TDM_WORKER_EVENT_TOKEN)
+                o->tokens[o->n++] = ev[i].sample.token;
+            else if (ev[i].kind == TDM_WORKER_EVENT_FINISHED)
+                o->finished = true;
+            else
+                fail_msg("seq %llu failed: %s", (unsigned long long)ev[i].seq_id, ev[i].message);
+        }
+    }
+    assert_int_equal(n_emb, N_EMB);
+    print_message("embedding sequences preempted %u times\n", emb_preempted);
+    assert_true(emb_preempted > 0); /* recomputed and pooled again from scratch */
+    for (int k = 0; k < N_EMB; k++)
+        assert_memory_equal(mixed[k], alone[k], n_embd * sizeof(float));
+    for (int k = 0; k < N_REQ; k++) {
+        assert_true(got[k].finished);
+        assert_int_equal(got[k].n, ref[k].n);
+        assert_memory_equal(got[k].tokens, ref[k].tokens, ref[k].n * sizeof(int32_t));
+    }
+    tdm_worker_stats_t st;
+    tdm_worker_stats(r.w, &st);
+    assert_true(st.preemptions > 0);
+    tdm_kv_stats_t ks;
+    tdm_kv_pool_stats(r.pool, &ks);
+    assert_int_equal(ks.n_used, 0);
+    rig_close(&r);
 }
 
 /* Out of memory is an error of tdm_worker_add, named as memory, with nothing left behind;
@@ -1418,6 +1532,7 @@ int main(void)
         cmocka_unit_test(test_cancel_and_errors),
         cmocka_unit_test(test_step_allocates_nothing),
         cmocka_unit_test(test_prefill_step_allocates_nothing),
+        cmocka_unit_test(test_embed_in_batch_under_preemption),
         cmocka_unit_test(test_oom_is_not_pool_exhaustion),
         cmocka_unit_test(test_prefill_stall_preempts),
         cmocka_unit_test(test_events_carry_user),

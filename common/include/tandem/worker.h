@@ -182,6 +182,17 @@ typedef struct tdm_worker_req {
      * TOKEN event of output index 0. Ignored (none) for a resumed or prefilled sequence. */
     bool prompt_logprobs;
     uint32_t prompt_logprobs_top;
+    /* Embedding (/v1/embeddings): the sequence samples nothing. Its prompt is computed like
+     * any prefill (chunked, batched with other sequences' rows, preempted and recomputed
+     * alike; never matched against the prefix cache, so every row's hidden state is computed),
+     * its rows' final hidden states are pooled by `pooling` and L2-normalised (model.h), and
+     * one EMBEDDING event carries the vector; its blocks are freed then (blocks of full,
+     * hashed prompt blocks stay in the prefix cache as any freed block). The prompt may fill
+     * the context (n_prompt <= n_ctx). sampling may be NULL (ignored); prefilled, output,
+     * grammar and prompt_logprobs must be unset. The vector is bitwise the same whatever else
+     * shares the steps and however the prompt is chunked (on the CPU engine). */
+    bool embed;
+    tdm_pooling_t pooling;
 } tdm_worker_req_t;
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
@@ -231,6 +242,7 @@ typedef enum tdm_worker_event_kind {
     TDM_WORKER_EVENT_FINISHED = 1,  /* DECODE: the sequence ended; its blocks are freed */
     TDM_WORKER_EVENT_PREFILLED = 2, /* PREFILL: the prompt's KV is ready; seq is the caller's */
     TDM_WORKER_EVENT_FAILED = 3,    /* the sequence failed; its blocks are freed */
+    TDM_WORKER_EVENT_EMBEDDING = 4, /* an embedding sequence's vector; its blocks are freed */
 } tdm_worker_event_kind_t;
 
 typedef enum tdm_worker_finish {
@@ -268,6 +280,11 @@ typedef struct tdm_worker_event {
     tdm_kv_hseq_t hseq;
     uint32_t n_tokens;
     int32_t first_token;
+    /* EMBEDDING: embedding[n_embd] (f32, L2-normalised; owned by the worker, valid until the
+     * next tdm_worker_step), n_tokens = the prompt's tokens, prefill_s as for TOKEN,
+     * preemptions as for FINISHED */
+    const float *embedding;
+    uint32_t n_embd;
     /* FAILED */
     int status;
     char message[256];

@@ -50,6 +50,7 @@ void tdm_worker_seq_free(tdm_worker_t *w, uint32_t slot)
     tdm_grammar_matcher_destroy(&s->matcher);
     free(s->tokens);
     free(s->plp);
+    free(s->emb_acc);
     memset(s, 0, sizeof *s);
     w->free_slots[w->n_free++] = slot;
 }
@@ -137,6 +138,7 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
     w->groups = tdm_kv_pool_groups(pool);
     w->tok = tok;
     w->n_vocab = n_vocab;
+    w->n_embd = tdm_engine_n_embd(engine);
     w->o = *opts;
     if (w->o.mode != TDM_WORKER_MODE_DECODE)
         w->o.max_draft = 0;
@@ -192,6 +194,8 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     free(w->events);
     free(w->b_gb);
     free(w->match_scratch);
+    free(w->hidden);
+    free(w->emb_out);
     free(w);
     *self_p = NULL;
 }
@@ -258,6 +262,24 @@ static int check_resume(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_
     return check_vocab(w, "output", req->output, req->n_output, err);
 }
 
+/* The checks of an embedding sequence (after check_req's common ones): TDM_EINVALID naming the
+ * field. */
+static int check_embed(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
+{
+    if (req->n_prompt > w->o.n_ctx)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prompt: %u tokens; at most %u fit the context of %u tokens",
+                             req->n_prompt, w->o.n_ctx, w->o.n_ctx);
+    if (req->pooling != TDM_POOLING_LAST && req->pooling != TDM_POOLING_MEAN)
+        return tdm_error_set(err, TDM_EINVALID, "pooling: %d is not last (0) or mean (1)",
+                             (int)req->pooling);
+    if (req->prefilled || req->output || req->n_output || req->grammar || req->prompt_logprobs)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "embed: an embedding sequence takes no prefilled KV, output, "
+                             "grammar or prompt_logprobs");
+    return check_vocab(w, "prompt", req->prompt, req->n_prompt, err);
+}
+
 /* The checks of tdm_worker_add that need no allocation; TDM_EINVALID naming the field. */
 static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
@@ -268,6 +290,8 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
                              req->seq_id);
     if (req->n_prompt == 0 || !req->prompt)
         return tdm_error_set(err, TDM_EINVALID, "prompt: empty (at least 1 token is needed)");
+    if (req->embed)
+        return check_embed(w, req, err);
     if (req->n_prompt + 1 > w->o.n_ctx)
         return tdm_error_set(err, TDM_EINVALID,
                              "prompt: %u tokens; at most %u fit the context of %u tokens",
@@ -320,7 +344,9 @@ static int check_fits(const tdm_worker_t *w, const tdm_worker_req_t *req, uint32
                       tdm_error_t *err)
 {
     const tdm_kv_layout_t *l = tdm_kv_pool_layout(w->pool);
-    bool prefill = w->o.mode == TDM_WORKER_MODE_PREFILL;
+    /* a prefill worker computes the prompt and the resumed output, an embedding every prompt
+     * token; a decode sequence never computes its last sampled token */
+    bool prefill = w->o.mode == TDM_WORKER_MODE_PREFILL || req->embed;
     uint32_t kv_tokens = prefill ? req->n_prompt + req->n_output : cap - 1;
     uint64_t need = w->groups ? tdm_kv_groups_blocks_per_seq(w->groups, l->block_size, kv_tokens)
                               : tdm_kv_blocks_for_tokens(l, kv_tokens);
@@ -398,6 +424,24 @@ static int matcher_open(const tdm_worker_t *w, const tdm_worker_req_t *req,
     return TDM_OK;
 }
 
+/* The step buffers embedding sequences need (w->hidden, w->emb_out), allocated with the first
+ * one so that workers that never embed do not carry them. TDM_ERESOURCE on out of memory. */
+static int embed_buffers(tdm_worker_t *w)
+{
+    if (w->hidden)
+        return TDM_OK;
+    float *hidden = malloc((size_t)w->o.max_batch_tokens * w->n_embd * sizeof *hidden);
+    float *out = malloc((size_t)w->o.max_running * w->n_embd * sizeof *out);
+    if (!hidden || !out) {
+        free(hidden);
+        free(out);
+        return TDM_ERESOURCE;
+    }
+    w->hidden = hidden;
+    w->emb_out = out;
+    return TDM_OK;
+}
+
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
     int rc = check_req(w, req, err);
@@ -411,9 +455,11 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     tdm_grammar_matcher_t *matcher = NULL;
     if (req->grammar && (rc = matcher_open(w, req, &matcher, err)) != TDM_OK)
         return rc;
-    uint32_t max_new = (uint32_t)req->sampling->max_tokens;
+    uint32_t max_new = req->embed ? 0 : (uint32_t)req->sampling->max_tokens;
     if (max_new > w->o.n_ctx - req->n_prompt)
         max_new = w->o.n_ctx - req->n_prompt;
+    if (req->embed && embed_buffers(w) != TDM_OK)
+        return tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for embedding buffers");
     uint32_t cap = req->n_prompt + max_new;
     /* Everything the sequence will ever hold, now: the step path never allocates. */
     wseq_t tables; /* the new sequence's block table(s) */
@@ -422,11 +468,12 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     bool plp =
         req->prompt_logprobs && !req->prefilled && !req->prefilled_groups && req->n_output == 0;
     tdm_token_logprobs_t *plps = plp ? calloc(req->n_prompt, sizeof *plps) : NULL;
+    double *acc = req->embed ? calloc(w->n_embd, sizeof *acc) : NULL;
     bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
                     : req->prefilled_groups
                         ? tdm_kv_hseq_prepare(w->pool, req->prefilled_groups, cap) == TDM_OK
                         : tdm_worker_kv_prepare(w, &tables, cap);
-    if (!tokens || (plp && !plps) || !prepared)
+    if (!tokens || (plp && !plps) || (req->embed && !acc) || !prepared)
         rc = tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for a sequence of %u tokens",
                            cap);
     else
@@ -435,6 +482,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
         tdm_worker_kv_release(w, &tables);
         free(tokens);
         free(plps);
+        free(acc);
         tdm_grammar_matcher_destroy(&matcher);
         return rc;
     }
@@ -455,11 +503,15 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->n_prompt = req->n_prompt;
     s->n_tokens = req->n_prompt + req->n_output;
     s->max_new = max_new;
-    s->sp = *req->sampling;
+    if (!req->embed)
+        s->sp = *req->sampling;
+    s->embed = req->embed;
+    s->pooling = req->pooling;
+    s->emb_acc = acc;
     s->kv = tables.kv;
     s->hkv = tables.hkv;
     s->matcher = matcher;
-    s->no_spec = req->no_speculation;
+    s->no_spec = req->no_speculation || req->embed;
     s->spec_rate = SPEC_RATE_PRIOR;
     s->plp = plps;
     s->plp_top = plp ? req->prompt_logprobs_top : 0;

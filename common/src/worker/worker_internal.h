@@ -44,6 +44,9 @@ typedef struct wseq {
     tdm_token_logprobs_t *plp; /* [n_prompt] prompt logprobs being computed (prompt_logprobs >=
                                   0, until the first token's event takes them), else NULL */
     uint32_t plp_top;          /* alternatives per prompt token (prompt_logprobs) */
+    bool embed;                /* an embedding sequence (tdm_worker_req_t.embed) */
+    tdm_pooling_t pooling;
+    double *emb_acc; /* [n_embd] pooling accumulator of an embedding sequence, else NULL */
 } wseq_t;
 
 struct tdm_worker {
@@ -96,6 +99,13 @@ struct tdm_worker {
     uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
     uint32_t want_left;              /* ... and the logit rows it has left */
     bool starved; /* a running sequence's prompt chunk found no blocks in this batch */
+
+    /* embeddings (allocated with the first embedding sequence) */
+    uint32_t n_embd; /* tdm_engine_n_embd */
+    float *hidden;   /* [max_batch_tokens][n_embd] final hidden states of a step's rows */
+    float *emb_out;  /* [max_running][n_embd] the vectors of a step's EMBEDDING events */
+    uint32_t n_emb_out;
+    bool b_hidden; /* the batch being built holds rows of an embedding sequence */
 
     tdm_worker_event_t *events; /* [cap_events] */
     uint32_t n_events;

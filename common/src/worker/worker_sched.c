@@ -16,6 +16,8 @@ static void preempt_newest(tdm_worker_t *w)
     wseq_t *s = &w->seqs[slot];
     tdm_worker_kv_clear(w, s);
     s->n_computed = 0;
+    if (s->emb_acc) /* its rows are computed (and pooled) again */
+        memset(s->emb_acc, 0, w->n_embd * sizeof *s->emb_acc);
     s->running = false;
     s->preemptions++;
     w->stats.preemptions++;
@@ -42,7 +44,8 @@ static void add_rows(tdm_worker_t *w, uint32_t slot, uint32_t chunk, uint32_t n_
 {
     wseq_t *s = &w->seqs[slot];
     uint32_t k = w->n_bseq++;
-    bool logits = s->n_computed + chunk == s->n_tokens;
+    bool logits = !s->embed && s->n_computed + chunk == s->n_tokens;
+    w->b_hidden |= s->embed;
     bool plp = tdm_worker_plp_active(s); /* every prompt row asks (prompt logprobs) */
     for (uint32_t i = 0; i < chunk + n_draft; i++) {
         uint32_t r = w->n_rows++;
@@ -72,7 +75,7 @@ static uint32_t prefill_chunk(const tdm_worker_t *w, const wseq_t *s)
         chunk = w->o.max_prefill_chunk;
     if (tdm_worker_plp_active(s))
         return chunk < w->want_left ? chunk : w->want_left;
-    if (chunk == remaining && w->want_left == 0)
+    if (chunk == remaining && w->want_left == 0 && !s->embed)
         chunk--; /* stop one row short: the last one, asking for logits, waits a step */
     return chunk;
 }
@@ -159,7 +162,8 @@ static void schedule_prefill(tdm_worker_t *w)
 static uint32_t admit_reserve(tdm_worker_t *w, wseq_t *s)
 {
     /* no prefix-cache hit for a sequence owing prompt logprobs: its rows must be computed */
-    if (s->n_computed == 0 && tdm_worker_kv_held(w, s) == 0 && w->o.prefix_caching && !s->plp) {
+    if (s->n_computed == 0 && tdm_worker_kv_held(w, s) == 0 && w->o.prefix_caching && !s->plp &&
+        !s->embed) {
         uint32_t matched = tdm_worker_kv_match_prefix(w, s);
         s->n_computed = matched;
         if (!s->admitted_once)
@@ -258,6 +262,7 @@ void tdm_worker_schedule(tdm_worker_t *w)
     w->want_left = w->logit_rows;
     w->n_rows = w->n_bseq = 0;
     w->starved = false;
+    w->b_hidden = false;
     schedule_decode(w);
     schedule_prefill(w);
     schedule_admit(w);
