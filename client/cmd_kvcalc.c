@@ -289,8 +289,8 @@ static void print_node_and_groups(const kvcalc_t *k)
         const tdm_kv_groups_t *g = k->in.groups;
         printf("layer groups:             %" PRIu32 " of %" PRIu32 " layers (%" PRIu32
                " full attention, %" PRIu32 " sliding window of %" PRIu32
-               " tokens); a block holds one group's layers (as a CPU decode node whose model "
-               "has no prefill node in the config allocates; --all-layers for the others)\n",
+               " tokens); a block holds one group's layers (as a CPU node whose model has no "
+               "CUDA node in the config allocates; --all-layers for the others)\n",
                g->n_groups, g->layers_per_group, g->n_full, g->n_groups - g->n_full,
                g->window[g->n_groups - 1]);
     } else if (k->have_groups) {

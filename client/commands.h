@@ -18,5 +18,6 @@ int tdm_cmd_keys(int argc, char **argv);
 int tdm_cmd_grammar(int argc, char **argv);
 int tdm_cmd_tokenizer(int argc, char **argv);
 int tdm_cmd_model(int argc, char **argv);
+int tdm_cmd_embed(int argc, char **argv);
 
 #endif

@@ -19,6 +19,8 @@ static const subcommand_t subcommands[] = {
     {"bench", tdm_cmd_bench, "load-test the router: latency percentiles, throughput, goodput"},
     {"cluster", tdm_cmd_cluster, "start (up) or stop (down) a router and its nodes on this host"},
     {"inspect", tdm_cmd_inspect, "show a GGUF model: architecture, hyperparameters, tensors"},
+    {"embed", tdm_cmd_embed,
+     "print the embeddings of texts through the router, or in this process (-m)"},
     {"tokenize", tdm_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
     {"tokenizer", tdm_cmd_tokenizer,
      "export a Hugging Face tokenizer folder for a model's vocabulary"},

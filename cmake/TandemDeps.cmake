@@ -22,6 +22,8 @@ endif()
 tdm_require_pkg(ZMQ libzmq libzmq3-dev)
 tdm_require_pkg(PROTOBUFC libprotobuf-c libprotobuf-c-dev)
 tdm_require_pkg(MHD libmicrohttpd libmicrohttpd-dev)
+# base64 of /v1/embeddings (sodium_bin2base64); libzmq3-dev depends on libsodium-dev already
+tdm_require_pkg(SODIUM libsodium libsodium-dev)
 
 find_program(TANDEM_PROTOC_C protoc-c)
 if(NOT TANDEM_PROTOC_C)

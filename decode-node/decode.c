@@ -25,8 +25,12 @@ typedef struct dres {
     bool local;          /* local prefill: the sequence is in the worker already */
     bool in_worker;      /* KV arrived (or local): the worker owns the sequence */
     tdm_kv_seq_t seq;    /* reserved blocks until the KV arrives */
-    int32_t *prompt;     /* [n_prompt + n_output] until the KV arrives: the prompt, then the
-                            output a migrated request resumes after (DecodeReserve) */
+    tdm_kv_hseq_t hseq;  /* the same over a pool with layer groups: one table per group, the
+                            blocks of a KV transfer (tdm_kv_hseq_reserve_handover) */
+    uint32_t *live;      /* [n_live] hseq's blocks in the transfer's order (the lookup's) */
+    uint32_t n_live;
+    int32_t *prompt; /* [n_prompt + n_output] until the KV arrives: the prompt, then the
+                        output a migrated request resumes after (DecodeReserve) */
     uint32_t n_prompt;
     uint32_t n_output; /* output tokens delivered before this attempt (0: a new request) */
     tdm_sampling_params_t sp;
@@ -93,6 +97,8 @@ static void drop(void *h, tdm_node_req_t *base)
     if (r->in_worker)
         tdm_worker_cancel(d->rt->worker, base->att.attempt_id);
     tdm_kv_seq_release(d->rt->pool, &r->seq);
+    tdm_kv_hseq_release(d->rt->pool, &r->hseq);
+    free(r->live);
     free(r->prompt);
     decided_add(d, base->att.attempt_id);
     /* an early transfer still held for it (the reservation failed before it was decided) */
@@ -152,6 +158,41 @@ static int reserve_local(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRes
     return TDM_OK;
 }
 
+/* The prompt and the output a migrated request resumes after, kept until the KV comes. */
+static int keep_tokens(dres_t *r, const Tandem__V1__DecodeReserve *m, tdm_error_t *err)
+{
+    uint32_t n = r->n_prompt + r->n_output;
+    r->prompt = malloc((size_t)n * sizeof *r->prompt);
+    if (!r->prompt)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a reservation of %u tokens", n);
+    memcpy(r->prompt, m->spec->prompt_tokens, (size_t)r->n_prompt * sizeof *r->prompt);
+    if (r->n_output)
+        memcpy(r->prompt + r->n_prompt, m->spec->output_tokens,
+               (size_t)r->n_output * sizeof *r->prompt);
+    return TDM_OK;
+}
+
+/* reserve_remote over a pool with layer groups: each group's blocks of the transfer only (a
+ * window group those the first decode step reads: tdm_kv_hseq_reserve_handover). */
+static int reserve_remote_groups(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeReserve *m,
+                                 tdm_error_t *err)
+{
+    uint32_t n = r->n_prompt + r->n_output;
+    uint32_t need = (uint32_t)tdm_kv_transfer_blocks(d->rt->pool, n, NULL);
+    if (keep_tokens(r, m, err) != TDM_OK)
+        return TDM_ERESOURCE;
+    r->live = malloc((size_t)need * sizeof *r->live + 1);
+    if (!r->live || tdm_kv_hseq_init(&r->hseq, tdm_kv_pool_groups(d->rt->pool), err) != TDM_OK)
+        return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a reservation of %u tokens", n);
+    if (tdm_kv_hseq_reserve_handover(d->rt->pool, &r->hseq, n) != TDM_OK)
+        return tdm_error_set(err, TDM_ERESOURCE, "need %u KV blocks, %u free", need,
+                             tdm_kv_pool_available(d->rt->pool));
+    r->n_live = tdm_kv_hseq_live(&r->hseq, r->live);
+    if (!r->base.deadline_ms)
+        r->base.wait_until = r->t_reserved + RESERVATION_TTL_S;
+    return TDM_OK;
+}
+
 /* KV from a prefill node: the prompt (and the output a migrated request resumes after) is kept
  * and its blocks reserved until the pages come. */
 static int reserve_remote(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeReserve *m,
@@ -159,9 +200,7 @@ static int reserve_remote(tdm_decode_t *d, dres_t *r, const Tandem__V1__DecodeRe
 {
     uint32_t n = r->n_prompt + r->n_output;
     if (d->rt->kv_grouped)
-        return tdm_error_set(err, TDM_EPRECONDITION,
-                             "this decode node allocates KV per layer group (its config has no "
-                             "prefill node) and takes no KV transfer; prefill locally");
+        return reserve_remote_groups(d, r, m, err);
     r->prompt = malloc((size_t)n * sizeof *r->prompt);
     if (!r->prompt || tdm_kv_seq_prepare(d->rt->pool, &r->seq, n) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory for a reservation of %u tokens", n);
@@ -359,12 +398,13 @@ static void on_reserve(tdm_decode_t *d, const tdm_frame_t *f)
     Tandem__V1__ReserveAck ack = TANDEM__V1__RESERVE_ACK__INIT;
     ack.request_id = r->base.att.label;
     ack.attempt_id = r->base.att.attempt_id;
-    ack.n_blocks = r->seq.n_blocks;
+    ack.n_blocks = r->hseq.tab ? r->n_live : r->seq.n_blocks;
     tdm_sock_reply(s, f, &ack.base);
     TDM_LOG_DEBUGF(d->log, att.label,
                    "reserved attempt=%s prompt_tokens=%u output_tokens=%u blocks=%u local=%d "
                    "fork_of=%016" PRIx64,
-                   att.key, r->n_prompt, r->n_output, r->seq.n_blocks, r->local, r->fork_of);
+                   att.key, r->n_prompt, r->n_output, r->hseq.tab ? r->n_live : r->seq.n_blocks,
+                   r->local, r->fork_of);
     reserve_decided(d, r);
 out_free:
     tandem__v1__decode_reserve__free_unpacked(m, NULL);
@@ -372,6 +412,14 @@ out_free:
 
 static bool on_frame(void *h, const tdm_frame_t *f)
 {
+    tdm_decode_t *d = h;
+    if (f->method == TANDEM__V1__METHOD__METHOD_EMBED_TASK) {
+        /* a pool without prefill nodes: embeddings run here, batched with decode steps */
+        dres_t *r = (dres_t *)tdm_node_embed_start(d->node, f);
+        if (r)
+            r->in_worker = true; /* until its EMBEDDING or FAILED event */
+        return true;
+    }
     if (f->method != TANDEM__V1__METHOD__METHOD_DECODE_RESERVE)
         return false;
     on_reserve(h, f);
@@ -398,8 +446,8 @@ static int lookup(void *user, const char *request_id, uint64_t attempt_id, uint3
                              "transfer has %u tokens; the reservation is for %u prompt and %u "
                              "output tokens",
                              n_tokens, r->n_prompt, r->n_output);
-    *blocks = r->seq.blocks;
-    *n_blocks = r->seq.n_blocks;
+    *blocks = r->hseq.tab ? r->live : r->seq.blocks;
+    *n_blocks = r->hseq.tab ? r->n_live : r->seq.n_blocks;
     return 0;
 }
 
@@ -415,7 +463,8 @@ static void start_decoding(tdm_decode_t *d, dres_t *r, const tdm_kv_received_t *
                             .prompt = r->prompt,
                             .n_prompt = r->n_prompt,
                             .sampling = &r->sp,
-                            .prefilled = &r->seq,
+                            .prefilled = r->hseq.tab ? NULL : &r->seq,
+                            .prefilled_groups = r->hseq.tab ? &r->hseq : NULL,
                             .first_token = in->first_token,
                             .user = r,
                             .output = r->prompt + r->n_prompt,
@@ -509,6 +558,11 @@ static void on_event(void *h, tdm_node_req_t *base, const tdm_worker_event_t *ev
     case TDM_WORKER_EVENT_FAILED:
         r->in_worker = false;
         tdm_node_req_fail_event(d->node, base, ev);
+        break;
+    case TDM_WORKER_EVENT_EMBEDDING: /* the worker freed its blocks: the task is done */
+        r->in_worker = false;
+        tdm_node_send_embedding(tdm_node_sock(d->node, base->att.router_instance), &base->att, ev);
+        tdm_node_req_drop(d->node, base);
         break;
     default: break;
     }

@@ -2,6 +2,7 @@
  * forward passes (chunked under max_batch_tokens), reports each first token at once, ships
  * the KV pages to the decode node the task names, reports the sender's measured transfer time
  * when the decode node acknowledged them, and reports failures so the router can re-dispatch.
+ * EmbedTasks (common/src/node/embed.c) share the same forward passes and keep no KV.
  * A handler of the node serve loop (common/src/node/serve.c), which runs it on one thread
  * (the engine thread); the router link has its own. */
 #include "prefill.h"
@@ -134,6 +135,13 @@ static void on_prefill_task(tdm_prefill_t *p, const tdm_frame_t *f)
 
 static bool on_frame(void *h, const tdm_frame_t *f)
 {
+    tdm_prefill_t *p = h;
+    if (f->method == TANDEM__V1__METHOD__METHOD_EMBED_TASK) {
+        ptask_t *t = (ptask_t *)tdm_node_embed_start(p->node, f);
+        if (t)
+            t->in_worker = true; /* until its EMBEDDING or FAILED event */
+        return true;
+    }
     if (f->method != TANDEM__V1__METHOD__METHOD_PREFILL_TASK)
         return false;
     on_prefill_task(h, f);
@@ -144,13 +152,26 @@ static bool on_frame(void *h, const tdm_frame_t *f)
 static void ship(tdm_prefill_t *p, ptask_t *t, const tdm_worker_event_t *ev)
 {
     tdm_kv_seq_t seq = ev->seq;
-    t->in_worker = false; /* the worker handed the sequence over */
+    tdm_kv_hseq_t hseq = ev->hseq; /* a pool with layer groups: one table per group */
+    t->in_worker = false;          /* the worker handed the sequence over */
     tdm_kv_send_req_t sr = {0};
     sr.request_id = t->base.att.label;
     sr.attempt_id = t->base.att.attempt_id;
     sr.endpoint = t->decode_ep;
     sr.blocks = seq.blocks;
     sr.n_blocks = seq.n_blocks;
+    uint32_t *live = NULL; /* layer groups: each group's live blocks, group by group */
+    if (hseq.tab) {
+        live = malloc((size_t)tdm_kv_hseq_held(&hseq) * sizeof *live + 1);
+        if (!live) {
+            tdm_kv_hseq_release(p->rt->pool, &hseq);
+            tdm_node_req_fail(p->node, &t->base, TDM_ERESOURCE, true,
+                              "out of memory for the block list of a KV transfer");
+            return;
+        }
+        sr.blocks = live;
+        sr.n_blocks = tdm_kv_hseq_live(&hseq, live);
+    }
     sr.n_tokens = ev->n_tokens;
     sr.first_token = ev->first_token;
     sr.prefill_s = ev->prefill_s;
@@ -165,6 +186,8 @@ static void ship(tdm_prefill_t *p, ptask_t *t, const tdm_worker_event_t *ev)
     int rc = sender ? tdm_kv_sender_send(sender, &sr, &xid, &err) : err.code;
     /* The sender holds its own references; ours go now (into the prefix cache). */
     tdm_kv_seq_release(p->rt->pool, &seq);
+    tdm_kv_hseq_release(p->rt->pool, &hseq);
+    free(live);
     if (rc != TDM_OK)
         tdm_node_req_fail(p->node, &t->base, rc, true, err.msg);
     else
@@ -179,6 +202,11 @@ static void on_event(void *h, tdm_node_req_t *r, const tdm_worker_event_t *ev)
         tdm_node_send_token(tdm_node_sock(p->node, r->att.router_instance), &r->att, ev);
         break;
     case TDM_WORKER_EVENT_PREFILLED: ship(p, (ptask_t *)r, ev); break;
+    case TDM_WORKER_EVENT_EMBEDDING: /* the worker freed its blocks: the task is done */
+        ((ptask_t *)r)->in_worker = false;
+        tdm_node_send_embedding(tdm_node_sock(p->node, r->att.router_instance), &r->att, ev);
+        tdm_node_req_drop(p->node, r);
+        break;
     case TDM_WORKER_EVENT_FAILED:
         ((ptask_t *)r)->in_worker = false; /* the worker freed it already */
         tdm_node_req_fail_event(p->node, r, ev);

@@ -235,12 +235,16 @@ static double pct(uint64_t part, uint64_t whole)
     return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }
 
-/* The nodes of a ClusterStatus as JSON, and the decode nodes' KV use. "up" is a node that
- * takes new work; a suspect one (silent past the heartbeat timeout) is "suspect" instead. */
+/* The nodes of a ClusterStatus as JSON, and the decode nodes' KV use: used over total bytes
+ * (each node's blocks weighed by its kv_block_bytes, so that a node allocating per layer group,
+ * whose blocks hold one group's layers, or one of a model of another shape counts for what its
+ * memory holds; a block counts 1 from an older router that sends no block bytes). "up" is a
+ * node that takes new work; a suspect one (silent past the heartbeat timeout) is "suspect"
+ * instead. */
 static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
 {
     json_t *nodes = json_array();
-    uint64_t used = 0, total = 0;
+    double used = 0, total = 0;
     for (size_t i = 0; nodes && i < cs->n_nodes; i++) {
         static const Tandem__V1__NodeLoad no_load = TANDEM__V1__NODE_LOAD__INIT;
         const Tandem__V1__NodeStatus *n = cs->nodes[i];
@@ -261,14 +265,16 @@ static json_t *status_json(const Tandem__V1__ClusterStatus *cs, double *kv_pct)
         if (o) {
             json_object_set_new(o, "model", http_json_str(n->model)); /* the model it serves */
             json_object_set_new(o, "kv_layer_groups", json_integer((json_int_t)n->kv_layer_groups));
+            json_object_set_new(o, "kv_block_bytes", json_integer((json_int_t)n->kv_block_bytes));
             json_array_append_new(nodes, o);
         }
         if (n->up && strcmp(n->role, "decode") == 0) {
-            used += ld->kv_blocks_used;
-            total += n->kv_blocks_total;
+            double w = n->kv_block_bytes ? (double)n->kv_block_bytes : 1.0;
+            used += w * (double)ld->kv_blocks_used;
+            total += w * (double)n->kv_blocks_total;
         }
     }
-    *kv_pct = total ? pct(used, total) : NAN;
+    *kv_pct = total > 0 ? 100.0 * used / total : NAN;
     /* the strings come from the nodes and the router: valid UTF-8 or replaced (http_json_text) */
     return json_pack("{s:o, s:o, s:{s:i, s:i, s:I}, s:o}", "version", http_json_str(cs->version),
                      "model", http_json_str(cs->model), "requests", "running",
@@ -808,6 +814,23 @@ static bool cap_options(cap_args_t *a, tdm_kv_plan_in_t *in)
            cap_bytes(a, "memory", &in->memory_bytes, &in->have_memory);
 }
 
+/* all_layers: 1 / true plans every layer in every block, 0 / false (or absent) per layer group
+ * where the model has windows. false with a->bad and a->msg set for another value. */
+static bool cap_all_layers(cap_args_t *a, bool *out)
+{
+    const char *t = a->get(a->ctx, "all_layers");
+    *out = false;
+    if (!t || !*t || strcmp(t, "0") == 0 || strcmp(t, "false") == 0)
+        return true;
+    if (strcmp(t, "1") == 0 || strcmp(t, "true") == 0) {
+        *out = true;
+        return true;
+    }
+    a->bad = "all_layers";
+    snprintf(a->msg, sizeof a->msg, "all_layers must be 1, true, 0 or false, got '%s'", t);
+    return false;
+}
+
 /* node=ID without memory: the node's real pool (kv_blocks_total blocks of the cluster's
  * layout) plus the weights is the memory (tdm_kv_plan_budget). Returns a copy of the node's
  * entry in the last status (caller decrefs), or NULL with a->bad and a->msg set. */
@@ -900,8 +923,14 @@ json_t *dash_capacity_json(dash_t *d, const http_model_t *m,
     const char *node_id = get(ctx, "node");
     bool explicit_shape = get(ctx, "layers") || get(ctx, "kv_heads") || get(ctx, "head_dim");
     const char *source = explicit_shape ? "shape" : node_id ? "node" : "model";
-    if (!cap_shape(&a, m, explicit_shape, &in) || !cap_options(&a, &in))
+    bool all_layers = false;
+    if (!cap_shape(&a, m, explicit_shape, &in) || !cap_options(&a, &in) ||
+        !cap_all_layers(&a, &all_layers))
         return cap_error(&a, http_status);
+    /* the served model with windows: per layer group, as its CPU nodes allocate and as
+     * `tandem kvcalc -m` plans (tdm_node_kv_groups; all_layers for a model with a GPU node) */
+    if (!explicit_shape && !node_id && m && m->have_groups && !all_layers)
+        in.groups = &m->groups;
     tdm_error_t err = {0};
     if (tdm_kv_layout_check(&in.layout, &err) != TDM_OK) {
         a.bad = NULL;

@@ -1,7 +1,7 @@
 /* http.h - the router's HTTP gateway: the OpenAI-compatible API (/v1/completions,
- * /v1/chat/completions with SSE streaming, /v1/models), /tokenize, /detokenize, /version,
- * /health, /ready, /metrics, the dashboard (/) and its JSON (/api/status, /api/capacity), with
- * X-Request-Id on every reply and CORS for router.cors_origins.
+ * /v1/chat/completions with SSE streaming, /v1/responses, /v1/models), /tokenize, /detokenize,
+ * /version, /health, /ready, /metrics, the dashboard (/) and its JSON (/api/status,
+ * /api/capacity), with X-Request-Id on every reply and CORS for router.cors_origins.
  *
  * The gateway is a client of the router's native API: one gateway thread owns a client of the
  * client library (tandem/client.h) connected to the router's inproc:// endpoint on the router's

@@ -18,6 +18,7 @@
 #include "dashboard.h"
 #include "http_metrics.h"
 #include "http_server.h"
+#include "http_responses.h"
 #include "tandem/limits.h"
 
 /* Whether s has a Unicode format character (tdm_unicode_is_format) among its well-formed UTF-8
@@ -225,6 +226,34 @@ static bool route_conv(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, c
     return true;
 }
 
+/* POST /v1/responses, GET and DELETE /v1/responses/{id} (http_responses.c); false when url is
+ * none of them. */
+static bool route_responses(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, const char *url,
+                            const char *method, enum MHD_Result *ret)
+{
+    if (strcmp(url, "/v1/responses") == 0) {
+        if (strcmp(method, "POST") != 0)
+            *ret =
+                http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method, url);
+        else if (r->too_large)
+            *ret = http_reply_bad_http(c, 413, "request_too_large",
+                                       "the request body is larger than %u bytes",
+                                       TDM_HTTP_MAX_BODY_BYTES);
+        else
+            *ret = http_responses(h, c, r);
+        return true;
+    }
+    if (strncmp(url, "/v1/responses/", 14) != 0 || !url[14])
+        return false;
+    bool del = strcmp(method, "DELETE") == 0;
+    if (!del && strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+        *ret = http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use GET or DELETE", method,
+                                   url);
+    else
+        *ret = http_responses_item(h, c, url + 14, del);
+    return true;
+}
+
 /* ---- the access handler ---- */
 
 /* GET /api/status: the dashboard's status with every served model's shape. */
@@ -294,6 +323,18 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
                                        TDM_HTTP_MAX_BODY_BYTES);
         return http_generate(h, c, r,
                              strcmp(url, "/v1/completions") == 0 ? OAI_COMPLETION : OAI_CHAT);
+    }
+    if (route_responses(h, c, r, url, method, &ret))
+        return ret;
+    if (strcmp(url, "/v1/embeddings") == 0) {
+        if (!post)
+            return http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method,
+                                       url);
+        if (r->too_large)
+            return http_reply_bad_http(c, 413, "request_too_large",
+                                       "the request body is larger than %u bytes",
+                                       TDM_HTTP_MAX_BODY_BYTES);
+        return http_embeddings(h, c, r);
     }
     if (r->too_large)
         return http_reply_bad_http(c, 413, "request_too_large",

@@ -22,6 +22,7 @@
 #include "dashboard.h"
 #include "http_metrics.h"
 #include "http_server.h"
+#include "http_responses.h"
 
 /* Kernel send buffer of a streaming response (Linux doubles it). Autotuning would let a client
  * that stops reading park up to net.ipv4.tcp_wmem's maximum (4 MiB) in the kernel per stream;
@@ -152,6 +153,8 @@ static void refusal_error(const http_req_t *r, size_t call, const gw_event_t *ev
         tdm_error_set_field(out, ev->status, param, "%s%s", name, text + 6); /* "prompt: ..." */
     else
         tdm_error_set_field(out, ev->status, param, "%s: %s", name, text);
+    if (r->resp)
+        resp_rename(r->resp, out); /* in the Responses request's names */
 }
 
 /* ---- generate ---- */
@@ -255,7 +258,11 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
         if (rc == TDM_OK)
             return;
         calls_cancel(r);
-        oai_sse_end(r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory", &r->sse);
+        if (r->resp)
+            resp_sse_end(r->resp, r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory",
+                         &r->sse);
+        else
+            oai_sse_end(r->q, &r->out, TDM_EINTERNAL, "the HTTP gateway is out of memory", &r->sse);
         record(r, TDM_EINTERNAL);
         r->sse_done = true;
         return;
@@ -271,7 +278,10 @@ static void stream_event(http_req_t *r, gw_event_t *ev)
         refusal_error(r, r->cur, ev, &end); /* names the prompt */
     else
         tdm_error_set(&end, ev->status, "%s", ev->message);
-    oai_sse_end(r->q, &r->out, ev->status, end.msg, &r->sse);
+    if (r->resp && resp_sse_end(r->resp, r->q, &r->out, ev->status, end.msg, &r->sse) != TDM_OK)
+        ev->status = TDM_EINTERNAL; /* out of memory: the stream ends short */
+    else if (!r->resp)
+        oai_sse_end(r->q, &r->out, ev->status, end.msg, &r->sse);
     record(r, ev->status);
     r->sse_done = true;
     if (ev->status != TDM_OK)
@@ -385,18 +395,24 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
         *ret = http_reply_error(c, TDM_EINTERNAL, NULL, NULL, "out of memory");
         return false;
     }
-    int rc = oai_parse(kind, r->body.data ? r->body.data : "", r->body.len, served, q, &err);
+    size_t len = r->body.len;
+    const char *body = r->resp ? resp_chat_body(r->resp, &len) : r->body.data;
+    int rc = oai_parse(kind, body ? body : "", len, served, q, &err);
     /* the family of the model asked for (an unknown one: the router answers 404 for it) */
     int mi = rc == TDM_OK ? tdm_config_model_index(h->cfg, q->g.model) : -1;
     if (rc == TDM_OK && (rc = oai_apply_family(q, &h->families[mi < 0 ? 0 : mi], &err)) != TDM_OK)
         oai_req_clear(q);
     if (rc != TDM_OK) {
         free(q);
+        if (r->resp)
+            resp_rename(r->resp, &err);
         http_counters_refusal(h->counters, err.field, rc);
         *ret = http_reply_error(c, rc, NULL, err.field, "%s", err.msg);
         return false;
     }
     r->q = q;
+    if (r->resp)
+        resp_bind(r->resp, q); /* the response id and its stream writer */
     request_ids(r, q);
     q->creq.timeout_s = h->cfg->router.request_timeout_s;
     if (oai_prompt_requests(q) != TDM_OK || !multi_alloc(r, q)) {
@@ -444,7 +460,8 @@ static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_e
     if (end->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && end->status != TDM_OK) {
         ret = reply_refused(r, c, r->cur, end);
     } else {
-        json_t *body = oai_response(r->q, &r->out, gw_event_chunk(ev));
+        json_t *body = r->resp ? resp_whole(r->resp, r->q, &r->out, gw_event_chunk(ev))
+                               : oai_response(r->q, &r->out, gw_event_chunk(ev));
         record(r, TDM_OK);
         ret = http_reply_json(c, 200, body);
     }
@@ -463,6 +480,11 @@ static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Con
     if (r->fd >= 0)
         setsockopt(r->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
     dash_streams(h->dash, 1);
+    if (r->resp && resp_sse_begin(r->resp, r->q, &r->sse) != TDM_OK) {
+        gw_event_free(ev);
+        gw_call_cancel(r->call);
+        return MHD_NO;
+    }
     stream_event(r, ev);
     gw_event_free(ev);
     struct MHD_Response *resp =

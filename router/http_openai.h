@@ -94,6 +94,12 @@ typedef struct oai_req {
     char *constraint_text;     /* structured output: creq.constraint (heap), or NULL */
     char constraint_param[40]; /* the field that carried it ("response_format", "guided_json",
                                   "structured_outputs.regex"): error.param of its refusals */
+
+    /* a /v1/responses request (http_responses.c): each chat delta the writers make goes to
+     * on_delta(delta_arg, delta (consumed; NULL for the finish alone), finish (NULL: none), b)
+     * instead of becoming a chat chunk in b; its return is the writer's. NULL: chat chunks. */
+    int (*on_delta)(void *arg, json_t *delta, const char *finish, tdm_buf_t *b);
+    void *delta_arg;
 } oai_req_t;
 
 /* "an object", "a string", "an integer", ...: the JSON type of v, as the gateway's type errors

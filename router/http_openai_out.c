@@ -235,6 +235,10 @@ static json_t *chunk_base(const oai_req_t *q)
 int oai_emit_choice_at(const oai_req_t *q, uint32_t index, tdm_buf_t *b, json_t *delta,
                        const char *text, size_t text_len, json_t *logprobs, const char *finish)
 {
+    if (q->on_delta) { /* a Responses request: its own events (http_responses.c) */
+        json_decref(logprobs);
+        return q->on_delta(q->delta_arg, delta, finish, b);
+    }
     json_t *c = chunk_base(q);
     json_t *choice = json_pack("{s:i}", "index", (int)index);
     if (!c || !choice) {

@@ -47,6 +47,7 @@
 #include "dashboard.h"
 #include "http_metrics.h"
 #include "http_server.h"
+#include "http_responses.h"
 #include "tandem/limits.h"
 
 #define HTTP_DISCARD_MAX (64u << 20) /* bytes of an oversized body read before closing */
@@ -597,6 +598,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(r->calls);
     tdm_buf_free(&r->body);
     tdm_buf_free(&r->sse);
+    resp_call_free(&r->resp);
     oai_out_clear(&r->out);
     bool trim = false;
     if (r->counted) {
@@ -804,7 +806,9 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
     pthread_condattr_destroy(&ca);
     h->started = (long long)time(NULL);
     h->internal_key = cfg->router.n_api_keys ? cfg->router.api_keys[0] : NULL;
-    if (!(h->counters = http_counters_new())) {
+    if (!(h->counters = http_counters_new()) ||
+        !(h->responses = resp_store_new((size_t)cfg->router.responses_store_max,
+                                        cfg->router.responses_store_bytes))) {
         tdm_error_set(err, TDM_ERESOURCE, "out of memory");
         goto out_free;
     }
@@ -859,6 +863,7 @@ void tdm_http_destroy(tdm_http_t **self_p)
     dash_destroy(&h->dash);
     gw_destroy(&h->gw);
     http_counters_destroy(&h->counters);
+    resp_store_destroy(&h->responses);
     pthread_cond_destroy(&h->idle);
     pthread_mutex_destroy(&h->mu);
     free(h);

@@ -18,6 +18,7 @@
 #include "http_metrics.h"
 #include "dashboard.h"
 #include "http.h"
+#include "responses_store.h"
 #include "tandem/limits.h"
 
 /* Longest wait of a unary call to the router (MODELS, HEALTH, METRICS), s. */
@@ -50,6 +51,7 @@ struct tdm_http {
     oai_family_ctx_t families[TDM_CONFIG_MAX_MODELS];
     size_t n_models;
     http_counters_t *counters; /* responses by code, the gateway's own refusals */
+    resp_store_t *responses; /* /v1/responses answers with store true (router.responses_store_*) */
 };
 
 /* Per request (MHD's con_cls). */
@@ -76,8 +78,9 @@ typedef struct http_req {
     tdm_buf_t sse;
     size_t sse_off;
     bool sse_done;
-    bool cancelled; /* this side cancelled the call (client gone) */
-    bool counted;   /* in h->n_requests */
+    bool cancelled;         /* this side cancelled the call (client gone) */
+    bool counted;           /* in h->n_requests */
+    struct resp_call *resp; /* a /v1/responses request (http_responses.c), else NULL */
     /* X-Request-Id of every reply: the client's own when valid, else the router's (the
      * generate call's id, or a new one made when a reply needs it) */
     char rid[TDM_REQUEST_ID_MAX + 1];
@@ -141,6 +144,9 @@ int http_node_model(tdm_http_t *h, const char *id, char *buf, size_t cap, tdm_er
  * holds the whole body. */
 enum MHD_Result http_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
                               oai_kind_t kind);
+
+/* POST /v1/embeddings (http_embeddings.c): r->body holds the whole body. */
+enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r);
 
 /* Continues r's generate request when its parked connection is resumed: the calls' next
  * events (http_generate.c). */

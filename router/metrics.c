@@ -527,6 +527,19 @@ static void render_traffic(mb_t *b, const tdm_router_t *r)
             "KV transfers that failed: retryable failures a prefill node reported after its first "
             "token, or a decode node before the KV arrived.",
             m->kv_transfer_failures);
+    Tandem__V1__MetricFamily *ef =
+        family(b, "tandem_embedding_requests_total", TANDEM__V1__METRIC_TYPE__METRIC_TYPE_COUNTER,
+               "Embedding requests (/v1/embeddings, EMBED) that ended, by final gRPC status.");
+    for (size_t s = 0; s < 17; s++)
+        if (m->embed_requests_by_status[s] || s == 0) {
+            Tandem__V1__MetricSample *smp = sample(b, ef);
+            label(b, smp, "status", tdm_status_name(-(int)s));
+            set_int(smp, m->embed_requests_by_status[s]);
+        }
+    counter(
+        b, "tandem_embedding_prompt_tokens_total",
+        "Prompt tokens of the embedding requests answered (also in tandem_prompt_tokens_total).",
+        m->embed_prompt_tokens);
     counter(b, "tandem_stale_attempt_messages_total",
             "Node messages dropped because they belong to a dispatch attempt that is not the "
             "request's current one (a reused request id, a superseded dispatch).",

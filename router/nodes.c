@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "admit.h"
+#include "embed.h"
 #include "metrics.h"
 #include "nodes.h"
 #include "scheduler.h"
@@ -130,6 +131,8 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
      * (its process is gone or stopping), so Status and /metrics must not show them. */
     load_gauges_zero(&n->load);
     rt_sched_node_down(r, n, reason);
+    rt_embed_node_down(r, n);
+    n->embed_tokens = 0;
 }
 
 /* ---- liveness ----
@@ -302,10 +305,10 @@ static void refuse_status(tdm_router_t *r, const tdm_frame_t *f, const char *id,
 #define refuse(r, f, id, ...) refuse_status(r, f, id, TDM_EPRECONDITION, __VA_ARGS__)
 
 /* The registered group layout (kv_layout.layers_per_group, group_windows) against the one the
- * node's config entry gives it (tdm_node_kv_groups: per layer group only for a CPU decode node
- * whose model has no prefill node in the config, over the model's windows). Refuses and returns
- * TDM_EPRECONDITION on a mismatch: a node allocating per group would refuse every KV transfer
- * the router routes to it, one allocating every layer would be planned wrong. */
+ * node's config entry gives it (tdm_node_kv_groups: per layer group for a CPU node whose model
+ * has no CUDA node in the config, over the model's windows). Refuses and returns
+ * TDM_EPRECONDITION on a mismatch: its KV transfers would meet pools of another group layout
+ * (refused by the receiver), and its blocks would be planned wrong. */
 static int check_groups(tdm_router_t *r, const tdm_frame_t *f, const char *id, const rt_node_t *n,
                         const rt_model_t *model, const Tandem__V1__KvLayout *l)
 {
@@ -319,13 +322,12 @@ static int check_groups(tdm_router_t *r, const tdm_frame_t *f, const char *id, c
     if (same)
         return TDM_OK;
     if (grouped)
-        refuse(
-            r, f, id,
-            "kv_layout: the node allocates KV in %zu layer groups of %" PRIu32
-            " layers; the router expects %" PRIu32 " groups of %" PRIu32
-            " (a CPU decode node whose model has no prefill node in the config allocates per layer "
-            "group: docs/capacity.md); start it with the router's config",
-            l->n_group_windows, l->layers_per_group, want.n_groups, want.layers_per_group);
+        refuse(r, f, id,
+               "kv_layout: the node allocates KV in %zu layer groups of %" PRIu32
+               " layers; the router expects %" PRIu32 " groups of %" PRIu32
+               " (a CPU node whose model has no CUDA node in the config allocates per layer group: "
+               "docs/capacity.md); start it with the router's config",
+               l->n_group_windows, l->layers_per_group, want.n_groups, want.layers_per_group);
     else
         refuse(r, f, id,
                "kv_layout: the node allocates KV in %zu layer groups; the router expects every "
@@ -333,8 +335,8 @@ static int check_groups(tdm_router_t *r, const tdm_frame_t *f, const char *id, c
                l->n_group_windows,
                !model->have_kv_groups
                    ? "the model has no sliding-window layers"
-                   : "only a CPU decode node whose model has no prefill node in the config "
-                     "allocates per layer group: docs/capacity.md");
+                   : "only a CPU node whose model has no CUDA node in the config allocates per "
+                     "layer group: docs/capacity.md");
     return TDM_EPRECONDITION;
 }
 
@@ -658,6 +660,7 @@ static const node_route_t node_routes[] = {
     {false, TANDEM__V1__METHOD__METHOD_FINISHED, rt_stream_on_finished},
     {false, TANDEM__V1__METHOD__METHOD_KV_SHIPPED, rt_stream_on_kv_shipped},
     {false, TANDEM__V1__METHOD__METHOD_TASK_FAILED, rt_sched_task_failed},
+    {false, TANDEM__V1__METHOD__METHOD_EMBEDDING, rt_embed_on_result},
 };
 
 /* Handles a frame from n, the registered and current instance of a node: its row of

@@ -16,6 +16,7 @@
 
 #include <zmq.h>
 
+#include "embed.h"
 #include "metrics.h"
 #include "lifecycle.h"
 #include "nodes.h"
@@ -127,7 +128,8 @@ rt_model_t *rt_model_find(tdm_router_t *r, const char *served)
 /* The router's tables: nodes, scheduler, requests. */
 static int make_tables(tdm_router_t *r, tdm_error_t *err)
 {
-    if (rt_nodes_init(r) != TDM_OK || rt_sched_init(r) != TDM_OK || rt_req_table_init(r) != TDM_OK)
+    if (rt_nodes_init(r) != TDM_OK || rt_sched_init(r) != TDM_OK ||
+        rt_req_table_init(r) != TDM_OK || rt_embed_init(r) != TDM_OK)
         return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
     return TDM_OK;
 }
@@ -288,6 +290,7 @@ void tdm_router_destroy(tdm_router_t **self_p)
     tdm_router_shutdown(r);
     tdm_sock_destroy(&r->client);
     tdm_sock_destroy(&r->nodesock);
+    rt_embed_fini(r);
     rt_req_table_fini(r);
     rt_sched_fini(r);
     rt_nodes_fini(r);
@@ -303,6 +306,7 @@ void tdm_router_shutdown(tdm_router_t *r)
     r->shut = true;
     size_t n = r->n_reqs;
     rt_req_shutdown_all(r);
+    rt_embed_shutdown(r);
     tdm_log_write(&r->log, TDM_LOG_INFO, NULL, NULL,
                   "router shutting down (%zu requests ended with UNAVAILABLE)", n);
 }
@@ -500,6 +504,12 @@ static void node_status_fill(const tdm_router_t *r, const rt_node_t *n, double n
     s->up = n->up;
     s->kv_blocks_total = n->kv_blocks_total;
     s->kv_layer_groups = !n->registered ? 0 : n->kv_grouped ? n->model->kv_groups.n_groups : 1;
+    if (n->registered) {
+        tdm_kv_layout_t bl = n->kv_grouped
+                                 ? tdm_kv_group_layout(&n->model->layout, &n->model->kv_groups)
+                                 : n->model->layout;
+        s->kv_block_bytes = tdm_kv_block_bytes(&bl);
+    }
     tdm_node_load_to_proto(&n->load, load);
     s->load = load;
     s->last_heartbeat_age_s = rt_node_age(n, now);
@@ -593,7 +603,8 @@ out_free:
 static void client_message(tdm_router_t *r, const tdm_frame_t *f)
 {
     if (f->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_CANCEL) {
-        rt_client_cancel(r, f);
+        if (!rt_embed_cancel(r, f))
+            rt_client_cancel(r, f);
         return;
     }
     if (f->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_REQUEST) {
@@ -621,10 +632,11 @@ static void client_message(tdm_router_t *r, const tdm_frame_t *f)
     case TANDEM__V1__METHOD__METHOD_MODELS: client_models(r, f); break;
     case TANDEM__V1__METHOD__METHOD_STATUS: client_status(r, f); break;
     case TANDEM__V1__METHOD__METHOD_METRICS: rt_client_metrics(r, f); break;
+    case TANDEM__V1__METHOD__METHOD_EMBED: rt_embed(r, f); break;
     default:
         tdm_sock_reply_error(r->client, f, TDM_ENOTFOUND,
                              "method %s (%d) is not served on the client endpoint; use GENERATE, "
-                             "HEALTH, MODELS, STATUS or METRICS",
+                             "EMBED, HEALTH, MODELS, STATUS or METRICS",
                              tdm_net_method_name(f->method), f->method);
     }
 }
@@ -681,6 +693,7 @@ static void run_timers(tdm_router_t *r)
     r->next_timers = now + TIMER_PERIOD_S;
     rt_check_heartbeats(r, now);
     rt_req_check_deadlines(r, tdm_net_now_ms());
+    rt_embed_timers(r, tdm_net_now_ms());
 }
 
 /* Records how long the iteration that began at r->loop_t0 took (metrics). */

@@ -95,6 +95,10 @@ typedef struct tdm_router_metrics {
     /* Node messages dropped because they belong to an attempt of a request that is not its
      * current one (a reused request id, a superseded dispatch). */
     uint64_t stale_attempt_messages;
+    /* EMBED calls (embed.c) that ended, by final gRPC code (0 = OK), and the prompt tokens of
+     * the answered ones (counted in prompt_tokens too, as vLLM counts a pooling request's) */
+    uint64_t embed_requests_by_status[17];
+    uint64_t embed_prompt_tokens;
     /* Node messages dropped because they came from a connection or instance that is not the
      * registered instance of that node (an impostor, a restarted node's old connection). */
     uint64_t stale_instance_messages;

@@ -10,6 +10,7 @@
  *   stream.c    a request's output: reorder buffer, detokenizer, stop strings, chunks, the
  *               final answer
  *   nodes.c     node registration, heartbeats, liveness and failure; routes node messages
+ *   embed.c     EMBED calls: their own table, one EmbedTask per input, results, failures
  *   stats.c     histograms and the end-of-request counters
  *   metrics.c   renders tdm_router_metrics_t and the node figures (read only)
  *
@@ -190,6 +191,7 @@ typedef struct rt_node {
     /* attempts owed a NodeCancel (scheduler.c) */
     rt_orphan_t orphans[RT_ORPHANS_MAX];
     size_t n_orphans;
+    uint64_t embed_tokens; /* tokens of EmbedTasks sent to it and not answered (embed.c) */
 } rt_node_t;
 
 typedef enum rt_state {
@@ -370,6 +372,8 @@ struct tdm_router {
     size_t n_reqs;
     uint64_t sibling_frees; /* requests freed because a sibling failed or was dropped (request.c):
                                a loop over requests that may fail one restarts when it moves */
+    /* EMBED calls (embed.c; the struct is its own) */
+    struct rt_embeds *embeds;
     /* counters: each written by the file that sees the event */
     tdm_router_metrics_t metrics;
 };

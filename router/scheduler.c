@@ -26,6 +26,7 @@
 
 #include <xxhash.h>
 
+#include "embed.h"
 #include "lifecycle.h"
 #include "nodes.h"
 #include "request.h"
@@ -100,6 +101,11 @@ static uint64_t next_attempt(tdm_router_t *r)
     if (a == 0)
         a = r->next_attempt++;
     return a;
+}
+
+uint64_t rt_sched_next_attempt(tdm_router_t *r)
+{
+    return next_attempt(r);
 }
 
 /* Decode blocks the router believes free on n (heartbeat free + cached - reservations). */
@@ -949,6 +955,10 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
         (Tandem__V1__TaskFailed *)tdm_frame_unpack(f, &tandem__v1__task_failed__descriptor);
     if (!tf)
         return;
+    if (rt_embed_task_failed(r, n, tf)) { /* an embedding's (embed.c) */
+        protobuf_c_message_free_unpacked(&tf->base, NULL);
+        return;
+    }
     rt_req_t *q = rt_req_for_event(r, n, tf->request_id, tf->attempt_id, true, true, "TaskFailed");
     if (q) {
         /* request_fault: the request's own constraints left no token; its INVALID_ARGUMENT is

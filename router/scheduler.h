@@ -81,4 +81,8 @@ void rt_sched_task_failed(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f);
  * prefilling there before their decode node started) or fail (decoding on it). */
 void rt_sched_node_down(tdm_router_t *r, rt_node_t *n, const char *reason);
 
+/* A new dispatch attempt id (never 0, never repeated by this router instance): GENERATE's and
+ * the EmbedTasks' (embed.c) come from one sequence. Cannot fail. */
+uint64_t rt_sched_next_attempt(tdm_router_t *r);
+
 #endif /* TANDEM_ROUTER_SCHEDULER_H */

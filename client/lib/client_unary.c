@@ -315,3 +315,87 @@ const tdm_client_node_status_t *tdm_client_status_find_node(const tdm_client_clu
             return &s->nodes[i];
     return NULL;
 }
+
+/* ---- Embed ---- */
+
+void tdm_client_embeddings_clear(tdm_client_embeddings_t *e)
+{
+    if (!e)
+        return;
+    free(e->values);
+    free(e->prompt_tokens);
+    free(e->model);
+    memset(e, 0, sizeof *e);
+}
+
+/* The answer into *out: every input once, in order, of one width. */
+static int embeddings_take(tdm_client_t *c, const Tandem__V1__EmbedResponse *m, size_t n_inputs,
+                           tdm_client_embeddings_t *out)
+{
+    if (m->n_data != n_inputs || n_inputs == 0 || !m->data[0])
+        return tdm_error_set(&c->err, TDM_EINTERNAL,
+                             "client: the EMBED answer has %zu vectors for %zu inputs", m->n_data,
+                             n_inputs);
+    size_t d = m->data[0]->n_embedding;
+    out->values = malloc(n_inputs * (d ? d : 1) * sizeof *out->values);
+    out->prompt_tokens = calloc(n_inputs, sizeof *out->prompt_tokens);
+    out->model = tdm_strdup(m->model ? m->model : "");
+    if (!out->values || !out->prompt_tokens || !out->model)
+        return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
+    for (size_t i = 0; i < n_inputs; i++) {
+        const Tandem__V1__Embedding *e = m->data[i];
+        if (!e || e->index != i || e->n_embedding != d)
+            return tdm_error_set(&c->err, TDM_EINTERNAL,
+                                 "client: the EMBED answer's vector %zu is not input %zu's of "
+                                 "%zu values",
+                                 i, i, d);
+        memcpy(out->values + i * d, e->embedding, d * sizeof *out->values);
+        out->prompt_tokens[i] = e->prompt_tokens;
+    }
+    out->n = n_inputs;
+    out->n_embd = (uint32_t)d;
+    out->total_prompt_tokens = m->prompt_tokens;
+    return TDM_OK;
+}
+
+int tdm_client_embed(tdm_client_t *c, const tdm_client_embed_req_t *req, double timeout_s,
+                     tdm_client_embeddings_t *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t n = req->n_texts + req->n_token_inputs;
+    Tandem__V1__TokenList *lists =
+        calloc(req->n_token_inputs ? req->n_token_inputs : 1, sizeof *lists);
+    Tandem__V1__TokenList **listp =
+        calloc(req->n_token_inputs ? req->n_token_inputs : 1, sizeof *listp);
+    if (!lists || !listp) {
+        free(lists);
+        free(listp);
+        return tdm_error_set(&c->err, TDM_ERESOURCE, "client: out of memory");
+    }
+    for (size_t i = 0; i < req->n_token_inputs; i++) {
+        tandem__v1__token_list__init(&lists[i]);
+        lists[i].ids = (int32_t *)(uintptr_t)req->token_ids[i];
+        lists[i].n_ids = req->n_token_ids[i];
+        listp[i] = &lists[i];
+    }
+    Tandem__V1__EmbedRequest q = TANDEM__V1__EMBED_REQUEST__INIT;
+    q.model = (char *)(uintptr_t)(req->model ? req->model : "");
+    q.request_id = (char *)(uintptr_t)(req->request_id ? req->request_id : "");
+    q.texts = (char **)(uintptr_t)req->texts;
+    q.n_texts = req->n_texts;
+    q.token_inputs = listp;
+    q.n_token_inputs = req->n_token_inputs;
+    q.pooling = req->mean ? TANDEM__V1__POOLING__POOLING_MEAN : TANDEM__V1__POOLING__POOLING_LAST;
+    ProtobufCMessage *resp;
+    int rc = unary_call(c, TANDEM__V1__METHOD__METHOD_EMBED, &q.base,
+                        &tandem__v1__embed_response__descriptor, timeout_s, &resp);
+    free(lists);
+    free(listp);
+    if (rc != TDM_OK)
+        return rc;
+    rc = embeddings_take(c, (const Tandem__V1__EmbedResponse *)resp, n, out);
+    if (rc != TDM_OK)
+        tdm_client_embeddings_clear(out);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return rc;
+}

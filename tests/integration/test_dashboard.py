@@ -218,6 +218,7 @@ def test_status_and_capacity_json(cluster):
     for n in s["nodes"]:
         p = n["pool"]
         assert p["kv_blocks"] == n["kv_blocks_total"] and p["block_bytes"] == 16 * 23040
+        assert n["kv_block_bytes"] == 16 * 23040, n  # from the router's NodeStatus (2.9)
         assert p["kv_bytes"] == p["kv_blocks"] * p["block_bytes"] and p["context"] == mi["n_ctx"]
         assert p["blocks_per_sequence"] == -(-mi["n_ctx"] // 16)
         assert p["max_sequences"] == p["kv_blocks"] // p["blocks_per_sequence"]

@@ -360,6 +360,39 @@ def test_dashboard_status_per_model(cluster):
     assert sum(n for n in h["ttft_n"] if n) >= 1, h
 
 
+def test_dashboard_kv_use_weighs_block_bytes(cluster):
+    """The dashboard's KV used % weighs each decode node's blocks by its block bytes (2.9): Gemma's
+    node allocates per layer group (blocks of one group's 3 layers, 49,152 B) and SmolLM2's
+    blocks hold 30 layers (368,640 B); while a Gemma stream runs, the history's last figure is
+    the used bytes over the pools' bytes of the same sample's nodes."""
+    cl = cluster.client()
+    req = prompt_request(prompt="Count to one thousand: one, two,", max_tokens=400,
+                         temperature=0.0, ignore_eos=True)
+    req.model = "gemma3"
+    call = cl.start(req)
+    try:
+        end = time.time() + 300
+        while True:
+            st, body = http_call(cluster.port, "GET", "/api/status")
+            assert st == 200, body
+            nodes = {n["node_id"]: n for n in body["nodes"]}
+            if nodes["decode-1"]["kv_blocks_used"] > 0 or time.time() > end:
+                break
+            time.sleep(0.1)
+        assert nodes["decode-1"]["kv_blocks_used"] > 0, nodes["decode-1"]
+        assert nodes["decode-1"]["kv_layer_groups"] == 6, nodes["decode-1"]
+        assert nodes["decode-1"]["kv_block_bytes"] == 49152, nodes["decode-1"]
+        assert nodes["decode-0"]["kv_block_bytes"] == 368640, nodes["decode-0"]
+        dec = [n for n in body["nodes"] if n["role"] == "decode" and n["up"]]
+        used = sum(n["kv_block_bytes"] * n["kv_blocks_used"] for n in dec)
+        total = sum(n["kv_block_bytes"] * n["kv_blocks_total"] for n in dec)
+        assert abs(body["history"]["kv_used_pct"][-1] - 100.0 * used / total) < 1e-9, \
+            (body["history"]["kv_used_pct"][-1], used, total)
+    finally:
+        cl.cancel(call)
+        cl.close()
+
+
 def test_cli_generate_by_served_model(cluster):
     # `tandem generate` through the router names the model with --served-model
     for name, path in (("g3", GEMMA), ("smol-2", MODEL)):

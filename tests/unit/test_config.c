@@ -692,7 +692,7 @@ static void test_error_unknown_keys(void **state)
                "http_max_connections_per_client, http_header_timeout_s, http_min_body_rate, "
                "prefill_policy, max_queue, request_timeout_s, "
                "api_keys, public_metrics, curve_public_key, curve_secret_key_file, "
-               "admission_control, and 2 more: `tandem config defaults` lists them)");
+               "admission_control, and 4 more: `tandem config defaults` lists them)");
     /* a file name so long that the whole list does not fit: the key first, whole names
      * only, the rest counted */
     char name[200], want[TDM_ERRMSG_MAX];
@@ -705,7 +705,7 @@ static void test_error_unknown_keys(void **state)
              "%s:2: key 'router.htp_port': unknown key (expected one of: client_endpoint, "
              "node_endpoint, node_advertise, node_endpoints, http_address, http_port, "
              "http_threads, http_connection_timeout_s, http_max_connections, "
-             "http_max_connections_per_client, and 12 more: `tandem config defaults` lists "
+             "http_max_connections_per_client, and 14 more: `tandem config defaults` lists "
              "them)",
              name);
     assert_string_equal(err.msg, want);

@@ -12,6 +12,7 @@
 #include "tandem/node.h"
 #include "tandem/proto.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -45,6 +46,9 @@ typedef struct heard {
     int status;          /* TASK_FAILED: the wire (gRPC) code */
     bool retryable;
     char message[128];
+    uint32_t n_embd;        /* EMBEDDING: the vector's length */
+    uint32_t prompt_tokens; /* EMBEDDING */
+    double norm;            /* EMBEDDING: the vector's L2 norm */
 } heard_t;
 
 typedef struct fake_router {
@@ -72,8 +76,19 @@ typedef struct fake_router {
 
 static void hear(fake_router_t *fr, const tdm_frame_t *f)
 {
-    heard_t h = {f->method, 0, 0, 0, 0, false, ""};
-    if (f->method == TANDEM__V1__METHOD__METHOD_TOKEN_EVENT) {
+    heard_t h = {f->method, 0, 0, 0, 0, false, "", 0, 0, 0.0};
+    if (f->method == TANDEM__V1__METHOD__METHOD_EMBEDDING) {
+        Tandem__V1__EmbeddingResult *er = (Tandem__V1__EmbeddingResult *)tdm_frame_unpack(
+            f, &tandem__v1__embedding_result__descriptor);
+        assert_non_null(er);
+        h.attempt_id = er->attempt_id;
+        h.n_embd = (uint32_t)er->n_embedding;
+        h.prompt_tokens = er->prompt_tokens;
+        for (size_t i = 0; i < er->n_embedding; i++)
+            h.norm += (double)er->embedding[i] * er->embedding[i];
+        h.norm = sqrt(h.norm);
+        tandem__v1__embedding_result__free_unpacked(er, NULL);
+    } else if (f->method == TANDEM__V1__METHOD__METHOD_TOKEN_EVENT) {
         Tandem__V1__TokenEvent *te =
             (Tandem__V1__TokenEvent *)tdm_frame_unpack(f, &tandem__v1__token_event__descriptor);
         assert_non_null(te);
@@ -157,7 +172,8 @@ static void answer(fake_router_t *fr, const tdm_frame_t *f)
     } else if (f->method == TANDEM__V1__METHOD__METHOD_TOKEN_EVENT) {
         atomic_fetch_add(&fr->tokens, 1);
         hear(fr, f);
-    } else if (f->method == TANDEM__V1__METHOD__METHOD_TASK_FAILED) {
+    } else if (f->method == TANDEM__V1__METHOD__METHOD_TASK_FAILED ||
+               f->method == TANDEM__V1__METHOD__METHOD_EMBEDDING) {
         hear(fr, f);
     } else if (f->method == TANDEM__V1__METHOD__METHOD_NODE_STATUS) {
         Tandem__V1__NodeStatus *ns =
@@ -541,6 +557,61 @@ static void test_prefill_node_resumes(void **state)
     prefill_close(&pr);
 }
 
+/* The router's side of an embedding: an EmbedTask of n tokens (3, 4, ...; token bad_at, when
+ * below n, is out of the vocabulary). */
+static void send_embed(prefill_rig_t *pr, uint64_t attempt, uint32_t n, uint32_t bad_at,
+                       Tandem__V1__Pooling pooling)
+{
+    static int32_t prompt[64];
+    assert_true(n <= 64);
+    for (uint32_t i = 0; i < n; i++)
+        prompt[i] = i == bad_at ? 1000000 : (int32_t)(3 + i);
+    Tandem__V1__SequenceSpec spec = TANDEM__V1__SEQUENCE_SPEC__INIT;
+    spec.request_id = (char *)"emb";
+    spec.attempt_id = attempt;
+    spec.prompt_tokens = prompt;
+    spec.n_prompt_tokens = n;
+    spec.deadline_unix_ms = tdm_net_now_ms() + 3600 * 1000;
+    Tandem__V1__EmbedTask t = TANDEM__V1__EMBED_TASK__INIT;
+    t.spec = &spec;
+    t.pooling = pooling;
+    assert_int_equal(fr_send(&pr->r.fr, TANDEM__V1__METHOD__METHOD_EMBED_TASK, &t.base), 0);
+}
+
+/* A prefill node serves EmbedTasks next to PrefillTasks: each answers one EmbeddingResult of
+ * the model's width, unit norm, with its prompt's token count, and frees its blocks (no KV
+ * transfer); a token outside the vocabulary is INVALID_ARGUMENT naming prompt_tokens[i]. */
+static void test_prefill_node_embeds(void **state)
+{
+    (void)state;
+    prefill_rig_t pr;
+    prefill_open(&pr);
+    send_task(&pr, 41, 0);
+    send_embed(&pr, 42, 40, UINT32_MAX, TANDEM__V1__POOLING__POOLING_MEAN);
+    send_embed(&pr, 43, 5, UINT32_MAX, TANDEM__V1__POOLING__POOLING_LAST);
+    send_embed(&pr, 44, 8, 2, TANDEM__V1__POOLING__POOLING_LAST);
+    heard_t h;
+    for (uint64_t a = 42; a <= 43; a++) {
+        assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_EMBEDDING, a, true, &h));
+        assert_int_equal(h.n_embd, 64); /* the tiny model's default width */
+        assert_int_equal(h.prompt_tokens, a == 42 ? 40 : 5);
+        assert_true(fabs(h.norm - 1.0) < 1e-5);
+    }
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TASK_FAILED, 44, true, &h));
+    assert_int_equal(h.status, 3);
+    assert_false(h.retryable);
+    assert_non_null(strstr(h.message, "prompt_tokens[2]: token id 1000000 is outside"));
+    assert_true(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TOKEN_EVENT, 41, true, NULL));
+    Tandem__V1__KvTransfer *kv = sink_transfer(&pr); /* the PrefillTask's, the only one */
+    assert_int_equal(kv->attempt_id, 41);
+    tandem__v1__kv_transfer__free_unpacked(kv, NULL);
+    send_cancel(&pr, 41);
+    prefill_stop(&pr);
+    assert_int_equal(count_heard(&pr.r.fr, TANDEM__V1__METHOD__METHOD_EMBEDDING, 42), 1);
+    assert_false(heard_of(&pr.r.fr, TANDEM__V1__METHOD__METHOD_TASK_FAILED, 42, false, NULL));
+    prefill_close(&pr);
+}
+
 /* Heartbeats come from the link's I/O thread: an engine thread that reads nothing (a long
  * forward pass) while the router floods it with frames does not hold them back; the link stays
  * registered, and the engine finds the relayed frames once it reads. */
@@ -825,9 +896,10 @@ static void test_size_pool_refuses(void **state)
 }
 
 /* Gemma 3 270M's shape (18 layers, every sixth of full attention, window 512) sized per layer
- * group on a CPU decode node of a config without prefill nodes, and the rule of which nodes do
- * (tdm_node_kv_groups): not a prefill node, not a CUDA node, not in a config with a prefill
- * node, not a model without windows. */
+ * group on a CPU node, and the rule of which nodes do (tdm_node_kv_groups): CPU prefill and
+ * decode nodes alike (KV travels between them per group, protocol 2.9), not a CUDA node nor any
+ * node of a model that has one (its KV would meet a pool of every layer), not a model without
+ * windows. */
 static void test_size_pool_layer_groups(void **state)
 {
     (void)state;
@@ -878,10 +950,13 @@ static void test_size_pool_layer_groups(void **state)
     assert_int_equal(tdm_node_size_pool(&in, &ps, &err), TDM_ERESOURCE);
     assert_non_null(strstr(err.msg, "needs 677 blocks"));
 
-    nodes[1].role = TDM_NODE_ROLE_PREFILL; /* KV crosses nodes: every layer in every block */
+    nodes[1].role = TDM_NODE_ROLE_PREFILL; /* a CPU pair: KV crosses nodes per group */
+    assert_true(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    assert_true(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+    nodes[1].device.kind = TDM_NODE_DEVICE_CUDA; /* a CUDA prefill node: all of its model's */
     assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
     assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
-    /* several models: only a prefill node of the decode node's own model ships it KV */
+    /* several models: only a CUDA node of the node's own model counts */
     tdm_model_config_t models[2];
     memset(models, 0, sizeof models);
     models[0].name = "smol";
@@ -897,8 +972,11 @@ static void test_size_pool_layer_groups(void **state)
     cfg.models = NULL;
     cfg.n_models = 0;
     nodes[1].role = TDM_NODE_ROLE_DECODE;
-    nodes[0].device.kind = TDM_NODE_DEVICE_CUDA;
+    nodes[1].device.kind = TDM_NODE_DEVICE_CPU;
+    nodes[0].device.kind = TDM_NODE_DEVICE_CUDA; /* a CUDA decode node beside a CPU one */
     assert_false(tdm_node_kv_groups(&cfg, &nodes[0], &hp, &g));
+    assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
+    nodes[0].device.kind = TDM_NODE_DEVICE_CPU;
     assert_true(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
     hp.n_swa = 0; /* no windows */
     assert_false(tdm_node_kv_groups(&cfg, &nodes[1], &hp, &g));
@@ -970,6 +1048,7 @@ int main(void)
         cmocka_unit_test(test_prefill_node_serves),
         cmocka_unit_test(test_node_status_names_model),
         cmocka_unit_test(test_prefill_node_resumes),
+        cmocka_unit_test(test_prefill_node_embeds),
         cmocka_unit_test(test_node_spec_check),
         cmocka_unit_test(test_node_load_proto),
         cmocka_unit_test(test_node_constraint),

@@ -4745,6 +4745,187 @@ static void test_several_models(void **state)
     unlink(other);
 }
 
+/* ---- embeddings (EMBED, embed.c) ---- */
+
+/* Waits for an EmbedTask on n (fails after WAIT_MS, or on another message). Caller frees. */
+static Tandem__V1__EmbedTask *expect_embed_task(env_t *e, fake_t *n)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    if (!recv_on(e, n->s, &f, WAIT_MS))
+        fail_msg("%s: no EmbedTask", n->id);
+    if (f.method != M(EMBED_TASK))
+        fail_msg("%s: %s instead of an EmbedTask", n->id, tdm_net_method_name(f.method));
+    Tandem__V1__EmbedTask *t =
+        (Tandem__V1__EmbedTask *)tdm_frame_unpack(&f, &tandem__v1__embed_task__descriptor);
+    assert_non_null(t);
+    tdm_frame_clear(&f);
+    return t;
+}
+
+/* The node's answer to task t: a vector of n_embd values v[i] = first + i / 1000. */
+static void fake_embedding(fake_t *n, const Tandem__V1__EmbedTask *t, uint32_t n_embd, float first)
+{
+    float v[256];
+    assert_true(n_embd <= 256);
+    for (uint32_t i = 0; i < n_embd; i++)
+        v[i] = first + (float)i / 1000.0f;
+    Tandem__V1__EmbeddingResult er = TANDEM__V1__EMBEDDING_RESULT__INIT;
+    er.request_id = t->spec->request_id;
+    er.attempt_id = t->spec->attempt_id;
+    er.embedding = v;
+    er.n_embedding = n_embd;
+    er.prompt_tokens = (uint32_t)t->spec->n_prompt_tokens;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(EMBEDDING), &er.base), 0);
+}
+
+static void fake_task_failed_embed(fake_t *n, const Tandem__V1__EmbedTask *t, int code,
+                                   bool retryable)
+{
+    Tandem__V1__TaskFailed tf = TANDEM__V1__TASK_FAILED__INIT;
+    tf.request_id = t->spec->request_id;
+    tf.attempt_id = t->spec->attempt_id;
+    tf.status = code;
+    tf.message = (char *)"worker queue full";
+    tf.retryable = retryable;
+    assert_int_equal(tdm_sock_notify(n->s, NULL, 0, M(TASK_FAILED), &tf.base), 0);
+}
+
+/* An EMBED call of n_inputs token lists: input i is ids 3, 4, ..., 3 + i (i + 1 tokens). */
+static uint64_t embed_call(env_t *e, const char *id, size_t n_inputs, int32_t bad_id,
+                           uint64_t deadline_ms)
+{
+    static int32_t ids[8][8];
+    Tandem__V1__TokenList lists[8], *listp[8];
+    assert_true(n_inputs <= 8);
+    for (size_t i = 0; i < n_inputs; i++) {
+        tandem__v1__token_list__init(&lists[i]);
+        for (size_t j = 0; j <= i; j++)
+            ids[i][j] = (int32_t)(3 + j);
+        lists[i].ids = ids[i];
+        lists[i].n_ids = i + 1;
+        listp[i] = &lists[i];
+    }
+    if (bad_id && n_inputs > 1)
+        ids[1][1] = bad_id;
+    Tandem__V1__EmbedRequest q = TANDEM__V1__EMBED_REQUEST__INIT;
+    q.request_id = (char *)id;
+    q.token_inputs = listp;
+    q.n_token_inputs = n_inputs;
+    q.pooling = TANDEM__V1__POOLING__POOLING_MEAN;
+    return send_req(e, M(EMBED), &q.base, NULL, deadline_ms);
+}
+
+/* Inputs go to the prefill nodes (never the decode node while a prefill node is up), a
+ * retryable failure sends the input again on the other prefill node, and the answer has every
+ * vector in input order with the prompt tokens. */
+static void test_embed_dispatch_retry(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    fake_register(e, &e->p0);
+    fake_register(e, &e->p1);
+    fake_register(e, &e->d0);
+    uint32_t n_embd = tdm_model_hparams(e->model)->n_embd;
+    uint64_t call = embed_call(e, "emb-1", 3, 0, 0);
+    /* the least loaded prefill node each: 1 token on one, then 2 on the other, then 3 on
+     * the first (1 < 2) */
+    Tandem__V1__EmbedTask *t0 = expect_embed_task(e, &e->p0);
+    Tandem__V1__EmbedTask *t1 = expect_embed_task(e, &e->p1);
+    Tandem__V1__EmbedTask *t2 = expect_embed_task(e, &e->p0);
+    assert_int_equal(t0->spec->n_prompt_tokens, 1);
+    assert_int_equal(t1->spec->n_prompt_tokens, 2);
+    assert_int_equal(t2->spec->n_prompt_tokens, 3);
+    assert_int_equal(t0->pooling, TANDEM__V1__POOLING__POOLING_MEAN);
+    assert_string_equal(t0->spec->request_id, "emb-1");
+    assert_true(t0->spec->deadline_unix_ms > 0);
+    /* the middle input fails retryably on p1: again, on p0 */
+    fake_task_failed_embed(&e->p1, t1, 8, true);
+    Tandem__V1__EmbedTask *t1b = expect_embed_task(e, &e->p0);
+    assert_int_equal(t1b->spec->n_prompt_tokens, 2);
+    assert_true(t1b->spec->attempt_id != t1->spec->attempt_id);
+    fake_embedding(&e->p0, t2, n_embd, 2.0f);
+    fake_embedding(&e->p1, t1, n_embd, 9.0f); /* the failed attempt's: ignored */
+    fake_embedding(&e->p0, t0, n_embd, 0.0f);
+    fake_embedding(&e->p0, t1b, n_embd, 1.0f);
+    expect_none(e, e->d0.s, 50);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    assert_int_equal(f.kind, K_END);
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, 0);
+    Tandem__V1__EmbedResponse *r =
+        (Tandem__V1__EmbedResponse *)tdm_frame_unpack(&f, &tandem__v1__embed_response__descriptor);
+    assert_non_null(r);
+    assert_string_equal(r->request_id, "emb-1");
+    assert_string_equal(r->model, "tiny");
+    assert_int_equal(r->n_data, 3);
+    assert_int_equal(r->prompt_tokens, 6);
+    for (uint32_t i = 0; i < 3; i++) {
+        assert_int_equal(r->data[i]->index, i);
+        assert_int_equal(r->data[i]->prompt_tokens, i + 1);
+        assert_int_equal(r->data[i]->n_embedding, n_embd);
+        assert_float_equal(r->data[i]->embedding[0], (float)i, 0);
+    }
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    tdm_frame_clear(&f);
+    Tandem__V1__EmbedTask *ts[] = {t0, t1, t2, t1b};
+    for (size_t i = 0; i < 4; i++)
+        protobuf_c_message_free_unpacked(&ts[i]->base, NULL);
+    const tdm_router_metrics_t *m = tdm_router_metrics(e->r);
+    assert_int_equal(m->embed_requests_by_status[0], 1);
+    assert_int_equal(m->embed_prompt_tokens, 6);
+    env_free(e);
+}
+
+/* Refusals name the field (ErrorDetail); no node of the model: UNAVAILABLE naming it; a
+ * decode-only pool computes them; a deadline ends the call and cancels the node's task. */
+static void test_embed_refusals_and_ends(void **state)
+{
+    (void)state;
+    env_t *e = env_new(NULL);
+    uint64_t call = embed_call(e, "emb-bad", 2, 100000, 0);
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, TDM_EINVALID);
+    assert_non_null(strstr(f.message, "token_inputs[1].ids[1]: token id 100000 is outside"));
+    Tandem__V1__ErrorDetail *d =
+        (Tandem__V1__ErrorDetail *)tdm_frame_unpack(&f, &tandem__v1__error_detail__descriptor);
+    assert_non_null(d);
+    assert_string_equal(d->field, "token_inputs[1].ids[1]");
+    protobuf_c_message_free_unpacked(&d->base, NULL);
+    tdm_frame_clear(&f);
+    call = embed_call(e, "emb-0", 0, 0, 0);
+    expect_end(e, call, TDM_EINVALID, "token_inputs: 0 inputs; a call takes 1..2048");
+    call = embed_call(e, "emb-none", 1, 0, 0);
+    expect_end(e, call, TDM_EUNAVAILABLE, "no node of model 'tiny' is up");
+    /* a decode-only pool */
+    fake_register(e, &e->d0);
+    uint32_t n_embd = tdm_model_hparams(e->model)->n_embd;
+    call = embed_call(e, "emb-d", 1, 0, 0);
+    Tandem__V1__EmbedTask *t = expect_embed_task(e, &e->d0);
+    fake_embedding(&e->d0, t, n_embd, 0.5f);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, 0);
+    tdm_frame_clear(&f);
+    /* the deadline passes: DEADLINE_EXCEEDED, and the node is told to stop */
+    call = embed_call(e, "emb-late", 1, 0, tdm_net_now_ms() + 300);
+    t = expect_embed_task(e, &e->d0);
+    protobuf_c_message_free_unpacked(&t->base, NULL);
+    expect_end(e, call, TDM_EDEADLINE, "deadline passed while computing embeddings (0 of 1");
+    expect_cancel(e, &e->d0, "emb-late", 1);
+    const tdm_router_metrics_t *m = tdm_router_metrics(e->r);
+    assert_int_equal(m->embed_requests_by_status[3], 2); /* INVALID_ARGUMENT */
+    assert_int_equal(m->embed_requests_by_status[14], 1);
+    assert_int_equal(m->embed_requests_by_status[4], 1);
+    env_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -4780,6 +4961,8 @@ int main(void)
         cmocka_unit_test(test_decode_down),
         cmocka_unit_test(test_prefill_down),
         cmocka_unit_test(test_task_failed),
+        cmocka_unit_test(test_embed_dispatch_retry),
+        cmocka_unit_test(test_embed_refusals_and_ends),
         cmocka_unit_test(test_one_failure_one_retry),
         cmocka_unit_test(test_retry_budget_shared),
         cmocka_unit_test(test_reserve_timeout),

@@ -19,6 +19,7 @@
 #include "tandem/device.h"
 #include "tandem/kv.h"
 #include "tandem/net.h"
+#include "tandem/proto.h"
 #include "tandem/transfer.h"
 
 #include "../../common/src/transfer/xxh3_lanes.h"
@@ -555,6 +556,220 @@ static void test_wrong_layout(void **state)
     tdm_kv_pool_destroy(&other);
     assert_int_equal(res.calls, 0);
     c->clean = true;
+}
+
+/* ---- layer groups (2.9) ---- */
+
+/* A Gemma-3-shaped layout: 6 layers, layer 5 full attention, the others a window of W tokens
+ * (6 groups of one layer: the full one first), 1 KV head of 256, blocks of 4 tokens: a block of
+ * one group's layer is 2 * 4 * 256 * 2 = 4,096 B. */
+static const tdm_kv_layout_t gemma_like = {6, 1, 256, 4, TDM_KV_F16};
+
+static tdm_kv_pool_t *grouped_pool(tdm_kv_groups_t *g, uint32_t window, uint32_t n_blocks)
+{
+    uint32_t windows[6] = {window, window, window, window, window, 0};
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_kv_groups_init(g, 6, windows, &err), TDM_OK);
+    tdm_kv_pool_t *pool = tdm_kv_pool_new_grouped(&gemma_like, g, n_blocks, &err);
+    if (!pool)
+        fail_msg("%s", err.msg);
+    return pool;
+}
+
+static tdm_kv_receiver_t *receiver_on(ctx_t *c, tdm_kv_pool_t *pool)
+{
+    tdm_kv_receiver_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.endpoint = "tcp://127.0.0.1:*";
+    o.node_id = "decode-0";
+    o.model_fingerprint = FINGERPRINT;
+    o.log = &c->log;
+    tdm_error_t err = {0};
+    tdm_kv_receiver_t *r = tdm_kv_receiver_new(c->net, pool, &o, &err);
+    if (!r)
+        fail_msg("tdm_kv_receiver_new: %s", err.msg);
+    return r;
+}
+
+/* The KV of n tokens in pool: a grouped sequence whose window groups gave back what the next
+ * query does not read, or a plain one; its live blocks group by group into flat[] (returned:
+ * how many), filled from seed. */
+static uint32_t kv_of(tdm_kv_pool_t *pool, const tdm_kv_groups_t *g, uint32_t n, uint64_t seed,
+                      tdm_kv_hseq_t *hs, tdm_kv_seq_t *seq, uint32_t *flat)
+{
+    uint32_t k = 0;
+    if (!g) {
+        reserve(pool, seq, n);
+        fill_seq(pool, seq, seed);
+        memcpy(flat, seq->blocks, seq->n_blocks * sizeof *flat);
+        return seq->n_blocks;
+    }
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_kv_hseq_init(hs, g, &err), TDM_OK);
+    assert_int_equal(tdm_kv_hseq_reserve(pool, hs, n), TDM_OK);
+    tdm_kv_hseq_commit(pool, hs, NULL, n);
+    for (uint32_t gi = 0; gi < g->n_groups; gi++)
+        for (uint32_t b = hs->tab[gi].n_dropped; b < hs->tab[gi].n_blocks; b++)
+            flat[k++] = hs->tab[gi].blocks[b];
+    tdm_kv_seq_t view = {.blocks = flat, .n_blocks = k};
+    fill_seq(pool, &view, seed);
+    return k;
+}
+
+static uint64_t flat_digest(tdm_kv_pool_t *pool, const uint32_t *flat, uint32_t n)
+{
+    tdm_kv_seq_t view = {.blocks = (uint32_t *)flat, .n_blocks = n};
+    return seq_digest(pool, &view);
+}
+
+/* A pool with layer groups ships each group's live blocks only: for 97 tokens in blocks of 4
+ * the full group's 25 and each window group's last 9 (entries 16..24: the next query, at 97,
+ * reads keys 66..97), 70 blocks of 4,096 B; they land bit for bit in the receiver's blocks.
+ * Then the layout rule: group blocks into a plain pool, plain blocks into a grouped pool and
+ * other windows are refused naming both sides; a sender given every entry is refused. */
+static void test_grouped(void **state)
+{
+    ctx_t *c = *state;
+    tdm_kv_groups_t g, g64;
+    tdm_kv_pool_t *sp = grouped_pool(&g, 32, 600), *rp = grouped_pool(&g, 32, 600);
+    assert_int_equal(tdm_kv_pool_block_bytes(sp), 4096);
+    assert_int_equal(g.n_groups, 6);
+    const uint32_t n = 97;
+    uint32_t first[6];
+    assert_int_equal(tdm_kv_transfer_blocks(sp, n, first), 25 + 5 * 9);
+    assert_int_equal(first[0], 0);
+    for (int i = 1; i < 6; i++)
+        assert_int_equal(first[i], 16);
+    assert_int_equal(tdm_kv_transfer_blocks(sp, 31, NULL), 6 * 8); /* nothing given back yet */
+    assert_int_equal(tdm_kv_transfer_blocks(sp, 32, NULL), 8 + 5 * 8);
+
+    tdm_kv_receiver_t *r = receiver_on(c, rp);
+    tdm_kv_sender_t *s = sender_new(c, sp, FINGERPRINT, WAIT_MS);
+    const char *ep = tdm_kv_receiver_endpoint(r);
+    static uint32_t sflat[600], rflat[600];
+    tdm_kv_hseq_t shs, rhs;
+    tdm_kv_seq_t unused;
+    uint32_t ns = kv_of(sp, &g, n, 77, &shs, &unused, sflat);
+    uint32_t nr = kv_of(rp, &g, n, 78, &rhs, &unused, rflat);
+    assert_int_equal(ns, 70);
+    assert_int_equal(nr, 70);
+    uint64_t want = flat_digest(sp, sflat, ns);
+    tdm_kv_seq_t view = {.blocks = sflat, .n_blocks = ns, .n_tokens = n};
+    /* every entry of every group is refused: only the live blocks travel */
+    tdm_kv_send_req_t bad = {.request_id = "req-g",
+                             .attempt_id = attempt_of("req-g"),
+                             .endpoint = ep,
+                             .blocks = sflat,
+                             .n_blocks = 6 * 25,
+                             .n_tokens = n};
+    uint64_t id = 0;
+    tdm_error_t err = {0};
+    assert_int_equal(tdm_kv_sender_send(s, &bad, &id, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "KV transfer req-g: n_blocks is 150 but 97 tokens need 70 "
+                                 "blocks of 4 (the live blocks of every layer group)");
+    id = send_seq(s, ep, "req-g", &view);
+    tdm_kv_hseq_release(sp, &shs);
+    reservation_t res = {.request_id = "req-g", .blocks = rflat, .n_blocks = nr};
+    tdm_kv_received_t got = recv_one(r, &res);
+    if (got.status != 0)
+        fail_msg("%s", got.message);
+    assert_int_equal(got.n_blocks, 70);
+    assert_int_equal(got.bytes, 70 * 4096); /* every layer in every block: 25 * 24,576 B */
+    assert_int_equal(flat_digest(rp, rflat, nr), want);
+    tdm_kv_send_done_t d = wait_done(s);
+    assert_int_equal(d.status, 0);
+    assert_int_equal(d.bytes, 70 * 4096);
+    tdm_kv_hseq_release(rp, &rhs);
+    check_pool_empty(sp);
+    check_pool_empty(rp);
+    tdm_kv_sender_destroy(&s);
+    tdm_kv_receiver_destroy(&r);
+
+    /* the layout rule, each way */
+    tdm_kv_pool_t *plain = tdm_kv_pool_new(&gemma_like, 200, &err);
+    tdm_kv_pool_t *other = grouped_pool(&g64, 64, 600);
+    struct {
+        tdm_kv_pool_t *from, *to;
+        const tdm_kv_groups_t *gf, *gt;
+        const char *msg;
+    } cases[] = {
+        {sp, plain, &g, NULL,
+         "KV layout mismatch: the transfer's blocks hold one layer group's layers; this node's "
+         "hold every layer (docs/capacity.md: a model's nodes allocate alike)"},
+        {plain, rp, NULL, &g,
+         "KV layout mismatch: the transfer's blocks hold every layer; this node's hold one layer "
+         "group's layers (docs/capacity.md: a model's nodes allocate alike)"},
+        {sp, other, &g, &g64,
+         "KV layout mismatch: group 1's window is 32 tokens in the transfer, 64 on this node"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        r = receiver_on(c, cases[i].to);
+        s = sender_new(c, cases[i].from, FINGERPRINT, WAIT_MS);
+        tdm_kv_seq_t sseq, rseq;
+        ns = kv_of(cases[i].from, cases[i].gf, n, 5, &shs, &sseq, sflat);
+        nr = kv_of(cases[i].to, cases[i].gt, n, 6, &rhs, &rseq, rflat);
+        view = (tdm_kv_seq_t){.blocks = sflat, .n_blocks = ns, .n_tokens = n};
+        send_seq(s, tdm_kv_receiver_endpoint(r), "req-g", &view);
+        res = (reservation_t){.request_id = "req-g", .blocks = rflat, .n_blocks = nr};
+        got = recv_one(r, &res);
+        assert_int_equal(got.status, TDM_EPRECONDITION);
+        assert_string_equal(got.message, cases[i].msg);
+        assert_int_equal(res.calls, 0);
+        d = wait_done(s);
+        assert_int_equal(d.status, TDM_EPRECONDITION);
+        if (cases[i].gf)
+            tdm_kv_hseq_release(cases[i].from, &shs);
+        else
+            tdm_kv_seq_release(cases[i].from, &sseq);
+        if (cases[i].gt)
+            tdm_kv_hseq_release(cases[i].to, &rhs);
+        else
+            tdm_kv_seq_release(cases[i].to, &rseq);
+        check_pool_empty(cases[i].from);
+        check_pool_empty(cases[i].to);
+        tdm_kv_sender_destroy(&s);
+        tdm_kv_receiver_destroy(&r);
+    }
+    tdm_kv_pool_destroy(&plain);
+    tdm_kv_pool_destroy(&other);
+    tdm_kv_pool_destroy(&sp);
+    tdm_kv_pool_destroy(&rp);
+    c->clean = true;
+}
+
+/* The header checksum covers the group layout and group_first_block (2.9), and a header
+ * without groups hashes as it did before them. */
+static void test_grouped_header_checksum(void **state)
+{
+    (void)state;
+    Tandem__V1__KvTransfer h = TANDEM__V1__KV_TRANSFER__INIT;
+    Tandem__V1__KvLayout l = TANDEM__V1__KV_LAYOUT__INIT;
+    tdm_proto_layout_to(&gemma_like, &l);
+    h.request_id = "req-h";
+    h.backend = "tcp";
+    h.sender_node_id = "prefill-0";
+    h.layout = &l;
+    h.n_tokens = 97;
+    uint64_t plain = tdm_kv_header_checksum(&h);
+    uint32_t windows[6] = {0, 32, 32, 32, 32, 32}, first[6] = {0, 16, 16, 16, 16, 16};
+    l.layers_per_group = 1;
+    l.n_group_windows = 6;
+    l.group_windows = windows;
+    h.n_group_first_block = 6;
+    h.group_first_block = first;
+    uint64_t grouped = tdm_kv_header_checksum(&h);
+    assert_int_not_equal(grouped, plain);
+    first[3] = 15;
+    assert_int_not_equal(tdm_kv_header_checksum(&h), grouped);
+    first[3] = 16;
+    windows[2] = 64;
+    assert_int_not_equal(tdm_kv_header_checksum(&h), grouped);
+    windows[2] = 32;
+    assert_int_equal(tdm_kv_header_checksum(&h), grouped);
+    l.layers_per_group = 0;
+    l.n_group_windows = 0;
+    h.n_group_first_block = 0;
+    assert_int_equal(tdm_kv_header_checksum(&h), plain);
 }
 
 static void test_out_of_blocks(void **state)
@@ -1600,6 +1815,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_one_thread_no_team, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sender_options, setup, teardown),
         cmocka_unit_test_setup_teardown(test_happy_path, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_grouped, setup, teardown),
+        cmocka_unit_test(test_grouped_header_checksum),
         cmocka_unit_test_setup_teardown(test_pipelined, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_fingerprint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_layout, setup, teardown),

@@ -5,6 +5,7 @@
 
 #include "tandem/worker.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -549,9 +550,122 @@ static void test_prefill_step_allocates_nothing(void **state)
     rig_close(&p);
 }
 
+/* Embedding sequences (worker.h tdm_worker_req_t.embed) in a tight pool next to generating
+ * ones, in chunks of a small budget with preemptions: each EMBEDDING event comes once, unit
+ * norm, bitwise the vector of the same prompt computed alone, the generating sequences' outputs
+ * are unchanged, no step allocates, and every block is back at the end. */
+#define N_EMB 3
+static void test_embed_in_batch_under_preemption(void **state)
+{
+    fixture_t *fx = *state;
+    static const uint32_t emb_len[N_EMB] = {70, 3, 33};
+    static const tdm_pooling_t emb_pool[N_EMB] = {TDM_POOLING_MEAN, TDM_POOLING_LAST,
+                                                  TDM_POOLING_MEAN};
+    int32_t emb_prompt[N_EMB][70];
+    uint32_t n_embd = 0; /* the engine's, set below */
+    float alone[N_EMB][256], mixed[N_EMB][256];
+    for (int k = 0; k < N_EMB; k++)
+        make_prompt(emb_prompt[k], emb_len[k], fx->f.n_vocab, 900 + (uint64_t)k);
+    /* alone, each in a roomy pool */
+    for (int k = 0; k < N_EMB; k++) {
+        rig_t a;
+        rig_open(fx, &a, TDM_WORKER_MODE_DECODE, 64, 128, 8);
+        n_embd = tdm_engine_n_embd(a.engine);
+        assert_true(n_embd <= 256);
+        tdm_worker_req_t req = {.seq_id = 500,
+                                .prompt = emb_prompt[k],
+                                .n_prompt = emb_len[k],
+                                .embed = true,
+                                .pooling = emb_pool[k]};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(a.w, &req, &err), 0);
+        int got = 0;
+        while (tdm_worker_busy(a.w)) {
+            const tdm_worker_event_t *ev;
+            uint32_t n;
+            assert_int_equal(tdm_worker_step(a.w, &ev, &n, &err), 0);
+            for (uint32_t i = 0; i < n; i++) {
+                assert_int_equal(ev[i].kind, TDM_WORKER_EVENT_EMBEDDING);
+                assert_int_equal(ev[i].n_tokens, emb_len[k]);
+                memcpy(alone[k], ev[i].embedding, n_embd * sizeof(float));
+                got++;
+            }
+        }
+        assert_int_equal(got, 1);
+        double norm = 0;
+        for (uint32_t d = 0; d < n_embd; d++)
+            norm += (double)alone[k][d] * alone[k][d];
+        assert_true(fabs(norm - 1.0) < 1e-5);
+        rig_close(&a);
+    }
+    out_t ref[N_REQ] = {0};
+    reference(fx, ref, false);
+    /* together with the generating sequences: 9 blocks, 8 rows a step */
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 9, 8, 8);
+    int32_t prompts[N_REQ][128];
+    add_all(fx, &r, prompts, false);
+    for (int k = 0; k < N_EMB; k++) {
+        tdm_worker_req_t req = {.seq_id = 500 + (uint64_t)k,
+                                .prompt = emb_prompt[k],
+                                .n_prompt = emb_len[k],
+                                .embed = true,
+                                .pooling = emb_pool[k]};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    }
+    out_t got[N_REQ] = {0};
+    int n_emb = 0;
+    uint32_t emb_preempted = 0;
+    for (int steps = 0; tdm_worker_busy(r.w); steps++) {
+        assert_true(steps < 100000);
+        const tdm_worker_event_t *ev;
+        uint32_t n;
+        tdm_error_t err = {0};
+        alloc_watch(false);
+        int rc = tdm_worker_step(r.w, &ev, &n, &err);
+        assert_int_equal(alloc_unwatch(), 0);
+        assert_int_equal(rc, 0);
+        for (uint32_t i = 0; i < n; i++) {
+            if (ev[i].kind == TDM_WORKER_EVENT_EMBEDDING) {
+                int k = (int)(ev[i].seq_id - 500);
+                assert_true(k >= 0 && k < N_EMB);
+                memcpy(mixed[k], ev[i].embedding, n_embd * sizeof(float));
+                emb_preempted += ev[i].preemptions;
+                n_emb++;
+                continue;
+            }
+            out_t *o = &got[id_index(ev[i].seq_id)];
+            if (ev[i].kind == TDM_WORKER_EVENT_TOKEN)
+                o->tokens[o->n++] = ev[i].sample.token;
+            else if (ev[i].kind == TDM_WORKER_EVENT_FINISHED)
+                o->finished = true;
+            else
+                fail_msg("seq %llu failed: %s", (unsigned long long)ev[i].seq_id, ev[i].message);
+        }
+    }
+    assert_int_equal(n_emb, N_EMB);
+    print_message("embedding sequences preempted %u times\n", emb_preempted);
+    assert_true(emb_preempted > 0); /* recomputed and pooled again from scratch */
+    for (int k = 0; k < N_EMB; k++)
+        assert_memory_equal(mixed[k], alone[k], n_embd * sizeof(float));
+    for (int k = 0; k < N_REQ; k++) {
+        assert_true(got[k].finished);
+        assert_int_equal(got[k].n, ref[k].n);
+        assert_memory_equal(got[k].tokens, ref[k].tokens, ref[k].n * sizeof(int32_t));
+    }
+    tdm_worker_stats_t st;
+    tdm_worker_stats(r.w, &st);
+    assert_true(st.preemptions > 0);
+    tdm_kv_stats_t ks;
+    tdm_kv_pool_stats(r.pool, &ks);
+    assert_int_equal(ks.n_used, 0);
+    rig_close(&r);
+}
+
 /* Out of memory is an error of tdm_worker_add, named as memory, with nothing left behind;
- * an empty pool is not: the sequence is admitted and, when the pool can never hold it, fails
- * at a step with "KV pool exhausted". */
+ * an empty pool is not, and a pool that could never hold the sequence even alone is
+ * refused by tdm_worker_add too, naming the tokens and the blocks, before it takes any. */
 static void test_oom_is_not_pool_exhaustion(void **state)
 {
     fixture_t *fx = *state;
@@ -592,17 +706,75 @@ static void test_oom_is_not_pool_exhaustion(void **state)
     assert_int_equal(seq.n_blocks, 2);
     tdm_kv_seq_release(r.pool, &seq);
 
-    /* the pool (2 blocks, 32 tokens) can never hold 100 tokens: admitted, then failed */
+    /* the pool (2 blocks, 32 tokens) can never hold 100 tokens: refused at once */
     sp.max_tokens = 4;
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_ERESOURCE);
+    assert_string_equal(err.msg, "KV pool too small for the sequence: the prompt (100 tokens) and "
+                                 "up to 4 output tokens need the KV of 103 tokens, 7 blocks of 16 "
+                                 "tokens at their peak; the pool has 2 blocks");
+    assert_false(tdm_worker_has(r.w, 'a'));
+    /* the last token sampled is never computed: 20 + 13 tokens need 32 tokens' KV, 2 blocks */
+    req.n_prompt = 20;
+    sp.max_tokens = 14;
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_ERESOURCE);
+    assert_non_null(strstr(err.msg, "the KV of 33 tokens, 3 blocks"));
+    sp.max_tokens = 13;
+    sp.ignore_eos = true;
     assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
-    const tdm_worker_event_t *ev;
-    uint32_t n;
-    assert_int_equal(tdm_worker_step(r.w, &ev, &n, &err), 0);
-    assert_int_equal(n, 1);
-    assert_int_equal(ev[0].kind, TDM_WORKER_EVENT_FAILED);
-    assert_int_equal(ev[0].status, TDM_ERESOURCE);
-    assert_non_null(strstr(ev[0].message, "KV pool exhausted"));
+    out_t outs['a'] = {0};
+    drain(&r, outs);
+    assert_true(outs[id_index('a')].finished);
+    assert_int_equal(outs[id_index('a')].n, 13);
     assert_false(tdm_worker_busy(r.w));
+    rig_close(&r);
+}
+
+/* Two long prompts chunked side by side in a pool that holds either alone but not both: each
+ * takes blocks for its chunks until neither can get its next one, and nothing runs that could
+ * free any. The worker goes on with the oldest alone (the other preempted, recomputed later)
+ * instead of waiting forever, and both outputs are those of a run alone. */
+static void test_prefill_stall_preempts(void **state)
+{
+    fixture_t *fx = *state;
+    enum { N = 2, LEN = 100, OUT = 8 };
+    int32_t prompts[N][LEN];
+    out_t ref[N] = {0}, got[N] = {0};
+    tdm_sampling_params_t sp;
+    tdm_sampling_params_default(&sp);
+    sp.temperature = 0.0f;
+    sp.max_tokens = OUT;
+    sp.ignore_eos = true;
+    tdm_error_t err = {0};
+    for (int k = 0; k < N; k++) {
+        make_prompt(prompts[k], LEN, fx->f.n_vocab, 900 + (uint64_t)k);
+        rig_t r;
+        rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 64, 256, 1);
+        tdm_worker_req_t req = {
+            .seq_id = seq_of(k), .prompt = prompts[k], .n_prompt = LEN, .sampling = &sp};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+        drain(&r, ref);
+        rig_close(&r);
+    }
+    /* 9 blocks of 16: each needs 7 (107 tokens' KV); chunks of 16 rows, 32 per step: at 96
+     * and 64 tokens (6 + 4 blocks) neither gets its next chunk */
+    g_prefill_chunk = 16;
+    rig_t r;
+    rig_open(fx, &r, TDM_WORKER_MODE_DECODE, 9, 32, 4);
+    for (int k = 0; k < N; k++) {
+        tdm_worker_req_t req = {
+            .seq_id = seq_of(k), .prompt = prompts[k], .n_prompt = LEN, .sampling = &sp};
+        assert_int_equal(tdm_worker_add(r.w, &req, &err), 0);
+    }
+    drain(&r, got);
+    g_prefill_chunk = 0;
+    for (int k = 0; k < N; k++) {
+        assert_true(got[k].finished);
+        assert_int_equal(got[k].failed, 0);
+        assert_int_equal(got[k].n, OUT);
+        assert_memory_equal(got[k].tokens, ref[k].tokens, OUT * sizeof(int32_t));
+    }
+    assert_int_equal(got[0].preemptions, 0); /* the oldest went on */
+    assert_true(got[1].preemptions >= 1);
     rig_close(&r);
 }
 
@@ -1466,7 +1638,9 @@ int main(void)
         cmocka_unit_test(test_cancel_and_errors),
         cmocka_unit_test(test_step_allocates_nothing),
         cmocka_unit_test(test_prefill_step_allocates_nothing),
+        cmocka_unit_test(test_embed_in_batch_under_preemption),
         cmocka_unit_test(test_oom_is_not_pool_exhaustion),
+        cmocka_unit_test(test_prefill_stall_preempts),
         cmocka_unit_test(test_events_carry_user),
         cmocka_unit_test(test_resume_equals_undisturbed),
         cmocka_unit_test(test_resume_errors),

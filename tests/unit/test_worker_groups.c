@@ -128,9 +128,9 @@ static tdm_worker_opts_t rig_opts(tdm_worker_mode_t mode)
                                .spec_row_cost = 0.05};
 }
 
-/* A worker over a plain pool of n_blocks blocks of every layer, or a grouped pool of
+/* A worker in mode over a plain pool of n_blocks blocks of every layer, or a grouped pool of
  * n_blocks * n_groups blocks of one group's layers (the same bytes). */
-static void rig_open(rig_t *r, bool grouped, uint32_t n_blocks)
+static void rig_open_mode(rig_t *r, bool grouped, uint32_t n_blocks, tdm_worker_mode_t mode)
 {
     memset(r, 0, sizeof *r);
     r->grouped = grouped;
@@ -139,7 +139,7 @@ static void rig_open(rig_t *r, bool grouped, uint32_t n_blocks)
     r->pool = grouped ? tdm_kv_pool_new_grouped(&kl, &F.groups, n_blocks * F.groups.n_groups, &err)
                       : tdm_kv_pool_new(&kl, n_blocks, &err);
     assert_non_null(r->pool);
-    tdm_worker_opts_t o = rig_opts(TDM_WORKER_MODE_DECODE);
+    tdm_worker_opts_t o = rig_opts(mode);
     tdm_engine_params_t ep;
     tdm_engine_params_default(&ep);
     ep.n_ctx = N_CTX;
@@ -152,6 +152,11 @@ static void rig_open(rig_t *r, bool grouped, uint32_t n_blocks)
     r->w = tdm_worker_new(r->engine, r->pool, F.tok, F.n_vocab, &o, &err);
     if (!r->w)
         fail_msg("worker: %s", err.msg);
+}
+
+static void rig_open(rig_t *r, bool grouped, uint32_t n_blocks)
+{
+    rig_open_mode(r, grouped, n_blocks, TDM_WORKER_MODE_DECODE);
 }
 
 static void rig_close(rig_t *r)
@@ -184,10 +189,10 @@ static void check_formula(const rig_t *r)
         if (!s->used)
             continue;
         uint32_t held = tdm_worker_kv_held(w, s);
-        if (!s->running) {
+        if (s->n_computed == 0) { /* waiting, or preempted */
             assert_int_equal(held, 0);
             continue;
-        }
+        } /* running, or queued with KV handed over (prefilled_groups) */
         uint32_t e = tdm_worker_kv_entries(w, s);
         uint64_t want = 0;
         for (uint32_t gi = 0; gi < F.groups.n_groups; gi++) {
@@ -415,18 +420,150 @@ static void test_outputs_equal_plain(void **state)
     rig_close(&r);
 }
 
-/* Over a grouped pool PREFILL mode and prefilled KV are refused naming why. */
+/* Blocks a hand-over of n tokens carries, by the formula of docs/capacity.md written out for
+ * gemma3-tiny (blocks of 4, one full group, five groups of window 32): every entry of the full
+ * group, the entries from floor((n + 1 - 32) / 4) on of each window group. */
+static uint64_t handover_blocks(uint32_t n)
+{
+    uint64_t e = (n + BS - 1) / BS;
+    uint64_t first = n + 1 > 32 ? (n + 1 - 32) / BS : 0;
+    return e + 5 * (e - first);
+}
+
+/* The disaggregated path in one process: a PREFILL worker over a grouped pool hands over each
+ * group's live blocks only (the window groups' last blocks, exactly the formula's), they are
+ * "shipped" into another grouped pool (a copy per block), and a DECODE worker there goes on
+ * from them: the tokens are the plain pool's, greedy and seeded, for prompts past the window
+ * and for a resumed request (a migrated one: its prompt and delivered output prefilled). */
+static void test_handover_equals_plain(void **state)
+{
+    (void)state;
+    static const int ks[] = {0, 1, 2, 3, 5, N_RESUMED};
+    enum { N_KS = sizeof ks / sizeof ks[0] };
+    static out_t ref[N_ALL], got[N_ALL];
+    int32_t prompts[N_ALL][MAX_PROMPT];
+    uint32_t lens[N_ALL];
+    int32_t delivered[N_DELIVERED];
+    tdm_test_random_tokens(delivered, N_DELIVERED, F.n_vocab, 900);
+    tdm_error_t err = {0};
+    rig_t p, d, r;
+    for (int pass = 0; pass < 2; pass++) { /* 0: the plain pool, single process */
+        out_t *outs = pass ? got : ref;
+        memset(outs, 0, N_ALL * sizeof *outs);
+        tdm_worker_mode_t mode = pass ? TDM_WORKER_MODE_PREFILL : TDM_WORKER_MODE_DECODE;
+        rig_open_mode(&r, pass == 1, 1024, mode);
+        for (int i = 0; i < N_KS; i++) {
+            int k = ks[i];
+            lens[k] = prompt_of(k, prompts[k]);
+            tdm_sampling_params_t sp = sampling_of(k);
+            tdm_worker_req_t req = {.seq_id = (uint64_t)k + 1,
+                                    .prompt = prompts[k],
+                                    .n_prompt = lens[k],
+                                    .sampling = &sp};
+            if (k == N_RESUMED) {
+                memcpy(outs[k].tokens, delivered, sizeof delivered);
+                outs[k].n = N_DELIVERED;
+                req.output = delivered;
+                req.n_output = N_DELIVERED;
+            }
+            assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_OK);
+        }
+        if (pass == 0) {
+            drain(&r, outs);
+            rig_close(&r);
+            continue;
+        }
+        p = r;
+        rig_open(&d, true, 1024);
+        const uint64_t bb = tdm_kv_pool_block_bytes(p.pool);
+        uint64_t shipped = 0, expect = 0, every_layer = 0;
+        int handed = 0;
+        while (tdm_worker_busy(p.w)) {
+            const tdm_worker_event_t *ev;
+            uint32_t n;
+            assert_int_equal(tdm_worker_step(p.w, &ev, &n, &err), 0);
+            for (uint32_t i = 0; i < n; i++) {
+                int k = (int)ev[i].seq_id - 1;
+                if (ev[i].kind == TDM_WORKER_EVENT_TOKEN) {
+                    assert_int_equal(ev[i].index, outs[k].n);
+                    outs[k].tokens[outs[k].n++] = ev[i].sample.token;
+                    continue;
+                }
+                assert_int_equal(ev[i].kind, TDM_WORKER_EVENT_PREFILLED);
+                uint32_t nt = ev[i].n_tokens;
+                assert_int_equal(nt, lens[k] + (k == N_RESUMED ? N_DELIVERED : 0));
+                assert_int_equal(ev[i].seq.n_blocks, 0); /* the tables are per group */
+                const tdm_kv_hseq_t *src = &ev[i].hseq;
+                assert_int_equal(tdm_kv_hseq_held(src), handover_blocks(nt));
+                expect += handover_blocks(nt) * bb;
+                every_layer += (nt + BS - 1) / BS * bb * F.groups.n_groups;
+                /* "ship" each group's live blocks into the decode pool */
+                tdm_kv_hseq_t dst;
+                assert_int_equal(tdm_kv_hseq_init(&dst, &F.groups, &err), TDM_OK);
+                assert_int_equal(tdm_kv_hseq_prepare(d.pool, &dst, nt), TDM_OK);
+                for (uint32_t gi = 0; gi < F.groups.n_groups; gi++) {
+                    const tdm_kv_seq_t *st = &src->tab[gi];
+                    tdm_kv_seq_t *dt = &dst.tab[gi];
+                    assert_int_equal(st->n_blocks, (nt + BS - 1) / BS);
+                    assert_int_equal(st->n_dropped,
+                                     tdm_kv_group_first_needed(&F.groups, gi, BS, nt));
+                    uint32_t live = st->n_blocks - st->n_dropped;
+                    assert_int_equal(tdm_kv_pool_alloc(d.pool, live, dt->blocks + st->n_dropped),
+                                     0);
+                    for (uint32_t b = 0; b < st->n_dropped; b++)
+                        dt->blocks[b] = TDM_KV_NO_BLOCK;
+                    for (uint32_t b = st->n_dropped; b < st->n_blocks; b++) {
+                        memcpy((uint8_t *)tdm_kv_pool_base(d.pool) + dt->blocks[b] * bb,
+                               (uint8_t *)tdm_kv_pool_base(p.pool) + st->blocks[b] * bb, bb);
+                        shipped += bb;
+                    }
+                    dt->n_blocks = st->n_blocks;
+                    dt->n_dropped = st->n_dropped;
+                }
+                tdm_kv_hseq_t done = ev[i].hseq;
+                tdm_kv_hseq_release(p.pool, &done);
+                tdm_sampling_params_t sp = sampling_of(k);
+                tdm_worker_req_t req = {.seq_id = ev[i].seq_id,
+                                        .prompt = prompts[k],
+                                        .n_prompt = lens[k],
+                                        .sampling = &sp,
+                                        .prefilled_groups = &dst,
+                                        .first_token = ev[i].first_token,
+                                        .output = k == N_RESUMED ? delivered : NULL,
+                                        .n_output = k == N_RESUMED ? N_DELIVERED : 0};
+                if (tdm_worker_add(d.w, &req, &err) != TDM_OK)
+                    fail_msg("add %d: %s", k, err.msg);
+                assert_null(dst.tab); /* taken over */
+                handed++;
+            }
+        }
+        assert_int_equal(handed, N_KS);
+        assert_int_equal(shipped, expect);
+        print_message("hand-over: %llu B of KV shipped for %d requests (every layer in every "
+                      "block: %llu B)\n",
+                      (unsigned long long)shipped, N_KS, (unsigned long long)every_layer);
+        drain(&d, outs);
+        rig_close(&p);
+        rig_close(&d);
+    }
+    for (int i = 0; i < N_KS; i++) {
+        int k = ks[i];
+        tdm_sampling_params_t sp = sampling_of(k);
+        assert_true(got[k].finished && ref[k].finished);
+        assert_int_equal(got[k].n, (uint32_t)sp.max_tokens);
+        assert_int_equal(got[k].n, ref[k].n);
+        assert_memory_equal(got[k].tokens, ref[k].tokens, ref[k].n * sizeof(int32_t));
+    }
+}
+
+/* Over a grouped pool one table of every layer is refused as prefilled KV, as are tables per
+ * group over a plain pool and tables that lack a block the next query reads. */
 static void test_refusals(void **state)
 {
     (void)state;
     rig_t r;
     rig_open(&r, true, 64);
-    tdm_worker_opts_t o = rig_opts(TDM_WORKER_MODE_PREFILL);
     tdm_error_t err = {0};
-    tdm_worker_t *pw = tdm_worker_new(r.engine, r.pool, F.tok, F.n_vocab, &o, &err);
-    assert_null(pw);
-    assert_int_equal(err.code, TDM_EINVALID);
-    assert_non_null(strstr(err.msg, "layer groups"));
 
     int32_t p[MAX_PROMPT];
     uint32_t n = prompt_of(1, p);
@@ -441,7 +578,67 @@ static void test_refusals(void **state)
     assert_non_null(strstr(err.msg, "prefilled"));
     assert_non_null(strstr(err.msg, "layer groups"));
     tdm_kv_seq_release(r.pool, &pre);
+
+    /* n = 97 tokens: 25 entries, a window group needs them from floor(66 / 4) = 16 on */
+    tdm_kv_hseq_t hs;
+    assert_int_equal(tdm_kv_hseq_init(&hs, &F.groups, &err), TDM_OK);
+    assert_int_equal(tdm_kv_hseq_reserve(r.pool, &hs, n), TDM_OK);
+    tdm_kv_hseq_commit(r.pool, &hs, NULL, 97 + BS); /* gives back one block too many */
+    req.prefilled = NULL;
+    req.prefilled_groups = &hs;
+    if (tdm_worker_add(r.w, &req, &err) != TDM_EINVALID)
+        fail_msg("%s", err.msg);
+    assert_string_equal(err.msg, "prefilled KV: group 1 has 25 entries from 17 on; 97 tokens "
+                                 "need 25 from 16 on");
+    tdm_kv_hseq_clear(r.pool, &hs);
+    assert_int_equal(tdm_kv_hseq_reserve(r.pool, &hs, n - BS), TDM_OK);
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_EINVALID);
+    assert_string_equal(err.msg, "prefilled KV: group 0 has 24 entries from 0 on; 97 tokens "
+                                 "need 25 from 0 on");
+    tdm_kv_hseq_release(r.pool, &hs);
     rig_close(&r);
+
+    rig_open(&r, false, 64);
+    assert_int_equal(tdm_kv_hseq_init(&hs, &F.groups, &err), TDM_OK);
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_EINVALID);
+    assert_non_null(strstr(err.msg, "prefilled_groups: this worker's KV pool has no layer groups"));
+    tdm_kv_hseq_release(r.pool, &hs);
+    rig_close(&r);
+}
+
+/* A sequence the grouped pool could never hold alone is refused at tdm_worker_add with the
+ * groups' peak (tdm_kv_groups_blocks_per_seq); one that just fits runs alone in it to the end,
+ * its prompt chunks shrunk to what the pool holds (a window group holds a whole chunk's blocks
+ * while it runs), and gives the plain pool's tokens. */
+static void test_pool_too_small(void **state)
+{
+    (void)state;
+    int32_t p[MAX_PROMPT];
+    uint32_t n = prompt_of(1, p); /* 97 tokens */
+    tdm_sampling_params_t sp = sampling_of(1);
+    tdm_worker_req_t req = {.seq_id = 1, .prompt = p, .n_prompt = n, .sampling = &sp};
+    tdm_error_t err = {0};
+    rig_t r;
+    /* 96 blocks: KV of K tokens peaks at ceil(K / 4) + 5 * 9 blocks, so K <= 204 fits */
+    rig_open(&r, true, 16);
+    sp.max_tokens = 109; /* 97 + 109 - 1 = 205 tokens' KV: 52 + 45 = 97 blocks */
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_ERESOURCE);
+    assert_string_equal(err.msg, "KV pool too small for the sequence: the prompt (97 tokens) and "
+                                 "up to 109 output tokens need the KV of 205 tokens, 97 blocks of "
+                                 "4 tokens at their peak; the pool has 96 blocks");
+    assert_false(tdm_worker_has(r.w, 1));
+    sp.max_tokens = 108;
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_OK);
+    out_t got[1] = {0}, ref[1] = {0};
+    drain(&r, got);
+    assert_true(got[0].finished);
+    assert_int_equal(got[0].n, 108);
+    rig_close(&r);
+    rig_open(&r, false, 1024);
+    assert_int_equal(tdm_worker_add(r.w, &req, &err), TDM_OK);
+    drain(&r, ref);
+    rig_close(&r);
+    assert_memory_equal(got[0].tokens, ref[0].tokens, 108 * sizeof(int32_t));
 }
 
 int main(void)
@@ -449,6 +646,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_outputs_equal_plain),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_handover_equals_plain),
+        cmocka_unit_test(test_pool_too_small),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -469,6 +469,42 @@ int tdm_client_models(tdm_client_t *c, double timeout_s, tdm_client_models_t *ou
 /* Frees what *m owns and zeroes it. NULL-safe. */
 void tdm_client_models_clear(tdm_client_models_t *m);
 
+/* ---- Embed (unary, protocol 2.8) ---- */
+
+/* The inputs of an EMBED call: texts (tokenized by the router as a raw prompt is) or token id
+ * lists, not both; 1..2048 inputs, each 1..n_ctx tokens (docs/api.md "Embeddings"). */
+typedef struct tdm_client_embed_req {
+    const char *model;        /* served name or alias; NULL/"": the router's first */
+    const char *request_id;   /* NULL/"": the router makes one */
+    const char *const *texts; /* [n_texts] UTF-8 */
+    size_t n_texts;
+    const int32_t *const *token_ids; /* [n_token_inputs] lists of token ids ... */
+    const size_t *n_token_ids;       /* [n_token_inputs] ... of these lengths */
+    size_t n_token_inputs;
+    bool mean; /* pooling: mean over the positions; false: the last position (default) */
+} tdm_client_embed_req_t;
+
+/* An EMBED answer. Owns its arrays. */
+typedef struct tdm_client_embeddings {
+    float *values;           /* [n][n_embd]: input i's L2-normalised vector at i * n_embd */
+    uint32_t *prompt_tokens; /* [n] tokens of each input */
+    size_t n;
+    uint32_t n_embd;
+    uint64_t total_prompt_tokens;
+    char *model; /* the model's served name */
+} tdm_client_embeddings_t;
+
+/* Asks the router for the embeddings of req's inputs into *out (previous contents ignored); on
+ * success the caller frees it with tdm_client_embeddings_clear; on error *out holds nothing.
+ * Errors as the unary calls above; a refused input is TDM_EINVALID with a message that starts
+ * with the field ("texts[2]: ...", "token_inputs[0].ids[5]: ..."); TDM_EUNAVAILABLE when no node
+ * of the model is up; TDM_EINTERNAL for a malformed answer. */
+int tdm_client_embed(tdm_client_t *c, const tdm_client_embed_req_t *req, double timeout_s,
+                     tdm_client_embeddings_t *out);
+
+/* Frees what *e owns and zeroes it. NULL-safe. */
+void tdm_client_embeddings_clear(tdm_client_embeddings_t *e);
+
 /* One node as the router sees it (proto NodeStatus). */
 typedef struct tdm_client_node_status {
     char *node_id;

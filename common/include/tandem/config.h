@@ -137,6 +137,9 @@ typedef struct tdm_router_config {
                                             100000; default 64 */
     int http_header_timeout_s;           /* a request's headers must be complete this long after the
                                             connection opened, 1..3600 s; default 10 */
+    int responses_store_max;             /* /v1/responses answers kept for previous_response_id and
+                                            GET /v1/responses/{id}, 0 (none)..1000000; default 1000 */
+    uint64_t responses_store_bytes;      /* their bytes in all, 1 MiB..64 GiB; default 64 MiB */
     int http_min_body_rate;              /* bytes/s a request body must average after the first
                                             http_header_timeout_s, 0 (none)..1e9; default 1024 */
     tdm_prefill_policy_t prefill_policy; /* round_robin (default) */

@@ -362,6 +362,15 @@ uint64_t tdm_kv_group_hash(uint64_t h, uint32_t gi);
 uint64_t tdm_kv_group_live(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size, uint64_t n,
                            uint64_t m);
 
+/* First table entry group gi still needs once n tokens are computed: the block of the oldest
+ * key the next query (position n) reads, floor(max(0, n + 1 - W) / block_size) for a window
+ * group of W tokens, 0 for full attention. Entries before it are given back (window groups) and
+ * a KV hand-over of n tokens (prefill node -> decode node, a PREFILLED worker event) carries
+ * entries first .. ceil(n / block_size) - 1 of the group: tdm_kv_group_live(g, gi, bs, n, n)
+ * blocks. Cannot fail. */
+uint64_t tdm_kv_group_first_needed(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size,
+                                   uint64_t n);
+
 /* Most blocks group gi holds at once for a sequence decoding one token a step up to n_ctx
  * tokens (the maximum of tdm_kv_group_live(n, n + 1) for n < n_ctx). */
 uint64_t tdm_kv_group_peak(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size,
@@ -429,6 +438,24 @@ uint32_t tdm_kv_hseq_match_prefix_with(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs,
  * nothing, only records n_tokens and gives back. */
 void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *tokens,
                         uint32_t n_tokens);
+
+/* Checks tables handed over with the KV of n tokens (a PREFILLED worker event's, or a KV
+ * transfer's): made over groups, every group's table has ceil(n / block_size) entries and holds
+ * every entry from tdm_kv_group_first_needed(n) on (at most those before it given back).
+ * TDM_EINVALID naming the group and its counts. */
+int tdm_kv_hseq_check_handover(const tdm_kv_hseq_t *hs, const tdm_kv_groups_t *groups,
+                               uint32_t block_size, uint32_t n, tdm_error_t *err);
+
+/* For an empty sequence that is to receive the KV of n_tokens tokens (a decode node's
+ * reservation for a KV transfer): every group's table gets ceil(n_tokens / block_size) entries,
+ * of which those before tdm_kv_group_first_needed(n_tokens) are given back (TDM_KV_NO_BLOCK)
+ * and the rest are allocated; hs->n_tokens = n_tokens. All or nothing: TDM_ERESOURCE when the
+ * pool lacks the blocks or a table cannot grow (nothing taken). */
+int tdm_kv_hseq_reserve_handover(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t n_tokens);
+
+/* The blocks hs holds, group by group in table order (the order of a KV transfer), into
+ * out[tdm_kv_hseq_held(hs)]. Returns how many. Cannot fail. */
+uint32_t tdm_kv_hseq_live(const tdm_kv_hseq_t *hs, uint32_t *out);
 
 /* Blocks the sequence holds now, over every group. */
 uint64_t tdm_kv_hseq_held(const tdm_kv_hseq_t *hs);

@@ -106,6 +106,9 @@ void tdm_engine_destroy(tdm_engine_t **self_p);
 /* Name of the engine's backend and of the kernels it chose ("cpu/avx2", "cpu/scalar",
  * "cuda:0/bf16 NVIDIA H200"). */
 const char *tdm_engine_backend_name(const tdm_engine_t *e);
+/* Width of the model's hidden state (hparams n_embd): the length of a hidden row of
+ * tdm_engine_forward_hidden and of an embedding. Cannot fail. */
+uint32_t tdm_engine_n_embd(const tdm_engine_t *e);
 /* Size of the scratch memory the engine allocated, bytes (device memory for CUDA). */
 uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e);
 /* Bytes of the model file's weights the engine no longer keeps in memory: the CPU backend
@@ -165,6 +168,43 @@ typedef struct tdm_batch {
  * writes into them directly). Allocates nothing. When it returns
  * TDM_OK, every KV write of the pass is complete (also in device memory). */
 int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *batch, float *logits, tdm_error_t *err);
+
+/* tdm_engine_forward, and when hidden is not NULL also the final hidden state of every row
+ * after the output norm (the LM head's input; what llama.cpp's embeddings pool) into
+ * hidden[n_tokens][n_embd] (f32, host memory, row order). On the CPU backend a row's hidden
+ * state is bitwise identical whatever else is in the batch and however its prompt was chunked,
+ * like its logits. Same errors as tdm_engine_forward (on a backend failure hidden may be partly
+ * written). Allocates nothing. */
+int tdm_engine_forward_hidden(tdm_engine_t *e, const tdm_batch_t *batch, float *logits,
+                              float *hidden, tdm_error_t *err);
+
+/* ---- embeddings: pooling the hidden states of a prompt ----
+ *
+ * An embedding of a prompt is its final hidden states (tdm_engine_forward_hidden) pooled over
+ * its positions and L2-normalised, as llama.cpp's llama-embedding computes it (--pooling last
+ * or mean, --embd-normalize 2), so the vectors match within rounding (tests/golden/
+ * embed_golden.json: cosine >= 0.999). LAST is the default, as vLLM pools decoder models. The
+ * sums run in double in position order, so a prompt's vector does not depend on how it was
+ * chunked or batched. */
+typedef enum tdm_pooling {
+    TDM_POOLING_LAST = 0, /* the last position's hidden state */
+    TDM_POOLING_MEAN = 1, /* the average over every position */
+} tdm_pooling_t;
+
+/* "last" or "mean". Cannot fail ("?" for a value out of the enum). */
+const char *tdm_pooling_name(tdm_pooling_t p);
+/* Parses "last" / "mean" into *out. Returns TDM_OK or TDM_EINVALID (*out unchanged). */
+int tdm_pooling_parse(const char *name, tdm_pooling_t *out);
+
+/* Adds the hidden state row[n_embd] of the next position of a prompt to its accumulator
+ * acc[n_embd] (zeroed before the first position): MEAN sums, LAST keeps the row. Cannot fail. */
+void tdm_embedding_add(tdm_pooling_t p, double *acc, const float *row, uint32_t n_embd);
+
+/* The embedding out[n_embd] of a prompt of n_rows positions (>= 1) from its accumulator:
+ * pooled (MEAN divides by n_rows), then divided by its L2 norm (a zero vector stays zero).
+ * Cannot fail. */
+void tdm_embedding_finish(tdm_pooling_t p, const double *acc, uint32_t n_rows, uint32_t n_embd,
+                          float *out);
 
 #ifdef __cplusplus
 }

@@ -46,7 +46,7 @@ extern "C" {
  * docs/protocol.md "Versioning": a change older peers can ignore bumps the minor version, any
  * other the major. */
 #define TDM_PROTOCOL_MAJOR 2u
-#define TDM_PROTOCOL_MINOR 7u
+#define TDM_PROTOCOL_MINOR 9u
 
 /* Hard limits on what a socket accepts (larger input is rejected, never allocated). */
 #define TDM_NET_MAX_HEADER_BYTES 4096u      /* FrameHeader frame */

@@ -153,6 +153,22 @@ void tdm_node_report_failed_ex(tdm_sock_t *s, const tdm_logger_t *log, const tdm
  * TDM_EUNAVAILABLE when s is NULL (the router is gone). */
 int tdm_node_send_token(tdm_sock_t *s, const tdm_node_attempt_t *a, const tdm_worker_event_t *ev);
 
+/* An EmbedTask frame f (METHOD_EMBED_TASK, protocol 2.8) for a handler: decodes and checks it
+ * (the spec's identity, 1..n_ctx prompt tokens in the vocabulary, a known pooling, no
+ * generation fields), makes the attempt's entry (deadline from the spec) and adds its
+ * embedding sequence to the worker (tdm_worker_req_t.embed, user = the entry). Returns the
+ * entry, held by the worker until its EMBEDDING or FAILED event (the handler marks it so, for
+ * its drop hook), or NULL when nothing was started: a frame that does not decode or a
+ * duplicate attempt is dropped (logged); a bad task is reported (TaskFailed INVALID_ARGUMENT
+ * naming the field, e.g. "prompt_tokens[3]: token id ..."), a full worker too
+ * (RESOURCE_EXHAUSTED, retryable). */
+tdm_node_req_t *tdm_node_embed_start(tdm_node_t *n, const tdm_frame_t *f);
+
+/* Sends a worker EMBEDDING event of attempt a to the router as an EmbeddingResult (NOTIFY).
+ * TDM_EUNAVAILABLE when s is NULL (the router is gone); else tdm_sock_notify's status. */
+int tdm_node_send_embedding(tdm_sock_t *s, const tdm_node_attempt_t *a,
+                            const tdm_worker_event_t *ev);
+
 /* Answers a NODE_STATUS request f with the node's NodeStatus: its config entry, the name of the
  * model it serves (cfg's, as in its REGISTER) and a NodeLoad of its figures now
  * (tdm_node_load_collect from rt's worker and pool, the process figures, and link's stale

@@ -117,10 +117,11 @@ int tdm_node_measure_engine(const tdm_model_t *model, const tdm_kv_layout_t *lay
 
 /* Whether node allocates its KV per layer group of a model with sliding-window layers
  * (tandem/kv.h "layer groups": a window layer keeps only its window's blocks), and those groups
- * in *groups when so. Only where no KV crosses nodes: a decode node (it prefills locally) on
- * the CPU (the CUDA engine reads one table of every layer) whose model has no prefill node in
- * the config (a KV transfer ships one table of every layer, and only between nodes of one
- * model, so other models' prefill nodes do not count). The model's layer windows
+ * in *groups when so: a node (prefill or decode) on the CPU whose model has no CUDA node in the
+ * config. The CUDA engine reads one table of every layer, and KV travels (transfer from a
+ * prefill node, migration) only between pools that allocate alike (the receiver refuses
+ * another group layout) and only between nodes of one model, so a CUDA node makes every node
+ * of its model allocate every layer and other models' nodes do not count. The model's layer windows
  * come from hp (tdm_llama_layer_window); a model without windows allocates the plain way
  * (false). The one rule for the node's pool, its sizing, `tandem kvcalc` and the dashboard.
  * Cannot fail. */

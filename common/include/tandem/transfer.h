@@ -98,8 +98,10 @@ typedef struct tdm_kv_send_req {
     uint64_t attempt_id;    /* the router's dispatch attempt (KvTransfer.attempt_id): the
                                key under which the decode node reserved the blocks */
     const char *endpoint;   /* the decode node's KV endpoint */
-    const uint32_t *blocks; /* [n_blocks] pool block ids holding the KV, in token order */
-    uint32_t n_blocks;      /* ceil(n_tokens / block_size) */
+    const uint32_t *blocks; /* [n_blocks] pool block ids holding the KV, in token order; over
+                               a pool with layer groups group by group, each group's live
+                               blocks (tdm_kv_transfer_blocks) */
+    uint32_t n_blocks;      /* tdm_kv_transfer_blocks(pool, n_tokens) */
     uint32_t n_tokens;      /* tokens whose KV the blocks hold */
     int32_t first_token;    /* the token sampled at output index 0 */
     double prefill_s;       /* prefill compute time, reported to the decode node */
@@ -108,7 +110,9 @@ typedef struct tdm_kv_send_req {
 } tdm_kv_send_req_t;
 
 /* Starts a transfer: references the blocks, computes their checksums, queues the message.
- * Returns 0 with *transfer_id set; TDM_EINVALID (n_blocks does not match n_tokens, n_tokens
+ * Over a pool with layer groups the header carries the groups (KvLayout.layers_per_group,
+ * group_windows) and each group's first entry (KvTransfer.group_first_block, protocol 2.9).
+ * Returns 0 with *transfer_id set; TDM_EINVALID (n_blocks is not tdm_kv_transfer_blocks, n_tokens
  * 0, a block id out of range or not in use, a malformed endpoint), TDM_EUNAVAILABLE (the
  * channel cannot be opened or its queue is full), TDM_ERESOURCE (out of memory); on error no
  * reference is kept and nothing is reported by tdm_kv_sender_poll. nccl: the first transfer
@@ -214,8 +218,10 @@ typedef struct tdm_kv_received {
 } tdm_kv_received_t;
 
 /* Receives and processes at most one transfer (waiting up to timeout_ms; 0 = no wait):
- * checks the header (layout equal to the pool's, fingerprint, block count against
- * ceil(n_tokens / block_size) and against the reserved blocks, block sizes), verifies every
+ * checks the header (layout equal to the pool's, layer groups included: a transfer whose blocks
+ * hold every layer is refused by a pool with groups and the other way round, FAILED_PRECONDITION
+ * naming both; fingerprint; block count against tdm_kv_transfer_blocks and against the reserved
+ * blocks, each group's group_first_block against the formula; block sizes), verifies every
  * checksum, copies the blocks into the reserved ones, and acknowledges or rejects with a
  * reason naming what was wrong. Returns 1 with *out filled when a transfer was processed
  * (accepted or rejected: see out->status; on rejection the caller frees the request's
@@ -250,6 +256,15 @@ int tdm_kv_receiver_refuse(tdm_kv_receiver_t *r, uint64_t attempt_id, int status
 /* Transfers held now, and their bytes (tests, logs). Cannot fail. */
 uint32_t tdm_kv_receiver_held(const tdm_kv_receiver_t *r, uint64_t *bytes);
 
+/* Blocks a KV transfer of n_tokens tokens carries for pool: ceil(n_tokens / block_size) of a
+ * plain pool; over a pool with layer groups (tdm_kv_pool_groups) the live blocks of each group,
+ * group by group, tdm_kv_group_live(n_tokens, n_tokens) of group g from table entry
+ * first[g] = tdm_kv_group_first_needed(n_tokens) on (first may be NULL; else it has
+ * n_groups entries, untouched for a plain pool). The one count the sender, the receiver and a
+ * decode node's reservation use; its bytes are this times tdm_kv_pool_block_bytes. Cannot
+ * fail. */
+uint64_t tdm_kv_transfer_blocks(const tdm_kv_pool_t *pool, uint32_t n_tokens, uint32_t *first);
+
 /* Checksum of one block as carried in KvTransfer.checksums: XXH3_64bits over block_bytes. */
 uint64_t tdm_kv_block_checksum(const void *block, uint64_t block_bytes);
 
@@ -269,7 +284,9 @@ int tdm_kv_device_checksums(int device, const void *device_base, const uint32_t 
  * count and bytes, checksum kind, backend, sender, prefill time, ipc handles), then chained
  * (XXH3_64bits_withSeed, the previous value as seed) over the block checksums and over the
  * block offsets in order. The block checksums cover the bytes, so one value covers the whole
- * transfer. Cannot fail. */
+ * transfer. With layer groups (2.9) the layout's layers_per_group and group_windows and the
+ * group_first_block values are encoded too (after the ipc handles); a header without groups
+ * encodes as before 2.9. Cannot fail. */
 uint64_t tdm_kv_header_checksum(const Tandem__V1__KvTransfer *h);
 
 #ifdef __cplusplus

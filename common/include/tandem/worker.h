@@ -16,9 +16,14 @@
  * Order within a step: decode rows of running sequences first (oldest first), then prefill
  * chunks of running sequences, then waiting sequences are admitted (FIFO) while the budget,
  * max_running and the pool allow. A decode row that needs a new block when the pool is empty
- * preempts the newest running sequence (LIFO, like vLLM's recompute preemption). Only an empty
- * pool preempts: running out of memory is an error (TDM_ERESOURCE naming memory) of
- * tdm_worker_add, the one place a sequence's memory is allocated.
+ * preempts the newest running sequence (LIFO, like vLLM's recompute preemption). A prompt chunk
+ * that finds no blocks waits while decode rows run (they free blocks as sequences end), and
+ * then no sequence is admitted that would take blocks for a prompt of its own; when every
+ * running sequence waits so and nothing is in the batch, the oldest goes on alone (the others
+ * preempted) with its chunk shrunk to what the pool holds. Only an empty pool preempts: running
+ * out of memory is an error (TDM_ERESOURCE naming memory) of tdm_worker_add, the one place a
+ * sequence's memory is allocated, and so is a sequence the pool could never hold even alone
+ * (TDM_ERESOURCE naming its tokens, its peak blocks and the pool's).
  *
  * Speculative decoding (prompt lookup, no draft model): in DECODE mode with opts.max_draft > 0,
  * a decoding sequence whose last n-gram (3, then 2 tokens) occurred earlier in its own context
@@ -46,9 +51,11 @@
  * sliding-window layers) each sequence has one block table per group (tdm_kv_hseq_*), whose
  * window groups give back the blocks no later query reads as its KV is committed; admission,
  * preemption and recompute, prefix caching (under the window rule of tandem/kv.h), speculative
- * decoding and forks all follow the groups, and outputs are bitwise those of a plain pool. Such
- * a worker runs in DECODE mode only and takes no prefilled KV (the KV transfer ships one table
- * of every layer): tdm_worker_new and tdm_worker_add refuse them with TDM_EINVALID.
+ * decoding and forks all follow the groups, and outputs are bitwise those of a plain pool. The
+ * KV hand-over follows them too: a PREFILL worker's PREFILLED event carries one table per group
+ * holding only the live blocks (tdm_kv_group_first_needed: a window group the blocks the next
+ * query reads), and a DECODE worker takes such tables (tdm_worker_req_t.prefilled_groups);
+ * one table of every layer (prefilled) is refused over a grouped pool and the other way round.
  *
  * A worker belongs to one thread (the engine thread) together with its pool and engine.
  * Memory: every table is allocated by tdm_worker_new; tdm_worker_add allocates the
@@ -147,7 +154,7 @@ typedef struct tdm_worker tdm_worker_t;
 /* Makes a worker over an engine, its pool and the model's tokenizer (for end-of-generation
  * tokens); all must outlive it. Returns NULL with *err: TDM_EINVALID (an option out of range,
  * max_batch_tokens above what the engine takes is not checked here: the forward pass names
- * it, or PREFILL mode over a pool with layer groups), TDM_ERESOURCE. */
+ * it), TDM_ERESOURCE. */
 tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const tdm_tokenizer_t *tok,
                              uint32_t n_vocab, const tdm_worker_opts_t *opts, tdm_error_t *err);
 
@@ -166,6 +173,11 @@ typedef struct tdm_worker_req {
      * (*prefilled is emptied), and the token the prefill node sampled at output index
      * n_output. NULL: the worker prefills the prompt (and output) itself. */
     tdm_kv_seq_t *prefilled;
+    /* The same over a pool with layer groups (prefilled must then be NULL): one table per group
+     * of the pool's groups, each with ceil(n / block_size) entries for the n = n_prompt +
+     * n_output tokens and holding every entry from tdm_kv_group_first_needed(n) on
+     * (tdm_kv_hseq_check_handover); taken over (*prefilled_groups is zeroed). */
+    tdm_kv_hseq_t *prefilled_groups;
     int32_t first_token;
     void *user; /* the caller's state for this sequence, returned in each of its events
                    (tdm_worker_event_t.user); not touched by the worker */
@@ -201,20 +213,37 @@ typedef struct tdm_worker_req {
      * small. */
     bool prompt_logprobs;
     uint32_t prompt_logprobs_top;
+    /* Embedding (/v1/embeddings): the sequence samples nothing. Its prompt is computed like
+     * any prefill (chunked, batched with other sequences' rows, preempted and recomputed
+     * alike; never matched against the prefix cache, so every row's hidden state is computed),
+     * its rows' final hidden states are pooled by `pooling` and L2-normalised (model.h), and
+     * one EMBEDDING event carries the vector; its blocks are freed then (blocks of full,
+     * hashed prompt blocks stay in the prefix cache as any freed block). The prompt may fill
+     * the context (n_prompt <= n_ctx). sampling may be NULL (ignored); prefilled, output,
+     * grammar and prompt_logprobs must be unset. The vector is bitwise the same whatever else
+     * shares the steps and however the prompt is chunked (on the CPU engine). */
+    bool embed;
+    tdm_pooling_t pooling;
 } tdm_worker_req_t;
 
 /* Queues a sequence. A prefilled sequence whose first token already ends it (EOS, a stop
  * token, max_tokens reached, a grammar it completes) finishes at the next step without a
  * forward pass. Returns 0; TDM_EINVALID (seq_id 0 or already in the worker, empty prompt, prompt +
  * output + 1 > n_ctx, n_output >= max_tokens, token out of the vocabulary, prefilled table not
- * covering n_prompt + n_output tokens or given to a worker over a pool with layer groups, a
- * grammar without opts.grammar_vocab, output or a first
+ * covering n_prompt + n_output tokens or given to a worker over a pool with layer groups,
+ * prefilled_groups over a plain pool or not what tdm_kv_hseq_check_handover wants, prefilled KV
+ * given to a PREFILL worker, a grammar without opts.grammar_vocab, output or a first
  * token the grammar does not allow; prompt logprobs larger than opts.plp_reserve_bytes),
  * TDM_ERESOURCE (max_waiting reached: the message says so; the prompt-logprobs reserve has too
- * little room left now: the message says "reserve"; or out of memory for the sequence's token
- * array or block table: the message says "out of memory").
- * On error a prefilled table is left with the caller (its table may have been grown, its
- * blocks and contents are unchanged). */
+ * little room left now: the message says "reserve";
+ * out of memory for the sequence's token array or block table: the message says "out of memory";
+ * or a pool that could never hold the sequence even alone: "KV pool too small", naming the
+ * tokens whose KV it holds at its peak (DECODE: prompt + min(max_tokens, n_ctx - n_prompt) - 1,
+ * the last token sampled is never computed; PREFILL: prompt + output), those blocks
+ * (ceil(tokens / block_size), or tdm_kv_groups_blocks_per_seq of them over layer groups) and
+ * the pool's total. Nodes never see it: their pool holds a full-context sequence).
+ * On error a prefilled table (or prefilled_groups) is left with the caller (its table may have
+ * been grown, its blocks and contents are unchanged). */
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err);
 
 /* Forks sequence parent_id for one more choice of the same prompt (OpenAI's n > 1): adds a
@@ -246,6 +275,7 @@ typedef enum tdm_worker_event_kind {
     TDM_WORKER_EVENT_FINISHED = 1,  /* DECODE: the sequence ended; its blocks are freed */
     TDM_WORKER_EVENT_PREFILLED = 2, /* PREFILL: the prompt's KV is ready; seq is the caller's */
     TDM_WORKER_EVENT_FAILED = 3,    /* the sequence failed; its blocks are freed */
+    TDM_WORKER_EVENT_EMBEDDING = 4, /* an embedding sequence's vector; its blocks are freed */
 } tdm_worker_event_kind_t;
 
 typedef enum tdm_worker_finish {
@@ -275,10 +305,20 @@ typedef struct tdm_worker_event {
     uint32_t preemptions;       /* times the sequence was preempted and recomputed */
     /* PREFILLED: block table with the KV of n_tokens tokens (the prompt and the request's
      * resumed output); the caller releases it with tdm_kv_seq_release when done (after handing
-     * the blocks to the KV sender). first_token: output index n_tokens - n_prompt. */
+     * the blocks to the KV sender). first_token: output index n_tokens - n_prompt. Over a pool
+     * with layer groups seq is empty and hseq holds one table per group, ceil(n_tokens /
+     * block_size) entries each, of which a window group holds those from
+     * tdm_kv_group_first_needed(n_tokens) on (tdm_kv_group_live(n_tokens, n_tokens) blocks; the
+     * others are TDM_KV_NO_BLOCK); released with tdm_kv_hseq_release. */
     tdm_kv_seq_t seq;
+    tdm_kv_hseq_t hseq;
     uint32_t n_tokens;
     int32_t first_token;
+    /* EMBEDDING: embedding[n_embd] (f32, L2-normalised; owned by the worker, valid until the
+     * next tdm_worker_step), n_tokens = the prompt's tokens, prefill_s as for TOKEN,
+     * preemptions as for FINISHED */
+    const float *embedding;
+    uint32_t n_embd;
     /* FAILED */
     int status;
     char message[256];
@@ -292,7 +332,8 @@ typedef struct tdm_worker_event {
  * the worker stays usable. Allocates nothing (tests/unit/test_worker.c counts; a constrained
  * sequence's matcher may fill its bounded caches during its first steps, tandem/grammar.h): a
  * sequence that cannot get blocks waits or is preempted, a FAILED event (TDM_ERESOURCE, "KV pool
- * exhausted") only when the pool could never hold it. */
+ * exhausted", naming the tokens and blocks) only when, running alone, it finds not even one
+ * row's blocks (queued prefilled sequences hold the rest). */
 int tdm_worker_step(tdm_worker_t *w, const tdm_worker_event_t **events, uint32_t *n_events,
                     tdm_error_t *err);
 

@@ -443,6 +443,15 @@ static const tdm_config_key_t keys[] = {
              "scheme, host and port, no path; `\"*\"`: any); a listed `Origin` gets "
              "`Access-Control-Allow-Origin` and its `OPTIONS` preflight is answered (docs/api.md "
              "\"CORS\"); empty: no CORS headers"),
+    INT_KEY(ROUTER, "responses_store_max", CFG(router.responses_store_max), 0, 0, 1000000, 1000,
+            "responses",
+            "`/v1/responses` answers (with `store` true) kept in this router's memory for "
+            "`previous_response_id` and `GET /v1/responses/{id}`; past it the least recently "
+            "used go first (\"Responses store\"); `0` keeps none"),
+    BYTES_KEY(ROUTER, "responses_store_bytes", CFG(router.responses_store_bytes), 0, 1ull << 20,
+              64ull << 30, 64ull << 20, NULL,
+              "the bytes of the stored `/v1/responses` answers and their conversations in all; "
+              "past it the least recently used go first (\"Responses store\")"),
 
     INT_KEY(KV, "block_size", CFG(kv.block_size), TDM_CONFIG_POW2, 1, 256, 16, "tokens",
             "per KV block"),

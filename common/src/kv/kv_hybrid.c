@@ -100,6 +100,12 @@ static uint64_t first_needed(uint32_t window, uint32_t block_size, uint64_t n)
     return window == 0 || n + 1 <= window ? 0 : (n + 1 - window) / block_size;
 }
 
+uint64_t tdm_kv_group_first_needed(const tdm_kv_groups_t *g, uint32_t gi, uint32_t block_size,
+                                   uint64_t n)
+{
+    return first_needed(g->window[gi], block_size, n);
+}
+
 static uint64_t blocks_for(uint64_t tokens, uint32_t block_size)
 {
     return tokens / block_size + (tokens % block_size != 0);
@@ -323,6 +329,65 @@ void tdm_kv_hseq_commit(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, const int32_t *t
             t->blocks[t->n_dropped] = TDM_KV_NO_BLOCK;
         }
     }
+}
+
+int tdm_kv_hseq_check_handover(const tdm_kv_hseq_t *hs, const tdm_kv_groups_t *groups,
+                               uint32_t block_size, uint32_t n, tdm_error_t *err)
+{
+    if (!hs->tab || !hs->groups || hs->groups->n_groups != groups->n_groups ||
+        hs->groups->layers_per_group != groups->layers_per_group ||
+        memcmp(hs->groups->window, groups->window, groups->n_groups * sizeof *groups->window) != 0)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prefilled KV: its tables are not over this pool's %u layer groups",
+                             (unsigned)groups->n_groups);
+    uint64_t entries = blocks_for(n, block_size);
+    for (uint32_t gi = 0; gi < groups->n_groups; gi++) {
+        const tdm_kv_seq_t *t = &hs->tab[gi];
+        uint64_t first = first_needed(groups->window[gi], block_size, n);
+        if (t->n_blocks != entries || t->n_dropped > first)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "prefilled KV: group %u has %u entries from %u on; %u tokens "
+                                 "need %llu from %llu on",
+                                 (unsigned)gi, (unsigned)t->n_blocks, (unsigned)t->n_dropped,
+                                 (unsigned)n, (unsigned long long)entries,
+                                 (unsigned long long)first);
+    }
+    return TDM_OK;
+}
+
+int tdm_kv_hseq_reserve_handover(tdm_kv_pool_t *pool, tdm_kv_hseq_t *hs, uint32_t n_tokens)
+{
+    TDM_ASSERT(tdm_kv_hseq_held(hs) == 0);
+    const tdm_kv_groups_t *g = hs->groups;
+    const uint32_t bs = tdm_kv_pool_layout(pool)->block_size;
+    const uint32_t entries = (uint32_t)blocks_for(n_tokens, bs);
+    uint64_t need = 0;
+    for (uint32_t gi = 0; gi < g->n_groups; gi++)
+        need += tdm_kv_group_live(g, gi, bs, n_tokens, n_tokens);
+    if (need > tdm_kv_pool_available(pool) || tdm_kv_hseq_prepare(pool, hs, n_tokens) != TDM_OK)
+        return TDM_ERESOURCE;
+    for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+        tdm_kv_seq_t *t = &hs->tab[gi];
+        uint32_t first = (uint32_t)first_needed(g->window[gi], bs, n_tokens);
+        for (uint32_t i = 0; i < first; i++)
+            t->blocks[i] = TDM_KV_NO_BLOCK;
+        int rc = tdm_kv_pool_alloc(pool, entries - first, t->blocks + first);
+        TDM_ASSERT(rc == TDM_OK); /* counted available above */
+        (void)rc;
+        t->n_blocks = entries;
+        t->n_dropped = first;
+    }
+    hs->n_tokens = n_tokens;
+    return TDM_OK;
+}
+
+uint32_t tdm_kv_hseq_live(const tdm_kv_hseq_t *hs, uint32_t *out)
+{
+    uint32_t k = 0;
+    for (uint32_t gi = 0; hs->tab && gi < hs->groups->n_groups; gi++)
+        for (uint32_t i = hs->tab[gi].n_dropped; i < hs->tab[gi].n_blocks; i++)
+            out[k++] = hs->tab[gi].blocks[i];
+    return k;
 }
 
 uint64_t tdm_kv_hseq_held(const tdm_kv_hseq_t *hs)

@@ -612,6 +612,11 @@ const char *tdm_engine_backend_name(const tdm_engine_t *e)
     return e->name;
 }
 
+uint32_t tdm_engine_n_embd(const tdm_engine_t *e)
+{
+    return e->model->hp.n_embd;
+}
+
 uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e)
 {
     return e->scratch_bytes;
@@ -877,7 +882,29 @@ static int forward_logits(tdm_engine_t *e, uint32_t n_logits, float *logits, tdm
     return TDM_OK;
 }
 
+/* The final hidden states of all n rows, after the output norm (llama.cpp's result_norm, the
+ * input of the LM head), into the caller's host array hidden[n][n_embd]. Uses e->xn, free at
+ * this point (the layers are done). */
+static int forward_hidden(tdm_engine_t *e, uint32_t n, float *hidden, tdm_error_t *err)
+{
+    const tdm_model_t *m = e->model;
+    const tdm_llama_hparams_t *hp = &m->hp;
+    size_t count = (size_t)n * hp->n_embd;
+    TDM_TRY(e->ops->rmsnorm(e->be, e->x, &m->output_norm, n, hp->rms_norm_eps, e->xn));
+    if (e->ops->host_memory)
+        memcpy(hidden, e->xn, count * sizeof *hidden);
+    else
+        TDM_TRY(e->ops->read(e->be, e->xn, count, hidden));
+    return TDM_OK;
+}
+
 int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm_error_t *err)
+{
+    return tdm_engine_forward_hidden(e, b, logits, NULL, err);
+}
+
+int tdm_engine_forward_hidden(tdm_engine_t *e, const tdm_batch_t *b, float *logits, float *hidden,
+                              tdm_error_t *err)
 {
     uint32_t n_logits = 0;
     int rc = batch_check(e, b, &n_logits, err);
@@ -899,6 +926,8 @@ int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm
         if ((rc = forward_attention(e, l, &rows, err)) != TDM_OK ||
             (rc = forward_ffn(e, l, n, err)) != TDM_OK)
             return rc;
+    if (hidden && (rc = forward_hidden(e, n, hidden, err)) != TDM_OK)
+        return rc;
     if (n_logits > 0)
         return forward_logits(e, n_logits, logits, err);
     if (ops->sync)

@@ -124,12 +124,14 @@ bool tdm_model_kv_groups(const tdm_llama_hparams_t *hp, tdm_kv_groups_t *groups)
 bool tdm_node_kv_groups(const tdm_config_t *cfg, const tdm_node_config_t *node,
                         const tdm_llama_hparams_t *hp, tdm_kv_groups_t *groups)
 {
-    if (node->role != TDM_NODE_ROLE_DECODE || node->device.kind != TDM_NODE_DEVICE_CPU)
+    if (node->device.kind != TDM_NODE_DEVICE_CPU)
         return false;
-    /* a prefill node of the same model could ship it KV; other models' never do */
+    /* KV travels between any prefill and decode node of one model (transfer, migration) only
+     * between pools that allocate alike: a CUDA node of the model allocates every layer, so
+     * all its nodes do; other models' nodes never exchange KV with it */
     size_t model = tdm_config_node_model_index(cfg, node);
     for (size_t i = 0; i < cfg->n_nodes; i++)
-        if (cfg->nodes[i].role == TDM_NODE_ROLE_PREFILL &&
+        if (cfg->nodes[i].device.kind != TDM_NODE_DEVICE_CPU &&
             tdm_config_node_model_index(cfg, &cfg->nodes[i]) == model)
             return false;
     return tdm_model_kv_groups(hp, groups);

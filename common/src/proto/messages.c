@@ -31,6 +31,9 @@ static const ProtobufCMessageDescriptor *const messages[] = {
     &tandem__v1__kv_hello__descriptor,         &tandem__v1__kv_hello_ack__descriptor,
     &tandem__v1__node_load__descriptor,        &tandem__v1__kv_shipped__descriptor,
     &tandem__v1__prompt_logprobs_ask__descriptor, &tandem__v1__prompt_logprob__descriptor,
+    &tandem__v1__embed_request__descriptor,    &tandem__v1__embedding__descriptor,
+    &tandem__v1__embed_response__descriptor,   &tandem__v1__embed_task__descriptor,
+    &tandem__v1__embedding_result__descriptor,
 };
 /* clang-format on */
 

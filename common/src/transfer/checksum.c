@@ -153,6 +153,18 @@ uint64_t tdm_kv_header_checksum(const Tandem__V1__KvTransfer *h)
         canon_u64(&c, h->ipc_handles[i].len);
         canon_bytes(&c, h->ipc_handles[i].data, h->ipc_handles[i].len);
     }
+    if ((l && (l->layers_per_group || l->n_group_windows)) || h->n_group_first_block) {
+        /* (2.9) the group layout and where each group's blocks start; absent without groups,
+         * so that such a header's value is the one it had before 2.9 */
+        canon_bytes(&c, "groups", 6);
+        canon_u64(&c, l ? l->layers_per_group : 0);
+        canon_u64(&c, l ? l->n_group_windows : 0);
+        for (size_t i = 0; l && i < l->n_group_windows; i++)
+            canon_u64(&c, l->group_windows[i]);
+        canon_u64(&c, h->n_group_first_block);
+        for (size_t i = 0; i < h->n_group_first_block; i++)
+            canon_u64(&c, h->group_first_block[i]);
+    }
     canon_u64(&c, h->n_checksums);
     canon_u64(&c, h->n_block_offsets);
     canon_flush(&c);

@@ -46,6 +46,37 @@ bool tdm_kv_backend_built(tdm_kv_backend_t b)
     return false;
 }
 
+/* ---- the layout on the wire and the blocks of a transfer ---- */
+
+void tdm_kv_wire_layout(const tdm_kv_layout_t *pool_layout, const tdm_kv_groups_t *groups,
+                        uint32_t *windows, Tandem__V1__KvLayout *m)
+{
+    tdm_proto_layout_to(pool_layout, m);
+    if (!groups)
+        return;
+    m->n_layers = groups->n_layers;
+    m->layers_per_group = groups->layers_per_group;
+    for (uint32_t g = 0; g < groups->n_groups; g++)
+        windows[g] = groups->window[g];
+    m->n_group_windows = groups->n_groups;
+    m->group_windows = windows;
+}
+
+uint64_t tdm_kv_transfer_blocks(const tdm_kv_pool_t *pool, uint32_t n_tokens, uint32_t *first)
+{
+    const tdm_kv_layout_t *l = tdm_kv_pool_layout(pool);
+    const tdm_kv_groups_t *g = tdm_kv_pool_groups(pool);
+    if (!g)
+        return tdm_kv_blocks_for_tokens(l, n_tokens);
+    uint64_t n = 0;
+    for (uint32_t gi = 0; gi < g->n_groups; gi++) {
+        if (first)
+            first[gi] = (uint32_t)tdm_kv_group_first_needed(g, gi, l->block_size, n_tokens);
+        n += tdm_kv_group_live(g, gi, l->block_size, n_tokens, n_tokens);
+    }
+    return n;
+}
+
 /* ---- sender: the header ---- */
 
 void tdm_kv_header_build(const tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint64_t *sums,
@@ -53,7 +84,11 @@ void tdm_kv_header_build(const tdm_kv_sender_t *s, const tdm_kv_xfer_t *x, uint6
                          ProtobufCBinaryData *handle)
 {
     tandem__v1__kv_transfer__init(h);
-    tdm_proto_layout_to(&s->layout, lay);
+    tdm_kv_wire_layout(&s->layout, s->groups, (uint32_t *)s->windows, lay);
+    if (s->groups) { /* s->first: filled by tdm_kv_transfer_blocks when x was checked */
+        h->n_group_first_block = s->groups->n_groups;
+        h->group_first_block = (uint32_t *)s->first;
+    }
     h->request_id = (char *)x->request_id;
     h->attempt_id = x->attempt_id;
     h->transfer_id = x->id;
@@ -104,8 +139,48 @@ static int check_header_backend(const tdm_kv_receiver_t *r, const Tandem__V1__Kv
     return 0;
 }
 
-/* What must agree with this node: layout, model, block size, the block count for n_tokens
- * (and against the pool), the checksum kind. */
+/* The layer groups of the transfer against this node's (2.9): blocks of every layer go only
+ * into a plain pool, blocks of a group's layers only into a pool with the same groups (the
+ * same layers per group and windows), and group_first_block has one value per group. */
+static int check_header_groups(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h,
+                               tdm_error_t *err)
+{
+    const Tandem__V1__KvLayout *l = h->layout;
+    const tdm_kv_groups_t *g = r->groups;
+    bool grouped = l->n_group_windows > 0 || l->layers_per_group > 0;
+    if (!grouped && !g) {
+        if (h->n_group_first_block)
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "group_first_block has %zu values without layer groups",
+                                 h->n_group_first_block);
+        return 0;
+    }
+    if (!grouped || !g)
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "KV layout mismatch: the transfer's blocks hold %s; this node's "
+                             "hold %s (docs/capacity.md: a model's nodes allocate alike)",
+                             grouped ? "one layer group's layers" : "every layer",
+                             g ? "one layer group's layers" : "every layer");
+    if (l->layers_per_group != g->layers_per_group || l->n_group_windows != g->n_groups)
+        return tdm_error_set(err, TDM_EPRECONDITION,
+                             "KV layout mismatch: %zu layer groups of %u layers in the transfer, "
+                             "%u of %u on this node",
+                             l->n_group_windows, l->layers_per_group, g->n_groups,
+                             g->layers_per_group);
+    for (uint32_t i = 0; i < g->n_groups; i++)
+        if (l->group_windows[i] != g->window[i])
+            return tdm_error_set(err, TDM_EPRECONDITION,
+                                 "KV layout mismatch: group %u's window is %u tokens in the "
+                                 "transfer, %u on this node",
+                                 i, l->group_windows[i], g->window[i]);
+    if (h->n_group_first_block != g->n_groups)
+        return tdm_error_set(err, TDM_EINVALID, "group_first_block has %zu values for %u groups",
+                             h->n_group_first_block, g->n_groups);
+    return 0;
+}
+
+/* What must agree with this node: layout (layer groups included), model, block size, the block
+ * count for n_tokens (and against the pool), the checksum kind. */
 static int check_header_layout(const tdm_kv_receiver_t *r, const Tandem__V1__KvTransfer *h,
                                tdm_error_t *err)
 {
@@ -116,8 +191,11 @@ static int check_header_layout(const tdm_kv_receiver_t *r, const Tandem__V1__KvT
     if (rc != 0)
         return rc;
     const tdm_kv_layout_t *mine = &r->layout;
+    tdm_kv_layout_t wire = *mine; /* the model's layers, as the header gives them */
+    if (r->groups)
+        wire.n_layers = r->groups->n_layers;
     uint32_t theirs = 0, ours = 0;
-    const char *field = tdm_kv_layout_mismatch(&l, mine, &theirs, &ours);
+    const char *field = tdm_kv_layout_mismatch(&l, &wire, &theirs, &ours);
     if (field && strcmp(field, "dtype") == 0)
         return tdm_error_set(err, TDM_EPRECONDITION,
                              "KV layout mismatch: dtype is %s in the transfer, %s on this node",
@@ -127,6 +205,8 @@ static int check_header_layout(const tdm_kv_receiver_t *r, const Tandem__V1__KvT
         return tdm_error_set(err, TDM_EPRECONDITION,
                              "KV layout mismatch: %s is %u in the transfer, %u on this node", field,
                              theirs, ours);
+    if ((rc = check_header_groups(r, h, err)) != 0)
+        return rc;
     if (h->model_fingerprint != r->model_fingerprint)
         return tdm_error_set(err, TDM_EPRECONDITION,
                              "model fingerprint mismatch: transfer 0x%016" PRIx64
@@ -138,11 +218,19 @@ static int check_header_layout(const tdm_kv_receiver_t *r, const Tandem__V1__KvT
                              h->block_bytes, r->block_bytes);
     if (h->n_tokens == 0)
         return tdm_error_set(err, TDM_EINVALID, "n_tokens is 0");
-    uint64_t want = tdm_kv_blocks_for_tokens(mine, h->n_tokens);
+    uint32_t first[TDM_KV_MAX_LAYERS];
+    uint64_t want = tdm_kv_transfer_blocks(r->pool, h->n_tokens, first);
     if (h->n_blocks != want)
         return tdm_error_set(err, TDM_EINVALID,
-                             "n_blocks is %u but %u tokens need %" PRIu64 " blocks of %u",
-                             h->n_blocks, h->n_tokens, want, mine->block_size);
+                             "n_blocks is %u but %u tokens need %" PRIu64 " blocks of %u%s",
+                             h->n_blocks, h->n_tokens, want, mine->block_size,
+                             r->groups ? " (the live blocks of every layer group)" : "");
+    for (uint32_t g = 0; r->groups && g < r->groups->n_groups; g++)
+        if (h->group_first_block[g] != first[g])
+            return tdm_error_set(err, TDM_EINVALID,
+                                 "group_first_block[%u] is %u but %u tokens need group %u's "
+                                 "blocks from entry %u on",
+                                 g, h->group_first_block[g], h->n_tokens, g, first[g]);
     if (h->n_blocks > r->pool_blocks)
         return tdm_error_set(err, TDM_ERESOURCE,
                              "transfer of %u blocks exceeds this node's pool of %u blocks",

@@ -71,6 +71,7 @@ tdm_kv_receiver_t *tdm_kv_receiver_new(tdm_net_t *net, tdm_kv_pool_t *pool,
     r->net = net;
     r->pool = pool;
     r->layout = *tdm_kv_pool_layout(pool);
+    r->groups = tdm_kv_pool_groups(pool);
     r->block_bytes = tdm_kv_pool_block_bytes(pool);
     tdm_kv_stats_t st;
     tdm_kv_pool_stats(pool, &st);

@@ -104,6 +104,7 @@ tdm_kv_sender_t *tdm_kv_sender_new(tdm_net_t *net, tdm_kv_pool_t *pool,
     s->net = net;
     s->pool = pool;
     s->layout = *tdm_kv_pool_layout(pool);
+    s->groups = tdm_kv_pool_groups(pool);
     s->block_bytes = tdm_kv_pool_block_bytes(pool);
     tdm_kv_stats_t st;
     tdm_kv_pool_stats(pool, &st);
@@ -260,12 +261,17 @@ static int check_send_req(tdm_kv_sender_t *s, const tdm_kv_send_req_t *req, tdm_
                              req->request_id);
     if (req->n_tokens == 0)
         return tdm_error_set(err, TDM_EINVALID, "KV transfer %s: n_tokens is 0", req->request_id);
-    uint64_t want = tdm_kv_blocks_for_tokens(&s->layout, req->n_tokens);
+    uint64_t want = tdm_kv_transfer_blocks(s->pool, req->n_tokens, NULL);
     if (req->n_blocks != want)
         return tdm_error_set(
             err, TDM_EINVALID,
-            "KV transfer %s: n_blocks is %u but %u tokens need %" PRIu64 " blocks of %u",
-            req->request_id, req->n_blocks, req->n_tokens, want, s->layout.block_size);
+            "KV transfer %s: n_blocks is %u but %u tokens need %" PRIu64 " blocks of %u%s",
+            req->request_id, req->n_blocks, req->n_tokens, want, s->layout.block_size,
+            s->groups ? " (the live blocks of every layer group)" : "");
+    if (s->groups && s->backend != TDM_KV_BACKEND_TCP)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "KV transfer %s: a pool with layer groups ships over tcp only",
+                             req->request_id);
     if (!req->blocks)
         return tdm_error_set(err, TDM_EINVALID, "KV transfer %s: blocks is NULL", req->request_id);
     if (s->backend == TDM_KV_BACKEND_TCP && req->n_blocks > TDM_NET_MAX_DATA_FRAMES)
@@ -360,6 +366,8 @@ int tdm_kv_xfer_transmit(tdm_kv_sender_t *s, tdm_kv_xfer_t *x, tdm_error_t *err)
     Tandem__V1__KvTransfer h;
     Tandem__V1__KvLayout lay;
     ProtobufCBinaryData handle;
+    if (s->groups) /* each group's first entry, for the header */
+        (void)tdm_kv_transfer_blocks(s->pool, x->n_tokens, s->first);
     tdm_kv_header_build(s, x, sums, offsets, &h, &lay, &handle);
 
     tdm_send_t m;

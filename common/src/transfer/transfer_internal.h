@@ -91,7 +91,11 @@ typedef struct tdm_kv_xfer {
 struct tdm_kv_sender {
     tdm_net_t *net;
     tdm_kv_pool_t *pool;
-    tdm_kv_layout_t layout;
+    tdm_kv_layout_t layout;              /* the pool's: with groups, one group's layers */
+    const tdm_kv_groups_t *groups;       /* the pool's layer groups, NULL for a plain pool */
+    uint32_t windows[TDM_KV_MAX_LAYERS]; /* [groups->n_groups] KvLayout.group_windows */
+    uint32_t first[TDM_KV_MAX_LAYERS];   /* [groups->n_groups] the transfer being built's
+                                            KvTransfer.group_first_block */
     uint64_t block_bytes;
     uint32_t pool_blocks;
     char node_id[64];
@@ -151,7 +155,8 @@ typedef struct tdm_kv_held {
 struct tdm_kv_receiver {
     tdm_net_t *net;
     tdm_kv_pool_t *pool;
-    tdm_kv_layout_t layout;
+    tdm_kv_layout_t layout;        /* the pool's: with groups, one group's layers */
+    const tdm_kv_groups_t *groups; /* the pool's layer groups, NULL for a plain pool */
     uint64_t block_bytes;
     uint32_t pool_blocks;
     tdm_sock_t *sock;
@@ -198,6 +203,12 @@ static inline int tdm_kv_threads(int threads)
 }
 
 /* ---- header.c: the KvTransfer header ---- */
+
+/* The wire layout of a pool (KvLayout): the model's layers (with groups, groups->n_layers, not
+ * the pool's layers_per_group) and, with groups, layers_per_group and group_windows pointing at
+ * windows[groups->n_groups] (filled here; the caller keeps it while m is used). Cannot fail. */
+void tdm_kv_wire_layout(const tdm_kv_layout_t *pool_layout, const tdm_kv_groups_t *groups,
+                        uint32_t *windows, Tandem__V1__KvLayout *m);
 
 /* The KvTransfer header of transfer x into *h. sums[x->n_blocks]: the block checksums; with
  * cuda_ipc, offsets[x->n_blocks]: the blocks' byte offsets in the pool. *h points at lay,

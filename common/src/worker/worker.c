@@ -50,6 +50,7 @@ void tdm_worker_seq_free(tdm_worker_t *w, uint32_t slot)
     tdm_grammar_matcher_destroy(&s->matcher);
     free(s->tokens);
     free(s->plp);
+    free(s->emb_acc);
     w->plp_held -= s->plp_bytes;
     memset(s, 0, sizeof *s);
     w->free_slots[w->n_free++] = slot;
@@ -79,10 +80,6 @@ static int check_opts(const tdm_engine_t *engine, const tdm_kv_pool_t *pool,
         return tdm_error_set(err, TDM_EINVALID,
                              "worker: the grammar vocabulary has %u tokens, the model %u",
                              tdm_grammar_vocab_n_vocab(opts->grammar_vocab), n_vocab);
-    if (opts->mode == TDM_WORKER_MODE_PREFILL && tdm_kv_pool_groups(pool))
-        return tdm_error_set(err, TDM_EINVALID,
-                             "worker: PREFILL mode hands over one block table of every layer; "
-                             "the pool has layer groups (use a plain pool)");
     return TDM_OK;
 }
 
@@ -142,6 +139,7 @@ tdm_worker_t *tdm_worker_new(tdm_engine_t *engine, tdm_kv_pool_t *pool, const td
     w->groups = tdm_kv_pool_groups(pool);
     w->tok = tok;
     w->n_vocab = n_vocab;
+    w->n_embd = tdm_engine_n_embd(engine);
     w->o = *opts;
     if (w->o.plp_reserve_bytes == 0)
         w->o.plp_reserve_bytes = tdm_worker_plp_reserve(w->o.n_ctx);
@@ -199,6 +197,8 @@ void tdm_worker_destroy(tdm_worker_t **self_p)
     free(w->events);
     free(w->b_gb);
     free(w->match_scratch);
+    free(w->hidden);
+    free(w->emb_out);
     free(w);
     *self_p = NULL;
 }
@@ -276,6 +276,24 @@ static int check_resume(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_
     return check_vocab(w, "output", req->output, req->n_output, err);
 }
 
+/* The checks of an embedding sequence (after check_req's common ones): TDM_EINVALID naming the
+ * field. */
+static int check_embed(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
+{
+    if (req->n_prompt > w->o.n_ctx)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prompt: %u tokens; at most %u fit the context of %u tokens",
+                             req->n_prompt, w->o.n_ctx, w->o.n_ctx);
+    if (req->pooling != TDM_POOLING_LAST && req->pooling != TDM_POOLING_MEAN)
+        return tdm_error_set(err, TDM_EINVALID, "pooling: %d is not last (0) or mean (1)",
+                             (int)req->pooling);
+    if (req->prefilled || req->output || req->n_output || req->grammar || req->prompt_logprobs)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "embed: an embedding sequence takes no prefilled KV, output, "
+                             "grammar or prompt_logprobs");
+    return check_vocab(w, "prompt", req->prompt, req->n_prompt, err);
+}
+
 /* The checks of tdm_worker_add that need no allocation; TDM_EINVALID naming the field. */
 static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
@@ -286,6 +304,8 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
                              req->seq_id);
     if (req->n_prompt == 0 || !req->prompt)
         return tdm_error_set(err, TDM_EINVALID, "prompt: empty (at least 1 token is needed)");
+    if (req->embed)
+        return check_embed(w, req, err);
     if (req->n_prompt + 1 > w->o.n_ctx)
         return tdm_error_set(err, TDM_EINVALID,
                              "prompt: %u tokens; at most %u fit the context of %u tokens",
@@ -303,24 +323,74 @@ static int check_req(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_err
     if (pre && w->groups)
         return tdm_error_set(err, TDM_EINVALID,
                              "prefilled: this worker's KV pool has %u layer groups; prefilled KV "
-                             "comes in one table of every layer (a plain pool)",
+                             "comes in one table per group (prefilled_groups)",
                              w->groups->n_groups);
+    if (req->prefilled_groups && !w->groups)
+        return tdm_error_set(err, TDM_EINVALID,
+                             "prefilled_groups: this worker's KV pool has no layer groups; "
+                             "prefilled KV comes in one table of every layer (prefilled)");
+    if (req->prefilled_groups &&
+        tdm_kv_hseq_check_handover(req->prefilled_groups, w->groups,
+                                   tdm_kv_pool_layout(w->pool)->block_size,
+                                   req->n_prompt + req->n_output, err) != TDM_OK)
+        return TDM_EINVALID;
+    if ((pre || req->prefilled_groups) && w->o.mode == TDM_WORKER_MODE_PREFILL)
+        return tdm_error_set(err, TDM_EINVALID, "prefilled: a PREFILL worker computes the KV");
     if (check_resume(w, req, err) != TDM_OK)
         return TDM_EINVALID;
     if (req->grammar && !w->o.grammar_vocab)
         return tdm_error_set(err, TDM_EINVALID,
                              "constraint: this worker has no grammar vocabulary");
-    if (pre && (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab))
+    if ((pre || req->prefilled_groups) &&
+        (req->first_token < 0 || (uint32_t)req->first_token >= w->n_vocab))
         return tdm_error_set(err, TDM_EINVALID, "first_token %d is outside the vocabulary [0, %u)",
                              req->first_token, w->n_vocab);
     return TDM_OK;
 }
 
+/* Refuses a sequence the pool could never hold even alone, before it takes a block: at its
+ * peak it holds the KV of cap - 1 tokens (the last token sampled is never computed) in DECODE
+ * mode, of its prompt and resumed output in PREFILL mode (what it hands over); that is
+ * ceil(tokens / block_size) blocks of a plain pool, or the layer groups' peak
+ * (tdm_kv_groups_blocks_per_seq). Admitted, it would compute part of its prompt and then wait
+ * for blocks that never come. TDM_ERESOURCE naming the tokens, the blocks and the pool's. */
+static int check_fits(const tdm_worker_t *w, const tdm_worker_req_t *req, uint32_t cap,
+                      tdm_error_t *err)
+{
+    const tdm_kv_layout_t *l = tdm_kv_pool_layout(w->pool);
+    /* a prefill worker computes the prompt and the resumed output, an embedding every prompt
+     * token; a decode sequence never computes its last sampled token */
+    bool prefill = w->o.mode == TDM_WORKER_MODE_PREFILL || req->embed;
+    uint32_t kv_tokens = prefill ? req->n_prompt + req->n_output : cap - 1;
+    uint64_t need = w->groups ? tdm_kv_groups_blocks_per_seq(w->groups, l->block_size, kv_tokens)
+                              : tdm_kv_blocks_for_tokens(l, kv_tokens);
+    tdm_kv_stats_t st;
+    tdm_kv_pool_stats(w->pool, &st);
+    if (need <= st.n_blocks)
+        return TDM_OK;
+    return tdm_error_set(err, TDM_ERESOURCE,
+                         "KV pool too small for the sequence: the prompt (%u tokens) and %s%u "
+                         "output tokens need the KV of %u tokens, %" PRIu64
+                         " blocks of %u tokens at their peak; the pool has %u blocks",
+                         req->n_prompt, prefill ? "" : "up to ",
+                         prefill ? req->n_output : cap - req->n_prompt, kv_tokens, need,
+                         l->block_size, st.n_blocks);
+}
+
 /* Takes over a prefilled table (its KV and the first token) into s. */
 static void take_prefilled(tdm_worker_t *w, wseq_t *s, const tdm_worker_req_t *req)
 {
-    s->kv = *req->prefilled;
-    tdm_kv_seq_init(req->prefilled);
+    if (req->prefilled_groups) {
+        s->hkv = *req->prefilled_groups;
+        memset(req->prefilled_groups, 0, sizeof *req->prefilled_groups);
+        s->hkv.groups = w->groups;
+        s->hkv.n_tokens = s->n_tokens;
+        s->hkv.n_hashed = 0; /* registered in this pool from the first commit on */
+        s->hkv.last_hash = 0;
+    } else {
+        s->kv = *req->prefilled;
+        tdm_kv_seq_init(req->prefilled);
+    }
     s->kv.n_tokens = s->n_tokens; /* the prompt and the resumed output */
     s->n_computed = s->n_tokens;
     s->tokens[s->n_tokens++] = req->first_token;
@@ -359,7 +429,8 @@ static int matcher_open(const tdm_worker_t *w, const tdm_worker_req_t *req,
     if (!m)
         return err ? err->code : TDM_ERESOURCE;
     if (matcher_replay(m, req->output, req->n_output, 0, err) != TDM_OK ||
-        (req->prefilled && matcher_replay(m, &req->first_token, 1, req->n_output, err) != TDM_OK)) {
+        ((req->prefilled || req->prefilled_groups) &&
+         matcher_replay(m, &req->first_token, 1, req->n_output, err) != TDM_OK)) {
         tdm_grammar_matcher_destroy(&m);
         return TDM_EINVALID;
     }
@@ -400,6 +471,24 @@ static tdm_prompt_logprob_t *plp_alloc(uint32_t n_prompt, uint32_t top)
     return e;
 }
 
+/* The step buffers embedding sequences need (w->hidden, w->emb_out), allocated with the first
+ * one so that workers that never embed do not carry them. TDM_ERESOURCE on out of memory. */
+static int embed_buffers(tdm_worker_t *w)
+{
+    if (w->hidden)
+        return TDM_OK;
+    float *hidden = malloc((size_t)w->o.max_batch_tokens * w->n_embd * sizeof *hidden);
+    float *out = malloc((size_t)w->o.max_running * w->n_embd * sizeof *out);
+    if (!hidden || !out) {
+        free(hidden);
+        free(out);
+        return TDM_ERESOURCE;
+    }
+    w->hidden = hidden;
+    w->emb_out = out;
+    return TDM_OK;
+}
+
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
     int rc = check_req(w, req, err);
@@ -413,30 +502,41 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     tdm_grammar_matcher_t *matcher = NULL;
     if (req->grammar && (rc = matcher_open(w, req, &matcher, err)) != TDM_OK)
         return rc;
-    uint32_t max_new = (uint32_t)req->sampling->max_tokens;
+    uint32_t max_new = req->embed ? 0 : (uint32_t)req->sampling->max_tokens;
     if (max_new > w->o.n_ctx - req->n_prompt)
         max_new = w->o.n_ctx - req->n_prompt;
+    if (req->embed && embed_buffers(w) != TDM_OK)
+        return tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for embedding buffers");
     uint32_t cap = req->n_prompt + max_new;
-    /* Everything the sequence will ever hold, now: the step path never allocates. */
-    wseq_t tables; /* the new sequence's block table(s) */
-    memset(&tables, 0, sizeof tables);
-    int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
-    bool plp = req->prompt_logprobs && !req->prefilled && req->n_output == 0;
+    bool plp =
+        req->prompt_logprobs && !req->prefilled && !req->prefilled_groups && req->n_output == 0;
     uint64_t plp_bytes = plp ? tdm_worker_plp_bytes(req->n_prompt, req->prompt_logprobs_top) : 0;
     if (plp && (rc = plp_admit(w, req, plp_bytes, err)) != TDM_OK) {
         tdm_grammar_matcher_destroy(&matcher);
         return rc;
     }
+    /* Everything the sequence will ever hold, now: the step path never allocates. */
+    wseq_t tables; /* the new sequence's block table(s) */
+    memset(&tables, 0, sizeof tables);
+    int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
     tdm_prompt_logprob_t *plps = plp ? plp_alloc(req->n_prompt, req->prompt_logprobs_top) : NULL;
+    double *acc = req->embed ? calloc(w->n_embd, sizeof *acc) : NULL;
     bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
-                                   : tdm_worker_kv_prepare(w, &tables, cap);
-    if (!tokens || (plp && !plps) || !prepared) {
+                    : req->prefilled_groups
+                        ? tdm_kv_hseq_prepare(w->pool, req->prefilled_groups, cap) == TDM_OK
+                        : tdm_worker_kv_prepare(w, &tables, cap);
+    if (!tokens || (plp && !plps) || (req->embed && !acc) || !prepared)
+        rc = tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for a sequence of %u tokens",
+                           cap);
+    else
+        rc = check_fits(w, req, cap, err);
+    if (rc != TDM_OK) {
         tdm_worker_kv_release(w, &tables);
         free(tokens);
         free(plps);
+        free(acc);
         tdm_grammar_matcher_destroy(&matcher);
-        return tdm_error_set(err, TDM_ERESOURCE,
-                             "worker: out of memory for a sequence of %u tokens", cap);
+        return rc;
     }
     uint32_t slot = w->free_slots[--w->n_free];
     wseq_t *s = &w->seqs[slot];
@@ -455,17 +555,21 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
     s->n_prompt = req->n_prompt;
     s->n_tokens = req->n_prompt + req->n_output;
     s->max_new = max_new;
-    s->sp = *req->sampling;
+    if (!req->embed)
+        s->sp = *req->sampling;
+    s->embed = req->embed;
+    s->pooling = req->pooling;
+    s->emb_acc = acc;
     s->kv = tables.kv;
     s->hkv = tables.hkv;
     s->matcher = matcher;
-    s->no_spec = req->no_speculation;
+    s->no_spec = req->no_speculation || req->embed;
     s->spec_rate = SPEC_RATE_PRIOR;
     s->plp = plps;
     s->plp_top = plp ? req->prompt_logprobs_top : 0;
     s->plp_bytes = plp_bytes;
     w->plp_held += plp_bytes;
-    if (req->prefilled)
+    if (req->prefilled || req->prefilled_groups)
         take_prefilled(w, s, req);
     w->waiting[w->n_waiting++] = slot;
     return 0;
@@ -477,7 +581,7 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
 static int fork_check(const tdm_worker_t *w, const wseq_t *p, const tdm_worker_req_t *req,
                       uint32_t k, tdm_error_t *err)
 {
-    if (req->prefilled || req->n_output)
+    if (req->prefilled || req->prefilled_groups || req->n_output)
         return tdm_error_set(err, TDM_EINVALID, "fork: prefilled KV or output given");
     if (req->n_prompt != p->n_prompt || !req->prompt ||
         memcmp(req->prompt, p->tokens, (size_t)p->n_prompt * sizeof *p->tokens) != 0)

@@ -46,6 +46,9 @@ typedef struct wseq {
                                   their top[] follow in the same allocation */
     uint32_t plp_top;          /* alternatives per prompt token (prompt_logprobs) */
     uint64_t plp_bytes;        /* tdm_worker_plp_bytes of plp, held of plp_reserve_bytes */
+    bool embed;                /* an embedding sequence (tdm_worker_req_t.embed) */
+    tdm_pooling_t pooling;
+    double *emb_acc; /* [n_embd] pooling accumulator of an embedding sequence, else NULL */
 } wseq_t;
 
 struct tdm_worker {
@@ -97,6 +100,14 @@ struct tdm_worker {
     uint32_t n_eog;
     uint32_t n_rows, n_bseq, budget; /* the batch being built: rows, sequences, rows left */
     uint32_t want_left;              /* ... and the logit rows it has left */
+    bool starved; /* a running sequence's prompt chunk found no blocks in this batch */
+
+    /* embeddings (allocated with the first embedding sequence) */
+    uint32_t n_embd; /* tdm_engine_n_embd */
+    float *hidden;   /* [max_batch_tokens][n_embd] final hidden states of a step's rows */
+    float *emb_out;  /* [max_running][n_embd] the vectors of a step's EMBEDDING events */
+    uint32_t n_emb_out;
+    bool b_hidden; /* the batch being built holds rows of an embedding sequence */
 
     tdm_worker_event_t *events; /* [cap_events] */
     uint32_t n_events;

@@ -81,12 +81,6 @@ void tdm_worker_kv_trim(tdm_worker_t *w, wseq_t *s, uint32_t keep)
         trim_table(w->pool, &s->hkv.tab[gi], keep);
 }
 
-/* First table entry a window-W group needs for a query at position n (kv_hybrid.c's rule). */
-static uint32_t first_needed(uint32_t window, uint32_t bs, uint32_t n)
-{
-    return window == 0 || n + 1 <= window ? 0 : (n + 1 - window) / bs;
-}
-
 uint32_t tdm_worker_kv_share(tdm_worker_t *w, wseq_t *s, const wseq_t *p, uint32_t k)
 {
     const uint32_t bs = tdm_kv_pool_layout(w->pool)->block_size;
@@ -106,13 +100,13 @@ uint32_t tdm_worker_kv_share(tdm_worker_t *w, wseq_t *s, const wseq_t *p, uint32
     const tdm_kv_groups_t *g = w->groups;
     for (uint32_t gi = 0; gi < g->n_groups; gi++)
         if (p->hkv.tab[gi].n_blocks < k ||
-            p->hkv.tab[gi].n_dropped > first_needed(g->window[gi], bs, k * bs))
+            p->hkv.tab[gi].n_dropped > tdm_kv_group_first_needed(g, gi, bs, (uint64_t)k * bs))
             return 0; /* the parent gave back a block the fork's first query reads */
     if (k == 0)
         return 0;
     for (uint32_t gi = 0; gi < g->n_groups; gi++) {
         tdm_kv_seq_t *t = &s->hkv.tab[gi];
-        uint32_t first = first_needed(g->window[gi], bs, k * bs);
+        uint32_t first = (uint32_t)tdm_kv_group_first_needed(g, gi, bs, (uint64_t)k * bs);
         for (uint32_t i = 0; i < k; i++) {
             t->blocks[i] = i < first ? TDM_KV_NO_BLOCK : p->hkv.tab[gi].blocks[i];
             if (i >= first)

@@ -16,6 +16,8 @@ static void preempt_newest(tdm_worker_t *w)
     wseq_t *s = &w->seqs[slot];
     tdm_worker_kv_clear(w, s);
     s->n_computed = 0;
+    if (s->emb_acc) /* its rows are computed (and pooled) again */
+        memset(s->emb_acc, 0, w->n_embd * sizeof *s->emb_acc);
     s->running = false;
     s->preemptions++;
     w->stats.preemptions++;
@@ -42,7 +44,8 @@ static void add_rows(tdm_worker_t *w, uint32_t slot, uint32_t chunk, uint32_t n_
 {
     wseq_t *s = &w->seqs[slot];
     uint32_t k = w->n_bseq++;
-    bool logits = s->n_computed + chunk == s->n_tokens;
+    bool logits = !s->embed && s->n_computed + chunk == s->n_tokens;
+    w->b_hidden |= s->embed;
     bool plp = tdm_worker_plp_active(s); /* every prompt row asks (prompt logprobs) */
     for (uint32_t i = 0; i < chunk + n_draft; i++) {
         uint32_t r = w->n_rows++;
@@ -72,7 +75,7 @@ static uint32_t prefill_chunk(const tdm_worker_t *w, const wseq_t *s)
         chunk = w->o.max_prefill_chunk;
     if (tdm_worker_plp_active(s))
         return chunk < w->want_left ? chunk : w->want_left;
-    if (chunk == remaining && w->want_left == 0)
+    if (chunk == remaining && w->want_left == 0 && !s->embed)
         chunk--; /* stop one row short: the last one, asking for logits, waits a step */
     return chunk;
 }
@@ -144,8 +147,12 @@ static void schedule_prefill(tdm_worker_t *w)
         if (remaining <= 1 || in_batch(w, slot))
             continue;
         uint32_t chunk = prefill_chunk(w, s);
-        if (chunk == 0 || !tdm_worker_reserve(w, s, s->n_computed + chunk))
-            continue; /* waits for blocks; decode rows free them as sequences finish */
+        if (chunk == 0)
+            continue;
+        if (!tdm_worker_reserve(w, s, s->n_computed + chunk)) {
+            w->starved = true; /* waits for blocks; decode rows free them as sequences end */
+            continue;
+        }
         add_rows(w, slot, chunk, 0);
     }
 }
@@ -155,7 +162,8 @@ static void schedule_prefill(tdm_worker_t *w)
 static uint32_t admit_reserve(tdm_worker_t *w, wseq_t *s)
 {
     /* no prefix-cache hit for a sequence owing prompt logprobs: its rows must be computed */
-    if (s->n_computed == 0 && tdm_worker_kv_held(w, s) == 0 && w->o.prefix_caching && !s->plp) {
+    if (s->n_computed == 0 && tdm_worker_kv_held(w, s) == 0 && w->o.prefix_caching && !s->plp &&
+        !s->embed) {
         uint32_t matched = tdm_worker_kv_match_prefix(w, s);
         s->n_computed = matched;
         if (!s->admitted_once)
@@ -165,13 +173,30 @@ static uint32_t admit_reserve(tdm_worker_t *w, wseq_t *s)
     return chunk > 0 && tdm_worker_reserve(w, s, s->n_computed + chunk) ? chunk : 0;
 }
 
-/* 3. Admits waiting sequences, FIFO, while the budget, max_running and the pool allow. */
+/* The largest of chunk, chunk / 2, chunk / 4, ... rows of s whose blocks the pool can give
+ * now (reserved), or 0. For a sequence that nothing else running could free blocks for: the
+ * engine is batch-invariant however a prompt is chunked, so a smaller chunk changes nothing
+ * but the number of steps. */
+static uint32_t reserve_shrinking(tdm_worker_t *w, wseq_t *s, uint32_t chunk)
+{
+    while (chunk > 0 && !tdm_worker_reserve(w, s, s->n_computed + chunk))
+        chunk /= 2;
+    return chunk;
+}
+
+/* 3. Admits waiting sequences, FIFO, while the budget, max_running and the pool allow. While
+ * a running sequence waits for blocks for its prompt chunk, none is admitted that would take
+ * blocks for a prompt of its own (a prefilled one, holding its KV, still is). */
 static void schedule_admit(tdm_worker_t *w)
 {
     while (w->n_waiting > 0 && w->n_running < w->o.max_running && w->budget > 0) {
         uint32_t slot = w->waiting[0];
         wseq_t *s = &w->seqs[slot];
+        if (w->starved && tdm_worker_kv_held(w, s) == 0)
+            break;
         uint32_t chunk = admit_reserve(w, s);
+        if (chunk == 0 && w->n_running == 0 && w->n_bseq == 0)
+            chunk = reserve_shrinking(w, s, prefill_chunk(w, s));
         if (chunk == 0) {
             if (w->n_running == 0 && w->n_bseq == 0) {
                 /* Nothing runs that could free blocks: this sequence can never fit. */
@@ -199,6 +224,35 @@ static void schedule_admit(tdm_worker_t *w)
     }
 }
 
+/* 4. A batch without rows although sequences run: each of them waits for blocks for its prompt
+ * chunk, and none will come, since only running sequences free blocks. The oldest goes on
+ * alone: the others are preempted (recomputed later, LIFO as in decode_reserve) and its chunk
+ * shrinks to what the pool can give; when not even one row fits, it fails (tdm_worker_add
+ * refuses a sequence the pool can never hold, so only blocks held by queued prefilled
+ * sequences can leave it short). */
+static void schedule_unstall(tdm_worker_t *w)
+{
+    if (w->n_rows > 0 || w->n_running == 0)
+        return;
+    while (w->n_running > 1)
+        preempt_newest(w);
+    uint32_t slot = w->running[0];
+    wseq_t *s = &w->seqs[slot];
+    uint32_t chunk = prefill_chunk(w, s);
+    uint32_t got = reserve_shrinking(w, s, chunk);
+    if (got > 0) {
+        add_rows(w, slot, got, 0);
+        return;
+    }
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "KV pool exhausted: the sequence needs blocks for %u more prompt tokens (%u "
+             "computed) and holds %u blocks; %u blocks are free",
+             chunk > 0 ? chunk : 1, s->n_computed, tdm_worker_kv_held(w, s),
+             tdm_kv_pool_available(w->pool));
+    tdm_worker_seq_fail(w, slot, TDM_ERESOURCE, msg);
+}
+
 /* The batch of a step, from an empty one. */
 void tdm_worker_schedule(tdm_worker_t *w)
 {
@@ -207,7 +261,10 @@ void tdm_worker_schedule(tdm_worker_t *w)
     w->draft_left = w->logit_rows - w->o.max_running;
     w->want_left = w->logit_rows;
     w->n_rows = w->n_bseq = 0;
+    w->starved = false;
+    w->b_hidden = false;
     schedule_decode(w);
     schedule_prefill(w);
     schedule_admit(w);
+    schedule_unstall(w);
 }

@@ -27,7 +27,8 @@ static int forward(tdm_worker_t *w, double *t_end, tdm_error_t *err)
     tdm_batch_t batch = {w->n_rows, w->b_tokens, w->b_pos, w->b_seq,
                          w->b_want, w->n_bseq,   w->b_seqs};
     double t0 = tdm_time_now();
-    int rc = tdm_engine_forward(w->engine, &batch, w->logits, err);
+    int rc = tdm_engine_forward_hidden(w->engine, &batch, w->logits, w->b_hidden ? w->hidden : NULL,
+                                       err);
     *t_end = tdm_time_now();
     w->stats.last_step_s = *t_end - t0;
     w->stats.batch_size = w->n_bseq;
@@ -55,8 +56,13 @@ static void hand_over(tdm_worker_t *w, uint32_t slot, int32_t token, double t_en
 {
     wseq_t *s = &w->seqs[slot];
     tdm_worker_event_t *pe = tdm_worker_push_event(w, TDM_WORKER_EVENT_PREFILLED, s);
-    pe->seq = s->kv;
-    tdm_kv_seq_init(&s->kv);
+    if (w->groups) { /* the live blocks of each group: the window groups gave back the rest */
+        pe->hseq = s->hkv;
+        memset(&s->hkv, 0, sizeof s->hkv);
+    } else {
+        pe->seq = s->kv;
+        tdm_kv_seq_init(&s->kv);
+    }
     pe->n_tokens = s->n_computed; /* the prompt and any resumed output */
     pe->first_token = token;
     pe->cached_prompt_tokens = s->cached_prompt_tokens;
@@ -240,13 +246,43 @@ static bool prompt_logprobs(tdm_worker_t *w, uint32_t slot, uint32_t pos0, uint3
     return true;
 }
 
+/* An embedding sequence's rows: the chunk's hidden states (batch rows r0..) pooled into its
+ * accumulator in position order; when its prompt is complete, its vector goes out in an
+ * EMBEDDING event and the sequence ends (blocks freed). */
+static void embed_rows(tdm_worker_t *w, uint32_t slot, uint32_t r0, uint32_t chunk, double t_end)
+{
+    wseq_t *s = &w->seqs[slot];
+    for (uint32_t j = 0; j < chunk; j++)
+        tdm_embedding_add(s->pooling, s->emb_acc, w->hidden + (size_t)(r0 + j) * w->n_embd,
+                          w->n_embd);
+    s->n_computed += chunk;
+    tdm_worker_commit_kv(w, s);
+    if (s->n_computed < s->n_tokens)
+        return;
+    float *out = w->emb_out + (size_t)w->n_emb_out++ * w->n_embd;
+    tdm_embedding_finish(s->pooling, s->emb_acc, s->n_tokens, w->n_embd, out);
+    tdm_worker_event_t *ev = tdm_worker_push_event(w, TDM_WORKER_EVENT_EMBEDDING, s);
+    ev->embedding = out;
+    ev->n_embd = w->n_embd;
+    ev->n_tokens = s->n_tokens;
+    ev->prefill_s = t_end - s->t_first_sched;
+    ev->preemptions = s->preemptions;
+    tdm_worker_unlink(w, slot);
+    tdm_worker_seq_free(w, slot);
+}
+
 /* 5. Results, in batch order: KV committed, then a token for each sequence that asked. */
 static void collect(tdm_worker_t *w, double t_end)
 {
-    uint32_t li = 0;
-    for (uint32_t k = 0; k < w->n_bseq; k++) {
+    uint32_t li = 0, r0 = 0;
+    w->n_emb_out = 0;
+    for (uint32_t k = 0; k < w->n_bseq; r0 += w->b_chunk[k] + w->b_draft[k], k++) {
         uint32_t slot = w->b_slot[k];
         wseq_t *s = &w->seqs[slot];
+        if (s->embed) {
+            embed_rows(w, slot, r0, w->b_chunk[k], t_end);
+            continue;
+        }
         if (tdm_worker_plp_active(s)) { /* every row of the chunk has logits */
             uint32_t pos0 = s->n_computed, chunk = w->b_chunk[k];
             const float *rows = w->logits + (size_t)li * w->n_vocab;

@@ -1,0 +1,309 @@
+/* http_embeddings.c - POST /v1/embeddings in OpenAI's shape: the body checked and its inputs
+ * tokenized here, with the router's own tokenizer (as /tokenize), by the one rule
+ * tdm_prompt_encode and checked by tdm_router_embed_check, so each refusal names its param
+ * ("input[2]", "input[1][7]"); then one EMBED call to the router (router/embed.c) with the
+ * token ids, and its EmbedResponse written as {"object": "list", "data": [...], "model",
+ * "usage"} (docs/api.md "Embeddings").
+ *
+ * encoding_format "base64" is each vector's float32 values as little-endian bytes in standard
+ * base64 (what OpenAI's API sends and its Python client decodes with numpy.frombuffer; x86 and
+ * ARM hosts are little-endian, and the bytes are written as such). The call blocks this HTTP
+ * thread while the nodes compute (like the unary endpoints), at most EMBED_TIMEOUT_S.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+#include <sodium.h>
+
+#include "embed.h"
+#include "http_gateway.h"
+#include "http_server.h"
+#include "tandem/limits.h"
+#include "tandem/prompt.h"
+#include "tandem/proto.h"
+
+#define EMBED_TIMEOUT_S 600.0
+
+/* A refusal: the reply for status with param (NULL: none) and the message. */
+#define REFUSE(c, status, code, param, ...) http_reply_error(c, status, code, param, __VA_ARGS__)
+
+/* The parsed body. */
+typedef struct emb_body {
+    size_t model_index;
+    char served[TDM_MODEL_NAME_MAX + 1]; /* the model's name as the answer says it */
+    bool base64;
+    Tandem__V1__Pooling pooling;
+    Tandem__V1__TokenList *lists;  /* [n] */
+    Tandem__V1__TokenList **listp; /* [n] */
+    size_t n;
+} emb_body_t;
+
+static void body_free(emb_body_t *b)
+{
+    for (size_t i = 0; b->lists && i < b->n; i++)
+        free(b->lists[i].ids);
+    free(b->lists);
+    free(b->listp);
+}
+
+/* Input i's ids from a JSON array of integers v (what: its param) into b->lists[i]; false with
+ * the reply in *ret. */
+static bool take_ids(struct MHD_Connection *c, const tdm_http_vocab_t *voc, const json_t *v,
+                     const char *what, emb_body_t *b, size_t i, enum MHD_Result *ret)
+{
+    size_t n = json_array_size(v);
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) {
+        *ret = REFUSE(c, TDM_ERESOURCE, NULL, NULL, "out of memory");
+        return false;
+    }
+    for (size_t j = 0; j < n; j++) {
+        const json_t *e = json_array_get(v, j);
+        json_int_t id = json_integer_value(e);
+        if (!json_is_integer(e) || id < INT32_MIN || id > INT32_MAX) {
+            free(ids);
+            char field[TDM_ERRFIELD_MAX];
+            snprintf(field, sizeof field, "%s[%zu]", what, j);
+            *ret = REFUSE(c, TDM_EINVALID, NULL, field, "%s: a token id must be an integer", field);
+            return false;
+        }
+        ids[j] = (int32_t)id;
+    }
+    tdm_error_t err = {0};
+    if (tdm_router_embed_check(ids, n, tdm_tokenizer_n_vocab(voc->tok), voc->n_ctx, what, &err) !=
+        TDM_OK) {
+        free(ids);
+        *ret = REFUSE(c, err.code, NULL, err.field, "%s", err.msg);
+        return false;
+    }
+    b->lists[i].ids = ids;
+    b->lists[i].n_ids = n;
+    return true;
+}
+
+/* Input i's text s, tokenized (the model's BOS rule, as a raw prompt) and checked. */
+static bool take_text(struct MHD_Connection *c, const tdm_http_vocab_t *voc, const char *s,
+                      size_t len, const char *what, emb_body_t *b, size_t i, enum MHD_Result *ret)
+{
+    if (len == 0) {
+        *ret = REFUSE(c, TDM_EINVALID, NULL, what, "%s: empty string; an input is 1..%u tokens",
+                      what, voc->n_ctx);
+        return false;
+    }
+    tdm_prompt_input_t in = {.text = s, .text_len = len};
+    tdm_token_t *ids = NULL;
+    size_t n = 0;
+    tdm_error_t err = {0};
+    if (tdm_prompt_encode(voc->tok, NULL, &in, &ids, &n, NULL, &err) != TDM_OK ||
+        tdm_router_embed_check(ids, n, tdm_tokenizer_n_vocab(voc->tok), voc->n_ctx, what, &err) !=
+            TDM_OK) {
+        free(ids);
+        *ret = REFUSE(c, err.code, NULL, err.field[0] ? err.field : what, "%s", err.msg);
+        return false;
+    }
+    b->lists[i].ids = ids;
+    b->lists[i].n_ids = n;
+    return true;
+}
+
+/* input: a string, a list of strings, a list of token ids, or a list of lists of token ids
+ * (OpenAI's four shapes). */
+static bool take_input(struct MHD_Connection *c, const tdm_http_vocab_t *voc, const json_t *in,
+                       emb_body_t *b, enum MHD_Result *ret)
+{
+    bool one_string = json_is_string(in);
+    bool one_tokens =
+        json_is_array(in) && json_array_size(in) > 0 && json_is_integer(json_array_get(in, 0));
+    if (!in || (!one_string && !json_is_array(in))) {
+        *ret = REFUSE(c, TDM_EINVALID, NULL, "input",
+                      "input: required, a string, an array of strings, an array of token ids or "
+                      "an array of arrays of token ids");
+        return false;
+    }
+    b->n = one_string || one_tokens ? 1 : json_array_size(in);
+    if (b->n == 0 || b->n > RT_EMBED_MAX_INPUTS) {
+        *ret = REFUSE(c, TDM_EINVALID, NULL, "input", "input: %zu inputs; a request takes 1..%u",
+                      b->n, RT_EMBED_MAX_INPUTS);
+        return false;
+    }
+    b->lists = calloc(b->n, sizeof *b->lists);
+    b->listp = calloc(b->n, sizeof *b->listp);
+    if (!b->lists || !b->listp) {
+        *ret = REFUSE(c, TDM_ERESOURCE, NULL, NULL, "out of memory");
+        return false;
+    }
+    for (size_t i = 0; i < b->n; i++) {
+        tandem__v1__token_list__init(&b->lists[i]);
+        b->listp[i] = &b->lists[i];
+    }
+    if (one_string)
+        return take_text(c, voc, json_string_value(in), json_string_length(in), "input", b, 0, ret);
+    if (one_tokens)
+        return take_ids(c, voc, in, "input", b, 0, ret);
+    /* a list: every element a string, or every element an array of ids */
+    bool strings = json_is_string(json_array_get(in, 0));
+    for (size_t i = 0; i < b->n; i++) {
+        const json_t *e = json_array_get(in, i);
+        char what[32];
+        snprintf(what, sizeof what, "input[%zu]", i);
+        if (strings ? !json_is_string(e) : !json_is_array(e)) {
+            *ret = REFUSE(c, TDM_EINVALID, NULL, what,
+                          "%s: every element of input must be a %s, like input[0]", what,
+                          strings ? "string" : "array of token ids");
+            return false;
+        }
+        if (strings
+                ? !take_text(c, voc, json_string_value(e), json_string_length(e), what, b, i, ret)
+                : !take_ids(c, voc, e, what, b, i, ret))
+            return false;
+    }
+    return true;
+}
+
+/* The body's fields other than input; false with the reply in *ret. */
+static bool take_fields(tdm_http_t *h, struct MHD_Connection *c, const json_t *root, emb_body_t *b,
+                        enum MHD_Result *ret)
+{
+    const tdm_config_t *cfg = h->cfg;
+    const json_t *model = json_object_get(root, "model");
+    snprintf(b->served, sizeof b->served, "%s", cfg->models[0].name);
+    if (model && !json_is_null(model)) {
+        int mi = json_is_string(model) ? tdm_config_model_index(cfg, json_string_value(model)) : -1;
+        if (mi < 0) {
+            *ret = REFUSE(c, TDM_ENOTFOUND, "model_not_found", "model",
+                          "The model '%.200s' does not exist",
+                          json_is_string(model) ? json_string_value(model) : "(not a string)");
+            return false;
+        }
+        b->model_index = (size_t)mi;
+        snprintf(b->served, sizeof b->served, "%s", json_string_value(model));
+    }
+    const json_t *fmt = json_object_get(root, "encoding_format");
+    const char *f = json_string_value(fmt);
+    if (fmt && !json_is_null(fmt) &&
+        (!f || (strcmp(f, "float") != 0 && strcmp(f, "base64") != 0))) {
+        *ret = REFUSE(c, TDM_EINVALID, NULL, "encoding_format",
+                      "encoding_format: '%.64s' is not one of 'float', 'base64'",
+                      f ? f : "(not a string)");
+        return false;
+    }
+    b->base64 = f && strcmp(f, "base64") == 0;
+    const json_t *dims = json_object_get(root, "dimensions");
+    if (dims && !json_is_null(dims)) {
+        *ret = REFUSE(c, TDM_EINVALID, NULL, "dimensions",
+                      "dimensions: model '%s' does not support reducing the embedding "
+                      "dimensions (its vectors have the model's hidden size; leave dimensions "
+                      "out)",
+                      b->served);
+        return false;
+    }
+    const json_t *user = json_object_get(root, "user");
+    if (user && !json_is_null(user) && !json_is_string(user)) {
+        *ret = REFUSE(c, TDM_EINVALID, NULL, "user", "user: must be a string");
+        return false;
+    }
+    const json_t *pool = json_object_get(root, "pooling");
+    const char *p = json_string_value(pool);
+    b->pooling = TANDEM__V1__POOLING__POOLING_LAST;
+    if (pool && !json_is_null(pool)) {
+        if (p && strcmp(p, "mean") == 0)
+            b->pooling = TANDEM__V1__POOLING__POOLING_MEAN;
+        else if (!p || strcmp(p, "last") != 0) {
+            *ret =
+                REFUSE(c, TDM_EINVALID, NULL, "pooling",
+                       "pooling: '%.64s' is not one of 'last', 'mean'", p ? p : "(not a string)");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* One vector as JSON: an array of numbers, or its float32 bytes in base64. */
+static json_t *vector_json(const float *v, size_t n, bool base64)
+{
+    if (!base64) {
+        json_t *a = json_array();
+        for (size_t i = 0; a && i < n; i++)
+            json_array_append_new(a, json_real((double)v[i]));
+        return a;
+    }
+    size_t bytes = n * sizeof(float);
+    unsigned char *raw = malloc(bytes ? bytes : 1);
+    size_t cap = sodium_base64_ENCODED_LEN(bytes, sodium_base64_VARIANT_ORIGINAL);
+    char *text = malloc(cap);
+    json_t *s = NULL;
+    if (raw && text) {
+        for (size_t i = 0; i < n; i++) { /* little-endian whatever the host */
+            uint32_t u;
+            memcpy(&u, &v[i], sizeof u);
+            for (int k = 0; k < 4; k++)
+                raw[i * 4 + (size_t)k] = (unsigned char)(u >> (8 * k));
+        }
+        sodium_bin2base64(text, cap, raw, bytes, sodium_base64_VARIANT_ORIGINAL);
+        s = json_string(text);
+    }
+    free(raw);
+    free(text);
+    return s;
+}
+
+static json_t *answer_json(const Tandem__V1__EmbedResponse *resp, const emb_body_t *b)
+{
+    json_t *data = json_array();
+    for (size_t i = 0; data && i < resp->n_data; i++) {
+        const Tandem__V1__Embedding *e = resp->data[i];
+        json_array_append_new(
+            data, json_pack("{s:s, s:I, s:o}", "object", "embedding", "index", (json_int_t)e->index,
+                            "embedding", vector_json(e->embedding, e->n_embedding, b->base64)));
+    }
+    return json_pack("{s:s, s:o, s:s, s:{s:I, s:I}}", "object", "list", "data", data, "model",
+                     b->served, "usage", "prompt_tokens", (json_int_t)resp->prompt_tokens,
+                     "total_tokens", (json_int_t)resp->prompt_tokens);
+}
+
+enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r)
+{
+    enum MHD_Result ret;
+    if (!http_check_key(h, c, &ret))
+        return ret;
+    json_error_t je;
+    json_t *root = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &je);
+    if (!root || !json_is_object(root)) {
+        ret = REFUSE(c, TDM_EINVALID, NULL, NULL, "the body must be a JSON object%s%s",
+                     root ? "" : ": ", root ? "" : je.text);
+        json_decref(root);
+        return ret;
+    }
+    emb_body_t b = {0};
+    if (!take_fields(h, c, root, &b, &ret))
+        goto out_free;
+    const tdm_http_vocab_t *voc = &h->vocabs[b.model_index];
+    if (!voc->tok) {
+        ret = REFUSE(c, TDM_EUNAVAILABLE, NULL, NULL, "the router has no tokenizer");
+        goto out_free;
+    }
+    if (!take_input(c, voc, json_object_get(root, "input"), &b, &ret))
+        goto out_free;
+    Tandem__V1__EmbedRequest req = TANDEM__V1__EMBED_REQUEST__INIT;
+    req.request_id = r->rid;
+    req.model = b.served;
+    req.token_inputs = b.listp;
+    req.n_token_inputs = b.n;
+    req.pooling = b.pooling;
+    ProtobufCMessage *resp = NULL;
+    tdm_error_t err = {0};
+    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_EMBED, &req.base,
+                      &tandem__v1__embed_response__descriptor, EMBED_TIMEOUT_S, &resp, &err);
+    if (rc != TDM_OK) {
+        ret = REFUSE(c, rc, NULL, NULL, "%s", err.msg);
+        goto out_free;
+    }
+    ret = http_reply_json(c, 200, answer_json((Tandem__V1__EmbedResponse *)resp, &b));
+    protobuf_c_message_free_unpacked(resp, NULL);
+out_free:
+    body_free(&b);
+    json_decref(root);
+    return ret;
+}
