@@ -227,6 +227,12 @@ def test_native_api_refusal_names_field(cluster):
                         "1,2,999999999"], capture_output=True)
     assert r.returncode == 2, r
     assert b"token_inputs[0].ids[2]: token id 999999999 is outside the vocabulary" in r.stderr
+    # the client library reads the router's ErrorDetail for EMBED too: the CLI names the field
+    assert r.stderr.rstrip().endswith(b"(field: token_inputs[0].ids[2])"), r.stderr
+    r = subprocess.run([BINARIES["tandem"], "embed", "--router", cluster.client_ep,
+                        "--served-model", "no-such-model", "hello"], capture_output=True)
+    assert r.returncode != 0, r
+    assert b"no-such-model" in r.stderr and r.stderr.rstrip().endswith(b"(field: model)"), r.stderr
 
 
 GEMMA = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ["HOME"], ".cache"),
