@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import socket
 import struct
 import subprocess
 import threading
@@ -320,9 +321,10 @@ class HoldingPrefillNode:
                 self.node.drain(0.05)
             self.stop.wait(0.1)
 
-    def tasks(self):
+    def tasks(self, method=None):
         with self.lock:
-            return sum(1 for h in self.node.work if h.method == self.pb.METHOD_EMBED_TASK)
+            m = method or self.pb.METHOD_EMBED_TASK
+            return sum(1 for h in self.node.work if h.method == m)
 
     def close(self):
         self.stop.set()
@@ -361,7 +363,8 @@ def native_status(cluster):
 
 def test_held_node_parks_and_queues(held):
     """Six embedding requests, three times router.http_threads, while the only prefill node holds
-    what it gets (max_running 2): two inputs go to it, the rest wait in the router (counted in
+    what it gets (max_running 2; first a client that hangs up while parked: its call is
+    cancelled, NodeCancel to the node): two inputs go to it, the rest wait in the router (counted in
     requests_running / requests_queued), /health, /v1/models and /metrics still answer while
     all are outstanding, a request past router.max_queue is 429 with Retry-After; once the node
     leaves, every request is answered by the decode node with the vectors it gives alone."""
@@ -380,10 +383,19 @@ def test_held_node_parks_and_queues(held):
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
     try:
         held.wait_up(["prefill-0"], 60)
+        # a client that hangs up while its request is parked: the call is cancelled (the node
+        # is told to stop) and its room on the node is free again
+        s = socket.create_connection(("127.0.0.1", held.port), timeout=60)
+        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 15\r\n\r\n{\"input\": \"hi\"}")
+        wait_for(lambda: node.tasks() == 1, "the EmbedTask of the request to hang up", 120)
+        s.close()
+        wait_for(lambda: node.tasks(node.pb.METHOD_NODE_CANCEL) == 1, "its NodeCancel", 120)
+        wait_for(lambda: native_status(held)[0].requests_running == 0, "no call running", 120)
         for t in threads:
             t.start()
         # two calls on the node (its room), two waiting in the router
-        wait_for(lambda: node.tasks() == 2, "two EmbedTasks on the holding node", 120)
+        wait_for(lambda: node.tasks() == 3, "two more EmbedTasks on the holding node", 120)
 
         def counts():
             cs, mi = native_status(held)
@@ -405,7 +417,7 @@ def test_held_node_parks_and_queues(held):
         assert int(hdrs["Retry-After"]) >= 1
         assert "queue full" in json.loads(body)["error"]["message"]
         assert all(t.is_alive() for t in threads) and not results
-        assert node.tasks() == 2  # the waiting ones never reached the full node
+        assert node.tasks() == 3  # the waiting ones never reached the full node
     finally:
         node.close()  # the router takes it for down: its inputs and the queue go to decode-0
     for t in threads:
