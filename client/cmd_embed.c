@@ -175,7 +175,9 @@ static int embed_routed(const embed_opts_t *o, char **texts, size_t n_texts)
     tdm_client_embeddings_t out;
     int rc = tdm_client_embed(c, &req, o->timeout_s, &out);
     if (rc != TDM_OK) {
-        fprintf(stderr, "tandem embed: %s\n", tdm_client_errmsg(c));
+        const char *field = tdm_client_errfield(c);
+        fprintf(stderr, "tandem embed: %s%s%s%s\n", tdm_client_errmsg(c),
+                field[0] ? " (field: " : "", field, field[0] ? ")" : "");
         status = tdm_cli_exit_status(rc);
     } else {
         for (size_t i = 0; i < out.n; i++)

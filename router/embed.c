@@ -5,11 +5,17 @@
  * tokens outstanding from this router; when the model has no prefill node up (and not
  * suspect), a decode node the same way (docs/architecture.md "Embeddings"). A node computes the
  * input like a prefill, in the same forward passes as its other work, and keeps no KV. At most
- * RT_EMBED_WINDOW inputs of one call are on the nodes at a time. An input whose node fails it
- * retryably, or goes down, is sent again (another node when there is one) up to
- * RT_EMBED_TRIES times; then, or on any other failure, the whole call fails with the node's
- * reason. The calls live here, apart from GENERATE's request table: they hold no KV on the
- * router's books and stream nothing.
+ * RT_EMBED_WINDOW inputs of one call are on the nodes at a time, and at most max_running
+ * (the node's running batch, from its registration) embedding inputs on one node: the rest wait
+ * in the router, the calls served first come first (each one's window in turn), so a flood of
+ * inputs waits here instead of filling the nodes' worker queues. A call none of whose inputs is
+ * on a node counts as queued, one with any as running (rt_embed_count: the router's
+ * requests_queued / requests_running, next to GENERATE's); a new call that would wait while
+ * router.max_queue requests already wait is refused RESOURCE_EXHAUSTED "queue full", as a
+ * generate request is. An input whose node fails it retryably, or goes down, is sent again
+ * (another node when there is one) up to RT_EMBED_TRIES times; then, or on any other failure,
+ * the whole call fails with the node's reason. The calls live here, apart from GENERATE's
+ * request table: they hold no KV on the router's books and stream nothing.
  */
 #include "embed.h"
 
@@ -37,6 +43,7 @@ typedef struct rt_embed_item {
     rt_node_t *node;     /* where attempt_id runs */
     uint32_t tries;
     bool done;
+    bool resend;                 /* its attempt failed and it waits for a node with room */
     rt_index_entry_t by_attempt; /* in the table's index while attempt_id != 0 */
 } rt_embed_item_t;
 
@@ -52,6 +59,7 @@ struct rt_embed_call {
     double t_arrival;
     rt_embed_item_t *items; /* [n_items] */
     uint32_t n_items, n_done, n_inflight, next;
+    uint32_t n_resend; /* items with resend set */
     uint32_t n_embd;
     float *vecs; /* [n_items][n_embd] */
     uint64_t prompt_tokens;
@@ -62,7 +70,11 @@ struct rt_embeds {
     tdm_list_t calls;
     rt_index_t by_attempt; /* items by attempt id */
     size_t n_calls;
+    bool pumping; /* in pump_all (a call it ends must not start another pass) */
 };
+
+/* What item_send did. */
+typedef enum { SEND_OK, SEND_NO_ROOM, SEND_NO_NODE } send_result_t;
 
 int tdm_router_embed_check(const int32_t *ids, size_t n, uint32_t n_vocab, uint32_t n_ctx,
                            const char *what, tdm_error_t *err)
@@ -123,6 +135,7 @@ static void item_unsend(tdm_router_t *r, rt_embed_item_t *it, bool cancel)
     rt_index_remove(&r->embeds->by_attempt, &it->by_attempt);
     rt_node_t *n = it->node;
     n->embed_tokens -= n->embed_tokens >= it->n ? it->n : n->embed_tokens;
+    n->embed_inputs -= n->embed_inputs > 0;
     if (cancel && n->up) {
         Tandem__V1__NodeCancel c = TANDEM__V1__NODE_CANCEL__INIT;
         c.request_id = it->call->id;
@@ -220,15 +233,26 @@ static void call_complete(tdm_router_t *r, rt_embed_call_t *c)
 
 /* ---- dispatch ---- */
 
-/* The node of model m with role for an input: up, not suspect, fewest embedding tokens
- * outstanding; avoid only when no other node qualifies. NULL when none. */
+/* Embedding inputs node n takes from this router at once: its running batch. */
+static uint32_t node_room(const rt_node_t *n)
+{
+    uint32_t cap = n->max_running ? n->max_running : 1;
+    return n->embed_inputs < cap ? cap - n->embed_inputs : 0;
+}
+
+/* The node of model m with role for an input: up, not suspect, with room, fewest embedding
+ * tokens outstanding; avoid only when no other node qualifies. NULL when none; *up set when a
+ * node of the role is up (not suspect), with room or not. */
 static rt_node_t *pick_role(tdm_router_t *r, const rt_model_t *m, tdm_node_role_t role,
-                            const rt_node_t *avoid)
+                            const rt_node_t *avoid, bool *up)
 {
     rt_node_t *best = NULL;
     for (size_t i = 0; i < r->n_nodes; i++) {
         rt_node_t *n = &r->nodes[i];
         if (n->model != m || !n->up || n->suspect || n->cfg->role != role)
+            continue;
+        *up = true;
+        if (!node_room(n))
             continue;
         if (!best || (best == avoid && n != avoid) ||
             (n != avoid && n->embed_tokens < best->embed_tokens))
@@ -237,27 +261,39 @@ static rt_node_t *pick_role(tdm_router_t *r, const rt_model_t *m, tdm_node_role_
     return best;
 }
 
-/* Prefill nodes first; decode nodes when the model has no prefill node up. */
-static rt_node_t *pick_node(tdm_router_t *r, const rt_model_t *m, const rt_node_t *avoid)
+/* Prefill nodes first; decode nodes when the model has no prefill node up. NULL with *res
+ * SEND_NO_ROOM (the nodes up are full) or SEND_NO_NODE (none is up). */
+static rt_node_t *pick_node(tdm_router_t *r, const rt_model_t *m, const rt_node_t *avoid,
+                            send_result_t *res)
 {
-    rt_node_t *n = pick_role(r, m, TDM_NODE_ROLE_PREFILL, avoid);
-    return n ? n : pick_role(r, m, TDM_NODE_ROLE_DECODE, avoid);
+    bool prefill_up = false, decode_up = false;
+    rt_node_t *n = pick_role(r, m, TDM_NODE_ROLE_PREFILL, avoid, &prefill_up);
+    if (!n && !prefill_up)
+        n = pick_role(r, m, TDM_NODE_ROLE_DECODE, avoid, &decode_up);
+    *res = n ? SEND_OK : prefill_up || decode_up ? SEND_NO_ROOM : SEND_NO_NODE;
+    return n;
 }
 
-/* Sends item it as a new attempt on a node (not avoid, when another is up). false when no node
- * of the model is up. */
-static bool item_send(tdm_router_t *r, rt_embed_item_t *it, const rt_node_t *avoid)
+/* Sends item it as a new attempt on a node (not avoid, when another is up). SEND_NO_ROOM when
+ * the model's nodes up have no room, SEND_NO_NODE when none is up. */
+static send_result_t item_send(tdm_router_t *r, rt_embed_item_t *it, const rt_node_t *avoid)
 {
     rt_embed_call_t *c = it->call;
-    rt_node_t *n = pick_node(r, c->model, avoid);
+    send_result_t res;
+    rt_node_t *n = pick_node(r, c->model, avoid, &res);
     if (!n)
-        return false;
+        return res;
+    if (it->resend) {
+        it->resend = false;
+        c->n_resend--;
+    }
     it->attempt_id = rt_sched_next_attempt(r);
     it->node = n;
     it->tries++;
     rt_index_insert(&r->embeds->by_attempt, &it->by_attempt,
                     rt_index_hash(&it->attempt_id, sizeof it->attempt_id, 0));
     n->embed_tokens += it->n;
+    n->embed_inputs++;
     c->n_inflight++;
     Tandem__V1__SequenceSpec spec = TANDEM__V1__SEQUENCE_SPEC__INIT;
     spec.request_id = c->id;
@@ -269,27 +305,75 @@ static bool item_send(tdm_router_t *r, rt_embed_item_t *it, const rt_node_t *avo
     t.spec = &spec;
     t.pooling = c->pooling;
     rt_node_notify(r, n, TANDEM__V1__METHOD__METHOD_EMBED_TASK, &t.base);
-    return true;
+    return SEND_OK;
 }
 
 #define NO_NODE_FMT                                                                                \
     "no node of model '%s' is up to compute embeddings (prefill nodes serve them, decode nodes "   \
     "when the model has no prefill node)"
 
-/* Sends the call's next inputs while its window has room. false when c failed (and was freed)
- * because no node is up. */
+/* The call's next input to send: one waiting to be sent again first, else the next new one;
+ * NULL when none is left. */
+static rt_embed_item_t *next_item(rt_embed_call_t *c)
+{
+    for (uint32_t i = 0; c->n_resend && i < c->next; i++)
+        if (c->items[i].resend)
+            return &c->items[i];
+    return c->next < c->n_items ? &c->items[c->next] : NULL;
+}
+
+/* Sends the call's next inputs while its window and the nodes have room. false when c failed
+ * (and was freed) because no node is up. */
 static bool call_pump(tdm_router_t *r, rt_embed_call_t *c)
 {
-    while (c->n_inflight < RT_EMBED_WINDOW && c->next < c->n_items) {
-        if (!item_send(r, &c->items[c->next], NULL)) {
-            if (c->n_inflight > 0)
-                return true; /* the rest go when those answer */
+    rt_embed_item_t *it;
+    while (c->n_inflight < RT_EMBED_WINDOW && (it = next_item(c)) != NULL) {
+        bool fresh = it == &c->items[c->next];
+        send_result_t res = item_send(r, it, NULL);
+        if (res == SEND_NO_ROOM || (res == SEND_NO_NODE && c->n_inflight > 0))
+            return true; /* the rest go when a node has room again */
+        if (res == SEND_NO_NODE) {
             call_fail(r, c, TDM_EUNAVAILABLE, NO_NODE_FMT, c->model->cfg->name);
             return false;
         }
-        c->next++;
+        if (fresh)
+            c->next++;
     }
     return true;
+}
+
+/* Sends what the waiting calls can send, oldest first (after anything that may have made room:
+ * an answer, a failure, a call's end, a node up). */
+static void pump_all(tdm_router_t *r)
+{
+    struct rt_embeds *t = r->embeds;
+    if (t->pumping)
+        return;
+    t->pumping = true;
+    tdm_list_t *pos, *tmp;
+    TDM_LIST_FOR_EACH_SAFE(pos, tmp, &t->calls)
+    {
+        rt_embed_call_t *c = TDM_LIST_ENTRY(pos, rt_embed_call_t, link);
+        call_pump(r, c); /* false: c failed and was freed; the next is still linked */
+    }
+    t->pumping = false;
+}
+
+void rt_embed_count(const tdm_router_t *r, const rt_model_t *m, size_t *running, size_t *queued)
+{
+    *running = *queued = 0;
+    if (!r->embeds)
+        return;
+    for (tdm_list_t *e = tdm_list_first(&r->embeds->calls); e;
+         e = tdm_list_next(&r->embeds->calls, e)) {
+        const rt_embed_call_t *c = TDM_LIST_ENTRY(e, rt_embed_call_t, link);
+        if (m && c->model != m)
+            continue;
+        if (c->n_inflight > 0)
+            (*running)++;
+        else
+            (*queued)++;
+    }
 }
 
 /* Item it's attempt failed (status, why) on its node: again elsewhere while retryable and under
@@ -300,8 +384,14 @@ static void item_retry(tdm_router_t *r, rt_embed_item_t *it, bool retryable, int
     rt_embed_call_t *c = it->call;
     rt_node_t *was = it->node;
     item_unsend(r, it, false);
-    if (retryable && it->tries < RT_EMBED_TRIES && item_send(r, it, was))
+    send_result_t res = SEND_NO_NODE;
+    if (retryable && it->tries < RT_EMBED_TRIES && (res = item_send(r, it, was)) == SEND_OK)
         return;
+    if (res == SEND_NO_ROOM) { /* the nodes up are full: it waits for room (pump_all) */
+        it->resend = true;
+        c->n_resend++;
+        return;
+    }
     call_fail(r, c, status, "input[%u]: %s", it->index, why);
 }
 
@@ -347,8 +437,7 @@ void rt_embed_on_result(tdm_router_t *r, rt_node_t *n, const tdm_frame_t *f)
     c->prompt_tokens += it->n;
     if (c->n_done == c->n_items)
         call_complete(r, c);
-    else
-        call_pump(r, c);
+    pump_all(r); /* the node has room for one more */
 out_free:
     tandem__v1__embedding_result__free_unpacked(er, NULL);
 }
@@ -368,6 +457,7 @@ bool rt_embed_task_failed(tdm_router_t *r, rt_node_t *n, const Tandem__V1__TaskF
     snprintf(why, sizeof why, "%s node '%s' failed: %s", tdm_config_node_role_name(n->cfg->role),
              n->cfg->id, tf->message ? tf->message : "");
     item_retry(r, it, tf->retryable, status, why);
+    pump_all(r);
     return true;
 }
 
@@ -390,6 +480,7 @@ restart:
             }
         }
     }
+    pump_all(r);
 }
 
 void rt_embed_timers(tdm_router_t *r, uint64_t now_ms)
@@ -403,6 +494,7 @@ void rt_embed_timers(tdm_router_t *r, uint64_t now_ms)
                       "deadline passed while computing embeddings (%u of %u inputs done)",
                       c->n_done, c->n_items);
     }
+    pump_all(r); /* a node that came up, calls that ended */
 }
 
 void rt_embed_shutdown(tdm_router_t *r)
@@ -438,6 +530,7 @@ bool rt_embed_cancel(tdm_router_t *r, const tdm_frame_t *f)
             tdm_log_write(&r->log, TDM_LOG_DEBUG, c->id, NULL, "embedding call cancelled");
             count_end(r, c->model, TDM_ECANCELLED, 0);
             call_free(r, c);
+            pump_all(r);
             return true;
         }
     }
@@ -521,6 +614,24 @@ static int check_request(tdm_router_t *r, const Tandem__V1__EmbedRequest *q, rt_
     return TDM_OK;
 }
 
+/* Whether a new call of model m would wait (its nodes up are full) while router.max_queue
+ * requests, GENERATE's and EMBED's, already wait: then RESOURCE_EXHAUSTED "queue full" in *err
+ * (429 over HTTP, as a generate request's). */
+static bool queue_full(tdm_router_t *r, rt_model_t *m, tdm_error_t *err)
+{
+    size_t running, queued;
+    rt_embed_count(r, NULL, &running, &queued);
+    size_t waiting = r->n_queued + queued;
+    send_result_t room;
+    (void)pick_node(r, m, NULL, &room);
+    if (room != SEND_NO_ROOM || waiting < (size_t)r->cfg->router.max_queue)
+        return false;
+    r->metrics.queue_full++;
+    m->metrics.queue_full++;
+    tdm_error_set(err, TDM_ERESOURCE, "queue full (%zu requests waiting)", waiting);
+    return true;
+}
+
 /* A refused call: END with the status, the message and an ErrorDetail naming the field. */
 static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const tdm_error_t *err)
 {
@@ -584,14 +695,14 @@ void rt_embed(tdm_router_t *r, const tdm_frame_t *f)
         snprintf(c->id, sizeof c->id, "%s", q->request_id);
     else
         snprintf(c->id, sizeof c->id, "emb-%016" PRIx64, rt_sched_next_attempt(r));
-    if (take_inputs(c, q, &err) != TDM_OK)
+    if (take_inputs(c, q, &err) != TDM_OK || queue_full(r, model, &err))
         goto out_refuse;
     tandem__v1__embed_request__free_unpacked(q, NULL);
     tdm_list_push_back(&r->embeds->calls, &c->link);
     r->embeds->n_calls++;
     tdm_log_write(&r->log, TDM_LOG_DEBUG, c->id, NULL, "embedding call inputs=%u model=%s",
                   c->n_items, c->model->cfg->name);
-    call_pump(r, c);
+    pump_all(r); /* after the calls waiting before it */
     return;
 
 out_refuse:

@@ -13,7 +13,9 @@
 /* Inputs one EMBED call may carry (OpenAI's limit for one embeddings request). */
 #define RT_EMBED_MAX_INPUTS 2048u
 /* EmbedTasks of one call on the nodes at a time: the rest wait for these to answer, so one call
- * of many inputs does not fill a node's queue (its worker's max_waiting). */
+ * of many inputs does not hold every node's room. A node takes at most its max_running
+ * embedding inputs from a router at once (embed.c), so the calls together do not fill its
+ * worker's queue (max_waiting). */
 #define RT_EMBED_WINDOW 32u
 
 /* The check of one input's token ids against a model of n_vocab tokens and a context of n_ctx
@@ -46,10 +48,16 @@ bool rt_embed_task_failed(tdm_router_t *r, rt_node_t *n, const Tandem__V1__TaskF
 /* Node n is down: its embeddings go to another node (or their calls fail UNAVAILABLE). */
 void rt_embed_node_down(tdm_router_t *r, rt_node_t *n);
 
-/* Calls past their deadline end DEADLINE_EXCEEDED, NodeCancel to their nodes (the timers,
- * every TIMER_PERIOD_S). No call waits for a node: one whose inputs find none up fails at once
- * (UNAVAILABLE). */
+/* Calls past their deadline end DEADLINE_EXCEEDED, NodeCancel to their nodes, and the calls
+ * waiting for room are sent what now fits (a node that came up) (the timers, every
+ * TIMER_PERIOD_S). A call waits for room on the nodes up, never for a node to come up: one whose
+ * inputs find none up (and none of its own in flight) fails at once (UNAVAILABLE). */
 void rt_embed_timers(tdm_router_t *r, uint64_t now_ms);
+
+/* The EMBED calls of model m (NULL: every model) now: *running with an input on a node,
+ * *queued with none (waiting in the router for a node with room). Counted beside GENERATE's
+ * requests in requests_running / requests_queued (ModelInfo, ClusterStatus, the metrics). */
+void rt_embed_count(const tdm_router_t *r, const rt_model_t *m, size_t *running, size_t *queued);
 
 /* Router shutdown: every call ends UNAVAILABLE "router shutting down". */
 void rt_embed_shutdown(tdm_router_t *r);

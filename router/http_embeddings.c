@@ -7,9 +7,13 @@
  *
  * encoding_format "base64" is each vector's float32 values as little-endian bytes in standard
  * base64 (what OpenAI's API sends and its Python client decodes with numpy.frombuffer; x86 and
- * ARM hosts are little-endian, and the bytes are written as such). The call blocks this HTTP
- * thread while the nodes compute (like the unary endpoints), at most EMBED_TIMEOUT_S.
+ * ARM hosts are little-endian, and the bytes are written as such). The call waits for the
+ * router (its queue, the nodes) at most EMBED_TIMEOUT_S with the connection parked, as a
+ * generate call's (gw_call_take): no HTTP pool thread waits on a node.
  */
+#define _GNU_SOURCE /* POLLRDHUP */
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,6 +267,40 @@ static json_t *answer_json(const Tandem__V1__EmbedResponse *resp, const emb_body
                      "total_tokens", (json_int_t)resp->prompt_tokens);
 }
 
+/* A request's EMBED call (r->emb): owned by its gateway call (emb_free is its req_free), read
+ * by the HTTP side while it holds the call. */
+struct emb_call {
+    emb_body_t b;
+    Tandem__V1__EmbedRequest req; /* points into b and rid */
+    char rid[TDM_REQUEST_ID_MAX + 1];
+    gw_call_t *call;
+};
+
+static void emb_free(void *arg)
+{
+    struct emb_call *e = arg;
+    body_free(&e->b);
+    free(e);
+}
+
+static void park_conn(void *arg)
+{
+    MHD_suspend_connection(arg);
+}
+
+static void unpark_conn(void *arg)
+{
+    MHD_resume_connection(arg);
+}
+
+/* Whether the client's socket says it hung up (or failed); does not wait. */
+static bool client_gone(int fd)
+{
+    struct pollfd p = {fd, POLLRDHUP, 0};
+    return fd >= 0 && poll(&p, 1, 0) > 0 &&
+           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
 enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r)
 {
     enum MHD_Result ret;
@@ -276,34 +314,92 @@ enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_re
         json_decref(root);
         return ret;
     }
-    emb_body_t b = {0};
-    if (!take_fields(h, c, root, &b, &ret))
+    struct emb_call *e = calloc(1, sizeof *e);
+    if (!e) {
+        json_decref(root);
+        return REFUSE(c, TDM_ERESOURCE, NULL, NULL, "out of memory");
+    }
+    emb_body_t *b = &e->b;
+    if (!take_fields(h, c, root, b, &ret))
         goto out_free;
-    const tdm_http_vocab_t *voc = &h->vocabs[b.model_index];
+    const tdm_http_vocab_t *voc = &h->vocabs[b->model_index];
     if (!voc->tok) {
         ret = REFUSE(c, TDM_EUNAVAILABLE, NULL, NULL, "the router has no tokenizer");
         goto out_free;
     }
-    if (!take_input(c, voc, json_object_get(root, "input"), &b, &ret))
+    if (!take_input(c, voc, json_object_get(root, "input"), b, &ret))
         goto out_free;
-    Tandem__V1__EmbedRequest req = TANDEM__V1__EMBED_REQUEST__INIT;
-    req.request_id = r->rid;
-    req.model = b.served;
-    req.token_inputs = b.listp;
-    req.n_token_inputs = b.n;
-    req.pooling = b.pooling;
-    ProtobufCMessage *resp = NULL;
+    json_decref(root);
+    tandem__v1__embed_request__init(&e->req);
+    snprintf(e->rid, sizeof e->rid, "%s", r->rid);
+    e->req.request_id = e->rid;
+    e->req.model = b->served;
+    e->req.token_inputs = b->listp;
+    e->req.n_token_inputs = b->n;
+    e->req.pooling = b->pooling;
+    /* the call may wait long (the router's queue, the nodes): no idle timeout meanwhile */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     tdm_error_t err = {0};
-    int rc = gw_unary(h->gw, TANDEM__V1__METHOD__METHOD_EMBED, &req.base,
-                      &tandem__v1__embed_response__descriptor, EMBED_TIMEOUT_S, &resp, &err);
-    if (rc != TDM_OK) {
-        ret = REFUSE(c, rc, NULL, NULL, "%s", err.msg);
-        goto out_free;
-    }
-    ret = http_reply_json(c, 200, answer_json((Tandem__V1__EmbedResponse *)resp, &b));
-    protobuf_c_message_free_unpacked(resp, NULL);
+    e->call =
+        gw_unary_start(h->gw, TANDEM__V1__METHOD__METHOD_EMBED, &e->req.base,
+                       &tandem__v1__embed_response__descriptor, EMBED_TIMEOUT_S, emb_free, e, &err);
+    if (!e->call) /* e is freed */
+        return REFUSE(c, err.code, NULL, NULL, "%s", err.msg);
+    r->emb = e;
+    pthread_mutex_lock(&h->mu);
+    h->n_calls++; /* drained at shutdown like a generate call */
+    pthread_mutex_unlock(&h->mu);
+    return http_embeddings_resume(h, c, r);
 out_free:
-    body_free(&b);
+    emb_free(e);
     json_decref(root);
     return ret;
+}
+
+enum MHD_Result http_embeddings_resume(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r)
+{
+    struct emb_call *e = r->emb;
+    for (;;) {
+        gw_event_t *ev = NULL;
+        gw_parker_t pk = {park_conn, unpark_conn, c};
+        if (client_gone(r->fd) || gw_call_take(e->call, r->fd, &pk, &ev) != TDM_OK) {
+            tdm_log_write(&h->log, TDM_LOG_INFO, e->rid, NULL,
+                          "http client disconnected before the embeddings: call cancelled");
+            gw_call_cancel(e->call);
+            return MHD_NO;
+        }
+        if (!ev)
+            return MHD_YES; /* parked */
+        if (ev->kind != TANDEM__V1__FRAME_KIND__FRAME_KIND_END) {
+            gw_event_free(ev); /* a unary call has no stream */
+            continue;
+        }
+        enum MHD_Result ret;
+        if (ev->status != TDM_OK)
+            ret = REFUSE(c, ev->status, NULL, ev->detail.field[0] ? ev->detail.field : NULL, "%s",
+                         ev->message[0] ? ev->message : tdm_strerror(ev->status));
+        else if (!ev->resp)
+            ret = REFUSE(c, TDM_EINTERNAL, NULL, NULL, "the router's EMBED answer is missing");
+        else
+            ret = http_reply_json(c, 200,
+                                  answer_json((const Tandem__V1__EmbedResponse *)ev->resp, &e->b));
+        gw_event_free(ev);
+        return ret;
+    }
+}
+
+void http_embeddings_end(tdm_http_t *h, http_req_t *r, int toe)
+{
+    gw_call_t *call = r->emb->call; /* r->emb is freed with the call's last reference */
+    r->emb = NULL;
+    if (!gw_call_ended(call)) {
+        tdm_log_write(&h->log, TDM_LOG_INFO, r->rid, NULL,
+                      "http request ended before its embeddings (termination %d): cancelled", toe);
+        gw_call_cancel(call);
+    }
+    gw_call_release(&call);
+    pthread_mutex_lock(&h->mu);
+    if (--h->n_calls == 0)
+        pthread_cond_broadcast(&h->idle);
+    pthread_mutex_unlock(&h->mu);
 }

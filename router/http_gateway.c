@@ -2,8 +2,9 @@
  * the client library (client/lib/client.c) connected to the router's inproc:// endpoint on
  * the router's own ZMQ context, and runs every HTTP request as one of its calls.
  *
- * HTTP threads start calls (gw_generate_start, gw_unary) and take their events: a unary call
- * waits for its end (gw_call_next), a generate call is taken without waiting (gw_call_take),
+ * HTTP threads start calls (gw_generate_start, gw_unary_start, gw_unary) and take their events:
+ * gw_unary waits for its end (gw_call_next), a generate call or one of gw_unary_start (EMBED) is
+ * taken without waiting (gw_call_take),
  * its connection parked (suspended in libmicrohttpd) while nothing is queued. The gateway
  * thread hands the calls to the client library, whose callbacks file each chunk and the end
  * under the call into that call's queue, wake a waiting thread through the call's eventfd and
@@ -857,14 +858,17 @@ void gw_call_release(gw_call_t **c_p)
         call_free(dead);
 }
 
-int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
-             const ProtobufCMessageDescriptor *resp_desc, double timeout_s, ProtobufCMessage **resp,
-             tdm_error_t *err)
+gw_call_t *gw_unary_start(gw_t *gw, int method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                          void (*req_free)(void *), void *req_owner, tdm_error_t *err)
 {
-    *resp = NULL;
     gw_call_t *c = calloc(1, sizeof *c);
-    if (!c)
-        return tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+    if (!c) {
+        if (req_free)
+            req_free(req_owner);
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
     c->gw = gw;
     c->efd = -1;
     c->watch_fd = -1;
@@ -872,7 +876,18 @@ int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
     c->req = req;
     c->resp_desc = resp_desc;
     c->timeout_s = timeout_s;
-    if (!(c = submit(gw, c, err)))
+    c->req_free = req_free;
+    c->req_owner = req_owner;
+    return submit(gw, c, err);
+}
+
+int gw_unary(gw_t *gw, int method, const ProtobufCMessage *req,
+             const ProtobufCMessageDescriptor *resp_desc, double timeout_s, ProtobufCMessage **resp,
+             tdm_error_t *err)
+{
+    *resp = NULL;
+    gw_call_t *c = gw_unary_start(gw, method, req, resp_desc, timeout_s, NULL, NULL, err);
+    if (!c)
         return err ? err->code : TDM_EUNAVAILABLE;
     int rc = TDM_OK;
     for (;;) {

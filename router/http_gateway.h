@@ -110,6 +110,17 @@ bool gw_call_failed(gw_call_t *c);
  * one. NULL-safe, nulls *c_p. */
 void gw_call_release(gw_call_t **c_p);
 
+/* Starts a unary call (EMBED: one that may wait long on the nodes) with req, read by the
+ * gateway thread when it starts the call: the call takes ownership of req_owner (req points
+ * into it; NULL req_free: the caller keeps it alive until the call is released) and frees it
+ * with req_free(req_owner) when the call is freed. Its events are taken as a generate call's
+ * (gw_call_take: the END, with the response in ev->resp when OK); timeout_s > 0 is its
+ * deadline. Returns a call holding one reference for the caller (gw_call_release), or NULL with
+ * *err set as gw_generate_start (req_owner freed already). Any thread. */
+gw_call_t *gw_unary_start(gw_t *gw, int method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, double timeout_s,
+                          void (*req_free)(void *), void *req_owner, tdm_error_t *err);
+
 /* A unary call (HEALTH, MODELS, STATUS, METRICS): runs it with req (only read while the call
  * runs), waits for its end and hands over the response in *resp (of type resp_desc; caller
  * frees with protobuf_c_message_free_unpacked). timeout_s > 0 is its deadline. Returns 0, or

@@ -567,6 +567,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     conn_phase(c, HTTP_ACC_BUSY);
+    if (r->emb) /* resumed: the embeddings' answer */
+        return http_embeddings_resume(h, c, r);
     if (r->call) /* resumed: the call's next events */
         return http_generate_resume(h, c, r);
     return http_route(h, c, r, url, method);
@@ -581,6 +583,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
         return;
     if (r->call)
         http_generate_end(h, r, (int)toe);
+    if (r->emb)
+        http_embeddings_end(h, r, (int)toe);
     if (r->streaming)
         dash_streams(h->dash, -1);
     const union MHD_ConnectionInfo *ci =

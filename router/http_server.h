@@ -81,6 +81,7 @@ typedef struct http_req {
     bool cancelled;         /* this side cancelled the call (client gone) */
     bool counted;           /* in h->n_requests */
     struct resp_call *resp; /* a /v1/responses request (http_responses.c), else NULL */
+    struct emb_call *emb;   /* a /v1/embeddings request's call (http_embeddings.c), else NULL */
     /* X-Request-Id of every reply: the client's own when valid, else the router's (the
      * generate call's id, or a new one made when a reply needs it) */
     char rid[TDM_REQUEST_ID_MAX + 1];
@@ -145,8 +146,17 @@ int http_node_model(tdm_http_t *h, const char *id, char *buf, size_t cap, tdm_er
 enum MHD_Result http_generate(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r,
                               oai_kind_t kind);
 
-/* POST /v1/embeddings (http_embeddings.c): r->body holds the whole body. */
+/* POST /v1/embeddings (http_embeddings.c): r->body holds the whole body. Starts the EMBED call
+ * (r->emb) and parks the connection until it ends: no HTTP thread waits on the nodes. */
 enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r);
+
+/* A parked /v1/embeddings request resumed (r->emb set): its answer once the call ended, else
+ * parked again. */
+enum MHD_Result http_embeddings_resume(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r);
+
+/* The request completed (toe: libmicrohttpd's termination code): the EMBED call cancelled
+ * when it has not ended (the client left), released; r->emb NULL. */
+void http_embeddings_end(tdm_http_t *h, http_req_t *r, int toe);
 
 /* Continues r's generate request when its parked connection is resumed: the calls' next
  * events (http_generate.c). */

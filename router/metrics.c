@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "embed.h"
 #include "metrics.h"
 #include "router_internal.h"
 #include "tandem/process.h"
@@ -275,6 +276,13 @@ static void hlabel(mb_t *b, Tandem__V1__MetricFamily *f, const char *name, const
 
 /* The requests of each model (by rt_model_t.index) now: queued ones wait, the others run
  * (reserving or running). */
+#define HELP_RUNNING                                                                               \
+    "Requests dispatched to nodes (reserving KV blocks or running; embedding requests with an "    \
+    "input on a node)."
+#define HELP_QUEUED                                                                                \
+    "Requests waiting in the router's queue for a node (embedding requests none of whose inputs "  \
+    "is on a node yet)."
+
 static void count_model_requests(const tdm_router_t *r, size_t *running, size_t *waiting)
 {
     for (tdm_list_t *e = tdm_list_first(&r->requests); e; e = tdm_list_next(&r->requests, e)) {
@@ -283,6 +291,12 @@ static void count_model_requests(const tdm_router_t *r, size_t *running, size_t 
             waiting[q->model->index]++;
         else
             running[q->model->index]++;
+    }
+    for (size_t i = 0; i < r->n_models; i++) { /* EMBED calls count as requests too */
+        size_t er, eq;
+        rt_embed_count(r, &r->models[i], &er, &eq);
+        running[i] += er;
+        waiting[i] += eq;
     }
 }
 
@@ -584,22 +598,17 @@ static void render_requests(mb_t *b, const tdm_router_t *r)
             "Token events dropped because their index had already been delivered.",
             m->duplicate_events);
     render_traffic(b, r);
+    size_t er, eq;
+    rt_embed_count(r, NULL, &er, &eq);
     if (!per_model(r)) {
-        gauge(b, "tandem_requests_running",
-              "Requests dispatched to nodes (reserving KV blocks or running).",
-              (uint64_t)(r->n_reqs - r->n_queued));
-        gauge(b, "tandem_requests_queued",
-              "Requests waiting in the router's queue for a decode node.", (uint64_t)r->n_queued);
+        gauge(b, "tandem_requests_running", HELP_RUNNING, (uint64_t)(r->n_reqs - r->n_queued + er));
+        gauge(b, "tandem_requests_queued", HELP_QUEUED, (uint64_t)(r->n_queued + eq));
         return;
     }
     size_t running[TDM_CONFIG_MAX_MODELS] = {0}, waiting[TDM_CONFIG_MAX_MODELS] = {0};
     count_model_requests(r, running, waiting);
-    Tandem__V1__MetricFamily *fr =
-        family(b, "tandem_requests_running", METRIC_GAUGE,
-               "Requests dispatched to nodes (reserving KV blocks or running).");
-    Tandem__V1__MetricFamily *fq =
-        family(b, "tandem_requests_queued", METRIC_GAUGE,
-               "Requests waiting in the router's queue for a decode node.");
+    Tandem__V1__MetricFamily *fr = family(b, "tandem_requests_running", METRIC_GAUGE, HELP_RUNNING);
+    Tandem__V1__MetricFamily *fq = family(b, "tandem_requests_queued", METRIC_GAUGE, HELP_QUEUED);
     for (size_t i = 0; i < r->n_models; i++) {
         Tandem__V1__MetricSample *s = sample(b, fr);
         label(b, s, "model_name", r->models[i].cfg->name);

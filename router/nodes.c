@@ -133,6 +133,7 @@ static void node_failed(tdm_router_t *r, rt_node_t *n, const char *reason)
     rt_sched_node_down(r, n, reason);
     rt_embed_node_down(r, n);
     n->embed_tokens = 0;
+    n->embed_inputs = 0;
 }
 
 /* ---- liveness ----

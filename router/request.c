@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "admit.h"
+#include "embed.h"
 #include "nodes.h"
 #include "request.h"
 #include "scheduler.h"
@@ -301,11 +302,13 @@ static void req_admit(tdm_router_t *r, rt_req_t *q)
     rt_dispatch_result_t res =
         rt_queue_has_model(r, q->model) ? RT_DISPATCH_WAIT : rt_dispatch(r, q, &err);
     if (res == RT_DISPATCH_WAIT) {
-        if (r->n_queued >= (size_t)r->cfg->router.max_queue) {
+        size_t emb_running, emb_queued; /* EMBED calls waiting count against the bound too */
+        rt_embed_count(r, NULL, &emb_running, &emb_queued);
+        if (r->n_queued + emb_queued >= (size_t)r->cfg->router.max_queue) {
             r->metrics.queue_full++;
             q->model->metrics.queue_full++;
             rt_req_fail(r, q, TDM_ERESOURCE, false, "queue full (%zu requests waiting)",
-                        r->n_queued);
+                        r->n_queued + emb_queued);
             return;
         }
         rt_queue_push(r, q, false);

@@ -477,6 +477,10 @@ static void model_info_fill(const tdm_router_t *r, const rt_model_t *m, Tandem__
         else
             info->requests_running++;
     }
+    size_t er, eq; /* EMBED calls count as requests too (embed.h) */
+    rt_embed_count(r, m, &er, &eq);
+    info->requests_running += (uint32_t)er;
+    info->requests_queued += (uint32_t)eq;
 }
 
 static void client_models(tdm_router_t *r, const tdm_frame_t *f)
@@ -582,8 +586,10 @@ static void client_status(tdm_router_t *r, const tdm_frame_t *f)
     cs.model = r->cfg->model.name ? r->cfg->model.name : (char *)"";
     cs.n_nodes = nn;
     cs.nodes = ptrs;
-    cs.requests_running = (uint32_t)(r->n_reqs - r->n_queued);
-    cs.requests_queued = (uint32_t)r->n_queued;
+    size_t er, eq;
+    rt_embed_count(r, NULL, &er, &eq);
+    cs.requests_running = (uint32_t)(r->n_reqs - r->n_queued + er);
+    cs.requests_queued = (uint32_t)(r->n_queued + eq);
     cs.requests_total = r->metrics.requests_total;
     cs.n_refused = n_ref;
     cs.refused = n_ref ? refp : NULL;

@@ -192,6 +192,7 @@ typedef struct rt_node {
     rt_orphan_t orphans[RT_ORPHANS_MAX];
     size_t n_orphans;
     uint64_t embed_tokens; /* tokens of EmbedTasks sent to it and not answered (embed.c) */
+    uint32_t embed_inputs; /* EmbedTasks sent to it and not answered: at most its max_running */
 } rt_node_t;
 
 typedef enum rt_state {

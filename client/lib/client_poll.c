@@ -355,7 +355,7 @@ static void dispatch(tdm_client_t *c, const tdm_frame_t *f, size_t router)
     if (f->status != TDM_OK) {
         if (f->status == TDM_EUNAVAILABLE && retry(c, call, f->message))
             return;
-        if (call->kind == CALL_GENERATE && f->body && f->body_len > 0)
+        if (f->body && f->body_len > 0) /* GENERATE's and EMBED's refusals name the field */
             error_detail_read(f, &call->result.error);
         tdm_client_call_end(c, call, f->status, "%s",
                             f->message[0] ? f->message : tdm_strerror(f->status));

@@ -72,6 +72,7 @@ static int unary_call(tdm_client_t *c, int method, const ProtobufCMessage *req,
                       ProtobufCMessage **resp)
 {
     tdm_error_clear(&c->err);
+    c->err_field[0] = '\0';
     *resp = NULL;
     if (c->depth > 0)
         return tdm_error_set(&c->err, TDM_EPRECONDITION,
@@ -93,7 +94,11 @@ static int unary_call(tdm_client_t *c, int method, const ProtobufCMessage *req,
         *resp = call->resp;
         call->resp = NULL;
     } else {
-        tdm_error_set(&c->err, rc, "%s: %s", tdm_net_method_name(method), call->result.message);
+        /* the field the router's ErrorDetail names (EMBED's refusals): tdm_client_errfield */
+        const char *field = call->result.error.field;
+        snprintf(c->err_field, sizeof c->err_field, "%s", field);
+        tdm_error_set_field(&c->err, rc, field[0] ? field : NULL, "%s: %s",
+                            tdm_net_method_name(method), call->result.message);
     }
     tdm_client_call_free(call);
     return rc;

@@ -9,13 +9,16 @@ import base64
 import json
 import math
 import os
+import re
+import socket
 import struct
 import subprocess
+import threading
 
 import pytest
 
-from conftest import http_cluster, openai_client
-from test_http import request
+from conftest import BINARIES, http_cluster, openai_client
+from test_http import request, wait_for
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "golden", "embed_golden.json")
 MIN_COSINE = 0.999
@@ -225,6 +228,12 @@ def test_native_api_refusal_names_field(cluster):
                         "1,2,999999999"], capture_output=True)
     assert r.returncode == 2, r
     assert b"token_inputs[0].ids[2]: token id 999999999 is outside the vocabulary" in r.stderr
+    # the client library reads the router's ErrorDetail for EMBED too: the CLI names the field
+    assert r.stderr.rstrip().endswith(b"(field: token_inputs[0].ids[2])"), r.stderr
+    r = subprocess.run([BINARIES["tandem"], "embed", "--router", cluster.client_ep,
+                        "--served-model", "no-such-model", "hello"], capture_output=True)
+    assert r.returncode != 0, r
+    assert b"no-such-model" in r.stderr and r.stderr.rstrip().endswith(b"(field: model)"), r.stderr
 
 
 GEMMA = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.environ["HOME"], ".cache"),
@@ -274,3 +283,149 @@ def test_two_models(two_models, oai, model):
         # the other model's vectors are its own: 576 wide, the first cluster's bits
         smol = embed(cl, "smol", "Hello world").data[0].embedding
         assert smol == embed(oai, model, "Hello world").data[0].embedding
+
+
+class HoldingPrefillNode:
+    """A prefill node of the cluster's config played over ZMTP by the test (test_trust.py's
+    FakeNode, registered with max_running inputs of room): it heartbeats from its own thread and
+    keeps every EmbedTask the router sends it unanswered, so those calls stay outstanding until
+    it leaves (close: the router then takes it for down and sends its inputs elsewhere)."""
+
+    def __init__(self, cluster, node_id, model, max_running):
+        from test_trust import FakeNode
+        from tandem_client import pb
+        self.pb = pb
+        self.node = FakeNode(cluster.node_ep, node_id.encode())
+        reg = pb.RegisterRequest(node_id=node_id, role=pb.NODE_ROLE_PREFILL, version="0.1.0",
+                                 model_fingerprint=model.fingerprint, kv_blocks_total=100000,
+                                 kv_endpoint="tcp://127.0.0.1:9", device="cpu",
+                                 max_running=max_running, max_batch_tokens=2048,
+                                 n_ctx=model.n_ctx, instance_id=self.node.instance)
+        for k in ("n_layers", "n_kv_heads", "head_dim"):
+            setattr(reg.kv_layout, k, getattr(model, k))
+        reg.kv_layout.block_size = model.kv_block_size
+        reg.kv_layout.dtype = model.kv_dtype
+        self.node.send(pb.FRAME_KIND_REQUEST, pb.METHOD_REGISTER, reg)
+        end = self.node.wait_end(pb.METHOD_REGISTER, 60)
+        assert end.status == 0, end
+        self.node_id = node_id
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            with self.lock:
+                self.node.heartbeat(self.node_id)
+                self.node.drain(0.05)
+            self.stop.wait(0.1)
+
+    def tasks(self, method=None):
+        with self.lock:
+            m = method or self.pb.METHOD_EMBED_TASK
+            return sum(1 for h in self.node.work if h.method == m)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join()
+        self.node.close()
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """A cluster of 2 HTTP threads and a queue of 2, whose prefill node is a HoldingPrefillNode
+    (started by the test) and whose decode node is real."""
+    from conftest import Cluster
+    from test_http import http_port
+    c = Cluster(str(tmp_path_factory.mktemp("embed_held")), n_prefill=1, n_decode=1,
+                default_keys=False, extra_router="  http_threads: 2\n  max_queue: 2\n")
+    c._spawn("router", [BINARIES["router"], "--config", c.config])
+    c._spawn("decode-0", [BINARIES["decode"], "--config", c.config, "--node-id", "decode-0"])
+    c.wait_up(["decode-0"], 90)
+    c.port = http_port(c)
+    yield c
+    codes = c.stop()
+    assert all(rc == 0 for rc in codes.values()), (codes, [c.tail(n) for n in codes])
+
+
+def native_status(cluster):
+    """(ClusterStatus, the first ModelInfo) from the native API."""
+    from tandem_client import pb
+    cl = cluster.client()
+    try:
+        st, msg, models = cl.unary(pb.METHOD_MODELS, pb.ModelsRequest(), pb.ModelsResponse)
+        assert st == "OK", (st, msg)
+        return cl.status(), models.models[0]
+    finally:
+        cl.close()
+
+
+def test_held_node_parks_and_queues(held):
+    """Six embedding requests, three times router.http_threads, while the only prefill node holds
+    what it gets (max_running 2; first a client that hangs up while parked: its call is
+    cancelled, NodeCancel to the node): two inputs go to it, the rest wait in the router (counted in
+    requests_running / requests_queued), /health, /v1/models and /metrics still answer while
+    all are outstanding, a request past router.max_queue is 429 with Retry-After; once the node
+    leaves, every request is answered by the decode node with the vectors it gives alone."""
+    texts = [f"embedding request number {i}" for i in range(6)]
+    st, _, body = request(held.port, "POST", "/v1/embeddings", {"input": texts}, timeout=300)
+    assert st == 200, body
+    want = [d["embedding"] for d in json.loads(body)["data"]]  # decode-0 alone
+    st, model = native_status(held)
+    node = HoldingPrefillNode(held, "prefill-0", model, max_running=2)
+    results = {}
+
+    def one(i):
+        results[i] = request(held.port, "POST", "/v1/embeddings", {"input": texts[i]},
+                             timeout=600)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    try:
+        held.wait_up(["prefill-0"], 60)
+        # a client that hangs up while its request is parked: the call is cancelled (the node
+        # is told to stop) and its room on the node is free again
+        s = socket.create_connection(("127.0.0.1", held.port), timeout=60)
+        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 15\r\n\r\n{\"input\": \"hi\"}")
+        wait_for(lambda: node.tasks() == 1, "the EmbedTask of the request to hang up", 120)
+        s.close()
+        wait_for(lambda: node.tasks(node.pb.METHOD_NODE_CANCEL) == 1, "its NodeCancel", 120)
+        wait_for(lambda: native_status(held)[0].requests_running == 0, "no call running", 120)
+        for t in threads:
+            t.start()
+        # two calls on the node (its room), two waiting in the router
+        wait_for(lambda: node.tasks() == 3, "two more EmbedTasks on the holding node", 120)
+
+        def counts():
+            cs, mi = native_status(held)
+            return (cs.requests_running, cs.requests_queued,
+                    mi.requests_running, mi.requests_queued) == (2, 2, 2, 2)
+        wait_for(counts, "2 running and 2 queued embedding requests", 120)
+        # more requests than HTTP threads are outstanding, and these still answer
+        assert request(held.port, "GET", "/health", timeout=120)[0] == 200
+        st, _, body = request(held.port, "GET", "/v1/models", timeout=120)
+        assert st == 200 and json.loads(body)["data"][0]["id"] == model.name
+        st, _, metrics = request(held.port, "GET", "/metrics", timeout=120)
+        assert st == 200
+        assert re.search(rb"^tandem_requests_running 2$", metrics, re.M), metrics
+        assert re.search(rb"^tandem_requests_queued 2$", metrics, re.M), metrics
+        # the queue (2) is full: the next one is refused at once, as a generate request is
+        st, hdrs, body = request(held.port, "POST", "/v1/embeddings", {"input": texts[4]},
+                                 timeout=120)
+        assert st == 429, body
+        assert int(hdrs["Retry-After"]) >= 1
+        assert "queue full" in json.loads(body)["error"]["message"]
+        assert all(t.is_alive() for t in threads) and not results
+        assert node.tasks() == 3  # the waiting ones never reached the full node
+    finally:
+        node.close()  # the router takes it for down: its inputs and the queue go to decode-0
+    for t in threads:
+        t.join(600)
+        assert not t.is_alive()
+    for i in range(4):
+        st, _, body = results[i]
+        assert st == 200, body
+        assert json.loads(body)["data"][0]["embedding"] == want[i]
+    cs, mi = native_status(held)
+    assert (cs.requests_running, cs.requests_queued) == (0, 0)

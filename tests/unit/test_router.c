@@ -15,6 +15,7 @@
 #include <xxhash.h>
 
 #include "admit.h"
+#include "embed.h"
 #include "heap.h"
 #include "index.h"
 #include "metrics.h"
@@ -4926,6 +4927,71 @@ static void test_embed_refusals_and_ends(void **state)
     env_free(e);
 }
 
+/* Expects call's END OK with n vectors. */
+static void expect_embeddings(env_t *e, uint64_t call, size_t n)
+{
+    tdm_frame_t f;
+    tdm_frame_init(&f);
+    assert_true(recv_on(e, e->client, &f, WAIT_MS));
+    assert_int_equal(f.call_id, call);
+    assert_int_equal(f.status, 0);
+    Tandem__V1__EmbedResponse *r =
+        (Tandem__V1__EmbedResponse *)tdm_frame_unpack(&f, &tandem__v1__embed_response__descriptor);
+    assert_non_null(r);
+    assert_int_equal(r->n_data, n);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+    tdm_frame_clear(&f);
+}
+
+/* A node takes at most its max_running embedding inputs: the rest wait in the router, oldest
+ * call first (counted as running / queued), a new call that would wait while router.max_queue
+ * requests wait is refused RESOURCE_EXHAUSTED "queue full", and each answer makes room for the
+ * next input. */
+static void test_embed_node_room_and_queue(void **state)
+{
+    (void)state;
+    env_t *e = env_new("  max_queue: 1\n");
+    reg_t g;
+    reg_default(e, &e->p0, &g);
+    g.m.max_running = 2;
+    char msg[512];
+    assert_int_equal(fake_register_with(e, &e->p0, &g, msg, sizeof msg), 0);
+    fake_register(e, &e->d0);
+    uint32_t n_embd = tdm_model_hparams(e->model)->n_embd;
+    uint64_t a = embed_call(e, "emb-a", 3, 0, 0);
+    Tandem__V1__EmbedTask *a0 = expect_embed_task(e, &e->p0);
+    Tandem__V1__EmbedTask *a1 = expect_embed_task(e, &e->p0);
+    expect_none(e, e->p0.s, 50); /* its third input waits: p0 is full */
+    uint64_t b = embed_call(e, "emb-b", 1, 0, 0);
+    expect_none(e, e->p0.s, 50);
+    expect_none(e, e->d0.s, 0); /* never the decode node while a prefill node is up */
+    size_t running, queued;
+    rt_embed_count(e->r, NULL, &running, &queued);
+    assert_int_equal(running, 1); /* a */
+    assert_int_equal(queued, 1);  /* b */
+    uint64_t c = embed_call(e, "emb-c", 1, 0, 0);
+    expect_end(e, c, TDM_ERESOURCE, "queue full (1 requests waiting)");
+    /* an answer makes room: a's third input first (the older call), then b's */
+    fake_embedding(&e->p0, a0, n_embd, 0.0f);
+    Tandem__V1__EmbedTask *a2 = expect_embed_task(e, &e->p0);
+    assert_string_equal(a2->spec->request_id, "emb-a");
+    assert_int_equal(a2->spec->n_prompt_tokens, 3);
+    fake_embedding(&e->p0, a1, n_embd, 1.0f);
+    Tandem__V1__EmbedTask *b0 = expect_embed_task(e, &e->p0);
+    assert_string_equal(b0->spec->request_id, "emb-b");
+    fake_embedding(&e->p0, a2, n_embd, 2.0f);
+    expect_embeddings(e, a, 3);
+    fake_embedding(&e->p0, b0, n_embd, 3.0f);
+    expect_embeddings(e, b, 1);
+    rt_embed_count(e->r, NULL, &running, &queued);
+    assert_int_equal(running + queued, 0);
+    assert_int_equal(tdm_router_metrics(e->r)->queue_full, 1);
+    Tandem__V1__EmbedTask *ts[] = {a0, a1, a2, b0};
+    for (size_t i = 0; i < 4; i++)
+        protobuf_c_message_free_unpacked(&ts[i]->base, NULL);
+    env_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -4963,6 +5029,7 @@ int main(void)
         cmocka_unit_test(test_task_failed),
         cmocka_unit_test(test_embed_dispatch_retry),
         cmocka_unit_test(test_embed_refusals_and_ends),
+        cmocka_unit_test(test_embed_node_room_and_queue),
         cmocka_unit_test(test_one_failure_one_retry),
         cmocka_unit_test(test_retry_budget_shared),
         cmocka_unit_test(test_reserve_timeout),

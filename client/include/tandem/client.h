@@ -134,8 +134,10 @@ void tdm_client_destroy(tdm_client_t **self_p);
 const char *tdm_client_errmsg(const tdm_client_t *c);
 
 /* The request field (a GenerateRequest path: "stop[1]", "max_tokens", ...) this library's own
- * check named when tdm_client_generate(_start) last refused a request; "" when none or when
- * the last start succeeded. Owned by the client. The router's refusals carry theirs in
+ * check named when tdm_client_generate(_start) last refused a request, or the field the
+ * router's ErrorDetail named when a blocking unary call (tdm_client_embed: "texts[2]",
+ * "token_inputs[0].ids[5]", "model") last failed; "" when none or when the last start or call
+ * succeeded. Owned by the client. The router's refusals of GENERATE carry theirs in
  * tdm_client_result_t.error. */
 const char *tdm_client_errfield(const tdm_client_t *c);
 
@@ -497,7 +499,9 @@ typedef struct tdm_client_embeddings {
 /* Asks the router for the embeddings of req's inputs into *out (previous contents ignored); on
  * success the caller frees it with tdm_client_embeddings_clear; on error *out holds nothing.
  * Errors as the unary calls above; a refused input is TDM_EINVALID with a message that starts
- * with the field ("texts[2]: ...", "token_inputs[0].ids[5]: ..."); TDM_EUNAVAILABLE when no node
+ * with the field ("texts[2]: ...", "token_inputs[0].ids[5]: ..."), and tdm_client_errfield(c)
+ * is that field (from the router's ErrorDetail; "model" for an unknown model, TDM_ENOTFOUND);
+ * TDM_ERESOURCE "queue full" when router.max_queue requests wait; TDM_EUNAVAILABLE when no node
  * of the model is up; TDM_EINTERNAL for a malformed answer. */
 int tdm_client_embed(tdm_client_t *c, const tdm_client_embed_req_t *req, double timeout_s,
                      tdm_client_embeddings_t *out);
