@@ -283,24 +283,6 @@ static void emb_free(void *arg)
     free(e);
 }
 
-static void park_conn(void *arg)
-{
-    MHD_suspend_connection(arg);
-}
-
-static void unpark_conn(void *arg)
-{
-    MHD_resume_connection(arg);
-}
-
-/* Whether the client's socket says it hung up (or failed); does not wait. */
-static bool client_gone(int fd)
-{
-    struct pollfd p = {fd, POLLRDHUP, 0};
-    return fd >= 0 && poll(&p, 1, 0) > 0 &&
-           (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
 enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r)
 {
     enum MHD_Result ret;
@@ -361,8 +343,8 @@ enum MHD_Result http_embeddings_resume(tdm_http_t *h, struct MHD_Connection *c, 
     struct emb_call *e = r->emb;
     for (;;) {
         gw_event_t *ev = NULL;
-        gw_parker_t pk = {park_conn, unpark_conn, c};
-        if (client_gone(r->fd) || gw_call_take(e->call, r->fd, &pk, &ev) != TDM_OK) {
+        gw_parker_t pk = http_parker(c);
+        if (http_client_gone(r->fd) || gw_call_take(e->call, r->fd, &pk, &ev) != TDM_OK) {
             tdm_log_write(&h->log, TDM_LOG_INFO, e->rid, NULL,
                           "http client disconnected before the embeddings: call cancelled");
             gw_call_cancel(e->call);

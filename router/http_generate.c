@@ -167,25 +167,6 @@ static void record(http_req_t *r, int status)
     dash_record(r->h->dash, status);
 }
 
-static void park_conn(void *arg)
-{
-    MHD_suspend_connection(arg);
-}
-
-static void unpark_conn(void *arg)
-{
-    MHD_resume_connection(arg);
-}
-
-/* Whether the client's socket says it hung up (or failed); does not wait. */
-static bool client_gone(int fd)
-{
-    if (fd < 0)
-        return false;
-    struct pollfd p = {fd, POLLRDHUP, 0};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
 /* Cancels every call of r that has not ended (CANCEL to the router). */
 static void calls_cancel(http_req_t *r)
 {
@@ -214,8 +195,8 @@ static int take_event(http_req_t *r, const char *when, gw_event_t **ev, bool *si
     int rc = TDM_ECANCELLED;
     *ev = NULL;
     bool failed = false;
-    if (!client_gone(r->fd)) {
-        gw_parker_t pk = {park_conn, unpark_conn, r->conn};
+    if (!http_client_gone(r->fd)) {
+        gw_parker_t pk = http_parker(r->conn);
         rc = sibling_failed && r->n_calls > 1
                  ? gw_call_take_watch(r->call, r->calls, r->n_calls, r->fd, &pk, ev, &failed)
                  : gw_call_take(r->call, r->fd, &pk, ev);

@@ -241,6 +241,30 @@ static const char *bearer_key(struct MHD_Connection *c)
 /* Checks the API key of a /v1 request with tdm_config_api_key_ok, the check the router makes
  * of native calls (the gateway's own calls carry the first configured key). Returns true when
  * the request may go on; otherwise a 401 has been queued and *ret is its result. */
+static void park_conn(void *arg)
+{
+    MHD_suspend_connection(arg);
+}
+
+static void unpark_conn(void *arg)
+{
+    MHD_resume_connection(arg);
+}
+
+gw_parker_t http_parker(struct MHD_Connection *c)
+{
+    gw_parker_t pk = {park_conn, unpark_conn, c};
+    return pk;
+}
+
+bool http_client_gone(int fd)
+{
+    if (fd < 0)
+        return false;
+    struct pollfd p = {fd, POLLRDHUP, 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
 bool http_check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret)
 {
     if (h->cfg->router.n_api_keys == 0)

@@ -115,6 +115,13 @@ enum MHD_Result http_reply_bad_http(struct MHD_Connection *c, unsigned http_stat
  * true, or false with a 401 queued and *ret its result. */
 bool http_check_key(tdm_http_t *h, struct MHD_Connection *c, enum MHD_Result *ret);
 
+/* The parker that suspends connection c while its call has no event (MHD_suspend_connection)
+ * and resumes it when one comes (gw_call_take). */
+gw_parker_t http_parker(struct MHD_Connection *c);
+
+/* Whether the client's socket fd says it hung up (or failed); does not wait. false for fd < 0. */
+bool http_client_gone(int fd);
+
 /* Whether a request may see the cluster's state: no key is needed (router.api_keys unset or
  * router.public_metrics), or it carries one that passes tdm_config_api_key_ok, as "Authorization:
  * Bearer KEY" or as the password of HTTP Basic. *missing (may be NULL) tells a request with no

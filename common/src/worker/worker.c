@@ -489,6 +489,86 @@ static int embed_buffers(tdm_worker_t *w)
     return TDM_OK;
 }
 
+/* What a new sequence holds from tdm_worker_add on (the step path never allocates). */
+typedef struct {
+    wseq_t tables;               /* the new sequence's block table(s) */
+    int32_t *tokens;             /* cap tokens */
+    tdm_prompt_logprob_t *plps;  /* prompt logprobs, or NULL */
+    double *acc;                 /* an embedding's pooling accumulator (n_embd), or NULL */
+} seq_alloc_t;
+
+static void seq_alloc_free(tdm_worker_t *w, seq_alloc_t *a)
+{
+    tdm_worker_kv_release(w, &a->tables);
+    free(a->tokens);
+    free(a->plps);
+    free(a->acc);
+}
+
+/* Allocates everything req's sequence of cap tokens will hold and checks that its peak KV fits
+ * the pool (check_fits). TDM_ERESOURCE with nothing held on failure. */
+static int seq_alloc(tdm_worker_t *w, const tdm_worker_req_t *req, uint32_t cap, bool plp,
+                     seq_alloc_t *a, tdm_error_t *err)
+{
+    memset(a, 0, sizeof *a);
+    a->tokens = malloc((size_t)cap * sizeof *a->tokens);
+    a->plps = plp ? plp_alloc(req->n_prompt, req->prompt_logprobs_top) : NULL;
+    a->acc = req->embed ? calloc(w->n_embd, sizeof *a->acc) : NULL;
+    bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
+                    : req->prefilled_groups
+                        ? tdm_kv_hseq_prepare(w->pool, req->prefilled_groups, cap) == TDM_OK
+                        : tdm_worker_kv_prepare(w, &a->tables, cap);
+    int rc;
+    if (!a->tokens || (plp && !a->plps) || (req->embed && !a->acc) || !prepared)
+        rc = tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for a sequence of %u tokens",
+                           cap);
+    else
+        rc = check_fits(w, req, cap, err);
+    if (rc != TDM_OK)
+        seq_alloc_free(w, a);
+    return rc;
+}
+
+/* Puts the new sequence (its allocations a, matcher, limits) in a free slot, waiting. */
+static void seq_install(tdm_worker_t *w, const tdm_worker_req_t *req, seq_alloc_t *a,
+                        tdm_grammar_matcher_t *matcher, uint32_t max_new, uint64_t plp_bytes)
+{
+    uint32_t slot = w->free_slots[--w->n_free];
+    wseq_t *s = &w->seqs[slot];
+    memset(s, 0, sizeof *s);
+    s->used = true;
+    s->id = req->seq_id;
+    uint32_t *bucket = bucket_of(w, s->id);
+    s->next = *bucket;
+    *bucket = slot;
+    s->user = req->user;
+    s->tokens = a->tokens;
+    s->cap = req->n_prompt + max_new;
+    memcpy(s->tokens, req->prompt, (size_t)req->n_prompt * sizeof *s->tokens);
+    if (req->n_output)
+        memcpy(s->tokens + req->n_prompt, req->output, (size_t)req->n_output * sizeof *s->tokens);
+    s->n_prompt = req->n_prompt;
+    s->n_tokens = req->n_prompt + req->n_output;
+    s->max_new = max_new;
+    if (!req->embed)
+        s->sp = *req->sampling;
+    s->embed = req->embed;
+    s->pooling = req->pooling;
+    s->emb_acc = a->acc;
+    s->kv = a->tables.kv;
+    s->hkv = a->tables.hkv;
+    s->matcher = matcher;
+    s->no_spec = req->no_speculation || req->embed;
+    s->spec_rate = SPEC_RATE_PRIOR;
+    s->plp = a->plps;
+    s->plp_top = a->plps ? req->prompt_logprobs_top : 0;
+    s->plp_bytes = plp_bytes;
+    w->plp_held += plp_bytes;
+    if (req->prefilled || req->prefilled_groups)
+        take_prefilled(w, s, req);
+    w->waiting[w->n_waiting++] = slot;
+}
+
 int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *err)
 {
     int rc = check_req(w, req, err);
@@ -499,79 +579,25 @@ int tdm_worker_add(tdm_worker_t *w, const tdm_worker_req_t *req, tdm_error_t *er
                              w->n_running, w->n_waiting);
     if (w->n_free == 0)
         return tdm_error_set(err, TDM_ERESOURCE, "worker full (%u sequences)", w->n_slots);
-    tdm_grammar_matcher_t *matcher = NULL;
-    if (req->grammar && (rc = matcher_open(w, req, &matcher, err)) != TDM_OK)
-        return rc;
+    if (req->embed && embed_buffers(w) != TDM_OK)
+        return tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for embedding buffers");
     uint32_t max_new = req->embed ? 0 : (uint32_t)req->sampling->max_tokens;
     if (max_new > w->o.n_ctx - req->n_prompt)
         max_new = w->o.n_ctx - req->n_prompt;
-    if (req->embed && embed_buffers(w) != TDM_OK)
-        return tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for embedding buffers");
-    uint32_t cap = req->n_prompt + max_new;
     bool plp =
         req->prompt_logprobs && !req->prefilled && !req->prefilled_groups && req->n_output == 0;
     uint64_t plp_bytes = plp ? tdm_worker_plp_bytes(req->n_prompt, req->prompt_logprobs_top) : 0;
-    if (plp && (rc = plp_admit(w, req, plp_bytes, err)) != TDM_OK) {
+    if (plp && (rc = plp_admit(w, req, plp_bytes, err)) != TDM_OK)
+        return rc;
+    tdm_grammar_matcher_t *matcher = NULL;
+    if (req->grammar && (rc = matcher_open(w, req, &matcher, err)) != TDM_OK)
+        return rc;
+    seq_alloc_t a;
+    if ((rc = seq_alloc(w, req, req->n_prompt + max_new, plp, &a, err)) != TDM_OK) {
         tdm_grammar_matcher_destroy(&matcher);
         return rc;
     }
-    /* Everything the sequence will ever hold, now: the step path never allocates. */
-    wseq_t tables; /* the new sequence's block table(s) */
-    memset(&tables, 0, sizeof tables);
-    int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
-    tdm_prompt_logprob_t *plps = plp ? plp_alloc(req->n_prompt, req->prompt_logprobs_top) : NULL;
-    double *acc = req->embed ? calloc(w->n_embd, sizeof *acc) : NULL;
-    bool prepared = req->prefilled ? tdm_kv_seq_prepare(w->pool, req->prefilled, cap) == TDM_OK
-                    : req->prefilled_groups
-                        ? tdm_kv_hseq_prepare(w->pool, req->prefilled_groups, cap) == TDM_OK
-                        : tdm_worker_kv_prepare(w, &tables, cap);
-    if (!tokens || (plp && !plps) || (req->embed && !acc) || !prepared)
-        rc = tdm_error_set(err, TDM_ERESOURCE, "worker: out of memory for a sequence of %u tokens",
-                           cap);
-    else
-        rc = check_fits(w, req, cap, err);
-    if (rc != TDM_OK) {
-        tdm_worker_kv_release(w, &tables);
-        free(tokens);
-        free(plps);
-        free(acc);
-        tdm_grammar_matcher_destroy(&matcher);
-        return rc;
-    }
-    uint32_t slot = w->free_slots[--w->n_free];
-    wseq_t *s = &w->seqs[slot];
-    memset(s, 0, sizeof *s);
-    s->used = true;
-    s->id = req->seq_id;
-    uint32_t *bucket = bucket_of(w, s->id);
-    s->next = *bucket;
-    *bucket = slot;
-    s->user = req->user;
-    s->tokens = tokens;
-    s->cap = cap;
-    memcpy(tokens, req->prompt, (size_t)req->n_prompt * sizeof *tokens);
-    if (req->n_output)
-        memcpy(tokens + req->n_prompt, req->output, (size_t)req->n_output * sizeof *tokens);
-    s->n_prompt = req->n_prompt;
-    s->n_tokens = req->n_prompt + req->n_output;
-    s->max_new = max_new;
-    if (!req->embed)
-        s->sp = *req->sampling;
-    s->embed = req->embed;
-    s->pooling = req->pooling;
-    s->emb_acc = acc;
-    s->kv = tables.kv;
-    s->hkv = tables.hkv;
-    s->matcher = matcher;
-    s->no_spec = req->no_speculation || req->embed;
-    s->spec_rate = SPEC_RATE_PRIOR;
-    s->plp = plps;
-    s->plp_top = plp ? req->prompt_logprobs_top : 0;
-    s->plp_bytes = plp_bytes;
-    w->plp_held += plp_bytes;
-    if (req->prefilled || req->prefilled_groups)
-        take_prefilled(w, s, req);
-    w->waiting[w->n_waiting++] = slot;
+    seq_install(w, req, &a, matcher, max_new, plp_bytes);
     return 0;
 }
 
