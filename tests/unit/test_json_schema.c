@@ -460,6 +460,19 @@ static void test_any_one_all_of(void **state)
  * name where it is first defined in the document among the merged schemas (a schema's
  * properties after its additionalProperties counted from there, a $ref's target where the $ref
  * stands). */
+/* if / then / else in allOf branches: `then` / `else` without `if` constrain nothing, and two
+ * conditionals both hold (neither side's replaces the other's) */
+static void test_all_of_conditionals(void **state)
+{
+    (void)state;
+    check_q("{'allOf':[{'if':{'exclusiveMaximum':0}},{'then':{'minimum':-10}},"
+            "{'else':{'multipleOf':2}}]}",
+            GOOD("-100", "3", "'x'"), NULL);
+    check_q("{'allOf':[{'if':{'minimum':5},'then':{'maximum':8}},"
+            "{'if':{'maximum':3},'then':{'const':1}}]}",
+            GOOD("1", "4", "5", "8"), BAD("2", "3", "0", "9", "'x'"));
+}
+
 static void test_merged_property_order(void **state)
 {
     (void)state;
@@ -1273,6 +1286,7 @@ int main(void)
         cmocka_unit_test(test_enum_const),
         cmocka_unit_test(test_enum_trie),
         cmocka_unit_test(test_any_one_all_of),
+        cmocka_unit_test(test_all_of_conditionals),
         cmocka_unit_test(test_merged_property_order),
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_ref_anchors),

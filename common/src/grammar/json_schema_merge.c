@@ -484,10 +484,48 @@ static bool tuple_clash(json_t *a, json_t *b)
     return a_tuple && !b_tuple && b_rest;
 }
 
+/* s (kept by c->keep when copied) without `then` / `else` when it has no `if` (they constrain
+ * nothing there), and, when other has an `if` too (two conditionals are not one), with its
+ * own `if` / `then` / `else` moved into an allOf entry, so both conditions hold. */
+static int own_conditional(js_ctx_t *c, json_t **s, const json_t *other)
+{
+    json_t *x = *s;
+    bool has_if = json_object_get(x, "if") != NULL, both = has_if && json_object_get(other, "if");
+    if (!both && (has_if || (!json_object_get(x, "then") && !json_object_get(x, "else"))))
+        return 0;
+    json_t *t = json_copy(x), *cond = json_object(), *all;
+    if (!t || !cond || json_array_append_new(c->keep, t) != 0) {
+        json_decref(cond);
+        return js_oom(c);
+    }
+    static const char *const keys[] = {"if", "then", "else"};
+    for (int i = 0; i < 3 && both; i++)
+        if (json_object_get(x, keys[i]))
+            json_object_set(cond, keys[i], json_object_get(x, keys[i]));
+    for (int i = 0; i < 3; i++)
+        json_object_del(t, keys[i]);
+    if (both) {
+        all = json_is_array(json_object_get(x, "allOf")) ? json_copy(json_object_get(x, "allOf"))
+                                                         : json_array();
+        if (!all || json_array_append(all, cond) != 0 ||
+            json_object_set_new(t, "allOf", all) != 0) {
+            json_decref(cond);
+            return js_oom(c);
+        }
+    }
+    json_decref(cond);
+    *s = t;
+    return 0;
+}
+
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
 {
     int rc = js_resolve_top(c, a, ptr, &a);
     rc = rc ? rc : js_resolve_top(c, b, ptr, &b);
+    if (rc == 0 && json_is_object(a) && json_is_object(b)) {
+        rc = own_conditional(c, &a, b);
+        rc = rc ? rc : own_conditional(c, &b, a);
+    }
     if (rc != 0)
         return rc;
     if (json_is_false(a) || json_is_false(b))
