@@ -460,14 +460,18 @@ static void test_any_one_all_of(void **state)
  * name where it is first defined in the document among the merged schemas (a schema's
  * properties after its additionalProperties counted from there, a $ref's target where the $ref
  * stands). */
-/* if / then / else in allOf branches: `then` / `else` without `if` constrain nothing, and two
- * conditionals both hold (neither side's replaces the other's) */
+/* allOf merges: enums with nothing in common allow no value; if / then / else in allOf
+ * branches: `then` / `else` without `if` constrain nothing, and two conditionals both hold
+ * (neither side's replaces the other's) */
 static void test_all_of_conditionals(void **state)
 {
     (void)state;
     check_q("{'allOf':[{'if':{'exclusiveMaximum':0}},{'then':{'minimum':-10}},"
             "{'else':{'multipleOf':2}}]}",
             GOOD("-100", "3", "'x'"), NULL);
+    /* enums with no value in common: that branch allows no value and is left out */
+    check_q("{'anyOf':[{'allOf':[{'enum':[1,2]},{'enum':[3]}]},{'type':'string'}]}", GOOD("'x'"),
+            BAD("1", "3"));
     check_q("{'allOf':[{'if':{'minimum':5},'then':{'maximum':8}},"
             "{'if':{'maximum':3},'then':{'const':1}}]}",
             GOOD("1", "4", "5", "8"), BAD("2", "3", "0", "9", "'x'"));

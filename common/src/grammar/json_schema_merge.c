@@ -179,6 +179,12 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         *out = merge_required(x, y);
     } else if (strcmp(key, "enum") == 0 && json_is_array(x) && json_is_array(y)) {
         *out = merge_enum(x, y);
+        if (*out && json_array_size(x) > 0 && json_array_size(y) > 0 &&
+            json_array_size(*out) == 0) {
+            json_decref(*out);
+            *out = NULL;
+            return js_fail_unsat(c, ptr, NULL, "allOf: the enums have no value in common");
+        }
     } else if (strcmp(key, "format") == 0 && (js_format_custom(x) || js_format_custom(y))) {
         *out = json_incref(js_format_custom(x) ? y : x); /* a custom format constrains nothing */
     } else if (strcmp(key, "not") == 0 && !json_equal(x, y) && (*out = merge_nots(x, y))) {
