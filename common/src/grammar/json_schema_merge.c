@@ -513,8 +513,12 @@ static int own_conditional(js_ctx_t *c, json_t **s, const json_t *other)
     if (both) {
         all = json_is_array(json_object_get(x, "allOf")) ? json_copy(json_object_get(x, "allOf"))
                                                          : json_array();
-        if (!all || json_array_append(all, cond) != 0 ||
-            json_object_set_new(t, "allOf", all) != 0) {
+        if (!all || json_array_append(all, cond) != 0) {
+            json_decref(all);
+            json_decref(cond);
+            return js_oom(c);
+        }
+        if (json_object_set_new(t, "allOf", all) != 0) { /* frees all */
             json_decref(cond);
             return js_oom(c);
         }
