@@ -7,7 +7,7 @@
 # Usage: sh grammar_check.sh BENCH_BINARY SOURCE_DIR SHARED_DIR WORK_DIR
 set -eu
 bench=$1 src=$2 shared=$3 work=$4
-# Measured at this commit: 516 of the 524 schemas compile and all 516 judge every instance
+# Measured at this commit: 517 of the 524 schemas compile and all 517 judge every instance
 # right (a miss of a valid instance that lists properties out of definition order, possible in
 # objects of five or more properties, would count as passing: docs/structured-output.md,
 # property order), so the floor is 1.0: the list of known exceptions is empty.

@@ -2,7 +2,8 @@
 """json_schema_random.py - a differential check of the schema compiler against the `jsonschema`
 package (the reference validator): seeded random schemas built from the keywords whose
 interplay is easy to get wrong (enum / const beside bounds and lengths, nested anyOf / oneOf /
-allOf / not, member counts with optional and additional properties, properties in any order),
+allOf / not, keywords no value of one type fits without `type`, member counts with optional
+and additional properties, properties in any order),
 each compiled with `tandem grammar check --schema`, and every instance of a fixed set (and, for
 objects, the members in shuffled orders) fed to the grammar when it compiles.
 
@@ -22,7 +23,7 @@ import tempfile
 
 import jsonschema
 
-VALUES = [None, 0, 1, 2, 3, -1, 1.5, "a", "", "ab", "abc", True, [], [1], [1, 2], {}]
+VALUES = [None, 0, 1, 2, 3, -1, 1.5, "a", "", "ab", "abc", True, [], [1], [1, 2], {}, {"a": 1}]
 
 
 def leaf(r):
@@ -31,7 +32,12 @@ def leaf(r):
                      {"type": "string", "maxLength": 1}, {"type": "null"},
                      {"maximum": 0}, {"enum": [1, 5, "a", "bb", [1], [1, 2]], "minimum": 2,
                                       "minLength": 2, "minItems": 2},
-                     {"minItems": 1}, {"type": "array", "items": {"type": "integer"}}])
+                     {"minItems": 1}, {"type": "array", "items": {"type": "integer"}},
+                     # no type, and no value of one type fits: the other types stay allowed
+                     {"minimum": 3, "maximum": 1}, {"minLength": 2, "maxLength": 1},
+                     {"properties": {"a": False}, "required": ["a"]},
+                     {"items": {"type": "string", "minLength": 2, "maxLength": 1}},
+                     {"additionalProperties": {"minimum": 3, "maximum": 1, "type": "number"}}])
 
 
 def combo(r, depth):

@@ -111,6 +111,16 @@ static void test_types(void **state)
     check("true", GOOD("[true]"), BAD("tru"));
     /* no type: every type, with the keywords of each */
     check("{\"minLength\":2}", GOOD("\"ab\"", "1", "null"), BAD("\"a\""));
+    /* a type no value of which fits is left out, the others stay */
+    check_q("{'allOf':[{'minimum':2},{'maximum':0}]}",
+            GOOD("true", "null", "'s'", "{'a':1}", "[1,2]"), BAD("0", "1", "2", "-1", "1.5"));
+    check_q("{'type':['integer','string'],'minimum':2,'maximum':0}", GOOD("'x'"), BAD("1"));
+    check_q("{'type':['string','array'],'minLength':3,'maxLength':1,'minItems':1}", GOOD("[1]"),
+            BAD("'abc'", "''", "[]"));
+    refused("{\"type\":[\"integer\",\"string\"],\"minimum\":2,\"maximum\":0,\"pattern\":\"a^\"}",
+            "/minimum: no integer within the bounds");
+    refused("{\"type\":\"integer\",\"allOf\":[{\"minimum\":2},{\"maximum\":0}]}",
+            "/allOf/minimum: no integer within the bounds");
 }
 
 static void test_whitespace(void **state)
@@ -194,11 +204,26 @@ static void test_additional_properties(void **state)
     refused("{\"type\":\"object\",\"maxProperties\":5000}",
             "/maxProperties: not supported: counting 5000 members over 0 properties needs over "
             "4096 rules");
-    /* an optional property no value fits is left out (a required one is refused) */
+    /* an optional property no value fits is left out; a required one leaves no object, and
+     * without `type` the other types are still allowed (required and properties apply to
+     * objects only) */
     check("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]},\"b\":{}}}",
           GOOD("{\"b\":1}", "{}"), BAD("{\"a\":\"x\"}", "{\"a\":{}}"));
-    refused("{\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]}},\"required\":[\"a\"]}",
+    check_q("{'properties':{'a':{'type':'object','enum':['x']}},'required':['a']}",
+            GOOD("1", "'s'", "[]", "null", "true"), BAD("{}", "{'a':'x'}", "{'a':{}}"));
+    refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"object\",\"enum\":[\"x\"]}},"
+            "\"required\":[\"a\"]}",
             "/properties/a/enum: no value allowed (type, enum and const)");
+    check_q("{'properties':{'a':false},'required':['a']}", GOOD("[1]", "2"), BAD("{}", "{'a':1}"));
+    refused("{\"type\":\"object\",\"properties\":{\"a\":false},\"required\":[\"a\"]}",
+            "/properties/a: required but the schema false allows no value");
+    /* additionalProperties no value fits: as false */
+    check_q("{'type':'object','properties':{'a':{}},'additionalProperties':{'type':'string',"
+            "'minLength':2,'maxLength':1}}",
+            GOOD("{}", "{'a':1}"), BAD("{'b':'x'}", "{'a':1,'b':1}"));
+    check_q("{'type':'object','patternProperties':{'^x':{'type':'integer'}},"
+            "'additionalProperties':{'type':'string','minLength':2,'maxLength':1}}",
+            GOOD("{}", "{'x1':1}"), BAD("{'y':'ab'}", "{'x1':'a'}"));
 }
 
 /* patternProperties: beside additionalProperties false with one schema for every pattern, the
@@ -246,8 +271,11 @@ static void test_pattern_properties(void **state)
     /* a pattern's schema false: keys matching it cannot appear */
     check_q("{'patternProperties':{'^_':false},'additionalProperties':{'type':'string'}}",
             GOOD("{'a':'x'}"), BAD("{'_a':'x'}", "{'a':1}"));
-    /* a required name that no pattern matches, beside additionalProperties false */
-    refused("{\"required\":[\"b\"],\"patternProperties\":{\"^a\":{}},"
+    /* a required name that no pattern matches, beside additionalProperties false: no object
+     * (the other types are still allowed) */
+    check_q("{'required':['b'],'patternProperties':{'^a':{}},'additionalProperties':false}",
+            GOOD("1", "'b'", "[]"), BAD("{}", "{'b':1}", "{'a':1}"));
+    refused("{\"type\":\"object\",\"required\":[\"b\"],\"patternProperties\":{\"^a\":{}},"
             "\"additionalProperties\":false}",
             "/required: 'b' is not in properties and additionalProperties is false");
     refused("{\"patternProperties\":{\"(?=a)\":{\"type\":\"string\"}}}",
@@ -274,6 +302,14 @@ static void test_arrays(void **state)
     check("{\"items\":[{\"type\":\"integer\"}],\"additionalItems\":false}", GOOD("[1]", "[]"),
           BAD("[1,2]"));
     check("{\"type\":\"array\",\"maxItems\":0}", GOOD("[]"), BAD("[1]"));
+    /* a position no item fits: the arrays end before it */
+    check_q("{'type':'array','prefixItems':[{'type':'integer'},{'type':'string','enum':[1]}]}",
+            GOOD("[]", "[1]"), BAD("[1,'x']", "[1,1]", "['x']"));
+    check_q("{'type':'array','prefixItems':[{}],'items':{'type':'string','minLength':2,"
+            "'maxLength':1}}",
+            GOOD("[]", "[1]"), BAD("[1,'x']", "[1,1]"));
+    refused("{\"type\":\"array\",\"prefixItems\":[{},false],\"minItems\":2}",
+            "/minItems: more items than the schema allows");
 }
 
 static void test_enum_const(void **state)
@@ -421,7 +457,26 @@ static void test_any_one_all_of(void **state)
 }
 
 /* Merged properties (allOf, $ref, anyOf / oneOf with siblings) come in document order: each
- * name where it is first defined in the document among the merged schemas. */
+ * name where it is first defined in the document among the merged schemas (a schema's
+ * properties after its additionalProperties counted from there, a $ref's target where the $ref
+ * stands). */
+/* allOf merges: enums with nothing in common allow no value; if / then / else in allOf
+ * branches: `then` / `else` without `if` constrain nothing, and two conditionals both hold
+ * (neither side's replaces the other's) */
+static void test_all_of_conditionals(void **state)
+{
+    (void)state;
+    check_q("{'allOf':[{'if':{'exclusiveMaximum':0}},{'then':{'minimum':-10}},"
+            "{'else':{'multipleOf':2}}]}",
+            GOOD("-100", "3", "'x'"), NULL);
+    /* enums with no value in common: that branch allows no value and is left out */
+    check_q("{'anyOf':[{'allOf':[{'enum':[1,2]},{'enum':[3]}]},{'type':'string'}]}", GOOD("'x'"),
+            BAD("1", "3"));
+    check_q("{'allOf':[{'if':{'minimum':5},'then':{'maximum':8}},"
+            "{'if':{'maximum':3},'then':{'const':1}}]}",
+            GOOD("1", "4", "5", "8"), BAD("2", "3", "0", "9", "'x'"));
+}
+
 static void test_merged_property_order(void **state)
 {
     (void)state;
@@ -451,6 +506,21 @@ static void test_merged_property_order(void **state)
     check_q("{'allOf':[{'properties':{'b':{},'a':{},'d':{}}},"
             "{'properties':{'c':{},'a':{'type':'integer'},'e':{}}}]}",
             GOOD("{'b':1,'a':2,'c':3}", "{'a':2,'c':3}"), BAD("{'b':1,'c':3,'a':2}", "{'a':'x'}"));
+    /* properties written after their additionalProperties count from there (llguidance
+     * 1.9.1 orders both of these so) */
+    const char *branches = "'anyOf':[{'properties':{'g':{'const':1},'r':{}},'required':['g']},"
+                           "{'properties':{'g':{'const':2}},'required':['g']}]";
+    const char *props = "'properties':{'c':{},'g':{},'p':{},'r':{},'s':{}}";
+    char s1[512], s2[512];
+    snprintf(s1, sizeof s1, "{'additionalProperties':false,%s,%s}", branches, props);
+    snprintf(s2, sizeof s2, "{%s,%s,'additionalProperties':false}", branches, props);
+    check_q(s1, GOOD("{'c':1,'g':1,'p':1,'r':1,'s':1}"),
+            BAD("{'g':1,'r':1,'c':1,'p':1,'s':1}", "{'c':1,'g':3}"));
+    check_q(s2, GOOD("{'g':1,'r':1,'c':1,'p':1,'s':1}"), BAD("{'c':1,'g':1,'p':1,'r':1,'s':1}"));
+    /* a $ref's target counts where the $ref stands, not where it is defined */
+    check_q("{'$defs':{'b':{'properties':{'a':{},'b':{}}}},'properties':{'c':{},'d':{},'e':{}},"
+            "'$ref':'#/$defs/b'}",
+            GOOD("{'c':1,'d':1,'e':1,'a':1,'b':1}"), BAD("{'a':1,'b':1,'c':1,'d':1,'e':1}"));
 }
 
 static void test_refs(void **state)
@@ -509,9 +579,12 @@ static void test_ref_anchors(void **state)
             "\"http://example.com/d\",\"$anchor\":\"x\"}}}",
             "/properties/a/$ref: '#x' not supported (an anchor in a document with embedded "
             "resources, $id)");
+    /* an item schema no value fits: only the empty array */
+    check_q("{'$defs':{'t':{'$anchor':'t','type':'string','enum':[1]}},'items':{'$ref':'#t'}}",
+            GOOD("[]", "1", "{}"), BAD("[1]", "['1']"));
     /* an error inside the target names the target's pointer */
     refused("{\"$defs\":{\"t\":{\"$anchor\":\"t\",\"type\":\"string\",\"enum\":[1]}},"
-            "\"items\":{\"$ref\":\"#t\"}}",
+            "\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#t\"}},\"required\":[\"a\"]}",
             "/$defs/t/enum: no value allowed (type, enum and const)");
 }
 
@@ -585,7 +658,9 @@ static void test_string_lengths_and_pattern(void **state)
             BAD("'abcdefg1'", "'Abcdefgh'", "'Abc defg1'", "'Ab1'"));
     check_q("{'type':'string','pattern':'^(?!admin$)[a-z]+$','maxLength':6}",
             GOOD("'admins'", "'bob'"), BAD("'admin'", "'toolong'", "'Bob'"));
-    refused("{\"pattern\":\"a^b\"}", "/pattern: no string matches (format, pattern, lengths, not)");
+    check_q("{'pattern':'a^b'}", GOOD("1", "null", "{}"), BAD("''", "'ab'", "'a^b'"));
+    refused("{\"type\":\"string\",\"pattern\":\"a^b\"}",
+            "/pattern: no string matches (format, pattern, lengths, not)");
     refused("{\"pattern\":\"(?<=a)b\"}", "/pattern: lookbehind not supported (at offset 2)");
     refused("{\"pattern\":\"(a)\\\\1\"}",
             "/pattern: escape not supported (backreference, \\p, \\B, ...) (at offset 5)");
@@ -632,7 +707,8 @@ static void test_formats(void **state)
     check_q("{'type':'integer','format':'int64'}", GOOD("12"), BAD("1.5"));
     check_q("{'allOf':[{'format':'date'},{'format':'x-custom'}]}", GOOD("'2024-01-01'"),
             BAD("'x'"));
-    refused("{\"format\":\"date\",\"maxLength\":9}",
+    check_q("{'format':'date','maxLength':9}", GOOD("1", "[]"), BAD("'2024-01-01'", "''"));
+    refused("{\"type\":[\"string\"],\"format\":\"date\",\"maxLength\":9}",
             "/maxLength: no string matches (format, pattern, lengths, not)");
 }
 
@@ -1214,6 +1290,7 @@ int main(void)
         cmocka_unit_test(test_enum_const),
         cmocka_unit_test(test_enum_trie),
         cmocka_unit_test(test_any_one_all_of),
+        cmocka_unit_test(test_all_of_conditionals),
         cmocka_unit_test(test_merged_property_order),
         cmocka_unit_test(test_refs),
         cmocka_unit_test(test_ref_anchors),

@@ -128,6 +128,42 @@ int js_oom(js_ctx_t *c)
     return tdm_error_set(c->err, TDM_ERESOURCE, "out of memory");
 }
 
+void js_mark_set(const js_ctx_t *c, js_mark_t *m)
+{
+    m->out_len = c->out->len;
+    m->n_refs = c->n_refs;
+    memcpy(m->prims, c->prim_done, sizeof m->prims);
+}
+
+void js_mark_undo(js_ctx_t *c, const js_mark_t *m)
+{
+    if (c->out->data && !c->out->oom) {
+        c->out->len = m->out_len;
+        c->out->data[m->out_len] = 0;
+    }
+    for (size_t i = m->n_refs; i < c->n_refs; i++)
+        free(c->refs[i].ref);
+    c->n_refs = m->n_refs;
+    memcpy(c->prim_done, m->prims, sizeof m->prims);
+    tdm_error_clear(c->err);
+    c->unsat = false;
+}
+
+int js_compile_or_none(js_ctx_t *c, json_t *s, const char *ptr, char *name, bool *none)
+{
+    js_mark_t m;
+    js_mark_set(c, &m);
+    *none = false;
+    int rc = js_compile(c, s, ptr, name);
+    if (rc == TDM_EINVALID && c->unsat) {
+        js_mark_undo(c, &m);
+        *none = true;
+        name[0] = 0;
+        return 0;
+    }
+    return rc;
+}
+
 void js_ptr_join(char *out, const char *ptr, const char *key)
 {
     size_t n = (size_t)snprintf(out, JS_PTR_MAX, "%s/", ptr);
@@ -559,6 +595,8 @@ int js_resolve_top(js_ctx_t *c, json_t *s, const char *ptr, json_t **out)
     int rc = !t ? TDM_EINVALID : 0;
     if (rc == 0)
         rc = js_resolve_top(c, t, ptr, &t);
+    if (rc == 0)
+        rc = js_merge_at_ref(c, s, &t);
     if (rc == 0 && !(rest = without(c, s, "$ref", NULL)))
         rc = js_oom(c);
     if (rc == 0)
@@ -1030,15 +1068,21 @@ static int compile_enum(js_ctx_t *c, json_t *s, const char *ptr, int types, char
     return rc;
 }
 
-/* One alternative per allowed type, each compiled with the keywords that apply to it. */
+/* One alternative per allowed type, each compiled with the keywords that apply to it. A type
+ * no value of which fits the keywords is left out (JSON Schema's keywords constrain only the
+ * values of their own type: `{"minimum": 2, "maximum": 0}` allows every non-number); none
+ * left: refused as allowing no value, with the first type's reason. */
 static int compile_types(js_ctx_t *c, json_t *s, const char *ptr, int types, char *name)
 {
     tdm_buf_t body = TDM_BUF_INIT;
     int rc = 0, n = 0;
-    char sub[JS_NAME_MAX];
+    char sub[JS_NAME_MAX], first[JS_NAME_MAX] = "";
+    tdm_error_t why = {0};
     for (int bit = 1; bit < T_ALL && rc == 0; bit <<= 1) {
         if (!(types & bit))
             continue;
+        js_mark_t m;
+        js_mark_set(c, &m);
         switch (bit) {
         case T_NULL: rc = js_prim(c, JS_PRIM_NULL, sub); break;
         case T_BOOLEAN: rc = js_prim(c, JS_PRIM_BOOLEAN, sub); break;
@@ -1048,10 +1092,25 @@ static int compile_types(js_ctx_t *c, json_t *s, const char *ptr, int types, cha
         case T_INTEGER: rc = js_integer(c, s, ptr, sub); break;
         default: rc = js_string(c, s, ptr, sub); break;
         }
+        if (rc == TDM_EINVALID && c->unsat) { /* no value of this type */
+            if (why.code == 0 && c->err)
+                why = *c->err;
+            why.code = TDM_EINVALID;
+            js_mark_undo(c, &m);
+            rc = 0;
+            continue;
+        }
+        if (n == 0)
+            snprintf(first, sizeof first, "%s", sub);
         tdm_buf_printf(&body, "%s%s", n++ ? " | " : "", sub);
     }
-    if (rc == 0 && n == 1) {
-        snprintf(name, JS_NAME_MAX, "%s", sub);
+    if (rc == 0 && n == 0) {
+        if (c->err)
+            *c->err = why;
+        c->unsat = true;
+        rc = TDM_EINVALID;
+    } else if (rc == 0 && n == 1) {
+        snprintf(name, JS_NAME_MAX, "%s", first);
     } else if (rc == 0) {
         js_new_name(c, name);
         rc = body.oom ? js_oom(c) : js_emit_rule(c, name, body.data);

@@ -90,6 +90,18 @@ int js_fail_unsat(js_ctx_t *c, const char *ptr, const char *key, const char *fmt
     __attribute__((format(printf, 4, 5)));
 /* Out of memory (also when b->oom). */
 int js_oom(js_ctx_t *c);
+/* A point of the compile to come back to: the grammar text, the memo entries and the
+ * primitives emitted so far. */
+typedef struct js_mark {
+    size_t out_len, n_refs;
+    bool prims[JS_PRIM_COUNT];
+} js_mark_t;
+void js_mark_set(const js_ctx_t *c, js_mark_t *m);
+/* Forgets what was compiled since m, and the refusal (error and c->unsat). */
+void js_mark_undo(js_ctx_t *c, const js_mark_t *m);
+/* js_compile, except that a schema allowing no value sets *none (what it compiled and the
+ * refusal forgotten) and returns 0 with name empty. */
+int js_compile_or_none(js_ctx_t *c, json_t *s, const char *ptr, char *name, bool *none);
 /* Follows a "#..." reference to its target in the document, or NULL (error set). */
 json_t *js_resolve_ref(js_ctx_t *c, const char *ref, const char *ptr);
 /* s with a top-level $ref replaced by its target merged with the sibling keywords (*out: s
@@ -174,6 +186,14 @@ int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out);
 /* Gives the properties object copy (kept alive by c->keep) the document positions of orig, the
  * object it was copied from, so merges order its names as orig's. Returns 0 or TDM_ERESOURCE. */
 int js_merge_alias(js_ctx_t *c, json_t *copy, json_t *orig);
+
+/* *t, the target of schema s's $ref, as if written where that $ref stands: a copy (owned by
+ * c->keep) whose properties take the $ref's document position, in their order, so the merge
+ * with the properties beside the $ref orders them as llguidance does. *t is left as it is
+ * when it or s has no properties, s is not in the document, or the target merges schemas of
+ * its own (anyOf, allOf, if, ...: those compare with the target's own positions). Returns 0
+ * or TDM_ERESOURCE. */
+int js_merge_at_ref(js_ctx_t *c, json_t *s, json_t **t);
 
 /* Frees what the merges kept besides c->keep (the property positions). Cannot fail. */
 void js_merge_free(js_ctx_t *c);

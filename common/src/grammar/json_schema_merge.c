@@ -9,8 +9,9 @@
  *
  * Merged properties come in document order (llguidance's rule): each name at the position of
  * its first definition in the document among the merged schemas, whichever side of the merge
- * it came from. Positions are counted once per compile, in a walk of the whole document
- * (jansson keeps members in the order of the text).
+ * it came from; a schema's properties written after its additionalProperties count as written
+ * where additionalProperties stands. Positions are counted once per compile, in a walk of the
+ * whole document (jansson keeps members in the order of the text).
  */
 #include <limits.h>
 #include <math.h>
@@ -178,6 +179,12 @@ static int merge_key(js_ctx_t *c, const char *key, json_t *x, json_t *y, const c
         *out = merge_required(x, y);
     } else if (strcmp(key, "enum") == 0 && json_is_array(x) && json_is_array(y)) {
         *out = merge_enum(x, y);
+        if (*out && json_array_size(x) > 0 && json_array_size(y) > 0 &&
+            json_array_size(*out) == 0) {
+            json_decref(*out);
+            *out = NULL;
+            return js_fail_unsat(c, ptr, NULL, "allOf: the enums have no value in common");
+        }
     } else if (strcmp(key, "format") == 0 && (js_format_custom(x) || js_format_custom(y))) {
         *out = json_incref(js_format_custom(x) ? y : x); /* a custom format constrains nothing */
     } else if (strcmp(key, "not") == 0 && !json_equal(x, y) && (*out = merge_nots(x, y))) {
@@ -245,21 +252,34 @@ static int merge_additional(js_ctx_t *c, json_t *a, json_t *b, json_t *out)
 
 /* ---- property order ---- */
 
+/* Positions advance by this much a node, so the names of a $ref's target fit between the
+ * $ref and the next node (ranks past it tie, and ties keep the merged object's order). */
+#define JS_POS_STEP ((json_int_t)1 << 16)
+
 /* The key of object o in c->prop_pos. */
 static void pos_key(const json_t *o, char key[32])
 {
     snprintf(key, 32, "%p", (const void *)o);
 }
 
+/* The key of the position of the $ref member of schema s in c->prop_pos. */
+static void ref_key(const json_t *s, char key[32])
+{
+    snprintf(key, 32, "r%p", (const void *)s);
+}
+
 /* Walks node (a "properties" object when props), recording for every properties object the
- * position of each name: the count of nodes visited before it. Returns 0 or -1 (out of
- * memory). Recursion is bounded by jansson's parse depth. */
+ * position of each name: the count of nodes visited before it. A schema whose
+ * additionalProperties comes before its properties has the properties walked there, as if
+ * written at that place (llguidance 1.9.1 orders them so: the object keywords are read where
+ * the first of the two stands). Returns 0 or -1 (out of memory). Recursion is bounded by
+ * jansson's parse depth. */
 static int index_node(json_t *pos, json_t *node, bool props, json_int_t *counter)
 {
     json_t *map = NULL, *v;
     const char *key;
     size_t i;
-    (*counter)++;
+    *counter += JS_POS_STEP;
     if (json_is_array(node)) {
         json_array_foreach(node, i, v)
         {
@@ -276,11 +296,29 @@ static int index_node(json_t *pos, json_t *node, bool props, json_int_t *counter
         if (!(map = json_object()) || json_object_set_new(pos, k, map) != 0)
             return -1;
     }
+    /* a schema's properties written after its additionalProperties count from there */
+    json_t *own = props ? NULL : json_object_get(node, "properties");
+    bool own_done = false;
     json_object_foreach(node, key, v)
     {
         if (map && json_object_set_new(map, key, json_integer(*counter)) != 0)
             return -1;
-        if (index_node(pos, v, !props && strcmp(key, "properties") == 0, counter) != 0)
+        bool is_own = own && strcmp(key, "properties") == 0;
+        if (!props && strcmp(key, "$ref") == 0 && json_is_string(v)) {
+            char k[32];
+            ref_key(node, k);
+            if (json_object_set_new(pos, k, json_integer(*counter)) != 0)
+                return -1;
+        }
+        if (is_own && own_done)
+            continue;
+        if (own && !own_done && strcmp(key, "additionalProperties") == 0) {
+            if (index_node(pos, own, true, counter) != 0)
+                return -1;
+            own_done = true;
+        }
+        own_done = own_done || is_own;
+        if (index_node(pos, v, is_own, counter) != 0)
             return -1;
     }
     return 0;
@@ -344,6 +382,45 @@ static int index_positions(js_ctx_t *c)
     c->prop_pos = json_object();
     if (!c->prop_pos || index_node(c->prop_pos, c->root, false, &counter) != 0)
         return js_oom(c);
+    return 0;
+}
+
+int js_merge_at_ref(js_ctx_t *c, json_t *s, json_t **t)
+{
+    static const char *const merging[] = {
+        "anyOf", "oneOf", "allOf", "$ref", "if", "not", "dependentSchemas", "dependencies", NULL};
+    json_t *props = json_object_get(*t, "properties"), *v;
+    if (!json_is_object(props) || json_object_size(props) == 0 ||
+        !json_is_object(json_object_get(s, "properties")))
+        return 0;
+    for (const char *const *k = merging; *k; k++)
+        if (json_object_get(*t, *k))
+            return 0; /* merges inside the target compare with its own positions */
+    if (index_positions(c) != 0)
+        return TDM_ERESOURCE;
+    char k[32];
+    ref_key(s, k);
+    json_t *at = json_object_get(c->prop_pos, k);
+    if (!json_is_integer(at))
+        return 0; /* a schema built by a merge: its target keeps its own positions */
+    json_t *copy = json_copy(*t), *pc = json_copy(props), *map = json_object();
+    bool ok = copy && pc && map && json_array_append(c->keep, copy) == 0;
+    const char *name;
+    json_int_t rank = 0;
+    json_object_foreach(pc, name, v)
+    {
+        json_int_t off = rank < JS_POS_STEP - 1 ? ++rank : JS_POS_STEP - 1;
+        ok = ok && json_object_set_new(map, name, json_integer(json_integer_value(at) + off)) == 0;
+    }
+    pos_key(pc, k);
+    ok = ok && json_object_set(copy, "properties", pc) == 0 &&
+         json_object_set(c->prop_pos, k, map) == 0;
+    json_decref(copy);
+    json_decref(pc);
+    json_decref(map);
+    if (!ok)
+        return js_oom(c);
+    *t = copy;
     return 0;
 }
 
@@ -413,10 +490,52 @@ static bool tuple_clash(json_t *a, json_t *b)
     return a_tuple && !b_tuple && b_rest;
 }
 
+/* s (kept by c->keep when copied) without `then` / `else` when it has no `if` (they constrain
+ * nothing there), and, when other has an `if` too (two conditionals are not one), with its
+ * own `if` / `then` / `else` moved into an allOf entry, so both conditions hold. */
+static int own_conditional(js_ctx_t *c, json_t **s, const json_t *other)
+{
+    json_t *x = *s;
+    bool has_if = json_object_get(x, "if") != NULL, both = has_if && json_object_get(other, "if");
+    if (!both && (has_if || (!json_object_get(x, "then") && !json_object_get(x, "else"))))
+        return 0;
+    json_t *t = json_copy(x), *cond = json_object(), *all;
+    if (!t || !cond || json_array_append_new(c->keep, t) != 0) {
+        json_decref(cond);
+        return js_oom(c);
+    }
+    static const char *const keys[] = {"if", "then", "else"};
+    for (int i = 0; i < 3 && both; i++)
+        if (json_object_get(x, keys[i]))
+            json_object_set(cond, keys[i], json_object_get(x, keys[i]));
+    for (int i = 0; i < 3; i++)
+        json_object_del(t, keys[i]);
+    if (both) {
+        all = json_is_array(json_object_get(x, "allOf")) ? json_copy(json_object_get(x, "allOf"))
+                                                         : json_array();
+        if (!all || json_array_append(all, cond) != 0) {
+            json_decref(all);
+            json_decref(cond);
+            return js_oom(c);
+        }
+        if (json_object_set_new(t, "allOf", all) != 0) { /* frees all */
+            json_decref(cond);
+            return js_oom(c);
+        }
+    }
+    json_decref(cond);
+    *s = t;
+    return 0;
+}
+
 int js_merge(js_ctx_t *c, json_t *a, json_t *b, const char *ptr, json_t **out)
 {
     int rc = js_resolve_top(c, a, ptr, &a);
     rc = rc ? rc : js_resolve_top(c, b, ptr, &b);
+    if (rc == 0 && json_is_object(a) && json_is_object(b)) {
+        rc = own_conditional(c, &a, b);
+        rc = rc ? rc : own_conditional(c, &b, a);
+    }
     if (rc != 0)
         return rc;
     if (json_is_false(a) || json_is_false(b))

@@ -381,46 +381,19 @@ int js_negate(js_ctx_t *c, json_t *s, const char *ptr, json_t *out)
 
 /* ---- unions of merged cases ---- */
 
-typedef struct mark {
-    size_t out_len, n_refs;
-    bool prims[JS_PRIM_COUNT];
-} mark_t;
-
-static void mark_set(const js_ctx_t *c, mark_t *m)
-{
-    m->out_len = c->out->len;
-    m->n_refs = c->n_refs;
-    memcpy(m->prims, c->prim_done, sizeof m->prims);
-}
-
-/* Forgets what was compiled since m and the refusal that said no value fits. */
-static void mark_undo(js_ctx_t *c, const mark_t *m)
-{
-    if (c->out->data && !c->out->oom) {
-        c->out->len = m->out_len;
-        c->out->data[m->out_len] = 0;
-    }
-    for (size_t i = m->n_refs; i < c->n_refs; i++)
-        free(c->refs[i].ref);
-    c->n_refs = m->n_refs;
-    memcpy(c->prim_done, m->prims, sizeof m->prims);
-    tdm_error_clear(c->err);
-    c->unsat = false;
-}
-
 /* acc merged with each schema of parts[n] (NULL entries skipped) into *out; 1 when the merge
  * allows no value (nothing kept), 0, or an error. */
 static int merge_all(js_ctx_t *c, json_t *acc, json_t *const *parts, size_t n, const char *ptr,
                      json_t **out)
 {
-    mark_t m;
-    mark_set(c, &m);
+    js_mark_t m;
+    js_mark_set(c, &m);
     for (size_t i = 0; i < n; i++) {
         if (!parts[i])
             continue;
         int rc = js_merge(c, acc, parts[i], ptr, &acc);
         if (rc == TDM_EINVALID && c->unsat) {
-            mark_undo(c, &m);
+            js_mark_undo(c, &m);
             return 1;
         }
         if (rc != 0)
@@ -432,12 +405,12 @@ static int merge_all(js_ctx_t *c, json_t *acc, json_t *const *parts, size_t n, c
 
 int js_union_add(js_ctx_t *c, json_t *s, const char *ptr, tdm_buf_t *body)
 {
-    mark_t m;
-    mark_set(c, &m);
+    js_mark_t m;
+    js_mark_set(c, &m);
     char sub[JS_NAME_MAX];
     int rc = js_compile(c, s, ptr, sub);
     if (rc == TDM_EINVALID && c->unsat) {
-        mark_undo(c, &m);
+        js_mark_undo(c, &m);
         return 0;
     }
     if (rc == 0)

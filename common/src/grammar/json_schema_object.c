@@ -94,20 +94,6 @@ static bool is_required(json_t *req, const char *key)
     return false;
 }
 
-/* Forgets the rules and memo entries added since (out_len, n_refs). */
-static void drop_since(js_ctx_t *c, size_t out_len, size_t n_refs)
-{
-    if (c->out->data && !c->out->oom) {
-        c->out->len = out_len;
-        c->out->data[out_len] = 0;
-    }
-    for (size_t i = n_refs; i < c->n_refs; i++)
-        free(c->refs[i].ref);
-    c->n_refs = n_refs;
-    tdm_error_clear(c->err);
-    c->unsat = false;
-}
-
 /* properties: the defined properties (compiled) and the excluded names. A property whose
  * schema allows no value is left out unless required. */
 static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, objspec_t *o,
@@ -125,7 +111,7 @@ static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, o
         bool required = is_required(req, key);
         if (json_is_false(sub)) {
             if (required)
-                return js_fail(c, pp, key, "required but the schema false allows no value");
+                return js_fail_unsat(c, pp, key, "required but the schema false allows no value");
             continue;
         }
         prop_t *p = &o->props[o->n++];
@@ -133,13 +119,11 @@ static int collect_props(js_ctx_t *c, json_t *s, const char *ptr, json_t *req, o
         p->required = required;
         char kp[JS_PTR_MAX];
         js_ptr_join(kp, pp, key);
-        size_t out_len = c->out->len, n_refs = c->n_refs;
-        bool prims[JS_PRIM_COUNT];
-        memcpy(prims, c->prim_done, sizeof prims);
+        js_mark_t m;
+        js_mark_set(c, &m);
         int rc = pc ? compile_named(c, pc, key, sub, kp, p->rule) : js_compile(c, sub, kp, p->rule);
         if (rc == TDM_EINVALID && c->unsat && !required) {
-            drop_since(c, out_len, n_refs); /* no value fits: the property cannot appear */
-            memcpy(c->prim_done, prims, sizeof prims);
+            js_mark_undo(c, &m); /* no value fits: the property cannot appear */
             o->n--;
             continue;
         }
@@ -573,9 +557,8 @@ static int compile_named(js_ctx_t *c, const pctx_t *p, const char *key, json_t *
 static int pattern_member(js_ctx_t *c, const pctx_t *p, objspec_t *o, uint32_t tag, tdm_buf_t *alts)
 {
     char value[JS_NAME_MAX], key[JS_NAME_MAX];
-    size_t out_len = c->out->len, n_refs = c->n_refs;
-    bool prims[JS_PRIM_COUNT];
-    memcpy(prims, c->prim_done, sizeof prims);
+    js_mark_t mark;
+    js_mark_set(c, &mark);
     int rc = 0;
     if (tag == 0) {
         snprintf(value, sizeof value, "%s", o->extra_value);
@@ -589,8 +572,7 @@ static int pattern_member(js_ctx_t *c, const pctx_t *p, objspec_t *o, uint32_t t
                 js_ptr_join(vp, p->ptr, p->pats[i]);
         rc = rc ? rc : js_compile(c, m, vp, value);
         if (rc == TDM_EINVALID && c->unsat) {
-            drop_since(c, out_len, n_refs);
-            memcpy(c->prim_done, prims, sizeof prims);
+            js_mark_undo(c, &mark);
             return 0;
         }
     }
@@ -634,7 +616,7 @@ static int pattern_members(js_ctx_t *c, const pctx_t *p, objspec_t *o, bool ap_f
     return rc;
 }
 
-/* additionalProperties: o->extras and the value rule. */
+/* additionalProperties: o->extras and the value rule (a schema no value fits: as false). */
 static int read_additional(js_ctx_t *c, json_t *s, const char *ptr, objspec_t *o)
 {
     json_t *ap = json_object_get(s, "additionalProperties");
@@ -645,7 +627,10 @@ static int read_additional(js_ctx_t *c, json_t *s, const char *ptr, objspec_t *o
         return js_prim(c, JS_PRIM_VALUE, o->extra_value);
     char p[JS_PTR_MAX];
     js_ptr_join(p, ptr, "additionalProperties");
-    return js_compile(c, ap, p, o->extra_value);
+    bool none;
+    int rc = js_compile_or_none(c, ap, p, o->extra_value, &none);
+    o->extras = !none;
+    return rc;
 }
 
 int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
@@ -682,7 +667,7 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     rc = rc ? rc : collect_props(c, s, ptr, req, &o, patterns ? &pc : NULL);
     rc = rc ? rc : collect_required_extras(c, s, ptr, req, &o, patterns ? &pc : NULL);
     if (rc == 0 && patterns)
-        rc = pattern_members(c, &pc, &o, json_is_false(ap));
+        rc = pattern_members(c, &pc, &o, !o.extras);
     else if (rc == 0 && o.extras)
         rc = extra_key(c, &o);
     if (rc == 0 && counted) {
@@ -758,11 +743,17 @@ static int read_items(js_ctx_t *c, json_t *s, const char *ptr, arrspec_t *a)
         return js_oom(c);
     char pp[JS_PTR_MAX], ip[JS_PTR_MAX];
     js_ptr_join(pp, ptr, pre_key);
+    bool none = false;
     for (size_t i = 0; i < a->k; i++) {
         js_ptr_index(ip, pp, i);
-        int rc = js_compile(c, json_array_get(pre, i), ip, a->prefix[i]);
+        int rc = js_compile_or_none(c, json_array_get(pre, i), ip, a->prefix[i], &none);
         if (rc != 0)
             return rc;
+        if (none) { /* no item fits here: the arrays end before it */
+            a->k = i;
+            a->rest = false;
+            return 0;
+        }
     }
     a->rest = !json_is_false(items);
     if (!a->rest)
@@ -770,7 +761,9 @@ static int read_items(js_ctx_t *c, json_t *s, const char *ptr, arrspec_t *a)
     if (!items || json_is_true(items))
         return js_prim(c, JS_PRIM_VALUE, a->item);
     js_ptr_join(ip, ptr, rest_key);
-    return js_compile(c, items, ip, a->item);
+    int rc = js_compile_or_none(c, items, ip, a->item, &none);
+    a->rest = !none; /* no item fits: none after the positional ones */
+    return rc;
 }
 
 /* The items after the positional ones, min..max of them (k: how many came before). */
@@ -844,7 +837,7 @@ int js_array(js_ctx_t *c, json_t *s, const char *ptr, char *name)
     if (rc == 0 && a.min > a.max)
         rc = js_fail_unsat(c, ptr, "minItems", "greater than maxItems");
     if (rc == 0 && !a.rest && a.min > a.k)
-        rc = js_fail(c, ptr, "minItems", "more items than the schema allows");
+        rc = js_fail_unsat(c, ptr, "minItems", "more items than the schema allows");
     tdm_buf_t b = TDM_BUF_INIT;
     size_t n_pos = a.k < a.max ? a.k : a.max, opened = 0;
     tdm_buf_printf(&b, "\"[\" %s", a.ws);
