@@ -796,18 +796,11 @@ static int start_threads(tdm_http_t *h, const char *ep, struct sockaddr_storage 
     return h->mhd ? TDM_OK : (err ? err->code : TDM_EUNAVAILABLE);
 }
 
-tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
-                         const tdm_http_vocab_t *vocabs, size_t n_vocabs, tdm_net_t *net,
-                         const tdm_logger_t *log, tdm_error_t *err)
+/* Each model's vocabulary (vocabs[i], borrowed; none past n_vocabs) and chat family: the
+ * template's reasoning and tool-call formats, or the config's parsers. */
+static void models_init(tdm_http_t *h, const tdm_config_t *cfg, const tdm_http_vocab_t *vocabs,
+                        size_t n_vocabs)
 {
-    tdm_http_t *h = calloc(1, sizeof *h);
-    if (!h) {
-        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
-        return NULL;
-    }
-    h->cfg = cfg;
-    h->net = net;
-    h->n_models = cfg->n_models;
     for (size_t i = 0; i < cfg->n_models; i++) {
         const tdm_model_config_t *mc = &cfg->models[i];
         tdm_http_vocab_t *v = &h->vocabs[i];
@@ -822,6 +815,21 @@ tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
         fam->plain_mode =
             oai_family_reasoning(&fam->family, v->pick ? v->pick->jinja : NULL, v->pick, NULL);
     }
+}
+
+tdm_http_t *tdm_http_new(const tdm_config_t *cfg, const char *router_endpoint,
+                         const tdm_http_vocab_t *vocabs, size_t n_vocabs, tdm_net_t *net,
+                         const tdm_logger_t *log, tdm_error_t *err)
+{
+    tdm_http_t *h = calloc(1, sizeof *h);
+    if (!h) {
+        tdm_error_set(err, TDM_ERESOURCE, "out of memory");
+        return NULL;
+    }
+    h->cfg = cfg;
+    h->net = net;
+    h->n_models = cfg->n_models;
+    models_init(h, cfg, vocabs, n_vocabs);
     if (log)
         h->log = *log;
     else

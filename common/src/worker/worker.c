@@ -491,10 +491,10 @@ static int embed_buffers(tdm_worker_t *w)
 
 /* What a new sequence holds from tdm_worker_add on (the step path never allocates). */
 typedef struct {
-    wseq_t tables;               /* the new sequence's block table(s) */
-    int32_t *tokens;             /* cap tokens */
-    tdm_prompt_logprob_t *plps;  /* prompt logprobs, or NULL */
-    double *acc;                 /* an embedding's pooling accumulator (n_embd), or NULL */
+    wseq_t tables;              /* the new sequence's block table(s) */
+    int32_t *tokens;            /* cap tokens */
+    tdm_prompt_logprob_t *plps; /* prompt logprobs, or NULL */
+    double *acc;                /* an embedding's pooling accumulator (n_embd), or NULL */
 } seq_alloc_t;
 
 static void seq_alloc_free(tdm_worker_t *w, seq_alloc_t *a)
