@@ -24,6 +24,7 @@ typedef struct dres {
     tdm_node_req_t base; /* base.att.attempt_id: the worker's id for it */
     bool local;          /* local prefill: the sequence is in the worker already */
     bool in_worker;      /* KV arrived (or local): the worker owns the sequence */
+    bool embed;          /* an EmbedTask: no reservation, so none to record as decided */
     tdm_kv_seq_t seq;    /* reserved blocks until the KV arrives */
     tdm_kv_hseq_t hseq;  /* the same over a pool with layer groups: one table per group, the
                             blocks of a KV transfer (tdm_kv_hseq_reserve_handover) */
@@ -100,6 +101,8 @@ static void drop(void *h, tdm_node_req_t *base)
     tdm_kv_hseq_release(d->rt->pool, &r->hseq);
     free(r->live);
     free(r->prompt);
+    if (r->embed)
+        return; /* no KV transfer ever comes for it: keep decided[] for reservations */
     decided_add(d, base->att.attempt_id);
     /* an early transfer still held for it (the reservation failed before it was decided) */
     tdm_kv_receiver_refuse(d->receiver, base->att.attempt_id, TDM_ENOTFOUND,
@@ -416,8 +419,10 @@ static bool on_frame(void *h, const tdm_frame_t *f)
     if (f->method == TANDEM__V1__METHOD__METHOD_EMBED_TASK) {
         /* a pool without prefill nodes: embeddings run here, batched with decode steps */
         dres_t *r = (dres_t *)tdm_node_embed_start(d->node, f);
-        if (r)
+        if (r) {
             r->in_worker = true; /* until its EMBEDDING or FAILED event */
+            r->embed = true;
+        }
         return true;
     }
     if (f->method != TANDEM__V1__METHOD__METHOD_DECODE_RESERVE)

@@ -219,9 +219,16 @@ static void call_complete(tdm_router_t *r, rt_embed_call_t *c)
                     .method = TANDEM__V1__METHOD__METHOD_EMBED,
                     .call_id = c->call_id,
                     .body = &resp.base};
-    if (tdm_sock_send(r->client, &m) != TDM_OK)
-        tdm_log_write(&r->log, TDM_LOG_DEBUG, c->id, NULL, "the embeddings were not sent: %s",
-                      tdm_sock_errmsg(r->client));
+    if (tdm_sock_send(r->client, &m) != TDM_OK) {
+        /* the client still gets an END: a small one */
+        char msg[300];
+        snprintf(msg, sizeof msg, "the embeddings could not be sent: %s",
+                 tdm_sock_errmsg(r->client));
+        free(rows);
+        free(rowp);
+        call_fail(r, c, TDM_EINTERNAL, "%s", msg);
+        return;
+    }
     count_end(r, c->model, TDM_OK, c->prompt_tokens);
     tdm_log_write(&r->log, TDM_LOG_DEBUG, c->id, NULL,
                   "embeddings done inputs=%u prompt_tokens=%" PRIu64 " seconds=%.4f", c->n_items,
@@ -555,7 +562,16 @@ static int take_inputs(rt_embed_call_t *c, const Tandem__V1__EmbedRequest *q, td
             if (!s[0])
                 return tdm_error_set_field(err, TDM_EINVALID, what,
                                            "%s: empty; an input is 1..%u tokens", what, m->n_ctx);
-            tdm_prompt_input_t in = {.text = s, .text_len = strlen(s)};
+            /* a token stands for at most max_token_bytes bytes: a longer text has more tokens
+             * than the context, refused before tokenizing it on the router's loop */
+            size_t len = strlen(s), max_len = (size_t)m->n_ctx * m->max_token_bytes - 1;
+            if (len > max_len)
+                return tdm_error_set_field(err, TDM_EINVALID, what,
+                                           "%s is %zu bytes, so more than %u tokens (a token of "
+                                           "this model stands for at most %u bytes); an input is "
+                                           "1..%u tokens",
+                                           what, len, m->n_ctx, m->max_token_bytes, m->n_ctx);
+            tdm_prompt_input_t in = {.text = s, .text_len = len};
             tdm_token_t *ids = NULL;
             size_t n = 0;
             int rc = tdm_prompt_encode(m->tok, NULL, &in, &ids, &n, NULL, err);
@@ -598,6 +614,16 @@ static int check_request(tdm_router_t *r, const Tandem__V1__EmbedRequest *q, rt_
         return tdm_error_set_field(err, TDM_EINVALID, q->n_texts ? "texts" : "token_inputs",
                                    "%s: %zu inputs; a call takes 1..%u",
                                    q->n_texts ? "texts" : "token_inputs", n, RT_EMBED_MAX_INPUTS);
+    /* the answer is one EmbedResponse frame: n vectors of n_embd floats (and a few bytes of
+     * framing each) must fit TDM_NET_MAX_BODY_BYTES */
+    uint32_t n_embd = tdm_model_hparams((*model)->model)->n_embd;
+    size_t max_n = (TDM_NET_MAX_BODY_BYTES - 4096u) / ((size_t)n_embd * 4u + 32u);
+    if (n > max_n)
+        return tdm_error_set_field(err, TDM_EINVALID, q->n_texts ? "texts" : "token_inputs",
+                                   "%s: %zu inputs; the answer of a call holds at most %zu vectors "
+                                   "of %u floats (%u bytes a frame)",
+                                   q->n_texts ? "texts" : "token_inputs", n, max_n, n_embd,
+                                   TDM_NET_MAX_BODY_BYTES);
     if (q->pooling != TANDEM__V1__POOLING__POOLING_LAST &&
         q->pooling != TANDEM__V1__POOLING__POOLING_MEAN)
         return tdm_error_set_field(err, TDM_EINVALID, "pooling",
@@ -653,6 +679,11 @@ static void reply_refused(tdm_router_t *r, const tdm_frame_t *f, const tdm_error
 void rt_embed(tdm_router_t *r, const tdm_frame_t *f)
 {
     tdm_error_t err = {0};
+    if (tdm_frame_expired(f, tdm_net_now_ms())) {
+        tdm_error_set(&err, TDM_EDEADLINE, "the request's deadline had passed when it arrived");
+        reply_refused(r, f, &err);
+        return;
+    }
     Tandem__V1__EmbedRequest *q =
         (Tandem__V1__EmbedRequest *)tdm_frame_unpack(f, &tandem__v1__embed_request__descriptor);
     if (!q) {

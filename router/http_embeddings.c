@@ -356,6 +356,9 @@ enum MHD_Result http_embeddings_resume(tdm_http_t *h, struct MHD_Connection *c, 
             gw_event_free(ev); /* a unary call has no stream */
             continue;
         }
+        /* the answer is ours to send: a client that stops reading times out */
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                                  (unsigned)h->cfg->router.http_connection_timeout_s);
         enum MHD_Result ret;
         if (ev->status != TDM_OK)
             ret = REFUSE(c, ev->status, NULL, ev->detail.field[0] ? ev->detail.field : NULL, "%s",

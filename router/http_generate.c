@@ -413,12 +413,21 @@ static bool generate_start(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
     return true;
 }
 
+/* The answer is ours to send from here on: the connection timeout parking had lifted
+ * (http_generate) is back, so a client that stops reading is dropped. */
+static void timeout_back(http_req_t *r, struct MHD_Connection *c)
+{
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                              (unsigned)r->h->cfg->router.http_connection_timeout_s);
+}
+
 /* Answers call `call` of r, which the router refused (its first event is an error END):
  * OpenAI's error with the param the END's ErrorDetail names (refusal_error). */
 static enum MHD_Result reply_refused(http_req_t *r, struct MHD_Connection *c, size_t call,
                                      const gw_event_t *ev)
 {
     tdm_error_t e = {0};
+    timeout_back(r, c);
     refusal_error(r, call, ev, &e);
     record(r, ev->status);
     const char *code =
@@ -437,6 +446,7 @@ static enum MHD_Result reply_whole(http_req_t *r, struct MHD_Connection *c, gw_e
 {
     gw_event_t *ev = r->whole;
     r->whole = NULL;
+    timeout_back(r, c);
     enum MHD_Result ret;
     if (end->kind == TANDEM__V1__FRAME_KIND__FRAME_KIND_END && end->status != TDM_OK) {
         ret = reply_refused(r, c, r->cur, end);
@@ -488,6 +498,7 @@ static enum MHD_Result reply_stream(tdm_http_t *h, http_req_t *r, struct MHD_Con
 static enum MHD_Result reply_gathered(http_req_t *r, struct MHD_Connection *c)
 {
     size_t n = oai_candidates(r->q);
+    timeout_back(r, c);
     const tdm_client_chunk_t *chs[OAI_MAX_PROMPTS * OAI_MAX_CHOICES];
     for (size_t i = 0; i < n; i++) {
         chs[i] = r->wholes[i] ? gw_event_chunk(r->wholes[i]) : NULL;

@@ -598,6 +598,22 @@ static void test_embed_in_batch_under_preemption(void **state)
         assert_true(fabs(norm - 1.0) < 1e-5);
         rig_close(&a);
     }
+    { /* an embedding takes no KV handed over, in a plain or a grouped form */
+        rig_t a;
+        rig_open(fx, &a, TDM_WORKER_MODE_DECODE, 64, 128, 8);
+        tdm_kv_hseq_t hs;
+        memset(&hs, 0, sizeof hs);
+        tdm_worker_req_t req = {.seq_id = 501,
+                                .prompt = emb_prompt[0],
+                                .n_prompt = emb_len[0],
+                                .embed = true,
+                                .prefilled_groups = &hs};
+        tdm_error_t err = {0};
+        assert_int_equal(tdm_worker_add(a.w, &req, &err), TDM_EINVALID);
+        assert_non_null(strstr(err.msg, "no prefilled KV"));
+        assert_false(tdm_worker_busy(a.w));
+        rig_close(&a);
+    }
     out_t ref[N_REQ] = {0};
     reference(fx, ref, false);
     /* together with the generating sequences: 9 blocks, 8 rows a step */

@@ -287,7 +287,8 @@ static int check_embed(const tdm_worker_t *w, const tdm_worker_req_t *req, tdm_e
     if (req->pooling != TDM_POOLING_LAST && req->pooling != TDM_POOLING_MEAN)
         return tdm_error_set(err, TDM_EINVALID, "pooling: %d is not last (0) or mean (1)",
                              (int)req->pooling);
-    if (req->prefilled || req->output || req->n_output || req->grammar || req->prompt_logprobs)
+    if (req->prefilled || req->prefilled_groups || req->output || req->n_output || req->grammar ||
+        req->prompt_logprobs)
         return tdm_error_set(err, TDM_EINVALID,
                              "embed: an embedding sequence takes no prefilled KV, output, "
                              "grammar or prompt_logprobs");
@@ -700,6 +701,9 @@ tdm_worker_event_t *tdm_worker_push_event(tdm_worker_t *w, tdm_worker_event_kind
     ev->n_prompt_logprobs = 0;
     ev->prompt_logprobs_bytes = 0;
     tdm_kv_seq_init(&ev->seq);
+    memset(&ev->hseq, 0, sizeof ev->hseq); /* a PREFILLED event's tables, copied and released */
+    ev->embedding = NULL;
+    ev->n_embd = 0;
     return ev;
 }
 
