@@ -338,6 +338,15 @@ out_free:
     return ret;
 }
 
+/* The OpenAI param of a field the router's EMBED refusal names: its token_inputs are this
+ * request's input; NULL for none. */
+static const char *http_param(const char *field)
+{
+    if (!field[0])
+        return NULL;
+    return strncmp(field, "token_inputs", 12) == 0 ? "input" : field;
+}
+
 enum MHD_Result http_embeddings_resume(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r)
 {
     struct emb_call *e = r->emb;
@@ -361,7 +370,7 @@ enum MHD_Result http_embeddings_resume(tdm_http_t *h, struct MHD_Connection *c, 
                                   (unsigned)h->cfg->router.http_connection_timeout_s);
         enum MHD_Result ret;
         if (ev->status != TDM_OK)
-            ret = REFUSE(c, ev->status, NULL, ev->detail.field[0] ? ev->detail.field : NULL, "%s",
+            ret = REFUSE(c, ev->status, NULL, http_param(ev->detail.field), "%s",
                          ev->message[0] ? ev->message : tdm_strerror(ev->status));
         else if (!ev->resp)
             ret = REFUSE(c, TDM_EINTERNAL, NULL, NULL, "the router's EMBED answer is missing");
