@@ -16,6 +16,7 @@
 
 #define NFA_MAX_STATES 60000u
 #define DFA_MAX_STATES 20000u
+_Static_assert(NFA_MAX_STATES <= 65536u, "sort_u32 sorts NFA state numbers as 16 bits");
 #define PROD_MAX_STATES (1u << 20) /* automaton states times counter values */
 #define EMIT_MAX_RULES 20000u      /* rules js_dfa_emit writes for one string */
 
@@ -412,9 +413,18 @@ typedef struct subset {
     size_t n_pool, cap_pool;
     uint32_t *off, *len;   /* [DFA_MAX_STATES] each state's list in pool */
     uint32_t ht[1u << 16]; /* hash of the lists: state + 1, 0 empty */
-    uint32_t (*pairs)[2];  /* (interval, NFA target) of one state's edges */
+    uint32_t (*pairs)[2];  /* (interval, NFA target [| EV_END]) events of one state's edges */
     size_t n_pairs, cap_pairs;
+    uint32_t *cnt;         /* [a->n] edges covering the interval the sweep is at, by target */
+    uint32_t *act, n_act;  /* [a->n] the targets with cnt > 0 (and some just dropped to 0) */
+    uint8_t *in_act;       /* [a->n] in act */
+    uint32_t (*sorted)[2]; /* scratch of sort_events */
+    size_t cap_sorted;
+    uint32_t *kpos; /* [intervals + 2] scratch of sort_events */
+    uint32_t *rtmp; /* [a->n] scratch of sort_u32 */
 } subset_t;
+
+#define EV_END 0x80000000u /* an event that ends an edge's cover */
 
 static int cmp_u32(const void *x, const void *y)
 {
@@ -422,10 +432,29 @@ static int cmp_u32(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
-static int cmp_pair(const void *x, const void *y)
+/* Sorts v[n] (NFA state numbers, under 2^16: NFA_MAX_STATES) ascending, tmp[n] scratch:
+ * insertion sort when short, else two passes of a byte radix sort. */
+static void sort_u32(uint32_t *v, uint32_t n, uint32_t *tmp)
 {
-    const uint32_t *a = x, *b = y;
-    return a[0] != b[0] ? (a[0] > b[0]) - (a[0] < b[0]) : (a[1] > b[1]) - (a[1] < b[1]);
+    if (n <= 32) {
+        for (uint32_t i = 1; i < n; i++) {
+            uint32_t x = v[i], j = i;
+            for (; j > 0 && v[j - 1] > x; j--)
+                v[j] = v[j - 1];
+            v[j] = x;
+        }
+        return;
+    }
+    for (int shift = 0; shift < 16; shift += 8) {
+        uint32_t pos[257] = {0};
+        for (uint32_t i = 0; i < n; i++)
+            pos[(v[i] >> shift & 0xffu) + 1]++;
+        for (int b = 0; b < 256; b++)
+            pos[b + 1] += pos[b];
+        for (uint32_t i = 0; i < n; i++)
+            tmp[pos[v[i] >> shift & 0xffu]++] = v[i];
+        memcpy(v, tmp, n * sizeof *v);
+    }
 }
 
 /* The epsilon closure of seeds[n] into out (seeds may be out), sorted; returns its size.
@@ -453,7 +482,7 @@ static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n, uint32_
             }
         }
     }
-    qsort(out, k, sizeof *out, cmp_u32);
+    sort_u32(out, k, ss->rtmp);
     return k;
 }
 
@@ -537,8 +566,37 @@ static int make_intervals(const nfa_t *a, js_dfa_t *d)
     return 0;
 }
 
-/* The (interval, target) pairs of DFA state st's character edges, sorted. */
-static int state_pairs(subset_t *ss, const js_dfa_t *d, uint32_t st)
+/* Sorts ss->pairs by interval (0 .. m - 1; a counting sort, the order within one interval
+ * kept). */
+static int sort_events(subset_t *ss, uint32_t m)
+{
+    if (ss->n_pairs > ss->cap_sorted) {
+        void *p = realloc(ss->sorted, ss->cap_pairs * sizeof *ss->sorted);
+        if (!p)
+            return TDM_ERESOURCE;
+        ss->sorted = p;
+        ss->cap_sorted = ss->cap_pairs;
+    }
+    memset(ss->kpos, 0, ((size_t)m + 1) * sizeof *ss->kpos);
+    for (size_t i = 0; i < ss->n_pairs; i++)
+        ss->kpos[ss->pairs[i][0] + 1]++;
+    for (uint32_t k = 0; k < m; k++)
+        ss->kpos[k + 1] += ss->kpos[k];
+    for (size_t i = 0; i < ss->n_pairs; i++) {
+        uint32_t at = ss->kpos[ss->pairs[i][0]]++;
+        ss->sorted[at][0] = ss->pairs[i][0];
+        ss->sorted[at][1] = ss->pairs[i][1];
+    }
+    uint32_t(*t)[2] = ss->pairs;
+    ss->pairs = ss->sorted, ss->sorted = t;
+    size_t c = ss->cap_pairs;
+    ss->cap_pairs = ss->cap_sorted, ss->cap_sorted = c;
+    return 0;
+}
+
+/* The events of DFA state st's character edges, sorted by interval: (k0, target) where an edge
+ * starts to cover the elementary intervals, (k1 + 1, target | EV_END) past its last one. */
+static int state_events(subset_t *ss, const js_dfa_t *d, uint32_t st)
 {
     const nfa_t *a = ss->a;
     ss->n_pairs = 0;
@@ -547,46 +605,71 @@ static int state_pairs(subset_t *ss, const js_dfa_t *d, uint32_t st)
         if (a->chr_to[x] < 0)
             continue;
         for (uint32_t r = a->set_off[x]; r < a->set_off[x] + a->set_n[x]; r++) {
-            uint32_t k0 = interval_of(d, a->rng[r][0]), k1 = interval_of(d, a->rng[r][1]);
-            for (uint32_t k = k0; k <= k1; k++) {
-                if (ss->n_pairs == ss->cap_pairs) {
-                    size_t nc = ss->cap_pairs ? ss->cap_pairs * 2 : 256;
-                    void *p = realloc(ss->pairs, nc * sizeof *ss->pairs);
-                    if (!p)
-                        return TDM_ERESOURCE;
-                    ss->pairs = p;
-                    ss->cap_pairs = nc;
-                }
-                ss->pairs[ss->n_pairs][0] = k;
-                ss->pairs[ss->n_pairs][1] = (uint32_t)a->chr_to[x];
-                ss->n_pairs++;
+            if (ss->n_pairs + 2 > ss->cap_pairs) {
+                size_t nc = ss->cap_pairs ? ss->cap_pairs * 2 : 256;
+                void *p = realloc(ss->pairs, nc * sizeof *ss->pairs);
+                if (!p)
+                    return TDM_ERESOURCE;
+                ss->pairs = p;
+                ss->cap_pairs = nc;
             }
+            uint32_t to = (uint32_t)a->chr_to[x];
+            ss->pairs[ss->n_pairs][0] = interval_of(d, a->rng[r][0]);
+            ss->pairs[ss->n_pairs++][1] = to;
+            ss->pairs[ss->n_pairs][0] = interval_of(d, a->rng[r][1]) + 1;
+            ss->pairs[ss->n_pairs++][1] = to | EV_END;
         }
     }
-    qsort(ss->pairs, ss->n_pairs, sizeof *ss->pairs, cmp_pair);
-    return 0;
+    return sort_events(ss, d->m + 1);
 }
 
-/* Fills d->trans for state st. */
+/* The NFA targets the edges cover at the interval the events have reached, into ss->buf;
+ * drops those no edge covers any more from ss->act. Returns how many. */
+static uint32_t active_targets(subset_t *ss)
+{
+    uint32_t n = 0, kept = 0;
+    for (uint32_t i = 0; i < ss->n_act; i++) {
+        uint32_t x = ss->act[i];
+        if (ss->cnt[x] > 0)
+            ss->act[kept++] = ss->buf[n++] = x;
+        else
+            ss->in_act[x] = 0;
+    }
+    ss->n_act = kept;
+    return n;
+}
+
+/* Fills d->trans for state st: a sweep over the intervals, one closure per run of intervals
+ * that the same edges cover (the states come out as one closure per interval would give). */
 static int expand_state(subset_t *ss, js_dfa_t *d, uint32_t st)
 {
-    int rc = state_pairs(ss, d, st);
+    int rc = state_events(ss, d, st);
     size_t p = 0;
+    uint32_t t = 0;
     for (uint32_t k = 0; k < d->m && rc == 0; k++) {
-        uint32_t n = 0;
-        while (p < ss->n_pairs && ss->pairs[p][0] == k) {
-            if (n == 0 || ss->pairs[p][1] != ss->buf[n - 1])
-                ss->buf[n++] = ss->pairs[p][1];
-            p++;
+        bool changed = k == 0;
+        for (; p < ss->n_pairs && ss->pairs[p][0] == k; p++, changed = true) {
+            uint32_t x = ss->pairs[p][1] & ~EV_END;
+            if (ss->pairs[p][1] & EV_END) {
+                ss->cnt[x]--;
+            } else if (ss->cnt[x]++ == 0 && !ss->in_act[x]) {
+                ss->in_act[x] = 1;
+                ss->act[ss->n_act++] = x;
+            }
         }
-        uint32_t len = closure(ss, ss->buf, n, 0, ss->buf);
-        uint32_t t = intern(ss, d, len);
-        if (t == UINT32_MAX)
-            return TDM_EINVALID;
-        if (t == UINT32_MAX - 1)
-            return TDM_ERESOURCE;
+        if (changed) {
+            uint32_t len = closure(ss, ss->buf, active_targets(ss), 0, ss->buf);
+            t = intern(ss, d, len);
+            if (t == UINT32_MAX)
+                rc = TDM_EINVALID;
+            else if (t == UINT32_MAX - 1)
+                rc = TDM_ERESOURCE;
+        }
         d->trans[(size_t)st * d->m + k] = t;
     }
+    for (uint32_t i = 0; i < ss->n_act; i++)
+        ss->cnt[ss->act[i]] = 0, ss->in_act[ss->act[i]] = 0;
+    ss->n_act = 0;
     return rc;
 }
 
@@ -623,12 +706,20 @@ static int subset_run(subset_t *ss, js_dfa_t *d, uint32_t start)
     ss->off = malloc(DFA_MAX_STATES * sizeof *ss->off);
     ss->len = malloc(DFA_MAX_STATES * sizeof *ss->len);
     d->tag = malloc(DFA_MAX_STATES * sizeof *d->tag);
-    if (!ss->mark || !ss->stack || !ss->buf || !ss->tbuf || !ss->off || !ss->len || !d->tag)
+    ss->cnt = calloc(a->n, sizeof *ss->cnt);
+    ss->act = malloc((size_t)a->n * sizeof *ss->act);
+    ss->in_act = calloc(a->n, 1);
+    ss->rtmp = malloc((size_t)a->n * sizeof *ss->rtmp);
+    if (!ss->rtmp || !ss->mark || !ss->stack || !ss->buf || !ss->tbuf || !ss->off || !ss->len ||
+        !d->tag || !ss->cnt || !ss->act || !ss->in_act)
         return TDM_ERESOURCE;
     int rc = index_eps(ss);
     rc = rc ? rc : make_intervals(a, d);
     if (rc != 0)
         return rc;
+    ss->kpos = malloc(((size_t)d->m + 2) * sizeof *ss->kpos);
+    if (!ss->kpos)
+        return TDM_ERESOURCE;
     ss->buf[0] = start;
     if (intern(ss, d, closure(ss, ss->buf, 1, EPS_BEGIN, ss->buf)) != 0)
         return TDM_ERESOURCE;
@@ -660,6 +751,12 @@ static void subset_free(subset_t *ss)
     free(ss->off);
     free(ss->len);
     free(ss->pairs);
+    free(ss->cnt);
+    free(ss->act);
+    free(ss->in_act);
+    free(ss->sorted);
+    free(ss->kpos);
+    free(ss->rtmp);
 }
 
 void js_dfa_free(js_dfa_t **d)
