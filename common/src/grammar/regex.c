@@ -121,10 +121,19 @@ void js_cpset_normalize(cpset_t *s)
     s->n = m;
 }
 
+/* Copies the n ranges of src into dst (not the unused rest of the arrays). */
+void js_cpset_copy(cpset_t *dst, const cpset_t *src)
+{
+    dst->n = src->n;
+    memcpy(dst->lo, src->lo, src->n * sizeof *src->lo);
+    memcpy(dst->hi, src->hi, src->n * sizeof *src->hi);
+}
+
 /* Complement within [0, CP_MAX] of a normalized set. */
 void js_cpset_negate(cpset_t *s)
 {
-    cpset_t t = {0};
+    cpset_t t;
+    t.n = 0;
     uint32_t next = 0;
     for (size_t i = 0; i < s->n; i++) {
         if (s->lo[i] > next)
@@ -133,7 +142,7 @@ void js_cpset_negate(cpset_t *s)
     }
     if (next <= CP_MAX && (s->n == 0 || s->hi[s->n - 1] < CP_MAX))
         js_cpset_add(&t, next, CP_MAX);
-    *s = t;
+    js_cpset_copy(s, &t);
 }
 
 bool js_cpset_has(const cpset_t *s, uint32_t cp)
@@ -144,21 +153,32 @@ bool js_cpset_has(const cpset_t *s, uint32_t cp)
     return false;
 }
 
-/* Removes [lo, hi] from a normalized set. */
+/* Removes [lo, hi] from a normalized set (in place: the ranges it overlaps, i .. j - 1, give
+ * way to their parts outside it; past CPSET_MAX ranges the last ones are dropped). */
 void js_cpset_remove(cpset_t *s, uint32_t lo, uint32_t hi)
 {
-    cpset_t t = {0};
-    for (size_t i = 0; i < s->n; i++) {
-        if (s->hi[i] < lo || s->lo[i] > hi) {
-            js_cpset_add(&t, s->lo[i], s->hi[i]);
-            continue;
-        }
-        if (s->lo[i] < lo)
-            js_cpset_add(&t, s->lo[i], lo - 1);
-        if (s->hi[i] > hi)
-            js_cpset_add(&t, hi + 1, s->hi[i]);
-    }
-    *s = t;
+    size_t i = 0, j, k = 0;
+    while (i < s->n && s->hi[i] < lo)
+        i++;
+    for (j = i; j < s->n && s->lo[j] <= hi;)
+        j++;
+    if (i == j)
+        return;
+    uint32_t keep_lo[2], keep_hi[2];
+    if (s->lo[i] < lo)
+        keep_lo[k] = s->lo[i], keep_hi[k++] = lo - 1;
+    if (s->hi[j - 1] > hi)
+        keep_lo[k] = hi + 1, keep_hi[k++] = s->hi[j - 1];
+    if (k > CPSET_MAX - i)
+        k = CPSET_MAX - i;
+    size_t tail = s->n - j;
+    if (tail > CPSET_MAX - i - k)
+        tail = CPSET_MAX - i - k;
+    memmove(s->lo + i + k, s->lo + j, tail * sizeof *s->lo);
+    memmove(s->hi + i + k, s->hi + j, tail * sizeof *s->hi);
+    memcpy(s->lo + i, keep_lo, k * sizeof *keep_lo);
+    memcpy(s->hi + i, keep_hi, k * sizeof *keep_hi);
+    s->n = i + k + tail;
 }
 
 /* Appends a GBNF class (or a one-character literal) for a normalized, non-empty set. */
@@ -170,7 +190,8 @@ static void set_emit_class(tdm_buf_t *b, const cpset_t *s)
         tdm_buf_puts(b, "\"");
         return;
     }
-    cpset_t t = *s;
+    cpset_t t;
+    js_cpset_copy(&t, s);
     bool neg = t.n > 0 && t.hi[t.n - 1] == CP_MAX;
     if (neg)
         js_cpset_negate(&t);
@@ -201,7 +222,8 @@ static void json_escape_lit(tdm_buf_t *b, uint32_t cp)
 /* JSON mode: the set's characters as they appear inside a JSON string. */
 void js_cpset_emit_json(tdm_buf_t *b, const cpset_t *s)
 {
-    cpset_t plain = *s;
+    cpset_t plain;
+    js_cpset_copy(&plain, s);
     js_cpset_remove(&plain, 0, 0x1F);
     js_cpset_remove(&plain, '"', '"');
     js_cpset_remove(&plain, '\\', '\\');

@@ -37,6 +37,8 @@ typedef struct rx {
 bool js_cpset_add(cpset_t *s, uint32_t lo, uint32_t hi);
 /* Sorts and merges overlapping or touching ranges. */
 void js_cpset_normalize(cpset_t *s);
+/* Copies the n ranges of src into dst (not the unused rest of the arrays). */
+void js_cpset_copy(cpset_t *dst, const cpset_t *src);
 /* Complement within [0, CP_MAX] of a normalized set. */
 void js_cpset_negate(cpset_t *s);
 bool js_cpset_has(const cpset_t *s, uint32_t cp);
