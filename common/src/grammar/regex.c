@@ -27,6 +27,18 @@
 
 /* ---- GBNF text ---- */
 
+/* Appends esc (a backslash and a letter) and cp as digits upper-case hex digits. */
+static int put_hex_escape(tdm_buf_t *b, const char *esc, uint32_t cp, int digits)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    char t[12];
+    t[0] = esc[0];
+    t[1] = esc[1];
+    for (int i = 0; i < digits; i++)
+        t[2 + i] = hex[cp >> (4 * (digits - 1 - i)) & 0xFu];
+    return tdm_buf_append(b, t, (size_t)digits + 2);
+}
+
 int js_gbnf_lit_cp(tdm_buf_t *b, uint32_t cp)
 {
     switch (cp) {
@@ -38,14 +50,14 @@ int js_gbnf_lit_cp(tdm_buf_t *b, uint32_t cp)
     default: break;
     }
     if (cp < 0x20 || cp == 0x7F)
-        return tdm_buf_printf(b, "\\x%02X", cp);
+        return put_hex_escape(b, "\\x", cp, 2);
     if (cp < 0x80) {
         char ch = (char)cp;
         return tdm_buf_append(b, &ch, 1);
     }
     if (cp <= 0xFFFF)
-        return tdm_buf_printf(b, "\\u%04X", cp);
-    return tdm_buf_printf(b, "\\U%08X", cp);
+        return put_hex_escape(b, "\\u", cp, 4);
+    return put_hex_escape(b, "\\U", cp, 8);
 }
 
 int js_gbnf_lit(tdm_buf_t *b, const char *s, size_t n)
@@ -72,7 +84,7 @@ void js_gbnf_class_cp(tdm_buf_t *b, uint32_t cp)
         char e[3] = {'\\', (char)cp, 0};
         tdm_buf_puts(b, e);
     } else if (cp == '-' || cp == '^') {
-        tdm_buf_printf(b, "\\x%02X", cp);
+        put_hex_escape(b, "\\x", cp, 2);
     } else if (cp == '"') {
         tdm_buf_puts(b, "\"");
     } else {
@@ -233,25 +245,33 @@ void js_cpset_emit_json(tdm_buf_t *b, const cpset_t *s)
         set_emit_class(&alts, &plain);
         n_alts++;
     }
+    bool low[(uint32_t)'\\' + 1] = {false}; /* the set's members up to '\\', from its ranges */
+    for (size_t i = 0; i < s->n; i++)
+        for (uint32_t cp = s->lo[i]; cp <= s->hi[i] && cp <= '\\'; cp++)
+            low[cp] = true;
     bool all_ctl = true;
     for (uint32_t cp = 0; cp < 0x20; cp++)
-        all_ctl = all_ctl && js_cpset_has(s, cp);
+        all_ctl = all_ctl && low[cp];
     if (all_ctl) {
         tdm_buf_printf(&alts, "%s\"\\\\\" [bfnrt] | \"\\\\u00\" [01] [0-9a-fA-F]",
                        n_alts ? " | " : "");
         n_alts += 2;
     }
-    for (uint32_t cp = all_ctl ? 0x20 : 0; cp <= '\\'; cp++) {
-        if ((cp < 0x20 || cp == '"' || cp == '\\') && js_cpset_has(s, cp)) {
+    for (uint32_t i = all_ctl ? 0x20 : 0; i < 0x22; i++) { /* the controls, '"', '\\' */
+        uint32_t cp = i < 0x20 ? i : i == 0x20 ? '"' : '\\';
+        if (low[cp]) {
             tdm_buf_puts(&alts, n_alts ? " | " : "");
             json_escape_lit(&alts, cp);
             n_alts++;
         }
     }
-    if (n_alts > 1)
-        tdm_buf_printf(b, "( %s )", alts.data);
-    else
+    if (n_alts > 1) {
+        tdm_buf_puts(b, "( ");
         tdm_buf_puts(b, alts.data ? alts.data : "");
+        tdm_buf_puts(b, " )");
+    } else {
+        tdm_buf_puts(b, alts.data ? alts.data : "");
+    }
     if (alts.oom)
         b->oom = true;
     tdm_buf_free(&alts);

@@ -402,6 +402,13 @@ static void nfa_free(nfa_t *a)
 
 /* ---- the subset construction ---- */
 
+#define SEED_MEMO_MAX 40000u /* seed lists remembered (the table below stays under 2/3 full) */
+
+typedef struct seed_memo {
+    uint32_t off, len; /* the sorted seed list in subset_t.seeds */
+    uint32_t state;    /* the DFA state of its closure */
+} seed_memo_t;
+
 typedef struct subset {
     const nfa_t *a;
     uint32_t *eoff, *eto;  /* epsilon edges by source: eto[eoff[x] .. eoff[x + 1]) */
@@ -420,22 +427,27 @@ typedef struct subset {
     uint8_t *in_act;       /* [a->n] in act */
     uint32_t (*sorted)[2]; /* scratch of sort_events */
     size_t cap_sorted;
-    uint32_t *kpos; /* [intervals + 2] scratch of sort_events */
-    uint32_t *rtmp; /* [a->n] scratch of sort_u32 */
+    uint32_t *kpos;  /* [intervals + 2] scratch of sort_events */
+    uint32_t *rtmp;  /* [a->n] scratch of sort_u32 */
+    uint32_t *seeds; /* the remembered seed lists, one after another */
+    size_t n_seeds, cap_seeds;
+    seed_memo_t *memo;
+    uint32_t n_memo, cap_memo;
+    uint32_t memo_ht[1u << 16]; /* hash of the seed lists: memo index + 1, 0 empty */
+    uint32_t (*rk)[2];          /* [a->n_rng] each range's first interval and one past its last */
 } subset_t;
 
 #define EV_END 0x80000000u /* an event that ends an edge's cover */
 
-static int cmp_u32(const void *x, const void *y)
+/* Sorts v[n] (numbers under 2^bits, bits <= 24) ascending, tmp[n] scratch: nothing when
+ * sorted, insertion sort when short, else a byte radix sort (one pass per 8 bits). */
+static void sort_u32(uint32_t *v, uint32_t n, uint32_t *tmp, int bits)
 {
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-    return (a > b) - (a < b);
-}
-
-/* Sorts v[n] (NFA state numbers, under 2^16: NFA_MAX_STATES) ascending, tmp[n] scratch:
- * insertion sort when short, else two passes of a byte radix sort. */
-static void sort_u32(uint32_t *v, uint32_t n, uint32_t *tmp)
-{
+    uint32_t run = 1;
+    while (run < n && v[run - 1] <= v[run])
+        run++;
+    if (run >= n) /* already sorted (seed lists often are) */
+        return;
     if (n <= 32) {
         for (uint32_t i = 1; i < n; i++) {
             uint32_t x = v[i], j = i;
@@ -445,7 +457,7 @@ static void sort_u32(uint32_t *v, uint32_t n, uint32_t *tmp)
         }
         return;
     }
-    for (int shift = 0; shift < 16; shift += 8) {
+    for (int shift = 0; shift < bits; shift += 8) {
         uint32_t pos[257] = {0};
         for (uint32_t i = 0; i < n; i++)
             pos[(v[i] >> shift & 0xffu) + 1]++;
@@ -482,7 +494,7 @@ static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n, uint32_
             }
         }
     }
-    sort_u32(out, k, ss->rtmp);
+    sort_u32(out, k, ss->rtmp, 16);
     return k;
 }
 
@@ -557,7 +569,11 @@ static int make_intervals(const nfa_t *a, js_dfa_t *d)
         if (a->rng[i][1] < CP_MAX)
             d->lo[k++] = a->rng[i][1] + 1;
     }
-    qsort(d->lo, k, sizeof *d->lo, cmp_u32);
+    uint32_t *tmp = malloc((size_t)k * sizeof *tmp);
+    if (!tmp)
+        return TDM_ERESOURCE;
+    sort_u32(d->lo, k, tmp, 24); /* code points: under 2^21 */
+    free(tmp);
     uint32_t m = 0;
     for (uint32_t i = 0; i < k; i++)
         if (m == 0 || d->lo[i] != d->lo[m - 1])
@@ -614,9 +630,9 @@ static int state_events(subset_t *ss, const js_dfa_t *d, uint32_t st)
                 ss->cap_pairs = nc;
             }
             uint32_t to = (uint32_t)a->chr_to[x];
-            ss->pairs[ss->n_pairs][0] = interval_of(d, a->rng[r][0]);
+            ss->pairs[ss->n_pairs][0] = ss->rk[r][0];
             ss->pairs[ss->n_pairs++][1] = to;
-            ss->pairs[ss->n_pairs][0] = interval_of(d, a->rng[r][1]) + 1;
+            ss->pairs[ss->n_pairs][0] = ss->rk[r][1];
             ss->pairs[ss->n_pairs++][1] = to | EV_END;
         }
     }
@@ -639,6 +655,41 @@ static uint32_t active_targets(subset_t *ss)
     return n;
 }
 
+/* The DFA state the seeds ss->buf[n] (distinct NFA states) lead to: the state of their
+ * closure, remembered by the sorted seeds (seen again, no closure is taken). Returns it, or
+ * UINT32_MAX / UINT32_MAX - 1 as intern does. */
+static uint32_t target_state(subset_t *ss, js_dfa_t *d, uint32_t n)
+{
+    sort_u32(ss->buf, n, ss->rtmp, 16);
+    uint32_t mask = (uint32_t)(sizeof ss->memo_ht / sizeof ss->memo_ht[0]) - 1, h;
+    for (h = hash_list(ss->buf, n) & mask; ss->memo_ht[h]; h = (h + 1) & mask) {
+        const seed_memo_t *e = &ss->memo[ss->memo_ht[h] - 1];
+        if (e->len == n && memcmp(ss->seeds + e->off, ss->buf, n * sizeof *ss->buf) == 0)
+            return e->state;
+    }
+    bool keep = ss->n_memo < SEED_MEMO_MAX;
+    if (keep && (ss->n_seeds + n > ss->cap_seeds || ss->n_memo == ss->cap_memo)) {
+        size_t nc = (ss->n_seeds + n) * 2 + 1024, mc = ss->cap_memo * 2 + 256;
+        uint32_t *p = realloc(ss->seeds, nc * sizeof *p);
+        ss->seeds = p ? p : ss->seeds;
+        seed_memo_t *q = p ? realloc(ss->memo, mc * sizeof *q) : NULL;
+        ss->memo = q ? q : ss->memo;
+        if (!q)
+            return UINT32_MAX - 1;
+        ss->cap_seeds = nc;
+        ss->cap_memo = mc;
+    }
+    if (keep)
+        memcpy(ss->seeds + ss->n_seeds, ss->buf, n * sizeof *ss->buf);
+    uint32_t t = intern(ss, d, closure(ss, ss->buf, n, 0, ss->buf));
+    if (keep && t < UINT32_MAX - 1) {
+        ss->memo[ss->n_memo] = (seed_memo_t){(uint32_t)ss->n_seeds, n, t};
+        ss->n_seeds += n;
+        ss->memo_ht[h] = (uint32_t)++ss->n_memo;
+    }
+    return t;
+}
+
 /* Fills d->trans for state st: a sweep over the intervals, one closure per run of intervals
  * that the same edges cover (the states come out as one closure per interval would give). */
 static int expand_state(subset_t *ss, js_dfa_t *d, uint32_t st)
@@ -658,8 +709,7 @@ static int expand_state(subset_t *ss, js_dfa_t *d, uint32_t st)
             }
         }
         if (changed) {
-            uint32_t len = closure(ss, ss->buf, active_targets(ss), 0, ss->buf);
-            t = intern(ss, d, len);
+            t = target_state(ss, d, active_targets(ss));
             if (t == UINT32_MAX)
                 rc = TDM_EINVALID;
             else if (t == UINT32_MAX - 1)
@@ -718,8 +768,13 @@ static int subset_run(subset_t *ss, js_dfa_t *d, uint32_t start)
     if (rc != 0)
         return rc;
     ss->kpos = malloc(((size_t)d->m + 2) * sizeof *ss->kpos);
-    if (!ss->kpos)
+    ss->rk = malloc(((size_t)a->n_rng + 1) * sizeof *ss->rk);
+    if (!ss->kpos || !ss->rk)
         return TDM_ERESOURCE;
+    for (uint32_t r = 0; r < a->n_rng; r++) {
+        ss->rk[r][0] = interval_of(d, a->rng[r][0]);
+        ss->rk[r][1] = interval_of(d, a->rng[r][1]) + 1;
+    }
     ss->buf[0] = start;
     if (intern(ss, d, closure(ss, ss->buf, 1, EPS_BEGIN, ss->buf)) != 0)
         return TDM_ERESOURCE;
@@ -757,6 +812,9 @@ static void subset_free(subset_t *ss)
     free(ss->sorted);
     free(ss->kpos);
     free(ss->rtmp);
+    free(ss->seeds);
+    free(ss->memo);
+    free(ss->rk);
 }
 
 void js_dfa_free(js_dfa_t **d)
@@ -955,7 +1013,8 @@ static int prod_body(const prod_t *p, size_t x, char (*names)[JS_NAME_MAX], tdm_
         js_cpset_normalize(&set);
         tdm_buf_puts(b, alts++ ? " | " : "");
         js_cpset_emit_json(b, &set);
-        tdm_buf_printf(b, " %s", names[p->id[y] - 1]);
+        tdm_buf_puts(b, " ");
+        tdm_buf_puts(b, names[p->id[y] - 1]);
     }
     if (prod_accepts(p, q, l))
         tdm_buf_puts(b, alts ? " | \"\"" : "\"\"");
