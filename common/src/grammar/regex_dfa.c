@@ -402,7 +402,13 @@ static void nfa_free(nfa_t *a)
 
 /* ---- the subset construction ---- */
 
-#define SEED_MEMO_MAX 40000u /* seed lists remembered (the table below stays under 2/3 full) */
+#define SEED_MEMO_MAX 40000u /* seed lists remembered */
+
+/* An open-addressing hash table of entry numbers + 1 (0: empty), grown as it fills. */
+typedef struct htab {
+    uint32_t *slot;
+    uint32_t cap; /* a power of two, or 0 */
+} htab_t;
 
 typedef struct seed_memo {
     uint32_t off, len; /* the sorted seed list in subset_t.seeds */
@@ -418,9 +424,9 @@ typedef struct subset {
     uint32_t *stack, *buf; /* [a->n] scratch */
     uint32_t *pool;        /* the DFA states' NFA state lists, one after another */
     size_t n_pool, cap_pool;
-    uint32_t *off, *len;   /* [DFA_MAX_STATES] each state's list in pool */
-    uint32_t ht[1u << 16]; /* hash of the lists: state + 1, 0 empty */
-    uint32_t (*pairs)[2];  /* (interval, NFA target [| EV_END]) events of one state's edges */
+    uint32_t *off, *len;  /* [DFA_MAX_STATES] each state's list in pool */
+    htab_t ht;            /* hash of the lists: state + 1, 0 empty */
+    uint32_t (*pairs)[2]; /* (interval, NFA target [| EV_END]) events of one state's edges */
     size_t n_pairs, cap_pairs;
     uint32_t *cnt;         /* [a->n] edges covering the interval the sweep is at, by target */
     uint32_t *act, n_act;  /* [a->n] the targets with cnt > 0 (and some just dropped to 0) */
@@ -433,8 +439,8 @@ typedef struct subset {
     size_t n_seeds, cap_seeds;
     seed_memo_t *memo;
     uint32_t n_memo, cap_memo;
-    uint32_t memo_ht[1u << 16]; /* hash of the seed lists: memo index + 1, 0 empty */
-    uint32_t (*rk)[2];          /* [a->n_rng] each range's first interval and one past its last */
+    htab_t memo_ht;    /* hash of the seed lists: memo index + 1, 0 empty */
+    uint32_t (*rk)[2]; /* [a->n_rng] each range's first interval and one past its last */
 } subset_t;
 
 #define EV_END 0x80000000u /* an event that ends an edge's cover */
@@ -506,13 +512,53 @@ static uint32_t hash_list(const uint32_t *v, uint32_t n)
     return h;
 }
 
+/* The key of entry i of a table: its list of numbers, *n long. */
+typedef const uint32_t *(*ht_key_fn)(const subset_t *ss, uint32_t i, uint32_t *n);
+
+static const uint32_t *state_key(const subset_t *ss, uint32_t i, uint32_t *n)
+{
+    *n = ss->len[i];
+    return ss->pool + ss->off[i];
+}
+
+static const uint32_t *memo_key(const subset_t *ss, uint32_t i, uint32_t *n)
+{
+    *n = ss->memo[i].len;
+    return ss->seeds + ss->memo[i].off;
+}
+
+/* Makes room in t (count entries) for one more: past half full the table doubles and its
+ * entries are placed again by their keys. 0, or TDM_ERESOURCE. */
+static int ht_room(const subset_t *ss, htab_t *t, uint32_t count, ht_key_fn key)
+{
+    if (((size_t)count + 1) * 2 <= t->cap)
+        return 0;
+    uint32_t nc = t->cap ? t->cap * 2 : 1024, *slot = calloc(nc, sizeof *slot);
+    if (!slot)
+        return TDM_ERESOURCE;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t n;
+        const uint32_t *k = key(ss, i, &n);
+        uint32_t h = hash_list(k, n) & (nc - 1);
+        while (slot[h])
+            h = (h + 1) & (nc - 1);
+        slot[h] = i + 1;
+    }
+    free(t->slot);
+    t->slot = slot;
+    t->cap = nc;
+    return 0;
+}
+
 /* The DFA state of the list ss->buf[n], added when new. Returns its index, or UINT32_MAX
  * (too many states) / UINT32_MAX - 1 (out of memory). */
 static uint32_t intern(subset_t *ss, js_dfa_t *d, uint32_t n)
 {
-    uint32_t mask = (uint32_t)(sizeof ss->ht / sizeof ss->ht[0]) - 1;
+    if (ht_room(ss, &ss->ht, d->n, state_key) != 0)
+        return UINT32_MAX - 1;
+    uint32_t mask = ss->ht.cap - 1;
     for (uint32_t h = hash_list(ss->buf, n) & mask;; h = (h + 1) & mask) {
-        uint32_t st = ss->ht[h];
+        uint32_t st = ss->ht.slot[h];
         if (st == 0) {
             if (d->n >= DFA_MAX_STATES)
                 return UINT32_MAX;
@@ -533,7 +579,7 @@ static uint32_t intern(subset_t *ss, js_dfa_t *d, uint32_t n)
             for (uint32_t i = 0; i < m; i++)
                 tag |= ss->a->tag[ss->tbuf[i]];
             d->tag[d->n] = tag;
-            ss->ht[h] = d->n + 1;
+            ss->ht.slot[h] = d->n + 1;
             return d->n++;
         }
         st--;
@@ -661,9 +707,11 @@ static uint32_t active_targets(subset_t *ss)
 static uint32_t target_state(subset_t *ss, js_dfa_t *d, uint32_t n)
 {
     sort_u32(ss->buf, n, ss->rtmp, 16);
-    uint32_t mask = (uint32_t)(sizeof ss->memo_ht / sizeof ss->memo_ht[0]) - 1, h;
-    for (h = hash_list(ss->buf, n) & mask; ss->memo_ht[h]; h = (h + 1) & mask) {
-        const seed_memo_t *e = &ss->memo[ss->memo_ht[h] - 1];
+    if (ht_room(ss, &ss->memo_ht, ss->n_memo, memo_key) != 0)
+        return UINT32_MAX - 1;
+    uint32_t mask = ss->memo_ht.cap - 1, h;
+    for (h = hash_list(ss->buf, n) & mask; ss->memo_ht.slot[h]; h = (h + 1) & mask) {
+        const seed_memo_t *e = &ss->memo[ss->memo_ht.slot[h] - 1];
         if (e->len == n && memcmp(ss->seeds + e->off, ss->buf, n * sizeof *ss->buf) == 0)
             return e->state;
     }
@@ -685,7 +733,7 @@ static uint32_t target_state(subset_t *ss, js_dfa_t *d, uint32_t n)
     if (keep && t < UINT32_MAX - 1) {
         ss->memo[ss->n_memo] = (seed_memo_t){(uint32_t)ss->n_seeds, n, t};
         ss->n_seeds += n;
-        ss->memo_ht[h] = (uint32_t)++ss->n_memo;
+        ss->memo_ht.slot[h] = (uint32_t)++ss->n_memo;
     }
     return t;
 }
@@ -815,6 +863,8 @@ static void subset_free(subset_t *ss)
     free(ss->seeds);
     free(ss->memo);
     free(ss->rk);
+    free(ss->ht.slot);
+    free(ss->memo_ht.slot);
 }
 
 void js_dfa_free(js_dfa_t **d)
