@@ -114,11 +114,14 @@ bool js_cpset_add(cpset_t *s, uint32_t lo, uint32_t hi)
 void js_cpset_normalize(cpset_t *s)
 {
     uint32_t pairs[CPSET_MAX][2];
+    bool sorted = true;
     for (size_t i = 0; i < s->n; i++) {
         pairs[i][0] = s->lo[i];
         pairs[i][1] = s->hi[i];
+        sorted = sorted && (i == 0 || s->lo[i - 1] <= s->lo[i]);
     }
-    qsort(pairs, s->n, sizeof pairs[0], cmp_range);
+    if (!sorted) /* the automaton's classes come in order */
+        qsort(pairs, s->n, sizeof pairs[0], cmp_range);
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         if (m > 0 && pairs[i][0] <= s->hi[m - 1] + 1) {
