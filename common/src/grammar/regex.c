@@ -226,12 +226,21 @@ static void set_emit_class(tdm_buf_t *b, const cpset_t *s)
 static void json_escape_lit(tdm_buf_t *b, uint32_t cp)
 {
     static const char short_esc[] = "btn\0fr"; /* 8..13; \v (11) has no short form */
-    if (cp == '"' || cp == '\\')
-        tdm_buf_printf(b, "\"\\\\%s\"", cp == '"' ? "\\\"" : "\\\\");
-    else if (cp >= 8 && cp <= 13 && short_esc[cp - 8])
-        tdm_buf_printf(b, "\"\\\\%c\"", short_esc[cp - 8]);
-    else
-        tdm_buf_printf(b, "\"\\\\u%04x\"", cp);
+    static const char hex[] = "0123456789abcdef";
+    char t[10] = {'"', '\\', '\\', 0};
+    size_t n = 3;
+    if (cp == '"' || cp == '\\') {
+        t[n++] = '\\';
+        t[n++] = (char)cp;
+    } else if (cp >= 8 && cp <= 13 && short_esc[cp - 8]) {
+        t[n++] = short_esc[cp - 8];
+    } else {
+        t[n++] = 'u';
+        for (int i = 3; i >= 0; i--)
+            t[n++] = hex[cp >> (4 * i) & 0xFu];
+    }
+    t[n++] = '"';
+    tdm_buf_append(b, t, n);
 }
 
 /* JSON mode: the set's characters as they appear inside a JSON string. */
@@ -256,8 +265,8 @@ void js_cpset_emit_json(tdm_buf_t *b, const cpset_t *s)
     for (uint32_t cp = 0; cp < 0x20; cp++)
         all_ctl = all_ctl && low[cp];
     if (all_ctl) {
-        tdm_buf_printf(&alts, "%s\"\\\\\" [bfnrt] | \"\\\\u00\" [01] [0-9a-fA-F]",
-                       n_alts ? " | " : "");
+        tdm_buf_puts(&alts, n_alts ? " | " : "");
+        tdm_buf_puts(&alts, "\"\\\\\" [bfnrt] | \"\\\\u00\" [01] [0-9a-fA-F]");
         n_alts += 2;
     }
     for (uint32_t i = all_ctl ? 0x20 : 0; i < 0x22; i++) { /* the controls, '"', '\\' */
