@@ -424,7 +424,8 @@ typedef struct subset {
     uint32_t *stack, *buf; /* [a->n] scratch */
     uint32_t *pool;        /* the DFA states' NFA state lists, one after another */
     size_t n_pool, cap_pool;
-    uint32_t *off, *len;  /* [DFA_MAX_STATES] each state's list in pool */
+    uint32_t *off, *len;  /* [cap_states] each state's list in pool */
+    uint32_t cap_states;  /* room in off, len and the DFA's tag */
     htab_t ht;            /* hash of the lists: state + 1, 0 empty */
     uint32_t (*pairs)[2]; /* (interval, NFA target [| EV_END]) events of one state's edges */
     size_t n_pairs, cap_pairs;
@@ -475,7 +476,7 @@ static void sort_u32(uint32_t *v, uint32_t n, uint32_t *tmp, int bits)
     }
 }
 
-/* The epsilon closure of seeds[n] into out (seeds may be out), sorted; returns its size.
+/* The epsilon closure of seeds[n] into out (seeds may be out), in no order; returns its size.
  * Plain edges are followed always, EPS_BEGIN ones when mode has EPS_BEGIN (the start of the
  * text), EPS_END ones when it has EPS_END (the end). */
 static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n, uint32_t mode,
@@ -500,7 +501,6 @@ static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n, uint32_
             }
         }
     }
-    sort_u32(out, k, ss->rtmp, 16);
     return k;
 }
 
@@ -550,6 +550,22 @@ static int ht_room(const subset_t *ss, htab_t *t, uint32_t count, ht_key_fn key)
     return 0;
 }
 
+/* Doubles the room for DFA states (ss->off, ss->len, d->tag). 0, or TDM_ERESOURCE. */
+static int grow_states(subset_t *ss, js_dfa_t *d)
+{
+    size_t nc = ss->cap_states ? (size_t)ss->cap_states * 2 : 64;
+    uint32_t *o = realloc(ss->off, nc * sizeof *o);
+    ss->off = o ? o : ss->off;
+    uint32_t *l = o ? realloc(ss->len, nc * sizeof *l) : NULL;
+    ss->len = l ? l : ss->len;
+    uint32_t *t = l ? realloc(d->tag, nc * sizeof *t) : NULL;
+    d->tag = t ? t : d->tag;
+    if (!t)
+        return TDM_ERESOURCE;
+    ss->cap_states = (uint32_t)nc;
+    return 0;
+}
+
 /* The DFA state of the list ss->buf[n], added when new. Returns its index, or UINT32_MAX
  * (too many states) / UINT32_MAX - 1 (out of memory). */
 static uint32_t intern(subset_t *ss, js_dfa_t *d, uint32_t n)
@@ -562,6 +578,8 @@ static uint32_t intern(subset_t *ss, js_dfa_t *d, uint32_t n)
         if (st == 0) {
             if (d->n >= DFA_MAX_STATES)
                 return UINT32_MAX;
+            if (d->n == ss->cap_states && grow_states(ss, d) != 0)
+                return UINT32_MAX - 1;
             if (ss->n_pool + n > ss->cap_pool) {
                 size_t nc = (ss->n_pool + n) * 2 + 1024;
                 uint32_t *p = realloc(ss->pool, nc * sizeof *p);
@@ -729,7 +747,9 @@ static uint32_t target_state(subset_t *ss, js_dfa_t *d, uint32_t n)
     }
     if (keep)
         memcpy(ss->seeds + ss->n_seeds, ss->buf, n * sizeof *ss->buf);
-    uint32_t t = intern(ss, d, closure(ss, ss->buf, n, 0, ss->buf));
+    uint32_t len = closure(ss, ss->buf, n, 0, ss->buf);
+    sort_u32(ss->buf, len, ss->rtmp, 16);
+    uint32_t t = intern(ss, d, len);
     if (keep && t < UINT32_MAX - 1) {
         ss->memo[ss->n_memo] = (seed_memo_t){(uint32_t)ss->n_seeds, n, t};
         ss->n_seeds += n;
@@ -801,15 +821,12 @@ static int subset_run(subset_t *ss, js_dfa_t *d, uint32_t start)
     ss->stack = malloc((size_t)a->n * sizeof *ss->stack);
     ss->buf = malloc((size_t)a->n * sizeof *ss->buf);
     ss->tbuf = malloc((size_t)a->n * sizeof *ss->tbuf);
-    ss->off = malloc(DFA_MAX_STATES * sizeof *ss->off);
-    ss->len = malloc(DFA_MAX_STATES * sizeof *ss->len);
-    d->tag = malloc(DFA_MAX_STATES * sizeof *d->tag);
     ss->cnt = calloc(a->n, sizeof *ss->cnt);
     ss->act = malloc((size_t)a->n * sizeof *ss->act);
     ss->in_act = calloc(a->n, 1);
     ss->rtmp = malloc((size_t)a->n * sizeof *ss->rtmp);
-    if (!ss->rtmp || !ss->mark || !ss->stack || !ss->buf || !ss->tbuf || !ss->off || !ss->len ||
-        !d->tag || !ss->cnt || !ss->act || !ss->in_act)
+    if (!ss->rtmp || !ss->mark || !ss->stack || !ss->buf || !ss->tbuf || !ss->cnt || !ss->act ||
+        !ss->in_act)
         return TDM_ERESOURCE;
     int rc = index_eps(ss);
     rc = rc ? rc : make_intervals(a, d);
@@ -824,7 +841,9 @@ static int subset_run(subset_t *ss, js_dfa_t *d, uint32_t start)
         ss->rk[r][1] = interval_of(d, a->rng[r][1]) + 1;
     }
     ss->buf[0] = start;
-    if (intern(ss, d, closure(ss, ss->buf, 1, EPS_BEGIN, ss->buf)) != 0)
+    uint32_t len = closure(ss, ss->buf, 1, EPS_BEGIN, ss->buf);
+    sort_u32(ss->buf, len, ss->rtmp, 16);
+    if (intern(ss, d, len) != 0)
         return TDM_ERESOURCE;
     size_t cap = 0;
     for (uint32_t st = 0; st < d->n && rc == 0; st++) {
