@@ -1440,6 +1440,7 @@ static int compile_document(json_t *root, json_t *bigints, const char *rule, tdm
         free(c.refs[i].ref);
     free(c.refs);
     js_merge_free(&c);
+    js_dfa_memo_free(&c);
     json_decref(c.keep);
     return rc;
 }

@@ -941,6 +941,117 @@ int js_dfa_new(const char *const *pats, size_t n_pats, const char *const *names,
     return rc;
 }
 
+/* ---- the compile's memo of automata ---- */
+
+#define JS_DFA_MEMO_BYTES ((size_t)64 << 20) /* transitions kept in one compile's memo */
+
+typedef struct dfa_entry {
+    char *key; /* the patterns and names, each with its kind ('p' / 'n') and a NUL */
+    size_t key_len;
+    uint64_t hash;
+    js_dfa_t *d;
+} dfa_entry_t;
+
+struct js_dfa_memo {
+    dfa_entry_t *v;
+    size_t n, cap;
+    size_t bytes; /* transitions of the automata kept */
+};
+
+/* The memo key of the patterns and names into *key (tdm_buf). */
+static void memo_key_text(tdm_buf_t *key, const char *const *pats, size_t n_pats,
+                          const char *const *names, size_t n_names)
+{
+    for (size_t i = 0; i < n_pats; i++) {
+        tdm_buf_append(key, "p", 1);
+        tdm_buf_append(key, pats[i], strlen(pats[i]) + 1);
+    }
+    for (size_t i = 0; i < n_names; i++) {
+        tdm_buf_append(key, "n", 1);
+        tdm_buf_append(key, names[i], strlen(names[i]) + 1);
+    }
+}
+
+static uint64_t memo_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Keeps d under key in c's memo; false when it is not kept (out of memory, over budget). */
+static bool memo_keep(js_ctx_t *c, tdm_buf_t *key, uint64_t hash, js_dfa_t *d)
+{
+    size_t bytes = (size_t)d->n * d->m * sizeof *d->trans;
+    struct js_dfa_memo *mm = c->dfa_memo;
+    if (!mm && !(mm = c->dfa_memo = calloc(1, sizeof *mm)))
+        return false;
+    if (mm->bytes + bytes > JS_DFA_MEMO_BYTES)
+        return false;
+    if (mm->n == mm->cap) {
+        size_t nc = mm->cap ? mm->cap * 2 : 16;
+        dfa_entry_t *v = realloc(mm->v, nc * sizeof *v);
+        if (!v)
+            return false;
+        mm->v = v;
+        mm->cap = nc;
+    }
+    mm->v[mm->n++] = (dfa_entry_t){key->data, key->len, hash, d};
+    mm->bytes += bytes;
+    *key = (tdm_buf_t)TDM_BUF_INIT; /* the memo owns the text now */
+    return true;
+}
+
+int js_dfa_get(js_ctx_t *c, const char *const *pats, size_t n_pats, const char *const *names,
+               size_t n_names, js_dfa_t **out, size_t *bad, tdm_error_t *err)
+{
+    tdm_buf_t key = TDM_BUF_INIT;
+    memo_key_text(&key, pats, n_pats, names, n_names);
+    uint64_t hash = key.oom ? 0 : memo_hash(key.data, key.len);
+    for (size_t i = 0; !key.oom && c->dfa_memo && i < c->dfa_memo->n; i++) {
+        const dfa_entry_t *e = &c->dfa_memo->v[i];
+        if (e->hash == hash && e->key_len == key.len && memcmp(e->key, key.data, key.len) == 0) {
+            tdm_buf_free(&key);
+            *bad = n_pats;
+            *out = e->d;
+            return 0;
+        }
+    }
+    int rc = js_dfa_new(pats, n_pats, names, n_names, out, bad, err);
+    if (rc == 0 && !key.oom && key.len > 0)
+        memo_keep(c, &key, hash, *out);
+    tdm_buf_free(&key);
+    return rc;
+}
+
+void js_dfa_release(js_ctx_t *c, js_dfa_t **d)
+{
+    if (!d || !*d)
+        return;
+    for (size_t i = 0; c->dfa_memo && i < c->dfa_memo->n; i++) {
+        if (c->dfa_memo->v[i].d == *d) {
+            *d = NULL;
+            return;
+        }
+    }
+    js_dfa_free(d);
+}
+
+void js_dfa_memo_free(js_ctx_t *c)
+{
+    struct js_dfa_memo *mm = c->dfa_memo;
+    if (!mm)
+        return;
+    for (size_t i = 0; i < mm->n; i++) {
+        free(mm->v[i].key);
+        js_dfa_free(&mm->v[i].d);
+    }
+    free(mm->v);
+    free(mm);
+    c->dfa_memo = NULL;
+}
+
 uint32_t js_dfa_tag(const js_dfa_t *d, const char *s, size_t n)
 {
     uint32_t st = 0;
