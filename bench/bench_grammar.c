@@ -601,8 +601,13 @@ static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
         "{\"engine\": \"tandem\", \"cpu\": \"%s\", \"threads\": 1, \"n_vocab\": %u, \"files\": %d, "
         "\"compiled\": %d, \"refused\": %d,\n \"refused_by_keyword\": {",
         b->cpu, b->n_vocab, st->files, st->compiled, st->refused);
-    for (int i = 0; i < st->n_kw; i++)
-        fprintf(out, "%s\"%s\": %d", i ? ", " : "", st->kw[i].kw, st->kw[i].n);
+    for (int i = 0; i < st->n_kw; i++) { /* keywords can hold any text (a pattern's): escaped */
+        json_t *k = json_string(st->kw[i].kw);
+        char *q = k ? json_dumps(k, JSON_ENCODE_ANY) : NULL;
+        fprintf(out, "%s%s: %d", i ? ", " : "", q ? q : "\"?\"", st->kw[i].n);
+        free(q);
+        json_decref(k);
+    }
     fprintf(
         out,
         "},\n \"passing\": %d, \"passing_pct\": %.2f, \"instances\": %d, \"right\": %d, "
