@@ -42,6 +42,7 @@ struct js_dfa {
     uint32_t *lo;    /* [m] first code point of each interval */
     uint32_t *trans; /* [n][m] next state */
     uint32_t *tag;   /* [n] accept bits */
+    bool kept;       /* owned by a compile's memo (js_dfa_get), not by its caller */
 };
 
 /* ---- the NFA ---- */
@@ -944,6 +945,7 @@ int js_dfa_new(const char *const *pats, size_t n_pats, const char *const *names,
 /* ---- the compile's memo of automata ---- */
 
 #define JS_DFA_MEMO_BYTES ((size_t)64 << 20) /* transitions kept in one compile's memo */
+#define JS_DFA_MEMO_MAX 1024u                /* automata kept (each lookup scans them) */
 
 typedef struct dfa_entry {
     char *key; /* the patterns and names, each with its kind ('p' / 'n') and a NUL */
@@ -987,7 +989,7 @@ static bool memo_keep(js_ctx_t *c, tdm_buf_t *key, uint64_t hash, js_dfa_t *d)
     struct js_dfa_memo *mm = c->dfa_memo;
     if (!mm && !(mm = c->dfa_memo = calloc(1, sizeof *mm)))
         return false;
-    if (mm->bytes + bytes > JS_DFA_MEMO_BYTES)
+    if (mm->bytes + bytes > JS_DFA_MEMO_BYTES || mm->n >= JS_DFA_MEMO_MAX)
         return false;
     if (mm->n == mm->cap) {
         size_t nc = mm->cap ? mm->cap * 2 : 16;
@@ -999,6 +1001,7 @@ static bool memo_keep(js_ctx_t *c, tdm_buf_t *key, uint64_t hash, js_dfa_t *d)
     }
     mm->v[mm->n++] = (dfa_entry_t){key->data, key->len, hash, d};
     mm->bytes += bytes;
+    d->kept = true;
     *key = (tdm_buf_t)TDM_BUF_INIT; /* the memo owns the text now */
     return true;
 }
@@ -1027,15 +1030,11 @@ int js_dfa_get(js_ctx_t *c, const char *const *pats, size_t n_pats, const char *
 
 void js_dfa_release(js_ctx_t *c, js_dfa_t **d)
 {
-    if (!d || !*d)
-        return;
-    for (size_t i = 0; c->dfa_memo && i < c->dfa_memo->n; i++) {
-        if (c->dfa_memo->v[i].d == *d) {
-            *d = NULL;
-            return;
-        }
-    }
-    js_dfa_free(d);
+    (void)c;
+    if (d && *d && (*d)->kept)
+        *d = NULL;
+    else
+        js_dfa_free(d);
 }
 
 void js_dfa_memo_free(js_ctx_t *c)

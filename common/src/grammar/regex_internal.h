@@ -92,8 +92,8 @@ int js_dfa_new(const char *const *pats, size_t n_pats, const char *const *names,
 void js_dfa_free(js_dfa_t **d); /* accepts NULL; nulls *d */
 /* js_dfa_new through the compile's memo (c->dfa_memo): the automaton of the same patterns and
  * names, in the same order, is built once per compile and kept until it ends (up to
- * JS_DFA_MEMO_BYTES of transitions in all; past that, built for the caller alone). Same
- * returns; give *out back with js_dfa_release. */
+ * JS_DFA_MEMO_BYTES of transitions and JS_DFA_MEMO_MAX automata; past that, built for the
+ * caller alone). Same returns; give *out back with js_dfa_release. */
 int js_dfa_get(js_ctx_t *c, const char *const *pats, size_t n_pats, const char *const *names,
                size_t n_names, js_dfa_t **out, size_t *bad, tdm_error_t *err);
 /* Frees *d unless the memo keeps it; nulls *d (accepts NULL). */
