@@ -19,7 +19,8 @@
  * passing there: the documented departure). --files LIST keeps only the names LIST holds (one
  * a line: a subset such as the Github files, for the peer too through --dump-vocab);
  * --mask-digest FILE writes, per compiled schema, an XXH3 of every mask (count and bits) in
- * order with its GBNF size and mask times, so two builds can be shown to give identical masks.
+ * order with its GBNF size, mask times and compile time, so two builds can be shown to give
+ * identical masks (and per-schema compile times compared).
  * One thread; times are wall-clock on a shared machine: compare ratios measured in one run.
  */
 #include <dirent.h>
@@ -445,7 +446,8 @@ static int load_instances(bench_t *b, const cfg_t *c, const char *name, instance
 }
 
 /* Compiles the schema of dir/name into *g (timed); NULL with the refusal counted. */
-static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name, size_t *gbnf_len)
+static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name, size_t *gbnf_len,
+                                   double *compile_s)
 {
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", c->dir, name);
@@ -469,6 +471,7 @@ static tdm_grammar_t *compile_file(const cfg_t *c, stats_t *st, const char *name
     if (tdm_json_schema_to_gbnf(schema, strlen(schema), &gbnf, &err) == 0)
         g = tdm_grammar_parse(gbnf.data, gbnf.len, NULL, &err);
     double dt = tdm_time_now() - t0;
+    *compile_s = dt;
     if (g)
         dvec_push(&st->compile_s, dt);
     else
@@ -493,9 +496,10 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
 {
     instance_t *in = NULL;
     size_t n = 0, gbnf_len = 0, first_mask = st->mask_s.n;
+    double compile_s = 0;
     int rc = load_instances(b, c, name, &in, &n);
     st->files++;
-    tdm_grammar_t *g = rc == 0 ? compile_file(c, st, name, &gbnf_len) : NULL;
+    tdm_grammar_t *g = rc == 0 ? compile_file(c, st, name, &gbnf_len, &compile_s) : NULL;
     tdm_error_t err;
     tdm_grammar_matcher_t *m = g ? tdm_grammar_matcher_new(g, b->vocab, &err) : NULL;
     if (g && !m) { /* the engine refused the start state (too ambiguous) */
@@ -532,9 +536,9 @@ static int run_file(bench_t *b, const cfg_t *c, stats_t *st, const char *name)
         double sum = 0, max = 0;
         for (size_t i = first_mask; i < st->mask_s.n; i++)
             sum += st->mask_s.v[i], max = st->mask_s.v[i] > max ? st->mask_s.v[i] : max;
-        fprintf(b->digest, "%s %016" PRIx64 " %zu %zu %.1f %.1f\n", name,
+        fprintf(b->digest, "%s %016" PRIx64 " %zu %zu %.1f %.1f %.3f\n", name,
                 (uint64_t)XXH3_64bits_digest(b->xxh), gbnf_len, st->mask_s.n - first_mask,
-                sum * 1e6, max * 1e6);
+                sum * 1e6, max * 1e6, compile_s * 1e3);
     }
     st->compiled += m != NULL;
     st->passing += all_right;
@@ -597,8 +601,13 @@ static int write_json(const bench_t *b, const cfg_t *c, const stats_t *st)
         "{\"engine\": \"tandem\", \"cpu\": \"%s\", \"threads\": 1, \"n_vocab\": %u, \"files\": %d, "
         "\"compiled\": %d, \"refused\": %d,\n \"refused_by_keyword\": {",
         b->cpu, b->n_vocab, st->files, st->compiled, st->refused);
-    for (int i = 0; i < st->n_kw; i++)
-        fprintf(out, "%s\"%s\": %d", i ? ", " : "", st->kw[i].kw, st->kw[i].n);
+    for (int i = 0; i < st->n_kw; i++) { /* keywords can hold any text (a pattern's): escaped */
+        json_t *k = json_string(st->kw[i].kw);
+        char *q = k ? json_dumps(k, JSON_ENCODE_ANY) : NULL;
+        fprintf(out, "%s%s: %d", i ? ", " : "", q ? q : "\"?\"", st->kw[i].n);
+        free(q);
+        json_decref(k);
+    }
     fprintf(
         out,
         "},\n \"passing\": %d, \"passing_pct\": %.2f, \"instances\": %d, \"right\": %d, "
@@ -667,7 +676,7 @@ static void usage(void)
            "--files LIST: only the file names LIST holds, one a line; --mask-digest FILE: one\n"
            "line per compiled schema: name, XXH3 of every mask computed for it in order (two\n"
            "builds' masks are identical when these agree), GBNF bytes, masks, their total and\n"
-           "largest time in us\n"
+           "largest time in us, compile time in ms\n"
            "CACHE comes from: python3 bench/grammar_setup.py MASKBENCH_DIR CACHE\n");
 }
 

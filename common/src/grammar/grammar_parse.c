@@ -191,8 +191,11 @@ static int range_cmp(const void *a, const void *b)
 static uint32_t class_close(gram_ir_t *ir, uint32_t first, bool negated)
 {
     uint32_t *r = ir->ranges + 2 * (size_t)first;
-    uint32_t n = ir->n_ranges - first, k = 0;
-    qsort(r, n, 2 * sizeof *r, range_cmp);
+    uint32_t n = ir->n_ranges - first, k = 0, run = 1;
+    while (run < n && r[2 * (run - 1)] <= r[2 * run])
+        run++;
+    if (run < n) /* generated classes mostly come in order */
+        qsort(r, n, 2 * sizeof *r, range_cmp);
     for (uint32_t i = 0; i < n; i++) {
         if (k > 0 && r[2 * i] <= r[2 * k - 1] + 1) {
             if (r[2 * i + 1] > r[2 * k - 1])

@@ -186,12 +186,26 @@ void js_ptr_index(char *out, const char *ptr, size_t i)
 
 void js_new_name(js_ctx_t *c, char *name)
 {
-    snprintf(name, JS_NAME_MAX, "%s-%u", c->prefix, c->next_rule++);
+    /* what snprintf(name, JS_NAME_MAX, "%s-%u", prefix, n) writes, without its cost per rule */
+    char digits[16];
+    size_t nd = 0, np = strnlen(c->prefix, JS_NAME_MAX - 1);
+    for (unsigned v = c->next_rule++; nd == 0 || v > 0; v /= 10)
+        digits[nd++] = (char)('0' + v % 10);
+    size_t at = np;
+    memcpy(name, c->prefix, np);
+    if (at < JS_NAME_MAX - 1)
+        name[at++] = '-';
+    while (nd > 0 && at < JS_NAME_MAX - 1)
+        name[at++] = digits[--nd];
+    name[at] = 0;
 }
 
 int js_emit_rule(js_ctx_t *c, const char *name, const char *body)
 {
-    tdm_buf_printf(c->out, "%s ::= %s\n", name, body);
+    tdm_buf_puts(c->out, name);
+    tdm_buf_puts(c->out, " ::= ");
+    tdm_buf_puts(c->out, body);
+    tdm_buf_puts(c->out, "\n");
     return c->out->oom ? js_oom(c) : 0;
 }
 
@@ -1426,6 +1440,7 @@ static int compile_document(json_t *root, json_t *bigints, const char *rule, tdm
         free(c.refs[i].ref);
     free(c.refs);
     js_merge_free(&c);
+    js_dfa_memo_free(&c);
     json_decref(c.keep);
     return rc;
 }

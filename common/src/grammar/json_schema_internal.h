@@ -64,7 +64,11 @@ typedef struct js_ctx {
     json_t *bigints;  /* texts of the integers beyond 64 bits, read as reals (NULL: none) */
     int depth;
     bool unsat; /* the last refusal says no value is allowed (not: not supported) */
+    struct js_dfa_memo *dfa_memo; /* automata built in this compile (regex_dfa.c; NULL: none) */
 } js_ctx_t;
+
+/* Frees the automata regex_dfa.c's js_dfa_get kept for this compile (c->dfa_memo). */
+void js_dfa_memo_free(js_ctx_t *c);
 
 /* ---- json_schema.c: dispatch ---- */
 

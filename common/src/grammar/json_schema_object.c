@@ -67,13 +67,13 @@ static int extra_key(js_ctx_t *c, objspec_t *o)
     size_t bad;
     tdm_error_t e;
     char rest[JS_NAME_MAX];
-    int rc = js_dfa_new(NULL, 0, o->names, o->n_names, &d, &bad, &e);
+    int rc = js_dfa_get(c, NULL, 0, o->names, o->n_names, &d, &bad, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
     if (rc != 0)
         return js_fail(c, "", NULL, "%s", e.msg);
     rc = js_dfa_emit(c, d, 0, 0, JS_LEN_INF, rest);
-    js_dfa_free(&d);
+    js_dfa_release(c, &d);
     if (rc != 0)
         return rc;
     char body[2 * JS_NAME_MAX + 16];
@@ -513,7 +513,7 @@ static int patterns_setup(js_ctx_t *c, json_t *s, const char *ptr, pctx_t *p)
     if (!names)
         return js_oom(c);
     tdm_error_t e;
-    int rc = js_dfa_new(p->pats, p->n, names, n_names, &p->dfa, &bad, &e);
+    int rc = js_dfa_get(c, p->pats, p->n, names, n_names, &p->dfa, &bad, &e);
     free(names);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
@@ -691,7 +691,7 @@ int js_object(js_ctx_t *c, json_t *s, const char *ptr, char *name)
         rc = js_emit_rule(c, name, body);
     }
 out_free:
-    js_dfa_free(&pc.dfa);
+    js_dfa_release(c, &pc.dfa);
     free(o.props);
     free(o.names);
     free(first);

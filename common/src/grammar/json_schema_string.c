@@ -163,13 +163,13 @@ static int string_dfa(js_ctx_t *c, const char *ptr, const char *key, const char 
     size_t bad;
     tdm_error_t e;
     char rule[JS_NAME_MAX];
-    int rc = js_dfa_new(res, n, names, n_names, &d, &bad, &e);
+    int rc = js_dfa_get(c, res, n, names, n_names, &d, &bad, &e);
     if (rc == TDM_ERESOURCE)
         return js_oom(c);
     if (rc != 0)
         return js_fail(c, ptr, key, "%s", e.msg);
     rc = js_dfa_emit(c, d, (1u << n_pos) - 1, lo, hi, rule); /* res[n_pos..n) must not match */
-    js_dfa_free(&d);
+    js_dfa_release(c, &d);
     if (rc == TDM_EINVALID) {
         snprintf(e.msg, sizeof e.msg, "%s", c->err->msg);
         return js_fail(c, ptr, key, "%s", e.msg);
@@ -305,8 +305,8 @@ static int pattern_auto(js_ctx_t *c, const char *ptr, const char *re, size_t lo,
     js_dfa_t *d = NULL;
     size_t bad;
     tdm_error_t e;
-    int rc = oom ? TDM_ERESOURCE : js_dfa_new(res, n_pos + n_neg, NULL, 0, &d, &bad, &e);
-    js_dfa_free(&d);
+    int rc = oom ? TDM_ERESOURCE : js_dfa_get(c, res, n_pos + n_neg, NULL, 0, &d, &bad, &e);
+    js_dfa_release(c, &d);
     if (rc == 0)
         rc = string_dfa(c, ptr, "pattern", res, n_pos + n_neg, n_pos, NULL, 0, lo, hi, body);
     else if (rc == TDM_EINVALID)

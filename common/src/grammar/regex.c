@@ -27,6 +27,18 @@
 
 /* ---- GBNF text ---- */
 
+/* Appends esc (a backslash and a letter) and cp as digits upper-case hex digits. */
+static int put_hex_escape(tdm_buf_t *b, const char *esc, uint32_t cp, int digits)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    char t[12];
+    t[0] = esc[0];
+    t[1] = esc[1];
+    for (int i = 0; i < digits; i++)
+        t[2 + i] = hex[cp >> (4 * (digits - 1 - i)) & 0xFu];
+    return tdm_buf_append(b, t, (size_t)digits + 2);
+}
+
 int js_gbnf_lit_cp(tdm_buf_t *b, uint32_t cp)
 {
     switch (cp) {
@@ -38,14 +50,14 @@ int js_gbnf_lit_cp(tdm_buf_t *b, uint32_t cp)
     default: break;
     }
     if (cp < 0x20 || cp == 0x7F)
-        return tdm_buf_printf(b, "\\x%02X", cp);
+        return put_hex_escape(b, "\\x", cp, 2);
     if (cp < 0x80) {
         char ch = (char)cp;
         return tdm_buf_append(b, &ch, 1);
     }
     if (cp <= 0xFFFF)
-        return tdm_buf_printf(b, "\\u%04X", cp);
-    return tdm_buf_printf(b, "\\U%08X", cp);
+        return put_hex_escape(b, "\\u", cp, 4);
+    return put_hex_escape(b, "\\U", cp, 8);
 }
 
 int js_gbnf_lit(tdm_buf_t *b, const char *s, size_t n)
@@ -72,7 +84,7 @@ void js_gbnf_class_cp(tdm_buf_t *b, uint32_t cp)
         char e[3] = {'\\', (char)cp, 0};
         tdm_buf_puts(b, e);
     } else if (cp == '-' || cp == '^') {
-        tdm_buf_printf(b, "\\x%02X", cp);
+        put_hex_escape(b, "\\x", cp, 2);
     } else if (cp == '"') {
         tdm_buf_puts(b, "\"");
     } else {
@@ -102,11 +114,14 @@ bool js_cpset_add(cpset_t *s, uint32_t lo, uint32_t hi)
 void js_cpset_normalize(cpset_t *s)
 {
     uint32_t pairs[CPSET_MAX][2];
+    bool sorted = true;
     for (size_t i = 0; i < s->n; i++) {
         pairs[i][0] = s->lo[i];
         pairs[i][1] = s->hi[i];
+        sorted = sorted && (i == 0 || s->lo[i - 1] <= s->lo[i]);
     }
-    qsort(pairs, s->n, sizeof pairs[0], cmp_range);
+    if (!sorted) /* the automaton's classes come in order */
+        qsort(pairs, s->n, sizeof pairs[0], cmp_range);
     size_t m = 0;
     for (size_t i = 0; i < s->n; i++) {
         if (m > 0 && pairs[i][0] <= s->hi[m - 1] + 1) {
@@ -121,10 +136,19 @@ void js_cpset_normalize(cpset_t *s)
     s->n = m;
 }
 
+/* Copies the n ranges of src into dst (not the unused rest of the arrays). */
+void js_cpset_copy(cpset_t *dst, const cpset_t *src)
+{
+    dst->n = src->n;
+    memcpy(dst->lo, src->lo, src->n * sizeof *src->lo);
+    memcpy(dst->hi, src->hi, src->n * sizeof *src->hi);
+}
+
 /* Complement within [0, CP_MAX] of a normalized set. */
 void js_cpset_negate(cpset_t *s)
 {
-    cpset_t t = {0};
+    cpset_t t;
+    t.n = 0;
     uint32_t next = 0;
     for (size_t i = 0; i < s->n; i++) {
         if (s->lo[i] > next)
@@ -133,7 +157,7 @@ void js_cpset_negate(cpset_t *s)
     }
     if (next <= CP_MAX && (s->n == 0 || s->hi[s->n - 1] < CP_MAX))
         js_cpset_add(&t, next, CP_MAX);
-    *s = t;
+    js_cpset_copy(s, &t);
 }
 
 bool js_cpset_has(const cpset_t *s, uint32_t cp)
@@ -144,21 +168,32 @@ bool js_cpset_has(const cpset_t *s, uint32_t cp)
     return false;
 }
 
-/* Removes [lo, hi] from a normalized set. */
+/* Removes [lo, hi] from a normalized set (in place: the ranges it overlaps, i .. j - 1, give
+ * way to their parts outside it; past CPSET_MAX ranges the last ones are dropped). */
 void js_cpset_remove(cpset_t *s, uint32_t lo, uint32_t hi)
 {
-    cpset_t t = {0};
-    for (size_t i = 0; i < s->n; i++) {
-        if (s->hi[i] < lo || s->lo[i] > hi) {
-            js_cpset_add(&t, s->lo[i], s->hi[i]);
-            continue;
-        }
-        if (s->lo[i] < lo)
-            js_cpset_add(&t, s->lo[i], lo - 1);
-        if (s->hi[i] > hi)
-            js_cpset_add(&t, hi + 1, s->hi[i]);
-    }
-    *s = t;
+    size_t i = 0, j, k = 0;
+    while (i < s->n && s->hi[i] < lo)
+        i++;
+    for (j = i; j < s->n && s->lo[j] <= hi;)
+        j++;
+    if (i == j)
+        return;
+    uint32_t keep_lo[2], keep_hi[2];
+    if (s->lo[i] < lo)
+        keep_lo[k] = s->lo[i], keep_hi[k++] = lo - 1;
+    if (s->hi[j - 1] > hi)
+        keep_lo[k] = hi + 1, keep_hi[k++] = s->hi[j - 1];
+    if (k > CPSET_MAX - i)
+        k = CPSET_MAX - i;
+    size_t tail = s->n - j;
+    if (tail > CPSET_MAX - i - k)
+        tail = CPSET_MAX - i - k;
+    memmove(s->lo + i + k, s->lo + j, tail * sizeof *s->lo);
+    memmove(s->hi + i + k, s->hi + j, tail * sizeof *s->hi);
+    memcpy(s->lo + i, keep_lo, k * sizeof *keep_lo);
+    memcpy(s->hi + i, keep_hi, k * sizeof *keep_hi);
+    s->n = i + k + tail;
 }
 
 /* Appends a GBNF class (or a one-character literal) for a normalized, non-empty set. */
@@ -170,7 +205,8 @@ static void set_emit_class(tdm_buf_t *b, const cpset_t *s)
         tdm_buf_puts(b, "\"");
         return;
     }
-    cpset_t t = *s;
+    cpset_t t;
+    js_cpset_copy(&t, s);
     bool neg = t.n > 0 && t.hi[t.n - 1] == CP_MAX;
     if (neg)
         js_cpset_negate(&t);
@@ -190,18 +226,28 @@ static void set_emit_class(tdm_buf_t *b, const cpset_t *s)
 static void json_escape_lit(tdm_buf_t *b, uint32_t cp)
 {
     static const char short_esc[] = "btn\0fr"; /* 8..13; \v (11) has no short form */
-    if (cp == '"' || cp == '\\')
-        tdm_buf_printf(b, "\"\\\\%s\"", cp == '"' ? "\\\"" : "\\\\");
-    else if (cp >= 8 && cp <= 13 && short_esc[cp - 8])
-        tdm_buf_printf(b, "\"\\\\%c\"", short_esc[cp - 8]);
-    else
-        tdm_buf_printf(b, "\"\\\\u%04x\"", cp);
+    static const char hex[] = "0123456789abcdef";
+    char t[10] = {'"', '\\', '\\', 0};
+    size_t n = 3;
+    if (cp == '"' || cp == '\\') {
+        t[n++] = '\\';
+        t[n++] = (char)cp;
+    } else if (cp >= 8 && cp <= 13 && short_esc[cp - 8]) {
+        t[n++] = short_esc[cp - 8];
+    } else {
+        t[n++] = 'u';
+        for (int i = 3; i >= 0; i--)
+            t[n++] = hex[cp >> (4 * i) & 0xFu];
+    }
+    t[n++] = '"';
+    tdm_buf_append(b, t, n);
 }
 
 /* JSON mode: the set's characters as they appear inside a JSON string. */
 void js_cpset_emit_json(tdm_buf_t *b, const cpset_t *s)
 {
-    cpset_t plain = *s;
+    cpset_t plain;
+    js_cpset_copy(&plain, s);
     js_cpset_remove(&plain, 0, 0x1F);
     js_cpset_remove(&plain, '"', '"');
     js_cpset_remove(&plain, '\\', '\\');
@@ -211,25 +257,33 @@ void js_cpset_emit_json(tdm_buf_t *b, const cpset_t *s)
         set_emit_class(&alts, &plain);
         n_alts++;
     }
+    bool low[(uint32_t)'\\' + 1] = {false}; /* the set's members up to '\\', from its ranges */
+    for (size_t i = 0; i < s->n; i++)
+        for (uint32_t cp = s->lo[i]; cp <= s->hi[i] && cp <= '\\'; cp++)
+            low[cp] = true;
     bool all_ctl = true;
     for (uint32_t cp = 0; cp < 0x20; cp++)
-        all_ctl = all_ctl && js_cpset_has(s, cp);
+        all_ctl = all_ctl && low[cp];
     if (all_ctl) {
-        tdm_buf_printf(&alts, "%s\"\\\\\" [bfnrt] | \"\\\\u00\" [01] [0-9a-fA-F]",
-                       n_alts ? " | " : "");
+        tdm_buf_puts(&alts, n_alts ? " | " : "");
+        tdm_buf_puts(&alts, "\"\\\\\" [bfnrt] | \"\\\\u00\" [01] [0-9a-fA-F]");
         n_alts += 2;
     }
-    for (uint32_t cp = all_ctl ? 0x20 : 0; cp <= '\\'; cp++) {
-        if ((cp < 0x20 || cp == '"' || cp == '\\') && js_cpset_has(s, cp)) {
+    for (uint32_t i = all_ctl ? 0x20 : 0; i < 0x22; i++) { /* the controls, '"', '\\' */
+        uint32_t cp = i < 0x20 ? i : i == 0x20 ? '"' : '\\';
+        if (low[cp]) {
             tdm_buf_puts(&alts, n_alts ? " | " : "");
             json_escape_lit(&alts, cp);
             n_alts++;
         }
     }
-    if (n_alts > 1)
-        tdm_buf_printf(b, "( %s )", alts.data);
-    else
+    if (n_alts > 1) {
+        tdm_buf_puts(b, "( ");
         tdm_buf_puts(b, alts.data ? alts.data : "");
+        tdm_buf_puts(b, " )");
+    } else {
+        tdm_buf_puts(b, alts.data ? alts.data : "");
+    }
     if (alts.oom)
         b->oom = true;
     tdm_buf_free(&alts);

@@ -16,6 +16,7 @@
 
 #define NFA_MAX_STATES 60000u
 #define DFA_MAX_STATES 20000u
+_Static_assert(NFA_MAX_STATES <= 65536u, "sort_u32 sorts NFA state numbers as 16 bits");
 #define PROD_MAX_STATES (1u << 20) /* automaton states times counter values */
 #define EMIT_MAX_RULES 20000u      /* rules js_dfa_emit writes for one string */
 
@@ -41,6 +42,7 @@ struct js_dfa {
     uint32_t *lo;    /* [m] first code point of each interval */
     uint32_t *trans; /* [n][m] next state */
     uint32_t *tag;   /* [n] accept bits */
+    bool kept;       /* owned by a compile's memo (js_dfa_get), not by its caller */
 };
 
 /* ---- the NFA ---- */
@@ -401,6 +403,19 @@ static void nfa_free(nfa_t *a)
 
 /* ---- the subset construction ---- */
 
+#define SEED_MEMO_MAX 40000u /* seed lists remembered */
+
+/* An open-addressing hash table of entry numbers + 1 (0: empty), grown as it fills. */
+typedef struct htab {
+    uint32_t *slot;
+    uint32_t cap; /* a power of two, or 0 */
+} htab_t;
+
+typedef struct seed_memo {
+    uint32_t off, len; /* the sorted seed list in subset_t.seeds */
+    uint32_t state;    /* the DFA state of its closure */
+} seed_memo_t;
+
 typedef struct subset {
     const nfa_t *a;
     uint32_t *eoff, *eto;  /* epsilon edges by source: eto[eoff[x] .. eoff[x + 1]) */
@@ -410,25 +425,59 @@ typedef struct subset {
     uint32_t *stack, *buf; /* [a->n] scratch */
     uint32_t *pool;        /* the DFA states' NFA state lists, one after another */
     size_t n_pool, cap_pool;
-    uint32_t *off, *len;   /* [DFA_MAX_STATES] each state's list in pool */
-    uint32_t ht[1u << 16]; /* hash of the lists: state + 1, 0 empty */
-    uint32_t (*pairs)[2];  /* (interval, NFA target) of one state's edges */
+    uint32_t *off, *len;  /* [cap_states] each state's list in pool */
+    uint32_t cap_states;  /* room in off, len and the DFA's tag */
+    htab_t ht;            /* hash of the lists: state + 1, 0 empty */
+    uint32_t (*pairs)[2]; /* (interval, NFA target [| EV_END]) events of one state's edges */
     size_t n_pairs, cap_pairs;
+    uint32_t *cnt;         /* [a->n] edges covering the interval the sweep is at, by target */
+    uint32_t *act, n_act;  /* [a->n] the targets with cnt > 0 (and some just dropped to 0) */
+    uint8_t *in_act;       /* [a->n] in act */
+    uint32_t (*sorted)[2]; /* scratch of sort_events */
+    size_t cap_sorted;
+    uint32_t *kpos;  /* [intervals + 2] scratch of sort_events */
+    uint32_t *rtmp;  /* [a->n] scratch of sort_u32 */
+    uint32_t *seeds; /* the remembered seed lists, one after another */
+    size_t n_seeds, cap_seeds;
+    seed_memo_t *memo;
+    uint32_t n_memo, cap_memo;
+    htab_t memo_ht;    /* hash of the seed lists: memo index + 1, 0 empty */
+    uint32_t (*rk)[2]; /* [a->n_rng] each range's first interval and one past its last */
 } subset_t;
 
-static int cmp_u32(const void *x, const void *y)
+#define EV_END 0x80000000u /* an event that ends an edge's cover */
+
+/* Sorts v[n] (numbers under 2^bits, bits <= 24) ascending, tmp[n] scratch: nothing when
+ * sorted, insertion sort when short, else a byte radix sort (one pass per 8 bits). */
+static void sort_u32(uint32_t *v, uint32_t n, uint32_t *tmp, int bits)
 {
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-    return (a > b) - (a < b);
+    uint32_t run = 1;
+    while (run < n && v[run - 1] <= v[run])
+        run++;
+    if (run >= n) /* already sorted (seed lists often are) */
+        return;
+    if (n <= 32) {
+        for (uint32_t i = 1; i < n; i++) {
+            uint32_t x = v[i], j = i;
+            for (; j > 0 && v[j - 1] > x; j--)
+                v[j] = v[j - 1];
+            v[j] = x;
+        }
+        return;
+    }
+    for (int shift = 0; shift < bits; shift += 8) {
+        uint32_t pos[257] = {0};
+        for (uint32_t i = 0; i < n; i++)
+            pos[(v[i] >> shift & 0xffu) + 1]++;
+        for (int b = 0; b < 256; b++)
+            pos[b + 1] += pos[b];
+        for (uint32_t i = 0; i < n; i++)
+            tmp[pos[v[i] >> shift & 0xffu]++] = v[i];
+        memcpy(v, tmp, n * sizeof *v);
+    }
 }
 
-static int cmp_pair(const void *x, const void *y)
-{
-    const uint32_t *a = x, *b = y;
-    return a[0] != b[0] ? (a[0] > b[0]) - (a[0] < b[0]) : (a[1] > b[1]) - (a[1] < b[1]);
-}
-
-/* The epsilon closure of seeds[n] into out (seeds may be out), sorted; returns its size.
+/* The epsilon closure of seeds[n] into out (seeds may be out), in no order; returns its size.
  * Plain edges are followed always, EPS_BEGIN ones when mode has EPS_BEGIN (the start of the
  * text), EPS_END ones when it has EPS_END (the end). */
 static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n, uint32_t mode,
@@ -453,7 +502,6 @@ static uint32_t closure(subset_t *ss, const uint32_t *seeds, uint32_t n, uint32_
             }
         }
     }
-    qsort(out, k, sizeof *out, cmp_u32);
     return k;
 }
 
@@ -465,16 +513,74 @@ static uint32_t hash_list(const uint32_t *v, uint32_t n)
     return h;
 }
 
+/* The key of entry i of a table: its list of numbers, *n long. */
+typedef const uint32_t *(*ht_key_fn)(const subset_t *ss, uint32_t i, uint32_t *n);
+
+static const uint32_t *state_key(const subset_t *ss, uint32_t i, uint32_t *n)
+{
+    *n = ss->len[i];
+    return ss->pool + ss->off[i];
+}
+
+static const uint32_t *memo_key(const subset_t *ss, uint32_t i, uint32_t *n)
+{
+    *n = ss->memo[i].len;
+    return ss->seeds + ss->memo[i].off;
+}
+
+/* Makes room in t (count entries) for one more: past half full the table doubles and its
+ * entries are placed again by their keys. 0, or TDM_ERESOURCE. */
+static int ht_room(const subset_t *ss, htab_t *t, uint32_t count, ht_key_fn key)
+{
+    if (((size_t)count + 1) * 2 <= t->cap)
+        return 0;
+    uint32_t nc = t->cap ? t->cap * 2 : 1024, *slot = calloc(nc, sizeof *slot);
+    if (!slot)
+        return TDM_ERESOURCE;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t n;
+        const uint32_t *k = key(ss, i, &n);
+        uint32_t h = hash_list(k, n) & (nc - 1);
+        while (slot[h])
+            h = (h + 1) & (nc - 1);
+        slot[h] = i + 1;
+    }
+    free(t->slot);
+    t->slot = slot;
+    t->cap = nc;
+    return 0;
+}
+
+/* Doubles the room for DFA states (ss->off, ss->len, d->tag). 0, or TDM_ERESOURCE. */
+static int grow_states(subset_t *ss, js_dfa_t *d)
+{
+    size_t nc = ss->cap_states ? (size_t)ss->cap_states * 2 : 64;
+    uint32_t *o = realloc(ss->off, nc * sizeof *o);
+    ss->off = o ? o : ss->off;
+    uint32_t *l = o ? realloc(ss->len, nc * sizeof *l) : NULL;
+    ss->len = l ? l : ss->len;
+    uint32_t *t = l ? realloc(d->tag, nc * sizeof *t) : NULL;
+    d->tag = t ? t : d->tag;
+    if (!t)
+        return TDM_ERESOURCE;
+    ss->cap_states = (uint32_t)nc;
+    return 0;
+}
+
 /* The DFA state of the list ss->buf[n], added when new. Returns its index, or UINT32_MAX
  * (too many states) / UINT32_MAX - 1 (out of memory). */
 static uint32_t intern(subset_t *ss, js_dfa_t *d, uint32_t n)
 {
-    uint32_t mask = (uint32_t)(sizeof ss->ht / sizeof ss->ht[0]) - 1;
+    if (ht_room(ss, &ss->ht, d->n, state_key) != 0)
+        return UINT32_MAX - 1;
+    uint32_t mask = ss->ht.cap - 1;
     for (uint32_t h = hash_list(ss->buf, n) & mask;; h = (h + 1) & mask) {
-        uint32_t st = ss->ht[h];
+        uint32_t st = ss->ht.slot[h];
         if (st == 0) {
             if (d->n >= DFA_MAX_STATES)
                 return UINT32_MAX;
+            if (d->n == ss->cap_states && grow_states(ss, d) != 0)
+                return UINT32_MAX - 1;
             if (ss->n_pool + n > ss->cap_pool) {
                 size_t nc = (ss->n_pool + n) * 2 + 1024;
                 uint32_t *p = realloc(ss->pool, nc * sizeof *p);
@@ -492,7 +598,7 @@ static uint32_t intern(subset_t *ss, js_dfa_t *d, uint32_t n)
             for (uint32_t i = 0; i < m; i++)
                 tag |= ss->a->tag[ss->tbuf[i]];
             d->tag[d->n] = tag;
-            ss->ht[h] = d->n + 1;
+            ss->ht.slot[h] = d->n + 1;
             return d->n++;
         }
         st--;
@@ -528,7 +634,11 @@ static int make_intervals(const nfa_t *a, js_dfa_t *d)
         if (a->rng[i][1] < CP_MAX)
             d->lo[k++] = a->rng[i][1] + 1;
     }
-    qsort(d->lo, k, sizeof *d->lo, cmp_u32);
+    uint32_t *tmp = malloc((size_t)k * sizeof *tmp);
+    if (!tmp)
+        return TDM_ERESOURCE;
+    sort_u32(d->lo, k, tmp, 24); /* code points: under 2^21 */
+    free(tmp);
     uint32_t m = 0;
     for (uint32_t i = 0; i < k; i++)
         if (m == 0 || d->lo[i] != d->lo[m - 1])
@@ -537,8 +647,37 @@ static int make_intervals(const nfa_t *a, js_dfa_t *d)
     return 0;
 }
 
-/* The (interval, target) pairs of DFA state st's character edges, sorted. */
-static int state_pairs(subset_t *ss, const js_dfa_t *d, uint32_t st)
+/* Sorts ss->pairs by interval (0 .. m - 1; a counting sort, the order within one interval
+ * kept). */
+static int sort_events(subset_t *ss, uint32_t m)
+{
+    if (ss->n_pairs > ss->cap_sorted) {
+        void *p = realloc(ss->sorted, ss->cap_pairs * sizeof *ss->sorted);
+        if (!p)
+            return TDM_ERESOURCE;
+        ss->sorted = p;
+        ss->cap_sorted = ss->cap_pairs;
+    }
+    memset(ss->kpos, 0, ((size_t)m + 1) * sizeof *ss->kpos);
+    for (size_t i = 0; i < ss->n_pairs; i++)
+        ss->kpos[ss->pairs[i][0] + 1]++;
+    for (uint32_t k = 0; k < m; k++)
+        ss->kpos[k + 1] += ss->kpos[k];
+    for (size_t i = 0; i < ss->n_pairs; i++) {
+        uint32_t at = ss->kpos[ss->pairs[i][0]]++;
+        ss->sorted[at][0] = ss->pairs[i][0];
+        ss->sorted[at][1] = ss->pairs[i][1];
+    }
+    uint32_t(*t)[2] = ss->pairs;
+    ss->pairs = ss->sorted, ss->sorted = t;
+    size_t c = ss->cap_pairs;
+    ss->cap_pairs = ss->cap_sorted, ss->cap_sorted = c;
+    return 0;
+}
+
+/* The events of DFA state st's character edges, sorted by interval: (k0, target) where an edge
+ * starts to cover the elementary intervals, (k1 + 1, target | EV_END) past its last one. */
+static int state_events(subset_t *ss, const js_dfa_t *d, uint32_t st)
 {
     const nfa_t *a = ss->a;
     ss->n_pairs = 0;
@@ -547,46 +686,109 @@ static int state_pairs(subset_t *ss, const js_dfa_t *d, uint32_t st)
         if (a->chr_to[x] < 0)
             continue;
         for (uint32_t r = a->set_off[x]; r < a->set_off[x] + a->set_n[x]; r++) {
-            uint32_t k0 = interval_of(d, a->rng[r][0]), k1 = interval_of(d, a->rng[r][1]);
-            for (uint32_t k = k0; k <= k1; k++) {
-                if (ss->n_pairs == ss->cap_pairs) {
-                    size_t nc = ss->cap_pairs ? ss->cap_pairs * 2 : 256;
-                    void *p = realloc(ss->pairs, nc * sizeof *ss->pairs);
-                    if (!p)
-                        return TDM_ERESOURCE;
-                    ss->pairs = p;
-                    ss->cap_pairs = nc;
-                }
-                ss->pairs[ss->n_pairs][0] = k;
-                ss->pairs[ss->n_pairs][1] = (uint32_t)a->chr_to[x];
-                ss->n_pairs++;
+            if (ss->n_pairs + 2 > ss->cap_pairs) {
+                size_t nc = ss->cap_pairs ? ss->cap_pairs * 2 : 256;
+                void *p = realloc(ss->pairs, nc * sizeof *ss->pairs);
+                if (!p)
+                    return TDM_ERESOURCE;
+                ss->pairs = p;
+                ss->cap_pairs = nc;
             }
+            uint32_t to = (uint32_t)a->chr_to[x];
+            ss->pairs[ss->n_pairs][0] = ss->rk[r][0];
+            ss->pairs[ss->n_pairs++][1] = to;
+            ss->pairs[ss->n_pairs][0] = ss->rk[r][1];
+            ss->pairs[ss->n_pairs++][1] = to | EV_END;
         }
     }
-    qsort(ss->pairs, ss->n_pairs, sizeof *ss->pairs, cmp_pair);
-    return 0;
+    return sort_events(ss, d->m + 1);
 }
 
-/* Fills d->trans for state st. */
+/* The NFA targets the edges cover at the interval the events have reached, into ss->buf;
+ * drops those no edge covers any more from ss->act. Returns how many. */
+static uint32_t active_targets(subset_t *ss)
+{
+    uint32_t n = 0, kept = 0;
+    for (uint32_t i = 0; i < ss->n_act; i++) {
+        uint32_t x = ss->act[i];
+        if (ss->cnt[x] > 0)
+            ss->act[kept++] = ss->buf[n++] = x;
+        else
+            ss->in_act[x] = 0;
+    }
+    ss->n_act = kept;
+    return n;
+}
+
+/* The DFA state the seeds ss->buf[n] (distinct NFA states) lead to: the state of their
+ * closure, remembered by the sorted seeds (seen again, no closure is taken). Returns it, or
+ * UINT32_MAX / UINT32_MAX - 1 as intern does. */
+static uint32_t target_state(subset_t *ss, js_dfa_t *d, uint32_t n)
+{
+    sort_u32(ss->buf, n, ss->rtmp, 16);
+    if (ht_room(ss, &ss->memo_ht, ss->n_memo, memo_key) != 0)
+        return UINT32_MAX - 1;
+    uint32_t mask = ss->memo_ht.cap - 1, h;
+    for (h = hash_list(ss->buf, n) & mask; ss->memo_ht.slot[h]; h = (h + 1) & mask) {
+        const seed_memo_t *e = &ss->memo[ss->memo_ht.slot[h] - 1];
+        if (e->len == n && memcmp(ss->seeds + e->off, ss->buf, n * sizeof *ss->buf) == 0)
+            return e->state;
+    }
+    bool keep = ss->n_memo < SEED_MEMO_MAX;
+    if (keep && (ss->n_seeds + n > ss->cap_seeds || ss->n_memo == ss->cap_memo)) {
+        size_t nc = (ss->n_seeds + n) * 2 + 1024, mc = ss->cap_memo * 2 + 256;
+        uint32_t *p = realloc(ss->seeds, nc * sizeof *p);
+        ss->seeds = p ? p : ss->seeds;
+        seed_memo_t *q = p ? realloc(ss->memo, mc * sizeof *q) : NULL;
+        ss->memo = q ? q : ss->memo;
+        if (!q)
+            return UINT32_MAX - 1;
+        ss->cap_seeds = nc;
+        ss->cap_memo = mc;
+    }
+    if (keep)
+        memcpy(ss->seeds + ss->n_seeds, ss->buf, n * sizeof *ss->buf);
+    uint32_t len = closure(ss, ss->buf, n, 0, ss->buf);
+    sort_u32(ss->buf, len, ss->rtmp, 16);
+    uint32_t t = intern(ss, d, len);
+    if (keep && t < UINT32_MAX - 1) {
+        ss->memo[ss->n_memo] = (seed_memo_t){(uint32_t)ss->n_seeds, n, t};
+        ss->n_seeds += n;
+        ss->memo_ht.slot[h] = (uint32_t)++ss->n_memo;
+    }
+    return t;
+}
+
+/* Fills d->trans for state st: a sweep over the intervals, one closure per run of intervals
+ * that the same edges cover (the states come out as one closure per interval would give). */
 static int expand_state(subset_t *ss, js_dfa_t *d, uint32_t st)
 {
-    int rc = state_pairs(ss, d, st);
+    int rc = state_events(ss, d, st);
     size_t p = 0;
+    uint32_t t = 0;
     for (uint32_t k = 0; k < d->m && rc == 0; k++) {
-        uint32_t n = 0;
-        while (p < ss->n_pairs && ss->pairs[p][0] == k) {
-            if (n == 0 || ss->pairs[p][1] != ss->buf[n - 1])
-                ss->buf[n++] = ss->pairs[p][1];
-            p++;
+        bool changed = k == 0;
+        for (; p < ss->n_pairs && ss->pairs[p][0] == k; p++, changed = true) {
+            uint32_t x = ss->pairs[p][1] & ~EV_END;
+            if (ss->pairs[p][1] & EV_END) {
+                ss->cnt[x]--;
+            } else if (ss->cnt[x]++ == 0 && !ss->in_act[x]) {
+                ss->in_act[x] = 1;
+                ss->act[ss->n_act++] = x;
+            }
         }
-        uint32_t len = closure(ss, ss->buf, n, 0, ss->buf);
-        uint32_t t = intern(ss, d, len);
-        if (t == UINT32_MAX)
-            return TDM_EINVALID;
-        if (t == UINT32_MAX - 1)
-            return TDM_ERESOURCE;
+        if (changed) {
+            t = target_state(ss, d, active_targets(ss));
+            if (t == UINT32_MAX)
+                rc = TDM_EINVALID;
+            else if (t == UINT32_MAX - 1)
+                rc = TDM_ERESOURCE;
+        }
         d->trans[(size_t)st * d->m + k] = t;
     }
+    for (uint32_t i = 0; i < ss->n_act; i++)
+        ss->cnt[ss->act[i]] = 0, ss->in_act[ss->act[i]] = 0;
+    ss->n_act = 0;
     return rc;
 }
 
@@ -620,17 +822,29 @@ static int subset_run(subset_t *ss, js_dfa_t *d, uint32_t start)
     ss->stack = malloc((size_t)a->n * sizeof *ss->stack);
     ss->buf = malloc((size_t)a->n * sizeof *ss->buf);
     ss->tbuf = malloc((size_t)a->n * sizeof *ss->tbuf);
-    ss->off = malloc(DFA_MAX_STATES * sizeof *ss->off);
-    ss->len = malloc(DFA_MAX_STATES * sizeof *ss->len);
-    d->tag = malloc(DFA_MAX_STATES * sizeof *d->tag);
-    if (!ss->mark || !ss->stack || !ss->buf || !ss->tbuf || !ss->off || !ss->len || !d->tag)
+    ss->cnt = calloc(a->n, sizeof *ss->cnt);
+    ss->act = malloc((size_t)a->n * sizeof *ss->act);
+    ss->in_act = calloc(a->n, 1);
+    ss->rtmp = malloc((size_t)a->n * sizeof *ss->rtmp);
+    if (!ss->rtmp || !ss->mark || !ss->stack || !ss->buf || !ss->tbuf || !ss->cnt || !ss->act ||
+        !ss->in_act)
         return TDM_ERESOURCE;
     int rc = index_eps(ss);
     rc = rc ? rc : make_intervals(a, d);
     if (rc != 0)
         return rc;
+    ss->kpos = malloc(((size_t)d->m + 2) * sizeof *ss->kpos);
+    ss->rk = malloc(((size_t)a->n_rng + 1) * sizeof *ss->rk);
+    if (!ss->kpos || !ss->rk)
+        return TDM_ERESOURCE;
+    for (uint32_t r = 0; r < a->n_rng; r++) {
+        ss->rk[r][0] = interval_of(d, a->rng[r][0]);
+        ss->rk[r][1] = interval_of(d, a->rng[r][1]) + 1;
+    }
     ss->buf[0] = start;
-    if (intern(ss, d, closure(ss, ss->buf, 1, EPS_BEGIN, ss->buf)) != 0)
+    uint32_t len = closure(ss, ss->buf, 1, EPS_BEGIN, ss->buf);
+    sort_u32(ss->buf, len, ss->rtmp, 16);
+    if (intern(ss, d, len) != 0)
         return TDM_ERESOURCE;
     size_t cap = 0;
     for (uint32_t st = 0; st < d->n && rc == 0; st++) {
@@ -660,6 +874,17 @@ static void subset_free(subset_t *ss)
     free(ss->off);
     free(ss->len);
     free(ss->pairs);
+    free(ss->cnt);
+    free(ss->act);
+    free(ss->in_act);
+    free(ss->sorted);
+    free(ss->kpos);
+    free(ss->rtmp);
+    free(ss->seeds);
+    free(ss->memo);
+    free(ss->rk);
+    free(ss->ht.slot);
+    free(ss->memo_ht.slot);
 }
 
 void js_dfa_free(js_dfa_t **d)
@@ -715,6 +940,115 @@ int js_dfa_new(const char *const *pats, size_t n_pats, const char *const *names,
         js_dfa_free(&d);
     *out = d;
     return rc;
+}
+
+/* ---- the compile's memo of automata ---- */
+
+#define JS_DFA_MEMO_BYTES ((size_t)64 << 20) /* transitions kept in one compile's memo */
+#define JS_DFA_MEMO_MAX 1024u                /* automata kept (each lookup scans them) */
+
+typedef struct dfa_entry {
+    char *key; /* the patterns and names, each with its kind ('p' / 'n') and a NUL */
+    size_t key_len;
+    uint64_t hash;
+    js_dfa_t *d;
+} dfa_entry_t;
+
+struct js_dfa_memo {
+    dfa_entry_t *v;
+    size_t n, cap;
+    size_t bytes; /* transitions of the automata kept */
+};
+
+/* The memo key of the patterns and names into *key (tdm_buf). */
+static void memo_key_text(tdm_buf_t *key, const char *const *pats, size_t n_pats,
+                          const char *const *names, size_t n_names)
+{
+    for (size_t i = 0; i < n_pats; i++) {
+        tdm_buf_append(key, "p", 1);
+        tdm_buf_append(key, pats[i], strlen(pats[i]) + 1);
+    }
+    for (size_t i = 0; i < n_names; i++) {
+        tdm_buf_append(key, "n", 1);
+        tdm_buf_append(key, names[i], strlen(names[i]) + 1);
+    }
+}
+
+static uint64_t memo_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Keeps d under key in c's memo; false when it is not kept (out of memory, over budget). */
+static bool memo_keep(js_ctx_t *c, tdm_buf_t *key, uint64_t hash, js_dfa_t *d)
+{
+    size_t bytes = (size_t)d->n * d->m * sizeof *d->trans;
+    struct js_dfa_memo *mm = c->dfa_memo;
+    if (!mm && !(mm = c->dfa_memo = calloc(1, sizeof *mm)))
+        return false;
+    if (mm->bytes + bytes > JS_DFA_MEMO_BYTES || mm->n >= JS_DFA_MEMO_MAX)
+        return false;
+    if (mm->n == mm->cap) {
+        size_t nc = mm->cap ? mm->cap * 2 : 16;
+        dfa_entry_t *v = realloc(mm->v, nc * sizeof *v);
+        if (!v)
+            return false;
+        mm->v = v;
+        mm->cap = nc;
+    }
+    mm->v[mm->n++] = (dfa_entry_t){key->data, key->len, hash, d};
+    mm->bytes += bytes;
+    d->kept = true;
+    *key = (tdm_buf_t)TDM_BUF_INIT; /* the memo owns the text now */
+    return true;
+}
+
+int js_dfa_get(js_ctx_t *c, const char *const *pats, size_t n_pats, const char *const *names,
+               size_t n_names, js_dfa_t **out, size_t *bad, tdm_error_t *err)
+{
+    tdm_buf_t key = TDM_BUF_INIT;
+    memo_key_text(&key, pats, n_pats, names, n_names);
+    uint64_t hash = key.oom ? 0 : memo_hash(key.data, key.len);
+    for (size_t i = 0; !key.oom && c->dfa_memo && i < c->dfa_memo->n; i++) {
+        const dfa_entry_t *e = &c->dfa_memo->v[i];
+        if (e->hash == hash && e->key_len == key.len && memcmp(e->key, key.data, key.len) == 0) {
+            tdm_buf_free(&key);
+            *bad = n_pats;
+            *out = e->d;
+            return 0;
+        }
+    }
+    int rc = js_dfa_new(pats, n_pats, names, n_names, out, bad, err);
+    if (rc == 0 && !key.oom && key.len > 0)
+        memo_keep(c, &key, hash, *out);
+    tdm_buf_free(&key);
+    return rc;
+}
+
+void js_dfa_release(js_ctx_t *c, js_dfa_t **d)
+{
+    (void)c;
+    if (d && *d && (*d)->kept)
+        *d = NULL;
+    else
+        js_dfa_free(d);
+}
+
+void js_dfa_memo_free(js_ctx_t *c)
+{
+    struct js_dfa_memo *mm = c->dfa_memo;
+    if (!mm)
+        return;
+    for (size_t i = 0; i < mm->n; i++) {
+        free(mm->v[i].key);
+        js_dfa_free(&mm->v[i].d);
+    }
+    free(mm->v);
+    free(mm);
+    c->dfa_memo = NULL;
 }
 
 uint32_t js_dfa_tag(const js_dfa_t *d, const char *s, size_t n)
@@ -858,7 +1192,8 @@ static int prod_body(const prod_t *p, size_t x, char (*names)[JS_NAME_MAX], tdm_
         js_cpset_normalize(&set);
         tdm_buf_puts(b, alts++ ? " | " : "");
         js_cpset_emit_json(b, &set);
-        tdm_buf_printf(b, " %s", names[p->id[y] - 1]);
+        tdm_buf_puts(b, " ");
+        tdm_buf_puts(b, names[p->id[y] - 1]);
     }
     if (prod_accepts(p, q, l))
         tdm_buf_puts(b, alts ? " | \"\"" : "\"\"");

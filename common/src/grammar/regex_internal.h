@@ -37,6 +37,8 @@ typedef struct rx {
 bool js_cpset_add(cpset_t *s, uint32_t lo, uint32_t hi);
 /* Sorts and merges overlapping or touching ranges. */
 void js_cpset_normalize(cpset_t *s);
+/* Copies the n ranges of src into dst (not the unused rest of the arrays). */
+void js_cpset_copy(cpset_t *dst, const cpset_t *src);
 /* Complement within [0, CP_MAX] of a normalized set. */
 void js_cpset_negate(cpset_t *s);
 bool js_cpset_has(const cpset_t *s, uint32_t cp);
@@ -88,6 +90,15 @@ typedef struct js_dfa js_dfa_t;
 int js_dfa_new(const char *const *pats, size_t n_pats, const char *const *names, size_t n_names,
                js_dfa_t **out, size_t *bad, tdm_error_t *err);
 void js_dfa_free(js_dfa_t **d); /* accepts NULL; nulls *d */
+/* js_dfa_new through the compile's memo (c->dfa_memo): the automaton of the same patterns and
+ * names, in the same order, is built once per compile and kept until it ends (up to
+ * JS_DFA_MEMO_BYTES of transitions and JS_DFA_MEMO_MAX automata; past that, built for the
+ * caller alone). Same returns; give *out back with js_dfa_release. */
+int js_dfa_get(js_ctx_t *c, const char *const *pats, size_t n_pats, const char *const *names,
+               size_t n_names, js_dfa_t **out, size_t *bad, tdm_error_t *err);
+/* Frees *d unless the memo keeps it; nulls *d (accepts NULL). */
+void js_dfa_release(js_ctx_t *c, js_dfa_t **d);
+/* js_dfa_memo_free (json_schema_internal.h) frees the memo at the end of the compile. */
 /* The tag of the state the UTF-8 text s[n] leads to. Cannot fail. */
 uint32_t js_dfa_tag(const js_dfa_t *d, const char *s, size_t n);
 /* The distinct tags of the states reachable from the start, into tags[cap]; returns how many
