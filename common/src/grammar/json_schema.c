@@ -1114,6 +1114,8 @@ static int compile_types(js_ctx_t *c, json_t *s, const char *ptr, int types, cha
             rc = 0;
             continue;
         }
+        if (rc != 0)
+            break; /* refused: sub was not written */
         if (n == 0)
             snprintf(first, sizeof first, "%s", sub);
         tdm_buf_printf(&body, "%s%s", n++ ? " | " : "", sub);
