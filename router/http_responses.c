@@ -88,6 +88,9 @@ static int content_parts(json_t *c, const char *name, json_t **out, tdm_error_t 
         *out = json_incref(c);
         return TDM_OK;
     }
+    if (!c)
+        return tdm_error_set_field(err, TDM_EINVALID, name,
+                                   "%s is required: a string or an array of content parts", name);
     if (!json_is_array(c))
         return tdm_error_set_field(err, TDM_EINVALID, name,
                                    "%s must be a string or an array of content parts, got %s", name,

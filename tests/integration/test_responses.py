@@ -303,6 +303,11 @@ def test_previous_response_id_chains_and_store(oai, model):
     (dict(input="hi", max_output_tokens=-1), "max_output_tokens"),
     (dict(input=[{"role": "wizard", "content": "hi"}]), "input[0].role"),
     (dict(input=[{"type": "function_call_output", "output": "x"}]), "input[0].call_id"),
+    # members left out: once a NULL read by the type-name helper (the router crashed)
+    (dict(input=[{"role": "user"}]), "input[0].content"),
+    (dict(input=[{"role": "user", "content": "hi"}, {"type": "message", "role": "user"}]),
+     "input[1].content"),
+    (dict(input=[{"type": "function_call_output", "call_id": "c1"}]), "input[0].output"),
     (dict(input=[]), "input"),
 ])
 def test_bad_input_names_the_field(oai, model, kw, param):
