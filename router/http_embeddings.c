@@ -70,7 +70,14 @@ static bool take_ids(struct MHD_Connection *c, const tdm_http_vocab_t *voc, cons
             free(ids);
             char field[TDM_ERRFIELD_MAX];
             snprintf(field, sizeof field, "%s[%zu]", what, j);
-            *ret = REFUSE(c, TDM_EINVALID, NULL, field, "%s: a token id must be an integer", field);
+            if (json_is_integer(e)) /* as tdm_router_embed_check says it for smaller ones */
+                *ret = REFUSE(c, TDM_EINVALID, NULL, field,
+                              "%s: token id %" JSON_INTEGER_FORMAT
+                              " is outside the vocabulary [0, %u)",
+                              field, id, tdm_tokenizer_n_vocab(voc->tok));
+            else
+                *ret = REFUSE(c, TDM_EINVALID, NULL, field,
+                              "%s: a token id must be an integer, got %s", field, oai_type_name(e));
             return false;
         }
         ids[j] = (int32_t)id;
@@ -148,14 +155,20 @@ static bool take_input(struct MHD_Connection *c, const tdm_http_vocab_t *voc, co
         return take_ids(c, voc, in, "input", b, 0, ret);
     /* a list: every element a string, or every element an array of ids */
     bool strings = json_is_string(json_array_get(in, 0));
+    if (!strings && !json_is_array(json_array_get(in, 0))) {
+        *ret = REFUSE(c, TDM_EINVALID, NULL, "input[0]",
+                      "input[0] must be a string, a token id or an array of token ids, got %s",
+                      oai_type_name(json_array_get(in, 0)));
+        return false;
+    }
     for (size_t i = 0; i < b->n; i++) {
         const json_t *e = json_array_get(in, i);
         char what[32];
         snprintf(what, sizeof what, "input[%zu]", i);
         if (strings ? !json_is_string(e) : !json_is_array(e)) {
             *ret = REFUSE(c, TDM_EINVALID, NULL, what,
-                          "%s: every element of input must be a %s, like input[0]", what,
-                          strings ? "string" : "array of token ids");
+                          "%s: every element of input must be %s, like input[0] (got %s)", what,
+                          strings ? "a string" : "an array of token ids", oai_type_name(e));
             return false;
         }
         if (strings
@@ -174,11 +187,15 @@ static bool take_fields(tdm_http_t *h, struct MHD_Connection *c, const json_t *r
     const json_t *model = json_object_get(root, "model");
     snprintf(b->served, sizeof b->served, "%s", cfg->models[0].name);
     if (model && !json_is_null(model)) {
-        int mi = json_is_string(model) ? tdm_config_model_index(cfg, json_string_value(model)) : -1;
+        if (!json_is_string(model)) {
+            *ret = REFUSE(c, TDM_EINVALID, NULL, "model", "model must be a string, got %s",
+                          oai_type_name(model));
+            return false;
+        }
+        int mi = tdm_config_model_index(cfg, json_string_value(model));
         if (mi < 0) {
             *ret = REFUSE(c, TDM_ENOTFOUND, "model_not_found", "model",
-                          "The model '%.200s' does not exist",
-                          json_is_string(model) ? json_string_value(model) : "(not a string)");
+                          "The model '%.200s' does not exist", json_string_value(model));
             return false;
         }
         b->model_index = (size_t)mi;
@@ -290,6 +307,11 @@ enum MHD_Result http_embeddings(tdm_http_t *h, struct MHD_Connection *c, http_re
         return ret;
     json_error_t je;
     json_t *root = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &je);
+    if (!root && json_error_code(&je) == json_error_null_character)
+        return REFUSE(c, TDM_EINVALID, NULL, NULL,
+                      "a string of the body holds \\u0000 (line %d, column %d): inputs cannot "
+                      "contain NUL characters",
+                      je.line, je.column);
     if (!root || !json_is_object(root)) {
         ret = REFUSE(c, TDM_EINVALID, NULL, NULL, "the body must be a JSON object%s%s",
                      root ? "" : ": ", root ? "" : je.text);

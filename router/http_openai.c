@@ -30,6 +30,8 @@
 
 const char *oai_type_name(const json_t *v)
 {
+    if (!v) /* an absent member: json_object_get's NULL */
+        return "nothing (the field is missing)";
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";

@@ -103,7 +103,8 @@ typedef struct oai_req {
 } oai_req_t;
 
 /* "an object", "a string", "an integer", ...: the JSON type of v, as the gateway's type errors
- * say it ("temperature must be a number, got a string"). Cannot fail. */
+ * say it ("temperature must be a number, got a string"); NULL (an absent member) is "nothing
+ * (the field is missing)". Cannot fail. */
 const char *oai_type_name(const json_t *v);
 
 /* Parses an OpenAI request body into *q (zeroed first): type checks with a message naming the

@@ -88,6 +88,9 @@ static int content_parts(json_t *c, const char *name, json_t **out, tdm_error_t 
         *out = json_incref(c);
         return TDM_OK;
     }
+    if (!c)
+        return tdm_error_set_field(err, TDM_EINVALID, name,
+                                   "%s is required: a string or an array of content parts", name);
     if (!json_is_array(c))
         return tdm_error_set_field(err, TDM_EINVALID, name,
                                    "%s must be a string or an array of content parts, got %s", name,
@@ -373,6 +376,13 @@ static int tool_to_chat(json_t *t, size_t i, json_t **out, tdm_error_t *err)
 static int tool_choice_to_chat(resp_call_t *rc, tdm_error_t *err)
 {
     json_t *tc = get(rc->root, "tool_choice");
+    const char *s = json_string_value(tc);
+    if (tc && !json_is_object(tc) &&
+        (!s || (strcmp(s, "auto") != 0 && strcmp(s, "none") != 0 && strcmp(s, "required") != 0)))
+        return tdm_error_set_field(err, TDM_EINVALID, "tool_choice",
+                                   "tool_choice must be \"auto\", \"none\", \"required\" or "
+                                   "{\"type\": \"function\", \"name\": ...}, got %s%s%.64s%s",
+                                   oai_type_name(tc), s ? " '" : "", s ? s : "", s ? "'" : "");
     if (!json_is_object(tc)) {
         if (tc)
             json_object_set(rc->chat, "tool_choice", tc);
@@ -386,9 +396,13 @@ static int tool_choice_to_chat(resp_call_t *rc, tdm_error_t *err)
                                    "...}",
                                    ty ? ty : "(none)");
     json_t *name = json_object_get(tc, "name");
+    if (!json_is_string(name))
+        return tdm_error_set_field(err, TDM_EINVALID, "tool_choice.name",
+                                   "tool_choice.name must be a string (the function's name), "
+                                   "got %s",
+                                   oai_type_name(name));
     json_object_set_new(rc->chat, "tool_choice",
-                        json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name",
-                                  name ? name : json_null()));
+                        json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name));
     return TDM_OK;
 }
 

@@ -135,6 +135,11 @@ def test_openai_client_base64(oai, model):
     ({"input": "x", "pooling": "cls"}, "pooling", "'last', 'mean'"),
     ({"input": "x", "user": 5}, "user", "string"),
     ({}, "input", "required"),
+    ({"input": [2**40]}, "input[0]", "outside the vocabulary"),  # an integer past int32
+    ({"input": [[1, 2.5]]}, "input[0][1]", "must be an integer, got a number"),
+    ({"input": [True]}, "input[0]", "got a boolean"),
+    ({"input": "x", "model": 4}, "model", "must be a string"),  # 400, as the chat path's
+    ({"input": ["a", "b\u0000c"]}, None, "NUL"),
 ])
 def test_refusals(cluster, model, body, param, what):
     st, _, raw = request(cluster.port, "POST", "/v1/embeddings", dict({"model": model}, **body))

@@ -303,6 +303,14 @@ def test_previous_response_id_chains_and_store(oai, model):
     (dict(input="hi", max_output_tokens=-1), "max_output_tokens"),
     (dict(input=[{"role": "wizard", "content": "hi"}]), "input[0].role"),
     (dict(input=[{"type": "function_call_output", "output": "x"}]), "input[0].call_id"),
+    # members left out: once a NULL read by the type-name helper (the router crashed)
+    (dict(input=[{"role": "user"}]), "input[0].content"),
+    (dict(input=[{"role": "user", "content": "hi"}, {"type": "message", "role": "user"}]),
+     "input[1].content"),
+    (dict(input=[{"type": "function_call_output", "call_id": "c1"}]), "input[0].output"),
+    # tool_choice in the Responses shape ({type, name}), not the chat one the message once gave
+    (dict(input="hi", tools=[WEATHER], tool_choice={"type": "function"}), "tool_choice.name"),
+    (dict(input="hi", tools=[WEATHER], tool_choice="always"), "tool_choice"),
     (dict(input=[]), "input"),
 ])
 def test_bad_input_names_the_field(oai, model, kw, param):
@@ -310,6 +318,8 @@ def test_bad_input_names_the_field(oai, model, kw, param):
         oai.responses.create(model=model, **kw)
     assert e.value.body["param"] == param, e.value.body
     assert e.value.body["message"].startswith(param), e.value.body
+    if param.startswith("tool_choice"):
+        assert '"function": {' not in e.value.body["message"], e.value.body  # chat's shape
 
 
 def test_chat_validator_speaks_responses_names(oai, model):
