@@ -1028,6 +1028,7 @@ static int parse_body(const char *body, size_t len, oai_req_t *q, tdm_error_t *e
 static int parse_identity(parse_ctx_t *p, oai_req_t *q, const char *served)
 {
     const char *model = get_string(p, "model");
+    (void)get_string(p, "user"); /* OpenAI's end-user id: not used, but a string */
     if (p->rc)
         return p->rc;
     snprintf(q->model, sizeof q->model, "%s", model ? model : (served ? served : ""));

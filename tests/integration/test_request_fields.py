@@ -288,6 +288,8 @@ def test_truncated_prompt_is_bounded_in_bytes(cluster):
     ("/v1/completions", {"bad_words": ["ok", "x" * 257]}, "bad_words[1]", ["1..256 bytes"]),
     ("/v1/completions", {"bad_words": ["ok", "   "]}, "bad_words[1]", ["besides leading spaces"]),
     ("/v1/completions", {"bad_words": [3]}, "bad_words[0]", ["must be a string"]),
+    ("/v1/chat/completions", {"messages": CHAT, "user": 7}, "user", ["user must be a string"]),
+    ("/v1/completions", {"user": ["u"]}, "user", ["user must be a string"]),
     ("/v1/completions", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", ["-1", ">= 1"]),
     ("/v1/completions", {"truncate_prompt_tokens": -2}, "truncate_prompt_tokens", ["got -2"]),
     ("/v1/completions", {"truncate_prompt_tokens": N_CTX + 1}, "truncate_prompt_tokens",
