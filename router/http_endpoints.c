@@ -194,6 +194,22 @@ static enum MHD_Result handle_tokenize(tdm_http_t *h, struct MHD_Connection *c, 
     return http_reply_json(c, status, v);
 }
 
+/* A POST endpoint's refusals before its handler: 405 for another method, 413 for a body over
+ * TDM_HTTP_MAX_BODY_BYTES. true with *ret set when refused. */
+static bool post_refused(struct MHD_Connection *c, const http_req_t *r, const char *url,
+                         const char *method, enum MHD_Result *ret)
+{
+    if (strcmp(method, "POST") != 0)
+        *ret = http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method, url);
+    else if (r->too_large)
+        *ret = http_reply_bad_http(c, 413, "request_too_large",
+                                   "the request body is larger than %u bytes",
+                                   TDM_HTTP_MAX_BODY_BYTES);
+    else
+        return false;
+    return true;
+}
+
 /* OPTIONS (any path), /tokenize, /detokenize and /version; false when url is none of them. */
 static bool route_conv(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, const char *url,
                        const char *method, enum MHD_Result *ret)
@@ -206,14 +222,7 @@ static bool route_conv(tdm_http_t *h, struct MHD_Connection *c, http_req_t *r, c
     }
     bool tok = strcmp(url, "/tokenize") == 0, detok = strcmp(url, "/detokenize") == 0;
     if (tok || detok) {
-        if (strcmp(method, "POST") != 0)
-            *ret =
-                http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method, url);
-        else if (r->too_large)
-            *ret = http_reply_bad_http(c, 413, "request_too_large",
-                                       "the request body is larger than %u bytes",
-                                       TDM_HTTP_MAX_BODY_BYTES);
-        else
+        if (!post_refused(c, r, url, method, ret))
             *ret = handle_tokenize(h, c, r, detok);
         return true;
     }
@@ -232,14 +241,7 @@ static bool route_responses(tdm_http_t *h, struct MHD_Connection *c, http_req_t 
                             const char *method, enum MHD_Result *ret)
 {
     if (strcmp(url, "/v1/responses") == 0) {
-        if (strcmp(method, "POST") != 0)
-            *ret =
-                http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method, url);
-        else if (r->too_large)
-            *ret = http_reply_bad_http(c, 413, "request_too_large",
-                                       "the request body is larger than %u bytes",
-                                       TDM_HTTP_MAX_BODY_BYTES);
-        else
+        if (!post_refused(c, r, url, method, ret))
             *ret = http_responses(h, c, r);
         return true;
     }
@@ -309,31 +311,20 @@ enum MHD_Result http_route(tdm_http_t *h, struct MHD_Connection *c, http_req_t *
                            const char *method)
 {
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    bool post = strcmp(method, "POST") == 0;
     enum MHD_Result ret;
     if (route_conv(h, c, r, url, method, &ret))
         return ret;
     if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0) {
-        if (!post)
-            return http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method,
-                                       url);
-        if (r->too_large)
-            return http_reply_bad_http(c, 413, "request_too_large",
-                                       "the request body is larger than %u bytes",
-                                       TDM_HTTP_MAX_BODY_BYTES);
+        if (post_refused(c, r, url, method, &ret))
+            return ret;
         return http_generate(h, c, r,
                              strcmp(url, "/v1/completions") == 0 ? OAI_COMPLETION : OAI_CHAT);
     }
     if (route_responses(h, c, r, url, method, &ret))
         return ret;
     if (strcmp(url, "/v1/embeddings") == 0) {
-        if (!post)
-            return http_reply_bad_http(c, 405, "method_not_allowed", "%s %s: use POST", method,
-                                       url);
-        if (r->too_large)
-            return http_reply_bad_http(c, 413, "request_too_large",
-                                       "the request body is larger than %u bytes",
-                                       TDM_HTTP_MAX_BODY_BYTES);
+        if (post_refused(c, r, url, method, &ret))
+            return ret;
         return http_embeddings(h, c, r);
     }
     if (r->too_large)
