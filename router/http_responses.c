@@ -461,6 +461,14 @@ static int format_to_chat(resp_call_t *rc, tdm_error_t *err)
                                    "text.format.type '%.64s' is not one of text, json_object, "
                                    "json_schema",
                                    ty);
+    /* The Responses API requires the schema (chat's response_format does not: there a
+     * json_schema without one means any JSON object). */
+    json_t *schema = json_object_get(fmt, "schema");
+    if (!json_is_object(schema) && !json_is_boolean(schema))
+        return tdm_error_set_field(err, TDM_EINVALID, "text.format.schema",
+                                   "text.format.schema is required with type json_schema: a "
+                                   "JSON Schema object, got %s",
+                                   schema ? oai_type_name(schema) : "nothing");
     json_t *js = json_object();
     static const char *keys[] = {"name", "schema", "strict", "description"};
     for (size_t k = 0; js && k < sizeof keys / sizeof keys[0]; k++) {
