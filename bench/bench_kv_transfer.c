@@ -1,11 +1,27 @@
 /* bench_kv_transfer.c - KV transport throughput and latency over loopback TCP: transfers of
  * 1, 32 and 256 blocks of the SmolLM2-135M f16 layout (368,640 B per block) from a sender pool
  * to a receiver pool served by another thread, one transfer at a time (send -> checksums ->
- * ZeroMQ -> copy into the reserved blocks, verified there -> acknowledgement), next to a raw
- * baseline measured in the same run: the same bytes and the same request/acknowledgement
- * pattern over a plain TCP socket between two threads (send() from the sender pool, recv()
- * straight into the receiver pool's blocks, a one-byte ack). Prints a table to stderr and one
- * JSON line to stdout (or --json FILE) with the ratio tandem/raw per size.
+ * ZeroMQ -> copy into the reserved blocks, verified there -> acknowledgement), next to two
+ * baselines measured in the same run over plain TCP sockets between two threads, with the same
+ * request/acknowledgement pattern:
+ *   raw     send() from the sender pool, recv() straight into the receiver pool's blocks, a
+ *           one-byte ack;
+ *   hashed  the same, plus the irreducible cost of a checked transfer: the sender XXH3-hashes
+ *           each block (tdm_kv_block_checksum, the hash Tandem carries) and sends the 8-byte
+ *           hash before the block (one sendmsg); the receiver recv()s the block straight into
+ *           the pool, hashes it there and compares; a mismatch is a failure.
+ * Prints a table to stderr and one JSON line to stdout (or --json FILE): GB/s of each, the
+ * ratios tandem/hashed and tandem/raw, and each side's CPU-seconds per GB.
+ *
+ * CPU time per side: every thread of the process is read with its own CPU clock (the Linux
+ * per-thread clock of /proc/self/task/TID, clock_gettime, ns) before and after each phase and
+ * charged to the receiver or the sender. Receiver side: the threads named "kvb-rx..." (the
+ * Tandem receiver thread and the baselines' receiver threads; the OpenMP workers a thread
+ * starts inherit its name) and the ZeroMQ I/O and reaper threads of the receiver's own ZeroMQ
+ * context (the sender and the receiver have one context each, as two nodes do, so their
+ * ZeroMQ threads are told apart by when they appeared). Sender side: every other thread (the
+ * main thread "kvb-tx", its OpenMP workers, the sender's ZeroMQ threads). The 3 warm-up
+ * transfers of each phase are in the CPU time and their bytes in the division.
  *
  * By default the process tunes glibc malloc the way a decode node should (M_MMAP_THRESHOLD
  * 32 MiB, M_TRIM_THRESHOLD 1 GiB, M_ARENA_MAX 1): ZeroMQ receives every block into a fresh
@@ -15,13 +31,16 @@
  *
  * GB/s = block bytes moved / wall time of the sequential transfers (1 GB = 1e9 B); latency is
  * per request, send until acknowledgement (tandem: until tdm_kv_sender_poll reports it, blocks
- * released). Each size runs --rounds rounds (default 5) of raw then tandem, --seconds / rounds
- * each, so both see the same machine load; the ratio reported is the median of the rounds'
- * ratios (all of them in the JSON), the GB/s and latencies those of that round. On a shared
- * machine compare the ratio, not the absolute numbers. --curve runs the KV channel with CURVE
- * (the raw baseline stays plain TCP).
+ * released). Each size runs --rounds rounds (default 5) of raw, hashed, then tandem,
+ * --seconds / rounds each, so all see the same machine load; the ratios reported are those of
+ * the round with the median tandem/hashed ratio (every round's in the JSON). On a shared
+ * machine compare the ratios, not the absolute numbers. --curve runs the KV channel with
+ * CURVE (the baselines stay plain TCP). The CPU model, the ISA extensions and the load
+ * average at the start are printed and in the JSON.
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -35,6 +54,8 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tandem/base.h"
@@ -70,10 +91,108 @@ typedef struct result {
     int n;       /* transfers timed */
     double gbps; /* GB/s */
     double p50_ms, p99_ms;
-    double cpu_s_per_gb;       /* CPU time of the whole process (every thread) per GB moved */
-    int n_rounds;              /* tandem: rounds measured */
-    double ratios[MAX_ROUNDS]; /* tandem: each round's tandem/raw ratio */
+    double cpu_tx_s_per_gb, cpu_rx_s_per_gb; /* CPU seconds per GB moved, each side */
+    int n_rounds;                     /* tandem: rounds measured */
+    double ratios[MAX_ROUNDS];        /* tandem: each round's tandem/raw ratio */
+    double ratios_hashed[MAX_ROUNDS]; /* tandem: each round's tandem/hashed ratio */
 } result_t;
+
+/* ---- CPU time per side: every thread's own CPU clock ---- */
+
+#define MAX_TIDS 512
+
+/* The tids of this process's threads into out[cap]; returns how many. */
+static int list_tids(pid_t *out, int cap)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL && n < cap)
+        if (e->d_name[0] >= '0' && e->d_name[0] <= '9')
+            out[n++] = (pid_t)atoi(e->d_name);
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* CPU seconds thread tid (of this process) has run, from its per-thread CPU clock (glibc's
+ * pthread_getcpuclockid encoding: CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD on ~tid), or -1 when it
+ * has exited. */
+static double tid_cpu(pid_t tid)
+{
+    clockid_t c = (clockid_t)((~(unsigned)tid << 3) | 6u);
+    struct timespec ts;
+    if (clock_gettime(c, &ts) != 0)
+        return -1;
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+typedef struct cpu_split {
+    double tx, rx; /* CPU seconds so far of the sender's and the receiver's threads */
+} cpu_split_t;
+
+typedef struct tidset {
+    pid_t tids[MAX_TIDS]; /* the receiver's ZeroMQ threads */
+    int n;
+} tidset_t;
+
+/* Every thread's CPU seconds so far, split into the receiver's (named "kvb-rx...", or in
+ * rx_zmq) and the sender's (the rest). */
+static cpu_split_t cpu_sample(const tidset_t *rx_zmq)
+{
+    cpu_split_t c = {0, 0};
+    pid_t tids[MAX_TIDS];
+    int n = list_tids(tids, MAX_TIDS);
+    for (int i = 0; i < n; i++) {
+        double t = tid_cpu(tids[i]);
+        if (t < 0)
+            continue;
+        char path[64], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%d/comm", (int)tids[i]);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (!fgets(comm, sizeof comm, f))
+                comm[0] = 0;
+            fclose(f);
+        }
+        bool rx = strncmp(comm, "kvb-rx", 6) == 0;
+        for (int k = 0; k < rx_zmq->n && !rx; k++)
+            rx = rx_zmq->tids[k] == tids[i];
+        if (rx)
+            c.rx += t;
+        else
+            c.tx += t;
+    }
+    return c;
+}
+
+/* The CPU model (/proc/cpuinfo) into out[cap], or "unknown". */
+static void cpu_model(char *out, size_t cap)
+{
+    snprintf(out, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && colon) {
+            snprintf(out, cap, "%s", colon + 2);
+            out[strcspn(out, "\n")] = 0;
+            break;
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
+/* The ISA extensions the copies and XXH3 (libxxhash's dispatch) can use, into out[cap]. */
+static void cpu_isa(char *out, size_t cap)
+{
+    __builtin_cpu_init();
+    snprintf(out, cap, "%s%s%s%s", __builtin_cpu_supports("avx2") ? "AVX2" : "SSE2",
+             __builtin_cpu_supports("avx512f") ? ", AVX-512 F" : "",
+             __builtin_cpu_supports("avx512bw") ? "/BW" : "",
+             __builtin_cpu_supports("avx512vl") ? "/VL" : "");
+}
 
 /* ---- tandem: receiver thread ---- */
 
@@ -100,6 +219,7 @@ static int rx_lookup(void *user, const char *request_id, uint64_t attempt_id, ui
 static void *rx_main(void *arg)
 {
     rx_t *x = arg;
+    pthread_setname_np(pthread_self(), "kvb-rx"); /* before its OpenMP workers exist */
     while (!atomic_load(&x->stop)) {
         tdm_kv_received_t got;
         int n = tdm_kv_receiver_recv(x->r, 100, rx_lookup, x, &got);
@@ -155,12 +275,14 @@ static int run_tandem(tdm_kv_sender_t *s, const char *ep, const uint32_t *blocks
     return 0;
 }
 
-/* ---- raw TCP baseline ---- */
+/* ---- the TCP baselines: raw and hashed ---- */
 
 typedef struct raw {
     int listen_fd, fd;
     uint8_t *dst; /* the receiver pool's memory */
+    bool hashed;  /* each block preceded by its XXH3, checked on arrival */
     int failures;
+    uint64_t mismatches; /* hashed: blocks whose hash differed */
 } raw_t;
 
 static int send_all(int fd, const void *p, size_t n)
@@ -174,6 +296,34 @@ static int send_all(int fd, const void *p, size_t n)
             return -1;
         b += w;
         n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The 8-byte hash h then the n bytes at p, in as few sendmsg calls as the kernel takes. */
+static int send_hashed(int fd, uint64_t h, const uint8_t *p, size_t n)
+{
+    struct iovec iov[2] = {{&h, sizeof h}, {(void *)p, n}};
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
+    size_t left = sizeof h + n;
+    while (left > 0) {
+        ssize_t w = sendmsg(fd, &m, 0);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        left -= (size_t)w;
+        while (w > 0 && m.msg_iovlen > 0) {
+            if ((size_t)w >= m.msg_iov[0].iov_len) {
+                w -= (ssize_t)m.msg_iov[0].iov_len;
+                m.msg_iov++;
+                m.msg_iovlen--;
+            } else {
+                m.msg_iov[0].iov_base = (uint8_t *)m.msg_iov[0].iov_base + w;
+                m.msg_iov[0].iov_len -= (size_t)w;
+                w = 0;
+            }
+        }
     }
     return 0;
 }
@@ -194,10 +344,12 @@ static int recv_all(int fd, void *p, size_t n)
 }
 
 /* Receiver thread: per request a 16-byte header (block count, block bytes), then the blocks
- * straight into the pool, then a one-byte ack. Ends when the sender closes. */
+ * straight into the pool (hashed: each after its 8-byte XXH3, hashed in the pool once
+ * received and compared), then a one-byte ack. Ends when the sender closes. */
 static void *raw_rx_main(void *arg)
 {
     raw_t *x = arg;
+    pthread_setname_np(pthread_self(), x->hashed ? "kvb-rx-hashed" : "kvb-rx-raw");
     x->fd = accept(x->listen_fd, NULL, NULL);
     if (x->fd < 0) {
         x->failures++;
@@ -207,11 +359,17 @@ static void *raw_rx_main(void *arg)
         uint64_t hdr[2];
         if (recv_all(x->fd, hdr, sizeof hdr) != 0)
             break;
-        for (uint64_t i = 0; i < hdr[0]; i++)
-            if (recv_all(x->fd, x->dst + i * hdr[1], (size_t)hdr[1]) != 0) {
+        for (uint64_t i = 0; i < hdr[0]; i++) {
+            uint8_t *dst = x->dst + i * hdr[1];
+            uint64_t want = 0;
+            if ((x->hashed && recv_all(x->fd, &want, sizeof want) != 0) ||
+                recv_all(x->fd, dst, (size_t)hdr[1]) != 0) {
                 x->failures++;
                 return NULL;
             }
+            if (x->hashed && tdm_kv_block_checksum(dst, hdr[1]) != want)
+                x->mismatches++;
+        }
         char ack = 1;
         if (send_all(x->fd, &ack, 1) != 0) {
             x->failures++;
@@ -222,8 +380,8 @@ static void *raw_rx_main(void *arg)
     return NULL;
 }
 
-static int run_raw(int fd, const uint8_t *src, uint32_t n, double seconds, uint64_t block_bytes,
-                   double *lat, result_t *res)
+static int run_raw(int fd, bool hashed, const uint8_t *src, uint32_t n, double seconds,
+                   uint64_t block_bytes, double *lat, result_t *res)
 {
     int count = 0;
     double t_start = 0;
@@ -234,9 +392,13 @@ static int run_raw(int fd, const uint8_t *src, uint32_t n, double seconds, uint6
         uint64_t hdr[2] = {n, block_bytes};
         if (send_all(fd, hdr, sizeof hdr) != 0)
             return -1;
-        for (uint32_t b = 0; b < n; b++)
-            if (send_all(fd, src + (uint64_t)b * block_bytes, (size_t)block_bytes) != 0)
+        for (uint32_t b = 0; b < n; b++) {
+            const uint8_t *p = src + (uint64_t)b * block_bytes;
+            if (hashed ? send_hashed(fd, tdm_kv_block_checksum(p, block_bytes), p,
+                                     (size_t)block_bytes)
+                       : send_all(fd, p, (size_t)block_bytes))
                 return -1;
+        }
         char ack;
         if (recv_all(fd, &ack, 1) != 0)
             return -1;
@@ -289,7 +451,7 @@ typedef struct kvb_opts {
 
 /* Everything a run holds; kvb_close releases what was set up, in reverse order. */
 typedef struct kvb {
-    tdm_net_t *net;
+    tdm_net_t *net_rx, *net_tx;   /* one ZeroMQ context per side, as two nodes have */
     tdm_kv_pool_t *spool, *rpool; /* sender's and receiver's pools, POOL_BLOCKS each */
     tdm_kv_seq_t sseq;            /* the sender's POOL_BLOCKS reserved blocks */
     uint64_t bb;                  /* bytes per block */
@@ -298,10 +460,13 @@ typedef struct kvb {
     rx_t rx;
     tdm_kv_sender_t *s;
     char ep[256]; /* the receiver's endpoint */
-    pthread_t rx_th, raw_th;
-    bool rx_running, raw_running;
-    raw_t raw;
-    int raw_fd;
+    tidset_t rx_zmq; /* the receiver context's ZeroMQ threads (CPU time charged to it) */
+    pthread_t rx_th, raw_th[2];
+    bool rx_running, raw_running[2];
+    raw_t raw[2]; /* [0] raw, [1] hashed */
+    int raw_fd[2];
+    char cpu[128], isa[64];
+    double load[3]; /* load average at the start: 1, 5, 15 minutes */
 } kvb_t;
 
 /* Parses the command line into *o. Returns 0 to go on, or 2 after printing the usage. */
@@ -353,8 +518,7 @@ static int parse_args(int argc, char **argv, kvb_opts_t *o)
 static int kvb_open_pools(kvb_t *k)
 {
     tdm_error_t err = {0};
-    k->net = tdm_net_new(2, &err);
-    k->spool = k->net ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
+    k->spool = tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err);
     k->rpool = k->spool ? tdm_kv_pool_new(&smollm2, POOL_BLOCKS, &err) : NULL;
     k->lat = malloc(MAX_SAMPLES * sizeof *k->lat);
     if (!k->rpool || !k->lat) {
@@ -374,7 +538,8 @@ static int kvb_open_pools(kvb_t *k)
     return 0;
 }
 
-/* Starts the receiver on its own thread and the sender, then the raw TCP pair. Returns 0, or
+/* Starts the receiver (its own ZeroMQ context, whose threads are noted as the receiver's) on
+ * its own thread and the sender (another context), then the two TCP baselines. Returns 0, or
  * 1 after printing why. */
 static int kvb_open_links(kvb_t *k, bool curve)
 {
@@ -397,13 +562,25 @@ static int kvb_open_links(kvb_t *k, bool curve)
                                  .model_fingerprint = FINGERPRINT,
                                  .curve = curve ? &server : NULL,
                                  .log = &k->log};
-    k->rx.r = tdm_kv_receiver_new(k->net, k->rpool, &ro, &err);
+    pid_t before[MAX_TIDS], after[MAX_TIDS];
+    int n_before = list_tids(before, MAX_TIDS);
+    k->net_rx = tdm_net_new(2, &err);
+    k->rx.r = k->net_rx ? tdm_kv_receiver_new(k->net_rx, k->rpool, &ro, &err) : NULL;
+    int n_after = list_tids(after, MAX_TIDS);
+    for (int i = 0; i < n_after; i++) { /* ZeroMQ starts its threads with the first socket */
+        bool old = false;
+        for (int b = 0; b < n_before && !old; b++)
+            old = before[b] == after[i];
+        if (!old && k->rx_zmq.n < MAX_TIDS)
+            k->rx_zmq.tids[k->rx_zmq.n++] = after[i];
+    }
     tdm_kv_sender_opts_t so = {.node_id = "bench-prefill",
                                .model_fingerprint = FINGERPRINT,
                                .backend = TDM_KV_BACKEND_TCP,
                                .curve = curve ? &client : NULL,
                                .log = &k->log};
-    k->s = k->rx.r ? tdm_kv_sender_new(k->net, k->spool, &so, &err) : NULL;
+    k->net_tx = k->rx.r ? tdm_net_new(2, &err) : NULL;
+    k->s = k->net_tx ? tdm_kv_sender_new(k->net_tx, k->spool, &so, &err) : NULL;
     if (!k->s) {
         fprintf(stderr, "bench: %s\n", err.msg);
         return 1;
@@ -412,24 +589,28 @@ static int kvb_open_links(kvb_t *k, bool curve)
     atomic_init(&k->rx.stop, false);
     /* the receiver's socket moves to that thread */
     k->rx_running = pthread_create(&k->rx_th, NULL, rx_main, &k->rx) == 0;
-    k->raw.dst = tdm_kv_pool_base(k->rpool);
-    k->raw_fd = raw_connect(&k->raw, &k->raw_th);
-    k->raw_running = k->raw_fd >= 0;
-    if (k->raw_fd < 0) {
-        fprintf(stderr, "bench: raw TCP set-up failed: %s\n", strerror(errno));
-        return 1;
+    for (int h = 0; h < 2; h++) {
+        k->raw[h].dst = tdm_kv_pool_base(k->rpool);
+        k->raw[h].hashed = h == 1;
+        k->raw_fd[h] = raw_connect(&k->raw[h], &k->raw_th[h]);
+        k->raw_running[h] = k->raw_fd[h] >= 0;
+        if (k->raw_fd[h] < 0) {
+            fprintf(stderr, "bench: TCP baseline set-up failed: %s\n", strerror(errno));
+            return 1;
+        }
     }
     return 0;
 }
 
 static void kvb_close(kvb_t *k)
 {
-    if (k->raw_running) {
-        shutdown(k->raw_fd, SHUT_RDWR);
-        close(k->raw_fd);
-        pthread_join(k->raw_th, NULL);
-        close(k->raw.listen_fd);
-    }
+    for (int h = 0; h < 2; h++)
+        if (k->raw_running[h]) {
+            shutdown(k->raw_fd[h], SHUT_RDWR);
+            close(k->raw_fd[h]);
+            pthread_join(k->raw_th[h], NULL);
+            close(k->raw[h].listen_fd);
+        }
     if (k->rx_running) {
         atomic_store(&k->rx.stop, true);
         pthread_join(k->rx_th, NULL);
@@ -442,43 +623,61 @@ static void kvb_close(kvb_t *k)
         tdm_kv_seq_release(k->rpool, &k->rx.seq);
     tdm_kv_pool_destroy(&k->spool);
     tdm_kv_pool_destroy(&k->rpool);
-    tdm_net_destroy(&k->net);
+    tdm_net_destroy(&k->net_tx);
+    tdm_net_destroy(&k->net_rx);
     free(k->lat);
 }
 
-/* The table, to stderr; returns the smallest tandem/raw ratio. */
-static double print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
-                          const result_t *tandem, const result_t *rawr)
+/* The smallest tandem/hashed ratio at 32 blocks and more (the target's sizes; every size when
+ * none is that large). */
+static double min_ratio_hashed(const uint32_t *sizes, int n_sizes, const result_t *tandem,
+                               const result_t *hashed)
+{
+    double m = 1e9, all = 1e9;
+    for (int i = 0; i < n_sizes; i++) {
+        double r = tandem[i].gbps / hashed[i].gbps;
+        all = r < all ? r : all;
+        if (sizes[i] >= 32 && r < m)
+            m = r;
+    }
+    return m < 1e9 ? m : all;
+}
+
+/* The table, to stderr. */
+static void print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
+                        const result_t *tandem, const result_t *hashed, const result_t *rawr)
 {
     fprintf(stderr,
             "KV transfer, SmolLM2-135M f16 layout (%" PRIu64 " B/block), loopback TCP%s, "
-            "%.1f s per size in %d rounds (median round shown), malloc %s\n",
+            "%.1f s per size in %d rounds (the round with the median tandem/hashed ratio "
+            "shown), malloc %s\nCPU: %s (%s); load average %.2f %.2f %.2f\n"
+            "GB/s; p50 ms; CPU-s/GB sender+receiver\n",
             k->bb, o->curve ? ", KV channel with CURVE" : "", o->seconds, o->rounds,
-            o->malloc_tuning ? "tuned" : "defaults");
-    fprintf(stderr, "%7s %12s | %9s %9s %9s %7s | %9s %9s %9s %7s | %6s\n", "blocks", "bytes",
-            "tdm GB/s", "p50 ms", "p99 ms", "cpu s/GB", "raw GB/s", "p50 ms", "p99 ms", "cpu s/GB",
-            "ratio");
-    double min_ratio = 1e9;
+            o->malloc_tuning ? "tuned" : "defaults", k->cpu, k->isa, k->load[0], k->load[1],
+            k->load[2]);
+    fprintf(stderr, "%6s %10s | %-27s | %-27s | %-27s | %8s %8s\n", "blocks", "bytes",
+            "tandem", "hashed raw", "plain raw", "t/hashed", "t/raw");
+    const result_t *r3[3] = {tandem, hashed, rawr};
     for (int i = 0; i < n_sizes; i++) {
-        double ratio = tandem[i].gbps / rawr[i].gbps;
-        if (ratio < min_ratio)
-            min_ratio = ratio;
-        fprintf(stderr,
-                "%7u %12" PRIu64 " | %9.2f %9.3f %9.3f %8.3f | %9.2f %9.3f %9.3f %8.3f | %5.2fx\n",
-                sizes[i], (uint64_t)sizes[i] * k->bb, tandem[i].gbps, tandem[i].p50_ms,
-                tandem[i].p99_ms, tandem[i].cpu_s_per_gb, rawr[i].gbps, rawr[i].p50_ms,
-                rawr[i].p99_ms, rawr[i].cpu_s_per_gb, ratio);
-        fprintf(stderr, "%7s rounds:", "");
+        fprintf(stderr, "%6u %10" PRIu64, sizes[i], (uint64_t)sizes[i] * k->bb);
+        for (int w = 0; w < 3; w++)
+            fprintf(stderr, " | %5.2f %7.3f %6.3f+%6.3f", r3[w][i].gbps, r3[w][i].p50_ms,
+                    r3[w][i].cpu_tx_s_per_gb, r3[w][i].cpu_rx_s_per_gb);
+        fprintf(stderr, " | %7.2fx %7.2fx\n", tandem[i].gbps / hashed[i].gbps,
+                tandem[i].gbps / rawr[i].gbps);
+        fprintf(stderr, "%6s rounds t/hashed:", "");
+        for (int r = 0; r < tandem[i].n_rounds; r++)
+            fprintf(stderr, " %.2f", tandem[i].ratios_hashed[r]);
+        fprintf(stderr, "; t/raw:");
         for (int r = 0; r < tandem[i].n_rounds; r++)
             fprintf(stderr, " %.2f", tandem[i].ratios[r]);
         fprintf(stderr, "\n");
     }
-    return min_ratio;
 }
 
 /* One JSON line, to stdout or --json FILE. Returns 0, or 1 when the file cannot be written. */
 static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
-                      const result_t *tandem, const result_t *rawr, double min_ratio)
+                      const result_t *tandem, const result_t *hashed, const result_t *rawr)
 {
     FILE *out = o->json_path ? fopen(o->json_path, "w") : stdout;
     if (!out) {
@@ -488,68 +687,95 @@ static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes
     fprintf(out,
             "{\"bench\":\"kv_transfer\",\"transport\":\"tcp-loopback\",\"layout\":"
             "\"smollm2-135m-f16\",\"block_bytes\":%" PRIu64 ",\"malloc_tuned\":%s,\"curve\":%s,"
-            "\"results\":[",
-            k->bb, o->malloc_tuning ? "true" : "false", o->curve ? "true" : "false");
+            "\"cpu\":\"%s\",\"isa\":\"%s\",\"loadavg\":[%.2f,%.2f,%.2f],\"rounds\":%d,"
+            "\"seconds\":%.2f,\"results\":[",
+            k->bb, o->malloc_tuning ? "true" : "false", o->curve ? "true" : "false", k->cpu, k->isa,
+            k->load[0], k->load[1], k->load[2], o->rounds, o->seconds);
+    double min_ratio = 1e9;
     for (int i = 0; i < n_sizes; i++) {
-        fprintf(
-            out,
-            "%s{\"blocks\":%u,\"bytes\":%" PRIu64 ",\"n\":%d,\"gbps\":%.4f,\"p50_ms\":%.4f,"
-            "\"p99_ms\":%.4f,\"raw_n\":%d,\"raw_gbps\":%.4f,\"raw_p50_ms\":%.4f,"
-            "\"raw_p99_ms\":%.4f,\"ratio\":%.4f,\"cpu_s_per_gb\":%.4f,\"raw_cpu_s_per_gb\":%.4f",
-            i ? "," : "", sizes[i], (uint64_t)sizes[i] * k->bb, tandem[i].n, tandem[i].gbps,
-            tandem[i].p50_ms, tandem[i].p99_ms, rawr[i].n, rawr[i].gbps, rawr[i].p50_ms,
-            rawr[i].p99_ms, tandem[i].gbps / rawr[i].gbps, tandem[i].cpu_s_per_gb,
-            rawr[i].cpu_s_per_gb);
+        double ratio = tandem[i].gbps / rawr[i].gbps;
+        min_ratio = ratio < min_ratio ? ratio : min_ratio;
+        fprintf(out, "%s{\"blocks\":%u,\"bytes\":%" PRIu64, i ? "," : "", sizes[i],
+                (uint64_t)sizes[i] * k->bb);
+        const char *pre[3] = {"", "hashed_", "raw_"};
+        const result_t *r3[3] = {&tandem[i], &hashed[i], &rawr[i]};
+        for (int w = 0; w < 3; w++)
+            fprintf(out,
+                    ",\"%sn\":%d,\"%sgbps\":%.4f,\"%sp50_ms\":%.4f,\"%sp99_ms\":%.4f,"
+                    "\"%scpu_s_per_gb\":%.4f,\"%scpu_tx_s_per_gb\":%.4f,"
+                    "\"%scpu_rx_s_per_gb\":%.4f",
+                    pre[w], r3[w]->n, pre[w], r3[w]->gbps, pre[w], r3[w]->p50_ms, pre[w],
+                    r3[w]->p99_ms, pre[w], r3[w]->cpu_tx_s_per_gb + r3[w]->cpu_rx_s_per_gb,
+                    pre[w], r3[w]->cpu_tx_s_per_gb, pre[w], r3[w]->cpu_rx_s_per_gb);
+        fprintf(out, ",\"ratio\":%.4f,\"ratio_hashed\":%.4f", ratio,
+                tandem[i].gbps / hashed[i].gbps);
         for (int r = 0; r < tandem[i].n_rounds; r++)
             fprintf(out, "%s%.4f", r ? "," : ",\"round_ratios\":[", tandem[i].ratios[r]);
+        for (int r = 0; r < tandem[i].n_rounds; r++)
+            fprintf(out, "%s%.4f", r ? "," : "],\"round_ratios_hashed\":[",
+                    tandem[i].ratios_hashed[r]);
         fprintf(out, "]}");
     }
-    fprintf(out, "],\"min_ratio\":%.4f,\"target_ratio\":0.9}\n", min_ratio);
+    fprintf(out,
+            "],\"min_ratio\":%.4f,\"min_ratio_hashed\":%.4f,\"target_ratio_hashed\":0.9,"
+            "\"target_blocks\":[32,256]}\n",
+            min_ratio, min_ratio_hashed(sizes, n_sizes, tandem, hashed));
     if (o->json_path)
         fclose(out);
     return 0;
 }
 
-/* User + system CPU seconds of the whole process so far. */
-static double cpu_now(void)
+/* CPU seconds per GB of each side between two samples, over `transfers` transfers of n blocks
+ * (the 3 warm-ups included: they are in the CPU time). */
+static void cpu_per_gb(const kvb_t *k, cpu_split_t a, cpu_split_t b, int transfers, uint32_t n,
+                       result_t *res)
 {
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (double)u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + (double)u.ru_stime.tv_sec +
-           u.ru_stime.tv_usec / 1e6;
+    double gb = (transfers + 3) * (double)n * (double)k->bb / 1e9;
+    res->cpu_tx_s_per_gb = (b.tx - a.tx) / gb;
+    res->cpu_rx_s_per_gb = (b.rx - a.rx) / gb;
 }
 
-/* Measures n blocks in o->rounds rounds of raw then tandem; *tandem and *rawr get the round
- * with the median ratio, tandem->ratios every round's. Returns 0 or -1. */
-static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem, result_t *rawr)
+/* Measures n blocks in o->rounds rounds of raw, hashed, then tandem; the three results get the
+ * round with the median tandem/hashed ratio, tandem->ratios and ->ratios_hashed every round's.
+ * Returns 0 or -1. */
+static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem, result_t *hashed,
+                    result_t *rawr)
 {
-    result_t t[MAX_ROUNDS], w[MAX_ROUNDS];
+    result_t t[MAX_ROUNDS], h[MAX_ROUNDS], w[MAX_ROUNDS];
     double sorted[MAX_ROUNDS];
     double secs = o->seconds / o->rounds;
+    const uint8_t *src = tdm_kv_pool_base(k->spool);
     for (int r = 0; r < o->rounds; r++) {
         /* The sender's blocks: the first n of its reservation (contiguous ids in practice). */
-        double c0 = cpu_now();
-        if (run_raw(k->raw_fd, tdm_kv_pool_base(k->spool), n, secs, k->bb, k->lat, &w[r]) != 0)
+        cpu_split_t c0 = cpu_sample(&k->rx_zmq);
+        if (run_raw(k->raw_fd[0], false, src, n, secs, k->bb, k->lat, &w[r]) != 0)
             return -1;
-        double c1 = cpu_now();
+        cpu_split_t c1 = cpu_sample(&k->rx_zmq);
+        if (run_raw(k->raw_fd[1], true, src, n, secs, k->bb, k->lat, &h[r]) != 0)
+            return -1;
+        cpu_split_t c2 = cpu_sample(&k->rx_zmq);
         if (run_tandem(k->s, k->ep, k->sseq.blocks, n, secs, k->bb, k->lat, &t[r]) != 0)
             return -1;
-        double c2 = cpu_now();
-        /* the 3 warm-up transfers are in the CPU time: count their bytes too */
-        w[r].cpu_s_per_gb = (c1 - c0) / ((w[r].n + 3) * (double)n * (double)k->bb / 1e9);
-        t[r].cpu_s_per_gb = (c2 - c1) / ((t[r].n + 3) * (double)n * (double)k->bb / 1e9);
-        sorted[r] = t[r].gbps / w[r].gbps;
+        cpu_split_t c3 = cpu_sample(&k->rx_zmq);
+        cpu_per_gb(k, c0, c1, w[r].n, n, &w[r]);
+        cpu_per_gb(k, c1, c2, h[r].n, n, &h[r]);
+        cpu_per_gb(k, c2, c3, t[r].n, n, &t[r]);
+        tandem->ratios[r] = t[r].gbps / w[r].gbps;
+        tandem->ratios_hashed[r] = sorted[r] = t[r].gbps / h[r].gbps;
     }
-    double ratios[MAX_ROUNDS];
-    memcpy(ratios, sorted, sizeof ratios);
+    double ratios[MAX_ROUNDS], ratios_hashed[MAX_ROUNDS];
+    memcpy(ratios, tandem->ratios, sizeof ratios);
+    memcpy(ratios_hashed, tandem->ratios_hashed, sizeof ratios_hashed);
     double median = percentile(sorted, o->rounds, 50);
     int m = 0;
-    while (m < o->rounds - 1 && ratios[m] != median)
+    while (m < o->rounds - 1 && ratios_hashed[m] != median)
         m++;
     *tandem = t[m];
+    *hashed = h[m];
     *rawr = w[m];
     tandem->n_rounds = o->rounds;
     memcpy(tandem->ratios, ratios, sizeof ratios);
+    memcpy(tandem->ratios_hashed, ratios_hashed, sizeof ratios_hashed);
     return 0;
 }
 
@@ -562,15 +788,15 @@ static int kvb_run(kvb_t *k, const kvb_opts_t *o)
         sizes[0] = o->only_blocks;
         n_sizes = 1;
     }
-    result_t tandem[3], rawr[3];
+    result_t tandem[3], hashed[3], rawr[3];
     for (int i = 0; i < n_sizes; i++) {
-        if (run_size(k, o, sizes[i], &tandem[i], &rawr[i]) != 0) {
+        if (run_size(k, o, sizes[i], &tandem[i], &hashed[i], &rawr[i]) != 0) {
             fprintf(stderr, "bench: run of %u blocks failed\n", sizes[i]);
             return 1;
         }
     }
-    double min_ratio = print_table(k, o, sizes, n_sizes, tandem, rawr);
-    if (write_json(k, o, sizes, n_sizes, tandem, rawr, min_ratio) != 0)
+    print_table(k, o, sizes, n_sizes, tandem, hashed, rawr);
+    if (write_json(k, o, sizes, n_sizes, tandem, hashed, rawr) != 0)
         return 1;
     return 0;
 }
@@ -580,7 +806,12 @@ int main(int argc, char **argv)
     kvb_opts_t o;
     if (parse_args(argc, argv, &o) != 0)
         return 2;
-    kvb_t k = {.raw_fd = -1};
+    kvb_t k = {.raw_fd = {-1, -1}};
+    pthread_setname_np(pthread_self(), "kvb-tx");
+    cpu_model(k.cpu, sizeof k.cpu);
+    cpu_isa(k.isa, sizeof k.isa);
+    if (getloadavg(k.load, 3) != 3)
+        k.load[0] = k.load[1] = k.load[2] = -1;
     tdm_kv_seq_init(&k.sseq);
     tdm_kv_seq_init(&k.rx.seq);
     int rc = kvb_open_pools(&k);
@@ -589,7 +820,15 @@ int main(int argc, char **argv)
     if (rc == 0)
         rc = kvb_run(&k, &o);
     kvb_close(&k);
-    if (rc == 0 && (k.rx.failures || k.raw.failures))
+    if (rc == 0 && (k.rx.failures || k.raw[0].failures || k.raw[1].failures)) {
+        fprintf(stderr, "bench: failures: tandem %d, raw %d, hashed %d\n", k.rx.failures,
+                k.raw[0].failures, k.raw[1].failures);
         rc = 1;
+    }
+    if (k.raw[1].mismatches) {
+        fprintf(stderr, "bench: hashed baseline: %" PRIu64 " blocks' hashes differed\n",
+                k.raw[1].mismatches);
+        rc = 1;
+    }
     return rc;
 }
