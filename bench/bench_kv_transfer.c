@@ -10,6 +10,9 @@
  *           each block (tdm_kv_block_checksum, the hash Tandem carries) and sends the 8-byte
  *           hash before the block (one sendmsg); the receiver recv()s the block straight into
  *           the pool, hashes it there and compares; a mismatch is a failure.
+ * A third comparison, --model-chunk-blocks C (default 3, 0 = off), measures a sketch of a
+ * pipelined tcp backend on libzmq alone (zpipe below): what splitting a transfer into
+ * chunk messages could reach on this machine before anyone builds it.
  * Prints a table to stderr and one JSON line to stdout (or --json FILE): GB/s of each, the
  * ratios tandem/hashed and tandem/raw, and each side's CPU-seconds per GB.
  *
@@ -57,6 +60,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "tandem/base.h"
 #include "tandem/kv.h"
@@ -439,6 +443,176 @@ static int raw_connect(raw_t *x, pthread_t *th)
     return fd;
 }
 
+/* ---- the pipelined ZeroMQ model: what a transfer split into chunk messages could reach ---- */
+
+/* A sketch of a pipelined tcp backend on libzmq alone (no Tandem header, lookup or reply):
+ * the sender hashes chunk k (chunk_blocks whole blocks, one thread) and queues it as one
+ * message [count/first/total][checksums][zero-copy blocks...] on a DEALER while ZeroMQ's I/O
+ * thread sends chunk k-1; the receiver's thread copies each chunk out of ZeroMQ's buffers into
+ * the pool and hashes it there (Tandem's one pass) while the next chunk arrives, and
+ * acknowledges after the last. Its own ZeroMQ context per side. */
+typedef struct zpipe {
+    void *ctx_tx, *ctx_rx, *tx, *rx; /* DEALER (sender), ROUTER (receiver) */
+    uint8_t *dst;                    /* the receiver pool's memory */
+    uint64_t bb;
+    int failures;
+    uint64_t mismatches;
+} zpipe_t;
+
+static void *zpipe_rx_main(void *arg)
+{
+    zpipe_t *z = arg;
+    pthread_setname_np(pthread_self(), "kvb-rx-zchunk");
+    for (;;) {
+        zmq_msg_t id, m;
+        uint32_t hdr[3] = {0, 0, 0}; /* count, first, total */
+        zmq_msg_init(&id);
+        if (zmq_msg_recv(&id, z->rx, 0) < 0 || zmq_recv(z->rx, hdr, sizeof hdr, 0) < 0) {
+            zmq_msg_close(&id);
+            z->failures++;
+            return NULL;
+        }
+        if (hdr[2] == 0) { /* the end */
+            zmq_msg_close(&id);
+            return NULL;
+        }
+        uint64_t sums[64];
+        int ok = hdr[0] <= 64 && zmq_recv(z->rx, sums, sizeof sums, 0) >= 0;
+        for (uint32_t b = 0; ok && b < hdr[0]; b++) {
+            zmq_msg_init(&m);
+            ok = zmq_msg_recv(&m, z->rx, 0) >= 0 && zmq_msg_size(&m) == z->bb;
+            if (ok) {
+                uint8_t *dst = z->dst + (uint64_t)(hdr[1] + b) * z->bb;
+                memcpy(dst, zmq_msg_data(&m), (size_t)z->bb);
+                if (tdm_kv_block_checksum(dst, z->bb) != sums[b])
+                    z->mismatches++;
+            }
+            zmq_msg_close(&m);
+        }
+        if (!ok) {
+            zmq_msg_close(&id);
+            z->failures++;
+            return NULL;
+        }
+        char ack = 1;
+        if (hdr[1] + hdr[0] == hdr[2] &&
+            (zmq_msg_send(&id, z->rx, ZMQ_SNDMORE) < 0 || zmq_send(z->rx, &ack, 1, 0) < 0)) {
+            zmq_msg_close(&id);
+            z->failures++;
+            return NULL;
+        }
+        zmq_msg_close(&id);
+    }
+}
+
+/* Sends n blocks from src in chunks of chunk blocks and waits for the acknowledgement. */
+static int zpipe_transfer(zpipe_t *z, const uint8_t *src, uint32_t n, uint32_t chunk)
+{
+    for (uint32_t first = 0; first < n; first += chunk) {
+        uint32_t count = n - first < chunk ? n - first : chunk;
+        uint32_t hdr[3] = {count, first, n};
+        uint64_t sums[64];
+        for (uint32_t b = 0; b < count; b++)
+            sums[b] = tdm_kv_block_checksum(src + (uint64_t)(first + b) * z->bb, z->bb);
+        if (zmq_send(z->tx, hdr, sizeof hdr, ZMQ_SNDMORE) < 0 ||
+            zmq_send(z->tx, sums, count * sizeof sums[0], ZMQ_SNDMORE) < 0)
+            return -1;
+        for (uint32_t b = 0; b < count; b++) {
+            zmq_msg_t m; /* zero-copy over the pool, which outlives the transfer */
+            zmq_msg_init_data(&m, (void *)(src + (uint64_t)(first + b) * z->bb), (size_t)z->bb,
+                              NULL, NULL);
+            if (zmq_msg_send(&m, z->tx, b + 1 < count ? ZMQ_SNDMORE : 0) < 0) {
+                zmq_msg_close(&m);
+                return -1;
+            }
+        }
+    }
+    char ack;
+    return zmq_recv(z->tx, &ack, 1, 0) == 1 ? 0 : -1;
+}
+
+static int run_zpipe(zpipe_t *z, const uint8_t *src, uint32_t n, uint32_t chunk, double seconds,
+                     double *lat, result_t *res)
+{
+    int count = 0;
+    double t_start = 0;
+    for (int i = -3; count < MAX_SAMPLES; i++) {
+        if (i == 0)
+            t_start = tdm_time_now();
+        double t0 = tdm_time_now();
+        if (zpipe_transfer(z, src, n, chunk) != 0)
+            return -1;
+        if (i >= 0) {
+            lat[count++] = tdm_time_now() - t0;
+            if (count >= 5 && tdm_time_now() - t_start >= seconds)
+                break;
+        }
+    }
+    double wall = tdm_time_now() - t_start;
+    res->blocks = n;
+    res->n = count;
+    res->gbps = (double)count * n * (double)z->bb / wall / 1e9;
+    res->p50_ms = percentile(lat, count, 50) * 1e3;
+    res->p99_ms = percentile(lat, count, 99) * 1e3;
+    return 0;
+}
+
+/* The receiver's context and bound ROUTER (their threads noted as the receiver's in rx_zmq,
+ * which list_tids before and after tell apart), the receiver thread, then the sender's
+ * context and connected DEALER. Returns 0 or -1. */
+static int zpipe_open(zpipe_t *z, pthread_t *th, bool *running, pid_t *rx_tids, int *n_rx_tids,
+                      int cap)
+{
+    pid_t before[MAX_TIDS], after[MAX_TIDS];
+    int n_before = list_tids(before, MAX_TIDS);
+    int hwm = 0, linger = 0;
+    char ep[128];
+    size_t ep_len = sizeof ep;
+    z->ctx_rx = zmq_ctx_new();
+    z->rx = z->ctx_rx ? zmq_socket(z->ctx_rx, ZMQ_ROUTER) : NULL;
+    if (!z->rx || zmq_setsockopt(z->rx, ZMQ_RCVHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(z->rx, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_bind(z->rx, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(z->rx, ZMQ_LAST_ENDPOINT, ep, &ep_len) != 0)
+        return -1;
+    int n_after = list_tids(after, MAX_TIDS);
+    for (int i = 0; i < n_after; i++) {
+        bool old = false;
+        for (int b = 0; b < n_before && !old; b++)
+            old = before[b] == after[i];
+        if (!old && *n_rx_tids < cap)
+            rx_tids[(*n_rx_tids)++] = after[i];
+    }
+    if (pthread_create(th, NULL, zpipe_rx_main, z) != 0)
+        return -1;
+    *running = true;
+    z->ctx_tx = zmq_ctx_new();
+    z->tx = z->ctx_tx ? zmq_socket(z->ctx_tx, ZMQ_DEALER) : NULL;
+    if (!z->tx || zmq_setsockopt(z->tx, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
+        zmq_setsockopt(z->tx, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(z->tx, ep) != 0)
+        return -1;
+    return 0;
+}
+
+/* Stops the receiver thread (an end message) and closes both sides. */
+static void zpipe_close(zpipe_t *z, pthread_t th, bool running)
+{
+    if (running) {
+        uint32_t end[3] = {0, 0, 0};
+        if (!z->tx || zmq_send(z->tx, end, sizeof end, 0) < 0)
+            zmq_ctx_shutdown(z->ctx_rx); /* its blocked recv returns ETERM */
+        pthread_join(th, NULL);
+    }
+    if (z->tx)
+        zmq_close(z->tx);
+    if (z->rx)
+        zmq_close(z->rx);
+    if (z->ctx_tx)
+        zmq_ctx_term(z->ctx_tx);
+    if (z->ctx_rx)
+        zmq_ctx_term(z->ctx_rx);
+}
+
 /* The command line. */
 typedef struct kvb_opts {
     double seconds; /* per size */
@@ -446,7 +620,8 @@ typedef struct kvb_opts {
     uint32_t only_blocks; /* --blocks N: one size only (profiling); 0 = 1, 32 and 256 */
     int rounds;           /* --rounds R: raw/tandem alternations per size */
     bool malloc_tuning;
-    bool curve; /* --curve: the KV channel with CURVE */
+    bool curve;            /* --curve: the KV channel with CURVE */
+    uint32_t model_chunk;  /* --model-chunk-blocks C: the pipelined ZeroMQ model's chunk, 0 = off */
 } kvb_opts_t;
 
 /* Everything a run holds; kvb_close releases what was set up, in reverse order. */
@@ -464,6 +639,9 @@ typedef struct kvb {
     pthread_t rx_th, raw_th[2];
     bool rx_running, raw_running[2];
     raw_t raw[2]; /* [0] raw, [1] hashed */
+    zpipe_t zp;   /* the pipelined ZeroMQ model (--model-chunk-blocks) */
+    pthread_t zp_th;
+    bool zp_running;
     int raw_fd[2];
     char cpu[128], isa[64];
     double load[3]; /* load average at the start: 1, 5, 15 minutes */
@@ -478,10 +656,11 @@ static int parse_args(int argc, char **argv, kvb_opts_t *o)
                                              {"no-malloc-tuning", no_argument, NULL, 'n'},
                                              {"rounds", required_argument, NULL, 'r'},
                                              {"curve", no_argument, NULL, 'c'},
+                                             {"model-chunk-blocks", required_argument, NULL, 'm'},
                                              {NULL, 0, NULL, 0}};
-    *o = (kvb_opts_t){.seconds = 1.0, .rounds = 5, .malloc_tuning = true};
+    *o = (kvb_opts_t){.seconds = 1.0, .rounds = 5, .malloc_tuning = true, .model_chunk = 3};
     int opt;
-    while ((opt = getopt_long(argc, argv, "s:j:b:nr:c", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "s:j:b:nr:cm:", longopts, NULL)) != -1) {
         switch (opt) {
         case 's': o->seconds = atof(optarg); break;
         case 'j': o->json_path = optarg; break;
@@ -489,9 +668,11 @@ static int parse_args(int argc, char **argv, kvb_opts_t *o)
         case 'n': o->malloc_tuning = false; break;
         case 'r': o->rounds = atoi(optarg); break;
         case 'c': o->curve = true; break;
+        case 'm': o->model_chunk = (uint32_t)atoi(optarg); break;
         default:
             fprintf(stderr, "usage: tandem-bench-kv-transfer [--seconds S] [--json FILE] "
-                            "[--blocks N] [--rounds R] [--curve] [--no-malloc-tuning]\n");
+                            "[--blocks N] [--rounds R] [--curve] [--no-malloc-tuning] "
+                            "[--model-chunk-blocks C]\n");
             return 2;
         }
     }
@@ -503,6 +684,10 @@ static int parse_args(int argc, char **argv, kvb_opts_t *o)
         mallopt(M_MMAP_THRESHOLD, 32 << 20);
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
         mallopt(M_ARENA_MAX, 1); /* per-thread arenas unmap whole empty heaps, trim or not */
+    }
+    if (o->model_chunk > 64) {
+        fprintf(stderr, "bench: --model-chunk-blocks from 0 (off) to 64\n");
+        return 2;
     }
     if (o->only_blocks > POOL_BLOCKS) {
         fprintf(stderr, "bench: --blocks at most %u\n", POOL_BLOCKS);
@@ -541,7 +726,7 @@ static int kvb_open_pools(kvb_t *k)
 /* Starts the receiver (its own ZeroMQ context, whose threads are noted as the receiver's) on
  * its own thread and the sender (another context), then the two TCP baselines. Returns 0, or
  * 1 after printing why. */
-static int kvb_open_links(kvb_t *k, bool curve)
+static int kvb_open_links(kvb_t *k, bool curve, uint32_t model_chunk)
 {
     tdm_error_t err = {0};
     tdm_log_init(&k->log, "bench");
@@ -599,11 +784,19 @@ static int kvb_open_links(kvb_t *k, bool curve)
             return 1;
         }
     }
+    k->zp.dst = tdm_kv_pool_base(k->rpool);
+    k->zp.bb = k->bb;
+    if (model_chunk &&
+        zpipe_open(&k->zp, &k->zp_th, &k->zp_running, k->rx_zmq.tids, &k->rx_zmq.n, MAX_TIDS)) {
+        fprintf(stderr, "bench: ZeroMQ model set-up failed: %s\n", zmq_strerror(zmq_errno()));
+        return 1;
+    }
     return 0;
 }
 
 static void kvb_close(kvb_t *k)
 {
+    zpipe_close(&k->zp, k->zp_th, k->zp_running);
     for (int h = 0; h < 2; h++)
         if (k->raw_running[h]) {
             shutdown(k->raw_fd[h], SHUT_RDWR);
@@ -645,7 +838,8 @@ static double min_ratio_hashed(const uint32_t *sizes, int n_sizes, const result_
 
 /* The table, to stderr. */
 static void print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
-                        const result_t *tandem, const result_t *hashed, const result_t *rawr)
+                        const result_t *tandem, const result_t *hashed, const result_t *rawr,
+                        const result_t *model)
 {
     fprintf(stderr,
             "KV transfer, SmolLM2-135M f16 layout (%" PRIu64 " B/block), loopback TCP%s, "
@@ -672,12 +866,19 @@ static void print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *siz
         for (int r = 0; r < tandem[i].n_rounds; r++)
             fprintf(stderr, " %.2f", tandem[i].ratios[r]);
         fprintf(stderr, "\n");
+        if (o->model_chunk)
+            fprintf(stderr,
+                    "%6s model: ZeroMQ pipelined in %u-block chunks %5.2f GB/s %7.3f ms "
+                    "%6.3f+%6.3f CPU-s/GB, %.2fx hashed raw\n",
+                    "", o->model_chunk, model[i].gbps, model[i].p50_ms, model[i].cpu_tx_s_per_gb,
+                    model[i].cpu_rx_s_per_gb, model[i].gbps / hashed[i].gbps);
     }
 }
 
 /* One JSON line, to stdout or --json FILE. Returns 0, or 1 when the file cannot be written. */
 static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
-                      const result_t *tandem, const result_t *hashed, const result_t *rawr)
+                      const result_t *tandem, const result_t *hashed, const result_t *rawr,
+                      const result_t *model)
 {
     FILE *out = o->json_path ? fopen(o->json_path, "w") : stdout;
     if (!out) {
@@ -688,18 +889,18 @@ static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes
             "{\"bench\":\"kv_transfer\",\"transport\":\"tcp-loopback\",\"layout\":"
             "\"smollm2-135m-f16\",\"block_bytes\":%" PRIu64 ",\"malloc_tuned\":%s,\"curve\":%s,"
             "\"cpu\":\"%s\",\"isa\":\"%s\",\"loadavg\":[%.2f,%.2f,%.2f],\"rounds\":%d,"
-            "\"seconds\":%.2f,\"results\":[",
+            "\"seconds\":%.2f,\"model_chunk_blocks\":%u,\"results\":[",
             k->bb, o->malloc_tuning ? "true" : "false", o->curve ? "true" : "false", k->cpu, k->isa,
-            k->load[0], k->load[1], k->load[2], o->rounds, o->seconds);
+            k->load[0], k->load[1], k->load[2], o->rounds, o->seconds, o->model_chunk);
     double min_ratio = 1e9;
     for (int i = 0; i < n_sizes; i++) {
         double ratio = tandem[i].gbps / rawr[i].gbps;
         min_ratio = ratio < min_ratio ? ratio : min_ratio;
         fprintf(out, "%s{\"blocks\":%u,\"bytes\":%" PRIu64, i ? "," : "", sizes[i],
                 (uint64_t)sizes[i] * k->bb);
-        const char *pre[3] = {"", "hashed_", "raw_"};
-        const result_t *r3[3] = {&tandem[i], &hashed[i], &rawr[i]};
-        for (int w = 0; w < 3; w++)
+        const char *pre[4] = {"", "hashed_", "raw_", "model_"};
+        const result_t *r3[4] = {&tandem[i], &hashed[i], &rawr[i], &model[i]};
+        for (int w = 0; w < (o->model_chunk ? 4 : 3); w++)
             fprintf(out,
                     ",\"%sn\":%d,\"%sgbps\":%.4f,\"%sp50_ms\":%.4f,\"%sp99_ms\":%.4f,"
                     "\"%scpu_s_per_gb\":%.4f,\"%scpu_tx_s_per_gb\":%.4f,"
@@ -735,13 +936,15 @@ static void cpu_per_gb(const kvb_t *k, cpu_split_t a, cpu_split_t b, int transfe
     res->cpu_rx_s_per_gb = (b.rx - a.rx) / gb;
 }
 
-/* Measures n blocks in o->rounds rounds of raw, hashed, then tandem; the three results get the
+/* Measures n blocks in o->rounds rounds of raw, hashed, tandem, then (--model-chunk-blocks)
+ * the pipelined ZeroMQ model; the three results get the
  * round with the median tandem/hashed ratio, tandem->ratios and ->ratios_hashed every round's.
  * Returns 0 or -1. */
 static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem, result_t *hashed,
-                    result_t *rawr)
+                    result_t *rawr, result_t *model)
 {
-    result_t t[MAX_ROUNDS], h[MAX_ROUNDS], w[MAX_ROUNDS];
+    result_t t[MAX_ROUNDS], h[MAX_ROUNDS], w[MAX_ROUNDS], z[MAX_ROUNDS];
+    memset(z, 0, sizeof z);
     double sorted[MAX_ROUNDS];
     double secs = o->seconds / o->rounds;
     const uint8_t *src = tdm_kv_pool_base(k->spool);
@@ -757,6 +960,11 @@ static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem,
         if (run_tandem(k->s, k->ep, k->sseq.blocks, n, secs, k->bb, k->lat, &t[r]) != 0)
             return -1;
         cpu_split_t c3 = cpu_sample(&k->rx_zmq);
+        if (o->model_chunk) {
+            if (run_zpipe(&k->zp, src, n, o->model_chunk, secs, k->lat, &z[r]) != 0)
+                return -1;
+            cpu_per_gb(k, c3, cpu_sample(&k->rx_zmq), z[r].n, n, &z[r]);
+        }
         cpu_per_gb(k, c0, c1, w[r].n, n, &w[r]);
         cpu_per_gb(k, c1, c2, h[r].n, n, &h[r]);
         cpu_per_gb(k, c2, c3, t[r].n, n, &t[r]);
@@ -773,6 +981,7 @@ static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem,
     *tandem = t[m];
     *hashed = h[m];
     *rawr = w[m];
+    *model = z[m];
     tandem->n_rounds = o->rounds;
     memcpy(tandem->ratios, ratios, sizeof ratios);
     memcpy(tandem->ratios_hashed, ratios_hashed, sizeof ratios_hashed);
@@ -788,15 +997,15 @@ static int kvb_run(kvb_t *k, const kvb_opts_t *o)
         sizes[0] = o->only_blocks;
         n_sizes = 1;
     }
-    result_t tandem[3], hashed[3], rawr[3];
+    result_t tandem[3], hashed[3], rawr[3], model[3];
     for (int i = 0; i < n_sizes; i++) {
-        if (run_size(k, o, sizes[i], &tandem[i], &hashed[i], &rawr[i]) != 0) {
+        if (run_size(k, o, sizes[i], &tandem[i], &hashed[i], &rawr[i], &model[i]) != 0) {
             fprintf(stderr, "bench: run of %u blocks failed\n", sizes[i]);
             return 1;
         }
     }
-    print_table(k, o, sizes, n_sizes, tandem, hashed, rawr);
-    if (write_json(k, o, sizes, n_sizes, tandem, hashed, rawr) != 0)
+    print_table(k, o, sizes, n_sizes, tandem, hashed, rawr, model);
+    if (write_json(k, o, sizes, n_sizes, tandem, hashed, rawr, model) != 0)
         return 1;
     return 0;
 }
@@ -816,13 +1025,18 @@ int main(int argc, char **argv)
     tdm_kv_seq_init(&k.rx.seq);
     int rc = kvb_open_pools(&k);
     if (rc == 0)
-        rc = kvb_open_links(&k, o.curve);
+        rc = kvb_open_links(&k, o.curve, o.model_chunk);
     if (rc == 0)
         rc = kvb_run(&k, &o);
     kvb_close(&k);
     if (rc == 0 && (k.rx.failures || k.raw[0].failures || k.raw[1].failures)) {
         fprintf(stderr, "bench: failures: tandem %d, raw %d, hashed %d\n", k.rx.failures,
                 k.raw[0].failures, k.raw[1].failures);
+        rc = 1;
+    }
+    if (k.zp.failures || k.zp.mismatches) {
+        fprintf(stderr, "bench: ZeroMQ model: %d failures, %" PRIu64 " hashes differed\n",
+                k.zp.failures, k.zp.mismatches);
         rc = 1;
     }
     if (k.raw[1].mismatches) {
