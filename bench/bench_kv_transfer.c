@@ -96,9 +96,9 @@ typedef struct result {
     double gbps; /* GB/s */
     double p50_ms, p99_ms;
     double cpu_tx_s_per_gb, cpu_rx_s_per_gb; /* CPU seconds per GB moved, each side */
-    int n_rounds;                     /* tandem: rounds measured */
-    double ratios[MAX_ROUNDS];        /* tandem: each round's tandem/raw ratio */
-    double ratios_hashed[MAX_ROUNDS]; /* tandem: each round's tandem/hashed ratio */
+    int n_rounds;                            /* tandem: rounds measured */
+    double ratios[MAX_ROUNDS];               /* tandem: each round's tandem/raw ratio */
+    double ratios_hashed[MAX_ROUNDS];        /* tandem: each round's tandem/hashed ratio */
 } result_t;
 
 /* ---- CPU time per side: every thread's own CPU clock ---- */
@@ -398,9 +398,9 @@ static int run_raw(int fd, bool hashed, const uint8_t *src, uint32_t n, double s
             return -1;
         for (uint32_t b = 0; b < n; b++) {
             const uint8_t *p = src + (uint64_t)b * block_bytes;
-            if (hashed ? send_hashed(fd, tdm_kv_block_checksum(p, block_bytes), p,
-                                     (size_t)block_bytes)
-                       : send_all(fd, p, (size_t)block_bytes))
+            if (hashed
+                    ? send_hashed(fd, tdm_kv_block_checksum(p, block_bytes), p, (size_t)block_bytes)
+                    : send_all(fd, p, (size_t)block_bytes))
                 return -1;
         }
         char ack;
@@ -589,7 +589,8 @@ static int zpipe_open(zpipe_t *z, pthread_t *th, bool *running, pid_t *rx_tids, 
     z->ctx_tx = zmq_ctx_new();
     z->tx = z->ctx_tx ? zmq_socket(z->ctx_tx, ZMQ_DEALER) : NULL;
     if (!z->tx || zmq_setsockopt(z->tx, ZMQ_SNDHWM, &hwm, sizeof hwm) != 0 ||
-        zmq_setsockopt(z->tx, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(z->tx, ep) != 0)
+        zmq_setsockopt(z->tx, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_connect(z->tx, ep) != 0)
         return -1;
     return 0;
 }
@@ -620,8 +621,8 @@ typedef struct kvb_opts {
     uint32_t only_blocks; /* --blocks N: one size only (profiling); 0 = 1, 32 and 256 */
     int rounds;           /* --rounds R: raw/tandem alternations per size */
     bool malloc_tuning;
-    bool curve;            /* --curve: the KV channel with CURVE */
-    uint32_t model_chunk;  /* --model-chunk-blocks C: the pipelined ZeroMQ model's chunk, 0 = off */
+    bool curve;           /* --curve: the KV channel with CURVE */
+    uint32_t model_chunk; /* --model-chunk-blocks C: the pipelined ZeroMQ model's chunk, 0 = off */
 } kvb_opts_t;
 
 /* Everything a run holds; kvb_close releases what was set up, in reverse order. */
@@ -634,7 +635,7 @@ typedef struct kvb {
     tdm_logger_t log;
     rx_t rx;
     tdm_kv_sender_t *s;
-    char ep[256]; /* the receiver's endpoint */
+    char ep[256];    /* the receiver's endpoint */
     tidset_t rx_zmq; /* the receiver context's ZeroMQ threads (CPU time charged to it) */
     pthread_t rx_th, raw_th[2];
     bool rx_running, raw_running[2];
@@ -849,8 +850,8 @@ static void print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *siz
             k->bb, o->curve ? ", KV channel with CURVE" : "", o->seconds, o->rounds,
             o->malloc_tuning ? "tuned" : "defaults", k->cpu, k->isa, k->load[0], k->load[1],
             k->load[2]);
-    fprintf(stderr, "%6s %10s | %-27s | %-27s | %-27s | %8s %8s\n", "blocks", "bytes",
-            "tandem", "hashed raw", "plain raw", "t/hashed", "t/raw");
+    fprintf(stderr, "%6s %10s | %-27s | %-27s | %-27s | %8s %8s\n", "blocks", "bytes", "tandem",
+            "hashed raw", "plain raw", "t/hashed", "t/raw");
     const result_t *r3[3] = {tandem, hashed, rawr};
     for (int i = 0; i < n_sizes; i++) {
         fprintf(stderr, "%6u %10" PRIu64, sizes[i], (uint64_t)sizes[i] * k->bb);
@@ -906,8 +907,8 @@ static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes
                     "\"%scpu_s_per_gb\":%.4f,\"%scpu_tx_s_per_gb\":%.4f,"
                     "\"%scpu_rx_s_per_gb\":%.4f",
                     pre[w], r3[w]->n, pre[w], r3[w]->gbps, pre[w], r3[w]->p50_ms, pre[w],
-                    r3[w]->p99_ms, pre[w], r3[w]->cpu_tx_s_per_gb + r3[w]->cpu_rx_s_per_gb,
-                    pre[w], r3[w]->cpu_tx_s_per_gb, pre[w], r3[w]->cpu_rx_s_per_gb);
+                    r3[w]->p99_ms, pre[w], r3[w]->cpu_tx_s_per_gb + r3[w]->cpu_rx_s_per_gb, pre[w],
+                    r3[w]->cpu_tx_s_per_gb, pre[w], r3[w]->cpu_rx_s_per_gb);
         fprintf(out, ",\"ratio\":%.4f,\"ratio_hashed\":%.4f", ratio,
                 tandem[i].gbps / hashed[i].gbps);
         for (int r = 0; r < tandem[i].n_rounds; r++)
