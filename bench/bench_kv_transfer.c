@@ -10,9 +10,11 @@
  *           each block (tdm_kv_block_checksum, the hash Tandem carries) and sends the 8-byte
  *           hash before the block (one sendmsg); the receiver recv()s the block straight into
  *           the pool, hashes it there and compares; a mismatch is a failure.
- * A third comparison, --model-chunk-blocks C (default 3, 0 = off), measures a sketch of a
- * pipelined tcp backend on libzmq alone (zpipe below): what splitting a transfer into
- * chunk messages could reach on this machine before anyone builds it.
+ * Two more comparisons, on with --model-chunk-blocks C (default 3, 0 = off), measure sketches
+ * of what issue 40's two options could reach on this machine before anyone builds them: a
+ * pipelined tcp backend on libzmq alone (zpipe below: a transfer split into messages of C
+ * blocks) and a TCP data socket beside a ZeroMQ control path (dsock below: hashed raw with a
+ * ZeroMQ request before and acknowledgement after).
  * Prints a table to stderr and one JSON line to stdout (or --json FILE): GB/s of each, the
  * ratios tandem/hashed and tandem/raw, and each side's CPU-seconds per GB.
  *
@@ -614,6 +616,158 @@ static void zpipe_close(zpipe_t *z, pthread_t th, bool running)
         zmq_ctx_term(z->ctx_rx);
 }
 
+/* ---- the data-socket model: option (b), a TCP data socket beside the ZeroMQ control path ---- */
+
+/* Hashed raw with a ZeroMQ control message around it: the sender sends a small request on a
+ * DEALER (the block count), then each block's XXH3 and the block on a TCP socket of its own;
+ * the receiver thread takes the request from its ROUTER, recv()s every block straight into the
+ * pool, hashes it there and compares, and acknowledges on the ROUTER. Its sockets live in the
+ * pipelined model's two ZeroMQ contexts (their I/O threads are already charged to each side). */
+typedef struct dsock {
+    void *tx, *rx;     /* DEALER (sender), ROUTER (receiver) */
+    int listen_fd, fd; /* the receiver's data socket */
+    int tx_fd;         /* the sender's data socket */
+    uint8_t *dst;      /* the receiver pool's memory */
+    uint64_t bb;
+    int failures;
+    uint64_t mismatches;
+} dsock_t;
+
+static void *dsock_rx_main(void *arg)
+{
+    dsock_t *d = arg;
+    pthread_setname_np(pthread_self(), "kvb-rx-dsock");
+    d->fd = accept(d->listen_fd, NULL, NULL);
+    if (d->fd < 0) {
+        d->failures++;
+        return NULL;
+    }
+    for (;;) {
+        zmq_msg_t id;
+        uint32_t n = 0;
+        zmq_msg_init(&id);
+        if (zmq_msg_recv(&id, d->rx, 0) < 0 || zmq_recv(d->rx, &n, sizeof n, 0) < 0) {
+            zmq_msg_close(&id);
+            d->failures++;
+            break;
+        }
+        if (n == 0) { /* the end */
+            zmq_msg_close(&id);
+            break;
+        }
+        int ok = 1;
+        for (uint32_t b = 0; ok && b < n; b++) {
+            uint8_t *dst = d->dst + (uint64_t)b * d->bb;
+            uint64_t want = 0;
+            ok = recv_all(d->fd, &want, sizeof want) == 0 && recv_all(d->fd, dst, d->bb) == 0;
+            if (ok && tdm_kv_block_checksum(dst, d->bb) != want)
+                d->mismatches++;
+        }
+        char ack = 1;
+        if (!ok || zmq_msg_send(&id, d->rx, ZMQ_SNDMORE) < 0 || zmq_send(d->rx, &ack, 1, 0) < 0) {
+            zmq_msg_close(&id);
+            d->failures++;
+            break;
+        }
+        zmq_msg_close(&id);
+    }
+    close(d->fd);
+    return NULL;
+}
+
+static int run_dsock(dsock_t *d, const uint8_t *src, uint32_t n, double seconds, double *lat,
+                     result_t *res)
+{
+    int count = 0;
+    double t_start = 0;
+    for (int i = -3; count < MAX_SAMPLES; i++) {
+        if (i == 0)
+            t_start = tdm_time_now();
+        double t0 = tdm_time_now();
+        if (zmq_send(d->tx, &n, sizeof n, 0) < 0)
+            return -1;
+        for (uint32_t b = 0; b < n; b++) {
+            const uint8_t *p = src + (uint64_t)b * d->bb;
+            if (send_hashed(d->tx_fd, tdm_kv_block_checksum(p, d->bb), p, (size_t)d->bb) != 0)
+                return -1;
+        }
+        char ack;
+        if (zmq_recv(d->tx, &ack, 1, 0) != 1)
+            return -1;
+        if (i >= 0) {
+            lat[count++] = tdm_time_now() - t0;
+            if (count >= 5 && tdm_time_now() - t_start >= seconds)
+                break;
+        }
+    }
+    double wall = tdm_time_now() - t_start;
+    res->blocks = n;
+    res->n = count;
+    res->gbps = (double)count * n * (double)d->bb / wall / 1e9;
+    res->p50_ms = percentile(lat, count, 50) * 1e3;
+    res->p99_ms = percentile(lat, count, 99) * 1e3;
+    return 0;
+}
+
+/* The control pair in z's contexts, the data socket pair and the receiver thread. Returns 0 or
+ * -1. */
+static int dsock_open(dsock_t *d, const zpipe_t *z, pthread_t *th, bool *running)
+{
+    int linger = 0;
+    char ep[128];
+    size_t ep_len = sizeof ep;
+    d->rx = zmq_socket(z->ctx_rx, ZMQ_ROUTER);
+    d->tx = zmq_socket(z->ctx_tx, ZMQ_DEALER);
+    if (!d->rx || !d->tx || zmq_setsockopt(d->rx, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(d->tx, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_bind(d->rx, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(d->rx, ZMQ_LAST_ENDPOINT, ep, &ep_len) != 0 || zmq_connect(d->tx, ep) != 0)
+        return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t alen = sizeof a;
+    d->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (d->listen_fd < 0 || bind(d->listen_fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        listen(d->listen_fd, 1) != 0 ||
+        getsockname(d->listen_fd, (struct sockaddr *)&a, &alen) != 0)
+        return -1;
+    if (pthread_create(th, NULL, dsock_rx_main, d) != 0)
+        return -1;
+    *running = true;
+    d->tx_fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (d->tx_fd < 0 || connect(d->tx_fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return -1;
+    int one = 1;
+    setsockopt(d->tx_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 0;
+}
+
+/* Stops the receiver thread (a request of 0 blocks; its data socket shut down first, should it
+ * wait in accept or recv) and closes the sockets, before zpipe_close ends the contexts. */
+static void dsock_close(dsock_t *d, const zpipe_t *z, pthread_t th, bool running)
+{
+    if (running) {
+        uint32_t end = 0;
+        if (d->tx_fd >= 0)
+            shutdown(d->tx_fd, SHUT_RDWR);
+        if (!d->tx || zmq_send(d->tx, &end, sizeof end, 0) < 0) {
+            shutdown(d->listen_fd, SHUT_RDWR); /* out of accept */
+            zmq_ctx_shutdown(z->ctx_rx);       /* out of zmq recv: ETERM */
+        }
+        pthread_join(th, NULL);
+    }
+    if (d->tx_fd >= 0)
+        close(d->tx_fd);
+    if (d->listen_fd >= 0)
+        close(d->listen_fd);
+    if (d->tx)
+        zmq_close(d->tx);
+    if (d->rx)
+        zmq_close(d->rx);
+}
+
 /* The command line. */
 typedef struct kvb_opts {
     double seconds; /* per size */
@@ -643,6 +797,9 @@ typedef struct kvb {
     zpipe_t zp;   /* the pipelined ZeroMQ model (--model-chunk-blocks) */
     pthread_t zp_th;
     bool zp_running;
+    dsock_t ds; /* the data-socket model (with the pipelined one) */
+    pthread_t ds_th;
+    bool ds_running;
     int raw_fd[2];
     char cpu[128], isa[64];
     double load[3]; /* load average at the start: 1, 5, 15 minutes */
@@ -792,11 +949,18 @@ static int kvb_open_links(kvb_t *k, bool curve, uint32_t model_chunk)
         fprintf(stderr, "bench: ZeroMQ model set-up failed: %s\n", zmq_strerror(zmq_errno()));
         return 1;
     }
+    k->ds.dst = tdm_kv_pool_base(k->rpool);
+    k->ds.bb = k->bb;
+    if (model_chunk && dsock_open(&k->ds, &k->zp, &k->ds_th, &k->ds_running) != 0) {
+        fprintf(stderr, "bench: data-socket model set-up failed: %s\n", strerror(errno));
+        return 1;
+    }
     return 0;
 }
 
 static void kvb_close(kvb_t *k)
 {
+    dsock_close(&k->ds, &k->zp, k->ds_th, k->ds_running);
     zpipe_close(&k->zp, k->zp_th, k->zp_running);
     for (int h = 0; h < 2; h++)
         if (k->raw_running[h]) {
@@ -840,7 +1004,7 @@ static double min_ratio_hashed(const uint32_t *sizes, int n_sizes, const result_
 /* The table, to stderr. */
 static void print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
                         const result_t *tandem, const result_t *hashed, const result_t *rawr,
-                        const result_t *model)
+                        const result_t *model, const result_t *model_b)
 {
     fprintf(stderr,
             "KV transfer, SmolLM2-135M f16 layout (%" PRIu64 " B/block), loopback TCP%s, "
@@ -873,13 +1037,19 @@ static void print_table(const kvb_t *k, const kvb_opts_t *o, const uint32_t *siz
                     "%6.3f+%6.3f CPU-s/GB, %.2fx hashed raw\n",
                     "", o->model_chunk, model[i].gbps, model[i].p50_ms, model[i].cpu_tx_s_per_gb,
                     model[i].cpu_rx_s_per_gb, model[i].gbps / hashed[i].gbps);
+        if (o->model_chunk)
+            fprintf(stderr,
+                    "%6s model: data socket + ZeroMQ control      %5.2f GB/s %7.3f ms "
+                    "%6.3f+%6.3f CPU-s/GB, %.2fx hashed raw\n",
+                    "", model_b[i].gbps, model_b[i].p50_ms, model_b[i].cpu_tx_s_per_gb,
+                    model_b[i].cpu_rx_s_per_gb, model_b[i].gbps / hashed[i].gbps);
     }
 }
 
 /* One JSON line, to stdout or --json FILE. Returns 0, or 1 when the file cannot be written. */
 static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes, int n_sizes,
                       const result_t *tandem, const result_t *hashed, const result_t *rawr,
-                      const result_t *model)
+                      const result_t *model, const result_t *model_b)
 {
     FILE *out = o->json_path ? fopen(o->json_path, "w") : stdout;
     if (!out) {
@@ -899,9 +1069,9 @@ static int write_json(const kvb_t *k, const kvb_opts_t *o, const uint32_t *sizes
         min_ratio = ratio < min_ratio ? ratio : min_ratio;
         fprintf(out, "%s{\"blocks\":%u,\"bytes\":%" PRIu64, i ? "," : "", sizes[i],
                 (uint64_t)sizes[i] * k->bb);
-        const char *pre[4] = {"", "hashed_", "raw_", "model_"};
-        const result_t *r3[4] = {&tandem[i], &hashed[i], &rawr[i], &model[i]};
-        for (int w = 0; w < (o->model_chunk ? 4 : 3); w++)
+        const char *pre[5] = {"", "hashed_", "raw_", "model_", "model_dsock_"};
+        const result_t *r3[5] = {&tandem[i], &hashed[i], &rawr[i], &model[i], &model_b[i]};
+        for (int w = 0; w < (o->model_chunk ? 5 : 3); w++)
             fprintf(out,
                     ",\"%sn\":%d,\"%sgbps\":%.4f,\"%sp50_ms\":%.4f,\"%sp99_ms\":%.4f,"
                     "\"%scpu_s_per_gb\":%.4f,\"%scpu_tx_s_per_gb\":%.4f,"
@@ -938,14 +1108,15 @@ static void cpu_per_gb(const kvb_t *k, cpu_split_t a, cpu_split_t b, int transfe
 }
 
 /* Measures n blocks in o->rounds rounds of raw, hashed, tandem, then (--model-chunk-blocks)
- * the pipelined ZeroMQ model; the three results get the
+ * the pipelined ZeroMQ model and the data-socket model; the three results get the
  * round with the median tandem/hashed ratio, tandem->ratios and ->ratios_hashed every round's.
  * Returns 0 or -1. */
 static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem, result_t *hashed,
-                    result_t *rawr, result_t *model)
+                    result_t *rawr, result_t *model, result_t *model_b)
 {
-    result_t t[MAX_ROUNDS], h[MAX_ROUNDS], w[MAX_ROUNDS], z[MAX_ROUNDS];
+    result_t t[MAX_ROUNDS], h[MAX_ROUNDS], w[MAX_ROUNDS], z[MAX_ROUNDS], d[MAX_ROUNDS];
     memset(z, 0, sizeof z);
+    memset(d, 0, sizeof d);
     double sorted[MAX_ROUNDS];
     double secs = o->seconds / o->rounds;
     const uint8_t *src = tdm_kv_pool_base(k->spool);
@@ -964,7 +1135,11 @@ static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem,
         if (o->model_chunk) {
             if (run_zpipe(&k->zp, src, n, o->model_chunk, secs, k->lat, &z[r]) != 0)
                 return -1;
-            cpu_per_gb(k, c3, cpu_sample(&k->rx_zmq), z[r].n, n, &z[r]);
+            cpu_split_t c4 = cpu_sample(&k->rx_zmq);
+            cpu_per_gb(k, c3, c4, z[r].n, n, &z[r]);
+            if (run_dsock(&k->ds, src, n, secs, k->lat, &d[r]) != 0)
+                return -1;
+            cpu_per_gb(k, c4, cpu_sample(&k->rx_zmq), d[r].n, n, &d[r]);
         }
         cpu_per_gb(k, c0, c1, w[r].n, n, &w[r]);
         cpu_per_gb(k, c1, c2, h[r].n, n, &h[r]);
@@ -983,6 +1158,7 @@ static int run_size(kvb_t *k, const kvb_opts_t *o, uint32_t n, result_t *tandem,
     *hashed = h[m];
     *rawr = w[m];
     *model = z[m];
+    *model_b = d[m];
     tandem->n_rounds = o->rounds;
     memcpy(tandem->ratios, ratios, sizeof ratios);
     memcpy(tandem->ratios_hashed, ratios_hashed, sizeof ratios_hashed);
@@ -998,15 +1174,16 @@ static int kvb_run(kvb_t *k, const kvb_opts_t *o)
         sizes[0] = o->only_blocks;
         n_sizes = 1;
     }
-    result_t tandem[3], hashed[3], rawr[3], model[3];
+    result_t tandem[3], hashed[3], rawr[3], model[3], model_b[3];
     for (int i = 0; i < n_sizes; i++) {
-        if (run_size(k, o, sizes[i], &tandem[i], &hashed[i], &rawr[i], &model[i]) != 0) {
+        if (run_size(k, o, sizes[i], &tandem[i], &hashed[i], &rawr[i], &model[i], &model_b[i]) !=
+            0) {
             fprintf(stderr, "bench: run of %u blocks failed\n", sizes[i]);
             return 1;
         }
     }
-    print_table(k, o, sizes, n_sizes, tandem, hashed, rawr, model);
-    if (write_json(k, o, sizes, n_sizes, tandem, hashed, rawr, model) != 0)
+    print_table(k, o, sizes, n_sizes, tandem, hashed, rawr, model, model_b);
+    if (write_json(k, o, sizes, n_sizes, tandem, hashed, rawr, model, model_b) != 0)
         return 1;
     return 0;
 }
@@ -1016,7 +1193,7 @@ int main(int argc, char **argv)
     kvb_opts_t o;
     if (parse_args(argc, argv, &o) != 0)
         return 2;
-    kvb_t k = {.raw_fd = {-1, -1}};
+    kvb_t k = {.raw_fd = {-1, -1}, .ds = {.listen_fd = -1, .fd = -1, .tx_fd = -1}};
     pthread_setname_np(pthread_self(), "kvb-tx");
     cpu_model(k.cpu, sizeof k.cpu);
     cpu_isa(k.isa, sizeof k.isa);
@@ -1033,6 +1210,11 @@ int main(int argc, char **argv)
     if (rc == 0 && (k.rx.failures || k.raw[0].failures || k.raw[1].failures)) {
         fprintf(stderr, "bench: failures: tandem %d, raw %d, hashed %d\n", k.rx.failures,
                 k.raw[0].failures, k.raw[1].failures);
+        rc = 1;
+    }
+    if (k.ds.failures || k.ds.mismatches) {
+        fprintf(stderr, "bench: data-socket model: %d failures, %" PRIu64 " hashes differed\n",
+                k.ds.failures, k.ds.mismatches);
         rc = 1;
     }
     if (k.zp.failures || k.zp.mismatches) {
