@@ -23,13 +23,16 @@ and output-token throughput, the 1-minute load average before and after.
 Method, per configuration: first a "rate -> 0" check: --isolated requests of the mix (its longest
 prompt and its longest output among them) sent one at a time, so nothing queues; it reports the
 attainment with no load (a configuration below --attainment there has no goodput under this
-SLO, whatever the rate). Then a coarse sweep up the --rates until one misses the attainment,
-then geometric bisection between the last passing and the first failing rate, until
+SLO, whatever the rate). Then a coarse sweep over the --rates from the highest one <= what
+sequential service sustains (isolated requests / their wall time; --sweep-from-lowest: from the
+lowest), up while rates pass and down while they fail, then geometric bisection between the
+last passing and the first failing rate, until
 --max-points points in all or the two are within --tolerance of each other. The goodput is the
-highest passing rate. Each point runs on a freshly started server (a warm-up of two short
-requests first), so no queue or cache carries over; a point stops --drain seconds after its last
-arrival (its unfinished requests miss), or as soon as it has decided to fail (more misses than
-the attainment allows, every request sent: the rest are cut) unless --no-early-stop.
+highest passing rate (none, and no sweep, where the rate -> 0 check misses). Each point runs
+on a freshly started server (a warm-up of two short requests first), so no queue or cache
+carries over; a point stops --drain seconds after its last arrival (its unfinished requests
+miss), or as soon as it has decided to fail (more misses than the attainment allows, every
+request sent: the rest are cut) unless --no-early-stop.
 
 --slo-prefill-tps auto: where a 2-core CPU cannot prefill 2,000 tok/s, no configuration meets
 the 0.5 s + P/2000 TTFT SLO with no load; auto runs every configuration's isolated check first
@@ -46,7 +49,7 @@ Prints a table per configuration and a summary, writes JSON to
 bench/results/goodput-DATE-<cpu>.json (--json FILE). Only the standard library.
 
 usage: bench/goodput.py [--build build] [--model FILE] [--configs colocated,disagg,llama-server]
-                        [--rates 0.1,0.2,0.4,0.8] [--requests 12] [--max-points 4] [--seed 1]
+                        [--rates 0.025,0.05,0.1,0.2,0.4,0.8] [--requests 12] [--max-points 4] [--seed 1]
                         [--isolated 6] [--prompt-min 128] [--prompt-max 6144] [--output-min 32]
                         [--output-max 512] [--context 8192] [--slo-ttft-base 0.5]
                         [--slo-prefill-tps 2000|auto] [--slo-tpot 0.1] [--attainment 0.9]
@@ -111,29 +114,38 @@ def attainment(results, n, slo):
     return sum(1 for r in results if meets_slo(r, slo)) / n if n else float("nan")
 
 
-def search(rates, max_points, tolerance, passes):
-    """Goodput search. passes(rate) -> bool measures one point. A coarse sweep up the sorted
-    rates until one fails, then geometric bisection between the last passing and the first
-    failing rate (below the lowest rate when that fails: halving it) until max_points points
-    in all or first_fail / last_pass <= 1 + tolerance. Returns (last_pass, first_fail, order):
-    last_pass the goodput (None: no rate passed), first_fail None when every rate passed,
-    order the rates measured, in order."""
+def search(rates, max_points, tolerance, passes, start=None):
+    """Goodput search. passes(rate) -> bool measures one point. A coarse sweep over the sorted
+    rates from the highest one <= start (default the lowest): up while they pass, down while
+    they fail (halving below the lowest), then geometric bisection between the last passing
+    and the first failing rate until max_points points in all or first_fail / last_pass <= 1
+    + tolerance. Returns (last_pass, first_fail, order): last_pass the goodput (None: no rate
+    passed), first_fail None when every rate passed, order the rates measured, in order."""
+    rates = sorted(rates)
+    k = 0
+    if start is not None:
+        k = max([j for j, r in enumerate(rates) if r <= start] or [0])
     order = []
     last_pass = first_fail = None
-    for rate in sorted(rates):
-        if len(order) >= max_points:
-            break
+    rate = rates[k]
+    while len(order) < max_points:
         order.append(rate)
         if passes(rate):
             last_pass = rate
+            if first_fail is not None or k + 1 >= len(rates):
+                break
+            k += 1
+            rate = rates[k]
         else:
             first_fail = rate
+            if last_pass is not None:
+                break
+            k -= 1
+            rate = rates[k] if k >= 0 else float(f"{rate / 2:.3g}")
+    while first_fail is not None and last_pass is not None and len(order) < max_points:
+        if first_fail / last_pass <= 1 + tolerance:
             break
-    while first_fail is not None and len(order) < max_points:
-        if last_pass is not None and first_fail / last_pass <= 1 + tolerance:
-            break
-        mid = math.sqrt(last_pass * first_fail) if last_pass is not None else first_fail / 2
-        mid = float(f"{mid:.3g}")
+        mid = float(f"{math.sqrt(last_pass * first_fail):.3g}")
         if mid in order:
             break
         order.append(mid)
@@ -144,8 +156,9 @@ def search(rates, max_points, tolerance, passes):
     return last_pass, first_fail, order
 
 
-def summarize(results, n, slo, slo_nominal, wall):
-    """Per-point figures from the per-request results."""
+def summarize(results, n, slo, slo_nominal, wall, also_tps=()):
+    """Per-point figures from the per-request results; attainment_by_prefill_tps: the
+    attainment with the TTFT SLO's prefill speed set to each of also_tps instead."""
     done = [r for r in results if r.get("ok")]
     ttft = [r["ttft_s"] * 1000 for r in done]
     tpot = [r["tpot_s"] * 1000 for r in done if r["n_out"] > 1]
@@ -155,15 +168,20 @@ def summarize(results, n, slo, slo_nominal, wall):
         "cut": n - len(results), "errors": [r["error"] for r in results if "error" in r][:3],
         "attainment": attainment(results, n, slo),
         "attainment_nominal_slo": attainment(results, n, slo_nominal),
-        "ttft_ok": sum(1 for r in done
-                       if r["ttft_s"] <= slo["ttft_base_s"] + r["prompt_tokens"] / slo["prefill_tps"]),
+        "attainment_by_prefill_tps": {str(t): attainment(results, n, dict(slo, prefill_tps=t))
+                                      for t in also_tps},
+        "ttft_ok": sum(1 for r in done if r["ttft_s"] <= slo["ttft_base_s"]
+                       + r["prompt_tokens"] / slo["prefill_tps"]),
         "tpot_ok": sum(1 for r in done if r["tpot_s"] <= slo["tpot_s"]),
         "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
         "tpot_ms": {"p50": pct(tpot, 50), "p90": pct(tpot, 90), "p99": pct(tpot, 99)},
         "wall_s": wall, "achieved_req_per_s": len(done) / wall if wall > 0 else 0,
         "output_tokens_per_s": n_out / wall if wall > 0 else 0,
-        "reported_prompt_tokens_minus_drawn": sorted({r["reported_prompt_tokens"] - r["prompt_tokens"]
-                                                      for r in done if r["reported_prompt_tokens"]}),
+        # the server's usage.prompt_tokens - the drawn length: [0] when the prompts are
+        # token-exact ([1] where a BOS is added)
+        "reported_prompt_tokens_minus_drawn": sorted(
+            {r["reported_prompt_tokens"] - r["prompt_tokens"]
+             for r in done if r["reported_prompt_tokens"]}),
     }
 
 
@@ -171,7 +189,8 @@ def send(port, req, t_send):
     """One request of the mix; its result dict (ok, ttft_s, tpot_s, n_out, ...)."""
     r = {"i": req["i"], "prompt_tokens": req["prompt_tokens"], "sent_s": t_send}
     try:
-        ttft, tpot, n_out, n_prompt = one_request(port, "bench", req["prompt"], req["output_tokens"])
+        ttft, tpot, n_out, n_prompt = one_request(port, "bench", req["prompt"],
+                                                  req["output_tokens"])
         r.update(ok=n_out == req["output_tokens"], ttft_s=ttft, tpot_s=tpot, n_out=n_out,
                  reported_prompt_tokens=n_prompt)
         if n_out != req["output_tokens"]:
@@ -320,7 +339,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--configs", default="colocated,disagg,llama-server")
-    ap.add_argument("--rates", default="0.1,0.2,0.4,0.8", help="coarse sweep, req/s")
+    ap.add_argument("--rates", default="0.025,0.05,0.1,0.2,0.4,0.8", help="coarse sweep, req/s")
     ap.add_argument("-n", "--requests", type=int, default=12, help="requests per point")
     ap.add_argument("--max-points", type=int, default=4,
                     help="sweep + bisection points per configuration (the isolated check aside)")
@@ -336,6 +355,8 @@ def main():
     ap.add_argument("--slo-ttft-base", type=float, default=0.5, help="seconds")
     ap.add_argument("--slo-prefill-tps", default="2000", help="tokens/s, or auto")
     ap.add_argument("--auto-headroom", type=float, default=0.8)
+    ap.add_argument("--also-tps", default="2000,1000,500,250",
+                    help="prefill speeds of other TTFT SLOs whose attainment each point keeps")
     ap.add_argument("--slo-tpot", type=float, default=0.1, help="seconds")
     ap.add_argument("--attainment", type=float, default=0.9)
     ap.add_argument("--slots", type=int, default=8, help="llama-server -np")
@@ -345,6 +366,9 @@ def main():
     ap.add_argument("--drain", type=float, default=90,
                     help="seconds a point waits after its last arrival")
     ap.add_argument("--no-early-stop", action="store_true")
+    ap.add_argument("--sweep-from-lowest", action="store_true",
+                    help="start the coarse sweep at the lowest rate, not at the one sequential "
+                    "service would sustain")
     ap.add_argument("--llama-args", default="", help="more llama-server options")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -371,7 +395,8 @@ def main():
                       "output_tokens": [r["output_tokens"] for r in bench.mix],
                       "isolated_prompt_tokens": [r["prompt_tokens"] for r in bench.iso],
                       "isolated_output_tokens": [r["output_tokens"] for r in bench.iso],
-                      "longest": bench.longest, "llama_server_ctx": args.slots * (bench.longest + 64)}
+                      "longest": bench.longest,
+                      "llama_server_ctx": args.slots * (bench.longest + 64)}
         print(f"mix: {len(bench.mix)} requests, prompt tokens mean "
               f"{sum(doc['mix']['prompt_tokens']) / len(bench.mix):.0f} (max "
               f"{max(doc['mix']['prompt_tokens'])}), output mean "
@@ -402,6 +427,7 @@ def main():
             tps = float(args.slo_prefill_tps)
         slo = {"ttft_base_s": args.slo_ttft_base, "prefill_tps": tps, "tpot_s": args.slo_tpot}
         doc["slo"] = dict(slo, auto=auto, attainment=args.attainment)
+        also = [float(x) for x in args.also_tps.split(",") if x]
         print(f"SLO: TTFT <= {slo['ttft_base_s']} s + P / {tps:.0f} tok/s, TPOT <= "
               f"{slo['tpot_s'] * 1000:.0f} ms, >= {100 * args.attainment:.0f} % of requests",
               file=sys.stderr)
@@ -409,14 +435,19 @@ def main():
         for name in configs:
             if name not in iso:
                 continue
-            s = summarize(iso[name]["results"], len(bench.iso), slo, nominal(args), iso[name]["wall"])
+            s = summarize(iso[name]["results"], len(bench.iso), slo, nominal(args),
+                          iso[name]["wall"], also)
             s["loadavg_1m"] = iso[name]["load"]
             s["needed_prefill_tps"] = iso[name]["needed_prefill_tps"]
             entry = {"isolated": s, "points": {}}
             doc["configs"][name] = entry
             if s["attainment"] < args.attainment:
-                print(f"{name}: misses the SLO at rate -> 0 ({100 * s['attainment']:.0f} %)",
-                      file=sys.stderr)
+                # no load lowers TTFT or TPOT below the isolated ones: no rate would pass
+                print(f"{name}: misses the SLO at rate -> 0 ({100 * s['attainment']:.0f} %): "
+                      "goodput 0, no sweep", file=sys.stderr)
+                entry.update(goodput_req_per_s=None, first_failing=0.0, order=[],
+                             meets_slo_at_rate_0=False)
+                continue
 
             def passes(rate, name=name, entry=entry):
                 lb = os.getloadavg()[0]
@@ -426,7 +457,7 @@ def main():
                     entry["points"][str(rate)] = {"error": str(e)}
                     print(f"{name} @ {rate}: {e}", file=sys.stderr)
                     return False
-                p = summarize(results, n, slo, nominal(args), wall)
+                p = summarize(results, n, slo, nominal(args), wall, also)
                 p["loadavg_1m"] = [lb, os.getloadavg()[0]]
                 p["decided_early"] = early
                 p["rate"] = rate
@@ -434,7 +465,11 @@ def main():
                 print(f"{name}: {fmt_row(str(rate), p)}", file=sys.stderr)
                 return p["attainment"] >= args.attainment
 
-            gp, ff, order = search(rates, args.max_points, args.tolerance, passes)
+            # start the sweep at the rate one request at a time would sustain (the isolated
+            # requests' mean service time): batching sustains more, queueing at it less
+            seq = len(bench.iso) / iso[name]["wall"]
+            gp, ff, order = search(rates, args.max_points, args.tolerance, passes,
+                                   None if args.sweep_from_lowest else seq)
             entry.update(goodput_req_per_s=gp, first_failing=ff, order=order,
                          meets_slo_at_rate_0=s["attainment"] >= args.attainment)
     print(f"{doc['machine']['cpu']} ({doc['machine']['isa']}), {os.cpu_count()} CPUs; SLO TTFT "
@@ -453,7 +488,7 @@ def main():
             print(fmt_row(str(p["rate"]), p))
     ll = doc["configs"].get("llama-server", {}).get("goodput_req_per_s")
     if ll:
-        doc["ratio_vs_llama_server"] = {n: e.get("goodput_req_per_s", 0) / ll if e.get("goodput_req_per_s") else 0
+        doc["ratio_vs_llama_server"] = {n: (e.get("goodput_req_per_s") or 0) / ll
                                         for n, e in doc["configs"].items() if "skipped" not in e}
         print("\ngoodput x llama-server: " + ", ".join(
             f"{n} {v:.2f}" for n, v in doc["ratio_vs_llama_server"].items()))
