@@ -49,7 +49,8 @@ slots * longest -t --threads`, longest = the mix's longest prompt + output + 64,
 holds the longest request; continuous batching is its default; bench/llama-cpp.sh builds it).
 
 Prints a table per configuration and a summary, writes JSON to
-bench/results/goodput-DATE-<cpu>.json (--json FILE). Only the standard library.
+bench/results/goodput-DATE-<cpu>.json (--json FILE), after every point ("complete": false until
+the run ends, so a run cut short keeps what it measured). Only the standard library.
 
 usage: bench/goodput.py [--build build] [--model FILE] [--configs colocated,disagg,llama-server]
                         [--rates 0.025,0.05,0.1,0.2,0.4,0.8] [--requests 12] [--max-points 4]
@@ -69,6 +70,7 @@ import math
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -397,6 +399,20 @@ def main():
            "model": args.model, "args": {k: v for k, v in vars(args).items()},
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "passive"), "configs": {}}
     auto = args.slo_prefill_tps == "auto"
+    cpu = re.sub(r"[^a-z0-9]+", "-", doc["machine"]["cpu"].lower()).strip("-")[:40] or "cpu"
+    out = args.json or os.path.join(HERE, "results",
+                                    f"goodput-{started.date().isoformat()}-{cpu}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+
+    def dump():
+        # after every point, so a run cut short keeps what it measured ("complete": false)
+        with open(out + ".part", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(out + ".part", out)
+
+    doc["complete"] = False
+    # SIGTERM (a kill, a timeout) unwinds like Ctrl-C, so the running server is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="tdm-goodput-") as work:
         bench = Bench(args, work)
         doc["mix"] = {"prompt_tokens": [r["prompt_tokens"] for r in bench.mix],
@@ -436,6 +452,7 @@ def main():
         slo = {"ttft_base_s": args.slo_ttft_base, "prefill_tps": tps, "tpot_s": args.slo_tpot}
         doc["slo"] = dict(slo, auto=auto, attainment=args.attainment)
         also = [float(x) for x in args.also_tps.split(",") if x]
+        dump()
         print(f"SLO: TTFT <= {slo['ttft_base_s']} s + P / {tps:.0f} tok/s, TPOT <= "
               f"{slo['tpot_s'] * 1000:.0f} ms, >= {100 * args.attainment:.0f} % of requests",
               file=sys.stderr)
@@ -471,6 +488,7 @@ def main():
                 p["rate"] = rate
                 entry["points"][str(rate)] = p
                 print(f"{name}: {fmt_row(str(rate), p)}", file=sys.stderr)
+                dump()
                 return p["attainment"] >= args.attainment
 
             # start the sweep at the rate one request at a time would sustain (the isolated
@@ -480,6 +498,7 @@ def main():
                                    None if args.sweep_from_lowest else seq)
             entry.update(goodput_req_per_s=gp, first_failing=ff, order=order,
                          meets_slo_at_rate_0=s["attainment"] >= args.attainment)
+            dump()
     print(f"{doc['machine']['cpu']} ({doc['machine']['isa']}), {os.cpu_count()} CPUs; SLO TTFT "
           f"<= {slo['ttft_base_s']} s + P/{slo['prefill_tps']:.0f} tok/s, TPOT <= "
           f"{slo['tpot_s'] * 1000:.0f} ms; nomSLO: with P/2000 tok/s")
@@ -500,12 +519,8 @@ def main():
                                         for n, e in doc["configs"].items() if "skipped" not in e}
         print("\ngoodput x llama-server: " + ", ".join(
             f"{n} {v:.2f}" for n, v in doc["ratio_vs_llama_server"].items()))
-    cpu = re.sub(r"[^a-z0-9]+", "-", doc["machine"]["cpu"].lower()).strip("-")[:40] or "cpu"
-    out = args.json or os.path.join(HERE, "results",
-                                    f"goodput-{started.date().isoformat()}-{cpu}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    doc["complete"] = True
+    dump()
     print(f"wrote {out}")
 
 
