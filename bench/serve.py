@@ -197,8 +197,9 @@ class TandemCluster:
         self.port = free_port()
         half = max(1, args.threads // 2)
         # the weights, the CPU engine's packed copy of them (cpu.c repacks the quantized
-        # matrices: about the file's size again) and 1 GiB for scratch and KV
-        budget = 2 * os.path.getsize(args.model) + (1 << 30)
+        # matrices: about the file's size again) and 1 GiB (args.kv_gib when set) for scratch
+        # and KV
+        budget = 2 * os.path.getsize(args.model) + int(getattr(args, "kv_gib", 1) * (1 << 30))
         conf = os.path.join(work, name + ".yaml")
         with open(conf, "w") as f:
             f.write(f"model:\n  path: {args.model}\n  name: bench\n")
@@ -231,15 +232,20 @@ class TandemCluster:
 
 
 class LlamaServer:
-    def __init__(self, args, work):
+    """llama-server with `slots` slots (-np; default args.concurrency) and a context of `ctx`
+    tokens in all (-c; default slots * (args.prompt_tokens + args.output_tokens + 64), so each
+    slot holds one request); stop() ends it."""
+
+    def __init__(self, args, work, slots=None, ctx=None):
         binary = os.path.join(CACHE, "llama.cpp", "build", "bin", "llama-server")
         if not os.access(binary, os.X_OK):
             raise RuntimeError(f"{binary} is not built: run bench/llama-cpp.sh")
         self.port = free_port()
-        ctx = args.concurrency * (args.prompt_tokens + args.output_tokens + 64)
+        slots = slots or args.concurrency
+        ctx = ctx or slots * (args.prompt_tokens + args.output_tokens + 64)
         self.log = open(os.path.join(work, "llama-server.log"), "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [binary, "-m", args.model, "-np", str(args.concurrency), "-t", str(args.threads),
+            [binary, "-m", args.model, "-np", str(slots), "-t", str(args.threads),
              "-c", str(ctx), "--host", "127.0.0.1", "--port", str(self.port)]
             + args.llama_args.split(),
             stdout=self.log, stderr=subprocess.STDOUT)
