@@ -220,7 +220,7 @@ static int local_open(const embed_opts_t *o, local_embed_t *g)
         return 1;
     }
     const tdm_llama_hparams_t *hp = tdm_model_hparams(g->model);
-    g->n_ctx = tdm_model_serve_n_ctx(hp);
+    g->n_ctx = tdm_model_serve_n_ctx(hp, 0);
     tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, TDM_KV_F16};
     g->pool = tdm_kv_pool_new(&kl, (uint32_t)tdm_kv_blocks_for_tokens(&kl, g->n_ctx), &err);
     tdm_engine_params_t ep;

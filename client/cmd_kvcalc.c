@@ -173,7 +173,7 @@ static int load_model(kvcalc_t *k, uint64_t *n_ctx)
     k->in.n_heads = hp.n_heads;
     k->have_groups = tdm_model_kv_groups(&hp, &k->groups);
     k->in.weight_bytes = tdm_gguf_tensor_bytes(g);
-    *n_ctx = tdm_model_serve_n_ctx(&hp); /* the context a cluster serves the model with */
+    *n_ctx = tdm_model_serve_n_ctx(&hp, 0); /* the context a cluster serves the model with */
     tdm_gguf_destroy(&g);
     return 0;
 }
@@ -254,7 +254,7 @@ static int measure(kvcalc_t *k, tdm_config_t *cfg, long threads)
     tdm_engine_params_t ep; /* as tdm_node_runtime_open sets them */
     tdm_engine_params_default(&ep);
     ep.n_threads = node->threads;
-    ep.n_ctx = tdm_model_serve_n_ctx(tdm_model_hparams(m)); /* a node's, whatever --context */
+    ep.n_ctx = tdm_model_serve_n_ctx(tdm_model_hparams(m), 0); /* a node's, whatever --context */
     ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
     ep.max_logits = tdm_worker_logit_rows(&rows);
     k->file_weight_bytes = k->in.weight_bytes;

@@ -64,7 +64,7 @@ class Cluster:
 
     def __init__(self, tmp_dir, n_prefill=1, n_decode=1, policy="round_robin",
                  memory_budget="768MiB", extra_router="", threads=1, extra_decode="",
-                 model=None, chat_template=None, default_keys=True):
+                 model=None, chat_template=None, default_keys=True, extra_model=""):
         self.dir = tmp_dir
         os.makedirs(tmp_dir, exist_ok=True)
         self.client_ep = f"tcp://127.0.0.1:{free_port()}"
@@ -84,7 +84,8 @@ class Cluster:
         self.config = os.path.join(tmp_dir, "cluster.yaml")
         with open(self.config, "w") as f:
             f.write(f"model:\n  path: {model or MODEL}\n"
-                    + (f"  chat_template: {chat_template}\n" if chat_template else "") +
+                    + (f"  chat_template: {chat_template}\n" if chat_template else "")
+                    + extra_model +
                     f"router:\n  client_endpoint: {self.client_ep}\n"
                     f"  node_endpoint: {self.node_ep}\n"
                     f"  http_port: {free_port()}\n"

@@ -109,6 +109,9 @@ typedef struct tdm_model_config {
     tdm_reasoning_parser_t reasoning_parser; /* auto (default) */
     tdm_tool_call_parser_t tool_call_parser; /* auto (default) */
     tdm_model_defaults_t defaults;           /* its requests' sampling defaults */
+    int max_context; /* tokens a sequence (prompt + output) may hold: 0 (default) =
+                        min(TDM_MODEL_MAX_SERVE_CTX, trained context); else 1..the trained
+                        context (checked when the model is opened: tdm_served_model_open) */
 } tdm_model_config_t;
 
 /* Routers a node registers with at most (router.node_endpoints). */

@@ -52,13 +52,16 @@ void tdm_model_destroy(tdm_model_t **self_p);
 
 const tdm_llama_hparams_t *tdm_model_hparams(const tdm_model_t *m);
 
-/* Longest context Tandem serves (tokens): a cluster's context is min(this, the model's). */
+/* The context a cluster serves a model with when its config sets no `max_context` (tokens):
+ * min(this, the model's trained context), as llama.cpp's default n_ctx. */
 #define TDM_MODEL_MAX_SERVE_CTX 4096u
 
 /* The context length (tokens) the router and every node use for a model with hparams hp:
- * min(TDM_MODEL_MAX_SERVE_CTX, hp->n_ctx_train). One function, so the router's validation
- * and the nodes' engines agree; a node registering with less is refused. Cannot fail. */
-uint32_t tdm_model_serve_n_ctx(const tdm_llama_hparams_t *hp);
+ * max_context (the model's config key; 1..hp->n_ctx_train, checked by the caller) when
+ * nonzero, else min(TDM_MODEL_MAX_SERVE_CTX, hp->n_ctx_train). One function, so the router's
+ * validation and the nodes' engines agree; a node registering with less is refused. A
+ * max_context past the trained context is clamped to it. Cannot fail. */
+uint32_t tdm_model_serve_n_ctx(const tdm_llama_hparams_t *hp, uint32_t max_context);
 
 /* The open GGUF file (for the tokenizer and metadata); owned by the model. */
 const tdm_gguf_t *tdm_model_gguf(const tdm_model_t *m);

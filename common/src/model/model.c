@@ -304,9 +304,10 @@ const tdm_llama_hparams_t *tdm_model_hparams(const tdm_model_t *m)
     return &m->hp;
 }
 
-uint32_t tdm_model_serve_n_ctx(const tdm_llama_hparams_t *hp)
+uint32_t tdm_model_serve_n_ctx(const tdm_llama_hparams_t *hp, uint32_t max_context)
 {
-    return hp->n_ctx_train < TDM_MODEL_MAX_SERVE_CTX ? hp->n_ctx_train : TDM_MODEL_MAX_SERVE_CTX;
+    uint32_t want = max_context ? max_context : TDM_MODEL_MAX_SERVE_CTX;
+    return hp->n_ctx_train < want ? hp->n_ctx_train : want;
 }
 
 const tdm_gguf_t *tdm_model_gguf(const tdm_model_t *m)

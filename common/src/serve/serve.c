@@ -34,7 +34,15 @@ int tdm_served_model_open_at(tdm_served_model_t *sm, const tdm_config_t *cfg, si
         goto out_close;
     }
     sm->n_vocab = hp->n_vocab;
-    sm->n_ctx = tdm_model_serve_n_ctx(hp);
+    int max_ctx = cfg->models[index].max_context;
+    if (max_ctx < 0 || (uint32_t)max_ctx > hp->n_ctx_train) {
+        rc = tdm_error_set_field(err, TDM_EINVALID, "max_context",
+                                 "model %s: max_context %d is past the model's trained context "
+                                 "of %" PRIu32 " tokens (the longest Tandem serves it with)",
+                                 path, max_ctx, hp->n_ctx_train);
+        goto out_close;
+    }
+    sm->n_ctx = tdm_model_serve_n_ctx(hp, (uint32_t)max_ctx);
     sm->fingerprint = tdm_model_fingerprint(sm->model);
     sm->layout = (tdm_kv_layout_t){hp->n_layers, hp->n_kv_heads, hp->head_dim,
                                    (uint32_t)cfg->kv.block_size, cfg->kv.dtype};
