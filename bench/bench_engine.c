@@ -9,7 +9,12 @@
  * 128 with every sequence at 1,024 tokens of context, the memory bound from the bytes of the
  * device weight copies (bf16 matrices, f32 vectors) over the device-to-device copy bandwidth,
  * and the bf16 GEMM peak (a cuBLAS 8192^3 GEMM) against which prefill's FLOP rate (2 FLOP per
- * matrix weight per token) is reported, all measured in the same run (bench_hbm.c). */
+ * matrix weight per token) is reported, all measured in the same run (bench_hbm.c).
+ *
+ * With --peak (CPU): the int8 dot-product peak of each instruction family (bench_peak.c), then
+ * per kernel family prefill 128 / 512 and decode batch 1 / 32 with the engine's per-op times
+ * (tdm_engine_op_timing): the weight GEMMs' int8 rate against the family's peak, attention,
+ * norms and the rest apart (docs/performance.md, "Prefill against the int8 peak"). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
