@@ -888,6 +888,62 @@ static void pk_json(FILE *out, const bench_cfg_t *c, const char *smt, const tdm_
     fprintf(out, "}}\n");
 }
 
+/* The peak table of the best of the rounds, to stderr. */
+static void pk_print_peaks(const tdm_peak_t *peaks, int rounds, int threads)
+{
+    fprintf(stderr, "\nint8 peak, best of %d rounds:\n", rounds);
+    fprintf(stderr, "%-8s %-32s %12s %12s\n", "family", "instructions", "TOPS 1 thr", "TOPS all");
+    for (int f = 0; f < TDM_PEAK_FAMILIES; f++) {
+        if (!peaks[f].available)
+            fprintf(stderr, "%-8s %-32s %12s %12s\n", peaks[f].family, peaks[f].insn, "n/a", "n/a");
+        else
+            fprintf(stderr, "%-8s %-32s %12.3f %12.3f  (%d threads)\n", peaks[f].family,
+                    peaks[f].insn, peaks[f].ops_1t / 1e12, peaks[f].ops / 1e12, threads);
+    }
+}
+
+/* The peak measured again, each figure of *peaks raised to the new one where that is higher. */
+static void pk_peak_again(int threads, tdm_peak_t *peaks)
+{
+    tdm_peak_t again[TDM_PEAK_FAMILIES];
+    tdm_bench_peak(threads, again);
+    for (int f = 0; f < TDM_PEAK_FAMILIES; f++) {
+        peaks[f].ops_1t = again[f].ops_1t > peaks[f].ops_1t ? again[f].ops_1t : peaks[f].ops_1t;
+        peaks[f].ops = again[f].ops > peaks[f].ops ? again[f].ops : peaks[f].ops;
+    }
+}
+
+/* --rounds interleaved rounds over the n families (an engine each when --kernels names them),
+ * the peak measured again before every round after the first; the fastest pass of each measure
+ * into best[k], the engines' names into engines[k]. Returns 0, or 1 after printing why. */
+static int pk_rounds(bench_t *b, const bench_cfg_t *c, int threads, tdm_peak_t *peaks, int n,
+                     char names[][32], char engines[][64], pk_prof_t (*best)[PK_MEASURES])
+{
+    for (int r = 0; r < c->rounds; r++) {
+        if (r > 0)
+            pk_peak_again(threads, peaks);
+        for (int k = 0; k < n; k++) {
+            if (c->kernels) {
+                tdm_error_t err = {0};
+                setenv("TANDEM_CPU_KERNELS", names[k], 1);
+                tdm_engine_destroy(&b->engine);
+                if (!(b->engine = bench_engine_new(b, c, &err))) {
+                    fprintf(stderr, "bench: %s\n", err.msg);
+                    return 1;
+                }
+            }
+            snprintf(engines[k], 64, "%s", tdm_engine_backend_name(b->engine));
+            pk_prof_t p[PK_MEASURES];
+            pk_once(b, c, p);
+            for (int m = 0; m < PK_MEASURES; m++)
+                if (r == 0 || p[m].pass_s < best[k][m].pass_s)
+                    best[k][m] = p[m];
+            fprintf(stderr, "round %d %s (%s) done\n", r + 1, names[k], engines[k]);
+        }
+    }
+    return 0;
+}
+
 /* --peak: the int8 peaks, then per family (--kernels, or the default one) --rounds
  * interleaved rounds of the four measures with per-op times, the fastest pass of each
  * measure kept. Prints tables to stderr and JSON to stdout (or --json FILE). Returns 0, or 1
@@ -898,7 +954,7 @@ static int run_peak(bench_t *b, const bench_cfg_t *c)
     tdm_bench_smt(smt, sizeof smt);
     int threads = c->threads > 0 ? c->threads : tdm_bench_default_threads();
     tdm_peak_t peaks[TDM_PEAK_FAMILIES];
-    tdm_bench_peak(threads, peaks); /* measured again each round, the best kept */
+    tdm_bench_peak(threads, peaks);
     fprintf(stderr, "SMT: %s\n", smt);
     uint64_t layer_params, head_params;
     weight_params(b->model, &layer_params, &head_params);
@@ -915,66 +971,29 @@ static int run_peak(bench_t *b, const bench_cfg_t *c)
     if (n == 0)
         snprintf(names[n++], sizeof names[0], "default");
     pk_prof_t(*best)[PK_MEASURES] = calloc((size_t)n, sizeof *best);
-    if (!best)
-        return 1;
-    for (int r = 0; r < c->rounds; r++) {
-        if (r > 0) { /* the peak again beside this round's passes; the best of the rounds */
-            tdm_peak_t again[TDM_PEAK_FAMILIES];
-            tdm_bench_peak(threads, again);
-            for (int f = 0; f < TDM_PEAK_FAMILIES; f++) {
-                peaks[f].ops_1t =
-                    again[f].ops_1t > peaks[f].ops_1t ? again[f].ops_1t : peaks[f].ops_1t;
-                peaks[f].ops = again[f].ops > peaks[f].ops ? again[f].ops : peaks[f].ops;
-            }
-        }
+    FILE *out = NULL;
+    int rc = best ? pk_rounds(b, c, threads, peaks, n, names, engines, best) : 1;
+    if (rc == 0) {
+        pk_print_peaks(peaks, c->rounds, threads);
         for (int k = 0; k < n; k++) {
-            if (c->kernels) {
-                tdm_error_t err = {0};
-                setenv("TANDEM_CPU_KERNELS", names[k], 1);
-                tdm_engine_destroy(&b->engine);
-                if (!(b->engine = bench_engine_new(b, c, &err))) {
-                    fprintf(stderr, "bench: %s\n", err.msg);
-                    free(best);
-                    return 1;
-                }
-            }
-            snprintf(engines[k], sizeof engines[0], "%s", tdm_engine_backend_name(b->engine));
-            pk_prof_t p[PK_MEASURES];
-            pk_once(b, c, p);
-            for (int m = 0; m < PK_MEASURES; m++)
-                if (r == 0 || p[m].pass_s < best[k][m].pass_s)
-                    best[k][m] = p[m];
-            fprintf(stderr, "round %d %s (%s) done\n", r + 1, names[k], engines[k]);
+            int f = pk_family(engines[k]);
+            pk_print(names[k], engines[k], f >= 0 && peaks[f].available ? &peaks[f] : NULL, best[k],
+                     layer_params);
         }
+        fprintf(stderr,
+                "(ms per pass; GEMM %%: 2 x layer weight params x tokens / (gemm time x "
+                "peak); pass %%: the same over the whole pass; TOPS: int8 rate of the GEMMs)\n");
+        out = c->json_path ? fopen(c->json_path, "w") : stdout;
+        if (!out)
+            fprintf(stderr, "bench: cannot write %s\n", c->json_path);
+        rc = out ? 0 : 1;
     }
-    fprintf(stderr, "\nint8 peak, best of %d rounds:\n", c->rounds);
-    fprintf(stderr, "%-8s %-32s %12s %12s\n", "family", "instructions", "TOPS 1 thr", "TOPS all");
-    for (int f = 0; f < TDM_PEAK_FAMILIES; f++) {
-        if (!peaks[f].available)
-            fprintf(stderr, "%-8s %-32s %12s %12s\n", peaks[f].family, peaks[f].insn, "n/a", "n/a");
-        else
-            fprintf(stderr, "%-8s %-32s %12.3f %12.3f  (%d threads)\n", peaks[f].family,
-                    peaks[f].insn, peaks[f].ops_1t / 1e12, peaks[f].ops / 1e12, threads);
-    }
-    for (int k = 0; k < n; k++) {
-        int f = pk_family(engines[k]);
-        pk_print(names[k], engines[k], f >= 0 && peaks[f].available ? &peaks[f] : NULL, best[k],
-                 layer_params);
-    }
-    fprintf(stderr,
-            "(ms per pass; GEMM %%: 2 x layer weight params x tokens / (gemm time x "
-            "peak); pass %%: the same over the whole pass; TOPS: int8 rate of the GEMMs)\n");
-    FILE *out = c->json_path ? fopen(c->json_path, "w") : stdout;
-    if (!out) {
-        fprintf(stderr, "bench: cannot write %s\n", c->json_path);
-        free(best);
-        return 1;
-    }
-    pk_json(out, c, smt, peaks, layer_params, head_params, n, names, engines, best);
-    if (c->json_path)
+    if (out)
+        pk_json(out, c, smt, peaks, layer_params, head_params, n, names, engines, best);
+    if (out && c->json_path)
         fclose(out);
     free(best);
-    return 0;
+    return rc;
 }
 
 int main(int argc, char **argv)
