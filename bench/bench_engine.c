@@ -9,7 +9,12 @@
  * 128 with every sequence at 1,024 tokens of context, the memory bound from the bytes of the
  * device weight copies (bf16 matrices, f32 vectors) over the device-to-device copy bandwidth,
  * and the bf16 GEMM peak (a cuBLAS 8192^3 GEMM) against which prefill's FLOP rate (2 FLOP per
- * matrix weight per token) is reported, all measured in the same run (bench_hbm.c). */
+ * matrix weight per token) is reported, all measured in the same run (bench_hbm.c).
+ *
+ * With --peak (CPU): the int8 dot-product peak of each instruction family (bench_peak.c), then
+ * per kernel family prefill 128 / 512 and decode batch 1 / 32 with the engine's per-op times
+ * (tdm_engine_op_timing): the weight GEMMs' int8 rate against the family's peak, attention,
+ * norms and the rest apart (docs/performance.md, "Prefill against the int8 peak"). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +26,7 @@
 #include "tandem/config.h"
 #include "tandem/kv.h"
 #include "tandem/model.h"
+#include "bench_peak.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "bench_hbm.h"
 #endif
@@ -132,7 +138,7 @@ static double bench_prefill(bench_t *b, uint32_t n, int reps, int warm)
 /* Median seconds per decode step with `batch` sequences of b->decode_ctx tokens each (their
  * prompts prefilled first, or with `prefill` false left as the pool's zeros: the same work per
  * step, for profiles of decode alone). */
-static double bench_decode_ctx(bench_t *b, uint32_t batch, int steps, bool prefill)
+static double bench_decode_ctx(bench_t *b, uint32_t batch, int steps, bool prefill, bool time_ops)
 {
     tdm_kv_seq_t seqs[MAX_BATCH];
     const uint32_t ctx = b->decode_ctx;
@@ -155,6 +161,8 @@ static double bench_decode_ctx(bench_t *b, uint32_t batch, int steps, bool prefi
             exit(1);
     }
     double *t = malloc((size_t)steps * sizeof *t);
+    if (time_ops) /* the steps only, not the prompts' prefill */
+        tdm_engine_op_timing(b->engine, true);
     for (int st = 0; st < steps; st++) {
         for (uint32_t s = 0; s < batch; s++) {
             random_tokens(&tok[s], 1, b->n_vocab, (uint64_t)st * 977 + s);
@@ -167,6 +175,8 @@ static double bench_decode_ctx(bench_t *b, uint32_t batch, int steps, bool prefi
             exit(1);
         t[st] = tdm_time_now() - t0;
     }
+    if (time_ops)
+        tdm_engine_op_timing(b->engine, false);
     for (uint32_t s = 0; s < batch; s++)
         tdm_kv_seq_release(b->pool, &seqs[s]);
     double m = median(t, steps);
@@ -176,7 +186,7 @@ static double bench_decode_ctx(bench_t *b, uint32_t batch, int steps, bool prefi
 
 static double bench_decode(bench_t *b, uint32_t batch, int steps)
 {
-    return bench_decode_ctx(b, batch, steps, true);
+    return bench_decode_ctx(b, batch, steps, true, false);
 }
 
 /* Bytes the CUDA backend keeps on the device for the weights: every matrix in bf16 (2 bytes a
@@ -212,6 +222,7 @@ typedef struct bench_cfg {
     uint32_t ubatch;     /* --ubatch: tokens per prefill pass at depth (llama.cpp's n_ubatch) */
     int reps;            /* --reps: repetitions of each long prefill (median kept) */
     const char *kv_name; /* --kv f16|q8: the KV cache's type */
+    bool peak;           /* --peak: int8 peak, prefill against it, per-op profiles */
 } bench_cfg_t;
 
 /* What was measured. */
@@ -361,7 +372,12 @@ static void print_usage(void)
            "--depth D1,D2,... runs only the long-context measures: at each depth D a\n"
            "prefill of D tokens in passes of --ubatch tokens (default 512; median of\n"
            "--reps, default 1), then decode at batch 1 and 8 with D tokens of context\n"
-           "(--steps steps); --kv f16|q8 picks the KV cache type (default f16).\n");
+           "(--steps steps); --kv f16|q8 picks the KV cache type (default f16).\n"
+           "--peak measures the int8 dot-product peak of each instruction family (1 and\n"
+           "-t threads), then per family (--kernels, default the best) prefill 128 and\n"
+           "512 and decode batch 1 and 32 with per-op times: the weight GEMMs' int8 rate\n"
+           "against the family's peak, attention, norms and the rest apart (--rounds\n"
+           "interleaved rounds, fastest pass of each kept).\n");
 }
 
 /* --depth's comma-separated list into c->depth (at most DEPTH_MAX values, each in
@@ -389,14 +405,21 @@ static int parse_depths(const char *arg, bench_cfg_t *c)
 /* Parses the command line into *c. Returns 0 to go on, or the exit status with *done set. */
 static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
 {
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, 'm'},   {"threads", required_argument, NULL, 't'},
-        {"json", required_argument, NULL, 'j'},    {"steps", required_argument, NULL, 's'},
-        {"backend", required_argument, NULL, 'b'}, {"kernels", required_argument, NULL, 'k'},
-        {"rounds", required_argument, NULL, 'r'},  {"decode-only", required_argument, NULL, 'd'},
-        {"depth", required_argument, NULL, 'D'},   {"ubatch", required_argument, NULL, 'u'},
-        {"reps", required_argument, NULL, 'R'},    {"kv", required_argument, NULL, 'K'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
+                                         {"threads", required_argument, NULL, 't'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"steps", required_argument, NULL, 's'},
+                                         {"backend", required_argument, NULL, 'b'},
+                                         {"kernels", required_argument, NULL, 'k'},
+                                         {"rounds", required_argument, NULL, 'r'},
+                                         {"decode-only", required_argument, NULL, 'd'},
+                                         {"depth", required_argument, NULL, 'D'},
+                                         {"ubatch", required_argument, NULL, 'u'},
+                                         {"reps", required_argument, NULL, 'R'},
+                                         {"kv", required_argument, NULL, 'K'},
+                                         {"peak", no_argument, NULL, 'P'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     c->backend = "cpu";
     c->steps = 16;
     c->rounds = 3;
@@ -405,7 +428,7 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
     c->kv_name = "f16";
     *done = true;
     int ch;
-    while ((ch = getopt_long(argc, argv, "m:t:j:s:b:k:r:d:D:u:R:K:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "m:t:j:s:b:k:r:d:D:u:R:K:Ph", opts, NULL)) != -1) {
         switch (ch) {
         case 'm': snprintf(c->model_path, sizeof c->model_path, "%s", optarg); break;
         case 't': c->threads = atoi(optarg); break;
@@ -422,6 +445,7 @@ static int parse_args(int argc, char **argv, bench_cfg_t *c, bool *done)
         case 'u': c->ubatch = (uint32_t)atoi(optarg); break;
         case 'R': c->reps = atoi(optarg); break;
         case 'K': c->kv_name = optarg; break;
+        case 'P': c->peak = true; break;
         case 'h': print_usage(); return 0;
         default: return 2;
         }
@@ -728,6 +752,250 @@ static int run_compare(bench_t *b, const bench_cfg_t *c)
     return 0;
 }
 
+/* ---- --peak: prefill against the int8 peak, per-op profiles ---- */
+
+#define PK_MEASURES 4 /* prefill 128, prefill 512, decode batch 1, decode batch 32 */
+
+/* One measure's fastest pass: seconds per forward pass and per op class. */
+typedef struct pk_prof {
+    double pass_s;
+    double op_s[TDM_OP_N_CLASSES];
+} pk_prof_t;
+
+/* Weight-matrix parameters: the layers' 2-D tensors (q, k, v, o, gate, up, down, or their
+ * fused forms; experts too) in *layers, the output projection (the tied embedding when the
+ * model has no output.weight) in *head. */
+static void weight_params(const tdm_model_t *m, uint64_t *layers, uint64_t *head)
+{
+    const tdm_gguf_t *g = tdm_model_gguf(m);
+    *layers = *head = 0;
+    for (uint64_t i = 0; i < tdm_gguf_n_tensors(g); i++) {
+        const tdm_gguf_tensor_t *t = tdm_gguf_tensor_at(g, i);
+        if (t->n_dims >= 2 && strncmp(t->name, "blk.", 4) == 0)
+            *layers += t->n_elements;
+    }
+    const tdm_gguf_tensor_t *o = tdm_gguf_find_tensor(g, "output.weight");
+    *head = (o ? o : tdm_gguf_find_tensor(g, "token_embd.weight"))->n_elements;
+}
+
+/* The op times of the passes run since timing went on, per pass, into *p. */
+static void pk_read(const bench_t *b, pk_prof_t *p)
+{
+    tdm_op_times_t t;
+    tdm_engine_op_times(b->engine, &t);
+    double n = t.forwards ? (double)t.forwards : 1.0;
+    p->pass_s = t.forward_seconds / n;
+    for (int k = 0; k < TDM_OP_N_CLASSES; k++)
+        p->op_s[k] = t.seconds[k] / n;
+}
+
+/* The four measures once for the engine now in b, timed per op. */
+static void pk_once(bench_t *b, const bench_cfg_t *c, pk_prof_t *p)
+{
+    static const uint32_t lens[2] = {128, 512};
+    for (int i = 0; i < 2; i++) {
+        bench_prefill(b, lens[i], 1, 0); /* untimed warm-up */
+        tdm_engine_op_timing(b->engine, true);
+        bench_prefill(b, lens[i], 3, 0);
+        tdm_engine_op_timing(b->engine, false);
+        pk_read(b, &p[i]);
+    }
+    static const uint32_t batches[2] = {1, 32};
+    for (int i = 0; i < 2; i++) {
+        bench_decode_ctx(b, batches[i], c->steps, true, true);
+        pk_read(b, &p[2 + i]);
+    }
+}
+
+/* Index into the peak table of the family an engine name ("cpu/amx-int8") ran. */
+static int pk_family(const char *name)
+{
+    if (strstr(name, "amx"))
+        return 3;
+    if (strstr(name, "avx512"))
+        return 2;
+    if (strstr(name, "vnni"))
+        return 1;
+    if (strstr(name, "avx2"))
+        return 0;
+    return -1; /* scalar: no int8 SIMD peak */
+}
+
+static const char *const pk_labels[PK_MEASURES] = {"prefill 128", "prefill 512", "decode b1",
+                                                   "decode b32"};
+static const double pk_tokens[PK_MEASURES] = {128, 512, 1, 32};
+
+/* One family's table: per measure tokens/s, pass time, the per-op times, and the GEMMs'
+ * int8 rate against the family's peak (layer GEMM time alone, and the whole pass). */
+static void pk_print(const char *family, const char *engine, const tdm_peak_t *peak,
+                     const pk_prof_t *p, uint64_t layer_params)
+{
+    fprintf(stderr, "\n%s (%s), peak %s: %.3f TOPS on %d threads\n", family, engine,
+            peak ? peak->insn : "none (scalar)", peak ? peak->ops / 1e12 : 0.0,
+            peak ? peak->threads : 0);
+    fprintf(stderr, "%-12s %9s %9s", "measure", "tokens/s", "pass ms");
+    for (int k = 0; k < TDM_OP_N_CLASSES; k++)
+        if (k != TDM_OP_MOE)
+            fprintf(stderr, " %9s", tdm_op_class_name((tdm_op_class_t)k));
+    fprintf(stderr, " %8s %8s %8s\n", "GEMM %", "pass %", "TOPS");
+    for (int m = 0; m < PK_MEASURES; m++) {
+        double ops = 2.0 * (double)layer_params * pk_tokens[m];
+        double gemm = p[m].op_s[TDM_OP_GEMM] + p[m].op_s[TDM_OP_MOE];
+        fprintf(stderr, "%-12s %9.1f %9.3f", pk_labels[m], pk_tokens[m] / p[m].pass_s,
+                p[m].pass_s * 1e3);
+        for (int k = 0; k < TDM_OP_N_CLASSES; k++)
+            if (k != TDM_OP_MOE)
+                fprintf(stderr, " %9.3f", (k == TDM_OP_GEMM ? gemm : p[m].op_s[k]) * 1e3);
+        double pk = peak ? peak->ops : 0;
+        fprintf(stderr, " %7.1f%% %7.1f%% %8.3f\n", pk > 0 ? 100.0 * ops / (gemm * pk) : 0.0,
+                pk > 0 ? 100.0 * ops / (p[m].pass_s * pk) : 0.0, ops / gemm / 1e12);
+    }
+    fprintf(stderr, "batch 32 / batch 1 (aggregate tokens/s): %.2f\n",
+            (32.0 / p[3].pass_s) / (1.0 / p[2].pass_s));
+}
+
+/* The JSON document of a --peak run. */
+static void pk_json(FILE *out, const bench_cfg_t *c, const char *smt, const tdm_peak_t *peaks,
+                    uint64_t layer_params, uint64_t head_params, int n, char names[][32],
+                    char engines[][64], pk_prof_t (*best)[PK_MEASURES])
+{
+    fprintf(out,
+            "{\"threads\": %d, \"smt\": \"%s\", \"layer_params\": %" PRIu64
+            ", \"head_params\": %" PRIu64 ", \"rounds\": %d, \"steps\": %d,\n \"peak\": {",
+            c->threads, smt, layer_params, head_params, c->rounds, c->steps);
+    for (int f = 0; f < TDM_PEAK_FAMILIES; f++)
+        fprintf(out,
+                "%s\"%s\": {\"insn\": \"%s\", \"available\": %s, \"ops_1t\": %.4g, "
+                "\"ops\": %.4g}",
+                f ? ", " : "", peaks[f].family, peaks[f].insn,
+                peaks[f].available ? "true" : "false", peaks[f].ops_1t, peaks[f].ops);
+    fprintf(out, "},\n \"families\": {");
+    static const char *const keys[PK_MEASURES] = {"prefill_128", "prefill_512", "decode_1",
+                                                  "decode_32"};
+    for (int k = 0; k < n; k++) {
+        int f = pk_family(engines[k]);
+        fprintf(out, "%s\n  \"%s\": {\"engine\": \"%s\", \"peak_ops\": %.4g", k ? "," : "",
+                names[k], engines[k], f >= 0 ? peaks[f].ops : 0.0);
+        for (int m = 0; m < PK_MEASURES; m++) {
+            fprintf(out, ", \"%s\": {\"pass_s\": %.6g", keys[m], best[k][m].pass_s);
+            for (int o = 0; o < TDM_OP_N_CLASSES; o++)
+                fprintf(out, ", \"%s_s\": %.6g", tdm_op_class_name((tdm_op_class_t)o),
+                        best[k][m].op_s[o]);
+            fprintf(out, "}");
+        }
+        fprintf(out, "}");
+    }
+    fprintf(out, "}}\n");
+}
+
+/* The peak table of the best of the rounds, to stderr. */
+static void pk_print_peaks(const tdm_peak_t *peaks, int rounds, int threads)
+{
+    fprintf(stderr, "\nint8 peak, best of %d rounds:\n", rounds);
+    fprintf(stderr, "%-8s %-32s %12s %12s\n", "family", "instructions", "TOPS 1 thr", "TOPS all");
+    for (int f = 0; f < TDM_PEAK_FAMILIES; f++) {
+        if (!peaks[f].available)
+            fprintf(stderr, "%-8s %-32s %12s %12s\n", peaks[f].family, peaks[f].insn, "n/a", "n/a");
+        else
+            fprintf(stderr, "%-8s %-32s %12.3f %12.3f  (%d threads)\n", peaks[f].family,
+                    peaks[f].insn, peaks[f].ops_1t / 1e12, peaks[f].ops / 1e12, threads);
+    }
+}
+
+/* The peak measured again, each figure of *peaks raised to the new one where that is higher. */
+static void pk_peak_again(int threads, tdm_peak_t *peaks)
+{
+    tdm_peak_t again[TDM_PEAK_FAMILIES];
+    tdm_bench_peak(threads, again);
+    for (int f = 0; f < TDM_PEAK_FAMILIES; f++) {
+        peaks[f].ops_1t = again[f].ops_1t > peaks[f].ops_1t ? again[f].ops_1t : peaks[f].ops_1t;
+        peaks[f].ops = again[f].ops > peaks[f].ops ? again[f].ops : peaks[f].ops;
+    }
+}
+
+/* --rounds interleaved rounds over the n families (an engine each when --kernels names them),
+ * the peak measured again before every round after the first; the fastest pass of each measure
+ * into best[k], the engines' names into engines[k]. Returns 0, or 1 after printing why. */
+static int pk_rounds(bench_t *b, const bench_cfg_t *c, int threads, tdm_peak_t *peaks, int n,
+                     char names[][32], char engines[][64], pk_prof_t (*best)[PK_MEASURES])
+{
+    for (int r = 0; r < c->rounds; r++) {
+        if (r > 0)
+            pk_peak_again(threads, peaks);
+        for (int k = 0; k < n; k++) {
+            if (c->kernels) {
+                tdm_error_t err = {0};
+                setenv("TANDEM_CPU_KERNELS", names[k], 1);
+                tdm_engine_destroy(&b->engine);
+                if (!(b->engine = bench_engine_new(b, c, &err))) {
+                    fprintf(stderr, "bench: %s\n", err.msg);
+                    return 1;
+                }
+            }
+            snprintf(engines[k], 64, "%s", tdm_engine_backend_name(b->engine));
+            pk_prof_t p[PK_MEASURES];
+            pk_once(b, c, p);
+            for (int m = 0; m < PK_MEASURES; m++)
+                if (r == 0 || p[m].pass_s < best[k][m].pass_s)
+                    best[k][m] = p[m];
+            fprintf(stderr, "round %d %s (%s) done\n", r + 1, names[k], engines[k]);
+        }
+    }
+    return 0;
+}
+
+/* --peak: the int8 peaks, then per family (--kernels, or the default one) --rounds
+ * interleaved rounds of the four measures with per-op times, the fastest pass of each
+ * measure kept. Prints tables to stderr and JSON to stdout (or --json FILE). Returns 0, or 1
+ * after printing why. */
+static int run_peak(bench_t *b, const bench_cfg_t *c)
+{
+    char smt[512];
+    tdm_bench_smt(smt, sizeof smt);
+    int threads = c->threads > 0 ? c->threads : tdm_bench_default_threads();
+    tdm_peak_t peaks[TDM_PEAK_FAMILIES];
+    tdm_bench_peak(threads, peaks);
+    fprintf(stderr, "SMT: %s\n", smt);
+    uint64_t layer_params, head_params;
+    weight_params(b->model, &layer_params, &head_params);
+    fprintf(stderr,
+            "weight-matrix params: layers %.2f M (q,k,v,o,gate,up,down), output head %.2f M "
+            "(not counted: a prefill pass multiplies it for its last token only)\n",
+            layer_params / 1e6, head_params / 1e6);
+    char names[CMP_MAX][32], engines[CMP_MAX][64], list[256];
+    int n = 0;
+    snprintf(list, sizeof list, "%s", c->kernels ? c->kernels : "");
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && n < CMP_MAX;
+         tok = strtok_r(NULL, ",", &save))
+        snprintf(names[n++], sizeof names[0], "%s", tok);
+    if (n == 0)
+        snprintf(names[n++], sizeof names[0], "default");
+    pk_prof_t(*best)[PK_MEASURES] = calloc((size_t)n, sizeof *best);
+    FILE *out = NULL;
+    int rc = best ? pk_rounds(b, c, threads, peaks, n, names, engines, best) : 1;
+    if (rc == 0) {
+        pk_print_peaks(peaks, c->rounds, threads);
+        for (int k = 0; k < n; k++) {
+            int f = pk_family(engines[k]);
+            pk_print(names[k], engines[k], f >= 0 && peaks[f].available ? &peaks[f] : NULL, best[k],
+                     layer_params);
+        }
+        fprintf(stderr,
+                "(ms per pass; GEMM %%: 2 x layer weight params x tokens / (gemm time x "
+                "peak); pass %%: the same over the whole pass; TOPS: int8 rate of the GEMMs)\n");
+        out = c->json_path ? fopen(c->json_path, "w") : stdout;
+        if (!out)
+            fprintf(stderr, "bench: cannot write %s\n", c->json_path);
+        rc = out ? 0 : 1;
+    }
+    if (out)
+        pk_json(out, c, smt, peaks, layer_params, head_params, n, names, engines, best);
+    if (out && c->json_path)
+        fclose(out);
+    free(best);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     bench_cfg_t c = {0};
@@ -739,7 +1007,7 @@ int main(int argc, char **argv)
     bench_result_t r = {0};
     status = bench_open(&b, &c, &r.pool_bytes);
     if (status == 0 && c.decode_only) {
-        double step = bench_decode_ctx(&b, c.decode_only, c.steps, false);
+        double step = bench_decode_ctx(&b, c.decode_only, c.steps, false, false);
         fprintf(stderr, "decode batch %u: %.2f ms/step, %.1f tokens/s\n", c.decode_only, step * 1e3,
                 c.decode_only / step);
         bench_close(&b);
@@ -747,6 +1015,11 @@ int main(int argc, char **argv)
     }
     if (status == 0 && c.n_depth) {
         status = run_depth(&b, &c);
+        bench_close(&b);
+        return status;
+    }
+    if (status == 0 && c.peak) {
+        status = run_peak(&b, &c);
         bench_close(&b);
         return status;
     }

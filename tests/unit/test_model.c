@@ -654,6 +654,71 @@ static void test_prefix_cache_reuse(void **state)
     unlink(f.path);
 }
 
+/* Per-op timing: the logits are the same bits with it on, each op class counts its calls
+ * (2 layers: 4 matmul calls, 1 attention and 2 norms a layer, the final norm and the head once
+ * a pass), the op times add up to no more than the passes', and switching it off keeps the
+ * totals. */
+static void test_op_timing(void **state)
+{
+    (void)state;
+    tdm_test_engine_t f;
+    tdm_tiny_llama_spec_t spec = {.n_embd = 64,
+                                  .n_vocab = 512,
+                                  .seed = 5,
+                                  .weight_type = TDM_GGML_TYPE_Q4_1,
+                                  .embd_type = TDM_GGML_TYPE_Q8_0,
+                                  .tied_embeddings = true};
+    tdm_test_engine_write_tiny(&f, &spec);
+    tdm_test_engine_open(&f, f.path, TDM_KV_F16, 256);
+    const uint32_t L = tdm_model_hparams(f.model)->n_layers;
+    assert_int_equal(L, 2);
+    int32_t prompt[40];
+    tdm_test_random_tokens(prompt, 40, f.n_vocab, 9);
+    uint32_t whole = 40;
+    tdm_test_seq_t off, on;
+    tdm_test_seq_start(&f, &off, prompt, 40);
+    tdm_test_run_together(&f, &off, 1, &whole);
+    tdm_op_times_t t;
+    tdm_engine_op_times(f.engine, &t);
+    assert_int_equal(t.forwards, 0); /* never switched on */
+    tdm_engine_op_timing(f.engine, true);
+    tdm_test_seq_start(&f, &on, prompt, 40);
+    tdm_test_run_together(&f, &on, 1, &whole);
+    tdm_engine_op_timing(f.engine, false);
+    assert_memory_equal(on.logits, off.logits, (size_t)40 * f.n_vocab * sizeof(float));
+    tdm_engine_op_times(f.engine, &t);
+    assert_int_equal(t.forwards, 1);
+    assert_int_equal(t.calls[TDM_OP_GEMM], 4 * L);
+    assert_int_equal(t.calls[TDM_OP_HEAD], 1);
+    assert_int_equal(t.calls[TDM_OP_ATTENTION], L);
+    assert_int_equal(t.calls[TDM_OP_KV_STORE], L);
+    assert_int_equal(t.calls[TDM_OP_ROPE], L);
+    assert_int_equal(t.calls[TDM_OP_ACT], L);
+    assert_int_equal(t.calls[TDM_OP_NORM], 2 * L + 1);
+    assert_int_equal(t.calls[TDM_OP_MOE], 0);
+    double sum = 0;
+    for (int k = 0; k < TDM_OP_N_CLASSES; k++) {
+        assert_true(t.seconds[k] >= 0.0);
+        sum += t.seconds[k];
+    }
+    assert_true(t.seconds[TDM_OP_GEMM] > 0.0);
+    assert_true(sum <= t.forward_seconds);
+    /* off: a further pass adds nothing */
+    tdm_test_seq_end(&f, &off);
+    tdm_test_seq_start(&f, &off, prompt, 40);
+    tdm_test_run_together(&f, &off, 1, &whole);
+    tdm_op_times_t t2;
+    tdm_engine_op_times(f.engine, &t2);
+    assert_memory_equal(&t2, &t, sizeof t);
+    assert_string_equal(tdm_op_class_name(TDM_OP_GEMM), "gemm");
+    assert_string_equal(tdm_op_class_name(TDM_OP_OTHER), "other");
+    assert_string_equal(tdm_op_class_name(TDM_OP_N_CLASSES), "?");
+    tdm_test_seq_end(&f, &off);
+    tdm_test_seq_end(&f, &on);
+    tdm_test_engine_close(&f);
+    unlink(f.path);
+}
+
 static void test_forward_errors(void **state)
 {
     (void)state;
@@ -756,6 +821,7 @@ int main(void)
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),
         cmocka_unit_test(test_prefix_cache_reuse),
+        cmocka_unit_test(test_op_timing),
         cmocka_unit_test(test_forward_errors),
         cmocka_unit_test(test_model_load_errors),
     };

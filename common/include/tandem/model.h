@@ -120,6 +120,42 @@ uint64_t tdm_engine_scratch_bytes(const tdm_engine_t *e);
  * A node's resident weights are tdm_model_weight_bytes minus this. 0 for CUDA. */
 uint64_t tdm_engine_released_weight_bytes(const tdm_engine_t *e);
 
+/* ---- per-op timing (benchmarks and profiles) ----
+ *
+ * With timing on, every forward pass adds the wall-clock seconds of each backend op to its
+ * class (clock_gettime(CLOCK_MONOTONIC) around the call; an asynchronous backend (CUDA) is
+ * synchronised after each op so the time is the op's own, which slows it). The ops and their
+ * results are the same either way (timing reads the clock, nothing else); with timing off
+ * (the default) a pass costs one untaken branch per op. */
+typedef enum tdm_op_class {
+    TDM_OP_GEMM = 0,  /* the layers' weight matrices: q, k, v, o, gate, up, down */
+    TDM_OP_HEAD,      /* the output projection (rows asking for logits only) */
+    TDM_OP_MOE,       /* the mixture-of-experts FFN (router and expert GEMMs together) */
+    TDM_OP_ATTENTION, /* softmax attention over the KV cache */
+    TDM_OP_KV_STORE,  /* writing K and V into the pool */
+    TDM_OP_NORM,      /* RMS norms (sub-layer, QK, post and final norms) */
+    TDM_OP_ROPE,      /* rotary position embedding of q and k */
+    TDM_OP_ACT,       /* SwiGLU / GeGLU */
+    TDM_OP_OTHER,     /* embedding lookup, residual adds, biases, scales, row gathers, reads */
+    TDM_OP_N_CLASSES
+} tdm_op_class_t;
+
+/* Accumulated per-op times since timing was last switched on. */
+typedef struct tdm_op_times {
+    double seconds[TDM_OP_N_CLASSES]; /* wall-clock seconds per class */
+    uint64_t calls[TDM_OP_N_CLASSES]; /* op calls per class */
+    double forward_seconds;           /* whole tdm_engine_forward calls, seconds */
+    uint64_t forwards;                /* forward passes timed */
+} tdm_op_times_t;
+
+/* "gemm", "head", "moe", "attention", "kv_store", "norm", "rope", "act", "other"; "?" out of
+ * range. Cannot fail. */
+const char *tdm_op_class_name(tdm_op_class_t c);
+/* Switches per-op timing on (zeroing the totals) or off (keeping them). Cannot fail. */
+void tdm_engine_op_timing(tdm_engine_t *e, bool on);
+/* The totals so far into *out (zeros when timing was never on). Cannot fail. */
+void tdm_engine_op_times(const tdm_engine_t *e, tdm_op_times_t *out);
+
 /* Device memory the engine holds besides the KV pool's device copy, bytes: the weights'
  * device copies (dequantized, so more than tdm_model_weight_bytes for a quantized model) in
  * *weight_bytes, and scratch (the engine's buffers, the backend's workspaces and staging) in

@@ -387,11 +387,117 @@ zgemm_group(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *act,
     }
 }
 
+/* ---- Q4_0 / Q4_1 / Q8_0 on 16 rows x 1 token a register ----
+ *
+ * Two groups' 8 rows side by side (group g in the low half, g + 1 in the high half) against one
+ * token a register: a chunk's weights are loaded once per block for all the tile's tokens, and
+ * a token's 4 activation bytes are one broadcast load (no shuffle), so the vector ports do the
+ * multiply-adds and the scale work only. Each lane's integer sum is the same exact int32 (the
+ * chunks summed in two chains, added: integer addition), and its float operations are the
+ * reference's, in the same order: the same bits as zgemm_tile. */
+#define TDM_ZWT 8 /* tokens per 16-row micro-tile */
+
+/* Blocks of groups pa (low half) and pb (high half) against the n tokens at x[0 .. n - 1]
+ * (token t's blocks at x[t]), accumulated from zero into acc[0 .. n - 1]. */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zwide_tile(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
+           const q8a_block_t *const *x, __m512 *acc, const int n)
+{
+    const size_t pbsz = kind == 0 ? 144 : kind == 1 ? 160 : 272;
+    const size_t qoff = kind == 1 ? 32 : 16;
+    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b++, pa += pbsz, pb += pbsz) {
+        __m512 d16 = _mm512_cvtph_ps(
+            _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)pa)),
+                                    _mm_loadu_si128((const __m128i *)pb), 1));
+        __m512 m16 = _mm512_setzero_ps();
+        if (kind == 1)
+            m16 = _mm512_cvtph_ps(_mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(pa + 16))),
+                _mm_loadu_si128((const __m128i *)(pb + 16)), 1));
+        __m512i u[8];
+        if (kind == 2) {
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++)
+                u[k] = _mm512_xor_si512(
+                    _mm512_inserti64x4(
+                        _mm512_castsi256_si512(
+                            _mm256_loadu_si256((const __m256i *)(pa + qoff + 32 * (size_t)k))),
+                        _mm256_loadu_si256((const __m256i *)(pb + qoff + 32 * (size_t)k)), 1),
+                    flip);
+        } else {
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) {
+                __m512i raw = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(
+                        _mm256_loadu_si256((const __m256i *)(pa + qoff + 32 * (size_t)k))),
+                    _mm256_loadu_si256((const __m256i *)(pb + qoff + 32 * (size_t)k)), 1);
+                u[k] = _mm512_and_si512(raw, low);
+                u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+            }
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) {
+            const q8a_block_t *xb = x[t] + b;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int k = 0; k < 8; k += 2) {
+                s0 = _mm512_dpbusd_epi32(s0, u[k], _mm512_set1_epi32(zq4(xb->q + 4 * k)));
+                s1 = _mm512_dpbusd_epi32(s1, u[k + 1], _mm512_set1_epi32(zq4(xb->q + 4 * k + 4)));
+            }
+            __m512i isum = _mm512_add_epi32(s0, s1);
+            if (kind == 0 || kind == 2)
+                isum = _mm512_sub_epi32(isum, _mm512_set1_epi32((kind == 0 ? 8 : 128) * xb->isum));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d16, _mm512_set1_ps(xb->d)),
+                                     _mm512_cvtepi32_ps(isum), acc[t]);
+            if (kind == 1)
+                acc[t] = _mm512_fmadd_ps(m16, _mm512_set1_ps(xb->s), acc[t]);
+        }
+    }
+}
+
+/* Groups g and g + 1 (rows r0 .. r0 + nr - 1, nr 9..16) against nt tokens. */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zwide_groups(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
+             const q8a_block_t *act, uint32_t nt, float *out, size_t ldo, uint64_t r0, int nr)
+{
+    const __mmask16 mask = (__mmask16)((1u << nr) - 1);
+    for (uint32_t t = 0; t < nt; t += TDM_ZWT) {
+        int n = nt - t < TDM_ZWT ? (int)(nt - t) : TDM_ZWT;
+        const q8a_block_t *x[TDM_ZWT];
+        for (int j = 0; j < n; j++)
+            x[j] = act + (size_t)(t + (uint32_t)j) * nb;
+        __m512 acc[TDM_ZWT];
+        switch (n) {
+        case 1: zwide_tile(pa, pb, nb, kind, x, acc, 1); break;
+        case 2: zwide_tile(pa, pb, nb, kind, x, acc, 2); break;
+        case 3: zwide_tile(pa, pb, nb, kind, x, acc, 3); break;
+        case 4: zwide_tile(pa, pb, nb, kind, x, acc, 4); break;
+        case 5: zwide_tile(pa, pb, nb, kind, x, acc, 5); break;
+        case 6: zwide_tile(pa, pb, nb, kind, x, acc, 6); break;
+        case 7: zwide_tile(pa, pb, nb, kind, x, acc, 7); break;
+        default: zwide_tile(pa, pb, nb, kind, x, acc, 8); break;
+        }
+        for (int j = 0; j < n; j++)
+            _mm512_mask_storeu_ps(out + (size_t)(t + (uint32_t)j) * ldo + r0, mask, acc[j]);
+    }
+}
+
 #define TDM_GEN_ZGEMM(name, kind)                                                                  \
     TDM_AVX512 static void name(const tdm_cpu_qmat_t *w, size_t g0, size_t g1,                     \
                                 const q8a_block_t *act, uint32_t nt, float *out, size_t ldo)       \
     {                                                                                              \
-        for (size_t g = g0; g < g1; g++) {                                                         \
+        size_t g = g0;                                                                             \
+        for (; (kind) <= 2 && g + 2 <= g1 && 8 * (uint64_t)(g + 1) < w->n_out; g += 2) {           \
+            uint64_t r0 = 8 * (uint64_t)g;                                                         \
+            int nr = w->n_out - r0 < 16 ? (int)(w->n_out - r0) : 16;                               \
+            const uint8_t *pa = w->data + g * w->group_bytes;                                      \
+            zwide_groups(pa, pa + w->group_bytes, w->nb, kind, act, nt, out, ldo, r0, nr);         \
+        }                                                                                          \
+        for (; g < g1; g++) {                                                                      \
             uint64_t r0 = 8 * (uint64_t)g;                                                         \
             int nr = w->n_out - r0 < 8 ? (int)(w->n_out - r0) : 8;                                 \
             zgemm_group(w->data + g * w->group_bytes, w->nb, kind, act, nt, out, ldo, r0, nr);     \

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include "model/backend.h"
@@ -59,6 +60,8 @@ struct tdm_engine {
     uint32_t *logit_rows; /* [L] */
     uint32_t *last_pos;   /* [B] per sequence: last position seen + 1 (0 = none yet) */
     uint32_t *first_pos;  /* [B] per sequence: position of its first row */
+    bool timing;          /* tdm_engine_op_timing */
+    tdm_op_times_t times;
 };
 
 /* ---- model ---- */
@@ -781,6 +784,55 @@ static int engine_op_failed(const tdm_engine_t *e, int rc, const char *call, tdm
             return engine_op_failed(e, rc_, #call, err);                                           \
     } while (0)
 
+/* ---- per-op timing ---- */
+
+static double op_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Ends the timing of an op of class c started at t0: waits for an asynchronous backend,
+ * then adds the time. Returns the wait's status. */
+static int op_timed(tdm_engine_t *e, tdm_op_class_t c, double t0)
+{
+    int rc = e->ops->sync ? e->ops->sync(e->be) : TDM_OK;
+    e->times.seconds[c] += op_clock() - t0;
+    e->times.calls[c]++;
+    return rc;
+}
+
+/* TDM_TRY for an op of class cls, timed when timing is on. */
+#define TDM_OP(cls, call)                                                                          \
+    do {                                                                                           \
+        double t0_ = e->timing ? op_clock() : 0.0;                                                 \
+        int rc_ = (call);                                                                          \
+        if (rc_ == TDM_OK && e->timing)                                                            \
+            rc_ = op_timed(e, cls, t0_);                                                           \
+        if (rc_ != TDM_OK)                                                                         \
+            return engine_op_failed(e, rc_, #call, err);                                           \
+    } while (0)
+
+const char *tdm_op_class_name(tdm_op_class_t c)
+{
+    static const char *const names[TDM_OP_N_CLASSES] = {
+        "gemm", "head", "moe", "attention", "kv_store", "norm", "rope", "act", "other"};
+    return (unsigned)c < TDM_OP_N_CLASSES ? names[c] : "?";
+}
+
+void tdm_engine_op_timing(tdm_engine_t *e, bool on)
+{
+    if (on && !e->timing)
+        memset(&e->times, 0, sizeof e->times);
+    e->timing = on;
+}
+
+void tdm_engine_op_times(const tdm_engine_t *e, tdm_op_times_t *out)
+{
+    *out = e->times;
+}
+
 /* x += the sub-layer's output in e->proj ([n][n_embd]), RMS-normed by post_norm first when
  * the model has post-norms (Gemma 3). */
 static int forward_residual(tdm_engine_t *e, const tdm_weight_t *post_norm, uint32_t n,
@@ -789,10 +841,10 @@ static int forward_residual(tdm_engine_t *e, const tdm_weight_t *post_norm, uint
     const tdm_llama_hparams_t *hp = &e->model->hp;
     const float *y = e->proj;
     if (hp->post_norms) {
-        TDM_TRY(e->ops->rmsnorm(e->be, e->proj, post_norm, n, hp->rms_norm_eps, e->xn));
+        TDM_OP(TDM_OP_NORM, e->ops->rmsnorm(e->be, e->proj, post_norm, n, hp->rms_norm_eps, e->xn));
         y = e->xn;
     }
-    TDM_TRY(e->ops->add(e->be, e->x, y, (size_t)n * hp->n_embd));
+    TDM_OP(TDM_OP_OTHER, e->ops->add(e->be, e->x, y, (size_t)n * hp->n_embd));
     return TDM_OK;
 }
 
@@ -806,27 +858,30 @@ static int forward_attention(tdm_engine_t *e, uint32_t l, const tdm_fwd_rows_t *
     const tdm_backend_ops_t *ops = e->ops;
     void *be = e->be;
     uint32_t n = rows->n;
-    TDM_TRY(ops->rmsnorm(be, e->x, &lw->attn_norm, n, hp->rms_norm_eps, e->xn));
+    TDM_OP(TDM_OP_NORM, ops->rmsnorm(be, e->x, &lw->attn_norm, n, hp->rms_norm_eps, e->xn));
     const tdm_weight_t *qkv_w[3] = {&lw->wq, &lw->wk, &lw->wv};
     float *qkv_out[3] = {e->q, e->k, e->v};
-    TDM_TRY(ops->matmul(be, e->xn, n, 3, qkv_w, qkv_out));
+    TDM_OP(TDM_OP_GEMM, ops->matmul(be, e->xn, n, 3, qkv_w, qkv_out));
     if (hp->has_qkv_bias) {
-        TDM_TRY(ops->add_bias(be, e->q, &lw->bq, n));
-        TDM_TRY(ops->add_bias(be, e->k, &lw->bk, n));
-        TDM_TRY(ops->add_bias(be, e->v, &lw->bv, n));
+        TDM_OP(TDM_OP_OTHER, ops->add_bias(be, e->q, &lw->bq, n));
+        TDM_OP(TDM_OP_OTHER, ops->add_bias(be, e->k, &lw->bk, n));
+        TDM_OP(TDM_OP_OTHER, ops->add_bias(be, e->v, &lw->bv, n));
     }
     if (hp->qk_norm) { /* per head: n * heads rows of head_dim */
-        TDM_TRY(ops->rmsnorm(be, e->q, &lw->q_norm, n * hp->n_heads, hp->rms_norm_eps, e->q));
-        TDM_TRY(ops->rmsnorm(be, e->k, &lw->k_norm, n * hp->n_kv_heads, hp->rms_norm_eps, e->k));
+        TDM_OP(TDM_OP_NORM,
+               ops->rmsnorm(be, e->q, &lw->q_norm, n * hp->n_heads, hp->rms_norm_eps, e->q));
+        TDM_OP(TDM_OP_NORM,
+               ops->rmsnorm(be, e->k, &lw->k_norm, n * hp->n_kv_heads, hp->rms_norm_eps, e->k));
     }
-    TDM_TRY(ops->rope(be, l, e->q, e->k, rows));
+    TDM_OP(TDM_OP_ROPE, ops->rope(be, l, e->q, e->k, rows));
     if (hp->attn_q_scale > 0.0f)
-        TDM_TRY(ops->scale(be, e->q, hp->attn_q_scale, (size_t)n * hp->n_heads * hp->head_dim));
-    TDM_TRY(ops->kv_store(be, l, e->k, e->v, rows));
-    TDM_TRY(ops->attention(be, l, e->q, rows, e->attn));
+        TDM_OP(TDM_OP_OTHER,
+               ops->scale(be, e->q, hp->attn_q_scale, (size_t)n * hp->n_heads * hp->head_dim));
+    TDM_OP(TDM_OP_KV_STORE, ops->kv_store(be, l, e->k, e->v, rows));
+    TDM_OP(TDM_OP_ATTENTION, ops->attention(be, l, e->q, rows, e->attn));
     const tdm_weight_t *wo[1] = {&lw->wo};
     float *proj[1] = {e->proj};
-    TDM_TRY(ops->matmul(be, e->attn, n, 1, wo, proj));
+    TDM_OP(TDM_OP_GEMM, ops->matmul(be, e->attn, n, 1, wo, proj));
     return forward_residual(e, &lw->post_attn_norm, n, err);
 }
 
@@ -839,21 +894,21 @@ static int forward_ffn(tdm_engine_t *e, uint32_t l, uint32_t n, tdm_error_t *err
     const tdm_backend_ops_t *ops = e->ops;
     void *be = e->be;
     size_t F = (size_t)n * hp->n_ff;
-    TDM_TRY(ops->rmsnorm(be, e->x, &lw->ffn_norm, n, hp->rms_norm_eps, e->xn));
+    TDM_OP(TDM_OP_NORM, ops->rmsnorm(be, e->x, &lw->ffn_norm, n, hp->rms_norm_eps, e->xn));
     if (hp->n_expert > 0) {
-        TDM_TRY(ops->moe_ffn(be, l, e->xn, n, e->proj));
+        TDM_OP(TDM_OP_MOE, ops->moe_ffn(be, l, e->xn, n, e->proj));
         return forward_residual(e, &lw->post_ffn_norm, n, err);
     }
     const tdm_weight_t *gu_w[2] = {&lw->w_gate, &lw->w_up};
     float *gu_out[2] = {e->gate, e->up};
-    TDM_TRY(ops->matmul(be, e->xn, n, 2, gu_w, gu_out));
+    TDM_OP(TDM_OP_GEMM, ops->matmul(be, e->xn, n, 2, gu_w, gu_out));
     if (hp->ffn_act == TDM_FFN_GELU_TANH)
-        TDM_TRY(ops->geglu(be, e->gate, e->up, F, e->gate));
+        TDM_OP(TDM_OP_ACT, ops->geglu(be, e->gate, e->up, F, e->gate));
     else
-        TDM_TRY(ops->swiglu(be, e->gate, e->up, F, e->gate));
+        TDM_OP(TDM_OP_ACT, ops->swiglu(be, e->gate, e->up, F, e->gate));
     const tdm_weight_t *wd[1] = {&lw->w_down};
     float *proj[1] = {e->proj};
-    TDM_TRY(ops->matmul(be, e->gate, n, 1, wd, proj));
+    TDM_OP(TDM_OP_GEMM, ops->matmul(be, e->gate, n, 1, wd, proj));
     return forward_residual(e, &lw->post_ffn_norm, n, err);
 }
 
@@ -866,13 +921,14 @@ static int forward_logits(tdm_engine_t *e, uint32_t n_logits, float *logits, tdm
     const tdm_llama_hparams_t *hp = &m->hp;
     const tdm_backend_ops_t *ops = e->ops;
     void *be = e->be;
-    TDM_TRY(ops->gather_rows(be, e->x, e->logit_rows, n_logits, hp->n_embd, e->sel));
-    TDM_TRY(ops->rmsnorm(be, e->sel, &m->output_norm, n_logits, hp->rms_norm_eps, e->seln));
+    TDM_OP(TDM_OP_OTHER, ops->gather_rows(be, e->x, e->logit_rows, n_logits, hp->n_embd, e->sel));
+    TDM_OP(TDM_OP_NORM,
+           ops->rmsnorm(be, e->sel, &m->output_norm, n_logits, hp->rms_norm_eps, e->seln));
     const tdm_weight_t *wout[1] = {&m->output};
     float *lo[1] = {ops->host_memory ? logits : e->logits};
-    TDM_TRY(ops->matmul(be, e->seln, n_logits, 1, wout, lo));
+    TDM_OP(TDM_OP_HEAD, ops->matmul(be, e->seln, n_logits, 1, wout, lo));
     if (!ops->host_memory)
-        TDM_TRY(ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
+        TDM_OP(TDM_OP_OTHER, ops->read(be, e->logits, (size_t)n_logits * hp->n_vocab, logits));
     float cap = hp->final_logit_softcap;
     if (cap > 0.0f) {
         float inv = 1.0f / cap;
@@ -891,11 +947,11 @@ static int forward_hidden(tdm_engine_t *e, uint32_t n, float *hidden, tdm_error_
     const tdm_model_t *m = e->model;
     const tdm_llama_hparams_t *hp = &m->hp;
     size_t count = (size_t)n * hp->n_embd;
-    TDM_TRY(e->ops->rmsnorm(e->be, e->x, &m->output_norm, n, hp->rms_norm_eps, e->xn));
+    TDM_OP(TDM_OP_NORM, e->ops->rmsnorm(e->be, e->x, &m->output_norm, n, hp->rms_norm_eps, e->xn));
     if (e->ops->host_memory)
         memcpy(hidden, e->xn, count * sizeof *hidden);
     else
-        TDM_TRY(e->ops->read(e->be, e->xn, count, hidden));
+        TDM_OP(TDM_OP_OTHER, e->ops->read(e->be, e->xn, count, hidden));
     return TDM_OK;
 }
 
@@ -904,8 +960,24 @@ int tdm_engine_forward(tdm_engine_t *e, const tdm_batch_t *b, float *logits, tdm
     return tdm_engine_forward_hidden(e, b, logits, NULL, err);
 }
 
+static int forward_pass(tdm_engine_t *e, const tdm_batch_t *b, float *logits, float *hidden,
+                        tdm_error_t *err);
+
 int tdm_engine_forward_hidden(tdm_engine_t *e, const tdm_batch_t *b, float *logits, float *hidden,
                               tdm_error_t *err)
+{
+    if (!e->timing)
+        return forward_pass(e, b, logits, hidden, err);
+    double t0 = op_clock();
+    int rc = forward_pass(e, b, logits, hidden, err);
+    e->times.forward_seconds += op_clock() - t0;
+    e->times.forwards++;
+    return rc;
+}
+
+/* One forward pass (tdm_engine_forward_hidden without the timing of the whole). */
+static int forward_pass(tdm_engine_t *e, const tdm_batch_t *b, float *logits, float *hidden,
+                        tdm_error_t *err)
 {
     uint32_t n_logits = 0;
     int rc = batch_check(e, b, &n_logits, err);
@@ -919,10 +991,10 @@ int tdm_engine_forward_hidden(tdm_engine_t *e, const tdm_batch_t *b, float *logi
     tdm_fwd_rows_t rows = {.n = n, .pos = b->pos, .seq = b->seq, .seqs = b->seqs};
 
     if (ops->begin)
-        TDM_TRY(ops->begin(be, &rows, b->tokens, e->logit_rows, n_logits));
-    TDM_TRY(ops->embed(be, &m->token_embd, b->tokens, n, e->x));
+        TDM_OP(TDM_OP_OTHER, ops->begin(be, &rows, b->tokens, e->logit_rows, n_logits));
+    TDM_OP(TDM_OP_OTHER, ops->embed(be, &m->token_embd, b->tokens, n, e->x));
     if (hp->embd_scale != 1.0f)
-        TDM_TRY(ops->scale(be, e->x, hp->embd_scale, (size_t)n * hp->n_embd));
+        TDM_OP(TDM_OP_OTHER, ops->scale(be, e->x, hp->embd_scale, (size_t)n * hp->n_embd));
     for (uint32_t l = 0; l < hp->n_layers; l++)
         if ((rc = forward_attention(e, l, &rows, err)) != TDM_OK ||
             (rc = forward_ffn(e, l, n, err)) != TDM_OK)
@@ -936,3 +1008,4 @@ int tdm_engine_forward_hidden(tdm_engine_t *e, const tdm_batch_t *b, float *logi
     return TDM_OK;
 }
 #undef TDM_TRY
+#undef TDM_OP
