@@ -1454,9 +1454,10 @@ static void test_models(void **state)
     load_fails("models:\n  - name: x\n",
                "cluster.yaml:2: key 'models[0].path': is required (the GGUF file this model "
                "serves)");
-    load_fails("models:\n  - path: /m/a.gguf\n    nmae: x\n",
-               "cluster.yaml:3: key 'models[0].nmae': unknown key (expected one of: path, "
-               "chat_template, name, aliases, reasoning_parser, tool_call_parser, max_context, defaults)");
+    load_fails(
+        "models:\n  - path: /m/a.gguf\n    nmae: x\n",
+        "cluster.yaml:3: key 'models[0].nmae': unknown key (expected one of: path, "
+        "chat_template, name, aliases, reasoning_parser, tool_call_parser, max_context, defaults)");
     /* per-model sampling defaults, Tandem's own when unset */
     load_ok("models:\n"
             "  - path: /m/a.gguf\n"
