@@ -6,10 +6,10 @@ disaggregated 1P:1D and llama.cpp's llama-server, in one run.
 Workload: a seeded length mix (--seed): prompt lengths log-uniform in [--prompt-min,
 --prompt-max] tokens (as many short chat turns as long RAG/agent prompts per octave), outputs
 log-uniform in [--output-min, --output-max], prompt + output <= --context (the prompt is
-shortened where the sum is over). The defaults, 128..2048 and 32..256 within 4,096 (the
-context Tandem serves: min(trained, TDM_MODEL_MAX_SERVE_CTX)), keep a 3-configuration run
-near 30 minutes on 2 cores; issue 40's full size is --prompt-max 6144 --output-max 512
---context 8192, for a build that serves 8,192 tokens.
+shortened where the sum is over). The defaults, 128..2048 and 32..256 within 4,096, keep a
+3-configuration run near 30 minutes on 2 cores; issue 40's full size is --prompt-max 6144
+--output-max 512 --context 8192. --context is the Tandem clusters' `model.max_context` (at most
+the model's trained context) and sizes llama-server's slots.
 Request i has the same lengths, prompt text and (at every rate, as unit exponential gaps scaled
 by 1/rate) the same place in the arrival order in every configuration. Prompts are random common
 words, each one token with its leading space in a byte-level BPE vocabulary (serve.py's WORDS),
@@ -361,7 +361,8 @@ def main():
     ap.add_argument("--output-min", type=int, default=32)
     ap.add_argument("--output-max", type=int, default=256)
     ap.add_argument("--context", type=int, default=4096,
-                    help="the served context: Tandem serves min(trained, 4096) tokens")
+                    help="the served context: Tandem's model.max_context (at most the trained "
+                         "context)")
     ap.add_argument("--slo-ttft-base", type=float, default=0.5, help="seconds")
     ap.add_argument("--slo-prefill-tps", default="2000", help="tokens/s, or auto")
     ap.add_argument("--auto-headroom", type=float, default=0.8)

@@ -203,6 +203,8 @@ class TandemCluster:
         conf = os.path.join(work, name + ".yaml")
         with open(conf, "w") as f:
             f.write(f"model:\n  path: {args.model}\n  name: bench\n")
+            if getattr(args, "context", None):  # goodput.py: the context served (max_context)
+                f.write(f"  max_context: {args.context}\n")
             f.write(f"router:\n  client_endpoint: tcp://127.0.0.1:{free_port()}\n")
             f.write(f"  node_endpoint: tcp://127.0.0.1:{free_port()}\n  http_port: {self.port}\n")
             f.write("  http_threads: 8\n  http_max_connections_per_client: 0\n")
