@@ -158,7 +158,8 @@ static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t 
 
 /* Blocks ahead of the one a grouped kernel reads whose K or V rows are prefetched: a sequence's
  * blocks lie anywhere in the pool, so each block's record (block_size x head_dim values, 2 KiB
- * for SmolLM2's f16 cache) is a short stream the hardware prefetcher meets cold. */
+ * for SmolLM2's f16 cache) is a short stream the hardware prefetcher meets cold. Building with
+ * -DATTN_PREFETCH_BLOCKS=0 turns it off (for an A/B: performance.md, "Long context"). */
 #ifndef ATTN_PREFETCH_BLOCKS
 #define ATTN_PREFETCH_BLOCKS 2
 #endif
@@ -548,32 +549,26 @@ static void attn_split_span(const cpu_be_t *be, uint32_t layer, const float *q,
                   &pml[2 * h], &pml[2 * h + 1]);
 }
 
-/* A decode pass of at most be->split_rows rows, some long: each long row's spans of each KV
- * head are cut into min(spans, n_threads) contiguous ranges (chunk c of C: spans
- * c * n / C .. (c + 1) * n / C - 1), each range a work item (a short row's KV heads one item
- * each, as in the plain pass), so a lone row's keys spread over every thread, each thread
- * streaming one contiguous slice of K and V per KV head. Every span still leaves its own
- * partial; the thread that finishes a (row, KV head)'s last range folds them in span order
- * (an acquire-release count, no barrier): the bits attn_rows gives the row, whatever the
- * thread count. */
+/* A decode pass of at most be->split_rows rows, some long: each long row's (KV head, span)
+ * pairs are work items of their own (a short row's KV heads one item each, as in the plain
+ * pass), so a lone row's keys spread over every thread. The thread that finishes a (row, KV
+ * head)'s last span folds its partials in span order (an acquire-release count, no barrier):
+ * the bits attn_rows gives the row. */
 static void attn_split(cpu_be_t *be, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
                        bool grouped, bool par, float *out)
 {
     const tdm_llama_hparams_t *hp = be->hp;
     uint32_t H = hp->n_heads, KVH = hp->n_kv_heads, D = hp->head_dim, group = H / KVH;
-    uint32_t first[TDM_ATTN_SPLIT_ROWS], ns[TDM_ATTN_SPLIT_ROWS], nc[TDM_ATTN_SPLIT_ROWS];
-    uint32_t off[TDM_ATTN_SPLIT_ROWS + 1];
-    uint32_t nt = be->n_threads > 1 ? (uint32_t)be->n_threads : 1;
+    uint32_t first[TDM_ATTN_SPLIT_ROWS], ns[TDM_ATTN_SPLIT_ROWS], off[TDM_ATTN_SPLIT_ROWS + 1];
     off[0] = 0;
     for (uint32_t t = 0; t < rows->n; t++) {
         first[t] = tdm_llama_layer_first_key(hp, layer, rows->pos[t]);
         ns[t] = attn_row_long(be, layer, rows->pos[t])
                     ? rows->pos[t] / TDM_ATTN_SPAN - first[t] / TDM_ATTN_SPAN + 1
                     : 0;
-        nc[t] = ns[t] < nt ? ns[t] : nt; /* ranges of spans per KV head (0: a short row) */
-        off[t + 1] = off[t] + KVH * (nc[t] ? nc[t] : 1);
+        off[t + 1] = off[t] + KVH * (ns[t] ? ns[t] : 1);
         for (uint32_t g = 0; g < KVH; g++)
-            atomic_store_explicit(&be->span_left[t * KVH + g], nc[t], memory_order_relaxed);
+            atomic_store_explicit(&be->span_left[t * KVH + g], ns[t], memory_order_relaxed);
     }
     int64_t n_items = off[rows->n];
 #pragma omp parallel for schedule(dynamic, 1) num_threads(be->n_threads) if (par)
@@ -587,24 +582,22 @@ static void attn_split(cpu_be_t *be, uint32_t layer, const float *q, const tdm_f
             attn_rows(be, layer, q, rows, t, 1, local, tid, grouped, out);
             continue;
         }
-        uint32_t g = local / nc[t], c = local % nc[t];
+        uint32_t g = local / ns[t], ci = local % ns[t];
+        uint32_t a = (first[t] / TDM_ATTN_SPAN + ci) * TDM_ATTN_SPAN;
+        a = a > first[t] ? a : first[t];
+        uint32_t b = span_end(a, rows->pos[t] + 1);
         size_t base = (size_t)(t * KVH + g) * be->max_spans;
-        for (uint32_t ci = c * ns[t] / nc[t]; ci < (c + 1) * ns[t] / nc[t]; ci++) {
-            uint32_t a = (first[t] / TDM_ATTN_SPAN + ci) * TDM_ATTN_SPAN;
-            a = a > first[t] ? a : first[t];
-            uint32_t b = span_end(a, rows->pos[t] + 1);
-            attn_split_span(be, layer, q, rows, t, g, first[t], a, b, (base + ci) * group, tid,
-                            grouped);
-        }
+        attn_split_span(be, layer, q, rows, t, g, first[t], a, b, (base + ci) * group, tid,
+                        grouped);
         if (atomic_fetch_sub_explicit(&be->span_left[t * KVH + g], 1, memory_order_acq_rel) != 1)
             continue;
-        for (uint32_t h = 0; h < group; h++) { /* the last range done: fold in span order */
+        for (uint32_t h = 0; h < group; h++) { /* the last span done: fold in span order */
             float *o = out + ((size_t)t * H + (size_t)g * group + h) * D, mx = 0.0f;
             double l = 0.0;
-            for (uint32_t s = 0; s < ns[t]; s++) {
-                size_t p = (base + s) * group + h;
+            for (uint32_t c = 0; c < ns[t]; c++) {
+                size_t p = (base + c) * group + h;
                 span_fold(&mx, &l, o, (float)be->span_ml[2 * p], be->span_ml[2 * p + 1],
-                          be->span_o + p * D, D, s == 0);
+                          be->span_o + p * D, D, c == 0);
             }
             span_finish(o, l, D);
         }
@@ -621,8 +614,7 @@ static void attn_split(cpu_be_t *be, uint32_t layer, const float *q, const tdm_f
  * of a group run together, and with an f16 cache through the grouped kernels, consecutive positions
  * of one sequence within the tile as one run (attn_run_f16), which gives each row the bits it has
  * alone (batch invariance). A decode pass of up to split_rows rows with a long one makes each
- * thread's contiguous range of its spans an item (attn_split), the same bits on any number of
- * threads. With an f16 cache
+ * of its spans an item (attn_split), the same bits on any number of threads. With an f16 cache
  * the query and the probabilities are rounded to f16 too, as llama.cpp's f16 mat-muls of KQ and
  * KQV do, so the two engines round alike. */
 int tdm_cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_rows_t *rows,
