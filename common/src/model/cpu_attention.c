@@ -164,29 +164,25 @@ static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t 
 #define ATTN_PREFETCH_BLOCKS 2
 #endif
 
-/* Prefetches rows slot .. slot + n - 1 of the K (kv 0) or V (kv 1) record of the block holding
- * position pos (f16 rows: n * head_dim * 2 bytes); reads nothing, so the results' bits do not
- * depend on it. */
-static void kv_prefetch(const cpu_be_t *be, const tdm_batch_seq_t *sq, uint32_t pos,
-                        uint32_t layer, uint32_t kv, uint32_t g, uint32_t slot, uint32_t n)
-{
-    const uint8_t *p = kv_record(be, sq, pos, layer, kv, g) + (size_t)slot * be->kl.head_dim * 2;
-    size_t bytes = (size_t)n * be->kl.head_dim * 2;
-    for (size_t off = 0; off < bytes; off += 64)
-        __builtin_prefetch(p + off, 0, 3);
-}
+/* Records longer than this are long streams the hardware prefetcher follows by itself */
+#define ATTN_PREFETCH_MAX_BYTES 8192
 
-/* Prefetches the f16 rows of the block ATTN_PREFETCH_BLOCKS blocks after the one holding
- * position j0 that lie before hi. */
+/* Prefetches the f16 rows of the K (kv 0) or V (kv 1) record of KV head g in the block
+ * ATTN_PREFETCH_BLOCKS blocks after the one holding position j0, those before position hi
+ * (n rows: n * head_dim * 2 bytes). Reads nothing, so the results' bits do not depend on it. */
 static void kv_prefetch_ahead(const cpu_be_t *be, const tdm_batch_seq_t *sq, uint32_t j0,
                               uint32_t hi, uint32_t layer, uint32_t kv, uint32_t g)
 {
-    if (ATTN_PREFETCH_BLOCKS == 0)
-        return;
     uint32_t bs = be->kl.block_size;
+    if (ATTN_PREFETCH_BLOCKS == 0 || (size_t)bs * be->kl.head_dim * 2 > ATTN_PREFETCH_MAX_BYTES)
+        return;
     uint32_t pb = (j0 / bs + ATTN_PREFETCH_BLOCKS) * bs; /* that block's first position */
-    if (pb < hi)
-        kv_prefetch(be, sq, pb, layer, kv, g, 0, hi - pb < bs ? hi - pb : bs);
+    if (pb >= hi)
+        return;
+    const uint8_t *p = kv_record(be, sq, pb, layer, kv, g);
+    size_t bytes = (size_t)(hi - pb < bs ? hi - pb : bs) * be->kl.head_dim * 2;
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch(p + off, 0, 3);
 }
 
 /* o_h += p_h[j - lo] * V_j of KV head g for the keys j = j0 .. j1 - 1 in order, a block's rows
