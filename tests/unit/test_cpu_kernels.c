@@ -200,11 +200,12 @@ static void check_type(tdm_ggml_type_t type, const tdm_cpu_isa_t *isa, uint64_t 
 /* The f32 ops of attention against the scalar reference, bit for bit: dot_f32 and
  * dot_f32_f16 (lengths 1..130: tails past the 8-lane chunks), axpy_f16/axpy_f32, store_f16,
  * and the grouped kernels (scores_f16, pv_f16) against per-pair dot_f32_f16 / axpy_f16 calls
- * for 1..9 heads, 1..5 rows and head sizes 8..128 (36: a tail). */
+ * for 1..9 heads, 1..21 rows (the 8- and 4-key tiles whose folds put the keys across the lanes,
+ * and every ragged tail after them) and head sizes 8..256 (36: a tail). */
 static void check_f32_ops(const tdm_cpu_isa_t *isa, uint64_t *seed)
 {
     const tdm_cpu_isa_t *ref = tdm_cpu_isa_scalar();
-    enum { N = 9 * 128 };
+    enum { N = 21 * 256 };
     float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
     float *o1 = malloc(N * sizeof *o1), *o2 = malloc(N * sizeof *o2);
     uint16_t *h = malloc(N * sizeof *h), *h2 = malloc(N * sizeof *h2);
@@ -231,24 +232,25 @@ static void check_f32_ops(const tdm_cpu_isa_t *isa, uint64_t *seed)
         isa->store_f16(h2 + n, x, n);
         assert_memory_equal(h2, h2 + n, n * sizeof *h2);
     }
-    static const size_t dims[] = {8, 16, 36, 64, 128};
-    float sc[9 * 5], want[9 * 5];
+    static const size_t dims[] = {8, 16, 36, 64, 128, 256};
+    enum { NK = 21 };
+    float sc[9 * NK], want[9 * NK];
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         size_t d = dims[di];
         for (uint32_t nh = 1; nh <= 9; nh++) {
-            for (uint32_t nk = 1; nk <= 5; nk++) {
-                isa->scores_f16(x, nh, h, nk, d, sc, 5);
+            for (uint32_t nk = 1; nk <= NK; nk++) {
+                isa->scores_f16(x, nh, h, nk, d, sc, NK);
                 for (uint32_t hh = 0; hh < nh; hh++)
                     for (uint32_t j = 0; j < nk; j++)
-                        want[hh * 5 + j] = ref->dot_f32_f16(x + hh * d, h + j * d, d);
+                        want[hh * NK + j] = ref->dot_f32_f16(x + hh * d, h + j * d, d);
                 for (uint32_t hh = 0; hh < nh; hh++)
-                    assert_memory_equal(sc + hh * 5, want + hh * 5, nk * sizeof *sc);
+                    assert_memory_equal(sc + hh * NK, want + hh * NK, nk * sizeof *sc);
                 memcpy(o1, y, nh * d * sizeof *o1);
                 memcpy(o2, y, nh * d * sizeof *o2);
-                isa->pv_f16(o1, nh, x, 7, h, nk, d);
+                isa->pv_f16(o1, nh, x, NK + 2, h, nk, d);
                 for (uint32_t hh = 0; hh < nh; hh++)
                     for (uint32_t j = 0; j < nk; j++)
-                        ref->axpy_f16(o2 + hh * d, x[hh * 7 + j], h + j * d, d);
+                        ref->axpy_f16(o2 + hh * d, x[hh * (NK + 2) + j], h + j * d, d);
                 assert_memory_equal(o1, o2, nh * d * sizeof *o1);
             }
         }

@@ -156,6 +156,35 @@ static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t 
     }
 }
 
+/* Blocks ahead of the one a grouped kernel reads whose K or V rows are prefetched: a sequence's
+ * blocks lie anywhere in the pool, so each block's record (block_size x head_dim values, 2 KiB
+ * for SmolLM2's f16 cache) is a short stream the hardware prefetcher meets cold. Building with
+ * -DATTN_PREFETCH_BLOCKS=0 turns it off (for an A/B: performance.md, "Long context"). */
+#ifndef ATTN_PREFETCH_BLOCKS
+#define ATTN_PREFETCH_BLOCKS 2
+#endif
+
+/* Records longer than this are long streams the hardware prefetcher follows by itself */
+#define ATTN_PREFETCH_MAX_BYTES 8192
+
+/* Prefetches the f16 rows of the K (kv 0) or V (kv 1) record of KV head g in the block
+ * ATTN_PREFETCH_BLOCKS blocks after the one holding position j0, those before position hi
+ * (n rows: n * head_dim * 2 bytes). Reads nothing, so the results' bits do not depend on it. */
+static void kv_prefetch_ahead(const cpu_be_t *be, const tdm_batch_seq_t *sq, uint32_t j0,
+                              uint32_t hi, uint32_t layer, uint32_t kv, uint32_t g)
+{
+    uint32_t bs = be->kl.block_size;
+    if (ATTN_PREFETCH_BLOCKS == 0 || (size_t)bs * be->kl.head_dim * 2 > ATTN_PREFETCH_MAX_BYTES)
+        return;
+    uint32_t pb = (j0 / bs + ATTN_PREFETCH_BLOCKS) * bs; /* that block's first position */
+    if (pb >= hi)
+        return;
+    const uint8_t *p = kv_record(be, sq, pb, layer, kv, g);
+    size_t bytes = (size_t)(hi - pb < bs ? hi - pb : bs) * be->kl.head_dim * 2;
+    for (size_t off = 0; off < bytes; off += 64)
+        __builtin_prefetch(p + off, 0, 3);
+}
+
 /* o_h += p_h[j - lo] * V_j of KV head g for the keys j = j0 .. j1 - 1 in order, a block's rows
  * at a time, for nh heads (o: [nh][head_dim], p: nh rows ld apart whose index 0 is key lo).
  * pv_f16 is bit for bit one axpy_f16 per key, so any split of a key range into consecutive
@@ -168,6 +197,7 @@ static void attn_pv_keys(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
     while (j0 < j1) {
         uint32_t slot = j0 % bs, nv = j1 - j0 < bs - slot ? j1 - j0 : bs - slot;
         const uint16_t *v = (const uint16_t *)kv_record(be, sq, j0, layer, 1, g) + slot * D;
+        kv_prefetch_ahead(be, sq, j0, j1, layer, 1, g);
         be->isa->pv_f16(o, nh, p + (j0 - lo), ld, v, nv, D);
         j0 += nv;
     }
@@ -185,6 +215,7 @@ static void run_scores_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_s
     for (uint32_t j0 = lo; j0 < hi;) {
         uint32_t slot = j0 % bs, nk = hi - j0 < bs - slot ? hi - j0 : bs - slot;
         const uint16_t *k = (const uint16_t *)kv_record(be, sq, j0, layer, 0, g) + slot * D;
+        kv_prefetch_ahead(be, sq, j0, hi, layer, 0, g);
         be->isa->scores_f16(q, nq, k, nk, D, sc + (j0 - lo), ld);
         j0 += nk;
     }

@@ -136,33 +136,87 @@ scores_tile_avx2(const float *q, const int nh, const uint16_t *k, const int np, 
                  size_t ldsc)
 {
     __m256 acc[4][2];
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
         for (int j = 0; j < np; j++)
             acc[h][j] = _mm256_setzero_ps();
     for (size_t i = 0; i < d; i += 8) {
         __m256 kv[2];
+#pragma GCC unroll 2
         for (int j = 0; j < np; j++)
             kv[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)j * d + i)));
+#pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m256 qv = _mm256_loadu_ps(q + (size_t)h * d + i);
+#pragma GCC unroll 2
             for (int j = 0; j < np; j++)
                 acc[h][j] = _mm256_fmadd_ps(qv, kv[j], acc[h][j]);
         }
     }
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
         for (int j = 0; j < np; j++)
             sc[(size_t)h * ldsc + j] = hsum_ps(acc[h][j]);
+}
+
+/* The scores of 4 keys from their lane accumulators a[0..3] (a[k] lane l: key k's fma chain l),
+ * the keys across the lanes: each key's ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)),
+ * every add with hsum_ps' operands in hsum_ps' order, so each score is bit for bit hsum_ps of
+ * its accumulator; 9 shuffles and 5 adds for the 4 keys instead of 12 and 12. */
+TDM_AVX2 static inline __m128 fold4_avx2(const __m256 *a)
+{
+    /* per 128-bit lane i of m01 key i's (l0 + l4, l1 + l5, l2 + l6, l3 + l7); of m23 key 2 + i's */
+    __m256 m01 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20),
+                               _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    __m256 m23 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20),
+                               _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    __m256d e01 = _mm256_castps_pd(m01), e23 = _mm256_castps_pd(m23);
+    /* lane i: key i's (n0, n1), key 2 + i's (n0, n1); n0 = m0 + m2, n1 = m1 + m3 */
+    __m256 n = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(e01, e23)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(e01, e23)));
+    /* lane i: s_i, s_(2 + i) (twice) */
+    __m256 s = _mm256_add_ps(_mm256_shuffle_ps(n, n, 0x88), _mm256_shuffle_ps(n, n, 0xDD));
+    return _mm256_castps256_ps128(
+        _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5)));
+}
+
+/* Scores of nh (1..3) query heads against 4 K rows, d a multiple of 8: per pair the fma chain
+ * over the 8-value chunks in order that dot_f32_f16_avx2 forms (q read from memory into each
+ * fma: 12 accumulators and one K chunk in the 16 registers), then fold4_avx2. */
+TDM_AVX2 static inline __attribute__((always_inline)) void
+scores_tile4_avx2(const float *q, const int nh, const uint16_t *k, size_t d, float *sc, size_t ldsc)
+{
+    __m256 acc[3][4];
+#pragma GCC unroll 3
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            acc[h][j] = _mm256_setzero_ps();
+    for (size_t i = 0; i < d; i += 8) {
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)j * d + i)));
+#pragma GCC unroll 3
+            for (int h = 0; h < nh; h++)
+                acc[h][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * d + i), kv, acc[h][j]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int h = 0; h < nh; h++)
+        _mm_storeu_ps(sc + (size_t)h * ldsc, fold4_avx2(acc[h]));
 }
 
 #define SCORES_TILE(NP)                                                                            \
     switch (th) {                                                                                  \
     case 1: scores_tile_avx2(qh, 1, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
     case 2: scores_tile_avx2(qh, 2, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
-    case 3: scores_tile_avx2(qh, 3, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
-    default: scores_tile_avx2(qh, 4, k + (size_t)j * d, NP, d, sh + j, ldsc); break;               \
+    default: scores_tile_avx2(qh, 3, k + (size_t)j * d, NP, d, sh + j, ldsc); break;               \
     }
 
-/* tdm_cpu_isa_t.scores_f16: heads in tiles of 4, K rows in pairs */
+/* tdm_cpu_isa_t.scores_f16: heads in tiles of 3, K rows 4 at a time (keys across the lanes in
+ * the final fold), then a pair, then an odd last row */
 TDM_AVX2 static void scores_f16_avx2(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk,
                                      size_t d, float *sc, size_t ldsc)
 {
@@ -173,12 +227,21 @@ TDM_AVX2 static void scores_f16_avx2(const float *q, uint32_t nh, const uint16_t
                     dot_f32_f16_avx2(q + (size_t)h * d, k + (size_t)j * d, d);
         return;
     }
-    for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
-        uint32_t th = nh - h0 < 4 ? nh - h0 : 4, j = 0;
+    for (uint32_t h0 = 0; h0 < nh; h0 += 3) {
+        uint32_t th = nh - h0 < 3 ? nh - h0 : 3, j = 0;
         const float *qh = q + (size_t)h0 * d;
         float *sh = sc + (size_t)h0 * ldsc;
-        for (; j + 2 <= nk; j += 2)
+        for (; j + 4 <= nk; j += 4) {
+            switch (th) {
+            case 1: scores_tile4_avx2(qh, 1, k + (size_t)j * d, d, sh + j, ldsc); break;
+            case 2: scores_tile4_avx2(qh, 2, k + (size_t)j * d, d, sh + j, ldsc); break;
+            default: scores_tile4_avx2(qh, 3, k + (size_t)j * d, d, sh + j, ldsc); break;
+            }
+        }
+        if (j + 2 <= nk) {
             SCORES_TILE(2)
+            j += 2;
+        }
         if (j < nk)
             SCORES_TILE(1)
     }
@@ -192,20 +255,27 @@ pv_tile_avx2(float *o, const int nh, const float *p, size_t ldp, const uint16_t 
              size_t d, const int nc)
 {
     __m256 acc[4][2];
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
         for (int c = 0; c < nc; c++)
             acc[h][c] = _mm256_loadu_ps(o + (size_t)h * d + 8 * c);
     for (uint32_t j = 0; j < nv; j++) {
         __m256 vv[2];
+#pragma GCC unroll 2
         for (int c = 0; c < nc; c++)
             vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (size_t)j * d + 8 * c)));
+#pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m256 pb = _mm256_broadcast_ss(p + (size_t)h * ldp + j);
+#pragma GCC unroll 2
             for (int c = 0; c < nc; c++)
                 acc[h][c] = _mm256_fmadd_ps(pb, vv[c], acc[h][c]);
         }
     }
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
         for (int c = 0; c < nc; c++)
             _mm256_storeu_ps(o + (size_t)h * d + 8 * c, acc[h][c]);
 }

@@ -530,11 +530,14 @@ zscores_tile(const float *q, const int nh, const uint16_t *k, const int np, size
              size_t ldsc)
 {
     __m512 acc[4][2];
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
         for (int m = 0; m < np; m++)
             acc[h][m] = _mm512_setzero_ps();
     for (size_t i = 0; i < d; i += 8) {
         __m512 kv[2];
+#pragma GCC unroll 2
         for (int m = 0; m < np; m++) {
             const uint16_t *k0 = k + (size_t)(2 * m) * d + i;
             __m256i h2 = _mm256_inserti128_si256(
@@ -542,19 +545,80 @@ zscores_tile(const float *q, const int nh, const uint16_t *k, const int np, size
                 _mm_loadu_si128((const __m128i *)(k0 + d)), 1);
             kv[m] = _mm512_cvtph_ps(h2);
         }
+#pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m512 qv = zdup8_ps(q + (size_t)h * d + i);
+#pragma GCC unroll 2
             for (int m = 0; m < np; m++)
                 acc[h][m] = _mm512_fmadd_ps(qv, kv[m], acc[h][m]);
         }
     }
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 2
         for (int m = 0; m < np; m++) {
             __m512d a = _mm512_castps_pd(acc[h][m]);
             sc[(size_t)h * ldsc + 2 * m] = hsum_ps(_mm256_castpd_ps(_mm512_castpd512_pd256(a)));
             sc[(size_t)h * ldsc + 2 * m + 1] =
                 hsum_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(a, 1)));
         }
+}
+
+/* The scores of 8 keys from their lane accumulators a[0..3] (a[m]: key 2m's 8 fma chains in the
+ * low half, key 2m + 1's in the high half), the keys across the lanes: each key's
+ * ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), every add with hsum_ps' operands in
+ * hsum_ps' order, so each score is bit for bit dot_f32_f16's; 9 shuffles and 5 adds for the
+ * 8 keys instead of 8 hsum_ps (32 and 24). Stores the 8 scores at sc. */
+TDM_AVX512 static inline void zfold8(const __m512 *a, float *sc)
+{
+    /* 128-bit quarter j of m03: key j's (l0 + l4, l1 + l5, l2 + l6, l3 + l7); of m47 key 4 + j's */
+    __m512 m03 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(a[0], a[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 m47 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(a[2], a[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512d e03 = _mm512_castps_pd(m03), e47 = _mm512_castps_pd(m47);
+    /* quarter j: key j's (n0, n1), key 4 + j's (n0, n1); n0 = m0 + m2, n1 = m1 + m3 */
+    __m512 n = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(e03, e47)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(e03, e47)));
+    /* quarter j: s_j, s_(4 + j) (twice) */
+    __m512 s = _mm512_add_ps(_mm512_shuffle_ps(n, n, 0x88), _mm512_shuffle_ps(n, n, 0xDD));
+    __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 4, 8, 12, 1, 5, 9, 13);
+    _mm256_storeu_ps(sc, _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, s)));
+}
+
+/* Scores of nh (1..4) query heads against 8 K rows, d a multiple of 8: rows 2m and 2m + 1 in
+ * the two halves of one register, each half the fma chain over the 8-value chunks in order that
+ * dot_f32_f16 forms (16 accumulators, 4 K registers and a query in the 32), then zfold8. */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zscores_tile8(const float *q, const int nh, const uint16_t *k, size_t d, float *sc, size_t ldsc)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++)
+            acc[h][m] = _mm512_setzero_ps();
+    for (size_t i = 0; i < d; i += 8) {
+        __m512 kv[4];
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; m++) {
+            const uint16_t *k0 = k + (size_t)(2 * m) * d + i;
+            __m256i h2 = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)k0)),
+                _mm_loadu_si128((const __m128i *)(k0 + d)), 1);
+            kv[m] = _mm512_cvtph_ps(h2);
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < nh; h++) {
+            __m512 qv = zdup8_ps(q + (size_t)h * d + i);
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; m++)
+                acc[h][m] = _mm512_fmadd_ps(qv, kv[m], acc[h][m]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < nh; h++)
+        zfold8(acc[h], sc + (size_t)h * ldsc);
 }
 
 #define ZSCORES_TILE(NP)                                                                           \
@@ -565,8 +629,9 @@ zscores_tile(const float *q, const int nh, const uint16_t *k, const int np, size
     default: zscores_tile(qh, 4, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                   \
     }
 
-/* tdm_cpu_isa_t.scores_f16: heads in tiles of 4, K rows 4 (then 2) at a time, an odd last row
- * and d not a multiple of 8 through the 256-bit kernel */
+/* tdm_cpu_isa_t.scores_f16: heads in tiles of 4, K rows 8 at a time (keys across the lanes in
+ * the final fold), then 4, then 2; an odd last row and d not a multiple of 8 through the 256-bit
+ * kernel */
 TDM_AVX512 static void zscores_f16(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk,
                                    size_t d, float *sc, size_t ldsc)
 {
@@ -578,8 +643,18 @@ TDM_AVX512 static void zscores_f16(const float *q, uint32_t nh, const uint16_t *
         uint32_t th = nh - h0 < 4 ? nh - h0 : 4, j = 0;
         const float *qh = q + (size_t)h0 * d;
         float *sh = sc + (size_t)h0 * ldsc;
-        for (; j + 4 <= nk; j += 4)
+        for (; j + 8 <= nk; j += 8) {
+            switch (th) {
+            case 1: zscores_tile8(qh, 1, k + (size_t)j * d, d, sh + j, ldsc); break;
+            case 2: zscores_tile8(qh, 2, k + (size_t)j * d, d, sh + j, ldsc); break;
+            case 3: zscores_tile8(qh, 3, k + (size_t)j * d, d, sh + j, ldsc); break;
+            default: zscores_tile8(qh, 4, k + (size_t)j * d, d, sh + j, ldsc); break;
+            }
+        }
+        if (j + 4 <= nk) {
             ZSCORES_TILE(2)
+            j += 4;
+        }
         if (j + 2 <= nk) {
             ZSCORES_TILE(1)
             j += 2;
@@ -597,21 +672,28 @@ zpv_tile(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, 
          size_t d, const int nc)
 {
     __m512 acc[4][4];
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
         for (int c = 0; c < nc; c++)
             acc[h][c] = _mm512_loadu_ps(o + (size_t)h * d + 16 * c);
     for (uint32_t j = 0; j < nv; j++) {
         __m512 vv[4];
+#pragma GCC unroll 4
         for (int c = 0; c < nc; c++)
             vv[c] =
                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (size_t)j * d + 16 * c)));
+#pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m512 pb = _mm512_set1_ps(p[(size_t)h * ldp + j]);
+#pragma GCC unroll 4
             for (int c = 0; c < nc; c++)
                 acc[h][c] = _mm512_fmadd_ps(pb, vv[c], acc[h][c]);
         }
     }
+#pragma GCC unroll 4
     for (int h = 0; h < nh; h++)
+#pragma GCC unroll 4
         for (int c = 0; c < nc; c++)
             _mm512_storeu_ps(o + (size_t)h * d + 16 * c, acc[h][c]);
 }
