@@ -297,15 +297,32 @@ static double decode_at_depth(bench_t *b, tdm_kv_seq_t *seqs, uint32_t batch, ui
     return m;
 }
 
+/* Makes sequences 1..DEPTH_BATCH-1 share sequence 0's blocks before the first block the decode
+ * steps write (positions depth - steps on), a reference each, as prefix caching shares a
+ * common prompt; the blocks from there on stay their own copies. */
+static void depth_share_prompt(tdm_kv_pool_t *pool, tdm_kv_seq_t *seqs, uint32_t depth, int steps,
+                               uint32_t block_size)
+{
+    uint32_t shared = (depth - (uint32_t)steps) / block_size;
+    for (int s = 1; s < DEPTH_BATCH; s++)
+        for (uint32_t k = 0; k < shared && k < seqs[s].n_blocks; k++) {
+            tdm_kv_pool_unref(pool, seqs[s].blocks[k]);
+            tdm_kv_pool_ref(pool, seqs[0].blocks[k]);
+            seqs[s].blocks[k] = seqs[0].blocks[k];
+        }
+}
+
 /* The long-context measures at each --depth D: a chunked prefill of D tokens (median of
- * --reps), then decode at depth D with batch 1 (that sequence) and batch DEPTH_BATCH (its KV
- * blocks copied into DEPTH_BATCH - 1 more sequences: the same work per step as distinct
- * prompts of that length, without DEPTH_BATCH long prefills). Prints a table to stderr and
- * JSON to stdout (or --json FILE). Returns 0, or 1 after printing why. */
+ * --reps), then decode at depth D with batch 1 (that sequence), batch DEPTH_BATCH over
+ * distinct caches (its KV blocks copied into DEPTH_BATCH - 1 more sequences: the same work per
+ * step as distinct prompts of that length, without DEPTH_BATCH long prefills) and batch
+ * DEPTH_BATCH over one shared prompt (the blocks shared, as prefix caching shares them and as
+ * llama-batched-bench -pps runs). Prints a table to stderr and JSON to stdout (or --json
+ * FILE). Returns 0, or 1 after printing why. */
 static int run_depth(bench_t *b, const bench_cfg_t *c)
 {
     tdm_kv_seq_t seqs[DEPTH_BATCH];
-    double pre[DEPTH_MAX], step1[DEPTH_MAX], step8[DEPTH_MAX];
+    double pre[DEPTH_MAX], step1[DEPTH_MAX], step8[DEPTH_MAX], step8s[DEPTH_MAX];
     const tdm_llama_hparams_t *hp = tdm_model_hparams(b->model);
     tdm_kv_layout_t kl = {hp->n_layers, hp->n_kv_heads, hp->head_dim, 16, b->kv_dtype};
     uint64_t block_bytes = tdm_kv_block_bytes(&kl);
@@ -331,13 +348,16 @@ static int run_depth(bench_t *b, const bench_cfg_t *c)
                        base + (uint64_t)seqs[0].blocks[k] * block_bytes, block_bytes);
         step1[i] = decode_at_depth(b, seqs, 1, depth, c->steps);
         step8[i] = decode_at_depth(b, seqs, DEPTH_BATCH, depth, c->steps);
+        depth_share_prompt(b->pool, seqs, depth, c->steps, kl.block_size);
+        step8s[i] = decode_at_depth(b, seqs, DEPTH_BATCH, depth, c->steps);
         for (int s = 0; s < DEPTH_BATCH; s++)
             tdm_kv_seq_release(b->pool, &seqs[s]);
         fprintf(stderr,
                 "depth %5u: prefill %8.1f tokens/s (%.2f s), decode batch 1 %7.2f tokens/s"
-                " (%.2f ms/step), batch %d %7.2f tokens/s (%.2f ms/step)\n",
+                " (%.2f ms/step), batch %d %7.2f tokens/s (%.2f ms/step), shared prompt"
+                " %7.2f tokens/s (%.2f ms/step)\n",
                 depth, depth / pre[i], pre[i], 1.0 / step1[i], step1[i] * 1e3, DEPTH_BATCH,
-                DEPTH_BATCH / step8[i], step8[i] * 1e3);
+                DEPTH_BATCH / step8[i], step8[i] * 1e3, DEPTH_BATCH / step8s[i], step8s[i] * 1e3);
     }
     FILE *out = c->json_path ? fopen(c->json_path, "w") : stdout;
     if (!out) {
@@ -351,8 +371,9 @@ static int run_depth(bench_t *b, const bench_cfg_t *c)
     for (int i = 0; i < c->n_depth; i++)
         fprintf(out,
                 "%s\n  \"%u\": {\"prefill_tokens_per_s\": %.2f, \"decode_step_s\": {\"1\": "
-                "%.6f, \"%d\": %.6f}}",
-                i ? "," : "", c->depth[i], c->depth[i] / pre[i], step1[i], DEPTH_BATCH, step8[i]);
+                "%.6f, \"%d\": %.6f, \"%d_shared_prompt\": %.6f}}",
+                i ? "," : "", c->depth[i], c->depth[i] / pre[i], step1[i], DEPTH_BATCH, step8[i],
+                DEPTH_BATCH, step8s[i]);
     fprintf(out, "}}\n");
     if (c->json_path)
         fclose(out);

@@ -78,6 +78,8 @@ def tandem(binary, model, threads, depths, steps, kv):
         out[f"pp{d}"] = r["prefill_tokens_per_s"]
         out[f"tg{d}b1"] = 1.0 / r["decode_step_s"]["1"]
         out[f"tg{d}b8"] = 8.0 / r["decode_step_s"]["8"]
+        if "8_shared_prompt" in r["decode_step_s"]:  # as llama-batched-bench -pps
+            out[f"tg{d}b8s"] = 8.0 / r["decode_step_s"]["8_shared_prompt"]
     return out, doc["backend"]
 
 
@@ -156,11 +158,16 @@ def main():
     print("|" + " --- |" * len(cols))
     for d in depths:
         for k, label in ((f"pp{d}", f"prefill {d} tok/s"), (f"tg{d}b1", f"decode b1 @ {d}"),
-                         (f"tg{d}b8", f"decode b8 @ {d}")):
-            t, l = best["tandem"].get(k), best["llama"].get(k)
+                         (f"tg{d}b8", f"decode b8 @ {d}, 8 caches"),
+                         (f"tg{d}b8s", f"decode b8 @ {d}, shared prompt")):
+            # llama-batched-bench -pps runs 8 sequences over one shared prompt: its figure is
+            # the shared-prompt row's baseline, and the 8-cache row's (which it does not run)
+            lk = k[:-1] if k.endswith("b8s") else k
+            t, l = best["tandem"].get(k), best["llama"].get(lk)
             row = [label, f"{t:.1f}" if t else "-", f"{l:.1f}" if l else "-",
                    f"{t / l:.2f}x" if t and l else "-",
-                   f"{best['llama'].get(k + '_fa0', 0):.1f}", f"{best['llama'].get(k + '_fa1', 0):.1f}"]
+                   f"{best['llama'].get(lk + '_fa0', 0):.1f}",
+                   f"{best['llama'].get(lk + '_fa1', 0):.1f}"]
             if a.tandem_base:
                 b = best["base"].get(k)
                 row += [f"{b:.1f}" if b else "-", f"{t / b:.2f}x" if t and b else "-"]
