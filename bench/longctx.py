@@ -83,11 +83,14 @@ def tandem(binary, model, threads, depths, steps, kv):
     return out, doc["backend"]
 
 
-def llama(bindir, model, threads, depths, steps):
+def llama(bindir, model, threads, depths, steps, kv):
     out = {}
     dl = ",".join(map(str, depths))
+    # the same KV type as Tandem's: q8 -> llama.cpp's q8_0 K and V cache (a quantized V cache
+    # needs flash attention there, so its flash-off cells stay blank)
+    ctk = ["-ctk", "q8_0", "-ctv", "q8_0"] if kv == "q8" else []
     common = ["-m", model, "-t", str(threads), "-fa", "0,1", "--repack", "0", "-r", "1",
-              "-o", "json"]
+              "-o", "json"] + ctk
     js, _ = run([f"{bindir}/llama-bench", "-p", dl, "-n", "0"] + common, fatal=False)
     for r in json.loads(js or "[]"):
         k = f"pp{r['n_prompt']}"
@@ -105,7 +108,7 @@ def llama(bindir, model, threads, depths, steps):
             for fa in ("off", "on"):
                 txt, _ = run([bb, "-m", model, "-t", str(threads), "-c", str(8 * (d + steps) + 64),
                               "-b", "2048", "-ub", "512", "-npp", str(d), "-ntg", str(steps),
-                              "-npl", "8", "-pps", "-fa", fa, "--no-repack",
+                              "-npl", "8", "-pps", "-fa", fa, "--no-repack", *ctk,
                               "--output-format", "jsonl"], fatal=False)
                 for line in txt.splitlines():
                     if line.startswith("{"):
@@ -123,7 +126,8 @@ def main():
     ap.add_argument("--depth", default="2048,8192")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--kv", default="f16")
+    ap.add_argument("--kv", default="f16", choices=("f16", "q8"),
+                    help="KV cache type of both sides (llama.cpp: q8_0 K and V)")
     ap.add_argument("--tandem", default=str(ROOT / "build/bench/tandem-bench-engine"))
     ap.add_argument("--tandem-base", default=None)
     ap.add_argument("--llama-bin", default=None)
@@ -140,7 +144,7 @@ def main():
         rd["tandem"], doc["backend"] = tandem(a.tandem, a.model, a.threads, depths, a.steps, a.kv)
         if a.tandem_base:
             rd["base"], _ = tandem(a.tandem_base, a.model, a.threads, depths, a.steps, a.kv)
-        rd["llama"] = llama(bindir, a.model, a.threads, depths, a.steps)
+        rd["llama"] = llama(bindir, a.model, a.threads, depths, a.steps, a.kv)
         rd["load"] = loadavg()
         doc["rounds"].append(rd)
         for side in ("tandem", "base", "llama"):

@@ -254,7 +254,9 @@ static int measure(kvcalc_t *k, tdm_config_t *cfg, long threads)
     tdm_engine_params_t ep; /* as tdm_node_runtime_open sets them */
     tdm_engine_params_default(&ep);
     ep.n_threads = node->threads;
-    ep.n_ctx = tdm_model_serve_n_ctx(tdm_model_hparams(m), 0); /* a node's, whatever --context */
+    /* a node's at this context (its model.max_context; the prompt-logprobs reserve in the
+     * scratch grows with it), at most the trained context, as the node's */
+    ep.n_ctx = tdm_model_serve_n_ctx(tdm_model_hparams(m), (uint32_t)k->in.n_ctx);
     ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
     ep.max_logits = tdm_worker_logit_rows(&rows);
     k->file_weight_bytes = k->in.weight_bytes;

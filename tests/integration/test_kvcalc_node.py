@@ -51,7 +51,8 @@ def kvcalc(model, *args):
 def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp_path):
     """Gemma 3 (five of every six layers see the last 512 tokens) on a decode node without
     prefill nodes: the node allocates KV per layer group, and `tandem kvcalc` at 8k and 32k
-    contexts plans exactly its pool (blocks of one group's 3 layers); a prompt past the window,
+    contexts plans exactly its pool (blocks of one group's 3 layers; the node serves 8k,
+    `max_context`, and the engine's scratch grows with the context); a prompt past the window,
     greedy and seeded, gives the single-process full-allocation output (`tandem generate`)."""
     if not os.path.exists(GEMMA):
         pytest.skip(f"{GEMMA} is not in the model cache (scripts/setup)")
@@ -63,10 +64,12 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
     assert p8["blocks_per_sequence"] == 512 + 5 * 33, p8
     assert p32["blocks_per_sequence"] == 2048 + 5 * 33, p32
     assert p8["block_bytes"] * 6 == full["block_bytes"], (p8, full)
-    assert p8["pool_blocks"] == p32["pool_blocks"], (p8, p32)
+    # the prompt-logprobs reserve in the scratch grows with the context: (32768 - 8192) x 184 B
+    assert p32["scratch_bytes"] - p8["scratch_bytes"] == (32768 - 8192) * 184, (p8, p32)
+    assert p8["pool_blocks"] > p32["pool_blocks"], (p8, p32)
     assert p8["max_sequences"] > full["max_sequences"], (p8, full)
     c = Cluster(str(tmp_path), n_prefill=0, n_decode=1, memory_budget="768MiB", threads=1,
-                model=GEMMA).start()
+                model=GEMMA, extra_model="  max_context: 8192\n").start()
     try:
         node = c.nodes()["decode-0"]
         assert node.kv_blocks_total == p8["pool_blocks"], (node.kv_blocks_total, p8)
@@ -99,7 +102,9 @@ def test_gemma_layer_groups_kvcalc_equals_the_node_and_outputs_are_unchanged(tmp
             assert cap["pool_blocks"] == node.kv_blocks_total, cap
             assert cap["block_bytes"] == plan["block_bytes"], (cap, plan)
             assert cap["blocks_per_sequence"] == plan["blocks_per_sequence"], (cap, plan)
-            assert cap["max_sequences"] == plan["max_sequences"], (cap, plan)
+            # the node's own pool at that context
+            assert cap["max_sequences"] == node.kv_blocks_total // plan["blocks_per_sequence"], \
+                (cap, plan)
         # without node=: the served model, per layer group as kvcalc -m (all_layers: every
         # layer in every block, as kvcalc --all-layers)
         for q, plan, groups in (("", p8, 6), ("&all_layers=1", full, 1)):

@@ -86,6 +86,18 @@ def test_past_the_trained_context_is_refused(tmp_path):
     assert "max_context" in err and str(CTX + 1) in err and str(CTX) in err, err
 
 
+def test_too_short_is_refused_naming_max_context(tmp_path):
+    cfg = tmp_path / "too-short.yaml"
+    with open(cluster_config_of(tmp_path), encoding="utf-8") as f:
+        text = f.read()
+    cfg.write_text(text.replace(f"max_context: {CTX}", "max_context: 1"))
+    p = subprocess.run([BINARIES["router"], "--config", str(cfg)], capture_output=True,
+                       timeout=120, env=dict(os.environ, OMP_WAIT_POLICY="passive"))
+    assert p.returncode != 0
+    err = p.stderr.decode()
+    assert "max_context 1 is too short: at least 2 tokens" in err, err
+
+
 def cluster_config_of(tmp_path):
     """A config like the fixture's (one model with max_context CTX), on free ports."""
     from conftest import Cluster

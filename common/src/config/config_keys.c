@@ -341,8 +341,9 @@ static const tdm_config_key_t keys[] = {
     INT_KEY(MODEL, "max_context", CFG(model.max_context), 0, 0, 16777216, 0, "tokens",
             "the context the cluster serves (vLLM's `max_model_len`): prompt + output tokens of "
             "one sequence; 0: the model's trained context, at most 4,096 (llama.cpp's default); "
-            "more than the trained context is refused when the model is opened. Every node's "
-            "KV pool must hold one sequence of it (docs/capacity.md)"),
+            "else 2 up to the trained context, checked when the model is opened (the router and "
+            "nodes exit naming it). Every node's KV pool must hold one sequence of it "
+            "(docs/capacity.md)"),
     MAPPING_KEY(MODEL, "defaults", MODEL_DEFAULTS,
                 "the sampling this model's requests get for the fields they leave unset (as "
                 "vLLM's per-model generation config); the defaults are Tandem's own"),

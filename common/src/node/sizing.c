@@ -77,8 +77,8 @@ static int sizing_refuse(const tdm_node_sizing_t *in, uint64_t budget, const tdm
         err, TDM_ERESOURCE,
         "node '%s': memory_budget %.1f MiB holds the weights (%.1f MiB) and engine scratch "
         "(%.1f MiB) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
-        "full context (%u tokens) needs %" PRIu64 " blocks (%.1f MiB): raise memory_budget "
-        "to at least %.1f MiB",
+        "full context (%u tokens, the model's max_context) needs %" PRIu64 " blocks (%.1f "
+        "MiB): raise memory_budget to at least %.1f MiB, or lower max_context",
         in->node_id, mib(budget), mib(in->weight_bytes), mib(in->scratch_bytes), plan->pool_blocks,
         plan->block_bytes, in->n_ctx, plan->blocks_per_seq, mib(seq), mib(need) + 0.1);
 }

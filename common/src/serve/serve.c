@@ -50,6 +50,13 @@ int tdm_served_model_open_at(tdm_served_model_t *sm, const tdm_config_t *cfg, si
         tdm_error_prefix(err, rc, "model %s: ", path);
         goto out_close;
     }
+    if (sm->n_ctx < 2 && max_ctx > 0) {
+        rc = tdm_error_set_field(err, TDM_EINVALID, "max_context",
+                                 "model %s: max_context %d is too short: at least 2 tokens (a "
+                                 "prompt token and an output token)",
+                                 path, max_ctx);
+        goto out_close;
+    }
     if (sm->n_ctx < 2) {
         rc = tdm_error_set(err, TDM_EINVALID, "model %s: context length %" PRIu32 " is too short",
                            path, sm->n_ctx);
