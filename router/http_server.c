@@ -54,8 +54,11 @@
 
 /* Request body bytes read after which the heap is trimmed when no request is in flight: the
  * buffers of a burst of large bodies go back to the system (malloc_trim) instead of staying
- * in the allocator's arenas, one per pool thread. */
-#define HTTP_TRIM_BYTES (8u << 20)
+ * in the allocator's arenas, one per pool thread. Small (1 MiB), because a trim in a pause of
+ * a burst (every client between two requests) starts the count again: the bodies after it must
+ * reach the mark for the trim at the burst's end, and one token-array body of under 1 MiB
+ * parses into ~15 MB of JSON values, while 8 MiB of them left ~40 MB per arena untrimmed. */
+#define HTTP_TRIM_BYTES (1u << 20)
 
 /* What a closed connection counts toward HTTP_TRIM_BYTES: libmicrohttpd's per-connection memory
  * pool (its default, 32 KiB), so that the memory of thousands of keep-alive connections that
