@@ -527,6 +527,20 @@ static tdm_engine_t *bench_engine_new(bench_t *b, const bench_cfg_t *c, tdm_erro
     return tdm_engine_new(b->model, b->pool, &ep, err);
 }
 
+/* Rebuilds b's engine with the CPU kernel family name (TANDEM_CPU_KERNELS), for the
+ * --kernels and --peak comparisons in one process. Returns 0, or 1 after printing why. */
+static int use_family(bench_t *b, const bench_cfg_t *c, const char *name)
+{
+    tdm_error_t err = {0};
+    setenv("TANDEM_CPU_KERNELS", name, 1);
+    tdm_engine_destroy(&b->engine);
+    if (!(b->engine = bench_engine_new(b, c, &err))) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 /* Loads the model and makes a KV pool for the longest prefill plus max_batch decoding
  * sequences, the engine and the logits buffer. Returns 0, or 1 after printing why; the caller
  * releases b with bench_close either way. */
@@ -758,13 +772,8 @@ static int run_compare(bench_t *b, const bench_cfg_t *c)
     double best[CMP_MAX][CMP_MEASURES];
     for (int r = 0; r < c->rounds; r++) {
         for (int k = 0; k < n; k++) {
-            tdm_error_t err = {0};
-            setenv("TANDEM_CPU_KERNELS", names[k], 1);
-            tdm_engine_destroy(&b->engine);
-            if (!(b->engine = bench_engine_new(b, c, &err))) {
-                fprintf(stderr, "bench: %s\n", err.msg);
+            if (use_family(b, c, names[k]) != 0)
                 return 1;
-            }
             double sec[CMP_MEASURES];
             compare_once(b, c, sec);
             for (int m = 0; m < CMP_MEASURES; m++)
@@ -948,15 +957,8 @@ static int pk_rounds(bench_t *b, const bench_cfg_t *c, int threads, tdm_peak_t *
         if (r > 0)
             pk_peak_again(threads, peaks);
         for (int k = 0; k < n; k++) {
-            if (c->kernels) {
-                tdm_error_t err = {0};
-                setenv("TANDEM_CPU_KERNELS", names[k], 1);
-                tdm_engine_destroy(&b->engine);
-                if (!(b->engine = bench_engine_new(b, c, &err))) {
-                    fprintf(stderr, "bench: %s\n", err.msg);
-                    return 1;
-                }
-            }
+            if (c->kernels && use_family(b, c, names[k]) != 0)
+                return 1;
             snprintf(engines[k], 64, "%s", tdm_engine_backend_name(b->engine));
             pk_prof_t p[PK_MEASURES];
             pk_once(b, c, p);

@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include "bench_util.h"
 #include "tandem/base.h"
 #include "tandem/config.h"
 #include "tandem/gguf.h"
@@ -129,24 +130,6 @@ static double mean(const dvec_t *d)
     return d->n ? sum / (double)d->n : 0;
 }
 
-/* The CPU's model name (/proc/cpuinfo), or "unknown". */
-static void cpu_name(char *out, size_t cap)
-{
-    snprintf(out, cap, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (strncmp(line, "model name", 10) == 0 && colon) {
-            snprintf(out, cap, "%s", colon + 2);
-            out[strcspn(out, "\n")] = 0;
-            break;
-        }
-    }
-    if (f)
-        fclose(f);
-}
-
 /* The keyword a refusal names: the last token of its JSON pointer ("/properties/a/
  * patternProperties: not supported" -> "patternProperties"; an allOf branch index -> the
  * keyword before it). */
@@ -200,7 +183,7 @@ static void count_refusal(stats_t *st, const char *msg)
 static int bench_open(bench_t *b, const cfg_t *c)
 {
     tdm_error_t err;
-    cpu_name(b->cpu, sizeof b->cpu);
+    bench_cpu_model(b->cpu, sizeof b->cpu);
     struct stat sb;
     if (c->check && stat(c->model_path, &sb) != 0) {
         printf("skip: model file %s is missing: run scripts/setup (or set TANDEM_MODEL)\n",

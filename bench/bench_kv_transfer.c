@@ -70,6 +70,8 @@
 #include "tandem/net.h"
 #include "tandem/transfer.h"
 
+#include "bench_util.h"
+
 static const tdm_kv_layout_t smollm2 = {30, 3, 64, 16, TDM_KV_F16};
 #define POOL_BLOCKS 256u
 #define FINGERPRINT UINT64_C(0x00be4c40be4c40be)
@@ -180,24 +182,6 @@ static cpu_split_t cpu_sample(const tidset_t *rx_zmq)
             c.tx += t;
     }
     return c;
-}
-
-/* The CPU model (/proc/cpuinfo) into out[cap], or "unknown". */
-static void cpu_model(char *out, size_t cap)
-{
-    snprintf(out, cap, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (strncmp(line, "model name", 10) == 0 && colon) {
-            snprintf(out, cap, "%s", colon + 2);
-            out[strcspn(out, "\n")] = 0;
-            break;
-        }
-    }
-    if (f)
-        fclose(f);
 }
 
 /* The ISA extensions the copies and XXH3 (libxxhash's dispatch) can use, into out[cap]. */
@@ -1233,7 +1217,7 @@ int main(int argc, char **argv)
         return prc == 1 ? 0 : 2; /* 1: --help printed */
     kvb_t k = {.raw_fd = {-1, -1}, .ds = {.listen_fd = -1, .fd = -1, .tx_fd = -1}};
     pthread_setname_np(pthread_self(), "kvb-tx");
-    cpu_model(k.cpu, sizeof k.cpu);
+    bench_cpu_model(k.cpu, sizeof k.cpu);
     cpu_isa(k.isa, sizeof k.isa);
     if (getloadavg(k.load, 3) != 3)
         k.load[0] = k.load[1] = k.load[2] = -1;
