@@ -9,8 +9,13 @@
 # minutes on 2 cores. Idempotent: when the three binaries exist it only prints their paths.
 # Never part of the test run.
 #
+# ISA=avx2 builds a second tree, $CACHE/llama.cpp-avx2/build, for the AVX2 rows of an AVX-512
+# machine (issue 40): GGML_NATIVE off, AVX/AVX2/FMA/F16C/BMI2 on, AVX-512, AVX-VNNI and AMX off
+# (ggml's CPU backend then picks exactly the AVX2 kernels Tandem's TANDEM_CPU_KERNELS=avx2 is
+# compared with); llama-bench and llama-batched-bench only.
+#
 # usage: bench/llama-cpp.sh [--print]   (--print: only print the bin dir, fail if not built)
-#        env LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36, JOBS=2,
+#        env LLAMA_CPP_PYTHON=llama-cpp-python==0.3.36, JOBS=2, ISA=native|avx2,
 #        CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/tandem
 set -euo pipefail
 
@@ -18,9 +23,26 @@ spec=${LLAMA_CPP_PYTHON:-llama-cpp-python==0.3.36}
 jobs=${JOBS:-2}
 cache=${CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem}
 src=$cache/llama.cpp-src
-build=$cache/llama.cpp/build
+case "${ISA:-native}" in
+native)
+    build=$cache/llama.cpp/build
+    targets=(llama-bench llama-batched-bench llama-server)
+    isa_flags=(-DGGML_NATIVE=ON)
+    ;;
+avx2)
+    build=$cache/llama.cpp-avx2/build
+    targets=(llama-bench llama-batched-bench)
+    isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+        -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF
+        -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+        -DGGML_AMX_BF16=OFF)
+    ;;
+*)
+    echo "llama-cpp: error: ISA must be native or avx2, not '$ISA'" >&2
+    exit 1
+    ;;
+esac
 bin=$build/bin
-targets=(llama-bench llama-batched-bench llama-server)
 
 die() {
     echo "llama-cpp: error: $*" >&2
@@ -74,7 +96,7 @@ fi
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
     cmake -S "$src/vendor/llama.cpp" -B "$build" -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-        -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+        -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF >/dev/null || die "cmake configure failed"
 fi
 cmake --build "$build" -j"$jobs" --target "${targets[@]}" || die "build failed"

@@ -14,7 +14,11 @@ and writes everything raw to --json.
     python3 bench/longctx.py --depth 2048,8192 --rounds 2 --json OUT.json
 
 --tandem-base PATH adds a second tandem-bench-engine (another build, e.g. the main branch) to
-each round, for an A/B of kernel changes against the same llama.cpp figures. llama.cpp runs
+each round, for an A/B of kernel changes against the same llama.cpp figures. --pp-fa and --tg-fa
+restrict llama.cpp's prefill and decode measures to the flash-attention settings listed (default
+both, "0,1"): at 16k-32k every llama.cpp measure starts with a prefill of D tokens (minutes on
+2 cores), so a long run may keep the setting that won each measure at 8k (performance.md says
+which). The JSON is rewritten after every measure, so a run cut short keeps what it measured. llama.cpp runs
 with --repack 0 / --no-repack (its AMX repacked path crashes on the Xeon VMs, performance.md).
 """
 import argparse
@@ -83,29 +87,31 @@ def tandem(binary, model, threads, depths, steps, kv):
     return out, doc["backend"]
 
 
-def llama(bindir, model, threads, depths, steps, kv):
-    out = {}
+def llama(bindir, model, threads, depths, steps, kv, pp_fa, tg_fa, out, save):
+    """llama.cpp's figures into out (saved by save() after each tool run)."""
     dl = ",".join(map(str, depths))
     # the same KV type as Tandem's: q8 -> llama.cpp's q8_0 K and V cache (a quantized V cache
     # needs flash attention there, so its flash-off cells stay blank)
     ctk = ["-ctk", "q8_0", "-ctv", "q8_0"] if kv == "q8" else []
-    common = ["-m", model, "-t", str(threads), "-fa", "0,1", "--repack", "0", "-r", "1",
-              "-o", "json"] + ctk
-    js, _ = run([f"{bindir}/llama-bench", "-p", dl, "-n", "0"] + common, fatal=False)
+    common = ["-m", model, "-t", str(threads), "--repack", "0", "-r", "1", "-o", "json"] + ctk
+    js, _ = run([f"{bindir}/llama-bench", "-p", dl, "-n", "0", "-fa", pp_fa] + common,
+                fatal=False)
     for r in json.loads(js or "[]"):
         k = f"pp{r['n_prompt']}"
         out[k] = max(out.get(k, 0), r["avg_ts"])
         out[k + "_fa" + str(int(bool(r.get("flash_attn"))))] = r["avg_ts"]
-    js, _ = run([f"{bindir}/llama-bench", "-p", "0", "-n", str(steps), "-d", dl] + common,
-                fatal=False)
+    save()
+    js, _ = run([f"{bindir}/llama-bench", "-p", "0", "-n", str(steps), "-d", dl, "-fa", tg_fa]
+                + common, fatal=False)
     for r in json.loads(js or "[]"):
         k = f"tg{r['n_depth']}b1"
         out[k] = max(out.get(k, 0), r["avg_ts"])
         out[k + "_fa" + str(int(bool(r.get("flash_attn"))))] = r["avg_ts"]
+    save()
     bb = f"{bindir}/llama-batched-bench"
     if os.access(bb, os.X_OK):
         for d in depths:
-            for fa in ("off", "on"):
+            for fa in ("on" if x == "1" else "off" for x in tg_fa.split(",")):
                 txt, _ = run([bb, "-m", model, "-t", str(threads), "-c", str(8 * (d + steps) + 64),
                               "-b", "2048", "-ub", "512", "-npp", str(d), "-ntg", str(steps),
                               "-npl", "8", "-pps", "-fa", fa, "--no-repack", *ctk,
@@ -116,7 +122,16 @@ def llama(bindir, model, threads, depths, steps, kv):
                         k = f"tg{d}b8"
                         out[k] = max(out.get(k, 0), r["speed_tg"])
                         out[f"{k}_fa{int(fa == 'on')}"] = r["speed_tg"]
+                save()
     return out
+
+
+def fa_list(text):
+    """A --pp-fa / --tg-fa value: "0", "1" or "0,1"."""
+    vals = text.split(",")
+    if not vals or any(v not in ("0", "1") for v in vals) or len(set(vals)) != len(vals):
+        raise argparse.ArgumentTypeError(f"'{text}': expected 0, 1 or 0,1")
+    return text
 
 
 def main():
@@ -131,22 +146,37 @@ def main():
     ap.add_argument("--tandem", default=str(ROOT / "build/bench/tandem-bench-engine"))
     ap.add_argument("--tandem-base", default=None)
     ap.add_argument("--llama-bin", default=None)
+    ap.add_argument("--pp-fa", type=fa_list, default="0,1",
+                    help="llama.cpp prefill's flash-attention settings (0,1)")
+    ap.add_argument("--tg-fa", type=fa_list, default="0,1",
+                    help="llama.cpp decode's flash-attention settings (0,1)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     depths = [int(x) for x in a.depth.split(",")]
     bindir = a.llama_bin or run([str(ROOT / "bench/llama-cpp.sh"), "--print"])[0].strip()
     model_name, isa = cpu_info()
     doc = {"cpu": model_name, "isa": isa, "threads": a.threads, "model": a.model,
-           "depths": depths, "steps": a.steps, "kv": a.kv, "load_before": loadavg(), "rounds": []}
+           "depths": depths, "steps": a.steps, "kv": a.kv, "pp_fa": a.pp_fa, "tg_fa": a.tg_fa,
+           "load_before": loadavg(), "rounds": []}
+
+    def save():
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+
     best = {"tandem": {}, "base": {}, "llama": {}}
     for r in range(a.rounds):
         rd = {}
+        doc["rounds"].append(rd)
         rd["tandem"], doc["backend"] = tandem(a.tandem, a.model, a.threads, depths, a.steps, a.kv)
+        save()
         if a.tandem_base:
             rd["base"], _ = tandem(a.tandem_base, a.model, a.threads, depths, a.steps, a.kv)
-        rd["llama"] = llama(bindir, a.model, a.threads, depths, a.steps, a.kv)
+            save()
+        rd["llama"] = {}
+        llama(bindir, a.model, a.threads, depths, a.steps, a.kv, a.pp_fa, a.tg_fa, rd["llama"],
+              save)
         rd["load"] = loadavg()
-        doc["rounds"].append(rd)
         for side in ("tandem", "base", "llama"):
             for k, v in rd.get(side, {}).items():
                 best[side][k] = max(best[side].get(k, 0), v)
@@ -176,9 +206,7 @@ def main():
                 b = best["base"].get(k)
                 row += [f"{b:.1f}" if b else "-", f"{t / b:.2f}x" if t and b else "-"]
             print("| " + " | ".join(row) + " |")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "tandem/config.h"
+#include "tandem/serve.h"
 
 static void usage(FILE *out)
 {
@@ -21,8 +22,11 @@ static void usage(FILE *out)
             "          stderr as FILE:LINE: key 'a.b': message, and the exit status is 1.\n"
             "          A bind the daemons would refuse (a non-loopback node or KV endpoint\n"
             "          without CURVE, a client endpoint or HTTP address without API keys,\n"
-            "          unless security.insecure) is an error too.\n"
-            "          Without FILE it checks the defaults.\n"
+            "          unless security.insecure) is an error too, and so is what the\n"
+            "          daemons would refuse in a model file that exists (opened, not\n"
+            "          run): a max_context past its trained context, a GGUF or tokenizer\n"
+            "          Tandem cannot load, a KV layout kv.block_size and kv.dtype cannot\n"
+            "          hold. Without FILE it checks the defaults.\n"
             "defaults  prints the default config (one prefill and one decode node on the CPU).\n"
             "keys      prints every key of SECTION (model, router, kv, log, security or nodes)\n"
             "          as a Markdown table: type, default, range and meaning. Without SECTION,\n"
@@ -79,10 +83,33 @@ static int print_keys(const char *section)
     return 0;
 }
 
+/* Opens each model of cfg whose file exists as the router and the nodes do at start
+ * (tdm_served_model_open_at: GGUF, tokenizer, max_context against the trained context, KV
+ * layout) and prints each refusal to stderr after "where: ". A file that is not there is left
+ * to print_config's note. Returns the number of refusals. */
+static size_t model_problems(const tdm_config_t *cfg, const char *where)
+{
+    size_t n = 0;
+    struct stat st;
+    for (size_t i = 0; i < cfg->n_models; i++) {
+        if (stat(cfg->models[i].path, &st) != 0)
+            continue;
+        tdm_served_model_t sm;
+        tdm_error_t err = {0};
+        if (tdm_served_model_open_at(&sm, cfg, i, &err) != TDM_OK) {
+            fprintf(stderr, "%s: %s\n", where, err.msg);
+            n++;
+            continue;
+        }
+        tdm_served_model_close(&sm);
+    }
+    return n;
+}
+
 /* `tandem config check [FILE]` and `tandem config defaults` (file NULL): loads FILE or the
- * defaults and prints the resolved config; a load error or a bind the daemons would refuse
- * goes to stderr. Returns the exit status. */
-static int check_config(const char *file)
+ * defaults and prints the resolved config; a load error, a bind the daemons would refuse or
+ * (check only) a model file they would refuse goes to stderr. Returns the exit status. */
+static int check_config(const char *file, bool open_models)
 {
     tdm_config_t cfg;
     tdm_error_t err = {0};
@@ -101,6 +128,8 @@ static int check_config(const char *file)
     size_t n_problems = tdm_config_bind_problems(&cfg, problems, 16);
     for (size_t i = 0; i < n_problems; i++)
         fprintf(stderr, "%s: %s\n", file ? file : "(defaults)", problems[i].msg);
+    if (open_models)
+        n_problems += model_problems(&cfg, file ? file : "(defaults)");
     int status = n_problems ? 1 : print_config(&cfg);
     tdm_config_free(&cfg);
     return status;
@@ -137,7 +166,7 @@ int tdm_cmd_config(int argc, char **argv)
     if (strcmp(action, "keys") == 0)
         return print_keys(file);
     if (strcmp(action, "check") == 0 || strcmp(action, "defaults") == 0)
-        return check_config(file);
+        return check_config(file, strcmp(action, "check") == 0);
     fprintf(stderr, "tandem config: unknown action '%s' (check, defaults or keys)\n\n", action);
     usage(stderr);
     return 2;
