@@ -342,7 +342,8 @@ static const tdm_config_key_t keys[] = {
             "the context the cluster serves (vLLM's `max_model_len`): prompt + output tokens of "
             "one sequence; 0: the model's trained context, at most 4,096 (llama.cpp's default); "
             "else 2 up to the trained context, checked when the model is opened (the router and "
-            "nodes exit naming it; `tandem config check` too). Every node's KV pool must hold one sequence of it "
+            "nodes exit naming it; `tandem config check` too). Every node's KV pool must hold one "
+            "sequence of it "
             "(docs/capacity.md)"),
     MAPPING_KEY(MODEL, "defaults", MODEL_DEFAULTS,
                 "the sampling this model's requests get for the fields they leave unset (as "
