@@ -78,6 +78,9 @@ static void print_table(const char *endpoint, const tdm_client_cluster_status_t 
     if (m->n_models > 1)
         printf("router %s, version %s, %zu models (default %s)\n", endpoint,
                s->version[0] ? s->version : "?", m->n_models, s->model[0] ? s->model : "?");
+    else if (m->n_models == 1)
+        printf("router %s, version %s, model %s, context %" PRIu32 " tokens\n", endpoint,
+               s->version[0] ? s->version : "?", s->model[0] ? s->model : "?", m->models[0].n_ctx);
     else
         printf("router %s, version %s, model %s\n", endpoint, s->version[0] ? s->version : "?",
                s->model[0] ? s->model : "?");

@@ -42,6 +42,15 @@ def test_models_list_the_configured_context(cluster):
     assert json.loads(body)["data"][0]["max_model_len"] == CTX
 
 
+def test_status_shows_the_configured_context(cluster):
+    """`tandem status`'s table names the one model's served context (the JSON always did)."""
+    out = subprocess.run([BINARIES["tandem"], "status", "--router", cluster.client_ep],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert f", context {CTX} tokens" in first, out.stdout
+
+
 def test_prompt_past_4096_tokens_equals_the_reference(cluster):
     prompt = words(4400, seed=7)
     n = n_tokens(cluster.port, prompt)
