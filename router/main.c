@@ -171,6 +171,7 @@ int main(int argc, char **argv)
     tdm_logger_t log;
     tdm_log_init(&log, "router");
     log.level = level >= 0 ? (tdm_log_level_t)level : cfg.log.level;
+    tdm_log_fatal_signals(&log, "tandem-router");
 
     status = 1;
     char keydir[PATH_MAX];

@@ -1,7 +1,13 @@
-/* test_base.c - status codes, error messages, file reading and logfmt logging. */
+/* test_base.c - status codes, error messages, file reading and logfmt logging (the fatal-signal
+ * line too). */
+#define _GNU_SOURCE /* MAP_ANONYMOUS */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tdm_test.h"
@@ -299,14 +305,93 @@ static void test_buf(void **state)
     tdm_buf_free(NULL);
 }
 
+/* A child that logs through a pipe dies of signal sig (a store into the read-only page *page
+ * for SIGSEGV, a fault the sanitizers leave to the kernel; raise for the others) after
+ * tdm_log_fatal_signals; its line and backtrace are read into out (cap bytes). Returns the
+ * child's wait status. */
+static int die_of(int sig, volatile int *page, char *out, size_t cap)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        tdm_logger_t lg;
+        tdm_log_init(&lg, "prefill-7");
+        lg.out = fdopen(fds[1], "w");
+        tdm_log_fatal_signals(&lg, "tandem-prefill");
+        if (sig == SIGSEGV)
+            *page = 1;
+        raise(sig);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(fds[0], out + n, cap - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = '\0';
+    close(fds[0]);
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    return ws;
+}
+
+static void test_fatal_signal_is_logged(void **state)
+{
+    (void)state;
+    static char out[65536];
+    char year[8];
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(year, sizeof year, "%Y", &tm);
+
+    long pg = sysconf(_SC_PAGESIZE);
+    void *page = mmap(NULL, (size_t)pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(page != MAP_FAILED);
+    char addr[40];
+    snprintf(addr, sizeof addr, " addr=%p\n", page);
+    int ws = die_of(SIGSEGV, page, out, sizeof out);
+    /* the process still dies of the signal (exit status, core dump) */
+    assert_true(WIFSIGNALED(ws));
+    assert_int_equal(WTERMSIG(ws), SIGSEGV);
+    assert_true(strncmp(out, "ts=", 3) == 0);
+    assert_true(strncmp(out + 3, year, 4) == 0); /* the UTC year, as log.c writes it */
+    assert_int_equal(out[3 + 10], 'T');
+    assert_int_equal(out[3 + 23], 'Z');
+    assert_non_null(strstr(out, " level=error node=prefill-7 msg=\"tandem-prefill died of fatal "
+                                "signal 11 (SIGSEGV); backtrace follows\" signal=SIGSEGV pid="));
+    assert_non_null(strstr(out, addr)); /* the faulting address */
+    /* the backtrace: at least one frame line after the log line */
+    char *nl = strchr(out, '\n');
+    assert_non_null(nl);
+    assert_true(strlen(nl + 1) > 0);
+
+    ws = die_of(SIGABRT, NULL, out, sizeof out);
+    assert_true(WIFSIGNALED(ws));
+    assert_int_equal(WTERMSIG(ws), SIGABRT);
+    assert_non_null(strstr(out, "died of fatal signal 6 (SIGABRT)"));
+    assert_null(strstr(out, "addr="));
+    assert_non_null(strstr(out, " from_pid=")); /* abort(3) / raise: sent, not a fault */
+    munmap(page, (size_t)pg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status_names),      cmocka_unit_test(test_error_set_and_prefix),
-        cmocka_unit_test(test_error_field),       cmocka_unit_test(test_status_table),
-        cmocka_unit_test(test_read_file),         cmocka_unit_test(test_logfmt),
-        cmocka_unit_test(test_log_levels_and_kv), cmocka_unit_test(test_utf8_decode),
-        cmocka_unit_test(test_text_printable),    cmocka_unit_test(test_buf),
+        cmocka_unit_test(test_status_names),
+        cmocka_unit_test(test_error_set_and_prefix),
+        cmocka_unit_test(test_error_field),
+        cmocka_unit_test(test_status_table),
+        cmocka_unit_test(test_read_file),
+        cmocka_unit_test(test_logfmt),
+        cmocka_unit_test(test_log_levels_and_kv),
+        cmocka_unit_test(test_utf8_decode),
+        cmocka_unit_test(test_text_printable),
+        cmocka_unit_test(test_buf),
+        cmocka_unit_test(test_fatal_signal_is_logged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,6 +50,17 @@ void tdm_log_write(const tdm_logger_t *lg, tdm_log_level_t level, const char *re
 #define TDM_LOG_WARNF(lg, req, ...) tdm_log_write((lg), TDM_LOG_WARN, (req), NULL, __VA_ARGS__)
 #define TDM_LOG_ERRORF(lg, req, ...) tdm_log_write((lg), TDM_LOG_ERROR, (req), NULL, __VA_ARGS__)
 
+/* Makes a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) in this process write one
+ * logfmt line to lg's stream before the process dies of it: `level=error node=ID msg="PROCESS
+ * died of fatal signal 11 (SIGSEGV); backtrace follows" signal=SIGSEGV pid=N addr=0x...` (the
+ * faulting address; `from_pid=P` instead for a signal another process or abort(3) sent), then
+ * the backtrace (glibc backtrace_symbols_fd, one frame a line), then the signal's default
+ * action (exit status and core dump unchanged). The handler runs on an alternate stack (a
+ * stack overflow is logged too) and only async-signal-safe calls. Process-wide: the last call
+ * wins; the daemons call it once at start. SIGKILL cannot be caught: an OOM kill leaves only
+ * the kernel's log. */
+void tdm_log_fatal_signals(const tdm_logger_t *lg, const char *process);
+
 /* Appends `key=value` to buf (of size cap, holding a NUL-terminated string), quoting and
  * escaping value when it contains spaces, quotes, '=' or control bytes. Returns the new
  * length, or -1 when it did not fit (buf is left unchanged). */

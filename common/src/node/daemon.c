@@ -270,6 +270,7 @@ int tdm_daemon_main(int argc, char **argv, const tdm_daemon_ops_t *ops)
     if ((status = load_node(&a, ops->role, &cfg, &node, &log)) != 0)
         return status;
     setup_process();
+    tdm_log_fatal_signals(&log, a.prog);
     status = 1;
     tdm_error_t err = {0};
     tdm_net_t *net = tdm_net_new(2, &err);
