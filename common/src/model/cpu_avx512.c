@@ -470,11 +470,11 @@ zwide_tile(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
  * taken as u = w + 128 (one xor per chunk and block, shared by the tile's tokens) and the
  * integer chain starts at -128 * sum(a) over its chunks (Q6_K: isum_lo for the low half,
  * isum - isum_lo for the high half), so it ends on sum(w * a), the same exact int32 as the
- * pair layout's |w| * (+-a): no per-token, per-chunk sign work. The float operations are the
- * canonical reduction's, in its order. */
-#ifndef TDM_ZWIDE_NEG
-#define TDM_ZWIDE_NEG 0 /* 1: |w| and a masked subtract per chunk (measured slower) */
-#endif
+ * pair layout's |w| * (+-a): no per-token, per-chunk sign work. (|w| with a masked subtract of
+ * the broadcast activation per chunk and token, the pair layout's way, gives the same bits but
+ * measured 1.2-1.4x slower on Q6_K / Q5_K / Q3_K at 8 to 512 tokens: its 8 subtracts per token
+ * and block take vector-port slots from the 8 vpdpbusd.) The float operations are the canonical
+ * reduction's, in its order. */
 
 /* 32 bytes at pa + off in the low half, at pb + off in the high half */
 TDM_AVX512 static inline __m512i zwide_si256(const uint8_t *pa, const uint8_t *pb, size_t off)
@@ -485,11 +485,9 @@ TDM_AVX512 static inline __m512i zwide_si256(const uint8_t *pa, const uint8_t *p
 }
 
 /* One block's scales sc (kind 3 / 5: dw, mw; 4: dlo, dhi; 6: dlo, dhi, mlo, mhi) and weight
- * bytes u of groups pa (low half) and pb (high half); neg: the lanes where w < 0 when
- * TDM_ZWIDE_NEG. */
+ * bytes u of groups pa (low half) and pb (high half). */
 TDM_AVX512 static inline __attribute__((always_inline)) void
-zwide_kq_unpack(const uint8_t *pa, const uint8_t *pb, const int kind, __m512 *sc, __m512i *u,
-                __mmask64 *neg)
+zwide_kq_unpack(const uint8_t *pa, const uint8_t *pb, const int kind, __m512 *sc, __m512i *u)
 {
     const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     sc[0] = _mm512_castsi512_ps(zwide_si256(pa, pb, 0));
@@ -510,30 +508,17 @@ zwide_kq_unpack(const uint8_t *pa, const uint8_t *pb, const int kind, __m512 *sc
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {
         __m512i w = zwide_si256(pa, pb, (kind == 6 ? 128 : 64) + 32 * (size_t)k);
-        if (kind == 6) {
-            u[k] = w;
-        } else if (TDM_ZWIDE_NEG) {
-            u[k] = _mm512_abs_epi8(w);
-            neg[k] = _mm512_movepi8_mask(w);
-        } else {
-            u[k] = _mm512_xor_si512(w, flip);
-        }
+        u[k] = kind == 6 ? w : _mm512_xor_si512(w, flip);
     }
 }
 
-/* Chunks k0 .. k0 + nk - 1 of token xb's activations against u, added to s (every chunk when
- * TDM_ZWIDE_NEG: a negated where the weight is negative; a is never -128). */
+/* s plus chunks k0 .. k0 + nk - 1 of token xb's activations against u */
 TDM_AVX512 static inline __attribute__((always_inline)) __m512i
-zwide_kq_dot(__m512i s, const __m512i *u, const __mmask64 *neg, const bool sign,
-             const q8a_block_t *xb, const int k0, const int nk)
+zwide_kq_dot(__m512i s, const __m512i *u, const q8a_block_t *xb, const int k0, const int nk)
 {
 #pragma GCC unroll 8
-    for (int k = k0; k < k0 + nk; k++) {
-        __m512i a = _mm512_set1_epi32(zq4(xb->q + 4 * k));
-        if (sign && TDM_ZWIDE_NEG)
-            a = _mm512_mask_sub_epi8(a, neg[k], _mm512_setzero_si512(), a);
-        s = _mm512_dpbusd_epi32(s, u[k], a);
-    }
+    for (int k = k0; k < k0 + nk; k++)
+        s = _mm512_dpbusd_epi32(s, u[k], _mm512_set1_epi32(zq4(xb->q + 4 * k)));
     return s;
 }
 
@@ -544,23 +529,22 @@ zwide_kq_tile(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
               const q8a_block_t *const *x, __m512 *acc, const int n)
 {
     const size_t pbsz = kind == 3 ? 192 : kind == 6 ? 384 : 320;
-    const bool sign = kind == 4 || kind == 5, off = sign && !TDM_ZWIDE_NEG;
+    const bool off = kind == 4 || kind == 5; /* u = w + 128 */
 #pragma GCC unroll 8
     for (int t = 0; t < n; t++)
         acc[t] = _mm512_setzero_ps();
     for (size_t b = 0; b < nb; b++, pa += pbsz, pb += pbsz) {
         __m512 sc[4];
         __m512i u[8];
-        __mmask64 neg[8];
-        zwide_kq_unpack(pa, pb, kind, sc, u, neg);
+        zwide_kq_unpack(pa, pb, kind, sc, u);
 #pragma GCC unroll 8
         for (int t = 0; t < n; t++) {
             const q8a_block_t *xb = x[t] + b;
             __m512 da = _mm512_set1_ps(xb->d);
             if (kind == 3 || kind == 5) {
                 __m512i s0 = off ? _mm512_set1_epi32(-128 * xb->isum) : _mm512_setzero_si512();
-                __m512i s1 = zwide_kq_dot(_mm512_setzero_si512(), u, neg, sign, xb, 4, 4);
-                s0 = zwide_kq_dot(s0, u, neg, sign, xb, 0, 4);
+                __m512i s1 = zwide_kq_dot(_mm512_setzero_si512(), u, xb, 4, 4);
+                s0 = zwide_kq_dot(s0, u, xb, 0, 4);
                 acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc[0], da),
                                          _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc[t]);
                 acc[t] = _mm512_fmadd_ps(sc[1], _mm512_set1_ps(xb->s), acc[t]);
@@ -569,8 +553,8 @@ zwide_kq_tile(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
             __m512i lo = off ? _mm512_set1_epi32(-128 * xb->isum_lo) : _mm512_setzero_si512();
             __m512i hi =
                 off ? _mm512_set1_epi32(-128 * (xb->isum - xb->isum_lo)) : _mm512_setzero_si512();
-            lo = zwide_kq_dot(lo, u, neg, sign, xb, 0, 4);
-            hi = zwide_kq_dot(hi, u, neg, sign, xb, 4, 4);
+            lo = zwide_kq_dot(lo, u, xb, 0, 4);
+            hi = zwide_kq_dot(hi, u, xb, 4, 4);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc[0], da), _mm512_cvtepi32_ps(lo), acc[t]);
             acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc[1], da), _mm512_cvtepi32_ps(hi), acc[t]);
             if (kind == 6) {
