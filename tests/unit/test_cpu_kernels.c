@@ -167,10 +167,12 @@ static void check_reference_close(tdm_ggml_type_t type, const uint8_t *w, uint64
 static void check_type(tdm_ggml_type_t type, const tdm_cpu_isa_t *isa, uint64_t *seed)
 {
     static const size_t nbs[] = {1, 3, 18, 48}, knbs[] = {8, 24, 48, 48};
-    static const uint64_t n_outs[] = {8, 37};
+    /* rows: one group (the 8-row path only); 5 groups (16-row pairs and an odd last group);
+     * 4 groups whose second 16-row pair has 13 rows (a partial high half) */
+    static const uint64_t n_outs[] = {8, 37, 29};
     for (size_t i = 0; i < sizeof nbs / sizeof nbs[0]; i++) {
         size_t nb = is_kquant(type) ? knbs[i] : nbs[i], K = nb * 32;
-        for (size_t j = 0; j < 2; j++) {
+        for (size_t j = 0; j < sizeof n_outs / sizeof n_outs[0]; j++) {
             uint64_t n_out = n_outs[j];
             uint8_t *w = random_rows(type, n_out, nb, seed);
             float *x = malloc(70 * K * sizeof *x);
@@ -179,7 +181,7 @@ static void check_type(tdm_ggml_type_t type, const tdm_cpu_isa_t *isa, uint64_t 
             assert_true(x && ref && got && all);
             q8a_block_t *a = random_act(70, K, seed, x);
             run_gemm(isa, type, w, n_out, nb, a, 70, all);
-            for (uint32_t nt = 1; nt <= 70; nt += nt < 12 ? 1 : 7) {
+            for (uint32_t nt = 1; nt <= 70; nt += nt < 20 ? 1 : 7) {
                 run_gemm(tdm_cpu_isa_scalar(), type, w, n_out, nb, a, nt, ref);
                 run_gemm(isa, type, w, n_out, nb, a, nt, got);
                 assert_memory_equal(got, ref, (size_t)nt * n_out * sizeof *ref);

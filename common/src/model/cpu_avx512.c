@@ -1,5 +1,6 @@
-/* cpu_avx512.c - the CPU backend's AVX-512 VNNI kernels for Q4_0, Q4_1 and Q8_0 (x86-64;
- * chosen at run time).
+/* cpu_avx512.c - the CPU backend's AVX-512 VNNI kernels (x86-64; chosen at run time): the
+ * row-at-a-time dots for Q4_0, Q4_1 and Q8_0, the packed GEMM for every q8a weight type (below)
+ * and grouped-query attention over f16 rows.
  *
  * Two 32-value blocks fill one 512-bit register, so one vpdpbusd does 64 multiply-adds. Every
  * weight type is brought to one form per block: unsigned bytes u, scale dw and offset mw with
@@ -213,7 +214,9 @@ bool tdm_cpu_has_avx512vnni(void)
 
 /* ---- the packed GEMM on 512-bit registers (cpu_kernels.h's layout and reduction) ----
  *
- * A register holds the 8 rows of a group for two tokens (low half token t, high half t + 1):
+ * Groups go two at a time through the 16-row layout below (zwide_*: every weight type); a
+ * group left alone (an odd count in a thread's range, or the last group) takes the pair layout:
+ * a register holds the 8 rows of a group for two tokens (low half token t, high half t + 1):
  * the packed chunks are broadcast to both halves, each half gets its own token's activation
  * bytes, scales and sums. vpdpbusd needs unsigned weights: Q4 nibbles are; Q8_0 is taken as
  * w + 128 and 128 * sum(a) subtracted, the same integer as sum(w * a). Every lane then does the
@@ -387,7 +390,7 @@ zgemm_group(const uint8_t *p, size_t nb, const int kind, const q8a_block_t *act,
     }
 }
 
-/* ---- Q4_0 / Q4_1 / Q8_0 on 16 rows x 1 token a register ----
+/* ---- Q4_0 / Q4_1 / Q8_0 on 16 rows x 1 token a register (the K-quants after them) ----
  *
  * Two groups' 8 rows side by side (group g in the low half, g + 1 in the high half) against one
  * token a register: a chunk's weights are loaded once per block for all the tile's tokens, and
@@ -459,6 +462,121 @@ zwide_tile(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
     }
 }
 
+/* ---- the K-quants on the same 16-row layout ----
+ *
+ * The packed K-quant blocks (f32 scales at 0 and 32, Q2_K's mins at 64 and 96, then the
+ * chunks) of groups g and g + 1 side by side, one token a register as above. Q4_K's nibbles and
+ * Q2_K's values 0..3 are unsigned already. Q5_K's and Q6_K's (and Q3_K's) int8 values w are
+ * taken as u = w + 128 (one xor per chunk and block, shared by the tile's tokens) and the
+ * integer chain starts at -128 * sum(a) over its chunks (Q6_K: isum_lo for the low half,
+ * isum - isum_lo for the high half), so it ends on sum(w * a), the same exact int32 as the
+ * pair layout's |w| * (+-a): no per-token, per-chunk sign work. (|w| with a masked subtract of
+ * the broadcast activation per chunk and token, the pair layout's way, gives the same bits but
+ * measured 1.2-1.4x slower on Q6_K / Q5_K / Q3_K at 8 to 512 tokens: its 8 subtracts per token
+ * and block take vector-port slots from the 8 vpdpbusd.) The float operations are the canonical
+ * reduction's, in its order. */
+
+/* 32 bytes at pa + off in the low half, at pb + off in the high half */
+TDM_AVX512 static inline __m512i zwide_si256(const uint8_t *pa, const uint8_t *pb, size_t off)
+{
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(pa + off))),
+        _mm256_loadu_si256((const __m256i *)(pb + off)), 1);
+}
+
+/* One block's scales sc (kind 3 / 5: dw, mw; 4: dlo, dhi; 6: dlo, dhi, mlo, mhi) and weight
+ * bytes u of groups pa (low half) and pb (high half). */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zwide_kq_unpack(const uint8_t *pa, const uint8_t *pb, const int kind, __m512 *sc, __m512i *u)
+{
+    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    sc[0] = _mm512_castsi512_ps(zwide_si256(pa, pb, 0));
+    sc[1] = _mm512_castsi512_ps(zwide_si256(pa, pb, 32));
+    if (kind == 6) {
+        sc[2] = _mm512_castsi512_ps(zwide_si256(pa, pb, 64));
+        sc[3] = _mm512_castsi512_ps(zwide_si256(pa, pb, 96));
+    }
+    if (kind == 3) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m512i raw = zwide_si256(pa, pb, 64 + 32 * (size_t)k);
+            u[k] = _mm512_and_si512(raw, low);
+            u[k + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+        }
+        return;
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) {
+        __m512i w = zwide_si256(pa, pb, (kind == 6 ? 128 : 64) + 32 * (size_t)k);
+        u[k] = kind == 6 ? w : _mm512_xor_si512(w, flip);
+    }
+}
+
+/* s plus chunks k0 .. k0 + nk - 1 of token xb's activations against u */
+TDM_AVX512 static inline __attribute__((always_inline)) __m512i
+zwide_kq_dot(__m512i s, const __m512i *u, const q8a_block_t *xb, const int k0, const int nk)
+{
+#pragma GCC unroll 8
+    for (int k = k0; k < k0 + nk; k++)
+        s = _mm512_dpbusd_epi32(s, u[k], _mm512_set1_epi32(zq4(xb->q + 4 * k)));
+    return s;
+}
+
+/* kind 3 Q4_K, 4 Q6_K (and Q3_K), 5 Q5_K, 6 Q2_K: blocks of groups pa (low half) and pb (high
+ * half) against the n tokens at x[0 .. n - 1], accumulated from zero into acc[0 .. n - 1]. */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zwide_kq_tile(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
+              const q8a_block_t *const *x, __m512 *acc, const int n)
+{
+    const size_t pbsz = kind == 3 ? 192 : kind == 6 ? 384 : 320;
+    const bool off = kind == 4 || kind == 5; /* u = w + 128 */
+#pragma GCC unroll 8
+    for (int t = 0; t < n; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (size_t b = 0; b < nb; b++, pa += pbsz, pb += pbsz) {
+        __m512 sc[4];
+        __m512i u[8];
+        zwide_kq_unpack(pa, pb, kind, sc, u);
+#pragma GCC unroll 8
+        for (int t = 0; t < n; t++) {
+            const q8a_block_t *xb = x[t] + b;
+            __m512 da = _mm512_set1_ps(xb->d);
+            if (kind == 3 || kind == 5) {
+                __m512i s0 = off ? _mm512_set1_epi32(-128 * xb->isum) : _mm512_setzero_si512();
+                __m512i s1 = zwide_kq_dot(_mm512_setzero_si512(), u, xb, 4, 4);
+                s0 = zwide_kq_dot(s0, u, xb, 0, 4);
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc[0], da),
+                                         _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc[t]);
+                acc[t] = _mm512_fmadd_ps(sc[1], _mm512_set1_ps(xb->s), acc[t]);
+                continue;
+            }
+            __m512i lo = off ? _mm512_set1_epi32(-128 * xb->isum_lo) : _mm512_setzero_si512();
+            __m512i hi =
+                off ? _mm512_set1_epi32(-128 * (xb->isum - xb->isum_lo)) : _mm512_setzero_si512();
+            lo = zwide_kq_dot(lo, u, xb, 0, 4);
+            hi = zwide_kq_dot(hi, u, xb, 4, 4);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc[0], da), _mm512_cvtepi32_ps(lo), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sc[1], da), _mm512_cvtepi32_ps(hi), acc[t]);
+            if (kind == 6) {
+                acc[t] = _mm512_fmadd_ps(sc[2], _mm512_set1_ps(xb->d * (float)xb->isum_lo), acc[t]);
+                acc[t] = _mm512_fmadd_ps(
+                    sc[3], _mm512_set1_ps(xb->d * (float)(xb->isum - xb->isum_lo)), acc[t]);
+            }
+        }
+    }
+}
+
+/* zwide_tile (kinds 0..2) or zwide_kq_tile (3..6) */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zwide_run(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
+          const q8a_block_t *const *x, __m512 *acc, const int n)
+{
+    if (kind >= 3)
+        zwide_kq_tile(pa, pb, nb, kind, x, acc, n);
+    else
+        zwide_tile(pa, pb, nb, kind, x, acc, n);
+}
+
 /* Groups g and g + 1 (rows r0 .. r0 + nr - 1, nr 9..16) against nt tokens. */
 TDM_AVX512 static inline __attribute__((always_inline)) void
 zwide_groups(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
@@ -472,14 +590,14 @@ zwide_groups(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
             x[j] = act + (size_t)(t + (uint32_t)j) * nb;
         __m512 acc[TDM_ZWT];
         switch (n) {
-        case 1: zwide_tile(pa, pb, nb, kind, x, acc, 1); break;
-        case 2: zwide_tile(pa, pb, nb, kind, x, acc, 2); break;
-        case 3: zwide_tile(pa, pb, nb, kind, x, acc, 3); break;
-        case 4: zwide_tile(pa, pb, nb, kind, x, acc, 4); break;
-        case 5: zwide_tile(pa, pb, nb, kind, x, acc, 5); break;
-        case 6: zwide_tile(pa, pb, nb, kind, x, acc, 6); break;
-        case 7: zwide_tile(pa, pb, nb, kind, x, acc, 7); break;
-        default: zwide_tile(pa, pb, nb, kind, x, acc, 8); break;
+        case 1: zwide_run(pa, pb, nb, kind, x, acc, 1); break;
+        case 2: zwide_run(pa, pb, nb, kind, x, acc, 2); break;
+        case 3: zwide_run(pa, pb, nb, kind, x, acc, 3); break;
+        case 4: zwide_run(pa, pb, nb, kind, x, acc, 4); break;
+        case 5: zwide_run(pa, pb, nb, kind, x, acc, 5); break;
+        case 6: zwide_run(pa, pb, nb, kind, x, acc, 6); break;
+        case 7: zwide_run(pa, pb, nb, kind, x, acc, 7); break;
+        default: zwide_run(pa, pb, nb, kind, x, acc, 8); break;
         }
         for (int j = 0; j < n; j++)
             _mm512_mask_storeu_ps(out + (size_t)(t + (uint32_t)j) * ldo + r0, mask, acc[j]);
@@ -491,7 +609,7 @@ zwide_groups(const uint8_t *pa, const uint8_t *pb, size_t nb, const int kind,
                                 const q8a_block_t *act, uint32_t nt, float *out, size_t ldo)       \
     {                                                                                              \
         size_t g = g0;                                                                             \
-        for (; (kind) <= 2 && g + 2 <= g1 && 8 * (uint64_t)(g + 1) < w->n_out; g += 2) {           \
+        for (; g + 2 <= g1 && 8 * (uint64_t)(g + 1) < w->n_out; g += 2) {                          \
             uint64_t r0 = 8 * (uint64_t)g;                                                         \
             int nr = w->n_out - r0 < 16 ? (int)(w->n_out - r0) : 16;                               \
             const uint8_t *pa = w->data + g * w->group_bytes;                                      \
