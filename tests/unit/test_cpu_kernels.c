@@ -5,8 +5,9 @@
  * random weights, any number of
  * tokens (1..70) and rows that do not fill the last 8-row group; the reference itself agrees
  * with a double-precision dot product of the dequantized operands. The f32 ops (attention's
- * dots and axpys, grouped-query scores and PV, f16 stores, softmax's exp and sum, SwiGLU) are
- * bitwise equal across sets too, and the shared exp is within 2 ulp of the exact value. */
+ * dots and axpys, grouped-query scores and PV over f16 and q8 cache rows, f16 stores, softmax's
+ * exp and sum, SwiGLU) are bitwise equal across sets too, and the shared exp is within 2 ulp of
+ * the exact value. */
 #include "tdm_test.h"
 
 #include <math.h>
@@ -265,6 +266,67 @@ static void check_f32_ops(const tdm_cpu_isa_t *isa, uint64_t *seed)
     free(h2);
 }
 
+/* The q8 cache's grouped kernels (scores_q8, pv_q8) against the reference path they replace:
+ * each row dequantized as (float)q * scale, then the scalar set's dot_f32 per (head, key) and
+ * axpy_f32 per key in order, bit for bit, for 1..9 heads, 1..21 rows and head sizes 8..256 (36
+ * a tail), int8 values over the full range -128..127 (-128 never stored, but the kernels take
+ * it) and scales from tiny to large. A set without them (the scalar one) runs the reference
+ * path itself: nothing to compare. */
+static void check_q8_attn(const tdm_cpu_isa_t *isa, uint64_t *seed)
+{
+    const tdm_cpu_isa_t *ref = tdm_cpu_isa_scalar();
+    if (!isa->scores_q8 && !isa->pv_q8)
+        return;
+    assert_non_null(isa->scores_q8);
+    assert_non_null(isa->pv_q8);
+    enum { NK = 21, DMAX = 256, NH = 9 };
+    float *q = malloc((NH * DMAX + 8) * sizeof *q), *p = malloc(NH * (NK + 2) * sizeof *p);
+    float *o1 = malloc(NH * DMAX * sizeof *o1), *o2 = malloc(NH * DMAX * sizeof *o2);
+    float *kd = malloc(NK * DMAX * sizeof *kd);
+    int8_t *k = malloc(NK * DMAX);
+    assert_true(q && p && o1 && o2 && kd && k);
+    for (size_t i = 0; i < NH * DMAX + 8; i++)
+        q[i] = uniform(seed, -2.0f, 2.0f);
+    for (size_t i = 0; i < NH * (NK + 2); i++)
+        p[i] = uniform(seed, 0.0f, 1.0f);
+    for (size_t i = 0; i < NK * DMAX; i++)
+        k[i] = (int8_t)(next_u64(seed) & 0xff);
+    static const size_t dims[] = {8, 16, 36, 64, 128, 256};
+    static const float scales[] = {0.0173f, 3.1e-5f, 0.0f, 1.9f};
+    float sc[NH * NK], want[NH * NK];
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++) {
+        float scale = scales[si];
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+            size_t d = dims[di];
+            for (size_t i = 0; i < NK * d; i++)
+                kd[i] = (float)k[i] * scale; /* kv_get's dequantization */
+            for (uint32_t nh = 1; nh <= NH; nh++) {
+                for (uint32_t nk = 1; nk <= NK; nk++) {
+                    isa->scores_q8(q, nh, k, scale, nk, d, sc, NK);
+                    for (uint32_t hh = 0; hh < nh; hh++)
+                        for (uint32_t j = 0; j < nk; j++)
+                            want[hh * NK + j] = ref->dot_f32(q + hh * d, kd + j * d, d);
+                    for (uint32_t hh = 0; hh < nh; hh++)
+                        assert_memory_equal(sc + hh * NK, want + hh * NK, nk * sizeof *sc);
+                    memcpy(o1, q + 5, nh * d * sizeof *o1);
+                    memcpy(o2, q + 5, nh * d * sizeof *o2);
+                    isa->pv_q8(o1, nh, p, NK + 2, k, scale, nk, d);
+                    for (uint32_t hh = 0; hh < nh; hh++)
+                        for (uint32_t j = 0; j < nk; j++)
+                            ref->axpy_f32(o2 + hh * d, p[hh * (NK + 2) + j], kd + j * d, d);
+                    assert_memory_equal(o1, o2, nh * d * sizeof *o1);
+                }
+            }
+        }
+    }
+    free(q);
+    free(p);
+    free(o1);
+    free(o2);
+    free(kd);
+    free(k);
+}
+
 /* Softmax and SwiGLU pieces against the scalar reference, bit for bit: scale_max and exp_sum
  * over lengths 0..200 (the 16-lane chunks and every tail), swiglu over lengths 1..70 with
  * gates from -120 to 120 and the special values (+-0, +-inf, NaN, the exp clamp edges). */
@@ -314,6 +376,7 @@ static void check_isa(const tdm_cpu_isa_t *isa)
 {
     uint64_t seed0 = 43;
     check_f32_ops(isa, &seed0);
+    check_q8_attn(isa, &seed0);
     check_softmax_ops(isa, &seed0);
     uint64_t seed = 42;
     check_type(TDM_GGML_TYPE_Q4_0, isa, &seed);

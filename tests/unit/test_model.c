@@ -417,8 +417,9 @@ static float *family_logits(const char *path, const char *family, tdm_kv_dtype_t
 
 /* Every kernel family this CPU runs gives the scalar reference's logits bit for bit, on every
  * path: the quantized GEMMs, the f32 matmul of F16/BF16/Q5 weights, attention over f16, f32
- * and q8 caches (head_dim 16, 32 and 36: a tail past the 8-lane chunks), GQA groups of 2, 3
- * and 4, and mixture-of-experts layers (Q8_0 experts; Q5_0 ones, converted to Q8_0). */
+ * and q8 caches (head_dim 16, 32, 64, 256 and 36: a tail past the 8-lane chunks; over q8 the
+ * scalar set runs the per-head reference path and the others the grouped q8 tiles), GQA groups
+ * of 1 to 4, and mixture-of-experts layers (Q8_0 experts; Q5_0 ones, converted to Q8_0). */
 static void test_families_bitwise(void **state)
 {
     (void)state;
@@ -437,6 +438,9 @@ static void test_families_bitwise(void **state)
         {TDM_GGML_TYPE_Q3_K, TDM_GGML_TYPE_Q2_K, 256, 4, 4, TDM_KV_F16, 0},
         {TDM_GGML_TYPE_Q8_0, TDM_GGML_TYPE_Q8_0, 64, 4, 2, TDM_KV_F16, 8},
         {TDM_GGML_TYPE_Q5_0, TDM_GGML_TYPE_F16, 64, 4, 2, TDM_KV_F16, 4},
+        {TDM_GGML_TYPE_Q8_0, TDM_GGML_TYPE_Q8_0, 384, 6, 2, TDM_KV_Q8, 0},
+        {TDM_GGML_TYPE_F16, TDM_GGML_TYPE_F16, 108, 3, 1, TDM_KV_Q8, 0},
+        {TDM_GGML_TYPE_Q4_K, TDM_GGML_TYPE_Q6_K, 512, 2, 2, TDM_KV_Q8, 0},
     };
     static const char *const families[] = {"avx2", "vnni", "avx512", "amx"};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -473,6 +477,94 @@ static void test_families_bitwise(void **state)
         free(ref);
         unlink(f.path);
     }
+}
+
+/* Logits of a 400-token prompt (rows past 256 keys reduce them in spans) on f's engine rebuilt
+ * with 2 threads and TANDEM_CPU_KERNELS=family: [0][N][n_vocab] prefilled in 64-token chunks
+ * (query runs that fold their spans), [1][N][n_vocab] fed one token a pass (each pass split
+ * into span items); fails when the latter differs beside a second prompt in the same passes.
+ * The engine's backend name goes to name; caller frees. */
+static float *family_depth_logits(tdm_test_engine_t *f, const char *family, char *name,
+                                  size_t name_len)
+{
+    enum { N = 400, CTX = 1024 };
+    static int32_t a[N], b[N];
+    tdm_test_random_tokens(a, N, f->n_vocab, 61);
+    tdm_test_random_tokens(b, N, f->n_vocab, 62);
+    setenv("TANDEM_CPU_KERNELS", family, 1);
+    engine_with_threads(f, 2, CTX);
+    unsetenv("TANDEM_CPU_KERNELS");
+    snprintf(name, name_len, "%s", tdm_engine_backend_name(f->engine));
+    size_t n = (size_t)N * f->n_vocab;
+    float *out = malloc(2 * n * sizeof *out);
+    assert_non_null(out);
+    const uint32_t c1[2] = {1, 1}, c64 = 64;
+    tdm_test_seq_t s[2];
+    tdm_test_seq_start(f, &s[0], a, N);
+    tdm_test_run_together(f, s, 1, &c64);
+    memcpy(out, s[0].logits, n * sizeof *out);
+    tdm_test_seq_end(f, &s[0]);
+    tdm_test_seq_start(f, &s[0], a, N);
+    tdm_test_run_together(f, s, 1, c1);
+    memcpy(out + n, s[0].logits, n * sizeof *out);
+    tdm_test_seq_end(f, &s[0]);
+    tdm_test_seq_start(f, &s[0], a, N);
+    tdm_test_seq_start(f, &s[1], b, N);
+    tdm_test_run_together(f, s, 2, c1);
+    if (memcmp(s[0].logits, out + n, n * sizeof *out) != 0)
+        fail_msg("%s: a row decoded beside another differs from it alone", name);
+    tdm_test_seq_end(f, &s[0]);
+    tdm_test_seq_end(f, &s[1]);
+    return out;
+}
+
+/* Attention over a q8 cache at depth: every family gives the scalar set's logits bit for bit
+ * (the scalar set dequantizes row by row for each query head, the others run the grouped q8
+ * tiles), for a prefill in query runs and for decode passes split into span items, and each
+ * family decodes a row beside another as it does alone (batch invariance); head_dim 64 in
+ * GQA groups of 3, as SmolLM2's. */
+static void test_families_q8_depth(void **state)
+{
+    (void)state;
+    tdm_test_engine_t f;
+    tdm_tiny_llama_spec_t spec = {.n_embd = 384,
+                                  .n_layers = 2,
+                                  .n_heads = 6,
+                                  .n_kv_heads = 2,
+                                  .n_vocab = 512,
+                                  .weight_type = TDM_GGML_TYPE_Q8_0,
+                                  .embd_type = TDM_GGML_TYPE_Q8_0,
+                                  .n_ctx = 1024,
+                                  .seed = 77,
+                                  .weight_std = 0.05f};
+    tdm_test_engine_write_tiny(&f, &spec);
+    tdm_test_engine_open(&f, f.path, TDM_KV_Q8, 1024);
+    const char *pm = getenv("TANDEM_CPU_PAR_MIN"); /* every op parallel: the split path */
+    char *saved = pm ? strdup(pm) : NULL;
+    setenv("TANDEM_CPU_PAR_MIN", "1", 1);
+    char ref_name[64], name[64], last[64];
+    float *ref = family_depth_logits(&f, "scalar", ref_name, sizeof ref_name);
+    assert_string_equal(ref_name, "cpu/scalar");
+    snprintf(last, sizeof last, "%s", ref_name);
+    static const char *const families[] = {"avx2", "vnni", "avx512", "amx"};
+    for (size_t k = 0; k < sizeof families / sizeof families[0]; k++) {
+        float *got = family_depth_logits(&f, families[k], name, sizeof name);
+        if (strcmp(name, last) != 0) {
+            printf("q8 at depth: %s gives %s's logits bit for bit\n", name, ref_name);
+            if (memcmp(got, ref, (size_t)2 * 400 * f.n_vocab * sizeof *got) != 0)
+                fail_msg("q8 at depth: %s logits differ from the scalar reference", name);
+            snprintf(last, sizeof last, "%s", name);
+        }
+        free(got);
+    }
+    free(ref);
+    tdm_test_engine_close(&f);
+    unlink(f.path);
+    if (saved)
+        setenv("TANDEM_CPU_PAR_MIN", saved, 1);
+    else
+        unsetenv("TANDEM_CPU_PAR_MIN");
+    free(saved);
 }
 
 /* Logits of a 9-token prompt on f's engine; caller frees. */
@@ -818,6 +910,7 @@ int main(void)
         cmocka_unit_test(test_depth_split_threads),
         cmocka_unit_test(test_scores_scratch_bounded),
         cmocka_unit_test(test_families_bitwise),
+        cmocka_unit_test(test_families_q8_depth),
         cmocka_unit_test(test_release_repacked_weights),
         cmocka_unit_test(test_kv_q8_close_to_f32),
         cmocka_unit_test(test_prefix_cache_reuse),

@@ -167,56 +167,83 @@ static void attn_head(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t 
 /* Records longer than this are long streams the hardware prefetcher follows by itself */
 #define ATTN_PREFETCH_MAX_BYTES 8192
 
-/* Prefetches the f16 rows of the K (kv 0) or V (kv 1) record of KV head g in the block
+/* Prefetches the f16 or q8 rows of the K (kv 0) or V (kv 1) record of KV head g in the block
  * ATTN_PREFETCH_BLOCKS blocks after the one holding position j0, those before position hi
- * (n rows: n * head_dim * 2 bytes). Reads nothing, so the results' bits do not depend on it. */
+ * (n rows: n * head_dim * 2 bytes, or q8's scale and n * head_dim bytes). Reads nothing, so the
+ * results' bits do not depend on it. */
 static void kv_prefetch_ahead(const cpu_be_t *be, const tdm_batch_seq_t *sq, uint32_t j0,
                               uint32_t hi, uint32_t layer, uint32_t kv, uint32_t g)
 {
     uint32_t bs = be->kl.block_size;
-    if (ATTN_PREFETCH_BLOCKS == 0 || (size_t)bs * be->kl.head_dim * 2 > ATTN_PREFETCH_MAX_BYTES)
+    bool q8 = be->kl.dtype == TDM_KV_Q8;
+    size_t row = (size_t)be->kl.head_dim * (q8 ? 1 : 2), head = q8 ? sizeof(float) : 0;
+    if (ATTN_PREFETCH_BLOCKS == 0 || bs * row > ATTN_PREFETCH_MAX_BYTES)
         return;
     uint32_t pb = (j0 / bs + ATTN_PREFETCH_BLOCKS) * bs; /* that block's first position */
     if (pb >= hi)
         return;
     const uint8_t *p = kv_record(be, sq, pb, layer, kv, g);
-    size_t bytes = (size_t)(hi - pb < bs ? hi - pb : bs) * be->kl.head_dim * 2;
+    size_t bytes = head + (size_t)(hi - pb < bs ? hi - pb : bs) * row;
     for (size_t off = 0; off < bytes; off += 64)
         __builtin_prefetch(p + off, 0, 3);
 }
 
+/* The K (kv 0) or V (kv 1) rows of KV head g from position j's slot to its block's end, f16
+ * or int8 (*scale: a q8 record's scale, 1 for f16) */
+static const void *kv_rows(const cpu_be_t *be, const tdm_batch_seq_t *sq, uint32_t j,
+                           uint32_t layer, uint32_t kv, uint32_t g, float *scale)
+{
+    const uint8_t *rec = kv_record(be, sq, j, layer, kv, g);
+    size_t off = (size_t)(j % be->kl.block_size) * be->kl.head_dim;
+    *scale = 1.0f;
+    if (be->kl.dtype != TDM_KV_Q8)
+        return (const uint16_t *)rec + off;
+    memcpy(scale, rec, sizeof *scale);
+    return (const int8_t *)(rec + sizeof(float)) + off;
+}
+
 /* o_h += p_h[j - lo] * V_j of KV head g for the keys j = j0 .. j1 - 1 in order, a block's rows
  * at a time, for nh heads (o: [nh][head_dim], p: nh rows ld apart whose index 0 is key lo).
- * pv_f16 is bit for bit one axpy_f16 per key, so any split of a key range into consecutive
- * calls gives the same bits. */
+ * pv_f16 (pv_q8) is bit for bit one axpy_f16 (dequantization and axpy_f32) per key, so any
+ * split of a key range into consecutive calls gives the same bits. */
 static void attn_pv_keys(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
                          float *o, uint32_t nh, const float *p, size_t ld, uint32_t lo, uint32_t j0,
                          uint32_t j1)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
+    bool q8 = be->kl.dtype == TDM_KV_Q8;
     while (j0 < j1) {
         uint32_t slot = j0 % bs, nv = j1 - j0 < bs - slot ? j1 - j0 : bs - slot;
-        const uint16_t *v = (const uint16_t *)kv_record(be, sq, j0, layer, 1, g) + slot * D;
+        float scale;
+        const void *v = kv_rows(be, sq, j0, layer, 1, g, &scale);
         kv_prefetch_ahead(be, sq, j0, j1, layer, 1, g);
-        be->isa->pv_f16(o, nh, p + (j0 - lo), ld, v, nv, D);
+        if (q8)
+            be->isa->pv_q8(o, nh, p + (j0 - lo), ld, v, scale, nv, D);
+        else
+            be->isa->pv_f16(o, nh, p + (j0 - lo), ld, v, nv, D);
         j0 += nv;
     }
 }
 
-/* Scores of nq query heads (q: [nq][head_dim], rounded to f16) against keys lo .. hi - 1 of KV
- * head g of an f16 cache, a block's rows at a time: sc[k * ld + j - lo] = q_k . K_j (unscaled;
- * each bit for bit dot_f32_f16, whatever the range). */
-static void run_scores_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq,
-                           uint32_t g, const float *q, uint32_t nq, uint32_t lo, uint32_t hi,
-                           float *sc, size_t ld)
+/* Scores of nq query heads (q: [nq][head_dim], rounded to f16 for an f16 cache) against keys
+ * lo .. hi - 1 of KV head g of an f16 or q8 cache, a block's rows at a time:
+ * sc[k * ld + j - lo] = q_k . K_j (unscaled; each bit for bit dot_f32_f16, or dot_f32 of the
+ * dequantized row, whatever the range). */
+static void run_scores(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
+                       const float *q, uint32_t nq, uint32_t lo, uint32_t hi, float *sc, size_t ld)
 {
     uint32_t D = be->kl.head_dim, bs = be->kl.block_size;
+    bool q8 = be->kl.dtype == TDM_KV_Q8;
     TDM_ASSERT(hi - lo <= ld); /* sc's rows are ld wide (cpu_be_t.sc_ld) */
     for (uint32_t j0 = lo; j0 < hi;) {
         uint32_t slot = j0 % bs, nk = hi - j0 < bs - slot ? hi - j0 : bs - slot;
-        const uint16_t *k = (const uint16_t *)kv_record(be, sq, j0, layer, 0, g) + slot * D;
+        float scale;
+        const void *k = kv_rows(be, sq, j0, layer, 0, g, &scale);
         kv_prefetch_ahead(be, sq, j0, hi, layer, 0, g);
-        be->isa->scores_f16(q, nq, k, nk, D, sc + (j0 - lo), ld);
+        if (q8)
+            be->isa->scores_q8(q, nq, k, scale, nk, D, sc + (j0 - lo), ld);
+        else
+            be->isa->scores_f16(q, nq, k, nk, D, sc + (j0 - lo), ld);
         j0 += nk;
     }
 }
@@ -234,9 +261,9 @@ static void run_row_keys(const uint32_t *first, uint32_t p0, uint32_t i, uint32_
  * m rows of a run and nh heads each (o: [m * nh][head_dim], sc: [m * nh][ld] probabilities
  * whose index 0 is key lo), each row's keys in order: its own leading window keys, then the
  * keys every row sees (one pass for all m * nh heads), then its own causal tail. */
-static void run_pv_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
-                       float *o, uint32_t nh, uint32_t m, uint32_t p0, const uint32_t *first,
-                       const float *sc, size_t ld, uint32_t lo, uint32_t a, uint32_t b)
+static void run_pv(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
+                   float *o, uint32_t nh, uint32_t m, uint32_t p0, const uint32_t *first,
+                   const float *sc, size_t ld, uint32_t lo, uint32_t a, uint32_t b)
 {
     uint32_t D = be->kl.head_dim;
     uint32_t cl = first[m - 1] > a ? first[m - 1] : a; /* the keys every row sees: cl .. ch - 1 */
@@ -259,33 +286,37 @@ static void run_pv_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t
 }
 
 /* A run of m <= TDM_ATTN_QTILE consecutive query rows of one sequence (positions p0 ..
- * p0 + m - 1), each with at most TDM_ATTN_SPAN keys, against KV head g over an f16 cache with
- * the grouped kernels (scores_f16, pv_f16): the run's m * nh query heads share each K and V
- * block read and each f16 -> f32 conversion of it (a prefill reads the cache m times less). Per
- * head the arithmetic is the single-row path's: each score is the same dot product (a row's
- * scores past its own position or before its window are computed and never read), each
- * softmax runs over the row's own keys first .. p0 + i, and the V rows are accumulated in key
- * order (run_pv_f16), so every row's output is bit for bit what it is alone.
- * q: [m * nh][head_dim] queries (rounded to f16), sc: [m * nh][ld] scores (ld >= p0 + m),
- * o: [m * nh][head_dim] outputs. */
-static void attn_run_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
-                         const float *q, uint32_t nh, uint32_t m, uint32_t p0, float *sc, size_t ld,
-                         float *o)
+ * p0 + m - 1), each with at most TDM_ATTN_SPAN keys, against KV head g over an f16 or q8 cache
+ * with the grouped kernels (scores_f16 / pv_f16, scores_q8 / pv_q8): the run's m * nh query heads
+ * share each K and V block read and each conversion of it to f32 (a prefill reads the cache m
+ * times less). Per head the arithmetic is the single-row path's (attn_head): each score is the
+ * same dot product (a row's scores past its own position or before its window are computed and
+ * never read), each softmax runs over the row's own keys first .. p0 + i (q8: the
+ * probabilities e_j * (1 / sum), as attn_head multiplies them), and the V rows are accumulated
+ * in key order (run_pv), so every row's output is bit for bit what it is alone.
+ * q: [m * nh][head_dim] queries (rounded to f16 for an f16 cache), sc: [m * nh][ld] scores
+ * (ld >= p0 + m), o: [m * nh][head_dim] outputs. */
+static void attn_run(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq_t *sq, uint32_t g,
+                     const float *q, uint32_t nh, uint32_t m, uint32_t p0, float *sc, size_t ld,
+                     float *o)
 {
     uint32_t D = be->kl.head_dim, nq = m * nh;
+    bool f16 = be->kl.dtype == TDM_KV_F16;
     uint32_t first[TDM_ATTN_QTILE] = {0};
     for (uint32_t i = 0; i < m; i++)
         first[i] = tdm_llama_layer_first_key(be->hp, layer, p0 + i);
     uint32_t lo = first[0], hi = p0 + m; /* the keys any row of the run sees */
-    run_scores_f16(be, layer, sq, g, q, nq, lo, hi, sc, ld);
+    run_scores(be, layer, sq, g, q, nq, lo, hi, sc, ld);
     for (uint32_t i = 0; i < m; i++)
         for (uint32_t h = 0; h < nh; h++) {
             float *sh = sc + (size_t)(i * nh + h) * ld + (first[i] - lo);
             uint32_t n = p0 + i + 1 - first[i];
-            attn_softmax(be, sh, n, be->isa->scale_max(sh, n, be->kq_scale), true);
+            float inv = attn_softmax(be, sh, n, be->isa->scale_max(sh, n, be->kq_scale), f16);
+            if (!f16)
+                be->isa->scale_max(sh, n, inv); /* p_j = e_j * inv, one rounding */
         }
     memset(o, 0, (size_t)nq * D * sizeof(float));
-    run_pv_f16(be, layer, sq, g, o, nh, m, p0, first, sc, ld, lo, lo, hi);
+    run_pv(be, layer, sq, g, o, nh, m, p0, first, sc, ld, lo, lo, hi);
 }
 
 /* ---- long rows: spans (flash-decoding) ----
@@ -301,7 +332,7 @@ static void attn_run_f16(const cpu_be_t *be, uint32_t layer, const tdm_batch_seq
  * and keys, not on which thread ran a span or on the other rows of the pass: a decode pass
  * runs a long row's spans as separate work items on any number of threads, a prefill run folds
  * them as it goes, and both give the same bits. Rows with at most TDM_ATTN_SPAN keys keep the
- * two-pass softmax over all their keys (attn_run_f16, attn_head). */
+ * two-pass softmax over all their keys (attn_run, attn_head). */
 
 /* Folds span partial (m, l, oc) into the running (*mx, *l_run, o) ([head_dim] vectors);
  * first: oc is the row's first span. exp via tdm_cpu_expf; every step is a single operation
@@ -333,11 +364,12 @@ static void span_finish(float *o, double l, uint32_t D)
 
 /* The span a .. b - 1's softmax partials of a run's rows (grouped path): for row i, head h
  * (k = i * nh + h) over the keys it sees there, scores scaled in place, replaced by their
- * exponentials rounded to f16; pm[k] their maximum, pl[k] their sum (untouched for a row that
- * sees none of the span's keys). sc: [m * nh][ld], index 0 = key lo. */
-static void span_softmax_f16(const cpu_be_t *be, uint32_t nh, uint32_t m, uint32_t p0,
-                             const uint32_t *first, float *sc, size_t ld, uint32_t lo, uint32_t a,
-                             uint32_t b, double *pm, double *pl)
+ * exponentials (rounded to f16 for an f16 cache, as head_span does); pm[k] their maximum, pl[k]
+ * their sum (untouched for a row that sees none of the span's keys). sc: [m * nh][ld], index
+ * 0 = key lo. */
+static void span_softmax(const cpu_be_t *be, uint32_t nh, uint32_t m, uint32_t p0,
+                         const uint32_t *first, float *sc, size_t ld, uint32_t lo, uint32_t a,
+                         uint32_t b, double *pm, double *pl)
 {
     for (uint32_t i = 0; i < m; i++) {
         uint32_t r0, r1;
@@ -350,7 +382,8 @@ static void span_softmax_f16(const cpu_be_t *be, uint32_t nh, uint32_t m, uint32
             float mx = be->isa->scale_max(sh, n, be->kq_scale);
             pl[k] = be->isa->exp_sum(sh, n, mx);
             pm[k] = mx;
-            be->isa->round_f16(sh, sh, 1.0f, n);
+            if (be->kl.dtype == TDM_KV_F16)
+                be->isa->round_f16(sh, sh, 1.0f, n);
         }
     }
 }
@@ -362,7 +395,7 @@ static uint32_t span_end(uint32_t a, uint32_t hi)
     return b < hi ? b : hi;
 }
 
-/* attn_run_f16 for rows with more than TDM_ATTN_SPAN keys each: span by span the scores of the
+/* attn_run for rows with more than TDM_ATTN_SPAN keys each: span by span the scores of the
  * span's keys (each score's bits do not depend on the range it is computed in, so sc holds one
  * span, ld >= TDM_ATTN_SPAN, not the whole context), the partial softmax, P.V (one read of each
  * V block for the run's m * nh heads) and the fold. os: [m * nh][head_dim] scratch, ml:
@@ -379,10 +412,10 @@ static void attn_run_span(const cpu_be_t *be, uint32_t layer, const tdm_batch_se
     double *pm = ml, *pl = ml + nq, *lrun = ml + 2 * nq, *mrun = ml + 3 * nq; /* each [nq] */
     for (uint32_t a = lo; a < hi;) {
         uint32_t b = span_end(a, hi);
-        run_scores_f16(be, layer, sq, g, q, nq, a, b, sc, ld); /* index 0 = key a */
-        span_softmax_f16(be, nh, m, p0, first, sc, ld, a, a, b, pm, pl);
+        run_scores(be, layer, sq, g, q, nq, a, b, sc, ld); /* index 0 = key a */
+        span_softmax(be, nh, m, p0, first, sc, ld, a, a, b, pm, pl);
         memset(os, 0, (size_t)nq * D * sizeof(float));
-        run_pv_f16(be, layer, sq, g, os, nh, m, p0, first, sc, ld, a, a, b);
+        run_pv(be, layer, sq, g, os, nh, m, p0, first, sc, ld, a, a, b);
         for (uint32_t i = 0; i < m; i++) {
             uint32_t r0, r1;
             run_row_keys(first, p0, i, a, b, &r0, &r1);
@@ -446,6 +479,17 @@ static void attn_head_long(const cpu_be_t *be, uint32_t layer, const tdm_batch_s
     span_finish(o, l, D);
 }
 
+/* The nh query heads of a KV group (q: [nh][head_dim]) as the grouped kernels take them into
+ * dst: rounded to f16 for an f16 cache (llama.cpp's f16 KQ mat-mul), else copied */
+static void attn_query(const cpu_be_t *be, float *dst, const float *q, uint32_t nh)
+{
+    size_t n = (size_t)nh * be->kl.head_dim;
+    if (be->kl.dtype == TDM_KV_F16)
+        be->isa->round_f16(dst, q, 1.0f, n);
+    else
+        memcpy(dst, q, n * sizeof *dst);
+}
+
 /* Whether the row at pos has more than TDM_ATTN_SPAN keys in this layer */
 static bool attn_row_long(const cpu_be_t *be, uint32_t layer, uint32_t pos)
 {
@@ -453,8 +497,9 @@ static bool attn_row_long(const cpu_be_t *be, uint32_t layer, uint32_t pos)
 }
 
 /* Rows t .. t + m - 1 of the pass against KV head g (m > 1 only for consecutive positions of
- * one sequence on the grouped path): the short rows as a run (attn_run_f16), the long ones as a
- * run of spans (attn_run_span), or on the other caches head by head. Scratch: thread tid's. */
+ * one sequence on the grouped path): the short rows as a run (attn_run), the long ones as a
+ * run of spans (attn_run_span), or without the grouped kernels (an f32 cache, the scalar set's
+ * q8) head by head. Scratch: thread tid's. */
 static void attn_rows(const cpu_be_t *be, uint32_t layer, const float *q,
                       const tdm_fwd_rows_t *rows, uint32_t t, uint32_t m, uint32_t g, int tid,
                       bool grouped, float *out)
@@ -473,14 +518,13 @@ static void attn_rows(const cpu_be_t *be, uint32_t layer, const float *q,
             while (i0 + n < m && attn_row_long(be, layer, rows->pos[t + i0 + n]) == lng)
                 n++;
             for (uint32_t i = 0; i < n; i++)
-                be->isa->round_f16(qr + (size_t)i * group * D,
-                                   q + ((size_t)(t + i0 + i) * H + (size_t)g * group) * D, 1.0f,
-                                   (size_t)group * D);
+                attn_query(be, qr + (size_t)i * group * D,
+                           q + ((size_t)(t + i0 + i) * H + (size_t)g * group) * D, group);
             if (lng)
                 attn_run_span(be, layer, sq, g, qr, group, n, rows->pos[t + i0], sc, be->sc_ld, ob,
                               os, be->run_ml + (size_t)tid * 4 * TDM_ATTN_QTILE * group);
             else
-                attn_run_f16(be, layer, sq, g, qr, group, n, rows->pos[t + i0], sc, be->sc_ld, ob);
+                attn_run(be, layer, sq, g, qr, group, n, rows->pos[t + i0], sc, be->sc_ld, ob);
             for (uint32_t i = 0; i < n; i++)
                 memcpy(out + ((size_t)(t + i0 + i) * H + (size_t)g * group) * D,
                        ob + (size_t)i * group * D, (size_t)group * D * sizeof(float));
@@ -529,11 +573,10 @@ static void attn_split_span(const cpu_be_t *be, uint32_t layer, const float *q,
         qg = qr;
     }
     if (grouped) {
-        run_scores_f16(be, layer, sq, g, qg, group, a, b, sc, be->sc_ld);
-        span_softmax_f16(be, group, 1, rows->pos[t], &first, sc, be->sc_ld, a, a, b, ml,
-                         ml + group);
+        run_scores(be, layer, sq, g, qg, group, a, b, sc, be->sc_ld);
+        span_softmax(be, group, 1, rows->pos[t], &first, sc, be->sc_ld, a, a, b, ml, ml + group);
         memset(os, 0, (size_t)group * D * sizeof(float));
-        run_pv_f16(be, layer, sq, g, os, group, 1, rows->pos[t], &first, sc, be->sc_ld, a, a, b);
+        run_pv(be, layer, sq, g, os, group, 1, rows->pos[t], &first, sc, be->sc_ld, a, a, b);
         for (uint32_t h = 0; h < group; h++) {
             pml[2 * h] = ml[h];
             pml[2 * h + 1] = ml[group + h];
@@ -607,9 +650,10 @@ static void attn_split(cpu_be_t *be, uint32_t layer, const float *q, const tdm_f
  * max subtracted, then the weighted sum of V rows in order; a row with more than
  * TDM_ATTN_SPAN keys in spans folded in order (above). Work items are (tile of
  * TDM_ATTN_QTILE rows, or one row when no two rows are consecutive positions, KV head): the heads
- * of a group run together, and with an f16 cache through the grouped kernels, consecutive positions
- * of one sequence within the tile as one run (attn_run_f16), which gives each row the bits it has
- * alone (batch invariance). A decode pass of up to split_rows rows with a long one makes each
+ * of a group run together, and with an f16 or q8 cache through the grouped kernels (the scalar
+ * set has none for q8: its reference path gives the same bits), consecutive positions of one
+ * sequence within the tile as one run (attn_run), which gives each row the bits it has alone
+ * (batch invariance). A decode pass of up to split_rows rows with a long one makes each
  * of its spans an item (attn_split), the same bits on any number of threads. With an f16 cache
  * the query and the probabilities are rounded to f16 too, as llama.cpp's f16 mat-muls of KQ and
  * KQV do, so the two engines round alike. */
@@ -619,8 +663,9 @@ int tdm_cpu_attention(void *vbe, uint32_t layer, const float *q, const tdm_fwd_r
     cpu_be_t *be = vbe;
     const tdm_llama_hparams_t *hp = be->hp;
     uint32_t KVH = hp->n_kv_heads, D = hp->head_dim;
-    bool f16 = be->kl.dtype == TDM_KV_F16;
-    bool grouped = f16 && be->isa->scores_f16 && be->isa->pv_f16;
+    bool f16 = be->kl.dtype == TDM_KV_F16, q8 = be->kl.dtype == TDM_KV_Q8;
+    bool grouped = (f16 && be->isa->scores_f16 && be->isa->pv_f16) ||
+                   (q8 && be->isa->scores_q8 && be->isa->pv_q8);
     /* rows in tiles of TDM_ATTN_QTILE when some are consecutive positions of one sequence (a
      * prefill chunk), else one row an item (a decode batch keeps its finer items) */
     uint32_t qtile = 1;

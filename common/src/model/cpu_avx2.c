@@ -129,11 +129,64 @@ TDM_AVX2 static void axpy_f32_avx2(float *out, float p, const float *v, size_t n
         out[i] = fmaf(p, v[i], out[i]);
 }
 
+/* q . k with k a q8 cache row, each value dequantized as (float)k * scale, in dot_f32's order */
+TDM_AVX2 static float dot_q8_avx2(const float *q, const int8_t *k, float scale, size_t n)
+{
+    __m256 acc = _mm256_setzero_ps(), vs = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i k32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(k + i)));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_mul_ps(_mm256_cvtepi32_ps(k32), vs),
+                              acc);
+    }
+    float s = hsum_ps(acc);
+    for (; i < n; i++)
+        s = fmaf(q[i], (float)k[i] * scale, s);
+    return s;
+}
+
+/* out += p * v (v a q8 cache row dequantized as (float)v * scale), axpy_f32's bits */
+TDM_AVX2 static void axpy_q8_avx2(float *out, float p, const int8_t *v, float scale, size_t n)
+{
+    __m256 vp = _mm256_set1_ps(p), vs = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i v32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(v + i)));
+        __m256 vf = _mm256_mul_ps(_mm256_cvtepi32_ps(v32), vs);
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(vp, vf, _mm256_loadu_ps(out + i)));
+    }
+    for (; i < n; i++)
+        out[i] = fmaf(p, (float)v[i] * scale, out[i]);
+}
+
+/* The grouped tiles below read K / V rows of either cache: f16 (q8 false) or int8 with the
+ * record's scale (q8 true). Every caller passes q8 as a constant, so each tile compiles to one
+ * kernel per row type. */
+
+/* Row element idx of a K or V block: its address */
+TDM_AVX2 static inline __attribute__((always_inline)) const void *row_at(const void *r, size_t idx,
+                                                                         const bool q8)
+{
+    return (const char *)r + idx * (q8 ? 1 : 2);
+}
+
+/* 8 values of a K or V row as f32: f16 converted (exact), or int8 dequantized as the reference
+ * does, (float)q * scale (vs: the scale in every lane) */
+TDM_AVX2 static inline __attribute__((always_inline)) __m256 row8_avx2(const void *r, const bool q8,
+                                                                       __m256 vs)
+{
+    if (q8)
+        return _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)r))), vs);
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r));
+}
+
 /* Scores of nh (1..4) query heads against np (1..2) K rows, d a multiple of 8: one fma chain
- * per pair over the 8-value chunks in order, then hsum_ps, exactly as dot_f32_f16_avx2. */
+ * per pair over the 8-value chunks in order, then hsum_ps, exactly as dot_f32_f16_avx2
+ * (dot_q8_avx2). */
 TDM_AVX2 static inline __attribute__((always_inline)) void
-scores_tile_avx2(const float *q, const int nh, const uint16_t *k, const int np, size_t d, float *sc,
-                 size_t ldsc)
+scores_tile_avx2(const float *q, const int nh, const void *k, const bool q8, __m256 vs,
+                 const int np, size_t d, float *sc, size_t ldsc)
 {
     __m256 acc[4][2];
 #pragma GCC unroll 4
@@ -145,7 +198,7 @@ scores_tile_avx2(const float *q, const int nh, const uint16_t *k, const int np, 
         __m256 kv[2];
 #pragma GCC unroll 2
         for (int j = 0; j < np; j++)
-            kv[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)j * d + i)));
+            kv[j] = row8_avx2(row_at(k, (size_t)j * d + i, q8), q8, vs);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m256 qv = _mm256_loadu_ps(q + (size_t)h * d + i);
@@ -183,10 +236,11 @@ TDM_AVX2 static inline __m128 fold4_avx2(const __m256 *a)
 }
 
 /* Scores of nh (1..3) query heads against 4 K rows, d a multiple of 8: per pair the fma chain
- * over the 8-value chunks in order that dot_f32_f16_avx2 forms (q read from memory into each
- * fma: 12 accumulators and one K chunk in the 16 registers), then fold4_avx2. */
+ * over the 8-value chunks in order that dot_f32_f16_avx2 (dot_q8_avx2) forms (q read from
+ * memory into each fma: 12 accumulators and one K chunk in the 16 registers), then fold4_avx2. */
 TDM_AVX2 static inline __attribute__((always_inline)) void
-scores_tile4_avx2(const float *q, const int nh, const uint16_t *k, size_t d, float *sc, size_t ldsc)
+scores_tile4_avx2(const float *q, const int nh, const void *k, const bool q8, __m256 vs, size_t d,
+                  float *sc, size_t ldsc)
 {
     __m256 acc[3][4];
 #pragma GCC unroll 3
@@ -197,7 +251,7 @@ scores_tile4_avx2(const float *q, const int nh, const uint16_t *k, size_t d, flo
     for (size_t i = 0; i < d; i += 8) {
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
-            __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + (size_t)j * d + i)));
+            __m256 kv = row8_avx2(row_at(k, (size_t)j * d + i, q8), q8, vs);
 #pragma GCC unroll 3
             for (int h = 0; h < nh; h++)
                 acc[h][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + (size_t)h * d + i), kv, acc[h][j]);
@@ -210,13 +264,44 @@ scores_tile4_avx2(const float *q, const int nh, const uint16_t *k, size_t d, flo
 
 #define SCORES_TILE(NP)                                                                            \
     switch (th) {                                                                                  \
-    case 1: scores_tile_avx2(qh, 1, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
-    case 2: scores_tile_avx2(qh, 2, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                \
-    default: scores_tile_avx2(qh, 3, k + (size_t)j * d, NP, d, sh + j, ldsc); break;               \
+    case 1: scores_tile_avx2(qh, 1, kj, q8, vs, NP, d, sh + j, ldsc); break;                       \
+    case 2: scores_tile_avx2(qh, 2, kj, q8, vs, NP, d, sh + j, ldsc); break;                       \
+    default: scores_tile_avx2(qh, 3, kj, q8, vs, NP, d, sh + j, ldsc); break;                      \
     }
 
-/* tdm_cpu_isa_t.scores_f16: heads in tiles of 3, K rows 4 at a time (keys across the lanes in
- * the final fold), then a pair, then an odd last row */
+/* scores_f16 / scores_q8 (cpu_kernels.h) for d a multiple of 8: heads in tiles of 3, K rows 4
+ * at a time (keys across the lanes in the final fold), then a pair, then an odd last row */
+TDM_AVX2 static inline __attribute__((always_inline)) void
+scores_rows_avx2(const float *q, uint32_t nh, const void *k, const bool q8, float scale,
+                 uint32_t nk, size_t d, float *sc, size_t ldsc)
+{
+    __m256 vs = _mm256_set1_ps(scale);
+    for (uint32_t h0 = 0; h0 < nh; h0 += 3) {
+        uint32_t th = nh - h0 < 3 ? nh - h0 : 3, j = 0;
+        const float *qh = q + (size_t)h0 * d;
+        float *sh = sc + (size_t)h0 * ldsc;
+        for (; j + 4 <= nk; j += 4) {
+            const void *kj = row_at(k, (size_t)j * d, q8);
+            switch (th) {
+            case 1: scores_tile4_avx2(qh, 1, kj, q8, vs, d, sh + j, ldsc); break;
+            case 2: scores_tile4_avx2(qh, 2, kj, q8, vs, d, sh + j, ldsc); break;
+            default: scores_tile4_avx2(qh, 3, kj, q8, vs, d, sh + j, ldsc); break;
+            }
+        }
+        if (j + 2 <= nk) {
+            const void *kj = row_at(k, (size_t)j * d, q8);
+            SCORES_TILE(2)
+            j += 2;
+        }
+        if (j < nk) {
+            const void *kj = row_at(k, (size_t)j * d, q8);
+            SCORES_TILE(1)
+        }
+    }
+}
+#undef SCORES_TILE
+
+/* tdm_cpu_isa_t.scores_f16 */
 TDM_AVX2 static void scores_f16_avx2(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk,
                                      size_t d, float *sc, size_t ldsc)
 {
@@ -227,32 +312,28 @@ TDM_AVX2 static void scores_f16_avx2(const float *q, uint32_t nh, const uint16_t
                     dot_f32_f16_avx2(q + (size_t)h * d, k + (size_t)j * d, d);
         return;
     }
-    for (uint32_t h0 = 0; h0 < nh; h0 += 3) {
-        uint32_t th = nh - h0 < 3 ? nh - h0 : 3, j = 0;
-        const float *qh = q + (size_t)h0 * d;
-        float *sh = sc + (size_t)h0 * ldsc;
-        for (; j + 4 <= nk; j += 4) {
-            switch (th) {
-            case 1: scores_tile4_avx2(qh, 1, k + (size_t)j * d, d, sh + j, ldsc); break;
-            case 2: scores_tile4_avx2(qh, 2, k + (size_t)j * d, d, sh + j, ldsc); break;
-            default: scores_tile4_avx2(qh, 3, k + (size_t)j * d, d, sh + j, ldsc); break;
-            }
-        }
-        if (j + 2 <= nk) {
-            SCORES_TILE(2)
-            j += 2;
-        }
-        if (j < nk)
-            SCORES_TILE(1)
-    }
+    scores_rows_avx2(q, nh, k, false, 1.0f, nk, d, sc, ldsc);
 }
-#undef SCORES_TILE
+
+/* tdm_cpu_isa_t.scores_q8 */
+TDM_AVX2 static void scores_q8_avx2(const float *q, uint32_t nh, const int8_t *k, float scale,
+                                    uint32_t nk, size_t d, float *sc, size_t ldsc)
+{
+    if (d % 8) {
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t j = 0; j < nk; j++)
+                sc[(size_t)h * ldsc + j] =
+                    dot_q8_avx2(q + (size_t)h * d, k + (size_t)j * d, scale, d);
+        return;
+    }
+    scores_rows_avx2(q, nh, k, true, scale, nk, d, sc, ldsc);
+}
 
 /* Columns c .. c + 8 nc - 1 (nc 1..2) of nh (1..4) heads' outputs: acc = fma(p, v, acc) over
- * the V rows in order, exactly as axpy_f16_avx2 called row after row. */
+ * the V rows in order, exactly as axpy_f16_avx2 (axpy_q8_avx2) called row after row. */
 TDM_AVX2 static inline __attribute__((always_inline)) void
-pv_tile_avx2(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, uint32_t nv,
-             size_t d, const int nc)
+pv_tile_avx2(float *o, const int nh, const float *p, size_t ldp, const void *v, const bool q8,
+             __m256 vs, uint32_t nv, size_t d, const int nc)
 {
     __m256 acc[4][2];
 #pragma GCC unroll 4
@@ -264,7 +345,7 @@ pv_tile_avx2(float *o, const int nh, const float *p, size_t ldp, const uint16_t 
         __m256 vv[2];
 #pragma GCC unroll 2
         for (int c = 0; c < nc; c++)
-            vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + (size_t)j * d + 8 * c)));
+            vv[c] = row8_avx2(row_at(v, (size_t)j * d + 8 * c, q8), q8, vs);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m256 pb = _mm256_broadcast_ss(p + (size_t)h * ldp + j);
@@ -282,23 +363,19 @@ pv_tile_avx2(float *o, const int nh, const float *p, size_t ldp, const uint16_t 
 
 #define PV_TILE(NC)                                                                                \
     switch (th) {                                                                                  \
-    case 1: pv_tile_avx2(oh + c, 1, ph, ldp, v + c, nv, d, NC); break;                             \
-    case 2: pv_tile_avx2(oh + c, 2, ph, ldp, v + c, nv, d, NC); break;                             \
-    case 3: pv_tile_avx2(oh + c, 3, ph, ldp, v + c, nv, d, NC); break;                             \
-    default: pv_tile_avx2(oh + c, 4, ph, ldp, v + c, nv, d, NC); break;                            \
+    case 1: pv_tile_avx2(oh + c, 1, ph, ldp, row_at(v, c, q8), q8, vs, nv, d, NC); break;          \
+    case 2: pv_tile_avx2(oh + c, 2, ph, ldp, row_at(v, c, q8), q8, vs, nv, d, NC); break;          \
+    case 3: pv_tile_avx2(oh + c, 3, ph, ldp, row_at(v, c, q8), q8, vs, nv, d, NC); break;          \
+    default: pv_tile_avx2(oh + c, 4, ph, ldp, row_at(v, c, q8), q8, vs, nv, d, NC); break;         \
     }
 
-/* tdm_cpu_isa_t.pv_f16: heads in tiles of 4, 16 columns at a time held in registers over all
- * the rows */
-TDM_AVX2 static void pv_f16_avx2(float *o, uint32_t nh, const float *p, size_t ldp,
-                                 const uint16_t *v, uint32_t nv, size_t d)
+/* pv_f16 / pv_q8 (cpu_kernels.h) for d a multiple of 8: heads in tiles of 4, 16 columns at a
+ * time held in registers over all the rows */
+TDM_AVX2 static inline __attribute__((always_inline)) void
+pv_rows_avx2(float *o, uint32_t nh, const float *p, size_t ldp, const void *v, const bool q8,
+             float scale, uint32_t nv, size_t d)
 {
-    if (d % 8) {
-        for (uint32_t h = 0; h < nh; h++)
-            for (uint32_t j = 0; j < nv; j++)
-                axpy_f16_avx2(o + (size_t)h * d, p[(size_t)h * ldp + j], v + (size_t)j * d, d);
-        return;
-    }
+    __m256 vs = _mm256_set1_ps(scale);
     for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
         uint32_t th = nh - h0 < 4 ? nh - h0 : 4;
         float *oh = o + (size_t)h0 * d;
@@ -311,6 +388,33 @@ TDM_AVX2 static void pv_f16_avx2(float *o, uint32_t nh, const float *p, size_t l
     }
 }
 #undef PV_TILE
+
+/* tdm_cpu_isa_t.pv_f16 */
+TDM_AVX2 static void pv_f16_avx2(float *o, uint32_t nh, const float *p, size_t ldp,
+                                 const uint16_t *v, uint32_t nv, size_t d)
+{
+    if (d % 8) {
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t j = 0; j < nv; j++)
+                axpy_f16_avx2(o + (size_t)h * d, p[(size_t)h * ldp + j], v + (size_t)j * d, d);
+        return;
+    }
+    pv_rows_avx2(o, nh, p, ldp, v, false, 1.0f, nv, d);
+}
+
+/* tdm_cpu_isa_t.pv_q8 */
+TDM_AVX2 static void pv_q8_avx2(float *o, uint32_t nh, const float *p, size_t ldp, const int8_t *v,
+                                float scale, uint32_t nv, size_t d)
+{
+    if (d % 8) {
+        for (uint32_t h = 0; h < nh; h++)
+            for (uint32_t j = 0; j < nv; j++)
+                axpy_q8_avx2(o + (size_t)h * d, p[(size_t)h * ldp + j], v + (size_t)j * d, scale,
+                             d);
+        return;
+    }
+    pv_rows_avx2(o, nh, p, ldp, v, true, scale, nv, d);
+}
 
 TDM_AVX2 static void store_f16_avx2(uint16_t *dst, const float *src, size_t n)
 {
@@ -442,6 +546,8 @@ static const tdm_cpu_isa_t isa_avx2 = {
     .axpy_f32 = axpy_f32_avx2,
     .scores_f16 = scores_f16_avx2,
     .pv_f16 = pv_f16_avx2,
+    .scores_q8 = scores_q8_avx2,
+    .pv_q8 = pv_q8_avx2,
     .store_f16 = store_f16_avx2,
     .round_f16 = round_f16_avx2,
     .scale_max = scale_max_avx2,

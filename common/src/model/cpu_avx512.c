@@ -629,7 +629,8 @@ TDM_GEN_ZGEMM(zgemm_q6_k, 4)
 TDM_GEN_ZGEMM(zgemm_q5_k, 5)
 TDM_GEN_ZGEMM(zgemm_q2_k, 6)
 
-/* ---- grouped-query attention over f16 rows (cpu_kernels.h: scores_f16, pv_f16) ---- */
+/* ---- grouped-query attention over f16 and q8 rows (cpu_kernels.h: scores_f16, pv_f16,
+ * scores_q8, pv_q8) ---- */
 
 static const tdm_cpu_isa_t *zavx2; /* the 256-bit kernels, for shapes the tiles below skip */
 
@@ -639,13 +640,51 @@ TDM_AVX512 static inline __m512 zdup8_ps(const float *p)
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
 }
 
+/* The tiles below read K / V rows of either cache: f16 (q8 false) or int8 with the record's
+ * scale (q8 true), dequantized as the reference does, (float)q * scale. Every caller passes q8
+ * as a constant, so each tile compiles to one kernel per row type. */
+
+/* Row element idx of a K or V block: its address */
+TDM_AVX512 static inline __attribute__((always_inline)) const void *
+zrow_at(const void *r, size_t idx, const bool q8)
+{
+    return (const char *)r + idx * (q8 ? 1 : 2);
+}
+
+/* Values i .. i + 7 of rows r and r + d as f32, in the low and high halves (vs: the scale) */
+TDM_AVX512 static inline __attribute__((always_inline)) __m512
+zrow2x8(const void *r, size_t i, size_t d, const bool q8, __m512 vs)
+{
+    if (q8) {
+        const int8_t *k0 = (const int8_t *)r + i;
+        __m128i b = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)k0),
+                                       _mm_loadl_epi64((const __m128i *)(k0 + d)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), vs);
+    }
+    const uint16_t *k0 = (const uint16_t *)r + i;
+    __m256i h2 =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)k0)),
+                                _mm_loadu_si128((const __m128i *)(k0 + d)), 1);
+    return _mm512_cvtph_ps(h2);
+}
+
+/* 16 consecutive values of a row as f32 */
+TDM_AVX512 static inline __attribute__((always_inline)) __m512 zrow16(const void *r, const bool q8,
+                                                                      __m512 vs)
+{
+    if (q8)
+        return _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)r))), vs);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)r));
+}
+
 /* Scores of nh (1..4) query heads against 2 np (np 1..2) K rows, d a multiple of 8: rows 2m
  * and 2m + 1 in the two halves of one register, each half the fma chain over the 8-value
- * chunks in order that dot_f32_f16 forms, then hsum_ps per half: the same bits at twice the
- * width. */
+ * chunks in order that dot_f32_f16 (dot_f32 of the dequantized row) forms, then hsum_ps per
+ * half: the same bits at twice the width. */
 TDM_AVX512 static inline __attribute__((always_inline)) void
-zscores_tile(const float *q, const int nh, const uint16_t *k, const int np, size_t d, float *sc,
-             size_t ldsc)
+zscores_tile(const float *q, const int nh, const void *k, const bool q8, __m512 vs, const int np,
+             size_t d, float *sc, size_t ldsc)
 {
     __m512 acc[4][2];
 #pragma GCC unroll 4
@@ -656,13 +695,8 @@ zscores_tile(const float *q, const int nh, const uint16_t *k, const int np, size
     for (size_t i = 0; i < d; i += 8) {
         __m512 kv[2];
 #pragma GCC unroll 2
-        for (int m = 0; m < np; m++) {
-            const uint16_t *k0 = k + (size_t)(2 * m) * d + i;
-            __m256i h2 = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)k0)),
-                _mm_loadu_si128((const __m128i *)(k0 + d)), 1);
-            kv[m] = _mm512_cvtph_ps(h2);
-        }
+        for (int m = 0; m < np; m++)
+            kv[m] = zrow2x8(zrow_at(k, (size_t)(2 * m) * d, q8), i, d, q8, vs);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m512 qv = zdup8_ps(q + (size_t)h * d + i);
@@ -708,7 +742,8 @@ TDM_AVX512 static inline void zfold8(const __m512 *a, float *sc)
  * the two halves of one register, each half the fma chain over the 8-value chunks in order that
  * dot_f32_f16 forms (16 accumulators, 4 K registers and a query in the 32), then zfold8. */
 TDM_AVX512 static inline __attribute__((always_inline)) void
-zscores_tile8(const float *q, const int nh, const uint16_t *k, size_t d, float *sc, size_t ldsc)
+zscores_tile8(const float *q, const int nh, const void *k, const bool q8, __m512 vs, size_t d,
+              float *sc, size_t ldsc)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -719,13 +754,8 @@ zscores_tile8(const float *q, const int nh, const uint16_t *k, size_t d, float *
     for (size_t i = 0; i < d; i += 8) {
         __m512 kv[4];
 #pragma GCC unroll 4
-        for (int m = 0; m < 4; m++) {
-            const uint16_t *k0 = k + (size_t)(2 * m) * d + i;
-            __m256i h2 = _mm256_inserti128_si256(
-                _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)k0)),
-                _mm_loadu_si128((const __m128i *)(k0 + d)), 1);
-            kv[m] = _mm512_cvtph_ps(h2);
-        }
+        for (int m = 0; m < 4; m++)
+            kv[m] = zrow2x8(zrow_at(k, (size_t)(2 * m) * d, q8), i, d, q8, vs);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m512 qv = zdup8_ps(q + (size_t)h * d + i);
@@ -741,53 +771,78 @@ zscores_tile8(const float *q, const int nh, const uint16_t *k, size_t d, float *
 
 #define ZSCORES_TILE(NP)                                                                           \
     switch (th) {                                                                                  \
-    case 1: zscores_tile(qh, 1, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                    \
-    case 2: zscores_tile(qh, 2, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                    \
-    case 3: zscores_tile(qh, 3, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                    \
-    default: zscores_tile(qh, 4, k + (size_t)j * d, NP, d, sh + j, ldsc); break;                   \
+    case 1: zscores_tile(qh, 1, kj, q8, vs, NP, d, sh + j, ldsc); break;                           \
+    case 2: zscores_tile(qh, 2, kj, q8, vs, NP, d, sh + j, ldsc); break;                           \
+    case 3: zscores_tile(qh, 3, kj, q8, vs, NP, d, sh + j, ldsc); break;                           \
+    default: zscores_tile(qh, 4, kj, q8, vs, NP, d, sh + j, ldsc); break;                          \
     }
 
-/* tdm_cpu_isa_t.scores_f16: heads in tiles of 4, K rows 8 at a time (keys across the lanes in
- * the final fold), then 4, then 2; an odd last row and d not a multiple of 8 through the 256-bit
+/* scores_f16 / scores_q8 for d a multiple of 8: heads in tiles of 4, K rows 8 at a time (keys
+ * across the lanes in the final fold), then 4, then 2; an odd last row through the 256-bit
  * kernel */
-TDM_AVX512 static void zscores_f16(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk,
-                                   size_t d, float *sc, size_t ldsc)
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zscores_rows(const float *q, uint32_t nh, const void *k, const bool q8, float scale, uint32_t nk,
+             size_t d, float *sc, size_t ldsc)
 {
-    if (d % 8) {
-        zavx2->scores_f16(q, nh, k, nk, d, sc, ldsc);
-        return;
-    }
+    __m512 vs = _mm512_set1_ps(scale);
     for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
         uint32_t th = nh - h0 < 4 ? nh - h0 : 4, j = 0;
         const float *qh = q + (size_t)h0 * d;
         float *sh = sc + (size_t)h0 * ldsc;
         for (; j + 8 <= nk; j += 8) {
+            const void *kj = zrow_at(k, (size_t)j * d, q8);
             switch (th) {
-            case 1: zscores_tile8(qh, 1, k + (size_t)j * d, d, sh + j, ldsc); break;
-            case 2: zscores_tile8(qh, 2, k + (size_t)j * d, d, sh + j, ldsc); break;
-            case 3: zscores_tile8(qh, 3, k + (size_t)j * d, d, sh + j, ldsc); break;
-            default: zscores_tile8(qh, 4, k + (size_t)j * d, d, sh + j, ldsc); break;
+            case 1: zscores_tile8(qh, 1, kj, q8, vs, d, sh + j, ldsc); break;
+            case 2: zscores_tile8(qh, 2, kj, q8, vs, d, sh + j, ldsc); break;
+            case 3: zscores_tile8(qh, 3, kj, q8, vs, d, sh + j, ldsc); break;
+            default: zscores_tile8(qh, 4, kj, q8, vs, d, sh + j, ldsc); break;
             }
         }
         if (j + 4 <= nk) {
+            const void *kj = zrow_at(k, (size_t)j * d, q8);
             ZSCORES_TILE(2)
             j += 4;
         }
         if (j + 2 <= nk) {
+            const void *kj = zrow_at(k, (size_t)j * d, q8);
             ZSCORES_TILE(1)
             j += 2;
         }
-        if (j < nk)
-            zavx2->scores_f16(qh, th, k + (size_t)j * d, nk - j, d, sh + j, ldsc);
+        if (j < nk && q8)
+            zavx2->scores_q8(qh, th, (const int8_t *)k + (size_t)j * d, scale, nk - j, d, sh + j,
+                             ldsc);
+        else if (j < nk)
+            zavx2->scores_f16(qh, th, (const uint16_t *)k + (size_t)j * d, nk - j, d, sh + j, ldsc);
     }
 }
 #undef ZSCORES_TILE
 
+/* tdm_cpu_isa_t.scores_f16; d not a multiple of 8 through the 256-bit kernel */
+TDM_AVX512 static void zscores_f16(const float *q, uint32_t nh, const uint16_t *k, uint32_t nk,
+                                   size_t d, float *sc, size_t ldsc)
+{
+    if (d % 8)
+        zavx2->scores_f16(q, nh, k, nk, d, sc, ldsc);
+    else
+        zscores_rows(q, nh, k, false, 1.0f, nk, d, sc, ldsc);
+}
+
+/* tdm_cpu_isa_t.scores_q8; d not a multiple of 8 through the 256-bit kernel */
+TDM_AVX512 static void zscores_q8(const float *q, uint32_t nh, const int8_t *k, float scale,
+                                  uint32_t nk, size_t d, float *sc, size_t ldsc)
+{
+    if (d % 8)
+        zavx2->scores_q8(q, nh, k, scale, nk, d, sc, ldsc);
+    else
+        zscores_rows(q, nh, k, true, scale, nk, d, sc, ldsc);
+}
+
 /* Columns c .. c + 16 nc - 1 (nc 1..4) of nh (1..4) heads' outputs: acc = fma(p, v, acc) over
- * the V rows in order, exactly as axpy_f16 called row after row. */
+ * the V rows in order, exactly as axpy_f16 (axpy_f32 of the dequantized row) called row after
+ * row. */
 TDM_AVX512 static inline __attribute__((always_inline)) void
-zpv_tile(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, uint32_t nv,
-         size_t d, const int nc)
+zpv_tile(float *o, const int nh, const float *p, size_t ldp, const void *v, const bool q8,
+         __m512 vs, uint32_t nv, size_t d, const int nc)
 {
     __m512 acc[4][4];
 #pragma GCC unroll 4
@@ -799,8 +854,7 @@ zpv_tile(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, 
         __m512 vv[4];
 #pragma GCC unroll 4
         for (int c = 0; c < nc; c++)
-            vv[c] =
-                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + (size_t)j * d + 16 * c)));
+            vv[c] = zrow16(zrow_at(v, (size_t)j * d + 16 * c, q8), q8, vs);
 #pragma GCC unroll 4
         for (int h = 0; h < nh; h++) {
             __m512 pb = _mm512_set1_ps(p[(size_t)h * ldp + j]);
@@ -818,21 +872,19 @@ zpv_tile(float *o, const int nh, const float *p, size_t ldp, const uint16_t *v, 
 
 #define ZPV_TILE(NC)                                                                               \
     switch (th) {                                                                                  \
-    case 1: zpv_tile(oh + c, 1, ph, ldp, v + c, nv, d, NC); break;                                 \
-    case 2: zpv_tile(oh + c, 2, ph, ldp, v + c, nv, d, NC); break;                                 \
-    case 3: zpv_tile(oh + c, 3, ph, ldp, v + c, nv, d, NC); break;                                 \
-    default: zpv_tile(oh + c, 4, ph, ldp, v + c, nv, d, NC); break;                                \
+    case 1: zpv_tile(oh + c, 1, ph, ldp, zrow_at(v, c, q8), q8, vs, nv, d, NC); break;             \
+    case 2: zpv_tile(oh + c, 2, ph, ldp, zrow_at(v, c, q8), q8, vs, nv, d, NC); break;             \
+    case 3: zpv_tile(oh + c, 3, ph, ldp, zrow_at(v, c, q8), q8, vs, nv, d, NC); break;             \
+    default: zpv_tile(oh + c, 4, ph, ldp, zrow_at(v, c, q8), q8, vs, nv, d, NC); break;            \
     }
 
-/* tdm_cpu_isa_t.pv_f16: heads in tiles of 4, 64 columns at a time held in registers over all
- * the rows; d not a multiple of 16 through the 256-bit kernel */
-TDM_AVX512 static void zpv_f16(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
-                               uint32_t nv, size_t d)
+/* pv_f16 / pv_q8 for d a multiple of 16: heads in tiles of 4, 64 columns at a time held in
+ * registers over all the rows */
+TDM_AVX512 static inline __attribute__((always_inline)) void
+zpv_rows(float *o, uint32_t nh, const float *p, size_t ldp, const void *v, const bool q8,
+         float scale, uint32_t nv, size_t d)
 {
-    if (d % 16) {
-        zavx2->pv_f16(o, nh, p, ldp, v, nv, d);
-        return;
-    }
+    __m512 vs = _mm512_set1_ps(scale);
     for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
         uint32_t th = nh - h0 < 4 ? nh - h0 : 4;
         float *oh = o + (size_t)h0 * d;
@@ -845,6 +897,26 @@ TDM_AVX512 static void zpv_f16(float *o, uint32_t nh, const float *p, size_t ldp
     }
 }
 #undef ZPV_TILE
+
+/* tdm_cpu_isa_t.pv_f16; d not a multiple of 16 through the 256-bit kernel */
+TDM_AVX512 static void zpv_f16(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
+                               uint32_t nv, size_t d)
+{
+    if (d % 16)
+        zavx2->pv_f16(o, nh, p, ldp, v, nv, d);
+    else
+        zpv_rows(o, nh, p, ldp, v, false, 1.0f, nv, d);
+}
+
+/* tdm_cpu_isa_t.pv_q8; d not a multiple of 16 through the 256-bit kernel */
+TDM_AVX512 static void zpv_q8(float *o, uint32_t nh, const float *p, size_t ldp, const int8_t *v,
+                              float scale, uint32_t nv, size_t d)
+{
+    if (d % 16)
+        zavx2->pv_q8(o, nh, p, ldp, v, scale, nv, d);
+    else
+        zpv_rows(o, nh, p, ldp, v, true, scale, nv, d);
+}
 
 static tdm_cpu_isa_t isa_z;
 static const tdm_cpu_isa_t *isa_z_ptr; /* NULL: not on this CPU */
@@ -862,6 +934,8 @@ static void isa_z_build(void)
     tdm_cpu_isa_derive(&isa_z, avx2, "avx512-vnni", gemm);
     isa_z.scores_f16 = zscores_f16;
     isa_z.pv_f16 = zpv_f16;
+    isa_z.scores_q8 = zscores_q8;
+    isa_z.pv_q8 = zpv_q8;
     isa_z_ptr = &isa_z;
 }
 

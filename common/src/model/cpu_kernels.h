@@ -8,8 +8,8 @@
  *
  * Quantized matmuls (Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights) run on activations
  * quantized to 8 bits in blocks of 32 (q8a_block_t); every other op works in f32. The scalar set is
- * the reference: every field of it is set. A SIMD set leaves NULL what it does not speed up, and
- * cpu.c falls back to the scalar kernel there.
+ * the reference: every field of it is set but the q8 attention tiles (below). A SIMD set leaves
+ * NULL what it does not speed up, and cpu.c falls back to the scalar kernel there.
  */
 #ifndef TANDEM_MODEL_CPU_KERNELS_H
 #define TANDEM_MODEL_CPU_KERNELS_H
@@ -186,6 +186,17 @@ typedef struct tdm_cpu_isa {
                        float *sc, size_t ldsc);
     void (*pv_f16)(float *o, uint32_t nh, const float *p, size_t ldp, const uint16_t *v,
                    uint32_t nv, size_t d);
+    /* The same over int8 rows of a q8 cache record (one f32 scale for the record's rows), each
+     * value dequantized as the reference does, (float)k * scale (one rounding), before it is
+     * used. scores_q8: sc[h * ldsc + j] bit for bit dot_f32(q_h, kd_j, d) with kd_j[i] =
+     * (float)k[j * d + i] * scale; pv_q8: bit for bit nv calls of axpy_f32 with the rows so
+     * dequantized. NULL in the scalar set: there a q8 cache takes the reference path (each row
+     * dequantized, then dot_f32 and axpy_f32 per query head), whose bits these reproduce, so the
+     * engine tests that compare the families compare the two paths. */
+    void (*scores_q8)(const float *q, uint32_t nh, const int8_t *k, float scale, uint32_t nk,
+                      size_t d, float *sc, size_t ldsc);
+    void (*pv_q8)(float *o, uint32_t nh, const float *p, size_t ldp, const int8_t *v, float scale,
+                  uint32_t nv, size_t d);
     /* dst = src rounded to f16 */
     void (*store_f16)(uint16_t *dst, const float *src, size_t n);
     /* dst[i] = tdm_cpu_round_fp16(src[i] * scale) (dst may be src) */
