@@ -126,6 +126,11 @@ def llama(bindir, model, threads, depths, steps, kv, pp_fa, tg_fa, out, save):
     return out
 
 
+def fa_cell(figures, key):
+    """A flash-attention column's cell: the figure, or "-" for a setting not run."""
+    return f"{figures[key]:.1f}" if key in figures else "-"
+
+
 def fa_list(text):
     """A --pp-fa / --tg-fa value: "0", "1" or "0,1"."""
     vals = text.split(",")
@@ -200,8 +205,7 @@ def main():
             t, l = best["tandem"].get(k), best["llama"].get(lk)
             row = [label, f"{t:.1f}" if t else "-", f"{l:.1f}" if l else "-",
                    f"{t / l:.2f}x" if t and l else "-",
-                   f"{best['llama'].get(lk + '_fa0', 0):.1f}",
-                   f"{best['llama'].get(lk + '_fa1', 0):.1f}"]
+                   fa_cell(best["llama"], lk + "_fa0"), fa_cell(best["llama"], lk + "_fa1")]
             if a.tandem_base:
                 b = best["base"].get(k)
                 row += [f"{b:.1f}" if b else "-", f"{t / b:.2f}x" if t and b else "-"]

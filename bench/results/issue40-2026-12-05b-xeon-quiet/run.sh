@@ -46,3 +46,11 @@ if [ "$part" = all ] || [ "$part" = ab ]; then
     done
     la ab-done
 fi
+# round 2 of the AVX2 rows (run by hand after the script): llama.cpp first, then Tandem with
+# passive and active OpenMP waiting
+#   $B2/llama-bench -m $M -t 2 -p 128,512 -n 32 -fa 0,1 --repack 0 -r 1 -o json > $R/avx2-llama-bench-2.json
+#   OMP_WAIT_POLICY=passive TANDEM_CPU_KERNELS=avx2 $E -m $M -t 2 --json $R/avx2-tandem-2.json
+#   OMP_WAIT_POLICY=active TANDEM_CPU_KERNELS=avx2 $E -m $M -t 2 --json $R/avx2-tandem-2-active.json
+#   $B2/llama-batched-bench -m $M -t 2 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 32 -npl 1,8,32 -fa off --no-repack --output-format jsonl > $R/avx2-llama-batched-2.jsonl
+#   OMP_WAIT_POLICY=active TANDEM_CPU_KERNELS=avx2 $E -m $M -t 2 --json $R/avx2-tandem-3-active.json
+#   $B2/llama-bench -m $M -t 2 -p 0 -n 32 -fa 0,1 --repack 0 -r 3 -o json > $R/avx2-llama-tg-3.json
