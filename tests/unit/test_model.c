@@ -260,6 +260,25 @@ static void engine_with_threads(tdm_test_engine_t *f, int n_threads, uint32_t n_
         fail_msg("engine with %d threads: %s", n_threads, err.msg);
 }
 
+/* Sets TANDEM_CPU_PAR_MIN=1 (every op takes its parallel path, whatever the wait policy) and
+ * returns the old value (NULL: unset) for par_min_restore. */
+static char *par_min_all(void)
+{
+    const char *pm = getenv("TANDEM_CPU_PAR_MIN");
+    char *saved = pm ? strdup(pm) : NULL;
+    setenv("TANDEM_CPU_PAR_MIN", "1", 1);
+    return saved;
+}
+
+/* Puts back the TANDEM_CPU_PAR_MIN par_min_all replaced and frees saved. */
+static void par_min_restore(char *saved)
+{
+    if (saved)
+        setenv("TANDEM_CPU_PAR_MIN", saved, 1);
+    else
+        unsetenv("TANDEM_CPU_PAR_MIN");
+    free(saved);
+}
 /* Decode at depth split over threads (cpu_attention.c: a row with more than TDM_ATTN_SPAN = 256
  * keys reduces them in spans, and a decode pass runs each (KV head, span) as its own work item,
  * folded in span order): a 1,000-token prompt fed one token a pass (up to 4 spans a row, 63 KV
@@ -295,10 +314,7 @@ static void depth_split_case(uint32_t head_dim, uint32_t heads, uint32_t kv_head
         hp->swa_layers[0] = 1;
         hp->rope_freq_base_swa = hp->rope_freq_base;
     }
-    /* every op parallel (the split's path) whatever the wait policy; the old value put back */
-    const char *pm = getenv("TANDEM_CPU_PAR_MIN");
-    char *saved = pm ? strdup(pm) : NULL;
-    setenv("TANDEM_CPU_PAR_MIN", "1", 1);
+    char *saved = par_min_all(); /* every op parallel (the split's path) */
     const uint32_t c1[2] = {1, 1}, c64 = 64;
     size_t bytes = (size_t)N * f.n_vocab * sizeof(float);
     tdm_test_seq_t ref, s[2];
@@ -333,11 +349,7 @@ static void depth_split_case(uint32_t head_dim, uint32_t heads, uint32_t kv_head
     tdm_test_seq_end(&f, &ref);
     tdm_test_engine_close(&f);
     unlink(f.path);
-    if (saved)
-        setenv("TANDEM_CPU_PAR_MIN", saved, 1);
-    else
-        unsetenv("TANDEM_CPU_PAR_MIN");
-    free(saved);
+    par_min_restore(saved);
 }
 
 static void test_depth_split_threads(void **state)
@@ -539,9 +551,7 @@ static void test_families_q8_depth(void **state)
                                   .weight_std = 0.05f};
     tdm_test_engine_write_tiny(&f, &spec);
     tdm_test_engine_open(&f, f.path, TDM_KV_Q8, 1024);
-    const char *pm = getenv("TANDEM_CPU_PAR_MIN"); /* every op parallel: the split path */
-    char *saved = pm ? strdup(pm) : NULL;
-    setenv("TANDEM_CPU_PAR_MIN", "1", 1);
+    char *saved = par_min_all(); /* every op parallel: the split path */
     char ref_name[64], name[64], last[64];
     float *ref = family_depth_logits(&f, "scalar", ref_name, sizeof ref_name);
     assert_string_equal(ref_name, "cpu/scalar");
@@ -560,11 +570,7 @@ static void test_families_q8_depth(void **state)
     free(ref);
     tdm_test_engine_close(&f);
     unlink(f.path);
-    if (saved)
-        setenv("TANDEM_CPU_PAR_MIN", saved, 1);
-    else
-        unsetenv("TANDEM_CPU_PAR_MIN");
-    free(saved);
+    par_min_restore(saved);
 }
 
 /* Logits of a 9-token prompt on f's engine; caller frees. */
