@@ -200,6 +200,23 @@ static void test_errors(void **state)
                  "1:18: template step limit (100000) exceeded");
     expect_error("{{ 9223372036854775807 + 1 }}", NULL, TDM_EINVALID, "OverflowError");
     expect_error("{{ 'ab' * 1000000000000 }}", NULL, TDM_ERESOURCE, "output limit");
+    /* integer edges found by fuzz_jinja: an empty sequence repeated a huge number of times
+     * is empty at once (it spun for that many rounds); no signed overflow or x86 trap */
+    expect("{% set s = '' * 5328322222222222274 %}[{{ s }}]{{ ([] * 9223372036854775807)|length }}",
+           NULL, "[]0");
+    expect("{{ 'ab' * -3 }}|{{ [1] * 0 }}", NULL, "|[]");
+    expect("{{ (-9223372036854775807 - 1) is divisibleby(-1) }} {{ -3 is odd }} {{ -4 is even }}"
+           " {{ 7 is divisibleby(-7) }} {{ 9223372036854775807 is divisibleby(-1) }}",
+           NULL, "True True True True True");
+    expect_error("{{ (-9223372036854775807 - 1)|abs }}", NULL, TDM_EINVALID, "OverflowError");
+    expect("{{ [1,2,3][::9223372036854775807] }}{{ [1,2,3][::-9223372036854775807 - 1] }}"
+           "{{ [1,2,3,4,5][::-2] }}{{ 'abcde'[1::3] }}",
+           NULL, "[1][3][5, 3, 1]be");
+    expect("{{ range(-5, 9223372036854775807, 9223372036854775807)|list }}"
+           "{{ range(5, -9223372036854775807 - 1, -9223372036854775807 - 1)|list }}",
+           NULL, "[-5, 9223372036854775802][5, -9223372036854775803]");
+    expect_error("{{ 'a'|indent(1000000000000) }}", NULL, TDM_ERESOURCE,
+                 "indent width 1000000000000 is past the template output limit (64 bytes)");
     expect_error("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", NULL, TDM_ERESOURCE,
                  "nested too deeply");
     expect_error("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", NULL, TDM_ERESOURCE,

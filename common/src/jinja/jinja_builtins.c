@@ -95,8 +95,8 @@ bool jj_test(jj_ctx_t *c, const char *name, jj_value_t *v, jj_args_t *args, cons
         int64_t d = !strcmp(name, "divisibleby") ? (o && o->kind == JV_INT ? o->u.i : 0) : 2;
         if (d == 0)
             jj_fail(c, at, TDM_EINVALID, "ZeroDivisionError: integer division or modulo by zero");
-        int64_t m = ((v->u.i % d) + d) % d;
-        return name[0] == 'o' ? m == 1 : m == 0;
+        int64_t m = d == -1 ? 0 : v->u.i % d; /* INT64_MIN % -1 traps on x86 */
+        return name[0] == 'o' ? m != 0 : m == 0;
     }
     if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
         if (v->kind != JV_STR)
@@ -563,10 +563,12 @@ static jj_value_t *g_range(jj_ctx_t *c, jj_value_t *self, jj_args_t *a, const jj
     if (stepv == 0)
         jj_fail(c, at, TDM_EINVALID, "ValueError: range() arg 3 must not be zero");
     jj_value_t *l = jv_list(c);
-    for (int64_t i = start; stepv > 0 ? i < stop : i > stop; i += stepv) {
+    for (int64_t i = start; stepv > 0 ? i < stop : i > stop;) {
         if (l->u.list.n >= 100000)
             jj_fail(c, at, TDM_ERESOURCE, "range too big");
         jv_push(c, l, jv_int(c, i));
+        if (__builtin_add_overflow(i, stepv, &i)) /* the next one is past int64: past stop */
+            break;
     }
     return l;
 }

@@ -181,7 +181,7 @@ static size_t slice_range(jj_ctx_t *c, const jj_node_t *n, size_t len, int64_t *
         hi = hi < 0 ? (hi + ln < 0 ? 0 : hi + ln) : (hi > ln ? ln : hi);
         *first = lo;
         *stride = st;
-        return hi > lo ? (size_t)((hi - lo + st - 1) / st) : 0;
+        return hi > lo ? (size_t)((hi - lo - 1) / st + 1) : 0; /* no overflow at a huge step */
     }
     lo = has_a ? a->u.i : ln - 1;
     hi = has_b ? b->u.i : -ln - 1;
@@ -189,7 +189,7 @@ static size_t slice_range(jj_ctx_t *c, const jj_node_t *n, size_t len, int64_t *
     hi = hi < 0 ? (hi + ln < 0 ? -1 : hi + ln) : (hi >= ln ? ln - 1 : hi);
     *first = lo;
     *stride = st;
-    return lo > hi ? (size_t)((lo - hi - st - 1) / -st) : 0;
+    return lo > hi ? (size_t)((lo - hi - 1) / st * -1 + 1) : 0;
 }
 
 /* Byte offsets of the code points of a UTF-8 string (n + 1 entries); returns the count. */
@@ -503,8 +503,8 @@ static jj_value_t *float_op(jj_ctx_t *c, const jj_node_t *n, int op, double x, d
 static jj_value_t *repeat(jj_ctx_t *c, const jj_node_t *n, jj_value_t *seq, int64_t times)
 {
     size_t len = seq->kind == JV_STR ? seq->u.str.n : seq->u.list.n, total;
-    if (times < 0)
-        times = 0;
+    if (times <= 0 || len == 0) /* Python: an empty sequence, however many times */
+        return seq->kind == JV_STR ? jv_str(c, "", 0) : jv_list(c);
     if (__builtin_mul_overflow(len, (size_t)times, &total) || total > c->limits.max_output_bytes)
         jj_fail(c, n, TDM_ERESOURCE, "template output limit (%zu bytes) exceeded",
                 c->limits.max_output_bytes);

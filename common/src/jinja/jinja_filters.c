@@ -562,8 +562,11 @@ static jj_value_t *f_float(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_no
 static jj_value_t *f_abs(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
     (void)a;
-    if (v->kind == JV_INT)
+    if (v->kind == JV_INT) {
+        if (v->u.i == INT64_MIN)
+            jj_fail(c, at, TDM_EINVALID, "OverflowError: integer result out of 64-bit range");
         return jv_int(c, v->u.i < 0 ? -v->u.i : v->u.i);
+    }
     if (v->kind == JV_FLOAT)
         return jv_float(c, fabs(v->u.f));
     jj_fail(c, at, TDM_EINVALID, "TypeError: bad operand type for abs(): '%s'", jv_type_name(v));
@@ -581,8 +584,10 @@ static jj_value_t *f_round(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_no
 
 static jj_value_t *f_indent(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_node_t *at)
 {
-    (void)at;
     jj_value_t *w = jj_arg(a, 0, "width");
+    if (w && w->kind == JV_INT && (uint64_t)w->u.i > c->limits.max_output_bytes && w->u.i > 0)
+        jj_fail(c, at, TDM_ERESOURCE, "indent width %lld is past the template output limit (%zu bytes)",
+                (long long)w->u.i, c->limits.max_output_bytes);
     bool first = arg_true(a, 1, "first"), blank = arg_true(a, 2, "blank");
     jj_buf_t pad = {.c = c};
     jb_put(&pad, "", 0);
