@@ -47,6 +47,10 @@ Configurations: colocated (one decode node with --threads threads prefilling its
 disagg (one prefill and one decode node, --threads/2 each), llama-server (`-np --slots -c
 slots * longest -t --threads`, longest = the mix's longest prompt + output + 64, so every slot
 holds the longest request; continuous batching is its default; bench/llama-cpp.sh builds it).
+llama-server runs without the caller's OMP_WAIT_POLICY (--llama-wait-policy; serve.py's
+llama_env says why). Its `-fa auto` turns flash attention on for the CPU, which decodes
+2.4-2.6x slower at depth 1,000-4,000 on SmolLM2 (llama-bench, Xeon, 2026-12-06): compare with
+--llama-args "-fa off" too and report llama-server's better run.
 
 Prints a table per configuration and a summary, writes JSON to
 bench/results/goodput-DATE-<cpu>.json (--json FILE), after every point ("complete": false until
@@ -58,7 +62,7 @@ usage: bench/goodput.py [--build build] [--model FILE] [--configs colocated,disa
                         [--output-min 32] [--output-max 256] [--context 4096] [--slo-ttft-base 0.5]
                         [--slo-prefill-tps 2000|auto] [--slo-tpot 0.1] [--attainment 0.9]
                         [--slots 8] [--threads 2] [--drain 90] [--llama-args "--no-repack"]
-                        [--json FILE]
+                        [--llama-wait-policy default|active|passive|inherit] [--json FILE]
 
 On an AMX Xeon llama.cpp's AMX repacked kernels stop with SIGILL in this VM: pass
 --llama-args=--no-repack there (as for bench/serve.py).
@@ -78,7 +82,8 @@ import threading
 import time
 
 from benchutil import cpu_name
-from serve import WORDS, LlamaServer, TandemCluster, one_request, pct
+from serve import (LLAMA_WAIT_POLICIES, WORDS, LlamaServer, TandemCluster, llama_wait_policy_used,
+                   one_request, pct)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -381,6 +386,8 @@ def main():
                     help="start the coarse sweep at the lowest rate, not at the one sequential "
                     "service would sustain")
     ap.add_argument("--llama-args", default="", help="more llama-server options")
+    ap.add_argument("--llama-wait-policy", choices=LLAMA_WAIT_POLICIES, default="default",
+                    help="OMP_WAIT_POLICY for llama-server (default: unset, llama.cpp's own)")
     ap.add_argument("--json")
     args = ap.parse_args()
     args.model = os.path.abspath(os.path.expanduser(args.model))
@@ -398,7 +405,8 @@ def main():
     doc = {"bench": "goodput", "date": started.isoformat(),
            "machine": {"cpus": os.cpu_count(), "cpu": cpu_name(), "isa": "?"},
            "model": args.model, "args": {k: v for k, v in vars(args).items()},
-           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "passive"), "configs": {}}
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "passive"),
+           "llama_omp_wait_policy": llama_wait_policy_used(args), "configs": {}}
     auto = args.slo_prefill_tps == "auto"
     cpu = re.sub(r"[^a-z0-9]+", "-", doc["machine"]["cpu"].lower()).strip("-")[:40] or "cpu"
     out = args.json or os.path.join(HERE, "results",

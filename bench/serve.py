@@ -25,8 +25,8 @@ Only the standard library (http.client in threads: aiohttp is not in the tests' 
 
 usage: bench/serve.py [--build build] [--model FILE] [-c 32] [-n 64] [--prompt-tokens 130]
                       [--output-tokens 64] [--threads 2] [--configs colocated,disagg,disagg-nokeys,llama-server]
-                      [--time-limit 900] [--llama-args "..."] [--json FILE]
-                      [--scrape PREFIX,...]
+                      [--time-limit 900] [--llama-args "..."] [--llama-wait-policy default]
+                      [--json FILE] [--scrape PREFIX,...]
 """
 import argparse
 import datetime
@@ -233,6 +233,29 @@ class TandemCluster:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+LLAMA_WAIT_POLICIES = ("default", "active", "passive", "inherit")
+
+
+def llama_env(args):
+    """llama-server's environment. Its OpenMP build syncs the threads at every graph node with an
+    OpenMP barrier, so the OMP_WAIT_POLICY=passive this repository's tools run Tandem under
+    makes each of them a futex sleep (2026-12-06, Xeon, SmolLM2 at depth 4,000: 52 against
+    26 ms a token): by default ("default") the variable is removed and llama.cpp runs as its
+    users run it; "active"/"passive" set it, "inherit" passes the caller's."""
+    env = dict(os.environ)
+    policy = getattr(args, "llama_wait_policy", "default")
+    if policy == "default":
+        env.pop("OMP_WAIT_POLICY", None)
+    elif policy != "inherit":
+        env["OMP_WAIT_POLICY"] = policy
+    return env
+
+
+def llama_wait_policy_used(args):
+    """The OMP_WAIT_POLICY llama-server ran under, for the JSON ("unset": libgomp's default)."""
+    return llama_env(args).get("OMP_WAIT_POLICY", "unset")
+
+
 class LlamaServer:
     """llama-server with `slots` slots (-np; default args.concurrency) and a context of `ctx`
     tokens in all (-c; default slots * (args.prompt_tokens + args.output_tokens + 64), so each
@@ -250,7 +273,7 @@ class LlamaServer:
             [binary, "-m", args.model, "-np", str(slots), "-t", str(args.threads),
              "-c", str(ctx), "--host", "127.0.0.1", "--port", str(self.port)]
             + args.llama_args.split(),
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=llama_env(args))
         wait_http(self.port, "/health", 300, self.proc)
 
     def stop(self):
@@ -330,6 +353,8 @@ def main():
     ap.add_argument("--time-limit", type=float, default=900,
                     help="seconds per configuration before the run is cut (default 900)")
     ap.add_argument("--llama-args", default="", help="more llama-server options")
+    ap.add_argument("--llama-wait-policy", choices=LLAMA_WAIT_POLICIES, default="default",
+                    help="OMP_WAIT_POLICY for llama-server (default: unset, llama.cpp's own)")
     ap.add_argument("--json")
     ap.add_argument("--scrape", default="",
                     help="comma-separated metric name prefixes whose samples each Tandem run's "
@@ -358,6 +383,7 @@ def main():
         "model": args.model, "concurrency": args.concurrency, "requests": args.requests,
         "prompt_words": args.prompt_tokens, "output_tokens": args.output_tokens,
         "threads": args.threads, "llama_args": args.llama_args, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "passive"),
+        "llama_omp_wait_policy": llama_wait_policy_used(args),
         "runs": runs, "skipped": skipped,
         "ratio_vs_llama_server": {n: r["output_tokens_per_s"] / base for n, r in runs.items()}
         if base else {},
