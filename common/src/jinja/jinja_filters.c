@@ -586,7 +586,8 @@ static jj_value_t *f_indent(jj_ctx_t *c, jj_value_t *v, jj_args_t *a, const jj_n
 {
     jj_value_t *w = jj_arg(a, 0, "width");
     if (w && w->kind == JV_INT && (uint64_t)w->u.i > c->limits.max_output_bytes && w->u.i > 0)
-        jj_fail(c, at, TDM_ERESOURCE, "indent width %lld is past the template output limit (%zu bytes)",
+        jj_fail(c, at, TDM_ERESOURCE,
+                "indent width %lld is past the template output limit (%zu bytes)",
                 (long long)w->u.i, c->limits.max_output_bytes);
     bool first = arg_true(a, 1, "first"), blank = arg_true(a, 2, "blank");
     jj_buf_t pad = {.c = c};
