@@ -5,8 +5,10 @@
  * response_format, max_output_tokens as max_completion_tokens), which http_generate.c parses and
  * runs as it runs /v1/chat/completions; the chat deltas it writes (content, reasoning_content,
  * tool_calls) come here instead of becoming chat chunks and are restated as the Responses
- * events, and the whole chat answer is restated as a response object. So the prompt, the
- * constraints and the tool-call and reasoning parsers are the chat path's own.
+ * events. A stream=false answer goes through the same writer as one chunk, so the output items
+ * (reasoning, messages, function calls in the order the model wrote them) are the same streamed
+ * or not, in response.completed and in the stored response. So the prompt, the constraints and
+ * the tool-call and reasoning parsers are the chat path's own.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -918,54 +920,6 @@ static bool finished_by_length(const resp_call_t *rc)
     return strcmp(rc->finish, "length") == 0;
 }
 
-json_t *resp_whole(resp_call_t *rc, const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
-{
-    json_t *chat = oai_response(q, o, ch);
-    json_t *choice = json_array_get(json_object_get(chat, "choices"), 0);
-    json_t *msg = json_object_get(choice, "message");
-    if (!msg) {
-        json_decref(chat);
-        return NULL;
-    }
-    const char *finish = json_string_value(json_object_get(choice, "finish_reason"));
-    snprintf(rc->finish, sizeof rc->finish, "%s", finish ? finish : "");
-    bool incomplete = finished_by_length(rc);
-    const char *item_status = incomplete ? "incomplete" : "completed";
-    json_t *output = json_array();
-    json_t *thought = json_object_get(msg, "reasoning_content");
-    if (json_is_string(thought) && json_string_length(thought) > 0)
-        json_array_append_new(output, reasoning_item(rc, json_array_size(output),
-                                                     json_string_value(thought),
-                                                     json_string_length(thought), item_status));
-    json_t *content = json_object_get(msg, "content");
-    json_t *calls = json_object_get(msg, "tool_calls");
-    bool text = json_is_string(content) && json_string_length(content) > 0;
-    if (text || json_array_size(calls) == 0)
-        json_array_append_new(output, message_item(rc, json_array_size(output),
-                                                   text ? json_string_value(content) : "",
-                                                   json_string_length(content), item_status));
-    size_t k;
-    json_t *call;
-    json_array_foreach(calls, k, call)
-    {
-        json_t *fn = json_object_get(call, "function");
-        json_array_append_new(output, call_item(rc, json_array_size(output),
-                                                json_string_value(json_object_get(call, "id")),
-                                                json_string_value(json_object_get(fn, "name")),
-                                                json_string_value(json_object_get(fn, "arguments")),
-                                                "completed"));
-    }
-    uint32_t n_thought =
-        json_is_string(thought)
-            ? reasoning_tokens(rc, q, o, json_string_value(thought), json_string_length(thought))
-            : 0;
-    json_decref(chat);
-    json_t *v = response_json(rc, q, incomplete ? "incomplete" : "completed", output,
-                              usage_json(o, n_thought), NULL);
-    store_response(rc, v);
-    return v;
-}
-
 /* ---- the stream ---- */
 
 /* Appends "event: TYPE\ndata: {…, "type", "sequence_number"}\n\n" of ev (consumed). */
@@ -1168,6 +1122,40 @@ static int on_delta(void *arg, json_t *delta, const char *finish, tdm_buf_t *b)
     return st;
 }
 
+/* The end of the output: the open item closed; a message, empty when nothing was said, when
+ * the output holds neither a message nor a function call. */
+static int close_output(resp_call_t *rc, tdm_buf_t *b)
+{
+    int st = close_open(rc, b);
+    bool any = false;
+    size_t i;
+    json_t *item;
+    json_array_foreach(rc->output, i, item)
+    {
+        const char *ty = json_string_value(json_object_get(item, "type"));
+        any = any || strcmp(ty, "message") == 0 || strcmp(ty, "function_call") == 0;
+    }
+    if (st == TDM_OK && !any) {
+        st = open_text_item(rc, b, RESP_OPEN_MESSAGE);
+        if (st == TDM_OK)
+            st = close_open(rc, b);
+    }
+    return st;
+}
+
+/* The finished response of the closed output rc->output (copied), stored when asked: the one
+ * object stream=false answers, response.completed carries and GET /v1/responses/{id} gives.
+ * NULL on out of memory. */
+static json_t *finished_response(resp_call_t *rc, const oai_req_t *q, const oai_out_t *o)
+{
+    bool incomplete = finished_by_length(rc);
+    uint32_t n_thought = reasoning_tokens(rc, q, o, rc->thought.data, rc->thought.len);
+    json_t *v = response_json(rc, q, incomplete ? "incomplete" : "completed",
+                              json_deep_copy(rc->output), usage_json(o, n_thought), NULL);
+    store_response(rc, v);
+    return v;
+}
+
 int resp_sse_begin(resp_call_t *rc, const oai_req_t *q, tdm_buf_t *b)
 {
     int st =
@@ -1198,29 +1186,25 @@ int resp_sse_end(resp_call_t *rc, const oai_req_t *q, const oai_out_t *o, int st
                                                                         ? message
                                                                         : tdm_strerror(status))))));
     }
-    int st = close_open(rc, b);
-    bool any = false;
-    size_t i;
-    json_t *item;
-    json_array_foreach(rc->output, i, item)
-    {
-        const char *ty = json_string_value(json_object_get(item, "type"));
-        any = any || strcmp(ty, "message") == 0 || strcmp(ty, "function_call") == 0;
-    }
-    if (st == TDM_OK && !any) { /* as stream=false: a message, empty when nothing was said */
-        st = open_text_item(rc, b, RESP_OPEN_MESSAGE);
-        if (st == TDM_OK)
-            st = close_open(rc, b);
-    }
+    int st = close_output(rc, b);
     if (st != TDM_OK)
         return st;
-    bool incomplete = finished_by_length(rc);
-    uint32_t n_thought = reasoning_tokens(rc, q, o, rc->thought.data, rc->thought.len);
-    json_t *v = response_json(rc, q, incomplete ? "incomplete" : "completed",
-                              json_deep_copy(rc->output), usage_json(o, n_thought), NULL);
-    store_response(rc, v);
-    return emit(rc, b, incomplete ? "response.incomplete" : "response.completed",
+    json_t *v = finished_response(rc, q, o);
+    return emit(rc, b, finished_by_length(rc) ? "response.incomplete" : "response.completed",
                 v ? json_pack("{s:o}", "response", v) : NULL);
+}
+
+json_t *resp_whole(resp_call_t *rc, const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch)
+{
+    /* the whole answer is one chunk through the chat stream's parsers and this stream's item
+     * writer (q->on_delta), its events dropped: rc->output then holds the items a stream of
+     * the same text gives, in the same order with the same ids */
+    tdm_buf_t events = TDM_BUF_INIT;
+    int st = oai_sse_chunk(q, o, ch, &events);
+    if (st == TDM_OK)
+        st = close_output(rc, &events);
+    tdm_buf_free(&events);
+    return st == TDM_OK ? finished_response(rc, q, o) : NULL;
 }
 
 /* ---- GET and DELETE /v1/responses/{id} ---- */

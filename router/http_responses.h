@@ -43,9 +43,11 @@ void resp_bind(resp_call_t *rc, oai_req_t *q);
  * "text.format", "tools[0].name"). Cannot fail. */
 void resp_rename(const resp_call_t *rc, tdm_error_t *err);
 
-/* stream=false: the response object from the call's one chunk (o gets its usage, as
- * oai_response), stored when the request has store true. New reference, NULL on out of memory.
- */
+/* stream=false: the response object from the call's one chunk (o gets its usage and parser
+ * state, as oai_sse_chunk; freed with oai_out_clear), stored when the request has store true.
+ * The chunk goes through the stream's item writer, so output holds the items a stream of the
+ * same text gives (same order, ids, call_ids): text, calls and text again are three items.
+ * New reference, NULL on out of memory. */
 json_t *resp_whole(resp_call_t *rc, const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch);
 
 /* stream=true: the first events (response.created, response.in_progress) into b. 0 or

@@ -544,6 +544,7 @@ static void content_out(oai_tool_parser_t *p, const char *s, size_t n, tdm_buf_t
         end--;
     if (end > 0) {
         p->after_call = false;
+        p->given += p->ws.len + end;
         (void)tdm_buf_append(out, p->ws.data ? p->ws.data : "", p->ws.len);
         tdm_buf_clear(&p->ws);
         (void)tdm_buf_append(out, s, end);
@@ -645,6 +646,7 @@ static oai_tool_call_t *add_call(oai_tool_parser_t *p, char *name, char *argumen
     }
     c->name = name;
     c->arguments = arguments;
+    c->at = p->given;
     return c;
 }
 
@@ -1030,6 +1032,7 @@ static void other_feed(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
 int oai_tool_parser_feed(oai_tool_parser_t *p, const char *s, size_t n, bool final,
                          tdm_buf_t *content)
 {
+    p->given = 0;
     if (p->format != OAI_TOOL_FORMAT_HERMES) {
         if (tdm_buf_append(&p->hold, s, n) != TDM_OK || tdm_buf_reserve(&p->hold, 0) != TDM_OK)
             return TDM_ERESOURCE;
@@ -1085,6 +1088,16 @@ static int emit_call(const oai_req_t *q, uint32_t index, tdm_buf_t *b, size_t k,
     return rc;
 }
 
+/* A content delta of content[from..to) with the chunk's logprobs lp (consumed; NULL: none). */
+static int content_delta(const oai_req_t *q, const oai_out_t *o, tdm_buf_t *b,
+                         const tdm_buf_t *content, size_t from, size_t to, json_t *lp)
+{
+    const char *text = content->data ? content->data + from : "";
+    return oai_emit_choice_at(q, o->index, b,
+                              json_pack("{s:o}", "content", http_json_text(text, to - from)), NULL,
+                              0, lp, NULL);
+}
+
 int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch, tdm_buf_t *b)
 {
     if (!o->tools) {
@@ -1098,13 +1111,27 @@ int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
     int rc = oai_tool_parser_feed(o->tools, ch->text, strlen(ch->text),
                                   ch->finish_reason != TDM_CLIENT_FINISH_NONE, &content);
     bool lp_wanted = q->logprobs && ch->n_tokens > 0;
-    if (rc == TDM_OK && (content.len > 0 || lp_wanted))
-        rc = oai_emit_choice_at(
-            q, o->index, b,
-            json_pack("{s:o}", "content", http_json_text(content.data, content.len)), NULL, 0,
-            oai_logprobs_json(q, o, ch), NULL);
-    for (size_t k = 0; rc == TDM_OK && k < o->tools->n_calls; k++)
-        rc = emit_call(q, o->index, b, k, &o->tools->calls[k]);
+    json_t *lp =
+        rc == TDM_OK && (content.len > 0 || lp_wanted) ? oai_logprobs_json(q, o, ch) : NULL;
+    bool lp_due = rc == TDM_OK && lp_wanted; /* an empty content delta carries them */
+    /* in output order: the content before each call this piece added, the call, the rest */
+    size_t done = 0;
+    for (size_t k = 0; rc == TDM_OK && k < o->tools->n_calls; k++) {
+        oai_tool_call_t *c = &o->tools->calls[k];
+        size_t at = c->at < content.len ? c->at : content.len;
+        if (!c->announced && (at > done || lp_due)) {
+            rc = content_delta(q, o, b, &content, done, at, lp);
+            lp = NULL;
+            lp_due = false;
+            done = at;
+        }
+        if (rc == TDM_OK)
+            rc = emit_call(q, o->index, b, k, c);
+    }
+    if (rc == TDM_OK && (content.len > done || lp_due))
+        rc = content_delta(q, o, b, &content, done, content.len, lp);
+    else
+        json_decref(lp);
     tdm_buf_free(&content);
     return rc;
 }

@@ -86,6 +86,8 @@ typedef struct oai_tool_call {
                         while an incremental call is open) */
     bool announced;  /* streaming: the delta with id and name was sent */
     size_t sent;     /* streaming: bytes of arguments sent */
+    size_t at;       /* bytes of content the feed that added it had given out before it: where
+                        the call stands in that feed's content (output order) */
 } oai_tool_call_t;
 
 /* Splits generated text, fed in pieces, into content and calls. A call is
@@ -119,6 +121,7 @@ typedef struct oai_tool_parser {
     tdm_buf_t ws;           /* whitespace outside calls not yet given out */
     oai_tool_call_t *calls; /* [n_calls] */
     size_t n_calls, cap;
+    size_t given; /* bytes of content the current feed has given out (oai_tool_call_t.at) */
 } oai_tool_parser_t;
 
 void oai_tool_parser_init(oai_tool_parser_t *p, bool parallel, bool incremental);
@@ -128,7 +131,8 @@ void oai_tool_parser_init_format(oai_tool_parser_t *p, oai_tool_format_t format,
 
 /* Feeds n bytes of text; final says it is the last piece (what is held is then decided).
  * Appends the content this piece settles to *content; calls completed (or, incremental,
- * opened) are appended to p->calls. Returns 0 or
+ * opened) are appended to p->calls, each with .at, its place in this piece's content (the
+ * content before it is content[0..at) of what this call appended). Returns 0 or
  * TDM_ERESOURCE (out of memory). */
 int oai_tool_parser_feed(oai_tool_parser_t *p, const char *s, size_t n, bool final,
                          tdm_buf_t *content);

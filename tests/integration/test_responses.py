@@ -493,3 +493,68 @@ def test_store_evicts_the_least_recently_used(tmp_path_factory):
             assert "evicted" in e.value.body["message"]
         finally:
             client.close()
+
+
+# text, a call, text again (after reasoning), few-shot through the plain template: the parsers
+# split it into four items, which stream=false, the stream's items, response.completed and the
+# stored response give alike, in the order written
+CALL_SHOT = ("<think>\nThe user asks about {city}.\n</think>\n\nLet me check. <tool_call>\n"
+             '{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>\n'
+             "One moment.")
+FEW_SHOT_CALL = [
+    {"role": "user", "content": "Weather in Rome?"},
+    {"role": "assistant", "content": CALL_SHOT.format(city="Rome")},
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": CALL_SHOT.format(city="Oslo")},
+    {"role": "user", "content": "Weather in Lima?"},
+    {"role": "assistant", "content": CALL_SHOT.format(city="Lima")},
+    {"role": "user", "content": "Weather in Paris?"},
+]
+
+
+def without_ids(item):
+    return {k: v for k, v in item.items() if k not in ("id", "call_id")}
+
+
+def test_interleaved_items_same_streamed_or_not(thinking):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{thinking.port}/v1", api_key="unused",
+                           max_retries=0, timeout=300)
+    try:
+        model = client.models.list().data[0].id
+        kw = dict(model=model, input=FEW_SHOT_CALL, tools=[WEATHER], max_output_tokens=80,
+                  temperature=0)
+        whole = client.responses.create(**kw).model_dump(exclude_none=True)
+        out = whole["output"]
+        assert [o["type"] for o in out] == ["reasoning", "message", "function_call",
+                                            "message"], out
+        assert out[1]["content"][0]["text"] == "Let me check."
+        assert out[2]["name"] == "get_weather"
+        assert json.loads(out[2]["arguments"]) == {"city": "Paris"}
+        assert out[3]["content"][0]["text"] == "One moment."
+        assert [o["id"].split("_")[0] for o in out] == ["rs", "msg", "fc", "msg"]
+        assert len({o["id"] for o in out}) == 4
+        # the stored response is the answer, ids and call_ids included
+        assert client.responses.retrieve(whole["id"]).model_dump(exclude_none=True)["output"] \
+            == out
+        events = collect(client.responses.create(stream=True, **kw))
+        added = [e for e in events if e.type == "response.output_item.added"]
+        done = [e.item.model_dump(exclude_none=True) for e in events
+                if e.type == "response.output_item.done"]
+        assert [e.output_index for e in added] == list(range(4))
+        assert [e.item.id for e in added] == [d["id"] for d in done]
+        final = events[-1].response.model_dump(exclude_none=True)
+        assert events[-1].type == "response.completed"
+        assert final["output"] == done
+        assert client.responses.retrieve(final["id"]).model_dump(exclude_none=True)["output"] \
+            == done
+        # the same items as stream=false, the ids apart (another response: other ids)
+        assert [without_ids(d) for d in done] == [without_ids(o) for o in out]
+        # the stored conversations are the same: the same prompt follows either
+        follow = [client.responses.create(model=model, previous_response_id=rid,
+                                          input="Weather in Rome?", tools=[WEATHER],
+                                          max_output_tokens=4, temperature=0)
+                  for rid in (whole["id"], final["id"])]
+        assert follow[0].usage.input_tokens == follow[1].usage.input_tokens
+        assert follow[0].output_text == follow[1].output_text
+    finally:
+        client.close()

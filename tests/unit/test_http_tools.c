@@ -98,6 +98,30 @@ static void test_parser_several_calls(void **state)
     parsed_free(&r);
 }
 
+/* Each call knows where it stands in the content its feed gave out (.at): the order the
+ * Responses API keeps its items in. */
+static void test_parser_call_places(void **state)
+{
+    (void)state;
+    parsed_t r;
+    const char text[] = "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n"
+                        "</tool_call>\nWait.\n<tool_call>\n{\"name\": \"b\", \"arguments\": "
+                        "{}}\n</tool_call>\nDone.";
+    parse_whole(&r, text, true);
+    assert_string_equal(content_of(&r), "Let me check.Wait.Done.");
+    assert_int_equal(r.p.n_calls, 2);
+    assert_int_equal(r.p.calls[0].at, strlen("Let me check."));
+    assert_int_equal(r.p.calls[1].at, strlen("Let me check.Wait."));
+    parsed_free(&r);
+    /* fed in two pieces: .at counts the content of the piece that added the call */
+    size_t cut = (size_t)(strstr(text, "Wait.") - text);
+    parse_cut(&r, text, true, &cut, 1);
+    assert_string_equal(content_of(&r), "Let me check.Wait.Done.");
+    assert_int_equal(r.p.calls[0].at, strlen("Let me check."));
+    assert_int_equal(r.p.calls[1].at, strlen("Wait."));
+    parsed_free(&r);
+}
+
 /* A close tag inside a string: the body before it is not JSON, so that block is text; the
  * parser then goes on outside a call. */
 static void test_parser_close_tag_in_string(void **state)
@@ -451,6 +475,60 @@ static void test_response_tool_calls(void **state)
 
 static size_t reassemble_and_check(const char *sse);
 
+/* One chunk holding text, a call and text again (a whole answer, or a chunk the gateway
+ * coalesced): the deltas keep that order, parsed whole or incrementally. */
+static void stream_order(bool constrained)
+{
+    oai_req_t *q = tool_request();
+    if (constrained)
+        q->tools.grammar = strdup("root ::= \"x\""); /* what oai_tools_request sets */
+    oai_out_t o;
+    memset(&o, 0, sizeof o);
+    tdm_buf_t sse = TDM_BUF_INIT;
+    tdm_client_usage_t usage;
+    memset(&usage, 0, sizeof usage);
+    tdm_client_chunk_t ch;
+    memset(&ch, 0, sizeof ch);
+    char text[256];
+    snprintf(text, sizeof text, "Before. %s\nAfter.", generated);
+    ch.text = text;
+    ch.text_len = strlen(text);
+    ch.last = true;
+    ch.finish_reason = TDM_CLIENT_FINISH_STOP;
+    ch.usage = &usage;
+    assert_int_equal(oai_sse_chunk(q, &o, &ch, &sse), TDM_OK);
+    tdm_buf_t order = TDM_BUF_INIT; /* c:TEXT for content, n:NAME, a:ARGS for a call */
+    for (const char *ev = strstr(sse.data, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
+        json_t *c = json_loads(ev + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        assert_non_null(c);
+        json_t *d = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta");
+        const char *t = json_string_value(json_object_get(d, "content"));
+        json_t *fn =
+            json_object_get(json_array_get(json_object_get(d, "tool_calls"), 0), "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        const char *args = json_string_value(json_object_get(fn, "arguments"));
+        if (t && t[0])
+            tdm_buf_printf(&order, "c:%s|", t);
+        if (name)
+            tdm_buf_printf(&order, "n:%s|", name);
+        if (args && args[0])
+            tdm_buf_printf(&order, "a:%s|", args);
+        json_decref(c);
+    }
+    assert_string_equal(order.data, "c:Before.|n:w|a:{\"c\": \"Paris\"}|c:After.|");
+    tdm_buf_free(&order);
+    tdm_buf_free(&sse);
+    oai_out_clear(&o);
+    oai_req_clear(q);
+}
+
+static void test_stream_order(void **state)
+{
+    (void)state;
+    stream_order(false);
+    stream_order(true);
+}
+
 /* The SSE events of the text fed in pieces of 3 bytes reassemble to the call: parsed whole
  * (tool_choice auto) and streamed incrementally (a constrained request: several argument
  * deltas). */
@@ -542,6 +620,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parser_one_call),
         cmocka_unit_test(test_parser_several_calls),
+        cmocka_unit_test(test_parser_call_places),
         cmocka_unit_test(test_parser_close_tag_in_string),
         cmocka_unit_test(test_parser_split_points),
         cmocka_unit_test(test_parser_long_call_scans_once),
@@ -551,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_request_fields),
         cmocka_unit_test(test_response_tool_calls),
         cmocka_unit_test(test_stream_deltas),
+        cmocka_unit_test(test_stream_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
