@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "tandem/config.h"
+#include "tandem/node_runtime.h"
 #include "tandem/serve.h"
 
 static void usage(FILE *out)
@@ -83,15 +84,39 @@ static int print_keys(const char *section)
     return 0;
 }
 
+/* Sizes the KV pool of each CPU node whose model opened (ok[model index]) as the node does at
+ * start (tdm_node_runtime_check: memory_budget against the weights, engine scratch and one
+ * full-context sequence) and prints each refusal after "where: ". Returns their number. */
+static size_t node_problems(const tdm_config_t *cfg, const bool *ok, const char *where)
+{
+    size_t n = 0;
+    for (size_t j = 0; j < cfg->n_nodes; j++) {
+        const tdm_node_config_t *node = &cfg->nodes[j];
+        if (node->device.kind != TDM_NODE_DEVICE_CPU || !ok[tdm_config_node_model_index(cfg, node)])
+            continue;
+        tdm_worker_mode_t mode = node->role == TDM_NODE_ROLE_PREFILL ? TDM_WORKER_MODE_PREFILL
+                                                                     : TDM_WORKER_MODE_DECODE;
+        uint64_t kv_bytes = 0;
+        tdm_error_t err = {0};
+        if (tdm_node_runtime_check(cfg, node, mode, &kv_bytes, &err) != TDM_OK) {
+            fprintf(stderr, "%s: %s\n", where, err.msg);
+            n++;
+        }
+    }
+    return n;
+}
+
 /* Opens each model of cfg whose file exists as the router and the nodes do at start
  * (tdm_served_model_open_at: GGUF, tokenizer, max_context against the trained context, KV
- * layout) and prints each refusal to stderr after "where: ". A file that is not there is left
- * to print_config's note. Returns the number of refusals. */
+ * layout), then sizes the CPU nodes' KV pools (node_problems), and prints each refusal to
+ * stderr after "where: ". A file that is not there is left to print_config's note. Returns the
+ * number of refusals. */
 static size_t model_problems(const tdm_config_t *cfg, const char *where)
 {
     size_t n = 0;
     struct stat st;
-    for (size_t i = 0; i < cfg->n_models; i++) {
+    bool ok[TDM_CONFIG_MAX_MODELS] = {false};
+    for (size_t i = 0; i < cfg->n_models && i < TDM_CONFIG_MAX_MODELS; i++) {
         if (stat(cfg->models[i].path, &st) != 0)
             continue;
         tdm_served_model_t sm;
@@ -102,8 +127,9 @@ static size_t model_problems(const tdm_config_t *cfg, const char *where)
             continue;
         }
         tdm_served_model_close(&sm);
+        ok[i] = true;
     }
-    return n;
+    return n + node_problems(cfg, ok, where);
 }
 
 /* `tandem config check [FILE]` and `tandem config defaults` (file NULL): loads FILE or the

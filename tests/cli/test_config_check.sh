@@ -2,7 +2,8 @@
 # test_config_check.sh - `tandem config check` opens each model file that exists as the daemons
 # do at start: a max_context past the trained context (SmolLM2: 8,192) and a file that is not a
 # GGUF are errors naming the key or the file (exit 1), the trained context itself is accepted,
-# and a model file that is not there yet is only a note (exit 0). Needs the default model (exit
+# a model file that is not there yet is only a note (exit 0), and a node's memory_budget that
+# cannot hold the weights, scratch and one full-context sequence is an error (exit 1). Needs the default model (exit
 # 77, skipped, without it).
 # Usage: bash test_config_check.sh /path/to/tandem. Prints "N passed, M failed"; exits 1 on
 # failure.
@@ -46,6 +47,27 @@ check "the default context" 0 "" "  path: \"$model\""
 printf 'not a gguf file\n' >"$tmp/junk.gguf"
 check "a file that is not a GGUF" 1 "model $tmp/junk.gguf:" "  path: \"$tmp/junk.gguf\""
 check "a model not there yet is a note" 0 "does not exist" "  path: \"$tmp/absent.gguf\""
+
+# A node's memory_budget is sized as the node sizes it at start (weights + engine scratch + one
+# full-context sequence of KV): 1 MiB is refused naming memory_budget and the bytes it needs.
+check "a memory_budget the node would refuse" 1 "raise memory_budget to at least" \
+    "  path: \"$model\"
+nodes:
+  - id: prefill-0
+    role: prefill
+    memory_budget: 1MiB
+  - id: decode-0
+    role: decode
+    memory_budget: 2GiB"
+check "memory budgets that hold the model" 0 "" \
+    "  path: \"$model\"
+nodes:
+  - id: prefill-0
+    role: prefill
+    memory_budget: 1GiB
+  - id: decode-0
+    role: decode
+    memory_budget: 1GiB"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

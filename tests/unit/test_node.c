@@ -862,7 +862,7 @@ static void test_size_pool_refuses(void **state)
     assert_non_null(strstr(err.msg, "total 107374182400, free 106300440576"));
     assert_non_null(strstr(err.msg, "41607495680 bytes on the device"));
     assert_non_null(strstr(err.msg, "scratch (1073741824 bytes)"));
-    assert_non_null(strstr(err.msg, "only 128 KV blocks of 2097152 bytes"));
+    assert_non_null(strstr(err.msg, "leaves 128 KV blocks of 2097152 bytes"));
     assert_non_null(strstr(err.msg, "needs 256 blocks (536870912 bytes)"));
     assert_non_null(strstr(err.msg, "at least 43218108416 bytes"));
     /* exactly one sequence fits */

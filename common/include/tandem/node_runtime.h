@@ -157,6 +157,16 @@ void tdm_node_host_id(char *buf, size_t cap);
  * memory; TDM_EPRECONDITION for a cuda device in a build without CUDA (the message names the
  * build); TDM_EUNAVAILABLE / TDM_EINVALID for a device the CUDA runtime cannot use or does
  * not have. On error nothing is left to close. */
+/* What tdm_node_runtime_open would decide about a CPU node's memory without keeping anything:
+ * loads the model, measures the engine and sizes the pool from memory_budget exactly as the
+ * node does at start (no keys, grammars or worker), then frees it all; *kv_bytes = the KV pool
+ * the node would get. For `tandem config check`. Errors as tdm_node_runtime_open's (the
+ * TDM_ERESOURCE message names memory_budget and the bytes it must reach);
+ * TDM_EPRECONDITION without a check for a cuda node (its budget is device memory, known only
+ * on the machine that has the device). */
+int tdm_node_runtime_check(const tdm_config_t *cfg, const tdm_node_config_t *node,
+                           tdm_worker_mode_t mode, uint64_t *kv_bytes, tdm_error_t *err);
+
 int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                           const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err);
 

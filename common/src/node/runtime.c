@@ -149,6 +149,58 @@ static int open_engine(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
     return TDM_OK;
 }
 
+/* The node's model, measured engine and sized pool (*n_blocks) into rt (device opened, ep
+ * set up by the caller); what is opened stays in rt for tdm_node_runtime_close. */
+static int open_sized(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
+                      const tdm_node_config_t *node, tdm_worker_mode_t mode,
+                      tdm_engine_params_t *ep, uint32_t *n_blocks, tdm_error_t *err)
+{
+    /* the same loader as the router's: context, vocabulary, fingerprint and layout agree */
+    tdm_served_model_t sm;
+    int rc = tdm_served_model_open_at(&sm, cfg, tdm_config_node_model_index(cfg, node), err);
+    if (rc != TDM_OK)
+        return rc;
+    rt->model = sm.model; /* the runtime owns them from here (tdm_node_runtime_close) */
+    rt->tok = sm.tok;
+    rt->n_vocab = sm.n_vocab;
+    rt->n_ctx = sm.n_ctx;
+    rt->fingerprint = sm.fingerprint;
+    rt->layout = sm.layout;
+    rt->weight_bytes = tdm_model_weight_bytes(rt->model);
+    /* a colocated decode node on the CPU keeps only the windows of sliding-window layers */
+    rt->kv_grouped = tdm_node_kv_groups(cfg, node, tdm_model_hparams(rt->model), &rt->groups);
+
+    ep->n_threads = node->threads;
+    ep->n_ctx = rt->n_ctx;
+    ep->max_batch_tokens = (uint32_t)node->max_batch_tokens;
+    /* the decode row of each running sequence and the draft rows of speculative decoding */
+    tdm_worker_opts_t rows = {.mode = mode,
+                              .max_running = (uint32_t)node->max_running,
+                              .max_draft = (uint32_t)node->spec_max_draft};
+    ep->max_logits = tdm_worker_logit_rows(&rows);
+    if ((rc = measure_engine(rt, ep, err)) != TDM_OK)
+        return rc;
+    return size_pool(rt, node, n_blocks, err);
+}
+
+int tdm_node_runtime_check(const tdm_config_t *cfg, const tdm_node_config_t *node,
+                           tdm_worker_mode_t mode, uint64_t *kv_bytes, tdm_error_t *err)
+{
+    *kv_bytes = 0;
+    if (node->device.kind != TDM_NODE_DEVICE_CPU)
+        return TDM_EPRECONDITION;
+    tdm_node_runtime_t rt;
+    memset(&rt, 0, sizeof rt);
+    tdm_engine_params_t ep;
+    tdm_engine_params_default(&ep);
+    uint32_t n_blocks = 0;
+    int rc = open_sized(&rt, cfg, node, mode, &ep, &n_blocks, err);
+    if (rc == TDM_OK)
+        *kv_bytes = rt.kv_bytes;
+    tdm_node_runtime_close(&rt);
+    return rc;
+}
+
 int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
                           const tdm_node_config_t *node, tdm_worker_mode_t mode, tdm_error_t *err)
 {
@@ -161,34 +213,9 @@ int tdm_node_runtime_open(tdm_node_runtime_t *rt, const tdm_config_t *cfg,
         return rc;
     }
     if ((rc = tdm_node_keys_open(&rt->keys, cfg, node, err)) != TDM_OK)
-        if (rc != TDM_OK)
-            return rc;
-    /* the same loader as the router's: context, vocabulary, fingerprint and layout agree */
-    tdm_served_model_t sm;
-    if ((rc = tdm_served_model_open_at(&sm, cfg, tdm_config_node_model_index(cfg, node), err)) !=
-        TDM_OK)
-        goto out_close;
-    rt->model = sm.model; /* the runtime owns them from here (tdm_node_runtime_close) */
-    rt->tok = sm.tok;
-    rt->n_vocab = sm.n_vocab;
-    rt->n_ctx = sm.n_ctx;
-    rt->fingerprint = sm.fingerprint;
-    rt->layout = sm.layout;
-    rt->weight_bytes = tdm_model_weight_bytes(rt->model);
-    /* a colocated decode node on the CPU keeps only the windows of sliding-window layers */
-    rt->kv_grouped = tdm_node_kv_groups(cfg, node, tdm_model_hparams(rt->model), &rt->groups);
-
-    ep.n_threads = node->threads;
-    ep.n_ctx = rt->n_ctx;
-    ep.max_batch_tokens = (uint32_t)node->max_batch_tokens;
-    /* the decode row of each running sequence and the draft rows of speculative decoding */
-    tdm_worker_opts_t rows = {.mode = mode,
-                              .max_running = (uint32_t)node->max_running,
-                              .max_draft = (uint32_t)node->spec_max_draft};
-    ep.max_logits = tdm_worker_logit_rows(&rows);
+        return rc;
     uint32_t n_blocks = 0;
-    if ((rc = measure_engine(rt, &ep, err)) != TDM_OK ||
-        (rc = size_pool(rt, node, &n_blocks, err)) != TDM_OK)
+    if ((rc = open_sized(rt, cfg, node, mode, &ep, &n_blocks, err)) != TDM_OK)
         goto out_close;
     if ((rc = open_grammars(rt, node, err)) != TDM_OK ||
         (rc = open_engine(rt, cfg, node, &ep, mode, n_blocks, err)) != TDM_OK)

@@ -66,8 +66,8 @@ static int sizing_refuse(const tdm_node_sizing_t *in, uint64_t budget, const tdm
         return tdm_error_set(
             err, TDM_ERESOURCE,
             "node '%s': cuda:%d: budget %" PRIu64 " bytes (total %" PRIu64 ", free %" PRIu64
-            ") holds the weights (%" PRIu64 " bytes on the device) and engine scratch (%" PRIu64
-            " bytes) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
+            "), less the weights (%" PRIu64 " bytes on the device) and engine scratch (%" PRIu64
+            " bytes), leaves %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
             "full context (%u tokens) needs %" PRIu64 " blocks (%" PRIu64 " bytes): the budget "
             "must be at least %" PRIu64 " bytes (%.1f MiB)",
             in->node_id, in->device_index, budget, in->device_total_bytes, in->device_free_bytes,
@@ -75,8 +75,8 @@ static int sizing_refuse(const tdm_node_sizing_t *in, uint64_t budget, const tdm
             plan->blocks_per_seq, seq, need, mib(need) + 0.1);
     return tdm_error_set(
         err, TDM_ERESOURCE,
-        "node '%s': memory_budget %.1f MiB holds the weights (%.1f MiB) and engine scratch "
-        "(%.1f MiB) but only %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
+        "node '%s': memory_budget %.1f MiB, less the weights (%.1f MiB) and engine scratch "
+        "(%.1f MiB), leaves %" PRIu64 " KV blocks of %" PRIu64 " bytes; one sequence of the "
         "full context (%u tokens, the model's max_context) needs %" PRIu64 " blocks (%.1f "
         "MiB): raise memory_budget to at least %.1f MiB, or lower max_context",
         in->node_id, mib(budget), mib(in->weight_bytes), mib(in->scratch_bytes), plan->pool_blocks,
