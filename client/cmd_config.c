@@ -94,8 +94,8 @@ static size_t node_problems(const tdm_config_t *cfg, const bool *ok, const char 
         const tdm_node_config_t *node = &cfg->nodes[j];
         if (node->device.kind != TDM_NODE_DEVICE_CPU || !ok[tdm_config_node_model_index(cfg, node)])
             continue;
-        tdm_worker_mode_t mode = node->role == TDM_NODE_ROLE_PREFILL ? TDM_WORKER_MODE_PREFILL
-                                                                     : TDM_WORKER_MODE_DECODE;
+        tdm_worker_mode_t mode =
+            node->role == TDM_NODE_ROLE_PREFILL ? TDM_WORKER_MODE_PREFILL : TDM_WORKER_MODE_DECODE;
         uint64_t kv_bytes = 0;
         tdm_error_t err = {0};
         if (tdm_node_runtime_check(cfg, node, mode, &kv_bytes, &err) != TDM_OK) {

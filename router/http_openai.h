@@ -236,7 +236,9 @@ int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
 const char *oai_tools_finish(const oai_out_t *o, int reason);
 
 /* The non-streamed message of text: content (null when calls took all of it) and
- * tool_calls; *n_calls tells how many. New reference, NULL on out of memory. */
-json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls);
+ * tool_calls; *n_calls tells how many. cut: the output ended at max_tokens (finish reason
+ * length): a call it left open is not content (oai_tool_parser_t.cut), as in the stream. New
+ * reference, NULL on out of memory. */
+json_t *oai_tools_message_json(const oai_req_t *q, const char *text, bool cut, size_t *n_calls);
 
 #endif /* TANDEM_ROUTER_HTTP_OPENAI_H */

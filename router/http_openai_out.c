@@ -394,10 +394,10 @@ static json_t *response_base(const oai_req_t *q)
 
 /* A chat answer's message from its text (the answer after any reasoning): tool calls parsed
  * when the request has tools (*n_calls), the echoed last message first (vLLM). */
-static json_t *chat_message_json(const oai_req_t *q, const char *text, size_t *n_calls)
+static json_t *chat_message_json(const oai_req_t *q, const char *text, bool cut, size_t *n_calls)
 {
     if (q->tools.parse) {
-        json_t *m = oai_tools_message_json(q, text, n_calls);
+        json_t *m = oai_tools_message_json(q, text, cut, n_calls);
         json_t *c = m ? json_object_get(m, "content") : NULL;
         if (q->chat_echo && m) { /* vLLM: the echo goes before the parsed content */
             tdm_buf_t t = TDM_BUF_INIT;
@@ -439,7 +439,9 @@ static json_t *choice_json(const oai_req_t *q, oai_out_t *o, const tdm_client_ch
         text = answer.data ? answer.data : "";
     }
     if (q->kind == OAI_CHAT) {
-        json_object_set_new(choice, "message", chat_message_json(q, text, &n_calls));
+        json_object_set_new(
+            choice, "message",
+            chat_message_json(q, text, ch->finish_reason == TDM_CLIENT_FINISH_LENGTH, &n_calls));
     } else {
         tdm_buf_t t = TDM_BUF_INIT;
         if (q->echo)

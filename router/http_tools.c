@@ -10,7 +10,9 @@
  * closing tag is generated and its JSON parses, so text that merely looks like a call stays
  * content; streamed, such calls arrive whole (a delta with id and name, then one with the
  * arguments). Constrained output (required / a named function) can only be calls, so there
- * the arguments stream as they are generated.
+ * the arguments stream as they are generated. An output cut by max_tokens (the parser's cut)
+ * never gives the call it cut as content: that call is dropped, or, streamed incrementally,
+ * kept with the arguments it had (docs/api.md "Tool calling"); the same non-streamed.
  *
  * Other families (http_family.h: Llama 3.x JSON, Mistral's [TOOL_CALLS] array and [ARGS]
  * forms) are parsed when the output ends, and their required / named grammars are written in
@@ -732,6 +734,26 @@ static void hold_drop(oai_tool_parser_t *p, size_t n)
     p->close_scan = 0;
 }
 
+/* The end of an output inside a streamed call's arguments h[n] (no close tag): a start of
+ * the close tag and whitespace are not arguments, nor a last "}" that closes the call
+ * object (the arguments are JSON without it, not with it). */
+static void final_arguments(oai_tool_parser_t *p, const char *h, size_t n)
+{
+    size_t len = n - oai_tag_tail(h, n, close_tag, CLOSE_LEN);
+    while (len > 0 && is_ws(h[len - 1]))
+        len--;
+    append_arguments(p, h, len);
+    char *a = p->calls[p->n_calls - 1].arguments;
+    size_t alen = strlen(a);
+    json_t *with = alen > 0 && a[alen - 1] == '}' ? json_loads(a, 0, NULL) : NULL;
+    json_t *without =
+        alen > 0 && a[alen - 1] == '}' && !with ? json_loadb(a, alen - 1, 0, NULL) : NULL;
+    if (without)
+        a[alen - 1] = '\0';
+    json_decref(with);
+    json_decref(without);
+}
+
 /* A streamed call's arguments: what cannot be the call's end goes to the open call; at the
  * close tag the rest, less the "}" that closes the call object. Returns true at the end. */
 static bool stream_arguments(oai_tool_parser_t *p, bool final)
@@ -739,11 +761,16 @@ static bool stream_arguments(oai_tool_parser_t *p, bool final)
     const char *h = p->hold.data;
     size_t n = p->hold.len;
     const char *end = oai_find(h, n, close_tag, CLOSE_LEN);
+    if (!end && final) {
+        final_arguments(p, h, n);
+        hold_drop(p, n);
+        p->streaming = p->in_call = false;
+        return false;
+    }
     if (!end) {
-        size_t give = final ? n : n > ARGS_TAIL ? n - ARGS_TAIL : 0;
+        size_t give = n > ARGS_TAIL ? n - ARGS_TAIL : 0;
         append_arguments(p, h, give);
         hold_drop(p, give);
-        p->streaming = p->in_call = !final;
         return false;
     }
     size_t body = (size_t)(end - h), len = body;
@@ -768,10 +795,15 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
     bool closed_to_calls = !p->parallel && p->n_calls > 0;
     if (!p->in_call) {
         const char *at = closed_to_calls ? NULL : oai_find(h, n, open_tag, OPEN_LEN);
-        size_t keep = at || final || closed_to_calls ? 0 : oai_tag_tail(h, n, open_tag, OPEN_LEN);
+        /* at the end of a cut output, a tail that begins the open tag is a cut call: dropped */
+        size_t keep = at || (final && !p->cut) || closed_to_calls
+                          ? 0
+                          : oai_tag_tail(h, n, open_tag, OPEN_LEN);
         size_t give = at ? (size_t)(at - h) : n - keep;
         content_out(p, h, give, out);
-        hold_drop(p, at ? give + OPEN_LEN : give);
+        if (final && keep > 0)
+            tdm_buf_clear(&p->ws);
+        hold_drop(p, at ? give + OPEN_LEN : final ? n : give);
         p->in_call = at != NULL;
         return at != NULL;
     }
@@ -797,11 +829,14 @@ static bool parse_step(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
         p->close_scan = n > CLOSE_LEN - 1 ? n - (CLOSE_LEN - 1) : 0;
         return false;
     }
-    size_t body = end ? (size_t)(end - h) : n;
+    /* at the end without the close tag, a start of it is not the call's JSON */
+    size_t body = end ? (size_t)(end - h) : n - oai_tag_tail(h, n, close_tag, CLOSE_LEN);
     size_t used = end ? body + CLOSE_LEN : n;
     if (parse_call(p, h, body)) {
         tdm_buf_clear(&p->ws);
         p->after_call = true;
+    } else if (!end && p->cut) { /* a call cut off by max_tokens: neither call nor content */
+        tdm_buf_clear(&p->ws);
     } else { /* not a call: the text stays, tags included */
         content_out(p, open_tag, OPEN_LEN, out);
         content_out(p, h, used, out);
@@ -900,6 +935,30 @@ static void drop_calls_from(oai_tool_parser_t *p, size_t k)
         p->n_calls = k;
 }
 
+/* An array of calls s[i] = "[" cut by max_tokens: its whole calls appended (only the first
+ * when not parallel), *m after them with next set, so that the cut one is dropped. */
+static void array_cut(oai_tool_parser_t *p, const char *s, size_t n, size_t i, parse_mark_t *m)
+{
+    size_t before = p->n_calls, at = i;
+    for (i = skip_ws(s, n, i + 1); i < n && s[i] == '{';) {
+        json_t *v = NULL;
+        size_t end = json_at(s, n, i, &v);
+        bool ok = end && object_call(p, v, "arguments");
+        json_decref(v);
+        if (!ok)
+            break;
+        at = end;
+        i = skip_ws(s, n, end);
+        if (i >= n || s[i] != ',')
+            break;
+        i = skip_ws(s, n, i + 1);
+    }
+    if (!p->parallel)
+        drop_calls_from(p, before + 1);
+    if (p->n_calls > before)
+        *m = (parse_mark_t){at, p->n_calls, true};
+}
+
 /* Mistral, after the first [TOOL_CALLS]: an array of {"name", "arguments"} objects, or
  * NAME[ARGS]OBJ; either repeated after further [TOOL_CALLS] markers. */
 static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n, parse_mark_t *m)
@@ -908,8 +967,11 @@ static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n, parse_m
     do {
         json_t *v = NULL;
         if (i < n && s[i] == '[') {
+            size_t start = i;
             if (!(i = json_at(s, n, i, &v)) || !json_is_array(v) || json_array_size(v) == 0) {
                 json_decref(v);
+                if (p->cut)
+                    array_cut(p, s, n, start, m);
                 return false;
             }
             size_t k;
@@ -959,9 +1021,9 @@ static bool parse_mistral(oai_tool_parser_t *p, const char *s, size_t n, parse_m
 
 /* The end of an answer in the other formats: the held calls h[n] (after the first marker)
  * parsed into p's calls; what is not a whole call is given out as content. Whole calls are
- * kept when the next call after them does not parse (an answer cut by max_tokens inside it):
- * that rest is content, as the <tool_call> format gives it; text after the calls without a
- * separator makes it all content. */
+ * kept when the next call after them does not parse: that rest is content, or dropped when the
+ * answer was cut by max_tokens (p->cut), as the <tool_call> format does; text after the calls
+ * without a separator makes it all content. */
 static void other_parse_held(oai_tool_parser_t *p, const char *h, size_t n, bool llama,
                              tdm_buf_t *out)
 {
@@ -972,11 +1034,17 @@ static void other_parse_held(oai_tool_parser_t *p, const char *h, size_t n, bool
         m = (parse_mark_t){0, before, false};
     drop_calls_from(p, m.calls);
     p->oom = false;
+    /* cut by max_tokens inside a call after a separator, or inside marked calls: the cut
+     * call is dropped (Llama 3's bare "{" may be JSON content: it stays) */
+    bool marked = !llama || starts(h, n, skip_ws(h, n, 0), python_tag, PYTHON_TAG_LEN);
+    bool drop_cut = p->cut && !ok && (m.calls > before ? m.next : marked);
     if (m.calls > before) {
         tdm_buf_clear(&p->ws);
         p->after_call = true;
-        if (!ok)
+        if (!ok && !drop_cut)
             content_out(p, h + m.at, n - m.at, out);
+    } else if (drop_cut) {
+        tdm_buf_clear(&p->ws);
     } else {
         if (!llama)
             content_out(p, mistral_tag, MISTRAL_TAG_LEN, out);
@@ -1010,10 +1078,13 @@ static void other_feed(oai_tool_parser_t *p, bool final, tdm_buf_t *out)
             p->fstate = 2;
     } else if (p->fstate == 0) {
         const char *at = oai_find(h, n, mistral_tag, MISTRAL_TAG_LEN);
-        size_t keep = at || final ? 0 : oai_tag_tail(h, n, mistral_tag, MISTRAL_TAG_LEN);
+        size_t keep =
+            at || (final && !p->cut) ? 0 : oai_tag_tail(h, n, mistral_tag, MISTRAL_TAG_LEN);
         size_t give = at ? (size_t)(at - h) : n - keep;
         content_out(p, h, give, out);
-        hold_drop(p, at ? give + MISTRAL_TAG_LEN : give);
+        if (final && keep > 0) /* cut inside the marker: dropped */
+            tdm_buf_clear(&p->ws);
+        hold_drop(p, at ? give + MISTRAL_TAG_LEN : final ? n : give);
         if (!at)
             return;
         p->fstate = 1;
@@ -1108,6 +1179,7 @@ int oai_tools_sse(const oai_req_t *q, oai_out_t *o, const tdm_client_chunk_t *ch
                                     q->tools.grammar != NULL);
     }
     tdm_buf_t content = TDM_BUF_INIT;
+    o->tools->cut = ch->finish_reason == TDM_CLIENT_FINISH_LENGTH;
     int rc = oai_tool_parser_feed(o->tools, ch->text, strlen(ch->text),
                                   ch->finish_reason != TDM_CLIENT_FINISH_NONE, &content);
     bool lp_wanted = q->logprobs && ch->n_tokens > 0;
@@ -1142,10 +1214,13 @@ const char *oai_tools_finish(const oai_out_t *o, int reason)
                                                                                  : NULL;
 }
 
-json_t *oai_tools_message_json(const oai_req_t *q, const char *text, size_t *n_calls)
+json_t *oai_tools_message_json(const oai_req_t *q, const char *text, bool cut, size_t *n_calls)
 {
     oai_tool_parser_t p;
-    oai_tool_parser_init_format(&p, q->tools.format, q->tools.parallel, false);
+    /* parsed as the stream parses it (incremental for constrained output), so that a call cut
+     * inside its arguments comes out the same both ways */
+    oai_tool_parser_init_format(&p, q->tools.format, q->tools.parallel, q->tools.grammar != NULL);
+    p.cut = cut;
     tdm_buf_t content = TDM_BUF_INIT;
     json_t *msg = NULL;
     *n_calls = 0;

@@ -99,7 +99,8 @@ typedef struct oai_tool_call {
  * "\n{\"name\": \"NAME\", \"arguments\": " after the tag): a call is added as soon as that
  * head is seen and its arguments grow as they are fed (the "}" closing the call object
  * dropped), all but the last bytes that could be the call's end; a call of another form is
- * parsed whole. Zero-initialise, then oai_tool_parser_init. */
+ * parsed whole. With cut set, the final feed drops what an output cut by max_tokens left
+ * open instead of giving it out as content. Zero-initialise, then oai_tool_parser_init. */
 typedef struct oai_tool_parser {
     oai_tool_format_t format; /* HERMES (the above); the other formats (http_family.h) are
                                  found at the start (llama3_json) or at "[TOOL_CALLS]" and
@@ -114,6 +115,10 @@ typedef struct oai_tool_parser {
     bool streaming;         /* in a call whose head was seen: calls[n_calls - 1] grows */
     bool whole_call;        /* in a call not of the constrained form: parsed at its close */
     bool oom;               /* an allocation failed */
+    bool cut;               /* the output was cut off (finish reason length; set before the
+                               final feed): a call left open at the end, or the start of its
+                               tag, is dropped, not content; a streamed call (incremental)
+                               keeps the arguments given so far */
     tdm_buf_t hold;         /* outside a call: a tail that may begin "<tool_call>" */
     size_t close_scan;      /* in a whole call: hold[0..close_scan) holds no start of
                                "</tool_call>" (searched already; a chunk's search starts

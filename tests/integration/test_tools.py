@@ -272,9 +272,15 @@ def test_required_and_named_calls_are_constrained(oai, model, grammar):
             assert c.finish_reason == "tool_calls", c
         if c.finish_reason == "tool_calls":
             assert 1 <= len(c.message.tool_calls) <= 8 and c.message.content is None
-        # every call returned, also before a cut at max_tokens, is whole and valid
-        for call in c.message.tool_calls or []:
+        # every call returned before a cut at max_tokens is whole and valid; a call cut inside
+        # its arguments is the last, with the arguments generated so far (as streamed)
+        calls = c.message.tool_calls or []
+        for k, call in enumerate(calls):
+            if k == len(calls) - 1 and c.finish_reason == "length":
+                assert call.function.name in ("get_weather", "get_time"), call
+                continue
             check_call(call, TOOLS)
+        assert not c.message.content, c
     named = {"type": "function", "function": {"name": "get_time"}}
     r = oai.chat.completions.create(model=model, messages=msgs, tools=TOOLS, tool_choice=named,
                                     parallel_tool_calls=False, max_tokens=200, temperature=0)
@@ -306,6 +312,60 @@ def test_streamed_tool_call_deltas_reassemble(oai, model, grammar):
     assert [calls[i]["name"] for i in sorted(calls)] == [c.function.name for c in want]
     for i, c in enumerate(want):
         assert json.loads(calls[i]["arguments"]) == json.loads(c.function.arguments)
+
+
+def streamed_calls(chunks):
+    """The calls (name, arguments) and content reassembled from streamed chunks, and the
+    finish reason."""
+    calls, content, finish = {}, "", None
+    for ch in chunks:
+        if not ch.choices:
+            continue
+        choice = ch.choices[0]
+        content += choice.delta.content or ""
+        finish = choice.finish_reason or finish
+        for d in choice.delta.tool_calls or []:
+            c = calls.setdefault(d.index, {"name": None, "arguments": ""})
+            if d.function.name:
+                c["name"] = d.function.name
+            c["arguments"] += d.function.arguments or ""
+    return [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)], content, finish
+
+
+def test_call_cut_by_max_tokens_is_not_content(oai, model, grammar):
+    # required with parallel calls, greedy: SmolLM2 repeats its call; max_tokens just past the
+    # first call cuts the second one (in its tag, name or arguments). The whole first call is
+    # in tool_calls, none of the cut call's markup is content, finish_reason stays "length",
+    # and the stream says the same (a constrained call cut inside its arguments keeps the
+    # arguments streamed so far, both ways: docs/api.md "Tool calling")
+    msgs = [{"role": "user", "content": QUESTION}]
+    kw = dict(tools=TOOLS, tool_choice="required", temperature=0)
+    one = oai.chat.completions.create(model=model, messages=msgs, parallel_tool_calls=False,
+                                      max_tokens=200, **kw)
+    assert one.choices[0].finish_reason == "tool_calls", one
+    first = one.choices[0].message.tool_calls[0]
+    t1 = one.usage.completion_tokens
+    for extra in (2, 6, 12, 20, 35):
+        n = t1 + extra
+        r = oai.chat.completions.create(model=model, messages=msgs, max_tokens=n, **kw)
+        c = r.choices[0]
+        assert c.finish_reason == "length" and r.usage.completion_tokens == n, (extra, c)
+        assert not c.message.content, (extra, c.message.content)  # no raw <tool_call> text
+        got = [(t.function.name, t.function.arguments) for t in c.message.tool_calls]
+        assert got[0] == (first.function.name, first.function.arguments), (extra, got)
+        for call in c.message.tool_calls[:-1]:
+            check_call(call, TOOLS)
+        chunks = list(oai.chat.completions.create(model=model, messages=msgs, max_tokens=n,
+                                                  stream=True, **kw))
+        s_calls, s_content, s_finish = streamed_calls(chunks)
+        assert (s_calls, s_content, s_finish) == (got, "", "length"), (extra, s_calls, got)
+    # the Responses API: the first call as a function_call item, no message with the markup
+    flat_tools = [dict(type="function", **t["function"]) for t in TOOLS]
+    r = oai.responses.create(model=model, input=QUESTION, tools=flat_tools,
+                             tool_choice="required", max_output_tokens=t1 + 6, temperature=0)
+    assert r.status == "incomplete", r
+    assert [o.type for o in r.output if o.type != "function_call"] == [], r.output
+    assert r.output[0].name == first.function.name, r.output
 
 
 # ---- LangChain ----

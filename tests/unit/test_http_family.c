@@ -73,6 +73,8 @@ typedef struct want_call {
     const char *name, *arguments;
 } want_call_t;
 
+static bool tools_cut; /* the parsers' cut flag (an output ended by max_tokens) */
+
 /* Parses text in format f at every cut (and byte by byte) and checks content and calls. */
 static void tools_case_par(oai_tool_format_t f, bool parallel, const char *text,
                            const char *want_content, const want_call_t *want, size_t n_want)
@@ -81,6 +83,7 @@ static void tools_case_par(oai_tool_format_t f, bool parallel, const char *text,
     for (size_t cut = 0; cut <= len + 1; cut++) {
         oai_tool_parser_t p;
         oai_tool_parser_init_format(&p, f, parallel, false);
+        p.cut = tools_cut;
         tdm_buf_t ct = TDM_BUF_INIT;
         if (cut == len + 1) {
             for (size_t i = 0; i < len; i++)
@@ -157,6 +160,26 @@ static void test_tool_formats(void **state)
     tools_case(OAI_TOOL_FORMAT_MISTRAL,
                "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}][TOOL_CALLS][{\"na",
                "[TOOL_CALLS][{\"na", one_a, 1);
+    /* the same cut by max_tokens (finish reason length): the cut call is dropped, text before
+     * the calls kept; Llama 3's bare "{" may be JSON content and stays */
+    tools_cut = true;
+    tools_case(OAI_TOOL_FORMAT_MISTRAL_ARGS, "[TOOL_CALLS]a[ARGS]{\"x\":1}[TOOL_CALLS]b[ARGS]{\"y",
+               "", one_a, 1);
+    tools_case(OAI_TOOL_FORMAT_LLAMA3_JSON,
+               "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"param", "",
+               one_a, 1);
+    tools_case(OAI_TOOL_FORMAT_MISTRAL,
+               "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}][TOOL_CALLS][{\"na", "",
+               one_a, 1);
+    tools_case(OAI_TOOL_FORMAT_MISTRAL, "Hi [TOOL_CALLS][{\"name\": ", "Hi", NULL, 0);
+    tools_case(OAI_TOOL_FORMAT_MISTRAL,
+               "Hi [TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b", "Hi",
+               one_a, 1);
+    tools_case(OAI_TOOL_FORMAT_MISTRAL, "no calls here [TOOL_CALL", "no calls here", NULL, 0);
+    tools_case(OAI_TOOL_FORMAT_LLAMA3_JSON, "<|python_tag|>{\"name\": \"a\", \"par", "", NULL, 0);
+    tools_case(OAI_TOOL_FORMAT_LLAMA3_JSON, "{\"name\": \"a\", \"par", "{\"name\": \"a\", \"par",
+               NULL, 0);
+    tools_cut = false;
     /* parallel_tool_calls false: one call, as the <tool_call> format; the next is content (an
      * array's later elements are dropped with it) */
     tools_case_par(OAI_TOOL_FORMAT_LLAMA3_JSON, false,

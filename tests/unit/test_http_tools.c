@@ -15,6 +15,8 @@
 
 /* ---- the parser ---- */
 
+#define CLOSE_LEN_T (sizeof "</tool_call>" - 1)
+
 typedef struct parsed {
     tdm_buf_t content;
     oai_tool_parser_t p;
@@ -315,6 +317,72 @@ static void test_parser_malformed_stays_text(void **state)
     parsed_free(&r);
 }
 
+/* An output cut by max_tokens (cut set) at every byte of its second call: the first call
+ * and the text before it are kept, the cut call is not content. Parsed whole, the second call
+ * counts once its JSON is whole; incremental (constrained output), once its head is seen, with
+ * the arguments generated so far, as they were streamed. Fed whole and byte by byte. */
+static void test_parser_cut_by_max_tokens(void **state)
+{
+    (void)state;
+    static const char text[] =
+        "Sure.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n"
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Pa\"}}\n"
+        "</tool_call>";
+    const char *second = strstr(text, "</tool_call>") + CLOSE_LEN_T;
+    size_t from = (size_t)(second - text);
+    size_t head_end = (size_t)(strstr(second, "{\"city") - text);
+    size_t args_end = (size_t)(strstr(second, "}}") - text) + 1; /* after the arguments */
+    size_t json_end = args_end + 1;                              /* after the call object */
+    size_t close_at = (size_t)(strstr(second, "</tool_call>") - text);
+    for (int inc = 0; inc < 2; inc++) {
+        for (size_t len = from; len < close_at + CLOSE_LEN_T; len++) {
+            for (int bytewise = 0; bytewise < 2; bytewise++) {
+                oai_tool_parser_t p;
+                oai_tool_parser_init(&p, true, inc);
+                p.cut = true;
+                tdm_buf_t ct = TDM_BUF_INIT;
+                for (size_t at = 0; bytewise && at < len; at++)
+                    assert_int_equal(oai_tool_parser_feed(&p, text + at, 1, false, &ct), TDM_OK);
+                assert_int_equal(oai_tool_parser_feed(&p, text, bytewise ? 0 : len, true, &ct),
+                                 TDM_OK);
+                bool two = inc ? len >= head_end : len >= json_end;
+                if (strcmp(ct.data ? ct.data : "", "Sure.") != 0 || p.n_calls != 1u + two)
+                    fail_msg("incremental %d cut at %zu: content '%s', %zu calls", inc, len,
+                             ct.data ? ct.data : "", p.n_calls);
+                assert_string_equal(p.calls[0].name, "a");
+                assert_string_equal(p.calls[0].arguments, "{\"x\": 1}");
+                if (two) {
+                    size_t alen = (len < args_end ? len : args_end) - head_end;
+                    while (alen > 0 && text[head_end + alen - 1] == ' ')
+                        alen--; /* trailing whitespace is not given */
+                    assert_string_equal(p.calls[1].name, "get_weather");
+                    if (strlen(p.calls[1].arguments) != alen ||
+                        memcmp(p.calls[1].arguments, text + head_end, alen) != 0)
+                        fail_msg("incremental %d cut at %zu: arguments '%s'", inc, len,
+                                 p.calls[1].arguments);
+                }
+                tdm_buf_free(&ct);
+                oai_tool_parser_free(&p);
+            }
+        }
+    }
+    /* auto: text, then a call cut inside its tag or body: the text stays, the markup goes */
+    static const char *const cut_calls[] = {"Let me check. <tool_ca",
+                                            "Let me check.\n<tool_call>\n{\"name\": \"get_wea"};
+    for (size_t i = 0; i < 2; i++) {
+        oai_tool_parser_t p;
+        oai_tool_parser_init(&p, true, false);
+        p.cut = true;
+        tdm_buf_t ct = TDM_BUF_INIT;
+        assert_int_equal(oai_tool_parser_feed(&p, cut_calls[i], strlen(cut_calls[i]), true, &ct),
+                         TDM_OK);
+        assert_string_equal(ct.data, "Let me check.");
+        assert_int_equal(p.n_calls, 0);
+        tdm_buf_free(&ct);
+        oai_tool_parser_free(&p);
+    }
+}
+
 /* ---- requests ---- */
 
 static int parse_chat(const char *body, oai_req_t *q, tdm_error_t *err)
@@ -460,15 +528,26 @@ static void test_response_tool_calls(void **state)
     assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"c\": \"Paris\"}");
     json_decref(r);
 
-    /* length: a cut call is content, and the reason stays length */
+    /* length: a cut call is neither call nor content, and the reason stays length */
     ch.text = "<tool_call>\n{\"name\": \"w\", \"argu";
     ch.finish_reason = TDM_CLIENT_FINISH_LENGTH;
     r = oai_response(q, &o, &ch);
     choice = json_array_get(json_object_get(r, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "length");
     msg = json_object_get(choice, "message");
-    assert_string_equal(json_string_value(json_object_get(msg, "content")), ch.text);
+    assert_true(json_is_null(json_object_get(msg, "content")) ||
+                strcmp(json_string_value(json_object_get(msg, "content")), "") == 0);
     assert_null(json_object_get(msg, "tool_calls"));
+    json_decref(r);
+    /* the same with a whole call before: that call, no content, length */
+    ch.text = "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Paris\"}}\n</tool_call>\n"
+              "<tool_call>\n{\"name\": \"w\", \"argu";
+    r = oai_response(q, &o, &ch);
+    choice = json_array_get(json_object_get(r, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "length");
+    msg = json_object_get(choice, "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
     json_decref(r);
     oai_req_clear(q);
 }
@@ -572,6 +651,137 @@ static void test_stream_deltas(void **state)
     stream_deltas(true);
 }
 
+/* The message a stream of text (3-byte pieces, finish reason length) reassembles to:
+ * {"content": text or null, "tool_calls": [{"name", "arguments"}] or absent}, and its finish
+ * reason (borrowed from a static). */
+static json_t *streamed_message(oai_req_t *q, const char *text, const char **finish)
+{
+    static char reason[16];
+    oai_out_t o;
+    memset(&o, 0, sizeof o);
+    tdm_buf_t sse = TDM_BUF_INIT, content = TDM_BUF_INIT;
+    tdm_client_usage_t usage;
+    memset(&usage, 0, sizeof usage);
+    size_t len = strlen(text);
+    for (size_t at = 0; at < len; at += 3) {
+        char piece[4] = {0};
+        memcpy(piece, text + at, len - at < 3 ? len - at : 3);
+        tdm_client_chunk_t ch;
+        memset(&ch, 0, sizeof ch);
+        ch.text = piece;
+        ch.text_len = strlen(piece);
+        if (at + 3 >= len) {
+            ch.last = true;
+            ch.finish_reason = TDM_CLIENT_FINISH_LENGTH;
+            ch.usage = &usage;
+        }
+        assert_int_equal(oai_sse_chunk(q, &o, &ch, &sse), TDM_OK);
+    }
+    json_t *calls = json_array();
+    for (const char *ev = strstr(sse.data, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
+        json_t *c = json_loads(ev + 6, JSON_DISABLE_EOF_CHECK, NULL);
+        json_t *choice = json_array_get(json_object_get(c, "choices"), 0);
+        json_t *d = json_object_get(choice, "delta");
+        if (json_is_string(json_object_get(choice, "finish_reason")))
+            snprintf(reason, sizeof reason, "%s",
+                     json_string_value(json_object_get(choice, "finish_reason")));
+        if (json_is_string(json_object_get(d, "content")))
+            tdm_buf_puts(&content, json_string_value(json_object_get(d, "content")));
+        json_t *tc = json_array_get(json_object_get(d, "tool_calls"), 0);
+        if (tc) {
+            size_t k = (size_t)json_integer_value(json_object_get(tc, "index"));
+            json_t *fn = json_object_get(tc, "function");
+            if (k == json_array_size(calls))
+                json_array_append_new(
+                    calls,
+                    json_pack("{s:O, s:s}", "name", json_object_get(fn, "name"), "arguments", ""));
+            json_t *call = json_array_get(calls, k);
+            tdm_buf_t a = TDM_BUF_INIT;
+            tdm_buf_puts(&a, json_string_value(json_object_get(call, "arguments")));
+            tdm_buf_puts(&a, json_string_value(json_object_get(fn, "arguments")));
+            json_object_set_new(call, "arguments", json_string(a.data ? a.data : ""));
+            tdm_buf_free(&a);
+        }
+        json_decref(c);
+    }
+    json_t *m =
+        json_pack("{s:o}", "content", content.len ? json_string(content.data) : json_null());
+    if (json_array_size(calls) > 0)
+        json_object_set(m, "tool_calls", calls);
+    json_decref(calls);
+    *finish = reason;
+    tdm_buf_free(&sse);
+    tdm_buf_free(&content);
+    oai_out_clear(&o);
+    return m;
+}
+
+/* The non-streamed response to text ended by max_tokens; its finish reason checked. */
+static json_t *cut_response(oai_req_t *q, const char *text)
+{
+    oai_out_t o;
+    memset(&o, 0, sizeof o);
+    tdm_client_usage_t usage;
+    memset(&usage, 0, sizeof usage);
+    tdm_client_chunk_t ch;
+    memset(&ch, 0, sizeof ch);
+    ch.text = text;
+    ch.text_len = strlen(text);
+    ch.last = true;
+    ch.finish_reason = TDM_CLIENT_FINISH_LENGTH;
+    ch.usage = &usage;
+    json_t *r = oai_response(q, &o, &ch);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "length");
+    return r;
+}
+
+/* An output cut by max_tokens inside its second call, at every byte: streamed and not, the
+ * same calls (the first whole; the cut one only when constrained and named, as streamed),
+ * the same content without markup, finish reason length. */
+static void test_cut_stream_agrees(void **state)
+{
+    (void)state;
+    static const char text[] =
+        "Sure.\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Paris\"}}\n</tool_call>\n"
+        "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Rome\"}}\n</tool_call>";
+    size_t from = (size_t)(strstr(text, "</tool_call>") - text) + 12;
+    char cut[sizeof text];
+    for (int constrained = 0; constrained < 2; constrained++) {
+        oai_req_t *q = tool_request();
+        if (constrained)
+            q->tools.grammar = strdup("root ::= \"x\"");
+        for (size_t len = from; len < sizeof text - 1; len++) {
+            memcpy(cut, text, len);
+            cut[len] = '\0';
+            const char *finish = NULL;
+            json_t *sm = streamed_message(q, cut, &finish);
+            assert_string_equal(finish, "length");
+            json_t *r = cut_response(q, cut);
+            json_t *msg =
+                json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+            assert_string_equal(json_string_value(json_object_get(msg, "content")), "Sure.");
+            assert_string_equal(json_string_value(json_object_get(sm, "content")), "Sure.");
+            json_t *calls = json_object_get(msg, "tool_calls"),
+                   *scalls = json_object_get(sm, "tool_calls");
+            assert_true(json_array_size(calls) >= 1);
+            assert_int_equal(json_array_size(calls), json_array_size(scalls));
+            for (size_t k = 0; k < json_array_size(calls); k++) {
+                json_t *fn = json_object_get(json_array_get(calls, k), "function");
+                json_t *s = json_array_get(scalls, k);
+                assert_true(json_equal(json_object_get(fn, "name"), json_object_get(s, "name")));
+                if (!json_equal(json_object_get(fn, "arguments"), json_object_get(s, "arguments")))
+                    fail_msg("constrained %d cut at %zu: '%s' streamed, '%s' not", constrained, len,
+                             json_string_value(json_object_get(s, "arguments")),
+                             json_string_value(json_object_get(fn, "arguments")));
+            }
+            json_decref(r);
+            json_decref(sm);
+        }
+        oai_req_clear(q);
+    }
+}
+
 /* Reassembles the SSE events: content deltas and tool_calls[index].function.arguments
  * pieces give back the call. Returns the number of non-empty argument pieces. */
 static size_t reassemble_and_check(const char *sse)
@@ -626,11 +836,13 @@ int main(void)
         cmocka_unit_test(test_parser_long_call_scans_once),
         cmocka_unit_test(test_parser_incremental),
         cmocka_unit_test(test_parser_malformed_stays_text),
+        cmocka_unit_test(test_parser_cut_by_max_tokens),
         cmocka_unit_test(test_request_validation),
         cmocka_unit_test(test_request_fields),
         cmocka_unit_test(test_response_tool_calls),
         cmocka_unit_test(test_stream_deltas),
         cmocka_unit_test(test_stream_order),
+        cmocka_unit_test(test_cut_stream_agrees),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
