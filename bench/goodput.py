@@ -44,7 +44,8 @@ and sets the rate to --auto-headroom (0.8) x the slowest configuration's isolate
 every configuration meets it; each point's attainment under the nominal 2,000 tok/s is kept too.
 
 Configurations: colocated (one decode node with --threads threads prefilling its own prompts),
-disagg (one prefill and one decode node, --threads/2 each), llama-server (`-np --slots -c
+disagg (one prefill and one decode node, --threads/2 each), disagg-nokeys (the same without
+CURVE keys, as in serve.py), llama-server (`-np --slots -c
 slots * longest -t --threads`, longest = the mix's longest prompt + output + 64, so every slot
 holds the longest request; continuous batching is its default; bench/llama-cpp.sh builds it).
 llama-server runs without the caller's OMP_WAIT_POLICY (--llama-wait-policy; serve.py's
@@ -81,9 +82,11 @@ import tempfile
 import threading
 import time
 
-from benchutil import cpu_name
-from serve import (LLAMA_WAIT_POLICIES, WORDS, LlamaServer, TandemCluster, llama_wait_policy_used,
-                   one_request, pct)
+from benchutil import (check_inputs, config_list, cpu_name, doc_paragraph, fraction, int_at_least,
+                       nonnegative_float, positive_float, positive_floats,
+                       positive_floats_or_none)
+from serve import (CONFIGS, LLAMA_WAIT_POLICIES, WORDS, LlamaServer, TandemCluster,
+                   llama_wait_policy_used, one_request, pct)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -348,38 +351,60 @@ def isa_name(work):
     return "?"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--configs", default="colocated,disagg,llama-server")
-    ap.add_argument("--rates", default="0.025,0.05,0.1,0.2,0.4,0.8", help="coarse sweep, req/s")
-    ap.add_argument("-n", "--requests", type=int, default=12, help="requests per point")
-    ap.add_argument("--max-points", type=int, default=4,
+def prefill_tps_option(text):
+    """A `type=` for --slo-prefill-tps: "auto" or a speed > 0 (tokens/s); returns the text."""
+    if text != "auto":
+        positive_float(text)
+    return text
+
+
+def parse_args():
+    """The command line, checked: argparse exits with status 2 on a bad value, a missing model
+    file or a build without the binaries the configurations need."""
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] + "\n\nWorkload: per point, N requests of a "
+        "seeded log-uniform length mix arriving as a\nPoisson process at the rate (open loop); "
+        "SLO: TTFT <= base + P / prefill-tps and TPOT <= slo-tpot.",
+        epilog=doc_paragraph(__doc__, "Configurations:"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"),
+                    help="Tandem's build folder (default: build)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: SmolLM2-135M)")
+    ap.add_argument("--configs", type=config_list(CONFIGS), default="colocated,disagg,llama-server",
+                    help=f"comma-separated, of: {', '.join(CONFIGS)} "
+                    "(default colocated,disagg,llama-server)")
+    ap.add_argument("--rates", type=positive_floats, default="0.025,0.05,0.1,0.2,0.4,0.8",
+                    help="coarse sweep, req/s, each > 0")
+    ap.add_argument("-n", "--requests", type=int_at_least(1), default=12,
+                    help="requests per point, >= 1")
+    ap.add_argument("--max-points", type=int_at_least(1), default=4,
                     help="sweep + bisection points per configuration (the isolated check aside)")
-    ap.add_argument("--tolerance", type=float, default=0.15,
+    ap.add_argument("--tolerance", type=positive_float, default=0.15,
                     help="bisection stops when first failing / last passing <= 1 + this")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--isolated", type=int, default=6, help="requests of the rate -> 0 check")
-    ap.add_argument("--prompt-min", type=int, default=128)
-    ap.add_argument("--prompt-max", type=int, default=2048)
-    ap.add_argument("--output-min", type=int, default=32)
-    ap.add_argument("--output-max", type=int, default=256)
-    ap.add_argument("--context", type=int, default=4096,
+    ap.add_argument("--isolated", type=int_at_least(1), default=6,
+                    help="requests of the rate -> 0 check, >= 1")
+    ap.add_argument("--prompt-min", type=int_at_least(1), default=128)
+    ap.add_argument("--prompt-max", type=int_at_least(1), default=2048)
+    ap.add_argument("--output-min", type=int_at_least(1), default=32)
+    ap.add_argument("--output-max", type=int_at_least(1), default=256)
+    ap.add_argument("--context", type=int_at_least(2), default=4096,
                     help="the served context: Tandem's model.max_context (at most the trained "
                          "context)")
-    ap.add_argument("--slo-ttft-base", type=float, default=0.5, help="seconds")
-    ap.add_argument("--slo-prefill-tps", default="2000", help="tokens/s, or auto")
-    ap.add_argument("--auto-headroom", type=float, default=0.8)
-    ap.add_argument("--also-tps", default="2000,1000,500,250",
+    ap.add_argument("--slo-ttft-base", type=positive_float, default=0.5, help="seconds, > 0")
+    ap.add_argument("--slo-prefill-tps", type=prefill_tps_option, default="2000",
+                    help="tokens/s (> 0), or auto")
+    ap.add_argument("--auto-headroom", type=fraction, default=0.8, help="in (0, 1]")
+    ap.add_argument("--also-tps", type=positive_floats_or_none, default="2000,1000,500,250",
                     help="prefill speeds of other TTFT SLOs whose attainment each point keeps")
-    ap.add_argument("--slo-tpot", type=float, default=0.1, help="seconds")
-    ap.add_argument("--attainment", type=float, default=0.9)
-    ap.add_argument("--slots", type=int, default=8, help="llama-server -np")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--kv-gib", type=float, default=2.0,
+    ap.add_argument("--slo-tpot", type=positive_float, default=0.1, help="seconds, > 0")
+    ap.add_argument("--attainment", type=fraction, default=0.9,
+                    help="fraction of requests that must meet the SLO, in (0, 1]")
+    ap.add_argument("--slots", type=int_at_least(1), default=8, help="llama-server -np, >= 1")
+    ap.add_argument("--threads", type=int_at_least(1), default=2)
+    ap.add_argument("--kv-gib", type=positive_float, default=2.0,
                     help="GiB per Tandem node beyond the weights, for scratch and KV")
-    ap.add_argument("--drain", type=float, default=90,
+    ap.add_argument("--drain", type=nonnegative_float, default=90,
                     help="seconds a point waits after its last arrival")
     ap.add_argument("--no-early-stop", action="store_true")
     ap.add_argument("--sweep-from-lowest", action="store_true",
@@ -388,7 +413,7 @@ def main():
     ap.add_argument("--llama-args", default="", help="more llama-server options")
     ap.add_argument("--llama-wait-policy", choices=LLAMA_WAIT_POLICIES, default="default",
                     help="OMP_WAIT_POLICY for llama-server (default: unset, llama.cpp's own)")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="output file (default bench/results/goodput-DATE-CPU.json)")
     args = ap.parse_args()
     args.model = os.path.abspath(os.path.expanduser(args.model))
     args.build = os.path.abspath(args.build)
@@ -397,9 +422,18 @@ def main():
             and args.prompt_min + args.output_max <= args.context):
         ap.error("need 1 <= prompt-min <= prompt-max, 1 <= output-min <= output-max and "
                  "prompt-min + output-max <= context")
+    check_inputs(ap, args.model, args.build, args.configs.split(","))
+    return args
+
+
+def tps_text(tps):
+    """needed_prefill_tps for a person: 1 decimal, "inf", or "none" when a request failed."""
+    return "none (a request failed)" if tps is None else f"{tps:.1f}"
+
+
+def main():
+    args = parse_args()
     rates = [float(x) for x in args.rates.split(",")]
-    if any(r <= 0 for r in rates) or args.requests < 1 or args.max_points < 1:
-        ap.error("rates must be > 0, --requests and --max-points >= 1")
     configs = args.configs.split(",")
     started = datetime.datetime.now(datetime.timezone.utc)
     doc = {"bench": "goodput", "date": started.isoformat(),
@@ -447,7 +481,7 @@ def main():
             iso[name] = {"results": res, "wall": wall, "load": [lb, os.getloadavg()[0]],
                          "needed_prefill_tps": needed_prefill_tps(res, args.slo_ttft_base)}
             print(f"{name}: isolated: prefill speed that meets the TTFT SLO for all "
-                  f"{len(res)}: {iso[name]['needed_prefill_tps']}", file=sys.stderr)
+                  f"{len(res)}: {tps_text(iso[name]['needed_prefill_tps'])}", file=sys.stderr)
         doc["machine"]["isa"] = isa_name(work)
         if auto:
             need = [v["needed_prefill_tps"] for v in iso.values()]
@@ -510,13 +544,14 @@ def main():
             dump()
     print(f"{doc['machine']['cpu']} ({doc['machine']['isa']}), {os.cpu_count()} CPUs; SLO TTFT "
           f"<= {slo['ttft_base_s']} s + P/{slo['prefill_tps']:.0f} tok/s, TPOT <= "
-          f"{slo['tpot_s'] * 1000:.0f} ms; nomSLO: with P/2000 tok/s")
+          f"{slo['tpot_s'] * 1000:.0f} ms\nnomSLO: the attainment with P/2000 tok/s")
     for name, e in doc["configs"].items():
         if "skipped" in e:
             print(f"\n{name}: skipped: {e['skipped']}")
             continue
-        print(f"\n{name}: goodput {e['goodput_req_per_s']} req/s (first failing "
-              f"{e['first_failing']})" + ("" if e["meets_slo_at_rate_0"] else
+        gp, ff = e["goodput_req_per_s"], e["first_failing"]
+        print(f"\n{name}: goodput {'none' if gp is None else f'{gp} req/s'} (first failing "
+              f"{'none' if ff is None else ff})" + ("" if e["meets_slo_at_rate_0"] else
                                           "; misses the SLO at rate -> 0"))
         print(HEADER)
         print(fmt_row("isolated", e["isolated"]))
@@ -531,6 +566,9 @@ def main():
     doc["complete"] = True
     dump()
     print(f"wrote {out}")
+    skipped = [n for n, e in doc["configs"].items() if "skipped" in e]
+    if skipped:
+        sys.exit(f"goodput: {', '.join(skipped)}: skipped (see above)")
 
 
 if __name__ == "__main__":

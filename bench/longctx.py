@@ -141,21 +141,28 @@ def fa_list(text):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=default_model())
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--depth", default="2048,8192")
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--model", default=default_model(), help="GGUF file both sides run")
+    ap.add_argument("--threads", type=int, default=2, help="threads of both sides (default 2)")
+    ap.add_argument("--depth", default="2048,8192",
+                    help="comma-separated context depths D, tokens (default 2048,8192)")
+    ap.add_argument("--steps", type=int, default=16,
+                    help="decode steps measured at each depth (default 16)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternated rounds; the best of them is kept (default 1)")
     ap.add_argument("--kv", default="f16", choices=("f16", "q8"),
                     help="KV cache type of both sides (llama.cpp: q8_0 K and V)")
-    ap.add_argument("--tandem", default=str(ROOT / "build/bench/tandem-bench-engine"))
-    ap.add_argument("--tandem-base", default=None)
-    ap.add_argument("--llama-bin", default=None)
+    ap.add_argument("--tandem", default=str(ROOT / "build/bench/tandem-bench-engine"),
+                    help="the tandem-bench-engine binary (default build/bench/...)")
+    ap.add_argument("--tandem-base", default=None,
+                    help="a second tandem-bench-engine (another build) run each round, for an A/B")
+    ap.add_argument("--llama-bin", default=None,
+                    help="llama.cpp's bin folder (default: what bench/llama-cpp.sh --print says)")
     ap.add_argument("--pp-fa", type=fa_list, default="0,1",
                     help="llama.cpp prefill's flash-attention settings (0,1)")
     ap.add_argument("--tg-fa", type=fa_list, default="0,1",
                     help="llama.cpp decode's flash-attention settings (0,1)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None,
+                    help="file the raw results are written to, after every measure")
     a = ap.parse_args()
     depths = [int(x) for x in a.depth.split(",")]
     bindir = a.llama_bin or run([str(ROOT / "bench/llama-cpp.sh"), "--print"])[0].strip()

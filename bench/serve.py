@@ -41,12 +41,18 @@ import tempfile
 import threading
 import time
 
-from benchutil import cpu_name, free_port
+from benchutil import (check_inputs, config_list, cpu_name, doc_paragraph, free_port,
+                       int_at_least, positive_float)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem")
 DEFAULT_MODEL = os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+CONFIGS = ("colocated", "disagg", "disagg-nokeys", "llama-server")
+# The context a Tandem cluster serves when its config sets no model.max_context:
+# min(TDM_MODEL_MAX_SERVE_CTX, the trained context) (common/include/tandem/model.h), so a
+# prompt + output over it is refused by every Tandem configuration.
+SERVE_CTX = 4096
 
 # Common English words: with a byte-level BPE vocabulary (SmolLM2's, Llama 3's) each one with
 # its leading space is one token, so P words make a ~P-token prompt.
@@ -89,7 +95,7 @@ def one_request(port, model_name, prompt, out_tokens):
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:400]!r}")
     first = last = None
     chunks = 0
     usage = None
@@ -289,6 +295,9 @@ class LlamaServer:
 
 
 def run_config(args, work, name, seed):
+    """Starts configuration `name`, warms it up, runs the load, stops it: run_load's dict with
+    loadavg_1m (and metrics with --scrape). Raises RuntimeError or OSError when the server does
+    not start."""
     if name == "llama-server":
         server = LlamaServer(args, work)
     else:
@@ -325,6 +334,11 @@ def scrape(port, prefixes):
     return out
 
 
+def ms(value, width, digits):
+    """A latency cell: value ms in width characters, or "-" where no request finished (nan)."""
+    return f"{value:>{width - 2}.{digits}f}ms" if value == value else f"{'-':>{width}}"
+
+
 def print_table(runs):
     base = runs.get("llama-server")
     print(f"{'config':<13} {'req':>4} {'cut':>4} {'out tok/s':>9} {'TTFT p50':>9} "
@@ -334,28 +348,43 @@ def print_table(runs):
                  if base and base["output_tokens_per_s"] else "-")
         failed = r["failed"] + r.get("short", 0)
         print(f"{name:<13} {r['requests']:>4} {failed:>4} {r['output_tokens_per_s']:>9.1f} "
-              f"{r['ttft_ms']['p50']:>7.0f}ms {r['ttft_ms']['p90']:>7.0f}ms "
-              f"{r['tpot_ms']['p50']:>7.1f}ms {r['tpot_ms']['p90']:>7.1f}ms {ratio:>14} "
+              f"{ms(r['ttft_ms']['p50'], 9, 0)} {ms(r['ttft_ms']['p90'], 9, 0)} "
+              f"{ms(r['tpot_ms']['p50'], 9, 1)} {ms(r['tpot_ms']['p90'], 9, 1)} {ratio:>14} "
               f"{r['loadavg_1m'][0]:>4.1f}-{r['loadavg_1m'][1]:<4.1f}"
               + (" cut at --time-limit" if r.get("cut_at_limit") else ""))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("-c", "--concurrency", type=int, default=32)
-    ap.add_argument("-n", "--requests", type=int, default=64)
-    ap.add_argument("--prompt-tokens", type=int, default=130)
-    ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--configs", default="colocated,disagg,llama-server")
-    ap.add_argument("--time-limit", type=float, default=900,
+def parse_args():
+    """The command line, checked: argparse exits with status 2 on a bad value, a missing model
+    file or a build without the binaries the configurations need."""
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] + "\n\nWorkload: a closed loop of C clients, "
+        "N requests of ~P prompt tokens and\nexactly O output tokens each (ignore_eos, greedy).",
+        epilog=doc_paragraph(__doc__, "Configurations"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"),
+                    help="Tandem's build folder (default: build)")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: SmolLM2-135M)")
+    ap.add_argument("-c", "--concurrency", type=int_at_least(1), default=32,
+                    help="client threads, >= 1 (default 32)")
+    ap.add_argument("-n", "--requests", type=int_at_least(1), default=64,
+                    help="requests per configuration, >= 1 (default 64)")
+    ap.add_argument("--prompt-tokens", type=int_at_least(2), default=130,
+                    help=f"prompt words (~tokens), >= 2; prompt + output <= {SERVE_CTX} "
+                    "(default 130)")
+    ap.add_argument("--output-tokens", type=int_at_least(1), default=64,
+                    help="output tokens per request, >= 1 (default 64)")
+    ap.add_argument("--threads", type=int_at_least(1), default=os.cpu_count() or 2,
+                    help="threads per configuration, >= 1 (default: the CPU count)")
+    ap.add_argument("--configs", type=config_list(CONFIGS), default="colocated,disagg,llama-server",
+                    help=f"comma-separated, of: {', '.join(CONFIGS)} "
+                    "(default colocated,disagg,llama-server)")
+    ap.add_argument("--time-limit", type=positive_float, default=900,
                     help="seconds per configuration before the run is cut (default 900)")
     ap.add_argument("--llama-args", default="", help="more llama-server options")
     ap.add_argument("--llama-wait-policy", choices=LLAMA_WAIT_POLICIES, default="default",
                     help="OMP_WAIT_POLICY for llama-server (default: unset, llama.cpp's own)")
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="output file (default bench/results/serve-DATE.json)")
     ap.add_argument("--scrape", default="",
                     help="comma-separated metric name prefixes whose samples each Tandem run's "
                     "JSON keeps (its router's /metrics after the load), e.g. "
@@ -363,6 +392,15 @@ def main():
     args = ap.parse_args()
     args.model = os.path.abspath(os.path.expanduser(args.model))
     args.build = os.path.abspath(args.build)
+    if args.prompt_tokens + args.output_tokens > SERVE_CTX and args.configs != "llama-server":
+        ap.error(f"--prompt-tokens {args.prompt_tokens} + --output-tokens {args.output_tokens} "
+                 f"is over the {SERVE_CTX}-token context a Tandem cluster serves")
+    check_inputs(ap, args.model, args.build, args.configs.split(","))
+    return args
+
+
+def main():
+    args = parse_args()
     runs, skipped = {}, {}
     with tempfile.TemporaryDirectory(prefix="tdm-serve-") as work:
         for i, name in enumerate(args.configs.split(",")):
@@ -372,6 +410,8 @@ def main():
                 print(f"{name}: {r['output_tokens_per_s']:.1f} output tokens/s "
                       f"({r['requests']} requests, {r['failed']} failed, "
                       f"{r['mean_prompt_tokens']:.0f} prompt tokens on average)", file=sys.stderr)
+                if r["errors"]:
+                    print(f"{name}: first error: {r['errors'][0]}", file=sys.stderr)
             except (RuntimeError, subprocess.CalledProcessError, OSError) as e:
                 skipped[name] = str(e)
                 print(f"{name}: skipped: {e}", file=sys.stderr)
@@ -394,6 +434,11 @@ def main():
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {out}")
+    # nonzero when a configuration could not run or none of its requests finished
+    failed = [f"{n}: skipped" for n in skipped]
+    failed += [f"{n}: no request finished" for n, r in runs.items() if r["requests"] == 0]
+    if failed:
+        sys.exit("serve: " + "; ".join(failed) + " (see above)")
 
 
 if __name__ == "__main__":
