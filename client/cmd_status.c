@@ -95,8 +95,9 @@ static void print_table(const char *endpoint, const tdm_client_cluster_status_t 
         char kv[48];
         snprintf(kv, sizeof kv, "%" PRIu32 "/%" PRIu32 " (%.1f%%)", n->kv_blocks_used,
                  n->kv_blocks_total, pct(n->kv_blocks_used, n->kv_blocks_total));
-        char hb[24];
-        snprintf(hb, sizeof hb, "%.1f s", n->last_heartbeat_age_s);
+        char hb[24] = "never"; /* the router reports a negative age for no heartbeat yet */
+        if (n->last_heartbeat_age_s >= 0)
+            snprintf(hb, sizeof hb, "%.1f s", n->last_heartbeat_age_s);
         printf("%-16s %-8s %-7s %-8s %-22s %8" PRIu32 " %8" PRIu32 " %8" PRIu32 " %15" PRIu64
                " %9.1f %10s\n",
                n->node_id, n->role,
