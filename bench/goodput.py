@@ -68,7 +68,6 @@ usage: bench/goodput.py [--build build] [--model FILE] [--configs colocated,disa
 On an AMX Xeon llama.cpp's AMX repacked kernels stop with SIGILL in this VM: pass
 --llama-args=--no-repack there (as for bench/serve.py).
 """
-import argparse
 import datetime
 import json
 import math
@@ -82,16 +81,13 @@ import tempfile
 import threading
 import time
 
-from benchutil import (check_inputs, config_list, cpu_name, doc_paragraph, fraction, int_at_least,
+from benchutil import (check_inputs, config_list, cpu_name, fraction, int_at_least,
                        nonnegative_float, positive_float, positive_floats,
                        positive_floats_or_none)
-from serve import (CONFIGS, LLAMA_WAIT_POLICIES, WORDS, LlamaServer, TandemCluster,
+from serve import (CONFIGS, WORDS, LlamaServer, TandemCluster, add_llama_args, bench_parser,
                    llama_wait_policy_used, one_request, pct)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-CACHE = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tandem")
-DEFAULT_MODEL = os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 def log_uniform(rng, lo, hi):
@@ -361,15 +357,9 @@ def prefill_tps_option(text):
 def parse_args():
     """The command line, checked: argparse exits with status 2 on a bad value, a missing model
     file or a build without the binaries the configurations need."""
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0] + "\n\nWorkload: per point, N requests of a "
-        "seeded log-uniform length mix arriving as a\nPoisson process at the rate (open loop); "
-        "SLO: TTFT <= base + P / prefill-tps and TPOT <= slo-tpot.",
-        epilog=doc_paragraph(__doc__, "Configurations:"),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"),
-                    help="Tandem's build folder (default: build)")
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: SmolLM2-135M)")
+    ap = bench_parser(__doc__, "per point, N requests of a seeded log-uniform length mix "
+                      "arriving as a\nPoisson process at the rate (open loop); SLO: TTFT <= base "
+                      "+ P / prefill-tps and TPOT <= slo-tpot.", "Configurations:")
     ap.add_argument("--configs", type=config_list(CONFIGS), default="colocated,disagg,llama-server",
                     help=f"comma-separated, of: {', '.join(CONFIGS)} "
                     "(default colocated,disagg,llama-server)")
@@ -410,9 +400,7 @@ def parse_args():
     ap.add_argument("--sweep-from-lowest", action="store_true",
                     help="start the coarse sweep at the lowest rate, not at the one sequential "
                     "service would sustain")
-    ap.add_argument("--llama-args", default="", help="more llama-server options")
-    ap.add_argument("--llama-wait-policy", choices=LLAMA_WAIT_POLICIES, default="default",
-                    help="OMP_WAIT_POLICY for llama-server (default: unset, llama.cpp's own)")
+    add_llama_args(ap)
     ap.add_argument("--json", help="output file (default bench/results/goodput-DATE-CPU.json)")
     args = ap.parse_args()
     args.model = os.path.abspath(os.path.expanduser(args.model))

@@ -354,17 +354,32 @@ def print_table(runs):
               + (" cut at --time-limit" if r.get("cut_at_limit") else ""))
 
 
-def parse_args():
-    """The command line, checked: argparse exits with status 2 on a bad value, a missing model
-    file or a build without the binaries the configurations need."""
+def bench_parser(doc, workload, configs_heading):
+    """The argument parser of a serving benchmark (this script, goodput.py): doc's first
+    paragraph and the workload line as its description, doc's paragraph starting with
+    configs_heading as its epilog, and the options every one has: --build, --model."""
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0] + "\n\nWorkload: a closed loop of C clients, "
-        "N requests of ~P prompt tokens and\nexactly O output tokens each (ignore_eos, greedy).",
-        epilog=doc_paragraph(__doc__, "Configurations"),
+        description=doc.split("\n\n")[0] + "\n\nWorkload: " + workload,
+        epilog=doc_paragraph(doc, configs_heading),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"),
                     help="Tandem's build folder (default: build)")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: SmolLM2-135M)")
+    return ap
+
+
+def add_llama_args(ap):
+    """llama-server's options (LlamaServer): --llama-args, --llama-wait-policy (llama_env)."""
+    ap.add_argument("--llama-args", default="", help="more llama-server options")
+    ap.add_argument("--llama-wait-policy", choices=LLAMA_WAIT_POLICIES, default="default",
+                    help="OMP_WAIT_POLICY for llama-server (default: unset, llama.cpp's own)")
+
+
+def parse_args():
+    """The command line, checked: argparse exits with status 2 on a bad value, a missing model
+    file or a build without the binaries the configurations need."""
+    ap = bench_parser(__doc__, "a closed loop of C clients, N requests of ~P prompt tokens "
+                      "and\nexactly O output tokens each (ignore_eos, greedy).", "Configurations")
     ap.add_argument("-c", "--concurrency", type=int_at_least(1), default=32,
                     help="client threads, >= 1 (default 32)")
     ap.add_argument("-n", "--requests", type=int_at_least(1), default=64,
@@ -381,9 +396,7 @@ def parse_args():
                     "(default colocated,disagg,llama-server)")
     ap.add_argument("--time-limit", type=positive_float, default=900,
                     help="seconds per configuration before the run is cut (default 900)")
-    ap.add_argument("--llama-args", default="", help="more llama-server options")
-    ap.add_argument("--llama-wait-policy", choices=LLAMA_WAIT_POLICIES, default="default",
-                    help="OMP_WAIT_POLICY for llama-server (default: unset, llama.cpp's own)")
+    add_llama_args(ap)
     ap.add_argument("--json", help="output file (default bench/results/serve-DATE.json)")
     ap.add_argument("--scrape", default="",
                     help="comma-separated metric name prefixes whose samples each Tandem run's "

@@ -492,6 +492,51 @@ static void test_request_fields(void **state)
 static const char generated[] =
     "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Paris\"}}\n</tool_call>";
 
+/* The non-streamed response to text ended by finish, with o the answer's output state (the
+ * caller clears it). */
+static json_t *whole_response(oai_req_t *q, oai_out_t *o, const char *text,
+                              tdm_client_finish_t finish)
+{
+    tdm_client_usage_t usage;
+    memset(&usage, 0, sizeof usage);
+    tdm_client_chunk_t ch;
+    memset(&ch, 0, sizeof ch);
+    ch.text = text;
+    ch.text_len = strlen(text);
+    ch.last = true;
+    ch.finish_reason = finish;
+    ch.usage = &usage;
+    json_t *r = oai_response(q, o, &ch);
+    assert_non_null(r);
+    return r;
+}
+
+/* Streams text through oai_sse_chunk in pieces of `piece` bytes (the whole text when it is
+ * shorter), the last one ended by finish; the events are appended to sse. */
+static void stream_text(oai_req_t *q, oai_out_t *o, const char *text, size_t piece,
+                        tdm_client_finish_t finish, tdm_buf_t *sse)
+{
+    tdm_client_usage_t usage;
+    memset(&usage, 0, sizeof usage);
+    size_t len = strlen(text);
+    for (size_t at = 0; at < len; at += piece) {
+        size_t n = len - at < piece ? len - at : piece;
+        char *part = strndup(text + at, n); /* a chunk's own NUL-terminated text */
+        assert_non_null(part);
+        tdm_client_chunk_t ch;
+        memset(&ch, 0, sizeof ch);
+        ch.text = part;
+        ch.text_len = n;
+        if (at + n >= len) {
+            ch.last = true;
+            ch.finish_reason = finish;
+            ch.usage = &usage;
+        }
+        assert_int_equal(oai_sse_chunk(q, o, &ch, sse), TDM_OK);
+        free(part);
+    }
+}
+
 static oai_req_t *tool_request(void)
 {
     static oai_req_t q;
@@ -506,17 +551,7 @@ static void test_response_tool_calls(void **state)
     oai_req_t *q = tool_request();
     oai_out_t o;
     memset(&o, 0, sizeof o);
-    tdm_client_usage_t usage;
-    memset(&usage, 0, sizeof usage);
-    tdm_client_chunk_t ch;
-    memset(&ch, 0, sizeof ch);
-    ch.text = generated;
-    ch.text_len = strlen(generated);
-    ch.last = true;
-    ch.finish_reason = TDM_CLIENT_FINISH_STOP;
-    ch.usage = &usage;
-    json_t *r = oai_response(q, &o, &ch);
-    assert_non_null(r);
+    json_t *r = whole_response(q, &o, generated, TDM_CLIENT_FINISH_STOP);
     json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls");
     json_t *msg = json_object_get(choice, "message");
@@ -529,9 +564,7 @@ static void test_response_tool_calls(void **state)
     json_decref(r);
 
     /* length: a cut call is neither call nor content, and the reason stays length */
-    ch.text = "<tool_call>\n{\"name\": \"w\", \"argu";
-    ch.finish_reason = TDM_CLIENT_FINISH_LENGTH;
-    r = oai_response(q, &o, &ch);
+    r = whole_response(q, &o, "<tool_call>\n{\"name\": \"w\", \"argu", TDM_CLIENT_FINISH_LENGTH);
     choice = json_array_get(json_object_get(r, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "length");
     msg = json_object_get(choice, "message");
@@ -540,9 +573,10 @@ static void test_response_tool_calls(void **state)
     assert_null(json_object_get(msg, "tool_calls"));
     json_decref(r);
     /* the same with a whole call before: that call, no content, length */
-    ch.text = "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Paris\"}}\n</tool_call>\n"
-              "<tool_call>\n{\"name\": \"w\", \"argu";
-    r = oai_response(q, &o, &ch);
+    r = whole_response(q, &o,
+                       "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"Paris\"}}\n"
+                       "</tool_call>\n<tool_call>\n{\"name\": \"w\", \"argu",
+                       TDM_CLIENT_FINISH_LENGTH);
     choice = json_array_get(json_object_get(r, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "length");
     msg = json_object_get(choice, "message");
@@ -564,18 +598,9 @@ static void stream_order(bool constrained)
     oai_out_t o;
     memset(&o, 0, sizeof o);
     tdm_buf_t sse = TDM_BUF_INIT;
-    tdm_client_usage_t usage;
-    memset(&usage, 0, sizeof usage);
-    tdm_client_chunk_t ch;
-    memset(&ch, 0, sizeof ch);
     char text[256];
     snprintf(text, sizeof text, "Before. %s\nAfter.", generated);
-    ch.text = text;
-    ch.text_len = strlen(text);
-    ch.last = true;
-    ch.finish_reason = TDM_CLIENT_FINISH_STOP;
-    ch.usage = &usage;
-    assert_int_equal(oai_sse_chunk(q, &o, &ch, &sse), TDM_OK);
+    stream_text(q, &o, text, sizeof text, TDM_CLIENT_FINISH_STOP, &sse); /* one chunk */
     tdm_buf_t order = TDM_BUF_INIT; /* c:TEXT for content, n:NAME, a:ARGS for a call */
     for (const char *ev = strstr(sse.data, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
         json_t *c = json_loads(ev + 6, JSON_DISABLE_EOF_CHECK, NULL);
@@ -619,24 +644,7 @@ static void stream_deltas(bool constrained)
     oai_out_t o;
     memset(&o, 0, sizeof o);
     tdm_buf_t sse = TDM_BUF_INIT;
-    size_t len = strlen(generated);
-    tdm_client_usage_t usage;
-    memset(&usage, 0, sizeof usage);
-    for (size_t at = 0; at < len; at += 3) {
-        char piece[4] = {0};
-        size_t n = len - at < 3 ? len - at : 3;
-        memcpy(piece, generated + at, n);
-        tdm_client_chunk_t ch;
-        memset(&ch, 0, sizeof ch);
-        ch.text = piece;
-        ch.text_len = n;
-        if (at + 3 >= len) {
-            ch.last = true;
-            ch.finish_reason = TDM_CLIENT_FINISH_STOP;
-            ch.usage = &usage;
-        }
-        assert_int_equal(oai_sse_chunk(q, &o, &ch, &sse), TDM_OK);
-    }
+    stream_text(q, &o, generated, 3, TDM_CLIENT_FINISH_STOP, &sse);
     size_t pieces = reassemble_and_check(sse.data);
     assert_true(constrained ? pieces > 3 : pieces == 1);
     tdm_buf_free(&sse);
@@ -660,23 +668,7 @@ static json_t *streamed_message(oai_req_t *q, const char *text, const char **fin
     oai_out_t o;
     memset(&o, 0, sizeof o);
     tdm_buf_t sse = TDM_BUF_INIT, content = TDM_BUF_INIT;
-    tdm_client_usage_t usage;
-    memset(&usage, 0, sizeof usage);
-    size_t len = strlen(text);
-    for (size_t at = 0; at < len; at += 3) {
-        char piece[4] = {0};
-        memcpy(piece, text + at, len - at < 3 ? len - at : 3);
-        tdm_client_chunk_t ch;
-        memset(&ch, 0, sizeof ch);
-        ch.text = piece;
-        ch.text_len = strlen(piece);
-        if (at + 3 >= len) {
-            ch.last = true;
-            ch.finish_reason = TDM_CLIENT_FINISH_LENGTH;
-            ch.usage = &usage;
-        }
-        assert_int_equal(oai_sse_chunk(q, &o, &ch, &sse), TDM_OK);
-    }
+    stream_text(q, &o, text, 3, TDM_CLIENT_FINISH_LENGTH, &sse);
     json_t *calls = json_array();
     for (const char *ev = strstr(sse.data, "data: "); ev; ev = strstr(ev + 1, "data: ")) {
         json_t *c = json_loads(ev + 6, JSON_DISABLE_EOF_CHECK, NULL);
@@ -721,18 +713,10 @@ static json_t *cut_response(oai_req_t *q, const char *text)
 {
     oai_out_t o;
     memset(&o, 0, sizeof o);
-    tdm_client_usage_t usage;
-    memset(&usage, 0, sizeof usage);
-    tdm_client_chunk_t ch;
-    memset(&ch, 0, sizeof ch);
-    ch.text = text;
-    ch.text_len = strlen(text);
-    ch.last = true;
-    ch.finish_reason = TDM_CLIENT_FINISH_LENGTH;
-    ch.usage = &usage;
-    json_t *r = oai_response(q, &o, &ch);
+    json_t *r = whole_response(q, &o, text, TDM_CLIENT_FINISH_LENGTH);
     json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "length");
+    oai_out_clear(&o);
     return r;
 }
 
